@@ -1,0 +1,56 @@
+"""How the CLI reports failures: one line on stderr and a documented exit code.
+
+Exit 2: the user's input is wrong (bad sizes, unknown GPU, malformed file).
+Exit 1: the operation failed for another reason (service down, measurement failed).
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import sys
+import traceback
+from collections.abc import Callable
+from typing import Any, NoReturn
+
+import typer
+
+from model.hardware import HardwareError
+from model.space import ScheduleError
+from model.workloads import WorkloadError
+
+USAGE_ERRORS: tuple[type[Exception], ...] = (WorkloadError, HardwareError, ScheduleError)
+
+
+class CliError(Exception):
+    """A failure to report as one line with the given exit code."""
+
+    def __init__(self, message: str, code: int = 1):
+        super().__init__(message)
+        self.code = code
+
+
+def fail(message: str, code: int) -> NoReturn:
+    print(f"error: {message}", file=sys.stderr)
+    raise typer.Exit(code)
+
+
+def reported(func: Callable[..., Any]) -> Callable[..., Any]:
+    """Turn known errors into one-line messages and exit codes instead of tracebacks."""
+
+    @functools.wraps(func)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return func(*args, **kwargs)
+        except USAGE_ERRORS as exc:
+            fail(str(exc), 2)
+        except CliError as exc:
+            fail(str(exc), exc.code)
+        except (typer.Exit, typer.Abort, KeyboardInterrupt):
+            raise
+        except Exception as exc:
+            if os.environ.get("PIPETUNE_DEBUG"):
+                traceback.print_exc()
+            fail(f"{type(exc).__name__}: {exc} (set PIPETUNE_DEBUG=1 for the traceback)", 1)
+
+    return wrapper

@@ -1,0 +1,17 @@
+"""Printing helpers shared by the commands: JSON documents on stdout, rich tables for people."""
+
+from __future__ import annotations
+
+import json
+import sys
+from typing import Any
+
+from rich.console import Console
+
+# Tables are read whole: never squeeze columns to 80 characters when piped.
+console = Console(width=max(Console().width, 140))
+
+
+def print_json(document: Any) -> None:
+    # Plain print: rich would wrap long lines and break the document for machines.
+    sys.stdout.write(json.dumps(document, indent=2) + "\n")

@@ -1,0 +1,63 @@
+"""One CLI command per operator, with options generated from the workload models.
+
+`pipetune model rank gemm --m ...`, and every later command that takes a workload, build
+their per-operator commands here, so the options always match model/workloads.py.
+"""
+
+from __future__ import annotations
+
+import inspect
+import typing
+from collections.abc import Callable
+from typing import Any
+
+import typer
+
+from clients.cli.errors import reported
+from model.workloads import OPS
+
+_KW = inspect.Parameter.KEYWORD_ONLY
+
+
+def _cli_type(annotation: Any) -> type:
+    return str if typing.get_origin(annotation) is typing.Literal else annotation
+
+
+def workload_parameters(op: str) -> list[inspect.Parameter]:
+    params = []
+    for name, field in OPS[op].model_fields.items():
+        if name == "op":
+            continue
+        default = ... if field.is_required() else field.default
+        option = typer.Option(default, f"--{name.replace('_', '-')}", help=field.description)
+        params.append(
+            inspect.Parameter(name, _KW, default=option, annotation=_cli_type(field.annotation))
+        )
+    return params
+
+
+def option(name: str, annotation: type, default: Any, *flags: str, help: str) -> inspect.Parameter:
+    """An extra (non-workload) option for generated commands."""
+    flags = flags or (f"--{name.replace('_', '-')}",)
+    return inspect.Parameter(
+        name, _KW, default=typer.Option(default, *flags, help=help), annotation=annotation
+    )
+
+
+def add_workload_commands(
+    app: typer.Typer,
+    handler: Callable[..., None],
+    extra: list[inspect.Parameter],
+    summary: str,
+) -> None:
+    """Register `<op>` commands on app; each calls handler(workload_dict, **extra_values)."""
+    for op, model_cls in OPS.items():
+        fields = set(model_cls.model_fields) - {"op"}
+
+        def command(_op: str = op, _fields: frozenset = frozenset(fields), **values: Any) -> None:
+            workload = {"op": _op, **{k: v for k, v in values.items() if k in _fields}}
+            handler(workload, **{k: v for k, v in values.items() if k not in _fields})
+
+        command.__signature__ = inspect.Signature(workload_parameters(op) + extra)  # type: ignore[attr-defined]
+        doc = (model_cls.__doc__ or op).strip().splitlines()[0]
+        app.command(op, help=f"{summary} {doc}")(reported(command))

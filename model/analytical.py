@@ -1,0 +1,265 @@
+"""ALCOP's analytical latency model (Table 1), evaluated over a whole space with numpy.
+
+Every term keeps the paper's name. Times are in seconds. Two readings of Table 1 are made
+explicit here because the table leaves them implicit:
+
+1. Time frames. ``T_use`` passed to the pipeline latency model (PLM) is the *dedicated*
+   time of one use step: the time it takes when the worker has the use unit to itself,
+   at the utilisation that all resident workers together reach. The switch between the
+   load-bound and use-bound cases is exactly Table 1's ``T_load <= (N_pipe·N_mplx − 1)·T_use``.
+   In the use-bound case the N_mplx workers take turns on the unit, so one worker's loop
+   takes ``N_mplx·T_use·N_loop`` of wall time (Table 1 writes ``T_use·N_loop`` with
+   T_use as that worker's share); with this reading the two cases meet at the switch point
+   and the model is continuous in every input.
+2. Bandwidth. Pipelining hides latency, not bandwidth: a loop never runs faster than its
+   loads can stream at the shared bandwidth, ``N_loop × (bytes moved per iteration ÷ BW)``.
+   Without this floor deep pipelines would be predicted to beat the memory system.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import cached_property
+from typing import Any
+
+import numpy as np
+
+from model.hardware import GPUSpec
+from model.space import MMA_TILE, Space
+from model.workloads import AnyWorkload, Conv2d, Conv3d
+
+BYTES_FP16 = 2
+
+
+def pipeline_latency(
+    T_load: Any, T_use: Any, N_loop: Any, N_pipe: Any, N_mplx: Any
+) -> tuple[np.ndarray, np.ndarray]:
+    """Table 1's Pipeline Latency Model. Returns (T_load_use_loop, load_bound).
+
+    load-bound when ``T_load > (N_pipe·N_mplx − 1)·T_use``:
+        T_load_use_loop = (T_load + T_use) · N_loop / N_pipe
+    otherwise (use-bound; the N_mplx workers share the use unit):
+        T_load_use_loop = N_mplx · T_use · N_loop
+    """
+    T_load, T_use, N_loop, N_pipe, N_mplx = np.broadcast_arrays(
+        *(np.asarray(x, dtype=np.float64) for x in (T_load, T_use, N_loop, N_pipe, N_mplx))
+    )
+    load_bound = T_load > (N_pipe * N_mplx - 1.0) * T_use
+    loop = np.where(
+        load_bound,
+        (T_load + T_use) * N_loop / N_pipe,
+        N_mplx * T_use * N_loop,
+    )
+    return loop, load_bound
+
+
+def tensor_utilisation(gpu: GPUSpec, N_warp_per_threadblk: Any, N_threadblk_per_SM: Any) -> Any:
+    """Util(N_warp_per_threadblk, N_threadblk_per_SM): share of the SM's tensor throughput
+    that its resident warps reach; each sub-partition's tensor core needs a warp to feed it."""
+    resident = np.asarray(N_warp_per_threadblk) * np.asarray(N_threadblk_per_SM)
+    return np.minimum(1.0, resident / gpu.warps_to_saturate_tensor)
+
+
+def _a_reuse_factor(workload: AnyWorkload) -> float:
+    """Fraction of the implicit-GEMM A tile that is unique input data (im2col overlap)."""
+    if isinstance(workload, Conv2d | Conv3d):
+        view = workload.gemm_view()
+        return min(1.0, (workload.operand_bytes[0] / BYTES_FP16) / (view.m * view.k))
+    return 1.0
+
+
+@dataclass(frozen=True)
+class Prediction:
+    """The model's terms for every schedule of a space (arrays aligned with the space)."""
+
+    space: Space
+    T_kernel: np.ndarray
+    T_threadblk: np.ndarray
+    N_threadblk_batch: np.ndarray
+    N_threadblk_per_SM: np.ndarray
+    N_threadblk_per_threadblk_batch: np.ndarray
+    T_init: np.ndarray
+    T_main_loop: np.ndarray
+    T_epilogue: np.ndarray
+    T_smem_load: np.ndarray
+    T_smem_use: np.ndarray
+    T_reg_load: np.ndarray
+    T_compute: np.ndarray
+    T_LLC_load: np.ndarray
+    T_DRAM_load: np.ndarray
+    N_smem_loop: np.ndarray
+    N_reg_loop: np.ndarray
+    Util: np.ndarray
+    smem_load_bound: np.ndarray
+    reg_load_bound: np.ndarray
+
+    @property
+    def latency_us(self) -> np.ndarray:
+        return self.T_kernel * 1e6
+
+    @cached_property
+    def tflops(self) -> np.ndarray:
+        return self.space.workload.flops / self.T_kernel / 1e12
+
+    @cached_property
+    def order(self) -> np.ndarray:
+        """Schedule indices from fastest to slowest predicted (ties in space order)."""
+        return np.argsort(self.T_kernel, kind="stable")
+
+    def terms(self, i: int) -> dict[str, Any]:
+        """The model's view of schedule i, in microseconds and counts."""
+        us = 1e6
+        return {
+            "predicted_us": float(self.T_kernel[i] * us),
+            "predicted_tflops": float(self.tflops[i]),
+            "bottleneck": "load" if self.smem_load_bound[i] else "use",
+            "reg_bottleneck": "load" if self.reg_load_bound[i] else "use",
+            "waves": int(self.N_threadblk_batch[i]),
+            "blocks_per_sm": int(self.N_threadblk_per_SM[i]),
+            "T_threadblk_us": float(self.T_threadblk[i] * us),
+            "T_init_us": float(self.T_init[i] * us),
+            "T_main_loop_us": float(self.T_main_loop[i] * us),
+            "T_epilogue_us": float(self.T_epilogue[i] * us),
+            "T_smem_load_us": float(self.T_smem_load[i] * us),
+            "T_smem_use_us": float(self.T_smem_use[i] * us),
+            "T_reg_load_us": float(self.T_reg_load[i] * us),
+            "T_compute_us": float(self.T_compute[i] * us),
+        }
+
+
+def evaluate(space: Space) -> Prediction:
+    """Evaluate ALCOP Table 1 for every schedule in the space at once."""
+    gpu, workload = space.gpu, space.workload
+    view = workload.gemm_view()
+    BM = space.block_m.astype(np.float64)
+    BN = space.block_n.astype(np.float64)
+    BK = space.block_k.astype(np.float64)
+    N_smem_pipe_stage = space.knobs["smem_stages"].astype(np.float64)
+    N_reg_pipe_stage = space.knobs["reg_stages"].astype(np.float64)
+    N_warp_per_threadblk = space.warps.astype(np.float64)
+    WM = MMA_TILE * space.knobs["warp_row_tiles"].astype(np.float64)
+    WN = MMA_TILE * space.knobs["warp_col_tiles"].astype(np.float64)
+
+    # Kernel level: threadblock batches ("waves") of N_SM × N_threadblk_per_SM blocks.
+    tiles = space.tiles.astype(np.float64)
+    occupancy = space.blocks_per_sm.astype(np.float64)
+    capacity = gpu.sm_count * occupancy
+    N_threadblk_batch = np.ceil(tiles / capacity)
+    N_threadblk_per_threadblk_batch = np.minimum(tiles, capacity)
+    # With fewer tiles than the GPU holds, the scheduler spreads them over the SMs, so
+    # fewer blocks share an SM than occupancy would allow (the small-output case).
+    N_threadblk_per_SM = np.minimum(
+        occupancy, np.ceil(N_threadblk_per_threadblk_batch / gpu.sm_count)
+    )
+
+    N_smem_loop = np.ceil(view.k / BK)
+    N_reg_loop = BK / MMA_TILE
+
+    # Computation latency model: one warp's mma work for one k16 step.
+    Util = tensor_utilisation(gpu, N_warp_per_threadblk, N_threadblk_per_SM)
+    FLOPs_one_reg_loop = 2.0 * WM * WN * MMA_TILE
+    T_compute = FLOPs_one_reg_loop / (gpu.sm_tensor_flops * Util)
+
+    # Register level: ldmatrix of one warp's A and B fragments, the block's warps sharing
+    # the SM's shared-memory bandwidth (other blocks are accounted one level up).
+    Bytes_one_reg_loop = (WM + WN) * MMA_TILE * BYTES_FP16
+    reg_stream = Bytes_one_reg_loop * N_warp_per_threadblk / gpu.smem_bandwidth_per_sm
+    T_reg_load = gpu.smem_latency_ns * 1e-9 + reg_stream
+    T_smem_use, reg_load_bound = pipeline_latency(
+        T_reg_load, T_compute, N_reg_loop, N_reg_pipe_stage, N_warp_per_threadblk
+    )
+    T_smem_use = np.maximum(T_smem_use, N_reg_loop * reg_stream)
+
+    # Memory latency model: global -> shared copies of one K step for the whole wave.
+    Bytes_one_smem_loop = (BM + BN) * BK * BYTES_FP16
+    llc_stream = (
+        Bytes_one_smem_loop * N_threadblk_per_threadblk_batch / (gpu.l2_bandwidth_gbs * 1e9)
+    )
+    T_LLC_load = gpu.l2_latency_ns * 1e-9 + llc_stream
+    Bytes_threadblk_batch_workset = _wave_working_set(space, BM, BN, BK, view)
+    dram_stream = Bytes_threadblk_batch_workset / (gpu.dram_bandwidth_gbs * 1e9)
+    T_DRAM_load = gpu.dram_latency_ns * 1e-9 + dram_stream
+    T_smem_load = np.maximum(T_LLC_load, T_DRAM_load)
+
+    # Threadblock latency model.
+    T_init = T_smem_load + T_reg_load
+    T_main_loop, smem_load_bound = pipeline_latency(
+        T_smem_load, T_smem_use, N_smem_loop, N_smem_pipe_stage, N_threadblk_per_SM
+    )
+    T_main_loop = np.maximum(T_main_loop, N_smem_loop * np.maximum(llc_stream, dram_stream))
+    Bytes_output_tile = np.minimum(BM, view.m) * np.minimum(BN, view.n) * BYTES_FP16
+    T_epilogue = gpu.dram_latency_ns * 1e-9 + Bytes_output_tile * (
+        N_threadblk_per_threadblk_batch
+    ) / (gpu.dram_write_bandwidth_gbs * 1e9)
+    T_threadblk = T_init + T_main_loop + T_epilogue
+    T_kernel = T_threadblk * N_threadblk_batch
+
+    return Prediction(
+        space=space,
+        T_kernel=T_kernel,
+        T_threadblk=T_threadblk,
+        N_threadblk_batch=N_threadblk_batch,
+        N_threadblk_per_SM=N_threadblk_per_SM,
+        N_threadblk_per_threadblk_batch=N_threadblk_per_threadblk_batch,
+        T_init=T_init,
+        T_main_loop=T_main_loop,
+        T_epilogue=T_epilogue,
+        T_smem_load=T_smem_load,
+        T_smem_use=T_smem_use,
+        T_reg_load=T_reg_load,
+        T_compute=T_compute,
+        T_LLC_load=T_LLC_load,
+        T_DRAM_load=T_DRAM_load,
+        N_smem_loop=N_smem_loop,
+        N_reg_loop=N_reg_loop,
+        Util=Util,
+        smem_load_bound=smem_load_bound,
+        reg_load_bound=reg_load_bound,
+    )
+
+
+def _wave_working_set(space: Space, BM: np.ndarray, BN: np.ndarray, BK: np.ndarray, view) -> Any:
+    """Bytes_threadblk_batch_workset: distinct A and B data one wave reads per K step.
+
+    Blocks are rasterised N-tiles fastest, then M-tiles, then batch; a wave of c blocks
+    touches ceil(c / tn) rows of A tiles and min(c, tn) columns of B tiles per batch entry
+    it reaches. Rows and columns past the problem edge are predicated off and not read.
+    """
+    tm, tn = (x.astype(np.float64) for x in space.tile_grid)
+    c = np.minimum(space.tiles.astype(np.float64), space.gpu.sm_count * space.blocks_per_sm)
+    per_batch = tm * tn
+    batches = np.minimum(view.batch, np.ceil(c / per_batch))
+    a_rows = np.minimum(tm * batches, np.ceil(c / tn))
+    b_cols = np.minimum(tn, c) * batches
+    a_bytes = a_rows * np.minimum(BM, view.m) * BK * BYTES_FP16 * _a_reuse_factor(space.workload)
+    b_bytes = b_cols * np.minimum(BN, view.n) * BK * BYTES_FP16
+    return a_bytes + b_bytes
+
+
+@dataclass(frozen=True)
+class RankedSchedule:
+    index: int
+    schedule: dict[str, int]
+    schedule_id: str
+    terms: dict[str, Any]
+
+
+def rank(
+    workload: AnyWorkload, gpu: GPUSpec, top: int | None = None
+) -> tuple[Space, Prediction, list[RankedSchedule]]:
+    """The space, the model's prediction and its top schedules, fastest first."""
+    space = Space.enumerate(workload, gpu)
+    prediction = evaluate(space)
+    order = prediction.order if top is None else prediction.order[:top]
+    ranked = []
+    for i in order:
+        schedule = space[int(i)]
+        ranked.append(
+            RankedSchedule(
+                index=int(i),
+                schedule=schedule.as_dict(),
+                schedule_id=schedule.id,
+                terms=prediction.terms(int(i)),
+            )
+        )
+    return space, prediction, ranked

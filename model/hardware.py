@@ -1,0 +1,267 @@
+"""GPU hardware specifications and calibrated profiles.
+
+Every spec value carries its source. Values marked "approximate" come from public
+microbenchmark reports rather than vendor sheets; `pipetune calibrate` measures them on
+the real device and writes a profile (JSON) that overrides them. A profile committed as
+``model/profiles/<key>.json`` is applied automatically by :func:`get_gpu`.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import asdict, dataclass, fields, replace
+from pathlib import Path
+from typing import Any
+
+PROFILE_DIR = Path(__file__).with_name("profiles")
+
+
+class HardwareError(ValueError):
+    """An unknown GPU name or a malformed hardware profile."""
+
+
+@dataclass(frozen=True)
+class GPUSpec:
+    key: str
+    name: str
+    arch: str
+    sm_count: int
+    boost_clock_mhz: float
+    # Dense FP16 tensor-core FLOPs per clock per SM with FP32 accumulation.
+    tensor_fp16_flops_per_clk_per_sm: float
+    # Fraction of that peak the mma.sync path (our kernel family) can reach. Hopper's full
+    # rate needs wgmma; the legacy warp-level mma.sync issues at a lower rate there.
+    mma_sync_efficiency: float
+    dram_bandwidth_gbs: float
+    dram_write_bandwidth_gbs: float
+    dram_latency_ns: float
+    l2_bandwidth_gbs: float
+    l2_latency_ns: float
+    l2_bytes: int
+    smem_bandwidth_bytes_per_clk_per_sm: float
+    smem_latency_ns: float
+    smem_per_sm_bytes: int
+    smem_per_block_bytes: int
+    smem_reserved_per_block_bytes: int
+    registers_per_sm: int
+    max_registers_per_thread: int
+    register_alloc_unit_per_warp: int
+    max_threads_per_sm: int
+    max_threads_per_block: int
+    max_blocks_per_sm: int
+    # Warps on an SM needed to keep every tensor core busy: one per sub-partition.
+    warps_to_saturate_tensor: int
+    profile: str = "spec"
+
+    # Derived quantities, in the units the analytical model uses (seconds, bytes/s).
+    @property
+    def clock_hz(self) -> float:
+        return self.boost_clock_mhz * 1e6
+
+    @property
+    def sm_tensor_flops(self) -> float:
+        """Throughput_SM: achievable tensor FLOP/s of one SM on the mma.sync path."""
+        return self.tensor_fp16_flops_per_clk_per_sm * self.clock_hz * self.mma_sync_efficiency
+
+    @property
+    def peak_tensor_tflops(self) -> float:
+        return self.tensor_fp16_flops_per_clk_per_sm * self.clock_hz * self.sm_count / 1e12
+
+    @property
+    def smem_bandwidth_per_sm(self) -> float:
+        return self.smem_bandwidth_bytes_per_clk_per_sm * self.clock_hz
+
+    @property
+    def compute_capability(self) -> tuple[int, int]:
+        digits = self.arch.removeprefix("sm_").rstrip("a")
+        return int(digits[:-1]), int(digits[-1])
+
+    def with_overrides(self, overrides: dict[str, Any], profile: str) -> GPUSpec:
+        """A copy with measured values in place of spec-sheet ones (validated)."""
+        known = {f.name: f for f in fields(self)}
+        clean: dict[str, Any] = {}
+        for name, value in overrides.items():
+            if name in ("key", "name", "arch", "profile"):
+                raise HardwareError(f"profile may not override '{name}'")
+            if name not in known:
+                raise HardwareError(f"profile has unknown field '{name}'")
+            if isinstance(value, bool) or not isinstance(value, int | float):
+                raise HardwareError(f"profile field '{name}' must be a number, got {value!r}")
+            if not math.isfinite(value) or value <= 0:
+                raise HardwareError(f"profile field '{name}' must be positive, got {value!r}")
+            # Integer fields (counts, bytes) stay integers.
+            clean[name] = int(value) if known[name].type in ("int", int) else float(value)
+        return replace(self, **clean, profile=profile)
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+# Sources:
+#  [A100-WP]  NVIDIA A100 Tensor Core GPU Architecture whitepaper (2020).
+#  [H100-WP]  NVIDIA H100 Tensor Core GPU Architecture whitepaper (2022).
+#  [H100-DS]  NVIDIA H100 datasheet; [H200-DS] NVIDIA H200 datasheet (2024).
+#  [CUDA-PG]  CUDA C++ Programming Guide, "Technical Specifications per Compute Capability"
+#             (8.0 and 9.0) and the shared-memory sections of the tuning guides.
+#  [MB]       Public microbenchmark reports (Jia et al., "Dissecting the Ampere GPU
+#             Architecture through Microbenchmarking", GTC 2021; Luo et al., "Benchmarking
+#             and Dissecting the Nvidia Hopper GPU Architecture", 2024; Chips and Cheese
+#             H100 and A100 articles). Approximate: replaced by `pipetune calibrate`.
+_SPECS: dict[str, GPUSpec] = {
+    "a100": GPUSpec(
+        key="a100",
+        name="NVIDIA A100-SXM4-40GB",
+        arch="sm_80",
+        sm_count=108,  # [A100-WP] Table 3
+        boost_clock_mhz=1410.0,  # [A100-WP] Table 3
+        tensor_fp16_flops_per_clk_per_sm=2048.0,  # [A100-WP] 1024 dense FP16 FMA/clk/SM
+        mma_sync_efficiency=1.0,  # mma.sync is Ampere's native tensor-core path
+        dram_bandwidth_gbs=1555.0,  # [A100-WP] HBM2, 40 GB
+        dram_write_bandwidth_gbs=1555.0,  # assumed symmetric with reads
+        dram_latency_ns=480.0,  # [MB] approximate pointer-chase latency
+        l2_bandwidth_gbs=5000.0,  # [A100-WP] 2.3x V100's L2; [MB] ~5 TB/s approximate
+        l2_latency_ns=150.0,  # [MB] approximate, ~200 cycles
+        l2_bytes=40 * 1024 * 1024,  # [A100-WP]
+        smem_bandwidth_bytes_per_clk_per_sm=128.0,  # [CUDA-PG] 32 banks x 4 B per clock
+        smem_latency_ns=25.0,  # [MB] approximate, ~30 cycles for ldmatrix
+        smem_per_sm_bytes=167936,  # [CUDA-PG] CC 8.0: 164 KB per SM
+        smem_per_block_bytes=166912,  # [CUDA-PG] CC 8.0: 163 KB per block (opt-in)
+        smem_reserved_per_block_bytes=1024,  # [CUDA-PG] 1 KB reserved per block (CC >= 8.0)
+        registers_per_sm=65536,  # [CUDA-PG]
+        max_registers_per_thread=255,  # [CUDA-PG]
+        register_alloc_unit_per_warp=256,  # [CUDA-PG] occupancy calculator granularity
+        max_threads_per_sm=2048,  # [CUDA-PG]
+        max_threads_per_block=1024,  # [CUDA-PG]
+        max_blocks_per_sm=32,  # [CUDA-PG]
+        warps_to_saturate_tensor=4,  # [A100-WP] four tensor cores per SM, one per SMSP
+    ),
+    "h100": GPUSpec(
+        key="h100",
+        name="NVIDIA H100-SXM5-80GB",
+        arch="sm_90",
+        sm_count=132,  # [H100-WP] H100 SXM5
+        boost_clock_mhz=1830.0,  # [H100-WP] clock of the quoted 989.4 dense FP16 TFLOPS
+        tensor_fp16_flops_per_clk_per_sm=4096.0,  # [H100-WP] 2x A100 per SM per clock
+        mma_sync_efficiency=0.62,  # [MB] Luo et al.: mma.sync ~60-65% of wgmma peak
+        dram_bandwidth_gbs=3350.0,  # [H100-DS] HBM3
+        dram_write_bandwidth_gbs=3350.0,  # assumed symmetric with reads
+        dram_latency_ns=500.0,  # [MB] approximate
+        l2_bandwidth_gbs=6600.0,  # [MB] ~5.5 TB/s on H100 PCIe x (132 SMs x 1.83) / (114 x 1.755)
+        l2_latency_ns=160.0,  # [MB] approximate, ~260 cycles (near partition)
+        l2_bytes=50 * 1024 * 1024,  # [H100-WP]
+        smem_bandwidth_bytes_per_clk_per_sm=128.0,  # [CUDA-PG]
+        smem_latency_ns=20.0,  # [MB] approximate
+        smem_per_sm_bytes=233472,  # [CUDA-PG] CC 9.0: 228 KB per SM
+        smem_per_block_bytes=232448,  # [CUDA-PG] CC 9.0: 227 KB per block (opt-in)
+        smem_reserved_per_block_bytes=1024,  # [CUDA-PG]
+        registers_per_sm=65536,  # [CUDA-PG]
+        max_registers_per_thread=255,  # [CUDA-PG]
+        register_alloc_unit_per_warp=256,  # [CUDA-PG]
+        max_threads_per_sm=2048,  # [CUDA-PG]
+        max_threads_per_block=1024,  # [CUDA-PG]
+        max_blocks_per_sm=32,  # [CUDA-PG]
+        warps_to_saturate_tensor=4,  # [H100-WP] four tensor cores per SM
+    ),
+    "h200": GPUSpec(
+        key="h200",
+        name="NVIDIA H200-SXM-141GB",
+        arch="sm_90",
+        sm_count=132,  # [H200-DS] same GH100 configuration as H100 SXM5
+        boost_clock_mhz=1830.0,  # [H200-DS] 989 dense FP16 TFLOPS, as H100 SXM5
+        tensor_fp16_flops_per_clk_per_sm=4096.0,  # [H100-WP]
+        mma_sync_efficiency=0.62,  # [MB] as H100
+        dram_bandwidth_gbs=4800.0,  # [H200-DS] HBM3e, 141 GB
+        dram_write_bandwidth_gbs=4800.0,  # assumed symmetric with reads
+        dram_latency_ns=500.0,  # [MB] approximate, as H100
+        l2_bandwidth_gbs=6600.0,  # [MB] approximate, as H100
+        l2_latency_ns=160.0,  # [MB] approximate, as H100
+        l2_bytes=50 * 1024 * 1024,  # [H200-DS]
+        smem_bandwidth_bytes_per_clk_per_sm=128.0,  # [CUDA-PG]
+        smem_latency_ns=20.0,  # [MB] approximate
+        smem_per_sm_bytes=233472,  # [CUDA-PG] CC 9.0
+        smem_per_block_bytes=232448,  # [CUDA-PG] CC 9.0
+        smem_reserved_per_block_bytes=1024,  # [CUDA-PG]
+        registers_per_sm=65536,  # [CUDA-PG]
+        max_registers_per_thread=255,  # [CUDA-PG]
+        register_alloc_unit_per_warp=256,  # [CUDA-PG]
+        max_threads_per_sm=2048,  # [CUDA-PG]
+        max_threads_per_block=1024,  # [CUDA-PG]
+        max_blocks_per_sm=32,  # [CUDA-PG]
+        warps_to_saturate_tensor=4,  # [H100-WP]
+    ),
+}
+
+_ALIASES = {
+    "a100": "a100",
+    "a100-sxm4-40gb": "a100",
+    "nvidia a100-sxm4-40gb": "a100",
+    "h100": "h100",
+    "h100-sxm5-80gb": "h100",
+    "h100-sxm": "h100",
+    "nvidia h100-sxm5-80gb": "h100",
+    "nvidia h100 80gb hbm3": "h100",
+    "h200": "h200",
+    "h200-sxm-141gb": "h200",
+    "nvidia h200": "h200",
+}
+
+
+def gpu_keys() -> list[str]:
+    """Registry keys of every GPU the model knows."""
+    return sorted(_SPECS)
+
+
+def resolve_gpu_key(name: str) -> str:
+    key = _ALIASES.get(name.strip().lower())
+    if key is None:
+        raise HardwareError(f"unknown GPU '{name}'; known: {', '.join(gpu_keys())}")
+    return key
+
+
+def parse_profile(document: Any, source: str) -> tuple[str | None, dict[str, Any]]:
+    """Split a profile document into (gpu key or None, overrides).
+
+    A profile is ``{"gpu": "h100", "overrides": {field: value, ...}, ...}``; other
+    top-level keys (device name, date, method) are provenance and are kept by the file only.
+    """
+    if not isinstance(document, dict):
+        raise HardwareError(f"{source}: a profile must be a JSON object")
+    overrides = document.get("overrides")
+    if not isinstance(overrides, dict):
+        raise HardwareError(f"{source}: a profile needs an 'overrides' object")
+    gpu = document.get("gpu")
+    if gpu is not None and not isinstance(gpu, str):
+        raise HardwareError(f"{source}: 'gpu' must be a string")
+    return (resolve_gpu_key(gpu) if gpu else None), overrides
+
+
+def load_profile(path: str | Path) -> tuple[str | None, dict[str, Any]]:
+    path = Path(path)
+    try:
+        document = json.loads(path.read_text())
+    except FileNotFoundError as exc:
+        raise HardwareError(f"profile {path} does not exist") from exc
+    except json.JSONDecodeError as exc:
+        raise HardwareError(f"profile {path} is not valid JSON: {exc.msg}") from exc
+    return parse_profile(document, str(path))
+
+
+def get_gpu(name: str, *, profile: str | Path | None = None, calibrated: bool = True) -> GPUSpec:
+    """The spec of a GPU by name or alias.
+
+    With ``calibrated`` (the default) a committed profile ``model/profiles/<key>.json`` is
+    applied; an explicit ``profile`` path is applied on top of that.
+    """
+    key = resolve_gpu_key(name)
+    spec = _SPECS[key]
+    committed = PROFILE_DIR / f"{key}.json"
+    if calibrated and committed.exists():
+        _, overrides = load_profile(committed)
+        spec = spec.with_overrides(overrides, profile=f"calibrated:{committed.name}")
+    if profile is not None:
+        target, overrides = load_profile(profile)
+        if target is not None and target != key:
+            raise HardwareError(f"profile {profile} is for '{target}', not '{key}'")
+        spec = spec.with_overrides(overrides, profile=f"profile:{Path(profile).name}")
+    return spec

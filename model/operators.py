@@ -1,0 +1,47 @@
+"""Benchmark operator suites. ``alcop``: the operators of the ALCOP evaluation (Fig. 10/13).
+
+Shapes follow the ALCOP paper: square GEMMs, BERT-base linear layers at 1024 tokens (N x K
+as in the paper), ResNet-50's FC and 1x1 convolutions as GEMM, BERT and GPT-2 attention
+BMMs (12 heads), ResNet-50's 3x3 convolutions at batch 64, and 3x3x3 Conv3D layers. The
+paper names four Conv3D operators without shapes beyond the first; Conv3D_2..4 here are
+the stages of a 3D ResNet (R3D-18) at batch 8, chosen to span the same range.
+"""
+
+from __future__ import annotations
+
+from model.workloads import AnyWorkload, bmm, conv2d, conv3d, gemm
+
+ALCOP: dict[str, AnyWorkload] = {
+    "MM_Square_1k": gemm(1024, 1024, 1024),
+    "MM_Square_2k": gemm(2048, 2048, 2048),
+    "MM_Square_4k": gemm(4096, 4096, 4096),
+    "MM_BERT_Proj": gemm(1024, 768, 768),
+    "MM_BERT_QKV": gemm(1024, 2304, 768),
+    "MM_BERT_FC1": gemm(1024, 3072, 768),
+    "MM_BERT_FC2": gemm(1024, 768, 3072),
+    "MM_RN50_FC": gemm(1024, 64, 2048),
+    "MM_RN50_Conv1x1_1": gemm(50176, 128, 64),
+    "MM_RN50_Conv1x1_2": gemm(12544, 256, 128),
+    "MM_RN50_Conv1x1_3": gemm(3136, 512, 256),
+    "BMM_BERT_QK": bmm(12, 512, 512, 64),
+    "BMM_BERT_SV": bmm(12, 512, 64, 512),
+    "BMM_GPT2_QK": bmm(12, 1024, 1024, 64),
+    "BMM_GPT2_SV": bmm(12, 1024, 64, 1024),
+    "Conv2D_RN50_1": conv2d(64, 56, 56, 64, 64, 3, 3, stride=1, pad=1),
+    "Conv2D_RN50_2": conv2d(64, 28, 28, 128, 128, 3, 3, stride=1, pad=1),
+    "Conv2D_RN50_3": conv2d(64, 14, 14, 256, 256, 3, 3, stride=1, pad=1),
+    "Conv2D_RN50_4": conv2d(64, 7, 7, 512, 512, 3, 3, stride=1, pad=1),
+    "Conv3D_1": conv3d(64, 14, 7, 7, 512, 512, 3, 3, 3, stride=1, pad=1),
+    "Conv3D_2": conv3d(8, 16, 56, 56, 64, 64, 3, 3, 3, stride=1, pad=1),
+    "Conv3D_3": conv3d(8, 8, 28, 28, 128, 128, 3, 3, 3, stride=1, pad=1),
+    "Conv3D_4": conv3d(8, 4, 14, 14, 256, 256, 3, 3, 3, stride=1, pad=1),
+}
+
+SUITES: dict[str, dict[str, AnyWorkload]] = {"alcop": ALCOP}
+
+
+def suite(name: str) -> dict[str, AnyWorkload]:
+    try:
+        return SUITES[name]
+    except KeyError:
+        raise KeyError(f"unknown operator suite '{name}'; known: {', '.join(SUITES)}") from None

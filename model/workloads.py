@@ -1,0 +1,366 @@
+"""Operators (workloads) and their implicit-GEMM view.
+
+Workloads are pydantic models so that one definition serves the library, the CLI and the
+REST API (a bad field becomes a 422 naming the field). Every operator reduces to a
+(batch, M, N, K) GEMM that the pipelined tensor-core kernel family computes.
+
+Limits, and why:
+- sizes are strict positive integers (a float or a string is a mistake, not a size);
+- every operand has fewer than 2**31 elements, because the kernels index with 32-bit ints;
+- leading dimensions are multiples of 8 elements: the loaders move 16 bytes per cp.async.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from typing import Annotated, Any, Literal
+
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    TypeAdapter,
+    ValidationError,
+    model_validator,
+)
+
+INDEX_LIMIT = 2**31 - 1  # int32 element indexing in the generated kernels
+DIM_LIMIT = 1 << 24  # no single dimension of a real operator comes near this
+ALIGN_ELEMENTS = 8  # 16-byte cp.async of float16
+
+Dim = Annotated[int, Field(strict=True, ge=1, le=DIM_LIMIT)]
+SmallDim = Annotated[int, Field(strict=True, ge=1, le=64)]
+Pad = Annotated[int, Field(strict=True, ge=0, le=64)]
+DType = Literal["float16"]
+
+
+class WorkloadError(ValueError):
+    """A workload that pipetune cannot run, with the offending field."""
+
+    def __init__(self, field: str, reason: str):
+        super().__init__(f"{field}: {reason}")
+        self.field = field
+        self.reason = reason
+
+
+class GemmView(BaseModel):
+    """The (batch, M, N, K) problem an operator lowers to."""
+
+    model_config = ConfigDict(frozen=True)
+    batch: int
+    m: int
+    n: int
+    k: int
+
+
+class _Workload(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    dtype: DType = "float16"
+
+    def gemm_view(self) -> GemmView:  # pragma: no cover - every operator overrides it
+        raise NotImplementedError
+
+    @property
+    def flops(self) -> int:
+        v = self.gemm_view()
+        return 2 * v.batch * v.m * v.n * v.k
+
+    @property
+    def operand_bytes(self) -> tuple[int, int, int]:
+        """Bytes of the A, B and C tensors as stored (not the im2col view)."""
+        raise NotImplementedError  # pragma: no cover
+
+    @property
+    def compulsory_bytes(self) -> int:
+        """DRAM traffic with perfect reuse: read A and B once, write C once."""
+        return sum(self.operand_bytes)
+
+    def canonical(self) -> dict[str, Any]:
+        return self.model_dump(mode="json")
+
+    @property
+    def workload_hash(self) -> str:
+        text = json.dumps(self.canonical(), sort_keys=True, separators=(",", ":"))
+        return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+    def label(self) -> str:  # pragma: no cover - every operator overrides it
+        raise NotImplementedError
+
+
+def _check_index(field: str, elements: int) -> None:
+    if elements > INDEX_LIMIT:
+        raise WorkloadError(
+            field, f"{elements} elements exceed the 2^31-1 limit of 32-bit kernel indexing"
+        )
+
+
+def _check_aligned(field: str, value: int, why: str) -> None:
+    if value % ALIGN_ELEMENTS:
+        raise WorkloadError(
+            field,
+            f"must be a multiple of {ALIGN_ELEMENTS} for float16 ({why} is a leading "
+            f"dimension; loads are 16-byte cp.async), got {value}",
+        )
+
+
+class Gemm(_Workload):
+    """C[M,N] = A[M,K] @ B, row-major; B is K×N (b_layout 'kn') or N×K ('nk')."""
+
+    op: Literal["gemm"] = "gemm"
+    m: Dim
+    n: Dim
+    k: Dim
+    b_layout: Literal["kn", "nk"] = "kn"
+
+    @model_validator(mode="after")
+    def _validate(self) -> Gemm:
+        _check_index("m", self.m * self.k)
+        _check_index("n", self.k * self.n)
+        _check_index("m", self.m * self.n)
+        _check_aligned("k", self.k, "K of A")
+        _check_aligned("n", self.n, "N of C")
+        return self
+
+    def gemm_view(self) -> GemmView:
+        return GemmView(batch=1, m=self.m, n=self.n, k=self.k)
+
+    @property
+    def operand_bytes(self) -> tuple[int, int, int]:
+        return 2 * self.m * self.k, 2 * self.k * self.n, 2 * self.m * self.n
+
+    def label(self) -> str:
+        return f"gemm {self.m}x{self.n}x{self.k}"
+
+
+class Bmm(_Workload):
+    """Batched GEMM: b independent M×K @ K×N products (grid z)."""
+
+    op: Literal["bmm"] = "bmm"
+    b: Dim
+    m: Dim
+    n: Dim
+    k: Dim
+
+    @model_validator(mode="after")
+    def _validate(self) -> Bmm:
+        _check_index("b", self.b * self.m * self.k)
+        _check_index("b", self.b * self.k * self.n)
+        _check_index("b", self.b * self.m * self.n)
+        _check_aligned("k", self.k, "K of A")
+        _check_aligned("n", self.n, "N of B and C")
+        return self
+
+    def gemm_view(self) -> GemmView:
+        return GemmView(batch=self.b, m=self.m, n=self.n, k=self.k)
+
+    @property
+    def operand_bytes(self) -> tuple[int, int, int]:
+        b = self.b
+        return 2 * b * self.m * self.k, 2 * b * self.k * self.n, 2 * b * self.m * self.n
+
+    def label(self) -> str:
+        return f"bmm {self.b}x{self.m}x{self.n}x{self.k}"
+
+
+def _out_size(field: str, size: int, filt: int, stride: int, pad: int) -> int:
+    padded = size + 2 * pad
+    if filt > padded:
+        raise WorkloadError(field, f"filter {filt} is larger than the padded input {padded}")
+    return (padded - filt) // stride + 1
+
+
+def _check_pad(field: str, pad: int, filt: int) -> None:
+    if pad >= filt:
+        raise WorkloadError(
+            "pad", f"must be smaller than the filter size {field}={filt}, got {pad}"
+        )
+
+
+class Conv2d(_Workload):
+    """Conv2D, NHWC input, KRSC filter, as an implicit GEMM: M=N·P·Q, N=K, K=R·S·C."""
+
+    op: Literal["conv2d"] = "conv2d"
+    n: Dim
+    h: Dim
+    w: Dim
+    c: Dim
+    k: Dim
+    r: SmallDim
+    s: SmallDim
+    stride: SmallDim = 1
+    pad: Pad = 0
+
+    @model_validator(mode="after")
+    def _validate(self) -> Conv2d:
+        _check_pad("r", self.pad, self.r)
+        _check_pad("s", self.pad, self.s)
+        _out_size("r", self.h, self.r, self.stride, self.pad)
+        _out_size("s", self.w, self.s, self.stride, self.pad)
+        _check_aligned("c", self.c, "C of the NHWC input")
+        _check_aligned("k", self.k, "K of the NPQK output")
+        _check_index("n", self.n * self.h * self.w * self.c)
+        _check_index("k", self.k * self.r * self.s * self.c)
+        v = self.gemm_view()
+        _check_index("n", v.m * v.n)
+        return self
+
+    @property
+    def out_hw(self) -> tuple[int, int]:
+        return (
+            (self.h + 2 * self.pad - self.r) // self.stride + 1,
+            (self.w + 2 * self.pad - self.s) // self.stride + 1,
+        )
+
+    def gemm_view(self) -> GemmView:
+        p, q = self.out_hw
+        return GemmView(batch=1, m=self.n * p * q, n=self.k, k=self.r * self.s * self.c)
+
+    @property
+    def operand_bytes(self) -> tuple[int, int, int]:
+        p, q = self.out_hw
+        return (
+            2 * self.n * self.h * self.w * self.c,
+            2 * self.k * self.r * self.s * self.c,
+            2 * self.n * p * q * self.k,
+        )
+
+    def label(self) -> str:
+        return (
+            f"conv2d n{self.n} {self.h}x{self.w}x{self.c}->{self.k} "
+            f"{self.r}x{self.s} s{self.stride} p{self.pad}"
+        )
+
+
+class Conv3d(_Workload):
+    """Conv3D, NDHWC input, KTRSC filter: M=N·O·P·Q, N=K, K=T·R·S·C."""
+
+    op: Literal["conv3d"] = "conv3d"
+    n: Dim
+    d: Dim
+    h: Dim
+    w: Dim
+    c: Dim
+    k: Dim
+    t: SmallDim
+    r: SmallDim
+    s: SmallDim
+    stride: SmallDim = 1
+    pad: Pad = 0
+
+    @model_validator(mode="after")
+    def _validate(self) -> Conv3d:
+        for name, filt in (("t", self.t), ("r", self.r), ("s", self.s)):
+            _check_pad(name, self.pad, filt)
+        _out_size("t", self.d, self.t, self.stride, self.pad)
+        _out_size("r", self.h, self.r, self.stride, self.pad)
+        _out_size("s", self.w, self.s, self.stride, self.pad)
+        _check_aligned("c", self.c, "C of the NDHWC input")
+        _check_aligned("k", self.k, "K of the output")
+        _check_index("n", self.n * self.d * self.h * self.w * self.c)
+        _check_index("k", self.k * self.t * self.r * self.s * self.c)
+        v = self.gemm_view()
+        _check_index("n", v.m * v.n)
+        return self
+
+    @property
+    def out_dhw(self) -> tuple[int, int, int]:
+        def out(size: int, filt: int) -> int:
+            return (size + 2 * self.pad - filt) // self.stride + 1
+
+        return out(self.d, self.t), out(self.h, self.r), out(self.w, self.s)
+
+    def gemm_view(self) -> GemmView:
+        o, p, q = self.out_dhw
+        return GemmView(
+            batch=1, m=self.n * o * p * q, n=self.k, k=self.t * self.r * self.s * self.c
+        )
+
+    @property
+    def operand_bytes(self) -> tuple[int, int, int]:
+        o, p, q = self.out_dhw
+        return (
+            2 * self.n * self.d * self.h * self.w * self.c,
+            2 * self.k * self.t * self.r * self.s * self.c,
+            2 * self.n * o * p * q * self.k,
+        )
+
+    def label(self) -> str:
+        return (
+            f"conv3d n{self.n} {self.d}x{self.h}x{self.w}x{self.c}->{self.k} "
+            f"{self.t}x{self.r}x{self.s} s{self.stride} p{self.pad}"
+        )
+
+
+Workload = Annotated[Gemm | Bmm | Conv2d | Conv3d, Field(discriminator="op")]
+OPS: dict[str, type[_Workload]] = {"gemm": Gemm, "bmm": Bmm, "conv2d": Conv2d, "conv3d": Conv3d}
+_WORKLOAD_ADAPTER: TypeAdapter[Gemm | Bmm | Conv2d | Conv3d] = TypeAdapter(Workload)
+
+
+def _first_error(exc: ValidationError) -> WorkloadError:
+    err = exc.errors()[0]
+    loc = [str(p) for p in err.get("loc", ())]
+    if loc and loc[0] in OPS:  # the discriminated union puts the op tag first
+        loc = loc[1:]
+    field = ".".join(loc) or "workload"
+    ctx_error = (err.get("ctx") or {}).get("error")
+    if isinstance(ctx_error, WorkloadError):
+        return ctx_error
+    reason = err.get("msg", "invalid")
+    if "input" in err and err.get("type") not in ("missing",):
+        reason = f"{reason} (got {err['input']!r})"
+    return WorkloadError(field, reason)
+
+
+def parse_workload(data: dict[str, Any]) -> Gemm | Bmm | Conv2d | Conv3d:
+    """Build a workload from a plain dict, raising WorkloadError with the field and reason."""
+    if not isinstance(data, dict):
+        raise WorkloadError("workload", "must be an object with an 'op' field")
+    op = data.get("op")
+    if op not in OPS:
+        raise WorkloadError("op", f"unknown operator {op!r}; known: {', '.join(OPS)}")
+    dtype = data.get("dtype", "float16")
+    if dtype != "float16":
+        raise WorkloadError(
+            "dtype", f"unsupported dtype {dtype!r}: pipetune's kernels take float16 inputs"
+        )
+    try:
+        return _WORKLOAD_ADAPTER.validate_python(data)
+    except ValidationError as exc:
+        raise _first_error(exc) from None
+
+
+def gemm(m: int, n: int, k: int, **kw: Any) -> Gemm:
+    return parse_workload({"op": "gemm", "m": m, "n": n, "k": k, **kw})  # type: ignore[return-value]
+
+
+def bmm(b: int, m: int, n: int, k: int, **kw: Any) -> Bmm:
+    return parse_workload({"op": "bmm", "b": b, "m": m, "n": n, "k": k, **kw})  # type: ignore[return-value]
+
+
+def conv2d(
+    n: int, h: int, w: int, c: int, k: int, r: int, s: int, stride: int = 1, pad: int = 0
+) -> Conv2d:
+    data = {"op": "conv2d", "n": n, "h": h, "w": w, "c": c, "k": k, "r": r, "s": s}
+    return parse_workload({**data, "stride": stride, "pad": pad})  # type: ignore[return-value]
+
+
+def conv3d(
+    n: int,
+    d: int,
+    h: int,
+    w: int,
+    c: int,
+    k: int,
+    t: int,
+    r: int,
+    s: int,
+    stride: int = 1,
+    pad: int = 0,
+) -> Conv3d:
+    data = {"op": "conv3d", "n": n, "d": d, "h": h, "w": w, "c": c, "k": k}
+    return parse_workload({**data, "t": t, "r": r, "s": s, "stride": stride, "pad": pad})  # type: ignore[return-value]
+
+
+AnyWorkload = Gemm | Bmm | Conv2d | Conv3d

@@ -1,0 +1,153 @@
+"""`pipetune model ...` commands."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+from typer.testing import CliRunner
+
+from clients.cli.main import app
+
+runner = CliRunner()
+
+
+def test_rank_json_document():
+    result = runner.invoke(
+        app,
+        [
+            "model",
+            "rank",
+            "gemm",
+            "--m",
+            "1024",
+            "--n",
+            "64",
+            "--k",
+            "2048",
+            "--gpu",
+            "h100",
+            "--top",
+            "10",
+            "--json",
+        ],
+    )
+    assert result.exit_code == 0, result.output
+    doc = json.loads(result.stdout)
+    assert doc["workload"] == {
+        "op": "gemm",
+        "m": 1024,
+        "n": 64,
+        "k": 2048,
+        "dtype": "float16",
+        "b_layout": "kn",
+    }
+    assert doc["gpu"] == "h100"
+    assert len(doc["schedules"]) == 10
+    first = doc["schedules"][0]
+    assert set(first["schedule"]) >= {"smem_stages", "reg_stages", "chunk"}
+    assert first["bottleneck"] in ("load", "use")
+    latencies = [s["predicted_us"] for s in doc["schedules"]]
+    assert latencies == sorted(latencies)
+
+
+def test_top_larger_than_space_returns_the_whole_space():
+    args = [
+        "model",
+        "rank",
+        "bmm",
+        "--b",
+        "12",
+        "--m",
+        "512",
+        "--n",
+        "512",
+        "--k",
+        "64",
+        "--top",
+        "100000",
+        "--json",
+    ]
+    doc = json.loads(runner.invoke(app, args).stdout)
+    assert len(doc["schedules"]) == doc["space_size"]
+
+
+def test_conv_commands_take_their_own_options():
+    args = [
+        "model",
+        "rank",
+        "conv3d",
+        "--n",
+        "8",
+        "--d",
+        "4",
+        "--h",
+        "14",
+        "--w",
+        "14",
+        "--c",
+        "256",
+        "--k",
+        "256",
+        "--t",
+        "3",
+        "--r",
+        "3",
+        "--s",
+        "3",
+        "--pad",
+        "1",
+        "--top",
+        "3",
+    ]
+    result = runner.invoke(app, args)
+    assert result.exit_code == 0, result.output
+    assert "conv3d" in result.stdout
+
+
+def test_bad_size_exits_2_with_one_line():
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            "from clients.cli.main import run; run()",
+            "model",
+            "rank",
+            "gemm",
+            "--m",
+            "-5",
+            "--n",
+            "64",
+            "--k",
+            "2048",
+        ],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert proc.returncode == 2
+    lines = proc.stderr.strip().splitlines()
+    assert lines == ["error: m: Input should be greater than or equal to 1 (got -5)"]
+
+
+def test_unknown_gpu_and_bad_top_exit_2():
+    base = ["model", "rank", "gemm", "--m", "64", "--n", "64", "--k", "64"]
+    assert runner.invoke(app, [*base, "--gpu", "v100"]).exit_code == 2
+    assert runner.invoke(app, [*base, "--top", "0"]).exit_code == 2
+    assert runner.invoke(app, [*base[:-2]]).exit_code == 2  # --k missing
+
+
+def test_suite_reports_every_operator():
+    result = runner.invoke(app, ["model", "suite", "alcop", "--gpu", "a100", "--json"])
+    assert result.exit_code == 0, result.output
+    doc = json.loads(result.stdout)
+    names = [row["operator"] for row in doc["operators"]]
+    assert "MM_RN50_FC" in names and "Conv3D_1" in names
+    assert all(row["pipelining_speedup"] >= 1.0 for row in doc["operators"])
+    assert runner.invoke(app, ["model", "suite", "nope"]).exit_code == 2
+
+
+def test_gpus_lists_the_registry():
+    doc = json.loads(runner.invoke(app, ["model", "gpus", "--json"]).stdout)
+    assert {g["key"] for g in doc["gpus"]} >= {"a100", "h100", "h200"}

@@ -1,0 +1,61 @@
+"""GPU specs and calibrated profiles."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from model import hardware
+from model.hardware import HardwareError, get_gpu, gpu_keys
+
+
+def test_registry_covers_the_product_gpus():
+    assert {"a100", "h100", "h200"} <= set(gpu_keys())
+    assert get_gpu("H100-SXM5-80GB", calibrated=False).key == "h100"
+    with pytest.raises(HardwareError, match="unknown GPU 'v100'"):
+        get_gpu("v100")
+
+
+def test_spec_sheet_peaks(a100, h100):
+    # The spec values reproduce the vendors' dense FP16 tensor figures.
+    assert a100.peak_tensor_tflops == pytest.approx(312, rel=0.01)
+    assert h100.peak_tensor_tflops == pytest.approx(989.4, rel=0.01)
+    assert get_gpu("h200", calibrated=False).dram_bandwidth_gbs > h100.dram_bandwidth_gbs
+
+
+def test_profile_overrides_and_validation(tmp_path, h100):
+    path = tmp_path / "p.json"
+    path.write_text(
+        json.dumps({"gpu": "h100", "overrides": {"dram_bandwidth_gbs": 3000, "sm_count": 132.0}})
+    )
+    spec = get_gpu("h100", profile=path, calibrated=False)
+    assert spec.dram_bandwidth_gbs == 3000.0
+    assert isinstance(spec.sm_count, int)
+    assert spec.profile == "profile:p.json"
+    assert h100.dram_bandwidth_gbs == 3350.0  # the registry itself is untouched
+
+    for bad, message in (
+        ({"overrides": {"warp_speed": 1}}, "unknown field 'warp_speed'"),
+        ({"overrides": {"sm_count": -1}}, "must be positive"),
+        ({"overrides": {"sm_count": "many"}}, "must be a number"),
+        ({"overrides": {"arch": 1}}, "may not override 'arch'"),
+        ({"gpu": "a100", "overrides": {}}, "is for 'a100'"),
+        ({"gpu": "h100"}, "needs an 'overrides' object"),
+    ):
+        path.write_text(json.dumps(bad))
+        with pytest.raises(HardwareError, match=message):
+            get_gpu("h100", profile=path, calibrated=False)
+    path.write_text("{not json")
+    with pytest.raises(HardwareError, match="not valid JSON"):
+        get_gpu("h100", profile=path)
+
+
+def test_committed_profile_is_applied_automatically(tmp_path, monkeypatch):
+    (tmp_path / "a100.json").write_text(
+        json.dumps({"gpu": "a100", "overrides": {"l2_latency_ns": 111}})
+    )
+    monkeypatch.setattr(hardware, "PROFILE_DIR", tmp_path)
+    assert get_gpu("a100").l2_latency_ns == 111.0
+    assert get_gpu("a100").profile == "calibrated:a100.json"
+    assert get_gpu("a100", calibrated=False).l2_latency_ns != 111.0

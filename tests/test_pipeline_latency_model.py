@@ -1,0 +1,91 @@
+"""Table 1's pipeline latency model and the terms evaluate() builds from it."""
+
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+import pytest
+
+from model.analytical import evaluate, pipeline_latency
+from model.space import Space
+from model.workloads import bmm, conv2d, gemm
+
+
+def test_switches_to_load_bound_exactly_past_table1_threshold():
+    # N_pipe=2, N_mplx=2: loads hide while T_load <= (2*2 - 1) * T_use = 3.
+    t_load = np.array([2.0, 3.0, 3.0 + 1e-9, 5.0])
+    loop, load_bound = pipeline_latency(t_load, 1.0, 10, 2, 2)
+    assert load_bound.tolist() == [False, False, True, True]
+    # use-bound: the two workers share the unit, 2 * 1 * 10
+    assert loop[:2] == pytest.approx([20.0, 20.0])
+    # load-bound: (T_load + T_use) * N_loop / N_pipe
+    assert loop[3] == pytest.approx((5.0 + 1.0) * 10 / 2)
+
+
+def test_the_two_cases_meet_at_the_switch_point():
+    for n_pipe in (1, 2, 3, 6):
+        for n_mplx in (1, 2, 4):
+            threshold = (n_pipe * n_mplx - 1) * 0.7
+            below, _ = pipeline_latency(threshold, 0.7, 8, n_pipe, n_mplx)
+            above, bound = pipeline_latency(threshold * (1 + 1e-12) + 1e-15, 0.7, 8, n_pipe, n_mplx)
+            assert bound
+            assert above == pytest.approx(below, rel=1e-9)
+
+
+def test_no_pipelining_and_one_worker_is_serial():
+    loop, load_bound = pipeline_latency(3.0, 1.0, 5, 1, 1)
+    assert load_bound
+    assert loop == pytest.approx((3.0 + 1.0) * 5)
+
+
+def test_more_stages_never_slow_a_load_bound_loop():
+    stages = np.arange(1, 7)
+    loop, _ = pipeline_latency(10.0, 1.0, 100, stages, 1)
+    assert np.all(np.diff(loop) <= 0)
+    assert loop[-1] < loop[0]
+
+
+@pytest.mark.parametrize(
+    "workload",
+    [
+        gemm(1024, 64, 2048),
+        gemm(4096, 4096, 4096),
+        bmm(12, 1024, 1024, 64),
+        conv2d(64, 14, 14, 256, 256, 3, 3, pad=1),
+    ],
+)
+def test_more_smem_stages_never_slow_the_main_loop_until_occupancy_drops(workload, h100):
+    space = Space.enumerate(workload, h100)
+    pred = evaluate(space)
+    others = [k for k in space.knobs if k != "smem_stages"]
+    groups: dict = {}
+    for i in range(len(space)):
+        key = tuple(int(space.knobs[k][i]) for k in others)
+        groups.setdefault(key, []).append(i)
+    compared = 0
+    for members in groups.values():
+        members.sort(key=lambda i: space.knobs["smem_stages"][i])
+        for a, b in itertools.pairwise(members):
+            if pred.N_threadblk_per_SM[a] != pred.N_threadblk_per_SM[b]:
+                continue  # occupancy dropped: the model may rightly predict a slowdown
+            compared += 1
+            assert pred.T_main_loop[b] <= pred.T_main_loop[a] * (1 + 1e-12)
+    assert compared > 100
+
+
+def test_evaluate_reports_the_bottleneck_by_table1_criterion(h100):
+    space = Space.enumerate(gemm(2048, 2048, 2048), h100)
+    p = evaluate(space)
+    n_pipe = space.knobs["smem_stages"]
+    expected = p.T_smem_load > (n_pipe * p.N_threadblk_per_SM - 1) * p.T_smem_use
+    assert np.array_equal(p.smem_load_bound, expected)
+    assert p.smem_load_bound.any() and (~p.smem_load_bound).any()
+
+
+def test_kernel_is_threadblock_latency_times_waves(h100):
+    space = Space.enumerate(gemm(4096, 4096, 4096), h100)
+    p = evaluate(space)
+    assert np.allclose(p.T_kernel, p.T_threadblk * p.N_threadblk_batch)
+    assert np.allclose(p.T_threadblk, p.T_init + p.T_main_loop + p.T_epilogue)
+    assert np.allclose(p.T_smem_load, np.maximum(p.T_LLC_load, p.T_DRAM_load))

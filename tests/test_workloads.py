@@ -1,0 +1,110 @@
+"""Operators, their implicit-GEMM view, and validation with clear messages."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from model.workloads import WorkloadError, bmm, conv2d, conv3d, gemm, parse_workload
+
+
+def test_gemm_view_flops_and_bytes():
+    w = gemm(1024, 64, 2048)
+    v = w.gemm_view()
+    assert (v.batch, v.m, v.n, v.k) == (1, 1024, 64, 2048)
+    assert w.flops == 2 * 1024 * 64 * 2048
+    assert w.operand_bytes == (2 * 1024 * 2048, 2 * 2048 * 64, 2 * 1024 * 64)
+
+
+def test_bmm_view():
+    v = bmm(12, 512, 64, 512).gemm_view()
+    assert (v.batch, v.m, v.n, v.k) == (12, 512, 64, 512)
+
+
+def test_conv2d_implicit_gemm():
+    w = conv2d(64, 56, 56, 64, 64, 3, 3, stride=1, pad=1)
+    assert w.out_hw == (56, 56)
+    v = w.gemm_view()
+    assert (v.m, v.n, v.k) == (64 * 56 * 56, 64, 3 * 3 * 64)
+    strided = conv2d(1, 224, 224, 8, 64, 7, 7, stride=2, pad=3)
+    assert strided.out_hw == (112, 112)
+
+
+def test_conv3d_implicit_gemm():
+    w = conv3d(64, 14, 7, 7, 512, 512, 3, 3, 3, stride=1, pad=1)
+    assert w.out_dhw == (14, 7, 7)
+    v = w.gemm_view()
+    assert (v.m, v.n, v.k) == (64 * 14 * 7 * 7, 512, 27 * 512)
+
+
+def test_hash_is_canonical():
+    a = parse_workload({"op": "gemm", "m": 128, "n": 64, "k": 256})
+    b = parse_workload({"k": 256, "n": 64, "m": 128, "op": "gemm", "dtype": "float16"})
+    assert a == b
+    assert a.workload_hash == b.workload_hash
+    assert a.workload_hash != gemm(128, 64, 264).workload_hash
+
+
+@pytest.mark.parametrize(
+    ("data", "field", "words"),
+    [
+        ({"op": "gemm", "m": -5, "n": 64, "k": 64}, "m", "greater than or equal to 1"),
+        ({"op": "gemm", "m": 0, "n": 64, "k": 64}, "m", "greater than or equal to 1"),
+        ({"op": "gemm", "m": 1.5, "n": 64, "k": 64}, "m", "integer"),
+        ({"op": "gemm", "m": "64", "n": 64, "k": 64}, "m", "integer"),
+        ({"op": "gemm", "m": True, "n": 64, "k": 64}, "m", "integer"),
+        ({"op": "gemm", "m": 64, "n": 64, "k": 60}, "k", "multiple of 8"),
+        ({"op": "gemm", "m": 64, "n": 60, "k": 64}, "n", "multiple of 8"),
+        ({"op": "gemm", "m": 1 << 20, "n": 1 << 16, "k": 64}, "m", "2^31-1"),
+        ({"op": "gemm", "m": 1 << 30, "n": 64, "k": 64}, "m", "less than or equal"),
+        ({"op": "gemm", "m": 64, "n": 64, "k": 64, "dtype": "bfloat16"}, "dtype", "float16"),
+        ({"op": "gemm", "m": 64, "n": 64}, "k", "required"),
+        ({"op": "gemm", "m": 64, "n": 64, "k": 64, "q": 1}, "q", "not permitted"),
+        ({"op": "softmax", "m": 64}, "op", "unknown operator"),
+        (
+            {"op": "conv2d", "n": 1, "h": 8, "w": 8, "c": 8, "k": 8, "r": 3, "s": 3, "pad": 3},
+            "pad",
+            "smaller",
+        ),
+        (
+            {"op": "conv2d", "n": 1, "h": 2, "w": 8, "c": 8, "k": 8, "r": 5, "s": 3, "pad": 1},
+            "r",
+            "larger than the padded",
+        ),
+        (
+            {"op": "conv2d", "n": 1, "h": 8, "w": 8, "c": 3, "k": 8, "r": 3, "s": 3},
+            "c",
+            "multiple of 8",
+        ),
+    ],
+)
+def test_bad_workloads_name_field_and_reason(data, field, words):
+    with pytest.raises(WorkloadError) as info:
+        parse_workload(data)
+    assert info.value.field == field
+    assert words in info.value.reason
+
+
+sizes = st.one_of(
+    st.integers(min_value=-(2**40), max_value=2**40),
+    st.floats(allow_nan=True),
+    st.text(max_size=4),
+    st.none(),
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(m=sizes, n=sizes, k=sizes, b=sizes)
+def test_any_input_is_a_workload_or_a_workload_error(m, n, k, b):
+    for data in (
+        {"op": "gemm", "m": m, "n": n, "k": k},
+        {"op": "bmm", "b": b, "m": m, "n": n, "k": k},
+    ):
+        try:
+            w = parse_workload(data)
+        except WorkloadError as exc:
+            assert exc.field and exc.reason
+        else:
+            v = w.gemm_view()
+            assert v.m * v.k < 2**31 and v.k % 8 == 0 and v.n % 8 == 0
