@@ -1,0 +1,112 @@
+"""Simulated annealing over a schedule space, in the AutoTVM manner.
+
+Many parallel chains walk the space; a neighbour changes one knob to another of its values
+(moves that leave the valid space are rejected); a move is accepted with probability
+exp((score_new - score_old) / T) while T cools linearly to zero. Chains persist across
+rounds (the next round starts where the last one stopped), visited schedules never enter
+the top-k heap, and a round stops early once the heap has not improved for a while.
+
+All chains step together with numpy; scores come from a per-space array (the cost model
+predicts the whole space once per round, which is cheap for spaces of thousands).
+"""
+
+from __future__ import annotations
+
+import heapq
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from model.space import KNOB_NAMES, KNOBS, Space
+
+
+class KnobCodec:
+    """Maps schedules to mixed-radix codes over knob value indices and back to space rows."""
+
+    def __init__(self, space: Space):
+        self.radices = np.array([len(KNOBS[k]) for k in KNOB_NAMES], dtype=np.int64)
+        self.strides = np.concatenate([np.cumprod(self.radices[::-1])[::-1][1:], [1]])
+        # value index of each knob for each schedule of the space: shape (N, n_knobs)
+        self.value_index = np.column_stack(
+            [np.searchsorted(np.array(KNOBS[k]), space.knobs[k]) for k in KNOB_NAMES]
+        )
+        codes = self.value_index @ self.strides
+        self.row_of_code = np.full(int(np.prod(self.radices)), -1, dtype=np.int64)
+        self.row_of_code[codes] = np.arange(len(space))
+
+    def rows(self, value_index: np.ndarray) -> np.ndarray:
+        """Space row of each value-index vector, -1 where it is not a valid schedule."""
+        return self.row_of_code[value_index @ self.strides]
+
+
+@dataclass
+class SimulatedAnnealing:
+    space: Space
+    n_chains: int = 64
+    n_iter: int = 200
+    early_stop: int = 40
+    temperature: tuple[float, float] = (1.0, 0.0)
+    rng: np.random.Generator = field(default_factory=lambda: np.random.default_rng(0))
+    _codec: KnobCodec | None = None
+    _chains: np.ndarray | None = None  # space rows where each chain stands
+
+    @property
+    def codec(self) -> KnobCodec:
+        if self._codec is None:
+            self._codec = KnobCodec(self.space)
+        return self._codec
+
+    def _neighbours(self, rows: np.ndarray) -> np.ndarray:
+        """One random single-knob move per chain; an invalid move keeps the chain in place."""
+        codec = self.codec
+        vi = codec.value_index[rows].copy()
+        knob = self.rng.integers(0, len(KNOB_NAMES), size=len(rows))
+        radix = codec.radices[knob]
+        # a different value of that knob: shift by 1..radix-1
+        shift = 1 + (self.rng.random(len(rows)) * (radix - 1)).astype(np.int64)
+        vi[np.arange(len(rows)), knob] = (vi[np.arange(len(rows)), knob] + shift) % radix
+        moved = codec.rows(vi)
+        return np.where(moved >= 0, moved, rows)
+
+    def find_maximums(self, scores: np.ndarray, k: int, exclude: set[int]) -> list[int]:
+        """Up to k unvisited rows with the highest scores found by the chains, best first."""
+        n = len(self.space)
+        if self._chains is None:
+            self._chains = self.rng.integers(0, n, size=min(self.n_chains, n))
+        chains = self._chains
+        heap: list[tuple[float, int]] = []  # min-heap of (score, row) over unvisited rows
+        in_heap: set[int] = set()
+
+        def offer(rows: np.ndarray) -> bool:
+            improved = False
+            for r in np.unique(rows).tolist():
+                if r in exclude or r in in_heap:
+                    continue
+                s = float(scores[r])
+                if len(heap) < k:
+                    heapq.heappush(heap, (s, r))
+                    in_heap.add(r)
+                    improved = True
+                elif s > heap[0][0]:
+                    _, dropped = heapq.heapreplace(heap, (s, r))
+                    in_heap.discard(dropped)
+                    in_heap.add(r)
+                    improved = True
+            return improved
+
+        offer(chains)
+        t_start, t_end = self.temperature
+        since_improved = 0
+        for step in range(self.n_iter):
+            temp = t_start + (t_end - t_start) * step / max(1, self.n_iter - 1)
+            candidates = self._neighbours(chains)
+            gain = scores[candidates] - scores[chains]
+            with np.errstate(over="ignore"):
+                accept_p = np.exp(np.minimum(0.0, gain) / max(temp, 1e-9))
+            accept = (gain >= 0) | (self.rng.random(len(chains)) < accept_p)
+            chains = np.where(accept, candidates, chains)
+            since_improved = 0 if offer(chains) else since_improved + 1
+            if since_improved >= self.early_stop and len(heap) >= k:
+                break
+        self._chains = chains
+        return [r for _, r in sorted(heap, key=lambda e: (-e[0], e[1]))]

@@ -1,0 +1,113 @@
+"""TuningSession: propose schedules, observe their measurements, within a trial budget.
+
+A session's proposals depend only on its seed and the sequence of propose/observe calls, so
+any service replica can rebuild it from the database by replaying the recorded batches
+(`TuningSession.replay`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from model.hardware import GPUSpec
+from model.space import Schedule, Space
+from model.trials import MeasureResult
+from model.workloads import AnyWorkload
+from tuner.strategies import DEFAULT_STRATEGY, Observation, make_strategy
+
+
+class SessionError(ValueError):
+    """A call that does not fit the session's state (e.g. observing an unproposed schedule)."""
+
+
+class TuningSession:
+    def __init__(
+        self,
+        workload: AnyWorkload,
+        gpu: GPUSpec,
+        strategy: str = DEFAULT_STRATEGY,
+        seed: int = 0,
+        budget: int = 50,
+        space: Space | None = None,
+        prior_spaces: list[Space] | None = None,
+    ):
+        if budget < 1:
+            raise SessionError(f"budget must be at least 1, got {budget}")
+        self.workload = workload
+        self.gpu = gpu
+        self.space = space if space is not None else Space.enumerate(workload, gpu)
+        self.budget = budget
+        self.seed = seed
+        self.strategy = make_strategy(strategy, self.space, seed, prior_spaces=prior_spaces)
+        self.history: list[Observation] = []
+        self.results: list[MeasureResult] = []
+        self.pending: list[int] = []
+
+    @property
+    def remaining(self) -> int:
+        """Trials the budget still allows, counting proposals not yet observed."""
+        return max(0, min(self.budget, len(self.space)) - len(self.history) - len(self.pending))
+
+    @property
+    def done(self) -> bool:
+        return not self.pending and self.remaining == 0
+
+    def propose(self, n: int) -> list[Schedule]:
+        if n < 1:
+            raise SessionError(f"propose needs n >= 1, got {n}")
+        n = min(n, self.remaining)
+        if n == 0:
+            return []
+        exclude = {o.row for o in self.history} | set(self.pending)
+        rows = self.strategy.next_batch(n, exclude, self.history)
+        self.pending.extend(rows)
+        return [self.space[r] for r in rows]
+
+    def observe(self, results: Sequence[tuple[Schedule, MeasureResult]]) -> None:
+        """Record measurements of proposed schedules; failures count against the budget."""
+        rows = []
+        for schedule, _ in results:
+            if schedule not in self.space:
+                raise SessionError(f"schedule {schedule.id} is not in this session's space")
+            row = self.space.index(schedule)
+            if row not in self.pending or row in rows:
+                raise SessionError(
+                    f"schedule {schedule.id} was not proposed or is already observed"
+                )
+            rows.append(row)
+        for row, (_, result) in zip(rows, results, strict=True):
+            self.pending.remove(row)
+            latency = result.latency_us * 1e-6 if result.ok and result.latency_us else None
+            self.history.append(Observation(row=row, latency_s=latency, failed=latency is None))
+            self.results.append(result)
+
+    @property
+    def best(self) -> tuple[Schedule, MeasureResult] | None:
+        ok = [(o, r) for o, r in zip(self.history, self.results, strict=True) if not o.failed]
+        if not ok:
+            return None
+        o, r = min(ok, key=lambda pair: pair[0].latency_s)
+        return self.space[o.row], r
+
+    @classmethod
+    def replay(
+        cls,
+        workload: AnyWorkload,
+        gpu: GPUSpec,
+        strategy: str,
+        seed: int,
+        budget: int,
+        batches: Sequence[Sequence[tuple[Schedule, MeasureResult]]],
+        space: Space | None = None,
+    ) -> TuningSession:
+        """Rebuild a session from its recorded batches, checking each replays identically."""
+        session = cls(workload, gpu, strategy, seed, budget, space=space)
+        for i, batch in enumerate(batches):
+            proposed = session.propose(len(batch))
+            recorded = [s for s, _ in batch]
+            if proposed != recorded:
+                raise SessionError(
+                    f"batch {i} does not replay: the history was not made by this seed"
+                )
+            session.observe(batch)
+        return session
