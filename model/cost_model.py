@@ -1,5 +1,8 @@
 """XGBoost cost model over schedule features, optionally pretrained on the analytical model.
 
+It takes any space with ``features()``, ``cache_key`` and ``work`` (FLOPs per run): pipetune's
+schedule spaces, and without the analytical prior also foreign recorded spaces.
+
 Target: log throughput (log TFLOP/s). It is comparable across workloads, so one model can be
 pretrained on a corpus of workloads for a GPU and start warm on a new shape.
 
@@ -23,7 +26,7 @@ import numpy as np
 import xgboost as xgb
 
 from model.analytical import evaluate
-from model.space import FEATURE_NAMES, Space
+from model.space import Space
 
 FAIL_PENALTY = 2.0
 ANALYTICAL_FEATURES: tuple[str, ...] = (
@@ -57,7 +60,7 @@ def analytical_features(space: Space) -> np.ndarray:
 
 
 def predicted_log_tflops(space: Space) -> np.ndarray:
-    return np.log(space.workload.flops / evaluate(space).T_kernel / 1e12)
+    return np.log(space.work / evaluate(space).T_kernel / 1e12)
 
 
 def measured_log_tflops(space: Space, latency_s: np.ndarray, failed: np.ndarray) -> np.ndarray:
@@ -66,7 +69,7 @@ def measured_log_tflops(space: Space, latency_s: np.ndarray, failed: np.ndarray)
     failed = np.asarray(failed, dtype=bool)
     y = np.empty(len(latency_s))
     ok = ~failed
-    y[ok] = np.log(space.workload.flops / latency_s[ok] / 1e12)
+    y[ok] = np.log(space.work / latency_s[ok] / 1e12)
     floor = y[ok].min() if ok.any() else 0.0
     y[failed] = floor - FAIL_PENALTY
     return y
@@ -101,7 +104,7 @@ class CostModel:
         return {**base, **self.params}
 
     def features(self, space: Space) -> np.ndarray:
-        key = (space.workload.workload_hash, space.gpu.key, space.gpu.profile, len(space))
+        key = space.cache_key
         cached = self._feature_cache.get(key)
         if cached is None:
             parts = [space.features()]
@@ -111,9 +114,8 @@ class CostModel:
             self._feature_cache = {key: cached}  # one space at a time: keep memory flat
         return cached
 
-    @property
-    def feature_names(self) -> list[str]:
-        names = list(FEATURE_NAMES)
+    def feature_names(self, space: Space) -> list[str]:
+        names = list(space.feature_names)
         return names + list(ANALYTICAL_FEATURES) if self.use_analytical else names
 
     @property
@@ -126,7 +128,7 @@ class CostModel:
             raise ValueError("pretraining needs the analytical features (use_analytical=True)")
         X = np.vstack([self.features(s) for s in spaces])
         y = np.concatenate([predicted_log_tflops(s) for s in spaces])
-        dtrain = xgb.DMatrix(X, label=y, feature_names=self.feature_names)
+        dtrain = xgb.DMatrix(X, label=y, feature_names=self.feature_names(spaces[0]))
         self._prior = xgb.train(self._params(), dtrain, num_boost_round=self.pretrain_rounds)
         self._booster = self._prior
 
@@ -140,7 +142,7 @@ class CostModel:
             return
         X = self.features(space)[index]
         y = measured_log_tflops(space, latency_s, failed)
-        dtrain = xgb.DMatrix(X, label=y, feature_names=self.feature_names)
+        dtrain = xgb.DMatrix(X, label=y, feature_names=self.feature_names(space))
         rounds = self.refit_rounds if self._prior is not None else self.pretrain_rounds
         self._booster = xgb.train(
             self._params(), dtrain, num_boost_round=rounds, xgb_model=self._prior
@@ -150,7 +152,7 @@ class CostModel:
         """Predicted log TFLOP/s for every schedule of the space (higher is better)."""
         if self._booster is None:
             raise RuntimeError("the cost model is neither pretrained nor fitted")
-        dmat = xgb.DMatrix(self.features(space), feature_names=self.feature_names)
+        dmat = xgb.DMatrix(self.features(space), feature_names=self.feature_names(space))
         return self._booster.predict(dmat)
 
     def save(self, path: str | Path) -> None:

@@ -244,6 +244,20 @@ class Space:
         """Position of a schedule in the space; KeyError if it is not a valid member."""
         return self._position[schedule.id]
 
+    @property
+    def cache_key(self) -> tuple:
+        """Identifies the space's contents, for caches of per-space arrays."""
+        return (self.workload.workload_hash, self.gpu.key, self.gpu.profile, len(self))
+
+    @property
+    def feature_names(self) -> tuple[str, ...]:
+        return FEATURE_NAMES
+
+    @property
+    def work(self) -> float:
+        """FLOPs of one run: turns latency into throughput."""
+        return float(self.workload.flops)
+
     def __contains__(self, schedule: object) -> bool:
         return isinstance(schedule, Schedule) and schedule.id in self._position
 

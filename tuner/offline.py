@@ -42,15 +42,14 @@ class RecordedSpace:
 def run_offline(
     recorded: RecordedSpace, strategy: str, seed: int, budget: int, batch: int = 8
 ) -> np.ndarray:
-    """Throughputs of the trials in the order a session proposed them (0 for failures)."""
+    """Space rows of the trials, in the order a session proposed them."""
     session = TuningSession(
         recorded.space.workload, recorded.space.gpu, strategy, seed, budget, space=recorded.space
     )
-    throughput = recorded.throughput
-    trials: list[float] = []
+    trials: list[int] = []
     while not session.done:
         proposed = session.propose(batch)
         rows = [recorded.space.index(s) for s in proposed]
         session.observe([(s, recorded.result(r)) for s, r in zip(proposed, rows, strict=True)])
-        trials.extend(throughput[r] for r in rows)
-    return np.array(trials)
+        trials.extend(rows)
+    return np.array(trials, dtype=np.int64)

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import heapq
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
@@ -21,46 +22,57 @@ from model.space import KNOB_NAMES, KNOBS, Space
 
 
 class KnobCodec:
-    """Maps schedules to mixed-radix codes over knob value indices and back to space rows."""
+    """Maps configurations to mixed-radix codes over knob value indices, and codes to rows.
 
-    def __init__(self, space: Space):
-        self.radices = np.array([len(KNOBS[k]) for k in KNOB_NAMES], dtype=np.int64)
+    Works for any space given as one column of values per knob, so the same annealer walks
+    pipetune's schedule spaces and foreign recorded spaces (e.g. a Kernel Tuner cache).
+    """
+
+    def __init__(self, values: list[tuple], matrix: np.ndarray):
+        self.radices = np.array([len(v) for v in values], dtype=np.int64)
         self.strides = np.concatenate([np.cumprod(self.radices[::-1])[::-1][1:], [1]])
-        # value index of each knob for each schedule of the space: shape (N, n_knobs)
+        # value index of each knob for each row: shape (N, n_knobs)
         self.value_index = np.column_stack(
-            [np.searchsorted(np.array(KNOBS[k]), space.knobs[k]) for k in KNOB_NAMES]
-        )
+            [np.searchsorted(np.array(v), matrix[:, j]) for j, v in enumerate(values)]
+        ).astype(np.int64)
         codes = self.value_index @ self.strides
         self.row_of_code = np.full(int(np.prod(self.radices)), -1, dtype=np.int64)
-        self.row_of_code[codes] = np.arange(len(space))
+        self.row_of_code[codes] = np.arange(len(matrix))
+
+    @classmethod
+    def for_space(cls, space: Space) -> KnobCodec:
+        matrix = np.column_stack([space.knobs[k] for k in KNOB_NAMES])
+        return cls([KNOBS[k] for k in KNOB_NAMES], matrix)
+
+    def __len__(self) -> int:
+        return len(self.value_index)
 
     def rows(self, value_index: np.ndarray) -> np.ndarray:
-        """Space row of each value-index vector, -1 where it is not a valid schedule."""
+        """Row of each value-index vector, -1 where it is not a member of the space."""
         return self.row_of_code[value_index @ self.strides]
+
+
+def codec_for(space: Any) -> KnobCodec:
+    """The codec of a space: foreign spaces carry their own, schedule spaces get one built."""
+    codec = getattr(space, "codec", None)
+    return codec if isinstance(codec, KnobCodec) else KnobCodec.for_space(space)
 
 
 @dataclass
 class SimulatedAnnealing:
-    space: Space
+    codec: KnobCodec
     n_chains: int = 64
     n_iter: int = 200
     early_stop: int = 40
     temperature: tuple[float, float] = (1.0, 0.0)
     rng: np.random.Generator = field(default_factory=lambda: np.random.default_rng(0))
-    _codec: KnobCodec | None = None
-    _chains: np.ndarray | None = None  # space rows where each chain stands
-
-    @property
-    def codec(self) -> KnobCodec:
-        if self._codec is None:
-            self._codec = KnobCodec(self.space)
-        return self._codec
+    _chains: np.ndarray | None = None  # rows where each chain stands
 
     def _neighbours(self, rows: np.ndarray) -> np.ndarray:
         """One random single-knob move per chain; an invalid move keeps the chain in place."""
         codec = self.codec
         vi = codec.value_index[rows].copy()
-        knob = self.rng.integers(0, len(KNOB_NAMES), size=len(rows))
+        knob = self.rng.integers(0, len(codec.radices), size=len(rows))
         radix = codec.radices[knob]
         # a different value of that knob: shift by 1..radix-1
         shift = 1 + (self.rng.random(len(rows)) * (radix - 1)).astype(np.int64)
@@ -70,7 +82,7 @@ class SimulatedAnnealing:
 
     def find_maximums(self, scores: np.ndarray, k: int, exclude: set[int]) -> list[int]:
         """Up to k unvisited rows with the highest scores found by the chains, best first."""
-        n = len(self.space)
+        n = len(self.codec)
         if self._chains is None:
             self._chains = self.rng.integers(0, n, size=min(self.n_chains, n))
         chains = self._chains

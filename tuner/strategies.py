@@ -15,7 +15,7 @@ import numpy as np
 from model.analytical import evaluate
 from model.cost_model import CostModel
 from model.space import Space
-from tuner.sa import SimulatedAnnealing
+from tuner.sa import SimulatedAnnealing, codec_for
 
 STRATEGIES = ("grid", "random", "analytical", "xgb", "analytical+xgb")
 DEFAULT_STRATEGY = "analytical+xgb"
@@ -101,7 +101,7 @@ class XGBStrategy(Strategy):
             # Pretrain on this space, and on a corpus of other workloads if given, so the
             # first batch is already model-guided.
             self.cost_model.pretrain([space, *(prior_spaces or [])])
-        self.sa = SimulatedAnnealing(space, rng=rng)
+        self.sa = SimulatedAnnealing(codec_for(space), rng=rng)
         self._fitted_on = -1
 
     def _refit(self, history: list[Observation]) -> None:

@@ -1,0 +1,89 @@
+"""The offline tuner benchmark and the peers, on a real recorded space measured by others
+(Kernel Tuner's convolution cache, A100) and on a small synthetic schedule space."""
+
+from __future__ import annotations
+
+import gzip
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from model.analytical import evaluate
+from model.space import Space
+from model.workloads import gemm
+from tuner.bench import Dataset, bench, trial_throughputs
+from tuner.offline import RecordedSpace
+from tuner.peers import PEERS, write_kt_cache
+from tuner.recorded import RecordedConfigs
+
+SHARED = Path(__file__).resolve().parents[2] / "shared" / "datasets"
+KT_CACHE = SHARED / "convolution_A100.kt-cache.json.gz"
+
+
+def _kt_conv() -> RecordedConfigs:
+    doc = json.loads(gzip.decompress(KT_CACHE.read_bytes()))
+    names = doc["tune_params_keys"]
+    configs, objective = [], []
+    for entry in doc["cache"].values():
+        configs.append({k: entry[k] for k in names})
+        t = entry["time"]
+        objective.append(float(t) if isinstance(t, int | float) else np.inf)
+    params = {k: doc["tune_params"][k] for k in names}
+    return RecordedConfigs("conv_A100", params, configs, np.array(objective))
+
+
+@pytest.fixture(scope="module")
+def conv() -> Dataset:
+    if not KT_CACHE.exists():
+        pytest.skip("shared datasets are not next to this checkout")
+    return Dataset("conv_A100", _kt_conv())
+
+
+@pytest.fixture(scope="module")
+def small_ours(h100) -> Dataset:
+    space = Space.enumerate(gemm(512, 256, 1024), h100)
+    noise = np.exp(np.random.default_rng(1).normal(0, 0.1, len(space)))
+    rec = RecordedSpace(space, evaluate(space).T_kernel * noise)
+    return Dataset("synthetic", RecordedConfigs.from_recorded_space("synthetic", rec), rec)
+
+
+@pytest.mark.parametrize("strategy", ["random", "xgb", *PEERS])
+def test_every_searcher_spends_exactly_the_budget_on_distinct_configs(conv, strategy):
+    if strategy.startswith("kt_"):
+        pytest.importorskip("kernel_tuner")
+    if strategy == "optuna_tpe":
+        pytest.importorskip("optuna")
+    throughputs = trial_throughputs(conv, strategy, seed=0, budget=30)
+    assert len(throughputs) == 30
+    assert np.all(throughputs <= conv.configs.optimum)
+
+
+def test_analytical_strategies_refuse_a_foreign_space(conv):
+    with pytest.raises(ValueError, match="foreign space"):
+        trial_throughputs(conv, "analytical+xgb", seed=0, budget=10)
+
+
+def test_kt_cache_export_keeps_failures(tmp_path, conv):
+    write_kt_cache(conv.configs, tmp_path / "c.json")
+    doc = json.loads((tmp_path / "c.json").read_text())
+    times = [e["time"] for e in doc["cache"].values()]
+    assert len(times) == len(conv.configs.configs)
+    failed = int(np.sum(~np.isfinite(conv.configs.objective_ms)))
+    assert failed > 0
+    assert sum(isinstance(t, str) for t in times) == failed
+
+
+def test_bench_document_shape_and_monotone_budgets(small_ours):
+    strategies = ["random", "analytical", "analytical+xgb"]
+    doc = bench([small_ours], strategies, [5, 10, 20], seeds=3)
+    rows = {(r["strategy"], r["budget"]): r for r in doc["results"]}
+    assert len(rows) == 9
+    for strategy in strategies:
+        values = [rows[(strategy, k)]["best_in_k"] for k in (5, 10, 20)]
+        assert values == sorted(values)
+        assert 0 < values[-1] <= 1
+        assert set(rows[(strategy, 10)]["per_dataset"]) == {"synthetic"}
+    per = rows[("analytical", 5)]["per_dataset"]["synthetic"]
+    assert per["p_score"] == pytest.approx((per["best_in_k"] - per["random"]) / (1 - per["random"]))
