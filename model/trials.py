@@ -28,7 +28,7 @@ class MeasureResult(BaseModel):
     status: TrialStatus
     latency_us: float | None = Field(default=None, gt=0)
     samples_us: list[float] = Field(default_factory=list)
-    # Spread of the repeats: (p90 - p10) / median; 0 for a replayed or single sample.
+    # Spread of the repeats: (p90 - p10) / median; None when it was not recorded.
     spread: float | None = Field(default=None, ge=0)
     registers: int | None = Field(default=None, ge=0)
     spill_bytes: int | None = Field(default=None, ge=0)

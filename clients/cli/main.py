@@ -4,7 +4,11 @@ from __future__ import annotations
 
 import typer
 
+from clients.cli.bench_cmds import bench_app
+from clients.cli.dataset_cmds import dataset_app
+from clients.cli.kernel_cmds import kernel_app
 from clients.cli.model_cmds import model_app
+from clients.cli.sweep_cmds import calibrate, sweep_app
 
 app = typer.Typer(
     name="pipetune",
@@ -14,6 +18,11 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
 )
 app.add_typer(model_app, name="model")
+app.add_typer(sweep_app, name="sweep")
+app.add_typer(dataset_app, name="dataset")
+app.command("calibrate")(calibrate)
+app.add_typer(bench_app, name="bench")
+app.add_typer(kernel_app, name="kernel")
 
 
 def run() -> None:

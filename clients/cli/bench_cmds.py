@@ -1,0 +1,128 @@
+"""`pipetune bench tuner`: search strategies and peers on recorded datasets, offline."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import typer
+from rich.table import Table
+
+from clients.cli.errors import CliError, reported
+from clients.cli.output import console, print_json
+from model.hardware import get_gpu
+from model.space import Schedule, Space
+from tuner.bench import ALL_STRATEGIES, KNOB_ONLY, Dataset, bench
+from tuner.offline import RecordedSpace
+from tuner.peers import PEERS
+from tuner.recorded import RecordedConfigs
+from tuner.strategies import STRATEGIES
+from workers.datasets import DatasetError, check_pipetune, load_dataset
+
+bench_app = typer.Typer(help="Offline benchmarks on recorded datasets (no GPU needed).")
+
+GROUPS = {"ours": STRATEGIES, "peers": PEERS, "all": ALL_STRATEGIES}
+
+
+def recorded_dataset(path: Path) -> Dataset:
+    """A dataset file as the tuner sees it: pipetune's own with its schedule space, or a
+    foreign recorded space (Kernel Tuner cache, T4 of another kernel) by its knobs."""
+    ds = load_dataset(path)
+    name = path.name.split(".")[0]
+    times = ds.times_ms()
+    objective = np.where(np.isfinite(times) & (times > 0), times, np.inf)
+    if "pipetune" not in ds.metadata:
+        configs = ds.configurations()
+        params = {k: sorted({c[k] for c in configs}, key=str) for k in ds.knobs}
+        kt = ds.metadata.get("kernel_tuner", {}).get("tune_params")
+        if isinstance(kt, dict) and set(kt) >= set(ds.knobs):
+            params = {k: list(kt[k]) for k in ds.knobs}
+        return Dataset(name, RecordedConfigs(name, params, configs, objective))
+    info = check_pipetune(ds)
+    full = Space.enumerate(info.workload, get_gpu(info.gpu))
+    position = {s.id: i for i, s in enumerate(full)}
+    rows, latency = [], []
+    for record, ms in zip(ds.records, objective, strict=True):
+        row = position.get(Schedule.from_dict(dict(record.configuration)).id)
+        if row is not None:  # a schedule outside today's valid space cannot be proposed
+            rows.append(row)
+            latency.append(ms * 1e-3)
+    if not rows:
+        raise DatasetError(f"{name}: none of its schedules is in the current valid space")
+    order = np.argsort(rows)
+    recorded = RecordedSpace(full.subset(np.array(rows)[order]), np.array(latency)[order])
+    return Dataset(name, RecordedConfigs.from_recorded_space(name, recorded), recorded)
+
+
+def _int_list(text: str, option: str) -> list[int]:
+    try:
+        values = [int(v) for v in text.split(",") if v.strip()]
+    except ValueError:
+        raise CliError(f"{option}: expected comma-separated integers, got {text!r}", 2) from None
+    if not values or min(values) < 1:
+        raise CliError(f"{option}: every value must be at least 1, got {text!r}", 2)
+    return sorted(set(values))
+
+
+def _strategies(text: str) -> list[str]:
+    names: list[str] = []
+    for part in (p.strip() for p in text.split(",") if p.strip()):
+        for name in GROUPS.get(part, (part,)):
+            if name not in ALL_STRATEGIES:
+                known = ", ".join((*ALL_STRATEGIES, *GROUPS))
+                raise CliError(f"--strategies: unknown strategy '{name}'; known: {known}", 2)
+            if name not in names:
+                names.append(name)
+    return names
+
+
+@bench_app.command("tuner")
+@reported
+def tuner(
+    paths: list[Path] = typer.Argument(None, help="more dataset files"),
+    dataset: list[Path] = typer.Option(None, "--dataset", help="a T4 file or Kernel Tuner cache"),
+    strategies: str = typer.Option(
+        ",".join(STRATEGIES), "--strategies", help="names, or ours|peers|all"
+    ),
+    budgets: str = typer.Option("10,20,50,100", "--budgets"),
+    seeds: int = typer.Option(20, "--seeds", min=1),
+    as_json: bool = typer.Option(False, "--json"),
+) -> None:
+    """Best-in-k-trials of each strategy, normalised to each dataset's exhaustive best."""
+    files = [*(dataset or []), *(paths or [])]
+    if not files:
+        raise CliError("--dataset: give at least one dataset file", 2)
+    ks = _int_list(budgets, "--budgets")
+    names = _strategies(strategies)
+    try:
+        loaded = [recorded_dataset(p) for p in files]
+    except DatasetError as exc:
+        raise CliError(str(exc), 2) from None
+    for ds in loaded:
+        if ds.ours is None:
+            needs_model = [s for s in names if s not in KNOB_ONLY and s not in PEERS]
+            if needs_model:
+                raise CliError(
+                    f"{ds.name} is not a pipetune dataset: {', '.join(needs_model)} need the "
+                    f"analytical model (use {', '.join(KNOB_ONLY)} or peers)",
+                    2,
+                )
+    with console.status("benchmarking") as status:
+        doc = bench(loaded, names, ks, seeds, progress=lambda m: status.update(m))
+    if as_json:
+        print_json(doc)
+        return
+    table = Table(
+        title=f"best-in-k (P score), mean of {seeds} seeds, geomean of {len(loaded)} datasets"
+    )
+    table.add_column("strategy")
+    for k in ks:
+        table.add_column(f"k={k}", justify="right")
+    for name in names:
+        cells = [
+            f"{r['best_in_k']:.3f} ({r['p_score']:+.2f})"
+            for r in doc["results"]
+            if r["strategy"] == name
+        ]
+        table.add_row(name, *cells)
+    console.print(table)

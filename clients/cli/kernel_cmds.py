@@ -1,0 +1,185 @@
+"""`pipetune kernel ...`: generate the CUDA kernels and compile them with NVRTC (no GPU)."""
+
+from __future__ import annotations
+
+import json
+import sys
+from typing import Any
+
+import typer
+from rich.table import Table
+
+from clients.cli.errors import CliError
+from clients.cli.output import console, print_json
+from clients.cli.workload_options import add_workload_commands, option
+from model.hardware import get_gpu, gpu_keys
+from model.space import Schedule, Space, schedule_problems
+from model.workloads import parse_workload
+from workers.codegen import generate
+from workers.codegen.sample import stratified_sample
+
+kernel_app = typer.Typer(help="The CUDA kernels: source and NVRTC compilation (no GPU needed).")
+source_app = typer.Typer(help="Print the CUDA C++ source of one schedule.")
+compile_app = typer.Typer(help="Compile a stratified sample of a workload's valid schedules.")
+kernel_app.add_typer(source_app, name="source")
+kernel_app.add_typer(compile_app, name="compile")
+
+_GPU = option("gpu", str, "h100", help=f"GPU whose valid space applies: {', '.join(gpu_keys())}")
+_JSON = option("as_json", bool, False, "--json", help="print one JSON document")
+
+
+def parse_schedule(text: str) -> Schedule:
+    """A --schedule JSON object of the seven knobs (ScheduleError names a bad knob)."""
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise CliError(f"--schedule: not valid JSON ({exc.msg})", code=2) from None
+    return Schedule.from_dict(data)
+
+
+def _source(workload: dict, schedule: str, gpu: str) -> None:
+    w = parse_workload(workload)
+    s = parse_schedule(schedule)
+    spec = get_gpu(gpu)
+    problems = schedule_problems(s, w, spec)
+    if problems:
+        raise CliError(
+            f"schedule {s.id} is outside the valid space of {w.label()} on {spec.key}: "
+            + "; ".join(problems),
+            code=2,
+        )
+    sys.stdout.write(generate(w, s).code)
+
+
+add_workload_commands(
+    source_app,
+    _source,
+    [
+        option("schedule", str, ..., help='JSON object of the 7 knobs, e.g. {"chunk": 2, ...}'),
+        _GPU,
+    ],
+    "CUDA source for:",
+)
+
+
+def compile_document(
+    workload_data: dict, arch: str | None, sample: int, seed: int, gpu: str, workers: int | None
+) -> dict[str, Any]:
+    # Imported here: NVRTC loads only for the commands that compile.
+    from workers.compile import CompileError, check_arch, compile_many
+
+    if sample < 1:
+        raise CliError("--sample: must be at least 1", code=2)
+    if workers is not None and workers < 1:
+        raise CliError("--workers: must be at least 1", code=2)
+    w = parse_workload(workload_data)
+    spec = get_gpu(gpu)
+    arch = arch or spec.arch
+    try:
+        check_arch(arch)
+    except ValueError as exc:
+        raise CliError(f"--arch: {exc}", code=2) from None
+    space = Space.enumerate(w, spec)
+    if not len(space):
+        raise CliError(f"no valid schedule for {w.label()} on {spec.key}", code=2)
+    schedules = stratified_sample(space, sample, seed)
+    kernels = [generate(w, s) for s in schedules]
+    outcomes = compile_many(kernels, arch, workers, return_exceptions=True)
+    results = []
+    for kernel, out in zip(kernels, outcomes, strict=True):
+        row: dict[str, Any] = {
+            "schedule": kernel.schedule.as_dict(),
+            "schedule_id": kernel.schedule.id,
+            "kernel": kernel.name,
+            "smem_bytes": kernel.smem_bytes,
+            "threads": kernel.threads,
+        }
+        if isinstance(out, CompileError):
+            first = next((ln for ln in out.log.splitlines() if "error" in ln), str(out))
+            row.update(ok=False, error=first.strip())
+        else:
+            row.update(
+                ok=True,
+                registers=out.registers,
+                spills=out.spill_bytes,
+                stack_bytes=out.stack_bytes,
+                compile_ms=out.compile_ms,
+                cached=out.cached,
+            )
+        results.append(row)
+    return {
+        "workload": w.canonical(),
+        "gpu": spec.key,
+        "arch": arch,
+        "space_size": len(space),
+        "sampled": len(schedules),
+        "results": results,
+    }
+
+
+def _compile(
+    workload: dict,
+    arch: str | None,
+    sample: int,
+    seed: int,
+    gpu: str,
+    workers: int | None,
+    as_json: bool,
+) -> None:
+    doc = compile_document(workload, arch, sample, seed, gpu, workers)
+    failed = [r for r in doc["results"] if not r["ok"]]
+    if as_json:
+        print_json(doc)
+    else:
+        _print_table(doc)
+    if failed:
+        raise CliError(f"{len(failed)} of {doc['sampled']} schedules failed to compile", code=1)
+
+
+def _print_table(doc: dict[str, Any]) -> None:
+    label = parse_workload(doc["workload"]).label()
+    table = Table(
+        title=f"{label}: {doc['sampled']} of {doc['space_size']} schedules, {doc['arch']}"
+    )
+    for col in ("schedule", "tile MxNxK", "warps", "stages smem/reg", "regs", "spills B"):
+        table.add_column(col, justify="right")
+    for col in ("smem KiB", "compile ms"):
+        table.add_column(col, justify="right")
+    for r in doc["results"]:
+        s = Schedule.from_dict(r["schedule"])
+        common = [
+            s.id,
+            f"{s.block_m}x{s.block_n}x{s.block_k}",
+            f"{s.block_row_warps}x{s.block_col_warps}",
+            f"{s.smem_stages}/{s.reg_stages}",
+        ]
+        if r["ok"]:
+            spills = str(r["spills"]) if not r["spills"] else f"[red]{r['spills']}[/red]"
+            cached = " (cached)" if r["cached"] else ""
+            table.add_row(
+                *common,
+                str(r["registers"]),
+                spills,
+                f"{r['smem_bytes'] / 1024:.1f}",
+                f"{r['compile_ms']:.0f}{cached}",
+            )
+        else:
+            table.add_row(*common, "[red]error[/red]", "-", f"{r['smem_bytes'] / 1024:.1f}", "-")
+    console.print(table)
+    spilled = sum(1 for r in doc["results"] if r["ok"] and r["spills"])
+    console.print(f"{spilled} schedule(s) spill registers")
+
+
+add_workload_commands(
+    compile_app,
+    _compile,
+    [
+        option("arch", str | None, None, help="target, e.g. sm_80, sm_90 (default: the GPU's)"),
+        option("sample", int, 24, help="how many schedules (stratified; the whole space if less)"),
+        option("seed", int, 0, help="sampling seed"),
+        _GPU,
+        option("workers", int | None, None, help="parallel compiles (default: CPU count)"),
+        _JSON,
+    ],
+    "Compile a sample of the valid schedules of:",
+)

@@ -1,0 +1,331 @@
+"""`pipetune sweep ...` (measure whole schedule spaces into T4 datasets) and
+`pipetune calibrate` (measure the GPU's constants into a hardware profile).
+
+    pipetune sweep gemm --m 1024 --n 1024 --k 1024 --runner cupy --gpu h100 \\
+        --out benchmarks/data/h100/gemm_1k.t4.json.gz
+    pipetune sweep --operators alcop --runner cupy --gpu h100 --out-dir benchmarks/data/h100/
+
+Files are written atomically (a temporary file renamed into place). ``--runner simulated``
+gives the analytical model plus noise, labelled simulated in every record: for trying the
+plumbing, never for results.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import typer
+from rich.console import Console
+from rich.progress import (
+    BarColumn,
+    MofNCompleteColumn,
+    Progress,
+    TextColumn,
+    TimeElapsedColumn,
+    TimeRemainingColumn,
+)
+from rich.table import Table
+
+from clients.cli.errors import CliError, reported
+from clients.cli.output import console, print_json
+from clients.cli.workload_options import add_workload_commands, option
+from model.hardware import PROFILE_DIR, GPUSpec, get_gpu, gpu_keys, resolve_gpu_key
+from model.operators import suite as operator_suite
+from model.space import Space
+from model.workloads import AnyWorkload, parse_workload
+from workers.datasets import summary, write_t4
+from workers.runners import MeasureSettings, Runner, RunnerError, make_runner
+from workers.runners.sweep import select_schedules, sweep
+
+SWEEP_RUNNERS = ("cupy", "simulated")
+# Progress bars go to stderr so that --json documents on stdout stay machine-readable.
+progress_console = Console(stderr=True)
+
+sweep_app = typer.Typer(
+    help=(
+        "Measure every valid schedule of a workload (or of a benchmark suite with "
+        "--operators) and write T4 datasets."
+    ),
+    invoke_without_command=True,
+    no_args_is_help=False,
+)
+
+_RUNNER_HELP = "cupy (a real GPU) or simulated (analytical model + noise; demos/CI only)"
+
+
+def _one_line(exc: BaseException) -> str:
+    return " ".join(str(exc).split())
+
+
+def _check_common(runner: str, limit: int | None, repeats: int, warmup: int) -> None:
+    if runner not in SWEEP_RUNNERS:
+        raise CliError(f"--runner: must be one of {', '.join(SWEEP_RUNNERS)}, got {runner!r}", 2)
+    if limit is not None and limit < 1:
+        raise CliError("--limit: must be at least 1", 2)
+    if repeats < 1 or warmup < 0:
+        raise CliError("--repeats must be at least 1 and --warmup at least 0", 2)
+
+
+def _open_runner(name: str, gpu: GPUSpec, seed: int, repeats: int, warmup: int) -> Runner:
+    settings = MeasureSettings(warmup=warmup, repeats=repeats, seed=seed)
+    try:
+        return make_runner(name, gpu=gpu, seed=seed, settings=settings)
+    except RunnerError as exc:
+        raise CliError(_one_line(exc), 1) from None
+
+
+@contextlib.contextmanager
+def _progress() -> Iterator[Progress]:
+    with Progress(
+        TextColumn("{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        TimeRemainingColumn(),
+        console=progress_console,
+    ) as bar:
+        yield bar
+
+
+def _has_compile_step(runner: Runner) -> bool:
+    return type(runner).prepare is not Runner.prepare
+
+
+def _sweep_to_file(
+    runner: Runner,
+    workload: AnyWorkload,
+    gpu: GPUSpec,
+    out: Path,
+    limit: int | None,
+    seed: int,
+    bar: Progress,
+    label: str,
+) -> dict[str, Any]:
+    space = Space.enumerate(workload, gpu)
+    if not len(space):
+        raise CliError(f"no valid schedule for {workload.label()} on {gpu.key}", 2)
+    schedules = select_schedules(space, limit, seed)
+    task = bar.add_task(f"measure {label}", total=len(schedules))
+    try:
+        dataset = sweep(
+            runner,
+            workload,
+            gpu,
+            schedules,
+            progress=lambda done, total: bar.update(task, completed=done),
+        )
+    except RunnerError as exc:
+        raise CliError(_one_line(exc), 1) from None
+    write_t4(dataset, out)
+    doc = summary(dataset)
+    return {
+        "path": str(out),
+        "workload": doc["workload"],
+        "label": workload.label(),
+        "runner": runner.name,
+        "space_size": len(space),
+        "schedules": doc["configurations"],
+        "valid": doc["valid"],
+        "failed": doc["failed"],
+        "best": doc["best"],
+        "best_us": None if doc["best_time_ms"] is None else doc["best_time_ms"] * 1e3,
+    }
+
+
+def _report(rows: list[dict[str, Any]], as_json: bool, name_key: str = "label") -> None:
+    if as_json:
+        print_json({"datasets": rows})
+        return
+    table = Table(title="sweep results")
+    for col in ("workload", "runner", "measured", "valid", "failed", "best µs", "file"):
+        table.add_column(col, justify="right" if col in ("measured", "valid", "failed") else None)
+    for row in rows:
+        best = "-" if row["best_us"] is None else f"{row['best_us']:.2f}"
+        table.add_row(
+            row[name_key],
+            row["runner"],
+            f"{row['schedules']}/{row['space_size']}",
+            str(row["valid"]),
+            str(row["failed"]),
+            best,
+            row["path"],
+        )
+    console.print(table)
+    if any(row["runner"] == "simulated" for row in rows):
+        console.print("note: simulated = analytical model + noise, not measurements")
+
+
+def sweep_workload(
+    workload_data: dict[str, Any],
+    runner: str,
+    gpu: str,
+    out: Path,
+    limit: int | None,
+    seed: int,
+    repeats: int,
+    warmup: int,
+    profile: Path | None,
+    as_json: bool,
+) -> None:
+    _check_common(runner, limit, repeats, warmup)
+    workload = parse_workload(workload_data)
+    spec = get_gpu(gpu, profile=profile)
+    with _open_runner(runner, spec, seed, repeats, warmup) as measuring, _progress() as bar:
+        if _has_compile_step(measuring):
+            space = Space.enumerate(workload, spec)
+            task = bar.add_task("compile", total=len(space))
+            try:
+                measuring.prepare(
+                    workload,
+                    select_schedules(space, limit, seed),
+                    progress=lambda done, total: bar.update(task, completed=done, total=total),
+                )
+            except RunnerError as exc:
+                raise CliError(_one_line(exc), 1) from None
+        row = _sweep_to_file(measuring, workload, spec, out, limit, seed, bar, workload.label())
+    _report([row], as_json)
+
+
+add_workload_commands(
+    sweep_app,
+    sweep_workload,
+    [
+        option("runner", str, "cupy", help=_RUNNER_HELP),
+        option("gpu", str, "h100", help=f"GPU: {', '.join(gpu_keys())}"),
+        option("out", Path, ..., help="T4 file to write, e.g. benchmarks/data/NAME.t4.json.gz"),
+        option("limit", int | None, None, help="measure a seeded random sample of N schedules"),
+        option("seed", int, 0, help="seed of the inputs, the sample and the simulated noise"),
+        option("repeats", int, 30, help="timed repeats per schedule"),
+        option("warmup", int, 3, help="untimed launches before the repeats"),
+        option("profile", Path | None, None, help="hardware profile JSON to apply"),
+        option("as_json", bool, False, "--json", help="print one JSON document"),
+    ],
+    "Sweep the schedule space of:",
+)
+
+
+def sweep_suite(
+    suite_name: str,
+    runner: str,
+    gpu: str,
+    out_dir: Path,
+    limit: int | None,
+    seed: int,
+    repeats: int,
+    warmup: int,
+    profile: Path | None,
+    as_json: bool,
+) -> None:
+    _check_common(runner, limit, repeats, warmup)
+    try:
+        operators = operator_suite(suite_name)
+    except KeyError as exc:
+        raise CliError(str(exc.args[0]), 2) from None
+    spec = get_gpu(gpu, profile=profile)
+    rows = []
+    with _open_runner(runner, spec, seed, repeats, warmup) as measuring, _progress() as bar:
+        plan = {}
+        for name, workload in operators.items():
+            space = Space.enumerate(workload, spec)
+            plan[name] = (workload, select_schedules(space, limit, seed) if len(space) else [])
+        if _has_compile_step(measuring):
+            # Compile everything first: a (variant, schedule) cubin shared by several
+            # operators is built once, and the GPU then runs without waiting on NVRTC.
+            total = sum(len(s) for _, s in plan.values())
+            task = bar.add_task("compile", total=total)
+            done = 0
+            for workload, schedules in plan.values():
+                try:
+                    measuring.prepare(
+                        workload,
+                        schedules,
+                        progress=lambda d, _t, base=done: bar.update(task, completed=base + d),
+                    )
+                except RunnerError as exc:
+                    raise CliError(_one_line(exc), 1) from None
+                done += len(schedules)
+        for name, (workload, _) in plan.items():
+            out = out_dir / f"{name}.t4.json.gz"
+            row = _sweep_to_file(measuring, workload, spec, out, limit, seed, bar, name)
+            rows.append({**row, "operator": name})
+    _report(rows, as_json, name_key="operator")
+
+
+@sweep_app.callback()
+@reported
+def sweep_main(
+    ctx: typer.Context,
+    operators: str | None = typer.Option(
+        None, "--operators", help="sweep every operator of a benchmark suite (alcop)"
+    ),
+    runner: str = typer.Option("cupy", "--runner", help=_RUNNER_HELP),
+    gpu: str = typer.Option("h100", "--gpu", help=f"GPU: {', '.join(gpu_keys())}"),
+    out_dir: Path | None = typer.Option(
+        None, "--out-dir", help="folder for <Operator>.t4.json.gz files (with --operators)"
+    ),
+    limit: int | None = typer.Option(
+        None, "--limit", help="measure a seeded random sample of N schedules per operator"
+    ),
+    seed: int = typer.Option(0, "--seed", help="seed of the inputs, samples and noise"),
+    repeats: int = typer.Option(30, "--repeats", help="timed repeats per schedule"),
+    warmup: int = typer.Option(3, "--warmup", help="untimed launches before the repeats"),
+    profile: Path | None = typer.Option(None, "--profile", help="hardware profile JSON"),
+    as_json: bool = typer.Option(False, "--json", help="print one JSON document"),
+) -> None:
+    """Sweep one workload (`pipetune sweep gemm ...`) or a suite (`--operators alcop`)."""
+    if ctx.invoked_subcommand is not None:
+        if operators is not None or out_dir is not None:
+            raise CliError("--operators/--out-dir sweep a suite; not with an operator command", 2)
+        return
+    if operators is None:
+        raise CliError(
+            "name an operator (pipetune sweep gemm|bmm|conv2d|conv3d ...) or a suite "
+            "(pipetune sweep --operators alcop --out-dir DIR)",
+            2,
+        )
+    if out_dir is None:
+        raise CliError("--out-dir: required with --operators", 2)
+    sweep_suite(operators, runner, gpu, out_dir, limit, seed, repeats, warmup, profile, as_json)
+
+
+@reported
+def calibrate(
+    gpu: str | None = typer.Option(
+        None, "--gpu", help="GPU spec to calibrate (default: the device's own)"
+    ),
+    out: Path | None = typer.Option(
+        None, "--out", help="profile to write (default model/profiles/<gpu>.json)"
+    ),
+    device: int = typer.Option(0, "--device", help="CUDA device index"),
+    as_json: bool = typer.Option(False, "--json", help="print the profile document"),
+) -> None:
+    """Measure this GPU's memory, clock and mma.sync constants into a hardware profile.
+
+    DRAM and L2 bandwidth and latency, the SM clock and mma.sync throughput (CuPy
+    microbenchmarks); the profile overrides the spec sheet wherever the model reads it.
+    """
+    from workers.calibrate import CalibrationError, run_calibration, write_profile
+
+    if gpu is not None:
+        resolve_gpu_key(gpu)  # an unknown name is the user's mistake (exit 2), GPU or not
+    try:
+        document = run_calibration(gpu, device=device)
+    except CalibrationError as exc:
+        raise CliError(_one_line(exc), 1) from None
+    path = write_profile(document, out or PROFILE_DIR / f"{document['gpu']}.json")
+    if as_json:
+        print_json({**document, "path": str(path)})
+        return
+    table = Table(title=f"{document['device_name']} ({document['gpu']}) -> {path}")
+    table.add_column("field")
+    table.add_column("measured", justify="right")
+    table.add_column("spec sheet", justify="right")
+    spec = get_gpu(document["gpu"], calibrated=False).as_dict()
+    for field, value in document["overrides"].items():
+        table.add_row(field, f"{value:.4g}", f"{spec[field]:.4g}")
+    console.print(table)
+    print(f"wrote {path}", file=sys.stderr)

@@ -1,0 +1,123 @@
+"""Calibration without a GPU: raw timings (synthetic numbers) -> a valid hardware profile."""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib.util
+import json
+
+import pytest
+
+from model.hardware import GPUSpec, get_gpu
+from workers.calibrate import (
+    CalibrationError,
+    CalibrationUnavailableError,
+    Chase,
+    Cycles,
+    MmaRun,
+    RawMeasurements,
+    Throughput,
+    build_profile,
+    run_calibration,
+    validate_profile,
+    write_profile,
+)
+from workers.calibrate.profile import MMA_FLOPS
+
+GiB = 1 << 30
+
+
+def synthetic(spec: GPUSpec, **changes) -> RawMeasurements:
+    """An H100-like device: 3.0 TB/s DRAM, 6 TB/s L2, 600/200 ns, 1.7 GHz, 50% mma.sync."""
+    clock_mhz = 1700.0
+    mma_per_s = 0.5 * spec.tensor_fp16_flops_per_clk_per_sm * clock_mhz * 1e6 * 132 / MMA_FLOPS
+    raw = RawMeasurements(
+        device_name="NVIDIA H100 80GB HBM3",
+        sm_count=132,
+        l2_bytes=spec.l2_bytes,
+        dram_copy=Throughput(2 * GiB, (2 * GiB / 3.0e12, 2 * GiB / 3.1e12, 2 * GiB / 2.9e12)),
+        dram_write=Throughput(GiB, (GiB / 2.8e12,)),
+        l2_read=Throughput(10 * GiB, (10 * GiB / 6.0e12,) * 3),
+        dram_chase=Chase(100_000, (100_000 * 600e-9 + 5e-6,) * 3, (5e-6,) * 3),
+        l2_chase=Chase(100_000, (100_000 * 200e-9 + 5e-6,) * 3, (5e-6,) * 3),
+        mma=MmaRun(int(mma_per_s * 0.03), (0.03,) * 5),
+        clock=Cycles(int(clock_mhz * 1e6 * 0.03), (0.03,) * 5),
+        smem_chase_cycles_per_load=34.0,
+    )
+    return dataclasses.replace(raw, **changes)
+
+
+@pytest.fixture
+def h100() -> GPUSpec:
+    return get_gpu("h100", calibrated=False)
+
+
+def test_profile_from_synthetic_measurements(h100):
+    doc = build_profile(synthetic(h100), h100, date="2024-05-01T00:00:00+00:00")
+    assert doc["gpu"] == "h100" and doc["device_name"] == "NVIDIA H100 80GB HBM3"
+    assert doc["date"] == "2024-05-01T00:00:00+00:00" and "mma.sync" in doc["method"]
+    o = doc["overrides"]
+    assert o["dram_bandwidth_gbs"] == pytest.approx(3000.0)
+    assert o["dram_write_bandwidth_gbs"] == pytest.approx(2800.0)
+    assert o["l2_bandwidth_gbs"] == pytest.approx(6000.0)
+    assert o["dram_latency_ns"] == pytest.approx(600.0)
+    assert o["l2_latency_ns"] == pytest.approx(200.0)
+    assert o["boost_clock_mhz"] == pytest.approx(1700.0, rel=1e-6)
+    assert o["smem_latency_ns"] == pytest.approx(34.0 / 1700.0 * 1e3)
+    assert o["mma_sync_efficiency"] == pytest.approx(0.5, rel=1e-6)
+    assert "sm_count" not in o and "l2_bytes" not in o  # same as the spec: no override
+    # Every override is a GPUSpec field and model.hardware accepts the document.
+    assert set(o) <= {f.name for f in dataclasses.fields(GPUSpec)}
+    calibrated = validate_profile(doc, h100)
+    assert calibrated.dram_bandwidth_gbs == pytest.approx(3000.0)
+    # The model's tensor throughput is now the one measured.
+    achieved = synthetic(h100).mma.mma_count * MMA_FLOPS / 0.03
+    assert calibrated.sm_tensor_flops * 132 == pytest.approx(achieved, rel=1e-6)
+
+
+def test_the_profile_file_loads_through_get_gpu(h100, tmp_path):
+    doc = build_profile(synthetic(h100), h100)
+    path = write_profile(doc, tmp_path / "h100.json")
+    assert json.loads(path.read_text())["raw"]["sm_count"] == 132
+    spec = get_gpu("h100", calibrated=False, profile=path)
+    assert spec.l2_latency_ns == pytest.approx(200.0)
+    assert spec.profile == "profile:h100.json"
+
+
+def test_a_device_unlike_the_spec_overrides_its_counts(h100):
+    doc = build_profile(synthetic(h100, sm_count=114, l2_bytes=50 << 20), h100)
+    assert doc["overrides"]["sm_count"] == 114
+    assert isinstance(validate_profile(doc, h100).sm_count, int)
+
+
+def test_without_clock_the_spec_clock_is_used(h100):
+    doc = build_profile(synthetic(h100, clock=None, smem_chase_cycles_per_load=None), h100)
+    assert "boost_clock_mhz" not in doc["overrides"] and "smem_latency_ns" not in doc["overrides"]
+    assert doc["overrides"]["mma_sync_efficiency"] == pytest.approx(0.5 * 1700 / 1830, rel=1e-6)
+
+
+@pytest.mark.parametrize(
+    ("changes", "reason"),
+    [
+        ({"dram_copy": Throughput(GiB, ())}, "DRAM copy: timings must be positive"),
+        ({"l2_read": Throughput(GiB, (0.0,))}, "L2 read"),
+        ({"dram_chase": Chase(1000, (1e-6,), (2e-6,))}, "no longer than an empty launch"),
+        ({"mma": MmaRun(10**15, (0.03,))}, "spec peak"),
+        ({"smem_chase_cycles_per_load": -1.0}, "cycles per load"),
+    ],
+)
+def test_impossible_measurements_are_refused(h100, changes, reason):
+    with pytest.raises(CalibrationError, match=reason):
+        build_profile(synthetic(h100, **changes), h100)
+
+
+def test_a_profile_for_another_gpu_is_refused(h100):
+    doc = build_profile(synthetic(h100), h100)
+    with pytest.raises(CalibrationError, match="not 'a100'"):
+        validate_profile(doc, get_gpu("a100", calibrated=False))
+
+
+@pytest.mark.skipif(importlib.util.find_spec("cupy") is not None, reason="CuPy is installed")
+def test_without_cupy_calibration_is_unavailable():
+    with pytest.raises(CalibrationUnavailableError, match="CuPy"):
+        run_calibration("h100")

@@ -1,0 +1,113 @@
+"""`pipetune bench tuner` on real and pipetune datasets, and its error paths."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from clients.cli.main import app
+from model.hardware import get_gpu
+from model.space import Space
+from model.workloads import gemm
+from workers.datasets import write_t4
+from workers.runners import make_runner
+from workers.runners.sweep import sweep
+
+runner = CliRunner()
+KT_CACHE = (
+    Path(__file__).resolve().parents[2]
+    / "shared"
+    / "datasets"
+    / "convolution_A100.kt-cache.json.gz"
+)
+
+
+@pytest.fixture(scope="module")
+def pipetune_dataset(tmp_path_factory) -> Path:
+    """A small exhaustive simulated sweep (plumbing only: simulated, not measured)."""
+    gpu = get_gpu("h100")
+    workload = gemm(256, 128, 512)
+    space = Space.enumerate(workload, gpu)
+    with make_runner("simulated", gpu=gpu, seed=0, time_scale=0) as sim:
+        dataset = sweep(sim, workload, gpu, list(space), progress=None)
+    path = tmp_path_factory.mktemp("data") / "small.t4.json.gz"
+    write_t4(dataset, path)
+    return path
+
+
+def test_bench_pipetune_dataset_json(pipetune_dataset):
+    args = [
+        "bench",
+        "tuner",
+        "--dataset",
+        str(pipetune_dataset),
+        "--strategies",
+        "random,analytical",
+        "--budgets",
+        "5,10",
+        "--seeds",
+        "2",
+        "--json",
+    ]
+    result = runner.invoke(app, args)
+    assert result.exit_code == 0, result.output
+    doc = json.loads(result.stdout)
+    assert {(r["strategy"], r["budget"]) for r in doc["results"]} == {
+        ("random", 5),
+        ("random", 10),
+        ("analytical", 5),
+        ("analytical", 10),
+    }
+    for r in doc["results"]:
+        assert 0 < r["best_in_k"] <= 1
+        assert set(r["per_dataset"]) == {"small"}
+
+
+def test_bench_foreign_cache_with_knob_only_strategies():
+    if not KT_CACHE.exists():
+        pytest.skip("shared datasets are not next to this checkout")
+    args = [
+        "bench",
+        "tuner",
+        "--dataset",
+        str(KT_CACHE),
+        "--strategies",
+        "random,xgb",
+        "--budgets",
+        "20",
+        "--seeds",
+        "2",
+        "--json",
+    ]
+    result = runner.invoke(app, args)
+    assert result.exit_code == 0, result.output
+    assert len(json.loads(result.stdout)["results"]) == 2
+    refused = runner.invoke(
+        app, ["bench", "tuner", "--dataset", str(KT_CACHE), "--strategies", "analytical"]
+    )
+    assert refused.exit_code == 2
+    assert "not a pipetune dataset" in refused.output
+
+
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [
+        (["--strategies", "nope"], "unknown strategy"),
+        (["--budgets", "0,10"], "at least 1"),
+        (["--budgets", "ten"], "integers"),
+    ],
+)
+def test_bench_bad_options_exit_2(pipetune_dataset, extra, message):
+    result = runner.invoke(app, ["bench", "tuner", "--dataset", str(pipetune_dataset), *extra])
+    assert result.exit_code == 2
+    assert message in result.output
+
+
+def test_bench_needs_a_readable_dataset(tmp_path):
+    assert runner.invoke(app, ["bench", "tuner"]).exit_code == 2
+    bad = tmp_path / "bad.t4.json.gz"
+    bad.write_bytes(b"not gzip at all")
+    assert runner.invoke(app, ["bench", "tuner", "--dataset", str(bad)]).exit_code == 2

@@ -1,0 +1,84 @@
+"""`pipetune dataset info|convert` on the benchmark hub's real files and on bad files."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from clients.cli.dataset_cmds import dataset_app
+from workers.datasets import load_dataset
+
+SHARED = Path(__file__).resolve().parents[2] / "shared" / "datasets"
+HUB_T4 = SHARED / "convolution_A100.t4.json.gz"
+HUB_CACHE = SHARED / "convolution_A100.kt-cache.json.gz"
+needs_hub = pytest.mark.skipif(
+    not (HUB_T4.exists() and HUB_CACHE.exists()), reason="benchmark hub files not present"
+)
+cli = CliRunner()
+BEST = {
+    "block_size_x": 32,
+    "block_size_y": 4,
+    "tile_size_x": 1,
+    "tile_size_y": 3,
+    "read_only": 1,
+    "use_padding": 0,
+    "use_shmem": 1,
+    "use_cmem": 1,
+    "filter_height": 15,
+    "filter_width": 15,
+}
+
+
+@needs_hub
+@pytest.mark.parametrize(("path", "fmt"), [(HUB_T4, "t4"), (HUB_CACHE, "kt-cache")])
+def test_info_json_on_the_hub_files(path, fmt):
+    result = cli.invoke(dataset_app, ["info", str(path), "--json"])
+    assert result.exit_code == 0, result.output
+    doc = json.loads(result.stdout)
+    assert doc["format"] == fmt
+    assert (doc["configurations"], doc["valid"], doc["failed"]) == (4362, 4201, 161)
+    assert doc["best"] == BEST
+    assert doc["best_time_ms"] == pytest.approx(0.5536, abs=1e-4)
+
+
+@needs_hub
+def test_info_table_names_the_device():
+    result = cli.invoke(dataset_app, ["info", str(HUB_CACHE)])
+    assert result.exit_code == 0, result.output
+    assert "NVIDIA A100-PCIE-40GB" in result.stdout and "4362" in result.stdout
+
+
+@needs_hub
+def test_convert_a_cache_to_t4(tmp_path):
+    target = tmp_path / "conv.t4.json.gz"
+    result = cli.invoke(dataset_app, ["convert", str(HUB_CACHE), str(target)])
+    assert result.exit_code == 0, result.output
+    converted = load_dataset(target)
+    assert converted.format == "t4" and len(converted) == 4362
+    assert converted.best().configuration == BEST
+
+
+@pytest.mark.parametrize(
+    ("content", "reason"),
+    [
+        (b"\x1f\x8b\x08\x00garbage", "gzip"),
+        (b'{"schema_version": "1.0.0", "results": [{"configuration": {}}', "not valid JSON"),
+        (b'{"hello": "world"}', "neither a T4 results file nor a Kernel Tuner cache"),
+    ],
+)
+def test_a_corrupt_file_is_one_line_and_exit_2(tmp_path, content, reason):
+    path = tmp_path / "bad.t4.json.gz"
+    path.write_bytes(content)
+    result = cli.invoke(dataset_app, ["info", str(path)])
+    assert result.exit_code == 2
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: ") and reason in lines[0]
+    assert result.stdout == ""
+
+
+def test_a_missing_file_is_exit_2(tmp_path):
+    result = cli.invoke(dataset_app, ["info", str(tmp_path / "nope.t4.json.gz")])
+    assert result.exit_code == 2 and "no such file" in result.stderr

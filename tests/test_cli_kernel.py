@@ -1,0 +1,116 @@
+"""`pipetune kernel ...` commands (kernel_app; the lead mounts it on the main CLI)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import typer
+from typer.testing import CliRunner
+
+from clients.cli.kernel_cmds import kernel_app
+from workers.compile import clear_memory
+
+app = typer.Typer()
+app.add_typer(kernel_app, name="kernel")
+runner = CliRunner()
+
+GEMM = ["gemm", "--m", "1024", "--n", "512", "--k", "256"]
+KNOBS = {
+    "block_row_warps": 2,
+    "block_col_warps": 2,
+    "warp_row_tiles": 2,
+    "warp_col_tiles": 2,
+    "chunk": 2,
+    "smem_stages": 3,
+    "reg_stages": 2,
+}
+
+
+@pytest.fixture(autouse=True)
+def _cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("PIPETUNE_CACHE_DIR", str(tmp_path))
+    clear_memory()
+
+
+def test_source_prints_the_kernel():
+    result = runner.invoke(app, ["kernel", "source", *GEMM, "--schedule", json.dumps(KNOBS)])
+    assert result.exit_code == 0, result.output
+    assert result.stdout.startswith("// pipetune generated kernel: variant gemm_kn")
+    assert 'extern "C" __global__ void __launch_bounds__(128, 1)' in result.stdout
+    assert "pipetune_gemm_kn_s_2_2_2_2_2_3_2(" in result.stdout
+
+
+def test_source_for_a_conv():
+    conv = ["conv2d", "--n", "2", "--h", "14", "--w", "14", "--c", "64", "--k", "64"]
+    args = ["kernel", "source", *conv, "--r", "3", "--s", "3", "--pad", "1"]
+    result = runner.invoke(app, [*args, "--schedule", json.dumps(KNOBS), "--gpu", "a100"])
+    assert result.exit_code == 0, result.output
+    assert "constexpr int CONV_DIMS = 2;" in result.stdout
+
+
+@pytest.mark.parametrize(
+    ("schedule", "message"),
+    [
+        ('{"chunk": 2', "--schedule: not valid JSON"),
+        ("[1, 2]", "a schedule must be an object"),
+        (json.dumps({**KNOBS, "chunk": 3}), "chunk must be one of [1, 2, 4, 8], got 3"),
+        (json.dumps({k: v for k, v in KNOBS.items() if k != "reg_stages"}), "missing knob"),
+        (json.dumps({**KNOBS, "unroll": 2}), "unknown knob(s): unroll"),
+        # 16 warps of 16x16 tiles: A's and B's 64x16 tiles are 128 16-byte chunks each,
+        # which 512 threads cannot share evenly.
+        (
+            json.dumps({**KNOBS, "block_row_warps": 4, "block_col_warps": 4,
+                        "warp_row_tiles": 1, "warp_col_tiles": 1, "chunk": 1}),
+            "outside the valid space of gemm 1024x512x256 on h100: "
+            "tile loads not divisible by the threads",
+        ),
+    ],
+)  # fmt: skip
+def test_source_rejects_bad_schedules_with_exit_2(schedule, message):
+    result = runner.invoke(app, ["kernel", "source", *GEMM, "--schedule", schedule])
+    assert result.exit_code == 2
+    assert result.stdout == ""
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: ") and message in lines[0]
+
+
+def test_source_rejects_bad_workloads_and_gpus():
+    bad_k = ["gemm", "--m", "64", "--n", "64", "--k", "60", "--schedule", json.dumps(KNOBS)]
+    result = runner.invoke(app, ["kernel", "source", *bad_k])
+    assert result.exit_code == 2 and "multiple of 8" in result.stderr
+    args = ["kernel", "source", *GEMM, "--schedule", json.dumps(KNOBS), "--gpu", "v100"]
+    assert runner.invoke(app, args).exit_code == 2
+
+
+def test_compile_json_reports_each_sampled_schedule():
+    args = ["kernel", "compile", *GEMM, "--arch", "sm_80", "--sample", "6", "--json"]
+    result = runner.invoke(app, args)
+    assert result.exit_code == 0, result.output
+    doc = json.loads(result.stdout)
+    assert doc["arch"] == "sm_80" and doc["sampled"] == 6 == len(doc["results"])
+    assert doc["space_size"] >= 6
+    for row in doc["results"]:
+        assert row["ok"] is True
+        assert set(row["schedule"]) == set(KNOBS)
+        assert 0 < row["registers"] <= 255 and row["spills"] == 0
+        assert row["compile_ms"] > 0 and row["smem_bytes"] > 0
+    stages = {row["schedule"]["reg_stages"] for row in doc["results"]}
+    assert stages == {1, 2}
+
+
+def test_compile_defaults_to_the_gpu_arch_and_prints_a_table():
+    bmm = ["bmm", "--b", "4", "--m", "256", "--n", "256", "--k", "128"]
+    result = runner.invoke(app, ["kernel", "compile", *bmm, "--gpu", "a100", "--sample", "2"])
+    assert result.exit_code == 0, result.output
+    assert "sm_80" in result.stdout and "0 schedule(s) spill registers" in result.stdout
+
+
+@pytest.mark.parametrize(
+    "extra",
+    [["--arch", "sm90"], ["--arch", "compute_90"], ["--sample", "0"], ["--gpu", "x"]],
+)
+def test_compile_rejects_bad_options_with_exit_2(extra):
+    result = runner.invoke(app, ["kernel", "compile", *GEMM, *extra, "--json"])
+    assert result.exit_code == 2
+    assert result.stdout == "" and result.stderr.startswith("error: ")

@@ -1,0 +1,124 @@
+"""workers.compile: NVRTC to cubin without a GPU, the ptxas report, errors, the cache."""
+
+from __future__ import annotations
+
+import pytest
+
+from model.space import Schedule
+from workers.codegen import generate
+from workers.compile import (
+    CompileError,
+    cache_dir,
+    check_arch,
+    clear_memory,
+    compile_kernel,
+    compile_many,
+    compile_source,
+    nvrtc_calls,
+    nvrtc_version,
+)
+from workers.compile.ptxas_report import ReportMissingError, kernel_usage, parse_ptxas_report
+
+SMALL = Schedule(1, 1, 1, 1, 1, 2, 1)
+
+LOG = """ptxas info    : 0 bytes gmem
+ptxas info    : Compiling entry function 'k1' for 'sm_90'
+ptxas info    : Function properties for k1
+ptxas         .     24 bytes stack frame, 16 bytes spill stores, 12 bytes spill loads
+ptxas info    : Used 255 registers, used 1 barriers, 2048 bytes smem, 364 bytes cmem[0]
+ptxas info    : Compiling entry function 'k2' for 'sm_90'
+ptxas info    : Function properties for k2
+ptxas         .     0 bytes stack frame, 0 bytes spill stores, 0 bytes spill loads
+ptxas info    : Used 40 registers, used 1 barriers
+"""
+
+
+@pytest.fixture
+def fresh_cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("PIPETUNE_CACHE_DIR", str(tmp_path))
+    clear_memory()
+    yield tmp_path
+    clear_memory()
+
+
+def test_ptxas_report_is_parsed_per_entry():
+    usage = parse_ptxas_report(LOG)
+    assert list(usage) == ["k1", "k2"]
+    k1 = usage["k1"]
+    assert (k1.registers, k1.spill_stores_bytes, k1.spill_loads_bytes) == (255, 16, 12)
+    assert (k1.stack_bytes, k1.smem_static_bytes, k1.spill_bytes) == (24, 2048, 28)
+    assert usage["k2"].spill_bytes == 0 and usage["k2"].smem_static_bytes == 0
+    worst = kernel_usage(LOG)
+    assert worst.registers == 255 and worst.spill_bytes == 28
+    with pytest.raises(ReportMissingError):
+        kernel_usage("ptxas info    : 0 bytes gmem\n")
+    with pytest.raises(ReportMissingError):
+        kernel_usage(LOG, "k3")
+
+
+def test_nvrtc_is_the_13_series():
+    assert nvrtc_version()[0] == 13  # the GPU machines run driver 580 (CUDA 13.0)
+
+
+def test_compiles_to_a_cubin_without_a_gpu(fresh_cache):
+    kernel = generate("gemm_kn", SMALL)
+    result = compile_kernel(kernel, "sm_90")
+    assert result.cubin[:4] == b"\x7fELF"  # a cubin is an ELF image (PTX would be text)
+    assert result.arch == "sm_90" and not result.cached
+    assert 0 < result.registers <= 255
+    assert result.spill_bytes == 0 and result.smem_static_bytes == 0
+    assert result.compile_ms > 0
+    assert f"Compiling entry function '{kernel.name}' for 'sm_90'" in result.log
+
+
+def test_cache_hit_returns_the_same_report_without_nvrtc(fresh_cache):
+    kernel = generate("conv2d", SMALL)
+    first = compile_kernel(kernel, "sm_80")
+    calls = nvrtc_calls()
+    again = compile_kernel(kernel, "sm_80")  # in-process hit
+    clear_memory()
+    from_disk = compile_kernel(kernel, "sm_80")  # disk hit
+    assert nvrtc_calls() == calls
+    for hit in (again, from_disk):
+        assert hit.cached
+        assert hit.resources() == first.resources()
+        assert hit.cubin == first.cubin and hit.log == first.log
+    assert cache_dir() == fresh_cache / "cubins"
+    assert len(list(cache_dir().rglob("*.cubin"))) == 1
+    # Another arch is another entry.
+    assert not compile_kernel(kernel, "sm_90").cached
+    assert nvrtc_calls() == calls + 1
+
+
+def test_a_corrupt_cache_entry_is_a_miss(fresh_cache):
+    kernel = generate("bmm", SMALL)
+    compile_kernel(kernel, "sm_80")
+    for path in cache_dir().rglob("*.json"):
+        path.write_text("{not json")
+    clear_memory()
+    assert not compile_kernel(kernel, "sm_80").cached
+
+
+def test_broken_source_raises_compile_error_with_the_log(fresh_cache):
+    with pytest.raises(CompileError) as info:
+        compile_source('extern "C" __global__ void k(int* p) { p[0] = undefined_name; }', "sm_80")
+    assert "undefined_name" in str(info.value)
+    assert "identifier" in info.value.log and info.value.arch == "sm_80"
+
+
+def test_bad_arch_is_rejected_before_compiling():
+    for bad in ("sm90", "compute_90", "90", "sm_9"):
+        with pytest.raises(ValueError, match="arch"):
+            check_arch(bad)
+    assert check_arch("sm_90a") == "sm_90a"
+
+
+def test_compile_many_keeps_order_and_can_return_errors(fresh_cache):
+    kernels = [generate(v, SMALL) for v in ("gemm_kn", "gemm_nk", "conv3d")]
+    broken = "__global__ void broken( {"
+    results = compile_many([*kernels, broken], "sm_90", workers=2, return_exceptions=True)
+    for kernel, result in zip(kernels, results[:3], strict=True):
+        assert f"Compiling entry function '{kernel.name}'" in result.log
+    assert isinstance(results[3], CompileError)
+    with pytest.raises(CompileError):
+        compile_many([broken], "sm_90")

@@ -1,0 +1,84 @@
+"""Every kernel variant compiles with NVRTC for sm_80 and sm_90 over a stratified sample of
+its valid space, with no register spills and at most 255 registers (no GPU needed).
+
+About 240 compiles (at least 200 distinct schedules); compile_many runs them in parallel
+and the disk cache (PIPETUNE_CACHE_DIR, else the user cache dir) makes reruns quick.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from model.hardware import get_gpu
+from model.space import Space
+from model.workloads import bmm, conv2d, conv3d, gemm
+from workers.codegen import generate
+from workers.codegen.sample import stratified_sample
+from workers.compile import CompileError, compile_many
+
+PER_PAIR = 24
+WORKLOADS = {
+    "gemm_kn": gemm(4096, 4096, 4096),
+    "gemm_nk": gemm(4096, 4096, 4096, b_layout="nk"),
+    "bmm": bmm(16, 1024, 1024, 1024),
+    "conv2d": conv2d(32, 56, 56, 128, 256, 3, 3, pad=1),
+    "conv3d": conv3d(4, 16, 28, 28, 64, 128, 3, 3, 3, pad=1),
+}
+ARCHS = {"sm_80": "a100", "sm_90": "h100"}
+
+
+@pytest.fixture(scope="module")
+def compiled():
+    """{(variant, arch): [(schedule, result or CompileError), ...]}"""
+    out = {}
+    for seed, (arch, gpu_key) in enumerate(ARCHS.items()):
+        gpu = get_gpu(gpu_key, calibrated=False)
+        kernels = []
+        for i, (variant, workload) in enumerate(WORKLOADS.items()):
+            space = Space.enumerate(workload, gpu)
+            for s in stratified_sample(space, PER_PAIR, seed=10 * seed + i):
+                kernels.append((variant, generate(workload, s)))
+        results = compile_many([k for _, k in kernels], arch, return_exceptions=True)
+        for (variant, kernel), result in zip(kernels, results, strict=True):
+            out.setdefault((variant, arch), []).append((kernel.schedule, result))
+    return out
+
+
+def test_sample_spans_every_variant_arch_and_200_schedules(compiled):
+    assert set(compiled) == {(v, a) for v in WORKLOADS for a in ARCHS}
+    distinct = {s for rows in compiled.values() for s, _ in rows}
+    assert len(distinct) >= 200
+    for rows in compiled.values():
+        assert {s.smem_stages for s, _ in rows} >= {1, 2, 3, 4, 5}
+        assert {s.reg_stages for s, _ in rows} == {1, 2}
+
+
+def test_every_sampled_schedule_compiles(compiled):
+    failures = [
+        f"{v} {a} {s.id}: {r}"
+        for (v, a), rows in compiled.items()
+        for s, r in rows
+        if isinstance(r, CompileError)
+    ]
+    assert not failures, "\n".join(failures[:5])
+
+
+def test_valid_schedules_do_not_spill(compiled):
+    spills = [
+        f"{v} {a} {s.id}: {r.registers} regs, {r.spill_bytes} B spilled, {r.stack_bytes} B stack"
+        for (v, a), rows in compiled.items()
+        for s, r in rows
+        if not isinstance(r, CompileError) and (r.spill_bytes or r.stack_bytes)
+    ]
+    assert not spills, "\n".join(spills)
+
+
+def test_register_counts_within_the_hardware_limit_and_launch_bounds(compiled):
+    for (variant, arch), rows in compiled.items():
+        for s, r in rows:
+            if isinstance(r, CompileError):
+                continue
+            # __launch_bounds__(threads) caps a block at the register file: 64K / threads.
+            assert 0 < r.registers <= min(255, 65536 // s.threads), (variant, arch, s.id)
+            assert r.smem_static_bytes == 0  # all shared memory is dynamic
+            assert r.arch == arch and len(r.cubin) > 0

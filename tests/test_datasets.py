@@ -1,0 +1,377 @@
+"""Datasets: the T4 format (write -> read is lossless), Kernel Tuner caches, bad files."""
+
+from __future__ import annotations
+
+import gzip
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from model.hardware import get_gpu
+from model.space import Schedule, Space
+from model.trials import MeasureResult
+from model.workloads import gemm
+from workers.datasets import (
+    Dataset,
+    DatasetError,
+    Record,
+    check_pipetune,
+    dataset_from_results,
+    load_dataset,
+    read_kt_cache,
+    read_t4,
+    record_from_result,
+    result_from_record,
+    summary,
+    to_t4_document,
+    write_t4,
+)
+
+SHARED = Path(__file__).resolve().parents[2] / "shared" / "datasets"
+HUB_T4 = SHARED / "convolution_A100.t4.json.gz"
+HUB_CACHE = SHARED / "convolution_A100.kt-cache.json.gz"
+needs_hub = pytest.mark.skipif(
+    not (HUB_T4.exists() and HUB_CACHE.exists()), reason="benchmark hub files not present"
+)
+
+WORKLOAD = gemm(256, 128, 64)
+
+
+@pytest.fixture(scope="module")
+def schedules():
+    space = Space.enumerate(WORKLOAD, get_gpu("h100", calibrated=False))
+    return [space[i] for i in range(6)]
+
+
+def awkward_results() -> list[MeasureResult]:
+    """Every status, floats that do not survive careless formatting, optional fields."""
+    return [
+        MeasureResult(
+            status="ok",
+            latency_us=0.1 + 0.2,
+            samples_us=[0.30000000000000004, 1e-7, 123456.78901234567, 5e-324 + 1.0],
+            spread=1 / 3,
+            registers=96,
+            spill_bytes=0,
+            smem_bytes=49152,
+            compile_ms=812.3456789012345,
+            max_abs_error=2.0**-20,
+            runner="cupy",
+        ),
+        MeasureResult(status="compile_error", error="ptxas: too many resources\nline 2"),
+        MeasureResult(status="launch_error", error="CUDA_ERROR_INVALID_VALUE", smem_bytes=1),
+        MeasureResult(status="runtime_error", error="illegal address", registers=255),
+        MeasureResult(status="wrong_result", max_abs_error=3.25, error="12 outputs off"),
+        MeasureResult(status="timeout", error="no answer within 60 s"),
+    ]
+
+
+def pipetune_dataset(schedules) -> Dataset:
+    return dataset_from_results(
+        WORKLOAD,
+        get_gpu("h100", calibrated=False),
+        schedules,
+        awkward_results(),
+        runner="cupy",
+        device_name="NVIDIA H100 80GB HBM3",
+        settings={"warmup": 3, "repeats": 30},
+        timestamps=[f"2024-01-0{i + 1} 00:00:00.000001+00:00" for i in range(6)],
+    )
+
+
+def test_t4_round_trip_is_lossless(tmp_path, schedules):
+    dataset = pipetune_dataset(schedules)
+    path = write_t4(dataset, tmp_path / "d.t4.json.gz")
+    again = read_t4(path)
+    assert again == dataset
+    assert again.records == dataset.records  # floats bit for bit, failures and all
+    assert again.metadata["pipetune"]["device_name"] == "NVIDIA H100 80GB HBM3"
+    # A second write gives the very same bytes (deterministic gzip, stable ordering).
+    assert write_t4(again, tmp_path / "e.t4.json.gz").read_bytes() == path.read_bytes()
+
+
+def test_plain_json_round_trip(tmp_path, schedules):
+    dataset = pipetune_dataset(schedules)
+    path = write_t4(dataset, tmp_path / "d.t4.json")
+    assert json.loads(path.read_text())["schema_version"] == "1.0.0"
+    assert read_t4(path) == dataset
+
+
+def test_measure_results_survive_the_file_within_one_ulp(tmp_path, schedules):
+    path = write_t4(pipetune_dataset(schedules), tmp_path / "d.t4.json.gz")
+    dataset = load_dataset(path)
+    info = check_pipetune(dataset)
+    assert info.workload == WORKLOAD and info.gpu == "h100" and info.runner == "cupy"
+    for schedule, original in zip(schedules, awkward_results(), strict=True):
+        back = result_from_record(dataset.lookup(schedule.as_dict()), runner="cupy")
+        assert back.status == original.status
+        assert back.error == original.error
+        assert back.registers == original.registers
+        assert back.max_abs_error == original.max_abs_error
+        if original.latency_us is not None:
+            # µs -> ms -> µs: a division and a multiplication by 1000.
+            assert back.latency_us == pytest.approx(original.latency_us, rel=1e-15)
+            assert back.samples_us == pytest.approx(original.samples_us, rel=1e-15)
+
+
+def test_t4_document_matches_the_benchmark_hub_schema(schedules):
+    doc = to_t4_document(pipetune_dataset(schedules))
+    assert list(doc) == ["metadata", "results", "schema_version"]
+    assert doc["schema_version"] == "1.0.0"
+    assert doc["metadata"]["timeunit"] == "miliseconds"  # the hub's spelling
+    ok, compile_failed, launch_failed = doc["results"][:3]
+    assert list(ok) == [
+        "timestamp",
+        "configuration",
+        "times",
+        "invalidity",
+        "correctness",
+        "measurements",
+        "objectives",
+    ]
+    assert ok["configuration"] == schedules[0].as_dict()
+    assert ok["invalidity"] == "correct" and ok["correctness"] == 1
+    assert ok["objectives"] == ["time"]
+    assert ok["measurements"][0] == {
+        "name": "time",
+        "value": 0.30000000000000004 / 1e3,
+        "unit": "ms",
+    }
+    assert ok["times"]["compilation"] == 812.3456789012345
+    assert ok["times"]["runtimes"][0] == 0.30000000000000004 / 1e3
+    # Failures: Kernel Tuner's markers in the objective, no runtimes, correctness 0.
+    assert compile_failed["invalidity"] == "compile"
+    assert compile_failed["measurements"][0]["value"] == "CompilationFailedConfig"
+    assert compile_failed["correctness"] == 0 and "runtimes" not in compile_failed["times"]
+    assert launch_failed["invalidity"] == "runtime"
+    assert launch_failed["measurements"][0]["value"] == "RuntimeFailedConfig"
+    statuses = [
+        m["value"] for r in doc["results"] for m in r["measurements"] if m["name"] == "status"
+    ]
+    assert statuses == [
+        "ok",
+        "compile_error",
+        "launch_error",
+        "runtime_error",
+        "wrong_result",
+        "timeout",
+    ]
+
+
+def test_records_reject_inconsistent_values():
+    config = {"a": 1}
+    with pytest.raises(DatasetError, match="needs a time"):
+        Record(config)
+    with pytest.raises(DatasetError, match="finite"):
+        Record(config, time_ms=float("nan"))
+    with pytest.raises(DatasetError, match="contradicts"):
+        Record(config, invalidity="compile", status="ok")
+    with pytest.raises(DatasetError, match="scalar"):
+        Record({"a": [1, 2]}, time_ms=1.0)
+    with pytest.raises(DatasetError, match="appears twice"):
+        Dataset([Record(config, time_ms=1.0), Record(config, time_ms=2.0)])
+    with pytest.raises(DatasetError, match="knobs"):
+        Dataset([Record(config, time_ms=1.0), Record({"b": 1}, time_ms=2.0)])
+
+
+def test_generic_dataset_queries():
+    records = [
+        Record({"x": 1, "mode": "a"}, time_ms=2.0),
+        Record({"x": 2, "mode": "a"}, invalidity="runtime"),
+        Record({"x": 1, "mode": "b"}, time_ms=0.5),
+    ]
+    ds = Dataset(records)
+    assert ds.knobs == ("x", "mode")
+    assert ds.configurations()[1] == {"x": 2, "mode": "a"}
+    assert ds.valid_mask().tolist() == [True, False, True]
+    np.testing.assert_array_equal(ds.times_ms(), [2.0, np.nan, 0.5])
+    assert ds.best() is records[2]
+    assert ds.failures() == {"runtime": 1}
+    assert ds.lookup({"mode": "a", "x": 2}) is records[1]
+    assert ds.lookup({"x": 3, "mode": "a"}) is None
+    assert ds[1].trial_status == "runtime_error"
+
+
+# --- bad files: a clear DatasetError, never a partial dataset ------------------------
+
+
+@pytest.fixture
+def good_file(tmp_path, schedules) -> Path:
+    return write_t4(pipetune_dataset(schedules), tmp_path / "good.t4.json.gz")
+
+
+def test_truncated_gzip(tmp_path, good_file):
+    data = good_file.read_bytes()
+    bad = tmp_path / "truncated.t4.json.gz"
+    bad.write_bytes(data[: len(data) // 2])
+    with pytest.raises(DatasetError, match="truncated gzip"):
+        load_dataset(bad)
+
+
+def test_corrupt_gzip(tmp_path, good_file):
+    data = bytearray(good_file.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    bad = tmp_path / "corrupt.t4.json.gz"
+    bad.write_bytes(bytes(data))
+    with pytest.raises(DatasetError, match="gzip"):
+        load_dataset(bad)
+
+
+def test_truncated_json(tmp_path, good_file):
+    text = gzip.decompress(good_file.read_bytes())
+    bad = tmp_path / "truncated.t4.json"
+    bad.write_bytes(text[:-40])
+    with pytest.raises(DatasetError, match="not valid JSON"):
+        load_dataset(bad)
+
+
+def _measurement(doc: dict, name: str) -> dict:
+    return next(m for m in doc["results"][0]["measurements"] if m["name"] == name)
+
+
+def _rewrite(tmp_path: Path, good_file: Path, change) -> Path:
+    doc = json.loads(gzip.decompress(good_file.read_bytes()))
+    change(doc)
+    bad = tmp_path / "changed.t4.json"
+    bad.write_text(json.dumps(doc))
+    return bad
+
+
+@pytest.mark.parametrize(
+    ("change", "reason"),
+    [
+        (lambda d: d.update(schema_version="2.0.0"), "schema_version"),
+        (lambda d: d.pop("results"), "neither a T4"),
+        (lambda d: d["results"][0].pop("invalidity"), "missing required field 'invalidity'"),
+        (lambda d: d["results"][0].update(invalidity="maybe"), "unknown invalidity"),
+        (lambda d: d["results"][0]["times"].update(runtimes="fast"), "runtimes"),
+        (lambda d: d["results"][0]["measurements"][0].update(value="RuntimeFailedConfig"), "time"),
+        (lambda d: d["results"][1]["configuration"].update(chunk=3), "chunk"),
+        (lambda d: d["results"][1].update(configuration=d["results"][0]["configuration"]), "twice"),
+        (lambda d: d["metadata"].update(timeunit="seconds"), "timeunit"),
+        (lambda d: d["metadata"]["pipetune"]["workload"].update(m=-1), "pipetune metadata: m"),
+        (lambda d: _measurement(d, "registers").update(value=-1), "registers"),
+        (lambda d: _measurement(d, "status").update(value="fine"), "unknown trial status"),
+    ],
+)
+def test_wrong_schema(tmp_path, good_file, change, reason):
+    bad = _rewrite(tmp_path, good_file, change)
+    with pytest.raises(DatasetError, match=reason):
+        load_dataset(bad)
+
+
+def test_nan_in_a_file_is_refused(tmp_path):
+    bad = tmp_path / "nan.t4.json"
+    bad.write_text('{"schema_version": "1.0.0", "results": [], "metadata": {"x": NaN}}')
+    with pytest.raises(DatasetError, match="NaN"):
+        load_dataset(bad)
+
+
+def test_missing_file(tmp_path):
+    with pytest.raises(DatasetError, match="no such file"):
+        load_dataset(tmp_path / "absent.t4.json.gz")
+
+
+def test_failed_write_leaves_no_file(tmp_path, schedules):
+    dataset = pipetune_dataset(schedules)
+    dataset.metadata["bad"] = float("nan")  # JSON cannot hold it: the write must fail whole
+    target = tmp_path / "never.t4.json.gz"
+    with pytest.raises(ValueError):
+        write_t4(dataset, target)
+    assert list(tmp_path.iterdir()) == []
+
+
+# --- Kernel Tuner caches -------------------------------------------------------------
+
+CACHE = {
+    "device_name": "Test GPU",
+    "kernel_name": "k",
+    "problem_size": [64],
+    "tune_params_keys": ["bx", "flag"],
+    "tune_params": {"bx": [32, 64], "flag": [0, 1]},
+    "objective": "time",
+    "cache": {
+        "32,0": {"bx": 32, "flag": 0, "time": 1.5, "times": [1.4, 1.6], "compile_time": 10.0,
+                 "verification_time": 0, "benchmark_time": 3.1, "strategy_time": 0,
+                 "framework_time": 0.2, "GFLOP/s": 12.5, "timestamp": "t0"},
+        "64,0": {"bx": 64, "flag": 0, "time": "CompilationFailedConfig", "compile_time": 9.0,
+                 "verification_time": 0, "benchmark_time": 0, "strategy_time": 0,
+                 "framework_time": 0.1, "timestamp": "t1"},
+        "32,1": {"bx": 32, "flag": 1, "time": "InvalidConfig"},
+    },
+}  # fmt: skip
+
+
+def test_kernel_tuner_cache(tmp_path):
+    path = tmp_path / "k.json"
+    path.write_text(json.dumps(CACHE))
+    ds = read_kt_cache(path)
+    assert ds.format == "kt-cache" and ds.knobs == ("bx", "flag")
+    ok, compile_failed, invalid = ds.records
+    assert ok.time_ms == 1.5 and ok.runtimes_ms == (1.4, 1.6) and ok.compile_ms == 10.0
+    assert ok.measurements == {"GFLOP/s": 12.5}
+    assert ok.times == {"validation": 0, "benchmark": 3.1, "search_algorithm": 0, "framework": 0.2}
+    assert compile_failed.invalidity == "compile" and compile_failed.time_ms is None
+    assert invalid.invalidity == "constraints" and invalid.trial_status == "compile_error"
+    assert summary(ds)["device_name"] == "Test GPU"
+    # As T4 and back: the same records.
+    assert read_t4(write_t4(ds, tmp_path / "k.t4.json.gz")).records == ds.records
+
+
+def test_an_open_kernel_tuner_cache_needs_allow_open(tmp_path):
+    text = json.dumps(CACHE, indent="")
+    open_text = text[: text.rindex("}", 0, text.rindex("}"))] + ","  # Kernel Tuner's form
+    path = tmp_path / "open.json"
+    path.write_text(open_text)
+    with pytest.raises(DatasetError, match="not valid JSON"):
+        read_kt_cache(path)
+    assert len(read_kt_cache(path, allow_open=True)) == 3
+    assert len(load_dataset(path, allow_open=True)) == 3
+
+
+def test_a_bad_cache_entry(tmp_path):
+    cache = json.loads(json.dumps(CACHE))
+    del cache["cache"]["32,0"]["flag"]
+    path = tmp_path / "bad.json"
+    path.write_text(json.dumps(cache))
+    with pytest.raises(DatasetError, match="missing knob"):
+        load_dataset(path)
+
+
+# --- the benchmark hub's real files ----------------------------------------------------
+
+
+@needs_hub
+def test_benchmark_hub_t4_and_cache_agree():
+    t4, cache = load_dataset(HUB_T4), load_dataset(HUB_CACHE)
+    assert (t4.format, cache.format) == ("t4", "kt-cache")
+    assert len(t4) == len(cache) == 4362
+    for ds in (t4, cache):
+        doc = summary(ds)
+        assert (doc["valid"], doc["failed"]) == (4201, 161)
+        assert doc["failures"] == {"runtime": 155, "compile": 6}
+    assert t4.best().configuration == cache.best().configuration
+    assert t4.best().time_ms == cache.best().time_ms == pytest.approx(0.5536, abs=1e-4)
+    for record in cache:
+        twin = t4.lookup(record.configuration)
+        assert twin is not None
+        assert (twin.time_ms, twin.runtimes_ms, twin.invalidity) == (
+            record.time_ms,
+            record.runtimes_ms,
+            record.invalidity,
+        )
+
+
+@needs_hub
+def test_benchmark_hub_t4_rewrites_losslessly(tmp_path):
+    original = load_dataset(HUB_T4)
+    again = read_t4(write_t4(original, tmp_path / "hub.t4.json.gz"))
+    assert again == original
+
+
+def test_record_from_result_uses_milliseconds():
+    schedule = Schedule(1, 1, 1, 1, 1, 1, 1)
+    record = record_from_result(schedule, MeasureResult(status="ok", latency_us=1500.0, spread=0.0))
+    assert record.time_ms == 1.5 and record.configuration == schedule.as_dict()

@@ -1,0 +1,177 @@
+"""The cupy runner's parts that need no GPU: inputs, the fp32 reference (im2col for
+convolutions) and the fp16 tolerance, run with numpy in place of CuPy; the classification
+of trial outcomes; and a clear refusal on a machine without CuPy or a GPU."""
+
+from __future__ import annotations
+
+import importlib.util
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+
+from model.workloads import bmm, conv2d, conv3d, gemm
+from workers.runners import RunnerUnavailableError, make_runner
+from workers.runners import reference as ref_module
+from workers.runners.cupy_runner import Compiled, compile_failure, trial_result
+from workers.runners.isolation import CallOutcome
+from workers.runners.reference import check, make_inputs, operand_shapes, reference
+
+
+def direct_conv(x: np.ndarray, w: np.ndarray, stride: int, pad: int) -> np.ndarray:
+    """Channels-last convolution by filter taps (independent of the im2col reference)."""
+    spatial = x.ndim - 2
+    x = np.pad(x.astype(np.float64), [(0, 0)] + [(pad, pad)] * spatial + [(0, 0)])
+    filt = w.shape[1:-1]
+    out = [(x.shape[1 + i] - filt[i]) // stride + 1 for i in range(spatial)]
+    result = np.zeros((x.shape[0], *out, w.shape[0]))
+    for tap in np.ndindex(*filt):
+        index = (
+            slice(None),
+            *(slice(t, t + stride * (o - 1) + 1, stride) for t, o in zip(tap, out, strict=True)),
+        )
+        result += np.tensordot(x[index], w[(slice(None), *tap)].astype(np.float64), ([-1], [-1]))
+    return result
+
+
+def exact_product(workload, a, b) -> np.ndarray:
+    a64, b64 = a.astype(np.float64), b.astype(np.float64)
+    if workload.op == "gemm":
+        return a64 @ (b64 if workload.b_layout == "kn" else b64.T)
+    if workload.op == "bmm":
+        return a64 @ b64
+    return direct_conv(a, b, workload.stride, workload.pad)
+
+
+WORKLOADS = [
+    gemm(48, 40, 64),
+    gemm(48, 40, 64, b_layout="nk"),
+    bmm(3, 20, 16, 24),
+    conv2d(2, 7, 6, 8, 16, 3, 3, stride=2, pad=1),
+    conv3d(2, 4, 5, 5, 8, 8, 3, 3, 3, stride=1, pad=1),
+]
+
+
+@pytest.mark.parametrize("workload", WORKLOADS, ids=lambda w: w.label())
+def test_reference_matches_a_direct_computation(workload, monkeypatch):
+    monkeypatch.setattr(ref_module, "CHUNK_ELEMENTS", 256)  # exercise the chunked paths
+    a, b = make_inputs(workload, seed=7)
+    assert (a.shape, b.shape) == operand_shapes(workload)[:2]
+    ref, tol = reference(np, workload, a, b)
+    assert ref.shape == tol.shape == operand_shapes(workload)[2]
+    assert ref.dtype == np.float32
+    np.testing.assert_allclose(ref, exact_product(workload, a, b), rtol=1e-5, atol=1e-5)
+    assert (tol > 0).all()
+
+
+def test_inputs_are_seeded_fp16_in_range():
+    workload = gemm(64, 32, 16)
+    a1, b1 = make_inputs(workload, seed=3)
+    a2, _ = make_inputs(workload, seed=3)
+    a3, _ = make_inputs(workload, seed=4)
+    assert a1.dtype == b1.dtype == np.float16
+    assert np.array_equal(a1, a2) and not np.array_equal(a1, a3)
+    assert a1.min() >= -1 and a1.max() <= 1 and a1.std() > 0.4
+
+
+def emulate_kernel(a: np.ndarray, b: np.ndarray, tile: int, skip_tile: int | None = None):
+    """What a correct (or a tile-dropping) kernel computes: fp32 partial products per K tile
+    in kernel order, accumulated in fp32, stored as fp16."""
+    acc = np.zeros((a.shape[0], b.shape[1]), dtype=np.float32)
+    for i, k in enumerate(range(0, a.shape[1], tile)):
+        if i != skip_tile:
+            acc += a[:, k : k + tile].astype(np.float32) @ b[k : k + tile].astype(np.float32)
+    return acc.astype(np.float16)
+
+
+@pytest.mark.parametrize("k", [16, 256, 4096])
+def test_tolerance_passes_correct_kernels_and_catches_a_dropped_tile(k):
+    workload = gemm(64, 64, k)
+    a, b = make_inputs(workload, seed=0)
+    ref, tol = reference(np, workload, a, b)
+    passed, max_error, why = check(np, emulate_kernel(a, b, tile=16), ref, tol)
+    assert passed and why is None and max_error < 0.05
+    passed, max_error, why = check(np, emulate_kernel(a, b, tile=16, skip_tile=0), ref, tol)
+    assert not passed and max_error > 0.1
+    assert "outside the fp16 tolerance" in why
+
+
+def test_unwritten_outputs_fail_as_nan():
+    workload = gemm(16, 16, 16)
+    a, b = make_inputs(workload, seed=0)
+    ref, tol = reference(np, workload, a, b)
+    c = emulate_kernel(a, b, tile=16)
+    c[3, 5] = np.nan
+    passed, max_error, why = check(np, c, ref, tol)
+    assert not passed and max_error is None and "1 of 256 outputs are NaN" in why
+
+
+COMPILED = Compiled(
+    kernel=SimpleNamespace(name="k", threads=128, smem_bytes=32768),
+    cubin_path="/tmp/k.cubin",
+    registers=128,
+    spill_bytes=0,
+    smem_static_bytes=16,
+    compile_ms=700.0,
+)
+
+
+def test_a_timed_trial_becomes_a_measurement():
+    samples_ms = [0.010, 0.011, 0.012, 0.010, 0.013]
+    outcome = CallOutcome(
+        "ok", value={"status": "ok", "samples_ms": samples_ms, "max_abs_error": 0.01}
+    )
+    result = trial_result(outcome, COMPILED)
+    assert result.status == "ok" and result.runner == "cupy"
+    assert result.latency_us == pytest.approx(11.0)
+    assert result.samples_us == pytest.approx([10.0, 11.0, 12.0, 10.0, 13.0])
+    p10, p90 = np.percentile(result.samples_us, [10, 90])
+    assert result.spread == pytest.approx((p90 - p10) / 11.0)
+    assert (result.registers, result.smem_bytes, result.compile_ms) == (128, 32784, 700.0)
+
+
+@pytest.mark.parametrize(
+    ("outcome", "status", "text"),
+    [
+        (CallOutcome("timeout", error="no answer within 60 s"), "timeout", "60 s"),
+        (
+            CallOutcome("crashed", error="died (killed by signal SIGSEGV)"),
+            "runtime_error",
+            "SIGSEGV",
+        ),
+        (CallOutcome("error", error="RuntimeError: boom"), "runtime_error", "boom"),
+        (
+            CallOutcome("ok", value={"status": "launch_error", "error": "launch: INVALID_VALUE"}),
+            "launch_error",
+            "INVALID_VALUE",
+        ),
+        (
+            CallOutcome("ok", value={"status": "runtime_error", "error": "illegal address"}),
+            "runtime_error",
+            "illegal address",
+        ),
+        (
+            CallOutcome(
+                "ok", value={"status": "wrong_result", "error": "3 off", "max_abs_error": 2.0}
+            ),
+            "wrong_result",
+            "3 off",
+        ),
+    ],
+)
+def test_failed_trials_are_classified(outcome, status, text):
+    result = trial_result(outcome, COMPILED)
+    assert result.status == status and text in result.error
+    assert result.latency_us is None and result.registers == 128
+
+
+def test_a_compile_failure():
+    result = compile_failure(Compiled(error="x" * 5000, compile_ms=12.0))
+    assert result.status == "compile_error" and len(result.error) == 2000
+    assert result.compile_ms == 12.0
+
+
+@pytest.mark.skipif(importlib.util.find_spec("cupy") is not None, reason="CuPy is installed")
+def test_without_cupy_the_runner_says_why():
+    with pytest.raises(RunnerUnavailableError, match="CuPy is not installed"):
+        make_runner("cupy", gpu="h100")

@@ -1,0 +1,111 @@
+"""One interface test suite that every runner without a GPU must pass (replay, simulated).
+
+The replay runner replays a dataset recorded by the simulated runner over the workload's
+whole space, so both answer every schedule of that space.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from model.hardware import get_gpu
+from model.space import Space
+from model.trials import MeasureResult
+from model.workloads import gemm
+from workers.datasets import dataset_from_results
+from workers.runners import Runner, RunnerClosedError, make_runner
+
+WORKLOAD = gemm(256, 128, 64)
+GPU = get_gpu("h100", calibrated=False)
+
+
+@pytest.fixture(scope="module")
+def space() -> Space:
+    return Space.enumerate(WORKLOAD, GPU)
+
+
+@pytest.fixture(scope="module")
+def recorded(space):
+    with make_runner("simulated", gpu=GPU, time_scale=0) as sim:
+        results = sim.measure(WORKLOAD, list(space))
+        return dataset_from_results(
+            WORKLOAD, GPU, list(space), results, runner=sim.name, settings=sim.settings
+        )
+
+
+def build(name: str, recorded) -> Runner:
+    if name == "simulated":
+        return make_runner("simulated", gpu=GPU, time_scale=0)
+    return make_runner("replay", dataset=recorded, workload=WORKLOAD, gpu=GPU)
+
+
+RUNNERS = ["simulated", "replay"]
+
+
+@pytest.fixture(params=RUNNERS)
+def runner(request, recorded):
+    with build(request.param, recorded) as r:
+        yield r
+
+
+def test_name_matches_the_factory(runner):
+    assert runner.name in RUNNERS
+    assert isinstance(runner, Runner)
+
+
+def test_one_result_per_schedule_in_order(runner, space):
+    schedules = [space[i] for i in (5, 0, 17, 3)]
+    results = runner.measure(WORKLOAD, schedules)
+    assert len(results) == len(schedules)
+    assert all(isinstance(r, MeasureResult) for r in results)
+    singles = [runner.measure(WORKLOAD, [s])[0] for s in schedules]
+    assert results == singles  # the answer for a schedule does not depend on its batch
+
+
+def test_results_are_labelled_with_their_runner(runner, space):
+    for result in runner.measure(WORKLOAD, [space[0], space[1]]):
+        assert result.runner is not None
+        assert result.runner.split(":")[0] == runner.name
+        assert "simulated" in result.runner  # a replay of a simulated sweep says so
+
+
+def test_ok_results_are_consistent_measurements(runner, space):
+    results = runner.measure(WORKLOAD, list(space)[:40])
+    assert all(r.ok for r in results)
+    for r in results:
+        assert r.latency_us > 0
+        assert len(r.samples_us) >= 1
+        assert r.latency_us == pytest.approx(float(np.median(r.samples_us)), rel=1e-12)
+        p10, p90 = np.percentile(r.samples_us, [10, 90])
+        assert r.spread == pytest.approx((p90 - p10) / float(np.median(r.samples_us)), rel=1e-9)
+        assert math.isfinite(r.spread) and r.spread >= 0
+
+
+def test_deterministic_across_calls_and_instances(runner, space, recorded):
+    schedules = list(space)[:10]
+    first = runner.measure(WORKLOAD, schedules)
+    assert runner.measure(WORKLOAD, schedules) == first
+    with build(runner.name, recorded) as other:
+        assert other.measure(WORKLOAD, schedules) == first
+
+
+def test_duplicates_get_the_same_answer(runner, space):
+    a, b = runner.measure(WORKLOAD, [space[2], space[2]])
+    assert a == b
+
+
+def test_empty_list(runner):
+    assert runner.measure(WORKLOAD, []) == []
+
+
+def test_closed_runner_refuses(recorded, space):
+    for name in RUNNERS:
+        with build(name, recorded) as r:
+            assert not r.closed
+        assert r.closed
+        with pytest.raises(RunnerClosedError):
+            r.measure(WORKLOAD, [space[0]])
+        r.close()  # idempotent

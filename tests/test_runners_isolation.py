@@ -1,0 +1,117 @@
+"""The isolated worker: a crash or a hang in the child never takes the parent down."""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import time
+
+import pytest
+
+from workers.runners.isolation import IsolatedWorker, WorkerStartError, describe_exit
+
+# The functions the child runs (module level: the spawn child imports them by name).
+
+
+def child_pid() -> int:
+    return os.getpid()
+
+
+def add(a: int, b: int) -> int:
+    return a + b
+
+
+def raise_value_error() -> None:
+    raise ValueError("bad input")
+
+
+def exit_hard() -> None:
+    os._exit(3)
+
+
+def segfault() -> None:
+    ctypes.string_at(0)  # reads address 0: SIGSEGV
+
+
+def sleep_for(seconds: float) -> float:
+    time.sleep(seconds)
+    return seconds
+
+
+def failing_initializer() -> None:
+    raise RuntimeError("no device here")
+
+
+def describe_child() -> dict:
+    return {"pid": os.getpid()}
+
+
+@pytest.fixture(scope="module")
+def worker():
+    with IsolatedWorker(initializer=describe_child, name="pipetune-test") as w:
+        yield w
+
+
+def test_calls_run_in_a_reused_child(worker):
+    first = worker.call(child_pid, timeout_s=30)
+    assert first.ok and first.value != os.getpid()
+    assert worker.call(add, 2, b=3, timeout_s=30).value == 5
+    assert worker.call(child_pid, timeout_s=30).value == first.value  # same child
+    assert worker.info == {"pid": first.value}  # what the initializer returned
+
+
+def test_an_exception_is_reported_and_the_child_lives_on(worker):
+    pid = worker.call(child_pid, timeout_s=30).value
+    outcome = worker.call(raise_value_error, timeout_s=30)
+    assert outcome.kind == "error"
+    assert outcome.error == "ValueError: bad input"
+    assert worker.call(child_pid, timeout_s=30).value == pid
+
+
+@pytest.mark.parametrize(
+    ("crash", "how"), [(exit_hard, "exit code 3"), (segfault, "killed by signal SIGSEGV")]
+)
+def test_a_crash_kills_only_the_child_and_the_next_call_gets_a_fresh_one(worker, crash, how):
+    before_pid = worker.call(child_pid, timeout_s=30).value
+    generation = worker.generation
+    outcome = worker.call(crash, timeout_s=30)
+    assert outcome.kind == "crashed"
+    assert how in outcome.error
+    after = worker.call(child_pid, timeout_s=30)
+    assert after.ok and after.value not in (before_pid, os.getpid())
+    assert worker.generation == generation + 1
+
+
+def test_a_hang_past_the_timeout_is_killed_and_the_next_call_works(worker):
+    before_pid = worker.call(child_pid, timeout_s=30).value
+    started = time.perf_counter()
+    outcome = worker.call(sleep_for, 60, timeout_s=0.5)
+    assert outcome.kind == "timeout"
+    assert "0.5 s" in outcome.error
+    assert time.perf_counter() - started < 20  # killed, not waited for
+    after = worker.call(sleep_for, 0.01, timeout_s=30)
+    assert after.ok and after.value == 0.01
+    assert worker.call(child_pid, timeout_s=30).value != before_pid
+
+
+def test_a_failing_initializer_is_a_start_error():
+    with IsolatedWorker(initializer=failing_initializer) as w:
+        with pytest.raises(WorkerStartError, match="no device here"):
+            w.start()
+        assert not w.alive
+
+
+def test_stop_then_call_starts_a_new_child_and_close_is_final():
+    w = IsolatedWorker()
+    pid = w.call(child_pid, timeout_s=30).value
+    w.stop()
+    assert not w.alive
+    assert w.call(child_pid, timeout_s=30).value != pid
+    w.close()
+    with pytest.raises(WorkerStartError, match="closed"):
+        w.call(child_pid, timeout_s=30)
+
+
+def test_exit_descriptions():
+    assert describe_exit(-9) == "killed by signal SIGKILL"
+    assert describe_exit(2) == "exit code 2"

@@ -1,0 +1,121 @@
+"""`pipetune sweep` and `pipetune calibrate` without a GPU: the simulated sweep -> T4 file ->
+replay runner loop, the whole ALCOP suite in one go, and clear refusals of the GPU paths."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+
+import pytest
+import typer
+from typer.testing import CliRunner
+
+from clients.cli.sweep_cmds import calibrate, sweep_app
+from model.hardware import get_gpu
+from model.operators import ALCOP
+from model.space import Schedule
+from model.workloads import gemm
+from workers.datasets import load_dataset
+from workers.runners import make_runner
+
+cli = CliRunner()
+GEMM = ["gemm", "--m", "256", "--n", "128", "--k", "64"]
+no_cupy = pytest.mark.skipif(importlib.util.find_spec("cupy") is not None, reason="has CuPy")
+
+
+@pytest.fixture(autouse=True)
+def instant(monkeypatch):
+    monkeypatch.setenv("PIPETUNE_SIMULATED_TIME_SCALE", "0")
+
+
+def test_simulated_sweep_then_replay_gives_the_same_latencies(tmp_path):
+    out = tmp_path / "data" / "gemm.t4.json.gz"
+    args = [*GEMM, "--runner", "simulated", "--gpu", "h100", "--out", str(out)]
+    result = cli.invoke(sweep_app, [*args, "--limit", "12", "--seed", "5", "--json"])
+    assert result.exit_code == 0, result.output
+    (row,) = json.loads(result.stdout)["datasets"]
+    assert row["runner"] == "simulated" and row["schedules"] == 12 and row["valid"] == 12
+    assert [p.name for p in out.parent.iterdir()] == ["gemm.t4.json.gz"]  # no temp left
+
+    dataset = load_dataset(out)
+    meta = dataset.metadata["pipetune"]
+    assert meta["runner"] == "simulated" and meta["gpu"] == "h100"
+    assert meta["workload"] == gemm(256, 128, 64).canonical()
+    assert meta["settings"]["noise"] == "lognormal"
+    schedules = [Schedule.from_dict(dict(r.configuration)) for r in dataset]
+
+    workload = gemm(256, 128, 64)
+    with make_runner("simulated", gpu=get_gpu("h100"), seed=5, time_scale=0) as simulated:
+        fresh = simulated.measure(workload, schedules)
+    with make_runner("replay", dataset=out, workload=workload, gpu="h100") as replay:
+        replayed = replay.measure(workload, schedules)
+    assert [r.runner for r in replayed] == ["replay:simulated"] * 12
+    for a, b in zip(fresh, replayed, strict=True):
+        assert b.status == a.status == "ok"
+        # the file holds milliseconds: µs -> ms -> µs is exact to the last unit
+        assert b.latency_us == pytest.approx(a.latency_us, rel=1e-15)
+        assert b.samples_us == pytest.approx(a.samples_us, rel=1e-15)
+    best = min(replayed, key=lambda r: r.latency_us)
+    assert row["best_us"] == pytest.approx(best.latency_us, rel=1e-15)
+
+
+def test_sweep_the_alcop_suite_one_file_per_operator(tmp_path):
+    args = ["--operators", "alcop", "--runner", "simulated", "--gpu", "a100"]
+    result = cli.invoke(sweep_app, [*args, "--out-dir", str(tmp_path), "--limit", "2", "--json"])
+    assert result.exit_code == 0, result.output
+    rows = json.loads(result.stdout)["datasets"]
+    assert [r["operator"] for r in rows] == list(ALCOP)
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(
+        f"{name}.t4.json.gz" for name in ALCOP
+    )
+    conv = load_dataset(tmp_path / "Conv2D_RN50_1.t4.json.gz")
+    assert conv.metadata["pipetune"]["workload"] == ALCOP["Conv2D_RN50_1"].canonical()
+    assert conv.metadata["pipetune"]["gpu"] == "a100" and len(conv) == 2
+
+
+@pytest.mark.parametrize(
+    ("args", "reason"),
+    [
+        ([], "name an operator"),
+        (["--operators", "alcop", "--runner", "simulated"], "--out-dir"),
+        (["--operators", "nope", "--runner", "simulated", "--out-dir", "x"], "unknown operator"),
+        ([*GEMM, "--runner", "replay", "--out", "x.t4.json.gz"], "--runner"),
+        ([*GEMM, "--runner", "simulated", "--out", "x.t4.json.gz", "--limit", "0"], "--limit"),
+        ([*GEMM, "--runner", "simulated", "--gpu", "v100", "--out", "x.gz"], "unknown GPU"),
+        (["--operators", "alcop", *GEMM, "--out", "x.gz"], "not with an operator command"),
+    ],
+)
+def test_bad_input_exits_2_with_one_line(tmp_path, args, reason):
+    result = cli.invoke(sweep_app, args)
+    assert result.exit_code == 2, result.output
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and reason in lines[0]
+
+
+@no_cupy
+def test_cupy_sweep_without_a_gpu_is_one_line_exit_1(tmp_path):
+    out = tmp_path / "g.t4.json.gz"
+    result = cli.invoke(sweep_app, [*GEMM, "--runner", "cupy", "--out", str(out)])
+    assert result.exit_code == 1
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: the cupy runner needs CuPy")
+    assert not out.exists()
+
+
+calibrate_app = typer.Typer()
+calibrate_app.command()(calibrate)
+
+
+@no_cupy
+def test_calibrate_without_a_gpu_is_one_line_exit_1(tmp_path):
+    out = tmp_path / "h100.json"
+    result = cli.invoke(calibrate_app, ["--gpu", "h100", "--out", str(out)])
+    assert result.exit_code == 1
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and "calibrate needs CuPy and an NVIDIA GPU" in lines[0]
+    assert not out.exists()
+
+
+def test_calibrate_unknown_gpu_exits_2():
+    result = cli.invoke(calibrate_app, ["--gpu", "v100"])
+    assert result.exit_code == 2 and "unknown GPU 'v100'" in result.stderr

@@ -1,0 +1,206 @@
+"""CUDA C++ for the pipelined tensor-core GEMM family, one kernel per (variant, schedule).
+
+The source depends only on the variant and the schedule: shapes are kernel arguments, so
+one cubin serves every shape (and the compile cache keys on the source text).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from model.space import KNOBS, Schedule
+from model.workloads import AnyWorkload
+from workers.codegen import cuda_text, pipeline
+from workers.codegen.layout import TileGeometry, swizzle_period
+from workers.codegen.variants import (
+    GRID_Z_LIMIT,
+    SCALAR_ARGS,
+    b_is_kn,
+    check_variant,
+    scalar_args,
+    variant_of,
+)
+
+
+@dataclass(frozen=True)
+class KernelSource:
+    """One generated kernel. Launch it with ``threads`` threads (x) per block and
+    ``smem_bytes`` of dynamic shared memory (above 48 KiB the runner must raise the
+    function's MaxDynamicSharedMemorySize attribute first)."""
+
+    variant: str  # "gemm_kn" | "gemm_nk" | "bmm" | "conv2d" | "conv3d"
+    schedule: Schedule
+    name: str  # the extern "C" kernel name
+    code: str  # full CUDA C++ source, header-free
+    threads: int  # block size (x)
+    smem_bytes: int  # dynamic shared memory per block
+
+
+# C parameter lists after the three pointers (names as the kernel body uses them).
+_C_SCALARS: dict[str, tuple[str, ...]] = {
+    "gemm_kn": ("M_arg", "N_arg", "K_arg"),
+    "gemm_nk": ("M_arg", "N_arg", "K_arg"),
+    "bmm": ("M_arg", "N_arg", "K_arg"),
+    "conv2d": (
+        "batch",
+        "in_h",
+        "in_w",
+        "chan",
+        "out_k",
+        "f_r",
+        "f_s",
+        "out_p",
+        "out_q",
+        "stride",
+        "pad",
+    ),
+    "conv3d": (
+        "batch",
+        "in_d",
+        "in_h",
+        "in_w",
+        "chan",
+        "out_k",
+        "f_t",
+        "f_r",
+        "f_s",
+        "out_o",
+        "out_p",
+        "out_q",
+        "stride",
+        "pad",
+    ),
+}
+assert all(len(_C_SCALARS[v]) == len(SCALAR_ARGS[v]) for v in SCALAR_ARGS)
+
+
+def kernel_name(variant: str, schedule: Schedule) -> str:
+    return f"pipetune_{variant}_{schedule.id.replace('-', '_')}"
+
+
+def _check_schedule(schedule: Schedule) -> None:
+    for knob, allowed in KNOBS.items():
+        value = getattr(schedule, knob)
+        if value not in allowed:
+            raise ValueError(f"{knob} must be one of {list(allowed)}, got {value!r}")
+
+
+def _header(variant: str, schedule: Schedule, g: TileGeometry) -> str:
+    knobs = ", ".join(f"{k}={v}" for k, v in schedule.as_dict().items())
+    args = ", ".join(SCALAR_ARGS[variant])
+    return (
+        f"// pipetune generated kernel: variant {variant}, schedule {schedule.id}\n"
+        f"// {knobs}\n"
+        f"// block tile {g.bm}x{g.bn}x{g.bk}, {g.threads} threads, "
+        f"{g.smem_bytes} B dynamic shared memory\n"
+        f"// params: (const __half* A, const __half* B, __half* C, int {args})\n"
+        "// grid: (ceil(M/BM) * ceil(N/BN), 1, batch)\n"
+    )
+
+
+def _helpers(variant: str, g: TileGeometry) -> str:
+    b_kn = b_is_kn(variant)
+    values = {
+        "BM": g.bm,
+        "BN": g.bn,
+        "BK": g.bk,
+        "WM": g.wm,
+        "WN": g.wn,
+        "WARPS_M": g.warps_m,
+        "WARPS_N": g.warps_n,
+        "STAGES": g.stages,
+        "REG_STAGES": g.reg_stages,
+        "B_KN": "true" if b_kn else "false",
+        "CONV_DIMS": {"conv2d": 2, "conv3d": 3}.get(variant, 0),
+        "A_PERIOD": swizzle_period(g.bm, g.a_cpr, g.threads),
+        "B_PERIOD": swizzle_period(g.b_rows(b_kn), g.b_cpr(b_kn), g.threads),
+    }
+    text = cuda_text.HELPERS
+    for key, value in values.items():
+        text = text.replace(f"@{key}@", str(value))
+    return text
+
+
+def _setup(variant: str) -> str:
+    if variant in ("gemm_kn", "gemm_nk"):
+        return cuda_text.SETUP_GEMM
+    if variant == "bmm":
+        return cuda_text.SETUP_BMM
+    fixed = "  const int in_d = 1, f_t = 1, out_o = 1;  // 2-D: one depth slice\n"
+    return (fixed if variant == "conv2d" else "") + cuda_text.SETUP_CONV
+
+
+def _loaders(variant: str) -> str:
+    a = cuda_text.LOAD_A_CONV if variant.startswith("conv") else cuda_text.LOAD_A_GEMM
+    b = cuda_text.LOAD_B_KN if b_is_kn(variant) else cuda_text.LOAD_B_NK
+    return a + b
+
+
+def source_parts(variant: str, schedule: Schedule) -> dict[str, str]:
+    """The pieces of a kernel's source, in order: "header", "helpers" (constants and index
+    math, plain C++ that a host compiler builds), "device" (PTX wrappers), "kernel", "end"
+    (device and kernel sit inside one ``#if defined(__CUDACC__)``)."""
+    check_variant(variant)
+    _check_schedule(schedule)
+    g = TileGeometry.of(schedule)
+    scalars = ", ".join(f"int {p}" for p in _C_SCALARS[variant])
+    head = cuda_text.KERNEL_HEAD.replace("@THREADS@", str(g.threads))
+    head = head.replace("@NAME@", kernel_name(variant, schedule)).replace("@SCALARS@", scalars)
+    return {
+        "header": _header(variant, schedule, g),
+        "helpers": cuda_text.PREAMBLE + _helpers(variant, g),
+        "device": cuda_text.DEVICE,
+        "kernel": "".join(
+            [
+                head,
+                _setup(variant),
+                cuda_text.TILE_SETUP,
+                _loaders(variant),
+                cuda_text.MAINLOOP_SETUP,
+                pipeline.mainloop(g),
+                cuda_text.EPILOGUE,
+            ]
+        ),
+        "end": cuda_text.DEVICE_END,
+    }
+
+
+def generate(workload_or_variant: AnyWorkload | str, schedule: Schedule) -> KernelSource:
+    """The kernel of a variant (or of the variant a workload maps to) for a schedule.
+
+    Any knob values from model.space.KNOBS generate; whether a schedule is *valid* for a
+    workload on a GPU (shared memory, registers, loader divisibility) is the space's call.
+    """
+    if isinstance(workload_or_variant, str):
+        variant = check_variant(workload_or_variant)
+    else:
+        variant = variant_of(workload_or_variant)
+    code = "".join(source_parts(variant, schedule).values())
+    return KernelSource(
+        variant=variant,
+        schedule=schedule,
+        name=kernel_name(variant, schedule),
+        code=code,
+        threads=schedule.threads,
+        smem_bytes=TileGeometry.of(schedule).smem_bytes,
+    )
+
+
+def launch(
+    kernel: KernelSource, workload: AnyWorkload
+) -> tuple[tuple[int, int, int], tuple[int, ...]]:
+    """(grid, scalar_args) to launch ``kernel`` on ``workload``.
+
+    Kernel parameters are ``(A, B, C, *scalar_args)`` with the int32 scalars in the order of
+    variants.SCALAR_ARGS[kernel.variant]; block = (kernel.threads, 1, 1), dynamic shared
+    memory = kernel.smem_bytes. conv2d: A = input NHWC, B = filter KRSC, C = output NPQK.
+    """
+    variant = variant_of(workload)
+    if variant != kernel.variant:
+        raise ValueError(f"kernel {kernel.name} is {kernel.variant}; the workload needs {variant}")
+    view = workload.gemm_view()
+    s = kernel.schedule
+    tiles = -(-view.m // s.block_m) * -(-view.n // s.block_n)
+    if view.batch > GRID_Z_LIMIT:
+        raise ValueError(f"batch {view.batch} exceeds the grid z limit {GRID_Z_LIMIT}")
+    return (tiles, 1, view.batch), scalar_args(workload)

@@ -1,0 +1,77 @@
+"""A stratified sample of a schedule space, for compile checks (CLI and tests).
+
+Compiling a whole space takes minutes; a sample must still reach the corners where code
+generation breaks: the largest tile (most accumulators), the most register-hungry and the
+most shared-memory-hungry schedules, the smallest tile, and every pipeline depth of both
+levels (smem_stages x reg_stages strata, drawn round-robin).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from model.space import Schedule, Space
+
+
+def _extremes(space: Space) -> list[int]:
+    volume = space.block_m * space.block_n * space.block_k
+    regs = space.est_registers
+    # lexsort: the last key is the primary one.
+    largest = int(np.lexsort((regs, volume))[-1])
+    smallest = int(np.lexsort((-regs, volume))[0])
+    hungriest = int(np.lexsort((volume, regs))[-1])
+    most_smem = int(np.lexsort((regs, space.smem_bytes))[-1])
+    return [largest, smallest, hungriest, most_smem]
+
+
+def _strata_order(space: Space) -> list[tuple[int, int]]:
+    """(smem_stages, reg_stages) strata, ordered so the first pass alternates reg_stages:
+    every smem_stages value comes up before any repeats, and both reg_stages early."""
+    pairs = zip(
+        space.knobs["smem_stages"].tolist(), space.knobs["reg_stages"].tolist(), strict=True
+    )
+    present = sorted(set(pairs))
+    first, second = [], []
+    for i, stages in enumerate(sorted({s for s, _ in present})):
+        regs = sorted(r for s, r in present if s == stages)
+        if i % 2:
+            regs.reverse()
+        first.append((stages, regs[0]))
+        second.extend((stages, r) for r in regs[1:])
+    return first + second
+
+
+def stratified_sample(space: Space, n: int, seed: int = 0) -> list[Schedule]:
+    """min(n, len(space)) distinct schedules of the space, deterministic for a seed.
+
+    The extremes come first (largest and smallest tile, most registers, most shared
+    memory), then one random member of each (smem_stages, reg_stages) stratum in turn.
+    """
+    if n < 1:
+        raise ValueError("the sample needs at least one schedule")
+    if len(space) == 0:
+        return []
+    rng = np.random.default_rng(seed)
+    chosen: list[int] = []
+    seen: set[int] = set()
+
+    def take(i: int) -> None:
+        if i not in seen and len(chosen) < n:
+            seen.add(i)
+            chosen.append(i)
+
+    for i in _extremes(space):
+        take(i)
+    stages = space.knobs["smem_stages"]
+    reg = space.knobs["reg_stages"]
+    pools = []
+    for s, r in _strata_order(space):
+        members = np.flatnonzero((stages == s) & (reg == r))
+        pools.append(list(rng.permutation(members)))
+    while len(chosen) < min(n, len(space)):
+        for pool in pools:
+            while pool and int(pool[-1]) in seen:
+                pool.pop()
+            if pool:
+                take(int(pool.pop()))
+    return [space[i] for i in chosen]

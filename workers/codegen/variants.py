@@ -1,0 +1,72 @@
+"""Kernel variants: which workloads map to which kernel, and the launch arguments of each.
+
+Every variant's kernel takes ``(const __half* A, const __half* B, __half* C, int...)``; the
+int32 scalars follow in the order of :data:`SCALAR_ARGS`:
+
+- ``gemm_kn``: C[M,N] = A[M,K] @ B[K,N], all row-major. Scalars ``(M, N, K)``.
+- ``gemm_nk``: C[M,N] = A[M,K] @ B[N,K]^T (B row-major N×K). Scalars ``(M, N, K)``.
+- ``bmm``: per batch z (grid z), C_z = A_z @ B_z with A, B, C packed contiguously
+  (element strides M·K, K·N, M·N between batch entries). Scalars ``(M, N, K)``.
+- ``conv2d``: A = input NHWC, B = filter KRSC, C = output NPQK (row-major
+  (N·P·Q)×K). Scalars ``(N, H, W, C, K, R, S, P, Q, stride, pad)``.
+- ``conv3d``: A = input NDHWC, B = filter KTRSC, C = output NOPQK. Scalars
+  ``(N, D, H, W, C, K, T, R, S, O, P, Q, stride, pad)``.
+
+The grid is ``(tiles_m · tiles_n, 1, batch)``: the M and N tiles are flattened into x
+(the kernel decodes them; x allows 2^31-1 blocks where y and z allow 65535).
+"""
+
+from __future__ import annotations
+
+from model.workloads import AnyWorkload, Bmm, Conv2d, Conv3d, Gemm
+
+VARIANTS: tuple[str, ...] = ("gemm_kn", "gemm_nk", "bmm", "conv2d", "conv3d")
+
+SCALAR_ARGS: dict[str, tuple[str, ...]] = {
+    "gemm_kn": ("M", "N", "K"),
+    "gemm_nk": ("M", "N", "K"),
+    "bmm": ("M", "N", "K"),
+    "conv2d": ("N", "H", "W", "C", "K", "R", "S", "P", "Q", "stride", "pad"),
+    "conv3d": ("N", "D", "H", "W", "C", "K", "T", "R", "S", "O", "P", "Q", "stride", "pad"),
+}
+
+GRID_Z_LIMIT = 65535  # CUDA's limit on gridDim.z
+
+
+def variant_of(workload: AnyWorkload) -> str:
+    """The kernel variant that computes a workload."""
+    if isinstance(workload, Gemm):
+        return "gemm_kn" if workload.b_layout == "kn" else "gemm_nk"
+    if isinstance(workload, Bmm):
+        return "bmm"
+    if isinstance(workload, Conv2d):
+        return "conv2d"
+    if isinstance(workload, Conv3d):
+        return "conv3d"
+    raise TypeError(f"no kernel variant for {type(workload).__name__}")
+
+
+def b_is_kn(variant: str) -> bool:
+    """Whether the variant's B operand is stored K×N (else N×K, as a conv filter is)."""
+    return variant in ("gemm_kn", "bmm")
+
+
+def check_variant(variant: str) -> str:
+    if variant not in VARIANTS:
+        raise ValueError(f"unknown kernel variant {variant!r}; known: {', '.join(VARIANTS)}")
+    return variant
+
+
+def scalar_args(workload: AnyWorkload) -> tuple[int, ...]:
+    """The int32 kernel arguments after the three pointers, in SCALAR_ARGS order."""
+    if isinstance(workload, Gemm | Bmm):
+        return (workload.m, workload.n, workload.k)
+    if isinstance(workload, Conv2d):
+        p, q = workload.out_hw
+        w = workload
+        return (w.n, w.h, w.w, w.c, w.k, w.r, w.s, p, q, w.stride, w.pad)
+    if isinstance(workload, Conv3d):
+        o, p, q = workload.out_dhw
+        w = workload
+        return (w.n, w.d, w.h, w.w, w.c, w.k, w.t, w.r, w.s, o, p, q, w.stride, w.pad)
+    raise TypeError(f"no kernel variant for {type(workload).__name__}")

@@ -1,0 +1,100 @@
+"""Cubin cache: an in-process dict in front of a directory of cubins and their reports.
+
+Key: sha256 of (source sha256, arch, options, NVRTC version), so a different compiler or
+option set never answers from a stale entry. Directory: ``$PIPETUNE_CACHE_DIR`` if set, else
+the platform's user cache dir (``platformdirs``), under ``cubins/``. Each entry is
+``<key>.cubin`` plus ``<key>.json`` (resources, compile time, log); files are written to a
+temporary name and renamed, so concurrent writers and readers never see half an entry.
+A missing or unreadable entry is a miss, never an error.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+import tempfile
+import threading
+from pathlib import Path
+from typing import Any
+
+ENV_DIR = "PIPETUNE_CACHE_DIR"
+
+_memory: dict[str, tuple[bytes, dict[str, Any]]] = {}
+_lock = threading.Lock()
+
+
+def cache_dir() -> Path:
+    """Where cubins are kept (read from the environment at each call)."""
+    explicit = os.environ.get(ENV_DIR)
+    if explicit:
+        return Path(explicit).expanduser() / "cubins"
+    import platformdirs
+
+    return Path(platformdirs.user_cache_dir("pipetune")) / "cubins"
+
+
+def cache_key(code: str, arch: str, options: list[str], nvrtc_version: tuple[int, int]) -> str:
+    doc = {
+        "source": hashlib.sha256(code.encode()).hexdigest(),
+        "arch": arch,
+        "options": options,
+        "nvrtc": list(nvrtc_version),
+    }
+    return hashlib.sha256(json.dumps(doc, sort_keys=True).encode()).hexdigest()
+
+
+def _paths(key: str) -> tuple[Path, Path]:
+    folder = cache_dir() / key[:2]
+    return folder / f"{key}.cubin", folder / f"{key}.json"
+
+
+def load(key: str) -> tuple[bytes, dict[str, Any]] | None:
+    with _lock:
+        hit = _memory.get(key)
+    if hit is not None:
+        return hit
+    cubin_path, meta_path = _paths(key)
+    try:
+        meta = json.loads(meta_path.read_text())
+        cubin = cubin_path.read_bytes()
+    except (OSError, ValueError):
+        return None
+    if not isinstance(meta, dict) or len(cubin) != meta.get("cubin_bytes"):
+        return None
+    with _lock:
+        _memory[key] = (cubin, meta)
+    return cubin, meta
+
+
+def _atomic_write(path: Path, data: bytes) -> None:
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+
+
+def store(key: str, cubin: bytes, meta: dict[str, Any]) -> None:
+    meta = {**meta, "cubin_bytes": len(cubin)}
+    with _lock:
+        _memory[key] = (cubin, meta)
+    cubin_path, meta_path = _paths(key)
+    try:
+        cubin_path.parent.mkdir(parents=True, exist_ok=True)
+        # cubin first: an entry counts only once its json (written last) exists.
+        _atomic_write(cubin_path, cubin)
+        _atomic_write(meta_path, json.dumps(meta, sort_keys=True).encode())
+    except OSError:
+        pass  # a read-only or full cache disk costs recompiles, not failures
+
+
+def clear_memory() -> None:
+    """Forget the in-process entries (the disk cache stays)."""
+    with _lock:
+        _memory.clear()

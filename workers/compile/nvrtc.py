@@ -1,0 +1,69 @@
+"""NVRTC through ``cuda.bindings.nvrtc`` (cuda-bindings, NVIDIA's maintained bindings).
+
+NVRTC needs neither a GPU nor a driver: it loads libnvrtc from the ``nvidia-cuda-nvrtc``
+wheel (cuda-pathfinder finds it in site-packages) and compiles for any named arch. With
+``-arch=sm_XX`` it runs ptxas and hands back a cubin (SASS), which a driver of the same major
+CUDA version runs without JIT: the 13.x wheels are pinned for the GPU machines' driver 580
+(CUDA 13.0). The calls release the GIL, so threads compile in parallel.
+"""
+
+from __future__ import annotations
+
+from functools import cache
+from typing import Any
+
+
+class NvrtcError(RuntimeError):
+    """NVRTC itself failed (not a compile error of the source)."""
+
+
+def _nvrtc() -> Any:
+    from cuda.bindings import nvrtc  # imported lazily: the CLI's other commands skip it
+
+    return nvrtc
+
+
+def _check(result: Any, what: str) -> Any:
+    """Unwrap a cuda.bindings ``(err, *values)`` tuple, raising on an error code."""
+    err, *rest = result if isinstance(result, tuple) else (result,)
+    nvrtc = _nvrtc()
+    if err != nvrtc.nvrtcResult.NVRTC_SUCCESS:
+        _, msg = nvrtc.nvrtcGetErrorString(err)
+        raise NvrtcError(f"{what}: {msg.decode(errors='replace')}")
+    if not rest:
+        return None
+    return rest[0] if len(rest) == 1 else tuple(rest)
+
+
+@cache
+def version() -> tuple[int, int]:
+    """(major, minor) of the loaded libnvrtc."""
+    major, minor = _check(_nvrtc().nvrtcVersion(), "nvrtcVersion")
+    return int(major), int(minor)
+
+
+def compile_to_cubin(code: str, filename: str, options: list[str]) -> tuple[bytes | None, str]:
+    """(cubin or None when the source does not compile, program log)."""
+    nvrtc = _nvrtc()
+    prog = _check(
+        nvrtc.nvrtcCreateProgram(code.encode(), filename.encode(), 0, [], []),
+        "nvrtcCreateProgram",
+    )
+    try:
+        opts = [o.encode() for o in options]
+        (err,) = nvrtc.nvrtcCompileProgram(prog, len(opts), opts)
+        size = _check(nvrtc.nvrtcGetProgramLogSize(prog), "nvrtcGetProgramLogSize")
+        buf = b" " * size
+        _check(nvrtc.nvrtcGetProgramLog(prog, buf), "nvrtcGetProgramLog")
+        log = buf.rstrip(b"\x00").decode(errors="replace")
+        if err == nvrtc.nvrtcResult.NVRTC_ERROR_COMPILATION:
+            return None, log
+        _check((err,), "nvrtcCompileProgram")
+        size = _check(nvrtc.nvrtcGetCUBINSize(prog), "nvrtcGetCUBINSize")
+        if size == 0:
+            raise NvrtcError("NVRTC produced no cubin (is the arch a real sm_XX?)")
+        cubin = b" " * size
+        _check(nvrtc.nvrtcGetCUBIN(prog, cubin), "nvrtcGetCUBIN")
+        return cubin, log
+    finally:
+        _check(nvrtc.nvrtcDestroyProgram(prog), "nvrtcDestroyProgram")

@@ -1,0 +1,105 @@
+"""Recorded search spaces: T4 results files and Kernel Tuner caches (read), T4 (write).
+
+>>> ds = load_dataset("convolution_A100.t4.json.gz")      # or a .kt-cache.json.gz
+>>> ds.configurations()[0], ds.times_ms()[0], ds.valid_mask()[0]
+>>> write_t4(ds, "copy.t4.json.gz")
+
+A pipetune sweep's dataset (:func:`dataset_from_results`) maps schedules to measurements
+and carries the workload, GPU and runner; :func:`check_pipetune` validates one that was read.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from workers.datasets.files import parse_json, read_text
+from workers.datasets.kt_cache import close_open_cache, from_kt_cache_document, read_kt_cache
+from workers.datasets.pipetune import (
+    PipetuneInfo,
+    check_pipetune,
+    dataset_from_results,
+    now_timestamp,
+    record_from_result,
+    result_from_record,
+)
+from workers.datasets.records import (
+    INVALIDITY_OF_STATUS,
+    STATUS_OF_INVALIDITY,
+    Dataset,
+    DatasetError,
+    Invalidity,
+    Record,
+)
+from workers.datasets.t4 import from_t4_document, read_t4, to_t4_document, write_t4
+
+__all__ = [
+    "INVALIDITY_OF_STATUS",
+    "STATUS_OF_INVALIDITY",
+    "Dataset",
+    "DatasetError",
+    "Invalidity",
+    "PipetuneInfo",
+    "Record",
+    "check_pipetune",
+    "dataset_from_results",
+    "load_dataset",
+    "now_timestamp",
+    "read_kt_cache",
+    "read_t4",
+    "record_from_result",
+    "result_from_record",
+    "summary",
+    "to_t4_document",
+    "write_t4",
+]
+
+
+def load_dataset(path: str | Path, *, allow_open: bool = False) -> Dataset:
+    """Read a T4 file or a Kernel Tuner cache, whichever the content is (a T4 file with
+    pipetune metadata is checked as a pipetune dataset as well, see read_t4)."""
+    source = str(path)
+    text = read_text(path)
+    document = parse_json(close_open_cache(text) if allow_open else text, source)
+    if isinstance(document, dict) and "results" in document and "schema_version" in document:
+        return from_t4_document(document, source)
+    if isinstance(document, dict) and "cache" in document and "tune_params_keys" in document:
+        return from_kt_cache_document(document, source)
+    raise DatasetError(f"{source}: neither a T4 results file nor a Kernel Tuner cache")
+
+
+def summary(dataset: Dataset) -> dict[str, Any]:
+    """What `pipetune dataset info` prints: counts, best configuration, provenance."""
+    best = dataset.best()
+    valid = int(dataset.valid_mask().sum())
+    doc: dict[str, Any] = {
+        "path": dataset.source,
+        "format": dataset.format,
+        "objective": dataset.objective,
+        "knobs": list(dataset.knobs),
+        "configurations": len(dataset),
+        "valid": valid,
+        "failed": len(dataset) - valid,
+        "failures": dataset.failures(),
+        "best": None if best is None else dict(best.configuration),
+        "best_time_ms": None if best is None else best.time_ms,
+    }
+    meta = dataset.metadata.get("pipetune")
+    if isinstance(meta, dict):
+        info = PipetuneInfo(dataset)
+        doc.update(
+            workload=info.workload.canonical(),
+            workload_label=info.workload.label(),
+            gpu=info.gpu,
+            gpu_name=info.gpu_name,
+            device_name=info.device_name,
+            runner=info.runner,
+        )
+    kt = dataset.metadata.get("kernel_tuner")
+    if isinstance(kt, dict):
+        doc.update(
+            device_name=kt.get("device_name"),
+            kernel_name=kt.get("kernel_name"),
+            problem_size=kt.get("problem_size"),
+        )
+    return doc

@@ -1,0 +1,88 @@
+"""Bytes on disk: gzip or plain JSON in, atomic gzip or plain JSON out."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import os
+import tempfile
+import zlib
+from pathlib import Path
+from typing import Any
+
+from workers.datasets.records import DatasetError
+
+GZIP_MAGIC = b"\x1f\x8b"
+
+
+def read_text(path: str | Path) -> str:
+    """The file's text, gunzipped when it is gzip (by content, not by name)."""
+    path = Path(path)
+    try:
+        raw = path.read_bytes()
+    except FileNotFoundError:
+        raise DatasetError(f"{path}: no such file") from None
+    except OSError as exc:
+        raise DatasetError(f"{path}: cannot read ({exc.strerror or exc})") from None
+    if raw.startswith(GZIP_MAGIC):
+        try:
+            raw = gzip.decompress(raw)
+        except EOFError:
+            raise DatasetError(f"{path}: truncated gzip stream") from None
+        except (gzip.BadGzipFile, zlib.error, OSError) as exc:
+            raise DatasetError(f"{path}: corrupt gzip data ({exc})") from None
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise DatasetError(f"{path}: not UTF-8 text ({exc.reason} at byte {exc.start})") from None
+
+
+def _reject_constant(name: str) -> Any:
+    # JSON has no NaN or Infinity; Python's json would accept them silently.
+    raise DatasetError(f"non-standard JSON constant {name}")
+
+
+def parse_json(text: str, source: str) -> Any:
+    try:
+        return json.loads(text, parse_constant=_reject_constant)
+    except json.JSONDecodeError as exc:
+        raise DatasetError(
+            f"{source}: not valid JSON ({exc.msg} at line {exc.lineno} column {exc.colno})"
+        ) from None
+    except DatasetError as exc:
+        raise DatasetError(f"{source}: {exc}") from None
+
+
+def dumps(document: Any) -> str:
+    # allow_nan=False: a NaN would make a file that strict JSON readers reject.
+    return json.dumps(document, allow_nan=False, separators=(",", ":"))
+
+
+def _umask() -> int:
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
+def write_atomic(path: str | Path, text: str) -> Path:
+    """Write text (gzipped if the name ends in .gz) so that the path never holds a partial
+    file: write a temporary file beside it, flush it to disk, then rename it over the path."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    data = text.encode("utf-8")
+    if path.suffix == ".gz":
+        # mtime=0: the same dataset gives the same bytes (reproducible, diff-friendly).
+        data = gzip.compress(data, mtime=0)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        # mkstemp makes the file private (0600); give it the mode a plain open() would.
+        os.fchmod(fd, 0o666 & ~_umask())
+        with os.fdopen(fd, "wb") as handle:
+            handle.write(data)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return path

@@ -1,0 +1,159 @@
+"""Kernel Tuner cache files (``.json`` or ``.json.gz``) as datasets.
+
+Document::
+
+    {"device_name": ..., "kernel_name": ..., "problem_size": [...],
+     "tune_params_keys": [knob, ...], "tune_params": {knob: [values]}, "objective": "time",
+     "cache": {"v1,v2,...": {knob: value, ..., "time": ms | "RuntimeFailedConfig",
+                             "times": [ms, ...], "compile_time": ms, "verification_time": ms,
+                             "benchmark_time": ms, "strategy_time": ms, "framework_time": ms,
+                             "timestamp": "...", "GFLOP/s": ...}, ...}}
+
+A failed configuration has an error marker string as its objective: InvalidConfig
+(restrictions), CompilationFailedConfig or RuntimeFailedConfig. The timings are renamed as
+Kernel Tuner's own T4 writer renames them (compile_time -> compilation, strategy_time ->
+search_algorithm, ...), so a cache converted to T4 here matches a T4 file Kernel Tuner wrote.
+
+Kernel Tuner appends to a cache while it tunes and leaves it "open" (no closing brackets,
+a trailing comma) if the session ends early; ``allow_open=True`` reads such a file the way
+Kernel Tuner does. By default an open cache is an error, like any other truncated file.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from workers.datasets.files import parse_json, read_text
+from workers.datasets.records import Dataset, DatasetError, Record
+
+MARKERS = {
+    "InvalidConfig": "constraints",
+    "CompilationFailedConfig": "compile",
+    "RuntimeFailedConfig": "runtime",
+}
+TIMINGS = {
+    "benchmark_time": "benchmark",
+    "framework_time": "framework",
+    "strategy_time": "search_algorithm",
+    "verification_time": "validation",
+}
+HEADER = ("device_name", "kernel_name", "problem_size", "tune_params_keys", "tune_params")
+
+
+def _number(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)
+
+
+def close_open_cache(text: str) -> str:
+    """Kernel Tuner's repair of a cache left open by an interrupted session."""
+    text = text.strip()
+    if text and text[-3:] not in ("}\n}", "}}}"):
+        if text.endswith(","):
+            text = text[:-1]
+        text += "}\n}"
+    return text
+
+
+def _entry_record(entry: Any, knobs: list[str], objective: str, where: str) -> Record:
+    if not isinstance(entry, dict):
+        raise DatasetError(f"{where}: an entry must be an object")
+    missing = [k for k in knobs if k not in entry]
+    if missing:
+        raise DatasetError(f"{where}: missing knob(s) {missing}")
+    if objective not in entry:
+        raise DatasetError(f"{where}: missing objective {objective!r}")
+    configuration = {k: entry[k] for k in knobs}
+    invalidity = "correct"
+    time_ms = None
+    compile_ms = None
+    runtimes: list[float] = []
+    times: dict[str, float] = {}
+    measurements: dict[str, Any] = {}
+    for name, value in entry.items():
+        if name in configuration or name == "timestamp":
+            continue
+        if isinstance(value, str) and value in MARKERS:
+            # Kernel Tuner writes the marker into the objective (and sometimes into other
+            # metrics of the same failed run); the objective's marker decides the failure.
+            if name == objective:
+                invalidity = MARKERS[value]
+            continue
+        if name == "time":
+            if not _number(value):
+                raise DatasetError(f"{where}: time must be a number or a failure marker")
+            time_ms = value
+        elif name == "times":
+            if not isinstance(value, list) or not all(_number(v) for v in value):
+                raise DatasetError(f"{where}: 'times' must be a list of numbers")
+            runtimes = value
+        elif name == "compile_time":
+            if not _number(value):
+                raise DatasetError(f"{where}: 'compile_time' must be a number")
+            compile_ms = value
+        elif name in TIMINGS:
+            if not _number(value):
+                raise DatasetError(f"{where}: {name!r} must be a number")
+            times[TIMINGS[name]] = value
+        elif _number(value) or isinstance(value, list):
+            measurements[name] = value
+        else:
+            raise DatasetError(f"{where}: {name!r} has an unexpected value {value!r}")
+    if invalidity == "correct" and objective != "time" and not _number(entry[objective]):
+        raise DatasetError(f"{where}: objective {objective!r} is not a number")
+    try:
+        return Record(
+            configuration=configuration,
+            invalidity=invalidity,  # type: ignore[arg-type]
+            time_ms=time_ms,
+            runtimes_ms=tuple(runtimes),
+            compile_ms=compile_ms,
+            measurements=measurements,
+            times=times,
+            timestamp=entry.get("timestamp"),
+        )
+    except DatasetError as exc:
+        raise DatasetError(f"{where}: {exc}") from None
+
+
+def from_kt_cache_document(document: Any, source: str) -> Dataset:
+    if not isinstance(document, dict):
+        raise DatasetError(f"{source}: a Kernel Tuner cache must be a JSON object")
+    missing = [k for k in (*HEADER, "cache") if k not in document]
+    if missing:
+        raise DatasetError(f"{source}: not a Kernel Tuner cache (missing {', '.join(missing)})")
+    knobs = document["tune_params_keys"]
+    if not isinstance(knobs, list) or not knobs or not all(isinstance(k, str) for k in knobs):
+        raise DatasetError(f"{source}: 'tune_params_keys' must be a non-empty list of names")
+    objective = document.get("objective", "time")
+    if not isinstance(objective, str):
+        raise DatasetError(f"{source}: 'objective' must be a name")
+    cache = document["cache"]
+    if not isinstance(cache, dict):
+        raise DatasetError(f"{source}: 'cache' must be an object")
+    records = [
+        _entry_record(entry, knobs, objective, f"{source}: cache[{key!r}]")
+        for key, entry in cache.items()
+    ]
+    header = {k: document[k] for k in document if k != "cache"}
+    metadata = {"device_name": document["device_name"], "kernel_tuner": header}
+    try:
+        return Dataset(
+            records,
+            knobs=knobs,
+            objective=objective,
+            metadata=metadata,
+            source=source,
+            format="kt-cache",
+        )
+    except DatasetError as exc:
+        raise DatasetError(f"{source}: {exc}") from None
+
+
+def read_kt_cache(path: str | Path, *, allow_open: bool = False) -> Dataset:
+    """Read a Kernel Tuner cache file; DatasetError if it is not one (or is truncated)."""
+    source = str(path)
+    text = read_text(path)
+    if allow_open:
+        text = close_open_cache(text)
+    return from_kt_cache_document(parse_json(text, source), source)

@@ -1,0 +1,166 @@
+"""pipetune's own datasets: schedules (the 7 knobs) -> measurements, with the workload, GPU
+and runner that produced them.
+
+Units: a :class:`~model.trials.MeasureResult` is in microseconds, a record in milliseconds
+(the T4 unit). The conversion is a division by 1000 one way and a multiplication the other,
+so a MeasureResult that goes into a file comes back equal to within one unit in the last
+place; a *dataset* written and read back is identical.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from pydantic import ValidationError
+
+from model.hardware import GPUSpec, HardwareError, resolve_gpu_key
+from model.space import KNOB_NAMES, Schedule, ScheduleError
+from model.trials import MeasureResult
+from model.workloads import AnyWorkload, WorkloadError, parse_workload
+from workers.datasets.records import INVALIDITY_OF_STATUS, Dataset, DatasetError, Record
+
+FORMAT_VERSION = 1
+# MeasureResult fields kept as named T4 measurements (when not None).
+MEASUREMENT_FIELDS = ("spread", "registers", "spill_bytes", "smem_bytes", "max_abs_error")
+
+
+def now_timestamp() -> str:
+    """The time in the benchmark hub's format: ``2023-12-22 09:54:05.502007+00:00``."""
+    return str(dt.datetime.now(dt.UTC))
+
+
+def record_from_result(
+    schedule: Schedule, result: MeasureResult, timestamp: str | None = None
+) -> Record:
+    return Record(
+        configuration=schedule.as_dict(),
+        invalidity=INVALIDITY_OF_STATUS[result.status],  # type: ignore[arg-type]
+        time_ms=None if result.latency_us is None else result.latency_us / 1e3,
+        runtimes_ms=tuple(s / 1e3 for s in result.samples_us),
+        compile_ms=result.compile_ms,
+        status=result.status,
+        error=result.error,
+        measurements={
+            name: getattr(result, name)
+            for name in MEASUREMENT_FIELDS
+            if getattr(result, name) is not None
+        },
+        timestamp=timestamp,
+    )
+
+
+def result_from_record(record: Record, runner: str | None) -> MeasureResult:
+    """The MeasureResult a record stands for (times back in microseconds)."""
+    extra = {k: v for k, v in record.measurements.items() if k in MEASUREMENT_FIELDS}
+    samples = [s * 1e3 for s in record.runtimes_ms]
+    if "spread" not in extra and record.valid:
+        # A record with no spread of its own (one sample, or a foreign file) has spread 0,
+        # as the MeasureResult contract says of replayed single samples.
+        extra["spread"] = 0.0
+    try:
+        return MeasureResult(
+            status=record.trial_status,  # type: ignore[arg-type]
+            latency_us=None if record.time_ms is None else record.time_ms * 1e3,
+            samples_us=samples,
+            compile_ms=record.compile_ms,
+            error=record.error,
+            runner=runner,
+            **extra,
+        )
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        field = ".".join(str(p) for p in first["loc"])
+        raise DatasetError(f"record {record.configuration}: {field}: {first['msg']}") from None
+
+
+def pipetune_metadata(
+    workload: AnyWorkload,
+    gpu: GPUSpec,
+    runner: str,
+    *,
+    device_name: str | None = None,
+    settings: Mapping[str, Any] | None = None,
+) -> dict[str, Any]:
+    return {
+        "format": FORMAT_VERSION,
+        "workload": workload.canonical(),
+        "workload_hash": workload.workload_hash,
+        "workload_label": workload.label(),
+        "gpu": gpu.key,
+        "gpu_name": gpu.name,
+        "arch": gpu.arch,
+        "hardware_profile": gpu.profile,
+        "device_name": device_name,
+        "runner": runner,
+        "knobs": list(KNOB_NAMES),
+        "statistic": "median",
+        "settings": dict(settings or {}),
+    }
+
+
+def dataset_from_results(
+    workload: AnyWorkload,
+    gpu: GPUSpec,
+    schedules: Sequence[Schedule],
+    results: Sequence[MeasureResult],
+    *,
+    runner: str,
+    device_name: str | None = None,
+    settings: Mapping[str, Any] | None = None,
+    timestamps: Sequence[str] | str | None = None,
+) -> Dataset:
+    """A pipetune dataset from one sweep's schedules and their results (same order)."""
+    if len(schedules) != len(results):
+        raise ValueError(f"{len(schedules)} schedules but {len(results)} results")
+    if timestamps is None or isinstance(timestamps, str):
+        timestamps = [timestamps or now_timestamp()] * len(schedules)
+    records = [
+        record_from_result(s, r, t) for s, r, t in zip(schedules, results, timestamps, strict=True)
+    ]
+    metadata = {
+        "pipetune": pipetune_metadata(
+            workload, gpu, runner, device_name=device_name, settings=settings
+        )
+    }
+    return Dataset(records, knobs=KNOB_NAMES, metadata=metadata, format="t4")
+
+
+class PipetuneInfo:
+    """The validated pipetune provenance of a dataset."""
+
+    def __init__(self, dataset: Dataset):
+        meta = dataset.metadata.get("pipetune")
+        where = dataset.name
+        if not isinstance(meta, dict):
+            raise DatasetError(f"{where}: not a pipetune dataset (no pipetune metadata)")
+        if dataset.knobs != KNOB_NAMES:
+            raise DatasetError(
+                f"{where}: knobs {list(dataset.knobs)} are not pipetune's schedule knobs"
+            )
+        try:
+            self.workload = parse_workload(meta.get("workload"))
+            self.gpu = resolve_gpu_key(str(meta.get("gpu")))
+        except (WorkloadError, HardwareError) as exc:
+            raise DatasetError(f"{where}: pipetune metadata: {exc}") from None
+        self.runner = meta.get("runner")
+        self.device_name = meta.get("device_name")
+        self.gpu_name = meta.get("gpu_name")
+        self.metadata = meta
+
+
+def check_pipetune(dataset: Dataset) -> PipetuneInfo:
+    """Check that a dataset is a usable pipetune dataset: provenance parses, every
+    configuration is a schedule, every record converts to a MeasureResult."""
+    info = PipetuneInfo(dataset)
+    for record in dataset.records:
+        try:
+            Schedule.from_dict(dict(record.configuration))
+        except ScheduleError as exc:
+            raise DatasetError(f"{dataset.name}: {exc}") from None
+        try:
+            result_from_record(record, info.runner)
+        except DatasetError as exc:
+            raise DatasetError(f"{dataset.name}: {exc}") from None
+    return info

@@ -1,0 +1,263 @@
+"""A recorded search space: one record per configuration, in the T4 results vocabulary.
+
+A :class:`Dataset` holds *generic* configurations (knob name -> value), so that it can carry
+pipetune's own sweeps (the 7 schedule knobs) and spaces recorded by other tuners (Kernel
+Tuner caches and T4 files, with their own knobs) alike. Times are kept in milliseconds, the
+unit of the files, so that a dataset written and read back is identical bit for bit.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal, get_args
+
+import numpy as np
+
+from model.trials import TrialStatus
+
+Invalidity = Literal["correct", "compile", "runtime", "correctness", "timeout", "constraints"]
+INVALIDITIES: frozenset[str] = frozenset(get_args(Invalidity))
+TRIAL_STATUSES: frozenset[str] = frozenset(get_args(TrialStatus))
+
+# pipetune's trial status -> the T4 invalidity it is recorded as. A launch failure is a
+# runtime failure to T4 (the kernel was built, running it failed).
+INVALIDITY_OF_STATUS: dict[str, str] = {
+    "ok": "correct",
+    "compile_error": "compile",
+    "launch_error": "runtime",
+    "runtime_error": "runtime",
+    "wrong_result": "correctness",
+    "timeout": "timeout",
+}
+# The reverse, for records that do not name a pipetune status (foreign files). Kernel
+# Tuner's "constraints" (InvalidConfig) is a configuration rejected before any kernel was
+# built; the nearest pipetune status is compile_error.
+STATUS_OF_INVALIDITY: dict[str, str] = {
+    "correct": "ok",
+    "compile": "compile_error",
+    "runtime": "runtime_error",
+    "correctness": "wrong_result",
+    "timeout": "timeout",
+    "constraints": "compile_error",
+}
+
+Scalar = int | float | str | bool | None
+
+
+class DatasetError(ValueError):
+    """A dataset file that cannot be read (corrupt, truncated, wrong schema) or used."""
+
+
+def _finite(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def _check_number(what: str, value: Any, *, positive: bool = False) -> None:
+    if not _finite(value):
+        raise DatasetError(f"{what} must be a finite number, got {value!r}")
+    if positive and value <= 0:
+        raise DatasetError(f"{what} must be positive, got {value!r}")
+    if not positive and value < 0:
+        raise DatasetError(f"{what} must not be negative, got {value!r}")
+
+
+def _freeze(value: Any) -> Any:
+    """Lists become tuples so that records compare equal after a JSON round trip."""
+    if isinstance(value, list | tuple):
+        return tuple(_freeze(v) for v in value)
+    return value
+
+
+@dataclass(frozen=True)
+class Record:
+    """One configuration's measurement.
+
+    ``time_ms`` is the objective "time" (for pipetune sweeps the median of the repeats; for
+    Kernel Tuner files their mean); ``runtimes_ms`` the individual repeats. ``status`` is
+    pipetune's trial status when the record names one, else None (then it follows from
+    ``invalidity``, see :attr:`trial_status`). ``measurements`` holds every other named
+    measurement (spread, registers, GFLOP/s, ...), ``times`` every other timing of the T4
+    ``times`` object (framework, search_algorithm, validation, ...), both in file order.
+    """
+
+    configuration: Mapping[str, Scalar]
+    invalidity: Invalidity = "correct"
+    time_ms: float | None = None
+    runtimes_ms: tuple[float, ...] = ()
+    compile_ms: float | None = None
+    status: TrialStatus | None = None
+    error: str | None = None
+    measurements: Mapping[str, Any] = field(default_factory=dict)
+    times: Mapping[str, float] = field(default_factory=dict)
+    timestamp: str | None = None
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.configuration, Mapping) or not self.configuration:
+            raise DatasetError("a configuration must be a non-empty object of knob values")
+        for knob, value in self.configuration.items():
+            if not isinstance(knob, str):
+                raise DatasetError(f"knob names must be strings, got {knob!r}")
+            if not (value is None or isinstance(value, str | bool | int | float)):
+                raise DatasetError(f"knob {knob!r} must have a scalar value, got {value!r}")
+            if isinstance(value, float) and not math.isfinite(value):
+                raise DatasetError(f"knob {knob!r} has a non-finite value {value!r}")
+        if self.invalidity not in INVALIDITIES:
+            raise DatasetError(
+                f"invalidity must be one of {sorted(INVALIDITIES)}, got {self.invalidity!r}"
+            )
+        if self.time_ms is not None:
+            _check_number("time", self.time_ms, positive=True)
+        elif self.invalidity == "correct":
+            raise DatasetError("a valid ('correct') record needs a time")
+        for sample in self.runtimes_ms:
+            _check_number("a runtime sample", sample)
+        if self.compile_ms is not None:
+            _check_number("compile time", self.compile_ms)
+        for name, value in self.times.items():
+            _check_number(f"time {name!r}", value)
+        if self.status is not None:
+            if not isinstance(self.status, str) or self.status not in TRIAL_STATUSES:
+                raise DatasetError(f"unknown trial status {self.status!r}")
+            if INVALIDITY_OF_STATUS[self.status] != self.invalidity:
+                raise DatasetError(
+                    f"status {self.status!r} contradicts invalidity {self.invalidity!r}"
+                )
+        if self.error is not None and not isinstance(self.error, str):
+            raise DatasetError(f"an error must be a string, got {self.error!r}")
+        if self.timestamp is not None and not isinstance(self.timestamp, str):
+            raise DatasetError(f"a timestamp must be a string, got {self.timestamp!r}")
+        reserved = {"time", "status", "error"} & set(self.measurements)
+        if reserved:
+            raise DatasetError(f"measurement(s) {sorted(reserved)} have their own fields")
+        for name, value in self.measurements.items():
+            if isinstance(value, float) and not math.isfinite(value):
+                raise DatasetError(f"measurement {name!r} is not finite: {value!r}")
+        # Normalise containers: dicts (copied, so the caller's cannot change us) and tuples.
+        object.__setattr__(self, "configuration", dict(self.configuration))
+        object.__setattr__(self, "runtimes_ms", tuple(self.runtimes_ms))
+        object.__setattr__(
+            self, "measurements", {k: _freeze(v) for k, v in self.measurements.items()}
+        )
+        object.__setattr__(self, "times", dict(self.times))
+
+    @property
+    def valid(self) -> bool:
+        return self.invalidity == "correct"
+
+    @property
+    def trial_status(self) -> str:
+        """pipetune's status: the recorded one, else the one the T4 invalidity implies."""
+        return self.status or STATUS_OF_INVALIDITY[self.invalidity]
+
+
+class Dataset:
+    """Records of one search space (one kernel/workload on one device), one per configuration.
+
+    ``knobs`` orders the configuration keys; every record has exactly those keys, and no
+    configuration appears twice (a dataset answers "what did this configuration measure").
+    ``objective`` is the file's objective name (pipetune and the benchmark hub: "time");
+    whatever it is, :meth:`times_ms` and :meth:`best` rank by the recorded time.
+    ``metadata`` is the file's metadata (pipetune's under the "pipetune" key, Kernel Tuner's
+    cache header under "kernel_tuner"); ``source`` the path it was read from, if any.
+    """
+
+    def __init__(
+        self,
+        records: Sequence[Record],
+        *,
+        knobs: Sequence[str] | None = None,
+        objective: str = "time",
+        metadata: Mapping[str, Any] | None = None,
+        source: str | None = None,
+        format: str = "t4",
+    ):
+        self.records: tuple[Record, ...] = tuple(records)
+        if knobs is None:
+            knobs = list(self.records[0].configuration) if self.records else []
+        self.knobs: tuple[str, ...] = tuple(knobs)
+        self.objective = objective
+        self.metadata: dict[str, Any] = dict(metadata or {})
+        self.source = source
+        self.format = format
+        self._index: dict[tuple, int] = {}
+        expected = set(self.knobs)
+        for i, record in enumerate(self.records):
+            if set(record.configuration) != expected:
+                raise DatasetError(
+                    f"record {i} has knobs {sorted(record.configuration)}, "
+                    f"the dataset has {sorted(expected)}"
+                )
+            key = self._key(record.configuration)
+            if key in self._index:
+                raise DatasetError(
+                    f"configuration {dict(record.configuration)} appears twice "
+                    f"(records {self._index[key]} and {i})"
+                )
+            self._index[key] = i
+
+    def _key(self, configuration: Mapping[str, Any]) -> tuple:
+        # Knob values are hashed by type as well as value: 1 and True and 1.0 differ here.
+        return tuple((type(configuration[k]).__name__, configuration[k]) for k in self.knobs)
+
+    def __len__(self) -> int:
+        return len(self.records)
+
+    def __iter__(self) -> Iterator[Record]:
+        return iter(self.records)
+
+    def __getitem__(self, i: int) -> Record:
+        return self.records[i]
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, Dataset):
+            return NotImplemented
+        return (
+            self.records == other.records
+            and self.knobs == other.knobs
+            and self.objective == other.objective
+            and self.metadata == other.metadata
+        )
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def __repr__(self) -> str:
+        where = f" from {self.source}" if self.source else ""
+        return f"<Dataset {self.format} {len(self)} configurations{where}>"
+
+    @property
+    def name(self) -> str:
+        return self.source or "<in-memory dataset>"
+
+    def lookup(self, configuration: Mapping[str, Any]) -> Record | None:
+        """The record of a configuration, or None if it was not recorded."""
+        if set(configuration) != set(self.knobs):
+            return None
+        i = self._index.get(self._key(configuration))
+        return None if i is None else self.records[i]
+
+    def configurations(self) -> list[dict[str, Scalar]]:
+        return [dict(r.configuration) for r in self.records]
+
+    def valid_mask(self) -> np.ndarray:
+        return np.fromiter((r.valid for r in self.records), dtype=bool, count=len(self))
+
+    def times_ms(self) -> np.ndarray:
+        """The "time" of every record in milliseconds (NaN where the configuration failed)."""
+        return np.array(
+            [r.time_ms if r.valid and r.time_ms is not None else np.nan for r in self.records],
+            dtype=np.float64,
+        )
+
+    def failures(self) -> dict[str, int]:
+        """Failed records counted by T4 invalidity."""
+        return dict(Counter(r.invalidity for r in self.records if not r.valid))
+
+    def best(self) -> Record | None:
+        """The valid record with the lowest time; None if no configuration succeeded."""
+        times = self.times_ms()
+        if not np.isfinite(times).any():
+            return None
+        return self.records[int(np.nanargmin(times))]

@@ -1,0 +1,244 @@
+"""The T4 autotuning results format (schema 1.0.0), as Kernel Tuner and the benchmark hub
+write it.
+
+Document::
+
+    {"metadata": {"timeunit": "miliseconds", ...},
+     "results": [
+        {"timestamp": "2023-12-22 09:54:05.502007+00:00",
+         "configuration": {knob: value, ...},
+         "times": {"compilation": ms, "framework": ms, "search_algorithm": ms,
+                   "validation": ms, "runtimes": [ms, ...]},
+         "invalidity": "correct" | "compile" | "runtime" | "correctness" | "timeout"
+                       | "constraints",
+         "correctness": 1 | 0,
+         "measurements": [{"name": "time", "value": ms | "RuntimeFailedConfig", "unit": ...}],
+         "objectives": ["time"]}, ...],
+     "schema_version": "1.0.0"}
+
+``configuration``, ``times``, ``invalidity`` and ``correctness`` are required by the schema.
+A failed configuration has a Kernel Tuner failure marker as its time value and no runtimes.
+"timeunit" is spelt "miliseconds" because the benchmark hub's files spell it so; reading
+accepts that, "milliseconds" and "ms".
+
+pipetune adds, all allowed by the schema: its provenance under ``metadata["pipetune"]``
+(workload, GPU key and name, device name, runner, measurement settings) and, per result,
+the measurements "status" (pipetune's trial status, finer than T4's invalidity: a launch
+error and a runtime error are both "runtime" to T4), "error" (the failure message),
+"spread", "registers", "spill_bytes", "smem_bytes" and "max_abs_error" when known. The time
+measurement is the median of the repeats (Kernel Tuner writes the mean).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from workers.datasets.files import dumps, parse_json, read_text, write_atomic
+from workers.datasets.pipetune import check_pipetune
+from workers.datasets.records import INVALIDITIES, Dataset, DatasetError, Record
+
+SCHEMA_VERSION = "1.0.0"
+TIMEUNIT = "miliseconds"  # the benchmark hub's spelling, kept for byte-level compatibility
+_MS_UNITS = {"miliseconds", "milliseconds", "ms"}
+# Kernel Tuner's string markers for a failed configuration's objective.
+FAILURE_MARKERS = {
+    "compile": "CompilationFailedConfig",
+    "constraints": "InvalidConfig",
+}
+RUNTIME_MARKER = "RuntimeFailedConfig"
+TIME_UNITS = {"": 1.0, "ms": 1.0, "s": 1e3, "us": 1e-3}
+
+
+def _unit_of(name: str) -> str:
+    return "B" if name.endswith("_bytes") else ""
+
+
+# --- writing -------------------------------------------------------------------------
+
+
+def record_to_t4(record: Record, objective: str = "time") -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    if record.timestamp is not None:
+        out["timestamp"] = record.timestamp
+    out["configuration"] = dict(record.configuration)
+    times: dict[str, Any] = {}
+    if record.compile_ms is not None:
+        times["compilation"] = record.compile_ms
+    times.update(record.times)
+    if record.runtimes_ms:
+        times["runtimes"] = list(record.runtimes_ms)
+    out["times"] = times
+    out["invalidity"] = record.invalidity
+    out["correctness"] = 1 if record.valid else 0
+    time_value: Any = record.time_ms
+    if time_value is None:
+        time_value = FAILURE_MARKERS.get(record.invalidity, RUNTIME_MARKER)
+    measurements = [{"name": "time", "value": time_value, "unit": "ms"}]
+    if record.status is not None:
+        measurements.append({"name": "status", "value": record.status, "unit": ""})
+    if record.error is not None:
+        measurements.append({"name": "error", "value": record.error, "unit": ""})
+    for name, value in record.measurements.items():
+        if isinstance(value, tuple):
+            value = list(value)
+        measurements.append({"name": name, "value": value, "unit": _unit_of(name)})
+    out["measurements"] = measurements
+    out["objectives"] = [objective]
+    return out
+
+
+def to_t4_document(dataset: Dataset) -> dict[str, Any]:
+    metadata = {"timeunit": TIMEUNIT}
+    metadata.update((k, v) for k, v in dataset.metadata.items() if k != "timeunit")
+    return {
+        "metadata": metadata,
+        "results": [record_to_t4(r, dataset.objective) for r in dataset.records],
+        "schema_version": SCHEMA_VERSION,
+    }
+
+
+def write_t4(dataset: Dataset, path: str | Path) -> Path:
+    """Write the dataset as a T4 file (gzipped when the name ends in .gz), atomically."""
+    return write_atomic(path, dumps(to_t4_document(dataset)))
+
+
+# --- reading -------------------------------------------------------------------------
+
+
+def _number(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)
+
+
+def record_from_t4(item: Any, where: str) -> tuple[Record, list[str] | None]:
+    """One result object -> (Record, its objectives list or None)."""
+    if not isinstance(item, dict):
+        raise DatasetError(f"{where}: a result must be an object")
+    for required in ("configuration", "times", "invalidity", "correctness"):
+        if required not in item:
+            raise DatasetError(f"{where}: missing required field {required!r}")
+    configuration = item["configuration"]
+    if not isinstance(configuration, dict):
+        raise DatasetError(f"{where}: 'configuration' must be an object")
+    invalidity = item["invalidity"]
+    if invalidity not in INVALIDITIES:
+        raise DatasetError(f"{where}: unknown invalidity {invalidity!r}")
+    if not _number(item["correctness"]):
+        raise DatasetError(f"{where}: 'correctness' must be a number")
+    times = item["times"]
+    if not isinstance(times, dict):
+        raise DatasetError(f"{where}: 'times' must be an object")
+    compile_ms = None
+    runtimes: list[float] = []
+    other_times: dict[str, float] = {}
+    for name, value in times.items():
+        if name == "runtimes":
+            if not isinstance(value, list) or not all(_number(v) for v in value):
+                raise DatasetError(f"{where}: 'times.runtimes' must be a list of numbers")
+            runtimes = value
+        elif not _number(value):
+            raise DatasetError(f"{where}: 'times.{name}' must be a number, got {value!r}")
+        elif name == "compilation":
+            compile_ms = value
+        else:
+            other_times[name] = value
+
+    time_ms = None
+    status = error = None
+    measurements: dict[str, Any] = {}
+    items = item.get("measurements", [])
+    if not isinstance(items, list):
+        raise DatasetError(f"{where}: 'measurements' must be a list")
+    seen: set[str] = set()
+    for m in items:
+        if not isinstance(m, dict) or not isinstance(m.get("name"), str) or "value" not in m:
+            raise DatasetError(f"{where}: a measurement must be an object with name and value")
+        name, value, unit = m["name"], m["value"], m.get("unit", "")
+        if name in seen:
+            raise DatasetError(f"{where}: measurement {name!r} appears twice")
+        seen.add(name)
+        if name == "time":
+            if isinstance(value, str):
+                continue  # a failure marker: the invalidity says which failure
+            if not _number(value) or unit not in TIME_UNITS:
+                raise DatasetError(f"{where}: time must be a number in ms, got {value!r} {unit!r}")
+            # Only foreign units are scaled: ms values are kept as written (lossless).
+            time_ms = value if TIME_UNITS[unit] == 1.0 else value * TIME_UNITS[unit]
+        elif name == "status":
+            status = value
+        elif name == "error":
+            error = value
+        else:
+            if not (_number(value) or isinstance(value, str | list)):
+                raise DatasetError(f"{where}: measurement {name!r} has a {type(value).__name__}")
+            measurements[name] = value
+    objectives = item.get("objectives")
+    if objectives is not None and (
+        not isinstance(objectives, list) or not all(isinstance(o, str) for o in objectives)
+    ):
+        raise DatasetError(f"{where}: 'objectives' must be a list of names")
+    try:
+        record = Record(
+            configuration=configuration,
+            invalidity=invalidity,
+            time_ms=time_ms,
+            runtimes_ms=tuple(runtimes),
+            compile_ms=compile_ms,
+            status=status,
+            error=error,
+            measurements=measurements,
+            times=other_times,
+            timestamp=item.get("timestamp"),
+        )
+    except DatasetError as exc:
+        raise DatasetError(f"{where}: {exc}") from None
+    return record, objectives
+
+
+def from_t4_document(document: Any, source: str) -> Dataset:
+    if not isinstance(document, dict):
+        raise DatasetError(f"{source}: a T4 document must be a JSON object")
+    version = document.get("schema_version")
+    if not isinstance(version, str) or version.split(".")[0] != "1":
+        raise DatasetError(f"{source}: unsupported T4 schema_version {version!r} (reads 1.x.y)")
+    results = document.get("results")
+    if not isinstance(results, list):
+        raise DatasetError(f"{source}: a T4 document needs a 'results' list")
+    metadata = document.get("metadata", {})
+    if not isinstance(metadata, dict):
+        raise DatasetError(f"{source}: 'metadata' must be an object")
+    metadata = dict(metadata)
+    unit = metadata.pop("timeunit", TIMEUNIT)
+    if unit not in _MS_UNITS:
+        raise DatasetError(f"{source}: unsupported timeunit {unit!r} (reads milliseconds)")
+    records = []
+    objective = None
+    for i, item in enumerate(results):
+        record, objectives = record_from_t4(item, f"{source}: results[{i}]")
+        if objectives:
+            if objective is None:
+                objective = objectives[0]
+            elif objectives[0] != objective:
+                raise DatasetError(
+                    f"{source}: results[{i}] has objective {objectives[0]!r}, "
+                    f"earlier results {objective!r}"
+                )
+        records.append(record)
+    try:
+        dataset = Dataset(
+            records, objective=objective or "time", metadata=metadata, source=source, format="t4"
+        )
+    except DatasetError as exc:
+        raise DatasetError(f"{source}: {exc}") from None
+    if "pipetune" in metadata:
+        # A pipetune sweep: its schedules and measurement records must be usable too, so
+        # that a replay never meets a malformed record mid-way.
+        check_pipetune(dataset)
+    return dataset
+
+
+def read_t4(path: str | Path) -> Dataset:
+    """Read a T4 results file (gzipped or plain); DatasetError if it is not one, or if it
+    carries pipetune metadata but is not a usable pipetune dataset."""
+    source = str(path)
+    return from_t4_document(parse_json(read_text(path), source), source)

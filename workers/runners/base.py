@@ -1,0 +1,130 @@
+"""The runner interface: measure schedules of one workload, return one result per schedule.
+
+A runner answers per-schedule failures as results (compile_error, wrong_result, ...) and
+raises only when it cannot answer at all (closed, unavailable, a schedule it has no record
+of). Every result names the runner that produced it in ``MeasureResult.runner``.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass
+from types import TracebackType
+from typing import Any, Self
+
+import numpy as np
+
+from model.space import Schedule
+from model.trials import MeasureResult
+from model.workloads import AnyWorkload
+
+# progress(done, total): called as work completes, for progress bars.
+Progress = Callable[[int, int], None]
+
+
+class RunnerError(RuntimeError):
+    """The runner cannot answer (as opposed to a schedule that failed, which is a result)."""
+
+
+class RunnerUnavailableError(RunnerError):
+    """The runner cannot run here (no GPU, no CuPy, no code generator)."""
+
+
+class RunnerClosedError(RunnerError):
+    """measure() after close()."""
+
+
+@dataclass(frozen=True)
+class MeasureSettings:
+    """How one schedule is timed. Kept in every dataset's metadata.
+
+    warmup: untimed launches before the repeats (clocks up, instruction cache warm);
+    repeats: timed launches, each after an L2 flush, CUDA events around each;
+    seed: inputs are random fp16 in [-1, 1) from this seed (numpy PCG64).
+    """
+
+    warmup: int = 3
+    repeats: int = 30
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if self.warmup < 0 or self.repeats < 1:
+            raise ValueError("warmup must be >= 0 and repeats >= 1")
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def summarise(samples: Sequence[float]) -> tuple[float, float]:
+    """(median, spread) of timed repeats; spread = (p90 - p10) / median (0 for one sample)."""
+    values = np.asarray(samples, dtype=np.float64)
+    if values.size == 0:
+        raise ValueError("no samples")
+    median = float(np.median(values))
+    if values.size == 1:
+        return median, 0.0
+    p10, p90 = np.percentile(values, [10, 90])
+    return median, float((p90 - p10) / median)
+
+
+class Runner(ABC):
+    """Measures schedules. Use as a context manager, or call close()."""
+
+    name: str = "runner"
+
+    def __init__(self) -> None:
+        self._closed = False
+
+    @abstractmethod
+    def _measure(self, workload: AnyWorkload, schedules: list[Schedule]) -> list[MeasureResult]:
+        """One result per schedule, in order (the schedule list is non-empty)."""
+
+    def measure(self, workload: AnyWorkload, schedules: Sequence[Schedule]) -> list[MeasureResult]:
+        if self._closed:
+            raise RunnerClosedError(f"the {self.name} runner is closed")
+        schedules = list(schedules)
+        if not schedules:
+            return []
+        results = self._measure(workload, schedules)
+        if len(results) != len(schedules):  # pragma: no cover - a runner bug
+            raise RunnerError(f"{self.name}: {len(results)} results for {len(schedules)} schedules")
+        return results
+
+    def prepare(
+        self,
+        workload: AnyWorkload,
+        schedules: Sequence[Schedule],
+        progress: Progress | None = None,
+    ) -> None:
+        """Do ahead what measure() would do first (the cupy runner compiles); optional."""
+        if progress is not None:
+            progress(len(schedules), len(schedules))
+
+    @property
+    def device_name(self) -> str | None:
+        """The device measured on, if the runner has one."""
+        return None
+
+    @property
+    def settings(self) -> dict[str, Any]:
+        """What a dataset should record about how this runner measured."""
+        return {}
+
+    def close(self) -> None:
+        self._closed = True
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()

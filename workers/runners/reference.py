@@ -1,0 +1,156 @@
+"""Inputs, reference results and the fp16 tolerance for verifying a kernel's output.
+
+Written against an array module ``xp`` (CuPy on the GPU, numpy in the tests) so that the
+same code that checks kernels on the GPU is tested here on the CPU.
+
+Reference: the kernel computes C = A·B from fp16 inputs with fp32 accumulation and stores
+C in fp16. The reference computes the same product in fp32 from the same fp16 inputs
+(``xp.matmul``, cuBLAS on the GPU); a convolution is first lowered to its implicit GEMM by
+an explicit im2col of the NHWC (NDHWC) input against the KRSC (KTRSC) filter.
+
+Tolerance, per output element (u16 = 2^-11, u32 = 2^-24 the unit roundoffs)::
+
+    |C - ref| <= 2·u16·|ref|  +  8·sqrt(K)·u32·(|A|·|B|)  +  2^-14
+
+- 2·u16·|ref|: C is rounded to fp16 once (u16·|ref|); twice that leaves room for the
+  reference's own rounding and tensor cores' truncating adds;
+- 8·sqrt(K)·u32·(|A|·|B|): fp32 accumulation in a different order than cuBLAS. sqrt(K)
+  is the probabilistic bound on rounding errors over K terms (Higham & Mary, 2019), 8 the
+  margin; the worst-case bound K·u32 would let real indexing bugs through at large K;
+- 2^-14 (fp16's smallest normal) for outputs near zero.
+
+With inputs uniform in [-1, 1) the typical tolerance is ~0.002 at K = 64 and ~0.2 at
+K = 13824 (the largest ALCOP operator), while a kernel that drops or repeats one K tile errs
+by ~sqrt(BK)/3 (1 to 4) on every output; a correct kernel stays under half the tolerance
+(tests/test_runners_cupy.py emulates both).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+
+from model.workloads import AnyWorkload, Bmm, Conv2d, Conv3d, Gemm
+
+U16 = 2.0**-11
+U32 = 2.0**-24
+ACCUMULATION_MARGIN = 8.0
+FLOOR = 2.0**-14
+CHUNK_ELEMENTS = 1 << 26  # rows·K of one reference chunk: bounds the im2col copy (256 MB)
+TOLERANCE_TEXT = "|C-ref| <= 2*2^-11*|ref| + 8*sqrt(K)*2^-24*(|A|@|B|) + 2^-14 (fp32 reference)"
+
+
+def operand_shapes(workload: AnyWorkload) -> tuple[tuple[int, ...], ...]:
+    """Shapes of A, B and C as the kernels take them (row-major)."""
+    w = workload
+    if isinstance(w, Gemm):
+        b = (w.k, w.n) if w.b_layout == "kn" else (w.n, w.k)
+        return (w.m, w.k), b, (w.m, w.n)
+    if isinstance(w, Bmm):
+        return (w.b, w.m, w.k), (w.b, w.k, w.n), (w.b, w.m, w.n)
+    if isinstance(w, Conv2d):
+        p, q = w.out_hw
+        return (w.n, w.h, w.w, w.c), (w.k, w.r, w.s, w.c), (w.n, p, q, w.k)
+    if isinstance(w, Conv3d):
+        o, p, q = w.out_dhw
+        return (w.n, w.d, w.h, w.w, w.c), (w.k, w.t, w.r, w.s, w.c), (w.n, o, p, q, w.k)
+    raise TypeError(f"unsupported workload {type(w).__name__}")
+
+
+def make_inputs(workload: AnyWorkload, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """A and B: fp16, uniform in [-1, 1), from numpy's PCG64 with this seed (host arrays,
+    so the inputs are the same whatever the GPU or CuPy version)."""
+    rng = np.random.default_rng(seed)
+    shape_a, shape_b, _ = operand_shapes(workload)
+    a = (rng.random(shape_a, dtype=np.float32) * 2 - 1).astype(np.float16)
+    b = (rng.random(shape_b, dtype=np.float32) * 2 - 1).astype(np.float16)
+    return a, b
+
+
+def _windows(xp: Any, x: Any, filt: tuple[int, ...], out: tuple[int, ...], stride: int, pad: int):
+    """im2col of a channels-last batch x (n, *spatial, C): rows (n·prod(out)), columns
+    (prod(filt)·C) in filter order then channel, as the KRSC filter is laid out."""
+    spatial = len(filt)
+    x = xp.pad(x, [(0, 0)] + [(pad, pad)] * spatial + [(0, 0)])
+    columns = []
+    for offset in np.ndindex(*filt):
+        index = (slice(None),)
+        for o, size in zip(offset, out, strict=True):
+            index += (slice(o, o + stride * (size - 1) + 1, stride),)
+        columns.append(x[index])
+    n, c = x.shape[0], x.shape[-1]
+    cols = xp.stack(columns, axis=1 + spatial)  # (n, *out, prod(filt), C)
+    return cols.reshape(n * math.prod(out), math.prod(filt) * c)
+
+
+def _gemm_chunks(xp: Any, workload: AnyWorkload, a: Any, b: Any):
+    """(row slice of C viewed as (rows, N), A chunk (rows, K) fp32, B (K, N) fp32)."""
+    w = workload
+    f32 = xp.float32
+    if isinstance(w, Gemm):
+        b2 = b.astype(f32) if w.b_layout == "kn" else b.astype(f32).T
+        rows = max(1, CHUNK_ELEMENTS // w.k)
+        for start in range(0, w.m, rows):
+            yield slice(start, min(w.m, start + rows)), a[start : start + rows].astype(f32), b2
+    elif isinstance(w, Bmm):
+        for i in range(w.b):
+            rows = slice(i * w.m, (i + 1) * w.m)
+            yield rows, a[i].astype(f32), b[i].astype(f32)
+    elif isinstance(w, Conv2d | Conv3d):
+        filt = (w.r, w.s) if isinstance(w, Conv2d) else (w.t, w.r, w.s)
+        out = w.out_hw if isinstance(w, Conv2d) else w.out_dhw
+        b2 = b.reshape(w.k, -1).astype(f32).T
+        per_image = math.prod(out)
+        images = max(1, CHUNK_ELEMENTS // (per_image * b2.shape[0]))
+        for start in range(0, w.n, images):
+            stop = min(w.n, start + images)
+            cols = _windows(xp, a[start:stop].astype(f32), filt, out, w.stride, w.pad)
+            yield slice(start * per_image, stop * per_image), cols, b2
+    else:
+        raise TypeError(f"unsupported workload {type(w).__name__}")
+
+
+def reference(xp: Any, workload: AnyWorkload, a: Any, b: Any) -> tuple[Any, Any]:
+    """(ref, tol): the fp32 reference and the per-element tolerance, both shaped like C."""
+    view = workload.gemm_view()
+    rows_total = view.batch * view.m
+    ref = xp.empty((rows_total, view.n), dtype=xp.float32)
+    tol = xp.empty((rows_total, view.n), dtype=xp.float32)
+    accumulation = ACCUMULATION_MARGIN * math.sqrt(view.k) * U32
+    for rows, a2, b2 in _gemm_chunks(xp, workload, a, b):
+        product = xp.matmul(a2, b2)
+        magnitude = xp.matmul(xp.abs(a2), xp.abs(b2))
+        ref[rows] = product
+        tol[rows] = 2 * U16 * xp.abs(product) + accumulation * magnitude + FLOOR
+    shape_c = operand_shapes(workload)[2]
+    return ref.reshape(shape_c), tol.reshape(shape_c)
+
+
+def check(xp: Any, c: Any, ref: Any, tol: Any) -> tuple[bool, float | None, str | None]:
+    """(passed, max |C - ref| or None if C has non-finite values, why it failed)."""
+    values = c.astype(xp.float32)
+    finite = xp.isfinite(values)
+    bad_values = int(values.size - int(xp.count_nonzero(finite)))
+    if bad_values:
+        return (
+            False,
+            None,
+            f"{bad_values} of {values.size} outputs are NaN or infinite "
+            "(NaN: outputs the kernel never wrote)",
+        )
+    diff = xp.abs(values - ref)
+    max_error = float(diff.max())
+    over = int(xp.count_nonzero(diff > tol))
+    if over:
+        worst = int(xp.argmax(diff / tol))  # the element furthest outside its tolerance
+        where = tuple(int(i) for i in np.unravel_index(worst, values.shape))
+        return (
+            False,
+            max_error,
+            f"{over} of {values.size} outputs outside the fp16 tolerance; worst at {where}: "
+            f"|C - ref| = {float(diff.ravel()[worst]):.4g} (ref {float(ref.ravel()[worst]):.4g}, "
+            f"tolerance {float(tol.ravel()[worst]):.4g})",
+        )
+    return True, max_error, None

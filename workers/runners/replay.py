@@ -1,0 +1,87 @@
+"""The replay runner: answers from a recorded pipetune dataset (exact lookup by schedule).
+
+Failed configurations come back with their recorded failure status. A schedule the dataset
+does not hold raises :class:`ScheduleNotInDatasetError`; a dataset recorded for another workload
+or GPU is refused when the runner is built (or when measure() is asked about another
+workload) unless ``ignore_mismatch=True``. Results say ``runner="replay:<recorded runner>"``,
+so a replay of a simulated sweep still reads as simulated.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from model.hardware import GPUSpec, resolve_gpu_key
+from model.space import Schedule
+from model.trials import MeasureResult
+from model.workloads import AnyWorkload
+from workers.datasets import Dataset, check_pipetune, load_dataset, result_from_record
+from workers.runners.base import Runner, RunnerError
+
+
+class ScheduleNotInDatasetError(RunnerError, KeyError):
+    """A schedule the replayed dataset has no record of."""
+
+    def __init__(self, schedule: Schedule, dataset: str):
+        super().__init__(f"schedule {schedule.id} is not in dataset {dataset}")
+        self.schedule = schedule
+        self.dataset = dataset
+
+    def __str__(self) -> str:  # KeyError would quote the message
+        return str(self.args[0])
+
+
+class DatasetMismatchError(RunnerError):
+    """A dataset recorded for another workload or GPU than the one asked about."""
+
+
+class ReplayRunner(Runner):
+    name = "replay"
+
+    def __init__(
+        self,
+        dataset: Dataset | str | Path,
+        *,
+        workload: AnyWorkload | None = None,
+        gpu: GPUSpec | str | None = None,
+        ignore_mismatch: bool = False,
+    ):
+        super().__init__()
+        self.dataset = dataset if isinstance(dataset, Dataset) else load_dataset(dataset)
+        self.info = check_pipetune(self.dataset)
+        self.ignore_mismatch = ignore_mismatch
+        self.label = f"{self.name}:{self.info.runner or 'unknown'}"
+        if workload is not None:
+            self._check_workload(workload)
+        if gpu is not None:
+            key = gpu.key if isinstance(gpu, GPUSpec) else resolve_gpu_key(gpu)
+            if key != self.info.gpu and not ignore_mismatch:
+                raise DatasetMismatchError(
+                    f"dataset {self.dataset.name} was recorded on {self.info.gpu}, not {key}"
+                )
+
+    def _check_workload(self, workload: AnyWorkload) -> None:
+        if workload.canonical() != self.info.workload.canonical() and not self.ignore_mismatch:
+            raise DatasetMismatchError(
+                f"dataset {self.dataset.name} holds {self.info.workload.label()}, "
+                f"not {workload.label()}"
+            )
+
+    @property
+    def device_name(self) -> str | None:
+        return self.info.device_name
+
+    @property
+    def settings(self) -> dict[str, Any]:
+        return {"replayed": self.dataset.name, **self.info.metadata.get("settings", {})}
+
+    def _measure(self, workload: AnyWorkload, schedules: list[Schedule]) -> list[MeasureResult]:
+        self._check_workload(workload)
+        records = []
+        for schedule in schedules:
+            record = self.dataset.lookup(schedule.as_dict())
+            if record is None:
+                raise ScheduleNotInDatasetError(schedule, self.dataset.name)
+            records.append(record)
+        return [result_from_record(r, self.label) for r in records]

@@ -1,0 +1,146 @@
+"""The simulated runner: the analytical model plus stated noise. For demos and CI plumbing
+only: its numbers are the model's, never measurements, and every result says
+``runner="simulated"``.
+
+Noise model (stated): a schedule's latency is ``T_kernel · exp(sigma · z0)`` and its R timed
+samples are that latency times ``exp(repeat_sigma · z_i)``, with z0, z_i standard normal
+drawn from a generator seeded by (seed, workload hash, schedule id), so every answer is
+deterministic. ``T_kernel`` is model.analytical's prediction for the workload on the GPU.
+Schedules outside the GPU's valid space (model.space rules) answer ``launch_error``.
+
+Wall time: a simulated trial takes as long as a real one would, roughly: ``compile_s`` per
+schedule (NVRTC compiling one kernel) plus (warmup + repeats) launches of the predicted
+latency, all multiplied by ``PIPETUNE_SIMULATED_TIME_SCALE`` (default 1; 0 = instant).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+import os
+import time
+from typing import Any
+
+import numpy as np
+
+from model.analytical import evaluate
+from model.hardware import GPUSpec, get_gpu
+from model.space import KNOB_NAMES, Schedule, Space, invalid_reasons
+from model.trials import MeasureResult
+from model.workloads import AnyWorkload
+from workers.runners.base import MeasureSettings, Runner, RunnerError, summarise
+
+TIME_SCALE_ENV = "PIPETUNE_SIMULATED_TIME_SCALE"
+DEFAULT_SIGMA = 0.03
+DEFAULT_REPEAT_SIGMA = 0.01
+DEFAULT_COMPILE_S = 1.0
+
+
+def time_scale_from_env() -> float:
+    raw = os.environ.get(TIME_SCALE_ENV)
+    if raw is None or raw.strip() == "":
+        return 1.0
+    try:
+        value = float(raw)
+    except ValueError:
+        value = math.nan
+    if not math.isfinite(value) or value < 0:
+        raise RunnerError(
+            f"{TIME_SCALE_ENV} must be a non-negative number (1 = real time, 0 = instant), "
+            f"got {raw!r}"
+        )
+    return value
+
+
+def noise_rng(seed: int, workload_hash: str, schedule_id: str) -> np.random.Generator:
+    digest = hashlib.sha256(f"{seed}:{workload_hash}:{schedule_id}".encode()).digest()
+    return np.random.default_rng(int.from_bytes(digest[:16], "little"))
+
+
+class SimulatedRunner(Runner):
+    name = "simulated"
+
+    def __init__(
+        self,
+        gpu: GPUSpec | str = "h100",
+        *,
+        seed: int = 0,
+        sigma: float = DEFAULT_SIGMA,
+        repeat_sigma: float = DEFAULT_REPEAT_SIGMA,
+        settings: MeasureSettings | None = None,
+        compile_s: float = DEFAULT_COMPILE_S,
+        time_scale: float | None = None,
+    ):
+        super().__init__()
+        if sigma < 0 or repeat_sigma < 0 or compile_s < 0:
+            raise ValueError("sigma, repeat_sigma and compile_s must be non-negative")
+        self.gpu = get_gpu(gpu) if isinstance(gpu, str) else gpu
+        self.seed = seed
+        self.sigma = sigma
+        self.repeat_sigma = repeat_sigma
+        self._settings = settings or MeasureSettings(seed=seed)
+        self.compile_s = compile_s
+        self.time_scale = time_scale_from_env() if time_scale is None else float(time_scale)
+        if not math.isfinite(self.time_scale) or self.time_scale < 0:
+            raise RunnerError(f"time_scale must be a non-negative number, got {time_scale!r}")
+
+    @property
+    def settings(self) -> dict[str, Any]:
+        return {
+            **self._settings.as_dict(),
+            "noise": "lognormal",
+            "sigma": self.sigma,
+            "repeat_sigma": self.repeat_sigma,
+            "model": "analytical (ALCOP Table 1)",
+            "noise_seed": self.seed,
+        }
+
+    def _measure(self, workload: AnyWorkload, schedules: list[Schedule]) -> list[MeasureResult]:
+        knobs = {
+            k: np.array([getattr(s, k) for s in schedules], dtype=np.int64) for k in KNOB_NAMES
+        }
+        reasons = invalid_reasons(knobs, workload, self.gpu)
+        bad = np.zeros(len(schedules), dtype=bool)
+        for mask in reasons.values():
+            bad |= mask
+        ok = np.flatnonzero(~bad)
+        t_kernel = np.full(len(schedules), np.nan)
+        if ok.size:
+            space = Space(workload, self.gpu, {k: v[ok] for k, v in knobs.items()})
+            t_kernel[ok] = evaluate(space).T_kernel
+
+        repeats = self._settings.repeats
+        results: list[MeasureResult] = []
+        busy_s = 0.0
+        for i, schedule in enumerate(schedules):
+            busy_s += self.compile_s
+            if bad[i]:
+                why = "; ".join(rule for rule, mask in reasons.items() if mask[i])
+                results.append(
+                    MeasureResult(
+                        status="launch_error",
+                        error=f"simulated: outside the valid space on {self.gpu.key}: {why}",
+                        smem_bytes=schedule.smem_bytes,
+                        runner=self.name,
+                    )
+                )
+                continue
+            rng = noise_rng(self.seed, workload.workload_hash, schedule.id)
+            latency_s = float(t_kernel[i]) * math.exp(self.sigma * rng.standard_normal())
+            samples_s = latency_s * np.exp(self.repeat_sigma * rng.standard_normal(repeats))
+            samples_us = [float(s * 1e6) for s in samples_s]
+            median, spread = summarise(samples_us)
+            busy_s += (self._settings.warmup + repeats) * latency_s
+            results.append(
+                MeasureResult(
+                    status="ok",
+                    latency_us=median,
+                    samples_us=samples_us,
+                    spread=spread,
+                    smem_bytes=schedule.smem_bytes,
+                    runner=self.name,
+                )
+            )
+        if self.time_scale > 0:
+            time.sleep(busy_s * self.time_scale)
+        return results
