@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import typer
 
+from clients.cli import client_cmds, service_cmds, worker_cmds
 from clients.cli.bench_cmds import bench_app
 from clients.cli.dataset_cmds import dataset_app
 from clients.cli.kernel_cmds import kernel_app
@@ -23,6 +24,9 @@ app.add_typer(dataset_app, name="dataset")
 app.command("calibrate")(calibrate)
 app.add_typer(bench_app, name="bench")
 app.add_typer(kernel_app, name="kernel")
+service_cmds.register(app)  # serve, db
+client_cmds.register(app)  # schedule, tune, tasks, curve, tune-model
+worker_cmds.register(app)  # worker
 
 
 def run() -> None:
