@@ -13,8 +13,10 @@ $(STAMP): pyproject.toml
 	$(BIN)/python -m pip install --quiet -e '.[dev,peers]'
 	touch $(STAMP)
 
+# The main job: pipetune serve on SQLite with local workers (cupy when a GPU is present,
+# else simulated), one operator tuned through the CLI, then a clean SIGTERM stop.
 demo: $(STAMP)
-	$(BIN)/pipetune model suite alcop --gpu h100
+	$(BIN)/python -m clients.demo $(DEMO_ARGS)
 
 lint: $(STAMP)
 	$(BIN)/ruff check .

@@ -242,3 +242,37 @@ class ResultAck(_Body):
     accepted: bool  # False: stale lease (expired and re-leased, or cancelled); not counted
     job_state: JobState
     detail: str | None = None
+
+
+# ---- added with the service: listings, errors, health ---------------------------------
+
+
+class WorkerList(_Body):
+    """GET /v1/workers: registered workers, most recent heartbeat first."""
+
+    workers: list[WorkerDoc]
+
+
+class ErrorItem(_Body):
+    """One problem with a request: where (loc), which field, and why."""
+
+    loc: list[str | int]
+    field: str  # the offending field's name, e.g. "k" for a misaligned GEMM K
+    reason: str
+    type: str
+
+
+class ValidationErrorBody(_Body):
+    """Every 422: the first problem's field and reason, then all of them."""
+
+    field: str
+    reason: str
+    detail: list[ErrorItem]
+
+
+class Health(_Body):
+    """GET /healthz."""
+
+    status: Literal["ok"]
+    database: str  # "sqlite" or "postgresql"
+    schema_revision: str

@@ -1,9 +1,499 @@
-"""Placeholder: commands are added by register() as their issue lands."""
+"""Commands that talk to a pipetune service through the SDK (clients.sdk):
+
+    pipetune schedule gemm --m 1024 --n 64 --k 2048 --gpu h100 [--json]
+    pipetune tune gemm --m 1024 --n 64 --k 2048 --gpu h100 --budget 50 --wait [--json]
+    pipetune tasks [--state running] [--json]
+    pipetune curve TASK_ID [--png FILE] [--html FILE] [--json]
+    pipetune tune-model bert-base|gpt2|resnet50 --batch B --seq S --gpu h100 [--budget 16]
+
+Each takes --server (env PIPETUNE_SERVER) and --api-key (env PIPETUNE_API_KEY). Bad input
+exits 2 before anything is sent; see clients.cli.remote for the service's errors.
+"""
 
 from __future__ import annotations
 
+import typing
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
 import typer
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from clients.cli.errors import CliError, reported
+from clients.cli.output import console, print_json
+from clients.cli.remote import (
+    api_key_option,
+    client,
+    connection_parameters,
+    server_option,
+    service_errors,
+)
+from clients.cli.workload_options import add_workload_commands, option
+from model.hardware import gpu_keys, resolve_gpu_key
+from model.space import Schedule
+from model.wire import MAX_BUDGET, Curve, ScheduleDoc, StrategyName, TaskDoc
+from model.workloads import parse_workload
+
+STRATEGIES: tuple[str, ...] = typing.get_args(StrategyName)
+DEFAULT_STRATEGY = "analytical+xgb"
+# Progress goes to stderr so that --json documents on stdout stay machine-readable.
+progress_console = Console(stderr=True)
+
+schedule_app = typer.Typer(help="The best known schedule of a workload (measured, else model).")
+tune_app = typer.Typer(help="Start a tuning task for a workload on the service's GPU workers.")
+
+_GPU = option("gpu", str, "h100", help=f"GPU: {', '.join(gpu_keys())}")
+_JSON = option("as_json", bool, False, "--json", help="print one JSON document")
+
+
+# ---- helpers ---------------------------------------------------------------------------
+
+
+def _check_gpu(gpu: str) -> str:
+    return resolve_gpu_key(gpu)  # HardwareError: exit 2 with the known GPUs
+
+
+def _check_tuning(budget: int, strategy: str) -> None:
+    if not 1 <= budget <= MAX_BUDGET:
+        raise CliError(f"--budget: must be within 1..{MAX_BUDGET}, got {budget}", 2)
+    if strategy not in STRATEGIES:
+        raise CliError(f"--strategy: unknown {strategy!r}; known: {', '.join(STRATEGIES)}", 2)
+
+
+def dashboard_url(server: str) -> str:
+    return f"{server.rstrip('/')}/dashboard"
+
+
+def _schedule_cells(schedule: ScheduleDoc) -> tuple[str, str, str]:
+    s = schedule.to_schedule()
+    return (
+        f"{s.block_m}x{s.block_n}x{s.block_k}",
+        f"{s.block_row_warps}x{s.block_col_warps}",
+        f"{s.smem_stages}/{s.reg_stages}",
+    )
+
+
+def _fmt(value: float | None, spec: str = ".2f") -> str:
+    return "-" if value is None else format(value, spec)
+
+
+def _label(workload: dict[str, Any]) -> str:
+    try:
+        return parse_workload(workload).label()
+    except ValueError:
+        return str(workload)
+
+
+# ---- schedule --------------------------------------------------------------------------
+
+
+def _schedule(workload: dict, gpu: str, as_json: bool, server: str, api_key: str | None) -> None:
+    w = parse_workload(workload)
+    gpu = _check_gpu(gpu)
+    with service_errors(), client(server, api_key) as c:
+        doc = c.best_schedule(w.canonical(), gpu)
+    if as_json:
+        print_json(doc.model_dump(mode="json"))
+        return
+    tile, warps, stages = _schedule_cells(doc.schedule)
+    source = "measured trials" if doc.source == "measured" else "analytical model (not tuned yet)"
+    console.print(f"{w.label()} on {doc.gpu}: best schedule, from the {source}")
+    table = Table(show_header=False)
+    table.add_column("key")
+    table.add_column("value")
+    rows = [
+        ("schedule", doc.schedule_id),
+        ("tile MxNxK", tile),
+        ("warps", warps),
+        ("stages smem/reg", stages),
+        ("measured µs", _fmt(doc.latency_us)),
+        ("predicted µs", _fmt(doc.predicted_us)),
+        ("TFLOP/s", _fmt(doc.tflops, ".1f")),
+    ]
+    for key, value in rows:
+        table.add_row(key, value)
+    console.print(table)
+
+
+add_workload_commands(
+    schedule_app,
+    _schedule,
+    [_GPU, _JSON, *connection_parameters()],
+    "Best known schedule of:",
+)
+
+
+# ---- tune ------------------------------------------------------------------------------
+
+
+@contextmanager
+def task_progress(enabled: bool) -> Iterator[Progress | None]:
+    if not enabled:
+        yield None
+        return
+    with Progress(
+        TextColumn("{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        console=progress_console,
+    ) as bar:
+        yield bar
+
+
+def wait_for_task(c: Any, task: TaskDoc, show: bool, poll_s: float) -> TaskDoc:
+    """Client.wait with a progress bar of trials done out of the budget."""
+    with task_progress(show) as bar:
+        handle = bar.add_task(f"task {task.id}", total=task.budget) if bar else None
+
+        def update(doc: TaskDoc) -> None:
+            if bar is None or handle is None:
+                return
+            best = f"best {doc.best.tflops:.1f} TFLOP/s" if doc.best else "no result yet"
+            total = doc.trials_done if doc.state in ("done",) else doc.budget
+            bar.update(
+                handle,
+                completed=doc.trials_done,
+                total=max(total, 1),
+                description=f"task {doc.id} {doc.state}: {best}",
+            )
+
+        return c.wait(task.id, progress=update, poll_s=poll_s)
+
+
+def print_task(doc: TaskDoc, server: str) -> None:
+    title = (
+        f"task {doc.id}: {_label(doc.workload)} on {doc.gpu}, {doc.strategy}, "
+        f"{doc.trials_done}/{doc.budget} trials ({doc.trials_failed} failed), {doc.state}"
+    )
+    console.print(title)
+    if doc.best is None:
+        console.print("no successful trial" + (f": {doc.error}" if doc.error else ""))
+    else:
+        tile, warps, stages = _schedule_cells(doc.best.schedule)
+        table = Table(show_header=False)
+        table.add_column("key")
+        table.add_column("value")
+        for key, value in (
+            ("best trial", str(doc.best.trial)),
+            ("schedule", Schedule(**doc.best.schedule.model_dump()).id),
+            ("tile MxNxK", tile),
+            ("warps", warps),
+            ("stages smem/reg", stages),
+            ("latency µs", f"{doc.best.latency_us:.2f}"),
+            ("TFLOP/s", f"{doc.best.tflops:.1f}"),
+        ):
+            table.add_row(key, value)
+        console.print(table)
+    console.print(f"dashboard: {dashboard_url(server)}")
+
+
+def _tune(
+    workload: dict,
+    gpu: str,
+    budget: int,
+    strategy: str,
+    seed: int,
+    wait: bool,
+    poll: float,
+    as_json: bool,
+    server: str,
+    api_key: str | None,
+) -> None:
+    w = parse_workload(workload)
+    gpu = _check_gpu(gpu)
+    _check_tuning(budget, strategy)
+    with service_errors(), client(server, api_key) as c:
+        task = c.tune(w.canonical(), gpu, budget=budget, strategy=strategy, seed=seed)  # type: ignore[arg-type]
+        if not wait:
+            if as_json:
+                print_json(task.model_dump(mode="json"))
+            else:
+                console.print(
+                    f"task {task.id} {task.state}: {w.label()} on {gpu}, budget {budget}, "
+                    f"{strategy}; follow it with `pipetune curve {task.id}` or "
+                    f"{dashboard_url(server)}"
+                )
+            return
+        final = wait_for_task(c, task, show=not as_json, poll_s=poll)
+    if as_json:
+        print_json(final.model_dump(mode="json"))
+    else:
+        print_task(final, server)
+    if final.state != "done":
+        raise CliError(
+            f"task {final.id} {final.state}" + (f": {final.error}" if final.error else "")
+        )
+
+
+add_workload_commands(
+    tune_app,
+    _tune,
+    [
+        _GPU,
+        option("budget", int, 50, help=f"trials to measure (1..{MAX_BUDGET})"),
+        option("strategy", str, DEFAULT_STRATEGY, help=f"one of {', '.join(STRATEGIES)}"),
+        option("seed", int, 0, help="the tuner's seed"),
+        option("wait", bool, False, "--wait", help="follow the task to its end"),
+        option("poll", float, 1.0, "--poll", help="seconds between checks with --wait"),
+        _JSON,
+        *connection_parameters(),
+    ],
+    "Tune:",
+)
+
+
+# ---- tasks -----------------------------------------------------------------------------
+
+
+@reported
+def tasks(
+    state: str | None = typer.Option(None, "--state", help="queued|running|done|failed|cancelled"),
+    as_json: bool = typer.Option(False, "--json", help="print one JSON document"),
+    server: str = server_option(),
+    api_key: str | None = api_key_option(),
+) -> None:
+    """The service's tuning tasks, newest first."""
+    with service_errors(), client(server, api_key) as c:
+        docs = c.tasks(state=state)
+    if as_json:
+        print_json({"tasks": [d.model_dump(mode="json") for d in docs]})
+        return
+    table = Table(title=f"tasks at {server}")
+    for col in ("id", "state", "workload", "gpu", "strategy", "trials", "failed"):
+        table.add_column(col, justify="right" if col in ("id", "trials", "failed") else None)
+    for col in ("best µs", "TFLOP/s", "updated"):
+        table.add_column(col, justify="right")
+    for d in docs:
+        table.add_row(
+            str(d.id),
+            d.state,
+            _label(d.workload),
+            d.gpu,
+            d.strategy,
+            f"{d.trials_done}/{d.budget}",
+            str(d.trials_failed),
+            _fmt(d.best.latency_us if d.best else None),
+            _fmt(d.best.tflops if d.best else None, ".1f"),
+            d.updated_at.strftime("%Y-%m-%d %H:%M:%S"),
+        )
+    console.print(table)
+    if not docs:
+        console.print("no tasks")
+
+
+# ---- curve -----------------------------------------------------------------------------
+
+SPARK = "▁▂▃▄▅▆▇█"
+
+
+def sparkline(values: list[float | None]) -> str:
+    known = [v for v in values if v is not None]
+    if not known:
+        return ""
+    lo, hi = min(known), max(known)
+    span = hi - lo or 1.0
+    return "".join(
+        " " if v is None else SPARK[min(len(SPARK) - 1, int((v - lo) / span * len(SPARK)))]
+        for v in values
+    )
+
+
+def milestones(n: int) -> list[int]:
+    """Trial counts worth a table row: 1, 2, 5, 10, 20, 50, ... and the last."""
+    ks, base = [], 1
+    while base <= n:
+        ks += [k for k in (base, 2 * base, 5 * base) if k <= n]
+        base *= 10
+    if n and n not in ks:
+        ks.append(n)
+    return ks
+
+
+def _curve_title(task: TaskDoc) -> str:
+    return f"task {task.id}: {_label(task.workload)} on {task.gpu} ({task.strategy})"
+
+
+def write_curve_png(path: Path, task: TaskDoc, curve: Curve) -> None:
+    from clients.png_chart import Series, line_chart, write_png
+
+    points = [(p.trial + 1, p.best_tflops) for p in curve.points if p.best_tflops is not None]
+    xs = [x for x, _ in points]
+    ys = [float(y) for _, y in points if y is not None]
+    chart = line_chart(
+        [Series(xs, ys, "best-so-far TFLOP/s")],
+        title=_curve_title(task),
+        xlabel="trials",
+        ylabel="best TFLOP/s",
+    )
+    write_png(path, chart)
+
+
+def write_curve_html(path: Path, task: TaskDoc, curve: Curve) -> None:
+    import plotly.graph_objects as go
+
+    xs = [p.trial + 1 for p in curve.points]
+    fig = go.Figure(
+        go.Scatter(
+            x=xs,
+            y=[p.best_tflops for p in curve.points],
+            mode="lines+markers",
+            line_shape="hv",
+            name="best-so-far TFLOP/s",
+            customdata=[p.best_latency_us for p in curve.points],
+            hovertemplate="trial %{x}<br>%{y:.1f} TFLOP/s<br>%{customdata:.2f} µs",
+        )
+    )
+    fig.update_layout(title=_curve_title(task), xaxis_title="trials", yaxis_title="TFLOP/s")
+    fig.write_html(str(path), include_plotlyjs="cdn")
+
+
+@reported
+def curve(
+    task_id: int = typer.Argument(..., help="the task's id"),
+    png: Path | None = typer.Option(None, "--png", help="write the curve as a PNG image"),
+    html: Path | None = typer.Option(None, "--html", help="write an interactive plotly page"),
+    as_json: bool = typer.Option(False, "--json", help="print the curve as JSON"),
+    server: str = server_option(),
+    api_key: str | None = api_key_option(),
+) -> None:
+    """A task's best-so-far curve: best TFLOP/s found after each trial."""
+    for path, flag in ((png, "--png"), (html, "--html")):
+        if path is not None and not path.parent.exists():
+            raise CliError(f"{flag}: directory {path.parent} does not exist", 2)
+    with service_errors(), client(server, api_key) as c:
+        task = c.task(task_id)
+        doc = c.curve(task_id)
+    if as_json:
+        print_json(doc.model_dump(mode="json"))
+    if png is not None:
+        write_curve_png(png, task, doc)
+        progress_console.print(f"wrote {png}")
+    if html is not None:
+        write_curve_html(html, task, doc)
+        progress_console.print(f"wrote {html}")
+    if as_json or png is not None or html is not None:
+        return
+    console.print(_curve_title(task) + f", {task.state}")
+    if not doc.points:
+        console.print("no trials yet")
+        return
+    console.print(f"best TFLOP/s  {sparkline([p.best_tflops for p in doc.points])}")
+    table = Table()
+    for col in ("trials", "best µs", "best TFLOP/s"):
+        table.add_column(col, justify="right")
+    for k in milestones(len(doc.points)):
+        p = doc.points[k - 1]
+        table.add_row(str(k), _fmt(p.best_latency_us), _fmt(p.best_tflops, ".1f"))
+    console.print(table)
+
+
+# ---- tune-model ------------------------------------------------------------------------
+
+
+@reported
+def tune_model(
+    network: str = typer.Argument(..., help="bert-base, gpt2 or resnet50"),
+    batch: int | None = typer.Option(None, "--batch", help="batch (default 1; resnet50: 64)"),
+    seq: int | None = typer.Option(None, "--seq", help="sequence length (bert 512, gpt2 1024)"),
+    gpu: str = typer.Option("h100", "--gpu", help=f"GPU: {', '.join(gpu_keys())}"),
+    budget: int = typer.Option(16, "--budget", help="trials per distinct layer shape"),
+    strategy: str = typer.Option(DEFAULT_STRATEGY, "--strategy", help=", ".join(STRATEGIES)),
+    seed: int = typer.Option(0, "--seed", help="the tuner's seed"),
+    poll: float = typer.Option(1.0, "--poll", help="seconds between checks"),
+    as_json: bool = typer.Option(False, "--json", help="print one JSON document"),
+    server: str = server_option(),
+    api_key: str | None = api_key_option(),
+) -> None:
+    """Tune every distinct GEMM/BMM/Conv2D of a network; report each layer's tuned latency
+    against the best non-pipelined one and the end-to-end speedup (ALCOP Table 3's view)."""
+    from clients import tune_model as tm
+    from model.networks import network as build_network
+
+    gpu = _check_gpu(gpu)
+    _check_tuning(budget, strategy)
+    if network == "resnet50" and seq is not None:
+        raise CliError("--seq: resnet50 takes images (224x224), not sequences", 2)
+    net = build_network(network, batch, seq)
+    shapes = net.distinct()
+    with service_errors(), client(server, api_key) as c:
+        started = tm.launch(c, shapes, gpu, budget, strategy, seed)  # type: ignore[arg-type]
+        with task_progress(not as_json) as bar:
+            total = sum(t.budget for t in started)
+            handle = bar.add_task(f"{net.name}: {len(shapes)} shapes", total=total) if bar else None
+
+            def update(docs: list[TaskDoc]) -> None:
+                if bar is not None and handle is not None:
+                    finished = sum(d.state in tm.TERMINAL for d in docs)
+                    bar.update(
+                        handle,
+                        completed=sum(d.trials_done for d in docs),
+                        description=f"{net.name}: {finished}/{len(docs)} shapes tuned",
+                    )
+
+            finals = tm.wait_all(c, started, update, poll_s=poll)
+        results = tm.collect(c, shapes, finals, gpu)
+    doc = tm.document(net, gpu, budget, strategy, results)
+    if as_json:
+        print_json(doc)
+    else:
+        _print_model_report(doc)
+    failed = [row["task_id"] for row in doc["layers"] if row["state"] != "done"]
+    if failed:
+        raise CliError(f"tasks {failed} did not finish; the end-to-end figure leaves them out")
+
+
+def _print_model_report(doc: dict[str, Any]) -> None:
+    seq = f", seq {doc['seq']}" if doc["seq"] else ""
+    table = Table(
+        title=f"{doc['network']} (batch {doc['batch']}{seq}) on {doc['gpu']}: "
+        f"{doc['budget']} trials per shape, {doc['strategy']}"
+    )
+    for col in ("layers", "shape", "count", "task", "tuned µs", "stages"):
+        table.add_column(col, justify="right" if col in ("count", "task", "tuned µs") else None)
+    for col in ("non-pipelined µs", "from", "speedup"):
+        table.add_column(col, justify="right")
+    for row in doc["layers"]:
+        sched = row["tuned_schedule"]
+        table.add_row(
+            ", ".join(row["layers"]),
+            row["label"],
+            str(row["count"]),
+            str(row["task_id"]),
+            _fmt(row["tuned_us"]),
+            "-" if sched is None else f"{sched['smem_stages']}/{sched['reg_stages']}",
+            _fmt(row["non_pipelined_us"]),
+            "trials" if row["non_pipelined_source"] == "trials" else "model",
+            "-" if row["speedup"] is None else f"{row['speedup']:.2f}x",
+        )
+    console.print(table)
+    e2e = doc["end_to_end"]
+    console.print(f"latencies: {doc['latencies']}")
+    console.print(
+        "non-pipelined baseline (smem_stages 1, reg_stages 1): 'trials' = the best "
+        "non-pipelined trial of the task, 'model' = the analytical model's best "
+        "non-pipelined prediction (no such trial was measured)"
+    )
+    for note in doc["notes"]:
+        console.print(f"note: {note}")
+    if e2e["speedup"] is None:
+        console.print("end-to-end: no layer has both a tuned and a baseline latency")
+        return
+    partial = "" if e2e["complete"] else " (layers without a result left out)"
+    console.print(
+        f"end-to-end (tensor-core layers): Σ count·non-pipelined {e2e['non_pipelined_us']:.1f} µs"
+        f" / Σ count·tuned {e2e['tuned_us']:.1f} µs = {e2e['speedup']:.2f}x{partial}"
+    )
 
 
 def register(app: typer.Typer) -> None:
-    """Add this module's commands to the `pipetune` app."""
+    """Add `schedule`, `tune`, `tasks`, `curve` and `tune-model` to the `pipetune` app."""
+    app.add_typer(schedule_app, name="schedule")
+    app.add_typer(tune_app, name="tune")
+    app.command("tasks")(tasks)
+    app.command("curve")(curve)
+    app.command("tune-model")(tune_model)

@@ -1,9 +1,223 @@
-"""Placeholder: commands are added by register() as their issue lands."""
+"""`pipetune serve` (the tuning service) and `pipetune db ...` (its database).
+
+    pipetune serve                                  # embedded SQLite, 127.0.0.1:8000
+    pipetune serve --local-workers 3 --runner simulated
+    pipetune serve --db postgresql+psycopg://user@host/pipetune --host 0.0.0.0
+    pipetune db upgrade [--db URL]
+    pipetune db current [--db URL]
+    pipetune db import-optimum DATASET [--db URL]
+
+Without --db the URL comes from PIPETUNE_DATABASE_URL, else the embedded default (a SQLite
+file under the user data directory). A brand-new empty database gets the schema when
+`serve` starts; a database whose schema is behind is refused until `pipetune db upgrade`.
+"""
 
 from __future__ import annotations
 
+import secrets
+import threading
+import time
+from pathlib import Path
+
 import typer
+
+from clients.cli.errors import CliError, reported
+from clients.cli.output import console, print_json
+from service.local_workers import RUNNERS, start_workers, stop_workers
+from service.migrate import SchemaError, current_revision, head_revision, redact, upgrade
+from service.settings import Settings
+
+db_app = typer.Typer(help="The service database: migrations and reference optima.")
+
+_DB = typer.Option(
+    None, "--db", help="database URL (default: PIPETUNE_DATABASE_URL, else embedded SQLite)"
+)
+
+
+def _settings(db: str | None, **overrides: object) -> Settings:
+    if db is not None:
+        overrides["database_url"] = db
+    return Settings(**overrides)
+
+
+def _server_class(processes: list, on_stop):  # type: ignore[no-untyped-def]
+    """A uvicorn Server whose SIGTERM/SIGINT first ends pending lease polls and stops the
+    local workers (so they still report the trials in hand), then shuts the server down.
+    Unlike uvicorn's own handler it does not re-raise the signal after a clean shutdown:
+    `serve` then exits 0."""
+    import uvicorn
+
+    class Server(uvicorn.Server):
+        stopping = False
+
+        def handle_exit(self, sig: int, frame: object) -> None:
+            if self.stopping:  # a second signal: stop now, without waiting for requests
+                self.force_exit = self.should_exit
+                self.should_exit = True
+                return
+            self.stopping = True
+            on_stop()
+            if not processes:
+                self.should_exit = True
+                return
+
+            def stop_then_exit() -> None:
+                stop_workers(processes)
+                self.should_exit = True
+
+            threading.Thread(target=stop_then_exit, name="stop-local-workers").start()
+
+    return Server
+
+
+def _launch_when_started(server, start) -> threading.Thread:  # type: ignore[no-untyped-def]
+    def wait_then_start() -> None:
+        while not server.started and not server.should_exit:
+            time.sleep(0.05)
+        if server.started and not server.should_exit:
+            start()
+
+    thread = threading.Thread(target=wait_then_start, name="local-workers", daemon=True)
+    thread.start()
+    return thread
+
+
+@reported
+def serve(
+    db: str | None = _DB,
+    host: str = typer.Option("127.0.0.1", "--host"),
+    port: int = typer.Option(8000, "--port"),
+    local_workers: int = typer.Option(
+        0, "--local-workers", help="start N worker processes (simulated: one per GPU kind)"
+    ),
+    runner: str = typer.Option("simulated", "--runner", help="simulated | replay | cupy"),
+    dataset: Path | None = typer.Option(None, "--dataset", help="recorded space (replay)"),
+    log_level: str = typer.Option("info", "--log-level"),
+) -> None:
+    """Run the tuning service (API v1, dashboard at /dashboard, metrics at /metrics)."""
+    import uvicorn
+
+    from service.app import create_app
+
+    if runner not in RUNNERS:
+        raise CliError(f"--runner: must be one of {', '.join(RUNNERS)}, got {runner!r}", 2)
+    if local_workers < 0:
+        raise CliError("--local-workers: must be at least 0", 2)
+    if runner == "replay" and local_workers and dataset is None:
+        raise CliError("--runner replay needs --dataset", 2)
+    if not 0 <= port <= 65535:
+        raise CliError(f"--port: must be 0..65535, got {port}", 2)
+    settings = _settings(db, create_empty_schema=True)
+    if not settings.worker_tokens:
+        token = secrets.token_urlsafe(24)
+        settings.worker_tokens = [token]
+        print(
+            f"worker token (generated; set PIPETUNE_WORKER_TOKENS to choose): {token}",
+            flush=True,
+        )
+    try:
+        app = create_app(settings)
+    except SchemaError as exc:
+        raise CliError(str(exc), 1) from None
+    processes: list = []
+    config = uvicorn.Config(app, host=host, port=port, log_level=log_level)
+    server = _server_class(processes, app.state.service.queue.stop_polling)(config)
+    local_host = "127.0.0.1" if host in ("0.0.0.0", "::", "") else host
+
+    def started() -> None:
+        bound = server.servers[0].sockets[0].getsockname()[1]  # the real one for --port 0
+        print(f"pipetune service on http://{host}:{bound} (dashboard: /dashboard)", flush=True)
+        if local_workers:
+            url = f"http://{local_host}:{bound}"
+            token = settings.worker_tokens[0]
+            processes.extend(start_workers(local_workers, url, token, runner, dataset))
+
+    _launch_when_started(server, started)
+    print(f"database: {redact(settings.database_url)}", flush=True)
+    try:
+        server.run()
+    finally:
+        stop_workers(processes)
+    if not server.started:
+        raise CliError(f"the server did not start on {host}:{port}", 1)
+
+
+@db_app.command("upgrade")
+@reported
+def db_upgrade(
+    db: str | None = _DB,
+    revision: str = typer.Option("head", "--revision", help="target revision"),
+) -> None:
+    """Migrate the database schema (to the newest revision by default)."""
+    url = _settings(db).database_url
+    upgrade(url, revision)
+    console.print(f"database {redact(url)} is at revision {_current(url)}")
+
+
+def _current(url: str) -> str | None:
+    from service.db import make_engine
+
+    engine = make_engine(url, pool_size=1)
+    try:
+        return current_revision(engine)
+    finally:
+        engine.dispose()
+
+
+@db_app.command("current")
+@reported
+def db_current(db: str | None = _DB, as_json: bool = typer.Option(False, "--json")) -> None:
+    """The database's schema revision and the newest one this pipetune has."""
+    url = _settings(db).database_url
+    doc = {"database": redact(url), "current": _current(url), "head": head_revision()}
+    doc["up_to_date"] = doc["current"] == doc["head"]
+    if as_json:
+        print_json(doc)
+        return
+    state = "up to date" if doc["up_to_date"] else "behind: run `pipetune db upgrade`"
+    console.print(f"{doc['database']}: revision {doc['current']} (newest {doc['head']}, {state})")
+
+
+@db_app.command("import-optimum")
+@reported
+def db_import_optimum(
+    dataset: Path = typer.Argument(..., help="an exhaustive pipetune sweep (T4 file)"),
+    db: str | None = _DB,
+) -> None:
+    """Record a sweep's best latency as the optimum that best-in-k curves normalise to."""
+    from service.db import Database
+    from service.migrate import check_schema
+    from service.records import set_reference_optimum
+    from workers.datasets import DatasetError, check_pipetune, load_dataset
+
+    url = _settings(db).database_url
+    try:
+        data = load_dataset(dataset)
+        info = check_pipetune(data)
+    except (DatasetError, OSError) as exc:
+        raise CliError(str(exc), 2) from None
+    best = data.best()
+    if best is None or best.time_ms is None:
+        raise CliError(f"{dataset}: no successful configuration to take the optimum from", 2)
+    try:
+        check_schema(url)
+    except SchemaError as exc:
+        raise CliError(str(exc), 1) from None
+    database = Database(url, pool_size=1)
+    try:
+        with database.write() as s:
+            set_reference_optimum(
+                s, info.workload, info.gpu, best.time_ms * 1e3, len(data), str(dataset)
+            )
+    finally:
+        database.dispose()
+    console.print(
+        f"{info.workload.label()} on {info.gpu}: optimum {best.time_ms * 1e3:.2f} µs "
+        f"over {len(data)} configurations"
+    )
 
 
 def register(app: typer.Typer) -> None:
-    """Add this module's commands to the `pipetune` app."""
+    """Add `serve` and `db` to the `pipetune` app."""
+    app.command("serve")(serve)
+    app.add_typer(db_app, name="db")

@@ -1,9 +1,100 @@
-"""Placeholder: commands are added by register() as their issue lands."""
+"""`pipetune worker`: the GPU worker daemon (workers.daemon).
+
+pipetune worker --server http://service:8000 --token T --runner cupy --concurrency 4
+pipetune worker --token T --runner simulated --gpu h100          # no GPU: model + noise
+pipetune worker --token T --runner replay --gpu a100 --dataset conv.t4.json.gz
+"""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import typer
+
+from clients.cli.errors import CliError, reported
+from clients.cli.remote import SERVER_HELP, cli_error
+from clients.sdk import DEFAULT_SERVER, SERVER_ENV, PipetuneError
+from model.hardware import gpu_keys
+from workers.daemon import RUNNERS, TOKEN_ENV, DetectionError, WorkerConfig, run_worker
+from workers.datasets import DatasetError
+from workers.runners import DatasetMismatchError, RunnerError
+
+
+def _one_line(exc: BaseException) -> str:
+    return " ".join(str(exc).split())
+
+
+@reported
+def worker(
+    server: str = typer.Option(DEFAULT_SERVER, "--server", envvar=SERVER_ENV, help=SERVER_HELP),
+    token: str | None = typer.Option(
+        None, "--token", envvar=TOKEN_ENV, help=f"worker token (env {TOKEN_ENV})"
+    ),
+    runner: str = typer.Option(
+        "cupy",
+        "--runner",
+        help=f"{' | '.join(RUNNERS)}: cupy measures on a real GPU (detected through CuPy), "
+        "replay answers from a recorded dataset, simulated is the analytical model + noise "
+        "(demos and CI only)",
+    ),
+    dataset: Path | None = typer.Option(None, "--dataset", help="replay: the dataset file"),
+    gpu: str | None = typer.Option(
+        None,
+        "--gpu",
+        help=f"the GPU a simulated/replay worker stands in for ({', '.join(gpu_keys())}); "
+        "cupy: only for a device the model does not know",
+    ),
+    concurrency: int = typer.Option(
+        1, "--concurrency", help="jobs leased and measured at a time (cupy: one on the GPU)"
+    ),
+    name: str | None = typer.Option(None, "--name", help="worker name (default host-runner-pid)"),
+    device: int = typer.Option(0, "--device", help="cupy: CUDA device index"),
+    heartbeat_s: float = typer.Option(5.0, "--heartbeat", help="seconds between heartbeats"),
+    lease_wait_s: float = typer.Option(10.0, "--lease-wait", help="long-poll seconds per lease"),
+    register_timeout_s: float = typer.Option(
+        60.0, "--register-timeout", help="seconds to keep trying to reach the service at start"
+    ),
+    result_retry_s: float = typer.Option(
+        900.0, "--result-retry", help="seconds to keep retrying a result while the service is down"
+    ),
+    trial_timeout_s: float = typer.Option(60.0, "--trial-timeout", help="cupy: seconds per trial"),
+    json_logs: bool = typer.Option(False, "--json-logs", help="log JSON lines (for machines)"),
+) -> None:
+    """Run a GPU worker: register, lease jobs of this GPU's arch, measure, report; drains and
+    exits 0 on SIGTERM (a second SIGTERM stops after the current trial)."""
+    try:
+        config = WorkerConfig(
+            server=server,
+            token=token or "",
+            runner=runner,
+            gpu=gpu,
+            dataset=dataset,
+            concurrency=concurrency,
+            name=name or "",
+            device=device,
+            heartbeat_s=heartbeat_s,
+            lease_wait_s=lease_wait_s,
+            register_timeout_s=register_timeout_s,
+            result_retry_s=result_retry_s,
+            trial_timeout_s=trial_timeout_s,
+            json_logs=json_logs,
+        )
+    except ValueError as exc:
+        raise CliError(str(exc), 2) from None
+    if dataset is not None and not dataset.exists():
+        raise CliError(f"--dataset: {dataset} does not exist", 2)
+    try:
+        code = run_worker(config)
+    except PipetuneError as exc:
+        raise cli_error(exc) from None
+    except (DatasetError, DatasetMismatchError) as exc:
+        raise CliError(f"--dataset: {_one_line(exc)}", 2) from None
+    except (DetectionError, RunnerError) as exc:
+        raise CliError(_one_line(exc), 1) from None
+    if code:
+        raise typer.Exit(code)
 
 
 def register(app: typer.Typer) -> None:
-    """Add this module's commands to the `pipetune` app."""
+    """Add `pipetune worker`."""
+    app.command("worker")(worker)

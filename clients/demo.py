@@ -1,0 +1,127 @@
+"""`make demo`: the main job end to end on the embedded defaults.
+
+1. start `pipetune serve` on a fresh SQLite database in a temporary directory, with three
+   local workers: `--runner cupy` when `nvidia-smi` finds a GPU and CuPy is installed, else
+   `--runner simulated` (the analytical model plus noise, at
+   PIPETUNE_SIMULATED_TIME_SCALE=0.05 so the demo takes seconds);
+2. wait for /healthz;
+3. ask for the best schedule of ALCOP's MM_RN50_FC (gemm 1024x64x2048 on H100) before
+   tuning (the model's pick), tune it with a budget of 16 trials (`pipetune tune ... --wait`)
+   and ask again (now the best measured trial);
+4. print the dashboard URL, stop the service with SIGTERM and check that it exited cleanly.
+
+    python -m clients.demo [--budget 16] [--runner auto|cupy|simulated] [--keep]
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import importlib.util
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+from clients.local_service import LocalService, ServiceStartError, pipetune_command
+
+WORKLOAD = ["gemm", "--m", "1024", "--n", "64", "--k", "2048", "--gpu", "h100"]
+DEMO_TIME_SCALE = "0.05"
+
+
+def gpu_present() -> bool:
+    """A GPU the cupy runner can use: nvidia-smi lists one and CuPy is installed."""
+    exe = shutil.which("nvidia-smi")
+    if exe is None or importlib.util.find_spec("cupy") is None:
+        return False
+    try:
+        out = subprocess.run([exe, "-L"], capture_output=True, text=True, timeout=20)
+    except (OSError, subprocess.SubprocessError):
+        return False
+    return out.returncode == 0 and "GPU" in out.stdout
+
+
+def say(text: str) -> None:
+    print(f"\n== {text}", flush=True)
+
+
+def run_cli(args: list[str], server: str) -> int:
+    command = [*pipetune_command(), *args, "--server", server]
+    print("$ pipetune " + " ".join(args), flush=True)
+    return subprocess.run(command).returncode
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m clients.demo", description=__doc__)
+    parser.add_argument("--budget", type=int, default=16, help="trials to tune (default 16)")
+    parser.add_argument("--runner", choices=("auto", "cupy", "simulated"), default="auto")
+    parser.add_argument("--workers", type=int, default=3, help="local workers (default 3)")
+    parser.add_argument(
+        "--keep", action="store_true", help="keep serving after the demo, until Ctrl-C"
+    )
+    args = parser.parse_args(argv)
+    runner = args.runner
+    if runner == "auto":
+        runner = "cupy" if gpu_present() else "simulated"
+    workdir = Path(tempfile.mkdtemp(prefix="pipetune-demo-"))
+    env = {
+        "PIPETUNE_SIMULATED_TIME_SCALE": os.environ.get(
+            "PIPETUNE_SIMULATED_TIME_SCALE", DEMO_TIME_SCALE
+        )
+    }
+    service = LocalService(
+        f"sqlite:///{workdir / 'pipetune.db'}",
+        workdir / "serve.log",
+        extra_args=["--local-workers", str(args.workers), "--runner", runner],
+        env=env,
+    )
+    what = (
+        "cupy: real GPU measurements"
+        if runner == "cupy"
+        else "simulated: analytical model + noise, not measurements"
+    )
+    say(f"starting pipetune serve on {service.url} with {args.workers} local {runner} workers")
+    print(f"   ({what}; database and log in {workdir})", flush=True)
+    status = 1
+    try:
+        service.start(timeout_s=90)
+        say("the best schedule before tuning (the analytical model's pick)")
+        if run_cli(["schedule", *WORKLOAD], service.url) != 0:
+            return 1
+        say(f"tuning MM_RN50_FC with a budget of {args.budget} trials")
+        tune = ["tune", *WORKLOAD, "--budget", str(args.budget), "--wait"]
+        if run_cli(tune, service.url) != 0:
+            print(service.log_tail(), file=sys.stderr)
+            return 1
+        say("the best schedule after tuning (the best measured trial)")
+        if run_cli(["schedule", *WORKLOAD], service.url) != 0:
+            return 1
+        say(f"dashboard: {service.url}/dashboard")
+        if args.keep:
+            print("serving until Ctrl-C", flush=True)
+            with contextlib.suppress(KeyboardInterrupt):
+                service.process.wait()  # type: ignore[union-attr]
+        status = 0
+    except ServiceStartError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+    finally:
+        # Stop first: printing can fail (a closed pipe) and must not leave the service up.
+        code = service.stop()
+        say("stopped the service (SIGTERM)")
+        if code in (0, -signal.SIGTERM):  # uvicorn re-raises the SIGTERM it handled
+            print("   stopped cleanly", flush=True)
+            shutil.rmtree(workdir, ignore_errors=True)
+        else:
+            print(f"   the service exited with {code}; its log: {workdir / 'serve.log'}")
+            print(service.log_tail(), file=sys.stderr)
+            status = 1
+    return status
+
+
+if __name__ == "__main__":
+    sys.exit(main())

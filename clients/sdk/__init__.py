@@ -1,0 +1,36 @@
+"""The pipetune Python SDK over httpx: `Client` for users, `WorkerApi` for the GPU workers.
+Every body is built and parsed with the wire contract's models (model/wire.py)."""
+
+from clients.sdk.client import API_KEY_ENV, DEFAULT_SERVER, SERVER_ENV, Client, default_server
+from clients.sdk.errors import (
+    ApiError,
+    AuthError,
+    ConflictError,
+    InvalidRequestError,
+    NotFoundError,
+    PipetuneError,
+    ProtocolError,
+    ServerError,
+    ServiceUnavailableError,
+    WaitTimeoutError,
+)
+from clients.sdk.worker_api import WorkerApi
+
+__all__ = [
+    "API_KEY_ENV",
+    "DEFAULT_SERVER",
+    "SERVER_ENV",
+    "ApiError",
+    "AuthError",
+    "Client",
+    "ConflictError",
+    "InvalidRequestError",
+    "NotFoundError",
+    "PipetuneError",
+    "ProtocolError",
+    "ServerError",
+    "ServiceUnavailableError",
+    "WaitTimeoutError",
+    "WorkerApi",
+    "default_server",
+]

@@ -1,0 +1,196 @@
+"""The user-facing SDK: best schedules, tuning tasks, their trials and curves.
+
+>>> with Client("http://127.0.0.1:8000") as c:
+...     task = c.tune({"op": "gemm", "m": 1024, "n": 64, "k": 2048}, "h100", budget=16)
+...     done = c.wait(task.id, progress=lambda t: print(t.trials_done, "/", t.budget))
+...     print(done.best)
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable
+from types import TracebackType
+from typing import Any, Self
+
+import httpx
+from pydantic import BaseModel
+
+from clients.sdk.errors import WaitTimeoutError
+from clients.sdk.http import DEFAULT_TIMEOUT_S, Http
+from model.wire import (
+    AggregateCurves,
+    Curve,
+    ScheduleResponse,
+    StrategyName,
+    TaskDoc,
+    TaskList,
+    TrialDoc,
+    TrialList,
+    TuneOptions,
+    WorkerDoc,
+    WorkerList,
+)
+
+DEFAULT_SERVER = "http://127.0.0.1:8000"
+SERVER_ENV = "PIPETUNE_SERVER"
+API_KEY_ENV = "PIPETUNE_API_KEY"
+TERMINAL_STATES = frozenset({"done", "failed", "cancelled"})
+
+WorkloadLike = dict[str, Any] | BaseModel
+
+
+def default_server() -> str:
+    return os.environ.get(SERVER_ENV) or DEFAULT_SERVER
+
+
+def workload_body(workload: WorkloadLike) -> dict[str, Any]:
+    if isinstance(workload, BaseModel):
+        return workload.model_dump(mode="json")
+    return dict(workload)
+
+
+def _body(model: BaseModel) -> dict[str, Any]:
+    return model.model_dump(mode="json", exclude_none=True)
+
+
+class Client:
+    """A pipetune service. `token` is sent as `Authorization: Bearer`, `api_key` as
+    `X-API-Key` (either satisfies a service started with PIPETUNE_API_KEYS)."""
+
+    def __init__(
+        self,
+        base_url: str | None = None,
+        token: str | None = None,
+        *,
+        api_key: str | None = None,
+        timeout_s: float = DEFAULT_TIMEOUT_S,
+        transport: httpx.BaseTransport | None = None,
+    ):
+        headers: dict[str, str] = {}
+        if token:
+            headers["Authorization"] = f"Bearer {token}"
+        if api_key:
+            headers["X-API-Key"] = api_key
+        self._http = Http(base_url or default_server(), headers, timeout_s, transport)
+
+    @property
+    def base_url(self) -> str:
+        return self._http.base_url
+
+    # ---- schedules and tasks -----------------------------------------------------------
+
+    def best_schedule(self, workload: WorkloadLike, gpu: str) -> ScheduleResponse:
+        """The best measured schedule of this workload on this GPU, else the model's pick."""
+        body = {"workload": workload_body(workload), "gpu": gpu}
+        return self._http.call(ScheduleResponse, "POST", "/v1/schedules", json=body)
+
+    def schedule_and_tune(
+        self, workload: WorkloadLike, gpu: str, tune: TuneOptions
+    ) -> ScheduleResponse:
+        """The best known schedule now, and a tuning task started (task_id, url)."""
+        body = {"workload": workload_body(workload), "gpu": gpu, "tune": _body(tune)}
+        return self._http.call(ScheduleResponse, "POST", "/v1/schedules", json=body)
+
+    def tune(
+        self,
+        workload: WorkloadLike,
+        gpu: str,
+        budget: int = 50,
+        strategy: StrategyName = "analytical+xgb",
+        seed: int = 0,
+    ) -> TaskDoc:
+        """Start a tuning task (POST /v1/tasks); returns at once with the queued task."""
+        body = {
+            "workload": workload_body(workload),
+            "gpu": gpu,
+            "budget": budget,
+            "strategy": strategy,
+            "seed": seed,
+        }
+        return self._http.call(TaskDoc, "POST", "/v1/tasks", json=body)
+
+    def task(self, task_id: int) -> TaskDoc:
+        return self._http.call(TaskDoc, "GET", f"/v1/tasks/{int(task_id)}")
+
+    def tasks(self, state: str | None = None) -> list[TaskDoc]:
+        """Tasks, newest first (`state`: only those in that state)."""
+        return self._http.call(TaskList, "GET", "/v1/tasks", params={"state": state}).tasks
+
+    def cancel(self, task_id: int) -> TaskDoc:
+        """Cancel a task (409 ConflictError if it already finished); the cancelled task."""
+        return self._http.call(TaskDoc, "DELETE", f"/v1/tasks/{int(task_id)}")
+
+    def trials(self, task_id: int, after: int | None = None) -> list[TrialDoc]:
+        """One page of the task's trials in proposal order; `after=N`: those after trial N
+        (for following a running task)."""
+        return self._http.call(
+            TrialList, "GET", f"/v1/tasks/{int(task_id)}/trials", params={"after": after}
+        ).trials
+
+    def all_trials(self, task_id: int) -> list[TrialDoc]:
+        """Every trial of a task, page after page."""
+        trials: list[TrialDoc] = []
+        while True:
+            page = self.trials(task_id, after=trials[-1].trial if trials else None)
+            if not page:
+                return trials
+            trials.extend(page)
+
+    def curve(self, task_id: int) -> Curve:
+        """Best-so-far latency and TFLOP/s after each trial of one task."""
+        return self._http.call(Curve, "GET", f"/v1/tasks/{int(task_id)}/curve")
+
+    def curves(
+        self, gpu: str | None = None, op: str | None = None, strategy: str | None = None
+    ) -> AggregateCurves:
+        """Best-in-k-trials per strategy over the finished tasks (ALCOP Fig. 13 view)."""
+        params = {"gpu": gpu, "op": op, "strategy": strategy}
+        return self._http.call(AggregateCurves, "GET", "/v1/curves", params=params)
+
+    def wait(
+        self,
+        task_id: int,
+        progress: Callable[[TaskDoc], None] | None = None,
+        *,
+        poll_s: float = 1.0,
+        timeout_s: float | None = None,
+    ) -> TaskDoc:
+        """Poll a task until it is done, failed or cancelled; call `progress` with every
+        document that differs from the last one (and with the final one)."""
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        last: TaskDoc | None = None
+        while True:
+            doc = self.task(task_id)
+            if progress is not None and (last is None or doc != last):
+                progress(doc)
+            last = doc
+            if doc.state in TERMINAL_STATES:
+                return doc
+            if deadline is not None and time.monotonic() >= deadline:
+                raise WaitTimeoutError(task_id, timeout_s or 0.0, doc.state)
+            time.sleep(poll_s)
+
+    def workers(self) -> list[WorkerDoc]:
+        """The registered workers (name, GPU, arch, runner, last heartbeat)."""
+        return self._http.call(WorkerList, "GET", "/v1/workers").workers
+
+    def healthz(self) -> dict[str, Any]:
+        return self._http.request("GET", "/healthz").json()
+
+    # ---- lifetime --------------------------------------------------------------------
+
+    def close(self) -> None:
+        self._http.close()
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()

@@ -1,0 +1,94 @@
+"""What the SDK raises: one exception per way a call can fail, each with a one-line message.
+
+- ServiceUnavailableError: the service could not be reached (refused, DNS, timeout).
+- ApiError and its subclasses: the service answered 4xx/5xx; `reason` is the server's own
+  explanation (for a 422, "field: reason").
+- ProtocolError: the service answered 2xx with a body that is not the wire contract's.
+- WaitTimeoutError: Client.wait() gave up before the task finished.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+class PipetuneError(Exception):
+    """Base class of everything the SDK raises."""
+
+
+class ServiceUnavailableError(PipetuneError):
+    def __init__(self, base_url: str, reason: str):
+        super().__init__(f"cannot reach the pipetune service at {base_url} ({reason})")
+        self.base_url = base_url
+        self.reason = reason
+
+
+class ProtocolError(PipetuneError):
+    """A 2xx answer that does not parse as the wire contract says it should."""
+
+
+class WaitTimeoutError(PipetuneError):
+    def __init__(self, task_id: int, timeout_s: float, state: str):
+        super().__init__(f"task {task_id} is still {state} after {timeout_s:g} s")
+        self.task_id = task_id
+        self.state = state
+
+
+class ApiError(PipetuneError):
+    """The service answered with an error status."""
+
+    def __init__(
+        self,
+        status_code: int,
+        reason: str,
+        *,
+        method: str = "",
+        path: str = "",
+        field: str | None = None,
+        body: Any = None,
+    ):
+        super().__init__(reason)
+        self.status_code = status_code
+        self.reason = reason
+        self.method = method
+        self.path = path
+        self.field = field
+        self.body = body
+
+    def __str__(self) -> str:
+        where = f" from {self.method} {self.path}" if self.method else ""
+        return f"{self.reason} (HTTP {self.status_code}{where})"
+
+
+class InvalidRequestError(ApiError):
+    """400 or 422: the request itself is wrong (bad workload, unknown GPU, bad budget)."""
+
+
+class AuthError(ApiError):
+    """401 or 403: a missing or wrong API key or worker token."""
+
+
+class NotFoundError(ApiError):
+    """404: no such task, worker or job."""
+
+
+class ConflictError(ApiError):
+    """409: the request does not fit the resource's state."""
+
+
+class ServerError(ApiError):
+    """5xx: the service failed; retrying later may help."""
+
+
+def error_class(status_code: int) -> type[ApiError]:
+    if status_code in (400, 422):
+        return InvalidRequestError
+    if status_code in (401, 403):
+        return AuthError
+    if status_code == 404:
+        return NotFoundError
+    if status_code == 409:
+        return ConflictError
+    if status_code >= 500:
+        return ServerError
+    return ApiError

@@ -1,0 +1,153 @@
+"""The HTTP layer shared by the user client and the worker client: one httpx.Client, error
+statuses turned into the SDK's exceptions, bodies parsed with the wire contract's models."""
+
+from __future__ import annotations
+
+from typing import Any, TypeVar
+
+import httpx
+from pydantic import BaseModel, ValidationError
+
+from clients.sdk.errors import ApiError, ProtocolError, ServiceUnavailableError, error_class
+
+M = TypeVar("M", bound=BaseModel)
+
+DEFAULT_TIMEOUT_S = 30.0
+# Locations FastAPI puts before a body field, and the tags of the workload union: neither is
+# part of the field name a person typed.
+_LOCATION_PREFIXES = {"body", "query", "path", "header"}
+_UNION_TAGS = {"gemm", "bmm", "conv2d", "conv3d"}
+
+
+def _field_of(loc: list[Any]) -> str:
+    parts = [str(p) for p in loc]
+    if parts and parts[0] in _LOCATION_PREFIXES:
+        parts = parts[1:]
+    parts = [p for p in parts if p not in _UNION_TAGS and not p.startswith("function-")]
+    return ".".join(parts)
+
+
+def _clean_msg(msg: str) -> str:
+    # pydantic prefixes a validator's ValueError text; the text alone is the reason.
+    for prefix in ("Value error, ", "Assertion failed, "):
+        msg = msg.removeprefix(prefix)
+    return msg
+
+
+def explain(body: Any, fallback: str) -> tuple[str, str | None]:
+    """(one-line reason, field or None) from an error body.
+
+    pipetune's 422 is {"field", "reason", "detail": [...]} (model.wire.ValidationErrorBody);
+    its other errors are {"detail": "..."}; FastAPI's stock 422 is {"detail": [{"loc",
+    "msg"}, ...]}. Anything else falls back to the status line or the text.
+    """
+    if not isinstance(body, dict):
+        return fallback, None
+    field = body.get("field")
+    if isinstance(body.get("reason"), str):
+        reason = body["reason"]
+        more = len(body.get("detail") or []) - 1
+        text = f"{field}: {reason}" if field else reason
+        return text + (f" (and {more} more)" if more > 0 else ""), field
+    detail = body.get("detail", body.get("error", body.get("message")))
+    if isinstance(detail, list) and detail and isinstance(detail[0], dict):
+        first = detail[0]
+        field = first.get("field") or _field_of(list(first.get("loc") or [])) or None
+        reason = _clean_msg(str(first.get("reason") or first.get("msg") or "invalid"))
+        text = f"{field}: {reason}" if field else reason
+        more = len(detail) - 1
+        return text + (f" (and {more} more)" if more else ""), field
+    if isinstance(detail, str) and detail:
+        return detail, None
+    return fallback, None
+
+
+def _one_line(text: str, limit: int = 300) -> str:
+    line = " ".join(text.split())
+    return line if len(line) <= limit else line[: limit - 1] + "…"
+
+
+class Http:
+    """A base URL, default headers and the error mapping. Not shared between threads."""
+
+    def __init__(
+        self,
+        base_url: str,
+        headers: dict[str, str],
+        timeout_s: float = DEFAULT_TIMEOUT_S,
+        transport: httpx.BaseTransport | None = None,
+    ):
+        self.base_url = base_url.rstrip("/")
+        self._client = httpx.Client(
+            base_url=self.base_url,
+            headers={"User-Agent": "pipetune-sdk/1", **headers},
+            timeout=timeout_s,
+            transport=transport,
+        )
+
+    def request(
+        self,
+        method: str,
+        path: str,
+        *,
+        json: Any = None,
+        params: dict[str, Any] | None = None,
+        timeout_s: float | None = None,
+    ) -> httpx.Response:
+        kwargs: dict[str, Any] = {}
+        if timeout_s is not None:
+            kwargs["timeout"] = timeout_s
+        if params:
+            kwargs["params"] = {k: v for k, v in params.items() if v is not None}
+        try:
+            response = self._client.request(method, path, json=json, **kwargs)
+        except httpx.TimeoutException as exc:
+            raise ServiceUnavailableError(
+                self.base_url, f"timed out: {type(exc).__name__}"
+            ) from None
+        except httpx.TransportError as exc:
+            raise ServiceUnavailableError(
+                self.base_url, _one_line(str(exc) or type(exc).__name__)
+            ) from None
+        if response.status_code >= 400:
+            raise self._error(response, method, path)
+        return response
+
+    def _error(self, response: httpx.Response, method: str, path: str) -> ApiError:
+        try:
+            body: Any = response.json()
+        except ValueError:
+            body = response.text
+        fallback = _one_line(body) if isinstance(body, str) and body else response.reason_phrase
+        reason, field = explain(body, fallback or f"HTTP {response.status_code}")
+        cls = error_class(response.status_code)
+        return cls(
+            response.status_code,
+            _one_line(reason),
+            method=method,
+            path=path,
+            field=field,
+            body=body,
+        )
+
+    def call(
+        self,
+        model: type[M],
+        method: str,
+        path: str,
+        *,
+        json: Any = None,
+        params: dict[str, Any] | None = None,
+        timeout_s: float | None = None,
+    ) -> M:
+        """One request whose 2xx body is `model`."""
+        response = self.request(method, path, json=json, params=params, timeout_s=timeout_s)
+        try:
+            return model.model_validate(response.json())
+        except (ValueError, ValidationError) as exc:
+            raise ProtocolError(
+                f"{method} {path}: the answer is not a {model.__name__}: {_one_line(str(exc))}"
+            ) from None
+
+    def close(self) -> None:
+        self._client.close()

@@ -1,0 +1,82 @@
+"""The worker side of the API (worker token): register, heartbeat, lease jobs, post results.
+
+The worker daemon is its only user; it keeps one WorkerApi per thread (httpx clients are
+not shared across threads here, so a long-polling lease never queues a heartbeat).
+"""
+
+from __future__ import annotations
+
+from types import TracebackType
+from typing import Self
+
+import httpx
+
+from clients.sdk.http import DEFAULT_TIMEOUT_S, Http
+from model.wire import (
+    Heartbeat,
+    HeartbeatAck,
+    JobLease,
+    JobResult,
+    LeaseRequest,
+    LeaseResponse,
+    ResultAck,
+    WorkerDoc,
+    WorkerRegister,
+)
+
+# A long-polled lease may legitimately take wait_s; the HTTP timeout must outlast it.
+LEASE_TIMEOUT_MARGIN_S = 15.0
+
+
+class WorkerApi:
+    def __init__(
+        self,
+        base_url: str,
+        token: str,
+        *,
+        timeout_s: float = DEFAULT_TIMEOUT_S,
+        transport: httpx.BaseTransport | None = None,
+    ):
+        self._http = Http(base_url, {"Authorization": f"Bearer {token}"}, timeout_s, transport)
+
+    @property
+    def base_url(self) -> str:
+        return self._http.base_url
+
+    def register(self, body: WorkerRegister) -> WorkerDoc:
+        return self._http.call(WorkerDoc, "POST", "/v1/workers", json=body.model_dump(mode="json"))
+
+    def heartbeat(self, worker_id: int, busy_jobs: int = 0) -> HeartbeatAck:
+        body = Heartbeat(busy_jobs=busy_jobs).model_dump(mode="json")
+        return self._http.call(
+            HeartbeatAck, "POST", f"/v1/workers/{worker_id}/heartbeat", json=body
+        )
+
+    def lease(self, worker_id: int, max_jobs: int = 1, wait_s: float = 10.0) -> list[JobLease]:
+        body = LeaseRequest(worker_id=worker_id, max_jobs=max_jobs, wait_s=wait_s)
+        return self._http.call(
+            LeaseResponse,
+            "POST",
+            "/v1/jobs/lease",
+            json=body.model_dump(mode="json"),
+            timeout_s=wait_s + LEASE_TIMEOUT_MARGIN_S,
+        ).jobs
+
+    def post_result(self, job_id: int, body: JobResult) -> ResultAck:
+        return self._http.call(
+            ResultAck, "POST", f"/v1/jobs/{job_id}/result", json=body.model_dump(mode="json")
+        )
+
+    def close(self) -> None:
+        self._http.close()
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()

@@ -1,0 +1,147 @@
+"""The tensor-core layers of whole networks, for end-to-end views (ALCOP Table 3).
+
+Only the operators the pipelined kernel family runs are listed: GEMMs, batched GEMMs and
+Conv2Ds (ALCOP: "pipelining can be applied to MatMuls, BMMs and Conv2Ds"). Element-wise
+operators, softmax, normalisation, pooling and embeddings are left out, so an end-to-end
+figure built from these layers is the speedup of the tensor-core part of the network.
+
+- bert-base: 12 encoder layers, hidden 768, 12 heads of 64, FFN 3072. Per layer, with
+  T = batch·seq tokens: fused QKV projection (T×2304×768), attention scores Q·Kᵀ as a BMM
+  (b = batch·12, seq×seq×64), attention-weighted values (b = batch·12, seq×64×seq), output
+  projection (T×768×768), FC1 (T×3072×768), FC2 (T×768×3072).
+- gpt2: GPT-2 small, 12 decoder layers of the same shapes (c_attn, attention, c_proj, c_fc,
+  mlp c_proj). The causal mask does not change the shapes. The LM head is left out, as
+  BERT's pooler is.
+- resnet50: ResNet-50 v1.5 at 224×224, NHWC. Stride-1 1×1 convolutions are GEMMs
+  (M = batch·H·W, N = out channels, K = in channels); the stride-2 1×1 downsampling
+  convolutions and every 3×3 are Conv2D (implicit GEMM); the classifier is a GEMM
+  (batch×1000×2048). The 7×7/2 stem has C = 3 input channels, which the 16-byte loads cannot
+  take: its input is zero-padded to C = 8 (listed in `notes`).
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field
+
+from model.workloads import AnyWorkload, WorkloadError, bmm, conv2d, gemm
+
+NETWORKS = ("bert-base", "gpt2", "resnet50")
+# Defaults that match ALCOP's operator shapes (BMM_BERT_QK is 12×512×512×64 at batch 1,
+# BMM_GPT2_QK 12×1024×1024×64; Conv2D_RN50 is batch 64).
+DEFAULT_SEQ = {"bert-base": 512, "gpt2": 1024}
+DEFAULT_BATCH = {"bert-base": 1, "gpt2": 1, "resnet50": 64}
+
+
+@dataclass(frozen=True)
+class Layer:
+    name: str
+    workload: AnyWorkload
+
+
+@dataclass(frozen=True)
+class DistinctShape:
+    workload: AnyWorkload
+    count: int  # how many times the network runs this exact operator
+    layers: tuple[str, ...]  # the layer names that share it
+
+
+@dataclass
+class Network:
+    name: str
+    batch: int
+    seq: int | None
+    layers: list[Layer]
+    notes: list[str] = field(default_factory=list)
+
+    def distinct(self) -> list[DistinctShape]:
+        """Each distinct workload once, with how often it occurs, in first-use order."""
+        counts: Counter[str] = Counter()
+        first: dict[str, AnyWorkload] = {}
+        names: dict[str, list[str]] = {}
+        for layer in self.layers:
+            key = layer.workload.workload_hash
+            counts[key] += 1
+            first.setdefault(key, layer.workload)
+            group = names.setdefault(key, [])
+            if layer.name not in group:
+                group.append(layer.name)
+        return [DistinctShape(first[k], counts[k], tuple(names[k])) for k in first]
+
+
+def _transformer(name: str, batch: int, seq: int, hidden: int, heads: int, ffn: int, blocks: int):
+    if seq % 8:
+        raise WorkloadError(
+            "seq",
+            f"must be a multiple of 8 (it is the N of Q·Kᵀ and the K of the attention-values "
+            f"BMM, leading dimensions the 16-byte loads need aligned), got {seq}",
+        )
+    tokens = batch * seq
+    head_dim = hidden // heads
+    per_block = [
+        Layer("qkv", gemm(tokens, 3 * hidden, hidden)),
+        Layer("attn_qk", bmm(batch * heads, seq, seq, head_dim)),
+        Layer("attn_sv", bmm(batch * heads, seq, head_dim, seq)),
+        Layer("attn_proj", gemm(tokens, hidden, hidden)),
+        Layer("fc1", gemm(tokens, ffn, hidden)),
+        Layer("fc2", gemm(tokens, hidden, ffn)),
+    ]
+    layers = [layer for _ in range(blocks) for layer in per_block]
+    notes = [
+        f"{blocks} blocks x (QKV, Q·Kᵀ, S·V, projection, FC1, FC2); embeddings, softmax, "
+        "layernorm and the output head are not tensor-core GEMM layers here"
+    ]
+    return Network(name, batch, seq, layers, notes)
+
+
+def _bottleneck(layers: list[Layer], stage: str, n: int, hw: int, cin: int, mid: int, stride: int):
+    """One ResNet-50 v1.5 bottleneck block (the stride sits on the 3×3), with its shortcut
+    projection when it changes shape. `hw` is the block's input size."""
+    out = 4 * mid
+    layers.append(Layer(f"{stage}.conv1x1_reduce", gemm(n * hw * hw, mid, cin)))
+    layers.append(Layer(f"{stage}.conv3x3", conv2d(n, hw, hw, mid, mid, 3, 3, stride, 1)))
+    hw_out = (hw + 2 - 3) // stride + 1
+    layers.append(Layer(f"{stage}.conv1x1_expand", gemm(n * hw_out * hw_out, out, mid)))
+    if stride != 1 or cin != out:
+        if stride == 1:
+            shortcut = gemm(n * hw * hw, out, cin)
+        else:  # a strided 1×1 reads every other pixel: an implicit GEMM, not a plain one
+            shortcut = conv2d(n, hw, hw, cin, out, 1, 1, stride, 0)
+        layers.append(Layer(f"{stage}.downsample", shortcut))
+    return out, hw_out
+
+
+def _resnet50(batch: int) -> Network:
+    n = batch
+    layers = [Layer("stem.conv7x7", conv2d(n, 224, 224, 8, 64, 7, 7, 2, 3))]
+    notes = [
+        "stem 7x7/2 conv: input channels padded from 3 to 8 (16-byte cp.async loads need C "
+        "to be a multiple of 8); its FLOPs are 8/3 of the real layer's",
+        "stride-1 1x1 convolutions as GEMM, strided 1x1 and 3x3 as Conv2D; pooling, "
+        "batch-norm and activations are not tensor-core layers here",
+    ]
+    cin, hw = 64, 56  # after the stem (112) and the 3×3/2 max-pool (56)
+    for stage, (mid, blocks, stride) in enumerate(
+        [(64, 3, 1), (128, 4, 2), (256, 6, 2), (512, 3, 2)], start=2
+    ):
+        for block in range(blocks):
+            cin, hw = _bottleneck(
+                layers, f"conv{stage}_x", n, hw, cin, mid, stride if block == 0 else 1
+            )
+    layers.append(Layer("fc", gemm(n, 1000, 2048)))
+    return Network("resnet50", batch, None, layers, notes)
+
+
+def network(name: str, batch: int | None = None, seq: int | None = None) -> Network:
+    """The tensor-core layers of `name` at this batch (and sequence length)."""
+    if name not in NETWORKS:
+        raise WorkloadError("network", f"unknown network {name!r}; known: {', '.join(NETWORKS)}")
+    batch = DEFAULT_BATCH[name] if batch is None else batch
+    if batch < 1:
+        raise WorkloadError("batch", f"must be at least 1, got {batch}")
+    if name == "resnet50":
+        return _resnet50(batch)
+    seq = DEFAULT_SEQ[name] if seq is None else seq
+    if seq < 1:
+        raise WorkloadError("seq", f"must be at least 1, got {seq}")
+    return _transformer(name, batch, seq, hidden=768, heads=12, ffn=3072, blocks=12)

@@ -1,0 +1,86 @@
+"""The FastAPI app factory.
+
+    create_app(Settings(database_url="sqlite:///pipetune.db", worker_tokens=["..."]))
+
+The schema is checked before anything else (service.migrate.check_schema): an app never
+serves a database whose schema differs from its ORM.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import AsyncIterator
+
+from fastapi import FastAPI
+from fastapi.concurrency import run_in_threadpool
+
+from service.context import Service
+from service.db import Database
+from service.driver import Driver
+from service.errors import install as install_error_handlers
+from service.metrics import Metrics
+from service.middleware import RequestMetrics
+from service.migrate import check_schema
+from service.queue import Queue
+from service.routers import curves, dashboard, jobs, ops, schedules, tasks, workers
+from service.settings import Settings
+
+log = logging.getLogger(__name__)
+
+DESCRIPTION = """Autotuning of pipelined tensor-core kernels: ask for the best schedule of a
+workload on a GPU, start tuning tasks, and let GPU workers lease and measure the trials.
+Worker routes need a worker token (`Authorization: Bearer <token>` or `X-Worker-Token`)."""
+
+
+async def _upkeep_loop(service: Service, interval: float) -> None:
+    while True:
+        await asyncio.sleep(interval)
+        try:
+            await run_in_threadpool(service.upkeep)
+        except Exception:  # keep sweeping: the next round may well succeed
+            log.exception("upkeep failed")
+
+
+def create_app(settings: Settings | None = None) -> FastAPI:
+    settings = settings or Settings()
+    revision = check_schema(settings.database_url, create_if_empty=settings.create_empty_schema)
+    db = Database(settings.database_url, settings.db_pool_size)
+    metrics = Metrics()
+    service = Service(
+        settings=settings,
+        db=db,
+        queue=Queue(db, settings, metrics),
+        driver=Driver(db, settings, metrics),
+        metrics=metrics,
+        schema_revision=revision,
+    )
+
+    @contextlib.asynccontextmanager
+    async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
+        upkeep = None
+        if settings.sweep_interval_s > 0:
+            upkeep = asyncio.create_task(_upkeep_loop(service, settings.sweep_interval_s))
+        try:
+            yield
+        finally:
+            if upkeep is not None:
+                upkeep.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await upkeep
+            db.dispose()
+
+    app = FastAPI(
+        title="pipetune",
+        version="1",
+        description=DESCRIPTION,
+        lifespan=lifespan,
+        max_body_size=settings.max_body_bytes,
+    )
+    app.state.service = service
+    install_error_handlers(app)
+    app.add_middleware(RequestMetrics, metrics=metrics)
+    for module in (schedules, tasks, curves, workers, jobs, ops, dashboard):
+        app.include_router(module.router)
+    return app

@@ -1,0 +1,65 @@
+"""Who may call what: worker tokens for the worker routes, optional API keys for the rest.
+
+Tokens and keys are held only as sha256 digests and compared in constant time. With no
+worker token configured every worker route is refused (`serve` generates one). With no API
+key configured the user routes are open (the embedded single-user default).
+"""
+
+from __future__ import annotations
+
+import hmac
+from typing import Annotated
+
+from fastapi import Depends, HTTPException
+from fastapi.security import APIKeyHeader, HTTPAuthorizationCredentials, HTTPBearer
+
+from service.context import ServiceDep
+from service.settings import token_hash
+
+_bearer = HTTPBearer(auto_error=False, description="worker token or API key")
+_worker_header = APIKeyHeader(name="X-Worker-Token", auto_error=False)
+_api_key_header = APIKeyHeader(name="X-API-Key", auto_error=False)
+
+
+def _known(secret: str | None, digests: list[str]) -> str | None:
+    """The secret's digest if it is one of the digests (every digest compared)."""
+    if not secret:
+        return None
+    digest = token_hash(secret)
+    found = False
+    for known in digests:
+        found |= hmac.compare_digest(digest, known)
+    return digest if found else None
+
+
+def _unauthorised(what: str) -> HTTPException:
+    return HTTPException(401, f"{what} required", headers={"WWW-Authenticate": "Bearer"})
+
+
+def worker_token(
+    bearer: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)],
+    header: Annotated[str | None, Depends(_worker_header)],
+    service: ServiceDep,
+) -> str:
+    """The digest of a valid worker token (Authorization: Bearer or X-Worker-Token)."""
+    secret = bearer.credentials if bearer is not None else header
+    digest = _known(secret, service.settings.worker_token_hashes)
+    if digest is None:
+        raise _unauthorised("a valid worker token")
+    return digest
+
+
+def user_access(
+    bearer: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)],
+    header: Annotated[str | None, Depends(_api_key_header)],
+    service: ServiceDep,
+) -> None:
+    digests = service.settings.api_key_hashes
+    if not digests:
+        return
+    secret = header if header is not None else (bearer.credentials if bearer else None)
+    if _known(secret, digests) is None:
+        raise _unauthorised("a valid API key")
+
+
+WorkerToken = Annotated[str, Depends(worker_token)]

@@ -1,0 +1,36 @@
+"""What every route needs, built once per app by create_app and found on app.state."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Annotated
+
+from fastapi import Depends, Request
+
+from service.db import Database
+from service.driver import Driver
+from service.metrics import Metrics
+from service.queue import Queue
+from service.settings import Settings
+
+
+@dataclass
+class Service:
+    settings: Settings
+    db: Database
+    queue: Queue
+    driver: Driver
+    metrics: Metrics
+    schema_revision: str
+
+    def upkeep(self) -> None:
+        """Requeue expired leases and advance tasks whose batch completed (any replica)."""
+        self.queue.reclaim()
+        self.driver.advance_ready()
+
+
+def get_service(request: Request) -> Service:
+    return request.app.state.service
+
+
+ServiceDep = Annotated[Service, Depends(get_service)]

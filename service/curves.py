@@ -1,0 +1,128 @@
+"""Best-so-far curves: one task's, and best-in-k-trials aggregated over tasks (ALCOP Fig. 13).
+
+A task's curve covers the prefix of its trials that are all final (a trial still running
+would change the points after it); failed trials count as trials that found nothing.
+
+The aggregate reads each task's stored curve (written at every batch boundary), not its
+trials, so it costs O(tasks) rows however many trials the database holds. best-in-k of a
+task = best-known latency of the workload / best latency of the task's first k trials (a
+throughput ratio, 0 before a success); the best known latency is the exhaustive sweep's
+(reference_optima) where one was imported, else the best any task measured. Mean over the
+tasks of a workload (seeds), geometric mean over workloads, per strategy; at each k only
+tasks that reached k trials count.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+
+import numpy as np
+from sqlalchemy import func, select
+from sqlalchemy.orm import Session
+
+from model.wire import AggregatePoint, CurvePoint
+from service.orm import JobRow, ReferenceOptimumRow, TaskRow, WorkloadRow
+from service.records import tflops
+
+FINAL_JOB = ("done", "failed", "lost")
+
+
+def task_curve(session: Session, task_id: int, flops: int, after: int) -> list[CurvePoint]:
+    rows = session.execute(
+        select(JobRow.trial, JobRow.state, JobRow.latency_us)
+        .where(JobRow.task_id == task_id)
+        .order_by(JobRow.trial)
+    ).all()
+    points: list[CurvePoint] = []
+    best: float | None = None
+    for trial, state, latency in rows:
+        if state not in FINAL_JOB:
+            break
+        if state == "done" and latency is not None and (best is None or latency < best):
+            best = latency
+        if trial > after:
+            points.append(
+                CurvePoint(
+                    trial=trial,
+                    best_latency_us=best,
+                    best_tflops=None if best is None else tflops(flops, best),
+                )
+            )
+    return points
+
+
+def _best_known(session: Session) -> dict[tuple[int, str], float]:
+    best: dict[tuple[int, str], float] = {}
+    measured = session.execute(
+        select(TaskRow.workload_id, TaskRow.gpu, func.min(TaskRow.best_latency_us))
+        .where(TaskRow.best_latency_us.is_not(None))
+        .group_by(TaskRow.workload_id, TaskRow.gpu)
+    )
+    reference = session.execute(
+        select(
+            ReferenceOptimumRow.workload_id,
+            ReferenceOptimumRow.gpu,
+            ReferenceOptimumRow.best_latency_us,
+        )
+    )
+    for workload_id, gpu, latency in [*measured, *reference]:
+        key = (workload_id, gpu)
+        best[key] = min(latency, best.get(key, latency))
+    return best
+
+
+def _geomean_rows(matrix: np.ndarray) -> np.ndarray:
+    """Geometric mean of each column over the rows that are not NaN (0 if any is 0)."""
+    present = ~np.isnan(matrix)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        logs = np.where(present, np.log(np.where(present, matrix, 1.0)), 0.0)
+        count = present.sum(axis=0)
+        mean = np.exp(logs.sum(axis=0) / np.maximum(count, 1))
+    zero = (present & (matrix <= 0)).any(axis=0)
+    return np.where(zero, 0.0, mean)
+
+
+def aggregate(
+    session: Session, gpu: str | None, op: str | None, strategy: str | None, max_k: int
+) -> dict[str, list[AggregatePoint]]:
+    query = (
+        select(TaskRow.strategy, TaskRow.workload_id, TaskRow.gpu, TaskRow.curve)
+        .join(WorkloadRow, WorkloadRow.id == TaskRow.workload_id)
+        .where(TaskRow.curve.is_not(None))
+    )
+    if gpu is not None:
+        query = query.where(TaskRow.gpu == gpu)
+    if op is not None:
+        query = query.where(WorkloadRow.op == op)
+    if strategy is not None:
+        query = query.where(TaskRow.strategy == strategy)
+    best = _best_known(session)
+    # strategy -> (workload, gpu) -> [normalised best-in-k arrays, one per task]
+    groups: dict[str, dict[tuple[int, str], list[np.ndarray]]] = defaultdict(
+        lambda: defaultdict(list)
+    )
+    for name, workload_id, task_gpu, curve in session.execute(query):
+        optimum = best.get((workload_id, task_gpu))
+        if not curve or optimum is None:
+            continue
+        latency = np.array([np.inf if c is None else c for c in curve[:max_k]], dtype=float)
+        groups[name][(workload_id, task_gpu)].append(optimum / latency)
+    curves: dict[str, list[AggregatePoint]] = {}
+    for name, by_workload in sorted(groups.items()):
+        length = max(len(a) for arrays in by_workload.values() for a in arrays)
+        per_workload = np.full((len(by_workload), length), np.nan)
+        tasks = np.zeros(length, dtype=int)
+        for row, arrays in enumerate(by_workload.values()):
+            padded = np.full((len(arrays), length), np.nan)
+            for i, a in enumerate(arrays):
+                padded[i, : len(a)] = a
+            reached = (~np.isnan(padded)).sum(axis=0)
+            tasks += reached
+            mean = np.nansum(padded, axis=0) / np.maximum(reached, 1)
+            per_workload[row] = np.where(reached > 0, mean, np.nan)
+        values = _geomean_rows(per_workload)
+        curves[name] = [
+            AggregatePoint(k=k + 1, best_in_k=float(values[k]), tasks=int(tasks[k]))
+            for k in range(length)
+        ]
+    return curves

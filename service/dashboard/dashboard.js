@@ -1,0 +1,192 @@
+// pipetune dashboard: tasks, the selected task's best-so-far curve and measured-vs-predicted
+// scatter, and the best-in-k curves per strategy. Refreshes incrementally: a task's trials
+// are fetched from the first one not yet final (`after=`), its curve from the last point
+// drawn, so a refresh costs the new rows only, however many trials the database holds.
+"use strict";
+
+(() => {
+  const params = new URLSearchParams(location.search);
+  const REFRESH_MS = Math.max(250, Number(params.get("refresh") || 2000));
+  const PAGE = 2000;
+  const FINAL = new Set(["done", "failed", "lost", "cancelled"]);
+  const PLOT_CONFIG = { displaylogo: false, responsive: true };
+
+  // An API key, if the service requires one, comes as #key=... and stays in this tab.
+  const hashKey = new URLSearchParams(location.hash.slice(1)).get("key");
+  if (hashKey) sessionStorage.setItem("pipetune-api-key", hashKey);
+  const apiKey = sessionStorage.getItem("pipetune-api-key");
+  const headers = apiKey ? { "X-API-Key": apiKey } : {};
+
+  const state = { tasks: [], detail: null, tick: 0, wanted: Number(params.get("task")) || null };
+
+  async function get(path) {
+    const response = await fetch(path, { headers });
+    if (!response.ok) throw new Error(`${path}: HTTP ${response.status}`);
+    return response.json();
+  }
+
+  function workloadLabel(w) {
+    switch (w.op) {
+      case "gemm": return `gemm ${w.m}×${w.n}×${w.k}`;
+      case "bmm": return `bmm ${w.b}×${w.m}×${w.n}×${w.k}`;
+      case "conv2d":
+        return `conv2d n${w.n} ${w.h}×${w.w}×${w.c}→${w.k} ${w.r}×${w.s} s${w.stride}`;
+      case "conv3d":
+        return `conv3d n${w.n} ${w.d}×${w.h}×${w.w}×${w.c}→${w.k} ${w.t}×${w.r}×${w.s}`;
+      default: return w.op;
+    }
+  }
+
+  function scheduleLabel(s) {
+    const bm = 16 * s.warp_row_tiles * s.block_row_warps;
+    const bn = 16 * s.warp_col_tiles * s.block_col_warps;
+    const bk = 16 * s.chunk;
+    return `${bm}×${bn}×${bk}, warps ${s.block_row_warps}×${s.block_col_warps}, ` +
+      `stages ${s.smem_stages}/${s.reg_stages}`;
+  }
+
+  const fixed = (x, digits) => (x == null ? "–" : Number(x).toFixed(digits));
+
+  function cell(row, text, className) {
+    const td = document.createElement("td");
+    td.textContent = text;
+    if (className) td.className = className;
+    row.appendChild(td);
+    return td;
+  }
+
+  function renderTasks() {
+    const body = document.querySelector("#tasks tbody");
+    const rows = document.createDocumentFragment();
+    for (const task of state.tasks) {
+      const tr = document.createElement("tr");
+      tr.dataset.task = task.id;
+      if (state.detail && state.detail.id === task.id) tr.className = "selected";
+      cell(tr, String(task.id));
+      cell(tr, workloadLabel(task.workload));
+      cell(tr, task.gpu);
+      cell(tr, task.strategy);
+      cell(tr, task.state, `state-${task.state}`);
+      const progress = cell(tr, "");
+      const bar = document.createElement("span");
+      bar.className = "bar";
+      const fill = document.createElement("span");
+      fill.style.width = `${Math.min(100, (100 * task.trials_done) / task.budget)}%`;
+      bar.appendChild(fill);
+      progress.append(bar, `${task.trials_done}/${task.budget}`);
+      cell(tr, fixed(task.best && task.best.tflops, 1));
+      cell(tr, fixed(task.best && task.best.latency_us, 2));
+      cell(tr, task.best ? scheduleLabel(task.best.schedule) : "–");
+      tr.addEventListener("click", () => select(task.id));
+      rows.appendChild(tr);
+    }
+    body.replaceChildren(rows);
+    document.getElementById("no-tasks").hidden = state.tasks.length > 0;
+  }
+
+  function select(taskId) {
+    if (state.detail && state.detail.id === taskId) return;
+    state.detail = { id: taskId, trials: [], cursor: 0, curve: [] };
+    renderTasks();
+    refresh();
+  }
+
+  async function refreshDetail(detail) {
+    let after = detail.cursor - 1;
+    for (;;) {
+      const page = (await get(`/v1/tasks/${detail.id}/trials?after=${after}&limit=${PAGE}`))
+        .trials;
+      for (const t of page) detail.trials[t.trial] = t;
+      if (page.length < PAGE) break;
+      after = page[page.length - 1].trial;
+    }
+    while (detail.cursor < detail.trials.length &&
+           detail.trials[detail.cursor] && FINAL.has(detail.trials[detail.cursor].state)) {
+      detail.cursor += 1;
+    }
+    const last = detail.curve.length ? detail.curve[detail.curve.length - 1].trial : -1;
+    const points = (await get(`/v1/tasks/${detail.id}/curve?after=${last}`)).points;
+    for (const p of points) detail.curve.push(p);
+  }
+
+  function drawDetail(detail) {
+    const task = state.tasks.find((t) => t.id === detail.id);
+    document.getElementById("task-section").hidden = false;
+    document.getElementById("task-title").textContent = task
+      ? `Task ${task.id}: ${workloadLabel(task.workload)} on ${task.gpu} (${task.strategy})`
+      : `Task ${detail.id}`;
+    const found = detail.curve.filter((p) => p.best_tflops != null);
+    Plotly.react("curve-plot", [{
+      x: found.map((p) => p.trial + 1),
+      y: found.map((p) => p.best_tflops),
+      mode: "lines+markers", line: { shape: "hv" }, marker: { size: 4 }, name: "best so far",
+    }], {
+      title: { text: "Best so far" }, margin: { t: 40, r: 20 },
+      xaxis: { title: { text: "trials" }, rangemode: "tozero" },
+      yaxis: { title: { text: "TFLOP/s" }, rangemode: "tozero" },
+    }, PLOT_CONFIG);
+    const measured = detail.trials.filter((t) => t && t.status === "ok" && t.predicted_us);
+    const xs = measured.map((t) => t.predicted_us);
+    const ys = measured.map((t) => t.latency_us);
+    const all = xs.concat(ys);
+    const lo = all.length ? Math.min(...all) : 1;
+    const hi = all.length ? Math.max(...all) : 10;
+    Plotly.react("scatter-plot", [
+      {
+        x: xs, y: ys, mode: "markers", name: "trials", marker: { size: 6, opacity: 0.7 },
+        text: measured.map((t) => `trial ${t.trial}: ${scheduleLabel(t.schedule)}`),
+      },
+      { x: [lo, hi], y: [lo, hi], mode: "lines", name: "measured = predicted",
+        line: { dash: "dot", color: "#888" } },
+    ], {
+      title: { text: "Measured vs predicted" }, margin: { t: 40, r: 20 },
+      xaxis: { title: { text: "predicted µs" }, type: "log" },
+      yaxis: { title: { text: "measured µs" }, type: "log" },
+      showlegend: false,
+    }, PLOT_CONFIG);
+  }
+
+  async function refreshAggregate() {
+    const doc = await get("/v1/curves");
+    const traces = Object.entries(doc.curves).map(([strategy, points]) => ({
+      x: points.map((p) => p.k), y: points.map((p) => p.best_in_k),
+      mode: "lines", name: strategy,
+      text: points.map((p) => `${p.tasks} task(s)`),
+    }));
+    Plotly.react("aggregate-plot", traces, {
+      margin: { t: 20, r: 20 },
+      xaxis: { title: { text: "k (trials)" } },
+      yaxis: { title: { text: "best-in-k" }, range: [0, 1.05] },
+    }, PLOT_CONFIG);
+  }
+
+  async function refresh() {
+    const status = document.getElementById("status");
+    try {
+      state.tasks = (await get("/v1/tasks?limit=100")).tasks;
+      if (!state.detail && state.tasks.length) {
+        const wanted = state.tasks.find((t) => t.id === state.wanted);
+        state.detail = { id: (wanted || state.tasks[0]).id, trials: [], cursor: 0, curve: [] };
+      }
+      renderTasks();
+      const detail = state.detail;
+      if (detail) {
+        await refreshDetail(detail);
+        if (detail === state.detail) drawDetail(detail);
+      }
+      if (state.tick % 5 === 0) await refreshAggregate();
+      state.tick += 1;
+      status.textContent = `updated ${new Date().toLocaleTimeString()}`;
+      document.body.dataset.refreshes = String(state.tick);
+    } catch (error) {
+      status.textContent = `cannot reach the service: ${error.message}`;
+    }
+  }
+
+  async function loop() {
+    await refresh();
+    setTimeout(loop, REFRESH_MS);
+  }
+
+  loop();
+})();

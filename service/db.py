@@ -1,0 +1,142 @@
+"""Engines, transactions and the database clock, for SQLite and PostgreSQL.
+
+SQLite: WAL (readers do not block the writer), a busy timeout, foreign keys on, and write
+transactions opened with ``BEGIN IMMEDIATE``. pysqlite's own deferred BEGIN would let two
+transactions read the same row and then fail (or, worse, both decide) when they write; with
+IMMEDIATE the write lock is taken up front, so a read-then-update inside ``Database.write``
+is a compare-and-set. Read-only sessions keep a deferred BEGIN and run beside the writer.
+
+PostgreSQL: an ordinary pool; row locks (``FOR UPDATE [SKIP LOCKED]``) where it matters.
+
+Lease expiry is judged by the database's clock only (``Database.now``): replicas and
+workers may disagree about the time, the database is the one clock they share.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+from sqlalchemy import Connection, DateTime, Engine, create_engine, event, func, type_coerce
+from sqlalchemy.engine import make_url
+from sqlalchemy.orm import Session, sessionmaker
+from sqlalchemy.sql.elements import ColumnElement
+from sqlalchemy.types import TypeDecorator
+
+SQLITE_NOW_FORMAT = "%Y-%m-%d %H:%M:%f"
+
+
+class UTCDateTime(TypeDecorator):
+    """Timezone-aware UTC datetimes on both dialects (SQLite stores naive UTC text)."""
+
+    impl = DateTime(timezone=True)
+    cache_ok = True
+
+    def process_bind_param(self, value: Any, dialect: Any) -> Any:
+        if isinstance(value, dt.datetime) and value.tzinfo is not None:
+            value = value.astimezone(dt.UTC)
+            if dialect.name == "sqlite":
+                value = value.replace(tzinfo=None)
+        return value
+
+    def process_result_value(self, value: Any, dialect: Any) -> Any:
+        if isinstance(value, dt.datetime) and value.tzinfo is None:
+            return value.replace(tzinfo=dt.UTC)
+        if isinstance(value, dt.datetime):
+            return value.astimezone(dt.UTC)
+        return value
+
+
+def is_sqlite(url: str) -> bool:
+    return make_url(url).get_backend_name() == "sqlite"
+
+
+def make_engine(url: str, pool_size: int = 10) -> Engine:
+    parsed = make_url(url)
+    if parsed.get_backend_name() != "sqlite":
+        # No pre-ping: it costs a round trip per transaction on the hot paths. A connection
+        # broken by a database restart fails one request, and SQLAlchemy then replaces the
+        # whole pool; pool_recycle retires connections a proxy might have dropped.
+        return create_engine(
+            url, pool_size=pool_size, max_overflow=2 * pool_size, pool_recycle=1800
+        )
+    if parsed.database and parsed.database != ":memory:":
+        Path(parsed.database).expanduser().parent.mkdir(parents=True, exist_ok=True)
+    engine = create_engine(
+        url, connect_args={"timeout": 30, "check_same_thread": False}, pool_size=pool_size
+    )
+
+    @event.listens_for(engine, "connect")
+    def _configure(dbapi_connection: Any, _record: Any) -> None:
+        dbapi_connection.isolation_level = None  # we emit BEGIN ourselves (see below)
+        cursor = dbapi_connection.cursor()
+        cursor.execute("PRAGMA journal_mode=WAL")
+        cursor.execute("PRAGMA busy_timeout=30000")
+        cursor.execute("PRAGMA foreign_keys=ON")
+        cursor.execute("PRAGMA synchronous=NORMAL")
+        cursor.close()
+
+    @event.listens_for(engine, "begin")
+    def _begin(connection: Any) -> None:
+        readonly = connection.get_execution_options().get("pipetune_readonly", False)
+        connection.exec_driver_sql("BEGIN" if readonly else "BEGIN IMMEDIATE")
+
+    return engine
+
+
+class Database:
+    """An engine plus the two kinds of transaction the service uses."""
+
+    def __init__(self, url: str, pool_size: int = 10):
+        self.url = url
+        self.engine = make_engine(url, pool_size)
+        self.dialect = self.engine.dialect.name
+        self._write = sessionmaker(self.engine, expire_on_commit=False)
+        self._reader = self.engine.execution_options(pipetune_readonly=True)
+        self._read = sessionmaker(self._reader, expire_on_commit=False)
+
+    @property
+    def is_sqlite(self) -> bool:
+        return self.dialect == "sqlite"
+
+    @contextmanager
+    def write(self) -> Iterator[Session]:
+        """One transaction that may write: committed on success, rolled back on error."""
+        with self._write.begin() as session:
+            yield session
+
+    @contextmanager
+    def read(self) -> Iterator[Session]:
+        """A read-only transaction (never committed)."""
+        with self._read() as session:
+            yield session
+
+    @contextmanager
+    def write_conn(self) -> Iterator[Connection]:
+        """A Core connection in one write transaction (the queue's hot paths: no ORM)."""
+        with self.engine.begin() as conn:
+            yield conn
+
+    @contextmanager
+    def read_conn(self) -> Iterator[Connection]:
+        with self._reader.connect() as conn:
+            yield conn
+
+    def now(self) -> ColumnElement[dt.datetime]:
+        """The database's current time, as a SQL expression."""
+        if self.is_sqlite:
+            return type_coerce(func.strftime(SQLITE_NOW_FORMAT, "now"), UTCDateTime)
+        return func.now()
+
+    def now_plus(self, seconds: float) -> ColumnElement[dt.datetime]:
+        """The database's time plus a number of seconds, as a SQL expression."""
+        if self.is_sqlite:
+            modifier = f"{float(seconds):+.3f} seconds"  # a bound parameter, not SQL text
+            return type_coerce(func.strftime(SQLITE_NOW_FORMAT, "now", modifier), UTCDateTime)
+        return type_coerce(func.now() + dt.timedelta(seconds=seconds), UTCDateTime)
+
+    def dispose(self) -> None:
+        self.engine.dispose()

@@ -1,0 +1,109 @@
+"""Error responses: every 422 names the field and the reason (model/wire.py
+ValidationErrorBody); domain errors map to 403/404/409."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+
+from model.wire import ErrorItem, ValidationErrorBody
+from model.workloads import OPS, WorkloadError
+
+
+class ServiceError(Exception):
+    status_code = 400
+
+    def __init__(self, detail: str):
+        super().__init__(detail)
+        self.detail = detail
+
+
+class NotFoundError(ServiceError):
+    status_code = 404
+
+
+class ForbiddenError(ServiceError):
+    status_code = 403
+
+
+class ConflictError(ServiceError):
+    status_code = 409
+
+
+class InputError(ServiceError):
+    """Bad input found past request validation (e.g. a workload with no valid schedule)."""
+
+    status_code = 422
+
+    def __init__(self, loc: list[str | int], reason: str):
+        super().__init__(f"{'.'.join(map(str, loc))}: {reason}")
+        self.loc = loc
+        self.reason = reason
+
+
+_PREFIXES = ("Value error, ", "Assertion failed, ")
+
+
+def _reason(error: dict[str, Any]) -> str:
+    msg = str(error.get("msg", "invalid"))
+    for prefix in _PREFIXES:
+        msg = msg.removeprefix(prefix)
+    if error.get("type") == "json_invalid":
+        ctx = error.get("ctx") or {}
+        return f"malformed JSON: {ctx.get('error', msg)}"
+    return msg
+
+
+def _item(error: dict[str, Any]) -> ErrorItem:
+    loc: list[str | int] = [
+        p for p in error.get("loc", ()) if not (isinstance(p, str) and p in OPS)
+    ]
+    kind = str(error.get("type", "value_error"))
+    reason = _reason(error)
+    cause = (error.get("ctx") or {}).get("error")
+    if isinstance(cause, WorkloadError):
+        # A workload model validator reports at the operator; the field is in the error.
+        loc = [*loc, cause.field]
+        reason = cause.reason
+    elif kind in ("union_tag_invalid", "union_tag_not_found"):
+        loc = [*loc, "op"]
+        known = ", ".join(OPS)
+        tag = (error.get("ctx") or {}).get("tag")
+        reason = f"unknown operator {tag!r}; known: {known}" if tag else f"missing; one of: {known}"
+    elif kind == "json_invalid":
+        loc = ["body"]
+    if "input" in error and kind not in ("missing", "json_invalid", "extra_forbidden"):
+        value = error["input"]
+        shown = repr(value)
+        if (isinstance(value, int | float | str | bool) or value is None) and shown not in reason:
+            reason = f"{reason} (got {shown})"
+    names = [p for p in loc if isinstance(p, str) and p not in ("body", "query", "path")]
+    field = names[-1] if names else "body"
+    return ErrorItem(loc=loc, field=field, reason=reason, type=kind)
+
+
+def validation_body(errors: list[dict[str, Any]]) -> dict[str, Any]:
+    items = [_item(e) for e in errors] or [
+        ErrorItem(loc=["body"], field="body", reason="invalid request", type="value_error")
+    ]
+    body = ValidationErrorBody(field=items[0].field, reason=items[0].reason, detail=items)
+    return body.model_dump(mode="json")
+
+
+def install(app: FastAPI) -> None:
+    @app.exception_handler(RequestValidationError)
+    async def _validation(_request: Request, exc: RequestValidationError) -> JSONResponse:
+        return JSONResponse(validation_body(list(exc.errors())), status_code=422)
+
+    @app.exception_handler(InputError)
+    async def _input(_request: Request, exc: InputError) -> JSONResponse:
+        item = ErrorItem(loc=exc.loc, field=str(exc.loc[-1]), reason=exc.reason, type="value_error")
+        body = ValidationErrorBody(field=item.field, reason=item.reason, detail=[item])
+        return JSONResponse(body.model_dump(mode="json"), status_code=422)
+
+    @app.exception_handler(ServiceError)
+    async def _service(_request: Request, exc: ServiceError) -> JSONResponse:
+        return JSONResponse({"detail": exc.detail}, status_code=exc.status_code)

@@ -1,0 +1,189 @@
+"""The service's tables (SQLAlchemy 2 typed ORM). migrations/ builds exactly this schema.
+
+A job is one trial of a task: the schedule a TuningSession proposed, its place in the queue
+(state, lease) and, once measured, its result. Columns copied from the task onto the job
+(workload_id, gpu, arch) serve the two hot queries without a join: leasing (state, arch)
+and the best measured schedule of a workload on a GPU (workload_id, gpu, status, latency).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from typing import Any, ClassVar
+
+from sqlalchemy import (
+    JSON,
+    BigInteger,
+    Float,
+    ForeignKey,
+    Index,
+    Integer,
+    MetaData,
+    String,
+    Text,
+    UniqueConstraint,
+    func,
+)
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+
+from service.db import UTCDateTime
+
+ID_MAX = 2**31 - 1  # ids and counts are 32-bit integer columns
+
+NAMING = {
+    "ix": "ix_%(table_name)s_%(column_0_N_name)s",
+    "uq": "uq_%(table_name)s_%(column_0_N_name)s",
+    "fk": "fk_%(table_name)s_%(column_0_name)s_%(referred_table_name)s",
+    "pk": "pk_%(table_name)s",
+}
+
+
+class Base(DeclarativeBase):
+    metadata = MetaData(naming_convention=NAMING)
+    type_annotation_map: ClassVar[dict] = {dict[str, Any]: JSON, dt.datetime: UTCDateTime}
+
+
+def _created() -> Mapped[dt.datetime]:
+    return mapped_column(UTCDateTime, server_default=func.current_timestamp())
+
+
+class WorkloadRow(Base):
+    """An operator shape in canonical form; one row per workload hash."""
+
+    __tablename__ = "workloads"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    hash: Mapped[str] = mapped_column(String(32), unique=True)
+    op: Mapped[str] = mapped_column(String(16))
+    canonical: Mapped[dict[str, Any]]
+    label: Mapped[str] = mapped_column(String(200))
+    flops: Mapped[int] = mapped_column(BigInteger)
+    created_at: Mapped[dt.datetime] = _created()
+
+
+class TaskRow(Base):
+    __tablename__ = "tasks"
+    __table_args__ = (
+        Index(None, "state"),
+        Index(None, "workload_id", "gpu"),
+    )
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    workload_id: Mapped[int] = mapped_column(ForeignKey("workloads.id"))
+    gpu: Mapped[str] = mapped_column(String(16))
+    arch: Mapped[str] = mapped_column(String(16))
+    strategy: Mapped[str] = mapped_column(String(32))
+    budget: Mapped[int] = mapped_column(Integer)
+    seed: Mapped[int] = mapped_column(BigInteger)
+    batch_size: Mapped[int] = mapped_column(Integer)
+    state: Mapped[str] = mapped_column(String(16))
+    # Batches enqueued so far: the version a replica compares-and-sets to enqueue the next.
+    batches: Mapped[int] = mapped_column(Integer, default=0)
+    # min(budget, space size): the exact number of trials the task will have.
+    trials_target: Mapped[int] = mapped_column(Integer)
+    trials_enqueued: Mapped[int] = mapped_column(Integer, default=0)
+    trials_done: Mapped[int] = mapped_column(Integer, default=0)
+    trials_failed: Mapped[int] = mapped_column(Integer, default=0)
+    best_trial: Mapped[int | None] = mapped_column(Integer)
+    best_latency_us: Mapped[float | None] = mapped_column(Float)
+    # Best-so-far latency per trial index (None before the first success), written at each
+    # batch boundary: the aggregated curves read these instead of every trial.
+    curve: Mapped[list[float | None] | None] = mapped_column(JSON)
+    error: Mapped[str | None] = mapped_column(Text)
+    created_at: Mapped[dt.datetime] = _created()
+    updated_at: Mapped[dt.datetime] = _created()
+    finished_at: Mapped[dt.datetime | None]
+
+
+class WorkerRow(Base):
+    __tablename__ = "workers"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    name: Mapped[str] = mapped_column(String(128), unique=True)
+    gpu: Mapped[str] = mapped_column(String(16))
+    arch: Mapped[str] = mapped_column(String(16))
+    runner: Mapped[str] = mapped_column(String(16))
+    device_name: Mapped[str | None] = mapped_column(String(256))
+    sm_count: Mapped[int | None] = mapped_column(Integer)
+    driver: Mapped[str | None] = mapped_column(String(64))
+    clocks_mhz: Mapped[int | None] = mapped_column(Integer)
+    # sha256 of the token the worker registered with: only that token may act for it.
+    token_hash: Mapped[str] = mapped_column(String(64))
+    busy_jobs: Mapped[int] = mapped_column(Integer, default=0)
+    registered_at: Mapped[dt.datetime] = _created()
+    last_heartbeat: Mapped[dt.datetime] = _created()
+
+
+class JobRow(Base):
+    """One trial: a proposed schedule, its lease and its measurement."""
+
+    __tablename__ = "jobs"
+    __table_args__ = (
+        UniqueConstraint("task_id", "trial"),
+        Index("ix_jobs_queue", "state", "arch", "gpu", "id"),
+        Index("ix_jobs_lease_expiry", "state", "lease_expires_at"),
+        Index("ix_jobs_task_state", "task_id", "state"),
+        Index("ix_jobs_owner", "lease_owner", "state"),
+        Index("ix_jobs_best", "workload_id", "gpu", "status", "latency_us"),
+    )
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    task_id: Mapped[int] = mapped_column(ForeignKey("tasks.id", ondelete="CASCADE"))
+    workload_id: Mapped[int] = mapped_column(ForeignKey("workloads.id"))
+    gpu: Mapped[str] = mapped_column(String(16))
+    arch: Mapped[str] = mapped_column(String(16))
+    trial: Mapped[int] = mapped_column(Integer)  # 0-based, in proposal order
+    batch: Mapped[int] = mapped_column(Integer)  # which propose() call made it
+    schedule: Mapped[dict[str, Any]]
+    schedule_id: Mapped[str] = mapped_column(String(40))
+    predicted_us: Mapped[float | None] = mapped_column(Float)
+    state: Mapped[str] = mapped_column(String(16))
+    attempts: Mapped[int] = mapped_column(Integer, default=0)  # leases that expired
+    lease_owner: Mapped[int | None] = mapped_column(ForeignKey("workers.id"))
+    lease_token: Mapped[str | None] = mapped_column(String(64))
+    lease_expires_at: Mapped[dt.datetime | None]
+    # The lease whose result was applied: a repeat of it is acknowledged, not counted again.
+    result_token: Mapped[str | None] = mapped_column(String(64))
+    result_worker: Mapped[int | None] = mapped_column(ForeignKey("workers.id"))
+    status: Mapped[str | None] = mapped_column(String(24))
+    latency_us: Mapped[float | None] = mapped_column(Float)
+    samples_us: Mapped[list[float] | None] = mapped_column(JSON)
+    spread: Mapped[float | None] = mapped_column(Float)
+    registers: Mapped[int | None] = mapped_column(Integer)
+    spill_bytes: Mapped[int | None] = mapped_column(Integer)
+    smem_bytes: Mapped[int | None] = mapped_column(Integer)
+    compile_ms: Mapped[float | None] = mapped_column(Float)
+    max_abs_error: Mapped[float | None] = mapped_column(Float)
+    error: Mapped[str | None] = mapped_column(Text)
+    runner: Mapped[str | None] = mapped_column(String(16))
+    created_at: Mapped[dt.datetime] = _created()
+    finished_at: Mapped[dt.datetime | None]
+
+
+class LeaseRow(Base):
+    """Every lease ever granted: the audit trail that shows no job was held twice at once."""
+
+    __tablename__ = "leases"
+    __table_args__ = (Index(None, "job_id"),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    job_id: Mapped[int] = mapped_column(ForeignKey("jobs.id", ondelete="CASCADE"))
+    worker_id: Mapped[int] = mapped_column(ForeignKey("workers.id"))
+    token: Mapped[str] = mapped_column(String(64))
+    leased_at: Mapped[dt.datetime]
+    # result | expired | cancelled; None while the lease is live.
+    outcome: Mapped[str | None] = mapped_column(String(16))
+    ended_at: Mapped[dt.datetime | None]
+
+
+class ReferenceOptimumRow(Base):
+    """The best latency of an exhaustive sweep of a workload on a GPU (curve normalisation)."""
+
+    __tablename__ = "reference_optima"
+
+    workload_id: Mapped[int] = mapped_column(ForeignKey("workloads.id"), primary_key=True)
+    gpu: Mapped[str] = mapped_column(String(16), primary_key=True)
+    best_latency_us: Mapped[float] = mapped_column(Float)
+    configurations: Mapped[int] = mapped_column(Integer)
+    source: Mapped[str] = mapped_column(String(512))
+    created_at: Mapped[dt.datetime] = _created()

@@ -1,0 +1,100 @@
+"""Workload rows and the best-schedule lookups behind POST /v1/schedules."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import lru_cache
+
+from sqlalchemy import select
+from sqlalchemy.dialects.postgresql import insert as pg_insert
+from sqlalchemy.dialects.sqlite import insert as sqlite_insert
+from sqlalchemy.orm import Session
+
+from model.analytical import rank
+from model.hardware import get_gpu
+from model.space import Schedule
+from model.workloads import AnyWorkload, WorkloadError
+from service.orm import JobRow, ReferenceOptimumRow, WorkloadRow
+
+
+def workload_row(session: Session, workload: AnyWorkload) -> WorkloadRow:
+    """The row of a workload, created if it is new (safe against a concurrent insert)."""
+    digest = workload.workload_hash
+    found = session.scalars(select(WorkloadRow).where(WorkloadRow.hash == digest)).one_or_none()
+    if found is not None:
+        return found
+    insert = pg_insert if session.get_bind().dialect.name == "postgresql" else sqlite_insert
+    values = {
+        "hash": digest,
+        "op": workload.op,
+        "canonical": workload.canonical(),
+        "label": workload.label(),
+        "flops": workload.flops,
+    }
+    session.execute(insert(WorkloadRow).values(**values).on_conflict_do_nothing())
+    return session.scalars(select(WorkloadRow).where(WorkloadRow.hash == digest)).one()
+
+
+def best_measured(session: Session, workload_hash: str, gpu: str) -> JobRow | None:
+    """The fastest successful trial of this workload on this GPU, over every task."""
+    return session.scalars(
+        select(JobRow)
+        .join(WorkloadRow, JobRow.workload_id == WorkloadRow.id)
+        .where(WorkloadRow.hash == workload_hash, JobRow.gpu == gpu, JobRow.status == "ok")
+        .order_by(JobRow.latency_us, JobRow.id)
+        .limit(1)
+    ).first()
+
+
+@dataclass(frozen=True)
+class ModelPick:
+    schedule: Schedule
+    predicted_us: float
+    tflops: float
+    space_size: int
+
+
+@lru_cache(maxsize=1024)
+def model_pick(workload: AnyWorkload, gpu: str) -> ModelPick:
+    """The analytical model's best schedule (cached: it depends only on its arguments)."""
+    space, _, ranked = rank(workload, get_gpu(gpu), top=1)
+    if not ranked:
+        raise WorkloadError("workload", f"no schedule of the kernel family is valid on {gpu}")
+    best = ranked[0]
+    return ModelPick(
+        schedule=Schedule.from_dict(best.schedule),
+        predicted_us=best.terms["predicted_us"],
+        tflops=best.terms["predicted_tflops"],
+        space_size=len(space),
+    )
+
+
+def tflops(flops: int, latency_us: float) -> float:
+    return flops / (latency_us * 1e-6) / 1e12
+
+
+def set_reference_optimum(
+    session: Session,
+    workload: AnyWorkload,
+    gpu: str,
+    best_latency_us: float,
+    configurations: int,
+    source: str,
+) -> None:
+    """Record (or replace) the exhaustive-search optimum of a workload on a GPU."""
+    row = workload_row(session, workload)
+    existing = session.get(ReferenceOptimumRow, (row.id, gpu))
+    if existing is None:
+        session.add(
+            ReferenceOptimumRow(
+                workload_id=row.id,
+                gpu=gpu,
+                best_latency_us=best_latency_us,
+                configurations=configurations,
+                source=source[:512],
+            )
+        )
+    else:
+        existing.best_latency_us = best_latency_us
+        existing.configurations = configurations
+        existing.source = source[:512]

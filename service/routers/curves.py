@@ -1,0 +1,38 @@
+"""GET /v1/curves: best-in-k-trials per strategy, aggregated over tasks."""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+from fastapi import APIRouter, Depends, Query
+
+from model.hardware import HardwareError, resolve_gpu_key
+from model.wire import AggregateCurves, StrategyName
+from service.auth import user_access
+from service.context import ServiceDep
+from service.curves import aggregate
+from service.errors import InputError
+from service.routers.common import ERRORS
+
+router = APIRouter(tags=["curves"], dependencies=[Depends(user_access)])
+
+
+@router.get("/v1/curves", response_model=AggregateCurves, responses=ERRORS)
+def get_curves(
+    service: ServiceDep,
+    gpu: str | None = None,
+    op: Literal["gemm", "bmm", "conv2d", "conv3d"] | None = None,
+    strategy: StrategyName | None = None,
+    max_k: Annotated[int, Query(ge=1, le=5000)] = 1000,
+) -> AggregateCurves:
+    """best-in-k (k = 1, 2, ...): best throughput of a task's first k trials over the best
+    known for its workload (an imported exhaustive sweep where one exists), mean over tasks
+    per workload, geometric mean over workloads (the ALCOP Fig. 13 view)."""
+    if gpu is not None:
+        try:
+            gpu = resolve_gpu_key(gpu)
+        except HardwareError as exc:
+            raise InputError(["query", "gpu"], str(exc)) from None
+    with service.db.read() as s:
+        curves = aggregate(s, gpu, op, strategy, max_k)
+    return AggregateCurves(gpu=gpu, op=op, curves=curves)

@@ -1,0 +1,77 @@
+"""POST /v1/schedules: the best known schedule of a workload on a GPU."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter, Depends, Request, Response
+
+from model.space import Schedule
+from model.wire import ScheduleDoc, ScheduleRequest, ScheduleResponse, TaskCreate
+from model.workloads import WorkloadError
+from service.auth import user_access
+from service.context import ServiceDep
+from service.errors import InputError
+from service.records import ModelPick, best_measured, model_pick, tflops
+from service.routers.common import ERRORS
+
+router = APIRouter(tags=["schedules"], dependencies=[Depends(user_access)])
+
+
+def _model_pick(body: ScheduleRequest) -> ModelPick:
+    try:
+        return model_pick(body.workload, body.gpu)
+    except WorkloadError as exc:
+        raise InputError(["body", "workload"], exc.reason) from None
+
+
+@router.post(
+    "/v1/schedules",
+    response_model=ScheduleResponse,
+    responses={202: {"model": ScheduleResponse, "description": "with `tune`: task created"}}
+    | ERRORS,
+)
+def best_schedule(
+    service: ServiceDep,
+    body: ScheduleRequest,
+    request: Request,
+    response: Response,
+) -> ScheduleResponse:
+    """The best measured schedule for the workload on the GPU if one was measured
+    (`source: measured`), else the analytical model's pick (`source: model`). With `tune`,
+    also creates a tuning task (202, `task_id` and `url`)."""
+    workload = body.workload
+    with service.db.read() as s:
+        job = best_measured(s, workload.workload_hash, body.gpu)
+    if job is not None:
+        schedule = Schedule(**job.schedule)
+        predicted = job.predicted_us
+        if predicted is None:
+            predicted = _model_pick(body).predicted_us
+        doc = ScheduleResponse(
+            source="measured",
+            workload=workload.canonical(),
+            gpu=body.gpu,
+            schedule=ScheduleDoc.of(schedule),
+            schedule_id=schedule.id,
+            latency_us=job.latency_us,
+            predicted_us=predicted,
+            tflops=tflops(workload.flops, job.latency_us),
+        )
+    else:
+        pick = _model_pick(body)
+        doc = ScheduleResponse(
+            source="model",
+            workload=workload.canonical(),
+            gpu=body.gpu,
+            schedule=ScheduleDoc.of(pick.schedule),
+            schedule_id=pick.schedule.id,
+            predicted_us=pick.predicted_us,
+            tflops=pick.tflops,
+        )
+    if body.tune is not None:
+        task_id = service.driver.create(
+            TaskCreate(workload=workload, gpu=body.gpu, **body.tune.model_dump())
+        )
+        doc.task_id = task_id
+        doc.url = str(request.url_for("get_task", task_id=task_id))
+        response.status_code = 202
+    return doc

@@ -1,0 +1,100 @@
+"""Tuning tasks: create, list, inspect, cancel; their trials and best-so-far curve."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from fastapi import APIRouter, Depends, Query
+
+from model.wire import Curve, TaskCreate, TaskDoc, TaskList, TaskState, TrialList
+from service.auth import user_access
+from service.context import Service, ServiceDep
+from service.curves import task_curve
+from service.errors import NotFoundError
+from service.routers.common import ERRORS, ID_MAX, NOT_FOUND, RowId
+from service.views import get_task_doc, list_task_docs, list_trial_docs, task_flops
+
+router = APIRouter(tags=["tasks"], dependencies=[Depends(user_access)])
+
+
+def _task_doc(service: Service, task_id: int) -> TaskDoc:
+    with service.db.read() as s:
+        doc = get_task_doc(s, task_id)
+    if doc is None:
+        raise NotFoundError(f"task {task_id} does not exist")
+    return doc
+
+
+@router.post("/v1/tasks", status_code=201, response_model=TaskDoc, responses=ERRORS)
+def create_task(
+    service: ServiceDep,
+    body: TaskCreate,
+) -> TaskDoc:
+    """Create a tuning task; its first batch of trials is queued at once."""
+    return _task_doc(service, service.driver.create(body))
+
+
+@router.get("/v1/tasks", response_model=TaskList)
+def list_tasks(
+    service: ServiceDep,
+    state: TaskState | None = None,
+    limit: Annotated[int, Query(ge=1, le=1000)] = 100,
+    offset: Annotated[int, Query(ge=0, le=ID_MAX)] = 0,
+) -> TaskList:
+    """Tasks, newest first."""
+    with service.db.read() as s:
+        return TaskList(tasks=list_task_docs(s, state, limit, offset))
+
+
+@router.get("/v1/tasks/{task_id}", name="get_task", response_model=TaskDoc, responses=NOT_FOUND)
+def get_task(
+    service: ServiceDep,
+    task_id: RowId,
+) -> TaskDoc:
+    return _task_doc(service, task_id)
+
+
+@router.delete(
+    "/v1/tasks/{task_id}",
+    response_model=TaskDoc,
+    responses=NOT_FOUND | {409: {"description": "the task already finished"}},
+)
+def cancel_task(
+    service: ServiceDep,
+    task_id: RowId,
+) -> TaskDoc:
+    """Cancel a task: its queued and leased jobs are cancelled, late results refused."""
+    service.driver.cancel(task_id)
+    return _task_doc(service, task_id)
+
+
+@router.get("/v1/tasks/{task_id}/trials", response_model=TrialList, responses=NOT_FOUND)
+def list_trials(
+    service: ServiceDep,
+    task_id: RowId,
+    after: Annotated[
+        int, Query(ge=-1, le=ID_MAX, description="only trials with a larger index")
+    ] = -1,
+    limit: Annotated[int, Query(ge=1, le=10000)] = 1000,
+) -> TrialList:
+    """The task's trials in proposal order (incremental with `after`)."""
+    with service.db.read() as s:
+        if task_flops(s, task_id) is None:
+            raise NotFoundError(f"task {task_id} does not exist")
+        return TrialList(trials=list_trial_docs(s, task_id, after, limit))
+
+
+@router.get("/v1/tasks/{task_id}/curve", response_model=Curve, responses=NOT_FOUND)
+def get_curve(
+    service: ServiceDep,
+    task_id: RowId,
+    after: Annotated[
+        int, Query(ge=-1, le=ID_MAX, description="only points with a larger trial index")
+    ] = -1,
+) -> Curve:
+    """Best-so-far latency and TFLOP/s per trial index, over the trials that are final."""
+    with service.db.read() as s:
+        flops = task_flops(s, task_id)
+        if flops is None:
+            raise NotFoundError(f"task {task_id} does not exist")
+        return Curve(points=task_curve(s, task_id, flops, after))

@@ -1,0 +1,64 @@
+"""Worker registration and heartbeats (worker token required), and the worker list."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from fastapi import APIRouter, Depends, Query, Response
+from sqlalchemy import select
+
+from model.wire import Heartbeat, HeartbeatAck, WorkerDoc, WorkerList, WorkerRegister
+from service.auth import WorkerToken, user_access
+from service.context import ServiceDep
+from service.orm import WorkerRow
+from service.routers.common import ERRORS, NOT_FOUND, RowId
+from service.views import worker_doc
+
+router = APIRouter(tags=["workers"])
+
+
+@router.post(
+    "/v1/workers",
+    status_code=201,
+    response_model=WorkerDoc,
+    responses=ERRORS | {200: {"model": WorkerDoc, "description": "re-registered"}},
+)
+def register_worker(
+    service: ServiceDep,
+    body: WorkerRegister,
+    response: Response,
+    token: WorkerToken,
+) -> WorkerDoc:
+    """Register a worker (201), or update one registered before under the same name
+    with the same token (200). Jobs go to workers of the task GPU's arch."""
+    doc, created = service.queue.register(token, body)
+    if not created:
+        response.status_code = 200
+    return doc
+
+
+@router.post(
+    "/v1/workers/{worker_id}/heartbeat",
+    response_model=HeartbeatAck,
+    responses=NOT_FOUND | {403: {"description": "not this token's worker"}},
+)
+def heartbeat(
+    service: ServiceDep,
+    worker_id: RowId,
+    body: Heartbeat,
+    token: WorkerToken,
+) -> HeartbeatAck:
+    """Liveness; also extends the worker's unexpired leases by one lease TTL."""
+    return service.queue.heartbeat(worker_id, token, body.busy_jobs)
+
+
+@router.get("/v1/workers", response_model=WorkerList, dependencies=[Depends(user_access)])
+def list_workers(
+    service: ServiceDep,
+    limit: Annotated[int, Query(ge=1, le=1000)] = 200,
+) -> WorkerList:
+    with service.db.read() as s:
+        rows = s.scalars(
+            select(WorkerRow).order_by(WorkerRow.last_heartbeat.desc()).limit(limit)
+        ).all()
+        return WorkerList(workers=[worker_doc(w) for w in rows])

@@ -1,0 +1,72 @@
+"""Service settings, read from the environment (prefix ``PIPETUNE_``) or passed in.
+
+PIPETUNE_DATABASE_URL    sqlite:///path.db (default: a file under the user data dir)
+                         or postgresql+psycopg://user@host/db
+PIPETUNE_WORKER_TOKENS   comma-separated tokens workers authenticate with
+PIPETUNE_API_KEYS        comma-separated keys for the user routes (unset: open)
+PIPETUNE_LEASE_TTL_S     seconds a leased job stays with its worker without a result
+PIPETUNE_MAX_ATTEMPTS    expired leases before a job is given up as `lost`
+PIPETUNE_BATCH_SIZE      trials a task proposes per round
+"""
+
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+from typing import Annotated
+
+import platformdirs
+from pydantic import Field, field_validator
+from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
+
+
+def default_database_url() -> str:
+    """The embedded default: one SQLite file in the user's data directory."""
+    path = Path(platformdirs.user_data_dir("pipetune")) / "pipetune.db"
+    return f"sqlite:///{path}"
+
+
+def token_hash(token: str) -> str:
+    """Tokens are kept and compared only as sha256 digests (never the token itself)."""
+    return hashlib.sha256(token.encode()).hexdigest()
+
+
+def _split(value: object) -> object:
+    if isinstance(value, str):
+        return [part.strip() for part in value.split(",") if part.strip()]
+    return value
+
+
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="PIPETUNE_", extra="ignore")
+
+    database_url: str = Field(default_factory=default_database_url)
+    worker_tokens: Annotated[list[str], NoDecode] = Field(default_factory=list)
+    api_keys: Annotated[list[str], NoDecode] = Field(default_factory=list)
+    lease_ttl_s: float = Field(120.0, gt=0)
+    max_attempts: int = Field(3, ge=1)
+    batch_size: int = Field(8, ge=1, le=64)
+    # How often a long-polling lease request looks at the queue again, and the longest a
+    # lease request is held (below a proxy's idle timeout; short in tests: workers drain
+    # when their poll returns).
+    lease_poll_s: float = Field(0.1, gt=0)
+    lease_wait_cap_s: float = Field(30.0, ge=0)
+    # Background upkeep (expired leases, tasks whose batch completed): seconds, 0 = off.
+    sweep_interval_s: float = Field(2.0, ge=0)
+    max_body_bytes: int = Field(1_000_000, ge=1024)
+    # Build the schema when the database is empty (`serve` on a fresh install).
+    create_empty_schema: bool = False
+    db_pool_size: int = Field(10, ge=1)
+
+    @field_validator("worker_tokens", "api_keys", mode="before")
+    @classmethod
+    def _comma_separated(cls, value: object) -> object:
+        return _split(value)
+
+    @property
+    def worker_token_hashes(self) -> list[str]:
+        return [token_hash(t) for t in self.worker_tokens]
+
+    @property
+    def api_key_hashes(self) -> list[str]:
+        return [token_hash(k) for k in self.api_keys]

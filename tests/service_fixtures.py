@@ -1,0 +1,84 @@
+"""Fixtures of the service tests, loaded with `pytest_plugins = ["service_fixtures"]`.
+
+Databases: every test gets an empty, migrated database, on SQLite (a copy of a migrated
+template file) and on the local PostgreSQL (one fresh database per test session, created
+as pipetune_test_<random>, tables truncated between tests, dropped at the end). The
+PostgreSQL variant is skipped only when no server answers locally.
+"""
+
+from __future__ import annotations
+
+import shutil
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from service_support import PG_ADMIN_URL, TestClient, client_for
+from sqlalchemy import create_engine, text
+
+from service.migrate import upgrade
+from service.orm import Base
+
+
+def _pg_reachable() -> bool:
+    try:
+        engine = create_engine(PG_ADMIN_URL, connect_args={"connect_timeout": 3})
+        with engine.connect():
+            pass
+        engine.dispose()
+        return True
+    except Exception:
+        return False
+
+
+@pytest.fixture(scope="session")
+def sqlite_template(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    path = tmp_path_factory.mktemp("template") / "template.db"
+    upgrade(f"sqlite:///{path}")
+    return path
+
+
+@pytest.fixture(scope="session")
+def pg_url() -> Iterator[str]:
+    if not _pg_reachable():
+        pytest.skip(f"no PostgreSQL answers at {PG_ADMIN_URL}")
+    name = f"pipetune_test_{uuid.uuid4().hex[:10]}"
+    admin = create_engine(PG_ADMIN_URL, isolation_level="AUTOCOMMIT")
+    with admin.connect() as conn:
+        conn.execute(text(f'CREATE DATABASE "{name}"'))
+    url = PG_ADMIN_URL.rsplit("/", 1)[0] + f"/{name}"
+    try:
+        upgrade(url)
+        yield url
+    finally:
+        with admin.connect() as conn:
+            conn.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+        admin.dispose()
+
+
+def _truncate(url: str) -> None:
+    engine = create_engine(url)
+    tables = ", ".join(t.name for t in Base.metadata.sorted_tables)
+    with engine.begin() as conn:
+        conn.execute(text(f"TRUNCATE {tables} RESTART IDENTITY CASCADE"))
+    engine.dispose()
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def db_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    """An empty migrated database, on each dialect."""
+    if request.param == "sqlite":
+        template = request.getfixturevalue("sqlite_template")
+        path = tmp_path / "pipetune.db"
+        shutil.copy(template, path)
+        return f"sqlite:///{path}"
+    url = request.getfixturevalue("pg_url")
+    _truncate(url)
+    return url
+
+
+@pytest.fixture
+def client(db_url: str) -> Iterator[TestClient]:
+    with client_for(db_url) as c:
+        yield c

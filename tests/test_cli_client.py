@@ -1,0 +1,107 @@
+"""The service-facing commands without a service: every command's --help, the one-line
+message and exit 1 when the service is down, and exit 2 on bad arguments (before anything
+is sent)."""
+
+from __future__ import annotations
+
+import pytest
+from typer.testing import CliRunner
+
+from clients.cli.main import app
+from clients.local_service import free_port
+from model.workloads import OPS
+
+runner = CliRunner()
+FC = ["--m", "1024", "--n", "64", "--k", "2048", "--gpu", "h100"]
+
+
+@pytest.fixture(autouse=True)
+def no_ambient_service(monkeypatch: pytest.MonkeyPatch) -> None:
+    for name in ("PIPETUNE_SERVER", "PIPETUNE_API_KEY", "PIPETUNE_WORKER_TOKEN"):
+        monkeypatch.delenv(name, raising=False)
+
+
+HELP = [
+    *(["schedule", op] for op in OPS),
+    *(["tune", op] for op in OPS),
+    ["schedule"],
+    ["tune"],
+    ["tasks"],
+    ["curve"],
+    ["tune-model"],
+    ["worker"],
+]
+
+
+@pytest.mark.parametrize("command", HELP, ids=" ".join)
+def test_every_command_has_help(command: list[str]):
+    result = runner.invoke(app, [*command, "--help"])
+    assert result.exit_code == 0, result.output
+    assert "Usage: pipetune " + " ".join(command) in " ".join(result.stdout.split())
+    if command[0] in ("tune", "schedule", "tasks", "curve", "tune-model") and len(command) != 1:
+        assert "--server" in result.stdout and "--api-key" in result.stdout
+
+
+def _down() -> str:
+    return f"http://127.0.0.1:{free_port()}"  # nothing listens there
+
+
+DOWN = [
+    ["schedule", "gemm", *FC],
+    ["tune", "gemm", *FC, "--budget", "8", "--wait"],
+    ["tasks"],
+    ["curve", "1"],
+    ["tune-model", "bert-base", "--seq", "64", "--budget", "2"],
+    ["worker", "--runner", "simulated", "--gpu", "h100", "--token", "t", "--register-timeout", "0"],
+]
+
+
+@pytest.mark.parametrize("command", DOWN, ids=lambda c: c[0])
+def test_service_down_is_one_line_and_exit_1(command: list[str]):
+    server = _down()
+    result = runner.invoke(app, [*command, "--server", server])
+    assert result.exit_code == 1, result.output
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1, result.stderr
+    assert lines[0].startswith(f"error: cannot reach the pipetune service at {server} (")
+
+
+BAD = [
+    (["schedule", "gemm", "--m", "1024", "--n", "63", "--k", "2048"], "n: must be a multiple of 8"),
+    (["schedule", "gemm", *FC[:6], "--gpu", "v100"], "unknown GPU 'v100'"),
+    (["tune", "gemm", *FC, "--budget", "0"], "--budget: must be within 1..5000"),
+    (["tune", "gemm", *FC, "--strategy", "bogus"], "--strategy: unknown 'bogus'"),
+    (["tune", "bmm", "--b", "12", "--m", "512", "--n", "512", "--k", "60"], "k: must be a"),
+    (["curve", "1", "--png", "/no/such/dir/curve.png"], "--png: directory /no/such/dir"),
+    (["tune-model", "vgg16"], "network: unknown network 'vgg16'"),
+    (["tune-model", "bert-base", "--seq", "100"], "seq: must be a multiple of 8"),
+    (["tune-model", "resnet50", "--seq", "128"], "--seq: resnet50 takes images"),
+    (["tune-model", "gpt2", "--batch", "0"], "batch: must be at least 1"),
+    (["worker", "--runner", "simulated", "--token", "t"], "--gpu: a simulated worker must"),
+    (["worker", "--runner", "opencl", "--token", "t"], "--runner: must be one of"),
+    (["worker", "--runner", "simulated", "--gpu", "h100"], "--token: give the worker token"),
+    (["worker", "--runner", "simulated", "--gpu", "v100", "--token", "t"], "unknown GPU"),
+    (
+        ["worker", "--runner", "replay", "--gpu", "a100", "--token", "t", "--dataset", "/no/x"],
+        "--dataset: /no/x does not exist",
+    ),
+]
+
+
+@pytest.mark.parametrize(
+    ("command", "message"), BAD, ids=lambda v: v[0] if isinstance(v, list) else ""
+)
+def test_bad_arguments_exit_2_with_the_reason(command: list[str], message: str):
+    result = runner.invoke(app, [*command, "--server", _down()])
+    assert result.exit_code == 2, result.output
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: ") and message in lines[0], lines
+
+
+@pytest.mark.parametrize(
+    "command", [["curve", "not-a-number"], ["schedule", "gemm", "--m", "1024"], ["tune-model"]]
+)
+def test_malformed_command_lines_exit_2(command: list[str]):
+    result = runner.invoke(app, command)
+    assert result.exit_code == 2
+    assert "Usage:" in result.stderr

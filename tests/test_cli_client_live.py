@@ -1,0 +1,171 @@
+"""The service-facing commands against a live service on loopback (`pipetune serve` in a
+child process, API keys on) with an in-process simulated H100 worker."""
+
+from __future__ import annotations
+
+import io
+import json
+import struct
+import threading
+import zlib
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from clients.cli.main import app
+from clients.local_service import LocalService
+from model.hardware import get_gpu
+from workers.daemon import EventLog, Worker, WorkerConfig
+from workers.daemon.gpu import describe_model_gpu
+from workers.runners import SimulatedRunner
+
+TOKEN = "cli-worker-token"
+API_KEY = "cli-api-key"
+FC = ["--m", "1024", "--n", "64", "--k", "2048", "--gpu", "h100"]
+runner = CliRunner()
+
+
+@pytest.fixture(scope="module")
+def service(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalService]:
+    directory = tmp_path_factory.mktemp("cli")
+    svc = LocalService(
+        f"sqlite:///{directory / 'pipetune.db'}",
+        directory / "serve.log",
+        env={"PIPETUNE_WORKER_TOKENS": TOKEN, "PIPETUNE_API_KEYS": API_KEY},
+    ).start(timeout_s=60)
+    yield svc
+    svc.stop()
+
+
+@pytest.fixture(scope="module")
+def worker(service: LocalService) -> Iterator[Worker]:
+    config = WorkerConfig(
+        server=service.url,
+        token=TOKEN,
+        runner="simulated",
+        gpu="h100",
+        concurrency=4,
+        name="cli-worker",
+        heartbeat_s=0.5,
+        lease_wait_s=1.0,
+    )
+    sim = SimulatedRunner(get_gpu("h100"), time_scale=0)
+    w = Worker(config, sim, describe_model_gpu("h100", "simulated"), EventLog(stream=io.StringIO()))
+    thread = threading.Thread(target=w.run, daemon=True)
+    thread.start()
+    yield w
+    w.request_stop()
+    thread.join(30)
+    sim.close()
+
+
+@pytest.fixture
+def cli(service: LocalService, monkeypatch: pytest.MonkeyPatch):  # type: ignore[no-untyped-def]
+    """Invoke `pipetune ...` with --server and --api-key from the environment."""
+    monkeypatch.setenv("PIPETUNE_SERVER", service.url)
+    monkeypatch.setenv("PIPETUNE_API_KEY", API_KEY)
+    return lambda *args: runner.invoke(app, list(args))
+
+
+def test_schedule_json_and_table(cli):  # type: ignore[no-untyped-def]
+    result = cli("schedule", "gemm", *FC, "--json")
+    assert result.exit_code == 0, result.output
+    doc = json.loads(result.stdout)
+    assert doc["source"] == "model" and doc["gpu"] == "h100" and doc["schedule_id"]
+    table = cli("schedule", "gemm", *FC)
+    assert table.exit_code == 0 and doc["schedule_id"] in table.stdout
+    assert "analytical model (not tuned yet)" in table.stdout
+
+
+def test_tune_wait_prints_the_best_schedule_and_json_the_final_task(cli, worker, service):  # type: ignore[no-untyped-def]
+    result = cli("tune", "gemm", *FC, "--budget", "6", "--wait", "--poll", "0.1", "--json")
+    assert result.exit_code == 0, result.output
+    doc = json.loads(result.stdout)  # the final task document, nothing else on stdout
+    assert doc["state"] == "done" and doc["trials_done"] == 6 and doc["best"]["latency_us"] > 0
+
+    human = cli("tune", "gemm", *FC, "--budget", "4", "--seed", "3", "--wait", "--poll", "0.1")
+    assert human.exit_code == 0, human.output
+    assert "4/4 trials (0 failed), done" in human.stdout and "best trial" in human.stdout
+    assert f"dashboard: {service.url}/dashboard" in human.stdout
+
+    after = json.loads(cli("schedule", "gemm", *FC, "--json").stdout)
+    assert after["source"] == "measured"
+
+
+def test_tune_without_wait_returns_the_queued_task(cli):  # type: ignore[no-untyped-def]
+    result = cli("tune", "gemm", *FC[:6], "--gpu", "a100", "--budget", "4", "--json")
+    assert result.exit_code == 0, result.output
+    doc = json.loads(result.stdout)
+    assert doc["state"] == "queued" and doc["gpu"] == "a100"
+    listed = json.loads(cli("tasks", "--json", "--state", "queued").stdout)
+    assert doc["id"] in [t["id"] for t in listed["tasks"]]
+    table = cli("tasks")
+    assert table.exit_code == 0 and "gemm 1024x64x2048" in table.stdout
+
+
+def test_curve_text_json_png_and_html(cli, worker, tmp_path: Path):  # type: ignore[no-untyped-def]
+    done = json.loads(
+        cli("tune", "gemm", *FC, "--budget", "5", "--seed", "9", "--wait", "--json").stdout
+    )
+    task = str(done["id"])
+    points = json.loads(cli("curve", task, "--json").stdout)["points"]
+    assert [p["trial"] for p in points] == list(range(5))
+    assert points[-1]["best_latency_us"] == pytest.approx(done["best"]["latency_us"])
+
+    text = cli("curve", task)
+    assert text.exit_code == 0 and "best TFLOP/s" in text.stdout
+    assert any(ch in text.stdout for ch in "▁▂▃▄▅▆▇█")
+
+    png, html = tmp_path / "curve.png", tmp_path / "curve.html"
+    result = cli("curve", task, "--png", str(png), "--html", str(html))
+    assert result.exit_code == 0, result.output
+    data = png.read_bytes()
+    assert data[:8] == b"\x89PNG\r\n\x1a\n" and data[12:16] == b"IHDR"
+    width, height = struct.unpack(">II", data[16:24])
+    idat = data.index(b"IDAT")
+    (length,) = struct.unpack(">I", data[idat - 4 : idat])
+    pixels = zlib.decompress(data[idat + 4 : idat + 4 + length])
+    assert (width, height) == (900, 540) and len(pixels) == height * (1 + 3 * width)
+    assert bytes((31, 119, 180)) in pixels  # the curve was drawn
+    assert "plotly" in html.read_text()
+
+
+def test_server_errors_are_one_line_with_the_servers_reason(cli, service):  # type: ignore[no-untyped-def]
+    missing = cli("curve", "987654")
+    assert missing.exit_code == 1
+    assert missing.stderr.strip() == "error: task 987654 does not exist (HTTP 404)"
+
+    state = cli("tasks", "--state", "bogus")  # only the service checks the state
+    assert state.exit_code == 2 and state.stderr.startswith("error: state: ")
+
+    seed = cli("tune", "gemm", *FC, "--seed", "-1")  # likewise the seed
+    assert seed.exit_code == 2
+    assert seed.stderr.strip() == "error: seed: Input should be greater than or equal to 0 (got -1)"
+
+    denied = runner.invoke(app, ["tasks", "--server", service.url, "--api-key", "wrong"])
+    assert denied.exit_code == 1 and "(HTTP 401)" in denied.stderr
+    assert len(denied.stderr.strip().splitlines()) == 1
+
+
+def test_tune_model_reports_layers_and_the_end_to_end_speedup(cli, worker):  # type: ignore[no-untyped-def]
+    args = ["tune-model", "bert-base", "--seq", "128", "--budget", "3", "--poll", "0.1"]
+    result = cli(*args, "--json")
+    assert result.exit_code == 0, result.output
+    doc = json.loads(result.stdout)
+    assert doc["latencies"].startswith("simulated")
+    assert [row["count"] for row in doc["layers"]] == [12] * 6
+    for row in doc["layers"]:
+        assert row["state"] == "done" and row["tuned_us"] > 0
+        assert row["non_pipelined_source"] in ("trials", "model")
+        assert row["speedup"] == pytest.approx(row["non_pipelined_us"] / row["tuned_us"])
+    e2e = doc["end_to_end"]
+    total_base = sum(r["count"] * r["non_pipelined_us"] for r in doc["layers"])
+    total_tuned = sum(r["count"] * r["tuned_us"] for r in doc["layers"])
+    assert e2e["complete"] and e2e["speedup"] == pytest.approx(total_base / total_tuned)
+
+    table = cli(*args[:-2])
+    assert table.exit_code == 0, table.output
+    assert "latencies: simulated (analytical model + noise, not measurements)" in table.stdout
+    assert "end-to-end (tensor-core layers)" in table.stdout

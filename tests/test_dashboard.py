@@ -1,0 +1,165 @@
+"""The dashboard in headless Chromium (Debian's chromium, driven by Playwright): it loads
+with no console error and no request off the machine, draws the task's best-so-far curve,
+the measured-vs-predicted scatter and the best-in-k curves per strategy, and refreshes
+incrementally as trials arrive."""
+
+from __future__ import annotations
+
+import shutil
+import socket
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from urllib.parse import parse_qs, urlparse
+
+import httpx
+import pytest
+import uvicorn
+from service_support import GEMM, TOKEN, fake_latency, settings
+
+from service.app import create_app
+from service.migrate import upgrade
+
+CHROMIUM = "/usr/bin/chromium"
+CHROMIUM_ARGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+]
+HEADERS = {"Authorization": f"Bearer {TOKEN}"}
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture
+def live_url(tmp_path: Path) -> Iterator[str]:
+    url = f"sqlite:///{tmp_path / 'dashboard.db'}"
+    upgrade(url)
+    port = _free_port()
+    config = uvicorn.Config(create_app(settings(url)), port=port, log_level="warning")
+    server = uvicorn.Server(config)
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 30
+    while not server.started:
+        assert time.monotonic() < deadline, "uvicorn did not start"
+        time.sleep(0.05)
+    yield f"http://127.0.0.1:{port}"
+    server.should_exit = True
+    thread.join(timeout=10)
+
+
+def _answer(client: httpx.Client, worker: int, max_jobs: int, wait_s: float = 2) -> int:
+    jobs = client.post(
+        "/v1/jobs/lease",
+        json={"worker_id": worker, "max_jobs": max_jobs, "wait_s": wait_s},
+        headers=HEADERS,
+    ).json()["jobs"]
+    for job in jobs:
+        body: dict = {
+            "worker_id": worker,
+            "lease_token": job["lease_token"],
+            "result": {"status": "ok", "latency_us": fake_latency(job["schedule"])},
+        }
+        ack = client.post(f"/v1/jobs/{job['job_id']}/result", json=body, headers=HEADERS)
+        assert ack.json()["accepted"] is True
+    return len(jobs)
+
+
+def _finish(client: httpx.Client, worker: int, task_ids: list[int]) -> None:
+    """Answer jobs until the tasks are done (the next batch comes after each advance)."""
+    while any(client.get(f"/v1/tasks/{t}").json()["state"] != "done" for t in task_ids):
+        _answer(client, worker, 8)
+
+
+def test_dashboard_draws_the_curves_without_console_errors(live_url):
+    from playwright.sync_api import sync_playwright
+
+    assert shutil.which("chromium") or Path(CHROMIUM).exists(), "Debian's chromium is needed"
+    client = httpx.Client(base_url=live_url, timeout=30)
+    worker = client.post(
+        "/v1/workers",
+        json={"name": "sim", "gpu": "h100", "arch": "sm_90", "runner": "simulated"},
+        headers=HEADERS,
+    ).json()["id"]
+    finished = []
+    for strategy in ("grid", "analytical"):
+        body = {"workload": GEMM, "gpu": "h100", "budget": 16, "strategy": strategy}
+        finished.append(client.post("/v1/tasks", json=body).json()["id"])
+    _finish(client, worker, finished)
+    running = client.post(
+        "/v1/tasks", json={"workload": GEMM, "gpu": "h100", "budget": 24, "strategy": "random"}
+    ).json()["id"]
+    _answer(client, worker, 8)  # 8 of its 24 trials measured
+
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        page = browser.new_page()
+        errors: list[str] = []
+        page.on("console", lambda m: errors.append(m.text) if m.type == "error" else None)
+        page.on("pageerror", lambda e: errors.append(str(e)))
+        requested: list[str] = []
+        page.on("request", lambda r: requested.append(r.url))
+
+        page.goto(f"{live_url}/dashboard?refresh=300")
+        # The newest task is selected first: 8 trials measured so far.
+        page.wait_for_function(
+            "() => { const d = document.getElementById('curve-plot').data;"
+            " return d && d[0].x.length === 8; }",
+            timeout=20000,
+        )
+        assert page.locator("#tasks tbody tr").count() == 3
+        assert "running" in page.locator("#tasks tbody tr").first.inner_text()
+        assert page.locator("#curve-plot .scatterlayer .trace").count() == 1
+        scatter = page.evaluate("document.getElementById('scatter-plot').data[0].x.length")
+        assert scatter == 8
+        page.wait_for_function(
+            "() => { const d = document.getElementById('aggregate-plot').data;"
+            " return d && d.length === 3; }",
+            timeout=20000,
+        )
+        strategies = page.evaluate(
+            "document.getElementById('aggregate-plot').data.map(t => t.name).sort()"
+        )
+        assert strategies == ["analytical", "grid", "random"]
+        assert page.locator("#aggregate-plot .scatterlayer .trace").count() == 3
+
+        # More trials arrive: the page extends its plots, asking only for what is new.
+        _finish(client, worker, [running])
+        page.wait_for_function(
+            "() => document.getElementById('curve-plot').data[0].x.length === 24",
+            timeout=20000,
+        )
+        assert page.evaluate("document.getElementById('scatter-plot').data[0].x.length") == 24
+        afters = [
+            int(parse_qs(urlparse(u).query)["after"][0])
+            for u in requested
+            if f"/v1/tasks/{running}/trials" in u
+        ]
+        assert afters[0] == -1 and max(afters) >= 7  # later refreshes start past what it has
+
+        # Selecting another task draws its curve.
+        page.locator("#tasks tbody tr").nth(2).click()
+        page.wait_for_function(
+            "() => document.getElementById('task-title').textContent.includes('grid')",
+            timeout=20000,
+        )
+        page.wait_for_function(
+            "() => document.getElementById('curve-plot').data[0].x.length === 16",
+            timeout=20000,
+        )
+        browser.close()
+    client.close()
+    assert errors == []
+    assert all(urlparse(u).netloc == urlparse(live_url).netloc for u in requested), requested
+    assert any(u.endswith("/dashboard/static/plotly.min.js") for u in requested)

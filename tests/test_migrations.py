@@ -1,0 +1,115 @@
+"""Alembic migrations: empty -> head equals the ORM's schema, downgrade works, and the
+service refuses a database whose schema is behind (naming `pipetune db upgrade`)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from alembic.autogenerate import compare_metadata
+from alembic.runtime.migration import MigrationContext
+from service_support import PG_ADMIN_URL, settings
+from sqlalchemy import create_engine, inspect, text
+
+from service.app import create_app
+from service.db import make_engine
+from service.migrate import (
+    SchemaError,
+    check_schema,
+    current_revision,
+    downgrade,
+    head_revision,
+    upgrade,
+)
+from service.orm import Base
+
+pytest_plugins = ["service_fixtures"]
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def empty_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
+    """A database with no tables at all."""
+    if request.param == "sqlite":
+        yield f"sqlite:///{tmp_path / 'empty.db'}"
+        return
+    request.getfixturevalue("pg_url")  # skips when no PostgreSQL answers
+    name = f"pipetune_migrate_{uuid.uuid4().hex[:10]}"
+    admin = create_engine(PG_ADMIN_URL, isolation_level="AUTOCOMMIT")
+    with admin.connect() as conn:
+        conn.execute(text(f'CREATE DATABASE "{name}"'))
+    try:
+        yield PG_ADMIN_URL.rsplit("/", 1)[0] + f"/{name}"
+    finally:
+        with admin.connect() as conn:
+            conn.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+        admin.dispose()
+
+
+def _schema_diff(url: str) -> list:
+    engine = make_engine(url, pool_size=1)
+    try:
+        with engine.connect() as conn:
+            context = MigrationContext.configure(conn, opts={"compare_type": True})
+            return compare_metadata(context, Base.metadata)
+    finally:
+        engine.dispose()
+
+
+def _tables(url: str) -> set[str]:
+    engine = make_engine(url, pool_size=1)
+    try:
+        return set(inspect(engine).get_table_names())
+    finally:
+        engine.dispose()
+
+
+def test_upgrade_from_empty_to_head_equals_the_orm_and_downgrade_works(empty_url):
+    upgrade(empty_url)
+    assert _schema_diff(empty_url) == []
+    engine = make_engine(empty_url, pool_size=1)
+    assert current_revision(engine) == head_revision()
+    indexes = {i["name"] for i in inspect(engine).get_indexes("jobs")}
+    engine.dispose()
+    assert {"ix_jobs_queue", "ix_jobs_lease_expiry", "ix_jobs_best"} <= indexes
+    assert _tables(empty_url) == {t.name for t in Base.metadata.sorted_tables} | {"alembic_version"}
+
+    downgrade(empty_url, "base")
+    assert _tables(empty_url) == {"alembic_version"}
+    upgrade(empty_url)  # and back up again
+    assert _schema_diff(empty_url) == []
+
+
+def test_the_service_refuses_a_schema_that_is_behind(empty_url):
+    upgrade(empty_url)
+    downgrade(empty_url, "base")
+    with pytest.raises(SchemaError, match="run `pipetune db upgrade --db "):
+        create_app(settings(empty_url))
+    upgrade(empty_url)
+    assert check_schema(empty_url) == head_revision()
+
+
+def test_an_empty_database_is_built_only_when_allowed(tmp_path):
+    url = f"sqlite:///{tmp_path / 'fresh.db'}"
+    with pytest.raises(SchemaError, match="has no pipetune schema"):
+        check_schema(url)
+    assert check_schema(url, create_if_empty=True) == head_revision()
+    assert _schema_diff(url) == []
+
+
+def test_serve_on_an_outdated_schema_exits_1_naming_db_upgrade(tmp_path):
+    url = f"sqlite:///{tmp_path / 'old.db'}"
+    upgrade(url)
+    downgrade(url, "base")
+    result = subprocess.run(
+        [sys.executable, "-m", "clients.cli", "serve", "--db", url, "--port", "0"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode == 1
+    errors = [line for line in result.stderr.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and "run `pipetune db upgrade --db sqlite:///" in errors[0]

@@ -1,0 +1,290 @@
+"""API v1 through FastAPI's TestClient, on SQLite and on PostgreSQL."""
+
+from __future__ import annotations
+
+import math
+
+from service_support import (
+    GEMM,
+    SMALL_GEMM,
+    TOKEN,
+    WORKER_HEADERS,
+    client_for,
+    create_task,
+    drain,
+    fake_latency,
+    lease,
+    ok,
+    post_result,
+    register,
+    service_of,
+)
+
+from model.analytical import rank
+from model.hardware import get_gpu
+from model.workloads import parse_workload
+
+pytest_plugins = ["service_fixtures"]
+
+
+def test_schedule_of_an_untuned_workload_is_the_models_pick(client):
+    response = client.post("/v1/schedules", json={"workload": GEMM, "gpu": "h100"})
+    assert response.status_code == 200, response.text
+    doc = response.json()
+    _, _, ranked = rank(parse_workload(GEMM), get_gpu("h100"), top=1)
+    assert doc["source"] == "model"
+    assert doc["schedule"] == ranked[0].schedule
+    assert doc["schedule_id"] == ranked[0].schedule_id
+    assert math.isclose(doc["predicted_us"], ranked[0].terms["predicted_us"])
+    assert doc["latency_us"] is None and doc["task_id"] is None
+    assert doc["gpu"] == "h100" and doc["workload"]["m"] == 1024
+
+
+def test_schedule_with_tune_creates_a_task_and_then_answers_measured(client):
+    body = {"workload": SMALL_GEMM, "gpu": "H100", "tune": {"budget": 8, "strategy": "random"}}
+    response = client.post("/v1/schedules", json=body)
+    assert response.status_code == 202, response.text
+    doc = response.json()
+    assert doc["source"] == "model" and doc["gpu"] == "h100"
+    task_id = doc["task_id"]
+    assert doc["url"].endswith(f"/v1/tasks/{task_id}")
+    assert client.get(doc["url"]).json()["id"] == task_id
+
+    worker = register(client)
+    latencies = {}
+
+    def answer(job):
+        latencies[job["job_id"]] = fake_latency(job["schedule"])
+        return ok(latencies[job["job_id"]])
+
+    assert drain(client, worker, answer) == 8
+    measured = client.post("/v1/schedules", json={"workload": SMALL_GEMM, "gpu": "h100"})
+    assert measured.status_code == 200
+    best = measured.json()
+    assert best["source"] == "measured"
+    assert best["latency_us"] == min(latencies.values())
+    flops = parse_workload(SMALL_GEMM).flops
+    assert math.isclose(best["tflops"], flops / (best["latency_us"] * 1e-6) / 1e12)
+    # Another GPU has no measurement: the model answers there.
+    other = client.post("/v1/schedules", json={"workload": SMALL_GEMM, "gpu": "a100"})
+    assert other.json()["source"] == "model"
+
+
+def test_task_lifecycle_list_get_cancel(client):
+    created = create_task(client, budget=16, strategy="grid", seed=3)
+    assert created["state"] == "queued"
+    assert created["budget"] == 16 and created["strategy"] == "grid" and created["seed"] == 3
+    task_id = created["id"]
+    second = create_task(client, budget=5)
+    listed = client.get("/v1/tasks").json()["tasks"]
+    assert [t["id"] for t in listed] == [second["id"], task_id]  # newest first
+    assert [t["id"] for t in client.get("/v1/tasks?state=queued&limit=1").json()["tasks"]] == [
+        second["id"]
+    ]
+    assert client.get(f"/v1/tasks/{task_id}").json()["id"] == task_id
+    assert client.get("/v1/tasks/999999").status_code == 404
+
+    cancelled = client.delete(f"/v1/tasks/{task_id}")
+    assert cancelled.status_code == 200
+    assert cancelled.json()["state"] == "cancelled"
+    assert client.delete(f"/v1/tasks/{task_id}").json()["state"] == "cancelled"  # idempotent
+    trials = client.get(f"/v1/tasks/{task_id}/trials").json()["trials"]
+    assert trials and {t["state"] for t in trials} == {"cancelled"}
+    assert client.delete("/v1/tasks/999999").status_code == 404
+
+
+def test_task_runs_to_exactly_its_budget_and_reports_trials_and_curve(client):
+    task = create_task(client, budget=20)
+    worker = register(client)
+    failing = {3, 11}
+
+    def answer(job):
+        if job["trial"] in failing:
+            return {"status": "compile_error", "error": "ptxas: too many resources"}
+        return ok(fake_latency(job["schedule"]))
+
+    assert drain(client, worker, answer) == 20
+    doc = client.get(f"/v1/tasks/{task['id']}").json()
+    assert doc["state"] == "done"
+    assert doc["trials_done"] == 20 and doc["trials_failed"] == 2
+
+    trials = client.get(f"/v1/tasks/{task['id']}/trials").json()["trials"]
+    assert [t["trial"] for t in trials] == list(range(20))
+    assert len({tuple(t["schedule"].values()) for t in trials}) == 20  # no schedule twice
+    for t in trials:
+        assert t["predicted_us"] > 0 and t["worker"] == "w1"
+        if t["trial"] in failing:
+            assert t["state"] == "failed" and t["status"] == "compile_error"
+            assert t["latency_us"] is None and "ptxas" in t["error"]
+        else:
+            assert t["state"] == "done" and t["status"] == "ok"
+            assert t["latency_us"] == fake_latency(t["schedule"])
+    best_trial = min((t for t in trials if t["status"] == "ok"), key=lambda t: t["latency_us"])
+    assert doc["best"]["trial"] == best_trial["trial"]
+    assert doc["best"]["latency_us"] == best_trial["latency_us"]
+
+    after = client.get(f"/v1/tasks/{task['id']}/trials?after=15").json()["trials"]
+    assert [t["trial"] for t in after] == [16, 17, 18, 19]
+    page = client.get(f"/v1/tasks/{task['id']}/trials?after=-1&limit=5").json()["trials"]
+    assert [t["trial"] for t in page] == [0, 1, 2, 3, 4]
+
+    points = client.get(f"/v1/tasks/{task['id']}/curve").json()["points"]
+    assert [p["trial"] for p in points] == list(range(20))
+    running = None
+    for p, t in zip(points, trials, strict=True):
+        if t["status"] == "ok":
+            running = t["latency_us"] if running is None else min(running, t["latency_us"])
+        assert p["best_latency_us"] == running
+    values = [p["best_latency_us"] for p in points if p["best_latency_us"] is not None]
+    assert values == sorted(values, reverse=True)  # best so far never gets worse
+    tail = client.get(f"/v1/tasks/{task['id']}/curve?after=17").json()["points"]
+    assert tail == points[18:]
+
+
+def test_curve_covers_only_the_final_prefix(client):
+    task = create_task(client, budget=8, strategy="grid")
+    worker = register(client)
+    jobs = lease(client, worker, max_jobs=8)
+    by_trial = {j["trial"]: j for j in jobs}
+    for trial in (0, 1, 3):  # trial 2 still leased
+        assert post_result(client, worker, by_trial[trial], ok(100.0 - trial)).json()["accepted"]
+    points = client.get(f"/v1/tasks/{task['id']}/curve").json()["points"]
+    assert [p["trial"] for p in points] == [0, 1]
+    assert [p["best_latency_us"] for p in points] == [100.0, 99.0]
+
+
+def test_aggregate_curves_per_strategy(client):
+    worker = register(client)
+    tasks = {s: create_task(client, budget=16, strategy=s)["id"] for s in ("grid", "analytical")}
+    drain(client, worker)
+    doc = client.get("/v1/curves?gpu=h100").json()
+    assert doc["gpu"] == "h100" and doc["op"] is None
+    assert set(doc["curves"]) == {"grid", "analytical"}
+    best_known = min(
+        client.get(f"/v1/tasks/{t}").json()["best"]["latency_us"] for t in tasks.values()
+    )
+    for strategy, task_id in tasks.items():
+        points = doc["curves"][strategy]
+        assert [p["k"] for p in points] == list(range(1, 17))
+        assert all(p["tasks"] == 1 for p in points)
+        curve = client.get(f"/v1/tasks/{task_id}/curve").json()["points"]
+        for p, c in zip(points, curve, strict=True):
+            assert math.isclose(p["best_in_k"], best_known / c["best_latency_us"])
+        values = [p["best_in_k"] for p in points]
+        assert values == sorted(values) and 0 < values[-1] <= 1
+    assert max(doc["curves"][s][-1]["best_in_k"] for s in tasks) == 1.0
+    only = client.get("/v1/curves?strategy=grid&op=gemm&max_k=4").json()["curves"]
+    assert set(only) == {"grid"} and len(only["grid"]) == 4
+    assert client.get("/v1/curves?gpu=a100").json()["curves"] == {}
+    assert client.get("/v1/curves?op=conv2d").json()["curves"] == {}
+
+
+def test_aggregate_normalises_to_an_imported_exhaustive_optimum(client):
+    from model.workloads import parse_workload as parse
+    from service.records import set_reference_optimum
+
+    worker = register(client)
+    task_id = create_task(client, budget=8, strategy="grid")["id"]
+    drain(client, worker)
+    best = client.get(f"/v1/tasks/{task_id}").json()["best"]["latency_us"]
+    service = service_of(client)
+    with service.db.write() as s:
+        set_reference_optimum(s, parse(GEMM), "h100", best / 2, 2840, "exhaustive.t4.json")
+    points = client.get("/v1/curves").json()["curves"]["grid"]
+    assert math.isclose(points[-1]["best_in_k"], 0.5)
+
+
+def test_workers_list_heartbeat_and_reregistration(client):
+    first = register(client, "gpu-box-1", "a100")
+    assert register(client, "gpu-box-1", "a100") == first  # same name, same token: same id
+    register(client, "gpu-box-2", "h200")
+    names = {w["name"]: w for w in client.get("/v1/workers").json()["workers"]}
+    assert names["gpu-box-1"]["arch"] == "sm_80" and names["gpu-box-2"]["gpu"] == "h200"
+    ack = client.post(
+        f"/v1/workers/{first}/heartbeat", json={"busy_jobs": 2}, headers=WORKER_HEADERS
+    )
+    assert ack.status_code == 200 and ack.json()["ok"] is True
+    assert ack.json()["server_time"].endswith("Z") or "+00:00" in ack.json()["server_time"]
+    missing = client.post("/v1/workers/99999/heartbeat", json={}, headers=WORKER_HEADERS)
+    assert missing.status_code == 404
+
+
+def test_worker_routes_need_a_worker_token(client):
+    body = {"name": "w", "gpu": "h100", "arch": "sm_90", "runner": "simulated"}
+    assert client.post("/v1/workers", json=body).status_code == 401
+    wrong = {"Authorization": "Bearer not-the-token"}
+    assert client.post("/v1/workers", json=body, headers=wrong).status_code == 401
+    header = {"X-Worker-Token": TOKEN}
+    assert client.post("/v1/workers", json=body, headers=header).status_code == 201
+    lease_body = {"worker_id": 1, "max_jobs": 1, "wait_s": 0}
+    assert client.post("/v1/jobs/lease", json=lease_body).status_code == 401
+    # User routes stay open when no API key is configured.
+    assert client.get("/v1/tasks").status_code == 200
+
+
+def test_api_keys_guard_the_user_routes(db_url):
+    with client_for(db_url, api_keys=["k1", "k2"]) as c:
+        assert c.get("/v1/tasks").status_code == 401
+        assert c.get("/v1/tasks", headers={"X-API-Key": "nope"}).status_code == 401
+        assert c.get("/v1/tasks", headers={"X-API-Key": "k2"}).status_code == 200
+        assert c.get("/v1/tasks", headers={"Authorization": "Bearer k1"}).status_code == 200
+        schedules = c.post("/v1/schedules", json={"workload": GEMM, "gpu": "h100"})
+        assert schedules.status_code == 401
+        # Health, metrics and the dashboard page need no key.
+        assert c.get("/healthz").status_code == 200
+        assert c.get("/metrics").status_code == 200
+        assert c.get("/dashboard").status_code == 200
+
+
+def test_a_worker_arch_must_match_its_gpu(client):
+    body = {"name": "w", "gpu": "h100", "arch": "sm_80", "runner": "simulated"}
+    response = client.post("/v1/workers", json=body, headers=WORKER_HEADERS)
+    assert response.status_code == 422
+    assert response.json()["field"] == "arch" and "sm_90" in response.json()["reason"]
+
+
+def test_request_bodies_over_the_limit_are_refused(db_url):
+    with client_for(db_url, max_body_bytes=4096) as c:
+        big = {"workload": GEMM, "gpu": "h100", "padding": "x" * 10_000}
+        assert c.post("/v1/tasks", json=big).status_code == 413
+
+
+def test_health_metrics_and_openapi(client):
+    health = client.get("/healthz").json()
+    assert health["status"] == "ok" and health["schema_revision"]
+    assert health["database"] in ("sqlite", "postgresql")
+    worker = register(client)
+    create_task(client, budget=4, strategy="grid")
+    jobs = lease(client, worker, max_jobs=4)
+    post_result(client, worker, jobs[0], ok(10.0))
+    post_result(client, worker, jobs[0], ok(10.0))  # a repeat: acknowledged, not counted
+    post_result(client, worker, jobs[1], {"status": "timeout"})
+    text = client.get("/metrics").text
+    assert 'pipetune_queue_depth{gpu="h100"}' not in text  # all four leased
+    assert 'pipetune_leases_active{gpu="h100"} 2.0' in text
+    assert 'pipetune_jobs_leased_total{gpu="h100"} 4.0' in text
+    assert 'pipetune_results_total{status="ok",accepted="true"} 2.0' in text
+    assert 'pipetune_results_total{status="timeout",accepted="true"} 1.0' in text
+    assert "pipetune_lease_expiries_total" in text
+    assert 'route="/v1/jobs/{job_id}/result"' in text
+    assert "pipetune_http_request_duration_seconds_bucket" in text
+
+    spec = client.get("/openapi.json").json()
+    for path in (
+        "/v1/schedules",
+        "/v1/tasks",
+        "/v1/tasks/{task_id}",
+        "/v1/tasks/{task_id}/trials",
+        "/v1/tasks/{task_id}/curve",
+        "/v1/curves",
+        "/v1/workers",
+        "/v1/workers/{worker_id}/heartbeat",
+        "/v1/jobs/lease",
+        "/v1/jobs/{job_id}/result",
+        "/healthz",
+        "/metrics",
+    ):
+        assert path in spec["paths"], path
+    created = spec["paths"]["/v1/tasks"]["post"]["responses"]
+    assert "TaskDoc" in created["201"]["content"]["application/json"]["schema"]["$ref"]
+    assert "ValidationErrorBody" in str(created["422"])

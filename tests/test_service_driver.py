@@ -1,0 +1,197 @@
+"""The task driver: exact budgets, reproducible proposals, any replica (or a restarted one)
+driving any task, one batch per round under concurrent advances. SQLite and PostgreSQL."""
+
+from __future__ import annotations
+
+import threading
+from collections import defaultdict
+
+import pytest
+from service_support import (
+    GEMM,
+    TOKEN,
+    WORKER_HEADERS,
+    client_for,
+    create_task,
+    drain,
+    fake_latency,
+    lease,
+    ok,
+    register,
+    service_of,
+)
+from sqlalchemy import func, select, update
+
+from model.hardware import get_gpu
+from model.space import Schedule
+from model.trials import MeasureResult
+from model.wire import JobResult
+from model.workloads import parse_workload
+from service.orm import JobRow, TaskRow
+from service.queue import WorkerRef
+from service.settings import token_hash
+from tuner.session import TuningSession
+
+pytest_plugins = ["service_fixtures"]
+
+
+def _result_of(job: dict) -> dict:
+    # Every fifth trial fails to compile: failures must be observed like the tuner would.
+    if job["trial"] % 5 == 4:
+        return {"status": "compile_error", "error": "ptxas error"}
+    return ok(fake_latency(job["schedule"]))
+
+
+def _as_measure(doc: dict) -> MeasureResult:
+    if doc["status"] == "ok":
+        return MeasureResult(status="ok", latency_us=doc["latency_us"])
+    return MeasureResult(status=doc["status"])
+
+
+def _batches(client, task_id: int) -> list[list[dict]]:
+    service = service_of(client)
+    with service.db.read() as s:
+        rows = s.execute(select(JobRow.batch, JobRow.trial).where(JobRow.task_id == task_id)).all()
+    by_batch = defaultdict(list)
+    trials = {t["trial"]: t for t in client.get(f"/v1/tasks/{task_id}/trials").json()["trials"]}
+    for batch, trial in sorted(rows):
+        by_batch[batch].append(trials[trial])
+    return [by_batch[b] for b in sorted(by_batch)]
+
+
+def _assert_reproduces_a_local_session(client, task_id, strategy, seed, budget, gpu="h100"):
+    """The task's batches are exactly what a TuningSession proposes given the same results."""
+    session = TuningSession(parse_workload(GEMM), get_gpu(gpu), strategy, seed, budget)
+    for batch in _batches(client, task_id):
+        proposed = session.propose(len(batch))
+        assert proposed == [Schedule(**t["schedule"]) for t in batch]
+        session.observe([(Schedule(**t["schedule"]), _as_measure(t)) for t in batch])
+    assert session.done
+
+
+@pytest.mark.parametrize("budget", [1, 8, 13, 20])
+def test_a_task_ends_at_exactly_its_budget(db_url, budget):
+    with client_for(db_url, batch_size=8) as c:
+        task = create_task(c, budget=budget, strategy="random", seed=7)
+        assert drain(c, register(c), _result_of) == budget
+        doc = c.get(f"/v1/tasks/{task['id']}").json()
+        assert doc["state"] == "done" and doc["trials_done"] == budget
+        assert doc["trials_failed"] == budget // 5
+        sizes = [len(b) for b in _batches(c, task["id"])]
+        assert sizes == [8] * (budget // 8) + ([budget % 8] if budget % 8 else [])
+
+
+def test_a_task_stops_when_its_space_is_exhausted(client):
+    tiny = {"op": "gemm", "m": 16, "n": 16, "k": 16}  # two valid schedules on H100
+    response = client.post("/v1/tasks", json={"workload": tiny, "gpu": "h100", "budget": 50})
+    task_id = response.json()["id"]
+    assert drain(client, register(client)) == 2
+    doc = client.get(f"/v1/tasks/{task_id}").json()
+    assert doc["state"] == "done" and doc["trials_done"] == 2
+
+
+@pytest.mark.parametrize("strategy", ["analytical+xgb", "xgb", "random"])
+def test_proposals_are_those_of_the_tuner_session(db_url, strategy):
+    with client_for(db_url, batch_size=6) as c:
+        task = create_task(c, budget=20, strategy=strategy, seed=11)
+        drain(c, register(c), _result_of, max_jobs=4)
+        _assert_reproduces_a_local_session(c, task["id"], strategy, 11, 20)
+
+
+def test_any_replica_and_a_restarted_one_drive_the_same_task(db_url):
+    with client_for(db_url, batch_size=5) as a:
+        task_id = create_task(a, budget=23, strategy="analytical+xgb", seed=5)["id"]
+        worker = register(a)
+        with client_for(db_url, batch_size=5) as b:
+            replicas = [a, b]
+            turn = 0
+            while jobs := lease(replicas[turn % 2], worker, max_jobs=3):
+                for job in jobs:
+                    replica = replicas[turn % 2]
+                    turn += 1
+                    # Results alternate between replicas; the replica that completes a batch
+                    # advances it, with or without a session in its cache.
+                    if turn % 3 == 0:
+                        service_of(replica).driver._live.clear()
+                    body = {"worker_id": worker, "lease_token": job["lease_token"]}
+                    body["result"] = _result_of(job)
+                    url = f"/v1/jobs/{job['job_id']}/result"
+                    r = replica.post(url, json=body, headers=WORKER_HEADERS)
+                    assert r.json()["accepted"] is True
+    # A new process (empty caches) sees the finished task as any replica does.
+    with client_for(db_url, batch_size=5) as fresh:
+        doc = fresh.get(f"/v1/tasks/{task_id}").json()
+        assert doc["state"] == "done" and doc["trials_done"] == 23
+        _assert_reproduces_a_local_session(fresh, task_id, "analytical+xgb", 5, 23)
+
+
+def test_a_restarted_service_continues_a_task_mid_way(db_url):
+    with client_for(db_url, batch_size=4) as first:
+        task_id = create_task(first, budget=12, strategy="xgb", seed=2)["id"]
+        worker = register(first)
+        jobs = lease(first, worker, max_jobs=4)
+        service = service_of(first)
+        for job in jobs:  # results recorded, but this replica stops before advancing
+            body = JobResult(
+                worker_id=worker, lease_token=job["lease_token"], result=_result_of(job)
+            )
+            service.queue.submit(job["job_id"], token_hash(TOKEN), body)
+    with client_for(db_url, batch_size=4) as second:
+        assert lease(second, worker) == []  # nothing queued until someone advances
+        service_of(second).upkeep()  # the periodic upkeep finds the complete batch
+        assert drain(second, worker, _result_of) == 8
+        assert second.get(f"/v1/tasks/{task_id}").json()["state"] == "done"
+        _assert_reproduces_a_local_session(second, task_id, "xgb", 2, 12)
+
+
+def test_concurrent_advances_enqueue_each_batch_once(db_url):
+    with client_for(db_url, batch_size=4) as a, client_for(db_url, batch_size=4) as b:
+        task_id = create_task(a, budget=16, strategy="analytical+xgb", seed=1)["id"]
+        worker = register(a)
+        ref = WorkerRef(id=worker, gpu="h100", arch="sm_90", runner="simulated")
+        drivers = [service_of(a).driver, service_of(b).driver]
+        queue = service_of(a).queue
+        for _ in range(3):
+            for job in queue.try_lease(ref, 8):
+                body = JobResult(
+                    worker_id=worker,
+                    lease_token=job.lease_token,
+                    result=ok(fake_latency(job.schedule.model_dump())),
+                )
+                queue.submit(job.job_id, token_hash(TOKEN), body)
+            barrier = threading.Barrier(4)
+            outcomes: list[bool] = []
+
+            def advance(driver, barrier=barrier, outcomes=outcomes) -> None:
+                barrier.wait()
+                outcomes.append(driver.advance(task_id))
+
+            threads = [threading.Thread(target=advance, args=(d,)) for d in drivers * 2]
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join()
+            assert outcomes.count(True) == 1
+        with service_of(a).db.read() as s:
+            batches = s.scalar(select(TaskRow.batches).where(TaskRow.id == task_id))
+            jobs = s.scalar(select(func.count()).select_from(JobRow))
+        assert batches == 4 and jobs == 16
+
+
+def test_a_history_that_does_not_replay_fails_the_task(client):
+    task_id = create_task(client, budget=16, strategy="random", seed=3)["id"]
+    worker = register(client)
+    service = service_of(client)
+    jobs = lease(client, worker, max_jobs=8)
+    # Tamper with the record: the stored batch is no longer what the seed proposes.
+    with service.db.write() as s:
+        swapped = dict(jobs[0]["schedule"], reg_stages=3 - jobs[0]["schedule"]["reg_stages"])
+        s.execute(update(JobRow).where(JobRow.id == jobs[0]["job_id"]).values(schedule=swapped))
+    service.driver._live.clear()
+    for job in jobs:
+        body = JobResult(worker_id=worker, lease_token=job["lease_token"], result=ok(10.0))
+        service.queue.submit(job["job_id"], token_hash(TOKEN), body)
+    assert service.driver.advance(task_id) is True
+    doc = client.get(f"/v1/tasks/{task_id}").json()
+    assert doc["state"] == "failed" and "does not replay" in doc["error"]
+    assert lease(client, worker) == []

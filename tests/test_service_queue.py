@@ -1,0 +1,253 @@
+"""The job queue: arch matching, concurrent leasing, expiry by the database clock, result
+idempotency, stale and foreign results, cancellation. On SQLite and PostgreSQL."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import Counter
+
+from service_support import (
+    GEMM,
+    TOKEN,
+    WORKER_HEADERS,
+    client_for,
+    create_task,
+    lease,
+    ok,
+    post_result,
+    register,
+    service_of,
+)
+from sqlalchemy import func, select
+
+from model.wire import JobResult
+from service.orm import JobRow, LeaseRow
+from service.queue import WorkerRef
+from service.settings import token_hash
+
+pytest_plugins = ["service_fixtures"]
+
+
+def _task_on(client, gpu: str, budget: int = 4) -> int:
+    body = {"workload": GEMM, "gpu": gpu, "budget": budget, "strategy": "grid"}
+    response = client.post("/v1/tasks", json=body)
+    assert response.status_code == 201, response.text
+    return response.json()["id"]
+
+
+def test_jobs_go_only_to_workers_of_the_task_gpus_arch(client):
+    tasks = {gpu: _task_on(client, gpu) for gpu in ("a100", "h100", "h200")}
+    sim_a100 = register(client, "sim-a100", "a100")
+    sim_h100 = register(client, "sim-h100", "h100")
+    cupy_h200 = register(client, "cupy-hopper", "h200", runner="cupy")
+
+    got_a100 = lease(client, sim_a100, max_jobs=64)
+    assert {j["task_id"] for j in got_a100} == {tasks["a100"]} and len(got_a100) == 4
+    assert all(j["gpu"] == "a100" for j in got_a100)
+    got_h100 = lease(client, sim_h100, max_jobs=64)
+    # A simulated worker stands in for one GPU: no h200 jobs although the arch is the same.
+    assert {j["task_id"] for j in got_h100} == {tasks["h100"]}
+    got_cupy = lease(client, cupy_h200, max_jobs=64)
+    # A real GPU takes any job of its arch: what is left is h200's.
+    assert {j["task_id"] for j in got_cupy} == {tasks["h200"]}
+    assert lease(client, sim_a100, max_jobs=64) == []
+    first = got_a100[0]
+    assert first["workload"]["op"] == "gemm" and set(first["schedule"]) >= {"chunk"}
+    assert first["lease_token"] and first["lease_expires_at"]
+
+
+def test_concurrent_leasers_never_get_the_same_job(db_url):
+    with client_for(db_url) as c:
+        for _ in range(3):
+            create_task(c, budget=40, strategy="random")  # 3 x 8 queued jobs
+        workers = [register(c, f"w{i}") for i in range(8)]
+        service = service_of(c)
+        got: list[int] = []
+        lock = threading.Lock()
+        start = threading.Barrier(len(workers))
+
+        def leaser(worker_id: int) -> None:
+            ref = WorkerRef(id=worker_id, gpu="h100", arch="sm_90", runner="simulated")
+            start.wait()
+            while jobs := service.queue.try_lease(ref, 2):
+                with lock:
+                    got.extend(j.job_id for j in jobs)
+
+        threads = [threading.Thread(target=leaser, args=(w,)) for w in workers]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert len(got) == 24 and len(set(got)) == 24
+        with service.db.read() as s:
+            per_job = Counter(s.scalars(select(LeaseRow.job_id)).all())
+            states = set(s.scalars(select(JobRow.state)).all())
+        assert set(per_job.values()) == {1} and len(per_job) == 24
+        assert states == {"leased"}
+
+
+def test_long_poll_waits_for_work_and_returns_empty_after_wait(client):
+    worker = register(client)
+    started = time.monotonic()
+    assert lease(client, worker, wait_s=0.3) == []
+    assert time.monotonic() - started >= 0.3
+    create_task(client, budget=2, strategy="grid")
+    assert len(lease(client, worker, max_jobs=4, wait_s=5)) == 2
+
+
+def test_expired_leases_return_to_the_queue_then_are_lost(db_url):
+    with client_for(db_url, lease_ttl_s=0.2, max_attempts=2) as c:
+        task = create_task(c, budget=2, strategy="grid")
+        worker = register(c)
+        service = service_of(c)
+        first = lease(c, worker, max_jobs=2)
+        assert len(first) == 2
+        assert service.queue.reclaim() == set()  # not expired yet by the database clock
+        time.sleep(0.4)
+        assert service.queue.reclaim() == set()  # back in the queue, nothing lost yet
+        with service.db.read() as s:
+            jobs = s.scalars(select(JobRow).order_by(JobRow.trial)).all()
+        assert [(j.state, j.attempts, j.lease_owner) for j in jobs] == [("queued", 1, None)] * 2
+        # A late result from the expired lease is not applied.
+        late = post_result(c, worker, first[0], ok(5.0))
+        assert late.status_code == 200 and late.json()["accepted"] is False
+        assert late.json()["job_state"] == "queued"
+
+        second = lease(c, worker, max_jobs=2)
+        assert sorted(j["job_id"] for j in second) == sorted(j["job_id"] for j in first)
+        assert all(j["lease_token"] != first[0]["lease_token"] for j in second)
+        assert post_result(c, worker, second[0], ok(7.0)).json()["accepted"] is True
+        time.sleep(0.4)
+        assert service.queue.reclaim() == {task["id"]}  # second expiry: lost
+        with service.db.read() as s:
+            states = {j.trial: (j.state, j.attempts) for j in s.scalars(select(JobRow))}
+            outcomes = Counter(s.scalars(select(LeaseRow.outcome)).all())
+        lost_trial = second[1]["trial"]
+        assert states[lost_trial] == ("lost", 2)
+        assert outcomes == {"expired": 3, "result": 1}
+        doc = c.get(f"/v1/tasks/{task['id']}").json()
+        assert doc["trials_done"] == 2 and doc["trials_failed"] == 1
+        trials = c.get(f"/v1/tasks/{task['id']}/trials").json()["trials"]
+        assert trials[lost_trial]["state"] == "lost" and "lost" in trials[lost_trial]["error"]
+        # The lost job completed the batch: the task advances (here: budget reached).
+        assert service.driver.advance(task["id"]) is True
+        assert c.get(f"/v1/tasks/{task['id']}").json()["state"] == "done"
+        text = c.get("/metrics").text
+        assert 'pipetune_lease_expiries_total{outcome="queued"} 2.0' in text
+        assert 'pipetune_lease_expiries_total{outcome="lost"} 1.0' in text
+
+
+def test_heartbeat_extends_live_leases(db_url):
+    with client_for(db_url, lease_ttl_s=0.6) as c:
+        create_task(c, budget=1, strategy="grid")
+        worker = register(c)
+        service = service_of(c)
+        (job,) = lease(c, worker)
+        for _ in range(4):
+            time.sleep(0.25)
+            beat = c.post(f"/v1/workers/{worker}/heartbeat", json={}, headers=WORKER_HEADERS)
+            assert beat.status_code == 200
+            service.queue.reclaim()
+        with service.db.read() as s:
+            assert s.scalar(select(JobRow.state).where(JobRow.id == job["job_id"])) == "leased"
+        assert post_result(c, worker, job, ok(3.0)).json()["accepted"] is True
+
+
+def test_results_are_idempotent_per_lease(client):
+    task = create_task(client, budget=2, strategy="grid")
+    worker = register(client)
+    jobs = lease(client, worker, max_jobs=2)
+    first = post_result(client, worker, jobs[0], ok(12.0)).json()
+    again = post_result(client, worker, jobs[0], ok(12.0)).json()
+    assert first == {"accepted": True, "job_state": "done", "detail": None}
+    assert again["accepted"] is True and again["job_state"] == "done"
+    assert "duplicate" in again["detail"]
+    doc = client.get(f"/v1/tasks/{task['id']}").json()
+    assert doc["trials_done"] == 1 and doc["state"] == "running"
+
+
+def test_a_worker_may_report_only_its_own_leases(client):
+    create_task(client, budget=2, strategy="grid")
+    owner = register(client, "owner")
+    other = register(client, "other")
+    (job,) = lease(client, owner)
+    forged = post_result(client, other, job, ok(1.0))
+    assert forged.status_code == 403
+    bad_token = dict(job, lease_token="not-a-real-lease-token")
+    assert post_result(client, owner, bad_token, ok(1.0)).status_code == 403
+    missing = dict(job, job_id=987654)
+    assert post_result(client, owner, missing, ok(1.0)).status_code == 404
+    assert post_result(client, owner, job, ok(1.0)).json()["accepted"] is True
+
+
+def test_an_ok_result_needs_a_latency(client):
+    create_task(client, budget=1, strategy="grid")
+    worker = register(client)
+    (job,) = lease(client, worker)
+    response = post_result(client, worker, job, {"status": "ok"})
+    assert response.status_code == 422 and response.json()["field"] == "latency_us"
+    assert post_result(client, worker, job, ok(2.0)).json()["accepted"] is True
+
+
+def test_cancelling_a_task_cancels_its_jobs_and_refuses_their_results(client):
+    task = create_task(client, budget=8, strategy="grid")
+    worker = register(client)
+    held = lease(client, worker, max_jobs=3)
+    assert post_result(client, worker, held[0], ok(9.0)).json()["accepted"] is True
+    assert client.delete(f"/v1/tasks/{task['id']}").json()["state"] == "cancelled"
+    late = post_result(client, worker, held[1], ok(8.0)).json()
+    assert late["accepted"] is False and late["job_state"] == "cancelled"
+    assert lease(client, worker, max_jobs=8) == []
+    states = Counter(
+        t["state"] for t in client.get(f"/v1/tasks/{task['id']}/trials").json()["trials"]
+    )
+    assert states == {"done": 1, "cancelled": 7}
+    service = service_of(client)
+    assert service.driver.advance(task["id"]) is False  # a cancelled task proposes nothing
+    with service.db.read() as s:
+        assert s.scalar(select(func.count()).select_from(JobRow)) == 8
+    finished = create_task(client, budget=1, strategy="grid")
+    (job,) = lease(client, worker)
+    post_result(client, worker, job, ok(1.0))
+    assert client.get(f"/v1/tasks/{finished['id']}").json()["state"] == "done"
+    assert client.delete(f"/v1/tasks/{finished['id']}").status_code == 409
+
+
+def test_reregistering_a_name_with_another_token_is_refused(db_url):
+    with client_for(db_url, worker_tokens=["token-a", "token-b"]) as c:
+        body = {"name": "box", "gpu": "h100", "arch": "sm_90", "runner": "cupy"}
+        a = c.post("/v1/workers", json=body, headers={"Authorization": "Bearer token-a"})
+        assert a.status_code == 201
+        b = c.post("/v1/workers", json=body, headers={"Authorization": "Bearer token-b"})
+        assert b.status_code == 409
+        worker_id = a.json()["id"]
+        lease_body = {"worker_id": worker_id, "max_jobs": 1, "wait_s": 0}
+        stolen = c.post("/v1/jobs/lease", json=lease_body, headers={"X-Worker-Token": "token-b"})
+        assert stolen.status_code == 403
+
+
+def test_the_same_result_posted_concurrently_counts_once(db_url):
+
+    with client_for(db_url) as c:
+        task = create_task(c, budget=2, strategy="grid")
+        worker = register(c)
+        service = service_of(c)
+        job = lease(c, worker)[0]
+        body = JobResult(worker_id=worker, lease_token=job["lease_token"], result=ok(4.0))
+        barrier = threading.Barrier(6)
+        acks = []
+
+        def post() -> None:
+            barrier.wait()
+            acks.append(service.queue.submit(job["job_id"], token_hash(TOKEN), body)[0])
+
+        threads = [threading.Thread(target=post) for _ in range(6)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert [a.accepted for a in acks] == [True] * 6
+        assert sum(a.detail is None for a in acks) == 1  # one applied, five duplicates
+        doc = c.get(f"/v1/tasks/{task['id']}").json()
+        assert doc["trials_done"] == 1

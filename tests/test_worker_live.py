@@ -1,0 +1,295 @@
+"""The worker daemon against a live service on loopback (`pipetune serve` in a child
+process): registration, leases, results, heartbeats, SIGTERM drain, a service restart in
+the middle of a task, a replay worker, and its startup failures.
+
+Every worker here is a real `python -m clients.cli worker` process, as deployments run it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from clients.local_service import LocalService, free_port
+from clients.sdk import Client
+from model.hardware import get_gpu
+from model.space import Schedule, Space
+from model.wire import TrialDoc, WorkerDoc
+from model.workloads import gemm
+from workers.datasets import write_t4
+from workers.runners import SimulatedRunner
+from workers.runners.sweep import sweep
+
+TOKEN = "worker-token-for-tests"
+RN50_FC = {"op": "gemm", "m": 1024, "n": 64, "k": 2048}
+SMALL = {"op": "gemm", "m": 64, "n": 64, "k": 64}
+
+
+def start_service(directory: Path, port: int | None = None) -> LocalService:
+    return LocalService(
+        f"sqlite:///{directory / 'pipetune.db'}",
+        directory / "serve.log",
+        port=port,
+        env={"PIPETUNE_WORKER_TOKENS": TOKEN},
+    ).start(timeout_s=60)
+
+
+@pytest.fixture(scope="module")
+def service(tmp_path_factory: pytest.TempPathFactory):
+    svc = start_service(tmp_path_factory.mktemp("service"))
+    yield svc
+    svc.stop()
+
+
+def start_worker(
+    server: str, log: Path, *args: str, time_scale: str = "0", token: str = TOKEN
+) -> subprocess.Popen[bytes]:
+    command = [sys.executable, "-m", "clients.cli", "worker", "--server", server]
+    command += ["--token", token, "--heartbeat", "0.5", "--lease-wait", "1", "--json-logs"]
+    env = {**os.environ, "PIPETUNE_SIMULATED_TIME_SCALE": time_scale}
+    with log.open("wb") as out:
+        return subprocess.Popen([*command, *args], stdout=out, stderr=subprocess.STDOUT, env=env)
+
+
+def events(log: Path) -> list[dict]:
+    return [json.loads(line) for line in log.read_text().splitlines() if line.startswith("{")]
+
+
+def named(events_: list[dict], name: str) -> list[dict]:
+    return [e for e in events_ if e["event"] == name]
+
+
+def wait_until(predicate, timeout_s: float = 30.0, what: str = "condition"):  # type: ignore[no-untyped-def]
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(0.1)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def worker_named(client: Client, name: str) -> WorkerDoc | None:
+    return next((w for w in client.workers() if w.name == name), None)
+
+
+def stop(proc: subprocess.Popen[bytes], log: Path, timeout_s: float = 30.0) -> int | None:
+    """SIGTERM and the exit status; a worker that does not stop in time is killed (None),
+    and its log is printed for the failure report."""
+    proc.send_signal(signal.SIGTERM)
+    try:
+        return proc.wait(timeout_s)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+        return None
+    finally:
+        print(f"--- {log.name}\n{log.read_text()[-8000:]}")
+
+
+def test_worker_registers_leases_reports_and_heartbeats(service: LocalService, tmp_path: Path):
+    log = tmp_path / "worker.log"
+    with Client(service.url) as c:
+        task = c.tune(RN50_FC, "h100", budget=6, seed=1)
+        proc = start_worker(
+            service.url,
+            log,
+            "--runner",
+            "simulated",
+            "--gpu",
+            "h100",
+            "--concurrency",
+            "2",
+            "--name",
+            "live-h100",
+        )
+        try:
+            done = c.wait(task.id, poll_s=0.2, timeout_s=60)
+            first = wait_until(lambda: worker_named(c, "live-h100"), what="registration")
+
+            def beat() -> WorkerDoc | None:
+                now = worker_named(c, "live-h100")
+                return now if now and now.last_heartbeat > first.last_heartbeat else None
+
+            later = wait_until(beat, timeout_s=10, what="a heartbeat")
+            trials = c.all_trials(task.id)
+        finally:
+            code = stop(proc, log)
+    assert code == 0
+    assert done.state == "done" and done.trials_done == 6 and done.trials_failed == 0
+    assert (later.gpu, later.arch, later.runner) == ("h100", "sm_90", "simulated")
+    assert [t.trial for t in trials] == list(range(6))
+    assert all(t.state == "done" and t.status == "ok" and t.worker == "live-h100" for t in trials)
+
+    log_events = events(log)
+    (registered,) = named(log_events, "registered")
+    assert registered["gpu"] == "h100" and registered["arch"] == "sm_90"
+    # One log line per trial, naming task, trial, schedule, status and latency.
+    lines = {(e["task"], e["trial"]): e for e in named(log_events, "trial")}
+    assert set(lines) == {(task.id, t.trial) for t in trials}
+    for t in trials:
+        line = lines[(task.id, t.trial)]
+        assert line["schedule"] == Schedule(**t.schedule.model_dump()).id
+        assert line["status"] == "ok" and line["runner"] == "simulated"
+        assert line["latency_us"] == pytest.approx(t.latency_us)
+    (stopped,) = named(log_events, "stopped")
+    assert stopped["measured"] == stopped["accepted"] == 6
+
+
+def _leased_by(trials: list[TrialDoc]) -> list[TrialDoc]:
+    return [t for t in trials if t.state == "leased"]
+
+
+def test_sigterm_drains_the_jobs_in_hand_then_exits_0(service: LocalService, tmp_path: Path):
+    log = tmp_path / "worker.log"
+    with Client(service.url) as c:
+        task = c.tune(RN50_FC, "a100", budget=12, seed=2)
+        # Time scale 1: a simulated trial takes about a second, like a real compile + run.
+        proc = start_worker(
+            service.url,
+            log,
+            "--runner",
+            "simulated",
+            "--gpu",
+            "a100",
+            "--concurrency",
+            "3",
+            "--name",
+            "live-drain",
+            time_scale="1",
+        )
+        try:
+            in_hand = wait_until(
+                lambda: _leased_by(c.all_trials(task.id)), timeout_s=30, what="leased trials"
+            )
+            code = stop(proc, log)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+        after = {t.trial: t for t in c.all_trials(task.id)}
+        c.cancel(task.id)  # leave no queued jobs for the other tests' workers
+    assert code == 0
+    # Every job the worker held when SIGTERM came was measured and reported.
+    for t in in_hand:
+        assert after[t.trial].state == "done" and after[t.trial].worker == "live-drain"
+    assert not [t for t in after.values() if t.state == "leased"]
+    log_events = events(log)
+    assert named(log_events, "draining") and not named(log_events, "abandoned")
+    (stopped,) = named(log_events, "stopped")
+    reported = [t for t in after.values() if t.worker == "live-drain"]
+    assert stopped["measured"] == stopped["accepted"] == len(reported) >= len(in_hand)
+
+
+def stable_port() -> int:
+    """A free port below Linux's ephemeral range (32768+): while the service is down, no
+    outgoing connection (the worker's own retries included) can be given it as its source
+    port, so the restarted service finds it free."""
+    rng = random.Random()
+    for _ in range(200):
+        port = rng.randrange(20000, 32000)
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    return free_port()
+
+
+def test_a_service_restart_mid_task_loses_no_result(tmp_path: Path):
+    port = stable_port()
+    svc = start_service(tmp_path, port)
+    log = tmp_path / "worker.log"
+    proc = start_worker(
+        svc.url,
+        log,
+        "--runner",
+        "simulated",
+        "--gpu",
+        "h200",
+        "--concurrency",
+        "2",
+        "--name",
+        "live-restart",
+        time_scale="1",
+    )
+    try:
+        with Client(svc.url) as c:
+            task = c.tune(RN50_FC, "h200", budget=8, seed=3)
+            wait_until(lambda: _leased_by(c.all_trials(task.id)), what="leased trials")
+        # Down while the worker measures what it holds: its results must wait, not vanish.
+        svc.stop()
+        wait_until(lambda: named(events(log), "report_retry"), what="a result retried")
+        svc = start_service(tmp_path, port)
+        with Client(svc.url) as c:
+            done = c.wait(task.id, poll_s=0.2, timeout_s=60)
+            trials = c.all_trials(task.id)
+    finally:
+        try:
+            code = stop(proc, log)
+        finally:
+            print(f"--- serve.log\n{svc.log_tail(60)}")
+            svc.stop()
+    assert code == 0
+    assert done.state == "done" and done.trials_done == 8 and done.trials_failed == 0
+    assert all(t.state == "done" and t.status == "ok" for t in trials)
+    log_events = events(log)
+    (stopped,) = named(log_events, "stopped")
+    assert stopped["accepted"] == stopped["measured"] == 8
+    assert "unreported" not in stopped and not named(log_events, "report_gave_up")
+
+
+def test_a_replay_worker_answers_from_its_dataset(service: LocalService, tmp_path: Path):
+    workload = gemm(64, 64, 64)
+    spec = get_gpu("a100")
+    with SimulatedRunner(spec, time_scale=0) as runner:
+        dataset = sweep(runner, workload, spec, list(Space.enumerate(workload, spec)))
+    path = tmp_path / "small.t4.json.gz"
+    write_t4(dataset, path)
+    log = tmp_path / "worker.log"
+    proc = start_worker(
+        service.url,
+        log,
+        "--runner",
+        "replay",
+        "--gpu",
+        "a100",
+        "--dataset",
+        str(path),
+        "--name",
+        "live-replay",
+    )
+    try:
+        with Client(service.url) as c:
+            task = c.tune(SMALL, "a100", budget=4, seed=4)
+            done = c.wait(task.id, poll_s=0.2, timeout_s=60)
+            worker = worker_named(c, "live-replay")
+            trials = c.all_trials(task.id)
+    finally:
+        code = stop(proc, log)
+    assert code == 0 and done.state == "done" and done.trials_done == 4
+    assert worker is not None and worker.runner == "replay"
+    for t in trials:
+        record = dataset.lookup(t.schedule.model_dump())
+        assert record is not None and t.latency_us == pytest.approx(record.time_ms * 1e3)
+    assert {e["runner"] for e in named(events(log), "trial")} == {"replay:simulated"}
+
+
+def test_a_refused_token_is_one_line_and_exit_1(service: LocalService, tmp_path: Path):
+    log = tmp_path / "worker.log"
+    proc = start_worker(
+        service.url, log, "--runner", "simulated", "--gpu", "h100", token="not-a-token"
+    )
+    assert proc.wait(30) == 1
+    lines = log.read_text().strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: ")
+    assert "HTTP 401" in lines[0] or "HTTP 403" in lines[0]

@@ -1,0 +1,122 @@
+"""The worker daemon's parts that need no service: configuration checks, the retry policy
+for results, the log format, and how a worker describes its GPU."""
+
+from __future__ import annotations
+
+import io
+import json
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from clients.sdk import NotFoundError, ServerError, ServiceUnavailableError
+from workers.daemon import DetectionError, EventLog, WorkerConfig, open_runner
+from workers.daemon.gpu import describe_model_gpu, detect_cupy
+from workers.daemon.reporting import call_with_retries
+
+
+def config(**kw) -> WorkerConfig:  # type: ignore[no-untyped-def]
+    return WorkerConfig(**{"server": "http://127.0.0.1:9", "token": "t", **kw})
+
+
+@pytest.mark.parametrize(
+    ("kw", "message"),
+    [
+        ({"runner": "simulated"}, "--gpu: a simulated worker must be told which GPU"),
+        ({"runner": "replay", "gpu": "a100"}, "--dataset: a replay worker needs the dataset"),
+        ({"runner": "simulated", "gpu": "h100", "dataset": Path("x")}, "only a replay worker"),
+        ({"runner": "opencl"}, "--runner: must be one of cupy, replay, simulated"),
+        ({"runner": "cupy", "concurrency": 0}, "--concurrency: must be at least 1"),
+        ({"runner": "cupy", "token": ""}, "--token: give the worker token"),
+        ({"runner": "cupy", "lease_wait_s": 31}, "--lease-wait: must be within 0..30"),
+    ],
+)
+def test_bad_configurations_are_refused_with_the_option(kw: dict, message: str):
+    with pytest.raises(ValueError, match=message.replace("(", r"\(")):
+        config(**kw)
+
+
+def test_default_name_says_host_runner_and_process():
+    name = config(runner="simulated", gpu="h100").name
+    assert "-simulated-" in name and len(name) <= 128
+
+
+def test_results_are_retried_until_the_service_answers():
+    calls = []
+
+    def post() -> str:
+        calls.append(time.monotonic())
+        if len(calls) < 3:
+            raise ServiceUnavailableError("http://x", "connection refused")
+        return "ack"
+
+    retried: list[int] = []
+    result = call_with_retries(
+        post,
+        give_up_after_s=30,
+        abort=threading.Event(),
+        on_retry=lambda attempt, exc, wait: retried.append(attempt),
+        initial_s=0.01,
+    )
+    assert result == "ack" and len(calls) == 3 and retried == [1, 2]
+    assert calls[2] - calls[1] >= calls[1] - calls[0]  # exponential backoff
+
+
+def test_a_5xx_is_retried_but_a_4xx_is_final():
+    answers = [ServerError(503, "busy"), NotFoundError(404, "no such job")]
+
+    def post() -> str:
+        raise answers.pop(0)
+
+    with pytest.raises(NotFoundError):
+        call_with_retries(post, give_up_after_s=30, abort=threading.Event(), initial_s=0.01)
+    assert answers == []  # the 503 was retried, the 404 was not
+
+
+def test_retries_give_up_after_the_deadline_or_on_abort():
+    def down() -> None:
+        raise ServiceUnavailableError("http://x", "refused")
+
+    start = time.monotonic()
+    with pytest.raises(ServiceUnavailableError):
+        call_with_retries(down, give_up_after_s=0.2, abort=threading.Event(), initial_s=0.01)
+    assert time.monotonic() - start < 5
+    abort = threading.Event()
+    abort.set()
+    start = time.monotonic()
+    with pytest.raises(ServiceUnavailableError):
+        call_with_retries(down, give_up_after_s=600, abort=abort, initial_s=1.0)
+    assert time.monotonic() - start < 1.0
+
+
+def test_log_lines_for_people_and_for_machines():
+    human, machine = io.StringIO(), io.StringIO()
+    fields = {"task": 3, "trial": 7, "schedule": "s-2-2-2-2-2-3-2", "status": "ok"}
+    EventLog(stream=human).info("trial", **fields, latency_us=12.3456, error=None)
+    EventLog(json_lines=True, stream=machine).info("trial", **fields, latency_us=12.3456)
+    line = human.getvalue()
+    assert line.count("\n") == 1
+    assert "trial task=3 trial=7 schedule=s-2-2-2-2-2-3-2 status=ok latency_us=12.35" in line
+    assert "error" not in line  # empty fields are left out
+    doc = json.loads(machine.getvalue())
+    assert doc["event"] == "trial" and doc["latency_us"] == 12.3456 and doc["level"] == "info"
+
+
+def test_a_simulated_worker_describes_the_gpu_it_stands_in_for():
+    runner, device = open_runner(config(runner="simulated", gpu="H100-SXM"))
+    with runner:
+        assert runner.name == "simulated"
+    assert (device.gpu, device.arch, device.sm_count) == ("h100", "sm_90", 132)
+    assert device.device_name.startswith("simulated: NVIDIA H100")
+    assert describe_model_gpu("a100", "replay").arch == "sm_80"
+
+
+def test_cupy_detection_without_a_usable_gpu_says_why():
+    try:
+        device = detect_cupy(0)
+    except DetectionError as exc:
+        assert str(exc).startswith("no usable CUDA GPU through CuPy: ")
+    else:  # a GPU machine: the probe found a device the model knows
+        assert device.arch.startswith("sm_") and device.sm_count

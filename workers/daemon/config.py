@@ -1,0 +1,59 @@
+"""The worker's settings (what `pipetune worker` options and environment give it)."""
+
+from __future__ import annotations
+
+import os
+import socket
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from model.wire import MAX_LEASE_WAIT_S
+
+RUNNERS = ("cupy", "replay", "simulated")
+TOKEN_ENV = "PIPETUNE_WORKER_TOKEN"
+
+
+def default_name(runner: str) -> str:
+    # Host and pid: several workers on one machine (one per GPU) stay distinguishable.
+    return f"{socket.gethostname()}-{runner}-{os.getpid()}"[:128]
+
+
+@dataclass(frozen=True)
+class WorkerConfig:
+    server: str
+    token: str
+    runner: str = "cupy"
+    gpu: str | None = None  # required for simulated/replay; checked against the device for cupy
+    dataset: Path | None = None  # replay only
+    concurrency: int = 1
+    name: str = field(default="")
+    device: int = 0  # CUDA device index (cupy)
+    heartbeat_s: float = 5.0
+    lease_wait_s: float = 10.0
+    register_timeout_s: float = 60.0  # keep trying to reach the service this long at start
+    result_retry_s: float = 900.0  # keep retrying one result this long
+    trial_timeout_s: float = 60.0  # cupy: a trial with no answer by then is a timeout
+    json_logs: bool = False
+
+    def __post_init__(self) -> None:
+        if not self.token:
+            raise ValueError(f"--token: give the worker token (or set {TOKEN_ENV})")
+        if self.runner not in RUNNERS:
+            raise ValueError(f"--runner: must be one of {', '.join(RUNNERS)}, got {self.runner!r}")
+        if self.runner in ("simulated", "replay") and not self.gpu:
+            raise ValueError(
+                f"--gpu: a {self.runner} worker must be told which GPU it stands in for "
+                "(h100, h200, a100)"
+            )
+        if self.runner == "replay" and self.dataset is None:
+            raise ValueError("--dataset: a replay worker needs the dataset file to answer from")
+        if self.runner != "replay" and self.dataset is not None:
+            raise ValueError("--dataset: only a replay worker reads a dataset")
+        if self.concurrency < 1:
+            raise ValueError(f"--concurrency: must be at least 1, got {self.concurrency}")
+        if self.heartbeat_s <= 0 or self.register_timeout_s < 0 or self.result_retry_s < 0:
+            raise ValueError("heartbeat, register timeout and result retry must be positive")
+        if not 0 <= self.lease_wait_s <= MAX_LEASE_WAIT_S:
+            raise ValueError(f"--lease-wait: must be within 0..{MAX_LEASE_WAIT_S:g} s")
+        if not self.name:
+            object.__setattr__(self, "name", default_name(self.runner))

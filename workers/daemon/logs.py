@@ -1,0 +1,80 @@
+"""The worker's log: one line per event (one per trial), for people or, with --json-logs,
+one JSON object per line for machines. Lines are written whole under a lock, since the
+measuring, reporting and heartbeat threads all log."""
+
+from __future__ import annotations
+
+import json
+import sys
+import threading
+from datetime import UTC, datetime
+from typing import Any, TextIO
+
+LEVELS = ("debug", "info", "warning", "error")
+
+
+def _human(value: Any) -> str:
+    if isinstance(value, float):
+        return f"{value:.4g}" if abs(value) < 1e4 else f"{value:.0f}"
+    text = str(value)
+    return f'"{text}"' if (" " in text or not text) else text
+
+
+class EventLog:
+    def __init__(self, json_lines: bool = False, stream: TextIO | None = None, debug: bool = False):
+        self.json_lines = json_lines
+        self._stream = stream
+        self._min = 0 if debug else 1
+        # Reentrant: a line logged while another is being written on the same thread (a
+        # signal arriving mid-write) must not deadlock.
+        self._lock = threading.RLock()
+
+    def event(self, event: str, level: str = "info", **fields: Any) -> None:
+        if LEVELS.index(level) < self._min:
+            return
+        now = datetime.now(UTC)
+        fields = {k: v for k, v in fields.items() if v is not None}
+        if self.json_lines:
+            line = json.dumps(
+                {"ts": now.isoformat(timespec="milliseconds"), "level": level, "event": event}
+                | fields,
+                default=str,
+            )
+        else:
+            message = fields.pop("msg", None)
+            parts = [now.strftime("%H:%M:%S"), f"{level.upper():7}", event]
+            parts += [f"{k}={_human(v)}" for k, v in fields.items()]
+            if message:
+                parts.append(f"- {message}")
+            line = " ".join(parts)
+        stream = self._stream or sys.stdout
+        with self._lock:
+            stream.write(line + "\n")
+            stream.flush()
+
+    def info(self, event: str, **fields: Any) -> None:
+        self.event(event, "info", **fields)
+
+    def warning(self, event: str, **fields: Any) -> None:
+        self.event(event, "warning", **fields)
+
+    def error(self, event: str, **fields: Any) -> None:
+        self.event(event, "error", **fields)
+
+
+class Throttle:
+    """Says yes at most once per `every_s` seconds per key: a service that is down for a
+    minute should give a few log lines, not one per retry."""
+
+    def __init__(self, every_s: float = 30.0):
+        self.every_s = every_s
+        self._last: dict[str, float] = {}
+        self._lock = threading.Lock()
+
+    def __call__(self, key: str, now: float) -> bool:
+        with self._lock:
+            last = self._last.get(key)
+            if last is not None and now - last < self.every_s:
+                return False
+            self._last[key] = now
+            return True

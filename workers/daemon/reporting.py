@@ -1,0 +1,57 @@
+"""Posting results so that a service restart loses nothing: retry with exponential backoff
+on connection failures and 5xx until the service is back (or `give_up_after_s` passes, after
+which the lease has long expired and the service has queued the job again anyway); a 4xx is
+final (the service has judged the request, retrying cannot change its mind)."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from typing import TypeVar
+
+from tenacity import (
+    RetryCallState,
+    Retrying,
+    retry_if_exception_type,
+    stop_after_delay,
+    wait_exponential,
+)
+
+from clients.sdk import ServerError, ServiceUnavailableError
+
+T = TypeVar("T")
+TRANSIENT = (ServiceUnavailableError, ServerError)
+
+
+def call_with_retries(
+    call: Callable[[], T],
+    *,
+    give_up_after_s: float,
+    abort: threading.Event,
+    on_retry: Callable[[int, BaseException, float], None] | None = None,
+    initial_s: float = 0.5,
+    max_wait_s: float = 5.0,
+) -> T:
+    """call() until it succeeds, retrying TRANSIENT errors; re-raises the last error when
+    `give_up_after_s` has passed or `abort` is set (a second SIGTERM)."""
+
+    def _aborted(state: RetryCallState) -> bool:
+        return abort.is_set()
+
+    def _before_sleep(state: RetryCallState) -> None:
+        if on_retry is not None and state.outcome is not None:
+            exc = state.outcome.exception()
+            wait = state.next_action.sleep if state.next_action else 0.0
+            if exc is not None:
+                on_retry(state.attempt_number, exc, wait)
+
+    retrying = Retrying(
+        retry=retry_if_exception_type(TRANSIENT),
+        wait=wait_exponential(multiplier=initial_s, max=max_wait_s),
+        stop=stop_after_delay(give_up_after_s) | _aborted,
+        # Sleep on the abort event so that a second SIGTERM ends the wait at once.
+        sleep=lambda seconds: abort.wait(seconds) and None,
+        before_sleep=_before_sleep,
+        reraise=True,
+    )
+    return retrying(call)

@@ -1,0 +1,417 @@
+"""The worker loop: register, heartbeat, lease jobs, measure them, report the results.
+
+Threads, each with one job:
+- main: waits for the control thread and turns signals into stop requests (a signal handler
+  only counts; events and log lines are handled here, outside the handler);
+- control: registers, then long-polls for jobs while there are free slots and hands them to
+  the measuring pool; on stop, drains;
+- measuring pool: `concurrency` threads for simulated/replay runners; one thread for cupy
+  (the GPU runs one trial at a time; a batch is compiled in parallel by runner.prepare);
+- reporter: posts each result with retries (workers.daemon.reporting);
+- heartbeat: tells the service every few seconds that the worker lives and how busy it is.
+
+Stopping: the first SIGTERM (or SIGINT) stops leasing; the jobs in hand are measured and
+reported, then the worker exits 0. A second one stops after the current trial: the jobs not
+started are left to their leases, which expire and return them to the queue.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from queue import Queue
+from typing import Any
+
+from clients.sdk import (
+    ApiError,
+    NotFoundError,
+    PipetuneError,
+    ServerError,
+    ServiceUnavailableError,
+    WorkerApi,
+)
+from model.space import Schedule
+from model.trials import MeasureResult
+from model.wire import MAX_JOBS_PER_LEASE, JobLease, JobResult, WorkerRegister
+from model.workloads import AnyWorkload, WorkloadError, parse_workload
+from workers.daemon.config import WorkerConfig
+from workers.daemon.gpu import DeviceInfo
+from workers.daemon.logs import EventLog, Throttle
+from workers.daemon.reporting import TRANSIENT, call_with_retries
+from workers.runners import Runner, RunnerClosedError, RunnerUnavailableError
+
+# A worker the service no longer knows (database reset) registers again; if that keeps
+# happening the route itself is missing and the worker gives up.
+MAX_REREGISTER = 3
+
+
+class WorkerError(PipetuneError):
+    """The worker cannot go on (refused token, runner gone, service never reachable)."""
+
+
+def _workload_key(data: dict[str, Any]) -> str:
+    return json.dumps(data, sort_keys=True)
+
+
+class Worker:
+    def __init__(
+        self,
+        config: WorkerConfig,
+        runner: Runner,
+        device: DeviceInfo,
+        log: EventLog,
+        api_factory: Callable[[], WorkerApi] | None = None,
+    ):
+        self.config = config
+        self.runner = runner
+        self.device = device
+        self.log = log
+        self._api_factory = api_factory or (lambda: WorkerApi(config.server, config.token))
+        self.worker_id: int | None = None
+        self.counts: Counter[str] = Counter()
+        self._signals = 0  # incremented by the signal handler (no locks in a handler)
+        self._seen_signals = 0
+        self._stop = threading.Event()  # lease no more; finish the jobs in hand
+        self._abort = threading.Event()  # start no more trials; stop retrying reports
+        self._fatal: BaseException | None = None
+        self._busy = 0
+        self._slots = threading.Condition()
+        self._reports: Queue[tuple[JobLease, MeasureResult] | None] = Queue()
+        self._throttle = Throttle()
+        self._serial = runner.name == "cupy"
+        self._counts_lock = threading.Lock()
+
+    # ---- stopping -----------------------------------------------------------------------
+
+    def signal_handler(self, signum: int, frame: Any) -> None:
+        self._signals += 1
+
+    def request_stop(self) -> None:
+        """What a SIGTERM does, for callers that run the worker in-process."""
+        self._signals += 1
+
+    def _handle_signals(self) -> None:
+        n = self._signals
+        if n == self._seen_signals:
+            return
+        self._seen_signals = n
+        if not self._stop.is_set():
+            self._stop.set()
+            self.log.info(
+                "draining", busy=self._busy, msg="no more leases; finishing the jobs in hand"
+            )
+        if n >= 2 and not self._abort.is_set():
+            self._abort.set()
+            self.log.warning("aborting", msg="stopping after the current trial")
+        with self._slots:
+            self._slots.notify_all()
+
+    # ---- main ---------------------------------------------------------------------------
+
+    def run(self) -> int:
+        """Work until stopped; 0 after a clean drain. Raises WorkerError (or the SDK's
+        error) when the worker cannot start or must give up."""
+        control = threading.Thread(target=self._control, name="pipetune-control", daemon=True)
+        control.start()
+        while control.is_alive():
+            control.join(0.2)
+            self._handle_signals()
+        if self._fatal is not None:
+            raise self._fatal
+        self.log.info("stopped", worker=self.worker_id, **dict(self.counts))
+        return 0
+
+    def _control(self) -> None:
+        api = self._api_factory()
+        try:
+            if not self._register(api):
+                return  # stopped before the service answered
+            self._serve(api)
+        except BaseException as exc:
+            self._fatal = exc
+        finally:
+            api.close()
+
+    def _serve(self, api: WorkerApi) -> None:
+        workers = 1 if self._serial else self.config.concurrency
+        hb_stop = threading.Event()
+        heartbeat = threading.Thread(
+            target=self._heartbeat, args=(hb_stop,), name="pipetune-heartbeat", daemon=True
+        )
+        reporter = threading.Thread(target=self._reporter, name="pipetune-reporter", daemon=True)
+        heartbeat.start()
+        reporter.start()
+        pool = ThreadPoolExecutor(workers, thread_name_prefix="pipetune-measure")
+        try:
+            self._lease_loop(api, pool)
+        finally:
+            pool.shutdown(wait=True)  # the jobs in hand are measured (or abandoned on abort)
+            self._reports.put(None)
+            reporter.join()
+            hb_stop.set()
+            heartbeat.join()
+
+    # ---- registration -------------------------------------------------------------------
+
+    def _registration(self) -> WorkerRegister:
+        d = self.device
+        return WorkerRegister(
+            gpu=d.gpu,
+            name=self.config.name,
+            arch=d.arch,
+            runner=self.config.runner,  # type: ignore[arg-type]
+            device_name=d.device_name[:256],
+            sm_count=d.sm_count,
+            driver=d.driver,
+            clocks_mhz=d.clocks_mhz,
+        )
+
+    def _register(self, api: WorkerApi) -> bool:
+        """Register, retrying while the service is unreachable for register_timeout_s."""
+        deadline = time.monotonic() + self.config.register_timeout_s
+        wait = 0.5
+        body = self._registration()
+        while True:
+            try:
+                doc = api.register(body)
+                break
+            except TRANSIENT as exc:
+                if time.monotonic() + wait > deadline:
+                    raise
+                if self._throttle("register", time.monotonic()):
+                    self.log.warning("waiting_for_service", server=api.base_url, msg=str(exc))
+                if self._stop.wait(wait):
+                    return False
+                wait = min(wait * 2, 5.0)
+        self.worker_id = doc.id
+        self.log.info(
+            "registered",
+            worker=doc.id,
+            name=doc.name,
+            gpu=doc.gpu,
+            arch=doc.arch,
+            runner=doc.runner,
+            device=self.device.device_name,
+            concurrency=self.config.concurrency,
+            server=api.base_url,
+        )
+        return True
+
+    # ---- leasing ------------------------------------------------------------------------
+
+    def _free_slots(self) -> int:
+        """Block until a slot is free (or stop); the number of free slots."""
+        with self._slots:
+            while self._busy >= self.config.concurrency and not self._stop.is_set():
+                self._slots.wait(0.5)
+            return 0 if self._stop.is_set() else self.config.concurrency - self._busy
+
+    def _release(self, n: int = 1) -> None:
+        with self._slots:
+            self._busy -= n
+            self._slots.notify_all()
+
+    def _count(self, key: str) -> None:
+        with self._counts_lock:
+            self.counts[key] += 1
+
+    def _lease_loop(self, api: WorkerApi, pool: ThreadPoolExecutor) -> None:
+        backoff = 0.5
+        reregistered = 0
+        assert self.worker_id is not None
+        while not self._stop.is_set():
+            free = self._free_slots()
+            if free == 0:
+                continue
+            started = time.monotonic()
+            try:
+                jobs = api.lease(
+                    self.worker_id,
+                    max_jobs=min(free, MAX_JOBS_PER_LEASE),
+                    wait_s=self.config.lease_wait_s,
+                )
+                backoff = 0.5
+            except NotFoundError as exc:
+                reregistered += 1
+                if reregistered > MAX_REREGISTER:
+                    raise WorkerError(f"the service keeps refusing leases: {exc}") from None
+                self.log.warning("unknown_worker", msg=f"{exc}; registering again")
+                if not self._register(api):
+                    return
+                continue
+            except (ServiceUnavailableError, ServerError) as exc:
+                if self._throttle("lease", time.monotonic()):
+                    self.log.warning("lease_failed", retry_in_s=backoff, msg=str(exc))
+                self._stop.wait(backoff)
+                backoff = min(backoff * 2, 5.0)
+                continue
+            except ApiError as exc:
+                raise WorkerError(f"the service refused to lease jobs: {exc}") from None
+            reregistered = 0
+            if not jobs:
+                if time.monotonic() - started < 0.2:  # a service that does not long-poll
+                    self._stop.wait(1.0)
+                continue
+            with self._slots:
+                self._busy += len(jobs)
+            self.log.event("leased", "debug", jobs=len(jobs))
+            for unit in self._units(jobs):
+                pool.submit(self._measure_unit, unit)
+
+    def _units(self, jobs: list[JobLease]) -> list[list[JobLease]]:
+        """Jobs grouped by workload for the GPU (one prepare compiles a group in parallel);
+        one job per unit for simulated/replay, so the pool's threads share the work."""
+        if not self._serial:
+            return [[job] for job in jobs]
+        groups: dict[str, list[JobLease]] = {}
+        for job in jobs:
+            groups.setdefault(_workload_key(job.workload), []).append(job)
+        return list(groups.values())
+
+    # ---- measuring ----------------------------------------------------------------------
+
+    def _failure(self, error: str) -> MeasureResult:
+        return MeasureResult(status="runtime_error", error=error[:2000], runner=self.runner.name)
+
+    def _measure_unit(self, jobs: list[JobLease]) -> None:
+        done = 0
+        try:
+            try:
+                workload: AnyWorkload = parse_workload(jobs[0].workload)
+            except WorkloadError as exc:
+                for job in jobs:
+                    self._finish(job, self._failure(f"worker: bad workload: {exc}"))
+                    done += 1
+                return
+            schedules = [job.schedule.to_schedule() for job in jobs]
+            if len(jobs) > 1:
+                try:
+                    self.runner.prepare(workload, schedules)  # parallel NVRTC (cupy)
+                except Exception as exc:  # measure() reports what could not be built
+                    self.log.warning("prepare_failed", msg=str(exc))
+            for job, schedule in zip(jobs, schedules, strict=True):
+                if self._abort.is_set() or self._fatal is not None:
+                    self._abandon(job)
+                else:
+                    self._finish(job, self._measure_one(workload, schedule))
+                done += 1
+        except BaseException as exc:  # never lose a slot to a bug
+            self.log.error("unit_failed", msg=f"{type(exc).__name__}: {exc}")
+            for job in jobs[done:]:
+                self._abandon(job)
+
+    def _measure_one(self, workload: AnyWorkload, schedule: Schedule) -> MeasureResult:
+        try:
+            return self.runner.measure(workload, [schedule])[0]
+        except (RunnerClosedError, RunnerUnavailableError) as exc:
+            # The device is gone: nothing more can be measured here.
+            self._fatal = WorkerError(f"the {self.runner.name} runner stopped: {exc}")
+            self._stop.set()
+            raise
+        except Exception as exc:
+            # The runner could not answer for this schedule (e.g. not in a replayed
+            # dataset): a failed trial, so the task goes on.
+            return self._failure(f"{self.runner.name} runner: {type(exc).__name__}: {exc}")
+
+    def _finish(self, job: JobLease, result: MeasureResult) -> None:
+        self._count("measured")
+        self.log.info(
+            "trial",
+            task=job.task_id,
+            trial=job.trial,
+            job=job.job_id,
+            schedule=job.schedule.to_schedule().id,
+            status=result.status,
+            latency_us=result.latency_us,
+            runner=result.runner,
+            error=None if result.ok else (result.error or "")[:200],
+        )
+        self._reports.put((job, result))
+
+    def _abandon(self, job: JobLease) -> None:
+        self._count("abandoned")
+        self.log.warning(
+            "abandoned",
+            task=job.task_id,
+            trial=job.trial,
+            job=job.job_id,
+            msg="not measured; the lease will expire and the job return to the queue",
+        )
+        self._release()
+
+    # ---- reporting ----------------------------------------------------------------------
+
+    def _reporter(self) -> None:
+        api = self._api_factory()
+        try:
+            while True:
+                item = self._reports.get()
+                if item is None:
+                    return
+                job, result = item
+                try:
+                    self._report(api, job, result)
+                except Exception as exc:  # one bad answer must not stop the reporting
+                    self._count("unreported")
+                    self.log.error(
+                        "report_failed", job=job.job_id, msg=f"{type(exc).__name__}: {exc}"
+                    )
+                finally:
+                    self._release()
+        finally:
+            api.close()
+
+    def _report(self, api: WorkerApi, job: JobLease, result: MeasureResult) -> None:
+        assert self.worker_id is not None
+        body = JobResult(worker_id=self.worker_id, lease_token=job.lease_token, result=result)
+
+        def on_retry(attempt: int, exc: BaseException, wait_s: float) -> None:
+            if self._throttle(f"report-{job.job_id}", time.monotonic()) or attempt == 1:
+                self.log.warning(
+                    "report_retry", job=job.job_id, attempt=attempt, retry_in_s=wait_s, msg=str(exc)
+                )
+
+        try:
+            ack = call_with_retries(
+                lambda: api.post_result(job.job_id, body),
+                give_up_after_s=self.config.result_retry_s,
+                abort=self._abort,
+                on_retry=on_retry,
+            )
+        except TRANSIENT as exc:
+            self._count("unreported")
+            self.log.error("report_gave_up", job=job.job_id, msg=str(exc))
+            return
+        except ApiError as exc:
+            self._count("refused")
+            self.log.error("report_refused", job=job.job_id, status=exc.status_code, msg=exc.reason)
+            return
+        if ack.accepted:
+            self._count("accepted")
+        else:
+            # The lease expired and the job went to another worker, or the task was
+            # cancelled: the service keeps the other answer, which is fine.
+            self._count("stale")
+            self.log.warning(
+                "result_not_accepted", job=job.job_id, job_state=ack.job_state, msg=ack.detail
+            )
+
+    # ---- heartbeat ----------------------------------------------------------------------
+
+    def _heartbeat(self, stop: threading.Event) -> None:
+        api = self._api_factory()
+        try:
+            while not stop.wait(self.config.heartbeat_s):
+                if self.worker_id is None:
+                    continue
+                try:
+                    api.heartbeat(self.worker_id, busy_jobs=max(self._busy, 0))
+                except Exception as exc:  # keep beating: the next one may get through
+                    if self._throttle("heartbeat", time.monotonic()):
+                        self.log.warning("heartbeat_failed", msg=f"{type(exc).__name__}: {exc}")
+        finally:
+            api.close()
