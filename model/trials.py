@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 TrialStatus = Literal[
     "ok",
@@ -37,6 +37,13 @@ class MeasureResult(BaseModel):
     max_abs_error: float | None = Field(default=None, ge=0)
     error: str | None = None
     runner: str | None = None
+
+    @field_validator("error", "runner")
+    @classmethod
+    def _printable(cls, value: str | None) -> str | None:
+        # Free text from compilers and drivers: keep the result, drop NUL bytes (no database
+        # text column can hold them), rather than refuse a measurement over its log text.
+        return None if value is None else value.replace("\x00", "\ufffd")
 
     @property
     def ok(self) -> bool:

@@ -29,6 +29,14 @@ JobState = Literal["queued", "leased", "done", "failed", "lost", "cancelled"]
 class _Body(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
+    @field_validator("*")
+    @classmethod
+    def _no_nul(cls, value: Any) -> Any:
+        # PostgreSQL text cannot hold NUL: refuse it here as a 422, not a 500 in the database.
+        if isinstance(value, str) and "\x00" in value:
+            raise ValueError("must not contain NUL characters")
+        return value
+
 
 class _GpuField(_Body):
     gpu: str = Field(description="GPU key or alias: a100, h100, h200, ...")

@@ -251,3 +251,19 @@ def test_the_same_result_posted_concurrently_counts_once(db_url):
         assert sum(a.detail is None for a in acks) == 1  # one applied, five duplicates
         doc = c.get(f"/v1/tasks/{task['id']}").json()
         assert doc["trials_done"] == 1
+
+
+def test_nul_characters_are_refused_or_dropped_never_a_500(client):
+    """Found by the schema fuzzer on PostgreSQL: a NUL in a lease token reached the database."""
+    create_task(client, budget=1, strategy="grid")
+    worker = register(client)
+    (job,) = lease(client, worker)
+    bad = {"worker_id": worker, "lease_token": "0000000\x00", "result": ok(10.0)}
+    response = client.post(f"/v1/jobs/{job['job_id']}/result", json=bad, headers=WORKER_HEADERS)
+    assert response.status_code == 422
+    assert "lease_token" in response.text
+    named = {"name": "w\x00", "gpu": "h100", "arch": "sm_90", "runner": "simulated"}
+    assert client.post("/v1/workers", json=named, headers=WORKER_HEADERS).status_code == 422
+    failed = {"status": "compile_error", "error": "ptxas\x00log"}
+    response = post_result(client, worker, job, failed)
+    assert response.status_code == 200 and response.json()["accepted"] is True
