@@ -96,7 +96,7 @@ def main(argv: list[str] | None = None) -> int:
         if run_cli(tune, service.url) != 0:
             print(service.log_tail(), file=sys.stderr)
             return 1
-        say("the best schedule after tuning (the best measured trial)")
+        say("the best schedule after tuning (the best trial the workers reported)")
         if run_cli(["schedule", *WORKLOAD], service.url) != 0:
             return 1
         say(f"dashboard: {service.url}/dashboard")

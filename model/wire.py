@@ -101,6 +101,9 @@ class ScheduleResponse(_Body):
     latency_us: float | None = None  # measured median, when source == "measured"
     predicted_us: float
     tflops: float  # measured when source == "measured", else predicted
+    # The runner behind a measured schedule: "cupy" is a GPU measurement; "simulated" is the
+    # analytical model plus noise (demos and CI), to be labelled as such by every client.
+    runner: str | None = None
     task_id: int | None = None
     url: str | None = None
 

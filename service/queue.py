@@ -372,6 +372,7 @@ class Queue:
                     JOBS.c.result_token,
                     LEASES.c.worker_id.label("lease_worker"),
                     WORKERS.c.token_hash,
+                    WORKERS.c.runner.label("worker_runner"),
                 )
                 .select_from(
                     JOBS.outerjoin(
@@ -392,7 +393,9 @@ class Queue:
             ):
                 return self._ack(result.status, True, job.state, "duplicate: already recorded")
             current = job.state == "leased" and job.lease_token == body.lease_token
-            if not (current and self._apply(conn, job.id, body, now)):
+            # A result that does not say which runner made it was made by the worker's.
+            runner = body.result.runner or job.worker_runner
+            if not (current and self._apply(conn, job.id, body, now, runner)):
                 # Look again: the same result, posted twice at once, lost the race to itself.
                 state, recorded = conn.execute(
                     select(JOBS.c.state, JOBS.c.result_token).where(JOBS.c.id == job_id)
@@ -428,7 +431,9 @@ class Queue:
         best = TASKS.c.best_latency_us
         return best.is_(None) | (best > result.latency_us)
 
-    def _apply(self, conn: Connection, job_id: int, body: JobResult, now) -> bool:
+    def _apply(
+        self, conn: Connection, job_id: int, body: JobResult, now, runner: str | None
+    ) -> bool:
         """The compare-and-set that records a result: only while the lease is current."""
         r = body.result
         applied = conn.execute(
@@ -450,7 +455,7 @@ class Queue:
                 compile_ms=r.compile_ms,
                 max_abs_error=r.max_abs_error,
                 error=r.error,
-                runner=r.runner,
+                runner=runner,
                 result_token=body.lease_token,
                 result_worker=body.worker_id,
                 lease_expires_at=None,

@@ -91,7 +91,9 @@ def test_tune_wait_prints_the_best_schedule_and_json_the_final_task(cli, worker,
     assert f"dashboard: {service.url}/dashboard" in human.stdout
 
     after = json.loads(cli("schedule", "gemm", *FC, "--json").stdout)
-    assert after["source"] == "measured"
+    assert after["source"] == "measured" and after["runner"] == "simulated"
+    table = cli("schedule", "gemm", *FC).stdout
+    assert "simulated trials" in table and "simulated µs" in table and "measured µs" not in table
 
 
 def test_tune_without_wait_returns_the_queued_task(cli):  # type: ignore[no-untyped-def]

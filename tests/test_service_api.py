@@ -62,6 +62,7 @@ def test_schedule_with_tune_creates_a_task_and_then_answers_measured(client):
     assert measured.status_code == 200
     best = measured.json()
     assert best["source"] == "measured"
+    assert best["runner"] == "simulated"  # the registered worker's runner: labelled, not hidden
     assert best["latency_us"] == min(latencies.values())
     flops = parse_workload(SMALL_GEMM).flops
     assert math.isclose(best["tflops"], flops / (best["latency_us"] * 1e-6) / 1e12)

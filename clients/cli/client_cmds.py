@@ -100,7 +100,13 @@ def _schedule(workload: dict, gpu: str, as_json: bool, server: str, api_key: str
         print_json(doc.model_dump(mode="json"))
         return
     tile, warps, stages = _schedule_cells(doc.schedule)
-    source = "measured trials" if doc.source == "measured" else "analytical model (not tuned yet)"
+    simulated = doc.source == "measured" and "simulated" in (doc.runner or "")
+    if doc.source == "model":
+        source = "analytical model (not tuned yet)"
+    elif simulated:
+        source = "simulated trials (analytical model + noise, not measurements)"
+    else:
+        source = "measured trials"
     console.print(f"{w.label()} on {doc.gpu}: best schedule, from the {source}")
     table = Table(show_header=False)
     table.add_column("key")
@@ -110,7 +116,7 @@ def _schedule(workload: dict, gpu: str, as_json: bool, server: str, api_key: str
         ("tile MxNxK", tile),
         ("warps", warps),
         ("stages smem/reg", stages),
-        ("measured µs", _fmt(doc.latency_us)),
+        ("simulated µs" if simulated else "measured µs", _fmt(doc.latency_us)),
         ("predicted µs", _fmt(doc.predicted_us)),
         ("TFLOP/s", _fmt(doc.tflops, ".1f")),
     ]

@@ -53,6 +53,7 @@ def best_schedule(
             schedule=ScheduleDoc.of(schedule),
             schedule_id=schedule.id,
             latency_us=job.latency_us,
+            runner=job.runner,
             predicted_us=predicted,
             tflops=tflops(workload.flops, job.latency_us),
         )
