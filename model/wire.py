@@ -29,6 +29,10 @@ JobState = Literal["queued", "leased", "done", "failed", "lost", "cancelled"]
 class _Body(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
+
+class _Request(_Body):
+    """A body a client sends: its strings end up in database columns."""
+
     @field_validator("*")
     @classmethod
     def _no_nul(cls, value: Any) -> Any:
@@ -38,7 +42,7 @@ class _Body(BaseModel):
         return value
 
 
-class _GpuField(_Body):
+class _GpuField(_Request):
     gpu: str = Field(description="GPU key or alias: a100, h100, h200, ...")
 
     @field_validator("gpu")
@@ -79,7 +83,7 @@ class ScheduleDoc(_Body):
 # ---- users: schedules and tasks -------------------------------------------------------
 
 
-class TuneOptions(_Body):
+class TuneOptions(_Request):
     budget: int = Field(50, ge=1, le=MAX_BUDGET)
     strategy: StrategyName = "analytical+xgb"
     seed: int = Field(0, ge=0, le=2**31 - 1)
@@ -207,7 +211,7 @@ class WorkerDoc(_Body):
     last_heartbeat: datetime
 
 
-class Heartbeat(_Body):
+class Heartbeat(_Request):
     """POST /v1/workers/{id}/heartbeat; the response echoes the server's clock."""
 
     busy_jobs: int = Field(0, ge=0)
@@ -218,7 +222,7 @@ class HeartbeatAck(_Body):
     server_time: datetime
 
 
-class LeaseRequest(_Body):
+class LeaseRequest(_Request):
     """POST /v1/jobs/lease: long-polls up to wait_s for jobs matching the worker's arch."""
 
     worker_id: int
@@ -241,7 +245,7 @@ class LeaseResponse(_Body):
     jobs: list[JobLease]
 
 
-class JobResult(_Body):
+class JobResult(_Request):
     """POST /v1/jobs/{id}/result: idempotent per (job, lease_token)."""
 
     worker_id: int

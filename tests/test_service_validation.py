@@ -163,3 +163,10 @@ def test_results_a_trial_row_cannot_hold_are_refused(client):
     )
     assert beat.status_code == 200
     assert client.get(f"/v1/tasks/{2**40}").status_code == 422
+
+
+def test_an_error_that_echoes_a_nul_is_still_a_422(client):
+    """Found by the schema fuzzer: the 422 body quoting `gpu=\\x00` failed its own validation."""
+    response = client.get("/v1/curves", params={"gpu": "\x00"})
+    assert response.status_code == 422
+    assert "gpu" in response.text
