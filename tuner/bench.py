@@ -17,7 +17,7 @@ from tuner.metrics import geomean, p_score, random_search_expectation
 from tuner.offline import RecordedSpace, run_offline
 from tuner.peers import PEERS, run_peer
 from tuner.recorded import ForeignSpace, RecordedConfigs
-from tuner.strategies import STRATEGIES, Observation, Strategy, make_strategy
+from tuner.strategies import Observation, Strategy, make_strategy
 
 # Strategies that need nothing but the knobs: the ones that can search a foreign space.
 KNOB_ONLY = ("grid", "random", "xgb")
@@ -117,6 +117,3 @@ def bench(
                 }
             )
     return {"results": results, "seeds": seeds, "datasets": [d.name for d in datasets]}
-
-
-ALL_STRATEGIES = (*STRATEGIES, *PEERS)

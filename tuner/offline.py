@@ -12,6 +12,15 @@ from model.trials import MeasureResult
 from tuner.session import TuningSession
 
 
+def throughput_of(latency) -> np.ndarray:
+    """Normalisable throughput per configuration: 1/latency, 0 for a failure (inf, nan, <= 0)."""
+    lat = np.asarray(latency, dtype=np.float64)
+    ok = np.isfinite(lat) & (lat > 0)
+    out = np.zeros(len(lat))
+    out[ok] = 1.0 / lat[ok]
+    return out
+
+
 @dataclass(frozen=True)
 class RecordedSpace:
     """A space and one recorded latency per schedule (seconds; inf or nan = failed)."""
@@ -21,12 +30,7 @@ class RecordedSpace:
 
     @property
     def throughput(self) -> np.ndarray:
-        """Normalisable throughput per schedule: 1/latency, 0 for failures."""
-        lat = np.asarray(self.latency_s, dtype=np.float64)
-        ok = np.isfinite(lat) & (lat > 0)
-        out = np.zeros(len(lat))
-        out[ok] = 1.0 / lat[ok]
-        return out
+        return throughput_of(self.latency_s)
 
     @property
     def optimum(self) -> float:

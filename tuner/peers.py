@@ -15,10 +15,12 @@ import random
 import tempfile
 import warnings
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
-from tuner.recorded import RecordedConfigs
+if TYPE_CHECKING:  # annotations only: keeps `PEERS` cheap to import for the CLI
+    from tuner.recorded import RecordedConfigs
 
 KT_STRATEGIES = {
     "kt_simulated_annealing": ("simulated_annealing", {"T": 1.0}),

@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 
 from model.space import KNOB_NAMES, KNOBS
-from tuner.offline import RecordedSpace
+from tuner.offline import RecordedSpace, throughput_of
 from tuner.sa import KnobCodec
 
 
@@ -31,10 +31,7 @@ class RecordedConfigs:
 
     @property
     def throughput(self) -> np.ndarray:
-        ok = np.isfinite(self.objective_ms)
-        out = np.zeros(len(self.objective_ms))
-        out[ok] = 1.0 / self.objective_ms[ok]
-        return out
+        return throughput_of(self.objective_ms)
 
     @property
     def optimum(self) -> float:

@@ -9,15 +9,17 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
+from typing import get_args
 
 import numpy as np
 
 from model.analytical import evaluate
 from model.cost_model import CostModel
 from model.space import Space
+from model.wire import StrategyName
 from tuner.sa import SimulatedAnnealing, codec_for
 
-STRATEGIES = ("grid", "random", "analytical", "xgb", "analytical+xgb")
+STRATEGIES: tuple[str, ...] = get_args(StrategyName)  # one list: the API's strategy names
 DEFAULT_STRATEGY = "analytical+xgb"
 
 

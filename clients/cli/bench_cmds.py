@@ -3,21 +3,23 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING, get_args
 
-import numpy as np
 import typer
 from rich.table import Table
 
 from clients.cli.errors import CliError, reported
 from clients.cli.output import console, print_json
-from model.hardware import get_gpu
-from model.space import Schedule, Space
-from tuner.bench import ALL_STRATEGIES, KNOB_ONLY, Dataset, bench
-from tuner.offline import RecordedSpace
+from model.wire import StrategyName
 from tuner.peers import PEERS
-from tuner.recorded import RecordedConfigs
-from tuner.strategies import STRATEGIES
-from workers.datasets import DatasetError, check_pipetune, load_dataset
+
+if TYPE_CHECKING:
+    from tuner.bench import Dataset
+
+# The tuner (XGBoost, SciPy) and the dataset readers load only when a benchmark runs, so
+# every other `pipetune` command starts without them.
+STRATEGIES: tuple[str, ...] = get_args(StrategyName)
+ALL_STRATEGIES = (*STRATEGIES, *PEERS)
 
 bench_app = typer.Typer(help="Offline benchmarks on recorded datasets (no GPU needed).")
 
@@ -27,6 +29,15 @@ GROUPS = {"ours": STRATEGIES, "peers": PEERS, "all": ALL_STRATEGIES}
 def recorded_dataset(path: Path) -> Dataset:
     """A dataset file as the tuner sees it: pipetune's own with its schedule space, or a
     foreign recorded space (Kernel Tuner cache, T4 of another kernel) by its knobs."""
+    import numpy as np
+
+    from model.hardware import get_gpu
+    from model.space import Schedule, Space
+    from tuner.bench import Dataset
+    from tuner.offline import RecordedSpace
+    from tuner.recorded import RecordedConfigs
+    from workers.datasets import DatasetError, check_pipetune, load_dataset
+
     ds = load_dataset(path)
     name = path.name.split(".")[0]
     times = ds.times_ms()
@@ -89,6 +100,9 @@ def tuner(
     as_json: bool = typer.Option(False, "--json"),
 ) -> None:
     """Best-in-k-trials of each strategy, normalised to each dataset's exhaustive best."""
+    from tuner.bench import KNOB_ONLY, bench
+    from workers.datasets import DatasetError
+
     files = [*(dataset or []), *(paths or [])]
     if not files:
         raise CliError("--dataset: give at least one dataset file", 2)

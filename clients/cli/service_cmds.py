@@ -18,14 +18,19 @@ import secrets
 import threading
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import typer
 
 from clients.cli.errors import CliError, reported
 from clients.cli.output import console, print_json
 from service.local_workers import RUNNERS, start_workers, stop_workers
-from service.migrate import SchemaError, current_revision, head_revision, redact, upgrade
-from service.settings import Settings
+
+if TYPE_CHECKING:
+    from service.settings import Settings
+
+# service.settings and service.migrate (Alembic) load inside the commands that use them, so
+# `pipetune worker` and every other command start without them.
 
 db_app = typer.Typer(help="The service database: migrations and reference optima.")
 
@@ -35,6 +40,8 @@ _DB = typer.Option(
 
 
 def _settings(db: str | None, **overrides: object) -> Settings:
+    from service.settings import Settings
+
     if db is not None:
         overrides["database_url"] = db
     return Settings(**overrides)
@@ -98,6 +105,7 @@ def serve(
     import uvicorn
 
     from service.app import create_app
+    from service.migrate import SchemaError, redact
 
     if runner not in RUNNERS:
         raise CliError(f"--runner: must be one of {', '.join(RUNNERS)}, got {runner!r}", 2)
@@ -149,6 +157,8 @@ def db_upgrade(
     revision: str = typer.Option("head", "--revision", help="target revision"),
 ) -> None:
     """Migrate the database schema (to the newest revision by default)."""
+    from service.migrate import redact, upgrade
+
     url = _settings(db).database_url
     upgrade(url, revision)
     console.print(f"database {redact(url)} is at revision {_current(url)}")
@@ -156,6 +166,7 @@ def db_upgrade(
 
 def _current(url: str) -> str | None:
     from service.db import make_engine
+    from service.migrate import current_revision
 
     engine = make_engine(url, pool_size=1)
     try:
@@ -168,6 +179,8 @@ def _current(url: str) -> str | None:
 @reported
 def db_current(db: str | None = _DB, as_json: bool = typer.Option(False, "--json")) -> None:
     """The database's schema revision and the newest one this pipetune has."""
+    from service.migrate import head_revision, redact
+
     url = _settings(db).database_url
     doc = {"database": redact(url), "current": _current(url), "head": head_revision()}
     doc["up_to_date"] = doc["current"] == doc["head"]
@@ -186,7 +199,7 @@ def db_import_optimum(
 ) -> None:
     """Record a sweep's best latency as the optimum that best-in-k curves normalise to."""
     from service.db import Database
-    from service.migrate import check_schema
+    from service.migrate import SchemaError, check_schema
     from service.records import set_reference_optimum
     from workers.datasets import DatasetError, check_pipetune, load_dataset
 
