@@ -166,6 +166,17 @@ class LocalService:
             self._log = None
         return code
 
+    def kill(self) -> None:
+        """SIGKILL: the service dies as in a crash (no shutdown, connections cut). Its local
+        workers, if any, are left running, as they would be."""
+        process, self.process = self.process, None
+        if process is not None and process.poll() is None:
+            process.kill()
+            process.wait()
+        if self._log is not None:
+            self._log.close()
+            self._log = None
+
     def __enter__(self) -> Self:
         return self.start()
 

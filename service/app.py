@@ -17,7 +17,7 @@ from fastapi import FastAPI
 from fastapi.concurrency import run_in_threadpool
 
 from service.context import Service
-from service.db import Database
+from service.db import Database, is_unavailable, unavailable_reason
 from service.driver import Driver
 from service.errors import install as install_error_handlers
 from service.metrics import Metrics
@@ -39,8 +39,11 @@ async def _upkeep_loop(service: Service, interval: float) -> None:
         await asyncio.sleep(interval)
         try:
             await run_in_threadpool(service.upkeep)
-        except Exception:  # keep sweeping: the next round may well succeed
-            log.exception("upkeep failed")
+        except Exception as exc:  # keep sweeping: the next round may well succeed
+            if is_unavailable(exc):
+                log.warning("upkeep skipped: database unavailable: %s", unavailable_reason(exc))
+            else:
+                log.exception("upkeep failed")
 
 
 def create_app(settings: Settings | None = None) -> FastAPI:

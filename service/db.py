@@ -21,12 +21,30 @@ from pathlib import Path
 from typing import Any
 
 from sqlalchemy import Connection, DateTime, Engine, create_engine, event, func, type_coerce
+from sqlalchemy import exc as sa_exc
 from sqlalchemy.engine import make_url
 from sqlalchemy.orm import Session, sessionmaker
 from sqlalchemy.sql.elements import ColumnElement
 from sqlalchemy.types import TypeDecorator
 
 SQLITE_NOW_FORMAT = "%Y-%m-%d %H:%M:%f"
+
+
+def is_unavailable(exc: BaseException) -> bool:
+    """Whether an error means the database cannot be reached right now (restarting, failing
+    over, out of connections, busy) rather than a bug: OperationalError and InterfaceError
+    are the DB-API's classes for those, and any error that cut the connection counts too."""
+    if isinstance(exc, sa_exc.TimeoutError):  # no free connection in the pool
+        return True
+    if isinstance(exc, sa_exc.OperationalError | sa_exc.InterfaceError):
+        return True
+    return isinstance(exc, sa_exc.DBAPIError) and exc.connection_invalidated
+
+
+def unavailable_reason(exc: BaseException) -> str:
+    """One line naming the error class, with no SQL or parameters in it."""
+    orig = getattr(exc, "orig", None)
+    return type(orig if orig is not None else exc).__name__
 
 
 class UTCDateTime(TypeDecorator):

@@ -1,16 +1,26 @@
 """Error responses: every 422 names the field and the reason (model/wire.py
-ValidationErrorBody); domain errors map to 403/404/409."""
+ValidationErrorBody); domain errors map to 403/404/409; a database that cannot be reached
+(restarting, failing over, out of connections) is a 503 with Retry-After, which workers and
+the SDK retry, not a 500."""
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from sqlalchemy import exc as sa_exc
 
 from model.wire import ErrorItem, ValidationErrorBody
 from model.workloads import OPS, WorkloadError
+from service.db import is_unavailable, unavailable_reason
+
+log = logging.getLogger(__name__)
+
+RETRY_AFTER_S = 1
+DATABASE_UNAVAILABLE = "the database is unavailable; retry shortly"
 
 
 class ServiceError(Exception):
@@ -103,6 +113,20 @@ def install(app: FastAPI) -> None:
         item = ErrorItem(loc=exc.loc, field=str(exc.loc[-1]), reason=exc.reason, type="value_error")
         body = ValidationErrorBody(field=item.field, reason=item.reason, detail=[item])
         return JSONResponse(body.model_dump(mode="json"), status_code=422)
+
+    async def _database(_request: Request, exc: Exception) -> JSONResponse:
+        if not is_unavailable(exc):
+            raise exc  # an integrity error, a bad statement: a bug, a 500 with its traceback
+        # One line, no traceback, no SQL or parameters: the cause is outside the service.
+        log.warning("database unavailable: %s", unavailable_reason(exc))
+        return JSONResponse(
+            {"detail": DATABASE_UNAVAILABLE},
+            status_code=503,
+            headers={"Retry-After": str(RETRY_AFTER_S)},
+        )
+
+    app.add_exception_handler(sa_exc.DBAPIError, _database)
+    app.add_exception_handler(sa_exc.TimeoutError, _database)
 
     @app.exception_handler(ServiceError)
     async def _service(_request: Request, exc: ServiceError) -> JSONResponse:

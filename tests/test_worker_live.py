@@ -7,40 +7,33 @@ Every worker here is a real `python -m clients.cli worker` process, as deploymen
 
 from __future__ import annotations
 
-import json
-import os
-import random
-import signal
-import socket
-import subprocess
-import sys
-import time
 from pathlib import Path
 
 import pytest
+from live_support import (
+    events,
+    leased_by,
+    named,
+    stable_port,
+    start_service,
+    start_worker,
+    stop,
+    wait_until,
+    worker_named,
+)
 
-from clients.local_service import LocalService, free_port
+from clients.local_service import LocalService
 from clients.sdk import Client
 from model.hardware import get_gpu
 from model.space import Schedule, Space
-from model.wire import TrialDoc, WorkerDoc
+from model.wire import WorkerDoc
 from model.workloads import gemm
 from workers.datasets import write_t4
 from workers.runners import SimulatedRunner
 from workers.runners.sweep import sweep
 
-TOKEN = "worker-token-for-tests"
 RN50_FC = {"op": "gemm", "m": 1024, "n": 64, "k": 2048}
 SMALL = {"op": "gemm", "m": 64, "n": 64, "k": 64}
-
-
-def start_service(directory: Path, port: int | None = None) -> LocalService:
-    return LocalService(
-        f"sqlite:///{directory / 'pipetune.db'}",
-        directory / "serve.log",
-        port=port,
-        env={"PIPETUNE_WORKER_TOKENS": TOKEN},
-    ).start(timeout_s=60)
 
 
 @pytest.fixture(scope="module")
@@ -48,52 +41,6 @@ def service(tmp_path_factory: pytest.TempPathFactory):
     svc = start_service(tmp_path_factory.mktemp("service"))
     yield svc
     svc.stop()
-
-
-def start_worker(
-    server: str, log: Path, *args: str, time_scale: str = "0", token: str = TOKEN
-) -> subprocess.Popen[bytes]:
-    command = [sys.executable, "-m", "clients.cli", "worker", "--server", server]
-    command += ["--token", token, "--heartbeat", "0.5", "--lease-wait", "1", "--json-logs"]
-    env = {**os.environ, "PIPETUNE_SIMULATED_TIME_SCALE": time_scale}
-    with log.open("wb") as out:
-        return subprocess.Popen([*command, *args], stdout=out, stderr=subprocess.STDOUT, env=env)
-
-
-def events(log: Path) -> list[dict]:
-    return [json.loads(line) for line in log.read_text().splitlines() if line.startswith("{")]
-
-
-def named(events_: list[dict], name: str) -> list[dict]:
-    return [e for e in events_ if e["event"] == name]
-
-
-def wait_until(predicate, timeout_s: float = 30.0, what: str = "condition"):  # type: ignore[no-untyped-def]
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.1)
-    raise AssertionError(f"timed out waiting for {what}")
-
-
-def worker_named(client: Client, name: str) -> WorkerDoc | None:
-    return next((w for w in client.workers() if w.name == name), None)
-
-
-def stop(proc: subprocess.Popen[bytes], log: Path, timeout_s: float = 30.0) -> int | None:
-    """SIGTERM and the exit status; a worker that does not stop in time is killed (None),
-    and its log is printed for the failure report."""
-    proc.send_signal(signal.SIGTERM)
-    try:
-        return proc.wait(timeout_s)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait()
-        return None
-    finally:
-        print(f"--- {log.name}\n{log.read_text()[-8000:]}")
 
 
 def test_worker_registers_leases_reports_and_heartbeats(service: LocalService, tmp_path: Path):
@@ -145,10 +92,6 @@ def test_worker_registers_leases_reports_and_heartbeats(service: LocalService, t
     assert stopped["measured"] == stopped["accepted"] == 6
 
 
-def _leased_by(trials: list[TrialDoc]) -> list[TrialDoc]:
-    return [t for t in trials if t.state == "leased"]
-
-
 def test_sigterm_drains_the_jobs_in_hand_then_exits_0(service: LocalService, tmp_path: Path):
     log = tmp_path / "worker.log"
     with Client(service.url) as c:
@@ -169,7 +112,7 @@ def test_sigterm_drains_the_jobs_in_hand_then_exits_0(service: LocalService, tmp
         )
         try:
             in_hand = wait_until(
-                lambda: _leased_by(c.all_trials(task.id)), timeout_s=30, what="leased trials"
+                lambda: leased_by(c.all_trials(task.id)), timeout_s=30, what="leased trials"
             )
             code = stop(proc, log)
         finally:
@@ -187,22 +130,6 @@ def test_sigterm_drains_the_jobs_in_hand_then_exits_0(service: LocalService, tmp
     (stopped,) = named(log_events, "stopped")
     reported = [t for t in after.values() if t.worker == "live-drain"]
     assert stopped["measured"] == stopped["accepted"] == len(reported) >= len(in_hand)
-
-
-def stable_port() -> int:
-    """A free port below Linux's ephemeral range (32768+): while the service is down, no
-    outgoing connection (the worker's own retries included) can be given it as its source
-    port, so the restarted service finds it free."""
-    rng = random.Random()
-    for _ in range(200):
-        port = rng.randrange(20000, 32000)
-        with socket.socket() as s:
-            try:
-                s.bind(("127.0.0.1", port))
-            except OSError:
-                continue
-            return port
-    return free_port()
 
 
 def test_a_service_restart_mid_task_loses_no_result(tmp_path: Path):
@@ -225,7 +152,7 @@ def test_a_service_restart_mid_task_loses_no_result(tmp_path: Path):
     try:
         with Client(svc.url) as c:
             task = c.tune(RN50_FC, "h200", budget=8, seed=3)
-            wait_until(lambda: _leased_by(c.all_trials(task.id)), what="leased trials")
+            wait_until(lambda: leased_by(c.all_trials(task.id)), what="leased trials")
         # Down while the worker measures what it holds: its results must wait, not vanish.
         svc.stop()
         wait_until(lambda: named(events(log), "report_retry"), what="a result retried")

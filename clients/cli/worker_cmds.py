@@ -2,6 +2,7 @@
 
 pipetune worker --server http://service:8000 --token T --runner cupy --concurrency 4
 pipetune worker --token T --runner simulated --gpu h100          # no GPU: model + noise
+pipetune worker --token T --runner simulated --gpu h100 --simulate-faults crash=0.1,hang=0.1
 pipetune worker --token T --runner replay --gpu a100 --dataset conv.t4.json.gz
 """
 
@@ -57,7 +58,19 @@ def worker(
     result_retry_s: float = typer.Option(
         900.0, "--result-retry", help="seconds to keep retrying a result while the service is down"
     ),
-    trial_timeout_s: float = typer.Option(60.0, "--trial-timeout", help="cupy: seconds per trial"),
+    trial_timeout_s: float = typer.Option(
+        60.0,
+        "--trial-timeout",
+        help="seconds a trial may take before its measuring process is killed (cupy, and "
+        "simulated with --simulate-faults)",
+    ),
+    simulate_faults: str | None = typer.Option(
+        None,
+        "--simulate-faults",
+        envvar="PIPETUNE_SIMULATED_FAULTS",
+        help="simulated only: rehearse GPU faults on a CPU, e.g. crash=0.2,hang=0.1 "
+        "(that fraction of trials' measuring process dies of SIGSEGV or hangs)",
+    ),
     json_logs: bool = typer.Option(False, "--json-logs", help="log JSON lines (for machines)"),
 ) -> None:
     """Run a GPU worker: register, lease jobs of this GPU's arch, measure, report; drains and
@@ -77,6 +90,7 @@ def worker(
             register_timeout_s=register_timeout_s,
             result_retry_s=result_retry_s,
             trial_timeout_s=trial_timeout_s,
+            simulate_faults=simulate_faults,
             json_logs=json_logs,
         )
     except ValueError as exc:

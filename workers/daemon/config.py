@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from model.wire import MAX_LEASE_WAIT_S
+from workers.runners.faults import FaultPlan
 
 RUNNERS = ("cupy", "replay", "simulated")
 TOKEN_ENV = "PIPETUNE_WORKER_TOKEN"
@@ -32,7 +33,9 @@ class WorkerConfig:
     lease_wait_s: float = 10.0
     register_timeout_s: float = 60.0  # keep trying to reach the service this long at start
     result_retry_s: float = 900.0  # keep retrying one result this long
-    trial_timeout_s: float = 60.0  # cupy: a trial with no answer by then is a timeout
+    trial_timeout_s: float = 60.0  # a trial with no answer by then is a timeout
+    # simulated only: rehearse GPU faults (workers.runners.faults), e.g. "crash=0.2,hang=0.1"
+    simulate_faults: str | None = None
     json_logs: bool = False
 
     def __post_init__(self) -> None:
@@ -49,6 +52,15 @@ class WorkerConfig:
             raise ValueError("--dataset: a replay worker needs the dataset file to answer from")
         if self.runner != "replay" and self.dataset is not None:
             raise ValueError("--dataset: only a replay worker reads a dataset")
+        if self.simulate_faults is not None:
+            if self.runner != "simulated":
+                raise ValueError("--simulate-faults: only a simulated worker rehearses faults")
+            try:
+                FaultPlan.parse(self.simulate_faults)
+            except ValueError as exc:
+                raise ValueError(f"--simulate-faults: {exc}") from None
+        if self.trial_timeout_s <= 0:
+            raise ValueError(f"--trial-timeout: must be positive, got {self.trial_timeout_s:g}")
         if self.concurrency < 1:
             raise ValueError(f"--concurrency: must be at least 1, got {self.concurrency}")
         if self.heartbeat_s <= 0 or self.register_timeout_s < 0 or self.result_retry_s < 0:

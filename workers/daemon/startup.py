@@ -6,6 +6,7 @@ from model.hardware import get_gpu
 from workers.daemon.config import WorkerConfig
 from workers.daemon.gpu import DeviceInfo, describe_model_gpu, detect_cupy
 from workers.runners import Runner, make_runner
+from workers.runners.faults import FaultPlan
 
 
 def open_runner(config: WorkerConfig) -> tuple[Runner, DeviceInfo]:
@@ -28,5 +29,8 @@ def open_runner(config: WorkerConfig) -> tuple[Runner, DeviceInfo]:
         name = f"replay of {recorded}" if recorded else None
         return runner, describe_model_gpu(spec.key, "replay", name)
     # simulated: PIPETUNE_SIMULATED_TIME_SCALE sets how long a trial takes (0 = instant).
-    runner = make_runner("simulated", gpu=spec)
+    faults = FaultPlan.parse(config.simulate_faults) if config.simulate_faults else None
+    runner = make_runner(
+        "simulated", gpu=spec, faults=faults, trial_timeout_s=config.trial_timeout_s
+    )
     return runner, describe_model_gpu(spec.key, "simulated")

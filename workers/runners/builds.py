@@ -18,12 +18,7 @@ from typing import Any
 
 from model.space import Schedule
 from workers.runners.base import Progress, RunnerUnavailableError
-
-MAX_ERROR_CHARS = 2000
-
-
-def clip(text: str) -> str:
-    return text if len(text) <= MAX_ERROR_CHARS else text[: MAX_ERROR_CHARS - 3] + "..."
+from workers.runners.outcomes import clip
 
 
 @dataclass(frozen=True)

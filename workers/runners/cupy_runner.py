@@ -33,8 +33,9 @@ from workers.runners.base import (
     RunnerUnavailableError,
     summarise,
 )
-from workers.runners.builds import Compiled, KernelBuilds, clip, load_toolchain
+from workers.runners.builds import Compiled, KernelBuilds, load_toolchain
 from workers.runners.isolation import CallOutcome, IsolatedWorker, WorkerStartError
+from workers.runners.outcomes import clip, failed_call
 from workers.runners.reference import TOLERANCE_TEXT
 
 
@@ -47,13 +48,9 @@ def trial_result(outcome: CallOutcome, compiled: Compiled, runner: str = "cupy")
         "compile_ms": compiled.compile_ms,
         "runner": runner,
     }
-    if outcome.kind == "timeout":
-        return MeasureResult(status="timeout", error=outcome.error, **common)
-    if outcome.kind == "crashed":
-        return MeasureResult(status="runtime_error", error=outcome.error, **common)
-    if outcome.kind == "error":
-        error = f"the measuring process raised {outcome.error}"
-        return MeasureResult(status="runtime_error", error=clip(error), **common)
+    failed = failed_call(outcome, **common)
+    if failed is not None:
+        return failed
     answer = outcome.value
     status = answer["status"]
     if status != "ok":

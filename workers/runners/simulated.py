@@ -8,6 +8,12 @@ drawn from a generator seeded by (seed, workload hash, schedule id), so every an
 deterministic. ``T_kernel`` is model.analytical's prediction for the workload on the GPU.
 Schedules outside the GPU's valid space (model.space rules) answer ``launch_error``.
 
+Faults (optional, for rehearsing a GPU's failures on a CPU): with a
+:class:`~workers.runners.faults.FaultPlan`, every valid trial's answer passes through an
+isolated child process, as a cupy trial does, and the schedules the plan picks crash that
+child (SIGSEGV) or hang it past ``trial_timeout_s``: recorded as ``runtime_error`` and
+``timeout`` exactly as the cupy runner records them. The next trial gets a fresh child.
+
 Wall time: a simulated trial takes as long as a real one would, roughly: ``compile_s`` per
 schedule (NVRTC compiling one kernel) plus (warmup + repeats) launches of the predicted
 latency, all multiplied by ``PIPETUNE_SIMULATED_TIME_SCALE`` (default 1; 0 = instant).
@@ -18,6 +24,7 @@ from __future__ import annotations
 import hashlib
 import math
 import os
+import threading
 import time
 from typing import Any
 
@@ -29,6 +36,9 @@ from model.space import KNOB_NAMES, Schedule, Space, invalid_reasons
 from model.trials import MeasureResult
 from model.workloads import AnyWorkload
 from workers.runners.base import MeasureSettings, Runner, RunnerError, summarise
+from workers.runners.faults import FaultPlan, run_simulated_trial
+from workers.runners.isolation import IsolatedWorker
+from workers.runners.outcomes import failed_call
 
 TIME_SCALE_ENV = "PIPETUNE_SIMULATED_TIME_SCALE"
 DEFAULT_SIGMA = 0.03
@@ -70,6 +80,8 @@ class SimulatedRunner(Runner):
         settings: MeasureSettings | None = None,
         compile_s: float = DEFAULT_COMPILE_S,
         time_scale: float | None = None,
+        faults: FaultPlan | None = None,
+        trial_timeout_s: float = 60.0,
     ):
         super().__init__()
         if sigma < 0 or repeat_sigma < 0 or compile_s < 0:
@@ -83,6 +95,15 @@ class SimulatedRunner(Runner):
         self.time_scale = time_scale_from_env() if time_scale is None else float(time_scale)
         if not math.isfinite(self.time_scale) or self.time_scale < 0:
             raise RunnerError(f"time_scale must be a non-negative number, got {time_scale!r}")
+        if trial_timeout_s <= 0:
+            raise ValueError("trial_timeout_s must be positive")
+        self.faults = faults
+        self.trial_timeout_s = trial_timeout_s
+        self._child: IsolatedWorker | None = None
+        # One child, one call at a time: a worker's measuring threads take turns.
+        self._child_lock = threading.Lock()
+        if faults is not None:
+            self._child = IsolatedWorker(name="pipetune-simulated")
 
     @property
     def settings(self) -> dict[str, Any]:
@@ -93,6 +114,7 @@ class SimulatedRunner(Runner):
             "repeat_sigma": self.repeat_sigma,
             "model": "analytical (ALCOP Table 1)",
             "noise_seed": self.seed,
+            **({} if self.faults is None else {"faults": self.faults.describe()}),
         }
 
     def _measure(self, workload: AnyWorkload, schedules: list[Schedule]) -> list[MeasureResult]:
@@ -131,8 +153,10 @@ class SimulatedRunner(Runner):
             samples_us = [float(s * 1e6) for s in samples_s]
             median, spread = summarise(samples_us)
             busy_s += (self._settings.warmup + repeats) * latency_s
+            failed = self._rehearse(workload, schedule, samples_us)
             results.append(
-                MeasureResult(
+                failed
+                or MeasureResult(
                     status="ok",
                     latency_us=median,
                     samples_us=samples_us,
@@ -144,3 +168,21 @@ class SimulatedRunner(Runner):
         if self.time_scale > 0:
             time.sleep(busy_s * self.time_scale)
         return results
+
+    def _rehearse(
+        self, workload: AnyWorkload, schedule: Schedule, samples_us: list[float]
+    ) -> MeasureResult | None:
+        """With a fault plan: the trial's answer through the child (None when it came back)."""
+        if self.faults is None or self._child is None:
+            return None
+        fault = self.faults.fault_of(workload.workload_hash, schedule.id)
+        with self._child_lock:
+            outcome = self._child.call(
+                run_simulated_trial, fault, samples_us, timeout_s=self.trial_timeout_s
+            )
+        return failed_call(outcome, smem_bytes=schedule.smem_bytes, runner=self.name)
+
+    def close(self) -> None:
+        if self._child is not None:
+            self._child.close()
+        super().close()
