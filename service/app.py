@@ -15,6 +15,7 @@ from collections.abc import AsyncIterator
 
 from fastapi import FastAPI
 from fastapi.concurrency import run_in_threadpool
+from fastapi.middleware.cors import CORSMiddleware
 
 from service.context import Service
 from service.db import Database, is_unavailable, unavailable_reason
@@ -83,6 +84,15 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     )
     app.state.service = service
     install_error_handlers(app)
+    if settings.cors_origins:
+        # Off unless origins are named: a browser page elsewhere must not drive the API
+        # with a user's credentials. Never a wildcard together with credentials.
+        app.add_middleware(
+            CORSMiddleware,
+            allow_origins=settings.cors_origins,
+            allow_methods=["GET", "POST", "DELETE"],
+            allow_headers=["Authorization", "X-API-Key", "Content-Type"],
+        )
     app.add_middleware(RequestMetrics, metrics=metrics)
     for module in (schedules, tasks, curves, workers, jobs, ops, dashboard):
         app.include_router(module.router)

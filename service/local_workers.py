@@ -19,6 +19,8 @@ from pathlib import Path
 from model.hardware import gpu_keys
 
 RUNNERS = ("simulated", "replay", "cupy")
+# The environment variable `pipetune worker` reads its token from (its documented option).
+TOKEN_ENV = "PIPETUNE_WORKER_TOKEN"
 
 
 def assign_gpus(n: int, gpus: list[str] | None = None) -> list[str]:
@@ -28,14 +30,13 @@ def assign_gpus(n: int, gpus: list[str] | None = None) -> list[str]:
 
 def worker_command(
     server: str,
-    token: str,
     runner: str,
     gpu: str | None,
     name: str,
     dataset: Path | None = None,
 ) -> list[str]:
     command = [sys.executable, "-m", "clients.cli", "worker", "--server", server]
-    command += ["--token", token, "--runner", runner]
+    command += ["--runner", runner]
     if gpu is not None:
         command += ["--gpu", gpu]
     command += ["--name", name]
@@ -52,10 +53,12 @@ def start_workers(
     processes = []
     for i, gpu in enumerate(gpus):
         name = f"local-{host}-{os.getpid()}-{i}-{gpu or runner}"
-        command = worker_command(server, token, runner, gpu, name, dataset)
+        command = worker_command(server, runner, gpu, name, dataset)
+        # The token in the environment, not the command line (which `ps` shows everyone).
+        env = {**os.environ, TOKEN_ENV: token}
         # A session of its own: a Ctrl-C at the terminal reaches `serve` only, which then
         # stops the workers once (a second signal would make them abandon their trials).
-        processes.append(subprocess.Popen(command, start_new_session=True))
+        processes.append(subprocess.Popen(command, start_new_session=True, env=env))
     return processes
 
 

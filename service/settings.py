@@ -4,6 +4,8 @@ PIPETUNE_DATABASE_URL    sqlite:///path.db (default: a file under the user data 
                          or postgresql+psycopg://user@host/db
 PIPETUNE_WORKER_TOKENS   comma-separated tokens workers authenticate with
 PIPETUNE_API_KEYS        comma-separated keys for the user routes (unset: open)
+PIPETUNE_CORS_ORIGINS    comma-separated browser origins allowed to call the API
+                         (unset: none; CORS stays off)
 PIPETUNE_LEASE_TTL_S     seconds a leased job stays with its worker without a result
 PIPETUNE_MAX_ATTEMPTS    expired leases before a job is given up as `lost`
 PIPETUNE_BATCH_SIZE      trials a task proposes per round
@@ -26,6 +28,11 @@ def default_database_url() -> str:
     return f"sqlite:///{path}"
 
 
+def generated_token_path() -> Path:
+    """Where `serve` keeps the worker token it generated (when none is configured)."""
+    return Path(platformdirs.user_data_dir("pipetune")) / "worker-token"
+
+
 def token_hash(token: str) -> str:
     """Tokens are kept and compared only as sha256 digests (never the token itself)."""
     return hashlib.sha256(token.encode()).hexdigest()
@@ -41,8 +48,11 @@ class Settings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="PIPETUNE_", extra="ignore")
 
     database_url: str = Field(default_factory=default_database_url)
-    worker_tokens: Annotated[list[str], NoDecode] = Field(default_factory=list)
-    api_keys: Annotated[list[str], NoDecode] = Field(default_factory=list)
+    # Secrets: kept out of repr() (and so out of any log line that prints the settings).
+    worker_tokens: Annotated[list[str], NoDecode] = Field(default_factory=list, repr=False)
+    api_keys: Annotated[list[str], NoDecode] = Field(default_factory=list, repr=False)
+    # Browser origins allowed cross-origin access; empty: no CORS headers at all.
+    cors_origins: Annotated[list[str], NoDecode] = Field(default_factory=list)
     lease_ttl_s: float = Field(120.0, gt=0)
     max_attempts: int = Field(3, ge=1)
     batch_size: int = Field(8, ge=1, le=64)
@@ -58,7 +68,7 @@ class Settings(BaseSettings):
     create_empty_schema: bool = False
     db_pool_size: int = Field(10, ge=1)
 
-    @field_validator("worker_tokens", "api_keys", mode="before")
+    @field_validator("worker_tokens", "api_keys", "cors_origins", mode="before")
     @classmethod
     def _comma_separated(cls, value: object) -> object:
         return _split(value)

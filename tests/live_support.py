@@ -32,22 +32,32 @@ def start_service(
     *,
     database_url: str | None = None,
     env: dict[str, str] | None = None,
+    extra_args: list[str] | None = None,
 ) -> LocalService:
     """`pipetune serve` on a SQLite file in `directory` (or `database_url`)."""
     return LocalService(
         database_url or f"sqlite:///{directory / 'pipetune.db'}",
         directory / "serve.log",
         port=port,
+        extra_args=extra_args,
         env={"PIPETUNE_WORKER_TOKENS": TOKEN, **(env or {})},
     ).start(timeout_s=60)
 
 
 def start_worker(
-    server: str, log: Path, *args: str, time_scale: str = "0", token: str = TOKEN
+    server: str,
+    log: Path,
+    *args: str,
+    time_scale: str = "0",
+    token: str | None = TOKEN,
+    env: dict[str, str] | None = None,
 ) -> subprocess.Popen[bytes]:
+    """`pipetune worker` with JSON logs; `token=None` leaves it to the environment."""
     command = [sys.executable, "-m", "clients.cli", "worker", "--server", server]
-    command += ["--token", token, "--heartbeat", "0.5", "--lease-wait", "1", "--json-logs"]
-    env = {**os.environ, "PIPETUNE_SIMULATED_TIME_SCALE": time_scale}
+    if token is not None:
+        command += ["--token", token]
+    command += ["--heartbeat", "0.5", "--lease-wait", "1", "--json-logs"]
+    env = {**os.environ, "PIPETUNE_SIMULATED_TIME_SCALE": time_scale, **(env or {})}
     with log.open("wb") as out:
         return subprocess.Popen([*command, *args], stdout=out, stderr=subprocess.STDOUT, env=env)
 

@@ -209,7 +209,11 @@ def test_serve_embedded_with_local_workers_for_every_gpu(tmp_path, gpu):
     with _process(command, log, env) as server:
         _wait(lambda: _healthy(url), 60, "the service to answer /healthz")
         assert (tmp_path / "data" / "pipetune" / "pipetune.db").exists()
-        assert "worker token (generated" in log.read_text()
+        token_file = tmp_path / "data" / "pipetune" / "worker-token"
+        assert f"worker token: generated, in {token_file}" in log.read_text()
+        assert token_file.stat().st_mode & 0o777 == 0o600
+        token = token_file.read_text().strip()
+        assert len(token) >= 32 and token not in log.read_text()
         client = httpx.Client(base_url=url, timeout=30)
         registered = _wait(
             lambda: (ws := client.get("/v1/workers").json()["workers"]) and len(ws) == 3 and ws,
@@ -219,6 +223,8 @@ def test_serve_embedded_with_local_workers_for_every_gpu(tmp_path, gpu):
         assert {w["gpu"] for w in registered} == {"a100", "h100", "h200"}
         workers = _children(server.pid)
         assert len(workers) == 3
+        for pid in workers:  # the token is in no worker's command line
+            assert token.encode() not in Path(f"/proc/{pid}/cmdline").read_bytes()
         body = {"workload": WORKLOAD, "gpu": gpu, "budget": 8, "strategy": "analytical"}
         task_id = client.post("/v1/tasks", json=body).json()["id"]
         done = _wait(

@@ -80,12 +80,12 @@ def test_local_workers_cover_every_gpu_of_the_registry():
     assert assign_gpus(3) == ["a100", "h100", "h200"]
     assert assign_gpus(5) == ["a100", "h100", "h200", "a100", "h100"]
     assert assign_gpus(1) == ["a100"]
-    command = worker_command("http://127.0.0.1:9", "tok", "simulated", "h100", "local-0")
+    command = worker_command("http://127.0.0.1:9", "simulated", "h100", "local-0")
     assert command[:4] == [sys.executable, "-m", "clients.cli", "worker"]
     pairs = dict(zip(command[4::2], command[5::2], strict=True))
+    # No --token: the token travels in the environment, out of sight of `ps`.
     assert pairs == {
         "--server": "http://127.0.0.1:9",
-        "--token": "tok",
         "--runner": "simulated",
         "--gpu": "h100",
         "--name": "local-0",

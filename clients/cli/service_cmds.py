@@ -14,7 +14,6 @@ file under the user data directory). A brand-new empty database gets the schema 
 
 from __future__ import annotations
 
-import secrets
 import threading
 import time
 from pathlib import Path
@@ -117,10 +116,15 @@ def serve(
         raise CliError(f"--port: must be 0..65535, got {port}", 2)
     settings = _settings(db, create_empty_schema=True)
     if not settings.worker_tokens:
-        token = secrets.token_urlsafe(24)
+        from service.worker_token import generated_worker_token
+
+        token, token_file = generated_worker_token()
         settings.worker_tokens = [token]
+        # The path, never the token: console output ends up in logs.
         print(
-            f"worker token (generated; set PIPETUNE_WORKER_TOKENS to choose): {token}",
+            f"worker token: generated, in {token_file} (readable only by you); workers "
+            f"take it as PIPETUNE_WORKER_TOKEN=$(cat {token_file}). "
+            "Set PIPETUNE_WORKER_TOKENS to choose your own.",
             flush=True,
         )
     try:

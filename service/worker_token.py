@@ -1,0 +1,31 @@
+"""The worker token `serve` generates when none is configured: kept in a file only its
+owner can read (never printed or logged), and reused at the next start so the workers
+started with it keep working after a restart."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import secrets
+from pathlib import Path
+
+from service.settings import generated_token_path
+
+
+def generated_worker_token(path: Path | None = None) -> tuple[str, Path]:
+    """(token, file): the file's token, or a new one written there with mode 0600."""
+    path = path or generated_token_path()
+    with contextlib.suppress(FileNotFoundError):
+        token = path.read_text().strip()
+        if token:
+            return token, path
+    path.parent.mkdir(parents=True, exist_ok=True)
+    token = secrets.token_urlsafe(32)
+    temporary = path.with_name(f".{path.name}.{os.getpid()}")
+    # Created 0600 from the start (no window in which others could read it), then renamed
+    # into place so a reader never sees a half-written file.
+    fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as out:
+        out.write(token + "\n")
+    os.replace(temporary, path)
+    return token, path

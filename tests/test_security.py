@@ -1,0 +1,216 @@
+"""Access control and hygiene beyond the route tests in test_service_api.py (worker
+tokens, API keys, body size limit) and test_service_queue.py (own leases only):
+
+- no SQL is built by string formatting anywhere in the product's code;
+- CORS is off unless origins are named, and then only for those origins;
+- secrets (worker tokens, API keys, wrong guesses at them) appear in no log, no response,
+  no command line and not in the database, which keeps only their sha256 digests;
+- a database outage is a 503 the workers retry; a database bug is still a 500.
+"""
+
+from __future__ import annotations
+
+import ast
+import hashlib
+import json
+import os
+from pathlib import Path
+
+import httpx
+import pytest
+from live_support import start_service, start_worker, stop
+from service_support import GEMM, client_for, register, settings
+from sqlalchemy import exc as sa_exc
+
+from clients.sdk import Client
+from service.settings import Settings
+
+pytest_plugins = ["service_fixtures"]
+
+ROOT = Path(__file__).resolve().parent.parent
+PACKAGES = ("model", "tuner", "workers", "service", "clients", "migrations")
+SQL_CALLS = {"text", "execute", "exec_driver_sql", "executescript", "executemany"}
+
+
+def _formatted(node: ast.expr) -> bool:
+    """Whether an expression builds a string at run time (f-string, %, +, .format)."""
+    if isinstance(node, ast.JoinedStr):
+        return any(isinstance(part, ast.FormattedValue) for part in node.values)
+    if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Mod | ast.Add):
+        return True
+    if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute):
+        return node.func.attr in ("format", "format_map", "join")
+    if isinstance(node, ast.IfExp):
+        return _formatted(node.body) or _formatted(node.orelse)
+    return False
+
+
+def sql_built_by_formatting(source: str, filename: str = "<source>") -> list[str]:
+    """`file:line` of every SQL call whose statement is formatted rather than bound."""
+    found: list[int] = []
+    for node in ast.walk(ast.parse(source, filename)):
+        if not isinstance(node, ast.Call) or not node.args:
+            continue
+        func = node.func
+        if isinstance(func, ast.Attribute):
+            name = func.attr
+            # `.text(...)` is SQL only as sqlalchemy's (a canvas may draw text too).
+            if name == "text" and getattr(func.value, "id", None) not in ("sa", "sqlalchemy"):
+                continue
+        else:
+            name = getattr(func, "id", None)
+        if name in SQL_CALLS and _formatted(node.args[0]):
+            found.append(node.lineno)
+    return [f"{filename}:{line}" for line in sorted(set(found))]
+
+
+def test_the_sql_check_catches_formatted_statements():
+    planted = """
+conn.execute(text(f"SELECT * FROM jobs WHERE id = {job_id}"))
+conn.execute(text("SELECT * FROM jobs WHERE id = %s" % job_id))
+cursor.execute("DELETE FROM t WHERE name = '" + name + "'")
+conn.exec_driver_sql("SELECT {}".format(value))
+conn.execute(text("SELECT * FROM jobs WHERE id = :id"), {"id": job_id})
+cursor.execute("PRAGMA foreign_keys=ON")
+conn.exec_driver_sql("BEGIN" if readonly else "BEGIN IMMEDIATE")
+canvas.text(x + 1, y, label)
+conn.execute(sa.text(f"DROP TABLE {name}"))
+"""
+    assert sql_built_by_formatting(planted) == [f"<source>:{n}" for n in (2, 3, 4, 5, 10)]
+
+
+def test_no_sql_is_built_by_string_formatting():
+    files = [path for package in PACKAGES for path in sorted((ROOT / package).rglob("*.py"))]
+    assert len(files) > 50  # the scan saw the code
+    found = [
+        hit
+        for path in files
+        for hit in sql_built_by_formatting(path.read_text(), str(path.relative_to(ROOT)))
+    ]
+    assert found == []
+
+
+def _preflight(client, origin: str):
+    return client.options(
+        "/v1/tasks",
+        headers={"Origin": origin, "Access-Control-Request-Method": "POST"},
+    )
+
+
+def test_cors_is_off_by_default(db_url):
+    with client_for(db_url) as c:
+        preflight = _preflight(c, "https://elsewhere.example")
+        simple = c.get("/v1/tasks", headers={"Origin": "https://elsewhere.example"})
+    for response in (preflight, simple):
+        assert not any(h.lower().startswith("access-control-") for h in response.headers)
+
+
+def test_cors_allows_only_the_named_origins(db_url):
+    with client_for(db_url, cors_origins=["https://dashboard.example"]) as c:
+        allowed = _preflight(c, "https://dashboard.example")
+        refused = _preflight(c, "https://elsewhere.example")
+        simple = c.get("/v1/tasks", headers={"Origin": "https://elsewhere.example"})
+    assert allowed.status_code == 200
+    assert allowed.headers["access-control-allow-origin"] == "https://dashboard.example"
+    assert "access-control-allow-origin" not in refused.headers
+    assert "access-control-allow-origin" not in simple.headers
+
+
+def test_cors_origins_come_from_the_environment(monkeypatch):
+    monkeypatch.setenv("PIPETUNE_CORS_ORIGINS", "https://a.example, https://b.example")
+    assert Settings().cors_origins == ["https://a.example", "https://b.example"]
+
+
+def test_settings_never_show_their_secrets():
+    shown = repr(settings("sqlite://", worker_tokens=["tok-secret"], api_keys=["key-secret"]))
+    assert "tok-secret" not in shown and "key-secret" not in shown
+    assert "database_url" in shown  # the rest is still there to read
+
+
+def test_secrets_stay_out_of_logs_responses_command_lines_and_the_database(tmp_path: Path):
+    worker_token = "wt-" + os.urandom(12).hex()
+    api_key = "ak-" + os.urandom(12).hex()
+    guesses = ["wrong-" + os.urandom(8).hex() for _ in range(2)]
+    env = {"PIPETUNE_WORKER_TOKENS": worker_token, "PIPETUNE_API_KEYS": api_key}
+    svc = start_service(tmp_path, env=env, extra_args=["--log-level", "debug"])
+    log = tmp_path / "worker.log"
+    bodies: list[str] = []
+    try:
+        user = {"X-API-Key": api_key}
+        with httpx.Client(base_url=svc.url, timeout=30) as http:
+            assert http.get("/v1/tasks", headers={"X-API-Key": guesses[0]}).status_code == 401
+            bad = {"Authorization": f"Bearer {guesses[1]}"}
+            body = {"name": "x", "gpu": "h100", "arch": "sm_90", "runner": "simulated"}
+            assert http.post("/v1/workers", json=body, headers=bad).status_code == 401
+            task = http.post(
+                "/v1/tasks",
+                json={"workload": GEMM, "gpu": "h100", "budget": 4, "strategy": "grid"},
+                headers=user,
+            ).json()
+            # The worker takes its token from the environment, as deployments pass it.
+            proc = start_worker(
+                svc.url,
+                log,
+                *("--runner", "simulated", "--gpu", "h100"),
+                token=None,
+                env={"PIPETUNE_WORKER_TOKEN": worker_token},
+            )
+            cmdline = Path(f"/proc/{proc.pid}/cmdline").read_bytes()
+            with Client(svc.url, api_key=api_key) as c:
+                done = c.wait(task["id"], poll_s=0.2, timeout_s=60)
+            assert stop(proc, log) == 0
+            for path in ("/v1/workers", f"/v1/tasks/{task['id']}/trials", "/metrics"):
+                bodies.append(http.get(path, headers=user).text)
+            bodies.append(json.dumps(http.get("/openapi.json").json()))
+    finally:
+        svc.stop()
+    assert done.state == "done" and done.trials_done == 4
+    logs = (tmp_path / "serve.log").read_text() + log.read_text()
+    assert "POST /v1/jobs/lease" in logs or "trial" in logs  # the logs saw the traffic
+    database = (tmp_path / "pipetune.db").read_bytes()
+    for path in tmp_path.glob("pipetune.db-*"):  # the write-ahead log too
+        database += path.read_bytes()
+    digest = hashlib.sha256(worker_token.encode()).hexdigest()
+    assert digest.encode() in database  # the database keeps the digest ...
+    for secret in (worker_token, api_key, *guesses):
+        assert secret not in logs
+        assert secret.encode() not in database  # ... and never the token itself
+        assert secret.encode() not in cmdline
+        assert all(secret not in body for body in bodies)
+    assert all(digest not in body for body in bodies)  # nor does any response show it
+
+
+@pytest.mark.parametrize(
+    ("error", "status"),
+    [
+        (sa_exc.OperationalError("SELECT 1", {}, Exception("connection refused")), 503),
+        (sa_exc.InterfaceError("SELECT 1", {}, Exception("connection closed")), 503),
+        (sa_exc.TimeoutError("QueuePool limit reached"), 503),
+        (sa_exc.IntegrityError("INSERT", {}, Exception("duplicate key")), 500),
+    ],
+)
+def test_a_database_outage_is_a_503_and_a_database_bug_a_500(db_url, error, status):
+    from fastapi.testclient import TestClient
+
+    from service.app import create_app
+
+    app = create_app(settings(db_url))
+    service = app.state.service
+
+    def failing(*_args, **_kwargs):
+        raise error
+
+    service.queue.lease = failing  # the route's first database call
+    with TestClient(app, raise_server_exceptions=False) as c:
+        worker = register(c)
+        response = c.post(
+            "/v1/jobs/lease",
+            json={"worker_id": worker, "max_jobs": 1, "wait_s": 0},
+            headers={"Authorization": "Bearer test-worker-token"},
+        )
+        assert c.get("/healthz").status_code == 200  # the app itself is fine
+    assert response.status_code == status, response.text
+    if status == 503:
+        assert response.headers["retry-after"] == "1"
+        assert response.json() == {"detail": "the database is unavailable; retry shortly"}
+        assert "SELECT" not in response.text and "connection refused" not in response.text
