@@ -214,3 +214,23 @@ def test_a_database_outage_is_a_503_and_a_database_bug_a_500(db_url, error, stat
         assert response.headers["retry-after"] == "1"
         assert response.json() == {"detail": "the database is unavailable; retry shortly"}
         assert "SELECT" not in response.text and "connection refused" not in response.text
+
+
+def test_a_worker_on_the_serving_machine_finds_the_generated_token(tmp_path: Path):
+    from typer.testing import CliRunner
+
+    from clients.cli.main import app
+    from service.worker_token import generated_worker_token
+
+    env = {"XDG_DATA_HOME": str(tmp_path), "PIPETUNE_WORKER_TOKEN": ""}
+    command = ["worker", "--server", "http://127.0.0.1:9", "--runner", "simulated"]
+    command += ["--gpu", "h100", "--register-timeout", "0"]
+    cli = CliRunner()
+    missing = cli.invoke(app, command, env=env)
+    assert missing.exit_code == 2 and "--token: give the worker token" in missing.output
+    token, path = generated_worker_token(tmp_path / "pipetune" / "worker-token")
+    assert generated_worker_token(path) == (token, path)  # reused, not replaced
+    found = cli.invoke(app, command, env=env)
+    # Past the token check: it now fails only because nothing listens on port 9.
+    assert found.exit_code == 1 and "--token" not in found.output, found.output
+    assert token not in found.output

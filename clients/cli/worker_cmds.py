@@ -21,6 +21,16 @@ from workers.datasets import DatasetError
 from workers.runners import DatasetMismatchError, RunnerError
 
 
+def _generated_token() -> str:
+    """The token `pipetune serve` generated on this machine (same user), or ""."""
+    from service.settings import generated_token_path
+
+    try:
+        return generated_token_path().read_text().strip()
+    except OSError:
+        return ""
+
+
 def _one_line(exc: BaseException) -> str:
     return " ".join(str(exc).split())
 
@@ -29,7 +39,11 @@ def _one_line(exc: BaseException) -> str:
 def worker(
     server: str = typer.Option(DEFAULT_SERVER, "--server", envvar=SERVER_ENV, help=SERVER_HELP),
     token: str | None = typer.Option(
-        None, "--token", envvar=TOKEN_ENV, help=f"worker token (env {TOKEN_ENV})"
+        None,
+        "--token",
+        envvar=TOKEN_ENV,
+        help=f"worker token (env {TOKEN_ENV}; default: the one `pipetune serve` generated "
+        "on this machine, if any)",
     ),
     runner: str = typer.Option(
         "cupy",
@@ -78,7 +92,7 @@ def worker(
     try:
         config = WorkerConfig(
             server=server,
-            token=token or "",
+            token=token or _generated_token(),
             runner=runner,
             gpu=gpu,
             dataset=dataset,
