@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import reprlib
 from typing import Annotated, Any, Literal
 
 from pydantic import (
@@ -318,12 +319,15 @@ def parse_workload(data: dict[str, Any]) -> Gemm | Bmm | Conv2d | Conv3d:
     if not isinstance(data, dict):
         raise WorkloadError("workload", "must be an object with an 'op' field")
     op = data.get("op")
-    if op not in OPS:
-        raise WorkloadError("op", f"unknown operator {op!r}; known: {', '.join(OPS)}")
+    # isinstance first: a list or dict is unhashable, and `in` on the mapping would raise.
+    if not isinstance(op, str) or op not in OPS:
+        shown = reprlib.repr(op)  # bounded: the input may be any size
+        raise WorkloadError("op", f"unknown operator {shown}; known: {', '.join(OPS)}")
     dtype = data.get("dtype", "float16")
     if dtype != "float16":
         raise WorkloadError(
-            "dtype", f"unsupported dtype {dtype!r}: pipetune's kernels take float16 inputs"
+            "dtype",
+            f"unsupported dtype {reprlib.repr(dtype)}: pipetune's kernels take float16 inputs",
         )
     try:
         return _WORKLOAD_ADAPTER.validate_python(data)

@@ -108,3 +108,11 @@ def test_any_input_is_a_workload_or_a_workload_error(m, n, k, b):
         else:
             v = w.gemm_view()
             assert v.m * v.k < 2**31 and v.k % 8 == 0 and v.n % 8 == 0
+
+
+def test_an_unhashable_or_huge_operator_is_a_workload_error():
+    # Found importing corrupted datasets: a list as `op` raised TypeError (unhashable).
+    for op in (["gemm"], {"name": "gemm"}, "x" * 5000):
+        with pytest.raises(WorkloadError) as caught:
+            parse_workload({"op": op, "m": 64, "n": 64, "k": 64})
+        assert caught.value.field == "op" and len(caught.value.reason) < 200

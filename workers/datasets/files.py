@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import math
 import os
 import tempfile
 import zlib
@@ -37,20 +38,60 @@ def read_text(path: str | Path) -> str:
         raise DatasetError(f"{path}: not UTF-8 text ({exc.reason} at byte {exc.start})") from None
 
 
+# Dataset files nest a few levels (T4: document, results, result, times, runtimes); deeper
+# nesting is corruption, and refusing it here keeps every later step (recursive copies,
+# error messages, writing) far from the interpreter's recursion limit.
+MAX_DEPTH = 64
+
+
 def _reject_constant(name: str) -> Any:
     # JSON has no NaN or Infinity; Python's json would accept them silently.
     raise DatasetError(f"non-standard JSON constant {name}")
 
 
+def _check_nesting_and_numbers(document: Any) -> None:
+    """DatasetError if the document nests deeper than MAX_DEPTH or holds a number beyond
+    the float range (1e400 parses as inf, which no JSON file, ours included, can hold)."""
+    stack = [(document, 1)]
+    while stack:
+        value, depth = stack.pop()
+        if type(value) is float:  # only the document itself: items are checked below
+            if math.isinf(value):
+                raise DatasetError("a number is beyond the float range")
+            continue
+        if type(value) is not dict and type(value) is not list:
+            continue
+        if depth > MAX_DEPTH:
+            raise DatasetError(f"JSON nested deeper than {MAX_DEPTH} levels")
+        for item in value.values() if type(value) is dict else value:
+            kind = type(item)
+            if kind is dict or kind is list:
+                stack.append((item, depth + 1))
+            elif kind is float and math.isinf(item):
+                raise DatasetError("a number is beyond the float range")
+
+
 def parse_json(text: str, source: str) -> Any:
     try:
-        return json.loads(text, parse_constant=_reject_constant)
+        document = json.loads(text, parse_constant=_reject_constant)
     except json.JSONDecodeError as exc:
         raise DatasetError(
             f"{source}: not valid JSON ({exc.msg} at line {exc.lineno} column {exc.colno})"
         ) from None
     except DatasetError as exc:
         raise DatasetError(f"{source}: {exc}") from None
+    except RecursionError:
+        # Thousands of nested brackets: json's decoder recurses once per level.
+        raise DatasetError(f"{source}: JSON nested deeper than {MAX_DEPTH} levels") from None
+    except ValueError:
+        # The only other ValueError json.loads raises: an integer literal longer than
+        # Python converts (sys.get_int_max_str_digits(), 4300 digits by default).
+        raise DatasetError(f"{source}: not valid JSON (a number with too many digits)") from None
+    try:
+        _check_nesting_and_numbers(document)
+    except DatasetError as exc:
+        raise DatasetError(f"{source}: {exc}") from None
+    return document
 
 
 def dumps(document: Any) -> str:

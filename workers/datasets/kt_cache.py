@@ -9,8 +9,10 @@ Document::
                              "benchmark_time": ms, "strategy_time": ms, "framework_time": ms,
                              "timestamp": "...", "GFLOP/s": ...}, ...}}
 
-A failed configuration has an error marker string as its objective: InvalidConfig
-(restrictions), CompilationFailedConfig or RuntimeFailedConfig. The timings are renamed as
+Every entry's knob values must be among the header's ``tune_params`` lists (an entry outside
+them is refused: the file is inconsistent). A failed configuration has an error marker
+string as its objective: InvalidConfig (restrictions), CompilationFailedConfig or
+RuntimeFailedConfig; such entries are imported as failures. The timings are renamed as
 Kernel Tuner's own T4 writer renames them (compile_time -> compilation, strategy_time ->
 search_algorithm, ...), so a cache converted to T4 here matches a T4 file Kernel Tuner wrote.
 
@@ -25,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from workers.datasets.files import parse_json, read_text
-from workers.datasets.records import Dataset, DatasetError, Record
+from workers.datasets.records import Dataset, DatasetError, Record, shown
 
 MARKERS = {
     "InvalidConfig": "constraints",
@@ -55,15 +57,25 @@ def close_open_cache(text: str) -> str:
     return text
 
 
-def _entry_record(entry: Any, knobs: list[str], objective: str, where: str) -> Record:
+def _entry_record(
+    entry: Any, knobs: list[str], tune_params: dict[str, list], objective: str, where: str
+) -> Record:
     if not isinstance(entry, dict):
         raise DatasetError(f"{where}: an entry must be an object")
     missing = [k for k in knobs if k not in entry]
     if missing:
-        raise DatasetError(f"{where}: missing knob(s) {missing}")
+        raise DatasetError(f"{where}: missing knob(s) {shown(missing)}")
     if objective not in entry:
-        raise DatasetError(f"{where}: missing objective {objective!r}")
+        raise DatasetError(f"{where}: missing objective {shown(objective)}")
     configuration = {k: entry[k] for k in knobs}
+    for knob, value in configuration.items():
+        # A configuration outside the declared ranges is a corrupt entry: the offline
+        # benchmark indexes configurations by these value lists.
+        if value not in tune_params[knob]:
+            raise DatasetError(
+                f"{where}: knob {shown(knob)} = {shown(value)} is not one of its "
+                f"tune_params values {shown(tune_params[knob])}"
+            )
     invalidity = "correct"
     time_ms = None
     compile_ms = None
@@ -93,14 +105,14 @@ def _entry_record(entry: Any, knobs: list[str], objective: str, where: str) -> R
             compile_ms = value
         elif name in TIMINGS:
             if not _number(value):
-                raise DatasetError(f"{where}: {name!r} must be a number")
+                raise DatasetError(f"{where}: {shown(name)} must be a number")
             times[TIMINGS[name]] = value
         elif _number(value) or isinstance(value, list):
             measurements[name] = value
         else:
-            raise DatasetError(f"{where}: {name!r} has an unexpected value {value!r}")
+            raise DatasetError(f"{where}: {shown(name)} has an unexpected value {shown(value)}")
     if invalidity == "correct" and objective != "time" and not _number(entry[objective]):
-        raise DatasetError(f"{where}: objective {objective!r} is not a number")
+        raise DatasetError(f"{where}: objective {shown(objective)} is not a number")
     try:
         return Record(
             configuration=configuration,
@@ -125,6 +137,13 @@ def from_kt_cache_document(document: Any, source: str) -> Dataset:
     knobs = document["tune_params_keys"]
     if not isinstance(knobs, list) or not knobs or not all(isinstance(k, str) for k in knobs):
         raise DatasetError(f"{source}: 'tune_params_keys' must be a non-empty list of names")
+    if len(set(knobs)) != len(knobs):  # a dataset's knobs are distinct names
+        raise DatasetError(f"{source}: 'tune_params_keys' names a knob twice")
+    tune_params = document["tune_params"]
+    if not isinstance(tune_params, dict) or not all(
+        isinstance(tune_params.get(k), list) for k in knobs
+    ):
+        raise DatasetError(f"{source}: 'tune_params' must give a list of values for every knob")
     objective = document.get("objective", "time")
     if not isinstance(objective, str):
         raise DatasetError(f"{source}: 'objective' must be a name")
@@ -132,7 +151,7 @@ def from_kt_cache_document(document: Any, source: str) -> Dataset:
     if not isinstance(cache, dict):
         raise DatasetError(f"{source}: 'cache' must be an object")
     records = [
-        _entry_record(entry, knobs, objective, f"{source}: cache[{key!r}]")
+        _entry_record(entry, knobs, tune_params, objective, f"{source}: cache[{shown(key)}]")
         for key, entry in cache.items()
     ]
     header = {k: document[k] for k in document if k != "cache"}

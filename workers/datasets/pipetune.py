@@ -19,7 +19,14 @@ from model.hardware import GPUSpec, HardwareError, resolve_gpu_key
 from model.space import KNOB_NAMES, Schedule, ScheduleError
 from model.trials import MeasureResult
 from model.workloads import AnyWorkload, WorkloadError, parse_workload
-from workers.datasets.records import INVALIDITY_OF_STATUS, Dataset, DatasetError, Record
+from workers.datasets.records import (
+    INVALIDITY_OF_STATUS,
+    Dataset,
+    DatasetError,
+    Record,
+    clipped,
+    shown,
+)
 
 FORMAT_VERSION = 1
 # MeasureResult fields kept as named T4 measurements (when not None).
@@ -72,7 +79,9 @@ def result_from_record(record: Record, runner: str | None) -> MeasureResult:
     except ValidationError as exc:
         first = exc.errors()[0]
         field = ".".join(str(p) for p in first["loc"])
-        raise DatasetError(f"record {record.configuration}: {field}: {first['msg']}") from None
+        raise DatasetError(
+            f"record {shown(dict(record.configuration))}: {field}: {clipped(first['msg'])}"
+        ) from None
 
 
 def pipetune_metadata(
@@ -137,13 +146,19 @@ class PipetuneInfo:
             raise DatasetError(f"{where}: not a pipetune dataset (no pipetune metadata)")
         if dataset.knobs != KNOB_NAMES:
             raise DatasetError(
-                f"{where}: knobs {list(dataset.knobs)} are not pipetune's schedule knobs"
+                f"{where}: knobs {shown(list(dataset.knobs))} are not pipetune's schedule knobs"
             )
+        workload = meta.get("workload")
+        op = workload.get("op") if isinstance(workload, dict) else None
+        if op is not None and not isinstance(op, str):
+            # parse_workload tests `op in OPS` first, a TypeError for an unhashable op (a
+            # list or an object in a corrupt file): refuse it here by name instead.
+            raise DatasetError(f"{where}: pipetune metadata: op: unknown operator {shown(op)}")
         try:
-            self.workload = parse_workload(meta.get("workload"))
+            self.workload = parse_workload(workload)
             self.gpu = resolve_gpu_key(str(meta.get("gpu")))
         except (WorkloadError, HardwareError) as exc:
-            raise DatasetError(f"{where}: pipetune metadata: {exc}") from None
+            raise DatasetError(f"{where}: pipetune metadata: {clipped(str(exc))}") from None
         self.runner = meta.get("runner")
         self.device_name = meta.get("device_name")
         self.gpu_name = meta.get("gpu_name")
@@ -158,7 +173,7 @@ def check_pipetune(dataset: Dataset) -> PipetuneInfo:
         try:
             Schedule.from_dict(dict(record.configuration))
         except ScheduleError as exc:
-            raise DatasetError(f"{dataset.name}: {exc}") from None
+            raise DatasetError(f"{dataset.name}: {clipped(str(exc))}") from None
         try:
             result_from_record(record, info.runner)
         except DatasetError as exc:

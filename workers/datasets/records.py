@@ -9,6 +9,7 @@ unit of the files, so that a dataset written and read back is identical bit for 
 from __future__ import annotations
 
 import math
+import reprlib
 from collections import Counter
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -51,17 +52,45 @@ class DatasetError(ValueError):
     """A dataset file that cannot be read (corrupt, truncated, wrong schema) or used."""
 
 
+# A value quoted in an error message comes from the file, and a corrupt file may hold a
+# megabyte-long string or deeply nested lists where a number belongs: quote it shortened,
+# so that the message stays one readable line.
+_SHORT = reprlib.Repr()
+_SHORT.maxlevel = 3
+_SHORT.maxdict = 12  # a pipetune configuration (7 knobs) is quoted whole
+_SHORT.maxlist = _SHORT.maxtuple = 6
+_SHORT.maxstring = _SHORT.maxother = 80
+_SHORT.maxlong = 40
+
+
+def shown(value: Any) -> str:
+    """repr(value), shortened for an error message."""
+    return _SHORT.repr(value)
+
+
+def clipped(text: str, limit: int = 300) -> str:
+    """Another module's error text (it may quote file content in full), on one line and
+    shortened for an error message."""
+    text = " ".join(text.split())
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
 def _finite(value: Any) -> bool:
-    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+    if not isinstance(value, int | float) or isinstance(value, bool):
+        return False
+    try:
+        return math.isfinite(value)
+    except OverflowError:  # an int beyond the float range (10**400 is valid JSON)
+        return False
 
 
 def _check_number(what: str, value: Any, *, positive: bool = False) -> None:
     if not _finite(value):
-        raise DatasetError(f"{what} must be a finite number, got {value!r}")
+        raise DatasetError(f"{what} must be a finite number, got {shown(value)}")
     if positive and value <= 0:
-        raise DatasetError(f"{what} must be positive, got {value!r}")
+        raise DatasetError(f"{what} must be positive, got {shown(value)}")
     if not positive and value < 0:
-        raise DatasetError(f"{what} must not be negative, got {value!r}")
+        raise DatasetError(f"{what} must not be negative, got {shown(value)}")
 
 
 def _freeze(value: Any) -> Any:
@@ -99,14 +128,16 @@ class Record:
             raise DatasetError("a configuration must be a non-empty object of knob values")
         for knob, value in self.configuration.items():
             if not isinstance(knob, str):
-                raise DatasetError(f"knob names must be strings, got {knob!r}")
+                raise DatasetError(f"knob names must be strings, got {shown(knob)}")
             if not (value is None or isinstance(value, str | bool | int | float)):
-                raise DatasetError(f"knob {knob!r} must have a scalar value, got {value!r}")
+                raise DatasetError(
+                    f"knob {shown(knob)} must have a scalar value, got {shown(value)}"
+                )
             if isinstance(value, float) and not math.isfinite(value):
-                raise DatasetError(f"knob {knob!r} has a non-finite value {value!r}")
+                raise DatasetError(f"knob {shown(knob)} has a non-finite value {shown(value)}")
         if self.invalidity not in INVALIDITIES:
             raise DatasetError(
-                f"invalidity must be one of {sorted(INVALIDITIES)}, got {self.invalidity!r}"
+                f"invalidity must be one of {sorted(INVALIDITIES)}, got {shown(self.invalidity)}"
             )
         if self.time_ms is not None:
             _check_number("time", self.time_ms, positive=True)
@@ -117,24 +148,24 @@ class Record:
         if self.compile_ms is not None:
             _check_number("compile time", self.compile_ms)
         for name, value in self.times.items():
-            _check_number(f"time {name!r}", value)
+            _check_number(f"time {shown(name)}", value)
         if self.status is not None:
             if not isinstance(self.status, str) or self.status not in TRIAL_STATUSES:
-                raise DatasetError(f"unknown trial status {self.status!r}")
+                raise DatasetError(f"unknown trial status {shown(self.status)}")
             if INVALIDITY_OF_STATUS[self.status] != self.invalidity:
                 raise DatasetError(
-                    f"status {self.status!r} contradicts invalidity {self.invalidity!r}"
+                    f"status {shown(self.status)} contradicts invalidity {shown(self.invalidity)}"
                 )
         if self.error is not None and not isinstance(self.error, str):
-            raise DatasetError(f"an error must be a string, got {self.error!r}")
+            raise DatasetError(f"an error must be a string, got {shown(self.error)}")
         if self.timestamp is not None and not isinstance(self.timestamp, str):
-            raise DatasetError(f"a timestamp must be a string, got {self.timestamp!r}")
+            raise DatasetError(f"a timestamp must be a string, got {shown(self.timestamp)}")
         reserved = {"time", "status", "error"} & set(self.measurements)
         if reserved:
             raise DatasetError(f"measurement(s) {sorted(reserved)} have their own fields")
         for name, value in self.measurements.items():
             if isinstance(value, float) and not math.isfinite(value):
-                raise DatasetError(f"measurement {name!r} is not finite: {value!r}")
+                raise DatasetError(f"measurement {shown(name)} is not finite: {shown(value)}")
         # Normalise containers: dicts (copied, so the caller's cannot change us) and tuples.
         object.__setattr__(self, "configuration", dict(self.configuration))
         object.__setattr__(self, "runtimes_ms", tuple(self.runtimes_ms))
@@ -193,7 +224,7 @@ class Dataset:
             key = self._key(record.configuration)
             if key in self._index:
                 raise DatasetError(
-                    f"configuration {dict(record.configuration)} appears twice "
+                    f"configuration {shown(dict(record.configuration))} appears twice "
                     f"(records {self._index[key]} and {i})"
                 )
             self._index[key] = i

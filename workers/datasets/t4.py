@@ -36,7 +36,7 @@ from typing import Any
 
 from workers.datasets.files import dumps, parse_json, read_text, write_atomic
 from workers.datasets.pipetune import check_pipetune
-from workers.datasets.records import INVALIDITIES, Dataset, DatasetError, Record
+from workers.datasets.records import INVALIDITIES, Dataset, DatasetError, Record, shown
 
 SCHEMA_VERSION = "1.0.0"
 TIMEUNIT = "miliseconds"  # the benchmark hub's spelling, kept for byte-level compatibility
@@ -116,13 +116,14 @@ def record_from_t4(item: Any, where: str) -> tuple[Record, list[str] | None]:
         raise DatasetError(f"{where}: a result must be an object")
     for required in ("configuration", "times", "invalidity", "correctness"):
         if required not in item:
-            raise DatasetError(f"{where}: missing required field {required!r}")
+            raise DatasetError(f"{where}: missing required field {shown(required)}")
     configuration = item["configuration"]
     if not isinstance(configuration, dict):
         raise DatasetError(f"{where}: 'configuration' must be an object")
     invalidity = item["invalidity"]
-    if invalidity not in INVALIDITIES:
-        raise DatasetError(f"{where}: unknown invalidity {invalidity!r}")
+    # isinstance first: a list or an object is unhashable and `in` a set would raise.
+    if not isinstance(invalidity, str) or invalidity not in INVALIDITIES:
+        raise DatasetError(f"{where}: unknown invalidity {shown(invalidity)}")
     if not _number(item["correctness"]):
         raise DatasetError(f"{where}: 'correctness' must be a number")
     times = item["times"]
@@ -137,7 +138,10 @@ def record_from_t4(item: Any, where: str) -> tuple[Record, list[str] | None]:
                 raise DatasetError(f"{where}: 'times.runtimes' must be a list of numbers")
             runtimes = value
         elif not _number(value):
-            raise DatasetError(f"{where}: 'times.{name}' must be a number, got {value!r}")
+            # The name is quoted: a key of the file may hold a newline.
+            raise DatasetError(
+                f"{where}: 'times' entry {shown(name)} must be a number, got {shown(value)}"
+            )
         elif name == "compilation":
             compile_ms = value
         else:
@@ -155,22 +159,29 @@ def record_from_t4(item: Any, where: str) -> tuple[Record, list[str] | None]:
             raise DatasetError(f"{where}: a measurement must be an object with name and value")
         name, value, unit = m["name"], m["value"], m.get("unit", "")
         if name in seen:
-            raise DatasetError(f"{where}: measurement {name!r} appears twice")
+            raise DatasetError(f"{where}: measurement {shown(name)} appears twice")
         seen.add(name)
         if name == "time":
             if isinstance(value, str):
                 continue  # a failure marker: the invalidity says which failure
-            if not _number(value) or unit not in TIME_UNITS:
-                raise DatasetError(f"{where}: time must be a number in ms, got {value!r} {unit!r}")
+            if not _number(value) or not isinstance(unit, str) or unit not in TIME_UNITS:
+                raise DatasetError(
+                    f"{where}: time must be a number in ms, got {shown(value)} {shown(unit)}"
+                )
             # Only foreign units are scaled: ms values are kept as written (lossless).
-            time_ms = value if TIME_UNITS[unit] == 1.0 else value * TIME_UNITS[unit]
+            try:
+                time_ms = value if TIME_UNITS[unit] == 1.0 else value * TIME_UNITS[unit]
+            except OverflowError:  # an int beyond the float range (10**400 is valid JSON)
+                raise DatasetError(f"{where}: time {shown(value)} {unit} is out of range") from None
         elif name == "status":
             status = value
         elif name == "error":
             error = value
         else:
             if not (_number(value) or isinstance(value, str | list)):
-                raise DatasetError(f"{where}: measurement {name!r} has a {type(value).__name__}")
+                raise DatasetError(
+                    f"{where}: measurement {shown(name)} has a {type(value).__name__}"
+                )
             measurements[name] = value
     objectives = item.get("objectives")
     if objectives is not None and (
@@ -200,7 +211,9 @@ def from_t4_document(document: Any, source: str) -> Dataset:
         raise DatasetError(f"{source}: a T4 document must be a JSON object")
     version = document.get("schema_version")
     if not isinstance(version, str) or version.split(".")[0] != "1":
-        raise DatasetError(f"{source}: unsupported T4 schema_version {version!r} (reads 1.x.y)")
+        raise DatasetError(
+            f"{source}: unsupported T4 schema_version {shown(version)} (reads 1.x.y)"
+        )
     results = document.get("results")
     if not isinstance(results, list):
         raise DatasetError(f"{source}: a T4 document needs a 'results' list")
@@ -209,8 +222,8 @@ def from_t4_document(document: Any, source: str) -> Dataset:
         raise DatasetError(f"{source}: 'metadata' must be an object")
     metadata = dict(metadata)
     unit = metadata.pop("timeunit", TIMEUNIT)
-    if unit not in _MS_UNITS:
-        raise DatasetError(f"{source}: unsupported timeunit {unit!r} (reads milliseconds)")
+    if not isinstance(unit, str) or unit not in _MS_UNITS:  # a list would be unhashable
+        raise DatasetError(f"{source}: unsupported timeunit {shown(unit)} (reads milliseconds)")
     records = []
     objective = None
     for i, item in enumerate(results):
@@ -220,8 +233,8 @@ def from_t4_document(document: Any, source: str) -> Dataset:
                 objective = objectives[0]
             elif objectives[0] != objective:
                 raise DatasetError(
-                    f"{source}: results[{i}] has objective {objectives[0]!r}, "
-                    f"earlier results {objective!r}"
+                    f"{source}: results[{i}] has objective {shown(objectives[0])}, "
+                    f"earlier results {shown(objective)}"
                 )
         records.append(record)
     try:
