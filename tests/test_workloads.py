@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from model.workloads import WorkloadError, bmm, conv2d, conv3d, gemm, parse_workload
@@ -116,3 +116,33 @@ def test_an_unhashable_or_huge_operator_is_a_workload_error():
         with pytest.raises(WorkloadError) as caught:
             parse_workload({"op": op, "m": 64, "n": 64, "k": 64})
         assert caught.value.field == "op" and len(caught.value.reason) < 200
+
+
+conv_sizes = st.one_of(
+    st.integers(min_value=-4, max_value=300),
+    st.integers(min_value=2**31 - 8, max_value=2**64),  # overflow-prone products
+    st.sampled_from([True, False, 0.5, 64.0, "64", None, [64]]),
+)
+
+
+@settings(max_examples=300, deadline=None)
+@example(dims={"n": 8, "h": 56, "w": 56, "c": 64, "k": 64, "r": 3, "s": 3, "stride": 1, "pad": 1})
+@example(dims={"n": 2**31, "h": 8, "w": 8, "c": 8, "k": 8, "r": 1, "s": 1, "stride": 1, "pad": 0})
+@given(
+    dims=st.fixed_dictionaries(
+        {name: conv_sizes for name in ("n", "h", "w", "c", "k", "r", "s", "stride", "pad")}
+    )
+)
+def test_any_conv2d_input_is_a_workload_or_a_workload_error(dims):
+    try:
+        w = parse_workload({"op": "conv2d", **dims})
+    except WorkloadError as exc:
+        assert exc.field in {*dims, "workload", "op"} and exc.reason
+    else:
+        # Accepted: every size a true positive int, the implicit GEMM indexable in int32.
+        assert all(type(getattr(w, name)) is int for name in dims)
+        p, q = w.out_hw
+        assert p >= 1 and q >= 1 and w.pad < min(w.r, w.s)
+        v = w.gemm_view()
+        assert v.m * v.k < 2**31 and v.k % 8 == 0 and v.n % 8 == 0
+        assert w.n * w.h * w.w * w.c < 2**31
