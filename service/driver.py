@@ -220,10 +220,15 @@ class Driver:
                 self._task_locks.pop(task_id, None)
             return changed
 
-    def _jobs(self, task_id: int, batch: int | None = None) -> list[_JobView]:
+    def _jobs(
+        self, task_id: int, batch: int | None = None, before: int | None = None
+    ) -> list[_JobView]:
+        """The task's jobs: of one batch, or of the batches numbered below `before`."""
         query = select(JobRow).where(JobRow.task_id == task_id)
         if batch is not None:
             query = query.where(JobRow.batch == batch)
+        if before is not None:
+            query = query.where(JobRow.batch < before)
         with self.db.read() as s:
             jobs = s.scalars(query.order_by(JobRow.trial)).all()
             return [_JobView(j.trial, j.batch, Schedule(**j.schedule), _observed(j)) for j in jobs]
@@ -248,7 +253,10 @@ class Driver:
                 session.observe([(v.schedule, v.result) for v in views])
                 plan.curve = _extend_curve(curve, [v.result for v in views])
             else:
-                views = self._jobs(task_id)
+                # Only the batches this plan saw complete: another replica may have queued
+                # the next one since (its jobs unmeasured); this plan then loses the
+                # compare-and-set on `batches` in _commit, as it should, quietly.
+                views = self._jobs(task_id, before=version)
                 session, predicted = self._replay(spec, views)
                 plan.curve = _extend_curve([], [v.result for v in views])
             plan.first_trial = len(session.history)

@@ -195,3 +195,37 @@ def test_a_history_that_does_not_replay_fails_the_task(client):
     doc = client.get(f"/v1/tasks/{task_id}").json()
     assert doc["state"] == "failed" and "does not replay" in doc["error"]
     assert lease(client, worker) == []
+
+
+def test_a_replica_that_loses_the_race_to_advance_logs_no_error(db_url, caplog):
+    """Replica A reads the task (its batch complete), replica B advances it, then A reads
+    the jobs to replay: A must see only the batches it planned from (found by the load
+    benchmark: A replayed B's new, unmeasured batch and logged a ValidationError)."""
+    with client_for(db_url, batch_size=4) as a, client_for(db_url, batch_size=4) as b:
+        task_id = create_task(a, budget=16, strategy="random", seed=2)["id"]
+        worker = register(a)
+        ref = WorkerRef(id=worker, gpu="h100", arch="sm_90", runner="simulated")
+        first, second = service_of(a).driver, service_of(b).driver
+        queue = service_of(a).queue
+        for job in queue.try_lease(ref, 8):
+            body = JobResult(
+                worker_id=worker,
+                lease_token=job.lease_token,
+                result=ok(fake_latency(job.schedule.model_dump())),
+            )
+            queue.submit(job.job_id, token_hash(TOKEN), body)
+
+        def the_other_replica_advances_first(task: int):
+            assert second.advance(task)
+            return None  # and this replica holds no live session: it must replay
+
+        first._take_live = the_other_replica_advances_first  # type: ignore[method-assign]
+        with caplog.at_level("ERROR", logger="service.driver"):
+            assert first.advance(task_id) is False  # lost the compare-and-set, quietly
+        assert not [r for r in caplog.records if r.levelname == "ERROR"]
+        doc = a.get(f"/v1/tasks/{task_id}").json()
+        assert doc["state"] == "running"
+        with service_of(a).db.read() as s:
+            batches = s.scalar(select(TaskRow.batches).where(TaskRow.id == task_id))
+            jobs = s.scalar(select(func.count()).select_from(JobRow))
+        assert batches == 2 and jobs == 8

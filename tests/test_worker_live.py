@@ -7,6 +7,8 @@ Every worker here is a real `python -m clients.cli worker` process, as deploymen
 
 from __future__ import annotations
 
+import http.client
+import time
 from pathlib import Path
 
 import pytest
@@ -220,3 +222,21 @@ def test_a_refused_token_is_one_line_and_exit_1(service: LocalService, tmp_path:
     lines = log.read_text().strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("error: ")
     assert "HTTP 401" in lines[0] or "HTTP 403" in lines[0]
+
+
+def test_an_idle_connection_outlives_the_clients_keep_alive(service: LocalService):
+    """httpx keeps an idle connection 5 s; the service must keep it longer, or a request
+    sent as the client reuses it can meet the server's close (seen in the load benchmark)."""
+    conn = http.client.HTTPConnection("127.0.0.1", service.port, timeout=10)
+    try:
+        conn.request("GET", "/healthz")
+        first = conn.getresponse()
+        assert first.status == 200 and first.read()
+        local = conn.sock.getsockname()
+        time.sleep(6.0)  # past httpx's (and uvicorn's default) 5 s
+        conn.request("GET", "/healthz")  # on the same connection (raises if it was closed)
+        again = conn.getresponse()
+        assert again.status == 200 and again.read()
+        assert conn.sock.getsockname() == local
+    finally:
+        conn.close()

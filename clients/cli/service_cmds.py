@@ -38,6 +38,12 @@ _DB = typer.Option(
 )
 
 
+# Idle keep-alive connections are closed by the client before the server: with uvicorn's
+# 5 s default equal to httpx's, a request sent on a connection idle ~5 s could meet the
+# server's close and fail (seen under load). 75 s also outlasts a load balancer's usual 60 s.
+KEEP_ALIVE_S = 75
+
+
 def _settings(db: str | None, **overrides: object) -> Settings:
     from service.settings import Settings
 
@@ -132,7 +138,9 @@ def serve(
     except SchemaError as exc:
         raise CliError(str(exc), 1) from None
     processes: list = []
-    config = uvicorn.Config(app, host=host, port=port, log_level=log_level)
+    config = uvicorn.Config(
+        app, host=host, port=port, log_level=log_level, timeout_keep_alive=KEEP_ALIVE_S
+    )
     server = _server_class(processes, app.state.service.queue.stop_polling)(config)
     local_host = "127.0.0.1" if host in ("0.0.0.0", "::", "") else host
 
