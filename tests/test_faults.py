@@ -86,9 +86,12 @@ def test_a_worker_killed_holding_leases_loses_nothing(db_url: str, tmp_path: Pat
                 held = leased_by(c.all_trials(task.id))
                 return held if len(held) >= 2 else []
 
-            held = wait_until(two_held, what="the doomed worker to hold leases")
+            wait_until(two_held, what="the doomed worker to hold leases")
             doomed.kill()
             doomed.wait()
+            # What it held when it died (a result it posted just before is not among them).
+            held = leased_by(c.all_trials(task.id))
+            assert held, "the doomed worker held no lease when it was killed"
             rescuer = simulated_worker(svc.url, rescuer_log, "rescuer", "--concurrency", "2")
             with workers_stopped_at_exit((rescuer, rescuer_log)):
                 done = c.wait(task.id, poll_s=0.2, timeout_s=90)
