@@ -144,17 +144,22 @@ class Database:
             yield conn
 
     def now(self) -> ColumnElement[dt.datetime]:
-        """The database's current time, as a SQL expression."""
+        """The database's current time, as a SQL expression.
+
+        PostgreSQL: the statement's start, not now() (the transaction's start). A lease
+        transaction that began before another reclaimed an expired lease, and claims the
+        requeued job after it, must be stamped after that lease ended and run its full TTL;
+        its claim statement can only see the job once the reclaim committed."""
         if self.is_sqlite:
             return type_coerce(func.strftime(SQLITE_NOW_FORMAT, "now"), UTCDateTime)
-        return func.now()
+        return type_coerce(func.statement_timestamp(), UTCDateTime)
 
     def now_plus(self, seconds: float) -> ColumnElement[dt.datetime]:
         """The database's time plus a number of seconds, as a SQL expression."""
         if self.is_sqlite:
             modifier = f"{float(seconds):+.3f} seconds"  # a bound parameter, not SQL text
             return type_coerce(func.strftime(SQLITE_NOW_FORMAT, "now", modifier), UTCDateTime)
-        return type_coerce(func.now() + dt.timedelta(seconds=seconds), UTCDateTime)
+        return type_coerce(func.statement_timestamp() + dt.timedelta(seconds=seconds), UTCDateTime)
 
     def dispose(self) -> None:
         self.engine.dispose()

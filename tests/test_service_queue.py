@@ -3,9 +3,11 @@ idempotency, stale and foreign results, cancellation. On SQLite and PostgreSQL."
 
 from __future__ import annotations
 
+import datetime as dt
 import threading
 import time
 from collections import Counter
+from contextlib import contextmanager
 
 from service_support import (
     GEMM,
@@ -267,3 +269,51 @@ def test_nul_characters_are_refused_or_dropped_never_a_500(client):
     failed = {"status": "compile_error", "error": "ptxas\x00log"}
     response = post_result(client, worker, job, failed)
     assert response.status_code == 200 and response.json()["accepted"] is True
+
+
+def test_a_re_lease_is_stamped_after_the_expiry_it_follows(db_url):
+    """A lease transaction that began before the reclaim of an expired lease, and claims the
+    requeued job after it, must still be stamped after that lease ended: the audit table's
+    intervals may never overlap for a legitimate re-lease. PostgreSQL's now() is the
+    transaction's start, so the stamps are the statement's time (found under load by the
+    load benchmark's audit). SQLite serialises writers, so only PostgreSQL can interleave."""
+    if "sqlite" in db_url:
+        return
+    with client_for(db_url, lease_ttl_s=0.3) as c:
+        create_task(c, budget=4, strategy="grid")
+        quitter, rescuer = register(c, "quitter"), register(c, "rescuer")
+        (abandoned,) = lease(c, quitter)
+        time.sleep(0.5)  # expired by the database clock; not reclaimed yet
+        queue, db = service_of(c).queue, service_of(c).db
+        queue._reclaimed_at = time.monotonic() + 60  # the claim's own reclaim stays out
+        began, reclaimed = threading.Event(), threading.Event()
+        write_conn = db.write_conn
+
+        @contextmanager
+        def paused_write_conn():
+            with write_conn() as conn:
+                conn.exec_driver_sql("SELECT 1")  # the transaction has begun
+                began.set()
+                reclaimed.wait(10)  # descheduled while another thread reclaims
+                yield conn
+
+        db.write_conn = paused_write_conn  # type: ignore[method-assign]
+        got: list = []
+        ref = WorkerRef(id=rescuer, gpu="h100", arch="sm_90", runner="simulated")
+        claim = threading.Thread(target=lambda: got.extend(queue.try_lease(ref, 1)))
+        claim.start()
+        assert began.wait(10)
+        time.sleep(0.05)
+        queue.reclaim()
+        reclaimed.set()
+        claim.join(10)
+        db.write_conn = write_conn  # type: ignore[method-assign]
+        assert [job.job_id for job in got] == [abandoned["job_id"]]
+        with db.read() as s:
+            first, second = s.scalars(
+                select(LeaseRow).where(LeaseRow.job_id == abandoned["job_id"]).order_by(LeaseRow.id)
+            ).all()
+    assert first.outcome == "expired" and second.worker_id == rescuer
+    assert first.ended_at <= second.leased_at, (first.ended_at, second.leased_at)
+    # The new lease runs its full TTL from when it was granted.
+    assert got[0].lease_expires_at - second.leased_at >= dt.timedelta(seconds=0.29)
