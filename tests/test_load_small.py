@@ -3,8 +3,13 @@ two `pipetune serve` replicas on one fresh PostgreSQL database, simulated HTTP w
 spread over both, three tasks run to their budget. No job may be leased twice at once or
 lost, and every result must be counted exactly once. No timing is asserted.
 
-Also: the benchmark's audit itself tells an overlapping lease from a re-lease after expiry
-(otherwise a clean run would prove nothing)."""
+With worker churn: workers die holding a job (never answering it), replacements register,
+the abandoned leases expire (lease TTL 2 s) and their jobs are leased again and finished
+exactly once.
+
+Also: the benchmark's audit itself tells an overlapping lease from a re-lease after expiry,
+and an abandoned job finished by a later lease from one never finished (otherwise a clean
+run would prove nothing)."""
 
 from __future__ import annotations
 
@@ -67,6 +72,65 @@ def test_small_load_leases_each_job_once_and_loses_none(replicas: int) -> None:
     # No lease expired in the run (TTL 120 s): one lease per trial, each answered.
     assert report["leases"] == report["lease_rows"] == TASKS * BUDGET
     assert report["results_refused"] == report["results_unanswered"] == 0
+    assert report["abandoned"] == report["leases_expired"] == report["re_leases"] == 0
+
+
+def test_small_load_with_churn_re_leases_abandoned_jobs_once() -> None:
+    if not _pg_reachable():
+        pytest.skip(f"no PostgreSQL answers at {PG_ADMIN_URL}")
+    # Each job received kills its worker with probability 0.1 (seeded: 3 deaths among the
+    # first 72 jobs received, whatever the timing); a replacement takes its place.
+    config = LoadConfig(
+        replicas=2,
+        workers=8,
+        tasks=TASKS,
+        budget=BUDGET,
+        batch_size=BATCH,
+        seconds=40,
+        wait_s=0.5,
+        lease_ttl_s=2.0,
+        churn=0.1,
+        seed=0,
+    )
+    assert config.sweep_interval_s == 0.5 and config.max_attempts == 50
+    report = run_load(PG_ADMIN_URL, config)
+    keys = (
+        "duplicates",
+        "lost",
+        "job_states",
+        "http_errors",
+        "service_errors",
+        "abandoned",
+        "abandoned_expired",
+        "leases_expired",
+        "live_leases_expired",
+        "re_leases",
+        "re_leased_jobs",
+        "re_leased_one_result",
+        "lease_rows",
+        "leases",
+    )
+    details = {k: report[k] for k in keys}
+
+    assert report["duplicate_leases"] == 0, details
+    assert report["lost_jobs"] == 0, details
+    assert report["http_errors"] == {}, details
+    assert report["service_tracebacks"] == 0, details
+    assert report["tasks_done"] == TASKS, details
+    assert report["results_accepted"] == TASKS * BUDGET, details
+    assert report["results_db"] == report["trials_done_db"] == TASKS * BUDGET, details
+    assert report["results_counted_once"], details
+    # Churn happened (not vacuous), every abandoned lease expired, and each expiry was
+    # followed by a re-lease: one lease per trial plus one per re-lease, all received.
+    assert report["abandoned"] >= 3, details
+    assert report["workers_registered"] == config.workers + report["abandoned"], details
+    assert report["abandoned_expired"] == report["abandoned"], details
+    assert report["leases_expired"] >= report["abandoned"], details
+    assert report["re_leases"] == report["leases_expired"], details
+    assert report["lease_rows"] == report["leases"] == TASKS * BUDGET + report["re_leases"]
+    assert report["re_leased_jobs"] > 0, details
+    assert report["re_leased_one_result"] == report["re_leased_jobs"], details
+    assert report["results_unanswered"] == 0, details
 
 
 T0 = dt.datetime(2026, 1, 1, tzinfo=dt.UTC)
@@ -126,7 +190,72 @@ def test_audit_counts_overlapping_leases_not_re_leases_after_expiry() -> None:
 
     held = Tally(held=[Held(3, "e", 7, 1.0, 3.0, True), Held(3, "f", 8, 2.0, 4.0, False)])
     report = audit_rows(jobs, clean, [_task(3, 3)], held)
-    assert report["duplicates"]["held twice at once (workers' clocks)"] == 1
+    assert report["duplicates"]["held twice at once (live workers' clocks)"] == 1
+
+
+def test_audit_counts_every_overlap_of_lease_intervals() -> None:
+    # A re-lease stamped before its predecessor ended is an overlap, whatever the outcome
+    # (the service stamps statement times, so a legitimate re-lease never looks like it).
+    jobs = [_job(1, 0, "done", "b")]
+    early = [_lease(1, 1, "a", 0, "expired", 10.0), _lease(2, 1, "b", 9.9, "result", 12)]
+    report = audit_rows(jobs, early, [_task(1, 1, target=1)], Tally())
+    assert report["duplicates"]["overlapping leases (audit table)"] == 1
+    after = [_lease(1, 1, "a", 0, "expired", 10.0), _lease(2, 1, "b", 10.0, "result", 12)]
+    report = audit_rows(jobs, after, [_task(1, 1, target=1)], Tally())
+    assert report["duplicate_leases"] == 0 and report["re_leases"] == 1
+    # A lease granted while its predecessor was live: the reclaim ends both at once.
+    both = [_lease(1, 1, "a", 0, "expired", 10.0), _lease(2, 1, "b", 5, "expired", 10.0)]
+    report = audit_rows([_job(1, 0, "queued")], both, [_task(0, 1, "running", 1)], Tally())
+    assert report["duplicates"]["overlapping leases (audit table)"] == 1
+    # ... or the predecessor is never ended (its result was refused).
+    open_ = [_lease(1, 1, "a", 0, None), _lease(2, 1, "b", 5, "result", 6)]
+    report = audit_rows(jobs, open_, [_task(1, 1, target=1)], Tally())
+    assert report["duplicates"]["overlapping leases (audit table)"] == 1
+    # A predecessor that ended with a result: the job leased again is a duplicate.
+    after_result = [_lease(1, 1, "a", 0, "result", 10.0), _lease(2, 1, "b", 9.9, "result", 12)]
+    report = audit_rows(jobs, after_result, [_task(1, 1, target=1)], Tally())
+    assert report["duplicate_leases"] == 1
+
+
+def test_audit_accounts_for_abandoned_leases() -> None:
+    # Worker 7 died holding job 1 (lease "a"); the lease expired and worker 8 finished it.
+    jobs = [_job(1, 0, "done", "b"), _job(2, 1, "done", "c")]
+    leases = [
+        _lease(1, 1, "a", 0, "expired", 5),
+        _lease(2, 1, "b", 6, "result", 7),
+        _lease(3, 2, "c", 1, "result", 2),
+    ]
+    held = [
+        Held(1, "a", 7, 0.0, abandoned=True),
+        Held(1, "b", 8, 6.0, 7.0, True),
+        Held(2, "c", 9, 1.0, 2.0, True),
+    ]
+    report = audit_rows(jobs, leases, [_task(2, 2, target=2)], Tally(held=held))
+    assert report["duplicate_leases"] == 0, report["duplicates"]  # a dead worker holds nothing
+    assert report["lost_jobs"] == 0, report["lost"]
+    assert report["abandoned"] == report["abandoned_expired"] == 1
+    assert report["leases_expired"] == report["re_leases"] == 1
+    assert report["live_leases_expired"] == 0
+    assert report["re_leased_jobs"] == report["re_leased_one_result"] == 1
+    assert report["results_counted_once"]
+
+    # The same abandoned lease, its job never finished (requeued, the run ended): lost.
+    jobs = [_job(1, 0, "queued"), _job(2, 1, "done", "c")]
+    leases = [_lease(1, 1, "a", 0, "expired", 5), _lease(3, 2, "c", 1, "result", 2)]
+    held = [Held(1, "a", 7, 0.0, abandoned=True), Held(2, "c", 9, 1.0, 2.0, True)]
+    report = audit_rows(jobs, leases, [_task(1, 2, "running", 2)], Tally(held=held))
+    assert report["lost"]["abandoned, not finished by a later lease"] == 1
+    assert report["lost"]["answer never delivered"] == 0
+    assert report["lost_jobs"] == 1
+
+    # ... or still leased to the dead worker (its lease never expired): lost twice over.
+    jobs = [_job(1, 0, "leased"), _job(2, 1, "done", "c")]
+    leases = [_lease(1, 1, "a", 0, None), _lease(3, 2, "c", 1, "result", 2)]
+    report = audit_rows(jobs, leases, [_task(1, 2, "running", 2)], Tally(held=held))
+    assert report["lost"]["still leased"] == 1
+    assert report["lost"]["abandoned, not finished by a later lease"] == 1
+    assert report["abandoned_expired"] == 0
+    assert report["lost_jobs"] == 1
 
 
 def test_audit_counts_lost_and_stranded_jobs_and_short_tasks() -> None:
