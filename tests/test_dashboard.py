@@ -163,3 +163,64 @@ def test_dashboard_draws_the_curves_without_console_errors(live_url):
     assert errors == []
     assert all(urlparse(u).netloc == urlparse(live_url).netloc for u in requested), requested
     assert any(u.endswith("/dashboard/static/plotly.min.js") for u in requested)
+
+
+def test_a_click_during_a_refresh_draws_each_curve_point_once(live_url):
+    """A refresh in flight when another task is selected used to run beside the click's
+    refresh: both fetched the curve from the same point and appended it twice (32 points
+    for 16 trials; seen as a flaky timeout in CI). The page's /v1/tasks requests are held
+    here so the two refreshes overlap every time."""
+    from playwright.sync_api import sync_playwright
+
+    client = httpx.Client(base_url=live_url, timeout=30)
+    worker = client.post(
+        "/v1/workers",
+        json={"name": "sim", "gpu": "h100", "arch": "sm_90", "runner": "simulated"},
+        headers=HEADERS,
+    ).json()["id"]
+    tasks = []
+    for strategy in ("grid", "analytical"):
+        body = {"workload": GEMM, "gpu": "h100", "budget": 16, "strategy": strategy}
+        tasks.append(client.post("/v1/tasks", json=body).json()["id"])
+    _finish(client, worker, tasks)
+    client.close()
+
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        page = browser.new_page()
+        page.goto(f"{live_url}/dashboard?refresh=250")
+        page.wait_for_function(
+            "() => { const d = document.getElementById('curve-plot').data;"
+            " return d && d[0].x.length === 16; }",
+            timeout=20000,
+        )
+        held: list = []
+        holding = [True]
+
+        def hold(route) -> None:  # type: ignore[no-untyped-def]
+            if holding[0]:
+                held.append(route)
+            else:
+                route.continue_()
+
+        page.route("**/v1/tasks?limit=100", hold)
+        deadline = time.monotonic() + 20
+        while not held:  # the loop's next refresh now waits for its task list
+            assert time.monotonic() < deadline
+            page.wait_for_timeout(50)
+        page.locator("#tasks tbody tr").nth(1).click()  # the grid task
+        page.wait_for_timeout(300)  # the click's refresh starts (and waits too, unfixed)
+        holding[0] = False
+        for route in held:
+            route.continue_()
+        page.wait_for_function(
+            "() => document.getElementById('task-title').textContent.includes('grid')",
+            timeout=20000,
+        )
+        seen = int(page.evaluate("document.body.dataset.refreshes"))
+        page.wait_for_function(
+            f"() => Number(document.body.dataset.refreshes) >= {seen + 3}", timeout=20000
+        )
+        points = page.evaluate("document.getElementById('curve-plot').data[0].x")
+        browser.close()
+    assert points == list(range(1, 17))

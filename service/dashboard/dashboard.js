@@ -104,9 +104,11 @@
            detail.trials[detail.cursor] && FINAL.has(detail.trials[detail.cursor].state)) {
       detail.cursor += 1;
     }
-    const last = detail.curve.length ? detail.curve[detail.curve.length - 1].trial : -1;
-    const points = (await get(`/v1/tasks/${detail.id}/curve?after=${last}`)).points;
-    for (const p of points) detail.curve.push(p);
+    const lastTrial = () => (detail.curve.length ? detail.curve[detail.curve.length - 1].trial : -1);
+    const points = (await get(`/v1/tasks/${detail.id}/curve?after=${lastTrial()}`)).points;
+    // Appended only past the last point held now (not when the request left): a point is
+    // drawn once even if another refresh of this task added it meanwhile.
+    for (const p of points) if (p.trial > lastTrial()) detail.curve.push(p);
   }
 
   function drawDetail(detail) {
@@ -160,7 +162,26 @@
     }, PLOT_CONFIG);
   }
 
-  async function refresh() {
+  // One refresh at a time: a click during a refresh asks for one more after it, instead of
+  // a second running beside it on the same task.
+  let inFlight = null;
+  let again = false;
+  function refresh() {
+    if (inFlight) {
+      again = true;
+      return inFlight;
+    }
+    inFlight = (async () => {
+      do {
+        again = false;
+        await refreshOnce();
+      } while (again);
+      inFlight = null;
+    })();
+    return inFlight;
+  }
+
+  async function refreshOnce() {
     const status = document.getElementById("status");
     try {
       state.tasks = (await get("/v1/tasks?limit=100")).tasks;
