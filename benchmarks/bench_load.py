@@ -62,8 +62,6 @@ import itertools
 import math
 import os
 import random
-import signal
-import subprocess
 import sys
 import tempfile
 import time
@@ -81,13 +79,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from benchmarks.bench_service import (
     DEFAULT_PG,
     HEADERS,
-    TOKEN,
     _cpu_s,
     _fake_result,
-    _free_port,
     _pct,
     _register,
     pg_database,
+    service_process,
 )
 from benchmarks.results import write_section
 from service.orm import JobRow, LeaseRow, TaskRow
@@ -172,47 +169,19 @@ def workload(i: int) -> dict:
 
 @contextmanager
 def serve(url: str, config: LoadConfig, log_dir: Path, index: int):
-    """`pipetune serve` on a free loopback port; yields (base URL, pid, log path)."""
-    port = _free_port()
-    env = {k: v for k, v in os.environ.items() if not k.startswith("PIPETUNE_")}
-    env.update(
-        PIPETUNE_WORKER_TOKENS=TOKEN,
-        PIPETUNE_BATCH_SIZE=str(config.batch_size),
-        PIPETUNE_DB_POOL_SIZE="40",
-        PIPETUNE_LEASE_WAIT_CAP_S="2",
-        PIPETUNE_LEASE_TTL_S=str(config.lease_ttl_s),
-    )
+    """`pipetune serve` replica number `index`; yields (base URL, pid, log path)."""
+    settings = {
+        "PIPETUNE_BATCH_SIZE": str(config.batch_size),
+        "PIPETUNE_LEASE_TTL_S": str(config.lease_ttl_s),
+    }
     if config.sweep_interval_s is not None:
-        env["PIPETUNE_SWEEP_INTERVAL_S"] = str(config.sweep_interval_s)
+        settings["PIPETUNE_SWEEP_INTERVAL_S"] = str(config.sweep_interval_s)
     if config.max_attempts is not None:
-        env["PIPETUNE_MAX_ATTEMPTS"] = str(config.max_attempts)
-    command = [sys.executable, "-m", "clients.cli", "serve", "--db", url, "--port", str(port)]
+        settings["PIPETUNE_MAX_ATTEMPTS"] = str(config.max_attempts)
     log = log_dir / f"serve-{index}.log"
-    with log.open("wb") as out:
-        process = subprocess.Popen(
-            [*command, "--log-level", "warning"], stdout=out, stderr=subprocess.STDOUT, env=env
-        )
-    base = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                if httpx.get(f"{base}/healthz", timeout=2).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            if time.monotonic() > deadline or process.poll() is not None:
-                raise RuntimeError(f"serve did not start; see {log}:\n{log.read_text()[-2000:]}")
-            time.sleep(0.1)
-        yield base, process.pid, log
-    finally:
-        if process.poll() is None:
-            process.send_signal(signal.SIGTERM)
-            try:
-                process.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                process.kill()
-                process.wait()
+    with service_process(url, log, settings) as service:
+        assert service.process is not None
+        yield service.url, service.process.pid, log
 
 
 def _machine_cpu() -> tuple[float, float]:

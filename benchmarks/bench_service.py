@@ -16,9 +16,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
-import signal
-import socket
-import subprocess
 import sys
 import tempfile
 import time
@@ -32,18 +29,13 @@ from sqlalchemy import create_engine, text
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from benchmarks.results import write_section
+from clients.local_service import LocalService
 
 TOKEN = "bench-token"
 HEADERS = {"Authorization": f"Bearer {TOKEN}"}
 TUNED = {"op": "gemm", "m": 1024, "n": 1024, "k": 1024}
 UNTUNED = {"op": "gemm", "m": 2048, "n": 512, "k": 4096}
 DEFAULT_PG = "postgresql+psycopg://postgres@127.0.0.1:5432/test"
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _cpu_s(pid: int) -> float:
@@ -53,37 +45,30 @@ def _cpu_s(pid: int) -> float:
 
 
 @contextmanager
-def serve(url: str, batch_size: int = 32):
-    port = _free_port()
-    env = {k: v for k, v in os.environ.items() if not k.startswith("PIPETUNE_")}
-    env.update(
-        PIPETUNE_WORKER_TOKENS=TOKEN,
-        PIPETUNE_BATCH_SIZE=str(batch_size),
-        PIPETUNE_DB_POOL_SIZE="40",
-        PIPETUNE_LEASE_WAIT_CAP_S="2",
-    )
-    command = [sys.executable, "-m", "clients.cli", "serve", "--db", url, "--port", str(port)]
-    log = Path(tempfile.mkdtemp(prefix="bench-serve-")) / "serve.log"
-    with log.open("wb") as out:
-        process = subprocess.Popen(
-            [*command, "--log-level", "warning"], stdout=out, stderr=subprocess.STDOUT, env=env
-        )
-    base = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 60
-    while True:
-        try:
-            if httpx.get(f"{base}/healthz", timeout=2).status_code == 200:
-                break
-        except httpx.HTTPError:
-            pass
-        if time.monotonic() > deadline or process.poll() is not None:
-            raise RuntimeError(f"serve did not start; see {log}")
-        time.sleep(0.2)
+def service_process(url: str, log: Path, settings: dict[str, str]):
+    """`pipetune serve` on a free loopback port (clients.local_service), with the
+    benchmarks' settings and no PIPETUNE_* variable inherited from this shell."""
+    env = {
+        "PIPETUNE_WORKER_TOKENS": TOKEN,
+        "PIPETUNE_DB_POOL_SIZE": "40",
+        "PIPETUNE_LEASE_WAIT_CAP_S": "2",
+        **settings,
+    }
+    service = LocalService(
+        url, log, extra_args=["--log-level", "warning"], env=env, inherit_settings=False
+    ).start(timeout_s=60)
     try:
-        yield base, process.pid
+        yield service
     finally:
-        process.send_signal(signal.SIGTERM)
-        process.wait(timeout=60)
+        service.stop()
+
+
+@contextmanager
+def serve(url: str, batch_size: int = 32):
+    log = Path(tempfile.mkdtemp(prefix="bench-serve-")) / "serve.log"
+    with service_process(url, log, {"PIPETUNE_BATCH_SIZE": str(batch_size)}) as service:
+        assert service.process is not None
+        yield service.url, service.process.pid
 
 
 @contextmanager

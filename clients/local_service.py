@@ -87,12 +87,18 @@ class LocalService:
         port: int | None = None,
         extra_args: list[str] | None = None,
         env: dict[str, str] | None = None,
+        inherit_settings: bool = True,
     ):
+        """`env` is added to this process's environment; with inherit_settings=False the
+        service sees no PIPETUNE_* variable but those in `env` (a benchmark's settings)."""
         self.database_url = database_url
         self.log_path = log_path
         self.port = port or free_port()
         self.extra_args = list(extra_args or [])
-        self.env = {**os.environ, **(env or {})}
+        inherited = {
+            k: v for k, v in os.environ.items() if inherit_settings or not k.startswith("PIPETUNE_")
+        }
+        self.env = {**inherited, **(env or {})}
         self.process: subprocess.Popen[bytes] | None = None
         self._log: IO[bytes] | None = None
 

@@ -4,7 +4,6 @@ started with it keep working after a restart."""
 
 from __future__ import annotations
 
-import contextlib
 import os
 import secrets
 from pathlib import Path
@@ -12,13 +11,21 @@ from pathlib import Path
 from service.settings import generated_token_path
 
 
+def read_generated_token(path: Path | None = None) -> str | None:
+    """The token `serve` generated on this machine (for this user), if there is one; an
+    unreadable file is an error (OSError), not a missing token."""
+    try:
+        return (path or generated_token_path()).read_text().strip() or None
+    except FileNotFoundError:
+        return None
+
+
 def generated_worker_token(path: Path | None = None) -> tuple[str, Path]:
     """(token, file): the file's token, or a new one written there with mode 0600."""
     path = path or generated_token_path()
-    with contextlib.suppress(FileNotFoundError):
-        token = path.read_text().strip()
-        if token:
-            return token, path
+    token = read_generated_token(path)
+    if token:
+        return token, path
     path.parent.mkdir(parents=True, exist_ok=True)
     token = secrets.token_urlsafe(32)
     temporary = path.with_name(f".{path.name}.{os.getpid()}")

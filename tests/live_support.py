@@ -77,7 +77,7 @@ def wait_until(predicate, timeout_s: float = 30.0, what: str = "condition"):  # 
         if value:
             return value
         time.sleep(0.1)
-    raise AssertionError(f"timed out waiting for {what}")
+    raise AssertionError(f"timed out after {timeout_s:g} s waiting for {what}")
 
 
 def worker_named(client: Client, name: str) -> WorkerDoc | None:

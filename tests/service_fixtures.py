@@ -14,22 +14,11 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from service_support import PG_ADMIN_URL, TestClient, client_for
+from service_support import PG_ADMIN_URL, TestClient, client_for, pg_reachable
 from sqlalchemy import create_engine, text
 
 from service.migrate import upgrade
 from service.orm import Base
-
-
-def _pg_reachable() -> bool:
-    try:
-        engine = create_engine(PG_ADMIN_URL, connect_args={"connect_timeout": 3})
-        with engine.connect():
-            pass
-        engine.dispose()
-        return True
-    except Exception:
-        return False
 
 
 @pytest.fixture(scope="session")
@@ -41,7 +30,7 @@ def sqlite_template(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="session")
 def pg_url() -> Iterator[str]:
-    if not _pg_reachable():
+    if not pg_reachable():
         pytest.skip(f"no PostgreSQL answers at {PG_ADMIN_URL}")
     name = f"pipetune_test_{uuid.uuid4().hex[:10]}"
     admin = create_engine(PG_ADMIN_URL, isolation_level="AUTOCOMMIT")

@@ -8,6 +8,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
+from sqlalchemy import create_engine
+
 from service.app import create_app
 from service.settings import Settings
 
@@ -23,6 +25,18 @@ TOKEN = "test-worker-token"
 WORKER_HEADERS = {"Authorization": f"Bearer {TOKEN}"}
 GEMM = {"op": "gemm", "m": 1024, "n": 1024, "k": 1024, "dtype": "float16"}
 SMALL_GEMM = {"op": "gemm", "m": 256, "n": 256, "k": 256, "dtype": "float16"}
+
+
+def pg_reachable() -> bool:
+    """Whether the local PostgreSQL answers (its tests are skipped only when it does not)."""
+    try:
+        engine = create_engine(PG_ADMIN_URL, connect_args={"connect_timeout": 3})
+        with engine.connect():
+            pass
+        engine.dispose()
+        return True
+    except Exception:
+        return False
 
 
 def settings(url: str, **overrides: Any) -> Settings:

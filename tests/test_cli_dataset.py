@@ -3,20 +3,14 @@
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import pytest
+from shared_datasets import HUB_CACHE, HUB_T4, needs_hub
 from typer.testing import CliRunner
 
 from clients.cli.dataset_cmds import dataset_app
 from workers.datasets import load_dataset
 
-SHARED = Path(__file__).resolve().parents[2] / "shared" / "datasets"
-HUB_T4 = SHARED / "convolution_A100.t4.json.gz"
-HUB_CACHE = SHARED / "convolution_A100.kt-cache.json.gz"
-needs_hub = pytest.mark.skipif(
-    not (HUB_T4.exists() and HUB_CACHE.exists()), reason="benchmark hub files not present"
-)
 cli = CliRunner()
 BEST = {
     "block_size_x": 32,

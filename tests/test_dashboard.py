@@ -82,11 +82,8 @@ def _finish(client: httpx.Client, worker: int, task_ids: list[int]) -> None:
         _answer(client, worker, 8)
 
 
-def test_dashboard_draws_the_curves_without_console_errors(live_url):
-    from playwright.sync_api import sync_playwright
-
-    assert shutil.which("chromium") or Path(CHROMIUM).exists(), "Debian's chromium is needed"
-    client = httpx.Client(base_url=live_url, timeout=30)
+def _two_finished_tasks(client: httpx.Client) -> int:
+    """A simulated worker, and a grid and an analytical task of 16 trials it finished."""
     worker = client.post(
         "/v1/workers",
         json={"name": "sim", "gpu": "h100", "arch": "sm_90", "runner": "simulated"},
@@ -97,6 +94,15 @@ def test_dashboard_draws_the_curves_without_console_errors(live_url):
         body = {"workload": GEMM, "gpu": "h100", "budget": 16, "strategy": strategy}
         finished.append(client.post("/v1/tasks", json=body).json()["id"])
     _finish(client, worker, finished)
+    return worker
+
+
+def test_dashboard_draws_the_curves_without_console_errors(live_url):
+    from playwright.sync_api import sync_playwright
+
+    assert shutil.which("chromium") or Path(CHROMIUM).exists(), "Debian's chromium is needed"
+    client = httpx.Client(base_url=live_url, timeout=30)
+    worker = _two_finished_tasks(client)
     running = client.post(
         "/v1/tasks", json={"workload": GEMM, "gpu": "h100", "budget": 24, "strategy": "random"}
     ).json()["id"]
@@ -172,18 +178,8 @@ def test_a_click_during_a_refresh_draws_each_curve_point_once(live_url):
     here so the two refreshes overlap every time."""
     from playwright.sync_api import sync_playwright
 
-    client = httpx.Client(base_url=live_url, timeout=30)
-    worker = client.post(
-        "/v1/workers",
-        json={"name": "sim", "gpu": "h100", "arch": "sm_90", "runner": "simulated"},
-        headers=HEADERS,
-    ).json()["id"]
-    tasks = []
-    for strategy in ("grid", "analytical"):
-        body = {"workload": GEMM, "gpu": "h100", "budget": 16, "strategy": strategy}
-        tasks.append(client.post("/v1/tasks", json=body).json()["id"])
-    _finish(client, worker, tasks)
-    client.close()
+    with httpx.Client(base_url=live_url, timeout=30) as client:
+        _two_finished_tasks(client)
 
     with sync_playwright() as p:
         browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)

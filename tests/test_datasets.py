@@ -8,6 +8,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from shared_datasets import HUB_CACHE, HUB_T4, needs_hub
 
 from model.hardware import get_gpu
 from model.space import Schedule, Space
@@ -27,13 +28,6 @@ from workers.datasets import (
     summary,
     to_t4_document,
     write_t4,
-)
-
-SHARED = Path(__file__).resolve().parents[2] / "shared" / "datasets"
-HUB_T4 = SHARED / "convolution_A100.t4.json.gz"
-HUB_CACHE = SHARED / "convolution_A100.kt-cache.json.gz"
-needs_hub = pytest.mark.skipif(
-    not (HUB_T4.exists() and HUB_CACHE.exists()), reason="benchmark hub files not present"
 )
 
 WORKLOAD = gemm(256, 128, 64)

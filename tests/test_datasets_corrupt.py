@@ -41,6 +41,7 @@ from hypothesis import (
     settings,
 )
 from hypothesis import strategies as st
+from shared_datasets import HUB_CACHE, HUB_T4, needs_hub
 from sqlalchemy import select
 from typer.testing import CliRunner
 
@@ -66,13 +67,6 @@ from workers.datasets import (
     write_t4,
 )
 from workers.datasets.records import INVALIDITIES
-
-SHARED = Path(__file__).resolve().parents[2] / "shared" / "datasets"
-HUB_T4 = SHARED / "convolution_A100.t4.json.gz"
-HUB_CACHE = SHARED / "convolution_A100.kt-cache.json.gz"
-needs_hub = pytest.mark.skipif(
-    not (HUB_T4.exists() and HUB_CACHE.exists()), reason="benchmark hub files not present"
-)
 
 cli = CliRunner()
 # The longest reason (after "<path>: ") a message may give: one readable line.

@@ -13,12 +13,12 @@ import signal
 import socket
 import subprocess
 import sys
-import time
 from collections import defaultdict
 from pathlib import Path
 
 import httpx
 import pytest
+from live_support import wait_until
 from sqlalchemy import create_engine, select
 
 from service.orm import JobRow, LeaseRow, WorkerRow
@@ -40,16 +40,6 @@ def _env(**extra: str) -> dict[str, str]:
     env.update(PIPETUNE_WORKER_TOKENS=TOKEN, PIPETUNE_SIMULATED_TIME_SCALE="0.02")
     env.update(PIPETUNE_LEASE_WAIT_CAP_S="1", **extra)
     return env
-
-
-def _wait(predicate, timeout_s: float, what: str):  # type: ignore[no-untyped-def]
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.1)
-    raise AssertionError(f"timed out after {timeout_s:g} s waiting for {what}")
 
 
 def _healthy(url: str) -> bool:
@@ -126,9 +116,9 @@ def test_serve_and_two_simulated_workers_tune_a_gemm_with_budget_24(tmp_path):
             _process(workers[0], tmp_path / "worker-a.log", env) as worker_a,
             _process(workers[1], tmp_path / "worker-b.log", env) as worker_b,
         ):
-            _wait(lambda: _healthy(url), 60, "the service to answer /healthz")
+            wait_until(lambda: _healthy(url), 60, "the service to answer /healthz")
             client = httpx.Client(base_url=url, timeout=30)
-            _wait(
+            wait_until(
                 lambda: (
                     {w["name"] for w in client.get("/v1/workers").json()["workers"]} >= set(names)
                 ),
@@ -139,7 +129,7 @@ def test_serve_and_two_simulated_workers_tune_a_gemm_with_budget_24(tmp_path):
             created = client.post("/v1/tasks", json=body)
             assert created.status_code == 201, created.text
             task_id = created.json()["id"]
-            task = _wait(
+            task = wait_until(
                 lambda: (
                     (t := client.get(f"/v1/tasks/{task_id}").json())["state"]
                     in ("done", "failed", "cancelled")
@@ -207,7 +197,7 @@ def test_serve_embedded_with_local_workers_for_every_gpu(tmp_path, gpu):
     command += ["--runner", "simulated", "--log-level", "warning"]
     log = tmp_path / "serve.log"
     with _process(command, log, env) as server:
-        _wait(lambda: _healthy(url), 60, "the service to answer /healthz")
+        wait_until(lambda: _healthy(url), 60, "the service to answer /healthz")
         assert (tmp_path / "data" / "pipetune" / "pipetune.db").exists()
         token_file = tmp_path / "data" / "pipetune" / "worker-token"
         assert f"worker token: generated, in {token_file}" in log.read_text()
@@ -215,7 +205,7 @@ def test_serve_embedded_with_local_workers_for_every_gpu(tmp_path, gpu):
         token = token_file.read_text().strip()
         assert len(token) >= 32 and token not in log.read_text()
         client = httpx.Client(base_url=url, timeout=30)
-        registered = _wait(
+        registered = wait_until(
             lambda: (ws := client.get("/v1/workers").json()["workers"]) and len(ws) == 3 and ws,
             60,
             "three local workers",
@@ -227,7 +217,7 @@ def test_serve_embedded_with_local_workers_for_every_gpu(tmp_path, gpu):
             assert token.encode() not in Path(f"/proc/{pid}/cmdline").read_bytes()
         body = {"workload": WORKLOAD, "gpu": gpu, "budget": 8, "strategy": "analytical"}
         task_id = client.post("/v1/tasks", json=body).json()["id"]
-        done = _wait(
+        done = wait_until(
             lambda: (t := client.get(f"/v1/tasks/{task_id}").json())["state"] == "done" and t,
             60,
             "the task to finish",

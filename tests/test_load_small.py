@@ -19,8 +19,7 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
-from service_support import PG_ADMIN_URL
-from sqlalchemy import create_engine
+from service_support import PG_ADMIN_URL, pg_reachable
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
@@ -29,21 +28,28 @@ from benchmarks.bench_load import Held, LoadConfig, Tally, audit_rows, run_load
 TASKS, BUDGET, BATCH = 3, 24, 8
 
 
-def _pg_reachable() -> bool:
-    try:
-        engine = create_engine(PG_ADMIN_URL, connect_args={"connect_timeout": 3})
-        with engine.connect():
-            pass
-        engine.dispose()
-        return True
-    except Exception:
-        return False
+@pytest.fixture
+def pg_admin_url() -> str:
+    if not pg_reachable():
+        pytest.skip(f"no PostgreSQL answers at {PG_ADMIN_URL}")
+    return PG_ADMIN_URL
+
+
+def _assert_every_trial_counted_once(report: dict, details: dict) -> None:
+    """No duplicate, nothing lost, nothing gone wrong quietly, every task at its budget."""
+    assert report["duplicate_leases"] == 0, details
+    assert report["lost_jobs"] == 0, details
+    assert report["http_errors"] == {}, details
+    # Two replicas racing to advance a task once logged a traceback here (service/driver.py).
+    assert report["service_tracebacks"] == 0, details
+    assert report["tasks_done"] == TASKS, details
+    assert report["results_accepted"] == TASKS * BUDGET, details
+    assert report["results_db"] == report["trials_done_db"] == TASKS * BUDGET, details
+    assert report["results_counted_once"], details
 
 
 @pytest.mark.parametrize("replicas", [2, 1])
-def test_small_load_leases_each_job_once_and_loses_none(replicas: int) -> None:
-    if not _pg_reachable():
-        pytest.skip(f"no PostgreSQL answers at {PG_ADMIN_URL}")
+def test_small_load_leases_each_job_once_and_loses_none(replicas: int, pg_admin_url: str) -> None:
     # A generous time cap: the run ends as soon as every task is done (a few seconds).
     config = LoadConfig(
         replicas=replicas,
@@ -54,30 +60,18 @@ def test_small_load_leases_each_job_once_and_loses_none(replicas: int) -> None:
         seconds=90,
         wait_s=0.5,
     )
-    report = run_load(PG_ADMIN_URL, config)
+    report = run_load(pg_admin_url, config)
     keys = ("duplicates", "lost", "job_states", "http_errors", "service_errors")
     details = {k: report[k] for k in keys}
 
-    assert report["duplicate_leases"] == 0, details
-    assert report["lost_jobs"] == 0, details
-    assert report["http_errors"] == {}, details
-    # Nothing went wrong quietly either (two replicas racing to advance a task once logged
-    # a traceback here; fixed in service/driver.py).
-    assert report["service_tracebacks"] == 0, details
-    # Work happened, and all of it: each task ran to its budget, each trial once.
-    assert report["tasks_done"] == TASKS, details
-    assert report["results_accepted"] == TASKS * BUDGET
-    assert report["results_db"] == report["trials_done_db"] == TASKS * BUDGET
-    assert report["results_counted_once"]
+    _assert_every_trial_counted_once(report, details)
     # No lease expired in the run (TTL 120 s): one lease per trial, each answered.
     assert report["leases"] == report["lease_rows"] == TASKS * BUDGET
     assert report["results_refused"] == report["results_unanswered"] == 0
     assert report["abandoned"] == report["leases_expired"] == report["re_leases"] == 0
 
 
-def test_small_load_with_churn_re_leases_abandoned_jobs_once() -> None:
-    if not _pg_reachable():
-        pytest.skip(f"no PostgreSQL answers at {PG_ADMIN_URL}")
+def test_small_load_with_churn_re_leases_abandoned_jobs_once(pg_admin_url: str) -> None:
     # Each job received kills its worker with probability 0.1 (seeded: 3 deaths among the
     # first 72 jobs received, whatever the timing); a replacement takes its place.
     config = LoadConfig(
@@ -93,7 +87,7 @@ def test_small_load_with_churn_re_leases_abandoned_jobs_once() -> None:
         seed=0,
     )
     assert config.sweep_interval_s == 0.5 and config.max_attempts == 50
-    report = run_load(PG_ADMIN_URL, config)
+    report = run_load(pg_admin_url, config)
     keys = (
         "duplicates",
         "lost",
@@ -112,14 +106,7 @@ def test_small_load_with_churn_re_leases_abandoned_jobs_once() -> None:
     )
     details = {k: report[k] for k in keys}
 
-    assert report["duplicate_leases"] == 0, details
-    assert report["lost_jobs"] == 0, details
-    assert report["http_errors"] == {}, details
-    assert report["service_tracebacks"] == 0, details
-    assert report["tasks_done"] == TASKS, details
-    assert report["results_accepted"] == TASKS * BUDGET, details
-    assert report["results_db"] == report["trials_done_db"] == TASKS * BUDGET, details
-    assert report["results_counted_once"], details
+    _assert_every_trial_counted_once(report, details)
     # Churn happened (not vacuous), every abandoned lease expired, and each expiry was
     # followed by a re-lease: one lease per trial plus one per re-lease, all received.
     assert report["abandoned"] >= 3, details

@@ -69,6 +69,18 @@ def _assert_reproduces_a_local_session(client, task_id, strategy, seed, budget, 
     assert session.done
 
 
+def _answer_leased(queue, ref: WorkerRef) -> None:
+    """Lease what the queue holds for the worker and submit a result for each, directly (no
+    HTTP route: the route's background advance stays out of the tests' way)."""
+    for job in queue.try_lease(ref, 8):
+        body = JobResult(
+            worker_id=ref.id,
+            lease_token=job.lease_token,
+            result=ok(fake_latency(job.schedule.model_dump())),
+        )
+        queue.submit(job.job_id, token_hash(TOKEN), body)
+
+
 @pytest.mark.parametrize("budget", [1, 8, 13, 20])
 def test_a_task_ends_at_exactly_its_budget(db_url, budget):
     with client_for(db_url, batch_size=8) as c:
@@ -152,13 +164,7 @@ def test_concurrent_advances_enqueue_each_batch_once(db_url):
         drivers = [service_of(a).driver, service_of(b).driver]
         queue = service_of(a).queue
         for _ in range(3):
-            for job in queue.try_lease(ref, 8):
-                body = JobResult(
-                    worker_id=worker,
-                    lease_token=job.lease_token,
-                    result=ok(fake_latency(job.schedule.model_dump())),
-                )
-                queue.submit(job.job_id, token_hash(TOKEN), body)
+            _answer_leased(queue, ref)
             barrier = threading.Barrier(4)
             outcomes: list[bool] = []
 
@@ -207,13 +213,7 @@ def test_a_replica_that_loses_the_race_to_advance_logs_no_error(db_url, caplog):
         ref = WorkerRef(id=worker, gpu="h100", arch="sm_90", runner="simulated")
         first, second = service_of(a).driver, service_of(b).driver
         queue = service_of(a).queue
-        for job in queue.try_lease(ref, 8):
-            body = JobResult(
-                worker_id=worker,
-                lease_token=job.lease_token,
-                result=ok(fake_latency(job.schedule.model_dump())),
-            )
-            queue.submit(job.job_id, token_hash(TOKEN), body)
+        _answer_leased(queue, ref)
 
         def the_other_replica_advances_first(task: int):
             assert second.advance(task)

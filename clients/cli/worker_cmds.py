@@ -23,10 +23,10 @@ from workers.runners import DatasetMismatchError, RunnerError
 
 def _generated_token() -> str:
     """The token `pipetune serve` generated on this machine (same user), or ""."""
-    from service.settings import generated_token_path
+    from service.worker_token import read_generated_token
 
     try:
-        return generated_token_path().read_text().strip()
+        return read_generated_token() or ""
     except OSError:
         return ""
 
