@@ -1,11 +1,12 @@
 # Two entry points (see README): `make demo` runs the main job on the embedded defaults,
-# `make test` runs ruff and pytest. Both create .venv and install what is missing.
+# `make test` runs ruff, mypy on the public API and pytest. Both create .venv and install
+# what is missing.
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-stamp
 
-.PHONY: demo test lint bench clean
+.PHONY: demo test lint typecheck bench clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -16,13 +17,23 @@ $(STAMP): pyproject.toml
 # The main job: pipetune serve on SQLite with local workers (cupy when a GPU is present,
 # else simulated), one operator tuned through the CLI, then a clean SIGTERM stop.
 demo: $(STAMP)
-	$(BIN)/python -m clients.demo $(DEMO_ARGS)
+	$(BIN)/python -m pipetune.clients.demo $(DEMO_ARGS)
 
 lint: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 
-test: lint
+# The public API, type-checked strictly as installed: a wheel unpacked into build/typecheck
+# (mypy cannot follow the editable install's import hook).
+TYPECHECK_DIR := build/typecheck
+PUBLIC_API := -m pipetune -p pipetune.clients.sdk -p pipetune.model.workloads
+
+typecheck: $(STAMP)
+	rm -rf $(TYPECHECK_DIR)
+	$(BIN)/python -m pip install --quiet --no-deps --no-build-isolation --target $(TYPECHECK_DIR) .
+	cd $(TYPECHECK_DIR) && $(CURDIR)/$(BIN)/mypy --config-file $(CURDIR)/pyproject.toml $(PUBLIC_API)
+
+test: lint typecheck
 	$(BIN)/python -m pytest -q
 
 bench: $(STAMP)

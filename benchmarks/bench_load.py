@@ -87,7 +87,7 @@ from benchmarks.bench_service import (
     service_process,
 )
 from benchmarks.results import write_section
-from service.orm import JobRow, LeaseRow, TaskRow
+from pipetune.service.orm import JobRow, LeaseRow, TaskRow
 
 FINAL_TASK = ("done", "failed", "cancelled")
 FINAL_JOB = ("done", "failed", "lost")

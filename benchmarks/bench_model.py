@@ -20,11 +20,11 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from benchmarks.results import write_section
-from model.analytical import evaluate
-from model.hardware import get_gpu
-from model.operators import ALCOP
-from model.pipelining import pipelining_gain
-from model.space import Space
+from pipetune.model.analytical import evaluate
+from pipetune.model.hardware import get_gpu
+from pipetune.model.operators import ALCOP
+from pipetune.model.pipelining import pipelining_gain
+from pipetune.model.space import Space
 
 REPEATS = 20
 

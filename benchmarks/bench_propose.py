@@ -18,12 +18,12 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from benchmarks.results import write_section
-from model.analytical import evaluate
-from model.hardware import get_gpu
-from model.operators import ALCOP
-from model.space import Space
-from model.trials import MeasureResult
-from tuner.session import TuningSession
+from pipetune.model.analytical import evaluate
+from pipetune.model.hardware import get_gpu
+from pipetune.model.operators import ALCOP
+from pipetune.model.space import Space
+from pipetune.model.trials import MeasureResult
+from pipetune.tuner.session import TuningSession
 
 ROUNDS = 8
 BATCH = 8

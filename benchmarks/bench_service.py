@@ -29,7 +29,7 @@ from sqlalchemy import create_engine, text
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from benchmarks.results import write_section
-from clients.local_service import LocalService
+from pipetune.clients.local_service import LocalService
 
 TOKEN = "bench-token"
 HEADERS = {"Authorization": f"Bearer {TOKEN}"}

@@ -20,10 +20,10 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from benchmarks.results import write_section
-from clients.cli.bench_cmds import recorded_dataset
-from tuner.bench import KNOB_ONLY, bench
-from tuner.peers import PEERS
-from tuner.strategies import STRATEGIES
+from pipetune.clients.cli.bench_cmds import recorded_dataset
+from pipetune.tuner.bench import KNOB_ONLY, bench
+from pipetune.tuner.peers import PEERS
+from pipetune.tuner.strategies import STRATEGIES
 
 
 def table(doc: dict, strategies: list[str], budgets: list[int]) -> list[str]:

@@ -5,7 +5,7 @@ python benchmarks/operators.py
 
 from __future__ import annotations
 
-from model.operators import ALCOP
+from pipetune.model.operators import ALCOP
 
 if __name__ == "__main__":
     for name, workload in ALCOP.items():

@@ -1,7 +1,7 @@
 """pipetune's clients: the Python SDK (`Client`, `WorkerApi` and their exceptions) and the
 `pipetune` CLI (clients.cli)."""
 
-from clients.sdk import (
+from pipetune.clients.sdk import (
     ApiError,
     AuthError,
     Client,

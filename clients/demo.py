@@ -10,7 +10,7 @@
    and ask again (now the best measured trial);
 4. print the dashboard URL, stop the service with SIGTERM and check that it exited cleanly.
 
-    python -m clients.demo [--budget 16] [--runner auto|cupy|simulated] [--keep]
+    python -m pipetune.clients.demo [--budget 16] [--runner auto|cupy|simulated] [--keep]
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from clients.local_service import LocalService, ServiceStartError, pipetune_command
+from pipetune.clients.local_service import LocalService, ServiceStartError, pipetune_command
 
 WORKLOAD = ["gemm", "--m", "1024", "--n", "64", "--k", "2048", "--gpu", "h100"]
 DEMO_TIME_SCALE = "0.05"
@@ -55,7 +55,7 @@ def run_cli(args: list[str], server: str) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m clients.demo", description=__doc__)
+    parser = argparse.ArgumentParser(prog="python -m pipetune.clients.demo", description=__doc__)
     parser.add_argument("--budget", type=int, default=16, help="trials to tune (default 16)")
     parser.add_argument("--runner", choices=("auto", "cupy", "simulated"), default="auto")
     parser.add_argument("--workers", type=int, default=3, help="local workers (default 3)")

@@ -33,7 +33,7 @@ def free_port() -> int:
 def pipetune_command() -> list[str]:
     """The `pipetune` console script of this interpreter's environment (or its module)."""
     script = Path(sys.executable).with_name("pipetune")
-    return [str(script)] if script.exists() else [sys.executable, "-m", "clients.cli"]
+    return [str(script)] if script.exists() else [sys.executable, "-m", "pipetune.clients.cli"]
 
 
 def _local_workers(parent: int) -> dict[int, bytes]:

@@ -18,9 +18,9 @@ from pathlib import Path
 
 import numpy as np
 
-from clients.font5x7 import HEIGHT as GLYPH_H
-from clients.font5x7 import WIDTH as GLYPH_W
-from clients.font5x7 import glyph
+from pipetune.clients.font5x7 import HEIGHT as GLYPH_H
+from pipetune.clients.font5x7 import WIDTH as GLYPH_W
+from pipetune.clients.font5x7 import glyph
 
 Color = tuple[int, int, int]
 WHITE: Color = (255, 255, 255)

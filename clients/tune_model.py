@@ -21,14 +21,14 @@ from typing import Any
 
 import numpy as np
 
-from clients.sdk import ApiError, Client, PipetuneError
-from model.analytical import evaluate
-from model.hardware import get_gpu
-from model.networks import DistinctShape, Network
-from model.pipelining import non_pipelined
-from model.space import Space
-from model.wire import StrategyName, TaskDoc, TrialDoc
-from model.workloads import AnyWorkload
+from pipetune.clients.sdk import ApiError, Client, PipetuneError
+from pipetune.model.analytical import evaluate
+from pipetune.model.hardware import get_gpu
+from pipetune.model.networks import DistinctShape, Network
+from pipetune.model.pipelining import non_pipelined
+from pipetune.model.space import Space
+from pipetune.model.wire import StrategyName, TaskDoc, TrialDoc
+from pipetune.model.workloads import AnyWorkload
 
 TERMINAL = ("done", "failed", "cancelled")
 RUNNER_MEANING = {

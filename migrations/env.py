@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from alembic import context
 
-from service.db import make_engine
-from service.orm import Base
+from pipetune.service.db import make_engine
+from pipetune.service.orm import Base
 
 config = context.config
 target_metadata = Base.metadata

@@ -24,9 +24,9 @@ from typing import Any
 
 import numpy as np
 
-from model.hardware import GPUSpec
-from model.space import MMA_TILE, Space
-from model.workloads import AnyWorkload, Conv2d, Conv3d
+from pipetune.model.hardware import GPUSpec
+from pipetune.model.space import MMA_TILE, Space
+from pipetune.model.workloads import AnyWorkload, Conv2d, Conv3d
 
 BYTES_FP16 = 2
 

@@ -25,8 +25,8 @@ from pathlib import Path
 import numpy as np
 import xgboost as xgb
 
-from model.analytical import evaluate
-from model.space import Space
+from pipetune.model.analytical import evaluate
+from pipetune.model.space import Space
 
 FAIL_PENALTY = 2.0
 ANALYTICAL_FEATURES: tuple[str, ...] = (

@@ -24,7 +24,7 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import dataclass, field
 
-from model.workloads import AnyWorkload, WorkloadError, bmm, conv2d, gemm
+from pipetune.model.workloads import AnyWorkload, WorkloadError, bmm, conv2d, gemm
 
 NETWORKS = ("bert-base", "gpt2", "resnet50")
 # Defaults that match ALCOP's operator shapes (BMM_BERT_QK is 12×512×512×64 at batch 1,

@@ -9,7 +9,7 @@ the stages of a 3D ResNet (R3D-18) at batch 8, chosen to span the same range.
 
 from __future__ import annotations
 
-from model.workloads import AnyWorkload, bmm, conv2d, conv3d, gemm
+from pipetune.model.workloads import AnyWorkload, bmm, conv2d, conv3d, gemm
 
 ALCOP: dict[str, AnyWorkload] = {
     "MM_Square_1k": gemm(1024, 1024, 1024),

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from model.space import Space
+from pipetune.model.space import Space
 
 
 def non_pipelined(space: Space) -> np.ndarray:

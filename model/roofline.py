@@ -12,8 +12,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from model.analytical import BYTES_FP16
-from model.space import Space
+from pipetune.model.analytical import BYTES_FP16
+from pipetune.model.space import Space
 
 
 @dataclass(frozen=True)

@@ -16,8 +16,8 @@ from typing import Any
 
 import numpy as np
 
-from model.hardware import GPUSpec
-from model.workloads import AnyWorkload
+from pipetune.model.hardware import GPUSpec
+from pipetune.model.workloads import AnyWorkload
 
 MMA_TILE = 16  # one warp-level tile step: mma.sync m16n8k16 covers 16 rows and 16 of K
 VECTOR_ELEMS = 8  # float16 elements per 16-byte cp.async

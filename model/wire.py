@@ -12,10 +12,10 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from model.hardware import HardwareError, resolve_gpu_key
-from model.space import KNOB_NAMES, KNOBS, Schedule
-from model.trials import MeasureResult, TrialStatus
-from model.workloads import Workload
+from pipetune.model.hardware import HardwareError, resolve_gpu_key
+from pipetune.model.space import KNOB_NAMES, KNOBS, Schedule
+from pipetune.model.trials import MeasureResult, TrialStatus
+from pipetune.model.workloads import Workload
 
 MAX_BUDGET = 5000  # trials per task; larger spaces are swept, not tuned
 MAX_LEASE_WAIT_S = 30.0

@@ -17,16 +17,16 @@ from fastapi import FastAPI
 from fastapi.concurrency import run_in_threadpool
 from fastapi.middleware.cors import CORSMiddleware
 
-from service.context import Service
-from service.db import Database, is_unavailable, unavailable_reason
-from service.driver import Driver
-from service.errors import install as install_error_handlers
-from service.metrics import Metrics
-from service.middleware import RequestMetrics
-from service.migrate import check_schema
-from service.queue import Queue
-from service.routers import curves, dashboard, jobs, ops, schedules, tasks, workers
-from service.settings import Settings
+from pipetune.service.context import Service
+from pipetune.service.db import Database, is_unavailable, unavailable_reason
+from pipetune.service.driver import Driver
+from pipetune.service.errors import install as install_error_handlers
+from pipetune.service.metrics import Metrics
+from pipetune.service.middleware import RequestMetrics
+from pipetune.service.migrate import check_schema
+from pipetune.service.queue import Queue
+from pipetune.service.routers import curves, dashboard, jobs, ops, schedules, tasks, workers
+from pipetune.service.settings import Settings
 
 log = logging.getLogger(__name__)
 

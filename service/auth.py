@@ -13,8 +13,8 @@ from typing import Annotated
 from fastapi import Depends, HTTPException
 from fastapi.security import APIKeyHeader, HTTPAuthorizationCredentials, HTTPBearer
 
-from service.context import ServiceDep
-from service.settings import token_hash
+from pipetune.service.context import ServiceDep
+from pipetune.service.settings import token_hash
 
 _bearer = HTTPBearer(auto_error=False, description="worker token or API key")
 _worker_header = APIKeyHeader(name="X-Worker-Token", auto_error=False)

@@ -7,11 +7,11 @@ from typing import Annotated
 
 from fastapi import Depends, Request
 
-from service.db import Database
-from service.driver import Driver
-from service.metrics import Metrics
-from service.queue import Queue
-from service.settings import Settings
+from pipetune.service.db import Database
+from pipetune.service.driver import Driver
+from pipetune.service.metrics import Metrics
+from pipetune.service.queue import Queue
+from pipetune.service.settings import Settings
 
 
 @dataclass

@@ -20,9 +20,9 @@ import numpy as np
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
-from model.wire import AggregatePoint, CurvePoint
-from service.orm import JobRow, ReferenceOptimumRow, TaskRow, WorkloadRow
-from service.records import tflops
+from pipetune.model.wire import AggregatePoint, CurvePoint
+from pipetune.service.orm import JobRow, ReferenceOptimumRow, TaskRow, WorkloadRow
+from pipetune.service.records import tflops
 
 FINAL_JOB = ("done", "failed", "lost")
 

@@ -24,19 +24,19 @@ import numpy as np
 from sqlalchemy import func, select, update
 from sqlalchemy.orm import Session
 
-from model.analytical import evaluate
-from model.hardware import get_gpu
-from model.space import Schedule
-from model.trials import MeasureResult
-from model.wire import TaskCreate
-from model.workloads import AnyWorkload, parse_workload
-from service.db import Database
-from service.errors import ConflictError, InputError, NotFoundError
-from service.metrics import Metrics
-from service.orm import JobRow, LeaseRow, TaskRow, WorkloadRow
-from service.records import workload_row
-from service.settings import Settings
-from tuner.session import SessionError, TuningSession
+from pipetune.model.analytical import evaluate
+from pipetune.model.hardware import get_gpu
+from pipetune.model.space import Schedule
+from pipetune.model.trials import MeasureResult
+from pipetune.model.wire import TaskCreate
+from pipetune.model.workloads import AnyWorkload, parse_workload
+from pipetune.service.db import Database
+from pipetune.service.errors import ConflictError, InputError, NotFoundError
+from pipetune.service.metrics import Metrics
+from pipetune.service.orm import JobRow, LeaseRow, TaskRow, WorkloadRow
+from pipetune.service.records import workload_row
+from pipetune.service.settings import Settings
+from pipetune.tuner.session import SessionError, TuningSession
 
 log = logging.getLogger(__name__)
 

@@ -13,9 +13,9 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from sqlalchemy import exc as sa_exc
 
-from model.wire import ErrorItem, ValidationErrorBody
-from model.workloads import OPS, WorkloadError
-from service.db import is_unavailable, unavailable_reason
+from pipetune.model.wire import ErrorItem, ValidationErrorBody
+from pipetune.model.workloads import OPS, WorkloadError
+from pipetune.service.db import is_unavailable, unavailable_reason
 
 log = logging.getLogger(__name__)
 

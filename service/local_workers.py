@@ -16,7 +16,7 @@ import sys
 import time
 from pathlib import Path
 
-from model.hardware import gpu_keys
+from pipetune.model.hardware import gpu_keys
 
 RUNNERS = ("simulated", "replay", "cupy")
 # The environment variable `pipetune worker` reads its token from (its documented option).
@@ -35,7 +35,7 @@ def worker_command(
     name: str,
     dataset: Path | None = None,
 ) -> list[str]:
-    command = [sys.executable, "-m", "clients.cli", "worker", "--server", server]
+    command = [sys.executable, "-m", "pipetune.clients.cli", "worker", "--server", server]
     command += ["--runner", runner]
     if gpu is not None:
         command += ["--gpu", gpu]

@@ -8,7 +8,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from service.metrics import Metrics
+from pipetune.service.metrics import Metrics
 
 Scope = dict[str, Any]
 

@@ -15,7 +15,7 @@ from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
 from sqlalchemy import Engine, inspect
 
-from service.db import make_engine
+from pipetune.service.db import make_engine
 
 MIGRATIONS_DIR = Path(__file__).resolve().parent.parent / "migrations"
 
@@ -53,7 +53,7 @@ def downgrade(url: str, revision: str) -> None:
 
 def revision(message: str) -> None:
     """Autogenerate a new revision from the ORM (a developer tool; review the file)."""
-    from service.settings import Settings
+    from pipetune.service.settings import Settings
 
     command.revision(alembic_config(Settings().database_url), message, autogenerate=True)
 

@@ -26,7 +26,7 @@ from sqlalchemy import (
 )
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
-from service.db import UTCDateTime
+from pipetune.service.db import UTCDateTime
 
 ID_MAX = 2**31 - 1  # ids and counts are 32-bit integer columns
 

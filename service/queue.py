@@ -27,9 +27,9 @@ from fastapi.concurrency import run_in_threadpool
 from sqlalchemy import Connection, case, insert, literal, select, update
 from sqlalchemy.orm import Session
 
-from model.hardware import get_gpu
-from model.trials import MeasureResult
-from model.wire import (
+from pipetune.model.hardware import get_gpu
+from pipetune.model.trials import MeasureResult
+from pipetune.model.wire import (
     HeartbeatAck,
     JobLease,
     JobResult,
@@ -40,12 +40,12 @@ from model.wire import (
     WorkerDoc,
     WorkerRegister,
 )
-from service.db import Database
-from service.errors import ConflictError, ForbiddenError, InputError, NotFoundError
-from service.metrics import Metrics
-from service.orm import ID_MAX, JobRow, LeaseRow, TaskRow, WorkerRow, WorkloadRow
-from service.settings import Settings
-from service.views import worker_doc
+from pipetune.service.db import Database
+from pipetune.service.errors import ConflictError, ForbiddenError, InputError, NotFoundError
+from pipetune.service.metrics import Metrics
+from pipetune.service.orm import ID_MAX, JobRow, LeaseRow, TaskRow, WorkerRow, WorkloadRow
+from pipetune.service.settings import Settings
+from pipetune.service.views import worker_doc
 
 JOBS, LEASES, TASKS, WORKERS = (
     JobRow.__table__,

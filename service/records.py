@@ -10,11 +10,11 @@ from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.orm import Session
 
-from model.analytical import rank
-from model.hardware import get_gpu
-from model.space import Schedule
-from model.workloads import AnyWorkload, WorkloadError
-from service.orm import JobRow, ReferenceOptimumRow, WorkloadRow
+from pipetune.model.analytical import rank
+from pipetune.model.hardware import get_gpu
+from pipetune.model.space import Schedule
+from pipetune.model.workloads import AnyWorkload, WorkloadError
+from pipetune.service.orm import JobRow, ReferenceOptimumRow, WorkloadRow
 
 
 def workload_row(session: Session, workload: AnyWorkload) -> WorkloadRow:

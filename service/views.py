@@ -5,9 +5,9 @@ from __future__ import annotations
 from sqlalchemy import and_, select
 from sqlalchemy.orm import Session, aliased, defer
 
-from model.wire import BestTrial, ScheduleDoc, TaskDoc, TrialDoc, WorkerDoc
-from service.orm import JobRow, TaskRow, WorkerRow, WorkloadRow
-from service.records import tflops
+from pipetune.model.wire import BestTrial, ScheduleDoc, TaskDoc, TrialDoc, WorkerDoc
+from pipetune.service.orm import JobRow, TaskRow, WorkerRow, WorkloadRow
+from pipetune.service.records import tflops
 
 _BestJob = aliased(JobRow, name="best_job")
 

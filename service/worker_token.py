@@ -8,7 +8,7 @@ import os
 import secrets
 from pathlib import Path
 
-from service.settings import generated_token_path
+from pipetune.service.settings import generated_token_path
 
 
 def read_generated_token(path: Path | None = None) -> str | None:

@@ -8,7 +8,7 @@ import tempfile
 import pytest
 from hypothesis import settings
 
-from model.hardware import get_gpu
+from pipetune.model.hardware import get_gpu
 
 # The tests never touch the user's data directory (the embedded database, the worker token
 # `serve` generates): each run gets its own, which the processes the tests start inherit.

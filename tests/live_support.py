@@ -18,10 +18,10 @@ from pathlib import Path
 
 from sqlalchemy import create_engine, select
 
-from clients.local_service import LocalService, free_port
-from clients.sdk import Client
-from model.wire import TrialDoc, WorkerDoc
-from service.orm import JobRow, LeaseRow, TaskRow
+from pipetune.clients.local_service import LocalService, free_port
+from pipetune.clients.sdk import Client
+from pipetune.model.wire import TrialDoc, WorkerDoc
+from pipetune.service.orm import JobRow, LeaseRow, TaskRow
 
 TOKEN = "worker-token-for-tests"
 
@@ -53,7 +53,7 @@ def start_worker(
     env: dict[str, str] | None = None,
 ) -> subprocess.Popen[bytes]:
     """`pipetune worker` with JSON logs; `token=None` leaves it to the environment."""
-    command = [sys.executable, "-m", "clients.cli", "worker", "--server", server]
+    command = [sys.executable, "-m", "pipetune.clients.cli", "worker", "--server", server]
     if token is not None:
         command += ["--token", token]
     command += ["--heartbeat", "0.5", "--lease-wait", "1", "--json-logs"]

@@ -17,8 +17,8 @@ import pytest
 from service_support import PG_ADMIN_URL, TestClient, client_for, pg_reachable
 from sqlalchemy import create_engine, text
 
-from service.migrate import upgrade
-from service.orm import Base
+from pipetune.service.migrate import upgrade
+from pipetune.service.orm import Base
 
 
 @pytest.fixture(scope="session")

@@ -10,8 +10,8 @@ from typing import Any
 
 from sqlalchemy import create_engine
 
-from service.app import create_app
-from service.settings import Settings
+from pipetune.service.app import create_app
+from pipetune.service.settings import Settings
 
 with warnings.catch_warnings():
     # starlette's TestClient nags about httpx; the client is what FastAPI documents.

@@ -10,13 +10,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from model.analytical import evaluate
-from model.space import Space
-from model.workloads import gemm
-from tuner.bench import Dataset, bench, trial_throughputs
-from tuner.offline import RecordedSpace
-from tuner.peers import PEERS, write_kt_cache
-from tuner.recorded import RecordedConfigs
+from pipetune.model.analytical import evaluate
+from pipetune.model.space import Space
+from pipetune.model.workloads import gemm
+from pipetune.tuner.bench import Dataset, bench, trial_throughputs
+from pipetune.tuner.offline import RecordedSpace
+from pipetune.tuner.peers import PEERS, write_kt_cache
+from pipetune.tuner.recorded import RecordedConfigs
 
 SHARED = Path(__file__).resolve().parents[2] / "shared" / "datasets"
 KT_CACHE = SHARED / "convolution_A100.kt-cache.json.gz"

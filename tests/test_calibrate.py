@@ -8,8 +8,8 @@ import json
 
 import pytest
 
-from model.hardware import GPUSpec, get_gpu
-from workers.calibrate import (
+from pipetune.model.hardware import GPUSpec, get_gpu
+from pipetune.workers.calibrate import (
     CalibrationError,
     CalibrationUnavailableError,
     Chase,
@@ -22,7 +22,7 @@ from workers.calibrate import (
     validate_profile,
     write_profile,
 )
-from workers.calibrate.profile import MMA_FLOPS
+from pipetune.workers.calibrate.profile import MMA_FLOPS
 
 GiB = 1 << 30
 

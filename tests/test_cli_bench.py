@@ -8,13 +8,13 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from clients.cli.main import app
-from model.hardware import get_gpu
-from model.space import Space
-from model.workloads import gemm
-from workers.datasets import write_t4
-from workers.runners import make_runner
-from workers.runners.sweep import sweep
+from pipetune.clients.cli.main import app
+from pipetune.model.hardware import get_gpu
+from pipetune.model.space import Space
+from pipetune.model.workloads import gemm
+from pipetune.workers.datasets import write_t4
+from pipetune.workers.runners import make_runner
+from pipetune.workers.runners.sweep import sweep
 
 runner = CliRunner()
 KT_CACHE = (

@@ -7,9 +7,9 @@ from __future__ import annotations
 import pytest
 from typer.testing import CliRunner
 
-from clients.cli.main import app
-from clients.local_service import free_port
-from model.workloads import OPS
+from pipetune.clients.cli.main import app
+from pipetune.clients.local_service import free_port
+from pipetune.model.workloads import OPS
 
 runner = CliRunner()
 FC = ["--m", "1024", "--n", "64", "--k", "2048", "--gpu", "h100"]

@@ -14,12 +14,12 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from clients.cli.main import app
-from clients.local_service import LocalService
-from model.hardware import get_gpu
-from workers.daemon import EventLog, Worker, WorkerConfig
-from workers.daemon.gpu import describe_model_gpu
-from workers.runners import SimulatedRunner
+from pipetune.clients.cli.main import app
+from pipetune.clients.local_service import LocalService
+from pipetune.model.hardware import get_gpu
+from pipetune.workers.daemon import EventLog, Worker, WorkerConfig
+from pipetune.workers.daemon.gpu import describe_model_gpu
+from pipetune.workers.runners import SimulatedRunner
 
 TOKEN = "cli-worker-token"
 API_KEY = "cli-api-key"

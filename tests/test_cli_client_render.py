@@ -9,8 +9,8 @@ from pathlib import Path
 
 import numpy as np
 
-from clients.cli.client_cmds import milestones, sparkline
-from clients.png_chart import BLUE, Series, encode_png, line_chart, nice_ticks, write_png
+from pipetune.clients.cli.client_cmds import milestones, sparkline
+from pipetune.clients.png_chart import BLUE, Series, encode_png, line_chart, nice_ticks, write_png
 
 
 def _decode(data: bytes) -> np.ndarray:

@@ -7,11 +7,11 @@ from datetime import UTC, datetime
 
 import pytest
 
-from clients.tune_model import LayerResult, document, latency_kind, model_non_pipelined_us
-from model.networks import network
-from model.space import Schedule
-from model.wire import BestTrial, ScheduleDoc, TaskDoc, TrialDoc
-from model.workloads import Bmm, Conv2d, Gemm, WorkloadError
+from pipetune.clients.tune_model import LayerResult, document, latency_kind, model_non_pipelined_us
+from pipetune.model.networks import network
+from pipetune.model.space import Schedule
+from pipetune.model.wire import BestTrial, ScheduleDoc, TaskDoc, TrialDoc
+from pipetune.model.workloads import Bmm, Conv2d, Gemm, WorkloadError
 
 
 def test_bert_base_has_six_distinct_shapes_twelve_times_each():
@@ -109,10 +109,10 @@ def test_baseline_is_the_best_non_pipelined_trial_else_the_model():
 
 
 def test_the_model_baseline_is_the_best_non_pipelined_prediction():
-    from model.analytical import evaluate
-    from model.hardware import get_gpu
-    from model.pipelining import non_pipelined
-    from model.space import Space
+    from pipetune.model.analytical import evaluate
+    from pipetune.model.hardware import get_gpu
+    from pipetune.model.pipelining import non_pipelined
+    from pipetune.model.space import Space
 
     workload = network("bert-base", seq=128).layers[0].workload
     space = Space.enumerate(workload, get_gpu("h100"))

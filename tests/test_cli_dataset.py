@@ -8,8 +8,8 @@ import pytest
 from shared_datasets import HUB_CACHE, HUB_T4, needs_hub
 from typer.testing import CliRunner
 
-from clients.cli.dataset_cmds import dataset_app
-from workers.datasets import load_dataset
+from pipetune.clients.cli.dataset_cmds import dataset_app
+from pipetune.workers.datasets import load_dataset
 
 cli = CliRunner()
 BEST = {

@@ -8,8 +8,8 @@ import pytest
 import typer
 from typer.testing import CliRunner
 
-from clients.cli.kernel_cmds import kernel_app
-from workers.compile import clear_memory
+from pipetune.clients.cli.kernel_cmds import kernel_app
+from pipetune.workers.compile import clear_memory
 
 app = typer.Typer()
 app.add_typer(kernel_app, name="kernel")

@@ -8,7 +8,7 @@ import sys
 
 from typer.testing import CliRunner
 
-from clients.cli.main import app
+from pipetune.clients.cli.main import app
 
 runner = CliRunner()
 

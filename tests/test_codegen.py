@@ -7,11 +7,11 @@ import re
 import numpy as np
 import pytest
 
-from model.hardware import get_gpu
-from model.space import Schedule, Space
-from model.workloads import bmm, conv2d, conv3d, gemm
-from workers.codegen import SCALAR_ARGS, VARIANTS, generate, launch, variant_of
-from workers.codegen.sample import stratified_sample
+from pipetune.model.hardware import get_gpu
+from pipetune.model.space import Schedule, Space
+from pipetune.model.workloads import bmm, conv2d, conv3d, gemm
+from pipetune.workers.codegen import SCALAR_ARGS, VARIANTS, generate, launch, variant_of
+from pipetune.workers.codegen.sample import stratified_sample
 
 S = Schedule(2, 2, 2, 1, 2, 3, 2)
 

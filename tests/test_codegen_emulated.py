@@ -28,10 +28,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from model.space import Schedule
-from model.workloads import AnyWorkload, bmm, conv2d, conv3d, gemm
-from workers.codegen import generate, launch
-from workers.codegen.generator import source_parts
+from pipetune.model.space import Schedule
+from pipetune.model.workloads import AnyWorkload, bmm, conv2d, conv3d, gemm
+from pipetune.workers.codegen import generate, launch
+from pipetune.workers.codegen.generator import source_parts
 
 pytestmark = pytest.mark.skipif(shutil.which("g++") is None, reason="needs a host C++ compiler")
 

@@ -9,9 +9,9 @@ import itertools
 import numpy as np
 import pytest
 
-from model.space import KNOBS, Schedule
-from workers.codegen import layout
-from workers.codegen.layout import TileGeometry
+from pipetune.model.space import KNOBS, Schedule
+from pipetune.workers.codegen import layout
+from pipetune.workers.codegen.layout import TileGeometry
 
 CPRS = (2, 4, 8, 16, 32)  # 16-byte chunks per smem row: BK of 16..128, BN up to 256
 

@@ -1,12 +1,12 @@
-"""workers.compile: NVRTC to cubin without a GPU, the ptxas report, errors, the cache."""
+"""pipetune.workers.compile: NVRTC to cubin without a GPU, the ptxas report, errors, the cache."""
 
 from __future__ import annotations
 
 import pytest
 
-from model.space import Schedule
-from workers.codegen import generate
-from workers.compile import (
+from pipetune.model.space import Schedule
+from pipetune.workers.codegen import generate
+from pipetune.workers.compile import (
     CompileError,
     cache_dir,
     check_arch,
@@ -17,7 +17,11 @@ from workers.compile import (
     nvrtc_calls,
     nvrtc_version,
 )
-from workers.compile.ptxas_report import ReportMissingError, kernel_usage, parse_ptxas_report
+from pipetune.workers.compile.ptxas_report import (
+    ReportMissingError,
+    kernel_usage,
+    parse_ptxas_report,
+)
 
 SMALL = Schedule(1, 1, 1, 1, 1, 2, 1)
 

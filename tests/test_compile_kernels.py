@@ -9,12 +9,12 @@ from __future__ import annotations
 
 import pytest
 
-from model.hardware import get_gpu
-from model.space import Space
-from model.workloads import bmm, conv2d, conv3d, gemm
-from workers.codegen import generate
-from workers.codegen.sample import stratified_sample
-from workers.compile import CompileError, compile_many
+from pipetune.model.hardware import get_gpu
+from pipetune.model.space import Space
+from pipetune.model.workloads import bmm, conv2d, conv3d, gemm
+from pipetune.workers.codegen import generate
+from pipetune.workers.codegen.sample import stratified_sample
+from pipetune.workers.compile import CompileError, compile_many
 
 PER_PAIR = 24
 WORKLOADS = {

@@ -14,9 +14,9 @@ import typer.main
 import yaml
 from typer.testing import CliRunner
 
-from clients.cli.main import app
-from service.settings import Settings
-from workers.runners import TIME_SCALE_ENV
+from pipetune.clients.cli.main import app
+from pipetune.service.settings import Settings
+from pipetune.workers.runners import TIME_SCALE_ENV
 
 ROOT = Path(__file__).resolve().parent.parent
 COMPOSE = yaml.safe_load((ROOT / "docker-compose.yml").read_text())

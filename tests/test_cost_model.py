@@ -6,10 +6,10 @@ import numpy as np
 import pytest
 from scipy.stats import spearmanr
 
-from model.analytical import evaluate
-from model.cost_model import CostModel, measured_log_tflops, predicted_log_tflops
-from model.space import Space
-from model.workloads import bmm, gemm
+from pipetune.model.analytical import evaluate
+from pipetune.model.cost_model import CostModel, measured_log_tflops, predicted_log_tflops
+from pipetune.model.space import Space
+from pipetune.model.workloads import bmm, gemm
 
 
 @pytest.fixture(scope="module")

@@ -18,8 +18,8 @@ import pytest
 import uvicorn
 from service_support import GEMM, TOKEN, fake_latency, settings
 
-from service.app import create_app
-from service.migrate import upgrade
+from pipetune.service.app import create_app
+from pipetune.service.migrate import upgrade
 
 CHROMIUM = "/usr/bin/chromium"
 CHROMIUM_ARGS = [

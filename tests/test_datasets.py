@@ -10,11 +10,11 @@ import numpy as np
 import pytest
 from shared_datasets import HUB_CACHE, HUB_T4, needs_hub
 
-from model.hardware import get_gpu
-from model.space import Schedule, Space
-from model.trials import MeasureResult
-from model.workloads import gemm
-from workers.datasets import (
+from pipetune.model.hardware import get_gpu
+from pipetune.model.space import Schedule, Space
+from pipetune.model.trials import MeasureResult
+from pipetune.model.workloads import gemm
+from pipetune.workers.datasets import (
     Dataset,
     DatasetError,
     Record,

@@ -45,15 +45,15 @@ from shared_datasets import HUB_CACHE, HUB_T4, needs_hub
 from sqlalchemy import select
 from typer.testing import CliRunner
 
-from clients.cli.dataset_cmds import dataset_app
-from clients.cli.main import app
-from model.hardware import get_gpu
-from model.space import Space
-from model.trials import MeasureResult
-from model.workloads import gemm
-from service.db import Database
-from service.orm import ReferenceOptimumRow
-from workers.datasets import (
+from pipetune.clients.cli.dataset_cmds import dataset_app
+from pipetune.clients.cli.main import app
+from pipetune.model.hardware import get_gpu
+from pipetune.model.space import Space
+from pipetune.model.trials import MeasureResult
+from pipetune.model.workloads import gemm
+from pipetune.service.db import Database
+from pipetune.service.orm import ReferenceOptimumRow
+from pipetune.workers.datasets import (
     Dataset,
     DatasetError,
     Record,
@@ -66,7 +66,7 @@ from workers.datasets import (
     to_t4_document,
     write_t4,
 )
-from workers.datasets.records import INVALIDITIES
+from pipetune.workers.datasets.records import INVALIDITIES
 
 cli = CliRunner()
 # The longest reason (after "<path>: ") a message may give: one readable line.

@@ -1,5 +1,5 @@
 """End to end: `pipetune serve` on loopback and simulated workers as separate processes
-(`python -m clients.cli worker ...`, the real worker command) tune a GEMM.
+(`python -m pipetune.clients.cli worker ...`, the real worker command) tune a GEMM.
 
 These tests need the worker command; when it is missing they fail (they do not skip).
 """
@@ -21,11 +21,11 @@ import pytest
 from live_support import wait_until
 from sqlalchemy import create_engine, select
 
-from service.orm import JobRow, LeaseRow, WorkerRow
+from pipetune.service.orm import JobRow, LeaseRow, WorkerRow
 
 TOKEN = "e2e-worker-token"
 WORKLOAD = {"op": "gemm", "m": 1024, "n": 1024, "k": 1024, "dtype": "float16"}
-CLI = [sys.executable, "-m", "clients.cli"]
+CLI = [sys.executable, "-m", "pipetune.clients.cli"]
 
 
 def _free_port() -> int:
@@ -66,7 +66,7 @@ def _process(command: list[str], log: Path, env: dict[str, str]):
 
 
 def _worker_command_works() -> None:
-    from clients.cli.main import app
+    from pipetune.clients.cli.main import app
 
     commands = {c.name or getattr(c.callback, "__name__", "") for c in app.registered_commands}
     assert "worker" in commands, (

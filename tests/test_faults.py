@@ -35,11 +35,11 @@ from live_support import (
 )
 from pg_instance import PostgresInstance, PostgresUnavailableError
 
-from clients.sdk import Client
-from model.space import Schedule
-from model.workloads import parse_workload
-from service.migrate import upgrade
-from workers.runners.faults import FaultPlan
+from pipetune.clients.sdk import Client
+from pipetune.model.space import Schedule
+from pipetune.model.workloads import parse_workload
+from pipetune.service.migrate import upgrade
+from pipetune.workers.runners.faults import FaultPlan
 
 pytest_plugins = ["service_fixtures"]
 

@@ -6,8 +6,8 @@ import json
 
 import pytest
 
-from model import hardware
-from model.hardware import HardwareError, get_gpu, gpu_keys
+from pipetune.model import hardware
+from pipetune.model.hardware import HardwareError, get_gpu, gpu_keys
 
 
 def test_registry_covers_the_product_gpus():

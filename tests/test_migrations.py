@@ -15,9 +15,9 @@ from alembic.runtime.migration import MigrationContext
 from service_support import PG_ADMIN_URL, settings
 from sqlalchemy import create_engine, inspect, text
 
-from service.app import create_app
-from service.db import make_engine
-from service.migrate import (
+from pipetune.service.app import create_app
+from pipetune.service.db import make_engine
+from pipetune.service.migrate import (
     SchemaError,
     check_schema,
     current_revision,
@@ -25,7 +25,7 @@ from service.migrate import (
     head_revision,
     upgrade,
 )
-from service.orm import Base
+from pipetune.service.orm import Base
 
 pytest_plugins = ["service_fixtures"]
 
@@ -105,7 +105,7 @@ def test_serve_on_an_outdated_schema_exits_1_naming_db_upgrade(tmp_path):
     upgrade(url)
     downgrade(url, "base")
     result = subprocess.run(
-        [sys.executable, "-m", "clients.cli", "serve", "--db", url, "--port", "0"],
+        [sys.executable, "-m", "pipetune.clients.cli", "serve", "--db", url, "--port", "0"],
         capture_output=True,
         text=True,
         timeout=60,

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import numpy as np
 
-from model import roofline
-from model.analytical import evaluate
-from model.operators import ALCOP
-from model.pipelining import pipelining_gain
-from model.space import Space
+from pipetune.model import roofline
+from pipetune.model.analytical import evaluate
+from pipetune.model.operators import ALCOP
+from pipetune.model.pipelining import pipelining_gain
+from pipetune.model.space import Space
 
 
 def _gain(name, gpu):

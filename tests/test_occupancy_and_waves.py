@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from model.analytical import evaluate
-from model.space import Schedule, Space, blocks_per_sm
-from model.workloads import gemm
+from pipetune.model.analytical import evaluate
+from pipetune.model.space import Schedule, Space, blocks_per_sm
+from pipetune.model.workloads import gemm
 
 
 def test_occupancy_limited_by_smem(h100):

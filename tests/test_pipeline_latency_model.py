@@ -7,9 +7,9 @@ import itertools
 import numpy as np
 import pytest
 
-from model.analytical import evaluate, pipeline_latency
-from model.space import Space
-from model.workloads import bmm, conv2d, gemm
+from pipetune.model.analytical import evaluate, pipeline_latency
+from pipetune.model.space import Space
+from pipetune.model.workloads import bmm, conv2d, gemm
 
 
 def test_switches_to_load_bound_exactly_past_table1_threshold():

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import numpy as np
 
-from model.hardware import get_gpu
-from model.space import Space
-from model.workloads import gemm
-from workers.codegen import generate
-from workers.codegen.sample import stratified_sample
-from workers.compile import compile_many
+from pipetune.model.hardware import get_gpu
+from pipetune.model.space import Space
+from pipetune.model.workloads import gemm
+from pipetune.workers.codegen import generate
+from pipetune.workers.codegen.sample import stratified_sample
+from pipetune.workers.compile import compile_many
 
 
 def test_predicted_registers_beat_the_allowance_on_ptxas_counts():

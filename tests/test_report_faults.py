@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 from service_support import client_for, create_task, lease, ok, post_result, register, service_of
 from sqlalchemy import func, select, update
 
-from service.orm import JobRow, LeaseRow
+from pipetune.service.orm import JobRow, LeaseRow
 
 pytest_plugins = ["service_fixtures"]
 

@@ -5,14 +5,14 @@ from __future__ import annotations
 
 import pytest
 
-from model.space import Schedule
-from workers.runners.base import RunnerUnavailableError
+from pipetune.model.space import Schedule
+from pipetune.workers.runners.base import RunnerUnavailableError
 
 pytest.importorskip("cuda.bindings.nvrtc", reason="NVRTC (cuda-bindings) is not installed")
 try:
-    from workers.runners.builds import KernelBuilds
+    from pipetune.workers.runners.builds import KernelBuilds
 except RunnerUnavailableError:  # pragma: no cover - no kernel generator in this checkout
-    pytest.skip("workers.codegen is not available", allow_module_level=True)
+    pytest.skip("pipetune.workers.codegen is not available", allow_module_level=True)
 
 SCHEDULES = [Schedule(2, 2, 2, 2, 2, 3, 2), Schedule(1, 1, 1, 1, 1, 1, 1)]
 
@@ -56,8 +56,8 @@ def test_a_generator_refusal_is_that_schedule_s_compile_error(builds):
 @pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
 def test_the_calibration_kernels_compile(arch, tmp_path, monkeypatch):
     monkeypatch.setenv("PIPETUNE_CACHE_DIR", str(tmp_path / "cache"))
-    compiler = pytest.importorskip("workers.compile")
-    from workers.calibrate.microbench import SOURCE
+    compiler = pytest.importorskip("pipetune.workers.compile")
+    from pipetune.workers.calibrate.microbench import SOURCE
 
     (result,) = compiler.compile_many([SOURCE], arch)
     assert result.cubin[:4] == b"\x7fELF"

@@ -10,12 +10,12 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from model.workloads import bmm, conv2d, conv3d, gemm
-from workers.runners import RunnerUnavailableError, make_runner
-from workers.runners import reference as ref_module
-from workers.runners.cupy_runner import Compiled, compile_failure, trial_result
-from workers.runners.isolation import CallOutcome
-from workers.runners.reference import check, make_inputs, operand_shapes, reference
+from pipetune.model.workloads import bmm, conv2d, conv3d, gemm
+from pipetune.workers.runners import RunnerUnavailableError, make_runner
+from pipetune.workers.runners import reference as ref_module
+from pipetune.workers.runners.cupy_runner import Compiled, compile_failure, trial_result
+from pipetune.workers.runners.isolation import CallOutcome
+from pipetune.workers.runners.reference import check, make_inputs, operand_shapes, reference
 
 
 def direct_conv(x: np.ndarray, w: np.ndarray, stride: int, pad: int) -> np.ndarray:

@@ -9,11 +9,11 @@ from collections import Counter
 import pytest
 from typer.testing import CliRunner
 
-from clients.cli.main import app
-from model.space import Space
-from model.workloads import gemm
-from workers.runners import SimulatedRunner
-from workers.runners.faults import FaultPlan
+from pipetune.clients.cli.main import app
+from pipetune.model.space import Space
+from pipetune.model.workloads import gemm
+from pipetune.workers.runners import SimulatedRunner
+from pipetune.workers.runners.faults import FaultPlan
 
 WORKLOAD = gemm(1024, 64, 2048)
 

@@ -11,12 +11,12 @@ import math
 import numpy as np
 import pytest
 
-from model.hardware import get_gpu
-from model.space import Space
-from model.trials import MeasureResult
-from model.workloads import gemm
-from workers.datasets import dataset_from_results
-from workers.runners import Runner, RunnerClosedError, make_runner
+from pipetune.model.hardware import get_gpu
+from pipetune.model.space import Space
+from pipetune.model.trials import MeasureResult
+from pipetune.model.workloads import gemm
+from pipetune.workers.datasets import dataset_from_results
+from pipetune.workers.runners import Runner, RunnerClosedError, make_runner
 
 WORKLOAD = gemm(256, 128, 64)
 GPU = get_gpu("h100", calibrated=False)

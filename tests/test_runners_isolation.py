@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from workers.runners.isolation import IsolatedWorker, WorkerStartError, describe_exit
+from pipetune.workers.runners.isolation import IsolatedWorker, WorkerStartError, describe_exit
 
 # The functions the child runs (module level: the spawn child imports them by name).
 

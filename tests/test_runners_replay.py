@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import pytest
 
-from model.hardware import get_gpu
-from model.space import Schedule, Space
-from model.trials import MeasureResult
-from model.workloads import bmm, gemm
-from workers.datasets import Dataset, Record, dataset_from_results, write_t4
-from workers.datasets.records import DatasetError
-from workers.runners import (
+from pipetune.model.hardware import get_gpu
+from pipetune.model.space import Schedule, Space
+from pipetune.model.trials import MeasureResult
+from pipetune.model.workloads import bmm, gemm
+from pipetune.workers.datasets import Dataset, Record, dataset_from_results, write_t4
+from pipetune.workers.datasets.records import DatasetError
+from pipetune.workers.runners import (
     DatasetMismatchError,
     ReplayRunner,
     RunnerError,

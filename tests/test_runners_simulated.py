@@ -7,12 +7,12 @@ import time
 import numpy as np
 import pytest
 
-from model.analytical import evaluate
-from model.hardware import get_gpu
-from model.space import Schedule, Space
-from model.workloads import gemm
-from workers.runners import RunnerError, SimulatedRunner, make_runner
-from workers.runners.simulated import TIME_SCALE_ENV
+from pipetune.model.analytical import evaluate
+from pipetune.model.hardware import get_gpu
+from pipetune.model.space import Schedule, Space
+from pipetune.model.workloads import gemm
+from pipetune.workers.runners import RunnerError, SimulatedRunner, make_runner
+from pipetune.workers.runners.simulated import TIME_SCALE_ENV
 
 WORKLOAD = gemm(256, 128, 64)
 GPU = get_gpu("h100", calibrated=False)

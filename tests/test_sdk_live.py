@@ -10,7 +10,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from clients import (
+from pipetune.clients import (
     AuthError,
     Client,
     ConflictError,
@@ -19,13 +19,13 @@ from clients import (
     ServiceUnavailableError,
     WaitTimeoutError,
 )
-from clients.local_service import LocalService, free_port
-from model.hardware import get_gpu
-from model.wire import AggregateCurves, TaskDoc, TuneOptions
-from model.workloads import gemm
-from workers.daemon import EventLog, Worker, WorkerConfig
-from workers.daemon.gpu import describe_model_gpu
-from workers.runners import SimulatedRunner
+from pipetune.clients.local_service import LocalService, free_port
+from pipetune.model.hardware import get_gpu
+from pipetune.model.wire import AggregateCurves, TaskDoc, TuneOptions
+from pipetune.model.workloads import gemm
+from pipetune.workers.daemon import EventLog, Worker, WorkerConfig
+from pipetune.workers.daemon.gpu import describe_model_gpu
+from pipetune.workers.runners import SimulatedRunner
 
 TOKEN = "sdk-worker-token"
 API_KEY = "sdk-api-key"

@@ -22,8 +22,8 @@ from live_support import start_service, start_worker, stop
 from service_support import GEMM, client_for, register, settings
 from sqlalchemy import exc as sa_exc
 
-from clients.sdk import Client
-from service.settings import Settings
+from pipetune.clients.sdk import Client
+from pipetune.service.settings import Settings
 
 pytest_plugins = ["service_fixtures"]
 
@@ -192,7 +192,7 @@ def test_secrets_stay_out_of_logs_responses_command_lines_and_the_database(tmp_p
 def test_a_database_outage_is_a_503_and_a_database_bug_a_500(db_url, error, status):
     from fastapi.testclient import TestClient
 
-    from service.app import create_app
+    from pipetune.service.app import create_app
 
     app = create_app(settings(db_url))
     service = app.state.service
@@ -219,8 +219,8 @@ def test_a_database_outage_is_a_503_and_a_database_bug_a_500(db_url, error, stat
 def test_a_worker_on_the_serving_machine_finds_the_generated_token(tmp_path: Path):
     from typer.testing import CliRunner
 
-    from clients.cli.main import app
-    from service.worker_token import generated_worker_token
+    from pipetune.clients.cli.main import app
+    from pipetune.service.worker_token import generated_worker_token
 
     env = {"XDG_DATA_HOME": str(tmp_path), "PIPETUNE_WORKER_TOKEN": ""}
     command = ["worker", "--server", "http://127.0.0.1:9", "--runner", "simulated"]

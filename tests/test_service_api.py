@@ -20,9 +20,9 @@ from service_support import (
     service_of,
 )
 
-from model.analytical import rank
-from model.hardware import get_gpu
-from model.workloads import parse_workload
+from pipetune.model.analytical import rank
+from pipetune.model.hardware import get_gpu
+from pipetune.model.workloads import parse_workload
 
 pytest_plugins = ["service_fixtures"]
 
@@ -181,8 +181,8 @@ def test_aggregate_curves_per_strategy(client):
 
 
 def test_aggregate_normalises_to_an_imported_exhaustive_optimum(client):
-    from model.workloads import parse_workload as parse
-    from service.records import set_reference_optimum
+    from pipetune.model.workloads import parse_workload as parse
+    from pipetune.service.records import set_reference_optimum
 
     worker = register(client)
     task_id = create_task(client, budget=8, strategy="grid")["id"]

@@ -11,17 +11,17 @@ import time
 from sqlalchemy import select
 from typer.testing import CliRunner
 
-from clients.cli.main import app
-from model.analytical import evaluate
-from model.hardware import get_gpu
-from model.space import Space
-from model.trials import MeasureResult
-from model.workloads import parse_workload
-from service.db import Database
-from service.local_workers import assign_gpus, stop_workers, worker_command
-from service.migrate import head_revision
-from service.orm import ReferenceOptimumRow, WorkloadRow
-from workers.datasets import dataset_from_results, write_t4
+from pipetune.clients.cli.main import app
+from pipetune.model.analytical import evaluate
+from pipetune.model.hardware import get_gpu
+from pipetune.model.space import Space
+from pipetune.model.trials import MeasureResult
+from pipetune.model.workloads import parse_workload
+from pipetune.service.db import Database
+from pipetune.service.local_workers import assign_gpus, stop_workers, worker_command
+from pipetune.service.migrate import head_revision
+from pipetune.service.orm import ReferenceOptimumRow, WorkloadRow
+from pipetune.workers.datasets import dataset_from_results, write_t4
 
 runner = CliRunner()
 
@@ -81,7 +81,7 @@ def test_local_workers_cover_every_gpu_of_the_registry():
     assert assign_gpus(5) == ["a100", "h100", "h200", "a100", "h100"]
     assert assign_gpus(1) == ["a100"]
     command = worker_command("http://127.0.0.1:9", "simulated", "h100", "local-0")
-    assert command[:4] == [sys.executable, "-m", "clients.cli", "worker"]
+    assert command[:4] == [sys.executable, "-m", "pipetune.clients.cli", "worker"]
     pairs = dict(zip(command[4::2], command[5::2], strict=True))
     # No --token: the token travels in the environment, out of sight of `ps`.
     assert pairs == {

@@ -22,15 +22,15 @@ from service_support import (
 )
 from sqlalchemy import func, select, update
 
-from model.hardware import get_gpu
-from model.space import Schedule
-from model.trials import MeasureResult
-from model.wire import JobResult
-from model.workloads import parse_workload
-from service.orm import JobRow, TaskRow
-from service.queue import WorkerRef
-from service.settings import token_hash
-from tuner.session import TuningSession
+from pipetune.model.hardware import get_gpu
+from pipetune.model.space import Schedule
+from pipetune.model.trials import MeasureResult
+from pipetune.model.wire import JobResult
+from pipetune.model.workloads import parse_workload
+from pipetune.service.orm import JobRow, TaskRow
+from pipetune.service.queue import WorkerRef
+from pipetune.service.settings import token_hash
+from pipetune.tuner.session import TuningSession
 
 pytest_plugins = ["service_fixtures"]
 
@@ -220,7 +220,7 @@ def test_a_replica_that_loses_the_race_to_advance_logs_no_error(db_url, caplog):
             return None  # and this replica holds no live session: it must replay
 
         first._take_live = the_other_replica_advances_first  # type: ignore[method-assign]
-        with caplog.at_level("ERROR", logger="service.driver"):
+        with caplog.at_level("ERROR", logger="pipetune.service.driver"):
             assert first.advance(task_id) is False  # lost the compare-and-set, quietly
         assert not [r for r in caplog.records if r.levelname == "ERROR"]
         doc = a.get(f"/v1/tasks/{task_id}").json()

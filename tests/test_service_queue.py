@@ -23,10 +23,10 @@ from service_support import (
 )
 from sqlalchemy import func, select
 
-from model.wire import JobResult
-from service.orm import JobRow, LeaseRow
-from service.queue import WorkerRef
-from service.settings import token_hash
+from pipetune.model.wire import JobResult
+from pipetune.service.orm import JobRow, LeaseRow
+from pipetune.service.queue import WorkerRef
+from pipetune.service.settings import token_hash
 
 pytest_plugins = ["service_fixtures"]
 

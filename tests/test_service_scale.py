@@ -10,10 +10,10 @@ import pytest
 from service_support import WORKER_HEADERS, client_for, register
 from sqlalchemy import text
 
-from model.hardware import get_gpu
-from model.space import Space
-from model.workloads import parse_workload
-from service.orm import JobRow, TaskRow, WorkloadRow
+from pipetune.model.hardware import get_gpu
+from pipetune.model.space import Space
+from pipetune.model.workloads import parse_workload
+from pipetune.service.orm import JobRow, TaskRow, WorkloadRow
 
 pytest_plugins = ["service_fixtures"]
 

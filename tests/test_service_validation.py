@@ -15,8 +15,8 @@ from service_support import (
 )
 from sqlalchemy import func, select
 
-from service.driver import Driver
-from service.orm import Base
+from pipetune.service.driver import Driver
+from pipetune.service.orm import Base
 
 pytest_plugins = ["service_fixtures"]
 JSON_WORKER = {**WORKER_HEADERS, "Content-Type": "application/json"}

@@ -5,9 +5,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from model.hardware import get_gpu, gpu_keys
-from model.operators import ALCOP
-from model.space import (
+from pipetune.model.hardware import get_gpu, gpu_keys
+from pipetune.model.operators import ALCOP
+from pipetune.model.space import (
     FEATURE_NAMES,
     KNOBS,
     Schedule,
@@ -15,7 +15,7 @@ from model.space import (
     Space,
     schedule_problems,
 )
-from model.workloads import gemm
+from pipetune.model.workloads import gemm
 
 
 def test_full_grid_size_and_valid_subset(h100):

@@ -10,13 +10,13 @@ import pytest
 import typer
 from typer.testing import CliRunner
 
-from clients.cli.sweep_cmds import calibrate, sweep_app
-from model.hardware import get_gpu
-from model.operators import ALCOP
-from model.space import Schedule
-from model.workloads import gemm
-from workers.datasets import load_dataset
-from workers.runners import make_runner
+from pipetune.clients.cli.sweep_cmds import calibrate, sweep_app
+from pipetune.model.hardware import get_gpu
+from pipetune.model.operators import ALCOP
+from pipetune.model.space import Schedule
+from pipetune.model.workloads import gemm
+from pipetune.workers.datasets import load_dataset
+from pipetune.workers.runners import make_runner
 
 cli = CliRunner()
 GEMM = ["gemm", "--m", "256", "--n", "128", "--k", "64"]

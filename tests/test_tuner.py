@@ -8,16 +8,16 @@ import math
 import numpy as np
 import pytest
 
-from model.analytical import evaluate
-from model.hardware import get_gpu
-from model.space import Space
-from model.trials import MeasureResult
-from model.workloads import gemm
-from tuner.metrics import best_in_k, p_score, random_search_expectation
-from tuner.offline import RecordedSpace, run_offline
-from tuner.sa import KnobCodec, SimulatedAnnealing
-from tuner.session import SessionError, TuningSession
-from tuner.strategies import STRATEGIES
+from pipetune.model.analytical import evaluate
+from pipetune.model.hardware import get_gpu
+from pipetune.model.space import Space
+from pipetune.model.trials import MeasureResult
+from pipetune.model.workloads import gemm
+from pipetune.tuner.metrics import best_in_k, p_score, random_search_expectation
+from pipetune.tuner.offline import RecordedSpace, run_offline
+from pipetune.tuner.sa import KnobCodec, SimulatedAnnealing
+from pipetune.tuner.session import SessionError, TuningSession
+from pipetune.tuner.strategies import STRATEGIES
 
 WORKLOAD = gemm(1024, 768, 3072)
 

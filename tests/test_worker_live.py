@@ -2,7 +2,7 @@
 process): registration, leases, results, heartbeats, SIGTERM drain, a service restart in
 the middle of a task, a replay worker, and its startup failures.
 
-Every worker here is a real `python -m clients.cli worker` process, as deployments run it.
+Every worker here is a real `python -m pipetune.clients.cli worker` process, as deployments run it.
 """
 
 from __future__ import annotations
@@ -24,15 +24,15 @@ from live_support import (
     worker_named,
 )
 
-from clients.local_service import LocalService
-from clients.sdk import Client
-from model.hardware import get_gpu
-from model.space import Schedule, Space
-from model.wire import WorkerDoc
-from model.workloads import gemm
-from workers.datasets import write_t4
-from workers.runners import SimulatedRunner
-from workers.runners.sweep import sweep
+from pipetune.clients.local_service import LocalService
+from pipetune.clients.sdk import Client
+from pipetune.model.hardware import get_gpu
+from pipetune.model.space import Schedule, Space
+from pipetune.model.wire import WorkerDoc
+from pipetune.model.workloads import gemm
+from pipetune.workers.datasets import write_t4
+from pipetune.workers.runners import SimulatedRunner
+from pipetune.workers.runners.sweep import sweep
 
 RN50_FC = {"op": "gemm", "m": 1024, "n": 64, "k": 2048}
 SMALL = {"op": "gemm", "m": 64, "n": 64, "k": 64}

@@ -11,10 +11,10 @@ from pathlib import Path
 
 import pytest
 
-from clients.sdk import NotFoundError, ServerError, ServiceUnavailableError
-from workers.daemon import DetectionError, EventLog, WorkerConfig, open_runner
-from workers.daemon.gpu import describe_model_gpu, detect_cupy
-from workers.daemon.reporting import call_with_retries
+from pipetune.clients.sdk import NotFoundError, ServerError, ServiceUnavailableError
+from pipetune.workers.daemon import DetectionError, EventLog, WorkerConfig, open_runner
+from pipetune.workers.daemon.gpu import describe_model_gpu, detect_cupy
+from pipetune.workers.daemon.reporting import call_with_retries
 
 
 def config(**kw) -> WorkerConfig:  # type: ignore[no-untyped-def]

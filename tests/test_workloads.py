@@ -6,7 +6,7 @@ import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from model.workloads import WorkloadError, bmm, conv2d, conv3d, gemm, parse_workload
+from pipetune.model.workloads import WorkloadError, bmm, conv2d, conv3d, gemm, parse_workload
 
 
 def test_gemm_view_flops_and_bytes():

@@ -13,11 +13,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from tuner.metrics import geomean, p_score, random_search_expectation
-from tuner.offline import RecordedSpace, run_offline
-from tuner.peers import PEERS, run_peer
-from tuner.recorded import ForeignSpace, RecordedConfigs
-from tuner.strategies import Observation, Strategy, make_strategy
+from pipetune.tuner.metrics import geomean, p_score, random_search_expectation
+from pipetune.tuner.offline import RecordedSpace, run_offline
+from pipetune.tuner.peers import PEERS, run_peer
+from pipetune.tuner.recorded import ForeignSpace, RecordedConfigs
+from pipetune.tuner.strategies import Observation, Strategy, make_strategy
 
 # Strategies that need nothing but the knobs: the ones that can search a foreign space.
 KNOB_ONLY = ("grid", "random", "xgb")

@@ -7,9 +7,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from model.space import Space
-from model.trials import MeasureResult
-from tuner.session import TuningSession
+from pipetune.model.space import Space
+from pipetune.model.trials import MeasureResult
+from pipetune.tuner.session import TuningSession
 
 
 def throughput_of(latency) -> np.ndarray:

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 if TYPE_CHECKING:  # annotations only: keeps `PEERS` cheap to import for the CLI
-    from tuner.recorded import RecordedConfigs
+    from pipetune.tuner.recorded import RecordedConfigs
 
 KT_STRATEGIES = {
     "kt_simulated_annealing": ("simulated_annealing", {"T": 1.0}),

@@ -13,9 +13,9 @@ from typing import Any
 
 import numpy as np
 
-from model.space import KNOB_NAMES, KNOBS
-from tuner.offline import RecordedSpace, throughput_of
-from tuner.sa import KnobCodec
+from pipetune.model.space import KNOB_NAMES, KNOBS
+from pipetune.tuner.offline import RecordedSpace, throughput_of
+from pipetune.tuner.sa import KnobCodec
 
 
 @dataclass(frozen=True)

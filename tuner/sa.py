@@ -18,7 +18,7 @@ from typing import Any
 
 import numpy as np
 
-from model.space import KNOB_NAMES, KNOBS, Space
+from pipetune.model.space import KNOB_NAMES, KNOBS, Space
 
 
 class KnobCodec:

@@ -9,11 +9,11 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from model.hardware import GPUSpec
-from model.space import Schedule, Space
-from model.trials import MeasureResult
-from model.workloads import AnyWorkload
-from tuner.strategies import DEFAULT_STRATEGY, Observation, make_strategy
+from pipetune.model.hardware import GPUSpec
+from pipetune.model.space import Schedule, Space
+from pipetune.model.trials import MeasureResult
+from pipetune.model.workloads import AnyWorkload
+from pipetune.tuner.strategies import DEFAULT_STRATEGY, Observation, make_strategy
 
 
 class SessionError(ValueError):

@@ -13,11 +13,11 @@ from typing import get_args
 
 import numpy as np
 
-from model.analytical import evaluate
-from model.cost_model import CostModel
-from model.space import Space
-from model.wire import StrategyName
-from tuner.sa import SimulatedAnnealing, codec_for
+from pipetune.model.analytical import evaluate
+from pipetune.model.cost_model import CostModel
+from pipetune.model.space import Space
+from pipetune.model.wire import StrategyName
+from pipetune.tuner.sa import SimulatedAnnealing, codec_for
 
 STRATEGIES: tuple[str, ...] = get_args(StrategyName)  # one list: the API's strategy names
 DEFAULT_STRATEGY = "analytical+xgb"

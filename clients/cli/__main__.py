@@ -1,5 +1,5 @@
-"""`python -m clients.cli ...` runs the `pipetune` command (used to spawn local workers)."""
+"""`python -m pipetune.clients.cli ...` runs the `pipetune` command (spawns local workers)."""
 
-from clients.cli.main import run
+from pipetune.clients.cli.main import run
 
 run()

@@ -8,13 +8,13 @@ from typing import TYPE_CHECKING, get_args
 import typer
 from rich.table import Table
 
-from clients.cli.errors import CliError, reported
-from clients.cli.output import console, print_json
-from model.wire import StrategyName
-from tuner.peers import PEERS
+from pipetune.clients.cli.errors import CliError, reported
+from pipetune.clients.cli.output import console, print_json
+from pipetune.model.wire import StrategyName
+from pipetune.tuner.peers import PEERS
 
 if TYPE_CHECKING:
-    from tuner.bench import Dataset
+    from pipetune.tuner.bench import Dataset
 
 # The tuner (XGBoost, SciPy) and the dataset readers load only when a benchmark runs, so
 # every other `pipetune` command starts without them.
@@ -31,12 +31,12 @@ def recorded_dataset(path: Path) -> Dataset:
     foreign recorded space (Kernel Tuner cache, T4 of another kernel) by its knobs."""
     import numpy as np
 
-    from model.hardware import get_gpu
-    from model.space import Schedule, Space
-    from tuner.bench import Dataset
-    from tuner.offline import RecordedSpace
-    from tuner.recorded import RecordedConfigs
-    from workers.datasets import DatasetError, check_pipetune, load_dataset
+    from pipetune.model.hardware import get_gpu
+    from pipetune.model.space import Schedule, Space
+    from pipetune.tuner.bench import Dataset
+    from pipetune.tuner.offline import RecordedSpace
+    from pipetune.tuner.recorded import RecordedConfigs
+    from pipetune.workers.datasets import DatasetError, check_pipetune, load_dataset
 
     ds = load_dataset(path)
     name = path.name.split(".")[0]
@@ -100,8 +100,8 @@ def tuner(
     as_json: bool = typer.Option(False, "--json"),
 ) -> None:
     """Best-in-k-trials of each strategy, normalised to each dataset's exhaustive best."""
-    from tuner.bench import KNOB_ONLY, bench
-    from workers.datasets import DatasetError
+    from pipetune.tuner.bench import KNOB_ONLY, bench
+    from pipetune.workers.datasets import DatasetError
 
     files = [*(dataset or []), *(paths or [])]
     if not files:

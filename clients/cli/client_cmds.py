@@ -23,20 +23,20 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from clients.cli.errors import CliError, reported
-from clients.cli.output import console, print_json
-from clients.cli.remote import (
+from pipetune.clients.cli.errors import CliError, reported
+from pipetune.clients.cli.output import console, print_json
+from pipetune.clients.cli.remote import (
     api_key_option,
     client,
     connection_parameters,
     server_option,
     service_errors,
 )
-from clients.cli.workload_options import add_workload_commands, option
-from model.hardware import gpu_keys, resolve_gpu_key
-from model.space import Schedule
-from model.wire import MAX_BUDGET, Curve, ScheduleDoc, StrategyName, TaskDoc
-from model.workloads import parse_workload
+from pipetune.clients.cli.workload_options import add_workload_commands, option
+from pipetune.model.hardware import gpu_keys, resolve_gpu_key
+from pipetune.model.space import Schedule
+from pipetune.model.wire import MAX_BUDGET, Curve, ScheduleDoc, StrategyName, TaskDoc
+from pipetune.model.workloads import parse_workload
 
 STRATEGIES: tuple[str, ...] = typing.get_args(StrategyName)
 DEFAULT_STRATEGY = "analytical+xgb"
@@ -325,7 +325,7 @@ def _curve_title(task: TaskDoc) -> str:
 
 
 def write_curve_png(path: Path, task: TaskDoc, curve: Curve) -> None:
-    from clients.png_chart import Series, line_chart, write_png
+    from pipetune.clients.png_chart import Series, line_chart, write_png
 
     points = [(p.trial + 1, p.best_tflops) for p in curve.points if p.best_tflops is not None]
     xs = [x for x, _ in points]
@@ -417,8 +417,8 @@ def tune_model(
 ) -> None:
     """Tune every distinct GEMM/BMM/Conv2D of a network; report each layer's tuned latency
     against the best non-pipelined one and the end-to-end speedup (ALCOP Table 3's view)."""
-    from clients import tune_model as tm
-    from model.networks import network as build_network
+    from pipetune.clients import tune_model as tm
+    from pipetune.model.networks import network as build_network
 
     gpu = _check_gpu(gpu)
     _check_tuning(budget, strategy)

@@ -9,9 +9,9 @@ from typing import Any
 import typer
 from rich.table import Table
 
-from clients.cli.errors import CliError, reported
-from clients.cli.output import console, print_json
-from workers.datasets import Dataset, DatasetError, load_dataset, summary, write_t4
+from pipetune.clients.cli.errors import CliError, reported
+from pipetune.clients.cli.output import console, print_json
+from pipetune.workers.datasets import Dataset, DatasetError, load_dataset, summary, write_t4
 
 dataset_app = typer.Typer(help="Recorded search spaces: T4 results files, Kernel Tuner caches.")
 

@@ -15,9 +15,9 @@ from typing import Any, NoReturn
 
 import typer
 
-from model.hardware import HardwareError
-from model.space import ScheduleError
-from model.workloads import WorkloadError
+from pipetune.model.hardware import HardwareError
+from pipetune.model.space import ScheduleError
+from pipetune.model.workloads import WorkloadError
 
 USAGE_ERRORS: tuple[type[Exception], ...] = (WorkloadError, HardwareError, ScheduleError)
 

@@ -9,14 +9,14 @@ from typing import Any
 import typer
 from rich.table import Table
 
-from clients.cli.errors import CliError
-from clients.cli.output import console, print_json
-from clients.cli.workload_options import add_workload_commands, option
-from model.hardware import get_gpu, gpu_keys
-from model.space import Schedule, Space, schedule_problems
-from model.workloads import parse_workload
-from workers.codegen import generate
-from workers.codegen.sample import stratified_sample
+from pipetune.clients.cli.errors import CliError
+from pipetune.clients.cli.output import console, print_json
+from pipetune.clients.cli.workload_options import add_workload_commands, option
+from pipetune.model.hardware import get_gpu, gpu_keys
+from pipetune.model.space import Schedule, Space, schedule_problems
+from pipetune.model.workloads import parse_workload
+from pipetune.workers.codegen import generate
+from pipetune.workers.codegen.sample import stratified_sample
 
 kernel_app = typer.Typer(help="The CUDA kernels: source and NVRTC compilation (no GPU needed).")
 source_app = typer.Typer(help="Print the CUDA C++ source of one schedule.")
@@ -66,7 +66,7 @@ def compile_document(
     workload_data: dict, arch: str | None, sample: int, seed: int, gpu: str, workers: int | None
 ) -> dict[str, Any]:
     # Imported here: NVRTC loads only for the commands that compile.
-    from workers.compile import CompileError, check_arch, compile_many
+    from pipetune.workers.compile import CompileError, check_arch, compile_many
 
     if sample < 1:
         raise CliError("--sample: must be at least 1", code=2)

@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import typer
 
-from clients.cli import client_cmds, service_cmds, worker_cmds
-from clients.cli.bench_cmds import bench_app
-from clients.cli.dataset_cmds import dataset_app
-from clients.cli.kernel_cmds import kernel_app
-from clients.cli.model_cmds import model_app
-from clients.cli.sweep_cmds import calibrate, sweep_app
+import pipetune
+from pipetune.clients.cli import client_cmds, service_cmds, worker_cmds
+from pipetune.clients.cli.bench_cmds import bench_app
+from pipetune.clients.cli.dataset_cmds import dataset_app
+from pipetune.clients.cli.kernel_cmds import kernel_app
+from pipetune.clients.cli.model_cmds import model_app
+from pipetune.clients.cli.sweep_cmds import calibrate, sweep_app
 
 app = typer.Typer(
     name="pipetune",
@@ -27,6 +28,21 @@ app.add_typer(kernel_app, name="kernel")
 service_cmds.register(app)  # serve, db
 client_cmds.register(app)  # schedule, tune, tasks, curve, tune-model
 worker_cmds.register(app)  # worker
+
+
+def _print_version(value: bool) -> None:
+    if value:
+        typer.echo(f"pipetune {pipetune.__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _main(
+    version: bool = typer.Option(
+        False, "--version", callback=_print_version, is_eager=True, help="Print the version."
+    ),
+) -> None:
+    """pipetune: analytical-model-guided autotuning of pipelined GPU tensor kernels."""
 
 
 def run() -> None:

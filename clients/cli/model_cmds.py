@@ -9,15 +9,15 @@ from typing import Any
 import typer
 from rich.table import Table
 
-from clients.cli.errors import CliError, reported
-from clients.cli.output import console, print_json
-from clients.cli.workload_options import add_workload_commands, option
-from model.analytical import evaluate, rank
-from model.hardware import get_gpu, gpu_keys
-from model.operators import suite as operator_suite
-from model.pipelining import pipelining_gain
-from model.space import Schedule, Space
-from model.workloads import parse_workload
+from pipetune.clients.cli.errors import CliError, reported
+from pipetune.clients.cli.output import console, print_json
+from pipetune.clients.cli.workload_options import add_workload_commands, option
+from pipetune.model.analytical import evaluate, rank
+from pipetune.model.hardware import get_gpu, gpu_keys
+from pipetune.model.operators import suite as operator_suite
+from pipetune.model.pipelining import pipelining_gain
+from pipetune.model.space import Schedule, Space
+from pipetune.model.workloads import parse_workload
 
 model_app = typer.Typer(help="The ALCOP analytical performance model (no GPU needed).")
 rank_app = typer.Typer(help="Rank a workload's valid schedules by predicted latency.")

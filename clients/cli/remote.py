@@ -14,8 +14,8 @@ from collections.abc import Iterator
 
 import typer
 
-from clients.cli.errors import CliError
-from clients.sdk import (
+from pipetune.clients.cli.errors import CliError
+from pipetune.clients.sdk import (
     API_KEY_ENV,
     DEFAULT_SERVER,
     SERVER_ENV,

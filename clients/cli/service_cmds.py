@@ -21,12 +21,12 @@ from typing import TYPE_CHECKING
 
 import typer
 
-from clients.cli.errors import CliError, reported
-from clients.cli.output import console, print_json
-from service.local_workers import RUNNERS, start_workers, stop_workers
+from pipetune.clients.cli.errors import CliError, reported
+from pipetune.clients.cli.output import console, print_json
+from pipetune.service.local_workers import RUNNERS, start_workers, stop_workers
 
 if TYPE_CHECKING:
-    from service.settings import Settings
+    from pipetune.service.settings import Settings
 
 # service.settings and service.migrate (Alembic) load inside the commands that use them, so
 # `pipetune worker` and every other command start without them.
@@ -45,7 +45,7 @@ KEEP_ALIVE_S = 75
 
 
 def _settings(db: str | None, **overrides: object) -> Settings:
-    from service.settings import Settings
+    from pipetune.service.settings import Settings
 
     if db is not None:
         overrides["database_url"] = db
@@ -109,8 +109,8 @@ def serve(
     """Run the tuning service (API v1, dashboard at /dashboard, metrics at /metrics)."""
     import uvicorn
 
-    from service.app import create_app
-    from service.migrate import SchemaError, redact
+    from pipetune.service.app import create_app
+    from pipetune.service.migrate import SchemaError, redact
 
     if runner not in RUNNERS:
         raise CliError(f"--runner: must be one of {', '.join(RUNNERS)}, got {runner!r}", 2)
@@ -122,7 +122,7 @@ def serve(
         raise CliError(f"--port: must be 0..65535, got {port}", 2)
     settings = _settings(db, create_empty_schema=True)
     if not settings.worker_tokens:
-        from service.worker_token import generated_worker_token
+        from pipetune.service.worker_token import generated_worker_token
 
         token, token_file = generated_worker_token()
         settings.worker_tokens = [token]
@@ -169,7 +169,7 @@ def db_upgrade(
     revision: str = typer.Option("head", "--revision", help="target revision"),
 ) -> None:
     """Migrate the database schema (to the newest revision by default)."""
-    from service.migrate import redact, upgrade
+    from pipetune.service.migrate import redact, upgrade
 
     url = _settings(db).database_url
     upgrade(url, revision)
@@ -177,8 +177,8 @@ def db_upgrade(
 
 
 def _current(url: str) -> str | None:
-    from service.db import make_engine
-    from service.migrate import current_revision
+    from pipetune.service.db import make_engine
+    from pipetune.service.migrate import current_revision
 
     engine = make_engine(url, pool_size=1)
     try:
@@ -191,7 +191,7 @@ def _current(url: str) -> str | None:
 @reported
 def db_current(db: str | None = _DB, as_json: bool = typer.Option(False, "--json")) -> None:
     """The database's schema revision and the newest one this pipetune has."""
-    from service.migrate import head_revision, redact
+    from pipetune.service.migrate import head_revision, redact
 
     url = _settings(db).database_url
     doc = {"database": redact(url), "current": _current(url), "head": head_revision()}
@@ -210,10 +210,10 @@ def db_import_optimum(
     db: str | None = _DB,
 ) -> None:
     """Record a sweep's best latency as the optimum that best-in-k curves normalise to."""
-    from service.db import Database
-    from service.migrate import SchemaError, check_schema
-    from service.records import set_reference_optimum
-    from workers.datasets import DatasetError, check_pipetune, load_dataset
+    from pipetune.service.db import Database
+    from pipetune.service.migrate import SchemaError, check_schema
+    from pipetune.service.records import set_reference_optimum
+    from pipetune.workers.datasets import DatasetError, check_pipetune, load_dataset
 
     url = _settings(db).database_url
     try:

@@ -30,16 +30,16 @@ from rich.progress import (
 )
 from rich.table import Table
 
-from clients.cli.errors import CliError, reported
-from clients.cli.output import console, print_json
-from clients.cli.workload_options import add_workload_commands, option
-from model.hardware import PROFILE_DIR, GPUSpec, get_gpu, gpu_keys, resolve_gpu_key
-from model.operators import suite as operator_suite
-from model.space import Space
-from model.workloads import AnyWorkload, parse_workload
-from workers.datasets import summary, write_t4
-from workers.runners import MeasureSettings, Runner, RunnerError, make_runner
-from workers.runners.sweep import select_schedules, sweep
+from pipetune.clients.cli.errors import CliError, reported
+from pipetune.clients.cli.output import console, print_json
+from pipetune.clients.cli.workload_options import add_workload_commands, option
+from pipetune.model.hardware import PROFILE_DIR, GPUSpec, get_gpu, gpu_keys, resolve_gpu_key
+from pipetune.model.operators import suite as operator_suite
+from pipetune.model.space import Space
+from pipetune.model.workloads import AnyWorkload, parse_workload
+from pipetune.workers.datasets import summary, write_t4
+from pipetune.workers.runners import MeasureSettings, Runner, RunnerError, make_runner
+from pipetune.workers.runners.sweep import select_schedules, sweep
 
 SWEEP_RUNNERS = ("cupy", "simulated")
 # Progress bars go to stderr so that --json documents on stdout stay machine-readable.
@@ -308,7 +308,7 @@ def calibrate(
     DRAM and L2 bandwidth and latency, the SM clock and mma.sync throughput (CuPy
     microbenchmarks); the profile overrides the spec sheet wherever the model reads it.
     """
-    from workers.calibrate import CalibrationError, run_calibration, write_profile
+    from pipetune.workers.calibrate import CalibrationError, run_calibration, write_profile
 
     if gpu is not None:
         resolve_gpu_key(gpu)  # an unknown name is the user's mistake (exit 2), GPU or not

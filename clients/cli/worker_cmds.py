@@ -12,18 +12,18 @@ from pathlib import Path
 
 import typer
 
-from clients.cli.errors import CliError, reported
-from clients.cli.remote import SERVER_HELP, cli_error
-from clients.sdk import DEFAULT_SERVER, SERVER_ENV, PipetuneError
-from model.hardware import gpu_keys
-from workers.daemon import RUNNERS, TOKEN_ENV, DetectionError, WorkerConfig, run_worker
-from workers.datasets import DatasetError
-from workers.runners import DatasetMismatchError, RunnerError
+from pipetune.clients.cli.errors import CliError, reported
+from pipetune.clients.cli.remote import SERVER_HELP, cli_error
+from pipetune.clients.sdk import DEFAULT_SERVER, SERVER_ENV, PipetuneError
+from pipetune.model.hardware import gpu_keys
+from pipetune.workers.daemon import RUNNERS, TOKEN_ENV, DetectionError, WorkerConfig, run_worker
+from pipetune.workers.datasets import DatasetError
+from pipetune.workers.runners import DatasetMismatchError, RunnerError
 
 
 def _generated_token() -> str:
     """The token `pipetune serve` generated on this machine (same user), or ""."""
-    from service.worker_token import read_generated_token
+    from pipetune.service.worker_token import read_generated_token
 
     try:
         return read_generated_token() or ""

@@ -13,8 +13,8 @@ from typing import Any
 
 import typer
 
-from clients.cli.errors import reported
-from model.workloads import OPS
+from pipetune.clients.cli.errors import reported
+from pipetune.model.workloads import OPS
 
 _KW = inspect.Parameter.KEYWORD_ONLY
 

@@ -1,8 +1,14 @@
 """The pipetune Python SDK over httpx: `Client` for users, `WorkerApi` for the GPU workers.
 Every body is built and parsed with the wire contract's models (model/wire.py)."""
 
-from clients.sdk.client import API_KEY_ENV, DEFAULT_SERVER, SERVER_ENV, Client, default_server
-from clients.sdk.errors import (
+from pipetune.clients.sdk.client import (
+    API_KEY_ENV,
+    DEFAULT_SERVER,
+    SERVER_ENV,
+    Client,
+    default_server,
+)
+from pipetune.clients.sdk.errors import (
     ApiError,
     AuthError,
     ConflictError,
@@ -14,7 +20,7 @@ from clients.sdk.errors import (
     ServiceUnavailableError,
     WaitTimeoutError,
 )
-from clients.sdk.worker_api import WorkerApi
+from pipetune.clients.sdk.worker_api import WorkerApi
 
 __all__ = [
     "API_KEY_ENV",

@@ -17,9 +17,9 @@ from typing import Any, Self
 import httpx
 from pydantic import BaseModel
 
-from clients.sdk.errors import WaitTimeoutError
-from clients.sdk.http import DEFAULT_TIMEOUT_S, Http
-from model.wire import (
+from pipetune.clients.sdk.errors import WaitTimeoutError
+from pipetune.clients.sdk.http import DEFAULT_TIMEOUT_S, Http
+from pipetune.model.wire import (
     AggregateCurves,
     Curve,
     ScheduleResponse,
@@ -177,7 +177,8 @@ class Client:
         return self._http.call(WorkerList, "GET", "/v1/workers").workers
 
     def healthz(self) -> dict[str, Any]:
-        return self._http.request("GET", "/healthz").json()
+        doc: dict[str, Any] = self._http.request("GET", "/healthz").json()
+        return doc
 
     # ---- lifetime --------------------------------------------------------------------
 

@@ -8,7 +8,12 @@ from typing import Any, TypeVar
 import httpx
 from pydantic import BaseModel, ValidationError
 
-from clients.sdk.errors import ApiError, ProtocolError, ServiceUnavailableError, error_class
+from pipetune.clients.sdk.errors import (
+    ApiError,
+    ProtocolError,
+    ServiceUnavailableError,
+    error_class,
+)
 
 M = TypeVar("M", bound=BaseModel)
 

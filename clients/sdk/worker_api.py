@@ -11,8 +11,8 @@ from typing import Self
 
 import httpx
 
-from clients.sdk.http import DEFAULT_TIMEOUT_S, Http
-from model.wire import (
+from pipetune.clients.sdk.http import DEFAULT_TIMEOUT_S, Http
+from pipetune.model.wire import (
     Heartbeat,
     HeartbeatAck,
     JobLease,

@@ -6,8 +6,8 @@ from typing import Annotated, Any
 
 from fastapi import Path
 
-from model.wire import ValidationErrorBody
-from service.orm import ID_MAX
+from pipetune.model.wire import ValidationErrorBody
+from pipetune.service.orm import ID_MAX
 
 # Row ids are 32-bit integers in the database: a larger one is refused before any query.
 RowId = Annotated[int, Path(ge=1, le=ID_MAX)]

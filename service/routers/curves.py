@@ -6,13 +6,13 @@ from typing import Annotated, Literal
 
 from fastapi import APIRouter, Depends, Query
 
-from model.hardware import HardwareError, resolve_gpu_key
-from model.wire import AggregateCurves, StrategyName
-from service.auth import user_access
-from service.context import ServiceDep
-from service.curves import aggregate
-from service.errors import InputError
-from service.routers.common import ERRORS
+from pipetune.model.hardware import HardwareError, resolve_gpu_key
+from pipetune.model.wire import AggregateCurves, StrategyName
+from pipetune.service.auth import user_access
+from pipetune.service.context import ServiceDep
+from pipetune.service.curves import aggregate
+from pipetune.service.errors import InputError
+from pipetune.service.routers.common import ERRORS
 
 router = APIRouter(tags=["curves"], dependencies=[Depends(user_access)])
 

@@ -8,7 +8,7 @@ import plotly
 from fastapi import APIRouter
 from fastapi.responses import FileResponse
 
-from service.errors import NotFoundError
+from pipetune.service.errors import NotFoundError
 
 DASHBOARD_DIR = Path(__file__).resolve().parent.parent / "dashboard"
 PLOTLY_JS = Path(plotly.__file__).parent / "package_data" / "plotly.min.js"

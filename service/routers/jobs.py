@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from fastapi import APIRouter, BackgroundTasks
 
-from model.wire import JobResult, LeaseRequest, LeaseResponse, ResultAck
-from service.auth import WorkerToken
-from service.context import ServiceDep
-from service.routers.common import ERRORS, NOT_FOUND, RowId
+from pipetune.model.wire import JobResult, LeaseRequest, LeaseResponse, ResultAck
+from pipetune.service.auth import WorkerToken
+from pipetune.service.context import ServiceDep
+from pipetune.service.routers.common import ERRORS, NOT_FOUND, RowId
 
 router = APIRouter(tags=["jobs"])
 FORBIDDEN = {403: {"description": "not this worker's lease or token"}}

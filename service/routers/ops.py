@@ -6,10 +6,10 @@ from fastapi import APIRouter
 from fastapi.responses import PlainTextResponse
 from sqlalchemy import func, select, text
 
-from model.wire import Health
-from service.context import ServiceDep
-from service.metrics import gauge_lines
-from service.orm import JobRow, TaskRow, WorkerRow
+from pipetune.model.wire import Health
+from pipetune.service.context import ServiceDep
+from pipetune.service.metrics import gauge_lines
+from pipetune.service.orm import JobRow, TaskRow, WorkerRow
 
 router = APIRouter(tags=["operations"])
 

@@ -4,14 +4,14 @@ from __future__ import annotations
 
 from fastapi import APIRouter, Depends, Request, Response
 
-from model.space import Schedule
-from model.wire import ScheduleDoc, ScheduleRequest, ScheduleResponse, TaskCreate
-from model.workloads import WorkloadError
-from service.auth import user_access
-from service.context import ServiceDep
-from service.errors import InputError
-from service.records import ModelPick, best_measured, model_pick, tflops
-from service.routers.common import ERRORS
+from pipetune.model.space import Schedule
+from pipetune.model.wire import ScheduleDoc, ScheduleRequest, ScheduleResponse, TaskCreate
+from pipetune.model.workloads import WorkloadError
+from pipetune.service.auth import user_access
+from pipetune.service.context import ServiceDep
+from pipetune.service.errors import InputError
+from pipetune.service.records import ModelPick, best_measured, model_pick, tflops
+from pipetune.service.routers.common import ERRORS
 
 router = APIRouter(tags=["schedules"], dependencies=[Depends(user_access)])
 

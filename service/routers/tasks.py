@@ -6,13 +6,13 @@ from typing import Annotated
 
 from fastapi import APIRouter, Depends, Query
 
-from model.wire import Curve, TaskCreate, TaskDoc, TaskList, TaskState, TrialList
-from service.auth import user_access
-from service.context import Service, ServiceDep
-from service.curves import task_curve
-from service.errors import NotFoundError
-from service.routers.common import ERRORS, ID_MAX, NOT_FOUND, RowId
-from service.views import get_task_doc, list_task_docs, list_trial_docs, task_flops
+from pipetune.model.wire import Curve, TaskCreate, TaskDoc, TaskList, TaskState, TrialList
+from pipetune.service.auth import user_access
+from pipetune.service.context import Service, ServiceDep
+from pipetune.service.curves import task_curve
+from pipetune.service.errors import NotFoundError
+from pipetune.service.routers.common import ERRORS, ID_MAX, NOT_FOUND, RowId
+from pipetune.service.views import get_task_doc, list_task_docs, list_trial_docs, task_flops
 
 router = APIRouter(tags=["tasks"], dependencies=[Depends(user_access)])
 

@@ -7,12 +7,12 @@ from typing import Annotated
 from fastapi import APIRouter, Depends, Query, Response
 from sqlalchemy import select
 
-from model.wire import Heartbeat, HeartbeatAck, WorkerDoc, WorkerList, WorkerRegister
-from service.auth import WorkerToken, user_access
-from service.context import ServiceDep
-from service.orm import WorkerRow
-from service.routers.common import ERRORS, NOT_FOUND, RowId
-from service.views import worker_doc
+from pipetune.model.wire import Heartbeat, HeartbeatAck, WorkerDoc, WorkerList, WorkerRegister
+from pipetune.service.auth import WorkerToken, user_access
+from pipetune.service.context import ServiceDep
+from pipetune.service.orm import WorkerRow
+from pipetune.service.routers.common import ERRORS, NOT_FOUND, RowId
+from pipetune.service.views import worker_doc
 
 router = APIRouter(tags=["workers"])
 

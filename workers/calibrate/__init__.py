@@ -11,8 +11,8 @@ from __future__ import annotations
 import importlib.util
 from typing import Any
 
-from model.hardware import HardwareError, get_gpu, resolve_gpu_key
-from workers.calibrate.profile import (
+from pipetune.model.hardware import HardwareError, get_gpu, resolve_gpu_key
+from pipetune.workers.calibrate.profile import (
     METHOD,
     CalibrationError,
     CalibrationUnavailableError,
@@ -56,8 +56,8 @@ def run_calibration(
             "calibrate needs CuPy and an NVIDIA GPU; CuPy is not installed "
             "(pip install 'pipetune[gpu]')"
         )
-    from workers.calibrate import microbench
-    from workers.runners.isolation import IsolatedWorker
+    from pipetune.workers.calibrate import microbench
+    from pipetune.workers.runners.isolation import IsolatedWorker
 
     with IsolatedWorker(name="pipetune-calibrate") as worker:
         probe = worker.call(microbench.probe_device, device, timeout_s=120)

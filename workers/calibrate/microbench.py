@@ -13,8 +13,8 @@ from typing import Any
 
 import numpy as np
 
-from model.hardware import GPUSpec
-from workers.calibrate.profile import (
+from pipetune.model.hardware import GPUSpec
+from pipetune.workers.calibrate.profile import (
     MMA_FLOPS,
     Chase,
     Cycles,

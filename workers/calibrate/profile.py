@@ -20,8 +20,8 @@ from pathlib import Path
 from statistics import median
 from typing import Any
 
-from model.hardware import GPUSpec, HardwareError, parse_profile
-from workers.datasets.files import write_atomic
+from pipetune.model.hardware import GPUSpec, HardwareError, parse_profile
+from pipetune.workers.datasets.files import write_atomic
 
 MMA_FLOPS = 2 * 16 * 8 * 16  # one mma.sync m16n8k16: 16x8 outputs, 16-deep dot products
 MAX_MMA_EFFICIENCY = 1.05  # above the spec peak by more than noise: the inputs are wrong

@@ -1,7 +1,7 @@
 """CUDA C++ generation for the pipelined tensor-core GEMM family (DESIGN.md, "Kernel family")."""
 
-from workers.codegen.generator import KernelSource, generate, kernel_name, launch
-from workers.codegen.variants import SCALAR_ARGS, VARIANTS, scalar_args, variant_of
+from pipetune.workers.codegen.generator import KernelSource, generate, kernel_name, launch
+from pipetune.workers.codegen.variants import SCALAR_ARGS, VARIANTS, scalar_args, variant_of
 
 __all__ = [
     "SCALAR_ARGS",

@@ -8,11 +8,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from model.space import KNOBS, Schedule
-from model.workloads import AnyWorkload
-from workers.codegen import cuda_text, pipeline
-from workers.codegen.layout import TileGeometry, swizzle_period
-from workers.codegen.variants import (
+from pipetune.model.space import KNOBS, Schedule
+from pipetune.model.workloads import AnyWorkload
+from pipetune.workers.codegen import cuda_text, pipeline
+from pipetune.workers.codegen.layout import TileGeometry, swizzle_period
+from pipetune.workers.codegen.variants import (
     GRID_Z_LIMIT,
     SCALAR_ARGS,
     b_is_kn,

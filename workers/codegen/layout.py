@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from model.space import MMA_TILE, VECTOR_ELEMS, Schedule
+from pipetune.model.space import MMA_TILE, VECTOR_ELEMS, Schedule
 
 CHUNK_BYTES = 16  # one cp.async / one ldmatrix row address: 8 fp16 values
 

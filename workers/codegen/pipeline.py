@@ -21,7 +21,7 @@ after the wait, across the tile boundary. reg_stages = 1 loads then computes eac
 
 from __future__ import annotations
 
-from workers.codegen.layout import TileGeometry
+from pipetune.workers.codegen.layout import TileGeometry
 
 
 def _indent(lines: list[str], depth: int) -> str:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from model.space import Schedule, Space
+from pipetune.model.space import Schedule, Space
 
 
 def _extremes(space: Space) -> list[int]:

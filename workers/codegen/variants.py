@@ -18,7 +18,7 @@ The grid is ``(tiles_m · tiles_n, 1, batch)``: the M and N tiles are flattened 
 
 from __future__ import annotations
 
-from model.workloads import AnyWorkload, Bmm, Conv2d, Conv3d, Gemm
+from pipetune.model.workloads import AnyWorkload, Bmm, Conv2d, Conv3d, Gemm
 
 VARIANTS: tuple[str, ...] = ("gemm_kn", "gemm_nk", "bmm", "conv2d", "conv3d")
 

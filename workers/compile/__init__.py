@@ -1,7 +1,7 @@
 """NVRTC compilation to cubins (no GPU needed), ptxas resource reports and a cubin cache."""
 
-from workers.compile.cache import cache_dir, clear_memory
-from workers.compile.compiler import (
+from pipetune.workers.compile.cache import cache_dir, clear_memory
+from pipetune.workers.compile.compiler import (
     CompileError,
     CompileResult,
     check_arch,
@@ -10,8 +10,8 @@ from workers.compile.compiler import (
     compile_source,
     nvrtc_calls,
 )
-from workers.compile.nvrtc import NvrtcError
-from workers.compile.nvrtc import version as nvrtc_version
+from pipetune.workers.compile.nvrtc import NvrtcError
+from pipetune.workers.compile.nvrtc import version as nvrtc_version
 
 __all__ = [
     "CompileError",

@@ -11,9 +11,9 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
-from workers.codegen import KernelSource
-from workers.compile import cache, nvrtc
-from workers.compile.ptxas_report import ReportMissingError, kernel_usage
+from pipetune.workers.codegen import KernelSource
+from pipetune.workers.compile import cache, nvrtc
+from pipetune.workers.compile.ptxas_report import ReportMissingError, kernel_usage
 
 _ARCH = re.compile(r"^sm_\d{2,3}[af]?$")
 BASE_OPTIONS: tuple[str, ...] = ("-std=c++17", "--ptxas-options=-v")

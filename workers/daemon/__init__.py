@@ -8,11 +8,11 @@ from __future__ import annotations
 import signal
 import threading
 
-from workers.daemon.config import RUNNERS, TOKEN_ENV, WorkerConfig
-from workers.daemon.gpu import DetectionError, DeviceInfo
-from workers.daemon.logs import EventLog
-from workers.daemon.startup import open_runner
-from workers.daemon.worker import Worker, WorkerError
+from pipetune.workers.daemon.config import RUNNERS, TOKEN_ENV, WorkerConfig
+from pipetune.workers.daemon.gpu import DetectionError, DeviceInfo
+from pipetune.workers.daemon.logs import EventLog
+from pipetune.workers.daemon.startup import open_runner
+from pipetune.workers.daemon.worker import Worker, WorkerError
 
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
 

@@ -7,8 +7,8 @@ import socket
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from model.wire import MAX_LEASE_WAIT_S
-from workers.runners.faults import FaultPlan
+from pipetune.model.wire import MAX_LEASE_WAIT_S
+from pipetune.workers.runners.faults import FaultPlan
 
 RUNNERS = ("cupy", "replay", "simulated")
 TOKEN_ENV = "PIPETUNE_WORKER_TOKEN"

@@ -14,7 +14,7 @@ import subprocess
 import sys
 from dataclasses import dataclass
 
-from model.hardware import GPUSpec, HardwareError, get_gpu, resolve_gpu_key
+from pipetune.model.hardware import GPUSpec, HardwareError, get_gpu, resolve_gpu_key
 
 PROBE_TIMEOUT_S = 120.0
 
@@ -67,7 +67,7 @@ def probe_cupy(device: int = 0, timeout_s: float = PROBE_TIMEOUT_S) -> dict:
     """Run workers.daemon.probe in a child; its JSON answer (or DetectionError)."""
     try:
         out = subprocess.run(
-            [sys.executable, "-m", "workers.daemon.probe", str(device)],
+            [sys.executable, "-m", "pipetune.workers.daemon.probe", str(device)],
             capture_output=True,
             text=True,
             timeout=timeout_s,

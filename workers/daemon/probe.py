@@ -1,4 +1,4 @@
-"""`python -m workers.daemon.probe [DEVICE]`: describe a CUDA device through CuPy as JSON.
+"""`python -m pipetune.workers.daemon.probe [DEVICE]`: describe a CUDA device through CuPy as JSON.
 
 Run in a child process by workers.daemon.gpu so that the worker process never holds a CUDA
 context of its own. Exits 1 with the reason on stderr when there is no usable device.

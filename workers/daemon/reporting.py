@@ -17,7 +17,7 @@ from tenacity import (
     wait_exponential,
 )
 
-from clients.sdk import ServerError, ServiceUnavailableError
+from pipetune.clients.sdk import ServerError, ServiceUnavailableError
 
 T = TypeVar("T")
 TRANSIENT = (ServiceUnavailableError, ServerError)

@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-from model.hardware import get_gpu
-from workers.daemon.config import WorkerConfig
-from workers.daemon.gpu import DeviceInfo, describe_model_gpu, detect_cupy
-from workers.runners import Runner, make_runner
-from workers.runners.faults import FaultPlan
+from pipetune.model.hardware import get_gpu
+from pipetune.workers.daemon.config import WorkerConfig
+from pipetune.workers.daemon.gpu import DeviceInfo, describe_model_gpu, detect_cupy
+from pipetune.workers.runners import Runner, make_runner
+from pipetune.workers.runners.faults import FaultPlan
 
 
 def open_runner(config: WorkerConfig) -> tuple[Runner, DeviceInfo]:

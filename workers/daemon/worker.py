@@ -26,7 +26,7 @@ from concurrent.futures import ThreadPoolExecutor
 from queue import Queue
 from typing import Any
 
-from clients.sdk import (
+from pipetune.clients.sdk import (
     ApiError,
     NotFoundError,
     PipetuneError,
@@ -34,15 +34,15 @@ from clients.sdk import (
     ServiceUnavailableError,
     WorkerApi,
 )
-from model.space import Schedule
-from model.trials import MeasureResult
-from model.wire import MAX_JOBS_PER_LEASE, JobLease, JobResult, WorkerRegister
-from model.workloads import AnyWorkload, WorkloadError, parse_workload
-from workers.daemon.config import WorkerConfig
-from workers.daemon.gpu import DeviceInfo
-from workers.daemon.logs import EventLog, Throttle
-from workers.daemon.reporting import TRANSIENT, call_with_retries
-from workers.runners import Runner, RunnerClosedError, RunnerUnavailableError
+from pipetune.model.space import Schedule
+from pipetune.model.trials import MeasureResult
+from pipetune.model.wire import MAX_JOBS_PER_LEASE, JobLease, JobResult, WorkerRegister
+from pipetune.model.workloads import AnyWorkload, WorkloadError, parse_workload
+from pipetune.workers.daemon.config import WorkerConfig
+from pipetune.workers.daemon.gpu import DeviceInfo
+from pipetune.workers.daemon.logs import EventLog, Throttle
+from pipetune.workers.daemon.reporting import TRANSIENT, call_with_retries
+from pipetune.workers.runners import Runner, RunnerClosedError, RunnerUnavailableError
 
 # A worker the service no longer knows (database reset) registers again; if that keeps
 # happening the route itself is missing and the worker gives up.

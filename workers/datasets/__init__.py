@@ -13,9 +13,13 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from workers.datasets.files import parse_json, read_text
-from workers.datasets.kt_cache import close_open_cache, from_kt_cache_document, read_kt_cache
-from workers.datasets.pipetune import (
+from pipetune.workers.datasets.files import parse_json, read_text
+from pipetune.workers.datasets.kt_cache import (
+    close_open_cache,
+    from_kt_cache_document,
+    read_kt_cache,
+)
+from pipetune.workers.datasets.pipetune import (
     PipetuneInfo,
     check_pipetune,
     dataset_from_results,
@@ -23,7 +27,7 @@ from workers.datasets.pipetune import (
     record_from_result,
     result_from_record,
 )
-from workers.datasets.records import (
+from pipetune.workers.datasets.records import (
     INVALIDITY_OF_STATUS,
     STATUS_OF_INVALIDITY,
     Dataset,
@@ -31,7 +35,7 @@ from workers.datasets.records import (
     Invalidity,
     Record,
 )
-from workers.datasets.t4 import from_t4_document, read_t4, to_t4_document, write_t4
+from pipetune.workers.datasets.t4 import from_t4_document, read_t4, to_t4_document, write_t4
 
 __all__ = [
     "INVALIDITY_OF_STATUS",

@@ -11,7 +11,7 @@ import zlib
 from pathlib import Path
 from typing import Any
 
-from workers.datasets.records import DatasetError
+from pipetune.workers.datasets.records import DatasetError
 
 GZIP_MAGIC = b"\x1f\x8b"
 

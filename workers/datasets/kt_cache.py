@@ -26,8 +26,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from workers.datasets.files import parse_json, read_text
-from workers.datasets.records import Dataset, DatasetError, Record, shown
+from pipetune.workers.datasets.files import parse_json, read_text
+from pipetune.workers.datasets.records import Dataset, DatasetError, Record, shown
 
 MARKERS = {
     "InvalidConfig": "constraints",

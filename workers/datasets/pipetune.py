@@ -15,11 +15,11 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from model.hardware import GPUSpec, HardwareError, resolve_gpu_key
-from model.space import KNOB_NAMES, Schedule, ScheduleError
-from model.trials import MeasureResult
-from model.workloads import AnyWorkload, WorkloadError, parse_workload
-from workers.datasets.records import (
+from pipetune.model.hardware import GPUSpec, HardwareError, resolve_gpu_key
+from pipetune.model.space import KNOB_NAMES, Schedule, ScheduleError
+from pipetune.model.trials import MeasureResult
+from pipetune.model.workloads import AnyWorkload, WorkloadError, parse_workload
+from pipetune.workers.datasets.records import (
     INVALIDITY_OF_STATUS,
     Dataset,
     DatasetError,

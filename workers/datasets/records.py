@@ -17,7 +17,7 @@ from typing import Any, Literal, get_args
 
 import numpy as np
 
-from model.trials import TrialStatus
+from pipetune.model.trials import TrialStatus
 
 Invalidity = Literal["correct", "compile", "runtime", "correctness", "timeout", "constraints"]
 INVALIDITIES: frozenset[str] = frozenset(get_args(Invalidity))

@@ -34,9 +34,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from workers.datasets.files import dumps, parse_json, read_text, write_atomic
-from workers.datasets.pipetune import check_pipetune
-from workers.datasets.records import INVALIDITIES, Dataset, DatasetError, Record, shown
+from pipetune.workers.datasets.files import dumps, parse_json, read_text, write_atomic
+from pipetune.workers.datasets.pipetune import check_pipetune
+from pipetune.workers.datasets.records import INVALIDITIES, Dataset, DatasetError, Record, shown
 
 SCHEMA_VERSION = "1.0.0"
 TIMEUNIT = "miliseconds"  # the benchmark hub's spelling, kept for byte-level compatibility

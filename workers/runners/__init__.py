@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from workers.runners.base import (
+from pipetune.workers.runners.base import (
     MeasureSettings,
     Progress,
     Runner,
@@ -21,8 +21,12 @@ from workers.runners.base import (
     RunnerUnavailableError,
     summarise,
 )
-from workers.runners.replay import DatasetMismatchError, ReplayRunner, ScheduleNotInDatasetError
-from workers.runners.simulated import TIME_SCALE_ENV, SimulatedRunner
+from pipetune.workers.runners.replay import (
+    DatasetMismatchError,
+    ReplayRunner,
+    ScheduleNotInDatasetError,
+)
+from pipetune.workers.runners.simulated import TIME_SCALE_ENV, SimulatedRunner
 
 RUNNER_NAMES: tuple[str, ...] = ("cupy", "replay", "simulated")
 
@@ -56,7 +60,7 @@ def make_runner(name: str, **kwargs: Any) -> Runner:
     if name == "replay":
         return ReplayRunner(**kwargs)
     if name == "cupy":
-        from workers.runners.cupy_runner import CupyRunner
+        from pipetune.workers.runners.cupy_runner import CupyRunner
 
         return CupyRunner(**kwargs)
     raise RunnerError(f"unknown runner {name!r}; known: {', '.join(RUNNER_NAMES)}")

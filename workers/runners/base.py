@@ -15,9 +15,9 @@ from typing import Any, Self
 
 import numpy as np
 
-from model.space import Schedule
-from model.trials import MeasureResult
-from model.workloads import AnyWorkload
+from pipetune.model.space import Schedule
+from pipetune.model.trials import MeasureResult
+from pipetune.model.workloads import AnyWorkload
 
 # progress(done, total): called as work completes, for progress bars.
 Progress = Callable[[int, int], None]

@@ -16,9 +16,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from model.space import Schedule
-from workers.runners.base import Progress, RunnerUnavailableError
-from workers.runners.outcomes import clip
+from pipetune.model.space import Schedule
+from pipetune.workers.runners.base import Progress, RunnerUnavailableError
+from pipetune.workers.runners.outcomes import clip
 
 
 @dataclass(frozen=True)
@@ -42,10 +42,10 @@ class Compiled:
 
 
 def load_toolchain() -> tuple[Any, Any]:
-    """workers.codegen and workers.compile, imported only when builds are needed."""
+    """pipetune.workers.codegen and workers.compile, imported only when builds are needed."""
     try:
-        codegen = importlib.import_module("workers.codegen")
-        compiler = importlib.import_module("workers.compile")
+        codegen = importlib.import_module("pipetune.workers.codegen")
+        compiler = importlib.import_module("pipetune.workers.compile")
     except ImportError as exc:
         raise RunnerUnavailableError(f"kernel builds need the kernel generator: {exc}") from None
     return codegen, compiler

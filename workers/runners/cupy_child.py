@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-from workers.runners.reference import check, make_inputs, operand_shapes, reference
+from pipetune.workers.runners.reference import check, make_inputs, operand_shapes, reference
 
 _STATE: dict[str, Any] = {}
 MIN_FLUSH_BYTES = 64 << 20
@@ -78,7 +78,7 @@ def prepare_workload(canonical: dict[str, Any], seed: int) -> dict[str, Any]:
     """Upload the inputs and compute the reference and tolerance for one workload."""
     import cupy
 
-    from model.workloads import parse_workload
+    from pipetune.model.workloads import parse_workload
 
     workload = parse_workload(canonical)
     _STATE.pop("workload", None)

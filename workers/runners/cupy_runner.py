@@ -20,12 +20,12 @@ import importlib.util
 from collections.abc import Sequence
 from typing import Any
 
-from model.hardware import GPUSpec, HardwareError, get_gpu, resolve_gpu_key
-from model.space import Schedule
-from model.trials import MeasureResult
-from model.workloads import AnyWorkload
-from workers.runners import cupy_child
-from workers.runners.base import (
+from pipetune.model.hardware import GPUSpec, HardwareError, get_gpu, resolve_gpu_key
+from pipetune.model.space import Schedule
+from pipetune.model.trials import MeasureResult
+from pipetune.model.workloads import AnyWorkload
+from pipetune.workers.runners import cupy_child
+from pipetune.workers.runners.base import (
     MeasureSettings,
     Progress,
     Runner,
@@ -33,10 +33,10 @@ from workers.runners.base import (
     RunnerUnavailableError,
     summarise,
 )
-from workers.runners.builds import Compiled, KernelBuilds, load_toolchain
-from workers.runners.isolation import CallOutcome, IsolatedWorker, WorkerStartError
-from workers.runners.outcomes import clip, failed_call
-from workers.runners.reference import TOLERANCE_TEXT
+from pipetune.workers.runners.builds import Compiled, KernelBuilds, load_toolchain
+from pipetune.workers.runners.isolation import CallOutcome, IsolatedWorker, WorkerStartError
+from pipetune.workers.runners.outcomes import clip, failed_call
+from pipetune.workers.runners.reference import TOLERANCE_TEXT
 
 
 def trial_result(outcome: CallOutcome, compiled: Compiled, runner: str = "cupy") -> MeasureResult:

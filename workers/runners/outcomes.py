@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from model.trials import MeasureResult
-from workers.runners.isolation import CallOutcome
+from pipetune.model.trials import MeasureResult
+from pipetune.workers.runners.isolation import CallOutcome
 
 MAX_ERROR_CHARS = 2000
 

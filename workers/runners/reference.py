@@ -32,7 +32,7 @@ from typing import Any
 
 import numpy as np
 
-from model.workloads import AnyWorkload, Bmm, Conv2d, Conv3d, Gemm
+from pipetune.model.workloads import AnyWorkload, Bmm, Conv2d, Conv3d, Gemm
 
 U16 = 2.0**-11
 U32 = 2.0**-24

@@ -12,12 +12,12 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from model.hardware import GPUSpec, resolve_gpu_key
-from model.space import Schedule
-from model.trials import MeasureResult
-from model.workloads import AnyWorkload
-from workers.datasets import Dataset, check_pipetune, load_dataset, result_from_record
-from workers.runners.base import Runner, RunnerError
+from pipetune.model.hardware import GPUSpec, resolve_gpu_key
+from pipetune.model.space import Schedule
+from pipetune.model.trials import MeasureResult
+from pipetune.model.workloads import AnyWorkload
+from pipetune.workers.datasets import Dataset, check_pipetune, load_dataset, result_from_record
+from pipetune.workers.runners.base import Runner, RunnerError
 
 
 class ScheduleNotInDatasetError(RunnerError, KeyError):

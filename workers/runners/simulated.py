@@ -30,15 +30,15 @@ from typing import Any
 
 import numpy as np
 
-from model.analytical import evaluate
-from model.hardware import GPUSpec, get_gpu
-from model.space import KNOB_NAMES, Schedule, Space, invalid_reasons
-from model.trials import MeasureResult
-from model.workloads import AnyWorkload
-from workers.runners.base import MeasureSettings, Runner, RunnerError, summarise
-from workers.runners.faults import FaultPlan, run_simulated_trial
-from workers.runners.isolation import IsolatedWorker
-from workers.runners.outcomes import failed_call
+from pipetune.model.analytical import evaluate
+from pipetune.model.hardware import GPUSpec, get_gpu
+from pipetune.model.space import KNOB_NAMES, Schedule, Space, invalid_reasons
+from pipetune.model.trials import MeasureResult
+from pipetune.model.workloads import AnyWorkload
+from pipetune.workers.runners.base import MeasureSettings, Runner, RunnerError, summarise
+from pipetune.workers.runners.faults import FaultPlan, run_simulated_trial
+from pipetune.workers.runners.isolation import IsolatedWorker
+from pipetune.workers.runners.outcomes import failed_call
 
 TIME_SCALE_ENV = "PIPETUNE_SIMULATED_TIME_SCALE"
 DEFAULT_SIGMA = 0.03

@@ -6,11 +6,11 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from model.hardware import GPUSpec
-from model.space import Schedule, Space
-from model.workloads import AnyWorkload
-from workers.datasets import Dataset, dataset_from_results, now_timestamp
-from workers.runners.base import Progress, Runner
+from pipetune.model.hardware import GPUSpec
+from pipetune.model.space import Schedule, Space
+from pipetune.model.workloads import AnyWorkload
+from pipetune.workers.datasets import Dataset, dataset_from_results, now_timestamp
+from pipetune.workers.runners.base import Progress, Runner
 
 CHUNK = 32  # schedules per measure() call: progress granularity, one timestamp per chunk
 

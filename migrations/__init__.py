@@ -1,0 +1,1 @@
+"""Alembic's environment and revisions (read by pipetune.service.migrate)."""

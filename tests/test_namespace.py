@@ -1,0 +1,132 @@
+"""One installed namespace: the repository's folders are pipetune.*, nothing else is installed
+at the top of site-packages, and no module imports a folder by its bare name (which works
+from a checkout but breaks, or picks up a user's own model.py, once installed)."""
+
+from __future__ import annotations
+
+import ast
+import subprocess
+import sys
+import tomllib
+import zipfile
+from pathlib import Path
+
+import pytest
+
+import pipetune
+
+ROOT = Path(__file__).resolve().parents[1]
+FOLDERS = ("model", "tuner", "workers", "service", "clients", "migrations")
+
+
+def _pyproject() -> dict:
+    return tomllib.loads((ROOT / "pyproject.toml").read_text())
+
+
+def _python_files() -> list[Path]:
+    out = subprocess.run(
+        ["git", "ls-files", "*.py"], cwd=ROOT, capture_output=True, text=True, check=True
+    ).stdout.split()
+    return [ROOT / name for name in out]
+
+
+def test_no_module_imports_a_folder_by_its_bare_name():
+    offenders = []
+    for path in _python_files():
+        tree = ast.parse(path.read_text(), filename=str(path))
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                names = [node.module]
+            elif isinstance(node, ast.Import):
+                names = [alias.name for alias in node.names]
+            else:
+                continue
+            for name in names:
+                if name.split(".")[0] in FOLDERS:
+                    offenders.append(f"{path.relative_to(ROOT)}:{node.lineno}: {name}")
+    assert offenders == []
+
+
+def test_the_package_list_names_every_package_folder():
+    setuptools_cfg = _pyproject()["tool"]["setuptools"]
+    package_dir: dict[str, str] = setuptools_cfg["package-dir"]
+    listed = set(setuptools_cfg["packages"])
+    top_of = {folder: name for name, folder in package_dir.items()}
+    found = {"pipetune"}
+    for folder in FOLDERS:
+        for init in (ROOT / folder).rglob("__init__.py"):
+            relative = init.parent.relative_to(ROOT)
+            if relative == Path(package_dir["pipetune"]):
+                continue
+            parts = relative.parts
+            found.add(".".join([top_of[parts[0]], *parts[1:]]))
+    assert listed == found
+
+
+def test_version_matches_the_distribution_and_the_cli():
+    assert pipetune.__version__ == _pyproject()["project"]["version"]
+    out = subprocess.run(
+        [sys.executable, "-m", "pipetune.clients.cli", "--version"],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    assert out.stdout.strip() == f"pipetune {pipetune.__version__}"
+
+
+@pytest.fixture(scope="module")
+def wheel(tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("wheel")
+    subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps", "--no-build-isolation"]
+        + ["--wheel-dir", str(out), str(ROOT)],
+        check=True,
+        capture_output=True,
+    )
+    (path,) = out.glob("pipetune-*.whl")
+    return path
+
+
+def test_the_wheel_holds_only_the_pipetune_package(wheel):
+    with zipfile.ZipFile(wheel) as archive:
+        names = archive.namelist()
+    tops = {name.split("/")[0] for name in names}
+    assert tops == {"pipetune", f"pipetune-{pipetune.__version__}.dist-info"}
+    for needed in (
+        "pipetune/__init__.py",
+        "pipetune/py.typed",
+        "pipetune/model/workloads.py",
+        "pipetune/migrations/env.py",
+        "pipetune/migrations/versions/0001_initial_schema.py",
+        "pipetune/service/dashboard/index.html",
+    ):
+        assert needed in names
+
+
+def test_a_users_model_and_service_modules_do_not_shadow_pipetune(wheel, tmp_path):
+    site = tmp_path / "site"
+    subprocess.run(
+        [sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--target", str(site)]
+        + [str(wheel)],
+        check=True,
+        capture_output=True,
+    )
+    user = tmp_path / "user"
+    user.mkdir()
+    for name in ("model.py", "service.py", "tuner.py"):
+        (user / name).write_text("raise SystemExit('the user module was imported')\n")
+    script = (
+        "import pipetune, pipetune.model.workloads, pipetune.service.migrate; "
+        "print(pipetune.__version__, pipetune.__file__)"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", script],
+        cwd=user,
+        env={"PYTHONPATH": str(site), "PATH": "/usr/bin:/bin"},
+        capture_output=True,
+        text=True,
+    )
+    assert result.returncode == 0, result.stderr
+    version, location = result.stdout.split()
+    assert version == pipetune.__version__
+    assert Path(location).is_relative_to(site)
