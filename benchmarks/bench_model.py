@@ -1,7 +1,7 @@
 """Benchmark: how fast the analytical model evaluates whole spaces, and what it predicts
 about pipelining on the ALCOP operators.
 
-    python benchmarks/bench_model.py [--write]
+    python -m benchmarks.bench_model [--write]
 
 Speed: schedules per second of `Space.enumerate` + `analytical.evaluate` (best of 20) for
 every ALCOP operator. Predictions: the best pipelined schedule's predicted speedup over the
@@ -13,11 +13,7 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import sys
 import time
-from pathlib import Path
-
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from benchmarks.results import write_section
 from pipetune.model.analytical import evaluate

@@ -6,9 +6,9 @@ this process over HTTP (httpx, asyncio). Workers are simulated HTTP clients: the
 job and post a made-up result at once, so the numbers are the service's and the database's
 cost per trial, not a GPU's.
 
-    python benchmarks/bench_service.py                     # print
-    python benchmarks/bench_service.py --write             # and record in RESULTS.md
-    python benchmarks/bench_service.py --pg-url postgresql+psycopg://postgres@127.0.0.1/test
+    python -m benchmarks.bench_service                     # print
+    python -m benchmarks.bench_service --write             # and record in RESULTS.md
+    python -m benchmarks.bench_service --pg-url postgresql+psycopg://postgres@127.0.0.1/test
 """
 
 from __future__ import annotations
@@ -16,7 +16,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
-import sys
 import tempfile
 import time
 import uuid
@@ -24,43 +23,21 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import httpx
-from sqlalchemy import create_engine, text
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
+from benchmarks.harness import (
+    DEFAULT_PG,
+    HEADERS,
+    cpu_s,
+    fake_result,
+    pct,
+    pg_database,
+    register_worker,
+    service_process,
+)
 from benchmarks.results import write_section
-from pipetune.clients.local_service import LocalService
 
-TOKEN = "bench-token"
-HEADERS = {"Authorization": f"Bearer {TOKEN}"}
 TUNED = {"op": "gemm", "m": 1024, "n": 1024, "k": 1024}
 UNTUNED = {"op": "gemm", "m": 2048, "n": 512, "k": 4096}
-DEFAULT_PG = "postgresql+psycopg://postgres@127.0.0.1:5432/test"
-
-
-def _cpu_s(pid: int) -> float:
-    """User + system CPU seconds of a process (Linux /proc)."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
-@contextmanager
-def service_process(url: str, log: Path, settings: dict[str, str]):
-    """`pipetune serve` on a free loopback port (clients.local_service), with the
-    benchmarks' settings and no PIPETUNE_* variable inherited from this shell."""
-    env = {
-        "PIPETUNE_WORKER_TOKENS": TOKEN,
-        "PIPETUNE_DB_POOL_SIZE": "40",
-        "PIPETUNE_LEASE_WAIT_CAP_S": "2",
-        **settings,
-    }
-    service = LocalService(
-        url, log, extra_args=["--log-level", "warning"], env=env, inherit_settings=False
-    ).start(timeout_s=60)
-    try:
-        yield service
-    finally:
-        service.stop()
 
 
 @contextmanager
@@ -71,44 +48,12 @@ def serve(url: str, batch_size: int = 32):
         yield service.url, service.process.pid
 
 
-@contextmanager
-def pg_database(admin_url: str):
-    name = f"pipetune_bench_{uuid.uuid4().hex[:8]}"
-    admin = create_engine(admin_url, isolation_level="AUTOCOMMIT")
-    with admin.connect() as conn:
-        conn.execute(text(f'CREATE DATABASE "{name}"'))
-    try:
-        yield admin_url.rsplit("/", 1)[0] + f"/{name}"
-    finally:
-        with admin.connect() as conn:
-            conn.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
-        admin.dispose()
-
-
-def _pct(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
-
-
-async def _register(client: httpx.AsyncClient, name: str) -> int:
-    body = {"name": name, "gpu": "h100", "arch": "sm_90", "runner": "simulated"}
-    response = await client.post("/v1/workers", json=body, headers=HEADERS)
-    response.raise_for_status()
-    return response.json()["id"]
-
-
-def _fake_result(job: dict) -> dict:
-    s = job["schedule"]
-    latency = 20.0 + sum((i + 1) * v for i, v in enumerate(s.values())) % 53
-    return {"status": "ok", "latency_us": latency, "samples_us": [latency], "spread": 0.0}
-
-
 async def _tune_one(base: str, workload: dict, budget: int) -> int:
     """Run one task to completion through the worker API (makes a workload 'tuned')."""
     async with httpx.AsyncClient(base_url=base, timeout=60) as client:
         body = {"workload": workload, "gpu": "h100", "budget": budget, "strategy": "random"}
         task_id = (await client.post("/v1/tasks", json=body)).json()["id"]
-        worker = await _register(client, f"tuner-{task_id}")
+        worker = await register_worker(client, f"tuner-{task_id}")
         while (await client.get(f"/v1/tasks/{task_id}")).json()["state"] != "done":
             lease = {"worker_id": worker, "max_jobs": 32, "wait_s": 1}
             jobs = (await client.post("/v1/jobs/lease", json=lease, headers=HEADERS)).json()
@@ -116,7 +61,7 @@ async def _tune_one(base: str, workload: dict, budget: int) -> int:
                 result = {
                     "worker_id": worker,
                     "lease_token": job["lease_token"],
-                    "result": _fake_result(job),
+                    "result": fake_result(job),
                 }
                 await client.post(f"/v1/jobs/{job['job_id']}/result", json=result, headers=HEADERS)
         return task_id
@@ -154,7 +99,9 @@ async def _round_trips(base: str, workers: int, seconds: float, strategy: str) -
             body = {"workload": {**TUNED, "m": 1024 + 64 * i}, "gpu": "h100"}
             body.update(budget=5000, strategy=strategy, seed=i)
             (await client.post("/v1/tasks", json=body)).raise_for_status()
-        ids = [await _register(client, f"load-{uuid.uuid4().hex[:6]}") for _ in range(workers)]
+        ids = [
+            await register_worker(client, f"load-{uuid.uuid4().hex[:6]}") for _ in range(workers)
+        ]
         lease_times: list[float] = []
         result_times: list[float] = []
         done = 0
@@ -171,7 +118,7 @@ async def _round_trips(base: str, workers: int, seconds: float, strategy: str) -
                     body = {
                         "worker_id": worker_id,
                         "lease_token": job["lease_token"],
-                        "result": _fake_result(job),
+                        "result": fake_result(job),
                     }
                     started = time.perf_counter()
                     ack = await client.post(
@@ -188,10 +135,10 @@ async def _round_trips(base: str, workers: int, seconds: float, strategy: str) -
         "round_trips_per_s": done / elapsed,
         "trials": done,
         "seconds": elapsed,
-        "lease_p50_ms": 1e3 * _pct(lease_times, 0.5),
-        "lease_p99_ms": 1e3 * _pct(lease_times, 0.99),
-        "result_p50_ms": 1e3 * _pct(result_times, 0.5),
-        "result_p99_ms": 1e3 * _pct(result_times, 0.99),
+        "lease_p50_ms": 1e3 * pct(lease_times, 0.5),
+        "lease_p99_ms": 1e3 * pct(lease_times, 0.99),
+        "result_p50_ms": 1e3 * pct(result_times, 0.5),
+        "result_p99_ms": 1e3 * pct(result_times, 0.99),
     }
 
 
@@ -210,7 +157,7 @@ def main() -> None:
         for label, url in (("SQLite", f"sqlite:///{tmp}/bench.db"), ("PostgreSQL", pg)):
             with serve(url) as (base, _):
                 for kind, times in bench_schedules(base, args.requests).items():
-                    p50, p99 = 1e3 * _pct(times, 0.5), 1e3 * _pct(times, 0.99)
+                    p50, p99 = 1e3 * pct(times, 0.5), 1e3 * pct(times, 0.99)
                     rows_latency.append((label, kind, len(times), p50, p99))
                     print(f"{label:10s} {kind:40s} p50 {p50:6.2f} ms  p99 {p99:6.2f} ms")
         for label, url, strategy in (
@@ -219,9 +166,9 @@ def main() -> None:
             ("SQLite", f"sqlite:///{tmp}/bench.db", "random"),
         ):
             with serve(url) as (base, pid):
-                before = _cpu_s(pid)
+                before = cpu_s(pid)
                 r = asyncio.run(_round_trips(base, args.workers, args.seconds, strategy))
-                r["server_cpu_ms"] = 1e3 * (_cpu_s(pid) - before) / max(1, r["trials"])
+                r["server_cpu_ms"] = 1e3 * (cpu_s(pid) - before) / max(1, r["trials"])
             rows_rt.append((label, strategy, r))
             print(f"{label:10s} {strategy:15s} {r['round_trips_per_s']:7.1f} round trips/s", r)
 
@@ -262,7 +209,7 @@ def main() -> None:
         "the service's own CPU per round trip (lease + result, both HTTP requests, the "
         "task driver's share included) is the figure that carries to a bigger machine.",
         "",
-        "Command: `python benchmarks/bench_service.py --write`.",
+        "Command: `python -m benchmarks.bench_service --write`.",
     ]
     text_body = "\n".join(body)
     print(text_body)

@@ -1,4 +1,5 @@
-"""The schedule space of the pipelined tensor-core GEMM family (DESIGN.md, "Kernel family").
+"""The schedule space of the pipelined tensor-core GEMM family (docs/architecture.md,
+"Kernel families").
 
 A schedule is one value per knob. A :class:`Space` is the set of schedules that are valid
 for one workload on one GPU, held as one numpy array per knob so that the models evaluate
@@ -10,9 +11,9 @@ from __future__ import annotations
 import hashlib
 import json
 from collections.abc import Iterator
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, fields
 from functools import cached_property
-from typing import Any
+from typing import Annotated, Any, get_type_hints
 
 import numpy as np
 
@@ -22,15 +23,44 @@ from pipetune.model.workloads import AnyWorkload
 MMA_TILE = 16  # one warp-level tile step: mma.sync m16n8k16 covers 16 rows and 16 of K
 VECTOR_ELEMS = 8  # float16 elements per 16-byte cp.async
 
-KNOBS: dict[str, tuple[int, ...]] = {
-    "block_row_warps": (1, 2, 4),
-    "block_col_warps": (1, 2, 4),
-    "warp_row_tiles": (1, 2, 4),
-    "warp_col_tiles": (1, 2, 4),
-    "chunk": (1, 2, 4, 8),
-    "smem_stages": (1, 2, 3, 4, 5, 6),
-    "reg_stages": (1, 2),
-}
+
+@dataclass(frozen=True)
+class KnobSpec:
+    """One tunable of the kernel family: the values it takes and what it sets (the family
+    interface's Knob, model/family.py, is built from these)."""
+
+    values: tuple[int, ...]
+    meaning: str
+
+
+@dataclass(frozen=True)
+class KnobValues:
+    """The seven knobs, declared once. `Schedule` (below) and the wire's `ScheduleDoc`
+    inherit these fields; `KNOBS`, the wire schema's enums and the code generator's checks
+    are read from the annotations. A new knob is one line here."""
+
+    block_row_warps: Annotated[int, KnobSpec((1, 2, 4), "warps per block along M")]
+    block_col_warps: Annotated[int, KnobSpec((1, 2, 4), "warps per block along N")]
+    warp_row_tiles: Annotated[int, KnobSpec((1, 2, 4), "16-wide tiles per warp along M")]
+    warp_col_tiles: Annotated[int, KnobSpec((1, 2, 4), "16-wide tiles per warp along N")]
+    chunk: Annotated[int, KnobSpec((1, 2, 4, 8), "the K step of a block tile: BK = 16 * chunk")]
+    smem_stages: Annotated[
+        int,
+        KnobSpec((1, 2, 3, 4, 5, 6), "shared-memory pipeline depth (1: none, 2: double buffering)"),
+    ]
+    reg_stages: Annotated[int, KnobSpec((1, 2), "register-fragment buffers (2: double buffering)")]
+
+
+def _declared_knobs() -> dict[str, KnobSpec]:
+    hints = get_type_hints(KnobValues, include_extras=True)
+    return {
+        f.name: next(m for m in hints[f.name].__metadata__ if isinstance(m, KnobSpec))
+        for f in fields(KnobValues)
+    }
+
+
+KNOB_SPECS: dict[str, KnobSpec] = _declared_knobs()
+KNOBS: dict[str, tuple[int, ...]] = {name: knob.values for name, knob in KNOB_SPECS.items()}
 KNOB_NAMES: tuple[str, ...] = tuple(KNOBS)
 
 # Register estimate per thread (why: the space must not call a schedule valid that spills).
@@ -46,14 +76,8 @@ class ScheduleError(ValueError):
 
 
 @dataclass(frozen=True, order=True)
-class Schedule:
-    block_row_warps: int
-    block_col_warps: int
-    warp_row_tiles: int
-    warp_col_tiles: int
-    chunk: int
-    smem_stages: int
-    reg_stages: int
+class Schedule(KnobValues):
+    """One value per knob (the fields of KnobValues, in their order)."""
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> Schedule:
@@ -65,10 +89,9 @@ class Schedule:
         missing = [k for k in KNOB_NAMES if k not in data]
         if missing:
             raise ScheduleError(f"missing knob(s): {', '.join(missing)}")
-        for name, allowed in KNOBS.items():
-            value = data[name]
-            if isinstance(value, bool) or not isinstance(value, int) or value not in allowed:
-                raise ScheduleError(f"{name} must be one of {list(allowed)}, got {value!r}")
+        problems = knob_value_problems(data)
+        if problems:
+            raise ScheduleError(problems[0])
         return cls(**{k: data[k] for k in KNOB_NAMES})
 
     def as_dict(self) -> dict[str, int]:
@@ -111,6 +134,17 @@ class Schedule:
     @property
     def est_registers(self) -> int:
         return int(estimate_registers(self.warp_row_tiles, self.warp_col_tiles, self.reg_stages))
+
+
+def knob_value_problems(values: dict[str, Any]) -> list[str]:
+    """Why knob values are outside their declared domains (empty when none is); an int
+    only, never a bool. Schedule.from_dict and the code generator check with this."""
+    problems = []
+    for name, allowed in KNOBS.items():
+        value = values[name]
+        if isinstance(value, bool) or not isinstance(value, int) or value not in allowed:
+            problems.append(f"{name} must be one of {list(allowed)}, got {value!r}")
+    return problems
 
 
 def smem_bytes(stages: Any, bm: Any, bn: Any, bk: Any) -> Any:

@@ -3,7 +3,8 @@ service and the tuner (all of them import it from here)."""
 
 from __future__ import annotations
 
-from typing import Literal
+from enum import StrEnum
+from typing import Literal, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
@@ -15,9 +16,44 @@ TrialStatus = Literal[
     "wrong_result",
     "timeout",
 ]
-FAILED_STATUSES: frozenset[str] = frozenset(
-    {"compile_error", "launch_error", "runtime_error", "wrong_result", "timeout"}
-)
+FAILED_STATUSES: frozenset[str] = frozenset(get_args(TrialStatus)) - {"ok"}
+
+
+class RunnerKind(StrEnum):
+    """What answers a trial: the runners' names (workers/runners implement one each).
+
+    Declared here, with the result they return, because the wire schema (model/) must
+    derive its enums from it and model/ imports nothing from workers/. A result's `runner`
+    string may carry a suffix after a colon (a replayed result says `replay:<recorded
+    runner>`); :meth:`of` reads the kind.
+    """
+
+    CUPY = "cupy"  # a real GPU, timed with CUDA events
+    REPLAY = "replay"  # answers from a recorded dataset
+    SIMULATED = "simulated"  # the analytical model plus stated noise: demos and CI only
+
+    @classmethod
+    def of(cls, runner: str | None) -> RunnerKind | None:
+        """The kind of a result's or a worker's runner string (None if unknown)."""
+        if not runner:
+            return None
+        try:
+            return cls(runner.split(":", 1)[0])
+        except ValueError:
+            return None
+
+    @property
+    def adjective(self) -> str:
+        """How its latencies are labelled wherever they are shown: measured, simulated or
+        replayed."""
+        return _ADJECTIVES[self]
+
+
+_ADJECTIVES = {
+    RunnerKind.CUPY: "measured",
+    RunnerKind.REPLAY: "replayed",
+    RunnerKind.SIMULATED: "simulated",
+}
 
 
 class MeasureResult(BaseModel):

@@ -295,7 +295,10 @@ class Conv3d(_Workload):
 
 
 Workload = Annotated[Gemm | Bmm | Conv2d | Conv3d, Field(discriminator="op")]
-OPS: dict[str, type[_Workload]] = {"gemm": Gemm, "bmm": Bmm, "conv2d": Conv2d, "conv3d": Conv3d}
+# Operator name -> type, read from each type's `op` tag: the names are declared once, there.
+OPS: dict[str, type[_Workload]] = {
+    str(cls.model_fields["op"].default): cls for cls in (Gemm, Bmm, Conv2d, Conv3d)
+}
 _WORKLOAD_ADAPTER: TypeAdapter[Gemm | Bmm | Conv2d | Conv3d] = TypeAdapter(Workload)
 
 

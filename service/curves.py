@@ -1,7 +1,8 @@
 """Best-so-far curves: one task's, and best-in-k-trials aggregated over tasks (ALCOP Fig. 13).
 
 A task's curve covers the prefix of its trials that are all final (a trial still running
-would change the points after it); failed trials count as trials that found nothing.
+would change the points after it); failed and lost trials count as trials that found
+nothing, and a cancelled one ends the curve (it is no trial).
 
 The aggregate reads each task's stored curve (written at every batch boundary), not its
 trials, so it costs O(tasks) rows however many trials the database holds. best-in-k of a
@@ -17,14 +18,15 @@ from __future__ import annotations
 from collections import defaultdict
 
 import numpy as np
-from sqlalchemy import func, select
-from sqlalchemy.orm import Session
+from scipy.stats import gmean
+from sqlalchemy import and_, func, select
+from sqlalchemy.orm import Session, aliased
 
+from pipetune.model.states import JobState
+from pipetune.model.trials import RunnerKind
 from pipetune.model.wire import AggregatePoint, CurvePoint
 from pipetune.service.orm import JobRow, ReferenceOptimumRow, TaskRow, WorkloadRow
 from pipetune.service.records import tflops
-
-FINAL_JOB = ("done", "failed", "lost")
 
 
 def task_curve(session: Session, task_id: int, flops: int, after: int) -> list[CurvePoint]:
@@ -36,9 +38,9 @@ def task_curve(session: Session, task_id: int, flops: int, after: int) -> list[C
     points: list[CurvePoint] = []
     best: float | None = None
     for trial, state, latency in rows:
-        if state not in FINAL_JOB:
+        if not JobState(state).is_trial():
             break
-        if state == "done" and latency is not None and (best is None or latency < best):
+        if state == JobState.DONE and latency is not None and (best is None or latency < best):
             best = latency
         if trial > after:
             points.append(
@@ -74,20 +76,25 @@ def _best_known(session: Session) -> dict[tuple[int, str], float]:
 def _geomean_rows(matrix: np.ndarray) -> np.ndarray:
     """Geometric mean of each column over the rows that are not NaN (0 if any is 0)."""
     present = ~np.isnan(matrix)
-    with np.errstate(divide="ignore", invalid="ignore"):
-        logs = np.where(present, np.log(np.where(present, matrix, 1.0)), 0.0)
-        count = present.sum(axis=0)
-        mean = np.exp(logs.sum(axis=0) / np.maximum(count, 1))
-    zero = (present & (matrix <= 0)).any(axis=0)
-    return np.where(zero, 0.0, mean)
+    # A missing row weighs nothing; a 0 (no success yet) makes the mean 0, as it should.
+    with np.errstate(divide="ignore"):
+        return gmean(np.where(present, matrix, 1.0), axis=0, weights=present.astype(float))
+
+
+_BestJob = aliased(JobRow, name="best_job")
 
 
 def aggregate(
     session: Session, gpu: str | None, op: str | None, strategy: str | None, max_k: int
-) -> dict[str, list[AggregatePoint]]:
+) -> tuple[dict[str, list[AggregatePoint]], list[str]]:
+    """(strategy -> best-in-k points, the runner kinds of the tasks' best trials)."""
     query = (
-        select(TaskRow.strategy, TaskRow.workload_id, TaskRow.gpu, TaskRow.curve)
+        select(TaskRow.strategy, TaskRow.workload_id, TaskRow.gpu, TaskRow.curve, _BestJob.runner)
         .join(WorkloadRow, WorkloadRow.id == TaskRow.workload_id)
+        # One indexed row per task (jobs by task and trial): the aggregate stays O(tasks).
+        .outerjoin(
+            _BestJob, and_(_BestJob.task_id == TaskRow.id, _BestJob.trial == TaskRow.best_trial)
+        )
         .where(TaskRow.curve.is_not(None))
     )
     if gpu is not None:
@@ -101,10 +108,14 @@ def aggregate(
     groups: dict[str, dict[tuple[int, str], list[np.ndarray]]] = defaultdict(
         lambda: defaultdict(list)
     )
-    for name, workload_id, task_gpu, curve in session.execute(query):
+    runners: set[str] = set()
+    for name, workload_id, task_gpu, curve, runner in session.execute(query):
         optimum = best.get((workload_id, task_gpu))
         if not curve or optimum is None:
             continue
+        kind = RunnerKind.of(runner)
+        if kind is not None:
+            runners.add(kind)
         latency = np.array([np.inf if c is None else c for c in curve[:max_k]], dtype=float)
         groups[name][(workload_id, task_gpu)].append(optimum / latency)
     curves: dict[str, list[AggregatePoint]] = {}
@@ -125,4 +136,4 @@ def aggregate(
             AggregatePoint(k=k + 1, best_in_k=float(values[k]), tasks=int(tasks[k]))
             for k in range(length)
         ]
-    return curves
+    return curves, sorted(runners)

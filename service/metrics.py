@@ -1,121 +1,118 @@
-"""Prometheus metrics in the text exposition format (no client library needed).
+"""Prometheus metrics (prometheus_client), one registry per service app.
 
 Counters and histograms live in this process (each replica exports its own, as Prometheus
-expects); the queue gauges are read from the database at scrape time, so every replica
-reports the same, true queue.
+expects); the queue gauges are read from the database at scrape time by a custom
+collector, so every replica reports the same, true queue.
 """
 
 from __future__ import annotations
 
-import bisect
-import threading
-from collections import defaultdict
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator
+from typing import TYPE_CHECKING
 
-LabelValues = tuple[str, ...]
+from prometheus_client import (
+    CollectorRegistry,
+    Counter,
+    Histogram,
+    disable_created_metrics,
+    generate_latest,
+)
+from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+from sqlalchemy import func, select
 
+from pipetune.model.states import OUTSTANDING_JOB_STATES, JobState
+from pipetune.service.orm import JobRow, TaskRow, WorkerRow
 
-def _labels(names: Sequence[str], values: Sequence[str]) -> str:
-    if not names:
-        return ""
-    escaped = (str(v).replace("\\", r"\\").replace('"', r"\"").replace("\n", r"\n") for v in values)
-    return "{" + ",".join(f'{n}="{v}"' for n, v in zip(names, escaped, strict=True)) + "}"
+if TYPE_CHECKING:
+    from pipetune.service.db import Database
 
+# The exposition has no `*_created` series: scrapers of the families below never had them.
+disable_created_metrics()
 
-class Counter:
-    def __init__(self, name: str, help_text: str, labels: Sequence[str] = ()):
-        self.name, self.help, self.labelnames = name, help_text, tuple(labels)
-        self._values: dict[LabelValues, float] = defaultdict(float)
-        self._lock = threading.Lock()
-
-    def inc(self, *labels: str, amount: float = 1.0) -> None:
-        with self._lock:
-            self._values[tuple(labels)] += amount
-
-    def value(self, *labels: str) -> float:
-        return self._values.get(tuple(labels), 0.0)
-
-    def render(self) -> Iterable[str]:
-        yield f"# HELP {self.name} {self.help}"
-        yield f"# TYPE {self.name} counter"
-        with self._lock:
-            items = sorted(self._values.items())
-        for labels, value in items:
-            yield f"{self.name}{_labels(self.labelnames, labels)} {value}"
+# What generate_latest writes: the classic text format (every Prometheus reads it).
+CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+REQUEST_BUCKETS_S = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)
 
 
-class Histogram:
-    def __init__(self, name: str, help_text: str, labels: Sequence[str], buckets: Sequence[float]):
-        self.name, self.help, self.labelnames = name, help_text, tuple(labels)
-        self.buckets = tuple(sorted(buckets))
-        self._counts: dict[LabelValues, list[int]] = {}
-        self._sums: dict[LabelValues, float] = defaultdict(float)
-        self._lock = threading.Lock()
-
-    def observe(self, value: float, *labels: str) -> None:
-        key = tuple(labels)
-        with self._lock:
-            counts = self._counts.setdefault(key, [0] * (len(self.buckets) + 1))
-            counts[bisect.bisect_left(self.buckets, value)] += 1
-            self._sums[key] += value
-
-    def render(self) -> Iterable[str]:
-        yield f"# HELP {self.name} {self.help}"
-        yield f"# TYPE {self.name} histogram"
-        with self._lock:
-            items = sorted((k, list(v), self._sums[k]) for k, v in self._counts.items())
-        names = (*self.labelnames, "le")
-        for labels, counts, total in items:
-            running = 0
-            for bound, count in zip(self.buckets, counts, strict=False):
-                running += count
-                yield f"{self.name}_bucket{_labels(names, (*labels, repr(bound)))} {running}"
-            running += counts[-1]
-            yield f"{self.name}_bucket{_labels(names, (*labels, '+Inf'))} {running}"
-            yield f"{self.name}_sum{_labels(self.labelnames, labels)} {total}"
-            yield f"{self.name}_count{_labels(self.labelnames, labels)} {running}"
-
-
-def gauge_lines(name: str, help_text: str, labels: Sequence[str], rows: Iterable) -> list[str]:
+def gauge_family(
+    name: str, help_text: str, labels: list[str], rows: Iterable[tuple]
+) -> GaugeMetricFamily:
     """A gauge family from (label values..., value) rows."""
-    lines = [f"# HELP {name} {help_text}", f"# TYPE {name} gauge"]
+    family = GaugeMetricFamily(name, help_text, labels=labels)
     for *values, value in rows:
-        lines.append(f"{name}{_labels(labels, values)} {float(value)}")
-    return lines
+        family.add_metric([str(v) for v in values], float(value))
+    return family
+
+
+class DatabaseGauges(Collector):
+    """The queue, task and worker gauges, read from the database at every scrape (one read
+    transaction), so that every replica reports the same, true figures."""
+
+    def __init__(self, db: Database):
+        self.db = db
+
+    def collect(self) -> Iterator[Metric]:
+        with self.db.read() as s:
+            jobs = s.execute(
+                select(JobRow.state, JobRow.gpu, func.count())
+                .where(JobRow.state.in_(OUTSTANDING_JOB_STATES))
+                .group_by(JobRow.state, JobRow.gpu)
+            ).all()
+            tasks = s.execute(select(TaskRow.state, func.count()).group_by(TaskRow.state)).all()
+            workers = s.execute(select(WorkerRow.gpu, func.count()).group_by(WorkerRow.gpu)).all()
+        queued = [(gpu, n) for state, gpu, n in jobs if state == JobState.QUEUED]
+        leased = [(gpu, n) for state, gpu, n in jobs if state == JobState.LEASED]
+        yield gauge_family("pipetune_queue_depth", "Jobs waiting for a worker", ["gpu"], queued)
+        yield gauge_family("pipetune_leases_active", "Jobs leased to a worker", ["gpu"], leased)
+        yield gauge_family("pipetune_tasks", "Tasks by state", ["state"], tasks)
+        yield gauge_family("pipetune_workers_registered", "Registered workers", ["gpu"], workers)
+
+    def describe(self) -> Iterator[Metric]:
+        return iter(())  # registering the collector reads nothing from the database
 
 
 class Metrics:
-    """The service's own counters."""
+    """The service's own counters and request latency, and (given a database) its gauges."""
 
-    def __init__(self) -> None:
-        self.leases = Counter("pipetune_jobs_leased_total", "Jobs handed to workers", ["gpu"])
+    def __init__(self, db: Database | None = None) -> None:
+        self.registry = CollectorRegistry(auto_describe=True)
+        r = self.registry
+        self.leases = Counter(
+            "pipetune_jobs_leased_total", "Jobs handed to workers", ["gpu"], registry=r
+        )
         self.results = Counter(
-            "pipetune_results_total", "Results posted by workers", ["status", "accepted"]
+            "pipetune_results_total",
+            "Results posted by workers",
+            ["status", "accepted"],
+            registry=r,
         )
         self.lease_expiries = Counter(
-            "pipetune_lease_expiries_total", "Leases that expired without a result", ["outcome"]
+            "pipetune_lease_expiries_total",
+            "Leases that expired without a result",
+            ["outcome"],
+            registry=r,
         )
-        self.batches = Counter("pipetune_batches_enqueued_total", "Proposal batches enqueued")
+        self.batches = Counter(
+            "pipetune_batches_enqueued_total", "Proposal batches enqueued", registry=r
+        )
         self.tasks_finished = Counter(
-            "pipetune_tasks_finished_total", "Tasks that reached an end state", ["state"]
+            "pipetune_tasks_finished_total",
+            "Tasks that reached an end state",
+            ["state"],
+            registry=r,
         )
         self.request_seconds = Histogram(
             "pipetune_http_request_duration_seconds",
             "HTTP request latency by route",
             ["method", "route", "status"],
-            [0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30],
+            buckets=REQUEST_BUCKETS_S,
+            registry=r,
         )
 
-    def render(self, gauges: list[str]) -> str:
-        lines: list[str] = []
-        for family in (
-            self.leases,
-            self.results,
-            self.lease_expiries,
-            self.batches,
-            self.tasks_finished,
-            self.request_seconds,
-        ):
-            lines.extend(family.render())
-        lines.extend(gauges)
-        return "\n".join(lines) + "\n"
+        if db is not None:
+            self.registry.register(DatabaseGauges(db))
+
+    def render(self) -> bytes:
+        """The text exposition format."""
+        return generate_latest(self.registry)

@@ -39,6 +39,6 @@ class RequestMetrics:
             route = scope.get("route")
             # Route templates, never raw paths: ids in paths would explode the label set.
             path = getattr(route, "path", None) or "unmatched"
-            self.metrics.request_seconds.observe(
-                time.perf_counter() - start, scope["method"], path, str(status)
+            self.metrics.request_seconds.labels(scope["method"], path, str(status)).observe(
+                time.perf_counter() - start
             )

@@ -7,6 +7,7 @@ import tempfile
 
 import pytest
 from hypothesis import settings
+from pg_instance import ADMIN_URL_ENV, DEFAULT_ADMIN_URL, UNAVAILABLE_ENV, PostgresInstance, settle
 
 from pipetune.model.hardware import get_gpu
 
@@ -21,6 +22,31 @@ atexit.register(shutil.rmtree, _DATA_HOME, ignore_errors=True)
 settings.register_profile("ci", derandomize=True)
 if os.environ.get("CI"):
     settings.load_profile("ci")
+
+
+_private_postgres: list[PostgresInstance] = []
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """The PostgreSQL the tests use, settled before any test module reads it (see
+    pg_instance.settle): the local server when it answers, else a private throwaway one for
+    this run. Without either, the tests that need PostgreSQL fail with the reason: they
+    never skip, so a green run always covered PostgreSQL."""
+    pg = settle(os.environ)
+    if pg is not None:
+        _private_postgres.append(pg)
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    while _private_postgres:
+        _private_postgres.pop().destroy()
+
+
+def pytest_report_header(config: pytest.Config) -> str:
+    if os.environ.get(UNAVAILABLE_ENV):
+        return f"PostgreSQL: none ({os.environ[UNAVAILABLE_ENV]})"
+    where = " (a private server for this run)" if _private_postgres else ""
+    return f"PostgreSQL: {os.environ.get(ADMIN_URL_ENV, DEFAULT_ADMIN_URL)}{where}"
 
 
 @pytest.fixture(scope="session")

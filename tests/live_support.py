@@ -20,6 +20,7 @@ from sqlalchemy import create_engine, select
 
 from pipetune.clients.local_service import LocalService, free_port
 from pipetune.clients.sdk import Client
+from pipetune.model.states import JobState
 from pipetune.model.wire import TrialDoc, WorkerDoc
 from pipetune.service.orm import JobRow, LeaseRow, TaskRow
 
@@ -164,7 +165,7 @@ def audit_task(database_url: str, task_id: int, budget: int) -> Audit:
     trials = sorted(job.trial for job in jobs)
     assert trials == list(range(budget)), trials
     states = Counter(job.state for job in jobs)
-    assert set(states) <= {"done", "failed"}, states
+    assert set(states) <= {JobState.DONE, JobState.FAILED}, states
     trial_of = {job.id: job.trial for job in jobs}
     leases: dict[int, list[tuple]] = defaultdict(list)
     for job_id, worker, leased_at, ended_at, outcome in lease_rows:

@@ -1,5 +1,10 @@
-"""A private PostgreSQL server for tests that must stop and restart the database (the
-shared server at 127.0.0.1:5432 serves every other test and is never restarted).
+"""The tests' PostgreSQL: where it is, whether it answers, and a private server of our own.
+
+The service tests run on the server at PIPETUNE_TEST_PG_ADMIN_URL (by default the local
+one, 127.0.0.1:5432, database `test`, trust auth, as `make test` sets it up). Where none
+answers there, conftest.py starts a private throwaway server for the run (PostgresInstance,
+from the installed server binaries). Tests that must stop and restart the database get a
+private server of their own too; the shared one is never restarted.
 
 initdb refuses to run as root; as root the server runs as the `postgres` system user, from
 a data directory under /tmp that user can reach.
@@ -15,11 +20,35 @@ import socket
 import subprocess
 import tempfile
 import time
+from collections.abc import MutableMapping
 from pathlib import Path
+
+ADMIN_URL_ENV = "PIPETUNE_TEST_PG_ADMIN_URL"
+DEFAULT_ADMIN_URL = "postgresql+psycopg://postgres@127.0.0.1:5432/test"
+# Set by conftest.py when no PostgreSQL can be had: why, in one line (the tests that need
+# one fail with it).
+UNAVAILABLE_ENV = "PIPETUNE_TEST_PG_UNAVAILABLE"
 
 
 class PostgresUnavailableError(RuntimeError):
     """No PostgreSQL server binaries on this machine."""
+
+
+def admin_url() -> str:
+    return os.environ.get(ADMIN_URL_ENV, DEFAULT_ADMIN_URL)
+
+
+def connection_problem(url: str, timeout_s: int = 3) -> str | None:
+    """Why a PostgreSQL URL cannot be used (its first line), or None when it answers."""
+    import psycopg  # only the tests that use PostgreSQL pay for the import
+
+    dsn = url.replace("postgresql+psycopg://", "postgresql://", 1)
+    try:
+        with psycopg.connect(dsn, connect_timeout=timeout_s):
+            return None
+    except psycopg.Error as exc:
+        lines = str(exc).strip().splitlines()
+        return lines[0] if lines else type(exc).__name__
 
 
 def _bindir() -> Path:
@@ -59,6 +88,18 @@ class PostgresInstance:
     @property
     def url(self) -> str:
         return f"postgresql+psycopg://postgres@127.0.0.1:{self.port}/postgres"
+
+    @classmethod
+    def started(cls) -> PostgresInstance:
+        """A new server, running (destroyed again if it cannot start)."""
+        pg = cls()
+        try:
+            pg.init()
+            pg.start()
+        except BaseException:
+            pg.destroy()
+            raise
+        return pg
 
     def _run(self, *args: str, timeout_s: float = 60.0) -> None:
         subprocess.run([*self._as, *args], check=True, capture_output=True, timeout=timeout_s)
@@ -115,3 +156,26 @@ class PostgresInstance:
                     return
             time.sleep(0.1)
         raise TimeoutError(f"PostgreSQL did not listen on {self.port}")
+
+
+def settle(environ: MutableMapping[str, str], default_url: str = DEFAULT_ADMIN_URL):
+    """Decide the tests' PostgreSQL, recording it in `environ` for every test (and every
+    process they start): the server at ADMIN_URL_ENV when that is set (used as given);
+    else `default_url` when it answers; else a private throwaway server, started here and
+    returned (the caller destroys it at the end). When none can be had, UNAVAILABLE_ENV
+    says why in one line, and the tests that need PostgreSQL fail with it."""
+    if environ.get(ADMIN_URL_ENV) or environ.get(UNAVAILABLE_ENV):
+        return None  # given, or settled by an outer run (a pytest started by a test)
+    problem = connection_problem(default_url)
+    if problem is None:
+        return None
+    try:
+        pg = PostgresInstance.started()
+    except (PostgresUnavailableError, subprocess.SubprocessError, OSError, KeyError) as exc:
+        environ[UNAVAILABLE_ENV] = (
+            f"no PostgreSQL answers at {default_url} ({problem}) and no private server "
+            f"could start ({type(exc).__name__}: {exc})"
+        )
+        return None
+    environ[ADMIN_URL_ENV] = pg.url
+    return pg

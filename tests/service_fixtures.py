@@ -2,8 +2,8 @@
 
 Databases: every test gets an empty, migrated database, on SQLite (a copy of a migrated
 template file) and on the local PostgreSQL (one fresh database per test session, created
-as pipetune_test_<random>, tables truncated between tests, dropped at the end). The
-PostgreSQL variant is skipped only when no server answers locally.
+as pipetune_test_<random>, tables truncated between tests, dropped at the end). Without a
+PostgreSQL the PostgreSQL variant fails with the reason (conftest.py): it never skips.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from service_support import PG_ADMIN_URL, TestClient, client_for, pg_reachable
+from service_support import PG_ADMIN_URL, TestClient, client_for, require_pg
 from sqlalchemy import create_engine, text
 
 from pipetune.service.migrate import upgrade
@@ -30,8 +30,7 @@ def sqlite_template(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="session")
 def pg_url() -> Iterator[str]:
-    if not pg_reachable():
-        pytest.skip(f"no PostgreSQL answers at {PG_ADMIN_URL}")
+    require_pg()
     name = f"pipetune_test_{uuid.uuid4().hex[:10]}"
     admin = create_engine(PG_ADMIN_URL, isolation_level="AUTOCOMMIT")
     with admin.connect() as conn:

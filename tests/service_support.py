@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import os
+import time
 import warnings
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
-from sqlalchemy import create_engine
+import pytest
+from pg_instance import UNAVAILABLE_ENV, admin_url, connection_problem
+from prometheus_client.parser import text_string_to_metric_families
 
 from pipetune.service.app import create_app
 from pipetune.service.settings import Settings
@@ -18,9 +21,8 @@ with warnings.catch_warnings():
     warnings.simplefilter("ignore")
     from fastapi.testclient import TestClient
 
-PG_ADMIN_URL = os.environ.get(
-    "PIPETUNE_TEST_PG_ADMIN_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/test"
-)
+# The tests' PostgreSQL (conftest.py has settled it before any test module is imported).
+PG_ADMIN_URL = admin_url()
 TOKEN = "test-worker-token"
 WORKER_HEADERS = {"Authorization": f"Bearer {TOKEN}"}
 GEMM = {"op": "gemm", "m": 1024, "n": 1024, "k": 1024, "dtype": "float16"}
@@ -28,15 +30,35 @@ SMALL_GEMM = {"op": "gemm", "m": 256, "n": 256, "k": 256, "dtype": "float16"}
 
 
 def pg_reachable() -> bool:
-    """Whether the local PostgreSQL answers (its tests are skipped only when it does not)."""
-    try:
-        engine = create_engine(PG_ADMIN_URL, connect_args={"connect_timeout": 3})
-        with engine.connect():
-            pass
-        engine.dispose()
-        return True
-    except Exception:
-        return False
+    """Whether the tests' PostgreSQL answers."""
+    return pg_problem() is None
+
+
+def pg_problem() -> str | None:
+    """Why the tests have no PostgreSQL, in one line (None when they have one)."""
+    if os.environ.get(UNAVAILABLE_ENV):
+        return os.environ[UNAVAILABLE_ENV]
+    problem = connection_problem(PG_ADMIN_URL)
+    return None if problem is None else f"no PostgreSQL answers at {PG_ADMIN_URL}: {problem}"
+
+
+def require_pg() -> str:
+    """The tests' PostgreSQL admin URL; fails the calling test (never skips it) when there
+    is none, with the reason and how to get one."""
+    problem = pg_problem()
+    if problem is not None:
+        pytest.fail(f"{problem} (make test sets PostgreSQL up)", pytrace=False)
+    return PG_ADMIN_URL
+
+
+def metric_value(exposition: str, name: str, **labels: str) -> float | None:
+    """The value of one sample of a Prometheus text exposition (None when absent); labels
+    match whatever order the exposition writes them in."""
+    for family in text_string_to_metric_families(exposition):
+        for sample in family.samples:
+            if sample.name == name and sample.labels == labels:
+                return sample.value
+    return None
 
 
 def settings(url: str, **overrides: Any) -> Settings:
@@ -84,9 +106,22 @@ def ok(latency_us: float) -> dict:
     return {"status": "ok", "latency_us": latency_us, "samples_us": [latency_us], "spread": 0.0}
 
 
+def settle(client: TestClient, timeout_s: float = 60.0) -> None:
+    """Wait until the service's proposer loop has advanced the tasks that results asked it
+    to: the advance runs off the request path, after the response (service/proposer.py)."""
+    proposer = service_of(client).proposer
+    deadline = time.monotonic() + timeout_s
+    while not proposer.idle():
+        assert time.monotonic() < deadline, "the proposer loop did not settle"
+        time.sleep(0.002)
+
+
 def post_result(client: TestClient, worker_id: int, job: dict, result: dict):
+    """Post one result, then let the proposer settle (as the tests read the task next)."""
     body = {"worker_id": worker_id, "lease_token": job["lease_token"], "result": result}
-    return client.post(f"/v1/jobs/{job['job_id']}/result", json=body, headers=WORKER_HEADERS)
+    response = client.post(f"/v1/jobs/{job['job_id']}/result", json=body, headers=WORKER_HEADERS)
+    settle(client)
+    return response
 
 
 def fake_latency(schedule: dict) -> float:

@@ -114,3 +114,59 @@ def test_compile_rejects_bad_options_with_exit_2(extra):
     result = runner.invoke(app, ["kernel", "compile", *GEMM, *extra, "--json"])
     assert result.exit_code == 2
     assert result.stdout == "" and result.stderr.startswith("error: ")
+
+
+# ---- without a shape: the kernel takes its shape as arguments -------------------------
+
+
+def test_source_without_a_shape_prints_the_variants_kernel():
+    result = runner.invoke(app, ["kernel", "source", "gemm", "--schedule", json.dumps(KNOBS)])
+    assert result.exit_code == 0, result.output
+    assert result.stdout.startswith("// pipetune generated kernel: variant gemm_kn")
+    nk = ["kernel", "source", "gemm", "--b-layout", "nk", "--schedule", json.dumps(KNOBS)]
+    result = runner.invoke(app, nk)
+    assert result.exit_code == 0 and "pipetune_gemm_nk_s_2_2_2_2_2_3_2(" in result.stdout
+    result = runner.invoke(app, ["kernel", "source", "conv3d", "--schedule", json.dumps(KNOBS)])
+    assert result.exit_code == 0 and "constexpr int CONV_DIMS = 3;" in result.stdout
+
+
+def test_source_without_a_shape_still_checks_the_gpu_rules():
+    sixteen_warps = {**KNOBS, "block_row_warps": 4, "block_col_warps": 4,
+                     "warp_row_tiles": 1, "warp_col_tiles": 1, "chunk": 1}  # fmt: skip
+    args = ["kernel", "source", "bmm", "--schedule", json.dumps(sixteen_warps)]
+    result = runner.invoke(app, args)
+    assert result.exit_code == 2 and result.stdout == ""
+    assert result.stderr.strip() == (
+        "error: schedule s-4-4-1-1-1-3-2 is outside the valid space of bmm kernels (any "
+        "shape) on h100: tile loads not divisible by the threads"
+    )
+
+
+def test_part_of_a_shape_is_refused_naming_what_is_missing():
+    args = ["kernel", "source", "gemm", "--m", "64", "--schedule", json.dumps(KNOBS)]
+    result = runner.invoke(app, args)
+    assert result.exit_code == 2
+    assert result.stderr.strip() == "error: --n, --k: give the whole shape or none of it"
+    result = runner.invoke(app, ["kernel", "compile", "conv2d", "--n", "2", "--json"])
+    assert result.exit_code == 2 and "--h, --w, --c, --k, --r, --s:" in result.stderr
+
+
+def test_compile_without_a_shape_samples_every_schedule_valid_on_the_gpu():
+    from pipetune.model.hardware import get_gpu
+    from pipetune.model.space import Space
+    from pipetune.workers.codegen.sample import unconstrained_workload
+
+    args = ["kernel", "compile", "gemm", "--arch", "sm_90", "--sample", "4", "--json"]
+    result = runner.invoke(app, args)
+    assert result.exit_code == 0, result.output
+    doc = json.loads(result.stdout)
+    assert doc["workload"] is None and doc["variant"] == "gemm_kn"
+    space = Space.enumerate(unconstrained_workload("gemm"), get_gpu("h100"))
+    assert doc["space_size"] == len(space) and doc["space_workload"]["op"] == "gemm"
+    assert doc["sampled"] == 4 == len(doc["results"])
+    for row in doc["results"]:
+        assert row["ok"] is True and row["spills"] == 0
+        assert row["kernel"].startswith("pipetune_gemm_kn_")
+    table = runner.invoke(app, ["kernel", "compile", "conv2d", "--sample", "1"])
+    assert table.exit_code == 0, table.output
+    assert "conv2d kernels (any shape; valid on h100): 1 of" in " ".join(table.stdout.split())

@@ -111,7 +111,7 @@ def test_bad_size_exits_2_with_one_line():
         [
             sys.executable,
             "-c",
-            "from clients.cli.main import run; run()",
+            "from pipetune.clients.cli.main import run; run()",
             "model",
             "rank",
             "gemm",

@@ -98,3 +98,20 @@ def test_sample_is_deterministic_and_capped_by_the_space(space):
     assert sorted(stratified_sample(tiny, 100)) == sorted(tiny)
     with pytest.raises(ValueError):
         stratified_sample(space, 0)
+
+
+@pytest.mark.parametrize("gpu", ["a100", "h100", "h200"])
+def test_the_unconstrained_shapes_exclude_no_schedule_the_gpu_allows(gpu):
+    """What `pipetune kernel compile` samples without a shape: on these shapes no shape rule
+    (tile overhang, stages beyond K tiles) excludes a schedule, so their space is every
+    schedule valid on the GPU."""
+    from pipetune.model.space import KNOB_NAMES, KNOBS, invalid_reasons
+    from pipetune.workers.codegen.sample import UNCONSTRAINED_SHAPES, unconstrained_workload
+
+    mesh = np.meshgrid(*[np.array(v) for v in KNOBS.values()], indexing="ij")
+    grid = {name: g.ravel() for name, g in zip(KNOB_NAMES, mesh, strict=True)}
+    shape_rules = ("tile overhangs the problem", "more pipeline stages than K tiles")
+    for op in UNCONSTRAINED_SHAPES:
+        reasons = invalid_reasons(grid, unconstrained_workload(op), get_gpu(gpu))
+        for rule in shape_rules:
+            assert not reasons[rule].any(), (op, rule)

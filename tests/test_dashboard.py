@@ -1,10 +1,15 @@
 """The dashboard in headless Chromium (Debian's chromium, driven by Playwright): it loads
 with no console error and no request off the machine, draws the task's best-so-far curve,
 the measured-vs-predicted scatter and the best-in-k curves per strategy, and refreshes
-incrementally as trials arrive."""
+incrementally as trials arrive. Simulated trials are labelled simulated wherever they are
+drawn, and the plot titles stay clear of Plotly's mode bar.
+
+`PIPETUNE_DASHBOARD_SCREENSHOT=docs/dashboard-simulated.png` makes the simulated-labels test
+save its screenshot there too (the one in docs/ was taken that way)."""
 
 from __future__ import annotations
 
+import os
 import shutil
 import socket
 import threading
@@ -33,6 +38,20 @@ CHROMIUM_ARGS = [
     "--disable-sync",
 ]
 HEADERS = {"Authorization": f"Bearer {TOKEN}"}
+SCREENSHOT_ENV = "PIPETUNE_DASHBOARD_SCREENSHOT"
+
+
+@pytest.fixture(scope="session")
+def chromium() -> str:
+    """Debian's chromium; its absence fails the test with the command that installs it."""
+    found = shutil.which("chromium") or (CHROMIUM if Path(CHROMIUM).exists() else None)
+    if found is None:
+        pytest.fail(
+            "Debian's chromium is not installed (make test installs it; by hand: "
+            "sudo apt-get install -y chromium)",
+            pytrace=False,
+        )
+    return found
 
 
 def _free_port() -> int:
@@ -57,6 +76,11 @@ def live_url(tmp_path: Path) -> Iterator[str]:
     yield f"http://127.0.0.1:{port}"
     server.should_exit = True
     thread.join(timeout=10)
+
+
+def _register(client: httpx.Client, name: str, runner: str) -> int:
+    body = {"name": name, "gpu": "h100", "arch": "sm_90", "runner": runner}
+    return client.post("/v1/workers", json=body, headers=HEADERS).json()["id"]
 
 
 def _answer(client: httpx.Client, worker: int, max_jobs: int, wait_s: float = 2) -> int:
@@ -84,11 +108,7 @@ def _finish(client: httpx.Client, worker: int, task_ids: list[int]) -> None:
 
 def _two_finished_tasks(client: httpx.Client) -> int:
     """A simulated worker, and a grid and an analytical task of 16 trials it finished."""
-    worker = client.post(
-        "/v1/workers",
-        json={"name": "sim", "gpu": "h100", "arch": "sm_90", "runner": "simulated"},
-        headers=HEADERS,
-    ).json()["id"]
+    worker = _register(client, "sim", "simulated")
     finished = []
     for strategy in ("grid", "analytical"):
         body = {"workload": GEMM, "gpu": "h100", "budget": 16, "strategy": strategy}
@@ -97,10 +117,9 @@ def _two_finished_tasks(client: httpx.Client) -> int:
     return worker
 
 
-def test_dashboard_draws_the_curves_without_console_errors(live_url):
+def test_dashboard_draws_the_curves_without_console_errors(live_url, chromium):
     from playwright.sync_api import sync_playwright
 
-    assert shutil.which("chromium") or Path(CHROMIUM).exists(), "Debian's chromium is needed"
     client = httpx.Client(base_url=live_url, timeout=30)
     worker = _two_finished_tasks(client)
     running = client.post(
@@ -109,7 +128,7 @@ def test_dashboard_draws_the_curves_without_console_errors(live_url):
     _answer(client, worker, 8)  # 8 of its 24 trials measured
 
     with sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        browser = p.chromium.launch(executable_path=chromium, args=CHROMIUM_ARGS)
         page = browser.new_page()
         errors: list[str] = []
         page.on("console", lambda m: errors.append(m.text) if m.type == "error" else None)
@@ -171,7 +190,7 @@ def test_dashboard_draws_the_curves_without_console_errors(live_url):
     assert any(u.endswith("/dashboard/static/plotly.min.js") for u in requested)
 
 
-def test_a_click_during_a_refresh_draws_each_curve_point_once(live_url):
+def test_a_click_during_a_refresh_draws_each_curve_point_once(live_url, chromium):
     """A refresh in flight when another task is selected used to run beside the click's
     refresh: both fetched the curve from the same point and appended it twice (32 points
     for 16 trials; seen as a flaky timeout in CI). The page's /v1/tasks requests are held
@@ -182,7 +201,7 @@ def test_a_click_during_a_refresh_draws_each_curve_point_once(live_url):
         _two_finished_tasks(client)
 
     with sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        browser = p.chromium.launch(executable_path=chromium, args=CHROMIUM_ARGS)
         page = browser.new_page()
         page.goto(f"{live_url}/dashboard?refresh=250")
         page.wait_for_function(
@@ -220,3 +239,132 @@ def test_a_click_during_a_refresh_draws_each_curve_point_once(live_url):
         points = page.evaluate("document.getElementById('curve-plot').data[0].x")
         browser.close()
     assert points == list(range(1, 17))
+
+
+def _axis_title(page, plot: str, axis: str) -> str:
+    return page.evaluate(f"document.getElementById('{plot}').layout.{axis}.title.text")
+
+
+def _wait_for_aggregate(page, traces: int) -> None:
+    page.wait_for_function(
+        "() => { const d = document.getElementById('aggregate-plot').data;"
+        f" return d && d.length === {traces}; }}",
+        timeout=20000,
+    )
+
+
+def test_simulated_trials_are_labelled_simulated_wherever_drawn(live_url, chromium, tmp_path):
+    with httpx.Client(base_url=live_url, timeout=30) as client:
+        _two_finished_tasks(client)  # a simulated worker's: every trial on screen simulated
+
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=chromium, args=CHROMIUM_ARGS)
+        page = browser.new_page(viewport={"width": 1400, "height": 1000})
+        page.goto(f"{live_url}/dashboard?refresh=300")
+        page.wait_for_function(
+            "() => { const d = document.getElementById('curve-plot').data;"
+            " return d && d[0].x.length === 16; }",
+            timeout=20000,
+        )
+        _wait_for_aggregate(page, 2)
+        page.wait_for_selector("#simulated-banner:not([hidden])", timeout=20000)
+        banner = page.locator("#simulated-banner").inner_text()
+        assert "simulated" in banner and "not a measurement" in banner
+        # The task table: both best latencies (and throughputs) tagged simulated.
+        for row in range(2):
+            cells = page.locator("#tasks tbody tr").nth(row).locator("td")
+            for column in (6, 7):  # best TFLOP/s, best µs
+                text = cells.nth(column).inner_text()
+                assert text.split()[-1] == "simulated", text
+        # The axis titles and the plot titles.
+        assert _axis_title(page, "scatter-plot", "yaxis") == "simulated µs"
+        assert _axis_title(page, "curve-plot", "yaxis") == "simulated TFLOP/s"
+        assert _axis_title(page, "aggregate-plot", "yaxis") == "best-in-k (simulated trials)"
+        assert page.locator("#scatter-title").inner_text() == "Simulated vs predicted"
+        assert page.locator("#curve-title").inner_text() == "Best so far (simulated trials)"
+        assert page.evaluate("document.getElementById('scatter-plot').data[0].name") == (
+            "simulated trials"
+        )
+        shot = tmp_path / "dashboard-simulated.png"
+        page.screenshot(path=str(shot), full_page=True)
+        browser.close()
+    assert shot.stat().st_size > 10_000
+    if os.environ.get(SCREENSHOT_ENV):
+        shutil.copyfile(shot, os.environ[SCREENSHOT_ENV])
+
+
+def test_measured_trials_beside_simulated_ones_are_told_apart(live_url, chromium):
+    """A task measured by a cupy worker: no banner (not every trial on screen is
+    simulated), its latencies untagged and called measured; the simulated task's tagged."""
+    with httpx.Client(base_url=live_url, timeout=30) as client:
+        _two_finished_tasks(client)
+        gpu_worker = _register(client, "gpu", "cupy")
+        body = {"workload": GEMM, "gpu": "h100", "budget": 8, "strategy": "random"}
+        measured = client.post("/v1/tasks", json=body).json()["id"]
+        _finish(client, gpu_worker, [measured])
+
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=chromium, args=CHROMIUM_ARGS)
+        page = browser.new_page(viewport={"width": 1400, "height": 1000})
+        page.goto(f"{live_url}/dashboard?refresh=300&task={measured}")
+        page.wait_for_function(
+            "() => { const d = document.getElementById('curve-plot').data;"
+            " return d && d[0].x.length === 8; }",
+            timeout=20000,
+        )
+        _wait_for_aggregate(page, 3)
+        page.wait_for_function("() => Number(document.body.dataset.refreshes) >= 2", timeout=20000)
+        assert page.locator("#simulated-banner").is_hidden()
+        rows = page.locator("#tasks tbody tr")
+        assert "simulated" not in rows.nth(0).inner_text()  # the newest: the measured task
+        assert rows.nth(1).locator("td").nth(7).inner_text().endswith("simulated")
+        assert _axis_title(page, "scatter-plot", "yaxis") == "measured µs"
+        assert _axis_title(page, "curve-plot", "yaxis") == "TFLOP/s"
+        # The aggregate mixes a measured and simulated tasks, and says so.
+        assert _axis_title(page, "aggregate-plot", "yaxis") == (
+            "best-in-k (measured or simulated trials)"
+        )
+        browser.close()
+
+
+def _overlap(a: dict, b: dict) -> bool:
+    return (
+        a["x"] < b["x"] + b["width"]
+        and b["x"] < a["x"] + a["width"]
+        and a["y"] < b["y"] + b["height"]
+        and b["y"] < a["y"] + a["height"]
+    )
+
+
+def test_plot_titles_are_clear_of_the_mode_bar_at_1400_px(live_url, chromium):
+    with httpx.Client(base_url=live_url, timeout=30) as client:
+        _two_finished_tasks(client)
+
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=chromium, args=CHROMIUM_ARGS)
+        page = browser.new_page(viewport={"width": 1400, "height": 1000})
+        page.goto(f"{live_url}/dashboard?refresh=300")
+        page.wait_for_function(
+            "() => { const d = document.getElementById('curve-plot').data;"
+            " return d && d[0].x.length === 16; }",
+            timeout=20000,
+        )
+        _wait_for_aggregate(page, 2)
+        for plot in ("curve-plot", "scatter-plot", "aggregate-plot"):
+            page.hover(f"#{plot}")  # the mode bar shows on hover
+            bar = page.locator(f"#{plot} .modebar").bounding_box()
+            assert bar is not None and bar["width"] > 0, plot
+            # Every title of the plot: its caption, and any title drawn inside it.
+            titles = page.locator(f"#{plot} .gtitle").all()
+            titles.append(page.locator(f"#{plot}").locator("xpath=../figcaption"))
+            for title in titles:
+                box = title.bounding_box()
+                assert box is not None, plot
+                assert not _overlap(box, bar), (plot, title.inner_text(), box, bar)
+        browser.close()

@@ -21,6 +21,7 @@ import pytest
 from live_support import wait_until
 from sqlalchemy import create_engine, select
 
+from pipetune.model.states import JobState, TaskState
 from pipetune.service.orm import JobRow, LeaseRow, WorkerRow
 
 TOKEN = "e2e-worker-token"
@@ -131,8 +132,7 @@ def test_serve_and_two_simulated_workers_tune_a_gemm_with_budget_24(tmp_path):
             task_id = created.json()["id"]
             task = wait_until(
                 lambda: (
-                    (t := client.get(f"/v1/tasks/{task_id}").json())["state"]
-                    in ("done", "failed", "cancelled")
+                    TaskState((t := client.get(f"/v1/tasks/{task_id}").json())["state"]).is_final()
                     and t
                 ),
                 120,
@@ -143,7 +143,7 @@ def test_serve_and_two_simulated_workers_tune_a_gemm_with_budget_24(tmp_path):
 
             trials = client.get(f"/v1/tasks/{task_id}/trials").json()["trials"]
             assert [t["trial"] for t in trials] == list(range(24))
-            assert {t["state"] for t in trials} <= {"done", "failed"}
+            assert {t["state"] for t in trials} <= {JobState.DONE, JobState.FAILED}
             assert len({tuple(t["schedule"].values()) for t in trials}) == 24
             assert {t["worker"] for t in trials} <= set(names)
 

@@ -150,7 +150,7 @@ def private_postgres() -> Iterator[PostgresInstance]:
     try:
         pg = PostgresInstance().init()
     except PostgresUnavailableError as exc:
-        pytest.skip(str(exc))
+        pytest.fail(f"{exc} (make test installs PostgreSQL)", pytrace=False)
     try:
         pg.start()
         yield pg

@@ -1,4 +1,4 @@
-"""A small run of the load benchmark (benchmarks/bench_load.py) as a correctness check:
+"""A small run of the load benchmark (python -m benchmarks.bench_load) as a correctness check:
 two `pipetune serve` replicas on one fresh PostgreSQL database, simulated HTTP workers
 spread over both, three tasks run to their budget. No job may be leased twice at once or
 lost, and every result must be counted exactly once. No timing is asserted.
@@ -14,25 +14,21 @@ run would prove nothing)."""
 from __future__ import annotations
 
 import datetime as dt
-import sys
-from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
-from service_support import PG_ADMIN_URL, pg_reachable
+from service_support import require_pg
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from benchmarks.bench_load import Held, LoadConfig, Tally, audit_rows, run_load
+from benchmarks.bench_load import run_load
+from benchmarks.load_audit import find_churn, find_duplicates, find_lost
+from benchmarks.load_driver import Held, LoadConfig
 
 TASKS, BUDGET, BATCH = 3, 24, 8
 
 
 @pytest.fixture
 def pg_admin_url() -> str:
-    if not pg_reachable():
-        pytest.skip(f"no PostgreSQL answers at {PG_ADMIN_URL}")
-    return PG_ADMIN_URL
+    return require_pg()
 
 
 def _assert_every_trial_counted_once(report: dict, details: dict) -> None:
@@ -163,21 +159,21 @@ def test_audit_counts_overlapping_leases_not_re_leases_after_expiry() -> None:
         _lease(3, 2, "d", 1, "result", 2),
         _lease(4, 3, "e", 1, "result", 3),
     ]
-    report = audit_rows(jobs, clean, [_task(3, 3)], Tally())
-    assert report["duplicate_leases"] == 0, report["duplicates"]
-    assert report["lost_jobs"] == 0, report["lost"]
+    duplicates = find_duplicates(clean, [])
+    assert duplicates.count == 0, duplicates
+    lost = find_lost(jobs, clean, [_task(3, 3)], [])
+    assert lost.count == 0, lost
 
     overlapping = [*clean[:3], _lease(4, 3, "e", 1, "result", 3), _lease(5, 3, "f", 2, None)]
-    report = audit_rows(jobs, overlapping, [_task(3, 3)], Tally())
-    assert report["duplicates"]["overlapping leases (audit table)"] == 1
-    assert report["duplicate_leases"] == 1
+    duplicates = find_duplicates(overlapping, [])
+    assert duplicates.overlapping == {3}
+    assert duplicates.count == 1
 
     twice = [*clean[:3], _lease(4, 3, "e", 1, "result", 3), _lease(5, 3, "f", 4, "result", 5)]
-    assert audit_rows(jobs, twice, [_task(3, 3)], Tally())["duplicate_leases"] == 1
+    assert find_duplicates(twice, []).count == 1
 
-    held = Tally(held=[Held(3, "e", 7, 1.0, 3.0, True), Held(3, "f", 8, 2.0, 4.0, False)])
-    report = audit_rows(jobs, clean, [_task(3, 3)], held)
-    assert report["duplicates"]["held twice at once (live workers' clocks)"] == 1
+    held = [Held(3, "e", 7, 1.0, 3.0, True), Held(3, "f", 8, 2.0, 4.0, False)]
+    assert find_duplicates(clean, held).held_twice == {3}
 
 
 def test_audit_counts_every_overlap_of_lease_intervals() -> None:
@@ -185,23 +181,18 @@ def test_audit_counts_every_overlap_of_lease_intervals() -> None:
     # (the service stamps statement times, so a legitimate re-lease never looks like it).
     jobs = [_job(1, 0, "done", "b")]
     early = [_lease(1, 1, "a", 0, "expired", 10.0), _lease(2, 1, "b", 9.9, "result", 12)]
-    report = audit_rows(jobs, early, [_task(1, 1, target=1)], Tally())
-    assert report["duplicates"]["overlapping leases (audit table)"] == 1
+    assert find_duplicates(early, []).overlapping == {1}
     after = [_lease(1, 1, "a", 0, "expired", 10.0), _lease(2, 1, "b", 10.0, "result", 12)]
-    report = audit_rows(jobs, after, [_task(1, 1, target=1)], Tally())
-    assert report["duplicate_leases"] == 0 and report["re_leases"] == 1
+    assert find_duplicates(after, []).count == 0 and find_churn(jobs, after, []).re_leases == 1
     # A lease granted while its predecessor was live: the reclaim ends both at once.
     both = [_lease(1, 1, "a", 0, "expired", 10.0), _lease(2, 1, "b", 5, "expired", 10.0)]
-    report = audit_rows([_job(1, 0, "queued")], both, [_task(0, 1, "running", 1)], Tally())
-    assert report["duplicates"]["overlapping leases (audit table)"] == 1
+    assert find_duplicates(both, []).overlapping == {1}
     # ... or the predecessor is never ended (its result was refused).
     open_ = [_lease(1, 1, "a", 0, None), _lease(2, 1, "b", 5, "result", 6)]
-    report = audit_rows(jobs, open_, [_task(1, 1, target=1)], Tally())
-    assert report["duplicates"]["overlapping leases (audit table)"] == 1
+    assert find_duplicates(open_, []).overlapping == {1}
     # A predecessor that ended with a result: the job leased again is a duplicate.
     after_result = [_lease(1, 1, "a", 0, "result", 10.0), _lease(2, 1, "b", 9.9, "result", 12)]
-    report = audit_rows(jobs, after_result, [_task(1, 1, target=1)], Tally())
-    assert report["duplicate_leases"] == 1
+    assert find_duplicates(after_result, []).count == 1
 
 
 def test_audit_accounts_for_abandoned_leases() -> None:
@@ -217,48 +208,48 @@ def test_audit_accounts_for_abandoned_leases() -> None:
         Held(1, "b", 8, 6.0, 7.0, True),
         Held(2, "c", 9, 1.0, 2.0, True),
     ]
-    report = audit_rows(jobs, leases, [_task(2, 2, target=2)], Tally(held=held))
-    assert report["duplicate_leases"] == 0, report["duplicates"]  # a dead worker holds nothing
-    assert report["lost_jobs"] == 0, report["lost"]
-    assert report["abandoned"] == report["abandoned_expired"] == 1
-    assert report["leases_expired"] == report["re_leases"] == 1
-    assert report["live_leases_expired"] == 0
-    assert report["re_leased_jobs"] == report["re_leased_one_result"] == 1
-    assert report["results_counted_once"]
+    duplicates = find_duplicates(leases, held)
+    assert duplicates.count == 0, duplicates  # a dead worker holds nothing
+    lost = find_lost(jobs, leases, [_task(2, 2, target=2)], held)
+    assert lost.count == 0, lost
+    churn = find_churn(jobs, leases, held)
+    assert churn.abandoned == churn.abandoned_expired == 1
+    assert churn.leases_expired == churn.re_leases == 1
+    assert churn.live_leases_expired == 0
+    assert churn.re_leased_jobs == churn.re_leased_one_result == 1
 
     # The same abandoned lease, its job never finished (requeued, the run ended): lost.
     jobs = [_job(1, 0, "queued"), _job(2, 1, "done", "c")]
     leases = [_lease(1, 1, "a", 0, "expired", 5), _lease(3, 2, "c", 1, "result", 2)]
     held = [Held(1, "a", 7, 0.0, abandoned=True), Held(2, "c", 9, 1.0, 2.0, True)]
-    report = audit_rows(jobs, leases, [_task(1, 2, "running", 2)], Tally(held=held))
-    assert report["lost"]["abandoned, not finished by a later lease"] == 1
-    assert report["lost"]["answer never delivered"] == 0
-    assert report["lost_jobs"] == 1
+    lost = find_lost(jobs, leases, [_task(1, 2, "running", 2)], held)
+    assert lost.abandoned_unfinished == {1}
+    assert lost.unanswered == set()
+    assert lost.count == 1
 
     # ... or still leased to the dead worker (its lease never expired): lost twice over.
     jobs = [_job(1, 0, "leased"), _job(2, 1, "done", "c")]
     leases = [_lease(1, 1, "a", 0, None), _lease(3, 2, "c", 1, "result", 2)]
-    report = audit_rows(jobs, leases, [_task(1, 2, "running", 2)], Tally(held=held))
-    assert report["lost"]["still leased"] == 1
-    assert report["lost"]["abandoned, not finished by a later lease"] == 1
-    assert report["abandoned_expired"] == 0
-    assert report["lost_jobs"] == 1
+    lost = find_lost(jobs, leases, [_task(1, 2, "running", 2)], held)
+    assert lost.still_leased == {1}
+    assert lost.abandoned_unfinished == {1}
+    assert find_churn(jobs, leases, held).abandoned_expired == 0
+    assert lost.count == 1
 
 
 def test_audit_counts_lost_and_stranded_jobs_and_short_tasks() -> None:
     leases = [_lease(1, 1, "a", 0, "result", 1), _lease(2, 2, "b", 0, None)]
     jobs = [_job(1, 0, "done", "a"), _job(2, 1, "leased"), _job(3, 2, "lost")]
-    report = audit_rows(jobs, leases, [_task(2, 3, state="running")], Tally())
-    assert report["lost"]["state lost"] == 1
-    assert report["lost"]["still leased"] == 1
-    assert report["lost_jobs"] == 2
+    lost = find_lost(jobs, leases, [_task(2, 3, state="running")], [])
+    assert lost.state_lost == {3}
+    assert lost.still_leased == {2}
+    assert lost.count == 2
 
     # A task marked done with fewer trials than its target.
     jobs = [_job(1, 0, "done", "a")]
-    report = audit_rows(jobs, leases[:1], [_task(1, 1)], Tally())
-    assert report["lost"]["tasks whose counts disagree"] == 1
+    assert find_lost(jobs, leases[:1], [_task(1, 1)], []).bad_tasks == (1,)
 
     # A worker's accepted result the database does not hold.
-    held = Tally(held=[Held(1, "z", 7, 0.0, 1.0, True)])
-    report = audit_rows([_job(1, 0, "done", "a")], leases[:1], [_task(1, 1, target=1)], held)
-    assert report["lost"]["accepted, not in the database"] == 1
+    held = [Held(1, "z", 7, 0.0, 1.0, True)]
+    lost = find_lost([_job(1, 0, "done", "a")], leases[:1], [_task(1, 1, target=1)], held)
+    assert lost.not_in_db == {1}

@@ -36,7 +36,7 @@ def empty_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
     if request.param == "sqlite":
         yield f"sqlite:///{tmp_path / 'empty.db'}"
         return
-    request.getfixturevalue("pg_url")  # skips when no PostgreSQL answers
+    request.getfixturevalue("pg_url")  # fails when there is no PostgreSQL
     name = f"pipetune_migrate_{uuid.uuid4().hex[:10]}"
     admin = create_engine(PG_ADMIN_URL, isolation_level="AUTOCOMMIT")
     with admin.connect() as conn:

@@ -5,6 +5,7 @@ from a checkout but breaks, or picks up a user's own model.py, once installed)."
 from __future__ import annotations
 
 import ast
+import re
 import subprocess
 import sys
 import tomllib
@@ -17,6 +18,12 @@ import pipetune
 
 ROOT = Path(__file__).resolve().parents[1]
 FOLDERS = ("model", "tuner", "workers", "service", "clients", "migrations")
+# Code in strings (python -c, python -m, import_module) names modules too.
+_FOLDER = rf"(?:{'|'.join(FOLDERS)})"
+_BARE_IN_STRING = re.compile(
+    rf"\bfrom\s+{_FOLDER}[.\w]*\s+import\b|\bimport\s+{_FOLDER}\.|-m\s+{_FOLDER}\."
+    rf"|import_module\(\s*[\"']{_FOLDER}\."
+)
 
 
 def _pyproject() -> dict:
@@ -25,9 +32,13 @@ def _pyproject() -> dict:
 
 def _python_files() -> list[Path]:
     out = subprocess.run(
-        ["git", "ls-files", "*.py"], cwd=ROOT, capture_output=True, text=True, check=True
+        ["git", "ls-files", "--cached", "--others", "--exclude-standard", "*.py"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        check=True,
     ).stdout.split()
-    return [ROOT / name for name in out]
+    return [ROOT / name for name in out if (ROOT / name).is_file()]
 
 
 def test_no_module_imports_a_folder_by_its_bare_name():
@@ -35,6 +46,10 @@ def test_no_module_imports_a_folder_by_its_bare_name():
     for path in _python_files():
         tree = ast.parse(path.read_text(), filename=str(path))
         for node in ast.walk(tree):
+            if isinstance(node, ast.Constant) and isinstance(node.value, str):
+                if _BARE_IN_STRING.search(node.value):
+                    offenders.append(f"{path.relative_to(ROOT)}:{node.lineno}: {node.value!r}")
+                continue
             if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
                 names = [node.module]
             elif isinstance(node, ast.Import):
@@ -78,8 +93,10 @@ def test_version_matches_the_distribution_and_the_cli():
 def wheel(tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("wheel")
     subprocess.run(
-        [sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps", "--no-build-isolation"]
-        + ["--wheel-dir", str(out), str(ROOT)],
+        [
+            *(sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps"),
+            *("--no-build-isolation", "--wheel-dir", str(out), str(ROOT)),
+        ],
         check=True,
         capture_output=True,
     )
@@ -106,8 +123,10 @@ def test_the_wheel_holds_only_the_pipetune_package(wheel):
 def test_a_users_model_and_service_modules_do_not_shadow_pipetune(wheel, tmp_path):
     site = tmp_path / "site"
     subprocess.run(
-        [sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--target", str(site)]
-        + [str(wheel)],
+        [
+            *(sys.executable, "-m", "pip", "install", "--quiet", "--no-deps"),
+            *("--target", str(site), str(wheel)),
+        ],
         check=True,
         capture_output=True,
     )

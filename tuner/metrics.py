@@ -15,6 +15,7 @@ from collections.abc import Sequence
 
 import numpy as np
 from scipy.special import gammaln
+from scipy.stats import gmean
 
 
 def best_so_far(throughputs: Sequence[float]) -> np.ndarray:
@@ -60,4 +61,4 @@ def geomean(values: Sequence[float]) -> float:
     v = np.asarray(values, dtype=np.float64)
     if np.any(v <= 0):
         return 0.0
-    return float(np.exp(np.mean(np.log(v))))
+    return float(gmean(v))

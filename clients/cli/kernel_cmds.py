@@ -1,4 +1,10 @@
-"""`pipetune kernel ...`: generate the CUDA kernels and compile them with NVRTC (no GPU)."""
+"""`pipetune kernel ...`: generate the CUDA kernels and compile them with NVRTC (no GPU).
+
+A kernel takes its shape as arguments, so both commands work without one: `source` prints
+the kernel of the operator's variant, and `compile` samples every schedule valid on the GPU
+(the space of a shape that no shape rule limits, workers/codegen/sample.py). Given a shape,
+the schedules are those valid for it.
+"""
 
 from __future__ import annotations
 
@@ -11,12 +17,17 @@ from rich.table import Table
 
 from pipetune.clients.cli.errors import CliError
 from pipetune.clients.cli.output import console, print_json
-from pipetune.clients.cli.workload_options import add_workload_commands, option
+from pipetune.clients.cli.workload_options import add_workload_commands, option, shape_fields
 from pipetune.model.hardware import get_gpu, gpu_keys
 from pipetune.model.space import Schedule, Space, schedule_problems
-from pipetune.model.workloads import parse_workload
+from pipetune.model.workloads import AnyWorkload, parse_workload
 from pipetune.workers.codegen import generate
-from pipetune.workers.codegen.sample import stratified_sample
+from pipetune.workers.codegen.sample import (
+    UNCONSTRAINED_SHAPES,
+    stratified_sample,
+    unconstrained_workload,
+)
+from pipetune.workers.codegen.variants import variant_of
 
 kernel_app = typer.Typer(help="The CUDA kernels: source and NVRTC compilation (no GPU needed).")
 source_app = typer.Typer(help="Print the CUDA C++ source of one schedule.")
@@ -37,14 +48,34 @@ def parse_schedule(text: str) -> Schedule:
     return Schedule.from_dict(data)
 
 
+def resolve_workload(data: dict[str, Any]) -> tuple[AnyWorkload, str | None]:
+    """(the workload whose space applies, its label or None when no shape was given). With
+    no shape options: the operator on a shape whose space is every schedule valid on the
+    GPU; with some but not all of them: an error naming the missing ones."""
+    op = data["op"]
+    shape = shape_fields(op)
+    missing = [name for name in shape if data.get(name) is None]
+    if len(missing) < len(shape):
+        if missing:
+            flags = ", ".join(f"--{name.replace('_', '-')}" for name in missing)
+            raise CliError(f"{flags}: give the whole shape or none of it", code=2)
+        w = parse_workload(data)
+        return w, w.label()
+    if op not in UNCONSTRAINED_SHAPES:
+        raise CliError(f"{op}: give the shape (its kernel is generated per shape)", code=2)
+    options = {k: v for k, v in data.items() if k not in (*shape, "op")}
+    return unconstrained_workload(op, **options), None
+
+
 def _source(workload: dict, schedule: str, gpu: str) -> None:
-    w = parse_workload(workload)
+    w, label = resolve_workload(workload)
     s = parse_schedule(schedule)
     spec = get_gpu(gpu)
     problems = schedule_problems(s, w, spec)
     if problems:
+        where = label or f"{variant_of(w)} kernels (any shape)"
         raise CliError(
-            f"schedule {s.id} is outside the valid space of {w.label()} on {spec.key}: "
+            f"schedule {s.id} is outside the valid space of {where} on {spec.key}: "
             + "; ".join(problems),
             code=2,
         )
@@ -58,7 +89,8 @@ add_workload_commands(
         option("schedule", str, ..., help='JSON object of the 7 knobs, e.g. {"chunk": 2, ...}'),
         _GPU,
     ],
-    "CUDA source for:",
+    "CUDA source (the shape is optional: kernels take it as arguments) for:",
+    shape_optional=True,
 )
 
 
@@ -72,7 +104,7 @@ def compile_document(
         raise CliError("--sample: must be at least 1", code=2)
     if workers is not None and workers < 1:
         raise CliError("--workers: must be at least 1", code=2)
-    w = parse_workload(workload_data)
+    w, label = resolve_workload(workload_data)
     spec = get_gpu(gpu)
     arch = arch or spec.arch
     try:
@@ -81,7 +113,7 @@ def compile_document(
         raise CliError(f"--arch: {exc}", code=2) from None
     space = Space.enumerate(w, spec)
     if not len(space):
-        raise CliError(f"no valid schedule for {w.label()} on {spec.key}", code=2)
+        raise CliError(f"no valid schedule for {label or w.label()} on {spec.key}", code=2)
     schedules = stratified_sample(space, sample, seed)
     kernels = [generate(w, s) for s in schedules]
     outcomes = compile_many(kernels, arch, workers, return_exceptions=True)
@@ -108,7 +140,11 @@ def compile_document(
             )
         results.append(row)
     return {
-        "workload": w.canonical(),
+        # None without a shape: the sample is of every schedule valid on the GPU, drawn from
+        # the space of `space_workload`, a shape that no shape rule limits.
+        "workload": w.canonical() if label is not None else None,
+        "variant": variant_of(w),
+        "space_workload": w.canonical(),
         "gpu": spec.key,
         "arch": arch,
         "space_size": len(space),
@@ -137,7 +173,10 @@ def _compile(
 
 
 def _print_table(doc: dict[str, Any]) -> None:
-    label = parse_workload(doc["workload"]).label()
+    if doc["workload"] is not None:
+        label = parse_workload(doc["workload"]).label()
+    else:
+        label = f"{doc['variant']} kernels (any shape; valid on {doc['gpu']})"
     table = Table(
         title=f"{label}: {doc['sampled']} of {doc['space_size']} schedules, {doc['arch']}"
     )
@@ -181,5 +220,6 @@ add_workload_commands(
         option("workers", int | None, None, help="parallel compiles (default: CPU count)"),
         _JSON,
     ],
-    "Compile a sample of the valid schedules of:",
+    "Compile a sample of the valid schedules (of every shape when none is given) of:",
+    shape_optional=True,
 )

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import inspect
 import typing
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import typer
@@ -23,16 +23,28 @@ def _cli_type(annotation: Any) -> type:
     return str if typing.get_origin(annotation) is typing.Literal else annotation
 
 
-def workload_parameters(op: str) -> list[inspect.Parameter]:
+def shape_fields(op: str) -> list[str]:
+    """The operator's required fields: its shape (the rest, e.g. b_layout, have defaults)."""
+    return [n for n, f in OPS[op].model_fields.items() if n != "op" and f.is_required()]
+
+
+def workload_parameters(
+    op: str, shape_optional: bool = False, ops: Mapping[str, Any] = OPS
+) -> list[inspect.Parameter]:
+    """One option per workload field; with `shape_optional` the shape options may be left
+    out (they arrive as None)."""
     params = []
-    for name, field in OPS[op].model_fields.items():
+    for name, field in ops[op].model_fields.items():
         if name == "op":
             continue
-        default = ... if field.is_required() else field.default
+        annotation = _cli_type(field.annotation)
+        if field.is_required():
+            default = None if shape_optional else ...
+            annotation = annotation | None if shape_optional else annotation
+        else:
+            default = field.default
         option = typer.Option(default, f"--{name.replace('_', '-')}", help=field.description)
-        params.append(
-            inspect.Parameter(name, _KW, default=option, annotation=_cli_type(field.annotation))
-        )
+        params.append(inspect.Parameter(name, _KW, default=option, annotation=annotation))
     return params
 
 
@@ -49,15 +61,21 @@ def add_workload_commands(
     handler: Callable[..., None],
     extra: list[inspect.Parameter],
     summary: str,
+    *,
+    shape_optional: bool = False,
+    ops: Mapping[str, Any] = OPS,
 ) -> None:
-    """Register `<op>` commands on app; each calls handler(workload_dict, **extra_values)."""
-    for op, model_cls in OPS.items():
+    """Register `<op>` commands on app; each calls handler(workload_dict, **extra_values).
+    With `shape_optional` the shape options may be left out (None in the workload dict).
+    `ops`: the operators to register (default the GEMM family's)."""
+    for op, model_cls in ops.items():
         fields = set(model_cls.model_fields) - {"op"}
 
         def command(_op: str = op, _fields: frozenset = frozenset(fields), **values: Any) -> None:
             workload = {"op": _op, **{k: v for k, v in values.items() if k in _fields}}
             handler(workload, **{k: v for k, v in values.items() if k not in _fields})
 
-        command.__signature__ = inspect.Signature(workload_parameters(op) + extra)  # type: ignore[attr-defined]
+        params = workload_parameters(op, shape_optional, ops) + extra
+        command.__signature__ = inspect.Signature(params)  # type: ignore[attr-defined]
         doc = (model_cls.__doc__ or op).strip().splitlines()[0]
         app.command(op, help=f"{summary} {doc}")(reported(command))

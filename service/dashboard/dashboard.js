@@ -2,13 +2,19 @@
 // scatter, and the best-in-k curves per strategy. Refreshes incrementally: a task's trials
 // are fetched from the first one not yet final (`after=`), its curve from the last point
 // drawn, so a refresh costs the new rows only, however many trials the database holds.
+// Latencies are labelled by the runner that produced them (measured, simulated, replayed),
+// as the CLI does; a banner says so when every trial on screen is simulated.
 "use strict";
 
 (() => {
   const params = new URLSearchParams(location.search);
   const REFRESH_MS = Math.max(250, Number(params.get("refresh") || 2000));
   const PAGE = 2000;
-  const FINAL = new Set(["done", "failed", "lost", "cancelled"]);
+  // States and runner names come from the service (model/states.py, model/trials.py).
+  const VOCABULARY = JSON.parse(document.getElementById("vocabulary").textContent);
+  const FINAL = new Set(VOCABULARY.final_job_states);
+  const SIMULATED = VOCABULARY.simulated;
+  const MEASURED = VOCABULARY.measured;
   const PLOT_CONFIG = { displaylogo: false, responsive: true };
 
   // An API key, if the service requires one, comes as #key=... and stays in this tab.
@@ -17,7 +23,10 @@
   const apiKey = sessionStorage.getItem("pipetune-api-key");
   const headers = apiKey ? { "X-API-Key": apiKey } : {};
 
-  const state = { tasks: [], detail: null, tick: 0, wanted: Number(params.get("task")) || null };
+  const state = {
+    tasks: [], detail: null, tick: 0, wanted: Number(params.get("task")) || null,
+    curveRunners: [],
+  };
 
   async function get(path) {
     const response = await fetch(path, { headers });
@@ -47,6 +56,44 @@
 
   const fixed = (x, digits) => (x == null ? "–" : Number(x).toFixed(digits));
 
+  // "measured", "simulated" or "replayed": how a runner's latencies are labelled. A result
+  // that names no runner known here is taken as measured, as before runners were recorded.
+  function runnerLabel(runner) {
+    const kind = runner ? runner.split(":")[0] : "";
+    return VOCABULARY.runner_labels[kind] || MEASURED;
+  }
+
+  // The words for a set of labels: "simulated", "measured or simulated" when they mix, ""
+  // when there are none.
+  function labelWords(labels) {
+    return [...new Set(labels)].sort().join(" or ");
+  }
+
+  // A latency cell: the number, tagged with its label unless it was measured.
+  function latencyCell(row, text, runner) {
+    const td = cell(row, text);
+    const label = runnerLabel(runner);
+    if (text !== "–" && label !== MEASURED) {
+      const tag = document.createElement("span");
+      tag.className = "runner-tag";
+      tag.textContent = label;
+      td.append(" ", tag);
+    }
+    return td;
+  }
+
+  // Labels of every trial on screen: the tasks' best trials, the selected task's results,
+  // the runners behind the best-in-k curves.
+  function showBanner() {
+    const labels = [];
+    for (const task of state.tasks) if (task.best) labels.push(runnerLabel(task.best.runner));
+    if (state.detail) {
+      for (const t of state.detail.trials) if (t && t.status) labels.push(runnerLabel(t.runner));
+    }
+    for (const runner of state.curveRunners) labels.push(runnerLabel(runner));
+    document.getElementById("simulated-banner").hidden = labelWords(labels) !== SIMULATED;
+  }
+
   function cell(row, text, className) {
     const td = document.createElement("td");
     td.textContent = text;
@@ -74,8 +121,9 @@
       fill.style.width = `${Math.min(100, (100 * task.trials_done) / task.budget)}%`;
       bar.appendChild(fill);
       progress.append(bar, `${task.trials_done}/${task.budget}`);
-      cell(tr, fixed(task.best && task.best.tflops, 1));
-      cell(tr, fixed(task.best && task.best.latency_us, 2));
+      const bestRunner = task.best && task.best.runner;
+      latencyCell(tr, fixed(task.best && task.best.tflops, 1), bestRunner);
+      latencyCell(tr, fixed(task.best && task.best.latency_us, 2), bestRunner);
       cell(tr, task.best ? scheduleLabel(task.best.schedule) : "–");
       tr.addEventListener("click", () => select(task.id));
       rows.appendChild(tr);
@@ -117,48 +165,66 @@
     document.getElementById("task-title").textContent = task
       ? `Task ${task.id}: ${workloadLabel(task.workload)} on ${task.gpu} (${task.strategy})`
       : `Task ${detail.id}`;
+    const results = detail.trials.filter((t) => t && t.status);
+    // "simulated", or e.g. "measured or simulated" when the task's trials mix runners.
+    const words = labelWords(results.map((t) => runnerLabel(t.runner)));
+    const qualified = words && words !== MEASURED;
     const found = detail.curve.filter((p) => p.best_tflops != null);
+    document.getElementById("curve-title").textContent =
+      qualified ? `Best so far (${words} trials)` : "Best so far";
     Plotly.react("curve-plot", [{
       x: found.map((p) => p.trial + 1),
       y: found.map((p) => p.best_tflops),
       mode: "lines+markers", line: { shape: "hv" }, marker: { size: 4 }, name: "best so far",
     }], {
-      title: { text: "Best so far" }, margin: { t: 40, r: 20 },
+      margin: { t: 30, r: 20 },
       xaxis: { title: { text: "trials" }, rangemode: "tozero" },
-      yaxis: { title: { text: "TFLOP/s" }, rangemode: "tozero" },
+      yaxis: { title: { text: qualified ? `${words} TFLOP/s` : "TFLOP/s" }, rangemode: "tozero" },
     }, PLOT_CONFIG);
-    const measured = detail.trials.filter((t) => t && t.status === "ok" && t.predicted_us);
-    const xs = measured.map((t) => t.predicted_us);
-    const ys = measured.map((t) => t.latency_us);
-    const all = xs.concat(ys);
+    const timed = results.filter((t) => t.status === "ok" && t.predicted_us);
+    const groups = new Map();  // label -> its trials: one trace each, named by the label
+    for (const t of timed) {
+      const key = runnerLabel(t.runner);
+      if (!groups.has(key)) groups.set(key, []);
+      groups.get(key).push(t);
+    }
+    const all = timed.map((t) => t.predicted_us).concat(timed.map((t) => t.latency_us));
     const lo = all.length ? Math.min(...all) : 1;
     const hi = all.length ? Math.max(...all) : 10;
+    const latency = labelWords([...groups.keys()]) || MEASURED;
+    document.getElementById("scatter-title").textContent =
+      `${latency[0].toUpperCase()}${latency.slice(1)} vs predicted`;
     Plotly.react("scatter-plot", [
-      {
-        x: xs, y: ys, mode: "markers", name: "trials", marker: { size: 6, opacity: 0.7 },
-        text: measured.map((t) => `trial ${t.trial}: ${scheduleLabel(t.schedule)}`),
-      },
-      { x: [lo, hi], y: [lo, hi], mode: "lines", name: "measured = predicted",
+      ...[...groups].map(([key, trials]) => ({
+        x: trials.map((t) => t.predicted_us), y: trials.map((t) => t.latency_us),
+        mode: "markers", name: `${key} trials`, marker: { size: 6, opacity: 0.7 },
+        text: trials.map((t) => `trial ${t.trial}: ${scheduleLabel(t.schedule)}`),
+      })),
+      { x: [lo, hi], y: [lo, hi], mode: "lines", name: "latency = predicted",
         line: { dash: "dot", color: "#888" } },
     ], {
-      title: { text: "Measured vs predicted" }, margin: { t: 40, r: 20 },
+      margin: { t: 30, r: 20 },
       xaxis: { title: { text: "predicted µs" }, type: "log" },
-      yaxis: { title: { text: "measured µs" }, type: "log" },
-      showlegend: false,
+      yaxis: { title: { text: `${latency} µs` }, type: "log" },
+      showlegend: groups.size > 1,
     }, PLOT_CONFIG);
   }
 
   async function refreshAggregate() {
     const doc = await get("/v1/curves");
+    state.curveRunners = doc.runners || [];
+    const words = labelWords(state.curveRunners.map(runnerLabel));
+    const suffix = words && words !== MEASURED ? ` (${words} trials)` : "";
+    document.getElementById("aggregate-title").textContent = `Best-in-k${suffix}`;
     const traces = Object.entries(doc.curves).map(([strategy, points]) => ({
       x: points.map((p) => p.k), y: points.map((p) => p.best_in_k),
       mode: "lines", name: strategy,
       text: points.map((p) => `${p.tasks} task(s)`),
     }));
     Plotly.react("aggregate-plot", traces, {
-      margin: { t: 20, r: 20 },
+      margin: { t: 30, r: 20 },
       xaxis: { title: { text: "k (trials)" } },
-      yaxis: { title: { text: "best-in-k" }, range: [0, 1.05] },
+      yaxis: { title: { text: `best-in-k${suffix}` }, range: [0, 1.05] },
     }, PLOT_CONFIG);
   }
 
@@ -196,6 +262,7 @@
         if (detail === state.detail) drawDetail(detail);
       }
       if (state.tick % 5 === 0) await refreshAggregate();
+      showBanner();
       state.tick += 1;
       status.textContent = `updated ${new Date().toLocaleTimeString()}`;
       document.body.dataset.refreshes = String(state.tick);

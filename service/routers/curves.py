@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
+from typing import Annotated
 
 from fastapi import APIRouter, Depends, Query
 
 from pipetune.model.hardware import HardwareError, resolve_gpu_key
-from pipetune.model.wire import AggregateCurves, StrategyName
+from pipetune.model.wire import AggregateCurves, OpName, StrategyName
 from pipetune.service.auth import user_access
 from pipetune.service.context import ServiceDep
 from pipetune.service.curves import aggregate
@@ -21,7 +21,7 @@ router = APIRouter(tags=["curves"], dependencies=[Depends(user_access)])
 def get_curves(
     service: ServiceDep,
     gpu: str | None = None,
-    op: Literal["gemm", "bmm", "conv2d", "conv3d"] | None = None,
+    op: OpName | None = None,
     strategy: StrategyName | None = None,
     max_k: Annotated[int, Query(ge=1, le=5000)] = 1000,
 ) -> AggregateCurves:
@@ -34,5 +34,5 @@ def get_curves(
         except HardwareError as exc:
             raise InputError(["query", "gpu"], str(exc)) from None
     with service.db.read() as s:
-        curves = aggregate(s, gpu, op, strategy, max_k)
-    return AggregateCurves(gpu=gpu, op=op, curves=curves)
+        curves, runners = aggregate(s, gpu, op, strategy, max_k)
+    return AggregateCurves(gpu=gpu, op=op, curves=curves, runners=runners)

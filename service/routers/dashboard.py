@@ -1,25 +1,53 @@
-"""The dashboard page and its static files; Plotly is served from the installed package."""
+"""The dashboard page and its static files; Plotly is served from the installed package.
+
+The page gets the vocabulary it needs (which job states are final, how each runner's
+latencies are labelled) from model/ at serve time, so the script spells no state or runner
+name of its own.
+"""
 
 from __future__ import annotations
 
+import json
+from functools import cache
 from pathlib import Path
 
 import plotly
 from fastapi import APIRouter
-from fastapi.responses import FileResponse
+from fastapi.responses import FileResponse, HTMLResponse
 
+from pipetune.model.states import JobState
+from pipetune.model.trials import RunnerKind
 from pipetune.service.errors import NotFoundError
 
 DASHBOARD_DIR = Path(__file__).resolve().parent.parent / "dashboard"
 PLOTLY_JS = Path(plotly.__file__).parent / "package_data" / "plotly.min.js"
 ASSETS = {"dashboard.js": "text/javascript", "dashboard.css": "text/css"}
+VOCABULARY_MARK = "<!-- vocabulary -->"
 
 router = APIRouter(include_in_schema=False)
 
 
+def vocabulary() -> dict:
+    return {
+        "final_job_states": [s.value for s in JobState if s.is_final()],
+        "runner_labels": {k.value: k.adjective for k in RunnerKind},
+        "simulated": RunnerKind.SIMULATED.adjective,
+        "measured": RunnerKind.CUPY.adjective,
+    }
+
+
+@cache
+def _page() -> str:
+    html = (DASHBOARD_DIR / "index.html").read_text()
+    # "</" escaped: the data cannot close the script element early.
+    data = json.dumps(vocabulary(), sort_keys=True).replace("</", "<\\/")
+    script = f'<script id="vocabulary" type="application/json">{data}</script>'
+    return html.replace(VOCABULARY_MARK, script)
+
+
 @router.get("/dashboard")
-def dashboard() -> FileResponse:
-    return FileResponse(DASHBOARD_DIR / "index.html", media_type="text/html")
+def dashboard() -> HTMLResponse:
+    return HTMLResponse(_page())
 
 
 @router.get("/dashboard/static/plotly.min.js")

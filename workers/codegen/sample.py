@@ -1,4 +1,5 @@
-"""A stratified sample of a schedule space, for compile checks (CLI and tests).
+"""A stratified sample of a schedule space, for compile checks (CLI and tests), and the
+shapes whose space is every schedule valid on a GPU.
 
 Compiling a whole space takes minutes; a sample must still reach the corners where code
 generation breaks: the largest tile (most accumulators), the most register-hungry and the
@@ -8,9 +9,44 @@ levels (smem_stages x reg_stages strata, drawn round-robin).
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 
 from pipetune.model.space import Schedule, Space
+from pipetune.model.workloads import AnyWorkload, parse_workload
+
+# A shape per operator on which no shape rule of the space excludes a schedule (tiles up to
+# 256x256 fit under M and N, and K holds 6 stages of the deepest BK, 128): its space is every
+# schedule valid on the GPU. A kernel takes its shape (and stride, pad) as arguments, so
+# these stand for "any shape" when a command is given none.
+UNCONSTRAINED_SHAPES: dict[str, dict[str, int]] = {
+    "gemm": {"m": 1024, "n": 1024, "k": 1024},
+    "bmm": {"b": 4, "m": 1024, "n": 1024, "k": 1024},
+    "conv2d": {"n": 8, "h": 28, "w": 28, "c": 128, "k": 256, "r": 3, "s": 3, "pad": 1},
+    "conv3d": {
+        "n": 2,
+        "d": 8,
+        "h": 28,
+        "w": 28,
+        "c": 64,
+        "k": 256,
+        "t": 3,
+        "r": 3,
+        "s": 3,
+        "pad": 1,
+    },
+}
+# Options that pick a different kernel (the rest of an operator's options are arguments).
+VARIANT_OPTIONS = ("b_layout",)
+
+
+def unconstrained_workload(op: str, **options: Any) -> AnyWorkload:
+    """The operator on its UNCONSTRAINED_SHAPES shape, with the given kernel-choosing
+    options (gemm's b_layout); KeyError for an operator without one."""
+    shape = UNCONSTRAINED_SHAPES[op]
+    chosen = {k: v for k, v in options.items() if k in VARIANT_OPTIONS and v is not None}
+    return parse_workload({"op": op, **shape, **chosen})
 
 
 def _extremes(space: Space) -> list[int]:

@@ -1,7 +1,8 @@
-"""Posting results so that a service restart loses nothing: retry with exponential backoff
-on connection failures and 5xx until the service is back (or `give_up_after_s` passes, after
-which the lease has long expired and the service has queued the job again anyway); a 4xx is
-final (the service has judged the request, retrying cannot change its mind)."""
+"""The worker's retries (tenacity): registering, leasing and posting results go on with
+exponential backoff through connection failures and 5xx until the service is back, so a
+service restart loses nothing. A result gives up after `give_up_after_s` (by then its lease
+has long expired and the service has queued the job again anyway); a 4xx is final (the
+service has judged the request, retrying cannot change its mind)."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from tenacity import (
     Retrying,
     retry_if_exception_type,
     stop_after_delay,
+    stop_never,
     wait_exponential,
 )
 
@@ -26,14 +28,15 @@ TRANSIENT = (ServiceUnavailableError, ServerError)
 def call_with_retries(
     call: Callable[[], T],
     *,
-    give_up_after_s: float,
+    give_up_after_s: float | None,
     abort: threading.Event,
     on_retry: Callable[[int, BaseException, float], None] | None = None,
     initial_s: float = 0.5,
     max_wait_s: float = 5.0,
 ) -> T:
     """call() until it succeeds, retrying TRANSIENT errors; re-raises the last error when
-    `give_up_after_s` has passed or `abort` is set (a second SIGTERM)."""
+    `give_up_after_s` has passed (None: never) or `abort` is set (a stop, a second SIGTERM).
+    `on_retry(attempt, error, wait_s)` is called before each wait."""
 
     def _aborted(state: RetryCallState) -> bool:
         return abort.is_set()
@@ -48,7 +51,8 @@ def call_with_retries(
     retrying = Retrying(
         retry=retry_if_exception_type(TRANSIENT),
         wait=wait_exponential(multiplier=initial_s, max=max_wait_s),
-        stop=stop_after_delay(give_up_after_s) | _aborted,
+        stop=(stop_never if give_up_after_s is None else stop_after_delay(give_up_after_s))
+        | _aborted,
         # Sleep on the abort event so that a second SIGTERM ends the wait at once.
         sleep=lambda seconds: abort.wait(seconds) and None,
         before_sleep=_before_sleep,

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from pipetune.model.trials import RunnerKind
 from pipetune.workers.runners.base import (
     MeasureSettings,
     Progress,
@@ -28,7 +29,7 @@ from pipetune.workers.runners.replay import (
 )
 from pipetune.workers.runners.simulated import TIME_SCALE_ENV, SimulatedRunner
 
-RUNNER_NAMES: tuple[str, ...] = ("cupy", "replay", "simulated")
+RUNNER_NAMES: tuple[str, ...] = tuple(RunnerKind)  # declared with the result they return
 
 __all__ = [
     "RUNNER_NAMES",

@@ -1,0 +1,148 @@
+"""What the service benchmarks share: `pipetune serve` in a child process, a fresh
+PostgreSQL database per run, simulated workers' requests, and a few measurement helpers."""
+
+from __future__ import annotations
+
+import os
+import threading
+import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import httpx
+from sqlalchemy import create_engine, text
+
+from pipetune.clients.local_service import LocalService
+
+TOKEN = "bench-token"
+HEADERS = {"Authorization": f"Bearer {TOKEN}"}
+DEFAULT_PG = "postgresql+psycopg://postgres@127.0.0.1:5432/test"
+
+
+def cpu_s(pid: int) -> float:
+    """User + system CPU seconds of a process (Linux /proc)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def pct(values: list[float], q: float) -> float:
+    """The q-quantile (nearest rank below) of a non-empty list."""
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+@contextmanager
+def service_process(url: str, log: Path, settings: dict[str, str]) -> Iterator[LocalService]:
+    """`pipetune serve` on a free loopback port (clients.local_service), with the
+    benchmarks' settings and no PIPETUNE_* variable inherited from this shell."""
+    env = {
+        "PIPETUNE_WORKER_TOKENS": TOKEN,
+        "PIPETUNE_DB_POOL_SIZE": "40",
+        "PIPETUNE_LEASE_WAIT_CAP_S": "2",
+        **settings,
+    }
+    service = LocalService(
+        url, log, extra_args=["--log-level", "warning"], env=env, inherit_settings=False
+    ).start(timeout_s=60)
+    try:
+        yield service
+    finally:
+        service.stop()
+
+
+@contextmanager
+def pg_database(admin_url: str) -> Iterator[str]:
+    """A fresh PostgreSQL database (its URL), dropped afterwards."""
+    name = f"pipetune_bench_{uuid.uuid4().hex[:8]}"
+    admin = create_engine(admin_url, isolation_level="AUTOCOMMIT")
+    with admin.connect() as conn:
+        conn.execute(text(f'CREATE DATABASE "{name}"'))
+    try:
+        yield admin_url.rsplit("/", 1)[0] + f"/{name}"
+    finally:
+        with admin.connect() as conn:
+            conn.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+        admin.dispose()
+
+
+async def register_worker(client: httpx.AsyncClient, name: str) -> int:
+    """Register a simulated h100 worker; its id (raises on a non-2xx answer)."""
+    body = {"name": name, "gpu": "h100", "arch": "sm_90", "runner": "simulated"}
+    response = await client.post("/v1/workers", json=body, headers=HEADERS)
+    response.raise_for_status()
+    return int(response.json()["id"])
+
+
+def fake_result(job: dict) -> dict:
+    """A made-up, deterministic result for a leased job (distinct per schedule)."""
+    s = job["schedule"]
+    latency = 20.0 + sum((i + 1) * v for i, v in enumerate(s.values())) % 53
+    return {"status": "ok", "latency_us": latency, "samples_us": [latency], "spread": 0.0}
+
+
+def _proc_cmdline(pid: str) -> str:
+    try:
+        return (
+            Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        )
+    except OSError:
+        return ""
+
+
+class PostgresCpu:
+    """CPU seconds spent by the PostgreSQL backends of one database (on this machine): the
+    processes whose title is `postgres: ... <user> <database> ...`, sampled every
+    `every_s` by a thread, so a backend that exits between samples loses at most that much.
+    The server's shared processes (checkpointer, WAL writer) serve every database on the
+    server, other people's included, and are not counted."""
+
+    def __init__(self, database: str, every_s: float = 0.2):
+        self.database = database
+        self.every_s = every_s
+        self._seen: dict[str, tuple[float, float]] = {}  # pid -> (cpu at first sight, last)
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="pg-cpu", daemon=True)
+        self._started = False
+
+    def _backends(self) -> list[str]:
+        marker = f" {self.database} "
+        pids = []
+        for entry in os.listdir("/proc"):
+            if entry.isdigit():
+                title = _proc_cmdline(entry)
+                if title.startswith("postgres: ") and marker in title:
+                    pids.append(entry)
+        return pids
+
+    def _sample(self) -> None:
+        for pid in self._backends():
+            try:
+                now = cpu_s(int(pid))
+            except (OSError, IndexError, ValueError):
+                continue
+            with self._lock:
+                # A backend already running at start counts from then; a later one whole.
+                first = self._seen.get(pid, (now if not self._started else 0.0, now))[0]
+                self._seen[pid] = (first, now)
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.every_s):
+            self._sample()
+
+    def __enter__(self) -> PostgresCpu:
+        self._sample()
+        self._started = True
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def seconds(self) -> float:
+        """CPU seconds of the database's backends since the start."""
+        self._sample()
+        with self._lock:
+            return sum(last - first for first, last in self._seen.values())

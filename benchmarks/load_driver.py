@@ -1,0 +1,505 @@
+"""The load benchmark's driver: tasks created on the replicas, simulated HTTP workers
+leasing and answering their jobs, and the tally of what each worker held (the audit's
+input). See benchmarks/bench_load.py for what a run is and what it measures.
+
+Workers are simulated HTTP clients in this process (httpx, asyncio), spread round-robin
+over the replicas: each registers, long-polls for one job at a time (`max_jobs` in
+LoadConfig), optionally sleeps `measure_ms`, and posts a made-up result; it always posts the
+job it holds before it stops, so at the end no job may be left leased. With `batched` (the
+batched worker protocol) a worker leases up to `max_jobs` jobs per request, measures them
+one after another and posts all their results in one `POST /v1/jobs/results`.
+
+With `idle_s`, once every task is done the workers go on polling the empty queue for that
+long (lease requests waiting `idle_wait_s`, the worker daemon's default): what an idle fleet
+costs the service. While it holds a job
+a worker heartbeats every `heartbeat_s`. With churn, a worker dies on receiving a job with
+probability `churn` (one seeded RNG, drawn once per job received in arrival order) and a
+replacement registers in its place.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import contextlib
+import random
+import time
+import uuid
+from collections.abc import Callable, Coroutine
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from benchmarks.harness import HEADERS, fake_result, register_worker, service_process
+from pipetune.model.states import TaskState
+
+POST_TRIES = 3
+KEEPALIVE_S = 2.0
+CHURN_TTL_S = 5.0  # the lease TTL of churn runs (main's default; 2 s lets live leases expire)
+CHURN_SWEEP_S = 0.5  # upkeep sweep of churn runs: expired leases are requeued promptly
+CHURN_MAX_ATTEMPTS = 50  # expiries before a job is given up: never, by design
+
+
+@dataclass
+class LoadConfig:
+    """One run's settings (what the command line gives, one combination at a time)."""
+
+    replicas: int = 1
+    workers: int = 64
+    tasks: int = 20
+    budget: int = 120
+    seconds: float = 90.0
+    batch_size: int = 8
+    strategy: str = "random"
+    measure_ms: float = 0.0
+    wait_s: float = 1.0
+    lease_ttl_s: float = 120.0
+    keep_logs: bool = True
+    # Jobs a worker asks for per lease request (it answers each before the next request).
+    max_jobs: int = 1
+    # The batched protocol: all the jobs of a lease answered in one POST /v1/jobs/results.
+    batched: bool = False
+    # After the tasks: seconds of polling an empty queue, and each poll's wait.
+    idle_s: float = 0.0
+    idle_wait_s: float = 10.0
+    # Each job received kills its worker with this probability (a replacement registers).
+    churn: float = 0.0
+    seed: int = 0  # of the churn draws
+    # While a worker holds a job it heartbeats this often (None: a quarter of the TTL).
+    heartbeat_s: float | None = None
+    # The replicas' PIPETUNE_SWEEP_INTERVAL_S and PIPETUNE_MAX_ATTEMPTS; None: the
+    # service's defaults (2 s, 3) without churn, CHURN_SWEEP_S and CHURN_MAX_ATTEMPTS
+    # with churn.
+    sweep_interval_s: float | None = None
+    max_attempts: int | None = None
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.churn < 1:
+            raise ValueError(f"churn must be in [0, 1), got {self.churn}")
+        if self.max_jobs < 1:
+            raise ValueError(f"max_jobs must be at least 1, got {self.max_jobs}")
+        if self.churn > 0:
+            if self.sweep_interval_s is None:
+                self.sweep_interval_s = CHURN_SWEEP_S
+            if self.max_attempts is None:
+                self.max_attempts = CHURN_MAX_ATTEMPTS
+        if self.heartbeat_s is None:
+            self.heartbeat_s = self.lease_ttl_s / 4
+
+
+@dataclass
+class Held:
+    """One lease a worker received, and what became of its result."""
+
+    job_id: int
+    token: str
+    worker: int
+    received: float
+    answered: float | None = None
+    accepted: bool | None = None
+    detail: str | None = None
+    abandoned: bool = False  # its worker died holding it (churn): never answered
+
+
+@dataclass
+class Tally:
+    """What the workers saw: every lease held, request latencies, errors."""
+
+    held: list[Held] = field(default_factory=list)
+    lease_granted_s: list[float] = field(default_factory=list)
+    lease_empty_s: list[float] = field(default_factory=list)
+    result_s: list[float] = field(default_factory=list)
+    errors: collections.Counter = field(default_factory=collections.Counter)
+    all_done_after_s: float | None = None
+    registered: int = 0  # workers registered, replacements included
+    heartbeats: int = 0  # answered 200
+    result_posts: int = 0  # result requests answered 200 (one per job, or per batch)
+    idle_polls: int = 0  # lease requests of the idle phase
+    idle_jobs: int = 0  # jobs leased in the idle phase (there are none to lease)
+
+
+def workload(i: int) -> dict:
+    """The i-th task's GEMM: distinct shapes, each with a 2840-schedule space on h100."""
+    return {"op": "gemm", "m": 1024 + 256 * i, "n": 1024, "k": 2048}
+
+
+@contextmanager
+def serve(url: str, config: LoadConfig, log_dir: Path, index: int):
+    """`pipetune serve` replica number `index`; yields (base URL, pid, log path)."""
+    settings = {
+        "PIPETUNE_BATCH_SIZE": str(config.batch_size),
+        "PIPETUNE_LEASE_TTL_S": str(config.lease_ttl_s),
+        # Idle polls wait as long as they ask (the daemon's 10 s), not the harness's 2 s.
+        "PIPETUNE_LEASE_WAIT_CAP_S": str(max(2.0, config.idle_wait_s)),
+    }
+    if config.sweep_interval_s is not None:
+        settings["PIPETUNE_SWEEP_INTERVAL_S"] = str(config.sweep_interval_s)
+    if config.max_attempts is not None:
+        settings["PIPETUNE_MAX_ATTEMPTS"] = str(config.max_attempts)
+    log = log_dir / f"serve-{index}.log"
+    with service_process(url, log, settings) as service:
+        assert service.process is not None
+        yield service.url, service.process.pid, log
+
+
+class LoadRun:
+    """One run's shared state: the replicas' clients, the tally, the churn RNG, the clock
+    and the heartbeat tasks in flight."""
+
+    def __init__(self, bases: list[str], config: LoadConfig):
+        self.config = config
+        self.tally = Tally()
+        # Idle connections are dropped after 2 s, before uvicorn's 5 s keep-alive closes
+        # them: at equal timeouts a request sent on a connection idle ~5 s can meet the
+        # server's close (ReadError / RemoteProtocolError), a client artefact rather than the
+        # service's. Room for a heartbeat beside each worker's request.
+        limits = httpx.Limits(
+            max_connections=2 * config.workers + 8,
+            max_keepalive_connections=None,
+            keepalive_expiry=KEEPALIVE_S,
+        )
+        self.clients = [httpx.AsyncClient(base_url=b, timeout=60, limits=limits) for b in bases]
+        # One RNG, drawn once per job received, in the order jobs arrive (one event loop):
+        # the deaths among the first N jobs are the same in every run with the same seed.
+        self.rng = random.Random(config.seed)
+        self.run_id = uuid.uuid4().hex[:6]
+        self.stop = asyncio.Event()
+        self.began = time.monotonic()
+        self.deadline = self.began + config.seconds
+        self._beating: set[asyncio.Task] = set()
+
+    def client(self, slot: int) -> httpx.AsyncClient:
+        return self.clients[slot % len(self.clients)]
+
+    def dies(self) -> bool:
+        """Whether the worker that just received a job dies holding it (churn)."""
+        return self.config.churn > 0 and self.rng.random() < self.config.churn
+
+    def start_beating(self, beats: Callable[[], Coroutine[Any, Any, None]]) -> None:
+        beat = asyncio.get_running_loop().create_task(beats())
+        self._beating.add(beat)
+        beat.add_done_callback(self._beating.discard)
+
+    async def register(self, client: httpx.AsyncClient, name: str) -> int:
+        """Register a worker, retrying transport errors and non-200 answers a few times."""
+        for attempt in range(POST_TRIES):
+            try:
+                worker_id = await register_worker(client, name)
+            except httpx.HTTPStatusError as exc:
+                self.tally.errors[f"register: HTTP {exc.response.status_code}"] += 1
+            except httpx.HTTPError as exc:
+                self.tally.errors[f"register: {type(exc).__name__}"] += 1
+            else:
+                self.tally.registered += 1
+                return worker_id
+            await asyncio.sleep(0.2 * (attempt + 1))
+        return await register_worker(client, name)  # the last try raises: the run cannot go on
+
+    async def create_tasks(self) -> list[int]:
+        """The run's tasks, created round-robin on the replicas."""
+        task_ids = []
+        for i in range(self.config.tasks):
+            body = {"workload": workload(i), "gpu": "h100", "budget": self.config.budget}
+            body.update(strategy=self.config.strategy, seed=i)
+            response = await self.client(i).post("/v1/tasks", json=body)
+            response.raise_for_status()
+            task_ids.append(response.json()["id"])
+        return task_ids
+
+    async def watch(self, task_ids: list[int]) -> None:
+        """Stop the run once every task is final (or at the deadline)."""
+        wanted = set(task_ids)
+        while not self.stop.is_set() and time.monotonic() < self.deadline:
+            await asyncio.sleep(0.25)
+            try:
+                response = await self.clients[0].get("/v1/tasks", params={"limit": 1000})
+                tasks = response.json()["tasks"] if response.status_code == 200 else []
+            except httpx.HTTPError:
+                continue
+            if wanted <= {t["id"] for t in tasks if TaskState(t["state"]).is_final()}:
+                self.tally.all_done_after_s = time.monotonic() - self.began
+                self.stop.set()
+
+    async def finish_heartbeats(self) -> None:
+        # Each ends at once (its job is answered) or after the heartbeat it is sending.
+        await asyncio.gather(*self._beating)
+
+    async def close(self) -> None:
+        for beat in list(self._beating):
+            beat.cancel()
+        for client in self.clients:
+            await client.aclose()
+
+
+class SimulatedWorker:
+    """One worker's place in the run: a worker, then each replacement when it dies."""
+
+    def __init__(self, run: LoadRun, slot: int, worker_id: int):
+        self.run = run
+        self.slot = slot
+        self.worker_id = worker_id
+        self.client = run.client(slot)
+        self.generation = 0
+
+    @property
+    def tally(self) -> Tally:
+        return self.run.tally
+
+    async def work(self) -> None:
+        while not self.run.stop.is_set():
+            left = self.run.deadline - time.monotonic()
+            if left <= 0:
+                return
+            jobs = await self._lease(left)
+            if jobs is None:
+                await asyncio.sleep(0.2)
+                continue
+            if self.run.config.batched:
+                if jobs and not await self._hold_all(jobs):
+                    await self._replace()
+                continue
+            for i, job in enumerate(jobs):
+                if not await self._hold(job):
+                    for rest in jobs[i + 1 :]:  # a dead worker holds the rest unanswered too
+                        self._held(rest).abandoned = True
+                    await self._replace()
+                    break
+
+    async def idle(self, until: float) -> None:
+        """Poll the empty queue until `until` (the idle phase)."""
+        wait_s = self.run.config.idle_wait_s
+        while (left := until - time.monotonic()) > 0:
+            body = {"worker_id": self.worker_id, "max_jobs": self.run.config.max_jobs}
+            body["wait_s"] = min(wait_s, left)
+            try:
+                response = await self.client.post("/v1/jobs/lease", json=body, headers=HEADERS)
+            except httpx.HTTPError as exc:
+                self.tally.errors[f"idle lease: {type(exc).__name__}"] += 1
+                await asyncio.sleep(0.2)
+                continue
+            self.tally.idle_polls += 1
+            if response.status_code != 200:
+                self.tally.errors[f"idle lease: HTTP {response.status_code}"] += 1
+                continue
+            jobs = response.json()["jobs"]
+            self.tally.idle_jobs += len(jobs)
+            for job in jobs:  # none expected; answered all the same, so none is left leased
+                await self._post_result(job, self._held(job))
+
+    def _lease_request(self, left: float) -> dict:
+        wait_s = min(self.run.config.wait_s, left)
+        return {"worker_id": self.worker_id, "max_jobs": self.run.config.max_jobs, "wait_s": wait_s}
+
+    async def _lease(self, left: float) -> list[dict] | None:
+        """The jobs one lease request got (None: the request failed)."""
+        started = time.perf_counter()
+        try:
+            response = await self.client.post(
+                "/v1/jobs/lease", json=self._lease_request(left), headers=HEADERS
+            )
+        except httpx.HTTPError as exc:
+            self.tally.errors[f"lease: {type(exc).__name__}"] += 1
+            return None
+        took = time.perf_counter() - started
+        if response.status_code != 200:
+            self.tally.errors[f"lease: HTTP {response.status_code}"] += 1
+            return None
+        jobs = response.json()["jobs"]
+        (self.tally.lease_granted_s if jobs else self.tally.lease_empty_s).append(took)
+        return jobs
+
+    def _held(self, job: dict) -> Held:
+        held = Held(job["job_id"], job["lease_token"], self.worker_id, time.monotonic())
+        self.tally.held.append(held)
+        return held
+
+    async def _hold(self, job: dict) -> bool:
+        """Measure (sleep) and answer one job; False when the worker died holding it."""
+        held = self._held(job)
+        if self.run.dies():
+            held.abandoned = True  # no result, no heartbeat, no poll
+            return False
+        # Heartbeats start only if the job is still held after heartbeat_s.
+        done = asyncio.Event()
+        every = self.run.config.heartbeat_s
+        assert every is not None
+        timer = asyncio.get_running_loop().call_later(
+            every, self.run.start_beating, lambda: self._heartbeats(every, done)
+        )
+        try:
+            if self.run.config.measure_ms > 0:
+                await asyncio.sleep(self.run.config.measure_ms / 1e3)
+            # Posted even past the deadline: a worker answers the job it holds.
+            await self._post_result(job, held)
+        finally:
+            done.set()
+            timer.cancel()
+        return True
+
+    async def _post_result(self, job: dict, held: Held) -> None:
+        body = {
+            "worker_id": self.worker_id,
+            "lease_token": job["lease_token"],
+            "result": fake_result(job),
+        }
+        for attempt in range(POST_TRIES):
+            started = time.perf_counter()
+            try:
+                response = await self.client.post(
+                    f"/v1/jobs/{job['job_id']}/result", json=body, headers=HEADERS
+                )
+            except httpx.HTTPError as exc:
+                self.tally.errors[f"result: {type(exc).__name__}"] += 1
+            else:
+                if response.status_code == 200:
+                    self.tally.result_s.append(time.perf_counter() - started)
+                    self.tally.result_posts += 1
+                    ack = response.json()
+                    held.answered, held.accepted = time.monotonic(), ack["accepted"]
+                    held.detail = ack["detail"]
+                    return
+                self.tally.errors[f"result: HTTP {response.status_code}"] += 1
+            await asyncio.sleep(0.2 * (attempt + 1))  # a real worker retries: idempotent
+        held.answered = time.monotonic()  # given up: the worker holds the job no longer
+
+    async def _hold_all(self, jobs: list[dict]) -> bool:
+        """Measure (sleep) the jobs one after another and answer them in one request; False
+        when the worker died on receiving one (it then answers none of them)."""
+        held = [self._held(job) for job in jobs]
+        if any([self.run.dies() for _ in jobs]):  # one draw per job received, as above
+            for h in held:
+                h.abandoned = True
+            return False
+        done = asyncio.Event()
+        every = self.run.config.heartbeat_s
+        assert every is not None
+        timer = asyncio.get_running_loop().call_later(
+            every, self.run.start_beating, lambda: self._heartbeats(every, done)
+        )
+        try:
+            if self.run.config.measure_ms > 0:
+                await asyncio.sleep(len(jobs) * self.run.config.measure_ms / 1e3)
+            await self._post_results(jobs, held)
+        finally:
+            done.set()
+            timer.cancel()
+        return True
+
+    async def _post_results(self, jobs: list[dict], held: list[Held]) -> None:
+        body = {
+            "worker_id": self.worker_id,
+            "results": [
+                {"job_id": j["job_id"], "lease_token": j["lease_token"], "result": fake_result(j)}
+                for j in jobs
+            ],
+        }
+        for attempt in range(POST_TRIES):
+            started = time.perf_counter()
+            try:
+                response = await self.client.post("/v1/jobs/results", json=body, headers=HEADERS)
+            except httpx.HTTPError as exc:
+                self.tally.errors[f"results: {type(exc).__name__}"] += 1
+            else:
+                if response.status_code == 200:
+                    self.tally.result_s.append(time.perf_counter() - started)
+                    self.tally.result_posts += 1
+                    now = time.monotonic()
+                    for h, ack in zip(held, response.json()["acks"], strict=True):
+                        h.answered, h.detail = now, ack["detail"]
+                        h.accepted = ack["accepted"] if ack["status_code"] == 200 else False
+                        if ack["status_code"] != 200:
+                            self.tally.errors[f"result: item {ack['status_code']}"] += 1
+                    return
+                self.tally.errors[f"results: HTTP {response.status_code}"] += 1
+            await asyncio.sleep(0.2 * (attempt + 1))  # a real worker retries: idempotent
+        now = time.monotonic()
+        for h in held:
+            h.answered = now  # given up: the worker holds the jobs no longer
+
+    async def _heartbeats(self, every: float, done: asyncio.Event) -> None:
+        """Heartbeat now, then every `every` seconds until `done` (the job's result is
+        answered): a heartbeat extends the worker's unexpired leases by one TTL."""
+        while not done.is_set():
+            try:
+                response = await self.client.post(
+                    f"/v1/workers/{self.worker_id}/heartbeat",
+                    json={"busy_jobs": 1},
+                    headers=HEADERS,
+                )
+            except httpx.HTTPError as exc:
+                self.tally.errors[f"heartbeat: {type(exc).__name__}"] += 1
+            else:
+                if response.status_code == 200:
+                    self.tally.heartbeats += 1
+                else:
+                    self.tally.errors[f"heartbeat: HTTP {response.status_code}"] += 1
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(done.wait(), every)
+
+    async def _replace(self) -> None:
+        """The worker died: a replacement registers under a new name and takes its place."""
+        self.generation += 1
+        name = f"load-{self.run.run_id}-{self.slot}-r{self.generation}"
+        self.worker_id = await self.run.register(self.client, name)
+
+
+def machine_cpu() -> tuple[float, float]:
+    """(busy, total) jiffies of the whole machine (Linux /proc/stat)."""
+    fields = [int(v) for v in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+    idle = fields[3] + fields[4]  # idle + iowait
+    return sum(fields) - idle, sum(fields)
+
+
+async def drive(
+    bases: list[str], config: LoadConfig, cpu: Callable[[], dict[str, float]]
+) -> tuple[Tally, float, dict]:
+    """Create the tasks, run the workers (then, with idle_s, let them poll the empty queue);
+    return (tally, window seconds, CPU figures). `cpu()` gives the cumulative CPU seconds of
+    the parts measured (the replicas, PostgreSQL) by name."""
+    run = LoadRun(bases, config)
+    figures: dict[str, float] = {}
+    try:
+        task_ids = await run.create_tasks()
+        workers = [
+            SimulatedWorker(
+                run, slot, await run.register(run.client(slot), f"load-{run.run_id}-{slot}")
+            )
+            for slot in range(config.workers)
+        ]
+        run.began = time.monotonic()
+        run.deadline = run.began + config.seconds
+        before, mine, machine = cpu(), time.process_time(), machine_cpu()
+        await asyncio.gather(run.watch(task_ids), *(w.work() for w in workers))
+        after, busy = cpu(), machine_cpu()
+        # The window ends with the last answered job: the idle tail of the last long polls
+        # (after every task finished) is not load.
+        answered = [h.answered for h in run.tally.held if h.answered is not None]
+        window = (max(answered) if answered else time.monotonic()) - run.began
+        figures["generator_cpu_s"] = time.process_time() - mine
+        figures["machine_busy"] = (busy[0] - machine[0]) / max(1, busy[1] - machine[1])
+        for name, value in after.items():
+            figures[f"{name}_cpu_s"] = value - before[name]
+        await run.finish_heartbeats()
+        if config.idle_s > 0:
+            figures.update(await _idle_phase(run, workers, cpu))
+    finally:
+        await run.close()
+    return run.tally, window, figures
+
+
+async def _idle_phase(
+    run: LoadRun, workers: list[SimulatedWorker], cpu: Callable[[], dict[str, float]]
+) -> dict[str, float]:
+    """Every worker polls the empty queue for idle_s; the CPU that costs."""
+    await asyncio.sleep(1.0)  # the last batches' proposals and requests are over
+    before, mine, began = cpu(), time.process_time(), time.monotonic()
+    until = began + run.config.idle_s
+    await asyncio.gather(*(w.idle(until) for w in workers))
+    after, seconds = cpu(), time.monotonic() - began
+    figures = {"idle_s": seconds, "idle_generator_cpu_s": time.process_time() - mine}
+    for name, value in after.items():
+        figures[f"idle_{name}_cpu_s"] = value - before[name]
+    return figures

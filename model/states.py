@@ -1,0 +1,61 @@
+"""The states of tasks and jobs: the one definition the service, the clients, the wire
+schema and the benchmarks derive from.
+
+On the wire the states are lower-case strings. A task is "queued", then "running", and ends
+"done", "failed" or "cancelled". A job (a trial, as users see it) is "queued", then
+"leased" to a worker, and ends with a result, given up as "lost" after too many expired
+leases, or cancelled with its task.
+
+`is_final()` follows Optuna's `TrialState.is_finished()`: a final state never changes
+again. The members are `StrEnum`s, so they compare equal to their strings and land in
+database columns and JSON as those strings.
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+
+
+class TaskState(StrEnum):
+    QUEUED = "queued"
+    RUNNING = "running"
+    DONE = "done"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+
+    def is_final(self) -> bool:
+        """Done, failed or cancelled: the task proposes and counts nothing more."""
+        return self not in _ACTIVE_TASK
+
+
+class JobState(StrEnum):
+    QUEUED = "queued"
+    LEASED = "leased"
+    DONE = "done"
+    FAILED = "failed"
+    LOST = "lost"
+    CANCELLED = "cancelled"
+
+    def is_final(self) -> bool:
+        """No worker holds it or will: it has its outcome or was cancelled."""
+        return self not in _OUTSTANDING_JOB
+
+    def is_trial(self) -> bool:
+        """A final state that counts as one trial of the task's budget: a recorded result
+        (done, failed) or a job given up as lost (the tuner sees a timeout). A cancelled
+        job is final but was never a trial."""
+        return self.is_final() and self is not JobState.CANCELLED
+
+    def has_result(self) -> bool:
+        """A worker's result is recorded (ok or a failure status)."""
+        return self in (JobState.DONE, JobState.FAILED)
+
+
+# Module constants, not members: an Enum would turn a class attribute into a member.
+_ACTIVE_TASK = frozenset({TaskState.QUEUED, TaskState.RUNNING})
+_OUTSTANDING_JOB = frozenset({JobState.QUEUED, JobState.LEASED})
+
+ACTIVE_TASK_STATES: tuple[TaskState, ...] = tuple(s for s in TaskState if not s.is_final())
+FINAL_TASK_STATES: tuple[TaskState, ...] = tuple(s for s in TaskState if s.is_final())
+OUTSTANDING_JOB_STATES: tuple[JobState, ...] = tuple(s for s in JobState if not s.is_final())
+TRIAL_JOB_STATES: tuple[JobState, ...] = tuple(s for s in JobState if s.is_trial())

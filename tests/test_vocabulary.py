@@ -1,0 +1,114 @@
+"""One vocabulary: the states, the knobs, the runner names and the operator names are each
+defined once (model/), and everything else, the API schema included, derives from them."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+from service_support import client_for
+
+from pipetune.model.space import KNOB_NAMES, KNOB_SPECS, KNOBS, KnobValues, Schedule
+from pipetune.model.states import (
+    ACTIVE_TASK_STATES,
+    FINAL_TASK_STATES,
+    OUTSTANDING_JOB_STATES,
+    TRIAL_JOB_STATES,
+    JobState,
+    TaskState,
+)
+from pipetune.model.trials import RunnerKind
+from pipetune.model.wire import ScheduleDoc, TaskDoc
+from pipetune.model.workloads import OPS
+from pipetune.workers.codegen import generate
+from pipetune.workers.daemon import RUNNERS
+from pipetune.workers.runners import RUNNER_NAMES
+
+
+def test_final_states_follow_optunas_is_finished():
+    # On the wire each state is its member's name in lower case (model/states.py is the one
+    # place the code spells the strings).
+    assert all(s.value == s.name.lower() for s in (*TaskState, *JobState))
+    assert [s.name for s in TaskState if s.is_final()] == ["DONE", "FAILED", "CANCELLED"]
+    assert [s.name for s in ACTIVE_TASK_STATES] == ["QUEUED", "RUNNING"]
+    assert tuple(s for s in TaskState if s.is_final()) == FINAL_TASK_STATES
+    assert [s.name for s in JobState if s.is_final()] == ["DONE", "FAILED", "LOST", "CANCELLED"]
+    assert [s.name for s in OUTSTANDING_JOB_STATES] == ["QUEUED", "LEASED"]
+    # A trial of the budget: a result or a job given up as lost, never a cancelled one.
+    assert [s.name for s in TRIAL_JOB_STATES] == ["DONE", "FAILED", "LOST"]
+    assert [s.name for s in JobState if s.has_result()] == ["DONE", "FAILED"]
+
+
+def test_states_are_their_wire_strings():
+    assert JobState("lost") is JobState.LOST and f"{TaskState.DONE}" == "done"
+    doc = TaskDoc.model_validate(
+        {
+            "id": 1,
+            "state": "running",
+            "workload": {},
+            "gpu": "h100",
+            "strategy": "random",
+            "budget": 1,
+            "seed": 0,
+            "trials_done": 0,
+            "trials_failed": 0,
+            "created_at": "2026-01-01T00:00:00Z",
+            "updated_at": "2026-01-01T00:00:00Z",
+        }
+    )
+    assert doc.state is TaskState.RUNNING and not doc.state.is_final()
+    assert doc.model_dump(mode="json")["state"] == "running"
+
+
+def test_the_knobs_are_declared_once():
+    assert tuple(f.name for f in dataclasses.fields(Schedule)) == KNOB_NAMES
+    assert tuple(f.name for f in dataclasses.fields(KnobValues)) == KNOB_NAMES
+    assert tuple(ScheduleDoc.model_fields) == KNOB_NAMES
+    assert {name: spec.values for name, spec in KNOB_SPECS.items()} == KNOBS
+    assert KNOBS["smem_stages"] == (1, 2, 3, 4, 5, 6) and KNOBS["reg_stages"] == (1, 2)
+
+
+def test_the_code_generator_checks_the_declared_domains():
+    bad = Schedule(2, 2, 2, 2, 3, 3, 2)  # chunk 3 is outside (1, 2, 4, 8)
+    with pytest.raises(ValueError, match=r"chunk must be one of \[1, 2, 4, 8\], got 3"):
+        generate("gemm_kn", bad)
+    with pytest.raises(ValueError, match=r"chunk must be one of \[1, 2, 4, 8\], got 3"):
+        Schedule.from_dict(dataclasses.asdict(bad))
+
+
+def test_runner_names_live_with_the_result_a_runner_returns():
+    assert RUNNER_NAMES == RUNNERS == ("cupy", "replay", "simulated")
+    assert RunnerKind.of("replay:cupy") is RunnerKind.REPLAY
+    assert RunnerKind.of("simulated") is RunnerKind.SIMULATED
+    assert RunnerKind.of("abacus") is None and RunnerKind.of(None) is None
+    assert [k.adjective for k in RunnerKind] == ["measured", "replayed", "simulated"]
+
+
+def test_the_api_schema_derives_its_enums(tmp_path):
+    from pipetune.service.migrate import upgrade
+
+    url = f"sqlite:///{tmp_path / 'schema.db'}"
+    upgrade(url)
+    with client_for(url) as client:
+        spec = client.get("/openapi.json").json()
+    schemas = spec["components"]["schemas"]
+
+    def enum(schema: dict) -> list:
+        if "$ref" in schema:
+            return enum(schemas[schema["$ref"].rsplit("/", 1)[1]])
+        if "anyOf" in schema:
+            return [v for s in schema["anyOf"] for v in enum(s)]
+        return schema.get("enum", [])
+
+    assert enum(schemas["TaskDoc"]["properties"]["state"]) == [s.value for s in TaskState]
+    assert enum(schemas["TrialDoc"]["properties"]["state"]) == [s.value for s in JobState]
+    assert enum(schemas["WorkerRegister"]["properties"]["runner"]) == list(RUNNER_NAMES)
+    knobs = schemas["ScheduleDoc"]["properties"]
+    assert {name: tuple(p["enum"]) for name, p in knobs.items()} == KNOBS
+    assert knobs["chunk"]["description"] == KNOB_SPECS["chunk"].meaning
+    curves = spec["paths"]["/v1/curves"]["get"]["parameters"]
+    (op,) = [p for p in curves if p["name"] == "op"]
+    assert enum(op["schema"]) == list(OPS)
+    tasks = spec["paths"]["/v1/tasks"]["get"]["parameters"]
+    (state,) = [p for p in tasks if p["name"] == "state"]
+    assert enum(state["schema"]) == [s.value for s in TaskState]
