@@ -13,6 +13,7 @@ from sqlalchemy.orm import Session
 from pipetune.model.analytical import rank
 from pipetune.model.hardware import get_gpu
 from pipetune.model.space import Schedule
+from pipetune.model.wire import ScheduleDoc, ScheduleResponse
 from pipetune.model.workloads import AnyWorkload, WorkloadError
 from pipetune.service.orm import JobRow, ReferenceOptimumRow, WorkloadRow
 
@@ -71,6 +72,37 @@ def model_pick(workload: AnyWorkload, gpu: str) -> ModelPick:
 
 def tflops(flops: int, latency_us: float) -> float:
     return flops / (latency_us * 1e-6) / 1e12
+
+
+def schedule_response(workload: AnyWorkload, gpu: str, job: JobRow | None) -> ScheduleResponse:
+    """POST /v1/schedules' answer: the best measured trial `job` (best_measured's), else the
+    model's pick. Raises WorkloadError when no schedule of the family is valid on the GPU."""
+    if job is not None and job.latency_us is not None:
+        schedule = Schedule(**job.schedule)
+        predicted = job.predicted_us
+        if predicted is None:
+            predicted = model_pick(workload, gpu).predicted_us
+        return ScheduleResponse(
+            source="measured",
+            workload=workload.canonical(),
+            gpu=gpu,
+            schedule=ScheduleDoc.of(schedule),
+            schedule_id=schedule.id,
+            latency_us=job.latency_us,
+            runner=job.runner,
+            predicted_us=predicted,
+            tflops=tflops(workload.flops, job.latency_us),
+        )
+    pick = model_pick(workload, gpu)
+    return ScheduleResponse(
+        source="model",
+        workload=workload.canonical(),
+        gpu=gpu,
+        schedule=ScheduleDoc.of(pick.schedule),
+        schedule_id=pick.schedule.id,
+        predicted_us=pick.predicted_us,
+        tflops=pick.tflops,
+    )
 
 
 def set_reference_optimum(

@@ -32,6 +32,7 @@ def task_doc(task: TaskRow, workload: WorkloadRow, best: JobRow | None) -> TaskD
             schedule=ScheduleDoc(**best.schedule),
             latency_us=best.latency_us,
             tflops=tflops(workload.flops, best.latency_us),
+            runner=best.runner,
         )
     return TaskDoc(
         id=task.id,
@@ -89,6 +90,7 @@ def list_trial_docs(session: Session, task_id: int, after: int, limit: int) -> l
             predicted_us=job.predicted_us,
             worker=worker,
             error=job.error,
+            runner=job.runner,
         )
         for job, worker in rows
     ]

@@ -1,59 +1,88 @@
-"""How the curve command draws without a plotting backend: the PNG encoder, the chart,
-the sparkline and the milestone rows."""
+"""How the curve command draws: the PNG (matplotlib), the HTML page (plotly's bundle inlined
+from the installed package, no CDN), the simulated label, the sparkline and the milestone
+rows, and the one-line exit 2 when matplotlib is missing."""
 
 from __future__ import annotations
 
-import struct
-import zlib
+import datetime as dt
 from pathlib import Path
 
 import numpy as np
+import plotly
+import pytest
+from matplotlib.image import imread
+from typer.testing import CliRunner
 
+from pipetune.clients.cli import curve_files
 from pipetune.clients.cli.client_cmds import milestones, sparkline
-from pipetune.clients.png_chart import BLUE, Series, encode_png, line_chart, nice_ticks, write_png
+from pipetune.clients.cli.main import app
+from pipetune.model.wire import Curve, CurvePoint, TaskDoc
+
+NOW = dt.datetime(2026, 1, 1, tzinfo=dt.UTC)
+TASK = TaskDoc(
+    id=7,
+    state="done",
+    workload={"op": "gemm", "m": 1024, "n": 64, "k": 2048},
+    gpu="h100",
+    strategy="random",
+    budget=10,
+    seed=0,
+    trials_done=10,
+    trials_failed=0,
+    created_at=NOW,
+    updated_at=NOW,
+)
+LATENCIES = [None, 9.0, 9.0, 6.0, 6.0, 6.0, 4.0, 4.0, 4.0, 3.9]
+CURVE = Curve(
+    points=[
+        CurvePoint(
+            trial=i, best_latency_us=v, best_tflops=None if v is None else 0.268 / (v * 1e-6)
+        )
+        for i, v in enumerate(LATENCIES)
+    ]
+)
+PLOTLY_JS = Path(plotly.__file__).parent / "package_data" / "plotly.min.js"
 
 
-def _decode(data: bytes) -> np.ndarray:
-    """A minimal PNG reader for what encode_png writes (8-bit RGB, filter 0)."""
-    assert data[:8] == b"\x89PNG\r\n\x1a\n"
-    pos, chunks = 8, {}
-    while pos < len(data):
-        (length,) = struct.unpack(">I", data[pos : pos + 4])
-        kind = data[pos + 4 : pos + 8]
-        body = data[pos + 8 : pos + 8 + length]
-        (crc,) = struct.unpack(">I", data[pos + 8 + length : pos + 12 + length])
-        assert crc == zlib.crc32(kind + body) & 0xFFFFFFFF
-        chunks[kind] = body
-        pos += 12 + length
-    width, height, depth, color = struct.unpack(">IIBB", chunks[b"IHDR"][:10])
-    assert (depth, color) == (8, 2) and b"IEND" in chunks
-    raw = np.frombuffer(zlib.decompress(chunks[b"IDAT"]), dtype=np.uint8)
-    rows = raw.reshape(height, 1 + 3 * width)
-    assert not rows[:, 0].any()  # filter type 0 on every row
-    return rows[:, 1:].reshape(height, width, 3)
-
-
-def test_png_round_trip():
-    pixels = np.random.default_rng(0).integers(0, 256, (7, 5, 3), dtype=np.uint8)
-    assert np.array_equal(_decode(encode_png(pixels)), pixels)
-
-
-def test_chart_draws_the_curve_inside_the_axes(tmp_path: Path):
-    xs = list(range(1, 11))
-    ys = [10, 30, 30, 55, 55, 55, 80, 80, 80, 81]
+def test_png_is_900_by_540_with_the_curve_drawn(tmp_path: Path):
     path = tmp_path / "c.png"
-    write_png(path, line_chart([Series(xs, ys, "best")], "task 1", "trials", "TFLOP/s"))
-    image = _decode(path.read_bytes())
-    assert image.shape == (540, 900, 3)
-    curve = np.all(image == BLUE, axis=2)
-    rows, cols = np.nonzero(curve[60:460, 110:870])  # the plot area
-    assert rows.size > 500 and cols.max() - cols.min() > 600
+    curve_files.write_curve_png(path, TASK, CURVE, simulated=False)
+    image = imread(path)
+    assert image.shape[:2] == (540, 900)
+    rgb = (image[..., :3] * 255).round().astype(int)
+    blue = np.all(rgb == (31, 119, 180), axis=2)  # the line's colour, #1f77b4
+    rows, cols = np.nonzero(blue)
+    assert rows.size > 300 and cols.max() - cols.min() > 500  # across the plot
 
 
-def test_ticks_are_round_and_cover_the_range():
-    assert nice_ticks(3.2, 97.0) == [0, 20, 40, 60, 80, 100]
-    ticks = nice_ticks(1, 16)
-    assert ticks[0] <= 1 and ticks[-1] >= 16
+def test_html_inlines_plotly_from_the_installed_package(tmp_path: Path):
+    path = tmp_path / "c.html"
+    curve_files.write_curve_html(path, TASK, CURVE, simulated=True)
+    page = path.read_text()
+    assert 'src="http' not in page  # no script from a CDN (the bundle names one for maps)
+    bundle = PLOTLY_JS.read_text()
+    assert bundle[2000:2400] in page  # the bundle itself, not a link to it
+    assert "task 7: gemm 1024x64x2048 on h100 (random)" in page
+    assert "simulated: analytical model + noise, not measurements" in page
+
+
+def test_titles_say_when_the_trials_are_simulated():
+    assert curve_files._subtitle(True) == "simulated: analytical model + noise, not measurements"
+    assert "simulated" not in curve_files._subtitle(False)
+
+
+def test_png_without_matplotlib_says_how_to_get_it(monkeypatch: pytest.MonkeyPatch, tmp_path):
+    real = curve_files.importlib.util.find_spec
+    monkeypatch.setattr(
+        curve_files.importlib.util,
+        "find_spec",
+        lambda name, *a: None if name == "matplotlib" else real(name, *a),
+    )
+    result = CliRunner().invoke(app, ["curve", "1", "--png", str(tmp_path / "c.png")])
+    assert result.exit_code == 2
+    assert result.stderr.strip() == (
+        "error: --png: drawing a PNG needs matplotlib: pip install 'pipetune[plot]'"
+    )
 
 
 def test_sparkline_and_milestones():

@@ -8,6 +8,8 @@
 
 Each takes --server (env PIPETUNE_SERVER) and --api-key (env PIPETUNE_API_KEY). Bad input
 exits 2 before anything is sent; see clients.cli.remote for the service's errors.
+`schedule`, `tasks` and `curve` only read: without a server they read the local database
+(--db, default the one `pipetune serve` uses), e.g. after `pipetune.tune(...)` in Python.
 """
 
 from __future__ import annotations
@@ -23,23 +25,39 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from pipetune.clients.cli.curve_files import (
+    curve_title,
+    require_matplotlib,
+    write_curve_html,
+    write_curve_png,
+)
 from pipetune.clients.cli.errors import CliError, reported
 from pipetune.clients.cli.output import console, print_json
 from pipetune.clients.cli.remote import (
     api_key_option,
     client,
     connection_parameters,
+    db_option,
+    read_server_option,
+    reader,
+    reader_parameters,
     server_option,
     service_errors,
 )
 from pipetune.clients.cli.workload_options import add_workload_commands, option
+from pipetune.clients.library.labels import SIMULATED_LABEL, any_simulated, is_simulated
 from pipetune.model.hardware import gpu_keys, resolve_gpu_key
 from pipetune.model.space import Schedule
-from pipetune.model.wire import MAX_BUDGET, Curve, ScheduleDoc, StrategyName, TaskDoc
+from pipetune.model.wire import (
+    DEFAULT_STRATEGY,
+    MAX_BUDGET,
+    ScheduleDoc,
+    StrategyName,
+    TaskDoc,
+)
 from pipetune.model.workloads import parse_workload
 
 STRATEGIES: tuple[str, ...] = typing.get_args(StrategyName)
-DEFAULT_STRATEGY = "analytical+xgb"
 # Progress goes to stderr so that --json documents on stdout stay machine-readable.
 progress_console = Console(stderr=True)
 
@@ -88,26 +106,43 @@ def _label(workload: dict[str, Any]) -> str:
         return str(workload)
 
 
+def _where(server: str | None, c: Any) -> str:
+    """Where the answers came from: the service, or the local database."""
+    if server:
+        return server
+    from pipetune.clients.library.store import source_of  # loaded: c is a LocalStore
+
+    return source_of(c)
+
+
 # ---- schedule --------------------------------------------------------------------------
 
 
-def _schedule(workload: dict, gpu: str, as_json: bool, server: str, api_key: str | None) -> None:
+def _schedule(
+    workload: dict,
+    gpu: str,
+    as_json: bool,
+    server: str | None,
+    api_key: str | None,
+    db: str | None,
+) -> None:
     w = parse_workload(workload)
     gpu = _check_gpu(gpu)
-    with service_errors(), client(server, api_key) as c:
-        doc = c.best_schedule(w.canonical(), gpu)
+    with service_errors(), reader(server, api_key, db) as c:
+        doc = c.best_schedule(w, gpu)
+        where = "" if server else f" ({_where(server, c)})"
     if as_json:
         print_json(doc.model_dump(mode="json"))
         return
     tile, warps, stages = _schedule_cells(doc.schedule)
-    simulated = doc.source == "measured" and "simulated" in (doc.runner or "")
+    simulated = doc.source == "measured" and is_simulated(doc.runner)
     if doc.source == "model":
         source = "analytical model (not tuned yet)"
     elif simulated:
-        source = "simulated trials (analytical model + noise, not measurements)"
+        source = f"simulated trials ({SIMULATED_LABEL.removeprefix('simulated: ')})"
     else:
         source = "measured trials"
-    console.print(f"{w.label()} on {doc.gpu}: best schedule, from the {source}")
+    console.print(f"{w.label()} on {doc.gpu}: best schedule, from the {source}{where}")
     table = Table(show_header=False)
     table.add_column("key")
     table.add_column("value")
@@ -128,7 +163,7 @@ def _schedule(workload: dict, gpu: str, as_json: bool, server: str, api_key: str
 add_workload_commands(
     schedule_app,
     _schedule,
-    [_GPU, _JSON, *connection_parameters()],
+    [_GPU, _JSON, *reader_parameters()],
     "Best known schedule of:",
 )
 
@@ -181,6 +216,7 @@ def print_task(doc: TaskDoc, server: str) -> None:
         console.print("no successful trial" + (f": {doc.error}" if doc.error else ""))
     else:
         tile, warps, stages = _schedule_cells(doc.best.schedule)
+        simulated = is_simulated(doc.best.runner)
         table = Table(show_header=False)
         table.add_column("key")
         table.add_column("value")
@@ -190,11 +226,13 @@ def print_task(doc: TaskDoc, server: str) -> None:
             ("tile MxNxK", tile),
             ("warps", warps),
             ("stages smem/reg", stages),
-            ("latency µs", f"{doc.best.latency_us:.2f}"),
+            ("simulated µs" if simulated else "latency µs", f"{doc.best.latency_us:.2f}"),
             ("TFLOP/s", f"{doc.best.tflops:.1f}"),
         ):
             table.add_row(key, value)
         console.print(table)
+        if simulated:
+            console.print(f"runner {SIMULATED_LABEL}")
     console.print(f"dashboard: {dashboard_url(server)}")
 
 
@@ -260,19 +298,21 @@ add_workload_commands(
 def tasks(
     state: str | None = typer.Option(None, "--state", help="queued|running|done|failed|cancelled"),
     as_json: bool = typer.Option(False, "--json", help="print one JSON document"),
-    server: str = server_option(),
+    server: str | None = read_server_option(),
     api_key: str | None = api_key_option(),
+    db: str | None = db_option(),
 ) -> None:
-    """The service's tuning tasks, newest first."""
-    with service_errors(), client(server, api_key) as c:
+    """Tuning tasks, newest first (the service's, or the local database's without one)."""
+    with service_errors(), reader(server, api_key, db) as c:
         docs = c.tasks(state=state)
+        where = _where(server, c)
     if as_json:
         print_json({"tasks": [d.model_dump(mode="json") for d in docs]})
         return
-    table = Table(title=f"tasks at {server}")
+    table = Table(title=f"tasks at {where}")
     for col in ("id", "state", "workload", "gpu", "strategy", "trials", "failed"):
         table.add_column(col, justify="right" if col in ("id", "trials", "failed") else None)
-    for col in ("best µs", "TFLOP/s", "updated"):
+    for col in ("best µs", "TFLOP/s", "runner", "updated"):
         table.add_column(col, justify="right")
     for d in docs:
         table.add_row(
@@ -285,11 +325,14 @@ def tasks(
             str(d.trials_failed),
             _fmt(d.best.latency_us if d.best else None),
             _fmt(d.best.tflops if d.best else None, ".1f"),
+            (d.best.runner if d.best else None) or "-",
             d.updated_at.strftime("%Y-%m-%d %H:%M:%S"),
         )
     console.print(table)
     if not docs:
         console.print("no tasks")
+    elif any_simulated(d.best.runner for d in docs if d.best):
+        console.print(f"runner simulated: best µs and TFLOP/s are {SIMULATED_LABEL}")
 
 
 # ---- curve -----------------------------------------------------------------------------
@@ -320,71 +363,44 @@ def milestones(n: int) -> list[int]:
     return ks
 
 
-def _curve_title(task: TaskDoc) -> str:
-    return f"task {task.id}: {_label(task.workload)} on {task.gpu} ({task.strategy})"
-
-
-def write_curve_png(path: Path, task: TaskDoc, curve: Curve) -> None:
-    from pipetune.clients.png_chart import Series, line_chart, write_png
-
-    points = [(p.trial + 1, p.best_tflops) for p in curve.points if p.best_tflops is not None]
-    xs = [x for x, _ in points]
-    ys = [float(y) for _, y in points if y is not None]
-    chart = line_chart(
-        [Series(xs, ys, "best-so-far TFLOP/s")],
-        title=_curve_title(task),
-        xlabel="trials",
-        ylabel="best TFLOP/s",
-    )
-    write_png(path, chart)
-
-
-def write_curve_html(path: Path, task: TaskDoc, curve: Curve) -> None:
-    import plotly.graph_objects as go
-
-    xs = [p.trial + 1 for p in curve.points]
-    fig = go.Figure(
-        go.Scatter(
-            x=xs,
-            y=[p.best_tflops for p in curve.points],
-            mode="lines+markers",
-            line_shape="hv",
-            name="best-so-far TFLOP/s",
-            customdata=[p.best_latency_us for p in curve.points],
-            hovertemplate="trial %{x}<br>%{y:.1f} TFLOP/s<br>%{customdata:.2f} µs",
-        )
-    )
-    fig.update_layout(title=_curve_title(task), xaxis_title="trials", yaxis_title="TFLOP/s")
-    fig.write_html(str(path), include_plotlyjs="cdn")
-
-
 @reported
 def curve(
     task_id: int = typer.Argument(..., help="the task's id"),
-    png: Path | None = typer.Option(None, "--png", help="write the curve as a PNG image"),
-    html: Path | None = typer.Option(None, "--html", help="write an interactive plotly page"),
+    png: Path | None = typer.Option(
+        None, "--png", help="write the curve as a PNG image (matplotlib: the `plot` extra)"
+    ),
+    html: Path | None = typer.Option(
+        None, "--html", help="write an interactive plotly page (self-contained, no CDN)"
+    ),
     as_json: bool = typer.Option(False, "--json", help="print the curve as JSON"),
-    server: str = server_option(),
+    server: str | None = read_server_option(),
     api_key: str | None = api_key_option(),
+    db: str | None = db_option(),
 ) -> None:
     """A task's best-so-far curve: best TFLOP/s found after each trial."""
     for path, flag in ((png, "--png"), (html, "--html")):
         if path is not None and not path.parent.exists():
             raise CliError(f"{flag}: directory {path.parent} does not exist", 2)
-    with service_errors(), client(server, api_key) as c:
+    if png is not None:
+        require_matplotlib()  # before anything is fetched
+    with service_errors(), reader(server, api_key, db) as c:
         task = c.task(task_id)
         doc = c.curve(task_id)
+        trials = c.all_trials(task_id)
+    simulated = any_simulated(t.runner for t in trials)
     if as_json:
         print_json(doc.model_dump(mode="json"))
     if png is not None:
-        write_curve_png(png, task, doc)
+        write_curve_png(png, task, doc, simulated)
         progress_console.print(f"wrote {png}")
     if html is not None:
-        write_curve_html(html, task, doc)
+        write_curve_html(html, task, doc, simulated)
         progress_console.print(f"wrote {html}")
     if as_json or png is not None or html is not None:
         return
-    console.print(_curve_title(task) + f", {task.state}")
+    console.print(curve_title(task) + f", {task.state}")
+    if simulated:
+        console.print(f"trials from the {SIMULATED_LABEL.replace(':', ' runner:', 1)}")
     if not doc.points:
         console.print("no trials yet")
         return
@@ -434,7 +450,7 @@ def tune_model(
 
             def update(docs: list[TaskDoc]) -> None:
                 if bar is not None and handle is not None:
-                    finished = sum(d.state in tm.TERMINAL for d in docs)
+                    finished = sum(d.state.is_final() for d in docs)
                     bar.update(
                         handle,
                         completed=sum(d.trials_done for d in docs),

@@ -36,7 +36,6 @@ from pipetune.model.wire import (
 DEFAULT_SERVER = "http://127.0.0.1:8000"
 SERVER_ENV = "PIPETUNE_SERVER"
 API_KEY_ENV = "PIPETUNE_API_KEY"
-TERMINAL_STATES = frozenset({"done", "failed", "cancelled"})
 
 WorkloadLike = dict[str, Any] | BaseModel
 
@@ -114,9 +113,13 @@ class Client:
     def task(self, task_id: int) -> TaskDoc:
         return self._http.call(TaskDoc, "GET", f"/v1/tasks/{int(task_id)}")
 
-    def tasks(self, state: str | None = None) -> list[TaskDoc]:
-        """Tasks, newest first (`state`: only those in that state)."""
-        return self._http.call(TaskList, "GET", "/v1/tasks", params={"state": state}).tasks
+    def tasks(
+        self, state: str | None = None, *, limit: int | None = None, offset: int | None = None
+    ) -> list[TaskDoc]:
+        """Tasks, newest first (`state`: only those in that state); one page of `limit`
+        (the service's default 100) after skipping `offset`."""
+        params = {"state": state, "limit": limit, "offset": offset}
+        return self._http.call(TaskList, "GET", "/v1/tasks", params=params).tasks
 
     def cancel(self, task_id: int) -> TaskDoc:
         """Cancel a task (409 ConflictError if it already finished); the cancelled task."""
@@ -166,7 +169,7 @@ class Client:
             if progress is not None and (last is None or doc != last):
                 progress(doc)
             last = doc
-            if doc.state in TERMINAL_STATES:
+            if doc.state.is_final():
                 return doc
             if deadline is not None and time.monotonic() >= deadline:
                 raise WaitTimeoutError(task_id, timeout_s or 0.0, doc.state)

@@ -4,23 +4,15 @@ from __future__ import annotations
 
 from fastapi import APIRouter, Depends, Request, Response
 
-from pipetune.model.space import Schedule
-from pipetune.model.wire import ScheduleDoc, ScheduleRequest, ScheduleResponse, TaskCreate
+from pipetune.model.wire import ScheduleRequest, ScheduleResponse, TaskCreate
 from pipetune.model.workloads import WorkloadError
 from pipetune.service.auth import user_access
 from pipetune.service.context import ServiceDep
 from pipetune.service.errors import InputError
-from pipetune.service.records import ModelPick, best_measured, model_pick, tflops
+from pipetune.service.records import best_measured, schedule_response
 from pipetune.service.routers.common import ERRORS
 
 router = APIRouter(tags=["schedules"], dependencies=[Depends(user_access)])
-
-
-def _model_pick(body: ScheduleRequest) -> ModelPick:
-    try:
-        return model_pick(body.workload, body.gpu)
-    except WorkloadError as exc:
-        raise InputError(["body", "workload"], exc.reason) from None
 
 
 @router.post(
@@ -41,33 +33,10 @@ def best_schedule(
     workload = body.workload
     with service.db.read() as s:
         job = best_measured(s, workload.workload_hash, body.gpu)
-    if job is not None:
-        schedule = Schedule(**job.schedule)
-        predicted = job.predicted_us
-        if predicted is None:
-            predicted = _model_pick(body).predicted_us
-        doc = ScheduleResponse(
-            source="measured",
-            workload=workload.canonical(),
-            gpu=body.gpu,
-            schedule=ScheduleDoc.of(schedule),
-            schedule_id=schedule.id,
-            latency_us=job.latency_us,
-            runner=job.runner,
-            predicted_us=predicted,
-            tflops=tflops(workload.flops, job.latency_us),
-        )
-    else:
-        pick = _model_pick(body)
-        doc = ScheduleResponse(
-            source="model",
-            workload=workload.canonical(),
-            gpu=body.gpu,
-            schedule=ScheduleDoc.of(pick.schedule),
-            schedule_id=pick.schedule.id,
-            predicted_us=pick.predicted_us,
-            tflops=pick.tflops,
-        )
+    try:
+        doc = schedule_response(workload, body.gpu, job)
+    except WorkloadError as exc:
+        raise InputError(["body", "workload"], exc.reason) from None
     if body.tune is not None:
         task_id = service.driver.create(
             TaskCreate(workload=workload, gpu=body.gpu, **body.tune.model_dump())

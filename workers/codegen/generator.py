@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from pipetune.model.space import KNOBS, Schedule
+from pipetune.model.space import Schedule, knob_value_problems
 from pipetune.model.workloads import AnyWorkload
 from pipetune.workers.codegen import cuda_text, pipeline
 from pipetune.workers.codegen.layout import TileGeometry, swizzle_period
@@ -20,6 +20,7 @@ from pipetune.workers.codegen.variants import (
     scalar_args,
     variant_of,
 )
+from pipetune.workers.launch_plan import KernelLaunch
 
 
 @dataclass(frozen=True)
@@ -79,10 +80,9 @@ def kernel_name(variant: str, schedule: Schedule) -> str:
 
 
 def _check_schedule(schedule: Schedule) -> None:
-    for knob, allowed in KNOBS.items():
-        value = getattr(schedule, knob)
-        if value not in allowed:
-            raise ValueError(f"{knob} must be one of {list(allowed)}, got {value!r}")
+    problems = knob_value_problems(schedule.as_dict())
+    if problems:
+        raise ValueError(problems[0])
 
 
 def _header(variant: str, schedule: Schedule, g: TileGeometry) -> str:
@@ -168,7 +168,7 @@ def source_parts(variant: str, schedule: Schedule) -> dict[str, str]:
 def generate(workload_or_variant: AnyWorkload | str, schedule: Schedule) -> KernelSource:
     """The kernel of a variant (or of the variant a workload maps to) for a schedule.
 
-    Any knob values from model.space.KNOBS generate; whether a schedule is *valid* for a
+    Any knob values within model.space.KNOBS generate; whether a schedule is *valid* for a
     workload on a GPU (shared memory, registers, loader divisibility) is the space's call.
     """
     if isinstance(workload_or_variant, str):
@@ -204,3 +204,24 @@ def launch(
     if view.batch > GRID_Z_LIMIT:
         raise ValueError(f"batch {view.batch} exceeds the grid z limit {GRID_Z_LIMIT}")
     return (tiles, 1, view.batch), scalar_args(workload)
+
+
+# The kernel's pointer parameters, in order, before the int32 scalars of SCALAR_ARGS.
+POINTER_ARGS: tuple[str, ...] = ("A", "B", "C")
+
+
+def launch_config(kernel: KernelSource, workload: AnyWorkload) -> KernelLaunch:
+    """The launch of ``kernel`` on ``workload``: the one description that the cupy runner
+    times and that `pipetune.kernel` and `pipetune export` hand to users. Parameters in
+    ``arguments`` order: the fp16 pointers A, B, C (row-major, 16-byte aligned), then the
+    int32 scalars of SCALAR_ARGS; block = (threads, 1, 1)."""
+    grid, scalars = launch(kernel, workload)
+    names = SCALAR_ARGS[kernel.variant]
+    return KernelLaunch(
+        kernel=kernel.name,
+        grid=grid,
+        block=(kernel.threads, 1, 1),
+        smem_bytes=kernel.smem_bytes,
+        arguments=(*POINTER_ARGS, *names),
+        scalars=dict(zip(names, scalars, strict=True)),
+    )

@@ -1,0 +1,82 @@
+"""`pipetune curve --html/--png`: a task's best-so-far curve as a file.
+
+--html: an interactive plotly page with plotly's own bundle inlined from the installed
+plotly package (the one the dashboard serves): no CDN, the page works offline.
+--png: a matplotlib image (the optional `plot` extra: pip install 'pipetune[plot]').
+A curve of simulated trials says so in its title.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+from pipetune.clients.cli.errors import CliError
+from pipetune.clients.library.labels import SIMULATED_LABEL
+from pipetune.model.wire import Curve, TaskDoc
+from pipetune.model.workloads import parse_workload
+
+PNG_INCHES = (9.0, 5.4)
+PNG_DPI = 100  # 900 x 540 pixels
+LINE_COLOR = "#1f77b4"
+PLOT_EXTRA = "pip install 'pipetune[plot]'"
+
+
+def curve_title(task: TaskDoc) -> str:
+    try:
+        label = parse_workload(task.workload).label()
+    except ValueError:
+        label = str(task.workload)
+    return f"task {task.id}: {label} on {task.gpu} ({task.strategy})"
+
+
+def _subtitle(simulated: bool) -> str:
+    return SIMULATED_LABEL if simulated else "best-so-far over the measured trials"
+
+
+def write_curve_html(path: Path, task: TaskDoc, curve: Curve, simulated: bool) -> None:
+    import plotly.graph_objects as go
+
+    fig = go.Figure(
+        go.Scatter(
+            x=[p.trial + 1 for p in curve.points],
+            y=[p.best_tflops for p in curve.points],
+            mode="lines+markers",
+            line_shape="hv",
+            line_color=LINE_COLOR,
+            name="best-so-far TFLOP/s" + (" (simulated)" if simulated else ""),
+            customdata=[p.best_latency_us for p in curve.points],
+            hovertemplate="trial %{x}<br>%{y:.1f} TFLOP/s<br>%{customdata:.2f} µs",
+        )
+    )
+    title = f"{curve_title(task)}<br><sup>{_subtitle(simulated)}</sup>"
+    fig.update_layout(title=title, xaxis_title="trials", yaxis_title="TFLOP/s")
+    # include_plotlyjs=True inlines plotly.min.js from the installed package (no CDN).
+    fig.write_html(str(path), include_plotlyjs=True, full_html=True)
+
+
+def require_matplotlib() -> None:
+    """Exit 2, saying how to get it, when matplotlib is not installed."""
+    if importlib.util.find_spec("matplotlib") is None:
+        raise CliError(f"--png: drawing a PNG needs matplotlib: {PLOT_EXTRA}", 2)
+
+
+def write_curve_png(path: Path, task: TaskDoc, curve: Curve, simulated: bool) -> None:
+    require_matplotlib()
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    points = [(p.trial + 1, p.best_tflops) for p in curve.points if p.best_tflops is not None]
+    # No pyplot: a Figure of its own, no global state, no display needed.
+    fig = Figure(figsize=PNG_INCHES, dpi=PNG_DPI)
+    FigureCanvasAgg(fig)
+    ax = fig.add_subplot()
+    if points:
+        xs, ys = zip(*points, strict=True)
+        ax.step(xs, ys, where="post", color=LINE_COLOR, marker="o", markersize=3)
+    ax.set_xlabel("trials")
+    ax.set_ylabel("best TFLOP/s")
+    ax.set_title(f"{curve_title(task)}\n{_subtitle(simulated)}", fontsize=10)
+    ax.grid(True, alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, format="png", dpi=PNG_DPI)

@@ -1,0 +1,129 @@
+"""`pipetune export`: what was tuned, as files.
+
+    pipetune export --gpu h100 --out-dir DIR [--server URL | --db URL]
+    pipetune export --task ID --format t4 --out FILE [--server URL | --db URL]
+
+The first writes, for every workload tuned on the GPU, its CUDA source, its cubin for the
+GPU's architecture and its launch description (JSON), plus `pipetune_tuned.h` (the tuned
+parameters as #defines, Kernel Tuner's convention) and `index.json`. The second writes one
+task's trials as a T4 results file (gzipped when FILE ends in .gz). Without --server (or
+PIPETUNE_SERVER) the local database is read directly. See clients/library/exports.py.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import typer
+from rich.table import Table
+
+from pipetune.clients.cli.errors import CliError, reported
+from pipetune.clients.cli.output import console, print_json
+from pipetune.clients.cli.remote import (
+    api_key_option,
+    db_option,
+    read_server_option,
+    reader,
+    service_errors,
+)
+from pipetune.clients.library.labels import SIMULATED_LABEL
+from pipetune.model.hardware import gpu_keys, resolve_gpu_key
+
+FORMATS = ("t4",)
+MODES = "give --gpu and --out-dir (tuned kernels) or --task, --format t4 and --out (trials)"
+
+
+def _check_modes(
+    gpu: str | None, out_dir: Path | None, task: int | None, fmt: str | None, out: Path | None
+) -> None:
+    if task is not None:
+        if gpu is not None or out_dir is not None:
+            raise CliError(f"--task: exports one task's trials, not a GPU's kernels; {MODES}", 2)
+        if out is None:
+            raise CliError("--out: give the T4 file to write the task's trials to", 2)
+        if fmt not in (None, *FORMATS):
+            raise CliError(f"--format: a task's trials are written as {', '.join(FORMATS)}", 2)
+        if not out.parent.exists():
+            raise CliError(f"--out: directory {out.parent} does not exist", 2)
+        return
+    if out is not None or fmt is not None:
+        raise CliError(f"--out and --format go with --task; {MODES}", 2)
+    if gpu is None or out_dir is None:
+        raise CliError(MODES, 2)
+    if out_dir.exists() and not out_dir.is_dir():
+        raise CliError(f"--out-dir: {out_dir} is a file, not a directory", 2)
+
+
+def _print_index(index: dict, out_dir: Path) -> None:
+    rows = index["workloads"]
+    if not rows:
+        console.print(
+            f"no workload tuned on {index['gpu']} in {index['source']}: wrote an empty "
+            f"{out_dir / 'index.json'} and header"
+        )
+        return
+    table = Table(
+        title=f"{len(rows)} tuned kernels for {index['gpu']} ({index['arch']}) in {out_dir}"
+    )
+    for col in ("workload", "schedule", "µs", "runner", "files"):
+        table.add_column(col, justify="right" if col == "µs" else None)
+    for row in rows:
+        table.add_row(
+            row["label"],
+            row["schedule_id"],
+            f"{row['latency_us']:.2f}",
+            row["runner"] or "-",
+            f"{row['stem']}.{{cu,{index['arch']}.cubin,launch.json}}",
+        )
+    console.print(table)
+    console.print(f"header {out_dir / index['header']}, index {out_dir / 'index.json'}")
+    if index["simulated"]:
+        console.print(f"runner simulated: those latencies are {SIMULATED_LABEL}")
+
+
+@reported
+def export(
+    gpu: str | None = typer.Option(
+        None, "--gpu", help=f"export every workload tuned on this GPU: {', '.join(gpu_keys())}"
+    ),
+    out_dir: Path | None = typer.Option(None, "--out-dir", help="where the kernels go"),
+    task: int | None = typer.Option(None, "--task", help="export this task's trials"),
+    fmt: str | None = typer.Option(None, "--format", help="the trials' format: t4"),
+    out: Path | None = typer.Option(None, "--out", help="the T4 file (.t4.json[.gz])"),
+    as_json: bool = typer.Option(False, "--json", help="print what was written as JSON"),
+    server: str | None = read_server_option(),
+    api_key: str | None = api_key_option(),
+    db: str | None = db_option(),
+) -> None:
+    """Tuned kernels of a GPU as files (source, cubin, launch JSON, pipetune_tuned.h,
+    index.json), or a task's trials as a T4 file."""
+    _check_modes(gpu, out_dir, task, fmt, out)
+    from pipetune.clients.library import exports  # NVRTC, SQLAlchemy: only when exporting
+
+    if task is not None and out is not None:
+        with service_errors(), reader(server, api_key, db) as c:
+            try:
+                dataset = exports.export_task_t4(c, task, out)
+            except ValueError as exc:  # no finished trial yet
+                raise CliError(str(exc), 1) from None
+        info = dataset.metadata["pipetune"]
+        if as_json:
+            print_json({"task": task, "path": str(out), "trials": len(dataset), **info})
+            return
+        console.print(f"wrote {len(dataset)} trials of task {task} to {out} (T4)")
+        if "simulated" in str(info.get("runner")):
+            console.print(f"runner simulated: those latencies are {SIMULATED_LABEL}")
+        return
+    assert gpu is not None and out_dir is not None  # _check_modes
+    key = resolve_gpu_key(gpu)
+    with service_errors(), reader(server, api_key, db) as c:
+        index = exports.export_tuned(c, key, out_dir)
+    if as_json:
+        print_json(index)
+    else:
+        _print_index(index, out_dir)
+
+
+def register(app: typer.Typer) -> None:
+    """Add `export` to the `pipetune` app."""
+    app.command("export")(export)

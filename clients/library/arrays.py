@@ -1,0 +1,256 @@
+"""A tuned kernel's array arguments: what each must be, checked before any launch, and the
+memory behind a CUDA array, read through DLPack without a copy.
+
+The checks read what CuPy arrays and PyTorch tensors both expose (``shape``, ``dtype``,
+``strides`` in bytes or PyTorch's ``stride()`` in elements, ``__dlpack_device__()``), so any
+array object with those attributes is checked the same way (the tests use stand-ins on the
+CPU). Every refusal is an :class:`ArgumentError` that names the argument.
+
+The data pointer comes from the array's DLPack capsule, which is read, not consumed: the
+capsule is left unrenamed, so its destructor hands the tensor back to its producer (the
+DLPack protocol's rule for a capsule nobody took), and the array keeps owning its memory.
+"""
+
+from __future__ import annotations
+
+import ctypes
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from pipetune.model.workloads import AnyWorkload
+from pipetune.workers.codegen import POINTER_ARGS, variant_of
+from pipetune.workers.runners.reference import operand_shapes
+
+DTYPE = "float16"
+ITEMSIZE = 2
+ALIGN_BYTES = 16  # the kernels move 16 bytes per cp.async
+
+# DLPack device types (dlpack.h DLDeviceType).
+KDL_CUDA = 2
+KDL_CUDA_MANAGED = 13
+CUDA_DEVICE_TYPES = (KDL_CUDA, KDL_CUDA_MANAGED)
+DEVICE_NAMES = {
+    1: "cpu",
+    2: "cuda",
+    3: "cuda_host",
+    4: "opencl",
+    7: "vulkan",
+    8: "metal",
+    10: "rocm",
+    11: "rocm_host",
+    13: "cuda_managed",
+    14: "oneapi",
+}
+KDL_FLOAT = 2  # DLDataTypeCode
+
+# What A, B and C hold, per kernel variant (workers/codegen/variants.py).
+ROLES: dict[str, tuple[str, str, str]] = {
+    "gemm_kn": ("M×K", "K×N", "M×N output"),
+    "gemm_nk": ("M×K", "N×K", "M×N output"),
+    "bmm": ("batch×M×K", "batch×K×N", "batch×M×N output"),
+    "conv2d": ("input, NHWC", "filter, KRSC", "output, NPQK"),
+    "conv3d": ("input, NDHWC", "filter, KTRSC", "output, NOPQK"),
+}
+
+
+class ArgumentError(ValueError):
+    """An array argument the kernel cannot take; `argument` names it (A, B or C)."""
+
+    def __init__(self, argument: str, reason: str):
+        super().__init__(f"{argument}: {reason}")
+        self.argument = argument
+        self.reason = reason
+
+
+@dataclass(frozen=True)
+class Operand:
+    """What one pointer argument must be: fp16, this shape, dense row-major, on CUDA."""
+
+    name: str
+    role: str
+    shape: tuple[int, ...]
+
+    @property
+    def strides(self) -> tuple[int, ...]:
+        """Row-major strides in elements."""
+        out, step = [], 1
+        for size in reversed(self.shape):
+            out.append(step)
+            step *= size
+        return tuple(reversed(out))
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "role": self.role,
+            "dtype": DTYPE,
+            "shape": list(self.shape),
+            "strides": list(self.strides),
+        }
+
+
+def operands(workload: AnyWorkload) -> tuple[Operand, ...]:
+    """A, B and C of the workload's kernel, in parameter order."""
+    roles = ROLES[variant_of(workload)]
+    return tuple(
+        Operand(name, role, tuple(shape))
+        for name, role, shape in zip(POINTER_ARGS, roles, operand_shapes(workload), strict=True)
+    )
+
+
+@dataclass(frozen=True)
+class ArrayInfo:
+    """What an array says about itself (strides in elements)."""
+
+    shape: tuple[int, ...]
+    dtype: str
+    strides: tuple[int, ...]
+    device: tuple[int, int]  # (DLPack device type, device id)
+
+
+def _device_text(device: tuple[int, int]) -> str:
+    kind, index = device
+    return f"{DEVICE_NAMES.get(kind, f'device type {kind}')}:{index}"
+
+
+def _element_strides(array: Any, ndim: int) -> tuple[int, ...]:
+    stride = getattr(array, "stride", None)
+    if callable(stride) and not hasattr(array, "strides"):  # PyTorch: elements
+        return tuple(int(s) for s in stride())
+    strides = getattr(array, "strides", None)
+    if strides is None:  # DLPack's convention: none given means dense row-major
+        return Operand("", "", tuple(int(s) for s in array.shape)).strides
+    itemsize = int(getattr(array, "itemsize", 0) or getattr(array.dtype, "itemsize", ITEMSIZE))
+    return tuple(int(s) // itemsize for s in strides)[:ndim]
+
+
+def describe(name: str, array: Any) -> ArrayInfo:
+    """The array's shape, dtype, strides and device, or an ArgumentError naming it."""
+    if not (hasattr(array, "__dlpack__") and hasattr(array, "__dlpack_device__")):
+        raise ArgumentError(
+            name,
+            "expected a CUDA array that speaks DLPack (a CuPy array or a PyTorch CUDA tensor), "
+            f"got {type(array).__module__}.{type(array).__name__}",
+        )
+    kind, index = array.__dlpack_device__()
+    shape = tuple(int(d) for d in array.shape)
+    dtype = str(array.dtype).removeprefix("torch.")
+    return ArrayInfo(shape, dtype, _element_strides(array, len(shape)), (int(kind), int(index)))
+
+
+def _dense(info: ArrayInfo, expected: tuple[int, ...]) -> bool:
+    # A dimension of size 1 is never stepped over: its stride is free (PyTorch sets any).
+    return all(
+        size == 1 or got == want
+        for size, got, want in zip(info.shape, info.strides, expected, strict=True)
+    )
+
+
+def check_arguments(specs: Sequence[Operand], arrays: Sequence[Any]) -> list[ArrayInfo]:
+    """Check each array against its operand: device, dtype, shape, strides (in that order:
+    the first problem of the first wrong argument is the one reported)."""
+    if len(arrays) not in (len(specs) - 1, len(specs)):
+        names = ", ".join(s.name for s in specs[:-1])
+        raise TypeError(
+            f"the kernel takes {names} and optionally {specs[-1].name} (the output, allocated "
+            f"when not given); got {len(arrays)} arrays"
+        )
+    infos: list[ArrayInfo] = []
+    for spec, array in zip(specs, arrays, strict=False):
+        info = describe(spec.name, array)
+        if info.device[0] not in CUDA_DEVICE_TYPES:
+            raise ArgumentError(
+                spec.name, f"must be on a CUDA device, is on {_device_text(info.device)}"
+            )
+        if infos and info.device[1] != infos[0].device[1]:
+            raise ArgumentError(
+                spec.name,
+                f"is on {_device_text(info.device)}, but {specs[0].name} is on "
+                f"{_device_text(infos[0].device)}: all arrays must be on one GPU",
+            )
+        if info.dtype != DTYPE:
+            raise ArgumentError(spec.name, f"dtype must be {DTYPE}, got {info.dtype}")
+        if info.shape != spec.shape:
+            raise ArgumentError(
+                spec.name, f"shape must be {spec.shape} ({spec.role}), got {info.shape}"
+            )
+        if not _dense(info, spec.strides):
+            raise ArgumentError(
+                spec.name,
+                f"must be dense row-major (strides {spec.strides} in elements), got strides "
+                f"{info.strides}: pass a contiguous copy",
+            )
+        infos.append(info)
+    return infos
+
+
+# ---- DLPack: the data pointer -----------------------------------------------------------
+
+
+class _DLDevice(ctypes.Structure):
+    _fields_ = [("device_type", ctypes.c_int32), ("device_id", ctypes.c_int32)]
+
+
+class _DLDataType(ctypes.Structure):
+    _fields_ = [("code", ctypes.c_uint8), ("bits", ctypes.c_uint8), ("lanes", ctypes.c_uint16)]
+
+
+class _DLTensor(ctypes.Structure):
+    # The first member of DLManagedTensor, so a capsule's pointer points at one of these.
+    _fields_ = [
+        ("data", ctypes.c_void_p),
+        ("device", _DLDevice),
+        ("ndim", ctypes.c_int32),
+        ("dtype", _DLDataType),
+        ("shape", ctypes.POINTER(ctypes.c_int64)),
+        ("strides", ctypes.POINTER(ctypes.c_int64)),
+        ("byte_offset", ctypes.c_uint64),
+    ]
+
+
+_CAPSULE_NAME = b"dltensor"
+# Prototypes of our own (not ctypes.pythonapi's shared function objects, whose argtypes other
+# libraries set too).
+_capsule_is_valid = ctypes.PYFUNCTYPE(ctypes.c_int, ctypes.py_object, ctypes.c_char_p)(
+    ("PyCapsule_IsValid", ctypes.pythonapi)
+)
+_capsule_pointer = ctypes.PYFUNCTYPE(ctypes.c_void_p, ctypes.py_object, ctypes.c_char_p)(
+    ("PyCapsule_GetPointer", ctypes.pythonapi)
+)
+
+
+def data_pointer(name: str, array: Any, info: ArrayInfo, stream: int | None = None) -> int:
+    """The address of the array's first element, from its DLPack capsule (no copy).
+
+    `stream`: the CUDA stream the kernel will run on, passed to ``__dlpack__`` so that the
+    producer orders its pending work before it (DLPack: 1 is the legacy default stream).
+    The capsule must agree with what the array said of itself (device, shape, dtype,
+    strides), and the address must be 16-byte aligned.
+    """
+    capsule = array.__dlpack__() if stream is None else array.__dlpack__(stream=stream)
+    if not _capsule_is_valid(capsule, _CAPSULE_NAME):
+        raise ArgumentError(name, "__dlpack__() did not return an unconsumed DLPack capsule")
+    tensor = _DLTensor.from_address(_capsule_pointer(capsule, _CAPSULE_NAME))
+    ndim = int(tensor.ndim)
+    shape = tuple(int(tensor.shape[i]) for i in range(ndim))
+    strides = (
+        tuple(int(tensor.strides[i]) for i in range(ndim))
+        if tensor.strides
+        else Operand("", "", shape).strides
+    )
+    device = (int(tensor.device.device_type), int(tensor.device.device_id))
+    dtype_ok = (tensor.dtype.code, tensor.dtype.bits, tensor.dtype.lanes) == (KDL_FLOAT, 16, 1)
+    seen = ArrayInfo(shape, DTYPE if dtype_ok else "other", strides, device)
+    if (seen.shape, seen.dtype, seen.device) != (info.shape, info.dtype, info.device) or not (
+        _dense(seen, Operand("", "", info.shape).strides)
+    ):
+        raise ArgumentError(name, "its DLPack tensor does not match its shape, dtype or device")
+    address = int(tensor.data or 0) + int(tensor.byte_offset)
+    if address % ALIGN_BYTES:
+        raise ArgumentError(
+            name,
+            f"data must be {ALIGN_BYTES}-byte aligned (the kernel loads 16 bytes at a time), "
+            f"got address {address:#x}",
+        )
+    return address  # the capsule is dropped unconsumed: its producer gets the tensor back

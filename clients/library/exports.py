@@ -1,0 +1,225 @@
+"""`pipetune export`: what was tuned, as files a build or another tuner can use.
+
+Tuned kernels (`export_tuned`), for every workload with a measured trial on the GPU, at its
+best measured schedule:
+
+    <stem>.cu             the CUDA source (compiles with NVRTC or nvcc as is)
+    <stem>.<arch>.cubin   its cubin for the GPU's architecture (NVRTC, the compile cache)
+    <stem>.launch.json    grid, block, dynamic shared memory, parameter order, operands
+    pipetune_tuned.h      every workload's tuned parameters as #defines
+    index.json            the list: workload, schedule, latency, runner, file names
+
+`<stem>` is the workload's label made an identifier plus 8 hex digits of its hash. A
+task's trials (`export_task_t4`): a T4 results file (workers.datasets), which `pipetune
+dataset info`, `pipetune bench tuner` and Kernel Tuner's T4 tools read. Every file is
+written whole or not at all (a temporary file renamed into place). Latencies of the
+simulated runner are labelled so in index.json, the launch files and the header.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pipetune
+from pipetune.clients.library.inputs import as_gpu
+from pipetune.clients.library.kernel import TunedKernel
+from pipetune.clients.library.labels import SIMULATED_LABEL, any_simulated, is_simulated
+from pipetune.clients.library.store import Reader, all_tasks, source_of
+from pipetune.model.hardware import get_gpu
+from pipetune.model.space import KNOB_NAMES
+from pipetune.model.states import JobState
+from pipetune.model.trials import MeasureResult
+from pipetune.model.wire import ScheduleResponse, TrialDoc
+from pipetune.model.workloads import AnyWorkload, parse_workload
+from pipetune.workers.datasets import Dataset, dataset_from_results, write_t4
+from pipetune.workers.datasets.files import write_atomic
+
+HEADER_NAME = "pipetune_tuned.h"
+INDEX_NAME = "index.json"
+
+
+def stem_of(workload: AnyWorkload) -> str:
+    """A file-name and macro-safe name: the label's words and the hash (labels alone can
+    coincide, e.g. a GEMM's two B layouts)."""
+    words = re.sub(r"[^a-z0-9]+", "_", workload.label().lower()).strip("_")
+    return f"{words}_{workload.workload_hash[:8]}"
+
+
+def write_bytes_atomic(path: Path, data: bytes) -> None:
+    """Bytes written to a temporary name beside `path`, then renamed over it (a plain
+    open(): the file gets the usual mode, as write_atomic's text files do)."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        tmp.write_bytes(data)
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+
+
+def tuned_workloads(reader: Reader, gpu: str) -> list[AnyWorkload]:
+    """Every workload with a successful trial on the GPU, in label order."""
+    found: dict[str, AnyWorkload] = {}
+    for task in all_tasks(reader):
+        if task.gpu == gpu and task.best is not None:
+            workload = parse_workload(task.workload)
+            found.setdefault(workload.workload_hash, workload)
+    return sorted(found.values(), key=lambda w: (w.label(), w.workload_hash))
+
+
+@dataclass(frozen=True)
+class Exported:
+    stem: str
+    kernel: TunedKernel
+    best: ScheduleResponse
+
+    def entry(self, arch: str) -> dict[str, Any]:
+        entry: dict[str, Any] = {
+            "stem": self.stem,
+            "workload": self.kernel.workload.canonical(),
+            "label": self.kernel.workload.label(),
+            "kernel": self.kernel.name,
+            "schedule": self.kernel.schedule.as_dict(),
+            "schedule_id": self.kernel.schedule.id,
+            "latency_us": self.best.latency_us,
+            "tflops": self.best.tflops,
+            "runner": self.best.runner,
+            "simulated": is_simulated(self.best.runner),
+            "files": {
+                "source": f"{self.stem}.cu",
+                "cubin": f"{self.stem}.{arch}.cubin",
+                "launch": f"{self.stem}.launch.json",
+            },
+        }
+        if entry["simulated"]:
+            entry["latency_label"] = SIMULATED_LABEL
+        return entry
+
+
+def _header(gpu: str, arch: str, source: str, exported: list[Exported]) -> str:
+    """Kernel Tuner's convention (integration.create_device_targets): the tuned parameters
+    as plain #defines under a TARGET_ guard, outside `kernel_tuner` builds; here one target
+    per workload. PIPETUNE_<STEM>_<KNOB> are defined always, to use several at once."""
+    lines = [
+        f"/* {HEADER_NAME}: the tuned parameters of every workload tuned on {gpu} ({arch}),",
+        f"   written by pipetune {pipetune.__version__} export from {source}.",
+        "   Generated: do not modify by hand; run `pipetune export` again instead.",
+        "   -DTARGET_<stem> selects one workload's parameters as plain #defines (Kernel",
+        "   Tuner's convention); PIPETUNE_<STEM>_<KNOB> are always defined. */",
+        "#pragma once",
+        "",
+    ]
+    for item in exported:
+        best = item.best
+        how = SIMULATED_LABEL if is_simulated(best.runner) else f"measured: {best.runner}"
+        lines.append(
+            f"/* {item.kernel.workload.label()}: {item.kernel.name}, "
+            f"{best.latency_us:.3f} us ({how}) */"
+        )
+        for knob in KNOB_NAMES:
+            value = getattr(item.kernel.schedule, knob)
+            lines.append(f"#define PIPETUNE_{item.stem.upper()}_{knob.upper()} {value}")
+        lines.append("")
+    lines.append("#ifndef kernel_tuner /* only use these when not tuning */")
+    for i, item in enumerate(exported):
+        lines.append(f"#{'if' if i == 0 else 'elif'} defined(TARGET_{item.stem})")
+        lines += [f"#define {k} {getattr(item.kernel.schedule, k)}" for k in KNOB_NAMES]
+    if exported:
+        lines.append("#endif /* TARGET_ */")
+    lines += ["#endif /* kernel_tuner */", ""]
+    return "\n".join(lines)
+
+
+def export_tuned(reader: Reader, gpu: str, out_dir: Path) -> dict[str, Any]:
+    """Write every tuned workload's kernel on `gpu` into `out_dir` (see the module
+    docstring); returns the index document."""
+    gpu = as_gpu(gpu)
+    arch = get_gpu(gpu).arch
+    exported: list[Exported] = []
+    for workload in tuned_workloads(reader, gpu):
+        best = reader.best_schedule(workload, gpu)
+        if best.source != "measured":  # its trials were deleted meanwhile
+            continue
+        kernel = TunedKernel(
+            workload,
+            gpu,
+            best.schedule.to_schedule(),
+            origin="measured",
+            runner=best.runner,
+            latency_us=best.latency_us,
+            validate=False,
+        )
+        exported.append(Exported(stem_of(workload), kernel, best))
+    out_dir.mkdir(parents=True, exist_ok=True)
+    for item in exported:
+        files = item.entry(arch)["files"]
+        write_atomic(out_dir / files["source"], item.kernel.source)
+        write_bytes_atomic(out_dir / files["cubin"], item.kernel.cubin(arch))
+        launch = item.kernel.launch_document(arch)
+        write_atomic(out_dir / files["launch"], json.dumps(launch, indent=2) + "\n")
+    source = source_of(reader)
+    write_atomic(out_dir / HEADER_NAME, _header(gpu, arch, source, exported))
+    index = {
+        "pipetune": pipetune.__version__,
+        "gpu": gpu,
+        "arch": arch,
+        "source": source,
+        "header": HEADER_NAME,
+        "simulated": any_simulated(item.best.runner for item in exported),
+        "workloads": [item.entry(arch) for item in exported],
+    }
+    write_atomic(out_dir / INDEX_NAME, json.dumps(index, indent=2) + "\n")
+    return index
+
+
+def _trial_result(trial: TrialDoc) -> MeasureResult | None:
+    """A trial as a measurement (None: no outcome yet, or cancelled before it had one).
+    A lost trial is a timeout, as the tuner saw it."""
+    state = JobState(trial.state)
+    if state is JobState.LOST:
+        return MeasureResult(status="timeout", error=trial.error or "lost", runner=trial.runner)
+    if trial.status is None or not state.has_result():
+        return None
+    ok = trial.status == "ok"
+    return MeasureResult(
+        status=trial.status,
+        latency_us=trial.latency_us if ok else None,
+        error=trial.error,
+        runner=trial.runner,
+    )
+
+
+def task_dataset(reader: Reader, task_id: int) -> Dataset:
+    """A task's trials with an outcome, in proposal order, as a pipetune dataset."""
+    task = reader.task(task_id)
+    pairs = [(t, r) for t in reader.all_trials(task_id) if (r := _trial_result(t)) is not None]
+    if not pairs:
+        raise ValueError(f"task {task_id} has no finished trial to export yet")
+    runners = sorted({t.runner for t, _ in pairs if t.runner})
+    return dataset_from_results(
+        parse_workload(task.workload),
+        get_gpu(task.gpu),
+        [t.schedule.to_schedule() for t, _ in pairs],
+        [r for _, r in pairs],
+        runner=",".join(runners) or "unknown",
+        settings={
+            "task_id": task.id,
+            "strategy": task.strategy,
+            "seed": task.seed,
+            "budget": task.budget,
+            "order": "proposal order of the task's trials",
+            "source": source_of(reader),
+        },
+    )
+
+
+def export_task_t4(reader: Reader, task_id: int, out: Path) -> Dataset:
+    """Write a task's trials as a T4 results file (gzipped when `out` ends in .gz)."""
+    dataset = task_dataset(reader, task_id)
+    write_t4(dataset, out)
+    return dataset

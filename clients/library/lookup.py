@@ -1,0 +1,46 @@
+"""`pipetune.best_schedule`: the best known schedule of a workload on a GPU.
+
+With a server, the service answers (POST /v1/schedules). Without one, the local database
+answers exactly as the service would on it: the best measured trial of the workload on the
+GPU over every task (the service's own query), else the analytical model's pick. The answer
+says which (`source` "measured" or "model") and, for a measured one, which runner measured
+it (`runner` "simulated" is the model plus noise, not a measurement).
+"""
+
+from __future__ import annotations
+
+from pipetune.clients.library.inputs import WorkloadLike, as_gpu, as_workload
+from pipetune.model.wire import ScheduleResponse
+
+
+def best_schedule(
+    workload: WorkloadLike,
+    gpu: str,
+    server: str | None = None,
+    *,
+    db: str | None = None,
+    api_key: str | None = None,
+) -> ScheduleResponse:
+    """The best measured schedule of `workload` on `gpu`, else the model's pick.
+
+    server: a pipetune service URL; None reads the local database (`db`, default: the one
+    `pipetune serve` uses) without a service. api_key goes to the service (X-API-Key).
+    """
+    w, key = as_workload(workload), as_gpu(gpu)
+    if server is not None and db is not None:
+        raise ValueError("give server or db, not both: a service answers from its own database")
+    if server is not None:
+        from pipetune.clients.sdk import Client
+
+        with Client(server, api_key=api_key) as client:
+            return client.best_schedule(w, key)
+    try:
+        from pipetune.clients.library.store import LocalStore
+    except ImportError as exc:  # a GPU machine with pipetune's kernel parts only
+        raise ImportError(
+            f"reading the local database needs pipetune's service dependencies ({exc.name} "
+            "is missing): pass server=..., or give the schedule yourself"
+        ) from exc
+
+    with LocalStore(db) as store:
+        return store.best_schedule(w, key)

@@ -1,0 +1,179 @@
+"""The local database read without a service: the same queries and the same documents the
+service answers with (service.records, service.views, service.curves), so a command or a
+library call gets from the database file exactly what `pipetune serve` on that file would
+have answered.
+
+`LocalStore` has the reading methods of the SDK's `Client` (best_schedule, task, tasks,
+all_trials, curve), so callers can take either. The database is the one `pipetune serve`
+uses by default (PIPETUNE_DATABASE_URL, else a SQLite file under the user data dir) unless a
+URL is given. Reading never creates anything: a database file that does not exist yet reads
+as empty (no tasks; schedules come from the model).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from types import TracebackType
+from typing import Self
+
+from sqlalchemy.engine import make_url
+from sqlalchemy.exc import SQLAlchemyError
+
+from pipetune.clients.sdk import Client, PipetuneError
+from pipetune.model.states import TaskState
+from pipetune.model.wire import MAX_BUDGET, Curve, ScheduleResponse, TaskDoc, TrialDoc
+from pipetune.model.workloads import AnyWorkload
+from pipetune.service.curves import task_curve
+from pipetune.service.db import Database, is_sqlite, unavailable_reason
+from pipetune.service.migrate import SchemaError, check_schema, redact
+from pipetune.service.records import best_measured, schedule_response
+from pipetune.service.settings import Settings
+from pipetune.service.views import get_task_doc, list_task_docs, list_trial_docs, task_flops
+
+TASK_STATES: tuple[str, ...] = tuple(state.value for state in TaskState)
+DEFAULT_PAGE = 100  # tasks per page, as GET /v1/tasks
+
+
+class LocalDatabaseError(PipetuneError):
+    """The local database cannot be read: unreachable, or its schema is not this version's."""
+
+
+class LocalNotFoundError(LocalDatabaseError):
+    """No such task in the local database."""
+
+
+class LocalInputError(PipetuneError, ValueError):
+    """An argument the service would have refused with a 422 (e.g. an unknown task state)."""
+
+
+def database_url(db: str | None = None) -> str:
+    """`db`, else the database `pipetune serve` uses by default."""
+    # model_validate: the settings' defaults come from the environment, as `serve` reads them.
+    return db if db else Settings.model_validate({}).database_url
+
+
+def _sqlite_file_missing(url: str) -> bool:
+    if not is_sqlite(url):
+        return False
+    name = make_url(url).database
+    if not name or name == ":memory:":
+        return False
+    return not Path(name).expanduser().exists()
+
+
+def open_database(url: str, *, create: bool = False) -> Database:
+    """The database at `url`, checked to have this version's schema; with `create`, an empty
+    one gets the schema first (as `pipetune serve` does on a fresh install)."""
+    try:
+        check_schema(url, create_if_empty=create)
+        return Database(url, pool_size=1)
+    except SchemaError as exc:
+        raise LocalDatabaseError(str(exc)) from None
+    except SQLAlchemyError as exc:
+        raise LocalDatabaseError(
+            f"cannot open the database {redact(url)}: {unavailable_reason(exc)}"
+        ) from None
+
+
+class LocalStore:
+    """Read the local database as the service would answer (see the module docstring)."""
+
+    def __init__(self, db: str | None = None):
+        self.url = database_url(db)
+        self._db: Database | None = None
+        self._empty = _sqlite_file_missing(self.url)
+
+    @property
+    def where(self) -> str:
+        """The database, for messages (no password)."""
+        return redact(self.url)
+
+    def _database(self) -> Database | None:
+        if self._db is None and not self._empty:
+            self._db = open_database(self.url)
+        return self._db
+
+    def best_schedule(self, workload: AnyWorkload, gpu: str) -> ScheduleResponse:
+        """The best measured schedule of the workload on the GPU, else the model's pick."""
+        database = self._database()
+        if database is None:
+            return schedule_response(workload, gpu, None)
+        with database.read() as s:
+            job = best_measured(s, workload.workload_hash, gpu)
+        return schedule_response(workload, gpu, job)
+
+    def task(self, task_id: int) -> TaskDoc:
+        database = self._database()
+        doc = None
+        if database is not None:
+            with database.read() as s:
+                doc = get_task_doc(s, task_id)
+        if doc is None:
+            raise LocalNotFoundError(f"task {task_id} does not exist in {self.where}")
+        return doc
+
+    def tasks(
+        self, state: str | None = None, *, limit: int | None = None, offset: int | None = None
+    ) -> list[TaskDoc]:
+        """Tasks, newest first, one page (as GET /v1/tasks)."""
+        if state is not None and state not in TASK_STATES:
+            raise LocalInputError(f"state: must be one of {', '.join(TASK_STATES)}, got {state!r}")
+        database = self._database()
+        if database is None:
+            return []
+        with database.read() as s:
+            return list_task_docs(s, state, limit or DEFAULT_PAGE, offset or 0)
+
+    def all_trials(self, task_id: int) -> list[TrialDoc]:
+        """Every trial of a task, in proposal order (a task has at most MAX_BUDGET)."""
+        self.task(task_id)
+        database = self._database()
+        assert database is not None  # task() found the task
+        with database.read() as s:
+            return list_trial_docs(s, task_id, -1, MAX_BUDGET)
+
+    def curve(self, task_id: int) -> Curve:
+        """Best-so-far latency and TFLOP/s after each final trial of the task."""
+        database = self._database()
+        flops = None
+        if database is not None:
+            with database.read() as s:
+                flops = task_flops(s, task_id)
+                if flops is not None:
+                    return Curve(points=task_curve(s, task_id, flops, -1))
+        raise LocalNotFoundError(f"task {task_id} does not exist in {self.where}")
+
+    def close(self) -> None:
+        if self._db is not None:
+            self._db.dispose()
+            self._db = None
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+
+# What reads tuning results: the service through the SDK, or the local database directly.
+Reader = Client | LocalStore
+
+
+def all_tasks(reader: Reader) -> list[TaskDoc]:
+    """Every task, page after page (newest first)."""
+    tasks: list[TaskDoc] = []
+    while True:
+        page = reader.tasks(limit=DEFAULT_PAGE, offset=len(tasks))
+        tasks.extend(page)
+        if len(page) < DEFAULT_PAGE:
+            return tasks
+
+
+def source_of(reader: Reader) -> str:
+    """Where a reader's answers come from, for messages and files (no password)."""
+    return f"local database {reader.where}" if isinstance(reader, LocalStore) else reader.base_url

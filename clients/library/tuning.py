@@ -1,0 +1,306 @@
+"""`pipetune.tune`: tune a workload in this process, without a service (as Optuna's
+`study.optimize` or Kernel Tuner's `tune_kernel` do), recorded in the local database.
+
+The task goes through the service's own code, not a copy of it: the task driver
+(service.driver) writes the task and proposes its batches, the job queue (service.queue)
+registers this process as a worker, leases it the task's jobs and records its results. So
+the rows are exactly those a task run by `pipetune serve` and a worker leaves (task, jobs,
+leases, worker), `pipetune schedule` answers from them afterwards, and a service started on
+the same database shows the task on its dashboard.
+
+>>> result = pipetune.tune({"op": "gemm", "m": 1024, "n": 64, "k": 2048}, "h100", budget=16,
+...                        runner="simulated")
+>>> result.best_schedule, result.best_latency_us, result.best_so_far()
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import os
+import secrets
+import socket
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from pydantic import ValidationError
+from sqlalchemy import select
+
+from pipetune.clients.library.inputs import WorkloadLike, as_gpu, as_workload
+from pipetune.clients.library.labels import SIMULATED_LABEL, any_simulated, is_simulated
+from pipetune.clients.library.store import LocalStore, database_url, open_database
+from pipetune.model.hardware import get_gpu
+from pipetune.model.space import Schedule
+from pipetune.model.states import TaskState
+from pipetune.model.trials import MeasureResult
+from pipetune.model.wire import (
+    MAX_JOBS_PER_LEASE,
+    CurvePoint,
+    JobResult,
+    TaskCreate,
+    TaskDoc,
+    TrialDoc,
+    WorkerRegister,
+)
+from pipetune.model.workloads import AnyWorkload, WorkloadError
+from pipetune.service.db import Database
+from pipetune.service.driver import Driver
+from pipetune.service.errors import InputError
+from pipetune.service.metrics import Metrics
+from pipetune.service.migrate import redact
+from pipetune.service.orm import TaskRow
+from pipetune.service.queue import Queue, WorkerRef
+from pipetune.service.settings import Settings, token_hash
+from pipetune.workers.runners import (
+    RUNNER_NAMES,
+    Runner,
+    RunnerClosedError,
+    RunnerUnavailableError,
+    make_runner,
+)
+
+# One definition: the defaults of a task created through the API.
+DEFAULT_BUDGET: int = TaskCreate.model_fields["budget"].default
+DEFAULT_STRATEGY: str = TaskCreate.model_fields["strategy"].default
+IDLE_POLL_S = 0.2  # only when another process holds the task's jobs
+
+# progress(trials done, trials the task will have)
+TuneProgress = Callable[[int, int], None]
+
+
+@functools.cache
+def _metrics() -> Metrics:
+    # One per process: counters are process-wide, as in a service replica.
+    return Metrics()
+
+
+@functools.cache
+def _worker_token() -> str:
+    """This process's worker token (never stored: the worker row keeps its digest)."""
+    return secrets.token_urlsafe(32)
+
+
+@dataclass(frozen=True)
+class TuneResult:
+    """A finished (or failed) in-process tuning task, read back from the database as the
+    service would report it."""
+
+    task: TaskDoc
+    trials: list[TrialDoc]  # in proposal order
+    curve: list[CurvePoint]  # best-so-far after each trial
+    runner: str
+    database: str  # the database URL, without a password
+
+    @property
+    def task_id(self) -> int:
+        return self.task.id
+
+    @property
+    def best_schedule(self) -> Schedule | None:
+        return None if self.task.best is None else self.task.best.schedule.to_schedule()
+
+    @property
+    def best_latency_us(self) -> float | None:
+        return None if self.task.best is None else self.task.best.latency_us
+
+    @property
+    def best_tflops(self) -> float | None:
+        return None if self.task.best is None else self.task.best.tflops
+
+    @property
+    def simulated(self) -> bool:
+        """Whether the latencies come from the simulated runner (the model plus noise)."""
+        return is_simulated(self.runner) or any_simulated(t.runner for t in self.trials)
+
+    def best_so_far(self) -> list[float | None]:
+        """Best latency (µs) found after each trial; None before the first success."""
+        return [p.best_latency_us for p in self.curve]
+
+    def __str__(self) -> str:
+        t = self.task
+        head = (
+            f"task {t.id}: {as_workload(t.workload).label()} on {t.gpu}, {t.strategy}, "
+            f"{t.trials_done}/{t.budget} trials ({t.trials_failed} failed), {t.state}"
+        )
+        if self.simulated:
+            head += f" [{SIMULATED_LABEL}]"
+        if self.best_schedule is None:
+            return head + "; no successful trial"
+        return f"{head}; best {self.best_schedule.id}: {self.best_latency_us:.2f} µs"
+
+
+def _task_body(
+    workload: AnyWorkload, gpu: str, budget: int, strategy: str, seed: int
+) -> TaskCreate:
+    body = {"workload": workload, "gpu": gpu, "budget": budget, "strategy": strategy}
+    try:
+        return TaskCreate.model_validate({**body, "seed": seed})
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        field = ".".join(str(p) for p in first["loc"]) or "task"
+        raise ValueError(f"{field}: {first['msg']} (got {first.get('input')!r})") from None
+
+
+def _make_runner(runner: str | Runner, gpu: str, dataset: str | Path | None) -> Runner:
+    if runner == "simulated":
+        return make_runner("simulated", gpu=gpu)
+    if runner == "cupy":
+        return make_runner("cupy", gpu=gpu)
+    if runner == "replay":
+        if dataset is None:
+            raise ValueError("dataset: the replay runner answers from a recorded dataset file")
+        return make_runner("replay", dataset=dataset, gpu=gpu)
+    known = ", ".join(RUNNER_NAMES)
+    raise ValueError(f"runner: must be one of {known} or a Runner, got {runner!r}")
+
+
+def _register(queue: Queue, runner: Runner, gpu: str) -> WorkerRef:
+    """This process as a worker of the queue (one row per process, runner and GPU)."""
+    spec = get_gpu(gpu)
+    name = f"in-process-{socket.gethostname()}-{os.getpid()}-{runner.name}-{gpu}"[:128]
+    try:
+        body = WorkerRegister.model_validate(
+            {
+                "gpu": gpu,
+                "name": name,
+                "arch": getattr(runner, "arch", None) or spec.arch,
+                "runner": runner.name,
+                "device_name": (runner.device_name or f"{runner.name}: {spec.name}")[:256],
+                "sm_count": spec.sm_count,
+            }
+        )
+    except ValidationError:
+        raise ValueError(f"runner: must be one of {', '.join(RUNNER_NAMES)}") from None
+    doc, _ = queue.register(token_hash(_worker_token()), body)
+    return WorkerRef(id=doc.id, gpu=doc.gpu, arch=doc.arch, runner=doc.runner)
+
+
+def _measure_one(runner: Runner, workload: AnyWorkload, schedule: Schedule) -> MeasureResult:
+    """One trial, as a worker measures it: a runner that cannot answer for this schedule
+    makes a failed trial; a runner that is gone ends the tuning."""
+    try:
+        return runner.measure(workload, [schedule])[0]
+    except (RunnerClosedError, RunnerUnavailableError):
+        raise
+    except Exception as exc:
+        error = f"{runner.name} runner: {type(exc).__name__}: {exc}"[:2000]
+        return MeasureResult(status="runtime_error", error=error, runner=runner.name)
+
+
+class _InProcessTask:
+    """One task measured by this process through the service's driver and queue."""
+
+    def __init__(self, database: Database, runner: Runner, gpu: str):
+        settings = Settings.model_validate({"database_url": database.url})
+        self.database = database
+        self.runner = runner
+        self.queue = Queue(database, settings, _metrics())
+        self.driver = Driver(database, settings, _metrics())
+        self.token_hash = token_hash(_worker_token())
+        self.worker = _register(self.queue, runner, gpu)
+
+    def create(self, body: TaskCreate) -> int:
+        try:
+            return self.driver.create(body)
+        except InputError as exc:
+            raise WorkloadError("workload", exc.reason) from None
+
+    def _state(self, task_id: int) -> tuple[str, int, int]:
+        with self.database.read() as s:
+            row = s.execute(
+                select(TaskRow.state, TaskRow.trials_done, TaskRow.trials_target).where(
+                    TaskRow.id == task_id
+                )
+            ).one()
+        return row.state, row.trials_done, row.trials_target
+
+    def run(self, task_id: int, workload: AnyWorkload, progress: TuneProgress | None) -> None:
+        """Lease the task's jobs, measure them, report them, until the task ends."""
+        while True:
+            jobs = self.queue.try_lease(self.worker, MAX_JOBS_PER_LEASE, task_id=task_id)
+            if not jobs:
+                state, _, _ = self._state(task_id)
+                if TaskState(state).is_final():
+                    return
+                # Jobs held elsewhere (a worker of a service on this database) or a batch
+                # completed by another process: advance if ready, else wait for them.
+                self.driver.advance(task_id)
+                time.sleep(IDLE_POLL_S)
+                continue
+            schedules = [job.schedule.to_schedule() for job in jobs]
+            if len(jobs) > 1:
+                with contextlib.suppress(Exception):  # measure() reports what did not build
+                    self.runner.prepare(workload, schedules)  # the cupy runner compiles here
+            for left, (job, schedule) in enumerate(zip(jobs, schedules, strict=True), 1):
+                result = _measure_one(self.runner, workload, schedule)
+                report = JobResult(
+                    worker_id=self.worker.id, lease_token=job.lease_token, result=result
+                )
+                _, ready = self.queue.submit(job.job_id, self.token_hash, report)
+                # As a worker's heartbeat: the leases still in hand stay ours.
+                self.queue.heartbeat(self.worker.id, self.token_hash, len(jobs) - left)
+                if ready is not None:
+                    self.driver.advance(ready)
+                if progress is not None:
+                    _, done, target = self._state(task_id)
+                    progress(done, target)
+
+    def cancel(self, task_id: int) -> None:
+        with contextlib.suppress(Exception):  # already finished: nothing to cancel
+            self.driver.cancel(task_id)
+
+
+def tune(
+    workload: WorkloadLike,
+    gpu: str,
+    budget: int = DEFAULT_BUDGET,
+    strategy: str = DEFAULT_STRATEGY,
+    runner: str | Runner = "cupy",
+    *,
+    seed: int = 0,
+    db: str | None = None,
+    dataset: str | Path | None = None,
+    progress: TuneProgress | None = None,
+) -> TuneResult:
+    """Tune `workload` on `gpu` in this process; returns the finished task's result.
+
+    budget: trials to measure (1..5000); strategy: a name of model.wire.StrategyName
+    (default: the service's default strategy); runner: "cupy" (this machine's GPU),
+    "simulated" (the analytical model plus noise: for demos and tests, never measurements),
+    "replay" (answers from `dataset`, a recorded exhaustive sweep), or a Runner you built
+    (you close it). db: the database URL (default: the one `pipetune serve` uses).
+    progress(done, total) is called after each trial. An interrupted tuning (an exception,
+    Ctrl-C) cancels its task: nothing is left half-run.
+    """
+    w, key = as_workload(workload), as_gpu(gpu)
+    body = _task_body(w, key, budget, strategy, seed)
+    measurer = runner if isinstance(runner, Runner) else _make_runner(runner, key, dataset)
+    measured_gpu = getattr(getattr(measurer, "gpu", None), "key", key)
+    if measured_gpu != key:  # a Runner built for another GPU would answer for the wrong one
+        raise ValueError(f"runner: measures {measured_gpu}, the task is for {key}")
+    try:
+        url = database_url(db)
+        database = open_database(url, create=True)
+        try:
+            task = _InProcessTask(database, measurer, key)
+            task_id = task.create(body)
+            try:
+                task.run(task_id, w, progress)
+            except BaseException:
+                task.cancel(task_id)
+                raise
+        finally:
+            database.dispose()
+        with LocalStore(url) as store:
+            return TuneResult(
+                task=store.task(task_id),
+                trials=store.all_trials(task_id),
+                curve=store.curve(task_id).points,
+                runner=measurer.name,
+                database=redact(url),
+            )
+    finally:
+        if measurer is not runner:
+            measurer.close()

@@ -1,0 +1,235 @@
+"""`pipetune export` on a database with two tuned workloads: sources that compile, cubins
+whose ELF header says sm_90, launch JSON that is the cupy runner's launch, a header whose
+#defines a C compiler reads back, an index; a task's trials as a T4 file that `pipetune
+dataset info` and Kernel Tuner's T4 schema accept; the same export through a service."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import shutil
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import pytest
+from cubin_support import cubin_sm
+from service_support import TestClient, client_for
+from typer.testing import CliRunner
+
+import pipetune
+from pipetune.clients.cli.main import app
+from pipetune.clients.library.exports import export_tuned
+from pipetune.clients.sdk import Client
+from pipetune.model.space import KNOB_NAMES, Schedule
+from pipetune.model.workloads import parse_workload
+from pipetune.workers.codegen import generate
+from pipetune.workers.compile import compile_source
+from pipetune.workers.runners.base import MeasureSettings
+from pipetune.workers.runners.builds import Compiled
+from pipetune.workers.runners.kernel_runner import trial_spec
+from pipetune.workers.runners.timing import RepeatPolicy
+
+FC = {"op": "gemm", "m": 1024, "n": 64, "k": 2048}
+CONV = {"op": "conv2d", "n": 8, "h": 28, "w": 28, "c": 64, "k": 64, "r": 3, "s": 3, "pad": 1}
+cli = CliRunner()
+
+
+@pytest.fixture(scope="module")
+def tuned(tmp_path_factory: pytest.TempPathFactory) -> str:
+    """A database with two workloads tuned on h100 (simulated runner, instantly)."""
+    url = f"sqlite:///{tmp_path_factory.mktemp('export') / 'tuned.db'}"
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("PIPETUNE_SIMULATED_TIME_SCALE", "0")
+        pipetune.tune(FC, "h100", budget=6, strategy="random", runner="simulated", db=url)
+        pipetune.tune(CONV, "h100", budget=4, strategy="random", runner="simulated", db=url)
+    return url
+
+
+@pytest.fixture(autouse=True)
+def no_ambient_service(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("PIPETUNE_SERVER", raising=False)
+
+
+def _export(tuned: str, out: Path) -> dict[str, Any]:
+    result = cli.invoke(app, ["export", "--gpu", "h100", "--out-dir", str(out), "--db", tuned])
+    assert result.exit_code == 0, result.output
+    assert "2 tuned kernels for h100 (sm_90)" in result.stdout
+    assert "runner simulated: those latencies are simulated" in result.stdout
+    return json.loads((out / "index.json").read_text())
+
+
+def test_every_tuned_workload_is_written(tuned: str, tmp_path: Path):
+    index = _export(tuned, tmp_path)
+    assert (index["gpu"], index["arch"], index["simulated"]) == ("h100", "sm_90", True)
+    assert sorted(row["label"] for row in index["workloads"]) == [
+        "conv2d n8 28x28x64->64 3x3 s1 p1",
+        "gemm 1024x64x2048",
+    ]
+    names = {"index.json", "pipetune_tuned.h"}
+    for row in index["workloads"]:
+        names |= set(row["files"].values())
+        best = pipetune.best_schedule(row["workload"], "h100", db=tuned)
+        assert row["schedule"] == best.schedule.model_dump() and row["runner"] == "simulated"
+        assert row["latency_us"] == best.latency_us and "not measurements" in row["latency_label"]
+    assert {p.name for p in tmp_path.iterdir()} == names  # and no temporary file left
+
+
+def test_sources_compile_and_cubins_are_for_sm_90(tuned: str, tmp_path: Path):
+    index = _export(tuned, tmp_path)
+    for row in index["workloads"]:
+        source = (tmp_path / row["files"]["source"]).read_text()
+        compiled = compile_source(source, "sm_90", entry=row["kernel"], use_cache=False)
+        assert compiled.registers > 0
+        assert cubin_sm((tmp_path / row["files"]["cubin"]).read_bytes()) == 90
+        assert cubin_sm(compiled.cubin) == 90
+
+
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="no nvcc here")
+def test_nvcc_compiles_an_exported_source(tuned: str, tmp_path: Path):
+    row = _export(tuned, tmp_path)["workloads"][0]
+    out = tmp_path / "nvcc.cubin"
+    source = tmp_path / row["files"]["source"]
+    done = subprocess.run(
+        ["nvcc", "-cubin", "-arch=sm_90", "-std=c++17", "-o", str(out), str(source)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr
+    assert cubin_sm(out.read_bytes()) == 90
+
+
+def test_launch_json_is_the_cupy_runners_launch(tuned: str, tmp_path: Path):
+    index = _export(tuned, tmp_path)
+    for row in index["workloads"]:
+        launch = json.loads((tmp_path / row["files"]["launch"]).read_text())
+        workload = parse_workload(row["workload"])
+        schedule = Schedule.from_dict(row["schedule"])
+        compiled = Compiled(kernel=generate(workload, schedule), cubin_path="/x.cubin")
+        spec = trial_spec(compiled, workload, schedule, RepeatPolicy.of(MeasureSettings()))
+        assert launch["kernel"] == spec.kernel_name == row["kernel"]
+        assert tuple(launch["grid"]) == spec.grid
+        assert tuple(launch["block"]) == (spec.threads, 1, 1)
+        assert launch["dynamic_smem_bytes"] == spec.smem_bytes
+        assert tuple(launch["scalars"].values()) == spec.scalars
+        assert launch["arguments"][:3] == ["A", "B", "C"]
+        assert list(launch["scalars"]) == launch["arguments"][3:]
+        assert [op["name"] for op in launch["operands"]] == ["A", "B", "C"]
+        assert launch["arch"] == "sm_90" and launch["runner"] == "simulated"
+
+
+@pytest.mark.skipif(shutil.which("cc") is None, reason="no C compiler here")
+def test_the_header_defines_each_workloads_parameters(tuned: str, tmp_path: Path):
+    index = _export(tuned, tmp_path)
+    for row in index["workloads"]:
+        stem, schedule = row["stem"], row["schedule"]
+        checks = "".join(
+            f'_Static_assert({knob} == {schedule[knob]}, "{knob}");\n'
+            f"_Static_assert(PIPETUNE_{stem.upper()}_{knob.upper()} == {schedule[knob]}, "
+            f'"{knob}");\n'
+            for knob in KNOB_NAMES
+        )
+        program = tmp_path / f"check_{stem}.c"
+        program.write_text(f'#include "pipetune_tuned.h"\n{checks}')
+        done = subprocess.run(
+            ["cc", "-fsyntax-only", "-std=c11", f"-I{tmp_path}", f"-DTARGET_{stem}", str(program)],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert done.returncode == 0, done.stderr
+
+
+def test_the_same_export_through_a_service(tuned: str, tmp_path: Path):
+    direct = _export(tuned, tmp_path / "direct")
+    with client_for(tuned) as service:
+        assert isinstance(service, TestClient)
+        with Client("http://testserver", transport=service._transport) as sdk:
+            served = export_tuned(sdk, "h100", tmp_path / "served")
+    assert served["source"] == "http://testserver"
+    assert {**served, "source": None} == {**direct, "source": None}
+    for row in direct["workloads"]:
+        for name in row["files"].values():
+            assert (tmp_path / "served" / name).read_bytes() == (
+                tmp_path / "direct" / name
+            ).read_bytes()
+
+
+def test_a_gpu_with_nothing_tuned_exports_an_empty_index(tuned: str, tmp_path: Path):
+    result = cli.invoke(app, ["export", "--gpu", "a100", "--out-dir", str(tmp_path), "--db", tuned])
+    assert result.exit_code == 0 and "no workload tuned on a100" in result.stdout
+    assert json.loads((tmp_path / "index.json").read_text())["workloads"] == []
+
+
+def test_a_tasks_trials_as_t4(tuned: str, tmp_path: Path):
+    out = tmp_path / "task1.t4.json.gz"
+    args = ["export", "--task", "1", "--format", "t4", "--out", str(out), "--db", tuned]
+    result = cli.invoke(app, args)
+    assert result.exit_code == 0, result.output
+    assert "wrote 6 trials of task 1" in result.stdout
+    info = cli.invoke(app, ["dataset", "info", str(out), "--json"])
+    assert info.exit_code == 0, info.output
+    doc = json.loads(info.stdout)
+    assert (doc["configurations"], doc["valid"], doc["runner"]) == (6, 6, "simulated")
+    assert doc["workload_label"] == "gemm 1024x64x2048" and doc["gpu"] == "h100"
+    best = pipetune.best_schedule(FC, "h100", db=tuned)
+    assert doc["best"] == best.schedule.model_dump()
+    assert doc["best_time_ms"] == pytest.approx(best.latency_us / 1e3)
+
+
+@pytest.mark.skipif(importlib.util.find_spec("kernel_tuner") is None, reason="no Kernel Tuner")
+def test_kernel_tuners_t4_schema_accepts_the_file(tuned: str, tmp_path: Path):
+    import jsonschema
+    from kernel_tuner.file_utils import output_file_schema
+
+    out = tmp_path / "task2.t4.json"
+    args = ["export", "--task", "2", "--format", "t4", "--out", str(out), "--db", tuned]
+    assert cli.invoke(app, args).exit_code == 0
+    version, schema = output_file_schema("results")
+    document = json.loads(out.read_text())
+    jsonschema.validate(document, schema)
+    assert document["schema_version"] == version and len(document["results"]) == 4
+
+
+@pytest.mark.parametrize(
+    ("args", "words"),
+    [
+        ([], "give --gpu and --out-dir (tuned kernels) or --task"),
+        (["--gpu", "h100"], "give --gpu and --out-dir"),
+        (["--task", "1"], "--out: give the T4 file"),
+        (["--task", "1", "--out", "x.json", "--format", "csv"], "--format: a task's trials"),
+        (["--task", "1", "--out", "/no/dir/x.json"], "--out: directory /no/dir does not exist"),
+        (["--task", "1", "--gpu", "h100", "--out", "x.json"], "--task: exports one task's"),
+        (["--gpu", "h100", "--out-dir", "d", "--format", "t4"], "--out and --format go with"),
+        (["--gpu", "v100", "--out-dir", "d"], "unknown GPU 'v100'"),
+        (["--gpu", "h100", "--out-dir", "d", "--db", "x", "--server", "http://h"], "not both"),
+    ],
+)
+def test_bad_arguments_exit_2_with_the_reason(args: list[str], words: str, tmp_path: Path):
+    result = cli.invoke(app, ["export", *args])
+    assert result.exit_code == 2, result.output
+    assert result.stderr.startswith("error: ") and words in result.stderr
+
+
+def test_a_task_with_no_trials_or_no_task_is_exit_1(tuned: str, tmp_path: Path):
+    missing = ["export", "--task", "99", "--out", str(tmp_path / "x.json"), "--db", tuned]
+    result = cli.invoke(app, missing)
+    assert result.exit_code == 1 and "task 99 does not exist" in result.stderr
+    copy = tmp_path / "copy.db"
+    shutil.copy(tuned.removeprefix("sqlite:///"), copy)
+    with client_for(f"sqlite:///{copy}") as service:  # a task whose trials wait for workers
+        body = {"workload": FC, "gpu": "a100", "budget": 4}
+        task = service.post("/v1/tasks", json=body).json()["id"]
+    waiting = ["export", "--task", str(task), "--out", str(tmp_path / "x.json")]
+    result = cli.invoke(app, [*waiting, "--db", f"sqlite:///{copy}"])
+    assert result.exit_code == 1 and "has no finished trial to export yet" in result.stderr
+    assert not (tmp_path / "x.json").exists()
+
+
+def test_help_names_both_forms_and_the_sources():
+    result = cli.invoke(app, ["export", "--help"])
+    assert result.exit_code == 0
+    text = " ".join(result.stdout.split())
+    for flag in ("--gpu", "--out-dir", "--task", "--format", "--out", "--server", "--db"):
+        assert flag in text

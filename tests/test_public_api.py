@@ -1,0 +1,238 @@
+"""The public API at the top of `pipetune`: lazy names, `pipetune.tune` in process through
+the service's own driver and queue (a service on the same database reads the task as its
+own), `pipetune.best_schedule`, and the CLI's read commands on the local database
+afterwards, with no service running."""
+
+from __future__ import annotations
+
+import importlib.util
+import itertools
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from service_support import client_for
+from sqlalchemy import create_engine, func, select
+from typer.testing import CliRunner
+
+import pipetune
+from pipetune.clients.cli.main import app
+from pipetune.clients.library.store import LocalStore
+from pipetune.model.hardware import HardwareError
+from pipetune.model.states import JobState
+from pipetune.model.workloads import WorkloadError
+from pipetune.service.orm import JobRow, LeaseRow, TaskRow, WorkerRow
+from pipetune.workers.runners import RunnerUnavailableError
+
+pytest_plugins = ["service_fixtures"]
+
+FC = {"op": "gemm", "m": 1024, "n": 64, "k": 2048}
+FC_ARGS = ["gemm", "--m", "1024", "--n", "64", "--k", "2048", "--gpu", "h100"]
+cli = CliRunner()
+
+
+@pytest.fixture
+def home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A user data directory of its own: its database is the one `pipetune serve` would
+    use by default. No service is named, so the CLI reads that database."""
+    monkeypatch.setenv("XDG_DATA_HOME", str(tmp_path))
+    for name in ("PIPETUNE_DATABASE_URL", "PIPETUNE_SERVER", "PIPETUNE_API_KEY"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("PIPETUNE_SIMULATED_TIME_SCALE", "0")
+    return tmp_path
+
+
+def _run(code: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd="/"
+    )
+
+
+# ---- the names ----------------------------------------------------------------------------
+
+
+def test_import_pipetune_loads_nothing_but_the_version():
+    out = _run(
+        "import sys, pipetune; print(sorted(m for m in sys.modules if m.startswith("
+        "('pipetune.', 'numpy', 'sqlalchemy', 'httpx', 'pydantic', 'fastapi'))))"
+    )
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "[]"
+
+
+def test_every_exported_name_resolves():
+    for name in pipetune.__all__:
+        assert getattr(pipetune, name) is not None, name
+    assert set(pipetune.__all__) <= set(dir(pipetune))
+    assert pipetune.Gemm(m=1024, n=64, k=2048).label() == "gemm 1024x64x2048"
+    assert pipetune.Client.__module__ == "pipetune.clients.sdk.client"
+    with pytest.raises(AttributeError, match="no attribute 'tuner_of'"):
+        pipetune.tuner_of  # noqa: B018
+
+
+def test_kernels_work_without_the_service_dependencies():
+    """As on a GPU machine that has pipetune's kernel parts but not the service's."""
+    blocked = ["sqlalchemy", "fastapi", "alembic", "uvicorn", "psycopg", "pydantic_settings"]
+    out = _run(
+        "import sys\n"
+        f"for name in {blocked!r}: sys.modules[name] = None\n"
+        "import pipetune\n"
+        f"k = pipetune.kernel({FC!r}, 'h100', schedule=dict(block_row_warps=2, "
+        "block_col_warps=2, warp_row_tiles=2, warp_col_tiles=2, chunk=2, smem_stages=3, "
+        "reg_stages=2))\n"
+        "print(k.launch.grid, len(k.cubin()) > 0)\n"
+        "try:\n"
+        f"    pipetune.best_schedule({FC!r}, 'h100')\n"
+        "except ImportError as exc:\n"
+        "    print(exc)\n"
+    )
+    assert out.returncode == 0, out.stderr
+    grid, refusal = out.stdout.strip().splitlines()
+    assert grid == "(16, 1, 1) True"
+    assert refusal.startswith("reading the local database needs pipetune's service dependencies")
+
+
+# ---- pipetune.tune ----------------------------------------------------------------------------
+
+
+def test_tune_returns_16_trials_and_the_cli_answers_from_them(home: Path):
+    result = pipetune.tune(FC, "h100", budget=16, runner="simulated")
+    assert result.task.state == "done" and len(result.trials) == 16
+    latencies = [t.latency_us for t in result.trials if t.status == "ok"]
+    assert result.best_schedule is not None
+    assert result.best_latency_us == min(latencies)
+    curve = result.best_so_far()
+    assert len(curve) == 16 and curve[-1] == result.best_latency_us
+    assert all(b <= a for a, b in itertools.pairwise(curve) if a and b)
+    assert result.simulated and "simulated: analytical model + noise" in str(result)
+    assert result.database.endswith("pipetune/pipetune.db")  # the one `serve` uses
+
+    answer = cli.invoke(app, ["schedule", *FC_ARGS, "--json"])
+    assert answer.exit_code == 0, answer.output
+    doc = json.loads(answer.stdout)
+    assert doc["source"] == "measured" and doc["runner"] == "simulated"
+    assert doc["schedule_id"] == result.best_schedule.id
+    assert doc["latency_us"] == result.best_latency_us
+    table = cli.invoke(app, ["schedule", *FC_ARGS]).stdout
+    assert "simulated trials" in table and "local database" in table and "measured µs" not in table
+
+    best = pipetune.best_schedule(pipetune.Gemm(m=1024, n=64, k=2048), "h100")
+    assert best.schedule.to_schedule() == result.best_schedule
+    assert pipetune.kernel(FC, "h100").schedule == result.best_schedule
+
+
+def test_a_service_reads_the_tuned_task_as_its_own(db_url: str, monkeypatch):
+    monkeypatch.setenv("PIPETUNE_SIMULATED_TIME_SCALE", "0")
+    result = pipetune.tune(FC, "h100", budget=8, strategy="random", runner="simulated", db=db_url)
+    assert len(result.trials) == 8
+    with client_for(db_url) as service:
+        task = service.get(f"/v1/tasks/{result.task_id}").json()
+        assert task == result.task.model_dump(mode="json")
+        trials = service.get(f"/v1/tasks/{result.task_id}/trials").json()["trials"]
+        assert trials == [t.model_dump(mode="json") for t in result.trials]
+        best = service.post("/v1/schedules", json={"workload": FC, "gpu": "h100"}).json()
+        assert best["source"] == "measured" and best["runner"] == "simulated"
+        assert best["schedule_id"] == result.best_schedule.id
+    engine = create_engine(db_url)
+    with engine.connect() as conn:
+        leases = conn.scalar(
+            select(func.count()).select_from(LeaseRow).where(LeaseRow.outcome == "result")
+        )
+        jobs = conn.execute(select(JobRow.state, JobRow.runner, JobRow.result_worker)).all()
+        worker = conn.execute(select(WorkerRow.name, WorkerRow.runner)).one()
+    engine.dispose()
+    assert leases == 8 and {(j.state, j.runner) for j in jobs} == {("done", "simulated")}
+    assert worker.name.startswith("in-process-") and worker.runner == "simulated"
+
+
+def test_without_a_database_the_answer_is_the_models(home: Path):
+    doc = pipetune.best_schedule(FC, "h100")
+    assert doc.source == "model" and doc.latency_us is None
+    assert not (home / "pipetune").exists()  # a lookup creates no database
+    with pytest.raises(ValueError, match="server or db, not both"):
+        pipetune.best_schedule(FC, "h100", server="http://x", db="sqlite://")
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "error", "words"),
+    [
+        ({"budget": 0}, ValueError, "budget: Input should be greater than or equal to 1"),
+        ({"strategy": "bogus"}, ValueError, "strategy: "),
+        ({"runner": "opencl"}, ValueError, "runner: must be one of"),
+        ({"runner": "replay"}, ValueError, "dataset: the replay runner answers from"),
+        ({"runner": "cupy"}, RunnerUnavailableError, "cupy runner needs CuPy"),
+        ({"workload": {**FC, "n": 63}}, WorkloadError, "n: must be a multiple of 8"),
+        ({"gpu": "v100"}, HardwareError, "unknown GPU 'v100'"),
+    ],
+    ids=lambda v: next(iter(v)) if isinstance(v, dict) else None,
+)
+def test_bad_input_is_refused_by_name_and_leaves_no_task(home: Path, kwargs, error, words):
+    args = {"workload": FC, "gpu": "h100", "budget": 4, "runner": "simulated", **kwargs}
+    if kwargs.get("runner") == "cupy" and importlib.util.find_spec("cupy") is not None:
+        pytest.skip("CuPy is installed here")
+    with pytest.raises(error, match=words):
+        pipetune.tune(**args)
+    with LocalStore() as store:
+        assert store.tasks() == []
+
+
+def test_an_interrupted_tuning_cancels_its_task(home: Path):
+    def stop_after_three(done: int, total: int) -> None:
+        if done == 3:
+            raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        pipetune.tune(FC, "h100", budget=16, runner="simulated", progress=stop_after_three)
+    with LocalStore() as store:
+        (task,) = store.tasks()
+        assert task.state == "cancelled" and task.trials_done == 3
+        states = {t.state for t in store.all_trials(task.id)}
+    assert states <= {JobState.DONE, JobState.FAILED, JobState.CANCELLED}  # none queued, leased
+    engine = create_engine(store.url)
+    with engine.connect() as conn:
+        assert conn.scalar(select(TaskRow.finished_at)) is not None
+    engine.dispose()
+
+
+# ---- the CLI's read commands on the local database ----------------------------------------
+
+
+def test_tasks_and_curve_read_the_local_database(home: Path, tmp_path: Path):
+    result = pipetune.tune(FC, "h100", budget=5, runner="simulated")
+    listed = cli.invoke(app, ["tasks", "--json"])
+    assert listed.exit_code == 0, listed.output
+    assert [t["id"] for t in json.loads(listed.stdout)["tasks"]] == [result.task_id]
+    table = cli.invoke(app, ["tasks"]).stdout
+    assert "tasks at local database sqlite:///" in table and "simulated" in table
+
+    text = cli.invoke(app, ["curve", str(result.task_id)])
+    assert text.exit_code == 0 and "simulated runner: analytical model + noise" in text.stdout
+    points = json.loads(cli.invoke(app, ["curve", str(result.task_id), "--json"]).stdout)
+    assert [p["best_latency_us"] for p in points["points"]] == result.best_so_far()
+
+    missing = cli.invoke(app, ["curve", "987"])
+    assert missing.exit_code == 1 and "task 987 does not exist in sqlite:///" in missing.stderr
+    bad_state = cli.invoke(app, ["tasks", "--state", "bogus"])
+    assert bad_state.exit_code == 2 and bad_state.stderr.startswith("error: state: must be")
+    both = cli.invoke(app, ["tasks", "--server", "http://127.0.0.1:9", "--db", "sqlite://"])
+    assert both.exit_code == 2 and "not both" in both.stderr
+
+
+def test_a_named_database_is_read_instead(home: Path, tmp_path: Path):
+    other = f"sqlite:///{tmp_path / 'other.db'}"
+    pipetune.tune(FC, "h100", budget=3, strategy="random", runner="simulated", db=other)
+    here = json.loads(cli.invoke(app, ["schedule", *FC_ARGS, "--json"]).stdout)
+    there = json.loads(cli.invoke(app, ["schedule", *FC_ARGS, "--json", "--db", other]).stdout)
+    assert here["source"] == "model" and there["source"] == "measured"
+
+
+def test_a_runner_object_is_used_and_left_open(home: Path):
+    from pipetune.workers.runners import SimulatedRunner
+
+    with SimulatedRunner("h100", time_scale=0) as mine:
+        result = pipetune.tune(FC, "h100", budget=2, strategy="random", runner=mine)
+        assert len(result.trials) == 2 and not mine.closed
+        with pytest.raises(ValueError, match="runner: measures h100, the task is for a100"):
+            pipetune.tune(FC, "a100", budget=2, runner=mine)
