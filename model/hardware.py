@@ -52,6 +52,9 @@ class GPUSpec:
     max_blocks_per_sm: int
     # Warps on an SM needed to keep every tensor core busy: one per sub-partition.
     warps_to_saturate_tensor: int
+    # GPU time one kernel launch adds in a stream (launch latency and the drain before the
+    # next kernel starts): what a second kernel costs a two-pass schedule.
+    kernel_launch_ns: float
     profile: str = "spec"
 
     # Derived quantities, in the units the analytical model uses (seconds, bytes/s).
@@ -135,6 +138,7 @@ _SPECS: dict[str, GPUSpec] = {
         max_threads_per_block=1024,  # [CUDA-PG]
         max_blocks_per_sm=32,  # [CUDA-PG]
         warps_to_saturate_tensor=4,  # [A100-WP] four tensor cores per SM, one per SMSP
+        kernel_launch_ns=2000.0,  # [MB] approximate, an empty kernel between CUDA events
     ),
     "h100": GPUSpec(
         key="h100",
@@ -162,6 +166,7 @@ _SPECS: dict[str, GPUSpec] = {
         max_threads_per_block=1024,  # [CUDA-PG]
         max_blocks_per_sm=32,  # [CUDA-PG]
         warps_to_saturate_tensor=4,  # [H100-WP] four tensor cores per SM
+        kernel_launch_ns=2000.0,  # [MB] approximate, an empty kernel between CUDA events
     ),
     "h200": GPUSpec(
         key="h200",
@@ -189,6 +194,7 @@ _SPECS: dict[str, GPUSpec] = {
         max_threads_per_block=1024,  # [CUDA-PG]
         max_blocks_per_sm=32,  # [CUDA-PG]
         warps_to_saturate_tensor=4,  # [H100-WP]
+        kernel_launch_ns=2000.0,  # [MB] approximate, as H100
     ),
 }
 
@@ -201,9 +207,18 @@ _ALIASES = {
     "h100-sxm": "h100",
     "nvidia h100-sxm5-80gb": "h100",
     "nvidia h100 80gb hbm3": "h100",
+    # Device names as CUDA reports them for the other boards of a chip: the model's spec is
+    # the SXM part's, and a calibrated profile overrides what differs (SMs, L2, bandwidth).
+    "nvidia a100-sxm4-80gb": "a100",
+    "nvidia a100-pcie-40gb": "a100",
+    "nvidia a100 80gb pcie": "a100",
+    "nvidia h100 pcie": "h100",
+    "nvidia h100 nvl": "h100",
+    "nvidia h100": "h100",
     "h200": "h200",
     "h200-sxm-141gb": "h200",
     "nvidia h200": "h200",
+    "nvidia h200 nvl": "h200",
 }
 
 

@@ -36,12 +36,13 @@ from pipetune.clients.cli.workload_options import add_workload_commands, option
 from pipetune.model.hardware import PROFILE_DIR, GPUSpec, get_gpu, gpu_keys, resolve_gpu_key
 from pipetune.model.operators import suite as operator_suite
 from pipetune.model.space import Space
+from pipetune.model.trials import RunnerKind
 from pipetune.model.workloads import AnyWorkload, parse_workload
 from pipetune.workers.datasets import summary, write_t4
 from pipetune.workers.runners import MeasureSettings, Runner, RunnerError, make_runner
 from pipetune.workers.runners.sweep import select_schedules, sweep
 
-SWEEP_RUNNERS = ("cupy", "simulated")
+SWEEP_RUNNERS: tuple[str, ...] = (RunnerKind.CUPY, RunnerKind.SIMULATED)
 # Progress bars go to stderr so that --json documents on stdout stay machine-readable.
 progress_console = Console(stderr=True)
 

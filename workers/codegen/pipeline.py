@@ -15,8 +15,15 @@ Shared-memory pipeline (ALCOP / CUTLASS multistage), smem_stages = S >= 2:
   thread's copies visible and ends all reads of stage kt before it is overwritten.
 - S = 1: load -> wait -> barrier -> compute -> barrier; nothing overlaps.
 Register pipeline, reg_stages = 2: fragments of k-step ks+1 load (ldmatrix) while k-step ks
-computes; at the last k-step of a tile (S >= 2) the first fragments of the next tile load
-after the wait, across the tile boundary. reg_stages = 1 loads then computes each k-step.
+computes; at the last k-step of a tile the first fragments of the next tile load after the
+wait, across the tile boundary. reg_stages = 1 loads then computes each k-step.
+
+Where the wait goes (reg_stages = 2): with S >= 3 tile kt+1 was issued a whole tile earlier,
+so waiting for it before the last MMA of tile kt costs nothing and lets the next tile's
+first fragments load under that MMA. With S = 2 the only copy in flight is tile kt+1's,
+issued during tile kt itself: waiting before the last MMA would make the copy land before
+tile kt's compute ends (no overlap at all at chunk = 1, half at chunk = 2), so the last
+k-step issues its MMA first and then waits, as the reg_stages = 1 path does.
 """
 
 from __future__ import annotations
@@ -39,13 +46,16 @@ def _multistage_step(g: TileGeometry, ks: int) -> list[str]:
     if g.reg_stages == 2:
         if not last:
             lines.append(f"load_frags({(ks + 1) & 1}, read_stage, {ks + 1});")
+            lines.append(f"mma_step({ks & 1});")
         else:
-            lines += [
+            cross = [
                 "cp_async_wait<STAGES - 2>();  // tile kt+1 has landed",
                 "__syncthreads();",
                 f"if (kt + 1 < k_tiles) load_frags({g.ksteps & 1}, next_stage(), 0);",
             ]
-        lines.append(f"mma_step({ks & 1});")
+            mma = [f"mma_step({ks & 1});"]
+            # S = 2: compute this tile's last step before waiting for the next (module doc).
+            lines += mma + cross if g.stages == 2 else cross + mma
     else:
         lines += [f"load_frags(0, read_stage, {ks});", "mma_step(0);"]
     return lines

@@ -9,33 +9,15 @@ from __future__ import annotations
 import json
 import sys
 
-CLOCK_RATE_ATTR = 13  # cudaDevAttrClockRate (kHz); cudaDeviceProp.clockRate is gone in CUDA 13
-
 
 def describe(device: int) -> dict:
+    """The device as CuPy sees it (workers.runners.device_info: name, arch, SMs, clocks,
+    memory, L2, driver and runtime versions)."""
     import cupy
 
-    count = cupy.cuda.runtime.getDeviceCount()
-    if device >= count:
-        raise RuntimeError(f"CUDA device {device} requested, {count} present")
-    props = cupy.cuda.runtime.getDeviceProperties(device)
-    name = props["name"]
-    name = name.decode() if isinstance(name, bytes) else str(name)
-    try:
-        clock_mhz: int | None = round(
-            cupy.cuda.runtime.deviceGetAttribute(CLOCK_RATE_ATTR, device) / 1000
-        )
-    except Exception:
-        clock_mhz = None
-    version = int(cupy.cuda.runtime.driverGetVersion())
-    return {
-        "device": device,
-        "name": name,
-        "arch": f"sm_{props['major']}{props['minor']}",
-        "sm_count": int(props["multiProcessorCount"]),
-        "clock_mhz": clock_mhz,
-        "cuda_driver": f"CUDA {version // 1000}.{version % 1000 // 10}",
-    }
+    from pipetune.workers.runners.device_info import describe_device
+
+    return describe_device(cupy, device)
 
 
 def main() -> int:

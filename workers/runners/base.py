@@ -40,17 +40,32 @@ class MeasureSettings:
     """How one schedule is timed. Kept in every dataset's metadata.
 
     warmup: untimed launches before the repeats (clocks up, instruction cache warm);
-    repeats: timed launches, each after an L2 flush, CUDA events around each;
-    seed: inputs are random fp16 in [-1, 1) from this seed (numpy PCG64).
+    repeats: timed launches (the most, with adaptive repeats), each after an L2 flush, CUDA
+    events around each;
+    seed: inputs are random fp16 in [-1, 1) from this seed (numpy PCG64);
+    min_repeats: adaptive repeats (None: always ``repeats``): time ``min_repeats`` launches,
+    stop there if their spread ((p90 - p10) / median) is at most ``settle``, else time more
+    in rounds of ``min_repeats`` up to ``repeats`` (workers.runners.timing).
     """
 
     warmup: int = 3
     repeats: int = 30
     seed: int = 0
+    min_repeats: int | None = None
+    settle: float = 0.02
 
     def __post_init__(self) -> None:
         if self.warmup < 0 or self.repeats < 1:
             raise ValueError("warmup must be >= 0 and repeats >= 1")
+        if self.min_repeats is not None and not 1 <= self.min_repeats <= self.repeats:
+            raise ValueError("min_repeats must be between 1 and repeats")
+        if not self.settle >= 0:
+            raise ValueError("settle must be >= 0")
+
+    @property
+    def fewest_repeats(self) -> int:
+        """Timed launches every schedule gets (``repeats`` unless adaptive)."""
+        return self.repeats if self.min_repeats is None else self.min_repeats
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)

@@ -112,18 +112,24 @@ def _gemm_chunks(xp: Any, workload: AnyWorkload, a: Any, b: Any):
         raise TypeError(f"unsupported workload {type(w).__name__}")
 
 
+def tolerance(xp: Any, product: Any, magnitude: Any, k: int) -> Any:
+    """The per-element tolerance (see the module doc) of a product computed in fp32 over a
+    reduction of depth ``k``, given ``magnitude`` = |A|·|B| over the same terms."""
+    accumulation = ACCUMULATION_MARGIN * math.sqrt(k) * U32
+    return 2 * U16 * xp.abs(product) + accumulation * magnitude + FLOOR
+
+
 def reference(xp: Any, workload: AnyWorkload, a: Any, b: Any) -> tuple[Any, Any]:
     """(ref, tol): the fp32 reference and the per-element tolerance, both shaped like C."""
     view = workload.gemm_view()
     rows_total = view.batch * view.m
     ref = xp.empty((rows_total, view.n), dtype=xp.float32)
     tol = xp.empty((rows_total, view.n), dtype=xp.float32)
-    accumulation = ACCUMULATION_MARGIN * math.sqrt(view.k) * U32
     for rows, a2, b2 in _gemm_chunks(xp, workload, a, b):
         product = xp.matmul(a2, b2)
         magnitude = xp.matmul(xp.abs(a2), xp.abs(b2))
         ref[rows] = product
-        tol[rows] = 2 * U16 * xp.abs(product) + accumulation * magnitude + FLOOR
+        tol[rows] = tolerance(xp, product, magnitude, view.k)
     shape_c = operand_shapes(workload)[2]
     return ref.reshape(shape_c), tol.reshape(shape_c)
 

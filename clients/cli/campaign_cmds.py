@@ -1,0 +1,206 @@
+"""`pipetune campaign ...`: what a lent GPU runs (workers.campaign), and its two helpers.
+
+    pipetune campaign --gpu h100 --out-dir DIR [--minutes M] [--have DIR|ARCHIVE]
+        [--operators alcop,...] [--runner cupy|simulated] [--pack FILE]
+    pipetune campaign plan [--gpu h100] [--operators alcop] [--calls 3] [--minutes 8] [--json]
+    pipetune campaign unpack ARCHIVE [--data-dir benchmarks/data] [--profile-dir model/profiles]
+
+The campaign's modules load inside the commands: the GPU machine imports only what a
+campaign needs.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import typer
+from rich.table import Table
+
+from pipetune.clients.cli.errors import CliError, reported
+from pipetune.clients.cli.output import console, print_json
+from pipetune.model.hardware import gpu_keys
+
+campaign_app = typer.Typer(
+    help=(
+        "The GPU campaign: probe, correctness, calibration, vendor baselines and exhaustive "
+        "sweeps, each its own file, resumable with --have, packed into one archive."
+    ),
+    invoke_without_command=True,
+    no_args_is_help=False,
+)
+
+_RUNNER_HELP = "cupy (a real GPU) or simulated (compiled kernels, simulated launches; CI only)"
+
+
+def _print_outcome(outcome: object) -> None:
+    summary = outcome.summary  # type: ignore[attr-defined]
+    table = Table(title=f"campaign: {outcome.state}")  # type: ignore[attr-defined]
+    table.add_column("phase")
+    table.add_column("this call")
+    table.add_column("seconds", justify="right")
+    table.add_column("overall")
+    this_call = (summary.get("calls") or [{}])[-1].get("phases", [])
+    overall = summary.get("phases", {})
+    for record in this_call:
+        table.add_row(
+            record["phase"],
+            record["status"],
+            f"{record['seconds']:.1f}",
+            overall.get(record["phase"], ""),
+        )
+    console.print(table)
+    sweeps = summary.get("sweeps", {})
+    console.print(
+        f"sweeps: {len(sweeps.get('done', []))} done, {len(sweeps.get('partial', {}))} "
+        f"partial, {len(sweeps.get('left', []))} not started"
+    )
+    if summary.get("simulated"):
+        console.print("note: SIMULATED campaign: compiled kernels, simulated launches; no data")
+
+
+@campaign_app.callback()
+@reported
+def campaign_main(
+    ctx: typer.Context,
+    gpu: str | None = typer.Option(
+        None, "--gpu", help=f"GPU ({', '.join(gpu_keys())}); default: the probed device's"
+    ),
+    out_dir: Path | None = typer.Option(None, "--out-dir", help="folder for the campaign files"),
+    minutes: float = typer.Option(8.0, "--minutes", help="stop cleanly before this many minutes"),
+    have: Path | None = typer.Option(
+        None, "--have", help="an earlier call's folder or archive: its phases are skipped"
+    ),
+    operators: str = typer.Option(
+        "alcop", "--operators", help="suites and operators, comma-separated (alcop,MM_RN50_FC)"
+    ),
+    runner: str = typer.Option("cupy", "--runner", help=_RUNNER_HELP),
+    pack: Path | None = typer.Option(
+        None, "--pack", help="write everything into this .tar.gz (kept current after each part)"
+    ),
+) -> None:
+    """Run the GPU campaign (`pipetune campaign --out-dir DIR ...`)."""
+    if ctx.invoked_subcommand is not None:
+        return
+    if out_dir is None:
+        raise CliError("--out-dir: required (a new folder for the campaign's files)", 2)
+    from pipetune.workers.campaign import CampaignOptions, CampaignUsageError, run_campaign
+
+    options = CampaignOptions(
+        out_dir=out_dir,
+        gpu=gpu,
+        minutes=minutes,
+        have=have,
+        operators=operators,
+        runner=runner,
+        pack=pack,
+        command=tuple(sys.argv),
+    )
+    try:
+        outcome = run_campaign(options)
+    except CampaignUsageError as exc:
+        raise CliError(str(exc), 2) from None
+    _print_outcome(outcome)
+    if outcome.pack_bytes is not None:
+        console.print(f"archive: {pack} ({outcome.pack_bytes / 2**20:.2f} MiB)")
+    if outcome.exit_code:
+        raise CliError(outcome.message, outcome.exit_code)
+    if outcome.state == "paused":
+        console.print(f"paused: {outcome.message}; continue with --have {pack or out_dir}")
+
+
+@campaign_app.command("plan")
+@reported
+def campaign_plan(
+    gpu: str = typer.Option("h100", "--gpu", help=f"GPU: {', '.join(gpu_keys())}"),
+    operators: str = typer.Option("alcop", "--operators", help="suites and operators"),
+    calls: int = typer.Option(3, "--calls", help="device calls available"),
+    minutes: float = typer.Option(8.0, "--minutes", help="minutes per call"),
+    as_json: bool = typer.Option(False, "--json", help="print one JSON document"),
+) -> None:
+    """The time plan: trials, kernels, compile and GPU time, and what each call sweeps."""
+    from pipetune.model.hardware import get_gpu
+    from pipetune.workers.campaign.operators import resolve_operators
+    from pipetune.workers.campaign.plan import plan_document
+
+    if calls < 1 or not minutes > 0:
+        raise CliError("--calls must be at least 1 and --minutes positive", 2)
+    try:
+        chosen = resolve_operators(operators)
+    except ValueError as exc:
+        raise CliError(f"--operators: {exc}", 2) from None
+    document = plan_document(get_gpu(gpu, calibrated=False), chosen, calls=calls, minutes=minutes)
+    if as_json:
+        print_json(document)
+        return
+    table = Table(title=f"campaign plan on {document['gpu']} (model times, assumed GPU costs)")
+    for col in ("operator", "variant", "trials", "model kernel s", "GPU s (5..10 repeats)"):
+        table.add_column(col, justify="left" if col in ("operator", "variant") else "right")
+    for row in document["operators"]:
+        table.add_row(
+            row["operator"],
+            row["variant"],
+            f"{row['trials']:,}",
+            f"{row['model_kernel_s']:.2f}",
+            f"{row['gpu_s_low']:.0f}..{row['gpu_s_high']:.0f}",
+        )
+    console.print(table)
+    console.print(
+        f"{document['trials']:,} trials, {document['distinct_kernels']:,} distinct kernels "
+        f"(compile {document['compile_s_all_kernels']:.0f} s on "
+        f"{document['costs']['compile_threads']} threads), GPU "
+        f"{document['gpu_s_low']:.0f}..{document['gpu_s_high']:.0f} s"
+    )
+    for call in document["calls"]:
+        ops = ", ".join(
+            f"{s['operator']}[{s['trials'][0]}:{s['trials'][1]}]" for s in call["sweeps"]
+        )
+        console.print(
+            f"call {call['call']}: phases {call['phases_s']:.0f} s, compiles "
+            f"{call['compiled_kernels']:,} kernels, ends at {call['end_s']:.0f} of "
+            f"{call['budget_s']:.0f} s: {ops}"
+        )
+    console.print("fits" if document["fits"] else f"does not fit: left {document['left']}")
+
+
+@campaign_app.command("unpack")
+@reported
+def campaign_unpack(
+    archive: Path = typer.Argument(..., help="the archive a campaign packed (--pack)"),
+    data_dir: Path = typer.Option(
+        Path("benchmarks/data"), "--data-dir", help="datasets go to DATA_DIR/<gpu>/"
+    ),
+    profile_dir: Path = typer.Option(
+        Path("model/profiles"), "--profile-dir", help="the profile goes to PROFILE_DIR/<gpu>.json"
+    ),
+    allow_simulated: bool = typer.Option(
+        False, "--allow-simulated", help="unpack a simulated campaign too (for trying it out)"
+    ),
+    force: bool = typer.Option(False, "--force", help="overwrite existing files"),
+) -> None:
+    """Turn a campaign archive into benchmarks/data/<gpu>/ and model/profiles/<gpu>.json."""
+    from pipetune.workers.campaign.unpack import UnpackError, unpack
+
+    try:
+        result = unpack(
+            archive, data_dir, profile_dir, allow_simulated=allow_simulated, force=force
+        )
+    except UnpackError as exc:
+        raise CliError(str(exc), 2) from None
+    for path in [*result.datasets, *result.documents]:
+        print(path)
+    if result.profile is not None:
+        print(result.profile)
+    print(
+        f"unpacked {len(result.datasets)} datasets of {result.gpu} ({result.runner})"
+        + (
+            f"; unfinished parts left out: {len(result.skipped_parts)}"
+            if result.skipped_parts
+            else ""
+        ),
+        file=sys.stderr,
+    )
+
+
+def register(app: typer.Typer) -> None:
+    app.add_typer(campaign_app, name="campaign")

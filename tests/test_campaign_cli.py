@@ -1,0 +1,178 @@
+"""`pipetune campaign` on the CPU: usage mistakes exit 2 with one line, a missing GPU exits 1
+with a summary written anyway, a correctness failure stops the campaign before any sweep,
+``--have`` never mixes GPUs or simulated with measured data, and `campaign unpack` keeps
+simulated files out of the repository."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import subprocess
+import sys
+import tarfile
+
+import pytest
+from typer.testing import CliRunner
+
+from pipetune.clients.cli.campaign_cmds import campaign_app
+from pipetune.model.hardware import get_gpu
+from pipetune.workers.campaign import run as campaign_run
+from pipetune.workers.campaign.correctness import selection
+from pipetune.workers.campaign.plan import CAMPAIGN_SETTINGS
+from pipetune.workers.runners.sim_runner import SimulatedLaunchRunner
+
+cli = CliRunner()
+SIM = ["--runner", "simulated", "--operators", "BMM_GPT2_QK"]
+no_cupy = pytest.mark.skipif(importlib.util.find_spec("cupy") is not None, reason="has CuPy")
+
+
+@pytest.fixture(autouse=True)
+def caches(tmp_path_factory, monkeypatch):
+    root = tmp_path_factory.getbasetemp()
+    monkeypatch.setenv("PIPETUNE_CACHE_DIR", str(root / "cubins"))
+    monkeypatch.setenv("PIPETUNE_REFERENCE_CACHE", str(root / "references"))
+    monkeypatch.setenv("PIPETUNE_SIMULATED_TIME_SCALE", "0")
+
+
+@pytest.mark.parametrize(
+    ("args", "reason"),
+    [
+        ([], "--out-dir: required"),
+        (["--gpu", "v100"], "--gpu: unknown GPU 'v100'"),
+        (["--runner", "replay"], "--runner: one of cupy, simulated"),
+        (["--operators", "MM_Nope"], "--operators: unknown operator or suite 'MM_Nope'"),
+        (["--minutes", "0"], "--minutes: must be positive"),
+        (["--pack", "c.zip"], "--pack: a .tar.gz or .tar file name"),
+        (["--have", "no/such/dir"], "--have no/such/dir: no such folder or archive"),
+    ],
+)
+def test_usage_mistakes_exit_2_with_one_line(tmp_path, args, reason):
+    out = [] if not args else ["--out-dir", str(tmp_path / "out")]
+    result = cli.invoke(campaign_app, [*out, *args])
+    assert result.exit_code == 2, result.output
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and reason in lines[0], lines
+    assert not (tmp_path / "out").exists()
+
+
+def test_an_out_dir_in_use_is_refused(tmp_path):
+    (tmp_path / "out").mkdir()
+    (tmp_path / "out" / "probe.json").write_text("{}")
+    result = cli.invoke(campaign_app, ["--out-dir", str(tmp_path / "out"), *SIM])
+    assert result.exit_code == 2 and "not empty" in result.stderr
+
+
+@no_cupy
+def test_without_a_gpu_the_cupy_campaign_exits_1_and_still_writes_its_summary(tmp_path):
+    pack = tmp_path / "c.tar.gz"
+    result = cli.invoke(campaign_app, ["--out-dir", str(tmp_path / "out"), "--pack", str(pack)])
+    assert result.exit_code == 1
+    assert result.stderr.strip().splitlines()[-1].startswith("error: the cupy runner needs CuPy")
+    summary = json.loads((tmp_path / "out" / "campaign.json").read_text())
+    assert summary["state"] == "failed" and "needs CuPy" in summary["reason"]
+    with tarfile.open(pack) as tar:
+        assert tar.getnames() == ["campaign.json"]
+
+
+@pytest.fixture(scope="module")
+def stopped(tmp_path_factory):
+    """A simulated campaign whose correctness phase meets 4 wrong kernels of 324 (1.2%)."""
+    folder = tmp_path_factory.mktemp("stopped")
+    chosen = selection(get_gpu("h100"))
+    _, workload, schedules = chosen[0]
+    wrong = tuple(f"{workload.workload_hash}/{s.id}" for s in schedules[:4])
+
+    def open_runner(options, gpu):
+        return SimulatedLaunchRunner(gpu, settings=CAMPAIGN_SETTINGS, wrong=wrong)
+
+    with pytest.MonkeyPatch.context() as patch:
+        root = tmp_path_factory.getbasetemp()
+        patch.setenv("PIPETUNE_CACHE_DIR", str(root / "cubins"))
+        patch.setenv("PIPETUNE_SIMULATED_TIME_SCALE", "0")
+        patch.setattr(campaign_run, "open_runner", open_runner)
+        result = cli.invoke(
+            campaign_app,
+            ["--out-dir", str(folder / "out"), "--pack", str(folder / "c.tar.gz"), *SIM],
+        )
+    return folder, result
+
+
+def test_a_correctness_failure_stops_the_campaign_before_any_sweep(stopped):
+    folder, result = stopped
+    assert result.exit_code == 1
+    assert "correctness: 4 of 324 schedules failed" in result.stderr.strip().splitlines()[-1]
+    correctness = json.loads((folder / "out" / "correctness.json").read_text())
+    assert correctness["verdict"] == "stop" and len(correctness["mismatches"]) == 4
+    assert all(m["status"] == "wrong_result" for m in correctness["mismatches"])
+    summary = json.loads((folder / "out" / "campaign.json").read_text())
+    assert summary["state"] == "stopped"
+    assert summary["phases"]["profile"] == "missing" and summary["phases"]["sweeps"] == "missing"
+    with tarfile.open(folder / "c.tar.gz") as tar:
+        assert sorted(tar.getnames()) == ["campaign.json", "correctness.json", "probe.json"]
+
+
+@pytest.mark.parametrize(
+    ("args", "reason"),
+    [
+        (["--runner", "cupy"], "--have holds a simulated campaign"),
+        (["--runner", "simulated", "--gpu", "h200"], "a campaign stays on one GPU model"),
+    ],
+)
+def test_have_never_mixes_gpus_or_simulated_and_measured_data(stopped, tmp_path, args, reason):
+    folder, _ = stopped
+    have = ["--have", str(folder / "c.tar.gz")]
+    result = cli.invoke(campaign_app, ["--out-dir", str(tmp_path / "o"), *have, *args])
+    assert result.exit_code == 2, result.output
+    assert reason in result.stderr.strip().splitlines()[-1]
+
+
+def test_a_stopped_campaign_stays_stopped(stopped, tmp_path):
+    folder, _ = stopped
+    have = ["--have", str(folder / "c.tar.gz")]
+    result = cli.invoke(campaign_app, ["--out-dir", str(tmp_path / "o"), *have, *SIM])
+    assert result.exit_code == 1 and "correctness: 4 of 324" in result.stderr
+    assert not (tmp_path / "o" / "profile.json").exists()
+
+
+def test_unpack_keeps_simulated_archives_out_unless_asked(stopped, tmp_path):
+    folder, _ = stopped
+    archive = str(folder / "c.tar.gz")
+    where = ["--data-dir", str(tmp_path / "data"), "--profile-dir", str(tmp_path / "profiles")]
+    refused = cli.invoke(campaign_app, ["unpack", archive, *where])
+    assert refused.exit_code == 2 and "simulated campaign" in refused.stderr
+    assert not (tmp_path / "data").exists()
+    done = cli.invoke(campaign_app, ["unpack", archive, *where, "--allow-simulated"])
+    assert done.exit_code == 0, done.output
+    assert (tmp_path / "data" / "h100" / "campaign" / "correctness.json").exists()
+    again = cli.invoke(campaign_app, ["unpack", archive, *where, "--allow-simulated"])
+    assert again.exit_code == 2 and "would overwrite" in again.stderr
+
+
+def test_the_plan_command_prints_the_calls():
+    result = cli.invoke(campaign_app, ["plan", "--json"])
+    assert result.exit_code == 0
+    document = json.loads(result.stdout)
+    assert document["trials"] == 51971 and document["fits"]
+
+
+def test_a_campaign_imports_no_service_database_or_xgboost(tmp_path):
+    """The whole simulated campaign in a process where those packages cannot be imported."""
+    blocked = ("fastapi", "starlette", "uvicorn", "sqlalchemy", "alembic", "psycopg", "xgboost")
+    script = (
+        "import sys\n"
+        f"for name in {blocked!r}:\n"
+        "    sys.modules[name] = None  # import raises ImportError\n"
+        "from pipetune.clients.cli.main import run\n"
+        "sys.argv = ['pipetune', 'campaign', *sys.argv[1:]]\n"
+        "run()\n"
+    )
+    out = tmp_path / "out"
+    result = subprocess.run(
+        [sys.executable, "-c", script, "--out-dir", str(out), *SIM],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    summary = json.loads((out / "campaign.json").read_text())
+    assert summary["state"] == "complete" and summary["sweeps"]["done"] == ["BMM_GPT2_QK"]

@@ -1,0 +1,211 @@
+"""The GPU kit and the CI rehearsal of a GPU campaign.
+
+- ``make gpu-kit``'s builder gives pipetune's wheel and the cp312 manylinux wheels the GPU
+  machine lacks, under 40 MiB, and the command it prints is the README's.
+- The rehearsal: a fresh virtual environment with only the kit's wheels (built for this
+  machine's Python by the same code, with the same package list) and the packages the GPU
+  machine already has (those of them installed here), then the README's call 1 and call 2
+  commands exactly as written there, with ``--runner cupy`` replaced by the simulated runner
+  and the rehearsal's scope. Every file is checked; the second call skips what is done.
+
+Building the kit downloads wheels with pip from the package registry (which CI reaches); where
+pip cannot, the tests fail with pip's one-line reason rather than skip: a rehearsal that did
+not run proves nothing about the first GPU call.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import json
+import shutil
+import subprocess
+import sys
+import tarfile
+import zipfile
+from pathlib import Path
+
+import pytest
+
+from pipetune.workers.campaign.kit import (
+    GPU_MACHINE_PACKAGES,
+    KIT_DIR,
+    KIT_LIMIT_BYTES,
+    KIT_PACKAGES,
+    KitError,
+    build_kit,
+    device_command,
+    normalise,
+)
+from pipetune.workers.datasets import check_pipetune, read_t4
+
+ROOT = Path(__file__).resolve().parents[1]
+REHEARSAL = "--runner simulated --minutes 2 --operators MM_RN50_FC,BMM_GPT2_QK"
+OPERATORS = ("MM_RN50_FC", "BMM_GPT2_QK")
+NOT_ON_THE_GPU_MACHINE = ("fastapi", "sqlalchemy", "alembic", "xgboost", "uvicorn", "psycopg")
+FROM_THE_KIT = ("pydantic", "pydantic_core", "tenacity", "platformdirs")
+
+
+def readme_commands() -> list[str]:
+    """The device commands in the README's GPU section, in order."""
+    text = (ROOT / "README.md").read_text()
+    return [line for line in text.splitlines() if line.startswith("set -o pipefail;")]
+
+
+def kit_or_fail(out: Path, python_version: str):
+    try:
+        return build_kit(out, python_version)
+    except KitError as exc:
+        pytest.fail(f"the kit could not be built here: {exc}", pytrace=False)
+
+
+def test_the_readme_gives_the_kit_s_commands():
+    assert readme_commands() == [device_command(call) for call in (1, 2, 3)]
+
+
+def test_the_gpu_kit_is_complete_for_the_gpu_machine_and_small(tmp_path):
+    kit = kit_or_fail(tmp_path / KIT_DIR, "3.12")
+    names = {normalise(w.name.split("-")[0]): w.name for w in kit.wheels}
+    assert set(names) == {"pipetune", *map(normalise, KIT_PACKAGES)}
+    assert "cp312-cp312-manylinux" in names["pydantic-core"]
+    assert kit.bytes < KIT_LIMIT_BYTES
+    manifest = json.loads((tmp_path / KIT_DIR / "KIT.json").read_text())
+    assert manifest["python_version"] == "3.12" and len(manifest["wheels"]) == len(kit.wheels)
+    # Carried only where the machine lacks them, or lacks the version pipetune needs.
+    lacking = {normalise(n) for n in KIT_PACKAGES} - GPU_MACHINE_PACKAGES
+    assert lacking == {"pydantic", "pydantic-core", "annotated-types", "typing-inspection",
+                       "platformdirs", "tenacity"}  # fmt: skip
+    with zipfile.ZipFile(tmp_path / KIT_DIR / names["pipetune"]) as wheel:
+        assert "pipetune/workers/campaign/run.py" in wheel.namelist()
+
+
+def link_gpu_machine_packages(site: Path) -> list[str]:
+    """Symlink into ``site`` every file of the installed distributions the GPU machine also
+    has (its own pip and setuptools stay the virtual environment's)."""
+    linked = []
+    for dist in importlib.metadata.distributions():
+        name = normalise(dist.metadata["Name"])
+        if name not in GPU_MACHINE_PACKAGES or name in ("pip", "setuptools", "wheel"):
+            continue
+        for file in dist.files or []:
+            if file.parts[0] == "..":
+                continue  # scripts outside site-packages
+            source = Path(dist.locate_file(file))
+            target = site / file
+            if source.is_file() and not target.exists():
+                target.parent.mkdir(parents=True, exist_ok=True)
+                target.symlink_to(source)
+        linked.append(name)
+    return linked
+
+
+@pytest.fixture(scope="module")
+def machine(tmp_path_factory):
+    """A stand-in GPU machine: (working tree with the kit, environment for its commands)."""
+    root = tmp_path_factory.mktemp("gpu-machine")
+    work = root / "work"
+    version = f"{sys.version_info.major}.{sys.version_info.minor}"
+    kit_or_fail(work / KIT_DIR, version)
+    venv = root / "venv"
+    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, capture_output=True)
+    (site,) = (venv / "lib").glob("python*/site-packages")
+    linked = link_gpu_machine_packages(site)
+    assert {"numpy", "typer", "rich", "httpx", "nvidia-cuda-nvrtc"} <= set(linked)
+    env = {
+        "PATH": f"{venv / 'bin'}:/usr/bin:/bin",
+        "HOME": str(root / "home"),
+        "OUT": str(root / "out"),
+        "PIPETUNE_CACHE_DIR": str(root / "cubins"),
+        "PIPETUNE_REFERENCE_CACHE": str(root / "references"),
+        "PIPETUNE_SIMULATED_TIME_SCALE": "1",
+    }
+    return work, env
+
+
+def run_device_command(work: Path, env: dict[str, str], call: int) -> subprocess.CompletedProcess:
+    command = readme_commands()[call - 1]
+    assert command.count("--runner cupy") == 1
+    rehearsal = command.replace("--runner cupy", REHEARSAL)
+    out = Path(env["OUT"])
+    shutil.rmtree(out, ignore_errors=True)
+    out.mkdir()  # the device tool gives every call an empty $OUT
+    return subprocess.run(
+        ["bash", "-c", rehearsal], cwd=work, env=env, capture_output=True, text=True, timeout=400
+    )
+
+
+def archive_members(path: Path) -> dict[str, bytes]:
+    with tarfile.open(path) as tar:
+        return {m.name: tar.extractfile(m).read() for m in tar.getmembers() if m.isfile()}
+
+
+def test_the_readme_s_device_calls_run_in_a_gpu_machine_stand_in(machine):
+    work, env = machine
+    python = Path(env["PATH"].split(":")[0]) / "python3"
+    for module in (*NOT_ON_THE_GPU_MACHINE, *FROM_THE_KIT):  # absent before the kit
+        probe = subprocess.run([python, "-c", f"import {module}"], capture_output=True, env=env)
+        assert probe.returncode != 0, module
+
+    first = run_device_command(work, env, 1)
+    assert first.returncode == 0, first.stdout[-3000:] + first.stderr[-3000:]
+    out = Path(env["OUT"])
+    assert sorted(p.name for p in out.iterdir()) == ["campaign-1.log", "campaign-1.tar.gz"]
+    assert "campaign: complete" in (out / "campaign-1.log").read_text()
+    files = archive_members(out / "campaign-1.tar.gz")
+    expected = {
+        "probe.json",
+        "correctness.json",
+        "profile.json",
+        "baselines.json",
+        "campaign.json",
+        *(f"sweeps/{op}.t4.json.gz" for op in OPERATORS),
+    }
+    assert set(files) == expected
+    check_files(work / ".campaign-1", files)
+    for module in FROM_THE_KIT:  # installed by the README's line, where it said
+        assert (work / ".gpu-site" / module).is_dir(), module
+    shutil.copyfile(out / "campaign-1.tar.gz", work / KIT_DIR / "campaign-1.tar.gz")
+
+    second = run_device_command(work, env, 2)
+    assert second.returncode == 0, second.stdout[-3000:] + second.stderr[-3000:]
+    again = archive_members(out / "campaign-2.tar.gz")
+    assert set(again) == expected
+    summary = json.loads(again["campaign.json"])
+    assert summary["state"] == "complete" and len(summary["calls"]) == 2
+    assert {p["phase"]: p["status"] for p in summary["calls"][1]["phases"]} == {
+        phase: "skipped (--have)"
+        for phase in ("probe", "correctness", "profile", "baselines", "sweeps")
+    }
+    for name in expected - {"campaign.json"}:
+        assert again[name] == files[name], f"{name} was measured again"
+
+
+def check_files(folder: Path, files: dict[str, bytes]) -> None:
+    """Every file of the rehearsal is complete, and says simulated."""
+    probe = json.loads(files["probe.json"])
+    assert probe["verdict"] == "pass" and probe["simulated"] and probe["runner"] == "simulated"
+    assert probe["gpu"] == "h100" and probe["timing_floor_us"] > 0
+    assert all(check["ok"] for check in probe["checks"].values())
+    correctness = json.loads(files["correctness.json"])
+    assert correctness["schedules"] >= 300 and correctness["verdict"] == "pass"
+    assert correctness["simulated"] and not correctness["verified"]
+    assert set(correctness["by_variant"]) == {"gemm_kn", "gemm_nk", "bmm", "conv2d", "conv3d"}
+    assert len(correctness["by_stages"]) == 12
+    assert all(correctness["tails"][axis] > 0 for axis in "mnk")
+    profile = json.loads(files["profile.json"])
+    assert profile["simulated"] and profile["gpu"] == "h100" and profile["overrides"]
+    baselines = json.loads(files["baselines.json"])
+    assert baselines["simulated"] and set(baselines["operators"]) == set(OPERATORS)
+    assert all(b["tflops"] > 0 and b["simulated"] for b in baselines["operators"].values())
+    summary = json.loads(files["campaign.json"])
+    assert summary["state"] == "complete" and summary["simulated"]
+    assert set(summary["phases"].values()) == {"done"}
+    assert summary["calls"][0]["timing_floor_us"] == probe["timing_floor_us"]
+    for op in OPERATORS:
+        dataset = read_t4(folder / "sweeps" / f"{op}.t4.json.gz")
+        info = check_pipetune(dataset)
+        assert info.runner == "simulated" and info.device_name.startswith("simulated")
+        settings = info.metadata["settings"]
+        assert settings["simulated"] and settings["timing_floor_us"] == probe["timing_floor_us"]
+        assert (settings["min_repeats"], settings["repeats"], settings["warmup"]) == (5, 10, 1)
+        assert all(r.valid for r in dataset.records)
+        assert len(dataset) == {"MM_RN50_FC": 2032, "BMM_GPT2_QK": 686}[op]

@@ -1,0 +1,265 @@
+"""`make gpu-kit`: the wheels a GPU machine needs to run `pipetune campaign`, and the
+command to run there.
+
+The GPU machine (the device tool's KINDS.md) has Python 3.12, CuPy for CUDA 13, PyTorch,
+numpy, scipy, rich, httpx and many more (``GPU_MACHINE_PACKAGES``), no network, and none of
+``KIT_PACKAGES`` (or not in a version pipetune was tested with). The kit, in a git-ignored
+``.gpu-kit/``, holds pipetune's own wheel and the manylinux x86_64 wheels of those packages
+for the machine's Python, downloaded the way the device README says (``pip download
+--no-deps --only-binary=:all: --python-version 3.12 ...``) in the versions installed here.
+It travels with a device call (``carry: [".gpu-kit"]``), and the device command installs it
+into a folder on PYTHONPATH before it runs the campaign (:func:`device_command`).
+
+    python -m pipetune.workers.campaign.kit [--out .gpu-kit] [--python-version 3.12]
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import importlib.metadata
+import json
+import re
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+KIT_DIR = ".gpu-kit"
+SITE_DIR = ".gpu-site"  # where the device command installs the kit (under the working tree)
+GPU_PYTHON = "3.12"
+KIT_LIMIT_BYTES = 40 * 2**20
+PLATFORMS = (
+    "manylinux_2_28_x86_64",
+    "manylinux_2_27_x86_64",
+    "manylinux_2_17_x86_64",
+    "manylinux2014_x86_64",
+    "manylinux1_x86_64",
+)
+
+# What the campaign needs that the GPU machine lacks, and why each is carried.
+KIT_PACKAGES: dict[str, str] = {
+    "pydantic": "the core types (workloads, trial results); not on the machine",
+    "pydantic-core": "pydantic's compiled core, the machine's cp312 build; not on the machine",
+    "annotated-types": "a pydantic dependency; not on the machine",
+    "typing-inspection": "a pydantic dependency; not on the machine",
+    "typing-extensions": "pydantic needs a recent one; the machine's version is not recorded",
+    "platformdirs": "where compiled kernels are cached; not on the machine",
+    "tenacity": "imported by the CLI's worker commands; not on the machine",
+    "typer": "the CLI, in the version it is tested with (recent typer vendors click and needs "
+    "pydantic; the machine's version is not recorded)",
+}
+
+# The device tool's KINDS.md, "Python packages already there" (nvidia-h100-x1, nvidia-h200;
+# read on 2026-11-17). The CI rehearsal links the ones installed here into a fresh virtual
+# environment, beside the kit's wheels: the closest this machine gets to the GPU machine.
+GPU_MACHINE_PACKAGES: frozenset[str] = frozenset(
+    """
+    absl-py accelerate aiofiles aiohappyeyeballs aiohttp aiosignal annotated-doc anyio attrs
+    botorch build certifi charset-normalizer chex click cloudpickle cmake colorama contourpy
+    coverage cuda-bindings cuda-core cuda-pathfinder cuda-toolkit cupy-cuda13x cycler cython
+    diffrax e3nn einops equinox etils execnet filelock flatbuffers flax fonttools formulaic
+    frozenlist fsspec gpytorch grpcio h11 h5py hf-xet httpcore httpx humanize hypothesis idna
+    imageio interface-meta jax jax-cuda13-pjrt jax-cuda13-plugin jaxlib jaxtyping jinja2 joblib
+    kiwisolver lazy-loader lightning lightning-utilities linear-operator lineax llvmlite lxml
+    markdown markdown-it-py markupsafe matplotlib mdurl meson ml-dtypes mpi4py mpmath msgpack
+    multidict multipledispatch mypy-extensions nanobind narwhals networkx ninja numba numba-cuda
+    numpy numpyro nvidia-cublas nvidia-cuda-cupti nvidia-cuda-nvrtc nvidia-cuda-runtime
+    nvidia-cudnn-cu13 nvidia-cufft nvidia-cufile nvidia-curand nvidia-cusolver nvidia-cusparse
+    nvidia-cusparselt-cu13 nvidia-ml-py nvidia-nccl-cu13 nvidia-nvjitlink nvidia-nvshmem-cu13
+    nvidia-nvtx onnx onnx-ir onnxruntime onnxscript opencv-python-headless optax opt-einsum
+    opt-einsum-fx optimistix orbax-checkpoint packaging pandas pathspec patsy peft pillow pip
+    pluggy portalocker prometheus-client propcache protobuf psutil pyarrow pybind11 py-cpuinfo
+    pygments pyparsing pyproject-hooks pyre-extensions pytest pytest-benchmark pytest-cov
+    pytest-mock pytest-timeout pytest-xdist python-dateutil pytorch-lightning pyyaml regex
+    requests rich sacrebleu safetensors scikit-build-core scikit-image scikit-learn scipy
+    seaborn sentencepiece sentence-transformers setuptools shellingham simplejson six
+    sortedcontainers statsmodels sympy tabulate tensorboard tensorboard-data-server tensorstore
+    threadpoolctl tifffile tiktoken timm tokenizers toolz torch torchaudio torchdiffeq
+    torch-geometric torchmetrics torchvision tqdm transformers treescope triton typer
+    typing-extensions typing-inspect urllib3 uvloop wadler-lindig werkzeug wheel wrapt xarray
+    xxhash yarl zipp
+    """.split()  # noqa: SIM905 (a copy of the page's list)
+)
+
+
+class KitError(RuntimeError):
+    """The kit could not be built (no checkout, pip failed, too large)."""
+
+
+def normalise(name: str) -> str:
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
+def repo_root() -> Path:
+    root = Path(__file__).resolve().parents[2]
+    if not (root / "pyproject.toml").is_file():
+        raise KitError("the kit is built from a pipetune checkout (no pyproject.toml found)")
+    return root
+
+
+def pins() -> list[str]:
+    """``name==version`` of every kit package, as installed in this environment."""
+    found = []
+    for name in KIT_PACKAGES:
+        try:
+            found.append(f"{name}=={importlib.metadata.version(name)}")
+        except importlib.metadata.PackageNotFoundError:
+            raise KitError(f"{name} is not installed here; install the project first") from None
+    return found
+
+
+# --- the commands ---------------------------------------------------------------------
+
+
+def install_line(python: str = "python3") -> str:
+    """Install the kit into SITE_DIR and put it first on PYTHONPATH (or stop the command)."""
+    return (
+        f"{python} -m pip install -q --no-index --no-deps --no-compile --no-cache-dir "
+        f"--upgrade --target {SITE_DIR} {KIT_DIR}/*.whl && export PYTHONPATH=$PWD/{SITE_DIR} "
+        "|| exit"
+    )
+
+
+def archive_name(call: int) -> str:
+    return f"campaign-{call}.tar.gz"
+
+
+def campaign_line(call: int, runner: str = "cupy") -> str:
+    """Call ``call`` of a campaign: its own out-dir, the previous call's archive as --have
+    (copied into the kit folder, so one carried folder holds both), its archive into $OUT."""
+    have = f" --have {KIT_DIR}/{archive_name(call - 1)}" if call > 1 else ""
+    return (
+        f"python3 -m pipetune.clients.cli campaign --runner {runner} --out-dir .campaign-{call}"
+        f"{have} --pack $OUT/{archive_name(call)}"
+    )
+
+
+def device_command(call: int = 1, runner: str = "cupy") -> str:
+    """The whole ``command`` of the device tool's run for one call (one line). It starts by
+    removing the call's own out-dir, so a call repeated on a machine still warm from the
+    first try starts clean (what that try finished is in its archive, not there)."""
+    return (
+        f"set -o pipefail; rm -rf .campaign-{call}; {install_line()}; "
+        f"PYTHONUNBUFFERED=1 {campaign_line(call, runner)} 2>&1 | tee $OUT/campaign-{call}.log"
+    )
+
+
+# --- building -------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Kit:
+    folder: Path
+    python_version: str
+    wheels: tuple[Path, ...]
+
+    @property
+    def bytes(self) -> int:
+        return sum(w.stat().st_size for w in self.wheels)
+
+
+def _run(command: list[str], what: str) -> None:
+    result = subprocess.run(command, capture_output=True, text=True, check=False)
+    if result.returncode != 0:
+        tail = (result.stderr or result.stdout).strip().splitlines()[-5:]
+        raise KitError(f"{what} failed: {' / '.join(tail)}")
+
+
+def build_kit(out: Path, python_version: str = GPU_PYTHON, *, python: str = sys.executable) -> Kit:
+    """Fill ``out`` with pipetune's wheel and the kit packages' wheels for
+    ``python_version`` (manylinux x86_64); other files there (an archive) are kept."""
+    root = repo_root()
+    out.mkdir(parents=True, exist_ok=True)
+    for old in out.glob("*.whl"):
+        old.unlink()
+    _run(
+        [
+            python,
+            "-m",
+            "pip",
+            "wheel",
+            "--quiet",
+            "--no-deps",
+            "--no-build-isolation",
+            "--wheel-dir",
+            str(out),
+            str(root),
+        ],
+        "building pipetune's wheel",
+    )
+    platforms = [arg for p in PLATFORMS for arg in ("--platform", p)]
+    _run(
+        [
+            python,
+            "-m",
+            "pip",
+            "download",
+            "--quiet",
+            "--no-deps",
+            "--only-binary=:all:",
+            "--python-version",
+            python_version,
+            "--implementation",
+            "cp",
+            *platforms,
+            "--dest",
+            str(out),
+            *pins(),
+        ],
+        f"downloading the wheels for Python {python_version}",
+    )
+    wheels = tuple(sorted(out.glob("*.whl")))
+    kit = Kit(out, python_version, wheels)
+    names = {normalise(w.name.split("-")[0]) for w in wheels}
+    missing = {normalise(n) for n in KIT_PACKAGES} - names
+    if "pipetune" not in names or missing:
+        raise KitError(f"the kit lacks {sorted(missing | ({'pipetune'} - names))}")
+    if kit.bytes > KIT_LIMIT_BYTES:
+        raise KitError(f"the kit is {kit.bytes / 2**20:.1f} MiB, over {KIT_LIMIT_BYTES >> 20} MiB")
+    manifest = {
+        "python_version": python_version,
+        "wheels": [
+            {
+                "file": w.name,
+                "bytes": w.stat().st_size,
+                "sha256": hashlib.sha256(w.read_bytes()).hexdigest(),
+            }
+            for w in wheels
+        ],
+        "why": KIT_PACKAGES,
+    }
+    (out / "KIT.json").write_text(json.dumps(manifest, indent=2) + "\n")
+    return kit
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description="Build the GPU kit (make gpu-kit).")
+    parser.add_argument("--out", type=Path, default=Path(KIT_DIR))
+    parser.add_argument("--python-version", default=GPU_PYTHON)
+    args = parser.parse_args(argv)
+    try:
+        kit = build_kit(args.out, args.python_version)
+    except KitError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    for wheel in kit.wheels:
+        print(f"  {wheel.name} ({wheel.stat().st_size / 1024:.0f} KiB)")
+    print(f"{kit.folder}/: {len(kit.wheels)} wheels, {kit.bytes / 2**20:.1f} MiB "
+          f"(limit {KIT_LIMIT_BYTES >> 20} MiB), Python {kit.python_version}")  # fmt: skip
+    print("\nThe device tool's run, first call (README, GPU work, for the next calls):")
+    print(
+        json.dumps(
+            {
+                "kind": "nvidia-h100-x1",
+                "timeout_s": 600,
+                "carry": [KIT_DIR],
+                "command": device_command(1),
+            }
+        )
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,154 @@
+"""A campaign's files: one per phase, a folder of sweeps, and the archive that carries them.
+
+::
+
+    probe.json          the device, the library checks, the timing floor
+    correctness.json    >= 300 schedules verified against cuBLAS / cuDNN
+    profile.json        `pipetune calibrate`'s hardware profile
+    baselines.json      the vendor libraries' time per benchmark operator
+    sweeps/<operator>.t4.json.gz            an operator's whole space
+    sweeps/<operator>.part003.t4.json.gz    a checkpoint: one part of an unfinished operator
+    campaign.json       what ran in each call, how long each phase took, what is left
+
+A later call given the folder or the archive (``--have``) skips what it holds. Every file is
+written atomically (a temporary file renamed into place), so a call killed at any moment
+leaves whole files; the archive is rewritten after every phase and every sweep part.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import re
+import shutil
+import tarfile
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from pipetune.workers.datasets.files import write_atomic
+
+PHASES: tuple[str, ...] = ("probe", "correctness", "profile", "baselines", "sweeps")
+PHASE_FILES: dict[str, str] = {
+    "probe": "probe.json",
+    "correctness": "correctness.json",
+    "profile": "profile.json",
+    "baselines": "baselines.json",
+}
+SUMMARY_FILE = "campaign.json"
+SWEEPS_DIR = "sweeps"
+PACK_LIMIT_BYTES = 16 * 2**20  # the most one file may bring back from a device call
+_PART = re.compile(r"^(?P<op>[A-Za-z0-9_]+)\.part(?P<k>\d{3})\.t4\.json\.gz$")
+_MEMBER = re.compile(
+    r"^(probe|correctness|profile|baselines|campaign)\.json$"
+    r"|^sweeps/[A-Za-z0-9_]+(\.part\d{3})?\.t4\.json\.gz$"
+)
+
+
+class LayoutError(ValueError):
+    """A --have folder or archive that is not a campaign's."""
+
+
+def sweep_path(folder: Path, operator: str) -> Path:
+    return folder / SWEEPS_DIR / f"{operator}.t4.json.gz"
+
+
+def part_path(folder: Path, operator: str, part: int) -> Path:
+    return folder / SWEEPS_DIR / f"{operator}.part{part:03d}.t4.json.gz"
+
+
+def parts_present(folder: Path, operator: str) -> dict[int, Path]:
+    found = {}
+    for path in (folder / SWEEPS_DIR).glob(f"{operator}.part*.t4.json.gz"):
+        match = _PART.match(path.name)
+        if match and match["op"] == operator:
+            found[int(match["k"])] = path
+    return dict(sorted(found.items()))
+
+
+def read_json(path: Path) -> dict[str, Any] | None:
+    """The JSON object at path, or None when there is none (a broken file is an error)."""
+    try:
+        text = path.read_text()
+    except FileNotFoundError:
+        return None
+    try:
+        document = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise LayoutError(f"{path}: not valid JSON ({exc.msg})") from None
+    if not isinstance(document, dict):
+        raise LayoutError(f"{path}: not a JSON object")
+    return document
+
+
+def write_json(path: Path, document: dict[str, Any]) -> Path:
+    return write_atomic(path, json.dumps(document, indent=2, allow_nan=False) + "\n")
+
+
+def members(folder: Path) -> list[str]:
+    """The campaign files under folder, as archive member names, in a stable order."""
+    names = []
+    for path in sorted(folder.rglob("*")):
+        name = path.relative_to(folder).as_posix()
+        if path.is_file() and _MEMBER.match(name):
+            names.append(name)
+    return names
+
+
+def pack(folder: Path, archive: Path) -> int:
+    """Write every campaign file of folder into one .tar.gz (or .tar) archive, atomically;
+    its size in bytes."""
+    archive.parent.mkdir(parents=True, exist_ok=True)
+    gz = archive.name.endswith((".tar.gz", ".tgz"))
+    # Level 1: the sweeps inside are gzip files already; the archive is rewritten often.
+    options: dict[str, Any] = {"compresslevel": 1} if gz else {}
+    fd, tmp = tempfile.mkstemp(dir=archive.parent, prefix=f".{archive.name}.", suffix=".tmp")
+    os.close(fd)
+    try:
+        with tarfile.open(tmp, "w:gz" if gz else "w", **options) as tar:
+            for name in members(folder):
+                tar.add(folder / name, arcname=name, recursive=False)
+        os.chmod(tmp, 0o644)
+        os.replace(tmp, archive)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+    return archive.stat().st_size
+
+
+def extract(archive: Path, into: Path) -> Path:
+    """Unpack a campaign archive (only its campaign files; nothing outside ``into``)."""
+    try:
+        with tarfile.open(archive, "r:*") as tar:
+            wanted = [m for m in tar.getmembers() if m.isfile() and _MEMBER.match(m.name)]
+            if not wanted:
+                raise LayoutError(f"{archive}: no campaign file in the archive")
+            into.mkdir(parents=True, exist_ok=True)
+            tar.extractall(into, members=wanted, filter="data")
+    except (tarfile.TarError, OSError, EOFError) as exc:
+        raise LayoutError(f"{archive}: not a readable campaign archive ({exc})") from None
+    return into
+
+
+def open_have(have: Path, scratch: Path) -> Path:
+    """The folder a --have names, unpacking an archive into scratch first."""
+    if have.is_dir():
+        return have
+    if have.is_file():
+        return extract(have, scratch)
+    raise LayoutError(f"--have {have}: no such folder or archive")
+
+
+def adopt(have: Path, out: Path) -> list[str]:
+    """Copy the campaign files of ``have`` into ``out`` (the archive of this call then holds
+    everything so far); the names copied."""
+    names = members(have)
+    if have.resolve() == out.resolve():
+        return names
+    for name in names:
+        target = out / name
+        target.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(have / name, target)
+    return names

@@ -1,0 +1,71 @@
+"""Keep the campaign's archive current without stopping the GPU: a background thread rewrites
+the archive whenever the campaign asks (after every phase and every sweep part), and the
+measuring thread goes on meanwhile. A request that arrives while a pack is being written
+makes the thread pack once more after it, so the last archive always holds the last
+checkpoint; :meth:`Packer.flush` waits for that.
+"""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+
+from pipetune.workers.campaign import layout
+
+
+class Packer:
+    def __init__(self, folder: Path, archive: Path | None):
+        self.folder, self.archive = folder, archive
+        self.size: int | None = None
+        self.error: str | None = None
+        self._dirty = False
+        self._busy = False
+        self._closed = False
+        self._cond = threading.Condition()
+        self._thread = threading.Thread(target=self._loop, name="pipetune-pack", daemon=True)
+        if archive is not None:
+            self._thread.start()
+
+    def request(self) -> None:
+        if self.archive is None:
+            return
+        with self._cond:
+            self._dirty = True
+            self._cond.notify_all()
+
+    def flush(self) -> None:
+        """Wait until the archive holds everything written before this call."""
+        if self.archive is None:
+            return
+        self.request()
+        with self._cond:
+            self._cond.wait_for(lambda: not self._dirty and not self._busy)
+
+    def close(self) -> None:
+        self.flush()
+        with self._cond:
+            self._closed = True
+            self._cond.notify_all()
+        if self._thread.is_alive():
+            self._thread.join()
+
+    def _loop(self) -> None:
+        assert self.archive is not None
+        while True:
+            with self._cond:
+                self._cond.wait_for(lambda: self._dirty or self._closed)
+                if self._closed and not self._dirty:
+                    return
+                self._dirty, self._busy = False, True
+            try:
+                self.size = layout.pack(self.folder, self.archive)
+                self.error = None
+            except FileNotFoundError:
+                with self._cond:  # a part was merged away while packing: pack again
+                    self._dirty = True
+            except OSError as exc:
+                self.error = f"could not write {self.archive}: {exc}"
+            finally:
+                with self._cond:
+                    self._busy = False
+                    self._cond.notify_all()

@@ -1,0 +1,602 @@
+"""`pipetune campaign`: the one command a lent GPU runs, phase after phase, each its own file.
+
+1. probe: the device, cuBLAS and an fp16 cast checked first (then cuDNN), the timing floor;
+2. correctness: >= 300 schedules verified (workers.campaign.correctness); > 1% failed stops;
+3. profile: `pipetune calibrate`'s hardware profile;
+4. baselines: the vendor libraries' time per operator;
+5. sweeps: every schedule of every operator, in parts, until the deadline;
+6. campaign.json: what each call did and how long it took, what is left; the archive.
+
+A phase whose file the ``--have`` folder or archive holds is skipped (the probe's checks
+still run: every call is a new machine). The probe's GPU must match ``--gpu`` and the
+``--have`` campaign's; a simulated campaign never mixes with a measured one.
+
+Outcome: exit 0 when complete or paused cleanly at the deadline (campaign.json says what is
+left), 1 when a check fails, correctness stops the campaign or something breaks, 2 for a
+usage mistake. The summary and the archive are written whatever happens.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import importlib.metadata
+import importlib.util
+import os
+import platform
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+from pipetune.model.hardware import GPUSpec, HardwareError, get_gpu, gpu_keys, resolve_gpu_key
+from pipetune.model.trials import RunnerKind
+from pipetune.workers.campaign import layout
+from pipetune.workers.campaign.deadline import Deadline
+from pipetune.workers.campaign.operators import resolve_operators
+from pipetune.workers.campaign.packer import Packer
+from pipetune.workers.campaign.plan import CAMPAIGN_SETTINGS, GpuSideCosts
+from pipetune.workers.runners.base import RunnerError
+from pipetune.workers.runners.isolation import IsolatedWorker, WorkerStartError
+from pipetune.workers.runners.kernel_runner import KernelRunner
+
+RUNNERS: tuple[str, ...] = (RunnerKind.CUPY.value, RunnerKind.SIMULATED.value)
+FORMAT = 1
+REQUIRED_CHECKS = ("matmul_fp32", "matmul_fp16", "fp16_cast")  # cuBLAS and a cast: first
+DEFAULT_MINUTES = 8.0
+
+
+class CampaignUsageError(ValueError):
+    """The command line is wrong (exit 2)."""
+
+
+class CampaignError(RuntimeError):
+    """A check failed or the device broke (exit 1)."""
+
+
+@dataclass(frozen=True)
+class CampaignOptions:
+    out_dir: Path
+    gpu: str | None = None
+    minutes: float = DEFAULT_MINUTES
+    have: Path | None = None
+    operators: str = "alcop"
+    runner: str = "cupy"
+    pack: Path | None = None
+    device: int = 0
+    command: tuple[str, ...] = ()
+
+
+@dataclass
+class CampaignOutcome:
+    exit_code: int
+    state: str  # complete | paused | stopped | failed
+    message: str
+    summary: dict[str, Any] = field(default_factory=dict)
+    pack_bytes: int | None = None
+
+
+def _now() -> str:
+    return dt.datetime.now(dt.UTC).isoformat(timespec="seconds")
+
+
+def check_options(options: CampaignOptions) -> None:
+    """Everything that can be refused before any machine work (CampaignUsageError)."""
+    if options.runner not in RUNNERS:
+        raise CampaignUsageError(f"--runner: one of {', '.join(RUNNERS)}, got {options.runner!r}")
+    if not options.minutes > 0:
+        raise CampaignUsageError(f"--minutes: must be positive, got {options.minutes:g}")
+    if options.gpu is not None:
+        try:
+            resolve_gpu_key(options.gpu)
+        except HardwareError as exc:
+            raise CampaignUsageError(f"--gpu: {exc}") from None
+    try:
+        resolve_operators(options.operators)
+    except ValueError as exc:
+        raise CampaignUsageError(f"--operators: {exc}") from None
+    if options.pack is not None and not options.pack.name.endswith((".tar.gz", ".tgz", ".tar")):
+        raise CampaignUsageError(f"--pack: a .tar.gz or .tar file name, got {options.pack}")
+    out = options.out_dir
+    if out.exists() and not out.is_dir():
+        raise CampaignUsageError(f"--out-dir {out}: exists and is not a folder")
+    same = options.have is not None and options.have.is_dir() and _same(options.have, out)
+    if out.is_dir() and any(out.iterdir()) and not same:
+        raise CampaignUsageError(
+            f"--out-dir {out}: not empty; give a new folder (and --have with the earlier "
+            "campaign's folder or archive to continue it)"
+        )
+    if options.have is not None and not options.have.exists():
+        raise CampaignUsageError(f"--have {options.have}: no such folder or archive")
+
+
+def _same(a: Path, b: Path) -> bool:
+    try:
+        return a.resolve() == b.resolve()
+    except OSError:
+        return False
+
+
+def resolve_device_gpu(device_name: str, asked: str | None, simulated: bool) -> str:
+    """The model key of the GPU measured on (CampaignUsageError on a mismatch)."""
+    if simulated:
+        return resolve_gpu_key(asked) if asked else "h100"
+    try:
+        detected: str | None = resolve_gpu_key(device_name)
+    except HardwareError:
+        detected = None
+    if asked is not None:
+        key = resolve_gpu_key(asked)
+        if detected is not None and detected != key:
+            raise CampaignUsageError(
+                f"--gpu {asked} was given, but the device is {device_name} ({detected}); "
+                f"run with --gpu {detected}, or without --gpu to take the device's"
+            )
+        return key
+    if detected is None:
+        raise CampaignUsageError(
+            f"the device is {device_name!r}, which the model has no spec for; name the "
+            f"closest with --gpu ({', '.join(gpu_keys())})"
+        )
+    return detected
+
+
+class LibraryChild:
+    """The child process that describes the device, checks the libraries and times the
+    vendor baselines (workers.campaign.cuda_side, or its simulated twin)."""
+
+    def __init__(self, runner: str, device: int, stand_in: str | None):
+        from pipetune.workers.campaign import cuda_side, sim_side
+
+        self.side: ModuleType = sim_side if runner == "simulated" else cuda_side
+        if runner == "cupy" and importlib.util.find_spec("cupy") is None:
+            raise CampaignError(
+                "the cupy runner needs CuPy and an NVIDIA GPU; CuPy is not installed"
+            )
+        self.worker = IsolatedWorker(
+            self.side.init, (device, stand_in), start_timeout_s=180, name="pipetune-campaign"
+        )
+        try:
+            self.worker.start()
+        except WorkerStartError as exc:
+            self.worker.close()
+            raise CampaignError(f"no usable CUDA GPU: {exc}") from None
+
+    def call(self, fn: Callable[..., Any], *args: Any, timeout_s: float = 300) -> Any:
+        outcome = self.worker.call(fn, *args, timeout_s=timeout_s)
+        if not outcome.ok:
+            raise CampaignError(f"{fn.__name__} failed: {outcome.kind}: {outcome.error}")
+        return outcome.value
+
+    def close(self) -> None:
+        self.worker.close()
+
+
+def open_runner(options: CampaignOptions, gpu: GPUSpec) -> KernelRunner:
+    workers = max(1, (os.cpu_count() or 2) - 2)  # leave cores to the GPU process and us
+    if options.runner == "simulated":
+        from pipetune.workers.runners.sim_runner import SimulatedLaunchRunner
+
+        return SimulatedLaunchRunner(gpu, settings=CAMPAIGN_SETTINGS, compile_workers=workers)
+    from pipetune.workers.runners.cupy_runner import CupyRunner
+
+    return CupyRunner(
+        gpu,
+        device=options.device,
+        settings=CAMPAIGN_SETTINGS,
+        trial_timeout_s=15.0,
+        compile_workers=workers,
+    )
+
+
+class Campaign:
+    """One call's run over an out-dir (see the module doc)."""
+
+    def __init__(self, options: CampaignOptions, log: Callable[[str], None]):
+        self.options = options
+        self.out = options.out_dir
+        self.simulated = options.runner == "simulated"
+        self.operators = resolve_operators(options.operators)
+        self.costs = GpuSideCosts()
+        self.deadline = Deadline(options.minutes, self.costs.reserve)
+        self._log = log
+        self.packer = Packer(self.out, options.pack)
+        self.previous: dict[str, Any] = {}
+        self.gpu_key: str | None = None
+        self.device_name: str | None = None
+        self.sweeps: dict[str, Any] | None = None
+        self.state, self.reason = "running", None
+        self.call: dict[str, Any] = {
+            "started": _now(),
+            "minutes": options.minutes,
+            "command": list(options.command),
+            "host": platform.node(),
+            "python": platform.python_version(),
+            "phases": [],
+        }
+
+    def log(self, line: str) -> None:
+        self._log(f"[{self.deadline.elapsed():6.1f} s] {line}")
+
+    # --- files -----------------------------------------------------------------------
+
+    def path(self, phase: str) -> Path:
+        return self.out / layout.PHASE_FILES[phase]
+
+    def read(self, phase: str) -> dict[str, Any] | None:
+        return layout.read_json(self.path(phase))
+
+    def phase_record(self, phase: str, status: str, started: float, **extra: Any) -> None:
+        seconds = round(time.perf_counter() - started, 3)
+        self.call["phases"].append({"phase": phase, "status": status, "seconds": seconds, **extra})
+        self.log(f"{phase}: {status} ({seconds:.1f} s)")
+
+    def overall(self) -> dict[str, str]:
+        status = {}
+        for phase in ("probe", "correctness", "profile"):
+            doc = self.read(phase) if self.path(phase).exists() else None
+            status[phase] = "done" if doc is not None else "missing"
+        if status["probe"] == "done" and (self.read("probe") or {}).get("verdict") != "pass":
+            status["probe"] = "failed"
+        baselines = self.read("baselines") or {}
+        got = set(baselines.get("operators", {}))
+        status["baselines"] = (
+            "done" if got >= set(self.operators) else "partial" if got else "missing"
+        )
+        done = [op for op in self.operators if layout.sweep_path(self.out, op).exists()]
+        started = [op for op in self.operators if layout.parts_present(self.out, op)]
+        status["sweeps"] = (
+            "done"
+            if len(done) == len(self.operators)
+            else "partial"
+            if done or started
+            else "missing"
+        )
+        return status
+
+    def summary(self) -> dict[str, Any]:
+        phases = self.overall()
+        sweeps = {
+            "done": [op for op in self.operators if layout.sweep_path(self.out, op).exists()],
+            "partial": (self.sweeps or {}).get("partial", {}),
+            "left": [
+                op
+                for op in self.operators
+                if not layout.sweep_path(self.out, op).exists()
+                and not layout.parts_present(self.out, op)
+            ],
+        }
+        return {
+            "format": FORMAT,
+            "runner": self.options.runner,
+            "simulated": self.simulated,
+            "gpu": self.gpu_key,
+            "device_name": self.device_name,
+            "operators": list(self.operators),
+            "settings": CAMPAIGN_SETTINGS.as_dict(),
+            "state": self.state,
+            "reason": self.reason,
+            "phases": phases,
+            "sweeps": sweeps,
+            "calls": [*self.previous.get("calls", []), self.call],
+            "files": layout.members(self.out),
+            **(
+                {"note": "SIMULATED: no GPU ran; every number is the analytical model's"}
+                if self.simulated
+                else {}
+            ),
+        }
+
+    def checkpoint(self, wait: bool = False) -> None:
+        """Write the summary and refresh the archive (``wait``: until the archive holds it,
+        so that a call killed during the next sweep part loses only that part)."""
+        self.call["seconds"] = round(self.deadline.elapsed(), 3)
+        layout.write_json(self.out / layout.SUMMARY_FILE, self.summary())
+        if wait:
+            self.packer.flush()
+        else:
+            self.packer.request()
+
+    # --- the run ------------------------------------------------------------------------
+
+    def adopt_have(self, scratch: Path) -> None:
+        if self.options.have is None:
+            return
+        try:
+            have = layout.open_have(self.options.have, scratch / "have")
+            names = layout.adopt(have, self.out)
+            self.previous = layout.read_json(have / layout.SUMMARY_FILE) or {}
+        except layout.LayoutError as exc:
+            raise CampaignUsageError(f"--have: {exc}") from None
+        probe = self.read("probe")
+        if probe is not None and probe.get("runner") != self.options.runner:
+            raise CampaignUsageError(
+                f"--have holds a {probe.get('runner')} campaign; a {self.options.runner} "
+                "campaign cannot continue it (simulated and measured data never mix)"
+            )
+        self.log(f"--have: {len(names)} files from {self.options.have}")
+
+    def run(self, scratch: Path) -> None:
+        self.out.mkdir(parents=True, exist_ok=True)
+        self.adopt_have(scratch)
+        started = time.perf_counter()
+        stand_in = self.options.gpu if self.simulated else None
+        library = LibraryChild(self.options.runner, self.options.device, stand_in)
+        try:
+            device = library.call(library.side.describe)
+            self.device_name = device["name"]
+            self.gpu_key = resolve_device_gpu(device["name"], self.options.gpu, self.simulated)
+            probe_had = self.read("probe")
+            if probe_had is not None and probe_had.get("gpu") != self.gpu_key:
+                raise CampaignUsageError(
+                    f"--have was measured on {probe_had.get('gpu')} "
+                    f"({probe_had.get('device', {}).get('name')}), this device is "
+                    f"{self.gpu_key} ({self.device_name}): a campaign stays on one GPU model"
+                )
+            checks = library.call(library.side.library_checks, timeout_s=300)
+            failed = [name for name in REQUIRED_CHECKS if not checks.get(name, {}).get("ok")]
+            gpu = get_gpu(self.gpu_key)
+            self.log(f"probe: {self.device_name} ({self.gpu_key}); checks {checks_line(checks)}")
+            if failed:
+                self.write_probe(device, checks, None, "fail")
+                self.phase_record("probe", "failed", started, failed=failed)
+                first = checks.get(failed[0], {})
+                raise CampaignError(
+                    f"probe: {', '.join(failed)} failed ({first.get('error') or first}); "
+                    "nothing else can be trusted on this machine"
+                )
+            runner = open_runner(self.options, gpu)
+            try:
+                floor = runner.measure_floor()
+                self.call.update(device_name=self.device_name, timing_floor_us=floor, checks=checks)
+                if probe_had is None or probe_had.get("verdict") != "pass":
+                    self.write_probe(device, checks, floor, "pass", runner=runner, gpu=gpu)
+                    self.phase_record("probe", "done", started, file="probe.json")
+                else:
+                    self.phase_record("probe", "skipped (--have)", started, timing_floor_us=floor)
+                self.checkpoint()
+                self.after_probe(runner, library, gpu)
+            finally:
+                runner.close()
+        finally:
+            library.close()
+
+    def write_probe(
+        self,
+        device: dict[str, Any],
+        checks: dict[str, Any],
+        floor: float | None,
+        verdict: str,
+        runner: KernelRunner | None = None,
+        gpu: GPUSpec | None = None,
+    ) -> None:
+        spec = gpu or get_gpu(self.gpu_key or "h100")
+        differs = {
+            field: {"device": device.get(field), "spec": getattr(spec, spec_field)}
+            for field, spec_field in (("sm_count", "sm_count"), ("l2_bytes", "l2_bytes"))
+            if device.get(field) is not None and device.get(field) != getattr(spec, spec_field)
+        }
+        layout.write_json(
+            self.path("probe"),
+            {
+                "runner": self.options.runner,
+                "simulated": self.simulated,
+                "gpu": self.gpu_key,
+                "verdict": verdict,
+                "date": _now(),
+                "device": device,
+                "checks": checks,
+                "timing_floor_us": floor,
+                "timing_floor": "an empty kernel (1 block, 32 threads) timed as every trial is: "
+                "flush, event, launch, event; median of the repeats",
+                "settings": CAMPAIGN_SETTINGS.as_dict(),
+                "runner_device": None if runner is None else runner.device,
+                "compiler": compiler_versions(),
+                "spec_differs": differs,
+                **({"note": "SIMULATED: no GPU was probed"} if self.simulated else {}),
+            },
+        )
+
+    def after_probe(self, runner: KernelRunner, library: LibraryChild, gpu: GPUSpec) -> None:
+        # correctness
+        from pipetune.workers.campaign.correctness import run_correctness
+
+        correctness = self.read("correctness")
+        started = time.perf_counter()
+        if correctness is None:
+            if not self.deadline.allows(self.costs.correctness):
+                return self.pause("deadline before the correctness phase")
+            correctness = run_correctness(runner, gpu)
+            layout.write_json(self.path("correctness"), correctness)
+            self.phase_record(
+                "correctness",
+                correctness["verdict"],
+                started,
+                file="correctness.json",
+                schedules=correctness["schedules"],
+                failed=correctness["failed"],
+            )
+            self.checkpoint()
+        else:
+            self.phase_record("correctness", "skipped (--have)", started)
+        if correctness["verdict"] == "stop":
+            self.state = "stopped"
+            self.reason = (
+                f"correctness: {correctness['failed']} of {correctness['schedules']} schedules "
+                f"failed (more than {correctness['limit']:.0%}); the campaign stops here, see "
+                "correctness.json"
+            )
+            raise CampaignError(self.reason)
+
+        # profile
+        from pipetune.workers.calibrate import CalibrationError
+        from pipetune.workers.campaign.profile_phase import run_profile
+
+        started = time.perf_counter()
+        if self.read("profile") is None:
+            if not self.deadline.allows(self.costs.profile):
+                return self.pause("deadline before the profile phase")
+            try:
+                profile = run_profile(gpu.key, simulated=self.simulated, device=self.options.device)
+                layout.write_json(self.path("profile"), profile)
+                self.phase_record("profile", "done", started, file="profile.json")
+            except CalibrationError as exc:  # the sweeps do not need it: record and go on
+                self.phase_record("profile", "failed", started, error=str(exc))
+            self.checkpoint()
+        else:
+            self.phase_record("profile", "skipped (--have)", started)
+
+        # baselines
+        from pipetune.workers.campaign.baselines import run_baselines
+
+        started = time.perf_counter()
+        document = self.read("baselines") or {
+            "runner": self.options.runner,
+            "simulated": self.simulated,
+            "gpu": gpu.key,
+            "device_name": self.device_name,
+            "settings": CAMPAIGN_SETTINGS.as_dict(),
+            "timing": "as the kernel runner times kernels (workers.runners.timing): a flush of "
+            ">= 2x L2 before each timed launch, an event pair around it, median of the repeats",
+            "timing_floor_us": self.call.get("timing_floor_us"),
+            "operators": {},
+        }
+        before = len(document["operators"])
+        if before < len(self.operators):
+
+            def save(doc: dict[str, Any]) -> None:
+                layout.write_json(self.path("baselines"), doc)
+                self.checkpoint()
+
+            complete = run_baselines(
+                library.worker,
+                library.side,
+                self.operators,
+                document,
+                self.deadline,
+                save,
+                self.costs,
+                self.log,
+            )
+            self.phase_record(
+                "baselines",
+                "done" if complete else "partial",
+                started,
+                file="baselines.json",
+                operators=len(document["operators"]) - before,
+            )
+            if not complete:
+                return self.pause("deadline during the baselines phase")
+        else:
+            self.phase_record("baselines", "skipped (--have)", started)
+
+        # sweeps
+        from pipetune.workers.campaign.sweeps import run_sweeps
+
+        started = time.perf_counter()
+
+        def sweep_checkpoint(progress: Any) -> None:
+            self.sweeps = progress.as_dict()
+            self.checkpoint(wait=True)
+
+        try:
+            progress = run_sweeps(
+                runner,
+                gpu,
+                self.operators,
+                self.out,
+                self.deadline,
+                sweep_checkpoint,
+                self.costs,
+                self.log,
+            )
+        except layout.LayoutError as exc:  # parts in --have that this version cuts otherwise
+            raise CampaignUsageError(f"--have: {exc}") from None
+        self.sweeps = progress.as_dict()
+        status = "done" if progress.stopped is None else "partial"
+        if progress.parts_measured == 0 and progress.stopped is None:
+            status = "skipped (--have)"
+        self.phase_record(
+            "sweeps",
+            status,
+            started,
+            parts=progress.parts_measured,
+            done=progress.done,
+            stopped=progress.stopped,
+            part_seconds=progress.part_seconds,
+        )
+        if progress.stopped is not None:
+            return self.pause(progress.stopped)
+        self.state = "complete"
+        return None
+
+    def pause(self, reason: str) -> None:
+        self.state, self.reason = "paused", reason
+        self.log(f"paused: {reason}")
+
+
+def compiler_versions() -> dict[str, str | None]:
+    """The NVRTC that compiles pipetune's kernels (cuda-bindings over the nvidia-cuda-nvrtc
+    wheel, in this process; CuPy's own NVRTC is in the device description)."""
+    versions: dict[str, str | None] = {}
+    try:
+        from pipetune.workers.compile import nvrtc_version
+
+        versions["nvrtc"] = ".".join(str(v) for v in nvrtc_version())
+    except Exception as exc:  # recorded, not fatal: the runner fails clearly if it matters
+        versions["nvrtc"] = None
+        versions["nvrtc_error"] = f"{type(exc).__name__}: {exc}"
+    for package in ("cuda-bindings", "nvidia-cuda-nvrtc"):
+        try:
+            versions[package] = importlib.metadata.version(package)
+        except importlib.metadata.PackageNotFoundError:
+            versions[package] = None
+    return versions
+
+
+def checks_line(checks: dict[str, Any]) -> str:
+    return ", ".join(f"{name} {'ok' if c.get('ok') else 'FAILED'}" for name, c in checks.items())
+
+
+def run_campaign(
+    options: CampaignOptions, log: Callable[[str], None] | None = None
+) -> CampaignOutcome:
+    """Run one call of a campaign; the outcome (usage mistakes raise CampaignUsageError
+    before anything is written)."""
+    log = log or (lambda line: print(line, file=sys.stderr, flush=True))
+    check_options(options)
+    campaign = Campaign(options, log)
+    exit_code, message = 0, ""
+    with tempfile.TemporaryDirectory(prefix="pipetune-campaign-") as scratch:
+        try:
+            campaign.run(Path(scratch))
+            message = campaign.reason or "complete"
+        except CampaignUsageError as exc:
+            campaign.state, campaign.reason = "failed", str(exc)
+            exit_code, message = 2, str(exc)
+        except (CampaignError, RunnerError) as exc:
+            if campaign.state == "running":
+                campaign.state, campaign.reason = "failed", str(exc)
+            exit_code, message = 1, str(exc)
+        except Exception as exc:  # recorded in campaign.json, so the archive says why
+            campaign.state = "failed"
+            campaign.reason = f"{type(exc).__name__}: {exc}"
+            exit_code, message = 1, campaign.reason
+        finally:
+            campaign.call["ended"] = _now()
+            if campaign.out.is_dir():
+                campaign.checkpoint()
+            campaign.packer.close()
+    if campaign.packer.error:
+        exit_code, message = 1, campaign.packer.error
+    elif campaign.packer.size is not None and campaign.packer.size > layout.PACK_LIMIT_BYTES:
+        exit_code = 1
+        message = (
+            f"{options.pack} is {campaign.packer.size / 2**20:.1f} MiB, over the "
+            f"{layout.PACK_LIMIT_BYTES / 2**20:.0f} MiB a device call brings back"
+        )
+    summary = layout.read_json(campaign.out / layout.SUMMARY_FILE) or {}
+    return CampaignOutcome(exit_code, campaign.state, message, summary, campaign.packer.size)

@@ -1,0 +1,95 @@
+"""`pipetune campaign unpack ARCHIVE`: a campaign's archive into the repository.
+
+    sweeps/<op>.t4.json.gz   -> benchmarks/data/<gpu>/<op>.t4.json.gz
+    profile.json             -> model/profiles/<gpu>.json (model.hardware applies it)
+    probe, correctness, baselines and campaign .json -> benchmarks/data/<gpu>/campaign/
+
+Only finished operators are unpacked (parts of an unfinished one are not a dataset). Every
+dataset is read back and checked as a pipetune dataset, the profile through model.hardware,
+before anything is written. A simulated archive is refused unless ``allow_simulated`` (and
+then its files say simulated); existing files are kept unless ``force``.
+"""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from pipetune.model.hardware import get_gpu, load_profile
+from pipetune.workers.campaign import layout
+from pipetune.workers.datasets import DatasetError, check_pipetune, read_t4
+
+
+class UnpackError(ValueError):
+    """The archive cannot be unpacked as asked (exit 2)."""
+
+
+@dataclass
+class Unpacked:
+    gpu: str
+    runner: str
+    datasets: list[Path] = field(default_factory=list)
+    profile: Path | None = None
+    documents: list[Path] = field(default_factory=list)
+    skipped_parts: list[str] = field(default_factory=list)
+
+
+def unpack(
+    archive: Path,
+    data_dir: Path,
+    profile_dir: Path,
+    *,
+    allow_simulated: bool = False,
+    force: bool = False,
+) -> Unpacked:
+    with tempfile.TemporaryDirectory(prefix="pipetune-unpack-") as scratch:
+        try:
+            folder = layout.extract(archive, Path(scratch))
+        except layout.LayoutError as exc:
+            raise UnpackError(str(exc)) from None
+        probe = layout.read_json(folder / "probe.json")
+        if probe is None or not probe.get("gpu"):
+            raise UnpackError(f"{archive}: no probe.json with the GPU it was measured on")
+        gpu, runner = str(probe["gpu"]), str(probe.get("runner"))
+        get_gpu(gpu)  # a key the model knows
+        if probe.get("simulated") and not allow_simulated:
+            raise UnpackError(
+                f"{archive} is a simulated campaign (runner {runner}): its numbers are the "
+                "model's, not measurements; it is not unpacked into the repository"
+            )
+        result = Unpacked(gpu=gpu, runner=runner)
+        plan: list[tuple[Path, Path]] = []
+        for path in sorted((folder / layout.SWEEPS_DIR).glob("*.t4.json.gz")):
+            if ".part" in path.name:
+                result.skipped_parts.append(path.name)
+                continue
+            try:
+                check_pipetune(read_t4(path))
+            except DatasetError as exc:
+                raise UnpackError(f"{path.name}: {exc}") from None
+            plan.append((path, data_dir / gpu / path.name))
+        profile = folder / "profile.json"
+        if profile.exists():
+            target, _ = load_profile(profile)
+            if target != gpu:
+                raise UnpackError(f"profile.json is for {target}, the campaign ran on {gpu}")
+            plan.append((profile, profile_dir / f"{gpu}.json"))
+        for name in ("probe", "correctness", "baselines", "campaign"):
+            source = folder / f"{name}.json"
+            if source.exists():
+                plan.append((source, data_dir / gpu / "campaign" / source.name))
+        clashes = [str(target) for _, target in plan if target.exists()]
+        if clashes and not force:
+            raise UnpackError(f"would overwrite {', '.join(clashes)} (pass --force)")
+        for source, target in plan:
+            target.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(source, target)
+            if target.name.endswith(".t4.json.gz"):
+                result.datasets.append(target)
+            elif target.parent == profile_dir:
+                result.profile = target
+            else:
+                result.documents.append(target)
+    return result

@@ -1,0 +1,96 @@
+"""How a launch is timed, one loop for every timer in pipetune.
+
+``warmup`` untimed launches, then timed ones: each after an L2 flush, with an event pair
+around the launch alone (the flush is outside the pair). With adaptive repeats the loop
+times ``min_repeats`` launches, stops if their spread ((p90 - p10) / median, as
+:func:`~workers.runners.base.summarise` defines it) is at most ``settle``, and otherwise
+times another ``min_repeats`` at a time up to ``max_repeats``. One synchronisation per round,
+so the launches of a round queue up on the GPU back to back.
+
+The loop is written against a small :class:`Clock` (events that are created, recorded,
+synchronised and compared) so that the cupy child (CuPy events), the vendor-library
+baselines (CuPy or PyTorch events), the simulated child (a model clock) and the CPU tests
+(a fake clock) all run this same code.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from typing import Any, Protocol
+
+from pipetune.workers.runners.base import MeasureSettings, summarise
+
+
+class Clock(Protocol):
+    def pair(self) -> tuple[Any, Any]:
+        """A fresh (start, end) event pair."""
+
+    def record(self, event: Any) -> None:
+        """Record the event on the stream the launches go to."""
+
+    def synchronize(self, event: Any) -> None:
+        """Wait until the event has completed."""
+
+    def elapsed_ms(self, start: Any, end: Any) -> float:
+        """Milliseconds between two completed events."""
+
+
+@dataclass(frozen=True)
+class RepeatPolicy:
+    """The timing part of MeasureSettings, as the child process receives it (picklable).
+
+    max_repeats = 0 means verify only: no launch is timed.
+    """
+
+    warmup: int
+    min_repeats: int
+    max_repeats: int
+    settle: float
+
+    @classmethod
+    def of(cls, settings: MeasureSettings) -> RepeatPolicy:
+        return cls(
+            warmup=settings.warmup,
+            min_repeats=settings.fewest_repeats,
+            max_repeats=settings.repeats,
+            settle=settings.settle,
+        )
+
+    @classmethod
+    def verify_only(cls) -> RepeatPolicy:
+        return cls(warmup=0, min_repeats=0, max_repeats=0, settle=0.0)
+
+    @property
+    def timed(self) -> bool:
+        return self.max_repeats > 0
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def time_launches(
+    launch: Callable[[], None],
+    flush: Callable[[], None],
+    clock: Clock,
+    policy: RepeatPolicy,
+) -> list[float]:
+    """Milliseconds of each timed launch (between min_repeats and max_repeats of them)."""
+    if not policy.timed:
+        return []
+    for _ in range(policy.warmup):
+        launch()
+    samples: list[float] = []
+    target = max(1, policy.min_repeats)
+    while True:
+        pairs = [clock.pair() for _ in range(target - len(samples))]
+        for start, end in pairs:
+            flush()
+            clock.record(start)
+            launch()
+            clock.record(end)
+        clock.synchronize(pairs[-1][1])
+        samples.extend(clock.elapsed_ms(start, end) for start, end in pairs)
+        if len(samples) >= policy.max_repeats or summarise(samples)[1] <= policy.settle:
+            return samples
+        target = min(policy.max_repeats, len(samples) + max(1, policy.min_repeats))
