@@ -1,113 +1,204 @@
 """Benchmark: search strategies and peers, best-in-k-trials on recorded datasets.
 
-    python benchmarks/bench_tuner.py --kt-cache PATH [--pipetune-dir DIR --label LABEL] [--seeds N] [--write]
+Run (each writes the `pipetune bench tuner --json` document to --save):
 
-1. A Kernel Tuner cache measured by others (real GPU measurements, no analytical prior for
-   that kernel): pipetune's knob-only strategies (random, xgb) against Kernel Tuner's
-   strategies and Optuna TPE at 20/50/100 evaluations.
-2. pipetune datasets of the ALCOP operators (one T4 file per operator in a folder): all five
-   strategies and the peers at 10/20/50/100. LABEL says what the datasets are (a GPU sweep,
-   or "simulated" for the analytical model plus noise, which flatters the analytical prior).
+    python -m benchmarks.bench_tuner run --dev-set ../shared/datasets --strategies auto,peers \\
+        --batch 1 --seeds 30 --jobs 2 --save /tmp/after-b1.json
+    python -m benchmarks.bench_tuner run --datasets A B --prior P Q --strategies auto,random \\
+        --batch 8 --seeds 30 --save /tmp/transfer.json
+
+Render runs as markdown tables (per dataset and geomean, mean ± standard error, P scores),
+optionally into a section of benchmarks/RESULTS.md:
+
+    python -m benchmarks.bench_tuner render --title T --section NAME [--write] RUN.json ...
+
+Runs of the same settings over consecutive seed ranges (`--first-seed`) merge into one:
+
+    python -m benchmarks.bench_tuner merge --save ALL.json PART1.json PART2.json
+
+Each rendered document is labelled by its file's stem ("before-b8", "after-b1", ...), so a
+before/after table is the documents of both, rendered together. The development set is the
+Kernel Tuner caches in the shared datasets folder (the T4 copy of the A100 convolution is
+the same space and is left out).
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import sys
-import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+import numpy as np
 
 from benchmarks.results import write_section
-from pipetune.clients.cli.bench_cmds import recorded_dataset
-from pipetune.tuner.bench import KNOB_ONLY, bench
-from pipetune.tuner.peers import PEERS
-from pipetune.tuner.strategies import STRATEGIES
 
 
-def table(doc: dict, strategies: list[str], budgets: list[int]) -> list[str]:
-    lines = [
-        "| strategy | " + " | ".join(f"k={k}" for k in budgets) + " |",
-        "|---|" + "---:|" * len(budgets),
-    ]
-    for s in strategies:
-        cells = [
-            f"{r['best_in_k']:.3f} (P {r['p_score']:+.2f})"
-            for r in doc["results"]
-            if r["strategy"] == s
-        ]
-        lines.append(f"| {s} | " + " | ".join(cells) + " |")
-    return lines
+def dev_set(folder: Path) -> list[Path]:
+    return sorted(folder.glob("*.kt-cache.json.gz"))
+
+
+def run(args: argparse.Namespace) -> None:
+    from pipetune.clients.cli.bench_cmds import _priors, _strategies, recorded_dataset
+    from pipetune.tuner.bench import bench
+
+    files = [*(dev_set(args.dev_set) if args.dev_set else []), *(args.datasets or [])]
+    loaded = [recorded_dataset(p) for p in files]
+    priors = _priors(args.prior or [], loaded)
+    budgets = [int(k) for k in args.budgets.split(",")]
+    doc = bench(
+        loaded,
+        _strategies(args.strategies),
+        budgets,
+        args.seeds,
+        progress=lambda m: print(m, file=sys.stderr, flush=True),
+        batch=args.batch,
+        priors=priors,
+        jobs=args.jobs,
+        first_seed=args.first_seed,
+    )
+    doc["command"] = " ".join(sys.argv)
+    args.save.write_text(json.dumps(doc))
+
+
+def merge(paths: list[Path]) -> dict:
+    """One document from runs of the same settings over consecutive seed ranges: pooled means
+    and standard errors per dataset (exact, from each part's mean and standard error), then
+    the geomean and P scores as `bench` computes them."""
+    from pipetune.tuner.metrics import geomean, p_score
+
+    parts = sorted((json.loads(p.read_text()) for p in paths), key=lambda d: d.get("first_seed", 0))
+    base = parts[0]
+    for nxt, prev in zip(parts[1:], parts, strict=False):
+        if nxt.get("first_seed", 0) != prev.get("first_seed", 0) + prev["seeds"]:
+            raise SystemExit("merge: the seed ranges must be consecutive")
+    results = []
+    for i, r in enumerate(base["results"]):
+        per = {}
+        for ds in base["datasets"]:
+            cells = [(d["seeds"], d["results"][i]["per_dataset"][ds]) for d in parts]
+            n = sum(c[0] for c in cells)
+            mean = sum(k * c["best_in_k"] for k, c in cells) / n
+            # pooled variance: within-part sums of squares plus between-part spread
+            ss = sum((k - 1) * (c["se"] * np.sqrt(k)) ** 2 for k, c in cells)
+            ss += sum(k * (c["best_in_k"] - mean) ** 2 for k, c in cells)
+            se = float(np.sqrt(ss / (n - 1) / n))
+            rnd = cells[0][1]["random"]
+            gap = 1.0 - rnd
+            per[ds] = {
+                "best_in_k": mean,
+                "se": se,
+                "p_score": p_score(mean, rnd),
+                "p_se": se / gap if gap > 1e-12 else 0.0,
+                "random": rnd,
+            }
+        g = geomean([v["best_in_k"] for v in per.values()])
+        rel = [v["se"] / v["best_in_k"] for v in per.values()]
+        results.append(
+            {
+                "strategy": r["strategy"],
+                "budget": r["budget"],
+                "best_in_k": g,
+                "se": float(g * np.sqrt(np.sum(np.square(rel))) / len(per)),
+                "p_score": float(np.mean([v["p_score"] for v in per.values()])),
+                "p_se": float(np.sqrt(np.sum(np.square([v["p_se"] for v in per.values()]))))
+                / len(per),
+                "per_dataset": per,
+            }
+        )
+    command = " + ".join(d.get("command", "?") for d in parts)
+    seeds = sum(d["seeds"] for d in parts)
+    return {**base, "results": results, "seeds": seeds, "command": command}
+
+
+def _cell(r: dict) -> str:
+    # Documents written before standard errors were reported carry the mean only.
+    se = r.get("se")
+    return f"{r['best_in_k']:.3f}" + (f" ± {se:.3f}" if se is not None else "")
+
+
+def render(paths: list[Path]) -> str:
+    docs = {p.name.split(".")[0]: json.loads(p.read_text()) for p in paths}
+    first = next((d for d in docs.values() if "random" in d), next(iter(docs.values())))
+    budgets = sorted({r["budget"] for r in first["results"]})
+    datasets = first["datasets"]
+    head = "| run | strategy | " + " | ".join(f"k={k}" for k in budgets) + " |"
+    rule = "|---|---|" + "---:|" * len(budgets)
+    lines = ["### Geomean over datasets (P score below each row)", "", head, rule]
+    for label, doc in docs.items():
+        if doc["datasets"] != datasets:
+            continue  # a geomean over other datasets does not compare
+        for strategy in dict.fromkeys(r["strategy"] for r in doc["results"]):
+            rows = [r for r in doc["results"] if r["strategy"] == strategy]
+            lines.append(f"| {label} | {strategy} | " + " | ".join(_cell(r) for r in rows) + " |")
+            lines.append(
+                "| | P score | "
+                + " | ".join(
+                    f"{r['p_score']:+.2f}" + (f" ± {r['p_se']:.2f}" if "p_se" in r else "")
+                    for r in rows
+                )
+                + " |"
+            )
+    for ds in datasets:
+        prior = first.get("priors", {}).get(ds)
+        lines += ["", f"### {ds}" + (f" (prior: {prior})" if prior else ""), "", head, rule]
+        lines.append(
+            "| | random (exact) | "
+            + " | ".join(f"{first['random'][ds][str(k)]:.3f}" for k in budgets)
+            + " |"
+        )
+        for label, doc in docs.items():
+            if ds not in doc["datasets"]:
+                continue
+            for strategy in dict.fromkeys(r["strategy"] for r in doc["results"]):
+                rows = [r["per_dataset"][ds] for r in doc["results"] if r["strategy"] == strategy]
+                lines.append(
+                    f"| {label} | {strategy} | " + " | ".join(_cell(r) for r in rows) + " |"
+                )
+    lines += ["", "Runs:"]
+    for label, doc in docs.items():
+        lines.append(
+            f"- `{label}`: {doc['seeds']} seeds (0..{doc['seeds'] - 1}), pipetune batch "
+            f"{doc.get('batch', 8)}, peers one trial at a time; "
+            f"`{doc.get('command', '?')}`"
+        )
+    return "\n".join(lines)
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__)
-    p.add_argument("--kt-cache", type=Path)
-    p.add_argument("--pipetune-dir", type=Path)
-    p.add_argument("--label", default="")
-    p.add_argument("--seeds", type=int, default=20)
-    p.add_argument("--write", action="store_true")
-    a = p.parse_args()
-    if a.kt_cache:
-        t0 = time.perf_counter()
-        ds = [recorded_dataset(a.kt_cache)]
-        strategies = [s for s in KNOB_ONLY if s != "grid"] + list(PEERS)
-        budgets = [20, 50, 100]
-        doc = bench(ds, strategies, budgets, a.seeds)
-        body = "\n".join(
-            [
-                f"Dataset: `{a.kt_cache.name}` (Kernel Tuner cache, {len(ds[0].configs.configs)} configurations,",
-                "measured on an NVIDIA A100-PCIE-40GB by the FAIR benchmark hub; real measurements).",
-                f"best-in-k normalised to the exhaustive best, mean of {a.seeds} seeds; P = methodology score",
-                "against random search's exact expectation. No analytical prior exists for this kernel,",
-                "so pipetune runs its knob-only strategies. Every searcher is scored on its first k",
-                "distinct configurations; failed configurations count.",
-                "",
-                *table(doc, strategies, budgets),
-                "",
-                f"Run time {time.perf_counter() - t0:.0f} s.",
-            ]
-        )
-        print(body)
-        if a.write:
-            write_section(
-                "tuner-kt-conv",
-                "Tuner vs Kernel Tuner and Optuna on a recorded Kernel Tuner cache",
-                body,
-            )
-    if a.pipetune_dir:
-        t0 = time.perf_counter()
-        files = sorted(a.pipetune_dir.glob("*.t4.json.gz"))
-        ds = [recorded_dataset(f) for f in files]
-        strategies = list(STRATEGIES) + list(PEERS)
-        budgets = [10, 20, 50, 100]
-        doc = bench(ds, strategies, budgets, a.seeds)
-        per = doc["results"]
-        body = "\n".join(
-            [
-                f"Datasets: {len(ds)} ALCOP operators from `{a.pipetune_dir}` ({a.label}).",
-                f"best-in-k normalised to each dataset's exhaustive best, mean of {a.seeds} seeds,",
-                "geomean over operators; P against random search's exact expectation. Batch of 8.",
-                "",
-                *table(doc, strategies, budgets),
-                "",
-                "Per operator, analytical+xgb at k=10: "
-                + ", ".join(
-                    f"{name} {v['best_in_k']:.3f}"
-                    for r in per
-                    if r["strategy"] == "analytical+xgb" and r["budget"] == 10
-                    for name, v in r["per_dataset"].items()
-                ),
-                "",
-                f"Run time {time.perf_counter() - t0:.0f} s.",
-            ]
-        )
-        print(body)
-        if a.write:
-            write_section(
-                f"tuner-alcop-{a.label.split()[0]}", f"Tuner on ALCOP operators ({a.label})", body
-            )
+    parser = argparse.ArgumentParser(description=__doc__)
+    sub = parser.add_subparsers(dest="mode", required=True)
+    r = sub.add_parser("run")
+    r.add_argument("--dev-set", type=Path)
+    r.add_argument("--datasets", type=Path, nargs="*")
+    r.add_argument("--prior", type=Path, nargs="*")
+    r.add_argument("--strategies", default="auto,peers")
+    r.add_argument("--budgets", default="10,20,50,100")
+    r.add_argument("--batch", type=int, default=8)
+    r.add_argument("--seeds", type=int, default=30)
+    r.add_argument("--jobs", type=int, default=1)
+    r.add_argument("--first-seed", type=int, default=0)
+    r.add_argument("--save", type=Path, required=True)
+    m = sub.add_parser("merge")
+    m.add_argument("docs", type=Path, nargs="+")
+    m.add_argument("--save", type=Path, required=True)
+    w = sub.add_parser("render")
+    w.add_argument("docs", type=Path, nargs="+")
+    w.add_argument("--title", default="Tuner on recorded spaces")
+    w.add_argument("--section")
+    w.add_argument("--preamble", default="")
+    w.add_argument("--write", action="store_true")
+    args = parser.parse_args()
+    if args.mode == "run":
+        run(args)
+        return
+    if args.mode == "merge":
+        args.save.write_text(json.dumps(merge(args.docs)))
+        return
+    body = (args.preamble + "\n\n" if args.preamble else "") + render(args.docs)
+    print(body)
+    if args.write and args.section:
+        write_section(args.section, args.title, body)
 
 
 if __name__ == "__main__":

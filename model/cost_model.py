@@ -3,6 +3,11 @@
 It takes any space with ``features()``, ``cache_key`` and ``work`` (FLOPs per run): pipetune's
 schedule spaces, and without the analytical prior also foreign recorded spaces.
 
+The `xgb` strategy (TVM's XGBTuner, the knob-only baseline) uses it without the prior. The
+`analytical+xgb` strategy no longer does: it searches with a Gaussian process whose prior mean
+is the analytical model (tuner/bo.py), which also gives the uncertainty this model lacks.
+The model-assisted pretraining below stays for offline studies (`pretrain` on a corpus).
+
 Target: log throughput (log TFLOP/s). It is comparable across workloads, so one model can be
 pretrained on a corpus of workloads for a GPU and start warm on a new shape.
 

@@ -15,7 +15,7 @@ from pipetune.model.space import Space
 from pipetune.model.workloads import gemm
 from pipetune.tuner.bench import Dataset, bench, trial_throughputs
 from pipetune.tuner.offline import RecordedSpace
-from pipetune.tuner.peers import PEERS, write_kt_cache
+from pipetune.tuner.peers import PEERS, STOPS_EARLY, write_kt_cache
 from pipetune.tuner.recorded import RecordedConfigs
 
 SHARED = Path(__file__).resolve().parents[2] / "shared" / "datasets"
@@ -49,14 +49,17 @@ def small_ours(h100) -> Dataset:
     return Dataset("synthetic", RecordedConfigs.from_recorded_space("synthetic", rec), rec)
 
 
-@pytest.mark.parametrize("strategy", ["random", "xgb", *PEERS])
+@pytest.mark.parametrize("strategy", ["random", "xgb", "bo", "auto", *PEERS])
 def test_every_searcher_spends_exactly_the_budget_on_distinct_configs(conv, strategy):
     if strategy.startswith("kt_"):
         pytest.importorskip("kernel_tuner")
     if strategy == "optuna_tpe":
         pytest.importorskip("optuna")
     throughputs = trial_throughputs(conv, strategy, seed=0, budget=30)
-    assert len(throughputs) == 30
+    if strategy in STOPS_EARLY:
+        assert 0 < len(throughputs) <= 30
+    else:
+        assert len(throughputs) == 30
     assert np.all(throughputs <= conv.configs.optimum)
 
 
@@ -87,3 +90,49 @@ def test_bench_document_shape_and_monotone_budgets(small_ours):
         assert set(rows[(strategy, 10)]["per_dataset"]) == {"synthetic"}
     per = rows[("analytical", 5)]["per_dataset"]["synthetic"]
     assert per["p_score"] == pytest.approx((per["best_in_k"] - per["random"]) / (1 - per["random"]))
+
+
+def test_bench_reports_standard_errors_batch_and_priors(conv):
+    doc = bench([conv], ["random", "auto"], [10, 20], seeds=3, batch=4)
+    assert doc["batch"] == 4 and doc["peer_batch"] == 1 and doc["priors"] == {}
+    for r in doc["results"]:
+        per = r["per_dataset"]["conv_A100"]
+        assert per["se"] >= 0 and per["p_se"] >= 0
+        assert r["se"] == pytest.approx(per["se"])  # one dataset: the geomean is its mean
+    assert set(doc["random"]["conv_A100"]) == {"10", "20"}
+
+
+def test_bench_jobs_do_not_change_the_results(small_ours):
+    one = bench([small_ours], ["random", "auto"], [5, 10], seeds=2, batch=4)
+    two = bench([small_ours], ["random", "auto"], [5, 10], seeds=2, batch=4, jobs=2)
+    assert one["results"] == two["results"]
+
+
+def test_batch_one_and_batch_eight_spend_the_same_budget(conv):
+    for batch in (1, 8):
+        throughputs = trial_throughputs(conv, "auto", seed=0, budget=12, batch=batch)
+        assert len(throughputs) == 12
+
+
+def test_a_prior_reaches_the_strategies_that_take_one(conv):
+    from pipetune.tuner.bench import prior_for
+
+    prior = prior_for(conv, conv.configs)  # the same space as its own prior: exact
+    first = trial_throughputs(conv, "auto", seed=0, budget=8, batch=8, prior=prior)
+    assert first.max() == conv.configs.optimum  # the prior's best comes first
+    plain = trial_throughputs(conv, "random", seed=0, budget=8, batch=8, prior=prior)
+    assert np.array_equal(plain, trial_throughputs(conv, "random", seed=0, budget=8, batch=8))
+
+
+def test_runs_over_consecutive_seed_ranges_merge_into_the_whole_run(tmp_path, conv):
+    from benchmarks.bench_tuner import merge
+
+    whole = bench([conv], ["random", "auto"], [5, 10], seeds=4, batch=5)
+    for first in (0, 2):
+        part = bench([conv], ["random", "auto"], [5, 10], seeds=2, batch=5, first_seed=first)
+        (tmp_path / f"part{first}.json").write_text(json.dumps(part))
+    merged = merge([tmp_path / "part2.json", tmp_path / "part0.json"])
+    assert merged["seeds"] == 4
+    for a, b in zip(whole["results"], merged["results"], strict=True):
+        for key in ("best_in_k", "se", "p_score", "p_se"):
+            assert a[key] == pytest.approx(b[key], abs=1e-12)

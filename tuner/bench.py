@@ -1,26 +1,37 @@
 """Offline benchmark of search strategies on recorded spaces (`pipetune bench tuner`).
 
 Each (dataset, strategy, seed) is one run of the largest budget; best-in-k for smaller k is
-read off its first k trials (the best-so-far curve, as ALCOP's Fig. 13). Per budget: mean
-over seeds, geometric mean over datasets, and the methodology score P against random
-search's exact expectation (mean of the per-dataset scores).
+read off its first k trials (the best-so-far curve, as ALCOP's Fig. 13). Per dataset and
+budget: the mean over seeds and its standard error, and the methodology score P against
+random search's exact expectation. Over datasets: the geometric mean of the means (its
+standard error by the delta method: se(g) = g * sqrt(sum_d (se_d / m_d)^2) / D) and the mean
+P score.
+
+pipetune's strategies propose `batch` trials per round (the service's batch is 8) and see
+their results only after the whole batch; the peers propose one trial at a time and see
+each result before the next proposal (that is how they run), which favours them at the same
+budget unless `batch` is 1.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+import multiprocessing
+from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import dataclass
 
 import numpy as np
 
+from pipetune.tuner.bo import PriorMean
 from pipetune.tuner.metrics import geomean, p_score, random_search_expectation
 from pipetune.tuner.offline import RecordedSpace, run_offline
 from pipetune.tuner.peers import PEERS, run_peer
 from pipetune.tuner.recorded import ForeignSpace, RecordedConfigs
-from pipetune.tuner.strategies import Observation, Strategy, make_strategy
+from pipetune.tuner.strategies import KNOB_ONLY, STRATEGY_MAP, make_strategy
+from pipetune.tuner.strategy_base import Observation, Strategy
+from pipetune.tuner.transfer import recorded_prior
 
-# Strategies that need nothing but the knobs: the ones that can search a foreign space.
-KNOB_ONLY = ("grid", "random", "xgb")
+__all__ = ["KNOB_ONLY", "Dataset", "bench", "run_strategy_rows", "trial_throughputs"]
 
 
 @dataclass(frozen=True)
@@ -50,15 +61,33 @@ def run_strategy_rows(
     return [o.row for o in history]
 
 
+def prior_for(dataset: Dataset, prior: RecordedConfigs) -> PriorMean:
+    """A recorded space of the same kernel (another GPU) as a prior over this dataset's rows."""
+    return recorded_prior(prior, dataset.configs.configs, dataset.configs.knob_names)
+
+
 def trial_throughputs(
-    dataset: Dataset, strategy: str, seed: int, budget: int, batch: int = 8
+    dataset: Dataset,
+    strategy: str,
+    seed: int,
+    budget: int,
+    batch: int = 8,
+    prior: PriorMean | None = None,
 ) -> np.ndarray:
-    """Throughputs of the trials a strategy (ours or a peer) makes, in order; 0 = failed."""
+    """Throughputs of the trials a strategy (ours or a peer) makes, in order; 0 = failed.
+
+    `prior` goes to the strategies that take one; the others (and the peers) ignore it.
+    """
     if strategy in PEERS:
         return run_peer(strategy, dataset.configs, seed, budget)
+    spec = STRATEGY_MAP.get(strategy)
+    if spec is None:
+        raise ValueError(f"unknown strategy '{strategy}'")
+    prior = prior if spec.uses_prior else None
     if dataset.ours is not None:
         # configs rows are the space rows (RecordedConfigs.from_recorded_space keeps the order)
-        return dataset.configs.throughput[run_offline(dataset.ours, strategy, seed, budget, batch)]
+        rows = run_offline(dataset.ours, strategy, seed, budget, batch, prior=prior)
+        return dataset.configs.throughput[rows]
     if strategy not in KNOB_ONLY:
         raise ValueError(
             f"strategy '{strategy}' needs pipetune's analytical model; "
@@ -66,9 +95,62 @@ def trial_throughputs(
         )
     space = ForeignSpace(dataset.configs)
     rows = run_strategy_rows(
-        make_strategy(strategy, space, seed), dataset.configs.objective_ms, budget, batch
+        make_strategy(strategy, space, seed, prior=prior),
+        dataset.configs.objective_ms,
+        budget,
+        batch,
     )
     return dataset.configs.throughput[rows]
+
+
+def _summary(tables: Mapping[str, np.ndarray], randoms: Mapping[str, list[float]], j: int) -> dict:
+    """Per-dataset means, standard errors and P scores at budget index j, and the geomean."""
+    per = {}
+    for name, table in tables.items():
+        column = table[:, j]
+        mean = float(column.mean())
+        se = float(column.std(ddof=1) / np.sqrt(len(column))) if len(column) > 1 else 0.0
+        rnd = randoms[name][j]
+        gap = 1.0 - rnd
+        per[name] = {
+            "best_in_k": mean,
+            "se": se,
+            "p_score": p_score(mean, rnd),
+            "p_se": se / gap if gap > 1e-12 else 0.0,
+            "random": rnd,
+        }
+    g = geomean([v["best_in_k"] for v in per.values()])
+    d = len(per)
+    rel = [v["se"] / v["best_in_k"] for v in per.values() if v["best_in_k"] > 0]
+    return {
+        "best_in_k": g,
+        "se": float(g * np.sqrt(np.sum(np.square(rel))) / d),
+        "p_score": float(np.mean([v["p_score"] for v in per.values()])),
+        "p_se": float(np.sqrt(np.sum(np.square([v["p_se"] for v in per.values()]))) / d),
+        "per_dataset": per,
+    }
+
+
+# The datasets and settings of the running benchmark, for worker processes forked from it
+# (fork shares them without pickling the spaces).
+_RUN: dict = {}
+
+
+def _table(ds_index: int, strategy: str) -> np.ndarray:
+    """best-in-k of one strategy on one dataset: shape (seeds, budgets)."""
+    datasets, priors, budgets, seeds, batch, first = (
+        _RUN[k] for k in ("datasets", "priors", "budgets", "seeds", "batch", "first_seed")
+    )
+    ds = datasets[ds_index]
+    top = max(budgets)
+    prior = prior_for(ds, priors[ds.name]) if ds.name in priors else None
+    table = np.zeros((seeds, len(budgets)))
+    for i, seed in enumerate(range(first, first + seeds)):
+        throughputs = trial_throughputs(ds, strategy, seed, top, batch, prior)
+        curve = np.maximum.accumulate(throughputs) / ds.configs.optimum
+        for j, k in enumerate(budgets):
+            table[i, j] = curve[min(k, len(curve)) - 1] if len(curve) else 0.0
+    return table
 
 
 def bench(
@@ -77,21 +159,35 @@ def bench(
     budgets: Sequence[int],
     seeds: int,
     progress: Callable[[str], None] | None = None,
+    batch: int = 8,
+    priors: Mapping[str, RecordedConfigs] | None = None,
+    jobs: int = 1,
+    first_seed: int = 0,
 ) -> dict:
-    top = max(budgets)
+    """`priors` maps a dataset's name to a recorded space of the same kernel elsewhere.
+    `jobs` > 1 runs (dataset, strategy) pairs in forked processes; the results are the same.
+    Seeds are first_seed .. first_seed + seeds - 1 (a long run can be split and merged)."""
+    priors = dict(priors or {})
+    _RUN.update(datasets=list(datasets), priors=priors, budgets=list(budgets), seeds=seeds)
+    _RUN.update(batch=batch, first_seed=first_seed)
+    pairs = [(i, s) for i in range(len(datasets)) for s in strategies]
     # best[strategy][dataset] = array (seeds, len(budgets))
     best: dict[str, dict[str, np.ndarray]] = {s: {} for s in strategies}
-    for ds in datasets:
-        optimum = ds.configs.optimum
-        for strategy in strategies:
+    if jobs > 1:
+        context = multiprocessing.get_context("fork")
+        with ProcessPoolExecutor(max_workers=jobs, mp_context=context) as pool:
+            futures = {pool.submit(_table, i, s): (i, s) for i, s in pairs}
+            for future in as_completed(futures):
+                i, s = futures[future]
+                best[s][datasets[i].name] = future.result()
+                if progress:
+                    progress(f"{datasets[i].name}: {s} done")
+    else:
+        for i, s in pairs:
             if progress:
-                progress(f"{ds.name}: {strategy}")
-            table = np.zeros((seeds, len(budgets)))
-            for seed in range(seeds):
-                curve = np.maximum.accumulate(trial_throughputs(ds, strategy, seed, top)) / optimum
-                for j, k in enumerate(budgets):
-                    table[seed, j] = curve[min(k, len(curve)) - 1] if len(curve) else 0.0
-            best[strategy][ds.name] = table
+                progress(f"{datasets[i].name}: {s}")
+            best[s][datasets[i].name] = _table(i, s)
+    best = {s: {ds.name: best[s][ds.name] for ds in datasets} for s in strategies}
     randoms = {
         ds.name: [
             random_search_expectation(ds.configs.throughput / ds.configs.optimum, k)
@@ -99,21 +195,21 @@ def bench(
         ]
         for ds in datasets
     }
-    results = []
-    for strategy in strategies:
-        for j, k in enumerate(budgets):
-            per = {}
-            for ds in datasets:
-                mean = float(best[strategy][ds.name][:, j].mean())
-                rnd = randoms[ds.name][j]
-                per[ds.name] = {"best_in_k": mean, "p_score": p_score(mean, rnd), "random": rnd}
-            results.append(
-                {
-                    "strategy": strategy,
-                    "budget": k,
-                    "best_in_k": geomean([v["best_in_k"] for v in per.values()]),
-                    "p_score": float(np.mean([v["p_score"] for v in per.values()])),
-                    "per_dataset": per,
-                }
-            )
-    return {"results": results, "seeds": seeds, "datasets": [d.name for d in datasets]}
+    results = [
+        {"strategy": strategy, "budget": k, **_summary(best[strategy], randoms, j)}
+        for strategy in strategies
+        for j, k in enumerate(budgets)
+    ]
+    return {
+        "results": results,
+        "seeds": seeds,
+        "first_seed": first_seed,
+        "batch": batch,
+        "peer_batch": 1,
+        "datasets": [d.name for d in datasets],
+        "priors": {name: p.name for name, p in priors.items()},
+        "random": {
+            name: dict(zip(map(str, budgets), values, strict=True))
+            for name, values in randoms.items()
+        },
+    }

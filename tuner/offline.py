@@ -9,6 +9,7 @@ import numpy as np
 
 from pipetune.model.space import Space
 from pipetune.model.trials import MeasureResult
+from pipetune.tuner.bo import PriorMean
 from pipetune.tuner.session import TuningSession
 
 
@@ -44,11 +45,22 @@ class RecordedSpace:
 
 
 def run_offline(
-    recorded: RecordedSpace, strategy: str, seed: int, budget: int, batch: int = 8
+    recorded: RecordedSpace,
+    strategy: str,
+    seed: int,
+    budget: int,
+    batch: int = 8,
+    prior: PriorMean | None = None,
 ) -> np.ndarray:
     """Space rows of the trials, in the order a session proposed them."""
     session = TuningSession(
-        recorded.space.workload, recorded.space.gpu, strategy, seed, budget, space=recorded.space
+        recorded.space.workload,
+        recorded.space.gpu,
+        strategy,
+        seed,
+        budget,
+        space=recorded.space,
+        prior=prior,
     )
     trials: list[int] = []
     while not session.done:

@@ -1,5 +1,7 @@
 """Other tuners in the same harness: Kernel Tuner's strategies in simulation mode, and
-Optuna's TPE sampler over the same categorical space. Optional (`pip install pipetune[peers]`).
+Optuna's samplers over the same space. Optional (`pip install pipetune[peers]`).
+
+Every peer proposes one trial at a time and sees its result before the next proposal.
 
 Every peer is scored on the first `budget` *distinct* configurations it evaluated: a repeat
 costs no measurement (Kernel Tuner answers it from its cache), a failed configuration costs
@@ -22,13 +24,42 @@ import numpy as np
 if TYPE_CHECKING:  # annotations only: keeps `PEERS` cheap to import for the CLI
     from pipetune.tuner.recorded import RecordedConfigs
 
-KT_STRATEGIES = {
-    "kt_simulated_annealing": ("simulated_annealing", {"T": 1.0}),
-    "kt_genetic_algorithm": ("genetic_algorithm", {}),
-    "kt_bayes_opt": ("bayes_opt", {}),
-    "kt_random_sample": ("random_sample", {}),
+# Every Kernel Tuner strategy that runs in simulation mode on a recorded cache (Kernel Tuner
+# 1.5's strategy_map), with its default options. Left out: brute_force (the exhaustive sweep
+# itself: it ignores the budget), skopt (scikit-optimize 0.10 fails inside its sampler on
+# these spaces) and pyatf_strategies (pyatf 0.0.13 does not match Kernel Tuner 1.5's calls).
+KT_STRATEGIES: dict[str, tuple[str, dict]] = {
+    f"kt_{name}": (name, options)
+    for name, options in (
+        ("random_sample", {}),
+        ("simulated_annealing", {"T": 1.0}),
+        ("genetic_algorithm", {}),
+        ("bayes_opt", {}),
+        ("minimize", {}),
+        ("basinhopping", {}),
+        ("diff_evo", {}),
+        ("dual_annealing", {}),
+        ("greedy_mls", {}),
+        ("ordered_greedy_mls", {}),
+        ("greedy_ils", {}),
+        ("mls", {}),
+        ("pso", {}),
+        ("firefly_algorithm", {}),
+        ("hybrid_vndx", {}),
+        ("adaptive_tabu_greywolf", {}),
+        ("nsga2", {}),
+        ("nsga3", {}),
+    )
 }
-PEERS = (*KT_STRATEGIES, "optuna_tpe")
+# Optuna's samplers: TPE as configured by default, and multivariate TPE (Optuna's recommended
+# variant for dependent knobs). Left out: GPSampler (it needs PyTorch) and CmaEsSampler
+# (over the knobs' value indices most of its proposals fall outside these constrained
+# spaces: a run needs tens of thousands of proposals for 100 trials, hours per dataset).
+OPTUNA_SAMPLERS = ("optuna_tpe", "optuna_tpe_multivariate")
+PEERS = (*KT_STRATEGIES, *OPTUNA_SAMPLERS)
+# Kernel Tuner strategies that may end before the budget (their local optimiser converges):
+# such a run is scored as it is, its best carried to the larger budgets.
+STOPS_EARLY = frozenset({"kt_minimize", "kt_dual_annealing"})
 FAILED = "RuntimeFailedConfig"
 
 
@@ -119,7 +150,17 @@ def run_kernel_tuner(name: str, recorded: RecordedConfigs, seed: int, budget: in
     return _first_distinct(keys, [throughput[rows[k]] for k in keys], budget)
 
 
-def run_optuna_tpe(recorded: RecordedConfigs, seed: int, budget: int) -> np.ndarray:
+def _optuna_sampler(name: str, seed: int):
+    import optuna
+
+    if name == "optuna_tpe":
+        return optuna.samplers.TPESampler(seed=seed)
+    if name == "optuna_tpe_multivariate":
+        return optuna.samplers.TPESampler(seed=seed, multivariate=True, group=True)
+    raise ValueError(f"unknown Optuna sampler '{name}'")
+
+
+def run_optuna(name: str, recorded: RecordedConfigs, seed: int, budget: int) -> np.ndarray:
     try:
         import optuna
     except ImportError as exc:
@@ -127,25 +168,32 @@ def run_optuna_tpe(recorded: RecordedConfigs, seed: int, budget: int) -> np.ndar
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     rows = recorded.row_of()
     names = recorded.knob_names
+    params = recorded.tune_params
     throughput = recorded.throughput
     finite = recorded.objective_ms[np.isfinite(recorded.objective_ms)]
-    # Failed and non-member configurations are told a value worse than any real one, so TPE
-    # learns to avoid them; a non-member costs no trial (as a restriction would not).
+
+    def suggest(trial, k):
+        return trial.suggest_categorical(k, params[k])
+
+    # Failed and non-member configurations are told a value worse than any real one, so the
+    # sampler learns to avoid them; a non-member costs no trial (as a restriction would not).
     penalty = float(finite.max() * 10) if len(finite) else 1e9
-    study = optuna.create_study(direction="minimize", sampler=optuna.samplers.TPESampler(seed=seed))
-    keys: list[tuple] = []
-    for _ in range(200 * budget):
-        trial = study.ask()
-        key = tuple(trial.suggest_categorical(k, recorded.tune_params[k]) for k in names)
-        row = rows.get(key)
-        if row is None:
-            study.tell(trial, penalty)
-            continue
-        objective = recorded.objective_ms[row]
-        study.tell(trial, float(objective) if np.isfinite(objective) else penalty)
-        keys.append(key)
-        if len(set(keys)) >= budget:
-            break
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # experimental-feature warnings (multivariate TPE)
+        study = optuna.create_study(direction="minimize", sampler=_optuna_sampler(name, seed))
+        keys: list[tuple] = []
+        for _ in range(200 * budget):
+            trial = study.ask()
+            key = tuple(suggest(trial, k) for k in names)
+            row = rows.get(key)
+            if row is None:
+                study.tell(trial, penalty)
+                continue
+            objective = recorded.objective_ms[row]
+            study.tell(trial, float(objective) if np.isfinite(objective) else penalty)
+            keys.append(key)
+            if len(set(keys)) >= budget:
+                break
     return _first_distinct(keys, [throughput[rows[k]] for k in keys], budget)
 
 
@@ -153,6 +201,6 @@ def run_peer(name: str, recorded: RecordedConfigs, seed: int, budget: int) -> np
     """Throughputs (0 = failed) of the first `budget` distinct configurations the peer tried."""
     if name in KT_STRATEGIES:
         return run_kernel_tuner(name, recorded, seed, budget)
-    if name == "optuna_tpe":
-        return run_optuna_tpe(recorded, seed, budget)
+    if name in OPTUNA_SAMPLERS:
+        return run_optuna(name, recorded, seed, budget)
     raise ValueError(f"unknown peer '{name}'; known: {', '.join(PEERS)}")

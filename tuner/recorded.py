@@ -2,7 +2,7 @@
 
 `RecordedConfigs` is the neutral form every strategy (ours and the peers) runs against: the
 knobs and their values, one row per recorded configuration, and its objective in ms (inf for a
-failed one). `ForeignSpace` lets pipetune's knob-agnostic strategies (`random`, `grid`, `xgb`)
+failed one). `ForeignSpace` lets pipetune's knob-only strategies (`random`, `grid`, `xgb`, `bo`)
 search it: the knob values are the features and the annealer walks the same knobs.
 """
 
@@ -14,6 +14,7 @@ from typing import Any
 import numpy as np
 
 from pipetune.model.space import KNOB_NAMES, KNOBS
+from pipetune.tuner.encoding import is_ordered
 from pipetune.tuner.offline import RecordedSpace, throughput_of
 from pipetune.tuner.sa import KnobCodec
 
@@ -68,6 +69,8 @@ class ForeignSpace:
         )
         self._index = index
         self.codec = KnobCodec([tuple(range(len(v))) for v in values], index)
+        # Numbers are ordered knobs; strings (and mixed values) are categorical.
+        self.ordered_knobs = tuple(is_ordered(v) for v in values)
         self.cache_key = ("foreign", recorded.name, len(recorded.configs))
         self.feature_names = tuple(names)
         self.work = 1.0

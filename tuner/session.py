@@ -13,6 +13,7 @@ from pipetune.model.hardware import GPUSpec
 from pipetune.model.space import Schedule, Space
 from pipetune.model.trials import MeasureResult
 from pipetune.model.workloads import AnyWorkload
+from pipetune.tuner.bo import PriorMean
 from pipetune.tuner.strategies import DEFAULT_STRATEGY, Observation, make_strategy
 
 
@@ -29,7 +30,7 @@ class TuningSession:
         seed: int = 0,
         budget: int = 50,
         space: Space | None = None,
-        prior_spaces: list[Space] | None = None,
+        prior: PriorMean | None = None,
     ):
         if budget < 1:
             raise SessionError(f"budget must be at least 1, got {budget}")
@@ -38,7 +39,7 @@ class TuningSession:
         self.space = space if space is not None else Space.enumerate(workload, gpu)
         self.budget = budget
         self.seed = seed
-        self.strategy = make_strategy(strategy, self.space, seed, prior_spaces=prior_spaces)
+        self.strategy = make_strategy(strategy, self.space, seed, prior=prior)
         self.history: list[Observation] = []
         self.results: list[MeasureResult] = []
         self.pending: list[int] = []
@@ -99,9 +100,10 @@ class TuningSession:
         budget: int,
         batches: Sequence[Sequence[tuple[Schedule, MeasureResult]]],
         space: Space | None = None,
+        prior: PriorMean | None = None,
     ) -> TuningSession:
         """Rebuild a session from its recorded batches, checking each replays identically."""
-        session = cls(workload, gpu, strategy, seed, budget, space=space)
+        session = cls(workload, gpu, strategy, seed, budget, space=space, prior=prior)
         for i, batch in enumerate(batches):
             proposed = session.propose(len(batch))
             recorded = [s for s, _ in batch]

@@ -1,54 +1,46 @@
-"""Search strategies: which unvisited schedules to measure next.
+"""Search strategies and their one registry, `STRATEGY_MAP` (as Kernel Tuner's strategy_map).
 
-`grid` and `random` learn nothing; `analytical` ranks by the ALCOP model; `xgb` fits XGBoost
-on measurements only and samples with simulated annealing (TVM's XGBTuner); `analytical+xgb`
-(the default) starts from XGBoost pretrained on the analytical model and refits on top of it.
+- `grid`, `random`: learn nothing.
+- `analytical`: rank by the ALCOP model.
+- `xgb`: XGBoost on measurements and simulated annealing, epsilon-greedy (TVM's XGBTuner); the
+  knob-only baseline the model-based search replaced.
+- `bo`: knob-only model-based search (tuner/bo.py): a space-covering design, a Gaussian
+  process with an uncertainty, a classifier of failures, expected improvement, diverse batches.
+- `analytical+xgb`: the same search with the analytical model as the prior mean, corrected
+  by the measurements (the name is the API's since the first release: the prior was an
+  XGBoost model pretrained on the analytical model's predictions).
+- `auto` (the default): pipetune's best strategy for the space: `analytical+xgb` where the
+  kernel is one of pipetune's (a schedule space the analytical model covers), `bo` otherwise.
+
+The API's list of names lives in the wire contract (`model.wire.StrategyName`, which cannot
+import the tuner); this module checks at import that the registry and that list agree.
 """
 
 from __future__ import annotations
 
-from abc import ABC, abstractmethod
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import get_args
+from typing import Any, get_args
 
 import numpy as np
 
 from pipetune.model.analytical import evaluate
-from pipetune.model.cost_model import CostModel
+from pipetune.model.cost_model import CostModel, predicted_log_tflops
 from pipetune.model.space import Space
-from pipetune.model.wire import StrategyName
+from pipetune.model.wire import DEFAULT_STRATEGY, StrategyName
+from pipetune.tuner.bo import BayesianStrategy, PriorMean
 from pipetune.tuner.sa import SimulatedAnnealing, codec_for
+from pipetune.tuner.strategy_base import Observation, Strategy
 
-STRATEGIES: tuple[str, ...] = get_args(StrategyName)  # one list: the API's strategy names
-DEFAULT_STRATEGY = "analytical+xgb"
-
-
-@dataclass(frozen=True)
-class Observation:
-    row: int
-    latency_s: float | None  # None for a failed trial
-    failed: bool
-
-
-class Strategy(ABC):
-    name: str
-
-    def __init__(self, space: Space, rng: np.random.Generator):
-        self.space = space
-        self.rng = rng
-
-    @abstractmethod
-    def next_batch(self, n: int, exclude: set[int], history: list[Observation]) -> list[int]:
-        """Up to n space rows not in exclude, in the order to measure them."""
-
-    def _in_order(self, order: np.ndarray, n: int, exclude: set[int]) -> list[int]:
-        picked: list[int] = []
-        for r in order.tolist():
-            if r not in exclude:
-                picked.append(r)
-                if len(picked) == n:
-                    break
-        return picked
+__all__ = [
+    "DEFAULT_STRATEGY",
+    "KNOB_ONLY",
+    "STRATEGIES",
+    "STRATEGY_MAP",
+    "Observation",
+    "Strategy",
+    "make_strategy",
+]
 
 
 class GridStrategy(Strategy):
@@ -83,26 +75,21 @@ class AnalyticalStrategy(Strategy):
 class XGBStrategy(Strategy):
     """Cost model + simulated annealing, with epsilon-greedy random picks for diversity."""
 
+    name = "xgb"
+
     def __init__(
         self,
-        space: Space,
+        space: Any,
         rng: np.random.Generator,
         *,
-        prior: bool,
         seed: int,
         epsilon: float = 0.05,
         min_observations: int = 8,
-        prior_spaces: list[Space] | None = None,
     ):
         super().__init__(space, rng)
-        self.name = "analytical+xgb" if prior else "xgb"
         self.epsilon = epsilon
         self.min_observations = min_observations
-        self.cost_model = CostModel(seed=seed, use_analytical=prior)
-        if prior:
-            # Pretrain on this space, and on a corpus of other workloads if given, so the
-            # first batch is already model-guided.
-            self.cost_model.pretrain([space, *(prior_spaces or [])])
+        self.cost_model = CostModel(seed=seed, use_analytical=False)
         self.sa = SimulatedAnnealing(codec_for(space), rng=rng)
         self._fitted_on = -1
 
@@ -122,11 +109,9 @@ class XGBStrategy(Strategy):
         return self.rng.choice(pool, size=min(n, len(pool)), replace=False).tolist()
 
     def next_batch(self, n, exclude, history):
-        no_prior = not self.cost_model.is_fitted and len(history) < self.min_observations
-        if no_prior:
+        if len(history) < self.min_observations:
             return self._random_unvisited(n, exclude)  # TVM: random until the model has data
-        if history:
-            self._refit(history)
+        self._refit(history)
         scores = self.cost_model.predict(self.space)
         picks = self.sa.find_maximums(scores, n, exclude)
         # Epsilon-greedy: each slot is a random unvisited schedule with probability epsilon.
@@ -145,18 +130,88 @@ class XGBStrategy(Strategy):
         return picks
 
 
-def make_strategy(
-    name: str, space: Space, seed: int, prior_spaces: list[Space] | None = None
-) -> Strategy:
-    rng = np.random.default_rng(seed)
-    if name == "grid":
-        return GridStrategy(space, rng)
-    if name == "random":
-        return RandomStrategy(space, rng)
-    if name == "analytical":
-        return AnalyticalStrategy(space, rng)
-    if name in ("xgb", "analytical+xgb"):
-        return XGBStrategy(
-            space, rng, prior=name == "analytical+xgb", seed=seed, prior_spaces=prior_spaces
+def is_ours(space: Any) -> bool:
+    """A schedule space of one of pipetune's kernel families: the analytical model covers it."""
+    return isinstance(space, Space)
+
+
+def analytical_prior(space: Space) -> PriorMean:
+    return PriorMean(predicted_log_tflops(space), source="analytical model")
+
+
+# A factory gets the space, the seed and, optionally, a prior recorded elsewhere (the same
+# kernel measured on another GPU, aligned with the space's rows: tuner/transfer.py).
+Factory = Callable[[Any, int, PriorMean | None], Strategy]
+
+
+@dataclass(frozen=True)
+class StrategySpec:
+    factory: Factory
+    needs_model: bool  # only for pipetune's own kernels (the analytical model ranks them)
+    uses_prior: bool  # takes a recorded prior (warm start from another GPU)
+
+
+def _bo(space: Any, seed: int, prior: PriorMean | None) -> Strategy:
+    return BayesianStrategy(space, np.random.default_rng(seed), seed=seed, prior=prior)
+
+
+def _analytical_bo(space: Any, seed: int, prior: PriorMean | None) -> Strategy:
+    # A recorded prior (this kernel measured on another GPU) is closer to the truth here than
+    # the model's prediction: it takes the model's place.
+    return BayesianStrategy(
+        space,
+        np.random.default_rng(seed),
+        seed=seed,
+        prior=prior or analytical_prior(space),
+        name="analytical+xgb",
+    )
+
+
+def _auto(space: Any, seed: int, prior: PriorMean | None) -> Strategy:
+    return (_analytical_bo if is_ours(space) else _bo)(space, seed, prior)
+
+
+STRATEGY_MAP: dict[str, StrategySpec] = {
+    "grid": StrategySpec(
+        lambda sp, seed, _: GridStrategy(sp, np.random.default_rng(seed)), False, False
+    ),
+    "random": StrategySpec(
+        lambda sp, seed, _: RandomStrategy(sp, np.random.default_rng(seed)), False, False
+    ),
+    "analytical": StrategySpec(
+        lambda sp, seed, _: AnalyticalStrategy(sp, np.random.default_rng(seed)), True, False
+    ),
+    "xgb": StrategySpec(
+        lambda sp, seed, _: XGBStrategy(sp, np.random.default_rng(seed), seed=seed), False, False
+    ),
+    "bo": StrategySpec(_bo, False, True),
+    "analytical+xgb": StrategySpec(_analytical_bo, True, True),
+    "auto": StrategySpec(_auto, False, True),
+}
+
+STRATEGIES: tuple[str, ...] = tuple(STRATEGY_MAP)
+# Strategies that need nothing but the knobs: the ones that can search any recorded space.
+KNOB_ONLY: tuple[str, ...] = tuple(n for n, s in STRATEGY_MAP.items() if not s.needs_model)
+
+if set(STRATEGIES) != set(get_args(StrategyName)) or DEFAULT_STRATEGY not in STRATEGY_MAP:
+    raise RuntimeError(
+        "tuner.strategies.STRATEGY_MAP and model.wire.StrategyName disagree: "
+        f"{sorted(STRATEGIES)} vs {sorted(get_args(StrategyName))}"
+    )
+
+
+def make_strategy(name: str, space: Any, seed: int, prior: PriorMean | None = None) -> Strategy:
+    spec = STRATEGY_MAP.get(name)
+    if spec is None:
+        raise ValueError(f"unknown strategy '{name}'; known: {', '.join(STRATEGIES)}")
+    if spec.needs_model and not is_ours(space):
+        raise ValueError(
+            f"strategy '{name}' needs pipetune's analytical model, and this is a foreign space "
+            f"(use {', '.join(KNOB_ONLY)})"
         )
-    raise ValueError(f"unknown strategy '{name}'; known: {', '.join(STRATEGIES)}")
+    if prior is not None and not spec.uses_prior:
+        raise ValueError(
+            f"strategy '{name}' takes no recorded prior (these do: "
+            f"{', '.join(n for n, s in STRATEGY_MAP.items() if s.uses_prior)})"
+        )
+    return spec.factory(space, seed, prior)

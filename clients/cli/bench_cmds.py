@@ -87,6 +87,38 @@ def _strategies(text: str) -> list[str]:
     return names
 
 
+def _priors(priors: list[Path], loaded: list[Dataset]) -> dict:
+    """Each dataset's prior: the one --prior file with the same knobs that is not itself."""
+    if not priors:
+        return {}
+    from pipetune.workers.datasets import DatasetError
+
+    try:
+        candidates = [(p, recorded_dataset(p)) for p in priors]
+    except DatasetError as exc:
+        raise CliError(f"--prior: {exc}", 2) from None
+    chosen = {}
+    for ds in loaded:
+        same = [
+            (p, c)
+            for p, c in candidates
+            if set(c.configs.knob_names) == set(ds.configs.knob_names) and c.name != ds.name
+        ]
+        if len(same) != 1:
+            what = "no --prior file has" if not same else "several --prior files have"
+            raise CliError(
+                f"--prior: {what} the knobs of {ds.name} (give one recorded dataset of the "
+                "same kernel on another GPU per dataset)",
+                2,
+            )
+        chosen[ds.name] = same[0][1].configs
+    return chosen
+
+
+def _cell(value: float, se: float) -> str:
+    return f"{value:.3f} ± {se:.3f}"
+
+
 @bench_app.command("tuner")
 @reported
 def tuner(
@@ -97,6 +129,20 @@ def tuner(
     ),
     budgets: str = typer.Option("10,20,50,100", "--budgets"),
     seeds: int = typer.Option(20, "--seeds", min=1),
+    batch: int = typer.Option(
+        8,
+        "--batch",
+        min=1,
+        help="trials pipetune proposes per round (8: the service's default batch); "
+        "the peers always propose one at a time",
+    ),
+    prior: list[Path] = typer.Option(
+        None,
+        "--prior",
+        help="a recorded dataset of the same kernel on another GPU: warm-starts bo, "
+        "analytical+xgb and auto (repeat it for several kernels)",
+    ),
+    jobs: int = typer.Option(1, "--jobs", min=1, help="worker processes (results do not change)"),
     as_json: bool = typer.Option(False, "--json"),
 ) -> None:
     """Best-in-k-trials of each strategy, normalised to each dataset's exhaustive best."""
@@ -121,22 +167,59 @@ def tuner(
                     f"analytical model (use {', '.join(KNOB_ONLY)} or peers)",
                     2,
                 )
+    priors = _priors(prior or [], loaded)
     with console.status("benchmarking") as status:
-        doc = bench(loaded, names, ks, seeds, progress=lambda m: status.update(m))
+        doc = bench(
+            loaded,
+            names,
+            ks,
+            seeds,
+            progress=lambda m: status.update(m),
+            batch=batch,
+            priors=priors,
+            jobs=jobs,
+        )
     if as_json:
         print_json(doc)
         return
+    print_tables(doc, names, ks)
+
+
+def print_tables(doc: dict, names: list[str], ks: list[int]) -> None:
+    """Per dataset, then the geomean with the P score line: mean ± standard error."""
+    results = {(r["strategy"], r["budget"]): r for r in doc["results"]}
+    peers_present = any(n in PEERS for n in names)
+    note = (
+        f"pipetune proposes {doc['batch']} trial(s) per round; "
+        + ("the peers propose one at a time. " if peers_present else "")
+        + f"Mean ± standard error over {doc['seeds']} seeds."
+    )
+    for ds in doc["datasets"]:
+        prior = doc["priors"].get(ds)
+        title = f"{ds}: best-in-k" + (f" (prior: {prior})" if prior else "")
+        table = Table(title=title, caption=note)
+        table.add_column("strategy")
+        for k in ks:
+            table.add_column(f"k={k}", justify="right")
+        table.add_row(
+            "random (exact expectation)", *[f"{doc['random'][ds][str(k)]:.3f}" for k in ks]
+        )
+        for name in names:
+            cells = [results[(name, k)]["per_dataset"][ds] for k in ks]
+            table.add_row(name, *[_cell(c["best_in_k"], c["se"]) for c in cells])
+        console.print(table)
     table = Table(
-        title=f"best-in-k (P score), mean of {seeds} seeds, geomean of {len(loaded)} datasets"
+        title=f"best-in-k, geomean of {len(doc['datasets'])} datasets; "
+        "P score = (strategy - random) / (optimum - random), mean over datasets",
+        caption=note,
     )
     table.add_column("strategy")
     for k in ks:
         table.add_column(f"k={k}", justify="right")
     for name in names:
-        cells = [
-            f"{r['best_in_k']:.3f} ({r['p_score']:+.2f})"
-            for r in doc["results"]
-            if r["strategy"] == name
-        ]
-        table.add_row(name, *cells)
+        rows = [results[(name, k)] for k in ks]
+        table.add_row(name, *[_cell(r["best_in_k"], r["se"]) for r in rows])
+        table.add_row(
+            "  P score", *[f"{r['p_score']:+.2f} ± {r['p_se']:.2f}" for r in rows], style="dim"
+        )
     console.print(table)

@@ -1,0 +1,61 @@
+"""`pipetune bench tuner --batch / --prior / --jobs`, and its tables (per dataset, geomean,
+P score line, standard errors)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from shared_datasets import SHARED
+from typer.testing import CliRunner
+
+from pipetune.clients.cli.main import app
+
+runner = CliRunner()
+CONV_3090 = SHARED / "convolution_RTX_3090.kt-cache.json.gz"
+CONV_TITAN = SHARED / "convolution_RTX_Titan.kt-cache.json.gz"
+PNPOLY_3090 = SHARED / "pnpoly_RTX_3090.kt-cache.json.gz"
+needs_files = pytest.mark.skipif(
+    not all(p.exists() for p in (CONV_3090, CONV_TITAN, PNPOLY_3090)),
+    reason="shared datasets are not next to this checkout",
+)
+
+
+def _bench(*extra: str):
+    return runner.invoke(
+        app, ["bench", "tuner", "--budgets", "5,10", "--seeds", "2", *extra], terminal_width=200
+    )
+
+
+@needs_files
+def test_tables_per_dataset_with_standard_errors_and_p_score_line():
+    result = _bench(str(CONV_TITAN), "--strategies", "random,auto", "--batch", "4")
+    assert result.exit_code == 0, result.output
+    out = result.output
+    assert "convolution_RTX_Titan: best-in-k" in out
+    assert "random (exact expectation)" in out
+    assert "geomean of 1 datasets" in out
+    assert "P score" in out and "±" in out
+    assert "proposes 4 trial(s) per round" in out
+
+
+@needs_files
+def test_prior_from_the_same_kernel_on_another_gpu():
+    result = _bench(str(CONV_TITAN), "--strategies", "auto", "--prior", str(CONV_3090), "--json")
+    assert result.exit_code == 0, result.output
+    doc = json.loads(result.stdout)
+    assert doc["priors"] == {"convolution_RTX_Titan": "convolution_RTX_3090"}
+    assert doc["batch"] == 8
+
+
+@needs_files
+def test_a_prior_of_another_kernel_is_refused_with_exit_2():
+    result = _bench(str(CONV_TITAN), "--strategies", "auto", "--prior", str(PNPOLY_3090))
+    assert result.exit_code == 2
+    assert "--prior: no --prior file has the knobs of convolution_RTX_Titan" in result.output
+
+
+@needs_files
+def test_batch_must_be_positive():
+    result = _bench(str(CONV_TITAN), "--batch", "0")
+    assert result.exit_code == 2

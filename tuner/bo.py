@@ -1,0 +1,236 @@
+"""Model-based search with an uncertainty: `bo` (knob-only) and, with a prior mean, the
+machinery behind `analytical+xgb` and transfer from another GPU.
+
+One round:
+1. Until there is something to model, a space-covering design (tuner/design.py). With a
+   prior mean (the analytical model, or the same kernel measured on another GPU) there is
+   something to model from the start: the first batch is the prior's best guesses.
+2. A surrogate of log throughput with an uncertainty (tuner/surrogate.py), fit to the
+   successful trials only; with a prior it models the residual (measurement - b * prior, b
+   the least-squares slope of the measurements on the prior), so the measurements correct
+   the prior where they are and the prior ranks elsewhere.
+3. A classifier of the failing region, fit to every trial (failed or not).
+4. Expected improvement times P(runs) over every unvisited configuration (the spaces are a
+   few thousand to tens of thousands of rows: exact, no annealing needed), and a diverse
+   batch by the kriging believer (tuner/acquisition.py). Picks alternate between the whole
+   space and the configurations within two knob changes of the best one measured (a trust
+   region, as in local-search BO such as TuRBO and BaCO's local acquisition search): the
+   global picks explore, the local ones refine, and neither starves.
+5. A prior that the measurements contradict is dropped: each round the GP on the residuals
+   and the GP on the measurements alone are compared by their marginal likelihood, and the
+   better explanation of the data drives the round (the fallback a transfer needs).
+
+Everything is deterministic given the seed and the history (scikit-learn models are seeded,
+BLAS runs on one thread during a round), so the service can replay a session.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+from sklearn.preprocessing import PowerTransformer
+from threadpoolctl import threadpool_limits
+
+from pipetune.tuner.acquisition import believer_batch, constrained_score
+from pipetune.tuner.design import sobol_rows
+from pipetune.tuner.encoding import KnobEncoding
+from pipetune.tuner.strategy_base import Observation, Strategy
+from pipetune.tuner.surrogate import SURROGATES, FailureModel, GaussianProcess, Surrogate
+
+N_INIT = 8  # design points before the first model (no prior); also one service batch
+MIN_FIT = 3  # successful trials before the surrogate's hyperparameters are fit
+LOCAL_KNOB_CHANGES = 2
+POOL = 256  # candidates per pool carried into the batch construction
+# Before any measurement a prior's error is unknown: assume 10% (0.1 in log throughput),
+# correlated over half of each knob's range. This only spreads the first batch; from the
+# first measurements on, the GP's own fit replaces it.
+PRIOR_SD = 0.1
+PRIOR_LENGTH_SCALE = 0.5
+OBSERVED_WEIGHT = 10.0  # a trial on this GPU outweighs a recorded failure on another one
+
+
+@dataclass(frozen=True)
+class PriorMean:
+    """A prior guess of log throughput for every row of a space (higher is better).
+
+    A transfer prior also says which rows it has a record of (`recorded`) and which of those
+    failed there (`failed`): they teach the failure classifier, with less weight than the
+    trials made here. `values` is filled for every row (see tuner/transfer.py).
+    """
+
+    values: np.ndarray
+    source: str
+    recorded: np.ndarray | None = None
+    failed: np.ndarray | None = None
+
+
+class BayesianStrategy(Strategy):
+    name = "bo"
+
+    def __init__(
+        self,
+        space: Any,
+        rng: np.random.Generator,
+        *,
+        seed: int,
+        prior: PriorMean | None = None,
+        surrogate: str = "gp",
+        n_init: int = N_INIT,
+        name: str | None = None,
+        local: bool = True,
+        target: str = "log",
+    ):
+        """`surrogate`, `local` and `target` select the alternatives that were measured against
+        the defaults (benchmarks/RESULTS.md): an extra-trees surrogate, no trust-region picks,
+        a Yeo-Johnson transform of log throughput (HEBO's warping)."""
+        super().__init__(space, rng)
+        if prior is not None and surrogate != "gp":
+            raise ValueError("a prior needs the GP surrogate (its likelihood decides the fallback)")
+        if name is not None:
+            self.name = name
+        self.seed = seed
+        self.prior = prior
+        self.n_init = n_init
+        self.local = local
+        self.target = target
+        self.encoding = KnobEncoding.of(space)
+        self.features = self.encoding.features
+        n_features = self.features.shape[1]
+        self.surrogate_kind = surrogate
+        self._plain: Surrogate = SURROGATES[surrogate](n_features, seed)
+        self._residual: Surrogate | None = None
+        if prior is not None:
+            if len(prior.values) != len(self.encoding):
+                raise ValueError(
+                    f"prior {prior.source}: {len(prior.values)} values for a space of "
+                    f"{len(self.encoding)}"
+                )
+            self._residual = GaussianProcess(
+                n_features, seed, length_scale=PRIOR_LENGTH_SCALE, sd=PRIOR_SD
+            )
+        self.failures = FailureModel(seed)
+        self._design: list[int] | None = None
+        self.last_used_prior: bool | None = None  # which model drove the last round
+
+    # ---- design ------------------------------------------------------------------------
+
+    def _design_rows(self, n: int, exclude: set[int]) -> list[int]:
+        if self._design is None:
+            self._design = sobol_rows(self.encoding, max(2 * self.n_init, 16), self.seed)
+        picked = [r for r in self._design if r not in exclude][:n]
+        if len(picked) < n:  # the design is used up (many failures): random unvisited rows
+            seen = exclude | set(picked)
+            for r in self.rng.permutation(len(self.encoding)).tolist():
+                if r not in seen:
+                    picked.append(r)
+                    if len(picked) == n:
+                        break
+        return picked
+
+    # ---- one round ---------------------------------------------------------------------
+
+    def next_batch(self, n, exclude, history):
+        with threadpool_limits(limits=1):  # reproducible sums, and one core per session
+            return self._next_batch(n, exclude, history)
+
+    def _next_batch(self, n: int, exclude: set[int], history: list[Observation]) -> list[int]:
+        rows = np.array([o.row for o in history], dtype=np.int64)
+        ok = np.array([not o.failed for o in history], dtype=bool)
+        n_ok = int(ok.sum())
+        if self.prior is None and (len(history) < self.n_init or n_ok < 2):
+            return self._design_rows(n, exclude)
+        y = -np.log(np.array([o.latency_s for o in history if not o.failed], dtype=np.float64))
+        ok_rows = rows[ok]
+        X_ok = self.features[ok_rows]
+        offset = np.zeros(len(self.encoding))
+        model = self._plain
+        use_prior = False
+        y_plain = self._transform(y)
+        if n_ok >= 2:
+            self._plain.fit(X_ok, y_plain)
+        if self._residual is not None and self.prior is not None:
+            prior = self._scale(y, ok_rows) * self.prior.values
+            residual = y - prior[ok_rows]
+            if n_ok >= 1:
+                self._residual.fit(X_ok, residual)
+            use_prior = n_ok < MIN_FIT or (
+                self._residual.log_evidence() >= self._plain.log_evidence()
+            )
+            if use_prior:
+                model, offset = self._residual, prior
+        self.last_used_prior = use_prior
+        if self.prior is not None and not use_prior:
+            # The prior lost: its trials cluster where it pointed, which covers the space no
+            # better than one corner. Complete the space-covering design first, as `bo`
+            # would have started.
+            designed = len(set(self._design_rows(self.n_init, set())) & set(rows.tolist()))
+            if designed < self.n_init:
+                return self._design_rows(min(n, self.n_init - designed), exclude)
+        if not use_prior:
+            y = y_plain
+        targets = y - offset[ok_rows]
+        self._fit_failures(rows, ok)
+        unvisited = np.setdiff1d(
+            np.arange(len(self.encoding)), np.fromiter(exclude, dtype=np.int64, count=len(exclude))
+        )
+        if len(unvisited) == 0:
+            return []
+        p_ok = self.failures.p_ok(self.features)
+        mean_r, sd = model.predict(self.features[unvisited])
+        mean = mean_r + offset[unvisited]
+        best = float(y.max()) if n_ok else float(mean.max())
+        score = constrained_score(mean, sd, best, p_ok[unvisited])
+        global_pool = unvisited[np.argsort(-score, kind="stable")[:POOL]]
+        local_pool = np.array([], dtype=np.int64)
+        if n_ok:
+            incumbent = int(ok_rows[np.argmax(y)])
+            near = self.encoding.knob_changes(incumbent)[unvisited] <= LOCAL_KNOB_CHANGES
+            local = np.flatnonzero(near)
+            local_pool = unvisited[local[np.argsort(-score[local], kind="stable")[:POOL]]]
+        pools = self._pools(min(n, len(unvisited)), len(history), global_pool, local_pool)
+        return believer_batch(
+            model, X_ok, targets, best if n_ok else -np.inf, self.features, offset, p_ok, pools
+        )
+
+    def _pools(self, n: int, n_history: int, global_pool, local_pool) -> list[np.ndarray]:
+        """Which pool each slot of the batch draws from. One trial at a time, rounds alternate
+        between the whole space and the trust region; in a batch, at most a quarter of the
+        slots (and at least one) are local, so that a batch stays spread out."""
+        if not self.local or not len(local_pool):
+            return [global_pool] * n
+        pools, local_slots = [], 0
+        for j in range(n):
+            if (n_history + j) % 2 == 1 and local_slots < max(1, n // 4):
+                pools.append(local_pool)
+                local_slots += 1
+            else:
+                pools.append(global_pool)
+        return pools
+
+    def _scale(self, y: np.ndarray, ok_rows: np.ndarray) -> float:
+        """How strongly the prior's differences carry over: the least-squares slope of the
+        measurements on the prior (a linear prior mean, as in universal kriging), between 0
+        (no information) and 2; 1 until a few trials have succeeded. Another GPU (or the model)
+        may rank alike but spread the configurations wider or narrower."""
+        p = self.prior.values[ok_rows] if self.prior is not None else ok_rows
+        if len(y) < MIN_FIT or np.ptp(p) == 0:
+            return 1.0
+        slope = np.cov(p, y)[0, 1] / np.var(p, ddof=1)
+        return float(np.clip(slope, 0.0, 2.0))
+
+    def _transform(self, y: np.ndarray) -> np.ndarray:
+        if self.target == "log" or len(y) < 3 or np.ptp(y) == 0:
+            return y
+        return PowerTransformer(method="yeo-johnson").fit_transform(y[:, None])[:, 0]
+
+    def _fit_failures(self, rows: np.ndarray, ok: np.ndarray) -> None:
+        X, labels, weight = self.features[rows], ok, np.full(len(rows), OBSERVED_WEIGHT)
+        if self.prior is not None and self.prior.recorded is not None:
+            assert self.prior.failed is not None
+            known = np.flatnonzero(self.prior.recorded)
+            X = np.vstack([X, self.features[known]])
+            labels = np.concatenate([labels, ~self.prior.failed[known]])
+            weight = np.concatenate([weight, np.ones(len(known))])
+        self.failures.fit(X, labels, weight)

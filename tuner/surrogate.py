@@ -1,0 +1,194 @@
+"""Surrogates of a kernel's performance with an uncertainty, and a model of where it fails.
+
+`GaussianProcess` (the one the search uses; benchmarks/RESULTS.md, "surrogate choice", has the
+measurement behind that choice): scikit-learn's GP with a Matérn 5/2 kernel, one length scale
+per feature (a knob that does not matter gets a long one), a learned noise level, on
+standardised targets, hyperparameters fit by maximum a posteriori. `ExtraTrees` is the
+alternative that was measured: the mean and spread over the trees of an extremely randomised
+forest (SMAC's random-forest surrogate).
+
+`FailureModel` is a classifier of the region where configurations fail (too much shared
+memory, launch limits): failed trials are learned there, not as fake latencies, so they do
+not distort the performance model (BaCO's feasibility model).
+"""
+
+from __future__ import annotations
+
+import copy
+import warnings
+from abc import ABC, abstractmethod
+
+import numpy as np
+from scipy.optimize import minimize
+from sklearn.ensemble import ExtraTreesClassifier, ExtraTreesRegressor
+from sklearn.exceptions import ConvergenceWarning
+from sklearn.gaussian_process import GaussianProcessRegressor
+from sklearn.gaussian_process.kernels import ConstantKernel, Matern, WhiteKernel
+
+
+class Surrogate(ABC):
+    @abstractmethod
+    def fit(self, X: np.ndarray, y: np.ndarray) -> None:
+        """Fit to features X and targets y (higher is better), optimising hyperparameters."""
+
+    @abstractmethod
+    def condition(self, X: np.ndarray, y: np.ndarray) -> Surrogate:
+        """A copy conditioned on other data with the same hyperparameters (for fantasies)."""
+
+    @abstractmethod
+    def predict(self, X: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Mean and standard deviation at X."""
+
+    def log_evidence(self) -> float:
+        """Log marginal likelihood of the fitted targets in their own units (model choice)."""
+        raise NotImplementedError
+
+
+class GaussianProcess(Surrogate):
+    """Hyperparameters are MAP estimates under the dimension-scaled priors of Hvarfner et al.
+    ("Vanilla Bayesian optimization performs great in high dimensions", ICML 2024; BoTorch's
+    default): log length scale ~ N(sqrt(2) + log(d) / 2, 3) on [0, 1] features, log noise
+    variance ~ N(-4, 1). Maximum likelihood alone, on a few dozen points and one length scale
+    per knob, collapses to tiny length scales that explain every point as independent (the GP
+    then knows nothing between its data and the search turns random); the prior prevents it.
+    Each fit starts from the prior's mode, so a fit depends on the data only.
+    """
+
+    def __init__(self, n_features: int, seed: int, length_scale: float | None = None, sd=1.0):
+        """Before any fit the GP is its prior: mean 0, standard deviation `sd` everywhere,
+        correlated over `length_scale` (in the [0, 1] feature units; default: the prior's
+        mode)."""
+        self.seed = seed
+        self.n_features = n_features
+        self.log_ls_mean = np.sqrt(2.0) + 0.5 * np.log(n_features)
+        self.log_ls_var = 3.0
+        ls = np.exp(self.log_ls_mean) if length_scale is None else length_scale
+        self.start = ConstantKernel(sd**2, (1e-2, 1e2)) * Matern(
+            length_scale=np.full(n_features, ls), length_scale_bounds=(1e-2, 1e3), nu=2.5
+        ) + WhiteKernel(np.exp(-4.0) * sd**2, (1e-6, 1.0))
+        self.kernel = self.start
+        self.gp: GaussianProcessRegressor | None = None
+        self._estimated_on = 0  # data size at the last hyperparameter estimate
+
+    def _map(self, obj_func, initial_theta, bounds):
+        """L-BFGS-B on -log likelihood - log prior (theta: log amplitude, log length scales,
+        log noise, in scikit-learn's order)."""
+        d = self.n_features
+        lengths = slice(1, 1 + d)
+
+        def objective(theta):
+            value, grad = obj_func(theta)
+            grad = np.array(grad, dtype=np.float64)
+            dev = theta[lengths] - self.log_ls_mean
+            value += float(np.sum(dev**2)) / (2 * self.log_ls_var) + (theta[-1] + 4.0) ** 2 / 2
+            grad[lengths] += dev / self.log_ls_var
+            grad[-1] += theta[-1] + 4.0
+            return value, grad
+
+        # Two starts: the prior's mode (long length scales: a smooth function) and short
+        # length scales (a rough one). From the first alone the fit can settle in the mode
+        # that calls every difference noise (amplitude at its floor, noise near 1), and the
+        # search then knows nothing; the better posterior of the two wins.
+        rough = np.array(initial_theta, dtype=np.float64)
+        rough[lengths] = np.log(0.3)
+        results = [
+            minimize(objective, start, jac=True, method="L-BFGS-B", bounds=bounds)
+            for start in (initial_theta, rough)
+        ]
+        best = min(results, key=lambda r: r.fun)
+        return best.x, best.fun
+
+    def _regressor(self, optimise: bool, kernel=None) -> GaussianProcessRegressor:
+        return GaussianProcessRegressor(
+            kernel=kernel if kernel is not None else self.kernel,
+            normalize_y=True,
+            optimizer=self._map if optimise else None,
+            n_restarts_optimizer=0,
+            random_state=self.seed,
+        )
+
+    def fit(self, X, y):
+        # Hyperparameters are re-estimated once the data have grown by a tenth since the last
+        # estimate (every round early on); in between the GP is conditioned on the new data
+        # with the last estimate, which changes little and saves most of a round's time.
+        grown = len(y) - self._estimated_on >= max(1, len(y) // 10)
+        optimise = len(y) >= 3 and (self._estimated_on < 3 or grown)
+        if optimise:
+            self._estimated_on = len(y)
+        gp = self._regressor(optimise, self.start if optimise else self.kernel)
+        with warnings.catch_warnings():
+            # A flat likelihood on very few points is expected; the fit is still the best
+            # the data and the prior support.
+            warnings.simplefilter("ignore", ConvergenceWarning)
+            gp.fit(X, y)
+        self.gp = gp
+        self.kernel = gp.kernel_
+
+    def condition(self, X, y):
+        other = copy.copy(self)
+        other.gp = self._regressor(optimise=False).fit(X, y)
+        return other
+
+    def predict(self, X):
+        # Unfitted, scikit-learn's GP predicts from its prior (the kernel as given).
+        gp = self.gp if self.gp is not None else self._regressor(optimise=False)
+        mean, sd = gp.predict(X, return_std=True)
+        return mean, np.maximum(sd, 1e-9)
+
+    def log_evidence(self) -> float:
+        assert self.gp is not None, "fit first"
+        # sklearn's value is for the standardised targets: p(y) = p(y_std) / std^n.
+        scale = np.atleast_1d(self.gp._y_train_std)[0]
+        n = len(self.gp.y_train_)
+        return float(self.gp.log_marginal_likelihood_value_ - n * np.log(scale))
+
+
+class ExtraTrees(Surrogate):
+    def __init__(self, n_features: int, seed: int, n_trees: int = 64):
+        self.seed = seed
+        self.n_trees = n_trees
+        self.forest: ExtraTreesRegressor | None = None
+
+    def fit(self, X, y):
+        self.forest = ExtraTreesRegressor(
+            n_estimators=self.n_trees, bootstrap=True, random_state=self.seed, n_jobs=1
+        ).fit(X, y)
+
+    def condition(self, X, y):
+        other = ExtraTrees(X.shape[1], self.seed, self.n_trees)
+        other.fit(X, y)
+        return other
+
+    def predict(self, X):
+        assert self.forest is not None, "fit first"
+        per_tree = np.stack([t.predict(X) for t in self.forest.estimators_])
+        return per_tree.mean(axis=0), np.maximum(per_tree.std(axis=0), 1e-9)
+
+
+SURROGATES = {"gp": GaussianProcess, "extra_trees": ExtraTrees}
+
+
+class FailureModel:
+    """P(a configuration runs) from the trials so far: 1 until a trial has failed."""
+
+    def __init__(self, seed: int, n_trees: int = 24):
+        self.seed = seed
+        self.n_trees = n_trees
+        self.classifier: ExtraTreesClassifier | None = None
+
+    def fit(self, X: np.ndarray, ok: np.ndarray, weight: np.ndarray | None = None) -> None:
+        ok = np.asarray(ok, dtype=bool)
+        if ok.all() or not ok.any():
+            # One class only: nothing to separate. All failed is handled by the caller (it
+            # keeps exploring); all succeeded means no failure region is known yet.
+            self.classifier = None
+            return
+        self.classifier = ExtraTreesClassifier(
+            n_estimators=self.n_trees, random_state=self.seed, n_jobs=1
+        ).fit(X, ok, sample_weight=weight)
+
+    def p_ok(self, X: np.ndarray) -> np.ndarray:
+        if self.classifier is None:
+            return np.ones(len(X))
+        column = list(self.classifier.classes_).index(True)
+        return self.classifier.predict_proba(X)[:, column]
