@@ -1,4 +1,5 @@
-"""Benchmark operator suites. ``alcop``: the operators of the ALCOP evaluation (Fig. 10/13).
+"""Benchmark operator suites. ``alcop``: the operators of the ALCOP evaluation (Fig. 10/13);
+``memops``: the memory-intensive operators of BERT-base and GPT-2 (see _transformer_memops).
 
 Shapes follow the ALCOP paper: square GEMMs, BERT-base linear layers at 1024 tokens (N x K
 as in the paper), ResNet-50's FC and 1x1 convolutions as GEMM, BERT and GPT-2 attention
@@ -9,6 +10,7 @@ the stages of a 3D ResNet (R3D-18) at batch 8, chosen to span the same range.
 
 from __future__ import annotations
 
+from pipetune.model.memops.workloads import MemWorkload, bias_gelu, layernorm, softmax
 from pipetune.model.workloads import AnyWorkload, bmm, conv2d, conv3d, gemm
 
 ALCOP: dict[str, AnyWorkload] = {
@@ -37,10 +39,33 @@ ALCOP: dict[str, AnyWorkload] = {
     "Conv3D_4": conv3d(8, 4, 14, 14, 256, 256, 3, 3, 3, stride=1, pad=1),
 }
 
-SUITES: dict[str, dict[str, AnyWorkload]] = {"alcop": ALCOP}
+
+def _transformer_memops() -> dict[str, MemWorkload]:
+    """``memops``: the memory-intensive operators of BERT-base and GPT-2 (hidden 768, 12
+    heads, FFN 3072) at batch 1, 8, 32 and sequence 128, 1024: the attention softmax
+    (rows = batch·12·seq, cols = seq), the layer norm (batch·seq × 768; eps 1e-12 in BERT,
+    1e-5 in GPT-2) and the FC1 bias + GELU (batch·seq × 3072; erf GELU in BERT, tanh in
+    GPT-2). The two networks' softmax shapes coincide (GPT-2's causal mask does not change
+    them); BERT-base's position table stops at 512, so its 1024 rows are the same operators
+    at GPT-2's length."""
+    nets = {"BERT": (1e-12, "none"), "GPT2": (1e-5, "tanh")}
+    out: dict[str, MemWorkload] = {}
+    for net, (eps, gelu) in nets.items():
+        for batch in (1, 8, 32):
+            for seq in (128, 1024):
+                tag = f"{net}_b{batch}_s{seq}"
+                out[f"Softmax_{tag}"] = softmax(batch * 12 * seq, seq)
+                out[f"LayerNorm_{tag}"] = layernorm(batch * seq, 768, eps)
+                out[f"BiasGELU_{tag}"] = bias_gelu(batch * seq, 3072, gelu)
+    return out
 
 
-def suite(name: str) -> dict[str, AnyWorkload]:
+MEMOPS = _transformer_memops()
+
+SUITES: dict[str, dict[str, AnyWorkload | MemWorkload]] = {"alcop": ALCOP, "memops": MEMOPS}
+
+
+def suite(name: str) -> dict[str, AnyWorkload | MemWorkload]:
     try:
         return SUITES[name]
     except KeyError:

@@ -12,14 +12,17 @@ from rich.table import Table
 from pipetune.clients.cli.errors import CliError, reported
 from pipetune.clients.cli.output import console, print_json
 from pipetune.clients.cli.workload_options import add_workload_commands, option
-from pipetune.model.analytical import evaluate, rank
+from pipetune.model.family import KernelFamily, family_for_op, family_of
 from pipetune.model.hardware import get_gpu, gpu_keys
+from pipetune.model.memops.space import KNOBS as MEM_KNOBS
+from pipetune.model.memops.workloads import MEM_OPS
 from pipetune.model.operators import suite as operator_suite
-from pipetune.model.pipelining import pipelining_gain
-from pipetune.model.space import Schedule, Space
-from pipetune.model.workloads import parse_workload
+from pipetune.model.space import Schedule
 
-model_app = typer.Typer(help="The ALCOP analytical performance model (no GPU needed).")
+model_app = typer.Typer(
+    help="The analytical performance models: ALCOP's for the tensor-core GEMM family, the "
+    "wave/bandwidth model for memory-intensive operators (no GPU needed)."
+)
 rank_app = typer.Typer(help="Rank a workload's valid schedules by predicted latency.")
 model_app.add_typer(rank_app, name="rank")
 
@@ -32,18 +35,43 @@ def tile_label(schedule: Schedule) -> str:
     return f"{schedule.block_m}x{schedule.block_n}x{schedule.block_k}"
 
 
+_MEM_LABELS = {k.name: k for k in MEM_KNOBS}
+
+
+def _workload(document: dict[str, Any]) -> Any:
+    """A workload of any family from its canonical document."""
+    return family_for_op(document.get("op")).parse_workload(document)
+
+
+def mapping_label(knobs: dict[str, int], joins: bool = True) -> str:
+    """A memory-intensive schedule's thread mapping in one cell: threads per row x rows per
+    block, "/blocks per row" and how split rows join (``joins``: the op reduces), vector
+    width, where the row is kept, "w<n>" for a wave bound."""
+    text = f"{knobs['threads_per_row']}x{knobs['rows_per_block']}"
+    if knobs["blocks_per_row"] > 1:
+        text += f" /{knobs['blocks_per_row']}"
+        if joins:
+            text += " " + _MEM_LABELS["split_mode"].label(knobs["split_mode"])
+    text += f" v{knobs['vector_width']} {_MEM_LABELS['row_cache'].label(knobs['row_cache'])}"
+    if knobs["max_waves"]:
+        text += f" w{knobs['max_waves']}"
+    return text
+
+
 def rank_document(
     workload_data: dict[str, Any], gpu_name: str, top: int, profile: Path | None
 ) -> dict:
     if top < 1:
         raise CliError("--top: must be at least 1", code=2)
-    workload = parse_workload(workload_data)
+    family = family_for_op(workload_data.get("op"))
+    workload = family.parse_workload(workload_data)
     gpu = get_gpu(gpu_name, profile=profile)
-    space, _, ranked = rank(workload, gpu, top=top)
+    space, _, ranked = family.rank(workload, gpu, top=top)
     if not len(space):
         raise CliError(f"no valid schedule for {workload.label()} on {gpu.key}", code=2)
     return {
         "workload": workload.canonical(),
+        "family": family.name,
         "gpu": gpu.key,
         "gpu_name": gpu.name,
         "hardware_profile": gpu.profile,
@@ -60,10 +88,13 @@ def _rank(workload: dict, gpu: str, top: int, profile: Path | None, as_json: boo
     if as_json:
         print_json(doc)
         return
-    label = parse_workload(doc["workload"]).label()
-    table = Table(
-        title=f"{label} on {doc['gpu_name']}: top {len(doc['schedules'])} of {doc['space_size']}"
-    )
+    family = family_for_op(doc["workload"]["op"])
+    label = _workload(doc["workload"]).label()
+    title = f"{label} on {doc['gpu_name']}: top {len(doc['schedules'])} of {doc['space_size']}"
+    if family.name == "memops":
+        _print_memops_rank(doc, title)
+        return
+    table = Table(title=title)
     for col in (
         "#",
         "tile MxNxK",
@@ -93,19 +124,51 @@ def _rank(workload: dict, gpu: str, top: int, profile: Path | None, as_json: boo
     console.print(table)
 
 
-add_workload_commands(
-    rank_app,
-    _rank,
-    [
-        option(
-            "top", int, 10, help="how many schedules (more than the space gives the whole space)"
-        ),
-        _GPU,
-        _PROFILE,
-        _JSON,
-    ],
-    "Rank the schedules of:",
-)
+def _print_memops_rank(doc: dict[str, Any], title: str) -> None:
+    table = Table(title=title + " (model predictions)")
+    columns = ("#", "threads/row x rows/block", "blocks/row", "vec", "row kept", "split",
+               "wave bound", "pred µs", "GB/s", "bound", "waves", "blk/SM")  # fmt: skip
+    for col in columns:
+        table.add_column(col, justify="right")
+    # An element-wise chain's split blocks never join: no split mode to show.
+    joins = _workload(doc["workload"]).has_reduction
+    for s in doc["schedules"]:
+        k = s["schedule"]
+        split = k["blocks_per_row"] > 1 and joins
+        table.add_row(
+            str(s["rank"]),
+            f"{k['threads_per_row']}x{k['rows_per_block']}",
+            str(k["blocks_per_row"]),
+            str(k["vector_width"]),
+            _MEM_LABELS["row_cache"].label(k["row_cache"]),
+            _MEM_LABELS["split_mode"].label(k["split_mode"]) if split else "-",
+            _MEM_LABELS["max_waves"].label(k["max_waves"]),
+            f"{s['predicted_us']:.2f}",
+            f"{s['predicted_gbs']:.0f}",
+            s["bottleneck"],
+            str(s["waves"]),
+            str(s["blocks_per_sm"]),
+        )
+    console.print(table)
+
+
+_RANK_OPTIONS = [
+    option("top", int, 10, help="how many schedules (more than the space gives the whole space)"),
+    _GPU,
+    _PROFILE,
+    _JSON,
+]
+add_workload_commands(rank_app, _rank, _RANK_OPTIONS, "Rank the schedules of:")
+add_workload_commands(rank_app, _rank, _RANK_OPTIONS, "Rank the schedules of:", ops=MEM_OPS)
+
+
+def _baseline_speedup(family: KernelFamily, space: Any, latency: Any) -> tuple[str, float | None]:
+    """The family's fixed baseline (non-pipelined GEMMs, one row per block) over the best."""
+    label, mask = family.baseline(space)
+    if not mask.any():
+        return label, None
+    speedup = float(latency[mask].min() / latency.min())
+    return label, None if math.isnan(speedup) else speedup
 
 
 def suite_document(name: str, gpu_name: str, profile: Path | None) -> dict:
@@ -116,20 +179,23 @@ def suite_document(name: str, gpu_name: str, profile: Path | None) -> dict:
     gpu = get_gpu(gpu_name, profile=profile)
     rows = []
     for op_name, workload in operators.items():
-        space = Space.enumerate(workload, gpu)
-        prediction = evaluate(space)
+        family = family_of(workload)
+        space = family.enumerate(workload, gpu)
+        prediction = family.evaluate(space)
         best = int(prediction.order[0])
-        gain = pipelining_gain(space, prediction.T_kernel)
-        speedup = gain.speedup_over_non_pipelined
-        rows.append(
-            {
-                "operator": op_name,
-                "workload": workload.canonical(),
-                "space_size": len(space),
-                "best": {"schedule": space[best].as_dict(), **prediction.terms(best)},
-                "pipelining_speedup": None if math.isnan(speedup) else speedup,
-            }
-        )
+        baseline, speedup = _baseline_speedup(family, space, prediction.T_kernel)
+        row = {
+            "operator": op_name,
+            "family": family.name,
+            "workload": workload.canonical(),
+            "space_size": len(space),
+            "best": {"schedule": space[best].as_dict(), **prediction.terms(best)},
+            "baseline": baseline,
+            "speedup_over_baseline": speedup,
+        }
+        if family.name == "tensor_gemm":
+            row["pipelining_speedup"] = speedup
+        rows.append(row)
     return {
         "suite": name,
         "gpu": gpu.key,
@@ -142,7 +208,7 @@ def suite_document(name: str, gpu_name: str, profile: Path | None) -> dict:
 @model_app.command("suite")
 @reported
 def suite(
-    name: str = typer.Argument("alcop", help="operator suite"),
+    name: str = typer.Argument("alcop", help="operator suite: alcop or memops"),
     gpu: str = typer.Option("h100", "--gpu"),
     profile: Path | None = typer.Option(None, "--profile"),
     as_json: bool = typer.Option(False, "--json"),
@@ -151,6 +217,9 @@ def suite(
     doc = suite_document(name, gpu, profile)
     if as_json:
         print_json(doc)
+        return
+    if doc["operators"] and doc["operators"][0]["family"] == "memops":
+        _print_memops_suite(doc, name)
         return
     table = Table(title=f"suite {name} on {doc['gpu_name']} (analytical model predictions)")
     for col in (
@@ -176,6 +245,29 @@ def suite(
             f"{row['best']['predicted_us']:.1f}",
             f"{row['best']['predicted_tflops']:.1f}",
             row["best"]["bottleneck"],
+            "-" if speedup is None else f"{speedup:.2f}x",
+        )
+    console.print(table)
+
+
+def _print_memops_suite(doc: dict[str, Any], name: str) -> None:
+    table = Table(title=f"suite {name} on {doc['gpu_name']} (analytical model predictions)")
+    columns = ("operator", "shape", "space", "best mapping", "pred µs", "GB/s", "bound",
+               "best / one row per block")  # fmt: skip
+    for col in columns:
+        table.add_column(col, justify="right")
+    for row in doc["operators"]:
+        best = row["best"]
+        speedup = row["speedup_over_baseline"]
+        w = row["workload"]
+        table.add_row(
+            row["operator"],
+            f"{w['rows']}x{w['cols']}",
+            str(row["space_size"]),
+            mapping_label(best["schedule"], joins=_workload(w).has_reduction),
+            f"{best['predicted_us']:.1f}",
+            f"{best['predicted_gbs']:.0f}",
+            best["bottleneck"],
             "-" if speedup is None else f"{speedup:.2f}x",
         )
     console.print(table)

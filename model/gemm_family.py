@@ -1,0 +1,75 @@
+"""The pipelined tensor-core GEMM family as a :class:`~pipetune.model.family.KernelFamily`.
+
+An adapter over the family's existing modules (workloads, space, analytical, pipelining),
+with no behaviour of its own: what it answers is what those modules answer, so the rest of
+pipetune can move to the family interface without a change in any ranking, space or
+prediction (tests/test_family.py checks that).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+
+from pipetune.model.analytical import Prediction
+from pipetune.model.analytical import evaluate as alcop_evaluate
+from pipetune.model.family import KernelFamily, Knob
+from pipetune.model.hardware import GPUSpec
+from pipetune.model.pipelining import non_pipelined
+from pipetune.model.space import KNOB_SPECS, KNOBS, Schedule, Space, schedule_problems
+from pipetune.model.workloads import OPS, AnyWorkload, parse_workload
+
+# What each knob means: the knob declaration's (model/space.py); all are ordered sizes or
+# depths.
+_KNOB_DOCS = {name: spec.meaning for name, spec in KNOB_SPECS.items()}
+
+
+class TensorGemmFamily(KernelFamily):
+    name = "tensor_gemm"
+    title = "pipelined tensor-core GEMM, batched GEMM and implicit-GEMM convolutions (ALCOP)"
+    work_unit = "flop"
+    throughput_unit = "TFLOP/s"
+    codegen_module = "pipetune.workers.codegen"
+    reference_module = "pipetune.workers.runners.reference"
+
+    @property
+    def ops(self) -> Mapping[str, type]:
+        return OPS
+
+    @property
+    def knobs(self) -> tuple[Knob, ...]:
+        return tuple(
+            Knob(name, tuple(values), True, _KNOB_DOCS.get(name, name))
+            for name, values in KNOBS.items()
+        )
+
+    def parse_workload(self, data: dict[str, Any]) -> AnyWorkload:
+        return parse_workload(data)
+
+    def parse_schedule(self, data: dict[str, Any]) -> Schedule:
+        return Schedule.from_dict(data)
+
+    def enumerate(self, workload: AnyWorkload, gpu: GPUSpec) -> Space:
+        return Space.enumerate(workload, gpu)
+
+    def schedule_problems(
+        self, schedule: Schedule, workload: AnyWorkload, gpu: GPUSpec
+    ) -> list[str]:
+        return schedule_problems(schedule, workload, gpu)
+
+    def evaluate(self, space: Space) -> Prediction:
+        return alcop_evaluate(space)
+
+    def model_features(self, space: Space) -> tuple[tuple[str, ...], np.ndarray]:
+        # Imported here: the cost model module loads XGBoost.
+        from pipetune.model.cost_model import ANALYTICAL_FEATURES, analytical_features
+
+        return ANALYTICAL_FEATURES, analytical_features(space)
+
+    def baseline(self, space: Space) -> tuple[str, np.ndarray]:
+        return "non-pipelined", non_pipelined(space)
+
+
+TENSOR_GEMM = TensorGemmFamily()

@@ -1,0 +1,83 @@
+"""The memory-intensive family (AStitch) as a :class:`~pipetune.model.family.KernelFamily`."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+
+from pipetune.model.family import KernelFamily, Knob
+from pipetune.model.hardware import GPUSpec
+from pipetune.model.memops.analytical import MemPrediction, evaluate, one_row_per_block
+from pipetune.model.memops.space import KNOBS, MemSchedule, MemSpace, schedule_problems
+from pipetune.model.memops.workloads import MEM_OPS, MemWorkload, parse_mem_workload
+
+MODEL_FEATURES: tuple[str, ...] = (
+    "log_T_kernel",
+    "log_T_item",
+    "log_T_mem",
+    "log_T_xfer",
+    "log_T_issue",
+    "N_waves",
+    "tail_fraction",
+    "l2_hit",
+    "latency_bound",
+)
+
+
+class MemoryFamily(KernelFamily):
+    name = "memops"
+    title = "memory-intensive row operators with adaptive thread mapping (AStitch)"
+    work_unit = "byte"
+    throughput_unit = "GB/s"
+    codegen_module = "pipetune.workers.codegen.memops"
+    reference_module = "pipetune.workers.runners.memops_reference"
+
+    @property
+    def ops(self) -> Mapping[str, type]:
+        return MEM_OPS
+
+    @property
+    def knobs(self) -> tuple[Knob, ...]:
+        return KNOBS
+
+    def parse_workload(self, data: dict[str, Any]) -> MemWorkload:
+        return parse_mem_workload(data)
+
+    def parse_schedule(self, data: dict[str, Any]) -> MemSchedule:
+        return MemSchedule.from_dict(data)
+
+    def enumerate(self, workload: MemWorkload, gpu: GPUSpec) -> MemSpace:
+        return MemSpace.enumerate(workload, gpu)
+
+    def schedule_problems(
+        self, schedule: MemSchedule, workload: MemWorkload, gpu: GPUSpec
+    ) -> list[str]:
+        return schedule_problems(schedule, workload, gpu)
+
+    def evaluate(self, space: MemSpace) -> MemPrediction:
+        return evaluate(space)
+
+    def model_features(self, space: MemSpace) -> tuple[tuple[str, ...], np.ndarray]:
+        p = evaluate(space)
+        matrix = np.column_stack(
+            [
+                np.log(p.T_kernel),
+                np.log(p.T_item),
+                np.log(p.T_mem),
+                np.log(np.maximum(p.T_xfer, 1e-12)),
+                np.log(np.maximum(p.T_issue, 1e-12)),
+                p.N_waves,
+                p.tail_fraction,
+                p.l2_hit,
+                (p.bottleneck == "latency").astype(np.float64),
+            ]
+        )
+        return MODEL_FEATURES, matrix
+
+    def baseline(self, space: MemSpace) -> tuple[str, np.ndarray]:
+        return "one row per block", one_row_per_block(space)
+
+
+MEMORY_OPS = MemoryFamily()

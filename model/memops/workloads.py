@@ -1,0 +1,249 @@
+"""Memory-intensive operators on the rows of a 2-D tensor (the AStitch family's workloads).
+
+Every operator reads ``x`` of shape rows × cols (float16, row-major) and works along the
+last dimension, accumulating in float32:
+
+- ``reduce``: out[r] = Σ_c x[r, c] (``reduction="sum"``) or max_c x[r, c] (``"max"``);
+  the output has one float16 value per row.
+- ``softmax``: y[r, :] = exp(x[r, :] − max) / Σ exp(x[r, :] − max).
+- ``layernorm``: y[r, :] = (x[r, :] − mean) / sqrt(var + eps) · gamma + beta, with gamma
+  and beta float16 vectors of length cols and the biased variance (as PyTorch).
+- ``bias_gelu``: y[r, c] = gelu(x[r, c] + bias[c]), a stitched element-wise chain (bias
+  add then GELU, one read and one write); ``approximate`` as PyTorch's ``nn.GELU``:
+  ``"none"`` is the erf form (BERT), ``"tanh"`` the tanh approximation (GPT-2).
+
+Limits, and why (a bad field raises WorkloadError naming it, as the GEMM workloads do):
+- rows and cols are strict positive integers (a float or a string is a mistake);
+- cols is a multiple of 8: the widest vector load is 8 float16 (16 bytes) and every row
+  must start 16-byte aligned;
+- cols <= 2^20 and rows <= 2^24: no operator of a real network comes near them;
+- rows · cols < 2^31: the kernels index elements with 32-bit ints.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import reprlib
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, model_validator
+
+from pipetune.model.workloads import INDEX_LIMIT, WorkloadError
+
+ROW_ALIGN = 8  # float16 elements per 16-byte vector: rows start 16-byte aligned
+MAX_ROWS = 1 << 24
+MAX_COLS = 1 << 20
+BYTES_FP16 = 2
+
+Rows = Annotated[int, Field(strict=True, ge=1, le=MAX_ROWS, description="rows (independent tasks)")]
+Cols = Annotated[
+    int,
+    Field(
+        strict=True,
+        ge=ROW_ALIGN,
+        le=MAX_COLS,
+        description="columns: the reduced (last) dimension, a multiple of 8",
+    ),
+]
+
+
+class _RowWorkload(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    dtype: Literal["float16"] = "float16"
+    rows: Rows
+    cols: Cols
+
+    @model_validator(mode="after")
+    def _validate(self) -> _RowWorkload:
+        if self.cols % ROW_ALIGN:
+            raise WorkloadError(
+                "cols",
+                f"must be a multiple of {ROW_ALIGN} for float16 (rows start 16-byte aligned "
+                f"for the 16-byte vector loads), got {self.cols}",
+            )
+        if self.rows * self.cols > INDEX_LIMIT:
+            raise WorkloadError(
+                "rows",
+                f"rows x cols = {self.rows * self.cols} elements exceed the 2^31-1 limit of "
+                "32-bit kernel indexing",
+            )
+        return self
+
+    # What every operator of the family reads and writes, as stored.
+    @property
+    def has_output_pass(self) -> bool:
+        """Whether the row is read a second time to write a full-size output (softmax,
+        layernorm): the row is kept (registers, shared memory) or re-read between passes."""
+        return False
+
+    @property
+    def has_reduction(self) -> bool:
+        return True
+
+    @property
+    def param_vectors(self) -> int:
+        """float16 vectors of length cols the operator reads besides x (bias, gamma, beta)."""
+        return 0
+
+    @property
+    def output_elements(self) -> int:
+        return self.rows * self.cols
+
+    @property
+    def input_bytes(self) -> int:
+        return BYTES_FP16 * (self.rows * self.cols + self.param_vectors * self.cols)
+
+    @property
+    def output_bytes(self) -> int:
+        return BYTES_FP16 * self.output_elements
+
+    @property
+    def compulsory_bytes(self) -> int:
+        """DRAM traffic with perfect reuse: read every input once, write the output once."""
+        return self.input_bytes + self.output_bytes
+
+    def canonical(self) -> dict[str, Any]:
+        return self.model_dump(mode="json")
+
+    @property
+    def workload_hash(self) -> str:
+        text = json.dumps(self.canonical(), sort_keys=True, separators=(",", ":"))
+        return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+    def label(self) -> str:
+        return f"{self.op} {self.rows}x{self.cols}"  # type: ignore[attr-defined]
+
+
+class Reduce(_RowWorkload):
+    """Row reduction: out[r] = sum or max of x[r, :] (one float16 per row)."""
+
+    op: Literal["reduce"] = "reduce"
+    reduction: Literal["sum", "max"] = Field("sum", description="sum or max")
+
+    @property
+    def output_elements(self) -> int:
+        return self.rows
+
+    def label(self) -> str:
+        return f"reduce-{self.reduction} {self.rows}x{self.cols}"
+
+
+class Softmax(_RowWorkload):
+    """Row softmax: y = exp(x - max) / sum(exp(x - max)) along the last dimension."""
+
+    op: Literal["softmax"] = "softmax"
+
+    @property
+    def has_output_pass(self) -> bool:
+        return True
+
+
+class LayerNorm(_RowWorkload):
+    """Layer normalisation of each row, with gamma and beta of length cols."""
+
+    op: Literal["layernorm"] = "layernorm"
+    eps: float = Field(1e-5, gt=0.0, le=1.0, description="added to the variance")
+
+    @property
+    def has_output_pass(self) -> bool:
+        return True
+
+    @property
+    def param_vectors(self) -> int:
+        return 2
+
+    def label(self) -> str:
+        return f"layernorm {self.rows}x{self.cols} eps={self.eps:g}"
+
+
+class BiasGelu(_RowWorkload):
+    """Stitched element-wise chain: y = gelu(x + bias), bias of length cols."""
+
+    op: Literal["bias_gelu"] = "bias_gelu"
+    approximate: Literal["none", "tanh"] = Field(
+        "none", description="GELU form: none (erf, BERT) or tanh (GPT-2)"
+    )
+
+    @property
+    def has_reduction(self) -> bool:
+        return False
+
+    @property
+    def param_vectors(self) -> int:
+        return 1
+
+    def label(self) -> str:
+        return f"bias_gelu({self.approximate}) {self.rows}x{self.cols}"
+
+
+MemWorkload = Reduce | Softmax | LayerNorm | BiasGelu
+MEM_OPS: dict[str, type[_RowWorkload]] = {
+    "reduce": Reduce,
+    "softmax": Softmax,
+    "layernorm": LayerNorm,
+    "bias_gelu": BiasGelu,
+}
+# One integer per operator (and reduction kind) for the kernels and the cost model.
+OP_CODES: dict[str, int] = {"reduce-sum": 0, "reduce-max": 1, "softmax": 2, "layernorm": 3,
+                            "bias_gelu": 4}  # fmt: skip
+_ADAPTER: TypeAdapter[MemWorkload] = TypeAdapter(Annotated[MemWorkload, Field(discriminator="op")])
+
+
+def op_key(workload: MemWorkload) -> str:
+    """The operator as the kernels distinguish it: reduce splits into sum and max."""
+    return f"reduce-{workload.reduction}" if isinstance(workload, Reduce) else workload.op
+
+
+def _first_error(exc: ValidationError) -> WorkloadError:
+    err = exc.errors()[0]
+    loc = [str(p) for p in err.get("loc", ())]
+    if loc and loc[0] in MEM_OPS:  # the discriminated union puts the op tag first
+        loc = loc[1:]
+    ctx_error = (err.get("ctx") or {}).get("error")
+    if isinstance(ctx_error, WorkloadError):
+        return ctx_error
+    reason = err.get("msg", "invalid")
+    if "input" in err and err.get("type") != "missing":
+        reason = f"{reason} (got {reprlib.repr(err['input'])})"
+    return WorkloadError(".".join(loc) or "workload", reason)
+
+
+def parse_mem_workload(data: dict[str, Any]) -> MemWorkload:
+    """A memory-intensive workload from a plain dict; WorkloadError names the bad field."""
+    if not isinstance(data, dict):
+        raise WorkloadError("workload", "must be an object with an 'op' field")
+    op = data.get("op")
+    if not isinstance(op, str) or op not in MEM_OPS:
+        raise WorkloadError(
+            "op", f"unknown operator {reprlib.repr(op)}; known: {', '.join(MEM_OPS)}"
+        )
+    dtype = data.get("dtype", "float16")
+    if dtype != "float16":
+        raise WorkloadError(
+            "dtype",
+            f"unsupported dtype {reprlib.repr(dtype)}: the memory-intensive kernels take "
+            "float16 inputs",
+        )
+    try:
+        return _ADAPTER.validate_python(data)
+    except ValidationError as exc:
+        raise _first_error(exc) from None
+
+
+def reduce(rows: int, cols: int, reduction: str = "sum") -> Reduce:
+    return parse_mem_workload({"op": "reduce", "rows": rows, "cols": cols, "reduction": reduction})  # type: ignore[return-value]
+
+
+def softmax(rows: int, cols: int) -> Softmax:
+    return parse_mem_workload({"op": "softmax", "rows": rows, "cols": cols})  # type: ignore[return-value]
+
+
+def layernorm(rows: int, cols: int, eps: float = 1e-5) -> LayerNorm:
+    return parse_mem_workload({"op": "layernorm", "rows": rows, "cols": cols, "eps": eps})  # type: ignore[return-value]
+
+
+def bias_gelu(rows: int, cols: int, approximate: str = "none") -> BiasGelu:
+    data = {"op": "bias_gelu", "rows": rows, "cols": cols, "approximate": approximate}
+    return parse_mem_workload(data)  # type: ignore[return-value]

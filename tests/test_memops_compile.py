@@ -1,0 +1,119 @@
+"""Every knob value of every memory-intensive op compiles with NVRTC for sm_80 and sm_90,
+without register spills or stack, within the block's register budget (no GPU needed).
+
+The spaces hold hundreds to a thousand schedules per workload, so the test compiles a
+sample that reaches every knob value of each op's spaces on each GPU (a greedy cover,
+workers/codegen/memops/sample.py): about 15 schedules per (op, arch), some 150 compiles.
+compile_many runs them in parallel and the disk cache (PIPETUNE_CACHE_DIR, else the user
+cache dir) makes reruns quick.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from pipetune.model.hardware import get_gpu
+from pipetune.model.memops.space import (
+    KNOBS,
+    REGISTER_FIT_ERROR,
+    MemSpace,
+    register_budget,
+)
+from pipetune.model.memops.workloads import bias_gelu, layernorm, op_key, reduce, softmax
+from pipetune.workers.codegen.memops import generate
+from pipetune.workers.codegen.memops.sample import covering_sample
+from pipetune.workers.compile import CompileError, compile_many
+from pipetune.workers.compile.ptxas_report import parse_ptxas_report
+
+# Per kernel kind (op key): shapes from the benchmark suite and AStitch's irregular ones
+# (short rows in great number, few very long rows).
+WORKLOADS = {
+    "reduce-sum": [reduce(64, 30000), reduce(4096, 4096), reduce(49152, 128)],
+    "reduce-max": [reduce(750000, 32, "max"), reduce(8, 65536, "max")],
+    "softmax": [softmax(4096, 768), softmax(8, 65536), softmax(49152, 128)],
+    "layernorm": [layernorm(4096, 768), layernorm(16, 65536), layernorm(512, 8192)],
+    "bias_gelu": [bias_gelu(4096, 3072), bias_gelu(64, 30000, "tanh"), bias_gelu(750000, 32)],
+}
+ARCHS = {"sm_80": "a100", "sm_90": "h100"}
+
+
+@pytest.fixture(scope="module")
+def compiled():
+    """{(kind, arch): [(workload, schedule, space row, result or CompileError), ...]}"""
+    out = {}
+    for arch, gpu_key in ARCHS.items():
+        gpu = get_gpu(gpu_key, calibrated=False)
+        jobs = []
+        for kind, workloads in WORKLOADS.items():
+            candidates = []
+            for w in workloads:
+                space = MemSpace.enumerate(w, gpu)
+                candidates += [(w, space, i) for i in range(len(space))]
+            for w, space, i in covering_sample(candidates, lambda c: c[1][c[2]], seed=1):
+                jobs.append((kind, w, space, i))
+        kernels = [generate(w, space[i]) for _, w, space, i in jobs]
+        results = compile_many([k.code for k in kernels], arch, return_exceptions=True)
+        for (kind, w, space, i), result in zip(jobs, results, strict=True):
+            out.setdefault((kind, arch), []).append((w, space, i, result))
+    return out
+
+
+def test_sample_reaches_every_knob_value_of_every_kind_and_arch(compiled):
+    assert set(compiled) == {(k, a) for k in WORKLOADS for a in ARCHS}
+    for (kind, arch), rows in compiled.items():
+        gpu = get_gpu(ARCHS[arch], calibrated=False)
+        allowed = {
+            (knob.name, v)
+            for w in WORKLOADS[kind]
+            for s in MemSpace.enumerate(w, gpu)
+            for knob in KNOBS
+            for v in [getattr(s, knob.name)]
+        }
+        reached = {(k.name, getattr(space[i], k.name)) for _, space, i, _ in rows for k in KNOBS}
+        assert reached == allowed, (kind, arch, sorted(allowed - reached))
+        assert all(op_key(w) == kind for w, *_ in rows)
+    kinds_values = {k.name: set() for k in KNOBS}
+    for rows in compiled.values():
+        for _, space, i, _ in rows:
+            for k in KNOBS:
+                kinds_values[k.name].add(getattr(space[i], k.name))
+    # Over all kinds, every value of every knob is compiled.
+    assert kinds_values == {k.name: set(k.values) for k in KNOBS}
+
+
+def test_every_sampled_schedule_compiles(compiled):
+    failures = [
+        f"{kind} {arch} {w.label()} {space[i].id}: {r}"
+        for (kind, arch), rows in compiled.items()
+        for w, space, i, r in rows
+        if isinstance(r, CompileError)
+    ]
+    assert not failures, "\n".join(failures[:5])
+
+
+def test_valid_schedules_do_not_spill(compiled):
+    spills = [
+        f"{arch} {w.label()} {space[i].id}: {r.registers} regs, {r.spill_bytes} B spilled, "
+        f"{r.stack_bytes} B stack"
+        for (kind, arch), rows in compiled.items()
+        for w, space, i, r in rows
+        if not isinstance(r, CompileError) and (r.spill_bytes or r.stack_bytes)
+    ]
+    assert not spills, "\n".join(spills)
+
+
+def test_registers_within_budget_and_the_fit(compiled):
+    """ptxas stays within __launch_bounds__'s budget, and the space's register estimate
+    (used for occupancy) is at most REGISTER_FIT_ERROR below what ptxas allocates."""
+    for (_, arch), rows in compiled.items():
+        for w, space, i, r in rows:
+            if isinstance(r, CompileError):
+                continue
+            s = space[i]
+            assert 0 < r.registers <= int(register_budget(space.gpu, s.threads)), (arch, s.id)
+            assert r.registers <= int(space.registers[i]) + REGISTER_FIT_ERROR, (
+                f"{arch} {w.label()} {s.id}: ptxas {r.registers}, fit {int(space.registers[i])}"
+            )
+            assert r.smem_static_bytes == 0  # all shared memory is dynamic
+            entries = parse_ptxas_report(r.log)
+            assert set(entries) == set(generate(w, s).entries)

@@ -1,0 +1,603 @@
+"""The memory-intensive kernels, run on the CPU: g++ builds the generated helpers,
+reductions and kernel entries with the device layer (conversions, loads and stores, shared
+memory, shuffles, barriers, fences, atomics) emulated, and the output must match the
+numpy reference within the tolerance the GPU check uses (workers/runners/memops_reference).
+
+What the emulator checks (no GPU needed; skipped where no g++ is installed):
+- one OS thread per CUDA thread, and the grid run in waves of resident blocks: at most
+  SMs × blocks per SM of a small emulated GPU at once, the wave the launch plan assumed, so a
+  fused split (blocks that wait for their row's other blocks) runs as it must on a GPU, and
+  a plan that relied on more co-residency than one wave would hang (the test times out);
+- ``__syncthreads`` is a block barrier; a shuffle is warp-collective (the 32 lanes meet at
+  a warp barrier and read each other's values, width and xor mask as the PTX ISA defines);
+- every global load and store is checked against its buffer (inside, aligned to its
+  vector), shared memory starts as NaN and every access is range-checked, canaries around
+  the output catch stray stores, and outputs start as NaN (an unwritten one fails);
+- a race detector numbers the block's barrier intervals ("epochs"): a shared-memory half
+  may not be read or written in the epoch another thread wrote it, nor written in the
+  epoch another thread read it (a missing barrier is a deterministic failure, not luck);
+- the workspace starts as the runner leaves it: counters zero, partials arbitrary (here
+  NaN, so a block that reads a partial before it was written, a join that does not wait,
+  produces NaN); after the run every counter must be zero again, which is all a second run
+  on the same workspace needs.
+
+What it cannot check: timing, real memory ordering (the emulator's atomics and fences are
+sequentially consistent), and the PTX encodings (NVRTC compiles those in
+test_memops_compile.py).
+"""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import replace
+from functools import cache
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from pipetune.model.hardware import get_gpu
+from pipetune.model.memops.space import KNOBS, MemSchedule, MemSpace, schedule_problems
+from pipetune.model.memops.workloads import (
+    MemWorkload,
+    bias_gelu,
+    layernorm,
+    reduce,
+    softmax,
+)
+from pipetune.workers.codegen.memops import generate, launch_plan, source_parts
+from pipetune.workers.codegen.memops.sample import covering_sample
+from pipetune.workers.runners.memops_reference import check, make_inputs, reference
+
+pytestmark = pytest.mark.skipif(shutil.which("g++") is None, reason="needs a host C++ compiler")
+
+# A small GPU for the emulator: 2 SMs of at most 4 blocks and 1024 threads each, so a wave
+# is at most 2048 OS threads, and the spaces (validity, wave bounds, fused splitting's
+# one-wave grid) are those of this GPU.
+EMU_GPU = replace(
+    get_gpu("h100", calibrated=False),
+    key="emulated",
+    sm_count=2,
+    max_blocks_per_sm=4,
+    max_threads_per_sm=1024,
+)
+
+SHIM = r"""
+#include <math.h>
+#include <pthread.h>
+#include <sched.h>
+#include <climits>
+#include <condition_variable>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <mutex>
+#include <vector>
+
+struct Dim3 { unsigned x = 0, y = 0, z = 0; };
+#define __global__
+#define __device__
+#define __host__
+#define __forceinline__ inline
+#define __launch_bounds__(...)
+#define __restrict__
+struct __half { unsigned short bits; };
+
+[[noreturn]] static void fail(const char* what, long a, long b);
+
+struct Barrier {
+  std::mutex m;
+  std::condition_variable cv;
+  int count, waiting = 0;
+  unsigned long gen = 0;
+  int* epoch = nullptr;  // a block barrier starts a new epoch for the race detector
+  explicit Barrier(int n, int* e = nullptr) : count(n), epoch(e) {}
+  void wait() {
+    std::unique_lock<std::mutex> lk(m);
+    unsigned long g = gen;
+    if (++waiting == count) {
+      waiting = 0;
+      if (epoch) __atomic_add_fetch(epoch, 1, __ATOMIC_SEQ_CST);
+      ++gen;
+      cv.notify_all();
+    } else {
+      cv.wait(lk, [&] { return gen != g; });
+    }
+  }
+};
+
+struct WarpSlots { float f[32]; int i[32]; };
+// Race detector, per 2-byte unit of shared memory: the epoch (barrier interval) and thread
+// of the last write and of the last read (-1: several readers).
+struct WordTrack { int w_epoch = -1, w_thread = -1, r_epoch = -1, r_thread = -1; };
+struct BlockCtx {
+  unsigned block = 0;
+  int epoch = 0;
+  Barrier* bar = nullptr;
+  std::vector<Barrier*> warps;
+  std::vector<WarpSlots> slots;
+  std::vector<unsigned char> smem;
+  std::vector<WordTrack> track;
+  std::mutex track_m;
+};
+thread_local BlockCtx* t_ctx = nullptr;
+thread_local int t_tid = 0;
+static unsigned g_grid = 0;
+
+// Buffers the kernels may touch: [begin, end), writable or not.
+struct Region {
+  const unsigned char* begin;
+  const unsigned char* end;
+  bool writable;
+  const char* name;
+};
+static std::vector<Region> g_regions;
+
+[[noreturn]] static void fail(const char* what, long a, long b) {
+  std::fprintf(stderr, "EMULATOR: %s (%ld, %ld) block %u thread %d\n", what, a, b,
+               t_ctx ? t_ctx->block : 0u, t_tid);
+  std::fflush(stderr);
+  std::_Exit(3);  // the other threads are running: no destructors under them
+}
+
+static void check_access(const void* p, int bytes, bool write) {
+  const unsigned char* c = (const unsigned char*)p;
+  if ((uintptr_t)c % bytes)
+    fail("global access not aligned to its vector", (long)((uintptr_t)c % bytes), bytes);
+  for (const Region& r : g_regions)
+    if (c >= r.begin && c + bytes <= r.end) {
+      if (write && !r.writable) fail("store into an input buffer", (long)(c - r.begin), 0);
+      return;
+    }
+  fail(write ? "store outside every buffer" : "load outside every buffer",
+       (long)((uintptr_t)c % 4096), bytes);
+}
+
+namespace pt {
+inline float h2f(unsigned short h) { _Float16 v; std::memcpy(&v, &h, 2); return (float)v; }
+inline unsigned short f2h(float f) {
+  _Float16 v = (_Float16)f;  // round to nearest even, as cvt.rn
+  unsigned short h;
+  std::memcpy(&h, &v, 2);
+  return h;
+}
+inline unsigned pack2(float lo, float hi) { return (unsigned)f2h(lo) | ((unsigned)f2h(hi) << 16); }
+
+template <int V> inline void load_vec(const unsigned short* p, unsigned (&w)[(V + 1) / 2]) {
+  check_access(p, 2 * V, false);
+  if (V == 1) { w[0] = *p; } else { std::memcpy(w, p, 2 * V); }
+}
+template <int V> inline void store_vec(unsigned short* p, const unsigned (&w)[(V + 1) / 2]) {
+  check_access(p, 2 * V, true);
+  if (V == 1) { *p = (unsigned short)w[0]; } else { std::memcpy(p, w, 2 * V); }
+}
+inline unsigned char* smem_base() { return t_ctx->smem.data(); }
+// Range, alignment and race checks of one shared-memory access of `bytes` at `off`.
+inline void smem_access(int off, int bytes, bool write) {
+  BlockCtx& c = *t_ctx;
+  if (off < 0 || off % (bytes < 4 ? bytes : 4) || off + bytes > (int)c.smem.size())
+    fail(write ? "shared store out of range" : "shared load out of range", off, c.smem.size());
+  std::lock_guard<std::mutex> lk(c.track_m);
+  const int e = __atomic_load_n(&c.epoch, __ATOMIC_SEQ_CST);
+  for (int word = off / 2; word <= (off + bytes - 1) / 2; ++word) {
+    WordTrack& t = c.track[word];
+    if (t.w_epoch == e && t.w_thread != t_tid)
+      fail(write ? "write-after-write race on shared memory"
+                 : "read-after-write race on shared memory (no barrier between)",
+           word, t.w_thread);
+    if (write) {
+      if (t.r_epoch == e && t.r_thread != t_tid)
+        fail("write-after-read race on shared memory", word, t.r_thread);
+      t.w_epoch = e; t.w_thread = t_tid;
+    } else {
+      t.r_thread = (t.r_epoch == e && t.r_thread != t_tid) ? -1 : t_tid;
+      t.r_epoch = e;
+    }
+  }
+}
+template <int V>
+inline void smem_store_vec(unsigned char* sm, int off, const unsigned (&w)[(V + 1) / 2]) {
+  smem_access(off, 2 * V, true);
+  std::memcpy(sm + off, w, 2 * V);
+}
+template <int V>
+inline void smem_load_vec(const unsigned char* sm, int off, unsigned (&w)[(V + 1) / 2]) {
+  smem_access(off, 2 * V, false);
+  w[0] = 0;
+  std::memcpy(w, sm + off, 2 * V);
+}
+inline void smem_store_f32(unsigned char* sm, int off, float v) {
+  smem_access(off, 4, true);
+  std::memcpy(sm + off, &v, 4);
+}
+inline float smem_load_f32(const unsigned char* sm, int off) {
+  smem_access(off, 4, false);
+  float v;
+  std::memcpy(&v, sm + off, 4);
+  return v;
+}
+inline void warp_sync() { t_ctx->warps[t_tid >> 5]->wait(); }
+inline float shfl_xor(float v, int mask, int width) {
+  if (width < 1 || width > 32 || (width & (width - 1)) || mask >= width)
+    fail("shuffle width/mask", width, mask);
+  WarpSlots& s = t_ctx->slots[t_tid >> 5];
+  const int lane = t_tid & 31;
+  s.f[lane] = v;
+  warp_sync();
+  const float out = s.f[lane ^ mask];
+  warp_sync();
+  return out;
+}
+inline float shfl_xor32(float v, int mask) { return shfl_xor(v, mask, 32); }
+inline int shfl_first(int v) {
+  WarpSlots& s = t_ctx->slots[t_tid >> 5];
+  s.i[t_tid & 31] = v;
+  warp_sync();
+  const int out = s.i[0];
+  warp_sync();
+  return out;
+}
+inline void block_sync() { t_ctx->bar->wait(); }
+inline void fence() { __atomic_thread_fence(__ATOMIC_SEQ_CST); }
+inline int atomic_add(int* p, int v) {
+  check_access(p, 4, true);
+  return __atomic_fetch_add(p, v, __ATOMIC_SEQ_CST);
+}
+inline int load_volatile(const int* p) {
+  check_access(p, 4, false);
+  return __atomic_load_n(p, __ATOMIC_SEQ_CST);
+}
+inline void store_volatile(int* p, int v) {
+  check_access(p, 4, true);
+  __atomic_store_n(p, v, __ATOMIC_SEQ_CST);
+}
+inline float load_partial(const float* p) {
+  check_access(p, 4, false);
+  float v;
+  __atomic_load(p, &v, __ATOMIC_SEQ_CST);
+  return v;
+}
+inline void store_partial(float* p, float v) {
+  check_access(p, 4, true);
+  __atomic_store(p, &v, __ATOMIC_SEQ_CST);
+}
+inline void spin_pause() { sched_yield(); }
+inline void compiler_fence() {}
+template <int W> inline void opaque(unsigned (&)[W]) {}
+inline int thread_index() { return t_tid; }
+inline int block_index() { return (int)t_ctx->block; }
+inline int grid_size() { return (int)g_grid; }
+}  // namespace pt
+"""
+
+MAIN = r"""
+static std::vector<unsigned char> read_file(const char* path) {
+  FILE* f = std::fopen(path, "rb");
+  if (!f) fail("cannot open input", 0, 0);
+  std::vector<unsigned char> data;
+  unsigned char buf[65536];
+  size_t n;
+  while ((n = std::fread(buf, 1, sizeof buf, f)) > 0) data.insert(data.end(), buf, buf + n);
+  std::fclose(f);
+  return data;
+}
+
+// 16-byte aligned copy with canaries (0xAB) around it.
+struct Guarded {
+  std::vector<unsigned char> raw;
+  unsigned char* p = nullptr;
+  size_t bytes = 0;
+  static const size_t kCanary = 4096;
+  void init(size_t n) {
+    bytes = n;
+    raw.assign(2 * kCanary + n + 16, 0xAB);
+    p = raw.data() + kCanary;
+    p += (16 - (uintptr_t)p % 16) % 16;
+  }
+  void canaries(const char* what) const {
+    for (size_t i = 0; i < raw.size(); ++i) {
+      const unsigned char* q = raw.data() + i;
+      if ((q < p || q >= p + bytes) && *q != 0xAB) fail(what, (long)(q - p), 0);
+    }
+  }
+};
+
+typedef void (*Entry)(const __half*, const __half*, const __half*, __half*, float*, int, int,
+                      float);
+
+// One launch: `wave` block slots of `threads` OS threads each (created once per launch);
+// slot b runs blocks b, b + wave, ... in turn, all of its threads together.
+struct Slot {
+  BlockCtx ctx;
+  Barrier* turn = nullptr;  // the slot's threads switch blocks together
+  int smem_bytes = 0;
+};
+struct ThreadArg { Slot* slot; unsigned first; unsigned wave; int tid; Entry entry;
+                   const __half *x, *p0, *p1; __half* y; float* ws; int rows, cols; float eps; };
+
+static void reset_block(BlockCtx& c, unsigned block, int smem_bytes) {
+  c.block = block;
+  __atomic_store_n(&c.epoch, 0, __ATOMIC_SEQ_CST);
+  c.smem.assign(smem_bytes > 0 ? smem_bytes : 16, 0);
+  for (size_t i = 0; i + 1 < c.smem.size(); i += 2) {  // NaN halves: unwritten reads show
+    c.smem[i] = 0x00;
+    c.smem[i + 1] = 0x7E;
+  }
+  c.track.assign(c.smem.size() / 2 + 1, WordTrack{});
+}
+
+static void* thread_main(void* a) {
+  ThreadArg* t = (ThreadArg*)a;
+  t_ctx = &t->slot->ctx;
+  t_tid = t->tid;
+  for (unsigned block = t->first; block < g_grid; block += t->wave) {
+    t->slot->turn->wait();
+    if (t->tid == 0) reset_block(t->slot->ctx, block, t->slot->smem_bytes);
+    t->slot->turn->wait();
+    t->entry(t->x, t->p0, t->p1, t->y, t->ws, t->rows, t->cols, t->eps);
+  }
+  return nullptr;
+}
+
+static void run_launch(Entry entry, unsigned grid, int threads, int smem_bytes, unsigned wave,
+                       const __half* x, const __half* p0, const __half* p1, __half* y, float* ws,
+                       int rows, int cols, float eps) {
+  g_grid = grid;
+  const unsigned slots = grid < wave ? grid : wave;
+  std::vector<Slot> slot(slots);
+  std::vector<ThreadArg> args(slots * threads);
+  std::vector<pthread_t> ids(slots * threads);
+  for (unsigned b = 0; b < slots; ++b) {
+    BlockCtx& c = slot[b].ctx;
+    c.bar = new Barrier(threads, &c.epoch);
+    for (int w = 0; w < (threads + 31) / 32; ++w) c.warps.push_back(new Barrier(32));
+    c.slots.assign((threads + 31) / 32, WarpSlots{});
+    slot[b].turn = new Barrier(threads);
+    slot[b].smem_bytes = smem_bytes;
+  }
+  pthread_attr_t attr;
+  pthread_attr_init(&attr);
+  pthread_attr_setstacksize(&attr, 128 * 1024);
+  for (unsigned b = 0; b < slots; ++b)
+    for (int t = 0; t < threads; ++t) {
+      ThreadArg& a = args[b * threads + t];
+      a = ThreadArg{&slot[b], b, wave, t, entry, x, p0, p1, y, ws, rows, cols, eps};
+      if (pthread_create(&ids[b * threads + t], &attr, thread_main, &a))
+        fail("pthread_create", b, t);
+    }
+  for (auto& id : ids) pthread_join(id, nullptr);
+  for (Slot& s : slot) {
+    delete s.turn;
+    delete s.ctx.bar;
+    for (Barrier* w : s.ctx.warps) delete w;
+  }
+}
+
+int main(int argc, char** argv) {
+  // argv: x.bin p0.bin p1.bin y.bin y_elems ws_floats counters_offset wave rows cols eps
+  //       runs n_launches, then per launch: entry grid threads smem
+  if (argc < 14) fail("usage", argc, 0);
+  std::vector<unsigned char> xin = read_file(argv[1]), p0in = read_file(argv[2]),
+                             p1in = read_file(argv[3]);
+  const long y_elems = std::atol(argv[5]);
+  const long ws_floats = std::atol(argv[6]);
+  const long counters = std::atol(argv[7]);
+  const unsigned wave = (unsigned)std::atol(argv[8]);
+  const int rows = std::atoi(argv[9]), cols = std::atoi(argv[10]);
+  const float eps = (float)std::atof(argv[11]);
+  const int runs = std::atoi(argv[12]);
+  const int n_launch = std::atoi(argv[13]);
+  Guarded x, p0, p1, y, ws;
+  x.init(xin.size()); std::memcpy(x.p, xin.data(), xin.size());
+  p0.init(p0in.size()); std::memcpy(p0.p, p0in.data(), p0in.size());
+  p1.init(p1in.size()); std::memcpy(p1.p, p1in.data(), p1in.size());
+  y.init(2 * y_elems);
+  ws.init(4 * ws_floats);
+  std::memset(ws.p, 0, 4 * ws_floats);
+  g_regions = {{x.p, x.p + x.bytes, false, "x"}, {p0.p, p0.p + p0.bytes, false, "p0"},
+               {p1.p, p1.p + p1.bytes, false, "p1"}, {y.p, y.p + y.bytes, true, "y"},
+               {ws.p, ws.p + ws.bytes, true, "ws"}};
+  Entry entries[2] = {KERNEL0, KERNEL1};
+  for (int rep = 0; rep < runs; ++rep) {
+    for (long i = 0; i < y_elems; ++i) { y.p[2 * i] = 0x00; y.p[2 * i + 1] = 0x7E; }
+    // Partials are scratch (only the counters must stay zero): poison them, so a block
+    // that reads a partial before its writer published it reads NaN.
+    for (long i = 0; i < counters && i < ws_floats; ++i) ((float*)ws.p)[i] = NAN;
+    for (int l = 0; l < n_launch; ++l) {
+      const char** a = (const char**)argv + 14 + 4 * l;
+      run_launch(entries[std::atoi(a[0])], (unsigned)std::atol(a[1]), std::atoi(a[2]),
+                 std::atoi(a[3]), wave,
+                 (const __half*)x.p, (const __half*)p0.p, (const __half*)p1.p, (__half*)y.p,
+                 (float*)ws.p, rows, cols, eps);
+    }
+  }
+  x.canaries("store around x");
+  y.canaries("store outside y");
+  ws.canaries("store outside the workspace");
+  const int* cnt = (const int*)(ws.p + 4 * counters);
+  for (long i = 0; counters < ws_floats && i < ws_floats - counters; ++i)
+    if (cnt[i]) fail("a row counter was left non-zero", i, cnt[i]);
+  FILE* f = std::fopen(argv[4], "wb");
+  std::fwrite(y.p, 2, y_elems, f);
+  std::fclose(f);
+  std::puts("OK");
+  return 0;
+}
+"""
+
+
+def _harness_source(workload: MemWorkload, schedule: MemSchedule, mutate=None) -> str:
+    parts = source_parts(workload, schedule)
+    kernel = parts["common"] + parts["kernel"]
+    if mutate is not None:
+        old, new = mutate
+        assert old in kernel, old
+        kernel = kernel.replace(old, new)
+    k = generate(workload, schedule)
+    second = k.entries[1] if len(k.entries) > 1 else k.entries[0]
+    defines = f"#define KERNEL0 {k.entries[0]}\n#define KERNEL1 {second}\n"
+    return defines + parts["preamble"] + SHIM + parts["helpers"] + kernel + MAIN
+
+
+def emulate(workload: MemWorkload, schedule: MemSchedule, tmp: Path, mutate=None, seed=7):
+    """Build and run the emulator; (returncode, stderr, output or None, ref, tol)."""
+    kernel = generate(workload, schedule)
+    blocks_per_sm = int(MemSpace(workload, EMU_GPU, schedule.knob_arrays()).blocks_per_sm[0])
+    plan = launch_plan(kernel, workload, EMU_GPU.sm_count, blocks_per_sm)
+    tmp.mkdir(parents=True, exist_ok=True)
+    src, exe = tmp / "harness.cpp", tmp / "harness"
+    src.write_text(_harness_source(workload, schedule, mutate))
+    build = subprocess.run(
+        ["g++", "-std=c++17", "-O1", "-pthread", "-w", str(src), "-o", str(exe)],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert build.returncode == 0, build.stderr[:4000]
+    inputs = make_inputs(workload, seed)
+    ref, tol = reference(np, workload, inputs)
+    names = {"x": inputs["x"]}
+    first = plan.launches[0]
+    files = []
+    for slot, arg in zip(("x", "p0", "p1"), first.arguments[:3], strict=True):
+        path = tmp / f"{slot}.bin"
+        (inputs[arg] if arg in inputs else names["x"]).tofile(path)
+        files.append(str(path))
+    ws = plan.buffer("ws")
+    ws_floats = ws.shape[0]
+    counters = workload.rows * schedule.blocks_per_row * 3 if ws_floats > 4 else ws_floats
+    args = [
+        *files,
+        str(tmp / "y.bin"),
+        str(ref.size),
+        str(ws_floats),
+        str(counters),
+        str(EMU_GPU.sm_count * blocks_per_sm),
+        str(workload.rows),
+        str(workload.cols),
+        repr(float(first.scalars["eps"])),
+        "1",
+        str(len(plan.launches)),
+    ]
+    for launch in plan.launches:
+        args += [
+            str(kernel.entries.index(launch.kernel)),
+            str(launch.grid[0]),
+            str(launch.block[0]),
+            str(launch.smem_bytes),
+        ]
+    run = subprocess.run(
+        [str(exe), *args], capture_output=True, text=True, check=False, timeout=240
+    )
+    out = None
+    if run.returncode == 0:
+        out = np.fromfile(tmp / "y.bin", dtype=np.float16).reshape(ref.shape)
+    return run.returncode, run.stderr, out, ref, tol
+
+
+# Small shapes with tails: rows not a multiple of rows_per_block, segments of unequal length
+# (cols / vector not a multiple of blocks_per_row), vectors per segment not a multiple of the
+# threads (idle lanes in the last batch). Each op has cases reaching every knob value
+# (checked by test_cases_reach_every_knob_value_of_every_op).
+WORKLOADS: dict[str, list[MemWorkload]] = {
+    "reduce": [reduce(37, 200), reduce(5, 1032, "max"), reduce(3, 4200), reduce(70, 16, "max")],
+    "softmax": [softmax(37, 200), softmax(5, 1032), softmax(3, 4200), softmax(70, 16)],
+    "layernorm": [layernorm(37, 200), layernorm(5, 1032), layernorm(3, 4200), layernorm(70, 16)],
+    "bias_gelu": [bias_gelu(37, 200), bias_gelu(5, 1032, "tanh"), bias_gelu(3, 4200),
+                  bias_gelu(70, 16, "tanh")],
+}  # fmt: skip
+EXTRA_CASES = 2  # random cases beyond the knob coverage, per op
+
+
+def _valid(workload: MemWorkload, schedule: MemSchedule) -> bool:
+    return not schedule_problems(schedule, workload, EMU_GPU)
+
+
+def _emulation_costs(space: MemSpace) -> np.ndarray:
+    """Seconds, roughly, per schedule: a g++ build, the OS threads created (a wave's, per
+    launch) and the barriers and shuffles of every work item."""
+    g = space.geometry
+    launches = g.launches
+    threads = g.threads
+    created = np.minimum(space.grid, space.capacity) * threads * launches
+    synced = g.items * threads * launches
+    return 1.0 + created / 7000 + synced / 20_000
+
+
+@cache
+def stratified_cases(op: str, extra: int = EXTRA_CASES, seed: int = 0):
+    """Cases of one op that reach every knob value its emulated spaces allow, cheapest
+    first (covering_sample), plus ``extra`` random ones; every workload (tail) appears."""
+    candidates = []
+    for w in WORKLOADS[op]:
+        space = MemSpace.enumerate(w, EMU_GPU)
+        costs = _emulation_costs(space)
+        candidates += [(w, space[i], float(costs[i])) for i in range(len(space))]
+    chosen = covering_sample(candidates, lambda c: c[1], cost=lambda c: c[2], extra=extra,
+                             seed=seed)  # fmt: skip
+    for w in WORKLOADS[op]:  # every tail shape at least once
+        if all(c[0] is not w for c in chosen):
+            chosen.append(min((c for c in candidates if c[0] is w), key=lambda c: c[2]))
+    return [(w, s) for w, s, _ in chosen]
+
+
+def test_cases_reach_every_knob_value_of_every_op():
+    for op in WORKLOADS:
+        cases = stratified_cases(op)
+        for knob in KNOBS:
+            reached = {getattr(s, knob.name) for _, s in cases}
+            allowed = {
+                getattr(s, knob.name) for w in WORKLOADS[op] for s in MemSpace.enumerate(w, EMU_GPU)
+            }
+            assert reached == allowed, (op, knob.name, sorted(allowed - reached))
+        # what the op can use at all: splitting and packing, the caches of a second pass
+        assert {s.blocks_per_row for _, s in cases} >= {1, 2, 128}
+        assert {s.rows_per_block for _, s in cases} >= {1, 2, 64}
+
+
+@pytest.mark.parametrize("op", list(WORKLOADS))
+def test_emulated_kernels_match_numpy(tmp_path, op):
+    cases = stratified_cases(op)
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        outcomes = list(
+            pool.map(lambda job: emulate(*job[1], tmp_path / str(job[0])), enumerate(cases))
+        )
+    for (workload, schedule), (code, stderr, out, ref, tol) in zip(cases, outcomes, strict=True):
+        where = f"{workload.label()} {schedule.id}"
+        assert code == 0, f"{where}: {stderr}"
+        passed, _, why = check(np, out, ref, tol)
+        assert passed, f"{where}: {why}"
+
+
+@pytest.mark.parametrize(
+    ("workload", "schedule", "mutation", "symptom"),
+    [
+        # The last batch's bound dropped: loads run past the segment into the next row.
+        (softmax(5, 200), MemSchedule(32, 1, 1, 1, 0, 0, 0),
+         ("if (u < v1) load_vec<VEC>(xr + u * VEC, xw[j]);",
+          "load_vec<VEC>(xr + u * VEC, xw[j]);"), "wrong result or fault"),
+        # A split row's blocks stop waiting for each other (the fused join without its wait).
+        (softmax(3, 4200), MemSchedule(64, 1, 4, 8, 2, 1, 1),
+         ("while (load_volatile(&arrive[row]) < SPLIT) spin_pause();", ""),
+         "wrong result or fault"),
+        # The last block does not reset the row's counter: the second run goes wrong.
+        (reduce(3, 4200), MemSchedule(64, 1, 4, 8, 0, 1, 0),
+         ("store_volatile(&arrive[row], 0);  // the workspace is left zeroed", ""),
+         "wrong result or fault"),
+        # The multi-warp row reduction skips its first barrier.
+        (layernorm(5, 1032), MemSchedule(128, 1, 1, 2, 1, 0, 0),
+         ("if ((tid & 31) == 0) slot_store(sm, (tid >> 5) * SLOT, s);\n    block_sync();",
+          "if ((tid & 31) == 0) slot_store(sm, (tid >> 5) * SLOT, s);"), "wrong result or fault"),
+    ],
+)  # fmt: skip
+def test_emulator_catches_broken_kernels(tmp_path, workload, schedule, mutation, symptom):
+    """The emulator is only evidence if it fails broken kernels: break some on purpose."""
+    assert _valid(workload, schedule)
+    code, stderr, out, ref, tol = emulate(workload, schedule, tmp_path, mutation)
+    if code == 0:
+        assert not check(np, out, ref, tol)[0], "a broken kernel passed"
+    else:
+        assert code == 3 and "EMULATOR" in stderr, stderr

@@ -1,0 +1,102 @@
+"""The reference check the cupy runner will use for the memory-intensive kernels, run with
+numpy: exact results pass, a kernel that gets one vector of a row wrong fails."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from scipy.special import erf
+
+from pipetune.model.memops.workloads import bias_gelu, layernorm, reduce, softmax
+from pipetune.workers.runners.memops_reference import (
+    check,
+    input_shapes,
+    make_inputs,
+    output_shape,
+    reference,
+    tolerance_text,
+)
+
+
+def _exact(workload, inputs):
+    """The op in float64, rounded to fp16 once: what a perfect kernel writes."""
+    x = inputs["x"].astype(np.float64)
+    if workload.op == "reduce":
+        y = x.sum(axis=1) if workload.reduction == "sum" else x.max(axis=1)
+    elif workload.op == "softmax":
+        e = np.exp(x - x.max(axis=1, keepdims=True))
+        y = e / e.sum(axis=1, keepdims=True)
+    elif workload.op == "layernorm":
+        mean = x.mean(axis=1, keepdims=True)
+        var = x.var(axis=1, keepdims=True)
+        g, b = inputs["gamma"].astype(np.float64), inputs["beta"].astype(np.float64)
+        y = (x - mean) / np.sqrt(var + workload.eps) * g + b
+    else:
+        z = x + inputs["bias"].astype(np.float64)
+        if workload.approximate == "tanh":
+            y = 0.5 * z * (1 + np.tanh(np.sqrt(2 / np.pi) * (z + 0.044715 * z**3)))
+        else:
+            y = 0.5 * z * (1 + erf(z / np.sqrt(2)))
+    return y.astype(np.float16)
+
+
+WORKLOADS = [
+    reduce(64, 30000),
+    reduce(64, 4096, "max"),
+    softmax(256, 1024),
+    softmax(16, 65536),
+    layernorm(128, 768, 1e-12),
+    layernorm(8, 65536),
+    bias_gelu(64, 3072),
+    bias_gelu(64, 3072, "tanh"),
+]
+
+
+@pytest.mark.parametrize("workload", WORKLOADS, ids=lambda w: w.label())
+def test_exact_results_pass_and_one_wrong_vector_fails(workload):
+    inputs = make_inputs(workload, seed=3)
+    assert {k: v.shape for k, v in inputs.items()} == input_shapes(workload)
+    assert all(v.dtype == np.float16 for v in inputs.values())
+    ref, tol = reference(np, workload, inputs)
+    assert ref.shape == tol.shape == output_shape(workload)
+    exact = _exact(workload, inputs)
+    passed, max_error, why = check(np, exact, ref, tol)
+    assert passed, why
+    # A correct kernel stays well inside the tolerance (room for its own fp32 order).
+    assert max_error is not None
+    # The kernel dropped one vector of 8 from row 1 (as a missed tail or a lost segment):
+    # for a max, the vector that holds the row's maximum.
+    broken_inputs = {**inputs, "x": inputs["x"].copy()}
+    start = 8 * (int(np.argmax(inputs["x"][1])) // 8) if workload.op == "reduce" else 8
+    broken_inputs["x"][1, start : start + 8] = 0
+    broken = _exact(workload, broken_inputs)
+    assert not check(np, broken, ref, tol)[0], tolerance_text(workload)
+
+
+def test_unwritten_outputs_fail():
+    w = softmax(4, 64)
+    inputs = make_inputs(w, 0)
+    ref, tol = reference(np, w, inputs)
+    out = _exact(w, inputs)
+    out[2, 5] = np.float16("nan")
+    passed, _, why = check(np, out, ref, tol)
+    assert not passed and "NaN" in why
+
+
+def test_inputs_are_reproducible_and_in_their_ranges():
+    w = layernorm(64, 256)
+    a, b = make_inputs(w, 5), make_inputs(w, 5)
+    assert all(np.array_equal(a[k], b[k]) for k in a)
+    assert a["x"].min() >= -1.5 and a["x"].max() <= 2.5  # fp16 rounding may reach the end
+    assert a["gamma"].min() >= 0.5 and a["gamma"].max() <= 1.5
+    x = make_inputs(softmax(64, 256), 5)["x"]
+    assert x.min() >= -4 and x.max() <= 4
+
+
+def test_tolerance_is_tight_where_it_matters():
+    w = softmax(64, 1024)
+    ref, tol = reference(np, w, make_inputs(w, 1))
+    # about fp16's rounding of each output (2^-10 relative), not a blanket allowance
+    assert np.median(tol / np.abs(ref)) < 2e-3
+    w = reduce(64, 1024, "max")
+    assert (reference(np, w, make_inputs(w, 1))[1] == 2.0**-25).all()  # max is exact

@@ -1,0 +1,94 @@
+"""The memory-intensive operators: validation names the bad field, sizes and bytes."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from pipetune.model.memops.workloads import (
+    BiasGelu,
+    LayerNorm,
+    Reduce,
+    Softmax,
+    bias_gelu,
+    layernorm,
+    op_key,
+    parse_mem_workload,
+    reduce,
+    softmax,
+)
+from pipetune.model.workloads import WorkloadError
+
+
+@pytest.mark.parametrize(
+    ("data", "field", "words"),
+    [
+        ({"op": "softmax", "rows": 4096, "cols": 770}, "cols", "multiple of 8"),
+        ({"op": "softmax", "rows": 4096, "cols": 4}, "cols", "greater than or equal to 8"),
+        ({"op": "softmax", "rows": 4096, "cols": (1 << 20) + 8}, "cols", "less than or equal"),
+        ({"op": "layernorm", "rows": 0, "cols": 768}, "rows", "greater than or equal to 1"),
+        ({"op": "reduce", "rows": (1 << 24) + 1, "cols": 8}, "rows", "less than or equal"),
+        ({"op": "softmax", "rows": 1 << 22, "cols": 1024}, "rows", "2^31-1"),
+        ({"op": "softmax", "rows": 4096.0, "cols": 768}, "rows", "valid integer"),
+        ({"op": "softmax", "rows": "4096", "cols": 768}, "rows", "valid integer"),
+        ({"op": "softmax", "rows": True, "cols": 768}, "rows", "valid integer"),
+        ({"op": "softmax", "cols": 768}, "rows", "required"),
+        ({"op": "reduce", "rows": 8, "cols": 8, "reduction": "mean"}, "reduction", "'sum'"),
+        ({"op": "layernorm", "rows": 8, "cols": 8, "eps": 0.0}, "eps", "greater than 0"),
+        ({"op": "bias_gelu", "rows": 8, "cols": 8, "approximate": "x"}, "approximate", "tanh"),
+        ({"op": "softmax", "rows": 8, "cols": 8, "axis": 0}, "axis", "Extra inputs"),
+        ({"op": "softmax", "rows": 8, "cols": 8, "dtype": "float32"}, "dtype", "float16"),
+        ({"op": "mean", "rows": 8, "cols": 8}, "op", "unknown operator"),
+        ({"op": ["softmax"], "rows": 8, "cols": 8}, "op", "unknown operator"),
+    ],
+)
+def test_bad_input_names_the_field(data, field, words):
+    with pytest.raises(WorkloadError) as info:
+        parse_mem_workload(data)
+    assert info.value.field == field
+    assert words in info.value.reason
+
+
+def test_not_a_dict():
+    with pytest.raises(WorkloadError) as info:
+        parse_mem_workload(["softmax"])  # type: ignore[arg-type]
+    assert info.value.field == "workload"
+
+
+def test_the_ops_their_types_and_keys():
+    assert isinstance(reduce(4, 8), Reduce) and op_key(reduce(4, 8)) == "reduce-sum"
+    assert op_key(reduce(4, 8, "max")) == "reduce-max"
+    assert isinstance(softmax(4, 8), Softmax) and op_key(softmax(4, 8)) == "softmax"
+    assert isinstance(layernorm(4, 8), LayerNorm) and layernorm(4, 8).eps == 1e-5
+    assert isinstance(bias_gelu(4, 8), BiasGelu) and bias_gelu(4, 8).approximate == "none"
+
+
+def test_bytes_moved_with_perfect_reuse():
+    # x read once, output written once, parameter vectors read once.
+    assert softmax(4096, 768).compulsory_bytes == 2 * 2 * 4096 * 768
+    assert reduce(4096, 768).compulsory_bytes == 2 * 4096 * 768 + 2 * 4096
+    assert layernorm(4096, 768).compulsory_bytes == 2 * (2 * 4096 * 768 + 2 * 768)
+    assert bias_gelu(4096, 3072).compulsory_bytes == 2 * (2 * 4096 * 3072 + 3072)
+
+
+def test_canonical_form_round_trips_and_hashes_differ_by_op():
+    w = layernorm(4096, 768, 1e-12)
+    assert parse_mem_workload(w.canonical()) == w
+    assert softmax(4096, 768).workload_hash != layernorm(4096, 768).workload_hash
+    assert reduce(8, 8).workload_hash != reduce(8, 8, "max").workload_hash
+    assert "layernorm 4096x768" in w.label()
+
+
+def test_cli_exits_2_with_one_line_naming_the_field():
+    proc = subprocess.run(
+        [sys.executable, "-m", "pipetune.clients.cli", "model", "rank", "softmax",
+         "--rows", "4096", "--cols", "770"],
+        capture_output=True,
+        text=True,
+        check=False,
+    )  # fmt: skip
+    assert proc.returncode == 2
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: cols: must be a multiple of 8")

@@ -1,0 +1,270 @@
+"""CUDA C++ for the memory-intensive family (AStitch's adaptive thread mapping).
+
+One kernel per (op, schedule), plus, for a register-cached row, the number of vectors a
+thread keeps (a compile-time array size: the only shape dependence of the source). Rows,
+cols and eps are kernel arguments. Two-pass splitting adds a second entry, ``<name>_out``.
+
+Whether a schedule is *valid* for a workload on a GPU is the space's call
+(model/memops/space.py); this module generates any schedule of the knob domains.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from pipetune.model.memops.space import (
+    CACHE_REGISTERS,
+    CACHE_SMEM,
+    KNOBS,
+    LOAD_BATCH,
+    MODE_FUSED,
+    MemSchedule,
+    geometry,
+    grid_blocks,
+    workspace_bytes,
+)
+from pipetune.model.memops.workloads import OP_CODES, BiasGelu, MemWorkload, Reduce, op_key
+from pipetune.model.space import ScheduleError
+from pipetune.workers.codegen.memops import cuda_text as t
+from pipetune.workers.launch_plan import Buffer, KernelLaunch, LaunchPlan
+
+ARGUMENTS: tuple[str, ...] = ("x", "p0", "p1", "y", "ws", "rows", "cols", "eps")
+
+
+@dataclass(frozen=True)
+class MemKernelSource:
+    """One generated kernel (one or two entries). Launch with ``threads`` threads per block
+    and the dynamic shared memory its launch plan gives (the row cache depends on cols)."""
+
+    variant: str  # op key (+ "-tanh"), + "-r<n>" for a register cache of n vectors
+    schedule: MemSchedule
+    name: str  # the first entry
+    entries: tuple[str, ...]  # every entry, in launch order
+    code: str
+    threads: int
+    scratch_bytes: int  # shared memory for reductions (the row cache comes on top)
+    reg_vecs: int
+
+    @property
+    def smem_bytes(self) -> int:
+        """Shared memory that does not depend on the shape (see launch_plan for the rest)."""
+        return self.scratch_bytes
+
+
+def _check(schedule: MemSchedule) -> None:
+    for knob in KNOBS:
+        value = getattr(schedule, knob.name)
+        if value not in knob.values:
+            raise ScheduleError(f"{knob.name} must be one of {list(knob.values)}, got {value!r}")
+
+
+def _one(value) -> int:
+    return int(value.reshape(-1)[0]) if hasattr(value, "reshape") else int(value)
+
+
+def variant_of(workload: MemWorkload, schedule: MemSchedule) -> tuple[str, int]:
+    """(variant, register-cache vectors per thread) of a workload's kernel."""
+    key = op_key(workload)
+    if isinstance(workload, BiasGelu) and workload.approximate == "tanh":
+        key += "-tanh"
+    reg_vecs = 1
+    if schedule.row_cache == CACHE_REGISTERS:
+        reg_vecs = _one(geometry(schedule.knob_arrays(), workload).vecs_per_thread)
+        key += f"-r{reg_vecs}"
+    return key, reg_vecs
+
+
+def kernel_name(variant: str, schedule: MemSchedule) -> str:
+    clean = variant.replace("-", "_")
+    return f"pipetune_mem_{clean}_{schedule.id.replace('-', '_')}"
+
+
+def _fill(text: str, values: dict[str, object]) -> str:
+    for key, value in values.items():
+        text = text.replace(f"@{key}@", str(value))
+    return text
+
+
+def _helpers(workload: MemWorkload, s: MemSchedule, reg_vecs: int) -> str:
+    split = s.blocks_per_row > 1 and op_key(workload) != "bias_gelu"
+    values = {
+        "OP": OP_CODES[op_key(workload)],
+        "GELU_TANH": "true" if isinstance(workload, BiasGelu) and workload.approximate == "tanh"
+        else "false",
+        "TPR": s.threads_per_row,
+        "RPB": s.rows_per_block,
+        "SPLIT": s.blocks_per_row,
+        "VEC": s.vector_width,
+        "CACHE": s.row_cache,
+        "FUSED": "true" if split and s.split_mode == MODE_FUSED else "false",
+        "REG_VECS": reg_vecs,
+        "BATCH": LOAD_BATCH,
+    }  # fmt: skip
+    return _fill(t.HELPERS, values)
+
+
+def _transform(workload: MemWorkload) -> str:
+    if workload.op == "softmax":
+        return t.TRANSFORM_SOFTMAX
+    return t.TRANSFORM_LAYERNORM.replace("@GB_LOAD@", t.GB_FROM_BATCH)
+
+
+def _output_pass(workload: MemWorkload, cache: int) -> str:
+    """The output pass; layer norm's gamma and beta are loaded a batch at a time beside x."""
+    params = workload.op == "layernorm"
+    values = {
+        "PARAM_DECL": t.PARAM_DECL if params else "",
+        "PARAM_LOAD": t.PARAM_LOAD if params else "",
+        "TRANSFORM": _transform(workload),
+    }
+    if cache == CACHE_REGISTERS:
+        return _fill(t.OUT_REGISTERS, values)
+    values["RELOAD"] = t.RELOAD_SMEM if cache == CACHE_SMEM else t.RELOAD_GLOBAL
+    return _fill(t.OUT_STREAMING, values)
+
+
+def _head(name: str, threads: int) -> str:
+    return _fill(t.KERNEL_HEAD, {"NAME": name, "THREADS": threads})
+
+
+def _kernels(workload: MemWorkload, s: MemSchedule, name: str) -> tuple[str, tuple[str, ...]]:
+    """The entries' text and names."""
+    threads = s.threads
+    head = _head(name, threads)
+    key = op_key(workload)
+    split = s.blocks_per_row > 1 and key != "bias_gelu"
+    two_pass = split and s.split_mode != MODE_FUSED
+    if key == "bias_gelu":
+        return head + t.BODY_ELEMENTWISE, (name,)
+    if s.row_cache == CACHE_REGISTERS:
+        stats = t.PASS_STATS_REGISTERS
+    else:
+        store = t.SMEM_STORE if s.row_cache == CACHE_SMEM else ""
+        stats = t.PASS_STATS_STREAMING.replace("@SMEM_STORE@", store)
+    if isinstance(workload, Reduce):
+        text = head + stats + t.REDUCE_TAIL
+        if two_pass:
+            second = f"{name}_out"
+            text += _fill(t.SECOND_REDUCE, {"NAME": second, "THREADS": threads})
+            return text, (name, second)
+        return text, (name,)
+    text = head + stats + t.NORM_JOIN + _output_pass(workload, s.row_cache) + t.NORM_DEPART
+    if two_pass:
+        second = f"{name}_out"
+        text += (
+            _head(second, threads)
+            + t.SECOND_NORM_HEAD
+            + _output_pass(workload, 0)
+            + t.SECOND_NORM_TAIL
+        )
+        return text, (name, second)
+    return text, (name,)
+
+
+def source_parts(workload: MemWorkload, schedule: MemSchedule) -> dict[str, str]:
+    """The pieces of a kernel's source, in order: "header", "preamble", "device" (CUDA
+    only: conversions, memory, shuffles, atomics), "helpers" (constants and the op's
+    maths, plain C++), "common" (the reductions) and "kernel" (the entries)."""
+    _check(schedule)
+    variant, reg_vecs = variant_of(workload, schedule)
+    name = kernel_name(variant, schedule)
+    kernels, entries = _kernels(workload, schedule, name)
+    knobs = ", ".join(f"{k}={v}" for k, v in schedule.as_dict().items())
+    header = (
+        f"// pipetune generated kernel: memory-intensive {variant}, schedule {schedule.id}\n"
+        f"// {knobs}\n"
+        f"// entries: {', '.join(entries)}; {schedule.threads} threads per block\n"
+        "// params: (const __half* x, const __half* p0, const __half* p1, __half* y, "
+        "float* ws, int rows, int cols, float eps)\n"
+    )
+    return {
+        "header": header,
+        "preamble": t.PREAMBLE,
+        "device": t.DEVICE + t.DEVICE_SMEM,
+        "helpers": _helpers(workload, schedule, reg_vecs),
+        "common": t.KERNEL_COMMON,
+        "kernel": kernels,
+    }
+
+
+def generate(workload: MemWorkload, schedule: MemSchedule) -> MemKernelSource:
+    """The kernel of a workload's op for a schedule."""
+    parts = source_parts(workload, schedule)
+    variant, reg_vecs = variant_of(workload, schedule)
+    name = kernel_name(variant, schedule)
+    g = geometry(schedule.knob_arrays(), workload)
+    entries = (name, f"{name}_out") if _one(g.launches) == 2 else (name,)
+    return MemKernelSource(
+        variant=variant,
+        schedule=schedule,
+        name=name,
+        entries=entries,
+        code="".join(parts.values()),
+        threads=schedule.threads,
+        scratch_bytes=_one(g.scratch_bytes),
+        reg_vecs=reg_vecs,
+    )
+
+
+def _param_names(workload: MemWorkload) -> tuple[str, str, tuple[Buffer, ...]]:
+    cols = (workload.cols,)
+    if workload.op == "layernorm":
+        return (
+            "gamma",
+            "beta",
+            (
+                Buffer("gamma", cols, "float16", "input"),
+                Buffer("beta", cols, "float16", "input"),
+            ),
+        )
+    if workload.op == "bias_gelu":
+        return "bias", "x", (Buffer("bias", cols, "float16", "input"),)
+    return "x", "x", ()
+
+
+def launch_plan(
+    kernel: MemKernelSource, workload: MemWorkload, sm_count: int, blocks_per_sm: int
+) -> LaunchPlan:
+    """The buffers and launches of ``kernel`` on ``workload``.
+
+    ``sm_count`` × ``blocks_per_sm`` is one wave of resident blocks: a runner reads both
+    from the device (the driver's occupancy for the loaded kernel), which makes the
+    one-wave grid of fused splitting safe; the model uses its own prediction.
+    """
+    s = kernel.schedule
+    expected, _ = variant_of(workload, s)
+    if expected != kernel.variant:
+        raise ValueError(f"kernel {kernel.name} is {kernel.variant}; the workload needs {expected}")
+    if sm_count < 1 or blocks_per_sm < 1:
+        raise ValueError("sm_count and blocks_per_sm must be at least 1")
+    knobs = s.knob_arrays()
+    g = geometry(knobs, workload)
+    grid = _one(grid_blocks(knobs, g, workload.rows, sm_count * blocks_per_sm))
+    if grid < 1:
+        raise ValueError(
+            f"schedule {s.id} does not fit one wave of {sm_count} x {blocks_per_sm} blocks"
+        )
+    smem = _one(g.smem_bytes)
+    p0, p1, params = _param_names(workload)
+    out_shape = (workload.rows,) if isinstance(workload, Reduce) else (workload.rows, workload.cols)
+    ws_floats = max(4, _one(workspace_bytes(knobs, workload)) // 4)
+    buffers = (
+        Buffer("x", (workload.rows, workload.cols), "float16", "input"),
+        *params,
+        Buffer("y", out_shape, "float16", "output"),
+        Buffer("ws", (ws_floats,), "float32", "workspace"),
+    )
+    eps = float(workload.eps) if workload.op == "layernorm" else 0.0
+    scalars: dict[str, int | float] = {"rows": workload.rows, "cols": workload.cols, "eps": eps}
+    arguments = ("x", p0, p1, "y", "ws", "rows", "cols", "eps")
+    block = (kernel.threads, 1, 1)
+    launches = [KernelLaunch(kernel.entries[0], (grid, 1, 1), block, smem, arguments, scalars)]
+    if len(kernel.entries) == 2:
+        if isinstance(workload, Reduce):
+            grid2 = -(-workload.rows // kernel.threads)
+            launches.append(KernelLaunch(kernel.entries[1], (grid2, 1, 1), block, 0, arguments,
+                                         scalars))  # fmt: skip
+        else:
+            launches.append(KernelLaunch(kernel.entries[1], (grid, 1, 1), block, smem,
+                                         arguments, scalars))  # fmt: skip
+    return LaunchPlan(buffers=buffers, launches=tuple(launches), output="y")

@@ -1,0 +1,168 @@
+"""Inputs, reference results and the fp16 tolerance for the memory-intensive kernels.
+
+Written against an array module ``xp`` (CuPy on the GPU, numpy in the tests and the CPU
+emulation), as workers/runners/reference.py is for the GEMM family; ``check`` is that
+module's (the same verdicts and messages).
+
+Inputs (float16, from numpy's PCG64 with the seed, on the host): x uniform in [-4, 4) for
+reduce, softmax and bias_gelu (logit-sized values); for layernorm x uniform in [-1.5, 2.5)
+(a mean away from zero), gamma in [0.5, 1.5), beta and bias in [-0.5, 0.5).
+
+The reference computes the same maths in float32 from the same float16 inputs (numpy or
+CuPy reductions, whose summation order differs from the kernels'). Tolerances per output
+element (u16 = 2^-11, u32 = 2^-24 the unit roundoffs, C = cols, A = 8·sqrt(C) + 16: fp32
+sums over C terms in two different orders err by about sqrt(C)·u32 each (Higham & Mary,
+2019), 8 is the margin, 16 covers a few-ulp expf/erff/tanhf on either side):
+
+- reduce sum: 2·u16·|ref| + A·u32·‖x‖₂ + 2^-14 (the output rounds to fp16 once, twice
+  that leaves room for the reference's own rounding; the inputs have random signs, so the
+  partial sums, and the rounding errors they carry, grow as ‖x‖₂ rather than Σ|x|: the
+  Σ|x| form would let a dropped vector of a 30000-element row pass);
+- reduce max: exact (the max of fp16 values is an fp16 value): 2^-25, less than the
+  smallest difference between two fp16 values;
+- softmax: 2·u16·|ref| + A·u32·|ref| + 2^-24 (the sum's relative error scales every output;
+  2^-24 is fp16's subnormal step, for outputs that round to almost nothing);
+- layernorm: 2·u16·|ref| + A·u32·(|x − mean|·rstd·|γ|·(1 + κ) + |mean|·rstd·|γ| + |β|) +
+  2^-14, with κ = mean(x²) / var the conditioning of the variance (its relative error
+  grows with it);
+- bias_gelu: 2·u16·|ref| + A·u32·(|z| + 1) + 2^-14, z = x + bias (exact in fp32): 1 + erf
+  or 1 + tanh cancels for negative z, leaving an absolute error of order |z|·u32.
+
+A kernel that drops or repeats one vector of a row errs far outside these (a softmax row's
+sum off by one element, a layernorm's mean shifted; tests/test_memops_reference.py checks
+that a single wrong vector fails while the exact values pass).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+
+from pipetune.model.memops.workloads import MemWorkload, op_key
+from pipetune.workers.runners.reference import check
+
+U16 = 2.0**-11
+U32 = 2.0**-24
+FLOOR = 2.0**-14
+SUBNORMAL_STEP = 2.0**-24
+EXACT = 2.0**-25  # below any difference of two fp16 values (and non-zero: check divides by it)
+ROW_CHUNK_ELEMENTS = 1 << 26  # rows·cols of one reference chunk (bounds the fp32 copies)
+
+__all__ = ["check", "input_shapes", "make_inputs", "output_shape", "reference", "tolerance_text"]
+
+
+def input_shapes(workload: MemWorkload) -> dict[str, tuple[int, ...]]:
+    """Every input buffer the kernels read, by name (as the launch plan names them)."""
+    shapes: dict[str, tuple[int, ...]] = {"x": (workload.rows, workload.cols)}
+    if workload.op == "layernorm":
+        shapes["gamma"] = (workload.cols,)
+        shapes["beta"] = (workload.cols,)
+    elif workload.op == "bias_gelu":
+        shapes["bias"] = (workload.cols,)
+    return shapes
+
+
+def output_shape(workload: MemWorkload) -> tuple[int, ...]:
+    return (workload.rows,) if workload.op == "reduce" else (workload.rows, workload.cols)
+
+
+def make_inputs(workload: MemWorkload, seed: int) -> dict[str, np.ndarray]:
+    """The inputs as float16 host arrays (the same whatever the GPU or CuPy version)."""
+    rng = np.random.default_rng(seed)
+
+    def uniform(shape: tuple[int, ...], low: float, high: float) -> np.ndarray:
+        return (low + (high - low) * rng.random(shape, dtype=np.float32)).astype(np.float16)
+
+    shapes = input_shapes(workload)
+    if workload.op == "layernorm":
+        return {
+            "x": uniform(shapes["x"], -1.5, 2.5),
+            "gamma": uniform(shapes["gamma"], 0.5, 1.5),
+            "beta": uniform(shapes["beta"], -0.5, 0.5),
+        }
+    inputs = {"x": uniform(shapes["x"], -4.0, 4.0)}
+    if workload.op == "bias_gelu":
+        inputs["bias"] = uniform(shapes["bias"], -0.5, 0.5)
+    return inputs
+
+
+def _erf(xp: Any, z: Any) -> Any:
+    if xp is np:
+        from scipy.special import erf
+
+        return erf(z).astype(np.float32)
+    from cupyx.scipy.special import erf  # CuPy's, on the device
+
+    return erf(z)
+
+
+def _chunk_rows(workload: MemWorkload) -> int:
+    return max(1, ROW_CHUNK_ELEMENTS // workload.cols)
+
+
+def reference(xp: Any, workload: MemWorkload, inputs: dict[str, Any]) -> tuple[Any, Any]:
+    """(ref, tol): the float32 reference and the per-element tolerance, shaped as the output."""
+    key = op_key(workload)
+    f32 = xp.float32
+    accumulation = (8.0 * math.sqrt(workload.cols) + 16.0) * U32
+    ref = xp.empty(output_shape(workload), dtype=f32)
+    tol = xp.empty(output_shape(workload), dtype=f32)
+    step = _chunk_rows(workload)
+    for start in range(0, workload.rows, step):
+        rows = slice(start, min(workload.rows, start + step))
+        x = inputs["x"][rows].astype(f32)
+        if key == "reduce-sum":
+            r = x.sum(axis=1)
+            ref[rows] = r
+            norm = xp.sqrt((x * x).sum(axis=1))
+            tol[rows] = 2 * U16 * xp.abs(r) + accumulation * norm + FLOOR
+        elif key == "reduce-max":
+            ref[rows] = x.max(axis=1)
+            tol[rows] = EXACT
+        elif key == "softmax":
+            e = xp.exp(x - x.max(axis=1, keepdims=True))
+            r = e / e.sum(axis=1, keepdims=True)
+            ref[rows] = r
+            tol[rows] = (2 * U16 + accumulation) * xp.abs(r) + SUBNORMAL_STEP
+        elif key == "layernorm":
+            gamma = inputs["gamma"].astype(f32)
+            beta = inputs["beta"].astype(f32)
+            mean = x.mean(axis=1, keepdims=True)
+            centred = x - mean
+            var = (centred * centred).mean(axis=1, keepdims=True)
+            rstd = 1.0 / xp.sqrt(var + f32(workload.eps))
+            r = centred * rstd * gamma + beta
+            kappa = (x * x).mean(axis=1, keepdims=True) / xp.maximum(var, f32(1e-30))
+            scale = (
+                xp.abs(centred) * rstd * xp.abs(gamma) * (1 + kappa)
+                + xp.abs(mean) * rstd * xp.abs(gamma)
+                + xp.abs(beta)
+            )
+            ref[rows] = r
+            tol[rows] = 2 * U16 * xp.abs(r) + accumulation * scale + FLOOR
+        else:  # bias_gelu
+            z = x + inputs["bias"].astype(f32)
+            if workload.approximate == "tanh":
+                inner = f32(0.7978845608028654) * (z + f32(0.044715) * z * z * z)
+                r = 0.5 * z * (1 + xp.tanh(inner))
+            else:
+                r = 0.5 * z * (1 + _erf(xp, z * f32(0.7071067811865476)))
+            ref[rows] = r
+            tol[rows] = 2 * U16 * xp.abs(r) + accumulation * (xp.abs(z) + 1) + FLOOR
+    return ref, tol
+
+
+def tolerance_text(workload: MemWorkload) -> str:
+    """The tolerance of this workload's check, in one line (for logs and reports)."""
+    key = op_key(workload)
+    a = "(8*sqrt(C)+16)*2^-24"
+    return {
+        "reduce-sum": f"|y-ref| <= 2*2^-11*|ref| + {a}*||x||_2 + 2^-14",
+        "reduce-max": "exact",
+        "softmax": f"|y-ref| <= (2*2^-11 + {a})*|ref| + 2^-24",
+        "layernorm": f"|y-ref| <= 2*2^-11*|ref| + {a}*(|x-mean|*rstd*|g|*(1+kappa) + "
+        "|mean|*rstd*|g| + |b|) + 2^-14",
+        "bias_gelu": f"|y-ref| <= 2*2^-11*|ref| + {a}*(|x+bias|+1) + 2^-14",
+    }[key]
