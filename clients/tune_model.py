@@ -27,14 +27,14 @@ from pipetune.model.hardware import get_gpu
 from pipetune.model.networks import DistinctShape, Network
 from pipetune.model.pipelining import non_pipelined
 from pipetune.model.space import Space
+from pipetune.model.trials import RunnerKind
 from pipetune.model.wire import StrategyName, TaskDoc, TrialDoc
 from pipetune.model.workloads import AnyWorkload
 
-TERMINAL = ("done", "failed", "cancelled")
 RUNNER_MEANING = {
-    "cupy": "measured on GPUs (cupy workers)",
-    "simulated": "simulated (analytical model + noise, not measurements)",
-    "replay": "replayed from recorded datasets",
+    RunnerKind.CUPY: "measured on GPUs (cupy workers)",
+    RunnerKind.SIMULATED: "simulated (analytical model + noise, not measurements)",
+    RunnerKind.REPLAY: "replayed from recorded datasets",
 }
 
 
@@ -110,13 +110,13 @@ def wait_all(
     deadline = None if timeout_s is None else time.monotonic() + timeout_s
     current = list(tasks)
     while True:
-        current = [t if t.state in TERMINAL else client.task(t.id) for t in current]
+        current = [t if t.state.is_final() else client.task(t.id) for t in current]
         if progress is not None:
             progress(current)
-        if all(t.state in TERMINAL for t in current):
+        if all(t.state.is_final() for t in current):
             return current
         if deadline is not None and time.monotonic() > deadline:
-            unfinished = [t.id for t in current if t.state not in TERMINAL]
+            unfinished = [t.id for t in current if not t.state.is_final()]
             raise PipetuneError(f"tasks {unfinished} did not finish within {timeout_s:g} s")
         time.sleep(poll_s)
 

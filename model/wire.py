@@ -2,28 +2,38 @@
 
 One home for every request and response body: the service validates with these models, the
 SDK and the worker daemon build and parse them. Pure pydantic, no I/O, so every side can
-import it (DESIGN.md: model <- tuner <- service; model <- workers; clients over HTTP).
+import it (docs/architecture.md: model <- tuner <- service; model <- workers; clients over
+HTTP).
+
+Every enum of the schema is derived from its one definition: the states from
+model/states.py, the knobs from model/space.py, the runners from model/trials.py, the
+operators from model/workloads.py.
 """
 
 from __future__ import annotations
 
 from datetime import datetime
+from enum import StrEnum
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from pipetune.model.hardware import HardwareError, resolve_gpu_key
-from pipetune.model.space import KNOB_NAMES, KNOBS, Schedule
-from pipetune.model.trials import MeasureResult, TrialStatus
-from pipetune.model.workloads import Workload
+from pipetune.model.space import KNOB_NAMES, KNOB_SPECS, KNOBS, KnobValues, Schedule
+from pipetune.model.states import JobState, TaskState
+from pipetune.model.trials import MeasureResult, RunnerKind, TrialStatus
+from pipetune.model.workloads import OPS, Workload
 
 MAX_BUDGET = 5000  # trials per task; larger spaces are swept, not tuned
 MAX_LEASE_WAIT_S = 30.0
 MAX_JOBS_PER_LEASE = 64
+MAX_RESULTS_PER_POST = 256  # results in one POST /v1/jobs/results
 
-StrategyName = Literal["grid", "random", "analytical", "xgb", "analytical+xgb"]
-TaskState = Literal["queued", "running", "done", "failed", "cancelled"]
-JobState = Literal["queued", "leased", "done", "failed", "lost", "cancelled"]
+# The tuner's registry (tuner.strategies.STRATEGY_MAP) checks itself against this list.
+StrategyName = Literal["grid", "random", "analytical", "xgb", "bo", "analytical+xgb", "auto"]
+DEFAULT_STRATEGY: StrategyName = "auto"
+# The operator names as a schema enum (query parameters), from the workload types.
+OpName = StrEnum("OpName", [(op.upper(), op) for op in OPS])  # type: ignore[misc]
 
 
 class _Body(BaseModel):
@@ -54,16 +64,17 @@ class _GpuField(_Request):
             raise ValueError(str(exc)) from None
 
 
-class ScheduleDoc(_Body):
-    """A schedule's knob values (validated against the knob domains)."""
+def _knob_enums(schema: dict[str, Any]) -> None:
+    for name, knob in KNOB_SPECS.items():
+        schema["properties"][name].update(enum=list(knob.values), description=knob.meaning)
 
-    block_row_warps: int
-    block_col_warps: int
-    warp_row_tiles: int
-    warp_col_tiles: int
-    chunk: int
-    smem_stages: int
-    reg_stages: int
+
+class ScheduleDoc(BaseModel, KnobValues, frozen=True):
+    """A schedule's knob values (validated against the knob domains). The fields are the
+    knob declaration's (model/space.py KnobValues); the schema lists each knob's values."""
+
+    # A body like _Body's (extra fields refused), frozen like the declaration it inherits.
+    model_config = ConfigDict(extra="forbid", json_schema_extra=_knob_enums)
 
     @field_validator(*KNOB_NAMES)
     @classmethod
@@ -85,7 +96,7 @@ class ScheduleDoc(_Body):
 
 class TuneOptions(_Request):
     budget: int = Field(50, ge=1, le=MAX_BUDGET)
-    strategy: StrategyName = "analytical+xgb"
+    strategy: StrategyName = DEFAULT_STRATEGY
     seed: int = Field(0, ge=0, le=2**31 - 1)
 
 
@@ -117,7 +128,7 @@ class TaskCreate(_GpuField):
 
     workload: Workload
     budget: int = Field(50, ge=1, le=MAX_BUDGET)
-    strategy: StrategyName = "analytical+xgb"
+    strategy: StrategyName = DEFAULT_STRATEGY
     seed: int = Field(0, ge=0, le=2**31 - 1)
 
 
@@ -126,6 +137,9 @@ class BestTrial(_Body):
     schedule: ScheduleDoc
     latency_us: float
     tflops: float
+    # The runner that produced it (RunnerKind.of reads the kind): "simulated" latencies are
+    # the analytical model plus noise, to be labelled as such by every client.
+    runner: str | None = None
 
 
 class TaskDoc(_Body):
@@ -157,6 +171,8 @@ class TrialDoc(_Body):
     predicted_us: float | None = None
     worker: str | None = None
     error: str | None = None
+    # The runner that produced the result ("simulated": the model plus noise, not measured).
+    runner: str | None = None
 
 
 class TrialList(_Body):
@@ -185,6 +201,9 @@ class AggregateCurves(_Body):
     gpu: str | None
     op: str | None
     curves: dict[str, list[AggregatePoint]]  # strategy -> points
+    # The runner kinds of the tasks' best trials behind the curves ("simulated": the curves
+    # rank the analytical model plus noise, not measurements).
+    runners: list[str] = Field(default_factory=list)
 
 
 # ---- workers: registration, leases, results -------------------------------------------
@@ -195,7 +214,7 @@ class WorkerRegister(_GpuField):
 
     name: str = Field(min_length=1, max_length=128)
     arch: str = Field(pattern=r"^sm_\d{2,3}a?$")
-    runner: Literal["cupy", "replay", "simulated"]
+    runner: RunnerKind
     device_name: str | None = Field(None, max_length=256)
     sm_count: int | None = Field(None, ge=1)
     driver: str | None = Field(None, max_length=64)
@@ -223,7 +242,8 @@ class HeartbeatAck(_Body):
 
 
 class LeaseRequest(_Request):
-    """POST /v1/jobs/lease: long-polls up to wait_s for jobs matching the worker's arch."""
+    """POST /v1/jobs/lease: long-polls up to wait_s for jobs matching the worker's arch (the
+    service answers as soon as jobs are enqueued: it waits on a wake-up, it does not poll)."""
 
     worker_id: int
     max_jobs: int = Field(1, ge=1, le=MAX_JOBS_PER_LEASE)
@@ -257,6 +277,40 @@ class ResultAck(_Body):
     accepted: bool  # False: stale lease (expired and re-leased, or cancelled); not counted
     job_state: JobState
     detail: str | None = None
+
+
+class ReportedResult(_Request):
+    """One result of POST /v1/jobs/results: the job, the lease it was measured under."""
+
+    job_id: int
+    lease_token: str = Field(min_length=8, max_length=128)
+    result: MeasureResult
+
+
+class JobResults(_Request):
+    """POST /v1/jobs/results: many results in one request (a worker's reporter sends what
+    it has measured since its last report). Each is judged on its own, as the single-job
+    route judges one, and each is idempotent per (job, lease_token): the whole request may
+    be sent again."""
+
+    worker_id: int
+    results: list[ReportedResult] = Field(min_length=1, max_length=MAX_RESULTS_PER_POST)
+
+
+class JobResultAck(_Body):
+    """One result's answer, in the order of the request's results. `status_code` is what
+    the single-job route would have answered: 200 (then `accepted` says whether it was
+    recorded, as ResultAck), 403 (not this worker's lease) or 404 (no such job)."""
+
+    job_id: int
+    status_code: Literal[200, 403, 404]
+    accepted: bool
+    job_state: JobState | None = None  # None when refused (403, 404)
+    detail: str | None = None
+
+
+class JobResultAcks(_Body):
+    acks: list[JobResultAck]
 
 
 # ---- added with the service: listings, errors, health ---------------------------------

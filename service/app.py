@@ -11,11 +11,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import threading
 from collections.abc import AsyncIterator
 
 from fastapi import FastAPI
 from fastapi.concurrency import run_in_threadpool
 from fastapi.middleware.cors import CORSMiddleware
+from sqlalchemy.engine import make_url
 
 from pipetune.service.context import Service
 from pipetune.service.db import Database, is_unavailable, unavailable_reason
@@ -24,9 +26,11 @@ from pipetune.service.errors import install as install_error_handlers
 from pipetune.service.metrics import Metrics
 from pipetune.service.middleware import RequestMetrics
 from pipetune.service.migrate import check_schema
+from pipetune.service.proposer import Proposer
 from pipetune.service.queue import Queue
 from pipetune.service.routers import curves, dashboard, jobs, ops, schedules, tasks, workers
 from pipetune.service.settings import Settings
+from pipetune.service.wakeup import Wakeup, listen
 
 log = logging.getLogger(__name__)
 
@@ -47,32 +51,57 @@ async def _upkeep_loop(service: Service, interval: float) -> None:
                 log.exception("upkeep failed")
 
 
+def _libpq_url(url: str) -> str:
+    """The SQLAlchemy URL as psycopg takes it (for the listener's own connection)."""
+    return make_url(url).set(drivername="postgresql").render_as_string(hide_password=False)
+
+
 def create_app(settings: Settings | None = None) -> FastAPI:
     settings = settings or Settings()
     revision = check_schema(settings.database_url, create_if_empty=settings.create_empty_schema)
     db = Database(settings.database_url, settings.db_pool_size)
-    metrics = Metrics()
+    metrics = Metrics(db)  # its database gauges are read at each scrape
+    wakeup = Wakeup(shared=not db.is_sqlite)
+    driver = Driver(db, settings, metrics, wakeup)
     service = Service(
         settings=settings,
         db=db,
-        queue=Queue(db, settings, metrics),
-        driver=Driver(db, settings, metrics),
+        queue=Queue(db, settings, metrics, wakeup),
+        driver=driver,
         metrics=metrics,
         schema_revision=revision,
+        wakeup=wakeup,
+        proposer=Proposer(driver),
     )
 
     @contextlib.asynccontextmanager
     async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
+        wakeup.attach(asyncio.get_running_loop())
+        service.proposer.start()
+        stop_listening = threading.Event()
+        listener = None
+        if not db.is_sqlite:
+            # Jobs enqueued by the other replicas (and by anything else on this database).
+            listener = threading.Thread(
+                target=listen,
+                args=(wakeup, _libpq_url(settings.database_url), stop_listening),
+                name="pipetune-listener",
+                daemon=True,
+            )
+            listener.start()
         upkeep = None
         if settings.sweep_interval_s > 0:
             upkeep = asyncio.create_task(_upkeep_loop(service, settings.sweep_interval_s))
         try:
             yield
         finally:
+            wakeup.close()
             if upkeep is not None:
                 upkeep.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
                     await upkeep
+            stop_listening.set()  # the listener ends within its wait (a daemon thread)
+            await asyncio.to_thread(service.proposer.stop)
             db.dispose()
 
     app = FastAPI(

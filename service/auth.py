@@ -36,7 +36,11 @@ def _unauthorised(what: str) -> HTTPException:
     return HTTPException(401, f"{what} required", headers={"WWW-Authenticate": "Bearer"})
 
 
-def worker_token(
+# The dependencies are async (they do no I/O): FastAPI would run plain functions in a worker
+# thread, one hand-off per dependency per request.
+
+
+async def worker_token(
     bearer: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)],
     header: Annotated[str | None, Depends(_worker_header)],
     service: ServiceDep,
@@ -49,7 +53,7 @@ def worker_token(
     return digest
 
 
-def user_access(
+async def user_access(
     bearer: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)],
     header: Annotated[str | None, Depends(_api_key_header)],
     service: ServiceDep,

@@ -10,8 +10,10 @@ from fastapi import Depends, Request
 from pipetune.service.db import Database
 from pipetune.service.driver import Driver
 from pipetune.service.metrics import Metrics
+from pipetune.service.proposer import Proposer
 from pipetune.service.queue import Queue
 from pipetune.service.settings import Settings
+from pipetune.service.wakeup import Wakeup
 
 
 @dataclass
@@ -22,6 +24,8 @@ class Service:
     driver: Driver
     metrics: Metrics
     schema_revision: str
+    wakeup: Wakeup
+    proposer: Proposer
 
     def upkeep(self) -> None:
         """Requeue expired leases and advance tasks whose batch completed (any replica)."""
@@ -29,7 +33,8 @@ class Service:
         self.driver.advance_ready()
 
 
-def get_service(request: Request) -> Service:
+async def get_service(request: Request) -> Service:
+    # async: FastAPI runs a plain function dependency in a worker thread, per request.
     return request.app.state.service
 
 

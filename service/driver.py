@@ -1,32 +1,51 @@
 """The task driver: a task's proposals, batch by batch, reproducible by any replica.
 
 A task is (workload, GPU, strategy, seed, budget). Creating it proposes the first batch in
-the same transaction that writes the task. When every job of the outstanding batch is final
-(done, failed or lost), `advance` rebuilds the TuningSession, observes that batch and
-enqueues the next, or marks the task done at its budget or when the space is exhausted.
+the same transaction that writes the task. When the batches it waits on are complete (each
+job has its result or was lost), `advance` brings the TuningSession up to date, observes
+those batches and enqueues the next, or marks the task done at its budget or when the space
+is exhausted.
 
-Nothing lives only in memory: every proposed schedule is a job row with its batch number,
-so any replica rebuilds the session with `TuningSession.replay` (which checks each batch
-replays identically). Sessions are cached per process, keyed by the number of trials they
-will have seen once their pending batch completes, so the usual advance observes one batch
-instead of replaying all of them. Two replicas advancing the same task race on a
-compare-and-set of `tasks.batches`: the loser's batch is never written.
+Proposing ahead: a strategy whose proposals do not depend on the measurements
+(`PROPOSE_AHEAD`: grid, random, analytical) keeps two batches enqueued, so that its workers
+never wait for the next proposal: batch b+1 is proposed when batch b-1 is complete, while
+batch b is being measured. What it proposes is exactly what it would propose one batch
+later (only the set of schedules already chosen matters to it, and that is the same), so
+the tuning is the same. The model-based strategies propose when their batch is complete:
+a proposal made before then would not be the one made after it.
+
+Nothing lives only in memory: every proposed schedule is a job row with its batch number, so
+any replica rebuilds the session by replaying the task's batches through the session's
+propose/observe calls in the order they were made (each batch is checked to replay
+identically). Sessions are cached per process: the usual advance observes one batch; a
+replica whose cached session is behind (another replica advanced the task meanwhile) rolls
+it forward through the batches it missed instead of rebuilding it, so a model is refit
+once per batch, not once per batch of the whole history. Two replicas advancing the same
+task race on a compare-and-set of `tasks.batches`: the loser's batch is never written. Each
+new batch is announced to the waiting lease requests (service/wakeup.py).
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import threading
 from collections import OrderedDict, defaultdict
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
-from sqlalchemy import func, select, update
-from sqlalchemy.orm import Session
+from sqlalchemy import Connection, case, func, insert, literal, select, update
 
 from pipetune.model.analytical import evaluate
 from pipetune.model.hardware import get_gpu
-from pipetune.model.space import Schedule
+from pipetune.model.space import KNOB_NAMES, Schedule, Space
+from pipetune.model.states import (
+    ACTIVE_TASK_STATES,
+    OUTSTANDING_JOB_STATES,
+    JobState,
+    TaskState,
+)
 from pipetune.model.trials import MeasureResult
 from pipetune.model.wire import TaskCreate
 from pipetune.model.workloads import AnyWorkload, parse_workload
@@ -36,22 +55,79 @@ from pipetune.service.metrics import Metrics
 from pipetune.service.orm import JobRow, LeaseRow, TaskRow, WorkloadRow
 from pipetune.service.records import workload_row
 from pipetune.service.settings import Settings
+from pipetune.service.wakeup import CHANNEL, Wakeup, notify_statement
 from pipetune.tuner.session import SessionError, TuningSession
 
 log = logging.getLogger(__name__)
 
-ACTIVE_TASK = ("queued", "running")
 MAX_LIVE_SESSIONS = 512
-OUTSTANDING_JOB = ("queued", "leased")
+MAX_SPACES = 128
+JOBS, TASKS = JobRow.__table__, TaskRow.__table__
+
+# Strategies whose next batch depends only on which schedules were already chosen, never on
+# their measurements (tests/test_service_pipeline.py checks it of each): they propose ahead.
+PROPOSE_AHEAD = frozenset({"grid", "random", "analytical"})
+
+
+# A new batch on PostgreSQL, in one statement: the compare-and-set on `batches` (no row when
+# another replica advanced the task first: then nothing is inserted), the jobs, and the
+# NOTIFY that wakes the other replicas' waiting lease requests when this commits.
+COMMIT_BATCH_SQL = """
+WITH cas AS (
+    UPDATE tasks SET batches = %(version)s + 1, trials_enqueued = %(enqueued)s,
+        curve = CAST(%(curve)s AS json), updated_at = statement_timestamp()
+    WHERE id = %(task)s AND batches = %(version)s AND state = ANY(%(active)s)
+    RETURNING id, workload_id, gpu, arch
+), added AS (
+    INSERT INTO jobs (task_id, workload_id, gpu, arch, trial, batch, schedule, schedule_id,
+        predicted_us, state, attempts)
+    SELECT cas.id, cas.workload_id, cas.gpu, cas.arch, j.trial, %(version)s, j.schedule,
+        j.schedule_id, j.predicted_us, %(queued)s, 0
+    FROM cas, jsonb_to_recordset(CAST(%(jobs)s AS jsonb))
+        AS j(trial int, schedule json, schedule_id text, predicted_us float8)
+)
+SELECT cas.arch, cas.gpu, pg_notify(%(channel)s, json_build_object(
+    'origin', CAST(%(origin)s AS text), 'arch', cas.arch, 'gpu', cas.gpu,
+    'count', CAST(%(count)s AS int))::text)
+FROM cas
+"""
+
+
+READ_TASK_SQL = """
+SELECT t.state, t.workload_id, t.gpu, t.strategy, t.seed, t.budget, t.batches,
+    t.trials_enqueued, t.trials_target, t.batch_size,
+    (SELECT count(*) FROM jobs j WHERE j.task_id = t.id AND j.state = ANY(%(outstanding)s)
+        AND j.batch < t.batches - CASE WHEN t.strategy = ANY(%(ahead)s) THEN 1 ELSE 0 END
+    ) AS older,
+    (SELECT count(*) FROM jobs j WHERE j.task_id = t.id AND j.state = ANY(%(outstanding)s)
+    ) AS outstanding
+FROM tasks t WHERE t.id = %(task)s
+"""
+READ_JOBS_SQL = """
+SELECT trial, batch, schedule, state, status, latency_us, error FROM jobs
+WHERE task_id = %(task)s AND batch >= %(first)s AND batch < %(before)s
+ORDER BY trial
+"""
+
+
+def batches_ahead(strategy: str) -> int:
+    """Batches a task of this strategy keeps enqueued beyond the one being completed."""
+    return 1 if strategy in PROPOSE_AHEAD else 0
 
 
 @dataclass
 class _Live:
-    """A session whose pending batch is the task's outstanding one."""
+    """A session and where it stands in its task's record."""
 
     session: TuningSession
     predicted_us: np.ndarray  # the model's latency per space row
-    trials: int  # trials it will have observed once the pending batch completes
+    sizes: list[int]  # the sizes of the batches it proposed: the task's batches 0..k-1
+    observed: int  # batches it observed: 0..observed-1
+    curve: list[float | None] = field(default_factory=list)  # best so far, per observed trial
+
+    @property
+    def trials(self) -> int:
+        return sum(self.sizes)
 
 
 @dataclass
@@ -70,61 +146,118 @@ class _Plan:
 
 @dataclass(frozen=True)
 class _JobView:
-    """A final job as the tuner sees it."""
+    """A job as the tuner sees it."""
 
     trial: int
     batch: int
     schedule: Schedule
-    result: MeasureResult
+    result: MeasureResult | None  # None while it is outstanding
 
 
-def _observed(job: JobRow) -> MeasureResult:
-    """A final job as the tuner sees it: lost and failed jobs are failures."""
-    if job.state == "lost":
+@dataclass(frozen=True)
+class _TaskView:
+    workload_id: int
+    gpu: str
+    strategy: str
+    seed: int
+    budget: int
+    version: int
+    enqueued: int
+    target: int
+    batch_size: int
+
+
+def _observed(job: Any) -> MeasureResult | None:
+    """A final job as the tuner sees it: lost and failed jobs are failures (None for a job
+    still queued or leased: a batch proposed ahead, not observed yet)."""
+    if not JobState(job.state).is_final():
+        return None
+    if job.state == JobState.LOST:
         return MeasureResult(status="timeout", error=job.error or "lost")
     return MeasureResult(
-        status=job.status,  # type: ignore[arg-type]
+        status=job.status,
         latency_us=job.latency_us if job.status == "ok" else None,
         error=job.error,
     )
 
 
-def _extend_curve(curve: list[float | None], results: list[MeasureResult]) -> list[float | None]:
+def _extend_curve(
+    curve: list[float | None], results: list[MeasureResult | None]
+) -> list[float | None]:
     best = curve[-1] if curve else None
     out = list(curve)
     for r in results:
-        if r.ok and r.latency_us is not None and (best is None or r.latency_us < best):
+        if (
+            r is not None
+            and r.ok
+            and r.latency_us is not None
+            and (best is None or r.latency_us < best)
+        ):
             best = r.latency_us
         out.append(best)
     return out
 
 
+def _by_batch(views: list[_JobView]) -> dict[int, list[_JobView]]:
+    batches: dict[int, list[_JobView]] = defaultdict(list)
+    for v in views:
+        batches[v.batch].append(v)
+    return batches
+
+
 class Driver:
-    def __init__(self, db: Database, settings: Settings, metrics: Metrics):
+    def __init__(
+        self, db: Database, settings: Settings, metrics: Metrics, wakeup: Wakeup | None = None
+    ):
         self.db = db
         self.settings = settings
         self.metrics = metrics
+        self.wakeup = wakeup
         # Bounded: a replica that stops driving a task (another one finished it) must not
         # keep its session forever.
         self._live: OrderedDict[int, _Live] = OrderedDict()
         self._live_lock = threading.Lock()
         self._task_locks: dict[int, threading.Lock] = defaultdict(threading.Lock)
+        # Spaces and the model's predictions over them, by (workload hash, GPU): computed
+        # once per space, shared by every session of that workload on that GPU.
+        self._spaces: OrderedDict[tuple[str, str], tuple[Space, np.ndarray]] = OrderedDict()
+        self._spaces_lock = threading.Lock()
+        self._workloads: dict[int, AnyWorkload] = {}
 
     # ---- sessions ------------------------------------------------------------------
 
-    def _new_session(
+    def _space(self, workload: AnyWorkload, gpu: str) -> tuple[Space, np.ndarray]:
+        key = (workload.workload_hash, gpu)
+        with self._spaces_lock:
+            found = self._spaces.get(key)
+            if found is not None:
+                self._spaces.move_to_end(key)
+                return found
+        space = Space.enumerate(workload, get_gpu(gpu))
+        found = (space, evaluate(space).latency_us)
+        with self._spaces_lock:
+            self._spaces[key] = found
+            while len(self._spaces) > MAX_SPACES:
+                self._spaces.popitem(last=False)
+        return found
+
+    def _new_live(
         self, workload: AnyWorkload, gpu: str, strategy: str, seed: int, budget: int
-    ) -> tuple[TuningSession, np.ndarray]:
-        session = TuningSession(workload, get_gpu(gpu), strategy, seed, budget)
-        return session, evaluate(session.space).latency_us
+    ) -> _Live:
+        space, predicted = self._space(workload, gpu)
+        session = TuningSession(workload, space.gpu, strategy, seed, budget, space=space)
+        return _Live(session, predicted, [], 0)
 
     @staticmethod
-    def _propose(
-        session: TuningSession, predicted: np.ndarray, batch_size: int
-    ) -> tuple[list, list]:
-        n = min(batch_size, session.remaining)
+    def _propose(live: _Live, n: int) -> tuple[list[Schedule], list[float]]:
+        session = live.session
+        n = min(n, session.remaining)
         batch = session.propose(n) if n > 0 else []
-        return batch, [float(predicted[session.space.index(s)]) for s in batch]
+        if not batch:
+            return [], []
+        live.sizes.append(len(batch))
+        rows = session.pending[-len(batch) :]  # the rows propose() just added
+        return batch, [float(p) for p in live.predicted_us[rows]]
 
     def _take_live(self, task_id: int) -> _Live | None:
         with self._live_lock:
@@ -141,52 +274,60 @@ class Driver:
     # ---- create --------------------------------------------------------------------
 
     def create(self, body: TaskCreate) -> int:
-        """Write the task and its first batch in one transaction; returns the task id."""
-        session, predicted = self._new_session(
-            body.workload, body.gpu, body.strategy, body.seed, body.budget
-        )
-        if len(session.space) == 0:
+        """Write the task and its first batch (two, proposing ahead) in one transaction;
+        returns the task id."""
+        live = self._new_live(body.workload, body.gpu, body.strategy, body.seed, body.budget)
+        if len(live.session.space) == 0:
             raise InputError(
                 ["body", "workload"], f"no schedule of the kernel family is valid on {body.gpu}"
             )
-        batch, batch_predicted = self._propose(session, predicted, self.settings.batch_size)
+        batches = []
+        for _ in range(1 + batches_ahead(body.strategy)):
+            batch, predicted = self._propose(live, self.settings.batch_size)
+            if batch:
+                batches.append((batch, predicted))
+        enqueued = live.trials
         with self.db.write() as s:
             workload = workload_row(s, body.workload)
             task = TaskRow(
                 workload_id=workload.id,
                 gpu=body.gpu,
-                arch=session.gpu.arch,
+                arch=live.session.gpu.arch,
                 strategy=body.strategy,
                 budget=body.budget,
                 seed=body.seed,
                 batch_size=self.settings.batch_size,
-                state="queued",
-                batches=1,
-                trials_target=min(body.budget, len(session.space)),
-                trials_enqueued=len(batch),
+                state=TaskState.QUEUED,
+                batches=len(batches),
+                trials_target=min(body.budget, len(live.session.space)),
+                trials_enqueued=enqueued,
                 trials_done=0,
                 trials_failed=0,
                 curve=[],
             )
             s.add(task)
             s.flush()
-            self._insert_jobs(s, task, 0, 0, batch, batch_predicted)
-            task_id = task.id
-        self.metrics.batches.inc()
-        self._keep_live(task_id, _Live(session, predicted, len(batch)))
+            first = 0
+            for number, (batch, predicted) in enumerate(batches):
+                self._insert_jobs(s.connection(), task, number, first, batch, predicted)
+                first += len(batch)
+            task_id, arch = task.id, task.arch
+        self._announce(arch, body.gpu, enqueued)
+        self.metrics.batches.inc(len(batches))
+        self._keep_live(task_id, live)
         return task_id
 
-    @staticmethod
     def _insert_jobs(
-        s: Session,
-        task: TaskRow,
+        self,
+        conn: Connection,
+        task: Any,
         batch_no: int,
         first_trial: int,
         batch: list[Schedule],
         predicted: list[float],
     ) -> None:
-        s.execute(
-            JobRow.__table__.insert(),
+        conn.execute(
+            insert(JOBS),
             [
                 {
                     "task_id": task.id,
@@ -195,20 +336,28 @@ class Driver:
                     "arch": task.arch,
                     "trial": first_trial + i,
                     "batch": batch_no,
-                    "schedule": schedule.as_dict(),
+                    "schedule": _knobs(schedule),
                     "schedule_id": schedule.id,
                     "predicted_us": p,
-                    "state": "queued",
+                    "state": JobState.QUEUED,
                     "attempts": 0,
                 }
                 for i, (schedule, p) in enumerate(zip(batch, predicted, strict=True))
             ],
         )
+        if self.wakeup is not None and not self.db.is_sqlite:
+            # Delivered to the other replicas when this transaction commits.
+            conn.execute(notify_statement(self.wakeup.payload(task.arch, task.gpu, len(batch))))
+
+    def _announce(self, arch: str, gpu: str, count: int) -> None:
+        """Wake this replica's lease requests waiting for such jobs (committed by now)."""
+        if self.wakeup is not None and count:
+            self.wakeup.signal(arch, gpu, count)
 
     # ---- advance -------------------------------------------------------------------
 
     def advance(self, task_id: int) -> bool:
-        """Enqueue the task's next batch (or finish it) if its outstanding batch is
+        """Enqueue the task's next batch (or finish it) if the batches it waits on are
         complete. True when this call changed the task."""
         with self._task_locks[task_id]:
             plan = self._plan(task_id)
@@ -220,92 +369,190 @@ class Driver:
                 self._task_locks.pop(task_id, None)
             return changed
 
-    def _jobs(
-        self, task_id: int, batch: int | None = None, before: int | None = None
-    ) -> list[_JobView]:
-        """The task's jobs: of one batch, or of the batches numbered below `before`."""
-        query = select(JobRow).where(JobRow.task_id == task_id)
-        if batch is not None:
-            query = query.where(JobRow.batch == batch)
-        if before is not None:
-            query = query.where(JobRow.batch < before)
-        with self.db.read() as s:
-            jobs = s.scalars(query.order_by(JobRow.trial)).all()
-            return [_JobView(j.trial, j.batch, Schedule(**j.schedule), _observed(j)) for j in jobs]
+    # ---- reads (PostgreSQL: plain SQL through the driver, as the queue's hot paths) -----
+
+    def _read_task(self, task_id: int) -> tuple[_TaskView, str, int, int] | None:
+        """The task, its state, and its outstanding jobs: those in batches it waits on
+        before it can propose (`older`), and all of them."""
+        if not self.db.is_sqlite:
+            params = {
+                "task": task_id,
+                "outstanding": [str(s) for s in OUTSTANDING_JOB_STATES],
+                "ahead": sorted(PROPOSE_AHEAD),
+            }
+            with self.db.driver_transaction() as cur:
+                cur.execute(READ_TASK_SQL, params)
+                row = cur.fetchone()
+        else:
+            with self.db.read_conn() as conn:
+                row = conn.execute(
+                    select(
+                        TASKS.c.state,
+                        TASKS.c.workload_id,
+                        TASKS.c.gpu,
+                        TASKS.c.strategy,
+                        TASKS.c.seed,
+                        TASKS.c.budget,
+                        TASKS.c.batches,
+                        TASKS.c.trials_enqueued,
+                        TASKS.c.trials_target,
+                        TASKS.c.batch_size,
+                    ).where(TASKS.c.id == task_id)
+                ).first()
+                if row is not None:
+                    waits_on = row.batches - batches_ahead(row.strategy)
+                    older, outstanding = conn.execute(
+                        select(func.count().filter(JOBS.c.batch < waits_on), func.count()).where(
+                            JOBS.c.task_id == task_id, JOBS.c.state.in_(OUTSTANDING_JOB_STATES)
+                        )
+                    ).one()
+        if row is None:
+            return None
+        if not self.db.is_sqlite:
+            older, outstanding = row.older, row.outstanding
+        task = _TaskView(
+            row.workload_id, row.gpu, row.strategy, row.seed, row.budget, row.batches,
+            row.trials_enqueued, row.trials_target, row.batch_size,
+        )  # fmt: skip
+        return task, row.state, older, outstanding
+
+    def _read_jobs(self, task_id: int, first_batch: int, before: int) -> list[_JobView]:
+        """The task's jobs of batches first_batch..before-1, in trial order."""
+        if not self.db.is_sqlite:
+            params = {"task": task_id, "first": first_batch, "before": before}
+            with self.db.driver_transaction() as cur:
+                cur.execute(READ_JOBS_SQL, params)
+                rows = cur.fetchall()
+        else:
+            with self.db.read_conn() as conn:
+                rows = conn.execute(
+                    select(
+                        JOBS.c.trial,
+                        JOBS.c.batch,
+                        JOBS.c.schedule,
+                        JOBS.c.state,
+                        JOBS.c.status,
+                        JOBS.c.latency_us,
+                        JOBS.c.error,
+                    )
+                    .where(
+                        JOBS.c.task_id == task_id,
+                        JOBS.c.batch >= first_batch,
+                        JOBS.c.batch < before,
+                    )
+                    .order_by(JOBS.c.trial)
+                ).all()
+        return [_JobView(r.trial, r.batch, Schedule(**r.schedule), _observed(r)) for r in rows]
+
+    def _workload(self, workload_id: int) -> AnyWorkload:
+        workload = self._workloads.get(workload_id)
+        if workload is None:
+            with self.db.read_conn() as conn:
+                canonical = conn.scalar(
+                    select(WorkloadRow.canonical).where(WorkloadRow.id == workload_id)
+                )
+            workload = self._workloads[workload_id] = parse_workload(canonical)
+        return workload
 
     def _plan(self, task_id: int) -> _Plan | None:
-        with self.db.read() as s:
-            task = s.get(TaskRow, task_id)
-            if task is None or task.state not in ACTIVE_TASK or self._outstanding(s, task_id):
-                return None
-            canonical = s.scalar(
-                select(WorkloadRow.canonical).where(WorkloadRow.id == task.workload_id)
-            )
-            spec = (parse_workload(canonical), task.gpu, task.strategy, task.seed, task.budget)
-            version, enqueued, curve = task.batches, task.trials_enqueued, list(task.curve or [])
-            batch_size = task.batch_size  # the task's own, whatever this replica's setting
-        plan = _Plan(task_id, version, 0, [], [], [])
+        found = self._read_task(task_id)
+        if found is None or TaskState(found[1]).is_final():
+            return None
+        task, _, older, outstanding = found
+        if older:  # a batch it waits on is not complete
+            return None
+        # A task proposing ahead waits only for the batches before its newest.
+        waits_on = task.version - batches_ahead(task.strategy)
+        workload = self._workload(task.workload_id)
         live = self._take_live(task_id)
-        views = self._jobs(task_id, version - 1) if live and live.trials == enqueued else []
+        views, rebuild = self._completed(task_id, task, live, waits_on)
         try:
-            if live is not None and self._live_matches(live, views, curve):
-                session, predicted = live.session, live.predicted_us
-                session.observe([(v.schedule, v.result) for v in views])
-                plan.curve = _extend_curve(curve, [v.result for v in views])
-            else:
-                # Only the batches this plan saw complete: another replica may have queued
-                # the next one since (its jobs unmeasured); this plan then loses the
-                # compare-and-set on `batches` in _commit, as it should, quietly.
-                views = self._jobs(task_id, before=version)
-                session, predicted = self._replay(spec, views)
-                plan.curve = _extend_curve([], [v.result for v in views])
-            plan.first_trial = len(session.history)
-            plan.batch, plan.predicted = self._propose(session, predicted, batch_size)
+            if rebuild:
+                live = self._new_live(workload, task.gpu, task.strategy, task.seed, task.budget)
+            assert live is not None
+            self._roll_forward(live, _by_batch(views), task.version, waits_on)
+            plan = _Plan(task_id, task.version, live.trials, [], [], [], live=live)
+            plan.batch, plan.predicted = self._propose(live, task.batch_size)
+            if not plan.batch:
+                if outstanding:  # nothing more to propose: finish once every batch is in
+                    self._keep_live(task_id, live)
+                    return None
+                # Every batch is complete: observe the ones still pending, then finish.
+                rest = self._read_jobs(task_id, live.observed, task.version)
+                self._observe_through(live, _by_batch(rest), task.version)
         except (SessionError, ValueError) as exc:
             log.exception("task %s cannot advance", task_id)
-            plan.error = f"cannot rebuild the tuning session: {exc}"
-            return plan
-        plan.live = _Live(session, predicted, plan.first_trial + len(plan.batch))
+            return _Plan(task_id, task.version, 0, [], [], [], error=_cannot(exc))
+        plan.curve = list(live.curve)
         return plan
 
-    @staticmethod
-    def _live_matches(live: _Live, views: list[_JobView], curve: list) -> bool:
-        if not views:
-            return False
-        pending = [live.session.space[r] for r in live.session.pending]
-        return pending == [v.schedule for v in views] and len(curve) == views[0].trial
-
-    def _replay(self, spec: tuple, views: list[_JobView]) -> tuple[TuningSession, np.ndarray]:
-        workload, gpu, strategy, seed, budget = spec
-        session, predicted = self._new_session(workload, gpu, strategy, seed, budget)
-        batches: dict[int, list] = defaultdict(list)
-        for v in views:
-            batches[v.batch].append((v.schedule, v.result))
-        replayed = TuningSession.replay(
-            workload,
-            session.gpu,
-            strategy,
-            seed,
-            budget,
-            [batches[b] for b in sorted(batches)],
-            space=session.space,
-        )
-        return replayed, predicted
+    def _completed(
+        self, task_id: int, task: _TaskView, live: _Live | None, waits_on: int
+    ) -> tuple[list[_JobView], bool]:
+        """The jobs the session must see (observe, or replay and observe) to plan the next
+        batch, and whether it must be rebuilt from the first batch."""
+        if live is not None and len(live.sizes) == task.version and live.trials == task.enqueued:
+            # The usual case: this replica made the newest batch; read what completed since.
+            views = self._read_jobs(task_id, live.observed, waits_on)
+            pending = [live.session.space[r] for r in live.session.pending]
+            done = [v.schedule for v in views]
+            first = views[0].trial if views else live.trials
+            if pending[: len(done)] == done and (not views or len(live.curve) == first):
+                return views, False
+        # Behind (another replica advanced the task) or none: read the whole record. Only
+        # the batches this plan saw: another replica may have queued the next one since
+        # (its jobs unmeasured); this plan then loses the compare-and-set on `batches` in
+        # _commit, as it should, quietly. A session that is behind is rolled forward.
+        views = self._read_jobs(task_id, 0, task.version)
+        if live is not None and self._is_prefix(live, _by_batch(views)):
+            return views, False
+        return views, True
 
     @staticmethod
-    def _outstanding(s: Session, task_id: int) -> int:
-        return s.scalar(
-            select(func.count())
-            .select_from(JobRow)
-            .where(JobRow.task_id == task_id, JobRow.state.in_(OUTSTANDING_JOB))
-        )
+    def _is_prefix(live: _Live, batches: dict[int, list[_JobView]]) -> bool:
+        """Whether the session proposed exactly the task's first batches (so far)."""
+        session = live.session
+        made = [session.space[o.row] for o in session.history] + [
+            session.space[r] for r in session.pending
+        ]
+        recorded = [v.schedule for b in range(len(live.sizes)) for v in batches.get(b, [])]
+        return made == recorded
+
+    def _roll_forward(
+        self, live: _Live, batches: dict[int, list[_JobView]], version: int, waits_on: int
+    ) -> None:
+        """Replay the recorded batches the session has not proposed yet, in the order they
+        were made (before batch b, the batches before b - batches_ahead were observed; the
+        first batches_ahead + 1 were proposed together), then observe through `waits_on`."""
+        ahead = version - waits_on
+        for b in range(len(live.sizes), version):
+            self._observe_through(live, batches, b - ahead)
+            recorded = [v.schedule for v in batches.get(b, [])]
+            proposed = live.session.propose(len(recorded)) if recorded else []
+            if proposed != recorded:
+                raise SessionError(
+                    f"batch {b} does not replay: the history was not made by this seed"
+                )
+            live.sizes.append(len(recorded))
+        self._observe_through(live, batches, waits_on)
+
+    @staticmethod
+    def _observe_through(live: _Live, batches: dict[int, list[_JobView]], upto: int) -> None:
+        """Observe the session's pending batches numbered below `upto`."""
+        while live.observed < upto:
+            batch = batches[live.observed]
+            if any(v.result is None for v in batch):  # the caller checked: never expected
+                raise SessionError(f"batch {live.observed} is not complete")
+            live.session.observe([(v.schedule, v.result) for v in batch])
+            live.curve = _extend_curve(live.curve, [v.result for v in batch])
+            live.observed += 1
 
     def _commit(self, plan: _Plan) -> bool:
         now = self.db.now()
         if plan.error is not None:
-            values = {"state": "failed", "error": plan.error, "finished_at": now}
+            values = {"state": TaskState.FAILED, "error": plan.error, "finished_at": now}
         elif not plan.batch:
-            values = {"state": "done", "finished_at": now}
+            values = {"state": TaskState.DONE, "finished_at": now}
         else:
             values = {
                 "batches": plan.version + 1,
@@ -313,46 +560,110 @@ class Driver:
             }
         if plan.error is None:
             values["curve"] = plan.curve
-        with self.db.write() as s:
+        if plan.batch and not self.db.is_sqlite:
+            return self._commit_batch_pg(plan)
+        with self.db.write_conn() as conn:
             # The compare-and-set: only the replica that still sees `version` writes.
-            task = s.execute(
-                update(TaskRow)
+            task = conn.execute(
+                update(TASKS)
                 .where(
-                    TaskRow.id == plan.task_id,
-                    TaskRow.batches == plan.version,
-                    TaskRow.state.in_(ACTIVE_TASK),
+                    TASKS.c.id == plan.task_id,
+                    TASKS.c.batches == plan.version,
+                    TASKS.c.state.in_(ACTIVE_TASK_STATES),
                 )
                 .values(**values, updated_at=now)
-                .returning(TaskRow.id, TaskRow.workload_id, TaskRow.gpu, TaskRow.arch)
-                .execution_options(synchronize_session=False)
+                .returning(TASKS.c.id, TASKS.c.workload_id, TASKS.c.gpu, TASKS.c.arch)
             ).first()
             if task is None:
                 return False
+            if plan.error is not None:
+                # A batch proposed ahead may be outstanding: nobody is to measure it now.
+                self._cancel_outstanding(conn, plan.task_id, now)
             if plan.batch:
                 self._insert_jobs(
-                    s, task, plan.version, plan.first_trial, plan.batch, plan.predicted
+                    conn, task, plan.version, plan.first_trial, plan.batch, plan.predicted
                 )
         if plan.batch:
+            self._announce(task.arch, task.gpu, len(plan.batch))
             self.metrics.batches.inc()
         else:
-            self.metrics.tasks_finished.inc(values["state"])
+            self.metrics.tasks_finished.labels(values["state"]).inc()
+        return True
+
+    def _commit_batch_pg(self, plan: _Plan) -> bool:
+        """A new batch on PostgreSQL: the compare-and-set, the jobs and the NOTIFY in one
+        statement, through the driver (an advance per batch is the driver's hot path)."""
+        jobs = [
+            {
+                "trial": plan.first_trial + i,
+                "schedule": _knobs(schedule),
+                "schedule_id": schedule.id,
+                "predicted_us": p,
+            }
+            for i, (schedule, p) in enumerate(zip(plan.batch, plan.predicted, strict=True))
+        ]
+        params = {
+            "task": plan.task_id,
+            "version": plan.version,
+            "enqueued": plan.first_trial + len(plan.batch),
+            "curve": json.dumps(plan.curve),
+            "active": [str(s) for s in ACTIVE_TASK_STATES],
+            "jobs": json.dumps(jobs),
+            "queued": JobState.QUEUED.value,
+            "channel": CHANNEL,
+            "origin": self.wakeup.origin if self.wakeup is not None else "",
+            "count": len(jobs),
+        }
+        with self.db.driver_transaction() as cur:
+            cur.execute(COMMIT_BATCH_SQL, params)
+            task = cur.fetchone()
+        if task is None:
+            return False
+        self._announce(task.arch, task.gpu, len(plan.batch))
+        self.metrics.batches.inc()
         return True
 
     def advance_ready(self) -> int:
-        """Advance every active task whose outstanding batch is complete (the safety net
+        """Advance every active task whose awaited batches are complete (the safety net
         for a replica that stopped between a result and its advance)."""
+        ahead = case((TASKS.c.strategy.in_(sorted(PROPOSE_AHEAD)), literal(1)), else_=literal(0))
         outstanding = (
-            select(JobRow.id)
-            .where(JobRow.task_id == TaskRow.id, JobRow.state.in_(OUTSTANDING_JOB))
+            select(JOBS.c.id)
+            .where(
+                JOBS.c.task_id == TASKS.c.id,
+                JOBS.c.state.in_(OUTSTANDING_JOB_STATES),
+                JOBS.c.batch < TASKS.c.batches - ahead,
+            )
             .exists()
         )
-        with self.db.read() as s:
+        with self.db.read_conn() as conn:
             ready = list(
-                s.scalars(select(TaskRow.id).where(TaskRow.state.in_(ACTIVE_TASK), ~outstanding))
+                conn.scalars(
+                    select(TASKS.c.id).where(TASKS.c.state.in_(ACTIVE_TASK_STATES), ~outstanding)
+                )
             )
         return sum(self.advance(task_id) for task_id in ready)
 
     # ---- cancel --------------------------------------------------------------------
+
+    @staticmethod
+    def _cancel_outstanding(conn: Connection, task_id: int, now: Any) -> None:
+        """Cancel the task's queued and leased jobs, and end their leases as cancelled."""
+        jobs = conn.scalars(
+            update(JOBS)
+            .where(JOBS.c.task_id == task_id, JOBS.c.state.in_(OUTSTANDING_JOB_STATES))
+            .values(state=JobState.CANCELLED, lease_expires_at=None, finished_at=now)
+            .returning(JOBS.c.id)
+        ).all()
+        if jobs:
+            conn.execute(
+                update(LeaseRow.__table__)
+                .where(
+                    LeaseRow.__table__.c.job_id.in_(jobs),
+                    LeaseRow.__table__.c.outcome.is_(None),
+                )
+                .values(outcome="cancelled", ended_at=now)
+            )
 
     def cancel(self, task_id: int) -> None:
         now = self.db.now()
@@ -361,29 +672,25 @@ class Driver:
             state = s.scalar(select(TaskRow.state).where(TaskRow.id == task_id).with_for_update())
             if state is None:
                 raise NotFoundError(f"task {task_id} does not exist")
-            if state in ("done", "failed"):
-                raise ConflictError(f"task {task_id} is already {state}")
-            if state == "cancelled":
+            if state == TaskState.CANCELLED:
                 return
-            jobs = s.scalars(
-                update(JobRow)
-                .where(JobRow.task_id == task_id, JobRow.state.in_(OUTSTANDING_JOB))
-                .values(state="cancelled", lease_expires_at=None, finished_at=now)
-                .returning(JobRow.id)
-                .execution_options(synchronize_session=False)
-            ).all()
-            if jobs:
-                s.execute(
-                    update(LeaseRow)
-                    .where(LeaseRow.job_id.in_(jobs), LeaseRow.outcome.is_(None))
-                    .values(outcome="cancelled", ended_at=now)
-                    .execution_options(synchronize_session=False)
-                )
+            if TaskState(state).is_final():
+                raise ConflictError(f"task {task_id} is already {state}")
+            self._cancel_outstanding(s.connection(), task_id, now)
             s.execute(
                 update(TaskRow)
                 .where(TaskRow.id == task_id)
-                .values(state="cancelled", finished_at=now, updated_at=now)
+                .values(state=TaskState.CANCELLED, finished_at=now, updated_at=now)
                 .execution_options(synchronize_session=False)
             )
         self._keep_live(task_id, None)
-        self.metrics.tasks_finished.inc("cancelled")
+        self.metrics.tasks_finished.labels(TaskState.CANCELLED).inc()
+
+
+def _knobs(schedule: Schedule) -> dict[str, int]:
+    # Not Schedule.as_dict (dataclasses.asdict deep-copies): a batch of these per advance.
+    return {k: getattr(schedule, k) for k in KNOB_NAMES}
+
+
+def _cannot(exc: Exception) -> str:
+    return f"cannot rebuild the tuning session: {exc}"

@@ -17,8 +17,9 @@ import time
 from pathlib import Path
 
 from pipetune.model.hardware import gpu_keys
+from pipetune.model.trials import RunnerKind
 
-RUNNERS = ("simulated", "replay", "cupy")
+RUNNERS: tuple[str, ...] = (RunnerKind.SIMULATED, RunnerKind.REPLAY, RunnerKind.CUPY)
 # The environment variable `pipetune worker` reads its token from (its documented option).
 TOKEN_ENV = "PIPETUNE_WORKER_TOKEN"
 

@@ -9,6 +9,8 @@ PIPETUNE_CORS_ORIGINS    comma-separated browser origins allowed to call the API
 PIPETUNE_LEASE_TTL_S     seconds a leased job stays with its worker without a result
 PIPETUNE_MAX_ATTEMPTS    expired leases before a job is given up as `lost`
 PIPETUNE_BATCH_SIZE      trials a task proposes per round
+PIPETUNE_LEASE_POLL_S    how long a waiting lease request goes without looking at the
+                         queue when no wake-up comes (the fallback; default 5 s)
 """
 
 from __future__ import annotations
@@ -56,10 +58,12 @@ class Settings(BaseSettings):
     lease_ttl_s: float = Field(120.0, gt=0)
     max_attempts: int = Field(3, ge=1)
     batch_size: int = Field(8, ge=1, le=64)
-    # How often a long-polling lease request looks at the queue again, and the longest a
+    # A lease request that found nothing waits for a wake-up (jobs of its kind enqueued, in
+    # this replica or, on PostgreSQL, another: service/wakeup.py); this is the fallback, how
+    # long it waits before it looks at the queue again without one. Then the longest a
     # lease request is held (below a proxy's idle timeout; short in tests: workers drain
     # when their poll returns).
-    lease_poll_s: float = Field(0.1, gt=0)
+    lease_poll_s: float = Field(5.0, gt=0)
     lease_wait_cap_s: float = Field(30.0, ge=0)
     # Background upkeep (expired leases, tasks whose batch completed): seconds, 0 = off.
     sweep_interval_s: float = Field(2.0, ge=0)

@@ -14,6 +14,7 @@ from service_support import (
     drain,
     fake_latency,
     lease,
+    metric_value,
     ok,
     post_result,
     register,
@@ -264,8 +265,10 @@ def test_health_metrics_and_openapi(client):
     assert 'pipetune_queue_depth{gpu="h100"}' not in text  # all four leased
     assert 'pipetune_leases_active{gpu="h100"} 2.0' in text
     assert 'pipetune_jobs_leased_total{gpu="h100"} 4.0' in text
-    assert 'pipetune_results_total{status="ok",accepted="true"} 2.0' in text
-    assert 'pipetune_results_total{status="timeout",accepted="true"} 1.0' in text
+    # Label order carries no meaning in the exposition (prometheus_client sorts them).
+    results = "pipetune_results_total"
+    assert metric_value(text, results, status="ok", accepted="true") == 2.0
+    assert metric_value(text, results, status="timeout", accepted="true") == 1.0
     assert "pipetune_lease_expiries_total" in text
     assert 'route="/v1/jobs/{job_id}/result"' in text
     assert "pipetune_http_request_duration_seconds_bucket" in text

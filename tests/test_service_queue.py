@@ -62,7 +62,8 @@ def test_jobs_go_only_to_workers_of_the_task_gpus_arch(client):
 def test_concurrent_leasers_never_get_the_same_job(db_url):
     with client_for(db_url) as c:
         for _ in range(3):
-            create_task(c, budget=40, strategy="random")  # 3 x 8 queued jobs
+            # 3 x 16 queued jobs: random search proposes its second batch ahead
+            create_task(c, budget=40, strategy="random")
         workers = [register(c, f"w{i}") for i in range(8)]
         service = service_of(c)
         got: list[int] = []
@@ -81,11 +82,11 @@ def test_concurrent_leasers_never_get_the_same_job(db_url):
             t.start()
         for t in threads:
             t.join()
-        assert len(got) == 24 and len(set(got)) == 24
+        assert len(got) == 48 and len(set(got)) == 48
         with service.db.read() as s:
             per_job = Counter(s.scalars(select(LeaseRow.job_id)).all())
             states = set(s.scalars(select(JobRow.state)).all())
-        assert set(per_job.values()) == {1} and len(per_job) == 24
+        assert set(per_job.values()) == {1} and len(per_job) == 48
         assert states == {"leased"}
 
 
@@ -287,17 +288,18 @@ def test_a_re_lease_is_stamped_after_the_expiry_it_follows(db_url):
         queue, db = service_of(c).queue, service_of(c).db
         queue._reclaimed_at = time.monotonic() + 60  # the claim's own reclaim stays out
         began, reclaimed = threading.Event(), threading.Event()
-        write_conn = db.write_conn
+        # The claim's transaction (PostgreSQL's hot paths run on the driver's cursor).
+        driver_transaction = db.driver_transaction
 
         @contextmanager
-        def paused_write_conn():
-            with write_conn() as conn:
-                conn.exec_driver_sql("SELECT 1")  # the transaction has begun
+        def paused_transaction():
+            with driver_transaction() as cursor:
+                cursor.execute("SELECT 1")  # the transaction has begun
                 began.set()
                 reclaimed.wait(10)  # descheduled while another thread reclaims
-                yield conn
+                yield cursor
 
-        db.write_conn = paused_write_conn  # type: ignore[method-assign]
+        db.driver_transaction = paused_transaction  # type: ignore[method-assign]
         got: list = []
         ref = WorkerRef(id=rescuer, gpu="h100", arch="sm_90", runner="simulated")
         claim = threading.Thread(target=lambda: got.extend(queue.try_lease(ref, 1)))
@@ -307,7 +309,7 @@ def test_a_re_lease_is_stamped_after_the_expiry_it_follows(db_url):
         queue.reclaim()
         reclaimed.set()
         claim.join(10)
-        db.write_conn = write_conn  # type: ignore[method-assign]
+        db.driver_transaction = driver_transaction  # type: ignore[method-assign]
         assert [job.job_id for job in got] == [abandoned["job_id"]]
         with db.read() as s:
             first, second = s.scalars(

@@ -5,7 +5,7 @@ from __future__ import annotations
 import typer
 
 import pipetune
-from pipetune.clients.cli import client_cmds, service_cmds, worker_cmds
+from pipetune.clients.cli import campaign_cmds, client_cmds, export_cmds, service_cmds, worker_cmds
 from pipetune.clients.cli.bench_cmds import bench_app
 from pipetune.clients.cli.dataset_cmds import dataset_app
 from pipetune.clients.cli.kernel_cmds import kernel_app
@@ -28,6 +28,8 @@ app.add_typer(kernel_app, name="kernel")
 service_cmds.register(app)  # serve, db
 client_cmds.register(app)  # schedule, tune, tasks, curve, tune-model
 worker_cmds.register(app)  # worker
+campaign_cmds.register(app)  # campaign (the GPU campaign)
+export_cmds.register(app)  # export
 
 
 def _print_version(value: bool) -> None:

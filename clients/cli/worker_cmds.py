@@ -62,6 +62,12 @@ def worker(
     concurrency: int = typer.Option(
         1, "--concurrency", help="jobs leased and measured at a time (cupy: one on the GPU)"
     ),
+    lease_ahead: int = typer.Option(
+        2,
+        "--lease-ahead",
+        help="jobs leased ahead of the ones being measured, so the GPU never waits on the "
+        "network (0: lease only for free slots)",
+    ),
     name: str | None = typer.Option(None, "--name", help="worker name (default host-runner-pid)"),
     device: int = typer.Option(0, "--device", help="cupy: CUDA device index"),
     heartbeat_s: float = typer.Option(5.0, "--heartbeat", help="seconds between heartbeats"),
@@ -97,6 +103,7 @@ def worker(
             gpu=gpu,
             dataset=dataset,
             concurrency=concurrency,
+            lease_ahead=lease_ahead,
             name=name or "",
             device=device,
             heartbeat_s=heartbeat_s,

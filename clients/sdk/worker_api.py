@@ -1,4 +1,5 @@
-"""The worker side of the API (worker token): register, heartbeat, lease jobs, post results.
+"""The worker side of the API (worker token): register, heartbeat, lease jobs, post results
+(one at a time, or many in one request).
 
 The worker daemon is its only user; it keeps one WorkerApi per thread (httpx clients are
 not shared across threads here, so a long-polling lease never queues a heartbeat).
@@ -17,8 +18,12 @@ from pipetune.model.wire import (
     HeartbeatAck,
     JobLease,
     JobResult,
+    JobResultAck,
+    JobResultAcks,
+    JobResults,
     LeaseRequest,
     LeaseResponse,
+    ReportedResult,
     ResultAck,
     WorkerDoc,
     WorkerRegister,
@@ -66,6 +71,12 @@ class WorkerApi:
         return self._http.call(
             ResultAck, "POST", f"/v1/jobs/{job_id}/result", json=body.model_dump(mode="json")
         )
+
+    def post_results(self, worker_id: int, results: list[ReportedResult]) -> list[JobResultAck]:
+        """Many results in one request; one answer per result, in order (`status_code` says
+        what the single-job route would have answered for it)."""
+        body = JobResults(worker_id=worker_id, results=results).model_dump(mode="json")
+        return self._http.call(JobResultAcks, "POST", "/v1/jobs/results", json=body).acks
 
     def close(self) -> None:
         self._http.close()

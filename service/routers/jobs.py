@@ -1,12 +1,29 @@
-"""Leases and results (worker token required)."""
+"""Leases and results (worker token required).
+
+The routes are async and hand their database work to a worker thread once per request: the
+dependencies are async too (service/auth.py), so no request pays a thread hand-off per
+dependency. A result that may have completed what its task waits for asks the proposer loop
+for the next batch (service/proposer.py): the worker's request never waits for a proposal.
+"""
 
 from __future__ import annotations
 
-from fastapi import APIRouter, BackgroundTasks
+from fastapi import APIRouter
+from fastapi.concurrency import run_in_threadpool
 
-from pipetune.model.wire import JobResult, LeaseRequest, LeaseResponse, ResultAck
+from pipetune.model.wire import (
+    JobResult,
+    JobResultAcks,
+    JobResults,
+    LeaseRequest,
+    LeaseResponse,
+    ResultAck,
+)
 from pipetune.service.auth import WorkerToken
-from pipetune.service.context import ServiceDep
+from pipetune.service.context import Service, ServiceDep
+from pipetune.service.errors import InputError
+from pipetune.service.orm import ID_MAX
+from pipetune.service.queue import Report, check_storable
 from pipetune.service.routers.common import ERRORS, NOT_FOUND, RowId
 
 router = APIRouter(tags=["jobs"])
@@ -20,8 +37,14 @@ async def lease_jobs(
     token: WorkerToken,
 ) -> LeaseResponse:
     """Long-poll for up to `max_jobs` jobs of the worker's arch (and GPU, for simulated
-    and replay workers), waiting up to `wait_s` seconds; an empty list when none came."""
+    and replay workers), waiting up to `wait_s` seconds; an empty list when none came.
+    The request is answered as soon as such jobs are enqueued (it waits on a wake-up)."""
     return await service.queue.lease(body.worker_id, token, body)
+
+
+def _advance(service: Service, tasks: set[int]) -> None:
+    for task_id in tasks:
+        service.proposer.request(task_id)
 
 
 @router.post(
@@ -29,18 +52,42 @@ async def lease_jobs(
     response_model=ResultAck,
     responses=ERRORS | FORBIDDEN | NOT_FOUND,
 )
-def post_result(
+async def post_result(
     service: ServiceDep,
     job_id: RowId,
     body: JobResult,
-    background: BackgroundTasks,
     token: WorkerToken,
 ) -> ResultAck:
     """Record a measurement. Idempotent per (job, lease token); a result of a lease that
     is no longer the job's current one (expired and re-leased, cancelled) is acknowledged
     with accepted=false and not recorded."""
-    ack, complete_task = service.queue.submit(job_id, token, body)
-    if complete_task is not None:
-        # After the response: the worker need not wait for the next proposal round.
-        background.add_task(service.driver.advance, complete_task)
+    ack, ready = await run_in_threadpool(service.queue.submit, job_id, token, body)
+    if ready is not None:
+        _advance(service, {ready})
     return ack
+
+
+@router.post(
+    "/v1/jobs/results",
+    response_model=JobResultAcks,
+    responses=ERRORS | {403: {"description": "not this worker's token"}},
+)
+async def post_results(
+    service: ServiceDep,
+    body: JobResults,
+    token: WorkerToken,
+) -> JobResultAcks:
+    """Record many measurements in one request (one database transaction). Each result is
+    judged as the single-job route judges it, and answered in order: `status_code` 200
+    (`accepted` says whether it was recorded), 403 (not this worker's lease) or 404 (no
+    such job). Idempotent per (job, lease token): the whole request may be sent again."""
+    for i, item in enumerate(body.results):
+        if not 0 < item.job_id <= ID_MAX:  # as the single route's path parameter
+            raise InputError(["body", "results", i, "job_id"], f"must be within 1..{ID_MAX}")
+        check_storable(item.result, ["body", "results", i, "result"])
+    reports = [Report(r.job_id, r.lease_token, r.result) for r in body.results]
+    judged, ready = await run_in_threadpool(
+        service.queue.submit_many, body.worker_id, token, reports
+    )
+    _advance(service, ready)
+    return JobResultAcks(acks=[j.ack for j in judged])

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Annotated
 
 from fastapi import APIRouter, Depends, Query, Response
+from fastapi.concurrency import run_in_threadpool
 from sqlalchemy import select
 
 from pipetune.model.wire import Heartbeat, HeartbeatAck, WorkerDoc, WorkerList, WorkerRegister
@@ -42,14 +43,14 @@ def register_worker(
     response_model=HeartbeatAck,
     responses=NOT_FOUND | {403: {"description": "not this token's worker"}},
 )
-def heartbeat(
+async def heartbeat(
     service: ServiceDep,
     worker_id: RowId,
     body: Heartbeat,
     token: WorkerToken,
 ) -> HeartbeatAck:
     """Liveness; also extends the worker's unexpired leases by one lease TTL."""
-    return service.queue.heartbeat(worker_id, token, body.busy_jobs)
+    return await run_in_threadpool(service.queue.heartbeat, worker_id, token, body.busy_jobs)
 
 
 @router.get("/v1/workers", response_model=WorkerList, dependencies=[Depends(user_access)])

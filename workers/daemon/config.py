@@ -7,10 +7,11 @@ import socket
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from pipetune.model.wire import MAX_LEASE_WAIT_S
+from pipetune.model.trials import RunnerKind
+from pipetune.model.wire import MAX_JOBS_PER_LEASE, MAX_LEASE_WAIT_S
 from pipetune.workers.runners.faults import FaultPlan
 
-RUNNERS = ("cupy", "replay", "simulated")
+RUNNERS: tuple[str, ...] = tuple(RunnerKind)
 TOKEN_ENV = "PIPETUNE_WORKER_TOKEN"
 
 
@@ -27,6 +28,9 @@ class WorkerConfig:
     gpu: str | None = None  # required for simulated/replay; checked against the device for cupy
     dataset: Path | None = None  # replay only
     concurrency: int = 1
+    # Jobs leased ahead, beyond the ones being measured: they wait here, so the GPU never
+    # waits on the network for its next trial (their leases are heartbeated like the rest).
+    lease_ahead: int = 2
     name: str = field(default="")
     device: int = 0  # CUDA device index (cupy)
     heartbeat_s: float = 5.0
@@ -43,17 +47,17 @@ class WorkerConfig:
             raise ValueError(f"--token: give the worker token (or set {TOKEN_ENV})")
         if self.runner not in RUNNERS:
             raise ValueError(f"--runner: must be one of {', '.join(RUNNERS)}, got {self.runner!r}")
-        if self.runner in ("simulated", "replay") and not self.gpu:
+        if self.runner in (RunnerKind.SIMULATED, RunnerKind.REPLAY) and not self.gpu:
             raise ValueError(
                 f"--gpu: a {self.runner} worker must be told which GPU it stands in for "
                 "(h100, h200, a100)"
             )
-        if self.runner == "replay" and self.dataset is None:
+        if self.runner == RunnerKind.REPLAY and self.dataset is None:
             raise ValueError("--dataset: a replay worker needs the dataset file to answer from")
-        if self.runner != "replay" and self.dataset is not None:
+        if self.runner != RunnerKind.REPLAY and self.dataset is not None:
             raise ValueError("--dataset: only a replay worker reads a dataset")
         if self.simulate_faults is not None:
-            if self.runner != "simulated":
+            if self.runner != RunnerKind.SIMULATED:
                 raise ValueError("--simulate-faults: only a simulated worker rehearses faults")
             try:
                 FaultPlan.parse(self.simulate_faults)
@@ -63,6 +67,10 @@ class WorkerConfig:
             raise ValueError(f"--trial-timeout: must be positive, got {self.trial_timeout_s:g}")
         if self.concurrency < 1:
             raise ValueError(f"--concurrency: must be at least 1, got {self.concurrency}")
+        if not 0 <= self.lease_ahead <= MAX_JOBS_PER_LEASE:
+            raise ValueError(
+                f"--lease-ahead: must be within 0..{MAX_JOBS_PER_LEASE}, got {self.lease_ahead}"
+            )
         if self.heartbeat_s <= 0 or self.register_timeout_s < 0 or self.result_retry_s < 0:
             raise ValueError("heartbeat, register timeout and result retry must be positive")
         if not 0 <= self.lease_wait_s <= MAX_LEASE_WAIT_S:

@@ -3,11 +3,13 @@
 Threads, each with one job:
 - main: waits for the control thread and turns signals into stop requests (a signal handler
   only counts; events and log lines are handled here, outside the handler);
-- control: registers, then long-polls for jobs while there are free slots and hands them to
-  the measuring pool; on stop, drains;
+- control: registers, then long-polls for jobs while it holds fewer than its slots plus
+  `lease_ahead` and hands them to the measuring pool (the jobs beyond the slots wait there:
+  the next trial starts the moment one ends, with no request in between); on stop, drains;
 - measuring pool: `concurrency` threads for simulated/replay runners; one thread for cupy
   (the GPU runs one trial at a time; a batch is compiled in parallel by runner.prepare);
-- reporter: posts each result with retries (workers.daemon.reporting);
+- reporter: posts the results measured since its last post in one request
+  (`POST /v1/jobs/results`), with retries (workers.daemon.reporting);
 - heartbeat: tells the service every few seconds that the worker lives and how busy it is.
 
 Stopping: the first SIGTERM (or SIGINT) stops leasing; the jobs in hand are measured and
@@ -23,20 +25,25 @@ import time
 from collections import Counter
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from queue import Queue
+from queue import Empty, Queue
 from typing import Any
 
 from pipetune.clients.sdk import (
     ApiError,
     NotFoundError,
     PipetuneError,
-    ServerError,
-    ServiceUnavailableError,
     WorkerApi,
 )
 from pipetune.model.space import Schedule
 from pipetune.model.trials import MeasureResult
-from pipetune.model.wire import MAX_JOBS_PER_LEASE, JobLease, JobResult, WorkerRegister
+from pipetune.model.wire import (
+    MAX_JOBS_PER_LEASE,
+    MAX_RESULTS_PER_POST,
+    JobLease,
+    JobResult,
+    ReportedResult,
+    WorkerRegister,
+)
 from pipetune.model.workloads import AnyWorkload, WorkloadError, parse_workload
 from pipetune.workers.daemon.config import WorkerConfig
 from pipetune.workers.daemon.gpu import DeviceInfo
@@ -47,6 +54,11 @@ from pipetune.workers.runners import Runner, RunnerClosedError, RunnerUnavailabl
 # A worker the service no longer knows (database reset) registers again; if that keeps
 # happening the route itself is missing and the worker gives up.
 MAX_REREGISTER = 3
+# Jobs leased ahead wait at most about this long for their turn: a quarter of the service's
+# default lease TTL, so a worker that dies holding them delays them little (the measured
+# trial time sets how many that is).
+LEASE_AHEAD_S = 30.0
+REPORT_BATCH = 64  # results in one report at most
 
 
 class WorkerError(PipetuneError):
@@ -84,6 +96,7 @@ class Worker:
         self._throttle = Throttle()
         self._serial = runner.name == "cupy"
         self._counts_lock = threading.Lock()
+        self._trial_s: float | None = None  # moving average of a trial's measuring time
 
     # ---- stopping -----------------------------------------------------------------------
 
@@ -171,22 +184,25 @@ class Worker:
         )
 
     def _register(self, api: WorkerApi) -> bool:
-        """Register, retrying while the service is unreachable for register_timeout_s."""
-        deadline = time.monotonic() + self.config.register_timeout_s
-        wait = 0.5
+        """Register, retrying while the service is unreachable for register_timeout_s; False
+        when stopped before the service answered."""
         body = self._registration()
-        while True:
-            try:
-                doc = api.register(body)
-                break
-            except TRANSIENT as exc:
-                if time.monotonic() + wait > deadline:
-                    raise
-                if self._throttle("register", time.monotonic()):
-                    self.log.warning("waiting_for_service", server=api.base_url, msg=str(exc))
-                if self._stop.wait(wait):
-                    return False
-                wait = min(wait * 2, 5.0)
+
+        def waiting(attempt: int, exc: BaseException, wait_s: float) -> None:
+            if self._throttle("register", time.monotonic()):
+                self.log.warning("waiting_for_service", server=api.base_url, msg=str(exc))
+
+        try:
+            doc = call_with_retries(
+                lambda: api.register(body),
+                give_up_after_s=self.config.register_timeout_s,
+                abort=self._stop,
+                on_retry=waiting,
+            )
+        except TRANSIENT:
+            if self._stop.is_set():
+                return False
+            raise
         self.worker_id = doc.id
         self.log.info(
             "registered",
@@ -203,12 +219,22 @@ class Worker:
 
     # ---- leasing ------------------------------------------------------------------------
 
+    def _capacity(self) -> int:
+        """Jobs to hold: the slots, plus the ones leased ahead that fit in LEASE_AHEAD_S at
+        the measured trial time (all of `lease_ahead` until a trial was timed)."""
+        ahead = self.config.lease_ahead
+        if self._trial_s is not None and self._trial_s > 0:
+            slots = 1 if self._serial else self.config.concurrency
+            ahead = min(ahead, int(LEASE_AHEAD_S * slots / self._trial_s))
+        return self.config.concurrency + ahead
+
     def _free_slots(self) -> int:
-        """Block until a slot is free (or stop); the number of free slots."""
+        """Block until the worker holds fewer jobs than its capacity (or stop); how many
+        more it may lease."""
         with self._slots:
-            while self._busy >= self.config.concurrency and not self._stop.is_set():
+            while self._busy >= self._capacity() and not self._stop.is_set():
                 self._slots.wait(0.5)
-            return 0 if self._stop.is_set() else self.config.concurrency - self._busy
+            return 0 if self._stop.is_set() else self._capacity() - self._busy
 
     def _release(self, n: int = 1) -> None:
         with self._slots:
@@ -219,22 +245,39 @@ class Worker:
         with self._counts_lock:
             self.counts[key] += 1
 
-    def _lease_loop(self, api: WorkerApi, pool: ThreadPoolExecutor) -> None:
-        backoff = 0.5
-        reregistered = 0
+    def _lease(self, api: WorkerApi, free: int) -> list[JobLease]:
+        """One lease request, retried with backoff while the service is unreachable or
+        answers 5xx; [] once the worker is stopping."""
         assert self.worker_id is not None
+        worker_id = self.worker_id
+
+        def failed(attempt: int, exc: BaseException, wait_s: float) -> None:
+            if self._throttle("lease", time.monotonic()):
+                self.log.warning("lease_failed", retry_in_s=wait_s, msg=str(exc))
+
+        try:
+            return call_with_retries(
+                lambda: api.lease(
+                    worker_id,
+                    max_jobs=min(free, MAX_JOBS_PER_LEASE),
+                    wait_s=self.config.lease_wait_s,
+                ),
+                give_up_after_s=None,
+                abort=self._stop,
+                on_retry=failed,
+            )
+        except TRANSIENT:
+            return []  # stopping (the retries end only then)
+
+    def _lease_loop(self, api: WorkerApi, pool: ThreadPoolExecutor) -> None:
+        reregistered = 0
         while not self._stop.is_set():
             free = self._free_slots()
             if free == 0:
                 continue
             started = time.monotonic()
             try:
-                jobs = api.lease(
-                    self.worker_id,
-                    max_jobs=min(free, MAX_JOBS_PER_LEASE),
-                    wait_s=self.config.lease_wait_s,
-                )
-                backoff = 0.5
+                jobs = self._lease(api, free)
             except NotFoundError as exc:
                 reregistered += 1
                 if reregistered > MAX_REREGISTER:
@@ -242,12 +285,6 @@ class Worker:
                 self.log.warning("unknown_worker", msg=f"{exc}; registering again")
                 if not self._register(api):
                     return
-                continue
-            except (ServiceUnavailableError, ServerError) as exc:
-                if self._throttle("lease", time.monotonic()):
-                    self.log.warning("lease_failed", retry_in_s=backoff, msg=str(exc))
-                self._stop.wait(backoff)
-                backoff = min(backoff * 2, 5.0)
                 continue
             except ApiError as exc:
                 raise WorkerError(f"the service refused to lease jobs: {exc}") from None
@@ -305,8 +342,12 @@ class Worker:
                 self._abandon(job)
 
     def _measure_one(self, workload: AnyWorkload, schedule: Schedule) -> MeasureResult:
+        started = time.monotonic()
         try:
-            return self.runner.measure(workload, [schedule])[0]
+            result = self.runner.measure(workload, [schedule])[0]
+            took = time.monotonic() - started
+            self._trial_s = took if self._trial_s is None else 0.8 * self._trial_s + 0.2 * took
+            return result
         except (RunnerClosedError, RunnerUnavailableError) as exc:
             # The device is gone: nothing more can be measured here.
             self._fatal = WorkerError(f"the {self.runner.name} runner stopped: {exc}")
@@ -347,23 +388,109 @@ class Worker:
 
     def _reporter(self) -> None:
         api = self._api_factory()
+        batched = True  # the service has POST /v1/jobs/results (until it says otherwise)
         try:
             while True:
                 item = self._reports.get()
                 if item is None:
                     return
-                job, result = item
+                # Everything measured since the last report goes in one request.
+                items, last = [item], False
+                while len(items) < REPORT_BATCH:
+                    try:
+                        more = self._reports.get_nowait()
+                    except Empty:
+                        break
+                    if more is None:
+                        last = True
+                        break
+                    items.append(more)
                 try:
-                    self._report(api, job, result)
+                    batched = self._report_all(api, items, batched)
                 except Exception as exc:  # one bad answer must not stop the reporting
-                    self._count("unreported")
-                    self.log.error(
-                        "report_failed", job=job.job_id, msg=f"{type(exc).__name__}: {exc}"
-                    )
+                    for job, _ in items:
+                        self._count("unreported")
+                        self.log.error(
+                            "report_failed", job=job.job_id, msg=f"{type(exc).__name__}: {exc}"
+                        )
                 finally:
-                    self._release()
+                    self._release(len(items))
+                if last:
+                    return
         finally:
             api.close()
+
+    def _report_all(
+        self, api: WorkerApi, items: list[tuple[JobLease, MeasureResult]], batched: bool
+    ) -> bool:
+        """Report the results, in one request when the service takes them so; whether it
+        does. A result the service refuses as invalid (422) is sent again on its own, so
+        that only it is refused; a service without the route gets one request per result."""
+        if batched:
+            try:
+                self._report_batch(api, items)
+                return True
+            except NotFoundError:  # an older service: no batch route
+                self.log.info("batch_reports_unsupported", msg="reporting one result a request")
+                batched = False
+            except ApiError as exc:
+                if exc.status_code != 422:
+                    for job, _ in items:
+                        self._count("refused")
+                        self.log.error(
+                            "report_refused", job=job.job_id, status=exc.status_code, msg=exc.reason
+                        )
+                    return True
+        for job, result in items:
+            try:
+                self._report(api, job, result)
+            except Exception as exc:  # one bad answer must not stop the reporting
+                self._count("unreported")
+                self.log.error("report_failed", job=job.job_id, msg=f"{type(exc).__name__}: {exc}")
+        return batched
+
+    def _report_batch(self, api: WorkerApi, items: list[tuple[JobLease, MeasureResult]]) -> None:
+        assert self.worker_id is not None
+        worker_id = self.worker_id
+        results = [
+            ReportedResult(job_id=job.job_id, lease_token=job.lease_token, result=result)
+            for job, result in items
+        ]
+
+        def on_retry(attempt: int, exc: BaseException, wait_s: float) -> None:
+            if self._throttle("report", time.monotonic()) or attempt == 1:
+                self.log.warning(
+                    "report_retry",
+                    jobs=len(items),
+                    attempt=attempt,
+                    retry_in_s=wait_s,
+                    msg=str(exc),
+                )
+
+        try:
+            acks = call_with_retries(
+                lambda: [
+                    ack
+                    for i in range(0, len(results), MAX_RESULTS_PER_POST)
+                    for ack in api.post_results(worker_id, results[i : i + MAX_RESULTS_PER_POST])
+                ],
+                give_up_after_s=self.config.result_retry_s,
+                abort=self._abort,
+                on_retry=on_retry,
+            )
+        except TRANSIENT as exc:
+            for job, _ in items:
+                self._count("unreported")
+                self.log.error("report_gave_up", job=job.job_id, msg=str(exc))
+            return
+        for (job, _), ack in zip(items, acks, strict=True):
+            if ack.status_code != 200:
+                self._count("refused")
+                self.log.error(
+                    "report_refused", job=job.job_id, status=ack.status_code, msg=ack.detail
+                )
+            else:
+                self._acknowledged(job, ack.accepted, ack.job_state, ack.detail)
 
     def _report(self, api: WorkerApi, job: JobLease, result: MeasureResult) -> None:
         assert self.worker_id is not None
@@ -390,15 +517,16 @@ class Worker:
             self._count("refused")
             self.log.error("report_refused", job=job.job_id, status=exc.status_code, msg=exc.reason)
             return
-        if ack.accepted:
+        self._acknowledged(job, ack.accepted, ack.job_state, ack.detail)
+
+    def _acknowledged(self, job: JobLease, accepted: bool, job_state: Any, detail: Any) -> None:
+        if accepted:
             self._count("accepted")
         else:
             # The lease expired and the job went to another worker, or the task was
             # cancelled: the service keeps the other answer, which is fine.
             self._count("stale")
-            self.log.warning(
-                "result_not_accepted", job=job.job_id, job_state=ack.job_state, msg=ack.detail
-            )
+            self.log.warning("result_not_accepted", job=job.job_id, job_state=job_state, msg=detail)
 
     # ---- heartbeat ----------------------------------------------------------------------
 

@@ -1,0 +1,261 @@
+"""The queue's hot paths on PostgreSQL: a lease, a batch of results and a heartbeat are each
+one statement, one round trip (data-modifying CTEs), sent as plain SQL through the driver
+(service/db.py says why: measured, not SQLAlchemy).
+
+Guarantees, and what gives them:
+
+* No job leased twice: the claim's sub-select takes the rows `FOR UPDATE SKIP LOCKED` and
+  is MATERIALIZED (it runs exactly once; inlined, PostgreSQL may run a LIMIT ... SKIP LOCKED
+  sub-select more than once and claim more than n); the UPDATE re-checks `state = queued`.
+* No result lost or counted twice: a result is applied by a compare-and-set on the job's
+  current lease (`state = leased AND lease_token = presented`), re-evaluated on the newest
+  row version when another transaction changed it meanwhile (READ COMMITTED); the task's
+  counters are incremented by the same statement, so they move only with an applied result.
+* Expiry by the database clock: every stamp is `statement_timestamp()` (not now(), the
+  transaction's start: see Database.now).
+* No deadlock between concurrent statements: rows are locked jobs first, then tasks, each
+  in id order (the `locked_*` sub-selects; LockRows runs above the sort), as the reclaim
+  does; the heartbeat skips the jobs another statement holds (they are being finished).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+from typing import Any
+
+from pipetune.model.states import JobState, TaskState
+from pipetune.service.db import Database
+from pipetune.service.queue_types import Claimed, Report, Seen, TaskProgress, WorkerRef
+
+_QUEUED, _LEASED = JobState.QUEUED.value, JobState.LEASED.value
+_RUNNING, _TASK_QUEUED = TaskState.RUNNING.value, TaskState.QUEUED.value
+
+
+def _claim_sql(gpu_bound: bool, one_task: bool) -> str:
+    """The lease statement: claim, lease audit rows and tasks started, in one."""
+    filters = "state = %(queued)s AND arch = %(arch)s"
+    filters += " AND gpu = %(gpu)s" if gpu_bound else ""
+    filters += " AND task_id = %(task_id)s" if one_task else ""
+    return f"""
+WITH picked AS MATERIALIZED (
+    SELECT id FROM jobs WHERE {filters}
+    ORDER BY id LIMIT %(n)s
+    FOR UPDATE SKIP LOCKED
+), claimed AS (
+    UPDATE jobs SET state = %(leased)s, lease_owner = %(worker)s, lease_token = %(token)s,
+        lease_expires_at = statement_timestamp() + make_interval(secs => %(ttl)s)
+    FROM picked
+    WHERE jobs.id = picked.id AND jobs.state = %(queued)s
+    RETURNING jobs.id, jobs.task_id, jobs.trial, jobs.workload_id, jobs.gpu, jobs.schedule,
+        jobs.lease_expires_at
+), audit AS (
+    INSERT INTO leases (job_id, worker_id, token, leased_at)
+    SELECT id, %(worker)s, %(token)s, statement_timestamp() FROM claimed
+), started AS (
+    UPDATE tasks SET state = %(running)s, updated_at = statement_timestamp()
+    WHERE id IN (SELECT task_id FROM claimed) AND state = %(task_queued)s
+)
+SELECT id, task_id, trial, workload_id, gpu, schedule, lease_expires_at
+FROM claimed ORDER BY id
+"""
+
+
+CLAIM_SQL = {(g, t): _claim_sql(g, t) for g in (False, True) for t in (False, True)}
+
+# Each report is one element of a JSON array (one parameter, whatever the batch size).
+RECORD_SQL = """
+WITH report AS (
+    SELECT * FROM jsonb_to_recordset(CAST(%(reports)s AS jsonb)) AS r(
+        i int, job_id int, token text, ok boolean, state text, status text,
+        latency_us float8, samples_us jsonb, spread float8, registers int, spill_bytes int,
+        smem_bytes int, compile_ms float8, max_abs_error float8, error text, runner text)
+), seen AS (
+    SELECT report.*, jobs.id AS found, jobs.task_id, jobs.trial, jobs.state AS job_state,
+        jobs.lease_token, jobs.result_token, leases.worker_id AS lease_worker
+    FROM report
+    LEFT JOIN jobs ON jobs.id = report.job_id
+    LEFT JOIN leases ON leases.job_id = report.job_id AND leases.token = report.token
+), once AS (  -- a report repeated within the request: the first is the one applied
+    SELECT DISTINCT ON (job_id, token) * FROM seen ORDER BY job_id, token, i
+), locked_jobs AS (
+    SELECT jobs.id FROM jobs JOIN seen ON jobs.id = seen.job_id
+    WHERE seen.lease_worker = %(worker)s
+    ORDER BY jobs.id FOR UPDATE OF jobs
+), applied AS (
+    UPDATE jobs SET state = seen.state, status = seen.status, latency_us = seen.latency_us,
+        samples_us = CAST(seen.samples_us AS json), spread = seen.spread,
+        registers = seen.registers, spill_bytes = seen.spill_bytes,
+        smem_bytes = seen.smem_bytes, compile_ms = seen.compile_ms,
+        max_abs_error = seen.max_abs_error, error = seen.error,
+        runner = coalesce(seen.runner, %(worker_runner)s), result_token = seen.token,
+        result_worker = %(worker)s, lease_expires_at = NULL,
+        finished_at = statement_timestamp()
+    FROM once AS seen JOIN locked_jobs ON locked_jobs.id = seen.job_id
+    WHERE jobs.id = seen.job_id AND jobs.state = %(leased)s AND jobs.lease_token = seen.token
+    RETURNING jobs.id, jobs.task_id, jobs.trial, seen.i, seen.ok, seen.token, seen.latency_us
+), ended AS (
+    UPDATE leases SET outcome = 'result', ended_at = statement_timestamp()
+    FROM applied WHERE leases.job_id = applied.id AND leases.token = applied.token
+), per_task AS (
+    SELECT task_id, count(*) AS n, count(*) FILTER (WHERE NOT ok) AS failed,
+        min(latency_us) FILTER (WHERE ok) AS best_latency,
+        (array_agg(trial ORDER BY latency_us, i) FILTER (WHERE ok))[1] AS best_trial
+    FROM applied GROUP BY task_id
+), locked_tasks AS (
+    SELECT tasks.id FROM tasks JOIN per_task ON tasks.id = per_task.task_id
+    ORDER BY tasks.id FOR UPDATE OF tasks
+), counted AS (
+    UPDATE tasks SET trials_done = tasks.trials_done + per_task.n,
+        trials_failed = tasks.trials_failed + per_task.failed,
+        best_trial = CASE
+            WHEN per_task.best_latency < coalesce(tasks.best_latency_us, 'infinity')
+            THEN per_task.best_trial ELSE tasks.best_trial END,
+        best_latency_us = CASE
+            WHEN per_task.best_latency < coalesce(tasks.best_latency_us, 'infinity')
+            THEN per_task.best_latency ELSE tasks.best_latency_us END,
+        state = CASE WHEN tasks.state = %(task_queued)s THEN %(running)s ELSE tasks.state END,
+        updated_at = statement_timestamp()
+    FROM per_task JOIN locked_tasks ON locked_tasks.id = per_task.task_id
+    WHERE tasks.id = per_task.task_id
+    RETURNING tasks.id, tasks.trials_done, tasks.trials_enqueued, tasks.state,
+        tasks.batch_size, tasks.strategy
+)
+SELECT seen.i, seen.found, seen.job_state, seen.lease_token, seen.result_token,
+    seen.lease_worker, applied.i IS NOT NULL AS applied, counted.id AS task,
+    counted.trials_done, counted.trials_enqueued, counted.state AS task_state,
+    counted.batch_size, counted.strategy
+FROM seen
+LEFT JOIN applied ON applied.i = seen.i
+LEFT JOIN counted ON counted.id = applied.task_id
+ORDER BY seen.i
+"""
+
+SETTLED_SQL = "SELECT id, state, result_token FROM jobs WHERE id = ANY(%(ids)s)"
+
+HEARTBEAT_SQL = """
+WITH beat AS (
+    UPDATE workers SET last_heartbeat = statement_timestamp(), busy_jobs = %(busy)s
+    WHERE id = %(worker)s
+), live AS (
+    SELECT id FROM jobs
+    WHERE lease_owner = %(worker)s AND state = %(leased)s
+        AND lease_expires_at >= statement_timestamp()
+    ORDER BY id FOR UPDATE SKIP LOCKED
+), extended AS (
+    UPDATE jobs SET lease_expires_at = statement_timestamp() + make_interval(secs => %(ttl)s)
+    FROM live WHERE jobs.id = live.id
+)
+SELECT statement_timestamp() AS now
+"""
+
+_STATES = {
+    "queued": _QUEUED,
+    "leased": _LEASED,
+    "running": _RUNNING,
+    "task_queued": _TASK_QUEUED,
+}
+
+
+def _utc(value: dt.datetime) -> dt.datetime:
+    return value.astimezone(dt.UTC)
+
+
+def _report_row(i: int, report: Report) -> dict[str, Any]:
+    r = report.result
+    return {
+        "i": i,
+        "job_id": report.job_id,
+        "token": report.lease_token,
+        "ok": r.ok,
+        "state": JobState.DONE.value if r.ok else JobState.FAILED.value,
+        "status": r.status,
+        "latency_us": r.latency_us if r.ok else None,
+        "samples_us": list(r.samples_us),
+        "spread": r.spread,
+        "registers": r.registers,
+        "spill_bytes": r.spill_bytes,
+        "smem_bytes": r.smem_bytes,
+        "compile_ms": r.compile_ms,
+        "max_abs_error": r.max_abs_error,
+        "error": r.error,
+        "runner": r.runner,
+    }
+
+
+class PostgresQueueStore:
+    def __init__(self, db: Database):
+        self.db = db
+
+    def claim(
+        self, worker: WorkerRef, n: int, task_id: int | None, token: str, ttl_s: float
+    ) -> list[Claimed]:
+        params = {
+            **_STATES,
+            "arch": worker.arch,
+            "gpu": worker.gpu,
+            "task_id": task_id,
+            "n": n,
+            "worker": worker.id,
+            "token": token,
+            "ttl": float(ttl_s),
+        }
+        with self.db.driver_transaction() as cur:
+            cur.execute(CLAIM_SQL[worker.gpu_bound, task_id is not None], params)
+            rows = cur.fetchall()
+        return [
+            Claimed(
+                id=r.id,
+                task_id=r.task_id,
+                trial=r.trial,
+                workload_id=r.workload_id,
+                gpu=r.gpu,
+                schedule=r.schedule,
+                lease_expires_at=_utc(r.lease_expires_at),
+            )
+            for r in rows
+        ]
+
+    def record(self, worker: WorkerRef | None, reports: list[Report]) -> list[Seen]:
+        params = {
+            **_STATES,
+            "reports": json.dumps([_report_row(i, r) for i, r in enumerate(reports)]),
+            # No worker matches 0: an unauthorised report is looked at, never applied.
+            "worker": worker.id if worker is not None else 0,
+            "worker_runner": worker.runner if worker is not None else None,
+        }
+        with self.db.driver_transaction() as cur:
+            cur.execute(RECORD_SQL, params)
+            rows = cur.fetchall()
+        return [
+            Seen(
+                found=r.found is not None,
+                job_state=r.job_state,
+                lease_token=r.lease_token,
+                result_token=r.result_token,
+                lease_worker=r.lease_worker,
+                applied=r.applied,
+                task=TaskProgress(
+                    r.task,
+                    r.trials_done,
+                    r.trials_enqueued,
+                    r.task_state,
+                    r.batch_size,
+                    r.strategy,
+                )
+                if r.applied
+                else None,
+            )
+            for r in rows
+        ]
+
+    def settled(self, job_ids: list[int]) -> dict[int, tuple[str, str | None]]:
+        with self.db.driver_transaction() as cur:
+            cur.execute(SETTLED_SQL, {"ids": job_ids})
+            return {r.id: (r.state, r.result_token) for r in cur.fetchall()}
+
+    def heartbeat(self, worker_id: int, busy_jobs: int, ttl_s: float) -> dt.datetime:
+        params = {"worker": worker_id, "busy": busy_jobs, "ttl": float(ttl_s), **_STATES}
+        with self.db.driver_transaction() as cur:
+            cur.execute(HEARTBEAT_SQL, params)
+            return _utc(cur.fetchone().now)

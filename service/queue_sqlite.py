@@ -1,0 +1,294 @@
+"""The queue's hot paths on SQLite: SQLAlchemy Core statements in one write transaction each.
+
+SQLite has no data-modifying CTEs, and needs none: it runs in the service's process (a
+statement is a function call, not a network round trip), and a write transaction opened
+with BEGIN IMMEDIATE (service/db.py) holds the database's write lock from its first
+statement, so what it reads stays true until it commits. A lease first looks without that
+lock, so that an idle poll never takes it.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections import defaultdict
+from dataclasses import replace
+
+from sqlalchemy import bindparam, case, insert, literal, select, update
+
+from pipetune.model.states import JobState, TaskState
+from pipetune.service.db import Database
+from pipetune.service.orm import JobRow, LeaseRow, TaskRow, WorkerRow
+from pipetune.service.queue_types import Claimed, Report, Seen, TaskProgress, WorkerRef
+
+JOBS, LEASES, TASKS, WORKERS = (
+    JobRow.__table__,
+    LeaseRow.__table__,
+    TaskRow.__table__,
+    WorkerRow.__table__,
+)
+
+# Built once: executemany with bound parameters per report.
+_APPLY = (
+    update(JOBS)
+    .where(
+        JOBS.c.id == bindparam("b_id"),
+        JOBS.c.state == JobState.LEASED,
+        JOBS.c.lease_token == bindparam("b_token"),
+    )
+    .values(
+        state=bindparam("b_state"),
+        status=bindparam("b_status"),
+        latency_us=bindparam("b_latency_us"),
+        samples_us=bindparam("b_samples_us"),
+        spread=bindparam("b_spread"),
+        registers=bindparam("b_registers"),
+        spill_bytes=bindparam("b_spill_bytes"),
+        smem_bytes=bindparam("b_smem_bytes"),
+        compile_ms=bindparam("b_compile_ms"),
+        max_abs_error=bindparam("b_max_abs_error"),
+        error=bindparam("b_error"),
+        runner=bindparam("b_runner"),
+        result_token=bindparam("b_token"),
+        result_worker=bindparam("b_worker"),
+        lease_expires_at=None,
+        finished_at=bindparam("b_now"),
+    )
+)
+_END_LEASE = (
+    update(LEASES)
+    .where(LEASES.c.job_id == bindparam("b_id"), LEASES.c.token == bindparam("b_token"))
+    .values(outcome="result", ended_at=bindparam("b_now"))
+)
+
+
+def _state_of(ok: bool) -> str:
+    return JobState.DONE if ok else JobState.FAILED
+
+
+class SqliteQueueStore:
+    def __init__(self, db: Database):
+        self.db = db
+
+    def _eligible(self, worker: WorkerRef, task_id: int | None) -> list:
+        conditions = [JOBS.c.state == JobState.QUEUED, JOBS.c.arch == worker.arch]
+        if worker.gpu_bound:
+            conditions.append(JOBS.c.gpu == worker.gpu)
+        if task_id is not None:
+            conditions.append(JOBS.c.task_id == task_id)
+        return conditions
+
+    def claim(
+        self, worker: WorkerRef, n: int, task_id: int | None, token: str, ttl_s: float
+    ) -> list[Claimed]:
+        eligible = self._eligible(worker, task_id)
+        # A read first: an idle poll must not take SQLite's write lock.
+        with self.db.read_conn() as conn:
+            if conn.scalar(select(JOBS.c.id).where(*eligible).limit(1)) is None:
+                return []
+        picked = select(JOBS.c.id).where(*eligible).order_by(JOBS.c.id).limit(n).cte("picked")
+        with self.db.write_conn() as conn:
+            rows = conn.execute(
+                update(JOBS)
+                .where(JOBS.c.id == picked.c.id, JOBS.c.state == JobState.QUEUED)
+                .values(
+                    state=JobState.LEASED,
+                    lease_owner=worker.id,
+                    lease_token=token,
+                    lease_expires_at=self.db.now_plus(ttl_s),
+                )
+                .returning(
+                    JOBS.c.id,
+                    JOBS.c.task_id,
+                    JOBS.c.trial,
+                    JOBS.c.workload_id,
+                    JOBS.c.gpu,
+                    JOBS.c.schedule,
+                    JOBS.c.lease_expires_at,
+                    self.db.now().label("now"),
+                )
+            ).all()
+            if not rows:
+                return []
+            conn.execute(
+                insert(LEASES),
+                [
+                    {"job_id": r.id, "worker_id": worker.id, "token": token, "leased_at": r.now}
+                    for r in rows
+                ],
+            )
+            conn.execute(
+                update(TASKS)
+                .where(
+                    TASKS.c.id.in_({r.task_id for r in rows}),
+                    TASKS.c.state == TaskState.QUEUED,
+                )
+                .values(state=TaskState.RUNNING, updated_at=self.db.now())
+            )
+        return [
+            Claimed(r.id, r.task_id, r.trial, r.workload_id, r.gpu, r.schedule, r.lease_expires_at)
+            for r in sorted(rows, key=lambda r: r.id)
+        ]
+
+    def record(self, worker: WorkerRef | None, reports: list[Report]) -> list[Seen]:
+        ids = sorted({r.job_id for r in reports})
+        with self.db.write_conn() as conn:
+            now = conn.scalar(select(self.db.now()))
+            jobs = {
+                j.id: j
+                for j in conn.execute(
+                    select(
+                        JOBS.c.id,
+                        JOBS.c.task_id,
+                        JOBS.c.trial,
+                        JOBS.c.state,
+                        JOBS.c.lease_token,
+                        JOBS.c.result_token,
+                    ).where(JOBS.c.id.in_(ids))
+                )
+            }
+            grants = {
+                (lease.job_id, lease.token): lease.worker_id
+                for lease in conn.execute(
+                    select(LEASES.c.job_id, LEASES.c.token, LEASES.c.worker_id).where(
+                        LEASES.c.job_id.in_(ids),
+                        LEASES.c.token.in_({r.lease_token for r in reports}),
+                    )
+                )
+            }
+            seen: list[Seen] = []
+            applied: list[tuple[int, Report]] = []
+            # job -> (lease token, state) of the result this batch recorded for it
+            taken: dict[int, tuple[str, str]] = {}
+            for i, report in enumerate(reports):
+                job = jobs.get(report.job_id)
+                lease_worker = grants.get((report.job_id, report.lease_token))
+                apply = (
+                    job is not None
+                    and worker is not None
+                    and lease_worker == worker.id
+                    and job.state == JobState.LEASED
+                    and job.lease_token == report.lease_token
+                    and job.id not in taken
+                )
+                # A repeat within this batch sees the result recorded before it.
+                before = taken.get(report.job_id)
+                seen.append(
+                    Seen(
+                        found=job is not None,
+                        job_state=before[1] if before else (job.state if job else None),
+                        lease_token=job.lease_token if job is not None else None,
+                        result_token=before[0] if before else (job.result_token if job else None),
+                        lease_worker=lease_worker,
+                        applied=apply,
+                    )
+                )
+                if apply:
+                    ok = report.result.ok
+                    taken[report.job_id] = (report.lease_token, _state_of(ok))
+                    applied.append((i, report))
+            if not applied:
+                return seen
+            assert worker is not None
+            rows = [self._apply_params(r, worker, now) for _, r in applied]
+            changed = conn.execute(_APPLY, rows).rowcount
+            # Under the write lock nothing else changed these rows since they were read.
+            assert changed == len(rows), (changed, len(rows))
+            conn.execute(_END_LEASE, rows)
+            progress = self._count(conn, [(jobs[r.job_id], r) for _, r in applied], now)
+        for i, report in applied:
+            seen[i] = replace(seen[i], task=progress[jobs[report.job_id].task_id])
+        return seen
+
+    @staticmethod
+    def _apply_params(report: Report, worker: WorkerRef, now: dt.datetime) -> dict:
+        r = report.result
+        return {
+            "b_id": report.job_id,
+            "b_token": report.lease_token,
+            "b_state": _state_of(r.ok),
+            "b_status": r.status,
+            "b_latency_us": r.latency_us if r.ok else None,
+            "b_samples_us": list(r.samples_us),
+            "b_spread": r.spread,
+            "b_registers": r.registers,
+            "b_spill_bytes": r.spill_bytes,
+            "b_smem_bytes": r.smem_bytes,
+            "b_compile_ms": r.compile_ms,
+            "b_max_abs_error": r.max_abs_error,
+            "b_error": r.error,
+            # A result that does not say which runner made it was made by the worker's.
+            "b_runner": r.runner or worker.runner,
+            "b_worker": worker.id,
+            "b_now": now,
+        }
+
+    def _count(self, conn, applied: list, now: dt.datetime) -> dict[int, TaskProgress]:
+        """Count the applied results on their tasks (and keep each task's best)."""
+        by_task: dict[int, list] = defaultdict(list)
+        for job, report in applied:
+            by_task[job.task_id].append((job, report.result))
+        progress = {}
+        for task_id in sorted(by_task):
+            results = by_task[task_id]
+            ok = [(r.latency_us, job.trial) for job, r in results if r.ok]
+            best = min(ok) if ok else None
+            improves = (
+                literal(False)
+                if best is None
+                else TASKS.c.best_latency_us.is_(None) | (TASKS.c.best_latency_us > best[0])
+            )
+            row = conn.execute(
+                update(TASKS)
+                .where(TASKS.c.id == task_id)
+                .values(
+                    trials_done=TASKS.c.trials_done + len(results),
+                    trials_failed=TASKS.c.trials_failed + sum(not r.ok for _, r in results),
+                    best_trial=case(
+                        (improves, best[1] if best else None), else_=TASKS.c.best_trial
+                    ),
+                    best_latency_us=case(
+                        (improves, best[0] if best else None), else_=TASKS.c.best_latency_us
+                    ),
+                    state=case(
+                        (TASKS.c.state == TaskState.QUEUED, TaskState.RUNNING),
+                        else_=TASKS.c.state,
+                    ),
+                    updated_at=now,
+                )
+                .returning(
+                    TASKS.c.id,
+                    TASKS.c.trials_done,
+                    TASKS.c.trials_enqueued,
+                    TASKS.c.state,
+                    TASKS.c.batch_size,
+                    TASKS.c.strategy,
+                )
+            ).one()
+            progress[task_id] = TaskProgress(*row)
+        return progress
+
+    def settled(self, job_ids: list[int]) -> dict[int, tuple[str, str | None]]:
+        with self.db.read_conn() as conn:
+            rows = conn.execute(
+                select(JOBS.c.id, JOBS.c.state, JOBS.c.result_token).where(JOBS.c.id.in_(job_ids))
+            )
+            return {r.id: (r.state, r.result_token) for r in rows}
+
+    def heartbeat(self, worker_id: int, busy_jobs: int, ttl_s: float) -> dt.datetime:
+        now = self.db.now()
+        with self.db.write_conn() as conn:
+            conn.execute(
+                update(WORKERS)
+                .where(WORKERS.c.id == worker_id)
+                .values(last_heartbeat=now, busy_jobs=busy_jobs)
+            )
+            conn.execute(
+                update(JOBS)
+                .where(
+                    JOBS.c.lease_owner == worker_id,
+                    JOBS.c.state == JobState.LEASED,
+                    JOBS.c.lease_expires_at >= now,
+                )
+                .values(lease_expires_at=self.db.now_plus(ttl_s))
+            )
+            return conn.scalar(select(now))

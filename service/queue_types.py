@@ -1,0 +1,104 @@
+"""What the queue's two stores (service/queue_pg.py, service/queue_sqlite.py) take and give
+back: jobs claimed by a lease, results reported, and what the database held for each."""
+
+from __future__ import annotations
+
+import datetime as dt
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from pipetune.model.trials import MeasureResult, RunnerKind
+from pipetune.service.wakeup import WorkerKind
+
+# Runners that answer for one named GPU (a model or a recorded dataset of it) get only that
+# GPU's jobs; a real GPU (cupy) takes any job compiled for its architecture.
+GPU_BOUND_RUNNERS = (RunnerKind.SIMULATED, RunnerKind.REPLAY)
+
+
+@dataclass(frozen=True)
+class WorkerRef:
+    id: int
+    gpu: str
+    arch: str
+    runner: str
+
+    @property
+    def gpu_bound(self) -> bool:
+        return self.runner in GPU_BOUND_RUNNERS
+
+    @property
+    def kind(self) -> WorkerKind:
+        """Which jobs it may take (what wakes its waiting lease requests)."""
+        return WorkerKind(self.arch, self.gpu if self.gpu_bound else None)
+
+
+@dataclass(frozen=True)
+class Claimed:
+    """A job a lease claimed."""
+
+    id: int
+    task_id: int
+    trial: int
+    workload_id: int
+    gpu: str
+    schedule: dict[str, Any]
+    lease_expires_at: dt.datetime
+
+
+@dataclass(frozen=True)
+class Report:
+    """One result a worker reports on one lease."""
+
+    job_id: int
+    lease_token: str
+    result: MeasureResult
+
+
+@dataclass(frozen=True)
+class TaskProgress:
+    """A task's counters right after results were recorded."""
+
+    id: int
+    trials_done: int
+    trials_enqueued: int
+    state: str
+    batch_size: int
+    strategy: str
+
+
+@dataclass(frozen=True)
+class Seen:
+    """What the database held for one report when it was recorded, and what became of it."""
+
+    found: bool  # the job exists
+    job_state: str | None
+    lease_token: str | None  # the job's current lease
+    result_token: str | None  # the lease whose result the job holds
+    lease_worker: int | None  # the worker the presented lease was granted to
+    applied: bool  # this report's result was recorded now
+    task: TaskProgress | None = None  # when applied
+
+
+class QueueStore(Protocol):
+    """The hot paths of one database dialect."""
+
+    def claim(
+        self, worker: WorkerRef, n: int, task_id: int | None, token: str, ttl_s: float
+    ) -> list[Claimed]:
+        """Lease up to n queued jobs the worker may take: claim, lease audit rows, tasks
+        started, in one transaction."""
+        ...
+
+    def record(self, worker: WorkerRef | None, reports: list[Report]) -> list[Seen]:
+        """Record the results whose lease is current and was granted to `worker` (None: an
+        unauthorised worker, nothing is recorded), end their leases and count them on their
+        tasks, in one transaction; what the database held for each report, in order."""
+        ...
+
+    def settled(self, job_ids: list[int]) -> dict[int, tuple[str, str | None]]:
+        """(state, result_token) of jobs as committed now."""
+        ...
+
+    def heartbeat(self, worker_id: int, busy_jobs: int, ttl_s: float) -> dt.datetime:
+        """Record the heartbeat, extend the worker's live leases by ttl_s; the database time."""
+        ...

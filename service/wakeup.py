@@ -1,0 +1,205 @@
+"""Wake-ups for lease requests that found no job, so that nobody polls an idle queue.
+
+A lease request that finds nothing waits on a `Wakeup` until jobs of its kind are enqueued
+(a task created or advanced, expired leases requeued), then claims again; a slow fallback
+poll (`PIPETUNE_LEASE_POLL_S`) bounds how long a missed signal can keep a job waiting. The
+signal names what was enqueued: the arch, the GPU and how many jobs, so that it wakes at
+most that many waiting requests, and only those whose worker may take them (a real GPU takes
+any job of its arch; a simulated or replay worker only its GPU's).
+
+Within one replica the driver and the queue signal directly. Across replicas the signal
+travels as a PostgreSQL NOTIFY on `CHANNEL`, sent in the transaction that enqueued the jobs
+(delivered when it commits), and every replica LISTENs (`listen`). A replica also remembers,
+per kind of worker, that the queue was empty and that no signal came since: the next
+request of that kind skips the claim until then (or until the fallback interval passes),
+which makes an idle fleet's requests cost no database work. It trusts that memory only
+while it hears the other replicas (its listener is connected), or when there are none to
+hear (SQLite: one process serves the database).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import json
+import logging
+import threading
+import time
+import uuid
+from collections import OrderedDict
+from dataclasses import dataclass
+
+import psycopg
+from sqlalchemy import Select, func, select
+
+log = logging.getLogger(__name__)
+
+CHANNEL = "pipetune_jobs"
+LISTEN_SQL = "LISTEN pipetune_jobs"  # of CHANNEL (a literal: no SQL is built from strings)
+RECONNECT_S = (0.5, 10.0)  # the listener's first and longest wait between connection tries
+LISTEN_TICK_S = 0.5  # how often the listener looks whether it should stop
+
+
+@dataclass(frozen=True)
+class WorkerKind:
+    """Which jobs a worker may take: its arch, and its GPU when bound to one."""
+
+    arch: str
+    gpu: str | None  # None: any job of the arch (a real GPU)
+
+    def takes(self, arch: str, gpu: str) -> bool:
+        return arch == self.arch and (self.gpu is None or gpu == self.gpu)
+
+
+class Wakeup:
+    """Waiting lease requests (futures on the service's event loop) and the signals that
+    wake them. `signal` may be called from any thread; `wait` runs on the event loop."""
+
+    def __init__(self, shared: bool) -> None:
+        # shared: other processes enqueue jobs too (PostgreSQL); their signals arrive only
+        # through the listener, so the memory of an empty queue needs it connected.
+        self.shared = shared
+        self.origin = uuid.uuid4().hex  # this replica's NOTIFYs, which its listener skips
+        self.listening = False
+        # Bumped by every signal (next() of a count is atomic: signals come from threads).
+        self._generations = itertools.count(1)
+        self.generation = 0
+        self._loop: asyncio.AbstractEventLoop | None = None
+        # Each waiting request: its worker's kind and how many jobs it asks for.
+        self._waiters: OrderedDict[asyncio.Future[bool], tuple[WorkerKind, int]] = OrderedDict()
+        self._empty: dict[WorkerKind, tuple[int, float]] = {}
+        self._closed = False
+
+    def attach(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._loop = loop
+        self._closed = False
+
+    # ---- signals (any thread) -----------------------------------------------------------
+
+    def signal(self, arch: str, gpu: str, count: int) -> None:
+        """`count` jobs for (arch, gpu) were enqueued (and committed)."""
+        self.bump()
+        loop = self._loop
+        if loop is not None and not loop.is_closed():
+            with contextlib.suppress(RuntimeError):  # the loop stopped meanwhile
+                loop.call_soon_threadsafe(self._wake, arch, gpu, count)
+
+    def bump(self) -> None:
+        """Forget every memory of an empty queue."""
+        self.generation = next(self._generations)
+
+    def payload(self, arch: str, gpu: str, count: int) -> str:
+        """The NOTIFY payload of a signal (what `listen` turns back into one)."""
+        return json.dumps({"origin": self.origin, "arch": arch, "gpu": gpu, "count": count})
+
+    def close(self) -> None:
+        """Answer every waiting request now, and any later one at once (the service stops)."""
+        self._closed = True
+        loop = self._loop
+        if loop is not None and not loop.is_closed():
+            with contextlib.suppress(RuntimeError):
+                loop.call_soon_threadsafe(self._wake_all)
+
+    # ---- waiting (event loop) -----------------------------------------------------------
+
+    def known_empty(self, kind: WorkerKind, fresh_s: float, new: bool = True) -> bool:
+        """Whether the queue held nothing for this kind of worker when last claimed, no
+        signal came since, and that was less than `fresh_s` ago; or, for a `new` request,
+        requests of this kind are waiting already (a signal wakes them first: the new one
+        joins them rather than claim what they will)."""
+        if self.shared and not self.listening:
+            return False
+        if new and any(k == kind for k, _ in self._waiters.values()):
+            return True
+        seen = self._empty.get(kind)
+        return (
+            seen is not None and seen[0] == self.generation and time.monotonic() - seen[1] < fresh_s
+        )
+
+    def found_empty(self, kind: WorkerKind, generation: int) -> None:
+        """A claim found nothing; `generation` is the one read before the claim began (a
+        signal during the claim then keeps the memory from being trusted)."""
+        self._empty[kind] = (generation, time.monotonic())
+
+    async def wait(self, kind: WorkerKind, timeout_s: float, wants: int = 1) -> bool:
+        """Until a signal for this kind of worker, or `timeout_s`; True when signalled.
+        `wants`: the jobs the request asks for (a signal of n jobs wakes requests that ask
+        for n between them, not every waiting one)."""
+        if self._closed or timeout_s <= 0:
+            return False
+        future: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
+        self._waiters[future] = (kind, wants)
+        try:
+            return await asyncio.wait_for(future, timeout_s)
+        except TimeoutError:
+            return False
+        finally:
+            self._waiters.pop(future, None)
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    @property
+    def waiting(self) -> int:
+        return len(self._waiters)
+
+    def _wake(self, arch: str, gpu: str, count: int) -> None:
+        woken = 0  # jobs the woken requests ask for
+        for future, (kind, wants) in list(self._waiters.items()):
+            if woken >= count:
+                break
+            if not future.done() and kind.takes(arch, gpu):
+                future.set_result(True)
+                del self._waiters[future]
+                woken += wants
+
+    def _wake_all(self) -> None:
+        for future in list(self._waiters):
+            if not future.done():
+                future.set_result(False)
+        self._waiters.clear()
+
+    # ---- across replicas (PostgreSQL) ---------------------------------------------------
+
+    def deliver(self, payload: str) -> None:
+        """A NOTIFY received from the channel: a signal, unless this replica sent it."""
+        try:
+            message = json.loads(payload)
+            if message["origin"] == self.origin:
+                return
+            self.signal(str(message["arch"]), str(message["gpu"]), int(message["count"]))
+        except (ValueError, KeyError, TypeError):
+            log.warning("ignored a malformed %s notification", CHANNEL)
+
+
+def notify_statement(payload: str) -> Select:
+    """The NOTIFY that carries a signal to the other replicas (sent in the transaction that
+    enqueued the jobs: PostgreSQL delivers it when that transaction commits)."""
+    return select(func.pg_notify(CHANNEL, payload))
+
+
+def listen(wakeup: Wakeup, conninfo: str, stop: threading.Event) -> None:
+    """LISTEN on the channel and deliver what arrives, reconnecting after any failure, until
+    `stop` (a thread's body: psycopg waits in select(), outside the GIL). While it is not
+    connected `wakeup.listening` is False and requests fall back to claiming and polling."""
+    wait_s = RECONNECT_S[0]
+    while not stop.is_set():
+        try:
+            with psycopg.connect(conninfo, autocommit=True, connect_timeout=5) as conn:
+                conn.execute(LISTEN_SQL)
+                wakeup.listening = True
+                # Anything enqueued while it was not listening is found by claiming again.
+                wakeup.bump()
+                wait_s = RECONNECT_S[0]
+                while not stop.is_set():
+                    for note in conn.notifies(timeout=LISTEN_TICK_S):
+                        wakeup.deliver(note.payload)
+        except psycopg.Error as exc:
+            if not stop.is_set():
+                log.warning("%s listener: %s; reconnecting", CHANNEL, type(exc).__name__)
+        finally:
+            wakeup.listening = False
+        stop.wait(wait_s)
+        wait_s = min(2 * wait_s, RECONNECT_S[1])

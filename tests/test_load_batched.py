@@ -1,0 +1,77 @@
+"""A small run of the load benchmark with the batched worker protocol (leases of several
+jobs, their results in one POST /v1/jobs/results), two replicas, then an idle phase: no job
+leased twice or lost, every result counted once, and the figures `--json` prints are there
+(no timing is asserted). With churn: a worker dies holding a whole lease's jobs."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+from service_support import require_pg
+
+from benchmarks.bench_load import JSON_KEYS, as_json, run_load
+from benchmarks.load_driver import LoadConfig
+
+TASKS, BUDGET, BATCH = 3, 24, 8
+
+
+@pytest.fixture
+def pg_admin_url() -> str:
+    return require_pg()
+
+
+def test_batched_workers_lease_each_job_once_and_an_idle_fleet_is_measured(pg_admin_url):
+    config = LoadConfig(
+        replicas=2,
+        workers=8,
+        tasks=TASKS,
+        budget=BUDGET,
+        batch_size=BATCH,
+        seconds=90,
+        wait_s=0.5,
+        batched=True,
+        max_jobs=4,
+        idle_s=2.0,
+        idle_wait_s=1.0,
+    )
+    report = run_load(pg_admin_url, config)
+    details = {k: report[k] for k in ("duplicates", "lost", "http_errors", "service_errors")}
+    assert report["duplicate_leases"] == 0 and report["lost_jobs"] == 0, details
+    assert report["http_errors"] == {} and report["service_tracebacks"] == 0, details
+    assert report["tasks_done"] == TASKS, details
+    assert report["results_accepted"] == report["results_db"] == TASKS * BUDGET, details
+    assert report["results_counted_once"], details
+    # Batched: fewer result requests than results (one per lease that got jobs).
+    assert report["result_requests"] < TASKS * BUDGET
+    # The idle phase: every worker polled, nothing was leased, its CPU was measured.
+    assert report["idle_polls"] >= config.workers and report["idle_jobs"] == 0
+    figures = json.loads(json.dumps(as_json(report)))
+    assert set(JSON_KEYS) <= set(figures) and figures["config"]["batched"] is True
+    for key in ("results_per_s", "service_cpu_ms_per_result", "postgres_cpu_ms_per_result"):
+        assert figures[key] > 0, key
+    assert figures["generator_cpu_ms_per_result"] > 0
+    assert math.isfinite(figures["empty_poll_cpu_ms_per_s"])
+
+
+def test_batched_workers_with_churn_re_lease_what_the_dead_held(pg_admin_url):
+    config = LoadConfig(
+        replicas=2,
+        workers=8,
+        tasks=TASKS,
+        budget=BUDGET,
+        batch_size=BATCH,
+        seconds=60,
+        wait_s=0.5,
+        batched=True,
+        max_jobs=3,
+        churn=0.1,
+        lease_ttl_s=2.0,
+    )
+    report = run_load(pg_admin_url, config)
+    details = {k: report[k] for k in ("duplicates", "lost", "http_errors", "service_errors")}
+    assert report["duplicate_leases"] == 0 and report["lost_jobs"] == 0, details
+    assert report["tasks_done"] == TASKS and report["results_counted_once"], details
+    assert report["abandoned"] > 0 and report["abandoned_expired"] == report["abandoned"]
+    assert report["re_leased_one_result"] == report["re_leased_jobs"], details

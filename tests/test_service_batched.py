@@ -1,0 +1,206 @@
+"""The fleet-sized queue: many results in one request (POST /v1/jobs/results), lease
+requests woken when jobs are enqueued instead of polling (in one replica, and across
+replicas by PostgreSQL NOTIFY), idle requests that cost no database work, proposals off the
+request path. On SQLite and PostgreSQL."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+from service_support import (
+    WORKER_HEADERS,
+    client_for,
+    create_task,
+    fake_latency,
+    lease,
+    ok,
+    register,
+    service_of,
+    settle,
+)
+from sqlalchemy import func, select
+
+from pipetune.service.orm import JobRow, LeaseRow
+
+pytest_plugins = ["service_fixtures"]
+
+
+def _item(job: dict, result: dict) -> dict:
+    return {"job_id": job["job_id"], "lease_token": job["lease_token"], "result": result}
+
+
+def post_results(client, worker_id: int, items: list[dict]):
+    body = {"worker_id": worker_id, "results": items}
+    response = client.post("/v1/jobs/results", json=body, headers=WORKER_HEADERS)
+    settle(client)
+    return response
+
+
+def test_many_results_in_one_request_each_judged_as_the_single_route_would(client):
+    task = create_task(client, budget=6, strategy="grid")
+    owner, other = register(client, "owner"), register(client, "other")
+    jobs = lease(client, owner, max_jobs=6)
+    foreign = lease(client, other, max_jobs=1)
+    assert len(jobs) == 6 and foreign == []
+    forged = dict(jobs[3], lease_token="not-the-lease-token")
+    missing = dict(jobs[4], job_id=987654)
+    items = [
+        _item(jobs[0], ok(30.0)),
+        _item(jobs[1], {"status": "compile_error", "error": "ptxas"}),
+        _item(jobs[0], ok(30.0)),  # the same result again, in the same request
+        _item(forged, ok(1.0)),
+        _item(missing, ok(1.0)),
+        _item(jobs[2], ok(20.0)),
+    ]
+    response = post_results(client, owner, items)
+    assert response.status_code == 200, response.text
+    acks = response.json()["acks"]
+    assert [a["job_id"] for a in acks] == [i["job_id"] for i in items]
+    assert [a["status_code"] for a in acks] == [200, 200, 200, 403, 404, 200]
+    assert [a["accepted"] for a in acks] == [True, True, True, False, False, True]
+    assert [a["job_state"] for a in acks] == ["done", "failed", "done", None, None, "done"]
+    assert acks[0]["detail"] is None and "duplicate" in acks[2]["detail"]
+    doc = client.get(f"/v1/tasks/{task['id']}").json()
+    assert doc["trials_done"] == 3 and doc["trials_failed"] == 1
+    assert doc["best"]["latency_us"] == 20.0
+
+    # The whole request again (a worker that never saw the answer): nothing counts twice.
+    again = post_results(client, owner, items).json()["acks"]
+    assert [a["status_code"] for a in again] == [200, 200, 200, 403, 404, 200]
+    assert all("duplicate" in a["detail"] for a in again if a["status_code"] == 200)
+    assert client.get(f"/v1/tasks/{task['id']}").json()["trials_done"] == 3
+
+    # Another worker reporting on these leases is refused, item by item.
+    stolen = post_results(client, other, [_item(jobs[5], ok(5.0))]).json()["acks"]
+    assert stolen[0]["status_code"] == 403 and stolen[0]["accepted"] is False
+    # The rest of the batch, then the task is done at exactly its budget.
+    rest = post_results(client, owner, [_item(j, ok(40.0 + i)) for i, j in enumerate(jobs[3:])])
+    assert [a["accepted"] for a in rest.json()["acks"]] == [True] * 3
+    doc = client.get(f"/v1/tasks/{task['id']}").json()
+    assert doc["state"] == "done" and doc["trials_done"] == 6
+    service = service_of(client)
+    with service.db.read() as s:
+        results = s.scalar(
+            select(func.count()).select_from(LeaseRow).where(LeaseRow.outcome == "result")
+        )
+    assert results == 6
+
+
+def test_a_stale_result_in_a_batch_is_refused_and_the_rest_recorded(db_url):
+    with client_for(db_url, lease_ttl_s=0.2) as c:
+        create_task(c, budget=2, strategy="grid")
+        worker = register(c)
+        first = lease(c, worker, max_jobs=2)
+        time.sleep(0.4)
+        service_of(c).queue.reclaim()  # expired by the database clock: back in the queue
+        second = lease(c, worker, max_jobs=2)
+        by_id = {j["job_id"]: j for j in second}
+        items = [_item(first[0], ok(9.0)), _item(by_id[first[0]["job_id"]], ok(8.0))]
+        acks = post_results(c, worker, items).json()["acks"]
+        assert [a["accepted"] for a in acks] == [False, True]
+        assert "stale lease" in acks[0]["detail"]
+
+
+def test_a_result_the_database_cannot_hold_refuses_the_request_naming_it(client):
+    create_task(client, budget=2, strategy="grid")
+    worker = register(client)
+    jobs = lease(client, worker, max_jobs=2)
+    items = [_item(jobs[0], ok(3.0)), _item(jobs[1], {"status": "ok"})]
+    response = post_results(client, worker, items)
+    assert response.status_code == 422
+    assert response.json()["field"] == "latency_us"
+    assert response.json()["detail"][0]["loc"] == ["body", "results", 1, "result", "latency_us"]
+    assert lease(client, worker) == []  # nothing was recorded: both still leased
+    with service_of(client).db.read() as s:
+        assert set(s.scalars(select(JobRow.state))) == {"leased"}
+
+
+def test_a_waiting_lease_is_woken_when_jobs_are_enqueued_not_by_polling(db_url):
+    # A fallback poll far longer than the test: only a wake-up can answer in time.
+    with client_for(db_url, lease_poll_s=60) as c:
+        worker = register(c)
+        got: list = []
+        waiting = threading.Thread(target=lambda: got.append(lease(c, worker, 2, wait_s=20)))
+        started = time.monotonic()
+        waiting.start()
+        time.sleep(0.5)  # the request is waiting
+        create_task(c, budget=2, strategy="grid")
+        waiting.join(20)
+        assert len(got[0]) == 2 and time.monotonic() - started < 5
+
+
+def test_another_replicas_jobs_wake_a_waiting_lease_through_notify(pg_url):
+    # Replica A holds the waiting request; the task is created on replica B.
+    from service_fixtures import _truncate
+
+    _truncate(pg_url)
+    with client_for(pg_url, lease_poll_s=60) as a, client_for(pg_url, lease_poll_s=60) as b:
+        wait_until_listening(a)
+        worker = register(a)
+        got: list = []
+        waiting = threading.Thread(target=lambda: got.append(lease(a, worker, 2, wait_s=20)))
+        started = time.monotonic()
+        waiting.start()
+        time.sleep(0.5)
+        create_task(b, budget=2, strategy="grid")
+        waiting.join(20)
+        assert len(got[0]) == 2 and time.monotonic() - started < 5
+
+
+def wait_until_listening(client, timeout_s: float = 10.0) -> None:
+    wakeup = service_of(client).wakeup
+    deadline = time.monotonic() + timeout_s
+    while not wakeup.listening:
+        assert time.monotonic() < deadline, "the NOTIFY listener did not connect"
+        time.sleep(0.02)
+
+
+def test_idle_lease_requests_cost_no_claim_until_something_is_enqueued(db_url):
+    with client_for(db_url, lease_poll_s=60) as c:
+        if not service_of(c).db.is_sqlite:
+            wait_until_listening(c)
+        worker = register(c)
+        queue = service_of(c).queue
+        claims = []
+        claim = queue.store.claim
+
+        def counted(*args, **kwargs):
+            claims.append(1)
+            return claim(*args, **kwargs)
+
+        queue.store.claim = counted  # type: ignore[method-assign]
+        for _ in range(20):
+            assert lease(c, worker, wait_s=0) == []
+        assert len(claims) == 1  # the first found the queue empty; no signal since
+        create_task(c, budget=1, strategy="grid")  # a signal: the next request claims
+        assert len(lease(c, worker, wait_s=0)) == 1
+        assert len(claims) == 2
+
+
+def test_random_search_keeps_its_next_batch_enqueued_ahead(client):
+    task = create_task(client, budget=24, strategy="random", seed=4)
+    worker = register(client)
+    first = lease(client, worker, max_jobs=8)
+    assert [j["trial"] for j in first] == list(range(8))
+    # The second batch is there before the first is measured ...
+    second = lease(client, worker, max_jobs=8)
+    assert [j["trial"] for j in second] == list(range(8, 16))
+    for job in first:
+        body = {"worker_id": worker, "lease_token": job["lease_token"]}
+        body["result"] = ok(fake_latency(job["schedule"]))
+        client.post(f"/v1/jobs/{job['job_id']}/result", json=body, headers=WORKER_HEADERS)
+    settle(client)
+    # ... and once the first is complete the third joins it, while the second is measured.
+    third = lease(client, worker, max_jobs=8)
+    assert [j["trial"] for j in third] == list(range(16, 24))
+    assert client.get(f"/v1/tasks/{task['id']}").json()["state"] == "running"
+
+
+def test_a_job_id_beyond_the_database_s_range_is_a_422_not_a_500(client):
+    """Found by the schema fuzzer on PostgreSQL: a 2**31 job id reached the database."""
+    worker = register(client)
+    item = {"job_id": 2**31, "lease_token": "0123456789abcdef", "result": ok(1.0)}
+    response = post_results(client, worker, [item])
+    assert response.status_code == 422
+    assert response.json()["detail"][0]["loc"] == ["body", "results", 0, "job_id"]

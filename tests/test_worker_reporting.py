@@ -1,0 +1,146 @@
+"""The worker daemon's reporter and lease-ahead, without a service (a fake API stands in):
+results measured since the last report go in one request, an older service without the
+batch route gets one request per result, a result refused as invalid is refused alone, and
+the worker holds its slots plus the jobs it leases ahead."""
+
+from __future__ import annotations
+
+import datetime as dt
+import io
+from types import SimpleNamespace
+
+from pipetune.clients.sdk import ApiError, NotFoundError
+from pipetune.model.trials import MeasureResult
+from pipetune.model.wire import JobLease, JobResultAck, ResultAck, ScheduleDoc
+from pipetune.workers.daemon import EventLog, WorkerConfig
+from pipetune.workers.daemon.gpu import describe_model_gpu
+from pipetune.workers.daemon.worker import LEASE_AHEAD_S, Worker
+
+SCHEDULE = {
+    "block_row_warps": 2,
+    "block_col_warps": 2,
+    "warp_row_tiles": 2,
+    "warp_col_tiles": 2,
+    "chunk": 2,
+    "smem_stages": 3,
+    "reg_stages": 2,
+}
+
+
+def _job(i: int) -> JobLease:
+    return JobLease(
+        job_id=i,
+        lease_token=f"token-{i:04d}",
+        lease_expires_at=dt.datetime.now(dt.UTC),
+        task_id=1,
+        trial=i,
+        workload={"op": "gemm", "m": 64, "n": 64, "k": 64},
+        gpu="h100",
+        schedule=ScheduleDoc(**SCHEDULE),
+    )
+
+
+OK = MeasureResult(status="ok", latency_us=5.0)
+
+
+class FakeApi:
+    base_url = "http://fake"
+
+    def __init__(self, batch_error: Exception | None = None):
+        self.batch_error = batch_error
+        self.batches: list[list[int]] = []
+        self.singles: list[int] = []
+
+    def post_results(self, worker_id: int, results: list) -> list[JobResultAck]:
+        if self.batch_error is not None:
+            raise self.batch_error
+        self.batches.append([r.job_id for r in results])
+        return [
+            JobResultAck(job_id=r.job_id, status_code=200, accepted=True, job_state="done")
+            for r in results
+        ]
+
+    def post_result(self, job_id: int, body: object) -> ResultAck:
+        self.singles.append(job_id)
+        return ResultAck(accepted=True, job_state="done")
+
+    def close(self) -> None:
+        pass
+
+
+def _worker(api: FakeApi, **config: object) -> tuple[Worker, io.StringIO]:
+    settings = {"server": "http://fake", "token": "t", "runner": "simulated", "gpu": "h100"}
+    log = io.StringIO()
+    worker = Worker(
+        WorkerConfig(**{**settings, **config}),  # type: ignore[arg-type]
+        SimpleNamespace(name="simulated"),  # type: ignore[arg-type]
+        describe_model_gpu("h100", "simulated"),
+        EventLog(stream=log),
+        api_factory=lambda: api,  # type: ignore[arg-type,return-value]
+    )
+    worker.worker_id = 7
+    return worker, log
+
+
+def _report(worker: Worker, jobs: list[JobLease]) -> None:
+    """Queue the results as the measuring threads do, then run the reporter to the end."""
+    worker._busy = len(jobs)
+    for job in jobs:
+        worker._reports.put((job, OK))
+    worker._reports.put(None)
+    worker._reporter()
+
+
+def test_the_results_in_hand_go_in_one_request():
+    api = FakeApi()
+    worker, _ = _worker(api)
+    _report(worker, [_job(i) for i in range(5)])
+    assert api.batches == [[0, 1, 2, 3, 4]] and api.singles == []
+    assert worker.counts["accepted"] == 5 and worker._busy == 0
+
+
+def test_an_older_service_gets_one_request_per_result():
+    api = FakeApi(NotFoundError(404, "Not Found"))
+    worker, log = _worker(api)
+    _report(worker, [_job(i) for i in range(3)])
+    assert api.singles == [0, 1, 2] and worker.counts["accepted"] == 3
+    assert "batch_reports_unsupported" in log.getvalue()
+
+
+def test_a_result_refused_as_invalid_is_sent_again_alone():
+    api = FakeApi(ApiError(422, "results.1.result.latency_us: required"))
+    worker, _ = _worker(api)
+    _report(worker, [_job(i) for i in range(3)])
+    assert api.singles == [0, 1, 2] and worker._busy == 0
+
+
+def test_a_refused_result_in_a_batch_is_counted_refused():
+    api = FakeApi()
+    worker, log = _worker(api)
+
+    def some_refused(worker_id: int, results: list) -> list[JobResultAck]:
+        return [
+            JobResultAck(job_id=r.job_id, status_code=403, accepted=False, detail="not yours")
+            if r.job_id == 1
+            else JobResultAck(job_id=r.job_id, status_code=200, accepted=True, job_state="done")
+            for r in results
+        ]
+
+    api.post_results = some_refused  # type: ignore[method-assign]
+    _report(worker, [_job(i) for i in range(3)])
+    assert worker.counts["accepted"] == 2 and worker.counts["refused"] == 1
+    assert "report_refused" in log.getvalue()
+
+
+def test_a_worker_holds_its_slots_plus_the_jobs_it_leases_ahead():
+    worker, _ = _worker(FakeApi(), concurrency=2, lease_ahead=3)
+    assert worker._capacity() == 5
+    # Slow trials: only as many ahead as two slots finish within LEASE_AHEAD_S.
+    worker._trial_s = LEASE_AHEAD_S
+    assert worker._capacity() == 2 + 2
+    worker._trial_s = LEASE_AHEAD_S * 4  # longer still: none ahead
+    assert worker._capacity() == 2
+    worker._busy = 1
+    assert worker._free_slots() == 1
+    none_ahead, _ = _worker(FakeApi(), lease_ahead=0)
+    assert none_ahead._capacity() == 1
