@@ -1,15 +1,21 @@
 """XGBoost cost model over schedule features, optionally pretrained on the analytical model.
 
-It takes any space with ``features()``, ``cache_key`` and ``work`` (FLOPs per run): pipetune's
-schedule spaces, and without the analytical prior also foreign recorded spaces.
+It takes any space with ``features()``, ``cache_key`` and ``work`` (what one run does, in its
+family's work unit): every kernel family's schedule spaces (the family gives the analytical
+model's terms as extra features, ``KernelFamily.model_features``), and without the
+analytical prior also foreign recorded spaces. The feature columns differ between families,
+so one model (one booster) serves one family: fitting or pretraining it on another family's
+space is refused.
 
 The `xgb` strategy (TVM's XGBTuner, the knob-only baseline) uses it without the prior. The
 `analytical+xgb` strategy no longer does: it searches with a Gaussian process whose prior mean
 is the analytical model (tuner/bo.py), which also gives the uncertainty this model lacks.
 The model-assisted pretraining below stays for offline studies (`pretrain` on a corpus).
 
-Target: log throughput (log TFLOP/s). It is comparable across workloads, so one model can be
-pretrained on a corpus of workloads for a GPU and start warm on a new shape.
+Target: log throughput (log TFLOP/s for the tensor-core GEMMs, log GB/s for the
+memory-intensive operators: the family's unit). It is comparable across workloads of a
+family, so one model can be pretrained on a corpus of workloads for a GPU and start warm on
+a new shape.
 
 Model-assisted refit (ALCOP Sec. 4.3): the pretrained booster predicts the analytical model's
 log throughput; each refit boosts extra trees *on top of it* using measurements only. Those
@@ -26,11 +32,13 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import xgboost as xgb
 
 from pipetune.model.analytical import evaluate
+from pipetune.model.family import THROUGHPUT_UNITS, family_of
 from pipetune.model.space import Space
 
 FAIL_PENALTY = 2.0
@@ -48,6 +56,7 @@ ANALYTICAL_FEATURES: tuple[str, ...] = (
 
 
 def analytical_features(space: Space) -> np.ndarray:
+    """The ALCOP model's terms: the tensor-core GEMM family's model features."""
     p = evaluate(space)
     return np.column_stack(
         [
@@ -64,25 +73,41 @@ def analytical_features(space: Space) -> np.ndarray:
     )
 
 
-def predicted_log_tflops(space: Space) -> np.ndarray:
-    return np.log(space.work / evaluate(space).T_kernel / 1e12)
+def _unit_scale(space: Any) -> float:
+    """Work per second -> the family's throughput unit (a foreign space, with no family and
+    work 1: the TFLOP/s scale it always had, so its targets are what they were)."""
+    workload = getattr(space, "workload", None)
+    unit = "flop" if workload is None else family_of(workload).work_unit
+    return THROUGHPUT_UNITS[unit][1]
 
 
-def measured_log_tflops(space: Space, latency_s: np.ndarray, failed: np.ndarray) -> np.ndarray:
+def predicted_log_throughput(space: Any) -> np.ndarray:
+    """The family's analytical model as log throughput in the family's unit."""
+    prediction = family_of(space.workload).evaluate(space)
+    return np.log(space.work / prediction.T_kernel / _unit_scale(space))
+
+
+def measured_log_throughput(space: Any, latency_s: np.ndarray, failed: np.ndarray) -> np.ndarray:
     """Targets for measured schedules; failures become the worst seen minus FAIL_PENALTY."""
     latency_s = np.asarray(latency_s, dtype=np.float64)
     failed = np.asarray(failed, dtype=bool)
     y = np.empty(len(latency_s))
     ok = ~failed
-    y[ok] = np.log(space.work / latency_s[ok] / 1e12)
+    y[ok] = np.log(space.work / latency_s[ok] / _unit_scale(space))
     floor = y[ok].min() if ok.any() else 0.0
     y[failed] = floor - FAIL_PENALTY
     return y
 
 
+# The names this module had when it knew one family (log TFLOP/s): the same functions.
+predicted_log_tflops = predicted_log_throughput
+measured_log_tflops = measured_log_throughput
+
+
 @dataclass
 class CostModel:
-    """Predicts log TFLOP/s of schedules. ``use_analytical`` adds the model's terms as features."""
+    """Predicts log throughput of schedules (in their family's unit). ``use_analytical`` adds
+    the family's analytical-model terms as features."""
 
     seed: int = 0
     use_analytical: bool = True
@@ -92,6 +117,7 @@ class CostModel:
     _prior: xgb.Booster | None = None
     _booster: xgb.Booster | None = None
     _feature_cache: dict = field(default_factory=dict)
+    _columns: tuple[str, ...] | None = None  # the feature names the booster was fit on
 
     def _params(self) -> dict:
         base = {
@@ -108,53 +134,71 @@ class CostModel:
         }
         return {**base, **self.params}
 
-    def features(self, space: Space) -> np.ndarray:
+    def _columns_of(self, space: Any) -> tuple[list[str], np.ndarray]:
         key = space.cache_key
         cached = self._feature_cache.get(key)
         if cached is None:
-            parts = [space.features()]
+            names, parts = list(space.feature_names), [space.features()]
             if self.use_analytical:
-                parts.append(analytical_features(space))
-            cached = np.hstack(parts)
+                model_names, model_x = family_of(space.workload).model_features(space)
+                names += list(model_names)
+                parts.append(model_x)
+            cached = (names, np.hstack(parts))
             self._feature_cache = {key: cached}  # one space at a time: keep memory flat
         return cached
 
-    def feature_names(self, space: Space) -> list[str]:
-        names = list(space.feature_names)
-        return names + list(ANALYTICAL_FEATURES) if self.use_analytical else names
+    def features(self, space: Any) -> np.ndarray:
+        return self._columns_of(space)[1]
+
+    def feature_names(self, space: Any) -> list[str]:
+        return list(self._columns_of(space)[0])
+
+    def _same_columns(self, names: list[str]) -> None:
+        """One booster per family: the columns it was fit on must be the space's."""
+        if self._columns is not None and tuple(names) != self._columns:
+            raise ValueError(
+                "this cost model was fit on another kernel family's features; use one model "
+                "per family"
+            )
+        self._columns = tuple(names)
 
     @property
     def is_fitted(self) -> bool:
         return self._booster is not None
 
-    def pretrain(self, spaces: list[Space]) -> None:
+    def pretrain(self, spaces: list[Any]) -> None:
         """Fit the prior on the analytical model's predictions over one or many spaces."""
         if not self.use_analytical:
             raise ValueError("pretraining needs the analytical features (use_analytical=True)")
-        X = np.vstack([self.features(s) for s in spaces])
-        y = np.concatenate([predicted_log_tflops(s) for s in spaces])
-        dtrain = xgb.DMatrix(X, label=y, feature_names=self.feature_names(spaces[0]))
+        names = self.feature_names(spaces[0])
+        parts = []
+        for s in spaces:
+            self._same_columns(self.feature_names(s))
+            parts.append(self.features(s))
+        X = np.vstack(parts)
+        y = np.concatenate([predicted_log_throughput(s) for s in spaces])
+        dtrain = xgb.DMatrix(X, label=y, feature_names=names)
         self._prior = xgb.train(self._params(), dtrain, num_boost_round=self.pretrain_rounds)
         self._booster = self._prior
 
-    def fit(
-        self, space: Space, index: np.ndarray, latency_s: np.ndarray, failed: np.ndarray
-    ) -> None:
+    def fit(self, space: Any, index: np.ndarray, latency_s: np.ndarray, failed: np.ndarray) -> None:
         """Refit on measurements of ``space[index]`` (on top of the prior when there is one)."""
         index = np.asarray(index, dtype=np.int64)
         if len(index) == 0:
             self._booster = self._prior
             return
+        names = self.feature_names(space)
+        self._same_columns(names)
         X = self.features(space)[index]
-        y = measured_log_tflops(space, latency_s, failed)
-        dtrain = xgb.DMatrix(X, label=y, feature_names=self.feature_names(space))
+        y = measured_log_throughput(space, latency_s, failed)
+        dtrain = xgb.DMatrix(X, label=y, feature_names=names)
         rounds = self.refit_rounds if self._prior is not None else self.pretrain_rounds
         self._booster = xgb.train(
             self._params(), dtrain, num_boost_round=rounds, xgb_model=self._prior
         )
 
-    def predict(self, space: Space) -> np.ndarray:
-        """Predicted log TFLOP/s for every schedule of the space (higher is better)."""
+    def predict(self, space: Any) -> np.ndarray:
+        """Predicted log throughput for every schedule of the space (higher is better)."""
         if self._booster is None:
             raise RuntimeError("the cost model is neither pretrained nor fitted")
         dmat = xgb.DMatrix(self.features(space), feature_names=self.feature_names(space))

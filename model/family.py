@@ -17,8 +17,8 @@ A family is everything pipetune knows about one kind of kernel:
 - the **names** of its code generator and reference check under ``pipetune.workers``,
   which workers resolve (``pipetune.workers.families``); model/ never imports workers/.
 
-The tuner, the cost model, the service, datasets and the dashboard should need nothing
-else: a space (:class:`FamilySpace`), its features, its model's predictions
+The tuner, the cost model, the service, the runners, datasets and the dashboard need
+nothing else: a space (:class:`FamilySpace`), its features, its model's predictions
 (:class:`FamilyPrediction`) and schedules as knob dicts (:class:`FamilySchedule`).
 
 Families register by name in one registry, loaded lazily (a family module imports this one
@@ -31,40 +31,46 @@ from __future__ import annotations
 import importlib
 import reprlib
 from abc import ABC, abstractmethod
-from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
-from functools import cached_property
+from collections.abc import Iterable, Iterator, Mapping
+from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 
 from pipetune.model.hardware import GPUSpec
+from pipetune.model.knobs import (  # the knob vocabulary, re-exported for the families
+    Knob,
+    KnobArraySpace,
+    ScheduleError,
+    check_knob_dict,
+    full_grid,
+    knob_arrays,
+)
 from pipetune.model.workloads import WorkloadError
 
-
-@dataclass(frozen=True)
-class Knob:
-    """One knob of a family's schedules.
-
-    ``values`` are ascending ints (the annealer's codec and the datasets rely on the order).
-    ``ordered`` says whether the numeric order means something (threads, tile sizes) or the
-    values are categories (where a row is kept); ``labels`` names categorical values.
-    """
-
-    name: str
-    values: tuple[int, ...]
-    ordered: bool
-    doc: str
-    labels: Mapping[int, str] = field(default_factory=dict)
-
-    def __post_init__(self) -> None:
-        if list(self.values) != sorted(set(self.values)):
-            raise ValueError(f"knob {self.name}: values must be distinct and ascending")
-        if any(v not in self.values for v in self.labels):
-            raise ValueError(f"knob {self.name}: a label names a value outside the domain")
-
-    def label(self, value: int) -> str:
-        return self.labels.get(value, str(value))
+__all__ = [
+    "FamilyError",
+    "FamilyPrediction",
+    "FamilySchedule",
+    "FamilySpace",
+    "KernelFamily",
+    "Knob",
+    "KnobArraySpace",
+    "Ranked",
+    "ScheduleError",
+    "all_ops",
+    "check_knob_dict",
+    "families",
+    "family",
+    "family_for_knobs",
+    "family_for_op",
+    "family_names",
+    "family_of",
+    "full_grid",
+    "op_families",
+    "parse_any_workload",
+    "register",
+]
 
 
 @runtime_checkable
@@ -112,6 +118,15 @@ class FamilySpace(Protocol):
     @property
     def work(self) -> float: ...
 
+    @property
+    def knob_names(self) -> tuple[str, ...]: ...
+
+    @property
+    def ordered_knobs(self) -> tuple[bool, ...]: ...
+
+    @property
+    def smem_bytes(self) -> np.ndarray: ...
+
     def features(self) -> np.ndarray: ...
 
 
@@ -141,15 +156,23 @@ class Ranked:
     terms: dict[str, Any]
 
 
+# What a family's work counts, and how its throughput is shown (work per second, scaled).
+THROUGHPUT_UNITS: dict[str, tuple[str, float]] = {"flop": ("TFLOP/s", 1e12), "byte": ("GB/s", 1e9)}
+
+
 class KernelFamily(ABC):
     """The interface every kernel family implements (see the module docstring)."""
 
     name: str  # registry key, e.g. "tensor_gemm", "memops"
     title: str  # one line for people
-    work_unit: str  # what space.work counts: "flop" or "byte"
-    throughput_unit: str  # how throughput is shown: "TFLOP/s" or "GB/s"
-    codegen_module: str  # under pipetune.workers: generate(workload, schedule), launch...
-    reference_module: str  # under pipetune.workers: make_inputs, reference, check
+    work_unit: str  # what work() counts: "flop" or "byte" (a key of THROUGHPUT_UNITS)
+    codegen_module: str  # under pipetune.workers: generate, launch_plan, build_key, ...
+    reference_module: str  # under pipetune.workers: input_buffers, compute_reference, check
+
+    @property
+    def throughput_unit(self) -> str:
+        """How throughput is shown: "TFLOP/s" (flop) or "GB/s" (byte)."""
+        return THROUGHPUT_UNITS[self.work_unit][0]
 
     @property
     @abstractmethod
@@ -168,6 +191,43 @@ class KernelFamily(ABC):
     @property
     def knob_domains(self) -> dict[str, tuple[int, ...]]:
         return {k.name: k.values for k in self.knobs}
+
+    @property
+    def ordered_knobs(self) -> tuple[bool, ...]:
+        return tuple(k.ordered for k in self.knobs)
+
+    def knob_arrays(self, schedules: Iterable[Any]) -> dict[str, np.ndarray]:
+        """Schedules as one int64 array per knob (for ``space_of``, ``invalid_reasons``)."""
+        return knob_arrays(self.knobs, schedules)
+
+    @abstractmethod
+    def work(self, workload: Any) -> float:
+        """What one run does, in ``work_unit``s: FLOPs for GEMMs, compulsory DRAM bytes for
+        memory-bound kernels (``space.work`` of every space of the workload)."""
+
+    def throughput_of(self, workload: Any, latency_us: float) -> float:
+        """One run's throughput in the family's unit, from its latency in µs."""
+        return self.rate(self.work(workload), latency_us)
+
+    def rate(self, work: float, latency_us: float) -> float:
+        """``work`` (in work units) done in ``latency_us``, in the family's throughput unit."""
+        return work / (latency_us * 1e-6) / THROUGHPUT_UNITS[self.work_unit][1]
+
+    @abstractmethod
+    def schedule_label(self, schedule: Mapping[str, int], workload: Any = None) -> str:
+        """A schedule's knobs in one short cell for tables (a tile, a thread mapping); with
+        the workload, knobs that do not matter for it are left out."""
+
+    @abstractmethod
+    def space_of(self, workload: Any, gpu: GPUSpec, knobs: Mapping[str, np.ndarray]) -> Any:
+        """A space holding exactly the given schedules (knob arrays), valid or not: the
+        runners evaluate the model on what they are asked to measure."""
+
+    @abstractmethod
+    def invalid_reasons(
+        self, knobs: Mapping[str, np.ndarray], workload: Any, gpu: GPUSpec
+    ) -> dict[str, np.ndarray]:
+        """Boolean arrays, one per validity rule, True where a schedule breaks it."""
 
     @abstractmethod
     def parse_workload(self, data: dict[str, Any]) -> Any:
@@ -201,7 +261,7 @@ class KernelFamily(ABC):
 
     def throughput(self, space: Any, latency_s: Any) -> np.ndarray:
         """Work per second in the family's throughput unit (TFLOP/s or GB/s)."""
-        scale = 1e12 if self.work_unit == "flop" else 1e9
+        scale = THROUGHPUT_UNITS[self.work_unit][1]
         return space.work / np.asarray(latency_s, dtype=np.float64) / scale
 
     def rank(
@@ -216,60 +276,6 @@ class KernelFamily(ABC):
             schedule = space[i]
             ranked.append(Ranked(i, schedule.as_dict(), schedule.id, prediction.terms(i)))
         return space, prediction, ranked
-
-
-class KnobArraySpace:
-    """A reusable container for a family's space: one int64 array per knob, rows are
-    schedules. Subclasses set ``knob_names`` and ``schedule_type`` (built from keyword
-    knob values) and add their derived arrays, ``features()``, ``feature_names`` and ``work``.
-    """
-
-    knob_names: tuple[str, ...] = ()
-    schedule_type: Any = None
-
-    def __init__(self, workload: Any, gpu: GPUSpec, knobs: Mapping[str, np.ndarray]):
-        self.workload = workload
-        self.gpu = gpu
-        self.knobs = {k: np.ascontiguousarray(knobs[k], dtype=np.int64) for k in self.knob_names}
-
-    def __len__(self) -> int:
-        return len(self.knobs[self.knob_names[0]])
-
-    def __getitem__(self, i: int) -> Any:
-        return self.schedule_type(**{k: int(self.knobs[k][i]) for k in self.knob_names})
-
-    def __iter__(self) -> Iterator[Any]:
-        for i in range(len(self)):
-            yield self[i]
-
-    def subset(self, index: np.ndarray) -> Any:
-        return type(self)(self.workload, self.gpu, {k: v[index] for k, v in self.knobs.items()})
-
-    @cached_property
-    def ids(self) -> list[str]:
-        return [s.id for s in self]
-
-    @cached_property
-    def _position(self) -> dict[str, int]:
-        return {sid: i for i, sid in enumerate(self.ids)}
-
-    def index(self, schedule: Any) -> int:
-        """Position of a schedule in the space; KeyError if it is not a valid member."""
-        return self._position[schedule.id]
-
-    def __contains__(self, schedule: object) -> bool:
-        return isinstance(schedule, self.schedule_type) and schedule.id in self._position
-
-    @property
-    def cache_key(self) -> tuple:
-        """Identifies the space's contents, for caches of per-space arrays."""
-        return (self.workload.workload_hash, self.gpu.key, self.gpu.profile, len(self))
-
-
-def full_grid(knobs: Sequence[Knob]) -> dict[str, np.ndarray]:
-    """Every combination of knob values (the cross product), one array per knob."""
-    mesh = np.meshgrid(*[np.array(k.values, dtype=np.int64) for k in knobs], indexing="ij")
-    return {k.name: grid.ravel() for k, grid in zip(knobs, mesh, strict=True)}
 
 
 class FamilyError(KeyError):
@@ -290,6 +296,8 @@ def register(name: str, target: str) -> None:
         raise ValueError(f"family {name!r} is already registered as {_REGISTERED[name]}")
     _REGISTERED[name] = target
     _LOADED.pop(name, None)
+    _OP_OWNERS.clear()
+    _KNOB_OWNERS.clear()
 
 
 def family_names() -> tuple[str, ...]:
@@ -314,15 +322,20 @@ def families() -> list[KernelFamily]:
     return [family(name) for name in _REGISTERED]
 
 
+_OP_OWNERS: dict[str, KernelFamily] = {}
+
+
 def op_families() -> dict[str, KernelFamily]:
     """Every op name with its family; an op claimed by two families is an error."""
-    owner: dict[str, KernelFamily] = {}
-    for fam in families():
-        for op in fam.ops:
-            if op in owner:
-                raise ValueError(f"op {op!r} belongs to both {owner[op].name} and {fam.name}")
-            owner[op] = fam
-    return owner
+    if not _OP_OWNERS:  # computed once per registry (register() clears it)
+        owner: dict[str, KernelFamily] = {}
+        for fam in families():
+            for op in fam.ops:
+                if op in owner:
+                    raise ValueError(f"op {op!r} belongs to both {owner[op].name} and {fam.name}")
+                owner[op] = fam
+        _OP_OWNERS.update(owner)
+    return dict(_OP_OWNERS)
 
 
 def all_ops() -> tuple[str, ...]:
@@ -331,7 +344,7 @@ def all_ops() -> tuple[str, ...]:
 
 def family_for_op(op: object) -> KernelFamily:
     """The family that owns an op name; WorkloadError('op') for anything else."""
-    owners = op_families()
+    owners = _OP_OWNERS or op_families()
     # isinstance first: a list or dict is unhashable, and `in` on the mapping would raise.
     if not isinstance(op, str) or op not in owners:
         shown = reprlib.repr(op)
@@ -351,20 +364,34 @@ def parse_any_workload(data: dict[str, Any]) -> Any:
     return family_for_op(data.get("op")).parse_workload(data)
 
 
-def check_knob_dict(knobs: Sequence[Knob], data: object, error: type[Exception]) -> dict[str, int]:
-    """Validate a schedule document against a knob declaration (shared by the families):
-    an object with exactly the knobs, each an int (not a bool) of its domain."""
-    if not isinstance(data, dict):
-        raise error("a schedule must be an object of knob values")
-    names = [k.name for k in knobs]
-    unknown = sorted(str(k) for k in set(data) - set(names))
-    if unknown:
-        raise error(f"unknown knob(s): {', '.join(unknown)}")
-    missing = [n for n in names if n not in data]
-    if missing:
-        raise error(f"missing knob(s): {', '.join(missing)}")
-    for knob in knobs:
-        value = data[knob.name]
-        if isinstance(value, bool) or not isinstance(value, int) or value not in knob.values:
-            raise error(f"{knob.name} must be one of {list(knob.values)}, got {value!r}")
-    return {n: int(data[n]) for n in names}
+_KNOB_OWNERS: dict[str, KernelFamily] = {}
+
+
+def _knob_owners() -> dict[str, KernelFamily]:
+    """Knob name -> its family (computed once per registry; a knob of two is an error)."""
+    if not _KNOB_OWNERS:
+        owner: dict[str, KernelFamily] = {}
+        for fam in families():
+            for knob in fam.knob_names:
+                if knob in owner:
+                    raise ValueError(f"knob {knob!r} belongs to {owner[knob].name} and {fam.name}")
+                owner[knob] = fam
+        _KNOB_OWNERS.update(owner)
+    return _KNOB_OWNERS
+
+
+def family_for_knobs(names: Iterable[object]) -> KernelFamily:
+    """The family whose knobs a schedule document names (knob names are unique across
+    families). The one sharing the most names is chosen, so a document with a knob missing
+    or one too many is then refused by that family's own check, which names the knob;
+    ScheduleError when no family knows any of them."""
+    given = {n for n in names if isinstance(n, str)}
+    owners = _knob_owners()
+    first = next((owners[n] for n in given if n in owners), None)
+    if first is not None and given == set(first.knob_names):
+        return first  # the usual case: exactly one family's knobs
+    best = max(families(), key=lambda f: len(given & set(f.knob_names)))
+    if not given & set(best.knob_names):
+        known = "; ".join(f"{f.name}: {', '.join(f.knob_names)}" for f in families())
+        raise ScheduleError(f"no kernel family has these knobs ({known})")
+    return best

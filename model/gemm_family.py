@@ -18,19 +18,21 @@ from pipetune.model.analytical import evaluate as alcop_evaluate
 from pipetune.model.family import KernelFamily, Knob
 from pipetune.model.hardware import GPUSpec
 from pipetune.model.pipelining import non_pipelined
-from pipetune.model.space import KNOB_SPECS, KNOBS, Schedule, Space, schedule_problems
+from pipetune.model.space import (
+    KNOB_DECLARATION,
+    KNOB_NAMES,
+    Schedule,
+    Space,
+    invalid_reasons,
+    schedule_problems,
+)
 from pipetune.model.workloads import OPS, AnyWorkload, parse_workload
-
-# What each knob means: the knob declaration's (model/space.py); all are ordered sizes or
-# depths.
-_KNOB_DOCS = {name: spec.meaning for name, spec in KNOB_SPECS.items()}
 
 
 class TensorGemmFamily(KernelFamily):
     name = "tensor_gemm"
     title = "pipelined tensor-core GEMM, batched GEMM and implicit-GEMM convolutions (ALCOP)"
     work_unit = "flop"
-    throughput_unit = "TFLOP/s"
     codegen_module = "pipetune.workers.codegen"
     reference_module = "pipetune.workers.runners.reference"
 
@@ -40,10 +42,28 @@ class TensorGemmFamily(KernelFamily):
 
     @property
     def knobs(self) -> tuple[Knob, ...]:
-        return tuple(
-            Knob(name, tuple(values), True, _KNOB_DOCS.get(name, name))
-            for name, values in KNOBS.items()
+        return KNOB_DECLARATION
+
+    def work(self, workload: AnyWorkload) -> float:
+        return float(workload.flops)
+
+    def schedule_label(self, schedule: Mapping[str, int], workload: Any = None) -> str:
+        """The block tile MxNxK, the warps and the pipeline depths: "128x64x32 2x2w 3/2"."""
+        s = Schedule(**{k: schedule[k] for k in KNOB_NAMES})
+        return (
+            f"{s.block_m}x{s.block_n}x{s.block_k} {s.block_row_warps}x{s.block_col_warps}w "
+            f"{s.smem_stages}/{s.reg_stages}"
         )
+
+    def space_of(
+        self, workload: AnyWorkload, gpu: GPUSpec, knobs: Mapping[str, np.ndarray]
+    ) -> Space:
+        return Space(workload, gpu, knobs)
+
+    def invalid_reasons(
+        self, knobs: Mapping[str, np.ndarray], workload: AnyWorkload, gpu: GPUSpec
+    ) -> dict[str, np.ndarray]:
+        return invalid_reasons(dict(knobs), workload, gpu)
 
     def parse_workload(self, data: dict[str, Any]) -> AnyWorkload:
         return parse_workload(data)

@@ -11,56 +11,48 @@ from __future__ import annotations
 import hashlib
 import json
 from collections.abc import Iterator
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass
 from functools import cached_property
-from typing import Annotated, Any, get_type_hints
+from typing import Any
 
 import numpy as np
 
+from pipetune.model import knobs as knobs_module
 from pipetune.model.hardware import GPUSpec
+from pipetune.model.knobs import (
+    Knob,
+    KnobArraySpace,
+    ScheduleError,
+    check_knob_dict,
+    check_schedule_type,
+    full_grid,
+)
+from pipetune.model.occupancy import blocks_per_sm  # shared by the families (re-exported)
 from pipetune.model.workloads import AnyWorkload
 
 MMA_TILE = 16  # one warp-level tile step: mma.sync m16n8k16 covers 16 rows and 16 of K
 VECTOR_ELEMS = 8  # float16 elements per 16-byte cp.async
 
 
-@dataclass(frozen=True)
-class KnobSpec:
-    """One tunable of the kernel family: the values it takes and what it sets (the family
-    interface's Knob, model/family.py, is built from these)."""
-
-    values: tuple[int, ...]
-    meaning: str
-
-
-@dataclass(frozen=True)
-class KnobValues:
-    """The seven knobs, declared once. `Schedule` (below) and the wire's `ScheduleDoc`
-    inherit these fields; `KNOBS`, the wire schema's enums and the code generator's checks
-    are read from the annotations. A new knob is one line here."""
-
-    block_row_warps: Annotated[int, KnobSpec((1, 2, 4), "warps per block along M")]
-    block_col_warps: Annotated[int, KnobSpec((1, 2, 4), "warps per block along N")]
-    warp_row_tiles: Annotated[int, KnobSpec((1, 2, 4), "16-wide tiles per warp along M")]
-    warp_col_tiles: Annotated[int, KnobSpec((1, 2, 4), "16-wide tiles per warp along N")]
-    chunk: Annotated[int, KnobSpec((1, 2, 4, 8), "the K step of a block tile: BK = 16 * chunk")]
-    smem_stages: Annotated[
-        int,
-        KnobSpec((1, 2, 3, 4, 5, 6), "shared-memory pipeline depth (1: none, 2: double buffering)"),
-    ]
-    reg_stages: Annotated[int, KnobSpec((1, 2), "register-fragment buffers (2: double buffering)")]
-
-
-def _declared_knobs() -> dict[str, KnobSpec]:
-    hints = get_type_hints(KnobValues, include_extras=True)
-    return {
-        f.name: next(m for m in hints[f.name].__metadata__ if isinstance(m, KnobSpec))
-        for f in fields(KnobValues)
-    }
-
-
-KNOB_SPECS: dict[str, KnobSpec] = _declared_knobs()
-KNOBS: dict[str, tuple[int, ...]] = {name: knob.values for name, knob in KNOB_SPECS.items()}
+# The seven knobs, declared once (model/knobs.py): `Schedule` below has these fields in
+# this order (checked at import); KNOBS, the wire schema's enums, the tuner's codec and the
+# code generator's checks are read from here. A new knob is one line here and one field.
+KNOB_DECLARATION: tuple[Knob, ...] = (
+    Knob("block_row_warps", (1, 2, 4), True, "warps per block along M"),
+    Knob("block_col_warps", (1, 2, 4), True, "warps per block along N"),
+    Knob("warp_row_tiles", (1, 2, 4), True, "16-wide tiles per warp along M"),
+    Knob("warp_col_tiles", (1, 2, 4), True, "16-wide tiles per warp along N"),
+    Knob("chunk", (1, 2, 4, 8), True, "the K step of a block tile: BK = 16 * chunk"),
+    Knob(
+        "smem_stages",
+        (1, 2, 3, 4, 5, 6),
+        True,
+        "shared-memory pipeline depth (1: none, 2: double buffering)",
+    ),
+    Knob("reg_stages", (1, 2), True, "register-fragment buffers (2: double buffering)"),
+)
+KNOB_SPECS: dict[str, Knob] = {k.name: k for k in KNOB_DECLARATION}
+KNOBS: dict[str, tuple[int, ...]] = {k.name: k.values for k in KNOB_DECLARATION}
 KNOB_NAMES: tuple[str, ...] = tuple(KNOBS)
 
 # Register estimate per thread (why: the space must not call a schedule valid that spills).
@@ -71,28 +63,21 @@ KNOB_NAMES: tuple[str, ...] = tuple(KNOBS)
 REGISTER_OVERHEAD = 40
 
 
-class ScheduleError(ValueError):
-    """A schedule document with unknown knobs or values outside the space."""
-
-
 @dataclass(frozen=True, order=True)
-class Schedule(KnobValues):
-    """One value per knob (the fields of KnobValues, in their order)."""
+class Schedule:
+    """One value per knob (KNOB_DECLARATION's, in its order)."""
+
+    block_row_warps: int
+    block_col_warps: int
+    warp_row_tiles: int
+    warp_col_tiles: int
+    chunk: int
+    smem_stages: int
+    reg_stages: int
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> Schedule:
-        if not isinstance(data, dict):
-            raise ScheduleError("a schedule must be an object of knob values")
-        unknown = sorted(set(data) - set(KNOB_NAMES))
-        if unknown:
-            raise ScheduleError(f"unknown knob(s): {', '.join(unknown)}")
-        missing = [k for k in KNOB_NAMES if k not in data]
-        if missing:
-            raise ScheduleError(f"missing knob(s): {', '.join(missing)}")
-        problems = knob_value_problems(data)
-        if problems:
-            raise ScheduleError(problems[0])
-        return cls(**{k: data[k] for k in KNOB_NAMES})
+        return cls(**check_knob_dict(KNOB_DECLARATION, data, ScheduleError))
 
     def as_dict(self) -> dict[str, int]:
         return asdict(self)
@@ -136,15 +121,13 @@ class Schedule(KnobValues):
         return int(estimate_registers(self.warp_row_tiles, self.warp_col_tiles, self.reg_stages))
 
 
+check_schedule_type(Schedule, KNOB_DECLARATION)
+
+
 def knob_value_problems(values: dict[str, Any]) -> list[str]:
     """Why knob values are outside their declared domains (empty when none is); an int
     only, never a bool. Schedule.from_dict and the code generator check with this."""
-    problems = []
-    for name, allowed in KNOBS.items():
-        value = values[name]
-        if isinstance(value, bool) or not isinstance(value, int) or value not in allowed:
-            problems.append(f"{name} must be one of {list(allowed)}, got {value!r}")
-    return problems
+    return knobs_module.knob_value_problems(KNOB_DECLARATION, values)
 
 
 def smem_bytes(stages: Any, bm: Any, bn: Any, bk: Any) -> Any:
@@ -172,29 +155,8 @@ def predicted_registers(
     return np.minimum(255, np.rint(fit)).astype(np.int64)
 
 
-def blocks_per_sm(gpu: GPUSpec, threads: Any, smem: Any, registers: Any) -> np.ndarray:
-    """Occupancy: resident threadblocks per SM under the thread, smem, register, block limits."""
-    threads = np.asarray(threads, dtype=np.int64)
-    smem = np.asarray(smem, dtype=np.int64)
-    registers = np.asarray(registers, dtype=np.int64)
-    warps = threads // 32
-    by_threads = gpu.max_threads_per_sm // threads
-    smem_alloc = smem + gpu.smem_reserved_per_block_bytes
-    by_smem = gpu.smem_per_sm_bytes // smem_alloc
-    unit = gpu.register_alloc_unit_per_warp
-    regs_per_warp = -(-registers * 32 // unit) * unit
-    by_regs = (gpu.registers_per_sm // regs_per_warp) // warps
-    limit = np.minimum(np.minimum(by_threads, by_smem), by_regs)
-    return np.minimum(limit, gpu.max_blocks_per_sm).astype(np.int64)
-
-
 def _next_pow2(x: int) -> int:
     return 1 << max(0, (x - 1).bit_length())
-
-
-def _full_grid() -> dict[str, np.ndarray]:
-    mesh = np.meshgrid(*[np.array(v, dtype=np.int64) for v in KNOBS.values()], indexing="ij")
-    return {name: grid.ravel() for name, grid in zip(KNOB_NAMES, mesh, strict=True)}
 
 
 def invalid_reasons(knobs: dict[str, np.ndarray], workload: AnyWorkload, gpu: GPUSpec) -> dict:
@@ -251,24 +213,20 @@ FEATURE_NAMES: tuple[str, ...] = (
 )
 
 
-class Space:
+class Space(KnobArraySpace):
     """The valid schedules of one workload on one GPU, as knob arrays."""
 
-    def __init__(self, workload: AnyWorkload, gpu: GPUSpec, knobs: dict[str, np.ndarray]):
-        self.workload = workload
-        self.gpu = gpu
-        self.knobs = {k: np.ascontiguousarray(knobs[k], dtype=np.int64) for k in KNOB_NAMES}
+    declaration = KNOB_DECLARATION
+    schedule_type = Schedule
+    workload: AnyWorkload
 
     @classmethod
     def enumerate(cls, workload: AnyWorkload, gpu: GPUSpec) -> Space:
-        grid = _full_grid()
+        grid = full_grid(KNOB_DECLARATION)
         bad = np.zeros(len(grid[KNOB_NAMES[0]]), dtype=bool)
         for mask in invalid_reasons(grid, workload, gpu).values():
             bad |= mask
         return cls(workload, gpu, {k: v[~bad] for k, v in grid.items()})
-
-    def __len__(self) -> int:
-        return len(self.knobs[KNOB_NAMES[0]])
 
     def __getitem__(self, i: int) -> Schedule:
         return Schedule(**{k: int(self.knobs[k][i]) for k in KNOB_NAMES})
@@ -276,26 +234,6 @@ class Space:
     def __iter__(self) -> Iterator[Schedule]:
         for i in range(len(self)):
             yield self[i]
-
-    def subset(self, index: np.ndarray) -> Space:
-        return Space(self.workload, self.gpu, {k: v[index] for k, v in self.knobs.items()})
-
-    @cached_property
-    def ids(self) -> list[str]:
-        return [s.id for s in self]
-
-    @cached_property
-    def _position(self) -> dict[str, int]:
-        return {sid: i for i, sid in enumerate(self.ids)}
-
-    def index(self, schedule: Schedule) -> int:
-        """Position of a schedule in the space; KeyError if it is not a valid member."""
-        return self._position[schedule.id]
-
-    @property
-    def cache_key(self) -> tuple:
-        """Identifies the space's contents, for caches of per-space arrays."""
-        return (self.workload.workload_hash, self.gpu.key, self.gpu.profile, len(self))
 
     @property
     def feature_names(self) -> tuple[str, ...]:
@@ -305,9 +243,6 @@ class Space:
     def work(self) -> float:
         """FLOPs of one run: turns latency into throughput."""
         return float(self.workload.flops)
-
-    def __contains__(self, schedule: object) -> bool:
-        return isinstance(schedule, Schedule) and schedule.id in self._position
 
     # Derived arrays (shared by the analytical model and the features).
     @cached_property

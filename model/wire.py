@@ -6,23 +6,31 @@ import it (docs/architecture.md: model <- tuner <- service; model <- workers; cl
 HTTP).
 
 Every enum of the schema is derived from its one definition: the states from
-model/states.py, the knobs from model/space.py, the runners from model/trials.py, the
-operators from model/workloads.py.
+model/states.py, the knobs and the operators from the kernel families' declarations
+(model/family.py's registry: model/space.py and model/workloads.py for the tensor-core
+GEMMs, model/memops/ for the memory-intensive operators), the runners from
+model/trials.py.
 """
 
 from __future__ import annotations
 
 from datetime import datetime
 from enum import StrEnum
-from typing import Any, Literal
+from typing import Annotated, Any, Literal, Union
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from pipetune.model.family import (
+    THROUGHPUT_UNITS,
+    KernelFamily,
+    check_knob_dict,
+    families,
+    family_for_knobs,
+    op_families,
+)
 from pipetune.model.hardware import HardwareError, resolve_gpu_key
-from pipetune.model.space import KNOB_NAMES, KNOB_SPECS, KNOBS, KnobValues, Schedule
 from pipetune.model.states import JobState, TaskState
 from pipetune.model.trials import MeasureResult, RunnerKind, TrialStatus
-from pipetune.model.workloads import OPS, Workload
 
 MAX_BUDGET = 5000  # trials per task; larger spaces are swept, not tuned
 MAX_LEASE_WAIT_S = 30.0
@@ -32,8 +40,14 @@ MAX_RESULTS_PER_POST = 256  # results in one POST /v1/jobs/results
 # The tuner's registry (tuner.strategies.STRATEGY_MAP) checks itself against this list.
 StrategyName = Literal["grid", "random", "analytical", "xgb", "bo", "analytical+xgb", "auto"]
 DEFAULT_STRATEGY: StrategyName = "auto"
-# The operator names as a schema enum (query parameters), from the workload types.
-OpName = StrEnum("OpName", [(op.upper(), op) for op in OPS])  # type: ignore[misc]
+# Every family's operators: the workload union of the API (discriminated by "op") and the
+# operator names as a schema enum (query parameters), from the families' workload types.
+_OP_TYPES = {op: fam.ops[op] for op, fam in op_families().items()}
+Workload = Annotated[Union[tuple(_OP_TYPES.values())], Field(discriminator="op")]  # type: ignore[valid-type]  # noqa: UP007
+OpName = StrEnum("OpName", [(op.upper(), op) for op in _OP_TYPES])  # type: ignore[misc]
+# How throughput is shown: work per second in the family's unit (TFLOP/s, GB/s).
+ThroughputUnit = Literal[tuple(unit for unit, _ in THROUGHPUT_UNITS.values())]  # type: ignore[valid-type]
+TFLOPS = THROUGHPUT_UNITS["flop"][0]
 
 
 class _Body(BaseModel):
@@ -64,31 +78,88 @@ class _GpuField(_Request):
             raise ValueError(str(exc)) from None
 
 
-def _knob_enums(schema: dict[str, Any]) -> None:
-    for name, knob in KNOB_SPECS.items():
-        schema["properties"][name].update(enum=list(knob.values), description=knob.meaning)
+def _schedule_schema(schema: dict[str, Any]) -> None:
+    """Every family's knobs with their values and meaning; a document holds exactly one
+    family's (``oneOf`` by the required knobs)."""
+    properties: dict[str, Any] = {}
+    for fam in families():
+        for knob in fam.knobs:
+            properties[knob.name] = {
+                "type": "integer",
+                "enum": list(knob.values),
+                "description": knob.doc,
+            }
+    schema.update(
+        properties=properties,
+        additionalProperties=False,
+        oneOf=[{"title": fam.name, "required": list(fam.knob_names)} for fam in families()],
+    )
 
 
-class ScheduleDoc(BaseModel, KnobValues, frozen=True):
-    """A schedule's knob values (validated against the knob domains). The fields are the
-    knob declaration's (model/space.py KnobValues); the schema lists each knob's values."""
+class ScheduleDoc(BaseModel):
+    """A schedule: one int per knob of one kernel family, checked against that family's
+    declaration (the family is the one whose knobs the document names; an unknown or
+    missing knob, or a value outside its domain, is refused naming the knob). Knobs read
+    as attributes (``doc.chunk``) and dump as the plain knob dict."""
 
-    # A body like _Body's (extra fields refused), frozen like the declaration it inherits.
-    model_config = ConfigDict(extra="forbid", json_schema_extra=_knob_enums)
+    model_config = ConfigDict(extra="allow", frozen=True, json_schema_extra=_schedule_schema)
 
-    @field_validator(*KNOB_NAMES)
+    @model_validator(mode="before")
     @classmethod
-    def _in_domain(cls, value: int, info: Any) -> int:
-        if value not in KNOBS[info.field_name]:
-            raise ValueError(f"must be one of {list(KNOBS[info.field_name])}")
-        return value
-
-    def to_schedule(self) -> Schedule:
-        return Schedule(**self.model_dump())
+    def _family_knobs(cls, data: Any) -> Any:
+        if isinstance(data, ScheduleDoc):
+            return data.model_dump()
+        if not isinstance(data, dict):
+            raise ValueError("a schedule must be an object of knob values")
+        return check_knob_dict(family_for_knobs(data).knobs, data, ValueError)
 
     @classmethod
-    def of(cls, schedule: Schedule) -> ScheduleDoc:
+    def model_construct(cls, _fields_set: set[str] | None = None, **values: Any) -> ScheduleDoc:
+        """A document from stored, already validated knobs, in the family's knob order (a
+        database may have reordered them)."""
+        names = family_for_knobs(values).knob_names
+        ordered = {k: values[k] for k in names if k in values}
+        return super().model_construct(_fields_set, **ordered)
+
+    @property
+    def family(self) -> KernelFamily:
+        return family_for_knobs(self.model_extra or {})
+
+    def knobs(self) -> dict[str, int]:
+        return dict(self.model_extra or {})
+
+    def to_schedule(self) -> Any:
+        """The family's schedule object (model/space.py Schedule, MemSchedule, ...)."""
+        return self.family.parse_schedule(self.knobs())
+
+    @classmethod
+    def of(cls, schedule: Any) -> ScheduleDoc:
         return cls(**schedule.as_dict())
+
+
+class _Throughput(_Body):
+    """Throughput in the workload family's unit (TFLOP/s for the tensor-core GEMMs, GB/s of
+    compulsory traffic for the memory-intensive operators). ``tflops`` is API v1's field,
+    kept for its clients: the same number when the unit is TFLOP/s, else None."""
+
+    throughput: float
+    throughput_unit: ThroughputUnit = TFLOPS
+    tflops: float | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _one_throughput(cls, data: Any) -> Any:
+        if not isinstance(data, dict):
+            return data
+        data = dict(data)
+        unit = data.get("throughput_unit", TFLOPS)
+        if data.get("throughput") is None and unit == TFLOPS:
+            data["throughput"] = data.get("tflops")  # a v1 client's document
+        if unit == TFLOPS and data.get("tflops") is None:
+            data["tflops"] = data.get("throughput")
+        elif unit != TFLOPS and data.get("tflops") is not None:
+            raise ValueError(f"tflops is only given in TFLOP/s; this throughput is in {unit}")
+        return data
 
 
 # ---- users: schedules and tasks -------------------------------------------------------
@@ -107,7 +178,7 @@ class ScheduleRequest(_GpuField):
     tune: TuneOptions | None = None
 
 
-class ScheduleResponse(_Body):
+class ScheduleResponse(_Throughput):
     source: Literal["measured", "model"]
     workload: dict[str, Any]
     gpu: str
@@ -115,7 +186,7 @@ class ScheduleResponse(_Body):
     schedule_id: str
     latency_us: float | None = None  # measured median, when source == "measured"
     predicted_us: float
-    tflops: float  # measured when source == "measured", else predicted
+    # throughput (and v1's tflops): measured when source == "measured", else predicted
     # The runner behind a measured schedule: "cupy" is a GPU measurement; "simulated" is the
     # analytical model plus noise (demos and CI), to be labelled as such by every client.
     runner: str | None = None
@@ -132,11 +203,12 @@ class TaskCreate(_GpuField):
     seed: int = Field(0, ge=0, le=2**31 - 1)
 
 
-class BestTrial(_Body):
+class BestTrial(_Throughput):
     trial: int
     schedule: ScheduleDoc
+    # The schedule in one cell, by its family (a GEMM tile, a memory-intensive mapping).
+    schedule_label: str | None = None
     latency_us: float
-    tflops: float
     # The runner that produced it (RunnerKind.of reads the kind): "simulated" latencies are
     # the analytical model plus noise, to be labelled as such by every client.
     runner: str | None = None
@@ -146,6 +218,7 @@ class TaskDoc(_Body):
     id: int
     state: TaskState
     workload: dict[str, Any]
+    label: str | None = None  # the workload in words ("softmax 4096x768")
     gpu: str
     strategy: StrategyName
     budget: int
@@ -167,6 +240,7 @@ class TrialDoc(_Body):
     state: JobState
     status: TrialStatus | None = None
     schedule: ScheduleDoc
+    schedule_label: str | None = None  # as BestTrial's
     latency_us: float | None = None
     predicted_us: float | None = None
     worker: str | None = None
@@ -182,11 +256,22 @@ class TrialList(_Body):
 class CurvePoint(_Body):
     trial: int
     best_latency_us: float | None  # None until a trial has succeeded
-    best_tflops: float | None
+    # In the curve's throughput_unit; best_tflops is API v1's (None unless in TFLOP/s).
+    best_tflops: float | None = None
+    best_throughput: float | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _v1_point(cls, data: Any) -> Any:
+        # A v1 document has only best_tflops: its throughput, in TFLOP/s.
+        if isinstance(data, dict) and data.get("best_throughput") is None:
+            data = {**data, "best_throughput": data.get("best_tflops")}
+        return data
 
 
 class Curve(_Body):
     points: list[CurvePoint]
+    throughput_unit: ThroughputUnit = TFLOPS
 
 
 class AggregatePoint(_Body):

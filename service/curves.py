@@ -22,14 +22,17 @@ from scipy.stats import gmean
 from sqlalchemy import and_, func, select
 from sqlalchemy.orm import Session, aliased
 
+from pipetune.model.family import family_for_op
 from pipetune.model.states import JobState
 from pipetune.model.trials import RunnerKind
-from pipetune.model.wire import AggregatePoint, CurvePoint
+from pipetune.model.wire import TFLOPS, AggregatePoint, Curve, CurvePoint
 from pipetune.service.orm import JobRow, ReferenceOptimumRow, TaskRow, WorkloadRow
-from pipetune.service.records import tflops
 
 
-def task_curve(session: Session, task_id: int, flops: int, after: int) -> list[CurvePoint]:
+def task_curve(session: Session, task_id: int, op: str, work: int, after: int) -> Curve:
+    """The task's best-so-far latency and throughput (in the op's family's unit: ``work``
+    is its workload row's) per trial index, over the trials that are final."""
+    fam = family_for_op(op)
     rows = session.execute(
         select(JobRow.trial, JobRow.state, JobRow.latency_us)
         .where(JobRow.task_id == task_id)
@@ -43,14 +46,16 @@ def task_curve(session: Session, task_id: int, flops: int, after: int) -> list[C
         if state == JobState.DONE and latency is not None and (best is None or latency < best):
             best = latency
         if trial > after:
+            rate = None if best is None else fam.rate(work, best)
             points.append(
                 CurvePoint(
                     trial=trial,
                     best_latency_us=best,
-                    best_tflops=None if best is None else tflops(flops, best),
+                    best_throughput=rate,
+                    best_tflops=rate if fam.throughput_unit == TFLOPS else None,
                 )
             )
-    return points
+    return Curve(points=points, throughput_unit=fam.throughput_unit)
 
 
 def _best_known(session: Session) -> dict[tuple[int, str], float]:

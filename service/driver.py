@@ -27,19 +27,20 @@ new batch is announced to the waiting lease requests (service/wakeup.py).
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import threading
 from collections import OrderedDict, defaultdict
 from dataclasses import dataclass, field
+from functools import cache
 from typing import Any
 
 import numpy as np
 from sqlalchemy import Connection, case, func, insert, literal, select, update
 
-from pipetune.model.analytical import evaluate
+from pipetune.model.family import FamilySpace, KernelFamily, family_of, parse_any_workload
 from pipetune.model.hardware import get_gpu
-from pipetune.model.space import KNOB_NAMES, Schedule, Space
 from pipetune.model.states import (
     ACTIVE_TASK_STATES,
     OUTSTANDING_JOB_STATES,
@@ -48,7 +49,6 @@ from pipetune.model.states import (
 )
 from pipetune.model.trials import MeasureResult
 from pipetune.model.wire import TaskCreate
-from pipetune.model.workloads import AnyWorkload, parse_workload
 from pipetune.service.db import Database
 from pipetune.service.errors import ConflictError, InputError, NotFoundError
 from pipetune.service.metrics import Metrics
@@ -137,7 +137,7 @@ class _Plan:
     task_id: int
     version: int  # tasks.batches when the plan was made
     first_trial: int
-    batch: list[Schedule]
+    batch: list[Any]  # the family's schedules
     predicted: list[float]
     curve: list[float | None]
     live: _Live | None = None
@@ -150,7 +150,7 @@ class _JobView:
 
     trial: int
     batch: int
-    schedule: Schedule
+    schedule: Any  # the family's schedule
     result: MeasureResult | None  # None while it is outstanding
 
 
@@ -220,36 +220,35 @@ class Driver:
         self._task_locks: dict[int, threading.Lock] = defaultdict(threading.Lock)
         # Spaces and the model's predictions over them, by (workload hash, GPU): computed
         # once per space, shared by every session of that workload on that GPU.
-        self._spaces: OrderedDict[tuple[str, str], tuple[Space, np.ndarray]] = OrderedDict()
+        self._spaces: OrderedDict[tuple[str, str], tuple[FamilySpace, np.ndarray]] = OrderedDict()
         self._spaces_lock = threading.Lock()
-        self._workloads: dict[int, AnyWorkload] = {}
+        self._workloads: dict[int, Any] = {}
 
     # ---- sessions ------------------------------------------------------------------
 
-    def _space(self, workload: AnyWorkload, gpu: str) -> tuple[Space, np.ndarray]:
+    def _space(self, workload: Any, gpu: str) -> tuple[FamilySpace, np.ndarray]:
         key = (workload.workload_hash, gpu)
         with self._spaces_lock:
             found = self._spaces.get(key)
             if found is not None:
                 self._spaces.move_to_end(key)
                 return found
-        space = Space.enumerate(workload, get_gpu(gpu))
-        found = (space, evaluate(space).latency_us)
+        fam = family_of(workload)
+        space = fam.enumerate(workload, get_gpu(gpu))
+        found = (space, fam.evaluate(space).latency_us)
         with self._spaces_lock:
             self._spaces[key] = found
             while len(self._spaces) > MAX_SPACES:
                 self._spaces.popitem(last=False)
         return found
 
-    def _new_live(
-        self, workload: AnyWorkload, gpu: str, strategy: str, seed: int, budget: int
-    ) -> _Live:
+    def _new_live(self, workload: Any, gpu: str, strategy: str, seed: int, budget: int) -> _Live:
         space, predicted = self._space(workload, gpu)
         session = TuningSession(workload, space.gpu, strategy, seed, budget, space=space)
         return _Live(session, predicted, [], 0)
 
     @staticmethod
-    def _propose(live: _Live, n: int) -> tuple[list[Schedule], list[float]]:
+    def _propose(live: _Live, n: int) -> tuple[list[Any], list[float]]:
         session = live.session
         n = min(n, session.remaining)
         batch = session.propose(n) if n > 0 else []
@@ -323,7 +322,7 @@ class Driver:
         task: Any,
         batch_no: int,
         first_trial: int,
-        batch: list[Schedule],
+        batch: list[Any],
         predicted: list[float],
     ) -> None:
         conn.execute(
@@ -416,8 +415,11 @@ class Driver:
         )  # fmt: skip
         return task, row.state, older, outstanding
 
-    def _read_jobs(self, task_id: int, first_batch: int, before: int) -> list[_JobView]:
-        """The task's jobs of batches first_batch..before-1, in trial order."""
+    def _read_jobs(
+        self, task_id: int, first_batch: int, before: int, fam: KernelFamily
+    ) -> list[_JobView]:
+        """The task's jobs of batches first_batch..before-1, in trial order (schedules as
+        the task's family's)."""
         if not self.db.is_sqlite:
             params = {"task": task_id, "first": first_batch, "before": before}
             with self.db.driver_transaction() as cur:
@@ -442,16 +444,17 @@ class Driver:
                     )
                     .order_by(JOBS.c.trial)
                 ).all()
-        return [_JobView(r.trial, r.batch, Schedule(**r.schedule), _observed(r)) for r in rows]
+        schedule = fam.parse_schedule
+        return [_JobView(r.trial, r.batch, schedule(r.schedule), _observed(r)) for r in rows]
 
-    def _workload(self, workload_id: int) -> AnyWorkload:
+    def _workload(self, workload_id: int) -> Any:
         workload = self._workloads.get(workload_id)
         if workload is None:
             with self.db.read_conn() as conn:
                 canonical = conn.scalar(
                     select(WorkloadRow.canonical).where(WorkloadRow.id == workload_id)
                 )
-            workload = self._workloads[workload_id] = parse_workload(canonical)
+            workload = self._workloads[workload_id] = parse_any_workload(canonical)
         return workload
 
     def _plan(self, task_id: int) -> _Plan | None:
@@ -464,8 +467,9 @@ class Driver:
         # A task proposing ahead waits only for the batches before its newest.
         waits_on = task.version - batches_ahead(task.strategy)
         workload = self._workload(task.workload_id)
+        fam = family_of(workload)
         live = self._take_live(task_id)
-        views, rebuild = self._completed(task_id, task, live, waits_on)
+        views, rebuild = self._completed(task_id, task, live, waits_on, fam)
         try:
             if rebuild:
                 live = self._new_live(workload, task.gpu, task.strategy, task.seed, task.budget)
@@ -478,7 +482,7 @@ class Driver:
                     self._keep_live(task_id, live)
                     return None
                 # Every batch is complete: observe the ones still pending, then finish.
-                rest = self._read_jobs(task_id, live.observed, task.version)
+                rest = self._read_jobs(task_id, live.observed, task.version, fam)
                 self._observe_through(live, _by_batch(rest), task.version)
         except (SessionError, ValueError) as exc:
             log.exception("task %s cannot advance", task_id)
@@ -487,13 +491,18 @@ class Driver:
         return plan
 
     def _completed(
-        self, task_id: int, task: _TaskView, live: _Live | None, waits_on: int
+        self,
+        task_id: int,
+        task: _TaskView,
+        live: _Live | None,
+        waits_on: int,
+        fam: KernelFamily,
     ) -> tuple[list[_JobView], bool]:
         """The jobs the session must see (observe, or replay and observe) to plan the next
         batch, and whether it must be rebuilt from the first batch."""
         if live is not None and len(live.sizes) == task.version and live.trials == task.enqueued:
             # The usual case: this replica made the newest batch; read what completed since.
-            views = self._read_jobs(task_id, live.observed, waits_on)
+            views = self._read_jobs(task_id, live.observed, waits_on, fam)
             pending = [live.session.space[r] for r in live.session.pending]
             done = [v.schedule for v in views]
             first = views[0].trial if views else live.trials
@@ -503,7 +512,7 @@ class Driver:
         # the batches this plan saw: another replica may have queued the next one since
         # (its jobs unmeasured); this plan then loses the compare-and-set on `batches` in
         # _commit, as it should, quietly. A session that is behind is rolled forward.
-        views = self._read_jobs(task_id, 0, task.version)
+        views = self._read_jobs(task_id, 0, task.version, fam)
         if live is not None and self._is_prefix(live, _by_batch(views)):
             return views, False
         return views, True
@@ -687,9 +696,14 @@ class Driver:
         self.metrics.tasks_finished.labels(TaskState.CANCELLED).inc()
 
 
-def _knobs(schedule: Schedule) -> dict[str, int]:
-    # Not Schedule.as_dict (dataclasses.asdict deep-copies): a batch of these per advance.
-    return {k: getattr(schedule, k) for k in KNOB_NAMES}
+@cache
+def _knob_names(schedule_type: type) -> tuple[str, ...]:
+    return tuple(f.name for f in dataclasses.fields(schedule_type))
+
+
+def _knobs(schedule: Any) -> dict[str, int]:
+    # Not as_dict (dataclasses.asdict deep-copies): a batch of these per advance.
+    return {k: getattr(schedule, k) for k in _knob_names(type(schedule))}
 
 
 def _cannot(exc: Exception) -> str:

@@ -13,8 +13,9 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from sqlalchemy import exc as sa_exc
 
+from pipetune.model.family import all_ops
 from pipetune.model.wire import ErrorItem, ValidationErrorBody
-from pipetune.model.workloads import OPS, WorkloadError
+from pipetune.model.workloads import WorkloadError
 from pipetune.service.db import is_unavailable, unavailable_reason
 
 log = logging.getLogger(__name__)
@@ -68,8 +69,9 @@ def _reason(error: dict[str, Any]) -> str:
 
 
 def _item(error: dict[str, Any]) -> ErrorItem:
+    ops = all_ops()  # every family's: the workload union puts the op tag in the location
     loc: list[str | int] = [
-        p for p in error.get("loc", ()) if not (isinstance(p, str) and p in OPS)
+        p for p in error.get("loc", ()) if not (isinstance(p, str) and p in ops)
     ]
     kind = str(error.get("type", "value_error"))
     reason = _reason(error)
@@ -80,7 +82,7 @@ def _item(error: dict[str, Any]) -> ErrorItem:
         reason = cause.reason
     elif kind in ("union_tag_invalid", "union_tag_not_found"):
         loc = [*loc, "op"]
-        known = ", ".join(OPS)
+        known = ", ".join(ops)
         tag = (error.get("ctx") or {}).get("tag")
         reason = f"unknown operator {tag!r}; known: {known}" if tag else f"missing; one of: {known}"
     elif kind == "json_invalid":

@@ -4,22 +4,25 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from functools import lru_cache
+from typing import Any
 
 from sqlalchemy import select
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.orm import Session
 
-from pipetune.model.analytical import rank
+from pipetune.model.family import family_for_op, family_of
 from pipetune.model.hardware import get_gpu
-from pipetune.model.space import Schedule
 from pipetune.model.wire import ScheduleDoc, ScheduleResponse
-from pipetune.model.workloads import AnyWorkload, WorkloadError
+from pipetune.model.workloads import WorkloadError
 from pipetune.service.orm import JobRow, ReferenceOptimumRow, WorkloadRow
 
 
-def workload_row(session: Session, workload: AnyWorkload) -> WorkloadRow:
-    """The row of a workload, created if it is new (safe against a concurrent insert)."""
+def workload_row(session: Session, workload: Any) -> WorkloadRow:
+    """The row of a workload, created if it is new (safe against a concurrent insert).
+    Its ``flops`` column holds the work of one run in the family's unit (FLOPs for the
+    tensor-core GEMMs, compulsory bytes for the memory-intensive operators): the column
+    predates the second family, and throughput is that work over a latency."""
     digest = workload.workload_hash
     found = session.scalars(select(WorkloadRow).where(WorkloadRow.hash == digest)).one_or_none()
     if found is not None:
@@ -30,7 +33,7 @@ def workload_row(session: Session, workload: AnyWorkload) -> WorkloadRow:
         "op": workload.op,
         "canonical": workload.canonical(),
         "label": workload.label(),
-        "flops": workload.flops,
+        "flops": int(family_of(workload).work(workload)),
     }
     session.execute(insert(WorkloadRow).values(**values).on_conflict_do_nothing())
     return session.scalars(select(WorkloadRow).where(WorkloadRow.hash == digest)).one()
@@ -49,36 +52,41 @@ def best_measured(session: Session, workload_hash: str, gpu: str) -> JobRow | No
 
 @dataclass(frozen=True)
 class ModelPick:
-    schedule: Schedule
+    schedule: Any  # the family's schedule type
     predicted_us: float
-    tflops: float
+    throughput: float  # predicted, in the family's throughput unit
     space_size: int
 
 
 @lru_cache(maxsize=1024)
-def model_pick(workload: AnyWorkload, gpu: str) -> ModelPick:
+def model_pick(workload: Any, gpu: str) -> ModelPick:
     """The analytical model's best schedule (cached: it depends only on its arguments)."""
-    space, _, ranked = rank(workload, get_gpu(gpu), top=1)
+    fam = family_of(workload)
+    space, _, ranked = fam.rank(workload, get_gpu(gpu), top=1)
     if not ranked:
         raise WorkloadError("workload", f"no schedule of the kernel family is valid on {gpu}")
     best = ranked[0]
     return ModelPick(
-        schedule=Schedule.from_dict(best.schedule),
+        schedule=fam.parse_schedule(best.schedule),
         predicted_us=best.terms["predicted_us"],
-        tflops=best.terms["predicted_tflops"],
+        throughput=fam.throughput_of(workload, best.terms["predicted_us"]),
         space_size=len(space),
     )
 
 
-def tflops(flops: int, latency_us: float) -> float:
-    return flops / (latency_us * 1e-6) / 1e12
+def throughput(op: str, work: float, latency_us: float) -> dict[str, Any]:
+    """The wire's throughput fields of ``work`` (a workload row's) done in ``latency_us``:
+    the value in the op's family's unit and the unit."""
+    fam = family_for_op(op)
+    return {"throughput": fam.rate(work, latency_us), "throughput_unit": fam.throughput_unit}
 
 
-def schedule_response(workload: AnyWorkload, gpu: str, job: JobRow | None) -> ScheduleResponse:
+def schedule_response(workload: Any, gpu: str, job: JobRow | None) -> ScheduleResponse:
     """POST /v1/schedules' answer: the best measured trial `job` (best_measured's), else the
     model's pick. Raises WorkloadError when no schedule of the family is valid on the GPU."""
+    fam = family_of(workload)
     if job is not None and job.latency_us is not None:
-        schedule = Schedule(**job.schedule)
+        schedule = fam.parse_schedule(job.schedule)
         predicted = job.predicted_us
         if predicted is None:
             predicted = model_pick(workload, gpu).predicted_us
@@ -91,7 +99,8 @@ def schedule_response(workload: AnyWorkload, gpu: str, job: JobRow | None) -> Sc
             latency_us=job.latency_us,
             runner=job.runner,
             predicted_us=predicted,
-            tflops=tflops(workload.flops, job.latency_us),
+            throughput=fam.throughput_of(workload, job.latency_us),
+            throughput_unit=fam.throughput_unit,
         )
     pick = model_pick(workload, gpu)
     return ScheduleResponse(
@@ -101,13 +110,14 @@ def schedule_response(workload: AnyWorkload, gpu: str, job: JobRow | None) -> Sc
         schedule=ScheduleDoc.of(pick.schedule),
         schedule_id=pick.schedule.id,
         predicted_us=pick.predicted_us,
-        tflops=pick.tflops,
+        throughput=pick.throughput,
+        throughput_unit=fam.throughput_unit,
     )
 
 
 def set_reference_optimum(
     session: Session,
-    workload: AnyWorkload,
+    workload: Any,
     gpu: str,
     best_latency_us: float,
     configurations: int,

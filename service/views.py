@@ -2,12 +2,43 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from sqlalchemy import and_, select
 from sqlalchemy.orm import Session, aliased, defer
 
+from pipetune.model.family import family_for_op, parse_any_workload
 from pipetune.model.wire import BestTrial, ScheduleDoc, TaskDoc, TrialDoc, WorkerDoc
+from pipetune.model.workloads import WorkloadError
 from pipetune.service.orm import JobRow, TaskRow, WorkerRow, WorkloadRow
-from pipetune.service.records import tflops
+from pipetune.service.records import throughput
+
+_WORKLOADS: dict[str, Any] = {}  # workload hash -> parsed (rows never change)
+_WORKLOAD_CACHE_SIZE = 4096
+
+
+def _workload(row: WorkloadRow) -> Any:
+    """The parsed workload of a row (None if today's rules refuse it: labels then fall back
+    to the family's generic ones)."""
+    found = _WORKLOADS.get(row.hash)
+    if found is None and row.hash not in _WORKLOADS:
+        if len(_WORKLOADS) > _WORKLOAD_CACHE_SIZE:
+            _WORKLOADS.clear()
+        try:
+            found = parse_any_workload(dict(row.canonical))
+        except WorkloadError:
+            found = None
+        _WORKLOADS[row.hash] = found
+    return found
+
+
+def schedule_label(workload: WorkloadRow, knobs: dict[str, int]) -> str | None:
+    """The schedule in one cell, as its family writes it (None for knobs it refuses)."""
+    try:
+        return family_for_op(workload.op).schedule_label(knobs, _workload(workload))
+    except (KeyError, ValueError):
+        return None
+
 
 _BestJob = aliased(JobRow, name="best_job")
 
@@ -30,14 +61,16 @@ def task_doc(task: TaskRow, workload: WorkloadRow, best: JobRow | None) -> TaskD
         best_doc = BestTrial(
             trial=best.trial,
             schedule=ScheduleDoc(**best.schedule),
+            schedule_label=schedule_label(workload, best.schedule),
             latency_us=best.latency_us,
-            tflops=tflops(workload.flops, best.latency_us),
+            **throughput(workload.op, workload.flops, best.latency_us),
             runner=best.runner,
         )
     return TaskDoc(
         id=task.id,
         state=task.state,  # type: ignore[arg-type]
         workload=workload.canonical,
+        label=workload.label,
         gpu=task.gpu,
         strategy=task.strategy,  # type: ignore[arg-type]
         budget=task.budget,
@@ -51,13 +84,15 @@ def task_doc(task: TaskRow, workload: WorkloadRow, best: JobRow | None) -> TaskD
     )
 
 
-def task_flops(session: Session, task_id: int) -> int | None:
-    """The FLOPs of a task's workload (None: no such task)."""
-    return session.scalar(
-        select(WorkloadRow.flops)
+def task_work(session: Session, task_id: int) -> tuple[str, int] | None:
+    """The op and the work of one run (WorkloadRow.flops: in the family's work unit) of a
+    task's workload; None: no such task."""
+    row = session.execute(
+        select(WorkloadRow.op, WorkloadRow.flops)
         .join(TaskRow, TaskRow.workload_id == WorkloadRow.id)
         .where(TaskRow.id == task_id)
-    )
+    ).first()
+    return None if row is None else (row.op, row.flops)
 
 
 def get_task_doc(session: Session, task_id: int) -> TaskDoc | None:
@@ -73,6 +108,11 @@ def list_task_docs(session: Session, state: str | None, limit: int, offset: int)
 
 
 def list_trial_docs(session: Session, task_id: int, after: int, limit: int) -> list[TrialDoc]:
+    workload = session.scalars(
+        select(WorkloadRow)
+        .join(TaskRow, TaskRow.workload_id == WorkloadRow.id)
+        .where(TaskRow.id == task_id)
+    ).one_or_none()
     rows = session.execute(
         select(JobRow, WorkerRow.name)
         .outerjoin(WorkerRow, WorkerRow.id == JobRow.result_worker)
@@ -86,6 +126,7 @@ def list_trial_docs(session: Session, task_id: int, after: int, limit: int) -> l
             state=job.state,  # type: ignore[arg-type]
             status=job.status,  # type: ignore[arg-type]
             schedule=ScheduleDoc(**job.schedule),
+            schedule_label=None if workload is None else schedule_label(workload, job.schedule),
             latency_us=job.latency_us,
             predicted_us=job.predicted_us,
             worker=worker,

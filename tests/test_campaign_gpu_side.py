@@ -14,6 +14,7 @@ import pytest
 
 from pipetune.model.workloads import conv2d, gemm
 from pipetune.workers.campaign import cuda_side, sim_side
+from pipetune.workers.launch_plan import Buffer, KernelLaunch, LaunchPlan
 from pipetune.workers.runners import cupy_child, sim_child
 from pipetune.workers.runners.cupy_child import TrialSpec
 from pipetune.workers.runners.timing import RepeatPolicy
@@ -38,15 +39,20 @@ def cubin(tmp_path, behaviour: str) -> str:
 
 
 def spec(path: str, *, policy: RepeatPolicy = POLICY, workload=WORKLOAD) -> TrialSpec:
+    m, n, k = workload.m, workload.n, workload.k
+    launch = KernelLaunch(
+        "k", (4, 1, 1), (32, 1, 1), 1024, ("A", "B", "C", "M", "N", "K"), {"M": m, "N": n, "K": k}
+    )
+    buffers = (
+        Buffer("A", (m, k), "float16", "input"),
+        Buffer("B", (k, n), "float16", "input"),
+        Buffer("C", (m, n), "float16", "output"),
+    )
     return TrialSpec(
         workload_hash=workload.workload_hash,
         schedule_id="1-1-1-1-1-1-1",
         cubin_path=path,
-        kernel_name="k",
-        threads=32,
-        smem_bytes=1024,
-        grid=(4, 1, 1),
-        scalars=(64, 32, 48),
+        plan=LaunchPlan(buffers, (launch,), output="C"),
         policy=policy,
     )
 
@@ -99,11 +105,11 @@ def test_the_reference_comes_back_from_disk_in_a_new_child(cupy, tmp_path):
     cache = str(tmp_path / "refs")
     first = cupy_child.prepare_workload(WORKLOAD.canonical(), 3, cache)
     assert first["reference"] == "cublas" and not first["reference_from_disk"]
-    ref = cupy_child._STATE["workload"][4].copy()
+    ref = cupy_child._STATE["workload"].ref.copy()
     cupy_child.init_device(0)  # what a restarted child starts from
     second = cupy_child.prepare_workload(WORKLOAD.canonical(), 3, cache)
     assert second["reference_from_disk"]
-    np.testing.assert_array_equal(cupy_child._STATE["workload"][4], ref)
+    np.testing.assert_array_equal(cupy_child._STATE["workload"].ref, ref)
     other_seed = cupy_child.prepare_workload(WORKLOAD.canonical(), 4, cache)
     assert not other_seed["reference_from_disk"]
 

@@ -22,7 +22,7 @@ pytest_plugins = ["service_fixtures"]
 JSON_WORKER = {**WORKER_HEADERS, "Content-Type": "application/json"}
 
 BAD_WORKLOADS = [
-    ({"op": "softmax", "m": 64}, "op", "unknown operator"),
+    ({"op": "transpose", "m": 64}, "op", "unknown operator"),
     ({"m": 64, "n": 64, "k": 64}, "op", "missing"),
     ({**GEMM, "m": -5}, "m", "greater than or equal to 1 (got -5)"),
     ({**GEMM, "n": 0}, "n", "greater than or equal to 1 (got 0)"),

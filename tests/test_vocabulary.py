@@ -8,7 +8,8 @@ import dataclasses
 import pytest
 from service_support import client_for
 
-from pipetune.model.space import KNOB_NAMES, KNOB_SPECS, KNOBS, KnobValues, Schedule
+from pipetune.model.family import all_ops, families, family
+from pipetune.model.space import KNOB_DECLARATION, KNOB_NAMES, KNOB_SPECS, KNOBS, Schedule
 from pipetune.model.states import (
     ACTIVE_TASK_STATES,
     FINAL_TASK_STATES,
@@ -19,7 +20,6 @@ from pipetune.model.states import (
 )
 from pipetune.model.trials import RunnerKind
 from pipetune.model.wire import ScheduleDoc, TaskDoc
-from pipetune.model.workloads import OPS
 from pipetune.workers.codegen import generate
 from pipetune.workers.daemon import RUNNERS
 from pipetune.workers.runners import RUNNER_NAMES
@@ -61,11 +61,16 @@ def test_states_are_their_wire_strings():
 
 
 def test_the_knobs_are_declared_once():
+    # One declaration (model/knobs.py Knob), read by the schedule type, the family and the
+    # wire's schedule document, which takes exactly one family's knobs.
     assert tuple(f.name for f in dataclasses.fields(Schedule)) == KNOB_NAMES
-    assert tuple(f.name for f in dataclasses.fields(KnobValues)) == KNOB_NAMES
-    assert tuple(ScheduleDoc.model_fields) == KNOB_NAMES
+    assert tuple(k.name for k in KNOB_DECLARATION) == KNOB_NAMES
+    assert family("tensor_gemm").knobs is KNOB_DECLARATION
     assert {name: spec.values for name, spec in KNOB_SPECS.items()} == KNOBS
     assert KNOBS["smem_stages"] == (1, 2, 3, 4, 5, 6) and KNOBS["reg_stages"] == (1, 2)
+    doc = ScheduleDoc(**Schedule(2, 2, 2, 2, 2, 3, 2).as_dict())
+    assert doc.family.name == "tensor_gemm" and tuple(doc.model_dump()) == KNOB_NAMES
+    assert doc.to_schedule() == Schedule(2, 2, 2, 2, 2, 3, 2)
 
 
 def test_the_code_generator_checks_the_declared_domains():
@@ -104,11 +109,13 @@ def test_the_api_schema_derives_its_enums(tmp_path):
     assert enum(schemas["TrialDoc"]["properties"]["state"]) == [s.value for s in JobState]
     assert enum(schemas["WorkerRegister"]["properties"]["runner"]) == list(RUNNER_NAMES)
     knobs = schemas["ScheduleDoc"]["properties"]
-    assert {name: tuple(p["enum"]) for name, p in knobs.items()} == KNOBS
-    assert knobs["chunk"]["description"] == KNOB_SPECS["chunk"].meaning
+    every = {k.name: k.values for fam in families() for k in fam.knobs}
+    assert {name: tuple(p["enum"]) for name, p in knobs.items()} == every
+    assert {name: every[name] for name in KNOBS} == KNOBS
+    assert knobs["chunk"]["description"] == KNOB_SPECS["chunk"].doc
     curves = spec["paths"]["/v1/curves"]["get"]["parameters"]
     (op,) = [p for p in curves if p["name"] == "op"]
-    assert enum(op["schema"]) == list(OPS)
+    assert enum(op["schema"]) == list(all_ops())
     tasks = spec["paths"]["/v1/tasks"]["get"]["parameters"]
     (state,) = [p for p in tasks if p["name"] == "state"]
     assert enum(state["schema"]) == [s.value for s in TaskState]

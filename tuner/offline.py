@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from pipetune.model.space import Space
+from pipetune.model.family import FamilySpace
 from pipetune.model.trials import MeasureResult
 from pipetune.tuner.bo import PriorMean
 from pipetune.tuner.session import TuningSession
@@ -26,7 +26,7 @@ def throughput_of(latency) -> np.ndarray:
 class RecordedSpace:
     """A space and one recorded latency per schedule (seconds; inf or nan = failed)."""
 
-    space: Space
+    space: FamilySpace
     latency_s: np.ndarray
 
     @property

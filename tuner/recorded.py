@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from pipetune.model.space import KNOB_NAMES, KNOBS
+from pipetune.model.family import family_of
 from pipetune.tuner.encoding import is_ordered
 from pipetune.tuner.offline import RecordedSpace, throughput_of
 from pipetune.tuner.sa import KnobCodec
@@ -25,6 +25,9 @@ class RecordedConfigs:
     tune_params: dict[str, list]  # knob -> its values, in order
     configs: list[dict[str, Any]]
     objective_ms: np.ndarray  # inf where the configuration failed
+    # Per knob, whether its values are ordered, where a declaration says so (a kernel
+    # family's categorical int knobs); otherwise read from the values (ForeignSpace).
+    ordered: dict[str, bool] | None = None
 
     @property
     def knob_names(self) -> list[str]:
@@ -47,11 +50,13 @@ class RecordedConfigs:
     @classmethod
     def from_recorded_space(cls, name: str, recorded: RecordedSpace) -> RecordedConfigs:
         space = recorded.space
-        present = {k: sorted(set(space.knobs[k].tolist())) for k in KNOB_NAMES}
-        tune_params = {k: [v for v in KNOBS[k] if v in present[k]] for k in KNOB_NAMES}
+        knobs = family_of(space.workload).knobs
+        present = {k.name: set(space.knobs[k.name].tolist()) for k in knobs}
+        tune_params = {k.name: [v for v in k.values if v in present[k.name]] for k in knobs}
         latency_ms = np.asarray(recorded.latency_s, dtype=np.float64) * 1e3
         latency_ms[~np.isfinite(latency_ms) | (latency_ms <= 0)] = np.inf
-        return cls(name, tune_params, [s.as_dict() for s in space], latency_ms)
+        ordered = {k.name: k.ordered for k in knobs}
+        return cls(name, tune_params, [s.as_dict() for s in space], latency_ms, ordered)
 
 
 class ForeignSpace:
@@ -69,8 +74,12 @@ class ForeignSpace:
         )
         self._index = index
         self.codec = KnobCodec([tuple(range(len(v))) for v in values], index)
-        # Numbers are ordered knobs; strings (and mixed values) are categorical.
-        self.ordered_knobs = tuple(is_ordered(v) for v in values)
+        # Numbers are ordered knobs; strings (and mixed values) are categorical; a family's
+        # declaration says which of its int knobs are categories.
+        declared = recorded.ordered or {}
+        self.ordered_knobs = tuple(
+            declared.get(k, is_ordered(v)) for k, v in zip(names, values, strict=True)
+        )
         self.cache_key = ("foreign", recorded.name, len(recorded.configs))
         self.feature_names = tuple(names)
         self.work = 1.0

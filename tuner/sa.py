@@ -18,7 +18,7 @@ from typing import Any
 
 import numpy as np
 
-from pipetune.model.space import KNOB_NAMES, KNOBS, Space
+from pipetune.model.family import FamilySpace, family_of
 
 
 class KnobCodec:
@@ -40,9 +40,11 @@ class KnobCodec:
         self.row_of_code[codes] = np.arange(len(matrix))
 
     @classmethod
-    def for_space(cls, space: Space) -> KnobCodec:
-        matrix = np.column_stack([space.knobs[k] for k in KNOB_NAMES])
-        return cls([KNOBS[k] for k in KNOB_NAMES], matrix)
+    def for_space(cls, space: FamilySpace) -> KnobCodec:
+        """The codec of a kernel family's space: its knobs and their declared values."""
+        knobs = family_of(space.workload).knobs
+        matrix = np.column_stack([space.knobs[k.name] for k in knobs])
+        return cls([k.values for k in knobs], matrix)
 
     def __len__(self) -> int:
         return len(self.value_index)

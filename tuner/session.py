@@ -8,11 +8,11 @@ any service replica can rebuild it from the database by replaying the recorded b
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
+from pipetune.model.family import FamilySpace, family_of
 from pipetune.model.hardware import GPUSpec
-from pipetune.model.space import Schedule, Space
 from pipetune.model.trials import MeasureResult
-from pipetune.model.workloads import AnyWorkload
 from pipetune.tuner.bo import PriorMean
 from pipetune.tuner.strategies import DEFAULT_STRATEGY, Observation, make_strategy
 
@@ -24,19 +24,20 @@ class SessionError(ValueError):
 class TuningSession:
     def __init__(
         self,
-        workload: AnyWorkload,
+        workload: Any,
         gpu: GPUSpec,
         strategy: str = DEFAULT_STRATEGY,
         seed: int = 0,
         budget: int = 50,
-        space: Space | None = None,
+        space: FamilySpace | Any | None = None,
         prior: PriorMean | None = None,
     ):
         if budget < 1:
             raise SessionError(f"budget must be at least 1, got {budget}")
         self.workload = workload
         self.gpu = gpu
-        self.space = space if space is not None else Space.enumerate(workload, gpu)
+        # The workload's family enumerates its space (a recorded space may be given instead).
+        self.space = space if space is not None else family_of(workload).enumerate(workload, gpu)
         self.budget = budget
         self.seed = seed
         self.strategy = make_strategy(strategy, self.space, seed, prior=prior)
@@ -53,7 +54,7 @@ class TuningSession:
     def done(self) -> bool:
         return not self.pending and self.remaining == 0
 
-    def propose(self, n: int) -> list[Schedule]:
+    def propose(self, n: int) -> list[Any]:
         if n < 1:
             raise SessionError(f"propose needs n >= 1, got {n}")
         n = min(n, self.remaining)
@@ -64,7 +65,7 @@ class TuningSession:
         self.pending.extend(rows)
         return [self.space[r] for r in rows]
 
-    def observe(self, results: Sequence[tuple[Schedule, MeasureResult]]) -> None:
+    def observe(self, results: Sequence[tuple[Any, MeasureResult]]) -> None:
         """Record measurements of proposed schedules; failures count against the budget."""
         rows = []
         for schedule, _ in results:
@@ -83,7 +84,7 @@ class TuningSession:
             self.results.append(result)
 
     @property
-    def best(self) -> tuple[Schedule, MeasureResult] | None:
+    def best(self) -> tuple[Any, MeasureResult] | None:
         ok = [(o, r) for o, r in zip(self.history, self.results, strict=True) if not o.failed]
         if not ok:
             return None
@@ -93,13 +94,13 @@ class TuningSession:
     @classmethod
     def replay(
         cls,
-        workload: AnyWorkload,
+        workload: Any,
         gpu: GPUSpec,
         strategy: str,
         seed: int,
         budget: int,
-        batches: Sequence[Sequence[tuple[Schedule, MeasureResult]]],
-        space: Space | None = None,
+        batches: Sequence[Sequence[tuple[Any, MeasureResult]]],
+        space: FamilySpace | Any | None = None,
         prior: PriorMean | None = None,
     ) -> TuningSession:
         """Rebuild a session from its recorded batches, checking each replays identically."""

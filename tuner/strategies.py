@@ -1,7 +1,8 @@
 """Search strategies and their one registry, `STRATEGY_MAP` (as Kernel Tuner's strategy_map).
 
 - `grid`, `random`: learn nothing.
-- `analytical`: rank by the ALCOP model.
+- `analytical`: rank by the workload family's analytical model (ALCOP's for the tensor-core
+  GEMMs, the wave/bandwidth model for the memory-intensive operators).
 - `xgb`: XGBoost on measurements and simulated annealing, epsilon-greedy (TVM's XGBTuner); the
   knob-only baseline the model-based search replaced.
 - `bo`: knob-only model-based search (tuner/bo.py): a space-covering design, a Gaussian
@@ -10,7 +11,8 @@
   by the measurements (the name is the API's since the first release: the prior was an
   XGBoost model pretrained on the analytical model's predictions).
 - `auto` (the default): pipetune's best strategy for the space: `analytical+xgb` where the
-  kernel is one of pipetune's (a schedule space the analytical model covers), `bo` otherwise.
+  kernel is one of pipetune's (a kernel family's space, which its analytical model covers),
+  `bo` otherwise.
 
 The API's list of names lives in the wire contract (`model.wire.StrategyName`, which cannot
 import the tuner); this module checks at import that the registry and that list agree.
@@ -24,9 +26,8 @@ from typing import Any, get_args
 
 import numpy as np
 
-from pipetune.model.analytical import evaluate
-from pipetune.model.cost_model import CostModel, predicted_log_tflops
-from pipetune.model.space import Space
+from pipetune.model.cost_model import CostModel, predicted_log_throughput
+from pipetune.model.family import KernelFamily, family_of
 from pipetune.model.wire import DEFAULT_STRATEGY, StrategyName
 from pipetune.tuner.bo import BayesianStrategy, PriorMean
 from pipetune.tuner.sa import SimulatedAnnealing, codec_for
@@ -66,7 +67,7 @@ class AnalyticalStrategy(Strategy):
 
     def __init__(self, space, rng):
         super().__init__(space, rng)
-        self._order = evaluate(space).order
+        self._order = family_of(space.workload).evaluate(space).order
 
     def next_batch(self, n, exclude, history):
         return self._in_order(self._order, n, exclude)
@@ -130,13 +131,25 @@ class XGBStrategy(Strategy):
         return picks
 
 
+def space_family(space: Any) -> KernelFamily | None:
+    """The kernel family of a space, None for a foreign recorded space (it has no workload
+    of one of pipetune's operators)."""
+    workload = getattr(space, "workload", None)
+    if workload is None:
+        return None
+    try:
+        return family_of(workload)
+    except ValueError:  # WorkloadError: not an operator of any family
+        return None
+
+
 def is_ours(space: Any) -> bool:
-    """A schedule space of one of pipetune's kernel families: the analytical model covers it."""
-    return isinstance(space, Space)
+    """A schedule space of one of pipetune's kernel families: its analytical model covers it."""
+    return space_family(space) is not None
 
 
-def analytical_prior(space: Space) -> PriorMean:
-    return PriorMean(predicted_log_tflops(space), source="analytical model")
+def analytical_prior(space: Any) -> PriorMean:
+    return PriorMean(predicted_log_throughput(space), source="analytical model")
 
 
 # A factory gets the space, the seed and, optionally, a prior recorded elsewhere (the same

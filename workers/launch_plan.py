@@ -46,14 +46,22 @@ class KernelLaunch:
     arguments: tuple[str, ...]
     scalars: dict[str, int | float] = field(default_factory=dict)
 
+    @property
+    def buffer_arguments(self) -> tuple[str, ...]:
+        """The leading parameters: buffer names."""
+        return self.arguments[: len(self.arguments) - len(self.scalars)]
+
+    @property
+    def scalar_arguments(self) -> tuple[str, ...]:
+        """The trailing parameters: scalar names (a scalar may share a buffer's name, as a
+        convolution's channel count C does the output C: position decides)."""
+        return self.arguments[len(self.arguments) - len(self.scalars) :]
+
     def parameters(self) -> list[tuple[str, str]]:
         """(name, kind) per parameter: kind is "buffer", "int32" or "float32"."""
-        out = []
-        for name in self.arguments:
-            if name in self.scalars:
-                out.append((name, "float32" if isinstance(self.scalars[name], float) else "int32"))
-            else:
-                out.append((name, "buffer"))
+        out = [(name, "buffer") for name in self.buffer_arguments]
+        for name in self.scalar_arguments:
+            out.append((name, "float32" if isinstance(self.scalars[name], float) else "int32"))
         return out
 
     def as_dict(self) -> dict[str, Any]:

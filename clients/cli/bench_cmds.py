@@ -27,12 +27,12 @@ GROUPS = {"ours": STRATEGIES, "peers": PEERS, "all": ALL_STRATEGIES}
 
 
 def recorded_dataset(path: Path) -> Dataset:
-    """A dataset file as the tuner sees it: pipetune's own with its schedule space, or a
-    foreign recorded space (Kernel Tuner cache, T4 of another kernel) by its knobs."""
+    """A dataset file as the tuner sees it: pipetune's own (any kernel family: GEMMs,
+    memory-intensive operators) with its family's schedule space, or a foreign recorded
+    space (Kernel Tuner cache, T4 of another kernel) by its knobs."""
     import numpy as np
 
     from pipetune.model.hardware import get_gpu
-    from pipetune.model.space import Schedule, Space
     from pipetune.tuner.bench import Dataset
     from pipetune.tuner.offline import RecordedSpace
     from pipetune.tuner.recorded import RecordedConfigs
@@ -50,11 +50,11 @@ def recorded_dataset(path: Path) -> Dataset:
             params = {k: list(kt[k]) for k in ds.knobs}
         return Dataset(name, RecordedConfigs(name, params, configs, objective))
     info = check_pipetune(ds)
-    full = Space.enumerate(info.workload, get_gpu(info.gpu))
+    full = info.family.enumerate(info.workload, get_gpu(info.gpu))
     position = {s.id: i for i, s in enumerate(full)}
     rows, latency = [], []
     for record, ms in zip(ds.records, objective, strict=True):
-        row = position.get(Schedule.from_dict(dict(record.configuration)).id)
+        row = position.get(info.family.parse_schedule(dict(record.configuration)).id)
         if row is not None:  # a schedule outside today's valid space cannot be proposed
             rows.append(row)
             latency.append(ms * 1e-3)

@@ -46,8 +46,8 @@ from pipetune.clients.cli.remote import (
 )
 from pipetune.clients.cli.workload_options import add_workload_commands, option
 from pipetune.clients.library.labels import SIMULATED_LABEL, any_simulated, is_simulated
+from pipetune.model.family import parse_any_workload
 from pipetune.model.hardware import gpu_keys, resolve_gpu_key
-from pipetune.model.space import Schedule
 from pipetune.model.wire import (
     DEFAULT_STRATEGY,
     MAX_BUDGET,
@@ -55,7 +55,6 @@ from pipetune.model.wire import (
     StrategyName,
     TaskDoc,
 )
-from pipetune.model.workloads import parse_workload
 
 STRATEGIES: tuple[str, ...] = typing.get_args(StrategyName)
 # Progress goes to stderr so that --json documents on stdout stay machine-readable.
@@ -86,22 +85,33 @@ def dashboard_url(server: str) -> str:
     return f"{server.rstrip('/')}/dashboard"
 
 
-def _schedule_cells(schedule: ScheduleDoc) -> tuple[str, str, str]:
-    s = schedule.to_schedule()
-    return (
-        f"{s.block_m}x{s.block_n}x{s.block_k}",
-        f"{s.block_row_warps}x{s.block_col_warps}",
-        f"{s.smem_stages}/{s.reg_stages}",
-    )
+def _schedule_rows(schedule: ScheduleDoc, workload: dict[str, Any]) -> list[tuple[str, str]]:
+    """The schedule's id and its family's one-cell summary (a GEMM tile, warps and pipeline
+    depths; a memory-intensive operator's thread mapping)."""
+    family = schedule.family
+    try:
+        parsed = parse_any_workload(workload)
+    except ValueError:
+        parsed = None
+    what = "tile, warps, stages" if family.name == "tensor_gemm" else "thread mapping"
+    return [
+        ("schedule", schedule.to_schedule().id),
+        (what, family.schedule_label(schedule.knobs(), parsed)),
+    ]
 
 
 def _fmt(value: float | None, spec: str = ".2f") -> str:
     return "-" if value is None else format(value, spec)
 
 
+def _rate(value: float | None, unit: str) -> str:
+    """A throughput with its unit (GB/s without decimals, TFLOP/s with one)."""
+    return "-" if value is None else f"{value:.{0 if unit == 'GB/s' else 1}f} {unit}"
+
+
 def _label(workload: dict[str, Any]) -> str:
     try:
-        return parse_workload(workload).label()
+        return parse_any_workload(workload).label()
     except ValueError:
         return str(workload)
 
@@ -126,7 +136,7 @@ def _schedule(
     api_key: str | None,
     db: str | None,
 ) -> None:
-    w = parse_workload(workload)
+    w = parse_any_workload(workload)
     gpu = _check_gpu(gpu)
     with service_errors(), reader(server, api_key, db) as c:
         doc = c.best_schedule(w, gpu)
@@ -134,7 +144,6 @@ def _schedule(
     if as_json:
         print_json(doc.model_dump(mode="json"))
         return
-    tile, warps, stages = _schedule_cells(doc.schedule)
     simulated = doc.source == "measured" and is_simulated(doc.runner)
     if doc.source == "model":
         source = "analytical model (not tuned yet)"
@@ -147,13 +156,10 @@ def _schedule(
     table.add_column("key")
     table.add_column("value")
     rows = [
-        ("schedule", doc.schedule_id),
-        ("tile MxNxK", tile),
-        ("warps", warps),
-        ("stages smem/reg", stages),
+        *_schedule_rows(doc.schedule, doc.workload),
         ("simulated µs" if simulated else "measured µs", _fmt(doc.latency_us)),
         ("predicted µs", _fmt(doc.predicted_us)),
-        ("TFLOP/s", _fmt(doc.tflops, ".1f")),
+        ("throughput", _rate(doc.throughput, doc.throughput_unit)),
     ]
     for key, value in rows:
         table.add_row(key, value)
@@ -194,7 +200,11 @@ def wait_for_task(c: Any, task: TaskDoc, show: bool, poll_s: float) -> TaskDoc:
         def update(doc: TaskDoc) -> None:
             if bar is None or handle is None:
                 return
-            best = f"best {doc.best.tflops:.1f} TFLOP/s" if doc.best else "no result yet"
+            best = (
+                f"best {_rate(doc.best.throughput, doc.best.throughput_unit)}"
+                if doc.best
+                else "no result yet"
+            )
             total = doc.trials_done if doc.state in ("done",) else doc.budget
             bar.update(
                 handle,
@@ -215,19 +225,15 @@ def print_task(doc: TaskDoc, server: str) -> None:
     if doc.best is None:
         console.print("no successful trial" + (f": {doc.error}" if doc.error else ""))
     else:
-        tile, warps, stages = _schedule_cells(doc.best.schedule)
         simulated = is_simulated(doc.best.runner)
         table = Table(show_header=False)
         table.add_column("key")
         table.add_column("value")
         for key, value in (
             ("best trial", str(doc.best.trial)),
-            ("schedule", Schedule(**doc.best.schedule.model_dump()).id),
-            ("tile MxNxK", tile),
-            ("warps", warps),
-            ("stages smem/reg", stages),
+            *_schedule_rows(doc.best.schedule, doc.workload),
             ("simulated µs" if simulated else "latency µs", f"{doc.best.latency_us:.2f}"),
-            ("TFLOP/s", f"{doc.best.tflops:.1f}"),
+            ("throughput", _rate(doc.best.throughput, doc.best.throughput_unit)),
         ):
             table.add_row(key, value)
         console.print(table)
@@ -248,7 +254,7 @@ def _tune(
     server: str,
     api_key: str | None,
 ) -> None:
-    w = parse_workload(workload)
+    w = parse_any_workload(workload)
     gpu = _check_gpu(gpu)
     _check_tuning(budget, strategy)
     with service_errors(), client(server, api_key) as c:
@@ -312,7 +318,7 @@ def tasks(
     table = Table(title=f"tasks at {where}")
     for col in ("id", "state", "workload", "gpu", "strategy", "trials", "failed"):
         table.add_column(col, justify="right" if col in ("id", "trials", "failed") else None)
-    for col in ("best µs", "TFLOP/s", "runner", "updated"):
+    for col in ("best µs", "throughput", "runner", "updated"):
         table.add_column(col, justify="right")
     for d in docs:
         table.add_row(
@@ -324,7 +330,7 @@ def tasks(
             f"{d.trials_done}/{d.budget}",
             str(d.trials_failed),
             _fmt(d.best.latency_us if d.best else None),
-            _fmt(d.best.tflops if d.best else None, ".1f"),
+            _rate(d.best.throughput, d.best.throughput_unit) if d.best else "-",
             (d.best.runner if d.best else None) or "-",
             d.updated_at.strftime("%Y-%m-%d %H:%M:%S"),
         )
@@ -332,7 +338,7 @@ def tasks(
     if not docs:
         console.print("no tasks")
     elif any_simulated(d.best.runner for d in docs if d.best):
-        console.print(f"runner simulated: best µs and TFLOP/s are {SIMULATED_LABEL}")
+        console.print(f"runner simulated: best µs and throughput are {SIMULATED_LABEL}")
 
 
 # ---- curve -----------------------------------------------------------------------------
@@ -377,7 +383,8 @@ def curve(
     api_key: str | None = api_key_option(),
     db: str | None = db_option(),
 ) -> None:
-    """A task's best-so-far curve: best TFLOP/s found after each trial."""
+    """A task's best-so-far curve: the best throughput (TFLOP/s, GB/s for memory-intensive
+    operators) found after each trial."""
     for path, flag in ((png, "--png"), (html, "--html")):
         if path is not None and not path.parent.exists():
             raise CliError(f"{flag}: directory {path.parent} does not exist", 2)
@@ -404,13 +411,14 @@ def curve(
     if not doc.points:
         console.print("no trials yet")
         return
-    console.print(f"best TFLOP/s  {sparkline([p.best_tflops for p in doc.points])}")
+    unit = doc.throughput_unit
+    console.print(f"best {unit}  {sparkline([p.best_throughput for p in doc.points])}")
     table = Table()
-    for col in ("trials", "best µs", "best TFLOP/s"):
+    for col in ("trials", "best µs", f"best {unit}"):
         table.add_column(col, justify="right")
     for k in milestones(len(doc.points)):
         p = doc.points[k - 1]
-        table.add_row(str(k), _fmt(p.best_latency_us), _fmt(p.best_tflops, ".1f"))
+        table.add_row(str(k), _fmt(p.best_latency_us), _fmt(p.best_throughput, ".1f"))
     console.print(table)
 
 

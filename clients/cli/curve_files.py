@@ -13,8 +13,8 @@ from pathlib import Path
 
 from pipetune.clients.cli.errors import CliError
 from pipetune.clients.library.labels import SIMULATED_LABEL
+from pipetune.model.family import parse_any_workload
 from pipetune.model.wire import Curve, TaskDoc
-from pipetune.model.workloads import parse_workload
 
 PNG_INCHES = (9.0, 5.4)
 PNG_DPI = 100  # 900 x 540 pixels
@@ -24,7 +24,7 @@ PLOT_EXTRA = "pip install 'pipetune[plot]'"
 
 def curve_title(task: TaskDoc) -> str:
     try:
-        label = parse_workload(task.workload).label()
+        label = parse_any_workload(task.workload).label()
     except ValueError:
         label = str(task.workload)
     return f"task {task.id}: {label} on {task.gpu} ({task.strategy})"
@@ -37,20 +37,21 @@ def _subtitle(simulated: bool) -> str:
 def write_curve_html(path: Path, task: TaskDoc, curve: Curve, simulated: bool) -> None:
     import plotly.graph_objects as go
 
+    unit = curve.throughput_unit
     fig = go.Figure(
         go.Scatter(
             x=[p.trial + 1 for p in curve.points],
-            y=[p.best_tflops for p in curve.points],
+            y=[p.best_throughput for p in curve.points],
             mode="lines+markers",
             line_shape="hv",
             line_color=LINE_COLOR,
-            name="best-so-far TFLOP/s" + (" (simulated)" if simulated else ""),
+            name=f"best-so-far {unit}" + (" (simulated)" if simulated else ""),
             customdata=[p.best_latency_us for p in curve.points],
-            hovertemplate="trial %{x}<br>%{y:.1f} TFLOP/s<br>%{customdata:.2f} µs",
+            hovertemplate=f"trial %{{x}}<br>%{{y:.1f}} {unit}<br>%{{customdata:.2f}} µs",
         )
     )
     title = f"{curve_title(task)}<br><sup>{_subtitle(simulated)}</sup>"
-    fig.update_layout(title=title, xaxis_title="trials", yaxis_title="TFLOP/s")
+    fig.update_layout(title=title, xaxis_title="trials", yaxis_title=unit)
     # include_plotlyjs=True inlines plotly.min.js from the installed package (no CDN).
     fig.write_html(str(path), include_plotlyjs=True, full_html=True)
 
@@ -66,7 +67,9 @@ def write_curve_png(path: Path, task: TaskDoc, curve: Curve, simulated: bool) ->
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
-    points = [(p.trial + 1, p.best_tflops) for p in curve.points if p.best_tflops is not None]
+    points = [
+        (p.trial + 1, p.best_throughput) for p in curve.points if p.best_throughput is not None
+    ]
     # No pyplot: a Figure of its own, no global state, no display needed.
     fig = Figure(figsize=PNG_INCHES, dpi=PNG_DPI)
     FigureCanvasAgg(fig)
@@ -75,7 +78,7 @@ def write_curve_png(path: Path, task: TaskDoc, curve: Curve, simulated: bool) ->
         xs, ys = zip(*points, strict=True)
         ax.step(xs, ys, where="post", color=LINE_COLOR, marker="o", markersize=3)
     ax.set_xlabel("trials")
-    ax.set_ylabel("best TFLOP/s")
+    ax.set_ylabel(f"best {curve.throughput_unit}")
     ax.set_title(f"{curve_title(task)}\n{_subtitle(simulated)}", fontsize=10)
     ax.grid(True, alpha=0.3)
     fig.tight_layout()

@@ -1,9 +1,13 @@
 """`pipetune kernel ...`: generate the CUDA kernels and compile them with NVRTC (no GPU).
 
-A kernel takes its shape as arguments, so both commands work without one: `source` prints
-the kernel of the operator's variant, and `compile` samples every schedule valid on the GPU
-(the space of a shape that no shape rule limits, workers/codegen/sample.py). Given a shape,
-the schedules are those valid for it.
+Every operator of every kernel family, with the family's generator (workers.families).
+A tensor-core GEMM kernel takes its shape as arguments, so both commands work without one:
+`source` prints the kernel of the operator's variant, and `compile` samples every schedule
+valid on the GPU (the space of a shape that no shape rule limits, workers/codegen/sample.py).
+A memory-intensive operator's valid schedules depend on its rows and columns, so it needs
+its shape. Given a shape, the schedules are those valid for it, sampled by the family's
+generator (``stratified_sample``: GEMM pipeline strata; every knob value for the
+memory-intensive family).
 """
 
 from __future__ import annotations
@@ -18,16 +22,10 @@ from rich.table import Table
 from pipetune.clients.cli.errors import CliError
 from pipetune.clients.cli.output import console, print_json
 from pipetune.clients.cli.workload_options import add_workload_commands, option, shape_fields
+from pipetune.model.family import family_for_op, family_of, parse_any_workload
 from pipetune.model.hardware import get_gpu, gpu_keys
-from pipetune.model.space import Schedule, Space, schedule_problems
-from pipetune.model.workloads import AnyWorkload, parse_workload
-from pipetune.workers.codegen import generate
-from pipetune.workers.codegen.sample import (
-    UNCONSTRAINED_SHAPES,
-    stratified_sample,
-    unconstrained_workload,
-)
-from pipetune.workers.codegen.variants import variant_of
+from pipetune.workers.codegen.sample import UNCONSTRAINED_SHAPES, unconstrained_workload
+from pipetune.workers.families import codegen_for
 
 kernel_app = typer.Typer(help="The CUDA kernels: source and NVRTC compilation (no GPU needed).")
 source_app = typer.Typer(help="Print the CUDA C++ source of one schedule.")
@@ -39,16 +37,16 @@ _GPU = option("gpu", str, "h100", help=f"GPU whose valid space applies: {', '.jo
 _JSON = option("as_json", bool, False, "--json", help="print one JSON document")
 
 
-def parse_schedule(text: str) -> Schedule:
-    """A --schedule JSON object of the seven knobs (ScheduleError names a bad knob)."""
+def parse_schedule(text: str, op: str = "gemm") -> Any:
+    """A --schedule JSON object of the op's family's knobs (ScheduleError names a bad one)."""
     try:
         data = json.loads(text)
     except json.JSONDecodeError as exc:
         raise CliError(f"--schedule: not valid JSON ({exc.msg})", code=2) from None
-    return Schedule.from_dict(data)
+    return family_for_op(op).parse_schedule(data)
 
 
-def resolve_workload(data: dict[str, Any]) -> tuple[AnyWorkload, str | None]:
+def resolve_workload(data: dict[str, Any]) -> tuple[Any, str | None]:
     """(the workload whose space applies, its label or None when no shape was given). With
     no shape options: the operator on a shape whose space is every schedule valid on the
     GPU; with some but not all of them: an error naming the missing ones."""
@@ -59,37 +57,46 @@ def resolve_workload(data: dict[str, Any]) -> tuple[AnyWorkload, str | None]:
         if missing:
             flags = ", ".join(f"--{name.replace('_', '-')}" for name in missing)
             raise CliError(f"{flags}: give the whole shape or none of it", code=2)
-        w = parse_workload(data)
+        w = parse_any_workload(data)
         return w, w.label()
     if op not in UNCONSTRAINED_SHAPES:
-        raise CliError(f"{op}: give the shape (its kernel is generated per shape)", code=2)
+        flags = ", ".join(f"--{name.replace('_', '-')}" for name in shape)
+        raise CliError(f"{op}: give the shape ({flags}): its valid schedules depend on it", code=2)
     options = {k: v for k, v in data.items() if k not in (*shape, "op")}
     return unconstrained_workload(op, **options), None
 
 
 def _source(workload: dict, schedule: str, gpu: str) -> None:
     w, label = resolve_workload(workload)
-    s = parse_schedule(schedule)
+    family = family_of(w)
+    s = parse_schedule(schedule, w.op)
     spec = get_gpu(gpu)
-    problems = schedule_problems(s, w, spec)
+    codegen = codegen_for(family)
+    problems = family.schedule_problems(s, w, spec)
     if problems:
-        where = label or f"{variant_of(w)} kernels (any shape)"
+        where = label or f"{codegen.kernel_kind(w)} kernels (any shape)"
         raise CliError(
             f"schedule {s.id} is outside the valid space of {where} on {spec.key}: "
             + "; ".join(problems),
             code=2,
         )
-    sys.stdout.write(generate(w, s).code)
+    sys.stdout.write(codegen.generate(w, s).code)
 
 
 add_workload_commands(
     source_app,
     _source,
     [
-        option("schedule", str, ..., help='JSON object of the 7 knobs, e.g. {"chunk": 2, ...}'),
+        option(
+            "schedule",
+            str,
+            ...,
+            help='JSON object of the operator\'s knobs, e.g. {"chunk": 2, ...} for gemm',
+        ),
         _GPU,
     ],
-    "CUDA source (the shape is optional: kernels take it as arguments) for:",
+    "CUDA source (the shape is optional for the GEMM family: its kernels take it as "
+    "arguments) for:",
     shape_optional=True,
 )
 
@@ -105,17 +112,19 @@ def compile_document(
     if workers is not None and workers < 1:
         raise CliError("--workers: must be at least 1", code=2)
     w, label = resolve_workload(workload_data)
+    family = family_of(w)
+    codegen = codegen_for(family)
     spec = get_gpu(gpu)
     arch = arch or spec.arch
     try:
         check_arch(arch)
     except ValueError as exc:
         raise CliError(f"--arch: {exc}", code=2) from None
-    space = Space.enumerate(w, spec)
+    space = family.enumerate(w, spec)
     if not len(space):
         raise CliError(f"no valid schedule for {label or w.label()} on {spec.key}", code=2)
-    schedules = stratified_sample(space, sample, seed)
-    kernels = [generate(w, s) for s in schedules]
+    schedules = codegen.stratified_sample(space, sample, seed)
+    kernels = [codegen.generate(w, s) for s in schedules]
     outcomes = compile_many(kernels, arch, workers, return_exceptions=True)
     results = []
     for kernel, out in zip(kernels, outcomes, strict=True):
@@ -123,7 +132,9 @@ def compile_document(
             "schedule": kernel.schedule.as_dict(),
             "schedule_id": kernel.schedule.id,
             "kernel": kernel.name,
-            "smem_bytes": kernel.smem_bytes,
+            "entries": list(getattr(kernel, "entries", None) or (kernel.name,)),
+            # The space's: a memory-intensive kernel's row cache depends on the shape.
+            "smem_bytes": int(space.smem_bytes[space.index(kernel.schedule)]),
             "threads": kernel.threads,
         }
         if isinstance(out, CompileError):
@@ -143,7 +154,8 @@ def compile_document(
         # None without a shape: the sample is of every schedule valid on the GPU, drawn from
         # the space of `space_workload`, a shape that no shape rule limits.
         "workload": w.canonical() if label is not None else None,
-        "variant": variant_of(w),
+        "family": family.name,
+        "variant": codegen.kernel_kind(w),
         "space_workload": w.canonical(),
         "gpu": spec.key,
         "arch": arch,
@@ -173,25 +185,23 @@ def _compile(
 
 
 def _print_table(doc: dict[str, Any]) -> None:
+    workload = parse_any_workload(doc["space_workload"])
+    family = family_of(workload)
     if doc["workload"] is not None:
-        label = parse_workload(doc["workload"]).label()
+        label = workload.label()
     else:
         label = f"{doc['variant']} kernels (any shape; valid on {doc['gpu']})"
     table = Table(
         title=f"{label}: {doc['sampled']} of {doc['space_size']} schedules, {doc['arch']}"
     )
-    for col in ("schedule", "tile MxNxK", "warps", "stages smem/reg", "regs", "spills B"):
+    column = "tile MxNxK warps stages" if family.name == "tensor_gemm" else "thread mapping"
+    for col in ("schedule", column, "regs", "spills B"):
         table.add_column(col, justify="right")
     for col in ("smem KiB", "compile ms"):
         table.add_column(col, justify="right")
     for r in doc["results"]:
-        s = Schedule.from_dict(r["schedule"])
-        common = [
-            s.id,
-            f"{s.block_m}x{s.block_n}x{s.block_k}",
-            f"{s.block_row_warps}x{s.block_col_warps}",
-            f"{s.smem_stages}/{s.reg_stages}",
-        ]
+        s = family.parse_schedule(r["schedule"])
+        common = [s.id, family.schedule_label(r["schedule"], workload)]
         if r["ok"]:
             spills = str(r["spills"]) if not r["spills"] else f"[red]{r['spills']}[/red]"
             cached = " (cached)" if r["cached"] else ""

@@ -15,7 +15,6 @@ from pipetune.clients.cli.workload_options import add_workload_commands, option
 from pipetune.model.family import KernelFamily, family_for_op, family_of
 from pipetune.model.hardware import get_gpu, gpu_keys
 from pipetune.model.memops.space import KNOBS as MEM_KNOBS
-from pipetune.model.memops.workloads import MEM_OPS
 from pipetune.model.operators import suite as operator_suite
 from pipetune.model.space import Schedule
 
@@ -41,21 +40,6 @@ _MEM_LABELS = {k.name: k for k in MEM_KNOBS}
 def _workload(document: dict[str, Any]) -> Any:
     """A workload of any family from its canonical document."""
     return family_for_op(document.get("op")).parse_workload(document)
-
-
-def mapping_label(knobs: dict[str, int], joins: bool = True) -> str:
-    """A memory-intensive schedule's thread mapping in one cell: threads per row x rows per
-    block, "/blocks per row" and how split rows join (``joins``: the op reduces), vector
-    width, where the row is kept, "w<n>" for a wave bound."""
-    text = f"{knobs['threads_per_row']}x{knobs['rows_per_block']}"
-    if knobs["blocks_per_row"] > 1:
-        text += f" /{knobs['blocks_per_row']}"
-        if joins:
-            text += " " + _MEM_LABELS["split_mode"].label(knobs["split_mode"])
-    text += f" v{knobs['vector_width']} {_MEM_LABELS['row_cache'].label(knobs['row_cache'])}"
-    if knobs["max_waves"]:
-        text += f" w{knobs['max_waves']}"
-    return text
 
 
 def rank_document(
@@ -159,7 +143,6 @@ _RANK_OPTIONS = [
     _JSON,
 ]
 add_workload_commands(rank_app, _rank, _RANK_OPTIONS, "Rank the schedules of:")
-add_workload_commands(rank_app, _rank, _RANK_OPTIONS, "Rank the schedules of:", ops=MEM_OPS)
 
 
 def _baseline_speedup(family: KernelFamily, space: Any, latency: Any) -> tuple[str, float | None]:
@@ -264,7 +247,7 @@ def _print_memops_suite(doc: dict[str, Any], name: str) -> None:
             row["operator"],
             f"{w['rows']}x{w['cols']}",
             str(row["space_size"]),
-            mapping_label(best["schedule"], joins=_workload(w).has_reduction),
+            family_for_op(w["op"]).schedule_label(best["schedule"], _workload(w)),
             f"{best['predicted_us']:.1f}",
             f"{best['predicted_gbs']:.0f}",
             best["bottleneck"],

@@ -3,7 +3,11 @@
 
     pipetune sweep gemm --m 1024 --n 1024 --k 1024 --runner cupy --gpu h100 \\
         --out benchmarks/data/h100/gemm_1k.t4.json.gz
+    pipetune sweep softmax --rows 4096 --cols 768 --runner cupy --gpu h100 --out sm.t4.json.gz
     pipetune sweep --operators alcop --runner cupy --gpu h100 --out-dir benchmarks/data/h100/
+    pipetune sweep --operators memops --runner cupy --gpu h100 --out-dir benchmarks/data/h100/
+
+Every kernel family's operators, each swept over its family's space (model/family.py).
 
 Files are written atomically (a temporary file renamed into place). ``--runner simulated``
 gives the analytical model plus noise, labelled simulated in every record: for trying the
@@ -33,11 +37,11 @@ from rich.table import Table
 from pipetune.clients.cli.errors import CliError, reported
 from pipetune.clients.cli.output import console, print_json
 from pipetune.clients.cli.workload_options import add_workload_commands, option
+from pipetune.model.family import all_ops, family_of, parse_any_workload
 from pipetune.model.hardware import PROFILE_DIR, GPUSpec, get_gpu, gpu_keys, resolve_gpu_key
+from pipetune.model.operators import SUITES
 from pipetune.model.operators import suite as operator_suite
-from pipetune.model.space import Space
 from pipetune.model.trials import RunnerKind
-from pipetune.model.workloads import AnyWorkload, parse_workload
 from pipetune.workers.datasets import summary, write_t4
 from pipetune.workers.runners import MeasureSettings, Runner, RunnerError, make_runner
 from pipetune.workers.runners.sweep import select_schedules, sweep
@@ -98,7 +102,7 @@ def _has_compile_step(runner: Runner) -> bool:
 
 def _sweep_to_file(
     runner: Runner,
-    workload: AnyWorkload,
+    workload: Any,
     gpu: GPUSpec,
     out: Path,
     limit: int | None,
@@ -106,7 +110,7 @@ def _sweep_to_file(
     bar: Progress,
     label: str,
 ) -> dict[str, Any]:
-    space = Space.enumerate(workload, gpu)
+    space = family_of(workload).enumerate(workload, gpu)
     if not len(space):
         raise CliError(f"no valid schedule for {workload.label()} on {gpu.key}", 2)
     schedules = select_schedules(space, limit, seed)
@@ -173,11 +177,11 @@ def sweep_workload(
     as_json: bool,
 ) -> None:
     _check_common(runner, limit, repeats, warmup)
-    workload = parse_workload(workload_data)
+    workload = parse_any_workload(workload_data)
     spec = get_gpu(gpu, profile=profile)
     with _open_runner(runner, spec, seed, repeats, warmup) as measuring, _progress() as bar:
         if _has_compile_step(measuring):
-            space = Space.enumerate(workload, spec)
+            space = family_of(workload).enumerate(workload, spec)
             task = bar.add_task("compile", total=len(space))
             try:
                 measuring.prepare(
@@ -231,7 +235,7 @@ def sweep_suite(
     with _open_runner(runner, spec, seed, repeats, warmup) as measuring, _progress() as bar:
         plan = {}
         for name, workload in operators.items():
-            space = Space.enumerate(workload, spec)
+            space = family_of(workload).enumerate(workload, spec)
             plan[name] = (workload, select_schedules(space, limit, seed) if len(space) else [])
         if _has_compile_step(measuring):
             # Compile everything first: a (variant, schedule) cubin shared by several
@@ -261,7 +265,7 @@ def sweep_suite(
 def sweep_main(
     ctx: typer.Context,
     operators: str | None = typer.Option(
-        None, "--operators", help="sweep every operator of a benchmark suite (alcop)"
+        None, "--operators", help=f"sweep every operator of a benchmark suite ({', '.join(SUITES)})"
     ),
     runner: str = typer.Option("cupy", "--runner", help=_RUNNER_HELP),
     gpu: str = typer.Option("h100", "--gpu", help=f"GPU: {', '.join(gpu_keys())}"),
@@ -277,15 +281,16 @@ def sweep_main(
     profile: Path | None = typer.Option(None, "--profile", help="hardware profile JSON"),
     as_json: bool = typer.Option(False, "--json", help="print one JSON document"),
 ) -> None:
-    """Sweep one workload (`pipetune sweep gemm ...`) or a suite (`--operators alcop`)."""
+    """Sweep one workload (`pipetune sweep gemm ...`, `pipetune sweep softmax ...`) or a suite
+    (`--operators alcop`, `--operators memops`)."""
     if ctx.invoked_subcommand is not None:
         if operators is not None or out_dir is not None:
             raise CliError("--operators/--out-dir sweep a suite; not with an operator command", 2)
         return
     if operators is None:
         raise CliError(
-            "name an operator (pipetune sweep gemm|bmm|conv2d|conv3d ...) or a suite "
-            "(pipetune sweep --operators alcop --out-dir DIR)",
+            f"name an operator (pipetune sweep {'|'.join(all_ops())} ...) or a suite "
+            f"(pipetune sweep --operators {'|'.join(SUITES)} --out-dir DIR)",
             2,
         )
     if out_dir is None:

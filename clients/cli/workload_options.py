@@ -1,7 +1,8 @@
 """One CLI command per operator, with options generated from the workload models.
 
-`pipetune model rank gemm --m ...`, and every later command that takes a workload, build
-their per-operator commands here, so the options always match model/workloads.py.
+`pipetune model rank gemm --m ...`, `pipetune model rank softmax --rows ...`, and every later
+command that takes a workload, build their per-operator commands here, so the options always
+match the kernel families' workload types (every family's operators, model/family.py).
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from typing import Any
 import typer
 
 from pipetune.clients.cli.errors import reported
-from pipetune.model.workloads import OPS
+from pipetune.model.family import op_families
 
 _KW = inspect.Parameter.KEYWORD_ONLY
 
@@ -23,16 +24,23 @@ def _cli_type(annotation: Any) -> type:
     return str if typing.get_origin(annotation) is typing.Literal else annotation
 
 
+def every_op() -> dict[str, type]:
+    """Every family's operators: op name -> workload type."""
+    return {op: fam.ops[op] for op, fam in op_families().items()}
+
+
 def shape_fields(op: str) -> list[str]:
     """The operator's required fields: its shape (the rest, e.g. b_layout, have defaults)."""
-    return [n for n, f in OPS[op].model_fields.items() if n != "op" and f.is_required()]
+    fields = every_op()[op].model_fields.items()  # type: ignore[attr-defined]
+    return [n for n, f in fields if n != "op" and f.is_required()]
 
 
 def workload_parameters(
-    op: str, shape_optional: bool = False, ops: Mapping[str, Any] = OPS
+    op: str, shape_optional: bool = False, ops: Mapping[str, Any] | None = None
 ) -> list[inspect.Parameter]:
     """One option per workload field; with `shape_optional` the shape options may be left
     out (they arrive as None)."""
+    ops = every_op() if ops is None else ops
     params = []
     for name, field in ops[op].model_fields.items():
         if name == "op":
@@ -63,11 +71,12 @@ def add_workload_commands(
     summary: str,
     *,
     shape_optional: bool = False,
-    ops: Mapping[str, Any] = OPS,
+    ops: Mapping[str, Any] | None = None,
 ) -> None:
     """Register `<op>` commands on app; each calls handler(workload_dict, **extra_values).
     With `shape_optional` the shape options may be left out (None in the workload dict).
-    `ops`: the operators to register (default the GEMM family's)."""
+    `ops`: the operators to register (default every family's)."""
+    ops = every_op() if ops is None else ops
     for op, model_cls in ops.items():
         fields = set(model_cls.model_fields) - {"op"}
 

@@ -9,9 +9,11 @@ best measured schedule:
     pipetune_tuned.h      every workload's tuned parameters as #defines
     index.json            the list: workload, schedule, latency, runner, file names
 
-`<stem>` is the workload's label made an identifier plus 8 hex digits of its hash. A
-task's trials (`export_task_t4`): a T4 results file (workers.datasets), which `pipetune
-dataset info`, `pipetune bench tuner` and Kernel Tuner's T4 tools read. Every file is
+`<stem>` is the workload's label made an identifier plus 8 hex digits of its hash. Kernels
+are exported for the families `pipetune.kernel` wraps (the tensor-core GEMMs); a tuned
+workload of another family is listed in index.json's ``not_exported`` with the reason. A
+task's trials (`export_task_t4`, any family): a T4 results file (workers.datasets), which
+`pipetune dataset info`, `pipetune bench tuner` and Kernel Tuner's T4 tools read. Every file is
 written whole or not at all (a temporary file renamed into place). Latencies of the
 simulated runner are labelled so in index.json, the launch files and the header.
 """
@@ -30,12 +32,11 @@ from pipetune.clients.library.inputs import as_gpu
 from pipetune.clients.library.kernel import TunedKernel
 from pipetune.clients.library.labels import SIMULATED_LABEL, any_simulated, is_simulated
 from pipetune.clients.library.store import Reader, all_tasks, source_of
+from pipetune.model.family import family_of, parse_any_workload
 from pipetune.model.hardware import get_gpu
-from pipetune.model.space import KNOB_NAMES
 from pipetune.model.states import JobState
 from pipetune.model.trials import MeasureResult
 from pipetune.model.wire import ScheduleResponse, TrialDoc
-from pipetune.model.workloads import AnyWorkload, parse_workload
 from pipetune.workers.datasets import Dataset, dataset_from_results, write_t4
 from pipetune.workers.datasets.files import write_atomic
 
@@ -43,7 +44,7 @@ HEADER_NAME = "pipetune_tuned.h"
 INDEX_NAME = "index.json"
 
 
-def stem_of(workload: AnyWorkload) -> str:
+def stem_of(workload: Any) -> str:
     """A file-name and macro-safe name: the label's words and the hash (labels alone can
     coincide, e.g. a GEMM's two B layouts)."""
     words = re.sub(r"[^a-z0-9]+", "_", workload.label().lower()).strip("_")
@@ -62,12 +63,12 @@ def write_bytes_atomic(path: Path, data: bytes) -> None:
         raise
 
 
-def tuned_workloads(reader: Reader, gpu: str) -> list[AnyWorkload]:
-    """Every workload with a successful trial on the GPU, in label order."""
-    found: dict[str, AnyWorkload] = {}
+def tuned_workloads(reader: Reader, gpu: str) -> list[Any]:
+    """Every workload with a successful trial on the GPU (any family), in label order."""
+    found: dict[str, Any] = {}
     for task in all_tasks(reader):
         if task.gpu == gpu and task.best is not None:
-            workload = parse_workload(task.workload)
+            workload = parse_any_workload(task.workload)
             found.setdefault(workload.workload_hash, workload)
     return sorted(found.values(), key=lambda w: (w.label(), w.workload_hash))
 
@@ -88,6 +89,8 @@ class Exported:
             "schedule_id": self.kernel.schedule.id,
             "latency_us": self.best.latency_us,
             "tflops": self.best.tflops,
+            "throughput": self.best.throughput,
+            "throughput_unit": self.best.throughput_unit,
             "runner": self.best.runner,
             "simulated": is_simulated(self.best.runner),
             "files": {
@@ -121,14 +124,15 @@ def _header(gpu: str, arch: str, source: str, exported: list[Exported]) -> str:
             f"/* {item.kernel.workload.label()}: {item.kernel.name}, "
             f"{best.latency_us:.3f} us ({how}) */"
         )
-        for knob in KNOB_NAMES:
+        for knob in family_of(item.kernel.workload).knob_names:
             value = getattr(item.kernel.schedule, knob)
             lines.append(f"#define PIPETUNE_{item.stem.upper()}_{knob.upper()} {value}")
         lines.append("")
     lines.append("#ifndef kernel_tuner /* only use these when not tuning */")
     for i, item in enumerate(exported):
         lines.append(f"#{'if' if i == 0 else 'elif'} defined(TARGET_{item.stem})")
-        lines += [f"#define {k} {getattr(item.kernel.schedule, k)}" for k in KNOB_NAMES]
+        knobs = family_of(item.kernel.workload).knob_names
+        lines += [f"#define {k} {getattr(item.kernel.schedule, k)}" for k in knobs]
     if exported:
         lines.append("#endif /* TARGET_ */")
     lines += ["#endif /* kernel_tuner */", ""]
@@ -141,7 +145,19 @@ def export_tuned(reader: Reader, gpu: str, out_dir: Path) -> dict[str, Any]:
     gpu = as_gpu(gpu)
     arch = get_gpu(gpu).arch
     exported: list[Exported] = []
+    not_exported: list[dict[str, Any]] = []
     for workload in tuned_workloads(reader, gpu):
+        family = family_of(workload)
+        if family.name != "tensor_gemm":  # pipetune.kernel wraps the GEMM family's only
+            not_exported.append(
+                {
+                    "workload": workload.canonical(),
+                    "label": workload.label(),
+                    "reason": f"{family.name} kernels are not wrapped as callables yet; "
+                    "`pipetune export --task N --format t4` exports its trials",
+                }
+            )
+            continue
         best = reader.best_schedule(workload, gpu)
         if best.source != "measured":  # its trials were deleted meanwhile
             continue
@@ -172,6 +188,7 @@ def export_tuned(reader: Reader, gpu: str, out_dir: Path) -> dict[str, Any]:
         "header": HEADER_NAME,
         "simulated": any_simulated(item.best.runner for item in exported),
         "workloads": [item.entry(arch) for item in exported],
+        "not_exported": not_exported,
     }
     write_atomic(out_dir / INDEX_NAME, json.dumps(index, indent=2) + "\n")
     return index
@@ -202,7 +219,7 @@ def task_dataset(reader: Reader, task_id: int) -> Dataset:
         raise ValueError(f"task {task_id} has no finished trial to export yet")
     runners = sorted({t.runner for t, _ in pairs if t.runner})
     return dataset_from_results(
-        parse_workload(task.workload),
+        parse_any_workload(task.workload),
         get_gpu(task.gpu),
         [t.schedule.to_schedule() for t, _ in pairs],
         [r for _, r in pairs],

@@ -1,6 +1,8 @@
-"""What the public functions accept: a workload as a dict or a workload object, a GPU by key or
-alias, a schedule as a dict, a `Schedule` or a wire `ScheduleDoc`. Bad input raises a
-ValueError subclass whose message names the field (WorkloadError, HardwareError,
+"""What the public functions accept: a workload as a dict or a workload object (of any kernel
+family: the tensor-core GEMMs' Gemm, Bmm, Conv2d, Conv3d; the memory-intensive operators'
+Reduce, Softmax, LayerNorm, BiasGelu), a GPU by key or alias, a schedule as a dict, a
+`Schedule` (or another family's schedule object) or a wire `ScheduleDoc`. Bad input raises
+a ValueError subclass whose message names the field (WorkloadError, HardwareError,
 ScheduleError), never a bare pydantic error."""
 
 from __future__ import annotations
@@ -8,24 +10,31 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from pipetune.model.family import family_for_knobs, parse_any_workload
 from pipetune.model.hardware import resolve_gpu_key
+from pipetune.model.memops.workloads import BiasGelu, LayerNorm, MemWorkload, Reduce, Softmax
 from pipetune.model.space import Schedule, ScheduleError
 from pipetune.model.wire import ScheduleDoc
-from pipetune.model.workloads import AnyWorkload, Bmm, Conv2d, Conv3d, Gemm, parse_workload
+from pipetune.model.workloads import AnyWorkload, Bmm, Conv2d, Conv3d, Gemm
 
-WorkloadLike = Mapping[str, Any] | Gemm | Bmm | Conv2d | Conv3d
-ScheduleLike = Mapping[str, Any] | Schedule | ScheduleDoc
+WorkloadLike = (
+    Mapping[str, Any] | Gemm | Bmm | Conv2d | Conv3d | Reduce | Softmax | LayerNorm | BiasGelu
+)
+ScheduleLike = Mapping[str, Any] | Schedule | ScheduleDoc | Any
+_WORKLOAD_TYPES = (Gemm, Bmm, Conv2d, Conv3d, Reduce, Softmax, LayerNorm, BiasGelu)
 
 
-def as_workload(workload: WorkloadLike) -> AnyWorkload:
+def as_workload(workload: WorkloadLike) -> AnyWorkload | MemWorkload:
     """The workload object (a dict is validated: WorkloadError names the bad field)."""
-    if isinstance(workload, Gemm | Bmm | Conv2d | Conv3d):
+    if isinstance(workload, _WORKLOAD_TYPES):
         return workload
     if isinstance(workload, Mapping):
-        return parse_workload(dict(workload))
+        parsed: AnyWorkload | MemWorkload = parse_any_workload(dict(workload))
+        return parsed
     raise TypeError(
         "workload: expected a dict such as {'op': 'gemm', 'm': 1024, 'n': 64, 'k': 2048} or "
-        f"a pipetune.Gemm/Bmm/Conv2d/Conv3d, got {type(workload).__name__}"
+        "a workload object (pipetune.Gemm, Bmm, Conv2d, Conv3d, Reduce, Softmax, LayerNorm, "
+        f"BiasGelu), got {type(workload).__name__}"
     )
 
 
@@ -34,12 +43,14 @@ def as_gpu(gpu: str) -> str:
     return resolve_gpu_key(gpu)
 
 
-def as_schedule(schedule: ScheduleLike) -> Schedule:
-    """The schedule object (a dict is validated: ScheduleError names the bad knob)."""
-    if isinstance(schedule, Schedule):
-        return schedule
+def as_schedule(schedule: ScheduleLike) -> Any:
+    """The schedule object of the family whose knobs it names (a dict is validated:
+    ScheduleError names the bad knob)."""
     if isinstance(schedule, ScheduleDoc):
         return schedule.to_schedule()
     if isinstance(schedule, Mapping):
-        return Schedule.from_dict(dict(schedule))
+        data = dict(schedule)
+        return family_for_knobs(data).parse_schedule(data)
+    if hasattr(schedule, "as_dict") and hasattr(schedule, "id"):
+        return schedule  # a family's schedule object
     raise ScheduleError(f"a schedule must be a dict of knob values, got {type(schedule).__name__}")

@@ -14,7 +14,7 @@ cupy runner timed. Only `__call__`'s launch needs a GPU.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, cast
 
 from pipetune.clients.library import cuda_launch, frameworks
 from pipetune.clients.library.arrays import (
@@ -32,9 +32,10 @@ from pipetune.clients.library.inputs import (
     as_workload,
 )
 from pipetune.clients.library.labels import SIMULATED_LABEL, is_simulated
+from pipetune.model.family import family_of
 from pipetune.model.hardware import get_gpu
 from pipetune.model.space import Schedule, ScheduleError, schedule_problems
-from pipetune.model.workloads import AnyWorkload
+from pipetune.model.workloads import AnyWorkload, WorkloadError
 from pipetune.workers.codegen import generate, launch_config
 from pipetune.workers.compile import compile_kernel
 from pipetune.workers.launch_plan import KernelLaunch
@@ -174,13 +175,22 @@ def kernel(
     known one (pipetune.best_schedule: the local database or, with `server`, the service;
     the model's pick when nothing was measured)."""
     w, key = as_workload(workload), as_gpu(gpu)
+    family = family_of(w)
+    if family.name != "tensor_gemm":
+        raise WorkloadError(
+            "op",
+            f"{w.op}: pipetune.kernel calls the tensor-core GEMM family's kernels (gemm, bmm, "
+            f"conv2d, conv3d); {family.name} kernels are tuned, swept and generated "
+            "(`pipetune kernel source`), not yet wrapped as callables",
+        )
+    gemm = cast(AnyWorkload, w)  # the family checked above
     if schedule is not None:
-        return TunedKernel(w, key, as_schedule(schedule))
+        return TunedKernel(gemm, key, as_schedule(schedule))
     from pipetune.clients.library.lookup import best_schedule
 
     doc = best_schedule(w, key, server, db=db, api_key=api_key)
     return TunedKernel(
-        w,
+        gemm,
         key,
         doc.schedule.to_schedule(),
         origin=doc.source,

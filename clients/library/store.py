@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from pathlib import Path
 from types import TracebackType
-from typing import Self
+from typing import Any, Self
 
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import SQLAlchemyError
@@ -22,13 +22,12 @@ from sqlalchemy.exc import SQLAlchemyError
 from pipetune.clients.sdk import Client, PipetuneError
 from pipetune.model.states import TaskState
 from pipetune.model.wire import MAX_BUDGET, Curve, ScheduleResponse, TaskDoc, TrialDoc
-from pipetune.model.workloads import AnyWorkload
 from pipetune.service.curves import task_curve
 from pipetune.service.db import Database, is_sqlite, unavailable_reason
 from pipetune.service.migrate import SchemaError, check_schema, redact
 from pipetune.service.records import best_measured, schedule_response
 from pipetune.service.settings import Settings
-from pipetune.service.views import get_task_doc, list_task_docs, list_trial_docs, task_flops
+from pipetune.service.views import get_task_doc, list_task_docs, list_trial_docs, task_work
 
 TASK_STATES: tuple[str, ...] = tuple(state.value for state in TaskState)
 DEFAULT_PAGE = 100  # tasks per page, as GET /v1/tasks
@@ -93,7 +92,7 @@ class LocalStore:
             self._db = open_database(self.url)
         return self._db
 
-    def best_schedule(self, workload: AnyWorkload, gpu: str) -> ScheduleResponse:
+    def best_schedule(self, workload: Any, gpu: str) -> ScheduleResponse:
         """The best measured schedule of the workload on the GPU, else the model's pick."""
         database = self._database()
         if database is None:
@@ -133,14 +132,13 @@ class LocalStore:
             return list_trial_docs(s, task_id, -1, MAX_BUDGET)
 
     def curve(self, task_id: int) -> Curve:
-        """Best-so-far latency and TFLOP/s after each final trial of the task."""
+        """Best-so-far latency and throughput after each final trial of the task."""
         database = self._database()
-        flops = None
         if database is not None:
             with database.read() as s:
-                flops = task_flops(s, task_id)
-                if flops is not None:
-                    return Curve(points=task_curve(s, task_id, flops, -1))
+                work = task_work(s, task_id)
+                if work is not None:
+                    return task_curve(s, task_id, *work, -1)
         raise LocalNotFoundError(f"task {task_id} does not exist in {self.where}")
 
     def close(self) -> None:

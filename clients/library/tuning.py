@@ -24,6 +24,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from pydantic import ValidationError
 from sqlalchemy import select
@@ -32,7 +33,6 @@ from pipetune.clients.library.inputs import WorkloadLike, as_gpu, as_workload
 from pipetune.clients.library.labels import SIMULATED_LABEL, any_simulated, is_simulated
 from pipetune.clients.library.store import LocalStore, database_url, open_database
 from pipetune.model.hardware import get_gpu
-from pipetune.model.space import Schedule
 from pipetune.model.states import TaskState
 from pipetune.model.trials import MeasureResult
 from pipetune.model.wire import (
@@ -44,7 +44,7 @@ from pipetune.model.wire import (
     TrialDoc,
     WorkerRegister,
 )
-from pipetune.model.workloads import AnyWorkload, WorkloadError
+from pipetune.model.workloads import WorkloadError
 from pipetune.service.db import Database
 from pipetune.service.driver import Driver
 from pipetune.service.errors import InputError
@@ -98,7 +98,7 @@ class TuneResult:
         return self.task.id
 
     @property
-    def best_schedule(self) -> Schedule | None:
+    def best_schedule(self) -> Any | None:
         return None if self.task.best is None else self.task.best.schedule.to_schedule()
 
     @property
@@ -107,7 +107,16 @@ class TuneResult:
 
     @property
     def best_tflops(self) -> float | None:
+        """The best throughput in TFLOP/s (the tensor-core GEMMs'; None for a family whose
+        throughput is in another unit: see best_throughput)."""
         return None if self.task.best is None else self.task.best.tflops
+
+    @property
+    def best_throughput(self) -> tuple[float, str] | None:
+        """The best throughput and its unit (TFLOP/s for GEMMs, GB/s for memory-intensive
+        operators)."""
+        best = self.task.best
+        return None if best is None else (best.throughput, best.throughput_unit)
 
     @property
     def simulated(self) -> bool:
@@ -131,9 +140,7 @@ class TuneResult:
         return f"{head}; best {self.best_schedule.id}: {self.best_latency_us:.2f} µs"
 
 
-def _task_body(
-    workload: AnyWorkload, gpu: str, budget: int, strategy: str, seed: int
-) -> TaskCreate:
+def _task_body(workload: Any, gpu: str, budget: int, strategy: str, seed: int) -> TaskCreate:
     body = {"workload": workload, "gpu": gpu, "budget": budget, "strategy": strategy}
     try:
         return TaskCreate.model_validate({**body, "seed": seed})
@@ -177,7 +184,7 @@ def _register(queue: Queue, runner: Runner, gpu: str) -> WorkerRef:
     return WorkerRef(id=doc.id, gpu=doc.gpu, arch=doc.arch, runner=doc.runner)
 
 
-def _measure_one(runner: Runner, workload: AnyWorkload, schedule: Schedule) -> MeasureResult:
+def _measure_one(runner: Runner, workload: Any, schedule: Any) -> MeasureResult:
     """One trial, as a worker measures it: a runner that cannot answer for this schedule
     makes a failed trial; a runner that is gone ends the tuning."""
     try:
@@ -216,7 +223,7 @@ class _InProcessTask:
             ).one()
         return row.state, row.trials_done, row.trials_target
 
-    def run(self, task_id: int, workload: AnyWorkload, progress: TuneProgress | None) -> None:
+    def run(self, task_id: int, workload: Any, progress: TuneProgress | None) -> None:
         """Lease the task's jobs, measure them, report them, until the task ends."""
         while True:
             jobs = self.queue.try_lease(self.worker, MAX_JOBS_PER_LEASE, task_id=task_id)

@@ -14,6 +14,7 @@ from pipetune.clients.sdk.errors import (
     ServiceUnavailableError,
     error_class,
 )
+from pipetune.model.wire import OpName
 
 M = TypeVar("M", bound=BaseModel)
 
@@ -21,7 +22,7 @@ DEFAULT_TIMEOUT_S = 30.0
 # Locations FastAPI puts before a body field, and the tags of the workload union: neither is
 # part of the field name a person typed.
 _LOCATION_PREFIXES = {"body", "query", "path", "header"}
-_UNION_TAGS = {"gemm", "bmm", "conv2d", "conv3d"}
+_UNION_TAGS = {op.value for op in OpName}  # every kernel family's operators
 
 
 def _field_of(loc: list[Any]) -> str:

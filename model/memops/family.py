@@ -10,8 +10,16 @@ import numpy as np
 from pipetune.model.family import KernelFamily, Knob
 from pipetune.model.hardware import GPUSpec
 from pipetune.model.memops.analytical import MemPrediction, evaluate, one_row_per_block
-from pipetune.model.memops.space import KNOBS, MemSchedule, MemSpace, schedule_problems
+from pipetune.model.memops.space import (
+    KNOBS,
+    MemSchedule,
+    MemSpace,
+    invalid_reasons,
+    schedule_problems,
+)
 from pipetune.model.memops.workloads import MEM_OPS, MemWorkload, parse_mem_workload
+
+_KNOB = {k.name: k for k in KNOBS}
 
 MODEL_FEATURES: tuple[str, ...] = (
     "log_T_kernel",
@@ -30,7 +38,6 @@ class MemoryFamily(KernelFamily):
     name = "memops"
     title = "memory-intensive row operators with adaptive thread mapping (AStitch)"
     work_unit = "byte"
-    throughput_unit = "GB/s"
     codegen_module = "pipetune.workers.codegen.memops"
     reference_module = "pipetune.workers.runners.memops_reference"
 
@@ -41,6 +48,35 @@ class MemoryFamily(KernelFamily):
     @property
     def knobs(self) -> tuple[Knob, ...]:
         return KNOBS
+
+    def work(self, workload: MemWorkload) -> float:
+        return float(workload.compulsory_bytes)
+
+    def schedule_label(self, schedule: Mapping[str, int], workload: Any = None) -> str:
+        """The thread mapping in one cell: threads per row x rows per block, "/blocks per
+        row" and how split rows join (not for an element-wise chain: its split blocks never
+        join), vector width, where the row is kept, "w<n>" for a wave bound:
+        "128x1 /4 fused v8 smem w1"."""
+        k = schedule
+        text = f"{k['threads_per_row']}x{k['rows_per_block']}"
+        if k["blocks_per_row"] > 1:
+            text += f" /{k['blocks_per_row']}"
+            if workload is None or workload.has_reduction:
+                text += " " + _KNOB["split_mode"].label(k["split_mode"])
+        text += f" v{k['vector_width']} {_KNOB['row_cache'].label(k['row_cache'])}"
+        if k["max_waves"]:
+            text += f" w{k['max_waves']}"
+        return text
+
+    def space_of(
+        self, workload: MemWorkload, gpu: GPUSpec, knobs: Mapping[str, np.ndarray]
+    ) -> MemSpace:
+        return MemSpace(workload, gpu, knobs)
+
+    def invalid_reasons(
+        self, knobs: Mapping[str, np.ndarray], workload: MemWorkload, gpu: GPUSpec
+    ) -> dict[str, np.ndarray]:
+        return invalid_reasons(dict(knobs), workload, gpu)
 
     def parse_workload(self, data: dict[str, Any]) -> MemWorkload:
         return parse_mem_workload(data)

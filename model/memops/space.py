@@ -27,10 +27,17 @@ from typing import Any
 
 import numpy as np
 
-from pipetune.model.family import Knob, KnobArraySpace, check_knob_dict, full_grid
 from pipetune.model.hardware import GPUSpec
+from pipetune.model.knobs import (
+    Knob,
+    KnobArraySpace,
+    ScheduleError,
+    check_knob_dict,
+    check_schedule_type,
+    full_grid,
+)
 from pipetune.model.memops.workloads import OP_CODES, MemWorkload, op_key
-from pipetune.model.space import ScheduleError, blocks_per_sm
+from pipetune.model.occupancy import blocks_per_sm
 
 KNOBS: tuple[Knob, ...] = (
     Knob(
@@ -125,6 +132,9 @@ class MemSchedule:
 
     def knob_arrays(self) -> dict[str, np.ndarray]:
         return {k: np.array([v], dtype=np.int64) for k, v in self.as_dict().items()}
+
+
+check_schedule_type(MemSchedule, KNOBS)
 
 
 def _ceil_div(a: Any, b: Any) -> Any:
@@ -360,7 +370,7 @@ FEATURE_NAMES: tuple[str, ...] = (
 class MemSpace(KnobArraySpace):
     """The valid schedules of one memory-intensive workload on one GPU, as knob arrays."""
 
-    knob_names = KNOB_NAMES
+    declaration = KNOBS
     schedule_type = MemSchedule
 
     @classmethod
@@ -396,6 +406,11 @@ class MemSpace(KnobArraySpace):
     @property
     def blocks_per_sm(self) -> np.ndarray:
         return self._occupancy[2]
+
+    @property
+    def smem_bytes(self) -> np.ndarray:
+        """Shared memory per block: the reductions' scratch and the row cache."""
+        return np.asarray(self.geometry.smem_bytes, dtype=np.int64)
 
     @cached_property
     def capacity(self) -> np.ndarray:

@@ -3,7 +3,10 @@
 // are fetched from the first one not yet final (`after=`), its curve from the last point
 // drawn, so a refresh costs the new rows only, however many trials the database holds.
 // Latencies are labelled by the runner that produced them (measured, simulated, replayed),
-// as the CLI does; a banner says so when every trial on screen is simulated.
+// as the CLI does; a banner says so when every trial on screen is simulated. Workloads and
+// schedules of every kernel family are shown by the labels the service gives (the family's
+// own: a GEMM tile, a memory-intensive thread mapping), throughput in the unit it gives
+// (TFLOP/s for GEMMs, GB/s for memory-intensive operators).
 "use strict";
 
 (() => {
@@ -34,27 +37,24 @@
     return response.json();
   }
 
-  function workloadLabel(w) {
-    switch (w.op) {
-      case "gemm": return `gemm ${w.m}×${w.n}×${w.k}`;
-      case "bmm": return `bmm ${w.b}×${w.m}×${w.n}×${w.k}`;
-      case "conv2d":
-        return `conv2d n${w.n} ${w.h}×${w.w}×${w.c}→${w.k} ${w.r}×${w.s} s${w.stride}`;
-      case "conv3d":
-        return `conv3d n${w.n} ${w.d}×${w.h}×${w.w}×${w.c}→${w.k} ${w.t}×${w.r}×${w.s}`;
-      default: return w.op;
-    }
+  // The task's workload in words (the service's label), else its op.
+  function workloadLabel(task) {
+    return task.label || task.workload.op;
   }
 
-  function scheduleLabel(s) {
-    const bm = 16 * s.warp_row_tiles * s.block_row_warps;
-    const bn = 16 * s.warp_col_tiles * s.block_col_warps;
-    const bk = 16 * s.chunk;
-    return `${bm}×${bn}×${bk}, warps ${s.block_row_warps}×${s.block_col_warps}, ` +
-      `stages ${s.smem_stages}/${s.reg_stages}`;
+  // A schedule: its family's one-cell label from the service, else its knobs.
+  function scheduleLabel(schedule, label) {
+    if (label) return label;
+    return Object.entries(schedule).map(([k, v]) => `${k}=${v}`).join(" ");
   }
 
   const fixed = (x, digits) => (x == null ? "–" : Number(x).toFixed(digits));
+
+  // A throughput with its unit: GB/s without decimals, TFLOP/s with one.
+  function rate(value, unit) {
+    if (value == null) return "–";
+    return `${fixed(value, unit === "GB/s" ? 0 : 1)} ${unit}`;
+  }
 
   // "measured", "simulated" or "replayed": how a runner's latencies are labelled. A result
   // that names no runner known here is taken as measured, as before runners were recorded.
@@ -110,7 +110,7 @@
       tr.dataset.task = task.id;
       if (state.detail && state.detail.id === task.id) tr.className = "selected";
       cell(tr, String(task.id));
-      cell(tr, workloadLabel(task.workload));
+      cell(tr, workloadLabel(task));
       cell(tr, task.gpu);
       cell(tr, task.strategy);
       cell(tr, task.state, `state-${task.state}`);
@@ -122,9 +122,10 @@
       bar.appendChild(fill);
       progress.append(bar, `${task.trials_done}/${task.budget}`);
       const bestRunner = task.best && task.best.runner;
-      latencyCell(tr, fixed(task.best && task.best.tflops, 1), bestRunner);
-      latencyCell(tr, fixed(task.best && task.best.latency_us, 2), bestRunner);
-      cell(tr, task.best ? scheduleLabel(task.best.schedule) : "–");
+      const best = task.best;
+      latencyCell(tr, best ? rate(best.throughput, best.throughput_unit) : "–", bestRunner);
+      latencyCell(tr, fixed(best && best.latency_us, 2), bestRunner);
+      cell(tr, best ? scheduleLabel(best.schedule, best.schedule_label) : "–");
       tr.addEventListener("click", () => select(task.id));
       rows.appendChild(tr);
     }
@@ -134,7 +135,7 @@
 
   function select(taskId) {
     if (state.detail && state.detail.id === taskId) return;
-    state.detail = { id: taskId, trials: [], cursor: 0, curve: [] };
+    state.detail = { id: taskId, trials: [], cursor: 0, curve: [], unit: null };
     renderTasks();
     refresh();
   }
@@ -153,33 +154,35 @@
       detail.cursor += 1;
     }
     const lastTrial = () => (detail.curve.length ? detail.curve[detail.curve.length - 1].trial : -1);
-    const points = (await get(`/v1/tasks/${detail.id}/curve?after=${lastTrial()}`)).points;
+    const curve = await get(`/v1/tasks/${detail.id}/curve?after=${lastTrial()}`);
+    detail.unit = curve.throughput_unit;
     // Appended only past the last point held now (not when the request left): a point is
     // drawn once even if another refresh of this task added it meanwhile.
-    for (const p of points) if (p.trial > lastTrial()) detail.curve.push(p);
+    for (const p of curve.points) if (p.trial > lastTrial()) detail.curve.push(p);
   }
 
   function drawDetail(detail) {
     const task = state.tasks.find((t) => t.id === detail.id);
     document.getElementById("task-section").hidden = false;
     document.getElementById("task-title").textContent = task
-      ? `Task ${task.id}: ${workloadLabel(task.workload)} on ${task.gpu} (${task.strategy})`
+      ? `Task ${task.id}: ${workloadLabel(task)} on ${task.gpu} (${task.strategy})`
       : `Task ${detail.id}`;
     const results = detail.trials.filter((t) => t && t.status);
     // "simulated", or e.g. "measured or simulated" when the task's trials mix runners.
     const words = labelWords(results.map((t) => runnerLabel(t.runner)));
     const qualified = words && words !== MEASURED;
-    const found = detail.curve.filter((p) => p.best_tflops != null);
+    const found = detail.curve.filter((p) => p.best_throughput != null);
+    const unit = detail.unit || "TFLOP/s";
     document.getElementById("curve-title").textContent =
       qualified ? `Best so far (${words} trials)` : "Best so far";
     Plotly.react("curve-plot", [{
       x: found.map((p) => p.trial + 1),
-      y: found.map((p) => p.best_tflops),
+      y: found.map((p) => p.best_throughput),
       mode: "lines+markers", line: { shape: "hv" }, marker: { size: 4 }, name: "best so far",
     }], {
       margin: { t: 30, r: 20 },
       xaxis: { title: { text: "trials" }, rangemode: "tozero" },
-      yaxis: { title: { text: qualified ? `${words} TFLOP/s` : "TFLOP/s" }, rangemode: "tozero" },
+      yaxis: { title: { text: qualified ? `${words} ${unit}` : unit }, rangemode: "tozero" },
     }, PLOT_CONFIG);
     const timed = results.filter((t) => t.status === "ok" && t.predicted_us);
     const groups = new Map();  // label -> its trials: one trace each, named by the label
@@ -198,7 +201,7 @@
       ...[...groups].map(([key, trials]) => ({
         x: trials.map((t) => t.predicted_us), y: trials.map((t) => t.latency_us),
         mode: "markers", name: `${key} trials`, marker: { size: 6, opacity: 0.7 },
-        text: trials.map((t) => `trial ${t.trial}: ${scheduleLabel(t.schedule)}`),
+        text: trials.map((t) => `trial ${t.trial}: ${scheduleLabel(t.schedule, t.schedule_label)}`),
       })),
       { x: [lo, hi], y: [lo, hi], mode: "lines", name: "latency = predicted",
         line: { dash: "dot", color: "#888" } },
@@ -253,7 +256,8 @@
       state.tasks = (await get("/v1/tasks?limit=100")).tasks;
       if (!state.detail && state.tasks.length) {
         const wanted = state.tasks.find((t) => t.id === state.wanted);
-        state.detail = { id: (wanted || state.tasks[0]).id, trials: [], cursor: 0, curve: [] };
+        const id = (wanted || state.tasks[0]).id;
+        state.detail = { id, trials: [], cursor: 0, curve: [], unit: null };
       }
       renderTasks();
       const detail = state.detail;

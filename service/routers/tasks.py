@@ -12,7 +12,7 @@ from pipetune.service.context import Service, ServiceDep
 from pipetune.service.curves import task_curve
 from pipetune.service.errors import NotFoundError
 from pipetune.service.routers.common import ERRORS, ID_MAX, NOT_FOUND, RowId
-from pipetune.service.views import get_task_doc, list_task_docs, list_trial_docs, task_flops
+from pipetune.service.views import get_task_doc, list_task_docs, list_trial_docs, task_work
 
 router = APIRouter(tags=["tasks"], dependencies=[Depends(user_access)])
 
@@ -79,7 +79,7 @@ def list_trials(
 ) -> TrialList:
     """The task's trials in proposal order (incremental with `after`)."""
     with service.db.read() as s:
-        if task_flops(s, task_id) is None:
+        if task_work(s, task_id) is None:
             raise NotFoundError(f"task {task_id} does not exist")
         return TrialList(trials=list_trial_docs(s, task_id, after, limit))
 
@@ -92,9 +92,10 @@ def get_curve(
         int, Query(ge=-1, le=ID_MAX, description="only points with a larger trial index")
     ] = -1,
 ) -> Curve:
-    """Best-so-far latency and TFLOP/s per trial index, over the trials that are final."""
+    """Best-so-far latency and throughput (TFLOP/s for GEMMs, GB/s for memory-intensive
+    operators: `throughput_unit`) per trial index, over the trials that are final."""
     with service.db.read() as s:
-        flops = task_flops(s, task_id)
-        if flops is None:
+        work = task_work(s, task_id)
+        if work is None:
             raise NotFoundError(f"task {task_id} does not exist")
-        return Curve(points=task_curve(s, task_id, flops, after))
+        return task_curve(s, task_id, *work, after)

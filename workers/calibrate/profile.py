@@ -35,6 +35,8 @@ METHOD = (
     "empty launch; includes TLB effects); "
     "shared-memory latency = pointer chase in shared memory timed with clock64; "
     "SM clock = clock64 cycles / event time of a spinning kernel on every SM; "
+    "kernel_launch_ns = the chases' empty launch (one thread, no loads) between two events, "
+    "median over both chases' runs; "
     "mma_sync_efficiency = back-to-back mma.sync.m16n8k16 f32.f16.f16.f32 on registers "
     "(8 independent chains per warp, 32 warps per SM) / "
     "(tensor_fp16_flops_per_clk_per_sm x clock x SMs), clock = the measured one if any"
@@ -158,6 +160,11 @@ def build_profile(
     overrides["l2_bandwidth_gbs"] = bandwidth_gbs("L2 read", raw.l2_read)
     overrides["dram_latency_ns"] = latency_ns("DRAM chase", raw.dram_chase)
     overrides["l2_latency_ns"] = latency_ns("L2 chase", raw.l2_chase)
+    empty = raw.dram_chase.baseline_seconds + raw.l2_chase.baseline_seconds
+    if empty:
+        # What one launch costs a stream (the memory-intensive model's T_launch): the empty
+        # launch the chases time to subtract from their own runs.
+        overrides["kernel_launch_ns"] = _median_s("empty launch", empty) * 1e9
     if raw.smem_chase_cycles_per_load is not None:
         if not raw.smem_chase_cycles_per_load > 0:
             raise CalibrationError("shared-memory chase: cycles per load must be positive")

@@ -1,14 +1,23 @@
 """CUDA C++ generation for the pipelined tensor-core GEMM family (docs/architecture.md,
-"Kernel families")."""
+"Kernel families").
+
+What every family's generator module gives the workers: ``generate(workload, schedule)``,
+``kernel_kind``, ``build_key``, ``launch_plan``, ``grid_depends_on_occupancy``, and for the checks
+``compile_sample``, ``stratified_sample``, ``stratum`` and ``tails``."""
 
 from pipetune.workers.codegen.generator import (
     POINTER_ARGS,
     KernelSource,
+    build_key,
     generate,
+    grid_depends_on_occupancy,
+    kernel_kind,
     kernel_name,
     launch,
     launch_config,
+    launch_plan,
 )
+from pipetune.workers.codegen.sample import compile_sample, stratified_sample, stratum, tails
 from pipetune.workers.codegen.variants import SCALAR_ARGS, VARIANTS, scalar_args, variant_of
 
 __all__ = [
@@ -16,10 +25,18 @@ __all__ = [
     "SCALAR_ARGS",
     "VARIANTS",
     "KernelSource",
+    "build_key",
+    "compile_sample",
     "generate",
+    "grid_depends_on_occupancy",
+    "kernel_kind",
     "kernel_name",
     "launch",
     "launch_config",
+    "launch_plan",
     "scalar_args",
+    "stratified_sample",
+    "stratum",
+    "tails",
     "variant_of",
 ]

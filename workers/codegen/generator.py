@@ -20,7 +20,7 @@ from pipetune.workers.codegen.variants import (
     scalar_args,
     variant_of,
 )
-from pipetune.workers.launch_plan import KernelLaunch
+from pipetune.workers.launch_plan import Buffer, KernelLaunch, LaunchPlan
 
 
 @dataclass(frozen=True)
@@ -225,3 +225,40 @@ def launch_config(kernel: KernelSource, workload: AnyWorkload) -> KernelLaunch:
         arguments=(*POINTER_ARGS, *names),
         scalars=dict(zip(names, scalars, strict=True)),
     )
+
+
+def kernel_kind(workload: AnyWorkload) -> str:
+    """The kind of kernel a workload needs: its variant."""
+    return variant_of(workload)
+
+
+def build_key(workload: AnyWorkload, schedule: Schedule) -> str:
+    """What a kernel's source depends on besides its schedule: the variant (the shape is
+    launch arguments), so one cubin per (variant, schedule) serves every shape."""
+    return variant_of(workload)
+
+
+def launch_plan(
+    kernel: KernelSource, workload: AnyWorkload, sm_count: int = 1, blocks_per_sm: int = 1
+) -> LaunchPlan:
+    """The run of ``kernel`` on ``workload`` as the runners take every family's: one launch
+    (``launch_config``'s) over the fp16 inputs A and B and the output C, shaped as the
+    kernels take them. The grid covers the output tiles whatever the occupancy
+    (``sm_count`` and ``blocks_per_sm`` are the plan interface's; a GEMM ignores them)."""
+    from pipetune.workers.runners.reference import operand_shapes
+
+    a, b, c = operand_shapes(workload)
+    return LaunchPlan(
+        buffers=(
+            Buffer("A", a, "float16", "input"),
+            Buffer("B", b, "float16", "input"),
+            Buffer("C", c, "float16", "output"),
+        ),
+        launches=(launch_config(kernel, workload),),
+        output="C",
+    )
+
+
+def grid_depends_on_occupancy(kernel: KernelSource) -> bool:
+    """Whether a runner must size the grid from the driver's occupancy: never for GEMMs."""
+    return False

@@ -111,3 +111,36 @@ def stratified_sample(space: Space, n: int, seed: int = 0) -> list[Schedule]:
             if pool:
                 take(int(pool.pop()))
     return [space[i] for i in chosen]
+
+
+def stratum(schedule: Schedule) -> str:
+    """The stratum a correctness check counts a schedule in: its pipeline depths."""
+    return f"smem_stages={schedule.smem_stages},reg_stages={schedule.reg_stages}"
+
+
+def tails(workload: AnyWorkload, schedule: Schedule) -> dict[str, bool]:
+    """The axes along which the schedule's tiles leave a partial tile (a tail) on the
+    workload's implicit GEMM: the predicated loads and stores a check must reach."""
+    view = workload.gemm_view()
+    return {
+        "m": view.m % schedule.block_m != 0,
+        "n": view.n % schedule.block_n != 0,
+        "k": view.k % schedule.block_k != 0,
+    }
+
+
+def compile_sample(schedules: list[Schedule], count: int) -> list[Schedule]:
+    """Up to ``count`` schedules: round-robin over (smem_stages, reg_stages) strata, each
+    stratum's smallest block tile first (the quickest to compile)."""
+    strata: dict[tuple[int, int], list[Schedule]] = {}
+    by_size = sorted(schedules, key=lambda s: (s.block_m * s.block_n * s.block_k, s.id))
+    for schedule in by_size:
+        strata.setdefault((schedule.smem_stages, schedule.reg_stages), []).append(schedule)
+    picked: list[Schedule] = []
+    depth = 0
+    while len(picked) < min(count, len(by_size)):
+        for key in sorted(strata):
+            if depth < len(strata[key]) and len(picked) < count:
+                picked.append(strata[key][depth])
+        depth += 1
+    return picked

@@ -11,7 +11,6 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
-from pipetune.workers.codegen import KernelSource
 from pipetune.workers.compile import cache, nvrtc
 from pipetune.workers.compile.ptxas_report import ReportMissingError, kernel_usage
 
@@ -141,22 +140,27 @@ def compile_source(
     return _result(cubin, meta, cached=False)
 
 
-def compile_kernel(kernel: KernelSource, arch: str, *, use_cache: bool = True) -> CompileResult:
-    """Compile a generated kernel; the report is that of its entry function."""
+def compile_kernel(kernel: Any, arch: str, *, use_cache: bool = True) -> CompileResult:
+    """Compile a generated kernel of any family (``code``, ``name`` and, for a kernel of
+    several launches, ``entries``); the report is that of its entry function, or the worst
+    case over its entries when it has several (what a launch of any of them can need)."""
+    entries = getattr(kernel, "entries", None) or (kernel.name,)
+    entry = kernel.name if len(entries) == 1 else None
     return compile_source(
-        kernel.code, arch, entry=kernel.name, filename=f"{kernel.name}.cu", use_cache=use_cache
+        kernel.code, arch, entry=entry, filename=f"{kernel.name}.cu", use_cache=use_cache
     )
 
 
 def compile_many(
-    sources: Sequence[KernelSource | str],
+    sources: Sequence[Any],
     arch: str,
     workers: int | None = None,
     *,
     return_exceptions: bool = False,
     use_cache: bool = True,
 ) -> list[Any]:
-    """Compile many sources in parallel, results in input order.
+    """Compile many sources (generated kernels of any family, or CUDA text) in parallel,
+    results in input order.
 
     Threads, not processes: NVRTC releases the GIL while it compiles (measured: two
     threads compile two kernels in about half the time of one), and threads share the
@@ -166,11 +170,11 @@ def compile_many(
     check_arch(arch)
     workers = max(1, workers or os.cpu_count() or 1)
 
-    def one(src: KernelSource | str) -> CompileResult | CompileError:
+    def one(src: Any) -> CompileResult | CompileError:
         try:
-            if isinstance(src, KernelSource):
-                return compile_kernel(src, arch, use_cache=use_cache)
-            return compile_source(src, arch, use_cache=use_cache)
+            if isinstance(src, str):
+                return compile_source(src, arch, use_cache=use_cache)
+            return compile_kernel(src, arch, use_cache=use_cache)
         except CompileError as exc:
             if return_exceptions:
                 return exc

@@ -34,7 +34,7 @@ from pipetune.clients.sdk import (
     PipetuneError,
     WorkerApi,
 )
-from pipetune.model.space import Schedule
+from pipetune.model.family import parse_any_workload
 from pipetune.model.trials import MeasureResult
 from pipetune.model.wire import (
     MAX_JOBS_PER_LEASE,
@@ -44,7 +44,7 @@ from pipetune.model.wire import (
     ReportedResult,
     WorkerRegister,
 )
-from pipetune.model.workloads import AnyWorkload, WorkloadError, parse_workload
+from pipetune.model.workloads import WorkloadError
 from pipetune.workers.daemon.config import WorkerConfig
 from pipetune.workers.daemon.gpu import DeviceInfo
 from pipetune.workers.daemon.logs import EventLog, Throttle
@@ -318,7 +318,7 @@ class Worker:
         done = 0
         try:
             try:
-                workload: AnyWorkload = parse_workload(jobs[0].workload)
+                workload: Any = parse_any_workload(jobs[0].workload)
             except WorkloadError as exc:
                 for job in jobs:
                     self._finish(job, self._failure(f"worker: bad workload: {exc}"))
@@ -341,7 +341,7 @@ class Worker:
             for job in jobs[done:]:
                 self._abandon(job)
 
-    def _measure_one(self, workload: AnyWorkload, schedule: Schedule) -> MeasureResult:
+    def _measure_one(self, workload: Any, schedule: Any) -> MeasureResult:
         started = time.monotonic()
         try:
             result = self.runner.measure(workload, [schedule])[0]

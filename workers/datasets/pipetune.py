@@ -1,5 +1,7 @@
-"""pipetune's own datasets: schedules (the 7 knobs) -> measurements, with the workload, GPU
-and runner that produced them.
+"""pipetune's own datasets: schedules (the knobs of the workload's kernel family: the
+tensor-core GEMMs' seven, the memory-intensive operators' thread mapping) -> measurements,
+with the workload, GPU and runner that produced them. The metadata names the family and its
+knobs; a dataset is checked against the family of its workload.
 
 Units: a :class:`~model.trials.MeasureResult` is in microseconds, a record in milliseconds
 (the T4 unit). The conversion is a division by 1000 one way and a multiplication the other,
@@ -15,10 +17,10 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from pipetune.model.family import ScheduleError, family_of, parse_any_workload
 from pipetune.model.hardware import GPUSpec, HardwareError, resolve_gpu_key
-from pipetune.model.space import KNOB_NAMES, Schedule, ScheduleError
 from pipetune.model.trials import MeasureResult
-from pipetune.model.workloads import AnyWorkload, WorkloadError, parse_workload
+from pipetune.model.workloads import WorkloadError
 from pipetune.workers.datasets.records import (
     INVALIDITY_OF_STATUS,
     Dataset,
@@ -39,7 +41,7 @@ def now_timestamp() -> str:
 
 
 def record_from_result(
-    schedule: Schedule, result: MeasureResult, timestamp: str | None = None
+    schedule: Any, result: MeasureResult, timestamp: str | None = None
 ) -> Record:
     return Record(
         configuration=schedule.as_dict(),
@@ -85,7 +87,7 @@ def result_from_record(record: Record, runner: str | None) -> MeasureResult:
 
 
 def pipetune_metadata(
-    workload: AnyWorkload,
+    workload: Any,
     gpu: GPUSpec,
     runner: str,
     *,
@@ -103,16 +105,17 @@ def pipetune_metadata(
         "hardware_profile": gpu.profile,
         "device_name": device_name,
         "runner": runner,
-        "knobs": list(KNOB_NAMES),
+        "family": family_of(workload).name,
+        "knobs": list(family_of(workload).knob_names),
         "statistic": "median",
         "settings": dict(settings or {}),
     }
 
 
 def dataset_from_results(
-    workload: AnyWorkload,
+    workload: Any,
     gpu: GPUSpec,
-    schedules: Sequence[Schedule],
+    schedules: Sequence[Any],
     results: Sequence[MeasureResult],
     *,
     runner: str,
@@ -133,7 +136,8 @@ def dataset_from_results(
             workload, gpu, runner, device_name=device_name, settings=settings
         )
     }
-    return Dataset(records, knobs=KNOB_NAMES, metadata=metadata, format="t4")
+    knobs = family_of(workload).knob_names
+    return Dataset(records, knobs=knobs, metadata=metadata, format="t4")
 
 
 class PipetuneInfo:
@@ -144,21 +148,23 @@ class PipetuneInfo:
         where = dataset.name
         if not isinstance(meta, dict):
             raise DatasetError(f"{where}: not a pipetune dataset (no pipetune metadata)")
-        if dataset.knobs != KNOB_NAMES:
-            raise DatasetError(
-                f"{where}: knobs {shown(list(dataset.knobs))} are not pipetune's schedule knobs"
-            )
         workload = meta.get("workload")
         op = workload.get("op") if isinstance(workload, dict) else None
         if op is not None and not isinstance(op, str):
-            # parse_workload tests `op in OPS` first, a TypeError for an unhashable op (a
-            # list or an object in a corrupt file): refuse it here by name instead.
+            # The op is looked up in a mapping: an unhashable op (a list or an object in a
+            # corrupt file) is refused here by name instead.
             raise DatasetError(f"{where}: pipetune metadata: op: unknown operator {shown(op)}")
         try:
-            self.workload = parse_workload(workload)
+            self.workload = parse_any_workload(workload)
             self.gpu = resolve_gpu_key(str(meta.get("gpu")))
         except (WorkloadError, HardwareError) as exc:
             raise DatasetError(f"{where}: pipetune metadata: {clipped(str(exc))}") from None
+        self.family = family_of(self.workload)
+        if dataset.knobs != self.family.knob_names:
+            raise DatasetError(
+                f"{where}: knobs {shown(list(dataset.knobs))} are not the schedule knobs of "
+                f"{self.workload.label()} ({self.family.name})"
+            )
         self.runner = meta.get("runner")
         self.device_name = meta.get("device_name")
         self.gpu_name = meta.get("gpu_name")
@@ -171,7 +177,7 @@ def check_pipetune(dataset: Dataset) -> PipetuneInfo:
     info = PipetuneInfo(dataset)
     for record in dataset.records:
         try:
-            Schedule.from_dict(dict(record.configuration))
+            info.family.parse_schedule(dict(record.configuration))
         except ScheduleError as exc:
             raise DatasetError(f"{dataset.name}: {clipped(str(exc))}") from None
         try:

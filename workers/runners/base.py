@@ -15,9 +15,12 @@ from typing import Any, Self
 
 import numpy as np
 
-from pipetune.model.space import Schedule
 from pipetune.model.trials import MeasureResult
-from pipetune.model.workloads import AnyWorkload
+
+# A runner measures any kernel family's schedules of its workloads: a workload of one of the
+# families (model.family) and that family's schedule objects.
+AnyWorkload = Any
+Schedule = Any
 
 # progress(done, total): called as work completes, for progress bars.
 Progress = Callable[[int, int], None]

@@ -1,19 +1,23 @@
 """Kernel builds for the kernel runners: generate, compile on every core, keep the cubins.
 
-A variant's kernel does not depend on the shape (the sizes are launch arguments), so one
-cubin per (variant, schedule) serves every workload of that variant: a suite sweep
-compiles each of them once. Needs workers.codegen and workers.compile (NVRTC), not a GPU.
+A kernel depends on its workload only through what the family's generator says
+(``build_key(workload, schedule)``: the tensor-core GEMMs' variant, since their sizes are
+launch arguments; the memory-intensive kernels' op and register-cache length), so one cubin
+per (build key, schedule) serves every workload with that key: a suite sweep compiles each
+of them once. The generator is the workload's family's (workers.families.codegen_for).
+Needs the generators and workers.compile (NVRTC), not a GPU.
 
 Builds run in a pool of threads (NVRTC releases the GIL), one kernel per task, in the order
 they were submitted: :meth:`KernelBuilds.submit` queues schedules and returns at once, so a
 sweep can queue every operator ahead while the GPU measures the first ("compile ahead"),
 and :meth:`KernelBuilds.get` waits for the one build it needs next.
 
-``sample`` (simulated launches only): of each submitted list, only a stratified sample is
-compiled (the smallest tile of each (smem_stages, reg_stages) stratum first, round-robin:
-the quickest to compile); the others are generated but not compiled. A simulated launch
-needs no cubin, and a CPU rehearsal cannot afford to compile thousands of kernels on a few
-cores (tests/test_compile_kernels.py compiles the corners of the space instead).
+``sample`` (simulated launches only): of each submitted list, only a sample is compiled
+(the family generator's ``compile_sample``: for GEMMs the smallest tile of each
+(smem_stages, reg_stages) stratum first, round-robin, the quickest to compile); the others
+are generated but not compiled. A simulated launch needs no cubin, and a CPU rehearsal
+cannot afford to compile thousands of kernels on a few cores (tests/test_compile_kernels.py
+compiles the corners of the space instead).
 """
 
 from __future__ import annotations
@@ -27,18 +31,19 @@ from collections.abc import Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 
-from pipetune.model.space import Schedule
+from pipetune.model.family import family_of
 from pipetune.workers.runners.base import Progress, RunnerUnavailableError
 from pipetune.workers.runners.outcomes import clip
 
 
 @dataclass(frozen=True)
 class Compiled:
-    """One (variant, schedule)'s build: a cubin on disk, or why there is none."""
+    """One (build key, schedule)'s build: a cubin on disk, or why there is none."""
 
-    kernel: Any = None  # workers.codegen.KernelSource (its code dropped once compiled)
+    kernel: Any = None  # the generator's kernel source (its code dropped once compiled)
     cubin_path: str | None = None
     registers: int | None = None
     spill_bytes: int | None = None
@@ -65,25 +70,33 @@ def load_toolchain() -> tuple[Any, Any]:
     return codegen, compiler
 
 
-def compile_sample(schedules: Sequence[Schedule], count: int) -> list[Schedule]:
-    """Up to ``count`` schedules: round-robin over (smem_stages, reg_stages) strata, each
-    stratum's smallest block tile first (the quickest to compile)."""
-    strata: dict[tuple[int, int], list[Schedule]] = {}
-    by_size = sorted(schedules, key=lambda s: (s.block_m * s.block_n * s.block_k, s.id))
-    for schedule in by_size:
-        strata.setdefault((schedule.smem_stages, schedule.reg_stages), []).append(schedule)
-    picked: list[Schedule] = []
-    depth = 0
-    while len(picked) < min(count, len(by_size)):
-        for key in sorted(strata):
-            if depth < len(strata[key]) and len(picked) < count:
-                picked.append(strata[key][depth])
-        depth += 1
-    return picked
+def generator_of(target: Any) -> ModuleType:
+    """The code generator a build target needs: its workload's family's; a string is a
+    variant name of the tensor-core GEMM generator (``pipetune.workers.codegen``)."""
+    if isinstance(target, str):
+        return importlib.import_module("pipetune.workers.codegen")
+    from pipetune.workers.families import codegen_for
+
+    try:
+        return codegen_for(family_of(target))
+    except ImportError as exc:
+        raise RunnerUnavailableError(f"kernel builds need the kernel generator: {exc}") from None
+
+
+def compile_sample(schedules: Sequence[Any], count: int) -> list[Any]:
+    """Up to ``count`` of a tensor-core GEMM schedule list (the GEMM generator's rule; kept
+    here under its old name)."""
+    from pipetune.workers.codegen.sample import compile_sample as gemm_sample
+
+    return gemm_sample(schedules, count)
 
 
 class KernelBuilds:
-    """Compiled kernels for one arch, cached per (variant, schedule) in a private folder."""
+    """Compiled kernels for one arch, cached per (build key, schedule) in a private folder.
+
+    A build *target* is a workload (of any family), or a tensor-core GEMM variant name
+    ("gemm_kn", ...): what the family's ``generate`` takes first.
+    """
 
     def __init__(self, arch: str, *, workers: int | None = None, sample: int | None = None):
         self.codegen, self.compiler = load_toolchain()
@@ -97,44 +110,54 @@ class KernelBuilds:
         self._lock = threading.Lock()
         self.compiled_count = 0  # kernels sent to the compiler (cache misses here)
 
-    def submit(self, variant: str, schedules: Sequence[Schedule]) -> None:
+    @staticmethod
+    def key(target: Any, schedule: Any) -> tuple[str, str]:
+        """(build key, schedule id): what the kernel's source depends on."""
+        if isinstance(target, str):
+            return target, schedule.id
+        return str(generator_of(target).build_key(target, schedule)), schedule.id
+
+    def submit(self, target: Any, schedules: Sequence[Any]) -> None:
         """Queue every schedule not built or queued yet; returns at once."""
-        todo = [s for s in dict.fromkeys(schedules) if (variant, s.id) not in self._builds]
-        chosen = None if self.sample is None else {s.id for s in compile_sample(todo, self.sample)}
-        for schedule in todo:
-            compile_it = chosen is None or schedule.id in chosen
+        keyed = {self.key(target, s): s for s in schedules}
+        todo = {k: s for k, s in keyed.items() if k not in self._builds}
+        chosen = None
+        if self.sample is not None:
+            picked = generator_of(target).compile_sample(list(todo.values()), self.sample)
+            chosen = {self.key(target, s) for s in picked}
+        for key, schedule in todo.items():
+            compile_it = chosen is None or key in chosen
             if compile_it:
-                self._compiling.add((variant, schedule.id))
-            self._builds[(variant, schedule.id)] = self._pool.submit(
-                self._build_one, variant, schedule, compile_it
+                self._compiling.add(key)
+            self._builds[key] = self._pool.submit(
+                self._build_one, target, key, schedule, compile_it
             )
 
-    def get(self, variant: str, schedule: Schedule) -> Compiled:
+    def get(self, target: Any, schedule: Any) -> Compiled:
         """The build of a submitted schedule (waits for it)."""
-        return self._builds[(variant, schedule.id)].result()
+        return self._builds[self.key(target, schedule)].result()
 
-    def backlog(self, variant: str, schedules: Sequence[Schedule]) -> int:
+    def backlog(self, target: Any, schedules: Sequence[Any]) -> int:
         """How many of these schedules still wait for NVRTC (queued or compiling)."""
-        return sum(
-            1
-            for s in schedules
-            if (variant, s.id) in self._compiling and not self._builds[(variant, s.id)].done()
-        )
+        keys = [self.key(target, s) for s in schedules]
+        return sum(1 for k in keys if k in self._compiling and not self._builds[k].done())
 
     def build(
-        self, variant: str, schedules: Sequence[Schedule], progress: Progress | None = None
+        self, target: Any, schedules: Sequence[Any], progress: Progress | None = None
     ) -> None:
         """Build every schedule not built yet and wait for all of them."""
-        self.submit(variant, schedules)
+        self.submit(target, schedules)
         total = len(schedules)
         for done, schedule in enumerate(schedules, 1):
-            self.get(variant, schedule)
+            self.get(target, schedule)
             if progress is not None:
                 progress(done, total)
 
-    def _build_one(self, variant: str, schedule: Schedule, compile_it: bool) -> Compiled:
+    def _build_one(
+        self, target: Any, key: tuple[str, str], schedule: Any, compile_it: bool
+    ) -> Compiled:
         try:
-            kernel = self.codegen.generate(variant, schedule)
+            kernel = generator_of(target).generate(target, schedule)
         except Exception as exc:  # a generator refusal is this schedule's failure
             return Compiled(error=clip(f"code generation failed: {type(exc).__name__}: {exc}"))
         if not compile_it:
@@ -145,7 +168,7 @@ class KernelBuilds:
             result = self.compiler.compile_kernel(kernel, self.arch)
         except Exception as exc:  # CompileError: the log; anything else: what NVRTC said
             return self._failed(kernel, exc)
-        path = Path(self._folder.name) / f"{variant}-{schedule.id}.cubin"
+        path = Path(self._folder.name) / f"{key[0]}-{key[1]}.cubin"
         path.write_bytes(result.cubin)
         return Compiled(
             # The source is no longer needed (the cubin is on disk): thousands of queued

@@ -2,19 +2,26 @@
 
 Importable without CuPy (the parent pickles references to these functions); each function
 imports CuPy itself. The child holds its state in ``_STATE``: the L2 flush buffer, and the
-inputs, reference and tolerance of the one workload it is measuring.
+input buffers, reference and tolerance of the one workload it is measuring.
 workers/runners/sim_child.py is this module's simulated twin: the same functions with the
 same arguments, answering from the analytical model (tests/test_campaign_sides.py checks
 that the two stay in step).
 
-One trial: load the cubin, set the kernel's dynamic shared-memory limit, fill C with NaN,
-launch once, check C against the fp32 reference (workers.runners.reference), then time it
-as workers.runners.timing says (warm-up, then repeats each after a write of a buffer twice
-the L2's size, so every repeat starts from cold L2 as the kernel would in a network, with
-a CUDA event pair around each launch). Any CUDA error ends the trial with
-``poisoned=True``: a kernel fault leaves the CUDA context unusable, so the parent replaces
-this process before the next trial. Trials come in batches (:func:`run_trials`), which stop
-at the first poisoned trial.
+A trial runs a :class:`~pipetune.workers.launch_plan.LaunchPlan`, whatever the kernel
+family: load the cubin, raise each entry's dynamic shared-memory limit, take the input
+buffers by name (the family's reference module made them), fill the outputs with NaN, zero
+the workspaces once (the kernels leave them zeroed), launch the plan's kernels in order with
+their int32 and float32 scalars, check the output buffer against the fp32 reference (the
+family's reference module: workers.runners.reference for the tensor-core GEMMs,
+workers.runners.memops_reference for the memory-intensive operators), then time the whole
+run as workers.runners.timing says (warm-up, then repeats each after a write of a buffer
+twice the L2's size, so every repeat starts from cold L2 as the kernel would in a network,
+with a CUDA event pair around the run). A plan whose grid is sized from the resident blocks
+of one wave (fused cross-block reductions wait for the other blocks of their row: the grid
+must be at most one wave) is planned again here with the driver's occupancy of the loaded
+kernel, never the model's. Any CUDA error ends the trial with ``poisoned=True``: a kernel
+fault leaves the CUDA context unusable, so the parent replaces this process before the next
+trial. Trials come in batches (:func:`run_trials`), which stop at the first poisoned trial.
 
 References are kept on local disk across child restarts (workers.runners.reference_cache).
 Convolutions can take their reference from cuDNN (PyTorch, channels-last, fp32 math, TF32
@@ -24,6 +31,7 @@ shares nothing with pipetune's, used by the campaign's correctness phase.
 
 from __future__ import annotations
 
+import importlib
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -31,35 +39,55 @@ from typing import Any
 
 import numpy as np
 
+from pipetune.workers.launch_plan import LaunchPlan
 from pipetune.workers.runners import reference_cache
-from pipetune.workers.runners.reference import (
-    check,
-    make_inputs,
-    operand_shapes,
-    reference,
-    tolerance,
-)
+from pipetune.workers.runners.reference import CONV_REFERENCES
 from pipetune.workers.runners.timing import RepeatPolicy, time_launches
 
 _STATE: dict[str, Any] = {}
 MIN_FLUSH_BYTES = 64 << 20
-CONV_REFERENCES = ("cublas", "cudnn")
+__all__ = ["CONV_REFERENCES", "CupyClock", "TrialSpec"]  # CONV_REFERENCES: reference.py's
 
 
 @dataclass(frozen=True)
 class TrialSpec:
-    """Everything the child needs to run one compiled kernel (picklable, no CuPy types)."""
+    """Everything the child needs to run one compiled kernel (picklable, no CuPy types).
+
+    ``plan`` is the run as the parent planned it (with the model's occupancy); where the
+    grid depends on the occupancy, ``kernel`` (the generator's kernel, its code dropped) and
+    ``codegen`` (the generator's module) let the child plan it again with the driver's.
+    """
 
     workload_hash: str
     schedule_id: str
     cubin_path: str | None  # None: generated but not compiled (simulated launches only)
-    kernel_name: str
-    threads: int
-    smem_bytes: int  # dynamic shared memory per block
-    grid: tuple[int, int, int]
-    scalars: tuple[int, ...]  # int32 arguments after the A, B, C pointers
+    plan: LaunchPlan
     policy: RepeatPolicy
     model_us: float | None = None  # the analytical model's latency (the simulated twin's)
+    kernel: Any = None
+    codegen: str | None = None  # set when the grid must come from the driver's occupancy
+
+    # The first launch, as a one-launch spec described it (GEMMs have one launch).
+    @property
+    def kernel_name(self) -> str:
+        return self.plan.launches[0].kernel
+
+    @property
+    def grid(self) -> tuple[int, int, int]:
+        return self.plan.launches[0].grid
+
+    @property
+    def threads(self) -> int:
+        return self.plan.launches[0].block[0]
+
+    @property
+    def smem_bytes(self) -> int:
+        return self.plan.launches[0].smem_bytes
+
+    @property
+    def scalars(self) -> tuple[int | float, ...]:
+        launch = self.plan.launches[0]
+        return tuple(launch.scalars[n] for n in launch.scalar_arguments)
 
 
 class CupyClock:
@@ -116,60 +144,6 @@ def init_device(device: int, stand_in: str | None = None) -> dict[str, Any]:
     }
 
 
-def cudnn_reference(cupy: Any, workload: Any, a: Any, b: Any) -> tuple[Any, Any]:
-    """(ref, tol) of a convolution through cuDNN (PyTorch): channels-last tensors, fp32 math
-    on the fp16 inputs with TF32 off, and |x|*|w| through the same convolution for the
-    tolerance's magnitude term."""
-    import torch
-    import torch.nn.functional as functional
-
-    torch.backends.cudnn.allow_tf32 = False
-    spatial = a.ndim - 2
-    cupy.cuda.Device().synchronize()
-    x, w = torch.from_dlpack(a), torch.from_dlpack(b)
-    # NHWC (NDHWC) storage seen as NCHW (NCDHW): the channels-last layout cuDNN takes as is.
-    channels_first = (0, spatial + 1, *range(1, spatial + 1))
-    x32, w32 = x.permute(*channels_first).float(), w.permute(*channels_first).float()
-    conv = functional.conv2d if spatial == 2 else functional.conv3d
-    with torch.no_grad():
-        product = conv(x32, w32, stride=workload.stride, padding=workload.pad)
-        magnitude = conv(x32.abs(), w32.abs(), stride=workload.stride, padding=workload.pad)
-    channels_last = (0, *range(2, spatial + 2), 1)
-    product = product.permute(*channels_last).contiguous()
-    magnitude = magnitude.permute(*channels_last).contiguous()
-    torch.cuda.synchronize()
-    ref = cupy.array(cupy.from_dlpack(product), copy=True)
-    tol = tolerance(cupy, ref, cupy.from_dlpack(magnitude), workload.gemm_view().k)
-    cupy.cuda.Device().synchronize()
-    del x, w, x32, w32, product, magnitude
-    torch.cuda.empty_cache()
-    return ref.astype(cupy.float32, copy=False), tol.astype(cupy.float32, copy=False)
-
-
-def reference_method(workload: Any, conv_reference: str) -> str:
-    """How the reference of a workload is computed: "cublas" (GEMM, BMM), "cublas-im2col" or
-    "cudnn" (convolutions, as ``conv_reference`` asks)."""
-    if workload.op not in ("conv2d", "conv3d"):
-        return "cublas"
-    return "cudnn" if conv_reference == "cudnn" else "cublas-im2col"
-
-
-def _compute_reference(
-    cupy: Any, workload: Any, a: Any, b: Any, conv_reference: str
-) -> tuple[Any, Any, str, str | None]:
-    """(ref, tol, method, why the asked-for method was not used)."""
-    method = reference_method(workload, conv_reference)
-    why = None
-    if method == "cudnn":
-        try:
-            ref, tol = cudnn_reference(cupy, workload, a, b)
-            return ref, tol, method, None
-        except Exception as exc:  # no PyTorch or no cuDNN here: the cuBLAS reference stands in
-            why = f"cuDNN reference unavailable ({type(exc).__name__}: {exc})"
-    ref, tol = reference(cupy, workload, a, b)
-    return ref, tol, reference_method(workload, "cublas"), why
-
-
 def prepare_workload(
     canonical: dict[str, Any],
     seed: int,
@@ -177,23 +151,27 @@ def prepare_workload(
     conv_reference: str = "cublas",
 ) -> dict[str, Any]:
     """Upload the inputs and set up the reference and tolerance for one workload (from the
-    disk cache when an earlier child computed them)."""
+    disk cache when an earlier child computed them), with the workload's family's
+    reference module."""
     import cupy
 
-    from pipetune.model.workloads import parse_workload
+    from pipetune.model.family import family_of, parse_any_workload
+    from pipetune.workers.families import reference_for
 
     if conv_reference not in CONV_REFERENCES:
         raise ValueError(f"conv_reference must be one of {CONV_REFERENCES}")
     started = time.perf_counter()
-    workload = parse_workload(canonical)
+    workload = parse_any_workload(canonical)
+    checks = reference_for(family_of(workload))
     _STATE.pop("workload", None)
     cupy.get_default_memory_pool().free_all_blocks()
-    a_host, b_host = make_inputs(workload, seed)
-    a, b = cupy.asarray(a_host), cupy.asarray(b_host)
+    inputs = {
+        name: cupy.asarray(host) for name, host in checks.input_buffers(workload, seed).items()
+    }
     notes: list[str] = []
 
     def compute() -> tuple[Any, Any, str]:
-        ref, tol, used, why = _compute_reference(cupy, workload, a, b, conv_reference)
+        ref, tol, used, why = checks.compute_reference(cupy, workload, inputs, conv_reference)
         notes.extend([why] if why else [])
         return ref, tol, used
 
@@ -201,21 +179,67 @@ def prepare_workload(
         cupy,
         workload.workload_hash,
         seed,
-        reference_method(workload, conv_reference),
+        checks.reference_method(workload, conv_reference),
         Path(cache_dir) if cache_dir else None,
         compute,
         to_host=cupy.asnumpy,
+        formula=checks.tolerance_text(workload),
     )
-    c = cupy.empty(operand_shapes(workload)[2], dtype=cupy.float16)
     cupy.cuda.Device().synchronize()
-    _STATE["workload"] = (workload.workload_hash, a, b, c, ref, tol)
+    _STATE["workload"] = Prepared(workload.workload_hash, workload, inputs, ref, tol, checks)
     return {
         "workload_hash": workload.workload_hash,
         "reference": used,
         "reference_note": notes[0] if notes else None,
         "reference_from_disk": from_disk,
+        "tolerance": checks.tolerance_text(workload),
         "seconds": round(time.perf_counter() - started, 3),
     }
+
+
+@dataclass
+class Prepared:
+    """One workload set up on the device: inputs by buffer name, the reference, the
+    tolerance, and the output and workspace buffers the trials allocated (reused)."""
+
+    workload_hash: str
+    workload: Any
+    inputs: dict[str, Any]
+    ref: Any
+    tol: Any
+    checks: Any  # the family's reference module
+    scratch: dict[tuple[str, tuple[int, ...], str], Any] | None = None
+
+    def buffer(self, cupy: Any, name: str, shape: tuple[int, ...], dtype: str) -> Any:
+        """A non-input buffer of the plan (kept for the next trial of the same shape)."""
+        self.scratch = self.scratch if self.scratch is not None else {}
+        key = (name, tuple(shape), dtype)
+        if key not in self.scratch:
+            self.scratch[key] = cupy.empty(shape, dtype=getattr(cupy, dtype))
+        return self.scratch[key]
+
+
+def _nan_fill(cupy: Any, array: Any) -> None:
+    """NaN everywhere (an output element the kernel never writes then fails the check)."""
+    if array.dtype == cupy.float16:
+        array.view(cupy.uint16).fill(0xFFFF)
+    else:
+        array.fill(float("nan"))
+
+
+def _device_plan(cupy: Any, spec: TrialSpec, workload: Any, functions: dict[str, Any]) -> Any:
+    """The plan to launch: the parent's, or (when the grid depends on it) planned again
+    with the driver's occupancy of the loaded first kernel, on this device's SMs."""
+    if spec.codegen is None:
+        return spec.plan
+    first = spec.plan.launches[0]
+    occupancy = cupy.cuda.driver.occupancyMaxActiveBlocksPerMultiprocessor(
+        functions[first.kernel].ptr, first.block[0], first.smem_bytes
+    )
+    device = cupy.cuda.Device()
+    sm_count = int(cupy.cuda.runtime.getDeviceProperties(device.id)["multiProcessorCount"])
+    codegen = importlib.import_module(spec.codegen)
+    return codegen.launch_plan(spec.kernel, workload, sm_count, max(1, int(occupancy)))
 
 
 def _failed(status: str, error: str, *, poisoned: bool) -> dict[str, Any]:
@@ -227,31 +251,57 @@ def _flush() -> None:
 
 
 def run_trial(spec: TrialSpec) -> dict[str, Any]:
-    """Verify and time one kernel. Returns {"status", "samples_ms"?, "max_abs_error"?,
+    """Verify and time one kernel's run. Returns {"status", "samples_ms"?, "max_abs_error"?,
     "error"?, "poisoned"?}; status is ok, launch_error, runtime_error or wrong_result."""
     import cupy
 
-    prepared = _STATE.get("workload")
-    if prepared is None or prepared[0] != spec.workload_hash:
+    prepared: Prepared | None = _STATE.get("workload")
+    if prepared is None or prepared.workload_hash != spec.workload_hash:
         raise RuntimeError("run_trial before prepare_workload for this workload")
     if spec.cubin_path is None:
         raise RuntimeError(f"no cubin for {spec.kernel_name}: a real launch needs one")
-    _, a, b, c, ref, tol = prepared
     cuda_errors = _cuda_errors()
     try:
-        kernel = cupy.RawModule(path=spec.cubin_path).get_function(spec.kernel_name)
-        kernel.max_dynamic_shared_size_bytes = spec.smem_bytes
+        module = cupy.RawModule(path=spec.cubin_path)
+        names = dict.fromkeys(launch.kernel for launch in spec.plan.launches)
+        functions = {name: module.get_function(name) for name in names}
+        for launch in spec.plan.launches:
+            fn = functions[launch.kernel]
+            fn.max_dynamic_shared_size_bytes = max(
+                fn.max_dynamic_shared_size_bytes, launch.smem_bytes
+            )
+        plan = _device_plan(cupy, spec, prepared.workload, functions)
     except cuda_errors as exc:
         return _failed("launch_error", f"loading the kernel: {exc}", poisoned=True)
-    args = (a, b, c, *(np.int32(v) for v in spec.scalars))
-    block = (spec.threads, 1, 1)
+    except ValueError as exc:  # the plan does not fit this device (e.g. a row's blocks)
+        return _failed("launch_error", f"launch plan: {exc}", poisoned=False)
+    buffers: dict[str, Any] = {}
+    for b in plan.buffers:
+        if b.role == "input":
+            buffers[b.name] = prepared.inputs[b.name]
+        else:
+            buffers[b.name] = prepared.buffer(cupy, b.name, b.shape, b.dtype)
+    calls = []
+    for launch in plan.launches:
+        args = tuple(
+            buffers[name]
+            if kind == "buffer"
+            else (np.float32 if kind == "float32" else np.int32)(launch.scalars[name])
+            for name, kind in launch.parameters()
+        )
+        calls.append((functions[launch.kernel], launch.grid, launch.block, args, launch.smem_bytes))
 
-    def launch() -> None:
-        kernel(spec.grid, block, args, shared_mem=spec.smem_bytes)
+    def run() -> None:
+        for fn, grid, block, args, smem in calls:
+            fn(grid, block, args, shared_mem=smem)
 
-    c.view(cupy.uint16).fill(0xFFFF)  # fp16 NaN: an output the kernel never writes fails
+    for b in plan.buffers:
+        if b.role == "output":
+            _nan_fill(cupy, buffers[b.name])
+        elif b.role == "workspace":
+            buffers[b.name].fill(0)
     try:
-        launch()
+        run()
     except cuda_errors as exc:
         return _failed("launch_error", f"launch: {exc}", poisoned=True)
     try:
@@ -259,11 +309,12 @@ def run_trial(spec: TrialSpec) -> dict[str, Any]:
     except cuda_errors as exc:
         return _failed("runtime_error", f"kernel execution: {exc}", poisoned=True)
 
-    passed, max_error, why = check(cupy, c, ref, tol)
+    out = buffers[plan.output]
+    passed, max_error, why = prepared.checks.check(cupy, out, prepared.ref, prepared.tol)
     if not passed:
         return {"status": "wrong_result", "max_abs_error": max_error, "error": why}
     try:
-        samples = time_launches(launch, _flush, CupyClock(cupy), spec.policy)
+        samples = time_launches(run, _flush, CupyClock(cupy), spec.policy)
     except cuda_errors as exc:
         return _failed("runtime_error", f"timed runs: {exc}", poisoned=True)
     return {"status": "ok", "samples_ms": samples, "max_abs_error": max_error, "verified": True}

@@ -1,11 +1,13 @@
 """The parent side of the runners that measure pipetune's own kernels in a child process.
 
-Parent (this module; no CuPy import): generate each schedule's kernel (workers.codegen),
-compile it for the device's arch with NVRTC in the compile-ahead pool (workers.runners.builds),
-and send trials in batches to a persistent child process (workers.runners.isolation) that
-runs one *side*: workers.runners.cupy_child on a GPU (:class:`CupyRunner`), or its
-simulated twin workers.runners.sim_child (:class:`SimulatedLaunchRunner`, a CPU rehearsal
-of everything but the launch).
+Parent (this module; no CuPy import): generate each schedule's kernel with its workload's
+family's generator (workers.families.codegen_for), compile it for the device's arch with
+NVRTC in the compile-ahead pool (workers.runners.builds), describe the run as the
+generator's launch plan (workers.launch_plan: buffers by name and ordered launches), and
+send trials in batches to a persistent child process (workers.runners.isolation) that runs
+one *side*: workers.runners.cupy_child on a GPU (:class:`CupyRunner`), or its simulated twin
+workers.runners.sim_child (:class:`SimulatedLaunchRunner`, a CPU rehearsal of everything but
+the launch).
 
 Failures: a kernel that does not compile is compile_error; one whose module load or launch
 fails is launch_error; a CUDA fault while it runs, or a child that dies, is runtime_error; a
@@ -29,11 +31,9 @@ from typing import Any
 
 import numpy as np
 
-from pipetune.model.analytical import evaluate
+from pipetune.model.family import family_of
 from pipetune.model.hardware import GPUSpec, HardwareError, get_gpu, resolve_gpu_key
-from pipetune.model.space import KNOB_NAMES, Schedule, Space, invalid_reasons
 from pipetune.model.trials import MeasureResult
-from pipetune.model.workloads import AnyWorkload
 from pipetune.workers.runners.base import (
     MeasureSettings,
     Progress,
@@ -42,7 +42,7 @@ from pipetune.workers.runners.base import (
     RunnerUnavailableError,
     summarise,
 )
-from pipetune.workers.runners.builds import Compiled, KernelBuilds, load_toolchain
+from pipetune.workers.runners.builds import Compiled, KernelBuilds, generator_of, load_toolchain
 from pipetune.workers.runners.cupy_child import TrialSpec
 from pipetune.workers.runners.isolation import CallOutcome, IsolatedWorker, WorkerStartError
 from pipetune.workers.runners.outcomes import clip, failed_call
@@ -100,50 +100,69 @@ def compile_failure(compiled: Compiled, runner: str = "cupy") -> MeasureResult:
     )
 
 
+def model_view(
+    workload: Any, gpu: GPUSpec | None, schedules: Sequence[Any]
+) -> tuple[list[float | None], list[int | None]]:
+    """The workload family's analytical model on each schedule: (latency in µs, resident
+    blocks per SM), None outside the GPU's valid space, or for every schedule on a device
+    the model has no spec for."""
+    none: list[Any] = [None] * len(schedules)
+    if gpu is None or not schedules:
+        return list(none), list(none)
+    fam = family_of(workload)
+    knobs = fam.knob_arrays(schedules)
+    bad = np.zeros(len(schedules), dtype=bool)
+    for mask in fam.invalid_reasons(knobs, workload, gpu).values():
+        bad |= np.asarray(mask, dtype=bool)
+    ok = np.flatnonzero(~bad)
+    latency: list[float | None] = list(none)
+    occupancy: list[int | None] = list(none)
+    if ok.size:
+        space = fam.space_of(workload, gpu, {k: v[ok] for k, v in knobs.items()})
+        t_kernel = fam.evaluate(space).T_kernel
+        blocks = space.blocks_per_sm
+        for i, t, b in zip(ok.tolist(), t_kernel.tolist(), blocks.tolist(), strict=True):
+            latency[i], occupancy[i] = t * 1e6, int(b)
+    return latency, occupancy
+
+
 def model_latencies_us(
-    workload: AnyWorkload, gpu: GPUSpec | None, schedules: Sequence[Schedule]
+    workload: Any, gpu: GPUSpec | None, schedules: Sequence[Any]
 ) -> list[float | None]:
     """The analytical model's latency of each schedule (None outside the GPU's valid space,
     or for every schedule on a device the model has no spec for)."""
-    if gpu is None or not schedules:
-        return [None] * len(schedules)
-    knobs = {k: np.array([getattr(s, k) for s in schedules], dtype=np.int64) for k in KNOB_NAMES}
-    bad = np.zeros(len(schedules), dtype=bool)
-    for mask in invalid_reasons(knobs, workload, gpu).values():
-        bad |= mask
-    ok = np.flatnonzero(~bad)
-    out: list[float | None] = [None] * len(schedules)
-    if ok.size:
-        t_kernel = evaluate(Space(workload, gpu, {k: v[ok] for k, v in knobs.items()})).T_kernel
-        for i, t in zip(ok.tolist(), t_kernel.tolist(), strict=True):
-            out[i] = t * 1e6
-    return out
+    return model_view(workload, gpu, schedules)[0]
 
 
 def trial_spec(
     compiled: Compiled,
-    workload: AnyWorkload,
-    schedule: Schedule,
+    workload: Any,
+    schedule: Any,
     policy: RepeatPolicy,
     model_us: float | None = None,
+    *,
+    sm_count: int = 1,
+    blocks_per_sm: int | None = None,
 ) -> TrialSpec:
-    """One trial for the child. Its launch geometry is workers.codegen.launch_config's, the
-    one description `pipetune.kernel` and `pipetune export` give users too (a test compares
-    them), so what is timed here is what users launch."""
-    from pipetune.workers.codegen import launch_config
-
-    launch = launch_config(compiled.kernel, workload)
+    """One trial for the child: the run as the workload family's generator plans it
+    (``launch_plan``). For GEMMs that is workers.codegen.launch_config's one launch, the
+    description `pipetune.kernel` and `pipetune export` give users too (a test compares
+    them), so what is timed here is what users launch. A plan whose grid depends on the
+    occupancy is made here with the model's (``blocks_per_sm``, ``sm_count``: the device's
+    SMs) and made again by the child with the driver's; ValueError when it cannot be made
+    (a schedule whose blocks do not fit)."""
+    codegen = generator_of(workload)
+    plan = codegen.launch_plan(compiled.kernel, workload, sm_count, blocks_per_sm or 1)
+    replan = bool(codegen.grid_depends_on_occupancy(compiled.kernel))
     return TrialSpec(
         workload_hash=workload.workload_hash,
         schedule_id=schedule.id,
         cubin_path=compiled.cubin_path,
-        kernel_name=launch.kernel,
-        threads=int(launch.block[0]),
-        smem_bytes=int(launch.smem_bytes),
-        grid=(int(launch.grid[0]), int(launch.grid[1]), int(launch.grid[2])),
-        scalars=tuple(int(v) for v in launch.scalars.values()),
+        plan=plan,
         policy=policy,
         model_us=model_us,
+        kernel=compiled.kernel if replan else None,
+        codegen=codegen.__name__ if replan else None,
     )
 
 
@@ -228,7 +247,9 @@ class KernelRunner(Runner):
             "l2_flush": f"write {self.device.get('flush_bytes')} B (>= 2x L2) before each repeat",
             "timing": "CUDA events around each launch; median of the repeats",
             "timing_floor_us": self.timing_floor_us,
-            "verification": TOLERANCE_TEXT,
+            "verification": TOLERANCE_TEXT
+            if self.last_prepare is None
+            else self.last_prepare.get("tolerance", TOLERANCE_TEXT),
             "reference": None if self.last_prepare is None else self.last_prepare["reference"],
             "trial_timeout_s": self.trial_timeout_s,
             "batch_size": self.batch_size,
@@ -239,23 +260,25 @@ class KernelRunner(Runner):
 
     def prepare(
         self,
-        workload: AnyWorkload,
-        schedules: Sequence[Schedule],
+        workload: Any,
+        schedules: Sequence[Any],
         progress: Progress | None = None,
     ) -> None:
-        """Compile every schedule's kernel for this workload's variant (cached); waits."""
-        self._builds.build(self._builds.codegen.variant_of(workload), schedules, progress)
+        """Compile every schedule's kernel for this workload (cached); waits."""
+        self._builds.build(workload, schedules, progress)
 
-    def compile_ahead(self, workload: AnyWorkload, schedules: Sequence[Schedule]) -> None:
+    def compile_ahead(self, workload: Any, schedules: Sequence[Any]) -> None:
         """Queue the schedules' kernels in the compile pool and return at once."""
-        self._builds.submit(self._builds.codegen.variant_of(workload), schedules)
+        self._builds.submit(workload, schedules)
 
-    def variant_of(self, workload: AnyWorkload) -> str:
-        return str(self._builds.codegen.variant_of(workload))
+    def variant_of(self, workload: Any) -> str:
+        """The kind of kernel a workload needs (its generator's ``kernel_kind``: the GEMM
+        variant, the memory-intensive op), as the compile-time table names it."""
+        return str(generator_of(workload).kernel_kind(workload))
 
-    def compile_backlog(self, workload: AnyWorkload, schedules: Sequence[Schedule]) -> int:
+    def compile_backlog(self, workload: Any, schedules: Sequence[Any]) -> int:
         """Kernels of these schedules still waiting for the compile pool."""
-        return self._builds.backlog(self.variant_of(workload), schedules)
+        return self._builds.backlog(workload, schedules)
 
     @property
     def compile_workers(self) -> int:
@@ -280,7 +303,7 @@ class KernelRunner(Runner):
             self.timing_floor_us = statistics.median(outcome.value) * 1e3
         return self.timing_floor_us
 
-    def _ensure_prepared(self, workload: AnyWorkload) -> None:
+    def _ensure_prepared(self, workload: Any) -> None:
         try:
             self._pool.start()
         except WorkerStartError as exc:
@@ -306,33 +329,46 @@ class KernelRunner(Runner):
         kernel_s = (spec.model_us or UNKNOWN_TRIAL_S * 1e6) / 1e6
         return TRIAL_OVERHEAD_S + launches * kernel_s
 
-    def _measure(self, workload: AnyWorkload, schedules: list[Schedule]) -> list[MeasureResult]:
+    def _measure(self, workload: Any, schedules: list[Any]) -> list[MeasureResult]:
         return self.run_trials(workload, schedules, RepeatPolicy.of(self._settings))
 
-    def verify(self, workload: AnyWorkload, schedules: Sequence[Schedule]) -> list[MeasureResult]:
+    def verify(self, workload: Any, schedules: Sequence[Any]) -> list[MeasureResult]:
         """Launch and check each schedule's kernel once; no timing (status ok = correct)."""
         if self.closed:
             raise RunnerError(f"the {self.name} runner is closed")
         return self.run_trials(workload, list(schedules), RepeatPolicy.verify_only())
 
     def run_trials(
-        self, workload: AnyWorkload, schedules: list[Schedule], policy: RepeatPolicy
+        self, workload: Any, schedules: list[Any], policy: RepeatPolicy
     ) -> list[MeasureResult]:
-        codegen = self._builds.codegen
-        variant = codegen.variant_of(workload)
-        self._builds.submit(variant, schedules)
+        self._builds.submit(workload, schedules)
         if policy.timed:
             self.measure_floor()
-        model_us = model_latencies_us(workload, self.gpu, schedules)
+        model_us, occupancy = model_view(workload, self.gpu, schedules)
+        sm_count = int(self.device.get("sm_count") or 1)
         results: list[MeasureResult | None] = [None] * len(schedules)
         batch: list[tuple[int, TrialSpec, Compiled]] = []
         batch_s = 0.0
         for i, schedule in enumerate(schedules):
-            compiled = self._builds.get(variant, schedule)
+            compiled = self._builds.get(workload, schedule)
             if compiled.error is not None or compiled.kernel is None:
                 results[i] = compile_failure(compiled, self.name)
                 continue
-            spec = trial_spec(compiled, workload, schedule, policy, model_us[i])
+            try:
+                spec = trial_spec(
+                    compiled,
+                    workload,
+                    schedule,
+                    policy,
+                    model_us[i],
+                    sm_count=sm_count,
+                    blocks_per_sm=occupancy[i],
+                )
+            except ValueError as exc:  # the generator cannot plan this run on this device
+                results[i] = MeasureResult(
+                    status="launch_error", error=clip(f"launch plan: {exc}"), runner=self.name
+                )
+                continue
             batch.append((i, spec, compiled))
             batch_s += self._expected_s(spec)
             if len(batch) >= self.batch_size or batch_s >= self.batch_seconds:
@@ -345,7 +381,7 @@ class KernelRunner(Runner):
 
     def _run_batch(
         self,
-        workload: AnyWorkload,
+        workload: Any,
         batch: list[tuple[int, TrialSpec, Compiled]],
         results: list[MeasureResult | None],
     ) -> None:

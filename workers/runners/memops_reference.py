@@ -50,7 +50,17 @@ SUBNORMAL_STEP = 2.0**-24
 EXACT = 2.0**-25  # below any difference of two fp16 values (and non-zero: check divides by it)
 ROW_CHUNK_ELEMENTS = 1 << 26  # rows·cols of one reference chunk (bounds the fp32 copies)
 
-__all__ = ["check", "input_shapes", "make_inputs", "output_shape", "reference", "tolerance_text"]
+__all__ = [
+    "check",
+    "compute_reference",
+    "input_buffers",
+    "input_shapes",
+    "make_inputs",
+    "output_shape",
+    "reference",
+    "reference_method",
+    "tolerance_text",
+]
 
 
 def input_shapes(workload: MemWorkload) -> dict[str, tuple[int, ...]]:
@@ -166,3 +176,21 @@ def tolerance_text(workload: MemWorkload) -> str:
         "|mean|*rstd*|g| + |b|) + 2^-14",
         "bias_gelu": f"|y-ref| <= 2*2^-11*|ref| + {a}*(|x+bias|+1) + 2^-14",
     }[key]
+
+
+# The runners' interface to a family's reference check (workers/runners/reference.py says
+# what it is): the inputs are already by buffer name, and the reference is computed by the
+# array module itself (CuPy's reductions on the GPU; there is no vendor library to prefer).
+def input_buffers(workload: MemWorkload, seed: int) -> dict[str, np.ndarray]:
+    return make_inputs(workload, seed)
+
+
+def reference_method(workload: MemWorkload, preferred: str = "cublas") -> str:
+    return "xp-float32"
+
+
+def compute_reference(
+    xp: Any, workload: MemWorkload, inputs: dict[str, Any], preferred: str = "cublas"
+) -> tuple[Any, Any, str, str | None]:
+    ref, tol = reference(xp, workload, inputs)
+    return ref, tol, reference_method(workload, preferred), None

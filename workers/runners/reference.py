@@ -1,12 +1,21 @@
-"""Inputs, reference results and the fp16 tolerance for verifying a kernel's output.
+"""Inputs, reference results and the fp16 tolerance for verifying a tensor-core GEMM
+family kernel's output (the family's reference check, model/gemm_family.py).
 
 Written against an array module ``xp`` (CuPy on the GPU, numpy in the tests) so that the
 same code that checks kernels on the GPU is tested here on the CPU.
 
+What every family's reference module gives the runners (workers/runners/memops_reference.py
+is the other): ``input_buffers(workload, seed)`` (host fp16 arrays by the launch plan's
+buffer names), ``reference_method``, ``compute_reference(xp, workload, inputs, preferred)``
+(the reference and the per-element tolerance, shaped as the plan's output), ``check`` and
+``tolerance_text``.
+
 Reference: the kernel computes C = A·B from fp16 inputs with fp32 accumulation and stores
 C in fp16. The reference computes the same product in fp32 from the same fp16 inputs
 (``xp.matmul``, cuBLAS on the GPU); a convolution is first lowered to its implicit GEMM by
-an explicit im2col of the NHWC (NDHWC) input against the KRSC (KTRSC) filter.
+an explicit im2col of the NHWC (NDHWC) input against the KRSC (KTRSC) filter, or, when
+asked (``preferred="cudnn"``, the campaign's correctness phase), computed by cuDNN through
+PyTorch: an implementation of convolution that shares nothing with pipetune's.
 
 Tolerance, per output element (u16 = 2^-11, u32 = 2^-24 the unit roundoffs)::
 
@@ -160,3 +169,75 @@ def check(xp: Any, c: Any, ref: Any, tol: Any) -> tuple[bool, float | None, str 
             f"tolerance {float(tol.ravel()[worst]):.4g})",
         )
     return True, max_error, None
+
+
+# How a convolution's reference may be computed: the im2col product through cuBLAS, or cuDNN.
+CONV_REFERENCES = ("cublas", "cudnn")
+
+
+def input_buffers(workload: AnyWorkload, seed: int) -> dict[str, np.ndarray]:
+    """The inputs by the launch plan's buffer names (A, B): make_inputs's arrays."""
+    a, b = make_inputs(workload, seed)
+    return {"A": a, "B": b}
+
+
+def tolerance_text(workload: AnyWorkload) -> str:
+    return TOLERANCE_TEXT
+
+
+def reference_method(workload: AnyWorkload, preferred: str = "cublas") -> str:
+    """How the reference of a workload is computed: "cublas" (GEMM, BMM), "cublas-im2col" or
+    "cudnn" (convolutions, as ``preferred`` asks)."""
+    if preferred not in CONV_REFERENCES:
+        raise ValueError(f"conv_reference must be one of {CONV_REFERENCES}")
+    if workload.op not in ("conv2d", "conv3d"):
+        return "cublas"
+    return "cudnn" if preferred == "cudnn" else "cublas-im2col"
+
+
+def cudnn_reference(cupy: Any, workload: Any, a: Any, b: Any) -> tuple[Any, Any]:
+    """(ref, tol) of a convolution through cuDNN (PyTorch): channels-last tensors, fp32 math
+    on the fp16 inputs with TF32 off, and |x|*|w| through the same convolution for the
+    tolerance's magnitude term. CuPy arrays in and out (on a GPU only)."""
+    import torch
+    import torch.nn.functional as functional
+
+    torch.backends.cudnn.allow_tf32 = False
+    spatial = a.ndim - 2
+    cupy.cuda.Device().synchronize()
+    x, w = torch.from_dlpack(a), torch.from_dlpack(b)
+    # NHWC (NDHWC) storage seen as NCHW (NCDHW): the channels-last layout cuDNN takes as is.
+    channels_first = (0, spatial + 1, *range(1, spatial + 1))
+    x32, w32 = x.permute(*channels_first).float(), w.permute(*channels_first).float()
+    conv = functional.conv2d if spatial == 2 else functional.conv3d
+    with torch.no_grad():
+        product = conv(x32, w32, stride=workload.stride, padding=workload.pad)
+        magnitude = conv(x32.abs(), w32.abs(), stride=workload.stride, padding=workload.pad)
+    channels_last = (0, *range(2, spatial + 2), 1)
+    product = product.permute(*channels_last).contiguous()
+    magnitude = magnitude.permute(*channels_last).contiguous()
+    torch.cuda.synchronize()
+    ref = cupy.array(cupy.from_dlpack(product), copy=True)
+    tol = tolerance(cupy, ref, cupy.from_dlpack(magnitude), workload.gemm_view().k)
+    cupy.cuda.Device().synchronize()
+    del x, w, x32, w32, product, magnitude
+    torch.cuda.empty_cache()
+    return ref.astype(cupy.float32, copy=False), tol.astype(cupy.float32, copy=False)
+
+
+def compute_reference(
+    xp: Any, workload: AnyWorkload, inputs: dict[str, Any], preferred: str = "cublas"
+) -> tuple[Any, Any, str, str | None]:
+    """(ref, tol, method used, why the preferred method was not used): cuDNN where asked and
+    it can run, else the fp32 product through ``xp.matmul``."""
+    method = reference_method(workload, preferred)
+    a, b = inputs["A"], inputs["B"]
+    why = None
+    if method == "cudnn":
+        try:
+            ref, tol = cudnn_reference(xp, workload, a, b)
+            return ref, tol, method, None
+        except Exception as exc:  # no PyTorch or no cuDNN here: the cuBLAS reference stands in
+            why = f"cuDNN reference unavailable ({type(exc).__name__}: {exc})"
+    ref, tol = reference(xp, workload, a, b)
+    return ref, tol, reference_method(workload, "cublas"), why

@@ -39,9 +39,11 @@ def default_folder() -> Path:
     return Path(tempfile.gettempdir()) / "pipetune-references"
 
 
-def cache_key(workload_hash: str, seed: int, method: str) -> str:
-    formula = hashlib.sha256(TOLERANCE_TEXT.encode()).hexdigest()[:8]
-    return f"{workload_hash}-seed{seed}-{method}-{formula}"
+def cache_key(workload_hash: str, seed: int, method: str, formula: str = TOLERANCE_TEXT) -> str:
+    """The entry's name: the workload, the input seed, how the reference was computed, and
+    the tolerance formula (its family's check's text)."""
+    digest = hashlib.sha256(formula.encode()).hexdigest()[:8]
+    return f"{workload_hash}-seed{seed}-{method}-{digest}"
 
 
 def _paths(folder: Path, key: str) -> tuple[Path, Path]:
@@ -92,15 +94,16 @@ def cached_reference(
     folder: Path | None,
     compute: Callable[[], tuple[Any, Any, str]],
     to_host: Callable[[Any], np.ndarray] = np.asarray,
+    formula: str = TOLERANCE_TEXT,
 ) -> tuple[Any, Any, str, bool]:
     """(ref, tol, method used, came from disk): the cached entry for ``method`` as ``xp``
     arrays, else ``compute()``'s (ref, tol, method it used), stored under the method it used
     (a fallback's arrays never pass for the method asked for). ``folder`` None: no cache."""
     if folder is not None:
-        hit = load(folder, cache_key(workload_hash, seed, method))
+        hit = load(folder, cache_key(workload_hash, seed, method, formula))
         if hit is not None:
             return xp.asarray(hit[0]), xp.asarray(hit[1]), method, True
     ref, tol, used = compute()
     if folder is not None:
-        store(folder, cache_key(workload_hash, seed, used), to_host(ref), to_host(tol))
+        store(folder, cache_key(workload_hash, seed, used, formula), to_host(ref), to_host(tol))
     return ref, tol, used, False

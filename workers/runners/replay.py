@@ -13,11 +13,9 @@ from pathlib import Path
 from typing import Any
 
 from pipetune.model.hardware import GPUSpec, resolve_gpu_key
-from pipetune.model.space import Schedule
 from pipetune.model.trials import MeasureResult
-from pipetune.model.workloads import AnyWorkload
 from pipetune.workers.datasets import Dataset, check_pipetune, load_dataset, result_from_record
-from pipetune.workers.runners.base import Runner, RunnerError
+from pipetune.workers.runners.base import AnyWorkload, Runner, RunnerError, Schedule
 
 
 class ScheduleNotInDatasetError(RunnerError, KeyError):

@@ -12,9 +12,10 @@ a fault), so a CPU rehearsal exercises everything but CuPy and the GPU. Every an
   stated noise model; the child sleeps ``PIPETUNE_SIMULATED_TIME_SCALE`` x the launches'
   total time.
 - Nothing is verified: a trial answers ``verified: False``. For workloads small enough to
-  compute on the CPU (``REFERENCE_FLOPS``), setting a workload up computes the numpy
-  reference through the disk cache and checks an fp16-rounded copy of it with the same
-  ``check`` the GPU uses, so those code paths run in the rehearsal too.
+  compute on the CPU (``REFERENCE_WORK``), setting a workload up computes the numpy
+  reference of the workload's family (its reference module) through the disk cache and
+  checks an fp16-rounded copy of it with the same ``check`` the GPU uses, so those code
+  paths run in the rehearsal too.
 - Faults for tests: schedules named in ``wrong`` (a schedule id, for every workload, or
   ``<workload hash>/<schedule id>``) answer wrong_result; a FaultPlan makes
   the child crash (SIGSEGV) or hang, as workers.runners.faults rehearses them.
@@ -30,9 +31,9 @@ from typing import Any
 import numpy as np
 
 from pipetune.workers.runners import reference_cache
-from pipetune.workers.runners.cupy_child import CONV_REFERENCES, TrialSpec
+from pipetune.workers.runners.cupy_child import TrialSpec
 from pipetune.workers.runners.faults import FaultPlan, run_simulated_trial
-from pipetune.workers.runners.reference import check, make_inputs, reference
+from pipetune.workers.runners.reference import CONV_REFERENCES
 from pipetune.workers.runners.simulated import (
     DEFAULT_REPEAT_SIGMA,
     DEFAULT_SIGMA,
@@ -42,7 +43,9 @@ from pipetune.workers.runners.simulated import (
 from pipetune.workers.runners.timing import RepeatPolicy, time_launches
 
 _STATE: dict[str, Any] = {}
-REFERENCE_FLOPS = 4e9  # the largest product whose reference the CPU computes (seconds)
+# The most work (in the family's unit) whose reference the CPU computes, in seconds: a 4
+# GFLOP product, or 256 MB of a memory-bound operator's traffic.
+REFERENCE_WORK = {"flop": 4e9, "byte": 256e6}
 FLOOR_US = 2.5  # the stand-in for an empty kernel's timed latency
 
 
@@ -103,20 +106,24 @@ def prepare_workload(
     conv_reference: str = "cublas",
 ) -> dict[str, Any]:
     """Remember the workload; for a small one, run the reference, cache and check paths."""
-    from pipetune.model.workloads import parse_workload
+    from pipetune.model.family import family_of, parse_any_workload
+    from pipetune.workers.families import reference_for
 
     if conv_reference not in CONV_REFERENCES:
         raise ValueError(f"conv_reference must be one of {CONV_REFERENCES}")
     started = time.perf_counter()
-    workload = parse_workload(canonical)
+    workload = parse_any_workload(canonical)
+    family = family_of(workload)
+    checks = reference_for(family)
     _STATE["workload"] = workload.workload_hash
     rehearsed = False
     from_disk = False
-    if workload.flops <= REFERENCE_FLOPS:
-        a, b = make_inputs(workload, seed)
+    if family.work(workload) <= REFERENCE_WORK[family.work_unit]:
+        inputs = checks.input_buffers(workload, seed)
 
         def compute() -> tuple[Any, Any, str]:
-            return (*reference(np, workload, a, b), "numpy-simulated")
+            ref, tol, _, _ = checks.compute_reference(np, workload, inputs, "cublas")
+            return ref, tol, "numpy-simulated"
 
         ref, tol, _, from_disk = reference_cache.cached_reference(
             np,
@@ -125,8 +132,9 @@ def prepare_workload(
             "numpy-simulated",
             Path(cache_dir) if cache_dir else None,
             compute,
+            formula=checks.tolerance_text(workload),
         )
-        rehearsed, _, _ = check(np, ref.astype(np.float16), ref, tol)
+        rehearsed, _, _ = checks.check(np, ref.astype(np.float16), ref, tol)
     return {
         "workload_hash": workload.workload_hash,
         "reference": "none (simulated launch)",

@@ -5,8 +5,10 @@ only: its numbers are the model's, never measurements, and every result says
 Noise model (stated): a schedule's latency is ``T_kernel · exp(sigma · z0)`` and its R timed
 samples are that latency times ``exp(repeat_sigma · z_i)``, with z0, z_i standard normal
 drawn from a generator seeded by (seed, workload hash, schedule id), so every answer is
-deterministic. ``T_kernel`` is model.analytical's prediction for the workload on the GPU.
-Schedules outside the GPU's valid space (model.space rules) answer ``launch_error``.
+deterministic. ``T_kernel`` is the workload family's analytical model's prediction for the
+workload on the GPU (ALCOP's for the tensor-core GEMMs, the wave/bandwidth model for the
+memory-intensive operators). Schedules outside the GPU's valid space (the family's rules)
+answer ``launch_error``.
 
 Faults (optional, for rehearsing a GPU's failures on a CPU): with a
 :class:`~workers.runners.faults.FaultPlan`, every valid trial's answer passes through an
@@ -30,11 +32,9 @@ from typing import Any
 
 import numpy as np
 
-from pipetune.model.analytical import evaluate
+from pipetune.model.family import family_of
 from pipetune.model.hardware import GPUSpec, get_gpu
-from pipetune.model.space import KNOB_NAMES, Schedule, Space, invalid_reasons
 from pipetune.model.trials import MeasureResult
-from pipetune.model.workloads import AnyWorkload
 from pipetune.workers.runners.base import MeasureSettings, Runner, RunnerError, summarise
 from pipetune.workers.runners.faults import FaultPlan, run_simulated_trial
 from pipetune.workers.runners.isolation import IsolatedWorker
@@ -112,24 +112,28 @@ class SimulatedRunner(Runner):
             "noise": "lognormal",
             "sigma": self.sigma,
             "repeat_sigma": self.repeat_sigma,
-            "model": "analytical (ALCOP Table 1)",
+            "model": "the workload family's analytical model (ALCOP Table 1 for GEMMs)",
             "noise_seed": self.seed,
             **({} if self.faults is None else {"faults": self.faults.describe()}),
         }
 
-    def _measure(self, workload: AnyWorkload, schedules: list[Schedule]) -> list[MeasureResult]:
-        knobs = {
-            k: np.array([getattr(s, k) for s in schedules], dtype=np.int64) for k in KNOB_NAMES
+    def _measure(self, workload: Any, schedules: list[Any]) -> list[MeasureResult]:
+        fam = family_of(workload)
+        knobs = fam.knob_arrays(schedules)
+        reasons = {
+            rule: np.asarray(mask, dtype=bool)
+            for rule, mask in fam.invalid_reasons(knobs, workload, self.gpu).items()
         }
-        reasons = invalid_reasons(knobs, workload, self.gpu)
         bad = np.zeros(len(schedules), dtype=bool)
         for mask in reasons.values():
             bad |= mask
         ok = np.flatnonzero(~bad)
         t_kernel = np.full(len(schedules), np.nan)
+        # Shared memory per block of every schedule asked about (valid or not): reported.
+        smem = fam.space_of(workload, self.gpu, knobs).smem_bytes.tolist()
         if ok.size:
-            space = Space(workload, self.gpu, {k: v[ok] for k, v in knobs.items()})
-            t_kernel[ok] = evaluate(space).T_kernel
+            space = fam.space_of(workload, self.gpu, {k: v[ok] for k, v in knobs.items()})
+            t_kernel[ok] = fam.evaluate(space).T_kernel
 
         repeats = self._settings.repeats
         results: list[MeasureResult] = []
@@ -142,7 +146,7 @@ class SimulatedRunner(Runner):
                     MeasureResult(
                         status="launch_error",
                         error=f"simulated: outside the valid space on {self.gpu.key}: {why}",
-                        smem_bytes=schedule.smem_bytes,
+                        smem_bytes=int(smem[i]),
                         runner=self.name,
                     )
                 )
@@ -153,7 +157,7 @@ class SimulatedRunner(Runner):
             samples_us = [float(s * 1e6) for s in samples_s]
             median, spread = summarise(samples_us)
             busy_s += (self._settings.warmup + repeats) * latency_s
-            failed = self._rehearse(workload, schedule, samples_us)
+            failed = self._rehearse(workload, schedule, samples_us, int(smem[i]))
             results.append(
                 failed
                 or MeasureResult(
@@ -161,7 +165,7 @@ class SimulatedRunner(Runner):
                     latency_us=median,
                     samples_us=samples_us,
                     spread=spread,
-                    smem_bytes=schedule.smem_bytes,
+                    smem_bytes=int(smem[i]),
                     runner=self.name,
                 )
             )
@@ -170,7 +174,7 @@ class SimulatedRunner(Runner):
         return results
 
     def _rehearse(
-        self, workload: AnyWorkload, schedule: Schedule, samples_us: list[float]
+        self, workload: Any, schedule: Any, samples_us: list[float], smem_bytes: int
     ) -> MeasureResult | None:
         """With a fault plan: the trial's answer through the child (None when it came back)."""
         if self.faults is None or self._child is None:
@@ -180,7 +184,7 @@ class SimulatedRunner(Runner):
             outcome = self._child.call(
                 run_simulated_trial, fault, samples_us, timeout_s=self.trial_timeout_s
             )
-        return failed_call(outcome, smem_bytes=schedule.smem_bytes, runner=self.name)
+        return failed_call(outcome, smem_bytes=smem_bytes, runner=self.name)
 
     def close(self) -> None:
         if self._child is not None:

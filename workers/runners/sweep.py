@@ -6,16 +6,15 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from pipetune.model.family import FamilySpace
 from pipetune.model.hardware import GPUSpec
-from pipetune.model.space import Schedule, Space
-from pipetune.model.workloads import AnyWorkload
 from pipetune.workers.datasets import Dataset, dataset_from_results, now_timestamp
-from pipetune.workers.runners.base import Progress, Runner
+from pipetune.workers.runners.base import AnyWorkload, Progress, Runner, Schedule
 
 CHUNK = 32  # schedules per measure() call: progress granularity, one timestamp per chunk
 
 
-def select_schedules(space: Space, limit: int | None, seed: int) -> list[Schedule]:
+def select_schedules(space: FamilySpace, limit: int | None, seed: int) -> list[Schedule]:
     """The whole space, or ``limit`` schedules drawn uniformly with ``seed`` (in space
     order), so a limited sweep is a fair sample rather than the space's first corner."""
     if limit is None or limit >= len(space):

@@ -64,14 +64,36 @@ def _one(value) -> int:
 
 def variant_of(workload: MemWorkload, schedule: MemSchedule) -> tuple[str, int]:
     """(variant, register-cache vectors per thread) of a workload's kernel."""
-    key = op_key(workload)
-    if isinstance(workload, BiasGelu) and workload.approximate == "tanh":
-        key += "-tanh"
+    key = kernel_kind(workload)
     reg_vecs = 1
     if schedule.row_cache == CACHE_REGISTERS:
         reg_vecs = _one(geometry(schedule.knob_arrays(), workload).vecs_per_thread)
         key += f"-r{reg_vecs}"
     return key, reg_vecs
+
+
+def kernel_kind(workload: MemWorkload) -> str:
+    """The kind of kernel a workload needs: the op (reduce-sum, reduce-max, ...), with
+    "-tanh" for the tanh GELU (a register-cached row adds its length per schedule)."""
+    key = op_key(workload)
+    if isinstance(workload, BiasGelu) and workload.approximate == "tanh":
+        key += "-tanh"
+    return key
+
+
+def build_key(workload: MemWorkload, schedule: MemSchedule) -> str:
+    """What a kernel's source depends on besides its schedule: the op (and GELU form) and,
+    for a register-cached row, the vectors a thread keeps; rows and cols are arguments."""
+    return variant_of(workload, schedule)[0]
+
+
+def grid_depends_on_occupancy(kernel: MemKernelSource) -> bool:
+    """Whether the grid is sized from the resident blocks of one wave (a wave bound, or
+    fused splitting whose blocks wait for each other): a runner then passes the driver's
+    occupancy of the loaded kernel to launch_plan, not the model's."""
+    s = kernel.schedule
+    fused = s.blocks_per_row > 1 and s.split_mode == MODE_FUSED
+    return s.max_waves > 0 or fused
 
 
 def kernel_name(variant: str, schedule: MemSchedule) -> str:

@@ -1,0 +1,172 @@
+"""Knobs: the one declaration every kernel family's schedules are built from.
+
+A family declares its knobs as a tuple of :class:`Knob` (name, values, ordered, what it
+sets); its schedule type is a frozen dataclass of int fields in the same order
+(:func:`check_schedule_type` holds the two together at import). Everything else reads the
+declaration: the family's space enumeration (:func:`full_grid`), schedule documents on the
+wire (:func:`check_knob_dict`), the tuner's codec and encoding (values and order), the
+datasets' knob lists and the API schema's enums.
+
+Knob values are ascending ints everywhere, so a schedule is a JSON object of ints on the
+wire, in the database and in datasets.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from functools import cached_property
+from typing import Any
+
+import numpy as np
+
+from pipetune.model.hardware import GPUSpec
+
+
+class ScheduleError(ValueError):
+    """A schedule document with unknown knobs, missing knobs or values outside the space."""
+
+
+@dataclass(frozen=True)
+class Knob:
+    """One knob of a family's schedules.
+
+    ``values`` are ascending ints (the annealer's codec and the datasets rely on the order).
+    ``ordered`` says whether the numeric order means something (threads, tile sizes, stage
+    counts) or the values are categories (where a row is kept); ``labels`` names
+    categorical values; ``doc`` says what the knob sets (the API schema's description).
+    """
+
+    name: str
+    values: tuple[int, ...]
+    ordered: bool
+    doc: str
+    labels: Mapping[int, str] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if list(self.values) != sorted(set(self.values)):
+            raise ValueError(f"knob {self.name}: values must be distinct and ascending")
+        if any(isinstance(v, bool) or not isinstance(v, int) for v in self.values):
+            raise ValueError(f"knob {self.name}: values must be ints")
+        if any(v not in self.values for v in self.labels):
+            raise ValueError(f"knob {self.name}: a label names a value outside the domain")
+
+    def label(self, value: int) -> str:
+        return self.labels.get(value, str(value))
+
+
+def knob_value_problems(knobs: Sequence[Knob], values: Mapping[str, Any]) -> list[str]:
+    """Why knob values are outside their declared domains (empty when none is); an int only,
+    never a bool."""
+    problems = []
+    for knob in knobs:
+        value = values[knob.name]
+        if isinstance(value, bool) or not isinstance(value, int) or value not in knob.values:
+            problems.append(f"{knob.name} must be one of {list(knob.values)}, got {value!r}")
+    return problems
+
+
+def check_knob_dict(
+    knobs: Sequence[Knob], data: object, error: type[Exception] = ScheduleError
+) -> dict[str, int]:
+    """Validate a schedule document against a knob declaration: an object with exactly the
+    knobs, each an int (not a bool) of its domain. Returns the knobs in declaration order."""
+    if not isinstance(data, Mapping):
+        raise error("a schedule must be an object of knob values")
+    names = [k.name for k in knobs]
+    unknown = sorted(str(k) for k in set(data) - set(names))
+    if unknown:
+        raise error(f"unknown knob(s): {', '.join(unknown)}")
+    missing = [n for n in names if n not in data]
+    if missing:
+        raise error(f"missing knob(s): {', '.join(missing)}")
+    problems = knob_value_problems(knobs, data)
+    if problems:
+        raise error(problems[0])
+    return {n: int(data[n]) for n in names}
+
+
+def full_grid(knobs: Sequence[Knob]) -> dict[str, np.ndarray]:
+    """Every combination of knob values (the cross product), one int64 array per knob."""
+    mesh = np.meshgrid(*[np.array(k.values, dtype=np.int64) for k in knobs], indexing="ij")
+    return {k.name: grid.ravel() for k, grid in zip(knobs, mesh, strict=True)}
+
+
+def knob_arrays(knobs: Sequence[Knob], schedules: Iterable[Any]) -> dict[str, np.ndarray]:
+    """Schedules (objects with one attribute per knob) as one int64 array per knob."""
+    rows = list(schedules)
+    return {
+        k.name: np.array([getattr(s, k.name) for s in rows], dtype=np.int64).reshape(len(rows))
+        for k in knobs
+    }
+
+
+def check_schedule_type(schedule_type: type, knobs: Sequence[Knob]) -> None:
+    """A family's schedule dataclass must have exactly the declared knobs, in order (checked
+    at import: the declaration and the type cannot drift apart)."""
+    names = tuple(f.name for f in dataclasses.fields(schedule_type))
+    declared = tuple(k.name for k in knobs)
+    if names != declared:
+        raise TypeError(
+            f"{schedule_type.__name__} has fields {names}, but the knobs declared are {declared}"
+        )
+
+
+class KnobArraySpace:
+    """The container every family's space is: one int64 array per knob, rows are schedules.
+
+    Subclasses set ``declaration`` (the family's knobs) and ``schedule_type`` (built from
+    keyword knob values), and add their derived arrays, ``features()``, ``feature_names``
+    and ``work``.
+    """
+
+    declaration: tuple[Knob, ...] = ()
+    schedule_type: Any = None
+
+    def __init__(self, workload: Any, gpu: GPUSpec, knobs: Mapping[str, np.ndarray]):
+        self.workload = workload
+        self.gpu = gpu
+        self.knobs = {k: np.ascontiguousarray(knobs[k], dtype=np.int64) for k in self.knob_names}
+
+    @property
+    def knob_names(self) -> tuple[str, ...]:
+        return tuple(k.name for k in self.declaration)
+
+    @property
+    def ordered_knobs(self) -> tuple[bool, ...]:
+        """Per knob, whether its values are ordered (the tuner's encoding one-hots the rest)."""
+        return tuple(k.ordered for k in self.declaration)
+
+    def __len__(self) -> int:
+        return len(self.knobs[self.declaration[0].name])
+
+    def __getitem__(self, i: int) -> Any:
+        return self.schedule_type(**{k: int(v[i]) for k, v in self.knobs.items()})
+
+    def __iter__(self) -> Iterator[Any]:
+        for i in range(len(self)):
+            yield self[i]
+
+    def subset(self, index: np.ndarray) -> Any:
+        return type(self)(self.workload, self.gpu, {k: v[index] for k, v in self.knobs.items()})
+
+    @cached_property
+    def ids(self) -> list[str]:
+        return [s.id for s in self]
+
+    @cached_property
+    def _position(self) -> dict[str, int]:
+        return {sid: i for i, sid in enumerate(self.ids)}
+
+    def index(self, schedule: Any) -> int:
+        """Position of a schedule in the space; KeyError if it is not a valid member."""
+        return self._position[schedule.id]
+
+    def __contains__(self, schedule: object) -> bool:
+        return isinstance(schedule, self.schedule_type) and schedule.id in self._position
+
+    @property
+    def cache_key(self) -> tuple:
+        """Identifies the space's contents, for caches of per-space arrays."""
+        return (self.workload.workload_hash, self.gpu.key, self.gpu.profile, len(self))
