@@ -295,6 +295,53 @@ def test_simulated_trials_are_labelled_simulated_wherever_drawn(live_url, chromi
         shutil.copyfile(shot, os.environ[SCREENSHOT_ENV])
 
 
+def test_a_softmax_task_draws_its_curve_in_gb_per_s(live_url, chromium):
+    """The memory-intensive family on the dashboard: its row, its curve and its axis in the
+    family's unit (GB/s), labelled simulated, beside a GEMM task in TFLOP/s."""
+    softmax = {"op": "softmax", "rows": 4096, "cols": 768}
+    with httpx.Client(base_url=live_url, timeout=30) as client:
+        worker = _register(client, "sim", "simulated")
+        tasks = []
+        for workload in (GEMM, softmax):  # the softmax task is the newest: selected first
+            body = {"workload": workload, "gpu": "h100", "budget": 16, "strategy": "random"}
+            tasks.append(client.post("/v1/tasks", json=body).json()["id"])
+        _finish(client, worker, tasks)
+
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=chromium, args=CHROMIUM_ARGS)
+        page = browser.new_page(viewport={"width": 1400, "height": 1000})
+        errors: list[str] = []
+        page.on("pageerror", lambda e: errors.append(str(e)))
+        page.goto(f"{live_url}/dashboard?refresh=300")
+        page.wait_for_function(
+            "() => { const d = document.getElementById('curve-plot').data;"
+            " return d && d[0].x.length === 16; }",
+            timeout=20000,
+        )
+        assert "softmax 4096x768" in page.locator("#task-title").inner_text()
+        assert _axis_title(page, "curve-plot", "yaxis") == "simulated GB/s"
+        rows = [page.locator("#tasks tbody tr").nth(i).inner_text() for i in range(2)]
+        assert "softmax 4096x768" in rows[0] and "GB/s" in rows[0], rows[0]
+        assert "TFLOP/s" in rows[1] and "GB/s" not in rows[1], rows[1]
+        # The curve's values are the task's best throughputs in GB/s, not TFLOP/s.
+        best = page.evaluate("Math.max(...document.getElementById('curve-plot').data[0].y)")
+        assert best > 100  # a softmax on an H100 moves hundreds of GB/s, not ~1 TFLOP/s
+        page.locator("#tasks tbody tr").nth(1).click()
+        page.wait_for_function(
+            "() => document.getElementById('task-title').textContent.includes('gemm')",
+            timeout=20000,
+        )
+        page.wait_for_function(
+            "() => document.getElementById('curve-plot').layout.yaxis.title.text"
+            " === 'simulated TFLOP/s'",
+            timeout=20000,
+        )
+        browser.close()
+    assert errors == []
+
+
 def test_measured_trials_beside_simulated_ones_are_told_apart(live_url, chromium):
     """A task measured by a cupy worker: no banner (not every trial on screen is
     simulated), its latencies untagged and called measured; the simulated task's tagged."""

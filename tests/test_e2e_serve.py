@@ -229,3 +229,44 @@ def test_serve_embedded_with_local_workers_for_every_gpu(tmp_path, gpu):
         server.send_signal(signal.SIGTERM)
         assert server.wait(timeout=60) == 0
     assert not [pid for pid in workers if _alive(pid)]  # serve stopped its workers
+
+
+def test_serve_with_local_workers_tunes_a_softmax_to_its_budget(tmp_path):
+    """The memory-intensive family end to end: `serve --local-workers` (simulated worker
+    processes) tunes a softmax task with the default strategy to exactly its budget."""
+    _worker_command_works()
+    port = _free_port()
+    url = f"http://127.0.0.1:{port}"
+    env = _env(XDG_DATA_HOME=str(tmp_path / "data"))
+    del env["PIPETUNE_WORKER_TOKENS"]
+    command = [*CLI, "serve", "--port", str(port), "--local-workers", "3"]
+    command += ["--runner", "simulated", "--log-level", "warning"]
+    with _process(command, tmp_path / "serve.log", env) as server:
+        wait_until(lambda: _healthy(url), 60, "the service to answer /healthz")
+        client = httpx.Client(base_url=url, timeout=30)
+        workload = {"op": "softmax", "rows": 4096, "cols": 768}
+        created = client.post("/v1/tasks", json={"workload": workload, "gpu": "h100", "budget": 16})
+        assert created.status_code == 201, created.text
+        assert created.json()["strategy"] == "auto"
+        task_id = created.json()["id"]
+        task = wait_until(
+            lambda: (
+                TaskState((t := client.get(f"/v1/tasks/{task_id}").json())["state"]).is_final()
+                and t
+            ),
+            120,
+            "the softmax task to finish",
+        )
+        assert task["state"] == "done" and task["trials_done"] == 16, task
+        assert task["best"]["throughput_unit"] == "GB/s" and task["best"]["runner"] == "simulated"
+        trials = client.get(f"/v1/tasks/{task_id}/trials").json()["trials"]
+        assert [t["trial"] for t in trials] == list(range(16))
+        assert all("rows_per_block" in t["schedule"] for t in trials)
+        assert len({tuple(t["schedule"].values()) for t in trials}) == 16
+        curve = client.get(f"/v1/tasks/{task_id}/curve").json()
+        assert curve["throughput_unit"] == "GB/s"
+        best = [p["best_throughput"] for p in curve["points"]]
+        assert len(best) == 16 and all(a <= b for a, b in itertools.pairwise(best))
+        client.close()
+        server.send_signal(signal.SIGTERM)
+        assert server.wait(timeout=60) == 0

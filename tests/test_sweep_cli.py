@@ -10,8 +10,12 @@ import pytest
 import typer
 from typer.testing import CliRunner
 
+from pipetune.clients.cli.main import app
 from pipetune.clients.cli.sweep_cmds import calibrate, sweep_app
+from pipetune.model.family import family_of
 from pipetune.model.hardware import get_gpu
+from pipetune.model.memops.space import MemSchedule
+from pipetune.model.memops.workloads import softmax
 from pipetune.model.operators import ALCOP
 from pipetune.model.space import Schedule
 from pipetune.model.workloads import gemm
@@ -119,3 +123,36 @@ def test_calibrate_without_a_gpu_is_one_line_exit_1(tmp_path):
 def test_calibrate_unknown_gpu_exits_2():
     result = cli.invoke(calibrate_app, ["--gpu", "v100"])
     assert result.exit_code == 2 and "unknown GPU 'v100'" in result.stderr
+
+
+def test_a_memops_sweep_is_a_dataset_that_replays_and_benchmarks_the_tuner(tmp_path):
+    """The memory-intensive family through the dataset loop: sweep -> T4 -> replay runner,
+    and `bench tuner` over it (its analytical strategy ranks by the family's own model)."""
+    out = tmp_path / "softmax.t4.json.gz"
+    args = ["softmax", "--rows", "2048", "--cols", "768", "--runner", "simulated"]
+    result = cli.invoke(sweep_app, [*args, "--gpu", "h100", "--out", str(out), "--json"])
+    assert result.exit_code == 0, result.output
+    (row,) = json.loads(result.stdout)["datasets"]
+    workload = softmax(2048, 768)
+    space = family_of(workload).enumerate(workload, get_gpu("h100"))
+    assert row["schedules"] == row["valid"] == len(space) >= 200
+
+    dataset = load_dataset(out)
+    assert dataset.metadata["pipetune"]["workload"] == workload.canonical()
+    records = list(dataset)
+    schedules = [MemSchedule.from_dict(dict(r.configuration)) for r in records]
+    assert {s.id for s in schedules} == set(space.ids)
+    with make_runner("replay", dataset=out, workload=workload, gpu="h100") as replay:
+        replayed = replay.measure(workload, schedules[:5])
+    for record, measured in zip(records[:5], replayed, strict=True):
+        assert measured.runner == "replay:simulated"
+        assert measured.latency_us == pytest.approx(record.time_ms * 1e3, rel=1e-12)
+
+    bench = ["bench", "tuner", str(out), "--strategies", "analytical,random", "--json"]
+    ran = cli.invoke(app, [*bench, "--budgets", "10", "--seeds", "2"])
+    assert ran.exit_code == 0, ran.output
+    by_strategy = {r["strategy"]: r for r in json.loads(ran.stdout)["results"]}
+    assert set(by_strategy) == {"analytical", "random"}
+    # The data are the family's model plus noise, so its ranking must find the optimum's
+    # neighbourhood at once (circular, and said so: this checks the wiring, not the model).
+    assert by_strategy["analytical"]["best_in_k"] > 0.95
