@@ -31,7 +31,7 @@ from __future__ import annotations
 import importlib
 import reprlib
 from abc import ABC, abstractmethod
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
@@ -325,16 +325,26 @@ def families() -> list[KernelFamily]:
 _OP_OWNERS: dict[str, KernelFamily] = {}
 
 
+def _claims(
+    names_of: Callable[[KernelFamily], Iterable[str]], what: str
+) -> dict[str, KernelFamily]:
+    """Name -> the family that claims it (an op, a knob); a name two families claim is an
+    error: dispatch by it must be unambiguous."""
+    owner: dict[str, KernelFamily] = {}
+    for fam in families():
+        for name in names_of(fam):
+            if name in owner:
+                raise ValueError(
+                    f"{what} {name!r} belongs to both {owner[name].name} and {fam.name}"
+                )
+            owner[name] = fam
+    return owner
+
+
 def op_families() -> dict[str, KernelFamily]:
     """Every op name with its family; an op claimed by two families is an error."""
     if not _OP_OWNERS:  # computed once per registry (register() clears it)
-        owner: dict[str, KernelFamily] = {}
-        for fam in families():
-            for op in fam.ops:
-                if op in owner:
-                    raise ValueError(f"op {op!r} belongs to both {owner[op].name} and {fam.name}")
-                owner[op] = fam
-        _OP_OWNERS.update(owner)
+        _OP_OWNERS.update(_claims(lambda fam: fam.ops, "op"))
     return dict(_OP_OWNERS)
 
 
@@ -370,13 +380,7 @@ _KNOB_OWNERS: dict[str, KernelFamily] = {}
 def _knob_owners() -> dict[str, KernelFamily]:
     """Knob name -> its family (computed once per registry; a knob of two is an error)."""
     if not _KNOB_OWNERS:
-        owner: dict[str, KernelFamily] = {}
-        for fam in families():
-            for knob in fam.knob_names:
-                if knob in owner:
-                    raise ValueError(f"knob {knob!r} belongs to {owner[knob].name} and {fam.name}")
-                owner[knob] = fam
-        _KNOB_OWNERS.update(owner)
+        _KNOB_OWNERS.update(_claims(lambda fam: fam.knob_names, "knob"))
     return _KNOB_OWNERS
 
 

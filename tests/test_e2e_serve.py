@@ -66,6 +66,17 @@ def _process(command: list[str], log: Path, env: dict[str, str]):
                 process.wait()
 
 
+def _finished(client: httpx.Client, task_id: int, what: str) -> dict:
+    """The task's document once its state is final (waits up to 120 s)."""
+    return wait_until(
+        lambda: (
+            TaskState((t := client.get(f"/v1/tasks/{task_id}").json())["state"]).is_final() and t
+        ),
+        120,
+        what,
+    )
+
+
 def _worker_command_works() -> None:
     from pipetune.clients.cli.main import app
 
@@ -130,14 +141,7 @@ def test_serve_and_two_simulated_workers_tune_a_gemm_with_budget_24(tmp_path):
             created = client.post("/v1/tasks", json=body)
             assert created.status_code == 201, created.text
             task_id = created.json()["id"]
-            task = wait_until(
-                lambda: (
-                    TaskState((t := client.get(f"/v1/tasks/{task_id}").json())["state"]).is_final()
-                    and t
-                ),
-                120,
-                "the task to finish",
-            )
+            task = _finished(client, task_id, "the task to finish")
             assert task["state"] == "done", task
             assert task["trials_done"] == 24 and task["best"] is not None
 
@@ -249,14 +253,7 @@ def test_serve_with_local_workers_tunes_a_softmax_to_its_budget(tmp_path):
         assert created.status_code == 201, created.text
         assert created.json()["strategy"] == "auto"
         task_id = created.json()["id"]
-        task = wait_until(
-            lambda: (
-                TaskState((t := client.get(f"/v1/tasks/{task_id}").json())["state"]).is_final()
-                and t
-            ),
-            120,
-            "the softmax task to finish",
-        )
+        task = _finished(client, task_id, "the softmax task to finish")
         assert task["state"] == "done" and task["trials_done"] == 16, task
         assert task["best"]["throughput_unit"] == "GB/s" and task["best"]["runner"] == "simulated"
         trials = client.get(f"/v1/tasks/{task_id}/trials").json()["trials"]
