@@ -1,11 +1,17 @@
-"""`pipetune tune-model`: tune every distinct tensor-core layer of a network through the
-service and report the modelled end-to-end speedup of pipelining (ALCOP Table 3's view).
+"""`pipetune tune-model`: tune every distinct operator of a network through the service
+and report the modelled end-to-end gain of tuning (ALCOP Table 3's view, for each kernel
+family) and how the network's time splits between the families.
 
-Per distinct shape: the tuned latency is the task's best trial. The non-pipelined
-baseline (smem_stages = 1 and reg_stages = 1) is the best non-pipelined trial of that task
-when the tuner measured one, else the analytical model's best non-pipelined prediction;
-each row says which. End to end: Σ count·baseline / Σ count·tuned over the layers that
-have both.
+Each operator belongs to a kernel family (model/family.py): tensor-core GEMMs (GEMM, BMM,
+Conv2D) or memory-intensive operators (softmax, layer norm, bias + GELU). Per distinct
+shape: the tuned latency is the task's best trial, its throughput in the family's unit
+(TFLOP/s, GB/s). The baseline is the family's fixed schedule set (``family.baseline``: the
+non-pipelined schedules, smem_stages = 1 and reg_stages = 1, for GEMMs; one row per block
+for memory-intensive operators): the best such trial of that task when the tuner measured
+one, else the analytical model's best prediction among them; each row says which. End to
+end, per family and over all operators: Σ count·baseline / Σ count·tuned over the layers
+that have both. Each family's share of the network's time is its Σ count·tuned over all
+the layers' Σ count·tuned (the same latencies as the rows).
 
 Whether the latencies are measurements depends on the workers that produced them: the
 service's worker list says which runner each worker uses (cupy measures, simulated is the
@@ -20,22 +26,37 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+from rich.console import Console
+from rich.table import Table
 
 from pipetune.clients.sdk import ApiError, Client, PipetuneError
-from pipetune.model.analytical import evaluate
+from pipetune.model.family import KernelFamily, family_names, family_of
 from pipetune.model.hardware import get_gpu
 from pipetune.model.networks import DistinctShape, Network
-from pipetune.model.pipelining import non_pipelined
-from pipetune.model.space import Space
 from pipetune.model.trials import RunnerKind
-from pipetune.model.wire import StrategyName, TaskDoc, TrialDoc
-from pipetune.model.workloads import AnyWorkload
+from pipetune.model.wire import ScheduleDoc, StrategyName, TaskDoc, TrialDoc
 
 RUNNER_MEANING = {
     RunnerKind.CUPY: "measured on GPUs (cupy workers)",
     RunnerKind.SIMULATED: "simulated (analytical model + noise, not measurements)",
     RunnerKind.REPLAY: "replayed from recorded datasets",
 }
+# The families in a few words, for the table and the time split (their `title` is a line).
+FAMILY_LABELS = {"tensor_gemm": "tensor-core GEMM", "memops": "memory-intensive"}
+
+
+def family_label(family: KernelFamily) -> str:
+    return FAMILY_LABELS.get(family.name, family.name)
+
+
+def baseline_of(workload: Any, gpu: str, schedules: list[ScheduleDoc]) -> tuple[str, np.ndarray]:
+    """The family's baseline label and, per schedule, whether it is a baseline schedule.
+    Asked of the family (not by knob names here) so that a family's baseline rule lives in
+    one place; the space holds exactly these schedules, valid or not."""
+    fam = family_of(workload)
+    space = fam.space_of(workload, get_gpu(gpu), fam.knob_arrays(schedules))
+    label, mask = fam.baseline(space)
+    return label, np.asarray(mask, dtype=bool)
 
 
 @dataclass
@@ -43,29 +64,41 @@ class LayerResult:
     shape: DistinctShape
     task: TaskDoc
     trials: list[TrialDoc]
-    model_non_pipelined_us: float | None
+    model_baseline_us: float | None
     runners: set[str]
+
+    @property
+    def family(self) -> KernelFamily:
+        return family_of(self.shape.workload)
+
+    @property
+    def baseline_label(self) -> str:
+        """What the baseline is: "non-pipelined", "one row per block", ..."""
+        return baseline_of(self.shape.workload, self.task.gpu, [])[0]
 
     @property
     def tuned_us(self) -> float | None:
         return self.task.best.latency_us if self.task.best else None
 
-    def non_pipelined_trial_us(self) -> float | None:
-        values = [
-            t.latency_us
-            for t in self.trials
-            if t.status == "ok"
-            and t.latency_us is not None
-            and t.schedule.smem_stages == 1
-            and t.schedule.reg_stages == 1
-        ]
-        return min(values) if values else None
+    def tuned_throughput(self) -> float | None:
+        """The tuned latency as throughput in the family's unit (TFLOP/s, GB/s)."""
+        tuned = self.tuned_us
+        return self.family.throughput_of(self.shape.workload, tuned) if tuned else None
+
+    def baseline_trial_us(self) -> float | None:
+        """The best successful trial among the family's baseline schedules."""
+        ok = [t for t in self.trials if t.status == "ok" and t.latency_us is not None]
+        if not ok:
+            return None
+        _, mask = baseline_of(self.shape.workload, self.task.gpu, [t.schedule for t in ok])
+        values = [t.latency_us for t, is_base in zip(ok, mask, strict=True) if is_base]
+        return min(v for v in values if v is not None) if values else None
 
     def baseline(self) -> tuple[float | None, str]:
-        measured = self.non_pipelined_trial_us()
+        measured = self.baseline_trial_us()
         if measured is not None:
             return measured, "trials"
-        return self.model_non_pipelined_us, "model"
+        return self.model_baseline_us, "model"
 
     def speedup(self) -> float | None:
         base, _ = self.baseline()
@@ -73,15 +106,17 @@ class LayerResult:
         return base / tuned if base and tuned else None
 
 
-def model_non_pipelined_us(workload: AnyWorkload, gpu: str) -> float | None:
-    """The analytical model's best prediction among the non-pipelined schedules."""
-    space = Space.enumerate(workload, get_gpu(gpu))
+def model_baseline_us(workload: Any, gpu: str) -> float | None:
+    """The analytical model's best prediction among the family's baseline schedules (the
+    non-pipelined ones for GEMMs, one row per block for memory-intensive operators)."""
+    fam = family_of(workload)
+    space = fam.enumerate(workload, get_gpu(gpu))
     if not len(space):
         return None
-    mask = non_pipelined(space)
+    _, mask = fam.baseline(space)
     if not mask.any():
         return None
-    return float(np.min(evaluate(space).latency_us[mask]))
+    return float(np.min(fam.evaluate(space).latency_us[mask]))
 
 
 def launch(
@@ -143,7 +178,7 @@ def collect(
                 shape=shape,
                 task=task,
                 trials=trials,
-                model_non_pipelined_us=model_non_pipelined_us(shape.workload, gpu),
+                model_baseline_us=model_baseline_us(shape.workload, gpu),
                 runners=kinds or {"unknown"},
             )
         )
@@ -158,6 +193,51 @@ def latency_kind(results: list[LayerResult]) -> str:
     return "mixed: " + ", ".join(RUNNER_MEANING.get(k, k) for k in sorted(kinds))
 
 
+def _totals(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """Σ count·tuned over the rows with a tuned latency (the time split's source), and the
+    end-to-end gain over the rows with both a tuned and a baseline latency."""
+    timed = [r for r in rows if r["tuned_us"] is not None]
+    tuned_all = sum(r["count"] * r["tuned_us"] for r in timed)
+    both = [r for r in rows if r["tuned_us"] is not None and r["baseline_us"] is not None]
+    tuned = sum(r["count"] * r["tuned_us"] for r in both)
+    base = sum(r["count"] * r["baseline_us"] for r in both)
+    return {
+        "time_us": tuned_all,
+        "timed_complete": len(timed) == len(rows),  # every row counts in time_us
+        "tuned_us": tuned,
+        "baseline_us": base,
+        "speedup": base / tuned if tuned > 0 else None,
+        "complete": len(both) == len(rows),
+    }
+
+
+def family_summary(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Per family present, in registry order: its operators, its share of the network's
+    time (Σ count·tuned, so the shares sum to 1 over the families) and its own end-to-end
+    gain over its baseline."""
+    total = sum(r["count"] * r["tuned_us"] for r in rows if r["tuned_us"] is not None)
+    out = []
+    for name in family_names():
+        mine = [r for r in rows if r["family"] == name]
+        if not mine:
+            continue
+        first = mine[0]
+        totals = _totals(mine)
+        out.append(
+            {
+                "family": name,
+                "label": first["family_label"],
+                "throughput_unit": first["throughput_unit"],
+                "baseline": first["baseline"],
+                "operators": sum(r["count"] for r in mine),
+                "shapes": len(mine),
+                "share": totals["time_us"] / total if total > 0 else None,
+                **totals,
+            }
+        )
+    return out
+
+
 def document(
     network: Network,
     gpu: str,
@@ -166,37 +246,40 @@ def document(
     results: list[LayerResult],
 ) -> dict[str, Any]:
     layers = []
-    total_tuned = total_base = 0.0
-    complete = True
     for r in results:
         base, source = r.baseline()
         tuned = r.tuned_us
-        if base is not None and tuned is not None:
-            total_tuned += r.shape.count * tuned
-            total_base += r.shape.count * base
-        else:
-            complete = False
         best = r.task.best
+        fam = r.family
+        schedule = best.schedule.knobs() if best else None
         layers.append(
             {
                 "layers": list(r.shape.layers),
                 "workload": r.shape.workload.canonical(),
                 "label": r.shape.workload.label(),
+                "family": fam.name,
+                "family_label": family_label(fam),
                 "count": r.shape.count,
                 "task_id": r.task.id,
                 "state": r.task.state,
                 "trials": r.task.trials_done,
                 "tuned_us": tuned,
-                "tuned_schedule": best.schedule.model_dump() if best else None,
-                "non_pipelined_us": base,
-                "non_pipelined_source": source,
-                "model_non_pipelined_us": r.model_non_pipelined_us,
+                "tuned_schedule": schedule,
+                "tuned_schedule_label": (
+                    fam.schedule_label(schedule, r.shape.workload) if schedule else None
+                ),
+                "throughput": r.tuned_throughput(),
+                "throughput_unit": fam.throughput_unit,
+                "baseline": r.baseline_label,
+                "baseline_us": base,
+                "baseline_source": source,
+                "model_baseline_us": r.model_baseline_us,
                 "speedup": r.speedup(),
                 "runners": sorted(r.runners),
                 "error": r.task.error,
             }
         )
-    speedup = total_base / total_tuned if total_tuned > 0 else None
+    overall = _totals(layers)
     return {
         "network": network.name,
         "batch": network.batch,
@@ -207,10 +290,84 @@ def document(
         "latencies": latency_kind(results),
         "notes": network.notes,
         "layers": layers,
-        "end_to_end": {
-            "tuned_us": total_tuned,
-            "non_pipelined_us": total_base,
-            "speedup": speedup,
-            "complete": complete,
-        },
+        "families": family_summary(layers),
+        "end_to_end": overall,  # over every listed operator
     }
+
+
+def format_rate(value: float | None, unit: str) -> str:
+    """A throughput with its unit (GB/s without decimals, TFLOP/s with one), as the other
+    commands show it."""
+    return "-" if value is None else f"{value:.{0 if unit == 'GB/s' else 1}f} {unit}"
+
+
+def _us(value: float | None) -> str:
+    return "-" if value is None else f"{value:.2f}"
+
+
+def time_split(doc: dict[str, Any]) -> str:
+    """Each family's share of Σ count·tuned, e.g. "tensor-core GEMM 81%, memory-intensive
+    19%"."""
+    return ", ".join(
+        f"{f['label']} {f['share']:.0%}" if f["share"] is not None else f"{f['label']} -"
+        for f in doc["families"]
+    )
+
+
+def print_report(doc: dict[str, Any], out: Console) -> None:
+    """The human-readable report of `document(...)`: one row per distinct shape, then the
+    latency source, each family's baseline, its share of the time and its end-to-end gain."""
+    seq = f", seq {doc['seq']}" if doc["seq"] else ""
+    table = Table(
+        title=f"{doc['network']} (batch {doc['batch']}{seq}) on {doc['gpu']}: "
+        f"{doc['budget']} trials per shape, {doc['strategy']}"
+    )
+    right = {"count", "task", "tuned µs", "throughput", "baseline µs", "speedup"}
+    columns = ("layers", "shape", "family", "count", "task", "tuned µs", "throughput",
+               "schedule", "baseline µs", "from", "speedup")  # fmt: skip
+    for col in columns:
+        table.add_column(col, justify="right" if col in right else None)
+    for row in doc["layers"]:
+        table.add_row(
+            ", ".join(row["layers"]),
+            row["label"],
+            row["family_label"],
+            str(row["count"]),
+            str(row["task_id"]),
+            _us(row["tuned_us"]),
+            format_rate(row["throughput"], row["throughput_unit"]),
+            row["tuned_schedule_label"] or "-",
+            _us(row["baseline_us"]),
+            row["baseline_source"],
+            "-" if row["speedup"] is None else f"{row['speedup']:.2f}x",
+        )
+    out.print(table)
+    out.print(f"latencies: {doc['latencies']}")
+    baselines = "; ".join(f"{f['label']}: {f['baseline']}" for f in doc["families"])
+    out.print(
+        f"baseline per family ({baselines}): 'trials' = the best such trial of the task, "
+        "'model' = the analytical model's best prediction among them (no such trial was "
+        "measured)"
+    )
+    for note in doc["notes"]:
+        out.print(f"note: {note}")
+    families = doc["families"]
+    if any(f["share"] is not None for f in families):
+        timed = all(f["timed_complete"] for f in families)
+        partial = "" if timed else "; layers without a tuned latency left out"
+        out.print(
+            f"time by family (Σ count·tuned µs, {doc['latencies']}{partial}): {time_split(doc)}"
+        )
+    scopes = list(families)
+    if len(families) > 1:  # with one family the overall figure is that family's
+        scopes.append({**doc["end_to_end"], "label": "all listed", "baseline": "baseline"})
+    for scope in scopes:
+        if scope["speedup"] is None:
+            out.print(f"end-to-end ({scope['label']} layers): no layer has both latencies")
+            continue
+        partial = "" if scope["complete"] else " (layers without a result left out)"
+        out.print(
+            f"end-to-end ({scope['label']} layers): Σ count·{scope['baseline']} "
+            f"{scope['baseline_us']:.1f} µs / Σ count·tuned {scope['tuned_us']:.1f} µs = "
+            f"{scope['speedup']:.2f}x{partial}"
+        )

@@ -1,22 +1,33 @@
-"""The tensor-core layers of whole networks, for end-to-end views (ALCOP Table 3).
+"""The tuned operators of whole networks, for end-to-end views (ALCOP Table 3).
 
-Only the operators the pipelined kernel family runs are listed: GEMMs, batched GEMMs and
-Conv2Ds (ALCOP: "pipelining can be applied to MatMuls, BMMs and Conv2Ds"). Element-wise
-operators, softmax, normalisation, pooling and embeddings are left out, so an end-to-end
-figure built from these layers is the speedup of the tensor-core part of the network.
+Two kernel families are listed (model/family.py; each layer's family is
+``family_of(layer.workload)``):
 
-- bert-base: 12 encoder layers, hidden 768, 12 heads of 64, FFN 3072. Per layer, with
-  T = batch·seq tokens: fused QKV projection (T×2304×768), attention scores Q·Kᵀ as a BMM
-  (b = batch·12, seq×seq×64), attention-weighted values (b = batch·12, seq×64×seq), output
-  projection (T×768×768), FC1 (T×3072×768), FC2 (T×768×3072).
-- gpt2: GPT-2 small, 12 decoder layers of the same shapes (c_attn, attention, c_proj, c_fc,
-  mlp c_proj). The causal mask does not change the shapes. The LM head is left out, as
-  BERT's pooler is.
-- resnet50: ResNet-50 v1.5 at 224×224, NHWC. Stride-1 1×1 convolutions are GEMMs
-  (M = batch·H·W, N = out channels, K = in channels); the stride-2 1×1 downsampling
-  convolutions and every 3×3 are Conv2D (implicit GEMM); the classifier is a GEMM
-  (batch×1000×2048). The 7×7/2 stem has C = 3 input channels, which the 16-byte loads cannot
-  take: its input is zero-padded to C = 8 (listed in `notes`).
+- tensor-core GEMM: GEMMs, batched GEMMs and Conv2Ds, the operators pipelining applies to
+  (ALCOP: "pipelining can be applied to MatMuls, BMMs and Conv2Ds");
+- memory-intensive (AStitch): the transformers' attention softmax, layer norms and the FC1
+  bias + GELU, with the shapes of the ``memops`` benchmark suite (model/operators.py).
+
+Left out everywhere: embeddings (BERT's embedding layer norm with them), the output head
+(BERT's pooler, GPT-2's final layer norm ln_f and LM head), residual adds, the attention
+mask and scaling (fused into the softmax's input in practice), dropout (off at inference)
+and ResNet's pooling, batch-norm and activations. An end-to-end figure built from these
+layers covers the listed operators only.
+
+- bert-base: 12 post-LN encoder layers, hidden 768, 12 heads of 64, FFN 3072. Per layer,
+  with T = batch·seq tokens: fused QKV projection (T×2304×768), attention scores Q·Kᵀ as a
+  BMM (b = batch·12, seq×seq×64), the attention softmax (rows = batch·12·seq, cols = seq),
+  attention-weighted values (b = batch·12, seq×64×seq), output projection (T×768×768), a
+  layer norm (T×768, eps 1e-12), FC1 (T×3072×768) with its bias + erf GELU (T×3072), FC2
+  (T×768×3072) and the second layer norm (T×768, eps 1e-12).
+- gpt2: GPT-2 small, 12 pre-LN decoder layers of the same shapes (ln_1, c_attn, attention,
+  c_proj, ln_2, c_fc + tanh GELU, mlp c_proj); its layer norms use eps 1e-5. The causal
+  mask does not change the shapes.
+- resnet50: ResNet-50 v1.5 at 224×224, NHWC, tensor-core layers only. Stride-1 1×1
+  convolutions are GEMMs (M = batch·H·W, N = out channels, K = in channels); the stride-2
+  1×1 downsampling convolutions and every 3×3 are Conv2D (implicit GEMM); the classifier is
+  a GEMM (batch×1000×2048). The 7×7/2 stem has C = 3 input channels, which the 16-byte
+  loads cannot take: its input is zero-padded to C = 8 (listed in `notes`).
 """
 
 from __future__ import annotations
@@ -24,6 +35,8 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import dataclass, field
 
+from pipetune.model.family import family_of
+from pipetune.model.memops.workloads import MemWorkload, bias_gelu, layernorm, softmax
 from pipetune.model.workloads import AnyWorkload, WorkloadError, bmm, conv2d, gemm
 
 NETWORKS = ("bert-base", "gpt2", "resnet50")
@@ -31,17 +44,22 @@ NETWORKS = ("bert-base", "gpt2", "resnet50")
 # BMM_GPT2_QK 12×1024×1024×64; Conv2D_RN50 is batch 64).
 DEFAULT_SEQ = {"bert-base": 512, "gpt2": 1024}
 DEFAULT_BATCH = {"bert-base": 1, "gpt2": 1, "resnet50": 64}
+# Per network: the layer norms' eps and the GELU form (the memops workloads' `approximate`),
+# as the reference implementations (HF BertConfig.layer_norm_eps, GPT2Config's
+# layer_norm_epsilon and "gelu_new"), and as model/operators.py's memops suite has them.
+LAYERNORM_EPS = {"bert-base": 1e-12, "gpt2": 1e-5}
+GELU = {"bert-base": "none", "gpt2": "tanh"}
 
 
 @dataclass(frozen=True)
 class Layer:
     name: str
-    workload: AnyWorkload
+    workload: AnyWorkload | MemWorkload
 
 
 @dataclass(frozen=True)
 class DistinctShape:
-    workload: AnyWorkload
+    workload: AnyWorkload | MemWorkload
     count: int  # how many times the network runs this exact operator
     layers: tuple[str, ...]  # the layer names that share it
 
@@ -54,12 +72,17 @@ class Network:
     layers: list[Layer]
     notes: list[str] = field(default_factory=list)
 
-    def distinct(self) -> list[DistinctShape]:
-        """Each distinct workload once, with how often it occurs, in first-use order."""
+    def of_family(self, family: str) -> list[Layer]:
+        """The layers of one kernel family ("tensor_gemm", "memops"), in network order."""
+        return [layer for layer in self.layers if family_of(layer.workload).name == family]
+
+    def distinct(self, family: str | None = None) -> list[DistinctShape]:
+        """Each distinct workload once, with how often it occurs, in first-use order; only
+        one family's when `family` is given."""
         counts: Counter[str] = Counter()
-        first: dict[str, AnyWorkload] = {}
+        first: dict[str, AnyWorkload | MemWorkload] = {}
         names: dict[str, list[str]] = {}
-        for layer in self.layers:
+        for layer in self.layers if family is None else self.of_family(family):
             key = layer.workload.workload_hash
             counts[key] += 1
             first.setdefault(key, layer.workload)
@@ -69,7 +92,18 @@ class Network:
         return [DistinctShape(first[k], counts[k], tuple(names[k])) for k in first]
 
 
-def _transformer(name: str, batch: int, seq: int, hidden: int, heads: int, ffn: int, blocks: int):
+def _transformer(
+    name: str,
+    batch: int,
+    seq: int,
+    hidden: int,
+    heads: int,
+    ffn: int,
+    blocks: int,
+    eps: float,
+    gelu: str,
+    pre_ln: bool,
+) -> Network:
     if seq % 8:
         raise WorkloadError(
             "seq",
@@ -78,18 +112,34 @@ def _transformer(name: str, batch: int, seq: int, hidden: int, heads: int, ffn: 
         )
     tokens = batch * seq
     head_dim = hidden // heads
-    per_block = [
+    qkv = [
         Layer("qkv", gemm(tokens, 3 * hidden, hidden)),
         Layer("attn_qk", bmm(batch * heads, seq, seq, head_dim)),
+        # One softmax row per (sequence, head, query) over the seq keys.
+        Layer("attn_softmax", softmax(batch * heads * seq, seq)),
         Layer("attn_sv", bmm(batch * heads, seq, head_dim, seq)),
         Layer("attn_proj", gemm(tokens, hidden, hidden)),
+    ]
+    # FC1's bias is not in the GEMM (gemm() has no epilogue): it is added with the GELU,
+    # as the stitched bias_gelu operator does.
+    mlp = [
         Layer("fc1", gemm(tokens, ffn, hidden)),
+        Layer("fc1_bias_gelu", bias_gelu(tokens, ffn, gelu)),
         Layer("fc2", gemm(tokens, hidden, ffn)),
     ]
+    if pre_ln:  # GPT-2: a layer norm before the attention and before the MLP
+        ln_1 = Layer("ln_1", layernorm(tokens, hidden, eps))
+        ln_2 = Layer("ln_2", layernorm(tokens, hidden, eps))
+        per_block = [ln_1, *qkv, ln_2, *mlp]
+    else:  # BERT: after each residual add
+        ln_attn = Layer("ln_attn", layernorm(tokens, hidden, eps))
+        ln_ffn = Layer("ln_ffn", layernorm(tokens, hidden, eps))
+        per_block = [*qkv, ln_attn, *mlp, ln_ffn]
     layers = [layer for _ in range(blocks) for layer in per_block]
     notes = [
-        f"{blocks} blocks x (QKV, Q·Kᵀ, S·V, projection, FC1, FC2); embeddings, softmax, "
-        "layernorm and the output head are not tensor-core GEMM layers here"
+        f"{blocks} blocks x (QKV, Q·Kᵀ, softmax, S·V, projection, 2 layer norms (eps {eps:g}), "
+        f"FC1, bias+GELU ({'erf' if gelu == 'none' else gelu}), FC2); embeddings, residual "
+        "adds and the output head are not listed"
     ]
     return Network(name, batch, seq, layers, notes)
 
@@ -133,7 +183,8 @@ def _resnet50(batch: int) -> Network:
 
 
 def network(name: str, batch: int | None = None, seq: int | None = None) -> Network:
-    """The tensor-core layers of `name` at this batch (and sequence length)."""
+    """The tuned operators of `name` at this batch (and sequence length): tensor-core
+    layers, and for the transformers their memory-intensive operators too."""
     if name not in NETWORKS:
         raise WorkloadError("network", f"unknown network {name!r}; known: {', '.join(NETWORKS)}")
     batch = DEFAULT_BATCH[name] if batch is None else batch
@@ -144,4 +195,15 @@ def network(name: str, batch: int | None = None, seq: int | None = None) -> Netw
     seq = DEFAULT_SEQ[name] if seq is None else seq
     if seq < 1:
         raise WorkloadError("seq", f"must be at least 1, got {seq}")
-    return _transformer(name, batch, seq, hidden=768, heads=12, ffn=3072, blocks=12)
+    return _transformer(
+        name,
+        batch,
+        seq,
+        hidden=768,
+        heads=12,
+        ffn=3072,
+        blocks=12,
+        eps=LAYERNORM_EPS[name],
+        gelu=GELU[name],
+        pre_ln=name == "gpt2",
+    )

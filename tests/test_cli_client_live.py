@@ -158,17 +158,27 @@ def test_tune_model_reports_layers_and_the_end_to_end_speedup(cli, worker):  # t
     assert result.exit_code == 0, result.output
     doc = json.loads(result.stdout)
     assert doc["latencies"].startswith("simulated")
-    assert [row["count"] for row in doc["layers"]] == [12] * 6
+    # 12 blocks of 10 operators: 6 tensor-core GEMMs and 4 memory-intensive ones (two layer
+    # norms of one shape: one task run 24 times)
+    counts = {row["family"]: 0 for row in doc["layers"]}
+    for row in doc["layers"]:
+        counts[row["family"]] += row["count"]
+    assert counts == {"tensor_gemm": 72, "memops": 48}
     for row in doc["layers"]:
         assert row["state"] == "done" and row["tuned_us"] > 0
-        assert row["non_pipelined_source"] in ("trials", "model")
-        assert row["speedup"] == pytest.approx(row["non_pipelined_us"] / row["tuned_us"])
+        assert row["baseline_source"] in ("trials", "model")
+        assert row["speedup"] == pytest.approx(row["baseline_us"] / row["tuned_us"])
+        unit = "GB/s" if row["family"] == "memops" else "TFLOP/s"
+        assert row["throughput_unit"] == unit and row["throughput"] > 0
     e2e = doc["end_to_end"]
-    total_base = sum(r["count"] * r["non_pipelined_us"] for r in doc["layers"])
+    total_base = sum(r["count"] * r["baseline_us"] for r in doc["layers"])
     total_tuned = sum(r["count"] * r["tuned_us"] for r in doc["layers"])
     assert e2e["complete"] and e2e["speedup"] == pytest.approx(total_base / total_tuned)
+    shares = {f["family"]: f["share"] for f in doc["families"]}
+    assert set(shares) == {"tensor_gemm", "memops"} and sum(shares.values()) == pytest.approx(1)
 
     table = cli(*args[:-2])
     assert table.exit_code == 0, table.output
     assert "latencies: simulated (analytical model + noise, not measurements)" in table.stdout
-    assert "end-to-end (tensor-core layers)" in table.stdout
+    assert "end-to-end (tensor-core GEMM layers)" in table.stdout
+    assert "GB/s" in table.stdout and "TFLOP/s" in table.stdout

@@ -1,14 +1,27 @@
-"""`pipetune tune-model`'s parts without a service: the networks' tensor-core layers and
-how the per-layer baseline and the end-to-end speedup are computed."""
+"""`pipetune tune-model`'s parts without a service: the networks' operators (tensor-core
+layers and the transformers' memory-intensive ones), how the per-layer baseline, the
+end-to-end speedup and each family's share of the time are computed, and the report."""
 
 from __future__ import annotations
 
 from datetime import UTC, datetime
 
 import pytest
+from rich.console import Console
 
-from pipetune.clients.tune_model import LayerResult, document, latency_kind, model_non_pipelined_us
+from pipetune.clients.tune_model import (
+    LayerResult,
+    document,
+    latency_kind,
+    model_baseline_us,
+    print_report,
+)
+from pipetune.model.family import family
+from pipetune.model.hardware import get_gpu
+from pipetune.model.memops.analytical import one_row_per_block
+from pipetune.model.memops.workloads import BiasGelu, LayerNorm, Softmax, layernorm
 from pipetune.model.networks import network
+from pipetune.model.operators import MEMOPS
 from pipetune.model.space import Schedule
 from pipetune.model.wire import BestTrial, ScheduleDoc, TaskDoc, TrialDoc
 from pipetune.model.workloads import Bmm, Conv2d, Gemm, WorkloadError
@@ -16,8 +29,8 @@ from pipetune.model.workloads import Bmm, Conv2d, Gemm, WorkloadError
 
 def test_bert_base_has_six_distinct_shapes_twelve_times_each():
     net = network("bert-base", batch=2, seq=128)
-    shapes = net.distinct()
-    assert len(net.layers) == 72 and [s.count for s in shapes] == [12] * 6
+    shapes = net.distinct("tensor_gemm")
+    assert len(net.of_family("tensor_gemm")) == 72 and [s.count for s in shapes] == [12] * 6
     labels = [s.workload.label() for s in shapes]
     assert labels == [
         "gemm 256x2304x768",
@@ -117,4 +130,180 @@ def test_the_model_baseline_is_the_best_non_pipelined_prediction():
     workload = network("bert-base", seq=128).layers[0].workload
     space = Space.enumerate(workload, get_gpu("h100"))
     expected = float(evaluate(space).latency_us[non_pipelined(space)].min())
-    assert model_non_pipelined_us(workload, "h100") == pytest.approx(expected)
+    assert model_baseline_us(workload, "h100") == pytest.approx(expected)
+
+
+# ---- the memory-intensive operators -----------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("name", "eps", "gelu", "order"),
+    [
+        # BERT is post-LN: a layer norm after each residual add.
+        ("bert-base", 1e-12, "none", ["qkv", "attn_qk", "attn_softmax", "attn_sv",
+         "attn_proj", "ln_attn", "fc1", "fc1_bias_gelu", "fc2", "ln_ffn"]),
+        # GPT-2 is pre-LN: a layer norm before the attention and before the MLP.
+        ("gpt2", 1e-5, "tanh", ["ln_1", "qkv", "attn_qk", "attn_softmax", "attn_sv",
+         "attn_proj", "ln_2", "fc1", "fc1_bias_gelu", "fc2"]),
+    ],
+)  # fmt: skip
+def test_transformers_list_softmax_layernorm_and_bias_gelu(
+    name: str, eps: float, gelu: str, order: list[str]
+):
+    net = network(name, batch=2, seq=128)
+    assert len(net.layers) == 12 * 10
+    assert [layer.name for layer in net.layers[:10]] == order
+    assert [layer.name for layer in net.layers[-10:]] == order  # every block the same
+    memops = {s.workload.op: s for s in net.distinct("memops")}
+    assert set(memops) == {"softmax", "layernorm", "bias_gelu"}
+    assert sum(s.count for s in memops.values()) == 12 * 4 == len(net.of_family("memops"))
+
+    sm = memops["softmax"]  # rows = batch·heads·seq, cols = seq
+    assert isinstance(sm.workload, Softmax) and (sm.workload.rows, sm.workload.cols) == (
+        2 * 12 * 128,
+        128,
+    )
+    assert sm.count == 12 and sm.layers == ("attn_softmax",)
+
+    ln = memops["layernorm"]  # both norms of a block are one shape: 24 runs
+    assert isinstance(ln.workload, LayerNorm)
+    assert (ln.workload.rows, ln.workload.cols, ln.workload.eps) == (256, 768, eps)
+    assert ln.count == 24 and len(ln.layers) == 2
+
+    bg = memops["bias_gelu"]
+    assert isinstance(bg.workload, BiasGelu)
+    assert (bg.workload.rows, bg.workload.cols, bg.workload.approximate) == (256, 3072, gelu)
+    assert bg.count == 12 and bg.layers == ("fc1_bias_gelu",)
+    assert any("layer norms (eps" in note for note in net.notes)
+
+
+def test_memops_match_the_benchmark_suite_shapes():
+    # The same operators as model/operators.py's memops suite (batch 8, seq 1024).
+    for name, tag in (("bert-base", "BERT"), ("gpt2", "GPT2")):
+        hashes = {s.workload.workload_hash for s in network(name, 8, 1024).distinct("memops")}
+        suite = {MEMOPS[f"{op}_{tag}_b8_s1024"].workload_hash
+                 for op in ("Softmax", "LayerNorm", "BiasGELU")}  # fmt: skip
+        assert hashes == suite
+
+
+def test_resnet50_stays_tensor_core_only():
+    net = network("resnet50", batch=8)
+    assert net.of_family("memops") == [] and len(net.of_family("tensor_gemm")) == 54
+
+
+def _any_task(task_id: int, workload: dict, best_us: float, schedule: dict, unit: str) -> TaskDoc:
+    now = datetime.now(UTC)
+    best = BestTrial(
+        trial=0,
+        schedule=ScheduleDoc(**schedule),
+        latency_us=best_us,
+        throughput=1.0,
+        throughput_unit=unit,
+    )
+    return TaskDoc(
+        id=task_id,
+        state="done",
+        workload=workload,
+        gpu="h100",
+        strategy="auto",
+        budget=3,
+        seed=0,
+        trials_done=3,
+        trials_failed=0,
+        best=best,
+        created_at=now,
+        updated_at=now,
+    )
+
+
+def _mem_schedules(workload) -> tuple[dict, dict]:  # type: ignore[no-untyped-def]
+    """One schedule of the one-row-per-block baseline and one outside it."""
+    space = family("memops").enumerate(workload, get_gpu("h100"))
+    mask = one_row_per_block(space)
+    return space[int(mask.argmax())].as_dict(), space[int((~mask).argmax())].as_dict()
+
+
+def _mixed_results(runner: str = "simulated") -> tuple[list[LayerResult], dict]:
+    """qkv (GEMM, 12x at 4 µs) and the layer norm (24x at 1 µs): 48 vs 24 µs."""
+    net = network("bert-base", seq=128)
+    shapes = {s.layers[0]: s for s in net.distinct()}
+    qkv, ln = shapes["qkv"], shapes["ln_attn"]
+    gemm_task = _any_task(1, qkv.workload.canonical(), 4.0, PIPELINED.as_dict(), "TFLOP/s")
+    base, packed = _mem_schedules(ln.workload)
+    mem_task = _any_task(2, ln.workload.canonical(), 1.0, packed, "GB/s")
+    mem_trials = [
+        TrialDoc(trial=0, state="done", status="ok", schedule=ScheduleDoc(**packed),
+                 latency_us=1.0),
+        TrialDoc(trial=1, state="done", status="ok", schedule=ScheduleDoc(**base),
+                 latency_us=1.5),
+    ]  # fmt: skip
+    results = [
+        LayerResult(qkv, gemm_task, [_trial(0, FLAT, 6.0)], 7.0, {runner}),
+        LayerResult(ln, mem_task, mem_trials, 9.0, {runner}),
+    ]
+    return results, {"net": net, "qkv": qkv, "ln": ln}
+
+
+def test_memops_baseline_is_the_best_one_row_per_block_trial():
+    results, _ = _mixed_results()
+    mem = results[1]
+    # The packed trial (1.0 µs) is not a baseline schedule; the one-row-per-block one is.
+    assert mem.baseline() == (1.5, "trials") and mem.speedup() == pytest.approx(1.5)
+    assert mem.baseline_label == "one row per block"
+    assert results[0].baseline_label == "non-pipelined"
+    no_trials = LayerResult(mem.shape, mem.task, [], 9.0, {"simulated"})
+    assert no_trials.baseline() == (9.0, "model")
+
+
+def test_the_model_baseline_of_a_memop_is_the_best_one_row_per_block_prediction():
+    workload = layernorm(256, 768, 1e-12)
+    space = family("memops").enumerate(workload, get_gpu("h100"))
+    latency = family("memops").evaluate(space).latency_us
+    expected = float(latency[one_row_per_block(space)].min())
+    assert model_baseline_us(workload, "h100") == pytest.approx(expected)
+    assert expected >= float(latency.min())
+
+
+def test_family_shares_sum_to_one_and_throughput_is_in_the_family_unit():
+    results, parts = _mixed_results()
+    doc = document(parts["net"], "h100", 3, "auto", results)
+    families = {f["family"]: f for f in doc["families"]}
+    assert [f["label"] for f in doc["families"]] == ["tensor-core GEMM", "memory-intensive"]
+    assert families["tensor_gemm"]["share"] == pytest.approx(48 / 72)
+    assert families["memops"]["share"] == pytest.approx(24 / 72)
+    assert sum(f["share"] for f in doc["families"]) == pytest.approx(1.0)
+    assert families["memops"]["operators"] == 24 and families["memops"]["time_us"] == 24.0
+    # Each family's own end-to-end gain over its own baseline, and one over both.
+    assert families["tensor_gemm"]["speedup"] == pytest.approx(6.0 / 4.0)
+    assert families["memops"]["speedup"] == pytest.approx(1.5)
+    assert doc["end_to_end"]["speedup"] == pytest.approx((12 * 6.0 + 24 * 1.5) / 72)
+
+    gemm_row, mem_row = doc["layers"]
+    assert (gemm_row["family"], gemm_row["throughput_unit"]) == ("tensor_gemm", "TFLOP/s")
+    flops = 2 * 128 * 2304 * 768
+    assert gemm_row["throughput"] == pytest.approx(flops / 4e-6 / 1e12)
+    assert (mem_row["family"], mem_row["throughput_unit"]) == ("memops", "GB/s")
+    # 256x768 fp16 in and out plus gamma and beta, in 1 µs.
+    compulsory = 2 * (128 * 768 * 2 + 2 * 768)
+    assert mem_row["throughput"] == pytest.approx(compulsory / 1e-6 / 1e9)
+    assert mem_row["baseline"] == "one row per block" and mem_row["baseline_source"] == "trials"
+    assert mem_row["tuned_schedule_label"] and "x" in mem_row["tuned_schedule_label"]
+
+
+def test_the_report_shows_families_units_and_the_time_split():
+    results, parts = _mixed_results()
+    doc = document(parts["net"], "h100", 3, "auto", results)
+    console = Console(record=True, width=240)
+    print_report(doc, console)
+    text = console.export_text()
+    mem_line = next(line for line in text.splitlines() if "layernorm 128x768" in line)
+    assert "memory-intensive" in mem_line and "GB/s" in mem_line and "TFLOP/s" not in mem_line
+    gemm_line = next(line for line in text.splitlines() if "gemm 128x2304x768" in line)
+    assert "tensor-core GEMM" in gemm_line and "TFLOP/s" in gemm_line
+    assert "tensor-core GEMM 67%, memory-intensive 33%" in text
+    # The shares come from simulated latencies and say so.
+    split = next(line for line in text.splitlines() if line.startswith("time by family"))
+    assert "simulated" in split
+    assert "end-to-end (tensor-core GEMM layers)" in text
+    assert "end-to-end (memory-intensive layers)" in text
+    assert "end-to-end (all listed layers)" in text

@@ -439,8 +439,10 @@ def tune_model(
     server: str = server_option(),
     api_key: str | None = api_key_option(),
 ) -> None:
-    """Tune every distinct GEMM/BMM/Conv2D of a network; report each layer's tuned latency
-    against the best non-pipelined one and the end-to-end speedup (ALCOP Table 3's view)."""
+    """Tune every distinct operator of a network (its GEMMs, BMMs and convolutions, and its
+    softmax, layer norm and bias+GELU); report each one's tuned latency against its family's
+    baseline (non-pipelined; one row per block), each family's share of the network's time
+    and the end-to-end speedup (ALCOP Table 3's view)."""
     from pipetune.clients import tune_model as tm
     from pipetune.model.networks import network as build_network
 
@@ -478,46 +480,9 @@ def tune_model(
 
 
 def _print_model_report(doc: dict[str, Any]) -> None:
-    seq = f", seq {doc['seq']}" if doc["seq"] else ""
-    table = Table(
-        title=f"{doc['network']} (batch {doc['batch']}{seq}) on {doc['gpu']}: "
-        f"{doc['budget']} trials per shape, {doc['strategy']}"
-    )
-    for col in ("layers", "shape", "count", "task", "tuned µs", "stages"):
-        table.add_column(col, justify="right" if col in ("count", "task", "tuned µs") else None)
-    for col in ("non-pipelined µs", "from", "speedup"):
-        table.add_column(col, justify="right")
-    for row in doc["layers"]:
-        sched = row["tuned_schedule"]
-        table.add_row(
-            ", ".join(row["layers"]),
-            row["label"],
-            str(row["count"]),
-            str(row["task_id"]),
-            _fmt(row["tuned_us"]),
-            "-" if sched is None else f"{sched['smem_stages']}/{sched['reg_stages']}",
-            _fmt(row["non_pipelined_us"]),
-            "trials" if row["non_pipelined_source"] == "trials" else "model",
-            "-" if row["speedup"] is None else f"{row['speedup']:.2f}x",
-        )
-    console.print(table)
-    e2e = doc["end_to_end"]
-    console.print(f"latencies: {doc['latencies']}")
-    console.print(
-        "non-pipelined baseline (smem_stages 1, reg_stages 1): 'trials' = the best "
-        "non-pipelined trial of the task, 'model' = the analytical model's best "
-        "non-pipelined prediction (no such trial was measured)"
-    )
-    for note in doc["notes"]:
-        console.print(f"note: {note}")
-    if e2e["speedup"] is None:
-        console.print("end-to-end: no layer has both a tuned and a baseline latency")
-        return
-    partial = "" if e2e["complete"] else " (layers without a result left out)"
-    console.print(
-        f"end-to-end (tensor-core layers): Σ count·non-pipelined {e2e['non_pipelined_us']:.1f} µs"
-        f" / Σ count·tuned {e2e['tuned_us']:.1f} µs = {e2e['speedup']:.2f}x{partial}"
-    )
+    from pipetune.clients import tune_model as tm
+
+    tm.print_report(doc, console)
 
 
 def register(app: typer.Typer) -> None:
