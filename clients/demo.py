@@ -8,7 +8,9 @@
 3. ask for the best schedule of ALCOP's MM_RN50_FC (gemm 1024x64x2048 on H100) before
    tuning (the model's pick), tune it with a budget of 16 trials (`pipetune tune ... --wait`)
    and ask again (now the best measured trial);
-4. print the dashboard URL, stop the service with SIGTERM and check that it exited cleanly.
+4. tune a memory-intensive operator the same way (BERT-base's attention softmax at batch 8,
+   sequence 128: the second kernel family, whose throughput is GB/s);
+5. print the dashboard URL, stop the service with SIGTERM and check that it exited cleanly.
 
     python -m pipetune.clients.demo [--budget 16] [--runner auto|cupy|simulated] [--keep]
 """
@@ -27,8 +29,11 @@ import tempfile
 from pathlib import Path
 
 from pipetune.clients.local_service import LocalService, ServiceStartError, pipetune_command
+from pipetune.model.hardware import gpu_keys
 
 WORKLOAD = ["gemm", "--m", "1024", "--n", "64", "--k", "2048", "--gpu", "h100"]
+# model/operators.py's Softmax_BERT_b8_s128: rows = batch 8 x 12 heads x seq 128, cols = seq.
+SOFTMAX = ["softmax", "--rows", "12288", "--cols", "128", "--gpu", "h100"]
 DEMO_TIME_SCALE = "0.05"
 
 
@@ -66,6 +71,12 @@ def main(argv: list[str] | None = None) -> int:
     runner = args.runner
     if runner == "auto":
         runner = "cupy" if gpu_present() else "simulated"
+    gpus = gpu_keys()
+    if runner == "simulated" and args.workers < len(gpus):
+        # Simulated workers are spread over the GPUs round robin (service/local_workers.py):
+        # with fewer, the H100 the demo tunes for would have none and the demo would wait.
+        parser.error(f"--workers: at least {len(gpus)} with simulated workers (one per GPU: "
+                     f"{', '.join(gpus)})")  # fmt: skip
     workdir = Path(tempfile.mkdtemp(prefix="pipetune-demo-"))
     env = {
         "PIPETUNE_SIMULATED_TIME_SCALE": os.environ.get(
@@ -98,6 +109,11 @@ def main(argv: list[str] | None = None) -> int:
             return 1
         say("the best schedule after tuning (the best trial the workers reported)")
         if run_cli(["schedule", *WORKLOAD], service.url) != 0:
+            return 1
+        say(f"tuning a memory-intensive operator (BERT's attention softmax), {args.budget} trials")
+        tune = ["tune", *SOFTMAX, "--budget", str(args.budget), "--wait"]
+        if run_cli(tune, service.url) != 0:
+            print(service.log_tail(), file=sys.stderr)
             return 1
         say(f"dashboard: {service.url}/dashboard")
         if args.keep:
