@@ -279,3 +279,33 @@ def test_a_prior_that_ranks_alike_but_spreads_wider_is_rescaled(recorded, space)
     ok_rows = np.array([o.row for o in history if not o.failed])
     assert strategy._scale(y, ok_rows) == pytest.approx(1 / 3, rel=1e-6)
     assert strategy.last_used_prior is True
+
+
+def test_the_map_objective_is_scikit_learns_likelihood_plus_the_prior():
+    """The surrogate fits its hyperparameters on its own numpy objective (a tenth of the
+    cost): it must be scikit-learn's -log marginal likelihood plus the prior, value and
+    gradient, or the fits (and so the search) would drift from what was measured."""
+    from sklearn.gaussian_process import GaussianProcessRegressor
+
+    from pipetune.tuner.surrogate import GaussianProcess, neg_log_posterior
+
+    rng = np.random.default_rng(7)
+    for n, d in ((5, 3), (23, 9)):
+        X = rng.random((n, d))
+        y = np.sin(3 * X).sum(axis=1) + 0.1 * rng.standard_normal(n)
+        gp = GaussianProcess(d, seed=0)
+        reference = GaussianProcessRegressor(kernel=gp.start, normalize_y=True, optimizer=None)
+        reference.fit(X, y)
+        t = (y - y.mean()) / y.std()
+        D2 = ((X[:, None, :] - X[None, :, :]) ** 2).reshape(n * n, d)
+        for _ in range(5):
+            theta = rng.uniform(-2.0, 2.0, d + 2)
+            lml, grad = reference.log_marginal_likelihood(theta, eval_gradient=True)
+            dev = theta[1:-1] - gp.log_ls_mean
+            penalty = np.sum(dev**2) / (2 * gp.log_ls_var) + (theta[-1] + 4.0) ** 2 / 2
+            value, mine = neg_log_posterior(theta, D2, t, gp.log_ls_mean, gp.log_ls_var)
+            assert value == pytest.approx(-lml + penalty, rel=1e-9)
+            expected = -np.asarray(grad)
+            expected[1:-1] += dev / gp.log_ls_var
+            expected[-1] += theta[-1] + 4.0
+            assert np.allclose(mine, expected, rtol=1e-7, atol=1e-9)

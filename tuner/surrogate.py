@@ -19,6 +19,7 @@ import warnings
 from abc import ABC, abstractmethod
 
 import numpy as np
+from scipy.linalg import LinAlgError, cho_solve, cholesky
 from scipy.optimize import minimize
 from sklearn.ensemble import ExtraTreesClassifier, ExtraTreesRegressor
 from sklearn.exceptions import ConvergenceWarning
@@ -42,6 +43,51 @@ class Surrogate(ABC):
     def log_evidence(self) -> float:
         """Log marginal likelihood of the fitted targets in their own units (model choice)."""
         raise NotImplementedError
+
+
+SQRT5 = np.sqrt(5.0)
+GP_JITTER = 1e-10  # scikit-learn's `alpha`, added to the training covariance's diagonal
+LOG_NOISE_PRIOR_MEAN = -4.0  # log noise variance ~ N(-4, 1)
+
+
+def neg_log_posterior(
+    theta: np.ndarray, D2: np.ndarray, t: np.ndarray, log_ls_mean: float, log_ls_var: float
+) -> tuple[float, np.ndarray]:
+    """-log marginal likelihood - log prior of standardised targets `t`, and its gradient in
+    theta (log amplitude, log length scales, log noise variance), for the kernel
+    amplitude * Matern52(length scales) + noise: the same numbers as scikit-learn's
+    `GaussianProcessRegressor.log_marginal_likelihood` with the `GaussianProcess` kernel
+    (tests/test_tuner_bo.py compares them). D2: the squared difference of every pair of
+    training rows per feature, shape (n * n, features)."""
+    n = len(t)
+    amplitude, noise = np.exp(theta[0]), np.exp(theta[-1])
+    inv_ls2 = np.exp(-2.0 * theta[1:-1])
+    r2 = (D2 @ inv_ls2).reshape(n, n)
+    r = np.sqrt(r2)
+    e = np.exp(-SQRT5 * r)
+    Kf = amplitude * (1.0 + SQRT5 * r + (5.0 / 3.0) * r2) * e
+    K = Kf.copy()
+    K[np.diag_indices(n)] += noise + GP_JITTER
+    try:
+        L = cholesky(K, lower=True, check_finite=False)
+    except LinAlgError:
+        return np.inf, np.zeros_like(theta)  # as scikit-learn: an impossible theta
+    alpha = cho_solve((L, True), t, check_finite=False)
+    lml = -0.5 * t @ alpha - np.log(np.diag(L)).sum() - 0.5 * n * np.log(2 * np.pi)
+    W = np.outer(alpha, alpha) - cho_solve((L, True), np.eye(n), check_finite=False)
+    grad = np.empty_like(theta)
+    grad[0] = 0.5 * np.sum(W * Kf)
+    # d k / d log l_k = amplitude * 5/3 (1 + sqrt5 r) exp(-sqrt5 r) (x_k - x'_k)^2 / l_k^2
+    G = W * (amplitude * (5.0 / 3.0) * (1.0 + SQRT5 * r) * e)
+    grad[1:-1] = 0.5 * (G.ravel() @ D2) * inv_ls2
+    grad[-1] = 0.5 * noise * np.trace(W)
+    dev = theta[1:-1] - log_ls_mean
+    value = -lml + float(np.sum(dev**2)) / (2 * log_ls_var)
+    value += (theta[-1] - LOG_NOISE_PRIOR_MEAN) ** 2 / 2
+    grad = -grad
+    grad[1:-1] += dev / log_ls_var
+    grad[-1] += theta[-1] - LOG_NOISE_PRIOR_MEAN
+    return float(value), grad
 
 
 class GaussianProcess(Surrogate):
@@ -72,18 +118,15 @@ class GaussianProcess(Surrogate):
 
     def _map(self, obj_func, initial_theta, bounds):
         """L-BFGS-B on -log likelihood - log prior (theta: log amplitude, log length scales,
-        log noise, in scikit-learn's order)."""
-        d = self.n_features
-        lengths = slice(1, 1 + d)
+        log noise, in scikit-learn's order). scikit-learn calls this as its optimizer during
+        `fit`; the objective is `neg_log_posterior` on the data `fit` stashed (the same value
+        as scikit-learn's `obj_func` plus the prior, in a few numpy steps instead of its
+        kernel machinery: about a tenth of the cost, and the fit is most of a round's)."""
+        D2, t = self._fit_data
+        lengths = slice(1, 1 + self.n_features)
 
         def objective(theta):
-            value, grad = obj_func(theta)
-            grad = np.array(grad, dtype=np.float64)
-            dev = theta[lengths] - self.log_ls_mean
-            value += float(np.sum(dev**2)) / (2 * self.log_ls_var) + (theta[-1] + 4.0) ** 2 / 2
-            grad[lengths] += dev / self.log_ls_var
-            grad[-1] += theta[-1] + 4.0
-            return value, grad
+            return neg_log_posterior(theta, D2, t, self.log_ls_mean, self.log_ls_var)
 
         # Two starts: the prior's mode (long length scales: a smooth function) and short
         # length scales (a rough one). From the first alone the fit can settle in the mode
@@ -116,6 +159,15 @@ class GaussianProcess(Surrogate):
         if optimise:
             self._estimated_on = len(y)
         gp = self._regressor(optimise, self.start if optimise else self.kernel)
+        if optimise:
+            # What _map's objective needs: the squared differences of the training rows per
+            # feature, and the targets standardised as scikit-learn's normalize_y does.
+            X = np.asarray(X, dtype=np.float64)
+            y = np.asarray(y, dtype=np.float64)
+            std = np.std(y, axis=0)
+            t = (y - np.mean(y, axis=0)) / (std if std != 0.0 else 1.0)
+            D2 = ((X[:, None, :] - X[None, :, :]) ** 2).reshape(len(X) * len(X), -1)
+            self._fit_data = (D2, t)
         with warnings.catch_warnings():
             # A flat likelihood on very few points is expected; the fit is still the best
             # the data and the prior support.
