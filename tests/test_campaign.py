@@ -1,33 +1,51 @@
 """The campaign's parts that need no child process: the timing loop, the reference cache,
-the operator order, the device's GPU, the correctness verdict, the files and archives, the
-time plan."""
+the operator order, the device's GPU, the correctness verdict (per kernel family), the
+baselines' units, the files and archives, the time plan."""
 
 from __future__ import annotations
 
 import io
 import tarfile
+from pathlib import Path
 
 import numpy as np
 import pytest
 
+from pipetune.model.family import family
 from pipetune.model.hardware import get_gpu
-from pipetune.model.operators import ALCOP, SUITES
+from pipetune.model.memops.space import KNOBS as MEMOPS_KNOBS
+from pipetune.model.memops.workloads import MEM_OPS
+from pipetune.model.operators import ALCOP, MEMOPS, SUITES
 from pipetune.model.space import Schedule
 from pipetune.model.trials import MeasureResult
-from pipetune.workers.campaign import layout
+from pipetune.workers.campaign import layout, operators
+from pipetune.workers.campaign.baselines import baseline_entry
 from pipetune.workers.campaign.correctness import (
     CASES,
     FAILURE_LIMIT,
+    MEMOPS_CASES,
+    checked_families,
+    kind_of,
+    merge,
     selection,
+    stop_reason,
     stops,
     summarise,
     tails,
 )
 from pipetune.workers.campaign.deadline import Deadline
-from pipetune.workers.campaign.operators import FIGURE_13_ORDER, resolve_operators
-from pipetune.workers.campaign.plan import CAMPAIGN_SETTINGS, plan_document
+from pipetune.workers.campaign.operators import (
+    DEFAULT_OPERATORS,
+    FIGURE_13_ORDER,
+    families_of,
+    resolve_operators,
+)
+from pipetune.workers.campaign.plan import CAMPAIGN_SETTINGS, COMPILE_S_PER_KERNEL, plan_document
 from pipetune.workers.campaign.run import CampaignUsageError, resolve_device_gpu
+from pipetune.workers.campaign.unpack import UnpackError, check_baselines
 from pipetune.workers.codegen import VARIANTS, variant_of
+from pipetune.workers.codegen.memops import stratum as memops_stratum
+from pipetune.workers.codegen.memops import tails as memops_tails
 from pipetune.workers.runners import reference_cache
 from pipetune.workers.runners.base import MeasureSettings
 from pipetune.workers.runners.timing import RepeatPolicy, time_launches
@@ -139,10 +157,43 @@ def test_the_suite_sweeps_in_figure_13_order_and_names_mix():
     assert mixed[0] == "Conv3D_1" and len(mixed) == len(ALCOP)
     with pytest.raises(ValueError, match="'MM_Nope'"):
         resolve_operators("alcop,MM_Nope")
+
+
+def test_memops_resolve_and_the_default_sweeps_alcop_first_then_memops():
+    assert list(resolve_operators("memops")) == list(MEMOPS)  # the suite's own order
+    assert list(resolve_operators("MM_RN50_FC,softmax_bert_b1_s128")) == [
+        "MM_RN50_FC",
+        "Softmax_BERT_b1_s128",
+    ]
+    default = list(resolve_operators(DEFAULT_OPERATORS))
+    assert default == [*FIGURE_13_ORDER, *MEMOPS]
+    assert families_of(resolve_operators(DEFAULT_OPERATORS)) == ["tensor_gemm", "memops"]
+    assert list(resolve_operators("Softmax_BERT_b1_s128,memops"))[1:] == [
+        op for op in MEMOPS if op != "Softmax_BERT_b1_s128"
+    ]
+    from pipetune.workers.campaign.run import CampaignOptions
+
+    assert CampaignOptions(out_dir=Path("x")).operators == DEFAULT_OPERATORS
+
+
+def test_an_unknown_name_is_refused_with_the_names_that_would_do():
+    with pytest.raises(ValueError) as refused:
+        resolve_operators("MM_RN50_FC,softmax_bert_b1_s12")
+    message = str(refused.value)
+    assert message.startswith("unknown operator or suite 'softmax_bert_b1_s12'")
+    assert "did you mean Softmax_BERT_b1_s128" in message
+    assert "suites: alcop, memops" in message and "BiasGELU_GPT2_b32_s1024" in message
+    assert "\n" not in message  # one line: the CLI prints it as its error
+
+
+def test_a_family_the_campaign_does_not_sweep_is_refused_by_name(monkeypatch):
+    monkeypatch.setattr(operators, "CAMPAIGN_FAMILIES", ("tensor_gemm",))
     others = [n for n, ops in SUITES.items() if n != "alcop"]
     for name in others:  # suites of other kernel families (memops, ...)
-        with pytest.raises(ValueError, match="pipelined GEMM family"):
+        with pytest.raises(ValueError, match="sweeps the kernel families tensor_gemm only"):
             resolve_operators(name)
+    with pytest.raises(ValueError, match="'Softmax_BERT_b1_s128': the campaign sweeps"):
+        resolve_operators("MM_RN50_FC,Softmax_BERT_b1_s128")
 
 
 @pytest.mark.parametrize(
@@ -174,7 +225,7 @@ def test_a_gpu_mismatch_is_refused_with_the_way_out():
 
 
 def test_the_selection_covers_every_variant_stage_count_and_tail():
-    chosen = selection(get_gpu("h100"))
+    chosen = selection(get_gpu("h100"), ["tensor_gemm"])
     assert sum(len(s) for _, _, s in chosen) >= 300
     covered = {
         (variant_of(w), s.smem_stages, s.reg_stages)
@@ -192,6 +243,30 @@ def test_the_selection_covers_every_variant_stage_count_and_tail():
     assert axes == {"m", "n", "k"}
     convs = [w for _, w in CASES if w.op.startswith("conv")]
     assert {(w.stride, w.pad) for w in convs} == {(2, 1), (1, 0)}
+
+
+@pytest.mark.parametrize("gpu", ["h100", "h200"])
+def test_the_memops_selection_covers_every_op_knob_value_stratum_and_tail(gpu):
+    spec = get_gpu(gpu)
+    chosen = selection(spec, ["memops"])
+    assert sum(len(s) for _, _, s in chosen) >= 300
+    assert {w.op for _, w, _ in chosen} == set(MEM_OPS)
+    assert {kind_of(w) for _, w, _ in chosen} == {
+        "reduce-sum", "reduce-max", "softmax", "layernorm", "bias_gelu", "bias_gelu-tanh"
+    }  # fmt: skip
+    fam = family("memops")
+    for kind in {kind_of(w) for _, w in MEMOPS_CASES}:
+        mine = [(w, s) for _, w, s in chosen if kind_of(w) == kind]
+        spaces = [fam.enumerate(w, spec) for w, _ in mine]
+        allowed = {(k.name, getattr(x, k.name)) for sp in spaces for x in sp for k in MEMOPS_KNOBS}
+        reached = {(k.name, getattr(x, k.name)) for _, s in mine for x in s for k in MEMOPS_KNOBS}
+        assert reached == allowed, kind  # every knob value the op's cases allow
+        # The long rows reach the other end of the blocks_per_row knob.
+        assert ("blocks_per_row", 128) in reached and ("max_waves", 4) in reached
+        strata = {memops_stratum(x) for sp in spaces for x in sp}
+        assert {memops_stratum(x) for _, s in mine for x in s} == strata, kind
+    axes = {a for _, w, s in chosen for x in s for a, t in memops_tails(w, x).items() if t}
+    assert axes == {"rows", "segment", "lanes"}
 
 
 @pytest.mark.parametrize(("failed", "stop"), [(3, False), (4, True), (0, False)])
@@ -216,6 +291,106 @@ def test_the_document_lists_every_mismatch_with_its_schedule_and_error():
     wrong = doc["mismatches"][0]
     assert wrong["schedule"]["smem_stages"] == 2 and wrong["error"] == "17 outputs off"
     assert wrong["max_abs_error"] == 2.5 and doc["verified"]
+
+
+def _checked(case_workloads, failing=0):
+    """Checked cases of the selection (all ok but the first ``failing`` schedules)."""
+    checked, left = [], failing
+    for case, workload, schedules in case_workloads:
+        results = []
+        for _ in schedules:
+            bad = left > 0
+            left -= bad
+            results.append(
+                MeasureResult(status="wrong_result" if bad else "ok", error="off", runner="cupy")
+                if bad
+                else MeasureResult(status="ok", max_abs_error=0.0, runner="cupy")
+            )
+        checked.append((case, workload, schedules, results))
+    return checked
+
+
+def test_each_family_is_held_to_the_limit_on_its_own_schedules():
+    gpu = get_gpu("h100")
+    gemm_cases = _checked(selection(gpu, ["tensor_gemm"]))
+    memops_cases = _checked(selection(gpu, ["memops"]), failing=4)  # 4 of 336: 1.2%
+    doc = summarise(gemm_cases + memops_cases, {}, runner="cupy", simulated=False)
+    assert (doc["schedules"], doc["failed"]) == (660, 4)  # 0.6% over both families
+    assert doc["verdict"] == "stop"
+    assert doc["families"]["memops"]["verdict"] == "stop"
+    assert doc["families"]["tensor_gemm"]["verdict"] == "pass"
+    assert stop_reason(doc).startswith("correctness: 4 of 336 schedules failed (memops)")
+    assert [m["family"] for m in doc["mismatches"]] == ["memops"] * 4
+    assert sum(doc["by_variant"]["reduce-sum"].values()) == 56
+    assert doc["by_variant"]["reduce-sum"]["wrong_result"] == 4
+    assert (
+        len(doc["by_stages"]) == 12
+        and sum(sum(c.values()) for c in doc["by_mapping"].values()) == 336
+    )
+    assert set(doc["tails"]) == {"m", "n", "k", "rows", "segment", "lanes"}
+    fine = summarise(
+        gemm_cases + _checked(selection(gpu, ["memops"]), failing=3), {}, runner="cupy",
+        simulated=False,
+    )  # fmt: skip
+    assert fine["verdict"] == "pass" and stop_reason(fine) is None
+
+
+def test_a_later_call_merges_a_family_into_the_document():
+    gpu = get_gpu("h100")
+    gemm = summarise(_checked(selection(gpu, ["tensor_gemm"])), {}, runner="cupy", simulated=False)
+    gemm["seconds"] = 20.0
+    assert checked_families(gemm) == ["tensor_gemm"]
+    memops = summarise(
+        _checked(selection(gpu, ["memops"]), failing=1), {}, runner="cupy", simulated=False
+    )
+    memops["seconds"] = 5.0
+    both = merge(gemm, memops)
+    together = summarise(
+        _checked(selection(gpu, ["tensor_gemm"])) + _checked(selection(gpu, ["memops"]), 1),
+        {},
+        runner="cupy",
+        simulated=False,
+    )
+    for key in ("schedules", "failed", "verdict", "by_variant", "by_stages", "by_mapping", "tails"):
+        assert both[key] == together[key], key
+    assert both["cases"] == together["cases"] and both["mismatches"] == together["mismatches"]
+    assert checked_families(both) == ["tensor_gemm", "memops"] and both["seconds"] == 25.0
+    assert both["added_later"][0]["families"] == ["memops"]
+    # A document written before the families were kept apart checked the GEMMs only.
+    old = {k: v for k, v in gemm.items() if k != "families"}
+    assert checked_families(old) == ["tensor_gemm"]
+    assert merge(old, memops)["schedules"] == 660
+
+
+# --- baselines -------------------------------------------------------------------------
+
+
+def test_a_baseline_is_given_in_its_family_s_unit():
+    answer = {"library": "x", "samples_ms": [0.002] * 5}
+    softmax = MEMOPS["Softmax_BERT_b1_s128"]
+    entry = baseline_entry(softmax, answer)
+    assert entry["unit"] == "GB/s" and "tflops" not in entry
+    assert entry["throughput"] == pytest.approx(softmax.compulsory_bytes / 2e-6 / 1e9)
+    gemm = ALCOP["MM_RN50_FC"]
+    entry = baseline_entry(gemm, answer)
+    assert entry["unit"] == "TFLOP/s" and entry["tflops"] == entry["throughput"]
+    assert entry["throughput"] == pytest.approx(gemm.flops / 2e-6 / 1e12)
+
+
+def test_unpack_checks_each_baseline_s_unit_and_throughput():
+    answer = {"library": "x", "samples_ms": [0.002] * 5}
+    softmax = baseline_entry(MEMOPS["Softmax_BERT_b1_s128"], answer)
+    gemm = baseline_entry(ALCOP["MM_RN50_FC"], answer)
+    old_gemm = {k: v for k, v in gemm.items() if k not in ("throughput", "unit")}
+    failed = {"workload": ALCOP["Conv3D_1"].canonical(), "error": "timeout: 180 s"}
+    rows = check_baselines({"operators": {"S": softmax, "G": old_gemm, "C": failed}})
+    assert rows["S"][2] == "GB/s" and rows["G"][2] == "TFLOP/s" and "C" not in rows
+    assert rows["S"][1] == pytest.approx(softmax["throughput"])
+    in_tflops = {**softmax, "unit": "TFLOP/s", "tflops": softmax["throughput"] / 1e3}
+    with pytest.raises(UnpackError, match=r"given in TFLOP/s, its family \(memops\) counts GB/s"):
+        check_baselines({"operators": {"S": in_tflops}})
+    with pytest.raises(UnpackError, match="does not follow"):
+        check_baselines({"operators": {"S": {**softmax, "throughput": 1.0}}})
 
 
 # --- files and archives --------------------------------------------------------------
@@ -271,6 +446,33 @@ def test_the_plan_counts_the_suite_and_fits_three_calls():
     for call in document["calls"]:
         assert call["end_s"] <= call["budget_s"]
     assert document["gpu_s_low"] < document["gpu_s_high"]
+
+
+def test_the_default_plan_adds_the_memops_suite_after_alcop_and_fits_three_calls():
+    document = plan_document(
+        get_gpu("h100", calibrated=False), resolve_operators(DEFAULT_OPERATORS)
+    )
+    # ALCOP's 51,971 trials and 10,758 kernels, then the memops suite's 26,072 and 4,484
+    # (a memops kernel takes rows and cols as arguments: one per op and schedule, but for
+    # the register-cached rows, whose length is compiled in).
+    assert document["trials"] == 51971 + 26072
+    assert document["distinct_kernels"] == 10758 + 4484
+    assert document["kernels_by_kind"] == {
+        "gemm_kn": 2840, "bmm": 2238, "conv2d": 2840, "conv3d": 2840,
+        "softmax": 1916, "layernorm": 1188, "bias_gelu": 690, "bias_gelu-tanh": 690,
+    }  # fmt: skip
+    assert set(document["kernels_by_kind"]) <= set(COMPILE_S_PER_KERNEL)
+    assert {kind_of(w) for _, w in MEMOPS_CASES} <= set(COMPILE_S_PER_KERNEL)
+    assert document["fits"] and len(document["calls"]) <= 3
+    planned = [s["operator"] for call in document["calls"] for s in call["sweeps"]]
+    assert list(dict.fromkeys(planned)) == [*FIGURE_13_ORDER, *MEMOPS]
+    for call in document["calls"]:
+        assert call["end_s"] <= call["budget_s"]
+    # Call 1's phases: setup 45, correctness 20 + 10 (both families), profile 20,
+    # baselines 23 x 1.5 + 36 x 0.5.
+    assert document["calls"][0]["phases_s"] == pytest.approx(45 + 30 + 20 + 34.5 + 18)
+    memops_rows = [r for r in document["operators"] if r["family"] == "memops"]
+    assert len(memops_rows) == 36 and all(r["model_kernel_s"] > 0 for r in memops_rows)
 
 
 def test_the_packer_keeps_the_archive_current(tmp_path):

@@ -1,6 +1,8 @@
 """`pipetune campaign` on the CPU: usage mistakes exit 2 with one line, a missing GPU exits 1
-with a summary written anyway, a correctness failure stops the campaign before any sweep,
-``--have`` never mixes GPUs or simulated with measured data, and `campaign unpack` keeps
+with a summary written anyway, a correctness failure stops the campaign before any sweep
+(a family's failures against its own schedules), ``--have`` never mixes GPUs or simulated
+with measured data and checks a family an earlier call did not, a memory-intensive operator
+goes through every phase as a GEMM does (its baseline in GB/s), and `campaign unpack` keeps
 simulated files out of the repository."""
 
 from __future__ import annotations
@@ -16,9 +18,11 @@ from typer.testing import CliRunner
 
 from pipetune.clients.cli.campaign_cmds import campaign_app
 from pipetune.model.hardware import get_gpu
+from pipetune.model.operators import ALCOP, MEMOPS
 from pipetune.workers.campaign import run as campaign_run
 from pipetune.workers.campaign.correctness import selection
 from pipetune.workers.campaign.plan import CAMPAIGN_SETTINGS
+from pipetune.workers.datasets import check_pipetune, read_t4
 from pipetune.workers.runners.sim_runner import SimulatedLaunchRunner
 
 cli = CliRunner()
@@ -41,6 +45,11 @@ def caches(tmp_path_factory, monkeypatch):
         (["--gpu", "v100"], "--gpu: unknown GPU 'v100'"),
         (["--runner", "replay"], "--runner: one of cupy, simulated"),
         (["--operators", "MM_Nope"], "--operators: unknown operator or suite 'MM_Nope'"),
+        (
+            ["--operators", "MM_RN50_FC,Softmax_BERT_b1_s12"],
+            "--operators: unknown operator or suite 'Softmax_BERT_b1_s12' (did you mean "
+            "Softmax_BERT_b1_s128",
+        ),
         (["--minutes", "0"], "--minutes: must be positive"),
         (["--pack", "c.zip"], "--pack: a .tar.gz or .tar file name"),
         (["--have", "no/such/dir"], "--have no/such/dir: no such folder or archive"),
@@ -149,10 +158,162 @@ def test_unpack_keeps_simulated_archives_out_unless_asked(stopped, tmp_path):
 
 
 def test_the_plan_command_prints_the_calls():
-    result = cli.invoke(campaign_app, ["plan", "--json"])
+    result = cli.invoke(campaign_app, ["plan", "--operators", "alcop", "--json"])
     assert result.exit_code == 0
     document = json.loads(result.stdout)
     assert document["trials"] == 51971 and document["fits"]
+
+
+def test_by_default_the_campaign_plans_the_alcop_suite_then_the_memops_suite():
+    result = cli.invoke(campaign_app, ["plan", "--json"])
+    assert result.exit_code == 0, result.output
+    document = json.loads(result.stdout)
+    families = [r["family"] for r in document["operators"]]
+    assert families == ["tensor_gemm"] * 23 + ["memops"] * len(MEMOPS)
+    assert document["trials"] == 51971 + 26072
+
+
+def test_the_memops_suite_resolves_and_plans():
+    result = cli.invoke(campaign_app, ["plan", "--operators", "memops", "--json"])
+    assert result.exit_code == 0, result.output
+    document = json.loads(result.stdout)
+    assert [r["operator"] for r in document["operators"]] == list(MEMOPS)
+    assert {r["family"] for r in document["operators"]} == {"memops"}
+    assert document["trials"] == 26072 and document["distinct_kernels"] == 4484
+    assert document["fits"]
+
+
+MIXED = ["--runner", "simulated", "--operators", "MM_RN50_FC,Softmax_BERT_b1_s128"]
+
+
+@pytest.fixture(scope="module")
+def memops_stopped(tmp_path_factory):
+    """A simulated campaign over a GEMM and a softmax whose correctness phase meets 4 wrong
+    memory-intensive kernels: 4 of 660 schedules in all (0.6%), but 4 of the 336 memops
+    ones (1.2%)."""
+    folder = tmp_path_factory.mktemp("memops-stopped")
+    _, workload, schedules = selection(get_gpu("h100"), ["memops"])[0]
+    wrong = tuple(f"{workload.workload_hash}/{s.id}" for s in schedules[:4])
+
+    def open_runner(options, gpu):
+        return SimulatedLaunchRunner(gpu, settings=CAMPAIGN_SETTINGS, wrong=wrong)
+
+    with pytest.MonkeyPatch.context() as patch:
+        root = tmp_path_factory.getbasetemp()
+        patch.setenv("PIPETUNE_CACHE_DIR", str(root / "cubins"))
+        patch.setenv("PIPETUNE_SIMULATED_TIME_SCALE", "0")
+        patch.setattr(campaign_run, "open_runner", open_runner)
+        result = cli.invoke(campaign_app, ["--out-dir", str(folder / "out"), *MIXED])
+    return folder, result
+
+
+def test_a_family_s_failures_stop_the_campaign_though_all_families_pass(memops_stopped):
+    folder, result = memops_stopped
+    assert result.exit_code == 1, result.output
+    last = result.stderr.strip().splitlines()[-1]
+    assert "correctness: 4 of 336 schedules failed (memops)" in last
+    correctness = json.loads((folder / "out" / "correctness.json").read_text())
+    assert (correctness["schedules"], correctness["failed"]) == (660, 4)
+    assert correctness["verdict"] == "stop"
+    assert {m["family"] for m in correctness["mismatches"]} == {"memops"}
+    assert correctness["families"]["tensor_gemm"]["verdict"] == "pass"
+    summary = json.loads((folder / "out" / "campaign.json").read_text())
+    assert summary["state"] == "stopped" and summary["phases"]["sweeps"] == "missing"
+    assert not (folder / "out" / "baselines.json").exists()
+
+
+@pytest.fixture(scope="module")
+def continued(tmp_path_factory):
+    """Two simulated calls: a softmax alone, then (``--have``) the softmax and a GEMM."""
+    folder = tmp_path_factory.mktemp("continued")
+    results = []
+    with pytest.MonkeyPatch.context() as patch:
+        root = tmp_path_factory.getbasetemp()
+        patch.setenv("PIPETUNE_CACHE_DIR", str(root / "cubins"))
+        patch.setenv("PIPETUNE_REFERENCE_CACHE", str(root / "references"))
+        patch.setenv("PIPETUNE_SIMULATED_TIME_SCALE", "0")
+        first = ["--runner", "simulated", "--operators", "Softmax_BERT_b1_s128"]
+        for call, args in ((1, first), (2, ["--have", str(folder / "c1.tar.gz"), *MIXED])):
+            out = [
+                "--out-dir",
+                str(folder / f"out{call}"),
+                "--pack",
+                str(folder / f"c{call}.tar.gz"),
+            ]
+            results.append(cli.invoke(campaign_app, [*out, *args]))
+    return folder, results
+
+
+def test_a_memops_operator_goes_through_every_phase(continued):
+    folder, (first, _) = continued
+    assert first.exit_code == 0, first.output
+    out = folder / "out1"
+    summary = json.loads((out / "campaign.json").read_text())
+    assert summary["state"] == "complete" and summary["sweeps"]["done"] == ["Softmax_BERT_b1_s128"]
+    correctness = json.loads((out / "correctness.json").read_text())
+    assert list(correctness["families"]) == ["memops"] and correctness["verdict"] == "pass"
+    assert correctness["schedules"] == 336 and correctness["by_stages"] == {}
+    assert set(correctness["by_variant"]) == {
+        "reduce-sum", "reduce-max", "softmax", "layernorm", "bias_gelu", "bias_gelu-tanh"
+    }  # fmt: skip
+    assert all(sum(c.values()) == 56 for c in correctness["by_variant"].values())
+    assert len(correctness["by_mapping"]) == 10
+    assert all(correctness["tails"][axis] > 0 for axis in ("rows", "segment", "lanes"))
+    baseline = json.loads((out / "baselines.json").read_text())["operators"]["Softmax_BERT_b1_s128"]
+    assert baseline["unit"] == "GB/s" and baseline["simulated"] and "tflops" not in baseline
+    softmax = MEMOPS["Softmax_BERT_b1_s128"]
+    gbs = softmax.compulsory_bytes / (baseline["latency_us"] * 1e-6) / 1e9
+    assert baseline["throughput"] == pytest.approx(gbs) and 1000 < gbs < 4000
+    dataset = read_t4(out / "sweeps" / "Softmax_BERT_b1_s128.t4.json.gz")
+    assert check_pipetune(dataset).runner == "simulated" and len(dataset) == 341
+    assert set(dataset.records[0].configuration) == {
+        "threads_per_row", "rows_per_block", "blocks_per_row", "vector_width", "row_cache",
+        "split_mode", "max_waves",
+    }  # fmt: skip
+
+
+def test_a_later_call_checks_the_family_an_earlier_one_did_not(continued):
+    folder, (_, second) = continued
+    assert second.exit_code == 0, second.output
+    out = folder / "out2"
+    summary = json.loads((out / "campaign.json").read_text())
+    assert summary["state"] == "complete" and set(summary["phases"].values()) == {"done"}
+    assert summary["sweeps"]["done"] == ["MM_RN50_FC", "Softmax_BERT_b1_s128"]
+    phases = {p["phase"]: p for p in summary["calls"][1]["phases"]}
+    assert phases["correctness"]["families"] == ["tensor_gemm"]
+    assert phases["correctness"]["schedules"] == 324
+    correctness = json.loads((out / "correctness.json").read_text())
+    assert list(correctness["families"]) == ["memops", "tensor_gemm"]
+    assert correctness["schedules"] == 660 and len(correctness["by_stages"]) == 12
+    assert correctness["added_later"][0]["families"] == ["tensor_gemm"]
+    baselines = json.loads((out / "baselines.json").read_text())["operators"]
+    assert {n: b["unit"] for n, b in baselines.items()} == {
+        "Softmax_BERT_b1_s128": "GB/s",
+        "MM_RN50_FC": "TFLOP/s",
+    }
+    gemm = baselines["MM_RN50_FC"]
+    assert gemm["tflops"] == pytest.approx(ALCOP["MM_RN50_FC"].flops / gemm["latency_us"] / 1e6)
+    with tarfile.open(folder / "c1.tar.gz") as tar:  # the softmax was not measured again
+        first = tar.extractfile("sweeps/Softmax_BERT_b1_s128.t4.json.gz").read()
+    assert (out / "sweeps" / "Softmax_BERT_b1_s128.t4.json.gz").read_bytes() == first
+
+
+def test_unpack_takes_memops_datasets_and_baselines_in_their_unit(continued, tmp_path):
+    from pipetune.workers.campaign.unpack import unpack
+
+    folder, _ = continued
+    result = unpack(
+        folder / "c2.tar.gz", tmp_path / "data", tmp_path / "profiles", allow_simulated=True
+    )
+    assert sorted(p.name for p in result.datasets) == [
+        "MM_RN50_FC.t4.json.gz",
+        "Softmax_BERT_b1_s128.t4.json.gz",
+    ]
+    assert check_pipetune(read_t4(tmp_path / "data" / "h100" / "Softmax_BERT_b1_s128.t4.json.gz"))
+    assert {n: row[2] for n, row in result.baselines.items()} == {
+        "Softmax_BERT_b1_s128": "GB/s",
+        "MM_RN50_FC": "TFLOP/s",
+    }
 
 
 def test_a_campaign_imports_no_service_database_or_xgboost(tmp_path):

@@ -1,21 +1,27 @@
 """The GPU-side functions (the cupy runner's child, the campaign's library child) run on
-the CPU against a numpy stand-in for CuPy (tests/fake_cupy.py): their control flow, not
-CuPy's behaviour. And each GPU side's simulated twin keeps the same functions and
+the CPU against a numpy stand-in for CuPy (tests/fake_cupy.py), and for PyTorch (FakeTorch
+below, for the memory-intensive baselines): their control flow and the calls they make, not
+the libraries' behaviour. And each GPU side's simulated twin keeps the same functions and
 arguments, so that a simulated rehearsal calls exactly what a GPU run calls."""
 
 from __future__ import annotations
 
 import inspect
 import sys
+import types
+from contextlib import nullcontext
 
 import fake_cupy
 import numpy as np
 import pytest
 
+from pipetune.model.hardware import get_gpu
+from pipetune.model.memops.workloads import bias_gelu, layernorm, reduce, softmax
+from pipetune.model.operators import MEMOPS
 from pipetune.model.workloads import conv2d, gemm
 from pipetune.workers.campaign import cuda_side, sim_side
 from pipetune.workers.launch_plan import Buffer, KernelLaunch, LaunchPlan
-from pipetune.workers.runners import cupy_child, sim_child
+from pipetune.workers.runners import cupy_child, memops_reference, sim_child
 from pipetune.workers.runners.cupy_child import TrialSpec
 from pipetune.workers.runners.timing import RepeatPolicy
 
@@ -170,3 +176,167 @@ def test_each_simulated_twin_has_the_gpu_side_s_functions(gpu, twin, names):
     # The initializers agree on their first arguments (the twin takes its test knobs after).
     init = "init_device" if gpu is cupy_child else "init"
     assert twin_functions[init][: len(gpu_functions[init])] == gpu_functions[init]
+
+
+# --- the memory-intensive baselines through PyTorch -----------------------------------
+
+
+class FakeTensor(np.ndarray):
+    """A numpy array with the two tensor methods the baselines call."""
+
+    def to(self, dtype):
+        return np.asarray(self).astype(dtype).view(FakeTensor)
+
+    def zero_(self):
+        self[...] = 0
+        return self
+
+
+class FakeTorch(types.ModuleType):
+    """PyTorch as the memops baselines use it: seeded device draws, the row operators
+    (recorded with their arguments, computed by nothing), events, the flush buffer."""
+
+    def __init__(self):
+        super().__init__("torch")
+        self.__version__ = "2.9.fake"
+        self.version = types.SimpleNamespace(cuda="13.0")
+        self.float32, self.float16, self.uint8 = np.float32, np.float16, np.uint8
+        self.log: list[tuple[str, dict]] = []  # ops and flushes, in order
+        self.drawn: list[tuple[tuple[int, ...], int]] = []  # (shape, seed) of device draws
+        torch = self
+
+        class Generator:
+            def __init__(self, device):
+                assert device == "cuda"
+
+            def manual_seed(self, seed):
+                self.seed = seed
+                self.rng = np.random.default_rng(seed)
+                return self
+
+        class Event:
+            def __init__(self, enable_timing):
+                assert enable_timing
+
+            def record(self):
+                pass
+
+            def synchronize(self):
+                pass
+
+            def elapsed_time(self, end):
+                return 0.02
+
+        class Flush(FakeTensor):
+            def zero_(self):
+                torch.log.append(("flush", {}))
+                return self
+
+        self.Generator = Generator
+        self.cuda = types.SimpleNamespace(
+            Event=Event, synchronize=lambda: None, empty_cache=lambda: None
+        )
+        self.no_grad = nullcontext
+        self._flush = Flush
+
+        def layer_norm(x, normalized_shape, weight, bias, eps):
+            return self._op(
+                "layer_norm",
+                x,
+                normalized_shape=normalized_shape,
+                eps=eps,
+                weight=weight,
+                bias=bias,
+            )
+
+        def gelu(z, approximate):
+            return self._op("gelu", z, approximate=approximate)
+
+        self.nn = types.SimpleNamespace(
+            functional=types.SimpleNamespace(layer_norm=layer_norm, gelu=gelu)
+        )
+
+    def _op(self, name, x, **args):
+        self.log.append((name, {"shape": x.shape, "dtype": x.dtype, **args}))
+        return x
+
+    def rand(self, shape, generator, device, dtype):
+        assert device == "cuda" and dtype is np.float32
+        self.drawn.append((tuple(shape), generator.seed))
+        return generator.rng.random(shape, dtype=np.float32).view(FakeTensor)
+
+    def empty(self, size, dtype, device):
+        assert device == "cuda"
+        return np.empty(size, dtype).view(self._flush)
+
+    def softmax(self, x, dim):
+        return self._op("softmax", x, dim=dim)
+
+    def sum(self, x, dim):
+        return self._op("sum", x, dim=dim)
+
+    def amax(self, x, dim):
+        return self._op("amax", x, dim=dim)
+
+
+@pytest.fixture
+def torch(cupy, monkeypatch):
+    fake = FakeTorch()
+    monkeypatch.setitem(sys.modules, "torch", fake)
+    cuda_side.init(0)
+    return fake
+
+
+def test_the_device_draws_follow_the_reference_s_distributions():
+    for workload in (reduce(64, 1024), softmax(64, 1024), layernorm(64, 1024), bias_gelu(64, 1024)):
+        host = memops_reference.make_inputs(workload, 0)
+        ranges = cuda_side.MEMOPS_INPUT_RANGES[workload.op]
+        assert set(ranges) == set(host) == set(memops_reference.input_shapes(workload))
+        for name, (low, high) in ranges.items():
+            values = host[name].astype(np.float64)
+            width = high - low
+            assert low <= values.min() < low + 0.02 * width, (workload.op, name)
+            assert high - 0.02 * width < values.max() <= high, (workload.op, name)
+
+
+@pytest.mark.parametrize(
+    ("workload", "op", "args"),
+    [
+        (MEMOPS["Softmax_BERT_b1_s128"], "softmax", {"dim": -1}),
+        (
+            MEMOPS["LayerNorm_BERT_b1_s128"],
+            "layer_norm",
+            {"normalized_shape": (768,), "eps": 1e-12},
+        ),
+        (MEMOPS["LayerNorm_GPT2_b1_s128"], "layer_norm", {"normalized_shape": (768,), "eps": 1e-5}),
+        (MEMOPS["BiasGELU_BERT_b1_s128"], "gelu", {"approximate": "none"}),
+        (MEMOPS["BiasGELU_GPT2_b1_s128"], "gelu", {"approximate": "tanh"}),
+        (reduce(96, 1024), "sum", {"dim": -1}),
+        (reduce(96, 1024, "max"), "amax", {"dim": -1}),
+    ],
+)
+def test_a_memops_baseline_is_pytorch_s_op_timed_as_kernels_are(torch, workload, op, args):
+    answer = cuda_side.vendor_time(workload.canonical(), 7, POLICY)
+    assert answer["library"].startswith("PyTorch 2.9.fake (CUDA 13.0) kernels: ")
+    assert answer["samples_ms"] == [0.02] * 5  # settled after min_repeats
+    ops = [(name, call) for name, call in torch.log if name != "flush"]
+    assert {name for name, _ in ops} == {op}
+    for _, call in ops:
+        assert {k: call[k] for k in args} == args
+        assert call["shape"] == (workload.rows, workload.cols) and call["dtype"] == np.float16
+    if op == "layer_norm":
+        assert all(c["weight"].shape == c["bias"].shape == (768,) for _, c in ops)
+    # One untimed first call, the warm-up, then 5 timed launches each after a flush.
+    names = [name for name, _ in torch.log]
+    assert names == [op, op] + ["flush", op] * 5
+    shapes = memops_reference.input_shapes(workload)
+    assert torch.drawn == [(shape, 7) for shape in shapes.values()]
+
+
+def test_the_simulated_memops_baseline_moves_the_compulsory_bytes_at_the_spec_s_bandwidth():
+    sim_side.init(0, "h100")
+    workload = MEMOPS["LayerNorm_GPT2_b8_s1024"]
+    answer = sim_side.vendor_time(workload.canonical(), 0, POLICY)
+    assert answer["simulated"] and "DRAM bandwidth" in answer["library"]
+    expected_ms = workload.compulsory_bytes / (get_gpu("h100").dram_bandwidth_gbs * 1e9) * 1e3
+    assert np.median(answer["samples_ms"]) == pytest.approx(expected_ms, rel=0.1)

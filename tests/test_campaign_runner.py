@@ -1,13 +1,15 @@
 """The kernel runner's parent side with the simulated launch (real child processes, real
 NVRTC compiles of a sample): batches, faults inside a batch, verification, and the sweeps
-phase stopping at a deadline and going on from its checkpoints in a later call."""
+phase stopping at a deadline and going on from its checkpoints in a later call, for a GEMM
+and for a memory-intensive operator."""
 
 from __future__ import annotations
 
 import pytest
 
+from pipetune.model.family import family
 from pipetune.model.hardware import get_gpu
-from pipetune.model.operators import ALCOP
+from pipetune.model.operators import ALCOP, MEMOPS
 from pipetune.model.space import Space
 from pipetune.workers.campaign import layout, sweeps
 from pipetune.workers.campaign.plan import CAMPAIGN_SETTINGS
@@ -127,3 +129,28 @@ def test_an_operator_faster_than_a_part_is_one_part():
     assert sweeps.part_size(WORKLOAD, GPU, order) >= len(order)
     conv = ALCOP["Conv3D_1"]
     assert sweeps.part_size(conv, GPU, measurement_order(Space.enumerate(conv, GPU))) == 256
+
+
+def test_a_memops_operator_sweeps_in_parts_like_a_gemm(tmp_path, monkeypatch):
+    softmax = MEMOPS["Softmax_BERT_b1_s128"]  # 341 schedules: two parts of 256 at most
+    space = family("memops").enumerate(softmax, GPU)
+    order = measurement_order(space)
+    assert sweeps.part_size(softmax, GPU, order) >= len(order)  # one part, as planned
+    monkeypatch.setattr(sweeps, "PART_SECONDS", 0.05)
+    assert sweeps.part_size(softmax, GPU, order) == 256
+    operators = {"Softmax_BERT_b1_s128": softmax}
+    with runner() as measuring:
+        first = run_sweeps(measuring, GPU, operators, tmp_path, Budget(1), lambda p: None)
+    assert first.stopped and first.partial["Softmax_BERT_b1_s128"]["of_parts"] == 2
+    assert not layout.sweep_path(tmp_path, "Softmax_BERT_b1_s128").exists()
+    with runner() as measuring:
+        second = run_sweeps(measuring, GPU, operators, tmp_path, Budget(10), lambda p: None)
+    assert second.done == ["Softmax_BERT_b1_s128"] and second.parts_measured == 1
+    dataset = read_t4(layout.sweep_path(tmp_path, "Softmax_BERT_b1_s128"))
+    info = check_pipetune(dataset)
+    assert info.runner == "simulated" and len(dataset) == len(space) == 341
+    assert all(r.status == "ok" and r.time_ms > 0 for r in dataset.records)
+    assert {tuple(r.configuration.values()) for r in dataset.records} == {
+        tuple(s.as_dict().values()) for s in space
+    }
+    assert [p["records"] for p in info.metadata["parts"]] == [256, 85]

@@ -5,8 +5,10 @@
 - The rehearsal: a fresh virtual environment with only the kit's wheels (built for this
   machine's Python by the same code, with the same package list) and the packages the GPU
   machine already has (those of them installed here), then the README's call 1 and call 2
-  commands exactly as written there, with ``--runner cupy`` replaced by the simulated runner
-  and the rehearsal's scope. Every file is checked; the second call skips what is done.
+  commands exactly as written there, with ``--operators alcop,memops --runner cupy``
+  replaced by the simulated runner and the rehearsal's scope (a GEMM, a BMM and a softmax:
+  both kernel families through every phase). Every file is checked; the second call skips
+  what is done.
 
 Building the kit downloads wheels with pip from the package registry (which CI reaches); where
 pip cannot, the tests fail with pip's one-line reason rather than skip: a rehearsal that did
@@ -36,11 +38,14 @@ from pipetune.workers.campaign.kit import (
     device_command,
     normalise,
 )
+from pipetune.workers.campaign.operators import DEFAULT_OPERATORS
 from pipetune.workers.datasets import check_pipetune, read_t4
 
 ROOT = Path(__file__).resolve().parents[1]
-REHEARSAL = "--runner simulated --minutes 2 --operators MM_RN50_FC,BMM_GPT2_QK"
-OPERATORS = ("MM_RN50_FC", "BMM_GPT2_QK")
+REHEARSAL = "--runner simulated --minutes 2 --operators MM_RN50_FC,BMM_GPT2_QK,Softmax_BERT_b1_s128"
+GEMM_OPERATORS = ("MM_RN50_FC", "BMM_GPT2_QK")
+OPERATORS = (*GEMM_OPERATORS, "Softmax_BERT_b1_s128")
+MEMOPS_KINDS = {"reduce-sum", "reduce-max", "softmax", "layernorm", "bias_gelu", "bias_gelu-tanh"}
 NOT_ON_THE_GPU_MACHINE = ("fastapi", "sqlalchemy", "alembic", "xgboost", "uvicorn", "psycopg")
 FROM_THE_KIT = ("pydantic", "pydantic_core", "tenacity", "platformdirs")
 
@@ -123,8 +128,9 @@ def machine(tmp_path_factory):
 
 def run_device_command(work: Path, env: dict[str, str], call: int) -> subprocess.CompletedProcess:
     command = readme_commands()[call - 1]
-    assert command.count("--runner cupy") == 1
-    rehearsal = command.replace("--runner cupy", REHEARSAL)
+    operators = f"--operators {DEFAULT_OPERATORS} "
+    assert command.count("--runner cupy") == 1 and command.count(operators) == 1
+    rehearsal = command.replace(operators, "").replace("--runner cupy", REHEARSAL)
     out = Path(env["OUT"])
     shutil.rmtree(out, ignore_errors=True)
     out.mkdir()  # the device tool gives every call an empty $OUT
@@ -188,14 +194,20 @@ def check_files(folder: Path, files: dict[str, bytes]) -> None:
     correctness = json.loads(files["correctness.json"])
     assert correctness["schedules"] >= 300 and correctness["verdict"] == "pass"
     assert correctness["simulated"] and not correctness["verified"]
-    assert set(correctness["by_variant"]) == {"gemm_kn", "gemm_nk", "bmm", "conv2d", "conv3d"}
+    assert set(correctness["by_variant"]) == {"gemm_kn", "gemm_nk", "bmm", "conv2d", "conv3d",
+                                              *MEMOPS_KINDS}  # fmt: skip
     assert len(correctness["by_stages"]) == 12
     assert all(correctness["tails"][axis] > 0 for axis in "mnk")
+    assert all(correctness["tails"][axis] > 0 for axis in ("rows", "segment", "lanes"))
+    assert list(correctness["families"]) == ["tensor_gemm", "memops"]
     profile = json.loads(files["profile.json"])
     assert profile["simulated"] and profile["gpu"] == "h100" and profile["overrides"]
     baselines = json.loads(files["baselines.json"])
     assert baselines["simulated"] and set(baselines["operators"]) == set(OPERATORS)
-    assert all(b["tflops"] > 0 and b["simulated"] for b in baselines["operators"].values())
+    gemms = [b for op, b in baselines["operators"].items() if op in GEMM_OPERATORS]
+    assert all(b["tflops"] > 0 and b["simulated"] for b in gemms)
+    softmax = baselines["operators"]["Softmax_BERT_b1_s128"]
+    assert softmax["unit"] == "GB/s" and softmax["throughput"] > 0 and softmax["simulated"]
     summary = json.loads(files["campaign.json"])
     assert summary["state"] == "complete" and summary["simulated"]
     assert set(summary["phases"].values()) == {"done"}
@@ -208,4 +220,7 @@ def check_files(folder: Path, files: dict[str, bytes]) -> None:
         assert settings["simulated"] and settings["timing_floor_us"] == probe["timing_floor_us"]
         assert (settings["min_repeats"], settings["repeats"], settings["warmup"]) == (5, 10, 1)
         assert all(r.valid for r in dataset.records)
-        assert len(dataset) == {"MM_RN50_FC": 2032, "BMM_GPT2_QK": 686}[op]
+        assert (
+            len(dataset)
+            == {"MM_RN50_FC": 2032, "BMM_GPT2_QK": 686, "Softmax_BERT_b1_s128": 341}[op]
+        )

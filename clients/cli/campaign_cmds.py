@@ -1,8 +1,9 @@
 """`pipetune campaign ...`: what a lent GPU runs (workers.campaign), and its two helpers.
 
     pipetune campaign --gpu h100 --out-dir DIR [--minutes M] [--have DIR|ARCHIVE]
-        [--operators alcop,...] [--runner cupy|simulated] [--pack FILE]
-    pipetune campaign plan [--gpu h100] [--operators alcop] [--calls 3] [--minutes 8] [--json]
+        [--operators alcop,memops,...] [--runner cupy|simulated] [--pack FILE]
+    pipetune campaign plan [--gpu h100] [--operators alcop,memops] [--calls 3] [--minutes 8]
+        [--json]
     pipetune campaign unpack ARCHIVE [--data-dir benchmarks/data] [--profile-dir model/profiles]
 
 The campaign's modules load inside the commands: the GPU machine imports only what a
@@ -59,6 +60,14 @@ def _print_outcome(outcome: object) -> None:
         console.print("note: SIMULATED campaign: compiled kernels, simulated launches; no data")
 
 
+# The default lives with the campaign (workers/campaign/operators.DEFAULT_OPERATORS), which
+# loads only inside the commands: an unset option means it.
+_OPERATORS_HELP = (
+    "suites (alcop, memops) and operators, comma-separated (alcop,MM_RN50_FC); "
+    "default: the ALCOP suite, then the memops suite"
+)
+
+
 @campaign_app.callback()
 @reported
 def campaign_main(
@@ -71,9 +80,7 @@ def campaign_main(
     have: Path | None = typer.Option(
         None, "--have", help="an earlier call's folder or archive: its phases are skipped"
     ),
-    operators: str = typer.Option(
-        "alcop", "--operators", help="suites and operators, comma-separated (alcop,MM_RN50_FC)"
-    ),
+    operators: str | None = typer.Option(None, "--operators", help=_OPERATORS_HELP),
     runner: str = typer.Option("cupy", "--runner", help=_RUNNER_HELP),
     pack: Path | None = typer.Option(
         None, "--pack", help="write everything into this .tar.gz (kept current after each part)"
@@ -85,13 +92,14 @@ def campaign_main(
     if out_dir is None:
         raise CliError("--out-dir: required (a new folder for the campaign's files)", 2)
     from pipetune.workers.campaign import CampaignOptions, CampaignUsageError, run_campaign
+    from pipetune.workers.campaign.operators import DEFAULT_OPERATORS
 
     options = CampaignOptions(
         out_dir=out_dir,
         gpu=gpu,
         minutes=minutes,
         have=have,
-        operators=operators,
+        operators=operators or DEFAULT_OPERATORS,
         runner=runner,
         pack=pack,
         command=tuple(sys.argv),
@@ -113,20 +121,20 @@ def campaign_main(
 @reported
 def campaign_plan(
     gpu: str = typer.Option("h100", "--gpu", help=f"GPU: {', '.join(gpu_keys())}"),
-    operators: str = typer.Option("alcop", "--operators", help="suites and operators"),
+    operators: str | None = typer.Option(None, "--operators", help=_OPERATORS_HELP),
     calls: int = typer.Option(3, "--calls", help="device calls available"),
     minutes: float = typer.Option(8.0, "--minutes", help="minutes per call"),
     as_json: bool = typer.Option(False, "--json", help="print one JSON document"),
 ) -> None:
     """The time plan: trials, kernels, compile and GPU time, and what each call sweeps."""
     from pipetune.model.hardware import get_gpu
-    from pipetune.workers.campaign.operators import resolve_operators
+    from pipetune.workers.campaign.operators import DEFAULT_OPERATORS, resolve_operators
     from pipetune.workers.campaign.plan import plan_document
 
     if calls < 1 or not minutes > 0:
         raise CliError("--calls must be at least 1 and --minutes positive", 2)
     try:
-        chosen = resolve_operators(operators)
+        chosen = resolve_operators(operators or DEFAULT_OPERATORS)
     except ValueError as exc:
         raise CliError(f"--operators: {exc}", 2) from None
     document = plan_document(get_gpu(gpu, calibrated=False), chosen, calls=calls, minutes=minutes)

@@ -1,10 +1,15 @@
 """The baselines phase: the vendor library's time on every benchmark operator.
 
 cuBLAS (``cupy.matmul``) for GEMM and BMM, cuDNN (PyTorch, channels-last fp16) for Conv2D
-and Conv3D, timed by the library child (workers.campaign.cuda_side, or its simulated twin)
-exactly as the kernel runner times kernels, with the campaign's measurement settings. An
-operator that fails is recorded with its error and not tried again by a later call; the
-phase stops between operators at the deadline, and a later call adds the missing ones.
+and Conv3D, PyTorch's own CUDA kernels for the memory-intensive operators (``torch.softmax``,
+``layer_norm``, the bias add then ``gelu`` with the operator's approximation, ``sum`` or
+``amax`` over the rows; fp16 in and out), timed by the library child
+(workers.campaign.cuda_side, or its simulated twin) exactly as the kernel runner times
+kernels, with the campaign's measurement settings. Each entry gives its throughput in its
+family's unit (``throughput``, ``unit``: TFLOP/s for the GEMMs, which keep their ``tflops``
+too, GB/s of compulsory traffic for the memory-intensive operators). An operator that fails
+is recorded with its error and not tried again by a later call; the phase stops between
+operators at the deadline, and a later call adds the missing ones.
 """
 
 from __future__ import annotations
@@ -14,7 +19,7 @@ from collections.abc import Callable
 from types import ModuleType
 from typing import Any
 
-from pipetune.model.workloads import AnyWorkload
+from pipetune.model.family import THROUGHPUT_UNITS, family_of
 from pipetune.workers.campaign.deadline import Deadline
 from pipetune.workers.campaign.plan import CAMPAIGN_SETTINGS, GpuSideCosts
 from pipetune.workers.runners.base import summarise
@@ -24,25 +29,42 @@ from pipetune.workers.runners.timing import RepeatPolicy
 VENDOR_TIMEOUT_S = 180.0  # inputs, cuDNN's algorithm search and the launches of one operator
 
 
-def baseline_entry(workload: AnyWorkload, answer: dict[str, Any]) -> dict[str, Any]:
+def baseline_entry(workload: Any, answer: dict[str, Any]) -> dict[str, Any]:
     samples_us = [s * 1e3 for s in answer["samples_ms"]]
     latency, spread = summarise(samples_us)
-    return {
+    fam = family_of(workload)
+    throughput = fam.throughput_of(workload, latency)
+    entry = {
         "workload": workload.canonical(),
         "label": workload.label(),
+        "family": fam.name,
         "library": answer["library"],
         "latency_us": latency,
         "spread": spread,
         "samples_us": samples_us,
-        "tflops": workload.flops / (latency * 1e-6) / 1e12,
-        **({"simulated": True} if answer.get("simulated") else {}),
+        "throughput": throughput,
+        "unit": fam.throughput_unit,
     }
+    if fam.throughput_unit == THROUGHPUT_UNITS["flop"][0]:
+        entry["tflops"] = throughput  # the GEMM entries' field before there were units
+    if answer.get("simulated"):
+        entry["simulated"] = True
+    return entry
+
+
+def shown(entry: dict[str, Any]) -> str:
+    """An entry in a few words: its latency and throughput, or its error."""
+    if "latency_us" not in entry:
+        return str(entry["error"])
+    unit = entry.get("unit", THROUGHPUT_UNITS["flop"][0])
+    rate = entry.get("throughput", entry.get("tflops"))
+    return f"{entry['latency_us']:.1f} µs, {rate:,.1f} {unit}"
 
 
 def run_baselines(
     child: IsolatedWorker,
     side: ModuleType,
-    operators: dict[str, AnyWorkload],
+    operators: dict[str, Any],
     document: dict[str, Any],
     deadline: Deadline,
     checkpoint: Callable[[dict[str, Any]], None],
@@ -56,7 +78,7 @@ def run_baselines(
     for name, workload in operators.items():
         if name in entries:
             continue
-        if not deadline.allows(costs.baseline_per_operator * 4):
+        if not deadline.allows(costs.baseline_s(workload) * 4):
             return False
         started = time.perf_counter()
         outcome = child.call(
@@ -72,11 +94,10 @@ def run_baselines(
             entries[name] = {
                 "workload": workload.canonical(),
                 "label": workload.label(),
+                "family": family_of(workload).name,
                 "error": f"{outcome.kind}: {outcome.error}",
             }
         entries[name]["seconds"] = round(time.perf_counter() - started, 3)
-        entry = entries[name]
-        shown = f"{entry['latency_us']:.1f} µs" if "latency_us" in entry else entry["error"]
-        log(f"baselines: {name}: {shown}")
+        log(f"baselines: {name}: {shown(entries[name])}")
         checkpoint(document)
     return all(name in entries for name in operators)

@@ -1,43 +1,66 @@
 """The correctness phase: before any timing, check that the kernels compute the right thing.
 
-``PER_CASE`` schedules of each of ``CASES`` (>= 300 in all), drawn by
-workers.codegen.sample.stratified_sample: the largest and smallest tiles, the most
-register- and shared-memory-hungry schedules, then every (smem_stages, reg_stages) stratum
-in turn, so every kernel variant meets every shared-memory stage count and both register
-stage values. The shapes leave tails in M, N and K for most tiles and cover conv strides
-1 and 2 with padding 0 and 1; the document counts the tails the schedules met.
+Each kernel family the campaign sweeps has its cases (shapes) and a per-case sample drawn
+by the family's stratified sampler, so that together they reach every kernel variant or op,
+every knob value and the tails:
 
-Each kernel is launched once on random fp16 inputs and its output checked against an fp32
-reference with the stated fp16 tolerance (workers.runners.reference): cuBLAS
-(``cupy.matmul``) for GEMM and BMM, cuDNN through PyTorch (channels-last, fp32 math, TF32
-off) for convolutions, falling back to im2col through cuBLAS where PyTorch is missing (the
-document says which). Any other outcome than a verified output (a wrong result, a launch
-or runtime error, a timeout, a compile error) counts as a failure; if more than
-``FAILURE_LIMIT`` of the schedules fail, the campaign stops after this phase: sweeping wrong
-kernels is worthless.
+- pipelined GEMMs: ``PER_CASE`` schedules of each of ``CASES`` (>= 300 in all), drawn by
+  workers.codegen.sample.stratified_sample: the largest and smallest tiles, the most
+  register- and shared-memory-hungry schedules, then every (smem_stages, reg_stages)
+  stratum in turn, so every kernel variant meets every shared-memory stage count and both
+  register stage values. The shapes leave tails in M, N and K for most tiles and cover
+  conv strides 1 and 2 with padding 0 and 1. Checked against an fp32 reference with the
+  fp16 tolerance of workers.runners.reference: cuBLAS (``cupy.matmul``) for GEMM and BMM,
+  cuDNN through PyTorch (channels-last, fp32 math, TF32 off) for convolutions, falling back
+  to im2col through cuBLAS where PyTorch is missing (each case's reference says which).
+- memory-intensive ops: ``PER_MEMOPS_CASE`` schedules of each of ``MEMOPS_CASES`` (>= 300
+  in all): a cover of every knob value the case's space holds (workers.codegen.memops'
+  covering sample), one member of each mapping stratum it missed, then random others.
+  Every kind of kernel (reduce sum and max, softmax, layernorm, bias + GELU in its erf and
+  tanh forms) on two shapes: many rows that leave tails everywhere, and long rows that
+  split over up to 128 blocks; together they reach every knob value and mapping stratum
+  the op's spaces allow. Checked against the fp32 reference of
+  workers.runners.memops_reference with its per-op tolerance (each case's reference
+  gives the formula). The counts are per op and per mapping stratum (one row per block,
+  packed rows, split rows joined by a second kernel or fused; where a row is kept).
+
+Each kernel is launched once on random fp16 inputs. Any other outcome than a verified
+output (a wrong result, a launch or runtime error, a timeout, a compile error) counts as a
+failure; if more than ``FAILURE_LIMIT`` of a family's schedules fail, the campaign stops
+after this phase: sweeping wrong kernels is worthless, and a family's failures are judged
+against its own schedules (a broken generator must not hide among another family's passes).
+
+The document keeps each family's counts apart (``families``), so that a later call whose
+operators need a family the first call did not check (``--have``) checks only that one and
+merges it in (:func:`merge`).
 """
 
 from __future__ import annotations
 
 import time
 from collections import Counter
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
+
+from pipetune.model.family import family, family_of
 from pipetune.model.hardware import GPUSpec
-from pipetune.model.space import Schedule, Space
+from pipetune.model.memops.workloads import bias_gelu, layernorm, reduce, softmax
 from pipetune.model.trials import MeasureResult
-from pipetune.model.workloads import AnyWorkload, bmm, conv2d, conv3d, gemm
-from pipetune.workers.codegen.sample import stratified_sample
+from pipetune.model.workloads import bmm, conv2d, conv3d, gemm
 from pipetune.workers.runners.kernel_runner import KernelRunner
 from pipetune.workers.runners.reference import TOLERANCE_TEXT
 
 PER_CASE = 36
+PER_MEMOPS_CASE = 28
 FAILURE_LIMIT = 0.01
 
 # (what the case covers, workload). M = 997 and 333 leave a tail for every block height,
 # N = 200 and 136 and K = 328 and 200 for every width and depth but 8 (multiples of 8, as
 # the 16-byte loads require); the aligned cases check the path without tails.
-CASES: tuple[tuple[str, AnyWorkload], ...] = (
+CASES: tuple[tuple[str, Any], ...] = (
     ("gemm_kn, tails in M, N, K", gemm(997, 200, 328)),
     ("gemm_kn, aligned", gemm(512, 256, 512)),
     ("gemm_nk, tails in M, N, K", gemm(997, 200, 328, b_layout="nk")),
@@ -49,16 +72,29 @@ CASES: tuple[tuple[str, AnyWorkload], ...] = (
     ("conv3d, stride 1, pad 0", conv3d(1, 6, 6, 6, 8, 16, 3, 3, 3, stride=1, pad=0)),
 )
 
+# Two shapes per kind of kernel. 997 rows (a prime) leave a last row group short for every
+# rows_per_block > 1; 1032 columns are 129 vectors of 8 (3 x 43), so split segments and a
+# row's lanes end short for most mappings, and enough rows reach every wave bound. 37 rows
+# of 4200 columns (525 vectors of 8) are long enough to split over 128 blocks (the other
+# end of the blocks_per_row knob). BERT's layernorm eps (1e-12) on the second shape.
+MEMOPS_CASES: tuple[tuple[str, Any], ...] = (
+    ("reduce-sum, tails in rows, segments, lanes", reduce(997, 1032)),
+    ("reduce-sum, long rows (split)", reduce(37, 4200)),
+    ("reduce-max, tails in rows, segments, lanes", reduce(997, 1032, "max")),
+    ("reduce-max, long rows (split)", reduce(37, 4200, "max")),
+    ("softmax, tails in rows, segments, lanes", softmax(997, 1032)),
+    ("softmax, long rows (split)", softmax(37, 4200)),
+    ("layernorm, tails in rows, segments, lanes", layernorm(997, 1032, 1e-5)),
+    ("layernorm eps=1e-12, long rows (split)", layernorm(37, 4200, 1e-12)),
+    ("bias_gelu erf, tails in rows, segments, lanes", bias_gelu(997, 1032)),
+    ("bias_gelu erf, long rows (split)", bias_gelu(37, 4200)),
+    ("bias_gelu tanh, tails in rows, segments, lanes", bias_gelu(997, 1032, "tanh")),
+    ("bias_gelu tanh, long rows (split)", bias_gelu(37, 4200, "tanh")),
+)
 
-def selection(gpu: GPUSpec) -> list[tuple[str, AnyWorkload, list[Schedule]]]:
-    """(case, workload, schedules) of every case: deterministic for a GPU."""
-    return [
-        (case, workload, stratified_sample(Space.enumerate(workload, gpu), PER_CASE, seed=i))
-        for i, (case, workload) in enumerate(CASES)
-    ]
 
-
-def tails(workload: AnyWorkload, schedule: Schedule) -> dict[str, bool]:
+def tails(workload: Any, schedule: Any) -> dict[str, bool]:
+    """Where a GEMM schedule leaves a partial tile on a workload (M, N, K)."""
     view = workload.gemm_view()
     return {
         "m": view.m % schedule.block_m != 0,
@@ -67,41 +103,130 @@ def tails(workload: AnyWorkload, schedule: Schedule) -> dict[str, bool]:
     }
 
 
+def _gemm_sample(space: Any, n: int, seed: int) -> list[Any]:
+    from pipetune.workers.codegen.sample import stratified_sample
+
+    return stratified_sample(space, n, seed=seed)
+
+
+def _gemm_stratum(schedule: Any) -> str:
+    return f"smem_stages={schedule.smem_stages},reg_stages={schedule.reg_stages}"
+
+
+def _memops_sample(space: Any, n: int, seed: int) -> list[Any]:
+    """A cover of every knob value the space holds (the family's sampler's first step),
+    then one member of each mapping stratum the cover missed (a value cover can leave out
+    a combination, e.g. one row per block with the row kept in registers), then random
+    others; deterministic for a seed."""
+    from pipetune.workers.codegen.memops import covering_sample, stratum
+
+    chosen = covering_sample(list(range(len(space))), lambda i: space[i], seed=seed)
+    met = {stratum(space[i]) for i in chosen}
+    order = [int(i) for i in np.random.default_rng(seed).permutation(len(space))]
+    for i in order:
+        if stratum(space[i]) not in met:
+            met.add(stratum(space[i]))
+            chosen.append(i)
+    taken = set(chosen)
+    chosen += [i for i in order if i not in taken][: max(0, n - len(chosen))]
+    return [space[i] for i in chosen[:n]]
+
+
+def _memops_stratum(schedule: Any) -> str:
+    from pipetune.workers.codegen.memops import stratum
+
+    return stratum(schedule)
+
+
+def _memops_tails(workload: Any, schedule: Any) -> dict[str, bool]:
+    from pipetune.workers.codegen.memops import tails as memops_tails
+
+    return memops_tails(workload, schedule)
+
+
+@dataclass(frozen=True)
+class FamilyChecks:
+    """How the correctness phase checks one kernel family."""
+
+    cases: tuple[tuple[str, Any], ...]
+    per_case: int
+    sample: Callable[[Any, int, int], list[Any]]  # (space, n, seed) -> schedules
+    stratum: Callable[[Any], str]  # the stratum a schedule is counted in
+    strata_key: str  # the document's name for the strata counts
+    tails: Callable[[Any, Any], dict[str, bool]]  # (workload, schedule) -> axis: has a tail
+    tail_axes: tuple[str, ...]
+    tolerance: str
+
+
+FAMILY_CHECKS: dict[str, FamilyChecks] = {
+    "tensor_gemm": FamilyChecks(
+        CASES, PER_CASE, _gemm_sample, _gemm_stratum, "by_stages", tails, ("m", "n", "k"),
+        TOLERANCE_TEXT,
+    ),
+    "memops": FamilyChecks(
+        MEMOPS_CASES, PER_MEMOPS_CASE, _memops_sample, _memops_stratum, "by_mapping",
+        _memops_tails, ("rows", "segment", "lanes"),
+        "per op (workers/runners/memops_reference.py); each case's reference gives the formula",
+    ),
+}  # fmt: skip
+
+
+def kind_of(workload: Any) -> str:
+    """The kind of kernel a workload needs, as the counts name it: the GEMM variant, the
+    memory-intensive op (its generator's kernel_kind, as the compile-time table has it)."""
+    from pipetune.workers.runners.builds import generator_of
+
+    return str(generator_of(workload).kernel_kind(workload))
+
+
+def selection(
+    gpu: GPUSpec, families: Iterable[str] = tuple(FAMILY_CHECKS)
+) -> list[tuple[str, Any, list[Any]]]:
+    """(case, workload, schedules) of every case of the families: deterministic for a GPU."""
+    chosen = []
+    for name in families:
+        checks = FAMILY_CHECKS[name]
+        fam = family(name)
+        for i, (case, workload) in enumerate(checks.cases):
+            space = fam.enumerate(workload, gpu)
+            chosen.append((case, workload, checks.sample(space, checks.per_case, i)))
+    return chosen
+
+
 def stops(failed: int, total: int, limit: float = FAILURE_LIMIT) -> bool:
     """Whether the campaign stops: more than ``limit`` of the schedules failed."""
     return total == 0 or failed / total > limit
 
 
-def summarise(
-    checked: list[tuple[str, AnyWorkload, list[Schedule], list[MeasureResult]]],
+def family_part(
+    name: str,
+    checked: list[tuple[str, Any, list[Any], list[MeasureResult]]],
     references: dict[str, Any],
-    *,
-    runner: str,
-    simulated: bool,
 ) -> dict[str, Any]:
-    from pipetune.workers.codegen import variant_of
-
+    """One family's counts, cases and mismatches."""
+    checks = FAMILY_CHECKS[name]
     by_variant: dict[str, Counter[str]] = {}
-    by_stages: dict[str, Counter[str]] = {}
+    strata: dict[str, Counter[str]] = {}
     tail_counts: Counter[str] = Counter()
-    failures: list[dict[str, Any]] = []
+    mismatches: list[dict[str, Any]] = []
     cases = []
     total = failed = 0
     for case, workload, schedules, results in checked:
-        variant = variant_of(workload)
+        variant = kind_of(workload)
         case_failed = 0
         for schedule, result in zip(schedules, results, strict=True):
             total += 1
-            stratum = f"smem_stages={schedule.smem_stages},reg_stages={schedule.reg_stages}"
             by_variant.setdefault(variant, Counter())[result.status] += 1
-            by_stages.setdefault(stratum, Counter())[result.status] += 1
-            tail_counts.update(axis for axis, has in tails(workload, schedule).items() if has)
+            strata.setdefault(checks.stratum(schedule), Counter())[result.status] += 1
+            has_tail = checks.tails(workload, schedule)
+            tail_counts.update(axis for axis, has in has_tail.items() if has)
             if result.status != "ok":
                 failed += 1
                 case_failed += 1
-                failures.append(
+                mismatches.append(
                     {
                         "case": case,
+                        "family": name,
                         "workload": workload.canonical(),
                         "variant": variant,
                         "schedule": schedule.as_dict(),
@@ -113,6 +238,7 @@ def summarise(
         cases.append(
             {
                 "case": case,
+                "family": name,
                 "workload": workload.canonical(),
                 "label": workload.label(),
                 "variant": variant,
@@ -121,23 +247,54 @@ def summarise(
                 "reference": references.get(case),
             }
         )
-    stop = stops(failed, total)
+    return {
+        "schedules": total,
+        "passed": total - failed,
+        "failed": failed,
+        "failed_fraction": failed / total if total else None,
+        "verdict": "stop" if stops(failed, total) else "pass",
+        "by_variant": {v: dict(c) for v, c in sorted(by_variant.items())},
+        "strata": {s: dict(c) for s, c in sorted(strata.items())},
+        "tails": {axis: tail_counts[axis] for axis in checks.tail_axes},
+        "cases": cases,
+        "mismatches": mismatches,
+    }
+
+
+def assemble(parts: dict[str, dict[str, Any]], *, runner: str, simulated: bool) -> dict[str, Any]:
+    """The correctness document of the families' parts (family_part)."""
+    total = sum(p["schedules"] for p in parts.values())
+    failed = sum(p["failed"] for p in parts.values())
+    stop = stops(failed, total) or any(p["verdict"] == "stop" for p in parts.values())
+    strata_keys = {FAMILY_CHECKS[name].strata_key for name in FAMILY_CHECKS}
     return {
         "runner": runner,
         "simulated": simulated,
         "verified": not simulated,
-        "tolerance": TOLERANCE_TEXT,
+        "tolerance": {name: FAMILY_CHECKS[name].tolerance for name in parts},
         "schedules": total,
         "passed": total - failed,
         "failed": failed,
         "failed_fraction": failed / total if total else None,
         "limit": FAILURE_LIMIT,
         "verdict": "stop" if stop else "pass",
-        "by_variant": {v: dict(c) for v, c in sorted(by_variant.items())},
-        "by_stages": {s: dict(c) for s, c in sorted(by_stages.items())},
-        "tails": {axis: tail_counts[axis] for axis in ("m", "n", "k")},
-        "cases": cases,
-        "mismatches": failures,
+        "by_variant": {v: c for p in parts.values() for v, c in p["by_variant"].items()},
+        **{
+            key: {
+                s: c
+                for name, p in parts.items()
+                if FAMILY_CHECKS[name].strata_key == key
+                for s, c in p["strata"].items()
+            }
+            for key in sorted(strata_keys)
+        },
+        "tails": {axis: n for p in parts.values() for axis, n in p["tails"].items()},
+        "families": {
+            name: {k: v for k, v in p.items() if k not in ("cases", "mismatches")}
+            for name, p in parts.items()
+        },
+        "cases": [c for p in parts.values() for c in p["cases"]],
+        "mismatches": [m for p in parts.values() for m in p["mismatches"]],
         **(
             {"note": "simulated launches: nothing was verified; the counts are the plumbing's"}
             if simulated
@@ -146,10 +303,90 @@ def summarise(
     }
 
 
-def run_correctness(runner: KernelRunner, gpu: GPUSpec) -> dict[str, Any]:
-    """Verify the selection with the runner; the correctness document."""
+def summarise(
+    checked: list[tuple[str, Any, list[Any], list[MeasureResult]]],
+    references: dict[str, Any],
+    *,
+    runner: str,
+    simulated: bool,
+) -> dict[str, Any]:
+    """The correctness document of checked cases (of any families, in any order)."""
+    by_family: dict[str, list[tuple[str, Any, list[Any], list[MeasureResult]]]] = {}
+    for item in checked:
+        by_family.setdefault(family_of(item[1]).name, []).append(item)
+    parts = {name: family_part(name, items, references) for name, items in by_family.items()}
+    return assemble(parts, runner=runner, simulated=simulated)
+
+
+def checked_families(document: dict[str, Any]) -> list[str]:
+    """The families a correctness document checked (a document written before there were
+    several families checked the GEMMs only)."""
+    return list(document.get("families") or {"tensor_gemm": None})
+
+
+def _parts(document: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    if "families" not in document:  # one family, before the documents kept families apart
+        return {
+            "tensor_gemm": {
+                **{k: document[k] for k in ("schedules", "passed", "failed", "by_variant")},
+                "failed_fraction": document.get("failed_fraction"),
+                "verdict": "stop" if stops(document["failed"], document["schedules"]) else "pass",
+                "strata": document.get("by_stages", {}),
+                "tails": document.get("tails", {}),
+                "cases": document.get("cases", []),
+                "mismatches": document.get("mismatches", []),
+            }
+        }
+    return {
+        name: {
+            **counts,
+            "cases": [c for c in document["cases"] if c.get("family") == name],
+            "mismatches": [m for m in document["mismatches"] if m.get("family") == name],
+        }
+        for name, counts in document["families"].items()
+    }
+
+
+def merge(document: dict[str, Any], added: dict[str, Any]) -> dict[str, Any]:
+    """One document of an earlier call's and the families a later call added."""
+    parts = {**_parts(document), **_parts(added)}
+    merged = assemble(parts, runner=document["runner"], simulated=document["simulated"])
+    merged["device_name"] = document.get("device_name")
+    merged["seconds"] = round(document.get("seconds", 0.0) + added.get("seconds", 0.0), 3)
+    # What a later call checked, on which device: the families were not checked together.
+    merged["added_later"] = [
+        *document.get("added_later", []),
+        {
+            "families": checked_families(added),
+            "device_name": added.get("device_name"),
+            "seconds": added.get("seconds"),
+        },
+    ]
+    return merged
+
+
+def stop_reason(document: dict[str, Any]) -> str | None:
+    """Why the campaign stops here (None when it goes on): the families whose failures
+    are over the limit, with their counts."""
+    if document["verdict"] != "stop":
+        return None
+    parts = _parts(document)
+    over = [(n, p) for n, p in parts.items() if p["verdict"] == "stop"] or [
+        ("all families", {"failed": document["failed"], "schedules": document["schedules"]})
+    ]
+    counts = "; ".join(f"{p['failed']} of {p['schedules']} schedules failed ({n})" for n, p in over)
+    return (
+        f"correctness: {counts}, more than {document['limit']:.0%}; the campaign stops "
+        "here, see correctness.json"
+    )
+
+
+def run_correctness(
+    runner: KernelRunner, gpu: GPUSpec, families: Iterable[str] = tuple(FAMILY_CHECKS)
+) -> dict[str, Any]:
+    """Verify the families' selection with the runner; the correctness document."""
     started = time.perf_counter()
-    chosen = selection(gpu)
+    chosen = selection(gpu, families)
     for _, workload, schedules in chosen:
         runner.compile_ahead(workload, schedules)
     previous = runner.conv_reference

@@ -8,6 +8,13 @@ workers.runners.timing, a flush of the same size before each timed launch, an ev
 around the launch. cuBLAS through ``cupy.matmul`` (fp16 in and out) for GEMM and BMM;
 cuDNN through PyTorch for Conv2D and Conv3D, fp16 channels-last tensors, with
 ``cudnn.benchmark`` on so that the first (untimed) call picks cuDNN's fastest algorithm.
+The memory-intensive operators through PyTorch's CUDA kernels, fp16 in and out, as a model
+written in PyTorch runs them: ``torch.softmax`` over the last dimension, ``layer_norm``
+with the operator's gamma, beta and eps, the bias add then ``gelu`` with the operator's
+approximation (two kernels: PyTorch does not stitch them), ``torch.sum`` or ``torch.amax``
+over each row. Their inputs are drawn on the device with the distributions of
+workers.runners.memops_reference (the largest operator's 1.6 GB would take seconds to draw
+on the host, and a row operator's time does not depend on the values drawn).
 """
 
 from __future__ import annotations
@@ -15,6 +22,7 @@ from __future__ import annotations
 import platform
 import shutil
 import subprocess
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -25,6 +33,14 @@ from pipetune.workers.runners.reference import make_inputs, operand_shapes
 from pipetune.workers.runners.timing import RepeatPolicy, time_launches
 
 _STATE: dict[str, Any] = {}
+# The uniform ranges workers.runners.memops_reference.make_inputs draws each input from, per
+# op (tests/test_campaign_gpu_side.py checks that they agree).
+MEMOPS_INPUT_RANGES: dict[str, dict[str, tuple[float, float]]] = {
+    "reduce": {"x": (-4.0, 4.0)},
+    "softmax": {"x": (-4.0, 4.0)},
+    "layernorm": {"x": (-1.5, 2.5), "gamma": (0.5, 1.5), "beta": (-0.5, 0.5)},
+    "bias_gelu": {"x": (-4.0, 4.0), "bias": (-0.5, 0.5)},
+}
 SMI_FIELDS = (
     "name",
     "driver_version",
@@ -149,48 +165,117 @@ def _flush() -> None:
 
 def vendor_time(canonical: dict[str, Any], seed: int, policy: RepeatPolicy) -> dict[str, Any]:
     """Time the vendor library on one workload: {"library", "samples_ms"}."""
-    from pipetune.model.workloads import parse_workload
+    from pipetune.model.family import family_of, parse_any_workload
 
-    workload = parse_workload(canonical)
-    a_host, b_host = make_inputs(workload, seed)
+    workload = parse_any_workload(canonical)
     if workload.op in ("gemm", "bmm"):
-        import cupy
+        return _cublas(workload, seed, policy)
+    timed = _torch_memops if family_of(workload).name == "memops" else _cudnn
+    answer = timed(workload, seed, policy)
+    import torch
 
-        a, b = cupy.asarray(a_host), cupy.asarray(b_host)
-        if workload.op == "gemm" and workload.b_layout == "nk":
-            b = b.T  # a transposed view: cuBLAS takes it as an operation, not a copy
-        out = cupy.empty(operand_shapes(workload)[2], dtype=cupy.float16)
+    torch.cuda.empty_cache()  # the operator's tensors went with timed's frame
+    return answer
 
-        def launch() -> None:
-            cupy.matmul(a, b, out=out)
 
-        launch()
-        cupy.cuda.Device().synchronize()
-        samples = time_launches(launch, _flush, CupyClock(cupy), policy)
-        library = f"cuBLAS through cupy.matmul (CuPy {cupy.__version__}), fp16 in and out"
-    else:
-        import torch
-        import torch.nn.functional as functional
+def _cublas(workload: Any, seed: int, policy: RepeatPolicy) -> dict[str, Any]:
+    import cupy
 
-        torch.backends.cudnn.benchmark = True
-        spatial = a_host.ndim - 2
-        channels_first = (0, spatial + 1, *range(1, spatial + 1))
-        x = torch.from_numpy(a_host).cuda().permute(*channels_first)
-        w = torch.from_numpy(b_host).cuda().permute(*channels_first)
-        conv = functional.conv2d if spatial == 2 else functional.conv3d
-        flush = torch.empty(_STATE["flush_bytes"], dtype=torch.uint8, device="cuda")
+    a_host, b_host = make_inputs(workload, seed)
+    a, b = cupy.asarray(a_host), cupy.asarray(b_host)
+    if workload.op == "gemm" and workload.b_layout == "nk":
+        b = b.T  # a transposed view: cuBLAS takes it as an operation, not a copy
+    out = cupy.empty(operand_shapes(workload)[2], dtype=cupy.float16)
 
-        def launch() -> None:
-            with torch.no_grad():
-                conv(x, w, stride=workload.stride, padding=workload.pad)
+    def launch() -> None:
+        cupy.matmul(a, b, out=out)
 
-        launch()  # cuDNN picks its algorithm here (benchmark mode), untimed
-        torch.cuda.synchronize()
-        samples = time_launches(launch, flush.zero_, TorchClock(torch), policy)
-        library = (
-            f"cuDNN {torch.backends.cudnn.version()} through PyTorch {torch.__version__}, "
-            "fp16 channels-last, cudnn.benchmark on"
-        )
-        del x, w, flush
-        torch.cuda.empty_cache()
+    launch()
+    cupy.cuda.Device().synchronize()
+    samples = time_launches(launch, _flush, CupyClock(cupy), policy)
+    library = f"cuBLAS through cupy.matmul (CuPy {cupy.__version__}), fp16 in and out"
+    return {"library": library, "samples_ms": samples}
+
+
+def _cudnn(workload: Any, seed: int, policy: RepeatPolicy) -> dict[str, Any]:
+    import torch
+    import torch.nn.functional as functional
+
+    a_host, b_host = make_inputs(workload, seed)
+    torch.backends.cudnn.benchmark = True
+    spatial = a_host.ndim - 2
+    channels_first = (0, spatial + 1, *range(1, spatial + 1))
+    x = torch.from_numpy(a_host).cuda().permute(*channels_first)
+    w = torch.from_numpy(b_host).cuda().permute(*channels_first)
+    conv = functional.conv2d if spatial == 2 else functional.conv3d
+    flush = torch.empty(_STATE["flush_bytes"], dtype=torch.uint8, device="cuda")
+
+    def launch() -> None:
+        with torch.no_grad():
+            conv(x, w, stride=workload.stride, padding=workload.pad)
+
+    launch()  # cuDNN picks its algorithm here (benchmark mode), untimed
+    torch.cuda.synchronize()
+    samples = time_launches(launch, flush.zero_, TorchClock(torch), policy)
+    library = (
+        f"cuDNN {torch.backends.cudnn.version()} through PyTorch {torch.__version__}, "
+        "fp16 channels-last, cudnn.benchmark on"
+    )
+    return {"library": library, "samples_ms": samples}
+
+
+def memops_inputs(torch: Any, workload: Any, seed: int) -> dict[str, Any]:
+    """The operator's fp16 inputs by name, drawn on the device (MEMOPS_INPUT_RANGES)."""
+    from pipetune.workers.runners.memops_reference import input_shapes
+
+    generator = torch.Generator(device="cuda")
+    generator.manual_seed(seed)
+    inputs = {}
+    for name, shape in input_shapes(workload).items():
+        low, high = MEMOPS_INPUT_RANGES[workload.op][name]
+        uniform = torch.rand(shape, generator=generator, device="cuda", dtype=torch.float32)
+        inputs[name] = (low + (high - low) * uniform).to(torch.float16)
+    return inputs
+
+
+def memops_launch(
+    torch: Any, workload: Any, inputs: dict[str, Any]
+) -> tuple[Callable[[], Any], str]:
+    """(launch, what it calls): the operator as PyTorch computes it, fp16 in and out."""
+    functional = torch.nn.functional
+    x = inputs["x"]
+    if workload.op == "softmax":
+        return (lambda: torch.softmax(x, dim=-1)), "torch.softmax(x, dim=-1)"
+    if workload.op == "layernorm":
+        gamma, beta, eps = inputs["gamma"], inputs["beta"], workload.eps
+        return (
+            lambda: functional.layer_norm(x, (workload.cols,), gamma, beta, eps)
+        ), f"torch.nn.functional.layer_norm(x, ({workload.cols},), gamma, beta, eps={eps:g})"
+    if workload.op == "bias_gelu":
+        bias, form = inputs["bias"], workload.approximate
+        return (
+            lambda: functional.gelu(x + bias, approximate=form)
+        ), f"x + bias, then torch.nn.functional.gelu(approximate={form!r})"
+    if workload.reduction == "sum":
+        return (lambda: torch.sum(x, dim=-1)), "torch.sum(x, dim=-1)"
+    return (lambda: torch.amax(x, dim=-1)), "torch.amax(x, dim=-1)"
+
+
+def _torch_memops(workload: Any, seed: int, policy: RepeatPolicy) -> dict[str, Any]:
+    import torch
+
+    inputs = memops_inputs(torch, workload, seed)
+    op, what = memops_launch(torch, workload, inputs)
+    flush = torch.empty(_STATE["flush_bytes"], dtype=torch.uint8, device="cuda")
+
+    def launch() -> None:
+        with torch.no_grad():
+            op()
+
+    launch()  # PyTorch's first call of the op (kernel selection, allocator), untimed
+    torch.cuda.synchronize()
+    samples = time_launches(launch, flush.zero_, TorchClock(torch), policy)
+    library = (
+        f"PyTorch {torch.__version__} (CUDA {torch.version.cuda}) kernels: {what}, fp16 in and out"
+    )
     return {"library": library, "samples_ms": samples}

@@ -25,6 +25,8 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+from pipetune.workers.campaign.operators import DEFAULT_OPERATORS
+
 KIT_DIR = ".gpu-kit"
 SITE_DIR = ".gpu-site"  # where the device command installs the kit (under the working tree)
 GPU_PYTHON = "3.12"
@@ -126,12 +128,14 @@ def archive_name(call: int) -> str:
 
 
 def campaign_line(call: int, runner: str = "cupy") -> str:
-    """Call ``call`` of a campaign: its own out-dir, the previous call's archive as --have
-    (copied into the kit folder, so one carried folder holds both), its archive into $OUT."""
+    """Call ``call`` of a campaign: the default operators named (so the command says what
+    it sweeps, whatever the CLI's default), its own out-dir, the previous call's archive as
+    --have (copied into the kit folder, so one carried folder holds both), its archive into
+    $OUT."""
     have = f" --have {KIT_DIR}/{archive_name(call - 1)}" if call > 1 else ""
     return (
-        f"python3 -m pipetune.clients.cli campaign --runner {runner} --out-dir .campaign-{call}"
-        f"{have} --pack $OUT/{archive_name(call)}"
+        f"python3 -m pipetune.clients.cli campaign --operators {DEFAULT_OPERATORS} "
+        f"--runner {runner} --out-dir .campaign-{call}{have} --pack $OUT/{archive_name(call)}"
     )
 
 

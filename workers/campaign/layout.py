@@ -3,9 +3,9 @@
 ::
 
     probe.json          the device, the library checks, the timing floor
-    correctness.json    >= 300 schedules verified against cuBLAS / cuDNN
+    correctness.json    >= 300 schedules per kernel family verified against their references
     profile.json        `pipetune calibrate`'s hardware profile
-    baselines.json      the vendor libraries' time per benchmark operator
+    baselines.json      the vendor libraries' time per benchmark operator, in its unit
     sweeps/<operator>.t4.json.gz            an operator's whole space
     sweeps/<operator>.part003.t4.json.gz    a checkpoint: one part of an unfinished operator
     campaign.json       what ran in each call, how long each phase took, what is left

@@ -2,9 +2,11 @@
 
 ``pipetune campaign plan`` prints it; the README's "GPU work" section quotes it. Inputs:
 
-- measured here: NVRTC compile time per kernel and variant (benchmarks/bench_compile.py;
-  RESULTS.md, "NVRTC compile time per kernel"), ``COMPILE_S_PER_KERNEL``;
-- the model: every schedule's predicted kernel time (model.analytical, spec-sheet profile);
+- measured here: NVRTC compile time per kernel and kind of kernel (the GEMM variants:
+  benchmarks/bench_compile.py, RESULTS.md "NVRTC compile time per kernel"; the
+  memory-intensive ops by the same method), ``COMPILE_S_PER_KERNEL``;
+- the model: every schedule's predicted kernel time (its family's analytical model,
+  spec-sheet profile);
 - stated assumptions about the GPU machine (``GpuSideCosts``), to be replaced by the rates the
   first call measures (campaign.json records each phase's seconds and each part's).
 
@@ -15,21 +17,23 @@ Per trial, with the campaign's measurement settings (1 warm-up, adaptive 5..10 r
 with T the model's kernel time, R the timed repeats (5 when the spread settles, at most 10).
 Compile runs ahead on ``compile_threads`` threads in sweep order, so an operator ends at
 ``max(previous end + its GPU time, its kernels compiled)``; a fresh machine compiles again
-what its call needs (cubins cannot travel). Operators are checkpointed in parts, so a call
-ends inside an operator and the next call goes on from the next part.
+what its call needs (cubins cannot travel). A kernel is one (build key, schedule) of the
+family's generator (workers.runners.builds): the operators of a GEMM variant share theirs,
+and so do the memory-intensive operators of an op (but for the register-cached rows, whose
+length is compiled in). Operators are checkpointed in parts, so a call ends inside an
+operator and the next call goes on from the next part.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
-from pipetune.model.analytical import evaluate
+from pipetune.model.family import family_of
 from pipetune.model.hardware import GPUSpec
-from pipetune.model.space import Space
-from pipetune.model.workloads import AnyWorkload
 from pipetune.workers.runners.base import MeasureSettings
 from pipetune.workers.runners.kernel_runner import TRIAL_OVERHEAD_S
 
@@ -38,17 +42,33 @@ CAMPAIGN_SETTINGS = MeasureSettings(warmup=1, repeats=10, min_repeats=5, settle=
 PART_SIZE = 256  # the unit of a sweep checkpoint (schedules), and the plan's granularity
 PART_SECONDS = 20.0  # about how long a checkpointed part takes (what a killed call loses)
 
-# NVRTC CPU seconds per kernel in the compile pool, per variant: benchmarks/bench_compile.py
+# NVRTC CPU seconds per kernel in the compile pool, per kind of kernel (the runner's
+# ``variant_of``: the generator's kernel_kind). GEMM variants: benchmarks/bench_compile.py
 # (2026-11-23, 32 kernels per variant, process CPU time per kernel with every core compiling;
 # CPU time, because the shared VM's wall times were inflated by other work; RESULTS.md has
-# the table). gemm_nk (not in the suite) is taken as gemm_kn.
+# the table); gemm_nk (not in the suite) is taken as gemm_kn. Memory-intensive ops: the same
+# method (32 of the memops suite's distinct kernels of the op, seed 2, through compile_many
+# on 2 cores, cache off, for sm_90; 2026-11-24, load average 0.3); reduce (not in the suite,
+# in the correctness phase) from 32 of reduce(8192, 768), (1024, 3072) and (98304, 128).
+# They compile in under half a GEMM's time (one short loop per pass, no MMA pipeline):
+# gemm_kn took 0.228 in the same session, against the table's 0.276 at load average 10, so
+# these may read ~20% low beside the GEMMs'. In the default campaign the pool compiles the
+# memops kernels (33 s of 14 threads) while the GPU still times the ALCOP suite, so the plan
+# hardly depends on them.
 COMPILE_S_PER_KERNEL: dict[str, float] = {
     "gemm_kn": 0.276,
     "gemm_nk": 0.276,
     "bmm": 0.199,
     "conv2d": 0.407,
     "conv3d": 0.433,
+    "softmax": 0.102,
+    "layernorm": 0.134,
+    "bias_gelu": 0.083,
+    "bias_gelu-tanh": 0.075,
+    "reduce-sum": 0.063,
+    "reduce-max": 0.064,
 }
+UNKNOWN_COMPILE_S = 0.3  # a kind of kernel not measured yet: about a GEMM's
 
 
 @dataclass(frozen=True)
@@ -60,23 +80,47 @@ class GpuSideCosts:
     flush: float = 40e-6  # 2 x 50 MiB memset at ~3 TB/s, plus its launch
     gap: float = 3e-6  # event pair and launch gap per launch (the probe's timing floor)
     setup: float = 45.0  # install, imports, two child processes, describe, checks, floor
-    correctness: float = 20.0  # 324 kernels compiled and verified, 9 references
+    correctness: float = 20.0  # GEMMs: 324 kernels compiled and verified, 9 references
+    # memops: 336 kernels (~0.1 CPU s each: 2.5 s on 14 threads), 12 small references
+    # (997 x 1032, 37 x 4200), 336 verification launches of microseconds
+    correctness_memops: float = 10.0
     profile: float = 20.0  # pipetune calibrate's microbenchmarks
     baseline_per_operator: float = 1.5  # inputs, cuDNN's algorithm search, 12 launches
+    # memops: inputs drawn on the device, PyTorch's first call of the op, 12 launches of at
+    # most ~1 ms (1.6 GB moved by the largest softmax at ~3 TB/s)
+    baseline_per_memops_operator: float = 0.5
     reserve: float = 20.0  # summary and archive at the end of a call
     compile_threads: int = 14  # 16 cores less the GPU process and the measuring thread
+
+    def correctness_s(self, families: Iterable[str]) -> float:
+        """The correctness phase for these kernel families."""
+        per_family = {"tensor_gemm": self.correctness, "memops": self.correctness_memops}
+        return sum(per_family.get(name, self.correctness) for name in families)
+
+    def baseline_s(self, workload: Any) -> float:
+        """The baselines phase's time on one operator."""
+        if family_of(workload).name == "memops":
+            return self.baseline_per_memops_operator
+        return self.baseline_per_operator
 
 
 @dataclass
 class OperatorPlan:
     name: str
-    variant: str
+    variant: str  # the kind of kernel (COMPILE_S_PER_KERNEL's key)
     trials: int
     model_s: float  # one launch of every schedule, by the model
     gpu_s_low: float  # every schedule settles after min_repeats
     gpu_s_high: float  # every schedule needs max repeats
-    kernel_ids: list[str] = field(repr=False, default_factory=list)
+    # (build key, schedule id) of each schedule's kernel, in space order: what is compiled
+    kernel_ids: list[tuple[str, str]] = field(repr=False, default_factory=list)
     per_trial_s: np.ndarray = field(repr=False, default_factory=lambda: np.zeros(0))
+    family: str = "tensor_gemm"
+    baseline_s: float = 0.0  # the baselines phase's time on it
+
+    @property
+    def compile_s_per_kernel(self) -> float:
+        return COMPILE_S_PER_KERNEL.get(self.variant, UNKNOWN_COMPILE_S)
 
 
 @dataclass
@@ -103,31 +147,42 @@ def trial_seconds(
 
 def operator_plans(
     gpu: GPUSpec,
-    operators: dict[str, AnyWorkload],
+    operators: dict[str, Any],
     settings: MeasureSettings = CAMPAIGN_SETTINGS,
     costs: GpuSideCosts | None = None,
 ) -> list[OperatorPlan]:
-    from pipetune.workers.codegen import variant_of
+    from pipetune.workers.runners.builds import generator_of
 
     costs = costs or GpuSideCosts()
     rows = []
     for name, workload in operators.items():
-        space = Space.enumerate(workload, gpu)
-        t = evaluate(space).T_kernel
+        fam = family_of(workload)
+        codegen = generator_of(workload)
+        space = fam.enumerate(workload, gpu)
+        t = fam.evaluate(space).T_kernel
         high = trial_seconds(t, settings.repeats, settings, costs)
         rows.append(
             OperatorPlan(
                 name=name,
-                variant=variant_of(workload),
+                variant=str(codegen.kernel_kind(workload)),
                 trials=len(space),
                 model_s=float(t.sum()),
                 gpu_s_low=float(trial_seconds(t, settings.fewest_repeats, settings, costs).sum()),
                 gpu_s_high=float(high.sum()),
-                kernel_ids=space.ids,
+                kernel_ids=[(str(codegen.build_key(workload, s)), s.id) for s in space],
                 per_trial_s=high,
+                family=fam.name,
+                baseline_s=costs.baseline_s(workload),
             )
         )
     return rows
+
+
+def plan_first_phases(rows: list[OperatorPlan], costs: GpuSideCosts) -> float:
+    """Call 1's phases before the sweeps, setup aside: correctness (for the operators'
+    families), profile, and the baselines of every operator."""
+    families = dict.fromkeys(r.family for r in rows)
+    return costs.correctness_s(families) + costs.profile + sum(r.baseline_s for r in rows)
 
 
 def plan_calls(
@@ -141,7 +196,7 @@ def plan_calls(
     """Assign the sweeps' parts to calls (upper-bound repeats), phases first in call 1."""
     costs = costs or GpuSideCosts()
     budget = minutes * 60 - costs.reserve
-    first_phases = costs.correctness + costs.profile + costs.baseline_per_operator * len(rows)
+    first_phases = plan_first_phases(rows, costs)
     plans: list[CallPlan] = []
 
     def new_call() -> tuple[CallPlan, set[tuple[str, str]]]:
@@ -156,8 +211,8 @@ def plan_calls(
         for start in range(0, row.trials, part_size):
             stop = min(row.trials, start + part_size)
             while True:
-                new = {(row.variant, k) for k in row.kernel_ids[start:stop]} - compiled
-                compile_s = len(new) * COMPILE_S_PER_KERNEL[row.variant] / costs.compile_threads
+                new = set(row.kernel_ids[start:stop]) - compiled
+                compile_s = len(new) * row.compile_s_per_kernel / costs.compile_threads
                 ends_compiling = compile_done + compile_s
                 end = max(call.end_s + float(row.per_trial_s[start:stop].sum()), ends_compiling)
                 if end <= budget or (not call.sweeps and len(plans) >= calls):
@@ -179,7 +234,7 @@ def plan_calls(
 
 def plan_document(
     gpu: GPUSpec,
-    operators: dict[str, AnyWorkload],
+    operators: dict[str, Any],
     *,
     calls: int = 3,
     minutes: float = 8.0,
@@ -195,7 +250,10 @@ def plan_document(
         for r in rows
         if not any((r.name, s) in planned for s in range(0, r.trials, PART_SIZE))
     ]
-    kernels = {(r.variant, k) for r in rows for k in r.kernel_ids}
+    kernels = {k: r.compile_s_per_kernel for r in rows for k in r.kernel_ids}
+    by_kind: dict[str, set[tuple[str, str]]] = {}
+    for r in rows:
+        by_kind.setdefault(r.variant, set()).update(r.kernel_ids)
     return {
         "gpu": gpu.key,
         "settings": CAMPAIGN_SETTINGS.as_dict(),
@@ -203,14 +261,16 @@ def plan_document(
         "compile_s_per_kernel": COMPILE_S_PER_KERNEL,
         "trials": sum(r.trials for r in rows),
         "distinct_kernels": len(kernels),
-        "compile_s_all_kernels": sum(COMPILE_S_PER_KERNEL[v] for v, _ in kernels)
-        / costs.compile_threads,
+        "kernels_by_kind": {kind: len(ids) for kind, ids in by_kind.items()},
+        "compile_s_all_kernels": sum(kernels.values()) / costs.compile_threads,
+        "first_call_phases_s": plan_first_phases(rows, costs),
         "model_kernel_s": sum(r.model_s for r in rows),
         "gpu_s_low": sum(r.gpu_s_low for r in rows),
         "gpu_s_high": sum(r.gpu_s_high for r in rows),
         "operators": [
             {
                 "operator": r.name,
+                "family": r.family,
                 "variant": r.variant,
                 "trials": r.trials,
                 "model_kernel_s": r.model_s,

@@ -1,7 +1,8 @@
 """`pipetune campaign`: the one command a lent GPU runs, phase after phase, each its own file.
 
 1. probe: the device, cuBLAS and an fp16 cast checked first (then cuDNN), the timing floor;
-2. correctness: >= 300 schedules verified (workers.campaign.correctness); > 1% failed stops;
+2. correctness: >= 300 schedules of each kernel family swept verified
+   (workers.campaign.correctness); > 1% of a family's failed stops;
 3. profile: `pipetune calibrate`'s hardware profile;
 4. baselines: the vendor libraries' time per operator;
 5. sweeps: every schedule of every operator, in parts, until the deadline;
@@ -36,7 +37,7 @@ from pipetune.model.hardware import GPUSpec, HardwareError, get_gpu, gpu_keys, r
 from pipetune.model.trials import RunnerKind
 from pipetune.workers.campaign import layout
 from pipetune.workers.campaign.deadline import Deadline
-from pipetune.workers.campaign.operators import resolve_operators
+from pipetune.workers.campaign.operators import DEFAULT_OPERATORS, families_of, resolve_operators
 from pipetune.workers.campaign.packer import Packer
 from pipetune.workers.campaign.plan import CAMPAIGN_SETTINGS, GpuSideCosts
 from pipetune.workers.runners.base import RunnerError
@@ -63,7 +64,7 @@ class CampaignOptions:
     gpu: str | None = None
     minutes: float = DEFAULT_MINUTES
     have: Path | None = None
-    operators: str = "alcop"
+    operators: str = DEFAULT_OPERATORS
     runner: str = "cupy"
     pack: Path | None = None
     device: int = 0
@@ -200,6 +201,7 @@ class Campaign:
         self.out = options.out_dir
         self.simulated = options.runner == "simulated"
         self.operators = resolve_operators(options.operators)
+        self.families = families_of(self.operators)
         self.costs = GpuSideCosts()
         self.deadline = Deadline(options.minutes, self.costs.reserve)
         self._log = log
@@ -235,10 +237,15 @@ class Campaign:
         self.log(f"{phase}: {status} ({seconds:.1f} s)")
 
     def overall(self) -> dict[str, str]:
+        from pipetune.workers.campaign.correctness import checked_families
+
         status = {}
         for phase in ("probe", "correctness", "profile"):
             doc = self.read(phase) if self.path(phase).exists() else None
             status[phase] = "done" if doc is not None else "missing"
+        correctness = self.read("correctness") if self.path("correctness").exists() else None
+        if correctness is not None and set(self.families) - set(checked_families(correctness)):
+            status["correctness"] = "partial"  # a family these operators need is unchecked
         if status["probe"] == "done" and (self.read("probe") or {}).get("verdict") != "pass":
             status["probe"] = "failed"
         baselines = self.read("baselines") or {}
@@ -401,34 +408,45 @@ class Campaign:
         )
 
     def after_probe(self, runner: KernelRunner, library: LibraryChild, gpu: GPUSpec) -> None:
-        # correctness
-        from pipetune.workers.campaign.correctness import run_correctness
+        # correctness: the families of this call's operators; a --have document that lacks
+        # one (an earlier call swept other operators) gets it checked and merged in.
+        from pipetune.workers.campaign.correctness import (
+            checked_families,
+            merge,
+            run_correctness,
+            stop_reason,
+        )
 
         correctness = self.read("correctness")
         started = time.perf_counter()
-        if correctness is None:
-            if not self.deadline.allows(self.costs.correctness):
+        missing = list(self.families)
+        if correctness is not None:
+            have = checked_families(correctness)
+            missing = [name for name in self.families if name not in have]
+            if correctness["verdict"] == "stop":
+                missing = []  # a stopped campaign stays stopped: nothing more is checked
+        if missing:
+            if not self.deadline.allows(self.costs.correctness_s(missing)):
                 return self.pause("deadline before the correctness phase")
-            correctness = run_correctness(runner, gpu)
+            checked = run_correctness(runner, gpu, missing)
+            correctness = checked if correctness is None else merge(correctness, checked)
             layout.write_json(self.path("correctness"), correctness)
             self.phase_record(
                 "correctness",
                 correctness["verdict"],
                 started,
                 file="correctness.json",
-                schedules=correctness["schedules"],
-                failed=correctness["failed"],
+                families=missing,
+                schedules=checked["schedules"],
+                failed=checked["failed"],
             )
             self.checkpoint()
         else:
             self.phase_record("correctness", "skipped (--have)", started)
-        if correctness["verdict"] == "stop":
-            self.state = "stopped"
-            self.reason = (
-                f"correctness: {correctness['failed']} of {correctness['schedules']} schedules "
-                f"failed (more than {correctness['limit']:.0%}); the campaign stops here, see "
-                "correctness.json"
-            )
+        assert correctness is not None
+        reason = stop_reason(correctness)
+        if reason is not None:
+            self.state, self.reason = "stopped", reason
             raise CampaignError(self.reason)
 
         # profile

@@ -6,8 +6,9 @@ arguments, run in the same kind of child, answering without a GPU and saying so.
 - ``library_checks``: the same comparisons (workers.campaign.checks) with numpy standing in
   for CuPy and for cuDNN, so that the checking code runs; each answer is marked simulated;
 - ``vendor_time``: a stand-in for the vendor library, the larger of the tensor-core time at
-  ``LIBRARY_EFFICIENCY`` of the spec's peak and the compulsory DRAM traffic at the spec's
-  bandwidth, through the timing loop on a model clock. Not a measurement of anything.
+  ``LIBRARY_EFFICIENCY`` of the spec's peak (for a family whose work is FLOPs; the
+  memory-intensive operators have none to speak of) and the compulsory DRAM traffic at the
+  spec's bandwidth, through the timing loop on a model clock. Not a measurement of anything.
 """
 
 from __future__ import annotations
@@ -77,19 +78,24 @@ def library_checks() -> dict[str, dict[str, Any]]:
 
 
 def vendor_time(canonical: dict[str, Any], seed: int, policy: RepeatPolicy) -> dict[str, Any]:
-    from pipetune.model.workloads import parse_workload
+    from pipetune.model.family import family_of, parse_any_workload
 
     spec = _STATE["spec"]
-    workload = parse_workload(canonical)
-    compute_s = workload.flops / (spec.peak_tensor_tflops * 1e12 * LIBRARY_EFFICIENCY)
+    workload = parse_any_workload(canonical)
+    fam = family_of(workload)
+    compute_s = 0.0
+    if fam.work_unit == "flop":
+        compute_s = fam.work(workload) / (spec.peak_tensor_tflops * 1e12 * LIBRARY_EFFICIENCY)
     memory_s = workload.compulsory_bytes / (spec.dram_bandwidth_gbs * 1e9)
     rng = noise_rng(seed, workload.workload_hash, "vendor")
     clock = ModelClock(max(compute_s, memory_s) * 1e3, rng, DEFAULT_REPEAT_SIGMA)
     samples = time_launches(lambda: None, lambda: None, clock, policy)
     assert all(math.isfinite(s) for s in samples)
-    return {
-        "library": "simulated: max(flops at 70% of the spec's fp16 peak, compulsory bytes at the "
-        "spec's DRAM bandwidth); not a library",
-        "samples_ms": samples,
-        "simulated": True,
-    }
+    if fam.work_unit == "flop":
+        library = (
+            "simulated: max(flops at 70% of the spec's fp16 peak, compulsory bytes at the "
+            "spec's DRAM bandwidth); not a library"
+        )
+    else:
+        library = "simulated: compulsory bytes at the spec's DRAM bandwidth; not a library"
+    return {"library": library, "samples_ms": samples, "simulated": True}

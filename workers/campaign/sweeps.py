@@ -1,4 +1,6 @@
-"""The sweeps phase: every schedule of every operator, checkpointed in parts.
+"""The sweeps phase: every schedule of every operator, checkpointed in parts, whatever the
+operator's kernel family (its space and model through model.family, its kernels through
+the runner).
 
 Each operator's space is measured in a seeded random order (so time on the machine is not
 confounded with the schedules' speed), split into parts of about PART_SECONDS of predicted
@@ -28,9 +30,8 @@ from typing import Any
 
 import numpy as np
 
+from pipetune.model.family import FamilySpace, family_of
 from pipetune.model.hardware import GPUSpec, get_gpu
-from pipetune.model.space import Schedule, Space
-from pipetune.model.workloads import AnyWorkload
 from pipetune.workers.campaign import layout
 from pipetune.workers.campaign.deadline import Deadline
 from pipetune.workers.campaign.plan import (
@@ -38,17 +39,19 @@ from pipetune.workers.campaign.plan import (
     COMPILE_S_PER_KERNEL,
     PART_SECONDS,
     PART_SIZE,
+    UNKNOWN_COMPILE_S,
     GpuSideCosts,
     trial_seconds,
 )
 from pipetune.workers.datasets import Dataset, read_t4, write_t4
+from pipetune.workers.runners.base import AnyWorkload, Schedule  # any family's
 from pipetune.workers.runners.kernel_runner import KernelRunner, model_latencies_us
 from pipetune.workers.runners.sweep import sweep
 
 ORDER_SEED = 0
 
 
-def measurement_order(space: Space, seed: int = ORDER_SEED) -> list[Schedule]:
+def measurement_order(space: FamilySpace, seed: int = ORDER_SEED) -> list[Schedule]:
     """The space in a seeded random order (the same in every call: parts line up)."""
     order = np.random.default_rng(seed).permutation(len(space))
     return [space[int(i)] for i in order]
@@ -141,7 +144,8 @@ class PartEstimator:
             gpu_s *= self.runner_time_scale()
         variant = self.runner.variant_of(workload)
         backlog = self.runner.compile_backlog(workload, part)
-        compile_s = backlog * COMPILE_S_PER_KERNEL.get(variant, 0.3) / self.runner.compile_workers
+        per_kernel = COMPILE_S_PER_KERNEL.get(variant, UNKNOWN_COMPILE_S)
+        compile_s = backlog * per_kernel / self.runner.compile_workers
         return max(gpu_s, compile_s)
 
     def runner_time_scale(self) -> float:
@@ -176,7 +180,7 @@ def run_sweeps(
         if layout.sweep_path(out, name).exists():
             progress.done.append(name)
             continue
-        order = measurement_order(Space.enumerate(workload, gpu))
+        order = measurement_order(family_of(workload).enumerate(workload, gpu))
         plans[name] = (workload, parts_of(order, part_size(workload, gpu, order)))
         check_parts(out, name, plans[name][1])
     # Queue every kernel still needed, in sweep order: NVRTC works ahead of the GPU.

@@ -4,10 +4,13 @@
     profile.json             -> model/profiles/<gpu>.json (model.hardware applies it)
     probe, correctness, baselines and campaign .json -> benchmarks/data/<gpu>/campaign/
 
-Only finished operators are unpacked (parts of an unfinished one are not a dataset). Every
-dataset is read back and checked as a pipetune dataset, the profile through model.hardware,
-before anything is written. A simulated archive is refused unless ``allow_simulated`` (and
-then its files say simulated); existing files are kept unless ``force``.
+Only finished operators are unpacked (parts of an unfinished one are not a dataset), of
+any kernel family. Every dataset is read back and checked as a pipetune dataset, the
+profile through model.hardware, and every baseline's throughput against its latency in its
+family's unit (TFLOP/s for the GEMMs, GB/s for the memory-intensive operators; a GEMM entry
+from before there were units gives ``tflops`` only), before anything is written. A
+simulated archive is refused unless ``allow_simulated`` (and then its files say
+simulated); existing files are kept unless ``force``.
 """
 
 from __future__ import annotations
@@ -16,8 +19,11 @@ import shutil
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
+from pipetune.model.family import family_of, parse_any_workload
 from pipetune.model.hardware import get_gpu, load_profile
+from pipetune.model.workloads import WorkloadError
 from pipetune.workers.campaign import layout
 from pipetune.workers.datasets import DatasetError, check_pipetune, read_t4
 
@@ -34,6 +40,37 @@ class Unpacked:
     profile: Path | None = None
     documents: list[Path] = field(default_factory=list)
     skipped_parts: list[str] = field(default_factory=list)
+    # operator -> (latency µs, throughput, its family's unit) of each timed baseline
+    baselines: dict[str, tuple[float, float, str]] = field(default_factory=dict)
+
+
+def check_baselines(document: dict[str, Any]) -> dict[str, tuple[float, float, str]]:
+    """Each timed baseline's (latency, throughput, unit), the throughput recomputed from the
+    latency in its family's unit; UnpackError where the file says otherwise."""
+    rows = {}
+    for name, entry in (document.get("operators") or {}).items():
+        if "latency_us" not in entry:
+            continue  # an operator whose library call failed: recorded with its error
+        try:
+            workload = parse_any_workload(entry["workload"])
+        except (KeyError, WorkloadError) as exc:
+            raise UnpackError(f"baselines.json: {name}: not a workload ({exc})") from None
+        fam = family_of(workload)
+        unit = entry.get("unit", "TFLOP/s" if "tflops" in entry else None)
+        if unit != fam.throughput_unit:
+            raise UnpackError(
+                f"baselines.json: {name} is given in {unit}, its family ({fam.name}) "
+                f"counts {fam.throughput_unit}"
+            )
+        rate = fam.throughput_of(workload, float(entry["latency_us"]))
+        stated = entry.get("throughput", entry.get("tflops"))
+        if stated is None or abs(float(stated) - rate) > 1e-6 * rate:
+            raise UnpackError(
+                f"baselines.json: {name}: {stated} {unit} does not follow from "
+                f"{entry['latency_us']} µs ({rate:.6g} {unit})"
+            )
+        rows[name] = (float(entry["latency_us"]), rate, unit)
+    return rows
 
 
 def unpack(
@@ -76,6 +113,9 @@ def unpack(
             if target != gpu:
                 raise UnpackError(f"profile.json is for {target}, the campaign ran on {gpu}")
             plan.append((profile, profile_dir / f"{gpu}.json"))
+        baselines = layout.read_json(folder / "baselines.json")
+        if baselines is not None:
+            result.baselines = check_baselines(baselines)
         for name in ("probe", "correctness", "baselines", "campaign"):
             source = folder / f"{name}.json"
             if source.exists():

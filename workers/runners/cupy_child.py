@@ -4,7 +4,7 @@ Importable without CuPy (the parent pickles references to these functions); each
 imports CuPy itself. The child holds its state in ``_STATE``: the L2 flush buffer, and the
 input buffers, reference and tolerance of the one workload it is measuring.
 workers/runners/sim_child.py is this module's simulated twin: the same functions with the
-same arguments, answering from the analytical model (tests/test_campaign_sides.py checks
+same arguments, answering from the analytical model (tests/test_campaign_gpu_side.py checks
 that the two stay in step).
 
 A trial runs a :class:`~pipetune.workers.launch_plan.LaunchPlan`, whatever the kernel
