@@ -12,8 +12,9 @@ from typing import Any
 
 from pipetune.model.family import family_for_knobs, parse_any_workload
 from pipetune.model.hardware import resolve_gpu_key
+from pipetune.model.knobs import ScheduleError
 from pipetune.model.memops.workloads import BiasGelu, LayerNorm, MemWorkload, Reduce, Softmax
-from pipetune.model.space import Schedule, ScheduleError
+from pipetune.model.space import Schedule
 from pipetune.model.wire import ScheduleDoc
 from pipetune.model.workloads import AnyWorkload, Bmm, Conv2d, Conv3d, Gemm
 

@@ -34,7 +34,8 @@ from pipetune.clients.library.inputs import (
 from pipetune.clients.library.labels import SIMULATED_LABEL, is_simulated
 from pipetune.model.family import family_of
 from pipetune.model.hardware import get_gpu
-from pipetune.model.space import Schedule, ScheduleError, schedule_problems
+from pipetune.model.knobs import ScheduleError
+from pipetune.model.space import Schedule, schedule_problems
 from pipetune.model.workloads import AnyWorkload, WorkloadError
 from pipetune.workers.codegen import generate, launch_config
 from pipetune.workers.compile import compile_kernel
