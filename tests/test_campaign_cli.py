@@ -83,13 +83,10 @@ def test_without_a_gpu_the_cupy_campaign_exits_1_and_still_writes_its_summary(tm
         assert tar.getnames() == ["campaign.json"]
 
 
-@pytest.fixture(scope="module")
-def stopped(tmp_path_factory):
-    """A simulated campaign whose correctness phase meets 4 wrong kernels of 324 (1.2%)."""
-    folder = tmp_path_factory.mktemp("stopped")
-    chosen = selection(get_gpu("h100"))
-    _, workload, schedules = chosen[0]
-    wrong = tuple(f"{workload.workload_hash}/{s.id}" for s in schedules[:4])
+def _with_wrong_kernels(tmp_path_factory, workload, wrong_schedules, args: list[str]):
+    """`pipetune campaign ARGS` on the simulated launch runner, with the given schedules of
+    the workload computing wrong results in the correctness phase."""
+    wrong = tuple(f"{workload.workload_hash}/{s.id}" for s in wrong_schedules)
 
     def open_runner(options, gpu):
         return SimulatedLaunchRunner(gpu, settings=CAMPAIGN_SETTINGS, wrong=wrong)
@@ -99,11 +96,16 @@ def stopped(tmp_path_factory):
         patch.setenv("PIPETUNE_CACHE_DIR", str(root / "cubins"))
         patch.setenv("PIPETUNE_SIMULATED_TIME_SCALE", "0")
         patch.setattr(campaign_run, "open_runner", open_runner)
-        result = cli.invoke(
-            campaign_app,
-            ["--out-dir", str(folder / "out"), "--pack", str(folder / "c.tar.gz"), *SIM],
-        )
-    return folder, result
+        return cli.invoke(campaign_app, args)
+
+
+@pytest.fixture(scope="module")
+def stopped(tmp_path_factory):
+    """A simulated campaign whose correctness phase meets 4 wrong kernels of 324 (1.2%)."""
+    folder = tmp_path_factory.mktemp("stopped")
+    _, workload, schedules = selection(get_gpu("h100"))[0]
+    args = ["--out-dir", str(folder / "out"), "--pack", str(folder / "c.tar.gz"), *SIM]
+    return folder, _with_wrong_kernels(tmp_path_factory, workload, schedules[:4], args)
 
 
 def test_a_correctness_failure_stops_the_campaign_before_any_sweep(stopped):
@@ -193,18 +195,8 @@ def memops_stopped(tmp_path_factory):
     ones (1.2%)."""
     folder = tmp_path_factory.mktemp("memops-stopped")
     _, workload, schedules = selection(get_gpu("h100"), ["memops"])[0]
-    wrong = tuple(f"{workload.workload_hash}/{s.id}" for s in schedules[:4])
-
-    def open_runner(options, gpu):
-        return SimulatedLaunchRunner(gpu, settings=CAMPAIGN_SETTINGS, wrong=wrong)
-
-    with pytest.MonkeyPatch.context() as patch:
-        root = tmp_path_factory.getbasetemp()
-        patch.setenv("PIPETUNE_CACHE_DIR", str(root / "cubins"))
-        patch.setenv("PIPETUNE_SIMULATED_TIME_SCALE", "0")
-        patch.setattr(campaign_run, "open_runner", open_runner)
-        result = cli.invoke(campaign_app, ["--out-dir", str(folder / "out"), *MIXED])
-    return folder, result
+    args = ["--out-dir", str(folder / "out"), *MIXED]
+    return folder, _with_wrong_kernels(tmp_path_factory, workload, schedules[:4], args)
 
 
 def test_a_family_s_failures_stop_the_campaign_though_all_families_pass(memops_stopped):

@@ -77,6 +77,18 @@ def _finished(client: httpx.Client, task_id: int, what: str) -> dict:
     )
 
 
+def _embedded_serve(tmp_path: Path) -> tuple[str, list[str], dict[str, str]]:
+    """`serve` on the embedded defaults (no --db, no token) with a simulated local worker
+    for every GPU: its URL, command and environment."""
+    _worker_command_works()
+    port = _free_port()
+    env = _env(XDG_DATA_HOME=str(tmp_path / "data"))
+    del env["PIPETUNE_WORKER_TOKENS"]
+    command = [*CLI, "serve", "--port", str(port), "--local-workers", "3"]
+    command += ["--runner", "simulated", "--log-level", "warning"]
+    return f"http://127.0.0.1:{port}", command, env
+
+
 def _worker_command_works() -> None:
     from pipetune.clients.cli.main import app
 
@@ -192,13 +204,7 @@ def test_serve_embedded_with_local_workers_for_every_gpu(tmp_path, gpu):
     """No --db and no token: the embedded SQLite file under the user data dir is built on
     the spot, a worker token is generated, and --local-workers 3 gives every GPU a worker
     that serve stops when it stops."""
-    _worker_command_works()
-    port = _free_port()
-    url = f"http://127.0.0.1:{port}"
-    env = _env(XDG_DATA_HOME=str(tmp_path / "data"))
-    del env["PIPETUNE_WORKER_TOKENS"]
-    command = [*CLI, "serve", "--port", str(port), "--local-workers", "3"]
-    command += ["--runner", "simulated", "--log-level", "warning"]
+    url, command, env = _embedded_serve(tmp_path)
     log = tmp_path / "serve.log"
     with _process(command, log, env) as server:
         wait_until(lambda: _healthy(url), 60, "the service to answer /healthz")
@@ -238,13 +244,7 @@ def test_serve_embedded_with_local_workers_for_every_gpu(tmp_path, gpu):
 def test_serve_with_local_workers_tunes_a_softmax_to_its_budget(tmp_path):
     """The memory-intensive family end to end: `serve --local-workers` (simulated worker
     processes) tunes a softmax task with the default strategy to exactly its budget."""
-    _worker_command_works()
-    port = _free_port()
-    url = f"http://127.0.0.1:{port}"
-    env = _env(XDG_DATA_HOME=str(tmp_path / "data"))
-    del env["PIPETUNE_WORKER_TOKENS"]
-    command = [*CLI, "serve", "--port", str(port), "--local-workers", "3"]
-    command += ["--runner", "simulated", "--log-level", "warning"]
+    url, command, env = _embedded_serve(tmp_path)
     with _process(command, tmp_path / "serve.log", env) as server:
         wait_until(lambda: _healthy(url), 60, "the service to answer /healthz")
         client = httpx.Client(base_url=url, timeout=30)
