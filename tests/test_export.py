@@ -1,7 +1,9 @@
 """`pipetune export` on a database with two tuned workloads: sources that compile, cubins
 whose ELF header says sm_90, launch JSON that is the cupy runner's launch, a header whose
 #defines a C compiler reads back, an index; a task's trials as a T4 file that `pipetune
-dataset info` and Kernel Tuner's T4 schema accept; the same export through a service."""
+dataset info` and Kernel Tuner's T4 schema accept; the same export through a service. The
+same for a database holding a tuned GEMM and a tuned softmax (both families exported, the
+softmax's launch JSON its whole run: launches, buffers, workspace)."""
 
 from __future__ import annotations
 
@@ -21,17 +23,21 @@ import pipetune
 from pipetune.clients.cli.main import app
 from pipetune.clients.library.exports import export_tuned
 from pipetune.clients.sdk import Client
+from pipetune.model.family import family_of, parse_any_workload
+from pipetune.model.hardware import get_gpu
 from pipetune.model.space import KNOB_NAMES, Schedule
 from pipetune.model.workloads import parse_workload
 from pipetune.workers.codegen import generate
 from pipetune.workers.compile import compile_source
+from pipetune.workers.families import codegen_for
 from pipetune.workers.runners.base import MeasureSettings
 from pipetune.workers.runners.builds import Compiled
-from pipetune.workers.runners.kernel_runner import trial_spec
+from pipetune.workers.runners.kernel_runner import model_view, trial_spec
 from pipetune.workers.runners.timing import RepeatPolicy
 
 FC = {"op": "gemm", "m": 1024, "n": 64, "k": 2048}
 CONV = {"op": "conv2d", "n": 8, "h": 28, "w": 28, "c": 64, "k": 64, "r": 3, "s": 3, "pad": 1}
+SOFTMAX = {"op": "softmax", "rows": 4096, "cols": 1024}
 cli = CliRunner()
 
 
@@ -43,6 +49,17 @@ def tuned(tmp_path_factory: pytest.TempPathFactory) -> str:
         mp.setenv("PIPETUNE_SIMULATED_TIME_SCALE", "0")
         pipetune.tune(FC, "h100", budget=6, strategy="random", runner="simulated", db=url)
         pipetune.tune(CONV, "h100", budget=4, strategy="random", runner="simulated", db=url)
+    return url
+
+
+@pytest.fixture(scope="module")
+def tuned_mixed(tmp_path_factory: pytest.TempPathFactory) -> str:
+    """A database with a tuned GEMM and a tuned softmax on h100 (both kernel families)."""
+    url = f"sqlite:///{tmp_path_factory.mktemp('export-mixed') / 'tuned.db'}"
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("PIPETUNE_SIMULATED_TIME_SCALE", "0")
+        pipetune.tune(FC, "h100", budget=4, strategy="random", runner="simulated", db=url)
+        pipetune.tune(SOFTMAX, "h100", budget=6, strategy="random", runner="simulated", db=url)
     return url
 
 
@@ -233,3 +250,134 @@ def test_help_names_both_forms_and_the_sources():
     text = " ".join(result.stdout.split())
     for flag in ("--gpu", "--out-dir", "--task", "--format", "--out", "--server", "--db"):
         assert flag in text
+
+
+# ---- both families: a tuned GEMM and a tuned softmax ----------------------------------------
+
+
+def test_a_gemm_and_a_softmax_are_both_exported(tuned_mixed: str, tmp_path: Path):
+    index = _export(tuned_mixed, tmp_path)
+    assert index["not_exported"] == []
+    rows = {row["workload"]["op"]: row for row in index["workloads"]}
+    assert sorted(rows) == ["gemm", "softmax"]
+    assert rows["softmax"]["label"] == "softmax 4096x1024"
+    assert rows["softmax"]["throughput_unit"] == "GB/s"
+    names = {"index.json", "pipetune_tuned.h"}
+    for row in index["workloads"]:
+        names |= set(row["files"].values())
+        best = pipetune.best_schedule(row["workload"], "h100", db=tuned_mixed)
+        assert row["schedule"] == best.schedule.model_dump() and row["runner"] == "simulated"
+        source = (tmp_path / row["files"]["source"]).read_text()
+        assert 'extern "C"' in source and row["kernel"] in source
+        compiled = compile_source(source, "sm_90", use_cache=False)  # every entry
+        assert compiled.registers > 0 and cubin_sm(compiled.cubin) == 90
+        assert cubin_sm((tmp_path / row["files"]["cubin"]).read_bytes()) == 90
+    assert {p.name for p in tmp_path.iterdir()} == names
+
+
+def _assert_the_runners_plan(launch: dict[str, Any], workload: Any, schedule: Any) -> None:
+    """The launch document is the plan KernelRunner.run_trials sends the cupy child for
+    this schedule: the device's SMs, the model's occupancy."""
+    gpu = get_gpu("h100")
+    codegen = codegen_for(family_of(workload))
+    occupancy = model_view(workload, gpu, [schedule])[1][0]
+    compiled = Compiled(kernel=codegen.generate(workload, schedule), cubin_path="/x.cubin")
+    spec = trial_spec(
+        compiled,
+        workload,
+        schedule,
+        RepeatPolicy.of(MeasureSettings()),
+        sm_count=gpu.sm_count,
+        blocks_per_sm=occupancy,
+    )
+    plan = spec.plan.as_dict()
+    assert launch["launches"] == plan["launches"]
+    assert [{k: v for k, v in b.items() if k != "nbytes"} for b in launch["buffers"]] == (
+        plan["buffers"]
+    )
+    assert launch["output"] == plan["output"]
+    assert launch["kernel"] == spec.kernel_name
+    assert tuple(launch["grid"]) == spec.grid
+    assert tuple(launch["block"]) == (spec.threads, 1, 1)
+    assert launch["dynamic_smem_bytes"] == spec.smem_bytes
+    assert tuple(launch["scalars"].values()) == spec.scalars
+    assert launch["occupancy"] == {
+        "sm_count": gpu.sm_count,
+        "blocks_per_sm": occupancy,
+        "grid_depends_on_occupancy": spec.codegen is not None,
+    }
+    roles = {b["name"]: b["role"] for b in launch["buffers"]}
+    operands = [op["name"] for op in launch["operands"]]
+    assert operands == [n for n, r in roles.items() if r == "input"] + [launch["output"]]
+    assert launch["workspace"] == [n for n, r in roles.items() if r == "workspace"]
+
+
+def test_every_familys_launch_json_is_the_cupy_runners_plan(tuned_mixed: str, tmp_path: Path):
+    index = _export(tuned_mixed, tmp_path)
+    for row in index["workloads"]:
+        launch = json.loads((tmp_path / row["files"]["launch"]).read_text())
+        workload = parse_any_workload(row["workload"])
+        schedule = family_of(workload).parse_schedule(row["schedule"])
+        _assert_the_runners_plan(launch, workload, schedule)
+        assert launch["kernel"] == row["kernel"]
+        assert launch["arch"] == "sm_90" and launch["runner"] == "simulated"
+        operands = [op["name"] for op in launch["operands"]]
+        if workload.op == "softmax":
+            assert operands == ["x", "y"] and launch["workspace"] == ["ws"]
+            assert launch["arguments"] == ["x", "x", "x", "y", "ws", "rows", "cols", "eps"]
+            assert launch["scalars"] == {"rows": 4096, "cols": 1024, "eps": 0.0}
+            assert any("ws: a workspace of" in note for note in launch["notes"])
+        else:
+            assert operands == ["A", "B", "C"] and launch["workspace"] == []
+            assert len(launch["launches"]) == 1
+
+
+@pytest.mark.parametrize(
+    ("knobs", "launches"),
+    [
+        # A row over 4 blocks joined by a second kernel; joined in the kernel, one wave.
+        ({"blocks_per_row": 4, "split_mode": 0, "max_waves": 0}, 2),
+        ({"blocks_per_row": 4, "split_mode": 1, "max_waves": 1}, 1),
+    ],
+    ids=["two-pass", "fused"],
+)
+def test_a_split_softmaxs_launch_json_is_the_runners_plan(knobs: dict[str, int], launches: int):
+    workload = parse_any_workload(SOFTMAX)
+    schedule = family_of(workload).parse_schedule(
+        {"threads_per_row": 32, "rows_per_block": 1, "vector_width": 8, "row_cache": 0, **knobs}
+    )
+    kernel = pipetune.kernel(workload, "h100", schedule=schedule)
+    launch = json.loads(json.dumps(kernel.launch_document()))  # as export writes it
+    _assert_the_runners_plan(launch, workload, schedule)
+    assert len(launch["launches"]) == launches
+    (ws,) = [b for b in launch["buffers"] if b["role"] == "workspace"]
+    # A partial (3 floats) per (row, block) and two counters per row.
+    assert ws["nbytes"] == 4096 * (4 * 3 * 4 + 2 * 4)
+    assert launch["occupancy"]["grid_depends_on_occupancy"] == (knobs["split_mode"] == 1)
+
+
+@pytest.mark.skipif(shutil.which("cc") is None, reason="no C compiler here")
+def test_the_header_defines_each_familys_knobs(tuned_mixed: str, tmp_path: Path):
+    index = _export(tuned_mixed, tmp_path)
+    header = (tmp_path / "pipetune_tuned.h").read_text()
+    for row in index["workloads"]:
+        stem, schedule = row["stem"], row["schedule"]
+        knobs = family_of(parse_any_workload(row["workload"])).knob_names
+        assert set(knobs) == set(schedule)  # the family's knobs, none of the other's
+        checks = "".join(
+            f'_Static_assert({knob} == {schedule[knob]}, "{knob}");\n'
+            f"_Static_assert(PIPETUNE_{stem.upper()}_{knob.upper()} == {schedule[knob]}, "
+            f'"{knob}");\n'
+            for knob in knobs
+        )
+        program = tmp_path / f"check_{stem}.c"
+        program.write_text(f'#include "pipetune_tuned.h"\n{checks}')
+        done = subprocess.run(
+            ["cc", "-fsyntax-only", "-std=c11", f"-I{tmp_path}", f"-DTARGET_{stem}", str(program)],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert done.returncode == 0, done.stderr
+    softmax_stem = next(r["stem"] for r in index["workloads"] if r["workload"]["op"] == "softmax")
+    assert f"#define PIPETUNE_{softmax_stem.upper()}_THREADS_PER_ROW " in header

@@ -1,11 +1,15 @@
 """pipetune.kernel without a GPU: the source, the cubin, the launch (the cupy runner's own),
 and the call's argument checks and DLPack pointers, with stand-in arrays on the CPU that
-say they live on a CUDA device. Only the driver's launch itself is replaced here."""
+say they live on a CUDA device, for both kernel families (the tensor-core GEMMs; the
+memory-intensive row operators, with their parameter vectors, split-row workspace, second
+launch and occupancy-sized grids). Only the driver's calls themselves (load, launch,
+occupancy, workspace allocation) are replaced here."""
 
 from __future__ import annotations
 
 import ctypes
 import ctypes.util
+import re
 import types
 from typing import Any
 
@@ -17,13 +21,17 @@ import pipetune
 from pipetune.clients.library import cuda_launch
 from pipetune.clients.library.arrays import ArgumentError, data_pointer, describe
 from pipetune.clients.library.cuda_launch import CudaUnavailableError, KernelParams
+from pipetune.model.hardware import get_gpu
+from pipetune.model.memops.space import MemSchedule, workspace_bytes
+from pipetune.model.memops.workloads import bias_gelu, layernorm, reduce, softmax
 from pipetune.model.space import Schedule, ScheduleError
 from pipetune.model.workloads import bmm, conv2d, conv3d, gemm
 from pipetune.workers.codegen import generate
+from pipetune.workers.codegen import memops as memops_codegen
 from pipetune.workers.compile import compile_source
 from pipetune.workers.runners.base import MeasureSettings
 from pipetune.workers.runners.builds import Compiled
-from pipetune.workers.runners.kernel_runner import trial_spec
+from pipetune.workers.runners.kernel_runner import model_view, trial_spec
 from pipetune.workers.runners.timing import RepeatPolicy
 
 S = Schedule(
@@ -43,6 +51,22 @@ WORKLOADS = [
     conv2d(2, 14, 14, 64, 64, 3, 3, pad=1),
     conv3d(1, 4, 8, 8, 16, 64, 3, 3, 3, pad=1),
 ]
+# Memory-intensive schedules (knobs in model/memops/space.py order): a row per block of 128
+# threads; a row split over 4 blocks joined by a second kernel (two-pass); the same split
+# joined inside the kernel (fused: its grid is one wave, so it depends on the occupancy);
+# a register-cached row.
+ROW = MemSchedule(128, 1, 1, 8, 0, 0, 0)
+TWO_PASS = MemSchedule(32, 1, 4, 8, 0, 0, 0)
+FUSED = MemSchedule(32, 1, 4, 8, 0, 1, 1)
+REGISTERS = MemSchedule(64, 1, 1, 8, 2, 0, 0)
+SOFTMAX = softmax(512, 1024)
+LAYERNORM = layernorm(512, 1024)
+MEM_CASES = [(w, s) for w in (SOFTMAX, LAYERNORM) for s in (ROW, TWO_PASS, FUSED, REGISTERS)] + [
+    (reduce(512, 1024), TWO_PASS),
+    (bias_gelu(512, 1024, "tanh"), TWO_PASS),
+]
+H100_SMS = get_gpu("h100").sm_count
+SCALARS = ("rows", "cols", "eps")
 
 
 # ---- stand-in arrays: CPU memory that says it is on a CUDA device ----------------------
@@ -129,17 +153,39 @@ class TorchStyle(StandIn):
         return tuple(s // self.host.itemsize for s in self.host.strides)
 
 
-def arrays(workload, cls=StandIn, with_output: bool = True) -> list[StandIn]:
-    k = pipetune.kernel(workload, "h100", schedule=S)
+def arrays(workload, cls=StandIn, with_output: bool = True, schedule: Any = S) -> list[StandIn]:
+    k = pipetune.kernel(workload, "h100", schedule=schedule)
     made = [cls(np.zeros(op.shape, dtype=np.float16)) for op in k.operands]
-    return made if with_output else made[:2]
+    return (
+        made
+        if with_output
+        else [a for a, op in zip(made, k.operands, strict=True) if not op.output]
+    )
+
+
+DRIVER_BLOCKS_PER_SM = 5  # the fake driver's occupancy: below the model's, as it may be
 
 
 @pytest.fixture
 def launches(monkeypatch: pytest.MonkeyPatch) -> list[dict[str, Any]]:
-    """Record launches instead of calling the driver (the only part that needs a GPU)."""
+    """Record launches instead of calling the driver (the only part that needs a GPU); the
+    driver's occupancy, SM count and workspace allocations are faked and recorded too
+    (occupancy and "alloc" entries, which a GEMM never makes)."""
     calls: list[dict[str, Any]] = []
     monkeypatch.setattr(cuda_launch, "device_arch", lambda device: "sm_90")
+    monkeypatch.setattr(cuda_launch, "sm_count", lambda device: H100_SMS)
+
+    def occupancy(device: int, function: Any, config: Any) -> int:
+        calls.append({"occupancy": function, "block": config.block, "smem": config.smem_bytes})
+        return DRIVER_BLOCKS_PER_SM
+
+    def allocate_zeroed(device: int, nbytes: int, stream: int) -> Any:
+        memory = np.zeros(nbytes, dtype=np.uint8)
+        calls.append({"alloc": nbytes, "device": device, "stream": stream, "memory": memory})
+        return types.SimpleNamespace(address=memory.ctypes.data, nbytes=nbytes, keep=memory)
+
+    monkeypatch.setattr(cuda_launch, "occupancy", occupancy)
+    monkeypatch.setattr(cuda_launch, "allocate_zeroed", allocate_zeroed)
 
     def load(device: int, cubin: bytes, config: Any) -> str:
         calls.append({"load": device, "sm": cubin_sm(cubin), "kernel": config.kernel})
@@ -329,3 +375,229 @@ def test_kernel_params_point_at_the_values_in_order():
 
 def test_repr_says_where_the_schedule_came_from():
     assert "(given)" in repr(pipetune.kernel(FC, "h100", schedule=S))
+
+
+# ---- the memory-intensive family ---------------------------------------------------------
+
+
+def _mem_id(case: tuple[Any, MemSchedule]) -> str:
+    return f"{case[0].label()}-{case[1].id}"
+
+
+def _signature(source: str, entry: str) -> list[str]:
+    """The parameter types of an extern "C" entry in the generated source, in order."""
+    match = re.search(rf"\b{re.escape(entry)}\s*\(([^)]*)\)", source)
+    assert match, f"no entry {entry} in the source"
+    types_ = []
+    for param in match.group(1).split(","):
+        words = param.replace("__restrict__", "").split()[:-1]  # drop the parameter name
+        types_.append(" ".join(words).replace(" *", "*"))
+    return types_
+
+
+@pytest.mark.parametrize("case", MEM_CASES, ids=_mem_id)
+def test_a_memops_source_compiles_for_sm_90_with_the_launchs_signature(case):
+    workload, schedule = case
+    k = pipetune.kernel(workload, "h100", schedule=schedule)
+    assert k.schedule == schedule and k.origin == "given"
+    assert cubin_sm(k.cubin()) == 90
+    entry = k.name if len(k.launches) == 1 else None  # several entries: the worst case
+    assert compile_source(k.source, "sm_90", entry=entry).registers > 0
+    for launch in k.launches:
+        # Each entry takes exactly the launch's parameters, in its order, with the types
+        # its buffers and scalars say (const for what the kernel only reads).
+        want = [
+            k.plan.buffer(name).c_type if kind == "buffer" else kind.removesuffix("32")
+            for name, kind in launch.parameters()
+        ]
+        assert _signature(k.source, launch.kernel) == want
+        assert launch.block == (schedule.threads, 1, 1)
+
+
+@pytest.mark.parametrize("case", MEM_CASES, ids=_mem_id)
+def test_a_memops_launch_is_the_one_the_cupy_runner_times(case):
+    workload, schedule = case
+    k = pipetune.kernel(workload, "h100", schedule=schedule)
+    # As KernelRunner.run_trials makes it: the device's SMs, the model's occupancy.
+    occupancy = model_view(workload, get_gpu("h100"), [schedule])[1][0]
+    compiled = Compiled(kernel=memops_codegen.generate(workload, schedule), cubin_path="/x")
+    spec = trial_spec(
+        compiled,
+        workload,
+        schedule,
+        RepeatPolicy.of(MeasureSettings()),
+        sm_count=H100_SMS,
+        blocks_per_sm=occupancy,
+    )
+    assert k.plan == spec.plan and k.launches == spec.plan.launches
+    assert (spec.kernel_name, spec.grid, (spec.threads, 1, 1), spec.smem_bytes) == (
+        k.launch.kernel,
+        k.launch.grid,
+        k.launch.block,
+        k.launch.smem_bytes,
+    )
+    assert spec.scalars == tuple(k.launch.scalars.values())
+    # The child plans again from the driver's occupancy exactly where the call does.
+    assert (spec.codegen is not None) == k.grid_depends_on_occupancy
+    assert (k.blocks_per_sm, k.sm_count) == (occupancy, H100_SMS)
+
+
+@pytest.mark.parametrize(
+    ("workload", "names", "shapes", "p0_p1"),
+    [
+        (softmax(512, 1024), ["x", "y"], [(512, 1024), (512, 1024)], ("x", "x")),
+        (
+            layernorm(512, 1024),
+            ["x", "gamma", "beta", "y"],
+            [(512, 1024), (1024,), (1024,), (512, 1024)],
+            ("gamma", "beta"),
+        ),
+        (
+            bias_gelu(512, 1024),
+            ["x", "bias", "y"],
+            [(512, 1024), (1024,), (512, 1024)],
+            ("bias", "x"),
+        ),
+        (reduce(512, 1024, "max"), ["x", "y"], [(512, 1024), (512,)], ("x", "x")),
+    ],
+    ids=["softmax", "layernorm", "bias_gelu", "reduce"],
+)
+def test_memops_arguments_are_the_launch_plans_inputs_then_output(workload, names, shapes, p0_p1):
+    k = pipetune.kernel(workload, "h100", schedule=ROW)
+    assert [op.name for op in k.operands] == names
+    assert [op.shape for op in k.operands] == shapes
+    assert all(op.dtype == "float16" for op in k.operands)
+    assert [op.output for op in k.operands] == [False] * (len(names) - 1) + [True]
+    # The generator's parameters (x, p0, p1, y, ws, rows, cols, eps): p0 and p1 carry the
+    # buffer that fills them (an op without parameter vectors passes x, never read).
+    assert len(memops_codegen.ARGUMENTS) == len(k.launch.arguments)
+    assert k.launch.arguments == ("x", *p0_p1, "y", "ws", *SCALARS)
+    assert [w.name for w in k.workspace] == ["ws"]
+
+
+def test_a_memops_schedule_is_checked_against_its_family():
+    with pytest.raises(ScheduleError, match="not valid for reduce-sum 512x1024 on h100"):
+        pipetune.kernel(reduce(512, 1024), "h100", schedule=FUSED)  # no output pass to fuse
+    with pytest.raises(ScheduleError, match=r"unknown knob.*block_col_warps"):
+        pipetune.kernel(SOFTMAX, "h100", schedule=S)  # a GEMM schedule
+
+
+def test_a_memops_kernel_defaults_to_the_models_pick(tmp_path):
+    k = pipetune.kernel(LAYERNORM, "h100", db=f"sqlite:///{tmp_path / 'none.db'}")
+    assert k.origin == "model" and isinstance(k.schedule, MemSchedule)
+    assert cubin_sm(k.cubin()) == 90
+
+
+def test_a_wrong_memops_argument_is_refused_by_name(launches):
+    k = pipetune.kernel(LAYERNORM, "h100", schedule=TWO_PASS)
+    x, gamma, beta, y = arrays(LAYERNORM, schedule=TWO_PASS)
+    _refused(k, [x, StandIn(np.zeros(1023, np.float16)), beta, y], "gamma", "shape must be (1024,)")
+    _refused(k, [x, gamma, StandIn(np.zeros(1024, np.float32)), y], "beta", "dtype must be float16")
+    _refused(k, [x, gamma, beta, StandIn(np.zeros((512, 1024), np.float32))], "y", "float16")
+    _refused(k, [StandIn(np.zeros((1024, 512), np.float16).T), gamma, beta, y], "x", "row-major")
+    _refused(k, [x, gamma, StandIn(beta.host, device=(1, 0)), y], "beta", "is on cpu")
+    _refused(k, [x, gamma, beta, StandIn(y.host, device=(2, 1))], "y", "but x is on cuda:0")
+    every_other = StandIn(np.zeros(2048, np.float16)[::2])
+    _refused(k, [x, every_other, beta, y], "gamma", "dense row-major")
+    with pytest.raises(TypeError, match="takes x, gamma, beta and optionally y"):
+        k(x, gamma)
+    _refused(k, [x, gamma, beta], "y", "pass the output array")  # not CuPy, not PyTorch
+    s = pipetune.kernel(SOFTMAX, "h100", schedule=ROW)
+    _refused(s, [StandIn(np.zeros((512, 1023), np.float16))], "x", "shape must be (512, 1024)")
+    assert launches == []  # nothing was loaded, allocated or launched
+
+
+def test_a_two_pass_split_runs_both_launches_on_one_zeroed_workspace(launches, monkeypatch):
+    k = pipetune.kernel(SOFTMAX, "h100", schedule=TWO_PASS)
+    assert len(k.launches) == 2 and k.launches[1].kernel == f"{k.name}_out"
+    (ws,) = k.workspace
+    assert ws.dtype == "float32" and ws.role == "workspace"
+    needed = int(workspace_bytes(TWO_PASS.knob_arrays(), SOFTMAX)[0])
+    assert needed > 0 and ws.nbytes == needed  # a partial per (row, block) and two counters
+    x, y = arrays(SOFTMAX, schedule=TWO_PASS)
+    assert k(x, y) is y
+    loads = [c for c in launches if "load" in c]
+    allocs = [c for c in launches if "alloc" in c]
+    runs = [c for c in launches if "config" in c]
+    assert [c["kernel"] for c in loads] == [launch.kernel for launch in k.launches]
+    assert [(c["alloc"], c["stream"]) for c in allocs] == [(ws.nbytes, 0)]
+    assert [c["config"] for c in runs] == list(k.launches)  # no occupancy here: the plan
+    address = {"x": x.host.ctypes.data, "y": y.host.ctypes.data}
+    address["ws"] = allocs[0]["memory"].ctypes.data
+    for run in runs:
+        assert run["function"] == f"function-{run['config'].kernel}"
+        assert run["pointers"] == [address[n] for n in run["config"].buffer_arguments]
+        assert run["pointers"][:5] == [address[n] for n in ("x", "x", "x", "y", "ws")]
+    k(x, y)  # the kernels leave the workspace zeroed: the same one, not zeroed again
+    assert len([c for c in launches if "alloc" in c]) == 1 and len(launches) == 7
+    monkeypatch.setattr(
+        "pipetune.clients.library.frameworks.current_stream", lambda array, device: 0xBEEF
+    )
+    k(x, y)  # another stream may run at the same time: a workspace of its own
+    allocs = [c for c in launches if "alloc" in c]
+    assert [c["stream"] for c in allocs] == [0, 0xBEEF]
+    assert launches[-1]["pointers"][4] == allocs[1]["memory"].ctypes.data
+
+
+def test_a_fused_split_is_sized_again_from_the_drivers_occupancy(launches):
+    k = pipetune.kernel(LAYERNORM, "h100", schedule=FUSED)
+    assert k.grid_depends_on_occupancy and len(k.launches) == 1 and k.workspace
+    assert k.blocks_per_sm > DRIVER_BLOCKS_PER_SM  # the model's grid would not be resident
+    x, gamma, beta, y = arrays(LAYERNORM, schedule=FUSED)
+    assert k(x, gamma, beta, y) is y
+    (occupancy,) = [c for c in launches if "occupancy" in c]
+    assert occupancy == {"occupancy": f"function-{k.name}", "block": (32, 1, 1), "smem": 16}
+    run = launches[-1]
+    kernel = memops_codegen.generate(LAYERNORM, FUSED)
+    again = memops_codegen.launch_plan(kernel, LAYERNORM, H100_SMS, DRIVER_BLOCKS_PER_SM)
+    assert run["config"] == again.launches[0] != k.launch
+    # Whole rows of 4 blocks, all resident at once: one wave of the driver's occupancy.
+    assert run["config"].grid == (H100_SMS * DRIVER_BLOCKS_PER_SM // 4 * 4, 1, 1)
+    assert run["pointers"][:4] == [a.host.ctypes.data for a in (x, gamma, beta, y)]
+    k(x, gamma, beta, y)
+    assert len([c for c in launches if "occupancy" in c]) == 1  # planned once per device
+
+
+def test_a_memops_output_is_allocated_by_the_callers_library(launches, monkeypatch):
+    allocated: list[Any] = []
+
+    class CupyArray(StandIn):
+        pass
+
+    CupyArray.__module__ = "cupy._core.core"
+
+    class Device:
+        def __init__(self, index: int):
+            assert index == 0
+
+        def __enter__(self) -> None:
+            return None
+
+        def __exit__(self, *exc: object) -> None:
+            return None
+
+    def empty(shape: tuple[int, ...], dtype: Any) -> StandIn:
+        allocated.append(CupyArray(np.zeros(shape, dtype=dtype)))
+        return allocated[-1]
+
+    fake = types.ModuleType("cupy")
+    fake.float16 = np.float16  # type: ignore[attr-defined]
+    fake.empty = empty  # type: ignore[attr-defined]
+    fake.cuda = types.SimpleNamespace(  # type: ignore[attr-defined]
+        Device=Device, get_current_stream=lambda: types.SimpleNamespace(ptr=0xCAFE)
+    )
+    monkeypatch.setitem(__import__("sys").modules, "cupy", fake)
+    w = reduce(512, 1024)
+    k = pipetune.kernel(w, "h100", schedule=TWO_PASS)
+    (x,) = (CupyArray(a.host) for a in arrays(w, with_output=False, schedule=TWO_PASS))
+    y = k(x)
+    assert allocated == [y] and y.shape == (512,) and y.dtype == np.float16
+    assert [c["stream"] for c in launches if "alloc" in c] == [0xCAFE]
+    assert [c["config"].grid for c in launches if "config" in c] == [
+        launch.grid for launch in k.launches
+    ]
+
+
+def test_a_memops_repr_counts_its_launches():
+    assert "then 1 more launch" in repr(pipetune.kernel(SOFTMAX, "h100", schedule=TWO_PASS))
+    assert "more launch" not in repr(pipetune.kernel(SOFTMAX, "h100", schedule=ROW))

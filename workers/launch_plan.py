@@ -32,6 +32,20 @@ class Buffer:
             size *= s
         return size * (2 if self.dtype == "float16" else 4)
 
+    @property
+    def c_type(self) -> str:
+        """The kernel parameter's C type: only outputs and workspaces are written."""
+        element = "__half" if self.dtype == "float16" else "float"
+        return f"const {element}*" if self.role == "input" else f"{element}*"
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "shape": list(self.shape),
+            "dtype": self.dtype,
+            "role": self.role,
+        }
+
 
 @dataclass(frozen=True)
 class KernelLaunch:
@@ -87,12 +101,14 @@ class LaunchPlan:
                 return b
         raise KeyError(name)
 
+    def of_role(self, role: BufferRole) -> tuple[Buffer, ...]:
+        """The buffers of one role, in plan order (what a caller passes: the inputs, then
+        the outputs; the workspaces are the launcher's to allocate and zero)."""
+        return tuple(b for b in self.buffers if b.role == role)
+
     def as_dict(self) -> dict[str, Any]:
         return {
-            "buffers": [
-                {"name": b.name, "shape": list(b.shape), "dtype": b.dtype, "role": b.role}
-                for b in self.buffers
-            ],
+            "buffers": [b.as_dict() for b in self.buffers],
             "launches": [launch.as_dict() for launch in self.launches],
             "output": self.output,
         }

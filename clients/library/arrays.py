@@ -18,13 +18,13 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from pipetune.model.workloads import AnyWorkload
-from pipetune.workers.codegen import POINTER_ARGS, variant_of
-from pipetune.workers.runners.reference import operand_shapes
+from pipetune.workers.launch_plan import LaunchPlan
 
 DTYPE = "float16"
 ITEMSIZE = 2
-ALIGN_BYTES = 16  # the kernels move 16 bytes per cp.async
+# Every family's kernels move up to 16 bytes per load (cp.async, uint4 vectors): asked of
+# every array, whatever the schedule's vector width (an allocation's start always is).
+ALIGN_BYTES = 16
 
 # DLPack device types (dlpack.h DLDeviceType).
 KDL_CUDA = 2
@@ -42,20 +42,23 @@ DEVICE_NAMES = {
     13: "cuda_managed",
     14: "oneapi",
 }
-KDL_FLOAT = 2  # DLDataTypeCode
+DLPACK_TYPE_CODES = {0: "int", 1: "uint", 2: "float", 4: "bfloat"}  # dlpack.h DLDataTypeCode
 
-# What A, B and C hold, per kernel variant (workers/codegen/variants.py).
-ROLES: dict[str, tuple[str, str, str]] = {
-    "gemm_kn": ("M×K", "K×N", "M×N output"),
-    "gemm_nk": ("M×K", "N×K", "M×N output"),
-    "bmm": ("batch×M×K", "batch×K×N", "batch×M×N output"),
-    "conv2d": ("input, NHWC", "filter, KRSC", "output, NPQK"),
-    "conv3d": ("input, NDHWC", "filter, KTRSC", "output, NOPQK"),
+# What the arrays hold, per kernel kind (the family generator's kernel_kind): the GEMM
+# variants' layouts (workers/codegen/variants.py). A kind without an entry (the
+# memory-intensive ops, whose buffer names say it) is described by the buffer's role.
+ROLES: dict[str, dict[str, str]] = {
+    "gemm_kn": {"A": "M×K", "B": "K×N", "C": "M×N output"},
+    "gemm_nk": {"A": "M×K", "B": "N×K", "C": "M×N output"},
+    "bmm": {"A": "batch×M×K", "B": "batch×K×N", "C": "batch×M×N output"},
+    "conv2d": {"A": "input, NHWC", "B": "filter, KRSC", "C": "output, NPQK"},
+    "conv3d": {"A": "input, NDHWC", "B": "filter, KTRSC", "C": "output, NOPQK"},
 }
 
 
 class ArgumentError(ValueError):
-    """An array argument the kernel cannot take; `argument` names it (A, B or C)."""
+    """An array argument the kernel cannot take; `argument` names it (A, B or C; x, gamma,
+    beta, bias or y)."""
 
     def __init__(self, argument: str, reason: str):
         super().__init__(f"{argument}: {reason}")
@@ -65,11 +68,14 @@ class ArgumentError(ValueError):
 
 @dataclass(frozen=True)
 class Operand:
-    """What one pointer argument must be: fp16, this shape, dense row-major, on CUDA."""
+    """What one array argument must be: this dtype and shape, dense row-major, on CUDA.
+    ``output``: written by the kernel (allocated by the call when not passed)."""
 
     name: str
     role: str
     shape: tuple[int, ...]
+    dtype: str = DTYPE
+    output: bool = False
 
     @property
     def strides(self) -> tuple[int, ...]:
@@ -84,18 +90,22 @@ class Operand:
         return {
             "name": self.name,
             "role": self.role,
-            "dtype": DTYPE,
+            "dtype": self.dtype,
             "shape": list(self.shape),
             "strides": list(self.strides),
+            "output": self.output,
         }
 
 
-def operands(workload: AnyWorkload) -> tuple[Operand, ...]:
-    """A, B and C of the workload's kernel, in parameter order."""
-    roles = ROLES[variant_of(workload)]
+def operands(plan: LaunchPlan, kind: str) -> tuple[Operand, ...]:
+    """The arrays a caller passes, in call order: the launch plan's inputs, then its
+    outputs, as the plan shapes them (the plan is the one the runners launch, so the call
+    takes exactly what was timed). Workspaces are not the caller's: the kernel object
+    allocates them."""
+    roles = ROLES.get(kind, {})
     return tuple(
-        Operand(name, role, tuple(shape))
-        for name, role, shape in zip(POINTER_ARGS, roles, operand_shapes(workload), strict=True)
+        Operand(b.name, roles.get(b.name, b.role), b.shape, b.dtype, output=b.role == "output")
+        for b in (*plan.of_role("input"), *plan.of_role("output"))
     )
 
 
@@ -149,11 +159,14 @@ def _dense(info: ArrayInfo, expected: tuple[int, ...]) -> bool:
 
 def check_arguments(specs: Sequence[Operand], arrays: Sequence[Any]) -> list[ArrayInfo]:
     """Check each array against its operand: device, dtype, shape, strides (in that order:
-    the first problem of the first wrong argument is the one reported)."""
-    if len(arrays) not in (len(specs) - 1, len(specs)):
-        names = ", ".join(s.name for s in specs[:-1])
+    the first problem of the first wrong argument is the one reported). The outputs come
+    last and may all be left out (the call allocates them)."""
+    inputs = [s for s in specs if not s.output]
+    if len(arrays) not in (len(inputs), len(specs)):
+        names = ", ".join(s.name for s in inputs)
+        outputs = " and ".join(s.name for s in specs if s.output)
         raise TypeError(
-            f"the kernel takes {names} and optionally {specs[-1].name} (the output, allocated "
+            f"the kernel takes {names} and optionally {outputs} (the output, allocated "
             f"when not given); got {len(arrays)} arrays"
         )
     infos: list[ArrayInfo] = []
@@ -169,8 +182,8 @@ def check_arguments(specs: Sequence[Operand], arrays: Sequence[Any]) -> list[Arr
                 f"is on {_device_text(info.device)}, but {specs[0].name} is on "
                 f"{_device_text(infos[0].device)}: all arrays must be on one GPU",
             )
-        if info.dtype != DTYPE:
-            raise ArgumentError(spec.name, f"dtype must be {DTYPE}, got {info.dtype}")
+        if info.dtype != spec.dtype:
+            raise ArgumentError(spec.name, f"dtype must be {spec.dtype}, got {info.dtype}")
         if info.shape != spec.shape:
             raise ArgumentError(
                 spec.name, f"shape must be {spec.shape} ({spec.role}), got {info.shape}"
@@ -209,6 +222,12 @@ class _DLTensor(ctypes.Structure):
     ]
 
 
+def _dlpack_dtype(dtype: _DLDataType) -> str:
+    """A DLPack element type by its usual name ("float16"; "other" for vector lanes)."""
+    code = DLPACK_TYPE_CODES.get(int(dtype.code))
+    return f"{code}{int(dtype.bits)}" if code and int(dtype.lanes) == 1 else "other"
+
+
 _CAPSULE_NAME = b"dltensor"
 # Prototypes of our own (not ctypes.pythonapi's shared function objects, whose argtypes other
 # libraries set too).
@@ -240,8 +259,7 @@ def data_pointer(name: str, array: Any, info: ArrayInfo, stream: int | None = No
         else Operand("", "", shape).strides
     )
     device = (int(tensor.device.device_type), int(tensor.device.device_id))
-    dtype_ok = (tensor.dtype.code, tensor.dtype.bits, tensor.dtype.lanes) == (KDL_FLOAT, 16, 1)
-    seen = ArrayInfo(shape, DTYPE if dtype_ok else "other", strides, device)
+    seen = ArrayInfo(shape, _dlpack_dtype(tensor.dtype), strides, device)
     if (seen.shape, seen.dtype, seen.device) != (info.shape, info.dtype, info.device) or not (
         _dense(seen, Operand("", "", info.shape).strides)
     ):

@@ -4,13 +4,15 @@ where it is.
 
 Everything runs in the device's primary context, the one CuPy and PyTorch use, so their
 pointers are valid here; it is made current only around each call and the caller's own
-current context is restored. A kernel object keeps the modules it loaded, one per device.
+current context is restored. A kernel object keeps the modules it loaded, one per device,
+and the workspaces it allocated (:class:`DeviceMemory`, freed with the kernel object).
 """
 
 from __future__ import annotations
 
 import ctypes
 import functools
+import weakref
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
@@ -86,6 +88,76 @@ def device_arch(device: int) -> str:
             "compute capability",
         )
     return f"sm_{major}{minor}"
+
+
+@functools.cache
+def sm_count(device: int) -> int:
+    """The device's streaming multiprocessors (a wave of resident blocks is this times the
+    blocks per SM)."""
+    cu = _driver()
+    with _current(device):
+        handle = _check(cu.cuCtxGetDevice(), "cuCtxGetDevice")
+        count = _check(
+            cu.cuDeviceGetAttribute(
+                cu.CUdevice_attribute.CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT, handle
+            ),
+            "multiprocessor count",
+        )
+    return int(count)
+
+
+def occupancy(device: int, function: Any, config: KernelLaunch) -> int:
+    """Blocks of `config`'s launch of the loaded `function` resident at once per SM, as the
+    driver computes them (its registers, block size and dynamic shared memory)."""
+    cu = _driver()
+    with _current(device):
+        blocks = _check(
+            cu.cuOccupancyMaxActiveBlocksPerMultiprocessor(
+                function, config.block[0] * config.block[1] * config.block[2], config.smem_bytes
+            ),
+            f"cuOccupancyMaxActiveBlocksPerMultiprocessor({config.kernel})",
+        )
+    return int(blocks)
+
+
+def _free(device: int, address: int) -> None:
+    # A kernel launched on any stream may still use the memory: wait for the device first
+    # (cuMemFree "may" synchronise, which is not a promise). Errors are ignored: at
+    # interpreter exit the driver may be gone already, taking the memory with it.
+    try:
+        cu = _driver()
+        with _current(device):
+            cu.cuCtxSynchronize()
+            cu.cuMemFree(cu.CUdeviceptr(address))
+    except Exception:  # a finalizer must not raise
+        pass
+
+
+class DeviceMemory:
+    """Device memory of our own (cuMemAlloc in the primary context), freed when the object
+    is collected: a kernel's workspace, which no caller's array library has to provide."""
+
+    def __init__(self, device: int, nbytes: int):
+        cu = _driver()
+        with _current(device):
+            pointer = _check(cu.cuMemAlloc(max(1, nbytes)), f"cuMemAlloc({nbytes})")
+        self.device = device
+        self.nbytes = nbytes
+        self.address = int(pointer)
+        self._finalizer = weakref.finalize(self, _free, device, self.address)
+
+
+def allocate_zeroed(device: int, nbytes: int, stream: int) -> DeviceMemory:
+    """`nbytes` of device memory, zeroed on `stream` (asynchronously: the launches that
+    follow on the same stream see the zeros)."""
+    memory = DeviceMemory(device, nbytes)
+    cu = _driver()
+    with _current(device):
+        _check(
+            cu.cuMemsetD8Async(cu.CUdeviceptr(memory.address), 0, nbytes, cu.CUstream(stream)),
+            "cuMemsetD8Async",
+        )
+    return memory
 
 
 class KernelParams:

@@ -5,17 +5,20 @@ best measured schedule:
 
     <stem>.cu             the CUDA source (compiles with NVRTC or nvcc as is)
     <stem>.<arch>.cubin   its cubin for the GPU's architecture (NVRTC, the compile cache)
-    <stem>.launch.json    grid, block, dynamic shared memory, parameter order, operands
-    pipetune_tuned.h      every workload's tuned parameters as #defines
+    <stem>.launch.json    grid, block, dynamic shared memory, parameter order, operands;
+                          every launch and buffer of the run (a workspace to zero included)
+    pipetune_tuned.h      every workload's tuned parameters as #defines (its family's knobs)
     index.json            the list: workload, schedule, latency, runner, file names
 
-`<stem>` is the workload's label made an identifier plus 8 hex digits of its hash. Kernels
-are exported for the families `pipetune.kernel` wraps (the tensor-core GEMMs); a tuned
-workload of another family is listed in index.json's ``not_exported`` with the reason. A
-task's trials (`export_task_t4`, any family): a T4 results file (workers.datasets), which
-`pipetune dataset info`, `pipetune bench tuner` and Kernel Tuner's T4 tools read. Every file is
-written whole or not at all (a temporary file renamed into place). Latencies of the
-simulated runner are labelled so in index.json, the launch files and the header.
+`<stem>` is the workload's label made an identifier plus 8 hex digits of its hash. Every
+family's kernels are exported (`pipetune.kernel` wraps them all: the tensor-core GEMMs and
+the memory-intensive operators); a tuned workload whose kernel cannot be made any more (its
+measured schedule no longer plans, e.g. after a generator change) is listed in index.json's
+``not_exported`` with the reason. A task's trials (`export_task_t4`, any family): a T4
+results file (workers.datasets), which `pipetune dataset info`, `pipetune bench tuner` and
+Kernel Tuner's T4 tools read. Every file is written whole or not at all (a temporary file
+renamed into place). Latencies of the simulated runner are labelled so in index.json, the
+launch files and the header.
 """
 
 from __future__ import annotations
@@ -147,29 +150,29 @@ def export_tuned(reader: Reader, gpu: str, out_dir: Path) -> dict[str, Any]:
     exported: list[Exported] = []
     not_exported: list[dict[str, Any]] = []
     for workload in tuned_workloads(reader, gpu):
-        family = family_of(workload)
-        if family.name != "tensor_gemm":  # pipetune.kernel wraps the GEMM family's only
+        best = reader.best_schedule(workload, gpu)
+        if best.source != "measured":  # its trials were deleted meanwhile
+            continue
+        try:
+            kernel = TunedKernel(
+                workload,
+                gpu,
+                best.schedule.to_schedule(),
+                origin="measured",
+                runner=best.runner,
+                latency_us=best.latency_us,
+                validate=False,
+            )
+        except ValueError as exc:  # ScheduleError, or a plan that no longer fits the GPU
             not_exported.append(
                 {
                     "workload": workload.canonical(),
                     "label": workload.label(),
-                    "reason": f"{family.name} kernels are not wrapped as callables yet; "
-                    "`pipetune export --task N --format t4` exports its trials",
+                    "schedule_id": best.schedule_id,
+                    "reason": f"{type(exc).__name__}: {exc}",
                 }
             )
             continue
-        best = reader.best_schedule(workload, gpu)
-        if best.source != "measured":  # its trials were deleted meanwhile
-            continue
-        kernel = TunedKernel(
-            workload,
-            gpu,
-            best.schedule.to_schedule(),
-            origin="measured",
-            runner=best.runner,
-            latency_us=best.latency_us,
-            validate=False,
-        )
         exported.append(Exported(stem_of(workload), kernel, best))
     out_dir.mkdir(parents=True, exist_ok=True)
     for item in exported:

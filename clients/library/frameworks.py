@@ -40,18 +40,18 @@ def dlpack_stream(stream: int) -> int:
 
 
 def allocate_output(like: Any, device: int, spec: Operand) -> Any:
-    """An uninitialised fp16 output of the operand's shape, from the library of `like`, on
-    its device."""
+    """An uninitialised output of the operand's shape and dtype, from the library of
+    `like`, on its device."""
     library = library_of(like)
     if library == "torch":
         import torch
 
-        return torch.empty(spec.shape, dtype=torch.float16, device=like.device)
+        return torch.empty(spec.shape, dtype=getattr(torch, spec.dtype), device=like.device)
     if library == "cupy":
         import cupy
 
         with cupy.cuda.Device(device):
-            return cupy.empty(spec.shape, dtype=cupy.float16)
+            return cupy.empty(spec.shape, dtype=getattr(cupy, spec.dtype))
     raise ArgumentError(
         spec.name,
         f"pass the output array: pipetune allocates one only for {' and '.join(KNOWN)} "

@@ -1,15 +1,22 @@
-"""`pipetune.kernel`: a tuned kernel as a callable.
+"""`pipetune.kernel`: a tuned kernel as a callable, of any kernel family.
 
 >>> k = pipetune.kernel({"op": "gemm", "m": 1024, "n": 64, "k": 2048}, "h100")
 >>> k.schedule, k.launch.grid, k.launch.block, k.launch.smem_bytes   # the tuned schedule
 >>> c = k(a, b)          # CuPy arrays or PyTorch CUDA tensors, fp16; C allocated
 >>> k(a, b, c)           # or written into c
+>>> ln = pipetune.kernel({"op": "layernorm", "rows": 4096, "cols": 1024}, "h100")
+>>> y = ln(x, gamma, beta)   # the memory-intensive operators the same way
 
 The schedule is the best known one (the local database's best measured trial, else the
-model's pick; with `server`, the service's answer), unless one is given. The source is the
-generator's (workers.codegen), the cubin NVRTC's through the compile cache
-(workers.compile), and the launch geometry `workers.codegen.launch_config`'s, the same the
-cupy runner timed. Only `__call__`'s launch needs a GPU.
+model's pick; with `server`, the service's answer), unless one is given. Everything else
+comes from the workload's family's code generator (workers.families.codegen_for): the source
+(``generate``), and the run as the runners take it (``launch_plan``: the buffers by name,
+shape, dtype and role, and the launches in order), made with the same arguments as the
+runners' ``trial_spec`` (the GPU's SMs, the model's resident blocks per SM), so what a caller
+launches is what the cupy runner timed. The arrays a call takes are the plan's inputs, then
+its outputs; a workspace (split rows' partials and counters) is the kernel object's own.
+The cubin is NVRTC's through the compile cache (workers.compile). Only `__call__`'s launch
+needs a GPU.
 """
 
 from __future__ import annotations
@@ -18,6 +25,7 @@ from typing import Any, cast
 
 from pipetune.clients.library import cuda_launch, frameworks
 from pipetune.clients.library.arrays import (
+    ALIGN_BYTES,
     ArrayInfo,
     Operand,
     check_arguments,
@@ -35,30 +43,38 @@ from pipetune.clients.library.labels import SIMULATED_LABEL, is_simulated
 from pipetune.model.family import family_of
 from pipetune.model.hardware import get_gpu
 from pipetune.model.knobs import ScheduleError
-from pipetune.model.space import Schedule, schedule_problems
-from pipetune.model.workloads import AnyWorkload, WorkloadError
-from pipetune.workers.codegen import generate, launch_config
+from pipetune.model.memops.space import MemSchedule
+from pipetune.model.memops.workloads import MemWorkload
+from pipetune.model.space import Schedule
+from pipetune.model.workloads import AnyWorkload
 from pipetune.workers.compile import compile_kernel
-from pipetune.workers.launch_plan import KernelLaunch
+from pipetune.workers.families import codegen_for
+from pipetune.workers.launch_plan import Buffer, KernelLaunch, LaunchPlan
+from pipetune.workers.runners.kernel_runner import model_view
 
 
 class TunedKernel:
-    """One workload's kernel at one schedule: its source, cubin, launch, and a call."""
+    """One workload's kernel at one schedule: its source, cubin, launches, and a call."""
 
     def __init__(
         self,
-        workload: AnyWorkload,
+        workload: AnyWorkload | MemWorkload,
         gpu: str,
-        schedule: Schedule,
+        schedule: Schedule | MemSchedule,
         *,
         origin: str = "given",
         runner: str | None = None,
         latency_us: float | None = None,
         validate: bool = True,
     ):
-        """`validate`: refuse a schedule outside the GPU's valid space (model.space); off
-        for a schedule that was measured already (it ran, whatever the rules say now)."""
-        problems = schedule_problems(schedule, workload, get_gpu(gpu)) if validate else []
+        """`validate`: refuse a schedule outside the GPU's valid space (the family's
+        rules); off for a schedule that was measured already (it ran, whatever the rules
+        say now)."""
+        family = family_of(workload)
+        spec = get_gpu(gpu)
+        # The family's own schedule type (ScheduleError names a knob of another family's).
+        schedule = cast(Schedule | MemSchedule, family.parse_schedule(dict(schedule.as_dict())))
+        problems = family.schedule_problems(schedule, workload, spec) if validate else []
         if problems:
             raise ScheduleError(
                 f"schedule {schedule.id} is not valid for {workload.label()} on {gpu}: "
@@ -70,20 +86,35 @@ class TunedKernel:
         self.origin = origin  # "measured" or "model" (the best known), or "given"
         self.runner = runner  # of a measured schedule ("simulated": the model plus noise)
         self.latency_us = latency_us
-        self._kernel = generate(workload, schedule)
-        self.launch: KernelLaunch = launch_config(self._kernel, workload)
-        self.operands: tuple[Operand, ...] = operands(workload)
-        self._functions: dict[tuple[int, str], Any] = {}
+        self._codegen = codegen_for(family)
+        self._kernel: Any = self._codegen.generate(workload, schedule)
+        # One wave of resident blocks as the runners plan it before a launch (trial_spec):
+        # the GPU's SMs times the model's blocks per SM (1 where the model has none).
+        self.sm_count: int = spec.sm_count
+        self.blocks_per_sm: int = model_view(workload, spec, [schedule])[1][0] or 1
+        self.plan: LaunchPlan = self._codegen.launch_plan(
+            self._kernel, workload, self.sm_count, self.blocks_per_sm
+        )
+        # A grid sized from one wave (a wave bound, or split rows whose blocks wait for each
+        # other) is sized again at call time from the driver's occupancy, as the cupy runner
+        # does: a model that overestimates it would deadlock a fused split.
+        self.grid_depends_on_occupancy = bool(self._codegen.grid_depends_on_occupancy(self._kernel))
+        self.operands: tuple[Operand, ...] = operands(
+            self.plan, str(self._codegen.kernel_kind(workload))
+        )
+        self._functions: dict[tuple[int, str], dict[str, Any]] = {}
+        self._device_plans: dict[int, LaunchPlan] = {}
+        self._workspaces: dict[tuple[int, int, str, int], cuda_launch.DeviceMemory] = {}
 
     @property
     def name(self) -> str:
-        """The kernel's extern "C" name."""
-        return self._kernel.name
+        """The kernel's (first) extern "C" name."""
+        return str(self._kernel.name)
 
     @property
     def source(self) -> str:
         """The full CUDA C++ source (header-free; NVRTC or nvcc compile it as is)."""
-        return self._kernel.code
+        return str(self._kernel.code)
 
     @property
     def arch(self) -> str:
@@ -91,16 +122,76 @@ class TunedKernel:
         return get_gpu(self.gpu).arch
 
     @property
+    def launch(self) -> KernelLaunch:
+        """The first launch: entry, grid, block, dynamic shared memory, and the parameters
+        in order (buffer names, then scalars; a workspace such as ``ws`` is one of the
+        buffers, see `workspace`). A run may have more launches (`launches`)."""
+        return self.plan.launches[0]
+
+    @property
+    def launches(self) -> tuple[KernelLaunch, ...]:
+        """Every launch of one run, in order on one stream (two for split rows joined by a
+        second kernel; one otherwise)."""
+        return self.plan.launches
+
+    @property
+    def workspace(self) -> tuple[Buffer, ...]:
+        """Device memory the launches need besides the arrays a caller passes: zeroed once
+        before the first launch (the kernels leave it zeroed). A call allocates it itself,
+        one per (device, stream); empty for the GEMMs."""
+        return self.plan.of_role("workspace")
+
+    @property
     def simulated(self) -> bool:
         return self.origin == "measured" and is_simulated(self.runner)
 
     def cubin(self, arch: str | None = None) -> bytes:
         """The cubin for `arch` (default: the tuned GPU's), compiled by NVRTC through the
-        compile cache (no GPU needed)."""
+        compile cache (no GPU needed); every entry of the run is in it."""
         return compile_kernel(self._kernel, arch or self.arch).cubin
 
+    def _notes(self) -> list[str]:
+        """How to launch from the document alone, written from the plan."""
+        first = self.launch
+        pointers = ", ".join(
+            f"{name} ({self.plan.buffer(name).c_type})" for name in first.buffer_arguments
+        )
+        scalars = ", ".join(
+            f"{name} ({kind})" for name, kind in first.parameters() if kind != "buffer"
+        )
+        notes = [
+            f"parameters in `arguments` order: {pointers}, then {scalars}; a buffer named "
+            f"twice is passed twice; arrays dense row-major, {ALIGN_BYTES}-byte aligned",
+            "block = (threads, 1, 1); above 48 KiB of dynamic shared memory set "
+            "CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES to dynamic_smem_bytes first",
+        ]
+        if len(self.launches) > 1:
+            notes.append(
+                "one run is every entry of `launches`, in order on one stream (the top-level "
+                "kernel, grid, block and dynamic_smem_bytes are the first)"
+            )
+        for ws in self.workspace:
+            notes.append(
+                f"{ws.name}: a workspace of {ws.nbytes} bytes ({ws.dtype}) the caller "
+                "allocates and zeroes once before the first launch; the kernels leave it "
+                "zeroed, so it is reused as is, by one stream at a time (pipetune.kernel "
+                "keeps one per stream)"
+            )
+        if self.grid_depends_on_occupancy:
+            notes.append(
+                f"the grid is sized from one wave of {self.sm_count} SMs x "
+                f"{self.blocks_per_sm} resident blocks per SM (the model's occupancy on "
+                f"{self.gpu}); pipetune.kernel and the cupy runner size it again from the "
+                "driver's (cuOccupancyMaxActiveBlocksPerMultiprocessor of the loaded first "
+                "entry): do the same where it is lower, as split rows whose blocks wait for "
+                "each other deadlock unless all are resident"
+            )
+        return notes
+
     def launch_document(self, arch: str | None = None) -> dict[str, Any]:
-        """The launch as JSON: what `pipetune export` writes beside the cubin."""
+        """The launch as JSON: what `pipetune export` writes beside the cubin (the first
+        launch at the top level, every launch and buffer of the run under `launches` and
+        `buffers`: the cupy runner's plan)."""
         doc: dict[str, Any] = {
             "workload": self.workload.canonical(),
             "workload_label": self.workload.label(),
@@ -111,12 +202,16 @@ class TunedKernel:
             "schedule_origin": self.origin,
             **self.launch.as_dict(),
             "operands": [op.as_dict() for op in self.operands],
-            "notes": [
-                "parameters in `arguments` order: A, B, C as const __half*, const __half*, "
-                "__half* (16-byte aligned, dense row-major), then the int32 scalars",
-                "block = (threads, 1, 1); above 48 KiB of dynamic shared memory set "
-                "CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES to dynamic_smem_bytes first",
-            ],
+            "launches": [launch.as_dict() for launch in self.launches],
+            "buffers": [{**b.as_dict(), "nbytes": b.nbytes} for b in self.plan.buffers],
+            "output": self.plan.output,
+            "workspace": [ws.name for ws in self.workspace],
+            "occupancy": {
+                "sm_count": self.sm_count,
+                "blocks_per_sm": self.blocks_per_sm,
+                "grid_depends_on_occupancy": self.grid_depends_on_occupancy,
+            },
+            "notes": self._notes(),
         }
         if self.origin == "measured":
             doc["latency_us"] = self.latency_us
@@ -125,41 +220,96 @@ class TunedKernel:
                 doc["latency_label"] = SIMULATED_LABEL
         return doc
 
-    def _function(self, device: int) -> Any:
+    # ---- the call ------------------------------------------------------------------------
+
+    def _loaded(self, device: int) -> dict[str, Any]:
+        """The run's entries loaded on `device` (once per device and architecture)."""
         arch = cuda_launch.device_arch(device)
         key = (device, arch)
         if key not in self._functions:
-            self._functions[key] = cuda_launch.load_function(device, self.cubin(arch), self.launch)
+            cubin = self.cubin(arch)
+            # An entry launched twice takes the larger dynamic shared memory limit.
+            widest: dict[str, KernelLaunch] = {}
+            for launch in self.launches:
+                if launch.smem_bytes >= widest.get(launch.kernel, launch).smem_bytes:
+                    widest[launch.kernel] = launch
+            self._functions[key] = {
+                name: cuda_launch.load_function(device, cubin, launch)
+                for name, launch in widest.items()
+            }
         return self._functions[key]
 
+    def _device_plan(self, device: int, functions: dict[str, Any]) -> LaunchPlan:
+        """The plan to launch on `device`: `plan`, or, where the grid depends on it, planned
+        again with the driver's occupancy of the loaded first entry on the device's SMs
+        (workers.runners.cupy_child does the same before it times a trial)."""
+        if not self.grid_depends_on_occupancy:
+            return self.plan
+        if device not in self._device_plans:
+            first = self.plan.launches[0]
+            blocks = cuda_launch.occupancy(device, functions[first.kernel], first)
+            try:
+                plan = self._codegen.launch_plan(
+                    self._kernel, self.workload, cuda_launch.sm_count(device), max(1, blocks)
+                )
+            except ValueError as exc:  # a row's blocks cannot all be resident there
+                raise cuda_launch.CudaLaunchError(
+                    f"{self.name} cannot run on device {device}: {exc}"
+                ) from None
+            self._device_plans[device] = plan
+        return self._device_plans[device]
+
+    def _workspace_addresses(self, device: int, stream: int, plan: LaunchPlan) -> dict[str, int]:
+        """The plan's workspaces on `device` for `stream`, allocated and zeroed on first
+        use. One per stream: the kernels leave a workspace zeroed when they finish, so
+        launches in order may share it, launches on two streams at once may not."""
+        addresses: dict[str, int] = {}
+        for ws in plan.of_role("workspace"):
+            key = (device, stream, ws.name, ws.nbytes)
+            if key not in self._workspaces:
+                self._workspaces[key] = cuda_launch.allocate_zeroed(device, ws.nbytes, stream)
+            addresses[ws.name] = self._workspaces[key].address
+        return addresses
+
     def __call__(self, *arrays: Any) -> Any:
-        """Launch on CuPy arrays or PyTorch CUDA tensors: A, B and optionally C (the output,
-        allocated like A when not given); returns C. The arrays are checked first (shape,
-        dtype, strides, device; an ArgumentError names the wrong one) and used in place
-        through DLPack. Asynchronous, as any launch on the caller's current stream."""
+        """Launch on CuPy arrays or PyTorch CUDA tensors: the inputs (`operands` in order:
+        A, B for a GEMM; x, then gamma and beta or bias, for a row operator) and
+        optionally the output (C, y; allocated like the first input when not given);
+        returns the output. The arrays are checked first (shape, dtype, strides, device;
+        an ArgumentError names the wrong one) and used in place through DLPack; a
+        workspace is allocated on first use. Asynchronous, as any launch on the caller's
+        current stream."""
         infos: list[ArrayInfo] = check_arguments(self.operands, arrays)
         device = infos[0].device[1]
         if len(arrays) < len(self.operands):
-            output = frameworks.allocate_output(arrays[0], device, self.operands[-1])
-            arrays = (*arrays, output)
+            missing = self.operands[len(arrays) :]
+            made = [frameworks.allocate_output(arrays[0], device, op) for op in missing]
+            arrays = (*arrays, *made)
             infos = check_arguments(self.operands, arrays)
         stream = frameworks.current_stream(arrays[0], device)
         exchange = frameworks.dlpack_stream(stream)
-        pointers = [
-            data_pointer(op.name, array, info, exchange)
+        addresses = {
+            op.name: data_pointer(op.name, array, info, exchange)
             for op, array, info in zip(self.operands, arrays, infos, strict=True)
-        ]
-        cuda_launch.launch(device, self._function(device), self.launch, pointers, stream)
-        return arrays[-1]
+        }
+        functions = self._loaded(device)
+        plan = self._device_plan(device, functions)
+        addresses |= self._workspace_addresses(device, stream, plan)
+        for launch in plan.launches:
+            pointers = [addresses[name] for name in launch.buffer_arguments]
+            cuda_launch.launch(device, functions[launch.kernel], launch, pointers, stream)
+        outputs = [a for op, a in zip(self.operands, arrays, strict=True) if op.output]
+        return outputs[0] if len(outputs) == 1 else tuple(outputs)
 
     def __repr__(self) -> str:
         where = self.origin
         if self.simulated:
             where += f" ({SIMULATED_LABEL})"
+        more = f", then {len(self.launches) - 1} more launch" if len(self.launches) > 1 else ""
         return (
             f"<pipetune kernel {self.name}: {self.workload.label()} on {self.gpu}, "
             f"schedule {self.schedule.id} ({where}), grid {self.launch.grid}, "
-            f"block {self.launch.block}, {self.launch.smem_bytes} B shared memory>"
+            f"block {self.launch.block}, {self.launch.smem_bytes} B shared memory{more}>"
         )
 
 
@@ -172,26 +322,18 @@ def kernel(
     db: str | None = None,
     api_key: str | None = None,
 ) -> TunedKernel:
-    """The kernel of `workload` tuned for `gpu`: at `schedule` if given, else at the best
-    known one (pipetune.best_schedule: the local database or, with `server`, the service;
-    the model's pick when nothing was measured)."""
+    """The kernel of `workload` (any family: gemm, bmm, conv2d, conv3d, reduce, softmax,
+    layernorm, bias_gelu) tuned for `gpu`: at `schedule` if given, else at the best known
+    one (pipetune.best_schedule: the local database or, with `server`, the service; the
+    model's pick when nothing was measured)."""
     w, key = as_workload(workload), as_gpu(gpu)
-    family = family_of(w)
-    if family.name != "tensor_gemm":
-        raise WorkloadError(
-            "op",
-            f"{w.op}: pipetune.kernel calls the tensor-core GEMM family's kernels (gemm, bmm, "
-            f"conv2d, conv3d); {family.name} kernels are tuned, swept and generated "
-            "(`pipetune kernel source`), not yet wrapped as callables",
-        )
-    gemm = cast(AnyWorkload, w)  # the family checked above
     if schedule is not None:
-        return TunedKernel(gemm, key, as_schedule(schedule))
+        return TunedKernel(w, key, as_schedule(schedule))
     from pipetune.clients.library.lookup import best_schedule
 
     doc = best_schedule(w, key, server, db=db, api_key=api_key)
     return TunedKernel(
-        gemm,
+        w,
         key,
         doc.schedule.to_schedule(),
         origin=doc.source,
