@@ -137,25 +137,29 @@ def test_launch_json_is_the_cupy_runners_launch(tuned: str, tmp_path: Path):
 
 
 @pytest.mark.skipif(shutil.which("cc") is None, reason="no C compiler here")
+def _assert_header_defines(folder: Path, stem: str, schedule: dict, knobs) -> None:
+    """A C compiler confirms that pipetune_tuned.h, with TARGET_<stem> defined, defines each
+    knob (bare and prefixed with the workload's stem) as the schedule's value."""
+    checks = "".join(
+        f'_Static_assert({knob} == {schedule[knob]}, "{knob}");\n'
+        f'_Static_assert(PIPETUNE_{stem.upper()}_{knob.upper()} == {schedule[knob]}, "{knob}");\n'
+        for knob in knobs
+    )
+    program = folder / f"check_{stem}.c"
+    program.write_text(f'#include "pipetune_tuned.h"\n{checks}')
+    done = subprocess.run(
+        ["cc", "-fsyntax-only", "-std=c11", f"-I{folder}", f"-DTARGET_{stem}", str(program)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 0, done.stderr
+
+
 def test_the_header_defines_each_workloads_parameters(tuned: str, tmp_path: Path):
     index = _export(tuned, tmp_path)
     for row in index["workloads"]:
-        stem, schedule = row["stem"], row["schedule"]
-        checks = "".join(
-            f'_Static_assert({knob} == {schedule[knob]}, "{knob}");\n'
-            f"_Static_assert(PIPETUNE_{stem.upper()}_{knob.upper()} == {schedule[knob]}, "
-            f'"{knob}");\n'
-            for knob in KNOB_NAMES
-        )
-        program = tmp_path / f"check_{stem}.c"
-        program.write_text(f'#include "pipetune_tuned.h"\n{checks}')
-        done = subprocess.run(
-            ["cc", "-fsyntax-only", "-std=c11", f"-I{tmp_path}", f"-DTARGET_{stem}", str(program)],
-            capture_output=True,
-            text=True,
-            timeout=60,
-        )
-        assert done.returncode == 0, done.stderr
+        _assert_header_defines(tmp_path, row["stem"], row["schedule"], KNOB_NAMES)
 
 
 def test_the_same_export_through_a_service(tuned: str, tmp_path: Path):
@@ -364,20 +368,6 @@ def test_the_header_defines_each_familys_knobs(tuned_mixed: str, tmp_path: Path)
         stem, schedule = row["stem"], row["schedule"]
         knobs = family_of(parse_any_workload(row["workload"])).knob_names
         assert set(knobs) == set(schedule)  # the family's knobs, none of the other's
-        checks = "".join(
-            f'_Static_assert({knob} == {schedule[knob]}, "{knob}");\n'
-            f"_Static_assert(PIPETUNE_{stem.upper()}_{knob.upper()} == {schedule[knob]}, "
-            f'"{knob}");\n'
-            for knob in knobs
-        )
-        program = tmp_path / f"check_{stem}.c"
-        program.write_text(f'#include "pipetune_tuned.h"\n{checks}')
-        done = subprocess.run(
-            ["cc", "-fsyntax-only", "-std=c11", f"-I{tmp_path}", f"-DTARGET_{stem}", str(program)],
-            capture_output=True,
-            text=True,
-            timeout=60,
-        )
-        assert done.returncode == 0, done.stderr
+        _assert_header_defines(tmp_path, stem, schedule, knobs)
     softmax_stem = next(r["stem"] for r in index["workloads"] if r["workload"]["op"] == "softmax")
     assert f"#define PIPETUNE_{softmax_stem.upper()}_THREADS_PER_ROW " in header

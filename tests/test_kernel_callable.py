@@ -310,8 +310,16 @@ def test_torch_style_tensors_are_accepted(launches):
     assert k(a, b, c) is c and launches[-1]["pointers"][2] == c.host.ctypes.data
 
 
-def test_the_output_is_allocated_by_the_callers_library(launches, monkeypatch):
-    stream = types.SimpleNamespace(ptr=0xBEEF)
+class CupyArray(StandIn):
+    """A stand-in that names CuPy's module, so pipetune takes it for a CuPy array."""
+
+
+CupyArray.__module__ = "cupy._core.core"
+
+
+def fake_cupy(monkeypatch, stream_ptr: int) -> list[Any]:
+    """A `cupy` module whose `empty` makes CupyArray stand-ins (returned in the list, in
+    order) and whose current stream is `stream_ptr`, installed for one test."""
     allocated: list[Any] = []
 
     class Device:
@@ -331,13 +339,15 @@ def test_the_output_is_allocated_by_the_callers_library(launches, monkeypatch):
     fake = types.ModuleType("cupy")
     fake.float16 = np.float16  # type: ignore[attr-defined]
     fake.empty = empty  # type: ignore[attr-defined]
-    fake.cuda = types.SimpleNamespace(Device=Device, get_current_stream=lambda: stream)  # type: ignore[attr-defined]
+    fake.cuda = types.SimpleNamespace(  # type: ignore[attr-defined]
+        Device=Device, get_current_stream=lambda: types.SimpleNamespace(ptr=stream_ptr)
+    )
     monkeypatch.setitem(__import__("sys").modules, "cupy", fake)
+    return allocated
 
-    class CupyArray(StandIn):
-        pass
 
-    CupyArray.__module__ = "cupy._core.core"
+def test_the_output_is_allocated_by_the_callers_library(launches, monkeypatch):
+    allocated = fake_cupy(monkeypatch, 0xBEEF)
     k = pipetune.kernel(FC, "h100", schedule=S)
     a, b = (CupyArray(x.host) for x in arrays(FC, with_output=False))
     c = k(a, b)
@@ -559,34 +569,7 @@ def test_a_fused_split_is_sized_again_from_the_drivers_occupancy(launches):
 
 
 def test_a_memops_output_is_allocated_by_the_callers_library(launches, monkeypatch):
-    allocated: list[Any] = []
-
-    class CupyArray(StandIn):
-        pass
-
-    CupyArray.__module__ = "cupy._core.core"
-
-    class Device:
-        def __init__(self, index: int):
-            assert index == 0
-
-        def __enter__(self) -> None:
-            return None
-
-        def __exit__(self, *exc: object) -> None:
-            return None
-
-    def empty(shape: tuple[int, ...], dtype: Any) -> StandIn:
-        allocated.append(CupyArray(np.zeros(shape, dtype=dtype)))
-        return allocated[-1]
-
-    fake = types.ModuleType("cupy")
-    fake.float16 = np.float16  # type: ignore[attr-defined]
-    fake.empty = empty  # type: ignore[attr-defined]
-    fake.cuda = types.SimpleNamespace(  # type: ignore[attr-defined]
-        Device=Device, get_current_stream=lambda: types.SimpleNamespace(ptr=0xCAFE)
-    )
-    monkeypatch.setitem(__import__("sys").modules, "cupy", fake)
+    allocated = fake_cupy(monkeypatch, 0xCAFE)
     w = reduce(512, 1024)
     k = pipetune.kernel(w, "h100", schedule=TWO_PASS)
     (x,) = (CupyArray(a.host) for a in arrays(w, with_output=False, schedule=TWO_PASS))
