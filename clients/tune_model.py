@@ -41,12 +41,6 @@ RUNNER_MEANING = {
     RunnerKind.SIMULATED: "simulated (analytical model + noise, not measurements)",
     RunnerKind.REPLAY: "replayed from recorded datasets",
 }
-# The families in a few words, for the table and the time split (their `title` is a line).
-FAMILY_LABELS = {"tensor_gemm": "tensor-core GEMM", "memops": "memory-intensive"}
-
-
-def family_label(family: KernelFamily) -> str:
-    return FAMILY_LABELS.get(family.name, family.name)
 
 
 def baseline_of(workload: Any, gpu: str, schedules: list[ScheduleDoc]) -> tuple[str, np.ndarray]:
@@ -258,7 +252,7 @@ def document(
                 "workload": r.shape.workload.canonical(),
                 "label": r.shape.workload.label(),
                 "family": fam.name,
-                "family_label": family_label(fam),
+                "family_label": fam.label,
                 "count": r.shape.count,
                 "task_id": r.task.id,
                 "state": r.task.state,

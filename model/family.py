@@ -165,6 +165,7 @@ class KernelFamily(ABC):
 
     name: str  # registry key, e.g. "tensor_gemm", "memops"
     title: str  # one line for people
+    label: str  # a few words for tables and reports ("tensor-core GEMM")
     work_unit: str  # what work() counts: "flop" or "byte" (a key of THROUGHPUT_UNITS)
     codegen_module: str  # under pipetune.workers: generate, launch_plan, build_key, ...
     reference_module: str  # under pipetune.workers: input_buffers, compute_reference, check

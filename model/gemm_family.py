@@ -31,6 +31,7 @@ from pipetune.model.workloads import OPS, AnyWorkload, parse_workload
 
 class TensorGemmFamily(KernelFamily):
     name = "tensor_gemm"
+    label = "tensor-core GEMM"
     title = "pipelined tensor-core GEMM, batched GEMM and implicit-GEMM convolutions (ALCOP)"
     work_unit = "flop"
     codegen_module = "pipetune.workers.codegen"

@@ -36,6 +36,7 @@ MODEL_FEATURES: tuple[str, ...] = (
 
 class MemoryFamily(KernelFamily):
     name = "memops"
+    label = "memory-intensive"
     title = "memory-intensive row operators with adaptive thread mapping (AStitch)"
     work_unit = "byte"
     codegen_module = "pipetune.workers.codegen.memops"
