@@ -55,8 +55,6 @@ def constrained_score(mean: np.ndarray, sd: np.ndarray, best: float, p_ok: np.nd
 
 def believer_batch(
     surrogate: Surrogate,
-    X_train: np.ndarray,
-    r_train: np.ndarray,
     best: float,
     features: np.ndarray,
     offset: np.ndarray,
@@ -66,25 +64,21 @@ def believer_batch(
     """One pick from each pool in turn (rows of `features`), each one conditioning the
     surrogate on its own prediction before the next.
 
-    The surrogate was fit to residuals r = y - offset at X_train (offset: a prior mean per
-    row, or zeros); `best` is the best y measured (-inf before any success: then the score is
-    the best prior mean among the candidates is the incumbent). Rows in the pools must be
-    unvisited; a row picked once is not picked again. A pool with nothing left falls back to
-    any candidate.
+    The surrogate was fit to residuals r = y - offset (offset: a prior mean per row, or
+    zeros); `best` is the best y measured (-inf before any success: then the best prior mean
+    among the candidates is the incumbent). Rows in the pools must be unvisited; a row picked
+    once is not picked again. A pool with nothing left falls back to any candidate.
     """
     candidates = np.unique(np.concatenate(pools))
     position = {int(r): i for i, r in enumerate(candidates)}
-    X_c = features[candidates]
-    model = surrogate
-    X_seen, r_seen = X_train, np.asarray(r_train, dtype=np.float64)
+    fantasies = surrogate.fantasies(features[candidates])
     picked: list[int] = []
     taken = np.zeros(len(candidates), dtype=bool)
     for pool in pools:
-        mean_r, sd = model.predict(X_c)
-        mean = mean_r + offset[candidates]
+        mean = fantasies.mean + offset[candidates]
         if not np.isfinite(best):
             best = float(mean.max())
-        score = constrained_score(mean, sd, best, p_ok[candidates])
+        score = constrained_score(mean, fantasies.sd, best, p_ok[candidates])
         score[taken] = -np.inf
         choose = np.full(len(candidates), -np.inf)
         idx = np.array([position[int(r)] for r in pool], dtype=np.int64)
@@ -98,8 +92,6 @@ def believer_batch(
         taken[i] = True
         picked.append(int(candidates[i]))
         # Believe the model: the pick's outcome is its predicted mean.
-        X_seen = np.vstack([X_seen, X_c[i : i + 1]])
-        r_seen = np.append(r_seen, mean_r[i])
         best = max(best, float(mean[i]))
-        model = model.condition(X_seen, r_seen)
+        fantasies.believe(i)
     return picked

@@ -31,7 +31,7 @@ from typing import Any
 
 import numpy as np
 from sklearn.preprocessing import PowerTransformer
-from threadpoolctl import threadpool_limits
+from threadpoolctl import ThreadpoolController
 
 from pipetune.tuner.acquisition import believer_batch, constrained_score
 from pipetune.tuner.design import sobol_rows
@@ -49,6 +49,9 @@ POOL = 256  # candidates per pool carried into the batch construction
 PRIOR_SD = 0.1
 PRIOR_LENGTH_SCALE = 0.5
 OBSERVED_WEIGHT = 10.0  # a trial on this GPU outweighs a recorded failure on another one
+# Found once: a bare `threadpool_limits()` looks for the loaded BLAS libraries on every call
+# (about 6 ms, as much as a round's acquisition).
+_THREADPOOLS = ThreadpoolController()
 
 
 @dataclass(frozen=True)
@@ -132,7 +135,7 @@ class BayesianStrategy(Strategy):
     # ---- one round ---------------------------------------------------------------------
 
     def next_batch(self, n, exclude, history):
-        with threadpool_limits(limits=1):  # reproducible sums, and one core per session
+        with _THREADPOOLS.limit(limits=1):  # reproducible sums, and one core per session
             return self._next_batch(n, exclude, history)
 
     def _next_batch(self, n: int, exclude: set[int], history: list[Observation]) -> list[int]:
@@ -170,7 +173,6 @@ class BayesianStrategy(Strategy):
                 return self._design_rows(min(n, self.n_init - designed), exclude)
         if not use_prior:
             y = y_plain
-        targets = y - offset[ok_rows]
         self._fit_failures(rows, ok)
         unvisited = np.setdiff1d(
             np.arange(len(self.encoding)), np.fromiter(exclude, dtype=np.int64, count=len(exclude))
@@ -190,9 +192,7 @@ class BayesianStrategy(Strategy):
             local = np.flatnonzero(near)
             local_pool = unvisited[local[np.argsort(-score[local], kind="stable")[:POOL]]]
         pools = self._pools(min(n, len(unvisited)), len(history), global_pool, local_pool)
-        return believer_batch(
-            model, X_ok, targets, best if n_ok else -np.inf, self.features, offset, p_ok, pools
-        )
+        return believer_batch(model, best if n_ok else -np.inf, self.features, offset, p_ok, pools)
 
     def _pools(self, n: int, n_history: int, global_pool, local_pool) -> list[np.ndarray]:
         """Which pool each slot of the batch draws from. One trial at a time, rounds alternate

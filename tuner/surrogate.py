@@ -19,7 +19,7 @@ import warnings
 from abc import ABC, abstractmethod
 
 import numpy as np
-from scipy.linalg import LinAlgError, cho_solve, cholesky
+from scipy.linalg import lapack, solve_triangular
 from scipy.optimize import minimize
 from sklearn.ensemble import ExtraTreesClassifier, ExtraTreesRegressor
 from sklearn.exceptions import ConvergenceWarning
@@ -27,7 +27,30 @@ from sklearn.gaussian_process import GaussianProcessRegressor
 from sklearn.gaussian_process.kernels import ConstantKernel, Matern, WhiteKernel
 
 
+class Fantasies:
+    """A surrogate's predictions at fixed candidates, conditioned pick by pick on its own
+    prediction at the pick (the kriging believer, tuner/acquisition.py).
+
+    This generic form refits a copy of the surrogate on its data plus the believed points
+    after every pick; `GaussianProcess` has an exact and much cheaper one (`GPFantasies`)."""
+
+    def __init__(self, surrogate: Surrogate, X_c: np.ndarray):
+        self._model = surrogate
+        self._X_c = X_c
+        self._X_seen, self._y_seen = surrogate.training_data
+        self.mean, self.sd = surrogate.predict(X_c)
+
+    def believe(self, i: int) -> None:
+        """Condition on candidate i's outcome being its predicted mean."""
+        self._X_seen = np.vstack([self._X_seen, self._X_c[i : i + 1]])
+        self._y_seen = np.append(self._y_seen, self.mean[i])
+        self._model = self._model.condition(self._X_seen, self._y_seen)
+        self.mean, self.sd = self._model.predict(self._X_c)
+
+
 class Surrogate(ABC):
+    training_data: tuple[np.ndarray, np.ndarray]  # what the last fit saw: X and y
+
     @abstractmethod
     def fit(self, X: np.ndarray, y: np.ndarray) -> None:
         """Fit to features X and targets y (higher is better), optimising hyperparameters."""
@@ -39,6 +62,10 @@ class Surrogate(ABC):
     @abstractmethod
     def predict(self, X: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Mean and standard deviation at X."""
+
+    def fantasies(self, X_c: np.ndarray) -> Fantasies:
+        """Predictions at candidates X_c that can believe picks among them (kriging believer)."""
+        return Fantasies(self, X_c)
 
     def log_evidence(self) -> float:
         """Log marginal likelihood of the fitted targets in their own units (model choice)."""
@@ -65,20 +92,26 @@ def neg_log_posterior(
     r2 = (D2 @ inv_ls2).reshape(n, n)
     r = np.sqrt(r2)
     e = np.exp(-SQRT5 * r)
-    Kf = amplitude * (1.0 + SQRT5 * r + (5.0 / 3.0) * r2) * e
+    poly = 1.0 + SQRT5 * r
+    Kf = amplitude * (poly + (5.0 / 3.0) * r2) * e
     K = Kf.copy()
-    K[np.diag_indices(n)] += noise + GP_JITTER
-    try:
-        L = cholesky(K, lower=True, check_finite=False)
-    except LinAlgError:
+    K.flat[:: n + 1] += noise + GP_JITTER
+    # LAPACK directly (Cholesky, solve, inverse from the factor): scipy.linalg's wrappers
+    # check and copy their arguments on each of the hundreds of calls a fit makes.
+    L, info = lapack.dpotrf(K, lower=1, clean=1, overwrite_a=1)
+    if info != 0:
         return np.inf, np.zeros_like(theta)  # as scikit-learn: an impossible theta
-    alpha = cho_solve((L, True), t, check_finite=False)
-    lml = -0.5 * t @ alpha - np.log(np.diag(L)).sum() - 0.5 * n * np.log(2 * np.pi)
-    W = np.outer(alpha, alpha) - cho_solve((L, True), np.eye(n), check_finite=False)
+    alpha, _ = lapack.dpotrs(L, t, lower=1)
+    K_inv, _ = lapack.dpotri(L, lower=1)  # K^-1's lower triangle; the upper is L's: zeros
+    K_inv += K_inv.T
+    K_inv.flat[:: n + 1] *= 0.5
+    lml = -0.5 * t @ alpha - np.log(np.diagonal(L)).sum() - 0.5 * n * np.log(2 * np.pi)
+    W = np.outer(alpha, alpha)
+    W -= K_inv
     grad = np.empty_like(theta)
-    grad[0] = 0.5 * np.sum(W * Kf)
+    grad[0] = 0.5 * np.vdot(W, Kf)
     # d k / d log l_k = amplitude * 5/3 (1 + sqrt5 r) exp(-sqrt5 r) (x_k - x'_k)^2 / l_k^2
-    G = W * (amplitude * (5.0 / 3.0) * (1.0 + SQRT5 * r) * e)
+    G = W * (amplitude * (5.0 / 3.0) * poly * e)
     grad[1:-1] = 0.5 * (G.ravel() @ D2) * inv_ls2
     grad[-1] = 0.5 * noise * np.trace(W)
     dev = theta[1:-1] - log_ls_mean
@@ -114,6 +147,7 @@ class GaussianProcess(Surrogate):
         ) + WhiteKernel(np.exp(-4.0) * sd**2, (1e-6, 1.0))
         self.kernel = self.start
         self.gp: GaussianProcessRegressor | None = None
+        self.training_data = (np.zeros((0, n_features)), np.zeros(0))
         self._estimated_on = 0  # data size at the last hyperparameter estimate
 
     def _map(self, obj_func, initial_theta, bounds):
@@ -175,6 +209,7 @@ class GaussianProcess(Surrogate):
             gp.fit(X, y)
         self.gp = gp
         self.kernel = gp.kernel_
+        self.training_data = (np.asarray(X, dtype=np.float64), np.asarray(y, dtype=np.float64))
 
     def condition(self, X, y):
         other = copy.copy(self)
@@ -187,6 +222,25 @@ class GaussianProcess(Surrogate):
         mean, sd = gp.predict(X, return_std=True)
         return mean, np.maximum(sd, 1e-9)
 
+    def fantasies(self, X_c: np.ndarray) -> GPFantasies:
+        mean, sd = self.predict(X_c)
+        if self.gp is None:  # the prior: no data to condition on yet
+            kernel, V, scale = self.kernel, np.zeros((0, len(X_c))), 1.0
+        else:
+            kernel = self.gp.kernel_
+            # L^-1 k(X_train, X_c): what the training data explain of each candidate
+            V = solve_triangular(
+                self.gp.L_, kernel(self.gp.X_train_, X_c), lower=True, check_finite=False
+            )
+            scale = float(np.atleast_1d(self.gp._y_train_std)[0])
+
+        def covariance_with(i: int) -> np.ndarray:
+            # The posterior covariance of f at every candidate with f at candidate i (the
+            # white-noise term is zero between distinct inputs), in the targets' units.
+            return scale**2 * (kernel(X_c, X_c[i : i + 1])[:, 0] - V.T @ V[:, i])
+
+        return GPFantasies(mean, sd, covariance_with)
+
     def log_evidence(self) -> float:
         assert self.gp is not None, "fit first"
         # sklearn's value is for the standardised targets: p(y) = p(y_std) / std^n.
@@ -195,13 +249,40 @@ class GaussianProcess(Surrogate):
         return float(self.gp.log_marginal_likelihood_value_ - n * np.log(scale))
 
 
+class GPFantasies(Fantasies):
+    """The kriging believer on a GP, exactly and without refitting: believing the posterior
+    mean at a pick leaves every posterior mean where it was (the observation equals its own
+    expectation) and shrinks each candidate's variance by a rank-one term, its posterior
+    covariance with the pick squared over the pick's predictive variance (noise included).
+    The hyperparameters and the targets' standardisation are those of the last fit, as the
+    believer intends. Each pick costs O(candidates x (data + picks)) instead of a GP refit."""
+
+    def __init__(self, mean: np.ndarray, sd: np.ndarray, covariance_with):
+        self.mean = mean
+        self._var = sd.astype(np.float64) ** 2
+        self._covariance_with = covariance_with
+        self._updates: list[np.ndarray] = []
+        self.sd = sd
+
+    def believe(self, i: int) -> None:
+        c = self._covariance_with(i)
+        for u in self._updates:  # the covariance given the points already believed
+            c = c - u * u[i]
+        u = c / np.sqrt(self._var[i])
+        self._updates.append(u)
+        self._var = np.maximum(self._var - u**2, 0.0)
+        self.sd = np.maximum(np.sqrt(self._var), 1e-9)
+
+
 class ExtraTrees(Surrogate):
     def __init__(self, n_features: int, seed: int, n_trees: int = 64):
         self.seed = seed
         self.n_trees = n_trees
         self.forest: ExtraTreesRegressor | None = None
+        self.training_data = (np.zeros((0, n_features)), np.zeros(0))
 
     def fit(self, X, y):
+        self.training_data = (np.asarray(X, dtype=np.float64), np.asarray(y, dtype=np.float64))
         self.forest = ExtraTreesRegressor(
             n_estimators=self.n_trees, bootstrap=True, random_state=self.seed, n_jobs=1
         ).fit(X, y)
