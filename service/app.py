@@ -71,8 +71,11 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         metrics=metrics,
         schema_revision=revision,
         wakeup=wakeup,
-        proposer=Proposer(driver),
+        proposer=Proposer(driver, shared=not db.is_sqlite),
     )
+    # The other replicas ask for the one holding a task's session, which answers.
+    wakeup.on_advance = service.proposer.request_if_held
+    wakeup.on_held = service.proposer.held_elsewhere
 
     @contextlib.asynccontextmanager
     async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
@@ -95,6 +98,9 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         try:
             yield
         finally:
+            # Answer no more "who holds this task": a stopping replica will not advance it,
+            # and an answer would keep the asker from adopting it.
+            wakeup.on_advance = None
             wakeup.close()
             if upkeep is not None:
                 upkeep.cancel()

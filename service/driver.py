@@ -32,6 +32,7 @@ import json
 import logging
 import threading
 from collections import OrderedDict, defaultdict
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import cache
 from typing import Any
@@ -144,6 +145,11 @@ class _Plan:
     error: str | None = None
 
 
+# What _plan returns, instead of a plan, when asked not to adopt a task this replica is
+# behind on (compared by identity).
+BEHIND = _Plan(task_id=-1, version=-1, first_trial=-1, batch=[], predicted=[], curve=[])
+
+
 @dataclass(frozen=True)
 class _JobView:
     """A job as the tuner sees it."""
@@ -165,6 +171,12 @@ class _TaskView:
     enqueued: int
     target: int
     batch_size: int
+
+
+def _is_current(live: _Live | None, task: _TaskView) -> bool:
+    """Whether the session proposed every batch the task has (no other replica advanced it
+    since)."""
+    return live is not None and len(live.sizes) == task.version and live.trials == task.enqueued
 
 
 def _observed(job: Any) -> MeasureResult | None:
@@ -358,8 +370,36 @@ class Driver:
     def advance(self, task_id: int) -> bool:
         """Enqueue the task's next batch (or finish it) if the batches it waits on are
         complete. True when this call changed the task."""
+        return bool(self._advance(task_id, adopt=True))
+
+    def advance_if_current(self, task_id: int) -> bool | None:
+        """As `advance`, but only where this replica holds the task's session as it stands
+        (it made the newest batch): None, and nothing done, where it would have to replay
+        batches another replica made, for a model-guided strategy (those outside
+        PROPOSE_AHEAD). Replaying re-runs every missed proposal (a GP fit and acquisition
+        per batch), so with several replicas sharing the tasks each proposal would be made
+        by each of them; the replica that holds the session is asked instead, and another
+        adopts the task only when no replica answers that it holds it (service/proposer.py)."""
+        return self._advance(task_id, adopt=False)
+
+    def holds(self, task_id: int) -> bool:
+        """Whether this replica keeps a session of the task (it may be the one to advance)."""
+        with self._live_lock:
+            return task_id in self._live
+
+    def notify_replicas(self, payload: str) -> None:
+        """Send a message to the other replicas (PostgreSQL NOTIFY; with one process on
+        SQLite there is nobody to tell)."""
+        if self.wakeup is None or self.db.is_sqlite:
+            return
+        with self.db.write_conn() as conn:
+            conn.execute(notify_statement(payload))
+
+    def _advance(self, task_id: int, adopt: bool) -> bool | None:
         with self._task_locks[task_id]:
-            plan = self._plan(task_id)
+            plan = self._plan(task_id, adopt)
+            if plan is BEHIND:
+                return None
             if plan is None:
                 return False
             changed = self._commit(plan)
@@ -457,7 +497,7 @@ class Driver:
             workload = self._workloads[workload_id] = parse_any_workload(canonical)
         return workload
 
-    def _plan(self, task_id: int) -> _Plan | None:
+    def _plan(self, task_id: int, adopt: bool = True) -> _Plan | None:
         found = self._read_task(task_id)
         if found is None or TaskState(found[1]).is_final():
             return None
@@ -469,6 +509,11 @@ class Driver:
         workload = self._workload(task.workload_id)
         fam = family_of(workload)
         live = self._take_live(task_id)
+        if not adopt and task.strategy not in PROPOSE_AHEAD and not _is_current(live, task):
+            # (A strategy that proposes ahead replays without measurements or models: cheaper
+            # than asking another replica.)
+            self._keep_live(task_id, live)
+            return BEHIND
         views, rebuild = self._completed(task_id, task, live, waits_on, fam)
         try:
             if rebuild:
@@ -500,7 +545,8 @@ class Driver:
     ) -> tuple[list[_JobView], bool]:
         """The jobs the session must see (observe, or replay and observe) to plan the next
         batch, and whether it must be rebuilt from the first batch."""
-        if live is not None and len(live.sizes) == task.version and live.trials == task.enqueued:
+        if _is_current(live, task):
+            assert live is not None
             # The usual case: this replica made the newest batch; read what completed since.
             views = self._read_jobs(task_id, live.observed, waits_on, fam)
             pending = [live.session.space[r] for r in live.session.pending]
@@ -632,9 +678,12 @@ class Driver:
         self.metrics.batches.inc()
         return True
 
-    def advance_ready(self) -> int:
+    def advance_ready(self, held_elsewhere: Callable[[int], None] | None = None) -> int:
         """Advance every active task whose awaited batches are complete (the safety net
-        for a replica that stopped between a result and its advance)."""
+        for a replica that stopped between a result and its advance). With
+        `held_elsewhere`, a task whose session another replica may hold is handed to it
+        (the proposer's request: ask the holder, adopt if none answers) instead of being
+        replayed here."""
         ahead = case((TASKS.c.strategy.in_(sorted(PROPOSE_AHEAD)), literal(1)), else_=literal(0))
         outstanding = (
             select(JOBS.c.id)
@@ -651,7 +700,16 @@ class Driver:
                     select(TASKS.c.id).where(TASKS.c.state.in_(ACTIVE_TASK_STATES), ~outstanding)
                 )
             )
-        return sum(self.advance(task_id) for task_id in ready)
+        changed = 0
+        for task_id in ready:
+            if held_elsewhere is None or self.db.is_sqlite:
+                changed += self.advance(task_id)
+                continue
+            outcome = self.advance_if_current(task_id)
+            if outcome is None:
+                held_elsewhere(task_id)
+            changed += bool(outcome)
+        return changed
 
     # ---- cancel --------------------------------------------------------------------
 

@@ -5,12 +5,22 @@ A result that may have made its task ready asks for an advance (`request`, which
 once); the loop takes the tasks in the order they were asked for, each once however often
 it was asked meanwhile, and runs the driver's advance. A request the loop never gets to
 (the replica stops) is not lost: every replica's upkeep advances whatever tasks are ready.
+
+With several replicas on one PostgreSQL, a task of a model-guided strategy is advanced by
+the replica that holds its session (the one that made its newest batch). Another replica
+that finds the task ready asks for the holder (a NOTIFY); the holder answers that it holds
+the task (the listener does, at once, however busy its proposer is) and advances it in its
+turn. If no answer comes within ADOPT_AFTER_S (the holder stopped, or the task was never
+held: a restart), the asker adopts the task and replays its batches. Without this, every
+replica that took a task's results replayed the batches it had missed, so each proposal was
+made once per replica.
 """
 
 from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections import OrderedDict
 
 from pipetune.service.db import is_unavailable, unavailable_reason
@@ -18,11 +28,20 @@ from pipetune.service.driver import Driver
 
 log = logging.getLogger(__name__)
 
+# How long a replica waits for the holder of a task's session to answer before it adopts
+# the task: an answer is one NOTIFY each way (milliseconds), so this is ample.
+ADOPT_AFTER_S = 1.0
+
 
 class Proposer:
-    def __init__(self, driver: Driver):
+    def __init__(self, driver: Driver, shared: bool = False, adopt_after_s: float = ADOPT_AFTER_S):
+        """`shared`: other replicas serve the same database (PostgreSQL), so a task may be
+        held by another one."""
         self.driver = driver
-        self._asked: OrderedDict[int, None] = OrderedDict()
+        self.shared = shared
+        self.adopt_after_s = adopt_after_s
+        self._asked: OrderedDict[int, bool] = OrderedDict()  # task -> adopt if held elsewhere
+        self._adopt_at: dict[int, float] = {}  # task -> when to adopt it, unless a holder answers
         self._cv = threading.Condition()
         self._stopping = False
         self._busy = False
@@ -42,31 +61,64 @@ class Proposer:
             self._thread.join(timeout_s)
             self._thread = None
 
-    def request(self, task_id: int) -> None:
+    def request(self, task_id: int, adopt: bool = False) -> None:
         """Ask for the task to be advanced (if it is ready by the time its turn comes)."""
         with self._cv:
-            if task_id not in self._asked:
-                self._asked[task_id] = None
-                self._cv.notify()
+            self._asked[task_id] = self._asked.get(task_id, False) or adopt or not self.shared
+            self._cv.notify()
+
+    def request_if_held(self, task_id: int) -> None:
+        """Another replica asks for the holder of the task's session: answer, and advance."""
+        wakeup = self.driver.wakeup
+        if not self.driver.holds(task_id) or wakeup is None:
+            return
+        self.request(task_id)
+        try:  # (on the listener's thread, which must survive a database outage)
+            self.driver.notify_replicas(wakeup.held_payload(task_id))
+        except Exception as exc:  # the asker adopts the task: a replay, nothing lost
+            log.warning("could not answer for task %s: %s", task_id, type(exc).__name__)
+
+    def held_elsewhere(self, task_id: int) -> None:
+        """Another replica holds the task's session: no need to adopt it."""
+        with self._cv:
+            self._adopt_at.pop(task_id, None)
 
     def idle(self) -> bool:
-        """Nothing asked for and nothing in progress."""
+        """Nothing asked for, nothing in progress, no adoption due later."""
         with self._cv:
-            return not self._asked and not self._busy
+            return not self._asked and not self._busy and not self._adopt_at
 
-    def _run(self) -> None:
-        while True:
-            with self._cv:
-                while not self._asked and not self._stopping:
-                    self._busy = False
-                    self._cv.wait()
+    def _next(self) -> tuple[int, bool] | None:
+        """The next task to advance, and whether to adopt it; None to stop. Waits for a
+        request or for the first adoption that falls due."""
+        with self._cv:
+            while True:
                 if self._stopping:
                     self._busy = False
-                    return
-                task_id, _ = self._asked.popitem(last=False)
-                self._busy = True
+                    return None
+                now = time.monotonic()
+                for task_id, when in list(self._adopt_at.items()):
+                    if when <= now:
+                        del self._adopt_at[task_id]
+                        self._asked[task_id] = True
+                if self._asked:
+                    self._busy = True
+                    return self._asked.popitem(last=False)
+                self._busy = False
+                self._cv.wait(min(self._adopt_at.values()) - now if self._adopt_at else None)
+
+    def _run(self) -> None:
+        while (item := self._next()) is not None:
+            task_id, adopt = item
             try:
-                self.driver.advance(task_id)
+                if adopt:
+                    self.driver.advance(task_id)
+                elif self.driver.advance_if_current(task_id) is None:
+                    # Perhaps held by another replica: ask; adopt the task if none answers.
+                    with self._cv:
+                        self._adopt_at.setdefault(task_id, time.monotonic() + self.adopt_after_s)
+                    if self.driver.wakeup is not None:
+                        self.driver.notify_replicas(self.driver.wakeup.advance_payload(task_id))
             except Exception as exc:  # the next request, or upkeep, tries again
                 if is_unavailable(exc):
                     log.warning(

@@ -15,6 +15,11 @@ request of that kind skips the claim until then (or until the fallback interval 
 which makes an idle fleet's requests cost no database work. It trusts that memory only
 while it hears the other replicas (its listener is connected), or when there are none to
 hear (SQLite: one process serves the database).
+
+The same channel carries two more messages (service/proposer.py): `advance_payload`, from a
+replica that took the last result of a batch for a task whose session another replica holds,
+asks that replica to advance it (`on_advance`); `held_payload` is the holder's answer, so the
+asker does not adopt the task (`on_held`).
 """
 
 from __future__ import annotations
@@ -28,6 +33,7 @@ import threading
 import time
 import uuid
 from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import psycopg
@@ -70,6 +76,10 @@ class Wakeup:
         self._waiters: OrderedDict[asyncio.Future[bool], tuple[WorkerKind, int]] = OrderedDict()
         self._empty: dict[WorkerKind, tuple[int, float]] = {}
         self._closed = False
+        # Called (from the listener's thread) with a task another replica asks to advance,
+        # and with a task another replica says it holds.
+        self.on_advance: Callable[[int], None] | None = None
+        self.on_held: Callable[[int], None] | None = None
 
     def attach(self, loop: asyncio.AbstractEventLoop) -> None:
         self._loop = loop
@@ -92,6 +102,16 @@ class Wakeup:
     def payload(self, arch: str, gpu: str, count: int) -> str:
         """The NOTIFY payload of a signal (what `listen` turns back into one)."""
         return json.dumps({"origin": self.origin, "arch": arch, "gpu": gpu, "count": count})
+
+    def advance_payload(self, task_id: int) -> str:
+        """The NOTIFY payload asking the replica that holds a task's session to advance it
+        (`on_advance` on the others)."""
+        return json.dumps({"origin": self.origin, "advance": task_id})
+
+    def held_payload(self, task_id: int) -> str:
+        """The answer of a replica that holds the task's session (`on_held` on the others):
+        the asker need not adopt the task."""
+        return json.dumps({"origin": self.origin, "held": task_id})
 
     def close(self) -> None:
         """Answer every waiting request now, and any later one at once (the service stops)."""
@@ -169,6 +189,11 @@ class Wakeup:
             message = json.loads(payload)
             if message["origin"] == self.origin:
                 return
+            for key, hook in (("advance", self.on_advance), ("held", self.on_held)):
+                if key in message:
+                    if hook is not None:
+                        hook(int(message[key]))
+                    return
             self.signal(str(message["arch"]), str(message["gpu"]), int(message["count"]))
         except (ValueError, KeyError, TypeError):
             log.warning("ignored a malformed %s notification", CHANNEL)

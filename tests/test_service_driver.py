@@ -4,6 +4,7 @@ driving any task, one batch per round under concurrent advances. SQLite and Post
 from __future__ import annotations
 
 import threading
+import time
 from collections import defaultdict
 
 import pytest
@@ -153,6 +154,9 @@ def test_a_restarted_service_continues_a_task_mid_way(db_url):
     with client_for(db_url, batch_size=4) as second:
         assert lease(second, worker) == []  # nothing queued until someone advances
         service_of(second).upkeep()  # the periodic upkeep finds the complete batch
+        # (On PostgreSQL it first asks whether another replica holds the task's session;
+        # none answers, and the proposer adopts it ADOPT_AFTER_S later.)
+        settle(second)
         assert drain(second, worker, _result_of) == 8
         assert second.get(f"/v1/tasks/{task_id}").json()["state"] == "done"
         _assert_reproduces_a_local_session(second, task_id, "xgb", 2, 12)
@@ -232,3 +236,76 @@ def test_a_replica_that_loses_the_race_to_advance_logs_no_error(db_url, caplog):
             jobs = s.scalar(select(func.count()).select_from(JobRow))
         # Random search proposes ahead: two batches at creation, the other replica's third.
         assert batches == 3 and jobs == 12
+
+
+def _pg_url(request) -> str:
+    url = request.getfixturevalue("pg_url")
+    from service_fixtures import _truncate
+
+    _truncate(url)
+    return url
+
+
+def _wait(condition, timeout_s: float) -> float:
+    start = time.monotonic()
+    while not condition():
+        assert time.monotonic() - start < timeout_s, "timed out"
+        time.sleep(0.01)
+    return time.monotonic() - start
+
+
+def test_the_replica_holding_a_session_advances_the_task_for_the_others(request):
+    """Two replicas on PostgreSQL: results of a task created on A arrive at B. B does not
+    replay A's batches (each replay re-runs a proposal); it asks through NOTIFY who holds
+    the task, A answers and advances it."""
+    url = _pg_url(request)
+    with client_for(url, batch_size=4) as a, client_for(url, batch_size=4) as b:
+        task_id = create_task(a, budget=12, strategy="analytical+xgb", seed=3)["id"]
+        worker = register(a)
+        assert service_of(a).driver.holds(task_id) and not service_of(b).driver.holds(task_id)
+        for _ in range(2):  # two rounds, every result posted to B
+            jobs = lease(b, worker, max_jobs=4)
+            assert jobs
+            version = _version(a, task_id)
+            for job in jobs:
+                body = {"worker_id": worker, "lease_token": job["lease_token"]}
+                body["result"] = _result_of(job)
+                r = b.post(f"/v1/jobs/{job['job_id']}/result", json=body, headers=WORKER_HEADERS)
+                assert r.json()["accepted"] is True
+            # A answers B's question at once and advances the task; B never adopts it.
+            _wait(lambda v=version: _version(a, task_id) > v, timeout_s=30)
+            settle(b)
+            assert not service_of(b).driver.holds(task_id)  # B proposed nothing
+        settle(b)
+        assert drain(a, worker, _result_of) > 0
+        assert a.get(f"/v1/tasks/{task_id}").json()["state"] == "done"
+        _assert_reproduces_a_local_session(a, task_id, "analytical+xgb", 3, 12)
+
+
+def test_a_task_whose_holder_stopped_is_adopted_by_another_replica(request):
+    """The holder stops between batches: the replica that takes the batch's last result
+    asks, nobody answers, and it adopts the task ADOPT_AFTER_S later (replaying its
+    batches), so the task still finishes with the proposals of one tuner session."""
+    url = _pg_url(request)
+    with client_for(url, batch_size=4) as b:
+        with client_for(url, batch_size=4) as a:
+            task_id = create_task(a, budget=8, strategy="analytical+xgb", seed=4)["id"]
+            worker = register(a)
+        service_of(b).proposer.adopt_after_s = 0.5
+        version = _version(b, task_id)
+        for job in lease(b, worker, max_jobs=4):
+            body = {"worker_id": worker, "lease_token": job["lease_token"]}
+            body["result"] = _result_of(job)
+            b.post(f"/v1/jobs/{job['job_id']}/result", json=body, headers=WORKER_HEADERS)
+        took = _wait(lambda: _version(b, task_id) > version, timeout_s=20)
+        assert took >= 0.4  # it waited for a holder first
+        assert service_of(b).driver.holds(task_id)  # and now holds the session itself
+        settle(b)
+        assert drain(b, worker, _result_of) > 0
+        assert b.get(f"/v1/tasks/{task_id}").json()["state"] == "done"
+        _assert_reproduces_a_local_session(b, task_id, "analytical+xgb", 4, 8)
+
+
+def _version(client, task_id: int) -> int:
+    with service_of(client).db.read() as s:
+        return int(s.execute(select(TaskRow.batches).where(TaskRow.id == task_id)).scalar_one())
