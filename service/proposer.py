@@ -61,10 +61,11 @@ class Proposer:
             self._thread.join(timeout_s)
             self._thread = None
 
-    def request(self, task_id: int, adopt: bool = False) -> None:
+    def request(self, task_id: int) -> None:
         """Ask for the task to be advanced (if it is ready by the time its turn comes)."""
         with self._cv:
-            self._asked[task_id] = self._asked.get(task_id, False) or adopt or not self.shared
+            # With nobody else to hold the task (SQLite), this replica always adopts it.
+            self._asked[task_id] = self._asked.get(task_id, False) or not self.shared
             self._cv.notify()
 
     def request_if_held(self, task_id: int) -> None:

@@ -16,6 +16,7 @@ from typing import Any
 
 import pytest
 from cubin_support import cubin_sm
+from launch_support import runner_spec
 from service_support import TestClient, client_for
 from typer.testing import CliRunner
 
@@ -29,10 +30,9 @@ from pipetune.model.space import KNOB_NAMES, Schedule
 from pipetune.model.workloads import parse_workload
 from pipetune.workers.codegen import generate
 from pipetune.workers.compile import compile_source
-from pipetune.workers.families import codegen_for
 from pipetune.workers.runners.base import MeasureSettings
 from pipetune.workers.runners.builds import Compiled
-from pipetune.workers.runners.kernel_runner import model_view, trial_spec
+from pipetune.workers.runners.kernel_runner import trial_spec
 from pipetune.workers.runners.timing import RepeatPolicy
 
 FC = {"op": "gemm", "m": 1024, "n": 64, "k": 2048}
@@ -282,18 +282,7 @@ def test_a_gemm_and_a_softmax_are_both_exported(tuned_mixed: str, tmp_path: Path
 def _assert_the_runners_plan(launch: dict[str, Any], workload: Any, schedule: Any) -> None:
     """The launch document is the plan KernelRunner.run_trials sends the cupy child for
     this schedule: the device's SMs, the model's occupancy."""
-    gpu = get_gpu("h100")
-    codegen = codegen_for(family_of(workload))
-    occupancy = model_view(workload, gpu, [schedule])[1][0]
-    compiled = Compiled(kernel=codegen.generate(workload, schedule), cubin_path="/x.cubin")
-    spec = trial_spec(
-        compiled,
-        workload,
-        schedule,
-        RepeatPolicy.of(MeasureSettings()),
-        sm_count=gpu.sm_count,
-        blocks_per_sm=occupancy,
-    )
+    spec, occupancy = runner_spec(workload, schedule)
     plan = spec.plan.as_dict()
     assert launch["launches"] == plan["launches"]
     assert [{k: v for k, v in b.items() if k != "nbytes"} for b in launch["buffers"]] == (
@@ -306,7 +295,7 @@ def _assert_the_runners_plan(launch: dict[str, Any], workload: Any, schedule: An
     assert launch["dynamic_smem_bytes"] == spec.smem_bytes
     assert tuple(launch["scalars"].values()) == spec.scalars
     assert launch["occupancy"] == {
-        "sm_count": gpu.sm_count,
+        "sm_count": get_gpu("h100").sm_count,
         "blocks_per_sm": occupancy,
         "grid_depends_on_occupancy": spec.codegen is not None,
     }

@@ -16,6 +16,7 @@ from typing import Any
 import numpy as np
 import pytest
 from cubin_support import cubin_sm
+from launch_support import runner_spec
 
 import pipetune
 from pipetune.clients.library import cuda_launch
@@ -31,7 +32,7 @@ from pipetune.workers.codegen import memops as memops_codegen
 from pipetune.workers.compile import compile_source
 from pipetune.workers.runners.base import MeasureSettings
 from pipetune.workers.runners.builds import Compiled
-from pipetune.workers.runners.kernel_runner import model_view, trial_spec
+from pipetune.workers.runners.kernel_runner import trial_spec
 from pipetune.workers.runners.timing import RepeatPolicy
 
 S = Schedule(
@@ -225,6 +226,12 @@ def test_the_launch_is_the_one_the_cupy_runner_times(workload):
     k = pipetune.kernel(workload, "h100", schedule=S)
     compiled = Compiled(kernel=generate(workload, S), cubin_path="/cubins/x.cubin")
     spec = trial_spec(compiled, workload, S, RepeatPolicy.of(MeasureSettings()))
+    _assert_same_launch(spec, k)
+
+
+def _assert_same_launch(spec: Any, k: Any) -> None:
+    """The callable's (first) launch is the runner's: kernel, grid, block, shared memory and
+    scalar arguments."""
     assert (spec.kernel_name, spec.grid, (spec.threads, 1, 1), spec.smem_bytes) == (
         k.launch.kernel,
         k.launch.grid,
@@ -429,24 +436,9 @@ def test_a_memops_launch_is_the_one_the_cupy_runner_times(case):
     workload, schedule = case
     k = pipetune.kernel(workload, "h100", schedule=schedule)
     # As KernelRunner.run_trials makes it: the device's SMs, the model's occupancy.
-    occupancy = model_view(workload, get_gpu("h100"), [schedule])[1][0]
-    compiled = Compiled(kernel=memops_codegen.generate(workload, schedule), cubin_path="/x")
-    spec = trial_spec(
-        compiled,
-        workload,
-        schedule,
-        RepeatPolicy.of(MeasureSettings()),
-        sm_count=H100_SMS,
-        blocks_per_sm=occupancy,
-    )
+    spec, occupancy = runner_spec(workload, schedule)
     assert k.plan == spec.plan and k.launches == spec.plan.launches
-    assert (spec.kernel_name, spec.grid, (spec.threads, 1, 1), spec.smem_bytes) == (
-        k.launch.kernel,
-        k.launch.grid,
-        k.launch.block,
-        k.launch.smem_bytes,
-    )
-    assert spec.scalars == tuple(k.launch.scalars.values())
+    _assert_same_launch(spec, k)
     # The child plans again from the driver's occupancy exactly where the call does.
     assert (spec.codegen is not None) == k.grid_depends_on_occupancy
     assert (k.blocks_per_sm, k.sm_count) == (occupancy, H100_SMS)
