@@ -142,7 +142,13 @@ class KnobArraySpace:
         return len(self.knobs[self.declaration[0].name])
 
     def __getitem__(self, i: int) -> Any:
-        return self.schedule_type(**{k: int(v[i]) for k, v in self.knobs.items()})
+        return self.schedule_type(**dict(zip(self.knobs, self._values[i], strict=True)))
+
+    @cached_property
+    def _values(self) -> list[tuple[int, ...]]:
+        """Each row's knob values (Python ints, knob_names order): built once, because the
+        service turns rows into schedules and schedules into rows on every batch."""
+        return list(zip(*(v.tolist() for v in self.knobs.values()), strict=True))
 
     def __iter__(self) -> Iterator[Any]:
         for i in range(len(self)):
@@ -156,15 +162,20 @@ class KnobArraySpace:
         return [s.id for s in self]
 
     @cached_property
-    def _position(self) -> dict[str, int]:
-        return {sid: i for i, sid in enumerate(self.ids)}
+    def _position(self) -> dict[tuple[int, ...], int]:
+        # By knob values rather than by id (an id is the values in a string, so the two
+        # are one-to-one): no schedule object or string is built per row.
+        return {values: i for i, values in enumerate(self._values)}
+
+    def _key(self, schedule: Any) -> tuple[int, ...]:
+        return tuple(getattr(schedule, k) for k in self.knobs)
 
     def index(self, schedule: Any) -> int:
         """Position of a schedule in the space; KeyError if it is not a valid member."""
-        return self._position[schedule.id]
+        return self._position[self._key(schedule)]
 
     def __contains__(self, schedule: object) -> bool:
-        return isinstance(schedule, self.schedule_type) and schedule.id in self._position
+        return isinstance(schedule, self.schedule_type) and self._key(schedule) in self._position
 
     @property
     def cache_key(self) -> tuple:

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 from functools import cached_property
 from typing import Any
@@ -227,13 +226,6 @@ class Space(KnobArraySpace):
         for mask in invalid_reasons(grid, workload, gpu).values():
             bad |= mask
         return cls(workload, gpu, {k: v[~bad] for k, v in grid.items()})
-
-    def __getitem__(self, i: int) -> Schedule:
-        return Schedule(**{k: int(self.knobs[k][i]) for k in KNOB_NAMES})
-
-    def __iter__(self) -> Iterator[Schedule]:
-        for i in range(len(self)):
-            yield self[i]
 
     @property
     def feature_names(self) -> tuple[str, ...]:

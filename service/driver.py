@@ -63,6 +63,7 @@ log = logging.getLogger(__name__)
 
 MAX_LIVE_SESSIONS = 512
 MAX_SPACES = 128
+MAX_PARSED = 1 << 16
 JOBS, TASKS = JobRow.__table__, TaskRow.__table__
 
 # Strategies whose next batch depends only on which schedules were already chosen, never on
@@ -235,6 +236,8 @@ class Driver:
         self._spaces: OrderedDict[tuple[str, str], tuple[FamilySpace, np.ndarray]] = OrderedDict()
         self._spaces_lock = threading.Lock()
         self._workloads: dict[int, Any] = {}
+        # Schedules read back from job rows, by (family, document): frozen, so shareable.
+        self._parsed: dict[tuple[str, tuple], Any] = {}
 
     # ---- sessions ------------------------------------------------------------------
 
@@ -484,8 +487,25 @@ class Driver:
                     )
                     .order_by(JOBS.c.trial)
                 ).all()
-        schedule = fam.parse_schedule
-        return [_JobView(r.trial, r.batch, schedule(r.schedule), _observed(r)) for r in rows]
+        return [
+            _JobView(r.trial, r.batch, self._schedule(fam, r.schedule), _observed(r)) for r in rows
+        ]
+
+    def _schedule(self, fam: KernelFamily, doc: Any) -> Any:
+        """A job's schedule document as the family's schedule, parsed (and validated) once
+        per distinct document: every advance reads its batches back, and the validation
+        costs more than the read."""
+        try:
+            key = (fam.name, tuple(doc.items()))
+            found = self._parsed.get(key)
+        except (AttributeError, TypeError):  # not an object of plain values: let it say why
+            return fam.parse_schedule(doc)
+        if found is None:
+            found = fam.parse_schedule(doc)
+            if len(self._parsed) >= MAX_PARSED:
+                self._parsed.clear()
+            self._parsed[key] = found
+        return found
 
     def _workload(self, workload_id: int) -> Any:
         workload = self._workloads.get(workload_id)
@@ -554,23 +574,29 @@ class Driver:
             first = views[0].trial if views else live.trials
             if pending[: len(done)] == done and (not views or len(live.curve) == first):
                 return views, False
-        # Behind (another replica advanced the task) or none: read the whole record. Only
-        # the batches this plan saw: another replica may have queued the next one since
-        # (its jobs unmeasured); this plan then loses the compare-and-set on `batches` in
-        # _commit, as it should, quietly. A session that is behind is rolled forward.
+        # Behind (another replica advanced the task) or none. Only the batches this plan
+        # saw: another replica may have queued the next one since (its jobs unmeasured);
+        # this plan then loses the compare-and-set on `batches` in _commit, as it should,
+        # quietly. A session that is behind is rolled forward from the batches it has not
+        # observed: the ones it observed are the task's (it made or replayed each batch it
+        # holds, and a session whose batch lost the compare-and-set is dropped), so with two
+        # replicas taking turns an advance reads two batches, not the whole history.
+        if live is not None and live.observed <= len(live.sizes) <= task.version:
+            views = self._read_jobs(task_id, live.observed, task.version, fam)
+            if self._pending_match(live, _by_batch(views)):
+                return views, False
         views = self._read_jobs(task_id, 0, task.version, fam)
-        if live is not None and self._is_prefix(live, _by_batch(views)):
-            return views, False
         return views, True
 
     @staticmethod
-    def _is_prefix(live: _Live, batches: dict[int, list[_JobView]]) -> bool:
-        """Whether the session proposed exactly the task's first batches (so far)."""
+    def _pending_match(live: _Live, batches: dict[int, list[_JobView]]) -> bool:
+        """Whether the session's proposed, unobserved batches are the task's recorded ones
+        (batches live.observed .. len(live.sizes) - 1)."""
         session = live.session
-        made = [session.space[o.row] for o in session.history] + [
-            session.space[r] for r in session.pending
+        made = [session.space[r] for r in session.pending]
+        recorded = [
+            v.schedule for b in range(live.observed, len(live.sizes)) for v in batches.get(b, [])
         ]
-        recorded = [v.schedule for b in range(len(live.sizes)) for v in batches.get(b, [])]
         return made == recorded
 
     def _roll_forward(

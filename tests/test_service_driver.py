@@ -190,6 +190,39 @@ def test_concurrent_advances_enqueue_each_batch_once(db_url):
         assert batches == 4 and jobs == 16
 
 
+@pytest.mark.parametrize("strategy", ["random", "xgb"])
+def test_replicas_taking_turns_read_only_the_batches_they_missed(db_url, strategy):
+    """Two replicas advancing a task in turn are each one batch behind the other: each
+    rolls its session forward from the batches it has not observed, and reads the whole
+    record only once, to build its session (found by the load benchmark: every advance read
+    the task's whole history, so a replica's CPU per result grew with the budget)."""
+    with client_for(db_url, batch_size=4) as a, client_for(db_url, batch_size=4) as b:
+        task_id = create_task(a, budget=40, strategy=strategy, seed=4)["id"]
+        worker = register(a)
+        ref = WorkerRef(id=worker, gpu="h100", arch="sm_90", runner="simulated")
+        drivers = [service_of(a).driver, service_of(b).driver]
+        queue = service_of(a).queue
+        reads: list[list[tuple[int, int]]] = [[], []]
+        for driver, seen in zip(drivers, reads, strict=True):
+            real = driver._read_jobs
+
+            def spy(task, first, before, fam, real=real, seen=seen):
+                seen.append((first, before))
+                return real(task, first, before, fam)
+
+            driver._read_jobs = spy  # type: ignore[method-assign]
+        turn = 0
+        while a.get(f"/v1/tasks/{task_id}").json()["state"] != "done":
+            _answer_leased(queue, ref)
+            assert drivers[turn % 2].advance(task_id) is True
+            turn += 1
+        assert turn >= 9
+        for seen in reads:
+            assert sum(first == 0 for first, _ in seen) <= 1
+            assert all(before - first <= 3 for first, before in seen if first > 0)
+        _assert_reproduces_a_local_session(a, task_id, strategy, 4, 40)
+
+
 def test_a_history_that_does_not_replay_fails_the_task(client):
     task_id = create_task(client, budget=16, strategy="random", seed=3)["id"]
     worker = register(client)
