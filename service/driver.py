@@ -230,6 +230,7 @@ class Driver:
         # keep its session forever.
         self._live: OrderedDict[int, _Live] = OrderedDict()
         self._live_lock = threading.Lock()
+        self._advancing: set[int] = set()  # tasks an advance of this replica is planning
         self._task_locks: dict[int, threading.Lock] = defaultdict(threading.Lock)
         # Spaces and the model's predictions over them, by (workload hash, GPU): computed
         # once per space, shared by every session of that workload on that GPU.
@@ -274,7 +275,10 @@ class Driver:
         return batch, [float(p) for p in live.predicted_us[rows]]
 
     def _take_live(self, task_id: int) -> _Live | None:
+        """The task's session, out of the cache for an advance; the task counts as held here
+        until the advance ends (_advance)."""
         with self._live_lock:
+            self._advancing.add(task_id)
             return self._live.pop(task_id, None)
 
     def _keep_live(self, task_id: int, live: _Live | None) -> None:
@@ -386,9 +390,12 @@ class Driver:
         return self._advance(task_id, adopt=False)
 
     def holds(self, task_id: int) -> bool:
-        """Whether this replica keeps a session of the task (it may be the one to advance)."""
+        """Whether this replica keeps a session of the task (it may be the one to advance),
+        or is advancing the task now. (An advance takes the session out of the cache while
+        it plans: a replica asked for the holder at that moment must still answer, or the
+        asker adopts the task a second later and replays every batch it missed.)"""
         with self._live_lock:
-            return task_id in self._live
+            return task_id in self._live or task_id in self._advancing
 
     def notify_replicas(self, payload: str) -> None:
         """Send a message to the other replicas (PostgreSQL NOTIFY; with one process on
@@ -400,16 +407,20 @@ class Driver:
 
     def _advance(self, task_id: int, adopt: bool) -> bool | None:
         with self._task_locks[task_id]:
-            plan = self._plan(task_id, adopt)
-            if plan is BEHIND:
-                return None
-            if plan is None:
-                return False
-            changed = self._commit(plan)
-            self._keep_live(task_id, plan.live if changed and plan.batch else None)
-            if changed and not plan.batch:
-                self._task_locks.pop(task_id, None)
-            return changed
+            try:
+                plan = self._plan(task_id, adopt)
+                if plan is BEHIND:
+                    return None
+                if plan is None:
+                    return False
+                changed = self._commit(plan)
+                self._keep_live(task_id, plan.live if changed and plan.batch else None)
+                if changed and not plan.batch:
+                    self._task_locks.pop(task_id, None)
+                return changed
+            finally:
+                with self._live_lock:
+                    self._advancing.discard(task_id)
 
     # ---- reads (PostgreSQL: plain SQL through the driver, as the queue's hot paths) -----
 

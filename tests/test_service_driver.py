@@ -223,6 +223,33 @@ def test_replicas_taking_turns_read_only_the_batches_they_missed(db_url, strateg
         _assert_reproduces_a_local_session(a, task_id, strategy, 4, 40)
 
 
+def test_a_replica_advancing_a_task_says_it_holds_it(db_url):
+    """While an advance plans (its session taken out of the cache), the replica still holds
+    the task: another replica asking for the holder at that moment gets an answer instead
+    of adopting the task a second later and replaying it (found by counting adoptions in
+    the load benchmark: each was a holder asked mid-advance)."""
+    with client_for(db_url, batch_size=4) as c:
+        task_id = create_task(c, budget=12, strategy="xgb", seed=6)["id"]
+        worker = register(c)
+        ref = WorkerRef(id=worker, gpu="h100", arch="sm_90", runner="simulated")
+        driver = service_of(c).driver
+        _answer_leased(service_of(c).queue, ref)
+        held_while_planning: list[bool] = []
+        real = driver._plan
+
+        def plan(task, adopt=True):
+            found = real(task, adopt)
+            held_while_planning.append(driver.holds(task))
+            return found
+
+        driver._plan = plan  # type: ignore[method-assign]
+        assert driver.advance(task_id) is True
+        assert held_while_planning == [True]
+        assert driver.holds(task_id)  # the session is back in the cache
+        driver._plan = real  # type: ignore[method-assign]
+        assert not driver.holds(task_id + 1000)  # a task it never advanced
+
+
 def test_a_history_that_does_not_replay_fails_the_task(client):
     task_id = create_task(client, budget=16, strategy="random", seed=3)["id"]
     worker = register(client)
