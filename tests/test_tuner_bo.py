@@ -17,6 +17,7 @@ from shared_datasets import SHARED
 from pipetune.model.space import Space
 from pipetune.model.wire import DEFAULT_STRATEGY, StrategyName, TaskCreate
 from pipetune.model.workloads import gemm
+from pipetune.tuner import bo
 from pipetune.tuner.acquisition import constrained_score
 from pipetune.tuner.bench import run_strategy_rows
 from pipetune.tuner.bo import BayesianStrategy, PriorMean
@@ -211,6 +212,33 @@ def test_a_batch_is_not_eight_neighbours_of_one_point(recorded, space):
         top8.append(spread(greedy))
     assert max(b[0] for b in believer) < 8
     assert np.mean([b[1] for b in believer]) > np.mean([t[1] for t in top8])
+
+
+def test_the_trust_region_shrinks_after_local_failures_and_grows_after_successes(space):
+    """TuRBO's rule on knob changes: three trust-region trials in a row that do not beat
+    the best measurement so far make the region one knob change smaller, two in a row that
+    do make it one larger, within RADIUS_RANGE; trials from the whole space do not count."""
+    strategy = BayesianStrategy(space, np.random.default_rng(0), seed=0)
+    start = strategy.radius
+    assert start == bo.LOCAL_KNOB_CHANGES
+    strategy._local_rows = set(range(1, 20))
+
+    def trial(row: int, ms: float | None) -> Observation:
+        return Observation(row=row, latency_s=None if ms is None else ms * 1e-3, failed=ms is None)
+
+    history = [trial(0, 1.0), trial(100, 0.5)]  # the best is 0.5 ms (not a local trial)
+    history += [trial(1, 0.6), trial(2, None), trial(3, 0.7)]  # three local misses
+    strategy._update_radius(history)
+    assert strategy.radius == start - 1
+    history += [trial(101, 0.4), trial(4, 0.3), trial(102, 0.35), trial(5, 0.2)]
+    strategy._update_radius(history)  # two local wins in a row (the global trials between)
+    assert strategy.radius == start
+    history += [trial(6, 0.1), trial(7, 0.05), trial(8, 0.01), trial(9, 0.005)]
+    strategy._update_radius(history)
+    assert strategy.radius == bo.RADIUS_RANGE[1]  # grown once, then at its bound
+    history += [trial(r, 9.0) for r in range(10, 19)]  # nine misses: three steps, bounded
+    strategy._update_radius(history)
+    assert strategy.radius == bo.RADIUS_RANGE[0]
 
 
 def test_proposals_depend_only_on_seed_and_history(recorded, space):

@@ -13,9 +13,13 @@ One round:
 4. Expected improvement times P(runs) over every unvisited configuration (the spaces are a
    few thousand to tens of thousands of rows: exact, no annealing needed), and a diverse
    batch by the kriging believer (tuner/acquisition.py). Picks alternate between the whole
-   space and the configurations within two knob changes of the best one measured (a trust
+   space and the configurations within a few knob changes of the best one measured (a trust
    region, as in local-search BO such as TuRBO and BaCO's local acquisition search): the
-   global picks explore, the local ones refine, and neither starves.
+   global picks explore, the local ones refine, and neither starves. The region's radius
+   follows TuRBO's rule: it starts at two knob changes, shrinks by one after three local
+   trials in a row fail to beat the best measurement, and grows by one after two in a row
+   do (between one and three), so that a refinement that keeps missing narrows to single
+   knob changes, and one that keeps winning looks further.
 5. A prior that the measurements contradict is dropped: each round the GP on the residuals
    and the GP on the measurements alone are compared by their marginal likelihood, and the
    better explanation of the data drives the round (the fallback a transfer needs).
@@ -41,7 +45,11 @@ from pipetune.tuner.surrogate import SURROGATES, FailureModel, GaussianProcess, 
 
 N_INIT = 8  # design points before the first model (no prior); also one service batch
 MIN_FIT = 3  # successful trials before the surrogate's hyperparameters are fit
-LOCAL_KNOB_CHANGES = 2
+LOCAL_KNOB_CHANGES = 2  # the trust region's starting radius, in knob changes
+RADIUS_RANGE = (1, 3)
+# TuRBO's rule, on knob changes: the radius grows after SUCCESSES local trials in a row
+# improve the best measurement, and shrinks after FAILURES in a row do not.
+SUCCESSES, FAILURES = 2, 3
 POOL = 256  # candidates per pool carried into the batch construction
 # Before any measurement a prior's error is unknown: assume 10% (0.1 in log throughput),
 # correlated over half of each knob's range. This only spreads the first batch; from the
@@ -116,6 +124,10 @@ class BayesianStrategy(Strategy):
         self.failures = FailureModel(seed)
         self._design: list[int] | None = None
         self.last_used_prior: bool | None = None  # which model drove the last round
+        self.radius = LOCAL_KNOB_CHANGES
+        self._local_rows: set[int] = set()  # trials proposed from the trust region
+        self._judged = 0  # observations the radius has been updated from
+        self._streak = 0  # > 0: local successes in a row; < 0: local failures in a row
 
     # ---- design ------------------------------------------------------------------------
 
@@ -138,7 +150,27 @@ class BayesianStrategy(Strategy):
         with _THREADPOOLS.limit(limits=1):  # reproducible sums, and one core per session
             return self._next_batch(n, exclude, history)
 
+    def _update_radius(self, history: list[Observation]) -> None:
+        """Judge the trust-region trials measured since the last round, in order: a success
+        improves on every measurement before it."""
+        best = max(
+            (-np.log(o.latency_s) for o in history[: self._judged] if not o.failed),
+            default=-np.inf,
+        )
+        for o in history[self._judged :]:
+            value = -np.inf if o.failed else -np.log(o.latency_s)
+            if o.row in self._local_rows:
+                won = value > best
+                self._streak = max(self._streak, 0) + 1 if won else min(self._streak, 0) - 1
+                if self._streak >= SUCCESSES:
+                    self.radius, self._streak = min(self.radius + 1, RADIUS_RANGE[1]), 0
+                elif self._streak <= -FAILURES:
+                    self.radius, self._streak = max(self.radius - 1, RADIUS_RANGE[0]), 0
+            best = max(best, value)
+        self._judged = len(history)
+
     def _next_batch(self, n: int, exclude: set[int], history: list[Observation]) -> list[int]:
+        self._update_radius(history)
         rows = np.array([o.row for o in history], dtype=np.int64)
         ok = np.array([not o.failed for o in history], dtype=bool)
         n_ok = int(ok.sum())
@@ -188,11 +220,15 @@ class BayesianStrategy(Strategy):
         local_pool = np.array([], dtype=np.int64)
         if n_ok:
             incumbent = int(ok_rows[np.argmax(y)])
-            near = self.encoding.knob_changes(incumbent)[unvisited] <= LOCAL_KNOB_CHANGES
+            near = self.encoding.knob_changes(incumbent)[unvisited] <= self.radius
             local = np.flatnonzero(near)
             local_pool = unvisited[local[np.argsort(-score[local], kind="stable")[:POOL]]]
         pools = self._pools(min(n, len(unvisited)), len(history), global_pool, local_pool)
-        return believer_batch(model, best if n_ok else -np.inf, self.features, offset, p_ok, pools)
+        picked = believer_batch(
+            model, best if n_ok else -np.inf, self.features, offset, p_ok, pools
+        )
+        self._local_rows.update(r for r, p in zip(picked, pools, strict=False) if p is local_pool)
+        return picked
 
     def _pools(self, n: int, n_history: int, global_pool, local_pool) -> list[np.ndarray]:
         """Which pool each slot of the batch draws from. One trial at a time, rounds alternate
