@@ -63,7 +63,7 @@ log = logging.getLogger(__name__)
 
 MAX_LIVE_SESSIONS = 512
 MAX_SPACES = 128
-MAX_PARSED = 1 << 16
+MAX_PARSED = 1 << 14  # about 10 MB at most; a replica's live batches need far fewer
 JOBS, TASKS = JobRow.__table__, TaskRow.__table__
 
 # Strategies whose next batch depends only on which schedules were already chosen, never on
@@ -238,7 +238,7 @@ class Driver:
         self._spaces_lock = threading.Lock()
         self._workloads: dict[int, Any] = {}
         # Schedules read back from job rows, by (family, document): frozen, so shareable.
-        self._parsed: dict[tuple[str, tuple], Any] = {}
+        self._parsed: dict[tuple[str, tuple, tuple], Any] = {}
 
     # ---- sessions ------------------------------------------------------------------
 
@@ -507,7 +507,7 @@ class Driver:
         per distinct document: every advance reads its batches back, and the validation
         costs more than the read."""
         try:
-            key = (fam.name, tuple(doc.items()))
+            key = (fam.name, tuple(doc), tuple(doc.values()))  # names and values: flat, small
             found = self._parsed.get(key)
         except (AttributeError, TypeError):  # not an object of plain values: let it say why
             return fam.parse_schedule(doc)
