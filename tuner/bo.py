@@ -127,6 +127,7 @@ class BayesianStrategy(Strategy):
         self.radius = LOCAL_KNOB_CHANGES
         self._local_rows: set[int] = set()  # trials proposed from the trust region
         self._judged = 0  # observations the radius has been updated from
+        self._best_judged = -np.inf  # the best log throughput among them
         self._streak = 0  # > 0: local successes in a row; < 0: local failures in a row
 
     # ---- design ------------------------------------------------------------------------
@@ -153,10 +154,7 @@ class BayesianStrategy(Strategy):
     def _update_radius(self, history: list[Observation]) -> None:
         """Judge the trust-region trials measured since the last round, in order: a success
         improves on every measurement before it."""
-        best = max(
-            (-np.log(o.latency_s) for o in history[: self._judged] if not o.failed),
-            default=-np.inf,
-        )
+        best = self._best_judged
         for o in history[self._judged :]:
             value = -np.inf if o.failed else -np.log(o.latency_s)
             if o.row in self._local_rows:
@@ -167,7 +165,7 @@ class BayesianStrategy(Strategy):
                 elif self._streak <= -FAILURES:
                     self.radius, self._streak = max(self.radius - 1, RADIUS_RANGE[0]), 0
             best = max(best, value)
-        self._judged = len(history)
+        self._judged, self._best_judged = len(history), best
 
     def _next_batch(self, n: int, exclude: set[int], history: list[Observation]) -> list[int]:
         self._update_radius(history)
