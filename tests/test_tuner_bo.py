@@ -379,3 +379,32 @@ def test_gp_fantasies_are_the_joint_gaussian_conditioned_on_the_believed_picks()
     assert np.allclose(fantasies.sd[rest], np.sqrt(expected[rest]), rtol=1e-6)
     # The generic form (refitting a copy) is kept for surrogates without a closed form.
     assert type(fantasies) is not Fantasies
+
+
+def test_a_prior_is_not_judged_on_its_own_best_guesses_alone(recorded, space):
+    # The first trials under a prior are its best guesses: they span a sliver of its range,
+    # and among them the measurements barely follow it whether it is right or wrong (a
+    # restriction of range). Here the prior ranks the whole space faithfully, but among its
+    # eight best the measurements are level up to noise three times the prior's differences
+    # there.
+    faithful = recorded_prior(recorded, recorded.configs, recorded.knob_names)
+    best8 = np.argsort(-faithful.values, kind="stable")[:8]
+    rng = np.random.default_rng(0)
+    level = float(faithful.values[best8].mean())
+    y = level + rng.normal(0.0, 3 * float(faithful.values[best8].std()), size=8)
+    history = [
+        Observation(row=int(r), latency_s=float(np.exp(-v)), failed=False)
+        for r, v in zip(best8, y, strict=True)
+    ]
+    strategy = make_strategy("bo", space, seed=0, prior=faithful)
+    assert isinstance(strategy, BayesianStrategy)
+    slope, variance = strategy._slope(y, best8)
+    assert variance > bo.SLOPE_SD**2  # the data cannot tell the slope
+    assert abs(strategy._scale(y, best8) - 1.0) < abs(slope - 1.0)  # the belief holds it near 1
+    design = set(strategy._design_rows(8, set()))
+    rows = strategy.next_batch(8, set(best8.tolist()), history)
+    assert strategy.last_used_prior is True
+    assert not set(rows) & design  # the prior drives the round: no fallback to the design
+    # and its picks lean on it: the prior rates them higher than the design's.
+    rank = np.argsort(np.argsort(-faithful.values, kind="stable"))
+    assert np.median(rank[rows]) < np.median(rank[sorted(design)]) / 2

@@ -22,7 +22,12 @@ One round:
    knob changes, and one that keeps winning looks further.
 5. A prior that the measurements contradict is dropped: each round the GP on the residuals
    and the GP on the measurements alone are compared by their marginal likelihood, and the
-   better explanation of the data drives the round (the fallback a transfer needs).
+   better explanation of the data drives the round (the fallback a transfer needs). The
+   comparison waits until the measurements can judge the prior: the first trials are the
+   prior's own best guesses, which span a sliver of its range, and among them its ranking
+   says little (a restriction of range: their slope on the prior is near zero whether the
+   prior is right or wrong). Until the slope is known better than the prior belief about
+   it, the prior stays.
 
 Everything is deterministic given the seed and the history (scikit-learn models are seeded,
 BLAS runs on one thread during a round), so the service can replay a session.
@@ -56,6 +61,10 @@ POOL = 256  # candidates per pool carried into the batch construction
 # first measurements on, the GP's own fit replaces it.
 PRIOR_SD = 0.1
 PRIOR_LENGTH_SCALE = 0.5
+# The slope b of the measurements on a prior (its scale on this GPU) is believed to be
+# N(1, SLOPE_SD^2) before any measurement: two standard deviations span the [0, 2] it is
+# clipped to. The data's least-squares estimate updates it by their relative precisions.
+SLOPE_SD = 0.5
 OBSERVED_WEIGHT = 10.0  # a trial on this GPU outweighs a recorded failure on another one
 # Found once: a bare `threadpool_limits()` looks for the loaded BLAS libraries on every call
 # (about 6 ms, as much as a round's acquisition).
@@ -188,7 +197,7 @@ class BayesianStrategy(Strategy):
             residual = y - prior[ok_rows]
             if n_ok >= 1:
                 self._residual.fit(X_ok, residual)
-            use_prior = n_ok < MIN_FIT or (
+            use_prior = not self._prior_judged(y, ok_rows) or (
                 self._residual.log_evidence() >= self._plain.log_evidence()
             )
             if use_prior:
@@ -243,16 +252,39 @@ class BayesianStrategy(Strategy):
                 pools.append(global_pool)
         return pools
 
-    def _scale(self, y: np.ndarray, ok_rows: np.ndarray) -> float:
-        """How strongly the prior's differences carry over: the least-squares slope of the
-        measurements on the prior (a linear prior mean, as in universal kriging), between 0
-        (no information) and 2; 1 until a few trials have succeeded. Another GPU (or the model)
-        may rank alike but spread the configurations wider or narrower."""
-        p = self.prior.values[ok_rows] if self.prior is not None else ok_rows
+    def _slope(self, y: np.ndarray, ok_rows: np.ndarray) -> tuple[float, float] | None:
+        """The least-squares slope of the measurements on the prior and its variance, or None
+        while it cannot be estimated (fewer than MIN_FIT successes, or one prior value)."""
+        assert self.prior is not None
+        p = self.prior.values[ok_rows]
         if len(y) < MIN_FIT or np.ptp(p) == 0:
+            return None
+        pc = p - p.mean()
+        sxx = float(pc @ pc)
+        slope = float(pc @ (y - y.mean())) / sxx
+        residual = y - y.mean() - slope * pc
+        noise = float(residual @ residual) / max(len(y) - 2, 1)
+        return slope, max(noise / sxx, 1e-12)
+
+    def _prior_judged(self, y: np.ndarray, ok_rows: np.ndarray) -> bool:
+        """Whether the measurements say more about the prior's slope than the belief before
+        them: only then may the model comparison drop the prior."""
+        fit = self._slope(y, ok_rows)
+        return fit is not None and fit[1] < SLOPE_SD**2
+
+    def _scale(self, y: np.ndarray, ok_rows: np.ndarray) -> float:
+        """How strongly the prior's differences carry over: the slope of the measurements on
+        the prior (a linear prior mean, as in universal kriging), between 0 (no information)
+        and 2. Another GPU (or the model) may rank alike but spread the configurations wider
+        or narrower. The least-squares estimate and the belief N(1, SLOPE_SD^2) are combined
+        by their precisions (the conjugate normal update), so that a few trials among the
+        prior's best, whose slope is noise, leave it near 1, and many trials set it."""
+        fit = self._slope(y, ok_rows)
+        if fit is None:
             return 1.0
-        slope = np.cov(p, y)[0, 1] / np.var(p, ddof=1)
-        return float(np.clip(slope, 0.0, 2.0))
+        slope, variance = fit
+        belief = 1.0 / SLOPE_SD**2
+        return float(np.clip((slope / variance + belief) / (1.0 / variance + belief), 0.0, 2.0))
 
     def _transform(self, y: np.ndarray) -> np.ndarray:
         if self.target == "log" or len(y) < 3 or np.ptp(y) == 0:

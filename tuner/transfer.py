@@ -4,7 +4,8 @@ The other GPU's log throughput of each configuration becomes the prior mean of t
 (tuner/bo.py): the first batch is that GPU's best configurations, spread out, and the
 measurements here correct it. Its failures teach the failure classifier. A prior that the
 measurements contradict (the other GPU's optimum lies elsewhere) loses the search's
-per-round model comparison and is dropped.
+per-round model comparison and is dropped, once the measurements span enough of its range
+to judge it (tuner/bo.py: its own best guesses alone cannot).
 
 Configurations are matched by their knob values; the prior must name the same knobs. Rows
 the prior has no record of get its worst successful value (an unknown configuration is not
