@@ -307,7 +307,9 @@ def test_a_prior_that_ranks_alike_but_spreads_wider_is_rescaled(recorded, space)
     history = _observe(recorded, rows)
     y = np.array([-np.log(o.latency_s) for o in history if not o.failed])
     ok_rows = np.array([o.row for o in history if not o.failed])
-    assert strategy._scale(y, ok_rows) == pytest.approx(1 / 3, rel=1e-6)
+    # An exact fit: only the timing-noise floor (tuner/bo.py) lets the belief in a slope of 1
+    # pull the estimate, by about 1e-4 here.
+    assert strategy._scale(y, ok_rows) == pytest.approx(1 / 3, rel=1e-3)
     assert strategy.last_used_prior is True
 
 

@@ -65,6 +65,9 @@ PRIOR_LENGTH_SCALE = 0.5
 # N(1, SLOPE_SD^2) before any measurement: two standard deviations span the [0, 2] it is
 # clipped to. The data's least-squares estimate updates it by their relative precisions.
 SLOPE_SD = 0.5
+# Repeated timings of one kernel differ by about a percent: differences among measurements
+# below that say nothing about the slope (three equal timings are not a slope of exactly 0).
+MEASUREMENT_SD = 0.01  # in log throughput
 OBSERVED_WEIGHT = 10.0  # a trial on this GPU outweighs a recorded failure on another one
 # Found once: a bare `threadpool_limits()` looks for the loaded BLAS libraries on every call
 # (about 6 ms, as much as a round's acquisition).
@@ -263,8 +266,8 @@ class BayesianStrategy(Strategy):
         sxx = float(pc @ pc)
         slope = float(pc @ (y - y.mean())) / sxx
         residual = y - y.mean() - slope * pc
-        noise = float(residual @ residual) / max(len(y) - 2, 1)
-        return slope, max(noise / sxx, 1e-12)
+        noise = max(float(residual @ residual) / max(len(y) - 2, 1), MEASUREMENT_SD**2)
+        return slope, noise / sxx
 
     def _prior_judged(self, y: np.ndarray, ok_rows: np.ndarray) -> bool:
         """Whether the measurements say more about the prior's slope than the belief before
