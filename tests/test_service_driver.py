@@ -119,7 +119,11 @@ def test_any_replica_and_a_restarted_one_drive_the_same_task(db_url):
         with client_for(db_url, batch_size=5) as b:
             replicas = [a, b]
             turn = 0
-            while jobs := lease(replicas[turn % 2], worker, max_jobs=3):
+            # Long polls: the next batch may be proposed by the other replica (the session's
+            # holder, asked over NOTIFY), after this replica's proposer has settled.
+            while a.get(f"/v1/tasks/{task_id}").json()["state"] != "done":
+                jobs = lease(replicas[turn % 2], worker, max_jobs=3, wait_s=10.0)
+                assert jobs, "no batch within 10 s of the last result"
                 for job in jobs:
                     replica = replicas[turn % 2]
                     turn += 1
