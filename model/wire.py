@@ -165,10 +165,19 @@ class _Throughput(_Body):
 # ---- users: schedules and tasks -------------------------------------------------------
 
 
+# A finished task of the same workload on another GPU whose trials warm-start the search
+# (tuner/transfer.py): its measurements are the prior mean where it has them.
+PRIOR_TASK_DESCRIPTION = (
+    "a finished task of the same workload on another GPU: its trials warm-start the search "
+    "(for the strategies that take a prior; any other is refused, naming them)"
+)
+
+
 class TuneOptions(_Request):
     budget: int = Field(50, ge=1, le=MAX_BUDGET)
     strategy: StrategyName = DEFAULT_STRATEGY
     seed: int = Field(0, ge=0, le=2**31 - 1)
+    prior_task: int | None = Field(None, ge=1, le=2**31 - 1, description=PRIOR_TASK_DESCRIPTION)
 
 
 class ScheduleRequest(_GpuField):
@@ -201,6 +210,7 @@ class TaskCreate(_GpuField):
     budget: int = Field(50, ge=1, le=MAX_BUDGET)
     strategy: StrategyName = DEFAULT_STRATEGY
     seed: int = Field(0, ge=0, le=2**31 - 1)
+    prior_task: int | None = Field(None, ge=1, le=2**31 - 1, description=PRIOR_TASK_DESCRIPTION)
 
 
 class BestTrial(_Throughput):
@@ -223,6 +233,7 @@ class TaskDoc(_Body):
     strategy: StrategyName
     budget: int
     seed: int
+    prior_task: int | None = None  # the task whose trials warm-started this one
     trials_done: int  # trials with a final result (failed ones included)
     trials_failed: int
     best: BestTrial | None = None

@@ -54,9 +54,11 @@ from pipetune.service.db import Database
 from pipetune.service.errors import ConflictError, InputError, NotFoundError
 from pipetune.service.metrics import Metrics
 from pipetune.service.orm import JobRow, LeaseRow, TaskRow, WorkloadRow
+from pipetune.service.priors import PriorError, check_prior_task, check_strategy, prior_from_task
 from pipetune.service.records import workload_row
 from pipetune.service.settings import Settings
 from pipetune.service.wakeup import CHANNEL, Wakeup, notify_statement
+from pipetune.tuner.bo import PriorMean
 from pipetune.tuner.session import SessionError, TuningSession
 
 log = logging.getLogger(__name__)
@@ -97,7 +99,7 @@ FROM cas
 
 READ_TASK_SQL = """
 SELECT t.state, t.workload_id, t.gpu, t.strategy, t.seed, t.budget, t.batches,
-    t.trials_enqueued, t.trials_target, t.batch_size,
+    t.trials_enqueued, t.trials_target, t.batch_size, t.prior_task,
     (SELECT count(*) FROM jobs j WHERE j.task_id = t.id AND j.state = ANY(%(outstanding)s)
         AND j.batch < t.batches - CASE WHEN t.strategy = ANY(%(ahead)s) THEN 1 ELSE 0 END
     ) AS older,
@@ -172,6 +174,7 @@ class _TaskView:
     enqueued: int
     target: int
     batch_size: int
+    prior_task: int | None
 
 
 def _is_current(live: _Live | None, task: _TaskView) -> bool:
@@ -235,7 +238,8 @@ class Driver:
         # Spaces and the model's predictions over them, by (workload hash, GPU): computed
         # once per space, shared by every session of that workload on that GPU.
         self._spaces: OrderedDict[tuple[str, str], tuple[FamilySpace, np.ndarray]] = OrderedDict()
-        self._spaces_lock = threading.Lock()
+        self._spaces_lock = threading.Lock()  # guards _priors too
+        self._priors: OrderedDict[tuple[int, str, str], PriorMean] = OrderedDict()
         self._workloads: dict[int, Any] = {}
         # Schedules read back from job rows, by (family, document): frozen, so shareable.
         self._parsed: dict[tuple[str, tuple, tuple], Any] = {}
@@ -258,10 +262,38 @@ class Driver:
                 self._spaces.popitem(last=False)
         return found
 
-    def _new_live(self, workload: Any, gpu: str, strategy: str, seed: int, budget: int) -> _Live:
+    def _new_live(
+        self,
+        workload: Any,
+        gpu: str,
+        strategy: str,
+        seed: int,
+        budget: int,
+        prior_task: int | None = None,
+    ) -> _Live:
         space, predicted = self._space(workload, gpu)
-        session = TuningSession(workload, space.gpu, strategy, seed, budget, space=space)
+        prior = None if prior_task is None else self._prior(prior_task, workload, gpu, space)
+        session = TuningSession(
+            workload, space.gpu, strategy, seed, budget, space=space, prior=prior
+        )
         return _Live(session, predicted, [], 0)
+
+    def _prior(self, prior_task: int, workload: Any, gpu: str, space: FamilySpace) -> PriorMean:
+        """The prior a finished task's trials give this space; cached (a finished task's
+        trials do not change)."""
+        key = (prior_task, workload.workload_hash, gpu)
+        with self._spaces_lock:
+            found = self._priors.get(key)
+            if found is not None:
+                self._priors.move_to_end(key)
+                return found
+        with self.db.read_conn() as conn:
+            found = prior_from_task(conn, prior_task, space)
+        with self._spaces_lock:
+            self._priors[key] = found
+            while len(self._priors) > MAX_SPACES:
+                self._priors.popitem(last=False)
+        return found
 
     @staticmethod
     def _propose(live: _Live, n: int) -> tuple[list[Any], list[float]]:
@@ -291,13 +323,20 @@ class Driver:
 
     # ---- create --------------------------------------------------------------------
 
-    def create(self, body: TaskCreate) -> int:
+    def create(self, body: TaskCreate, where: tuple[str, ...] = ("body",)) -> int:
         """Write the task and its first batch (two, proposing ahead) in one transaction;
-        returns the task id."""
-        live = self._new_live(body.workload, body.gpu, body.strategy, body.seed, body.budget)
+        returns the task id. `where`: the request's path to the task's fields (for a 422)."""
+        if body.prior_task is not None:
+            self._check_prior(body, where)
+        try:
+            live = self._new_live(
+                body.workload, body.gpu, body.strategy, body.seed, body.budget, body.prior_task
+            )
+        except PriorError as exc:  # no schedule in common with the prior's
+            raise InputError([*where, "prior_task"], str(exc)) from None
         if len(live.session.space) == 0:
             raise InputError(
-                ["body", "workload"], f"no schedule of the kernel family is valid on {body.gpu}"
+                [*where[:1], "workload"], f"no schedule of the kernel family is valid on {body.gpu}"
             )
         batches = []
         for _ in range(1 + batches_ahead(body.strategy)):
@@ -314,6 +353,7 @@ class Driver:
                 strategy=body.strategy,
                 budget=body.budget,
                 seed=body.seed,
+                prior_task=body.prior_task,
                 batch_size=self.settings.batch_size,
                 state=TaskState.QUEUED,
                 batches=len(batches),
@@ -334,6 +374,18 @@ class Driver:
         self.metrics.batches.inc(len(batches))
         self._keep_live(task_id, live)
         return task_id
+
+    def _check_prior(self, body: TaskCreate, where: tuple[str, ...]) -> None:
+        assert body.prior_task is not None
+        try:
+            check_strategy(body.strategy)
+        except PriorError as exc:
+            raise InputError([*where, "strategy"], str(exc)) from None
+        try:
+            with self.db.read_conn() as conn:
+                check_prior_task(conn, body.prior_task, body.workload.workload_hash, body.gpu)
+        except PriorError as exc:
+            raise InputError([*where, "prior_task"], str(exc)) from None
 
     def _insert_jobs(
         self,
@@ -450,6 +502,7 @@ class Driver:
                         TASKS.c.trials_enqueued,
                         TASKS.c.trials_target,
                         TASKS.c.batch_size,
+                        TASKS.c.prior_task,
                     ).where(TASKS.c.id == task_id)
                 ).first()
                 if row is not None:
@@ -465,7 +518,7 @@ class Driver:
             older, outstanding = row.older, row.outstanding
         task = _TaskView(
             row.workload_id, row.gpu, row.strategy, row.seed, row.budget, row.batches,
-            row.trials_enqueued, row.trials_target, row.batch_size,
+            row.trials_enqueued, row.trials_target, row.batch_size, row.prior_task,
         )  # fmt: skip
         return task, row.state, older, outstanding
 
@@ -548,7 +601,9 @@ class Driver:
         views, rebuild = self._completed(task_id, task, live, waits_on, fam)
         try:
             if rebuild:
-                live = self._new_live(workload, task.gpu, task.strategy, task.seed, task.budget)
+                live = self._new_live(
+                    workload, task.gpu, task.strategy, task.seed, task.budget, task.prior_task
+                )
             assert live is not None
             self._roll_forward(live, _by_batch(views), task.version, waits_on)
             plan = _Plan(task_id, task.version, live.trials, [], [], [], live=live)

@@ -76,6 +76,9 @@ class TaskRow(Base):
     budget: Mapped[int] = mapped_column(Integer)
     seed: Mapped[int] = mapped_column(BigInteger)
     batch_size: Mapped[int] = mapped_column(Integer)
+    # A finished task of the same workload on another GPU whose trials are this task's prior
+    # (model.wire.TaskCreate.prior_task); immutable once finished, so every replay is exact.
+    prior_task: Mapped[int | None] = mapped_column(ForeignKey("tasks.id"))
     state: Mapped[str] = mapped_column(String(16))
     # Batches enqueued so far: the version a replica compares-and-sets to enqueue the next.
     batches: Mapped[int] = mapped_column(Integer, default=0)

@@ -75,6 +75,7 @@ def task_doc(task: TaskRow, workload: WorkloadRow, best: JobRow | None) -> TaskD
         strategy=task.strategy,  # type: ignore[arg-type]
         budget=task.budget,
         seed=task.seed,
+        prior_task=task.prior_task,
         trials_done=task.trials_done,
         trials_failed=task.trials_failed,
         best=best_doc,

@@ -108,6 +108,23 @@ def test_tune_without_wait_returns_the_queued_task(cli):  # type: ignore[no-unty
     assert table.exit_code == 0 and "gemm 1024x64x2048" in table.stdout
 
 
+def test_tune_with_a_prior_task_from_another_gpu(cli, worker):  # type: ignore[no-untyped-def]
+    done = cli("tune", "gemm", *FC, "--budget", "4", "--seed", "5", "--wait", "--json")
+    assert done.exit_code == 0, done.output
+    prior = json.loads(done.stdout)["id"]
+    on_a100 = [*FC[:6], "--gpu", "a100", "--budget", "4", "--json"]
+    result = cli("tune", "gemm", *on_a100, "--prior-task", str(prior))
+    assert result.exit_code == 0, result.output
+    doc = json.loads(result.stdout)
+    assert doc["prior_task"] == prior and doc["gpu"] == "a100" and doc["state"] == "queued"
+
+    missing = cli("tune", "gemm", *on_a100, "--prior-task", "987654")
+    assert missing.exit_code == 2
+    assert missing.stderr.strip() == "error: prior_task: task 987654 does not exist"
+    same_gpu = cli("tune", "gemm", *FC, "--prior-task", str(prior))
+    assert same_gpu.exit_code == 2 and "ran on h100 too" in same_gpu.stderr
+
+
 def test_curve_text_json_png_and_html(cli, worker, tmp_path: Path):  # type: ignore[no-untyped-def]
     done = json.loads(
         cli("tune", "gemm", *FC, "--budget", "5", "--seed", "9", "--wait", "--json").stdout

@@ -147,6 +147,14 @@ def test_a_service_reads_the_tuned_task_as_its_own(db_url: str, monkeypatch):
     assert worker.name.startswith("in-process-") and worker.runner == "simulated"
 
 
+def test_tune_warm_starts_from_a_task_on_another_gpu(home: Path):
+    first = pipetune.tune(FC, "a100", budget=8, runner="simulated")
+    second = pipetune.tune(FC, "h100", budget=8, runner="simulated", prior_task=first.task_id)
+    assert second.task.prior_task == first.task_id and second.task.state == "done"
+    with pytest.raises(WorkloadError, match="ran on h100 too"):
+        pipetune.tune(FC, "h100", budget=8, runner="simulated", prior_task=second.task_id)
+
+
 def test_without_a_database_the_answer_is_the_models(home: Path):
     doc = pipetune.best_schedule(FC, "h100")
     assert doc.source == "model" and doc.latency_us is None
@@ -165,6 +173,8 @@ def test_without_a_database_the_answer_is_the_models(home: Path):
         ({"runner": "cupy"}, RunnerUnavailableError, "cupy runner needs CuPy"),
         ({"workload": {**FC, "n": 63}}, WorkloadError, "n: must be a multiple of 8"),
         ({"gpu": "v100"}, HardwareError, "unknown GPU 'v100'"),
+        ({"prior_task": 5}, WorkloadError, "prior_task: task 5 does not exist"),
+        ({"prior_task": 5, "strategy": "grid"}, WorkloadError, "strategy: strategy 'grid' takes"),
     ],
     ids=lambda v: next(iter(v)) if isinstance(v, dict) else None,
 )

@@ -27,7 +27,7 @@ from pipetune.tuner.metrics import random_search_expectation
 from pipetune.tuner.recorded import ForeignSpace, RecordedConfigs
 from pipetune.tuner.strategies import KNOB_ONLY, STRATEGY_MAP, make_strategy
 from pipetune.tuner.strategy_base import Observation
-from pipetune.tuner.transfer import TransferError, recorded_prior
+from pipetune.tuner.transfer import TransferError, completed_by_model, recorded_prior
 
 CONV_3090 = SHARED / "convolution_RTX_3090.kt-cache.json.gz"
 
@@ -266,6 +266,25 @@ def test_recorded_prior_aligns_by_knob_values_and_keeps_failures(recorded):
     with pytest.raises(TransferError, match="same kernel"):
         wrong = RecordedConfigs("w", {"x": [1]}, [{"x": 1}], np.array([1.0]))
         recorded_prior(wrong, recorded.configs, recorded.knob_names)
+
+
+def test_a_sparse_prior_is_completed_by_the_model_moved_onto_its_scale():
+    # Five rows recorded (one failed there), four not: the model guesses those, shifted by
+    # the median gap between the recorded successes and the model (2.0, despite one outlier).
+    model = np.array([1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0, 9.0])
+    recorded = np.array([True, True, True, True, True, False, False, False, False])
+    failed = np.array([False, False, False, False, True, False, False, False, False])
+    values = np.array([3.0, 4.0, 5.0, 16.0, 3.0, 0.0, 0.0, 0.0, 0.0])
+    sparse = PriorMean(values, source="task 1 on a100", recorded=recorded, failed=failed)
+    completed = completed_by_model(sparse, model)
+    assert np.array_equal(completed.values[recorded], values[recorded])
+    assert np.allclose(completed.values[~recorded], model[~recorded] + 2.0)
+    assert np.array_equal(completed.recorded, recorded) and np.array_equal(completed.failed, failed)
+    assert completed.source == "task 1 on a100 and the analytical model"
+    full = PriorMean(values, source="x", recorded=np.ones(9, bool), failed=failed)
+    assert completed_by_model(full, model) is full  # nothing to complete
+    with pytest.raises(TransferError, match="rows"):
+        completed_by_model(sparse, model[:4])
 
 
 def test_a_faithful_prior_finds_the_optimum_in_the_first_batch(recorded, space):

@@ -32,6 +32,7 @@ from pipetune.model.wire import DEFAULT_STRATEGY, StrategyName
 from pipetune.tuner.bo import BayesianStrategy, PriorMean
 from pipetune.tuner.sa import SimulatedAnnealing, codec_for
 from pipetune.tuner.strategy_base import Observation, Strategy
+from pipetune.tuner.transfer import completed_by_model
 
 __all__ = [
     "DEFAULT_STRATEGY",
@@ -170,12 +171,17 @@ def _bo(space: Any, seed: int, prior: PriorMean | None) -> Strategy:
 
 def _analytical_bo(space: Any, seed: int, prior: PriorMean | None) -> Strategy:
     # A recorded prior (this kernel measured on another GPU) is closer to the truth here than
-    # the model's prediction: it takes the model's place.
+    # the model's prediction: it takes the model's place where it has a record, and the model
+    # guesses the rows it has none of (a tuning task's trials are a few dozen of the space).
     return BayesianStrategy(
         space,
         np.random.default_rng(seed),
         seed=seed,
-        prior=prior or analytical_prior(space),
+        prior=(
+            completed_by_model(prior, predicted_log_throughput(space))
+            if prior is not None
+            else analytical_prior(space)
+        ),
         name="analytical+xgb",
     )
 

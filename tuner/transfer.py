@@ -9,18 +9,24 @@ to judge it (tuner/bo.py: its own best guesses alone cannot).
 
 Configurations are matched by their knob values; the prior must name the same knobs. Rows
 the prior has no record of get its worst successful value (an unknown configuration is not
-assumed to be good).
+assumed to be good), unless a model of the kernel can guess them: `completed_by_model` fills
+them with the analytical model's prediction, moved onto the recorded GPU's scale. That is
+what a prior from a tuning task needs (the service's `prior_task`): it holds only the
+configurations the task measured, a few dozen of thousands, and the model ranks the rest.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Any
+from dataclasses import replace
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from pipetune.tuner.bo import PriorMean
-from pipetune.tuner.recorded import RecordedConfigs
+
+if TYPE_CHECKING:  # (tuner.recorded imports the session, which imports the strategies)
+    from pipetune.tuner.recorded import RecordedConfigs
 
 
 class TransferError(ValueError):
@@ -58,3 +64,26 @@ def recorded_prior(
         )
     values[~np.isfinite(values)] = np.nanmin(values)
     return PriorMean(values, source=prior.name, recorded=recorded, failed=failed)
+
+
+def completed_by_model(prior: PriorMean, model: np.ndarray) -> PriorMean:
+    """`prior` with its unrecorded rows filled by `model` (a predicted log throughput per
+    row, this space's), shifted by the median difference between the recorded successes and
+    the model's prediction for them.
+
+    Only a shift, no slope: in log throughput another GPU (or a model's idea of its speed)
+    differs mostly by a constant factor, and a slope fitted to a tuning task's few dozen
+    trials, all near its optimum, would rest on a sliver of the model's range (the reason
+    tuner/bo.py does not judge a prior on its own best guesses either). The median: one
+    schedule that the model gets badly wrong must not move the others.
+    """
+    if prior.recorded is None or prior.recorded.all():
+        return prior
+    assert prior.failed is not None
+    model = np.asarray(model, dtype=np.float64)
+    if model.shape != prior.values.shape:
+        raise TransferError(f"model: {model.shape[0]} rows, the prior has {len(prior.values)}")
+    ok = prior.recorded & ~prior.failed
+    shift = float(np.median(prior.values[ok] - model[ok])) if ok.any() else 0.0
+    values = np.where(prior.recorded, prior.values, model + shift)
+    return replace(prior, values=values, source=f"{prior.source} and the analytical model")

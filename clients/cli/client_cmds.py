@@ -248,6 +248,7 @@ def _tune(
     budget: int,
     strategy: str,
     seed: int,
+    prior_task: int | None,
     wait: bool,
     poll: float,
     as_json: bool,
@@ -258,7 +259,14 @@ def _tune(
     gpu = _check_gpu(gpu)
     _check_tuning(budget, strategy)
     with service_errors(), client(server, api_key) as c:
-        task = c.tune(w.canonical(), gpu, budget=budget, strategy=strategy, seed=seed)  # type: ignore[arg-type]
+        task = c.tune(
+            w.canonical(),
+            gpu,
+            budget=budget,
+            strategy=strategy,  # type: ignore[arg-type]
+            seed=seed,
+            prior_task=prior_task,
+        )
         if not wait:
             if as_json:
                 print_json(task.model_dump(mode="json"))
@@ -288,6 +296,13 @@ add_workload_commands(
         option("budget", int, 50, help=f"trials to measure (1..{MAX_BUDGET})"),
         option("strategy", str, DEFAULT_STRATEGY, help=f"one of {', '.join(STRATEGIES)}"),
         option("seed", int, 0, help="the tuner's seed"),
+        option(
+            "prior_task",
+            int | None,  # type: ignore[arg-type]
+            None,
+            help="a finished task of the same workload on another GPU: its trials "
+            "warm-start the search",
+        ),
         option("wait", bool, False, "--wait", help="follow the task to its end"),
         option("poll", float, 1.0, "--poll", help="seconds between checks with --wait"),
         _JSON,

@@ -140,10 +140,12 @@ class TuneResult:
         return f"{head}; best {self.best_schedule.id}: {self.best_latency_us:.2f} µs"
 
 
-def _task_body(workload: Any, gpu: str, budget: int, strategy: str, seed: int) -> TaskCreate:
+def _task_body(
+    workload: Any, gpu: str, budget: int, strategy: str, seed: int, prior_task: int | None
+) -> TaskCreate:
     body = {"workload": workload, "gpu": gpu, "budget": budget, "strategy": strategy}
     try:
-        return TaskCreate.model_validate({**body, "seed": seed})
+        return TaskCreate.model_validate({**body, "seed": seed, "prior_task": prior_task})
     except ValidationError as exc:
         first = exc.errors()[0]
         field = ".".join(str(p) for p in first["loc"]) or "task"
@@ -211,8 +213,8 @@ class _InProcessTask:
     def create(self, body: TaskCreate) -> int:
         try:
             return self.driver.create(body)
-        except InputError as exc:
-            raise WorkloadError("workload", exc.reason) from None
+        except InputError as exc:  # the field it names: workload, prior_task or strategy
+            raise WorkloadError(str(exc.loc[-1]), exc.reason) from None
 
     def _state(self, task_id: int) -> tuple[str, int, int]:
         with self.database.read() as s:
@@ -270,6 +272,7 @@ def tune(
     db: str | None = None,
     dataset: str | Path | None = None,
     progress: TuneProgress | None = None,
+    prior_task: int | None = None,
 ) -> TuneResult:
     """Tune `workload` on `gpu` in this process; returns the finished task's result.
 
@@ -278,11 +281,13 @@ def tune(
     "simulated" (the analytical model plus noise: for demos and tests, never measurements),
     "replay" (answers from `dataset`, a recorded exhaustive sweep), or a Runner you built
     (you close it). db: the database URL (default: the one `pipetune serve` uses).
+    prior_task: a finished task of the same workload on another GPU, in that database,
+    whose trials warm-start the search.
     progress(done, total) is called after each trial. An interrupted tuning (an exception,
     Ctrl-C) cancels its task: nothing is left half-run.
     """
     w, key = as_workload(workload), as_gpu(gpu)
-    body = _task_body(w, key, budget, strategy, seed)
+    body = _task_body(w, key, budget, strategy, seed, prior_task)
     measurer = runner if isinstance(runner, Runner) else _make_runner(runner, key, dataset)
     measured_gpu = getattr(getattr(measurer, "gpu", None), "key", key)
     if measured_gpu != key:  # a Runner built for another GPU would answer for the wrong one

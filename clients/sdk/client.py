@@ -99,8 +99,11 @@ class Client:
         budget: int = 50,
         strategy: StrategyName = "analytical+xgb",
         seed: int = 0,
+        prior_task: int | None = None,
     ) -> TaskDoc:
-        """Start a tuning task (POST /v1/tasks); returns at once with the queued task."""
+        """Start a tuning task (POST /v1/tasks); returns at once with the queued task.
+        prior_task: a finished task of the same workload on another GPU whose trials
+        warm-start the search."""
         body = {
             "workload": workload_body(workload),
             "gpu": gpu,
@@ -108,6 +111,8 @@ class Client:
             "strategy": strategy,
             "seed": seed,
         }
+        if prior_task is not None:
+            body["prior_task"] = prior_task
         return self._http.call(TaskDoc, "POST", "/v1/tasks", json=body)
 
     def task(self, task_id: int) -> TaskDoc:

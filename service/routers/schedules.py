@@ -39,7 +39,8 @@ def best_schedule(
         raise InputError(["body", "workload"], exc.reason) from None
     if body.tune is not None:
         task_id = service.driver.create(
-            TaskCreate(workload=workload, gpu=body.gpu, **body.tune.model_dump())
+            TaskCreate(workload=workload, gpu=body.gpu, **body.tune.model_dump()),
+            where=("body", "tune"),
         )
         doc.task_id = task_id
         doc.url = str(request.url_for("get_task", task_id=task_id))

@@ -1,0 +1,101 @@
+"""A task's prior: the trials of a finished task of the same workload on another GPU.
+
+A user who tuned a kernel on one GPU and tunes it on another names the first task
+(`TaskCreate.prior_task`): its measurements warm-start the search (tuner/transfer.py), where
+it measured; pipetune's analytical model guesses the rest of the space (a task measures a
+few dozen of its schedules). Only a finished task qualifies: its trials no longer change, so
+every replica that rebuilds the session from the task's record reads the same prior, and the
+replay of its batches stays exact.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+from sqlalchemy import Connection, select
+
+from pipetune.model.family import FamilySpace, family_of
+from pipetune.model.states import TaskState
+from pipetune.service.orm import JobRow, TaskRow, WorkloadRow
+from pipetune.tuner.bo import PriorMean
+from pipetune.tuner.recorded import RecordedConfigs
+from pipetune.tuner.strategies import STRATEGY_MAP
+from pipetune.tuner.transfer import TransferError, recorded_prior
+
+
+class PriorError(ValueError):
+    """A `prior_task` that cannot be this task's prior; the message says why."""
+
+
+def strategies_with_prior() -> list[str]:
+    return [name for name, spec in STRATEGY_MAP.items() if spec.uses_prior]
+
+
+def check_strategy(strategy: str) -> None:
+    if not STRATEGY_MAP[strategy].uses_prior:
+        raise PriorError(
+            f"strategy '{strategy}' takes no prior (these do: {', '.join(strategies_with_prior())})"
+        )
+
+
+def check_prior_task(conn: Connection, prior_task: int, workload_hash: str, gpu: str) -> None:
+    """Raise PriorError unless `prior_task` is a finished task of this workload on another
+    GPU with at least one successful trial."""
+    row = conn.execute(
+        select(TaskRow.state, TaskRow.gpu, WorkloadRow.hash, WorkloadRow.label)
+        .join(WorkloadRow, TaskRow.workload_id == WorkloadRow.id)
+        .where(TaskRow.id == prior_task)
+    ).first()
+    if row is None:
+        raise PriorError(f"task {prior_task} does not exist")
+    if not TaskState(row.state).is_final():
+        raise PriorError(
+            f"task {prior_task} is {row.state}: a prior must be a finished task "
+            "(its trials must not change while this one replays them)"
+        )
+    if row.hash != workload_hash:
+        raise PriorError(f"task {prior_task} tuned another workload ({row.label})")
+    if row.gpu == gpu:
+        raise PriorError(
+            f"task {prior_task} ran on {gpu} too: a prior is the same workload measured on "
+            "another GPU (to search further on this one, give a larger budget)"
+        )
+    succeeded = conn.scalar(
+        select(JobRow.id).where(JobRow.task_id == prior_task, JobRow.status == "ok").limit(1)
+    )
+    if succeeded is None:
+        raise PriorError(f"task {prior_task} has no successful trial to learn from")
+
+
+def prior_from_task(conn: Connection, prior_task: int, space: FamilySpace) -> PriorMean:
+    """The prior over `space`'s rows from the measured trials of `prior_task` (checked by
+    check_prior_task when the task was created)."""
+    gpu = conn.scalar(select(TaskRow.gpu).where(TaskRow.id == prior_task))
+    if gpu is None:
+        raise PriorError(f"task {prior_task} does not exist")
+    rows = conn.execute(
+        select(JobRow.schedule, JobRow.status, JobRow.latency_us)
+        .where(JobRow.task_id == prior_task, JobRow.status.is_not(None))
+        .order_by(JobRow.trial)
+    ).all()
+    knobs = family_of(space.workload).knobs
+    names = [k.name for k in knobs]
+    configs: list[dict[str, Any]] = []
+    objective_ms = []
+    for r in rows:
+        configs.append({k: r.schedule[k] for k in names})
+        ok = r.status == "ok" and r.latency_us is not None and r.latency_us > 0
+        objective_ms.append(r.latency_us / 1e3 if ok else np.inf)
+    recorded = RecordedConfigs(
+        name=f"task {prior_task} on {gpu}",
+        tune_params={k.name: list(k.values) for k in knobs},
+        configs=configs,
+        objective_ms=np.asarray(objective_ms, dtype=np.float64),
+    )
+    columns = [space.knobs[k].tolist() for k in names]
+    rows_here = [dict(zip(names, values, strict=True)) for values in zip(*columns, strict=True)]
+    try:
+        return recorded_prior(recorded, rows_here, names)
+    except TransferError as exc:
+        raise PriorError(str(exc)) from None

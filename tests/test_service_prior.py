@@ -1,0 +1,160 @@
+"""A task warm-started from a finished task of the same workload on another GPU
+(`prior_task`): what the prior teaches reaches the new task's first batch, every replica
+replays it exactly, and a prior that cannot be one is a 422 naming the field. SQLite and
+PostgreSQL."""
+
+from __future__ import annotations
+
+import pytest
+from service_support import (
+    GEMM,
+    SMALL_GEMM,
+    client_for,
+    create_task,
+    drain,
+    fake_latency,
+    lease,
+    ok,
+    post_result,
+    register,
+    service_of,
+)
+
+pytest_plugins = ["service_fixtures"]
+
+SURPRISE_TRIAL = 7  # the prior task's trial that ran far faster than anything else there
+
+
+def _finished_prior(client, gpu: str = "a100", workload=GEMM) -> tuple[int, dict]:
+    """A finished random-search task on `gpu` in which one schedule (trial SURPRISE_TRIAL)
+    was a thousand times faster than the rest; returns its id and that schedule."""
+    body = {"workload": workload, "gpu": gpu, "budget": 16, "strategy": "random", "seed": 1}
+    response = client.post("/v1/tasks", json=body)
+    assert response.status_code == 201, response.text
+    task = response.json()["id"]
+    worker = register(client, name=f"prior-{gpu}", gpu=gpu)
+
+    def result_of(job: dict) -> dict:
+        scale = 1e-3 if job["trial"] == SURPRISE_TRIAL else 1.0
+        return ok(fake_latency(job["schedule"]) * scale)
+
+    assert drain(client, worker, result_of) == 16
+    assert client.get(f"/v1/tasks/{task}").json()["state"] == "done"
+    trials = client.get(f"/v1/tasks/{task}/trials").json()["trials"]
+    return task, trials[SURPRISE_TRIAL]["schedule"]
+
+
+def _trials(client, task_id: int) -> list[dict]:
+    return [t["schedule"] for t in client.get(f"/v1/tasks/{task_id}/trials").json()["trials"]]
+
+
+def test_the_prior_tasks_best_schedule_is_the_first_trial_on_the_new_gpu(client):
+    prior, surprise = _finished_prior(client)
+    doc = create_task(client, budget=16, strategy="auto", seed=3, prior_task=prior)
+    assert doc["prior_task"] == prior and doc["gpu"] == "h100"
+    assert client.get(f"/v1/tasks/{doc['id']}").json()["prior_task"] == prior
+    control = create_task(client, budget=16, strategy="auto", seed=3)
+    assert control["prior_task"] is None
+    assert _trials(client, control["id"])[0] != surprise, "the model alone would start there"
+    warm = _trials(client, doc["id"])
+    assert warm[0] == surprise
+    # The rest of the space is the analytical model's to rank (the prior task measured 16
+    # schedules of it): the first batch is not only the prior's own trials.
+    prior_schedules = _trials(client, prior)
+    assert any(s not in prior_schedules for s in warm)
+
+
+def test_a_task_with_a_prior_replays_exactly_on_a_replica_with_empty_caches(db_url):
+    with client_for(db_url) as a:
+        prior, _ = _finished_prior(a)
+        kept = create_task(a, budget=24, strategy="analytical+xgb", seed=4, prior_task=prior)
+        rebuilt = create_task(a, budget=24, strategy="analytical+xgb", seed=4, prior_task=prior)
+        worker = register(a)
+        driver = service_of(a).driver
+
+        def result_of(job: dict) -> dict:
+            if job["task_id"] == rebuilt["id"]:
+                # The next advance of this task rebuilds its session from the record, the
+                # prior read again from the prior task's trials.
+                driver._live.pop(rebuilt["id"], None)
+                driver._priors.clear()
+            return ok(fake_latency(job["schedule"]))
+
+        assert drain(a, worker, result_of) == 48
+        for task in (kept, rebuilt):
+            doc = a.get(f"/v1/tasks/{task['id']}").json()
+            assert doc["state"] == "done" and doc["error"] is None and doc["trials_done"] == 24
+        assert _trials(a, rebuilt["id"]) == _trials(a, kept["id"])
+
+
+@pytest.mark.parametrize(
+    ("change", "field", "reason"),
+    [
+        ({"prior_task": 987654}, "prior_task", "task 987654 does not exist"),
+        ({"prior_task": "unfinished"}, "prior_task", "a prior must be a finished task"),
+        ({"prior_task": "other workload"}, "prior_task", "tuned another workload (gemm 256x"),
+        ({"prior_task": "same gpu"}, "prior_task", "ran on a100 too: a prior is the same"),
+        ({"prior_task": "all failed"}, "prior_task", "has no successful trial"),
+        ({"strategy": "random"}, "strategy", "strategy 'random' takes no prior (these do: bo,"),
+        ({"prior_task": 0}, "prior_task", "greater than or equal to 1"),
+    ],
+    ids=lambda v: v if isinstance(v, str) else "",
+)
+def test_a_prior_that_cannot_be_one_is_a_422_naming_the_field(client, change, field, reason):
+    prior, _ = _finished_prior(client)
+    named = {
+        "unfinished": lambda: create_task(client, budget=8)["id"],
+        "other workload": lambda: _finished_prior(client, "h100", SMALL_GEMM)[0],
+        "same gpu": lambda: prior,
+        "all failed": lambda: _all_failed(client),
+    }
+    body = {"workload": GEMM, "gpu": "h100", "budget": 8, "prior_task": prior, **change}
+    if change.get("prior_task") == "same gpu":
+        body["gpu"] = "a100"
+    if isinstance(body["prior_task"], str):
+        body["prior_task"] = named[body["prior_task"]]()
+    before = len(client.get("/v1/tasks").json()["tasks"])
+    response = client.post("/v1/tasks", json=body)
+    assert response.status_code == 422, response.text
+    [error] = response.json()["detail"]
+    assert error["loc"] == ["body", field] and reason in error["reason"], error
+    assert response.json()["field"] == field
+    assert len(client.get("/v1/tasks").json()["tasks"]) == before  # nothing half-written
+
+
+def _all_failed(client) -> int:
+    body = {"workload": GEMM, "gpu": "h200", "budget": 4, "strategy": "random"}
+    task = client.post("/v1/tasks", json=body).json()["id"]
+    worker = register(client, name="failing-h200", gpu="h200")
+    drain(client, worker, lambda job: {"status": "compile_error", "error": "ptxas"})
+    assert client.get(f"/v1/tasks/{task}").json()["state"] == "done"
+    return task
+
+
+def test_schedules_with_tune_takes_a_prior_and_names_its_field(client):
+    prior, surprise = _finished_prior(client)
+    body = {"workload": GEMM, "gpu": "h100", "tune": {"budget": 8, "prior_task": prior}}
+    response = client.post("/v1/schedules", json=body)
+    assert response.status_code == 202, response.text
+    task = response.json()["task_id"]
+    assert client.get(f"/v1/tasks/{task}").json()["prior_task"] == prior
+    assert _trials(client, task)[0] == surprise
+    body["tune"]["prior_task"] = task  # unfinished
+    response = client.post("/v1/schedules", json=body)
+    assert response.status_code == 422
+    [error] = response.json()["detail"]
+    assert error["loc"] == ["body", "tune", "prior_task"], error
+
+
+def test_a_replica_that_never_saw_the_task_created_continues_it_with_its_prior(db_url):
+    with client_for(db_url) as a:
+        prior, surprise = _finished_prior(a)
+        task = create_task(a, budget=16, prior_task=prior)["id"]
+    with client_for(db_url) as b:  # (a's process is gone: b rebuilds the session)
+        worker = register(b)
+        [first] = lease(b, worker, max_jobs=1)
+        assert first["schedule"] == surprise
+        assert post_result(b, worker, first, ok(1.0)).json()["accepted"]
+        assert drain(b, worker) == 15
+        doc = b.get(f"/v1/tasks/{task}").json()
+        assert doc["state"] == "done" and doc["error"] is None and doc["trials_done"] == 16
