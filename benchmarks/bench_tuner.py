@@ -55,6 +55,7 @@ def run(args: argparse.Namespace) -> None:
         batch=args.batch,
         priors=priors,
         jobs=args.jobs,
+        prior_trials=args.prior_trials,
         first_seed=args.first_seed,
     )
     doc["command"] = " ".join(sys.argv)
@@ -172,6 +173,7 @@ def main() -> None:
     r.add_argument("--dev-set", type=Path)
     r.add_argument("--datasets", type=Path, nargs="*")
     r.add_argument("--prior", type=Path, nargs="*")
+    r.add_argument("--prior-trials", type=int)
     r.add_argument("--strategies", default="auto,peers")
     r.add_argument("--budgets", default="10,20,50,100")
     r.add_argument("--batch", type=int, default=8)

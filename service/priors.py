@@ -96,6 +96,6 @@ def prior_from_task(conn: Connection, prior_task: int, space: FamilySpace) -> Pr
     columns = [space.knobs[k].tolist() for k in names]
     rows_here = [dict(zip(names, values, strict=True)) for values in zip(*columns, strict=True)]
     try:
-        return recorded_prior(recorded, rows_here, names)
+        return recorded_prior(recorded, rows_here, names, sampled=True)
     except TransferError as exc:
         raise PriorError(str(exc)) from None

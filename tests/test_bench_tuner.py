@@ -124,6 +124,22 @@ def test_a_prior_reaches_the_strategies_that_take_one(conv):
     assert np.array_equal(plain, trial_throughputs(conv, "random", seed=0, budget=8, batch=8))
 
 
+def test_a_task_prior_is_what_auto_measured_on_the_prior_and_leads_the_first_batch(conv):
+    from pipetune.tuner.bench import PRIOR_TASK_SEED, task_prior, trial_rows
+
+    prior = task_prior(conv, conv, seed=2, trials=24, batch=8)  # its own space: exact
+    measured = trial_rows(conv, "auto", 2 + PRIOR_TASK_SEED, 24, 8)
+    assert prior.sampled and np.flatnonzero(prior.recorded).tolist() == sorted(measured)
+    assert prior.source == "conv_A100 (24 trials of auto)"
+    ok = prior.recorded & ~prior.failed
+    assert np.allclose(prior.values[ok], -np.log(conv.configs.objective_ms[ok]))
+    first = trial_rows(conv, "auto", seed=2, budget=8, batch=8, prior=prior)
+    assert first != trial_rows(conv, "auto", seed=2, budget=8, batch=8)  # it reached auto
+    doc = bench([conv], ["auto"], [8], seeds=2, batch=8, priors={conv.name: conv}, prior_trials=24)
+    assert doc["priors"] == {conv.name: "conv_A100 (24 trials of auto)"}
+    assert doc["prior_trials"] == 24
+
+
 def test_runs_over_consecutive_seed_ranges_merge_into_the_whole_run(tmp_path, conv):
     from benchmarks.bench_tuner import merge
 

@@ -38,6 +38,37 @@ def pipetune_dataset(tmp_path_factory) -> Path:
     return path
 
 
+def _simulated_sweep(folder: Path, gpu_key: str, m: int) -> Path:
+    gpu = get_gpu(gpu_key)
+    workload = gemm(m, 128, 512)
+    with make_runner("simulated", gpu=gpu, seed=0, time_scale=0) as sim:
+        dataset = sweep(sim, workload, gpu, list(Space.enumerate(workload, gpu)), progress=None)
+    path = folder / gpu_key / f"gemm{m}.t4.json.gz"
+    path.parent.mkdir(exist_ok=True)
+    write_t4(dataset, path)
+    return path
+
+
+def test_pipetune_priors_pair_by_workload_and_gpu(tmp_path):
+    # Two operators (the same knobs, as every operator of the family) on two GPUs: each
+    # H100 dataset takes the A100 dataset of its own workload as its prior (simulated data:
+    # plumbing only).
+    h100 = [_simulated_sweep(tmp_path, "h100", m) for m in (256, 512)]
+    a100 = [_simulated_sweep(tmp_path, "a100", m) for m in (256, 512)]
+    priors = [arg for path in a100 for arg in ("--prior", str(path))]
+    args = ["bench", "tuner", *map(str, h100), *priors, "--strategies"]
+    args += ["analytical+xgb", "--budgets", "5", "--seeds", "1", "--prior-trials", "8", "--json"]
+    result = runner.invoke(app, args)
+    assert result.exit_code == 0, result.output
+    doc = json.loads(result.stdout)
+    assert doc["priors"] == {
+        "gemm256": "gemm256 (8 trials of auto)",
+        "gemm512": "gemm512 (8 trials of auto)",
+    }
+    same_gpu = runner.invoke(app, [*args[:3], str(h100[0]), "--prior", str(h100[0])])
+    assert same_gpu.exit_code == 2 and "no --prior file has the knobs of gemm256" in same_gpu.output
+
+
 def test_bench_pipetune_dataset_json(pipetune_dataset):
     args = [
         "bench",

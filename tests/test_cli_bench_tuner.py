@@ -49,6 +49,20 @@ def test_prior_from_the_same_kernel_on_another_gpu():
 
 
 @needs_files
+def test_a_prior_of_a_tasks_trials():
+    result = _bench(
+        str(CONV_TITAN), "--strategies", "auto", "--prior", str(CONV_3090), "--prior-trials",
+        "20", "--json",
+    )  # fmt: skip
+    assert result.exit_code == 0, result.output
+    doc = json.loads(result.stdout)
+    assert doc["priors"] == {"convolution_RTX_Titan": "convolution_RTX_3090 (20 trials of auto)"}
+    alone = _bench(str(CONV_TITAN), "--strategies", "auto", "--prior-trials", "20")
+    assert alone.exit_code == 2
+    assert "--prior-trials: give the --prior dataset the trials are taken from" in alone.output
+
+
+@needs_files
 def test_a_prior_of_another_kernel_is_refused_with_exit_2():
     result = _bench(str(CONV_TITAN), "--strategies", "auto", "--prior", str(PNPOLY_3090))
     assert result.exit_code == 2

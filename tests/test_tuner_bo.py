@@ -287,6 +287,32 @@ def test_a_sparse_prior_is_completed_by_the_model_moved_onto_its_scale():
         completed_by_model(sparse, model[:4])
 
 
+def test_a_sampled_prior_on_a_foreign_space_guesses_its_unmeasured_rows_from_its_trials(
+    recorded, space
+):
+    # The prior measured every third row of the same space: `bo` fills the rest with a fit
+    # to them (not the worst value), close to the truth on a smooth synthetic space.
+    rows = np.arange(0, len(recorded.configs), 3)
+    sample = RecordedConfigs(
+        "sample",
+        recorded.tune_params,
+        [recorded.configs[r] for r in rows],
+        recorded.objective_ms[rows],
+    )
+    prior = recorded_prior(sample, recorded.configs, recorded.knob_names, sampled=True)
+    assert prior.sampled and prior.recorded.sum() == len(rows)
+    strategy = make_strategy("bo", space, seed=0, prior=prior)
+    filled = strategy.prior.values
+    truth = -np.log(recorded.objective_ms)
+    unmeasured = ~prior.recorded & np.isfinite(truth)
+    assert strategy.prior.source == "sample and a fit to its trials"
+    assert np.array_equal(filled[prior.recorded], prior.values[prior.recorded])
+    assert np.ptp(prior.values[unmeasured]) == 0  # without the fit: all the worst value
+    assert np.corrcoef(filled[unmeasured], truth[unmeasured])[0, 1] > 0.8
+    exhaustive = recorded_prior(sample, recorded.configs, recorded.knob_names)
+    assert make_strategy("bo", space, seed=0, prior=exhaustive).prior is exhaustive
+
+
 def test_a_faithful_prior_finds_the_optimum_in_the_first_batch(recorded, space):
     prior = recorded_prior(synthetic("other", shift=0.0), recorded.configs, recorded.knob_names)
     norm = recorded.throughput / recorded.optimum

@@ -27,7 +27,7 @@ from pipetune.tuner.metrics import geomean, p_score, random_search_expectation
 from pipetune.tuner.offline import RecordedSpace, run_offline
 from pipetune.tuner.peers import PEERS, run_peer
 from pipetune.tuner.recorded import ForeignSpace, RecordedConfigs
-from pipetune.tuner.strategies import KNOB_ONLY, STRATEGY_MAP, make_strategy
+from pipetune.tuner.strategies import DEFAULT_STRATEGY, KNOB_ONLY, STRATEGY_MAP, make_strategy
 from pipetune.tuner.strategy_base import Observation, Strategy
 from pipetune.tuner.transfer import recorded_prior
 
@@ -61,9 +61,62 @@ def run_strategy_rows(
     return [o.row for o in history]
 
 
-def prior_for(dataset: Dataset, prior: RecordedConfigs) -> PriorMean:
+# The seed of a prior task's run is the run's plus this: the same seed on a space of the same
+# knobs would start from the same design rows as the run it warm-starts.
+PRIOR_TASK_SEED = 1_000_003
+
+
+def prior_for(dataset: Dataset, prior: RecordedConfigs, sampled: bool = False) -> PriorMean:
     """A recorded space of the same kernel (another GPU) as a prior over this dataset's rows."""
-    return recorded_prior(prior, dataset.configs.configs, dataset.configs.knob_names)
+    return recorded_prior(prior, dataset.configs.configs, dataset.configs.knob_names, sampled)
+
+
+def task_prior(dataset: Dataset, prior: Dataset, seed: int, trials: int, batch: int) -> PriorMean:
+    """What a finished task on the prior's GPU would give (the service's `prior_task`): the
+    first `trials` trials of `auto` on the prior dataset, as a sampled prior."""
+    rows = trial_rows(prior, DEFAULT_STRATEGY, seed + PRIOR_TASK_SEED, trials, batch)
+    configs = prior.configs
+    sample = RecordedConfigs(
+        f"{configs.name} ({trials} trials of {DEFAULT_STRATEGY})",
+        configs.tune_params,
+        [configs.configs[r] for r in rows],
+        configs.objective_ms[rows],
+        configs.ordered,
+    )
+    return prior_for(dataset, sample, sampled=True)
+
+
+def trial_rows(
+    dataset: Dataset,
+    strategy: str,
+    seed: int,
+    budget: int,
+    batch: int = 8,
+    prior: PriorMean | None = None,
+) -> list[int]:
+    """The rows of dataset.configs one of pipetune's strategies measures, in order.
+
+    `prior` goes to the strategies that take one; the others ignore it.
+    """
+    spec = STRATEGY_MAP.get(strategy)
+    if spec is None:
+        raise ValueError(f"unknown strategy '{strategy}'")
+    prior = prior if spec.uses_prior else None
+    if dataset.ours is not None:
+        # configs rows are the space rows (RecordedConfigs.from_recorded_space keeps the order)
+        return run_offline(dataset.ours, strategy, seed, budget, batch, prior=prior)
+    if strategy not in KNOB_ONLY:
+        raise ValueError(
+            f"strategy '{strategy}' needs pipetune's analytical model; "
+            f"dataset '{dataset.name}' is a foreign space (use {', '.join(KNOB_ONLY)})"
+        )
+    space = ForeignSpace(dataset.configs)
+    return run_strategy_rows(
+        make_strategy(strategy, space, seed, prior=prior),
+        dataset.configs.objective_ms,
+        budget,
+        batch,
+    )
 
 
 def trial_throughputs(
@@ -75,31 +128,10 @@ def trial_throughputs(
     prior: PriorMean | None = None,
 ) -> np.ndarray:
     """Throughputs of the trials a strategy (ours or a peer) makes, in order; 0 = failed.
-
-    `prior` goes to the strategies that take one; the others (and the peers) ignore it.
-    """
+    The peers ignore `prior`."""
     if strategy in PEERS:
         return run_peer(strategy, dataset.configs, seed, budget)
-    spec = STRATEGY_MAP.get(strategy)
-    if spec is None:
-        raise ValueError(f"unknown strategy '{strategy}'")
-    prior = prior if spec.uses_prior else None
-    if dataset.ours is not None:
-        # configs rows are the space rows (RecordedConfigs.from_recorded_space keeps the order)
-        rows = run_offline(dataset.ours, strategy, seed, budget, batch, prior=prior)
-        return dataset.configs.throughput[rows]
-    if strategy not in KNOB_ONLY:
-        raise ValueError(
-            f"strategy '{strategy}' needs pipetune's analytical model; "
-            f"dataset '{dataset.name}' is a foreign space (use {', '.join(KNOB_ONLY)})"
-        )
-    space = ForeignSpace(dataset.configs)
-    rows = run_strategy_rows(
-        make_strategy(strategy, space, seed, prior=prior),
-        dataset.configs.objective_ms,
-        budget,
-        batch,
-    )
+    rows = trial_rows(dataset, strategy, seed, budget, batch, prior)
     return dataset.configs.throughput[rows]
 
 
@@ -138,14 +170,19 @@ _RUN: dict = {}
 
 def _table(ds_index: int, strategy: str) -> np.ndarray:
     """best-in-k of one strategy on one dataset: shape (seeds, budgets)."""
-    datasets, priors, budgets, seeds, batch, first = (
-        _RUN[k] for k in ("datasets", "priors", "budgets", "seeds", "batch", "first_seed")
+    datasets, priors, budgets, seeds, batch, first, prior_trials = (
+        _RUN[k]
+        for k in ("datasets", "priors", "budgets", "seeds", "batch", "first_seed", "prior_trials")
     )
     ds = datasets[ds_index]
     top = max(budgets)
-    prior = prior_for(ds, priors[ds.name]) if ds.name in priors else None
+    source = priors.get(ds.name)
+    uses_prior = strategy in STRATEGY_MAP and STRATEGY_MAP[strategy].uses_prior
+    prior = prior_for(ds, source.configs) if source and not prior_trials else None
     table = np.zeros((seeds, len(budgets)))
     for i, seed in enumerate(range(first, first + seeds)):
+        if source and prior_trials and uses_prior:
+            prior = task_prior(ds, source, seed, prior_trials, batch)
         throughputs = trial_throughputs(ds, strategy, seed, top, batch, prior)
         curve = np.maximum.accumulate(throughputs) / ds.configs.optimum
         for j, k in enumerate(budgets):
@@ -160,16 +197,18 @@ def bench(
     seeds: int,
     progress: Callable[[str], None] | None = None,
     batch: int = 8,
-    priors: Mapping[str, RecordedConfigs] | None = None,
+    priors: Mapping[str, Dataset] | None = None,
     jobs: int = 1,
     first_seed: int = 0,
+    prior_trials: int | None = None,
 ) -> dict:
-    """`priors` maps a dataset's name to a recorded space of the same kernel elsewhere.
+    """`priors` maps a dataset's name to a recorded space of the same kernel elsewhere; with
+    `prior_trials`, only what a task of that many trials of `auto` measured there (per seed).
     `jobs` > 1 runs (dataset, strategy) pairs in forked processes; the results are the same.
     Seeds are first_seed .. first_seed + seeds - 1 (a long run can be split and merged)."""
     priors = dict(priors or {})
     _RUN.update(datasets=list(datasets), priors=priors, budgets=list(budgets), seeds=seeds)
-    _RUN.update(batch=batch, first_seed=first_seed)
+    _RUN.update(batch=batch, first_seed=first_seed, prior_trials=prior_trials)
     pairs = [(i, s) for i in range(len(datasets)) for s in strategies]
     # best[strategy][dataset] = array (seeds, len(budgets))
     best: dict[str, dict[str, np.ndarray]] = {s: {} for s in strategies}
@@ -188,6 +227,7 @@ def bench(
                 progress(f"{datasets[i].name}: {s}")
             best[s][datasets[i].name] = _table(i, s)
     best = {s: {ds.name: best[s][ds.name] for ds in datasets} for s in strategies}
+    sampled = f" ({prior_trials} trials of {DEFAULT_STRATEGY})" if prior_trials else ""
     randoms = {
         ds.name: [
             random_search_expectation(ds.configs.throughput / ds.configs.optimum, k)
@@ -207,7 +247,8 @@ def bench(
         "batch": batch,
         "peer_batch": 1,
         "datasets": [d.name for d in datasets],
-        "priors": {name: p.name for name, p in priors.items()},
+        "priors": {name: p.name + sampled for name, p in priors.items()},
+        "prior_trials": prior_trials,
         "random": {
             name: dict(zip(map(str, budgets), values, strict=True))
             for name, values in randoms.items()

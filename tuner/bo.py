@@ -80,13 +80,16 @@ class PriorMean:
 
     A transfer prior also says which rows it has a record of (`recorded`) and which of those
     failed there (`failed`): they teach the failure classifier, with less weight than the
-    trials made here. `values` is filled for every row (see tuner/transfer.py).
+    trials made here. `values` is filled for every row (see tuner/transfer.py). `sampled`: the
+    record is a sample of the space (a tuning task's trials), so a row it lacks was not
+    measured there, rather than not valid there.
     """
 
     values: np.ndarray
     source: str
     recorded: np.ndarray | None = None
     failed: np.ndarray | None = None
+    sampled: bool = False
 
 
 class BayesianStrategy(Strategy):

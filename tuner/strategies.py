@@ -30,9 +30,10 @@ from pipetune.model.cost_model import CostModel, predicted_log_throughput
 from pipetune.model.family import KernelFamily, family_of
 from pipetune.model.wire import DEFAULT_STRATEGY, StrategyName
 from pipetune.tuner.bo import BayesianStrategy, PriorMean
+from pipetune.tuner.encoding import KnobEncoding
 from pipetune.tuner.sa import SimulatedAnnealing, codec_for
 from pipetune.tuner.strategy_base import Observation, Strategy
-from pipetune.tuner.transfer import completed_by_model
+from pipetune.tuner.transfer import completed_by_model, fitted_to_record
 
 __all__ = [
     "DEFAULT_STRATEGY",
@@ -166,6 +167,11 @@ class StrategySpec:
 
 
 def _bo(space: Any, seed: int, prior: PriorMean | None) -> Strategy:
+    if prior is not None and prior.sampled:
+        # A task's trials, a few dozen of the space: the rest is guessed from them.
+        features = KnobEncoding.of(space).features
+        fitted = fitted_to_record(prior, features, seed)
+        prior = completed_by_model(prior, fitted, "a fit to its trials")
     return BayesianStrategy(space, np.random.default_rng(seed), seed=seed, prior=prior)
 
 

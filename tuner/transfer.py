@@ -9,10 +9,15 @@ to judge it (tuner/bo.py: its own best guesses alone cannot).
 
 Configurations are matched by their knob values; the prior must name the same knobs. Rows
 the prior has no record of get its worst successful value (an unknown configuration is not
-assumed to be good), unless a model of the kernel can guess them: `completed_by_model` fills
-them with the analytical model's prediction, moved onto the recorded GPU's scale. That is
-what a prior from a tuning task needs (the service's `prior_task`): it holds only the
-configurations the task measured, a few dozen of thousands, and the model ranks the rest.
+assumed to be good: an exhaustive record lacks a row that could not run there). A prior
+from a tuning task (the service's `prior_task`, `pipetune bench tuner --prior-trials`) is a
+sample instead (`sampled`): a few dozen of thousands of configurations, the rest unmeasured.
+`completed_by_model` fills rows with a model's guess, moved onto the recorded GPU's scale:
+for pipetune's kernels the analytical model guesses every row the prior lacks (it knows this
+GPU, whatever could not run on the other); on a foreign space only a sampled prior is
+filled, by `fitted_to_record`, a Gaussian process fitted to the sample itself
+(benchmarks/RESULTS.md, "a task's trials as the prior": better than the worst value on the
+development set).
 """
 
 from __future__ import annotations
@@ -24,9 +29,13 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from pipetune.tuner.bo import PriorMean
+from pipetune.tuner.surrogate import GaussianProcess
 
 if TYPE_CHECKING:  # (tuner.recorded imports the session, which imports the strategies)
     from pipetune.tuner.recorded import RecordedConfigs
+
+
+MAX_FIT_ROWS = 512
 
 
 class TransferError(ValueError):
@@ -34,9 +43,13 @@ class TransferError(ValueError):
 
 
 def recorded_prior(
-    prior: RecordedConfigs, configs: Sequence[Mapping[str, Any]], knob_names: Sequence[str]
+    prior: RecordedConfigs,
+    configs: Sequence[Mapping[str, Any]],
+    knob_names: Sequence[str],
+    sampled: bool = False,
 ) -> PriorMean:
-    """The prior over `configs` (a space's rows, as knob -> value) from `prior`."""
+    """The prior over `configs` (a space's rows, as knob -> value) from `prior`; `sampled`:
+    `prior` is a sample of the space (a tuning task's trials), not an exhaustive record."""
     if set(prior.knob_names) != set(knob_names):
         raise TransferError(
             f"prior {prior.name}: its knobs {sorted(prior.knob_names)} are not this space's "
@@ -63,10 +76,12 @@ def recorded_prior(
             f"({int(recorded.sum())} in common)"
         )
     values[~np.isfinite(values)] = np.nanmin(values)
-    return PriorMean(values, source=prior.name, recorded=recorded, failed=failed)
+    return PriorMean(values, source=prior.name, recorded=recorded, failed=failed, sampled=sampled)
 
 
-def completed_by_model(prior: PriorMean, model: np.ndarray) -> PriorMean:
+def completed_by_model(
+    prior: PriorMean, model: np.ndarray, what: str = "the analytical model"
+) -> PriorMean:
     """`prior` with its unrecorded rows filled by `model` (a predicted log throughput per
     row, this space's), shifted by the median difference between the recorded successes and
     the model's prediction for them.
@@ -86,4 +101,18 @@ def completed_by_model(prior: PriorMean, model: np.ndarray) -> PriorMean:
     ok = prior.recorded & ~prior.failed
     shift = float(np.median(prior.values[ok] - model[ok])) if ok.any() else 0.0
     values = np.where(prior.recorded, prior.values, model + shift)
-    return replace(prior, values=values, source=f"{prior.source} and the analytical model")
+    return replace(prior, values=values, source=f"{prior.source} and {what}")
+
+
+def fitted_to_record(prior: PriorMean, features: np.ndarray, seed: int) -> np.ndarray:
+    """A guess of log throughput for every row from the prior's own successes, where no model
+    of the kernel exists: the posterior mean of the search's Gaussian process fitted to them
+    over the knob features. For a sampled prior (a task's trials) on a foreign space: its
+    unmeasured rows are guessed from the measured ones near them, not assumed the worst."""
+    assert prior.recorded is not None and prior.failed is not None
+    ok = np.flatnonzero(prior.recorded & ~prior.failed)
+    if len(ok) > MAX_FIT_ROWS:  # (a GP fit is cubic in its data)
+        ok = np.sort(np.random.default_rng(seed).choice(ok, MAX_FIT_ROWS, replace=False))
+    gp = GaussianProcess(features.shape[1], seed)
+    gp.fit(features[ok], prior.values[ok])
+    return gp.predict(features)[0]

@@ -87,6 +87,20 @@ def _strategies(text: str) -> list[str]:
     return names
 
 
+def _same_kernel_elsewhere(prior: Dataset, ds: Dataset) -> bool:
+    """Whether `prior` can be `ds`'s prior: pipetune's datasets by their workload and GPU
+    (every operator of a family has the same knobs), others by their knobs and name."""
+    if set(prior.configs.knob_names) != set(ds.configs.knob_names):
+        return False
+    if prior.ours is not None and ds.ours is not None:
+        mine, theirs = ds.ours.space, prior.ours.space
+        return (
+            theirs.workload.workload_hash == mine.workload.workload_hash
+            and theirs.gpu.key != mine.gpu.key
+        )
+    return prior.name != ds.name
+
+
 def _priors(priors: list[Path], loaded: list[Dataset]) -> dict:
     """Each dataset's prior: the one --prior file with the same knobs that is not itself."""
     if not priors:
@@ -99,11 +113,7 @@ def _priors(priors: list[Path], loaded: list[Dataset]) -> dict:
         raise CliError(f"--prior: {exc}", 2) from None
     chosen = {}
     for ds in loaded:
-        same = [
-            (p, c)
-            for p, c in candidates
-            if set(c.configs.knob_names) == set(ds.configs.knob_names) and c.name != ds.name
-        ]
+        same = [(p, c) for p, c in candidates if _same_kernel_elsewhere(c, ds)]
         if len(same) != 1:
             what = "no --prior file has" if not same else "several --prior files have"
             raise CliError(
@@ -111,7 +121,7 @@ def _priors(priors: list[Path], loaded: list[Dataset]) -> dict:
                 "same kernel on another GPU per dataset)",
                 2,
             )
-        chosen[ds.name] = same[0][1].configs
+        chosen[ds.name] = same[0][1]
     return chosen
 
 
@@ -142,6 +152,13 @@ def tuner(
         help="a recorded dataset of the same kernel on another GPU: warm-starts bo, "
         "analytical+xgb and auto (repeat it for several kernels)",
     ),
+    prior_trials: int | None = typer.Option(
+        None,
+        "--prior-trials",
+        min=1,
+        help="warm-start from only the first N trials that auto makes on the --prior dataset "
+        "(what a finished task there holds: the service's prior_task), not the whole dataset",
+    ),
     jobs: int = typer.Option(1, "--jobs", min=1, help="worker processes (results do not change)"),
     as_json: bool = typer.Option(False, "--json"),
 ) -> None:
@@ -168,6 +185,8 @@ def tuner(
                     2,
                 )
     priors = _priors(prior or [], loaded)
+    if prior_trials is not None and not priors:
+        raise CliError("--prior-trials: give the --prior dataset the trials are taken from", 2)
     with console.status("benchmarking") as status:
         doc = bench(
             loaded,
@@ -178,6 +197,7 @@ def tuner(
             batch=batch,
             priors=priors,
             jobs=jobs,
+            prior_trials=prior_trials,
         )
     if as_json:
         print_json(doc)
