@@ -90,3 +90,13 @@ def test_sparkline_and_milestones():
     assert sparkline([]) == ""
     assert milestones(16) == [1, 2, 5, 10, 16]
     assert milestones(50) == [1, 2, 5, 10, 20, 50]
+
+
+def test_a_finished_task_says_which_task_warm_started_it(capsys: pytest.CaptureFixture[str]):
+    from pipetune.clients.cli.client_cmds import print_task
+
+    print_task(TASK, "http://x")
+    assert "warm-started" not in capsys.readouterr().out
+    print_task(TASK.model_copy(update={"prior_task": 3}), "http://x")
+    out = " ".join(capsys.readouterr().out.split())
+    assert "10/10 trials (0 failed), done, warm-started from task 3" in out

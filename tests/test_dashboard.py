@@ -78,8 +78,9 @@ def live_url(tmp_path: Path) -> Iterator[str]:
     thread.join(timeout=10)
 
 
-def _register(client: httpx.Client, name: str, runner: str) -> int:
-    body = {"name": name, "gpu": "h100", "arch": "sm_90", "runner": runner}
+def _register(client: httpx.Client, name: str, runner: str, gpu: str = "h100") -> int:
+    arch = {"a100": "sm_80", "h100": "sm_90"}[gpu]
+    body = {"name": name, "gpu": gpu, "arch": arch, "runner": runner}
     return client.post("/v1/workers", json=body, headers=HEADERS).json()["id"]
 
 
@@ -414,4 +415,27 @@ def test_plot_titles_are_clear_of_the_mode_bar_at_1400_px(live_url, chromium):
                 box = title.bounding_box()
                 assert box is not None, plot
                 assert not _overlap(box, bar), (plot, title.inner_text(), box, bar)
+        browser.close()
+
+
+def test_a_task_warm_started_from_another_gpu_names_its_prior(live_url, chromium):
+    with httpx.Client(base_url=live_url, timeout=30) as client:
+        worker = _register(client, "sim-a100", "simulated", gpu="a100")
+        body = {"workload": GEMM, "gpu": "a100", "budget": 8, "strategy": "random"}
+        prior = client.post("/v1/tasks", json=body).json()["id"]
+        _finish(client, worker, [prior])
+        body = {"workload": GEMM, "gpu": "h100", "budget": 8, "prior_task": prior}
+        warm = client.post("/v1/tasks", json=body).json()["id"]
+
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=chromium, args=CHROMIUM_ARGS)
+        page = browser.new_page()
+        page.goto(f"{live_url}/dashboard?refresh=300")
+        row = page.locator(f'#tasks tbody tr[data-task="{warm}"]')
+        row.wait_for(timeout=20000)
+        assert f"auto (prior: task {prior})" in row.inner_text()
+        other = page.locator(f'#tasks tbody tr[data-task="{prior}"]').inner_text()
+        assert "prior:" not in other
         browser.close()

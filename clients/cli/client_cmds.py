@@ -221,6 +221,8 @@ def print_task(doc: TaskDoc, server: str) -> None:
         f"task {doc.id}: {_label(doc.workload)} on {doc.gpu}, {doc.strategy}, "
         f"{doc.trials_done}/{doc.budget} trials ({doc.trials_failed} failed), {doc.state}"
     )
+    if doc.prior_task is not None:
+        title += f", warm-started from task {doc.prior_task}"
     console.print(title)
     if doc.best is None:
         console.print("no successful trial" + (f": {doc.error}" if doc.error else ""))

@@ -112,7 +112,8 @@
       cell(tr, String(task.id));
       cell(tr, workloadLabel(task));
       cell(tr, task.gpu);
-      cell(tr, task.strategy);
+      // A task warm-started from another GPU's task says so beside its strategy.
+      cell(tr, task.prior_task ? `${task.strategy} (prior: task ${task.prior_task})` : task.strategy);
       cell(tr, task.state, `state-${task.state}`);
       const progress = cell(tr, "");
       const bar = document.createElement("span");
