@@ -234,6 +234,8 @@ class TaskDoc(_Body):
     budget: int
     seed: int
     prior_task: int | None = None  # the task whose trials warm-started this one
+    # The recorded dataset an imported task's trials came from (not tuned by the service).
+    imported_from: str | None = None
     trials_done: int  # trials with a final result (failed ones included)
     trials_failed: int
     best: BestTrial | None = None

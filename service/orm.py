@@ -79,6 +79,9 @@ class TaskRow(Base):
     # A finished task of the same workload on another GPU whose trials are this task's prior
     # (model.wire.TaskCreate.prior_task); immutable once finished, so every replay is exact.
     prior_task: Mapped[int | None] = mapped_column(ForeignKey("tasks.id"))
+    # The dataset file an imported task's trials came from (`pipetune db import-dataset`): its
+    # trials were measured elsewhere, not tuned here; None for a task the service ran.
+    imported_from: Mapped[str | None] = mapped_column(String(512))
     state: Mapped[str] = mapped_column(String(16))
     # Batches enqueued so far: the version a replica compares-and-sets to enqueue the next.
     batches: Mapped[int] = mapped_column(Integer, default=0)

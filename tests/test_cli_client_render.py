@@ -100,3 +100,12 @@ def test_a_finished_task_says_which_task_warm_started_it(capsys: pytest.CaptureF
     print_task(TASK.model_copy(update={"prior_task": 3}), "http://x")
     out = " ".join(capsys.readouterr().out.split())
     assert "10/10 trials (0 failed), done, warm-started from task 3" in out
+
+
+def test_the_strategy_column_names_a_warm_start_and_an_import():
+    from pipetune.clients.cli.client_cmds import strategy_label
+
+    assert strategy_label(TASK) == "random"
+    assert strategy_label(TASK.model_copy(update={"prior_task": 3})) == "random (prior: task 3)"
+    imported = TASK.model_copy(update={"imported_from": "a100.t4.json.gz"})
+    assert strategy_label(imported) == "imported dataset"

@@ -418,7 +418,30 @@ def test_plot_titles_are_clear_of_the_mode_bar_at_1400_px(live_url, chromium):
         browser.close()
 
 
-def test_a_task_warm_started_from_another_gpu_names_its_prior(live_url, chromium):
+def _import_small_sweep(db_url: str) -> int:
+    """A simulated A100 sweep of a small GEMM imported as a task (plumbing only)."""
+    from pipetune.model.hardware import get_gpu
+    from pipetune.model.space import Space
+    from pipetune.model.workloads import gemm
+    from pipetune.service.db import Database
+    from pipetune.service.imports import import_dataset
+    from pipetune.workers.datasets.pipetune import check_pipetune
+    from pipetune.workers.runners import make_runner
+    from pipetune.workers.runners.sweep import sweep
+
+    gpu, workload = get_gpu("a100"), gemm(256, 128, 512)
+    with make_runner("simulated", gpu=gpu, seed=0, time_scale=0) as sim:
+        data = sweep(sim, workload, gpu, list(Space.enumerate(workload, gpu)), progress=None)
+    database = Database(db_url, pool_size=1)
+    try:
+        with database.write() as s:
+            return import_dataset(s, data, check_pipetune(data), "sweep.t4.json", database.now())
+    finally:
+        database.dispose()
+
+
+def test_a_warm_started_task_names_its_prior_and_an_import_says_so(live_url, chromium, tmp_path):
+    imported = _import_small_sweep(f"sqlite:///{tmp_path / 'dashboard.db'}")
     with httpx.Client(base_url=live_url, timeout=30) as client:
         worker = _register(client, "sim-a100", "simulated", gpu="a100")
         body = {"workload": GEMM, "gpu": "a100", "budget": 8, "strategy": "random"}
@@ -438,4 +461,8 @@ def test_a_task_warm_started_from_another_gpu_names_its_prior(live_url, chromium
         assert f"auto (prior: task {prior})" in row.inner_text()
         other = page.locator(f'#tasks tbody tr[data-task="{prior}"]').inner_text()
         assert "prior:" not in other
+        assert (
+            "imported dataset"
+            in page.locator(f'#tasks tbody tr[data-task="{imported}"]').inner_text()
+        )
         browser.close()

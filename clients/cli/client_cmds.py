@@ -216,6 +216,16 @@ def wait_for_task(c: Any, task: TaskDoc, show: bool, poll_s: float) -> TaskDoc:
         return c.wait(task.id, progress=update, poll_s=poll_s)
 
 
+def strategy_label(doc: TaskDoc) -> str:
+    """The strategy column (as the dashboard's): a warm start names its prior task; a
+    dataset imported as a task was not tuned here."""
+    if doc.imported_from is not None:
+        return "imported dataset"
+    if doc.prior_task is not None:
+        return f"{doc.strategy} (prior: task {doc.prior_task})"
+    return doc.strategy
+
+
 def print_task(doc: TaskDoc, server: str) -> None:
     title = (
         f"task {doc.id}: {_label(doc.workload)} on {doc.gpu}, {doc.strategy}, "
@@ -223,6 +233,8 @@ def print_task(doc: TaskDoc, server: str) -> None:
     )
     if doc.prior_task is not None:
         title += f", warm-started from task {doc.prior_task}"
+    if doc.imported_from is not None:
+        title += f", imported from {doc.imported_from}"
     console.print(title)
     if doc.best is None:
         console.print("no successful trial" + (f": {doc.error}" if doc.error else ""))
@@ -343,7 +355,7 @@ def tasks(
             d.state,
             _label(d.workload),
             d.gpu,
-            d.strategy,
+            strategy_label(d),
             f"{d.trials_done}/{d.budget}",
             str(d.trials_failed),
             _fmt(d.best.latency_us if d.best else None),

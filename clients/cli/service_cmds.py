@@ -242,6 +242,55 @@ def db_import_optimum(
     )
 
 
+@db_app.command("import-dataset")
+@reported
+def db_import_dataset(
+    dataset: Path = typer.Argument(..., help="a pipetune dataset (T4 file) of one workload"),
+    db: str | None = _DB,
+    as_json: bool = typer.Option(False, "--json", help="print the task document"),
+) -> None:
+    """Record a dataset's trials as a finished task (measured elsewhere, not tuned here): a
+    task on another GPU can then warm-start from it (--prior-task), and the service's best
+    schedule for that workload and GPU knows of it."""
+    from pipetune.service.db import Database
+    from pipetune.service.imports import import_dataset
+    from pipetune.service.migrate import SchemaError, check_schema
+    from pipetune.service.views import get_task_doc
+    from pipetune.workers.datasets import DatasetError, check_pipetune, load_dataset
+
+    url = _settings(db).database_url
+    try:
+        data = load_dataset(dataset)
+        info = check_pipetune(data)
+    except (DatasetError, OSError) as exc:
+        raise CliError(str(exc), 2) from None
+    if not len(data):
+        raise CliError(f"{dataset}: the dataset holds no configuration", 2)
+    try:
+        check_schema(url, create_if_empty=True)
+    except SchemaError as exc:
+        raise CliError(str(exc), 1) from None
+    database = Database(url, pool_size=1)
+    try:
+        with database.write() as s:
+            task_id = import_dataset(s, data, info, str(dataset), database.now())
+        with database.read() as s:
+            doc = get_task_doc(s, task_id)
+    finally:
+        database.dispose()
+    assert doc is not None
+    if as_json:
+        print_json(doc.model_dump(mode="json"))
+        return
+    best = f", best {doc.best.latency_us:.2f} µs" if doc.best else ", none succeeded"
+    runner = f" ({info.runner} runner)" if info.runner else ""
+    console.print(
+        f"task {task_id}: {info.workload.label()} on {info.gpu}, {doc.trials_done} trials "
+        f"({doc.trials_failed} failed){best}{runner}, imported from {dataset}; warm-start a "
+        f"task on another GPU with --prior-task {task_id}"
+    )
+
+
 def register(app: typer.Typer) -> None:
     """Add `serve` and `db` to the `pipetune` app."""
     app.command("serve")(serve)

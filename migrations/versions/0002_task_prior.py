@@ -1,4 +1,5 @@
-"""A task's prior: the finished task of the same workload on another GPU it warm-starts from.
+"""A task's prior (the finished task of the same workload on another GPU it warm-starts
+from), and where an imported task's trials came from (a recorded dataset file).
 
 Revision ID: 0002
 Revises: 0001
@@ -22,10 +23,12 @@ def upgrade() -> None:
     # Nullable, no default: every task created before this revision had no prior.
     with op.batch_alter_table("tasks") as batch:
         batch.add_column(sa.Column("prior_task", sa.Integer(), nullable=True))
+        batch.add_column(sa.Column("imported_from", sa.String(length=512), nullable=True))
         batch.create_foreign_key(op.f("fk_tasks_prior_task_tasks"), "tasks", ["prior_task"], ["id"])
 
 
 def downgrade() -> None:
     with op.batch_alter_table("tasks") as batch:
         batch.drop_constraint(op.f("fk_tasks_prior_task_tasks"), type_="foreignkey")
+        batch.drop_column("imported_from")
         batch.drop_column("prior_task")

@@ -102,6 +102,13 @@
     return td;
   }
 
+  // A task warm-started from another GPU's task says so beside its strategy; a dataset
+  // imported as a task was not tuned here at all.
+  function strategyLabel(task) {
+    if (task.imported_from) return "imported dataset";
+    return task.prior_task ? `${task.strategy} (prior: task ${task.prior_task})` : task.strategy;
+  }
+
   function renderTasks() {
     const body = document.querySelector("#tasks tbody");
     const rows = document.createDocumentFragment();
@@ -112,8 +119,7 @@
       cell(tr, String(task.id));
       cell(tr, workloadLabel(task));
       cell(tr, task.gpu);
-      // A task warm-started from another GPU's task says so beside its strategy.
-      cell(tr, task.prior_task ? `${task.strategy} (prior: task ${task.prior_task})` : task.strategy);
+      cell(tr, strategyLabel(task));
       cell(tr, task.state, `state-${task.state}`);
       const progress = cell(tr, "");
       const bar = document.createElement("span");

@@ -1,0 +1,87 @@
+"""`pipetune db import-dataset FILE`: a recorded dataset of one workload on one GPU becomes a
+finished task that a task on another GPU warm-starts from (`prior_task`), that the best
+schedule lookup knows, and that stays out of the per-strategy curves. SQLite and PostgreSQL.
+The datasets here are small simulated sweeps (plumbing only: simulated, not measured)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from service_support import client_for, service_of
+from typer.testing import CliRunner
+
+from pipetune.clients.cli.main import app
+from pipetune.model.hardware import get_gpu
+from pipetune.model.space import Space
+from pipetune.model.workloads import gemm
+from pipetune.workers.datasets import load_dataset, write_t4
+from pipetune.workers.runners import make_runner
+from pipetune.workers.runners.sweep import sweep
+
+pytest_plugins = ["service_fixtures"]
+
+runner = CliRunner()
+WORKLOAD = gemm(256, 128, 512)
+KT_CACHE = Path(__file__).resolve().parents[2] / "shared" / "datasets"
+
+
+@pytest.fixture(scope="module")
+def a100_sweep(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    gpu = get_gpu("a100")
+    with make_runner("simulated", gpu=gpu, seed=0, time_scale=0) as sim:
+        data = sweep(sim, WORKLOAD, gpu, list(Space.enumerate(WORKLOAD, gpu)), progress=None)
+    path = tmp_path_factory.mktemp("import") / "gemm256_a100.t4.json.gz"
+    write_t4(data, path)
+    return path
+
+
+def _import(path: Path, db_url: str) -> dict:
+    result = runner.invoke(app, ["db", "import-dataset", str(path), "--db", db_url, "--json"])
+    assert result.exit_code == 0, result.output
+    return json.loads(result.stdout)
+
+
+def test_an_imported_dataset_is_a_finished_task_a_warm_start_can_name(a100_sweep, db_url):
+    data = load_dataset(a100_sweep)
+    times = [r.time_ms for r in data.records if r.time_ms is not None]
+    doc = _import(a100_sweep, db_url)
+    assert doc["state"] == "done" and doc["gpu"] == "a100"
+    assert doc["imported_from"] == str(a100_sweep) and doc["strategy"] == "grid"
+    assert doc["trials_done"] == len(data) == doc["budget"]
+    assert doc["best"]["latency_us"] == pytest.approx(min(times) * 1e3)
+    assert doc["best"]["runner"] == "simulated"
+
+    with client_for(db_url) as client:
+        trials = client.get(f"/v1/tasks/{doc['id']}/trials?limit=10000").json()["trials"]
+        assert len(trials) == len(data)
+        assert [t["schedule"] for t in trials] == [dict(r.configuration) for r in data.records]
+        assert all(t["predicted_us"] > 0 for t in trials)  # the model's, for the scatter
+        best = client.post("/v1/schedules", json={"workload": WORKLOAD.canonical(), "gpu": "a100"})
+        assert best.json()["source"] == "measured"
+        assert best.json()["latency_us"] == pytest.approx(doc["best"]["latency_us"])
+        curves = client.get("/v1/curves").json()["curves"]
+        assert "grid" not in curves  # nothing was tuned here
+
+        body = {"workload": WORKLOAD.canonical(), "gpu": "h100", "budget": 8}
+        warm = client.post("/v1/tasks", json={**body, "prior_task": doc["id"]})
+        assert warm.status_code == 201, warm.text
+        assert warm.json()["prior_task"] == doc["id"]
+        live = service_of(client).driver._live[warm.json()["id"]]
+        prior = live.session.strategy.prior  # the import, completed by the model
+        assert prior.source == f"task {doc['id']} on a100 and the analytical model"
+        assert prior.sampled and prior.recorded.sum() > 0.9 * len(data)
+
+
+def test_what_is_not_a_pipetune_dataset_is_refused_with_exit_2(tmp_path):
+    url = f"sqlite:///{tmp_path / 'x.db'}"
+    missing = runner.invoke(
+        app, ["db", "import-dataset", str(tmp_path / "no.t4.json"), "--db", url]
+    )
+    assert missing.exit_code == 2 and "no.t4.json" in missing.stderr
+    cache = KT_CACHE / "convolution_A100.kt-cache.json.gz"
+    if cache.exists():
+        foreign = runner.invoke(app, ["db", "import-dataset", str(cache), "--db", url])
+        assert foreign.exit_code == 2 and "not a pipetune dataset" in foreign.stderr
+    assert not (tmp_path / "x.db").exists()  # nothing written
