@@ -17,7 +17,7 @@ from __future__ import annotations
 import threading
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import typer
 
@@ -203,6 +203,17 @@ def db_current(db: str | None = _DB, as_json: bool = typer.Option(False, "--json
     console.print(f"{doc['database']}: revision {doc['current']} (newest {doc['head']}, {state})")
 
 
+def _pipetune_dataset(path: Path) -> tuple[Any, Any]:
+    """A pipetune dataset file and its checked provenance; exit 2 naming what is wrong."""
+    from pipetune.workers.datasets import DatasetError, check_pipetune, load_dataset
+
+    try:
+        data = load_dataset(path)
+        return data, check_pipetune(data)
+    except (DatasetError, OSError) as exc:
+        raise CliError(str(exc), 2) from None
+
+
 @db_app.command("import-optimum")
 @reported
 def db_import_optimum(
@@ -213,14 +224,9 @@ def db_import_optimum(
     from pipetune.service.db import Database
     from pipetune.service.migrate import SchemaError, check_schema
     from pipetune.service.records import set_reference_optimum
-    from pipetune.workers.datasets import DatasetError, check_pipetune, load_dataset
 
     url = _settings(db).database_url
-    try:
-        data = load_dataset(dataset)
-        info = check_pipetune(data)
-    except (DatasetError, OSError) as exc:
-        raise CliError(str(exc), 2) from None
+    data, info = _pipetune_dataset(dataset)
     best = data.best()
     if best is None or best.time_ms is None:
         raise CliError(f"{dataset}: no successful configuration to take the optimum from", 2)
@@ -256,14 +262,9 @@ def db_import_dataset(
     from pipetune.service.imports import import_dataset
     from pipetune.service.migrate import SchemaError, check_schema
     from pipetune.service.views import get_task_doc
-    from pipetune.workers.datasets import DatasetError, check_pipetune, load_dataset
 
     url = _settings(db).database_url
-    try:
-        data = load_dataset(dataset)
-        info = check_pipetune(data)
-    except (DatasetError, OSError) as exc:
-        raise CliError(str(exc), 2) from None
+    data, info = _pipetune_dataset(dataset)
     if not len(data):
         raise CliError(f"{dataset}: the dataset holds no configuration", 2)
     try:
