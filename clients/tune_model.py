@@ -120,12 +120,25 @@ def launch(
     budget: int,
     strategy: StrategyName,
     seed: int,
+    prior_gpu: str | None = None,
 ) -> list[TaskDoc]:
-    """One tuning task per distinct shape, all queued at once so the workers share them."""
-    return [
-        client.tune(s.workload.canonical(), gpu, budget=budget, strategy=strategy, seed=seed)
-        for s in shapes
-    ]
+    """One tuning task per distinct shape, all queued at once so the workers share them.
+    With prior_gpu, each shape warm-starts from its newest finished task on that GPU where
+    it has one, and starts cold where it has none (the service says which by a 422 on
+    prior_gpu)."""
+    started = []
+    for s in shapes:
+        workload = s.workload.canonical()
+        try:
+            task = client.tune(
+                workload, gpu, budget=budget, strategy=strategy, seed=seed, prior_gpu=prior_gpu
+            )
+        except ApiError as exc:
+            if prior_gpu is None or exc.status_code != 422 or exc.field != "prior_gpu":
+                raise
+            task = client.tune(workload, gpu, budget=budget, strategy=strategy, seed=seed)
+        started.append(task)
+    return started
 
 
 def wait_all(

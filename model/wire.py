@@ -171,13 +171,48 @@ PRIOR_TASK_DESCRIPTION = (
     "a finished task of the same workload on another GPU: its trials warm-start the search "
     "(for the strategies that take a prior; any other is refused, naming them)"
 )
+PRIOR_GPU_DESCRIPTION = (
+    "instead of prior_task: warm-start from the newest finished task of the same workload on "
+    "this GPU (with a successful trial); the task records which one"
+)
 
 
-class TuneOptions(_Request):
+class FieldError(ValueError):
+    """A model validator's error about one of the model's fields (the 422 names it)."""
+
+    def __init__(self, field: str, reason: str):
+        super().__init__(f"{field}: {reason}")
+        self.field = field
+        self.reason = reason
+
+
+class _PriorFields(_Request):
+    """Where a task's warm start comes from: a task, or the newest one on a GPU."""
+
+    prior_task: int | None = Field(None, ge=1, le=2**31 - 1, description=PRIOR_TASK_DESCRIPTION)
+    prior_gpu: str | None = Field(None, description=PRIOR_GPU_DESCRIPTION)
+
+    @field_validator("prior_gpu")
+    @classmethod
+    def _known_prior_gpu(cls, value: str | None) -> str | None:
+        if value is None:
+            return None
+        try:
+            return resolve_gpu_key(value)
+        except HardwareError as exc:
+            raise ValueError(str(exc)) from None
+
+    @model_validator(mode="after")
+    def _one_prior(self) -> Any:
+        if self.prior_task is not None and self.prior_gpu is not None:
+            raise FieldError("prior_gpu", "give prior_task or prior_gpu, not both")
+        return self
+
+
+class TuneOptions(_PriorFields):
     budget: int = Field(50, ge=1, le=MAX_BUDGET)
     strategy: StrategyName = DEFAULT_STRATEGY
     seed: int = Field(0, ge=0, le=2**31 - 1)
-    prior_task: int | None = Field(None, ge=1, le=2**31 - 1, description=PRIOR_TASK_DESCRIPTION)
 
 
 class ScheduleRequest(_GpuField):
@@ -203,14 +238,13 @@ class ScheduleResponse(_Throughput):
     url: str | None = None
 
 
-class TaskCreate(_GpuField):
+class TaskCreate(_GpuField, _PriorFields):
     """POST /v1/tasks."""
 
     workload: Workload
     budget: int = Field(50, ge=1, le=MAX_BUDGET)
     strategy: StrategyName = DEFAULT_STRATEGY
     seed: int = Field(0, ge=0, le=2**31 - 1)
-    prior_task: int | None = Field(None, ge=1, le=2**31 - 1, description=PRIOR_TASK_DESCRIPTION)
 
 
 class BestTrial(_Throughput):

@@ -54,7 +54,13 @@ from pipetune.service.db import Database
 from pipetune.service.errors import ConflictError, InputError, NotFoundError
 from pipetune.service.metrics import Metrics
 from pipetune.service.orm import JobRow, LeaseRow, TaskRow, WorkloadRow
-from pipetune.service.priors import PriorError, check_prior_task, check_strategy, prior_from_task
+from pipetune.service.priors import (
+    PriorError,
+    check_prior_task,
+    check_strategy,
+    newest_prior_task,
+    prior_from_task,
+)
 from pipetune.service.records import workload_row
 from pipetune.service.settings import Settings
 from pipetune.service.wakeup import CHANNEL, Wakeup, notify_statement
@@ -326,6 +332,8 @@ class Driver:
     def create(self, body: TaskCreate, where: tuple[str, ...] = ("body",)) -> int:
         """Write the task and its first batch (two, proposing ahead) in one transaction;
         returns the task id. `where`: the request's path to the task's fields (for a 422)."""
+        if body.prior_gpu is not None:
+            body = self._resolve_prior_gpu(body, where)
         if body.prior_task is not None:
             self._check_prior(body, where)
         try:
@@ -374,6 +382,19 @@ class Driver:
         self.metrics.batches.inc(len(batches))
         self._keep_live(task_id, live)
         return task_id
+
+    def _resolve_prior_gpu(self, body: TaskCreate, where: tuple[str, ...]) -> TaskCreate:
+        """The body with prior_gpu resolved to the task it names (recorded as prior_task:
+        a replay must read the same prior whatever was tuned on that GPU since)."""
+        assert body.prior_gpu is not None
+        try:
+            with self.db.read_conn() as conn:
+                task = newest_prior_task(
+                    conn, body.workload.workload_hash, body.prior_gpu, body.gpu
+                )
+        except PriorError as exc:
+            raise InputError([*where, "prior_gpu"], str(exc)) from None
+        return body.model_copy(update={"prior_task": task, "prior_gpu": None})
 
     def _check_prior(self, body: TaskCreate, where: tuple[str, ...]) -> None:
         assert body.prior_task is not None

@@ -14,7 +14,7 @@ from fastapi.responses import JSONResponse
 from sqlalchemy import exc as sa_exc
 
 from pipetune.model.family import all_ops
-from pipetune.model.wire import ErrorItem, ValidationErrorBody
+from pipetune.model.wire import ErrorItem, FieldError, ValidationErrorBody
 from pipetune.model.workloads import WorkloadError
 from pipetune.service.db import is_unavailable, unavailable_reason
 
@@ -76,8 +76,9 @@ def _item(error: dict[str, Any]) -> ErrorItem:
     kind = str(error.get("type", "value_error"))
     reason = _reason(error)
     cause = (error.get("ctx") or {}).get("error")
-    if isinstance(cause, WorkloadError):
-        # A workload model validator reports at the operator; the field is in the error.
+    if isinstance(cause, WorkloadError | FieldError):
+        # A model validator reports at the model (a workload's: at the operator); the field
+        # is in the error.
         loc = [*loc, cause.field]
         reason = cause.reason
     elif kind in ("union_tag_invalid", "union_tag_not_found"):

@@ -16,7 +16,7 @@ import numpy as np
 from sqlalchemy import Connection, select
 
 from pipetune.model.family import FamilySpace, family_of
-from pipetune.model.states import TaskState
+from pipetune.model.states import FINAL_TASK_STATES, TaskState
 from pipetune.service.orm import JobRow, TaskRow, WorkloadRow
 from pipetune.tuner.bo import PriorMean
 from pipetune.tuner.recorded import RecordedConfigs
@@ -66,6 +66,34 @@ def check_prior_task(conn: Connection, prior_task: int, workload_hash: str, gpu:
     )
     if succeeded is None:
         raise PriorError(f"task {prior_task} has no successful trial to learn from")
+
+
+def newest_prior_task(conn: Connection, workload_hash: str, prior_gpu: str, gpu: str) -> int:
+    """The newest finished task of this workload on `prior_gpu` with a successful trial
+    (`TaskCreate.prior_gpu`); PriorError when there is none."""
+    if prior_gpu == gpu:
+        raise PriorError(
+            f"{gpu} is this task's GPU: a prior is the same workload measured on another GPU"
+        )
+    succeeded = select(JobRow.id).where(JobRow.task_id == TaskRow.id, JobRow.status == "ok")
+    found = conn.scalar(
+        select(TaskRow.id)
+        .join(WorkloadRow, TaskRow.workload_id == WorkloadRow.id)
+        .where(
+            WorkloadRow.hash == workload_hash,
+            TaskRow.gpu == prior_gpu,
+            TaskRow.state.in_(FINAL_TASK_STATES),
+            succeeded.exists(),
+        )
+        .order_by(TaskRow.id.desc())
+        .limit(1)
+    )
+    if found is None:
+        raise PriorError(
+            f"no finished task of this workload on {prior_gpu} with a successful trial "
+            "(tune it there first, or import a dataset of it: pipetune db import-dataset)"
+        )
+    return found
 
 
 def prior_from_task(conn: Connection, prior_task: int, space: FamilySpace) -> PriorMean:

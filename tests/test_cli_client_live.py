@@ -117,6 +117,9 @@ def test_tune_with_a_prior_task_from_another_gpu(cli, worker):  # type: ignore[n
     assert result.exit_code == 0, result.output
     doc = json.loads(result.stdout)
     assert doc["prior_task"] == prior and doc["gpu"] == "a100" and doc["state"] == "queued"
+    by_gpu = cli("tune", "gemm", *on_a100, "--prior-gpu", "h100")  # the newest task there
+    assert by_gpu.exit_code == 0, by_gpu.output
+    assert json.loads(by_gpu.stdout)["prior_task"] == prior
 
     missing = cli("tune", "gemm", *on_a100, "--prior-task", "987654")
     assert missing.exit_code == 2

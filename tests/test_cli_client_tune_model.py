@@ -307,3 +307,29 @@ def test_the_report_shows_families_units_and_the_time_split():
     assert "end-to-end (tensor-core GEMM layers)" in text
     assert "end-to-end (memory-intensive layers)" in text
     assert "end-to-end (all listed layers)" in text
+
+
+def test_launch_warm_starts_the_shapes_a_prior_gpu_has_and_the_rest_cold():
+    from pipetune.clients.sdk import ApiError
+    from pipetune.clients.tune_model import launch
+
+    shapes = network("bert-base", 1, 128).distinct()[:3]
+    calls: list[tuple[dict, str | None]] = []
+
+    class Fake:
+        def tune(self, workload, gpu, *, budget, strategy, seed, prior_gpu=None):
+            calls.append((workload, prior_gpu))
+            if prior_gpu is not None and workload == shapes[1].workload.canonical():
+                raise ApiError(422, "prior_gpu: no finished task", field="prior_gpu")
+            return len(calls)
+
+    started = launch(Fake(), shapes, "h200", 8, "auto", 0, prior_gpu="h100")  # type: ignore[arg-type]
+    assert len(started) == 3
+    assert [p for _, p in calls] == ["h100", "h100", None, "h100"]  # the second, again cold
+
+    class Refusing(Fake):
+        def tune(self, workload, gpu, *, budget, strategy, seed, prior_gpu=None):
+            raise ApiError(422, "budget: too large", field="budget")
+
+    with pytest.raises(ApiError, match="budget"):  # any other refusal is the user's to see
+        launch(Refusing(), shapes, "h200", 8, "auto", 0, prior_gpu="h100")  # type: ignore[arg-type]

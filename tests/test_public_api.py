@@ -175,6 +175,8 @@ def test_without_a_database_the_answer_is_the_models(home: Path):
         ({"gpu": "v100"}, HardwareError, "unknown GPU 'v100'"),
         ({"prior_task": 5}, WorkloadError, "prior_task: task 5 does not exist"),
         ({"prior_task": 5, "strategy": "grid"}, WorkloadError, "strategy: strategy 'grid' takes"),
+        ({"prior_task": 5, "prior_gpu": "a100"}, ValueError, "^prior_gpu: give prior_task or"),
+        ({"prior_gpu": "a100"}, WorkloadError, "prior_gpu: no finished task of this workload"),
     ],
     ids=lambda v: next(iter(v)) if isinstance(v, dict) else None,
 )

@@ -158,3 +158,32 @@ def test_a_replica_that_never_saw_the_task_created_continues_it_with_its_prior(d
         assert drain(b, worker) == 15
         doc = b.get(f"/v1/tasks/{task}").json()
         assert doc["state"] == "done" and doc["error"] is None and doc["trials_done"] == 16
+
+
+def test_prior_gpu_names_the_newest_finished_task_there_and_records_it(client):
+    older, _ = _finished_prior(client)
+    newer, surprise = _finished_prior(client)
+    body = {"workload": GEMM, "gpu": "h100", "budget": 8, "prior_gpu": "A100"}
+    response = client.post("/v1/tasks", json=body)
+    assert response.status_code == 201, response.text
+    doc = response.json()
+    assert doc["prior_task"] == newer != older
+    assert _trials(client, doc["id"])[0] == surprise
+
+
+@pytest.mark.parametrize(
+    ("change", "reason"),
+    [
+        ({"prior_gpu": "h200"}, "no finished task of this workload on h200"),
+        ({"prior_gpu": "h100"}, "h100 is this task's GPU"),
+        ({"prior_gpu": "v100"}, "unknown GPU 'v100'"),
+        ({"prior_gpu": "a100", "prior_task": 1}, "give prior_task or prior_gpu, not both"),
+    ],
+    ids=["none there", "same gpu", "unknown gpu", "both"],
+)
+def test_a_prior_gpu_that_cannot_give_a_prior_is_a_422(client, change, reason):
+    _finished_prior(client)
+    body = {"workload": GEMM, "gpu": "h100", "budget": 8, **change}
+    response = client.post("/v1/tasks", json=body)
+    assert response.status_code == 422, response.text
+    assert response.json()["field"] == "prior_gpu" and reason in response.json()["reason"]

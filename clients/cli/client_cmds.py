@@ -263,6 +263,7 @@ def _tune(
     strategy: str,
     seed: int,
     prior_task: int | None,
+    prior_gpu: str | None,
     wait: bool,
     poll: float,
     as_json: bool,
@@ -280,6 +281,7 @@ def _tune(
             strategy=strategy,  # type: ignore[arg-type]
             seed=seed,
             prior_task=prior_task,
+            prior_gpu=prior_gpu,
         )
         if not wait:
             if as_json:
@@ -316,6 +318,12 @@ add_workload_commands(
             None,
             help="a finished task of the same workload on another GPU: its trials "
             "warm-start the search",
+        ),
+        option(
+            "prior_gpu",
+            str | None,  # type: ignore[arg-type]
+            None,
+            help="instead of --prior-task: the newest finished task of the workload on this GPU",
         ),
         option("wait", bool, False, "--wait", help="follow the task to its end"),
         option("poll", float, 1.0, "--poll", help="seconds between checks with --wait"),
@@ -463,6 +471,11 @@ def tune_model(
     budget: int = typer.Option(16, "--budget", help="trials per distinct layer shape"),
     strategy: str = typer.Option(DEFAULT_STRATEGY, "--strategy", help=", ".join(STRATEGIES)),
     seed: int = typer.Option(0, "--seed", help="the tuner's seed"),
+    prior_gpu: str | None = typer.Option(
+        None,
+        "--prior-gpu",
+        help="warm-start each shape from its newest finished task on this GPU, where it has one",
+    ),
     poll: float = typer.Option(1.0, "--poll", help="seconds between checks"),
     as_json: bool = typer.Option(False, "--json", help="print one JSON document"),
     server: str = server_option(),
@@ -482,7 +495,7 @@ def tune_model(
     net = build_network(network, batch, seq)
     shapes = net.distinct()
     with service_errors(), client(server, api_key) as c:
-        started = tm.launch(c, shapes, gpu, budget, strategy, seed)  # type: ignore[arg-type]
+        started = tm.launch(c, shapes, gpu, budget, strategy, seed, prior_gpu)  # type: ignore[arg-type]
         with task_progress(not as_json) as bar:
             total = sum(t.budget for t in started)
             handle = bar.add_task(f"{net.name}: {len(shapes)} shapes", total=total) if bar else None

@@ -38,6 +38,7 @@ from pipetune.model.trials import MeasureResult
 from pipetune.model.wire import (
     MAX_JOBS_PER_LEASE,
     CurvePoint,
+    FieldError,
     JobResult,
     TaskCreate,
     TaskDoc,
@@ -141,13 +142,16 @@ class TuneResult:
 
 
 def _task_body(
-    workload: Any, gpu: str, budget: int, strategy: str, seed: int, prior_task: int | None
+    workload: Any, gpu: str, budget: int, strategy: str, seed: int, **prior: Any
 ) -> TaskCreate:
     body = {"workload": workload, "gpu": gpu, "budget": budget, "strategy": strategy}
     try:
-        return TaskCreate.model_validate({**body, "seed": seed, "prior_task": prior_task})
+        return TaskCreate.model_validate({**body, "seed": seed, **prior})
     except ValidationError as exc:
         first = exc.errors()[0]
+        cause = (first.get("ctx") or {}).get("error")
+        if isinstance(cause, FieldError):  # a rule between fields, named by its field
+            raise ValueError(str(cause)) from None
         field = ".".join(str(p) for p in first["loc"]) or "task"
         raise ValueError(f"{field}: {first['msg']} (got {first.get('input')!r})") from None
 
@@ -273,6 +277,7 @@ def tune(
     dataset: str | Path | None = None,
     progress: TuneProgress | None = None,
     prior_task: int | None = None,
+    prior_gpu: str | None = None,
 ) -> TuneResult:
     """Tune `workload` on `gpu` in this process; returns the finished task's result.
 
@@ -282,12 +287,12 @@ def tune(
     "replay" (answers from `dataset`, a recorded exhaustive sweep), or a Runner you built
     (you close it). db: the database URL (default: the one `pipetune serve` uses).
     prior_task: a finished task of the same workload on another GPU, in that database,
-    whose trials warm-start the search.
+    whose trials warm-start the search; prior_gpu: instead, the newest such task on that GPU.
     progress(done, total) is called after each trial. An interrupted tuning (an exception,
     Ctrl-C) cancels its task: nothing is left half-run.
     """
     w, key = as_workload(workload), as_gpu(gpu)
-    body = _task_body(w, key, budget, strategy, seed, prior_task)
+    body = _task_body(w, key, budget, strategy, seed, prior_task=prior_task, prior_gpu=prior_gpu)
     measurer = runner if isinstance(runner, Runner) else _make_runner(runner, key, dataset)
     measured_gpu = getattr(getattr(measurer, "gpu", None), "key", key)
     if measured_gpu != key:  # a Runner built for another GPU would answer for the wrong one

@@ -100,10 +100,11 @@ class Client:
         strategy: StrategyName = "analytical+xgb",
         seed: int = 0,
         prior_task: int | None = None,
+        prior_gpu: str | None = None,
     ) -> TaskDoc:
         """Start a tuning task (POST /v1/tasks); returns at once with the queued task.
         prior_task: a finished task of the same workload on another GPU whose trials
-        warm-start the search."""
+        warm-start the search; prior_gpu: instead, the newest such task on that GPU."""
         body = {
             "workload": workload_body(workload),
             "gpu": gpu,
@@ -113,6 +114,8 @@ class Client:
         }
         if prior_task is not None:
             body["prior_task"] = prior_task
+        if prior_gpu is not None:
+            body["prior_gpu"] = prior_gpu
         return self._http.call(TaskDoc, "POST", "/v1/tasks", json=body)
 
     def task(self, task_id: int) -> TaskDoc:
