@@ -23,6 +23,7 @@ from typer.testing import CliRunner
 import pipetune
 from pipetune.clients.cli.main import app
 from pipetune.clients.library.exports import export_tuned
+from pipetune.clients.library.store import LocalStore
 from pipetune.clients.sdk import Client
 from pipetune.model.family import family_of, parse_any_workload
 from pipetune.model.hardware import get_gpu
@@ -197,6 +198,17 @@ def test_a_tasks_trials_as_t4(tuned: str, tmp_path: Path):
     best = pipetune.best_schedule(FC, "h100", db=tuned)
     assert doc["best"] == best.schedule.model_dump()
     assert doc["best_time_ms"] == pytest.approx(best.latency_us / 1e3)
+
+    # ... and back in, into another database: the same trials, as an imported task.
+    other = f"sqlite:///{tmp_path / 'other.db'}"
+    imported = cli.invoke(app, ["db", "import-dataset", str(out), "--db", other, "--json"])
+    assert imported.exit_code == 0, imported.output
+    task = json.loads(imported.stdout)
+    assert task["imported_from"] == str(out) and task["trials_done"] == 6
+    with LocalStore(tuned) as source, LocalStore(other) as copy:
+        mine = [(t.schedule, t.latency_us, t.runner) for t in source.all_trials(1)]
+        theirs = [(t.schedule, t.latency_us, t.runner) for t in copy.all_trials(task["id"])]
+    assert theirs == mine
 
 
 @pytest.mark.skipif(importlib.util.find_spec("kernel_tuner") is None, reason="no Kernel Tuner")
