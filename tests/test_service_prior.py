@@ -144,6 +144,15 @@ def test_schedules_with_tune_takes_a_prior_and_names_its_field(client):
     assert response.status_code == 422
     [error] = response.json()["detail"]
     assert error["loc"] == ["body", "tune", "prior_task"], error
+    body["tune"] = {"budget": 8, "prior_gpu": "h200"}  # nothing finished there
+    response = client.post("/v1/schedules", json=body)
+    assert response.status_code == 422
+    [error] = response.json()["detail"]
+    assert error["loc"] == ["body", "tune", "prior_gpu"], error
+    body["tune"] = {"budget": 8, "prior_gpu": "a100"}
+    response = client.post("/v1/schedules", json=body)
+    assert response.status_code == 202, response.text
+    assert client.get(f"/v1/tasks/{response.json()['task_id']}").json()["prior_task"] == prior
 
 
 def test_a_replica_that_never_saw_the_task_created_continues_it_with_its_prior(db_url):
