@@ -8,9 +8,11 @@
 3. ask for the best schedule of ALCOP's MM_RN50_FC (gemm 1024x64x2048 on H100) before
    tuning (the model's pick), tune it with a budget of 16 trials (`pipetune tune ... --wait`)
    and ask again (now the best measured trial);
-4. tune a memory-intensive operator the same way (BERT-base's attention softmax at batch 8,
+4. with simulated workers (one per GPU), tune the same GEMM on H200 warm-started from what
+   the H100 task measured (`--prior-gpu h100`: transfer between GPUs);
+5. tune a memory-intensive operator the same way (BERT-base's attention softmax at batch 8,
    sequence 128: the second kernel family, whose throughput is GB/s);
-5. print the dashboard URL, stop the service with SIGTERM and check that it exited cleanly.
+6. print the dashboard URL, stop the service with SIGTERM and check that it exited cleanly.
 
     python -m pipetune.clients.demo [--budget 16] [--runner auto|cupy|simulated] [--keep]
 """
@@ -110,6 +112,12 @@ def main(argv: list[str] | None = None) -> int:
         say("the best schedule after tuning (the best trial the workers reported)")
         if run_cli(["schedule", *WORKLOAD], service.url) != 0:
             return 1
+        if runner == "simulated":  # (a cupy demo has workers for this machine's GPU only)
+            say("the same GEMM on H200, warm-started from the H100 task's trials")
+            warm = [*WORKLOAD[:-1], "h200", "--prior-gpu", "h100"]
+            if run_cli(["tune", *warm, "--budget", str(args.budget), "--wait"], service.url):
+                print(service.log_tail(), file=sys.stderr)
+                return 1
         say(f"tuning a memory-intensive operator (BERT's attention softmax), {args.budget} trials")
         tune = ["tune", *SOFTMAX, "--budget", str(args.budget), "--wait"]
         if run_cli(tune, service.url) != 0:

@@ -25,8 +25,10 @@ def test_the_demo_tunes_both_families_and_stops_cleanly(tmp_path: Path):
     assert done.returncode == 0, out + done.stderr
     assert "gemm 1024x64x2048 on h100, auto, 4/4 trials (0 failed), done" in out
     assert "softmax 12288x128 on h100, auto, 4/4 trials (0 failed), done" in out
+    warm = "gemm 1024x64x2048 on h200, auto, 4/4 trials (0 failed), done, warm-started from task 1"
+    assert warm in " ".join(out.split())
     assert "TFLOP/s" in out and "GB/s" in out
-    assert out.count("runner simulated: analytical model + noise, not measurements") == 2
+    assert out.count("runner simulated: analytical model + noise, not measurements") == 3
     # simulated numbers are never called measured (the model's pick has no measurement)
     assert all(m == "-" for m in re.findall(r"measured µs\s*│\s*(\S+)", out)), out
     assert "simulated µs" in out
