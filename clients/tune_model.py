@@ -123,9 +123,9 @@ def launch(
     prior_gpu: str | None = None,
 ) -> list[TaskDoc]:
     """One tuning task per distinct shape, all queued at once so the workers share them.
-    With prior_gpu, each shape warm-starts from its newest finished task on that GPU where
-    it has one, and starts cold where it has none (the service says which by a 422 on
-    prior_gpu)."""
+    With prior_gpu, each shape warm-starts from its finished task on that GPU (the one with
+    the most successful trials) where it has one, and starts cold where it has none (the
+    service says which by a 422 on prior_gpu)."""
     started = []
     for s in shapes:
         workload = s.workload.canonical()

@@ -172,8 +172,8 @@ PRIOR_TASK_DESCRIPTION = (
     "(for the strategies that take a prior; any other is refused, naming them)"
 )
 PRIOR_GPU_DESCRIPTION = (
-    "instead of prior_task: warm-start from the newest finished task of the same workload on "
-    "this GPU (with a successful trial); the task records which one"
+    "instead of prior_task: warm-start from the finished task of the same workload on this GPU "
+    "with the most successful trials (the newest of those); the task records which one"
 )
 
 

@@ -58,8 +58,8 @@ from pipetune.service.priors import (
     PriorError,
     check_prior_task,
     check_strategy,
-    newest_prior_task,
     prior_from_task,
+    prior_task_on,
 )
 from pipetune.service.records import workload_row
 from pipetune.service.settings import Settings
@@ -389,9 +389,7 @@ class Driver:
         assert body.prior_gpu is not None
         try:
             with self.db.read_conn() as conn:
-                task = newest_prior_task(
-                    conn, body.workload.workload_hash, body.prior_gpu, body.gpu
-                )
+                task = prior_task_on(conn, body.workload.workload_hash, body.prior_gpu, body.gpu)
         except PriorError as exc:
             raise InputError([*where, "prior_gpu"], str(exc)) from None
         return body.model_copy(update={"prior_task": task, "prior_gpu": None})

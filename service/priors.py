@@ -68,14 +68,17 @@ def check_prior_task(conn: Connection, prior_task: int, workload_hash: str, gpu:
         raise PriorError(f"task {prior_task} has no successful trial to learn from")
 
 
-def newest_prior_task(conn: Connection, workload_hash: str, prior_gpu: str, gpu: str) -> int:
-    """The newest finished task of this workload on `prior_gpu` with a successful trial
-    (`TaskCreate.prior_gpu`); PriorError when there is none."""
+def prior_task_on(conn: Connection, workload_hash: str, prior_gpu: str, gpu: str) -> int:
+    """The finished task of this workload on `prior_gpu` with the most successful trials,
+    the newest of those (`TaskCreate.prior_gpu`); PriorError when none has one. The most
+    measurements first: a prior from more of the other GPU's trials warm-starts better
+    (benchmarks/RESULTS.md, "a finished task's trials as the prior": 20 < 50 < 100 trials <
+    the whole recording), so an imported sweep is preferred to a short task."""
     if prior_gpu == gpu:
         raise PriorError(
             f"{gpu} is this task's GPU: a prior is the same workload measured on another GPU"
         )
-    succeeded = select(JobRow.id).where(JobRow.task_id == TaskRow.id, JobRow.status == "ok")
+    succeeded = TaskRow.trials_done - TaskRow.trials_failed  # (lost jobs count as failed)
     found = conn.scalar(
         select(TaskRow.id)
         .join(WorkloadRow, TaskRow.workload_id == WorkloadRow.id)
@@ -83,9 +86,9 @@ def newest_prior_task(conn: Connection, workload_hash: str, prior_gpu: str, gpu:
             WorkloadRow.hash == workload_hash,
             TaskRow.gpu == prior_gpu,
             TaskRow.state.in_(FINAL_TASK_STATES),
-            succeeded.exists(),
+            succeeded > 0,
         )
-        .order_by(TaskRow.id.desc())
+        .order_by(succeeded.desc(), TaskRow.id.desc())
         .limit(1)
     )
     if found is None:

@@ -109,7 +109,7 @@ def test_tune_without_wait_returns_the_queued_task(cli):  # type: ignore[no-unty
 
 
 def test_tune_with_a_prior_task_from_another_gpu(cli, worker):  # type: ignore[no-untyped-def]
-    done = cli("tune", "gemm", *FC, "--budget", "4", "--seed", "5", "--wait", "--json")
+    done = cli("tune", "gemm", *FC, "--budget", "8", "--seed", "5", "--wait", "--json")
     assert done.exit_code == 0, done.output
     prior = json.loads(done.stdout)["id"]
     on_a100 = [*FC[:6], "--gpu", "a100", "--budget", "4", "--json"]
@@ -117,7 +117,7 @@ def test_tune_with_a_prior_task_from_another_gpu(cli, worker):  # type: ignore[n
     assert result.exit_code == 0, result.output
     doc = json.loads(result.stdout)
     assert doc["prior_task"] == prior and doc["gpu"] == "a100" and doc["state"] == "queued"
-    by_gpu = cli("tune", "gemm", *on_a100, "--prior-gpu", "h100")  # the newest task there
+    by_gpu = cli("tune", "gemm", *on_a100, "--prior-gpu", "h100")  # the most trials there
     assert by_gpu.exit_code == 0, by_gpu.output
     assert json.loads(by_gpu.stdout)["prior_task"] == prior
 

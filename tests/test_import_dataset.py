@@ -9,7 +9,7 @@ import json
 from pathlib import Path
 
 import pytest
-from service_support import client_for, service_of
+from service_support import client_for, drain, register, service_of
 from typer.testing import CliRunner
 
 from pipetune.clients.cli.main import app
@@ -68,6 +68,12 @@ def test_an_imported_dataset_is_a_finished_task_a_warm_start_can_name(a100_sweep
         warm = client.post("/v1/tasks", json={**body, "prior_task": doc["id"]})
         assert warm.status_code == 201, warm.text
         assert warm.json()["prior_task"] == doc["id"]
+        # A newer but shorter task there: prior_gpu still takes the import (more measured).
+        short = client.post("/v1/tasks", json={**body, "gpu": "a100", "strategy": "random"})
+        assert drain(client, register(client, "a100-worker", gpu="a100")) == 8
+        assert client.get(f"/v1/tasks/{short.json()['id']}").json()["state"] == "done"
+        by_gpu = client.post("/v1/tasks", json={**body, "seed": 1, "prior_gpu": "a100"})
+        assert by_gpu.status_code == 201 and by_gpu.json()["prior_task"] == doc["id"]
         live = service_of(client).driver._live[warm.json()["id"]]
         prior = live.session.strategy.prior  # the import, completed by the model
         assert prior.source == f"task {doc['id']} on a100 and the analytical model"

@@ -25,10 +25,10 @@ pytest_plugins = ["service_fixtures"]
 SURPRISE_TRIAL = 7  # the prior task's trial that ran far faster than anything else there
 
 
-def _finished_prior(client, gpu: str = "a100", workload=GEMM) -> tuple[int, dict]:
+def _finished_prior(client, gpu: str = "a100", workload=GEMM, budget: int = 16) -> tuple[int, dict]:
     """A finished random-search task on `gpu` in which one schedule (trial SURPRISE_TRIAL)
     was a thousand times faster than the rest; returns its id and that schedule."""
-    body = {"workload": workload, "gpu": gpu, "budget": 16, "strategy": "random", "seed": 1}
+    body = {"workload": workload, "gpu": gpu, "budget": budget, "strategy": "random", "seed": 1}
     response = client.post("/v1/tasks", json=body)
     assert response.status_code == 201, response.text
     task = response.json()["id"]
@@ -38,7 +38,7 @@ def _finished_prior(client, gpu: str = "a100", workload=GEMM) -> tuple[int, dict
         scale = 1e-3 if job["trial"] == SURPRISE_TRIAL else 1.0
         return ok(fake_latency(job["schedule"]) * scale)
 
-    assert drain(client, worker, result_of) == 16
+    assert drain(client, worker, result_of) == budget
     assert client.get(f"/v1/tasks/{task}").json()["state"] == "done"
     trials = client.get(f"/v1/tasks/{task}/trials").json()["trials"]
     return task, trials[SURPRISE_TRIAL]["schedule"]
@@ -169,14 +169,15 @@ def test_a_replica_that_never_saw_the_task_created_continues_it_with_its_prior(d
         assert doc["state"] == "done" and doc["error"] is None and doc["trials_done"] == 16
 
 
-def test_prior_gpu_names_the_newest_finished_task_there_and_records_it(client):
+def test_prior_gpu_names_the_task_there_with_most_successes_and_records_it(client):
     older, _ = _finished_prior(client)
     newer, surprise = _finished_prior(client)
+    _finished_prior(client, budget=8)  # the newest, with fewer measurements
     body = {"workload": GEMM, "gpu": "h100", "budget": 8, "prior_gpu": "A100"}
     response = client.post("/v1/tasks", json=body)
     assert response.status_code == 201, response.text
     doc = response.json()
-    assert doc["prior_task"] == newer != older
+    assert doc["prior_task"] == newer != older  # 16 successes each: the newer of the two
     assert _trials(client, doc["id"])[0] == surprise
 
 

@@ -323,7 +323,8 @@ add_workload_commands(
             "prior_gpu",
             str | None,  # type: ignore[arg-type]
             None,
-            help="instead of --prior-task: the newest finished task of the workload on this GPU",
+            help="instead of --prior-task: the finished task of the workload on this GPU with "
+            "the most successful trials",
         ),
         option("wait", bool, False, "--wait", help="follow the task to its end"),
         option("poll", float, 1.0, "--poll", help="seconds between checks with --wait"),
@@ -474,7 +475,8 @@ def tune_model(
     prior_gpu: str | None = typer.Option(
         None,
         "--prior-gpu",
-        help="warm-start each shape from its newest finished task on this GPU, where it has one",
+        help="warm-start each shape from its best-measured finished task on this GPU, where "
+        "it has one",
     ),
     poll: float = typer.Option(1.0, "--poll", help="seconds between checks"),
     as_json: bool = typer.Option(False, "--json", help="print one JSON document"),

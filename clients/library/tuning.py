@@ -287,7 +287,8 @@ def tune(
     "replay" (answers from `dataset`, a recorded exhaustive sweep), or a Runner you built
     (you close it). db: the database URL (default: the one `pipetune serve` uses).
     prior_task: a finished task of the same workload on another GPU, in that database,
-    whose trials warm-start the search; prior_gpu: instead, the newest such task on that GPU.
+    whose trials warm-start the search; prior_gpu: instead, such a task on that GPU (the
+    one with the most successful trials).
     progress(done, total) is called after each trial. An interrupted tuning (an exception,
     Ctrl-C) cancels its task: nothing is left half-run.
     """

@@ -104,7 +104,8 @@ class Client:
     ) -> TaskDoc:
         """Start a tuning task (POST /v1/tasks); returns at once with the queued task.
         prior_task: a finished task of the same workload on another GPU whose trials
-        warm-start the search; prior_gpu: instead, the newest such task on that GPU."""
+        warm-start the search; prior_gpu: instead, such a task on that GPU (the one
+        with the most successful trials, the newest of those)."""
         body = {
             "workload": workload_body(workload),
             "gpu": gpu,
