@@ -244,7 +244,7 @@ class Driver:
         # Spaces and the model's predictions over them, by (workload hash, GPU): computed
         # once per space, shared by every session of that workload on that GPU.
         self._spaces: OrderedDict[tuple[str, str], tuple[FamilySpace, np.ndarray]] = OrderedDict()
-        self._spaces_lock = threading.Lock()  # guards _priors too
+        self._spaces_lock = threading.Lock()  # guards _priors too (Driver._cached)
         self._priors: OrderedDict[tuple[int, str, str], PriorMean] = OrderedDict()
         self._workloads: dict[int, Any] = {}
         # Schedules read back from job rows, by (family, document): frozen, so shareable.
@@ -252,21 +252,28 @@ class Driver:
 
     # ---- sessions ------------------------------------------------------------------
 
-    def _space(self, workload: Any, gpu: str) -> tuple[FamilySpace, np.ndarray]:
-        key = (workload.workload_hash, gpu)
+    def _cached(self, cache: OrderedDict, key: Any, build: Callable[[], Any]) -> Any:
+        """cache[key], built outside the lock when missing; the cache keeps the MAX_SPACES
+        most recently used entries."""
         with self._spaces_lock:
-            found = self._spaces.get(key)
+            found = cache.get(key)
             if found is not None:
-                self._spaces.move_to_end(key)
+                cache.move_to_end(key)
                 return found
-        fam = family_of(workload)
-        space = fam.enumerate(workload, get_gpu(gpu))
-        found = (space, fam.evaluate(space).latency_us)
+        found = build()
         with self._spaces_lock:
-            self._spaces[key] = found
-            while len(self._spaces) > MAX_SPACES:
-                self._spaces.popitem(last=False)
+            cache[key] = found
+            while len(cache) > MAX_SPACES:
+                cache.popitem(last=False)
         return found
+
+    def _space(self, workload: Any, gpu: str) -> tuple[FamilySpace, np.ndarray]:
+        def build() -> tuple[FamilySpace, np.ndarray]:
+            fam = family_of(workload)
+            space = fam.enumerate(workload, get_gpu(gpu))
+            return space, fam.evaluate(space).latency_us
+
+        return self._cached(self._spaces, (workload.workload_hash, gpu), build)
 
     def _new_live(
         self,
@@ -287,19 +294,12 @@ class Driver:
     def _prior(self, prior_task: int, workload: Any, gpu: str, space: FamilySpace) -> PriorMean:
         """The prior a finished task's trials give this space; cached (a finished task's
         trials do not change)."""
-        key = (prior_task, workload.workload_hash, gpu)
-        with self._spaces_lock:
-            found = self._priors.get(key)
-            if found is not None:
-                self._priors.move_to_end(key)
-                return found
-        with self.db.read_conn() as conn:
-            found = prior_from_task(conn, prior_task, space)
-        with self._spaces_lock:
-            self._priors[key] = found
-            while len(self._priors) > MAX_SPACES:
-                self._priors.popitem(last=False)
-        return found
+
+        def build() -> PriorMean:
+            with self.db.read_conn() as conn:
+                return prior_from_task(conn, prior_task, space)
+
+        return self._cached(self._priors, (prior_task, workload.workload_hash, gpu), build)
 
     @staticmethod
     def _propose(live: _Live, n: int) -> tuple[list[Any], list[float]]:

@@ -17,8 +17,9 @@ from sqlalchemy import insert
 from sqlalchemy.orm import Session
 
 from pipetune.model.hardware import get_gpu
-from pipetune.model.states import JobState, TaskState
+from pipetune.model.states import TaskState
 from pipetune.service.orm import JobRow, TaskRow
+from pipetune.service.queue_types import result_columns
 from pipetune.service.records import workload_row
 from pipetune.workers.datasets import Dataset
 from pipetune.workers.datasets.pipetune import PipetuneInfo, result_from_record
@@ -75,6 +76,7 @@ def import_dataset(
 def _job(task: TaskRow, trial: int, schedule: Any, result: Any, predicted_us: Any) -> dict:
     predicted_us = float(predicted_us)
     return {
+        **result_columns(result),
         "task_id": task.id,
         "workload_id": task.workload_id,
         "gpu": task.gpu,
@@ -84,17 +86,5 @@ def _job(task: TaskRow, trial: int, schedule: Any, result: Any, predicted_us: An
         "schedule": schedule.as_dict(),
         "schedule_id": schedule.id,
         "predicted_us": predicted_us if np.isfinite(predicted_us) else None,
-        "state": JobState.DONE if result.ok else JobState.FAILED,
         "attempts": 0,
-        "status": result.status,
-        "latency_us": result.latency_us if result.ok else None,
-        "samples_us": list(result.samples_us),
-        "spread": result.spread,
-        "registers": result.registers,
-        "spill_bytes": result.spill_bytes,
-        "smem_bytes": result.smem_bytes,
-        "compile_ms": result.compile_ms,
-        "max_abs_error": result.max_abs_error,
-        "error": result.error,
-        "runner": result.runner,
     }

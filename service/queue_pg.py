@@ -26,7 +26,14 @@ from typing import Any
 
 from pipetune.model.states import JobState, TaskState
 from pipetune.service.db import Database
-from pipetune.service.queue_types import Claimed, Report, Seen, TaskProgress, WorkerRef
+from pipetune.service.queue_types import (
+    Claimed,
+    Report,
+    Seen,
+    TaskProgress,
+    WorkerRef,
+    result_columns,
+)
 
 _QUEUED, _LEASED = JobState.QUEUED.value, JobState.LEASED.value
 _RUNNING, _TASK_QUEUED = TaskState.RUNNING.value, TaskState.QUEUED.value
@@ -162,24 +169,12 @@ def _utc(value: dt.datetime) -> dt.datetime:
 
 
 def _report_row(i: int, report: Report) -> dict[str, Any]:
-    r = report.result
     return {
         "i": i,
         "job_id": report.job_id,
         "token": report.lease_token,
-        "ok": r.ok,
-        "state": JobState.DONE.value if r.ok else JobState.FAILED.value,
-        "status": r.status,
-        "latency_us": r.latency_us if r.ok else None,
-        "samples_us": list(r.samples_us),
-        "spread": r.spread,
-        "registers": r.registers,
-        "spill_bytes": r.spill_bytes,
-        "smem_bytes": r.smem_bytes,
-        "compile_ms": r.compile_ms,
-        "max_abs_error": r.max_abs_error,
-        "error": r.error,
-        "runner": r.runner,
+        "ok": report.result.ok,
+        **result_columns(report.result),
     }
 
 

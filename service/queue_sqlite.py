@@ -18,7 +18,14 @@ from sqlalchemy import bindparam, case, insert, literal, select, update
 from pipetune.model.states import JobState, TaskState
 from pipetune.service.db import Database
 from pipetune.service.orm import JobRow, LeaseRow, TaskRow, WorkerRow
-from pipetune.service.queue_types import Claimed, Report, Seen, TaskProgress, WorkerRef
+from pipetune.service.queue_types import (
+    Claimed,
+    Report,
+    Seen,
+    TaskProgress,
+    WorkerRef,
+    result_columns,
+)
 
 JOBS, LEASES, TASKS, WORKERS = (
     JobRow.__table__,
@@ -201,23 +208,13 @@ class SqliteQueueStore:
 
     @staticmethod
     def _apply_params(report: Report, worker: WorkerRef, now: dt.datetime) -> dict:
-        r = report.result
+        columns = result_columns(report.result)
+        # A result that does not say which runner made it was made by the worker's.
+        columns["runner"] = columns["runner"] or worker.runner
         return {
             "b_id": report.job_id,
             "b_token": report.lease_token,
-            "b_state": _state_of(r.ok),
-            "b_status": r.status,
-            "b_latency_us": r.latency_us if r.ok else None,
-            "b_samples_us": list(r.samples_us),
-            "b_spread": r.spread,
-            "b_registers": r.registers,
-            "b_spill_bytes": r.spill_bytes,
-            "b_smem_bytes": r.smem_bytes,
-            "b_compile_ms": r.compile_ms,
-            "b_max_abs_error": r.max_abs_error,
-            "b_error": r.error,
-            # A result that does not say which runner made it was made by the worker's.
-            "b_runner": r.runner or worker.runner,
+            **{f"b_{name}": value for name, value in columns.items()},
             "b_worker": worker.id,
             "b_now": now,
         }

@@ -7,12 +7,32 @@ import datetime as dt
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from pipetune.model.states import JobState
 from pipetune.model.trials import MeasureResult, RunnerKind
 from pipetune.service.wakeup import WorkerKind
 
 # Runners that answer for one named GPU (a model or a recorded dataset of it) get only that
 # GPU's jobs; a real GPU (cupy) takes any job compiled for its architecture.
 GPU_BOUND_RUNNERS = (RunnerKind.SIMULATED, RunnerKind.REPLAY)
+
+
+def result_columns(r: MeasureResult) -> dict[str, Any]:
+    """A measurement as the columns of its job row (its final state included): the one
+    mapping every writer of results uses (both queue stores, imported datasets)."""
+    return {
+        "state": (JobState.DONE if r.ok else JobState.FAILED).value,
+        "status": r.status,
+        "latency_us": r.latency_us if r.ok else None,
+        "samples_us": list(r.samples_us),
+        "spread": r.spread,
+        "registers": r.registers,
+        "spill_bytes": r.spill_bytes,
+        "smem_bytes": r.smem_bytes,
+        "compile_ms": r.compile_ms,
+        "max_abs_error": r.max_abs_error,
+        "error": r.error,
+        "runner": r.runner,
+    }
 
 
 @dataclass(frozen=True)
