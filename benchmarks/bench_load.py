@@ -284,6 +284,14 @@ def main() -> int:
         default=0.0,
         help="after the tasks, poll the empty queue this long and report its CPU per second",
     )
+    parser.add_argument(
+        "--results",
+        choices=("made-up", "simulated"),
+        default=LoadConfig.results,
+        help="what workers answer: made-up results (they contradict the analytical model, "
+        "so a model-guided task drops its prior) or the simulated runner's (the model plus "
+        "noise: SIMULATED)",
+    )
     parser.add_argument("--json", action="store_true", help="print one JSON object, no table")
     parser.add_argument("--write", action="store_true", help="record in benchmarks/RESULTS.md")
     args = parser.parse_args()
@@ -316,6 +324,7 @@ def main() -> int:
                     batched=batched,
                     max_jobs=(args.max_jobs or BATCHED_MAX_JOBS) if batched else 1,
                     idle_s=args.idle_seconds,
+                    results=args.results,
                 )
                 report = run_load(args.pg_url, config)
                 say(summary(report), flush=True)

@@ -6,9 +6,10 @@ from __future__ import annotations
 import os
 import threading
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 import httpx
 from sqlalchemy import create_engine, text
@@ -79,6 +80,39 @@ def fake_result(job: dict) -> dict:
     s = job["schedule"]
     latency = 20.0 + sum((i + 1) * v for i, v in enumerate(s.values())) % 53
     return {"status": "ok", "latency_us": latency, "samples_us": [latency], "spread": 0.0}
+
+
+class SimulatedResults:
+    """The simulated runner's answer for a leased job, at once (the analytical model plus its
+    stated noise; SIMULATED, never a measurement).
+
+    Made-up results (`fake_result`) contradict the analytical model, so a model-guided
+    strategy soon drops its prior and searches without it; these follow the model, so a run
+    measures the service as it works when the model ranks the space well."""
+
+    def __init__(self) -> None:
+        self._runners: dict[str, Any] = {}
+
+    def __call__(self, job: dict) -> dict:
+        from pipetune.model.family import parse_any_workload
+        from pipetune.model.wire import ScheduleDoc
+        from pipetune.workers.runners.simulated import SimulatedRunner
+
+        runner = self._runners.get(job["gpu"])
+        if runner is None:
+            runner = self._runners[job["gpu"]] = SimulatedRunner(job["gpu"], time_scale=0)
+        workload = parse_any_workload(job["workload"])
+        schedule = ScheduleDoc.model_validate(job["schedule"]).to_schedule()
+        return runner.measure(workload, [schedule])[0].model_dump(mode="json")
+
+
+def result_maker(kind: str) -> Callable[[dict], dict]:
+    """What the load benchmark's workers answer: `made-up` or `simulated` results."""
+    if kind == "made-up":
+        return fake_result
+    if kind == "simulated":
+        return SimulatedResults()
+    raise ValueError(f"results must be made-up or simulated, got {kind!r}")
 
 
 def _proc_cmdline(pid: str) -> str:

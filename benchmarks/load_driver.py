@@ -33,7 +33,7 @@ from typing import Any
 
 import httpx
 
-from benchmarks.harness import HEADERS, fake_result, register_worker, service_process
+from benchmarks.harness import HEADERS, register_worker, result_maker, service_process
 from pipetune.model.states import TaskState
 
 POST_TRIES = 3
@@ -75,6 +75,8 @@ class LoadConfig:
     # with churn.
     sweep_interval_s: float | None = None
     max_attempts: int | None = None
+    # What the workers answer: "made-up" results, or "simulated" ones that follow the model.
+    results: str = "made-up"
 
     def __post_init__(self) -> None:
         if not 0 <= self.churn < 1:
@@ -152,6 +154,7 @@ class LoadRun:
     def __init__(self, bases: list[str], config: LoadConfig):
         self.config = config
         self.tally = Tally()
+        self.result_of = result_maker(config.results)
         # Idle connections are dropped after 2 s, before uvicorn's 5 s keep-alive closes
         # them: at equal timeouts a request sent on a connection idle ~5 s can meet the
         # server's close (ReadError / RemoteProtocolError), a client artefact rather than the
@@ -343,7 +346,7 @@ class SimulatedWorker:
         body = {
             "worker_id": self.worker_id,
             "lease_token": job["lease_token"],
-            "result": fake_result(job),
+            "result": self.run.result_of(job),
         }
         for attempt in range(POST_TRIES):
             started = time.perf_counter()
@@ -392,7 +395,11 @@ class SimulatedWorker:
         body = {
             "worker_id": self.worker_id,
             "results": [
-                {"job_id": j["job_id"], "lease_token": j["lease_token"], "result": fake_result(j)}
+                {
+                    "job_id": j["job_id"],
+                    "lease_token": j["lease_token"],
+                    "result": self.run.result_of(j),
+                }
                 for j in jobs
             ],
         }

@@ -12,7 +12,12 @@ import pytest
 from service_support import require_pg
 
 from benchmarks.bench_load import JSON_KEYS, as_json, run_load
-from benchmarks.load_driver import LoadConfig
+from benchmarks.harness import fake_result, result_maker
+from benchmarks.load_driver import LoadConfig, workload
+from pipetune.model.analytical import evaluate
+from pipetune.model.hardware import get_gpu
+from pipetune.model.space import Space
+from pipetune.model.workloads import parse_workload
 
 TASKS, BUDGET, BATCH = 3, 24, 8
 
@@ -75,3 +80,22 @@ def test_batched_workers_with_churn_re_lease_what_the_dead_held(pg_admin_url):
     assert report["tasks_done"] == TASKS and report["results_counted_once"], details
     assert report["abandoned"] > 0 and report["abandoned_expired"] == report["abandoned"]
     assert report["re_leased_one_result"] == report["re_leased_jobs"], details
+
+
+def test_simulated_results_follow_the_model_and_say_so():
+    # What `bench_load --results simulated` workers answer: the simulated runner's result
+    # (the analytical model plus its noise), labelled simulated; made-up ones stay the default.
+    shape = workload(1)
+    space = Space.enumerate(parse_workload(shape), get_gpu("h100"))
+    predicted = evaluate(space).T_kernel * 1e6
+    answer = result_maker("simulated")
+    for row in (0, len(space) // 2, len(space) - 1):
+        job = {"gpu": "h100", "workload": shape, "schedule": space[row].as_dict()}
+        result = answer(job)
+        assert result["status"] == "ok" and result["runner"] == "simulated"
+        assert result["latency_us"] == pytest.approx(predicted[row], rel=0.15)
+        assert answer(job) == result  # deterministic per schedule
+    assert result_maker("made-up") is fake_result
+    assert LoadConfig().results == "made-up"
+    with pytest.raises(ValueError, match="made-up or simulated"):
+        result_maker("measured")

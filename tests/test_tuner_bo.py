@@ -451,7 +451,28 @@ def test_a_prior_is_not_judged_on_its_own_best_guesses_alone(recorded, space):
     design = set(strategy._design_rows(8, set()))
     rows = strategy.next_batch(8, set(best8.tolist()), history)
     assert strategy.last_used_prior is True
+    # Nothing to judge the prior against yet: the GP of the measurements alone is not fitted.
+    assert strategy._plain.gp is None
     assert not set(rows) & design  # the prior drives the round: no fallback to the design
     # and its picks lean on it: the prior rates them higher than the design's.
     rank = np.argsort(np.argsort(-faithful.values, kind="stable"))
     assert np.median(rank[rows]) < np.median(rank[sorted(design)]) / 2
+
+
+def test_a_decisive_prior_refreshes_its_rivals_hyperparameters_only_as_the_data_double(
+    recorded, space
+):
+    # A faithful prior explains the measurements far better than the measurements alone do:
+    # the plain GP is then only conditioned on new trials, its hyperparameters re-estimated
+    # once the data have doubled, while the prior's GP is re-estimated as usual.
+    faithful = recorded_prior(recorded, recorded.configs, recorded.knob_names)
+    strategy = make_strategy("bo", space, seed=0, prior=faithful)
+    assert isinstance(strategy, BayesianStrategy)
+    rows = run_strategy_rows(strategy, recorded.objective_ms, budget=48, batch=8)
+    n_ok = int(np.isfinite(recorded.objective_ms[rows[:40]]).sum())  # seen by the last round
+    assert strategy.last_used_prior is True
+    assert strategy._lead > bo.LEAD_MARGIN
+    assert strategy._residual is not None and strategy._residual._estimated_on == n_ok
+    lag = n_ok - strategy._plain._estimated_on
+    assert 0 < lag < n_ok // 2  # behind the data, but by less than half of it
+    assert strategy._plain.training_data[1].shape == (n_ok,)  # conditioned on every trial

@@ -68,6 +68,9 @@ SLOPE_SD = 0.5
 # Repeated timings of one kernel differ by about a percent: differences among measurements
 # below that say nothing about the slope (three equal timings are not a slope of exactly 0).
 MEASUREMENT_SD = 0.01  # in log throughput
+# Log evidence by which the prior's model must lead for the plain GP's hyperparameters to be
+# refreshed less often: twice Jeffreys' "decisive" (ln 100).
+LEAD_MARGIN = 10.0
 OBSERVED_WEIGHT = 10.0  # a trial on this GPU outweighs a recorded failure on another one
 # Found once: a bare `threadpool_limits()` looks for the loaded BLAS libraries on every call
 # (about 6 ms, as much as a round's acquisition).
@@ -144,6 +147,7 @@ class BayesianStrategy(Strategy):
         self._judged = 0  # observations the radius has been updated from
         self._best_judged = -np.inf  # the best log throughput among them
         self._streak = 0  # > 0: local successes in a row; < 0: local failures in a row
+        self._lead = 0.0  # log evidence of the prior's GP minus the plain one's, last round
 
     # ---- design ------------------------------------------------------------------------
 
@@ -196,16 +200,25 @@ class BayesianStrategy(Strategy):
         model = self._plain
         use_prior = False
         y_plain = self._transform(y)
-        if n_ok >= 2:
-            self._plain.fit(X_ok, y_plain)
+        judged = self.prior is not None and self._prior_judged(y, ok_rows)
+        # The GP of the measurements alone is what a prior is judged against: while the
+        # prior cannot be judged it is not needed, and while the prior leads it decisively
+        # its hyperparameters are refreshed only when the data have doubled (its evidence
+        # with older ones is a little lower: a lead of LEAD_MARGIN covers that).
+        if n_ok >= 2 and (self.prior is None or judged):
+            if self._lead > LEAD_MARGIN and isinstance(self._plain, GaussianProcess):
+                self._plain.fit(X_ok, y_plain, new_share=2)
+            else:
+                self._plain.fit(X_ok, y_plain)
         if self._residual is not None and self.prior is not None:
             prior = self._scale(y, ok_rows) * self.prior.values
             residual = y - prior[ok_rows]
             if n_ok >= 1:
                 self._residual.fit(X_ok, residual)
-            use_prior = not self._prior_judged(y, ok_rows) or (
-                self._residual.log_evidence() >= self._plain.log_evidence()
-            )
+            use_prior = not judged
+            if judged:
+                self._lead = self._residual.log_evidence() - self._plain.log_evidence()
+                use_prior = self._lead >= 0
             if use_prior:
                 model, offset = self._residual, prior
         self.last_used_prior = use_prior

@@ -184,11 +184,12 @@ class GaussianProcess(Surrogate):
             random_state=self.seed,
         )
 
-    def fit(self, X, y):
-        # Hyperparameters are re-estimated once the data have grown by a tenth since the last
-        # estimate (every round early on); in between the GP is conditioned on the new data
-        # with the last estimate, which changes little and saves most of a round's time.
-        grown = len(y) - self._estimated_on >= max(1, len(y) // 10)
+    def fit(self, X, y, new_share: int = 10):
+        # Hyperparameters are re-estimated once 1/new_share of the data (a tenth) came since
+        # the last estimate (every round early on); in between the GP is conditioned on the
+        # new data with the last estimate, which changes little and saves most of a round's
+        # time.
+        grown = len(y) - self._estimated_on >= max(1, len(y) // new_share)
         optimise = len(y) >= 3 and (self._estimated_on < 3 or grown)
         if optimise:
             self._estimated_on = len(y)
