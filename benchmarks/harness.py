@@ -9,12 +9,14 @@ import uuid
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
 
 import httpx
 from sqlalchemy import create_engine, text
 
 from pipetune.clients.local_service import LocalService
+from pipetune.model.family import parse_any_workload
+from pipetune.model.wire import ScheduleDoc
+from pipetune.workers.runners.simulated import SimulatedRunner
 
 TOKEN = "bench-token"
 HEADERS = {"Authorization": f"Bearer {TOKEN}"}
@@ -91,13 +93,9 @@ class SimulatedResults:
     measures the service as it works when the model ranks the space well."""
 
     def __init__(self) -> None:
-        self._runners: dict[str, Any] = {}
+        self._runners: dict[str, SimulatedRunner] = {}
 
     def __call__(self, job: dict) -> dict:
-        from pipetune.model.family import parse_any_workload
-        from pipetune.model.wire import ScheduleDoc
-        from pipetune.workers.runners.simulated import SimulatedRunner
-
         runner = self._runners.get(job["gpu"])
         if runner is None:
             runner = self._runners[job["gpu"]] = SimulatedRunner(job["gpu"], time_scale=0)

@@ -27,7 +27,9 @@ One round:
    prior's own best guesses, which span a sliver of its range, and among them its ranking
    says little (a restriction of range: their slope on the prior is near zero whether the
    prior is right or wrong). Until the slope is known better than the prior belief about
-   it, the prior stays.
+   it, the prior stays, and the GP on the measurements alone (needed only to compare) is not
+   fitted; while the prior leads by a decisive margin, that GP's hyperparameters are
+   re-estimated only as the data double (on the benchmark sets the proposals are the same).
 
 Everything is deterministic given the seed and the history (scikit-learn models are seeded,
 BLAS runs on one thread during a round), so the service can replay a session.
