@@ -8,7 +8,8 @@ healthy). Tasks are created round-robin on the replicas, with a finite budget: t
 ends when every task is done or after --seconds, whichever comes first. Workers are
 simulated HTTP clients in this process (httpx, asyncio), spread round-robin over the
 replicas: each registers, long-polls for one job at a time, optionally sleeps
---measure-ms, and posts a made-up result; it always posts the job it holds before it
+--measure-ms, and posts a made-up result (with --results simulated, the simulated runner's:
+the analytical model plus noise); it always posts the job it holds before it
 stops, so at the end no job may be left leased. While it holds a job a worker heartbeats
 every TTL/4 (the heartbeat extends its leases by a TTL; with the default 120 s TTL no
 heartbeat is ever due).

@@ -9,6 +9,13 @@ import sys
 
 DEFAULT_CHURN = (0.0, 0.05)  # main's runs: without churn and with
 
+# What the workers post, as the report says it (benchmarks/harness.result_maker).
+RESULTS_KIND = {
+    "made-up": "made-up results",
+    "simulated": "SIMULATED results (the simulated runner's: the analytical model plus its "
+    "noise, not measurements)",
+}
+
 
 def summary(r: dict) -> str:
     """One run in one line, for the terminal."""
@@ -151,9 +158,9 @@ def section(reports: list[dict], args: argparse.Namespace) -> str:
         "simulated HTTP clients (httpx, asyncio, one process): each leases "
         "one job at a time (single-job protocol) or up to the given number of jobs per "
         "request, answered in one `POST /v1/jobs/results` (batched protocol), with long "
-        f"polls (wait {c.wait_s:g} s), waits {c.measure_ms:g} ms per job and posts made-up "
-        "results, so the figures are the service's and the database's costs, no "
-        f"GPU's. Everything shares one {os.cpu_count()}-core VM: the load generator, the "
+        f"polls (wait {c.wait_s:g} s), waits {c.measure_ms:g} ms per job and posts "
+        f"{RESULTS_KIND[c.results]}, so the figures are the service's and the database's "
+        f"costs, no GPU's. Everything shares one {os.cpu_count()}-core VM: the load generator, the "
         "replicas and PostgreSQL, so a second replica adds no hardware here, only a second "
         "Python process; the figures show that replicas share the queue correctly, not how "
         "they scale on more machines. The VM is also "

@@ -5,6 +5,7 @@ leased twice or lost, every result counted once, and the figures `--json` prints
 
 from __future__ import annotations
 
+import argparse
 import json
 import math
 
@@ -14,6 +15,7 @@ from service_support import require_pg
 from benchmarks.bench_load import JSON_KEYS, as_json, run_load
 from benchmarks.harness import fake_result, result_maker
 from benchmarks.load_driver import LoadConfig, workload
+from benchmarks.load_report import section
 from pipetune.model.analytical import evaluate
 from pipetune.model.hardware import get_gpu
 from pipetune.model.space import Space
@@ -40,6 +42,7 @@ def test_batched_workers_lease_each_job_once_and_an_idle_fleet_is_measured(pg_ad
         max_jobs=4,
         idle_s=2.0,
         idle_wait_s=1.0,
+        results="simulated",
     )
     report = run_load(pg_admin_url, config)
     details = {k: report[k] for k in ("duplicates", "lost", "http_errors", "service_errors")}
@@ -58,6 +61,13 @@ def test_batched_workers_lease_each_job_once_and_an_idle_fleet_is_measured(pg_ad
         assert figures[key] > 0, key
     assert figures["generator_cpu_ms_per_result"] > 0
     assert math.isfinite(figures["empty_poll_cpu_ms_per_s"])
+    # The workers answered with the simulated runner's results, and the written section says so.
+    assert figures["config"]["results"] == "simulated"
+    command = argparse.Namespace(
+        workers=8, tasks=TASKS, seconds=90, budget=BUDGET, churn=[0], seed=0
+    )
+    written = section([report], command)
+    assert "posts SIMULATED results" in written and "made-up" not in written
 
 
 def test_batched_workers_with_churn_re_lease_what_the_dead_held(pg_admin_url):
