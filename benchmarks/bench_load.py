@@ -83,7 +83,7 @@ from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
 
-from benchmarks.harness import DEFAULT_PG, PostgresCpu, cpu_s, pct, pg_database
+from benchmarks.harness import DEFAULT_PG, RESULT_KINDS, PostgresCpu, cpu_s, pct, pg_database
 from benchmarks.load_audit import audit
 from benchmarks.load_driver import CHURN_TTL_S, LoadConfig, drive, serve
 from benchmarks.load_report import DEFAULT_CHURN, section, summary
@@ -287,7 +287,7 @@ def main() -> int:
     )
     parser.add_argument(
         "--results",
-        choices=("made-up", "simulated"),
+        choices=tuple(RESULT_KINDS),
         default=LoadConfig.results,
         help="what workers answer: made-up results (they contradict the analytical model, "
         "so a model-guided task drops its prior) or the simulated runner's (the model plus "

@@ -104,13 +104,21 @@ class SimulatedResults:
         return runner.measure(workload, [schedule])[0].model_dump(mode="json")
 
 
+# What the load benchmark's workers may answer, as its report describes each kind.
+RESULT_KINDS = {
+    "made-up": "made-up results",
+    "simulated": "SIMULATED results (the simulated runner's: the analytical model plus its "
+    "noise, not measurements)",
+}
+
+
 def result_maker(kind: str) -> Callable[[dict], dict]:
-    """What the load benchmark's workers answer: `made-up` or `simulated` results."""
+    """What the load benchmark's workers answer, by kind (one of RESULT_KINDS)."""
     if kind == "made-up":
         return fake_result
     if kind == "simulated":
         return SimulatedResults()
-    raise ValueError(f"results must be made-up or simulated, got {kind!r}")
+    raise ValueError(f"results must be {' or '.join(RESULT_KINDS)}, got {kind!r}")
 
 
 def _proc_cmdline(pid: str) -> str:

@@ -7,14 +7,9 @@ import argparse
 import os
 import sys
 
-DEFAULT_CHURN = (0.0, 0.05)  # main's runs: without churn and with
+from benchmarks.harness import RESULT_KINDS
 
-# What the workers post, as the report says it (benchmarks/harness.result_maker).
-RESULTS_KIND = {
-    "made-up": "made-up results",
-    "simulated": "SIMULATED results (the simulated runner's: the analytical model plus its "
-    "noise, not measurements)",
-}
+DEFAULT_CHURN = (0.0, 0.05)  # main's runs: without churn and with
 
 
 def summary(r: dict) -> str:
@@ -159,7 +154,7 @@ def section(reports: list[dict], args: argparse.Namespace) -> str:
         "one job at a time (single-job protocol) or up to the given number of jobs per "
         "request, answered in one `POST /v1/jobs/results` (batched protocol), with long "
         f"polls (wait {c.wait_s:g} s), waits {c.measure_ms:g} ms per job and posts "
-        f"{RESULTS_KIND[c.results]}, so the figures are the service's and the database's "
+        f"{RESULT_KINDS[c.results]}, so the figures are the service's and the database's "
         f"costs, no GPU's. Everything shares one {os.cpu_count()}-core VM: the load generator, the "
         "replicas and PostgreSQL, so a second replica adds no hardware here, only a second "
         "Python process; the figures show that replicas share the queue correctly, not how "
