@@ -12,13 +12,15 @@ import typing
 
 import numpy as np
 import pytest
+from scipy.integrate import quad
+from scipy.special import ndtr
 from shared_datasets import SHARED
 
 from pipetune.model.space import Space
 from pipetune.model.wire import DEFAULT_STRATEGY, StrategyName, TaskCreate
 from pipetune.model.workloads import gemm
 from pipetune.tuner import bo
-from pipetune.tuner.acquisition import constrained_score
+from pipetune.tuner.acquisition import constrained_score, log_expected_improvement
 from pipetune.tuner.bench import run_strategy_rows
 from pipetune.tuner.bo import BayesianStrategy, PriorMean
 from pipetune.tuner.design import sobol_rows
@@ -182,6 +184,18 @@ def test_guided_trials_stay_out_of_the_failing_region_of_a_real_space():
         )
         rates.append(failing[rows[16:]].mean())  # after the design and the first model batch
     assert np.mean(rates) < failing.mean() / 2, (rates, failing.mean())
+
+
+def test_log_expected_improvement_is_the_integral_of_the_normal_distribution_function():
+    """EI = sd * h(z), h(z) = the integral of Phi up to z: the log is right near the best
+    measurement and far below it (z down to -30, EI about 1e-200), where EI itself would
+    underflow and the ranking would fall to row order."""
+    z = np.concatenate([np.linspace(-4.9, 4.0, 50), np.linspace(-30.0, -5.1, 30)])
+    sd, best = 0.3, 1.0
+    got = log_expected_improvement(best + z * sd, np.full_like(z, sd), best)
+    h = [quad(ndtr, -np.inf, v, epsabs=0, epsrel=1e-12, limit=200)[0] for v in z]
+    assert np.allclose(got, np.log(sd * np.array(h)), rtol=0, atol=1e-9)
+    assert np.all(np.diff(got[50:]) > 0)  # still ranks where EI is below 1e-300
 
 
 def test_a_batch_is_not_eight_neighbours_of_one_point(recorded, space):

@@ -15,10 +15,23 @@ neighbours of one point.
 from __future__ import annotations
 
 import numpy as np
-from scipy.special import erfcx
-from scipy.stats import norm
+from scipy.special import erfcx, ndtr
 
 from pipetune.tuner.surrogate import Surrogate
+
+# The standard normal's density, log density and distribution function, as scipy.stats.norm
+# computes them (the same expressions), without its per-call argument handling: the
+# acquisition evaluates them over the whole space once per pick of a batch.
+_SQRT_2PI = np.sqrt(2.0 * np.pi)
+_LOG_SQRT_2PI = 0.5 * np.log(2.0 * np.pi)
+
+
+def _norm_logpdf(z: np.ndarray) -> np.ndarray:
+    return -(z**2) / 2.0 - _LOG_SQRT_2PI
+
+
+def _norm_pdf(z: np.ndarray) -> np.ndarray:
+    return np.exp(-(z**2) / 2.0) / _SQRT_2PI
 
 
 def log_expected_improvement(mean: np.ndarray, sd: np.ndarray, best: float) -> np.ndarray:
@@ -35,15 +48,15 @@ def log_expected_improvement(mean: np.ndarray, sd: np.ndarray, best: float) -> n
     far = z < -5.0
     near = ~far
     zn = z[near]
-    out[near] = np.log(np.maximum(norm.pdf(zn) + zn * norm.cdf(zn), 1e-300))
+    out[near] = np.log(np.maximum(_norm_pdf(zn) + zn * ndtr(zn), 1e-300))
     zf = z[far]
     mills = erfcx(-zf / np.sqrt(2.0)) * np.sqrt(np.pi / 2.0)
     inner = 1.0 + zf * mills  # = h(z) / phi(z), about 1 / z^2: cancels for very negative z
     with np.errstate(divide="ignore", invalid="ignore"):
         out[far] = np.where(
             inner > 1e-9,
-            norm.logpdf(zf) + np.log(np.maximum(inner, 1e-300)),
-            norm.logpdf(zf) - 2.0 * np.log(-zf),  # the asymptote h(z) ~ phi(z) / z^2
+            _norm_logpdf(zf) + np.log(np.maximum(inner, 1e-300)),
+            _norm_logpdf(zf) - 2.0 * np.log(-zf),  # the asymptote h(z) ~ phi(z) / z^2
         )
     return out + np.log(sd)
 
