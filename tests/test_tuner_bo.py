@@ -417,6 +417,7 @@ def test_gp_fantasies_are_the_joint_gaussian_conditioned_on_the_believed_picks()
     gp = GaussianProcess(d, seed=0)
     gp.fit(X, y)
     mean, cov = gp.gp.predict(X_c, return_cov=True)  # noisy-observation covariance
+    cov *= gp.cv_scale**2  # widened as the GP's own spread is (leave-one-out)
     fantasies = gp.fantasies(X_c)
     believed: list[int] = []
     for i in (7, 21, 3):
@@ -427,7 +428,7 @@ def test_gp_fantasies_are_the_joint_gaussian_conditioned_on_the_believed_picks()
         assert np.allclose(fantasies.mean, mean, rtol=0, atol=1e-12)
         assert np.allclose(fantasies.sd[others], np.sqrt(np.diag(cov)[others]), rtol=1e-6)
     # Elsewhere the uncertainty shrinks, never grows, and it shrinks most near the picks.
-    before = gp.gp.predict(X_c, return_std=True)[1]
+    before = gp.predict(X_c)[1]
     assert np.all(fantasies.sd <= before + 1e-12)
     assert np.any(fantasies.sd[others] < 0.9 * before[others])
     # Before any fit the prior is conditioned the same way (the first batch under a prior).
@@ -440,6 +441,60 @@ def test_gp_fantasies_are_the_joint_gaussian_conditioned_on_the_believed_picks()
     assert np.allclose(fantasies.sd[rest], np.sqrt(expected[rest]), rtol=1e-6)
     # The generic form (refitting a copy) is kept for surrogates without a closed form.
     assert type(fantasies) is not Fantasies
+
+
+def test_leave_one_out_z_scores_are_those_of_refitting_without_each_point():
+    """The closed form must equal conditioning the fitted GP (the same hyperparameters and
+    standardised targets) on all points but one and predicting that one, noise included."""
+    from pipetune.tuner.surrogate import GaussianProcess, loo_z_scores
+
+    rng = np.random.default_rng(11)
+    X = rng.random((12, 3))
+    y = np.sin(5 * X[:, 0]) + X[:, 1] + 0.05 * rng.standard_normal(12)
+    gp = GaussianProcess(3, seed=0)
+    gp.fit(X, y)
+    t = (y - y.mean()) / y.std()
+    K = gp.gp.kernel_(X) + np.eye(len(X)) * gp.gp.alpha  # training covariance, noise included
+    expected = []
+    for i in range(len(X)):
+        rest = np.arange(len(X)) != i
+        weights = np.linalg.solve(K[np.ix_(rest, rest)], K[rest, i])
+        mean = weights @ t[rest]
+        variance = K[i, i] - K[i, rest] @ weights
+        expected.append((t[i] - mean) / np.sqrt(variance))
+    assert np.allclose(loo_z_scores(gp.gp), expected, rtol=1e-8, atol=1e-10)
+
+
+def test_the_spread_is_widened_where_the_gp_is_more_confident_than_its_held_out_errors():
+    """A smooth function with one point far off it: the fit calls that point's excess noise
+    it cannot see elsewhere, and its leave-one-out errors exceed what it predicts. The spread
+    (predict, and the believer's) is then the fitted one times the root-mean-square z-score;
+    never narrower than fitted."""
+    from pipetune.tuner.surrogate import GaussianProcess, loo_z_scores
+
+    rng = np.random.default_rng(0)
+    X = rng.random((8, 4))
+    y = np.sin(6 * X[:, 0])
+    y[3] += 2.0
+    gp = GaussianProcess(4, seed=0)
+    gp.fit(X, y)
+    rms = float(np.sqrt(np.mean(loo_z_scores(gp.gp) ** 2)))
+    assert rms > 1.1 and gp.cv_scale == pytest.approx(rms)
+    X_c = rng.random((50, 4))
+    fitted_sd = gp.gp.predict(X_c, return_std=True)[1]
+    assert np.allclose(gp.predict(X_c)[1], fitted_sd * rms)
+    assert np.allclose(gp.fantasies(X_c).sd, fitted_sd * rms)
+    # A GP whose held-out errors are within its spread keeps the spread it fitted.
+    rng = np.random.default_rng(2)
+    X = rng.random((30, 4))
+    y = np.sin(3 * X[:, 0]) + 0.05 * rng.standard_normal(30)
+    calibrated = GaussianProcess(4, seed=0)
+    calibrated.fit(X, y)
+    assert np.mean(loo_z_scores(calibrated.gp) ** 2) < 1.0
+    assert calibrated.cv_scale == 1.0
+    assert np.array_equal(
+        calibrated.predict(X_c)[1], calibrated.gp.predict(X_c, return_std=True)[1]
+    )
 
 
 def test_a_prior_is_not_judged_on_its_own_best_guesses_alone(recorded, space):

@@ -3,7 +3,8 @@
 `GaussianProcess` (the one the search uses; benchmarks/RESULTS.md, "surrogate choice", has the
 measurement behind that choice): scikit-learn's GP with a Matérn 5/2 kernel, one length scale
 per feature (a knob that does not matter gets a long one), a learned noise level, on
-standardised targets, hyperparameters fit by maximum a posteriori. `ExtraTrees` is the
+standardised targets, hyperparameters fit by maximum a posteriori, and a predictive spread
+never narrower than its own leave-one-out errors say it should be. `ExtraTrees` is the
 alternative that was measured: the mean and spread over the trees of an extremely randomised
 forest (SMAC's random-forest surrogate).
 
@@ -149,6 +150,7 @@ class GaussianProcess(Surrogate):
         self.gp: GaussianProcessRegressor | None = None
         self.training_data = (np.zeros((0, n_features)), np.zeros(0))
         self._estimated_on = 0  # data size at the last hyperparameter estimate
+        self.cv_scale = 1.0  # the posterior spread's factor from leave-one-out (see fit)
 
     def _map(self, obj_func, initial_theta, bounds):
         """L-BFGS-B on -log likelihood - log prior (theta: log amplitude, log length scales,
@@ -211,6 +213,10 @@ class GaussianProcess(Surrogate):
         self.gp = gp
         self.kernel = gp.kernel_
         self.training_data = (np.asarray(X, dtype=np.float64), np.asarray(y, dtype=np.float64))
+        # The marginal likelihood sets the spread on few points as if the kernel were right;
+        # where the GP's own held-out errors are larger than it predicts, they widen it.
+        # An overconfident model stops a search from exploring; a cautious one costs less.
+        self.cv_scale = max(1.0, float(np.sqrt(np.mean(loo_z_scores(gp) ** 2))))
 
     def condition(self, X, y):
         other = copy.copy(self)
@@ -221,7 +227,7 @@ class GaussianProcess(Surrogate):
         # Unfitted, scikit-learn's GP predicts from its prior (the kernel as given).
         gp = self.gp if self.gp is not None else self._regressor(optimise=False)
         mean, sd = gp.predict(X, return_std=True)
-        return mean, np.maximum(sd, 1e-9)
+        return mean, np.maximum(sd * self.cv_scale, 1e-9)
 
     def fantasies(self, X_c: np.ndarray) -> GPFantasies:
         mean, sd = self.predict(X_c)
@@ -233,7 +239,7 @@ class GaussianProcess(Surrogate):
             V = solve_triangular(
                 self.gp.L_, kernel(self.gp.X_train_, X_c), lower=True, check_finite=False
             )
-            scale = float(np.atleast_1d(self.gp._y_train_std)[0])
+            scale = float(np.atleast_1d(self.gp._y_train_std)[0]) * self.cv_scale
 
         def covariance_with(i: int) -> np.ndarray:
             # The posterior covariance of f at every candidate with f at candidate i (the
@@ -248,6 +254,18 @@ class GaussianProcess(Surrogate):
         scale = np.atleast_1d(self.gp._y_train_std)[0]
         n = len(self.gp.y_train_)
         return float(self.gp.log_marginal_likelihood_value_ - n * np.log(scale))
+
+
+def loo_z_scores(gp: GaussianProcessRegressor) -> np.ndarray:
+    """Each training point's leave-one-out residual over its leave-one-out predictive standard
+    deviation, with the fitted hyperparameters, in closed form (Rasmussen and Williams, eq.
+    5.12): with K the training covariance (noise included) and alpha = K^-1 t, the residual
+    is alpha_i / [K^-1]_ii and the variance 1 / [K^-1]_ii. The mean of their squares is the
+    posterior scale that leave-one-out cross-validation would choose (Sundararajan and
+    Keerthi, 2001): above 1, the GP is more confident than its errors on its own data."""
+    L_inv = solve_triangular(gp.L_, np.eye(len(gp.L_)), lower=True, check_finite=False)
+    K_inv_diag = np.einsum("ij,ij->j", L_inv, L_inv)  # diag(L^-T L^-1)
+    return np.ravel(gp.alpha_) / np.sqrt(K_inv_diag)
 
 
 class GPFantasies(Fantasies):
