@@ -356,6 +356,32 @@ def test_a_contradicted_prior_is_dropped(recorded, space):
     assert honest.last_used_prior is True
 
 
+def test_a_prior_whose_slope_is_clipped_to_zero_never_drives_a_round(recorded, space):
+    """Measurements that fall as the prior rises give a negative slope, clipped to 0: the
+    prior's part is then nothing and its GP models the measurements alone, as the rival does.
+    Which of the two fits has the higher evidence is then a matter of where each fit stopped,
+    and it must not keep the prior in play (it did, in some rounds of these seeds)."""
+    lying = PriorMean(
+        np.log(np.where(np.isfinite(recorded.objective_ms), recorded.objective_ms, 1.0)),
+        source="backwards",
+    )
+    clipped_rounds = 0
+    for seed in range(4):
+        strategy = make_strategy("bo", space, seed=seed, prior=lying)
+        history: list[Observation] = []
+        exclude: set[int] = set()
+        for _ in range(5):
+            rows = strategy.next_batch(8, exclude, history)
+            ok_rows = np.array([o.row for o in history if not o.failed], dtype=np.int64)
+            y = np.array([-np.log(o.latency_s) for o in history if not o.failed])
+            if len(y) and strategy._prior_judged(y, ok_rows) and strategy._scale(y, ok_rows) == 0:
+                clipped_rounds += 1
+                assert strategy.last_used_prior is False
+            history += _observe(recorded, rows)
+            exclude.update(rows)
+    assert clipped_rounds >= 8  # the case is exercised, not skipped
+
+
 def test_a_prior_that_ranks_alike_but_spreads_wider_is_rescaled(recorded, space):
     faithful = recorded_prior(recorded, recorded.configs, recorded.knob_names)
     wide = PriorMean(

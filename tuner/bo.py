@@ -213,14 +213,18 @@ class BayesianStrategy(Strategy):
             else:
                 self._plain.fit(X_ok, y_plain)
         if self._residual is not None and self.prior is not None:
-            prior = self._scale(y, ok_rows) * self.prior.values
+            scale = self._scale(y, ok_rows)
+            prior = scale * self.prior.values
             residual = y - prior[ok_rows]
             if n_ok >= 1:
                 self._residual.fit(X_ok, residual)
             use_prior = not judged
             if judged:
                 self._lead = self._residual.log_evidence() - self._plain.log_evidence()
-                use_prior = self._lead >= 0
+                # A prior whose slope on the measurements is clipped to 0 adds nothing: both
+                # GPs then model the measurements alone, and their evidence differs only by
+                # where each fit stopped (a coin toss that kept a backwards prior in play).
+                use_prior = scale > 0.0 and self._lead >= 0
             if use_prior:
                 model, offset = self._residual, prior
         self.last_used_prior = use_prior
