@@ -469,6 +469,100 @@ def test_gp_fantasies_are_the_joint_gaussian_conditioned_on_the_believed_picks()
     assert type(fantasies) is not Fantasies
 
 
+def test_candidates_added_later_are_conditioned_on_the_picks_already_believed():
+    """The believer widens its candidate set during a batch: rows added after some picks must
+    be predicted as if they had been candidates from the start (GP and generic form alike)."""
+    from pipetune.tuner.surrogate import ExtraTrees, GaussianProcess
+
+    rng = np.random.default_rng(5)
+    d = 3
+    X = rng.random((12, d))
+    y = np.sin(4 * X[:, 0]) + X[:, 1] + 0.05 * rng.standard_normal(12)
+    X_c = rng.random((60, d))
+    for surrogate in (GaussianProcess(d, seed=0), ExtraTrees(d, seed=0, n_trees=8)):
+        surrogate.fit(X, y)
+        whole = surrogate.fantasies(X_c)
+        part = surrogate.fantasies(X_c[:20])
+        for i in (4, 11):
+            whole.believe(i)
+            part.believe(i)
+        part.extend(X_c[20:45])
+        whole.believe(30)
+        part.believe(30)
+        part.extend(X_c[45:])
+        assert np.allclose(part.mean, whole.mean, rtol=0, atol=1e-10)
+        assert np.allclose(part.sd, whole.sd, rtol=1e-7, atol=1e-12)
+
+
+def _believer_scoring_every_row(surrogate, best, features, offset, p_ok, pools):
+    """The kriging believer written plainly: every pool row scored at every pick."""
+    from pipetune.tuner.acquisition import constrained_score
+
+    rows = np.unique(np.concatenate(pools))
+    place = {int(r): i for i, r in enumerate(rows)}
+    fantasies = surrogate.fantasies(features[rows])
+    taken = np.zeros(len(rows), dtype=bool)
+    picked = []
+    for pool in pools:
+        mean = fantasies.mean + offset[rows]
+        score = constrained_score(mean, fantasies.sd, best, p_ok[rows])
+        idx = np.array([place[int(r)] for r in pool], dtype=np.int64)
+        idx = idx[~taken[idx]]
+        if not len(idx):
+            order = np.argsort(-score, kind="stable")
+            idx = order[~taken[order]]
+        i = int(idx[np.argmax(score[idx])])
+        taken[i] = True
+        picked.append(int(rows[i]))
+        best = max(best, float(mean[i]))
+        fantasies.believe(i)
+    return picked
+
+
+@pytest.mark.parametrize("first", [2, 16, 256])
+def test_the_believer_is_exact_over_whole_pools_while_scoring_only_their_heads(monkeypatch, first):
+    """believer_batch starts from each pool's best rows and widens a pool only while a row
+    left out could still beat the pick: its batch is the one scoring every row gives, for
+    any starting size, with a trust region that runs out and falls back to anywhere."""
+    from pipetune.tuner import acquisition
+    from pipetune.tuner.acquisition import believer_batch, constrained_score
+    from pipetune.tuner.surrogate import GaussianProcess
+
+    monkeypatch.setattr(acquisition, "FIRST_CANDIDATES", first)
+    rng = np.random.default_rng(7)
+    d = 4
+    spread = rng.random((3000, d))
+    X = spread[:25]
+    y = np.cos(3 * X).sum(axis=1) + 0.05 * rng.standard_normal(25)
+    gp = GaussianProcess(d, seed=0)
+    gp.fit(X, y)
+    # 300 near-copies of the most promising row: they fill the first places of the whole
+    # space's order, and believing picks among them sends later picks far down that order.
+    mean, sd = gp.predict(spread[25:])
+    top = 25 + int(np.argmax(constrained_score(mean, sd, float(y.max()), np.ones(len(mean)))))
+    features = np.vstack([spread, spread[top] + 1e-3 * rng.standard_normal((300, d))])
+    offset = np.zeros(len(features))
+    p_ok = rng.uniform(0.9, 1.0, len(features))
+    unvisited = np.arange(25, len(features))
+    mean, sd = gp.predict(features[unvisited])
+    best = float(y.max())
+    score = constrained_score(mean, sd, best, p_ok[unvisited])
+    first_score = np.full(len(features), -np.inf)
+    first_score[unvisited] = score
+    whole = unvisited[np.argsort(-score, kind="stable")]
+    near = np.flatnonzero(np.abs(features[unvisited] - features[3]).max(axis=1) < 0.12)
+    region = unvisited[near[np.argsort(-score[near], kind="stable")]]
+    assert 2 < len(region) < 8  # so that the trust region runs out within the batch
+    pools = [whole, region] * 4 + [region, whole, region]
+    expected = _believer_scoring_every_row(gp, best, features, offset, p_ok, pools)
+    got = believer_batch(gp, best, features, offset, p_ok, pools, first_score)
+    assert got == expected
+    assert len(set(got)) == len(pools)
+    # Not a vacuous check: the pools' first 64 rows alone give another batch.
+    heads = [pool[:64] for pool in pools[:2]] * 4
+    assert _believer_scoring_every_row(gp, best, features, offset, p_ok, heads) != expected[:8]
+
+
 def test_leave_one_out_z_scores_are_those_of_refitting_without_each_point():
     """The closed form must equal conditioning the fitted GP (the same hyperparameters and
     standardised targets) on all points but one and predicting that one, noise included."""

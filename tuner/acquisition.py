@@ -9,7 +9,9 @@ A batch is chosen greedily with the "kriging believer" (Ginsbourger et al.): aft
 the surrogate is conditioned on its own prediction there, which shrinks the uncertainty
 around the pick and so the expected improvement of its neighbours; the next pick goes
 elsewhere unless the neighbourhood is still clearly the best bet. A batch of 8 is then not 8
-neighbours of one point.
+neighbours of one point. Each pick is the best of every candidate of its pool given the picks
+before it; the candidates far down the first ranking are scored only when they could still
+win (believer_batch).
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ from __future__ import annotations
 import numpy as np
 from scipy.special import erfcx, ndtr
 
-from pipetune.tuner.surrogate import Surrogate
+from pipetune.tuner.surrogate import Fantasies, Surrogate
 
 # The standard normal's density, log density and distribution function, as scipy.stats.norm
 # computes them (the same expressions), without its per-call argument handling: the
@@ -66,6 +68,11 @@ def constrained_score(mean: np.ndarray, sd: np.ndarray, best: float, p_ok: np.nd
     return log_expected_improvement(mean, sd, best) + np.log(np.maximum(p_ok, 1e-12))
 
 
+# Candidates per pool the believer starts from. Only its speed depends on this: a pool is
+# widened whenever a row left out could still beat its best candidate (see believer_batch).
+FIRST_CANDIDATES = 256
+
+
 def believer_batch(
     surrogate: Surrogate,
     best: float,
@@ -73,35 +80,75 @@ def believer_batch(
     offset: np.ndarray,
     p_ok: np.ndarray,
     pools: list[np.ndarray],
+    first_score: np.ndarray,
 ) -> list[int]:
     """One pick from each pool in turn (rows of `features`), each one conditioning the
     surrogate on its own prediction before the next.
 
     The surrogate was fit to residuals r = y - offset (offset: a prior mean per row, or
-    zeros); `best` is the best y measured (-inf before any success: then the best prior mean
-    among the candidates is the incumbent). Rows in the pools must be unvisited; a row picked
-    once is not picked again. A pool with nothing left falls back to any candidate.
+    zeros); `best` is the incumbent (the best y measured; before any success, the best
+    predicted). Each pool holds unvisited rows in descending order of `first_score` (indexed
+    by row), their `constrained_score` before any pick. A row picked once is not picked again;
+    a pool with nothing left falls back to the union of the pools.
+
+    Exact over the whole pools, without scoring every row at every pick. Where believing can
+    only shrink the spread (a GP), a row's score never rises during a batch: its mean stays,
+    its spread shrinks and the incumbent only rises, so its first score bounds every later
+    one. The believer starts from each pool's FIRST_CANDIDATES best rows and widens a pool
+    (four times as many rows) while the best row left out could still beat its pick.
     """
-    candidates = np.unique(np.concatenate(pools))
-    position = {int(r): i for i, r in enumerate(candidates)}
-    fantasies = surrogate.fantasies(features[candidates])
-    picked: list[int] = []
-    taken = np.zeros(len(candidates), dtype=bool)
+    candidates = np.zeros(0, dtype=np.int64)  # rows, in the order they joined
+    index_of = np.full(len(features), -1, dtype=np.int64)  # row -> place among candidates
+    taken = np.zeros(0, dtype=bool)
+    shown: dict[int, int] = {}  # id(pool) -> how many of its first rows are candidates
+    fantasies: Fantasies | None = None
+
+    def show(pool: np.ndarray, count: int) -> None:
+        nonlocal candidates, taken, fantasies
+        segment = pool[shown.get(id(pool), 0) : count]
+        shown[id(pool)] = max(count, shown.get(id(pool), 0))
+        new = segment[index_of[segment] < 0]
+        if not len(new):
+            return
+        index_of[new] = np.arange(len(candidates), len(candidates) + len(new))
+        candidates = np.concatenate([candidates, new])
+        taken = np.concatenate([taken, np.zeros(len(new), dtype=bool)])
+        if fantasies is None:
+            fantasies = surrogate.fantasies(features[new])
+        else:
+            fantasies.extend(features[new])
+
+    def used_up(pool: np.ndarray) -> bool:
+        where = index_of[pool]
+        return bool((where >= 0).all() and taken[where].all())
+
     for pool in pools:
-        mean = fantasies.mean + offset[candidates]
-        if not np.isfinite(best):
-            best = float(mean.max())
-        score = constrained_score(mean, fantasies.sd, best, p_ok[candidates])
-        score[taken] = -np.inf
-        choose = np.full(len(candidates), -np.inf)
-        idx = np.array([position[int(r)] for r in pool], dtype=np.int64)
-        idx = idx[~taken[idx]]
-        if len(idx) == 0:  # the local pool is used up: take the best anywhere
-            idx = np.flatnonzero(~taken)
-            if len(idx) == 0:
+        show(pool, FIRST_CANDIDATES)
+    anywhere: np.ndarray | None = None
+    picked: list[int] = []
+    for pool in pools:
+        if used_up(pool):  # e.g. the trust region: then the best row anywhere
+            if anywhere is None:
+                anywhere = np.unique(np.concatenate(pools))
+                anywhere = anywhere[np.argsort(-first_score[anywhere], kind="stable")]
+            pool = anywhere
+            show(pool, FIRST_CANDIDATES)
+        assert fantasies is not None
+        if not fantasies.spread_only_shrinks:  # scores may rise: no bound, score every row
+            show(pool, len(pool))
+        while True:
+            seen = shown[id(pool)]
+            mean = fantasies.mean + offset[candidates]
+            score = constrained_score(mean, fantasies.sd, best, p_ok[candidates])
+            idx = index_of[pool[:seen]]
+            idx = idx[~taken[idx]]
+            left_out = float(first_score[pool[seen]]) if seen < len(pool) else -np.inf
+            if (len(idx) and score[idx].max() > left_out) or seen >= len(pool):
                 break
-        choose[idx] = score[idx]
-        i = int(np.argmax(choose))
+            show(pool, 4 * seen)
+        if not len(idx):
+            break  # every row is taken
+        i = int(idx[np.argmax(score[idx])])  # ties: the first in the pool's order
         taken[i] = True
         picked.append(int(candidates[i]))
         # Believe the model: the pick's outcome is its predicted mean.

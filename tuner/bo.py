@@ -12,7 +12,8 @@ One round:
 3. A classifier of the failing region, fit to every trial (failed or not).
 4. Expected improvement times P(runs) over every unvisited configuration (the spaces are a
    few thousand to tens of thousands of rows: exact, no annealing needed), and a diverse
-   batch by the kriging believer (tuner/acquisition.py). Picks alternate between the whole
+   batch by the kriging believer (tuner/acquisition.py), every pick of it the best of its
+   whole pool given the picks before it. Picks alternate between the whole
    space and the configurations within a few knob changes of the best one measured (a trust
    region, as in local-search BO such as TuRBO and BaCO's local acquisition search): the
    global picks explore, the local ones refine, and neither starves. The region's radius
@@ -57,7 +58,6 @@ RADIUS_RANGE = (1, 3)
 # TuRBO's rule, on knob changes: the radius grows after SUCCESSES local trials in a row
 # improve the best measurement, and shrinks after FAILURES in a row do not.
 SUCCESSES, FAILURES = 2, 3
-POOL = 256  # candidates per pool carried into the batch construction
 # Before any measurement a prior's error is unknown: assume 10% (0.1 in log throughput),
 # correlated over half of each knob's range. This only spreads the first batch; from the
 # first measurements on, the GP's own fit replaces it.
@@ -248,17 +248,17 @@ class BayesianStrategy(Strategy):
         mean = mean_r + offset[unvisited]
         best = float(y.max()) if n_ok else float(mean.max())
         score = constrained_score(mean, sd, best, p_ok[unvisited])
-        global_pool = unvisited[np.argsort(-score, kind="stable")[:POOL]]
+        global_pool = unvisited[np.argsort(-score, kind="stable")]
         local_pool = np.array([], dtype=np.int64)
         if n_ok:
             incumbent = int(ok_rows[np.argmax(y)])
             near = self.encoding.knob_changes(incumbent)[unvisited] <= self.radius
             local = np.flatnonzero(near)
-            local_pool = unvisited[local[np.argsort(-score[local], kind="stable")[:POOL]]]
+            local_pool = unvisited[local[np.argsort(-score[local], kind="stable")]]
         pools = self._pools(min(n, len(unvisited)), len(history), global_pool, local_pool)
-        picked = believer_batch(
-            model, best if n_ok else -np.inf, self.features, offset, p_ok, pools
-        )
+        first_score = np.full(len(self.encoding), -np.inf)
+        first_score[unvisited] = score
+        picked = believer_batch(model, best, self.features, offset, p_ok, pools, first_score)
         self._local_rows.update(r for r, p in zip(picked, pools, strict=False) if p is local_pool)
         return picked
 

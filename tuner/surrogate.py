@@ -29,11 +29,17 @@ from sklearn.gaussian_process.kernels import ConstantKernel, Matern, WhiteKernel
 
 
 class Fantasies:
-    """A surrogate's predictions at fixed candidates, conditioned pick by pick on its own
-    prediction at the pick (the kriging believer, tuner/acquisition.py).
+    """A surrogate's predictions at candidates, conditioned pick by pick on its own prediction
+    at the pick (the kriging believer, tuner/acquisition.py). More candidates can be added at
+    any point (`extend`): they are predicted as if they had been there from the start.
 
     This generic form refits a copy of the surrogate on its data plus the believed points
     after every pick; `GaussianProcess` has an exact and much cheaper one (`GPFantasies`)."""
+
+    # Whether believing a pick can only shrink every candidate's spread (and leaves the means
+    # alone): then a candidate's expected improvement never rises during a batch, and the
+    # believer may leave out candidates whose first score is already below its pick's.
+    spread_only_shrinks = False
 
     def __init__(self, surrogate: Surrogate, X_c: np.ndarray):
         self._model = surrogate
@@ -46,6 +52,11 @@ class Fantasies:
         self._X_seen = np.vstack([self._X_seen, self._X_c[i : i + 1]])
         self._y_seen = np.append(self._y_seen, self.mean[i])
         self._model = self._model.condition(self._X_seen, self._y_seen)
+        self.mean, self.sd = self._model.predict(self._X_c)
+
+    def extend(self, X_new: np.ndarray) -> None:
+        """Add candidates (after the present ones), conditioned on the picks believed so far."""
+        self._X_c = np.vstack([self._X_c, X_new])
         self.mean, self.sd = self._model.predict(self._X_c)
 
 
@@ -230,23 +241,7 @@ class GaussianProcess(Surrogate):
         return mean, np.maximum(sd * self.cv_scale, 1e-9)
 
     def fantasies(self, X_c: np.ndarray) -> GPFantasies:
-        mean, sd = self.predict(X_c)
-        if self.gp is None:  # the prior: no data to condition on yet
-            kernel, V, scale = self.kernel, np.zeros((0, len(X_c))), 1.0
-        else:
-            kernel = self.gp.kernel_
-            # L^-1 k(X_train, X_c): what the training data explain of each candidate
-            V = solve_triangular(
-                self.gp.L_, kernel(self.gp.X_train_, X_c), lower=True, check_finite=False
-            )
-            scale = float(np.atleast_1d(self.gp._y_train_std)[0]) * self.cv_scale
-
-        def covariance_with(i: int) -> np.ndarray:
-            # The posterior covariance of f at every candidate with f at candidate i (the
-            # white-noise term is zero between distinct inputs), in the targets' units.
-            return scale**2 * (kernel(X_c, X_c[i : i + 1])[:, 0] - V.T @ V[:, i])
-
-        return GPFantasies(mean, sd, covariance_with)
+        return GPFantasies(self, X_c)
 
     def log_evidence(self) -> float:
         assert self.gp is not None, "fit first"
@@ -272,23 +267,72 @@ class GPFantasies(Fantasies):
     """The kriging believer on a GP, exactly and without refitting: believing the posterior
     mean at a pick leaves every posterior mean where it was (the observation equals its own
     expectation) and shrinks each candidate's variance by a rank-one term, its posterior
-    covariance with the pick squared over the pick's predictive variance (noise included).
-    The hyperparameters and the targets' standardisation are those of the last fit, as the
-    believer intends. Each pick costs O(candidates x (data + picks)) instead of a GP refit."""
+    covariance with the pick (given the picks before it) squared over the pick's predictive
+    variance (noise included). The hyperparameters and the targets' standardisation are those
+    of the last fit, as the believer intends. Each pick costs O(candidates x (data + picks))
+    instead of a GP refit, and a candidate added later costs the same per pick believed."""
 
-    def __init__(self, mean: np.ndarray, sd: np.ndarray, covariance_with):
-        self.mean = mean
-        self._var = sd.astype(np.float64) ** 2
-        self._covariance_with = covariance_with
-        self._updates: list[np.ndarray] = []
-        self.sd = sd
+    spread_only_shrinks = True
+
+    def __init__(self, gp: GaussianProcess, X_c: np.ndarray):
+        self._gp = gp
+        fitted = gp.gp
+        if fitted is None:  # the prior: no data to condition on yet
+            self._kernel, self._L, self._X_train, self._scale = gp.kernel, None, None, 1.0
+        else:
+            self._kernel, self._L, self._X_train = fitted.kernel_, fitted.L_, fitted.X_train_
+            self._scale = float(np.atleast_1d(fitted._y_train_std)[0]) * gp.cv_scale
+        n_data = 0 if self._L is None else len(self._L)
+        self._X = np.zeros((0, X_c.shape[1]))
+        self._V = np.zeros((n_data, 0))  # L^-1 k(X_train, X): what the data explain
+        self._U = np.zeros((0, 0))  # row k: the variance update of the k-th pick, per candidate
+        # Per pick: its features, its column of V, the earlier picks' updates at it, and the
+        # root of its predictive variance when it was believed (what its update divides by).
+        self._picks: list[tuple[np.ndarray, np.ndarray, np.ndarray, float]] = []
+        self.mean = np.zeros(0)
+        self._var = np.zeros(0)
+        self.sd = np.zeros(0)
+        self.extend(X_c)
+
+    def _covariance(self, X: np.ndarray, V: np.ndarray, x_p: np.ndarray, v_p: np.ndarray):
+        # The posterior covariance of f at rows X with f at x_p (the white-noise term is zero
+        # between distinct inputs), in the targets' units.
+        return self._scale**2 * (self._kernel(X, x_p[None, :])[:, 0] - V.T @ v_p)
+
+    def extend(self, X_new: np.ndarray) -> None:
+        mean, sd = self._gp.predict(X_new)
+        if self._L is None:
+            V = np.zeros((0, len(X_new)))
+        else:
+            V = solve_triangular(
+                self._L, self._kernel(self._X_train, X_new), lower=True, check_finite=False
+            )
+        U = np.zeros((len(self._picks), len(X_new)))
+        var = sd.astype(np.float64) ** 2
+        for k, (x_p, v_p, earlier_at_p, root) in enumerate(self._picks):
+            c = self._covariance(X_new, V, x_p, v_p)
+            for m in range(k):  # given the picks before this one, in the order believed
+                c = c - U[m] * earlier_at_p[m]
+            U[k] = c / root
+            var = np.maximum(var - U[k] ** 2, 0.0)
+        if self._picks:
+            sd = np.maximum(np.sqrt(var), 1e-9)
+        self._X = np.vstack([self._X, X_new])
+        self._V = np.hstack([self._V, V])
+        self._U = np.hstack([self._U, U]) if len(self._picks) else np.zeros((0, len(self._X)))
+        self.mean = np.concatenate([self.mean, mean])
+        self._var = np.concatenate([self._var, var])
+        self.sd = np.concatenate([self.sd, sd])
 
     def believe(self, i: int) -> None:
-        c = self._covariance_with(i)
-        for u in self._updates:  # the covariance given the points already believed
-            c = c - u * u[i]
-        u = c / np.sqrt(self._var[i])
-        self._updates.append(u)
+        earlier_at_p = self._U[:, i].copy()
+        c = self._covariance(self._X, self._V, self._X[i], self._V[:, i])
+        for u_m in self._U:  # given the picks already believed, in order
+            c = c - u_m * u_m[i]
+        root = float(np.sqrt(self._var[i]))
+        u = c / root
+        self._picks.append((self._X[i].copy(), self._V[:, i].copy(), earlier_at_p, root))
+        self._U = np.vstack([self._U, u[None, :]])
         self._var = np.maximum(self._var - u**2, 0.0)
         self.sd = np.maximum(np.sqrt(self._var), 1e-9)
 
