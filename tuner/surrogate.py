@@ -294,10 +294,16 @@ class GPFantasies(Fantasies):
         self.sd = np.zeros(0)
         self.extend(X_c)
 
-    def _covariance(self, X: np.ndarray, V: np.ndarray, x_p: np.ndarray, v_p: np.ndarray):
-        # The posterior covariance of f at rows X with f at x_p (the white-noise term is zero
-        # between distinct inputs), in the targets' units.
-        return self._scale**2 * (self._kernel(X, x_p[None, :])[:, 0] - V.T @ v_p)
+    def _update(self, X: np.ndarray, V: np.ndarray, U: np.ndarray, k: int) -> np.ndarray:
+        """Pick k's variance update at rows X (V: their columns of L^-1 k(X_train, X); U:
+        their updates by the picks before k): the posterior covariance of f there with f at
+        the pick, given the earlier picks (the white-noise term is zero between distinct
+        inputs), in the targets' units, over the root of the pick's predictive variance."""
+        x_p, v_p, earlier_at_p, root = self._picks[k]
+        c = self._scale**2 * (self._kernel(X, x_p[None, :])[:, 0] - V.T @ v_p)
+        for m in range(k):  # given the picks before this one, in the order believed
+            c = c - U[m] * earlier_at_p[m]
+        return c / root
 
     def extend(self, X_new: np.ndarray) -> None:
         mean, sd = self._gp.predict(X_new)
@@ -309,11 +315,8 @@ class GPFantasies(Fantasies):
             )
         U = np.zeros((len(self._picks), len(X_new)))
         var = sd.astype(np.float64) ** 2
-        for k, (x_p, v_p, earlier_at_p, root) in enumerate(self._picks):
-            c = self._covariance(X_new, V, x_p, v_p)
-            for m in range(k):  # given the picks before this one, in the order believed
-                c = c - U[m] * earlier_at_p[m]
-            U[k] = c / root
+        for k in range(len(self._picks)):
+            U[k] = self._update(X_new, V, U, k)
             var = np.maximum(var - U[k] ** 2, 0.0)
         if self._picks:
             sd = np.maximum(np.sqrt(var), 1e-9)
@@ -325,13 +328,9 @@ class GPFantasies(Fantasies):
         self.sd = np.concatenate([self.sd, sd])
 
     def believe(self, i: int) -> None:
-        earlier_at_p = self._U[:, i].copy()
-        c = self._covariance(self._X, self._V, self._X[i], self._V[:, i])
-        for u_m in self._U:  # given the picks already believed, in order
-            c = c - u_m * u_m[i]
         root = float(np.sqrt(self._var[i]))
-        u = c / root
-        self._picks.append((self._X[i].copy(), self._V[:, i].copy(), earlier_at_p, root))
+        self._picks.append((self._X[i].copy(), self._V[:, i].copy(), self._U[:, i].copy(), root))
+        u = self._update(self._X, self._V, self._U, len(self._picks) - 1)
         self._U = np.vstack([self._U, u[None, :]])
         self._var = np.maximum(self._var - u**2, 0.0)
         self.sd = np.maximum(np.sqrt(self._var), 1e-9)
