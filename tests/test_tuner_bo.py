@@ -163,7 +163,7 @@ def test_failures_train_the_classifier_not_the_performance_model(recorded, space
     strategy.next_batch(8, {o.row for o in history}, history)
     # the GP saw the successful trials only; the classifier saw all of them
     ok = sum(not o.failed for o in history)
-    assert len(strategy._plain.gp.y_train_) == ok < len(history)
+    assert len(strategy._plain.posterior.y) == ok < len(history)
     assert strategy.failures.classifier is not None
     p_ok = strategy.failures.p_ok(strategy.features)
     assert p_ok[failing].mean() < p_ok[~failing].mean()
@@ -398,23 +398,39 @@ def test_a_prior_that_ranks_alike_but_spreads_wider_is_rescaled(recorded, space)
     assert strategy.last_used_prior is True
 
 
+def _scikit_learn_kernel(kernel):
+    """scikit-learn's kernel with the hyperparameters of a tuner/matern_gp.py Kernel."""
+    from sklearn.gaussian_process.kernels import ConstantKernel, Matern, WhiteKernel
+
+    return ConstantKernel(kernel.amplitude) * Matern(
+        length_scale=kernel.length_scales, nu=2.5
+    ) + WhiteKernel(kernel.noise)
+
+
+def _scikit_learn_gp(kernel, X, y):
+    from sklearn.gaussian_process import GaussianProcessRegressor
+
+    reference = GaussianProcessRegressor(
+        kernel=_scikit_learn_kernel(kernel), normalize_y=True, optimizer=None
+    )
+    return reference.fit(X, y)
+
+
 def test_the_map_objective_is_scikit_learns_likelihood_plus_the_prior():
     """The surrogate fits its hyperparameters on its own numpy objective (a tenth of the
     cost): it must be scikit-learn's -log marginal likelihood plus the prior, value and
     gradient, or the fits (and so the search) would drift from what was measured."""
-    from sklearn.gaussian_process import GaussianProcessRegressor
-
-    from pipetune.tuner.surrogate import GaussianProcess, neg_log_posterior
+    from pipetune.tuner.matern_gp import neg_log_posterior, pair_sq_diffs
+    from pipetune.tuner.surrogate import GaussianProcess
 
     rng = np.random.default_rng(7)
-    for n, d in ((5, 3), (23, 9)):
+    for n, d in ((2, 1), (5, 3), (23, 9), (130, 4)):
         X = rng.random((n, d))
         y = np.sin(3 * X).sum(axis=1) + 0.1 * rng.standard_normal(n)
         gp = GaussianProcess(d, seed=0)
-        reference = GaussianProcessRegressor(kernel=gp.start, normalize_y=True, optimizer=None)
-        reference.fit(X, y)
+        reference = _scikit_learn_gp(gp.start, X, y)
         t = (y - y.mean()) / y.std()
-        D2 = ((X[:, None, :] - X[None, :, :]) ** 2).reshape(n * n, d)
+        D2 = pair_sq_diffs(X)
         for _ in range(5):
             theta = rng.uniform(-2.0, 2.0, d + 2)
             lml, grad = reference.log_marginal_likelihood(theta, eval_gradient=True)
@@ -426,6 +442,42 @@ def test_the_map_objective_is_scikit_learns_likelihood_plus_the_prior():
             expected[1:-1] += dev / gp.log_ls_var
             expected[-1] += theta[-1] + 4.0
             assert np.allclose(mine, expected, rtol=1e-7, atol=1e-9)
+
+
+def test_the_gp_is_scikit_learns_regressor_with_the_same_kernel():
+    """tuner/matern_gp.py computes what scikit-learn's GaussianProcessRegressor (Matérn 5/2
+    with one length scale per feature, white noise, normalize_y) does, without its machinery:
+    the same posterior mean and spread, likelihood and weights, for any hyperparameters; and
+    a fit re-estimates them from the prior's mode, whatever the last estimate was."""
+    from pipetune.tuner.matern_gp import Kernel, Posterior
+    from pipetune.tuner.surrogate import GaussianProcess
+
+    rng = np.random.default_rng(5)
+    for n, d in ((1, 2), (4, 3), (40, 6)):
+        X = rng.random((n, d))
+        y = np.cos(5 * X).sum(axis=1) + 0.1 * rng.standard_normal(n)
+        X_c = np.vstack([rng.random((30, d)), X[:1]])  # a training row too
+        for _ in range(3):
+            kernel = Kernel.from_theta(rng.uniform(-3.0, 1.0, d + 2))
+            mine, reference = Posterior(kernel, X, y), _scikit_learn_gp(kernel, X, y)
+            mean, sd = mine.predict(X_c)
+            ref_mean, ref_sd = reference.predict(X_c, return_std=True)
+            assert np.allclose(mean, ref_mean, rtol=1e-9, atol=1e-9)
+            assert np.allclose(sd, ref_sd, rtol=1e-7, atol=1e-9)
+            assert np.allclose(mine.mean(X_c), ref_mean, rtol=1e-9, atol=1e-9)
+            assert mine.log_likelihood == pytest.approx(
+                reference.log_marginal_likelihood_value_, rel=1e-9
+            )
+            assert np.allclose(mine.alpha, reference.alpha_, rtol=1e-8, atol=1e-10)
+    gp = GaussianProcess(3, seed=0)
+    X = rng.random((12, 3))
+    y = np.sin(4 * X[:, 0])
+    gp.fit(X, y)
+    first = gp.kernel
+    gp.kernel = Kernel.from_theta(np.zeros(5))  # another estimate: the next fit ignores it
+    gp._estimated_on = 0
+    gp.fit(X, y)
+    assert np.array_equal(gp.kernel.theta, first.theta)
 
 
 def test_gp_fantasies_are_the_joint_gaussian_conditioned_on_the_believed_picks():
@@ -442,7 +494,8 @@ def test_gp_fantasies_are_the_joint_gaussian_conditioned_on_the_believed_picks()
     X_c = rng.random((40, d))
     gp = GaussianProcess(d, seed=0)
     gp.fit(X, y)
-    mean, cov = gp.gp.predict(X_c, return_cov=True)  # noisy-observation covariance
+    reference = _scikit_learn_gp(gp.kernel, X, y)
+    mean, cov = reference.predict(X_c, return_cov=True)  # noisy-observation covariance
     cov *= gp.cv_scale**2  # widened as the GP's own spread is (leave-one-out)
     fantasies = gp.fantasies(X_c)
     believed: list[int] = []
@@ -460,7 +513,7 @@ def test_gp_fantasies_are_the_joint_gaussian_conditioned_on_the_believed_picks()
     # Before any fit the prior is conditioned the same way (the first batch under a prior).
     prior = GaussianProcess(d, seed=0, length_scale=0.5, sd=0.1)
     fantasies = prior.fantasies(X_c)
-    prior_cov = prior.kernel(X_c)
+    prior_cov = _scikit_learn_kernel(prior.kernel)(X_c)
     fantasies.believe(5)
     expected = np.diag(prior_cov - np.outer(prior_cov[:, 5], prior_cov[5, :]) / prior_cov[5, 5])
     rest = np.arange(len(X_c)) != 5
@@ -566,7 +619,7 @@ def test_the_believer_is_exact_over_whole_pools_while_scoring_only_their_heads(m
 def test_leave_one_out_z_scores_are_those_of_refitting_without_each_point():
     """The closed form must equal conditioning the fitted GP (the same hyperparameters and
     standardised targets) on all points but one and predicting that one, noise included."""
-    from pipetune.tuner.surrogate import GaussianProcess, loo_z_scores
+    from pipetune.tuner.surrogate import GaussianProcess
 
     rng = np.random.default_rng(11)
     X = rng.random((12, 3))
@@ -574,7 +627,7 @@ def test_leave_one_out_z_scores_are_those_of_refitting_without_each_point():
     gp = GaussianProcess(3, seed=0)
     gp.fit(X, y)
     t = (y - y.mean()) / y.std()
-    K = gp.gp.kernel_(X) + np.eye(len(X)) * gp.gp.alpha  # training covariance, noise included
+    K = gp.kernel.train(X)  # training covariance, noise included
     expected = []
     for i in range(len(X)):
         rest = np.arange(len(X)) != i
@@ -582,7 +635,7 @@ def test_leave_one_out_z_scores_are_those_of_refitting_without_each_point():
         mean = weights @ t[rest]
         variance = K[i, i] - K[i, rest] @ weights
         expected.append((t[i] - mean) / np.sqrt(variance))
-    assert np.allclose(loo_z_scores(gp.gp), expected, rtol=1e-8, atol=1e-10)
+    assert np.allclose(gp.posterior.loo_z_scores(), expected, rtol=1e-8, atol=1e-10)
 
 
 def test_the_spread_is_widened_where_the_gp_is_more_confident_than_its_held_out_errors():
@@ -590,7 +643,7 @@ def test_the_spread_is_widened_where_the_gp_is_more_confident_than_its_held_out_
     it cannot see elsewhere, and its leave-one-out errors exceed what it predicts. The spread
     (predict, and the believer's) is then the fitted one times the root-mean-square z-score;
     never narrower than fitted."""
-    from pipetune.tuner.surrogate import GaussianProcess, loo_z_scores
+    from pipetune.tuner.surrogate import GaussianProcess
 
     rng = np.random.default_rng(0)
     X = rng.random((8, 4))
@@ -598,10 +651,10 @@ def test_the_spread_is_widened_where_the_gp_is_more_confident_than_its_held_out_
     y[3] += 2.0
     gp = GaussianProcess(4, seed=0)
     gp.fit(X, y)
-    rms = float(np.sqrt(np.mean(loo_z_scores(gp.gp) ** 2)))
+    rms = float(np.sqrt(np.mean(gp.posterior.loo_z_scores() ** 2)))
     assert rms > 1.1 and gp.cv_scale == pytest.approx(rms)
     X_c = rng.random((50, 4))
-    fitted_sd = gp.gp.predict(X_c, return_std=True)[1]
+    fitted_sd = gp.posterior.predict(X_c)[1]
     assert np.allclose(gp.predict(X_c)[1], fitted_sd * rms)
     assert np.allclose(gp.fantasies(X_c).sd, fitted_sd * rms)
     # A GP whose held-out errors are within its spread keeps the spread it fitted.
@@ -610,11 +663,9 @@ def test_the_spread_is_widened_where_the_gp_is_more_confident_than_its_held_out_
     y = np.sin(3 * X[:, 0]) + 0.05 * rng.standard_normal(30)
     calibrated = GaussianProcess(4, seed=0)
     calibrated.fit(X, y)
-    assert np.mean(loo_z_scores(calibrated.gp) ** 2) < 1.0
+    assert np.mean(calibrated.posterior.loo_z_scores() ** 2) < 1.0
     assert calibrated.cv_scale == 1.0
-    assert np.array_equal(
-        calibrated.predict(X_c)[1], calibrated.gp.predict(X_c, return_std=True)[1]
-    )
+    assert np.array_equal(calibrated.predict(X_c)[1], calibrated.posterior.predict(X_c)[1])
 
 
 def test_a_prior_is_not_judged_on_its_own_best_guesses_alone(recorded, space):
@@ -641,7 +692,7 @@ def test_a_prior_is_not_judged_on_its_own_best_guesses_alone(recorded, space):
     rows = strategy.next_batch(8, set(best8.tolist()), history)
     assert strategy.last_used_prior is True
     # Nothing to judge the prior against yet: the GP of the measurements alone is not fitted.
-    assert strategy._plain.gp is None
+    assert strategy._plain.posterior is None
     assert not set(rows) & design  # the prior drives the round: no fallback to the design
     # and its picks lean on it: the prior rates them higher than the design's.
     rank = np.argsort(np.argsort(-faithful.values, kind="stable"))

@@ -1,9 +1,9 @@
 """Surrogates of a kernel's performance with an uncertainty, and a model of where it fails.
 
 `GaussianProcess` (the one the search uses; benchmarks/RESULTS.md, "surrogate choice", has the
-measurement behind that choice): scikit-learn's GP with a Matérn 5/2 kernel, one length scale
-per feature (a knob that does not matter gets a long one), a learned noise level, on
-standardised targets, hyperparameters fit by maximum a posteriori, and a predictive spread
+measurement behind that choice): a GP (tuner/matern_gp.py) with a Matérn 5/2 kernel, one
+length scale per feature (a knob that does not matter gets a long one), a learned noise level,
+on standardised targets, hyperparameters fit by maximum a posteriori, and a predictive spread
 never narrower than its own leave-one-out errors say it should be. `ExtraTrees` is the
 alternative that was measured: the mean and spread over the trees of an extremely randomised
 forest (SMAC's random-forest surrogate).
@@ -16,16 +16,19 @@ not distort the performance model (BaCO's feasibility model).
 from __future__ import annotations
 
 import copy
-import warnings
 from abc import ABC, abstractmethod
 
 import numpy as np
-from scipy.linalg import lapack, solve_triangular
 from scipy.optimize import minimize
 from sklearn.ensemble import ExtraTreesClassifier, ExtraTreesRegressor
-from sklearn.exceptions import ConvergenceWarning
-from sklearn.gaussian_process import GaussianProcessRegressor
-from sklearn.gaussian_process.kernels import ConstantKernel, Matern, WhiteKernel
+
+from pipetune.tuner.matern_gp import (
+    Kernel,
+    Posterior,
+    neg_log_posterior,
+    pair_sq_diffs,
+    standardise,
+)
 
 
 class Fantasies:
@@ -84,57 +87,6 @@ class Surrogate(ABC):
         raise NotImplementedError
 
 
-SQRT5 = np.sqrt(5.0)
-GP_JITTER = 1e-10  # scikit-learn's `alpha`, added to the training covariance's diagonal
-LOG_NOISE_PRIOR_MEAN = -4.0  # log noise variance ~ N(-4, 1)
-
-
-def neg_log_posterior(
-    theta: np.ndarray, D2: np.ndarray, t: np.ndarray, log_ls_mean: float, log_ls_var: float
-) -> tuple[float, np.ndarray]:
-    """-log marginal likelihood - log prior of standardised targets `t`, and its gradient in
-    theta (log amplitude, log length scales, log noise variance), for the kernel
-    amplitude * Matern52(length scales) + noise: the same numbers as scikit-learn's
-    `GaussianProcessRegressor.log_marginal_likelihood` with the `GaussianProcess` kernel
-    (tests/test_tuner_bo.py compares them). D2: the squared difference of every pair of
-    training rows per feature, shape (n * n, features)."""
-    n = len(t)
-    amplitude, noise = np.exp(theta[0]), np.exp(theta[-1])
-    inv_ls2 = np.exp(-2.0 * theta[1:-1])
-    r2 = (D2 @ inv_ls2).reshape(n, n)
-    r = np.sqrt(r2)
-    e = np.exp(-SQRT5 * r)
-    poly = 1.0 + SQRT5 * r
-    Kf = amplitude * (poly + (5.0 / 3.0) * r2) * e
-    K = Kf.copy()
-    K.flat[:: n + 1] += noise + GP_JITTER
-    # LAPACK directly (Cholesky, solve, inverse from the factor): scipy.linalg's wrappers
-    # check and copy their arguments on each of the hundreds of calls a fit makes.
-    L, info = lapack.dpotrf(K, lower=1, clean=1, overwrite_a=1)
-    if info != 0:
-        return np.inf, np.zeros_like(theta)  # as scikit-learn: an impossible theta
-    alpha, _ = lapack.dpotrs(L, t, lower=1)
-    K_inv, _ = lapack.dpotri(L, lower=1)  # K^-1's lower triangle; the upper is L's: zeros
-    K_inv += K_inv.T
-    K_inv.flat[:: n + 1] *= 0.5
-    lml = -0.5 * t @ alpha - np.log(np.diagonal(L)).sum() - 0.5 * n * np.log(2 * np.pi)
-    W = np.outer(alpha, alpha)
-    W -= K_inv
-    grad = np.empty_like(theta)
-    grad[0] = 0.5 * np.vdot(W, Kf)
-    # d k / d log l_k = amplitude * 5/3 (1 + sqrt5 r) exp(-sqrt5 r) (x_k - x'_k)^2 / l_k^2
-    G = W * (amplitude * (5.0 / 3.0) * poly * e)
-    grad[1:-1] = 0.5 * (G.ravel() @ D2) * inv_ls2
-    grad[-1] = 0.5 * noise * np.trace(W)
-    dev = theta[1:-1] - log_ls_mean
-    value = -lml + float(np.sum(dev**2)) / (2 * log_ls_var)
-    value += (theta[-1] - LOG_NOISE_PRIOR_MEAN) ** 2 / 2
-    grad = -grad
-    grad[1:-1] += dev / log_ls_var
-    grad[-1] += theta[-1] - LOG_NOISE_PRIOR_MEAN
-    return float(value), grad
-
-
 class GaussianProcess(Surrogate):
     """Hyperparameters are MAP estimates under the dimension-scaled priors of Hvarfner et al.
     ("Vanilla Bayesian optimization performs great in high dimensions", ICML 2024; BoTorch's
@@ -142,8 +94,16 @@ class GaussianProcess(Surrogate):
     variance ~ N(-4, 1). Maximum likelihood alone, on a few dozen points and one length scale
     per knob, collapses to tiny length scales that explain every point as independent (the GP
     then knows nothing between its data and the search turns random); the prior prevents it.
-    Each fit starts from the prior's mode, so a fit depends on the data only.
+    Each fit starts from the prior's mode, so a fit depends on the data only. The GP itself
+    (tuner/matern_gp.py) is scikit-learn's `GaussianProcessRegressor` with this kernel and
+    `normalize_y`, computed without its per-call machinery.
     """
+
+    # Where each hyperparameter may go: amplitude (of standardised targets), length scales
+    # (in the [0, 1] feature units) and noise variance.
+    AMPLITUDE_BOUNDS = (1e-2, 1e2)
+    LENGTH_SCALE_BOUNDS = (1e-2, 1e3)
+    NOISE_BOUNDS = (1e-6, 1.0)
 
     def __init__(self, n_features: int, seed: int, length_scale: float | None = None, sd=1.0):
         """Before any fit the GP is its prior: mean 0, standard deviation `sd` everywhere,
@@ -154,113 +114,86 @@ class GaussianProcess(Surrogate):
         self.log_ls_mean = np.sqrt(2.0) + 0.5 * np.log(n_features)
         self.log_ls_var = 3.0
         ls = np.exp(self.log_ls_mean) if length_scale is None else length_scale
-        self.start = ConstantKernel(sd**2, (1e-2, 1e2)) * Matern(
-            length_scale=np.full(n_features, ls), length_scale_bounds=(1e-2, 1e3), nu=2.5
-        ) + WhiteKernel(np.exp(-4.0) * sd**2, (1e-6, 1.0))
+        self.start = Kernel(sd**2, np.full(n_features, float(ls)), np.exp(-4.0) * sd**2)
         self.kernel = self.start
-        self.gp: GaussianProcessRegressor | None = None
+        self.posterior: Posterior | None = None
         self.training_data = (np.zeros((0, n_features)), np.zeros(0))
         self._estimated_on = 0  # data size at the last hyperparameter estimate
         self.cv_scale = 1.0  # the posterior spread's factor from leave-one-out (see fit)
+        # The log evidence of the last fit: for a re-estimate the MAP objective's optimum (the
+        # log likelihood plus the hyperprior's log density, as scikit-learn's fit reported it
+        # when it ran this optimiser); for a fit with the last estimate, the log likelihood.
+        self._log_evidence_std = 0.0
 
-    def _map(self, obj_func, initial_theta, bounds):
-        """L-BFGS-B on -log likelihood - log prior (theta: log amplitude, log length scales,
-        log noise, in scikit-learn's order). scikit-learn calls this as its optimizer during
-        `fit`; the objective is `neg_log_posterior` on the data `fit` stashed (the same value
-        as scikit-learn's `obj_func` plus the prior, in a few numpy steps instead of its
-        kernel machinery: about a tenth of the cost, and the fit is most of a round's)."""
-        D2, t = self._fit_data
-        lengths = slice(1, 1 + self.n_features)
+    def _bounds(self) -> list[tuple[float, float]]:
+        return (
+            [tuple(np.log(self.AMPLITUDE_BOUNDS))]
+            + [tuple(np.log(self.LENGTH_SCALE_BOUNDS))] * self.n_features
+            + [tuple(np.log(self.NOISE_BOUNDS))]
+        )  # type: ignore[list-item]
+
+    def _map(self, X: np.ndarray, y: np.ndarray) -> tuple[Kernel, float]:
+        """L-BFGS-B on -log likelihood - log prior (`neg_log_posterior`), from two starts: the
+        prior's mode (long length scales: a smooth function) and short length scales (a rough
+        one). From the first alone the fit can settle in the mode that calls every difference
+        noise (amplitude at its floor, noise near 1), and the search then knows nothing; the
+        better posterior of the two wins. Returns the kernel and the objective's minimum."""
+        D2 = pair_sq_diffs(X)
+        t, _, _ = standardise(y)
 
         def objective(theta):
             return neg_log_posterior(theta, D2, t, self.log_ls_mean, self.log_ls_var)
 
-        # Two starts: the prior's mode (long length scales: a smooth function) and short
-        # length scales (a rough one). From the first alone the fit can settle in the mode
-        # that calls every difference noise (amplitude at its floor, noise near 1), and the
-        # search then knows nothing; the better posterior of the two wins.
-        rough = np.array(initial_theta, dtype=np.float64)
-        rough[lengths] = np.log(0.3)
+        initial = self.start.theta
+        rough = initial.copy()
+        rough[1 : 1 + self.n_features] = np.log(0.3)
+        bounds = self._bounds()
         results = [
             minimize(objective, start, jac=True, method="L-BFGS-B", bounds=bounds)
-            for start in (initial_theta, rough)
+            for start in (initial, rough)
         ]
         best = min(results, key=lambda r: r.fun)
-        return best.x, best.fun
-
-    def _regressor(self, optimise: bool, kernel=None) -> GaussianProcessRegressor:
-        return GaussianProcessRegressor(
-            kernel=kernel if kernel is not None else self.kernel,
-            normalize_y=True,
-            optimizer=self._map if optimise else None,
-            n_restarts_optimizer=0,
-            random_state=self.seed,
-        )
+        return Kernel.from_theta(best.x), float(best.fun)
 
     def fit(self, X, y, new_share: int = 10):
         # Hyperparameters are re-estimated once 1/new_share of the data (a tenth) came since
         # the last estimate (every round early on); in between the GP is conditioned on the
         # new data with the last estimate, which changes little and saves most of a round's
         # time.
+        X = np.asarray(X, dtype=np.float64)
+        y = np.asarray(y, dtype=np.float64)
         grown = len(y) - self._estimated_on >= max(1, len(y) // new_share)
         optimise = len(y) >= 3 and (self._estimated_on < 3 or grown)
         if optimise:
             self._estimated_on = len(y)
-        gp = self._regressor(optimise, self.start if optimise else self.kernel)
-        if optimise:
-            # What _map's objective needs: the squared differences of the training rows per
-            # feature, and the targets standardised as scikit-learn's normalize_y does.
-            X = np.asarray(X, dtype=np.float64)
-            y = np.asarray(y, dtype=np.float64)
-            std = np.std(y, axis=0)
-            t = (y - np.mean(y, axis=0)) / (std if std != 0.0 else 1.0)
-            D2 = ((X[:, None, :] - X[None, :, :]) ** 2).reshape(len(X) * len(X), -1)
-            self._fit_data = (D2, t)
-        with warnings.catch_warnings():
-            # A flat likelihood on very few points is expected; the fit is still the best
-            # the data and the prior support.
-            warnings.simplefilter("ignore", ConvergenceWarning)
-            gp.fit(X, y)
-        self.gp = gp
-        self.kernel = gp.kernel_
-        self.training_data = (np.asarray(X, dtype=np.float64), np.asarray(y, dtype=np.float64))
+            self.kernel, minimum = self._map(X, y)
+        self.posterior = Posterior(self.kernel, X, y)
+        self._log_evidence_std = -minimum if optimise else self.posterior.log_likelihood
+        self.training_data = (X, y)
         # The marginal likelihood sets the spread on few points as if the kernel were right;
         # where the GP's own held-out errors are larger than it predicts, they widen it.
         # An overconfident model stops a search from exploring; a cautious one costs less.
-        self.cv_scale = max(1.0, float(np.sqrt(np.mean(loo_z_scores(gp) ** 2))))
+        self.cv_scale = max(1.0, float(np.sqrt(np.mean(self.posterior.loo_z_scores() ** 2))))
 
     def condition(self, X, y):
         other = copy.copy(self)
-        other.gp = self._regressor(optimise=False).fit(X, y)
+        other.posterior = Posterior(self.kernel, np.asarray(X), np.asarray(y))
         return other
 
     def predict(self, X):
-        # Unfitted, scikit-learn's GP predicts from its prior (the kernel as given).
-        gp = self.gp if self.gp is not None else self._regressor(optimise=False)
-        mean, sd = gp.predict(X, return_std=True)
+        if self.posterior is None:  # the prior: mean 0, the kernel's own spread
+            return np.zeros(len(X)), np.maximum(np.sqrt(self.kernel.variance(len(X))), 1e-9)
+        mean, sd = self.posterior.predict(X)
         return mean, np.maximum(sd * self.cv_scale, 1e-9)
 
     def fantasies(self, X_c: np.ndarray) -> GPFantasies:
         return GPFantasies(self, X_c)
 
     def log_evidence(self) -> float:
-        assert self.gp is not None, "fit first"
-        # sklearn's value is for the standardised targets: p(y) = p(y_std) / std^n.
-        scale = np.atleast_1d(self.gp._y_train_std)[0]
-        n = len(self.gp.y_train_)
-        return float(self.gp.log_marginal_likelihood_value_ - n * np.log(scale))
-
-
-def loo_z_scores(gp: GaussianProcessRegressor) -> np.ndarray:
-    """Each training point's leave-one-out residual over its leave-one-out predictive standard
-    deviation, with the fitted hyperparameters, in closed form (Rasmussen and Williams, eq.
-    5.12): with K the training covariance (noise included) and alpha = K^-1 t, the residual
-    is alpha_i / [K^-1]_ii and the variance 1 / [K^-1]_ii. The mean of their squares is the
-    posterior scale that leave-one-out cross-validation would choose (Sundararajan and
-    Keerthi, 2001): above 1, the GP is more confident than its errors on its own data."""
-    L_inv = solve_triangular(gp.L_, np.eye(len(gp.L_)), lower=True, check_finite=False)
-    K_inv_diag = np.einsum("ij,ij->j", L_inv, L_inv)  # diag(L^-T L^-1)
-    return np.ravel(gp.alpha_) / np.sqrt(K_inv_diag)
+        assert self.posterior is not None, "fit first"
+        # The value is for the standardised targets: p(y) = p(y_std) / std^n.
+        n = len(self.posterior.y)
+        return float(self._log_evidence_std - n * np.log(self.posterior.y_std))
 
 
 class GPFantasies(Fantasies):
@@ -276,13 +209,13 @@ class GPFantasies(Fantasies):
 
     def __init__(self, gp: GaussianProcess, X_c: np.ndarray):
         self._gp = gp
-        fitted = gp.gp
-        if fitted is None:  # the prior: no data to condition on yet
-            self._kernel, self._L, self._X_train, self._scale = gp.kernel, None, None, 1.0
+        self._kernel = gp.kernel
+        self._posterior = gp.posterior
+        if gp.posterior is None:  # the prior: no data to condition on yet
+            self._scale = 1.0
         else:
-            self._kernel, self._L, self._X_train = fitted.kernel_, fitted.L_, fitted.X_train_
-            self._scale = float(np.atleast_1d(fitted._y_train_std)[0]) * gp.cv_scale
-        n_data = 0 if self._L is None else len(self._L)
+            self._scale = gp.posterior.y_std * gp.cv_scale
+        n_data = 0 if gp.posterior is None else len(gp.posterior.L)
         self._X = np.zeros((0, X_c.shape[1]))
         self._V = np.zeros((n_data, 0))  # L^-1 k(X_train, X): what the data explain
         self._U = np.zeros((0, 0))  # row k: the variance update of the k-th pick, per candidate
@@ -300,19 +233,21 @@ class GPFantasies(Fantasies):
         the pick, given the earlier picks (the white-noise term is zero between distinct
         inputs), in the targets' units, over the root of the pick's predictive variance."""
         x_p, v_p, earlier_at_p, root = self._picks[k]
-        c = self._scale**2 * (self._kernel(X, x_p[None, :])[:, 0] - V.T @ v_p)
+        c = self._scale**2 * (self._kernel.cross(X, x_p[None, :])[:, 0] - V.T @ v_p)
         for m in range(k):  # given the picks before this one, in the order believed
             c = c - U[m] * earlier_at_p[m]
         return c / root
 
     def extend(self, X_new: np.ndarray) -> None:
-        mean, sd = self._gp.predict(X_new)
-        if self._L is None:
+        if self._posterior is None:
+            mean, sd = self._gp.predict(X_new)
             V = np.zeros((0, len(X_new)))
         else:
-            V = solve_triangular(
-                self._L, self._kernel(self._X_train, X_new), lower=True, check_finite=False
-            )
+            # One pass over the new rows for the prediction and for V (GaussianProcess.predict
+            # in the same arithmetic).
+            mean_t, var_t, V = self._posterior.explain(X_new)
+            mean = self._posterior.y_std * mean_t + self._posterior.y_mean
+            sd = np.maximum(self._posterior.y_std * np.sqrt(var_t) * self._gp.cv_scale, 1e-9)
         U = np.zeros((len(self._picks), len(X_new)))
         var = sd.astype(np.float64) ** 2
         for k in range(len(self._picks)):

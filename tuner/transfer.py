@@ -124,5 +124,5 @@ def fitted_to_record(prior: PriorMean, features: np.ndarray, seed: int) -> np.nd
     gp.fit(features[some], prior.values[some])
     if len(some) < len(ok):
         gp = gp.condition(features[ok], prior.values[ok])
-    assert gp.gp is not None
-    return gp.gp.predict(features)  # the mean only: the spread over every row costs far more
+    assert gp.posterior is not None
+    return gp.posterior.mean(features)  # the spread over every row costs far more

@@ -1,0 +1,188 @@
+"""Exact Gaussian-process regression with a Matérn 5/2 kernel (one length scale per feature)
+plus white noise, on standardised targets: the numbers scikit-learn's
+`GaussianProcessRegressor(kernel=C * Matern(nu=2.5) + White, normalize_y=True)` computes
+(tests/test_tuner_bo.py compares them), in a few numpy and LAPACK calls.
+
+Written here rather than called through scikit-learn because a proposal round fits and
+queries GPs dozens of times and scikit-learn's kernel objects, parameter validation and
+cloning cost as much per call as the arithmetic (benchmarks/RESULTS.md, "the GP without
+scikit-learn's machinery"); the tuner's service replicas spend most of their CPU here.
+
+- `Kernel`: the hyperparameters and the covariance they define.
+- `neg_log_posterior`: the objective the hyperparameters are fit on (MAP), with its gradient.
+- `Posterior`: the GP conditioned on training data; predictions, leave-one-out z-scores.
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+
+import numpy as np
+from scipy.linalg import lapack, solve_triangular
+from scipy.spatial.distance import cdist, pdist, squareform
+
+SQRT5 = np.sqrt(5.0)
+GP_JITTER = 1e-10  # added to the training covariance's diagonal (scikit-learn's `alpha`)
+LOG_NOISE_PRIOR_MEAN = -4.0  # log noise variance ~ N(-4, 1)
+
+
+@dataclass(frozen=True)
+class Kernel:
+    """amplitude * Matern52(length_scales) + noise * [x == x'] (the noise only on the training
+    covariance's diagonal and in a prediction's own variance)."""
+
+    amplitude: float
+    length_scales: np.ndarray
+    noise: float
+
+    @property
+    def theta(self) -> np.ndarray:
+        """Log amplitude, log length scales, log noise (scikit-learn's order)."""
+        return np.log(np.hstack([self.amplitude, self.length_scales, self.noise]))
+
+    @classmethod
+    def from_theta(cls, theta: np.ndarray) -> Kernel:
+        values = np.exp(np.asarray(theta, dtype=np.float64))
+        return cls(float(values[0]), values[1:-1], float(values[-1]))
+
+    def _matern(self, r: np.ndarray) -> np.ndarray:
+        s = r * SQRT5
+        return self.amplitude * ((1.0 + s + s**2 / 3.0) * np.exp(-s))
+
+    def cross(self, X: np.ndarray, Y: np.ndarray) -> np.ndarray:
+        """Covariance of f between the rows of X and of Y (no noise: distinct inputs)."""
+        ls = self.length_scales
+        return self._matern(cdist(X / ls, Y / ls, metric="euclidean"))
+
+    def train(self, X: np.ndarray) -> np.ndarray:
+        """The training covariance: f's among the rows of X, plus noise and jitter."""
+        K = squareform(self._matern(pdist(X / self.length_scales, metric="euclidean")))
+        K.flat[:: len(X) + 1] = self.amplitude + self.noise + GP_JITTER
+        return K
+
+    def variance(self, n: int) -> np.ndarray:
+        """A new observation's own variance at each of n rows: f's plus the noise."""
+        return np.full(n, self.amplitude + self.noise)
+
+
+@functools.lru_cache(maxsize=16)
+def _pairs(n: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Rows i < j of every distinct pair of n training points, and where (j, i) lies in an
+    n x n Fortran-ordered array (the lower triangle LAPACK reads and writes)."""
+    rows, cols = np.triu_indices(n, 1)
+    for a in (rows, cols):
+        a.flags.writeable = False
+    lower = cols + rows * n
+    lower.flags.writeable = False
+    return rows, cols, lower
+
+
+def pair_sq_diffs(X: np.ndarray) -> np.ndarray:
+    """The squared difference per feature of every pair of distinct rows i < j of X (the
+    order of np.triu_indices): what `neg_log_posterior` needs of the training inputs."""
+    rows, cols, _ = _pairs(len(X))
+    return (X[rows] - X[cols]) ** 2
+
+
+def neg_log_posterior(
+    theta: np.ndarray, D2: np.ndarray, t: np.ndarray, log_ls_mean: float, log_ls_var: float
+) -> tuple[float, np.ndarray]:
+    """-log marginal likelihood - log prior of standardised targets `t`, and its gradient in
+    theta (log amplitude, log length scales, log noise variance); priors: log length scale ~
+    N(log_ls_mean, log_ls_var), log noise ~ N(LOG_NOISE_PRIOR_MEAN, 1), constants dropped.
+    D2: `pair_sq_diffs` of the training inputs. The kernel is symmetric and its diagonal
+    known, so only the distinct pairs are computed (exp and sqrt are most of the cost)."""
+    n = len(t)
+    rows, cols, lower = _pairs(n)
+    amplitude, noise = np.exp(theta[0]), np.exp(theta[-1])
+    inv_ls2 = np.exp(-2.0 * theta[1:-1])
+    r2 = D2 @ inv_ls2
+    r = np.sqrt(r2)
+    e = np.exp(-SQRT5 * r)
+    poly = 1.0 + SQRT5 * r
+    k = amplitude * (poly + (5.0 / 3.0) * r2) * e  # the kernel at each pair
+    K = np.zeros((n, n), order="F")
+    K.ravel(order="K")[lower] = k  # the lower triangle: all dpotrf reads
+    K.flat[:: n + 1] = amplitude + noise + GP_JITTER
+    # LAPACK directly (Cholesky, solves): scipy.linalg's wrappers check and copy their
+    # arguments on each of the hundreds of calls a fit makes.
+    L, info = lapack.dpotrf(K, lower=1, clean=0, overwrite_a=1)
+    if info != 0:
+        return np.inf, np.zeros_like(theta)  # as scikit-learn: an impossible theta
+    alpha, _ = lapack.dpotrs(L, t, lower=1)
+    K_inv, _ = lapack.dpotrs(L, np.eye(n), lower=1)  # faster here than dpotri
+    lml = -0.5 * t @ alpha - np.log(np.diagonal(L)).sum() - 0.5 * n * np.log(2 * np.pi)
+    # d lml / d theta = tr(W dK/dtheta) / 2 with W = alpha alpha^T - K^-1: the diagonal's
+    # share, and each distinct pair's twice.
+    w = alpha[rows] * alpha[cols] - K_inv.ravel(order="K")[lower]
+    trace_w = float(alpha @ alpha - np.trace(K_inv))
+    grad = np.empty_like(theta)
+    grad[0] = 0.5 * amplitude * trace_w + w @ k
+    # d k / d log l_k = amplitude * 5/3 (1 + sqrt5 r) exp(-sqrt5 r) (x_k - x'_k)^2 / l_k^2
+    grad[1:-1] = ((w * (amplitude * (5.0 / 3.0)) * poly * e) @ D2) * inv_ls2
+    grad[-1] = 0.5 * noise * trace_w
+    dev = theta[1:-1] - log_ls_mean
+    value = -lml + float(np.sum(dev**2)) / (2 * log_ls_var)
+    value += (theta[-1] - LOG_NOISE_PRIOR_MEAN) ** 2 / 2
+    grad = -grad
+    grad[1:-1] += dev / log_ls_var
+    grad[-1] += theta[-1] - LOG_NOISE_PRIOR_MEAN
+    return float(value), grad
+
+
+def standardise(y: np.ndarray) -> tuple[np.ndarray, float, float]:
+    """Targets scaled to mean 0 and standard deviation 1 (1 where they are all equal)."""
+    mean = float(np.mean(y))
+    std = float(np.std(y))
+    std = std if std != 0.0 else 1.0
+    return (y - mean) / std, mean, std
+
+
+class Posterior:
+    """The GP with `kernel` conditioned on (X, y), y standardised first."""
+
+    def __init__(self, kernel: Kernel, X: np.ndarray, y: np.ndarray):
+        self.kernel = kernel
+        self.X = np.asarray(X, dtype=np.float64)
+        self.y = np.asarray(y, dtype=np.float64)
+        t, self.y_mean, self.y_std = standardise(self.y)
+        L, info = lapack.dpotrf(kernel.train(self.X), lower=1, clean=1)
+        if info != 0:
+            raise np.linalg.LinAlgError(f"training covariance not positive definite ({info})")
+        self.L = L
+        self.alpha, _ = lapack.dpotrs(L, t, lower=1)
+        n = len(t)
+        self.log_likelihood = float(
+            -0.5 * t @ self.alpha - np.log(np.diagonal(L)).sum() - 0.5 * n * np.log(2 * np.pi)
+        )
+
+    def explain(self, X: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """At rows X, in the standardised units: the posterior mean, the predictive variance
+        (noise included) and V = L^-1 k(X_train, X), what the data explain of each row."""
+        K_cross = self.kernel.cross(self.X, X)
+        mean = self.alpha @ K_cross
+        V = solve_triangular(self.L, K_cross, lower=True, check_finite=False)
+        variance = self.kernel.variance(len(X)) - np.einsum("ij,ij->j", V, V)
+        return mean, np.maximum(variance, 0.0), V
+
+    def mean(self, X: np.ndarray) -> np.ndarray:
+        """The posterior mean at X in the targets' units (without the spread, which costs
+        a triangular solve over every row)."""
+        return self.y_std * (self.alpha @ self.kernel.cross(self.X, X)) + self.y_mean
+
+    def predict(self, X: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Mean and standard deviation (noise included) at X, in the targets' units."""
+        mean, variance, _ = self.explain(X)
+        return self.y_std * mean + self.y_mean, self.y_std * np.sqrt(variance)
+
+    def loo_z_scores(self) -> np.ndarray:
+        """Each training point's leave-one-out residual over its leave-one-out predictive
+        standard deviation, in closed form (Rasmussen and Williams, eq. 5.12): with K the
+        training covariance (noise included) and alpha = K^-1 t, the residual is alpha_i /
+        [K^-1]_ii and the variance 1 / [K^-1]_ii. The mean of their squares is the posterior
+        scale that leave-one-out cross-validation would choose (Sundararajan and Keerthi,
+        2001): above 1, the GP is more confident than its errors on its own data."""
+        L_inv = solve_triangular(self.L, np.eye(len(self.L)), lower=True, check_finite=False)
+        K_inv_diag = np.einsum("ij,ij->j", L_inv, L_inv)  # diag(L^-T L^-1)
+        return self.alpha / np.sqrt(K_inv_diag)
