@@ -25,6 +25,7 @@ from scipy.spatial.distance import cdist, pdist, squareform
 SQRT5 = np.sqrt(5.0)
 GP_JITTER = 1e-10  # added to the training covariance's diagonal (scikit-learn's `alpha`)
 LOG_NOISE_PRIOR_MEAN = -4.0  # log noise variance ~ N(-4, 1)
+INVERSE_BY_SOLVES_UP_TO = 160  # training points (see neg_log_posterior)
 
 
 @dataclass(frozen=True)
@@ -111,7 +112,12 @@ def neg_log_posterior(
     if info != 0:
         return np.inf, np.zeros_like(theta)  # as scikit-learn: an impossible theta
     alpha, _ = lapack.dpotrs(L, t, lower=1)
-    K_inv, _ = lapack.dpotrs(L, np.eye(n), lower=1)  # faster here than dpotri
+    # K^-1's lower triangle (all the gradient reads): by two triangular solves against the
+    # identity where that is faster (small n, measured), else by dpotri (2n^3/3 flops, not 2n^3).
+    if n <= INVERSE_BY_SOLVES_UP_TO:
+        K_inv, _ = lapack.dpotrs(L, np.eye(n), lower=1)
+    else:
+        K_inv, _ = lapack.dpotri(L, lower=1)
     lml = -0.5 * t @ alpha - np.log(np.diagonal(L)).sum() - 0.5 * n * np.log(2 * np.pi)
     # d lml / d theta = tr(W dK/dtheta) / 2 with W = alpha alpha^T - K^-1: the diagonal's
     # share, and each distinct pair's twice.
