@@ -2,6 +2,7 @@
 strategy, on one core.
 
     python -m benchmarks.bench_propose [--write]
+    python -m benchmarks.bench_propose --tasks 4 --budget 120 [--strategy analytical+xgb]
 
 1. A pipetune schedule space of several thousand schedules; measurements are answered by the
    analytical model with the simulated runner's noise (3% lognormal, seeded; no GPU). Only
@@ -12,6 +13,10 @@ strategy, on one core.
    trials: the later rounds fit the surrogate to the most trials and are the slowest.
 
 BLAS is limited to one thread (the goal is "under 0.5 s on one core").
+
+`--tasks N`: instead, the proposer's CPU over whole tasks, per result (what the fleet
+benchmark's service spends proposing, benchmarks/bench_load.py): the load benchmark's first N
+GEMMs on H100 (its `workload(i)`, seed i), answered as in 1., batches of 8 through `--budget`.
 """
 
 from __future__ import annotations
@@ -92,11 +97,50 @@ def foreign_rounds(strategy: str, budget: int = 100) -> tuple[int, Timed]:
     return len(configs.configs), timed
 
 
+def task_cpu(strategy: str, tasks: int, budget: int) -> tuple[float, int]:
+    """CPU seconds of `propose` over whole tasks of the load benchmark's GEMMs, and the
+    number of trials proposed."""
+    from benchmarks.load_driver import workload
+    from pipetune.model.workloads import parse_workload
+
+    cpu, proposed_total = 0.0, 0
+    for i in range(tasks):
+        space = Space.enumerate(parse_workload(workload(i)), get_gpu("h100", calibrated=False))
+        rng = np.random.default_rng(i)
+        noise = np.exp(DEFAULT_SIGMA * rng.standard_normal(len(space)))
+        latency = evaluate(space).T_kernel * noise
+        session = TuningSession(
+            space.workload, space.gpu, strategy, seed=i, budget=budget, space=space
+        )
+        while session.remaining > 0:
+            c0 = time.process_time()
+            proposed = session.propose(BATCH)
+            cpu += time.process_time() - c0
+            proposed_total += len(proposed)
+            session.observe(
+                [
+                    (s, MeasureResult(status="ok", latency_us=float(latency[space.index(s)]) * 1e6))
+                    for s in proposed
+                ]
+            )
+    return cpu, proposed_total
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--write", action="store_true")
+    parser.add_argument("--tasks", type=int, default=0, help="whole tasks instead (see above)")
+    parser.add_argument("--budget", type=int, default=120)
+    parser.add_argument("--strategy", default="analytical+xgb")
     args = parser.parse_args()
     threadpool_limits(limits=1)  # one core, as the goal states
+    if args.tasks > 0:
+        cpu, n = task_cpu(args.strategy, args.tasks, args.budget)
+        print(
+            f"{args.strategy}: {args.tasks} tasks of {args.budget} trials, {n} proposed: "
+            f"{cpu * 1e3:.0f} ms of CPU, {cpu / n * 1e3:.2f} ms per result"
+        )
+        return
     space = Space.enumerate(ALCOP["MM_Square_4k"], get_gpu("h100", calibrated=False))
     lines = [
         f"MM_Square_4k on H100: {len(space)} schedules, batch {BATCH}, {ROUNDS} rounds.",
