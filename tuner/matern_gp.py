@@ -67,7 +67,7 @@ class Kernel:
         return np.full(n, self.amplitude + self.noise)
 
 
-@functools.lru_cache(maxsize=16)
+@functools.lru_cache(maxsize=4)  # a fit evaluates one n many times; rounds move on
 def _pairs(n: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Rows i < j of every distinct pair of n training points, and where (j, i) lies in an
     n x n Fortran-ordered array (the lower triangle LAPACK reads and writes)."""
