@@ -85,6 +85,34 @@ def test_visited_schedules_are_never_proposed_again(space, recorded, strategy):
     assert len(seen) == 64
 
 
+def test_pending_batches_are_not_proposed_again_either(space):
+    # A session proposing ahead (the service's random and grid tasks): the second batch is
+    # proposed before the first is observed, and must not repeat it.
+    s = TuningSession(WORKLOAD, space.gpu, "random", seed=3, budget=40, space=space)
+    first, second = s.propose(8), s.propose(8)
+    assert not {p.id for p in first} & {p.id for p in second}
+    s.observe([(p, _ok()) for p in first])
+    third = s.propose(8)
+    assert not {p.id for p in third} & {p.id for p in first + second}
+
+
+def test_rows_in_order_read_only_the_head_they_need():
+    from pipetune.tuner.strategy_base import Strategy
+
+    class Ordered(Strategy):
+        def next_batch(self, n, exclude, history):
+            return self._in_order(order, n, exclude)
+
+    rng = np.random.default_rng(0)
+    order = rng.permutation(50)
+    strategy = Ordered(None, rng)
+    for size in (0, 1, 10, 49, 50):
+        exclude = set(rng.choice(50, size, replace=False).tolist())
+        for n in (1, 3, 50):
+            everything = [r for r in order.tolist() if r not in exclude][:n]
+            assert strategy.next_batch(n, exclude, []) == everything
+
+
 def test_failures_count_against_the_budget(space):
     s = TuningSession(WORKLOAD, space.gpu, "analytical+xgb", seed=0, budget=10, space=space)
     proposed = s.propose(8)

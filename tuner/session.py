@@ -44,6 +44,9 @@ class TuningSession:
         self.history: list[Observation] = []
         self.results: list[MeasureResult] = []
         self.pending: list[int] = []
+        # Every row proposed so far (observed or pending): what a strategy must not propose
+        # again, kept rather than rebuilt from the history at every batch. Strategies read it.
+        self._proposed: set[int] = set()
 
     @property
     def remaining(self) -> int:
@@ -60,9 +63,9 @@ class TuningSession:
         n = min(n, self.remaining)
         if n == 0:
             return []
-        exclude = {o.row for o in self.history} | set(self.pending)
-        rows = self.strategy.next_batch(n, exclude, self.history)
+        rows = self.strategy.next_batch(n, self._proposed, self.history)
         self.pending.extend(rows)
+        self._proposed.update(rows)
         return [self.space[r] for r in rows]
 
     def observe(self, results: Sequence[tuple[Any, MeasureResult]]) -> None:

@@ -28,8 +28,10 @@ class Strategy(ABC):
         """Up to n space rows not in exclude, in the order to measure them."""
 
     def _in_order(self, order: np.ndarray, n: int, exclude: set[int]) -> list[int]:
+        """The first n rows of `order` not in exclude. At most len(exclude) of them are
+        skipped, so only that head of the order is read (not the whole space, every batch)."""
         picked: list[int] = []
-        for r in order.tolist():
+        for r in order[: n + len(exclude)].tolist():
             if r not in exclude:
                 picked.append(r)
                 if len(picked) == n:
