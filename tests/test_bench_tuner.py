@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import gzip
+import importlib.util
 import json
 from pathlib import Path
 
@@ -15,7 +16,13 @@ from pipetune.model.space import Space
 from pipetune.model.workloads import gemm
 from pipetune.tuner.bench import Dataset, bench, trial_throughputs
 from pipetune.tuner.offline import RecordedSpace
-from pipetune.tuner.peers import PEERS, STOPS_EARLY, write_kt_cache
+from pipetune.tuner.peers import (
+    NEEDS_TORCH,
+    PEERS,
+    STOPS_EARLY,
+    PeerUnavailableError,
+    write_kt_cache,
+)
 from pipetune.tuner.recorded import RecordedConfigs
 
 SHARED = Path(__file__).resolve().parents[2] / "shared" / "datasets"
@@ -55,6 +62,10 @@ def test_every_searcher_spends_exactly_the_budget_on_distinct_configs(conv, stra
         pytest.importorskip("kernel_tuner")
     if strategy == "optuna_tpe":
         pytest.importorskip("optuna")
+    if strategy in NEEDS_TORCH and importlib.util.find_spec("torch") is None:
+        with pytest.raises(PeerUnavailableError, match="needs PyTorch: pip install torch"):
+            trial_throughputs(conv, strategy, seed=0, budget=30)
+        return
     throughputs = trial_throughputs(conv, strategy, seed=0, budget=30)
     if strategy in STOPS_EARLY:
         assert 0 < len(throughputs) <= 30

@@ -11,6 +11,7 @@ one, as it does for pipetune's strategies.
 from __future__ import annotations
 
 import contextlib
+import importlib.util
 import io
 import json
 import random
@@ -51,12 +52,17 @@ KT_STRATEGIES: dict[str, tuple[str, dict]] = {
         ("nsga3", {}),
     )
 }
-# Optuna's samplers: TPE as configured by default, and multivariate TPE (Optuna's recommended
-# variant for dependent knobs). Left out: GPSampler (it needs PyTorch) and CmaEsSampler
-# (over the knobs' value indices most of its proposals fall outside these constrained
-# spaces: a run needs tens of thousands of proposals for 100 trials, hours per dataset).
-OPTUNA_SAMPLERS = ("optuna_tpe", "optuna_tpe_multivariate")
+# Optuna's samplers: TPE as configured by default, multivariate TPE (Optuna's recommended
+# variant for dependent knobs), and GPSampler (Bayesian optimisation with a Gaussian process:
+# the peer nearest to pipetune's own search; it needs PyTorch). Left out: CmaEsSampler (over
+# the knobs' value indices most of its proposals fall outside these constrained spaces: a run
+# needs tens of thousands of proposals for 100 trials, hours per dataset).
+OPTUNA_SAMPLERS = ("optuna_tpe", "optuna_tpe_multivariate", "optuna_gp")
 PEERS = (*KT_STRATEGIES, *OPTUNA_SAMPLERS)
+# Peers that need PyTorch (hundreds of megabytes, not among pipetune's extras): run when named,
+# left out of the `peers` and `all` groups, so that those run wherever the extras installed.
+NEEDS_TORCH = frozenset({"optuna_gp"})
+LIGHT_PEERS = tuple(p for p in PEERS if p not in NEEDS_TORCH)
 # Kernel Tuner strategies that may end before the budget (their local optimiser converges):
 # such a run is scored as it is, its best carried to the larger budgets.
 STOPS_EARLY = frozenset({"kt_minimize", "kt_dual_annealing"})
@@ -157,6 +163,13 @@ def _optuna_sampler(name: str, seed: int):
         return optuna.samplers.TPESampler(seed=seed)
     if name == "optuna_tpe_multivariate":
         return optuna.samplers.TPESampler(seed=seed, multivariate=True, group=True)
+    if name == "optuna_gp":
+        if importlib.util.find_spec("torch") is None:
+            raise PeerUnavailableError(
+                "optuna_gp (Optuna's GPSampler) needs PyTorch: pip install torch "
+                "(the CPU build is enough)"
+            )
+        return optuna.samplers.GPSampler(seed=seed)
     raise ValueError(f"unknown Optuna sampler '{name}'")
 
 

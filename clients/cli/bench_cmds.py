@@ -11,7 +11,7 @@ from rich.table import Table
 from pipetune.clients.cli.errors import CliError, reported
 from pipetune.clients.cli.output import console, print_json
 from pipetune.model.wire import StrategyName
-from pipetune.tuner.peers import PEERS
+from pipetune.tuner.peers import LIGHT_PEERS, PEERS
 
 if TYPE_CHECKING:
     from pipetune.tuner.bench import Dataset
@@ -19,11 +19,11 @@ if TYPE_CHECKING:
 # The tuner (XGBoost, SciPy) and the dataset readers load only when a benchmark runs, so
 # every other `pipetune` command starts without them.
 STRATEGIES: tuple[str, ...] = get_args(StrategyName)
-ALL_STRATEGIES = (*STRATEGIES, *PEERS)
+ALL_STRATEGIES = (*STRATEGIES, *PEERS)  # every name --strategies accepts
 
 bench_app = typer.Typer(help="Offline benchmarks on recorded datasets (no GPU needed).")
 
-GROUPS = {"ours": STRATEGIES, "peers": PEERS, "all": ALL_STRATEGIES}
+GROUPS = {"ours": STRATEGIES, "peers": LIGHT_PEERS, "all": (*STRATEGIES, *LIGHT_PEERS)}
 
 
 def recorded_dataset(path: Path) -> Dataset:
