@@ -49,9 +49,25 @@ ROUNDS = 8
 BATCH = 8
 
 
+def simulated_latency(space: Space, seed: int) -> np.ndarray:
+    """The analytical model's latency (s) of every schedule with the simulated runner's noise."""
+    rng = np.random.default_rng(seed)
+    return evaluate(space).T_kernel * np.exp(DEFAULT_SIGMA * rng.standard_normal(len(space)))
+
+
+def answer(session: TuningSession, proposed: list, latency: np.ndarray) -> None:
+    """Observe the proposed schedules as measured at `latency`."""
+    space = session.space
+    session.observe(
+        [
+            (s, MeasureResult(status="ok", latency_us=float(latency[space.index(s)]) * 1e6))
+            for s in proposed
+        ]
+    )
+
+
 def time_rounds(strategy: str, space: Space) -> tuple[float, list[float]]:
-    rng = np.random.default_rng(0)
-    latency = evaluate(space).T_kernel * np.exp(DEFAULT_SIGMA * rng.standard_normal(len(space)))
+    latency = simulated_latency(space, 0)
     t0 = time.perf_counter()
     session = TuningSession(
         space.workload, space.gpu, strategy, seed=0, budget=ROUNDS * BATCH, space=space
@@ -62,12 +78,7 @@ def time_rounds(strategy: str, space: Space) -> tuple[float, list[float]]:
         t0 = time.perf_counter()
         proposed = session.propose(BATCH)
         rounds.append(time.perf_counter() - t0)
-        session.observe(
-            [
-                (s, MeasureResult(status="ok", latency_us=float(latency[space.index(s)]) * 1e6))
-                for s in proposed
-            ]
-        )
+        answer(session, proposed, latency)
     return setup, rounds
 
 
@@ -106,9 +117,7 @@ def task_cpu(strategy: str, tasks: int, budget: int) -> tuple[float, int]:
     cpu, proposed_total = 0.0, 0
     for i in range(tasks):
         space = Space.enumerate(parse_workload(workload(i)), get_gpu("h100", calibrated=False))
-        rng = np.random.default_rng(i)
-        noise = np.exp(DEFAULT_SIGMA * rng.standard_normal(len(space)))
-        latency = evaluate(space).T_kernel * noise
+        latency = simulated_latency(space, i)
         session = TuningSession(
             space.workload, space.gpu, strategy, seed=i, budget=budget, space=space
         )
@@ -117,12 +126,7 @@ def task_cpu(strategy: str, tasks: int, budget: int) -> tuple[float, int]:
             proposed = session.propose(BATCH)
             cpu += time.process_time() - c0
             proposed_total += len(proposed)
-            session.observe(
-                [
-                    (s, MeasureResult(status="ok", latency_us=float(latency[space.index(s)]) * 1e6))
-                    for s in proposed
-                ]
-            )
+            answer(session, proposed, latency)
     return cpu, proposed_total
 
 

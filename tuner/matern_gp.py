@@ -179,8 +179,13 @@ class Posterior:
 
     def predict(self, X: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Mean and standard deviation (noise included) at X, in the targets' units."""
-        mean, variance, _ = self.explain(X)
-        return self.y_std * mean + self.y_mean, self.y_std * np.sqrt(variance)
+        mean, sd, _ = self.predict_explained(X)
+        return mean, sd
+
+    def predict_explained(self, X: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """`predict`, and V (`explain`) from the same pass over the rows."""
+        mean, variance, V = self.explain(X)
+        return self.y_std * mean + self.y_mean, self.y_std * np.sqrt(variance), V
 
     def loo_z_scores(self) -> np.ndarray:
         """Each training point's leave-one-out residual over its leave-one-out predictive

@@ -181,10 +181,17 @@ class GaussianProcess(Surrogate):
         return other
 
     def predict(self, X):
+        mean, sd, _ = self.predict_explained(X)
+        return mean, sd
+
+    def predict_explained(self, X: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """`predict`, and the rows' V = L^-1 k(X_train, X) from the same pass (the believer's
+        rank-one updates need it; no rows before any fit)."""
         if self.posterior is None:  # the prior: mean 0, the kernel's own spread
-            return np.zeros(len(X)), np.maximum(np.sqrt(self.kernel.variance(len(X))), 1e-9)
-        mean, sd = self.posterior.predict(X)
-        return mean, np.maximum(sd * self.cv_scale, 1e-9)
+            sd = np.maximum(np.sqrt(self.kernel.variance(len(X))), 1e-9)
+            return np.zeros(len(X)), sd, np.zeros((0, len(X)))
+        mean, sd, V = self.posterior.predict_explained(X)
+        return mean, np.maximum(sd * self.cv_scale, 1e-9), V
 
     def fantasies(self, X_c: np.ndarray) -> GPFantasies:
         return GPFantasies(self, X_c)
@@ -210,12 +217,10 @@ class GPFantasies(Fantasies):
     def __init__(self, gp: GaussianProcess, X_c: np.ndarray):
         self._gp = gp
         self._kernel = gp.kernel
-        self._posterior = gp.posterior
         if gp.posterior is None:  # the prior: no data to condition on yet
-            self._scale = 1.0
+            self._scale, n_data = 1.0, 0
         else:
-            self._scale = gp.posterior.y_std * gp.cv_scale
-        n_data = 0 if gp.posterior is None else len(gp.posterior.L)
+            self._scale, n_data = gp.posterior.y_std * gp.cv_scale, len(gp.posterior.L)
         self._X = np.zeros((0, X_c.shape[1]))
         self._V = np.zeros((n_data, 0))  # L^-1 k(X_train, X): what the data explain
         self._U = np.zeros((0, 0))  # row k: the variance update of the k-th pick, per candidate
@@ -239,15 +244,7 @@ class GPFantasies(Fantasies):
         return c / root
 
     def extend(self, X_new: np.ndarray) -> None:
-        if self._posterior is None:
-            mean, sd = self._gp.predict(X_new)
-            V = np.zeros((0, len(X_new)))
-        else:
-            # One pass over the new rows for the prediction and for V (GaussianProcess.predict
-            # in the same arithmetic).
-            mean_t, var_t, V = self._posterior.explain(X_new)
-            mean = self._posterior.y_std * mean_t + self._posterior.y_mean
-            sd = np.maximum(self._posterior.y_std * np.sqrt(var_t) * self._gp.cv_scale, 1e-9)
+        mean, sd, V = self._gp.predict_explained(X_new)
         U = np.zeros((len(self._picks), len(X_new)))
         var = sd.astype(np.float64) ** 2
         for k in range(len(self._picks)):
