@@ -21,6 +21,8 @@ from pipetune.tuner.peers import (
     PEERS,
     STOPS_EARLY,
     PeerUnavailableError,
+    _smac_space,
+    run_smac,
     write_kt_cache,
 )
 from pipetune.tuner.recorded import RecordedConfigs
@@ -62,6 +64,8 @@ def test_every_searcher_spends_exactly_the_budget_on_distinct_configs(conv, stra
         pytest.importorskip("kernel_tuner")
     if strategy == "optuna_tpe":
         pytest.importorskip("optuna")
+    if strategy == "smac":
+        pytest.importorskip("smac")
     if strategy in NEEDS_TORCH and importlib.util.find_spec("torch") is None:
         with pytest.raises(PeerUnavailableError, match="needs PyTorch: pip install torch"):
             trial_throughputs(conv, strategy, seed=0, budget=30)
@@ -72,6 +76,32 @@ def test_every_searcher_spends_exactly_the_budget_on_distinct_configs(conv, stra
     else:
         assert len(throughputs) == 30
     assert np.all(throughputs <= conv.configs.optimum)
+
+
+def test_smac_sees_ordered_knobs_as_ordinals_and_gets_back_every_value():
+    pytest.importorskip("smac")
+    from ConfigSpace import CategoricalHyperparameter, Constant, OrdinalHyperparameter
+
+    params = {"tile": [1, 2, 4, 8], "layout": ["row", "col"], "unroll": [True, False], "w": [3]}
+    configs = [
+        {"tile": t, "layout": lay, "unroll": u, "w": 3}
+        for t in params["tile"]
+        for lay in params["layout"]
+        for u in params["unroll"]
+        if not (t == 8 and lay == "col")  # a restriction: the product is larger than the space
+    ]
+    objective = np.array([1.0 + c["tile"] + (c["layout"] == "col") for c in configs])
+    objective[3] = np.inf  # one failed configuration
+    recorded = RecordedConfigs("toy", params, configs, objective)
+    space = _smac_space(recorded, seed=0)
+    assert isinstance(space["tile"], OrdinalHyperparameter)
+    assert list(space["tile"].sequence) == [1, 2, 4, 8]
+    assert isinstance(space["layout"], CategoricalHyperparameter)
+    assert isinstance(space["w"], Constant)
+    throughputs = run_smac(recorded, seed=0, budget=len(configs))
+    # Every configuration once (the constant and the booleans mapped back to the recorded
+    # values), the failed one as 0, none from outside the space.
+    assert sorted(throughputs) == sorted(recorded.throughput)
 
 
 def test_analytical_strategies_refuse_a_foreign_space(conv):

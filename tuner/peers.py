@@ -1,5 +1,5 @@
-"""Other tuners in the same harness: Kernel Tuner's strategies in simulation mode, and
-Optuna's samplers over the same space. Optional (`pip install pipetune[peers]`).
+"""Other tuners in the same harness: Kernel Tuner's strategies in simulation mode, Optuna's
+samplers and SMAC3 over the same space. Optional (`pip install pipetune[peers]`).
 
 Every peer proposes one trial at a time and sees its result before the next proposal.
 
@@ -14,6 +14,7 @@ import contextlib
 import importlib.util
 import io
 import json
+import logging
 import random
 import tempfile
 import warnings
@@ -21,6 +22,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 import numpy as np
+
+from pipetune.tuner.encoding import is_ordered
 
 if TYPE_CHECKING:  # annotations only: keeps `PEERS` cheap to import for the CLI
     from pipetune.tuner.recorded import RecordedConfigs
@@ -58,7 +61,14 @@ KT_STRATEGIES: dict[str, tuple[str, dict]] = {
 # the knobs' value indices most of its proposals fall outside these constrained spaces: a run
 # needs tens of thousands of proposals for 100 trials, hours per dataset).
 OPTUNA_SAMPLERS = ("optuna_tpe", "optuna_tpe_multivariate", "optuna_gp")
-PEERS = (*KT_STRATEGIES, *OPTUNA_SAMPLERS)
+# SMAC3 (Lindauer et al., JMLR 2022): Bayesian optimisation with a random forest of the
+# objective (its spread across the trees the uncertainty) and expected improvement, the
+# standard for algorithm configuration over discrete and categorical knobs; its
+# hyperparameter-optimisation facade with every default (a Sobol start of a quarter of the
+# budget, one proposal in five at random). Its runs also depend on Python's string-hash seed
+# (SMAC breaks ties among its candidates in set order): set PYTHONHASHSEED to repeat one.
+SMAC = "smac"
+PEERS = (*KT_STRATEGIES, *OPTUNA_SAMPLERS, SMAC)
 # Peers that need PyTorch (hundreds of megabytes, not among pipetune's extras): run when named,
 # left out of the `peers` and `all` groups, so that those run wherever the extras installed.
 NEEDS_TORCH = frozenset({"optuna_gp"})
@@ -183,14 +193,13 @@ def run_optuna(name: str, recorded: RecordedConfigs, seed: int, budget: int) -> 
     names = recorded.knob_names
     params = recorded.tune_params
     throughput = recorded.throughput
-    finite = recorded.objective_ms[np.isfinite(recorded.objective_ms)]
 
     def suggest(trial, k):
         return trial.suggest_categorical(k, params[k])
 
     # Failed and non-member configurations are told a value worse than any real one, so the
     # sampler learns to avoid them; a non-member costs no trial (as a restriction would not).
-    penalty = float(finite.max() * 10) if len(finite) else 1e9
+    penalty = _penalty(recorded)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # experimental-feature warnings (multivariate TPE)
         study = optuna.create_study(direction="minimize", sampler=_optuna_sampler(name, seed))
@@ -210,10 +219,95 @@ def run_optuna(name: str, recorded: RecordedConfigs, seed: int, budget: int) -> 
     return _first_distinct(keys, [throughput[rows[k]] for k in keys], budget)
 
 
+def _penalty(recorded: RecordedConfigs) -> float:
+    """The value told for a failed or non-member configuration: worse than any real one."""
+    finite = recorded.objective_ms[np.isfinite(recorded.objective_ms)]
+    return float(finite.max() * 10) if len(finite) else 1e9
+
+
+def _smac_space(recorded: RecordedConfigs, seed: int):
+    """The knobs as SMAC's ConfigSpace sees them: numbers as ordinals (SMAC's forest and its
+    local search then know their order), anything else as categories, one value as a
+    constant."""
+    from ConfigSpace import (
+        CategoricalHyperparameter,
+        ConfigurationSpace,
+        Constant,
+        OrdinalHyperparameter,
+    )
+
+    declared = recorded.ordered or {}
+    space = ConfigurationSpace(seed=seed)
+    for name, values in recorded.tune_params.items():
+        if len(values) == 1:
+            space.add(Constant(name, str(values[0])))  # (ConfigSpace constants are strings)
+        elif declared.get(name, is_ordered(values)):
+            space.add(OrdinalHyperparameter(name, list(values)))
+        else:
+            space.add(CategoricalHyperparameter(name, list(values)))
+    return space
+
+
+def run_smac(recorded: RecordedConfigs, seed: int, budget: int) -> np.ndarray:
+    try:
+        import joblib
+        from smac import HyperparameterOptimizationFacade, Scenario
+        from smac.runhistory.dataclasses import TrialValue
+    except ImportError as exc:
+        raise PeerUnavailableError("smac is not installed: pip install pipetune[peers]") from exc
+    rows = recorded.row_of()
+    names = recorded.knob_names
+    params = recorded.tune_params
+    penalty = _penalty(recorded)
+
+    def value_of(config, k):  # a constant comes back as its string
+        return params[k][0] if len(params[k]) == 1 else config[k]
+
+    def never_called(config, seed: int = 0) -> float:  # ask-and-tell: SMAC runs nothing
+        raise AssertionError("SMAC is driven by ask and tell here")
+
+    # SMAC's forest asks joblib for every core; with a few trees per call that is mostly
+    # hand-off waits (two thirds of a run's time here), so the trees are grown in turn: the
+    # same trees (fixed seeds), and runs of the benchmark's --jobs stay apart.
+    with (
+        tempfile.TemporaryDirectory() as tmp,
+        warnings.catch_warnings(),
+        joblib.parallel_config(backend="sequential"),
+    ):
+        warnings.simplefilter("ignore")
+        scenario = Scenario(
+            _smac_space(recorded, seed),
+            deterministic=True,
+            n_trials=budget,  # sets the Sobol start's size, as for a user's run of `budget`
+            seed=seed,
+            output_directory=Path(tmp),
+        )
+        smac = HyperparameterOptimizationFacade(
+            scenario, never_called, overwrite=True, logging_level=logging.ERROR
+        )
+        keys: list[tuple] = []
+        # A configuration outside the recorded space (the knobs' product is larger) is told
+        # the penalty and costs no trial, as with Optuna.
+        for _ in range(50 * budget):
+            info = smac.ask()
+            key = tuple(value_of(info.config, k) for k in names)
+            row = rows.get(key)
+            objective = recorded.objective_ms[row] if row is not None else np.inf
+            cost = float(objective) if np.isfinite(objective) else penalty
+            smac.tell(info, TrialValue(cost=cost), save=False)
+            if row is not None:
+                keys.append(key)
+                if len(set(keys)) >= budget:
+                    break
+    return _first_distinct(keys, [recorded.throughput[rows[k]] for k in keys], budget)
+
+
 def run_peer(name: str, recorded: RecordedConfigs, seed: int, budget: int) -> np.ndarray:
     """Throughputs (0 = failed) of the first `budget` distinct configurations the peer tried."""
     if name in KT_STRATEGIES:
         return run_kernel_tuner(name, recorded, seed, budget)
     if name in OPTUNA_SAMPLERS:
         return run_optuna(name, recorded, seed, budget)
+    if name == SMAC:
+        return run_smac(recorded, seed, budget)
     raise ValueError(f"unknown peer '{name}'; known: {', '.join(PEERS)}")
