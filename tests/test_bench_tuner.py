@@ -6,6 +6,9 @@ from __future__ import annotations
 import gzip
 import importlib.util
 import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -102,6 +105,34 @@ def test_smac_sees_ordered_knobs_as_ordinals_and_gets_back_every_value():
     # Every configuration once (the constant and the booleans mapped back to the recorded
     # values), the failed one as 0, none from outside the space.
     assert sorted(throughputs) == sorted(recorded.throughput)
+
+
+def test_a_smac_run_repeats_whatever_the_callers_string_hash_seed():
+    """SMAC breaks ties in set order, which follows the string-hash seed: run in the caller's
+    process, the same seed gave other trials under PYTHONHASHSEED 1 and 2."""
+    pytest.importorskip("smac")
+    pnpoly = SHARED / "pnpoly_RTX_3090.kt-cache.json.gz"
+    if not pnpoly.exists():
+        pytest.skip("shared datasets are not next to this checkout")
+    script = (
+        "import sys; from pathlib import Path\n"
+        "from pipetune.clients.cli.bench_cmds import recorded_dataset\n"
+        "from pipetune.tuner.peers import run_smac\n"
+        "space = recorded_dataset(Path(sys.argv[1])).configs\n"
+        "print(run_smac(space, 0, 30).tolist())\n"
+    )
+    trials = [
+        subprocess.run(
+            [sys.executable, "-c", script, str(pnpoly)],
+            env={**os.environ, "PYTHONHASHSEED": hash_seed},
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout
+        for hash_seed in ("1", "2")
+    ]
+    assert len(json.loads(trials[0])) == 30
+    assert trials[0] == trials[1]
 
 
 def test_analytical_strategies_refuse_a_foreign_space(conv):

@@ -15,7 +15,11 @@ import importlib.util
 import io
 import json
 import logging
+import os
+import pickle
 import random
+import subprocess
+import sys
 import tempfile
 import warnings
 from pathlib import Path
@@ -65,8 +69,7 @@ OPTUNA_SAMPLERS = ("optuna_tpe", "optuna_tpe_multivariate", "optuna_gp")
 # objective (its spread across the trees the uncertainty) and expected improvement, the
 # standard for algorithm configuration over discrete and categorical knobs; its
 # hyperparameter-optimisation facade with every default (a Sobol start of a quarter of the
-# budget, one proposal in five at random). Its runs also depend on Python's string-hash seed
-# (SMAC breaks ties among its candidates in set order): set PYTHONHASHSEED to repeat one.
+# budget, one proposal in five at random).
 SMAC = "smac"
 PEERS = (*KT_STRATEGIES, *OPTUNA_SAMPLERS, SMAC)
 # Peers that need PyTorch (hundreds of megabytes, not among pipetune's extras): run when named,
@@ -248,13 +251,36 @@ def _smac_space(recorded: RecordedConfigs, seed: int):
     return space
 
 
+# SMAC breaks ties among its candidates in set order, which follows Python's string-hash seed
+# (random per process unless PYTHONHASHSEED is set): a run in this process would not repeat.
+# So it runs in a child process with this hash seed, and repeats as every other peer's does.
+SMAC_HASH_SEED = "0"
+
+
 def run_smac(recorded: RecordedConfigs, seed: int, budget: int) -> np.ndarray:
-    try:
-        import joblib
-        from smac import HyperparameterOptimizationFacade, Scenario
-        from smac.runhistory.dataclasses import TrialValue
-    except ImportError as exc:
-        raise PeerUnavailableError("smac is not installed: pip install pipetune[peers]") from exc
+    if importlib.util.find_spec("smac") is None:
+        raise PeerUnavailableError("smac is not installed: pip install pipetune[peers]")
+    if os.environ.get("PYTHONHASHSEED") == SMAC_HASH_SEED:
+        return _run_smac_here(recorded, seed, budget)
+    with tempfile.TemporaryDirectory() as tmp:
+        job = Path(tmp) / "job.pickle"
+        job.write_bytes(pickle.dumps((recorded, seed, budget)))
+        child = subprocess.run(
+            [sys.executable, "-m", "pipetune.tuner.peers", str(job)],
+            env={**os.environ, "PYTHONHASHSEED": SMAC_HASH_SEED},
+            capture_output=True,
+            text=True,
+        )
+        if child.returncode != 0:
+            raise RuntimeError(f"the SMAC run failed: {child.stderr.strip()[-2000:]}")
+        return np.load(job.with_suffix(".npy"))
+
+
+def _run_smac_here(recorded: RecordedConfigs, seed: int, budget: int) -> np.ndarray:
+    import joblib
+    from smac import HyperparameterOptimizationFacade, Scenario
+    from smac.runhistory.dataclasses import TrialValue
+
     rows = recorded.row_of()
     names = recorded.knob_names
     params = recorded.tune_params
@@ -311,3 +337,9 @@ def run_peer(name: str, recorded: RecordedConfigs, seed: int, budget: int) -> np
     if name == SMAC:
         return run_smac(recorded, seed, budget)
     raise ValueError(f"unknown peer '{name}'; known: {', '.join(PEERS)}")
+
+
+if __name__ == "__main__":  # a SMAC run in a child process with a fixed hash seed (run_smac)
+    job_path = Path(sys.argv[1])
+    job = pickle.loads(job_path.read_bytes())  # written by run_smac, in a private directory
+    np.save(job_path.with_suffix(".npy"), _run_smac_here(*job))
