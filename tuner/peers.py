@@ -27,8 +27,6 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from pipetune.tuner.encoding import is_ordered
-
 if TYPE_CHECKING:  # annotations only: keeps `PEERS` cheap to import for the CLI
     from pipetune.tuner.recorded import RecordedConfigs
 
@@ -238,6 +236,8 @@ def _smac_space(recorded: RecordedConfigs, seed: int):
         Constant,
         OrdinalHyperparameter,
     )
+
+    from pipetune.tuner.encoding import is_ordered  # (here: keeps `PEERS` cheap to import)
 
     declared = recorded.ordered or {}
     space = ConfigurationSpace(seed=seed)
