@@ -22,8 +22,9 @@ import subprocess
 import sys
 import tempfile
 import warnings
+from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -190,40 +191,47 @@ def run_optuna(name: str, recorded: RecordedConfigs, seed: int, budget: int) -> 
     except ImportError as exc:
         raise PeerUnavailableError("optuna is not installed: pip install pipetune[peers]") from exc
     optuna.logging.set_verbosity(optuna.logging.WARNING)
-    rows = recorded.row_of()
     names = recorded.knob_names
     params = recorded.tune_params
-    throughput = recorded.throughput
-
-    def suggest(trial, k):
-        return trial.suggest_categorical(k, params[k])
-
-    # Failed and non-member configurations are told a value worse than any real one, so the
-    # sampler learns to avoid them; a non-member costs no trial (as a restriction would not).
-    penalty = _penalty(recorded)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # experimental-feature warnings (multivariate TPE)
         study = optuna.create_study(direction="minimize", sampler=_optuna_sampler(name, seed))
-        keys: list[tuple] = []
-        for _ in range(200 * budget):
+
+        def ask():
             trial = study.ask()
-            key = tuple(suggest(trial, k) for k in names)
-            row = rows.get(key)
-            if row is None:
-                study.tell(trial, penalty)
-                continue
-            objective = recorded.objective_ms[row]
-            study.tell(trial, float(objective) if np.isfinite(objective) else penalty)
-            keys.append(key)
-            if len(set(keys)) >= budget:
-                break
-    return _first_distinct(keys, [throughput[rows[k]] for k in keys], budget)
+            return trial, tuple(trial.suggest_categorical(k, params[k]) for k in names)
+
+        return _ask_and_tell(recorded, budget, ask, study.tell, max_asks=200 * budget)
 
 
-def _penalty(recorded: RecordedConfigs) -> float:
-    """The value told for a failed or non-member configuration: worse than any real one."""
+def _ask_and_tell(
+    recorded: RecordedConfigs,
+    budget: int,
+    ask: Callable[[], tuple[Any, tuple]],
+    tell: Callable[[Any, float], object],
+    max_asks: int,
+) -> np.ndarray:
+    """Drive an ask-and-tell optimiser (Optuna, SMAC) over the recorded space: `ask()` gives
+    (handle, configuration key), `tell(handle, value)` reports its time in ms. Failed and
+    non-member configurations are told a value worse than any real one, so the optimiser
+    learns to avoid them; a non-member costs no trial (as a restriction would not). Returns
+    the throughputs of the first `budget` distinct members tried."""
+    rows = recorded.row_of()
     finite = recorded.objective_ms[np.isfinite(recorded.objective_ms)]
-    return float(finite.max() * 10) if len(finite) else 1e9
+    penalty = float(finite.max() * 10) if len(finite) else 1e9
+    keys: list[tuple] = []
+    distinct: set[tuple] = set()
+    for _ in range(max_asks):
+        handle, key = ask()
+        row = rows.get(key)
+        objective = recorded.objective_ms[row] if row is not None else np.inf
+        tell(handle, float(objective) if np.isfinite(objective) else penalty)
+        if row is not None:
+            keys.append(key)
+            distinct.add(key)
+            if len(distinct) >= budget:
+                break
+    return _first_distinct(keys, [recorded.throughput[rows[k]] for k in keys], budget)
 
 
 def _smac_space(recorded: RecordedConfigs, seed: int):
@@ -281,10 +289,8 @@ def _run_smac_here(recorded: RecordedConfigs, seed: int, budget: int) -> np.ndar
     from smac import HyperparameterOptimizationFacade, Scenario
     from smac.runhistory.dataclasses import TrialValue
 
-    rows = recorded.row_of()
     names = recorded.knob_names
     params = recorded.tune_params
-    penalty = _penalty(recorded)
 
     def value_of(config, k):  # a constant comes back as its string
         return params[k][0] if len(params[k]) == 1 else config[k]
@@ -311,21 +317,15 @@ def _run_smac_here(recorded: RecordedConfigs, seed: int, budget: int) -> np.ndar
         smac = HyperparameterOptimizationFacade(
             scenario, never_called, overwrite=True, logging_level=logging.ERROR
         )
-        keys: list[tuple] = []
-        # A configuration outside the recorded space (the knobs' product is larger) is told
-        # the penalty and costs no trial, as with Optuna.
-        for _ in range(50 * budget):
+
+        def ask():
             info = smac.ask()
-            key = tuple(value_of(info.config, k) for k in names)
-            row = rows.get(key)
-            objective = recorded.objective_ms[row] if row is not None else np.inf
-            cost = float(objective) if np.isfinite(objective) else penalty
+            return info, tuple(value_of(info.config, k) for k in names)
+
+        def tell(info, cost: float) -> None:
             smac.tell(info, TrialValue(cost=cost), save=False)
-            if row is not None:
-                keys.append(key)
-                if len(set(keys)) >= budget:
-                    break
-    return _first_distinct(keys, [recorded.throughput[rows[k]] for k in keys], budget)
+
+        return _ask_and_tell(recorded, budget, ask, tell, max_asks=50 * budget)
 
 
 def run_peer(name: str, recorded: RecordedConfigs, seed: int, budget: int) -> np.ndarray:
