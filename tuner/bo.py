@@ -2,9 +2,9 @@
 machinery behind `analytical+xgb` and transfer from another GPU.
 
 One round:
-1. Until there is something to model, a space-covering design (tuner/design.py). With a
-   prior mean (the analytical model, or the same kernel measured on another GPU) there is
-   something to model from the start: the first batch is the prior's best guesses.
+1. Until there is something to model, a design that represents the space (tuner/design.py).
+   With a prior mean (the analytical model, or the same kernel measured on another GPU) there
+   is something to model from the start: the first batch is the prior's best guesses.
 2. A surrogate of log throughput with an uncertainty (tuner/surrogate.py), fit to the
    successful trials only; with a prior it models the residual (measurement - b * prior, b
    the least-squares slope of the measurements on the prior), so the measurements correct
@@ -46,7 +46,7 @@ from sklearn.preprocessing import PowerTransformer
 from threadpoolctl import ThreadpoolController
 
 from pipetune.tuner.acquisition import believer_batch, constrained_score
-from pipetune.tuner.design import sobol_rows
+from pipetune.tuner.design import design_rows
 from pipetune.tuner.encoding import KnobEncoding
 from pipetune.tuner.strategy_base import Observation, Strategy
 from pipetune.tuner.surrogate import SURROGATES, FailureModel, GaussianProcess, Surrogate
@@ -155,7 +155,7 @@ class BayesianStrategy(Strategy):
 
     def _design_rows(self, n: int, exclude: set[int]) -> list[int]:
         if self._design is None:
-            self._design = sobol_rows(self.encoding, max(2 * self.n_init, 16), self.seed)
+            self._design = design_rows(self.encoding, max(2 * self.n_init, 16), self.seed)
         picked = [r for r in self._design if r not in exclude][:n]
         if len(picked) < n:  # the design is used up (many failures): random unvisited rows
             seen = exclude | set(picked)
@@ -229,9 +229,9 @@ class BayesianStrategy(Strategy):
                 model, offset = self._residual, prior
         self.last_used_prior = use_prior
         if self.prior is not None and not use_prior:
-            # The prior lost: its trials cluster where it pointed, which covers the space no
-            # better than one corner. Complete the space-covering design first, as `bo`
-            # would have started.
+            # The prior lost: its trials cluster where it pointed, which represents the space
+            # no better than one corner. Complete the initial design first, as `bo` would
+            # have started.
             designed = len(set(self._design_rows(self.n_init, set())) & set(rows.tolist()))
             if designed < self.n_init:
                 return self._design_rows(min(n, self.n_init - designed), exclude)

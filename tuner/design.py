@@ -1,47 +1,59 @@
-"""Space-covering initial design: a scrambled Sobol sequence over the knobs, each point
-snapped to the nearest configuration of the space.
+"""Initial design: the first trials of a search that has nothing to model yet.
 
-A random start can put several of its few trials in one corner; a low-discrepancy sequence
-spreads them over every knob's range (as HEBO and BaCO start). The space is a constrained
-subset of the knob grid, so each Sobol point takes the nearest configuration that exists and
-is not taken yet (L1 distance over the scaled features; categorical knobs count a mismatch as
-one), ties broken by a seeded permutation.
+The design is a small sample that represents the space: kernel herding (Chen, Welling and
+Smola, UAI 2010) over the space's own configurations. Each pick is the configuration that
+brings the design's kernel mean closest to the space's, so the picks fall where the space's
+configurations are, spread out from one another: the first picks are typical configurations,
+the later ones fill in around them.
+
+Why not a space-covering design (a scrambled Sobol sequence snapped to the nearest
+configuration, the design before this one): a tuning space is a constrained subset of the knob
+grid, and snapping to the nearest configuration favours the isolated ones at the edge of the
+constraints (their cells of the grid are the largest), which are where configurations fail
+(too much shared memory, too many threads) or crawl. Herding samples the space in proportion
+to where its configurations are, as random sampling does, without random sampling's clumps.
+benchmarks/RESULTS.md ("Tuner: a representative initial design") has the measurement.
+
+The kernel is a Laplace kernel on the L1 distance between the surrogate's features
+(tuner/encoding.py: ordered knobs scaled to [0, 1], categorical ones one-hot), its scale the
+median distance between configurations (the usual default for kernel two-sample statistics,
+Gretton et al., JMLR 2012): nothing is fitted to a space. The space's kernel mean and that
+median are estimated from a seeded sample of REFERENCE_ROWS configurations, which keeps the
+cost linear in the space's size (60 ms for 17,956 configurations) and varies the design a
+little from seed to seed.
 """
 
 from __future__ import annotations
 
 import numpy as np
-from scipy.stats import qmc
+from scipy.spatial.distance import cdist
 
 from pipetune.tuner.encoding import KnobEncoding
 
+REFERENCE_ROWS = 256
 
-def sobol_rows(encoding: KnobEncoding, n: int, seed: int) -> list[int]:
-    """Up to n distinct rows covering the space (n is at most the space's size)."""
+
+def design_rows(encoding: KnobEncoding, n: int, seed: int) -> list[int]:
+    """Up to n distinct rows representing the space (n is at most the space's size)."""
     n = min(n, len(encoding))
     if n == 0:
         return []
     features = encoding.features
     rng = np.random.default_rng(seed)
+    reference = features[rng.permutation(len(encoding))[:REFERENCE_ROWS]]
+    pairs = cdist(reference, reference, metric="cityblock")[np.triu_indices(len(reference), 1)]
+    scale = float(np.median(pairs)) if len(pairs) else 1.0
+    scale = scale or 1.0  # 0 only where most configurations are alike
+    kernel_mean = np.exp(-cdist(features, reference, metric="cityblock") / scale).mean(axis=1)
     tie_break = rng.permutation(len(encoding)) / len(encoding) * 1e-9
-    m = max(1, int(np.ceil(np.log2(n))))
-    points = qmc.Sobol(d=features.shape[1], scramble=True, seed=rng).random_base2(m)[:n]
-    # A Sobol coordinate is a quantile of the column over the space's rows: the design is
-    # spread like the space itself (a constrained space has few rows at some levels of a
-    # knob, e.g. large tiles with large blocks), not like the full knob grid, whose corners
-    # may hold few or only failing configurations. One-hot columns are mapped the same way
-    # and then compared as numbers (a categorical mismatch counts as a distance of one).
-    ordered = np.sort(features, axis=0)
+    design_kernel_sum = np.zeros(len(encoding))  # sum over the picks of k(row, pick)
     taken = np.zeros(len(encoding), dtype=bool)
     rows: list[int] = []
-    for point in points:
-        target = ordered[
-            np.minimum((point * len(encoding)).astype(np.int64), len(encoding) - 1),
-            np.arange(features.shape[1]),
-        ]
-        distance = np.abs(features - target).sum(axis=1) + tie_break
-        distance[taken] = np.inf
-        row = int(np.argmin(distance))
+    for t in range(n):
+        score = kernel_mean - design_kernel_sum / (t + 1) + tie_break
+        score[taken] = -np.inf
+        row = int(np.argmax(score))
         taken[row] = True
         rows.append(row)
+        design_kernel_sum += np.exp(-np.abs(features - features[row]).sum(axis=1) / scale)
     return rows

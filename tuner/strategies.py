@@ -5,8 +5,9 @@
   GEMMs, the wave/bandwidth model for the memory-intensive operators).
 - `xgb`: XGBoost on measurements and simulated annealing, epsilon-greedy (TVM's XGBTuner); the
   knob-only baseline the model-based search replaced.
-- `bo`: knob-only model-based search (tuner/bo.py): a space-covering design, a Gaussian
-  process with an uncertainty, a classifier of failures, expected improvement, diverse batches.
+- `bo`: knob-only model-based search (tuner/bo.py): an initial design that represents the
+  space, a Gaussian process with an uncertainty, a classifier of failures, expected
+  improvement, diverse batches.
 - `analytical+xgb`: the same search with the analytical model as the prior mean, corrected
   by the measurements (the name is the API's since the first release: the prior was an
   XGBoost model pretrained on the analytical model's predictions).
