@@ -11,7 +11,7 @@ chosen by the cubin file's content (``KERNELS``).
 from __future__ import annotations
 
 import types
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 
@@ -43,6 +43,18 @@ class _State:
     faulted = False
     launches = 0
     elapsed_ms = 0.01
+    handles: ClassVar[dict[int, Any]] = {}  # driver handle -> function, for the driver's queries
+    occupancy_queries: ClassVar[list[tuple[int, int, int]]] = []
+    blocks_per_sm = 3  # what the fake driver's occupancy query answers
+
+
+def _occupancy(func: int, block_size: int, dynamic_smem: int) -> int:
+    """cupy.cuda.driver.occupancyMaxActiveBlocksPerMultiprocessor: takes the handle (an
+    int), as the real one does; anything else is the driver's invalid-handle error."""
+    if not isinstance(func, int) or func not in _State.handles:
+        raise CUDADriverError(f"CUDA_ERROR_INVALID_HANDLE: {func!r}")
+    _State.occupancy_queries.append((func, block_size, dynamic_smem))
+    return _State.blocks_per_sm
 
 
 def _faulting_kernel(grid: Any, block: Any, args: tuple, shared_mem: int = 0) -> None:
@@ -63,10 +75,20 @@ KERNELS = {
 }
 
 
+class _LoadedFunction:
+    """What CuPy's ``RawKernel.kernel`` gives: the loaded function, whose ``ptr`` is the
+    driver's handle (a RawKernel itself has no ``ptr``)."""
+
+    def __init__(self, ptr: int):
+        self.ptr = ptr
+
+
 class _Function:
     def __init__(self, behaviour: Any):
         self.behaviour = behaviour
         self.max_dynamic_shared_size_bytes = 0
+        self.kernel = _LoadedFunction(0x7F00 + len(_State.handles))
+        _State.handles[self.kernel.ptr] = self
 
     def __call__(self, grid: Any, block: Any, args: tuple, shared_mem: int = 0) -> None:
         _State.launches += 1
@@ -100,7 +122,7 @@ class _Event:
 
 class _Device:
     def __init__(self, index: int = 0):
-        self.index = index
+        self.index = self.id = index  # CuPy's Device names it id
 
     def use(self) -> None:
         pass
@@ -125,6 +147,7 @@ ATTRIBUTES = {13: 1980000, 36: 2619000, 37: 5120}
 def make() -> types.ModuleType:
     """A fresh fake ``cupy`` module (put it in sys.modules["cupy"])."""
     _State.faulted, _State.launches = False, 0
+    _State.handles, _State.occupancy_queries = {}, []
     cupy = types.ModuleType("cupy")
     for name in (
         "abs", "argmax", "array", "asarray", "count_nonzero", "empty", "float16", "float32",
@@ -144,7 +167,10 @@ def make() -> types.ModuleType:
     stream = types.SimpleNamespace(synchronize=_synchronize)
     cupy.cuda = types.SimpleNamespace(
         runtime=runtime,
-        driver=types.SimpleNamespace(CUDADriverError=CUDADriverError),
+        driver=types.SimpleNamespace(
+            CUDADriverError=CUDADriverError,
+            occupancyMaxActiveBlocksPerMultiprocessor=_occupancy,
+        ),
         nvrtc=types.SimpleNamespace(getVersion=lambda: (13, 0)),
         Device=_Device,
         Event=_Event,

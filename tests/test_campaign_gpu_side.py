@@ -102,6 +102,32 @@ def test_a_batch_stops_at_the_first_poisoned_trial(cupy, tmp_path):
     assert [a["status"] for a in answers] == ["ok", "launch_error"] and answers[-1]["poisoned"]
 
 
+def test_a_grid_that_depends_on_occupancy_is_planned_with_the_driver_s_answer(
+    cupy, tmp_path, monkeypatch
+):
+    # A split row's grid is sized from the loaded kernel's resident blocks per SM. The
+    # driver is asked with the loaded function's handle (CuPy: RawKernel.kernel.ptr; a
+    # RawKernel has no ptr of its own, which once failed every such trial on an H200).
+    planned: list[tuple[int, int]] = []
+    trial = spec(cubin(tmp_path, "ok"))
+
+    def launch_plan(kernel, workload, sm_count, blocks_per_sm):
+        planned.append((sm_count, blocks_per_sm))
+        return trial.plan
+
+    codegen = types.ModuleType("replanning_codegen")
+    codegen.launch_plan = launch_plan
+    monkeypatch.setitem(sys.modules, "replanning_codegen", codegen)
+    cupy_child.prepare_workload(WORKLOAD.canonical(), 0, None)
+    answer = cupy_child.run_trial(
+        TrialSpec(**{**trial.__dict__, "kernel": object(), "codegen": "replanning_codegen"})
+    )
+    assert answer["status"] == "ok", answer.get("error")
+    assert planned == [(132, cupy.state.blocks_per_sm)]
+    ((handle, block, smem),) = cupy.state.occupancy_queries
+    assert (block, smem) == (32, 1024) and handle in cupy.state.handles
+
+
 def test_a_trial_needs_its_workload_prepared(cupy, tmp_path):
     with pytest.raises(RuntimeError, match="before prepare_workload"):
         cupy_child.run_trial(spec(cubin(tmp_path, "ok")))

@@ -233,8 +233,9 @@ def _device_plan(cupy: Any, spec: TrialSpec, workload: Any, functions: dict[str,
     if spec.codegen is None:
         return spec.plan
     first = spec.plan.launches[0]
+    # A RawKernel has no handle of its own: its loaded Function (``.kernel``) holds it.
     occupancy = cupy.cuda.driver.occupancyMaxActiveBlocksPerMultiprocessor(
-        functions[first.kernel].ptr, first.block[0], first.smem_bytes
+        functions[first.kernel].kernel.ptr, first.block[0], first.smem_bytes
     )
     device = cupy.cuda.Device()
     sm_count = int(cupy.cuda.runtime.getDeviceProperties(device.id)["multiProcessorCount"])
