@@ -1,0 +1,320 @@
+"""Report: what a GPU campaign measured (issue 15's evidence), from benchmarks/data/<gpu>/.
+
+    python -m benchmarks.bench_campaign --gpu h200 [--data-dir benchmarks/data] [--write]
+
+Sections (one RESULTS.md section per GPU, `campaign-<gpu>`):
+
+- the device and the correctness of every kernel variant (campaign/correctness.json);
+- per tensor-core operator: the best measured schedule's TFLOP/s, the best non-pipelined
+  (smem_stages 1, reg_stages 1) and the best double-buffer-only (2, 1) schedule's, the vendor
+  library's (cuBLAS or cuDNN, timed the same way), the pipelining speedups and the ratio to
+  the library; per memory-intensive operator the best schedule's GB/s, the best fixed
+  one-row-per-block mapping's and PyTorch's;
+- the analytical model against the measurements, per operator: Spearman's rank correlation
+  of predicted and measured latency (spec-sheet and calibrated profiles), best-in-top-k of
+  the model's ranking (the fastest measured among the model's k first over the fastest of
+  all), and where it errs most (the knob value whose schedules it mispredicts most, after
+  taking out the operator's overall scale).
+
+Every figure is computed from the committed measurements; nothing here is simulated.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+from collections.abc import Iterable
+from pathlib import Path
+
+import numpy as np
+from scipy.stats import spearmanr
+
+from benchmarks.campaign_data import Campaign, OperatorData, campaign
+from benchmarks.results import write_section
+from pipetune.model.operators import ALCOP, MEMOPS
+from pipetune.model.pipelining import double_buffer_only, non_pipelined
+
+TOP_K = (1, 10, 50)
+
+
+def geomean(values: Iterable[float]) -> float:
+    v = [x for x in values if x > 0 and math.isfinite(x)]
+    return math.exp(sum(math.log(x) for x in v) / len(v)) if v else float("nan")
+
+
+def best_in_top_k(op: OperatorData, predicted_us: np.ndarray, k: int) -> float:
+    """Fastest measured among the model's k best-ranked schedules over the fastest measured
+    (1.0: the model's top k hold the optimum). A failed schedule counts as a slot."""
+    order = np.argsort(predicted_us, kind="stable")[:k]
+    top = op.measured_us[order]
+    return float(op.measured_us[op.ok].min() / top.min()) if np.isfinite(top).any() else 0.0
+
+
+def spearman(op: OperatorData, predicted_us: np.ndarray) -> float:
+    ok = op.ok & np.isfinite(predicted_us)
+    return float(spearmanr(predicted_us[ok], op.measured_us[ok]).statistic)
+
+
+def worst_knob_value(op: OperatorData) -> tuple[str, float, int]:
+    """The knob value whose schedules the calibrated model mispredicts most: the median of
+    log(predicted / measured) over its schedules, less the operator's median (its scale).
+    Returns (knob=value, the factor the model is off by there, schedules)."""
+    ok = op.ok & np.isfinite(op.predicted_us)
+    error = np.log(op.predicted_us[ok] / op.measured_us[ok])
+    error -= np.median(error)
+    worst = ("-", 1.0, 0)
+    for knob, values in op.space.knobs.items():
+        values = np.asarray(values)[ok]
+        distinct = np.unique(values)
+        if distinct.size < 2:
+            continue
+        for v in distinct:
+            mask = values == v
+            m = float(np.median(error[mask]))
+            if abs(m) > abs(math.log(worst[1])):
+                worst = (f"{knob}={int(v)}", math.exp(m), int(mask.sum()))
+    return worst
+
+
+def pipelining_class_errors(ops: list[OperatorData]) -> list[str]:
+    """Over the tensor-core operators: per (smem_stages, reg_stages) class, the median of the
+    calibrated model's log error after each operator's scale, and the class's share of each
+    operator's optimum."""
+    rows = []
+    for smem in range(1, 7):
+        for reg in (1, 2):
+            errors, wins = [], 0
+            for op in ops:
+                ok = op.ok & np.isfinite(op.predicted_us)
+                error = np.log(op.predicted_us / op.measured_us)
+                scale = np.median(error[ok])
+                mask = ok & (op.space.knobs["smem_stages"] == smem)
+                mask &= op.space.knobs["reg_stages"] == reg
+                errors.extend((error[mask] - scale).tolist())
+                best = op.best_in(np.ones(len(op.measured_us), dtype=bool))
+                if best is not None and mask[best[1]]:
+                    wins += 1
+            if errors:
+                m = float(np.median(errors))
+                rows.append(f"| {smem} | {reg} | {len(errors):,} | {math.exp(m):.2f} | {wins} |")
+    return [
+        "| smem_stages | reg_stages | schedules | model / measured (median, scale removed) "
+        "| operators whose optimum is here |",
+        "|---:|---:|---:|---:|---:|",
+        *rows,
+    ]
+
+
+def correctness_table(c: Campaign) -> list[str]:
+    doc = c.correctness
+    lines = ["| family | variant | schedules | passed | failed |", "|---|---|---:|---:|---:|"]
+    for family, fam in doc["families"].items():
+        for variant, counts in fam["by_variant"].items():
+            total = sum(counts.values())
+            ok = counts.get("ok", 0)
+            lines.append(f"| {family} | {variant} | {total} | {ok} | {total - ok} |")
+    lines.append(
+        f"| all | | {doc['schedules']} | {doc['passed']} | {doc['failed']} |"
+        f" (verdict: {doc['verdict']})"
+    )
+    return lines
+
+
+def _cell(op: OperatorData, best: tuple[float, int] | None) -> str:
+    return "-" if best is None else f"{op.throughput(best[0]):,.1f}"
+
+
+def gemm_table(ops: list[OperatorData]) -> tuple[list[str], dict[str, list[float]]]:
+    lines = [
+        "| operator | shape | best TFLOP/s | schedule | non-pipelined | double-buffer only "
+        "| library | best / non-pipelined | best / double-buffer | best / library |",
+        "|---|---|---:|---|---:|---:|---:|---:|---:|---:|",
+    ]
+    ratios: dict[str, list[float]] = {
+        "np": [],
+        "db": [],
+        "lib": [],
+        "lib_gemm": [],
+        "lib_gemm_only": [],
+        "lib_bmm": [],
+        "lib_conv": [],
+    }
+    for op in ops:
+        every = np.ones(len(op.measured_us), dtype=bool)
+        best = op.best_in(every)
+        flat = op.best_in(non_pipelined(op.space))
+        double = op.best_in(double_buffer_only(op.space))
+        lib_us = (op.library or {}).get("latency_us")
+        if best is None:
+            continue
+        schedule = op.family.schedule_label(op.space[best[1]].as_dict(), op.workload)
+        # speedups: the baseline's time over the best's
+        cells = [
+            f"{flat[0] / best[0]:.2f}x" if flat else "-",
+            f"{double[0] / best[0]:.2f}x" if double else "-",
+            f"{lib_us / best[0]:.2f}" if lib_us else "-",
+        ]
+        if flat:
+            ratios["np"].append(flat[0] / best[0])
+        if double:
+            ratios["db"].append(double[0] / best[0])
+        if lib_us:
+            ratios["lib"].append(lib_us / best[0])
+            if op.workload.op in ("gemm", "bmm"):
+                ratios["lib_gemm"].append(lib_us / best[0])
+            kind = {"gemm": "lib_gemm_only", "bmm": "lib_bmm"}.get(op.workload.op, "lib_conv")
+            ratios[kind].append(lib_us / best[0])
+        lib = f"{op.throughput(lib_us):,.1f}" if lib_us else "-"
+        lines.append(
+            f"| {op.name} | {op.workload.label()} | {_cell(op, best)} | {schedule} "
+            f"| {_cell(op, flat)} | {_cell(op, double)} | {lib} | " + " | ".join(cells) + " |"
+        )
+    return lines, ratios
+
+
+def memops_table(ops: list[OperatorData]) -> tuple[list[str], dict[str, list[float]]]:
+    lines = [
+        "| operator | shape | best GB/s | mapping | one row per block | PyTorch "
+        "| best / one-row | best / PyTorch |",
+        "|---|---|---:|---|---:|---:|---:|---:|",
+    ]
+    ratios: dict[str, list[float]] = {"fixed": [], "lib": []}
+    for op in ops:
+        best = op.best_in(np.ones(len(op.measured_us), dtype=bool))
+        _, mask = op.family.baseline(op.space)
+        fixed = op.best_in(mask)
+        lib_us = (op.library or {}).get("latency_us")
+        if best is None:
+            continue
+        mapping = op.family.schedule_label(op.space[best[1]].as_dict(), op.workload)
+        if fixed:
+            ratios["fixed"].append(fixed[0] / best[0])
+        if lib_us:
+            ratios["lib"].append(lib_us / best[0])
+        lines.append(
+            f"| {op.name} | {op.workload.rows}x{op.workload.cols} | {_cell(op, best)} "
+            f"| {mapping} | {_cell(op, fixed)} "
+            f"| {op.throughput(lib_us) if lib_us else float('nan'):,.1f} "
+            f"| {fixed[0] / best[0] if fixed else float('nan'):.2f}x "
+            f"| {lib_us / best[0] if lib_us else float('nan'):.2f}x |"
+        )
+    return lines, ratios
+
+
+def model_table(ops: list[OperatorData]) -> tuple[list[str], dict[str, list[float]]]:
+    ks = " | ".join(f"top-{k}" for k in TOP_K)
+    lines = [
+        f"| operator | schedules | failed | Spearman spec | Spearman calibrated | {ks} "
+        "| top-10 spec | errs most at (model / measured) |",
+        "|---|---:|---:|---:|---:|" + "---:|" * len(TOP_K) + "---:|---|",
+    ]
+    agg: dict[str, list[float]] = {"rho_spec": [], "rho_cal": [], "top10_spec": []}
+    for k in TOP_K:
+        agg[f"top{k}"] = []
+    for op in ops:
+        rho_spec, rho_cal = spearman(op, op.predicted_spec_us), spearman(op, op.predicted_us)
+        tops = [best_in_top_k(op, op.predicted_us, k) for k in TOP_K]
+        top10_spec = best_in_top_k(op, op.predicted_spec_us, 10)
+        where, factor, n = worst_knob_value(op)
+        agg["rho_spec"].append(rho_spec)
+        agg["rho_cal"].append(rho_cal)
+        agg["top10_spec"].append(top10_spec)
+        for k, t in zip(TOP_K, tops, strict=True):
+            agg[f"top{k}"].append(t)
+        lines.append(
+            f"| {op.name} | {len(op.measured_us):,} | {int((~op.ok).sum())} | {rho_spec:.3f} "
+            f"| {rho_cal:.3f} | " + " | ".join(f"{t:.3f}" for t in tops) + f" | {top10_spec:.3f} "
+            f"| {where} ({factor:.2f}x, {n} schedules) |"
+        )
+    return lines, agg
+
+
+def report(c: Campaign) -> str:
+    probe = c.probe
+    device = probe.get("device", {}) if isinstance(probe.get("device"), dict) else {}
+    floor = c.baselines.get("timing_floor_us")
+    alcop = [op for op in c.operators(list(ALCOP)) if op.name in ALCOP]
+    memops = [op for op in c.operators(list(MEMOPS)) if op.name in MEMOPS]
+    gemm_lines, r = gemm_table(alcop)
+    mem_lines, rm = memops_table(memops)
+    model_gemm, ag = model_table(alcop)
+    model_mem, am = model_table(memops)
+    missing = sorted(set(MEMOPS) - {op.name for op in memops})
+    lines = [
+        f"Command: `python -m benchmarks.bench_campaign --gpu {c.gpu} --write`, over the",
+        f"committed campaign data in `benchmarks/data/{c.gpu}/` (`pipetune campaign unpack`).",
+        f"Device: {c.correctness.get('device_name') or device.get('name', '?')}"
+        f" ({c.baselines.get('device_name', '')}); every trial and baseline timed with a flush",
+        "of >= 2x L2 before each launch, one CUDA event pair around it, median of 5-10 repeats;",
+        f"the timing floor (an empty kernel timed the same way) is {floor:.2f} µs."
+        if floor
+        else "",
+        "",
+        "### Correctness",
+        "",
+        *correctness_table(c),
+        "",
+        "### Tensor-core operators: tuned against non-pipelined, double-buffered and the library",
+        "",
+        *gemm_lines,
+        "",
+        f"Geomean: best / non-pipelined {geomean(r['np']):.2f}x (max {max(r['np'], default=float('nan')):.2f}x),"
+        f" best / double-buffer only {geomean(r['db']):.2f}x; best / library over the GEMM and"
+        f" BMM operators {geomean(r['lib_gemm']):.2f} (GEMM {geomean(r['lib_gemm_only']):.2f},"
+        f" BMM {geomean(r['lib_bmm']):.2f}, convolutions {geomean(r['lib_conv']):.2f}),"
+        f" over all {geomean(r['lib']):.2f}.",
+        "",
+        "### Memory-intensive operators: tuned mapping against one row per block and PyTorch",
+        "",
+        *mem_lines,
+        "",
+        f"Geomean: best / one-row-per-block {geomean(rm['fixed']):.2f}x, best / PyTorch"
+        f" {geomean(rm['lib']):.2f}x." + (f" Not swept: {', '.join(missing)}." if missing else ""),
+        "",
+        "### The analytical model against the measurements",
+        "",
+        "Spearman: rank correlation of predicted and measured latency over the schedules that",
+        "ran. top-k: the fastest measured schedule among the model's k best-ranked (calibrated",
+        "profile) over the fastest of all. Errs most: the knob value whose schedules the",
+        "calibrated model mispredicts most, after taking out the operator's overall scale.",
+        "",
+        *model_gemm,
+        "",
+        "Tensor-core operators, geomean of top-k: "
+        + ", ".join(f"top-{k} {geomean(ag[f'top{k}']):.3f}" for k in TOP_K)
+        + f" (spec profile top-10 {geomean(ag['top10_spec']):.3f}); mean Spearman"
+        f" {np.mean(ag['rho_spec']):.3f} spec, {np.mean(ag['rho_cal']):.3f} calibrated.",
+        "",
+        "By pipelining class (tensor-core operators):",
+        "",
+        *pipelining_class_errors(alcop),
+        "",
+        *model_mem,
+        "",
+        "Memory-intensive operators, geomean of top-k: "
+        + ", ".join(f"top-{k} {geomean(am[f'top{k}']):.3f}" for k in TOP_K)
+        + f" (spec profile top-10 {geomean(am['top10_spec']):.3f}); mean Spearman"
+        f" {np.mean(am['rho_spec']):.3f} spec, {np.mean(am['rho_cal']):.3f} calibrated.",
+    ]
+    return "\n".join(lines)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--gpu", required=True, help="the campaign's GPU key (h100, h200)")
+    parser.add_argument("--data-dir", type=Path, default=Path("benchmarks/data"))
+    parser.add_argument("--write", action="store_true", help="write benchmarks/RESULTS.md")
+    args = parser.parse_args()
+    c = campaign(args.gpu, args.data_dir)
+    body = report(c)
+    print(body)
+    if args.write:
+        write_section(
+            f"campaign-{args.gpu}",
+            f"GPU campaign on {args.gpu.upper()}: measured (issue 15)",
+            body,
+        )
+
+
+if __name__ == "__main__":
+    main()

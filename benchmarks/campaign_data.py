@@ -1,0 +1,131 @@
+"""A GPU campaign's unpacked data (benchmarks/data/<gpu>/), read for analysis: each operator's
+exhaustive dataset aligned with the analytical model's predictions for the same schedules,
+under the spec-sheet profile and under the calibrated one, and the campaign's vendor
+baselines, probe and correctness documents.
+
+Everything here is measured data as the campaign wrote it; the only computation is the
+model's, evaluated on exactly the schedules that were measured.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from functools import cached_property
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from pipetune.model.family import KernelFamily, family_of
+from pipetune.model.hardware import get_gpu
+
+
+@dataclass(frozen=True)
+class OperatorData:
+    """One operator's exhaustive measurements, aligned row by row with its space."""
+
+    name: str
+    family: KernelFamily
+    workload: Any
+    space: Any  # the measured schedules as a family space (calibrated GPU spec)
+    measured_us: np.ndarray  # inf where the trial failed
+    library: dict[str, Any] | None  # the vendor baseline's entry of baselines.json
+
+    @property
+    def ok(self) -> np.ndarray:
+        return np.isfinite(self.measured_us)
+
+    @property
+    def work(self) -> float:
+        return float(self.space.work)
+
+    def throughput(self, latency_us: float) -> float:
+        """In the family's unit (TFLOP/s for GEMMs, GB/s of compulsory traffic)."""
+        return self.family.rate(self.work, latency_us)
+
+    @cached_property
+    def predicted_us(self) -> np.ndarray:
+        """The model with the calibrated profile (model/profiles/<gpu>.json)."""
+        return np.asarray(self.family.evaluate(self.space).latency_us, dtype=np.float64)
+
+    @cached_property
+    def predicted_spec_us(self) -> np.ndarray:
+        """The model with the spec-sheet constants only (what the sweeps ran with)."""
+        gpu = get_gpu(self.space.gpu.key, calibrated=False)
+        space = self.family.space_of(self.workload, gpu, self.space.knobs)
+        return np.asarray(self.family.evaluate(space).latency_us, dtype=np.float64)
+
+    def best_in(self, mask: np.ndarray) -> tuple[float, int] | None:
+        """(latency µs, row) of the fastest measured schedule among ``mask``."""
+        rows = np.flatnonzero(mask & self.ok)
+        if rows.size == 0:
+            return None
+        row = int(rows[np.argmin(self.measured_us[rows])])
+        return float(self.measured_us[row]), row
+
+
+def read_json(path: Path) -> dict[str, Any]:
+    return json.loads(path.read_text())
+
+
+def load_operator(path: Path, baselines: dict[str, Any]) -> OperatorData:
+    """A dataset file with its family's space (the rows the current valid space knows)."""
+    from pipetune.clients.cli.bench_cmds import recorded_dataset
+
+    name = path.name.split(".")[0]
+    recorded = recorded_dataset(path).ours
+    if recorded is None:
+        raise ValueError(f"{path}: not a pipetune dataset")
+    space = recorded.space
+    latency_us = np.asarray(recorded.latency_s, dtype=np.float64) * 1e6
+    latency_us[~np.isfinite(latency_us) | (latency_us <= 0)] = np.inf
+    return OperatorData(
+        name=name,
+        family=family_of(space.workload),
+        workload=space.workload,
+        space=space,
+        measured_us=latency_us,
+        library=baselines.get("operators", {}).get(name),
+    )
+
+
+@dataclass(frozen=True)
+class Campaign:
+    """What `pipetune campaign unpack` left for one GPU."""
+
+    gpu: str
+    folder: Path
+
+    @cached_property
+    def probe(self) -> dict[str, Any]:
+        return read_json(self.folder / "campaign" / "probe.json")
+
+    @cached_property
+    def correctness(self) -> dict[str, Any]:
+        return read_json(self.folder / "campaign" / "correctness.json")
+
+    @cached_property
+    def baselines(self) -> dict[str, Any]:
+        return read_json(self.folder / "campaign" / "baselines.json")
+
+    @cached_property
+    def summary(self) -> dict[str, Any]:
+        return read_json(self.folder / "campaign" / "campaign.json")
+
+    def dataset_paths(self) -> list[Path]:
+        return sorted(self.folder.glob("*.t4.json.gz"))
+
+    def operators(self, order: list[str] | None = None) -> list[OperatorData]:
+        """Every swept operator, in ``order`` (names) where given, the rest after it."""
+        paths = {p.name.split(".")[0]: p for p in self.dataset_paths()}
+        names = [n for n in (order or []) if n in paths]
+        names += sorted(set(paths) - set(names))
+        return [load_operator(paths[n], self.baselines) for n in names]
+
+
+def campaign(gpu: str, data_dir: Path) -> Campaign:
+    folder = data_dir / gpu
+    if not (folder / "campaign" / "campaign.json").exists():
+        raise SystemExit(f"error: no unpacked campaign in {folder} (pipetune campaign unpack)")
+    return Campaign(gpu, folder)

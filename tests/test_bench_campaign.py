@@ -1,0 +1,116 @@
+"""The campaign report (benchmarks/bench_campaign.py): its measures on planted data, and the
+whole report on a copy of two operators of the committed H200 campaign."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import math
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from benchmarks import bench_campaign
+from benchmarks.campaign_data import OperatorData, campaign
+from pipetune.model.family import family_of
+from pipetune.model.hardware import get_gpu
+from pipetune.model.workloads import gemm
+
+DATA = Path(__file__).resolve().parent.parent / "benchmarks" / "data"
+
+
+def planted(measured_of) -> OperatorData:
+    """A real GEMM space whose 'measurements' are the model's prediction bent by a rule."""
+    workload = gemm(512, 256, 512)
+    family = family_of(workload)
+    space = family.enumerate(workload, get_gpu("h200"))
+    op = OperatorData("planted", family, workload, space, np.zeros(len(space)), None)
+    measured = measured_of(op.predicted_us.copy(), space)
+    return OperatorData("planted", family, workload, space, measured, None)
+
+
+def test_a_model_that_ranks_exactly_has_everything_in_its_top_1():
+    op = planted(lambda predicted, space: predicted * 1.7)  # a scale error only
+    assert bench_campaign.best_in_top_k(op, op.predicted_us, 1) == 1.0
+    assert bench_campaign.spearman(op, op.predicted_us) == pytest.approx(1.0)
+    _, factor, _ = bench_campaign.worst_knob_value(op)
+    assert factor == pytest.approx(1.0)  # the scale is taken out
+
+
+def test_best_in_top_k_is_the_best_of_the_model_s_k_first_over_the_best():
+    op = planted(lambda predicted, space: predicted)
+    order = np.argsort(op.predicted_us, kind="stable")
+    measured = op.measured_us.copy()
+    measured[order[0]] = np.inf  # the model's first choice failed: a slot, no time
+    measured[order[1]] = measured[order[2]] * 2  # its second is slower than its third
+    best = measured[np.isfinite(measured)].min()
+    op = OperatorData("p", op.family, op.workload, op.space, measured, None)
+    assert bench_campaign.best_in_top_k(op, op.predicted_us, 1) == 0.0
+    assert bench_campaign.best_in_top_k(op, op.predicted_us, 2) == pytest.approx(
+        best / measured[order[1]]
+    )
+    assert bench_campaign.best_in_top_k(op, op.predicted_us, 3) == pytest.approx(
+        best / measured[order[2]]
+    )
+
+
+def test_the_class_the_model_mispredicts_is_found():
+    # Non-pipelined schedules run 1.5x slower than the model says: a minority, so the
+    # operator's median error stays 0 and that class stands out at 1/1.5.
+    def bend(predicted, space):
+        return np.where(space.knobs["smem_stages"] == 1, predicted * 1.5, predicted)
+
+    op = planted(bend)
+    where, factor, n = bench_campaign.worst_knob_value(op)
+    assert where == "smem_stages=1" and factor == pytest.approx(1 / 1.5)
+    assert n == int((op.space.knobs["smem_stages"] == 1).sum())
+    rows = bench_campaign.pipelining_class_errors([op])
+    one_one = next(r for r in rows if r.startswith("| 1 | 1 |"))
+    assert "| 0.67 |" in one_one
+
+
+@pytest.fixture
+def small_campaign(tmp_path: Path) -> Path:
+    """Two operators of the committed H200 campaign and its documents, in a fresh folder."""
+    source = DATA / "h200"
+    target = tmp_path / "h200"
+    shutil.copytree(source / "campaign", target / "campaign")
+    for name in ("MM_RN50_Conv1x1_1", "Softmax_BERT_b1_s128"):
+        shutil.copy(source / f"{name}.t4.json.gz", target / f"{name}.t4.json.gz")
+    return tmp_path
+
+
+def _best_ms(path: Path) -> tuple[float, dict]:
+    doc = json.loads(gzip.decompress(path.read_bytes()))
+    ok = [r for r in doc["results"] if r["invalidity"] == "correct"]
+    best = min(ok, key=lambda r: r["measurements"][0]["value"])
+    return best["measurements"][0]["value"], doc["metadata"]["pipetune"]["workload"]
+
+
+def test_the_report_reads_the_committed_measurements(small_campaign: Path):
+    body = bench_campaign.report(campaign("h200", small_campaign))
+    # The GEMM row's best TFLOP/s is the file's best time, computed here independently.
+    best_ms, w = _best_ms(small_campaign / "h200" / "MM_RN50_Conv1x1_1.t4.json.gz")
+    tflops = 2 * w["m"] * w["n"] * w["k"] / (best_ms * 1e-3) / 1e12
+    row = next(line for line in body.splitlines() if line.startswith("| MM_RN50_Conv1x1_1 |"))
+    assert f"| {tflops:,.1f} |" in row
+    baselines = json.loads((small_campaign / "h200" / "campaign" / "baselines.json").read_text())
+    lib_us = baselines["operators"]["MM_RN50_Conv1x1_1"]["latency_us"]
+    assert f"| {lib_us / (best_ms * 1e3):.2f} |" in row  # best / library
+    # The memops row and the model's rows are there; the operators not copied are listed.
+    assert any(line.startswith("| Softmax_BERT_b1_s128 | 1536x128 |") for line in body.split("\n"))
+    assert "Not swept:" in body and "LayerNorm_BERT_b1_s128" in body
+    model_rows = [
+        line for line in body.splitlines() if line.startswith("| MM_RN50_Conv1x1_1 | 637")
+    ]
+    assert len(model_rows) == 1
+    rho = float(model_rows[0].split("|")[4])
+    assert -1.0 <= rho <= 1.0 and not math.isnan(rho)
+    assert "| all | | 660 | 660 | 0 |" in body  # the correctness totals
+
+
+def test_a_folder_without_a_campaign_is_a_clear_error(tmp_path: Path):
+    with pytest.raises(SystemExit, match="no unpacked campaign"):
+        campaign("h200", tmp_path)
