@@ -1,9 +1,9 @@
 """The baselines phase: the vendor library's time on every benchmark operator.
 
-cuBLAS (``cupy.matmul``) for GEMM and BMM, cuDNN (PyTorch, channels-last fp16) for Conv2D
-and Conv3D, PyTorch's own CUDA kernels for the memory-intensive operators (``torch.softmax``,
-``layer_norm``, the bias add then ``gelu`` with the operator's approximation, ``sum`` or
-``amax`` over the rows; fp16 in and out), timed by the library child
+cuBLAS for GEMM (``cupy.matmul``) and BMM (``torch.bmm``), cuDNN (PyTorch, channels-last
+fp16) for Conv2D and Conv3D, PyTorch's own CUDA kernels for the memory-intensive operators
+(``torch.softmax``, ``layer_norm``, the bias add then ``gelu`` with the operator's
+approximation, ``sum`` or ``amax`` over the rows; fp16 in and out), timed by the library child
 (workers.campaign.cuda_side, or its simulated twin) exactly as the kernel runner times
 kernels, with the campaign's measurement settings. Each entry gives its throughput in its
 family's unit (``throughput``, ``unit``: TFLOP/s for the GEMMs, which keep their ``tflops``
