@@ -1,0 +1,52 @@
+"""The GPU measurements committed under benchmarks/data/ are the ground truth: each is a
+readable pipetune dataset measured by the cupy runner (never simulated), exhaustive over
+today's valid space of its workload on its GPU (so a change to the space or the validity
+rules that would drop or add measured schedules shows here), and the replay runner serves
+them exactly as they were recorded."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from pipetune.model.hardware import get_gpu
+from pipetune.model.operators import SUITES
+from pipetune.workers.datasets import check_pipetune, load_dataset
+from pipetune.workers.runners import make_runner
+
+DATA = Path(__file__).resolve().parent.parent / "benchmarks" / "data"
+MEASURED = sorted(DATA.glob("*/*.t4.json.gz"))
+
+
+def test_there_are_measurements():
+    # The H200 campaign of 2026-11-26: 56 operators. Fewer files means data went missing.
+    assert len(sorted((DATA / "h200").glob("*.t4.json.gz"))) == 56
+
+
+@pytest.mark.parametrize("path", MEASURED, ids=[f"{p.parent.name}/{p.name}" for p in MEASURED])
+def test_a_committed_dataset_is_an_exhaustive_real_measurement(path: Path):
+    ds = load_dataset(path)
+    info = check_pipetune(ds)
+    assert info.runner == "cupy" and info.gpu == path.parent.name
+    operator = path.name.split(".")[0]
+    suite = next(s for s in SUITES.values() if operator in s)
+    assert suite[operator].workload_hash == info.workload.workload_hash
+    space = info.family.enumerate(info.workload, get_gpu(info.gpu))
+    measured = {info.family.parse_schedule(dict(r.configuration)).id for r in ds.records}
+    assert measured == set(space.ids), "the valid space and the measured schedules differ"
+    assert np.isfinite(ds.times_ms()[ds.valid_mask()]).all()
+
+
+def test_the_replay_runner_serves_the_measurements_as_recorded():
+    path = DATA / "h200" / "MM_RN50_FC.t4.json.gz"
+    ds = load_dataset(path)
+    info = check_pipetune(ds)
+    best = ds.best()
+    assert best is not None
+    schedule = info.family.parse_schedule(dict(best.configuration))
+    with make_runner("replay", dataset=path, workload=info.workload, gpu="h200") as runner:
+        (result,) = runner.measure(info.workload, [schedule])
+    assert result.status == "ok" and result.runner == "replay:cupy"
+    assert result.latency_us == pytest.approx(best.time_ms * 1e3)
