@@ -55,6 +55,11 @@ class GPUSpec:
     # GPU time one kernel launch adds in a stream (launch latency and the drain before the
     # next kernel starts): what a second kernel costs a two-pass schedule.
     kernel_launch_ns: float
+    # Cycles one main-loop iteration (one K step of a threadblock) costs beyond its loads and
+    # its mma work: the cp.async wait and the barrier that close the step, and the loop's
+    # own instructions. Every warp of the block waits on them, so pipelining does not hide
+    # them; they are what makes a short K chunk (BK = 16) slower than its work.
+    k_step_cycles: float
     profile: str = "spec"
 
     # Derived quantities, in the units the analytical model uses (seconds, bytes/s).
@@ -70,6 +75,11 @@ class GPUSpec:
     @property
     def peak_tensor_tflops(self) -> float:
         return self.tensor_fp16_flops_per_clk_per_sm * self.clock_hz * self.sm_count / 1e12
+
+    @property
+    def k_step_s(self) -> float:
+        """Seconds of one main-loop iteration's fixed cost (k_step_cycles at the clock)."""
+        return self.k_step_cycles / self.clock_hz
 
     @property
     def smem_bandwidth_per_sm(self) -> float:
@@ -111,6 +121,10 @@ class GPUSpec:
 #             Architecture through Microbenchmarking", GTC 2021; Luo et al., "Benchmarking
 #             and Dissecting the Nvidia Hopper GPU Architecture", 2024; Chips and Cheese
 #             H100 and A100 articles). Approximate: replaced by `pipetune calibrate`.
+#  [H200-CAMPAIGN] pipetune's GPU campaign on an NVIDIA H200, 2026-11-26 (benchmarks/data/h200,
+#             RESULTS.md "GPU campaign on H200"). k_step_cycles: the per-K-step cost that
+#             ranks the 23 ALCOP operators' exhaustive sweeps best; 20-60 cycles rank alike,
+#             and the GEMM/BMM and the convolution operators, fitted apart, agree.
 _SPECS: dict[str, GPUSpec] = {
     "a100": GPUSpec(
         key="a100",
@@ -139,6 +153,7 @@ _SPECS: dict[str, GPUSpec] = {
         max_blocks_per_sm=32,  # [CUDA-PG]
         warps_to_saturate_tensor=4,  # [A100-WP] four tensor cores per SM, one per SMSP
         kernel_launch_ns=2000.0,  # [MB] approximate, an empty kernel between CUDA events
+        k_step_cycles=40.0,  # [H200-CAMPAIGN] as Hopper: a lead for Ampere, not measured
     ),
     "h100": GPUSpec(
         key="h100",
@@ -167,6 +182,7 @@ _SPECS: dict[str, GPUSpec] = {
         max_blocks_per_sm=32,  # [CUDA-PG]
         warps_to_saturate_tensor=4,  # [H100-WP] four tensor cores per SM
         kernel_launch_ns=2000.0,  # [MB] approximate, an empty kernel between CUDA events
+        k_step_cycles=40.0,  # [H200-CAMPAIGN] the same SM as the H200's
     ),
     "h200": GPUSpec(
         key="h200",
@@ -195,6 +211,7 @@ _SPECS: dict[str, GPUSpec] = {
         max_blocks_per_sm=32,  # [CUDA-PG]
         warps_to_saturate_tensor=4,  # [H100-WP]
         kernel_launch_ns=2000.0,  # [MB] approximate, as H100
+        k_step_cycles=40.0,  # [H200-CAMPAIGN]
     ),
 }
 

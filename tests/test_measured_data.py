@@ -50,3 +50,17 @@ def test_the_replay_runner_serves_the_measurements_as_recorded():
         (result,) = runner.measure(info.workload, [schedule])
     assert result.status == "ok" and result.runner == "replay:cupy"
     assert result.latency_us == pytest.approx(best.time_ms * 1e3)
+
+
+def test_the_model_ranks_the_measured_h200_gemms_with_the_k_step_cost():
+    # The model's 10 best-ranked schedules hold 0.878 of each operator's measured optimum
+    # (geomean over the ALCOP suite on the H200); without the K-step cost 0.795, because it
+    # preferred BK = 16 tiles. A model change that loses this ground fails here.
+    from benchmarks.bench_campaign import best_in_top_k, geomean
+    from benchmarks.campaign_data import campaign
+    from pipetune.model.operators import ALCOP
+
+    ops = [op for op in campaign("h200", DATA).operators(list(ALCOP)) if op.name in ALCOP]
+    assert len(ops) == len(ALCOP)
+    top10 = geomean(best_in_top_k(op, op.predicted_us, 10) for op in ops)
+    assert top10 >= 0.86

@@ -89,3 +89,19 @@ def test_kernel_is_threadblock_latency_times_waves(h100):
     assert np.allclose(p.T_kernel, p.T_threadblk * p.N_threadblk_batch)
     assert np.allclose(p.T_threadblk, p.T_init + p.T_main_loop + p.T_epilogue)
     assert np.allclose(p.T_smem_load, np.maximum(p.T_LLC_load, p.T_DRAM_load))
+
+
+def test_every_k_step_costs_its_fixed_cycles_outside_the_pipeline():
+    from dataclasses import replace
+
+    from pipetune.model.hardware import get_gpu
+
+    gpu = get_gpu("h200", calibrated=False)
+    space = Space.enumerate(gemm(1024, 1024, 1024), gpu)
+    with_step = evaluate(space)
+    without = evaluate(Space(space.workload, replace(gpu, k_step_cycles=0.0), space.knobs))
+    extra = with_step.T_main_loop - without.T_main_loop
+    np.testing.assert_allclose(extra, with_step.N_smem_loop * gpu.k_step_cycles / gpu.clock_hz)
+    # A BK = 16 tile makes twice the K steps of the same tile at BK = 32, so pays twice.
+    chunk = space.knobs["chunk"]
+    assert extra[chunk == 1].min() == pytest.approx(2 * extra[chunk == 2].max())
