@@ -243,8 +243,8 @@ def report(c: Campaign) -> str:
     lines = [
         f"Command: `python -m benchmarks.bench_campaign --gpu {c.gpu} --write`, over the",
         f"committed campaign data in `benchmarks/data/{c.gpu}/` (`pipetune campaign unpack`).",
-        f"Device: {c.correctness.get('device_name') or device.get('name', '?')}"
-        f" ({c.baselines.get('device_name', '')}); every trial and baseline timed with a flush",
+        f"Measured on: {c.baselines.get('device_name') or device.get('name', '?')} (the line"
+        " above says where the analysis ran); every trial and baseline timed with a flush",
         "of >= 2x L2 before each launch, one CUDA event pair around it, median of 5-10 repeats;",
         f"the timing floor (an empty kernel timed the same way) is {floor:.2f} µs."
         if floor
