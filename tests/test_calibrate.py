@@ -121,3 +121,44 @@ def test_a_profile_for_another_gpu_is_refused(h100):
 def test_without_cupy_calibration_is_unavailable():
     with pytest.raises(CalibrationUnavailableError, match="CuPy"):
         run_calibration("h100")
+
+
+def test_the_k_step_cycles_are_recorded_and_not_applied(h100):
+    # The model's k_step_cycles is a fit to the H200 sweeps; the microbenchmark measures only
+    # the barrier-and-wait part of it, so a profile keeps it in raw until the two are judged.
+    doc = build_profile(synthetic(h100, k_step_cycles=37.5), h100)
+    assert doc["raw"]["k_step_cycles"] == 37.5
+    assert "k_step_cycles" not in doc["overrides"]
+    assert validate_profile(doc, h100).k_step_cycles == h100.k_step_cycles
+
+
+def test_the_k_step_microbenchmark_reports_the_median_block_s_cycles_per_step():
+    import types
+
+    import numpy as np
+
+    from pipetune.workers.calibrate import microbench
+
+    class Array(np.ndarray):
+        def get(self):
+            return np.asarray(self)
+
+    launches = []
+
+    def kernel(name):
+        def launch(grid, block, args):
+            launches.append((name, grid, block))
+            src, steps, cycles = args
+            assert src.nbytes == 2048 and int(steps) == microbench.K_STEPS
+            cycles[...] = np.array([40, 41, 90]) * int(steps)  # one slow SM
+
+        return launch
+
+    cp = types.SimpleNamespace(
+        zeros=lambda n, dtype: np.zeros(n, dtype).view(Array),
+        float32=np.float32,
+        int64=np.int64,
+        cuda=types.SimpleNamespace(Device=lambda: types.SimpleNamespace(synchronize=lambda: None)),
+    )
+    assert microbench._k_step_cycles(cp, kernel, sms=3) == 41.0
+    assert launches == [("k_step_kernel", (3,), (microbench.K_STEP_THREADS,))]

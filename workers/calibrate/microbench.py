@@ -9,6 +9,7 @@ calibration takes a few seconds.
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
@@ -29,8 +30,13 @@ THREADS = 256
 CHASE_STRIDE = 64  # uint32 elements between chase nodes: 256 bytes, past any sector
 CHAINS = 8  # independent mma accumulators per warp (hide the mma pipeline latency)
 
+K_STAGES = 4  # pipeline depth of the K-step microbenchmark (a mid-range smem_stages)
+K_STEP_THREADS = 128  # 4 warps: the GEMM kernels' common block size
+K_STEPS = 20_000
+
 SOURCE = (
-    f"#define CHAINS {CHAINS}\n"
+    f"#define CHAINS {CHAINS}\n#define K_STAGES {K_STAGES}\n"
+    f"#define K_STEP_THREADS {K_STEP_THREADS}\n"
     + r"""
 extern "C" __global__ void copy_kernel(const float4* __restrict__ src, float4* __restrict__ dst,
                                        long long n) {
@@ -82,6 +88,29 @@ extern "C" __global__ void smem_chase_kernel(int steps, unsigned int* out,
     long long stop = clock64();
     out[0] = j;
     cycles[0] = stop - start;
+}
+
+// The fixed cost of one main-loop step of the GEMM kernels, without its work: every thread
+// issues a 16-byte cp.async for the stage K_STAGES - 1 ahead, commits it, waits for the
+// oldest group (long landed: the source is 2 KB that stays in L2), and the block meets at
+// a barrier, as the generated kernels close each K step. Thread 0 counts clock64 cycles.
+extern "C" __global__ void k_step_kernel(const float4* __restrict__ src, int steps,
+                                         long long* cycles) {
+    __shared__ __align__(16) float4 stage[K_STAGES][K_STEP_THREADS];
+    const float4* from = src + (threadIdx.x % 128);
+    __syncthreads();
+    long long start = clock64();
+    for (int s = 0; s < steps; ++s) {
+        unsigned dst = static_cast<unsigned>(
+            __cvta_generic_to_shared(&stage[s % K_STAGES][threadIdx.x]));
+        asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(dst), "l"(from));
+        asm volatile("cp.async.commit_group;\n" ::);
+        asm volatile("cp.async.wait_group %0;\n" ::"n"(K_STAGES - 1));
+        __syncthreads();
+    }
+    asm volatile("cp.async.wait_all;\n" ::);
+    long long stop = clock64();
+    if (threadIdx.x == 0) cycles[blockIdx.x] = stop - start;
 }
 
 extern "C" __global__ void spin_kernel(long long cycles, long long* out) {
@@ -193,6 +222,16 @@ def _smem_cycles_per_load(cp: Any, kernel: Any, steps: int = 100_000) -> float:
     return float(cycles.get()[0]) / steps
 
 
+def _k_step_cycles(cp: Any, kernel: Any, sms: int) -> float:
+    """Cycles of one K step's cp.async issue, commit, wait and barrier: the median over one
+    block per SM of clock64 cycles per step (thread 0)."""
+    src = cp.zeros(128 * 4, dtype=cp.float32)  # 128 float4: 2 KB
+    cycles = cp.zeros(sms, dtype=cp.int64)
+    kernel("k_step_kernel")((sms,), (K_STEP_THREADS,), (src, np.int32(K_STEPS), cycles))
+    cp.cuda.Device().synchronize()
+    return float(np.median(cycles.get())) / K_STEPS
+
+
 def _clock(cp: Any, kernel: Any, sms: int, spec: GPUSpec) -> Cycles:
     """clock64 cycles counted by one spinning block per SM, against the event time."""
     spin = kernel("spin_kernel")
@@ -224,7 +263,7 @@ def run_microbenchmarks(device: int, spec: GPUSpec) -> RawMeasurements:
     blocks = sms * 8  # 8 blocks of 256 threads: every SM full, grid-stride loops
     sink = cp.zeros(blocks, dtype=cp.float32)
     dram_copy, dram_write = _dram(cp, kernel, blocks, l2)
-    return RawMeasurements(
+    raw = RawMeasurements(
         device_name=name,
         sm_count=sms,
         l2_bytes=l2,
@@ -237,6 +276,12 @@ def run_microbenchmarks(device: int, spec: GPUSpec) -> RawMeasurements:
         clock=_clock(cp, kernel, sms, spec),
         mma=_mma(cp, kernel, sms, spec, sink),
     )
+    # Last, and allowed to fail: it is recorded, not applied, so losing it (a device that
+    # refuses it, a fault that leaves the context unusable) must not lose the profile.
+    try:
+        return replace(raw, k_step_cycles=_k_step_cycles(cp, kernel, sms))
+    except Exception:  # any failure of an optional measurement
+        return raw
 
 
 def probe_device(device: int) -> str:

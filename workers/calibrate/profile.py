@@ -39,7 +39,9 @@ METHOD = (
     "median over both chases' runs; "
     "mma_sync_efficiency = back-to-back mma.sync.m16n8k16 f32.f16.f16.f32 on registers "
     "(8 independent chains per warp, 32 warps per SM) / "
-    "(tensor_fp16_flops_per_clk_per_sm x clock x SMs), clock = the measured one if any"
+    "(tensor_fp16_flops_per_clk_per_sm x clock x SMs), clock = the measured one if any; "
+    "raw.k_step_cycles (recorded, not applied) = clock64 cycles per step of a 4-stage "
+    "cp.async issue, commit, wait and barrier loop, 128 threads, one block per SM, median"
 )
 
 
@@ -97,6 +99,10 @@ class RawMeasurements:
     clock: Cycles | None = None
     dram_write: Throughput | None = None
     smem_chase_cycles_per_load: float | None = None
+    # Recorded, not applied: the model's k_step_cycles is the value that ranks the H200
+    # sweeps best (model/hardware.py); this measures the barrier-and-wait part of it, to be
+    # compared with that fit before it may replace it.
+    k_step_cycles: float | None = None
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
