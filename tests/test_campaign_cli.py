@@ -329,3 +329,34 @@ def test_a_campaign_imports_no_service_database_or_xgboost(tmp_path):
     assert result.returncode == 0, result.stderr[-3000:]
     summary = json.loads((out / "campaign.json").read_text())
     assert summary["state"] == "complete" and summary["sweeps"]["done"] == ["BMM_GPT2_QK"]
+
+
+def test_a_campaign_goes_on_from_the_unpacked_repository_data(continued, tmp_path):
+    # A later session has no archive, only what `campaign unpack` committed: --have takes
+    # that folder, skips what it holds and measures the rest; unpack --force writes the whole.
+    from pipetune.workers.campaign.unpack import unpack
+
+    folder, _ = continued
+    data = tmp_path / "data"
+    unpack(folder / "c1.tar.gz", data, tmp_path / "profiles", allow_simulated=True)
+    have = data / "h100"
+    assert (have / "campaign" / "probe.json").exists()
+    out = ["--out-dir", str(tmp_path / "out"), "--pack", str(tmp_path / "c.tar.gz")]
+    result = cli.invoke(campaign_app, [*out, "--have", str(have), *MIXED])
+    assert result.exit_code == 0, result.output
+    summary = json.loads((tmp_path / "out" / "campaign.json").read_text())
+    assert summary["state"] == "complete"
+    assert summary["sweeps"]["done"] == ["MM_RN50_FC", "Softmax_BERT_b1_s128"]
+    phases = {p["phase"]: p["status"] for p in summary["calls"][-1]["phases"]}
+    assert phases["probe"] == "skipped (--have)" and phases["baselines"] == "done"
+    committed = (have / "Softmax_BERT_b1_s128.t4.json.gz").read_bytes()
+    swept = tmp_path / "out" / "sweeps"
+    assert (swept / "Softmax_BERT_b1_s128.t4.json.gz").read_bytes() == committed
+    again = unpack(
+        tmp_path / "c.tar.gz", data, tmp_path / "profiles", allow_simulated=True, force=True
+    )
+    assert sorted(p.name for p in again.datasets) == [
+        "MM_RN50_FC.t4.json.gz",
+        "Softmax_BERT_b1_s128.t4.json.gz",
+    ]
+    assert (have / "Softmax_BERT_b1_s128.t4.json.gz").read_bytes() == committed

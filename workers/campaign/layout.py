@@ -132,8 +132,46 @@ def extract(archive: Path, into: Path) -> Path:
     return into
 
 
+# Where `pipetune campaign unpack` puts the phase documents inside benchmarks/data/<gpu>/.
+UNPACKED_DOCS = "campaign"
+
+
+def is_unpacked(folder: Path) -> bool:
+    """Whether a folder is what `pipetune campaign unpack` wrote (benchmarks/data/<gpu>/):
+    the phase documents in campaign/, the finished operators' datasets beside them."""
+    return (folder / UNPACKED_DOCS / PHASE_FILES["probe"]).is_file() and not (
+        folder / PHASE_FILES["probe"]
+    ).exists()
+
+
+def from_unpacked(folder: Path, into: Path, profile: Path | None) -> Path:
+    """The campaign layout of an unpacked campaign and its GPU's profile, so that a later
+    campaign goes on from the committed data (--have benchmarks/data/<gpu>): what they hold
+    is skipped, the rest is measured, and `campaign unpack --force` writes the whole."""
+    into.mkdir(parents=True, exist_ok=True)
+    for name in (*PHASE_FILES.values(), SUMMARY_FILE):
+        source = folder / UNPACKED_DOCS / name
+        if source.is_file():
+            shutil.copyfile(source, into / name)
+    if profile is not None and profile.is_file():
+        shutil.copyfile(profile, into / PHASE_FILES["profile"])
+    (into / SWEEPS_DIR).mkdir(exist_ok=True)
+    for path in sorted(folder.glob("*.t4.json.gz")):
+        if _MEMBER.match(f"{SWEEPS_DIR}/{path.name}"):
+            shutil.copyfile(path, into / SWEEPS_DIR / path.name)
+    return into
+
+
 def open_have(have: Path, scratch: Path) -> Path:
-    """The folder a --have names, unpacking an archive into scratch first."""
+    """The folder a --have names: a campaign's folder as it is, an archive unpacked into
+    scratch, or the repository's unpacked data laid out again in scratch (its profile from
+    model/profiles/, where the model reads it)."""
+    if have.is_dir() and is_unpacked(have):
+        from pipetune.model.hardware import PROFILE_DIR
+
+        probe = read_json(have / UNPACKED_DOCS / PHASE_FILES["probe"]) or {}
+        profile = PROFILE_DIR / f"{probe.get('gpu')}.json" if probe.get("gpu") else None
+        return from_unpacked(have, scratch, profile)
     if have.is_dir():
         return have
     if have.is_file():
