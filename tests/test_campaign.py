@@ -19,7 +19,7 @@ from pipetune.model.operators import ALCOP, MEMOPS, SUITES
 from pipetune.model.space import Schedule
 from pipetune.model.trials import MeasureResult
 from pipetune.workers.campaign import layout, operators
-from pipetune.workers.campaign.baselines import baseline_entry
+from pipetune.workers.campaign.baselines import baseline_entry, missing, run_baselines
 from pipetune.workers.campaign.correctness import (
     CASES,
     FAILURE_LIMIT,
@@ -375,6 +375,58 @@ def test_a_baseline_is_given_in_its_family_s_unit():
     entry = baseline_entry(gemm, answer)
     assert entry["unit"] == "TFLOP/s" and entry["tflops"] == entry["throughput"]
     assert entry["throughput"] == pytest.approx(gemm.flops / 2e-6 / 1e12)
+
+
+def test_a_hold_runs_between_the_flush_and_the_start_event():
+    clock = FakeClock([1.0] * 5)
+    calls: list[str] = []
+    policy = RepeatPolicy(warmup=1, min_repeats=5, max_repeats=5, settle=0.03)
+
+    def record(event):
+        calls.append("record")
+
+    clock.record = record
+    time_launches(
+        lambda: calls.append("launch"),
+        lambda: calls.append("flush"),
+        clock,
+        policy,
+        hold=lambda: calls.append("hold"),
+    )
+    assert calls == ["launch"] + ["flush", "hold", "record", "launch", "record"] * 5
+
+
+class _Child:
+    """The library child as run_baselines calls it: records what it was asked to time."""
+
+    def __init__(self):
+        self.timed: list[str] = []
+
+    def call(self, fn, canonical, seed, policy, timeout_s):
+        from pipetune.workers.runners.isolation import CallOutcome
+
+        self.timed.append(canonical["op"])
+        return CallOutcome("ok", fn(canonical, seed, policy))
+
+
+def test_a_baseline_timed_the_old_way_is_timed_again_and_keeps_its_figures():
+    held = {"library": "x", "samples_ms": [0.002] * 5, "held": True}
+    side = type("Side", (), {"vendor_time": staticmethod(lambda c, s, p: held)})
+    fc, qk = ALCOP["MM_RN50_FC"], ALCOP["BMM_GPT2_QK"]
+    old = baseline_entry(qk, {"library": "cupy.matmul", "samples_ms": [0.125] * 5})
+    assert "timing" not in old  # an entry of the first H200 campaign
+    now = baseline_entry(fc, held)
+    assert now["timing"] == "held"
+    document = {"operators": {"MM_RN50_FC": now, "BMM_GPT2_QK": old}}
+    operators = {"MM_RN50_FC": fc, "BMM_GPT2_QK": qk}
+    assert missing(document, operators) == ["BMM_GPT2_QK"]
+    child = _Child()
+    done = run_baselines(child, side, operators, document, Deadline(1, 0), lambda d: None)
+    assert done and child.timed == ["bmm"]  # the held GEMM was not timed again
+    again = document["operators"]["BMM_GPT2_QK"]
+    assert again["timing"] == "held" and again["latency_us"] == pytest.approx(2.0)
+    assert again["superseded"] == {"library": "cupy.matmul", "latency_us": 125.0, "spread": 0.0}
+    assert missing(document, operators) == []
 
 
 def test_unpack_checks_each_baseline_s_unit_and_throughput():

@@ -382,6 +382,47 @@ def test_a_bmm_baseline_is_cublas_batched_through_torch_bmm(torch):
     assert all(call["dtype"] == np.float16 for name, call in torch.log if name == "bmm")
 
 
+def _holding(cupy, torch, monkeypatch, works=True):
+    """The spin kernel as cupy.RawKernel would run it, logged beside the torch calls."""
+    streams = []
+
+    def raw_kernel(code, name):
+        if not works:
+            raise fake_cupy.CUDADriverError("CUDA_ERROR_NOT_SUPPORTED")
+        assert name == "pipetune_hold" and "clock64" in code
+        return lambda grid, block, args: torch.log.append(("hold", {"cycles": int(args[0])}))
+
+    def external(ptr):
+        streams.append(ptr)
+        return nullcontext()
+
+    monkeypatch.setattr(cupy, "RawKernel", raw_kernel, raising=False)
+    monkeypatch.setattr(cupy.cuda, "ExternalStream", external, raising=False)
+    stream = types.SimpleNamespace(cuda_stream=0x5EED)
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda: stream, raising=False)
+    cuda_side._STATE.pop("hold_kernel", None)
+    return streams
+
+
+def test_a_library_baseline_is_held_while_the_host_dispatches_it(torch, cupy, monkeypatch):
+    streams = _holding(cupy, torch, monkeypatch)
+    answer = cuda_side.vendor_time(bmm(12, 64, 32, 48).canonical(), 7, POLICY)
+    assert answer["held"] and answer["samples_ms"] == [0.02] * 5
+    names = [name for name, _ in torch.log]
+    # One trial run of the hold, the untimed call, the warm-up, then per timed launch: the
+    # flush, the hold (the GPU spins while the host dispatches), the call.
+    assert names == ["bmm", "hold", "bmm"] + ["flush", "hold", "bmm"] * 5
+    assert all(c["cycles"] == cuda_side.HOLD_CYCLES for n, c in torch.log if n == "hold")
+    assert set(streams) == {0x5EED}  # on the library's own stream
+
+
+def test_a_hold_that_cannot_run_leaves_the_baseline_unheld(torch, cupy, monkeypatch):
+    _holding(cupy, torch, monkeypatch, works=False)
+    answer = cuda_side.vendor_time(bmm(12, 64, 32, 48).canonical(), 7, POLICY)
+    assert answer["held"] is False and answer["samples_ms"] == [0.02] * 5
+    assert "hold" not in [name for name, _ in torch.log]
+
+
 def test_the_simulated_memops_baseline_moves_the_compulsory_bytes_at_the_spec_s_bandwidth():
     sim_side.init(0, "h100")
     workload = MEMOPS["LayerNorm_GPT2_b8_s1024"]

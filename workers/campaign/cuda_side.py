@@ -164,6 +164,62 @@ def _flush() -> None:
     _STATE["flush"].fill(0)
 
 
+# A library call's host dispatch (Python, the library's own checks) can outlast the flush
+# kernel, and the start event then waits on the host, not the GPU: on an H200 the baselines
+# under ~100 µs spread by 14-550% from sample to sample while pipetune's own kernels (a raw
+# launch) spread by 1-6%. A spin kernel of HOLD_CYCLES between the flush and the start event
+# keeps the GPU busy while the host dispatches the call (workers.runners.timing, ``hold``).
+HOLD_CYCLES = 400_000  # about 200 µs at 2 GHz: longer than any dispatch seen
+HOLD_SOURCE = r"""
+extern "C" __global__ void pipetune_hold(long long cycles, long long* out) {
+    long long start = clock64();
+    long long now = start;
+    while (now - start < cycles) now = clock64();
+    if (cycles < 0) out[0] = now;  // never: keeps the loop's result alive
+}
+"""
+HELD = f"a {HOLD_CYCLES:,}-cycle spin kernel between the flush and the start event"
+
+
+def _hold_on(stream_of: Callable[[], int]) -> Callable[[], None] | None:
+    """A hold that queues the spin kernel on the library's stream (``stream_of()`` gives
+    its handle), tried once; None where it cannot run, and the baseline is then timed
+    without it (and says so)."""
+    try:
+        import cupy
+
+        kernel = _STATE.get("hold_kernel")
+        if kernel is None:
+            kernel = _STATE["hold_kernel"] = cupy.RawKernel(HOLD_SOURCE, "pipetune_hold")
+        sink = _STATE.setdefault("hold_sink", cupy.zeros(1, dtype=cupy.int64))
+
+        def hold() -> None:
+            with cupy.cuda.ExternalStream(stream_of()):
+                kernel((1,), (32,), (np.int64(HOLD_CYCLES), sink))
+
+        hold()
+        cupy.cuda.Device().synchronize()
+        return hold
+    except Exception:  # the baseline still runs, unheld, and its entry says so
+        return None
+
+
+def _torch_stream(torch: Any) -> int:
+    return int(torch.cuda.current_stream().cuda_stream)
+
+
+def _timed(
+    launch: Callable[[], None],
+    flush: Callable[[], None],
+    clock: Any,
+    policy: RepeatPolicy,
+    stream_of: Callable[[], int],
+) -> tuple[list[float], bool]:
+    """The timing loop with the hold where it runs: (samples, held)."""
+    hold = _hold_on(stream_of)
+    return time_launches(launch, flush, clock, policy, hold=hold), hold is not None
+
+
 def vendor_time(canonical: dict[str, Any], seed: int, policy: RepeatPolicy) -> dict[str, Any]:
     """Time the vendor library on one workload: {"library", "samples_ms"}."""
     from pipetune.model.family import family_of, parse_any_workload
@@ -196,9 +252,11 @@ def _cublas(workload: Any, seed: int, policy: RepeatPolicy) -> dict[str, Any]:
 
     launch()
     cupy.cuda.Device().synchronize()
-    samples = time_launches(launch, _flush, CupyClock(cupy), policy)
+    samples, held = _timed(
+        launch, _flush, CupyClock(cupy), policy, lambda: cupy.cuda.get_current_stream().ptr
+    )
     library = f"cuBLAS through cupy.matmul (CuPy {cupy.__version__}), fp16 in and out"
-    return {"library": library, "samples_ms": samples}
+    return {"library": library, "samples_ms": samples, "held": held}
 
 
 def _torch_bmm(workload: Any, seed: int, policy: RepeatPolicy) -> dict[str, Any]:
@@ -217,11 +275,13 @@ def _torch_bmm(workload: Any, seed: int, policy: RepeatPolicy) -> dict[str, Any]
 
     launch()  # cuBLAS's handle and workspace are set up here, untimed
     torch.cuda.synchronize()
-    samples = time_launches(launch, flush.zero_, TorchClock(torch), policy)
+    samples, held = _timed(
+        launch, flush.zero_, TorchClock(torch), policy, lambda: _torch_stream(torch)
+    )
     library = (
         f"cuBLAS (strided batched) through torch.bmm (PyTorch {torch.__version__}), fp16 in and out"
     )
-    return {"library": library, "samples_ms": samples}
+    return {"library": library, "samples_ms": samples, "held": held}
 
 
 def _cudnn(workload: Any, seed: int, policy: RepeatPolicy) -> dict[str, Any]:
@@ -243,12 +303,14 @@ def _cudnn(workload: Any, seed: int, policy: RepeatPolicy) -> dict[str, Any]:
 
     launch()  # cuDNN picks its algorithm here (benchmark mode), untimed
     torch.cuda.synchronize()
-    samples = time_launches(launch, flush.zero_, TorchClock(torch), policy)
+    samples, held = _timed(
+        launch, flush.zero_, TorchClock(torch), policy, lambda: _torch_stream(torch)
+    )
     library = (
         f"cuDNN {torch.backends.cudnn.version()} through PyTorch {torch.__version__}, "
         "fp16 channels-last, cudnn.benchmark on"
     )
-    return {"library": library, "samples_ms": samples}
+    return {"library": library, "samples_ms": samples, "held": held}
 
 
 def memops_inputs(torch: Any, workload: Any, seed: int) -> dict[str, Any]:
@@ -301,8 +363,10 @@ def _torch_memops(workload: Any, seed: int, policy: RepeatPolicy) -> dict[str, A
 
     launch()  # PyTorch's first call of the op (kernel selection, allocator), untimed
     torch.cuda.synchronize()
-    samples = time_launches(launch, flush.zero_, TorchClock(torch), policy)
+    samples, held = _timed(
+        launch, flush.zero_, TorchClock(torch), policy, lambda: _torch_stream(torch)
+    )
     library = (
         f"PyTorch {torch.__version__} (CUDA {torch.version.cuda}) kernels: {what}, fp16 in and out"
     )
-    return {"library": library, "samples_ms": samples}
+    return {"library": library, "samples_ms": samples, "held": held}

@@ -74,8 +74,13 @@ def time_launches(
     flush: Callable[[], None],
     clock: Clock,
     policy: RepeatPolicy,
+    hold: Callable[[], None] | None = None,
 ) -> list[float]:
-    """Milliseconds of each timed launch (between min_repeats and max_repeats of them)."""
+    """Milliseconds of each timed launch (between min_repeats and max_repeats of them).
+
+    ``hold``, where given, queues GPU work between the flush and the start event (a spin
+    kernel): while the GPU runs it, the host dispatches the launch, so a library call whose
+    dispatch outlasts the flush is timed on the GPU alone and not with the host's gap."""
     if not policy.timed:
         return []
     for _ in range(policy.warmup):
@@ -86,6 +91,8 @@ def time_launches(
         pairs = [clock.pair() for _ in range(target - len(samples))]
         for start, end in pairs:
             flush()
+            if hold is not None:
+                hold()
             clock.record(start)
             launch()
             clock.record(end)
