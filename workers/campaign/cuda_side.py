@@ -166,7 +166,7 @@ def _flush() -> None:
 
 # A library call's host dispatch (Python, the library's own checks) can outlast the flush
 # kernel, and the start event then waits on the host, not the GPU: on an H200 the baselines
-# under ~100 µs spread by 14-550% from sample to sample while pipetune's own kernels (a raw
+# under ~100 µs spread by 13-550% from sample to sample while pipetune's own kernels (a raw
 # launch) spread by 1-6%. A spin kernel of HOLD_CYCLES between the flush and the start event
 # keeps the GPU busy while the host dispatches the call (workers.runners.timing, ``hold``).
 HOLD_CYCLES = 400_000  # about 200 µs at 2 GHz: longer than any dispatch seen
