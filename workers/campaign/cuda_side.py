@@ -208,6 +208,19 @@ def _torch_stream(torch: Any) -> int:
     return int(torch.cuda.current_stream().cuda_stream)
 
 
+def _torch_timed(torch: Any, launch: Callable[[], None], policy: RepeatPolicy) -> dict[str, Any]:
+    """A PyTorch library call timed: its first call untimed (cuDNN's algorithm search,
+    cuBLAS's handle, PyTorch's kernel selection and allocator), then the held timing loop
+    with a flush buffer of PyTorch's own. The answer less its "library" line."""
+    flush = torch.empty(_STATE["flush_bytes"], dtype=torch.uint8, device="cuda")
+    launch()
+    torch.cuda.synchronize()
+    samples, held = _timed(
+        launch, flush.zero_, TorchClock(torch), policy, lambda: _torch_stream(torch)
+    )
+    return {"samples_ms": samples, "held": held}
+
+
 def _timed(
     launch: Callable[[], None],
     flush: Callable[[], None],
@@ -268,20 +281,14 @@ def _torch_bmm(workload: Any, seed: int, policy: RepeatPolicy) -> dict[str, Any]
     a_host, b_host = make_inputs(workload, seed)
     a, b = torch.from_numpy(a_host).cuda(), torch.from_numpy(b_host).cuda()
     out = torch.empty(operand_shapes(workload)[2], dtype=torch.float16, device="cuda")
-    flush = torch.empty(_STATE["flush_bytes"], dtype=torch.uint8, device="cuda")
 
     def launch() -> None:
         torch.bmm(a, b, out=out)
 
-    launch()  # cuBLAS's handle and workspace are set up here, untimed
-    torch.cuda.synchronize()
-    samples, held = _timed(
-        launch, flush.zero_, TorchClock(torch), policy, lambda: _torch_stream(torch)
-    )
     library = (
         f"cuBLAS (strided batched) through torch.bmm (PyTorch {torch.__version__}), fp16 in and out"
     )
-    return {"library": library, "samples_ms": samples, "held": held}
+    return {"library": library, **_torch_timed(torch, launch, policy)}
 
 
 def _cudnn(workload: Any, seed: int, policy: RepeatPolicy) -> dict[str, Any]:
@@ -295,22 +302,16 @@ def _cudnn(workload: Any, seed: int, policy: RepeatPolicy) -> dict[str, Any]:
     x = torch.from_numpy(a_host).cuda().permute(*channels_first)
     w = torch.from_numpy(b_host).cuda().permute(*channels_first)
     conv = functional.conv2d if spatial == 2 else functional.conv3d
-    flush = torch.empty(_STATE["flush_bytes"], dtype=torch.uint8, device="cuda")
 
     def launch() -> None:
         with torch.no_grad():
             conv(x, w, stride=workload.stride, padding=workload.pad)
 
-    launch()  # cuDNN picks its algorithm here (benchmark mode), untimed
-    torch.cuda.synchronize()
-    samples, held = _timed(
-        launch, flush.zero_, TorchClock(torch), policy, lambda: _torch_stream(torch)
-    )
     library = (
         f"cuDNN {torch.backends.cudnn.version()} through PyTorch {torch.__version__}, "
         "fp16 channels-last, cudnn.benchmark on"
     )
-    return {"library": library, "samples_ms": samples, "held": held}
+    return {"library": library, **_torch_timed(torch, launch, policy)}
 
 
 def memops_inputs(torch: Any, workload: Any, seed: int) -> dict[str, Any]:
@@ -355,18 +356,12 @@ def _torch_memops(workload: Any, seed: int, policy: RepeatPolicy) -> dict[str, A
 
     inputs = memops_inputs(torch, workload, seed)
     op, what = memops_launch(torch, workload, inputs)
-    flush = torch.empty(_STATE["flush_bytes"], dtype=torch.uint8, device="cuda")
 
     def launch() -> None:
         with torch.no_grad():
             op()
 
-    launch()  # PyTorch's first call of the op (kernel selection, allocator), untimed
-    torch.cuda.synchronize()
-    samples, held = _timed(
-        launch, flush.zero_, TorchClock(torch), policy, lambda: _torch_stream(torch)
-    )
     library = (
         f"PyTorch {torch.__version__} (CUDA {torch.version.cuda}) kernels: {what}, fp16 in and out"
     )
-    return {"library": library, "samples_ms": samples, "held": held}
+    return {"library": library, **_torch_timed(torch, launch, policy)}
