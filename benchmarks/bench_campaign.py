@@ -33,13 +33,15 @@ from benchmarks.campaign_data import Campaign, OperatorData, campaign
 from benchmarks.results import write_section
 from pipetune.model.operators import ALCOP, MEMOPS
 from pipetune.model.pipelining import double_buffer_only, non_pipelined
+from pipetune.tuner import metrics
 
 TOP_K = (1, 10, 50)
 
 
 def geomean(values: Iterable[float]) -> float:
-    v = [x for x in values if x > 0 and math.isfinite(x)]
-    return math.exp(sum(math.log(x) for x in v) / len(v)) if v else float("nan")
+    """The tuner benchmark's geomean (0 where any value is 0), nan over no values."""
+    v = list(values)
+    return metrics.geomean(v) if v else float("nan")
 
 
 def best_in_top_k(op: OperatorData, predicted_us: np.ndarray, k: int) -> float:
@@ -80,20 +82,24 @@ def pipelining_class_errors(ops: list[OperatorData]) -> list[str]:
     """Over the tensor-core operators: per (smem_stages, reg_stages) class, the median of the
     calibrated model's log error after each operator's scale, and the class's share of each
     operator's optimum."""
+    # Per operator once: its log errors less its scale, its stages, where its optimum is.
+    per_op = []
+    for op in ops:
+        ok = op.ok & np.isfinite(op.predicted_us)
+        error = np.log(op.predicted_us / op.measured_us)
+        error -= np.median(error[ok])
+        best = op.best[1] if op.best is not None else -1
+        per_op.append(
+            (ok, error, op.space.knobs["smem_stages"], op.space.knobs["reg_stages"], best)
+        )
     rows = []
     for smem in range(1, 7):
         for reg in (1, 2):
             errors, wins = [], 0
-            for op in ops:
-                ok = op.ok & np.isfinite(op.predicted_us)
-                error = np.log(op.predicted_us / op.measured_us)
-                scale = np.median(error[ok])
-                mask = ok & (op.space.knobs["smem_stages"] == smem)
-                mask &= op.space.knobs["reg_stages"] == reg
-                errors.extend((error[mask] - scale).tolist())
-                best = op.best_in(np.ones(len(op.measured_us), dtype=bool))
-                if best is not None and mask[best[1]]:
-                    wins += 1
+            for ok, error, smem_stages, reg_stages, best in per_op:
+                mask = ok & (smem_stages == smem) & (reg_stages == reg)
+                errors.extend(error[mask].tolist())
+                wins += int(best >= 0 and bool(mask[best]))
             if errors:
                 m = float(np.median(errors))
                 rows.append(f"| {smem} | {reg} | {len(errors):,} | {math.exp(m):.2f} | {wins} |")
@@ -140,8 +146,7 @@ def gemm_table(ops: list[OperatorData]) -> tuple[list[str], dict[str, list[float
         "lib_conv": [],
     }
     for op in ops:
-        every = np.ones(len(op.measured_us), dtype=bool)
-        best = op.best_in(every)
+        best = op.best
         flat = op.best_in(non_pipelined(op.space))
         double = op.best_in(double_buffer_only(op.space))
         lib_us = (op.library or {}).get("latency_us")
@@ -180,7 +185,7 @@ def memops_table(ops: list[OperatorData]) -> tuple[list[str], dict[str, list[flo
     ]
     ratios: dict[str, list[float]] = {"fixed": [], "lib": []}
     for op in ops:
-        best = op.best_in(np.ones(len(op.measured_us), dtype=bool))
+        best = op.best
         _, mask = op.family.baseline(op.space)
         fixed = op.best_in(mask)
         lib_us = (op.library or {}).get("latency_us")

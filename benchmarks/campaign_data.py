@@ -56,6 +56,11 @@ class OperatorData:
         space = self.family.space_of(self.workload, gpu, self.space.knobs)
         return np.asarray(self.family.evaluate(space).latency_us, dtype=np.float64)
 
+    @cached_property
+    def best(self) -> tuple[float, int] | None:
+        """(latency µs, row) of the fastest measured schedule."""
+        return self.best_in(np.ones(len(self.measured_us), dtype=bool))
+
     def best_in(self, mask: np.ndarray) -> tuple[float, int] | None:
         """(latency µs, row) of the fastest measured schedule among ``mask``."""
         rows = np.flatnonzero(mask & self.ok)
@@ -108,10 +113,6 @@ class Campaign:
     @cached_property
     def baselines(self) -> dict[str, Any]:
         return read_json(self.folder / "campaign" / "baselines.json")
-
-    @cached_property
-    def summary(self) -> dict[str, Any]:
-        return read_json(self.folder / "campaign" / "campaign.json")
 
     def dataset_paths(self) -> list[Path]:
         return sorted(self.folder.glob("*.t4.json.gz"))

@@ -122,4 +122,4 @@ def run_baselines(
             }
         log(f"baselines: {name}: {shown(entries[name])}")
         checkpoint(document)
-    return not [n for n in operators if n not in entries]
+    return all(name in entries for name in operators)

@@ -178,7 +178,6 @@ extern "C" __global__ void pipetune_hold(long long cycles, long long* out) {
     if (cycles < 0) out[0] = now;  // never: keeps the loop's result alive
 }
 """
-HELD = f"a {HOLD_CYCLES:,}-cycle spin kernel between the flush and the start event"
 
 
 def _hold_on(stream_of: Callable[[], int]) -> Callable[[], None] | None:
