@@ -30,6 +30,7 @@ the worst log throughput seen minus FAIL_PENALTY (e^-2, about 7x slower).
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -192,6 +193,24 @@ class CostModel:
         X = self.features(space)[index]
         y = measured_log_throughput(space, latency_s, failed)
         dtrain = xgb.DMatrix(X, label=y, feature_names=names)
+        rounds = self.refit_rounds if self._prior is not None else self.pretrain_rounds
+        self._booster = xgb.train(
+            self._params(), dtrain, num_boost_round=rounds, xgb_model=self._prior
+        )
+
+    def fit_corpus(self, measured: Sequence[tuple[Any, np.ndarray, np.ndarray]]) -> None:
+        """Fit on measurements of several spaces of one family at once, each given as (space,
+        latency_s of every schedule, failed flags): another GPU's or other shapes' history,
+        which log throughput makes comparable (on top of the prior when there is one)."""
+        if not measured:
+            raise ValueError("fit_corpus needs at least one measured space")
+        names = self.feature_names(measured[0][0])
+        xs, ys = [], []
+        for space, latency_s, failed in measured:
+            self._same_columns(self.feature_names(space))
+            xs.append(self.features(space))
+            ys.append(measured_log_throughput(space, latency_s, failed))
+        dtrain = xgb.DMatrix(np.vstack(xs), label=np.concatenate(ys), feature_names=names)
         rounds = self.refit_rounds if self._prior is not None else self.pretrain_rounds
         self._booster = xgb.train(
             self._params(), dtrain, num_boost_round=rounds, xgb_model=self._prior

@@ -8,6 +8,9 @@ from scipy.stats import spearmanr
 
 from pipetune.model.analytical import evaluate
 from pipetune.model.cost_model import CostModel, measured_log_tflops, predicted_log_tflops
+from pipetune.model.family import family_of
+from pipetune.model.memops.space import MemSpace
+from pipetune.model.memops.workloads import softmax
 from pipetune.model.space import Space
 from pipetune.model.workloads import bmm, gemm
 
@@ -73,3 +76,34 @@ def test_xgb_without_prior_cannot_pretrain_and_must_be_fitted(space):
         m.pretrain([space])
     with pytest.raises(RuntimeError):
         m.predict(space)
+
+
+def test_corpus_fit_carries_a_measured_effect_to_an_unseen_shape(h100, space):
+    """Another GPU's or other shapes' measurements (fit_corpus): an effect the analytical
+    model lacks (one-stage schedules 2x slower) is learned and predicted on a new shape."""
+    corpus = [Space.enumerate(w, h100) for w in (gemm(1024, 1024, 1024), bmm(12, 512, 512, 64))]
+    measured = []
+    for s in corpus:
+        latency = evaluate(s).T_kernel * np.where(s.knobs["smem_stages"] == 1, 2.0, 1.0)
+        measured.append((s, latency, np.zeros(len(s), dtype=bool)))
+    model = CostModel(seed=0)
+    model.fit_corpus(measured)
+    gap = model.predict(space) - predicted_log_tflops(space)  # measured over modelled, log
+    one_stage = space.knobs["smem_stages"] == 1
+    assert np.median(gap[~one_stage]) - np.median(gap[one_stage]) > 0.5  # log 2 = 0.69
+    with pytest.raises(ValueError, match="at least one"):
+        CostModel().fit_corpus([])
+
+
+def test_memops_spaces_pretrain_and_fit_with_the_models_terms(h100):
+    """The memory-intensive family's model terms beside its schedule features (a duplicated
+    column name once made every fit with the analytical features fail)."""
+    space = MemSpace.enumerate(softmax(4096, 768), h100)
+    model = CostModel(seed=0)
+    model.pretrain([space])
+    truth = predicted_log_tflops(space)
+    assert spearmanr(model.predict(space), truth).statistic > 0.95
+    rows = np.arange(0, len(space), 3)
+    latency = family_of(space.workload).evaluate(space).T_kernel[rows] * 1.5
+    model.fit(space, rows, latency, np.zeros(len(rows), dtype=bool))
+    assert model.predict(space).shape == (len(space),)

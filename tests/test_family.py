@@ -102,6 +102,8 @@ def test_each_family_gives_what_the_tuner_needs(h100, workload):
     assert x.shape == (len(space), len(space.feature_names)) and np.isfinite(x).all()
     names, model_x = fam.model_features(space)
     assert model_x.shape == (len(space), len(names)) and np.isfinite(model_x).all()
+    # One column per quantity: the cost model's table is the schedule's features + these.
+    assert not set(names) & set(space.feature_names)
     throughput = fam.throughput(space, prediction.T_kernel)
     assert (throughput > 0).all()
     doc = space[5].as_dict()
