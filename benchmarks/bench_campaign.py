@@ -24,6 +24,7 @@ from __future__ import annotations
 import argparse
 import math
 from collections.abc import Iterable
+from dataclasses import fields, replace
 from pathlib import Path
 
 import numpy as np
@@ -31,6 +32,7 @@ from scipy.stats import spearmanr
 
 from benchmarks.campaign_data import Campaign, OperatorData, campaign
 from benchmarks.results import write_section
+from pipetune.model.hardware import GPUSpec
 from pipetune.model.operators import ALCOP, MEMOPS
 from pipetune.model.pipelining import double_buffer_only, non_pipelined
 from pipetune.tuner import metrics
@@ -234,12 +236,39 @@ def model_table(ops: list[OperatorData]) -> tuple[list[str], dict[str, list[floa
     return lines, agg
 
 
-def report(c: Campaign) -> str:
+def parse_model_set(items: Iterable[str]) -> dict[str, float]:
+    """--model-set FIELD=VALUE pairs (GPUSpec fields), for model ablations."""
+    known = {f.name for f in fields(GPUSpec)}
+    overrides = {}
+    for item in items:
+        name, sep, value = item.partition("=")
+        if not sep or name not in known:
+            raise ValueError(f"--model-set {item!r}: expected FIELD=VALUE with a GPU spec field")
+        try:
+            overrides[name] = float(value)
+        except ValueError:
+            raise ValueError(f"--model-set {item!r}: {value!r} is not a number") from None
+    return overrides
+
+
+def with_model_gpu(op: OperatorData, overrides: dict[str, float]) -> OperatorData:
+    """The operator with the model evaluated on a changed GPU spec (ablation; the
+    measurements are untouched). Zero is allowed here: it removes a term."""
+    if not overrides:
+        return op
+    gpu = replace(op.space.gpu, **overrides, profile=f"{op.space.gpu.profile}+ablation")
+    return replace(op, space=op.family.space_of(op.workload, gpu, op.space.knobs))
+
+
+def report(c: Campaign, model_set: dict[str, float] | None = None) -> str:
     probe = c.probe
     device = probe.get("device", {}) if isinstance(probe.get("device"), dict) else {}
     floor = c.baselines.get("timing_floor_us")
-    alcop = [op for op in c.operators(list(ALCOP)) if op.name in ALCOP]
-    memops = [op for op in c.operators(list(MEMOPS)) if op.name in MEMOPS]
+    overrides = model_set or {}
+    alcop = [with_model_gpu(op, overrides) for op in c.operators(list(ALCOP)) if op.name in ALCOP]
+    memops = [
+        with_model_gpu(op, overrides) for op in c.operators(list(MEMOPS)) if op.name in MEMOPS
+    ]
     gemm_lines, r = gemm_table(alcop)
     mem_lines, rm = memops_table(memops)
     model_gemm, ag = model_table(alcop)
@@ -309,9 +338,23 @@ def main() -> None:
     parser.add_argument("--gpu", required=True, help="the campaign's GPU key (h100, h200)")
     parser.add_argument("--data-dir", type=Path, default=Path("benchmarks/data"))
     parser.add_argument("--write", action="store_true", help="write benchmarks/RESULTS.md")
+    parser.add_argument(
+        "--model-set",
+        action="append",
+        default=[],
+        metavar="FIELD=VALUE",
+        help="ablation: evaluate the model with a GPU spec field replaced (k_step_cycles=0);"
+        " printed only, never written",
+    )
     args = parser.parse_args()
+    try:
+        model_set = parse_model_set(args.model_set)
+    except ValueError as exc:
+        parser.error(str(exc))
+    if model_set and args.write:
+        parser.error("--model-set is an ablation: it is printed, never written to RESULTS.md")
     c = campaign(args.gpu, args.data_dir)
-    body = report(c)
+    body = report(c, model_set)
     print(body)
     if args.write:
         write_section(

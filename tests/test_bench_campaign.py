@@ -114,3 +114,17 @@ def test_the_report_reads_the_committed_measurements(small_campaign: Path):
 def test_a_folder_without_a_campaign_is_a_clear_error(tmp_path: Path):
     with pytest.raises(SystemExit, match="no unpacked campaign"):
         campaign("h200", tmp_path)
+
+
+def test_a_model_ablation_changes_the_model_and_never_the_measurements():
+    op = planted(lambda predicted, space: predicted)
+    without = bench_campaign.with_model_gpu(op, {"k_step_cycles": 0.0})
+    assert np.array_equal(without.measured_us, op.measured_us)
+    assert without.space.gpu.k_step_cycles == 0.0 and op.space.gpu.k_step_cycles > 0
+    # The K-step term is a cost per main-loop iteration: removing it speeds every schedule.
+    assert (without.predicted_us < op.predicted_us).all()
+    assert bench_campaign.with_model_gpu(op, {}) is op
+    assert bench_campaign.parse_model_set(["k_step_cycles=0"]) == {"k_step_cycles": 0.0}
+    for bad in ("k_step=1", "k_step_cycles", "k_step_cycles=many"):
+        with pytest.raises(ValueError, match="--model-set"):
+            bench_campaign.parse_model_set([bad])
