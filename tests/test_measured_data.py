@@ -20,9 +20,11 @@ DATA = Path(__file__).resolve().parent.parent / "benchmarks" / "data"
 MEASURED = sorted(DATA.glob("*/*.t4.json.gz"))
 
 
-def test_there_are_measurements():
-    # The H200 campaign of 2026-11-26: 56 operators. Fewer files means data went missing.
-    assert len(sorted((DATA / "h200").glob("*.t4.json.gz"))) == 56
+@pytest.mark.parametrize(("gpu", "operators"), [("h200", 59), ("h100", 38)])
+def test_there_are_measurements(gpu: str, operators: int):
+    # The campaigns of 2026-11-26: the H200's whole suite (59 operators), the H100's ALCOP
+    # suite and 15 memops operators. Fewer files means data went missing.
+    assert len(sorted((DATA / gpu).glob("*.t4.json.gz"))) == operators
 
 
 @pytest.mark.parametrize("path", MEASURED, ids=[f"{p.parent.name}/{p.name}" for p in MEASURED])
@@ -52,15 +54,17 @@ def test_the_replay_runner_serves_the_measurements_as_recorded():
     assert result.latency_us == pytest.approx(best.time_ms * 1e3)
 
 
-def test_the_model_ranks_the_measured_h200_gemms_with_the_k_step_cost():
+@pytest.mark.parametrize(("gpu", "floor"), [("h200", 0.86), ("h100", 0.83)])
+def test_the_model_ranks_the_measured_gemms_with_the_k_step_cost(gpu: str, floor: float):
     # The model's 10 best-ranked schedules hold 0.878 of each operator's measured optimum
     # (geomean over the ALCOP suite on the H200); without the K-step cost 0.795, because it
-    # preferred BK = 16 tiles. A model change that loses this ground fails here.
+    # preferred BK = 16 tiles. On the H100, measured after the cost was chosen on the H200's
+    # sweeps: 0.844 with it, 0.748 without. A model change that loses this ground fails here.
     from benchmarks.bench_campaign import best_in_top_k, geomean
     from benchmarks.campaign_data import campaign
     from pipetune.model.operators import ALCOP
 
-    ops = [op for op in campaign("h200", DATA).operators(list(ALCOP)) if op.name in ALCOP]
+    ops = [op for op in campaign(gpu, DATA).operators(list(ALCOP)) if op.name in ALCOP]
     assert len(ops) == len(ALCOP)
     top10 = geomean(best_in_top_k(op, op.predicted_us, 10) for op in ops)
-    assert top10 >= 0.86
+    assert top10 >= floor
