@@ -6,6 +6,8 @@ Run (each writes the `pipetune bench tuner --json` document to --save):
         --batch 1 --seeds 30 --jobs 2 --save /tmp/after-b1.json
     python -m benchmarks.bench_tuner run --datasets A B --prior P Q --strategies auto,random \\
         --batch 8 --seeds 30 --save /tmp/transfer.json
+    python -m benchmarks.bench_tuner run --datasets benchmarks/data/h100/MM_*.t4.json.gz \\
+        --learned-prior benchmarks/data/h200 --strategies auto --save /tmp/learned.json
 
 Render runs as markdown tables (per dataset and geomean, mean ± standard error, P scores),
 optionally into a section of benchmarks/RESULTS.md:
@@ -45,6 +47,7 @@ def run(args: argparse.Namespace) -> None:
     files = [*(dev_set(args.dev_set) if args.dev_set else []), *(args.datasets or [])]
     loaded = [recorded_dataset(p) for p in files]
     priors = _priors(args.prior or [], loaded)
+    learned = learned_priors(loaded, args.learned_prior or [])
     budgets = [int(k) for k in args.budgets.split(",")]
     doc = bench(
         loaded,
@@ -57,9 +60,35 @@ def run(args: argparse.Namespace) -> None:
         jobs=args.jobs,
         prior_trials=args.prior_trials,
         first_seed=args.first_seed,
+        learned=learned,
     )
     doc["command"] = " ".join(sys.argv)
     args.save.write_text(json.dumps(doc))
+
+
+def learned_priors(loaded: list, corpus_files: list[Path]) -> dict:
+    """Each of pipetune's datasets' prior mean learned from the --learned-prior datasets of
+    its family, leaving out every record of its own workload on any GPU: the shape is unseen,
+    so the figure says what measurements of other shapes (and GPUs) are worth."""
+    from pipetune.clients.cli.bench_cmds import recorded_dataset
+    from pipetune.tuner.learned_prior import LearnedPriorError, learned_prior
+
+    files = [
+        f for p in corpus_files for f in (sorted(p.glob("*.t4.json.gz")) if p.is_dir() else [p])
+    ]
+    corpus = [d.ours for d in map(recorded_dataset, files) if d.ours is not None]
+    learned = {}
+    for ds in loaded:
+        if ds.ours is None or not corpus:
+            continue
+        mine = ds.ours.space.workload.workload_hash
+        unseen = [r for r in corpus if r.space.workload.workload_hash != mine]
+        try:
+            learned[ds.name] = learned_prior(ds.ours.space, unseen)
+        except LearnedPriorError:
+            continue  # another family: the analytical model stays its prior
+        print(f"{ds.name}: prior {learned[ds.name].source}", file=sys.stderr, flush=True)
+    return learned
 
 
 def merge(paths: list[Path]) -> dict:
@@ -174,6 +203,13 @@ def main() -> None:
     r.add_argument("--datasets", type=Path, nargs="*")
     r.add_argument("--prior", type=Path, nargs="*")
     r.add_argument("--prior-trials", type=int)
+    r.add_argument(
+        "--learned-prior",
+        type=Path,
+        nargs="*",
+        help="measured datasets (files or folders) whose cost model is the prior of each"
+        " dataset of the same family, its own workload left out",
+    )
     r.add_argument("--strategies", default="auto,peers")
     r.add_argument("--budgets", default="10,20,50,100")
     r.add_argument("--batch", type=int, default=8)

@@ -179,6 +179,8 @@ def _table(ds_index: int, strategy: str) -> np.ndarray:
     source = priors.get(ds.name)
     uses_prior = strategy in STRATEGY_MAP and STRATEGY_MAP[strategy].uses_prior
     prior = prior_for(ds, source.configs) if source and not prior_trials else None
+    if source is None:
+        prior = _RUN["learned"].get(ds.name)
     table = np.zeros((seeds, len(budgets)))
     for i, seed in enumerate(range(first, first + seeds)):
         if source and prior_trials and uses_prior:
@@ -201,13 +203,18 @@ def bench(
     jobs: int = 1,
     first_seed: int = 0,
     prior_trials: int | None = None,
+    learned: Mapping[str, PriorMean] | None = None,
 ) -> dict:
     """`priors` maps a dataset's name to a recorded space of the same kernel elsewhere; with
     `prior_trials`, only what a task of that many trials of `auto` measured there (per seed).
+    `learned` maps a dataset's name to a prior mean learned from other spaces' measurements
+    (tuner/learned_prior.py), for the datasets without a recorded prior.
     `jobs` > 1 runs (dataset, strategy) pairs in forked processes; the results are the same.
     Seeds are first_seed .. first_seed + seeds - 1 (a long run can be split and merged)."""
     priors = dict(priors or {})
+    learned = dict(learned or {})
     _RUN.update(datasets=list(datasets), priors=priors, budgets=list(budgets), seeds=seeds)
+    _RUN.update(learned=learned)
     _RUN.update(batch=batch, first_seed=first_seed, prior_trials=prior_trials)
     pairs = [(i, s) for i in range(len(datasets)) for s in strategies]
     # best[strategy][dataset] = array (seeds, len(budgets))
@@ -249,6 +256,7 @@ def bench(
         "datasets": [d.name for d in datasets],
         "priors": {name: p.name + sampled for name, p in priors.items()},
         "prior_trials": prior_trials,
+        "learned_priors": {name: p.source for name, p in learned.items()},
         "random": {
             name: dict(zip(map(str, budgets), values, strict=True))
             for name, values in randoms.items()

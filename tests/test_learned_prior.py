@@ -1,0 +1,79 @@
+"""A prior mean learned from other spaces' measurements (tuner/learned_prior.py), and the
+tuner benchmark's use of it (a learned prior per dataset, its own workload left out)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from pipetune.model.analytical import evaluate
+from pipetune.model.cost_model import predicted_log_throughput
+from pipetune.model.hardware import get_gpu
+from pipetune.model.memops.space import MemSpace
+from pipetune.model.memops.workloads import softmax
+from pipetune.model.space import Space
+from pipetune.model.workloads import bmm, gemm
+from pipetune.tuner.bench import Dataset, bench
+from pipetune.tuner.bo import PriorMean
+from pipetune.tuner.learned_prior import LearnedPriorError, corpus_for, learned_prior
+from pipetune.tuner.offline import RecordedSpace
+from pipetune.tuner.recorded import RecordedConfigs
+
+
+def one_stage_twice_as_slow(space: Space) -> RecordedSpace:
+    """'Measurements' with an effect the analytical model lacks: one-stage schedules 2x slower."""
+    factor = np.where(space.knobs["smem_stages"] == 1, 2.0, 1.0)
+    return RecordedSpace(space, evaluate(space).T_kernel * factor)
+
+
+@pytest.fixture(scope="module")
+def corpus(h100) -> list[RecordedSpace]:
+    h200 = get_gpu("h200")
+    return [
+        one_stage_twice_as_slow(Space.enumerate(gemm(1024, 1024, 1024), h200)),
+        one_stage_twice_as_slow(Space.enumerate(bmm(12, 512, 512, 64), h100)),
+    ]
+
+
+def test_the_corpus_is_the_same_family_without_the_space_itself(h100, corpus):
+    target = Space.enumerate(gemm(1024, 1024, 1024), h100)  # measured on the H200 only
+    memops = RecordedSpace(
+        MemSpace.enumerate(softmax(4096, 768), h100), np.full(1, 1e-5)
+    )  # another family: its features are other columns
+    own = RecordedSpace(target, evaluate(target).T_kernel)
+    assert corpus_for(target, [*corpus, memops, own]) == corpus
+
+
+def test_the_learned_prior_carries_the_measured_effect_to_a_new_shape(h100, corpus):
+    space = Space.enumerate(gemm(2048, 768, 3072), h100)
+    prior = learned_prior(space, corpus)
+    assert prior.values.shape == (len(space),) and prior.recorded is None
+    assert "2 measured shapes on h100, h200" in prior.source
+    gap = prior.values - predicted_log_throughput(space)
+    one_stage = space.knobs["smem_stages"] == 1
+    assert np.median(gap[~one_stage]) - np.median(gap[one_stage]) > 0.5  # log 2 = 0.69
+
+
+def test_nothing_to_learn_from_is_a_clear_error(h100):
+    space = Space.enumerate(gemm(512, 512, 512), h100)
+    with pytest.raises(LearnedPriorError, match="tensor_gemm family"):
+        learned_prior(space, [RecordedSpace(space, evaluate(space).T_kernel)])
+
+
+def test_the_benchmark_hands_the_learned_prior_to_the_strategies_that_take_one(h100):
+    space = Space.enumerate(gemm(512, 256, 1024), h100)
+    # Measurements the analytical model ranks backwards...
+    rec = RecordedSpace(space, 1e-8 / evaluate(space).T_kernel)
+    ds = Dataset("noisy", RecordedConfigs.from_recorded_space("noisy", rec), rec)
+    # ... and a prior that knows them (what a perfect cost model would learn).
+    oracle = PriorMean(values=-np.log(rec.latency_s), source="the measurements themselves")
+    with_prior = bench([ds], ["auto", "random"], [8], seeds=2, learned={ds.name: oracle})
+    without = bench([ds], ["auto", "random"], [8], seeds=2)
+    assert with_prior["learned_priors"] == {"noisy": "the measurements themselves"}
+    by = {
+        (label, r["strategy"]): r["best_in_k"]
+        for label, doc in (("with", with_prior), ("without", without))
+        for r in doc["results"]
+    }
+    assert by[("with", "random")] == by[("without", "random")]  # random takes no prior
+    assert by[("with", "auto")] == 1.0 > by[("without", "auto")]  # the prior's best first
