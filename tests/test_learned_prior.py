@@ -51,7 +51,9 @@ def test_the_learned_prior_carries_the_measured_effect_to_a_new_shape(h100, corp
     assert "2 measured shapes on h100, h200" in prior.source
     gap = prior.values - predicted_log_throughput(space)
     one_stage = space.knobs["smem_stages"] == 1
-    assert np.median(gap[~one_stage]) - np.median(gap[one_stage]) > 0.5  # log 2 = 0.69
+    # Half of the learned log 2 (0.69): the prior is the average of the learned and the
+    # analytical model, and the analytical model knows nothing of the effect.
+    assert 0.25 < np.median(gap[~one_stage]) - np.median(gap[one_stage]) < 0.5
 
 
 def test_nothing_to_learn_from_is_a_clear_error(h100):
