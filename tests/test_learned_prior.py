@@ -79,3 +79,22 @@ def test_the_benchmark_hands_the_learned_prior_to_the_strategies_that_take_one(h
     }
     assert by[("with", "random")] == by[("without", "random")]  # random takes no prior
     assert by[("with", "auto")] == 1.0 > by[("without", "auto")]  # the prior's best first
+
+
+def test_the_benchmark_leaves_the_datasets_own_workload_out_on_every_gpu(tmp_path):
+    """`bench_tuner run --learned-prior`: the H200's record of the same operator is not
+    learned from (the shape must be unseen), the H200's other operator is."""
+    import shutil
+    from pathlib import Path
+
+    from benchmarks.bench_tuner import learned_priors
+    from pipetune.clients.cli.bench_cmds import recorded_dataset
+
+    data = Path(__file__).resolve().parent.parent / "benchmarks" / "data"
+    for name in ("BMM_BERT_QK", "MM_RN50_FC", "Softmax_BERT_b1_s128"):
+        shutil.copy(data / "h200" / f"{name}.t4.json.gz", tmp_path)
+    target = recorded_dataset(data / "h100" / "BMM_BERT_QK.t4.json.gz")
+    memops = recorded_dataset(data / "h100" / "Softmax_BERT_b1_s128.t4.json.gz")
+    priors = learned_priors([target, memops], [tmp_path])
+    assert priors[target.name].source.endswith("a cost model of 1 measured shapes on h200")
+    assert memops.name not in priors  # its own shape is the folder's only memops record
