@@ -66,28 +66,14 @@ def run(args: argparse.Namespace) -> None:
     args.save.write_text(json.dumps(doc))
 
 
-def learned_priors(loaded: list, corpus_files: list[Path]) -> dict:
-    """Each of pipetune's datasets' prior mean learned from the --learned-prior datasets of
-    its family, leaving out every record of its own workload on any GPU: the shape is unseen,
-    so the figure says what measurements of other shapes (and GPUs) are worth."""
-    from pipetune.clients.cli.bench_cmds import recorded_dataset
-    from pipetune.tuner.learned_prior import LearnedPriorError, learned_prior
+def learned_priors(loaded: list, corpus_paths: list[Path]) -> dict:
+    """Each of pipetune's datasets' prior learned from the --learned-prior datasets of its
+    family, its own workload left out on every GPU (`pipetune bench tuner --learned-prior`)."""
+    from pipetune.clients.cli.bench_cmds import _learned
 
-    files = [
-        f for p in corpus_files for f in (sorted(p.glob("*.t4.json.gz")) if p.is_dir() else [p])
-    ]
-    corpus = [d.ours for d in map(recorded_dataset, files) if d.ours is not None]
-    learned = {}
-    for ds in loaded:
-        if ds.ours is None or not corpus:
-            continue
-        mine = ds.ours.space.workload.workload_hash
-        unseen = [r for r in corpus if r.space.workload.workload_hash != mine]
-        try:
-            learned[ds.name] = learned_prior(ds.ours.space, unseen)
-        except LearnedPriorError:
-            continue  # another family: the analytical model stays its prior
-        print(f"{ds.name}: prior {learned[ds.name].source}", file=sys.stderr, flush=True)
+    learned = _learned(corpus_paths, loaded)
+    for name, prior in learned.items():
+        print(f"{name}: prior {prior.source}", file=sys.stderr, flush=True)
     return learned
 
 

@@ -98,3 +98,29 @@ def test_the_benchmark_leaves_the_datasets_own_workload_out_on_every_gpu(tmp_pat
     priors = learned_priors([target, memops], [tmp_path])
     assert priors[target.name].source.endswith("a cost model of 1 measured shapes on h200")
     assert memops.name not in priors  # its own shape is the folder's only memops record
+
+
+def test_pipetune_bench_tuner_takes_a_learned_prior(tmp_path):
+    import json
+    import shutil
+    from pathlib import Path
+
+    from typer.testing import CliRunner
+
+    from pipetune.clients.cli.main import app
+
+    data = Path(__file__).resolve().parent.parent / "benchmarks" / "data"
+    shutil.copy(data / "h200" / "MM_RN50_FC.t4.json.gz", tmp_path)
+    target = str(data / "h100" / "BMM_BERT_QK.t4.json.gz")
+    args = ["bench", "tuner", "--dataset", target, "--strategies", "auto", "--seeds", "1"]
+    result = CliRunner().invoke(
+        app, [*args, "--budgets", "8", "--learned-prior", str(tmp_path), "--json"]
+    )
+    assert result.exit_code == 0, result.output
+    doc = json.loads(result.stdout)
+    (source,) = doc["learned_priors"].values()
+    assert source.endswith("a cost model of 1 measured shapes on h200")
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    refused = CliRunner().invoke(app, [*args, "--learned-prior", str(empty)])
+    assert refused.exit_code == 2 and "no *.t4.json.gz dataset" in refused.output

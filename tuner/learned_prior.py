@@ -77,6 +77,26 @@ def learned_prior(space: Any, corpus: Sequence[RecordedSpace], seed: int = 0) ->
     )
 
 
+def unseen_shape_priors(
+    datasets: Sequence[Any], corpus: Sequence[RecordedSpace]
+) -> dict[str, PriorMean]:
+    """Each of pipetune's datasets' (tuner.bench.Dataset) learned prior, with every record of
+    its own workload left out on every GPU: the shape is unseen, so a benchmark says what
+    measurements of other shapes are worth. A dataset with nothing of its family to learn
+    from keeps the analytical model (it is left out of the answer)."""
+    priors = {}
+    for ds in datasets:
+        if ds.ours is None:
+            continue
+        mine = ds.ours.space.workload.workload_hash
+        unseen = [r for r in corpus if r.space.workload.workload_hash != mine]
+        try:
+            priors[ds.name] = learned_prior(ds.ours.space, unseen)
+        except LearnedPriorError:
+            continue
+    return priors
+
+
 def _succeeded(latency_s: np.ndarray) -> np.ndarray:
     latency_s = np.asarray(latency_s, dtype=np.float64)
     return np.isfinite(latency_s) & (latency_s > 0)

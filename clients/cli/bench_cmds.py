@@ -125,6 +125,26 @@ def _priors(priors: list[Path], loaded: list[Dataset]) -> dict:
     return chosen
 
 
+def _learned(paths: list[Path], loaded: list[Dataset]) -> dict:
+    """--learned-prior: measured pipetune datasets (files, or folders of *.t4.json.gz) whose
+    cost model is the prior of each loaded dataset of their family, its own shape left out."""
+    from pipetune.tuner.learned_prior import unseen_shape_priors
+    from pipetune.workers.datasets import DatasetError
+
+    files = [f for p in paths for f in (sorted(p.glob("*.t4.json.gz")) if p.is_dir() else [p])]
+    if paths and not files:
+        raise CliError(
+            f"--learned-prior: no *.t4.json.gz dataset in {', '.join(map(str, paths))}", 2
+        )
+    try:
+        corpus = [d.ours for d in map(recorded_dataset, files)]
+    except DatasetError as exc:
+        raise CliError(f"--learned-prior: {exc}", 2) from None
+    if any(r is None for r in corpus):
+        raise CliError("--learned-prior: only pipetune's measured datasets can teach a prior", 2)
+    return unseen_shape_priors(loaded, [r for r in corpus if r is not None])
+
+
 def _cell(value: float, se: float) -> str:
     return f"{value:.3f} ± {se:.3f}"
 
@@ -159,6 +179,13 @@ def tuner(
         help="warm-start from only the first N trials that auto makes on the --prior dataset "
         "(what a finished task there holds: the service's prior_task), not the whole dataset",
     ),
+    learned_prior: list[Path] = typer.Option(
+        None,
+        "--learned-prior",
+        help="measured pipetune datasets (files or folders): a cost model of their other "
+        "shapes, averaged with the analytical model, is the prior of bo, analytical+xgb and "
+        "auto on each dataset of their family (its own shape left out on every GPU)",
+    ),
     jobs: int = typer.Option(1, "--jobs", min=1, help="worker processes (results do not change)"),
     as_json: bool = typer.Option(False, "--json"),
 ) -> None:
@@ -187,6 +214,7 @@ def tuner(
     priors = _priors(prior or [], loaded)
     if prior_trials is not None and not priors:
         raise CliError("--prior-trials: give the --prior dataset the trials are taken from", 2)
+    learned = _learned(learned_prior or [], loaded)
     with console.status("benchmarking") as status:
         doc = bench(
             loaded,
@@ -198,6 +226,7 @@ def tuner(
             priors=priors,
             jobs=jobs,
             prior_trials=prior_trials,
+            learned=learned,
         )
     if as_json:
         print_json(doc)
