@@ -191,12 +191,7 @@ class CostModel:
         names = self.feature_names(space)
         self._same_columns(names)
         X = self.features(space)[index]
-        y = measured_log_throughput(space, latency_s, failed)
-        dtrain = xgb.DMatrix(X, label=y, feature_names=names)
-        rounds = self.refit_rounds if self._prior is not None else self.pretrain_rounds
-        self._booster = xgb.train(
-            self._params(), dtrain, num_boost_round=rounds, xgb_model=self._prior
-        )
+        self._refit(X, measured_log_throughput(space, latency_s, failed), names)
 
     def fit_corpus(self, measured: Sequence[tuple[Any, np.ndarray, np.ndarray]]) -> None:
         """Fit on measurements of several spaces of one family at once, each given as (space,
@@ -210,7 +205,11 @@ class CostModel:
             self._same_columns(self.feature_names(space))
             xs.append(self.features(space))
             ys.append(measured_log_throughput(space, latency_s, failed))
-        dtrain = xgb.DMatrix(np.vstack(xs), label=np.concatenate(ys), feature_names=names)
+        self._refit(np.vstack(xs), np.concatenate(ys), names)
+
+    def _refit(self, X: np.ndarray, y: np.ndarray, names: list[str]) -> None:
+        """Boost on measurements: on top of the prior (its residual) or from scratch."""
+        dtrain = xgb.DMatrix(X, label=y, feature_names=names)
         rounds = self.refit_rounds if self._prior is not None else self.pretrain_rounds
         self._booster = xgb.train(
             self._params(), dtrain, num_boost_round=rounds, xgb_model=self._prior

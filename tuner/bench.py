@@ -178,9 +178,10 @@ def _table(ds_index: int, strategy: str) -> np.ndarray:
     top = max(budgets)
     source = priors.get(ds.name)
     uses_prior = strategy in STRATEGY_MAP and STRATEGY_MAP[strategy].uses_prior
-    prior = prior_for(ds, source.configs) if source and not prior_trials else None
     if source is None:
         prior = _RUN["learned"].get(ds.name)
+    else:
+        prior = prior_for(ds, source.configs) if not prior_trials else None
     table = np.zeros((seeds, len(budgets)))
     for i, seed in enumerate(range(first, first + seeds)):
         if source and prior_trials and uses_prior:
@@ -213,8 +214,8 @@ def bench(
     Seeds are first_seed .. first_seed + seeds - 1 (a long run can be split and merged)."""
     priors = dict(priors or {})
     learned = dict(learned or {})
-    _RUN.update(datasets=list(datasets), priors=priors, budgets=list(budgets), seeds=seeds)
-    _RUN.update(learned=learned)
+    _RUN.update(datasets=list(datasets), priors=priors, learned=learned, budgets=list(budgets))
+    _RUN.update(seeds=seeds)
     _RUN.update(batch=batch, first_seed=first_seed, prior_trials=prior_trials)
     pairs = [(i, s) for i in range(len(datasets)) for s in strategies]
     # best[strategy][dataset] = array (seeds, len(budgets))

@@ -63,7 +63,7 @@ def learned_prior(space: Any, corpus: Sequence[RecordedSpace], seed: int = 0) ->
             "this one to learn from"
         )
     model = CostModel(seed=seed, use_analytical=True)
-    model.fit_corpus([(r.space, r.latency_s, ~_succeeded(r.latency_s)) for r in usable])
+    model.fit_corpus([(r.space, r.latency_s, r.throughput <= 0) for r in usable])
     learned = np.asarray(model.predict(space), dtype=np.float64)
     analytical = predicted_log_throughput(space)
     values = np.median(learned) + LEARNED_WEIGHT * (learned - np.median(learned))
@@ -95,8 +95,3 @@ def unseen_shape_priors(
         except LearnedPriorError:
             continue
     return priors
-
-
-def _succeeded(latency_s: np.ndarray) -> np.ndarray:
-    latency_s = np.asarray(latency_s, dtype=np.float64)
-    return np.isfinite(latency_s) & (latency_s > 0)

@@ -137,12 +137,13 @@ def _learned(paths: list[Path], loaded: list[Dataset]) -> dict:
             f"--learned-prior: no *.t4.json.gz dataset in {', '.join(map(str, paths))}", 2
         )
     try:
-        corpus = [d.ours for d in map(recorded_dataset, files)]
+        corpus = [recorded_dataset(f).ours for f in files]
     except DatasetError as exc:
         raise CliError(f"--learned-prior: {exc}", 2) from None
-    if any(r is None for r in corpus):
+    records = [r for r in corpus if r is not None]
+    if len(records) < len(corpus):
         raise CliError("--learned-prior: only pipetune's measured datasets can teach a prior", 2)
-    return unseen_shape_priors(loaded, [r for r in corpus if r is not None])
+    return unseen_shape_priors(loaded, records)
 
 
 def _cell(value: float, se: float) -> str:
