@@ -49,6 +49,12 @@ class RunnerKind(StrEnum):
         return _ADJECTIVES[self]
 
 
+def is_simulated(runner: str | None) -> bool:
+    """Whether a result's runner string says its latency is the analytical model's: the
+    simulated runner, or a replay of a simulated sweep ("replay:simulated")."""
+    return RunnerKind.SIMULATED.value in (runner or "").split(":")
+
+
 _ADJECTIVES = {
     RunnerKind.CUPY: "measured",
     RunnerKind.REPLAY: "replayed",

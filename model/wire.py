@@ -175,6 +175,11 @@ PRIOR_GPU_DESCRIPTION = (
     "instead of prior_task: warm-start from the finished task of the same workload on this GPU "
     "with the most successful trials (the newest of those); the task records which one"
 )
+LEARNED_PRIOR_DESCRIPTION = (
+    "instead of prior_task: the prior mean is a cost model fitted to every finished task of "
+    "the same kernel family measured on a GPU (other shapes, other GPUs; simulated trials never "
+    "count), averaged with the analytical model; the task records which tasks (learned_from)"
+)
 
 
 class FieldError(ValueError):
@@ -191,6 +196,7 @@ class _PriorFields(_Request):
 
     prior_task: int | None = Field(None, ge=1, le=2**31 - 1, description=PRIOR_TASK_DESCRIPTION)
     prior_gpu: str | None = Field(None, description=PRIOR_GPU_DESCRIPTION)
+    learned_prior: bool = Field(False, description=LEARNED_PRIOR_DESCRIPTION)
 
     @field_validator("prior_gpu")
     @classmethod
@@ -206,6 +212,11 @@ class _PriorFields(_Request):
     def _one_prior(self) -> Any:
         if self.prior_task is not None and self.prior_gpu is not None:
             raise FieldError("prior_gpu", "give prior_task or prior_gpu, not both")
+        if self.learned_prior and (self.prior_task is not None or self.prior_gpu is not None):
+            given = "prior_task" if self.prior_task is not None else "prior_gpu"
+            raise FieldError(
+                "learned_prior", f"give {given} or learned_prior, not both (one prior per task)"
+            )
         return self
 
 
@@ -268,6 +279,8 @@ class TaskDoc(_Body):
     budget: int
     seed: int
     prior_task: int | None = None  # the task whose trials warm-started this one
+    # The finished, measured tasks whose cost model is this task's prior (learned_prior).
+    learned_from: list[int] | None = None
     # The recorded dataset an imported task's trials came from (not tuned by the service).
     imported_from: str | None = None
     trials_done: int  # trials with a final result (failed ones included)

@@ -58,7 +58,9 @@ from pipetune.service.priors import (
     PriorError,
     check_prior_task,
     check_strategy,
+    learned_tasks,
     prior_from_task,
+    prior_from_tasks,
     prior_task_on,
 )
 from pipetune.service.records import workload_row
@@ -105,7 +107,7 @@ FROM cas
 
 READ_TASK_SQL = """
 SELECT t.state, t.workload_id, t.gpu, t.strategy, t.seed, t.budget, t.batches,
-    t.trials_enqueued, t.trials_target, t.batch_size, t.prior_task,
+    t.trials_enqueued, t.trials_target, t.batch_size, t.prior_task, t.learned_from,
     (SELECT count(*) FROM jobs j WHERE j.task_id = t.id AND j.state = ANY(%(outstanding)s)
         AND j.batch < t.batches - CASE WHEN t.strategy = ANY(%(ahead)s) THEN 1 ELSE 0 END
     ) AS older,
@@ -181,6 +183,16 @@ class _TaskView:
     target: int
     batch_size: int
     prior_task: int | None
+    learned_from: tuple[int, ...] | None
+
+
+def _ids(learned_from: Any) -> tuple[int, ...] | None:
+    """The learned_from column as read back: a JSON array (psycopg may hand back the text)."""
+    if learned_from is None:
+        return None
+    if isinstance(learned_from, str):
+        learned_from = json.loads(learned_from)
+    return tuple(int(i) for i in learned_from)
 
 
 def _is_current(live: _Live | None, task: _TaskView) -> bool:
@@ -245,7 +257,8 @@ class Driver:
         # once per space, shared by every session of that workload on that GPU.
         self._spaces: OrderedDict[tuple[str, str], tuple[FamilySpace, np.ndarray]] = OrderedDict()
         self._spaces_lock = threading.Lock()  # guards _priors too (Driver._cached)
-        self._priors: OrderedDict[tuple[int, str, str], PriorMean] = OrderedDict()
+        # Priors by (where from, workload hash, GPU): a task id, or the learned-from ids.
+        self._priors: OrderedDict[tuple[Any, str, str], PriorMean] = OrderedDict()
         self._workloads: dict[int, Any] = {}
         # Schedules read back from job rows, by (family, document): frozen, so shareable.
         self._parsed: dict[tuple[str, tuple, tuple], Any] = {}
@@ -283,9 +296,14 @@ class Driver:
         seed: int,
         budget: int,
         prior_task: int | None = None,
+        learned_from: tuple[int, ...] | None = None,
     ) -> _Live:
         space, predicted = self._space(workload, gpu)
-        prior = None if prior_task is None else self._prior(prior_task, workload, gpu, space)
+        prior = None
+        if prior_task is not None:
+            prior = self._prior(prior_task, workload, gpu, space)
+        elif learned_from is not None:
+            prior = self._learned_prior(learned_from, workload, gpu, space)
         session = TuningSession(
             workload, space.gpu, strategy, seed, budget, space=space, prior=prior
         )
@@ -300,6 +318,19 @@ class Driver:
                 return prior_from_task(conn, prior_task, space)
 
         return self._cached(self._priors, (prior_task, workload.workload_hash, gpu), build)
+
+    def _learned_prior(
+        self, learned_from: tuple[int, ...], workload: Any, gpu: str, space: FamilySpace
+    ) -> PriorMean:
+        """The prior a cost model of those finished tasks' trials gives this space; cached
+        (finished tasks' trials do not change)."""
+
+        def build() -> PriorMean:
+            with self.db.read_conn() as conn:
+                return prior_from_tasks(conn, list(learned_from), space)
+
+        key = (learned_from, workload.workload_hash, gpu)
+        return self._cached(self._priors, key, build)
 
     @staticmethod
     def _propose(live: _Live, n: int) -> tuple[list[Any], list[float]]:
@@ -336,12 +367,20 @@ class Driver:
             body = self._resolve_prior_gpu(body, where)
         if body.prior_task is not None:
             self._check_prior(body, where)
+        learned_from = self._learned_from(body, where) if body.learned_prior else None
         try:
             live = self._new_live(
-                body.workload, body.gpu, body.strategy, body.seed, body.budget, body.prior_task
+                body.workload,
+                body.gpu,
+                body.strategy,
+                body.seed,
+                body.budget,
+                body.prior_task,
+                learned_from,
             )
         except PriorError as exc:  # no schedule in common with the prior's
-            raise InputError([*where, "prior_task"], str(exc)) from None
+            field = "prior_task" if learned_from is None else "learned_prior"
+            raise InputError([*where, field], str(exc)) from None
         if len(live.session.space) == 0:
             raise InputError(
                 [*where[:1], "workload"], f"no schedule of the kernel family is valid on {body.gpu}"
@@ -362,6 +401,7 @@ class Driver:
                 budget=body.budget,
                 seed=body.seed,
                 prior_task=body.prior_task,
+                learned_from=None if learned_from is None else list(learned_from),
                 batch_size=self.settings.batch_size,
                 state=TaskState.QUEUED,
                 batches=len(batches),
@@ -393,6 +433,18 @@ class Driver:
         except PriorError as exc:
             raise InputError([*where, "prior_gpu"], str(exc)) from None
         return body.model_copy(update={"prior_task": task, "prior_gpu": None})
+
+    def _learned_from(self, body: TaskCreate, where: tuple[str, ...]) -> tuple[int, ...]:
+        """The tasks a learned prior reads (recorded on the task: replicas rebuild from them)."""
+        try:
+            check_strategy(body.strategy)
+        except PriorError as exc:
+            raise InputError([*where, "strategy"], str(exc)) from None
+        try:
+            with self.db.read_conn() as conn:
+                return tuple(learned_tasks(conn, body.workload, body.gpu))
+        except PriorError as exc:
+            raise InputError([*where, "learned_prior"], str(exc)) from None
 
     def _check_prior(self, body: TaskCreate, where: tuple[str, ...]) -> None:
         assert body.prior_task is not None
@@ -522,6 +574,7 @@ class Driver:
                         TASKS.c.trials_target,
                         TASKS.c.batch_size,
                         TASKS.c.prior_task,
+                        TASKS.c.learned_from,
                     ).where(TASKS.c.id == task_id)
                 ).first()
                 if row is not None:
@@ -538,6 +591,7 @@ class Driver:
         task = _TaskView(
             row.workload_id, row.gpu, row.strategy, row.seed, row.budget, row.batches,
             row.trials_enqueued, row.trials_target, row.batch_size, row.prior_task,
+            _ids(row.learned_from),
         )  # fmt: skip
         return task, row.state, older, outstanding
 
@@ -621,7 +675,13 @@ class Driver:
         try:
             if rebuild:
                 live = self._new_live(
-                    workload, task.gpu, task.strategy, task.seed, task.budget, task.prior_task
+                    workload,
+                    task.gpu,
+                    task.strategy,
+                    task.seed,
+                    task.budget,
+                    task.prior_task,
+                    task.learned_from,
                 )
             assert live is not None
             self._roll_forward(live, _by_batch(views), task.version, waits_on)

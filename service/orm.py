@@ -79,6 +79,10 @@ class TaskRow(Base):
     # A finished task of the same workload on another GPU whose trials are this task's prior
     # (model.wire.TaskCreate.prior_task); immutable once finished, so every replay is exact.
     prior_task: Mapped[int | None] = mapped_column(ForeignKey("tasks.id"))
+    # The finished, measured tasks whose cost model is this task's prior mean, in id order
+    # (TaskCreate.learned_prior): chosen once, when the task is created, so that every replica
+    # fits the same model on the same trials and replays the task exactly.
+    learned_from: Mapped[list[int] | None] = mapped_column(JSON)
     # The dataset file an imported task's trials came from (`pipetune db import-dataset`): its
     # trials were measured elsewhere, not tuned here; None for a task the service ran.
     imported_from: Mapped[str | None] = mapped_column(String(512))

@@ -1,4 +1,5 @@
-"""A task's prior: the trials of a finished task of the same workload on another GPU.
+"""A task's prior: the trials of a finished task of the same workload on another GPU, or a
+cost model learned from every finished, measured task of the same kernel family.
 
 A user who tuned a kernel on one GPU and tunes it on another names the first task
 (`TaskCreate.prior_task`): its measurements warm-start the search (tuner/transfer.py), where
@@ -6,6 +7,12 @@ it measured; pipetune's analytical model guesses the rest of the space (a task m
 few dozen of its schedules). Only a finished task qualifies: its trials no longer change, so
 every replica that rebuilds the session from the task's record reads the same prior, and the
 replay of its batches stays exact.
+
+The learned prior (`TaskCreate.learned_prior`, tuner/learned_prior.py) reads many tasks: other
+shapes of the family, on this GPU and others. Which ones is decided once, when the task is
+created, and recorded on it (`TaskRow.learned_from`): a replica that rebuilds the session
+fits the same model (XGBoost on one thread, bit-for-bit) on the same finished trials, however
+many tasks have finished since.
 """
 
 from __future__ import annotations
@@ -13,12 +20,16 @@ from __future__ import annotations
 from typing import Any
 
 import numpy as np
-from sqlalchemy import Connection, select
+from sqlalchemy import Connection, and_, exists, not_, or_, select
 
-from pipetune.model.family import FamilySpace, family_of
+from pipetune.model.family import FamilySpace, family_of, parse_any_workload
+from pipetune.model.hardware import get_gpu
 from pipetune.model.states import FINAL_TASK_STATES, TaskState
+from pipetune.model.trials import RunnerKind
 from pipetune.service.orm import JobRow, TaskRow, WorkloadRow
 from pipetune.tuner.bo import PriorMean
+from pipetune.tuner.learned_prior import LearnedPriorError, learned_prior
+from pipetune.tuner.offline import RecordedSpace
 from pipetune.tuner.recorded import RecordedConfigs
 from pipetune.tuner.strategies import STRATEGY_MAP
 from pipetune.tuner.transfer import TransferError, recorded_prior
@@ -130,3 +141,91 @@ def prior_from_task(conn: Connection, prior_task: int, space: FamilySpace) -> Pr
         return recorded_prior(recorded, rows_here, names, sampled=True)
     except TransferError as exc:
         raise PriorError(str(exc)) from None
+
+
+# The most tasks a learned prior reads: the ones with the most successful trials (then the
+# newest). An exhaustive sweep of a few thousand schedules is one task, and a hundred of them
+# fit in about two seconds of one core (XGBoost, benchmarks/RESULTS.md); a fleet's thousands
+# of short tasks would add little that the largest ones do not already teach.
+MAX_LEARNED_TASKS = 100
+
+
+def learned_tasks(conn: Connection, workload: Any, gpu: str) -> list[int]:
+    """The tasks a learned prior for `workload` on `gpu` reads, in id order: finished tasks
+    of the same kernel family with a successful trial, every result of which was measured on
+    a GPU (no simulated or replayed-simulated runner, which would teach the analytical model
+    back to itself), other than this workload on this GPU (its own record is its answer, not
+    a prior). PriorError when there is none."""
+    fam = family_of(workload)
+    succeeded = TaskRow.trials_done - TaskRow.trials_failed
+    simulated = or_(
+        JobRow.runner.is_(None),
+        JobRow.runner.like(f"{RunnerKind.SIMULATED.value}%"),
+        JobRow.runner.like(f"%:{RunnerKind.SIMULATED.value}%"),
+    )
+    not_measured = exists().where(
+        JobRow.task_id == TaskRow.id, JobRow.status.is_not(None), simulated
+    )
+    found = conn.scalars(
+        select(TaskRow.id)
+        .join(WorkloadRow, TaskRow.workload_id == WorkloadRow.id)
+        .where(
+            WorkloadRow.op.in_(sorted(fam.ops)),
+            TaskRow.state.in_(FINAL_TASK_STATES),
+            succeeded > 0,
+            not_(and_(WorkloadRow.hash == workload.workload_hash, TaskRow.gpu == gpu)),
+            not_(not_measured),
+        )
+        .order_by(succeeded.desc(), TaskRow.id.desc())
+        .limit(MAX_LEARNED_TASKS)
+    ).all()
+    if not found:
+        raise PriorError(
+            f"no finished task of the {fam.name} family measured on a GPU to learn from (tune "
+            "other shapes first, or import measured datasets: pipetune db import-dataset)"
+        )
+    return sorted(found)
+
+
+def measured_space(conn: Connection, task_id: int) -> RecordedSpace:
+    """A finished task's trials as a recorded space: the schedules it measured (its own
+    space's subset, in trial order) and their latencies (inf where a trial failed)."""
+    head = conn.execute(
+        select(TaskRow.gpu, WorkloadRow.canonical)
+        .join(WorkloadRow, TaskRow.workload_id == WorkloadRow.id)
+        .where(TaskRow.id == task_id)
+    ).first()
+    if head is None:
+        raise PriorError(f"task {task_id} does not exist")
+    workload = parse_any_workload(head.canonical)
+    fam = family_of(workload)
+    rows = conn.execute(
+        select(JobRow.schedule, JobRow.status, JobRow.latency_us)
+        .where(JobRow.task_id == task_id, JobRow.status.is_not(None))
+        .order_by(JobRow.trial)
+    ).all()
+    knobs = {k: np.array([r.schedule[k] for r in rows], dtype=np.int64) for k in fam.knob_names}
+    latency_s = np.array(
+        [
+            r.latency_us / 1e6 if r.status == "ok" and r.latency_us and r.latency_us > 0 else np.inf
+            for r in rows
+        ],
+        dtype=np.float64,
+    )
+    return RecordedSpace(fam.space_of(workload, get_gpu(head.gpu), knobs), latency_s)
+
+
+def prior_from_tasks(conn: Connection, task_ids: list[int], space: FamilySpace) -> PriorMean:
+    """The learned prior over `space` from the finished trials of `task_ids` (chosen by
+    learned_tasks when the task was created)."""
+    corpus = [measured_space(conn, t) for t in task_ids]
+    try:
+        prior = learned_prior(space, corpus)
+    except LearnedPriorError as exc:
+        raise PriorError(str(exc)) from None
+    return PriorMean(values=prior.values, source=f"{prior.source} (tasks {_ids(task_ids)})")
+
+
+def _ids(task_ids: list[int]) -> str:
+    shown = ", ".join(map(str, task_ids[:8]))
+    return shown + (f" and {len(task_ids) - 8} more" if len(task_ids) > 8 else "")

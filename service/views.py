@@ -76,6 +76,7 @@ def task_doc(task: TaskRow, workload: WorkloadRow, best: JobRow | None) -> TaskD
         budget=task.budget,
         seed=task.seed,
         prior_task=task.prior_task,
+        learned_from=task.learned_from,
         imported_from=task.imported_from,
         trials_done=task.trials_done,
         trials_failed=task.trials_failed,

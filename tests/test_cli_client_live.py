@@ -128,6 +128,26 @@ def test_tune_with_a_prior_task_from_another_gpu(cli, worker):  # type: ignore[n
     assert same_gpu.exit_code == 2 and "ran on h100 too" in same_gpu.stderr
 
 
+def test_tune_with_a_learned_prior(cli, service):  # type: ignore[no-untyped-def]
+    on_h200 = [*FC[:6], "--gpu", "h200", "--budget", "4", "--json", "--learned-prior"]
+    nothing = cli("tune", "gemm", *on_h200)
+    assert nothing.exit_code == 2
+    assert nothing.stderr.startswith(
+        "error: learned_prior: no finished task of the tensor_gemm family measured on a GPU"
+    )
+    measured = Path(__file__).resolve().parents[1] / "benchmarks/data/h100/BMM_BERT_QK.t4.json.gz"
+    imported = runner.invoke(
+        app, ["db", "import-dataset", str(measured), "--db", service.database_url, "--json"]
+    )
+    assert imported.exit_code == 0, imported.output
+    result = cli("tune", "gemm", *on_h200)
+    assert result.exit_code == 0, result.output
+    doc = json.loads(result.stdout)
+    assert doc["learned_from"] == [json.loads(imported.stdout)["id"]] and doc["gpu"] == "h200"
+    both = cli("tune", "gemm", *on_h200, "--prior-gpu", "h100")
+    assert both.exit_code == 2 and "give prior_gpu or learned_prior, not both" in both.stderr
+
+
 def test_curve_text_json_png_and_html(cli, worker, tmp_path: Path):  # type: ignore[no-untyped-def]
     done = json.loads(
         cli("tune", "gemm", *FC, "--budget", "5", "--seed", "9", "--wait", "--json").stdout

@@ -100,6 +100,9 @@ def test_a_finished_task_says_which_task_warm_started_it(capsys: pytest.CaptureF
     print_task(TASK.model_copy(update={"prior_task": 3}), "http://x")
     out = " ".join(capsys.readouterr().out.split())
     assert "10/10 trials (0 failed), done, warm-started from task 3" in out
+    print_task(TASK.model_copy(update={"learned_from": [1, 2, 5]}), "http://x")
+    out = " ".join(capsys.readouterr().out.split())
+    assert "10/10 trials (0 failed), done, prior learned from 3 tasks" in out
 
 
 def test_the_strategy_column_names_a_warm_start_and_an_import():
@@ -109,3 +112,7 @@ def test_the_strategy_column_names_a_warm_start_and_an_import():
     assert strategy_label(TASK.model_copy(update={"prior_task": 3})) == "random (prior: task 3)"
     imported = TASK.model_copy(update={"imported_from": "a100.t4.json.gz"})
     assert strategy_label(imported) == "imported dataset"
+    learned = TASK.model_copy(update={"learned_from": [4, 9]})
+    assert strategy_label(learned) == "random (prior: learned from 2 tasks)"
+    one = TASK.model_copy(update={"learned_from": [4]})
+    assert strategy_label(one) == "random (prior: learned from task 4)"

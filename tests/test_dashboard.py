@@ -440,8 +440,26 @@ def _import_small_sweep(db_url: str) -> int:
         database.dispose()
 
 
+def _import_measured(db_url: str) -> int:
+    """A measured H100 dataset of the campaign imported as a task: what a learned prior reads."""
+    from pipetune.service.db import Database
+    from pipetune.service.imports import import_dataset
+    from pipetune.workers.datasets import load_dataset
+    from pipetune.workers.datasets.pipetune import check_pipetune
+
+    path = Path(__file__).resolve().parents[1] / "benchmarks/data/h100/BMM_BERT_QK.t4.json.gz"
+    data = load_dataset(path)
+    database = Database(db_url, pool_size=1)
+    try:
+        with database.write() as s:
+            return import_dataset(s, data, check_pipetune(data), path.name, database.now())
+    finally:
+        database.dispose()
+
+
 def test_a_warm_started_task_names_its_prior_and_an_import_says_so(live_url, chromium, tmp_path):
     imported = _import_small_sweep(f"sqlite:///{tmp_path / 'dashboard.db'}")
+    measured = _import_measured(f"sqlite:///{tmp_path / 'dashboard.db'}")
     with httpx.Client(base_url=live_url, timeout=30) as client:
         worker = _register(client, "sim-a100", "simulated", gpu="a100")
         body = {"workload": GEMM, "gpu": "a100", "budget": 8, "strategy": "random"}
@@ -449,6 +467,9 @@ def test_a_warm_started_task_names_its_prior_and_an_import_says_so(live_url, chr
         _finish(client, worker, [prior])
         body = {"workload": GEMM, "gpu": "h100", "budget": 8, "prior_task": prior}
         warm = client.post("/v1/tasks", json=body).json()["id"]
+        body = {"workload": GEMM, "gpu": "h100", "budget": 8, "learned_prior": True}
+        learned = client.post("/v1/tasks", json=body).json()
+        assert learned["learned_from"] == [measured], learned
 
     from playwright.sync_api import sync_playwright
 
@@ -459,6 +480,8 @@ def test_a_warm_started_task_names_its_prior_and_an_import_says_so(live_url, chr
         row = page.locator(f'#tasks tbody tr[data-task="{warm}"]')
         row.wait_for(timeout=20000)
         assert f"auto (prior: task {prior})" in row.inner_text()
+        learned_row = page.locator(f'#tasks tbody tr[data-task="{learned["id"]}"]')
+        assert f"auto (prior: learned from task {measured})" in learned_row.inner_text()
         other = page.locator(f'#tasks tbody tr[data-task="{prior}"]').inner_text()
         assert "prior:" not in other
         assert (

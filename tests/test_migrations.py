@@ -152,3 +152,42 @@ def test_0002_adds_the_task_prior_and_keeps_every_task(empty_url):
             assert "prior_task" not in {c["name"] for c in inspect(conn).get_columns("tasks")}
     finally:
         engine.dispose()
+
+
+def test_0003_adds_the_learned_prior_and_keeps_every_task(empty_url):
+    upgrade(empty_url, "0002")
+    engine = make_engine(empty_url, pool_size=1)
+    try:
+        with engine.begin() as conn:
+            conn.execute(
+                text(
+                    "INSERT INTO workloads (id, hash, op, canonical, label, flops) "
+                    "VALUES (1, 'h', 'gemm', '{}', 'gemm', 1)"
+                )
+            )
+            conn.execute(
+                text(
+                    "INSERT INTO tasks (id, workload_id, gpu, arch, strategy, budget, seed, "
+                    "batch_size, state, batches, trials_target, trials_enqueued, trials_done, "
+                    "trials_failed) VALUES (1, 1, 'a100', 'sm_80', 'auto', 8, 0, 8, 'done', "
+                    "1, 8, 8, 8, 0)"
+                )
+            )
+        upgrade(empty_url)
+        assert _schema_diff(empty_url) == []
+        with engine.begin() as conn:
+            assert conn.execute(text("SELECT id, learned_from FROM tasks")).all() == [(1, None)]
+            conn.execute(
+                text(
+                    "INSERT INTO tasks (id, workload_id, gpu, arch, strategy, budget, seed, "
+                    "batch_size, state, batches, trials_target, trials_enqueued, trials_done, "
+                    "trials_failed, learned_from) VALUES (2, 1, 'h100', 'sm_90', 'auto', 8, 0, "
+                    "8, 'queued', 1, 8, 8, 0, 0, '[1]')"
+                )
+            )
+        downgrade(empty_url, "0002")
+        with engine.connect() as conn:
+            assert conn.execute(text("SELECT count(*) FROM tasks")).scalar() == 2
+            assert "learned_from" not in {c["name"] for c in inspect(conn).get_columns("tasks")}
+    finally:
+        engine.dispose()

@@ -155,6 +155,19 @@ def test_tune_warm_starts_from_a_task_on_another_gpu(home: Path):
         pipetune.tune(FC, "h100", budget=8, runner="simulated", prior_task=second.task_id)
 
 
+def test_tune_learns_its_prior_from_the_measured_tasks_of_the_database(home: Path):
+    simulated = pipetune.tune(FC, "a100", budget=8, runner="simulated")  # never a teacher
+    with pytest.raises(WorkloadError, match="learned_prior: no finished task of the"):
+        pipetune.tune(FC, "h100", budget=8, runner="simulated", learned_prior=True)
+    measured = Path(__file__).resolve().parents[1] / "benchmarks/data/h100/BMM_BERT_QK.t4.json.gz"
+    result = cli.invoke(app, ["db", "import-dataset", str(measured), "--json"])
+    assert result.exit_code == 0, result.output
+    imported = json.loads(result.stdout)["id"]
+    tuned = pipetune.tune(FC, "h100", budget=8, runner="simulated", learned_prior=True)
+    assert tuned.task.learned_from == [imported] and simulated.task_id != imported
+    assert tuned.task.state == "done"
+
+
 def test_without_a_database_the_answer_is_the_models(home: Path):
     doc = pipetune.best_schedule(FC, "h100")
     assert doc.source == "model" and doc.latency_us is None
@@ -177,6 +190,8 @@ def test_without_a_database_the_answer_is_the_models(home: Path):
         ({"prior_task": 5, "strategy": "grid"}, WorkloadError, "strategy: strategy 'grid' takes"),
         ({"prior_task": 5, "prior_gpu": "a100"}, ValueError, "^prior_gpu: give prior_task or"),
         ({"prior_gpu": "a100"}, WorkloadError, "prior_gpu: no finished task of this workload"),
+        ({"learned_prior": True}, WorkloadError, "learned_prior: no finished task of the tensor"),
+        ({"learned_prior": True, "prior_task": 5}, ValueError, "^learned_prior: give prior_task"),
     ],
     ids=lambda v: next(iter(v)) if isinstance(v, dict) else None,
 )

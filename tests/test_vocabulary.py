@@ -18,7 +18,7 @@ from pipetune.model.states import (
     JobState,
     TaskState,
 )
-from pipetune.model.trials import RunnerKind
+from pipetune.model.trials import RunnerKind, is_simulated
 from pipetune.model.wire import ScheduleDoc, TaskDoc
 from pipetune.workers.codegen import generate
 from pipetune.workers.daemon import RUNNERS
@@ -87,6 +87,9 @@ def test_runner_names_live_with_the_result_a_runner_returns():
     assert RunnerKind.of("simulated") is RunnerKind.SIMULATED
     assert RunnerKind.of("abacus") is None and RunnerKind.of(None) is None
     assert [k.adjective for k in RunnerKind] == ["measured", "replayed", "simulated"]
+    # Simulated at any depth of replay: shown as such, and never a learned prior's teacher.
+    assert is_simulated("simulated") and is_simulated("replay:simulated")
+    assert not any(map(is_simulated, ["cupy", "replay:cupy", None, ""]))
 
 
 def test_the_api_schema_derives_its_enums(tmp_path):

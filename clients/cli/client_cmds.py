@@ -223,7 +223,13 @@ def strategy_label(doc: TaskDoc) -> str:
         return "imported dataset"
     if doc.prior_task is not None:
         return f"{doc.strategy} (prior: task {doc.prior_task})"
+    if doc.learned_from is not None:
+        return f"{doc.strategy} (prior: learned from {_tasks(doc.learned_from)})"
     return doc.strategy
+
+
+def _tasks(ids: list[int]) -> str:
+    return f"task {ids[0]}" if len(ids) == 1 else f"{len(ids)} tasks"
 
 
 def print_task(doc: TaskDoc, server: str) -> None:
@@ -233,6 +239,8 @@ def print_task(doc: TaskDoc, server: str) -> None:
     )
     if doc.prior_task is not None:
         title += f", warm-started from task {doc.prior_task}"
+    if doc.learned_from is not None:
+        title += f", prior learned from {_tasks(doc.learned_from)}"
     if doc.imported_from is not None:
         title += f", imported from {doc.imported_from}"
     console.print(title)
@@ -264,6 +272,7 @@ def _tune(
     seed: int,
     prior_task: int | None,
     prior_gpu: str | None,
+    learned_prior: bool,
     wait: bool,
     poll: float,
     as_json: bool,
@@ -282,6 +291,7 @@ def _tune(
             seed=seed,
             prior_task=prior_task,
             prior_gpu=prior_gpu,
+            learned_prior=learned_prior,
         )
         if not wait:
             if as_json:
@@ -325,6 +335,14 @@ add_workload_commands(
             None,
             help="instead of --prior-task: the finished task of the workload on this GPU with "
             "the most successful trials",
+        ),
+        option(
+            "learned_prior",
+            bool,
+            False,
+            "--learned-prior",
+            help="instead of --prior-task: a cost model of every finished task of the kernel "
+            "family measured on a GPU (other shapes, other GPUs) is the prior",
         ),
         option("wait", bool, False, "--wait", help="follow the task to its end"),
         option("poll", float, 1.0, "--poll", help="seconds between checks with --wait"),

@@ -5,13 +5,11 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
+from pipetune.model.trials import is_simulated
+
+__all__ = ["SIMULATED_LABEL", "any_simulated", "is_simulated"]
+
 SIMULATED_LABEL = "simulated: analytical model + noise, not measurements"
-
-
-def is_simulated(runner: str | None) -> bool:
-    """Whether a result's runner string says its latency is the model's: the simulated
-    runner, or a replay of a simulated sweep ("replay:simulated")."""
-    return "simulated" in (runner or "")
 
 
 def any_simulated(runners: Iterable[str | None]) -> bool:

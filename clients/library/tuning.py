@@ -217,7 +217,7 @@ class _InProcessTask:
     def create(self, body: TaskCreate) -> int:
         try:
             return self.driver.create(body)
-        except InputError as exc:  # the field it names: workload, prior_task or strategy
+        except InputError as exc:  # the field it names: workload, a prior's or strategy
             raise WorkloadError(str(exc.loc[-1]), exc.reason) from None
 
     def _state(self, task_id: int) -> tuple[str, int, int]:
@@ -278,6 +278,7 @@ def tune(
     progress: TuneProgress | None = None,
     prior_task: int | None = None,
     prior_gpu: str | None = None,
+    learned_prior: bool = False,
 ) -> TuneResult:
     """Tune `workload` on `gpu` in this process; returns the finished task's result.
 
@@ -288,12 +289,22 @@ def tune(
     (you close it). db: the database URL (default: the one `pipetune serve` uses).
     prior_task: a finished task of the same workload on another GPU, in that database,
     whose trials warm-start the search; prior_gpu: instead, such a task on that GPU (the
-    one with the most successful trials).
+    one with the most successful trials); learned_prior: instead, a cost model of every
+    finished task of the kernel family measured on a GPU in that database.
     progress(done, total) is called after each trial. An interrupted tuning (an exception,
     Ctrl-C) cancels its task: nothing is left half-run.
     """
     w, key = as_workload(workload), as_gpu(gpu)
-    body = _task_body(w, key, budget, strategy, seed, prior_task=prior_task, prior_gpu=prior_gpu)
+    body = _task_body(
+        w,
+        key,
+        budget,
+        strategy,
+        seed,
+        prior_task=prior_task,
+        prior_gpu=prior_gpu,
+        learned_prior=learned_prior,
+    )
     measurer = runner if isinstance(runner, Runner) else _make_runner(runner, key, dataset)
     measured_gpu = getattr(getattr(measurer, "gpu", None), "key", key)
     if measured_gpu != key:  # a Runner built for another GPU would answer for the wrong one

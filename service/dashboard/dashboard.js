@@ -106,7 +106,11 @@
   // imported as a task was not tuned here at all.
   function strategyLabel(task) {
     if (task.imported_from) return "imported dataset";
-    return task.prior_task ? `${task.strategy} (prior: task ${task.prior_task})` : task.strategy;
+    if (task.prior_task) return `${task.strategy} (prior: task ${task.prior_task})`;
+    const learned = task.learned_from;
+    if (!learned) return task.strategy;
+    const from = learned.length === 1 ? `task ${learned[0]}` : `${learned.length} tasks`;
+    return `${task.strategy} (prior: learned from ${from})`;
   }
 
   function renderTasks() {

@@ -1,0 +1,145 @@
+"""A task whose prior is learned (`learned_prior`): a cost model of every finished task of the
+same kernel family measured on a GPU, averaged with the analytical model. The tasks it learned
+from are recorded on the task, measured trials only (simulated ones never teach it), its first
+batch is the one an offline session with the same prior proposes, a replica with empty caches
+replays it exactly, and what cannot have a learned prior is a 422 naming the field. SQLite
+and PostgreSQL, on the H100 campaign's measured datasets (benchmarks/data/h100)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from service_support import (
+    GEMM,
+    client_for,
+    create_task,
+    drain,
+    fake_latency,
+    ok,
+    register,
+    service_of,
+)
+from typer.testing import CliRunner
+
+from pipetune.clients.cli.bench_cmds import recorded_dataset
+from pipetune.clients.cli.main import app
+from pipetune.model.family import family_of, parse_any_workload
+from pipetune.model.hardware import get_gpu
+from pipetune.service.priors import learned_tasks
+from pipetune.tuner.learned_prior import learned_prior
+from pipetune.tuner.session import TuningSession
+
+pytest_plugins = ["service_fixtures"]
+
+MEASURED = Path(__file__).resolve().parents[1] / "benchmarks" / "data" / "h100"
+# Three small measured H100 GEMM spaces (the largest 1,600 schedules): the corpus.
+CORPUS = ("MM_RN50_Conv1x1_1", "BMM_BERT_QK", "BMM_GPT2_QK")
+runner = CliRunner()
+
+
+def _import(path: Path, db_url: str) -> int:
+    result = runner.invoke(app, ["db", "import-dataset", str(path), "--db", db_url, "--json"])
+    assert result.exit_code == 0, result.output
+    return json.loads(result.stdout)["id"]
+
+
+def _measured_corpus(db_url: str) -> list[int]:
+    return [_import(MEASURED / f"{name}.t4.json.gz", db_url) for name in CORPUS]
+
+
+def _simulated_task(client, gpu: str = "h200") -> int:
+    """A finished random-search task answered by a simulated worker: not a measurement."""
+    doc = create_task(client, budget=8, strategy="random", seed=2, workload=GEMM, gpu=gpu)
+    worker = register(client, name=f"sim-{gpu}", gpu=gpu, runner="simulated")
+    assert drain(client, worker, lambda job: ok(fake_latency(job["schedule"]))) == 8
+    return doc["id"]
+
+
+def _trials(client, task_id: int) -> list[dict]:
+    docs = client.get(f"/v1/tasks/{task_id}/trials?limit=1000").json()["trials"]
+    return [t["schedule"] for t in docs]
+
+
+def _offline_first_batch(strategy: str, seed: int, budget: int, batch: int) -> list[dict]:
+    """What an offline session proposes first with the prior learned from the same files."""
+    workload = parse_any_workload(GEMM)
+    space = family_of(workload).enumerate(workload, get_gpu("h200"))
+    corpus = [recorded_dataset(MEASURED / f"{name}.t4.json.gz").ours for name in CORPUS]
+    prior = learned_prior(space, [r for r in corpus if r is not None])
+    session = TuningSession(workload, space.gpu, strategy, seed, budget, space=space, prior=prior)
+    return [s.as_dict() for s in session.propose(batch)]
+
+
+def test_a_learned_prior_reads_the_measured_tasks_and_proposes_what_offline_does(db_url):
+    measured = _measured_corpus(db_url)
+    with client_for(db_url) as client:
+        simulated = _simulated_task(client)
+        doc = create_task(
+            client, budget=16, strategy="auto", seed=3, gpu="h200", learned_prior=True
+        )
+        assert doc["learned_from"] == sorted(measured), "measured tasks only, in id order"
+        assert simulated not in doc["learned_from"]
+        again = client.get(f"/v1/tasks/{doc['id']}").json()
+        assert again["learned_from"] == sorted(measured) and again["prior_task"] is None
+        batch = service_of(client).settings.batch_size
+        assert _trials(client, doc["id"])[:batch] == _offline_first_batch("auto", 3, 16, batch)
+        control = create_task(client, budget=16, strategy="auto", seed=3, gpu="h200")
+        assert control["learned_from"] is None
+        assert _trials(client, control["id"])[:batch] != _trials(client, doc["id"])[:batch]
+
+
+def test_a_task_with_a_learned_prior_replays_exactly_on_a_replica_with_empty_caches(db_url):
+    _measured_corpus(db_url)
+    with client_for(db_url) as a:
+        kept = create_task(a, budget=24, strategy="analytical+xgb", seed=4, learned_prior=True)
+        rebuilt = create_task(a, budget=24, strategy="analytical+xgb", seed=4, learned_prior=True)
+        assert kept["learned_from"] == rebuilt["learned_from"]
+        worker = register(a, runner="cupy")
+        driver = service_of(a).driver
+
+        def result_of(job: dict) -> dict:
+            if job["task_id"] == rebuilt["id"]:
+                # The next advance of this task rebuilds its session from the record: the
+                # prior fitted again on the recorded tasks' trials.
+                driver._live.pop(rebuilt["id"], None)
+                driver._priors.clear()
+            return ok(fake_latency(job["schedule"]))
+
+        assert drain(a, worker, result_of) == 48
+        for task in (kept, rebuilt):
+            assert a.get(f"/v1/tasks/{task['id']}").json()["state"] == "done"
+        assert _trials(a, kept["id"]) == _trials(a, rebuilt["id"])
+        # A finished task measured by a GPU worker is part of the next learned prior.
+        with service_of(a).driver.db.read_conn() as conn:
+            assert kept["id"] in learned_tasks(conn, parse_any_workload(GEMM), "h200")
+
+
+@pytest.mark.parametrize(
+    ("change", "field", "reason"),
+    [
+        ({"strategy": "random"}, "strategy", "takes no prior"),
+        ({"prior_task": 1}, "learned_prior", "not both"),
+        ({"prior_gpu": "a100"}, "learned_prior", "not both"),
+    ],
+)
+def test_a_learned_prior_that_cannot_be_one_is_a_422_naming_the_field(
+    client, change, field, reason
+):
+    body = {"workload": GEMM, "gpu": "h100", "budget": 8, "learned_prior": True, **change}
+    response = client.post("/v1/tasks", json=body)
+    assert response.status_code == 422, response.text
+    [error] = response.json()["detail"]
+    assert error["loc"][-1] == field and reason in error["reason"], error
+    assert client.get("/v1/tasks").json()["tasks"] == []  # nothing half-written
+
+
+def test_without_a_measured_task_of_the_family_a_learned_prior_is_a_422(client):
+    _simulated_task(client, gpu="h100")  # simulated trials never teach a prior
+    body = {"workload": GEMM, "gpu": "h200", "budget": 8, "learned_prior": True}
+    response = client.post("/v1/tasks", json=body)
+    assert response.status_code == 422, response.text
+    [error] = response.json()["detail"]
+    assert error["loc"] == ["body", "learned_prior"], error
+    assert "no finished task of the tensor_gemm family measured on a GPU" in error["reason"]
