@@ -19,6 +19,22 @@ explicit here because the table leaves them implicit:
    ``N_smem_loop × k_step_cycles`` of clock to the loop, outside the pipeline model (no
    stage count hides a barrier). Without it the model prefers the shortest K chunk on
    nearly every operator, which measured 1.3-2.2x slower than the optimum on an H200.
+4. When a shared-memory stage is refilled. Table 1's load-bound case, ``(T_load + T_use) ×
+   N_loop / N_pipe``, lets a stage start loading the moment its use ends and its use start
+   the moment its load lands. The kernels synchronise per K step instead (workers/codegen/
+   pipeline.py, as CUTLASS's multistage loop): the copy of tile kt+S-1 is issued at the
+   start of step kt and must have landed at the end of step kt+S-2 (``wait_group(S-2)`` and
+   the barrier), so each load has S-1 whole steps, and a step lasts
+   ``max(N_mplx·T_use, T_load / (S-1))`` (multistage_latency). With two stages that is up
+   to twice Table 1's figure, with six 1.2x; measured on the H100 and the H200, Table 1
+   predicted the two-stage schedules 12% too fast against the deeper ones. One stage (load,
+   wait, barrier, use) is Table 1's own case and keeps its formula.
+5. The first tile is loaded once. ``T_init`` is the load of tile 0 (the prologue), so the
+   main loop pays for the loads of the other N_loop - 1 tiles, in steady state, and then
+   for the use of the last one; Table 1 charges a load in every one of the N_loop steps on
+   top of ``T_init``. The extra load is 1/N_loop of the loop: little on a long K loop, half
+   of it at N_loop = 2, and it made the model rank large K chunks (one or two steps) below
+   what they measured on the short-K operators of the H100 and H200 campaigns.
 """
 
 from __future__ import annotations
@@ -56,6 +72,29 @@ def pipeline_latency(
         N_mplx * T_use * N_loop,
     )
     return loop, load_bound
+
+
+def multistage_latency(
+    T_load: Any, T_use: Any, N_loop: Any, N_pipe: Any, N_mplx: Any
+) -> tuple[np.ndarray, np.ndarray]:
+    """The main loop of an N_pipe >= 2 stage shared-memory pipeline synchronised per step
+    (reading 4 above). Returns (T_load_use_loop, load_bound).
+
+    load-bound when ``T_load > (N_pipe − 1)·N_mplx·T_use``:
+        T_load_use_loop = T_load · N_loop / (N_pipe − 1)
+    otherwise (use-bound; the N_mplx workers share the use unit, as in Table 1):
+        T_load_use_loop = N_mplx · T_use · N_loop
+    The two meet at the switch point. One stage has no step to overlap: Table 1's formula.
+    """
+    T_load, T_use, N_loop, N_pipe, N_mplx = np.broadcast_arrays(
+        *(np.asarray(x, dtype=np.float64) for x in (T_load, T_use, N_loop, N_pipe, N_mplx))
+    )
+    table1, table1_bound = pipeline_latency(T_load, T_use, N_loop, N_pipe, N_mplx)
+    in_flight = np.maximum(N_pipe - 1.0, 1.0)  # (unused where N_pipe = 1)
+    load_bound = T_load > in_flight * N_mplx * T_use
+    loop = np.where(load_bound, T_load * N_loop / in_flight, N_mplx * T_use * N_loop)
+    multistage = N_pipe >= 2
+    return np.where(multistage, loop, table1), np.where(multistage, load_bound, table1_bound)
 
 
 def tensor_utilisation(gpu: GPUSpec, N_warp_per_threadblk: Any, N_threadblk_per_SM: Any) -> Any:
@@ -188,10 +227,12 @@ def evaluate(space: Space) -> Prediction:
 
     # Threadblock latency model.
     T_init = T_smem_load + T_reg_load
-    T_main_loop, smem_load_bound = pipeline_latency(
-        T_smem_load, T_smem_use, N_smem_loop, N_smem_pipe_stage, N_threadblk_per_SM
+    # Tile 0's load is T_init; the loop loads the other N_loop - 1 and uses the last one too.
+    T_steady, smem_load_bound = multistage_latency(
+        T_smem_load, T_smem_use, N_smem_loop - 1.0, N_smem_pipe_stage, N_threadblk_per_SM
     )
-    T_main_loop = np.maximum(T_main_loop, N_smem_loop * np.maximum(llc_stream, dram_stream))
+    T_main_loop = T_steady + N_threadblk_per_SM * T_smem_use
+    T_main_loop = np.maximum(T_main_loop, (N_smem_loop - 1.0) * np.maximum(llc_stream, dram_stream))
     T_main_loop = T_main_loop + N_smem_loop * gpu.k_step_s
     Bytes_output_tile = np.minimum(BM, view.m) * np.minimum(BN, view.n) * BYTES_FP16
     T_epilogue = gpu.dram_latency_ns * 1e-9 + Bytes_output_tile * (

@@ -45,15 +45,20 @@ def test_the_corpus_is_the_same_family_without_the_space_itself(h100, corpus):
 
 
 def test_the_learned_prior_carries_the_measured_effect_to_a_new_shape(h100, corpus):
-    space = Space.enumerate(gemm(2048, 768, 3072), h100)
-    prior = learned_prior(space, corpus)
-    assert prior.values.shape == (len(space),) and prior.recorded is None
-    assert "2 measured shapes on h100, h200" in prior.source
-    gap = prior.values - predicted_log_throughput(space)
-    one_stage = space.knobs["smem_stages"] == 1
-    # Half of the learned log 2 (0.69): the prior is the average of the learned and the
-    # analytical model, and the analytical model knows nothing of the effect.
-    assert 0.25 < np.median(gap[~one_stage]) - np.median(gap[one_stage]) < 0.5
+    carried = []
+    for workload in (gemm(2048, 768, 3072), gemm(512, 512, 2048), bmm(16, 256, 256, 128)):
+        space = Space.enumerate(workload, h100)
+        prior = learned_prior(space, corpus)
+        assert prior.values.shape == (len(space),) and prior.recorded is None
+        assert "2 measured shapes on h100, h200" in prior.source
+        gap = prior.values - predicted_log_throughput(space)
+        one_stage = space.knobs["smem_stages"] == 1
+        carried.append(np.median(gap[~one_stage]) - np.median(gap[one_stage]))
+    # Half of the learned log 2 (0.35) at most: the prior is the average of the learned and
+    # the analytical model, and the analytical model knows nothing of the effect. How much
+    # of it two shapes' trees carry to a third varies by shape (0.19-0.35 here), so the
+    # mean over three shapes is what is checked: more than half, never more than all.
+    assert 0.2 < np.mean(carried) < 0.5, carried
 
 
 def test_nothing_to_learn_from_is_a_clear_error(h100):

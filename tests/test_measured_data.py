@@ -54,17 +54,39 @@ def test_the_replay_runner_serves_the_measurements_as_recorded():
     assert result.latency_us == pytest.approx(best.time_ms * 1e3)
 
 
-@pytest.mark.parametrize(("gpu", "floor"), [("h200", 0.86), ("h100", 0.83)])
+@pytest.mark.parametrize(("gpu", "floor"), [("h200", 0.885), ("h100", 0.86)])
 def test_the_model_ranks_the_measured_gemms_with_the_k_step_cost(gpu: str, floor: float):
-    # The model's 10 best-ranked schedules hold 0.878 of each operator's measured optimum
-    # (geomean over the ALCOP suite on the H200); without the K-step cost 0.795, because it
-    # preferred BK = 16 tiles. On the H100, measured after the cost was chosen on the H200's
-    # sweeps: 0.844 with it, 0.748 without. A model change that loses this ground fails here.
+    # The model's 10 best-ranked schedules hold 0.890 of each operator's measured optimum
+    # (geomean over the ALCOP suite on the H200); without the K-step cost 0.844, because it
+    # preferred BK = 16 tiles; read as Table 1 refills a pipeline stage and charges the first
+    # tile's load twice (before readings 4 and 5 of model/analytical.py) 0.878. On the H100,
+    # measured after the K-step cost was chosen on the H200's sweeps: 0.867 (0.844 as Table
+    # 1 reads, 0.837 without the cost). A model change that loses this ground fails here.
     from benchmarks.bench_campaign import best_in_top_k, geomean
+
+    top10 = geomean(best_in_top_k(op, op.predicted_us, 10) for op in _alcop_ops(gpu))
+    assert top10 >= floor
+
+
+def _alcop_ops(gpu: str) -> list:
     from benchmarks.campaign_data import campaign
     from pipetune.model.operators import ALCOP
 
     ops = [op for op in campaign(gpu, DATA).operators(list(ALCOP)) if op.name in ALCOP]
     assert len(ops) == len(ALCOP)
-    top10 = geomean(best_in_top_k(op, op.predicted_us, 10) for op in ops)
-    assert top10 >= floor
+    return ops
+
+
+@pytest.mark.parametrize("gpu", ["h200", "h100"])
+def test_two_stage_pipelines_are_predicted_as_fast_as_they_measured(gpu: str):
+    # Table 1 lets a stage refill the moment its use ends: after each operator's scale, it
+    # predicted the two-stage schedules 0.88-0.89 of their measured time on both GPUs (the
+    # report's "by pipelining class" table), the only class below the deeper ones. Per K
+    # step, as the kernels synchronise, each load has S-1 steps to land: 1.00-1.01.
+    errors = []
+    for op in _alcop_ops(gpu):
+        ok = op.ok & np.isfinite(op.predicted_us)
+        error = np.log(op.predicted_us / op.measured_us)
+        error -= np.median(error[ok])
+        errors.extend(error[ok & (op.space.knobs["smem_stages"] == 2)].tolist())
+    assert abs(np.exp(np.median(errors)) - 1) < 0.05

@@ -7,7 +7,7 @@ import itertools
 import numpy as np
 import pytest
 
-from pipetune.model.analytical import evaluate, pipeline_latency
+from pipetune.model.analytical import evaluate, multistage_latency, pipeline_latency
 from pipetune.model.space import Space
 from pipetune.model.workloads import bmm, conv2d, gemm
 
@@ -74,13 +74,53 @@ def test_more_smem_stages_never_slow_the_main_loop_until_occupancy_drops(workloa
     assert compared > 100
 
 
-def test_evaluate_reports_the_bottleneck_by_table1_criterion(h100):
+def test_evaluate_reports_the_bottleneck_by_the_per_step_criterion(h100):
     space = Space.enumerate(gemm(2048, 2048, 2048), h100)
     p = evaluate(space)
     n_pipe = space.knobs["smem_stages"]
-    expected = p.T_smem_load > (n_pipe * p.N_threadblk_per_SM - 1) * p.T_smem_use
+    n_mplx = p.N_threadblk_per_SM
+    # Table 1's switch for one stage; with S >= 2 a load has S - 1 steps of N_mplx uses.
+    expected = np.where(
+        n_pipe >= 2,
+        p.T_smem_load > (n_pipe - 1) * n_mplx * p.T_smem_use,
+        p.T_smem_load > (n_pipe * n_mplx - 1) * p.T_smem_use,
+    )
     assert np.array_equal(p.smem_load_bound, expected)
     assert p.smem_load_bound.any() and (~p.smem_load_bound).any()
+
+
+def test_a_multistage_step_waits_for_a_load_issued_s_minus_1_steps_before():
+    # Load-bound: each load has S-1 steps to land, so a step lasts T_load / (S-1); Table 1's
+    # (T_load + T_use) / S is up to twice as fast at S = 2.
+    loop, bound = multistage_latency(6.0, 1.0, 10, np.array([2, 3, 4]), 1)
+    assert bound.all()
+    assert loop == pytest.approx([6.0 * 10, 3.0 * 10, 2.0 * 10])
+    table1, _ = pipeline_latency(6.0, 1.0, 10, 2, 1)
+    assert table1 == pytest.approx((6.0 + 1.0) * 10 / 2)
+    # Use-bound: the N_mplx workers share the unit, as in Table 1; one stage is Table 1's.
+    assert multistage_latency(1.0, 1.0, 10, 3, 2)[0] == pytest.approx(2 * 1.0 * 10)
+    for n_mplx in (1, 2):
+        assert multistage_latency(3.0, 1.0, 5, 1, n_mplx)[0] == pytest.approx(
+            pipeline_latency(3.0, 1.0, 5, 1, n_mplx)[0]
+        )
+    # The two cases meet at the switch, T_load = (S - 1) * N_mplx * T_use.
+    for n_pipe, n_mplx in itertools.product((2, 3, 6), (1, 2, 4)):
+        threshold = (n_pipe - 1) * n_mplx * 0.7
+        below, _ = multistage_latency(threshold, 0.7, 8, n_pipe, n_mplx)
+        above, bound = multistage_latency(threshold * (1 + 1e-12), 0.7, 8, n_pipe, n_mplx)
+        assert bound and above == pytest.approx(below, rel=1e-9)
+
+
+def test_the_first_tile_is_loaded_once_in_the_prologue(h100):
+    # T_init loads tile 0; the loop loads the other N_loop - 1 and uses all N_loop. A loop of
+    # one K step is then one use: no load inside it at all.
+    space = Space.enumerate(gemm(1024, 1024, 64), h100)
+    p = evaluate(space)
+    one_step = p.N_smem_loop == 1
+    assert one_step.any()
+    use = p.N_threadblk_per_SM * p.T_smem_use + p.N_smem_loop * h100.k_step_s
+    np.testing.assert_allclose(p.T_main_loop[one_step], use[one_step])
+    assert (p.T_main_loop[~one_step] > use[~one_step]).all()
 
 
 def test_kernel_is_threadblock_latency_times_waves(h100):
