@@ -54,14 +54,14 @@ def test_the_replay_runner_serves_the_measurements_as_recorded():
     assert result.latency_us == pytest.approx(best.time_ms * 1e3)
 
 
-@pytest.mark.parametrize(("gpu", "floor"), [("h200", 0.885), ("h100", 0.86)])
+@pytest.mark.parametrize(("gpu", "floor"), [("h200", 0.92), ("h100", 0.91)])
 def test_the_model_ranks_the_measured_gemms_with_the_k_step_cost(gpu: str, floor: float):
-    # The model's 10 best-ranked schedules hold 0.890 of each operator's measured optimum
-    # (geomean over the ALCOP suite on the H200); without the K-step cost 0.844, because it
-    # preferred BK = 16 tiles; read as Table 1 refills a pipeline stage and charges the first
-    # tile's load twice (before readings 4 and 5 of model/analytical.py) 0.878. On the H100,
-    # measured after the K-step cost was chosen on the H200's sweeps: 0.867 (0.844 as Table
-    # 1 reads, 0.837 without the cost). A model change that loses this ground fails here.
+    # The model's 10 best-ranked schedules hold 0.930 of each operator's measured optimum
+    # (geomean over the ALCOP suite on the H200), 0.920 on the H100 (where the K-step cost,
+    # chosen on the H200's sweeps, was held out). Before the readings of model/analytical.py
+    # that follow how our kernels run: 0.795 / 0.748 (Table 1 alone), 0.878 / 0.844 with the
+    # K-step cost, 0.890 / 0.867 with a stage refilled per step and the first tile loaded
+    # once. A model change that loses this ground fails here.
     from benchmarks.bench_campaign import best_in_top_k, geomean
 
     top10 = geomean(best_in_top_k(op, op.predicted_us, 10) for op in _alcop_ops(gpu))
@@ -90,3 +90,25 @@ def test_two_stage_pipelines_are_predicted_as_fast_as_they_measured(gpu: str):
         error -= np.median(error[ok])
         errors.extend(error[ok & (op.space.knobs["smem_stages"] == 2)].tolist())
     assert abs(np.exp(np.median(errors)) - 1) < 0.05
+
+
+SHORT_K = (
+    "MM_RN50_Conv1x1_1",
+    "MM_RN50_Conv1x1_2",
+    "MM_RN50_Conv1x1_3",
+    "BMM_BERT_QK",
+    "BMM_GPT2_QK",
+)
+
+
+@pytest.mark.parametrize("gpu", ["h200", "h100"])
+def test_the_short_k_operators_are_ranked_with_their_co_resident_blocks_overlapping(gpu: str):
+    # K <= 256: one to four K steps, the prologue and the epilogue most of the kernel. With
+    # a wave's blocks in lockstep (Table 1) the model ranked them at a mean Spearman of
+    # 0.11 (H100) / 0.17 (H200), below zero on the QK^T BMMs; with co-resident blocks
+    # overlapping each other's prologue and epilogue, 0.44 / 0.49.
+    from benchmarks.bench_campaign import spearman
+
+    ops = [op for op in _alcop_ops(gpu) if op.name in SHORT_K]
+    assert len(ops) == len(SHORT_K)
+    assert np.mean([spearman(op, op.predicted_us) for op in ops]) > 0.35
