@@ -436,27 +436,35 @@ class Driver:
 
     def _learned_from(self, body: TaskCreate, where: tuple[str, ...]) -> tuple[int, ...]:
         """The tasks a learned prior reads (recorded on the task: replicas rebuild from them)."""
-        try:
-            check_strategy(body.strategy)
-        except PriorError as exc:
-            raise InputError([*where, "strategy"], str(exc)) from None
-        try:
-            with self.db.read_conn() as conn:
-                return tuple(learned_tasks(conn, body.workload, body.gpu))
-        except PriorError as exc:
-            raise InputError([*where, "learned_prior"], str(exc)) from None
+        return tuple(self._read_prior(body, where, "learned_prior", learned_tasks))
 
     def _check_prior(self, body: TaskCreate, where: tuple[str, ...]) -> None:
         assert body.prior_task is not None
+        prior_task = body.prior_task
+
+        def check(conn: Connection, workload: Any, gpu: str) -> None:
+            check_prior_task(conn, prior_task, workload.workload_hash, gpu)
+
+        self._read_prior(body, where, "prior_task", check)
+
+    def _read_prior(
+        self,
+        body: TaskCreate,
+        where: tuple[str, ...],
+        field: str,
+        read: Callable[[Connection, Any, str], Any],
+    ) -> Any:
+        """read(conn, workload, gpu) for a task that takes a prior; a PriorError is a 422
+        naming `field` (or `strategy`, for a strategy that takes no prior)."""
         try:
             check_strategy(body.strategy)
         except PriorError as exc:
             raise InputError([*where, "strategy"], str(exc)) from None
         try:
             with self.db.read_conn() as conn:
-                check_prior_task(conn, body.prior_task, body.workload.workload_hash, body.gpu)
+                return read(conn, body.workload, body.gpu)
         except PriorError as exc:
-            raise InputError([*where, "prior_task"], str(exc)) from None
+            raise InputError([*where, field], str(exc)) from None
 
     def _insert_jobs(
         self,

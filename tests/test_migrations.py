@@ -13,7 +13,7 @@ import pytest
 from alembic.autogenerate import compare_metadata
 from alembic.runtime.migration import MigrationContext
 from service_support import PG_ADMIN_URL, settings
-from sqlalchemy import create_engine, inspect, text
+from sqlalchemy import Engine, create_engine, inspect, text
 
 from pipetune.service.app import create_app
 from pipetune.service.db import make_engine
@@ -115,25 +115,30 @@ def test_serve_on_an_outdated_schema_exits_1_naming_db_upgrade(tmp_path):
     assert len(errors) == 1 and "run `pipetune db upgrade --db sqlite:///" in errors[0]
 
 
+def _one_finished_task(engine: Engine) -> None:
+    """Task 1 (done, a100) of workload 1, written as an older revision's schema has them."""
+    with engine.begin() as conn:
+        conn.execute(
+            text(
+                "INSERT INTO workloads (id, hash, op, canonical, label, flops) "
+                "VALUES (1, 'h', 'gemm', '{}', 'gemm', 1)"
+            )
+        )
+        conn.execute(
+            text(
+                "INSERT INTO tasks (id, workload_id, gpu, arch, strategy, budget, seed, "
+                "batch_size, state, batches, trials_target, trials_enqueued, trials_done, "
+                "trials_failed) VALUES (1, 1, 'a100', 'sm_80', 'auto', 8, 0, 8, 'done', "
+                "1, 8, 8, 8, 0)"
+            )
+        )
+
+
 def test_0002_adds_the_task_prior_and_keeps_every_task(empty_url):
     upgrade(empty_url, "0001")
     engine = make_engine(empty_url, pool_size=1)
     try:
-        with engine.begin() as conn:
-            conn.execute(
-                text(
-                    "INSERT INTO workloads (id, hash, op, canonical, label, flops) "
-                    "VALUES (1, 'h', 'gemm', '{}', 'gemm', 1)"
-                )
-            )
-            conn.execute(
-                text(
-                    "INSERT INTO tasks (id, workload_id, gpu, arch, strategy, budget, seed, "
-                    "batch_size, state, batches, trials_target, trials_enqueued, trials_done, "
-                    "trials_failed) VALUES (1, 1, 'a100', 'sm_80', 'auto', 8, 0, 8, 'done', "
-                    "1, 8, 8, 8, 0)"
-                )
-            )
+        _one_finished_task(engine)
         upgrade(empty_url)
         assert _schema_diff(empty_url) == []
         with engine.begin() as conn:
@@ -158,21 +163,7 @@ def test_0003_adds_the_learned_prior_and_keeps_every_task(empty_url):
     upgrade(empty_url, "0002")
     engine = make_engine(empty_url, pool_size=1)
     try:
-        with engine.begin() as conn:
-            conn.execute(
-                text(
-                    "INSERT INTO workloads (id, hash, op, canonical, label, flops) "
-                    "VALUES (1, 'h', 'gemm', '{}', 'gemm', 1)"
-                )
-            )
-            conn.execute(
-                text(
-                    "INSERT INTO tasks (id, workload_id, gpu, arch, strategy, budget, seed, "
-                    "batch_size, state, batches, trials_target, trials_enqueued, trials_done, "
-                    "trials_failed) VALUES (1, 1, 'a100', 'sm_80', 'auto', 8, 0, 8, 'done', "
-                    "1, 8, 8, 8, 0)"
-                )
-            )
+        _one_finished_task(engine)
         upgrade(empty_url)
         assert _schema_diff(empty_url) == []
         with engine.begin() as conn:
