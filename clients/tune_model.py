@@ -121,20 +121,25 @@ def launch(
     strategy: StrategyName,
     seed: int,
     prior_gpu: str | None = None,
+    learned_prior: bool = False,
 ) -> list[TaskDoc]:
     """One tuning task per distinct shape, all queued at once so the workers share them.
     With prior_gpu, each shape warm-starts from its finished task on that GPU (the one with
-    the most successful trials) where it has one, and starts cold where it has none (the
-    service says which by a 422 on prior_gpu)."""
+    the most successful trials) where it has one; with learned_prior, from a cost model of
+    the measured tasks of its kernel family where there are any. A shape without starts cold
+    (the service says which by a 422 on the prior's field)."""
+    prior: dict[str, Any] = {}
+    if prior_gpu is not None:
+        prior = {"prior_gpu": prior_gpu}
+    elif learned_prior:
+        prior = {"learned_prior": True}
     started = []
     for s in shapes:
         workload = s.workload.canonical()
         try:
-            task = client.tune(
-                workload, gpu, budget=budget, strategy=strategy, seed=seed, prior_gpu=prior_gpu
-            )
+            task = client.tune(workload, gpu, budget=budget, strategy=strategy, seed=seed, **prior)
         except ApiError as exc:
-            if prior_gpu is None or exc.status_code != 422 or exc.field != "prior_gpu":
+            if not prior or exc.status_code != 422 or exc.field not in prior:
                 raise
             task = client.tune(workload, gpu, budget=budget, strategy=strategy, seed=seed)
         started.append(task)

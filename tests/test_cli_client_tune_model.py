@@ -8,7 +8,9 @@ from datetime import UTC, datetime
 
 import pytest
 from rich.console import Console
+from typer.testing import CliRunner
 
+from pipetune.clients.cli.main import app
 from pipetune.clients.tune_model import (
     LayerResult,
     document,
@@ -333,3 +335,30 @@ def test_launch_warm_starts_the_shapes_a_prior_gpu_has_and_the_rest_cold():
 
     with pytest.raises(ApiError, match="budget"):  # any other refusal is the user's to see
         launch(Refusing(), shapes, "h200", 8, "auto", 0, prior_gpu="h100")  # type: ignore[arg-type]
+
+
+def test_launch_learns_the_priors_of_the_families_that_have_measurements():
+    from pipetune.clients.sdk import ApiError
+    from pipetune.clients.tune_model import launch
+
+    shapes = network("bert-base", 1, 128).distinct()[:3]
+    calls: list[tuple[dict, bool]] = []
+
+    class Fake:
+        def tune(self, workload, gpu, *, budget, strategy, seed, learned_prior=False):
+            calls.append((workload, learned_prior))
+            if learned_prior and workload == shapes[2].workload.canonical():
+                raise ApiError(422, "learned_prior: no finished task", field="learned_prior")
+            return len(calls)
+
+    started = launch(Fake(), shapes, "h200", 8, "auto", 0, learned_prior=True)  # type: ignore[arg-type]
+    assert started == [1, 2, 4]
+    assert [p for _, p in calls] == [True, True, True, False]  # the third, again cold
+
+
+def test_tune_model_takes_one_prior_only():
+    result = CliRunner().invoke(
+        app, ["tune-model", "bert-base", "--learned-prior", "--prior-gpu", "h100"]
+    )
+    assert result.exit_code == 2
+    assert "give --prior-gpu or --learned-prior, not both" in result.stderr

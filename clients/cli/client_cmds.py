@@ -496,6 +496,12 @@ def tune_model(
         help="warm-start each shape from its best-measured finished task on this GPU, where "
         "it has one",
     ),
+    learned_prior: bool = typer.Option(
+        False,
+        "--learned-prior",
+        help="instead of --prior-gpu: each shape's prior is a cost model of the measured "
+        "tasks of its kernel family (other shapes, other GPUs), where there are any",
+    ),
     poll: float = typer.Option(1.0, "--poll", help="seconds between checks"),
     as_json: bool = typer.Option(False, "--json", help="print one JSON document"),
     server: str = server_option(),
@@ -512,10 +518,21 @@ def tune_model(
     _check_tuning(budget, strategy)
     if network == "resnet50" and seq is not None:
         raise CliError("--seq: resnet50 takes images (224x224), not sequences", 2)
+    if learned_prior and prior_gpu is not None:
+        raise CliError("--learned-prior: give --prior-gpu or --learned-prior, not both", 2)
     net = build_network(network, batch, seq)
     shapes = net.distinct()
     with service_errors(), client(server, api_key) as c:
-        started = tm.launch(c, shapes, gpu, budget, strategy, seed, prior_gpu)  # type: ignore[arg-type]
+        started = tm.launch(
+            c,
+            shapes,
+            gpu,
+            budget,
+            strategy,  # type: ignore[arg-type]
+            seed,
+            prior_gpu,
+            learned_prior,
+        )
         with task_progress(not as_json) as bar:
             total = sum(t.budget for t in started)
             handle = bar.add_task(f"{net.name}: {len(shapes)} shapes", total=total) if bar else None
