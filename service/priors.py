@@ -158,6 +158,9 @@ def learned_tasks(conn: Connection, workload: Any, gpu: str) -> list[int]:
     a prior). PriorError when there is none."""
     fam = family_of(workload)
     succeeded = TaskRow.trials_done - TaskRow.trials_failed
+    # model.trials.is_simulated in SQL ("simulated" as the runner or as a replayed runner),
+    # and a result of no known runner, which cannot say it was measured. Lost jobs (no
+    # status) measured nothing and are not asked.
     simulated = or_(
         JobRow.runner.is_(None),
         JobRow.runner.like(f"{RunnerKind.SIMULATED.value}%"),
