@@ -186,13 +186,9 @@ class _TaskView:
     learned_from: tuple[int, ...] | None
 
 
-def _ids(learned_from: Any) -> tuple[int, ...] | None:
-    """The learned_from column as read back: a JSON array (psycopg may hand back the text)."""
-    if learned_from is None:
-        return None
-    if isinstance(learned_from, str):
-        learned_from = json.loads(learned_from)
-    return tuple(int(i) for i in learned_from)
+def _ids(learned_from: list[int] | None) -> tuple[int, ...] | None:
+    """The learned_from column (a JSON array) as a cache key."""
+    return None if learned_from is None else tuple(learned_from)
 
 
 def _is_current(live: _Live | None, task: _TaskView) -> bool:

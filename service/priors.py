@@ -116,24 +116,14 @@ def prior_from_task(conn: Connection, prior_task: int, space: FamilySpace) -> Pr
     gpu = conn.scalar(select(TaskRow.gpu).where(TaskRow.id == prior_task))
     if gpu is None:
         raise PriorError(f"task {prior_task} does not exist")
-    rows = conn.execute(
-        select(JobRow.schedule, JobRow.status, JobRow.latency_us)
-        .where(JobRow.task_id == prior_task, JobRow.status.is_not(None))
-        .order_by(JobRow.trial)
-    ).all()
+    schedules, latency_s = _finished_trials(conn, prior_task)
     knobs = family_of(space.workload).knobs
     names = [k.name for k in knobs]
-    configs: list[dict[str, Any]] = []
-    objective_ms = []
-    for r in rows:
-        configs.append({k: r.schedule[k] for k in names})
-        ok = r.status == "ok" and r.latency_us is not None and r.latency_us > 0
-        objective_ms.append(r.latency_us / 1e3 if ok else np.inf)
     recorded = RecordedConfigs(
         name=f"task {prior_task} on {gpu}",
         tune_params={k.name: list(k.values) for k in knobs},
-        configs=configs,
-        objective_ms=np.asarray(objective_ms, dtype=np.float64),
+        configs=[{k: s[k] for k in names} for s in schedules],
+        objective_ms=latency_s * 1e3,
     )
     columns = [space.knobs[k].tolist() for k in names]
     rows_here = [dict(zip(names, values, strict=True)) for values in zip(*columns, strict=True)]
@@ -202,20 +192,25 @@ def measured_space(conn: Connection, task_id: int) -> RecordedSpace:
         raise PriorError(f"task {task_id} does not exist")
     workload = parse_any_workload(head.canonical)
     fam = family_of(workload)
+    schedules, latency_s = _finished_trials(conn, task_id)
+    knobs = {k: np.array([s[k] for s in schedules], dtype=np.int64) for k in fam.knob_names}
+    return RecordedSpace(fam.space_of(workload, get_gpu(head.gpu), knobs), latency_s)
+
+
+def _finished_trials(conn: Connection, task_id: int) -> tuple[list[dict[str, Any]], np.ndarray]:
+    """A task's trials with a result, in trial order: their schedules and latencies in
+    seconds (inf where the trial failed)."""
     rows = conn.execute(
         select(JobRow.schedule, JobRow.status, JobRow.latency_us)
         .where(JobRow.task_id == task_id, JobRow.status.is_not(None))
         .order_by(JobRow.trial)
     ).all()
-    knobs = {k: np.array([r.schedule[k] for r in rows], dtype=np.int64) for k in fam.knob_names}
+    ok = [r.status == "ok" and r.latency_us is not None and r.latency_us > 0 for r in rows]
     latency_s = np.array(
-        [
-            r.latency_us / 1e6 if r.status == "ok" and r.latency_us and r.latency_us > 0 else np.inf
-            for r in rows
-        ],
+        [r.latency_us / 1e6 if good else np.inf for r, good in zip(rows, ok, strict=True)],
         dtype=np.float64,
     )
-    return RecordedSpace(fam.space_of(workload, get_gpu(head.gpu), knobs), latency_s)
+    return [r.schedule for r in rows], latency_s
 
 
 def prior_from_tasks(conn: Connection, task_ids: list[int], space: FamilySpace) -> PriorMean:

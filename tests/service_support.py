@@ -142,6 +142,21 @@ def drain(client: TestClient, worker_id: int, result_of=None, max_jobs: int = 8)
     return answered
 
 
+def drain_rebuilding(client: TestClient, worker_id: int, task_id: int) -> int:
+    """drain() with made-up results, dropping task_id's session and every cached prior
+    before each of its results: its next advance rebuilds the session from the record, as a
+    replica with empty caches would (the prior read or fitted again)."""
+    driver = service_of(client).driver
+
+    def result_of(job: dict) -> dict:
+        if job["task_id"] == task_id:
+            driver._live.pop(task_id, None)
+            driver._priors.clear()
+        return ok(fake_latency(job["schedule"]))
+
+    return drain(client, worker_id, result_of)
+
+
 def create_task(client: TestClient, budget: int = 20, **extra: Any) -> dict:
     body = {"workload": GEMM, "gpu": "h100", "budget": budget, **extra}
     response = client.post("/v1/tasks", json=body)

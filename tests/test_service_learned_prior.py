@@ -16,6 +16,7 @@ from service_support import (
     client_for,
     create_task,
     drain,
+    drain_rebuilding,
     fake_latency,
     ok,
     register,
@@ -97,17 +98,8 @@ def test_a_task_with_a_learned_prior_replays_exactly_on_a_replica_with_empty_cac
         rebuilt = create_task(a, budget=24, strategy="analytical+xgb", seed=4, learned_prior=True)
         assert kept["learned_from"] == rebuilt["learned_from"]
         worker = register(a, runner="cupy")
-        driver = service_of(a).driver
-
-        def result_of(job: dict) -> dict:
-            if job["task_id"] == rebuilt["id"]:
-                # The next advance of this task rebuilds its session from the record: the
-                # prior fitted again on the recorded tasks' trials.
-                driver._live.pop(rebuilt["id"], None)
-                driver._priors.clear()
-            return ok(fake_latency(job["schedule"]))
-
-        assert drain(a, worker, result_of) == 48
+        # Each advance of `rebuilt` refits the prior on the recorded tasks' trials.
+        assert drain_rebuilding(a, worker, rebuilt["id"]) == 48
         for task in (kept, rebuilt):
             assert a.get(f"/v1/tasks/{task['id']}").json()["state"] == "done"
         assert _trials(a, kept["id"]) == _trials(a, rebuilt["id"])

@@ -12,12 +12,12 @@ from service_support import (
     client_for,
     create_task,
     drain,
+    drain_rebuilding,
     fake_latency,
     lease,
     ok,
     post_result,
     register,
-    service_of,
 )
 
 pytest_plugins = ["service_fixtures"]
@@ -70,17 +70,8 @@ def test_a_task_with_a_prior_replays_exactly_on_a_replica_with_empty_caches(db_u
         kept = create_task(a, budget=24, strategy="analytical+xgb", seed=4, prior_task=prior)
         rebuilt = create_task(a, budget=24, strategy="analytical+xgb", seed=4, prior_task=prior)
         worker = register(a)
-        driver = service_of(a).driver
-
-        def result_of(job: dict) -> dict:
-            if job["task_id"] == rebuilt["id"]:
-                # The next advance of this task rebuilds its session from the record, the
-                # prior read again from the prior task's trials.
-                driver._live.pop(rebuilt["id"], None)
-                driver._priors.clear()
-            return ok(fake_latency(job["schedule"]))
-
-        assert drain(a, worker, result_of) == 48
+        # Each advance of `rebuilt` reads the prior again from the prior task's trials.
+        assert drain_rebuilding(a, worker, rebuilt["id"]) == 48
         for task in (kept, rebuilt):
             doc = a.get(f"/v1/tasks/{task['id']}").json()
             assert doc["state"] == "done" and doc["error"] is None and doc["trials_done"] == 24
