@@ -27,3 +27,14 @@ def test_library_shape_follows_the_batch_and_b_layout() -> None:
 def test_library_shape_has_no_gemm_for_a_convolution() -> None:
     conv = Conv2d(n=1, h=8, w=8, c=16, k=16, r=3, s=3)
     assert library_shape(conv) is None
+
+
+def test_the_device_script_parses_and_profiles_this_module() -> None:
+    import subprocess
+    from pathlib import Path
+
+    script = Path(__file__).resolve().parent.parent / "benchmarks" / "profile_best.sh"
+    subprocess.run(["bash", "-n", str(script)], check=True)
+    text = script.read_text()
+    assert "python3 -m benchmarks.profile_best" in text
+    assert "$OUT/ncu-$op-ours.txt" in text and "$OUT/ncu-$op-lib.txt" in text
