@@ -17,21 +17,32 @@ from pipetune.workers.datasets import check_pipetune, load_dataset
 from pipetune.workers.runners import make_runner
 
 DATA = Path(__file__).resolve().parent.parent / "benchmarks" / "data"
-MEASURED = sorted(DATA.glob("*/*.t4.json.gz"))
+# Each GPU's campaign, and second sweeps of some of its operators (benchmarks/bench_repeat.py).
+MEASURED = sorted(DATA.glob("*/*.t4.json.gz")) + sorted(DATA.glob("*/repeat-*/sweeps/*.t4.json.gz"))
 
 
-@pytest.mark.parametrize(("gpu", "operators"), [("h200", 59), ("h100", 38)])
+def _gpu_of(path: Path) -> str:
+    return path.relative_to(DATA).parts[0]
+
+
+@pytest.mark.parametrize(("gpu", "operators"), [("h200", 59), ("h100", 59)])
 def test_there_are_measurements(gpu: str, operators: int):
-    # The campaigns of 2026-11-26: the H200's whole suite (59 operators), the H100's ALCOP
-    # suite and 15 memops operators. Fewer files means data went missing.
+    # The campaigns of 2026-11-26: both GPUs' whole suites (59 operators each). Fewer files
+    # means data went missing.
     assert len(sorted((DATA / gpu).glob("*.t4.json.gz"))) == operators
 
 
-@pytest.mark.parametrize("path", MEASURED, ids=[f"{p.parent.name}/{p.name}" for p in MEASURED])
+def test_the_h100_repeat_holds_ten_operators_of_the_campaign():
+    repeat = sorted((DATA / "h100" / "repeat-2026-11-26" / "sweeps").glob("*.t4.json.gz"))
+    assert len(repeat) == 10
+    assert all((DATA / "h100" / p.name).exists() for p in repeat)
+
+
+@pytest.mark.parametrize("path", MEASURED, ids=[str(p.relative_to(DATA)) for p in MEASURED])
 def test_a_committed_dataset_is_an_exhaustive_real_measurement(path: Path):
     ds = load_dataset(path)
     info = check_pipetune(ds)
-    assert info.runner == "cupy" and info.gpu == path.parent.name
+    assert info.runner == "cupy" and info.gpu == _gpu_of(path)
     operator = path.name.split(".")[0]
     suite = next(s for s in SUITES.values() if operator in s)
     assert suite[operator].workload_hash == info.workload.workload_hash
