@@ -26,13 +26,14 @@ from pipetune.workers.runners.base import MeasureSettings
 DATA = Path(__file__).resolve().parent / "data"
 
 
-def best_records(path: Path, top: int) -> tuple[Any, list[dict[str, Any]]]:
-    """The workload of a recorded operator and its ``top`` fastest correct schedules."""
+def best_records(path: Path, top: int) -> tuple[Any, list[tuple[dict[str, Any], float]]]:
+    """The workload of a recorded operator and its ``top`` fastest correct schedules, each
+    with its recorded time in ms, fastest first."""
     dataset = load_dataset(path)
     info = check_pipetune(dataset)
     timed = [r for r in dataset.records if r.invalidity == "correct" and r.time_ms]
     timed.sort(key=lambda r: r.time_ms)
-    return info.workload, [dict(r.configuration) | {"_ms": r.time_ms} for r in timed[:top]]
+    return info.workload, [(dict(r.configuration), r.time_ms) for r in timed[:top]]
 
 
 def library_shape(workload: Any) -> tuple[int, int, int, int, bool] | None:
@@ -73,12 +74,11 @@ def main() -> None:
 
     from pipetune.workers.runners.cupy_runner import CupyRunner
 
-    workload, configs = best_records(DATA / args.gpu / f"{args.operator}.t4.json.gz", args.top)
+    workload, best = best_records(DATA / args.gpu / f"{args.operator}.t4.json.gz", args.top)
     family = family_of(workload)
     schedules = []
-    for config in configs:
-        recorded = config.pop("_ms")
-        print(f"recorded {recorded:.4f} ms: {config}")
+    for config, recorded_ms in best:
+        print(f"recorded {recorded_ms:.4f} ms: {config}")
         schedules.append(family.parse_schedule(config))
     settings = MeasureSettings(warmup=1, repeats=2)
     if not schedules:
@@ -87,7 +87,8 @@ def main() -> None:
     with CupyRunner(args.gpu, settings=settings, compile_workers=2) as runner:
         for schedule, result in zip(schedules, runner.measure(workload, schedules), strict=True):
             print(
-                f"now {result.latency_us} us ({result.status}, {result.registers} registers): {schedule.as_dict()}"
+                f"now {result.latency_us} us ({result.status}, {result.registers} registers): "
+                f"{schedule.as_dict()}"
             )
     if args.library:
         run_library(workload)
