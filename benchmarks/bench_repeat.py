@@ -31,10 +31,15 @@ import numpy as np
 from scipy.stats import spearmanr
 
 from benchmarks.bench_campaign import best_in_top_k, geomean
-from benchmarks.campaign_data import OperatorData, campaign, load_operator, read_json
+from benchmarks.campaign_data import (
+    DATA_DIR,
+    OperatorData,
+    campaign,
+    load_operator,
+    read_json,
+)
 from benchmarks.results import write_section
 
-DATA = Path(__file__).resolve().parent / "data"
 TOP_K = (1, 10)
 SECTION = "repeat-{gpu}"
 
@@ -78,7 +83,7 @@ class Pair:
         )
 
 
-def pairs(gpu: str, repeat: Path, data_dir: Path = DATA) -> list[Pair]:
+def pairs(gpu: str, repeat: Path, data_dir: Path = DATA_DIR) -> list[Pair]:
     first = campaign(gpu, data_dir)
     second_baselines = read_json(repeat / "baselines.json")
     found = []
@@ -99,7 +104,7 @@ def _library_us(op: OperatorData) -> float | None:
     return None if op.library is None else float(op.library["latency_us"])
 
 
-def report(gpu: str, repeat: Path, data_dir: Path = DATA) -> str:
+def report(gpu: str, repeat: Path, data_dir: Path = DATA_DIR) -> str:
     found = pairs(gpu, repeat, data_dir)
     settings = read_json(repeat / "campaign.json").get("settings", {})
     device = read_json(repeat / "probe.json").get("device", {}).get("name", "?")
@@ -151,7 +156,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--gpu", required=True)
     parser.add_argument("--repeat", type=Path, required=True, help="the second campaign's folder")
-    parser.add_argument("--data-dir", type=Path, default=DATA)
+    parser.add_argument("--data-dir", type=Path, default=DATA_DIR)
     parser.add_argument("--write", action="store_true", help="into benchmarks/RESULTS.md")
     args = parser.parse_args()
     body = report(args.gpu, args.repeat, args.data_dir)

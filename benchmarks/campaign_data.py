@@ -20,6 +20,9 @@ import numpy as np
 from pipetune.model.family import KernelFamily, family_of
 from pipetune.model.hardware import get_gpu
 
+# The committed campaigns: benchmarks/data/<gpu>/ (the CLIs take --data-dir).
+DATA_DIR = Path(__file__).resolve().parent / "data"
+
 
 @dataclass(frozen=True)
 class OperatorData:

@@ -18,12 +18,11 @@ import argparse
 from pathlib import Path
 from typing import Any
 
+from benchmarks.campaign_data import DATA_DIR
 from pipetune.model.family import family_of
 from pipetune.workers.datasets import load_dataset
 from pipetune.workers.datasets.pipetune import check_pipetune
 from pipetune.workers.runners.base import MeasureSettings
-
-DATA = Path(__file__).resolve().parent / "data"
 
 
 def best_records(path: Path, top: int) -> tuple[Any, list[tuple[dict[str, Any], float]]]:
@@ -74,7 +73,7 @@ def main() -> None:
 
     from pipetune.workers.runners.cupy_runner import CupyRunner
 
-    workload, best = best_records(DATA / args.gpu / f"{args.operator}.t4.json.gz", args.top)
+    workload, best = best_records(DATA_DIR / args.gpu / f"{args.operator}.t4.json.gz", args.top)
     family = family_of(workload)
     schedules = []
     for config, recorded_ms in best:

@@ -7,13 +7,13 @@ import numpy as np
 import pytest
 
 from benchmarks import bench_repeat
-from benchmarks.bench_repeat import DATA, Pair
-from benchmarks.campaign_data import OperatorData
+from benchmarks.bench_repeat import Pair
+from benchmarks.campaign_data import DATA_DIR, OperatorData
 from pipetune.model.family import family_of
 from pipetune.model.hardware import get_gpu
 from pipetune.model.workloads import gemm
 
-REPEAT = DATA / "h100" / "repeat-2026-11-26"
+REPEAT = DATA_DIR / "h100" / "repeat-2026-11-26"
 
 
 def _operator(measured_of) -> OperatorData:

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
-from benchmarks.profile_best import DATA, best_records, library_shape
+from benchmarks.campaign_data import DATA_DIR
+from benchmarks.profile_best import best_records, library_shape
 from pipetune.model.workloads import Bmm, Conv2d, Gemm
 from pipetune.workers.datasets import load_dataset
 
 
 def test_best_records_are_the_fastest_correct_schedules_in_order() -> None:
-    path = DATA / "h100" / "MM_Square_4k.t4.json.gz"
+    path = DATA_DIR / "h100" / "MM_Square_4k.t4.json.gz"
     workload, best = best_records(path, 3)
     times = sorted(
         r.time_ms for r in load_dataset(path).records if r.invalidity == "correct" and r.time_ms
