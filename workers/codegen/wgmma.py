@@ -1,0 +1,401 @@
+"""A Hopper GEMM on warpgroup MMA (`wgmma.mma_async`), for measuring what the mma.sync family
+cannot reach (issue 15): on an H100 a perfect mma.sync pipe gives 0.88 of cuBLAS's wgmma
+kernel (benchmarks/RESULTS.md, "what limits the mma.sync GEMM next to cuBLAS").
+
+This is a probe, not yet a tuned family: a few block shapes and pipeline depths that
+`benchmarks/wgmma_probe.py` compiles, checks against cuBLAS and times on a lent GPU. No space,
+model or tuner knows it. It computes what the `gemm_kn` and `bmm` variants compute, with
+their parameters ``(A, B, C, M, N, K)`` and grid ``(tiles_m * tiles_n, 1, batch)``.
+
+How it works (CUTLASS's sm90 "cp.async + GMMA" mainloop, without warp specialisation):
+- one warpgroup (128 threads) per 64 rows of the block tile; each issues
+  ``wgmma.m64n<BN>k16`` four times per 64-deep K tile, A and B read from shared memory
+  through matrix descriptors, f32 accumulators in registers;
+- every thread copies 16-byte chunks with cp.async into a ring of STAGES shared-memory
+  stages laid out as the descriptors' 128-byte-swizzle canonical layouts (PTX ISA, "Shared
+  Memory Matrix Layout"): A K-major (a row of 64 halves is one 128-byte line), B N-major (B is
+  stored K x N: 64-column slabs of BK lines each);
+- one K tile's MMAs stay in flight while the next tile's are issued (``wgmma.wait_group 1``),
+  so a stage is refilled two tiles after its use: the copies run STAGES - 2 tiles ahead;
+- cp.async writes through the generic proxy and wgmma reads through the async one: each
+  thread fences (``fence.proxy.async``) after its copies land, before the block barrier.
+
+The index math is plain C++ (``helpers``) so that tests/test_wgmma_emulated.py runs the kernel
+on the CPU with the PTX wrappers emulated from the ISA's layout definitions.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from pipetune.workers.codegen import cuda_text
+from pipetune.workers.codegen.variants import GRID_Z_LIMIT, scalar_args, variant_of
+
+BK = 64  # halves per K tile: one 128-byte swizzle line per row of A
+SMEM_LIMIT = 227 * 1024  # Hopper's dynamic shared memory per block
+ALIGN_SLACK = 1024  # the stages start at a 1024-byte boundary (the swizzle reads bits 7-9)
+VARIANTS = ("gemm_kn", "bmm")  # B stored K x N, row-major
+# How the B descriptor's two byte offsets are read for an N-major operand: "canonical" as the
+# PTX ISA's canonical-layout table gives them (leading = between 64-column slabs, stride =
+# between 8-row groups of K), "swapped" the other way round. The probe compiles both so that
+# one GPU call settles which one the hardware follows, should the reading be wrong.
+B_DESCRIPTORS = ("canonical", "swapped")
+
+
+@dataclass(frozen=True)
+class WgmmaConfig:
+    block_m: int  # 64 per warpgroup
+    block_n: int  # a multiple of 64, at most 256 (one wgmma instruction's N)
+    stages: int  # shared-memory ring depth, at least 3
+    b_descriptor: str = "canonical"
+
+    def __post_init__(self) -> None:
+        problems = config_problems(self)
+        if problems:
+            raise ValueError(problems[0])
+
+    @property
+    def warpgroups(self) -> int:
+        return self.block_m // 64
+
+    @property
+    def threads(self) -> int:
+        return 128 * self.warpgroups
+
+    @property
+    def stage_bytes(self) -> int:
+        return (self.block_m + self.block_n) * BK * 2
+
+    @property
+    def smem_bytes(self) -> int:
+        return self.stages * self.stage_bytes + ALIGN_SLACK
+
+    @property
+    def id(self) -> str:
+        tail = "" if self.b_descriptor == "canonical" else "_bswap"
+        return f"wg{self.block_m}x{self.block_n}s{self.stages}{tail}"
+
+
+def config_problems(c: WgmmaConfig) -> list[str]:
+    problems = []
+    if c.block_m not in (64, 128, 192, 256):
+        problems.append(
+            f"block_m must be 64, 128, 192 or 256 (one warpgroup per 64 rows), got {c.block_m}"
+        )
+    if c.block_n % 64 or not 64 <= c.block_n <= 256:
+        problems.append(f"block_n must be 64, 128, 192 or 256, got {c.block_n}")
+    if c.stages < 3:
+        problems.append(
+            f"stages must be at least 3 (one tile in use, one in the MMAs' flight), got {c.stages}"
+        )
+    if c.b_descriptor not in B_DESCRIPTORS:
+        problems.append(f"b_descriptor must be one of {B_DESCRIPTORS}, got {c.b_descriptor!r}")
+    if problems:
+        return problems
+    if (BK * c.block_n // 8) % c.threads:
+        problems.append(f"a {BK}x{c.block_n} tile of B is not whole 16-byte copies per thread")
+    if c.smem_bytes > SMEM_LIMIT:
+        problems.append(f"{c.smem_bytes} B of shared memory exceeds {SMEM_LIMIT}")
+    return problems
+
+
+HELPERS = r"""
+namespace pt {
+
+constexpr int BM = @BM@, BN = @BN@, BK = 64, STAGES = @STAGES@;
+constexpr int WARPGROUPS = BM / 64, THREADS = 128 * WARPGROUPS;
+constexpr int A_STAGE_BYTES = BM * BK * 2;       // BM lines of 128 bytes
+constexpr int B_SLAB_BYTES = BK * 128;           // 64 columns of B: BK lines of 128 bytes
+constexpr int B_STAGE_BYTES = (BN / 64) * B_SLAB_BYTES;
+constexpr int STAGE_BYTES = A_STAGE_BYTES + B_STAGE_BYTES;  // a multiple of 1024
+constexpr int A_ITERS = BM * 8 / THREADS;        // 16-byte chunks per thread per tile
+constexpr int B_ITERS = BK * (BN / 8) / THREADS;
+constexpr int ACC = BN / 2;                      // f32 accumulators per thread
+constexpr bool B_SWAPPED = @B_SWAPPED@;
+static_assert(BM * 8 % THREADS == 0 && BK * (BN / 8) % THREADS == 0, "whole chunks per thread");
+
+// The 128-byte swizzle (CUTLASS's Swizzle<3,4,3>): the 16-byte unit (address bits 4-6) is
+// XORed with the line within its 1024-byte block (bits 7-9). Stages start at multiples of
+// 1024, so an offset within a stage swizzles as its full address does.
+PT_HD unsigned swizzle128(unsigned offset) { return offset ^ (((offset >> 7) & 7u) << 4); }
+
+// Where a loader chunk lands within its stage. A: row `row` (K-major, 64 halves = 8 units).
+PT_HD unsigned a_chunk_offset(int row, int unit) {
+  return swizzle128(static_cast<unsigned>(row * 128 + unit * 16));
+}
+// B: line `k` of 64-column slab unit / 8 (N-major).
+PT_HD unsigned b_chunk_offset(int k, int unit) {
+  return static_cast<unsigned>((unit / 8) * B_SLAB_BYTES) +
+         swizzle128(static_cast<unsigned>(k * 128 + (unit % 8) * 16));
+}
+
+// A wgmma shared-memory matrix descriptor: start address, leading and stride byte offsets
+// (all in 16-byte units), layout type 1 = 128-byte swizzle in bits 62-63, base offset 0.
+PT_HD unsigned long long smem_descriptor(unsigned addr, unsigned leading, unsigned stride) {
+  return static_cast<unsigned long long>((addr & 0x3FFFFu) >> 4) |
+         (static_cast<unsigned long long>((leading & 0x3FFFFu) >> 4) << 16) |
+         (static_cast<unsigned long long>((stride & 0x3FFFFu) >> 4) << 32) | (1ull << 62);
+}
+// A of warpgroup wg, k16 step ks: K-major, 8-line groups 1024 bytes apart; the leading
+// offset is unused by swizzled K-major layouts (1 by convention); a k16 step is 32 bytes on.
+PT_HD unsigned long long a_descriptor(unsigned stage_a, int wg, int ks) {
+  return smem_descriptor(stage_a + static_cast<unsigned>(wg * 64 * 128 + ks * 32), 16u, 1024u);
+}
+// B, k16 step ks: N-major; 64-column slabs B_SLAB_BYTES apart, 8-line groups of K 1024
+// bytes apart; a k16 step is 16 lines (2048 bytes) on.
+PT_HD unsigned long long b_descriptor(unsigned stage_b, int ks) {
+  const unsigned slabs = static_cast<unsigned>(B_SLAB_BYTES), groups = 1024u;
+  return smem_descriptor(stage_b + static_cast<unsigned>(ks * 16 * 128),
+                         B_SWAPPED ? groups : slabs, B_SWAPPED ? slabs : groups);
+}
+
+// Accumulator i of thread t (0..127 within its warpgroup) of an m64nNk16 f32 result: warp
+// t/32 holds rows 16(t/32)..+15; in each 8-column block j = i/4, as mma.m16n8's C fragment.
+PT_HD void acc_position(int t, int i, int& row, int& col) {
+  const int warp = t / 32, lane = t % 32, j = i / 4, half = (i / 2) % 2, e = i % 2;
+  row = 16 * warp + lane / 4 + 8 * half;
+  col = 8 * j + 2 * (lane % 4) + e;
+}
+
+}  // namespace pt
+"""
+
+DEVICE_HEAD = "namespace pt {\n"
+
+DEVICE_WGMMA = r"""
+__device__ __forceinline__ void wgmma_fence() {
+  asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
+}
+__device__ __forceinline__ void wgmma_commit() {
+  asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
+}
+template <int N>
+__device__ __forceinline__ void wgmma_wait() {
+  asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory");
+}
+// This thread's generic-proxy shared-memory writes (its landed cp.async copies), made
+// visible to the async proxy that wgmma reads through.
+__device__ __forceinline__ void fence_proxy_async() {
+  asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+}
+// Keeps the compiler from moving an accumulator while an MMA that writes it is in flight.
+__device__ __forceinline__ void fence_operand(float& r) { asm volatile("" : "+f"(r)::"memory"); }
+"""
+
+DEVICE_TAIL = "}  // namespace pt\n"
+
+
+def _wgmma_wrapper(block_n: int) -> str:
+    """D(64 x BN, f32) += A(64 x 16, smem, K-major) * B(16 x BN, smem, N-major)."""
+    acc = block_n // 2
+    regs = ", ".join(f"%{i}" for i in range(acc))
+    outputs = ", ".join(f'"+f"(d[{i}])' for i in range(acc))
+    return (
+        f"__device__ __forceinline__ void wgmma_tile(float (&d)[{acc}], unsigned long long da,\n"
+        "                                           unsigned long long db) {\n"
+        "  asm volatile(\n"
+        '      "{\\n.reg .pred p;\\n"\n'
+        f'      "setp.ne.b32 p, %{acc + 2}, 0;\\n"\n'
+        f'      "wgmma.mma_async.sync.aligned.m64n{block_n}k16.f32.f16.f16 "\n'
+        f'      "{{{regs}}}, "\n'
+        f'      "%{acc}, %{acc + 1}, p, 1, 1, 0, 1;\\n}}\\n"\n'
+        f"      : {outputs}\n"
+        '      : "l"(da), "l"(db), "r"(1));\n'
+        "}\n"
+    )
+
+
+KERNEL = r"""
+extern "C" __global__ void __launch_bounds__(@THREADS@, 1)
+@NAME@(const __half* __restrict__ A_ptr, const __half* __restrict__ B_ptr,
+       __half* __restrict__ C_ptr, int M_arg, int N_arg, int K_arg) {
+  using namespace pt;
+  extern __shared__ __align__(128) unsigned char pt_smem[];
+  const unsigned short* A = reinterpret_cast<const unsigned short*>(A_ptr);
+  const unsigned short* B = reinterpret_cast<const unsigned short*>(B_ptr);
+  unsigned short* C = reinterpret_cast<unsigned short*>(C_ptr);
+  const int M = M_arg, N = N_arg, K = K_arg;
+@BATCH@
+  const int tid = threadIdx.x, wg = tid / 128, t = tid % 128;
+  const int tiles_n = (N + BN - 1) / BN;
+  const int tile_m = static_cast<int>(blockIdx.x) / tiles_n;
+  const int bm0 = tile_m * BM, bn0 = (static_cast<int>(blockIdx.x) - tile_m * tiles_n) * BN;
+  const int k_tiles = (K + BK - 1) / BK;
+  const unsigned base = (smem_u32(pt_smem) + 1023u) & ~1023u;
+
+  auto load_tile = [&](int kt, int stage) {
+    const unsigned sa = base + stage * STAGE_BYTES, sb = sa + A_STAGE_BYTES;
+#pragma unroll
+    for (int it = 0; it < A_ITERS; ++it) {
+      const int c = tid + it * THREADS, row = c / 8, unit = c % 8;
+      const int gm = bm0 + row, gk = kt * BK + unit * 8;
+      const bool ok = gm < M && gk < K;
+      cp_async16(sa + a_chunk_offset(row, unit), ok ? A + static_cast<long long>(gm) * K + gk : A,
+                 ok);
+    }
+#pragma unroll
+    for (int it = 0; it < B_ITERS; ++it) {
+      const int c = tid + it * THREADS, k = c / (BN / 8), unit = c % (BN / 8);
+      const int gk = kt * BK + k, gn = bn0 + unit * 8;
+      const bool ok = gk < K && gn < N;
+      cp_async16(sb + b_chunk_offset(k, unit), ok ? B + static_cast<long long>(gk) * N + gn : B,
+                 ok);
+    }
+  };
+
+  float acc[ACC];
+#pragma unroll
+  for (int i = 0; i < ACC; ++i) acc[i] = 0.f;
+
+  // Tiles 0..STAGES-3 in flight before the loop; tile kt+STAGES-2 issued in iteration kt.
+#pragma unroll
+  for (int s = 0; s < STAGES - 2; ++s) {
+    if (s < k_tiles) load_tile(s, s);
+    cp_async_commit();
+  }
+  for (int kt = 0; kt < k_tiles; ++kt) {
+    cp_async_wait<STAGES - 3>();  // tile kt has landed (this thread's copies)
+    fence_proxy_async();
+    __syncthreads();  // everyone's copies of tile kt, and every MMA of tile kt-2 retired
+    const unsigned sa = base + (kt % STAGES) * STAGE_BYTES, sb = sa + A_STAGE_BYTES;
+    wgmma_fence();
+#pragma unroll
+    for (int i = 0; i < ACC; ++i) fence_operand(acc[i]);
+#pragma unroll
+    for (int ks = 0; ks < BK / 16; ++ks) {
+      wgmma_tile(acc, a_descriptor(sa, wg, ks), b_descriptor(sb, ks));
+    }
+    wgmma_commit();
+#pragma unroll
+    for (int i = 0; i < ACC; ++i) fence_operand(acc[i]);
+    wgmma_wait<1>();  // this warpgroup's MMAs of tile kt-1 have retired
+#pragma unroll
+    for (int i = 0; i < ACC; ++i) fence_operand(acc[i]);
+    // The stage of tile kt-2: every warpgroup retired its MMAs before the barrier above.
+    const int next = kt + STAGES - 2;
+    if (next < k_tiles) load_tile(next, next % STAGES);
+    cp_async_commit();
+  }
+  wgmma_wait<0>();
+#pragma unroll
+  for (int i = 0; i < ACC; ++i) fence_operand(acc[i]);
+  cp_async_wait<0>();
+
+  // f32 -> f16, predicated 4-byte stores of column pairs (N is a multiple of 8).
+#pragma unroll
+  for (int i = 0; i < ACC; i += 2) {
+    int row, col;
+    acc_position(t, i, row, col);
+    row += bm0 + wg * 64;
+    col += bn0;
+    if (row < M && col < N) {
+      *reinterpret_cast<unsigned*>(C + static_cast<long long>(row) * N + col) =
+          pack_half2(acc[i], acc[i + 1]);
+    }
+  }
+}
+"""
+
+BATCH_OFFSETS = r"""
+  const int z = blockIdx.z;
+  A += static_cast<long long>(z) * M * K;
+  B += static_cast<long long>(z) * K * N;
+  C += static_cast<long long>(z) * M * N;
+"""
+
+
+def kernel_name(variant: str, config: WgmmaConfig) -> str:
+    return f"pipetune_{variant}_{config.id}"
+
+
+def source_parts(variant: str, config: WgmmaConfig) -> dict[str, str]:
+    """The kernel's source in pieces: "helpers" (plain C++), "device" (PTX wrappers: the
+    mma.sync family's cp.async and conversion ones, and wgmma's), "kernel", "end"."""
+    if variant not in VARIANTS:
+        raise ValueError(f"the wgmma probe computes {VARIANTS}, not {variant!r}")
+    helpers = HELPERS
+    for key, value in {
+        "BM": config.block_m,
+        "BN": config.block_n,
+        "STAGES": config.stages,
+        "B_SWAPPED": "true" if config.b_descriptor == "swapped" else "false",
+    }.items():
+        helpers = helpers.replace(f"@{key}@", str(value))
+    kernel = (
+        KERNEL.replace("@THREADS@", str(config.threads))
+        .replace("@NAME@", kernel_name(variant, config))
+        .replace("@BATCH@", BATCH_OFFSETS if variant == "bmm" else "")
+    )
+    header = (
+        f"// pipetune wgmma probe kernel: variant {variant}, block {config.block_m}x"
+        f"{config.block_n}x{BK}, {config.stages} stages, B descriptor {config.b_descriptor}\n"
+        f"// {config.threads} threads, {config.smem_bytes} B dynamic shared memory\n"
+    )
+    return {
+        "header": header,
+        "helpers": cuda_text.PREAMBLE + helpers,
+        # cuda_text.DEVICE opens `#if defined(__CUDACC__)` with the family's cp.async,
+        # smem_u32 and pack_half2 wrappers; "end" closes it after the kernel.
+        "device": cuda_text.DEVICE
+        + DEVICE_HEAD
+        + DEVICE_WGMMA
+        + _wgmma_wrapper(config.block_n)
+        + DEVICE_TAIL,
+        "kernel": kernel,
+        "end": cuda_text.DEVICE_END,
+    }
+
+
+@dataclass(frozen=True)
+class WgmmaKernel:
+    variant: str
+    config: WgmmaConfig
+    name: str
+    code: str
+    threads: int
+    smem_bytes: int
+
+
+def generate(workload_or_variant, config: WgmmaConfig) -> WgmmaKernel:
+    variant = (
+        workload_or_variant
+        if isinstance(workload_or_variant, str)
+        else variant_of(workload_or_variant)
+    )
+    return WgmmaKernel(
+        variant=variant,
+        config=config,
+        name=kernel_name(variant, config),
+        code="".join(source_parts(variant, config).values()),
+        threads=config.threads,
+        smem_bytes=config.smem_bytes,
+    )
+
+
+def launch(kernel: WgmmaKernel, workload) -> tuple[tuple[int, int, int], tuple[int, ...]]:
+    """(grid, scalar args (M, N, K)) of ``kernel`` on ``workload``."""
+    variant = variant_of(workload)
+    if variant != kernel.variant:
+        raise ValueError(f"kernel {kernel.name} is {kernel.variant}; the workload needs {variant}")
+    view = workload.gemm_view()
+    if view.batch > GRID_Z_LIMIT:
+        raise ValueError(f"batch {view.batch} exceeds the grid z limit {GRID_Z_LIMIT}")
+    c = kernel.config
+    tiles = -(-view.m // c.block_m) * -(-view.n // c.block_n)
+    return (tiles, 1, view.batch), scalar_args(workload)
+
+
+# The shapes the probe tries: one to four warpgroups, 128 to 256 columns, as deep as fits.
+# (One warpgroup 256 wide holds 128 accumulators and 16 copies per thread: it spills.)
+PROBE_CONFIGS: tuple[WgmmaConfig, ...] = tuple(
+    WgmmaConfig(m, n, s)
+    for m, n, stages in (
+        (128, 256, (3, 4)),
+        (128, 192, (4, 5)),
+        (128, 128, (3, 4, 5, 6)),
+        (192, 192, (3, 4)),
+        (256, 128, (3, 4)),
+        (64, 128, (4, 6)),
+    )
+    for s in stages
+)
