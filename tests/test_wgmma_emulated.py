@@ -142,6 +142,7 @@ CASES = [
     (gemm(70, 200, 520), WgmmaConfig(64, 256, 4)),
     (bmm(2, 72, 64, 136), WgmmaConfig(64, 128, 4)),
     (gemm(264, 72, 136), WgmmaConfig(256, 64, 3)),
+    (gemm(130, 72, 200), WgmmaConfig(128, 64, 4)),
 ]
 
 

@@ -396,6 +396,8 @@ PROBE_CONFIGS: tuple[WgmmaConfig, ...] = tuple(
         (192, 192, (3, 4)),
         (256, 128, (3, 4)),
         (64, 128, (4, 6)),
+        (128, 64, (4, 6)),  # for N = 64 (the RN50 FC layer, the S.V products)
+        (64, 64, (6,)),
     )
     for s in stages
 )

@@ -1,0 +1,347 @@
+"""How close a warpgroup-MMA GEMM comes to cuBLAS on Hopper (issue 15): the probe kernels of
+workers/codegen/wgmma.py on the campaign's GEMM and BMM operators, checked and timed as the
+campaign checks and times (the same inputs, flush and timing loop, cuBLAS through the
+campaign's own baseline code).
+
+On the GPU machine (the GPU kit carried, `make gpu-kit`):
+
+    bash benchmarks/wgmma_probe.sh          # writes $OUT/wgmma-probe.json as it goes
+
+    python -m benchmarks.wgmma_probe run --out F.json [--operators A,B] [--configs ID,...]
+    python -m benchmarks.wgmma_probe report F.json [--gpu h100] [--write]
+
+``run`` first checks every shape on one small GEMM with tails in M, N and K, each in a child
+process of its own (a kernel that faults takes its CUDA context with it), both readings of
+the B descriptor; then times the shapes that passed on every operator, one child per shape,
+each operator checked against an fp32 product before it is timed. The file is rewritten
+after every child, so a call cut short still brings back what it measured. ``report`` sets
+the best probe shape per operator beside cuBLAS and beside the best mma.sync schedule of the
+committed campaign (benchmarks/data/<gpu>/), on this CPU.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import multiprocessing
+import time
+from pathlib import Path
+from typing import Any
+
+# A small GEMM with tails in M, N and K (not multiples of any block shape): the check every
+# shape must pass before it is timed.
+CHECK_SHAPE = {"op": "gemm", "m": 200, "n": 328, "k": 200, "b_layout": "kn"}
+TOLERANCE = 1e-2  # max |C - fp32 product| over max |fp32 product|: fp16 output rounding is ~5e-4
+CHILD_TIMEOUT_S = 240.0
+
+
+def _configs(ids: list[str] | None, reading: str = "canonical"):
+    """The probe shapes with the B descriptor read one way (or those named)."""
+    from pipetune.workers.codegen.wgmma import B_DESCRIPTORS, PROBE_CONFIGS, WgmmaConfig
+
+    every = [
+        WgmmaConfig(c.block_m, c.block_n, c.stages, r) for r in B_DESCRIPTORS for c in PROBE_CONFIGS
+    ]
+    if ids:
+        known = {c.id: c for c in every}
+        unknown = [i for i in ids if i not in known]
+        if unknown:
+            raise SystemExit(f"error: unknown probe shapes {unknown}; known: {sorted(known)}")
+        return [known[i] for i in ids]
+    return [c for c in every if c.b_descriptor == reading]
+
+
+def _operators(names: list[str] | None) -> dict[str, Any]:
+    from pipetune.model.operators import ALCOP
+
+    chosen = {n: w for n, w in ALCOP.items() if w.op in ("gemm", "bmm")}
+    if names:
+        unknown = [n for n in names if n not in chosen]
+        if unknown:
+            raise SystemExit(f"error: not GEMM or BMM operators of the suite: {unknown}")
+        chosen = {n: chosen[n] for n in names}
+    return chosen
+
+
+# ---- the child: one shape, several workloads ------------------------------------------------
+
+
+def _child(config_fields: dict[str, Any], workloads: list[dict[str, Any]], timed: bool, queue):
+    try:
+        queue.put(("ok", _measure(config_fields, workloads, timed)))
+    except BaseException as exc:  # reported, not raised: the parent records it per shape
+        queue.put(("error", f"{type(exc).__name__}: {exc}"))
+
+
+def _measure(config_fields: dict[str, Any], workloads: list[dict[str, Any]], timed: bool):
+    import cupy
+    import numpy as np
+
+    from pipetune.model.family import parse_any_workload
+    from pipetune.workers.campaign.plan import CAMPAIGN_SETTINGS
+    from pipetune.workers.codegen import wgmma
+    from pipetune.workers.compile import compile_source
+    from pipetune.workers.runners.cupy_child import MIN_FLUSH_BYTES, CupyClock
+    from pipetune.workers.runners.reference import make_inputs, operand_shapes
+    from pipetune.workers.runners.timing import RepeatPolicy, time_launches
+
+    config = wgmma.WgmmaConfig(**config_fields)
+    l2 = int(cupy.cuda.runtime.getDeviceProperties(0)["l2CacheSize"])
+    flush_buffer = cupy.empty(max(2 * l2, MIN_FLUSH_BYTES), dtype=cupy.uint8)
+    policy = RepeatPolicy.of(CAMPAIGN_SETTINGS)
+    modules: dict[str, Any] = {}
+    answers = []
+    for canonical in workloads:
+        workload = parse_any_workload(canonical)
+        kernel = wgmma.generate(workload, config)
+        if kernel.variant not in modules:
+            built = compile_source(kernel.code, "sm_90a", entry=kernel.name)
+            path = Path(f"/tmp/{kernel.name}.cubin")
+            path.write_bytes(built.cubin)
+            function = cupy.RawModule(path=str(path)).get_function(kernel.name)
+            function.max_dynamic_shared_size_bytes = kernel.smem_bytes
+            modules[kernel.variant] = (function, built.registers)
+        function, registers = modules[kernel.variant]
+        grid, scalars = wgmma.launch(kernel, workload)
+        a_host, b_host = make_inputs(workload, CAMPAIGN_SETTINGS.seed)
+        a, b = cupy.asarray(a_host), cupy.asarray(b_host)
+        c = cupy.full(operand_shapes(workload)[2], cupy.nan, dtype=cupy.float16)
+        args = (a, b, c, *(np.int32(s) for s in scalars))
+
+        def launch(function=function, grid=grid, kernel=kernel, args=args) -> None:
+            function(grid, (kernel.threads, 1, 1), args, shared_mem=kernel.smem_bytes)
+
+        launch()
+        cupy.cuda.Device().synchronize()
+        exact = cupy.matmul(a.astype(cupy.float32), b.astype(cupy.float32))
+        scale = float(cupy.abs(exact).max())
+        got = c.astype(cupy.float32)
+        unwritten = bool(cupy.isnan(got).any())  # C starts as NaN: a tile never stored
+        error = math.inf if unwritten else float(cupy.abs(got - exact).max())
+        answer: dict[str, Any] = {
+            "workload": canonical,
+            "registers": registers,
+            "error": error / scale if scale else error,
+        }
+        answer["correct"] = bool(answer["error"] <= TOLERANCE)
+        if timed and answer["correct"]:
+            answer["samples_ms"] = time_launches(
+                launch, lambda: flush_buffer.fill(0), CupyClock(cupy), policy
+            )
+        answers.append(answer)
+        del a, b, c, exact
+        cupy.get_default_memory_pool().free_all_blocks()
+    return answers
+
+
+def _in_child(config, workloads: list[dict[str, Any]], timed: bool) -> tuple[str, Any]:
+    from dataclasses import asdict
+
+    context = multiprocessing.get_context("spawn")
+    queue = context.Queue()
+    process = context.Process(target=_child, args=(asdict(config), workloads, timed, queue))
+    process.start()
+    deadline = time.monotonic() + CHILD_TIMEOUT_S
+    while time.monotonic() < deadline:
+        if not queue.empty():
+            result = queue.get()
+            process.join(10)
+            return result
+        if not process.is_alive() and queue.empty():
+            return "error", f"the child exited with code {process.exitcode} and no answer"
+        time.sleep(0.05)
+    process.kill()
+    return "error", f"no answer within {CHILD_TIMEOUT_S:.0f} s"
+
+
+def _vendor(workloads: dict[str, Any]) -> dict[str, Any]:
+    """cuBLAS on every operator, as the campaign's baselines phase times it."""
+    from pipetune.workers.campaign import cuda_side
+    from pipetune.workers.campaign.plan import CAMPAIGN_SETTINGS
+    from pipetune.workers.runners.timing import RepeatPolicy
+
+    cuda_side.init(0)
+    policy = RepeatPolicy.of(CAMPAIGN_SETTINGS)
+    out = {}
+    for name, workload in workloads.items():
+        try:
+            out[name] = cuda_side.vendor_time(workload.canonical(), CAMPAIGN_SETTINGS.seed, policy)
+        except Exception as exc:  # recorded; the probe goes on
+            out[name] = {"error": f"{type(exc).__name__}: {exc}"}
+    return out
+
+
+def run(out: Path, operator_names: list[str] | None, config_ids: list[str] | None) -> dict:
+    from pipetune.workers.campaign import cuda_side
+
+    operators = _operators(operator_names)
+    cuda_side.init(0)
+    document: dict[str, Any] = {
+        "device": cuda_side.describe(),
+        "started": time.time(),
+        "tolerance": TOLERANCE,
+        "checks": {},
+        "runs": {},
+    }
+
+    def save() -> None:
+        out.write_text(json.dumps(document, indent=1))
+
+    def check(configs) -> list:
+        for config in configs:
+            status, value = _in_child(config, [CHECK_SHAPE], timed=False)
+            document["checks"][config.id] = value[0] if status == "ok" else {"fault": value}
+            print(f"check {config.id}: {document['checks'][config.id]}", flush=True)
+            save()
+        return [c for c in configs if document["checks"][c.id].get("correct")]
+
+    save()
+    passed = check(_configs(config_ids))
+    if not passed and not config_ids:
+        # Every shape failed as the ISA's table reads the B descriptor: try the other reading.
+        passed = check(_configs(None, "swapped"))
+    document["vendor"] = _vendor(operators)
+    save()
+    canonicals = [w.canonical() for w in operators.values()]
+    for config in passed:
+        status, value = _in_child(config, canonicals, timed=True)
+        if status == "ok":
+            document["runs"][config.id] = dict(zip(operators, value, strict=True))
+        else:
+            document["runs"][config.id] = {"fault": value}
+        print(f"timed {config.id}: {status}", flush=True)
+        save()
+    document["finished"] = time.time()
+    save()
+    return document
+
+
+# ---- the report (CPU) -------------------------------------------------------------------------
+
+
+def _median_us(samples: list[float]) -> float:
+    ordered = sorted(samples)
+    mid = len(ordered) // 2
+    ms = ordered[mid] if len(ordered) % 2 else (ordered[mid - 1] + ordered[mid]) / 2
+    return ms * 1e3
+
+
+def summary(document: dict[str, Any], mma_sync_best_us: dict[str, float]) -> list[dict[str, Any]]:
+    """Per operator: the best probe shape and its time, cuBLAS's, the best mma.sync
+    schedule's (measured by the campaign), and the ratios (library time over ours)."""
+    from pipetune.model.operators import ALCOP
+
+    rows = []
+    for name in ALCOP:
+        vendor = document.get("vendor", {}).get(name)
+        timings = {
+            cid: _median_us(run[name]["samples_ms"])
+            for cid, run in document.get("runs", {}).items()
+            if name in run and run[name].get("samples_ms")
+        }
+        if not timings or not vendor or "samples_ms" not in vendor:
+            continue
+        best_id = min(timings, key=timings.__getitem__)
+        library_us = _median_us(vendor["samples_ms"])
+        row = {
+            "operator": name,
+            "best_shape": best_id,
+            "wgmma_us": timings[best_id],
+            "library_us": library_us,
+            "wgmma_vs_library": library_us / timings[best_id],
+        }
+        if name in mma_sync_best_us:
+            row["mma_sync_us"] = mma_sync_best_us[name]
+            row["mma_sync_vs_library"] = library_us / mma_sync_best_us[name]
+        rows.append(row)
+    return rows
+
+
+def _geomean(values: list[float]) -> float:
+    return math.exp(sum(math.log(v) for v in values) / len(values)) if values else float("nan")
+
+
+def render(document: dict[str, Any], rows: list[dict[str, Any]], source: str) -> str:
+    device = document.get("device", {})
+    checks = document.get("checks", {})
+    lines = [
+        f"Device: {device.get('name', device)}; probe file {source}.",
+        "",
+        "| shape | check (max error / max value) | registers |",
+        "|---|---|---:|",
+    ]
+    for cid, check in checks.items():
+        if "fault" in check:
+            lines.append(f"| {cid} | fault: {check['fault'][:120]} | |")
+        else:
+            verdict = "pass" if check["correct"] else "FAIL"
+            lines.append(f"| {cid} | {verdict} ({check['error']:.2e}) | {check['registers']} |")
+    lines += [
+        "",
+        "| operator | best shape | wgmma µs | mma.sync µs | cuBLAS µs | wgmma / library | mma.sync / library |",
+        "|---|---|---:|---:|---:|---:|---:|",
+    ]
+    for r in rows:
+        mma = f"{r['mma_sync_us']:.1f}" if "mma_sync_us" in r else "–"
+        mma_ratio = f"{r['mma_sync_vs_library']:.2f}" if "mma_sync_vs_library" in r else "–"
+        lines.append(
+            f"| {r['operator']} | {r['best_shape']} | {r['wgmma_us']:.1f} | {mma} | "
+            f"{r['library_us']:.1f} | {r['wgmma_vs_library']:.2f} | {mma_ratio} |"
+        )
+    ratios = [r["wgmma_vs_library"] for r in rows]
+    both = [r for r in rows if "mma_sync_vs_library" in r]
+    lines += [
+        "",
+        f"Geomean over {len(rows)} operators: wgmma {_geomean(ratios):.2f}x of the library"
+        + (f", mma.sync {_geomean([r['mma_sync_vs_library'] for r in both]):.2f}x" if both else "")
+        + ".",
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def _mma_sync_best(gpu: str) -> dict[str, float]:
+    from benchmarks.campaign_data import DATA_DIR, campaign
+
+    best = {}
+    for op in campaign(gpu, DATA_DIR).operators():
+        if op.workload.op in ("gemm", "bmm") and op.best is not None:
+            best[op.name] = op.best[0]
+    return best
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+    p_run = sub.add_parser("run", help="on the GPU: check and time the probe shapes")
+    p_run.add_argument("--out", type=Path, required=True)
+    p_run.add_argument("--operators", type=lambda s: s.split(","), default=None)
+    p_run.add_argument("--configs", type=lambda s: s.split(","), default=None)
+    p_rep = sub.add_parser("report", help="on the CPU: the probe beside cuBLAS and mma.sync")
+    p_rep.add_argument("file", type=Path)
+    p_rep.add_argument("--gpu", default="h100", help="the campaign to compare with")
+    p_rep.add_argument("--write", action="store_true", help="record in benchmarks/RESULTS.md")
+    args = parser.parse_args(argv)
+    if args.command == "run":
+        run(args.out, args.operators, args.configs)
+        return 0
+    if not args.file.exists():
+        parser.error(f"no such probe file: {args.file}")
+    document = json.loads(args.file.read_text())
+    rows = summary(document, _mma_sync_best(args.gpu))
+    text = render(document, rows, str(args.file))
+    print(text)
+    if args.write:
+        from benchmarks.results import write_section
+
+        command = f"`python -m benchmarks.wgmma_probe report {args.file} --gpu {args.gpu} --write`"
+        write_section(
+            f"wgmma-probe-{args.gpu}",
+            f"wgmma probe on {args.gpu.upper()} against cuBLAS and the mma.sync family (issue 15)",
+            text + f"\nCommand: {command}.\n",
+        )
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,104 @@
+"""benchmarks/wgmma_probe.py on the CPU: which shapes it runs, and its report. (Its `run`
+needs a Hopper GPU; the kernels themselves are checked by tests/test_wgmma_emulated.py.)"""
+
+from __future__ import annotations
+
+import pytest
+
+from benchmarks import wgmma_probe
+from pipetune.workers.codegen.wgmma import PROBE_CONFIGS
+
+
+def test_the_probe_runs_each_shape_with_one_reading_of_the_b_descriptor():
+    canonical = wgmma_probe._configs(None)
+    swapped = wgmma_probe._configs(None, "swapped")
+    assert [c.id for c in canonical] == [c.id for c in PROBE_CONFIGS]
+    assert [c.id for c in swapped] == [c.id + "_bswap" for c in PROBE_CONFIGS]
+    named = wgmma_probe._configs(["wg128x128s4_bswap", "wg128x256s3"])
+    assert [c.id for c in named] == ["wg128x128s4_bswap", "wg128x256s3"]
+    with pytest.raises(SystemExit, match="unknown probe shapes"):
+        wgmma_probe._configs(["wg99x1s1"])
+
+
+def test_the_probe_takes_the_suites_gemm_and_bmm_operators():
+    chosen = wgmma_probe._operators(None)
+    assert chosen and all(w.op in ("gemm", "bmm") for w in chosen.values())
+    assert "MM_Square_4k" in chosen and "BMM_BERT_QK" in chosen
+    with pytest.raises(SystemExit, match="not GEMM or BMM"):
+        wgmma_probe._operators(["Conv2D_RN50_1"])
+
+
+def _document():
+    """A probe file's shape, with made-up numbers (this test's own, written nowhere)."""
+    samples = {"MM_Square_4k": [0.20, 0.21, 0.22], "BMM_BERT_QK": [0.050, 0.052, 0.051]}
+    return {
+        "device": {"name": "test device"},
+        "checks": {
+            "wg128x128s4": {"correct": True, "error": 1e-4, "registers": 150},
+            "wg128x256s3": {"fault": "CUDARuntimeError: an illegal memory access"},
+        },
+        "vendor": {
+            "MM_Square_4k": {"samples_ms": [0.18, 0.18, 0.19]},
+            "BMM_BERT_QK": {"error": "RuntimeError: no cuBLAS"},
+        },
+        "runs": {
+            "wg128x128s4": {
+                name: {"correct": True, "samples_ms": s} for name, s in samples.items()
+            },
+            "wg128x256s3": {"fault": "no answer within 240 s"},
+        },
+    }
+
+
+def test_the_report_compares_the_best_shape_with_the_library_and_mma_sync():
+    rows = wgmma_probe.summary(_document(), {"MM_Square_4k": 350.0})
+    assert len(rows) == 1  # BMM_BERT_QK has no library time to compare with
+    row = rows[0]
+    assert row["operator"] == "MM_Square_4k" and row["best_shape"] == "wg128x128s4"
+    assert row["wgmma_us"] == pytest.approx(210.0)
+    assert row["wgmma_vs_library"] == pytest.approx(180.0 / 210.0)
+    assert row["mma_sync_vs_library"] == pytest.approx(180.0 / 350.0)
+    text = wgmma_probe.render(_document(), rows, "probe.json")
+    assert "| wg128x256s3 | fault: CUDARuntimeError" in text
+    assert "| MM_Square_4k | wg128x128s4 | 210.0 | 350.0 | 180.0 | 0.86 | 0.51 |" in text
+    assert "wgmma 0.86x of the library, mma.sync 0.51x" in text
+
+
+def test_report_of_a_missing_file_is_a_usage_error(tmp_path, capsys):
+    with pytest.raises(SystemExit) as exc:
+        wgmma_probe.main(["report", str(tmp_path / "none.json")])
+    assert exc.value.code == 2
+    assert "no such probe file" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(("behaviour", "correct"), [(b"ok", True), (b"wrong", False)])
+def test_a_shape_is_checked_against_an_fp32_product_then_timed(monkeypatch, behaviour, correct):
+    """The child's control flow on a numpy stand-in for CuPy (tests/fake_cupy.py): the
+    kernel is compiled, loaded, launched on the campaign's inputs, checked, and timed only
+    when right. The stand-in's "kernel" is chosen by the cubin's first line."""
+    import sys
+
+    import fake_cupy
+    import numpy as np
+
+    from pipetune.workers import compile as compile_module
+
+    fake = fake_cupy.make()
+    fake.full, fake.nan, fake.isnan = np.full, np.nan, np.isnan
+    monkeypatch.setitem(sys.modules, "cupy", fake)
+
+    class Built:
+        cubin, registers = behaviour + b"\n", 150
+
+    monkeypatch.setattr(compile_module, "compile_source", lambda *a, **k: Built())
+    config = PROBE_CONFIGS[0]
+    answers = wgmma_probe._measure(
+        {"block_m": config.block_m, "block_n": config.block_n, "stages": config.stages},
+        [wgmma_probe.CHECK_SHAPE],
+        timed=True,
+    )
+    (answer,) = answers
+    assert answer["correct"] is correct and answer["registers"] == 150
+    assert ("samples_ms" in answer) is correct
+    if correct:
+        assert answer["error"] < 1e-3
