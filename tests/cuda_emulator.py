@@ -17,13 +17,26 @@ The common part (``COMMON_SHIM``, ``MAIN``):
 from __future__ import annotations
 
 import subprocess
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
 
 from pipetune.model.workloads import AnyWorkload
 
-COMMON_SHIM = r"""
+# fp16 <-> f32 as the hardware converts (round to nearest even), for every emulator's shim.
+HALF_CONVERSIONS = r"""
+static float h2f(unsigned short bits) { _Float16 h; std::memcpy(&h, &bits, 2); return (float)h; }
+static unsigned short f2h(float f) {
+  _Float16 h = (_Float16)f;  // round to nearest even, as cvt.rn
+  unsigned short b;
+  std::memcpy(&b, &h, 2);
+  return b;
+}
+"""
+
+COMMON_SHIM = (
+    r"""
 #include <climits>
 #include <condition_variable>
 #include <cstdint>
@@ -98,14 +111,9 @@ static std::vector<WarpShared> g_ws;
 
 void __syncthreads() { g_block->wait(); }
 
-static float h2f(unsigned short bits) { _Float16 h; std::memcpy(&h, &bits, 2); return (float)h; }
-static unsigned short f2h(float f) {
-  _Float16 h = (_Float16)f;  // round to nearest even, as cvt.rn
-  unsigned short b;
-  std::memcpy(&b, &h, 2);
-  return b;
-}
-
+"""
+    + HALF_CONVERSIONS
+    + r"""
 namespace pt {
 inline unsigned smem_u32(const void* p) {
   return (unsigned)((const unsigned char*)p - pt_smem);
@@ -153,8 +161,9 @@ inline unsigned pack_half2(float lo, float hi) {
 }
 }  // namespace pt
 """
+)
 
-MAIN = r"""
+READ_FILE = r"""
 static std::vector<unsigned char> read_file(const char* path) {
   FILE* f = std::fopen(path, "rb");
   if (!f) fail("cannot open input", 0, 0);
@@ -165,7 +174,11 @@ static std::vector<unsigned char> read_file(const char* path) {
   std::fclose(f);
   return data;
 }
+"""
 
+MAIN = (
+    READ_FILE
+    + r"""
 int main(int argc, char** argv) {
   // argv: a.bin b.bin c.bin c_elems grid_x grid_z smem_bytes scalars...
   if (argc < 8 + NSCALARS) fail("usage", argc, 0);
@@ -229,6 +242,7 @@ int main(int argc, char** argv) {
   return 0;
 }
 """
+)
 
 
 def reference(workload: AnyWorkload, a: np.ndarray, b: np.ndarray) -> np.ndarray:
@@ -271,6 +285,21 @@ def operands(workload: AnyWorkload, rng: np.random.Generator) -> tuple[np.ndarra
     return a, b
 
 
+def build_harness(source: str, tmp: Path) -> Path:
+    """Compile a harness program with g++ in ``tmp``; the executable's path."""
+    tmp.mkdir(parents=True, exist_ok=True)
+    src, exe = tmp / "harness.cpp", tmp / "harness"
+    src.write_text(source)
+    build = subprocess.run(
+        ["g++", "-std=c++17", "-O1", "-pthread", "-w", str(src), "-o", str(exe)],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert build.returncode == 0, build.stderr[:4000]
+    return exe
+
+
 def build_and_run(
     source: str,
     tmp: Path,
@@ -281,17 +310,7 @@ def build_and_run(
 ) -> tuple[int, str, np.ndarray | None, np.ndarray]:
     """Build a harness (``source``: defines, shims, the kernel, MAIN) and run it on seeded
     random operands of ``workload``: (returncode, stderr, C or None, numpy's reference)."""
-    tmp.mkdir(parents=True, exist_ok=True)
-    src = tmp / "harness.cpp"
-    src.write_text(source)
-    exe = tmp / "harness"
-    build = subprocess.run(
-        ["g++", "-std=c++17", "-O1", "-pthread", "-w", str(src), "-o", str(exe)],
-        capture_output=True,
-        text=True,
-        check=False,
-    )
-    assert build.returncode == 0, build.stderr[:4000]
+    exe = build_harness(source, tmp)
     a, b = operands(workload, np.random.default_rng(7))
     ref = reference(workload, a, b)
     a.tofile(tmp / "a.bin")
@@ -327,3 +346,18 @@ def harness_source(shims: str, body: str, kernel_name: str, threads: int, nscala
         f"#define KERNEL {kernel_name}\n#define SCALAR_ARGS {scalar_args}\n"
     )
     return defines + shims + body + MAIN
+
+
+def emulate_all(emulate, jobs: list, tmp: Path) -> list:
+    """``emulate(*job, folder)`` for every job, two at a time (each a g++ build and a run)."""
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        return list(pool.map(lambda n: emulate(*jobs[n], tmp / str(n)), range(len(jobs))))
+
+
+def assert_outcomes_match(jobs: list, outcomes: list) -> None:
+    """Every job's run ended well, wrote every element, and matches numpy's reference."""
+    for (workload, schedule), (code, stderr, c, ref) in zip(jobs, outcomes, strict=True):
+        where = f"{workload.label()} {schedule.id}"
+        assert code == 0, f"{where}: {stderr}"
+        assert not np.isnan(c).any(), f"{where}: read unwritten shared memory"
+        np.testing.assert_allclose(c.astype(np.float32), ref, rtol=2e-3, atol=2e-2, err_msg=where)

@@ -17,12 +17,17 @@ compiles those in test_compile_kernels.py).
 from __future__ import annotations
 
 import shutil
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
 import pytest
-from cuda_emulator import COMMON_SHIM, build_and_run, harness_source
+from cuda_emulator import (
+    COMMON_SHIM,
+    assert_outcomes_match,
+    build_and_run,
+    emulate_all,
+    harness_source,
+)
 
 from pipetune.model.space import Schedule
 from pipetune.model.workloads import AnyWorkload, bmm, conv2d, conv3d, gemm
@@ -151,16 +156,7 @@ CASES = [
 
 def test_emulated_kernels_match_numpy(tmp_path):
     jobs = [(w, s) for w, schedules in CASES for s in schedules]
-    with ThreadPoolExecutor(max_workers=2) as pool:
-        outcomes = list(
-            pool.map(lambda job: _emulate(job[1][0], job[1][1], tmp_path / str(job[0])),
-                     enumerate(jobs))
-        )  # fmt: skip
-    for (workload, schedule), (code, stderr, c, ref) in zip(jobs, outcomes, strict=True):
-        where = f"{workload.label()} {schedule.id}"
-        assert code == 0, f"{where}: {stderr}"
-        assert not np.isnan(c).any(), f"{where}: read unwritten shared memory"
-        np.testing.assert_allclose(c.astype(np.float32), ref, rtol=2e-3, atol=2e-2, err_msg=where)
+    assert_outcomes_match(jobs, emulate_all(_emulate, jobs, tmp_path))
 
 
 @pytest.mark.parametrize(

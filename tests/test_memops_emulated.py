@@ -37,6 +37,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from cuda_emulator import HALF_CONVERSIONS, READ_FILE, build_harness
 
 from pipetune.model.hardware import get_gpu
 from pipetune.model.memops.space import KNOBS, MemSchedule, MemSpace, schedule_problems
@@ -64,7 +65,8 @@ EMU_GPU = replace(
     max_threads_per_sm=1024,
 )
 
-SHIM = r"""
+SHIM = (
+    r"""
 #include <math.h>
 #include <pthread.h>
 #include <sched.h>
@@ -156,14 +158,10 @@ static void check_access(const void* p, int bytes, bool write) {
        (long)((uintptr_t)c % 4096), bytes);
 }
 
+"""
+    + HALF_CONVERSIONS
+    + r"""
 namespace pt {
-inline float h2f(unsigned short h) { _Float16 v; std::memcpy(&v, &h, 2); return (float)v; }
-inline unsigned short f2h(float f) {
-  _Float16 v = (_Float16)f;  // round to nearest even, as cvt.rn
-  unsigned short h;
-  std::memcpy(&h, &v, 2);
-  return h;
-}
 inline unsigned pack2(float lo, float hi) { return (unsigned)f2h(lo) | ((unsigned)f2h(hi) << 16); }
 
 template <int V> inline void load_vec(const unsigned short* p, unsigned (&w)[(V + 1) / 2]) {
@@ -272,19 +270,11 @@ inline int block_index() { return (int)t_ctx->block; }
 inline int grid_size() { return (int)g_grid; }
 }  // namespace pt
 """
+)
 
-MAIN = r"""
-static std::vector<unsigned char> read_file(const char* path) {
-  FILE* f = std::fopen(path, "rb");
-  if (!f) fail("cannot open input", 0, 0);
-  std::vector<unsigned char> data;
-  unsigned char buf[65536];
-  size_t n;
-  while ((n = std::fread(buf, 1, sizeof buf, f)) > 0) data.insert(data.end(), buf, buf + n);
-  std::fclose(f);
-  return data;
-}
-
+MAIN = (
+    READ_FILE
+    + r"""
 // 16-byte aligned copy with canaries (0xAB) around it.
 struct Guarded {
   std::vector<unsigned char> raw;
@@ -427,6 +417,7 @@ int main(int argc, char** argv) {
   return 0;
 }
 """
+)
 
 
 def _harness_source(workload: MemWorkload, schedule: MemSchedule, mutate=None) -> str:
@@ -447,16 +438,7 @@ def emulate(workload: MemWorkload, schedule: MemSchedule, tmp: Path, mutate=None
     kernel = generate(workload, schedule)
     blocks_per_sm = int(MemSpace(workload, EMU_GPU, schedule.knob_arrays()).blocks_per_sm[0])
     plan = launch_plan(kernel, workload, EMU_GPU.sm_count, blocks_per_sm)
-    tmp.mkdir(parents=True, exist_ok=True)
-    src, exe = tmp / "harness.cpp", tmp / "harness"
-    src.write_text(_harness_source(workload, schedule, mutate))
-    build = subprocess.run(
-        ["g++", "-std=c++17", "-O1", "-pthread", "-w", str(src), "-o", str(exe)],
-        capture_output=True,
-        text=True,
-        check=False,
-    )
-    assert build.returncode == 0, build.stderr[:4000]
+    exe = build_harness(_harness_source(workload, schedule, mutate), tmp)
     inputs = make_inputs(workload, seed)
     ref, tol = reference(np, workload, inputs)
     names = {"x": inputs["x"]}

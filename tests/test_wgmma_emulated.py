@@ -18,11 +18,16 @@ of the descriptors; a GPU settles those (benchmarks/wgmma_probe.py).
 from __future__ import annotations
 
 import shutil
-from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import pytest
-from cuda_emulator import COMMON_SHIM, build_and_run, harness_source
+from cuda_emulator import (
+    COMMON_SHIM,
+    assert_outcomes_match,
+    build_and_run,
+    emulate_all,
+    harness_source,
+)
 
 from pipetune.model.workloads import bmm, gemm
 from pipetune.workers.codegen import wgmma
@@ -147,18 +152,7 @@ CASES = [
 
 
 def test_emulated_wgmma_kernels_match_numpy(tmp_path):
-    with ThreadPoolExecutor(max_workers=2) as pool:
-        outcomes = list(
-            pool.map(
-                lambda job: _emulate(job[1][0], job[1][1], tmp_path / str(job[0])),
-                enumerate(CASES),
-            )
-        )
-    for (workload, config), (code, stderr, c, ref) in zip(CASES, outcomes, strict=True):
-        where = f"{workload.label()} {config.id}"
-        assert code == 0, f"{where}: {stderr}"
-        assert not np.isnan(c).any(), f"{where}: read unwritten shared memory"
-        np.testing.assert_allclose(c.astype(np.float32), ref, rtol=2e-3, atol=2e-2, err_msg=where)
+    assert_outcomes_match(CASES, emulate_all(_emulate, CASES, tmp_path))
 
 
 @pytest.mark.parametrize(
