@@ -74,7 +74,44 @@ def _child(config_fields: dict[str, Any], workloads: list[dict[str, Any]], timed
         queue.put(("error", f"{type(exc).__name__}: {exc}"))
 
 
+def pattern_inputs(pattern: str, m: int, n: int, k: int):
+    """Operands whose product shows where each element went: one operand the identity, the
+    other its row or column index (small integers, exact in fp16). Expected C: the index."""
+    import numpy as np
+
+    rows_k, cols_n = np.indices((k, n))
+    rows_m, cols_k = np.indices((m, k))
+    if pattern in ("b_rows", "b_cols"):
+        a = np.eye(m, k, dtype=np.float16)
+        b = (rows_k if pattern == "b_rows" else cols_n).astype(np.float16)
+    elif pattern in ("a_rows", "a_cols"):
+        a = (rows_m if pattern == "a_rows" else cols_k).astype(np.float16)
+        b = np.eye(k, n, dtype=np.float16)
+    else:
+        raise ValueError(f"unknown pattern {pattern!r}")
+    return a, b
+
+
+PATTERNS = ("b_rows", "b_cols", "a_rows", "a_cols")
+
+
+def pattern_agreement(answer: dict[str, Any]) -> float:
+    """The share of C's elements that hold the index the pattern predicts (its row for
+    *_rows, its column for *_cols): 1.0 when every element landed where it should."""
+    import numpy as np
+
+    c = np.asarray(answer["c"], dtype=np.float64)
+    rows, cols = np.indices(c.shape)
+    expected = rows if answer["pattern"].endswith("_rows") else cols
+    return float((c == expected).mean())
+
+
+DIAGNOSIS_SHAPE = {"op": "gemm", "m": 128, "n": 128, "k": 128, "b_layout": "kn"}
+
+
 def _measure(config_fields: dict[str, Any], workloads: list[dict[str, Any]], timed: bool):
+    """Check (and time) one shape on each workload. A workload with a "pattern" key is run on
+    pattern_inputs instead of the campaign's, and its C comes back whole."""
     import cupy
     import numpy as np
 
@@ -93,6 +130,8 @@ def _measure(config_fields: dict[str, Any], workloads: list[dict[str, Any]], tim
     modules: dict[str, Any] = {}
     answers = []
     for canonical in workloads:
+        canonical = dict(canonical)
+        pattern = canonical.pop("pattern", None)
         workload = parse_any_workload(canonical)
         kernel = wgmma.generate(workload, config)
         if kernel.variant not in modules:
@@ -104,7 +143,11 @@ def _measure(config_fields: dict[str, Any], workloads: list[dict[str, Any]], tim
             modules[kernel.variant] = (function, built.registers)
         function, registers = modules[kernel.variant]
         grid, scalars = wgmma.launch(kernel, workload)
-        a_host, b_host = make_inputs(workload, CAMPAIGN_SETTINGS.seed)
+        if pattern is None:
+            a_host, b_host = make_inputs(workload, CAMPAIGN_SETTINGS.seed)
+        else:
+            view = workload.gemm_view()
+            a_host, b_host = pattern_inputs(pattern, view.m, view.n, view.k)
         a, b = cupy.asarray(a_host), cupy.asarray(b_host)
         c = cupy.full(operand_shapes(workload)[2], cupy.nan, dtype=cupy.float16)
         args = (a, b, c, *(np.int32(s) for s in scalars))
@@ -125,6 +168,9 @@ def _measure(config_fields: dict[str, Any], workloads: list[dict[str, Any]], tim
             "error": error / scale if scale else error,
         }
         answer["correct"] = bool(answer["error"] <= TOLERANCE)
+        if pattern is not None:
+            answer["pattern"] = pattern
+            answer["c"] = cupy.asnumpy(got).round(2).tolist()
         if timed and answer["correct"]:
             answer["samples_ms"] = time_launches(
                 launch, lambda: flush_buffer.fill(0), CupyClock(cupy), policy
@@ -196,11 +242,28 @@ def run(out: Path, operator_names: list[str] | None, config_ids: list[str] | Non
             save()
         return [c for c in configs if document["checks"][c.id].get("correct")]
 
+    def diagnose() -> None:
+        """Where the elements of a failing shape went: the first failing shape of each
+        reading of the B descriptor, on the four patterns (pattern_inputs)."""
+        failing = {}
+        for cid, answer in document["checks"].items():
+            if not answer.get("correct") and "fault" not in answer:
+                failing.setdefault(cid.endswith("_bswap"), cid)
+        known = {c.id: c for c in _configs(list(failing.values()))} if failing else {}
+        for cid in failing.values():
+            jobs = [{**DIAGNOSIS_SHAPE, "pattern": p} for p in PATTERNS]
+            status, value = _in_child(known[cid], jobs, timed=False)
+            document.setdefault("diagnosis", {})[cid] = (
+                value if status == "ok" else {"fault": value}
+            )
+            save()
+
     save()
     passed = check(_configs(config_ids))
     if not passed and not config_ids:
         # Every shape failed as the ISA's table reads the B descriptor: try the other reading.
         passed = check(_configs(None, "swapped"))
+    diagnose()
     document["vendor"] = _vendor(operators)
     save()
     canonicals = [w.canonical() for w in operators.values()]
@@ -277,6 +340,12 @@ def render(document: dict[str, Any], rows: list[dict[str, Any]], source: str) ->
         else:
             verdict = "pass" if check["correct"] else "FAIL"
             lines.append(f"| {cid} | {verdict} ({check['error']:.2e}) | {check['registers']} |")
+    for cid, answers in document.get("diagnosis", {}).items():
+        if isinstance(answers, dict):  # the child faulted
+            lines.append(f"\nDiagnosis of {cid}: fault: {answers['fault'][:120]}")
+            continue
+        shares = ", ".join(f"{a['pattern']} {pattern_agreement(a):.3f}" for a in answers)
+        lines.append(f"\nDiagnosis of {cid} (share of elements where they belong): {shares}.")
     lines += [
         "",
         "| operator | best shape | wgmma µs | mma.sync µs | cuBLAS µs | wgmma / library | mma.sync / library |",

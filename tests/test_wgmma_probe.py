@@ -92,13 +92,46 @@ def test_a_shape_is_checked_against_an_fp32_product_then_timed(monkeypatch, beha
 
     monkeypatch.setattr(compile_module, "compile_source", lambda *a, **k: Built())
     config = PROBE_CONFIGS[0]
-    answers = wgmma_probe._measure(
+    pattern_job = {**wgmma_probe.DIAGNOSIS_SHAPE, "pattern": "a_cols"}
+    answer, diagnosed = wgmma_probe._measure(
         {"block_m": config.block_m, "block_n": config.block_n, "stages": config.stages},
-        [wgmma_probe.CHECK_SHAPE],
+        [wgmma_probe.CHECK_SHAPE, pattern_job],
         timed=True,
     )
-    (answer,) = answers
     assert answer["correct"] is correct and answer["registers"] == 150
     assert ("samples_ms" in answer) is correct
+    assert "c" not in answer  # only a pattern's C comes back whole
     if correct:
         assert answer["error"] < 1e-3
+    assert diagnosed["pattern"] == "a_cols"
+    assert wgmma_probe.pattern_agreement(diagnosed) == (1.0 if correct else 0.0)
+
+
+@pytest.mark.parametrize("pattern", wgmma_probe.PATTERNS)
+def test_each_diagnosis_pattern_puts_an_index_in_every_element(pattern):
+    """A right kernel's C holds each element's row (or column) index, exactly in fp16;
+    a kernel that misplaces elements scores below 1."""
+    import numpy as np
+
+    a, b = wgmma_probe.pattern_inputs(pattern, 128, 128, 128)
+    c = (a.astype(np.float32) @ b.astype(np.float32)).tolist()
+    assert wgmma_probe.pattern_agreement({"pattern": pattern, "c": c}) == 1.0
+    shuffled = np.asarray(c)[:, ::-1] if pattern.endswith("_cols") else np.asarray(c)[::-1]
+    assert wgmma_probe.pattern_agreement({"pattern": pattern, "c": shuffled.tolist()}) < 0.1
+
+
+def test_the_report_shows_the_diagnosis_of_a_failing_shape():
+    import numpy as np
+
+    document = _document()
+    good = np.indices((4, 4))[0].tolist()
+    document["diagnosis"] = {
+        "wg128x256s3": [{"pattern": "b_rows", "c": good}, {"pattern": "b_cols", "c": good}],
+        "wg128x256s3_bswap": {"fault": "no answer within 240 s"},
+    }
+    text = wgmma_probe.render(document, [], "probe.json")
+    assert (
+        "Diagnosis of wg128x256s3 (share of elements where they belong): b_rows 1.000, "
+        "b_cols 0.250." in text
+    )
+    assert "Diagnosis of wg128x256s3_bswap: fault: no answer" in text
