@@ -25,6 +25,7 @@ import argparse
 import json
 import math
 import multiprocessing
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -290,6 +291,16 @@ def _median_us(samples: list[float]) -> float:
     return ms * 1e3
 
 
+def fastest_shape(document: dict[str, Any], operator: str) -> str | None:
+    """The id of the shape that ran ``operator`` fastest (median), or None."""
+    timings = {
+        cid: _median_us(run[operator]["samples_ms"])
+        for cid, run in document.get("runs", {}).items()
+        if operator in run and run[operator].get("samples_ms")
+    }
+    return min(timings, key=timings.__getitem__) if timings else None
+
+
 def summary(document: dict[str, Any], mma_sync_best_us: dict[str, float]) -> list[dict[str, Any]]:
     """Per operator: the best probe shape and its time, cuBLAS's, the best mma.sync
     schedule's (measured by the campaign), and the ratios (library time over ours)."""
@@ -298,14 +309,10 @@ def summary(document: dict[str, Any], mma_sync_best_us: dict[str, float]) -> lis
     rows = []
     for name in ALCOP:
         vendor = document.get("vendor", {}).get(name)
-        timings = {
-            cid: _median_us(run[name]["samples_ms"])
-            for cid, run in document.get("runs", {}).items()
-            if name in run and run[name].get("samples_ms")
-        }
-        if not timings or not vendor or "samples_ms" not in vendor:
+        best_id = fastest_shape(document, name)
+        if best_id is None or not vendor or "samples_ms" not in vendor:
             continue
-        best_id = min(timings, key=timings.__getitem__)
+        timings = {best_id: _median_us(document["runs"][best_id][name]["samples_ms"])}
         library_us = _median_us(vendor["samples_ms"])
         row = {
             "operator": name,
@@ -386,6 +393,12 @@ def main(argv: list[str] | None = None) -> int:
     p_run.add_argument("--out", type=Path, required=True)
     p_run.add_argument("--operators", type=lambda s: s.split(","), default=None)
     p_run.add_argument("--configs", type=lambda s: s.split(","), default=None)
+    p_best = sub.add_parser("best", help="the fastest shape of a probe file on one operator")
+    p_best.add_argument("file", type=Path)
+    p_best.add_argument("--operator", required=True)
+    p_launch = sub.add_parser("launch", help="on the GPU: one shape, one operator, one launch")
+    p_launch.add_argument("--config", required=True)
+    p_launch.add_argument("--operator", required=True)
     p_rep = sub.add_parser("report", help="on the CPU: the probe beside cuBLAS and mma.sync")
     p_rep.add_argument("file", type=Path)
     p_rep.add_argument("--gpu", default="h100", help="the campaign to compare with")
@@ -394,9 +407,24 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "run":
         run(args.out, args.operators, args.configs)
         return 0
+    if args.command == "launch":  # for a profiler to watch (benchmarks/wgmma_probe.sh)
+        from dataclasses import asdict
+
+        (config,) = _configs([args.config])
+        workload = _operators([args.operator])[args.operator]
+        answer = _measure(asdict(config), [workload.canonical()], timed=False)[0]
+        print(f"{config.id} on {args.operator}: error {answer['error']:.2e}")
+        return 0 if answer["correct"] else 1
     if not args.file.exists():
         parser.error(f"no such probe file: {args.file}")
     document = json.loads(args.file.read_text())
+    if args.command == "best":
+        found = fastest_shape(document, args.operator)
+        if found is None:
+            print(f"error: no timed shape on {args.operator} in {args.file}", file=sys.stderr)
+            return 1
+        print(found)
+        return 0
     rows = summary(document, _mma_sync_best(args.gpu))
     text = render(document, rows, str(args.file))
     print(text)

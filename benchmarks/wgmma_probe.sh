@@ -6,3 +6,9 @@ set -o pipefail
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target .gpu-site .gpu-kit/*.whl && export PYTHONPATH=$PWD/.gpu-site:$PWD || exit
 nvidia-smi --query-gpu=name,clocks.sm,clocks.max.sm --format=csv | tee $OUT/gpu.txt
 timeout ${PROBE_SECONDS:-420} python3 -m benchmarks.wgmma_probe run --out $OUT/wgmma-probe.json ${OPERATORS:+--operators $OPERATORS} ${CONFIGS:+--configs $CONFIGS} 2>&1 | tail -40
+# Hardware counters of the fastest shape on the 4k GEMM (skip with PROFILE=0).
+if [ "${PROFILE:-1}" = 1 ] && CFG=$(python3 -m benchmarks.wgmma_probe best $OUT/wgmma-probe.json --operator MM_Square_4k); then
+  S="--section SpeedOfLight --section WarpStateStats --section ComputeWorkloadAnalysis --section MemoryWorkloadAnalysis --section Occupancy --section LaunchStats --section SchedulerStats --section InstructionStats"
+  timeout 150 ncu --clock-control none --target-processes all -k regex:pipetune_gemm_kn_wg -c 1 $S python3 -m benchmarks.wgmma_probe launch --config $CFG --operator MM_Square_4k > $OUT/ncu-wgmma-MM_Square_4k.txt 2>&1; echo "ncu $CFG rc=$?"
+  grep -h "Duration\|Compute (SM) Throughput\|Registers Per Thread" $OUT/ncu-wgmma-MM_Square_4k.txt
+fi

@@ -135,3 +135,13 @@ def test_the_report_shows_the_diagnosis_of_a_failing_shape():
         "b_cols 0.250." in text
     )
     assert "Diagnosis of wg128x256s3_bswap: fault: no answer" in text
+
+
+def test_best_names_the_fastest_shape_of_an_operator(tmp_path, capsys):
+    import json
+
+    path = tmp_path / "probe.json"
+    path.write_text(json.dumps(_document()))
+    assert wgmma_probe.main(["best", str(path), "--operator", "MM_Square_4k"]) == 0
+    assert capsys.readouterr().out.strip() == "wg128x128s4"
+    assert wgmma_probe.main(["best", str(path), "--operator", "MM_BERT_FC1"]) == 1
