@@ -541,7 +541,11 @@ class Driver:
                 if plan is None:
                     return False
                 changed = self._commit(plan)
-                self._keep_live(task_id, plan.live if changed and plan.batch else None)
+                # A lost compare-and-set keeps the session too: the batch another replica
+                # wrote is the one this session proposed (a session is a function of its
+                # seed and its history), and the next advance checks that before using it
+                # (_completed); dropping it made that advance replay the whole record.
+                self._keep_live(task_id, plan.live if plan.batch else None)
                 if changed and not plan.batch:
                     self._task_locks.pop(task_id, None)
                 return changed
@@ -778,6 +782,8 @@ class Driver:
             live.observed += 1
 
     def _commit(self, plan: _Plan) -> bool:
+        if plan.batch and plan.error is None and not self.db.is_sqlite:
+            return self._commit_batch_pg(plan)  # the database's clock, in the statement
         now = self.db.now()
         if plan.error is not None:
             values = {"state": TaskState.FAILED, "error": plan.error, "finished_at": now}
@@ -790,8 +796,6 @@ class Driver:
             }
         if plan.error is None:
             values["curve"] = plan.curve
-        if plan.batch and not self.db.is_sqlite:
-            return self._commit_batch_pg(plan)
         with self.db.write_conn() as conn:
             # The compare-and-set: only the replica that still sees `version` writes.
             task = conn.execute(

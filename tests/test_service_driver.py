@@ -302,6 +302,43 @@ def test_a_replica_that_loses_the_race_to_advance_logs_no_error(db_url, caplog):
         assert batches == 3 and jobs == 12
 
 
+def test_a_replica_that_loses_the_race_keeps_its_session(db_url):
+    """The batch the other replica wrote is the one the loser proposed (a session is a
+    function of its seed and history): the loser keeps its session and later rolls it
+    forward from the batches it missed (found by the load benchmark: every lost race dropped
+    the session, and the next advance read and replayed the task's whole record)."""
+    with client_for(db_url, batch_size=4) as a, client_for(db_url, batch_size=4) as b:
+        task_id = create_task(a, budget=32, strategy="random", seed=5)["id"]
+        worker = register(a)
+        ref = WorkerRef(id=worker, gpu="h100", arch="sm_90", runner="simulated")
+        first, second = service_of(a).driver, service_of(b).driver
+        queue = service_of(a).queue
+        _answer_leased(queue, ref)
+        real_take = first._take_live
+
+        def the_other_replica_advances_first(task: int):
+            assert second.advance(task)
+            return real_take(task)  # this replica's own session, made before the other's
+
+        first._take_live = the_other_replica_advances_first  # type: ignore[method-assign]
+        assert first.advance(task_id) is False  # lost the compare-and-set
+        first._take_live = real_take  # type: ignore[method-assign]
+        assert first.holds(task_id)  # the session stayed
+        reads: list[tuple[int, int]] = []
+        real_read = first._read_jobs
+
+        def spy(task, start, before, fam):
+            reads.append((start, before))
+            return real_read(task, start, before, fam)
+
+        first._read_jobs = spy  # type: ignore[method-assign]
+        while a.get(f"/v1/tasks/{task_id}").json()["state"] != "done":
+            _answer_leased(queue, ref)
+            assert first.advance(task_id) is True
+        assert reads and all(start > 0 for start, _ in reads)
+        _assert_reproduces_a_local_session(a, task_id, "random", 5, 32)
+
+
 def _pg_url(request) -> str:
     url = request.getfixturevalue("pg_url")
     from service_fixtures import _truncate
