@@ -7,6 +7,7 @@ import time
 import warnings
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from typing import Any
 
 import pytest
@@ -162,3 +163,30 @@ def create_task(client: TestClient, budget: int = 20, **extra: Any) -> dict:
     response = client.post("/v1/tasks", json=body)
     assert response.status_code == 201, response.text
     return response.json()
+
+
+@dataclass
+class TwoReplicas:
+    """Two replicas of one database, a task created on the first, a simulated worker."""
+
+    a: TestClient
+    b: TestClient
+    task_id: int
+    ref: Any  # the worker, as the queue takes it (WorkerRef)
+    first: Any  # the replicas' drivers
+    second: Any
+    queue: Any  # the first replica's queue
+
+
+@contextmanager
+def two_replicas_on_a_task(
+    url: str, strategy: str, budget: int, seed: int, batch_size: int = 4
+) -> Iterator[TwoReplicas]:
+    from pipetune.service.queue import WorkerRef
+
+    with client_for(url, batch_size=batch_size) as a, client_for(url, batch_size=batch_size) as b:
+        task_id = create_task(a, budget=budget, strategy=strategy, seed=seed)["id"]
+        worker = register(a)
+        ref = WorkerRef(id=worker, gpu="h100", arch="sm_90", runner="simulated")
+        first, second = service_of(a).driver, service_of(b).driver
+        yield TwoReplicas(a, b, task_id, ref, first, second, service_of(a).queue)

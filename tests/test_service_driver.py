@@ -21,6 +21,7 @@ from service_support import (
     register,
     service_of,
     settle,
+    two_replicas_on_a_task,
 )
 from sqlalchemy import func, select, update
 
@@ -277,13 +278,9 @@ def test_a_replica_that_loses_the_race_to_advance_logs_no_error(db_url, caplog):
     """Replica A reads the task (its batch complete), replica B advances it, then A reads
     the jobs to replay: A must see only the batches it planned from (found by the load
     benchmark: A replayed B's new, unmeasured batch and logged a ValidationError)."""
-    with client_for(db_url, batch_size=4) as a, client_for(db_url, batch_size=4) as b:
-        task_id = create_task(a, budget=16, strategy="random", seed=2)["id"]
-        worker = register(a)
-        ref = WorkerRef(id=worker, gpu="h100", arch="sm_90", runner="simulated")
-        first, second = service_of(a).driver, service_of(b).driver
-        queue = service_of(a).queue
-        _answer_leased(queue, ref)
+    with two_replicas_on_a_task(db_url, "random", budget=16, seed=2) as r:
+        a, task_id, first, second = r.a, r.task_id, r.first, r.second
+        _answer_leased(r.queue, r.ref)
 
         def the_other_replica_advances_first(task: int):
             assert second.advance(task)
@@ -307,12 +304,8 @@ def test_a_replica_that_loses_the_race_keeps_its_session(db_url):
     function of its seed and history): the loser keeps its session and later rolls it
     forward from the batches it missed (found by the load benchmark: every lost race dropped
     the session, and the next advance read and replayed the task's whole record)."""
-    with client_for(db_url, batch_size=4) as a, client_for(db_url, batch_size=4) as b:
-        task_id = create_task(a, budget=32, strategy="random", seed=5)["id"]
-        worker = register(a)
-        ref = WorkerRef(id=worker, gpu="h100", arch="sm_90", runner="simulated")
-        first, second = service_of(a).driver, service_of(b).driver
-        queue = service_of(a).queue
+    with two_replicas_on_a_task(db_url, "random", budget=32, seed=5) as r:
+        a, task_id, first, second, queue, ref = r.a, r.task_id, r.first, r.second, r.queue, r.ref
         _answer_leased(queue, ref)
         real_take = first._take_live
 

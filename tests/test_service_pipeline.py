@@ -18,6 +18,7 @@ from service_support import (
     post_result,
     register,
     service_of,
+    two_replicas_on_a_task,
 )
 
 from pipetune.model.hardware import get_gpu
@@ -65,12 +66,8 @@ def _answer(queue, ref: WorkerRef, max_jobs: int = 64) -> int:
 
 
 def test_a_replica_whose_session_is_behind_rolls_it_forward(db_url):
-    with client_for(db_url, batch_size=4) as a, client_for(db_url, batch_size=4) as b:
-        task_id = create_task(a, budget=16, strategy="xgb", seed=6)["id"]
-        worker = register(a)
-        ref = WorkerRef(id=worker, gpu="h100", arch="sm_90", runner="simulated")
-        first, second = service_of(a).driver, service_of(b).driver
-        queue = service_of(a).queue
+    with two_replicas_on_a_task(db_url, "xgb", budget=16, seed=6) as r:
+        a, task_id, first, second, queue, ref = r.a, r.task_id, r.first, r.second, r.queue, r.ref
         rebuilt: list[int] = []
         new_live = first._new_live
 
