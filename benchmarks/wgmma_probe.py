@@ -30,6 +30,9 @@ import time
 from pathlib import Path
 from typing import Any
 
+from pipetune.tuner.metrics import geomean
+from pipetune.workers.runners.base import summarise
+
 # A small GEMM with tails in M, N and K (not multiples of any block shape): the check every
 # shape must pass before it is timed.
 CHECK_SHAPE = {"op": "gemm", "m": 200, "n": 328, "k": 200, "b_layout": "kn"}
@@ -183,23 +186,28 @@ def _measure(config_fields: dict[str, Any], workloads: list[dict[str, Any]], tim
 
 
 def _in_child(config, workloads: list[dict[str, Any]], timed: bool) -> tuple[str, Any]:
+    """_measure in a fresh process: ("ok", answers), or ("error", why) for one that raised,
+    died without an answer, or took longer than CHILD_TIMEOUT_S."""
     from dataclasses import asdict
+    from queue import Empty
 
     context = multiprocessing.get_context("spawn")
     queue = context.Queue()
     process = context.Process(target=_child, args=(asdict(config), workloads, timed, queue))
     process.start()
     deadline = time.monotonic() + CHILD_TIMEOUT_S
-    while time.monotonic() < deadline:
-        if not queue.empty():
-            result = queue.get()
-            process.join(10)
-            return result
-        if not process.is_alive() and queue.empty():
-            return "error", f"the child exited with code {process.exitcode} and no answer"
-        time.sleep(0.05)
-    process.kill()
-    return "error", f"no answer within {CHILD_TIMEOUT_S:.0f} s"
+    try:
+        while time.monotonic() < deadline:
+            try:
+                return queue.get(timeout=0.5)
+            except Empty:
+                if not process.is_alive():  # (an answer is flushed before the child exits)
+                    return "error", f"the child exited with code {process.exitcode} and no answer"
+        return "error", f"no answer within {CHILD_TIMEOUT_S:.0f} s"
+    finally:
+        process.join(10)
+        if process.is_alive():
+            process.kill()
 
 
 def _vendor(workloads: dict[str, Any]) -> dict[str, Any]:
@@ -208,8 +216,7 @@ def _vendor(workloads: dict[str, Any]) -> dict[str, Any]:
     from pipetune.workers.campaign.plan import CAMPAIGN_SETTINGS
     from pipetune.workers.runners.timing import RepeatPolicy
 
-    cuda_side.init(0)
-    policy = RepeatPolicy.of(CAMPAIGN_SETTINGS)
+    policy = RepeatPolicy.of(CAMPAIGN_SETTINGS)  # (run() initialised cuda_side)
     out = {}
     for name, workload in workloads.items():
         try:
@@ -284,21 +291,21 @@ def run(out: Path, operator_names: list[str] | None, config_ids: list[str] | Non
 # ---- the report (CPU) -------------------------------------------------------------------------
 
 
-def _median_us(samples: list[float]) -> float:
-    ordered = sorted(samples)
-    mid = len(ordered) // 2
-    ms = ordered[mid] if len(ordered) % 2 else (ordered[mid - 1] + ordered[mid]) / 2
-    return ms * 1e3
+def _median_us(samples_ms: list[float]) -> float:
+    return summarise(samples_ms)[0] * 1e3
 
 
-def fastest_shape(document: dict[str, Any], operator: str) -> str | None:
-    """The id of the shape that ran ``operator`` fastest (median), or None."""
+def fastest_shape(document: dict[str, Any], operator: str) -> tuple[str, float] | None:
+    """(id, median µs) of the shape that ran ``operator`` fastest, or None."""
     timings = {
         cid: _median_us(run[operator]["samples_ms"])
         for cid, run in document.get("runs", {}).items()
         if operator in run and run[operator].get("samples_ms")
     }
-    return min(timings, key=timings.__getitem__) if timings else None
+    if not timings:
+        return None
+    best = min(timings, key=timings.__getitem__)
+    return best, timings[best]
 
 
 def summary(document: dict[str, Any], mma_sync_best_us: dict[str, float]) -> list[dict[str, Any]]:
@@ -309,27 +316,23 @@ def summary(document: dict[str, Any], mma_sync_best_us: dict[str, float]) -> lis
     rows = []
     for name in ALCOP:
         vendor = document.get("vendor", {}).get(name)
-        best_id = fastest_shape(document, name)
-        if best_id is None or not vendor or "samples_ms" not in vendor:
+        found = fastest_shape(document, name)
+        if found is None or not vendor or "samples_ms" not in vendor:
             continue
-        timings = {best_id: _median_us(document["runs"][best_id][name]["samples_ms"])}
+        best_id, wgmma_us = found
         library_us = _median_us(vendor["samples_ms"])
         row = {
             "operator": name,
             "best_shape": best_id,
-            "wgmma_us": timings[best_id],
+            "wgmma_us": wgmma_us,
             "library_us": library_us,
-            "wgmma_vs_library": library_us / timings[best_id],
+            "wgmma_vs_library": library_us / wgmma_us,
         }
         if name in mma_sync_best_us:
             row["mma_sync_us"] = mma_sync_best_us[name]
             row["mma_sync_vs_library"] = library_us / mma_sync_best_us[name]
         rows.append(row)
     return rows
-
-
-def _geomean(values: list[float]) -> float:
-    return math.exp(sum(math.log(v) for v in values) / len(values)) if values else float("nan")
 
 
 def render(document: dict[str, Any], rows: list[dict[str, Any]], source: str) -> str:
@@ -365,14 +368,15 @@ def render(document: dict[str, Any], rows: list[dict[str, Any]], source: str) ->
             f"| {r['operator']} | {r['best_shape']} | {r['wgmma_us']:.1f} | {mma} | "
             f"{r['library_us']:.1f} | {r['wgmma_vs_library']:.2f} | {mma_ratio} |"
         )
-    ratios = [r["wgmma_vs_library"] for r in rows]
-    both = [r for r in rows if "mma_sync_vs_library" in r]
-    lines += [
-        "",
-        f"Geomean over {len(rows)} operators: wgmma {_geomean(ratios):.2f}x of the library"
-        + (f", mma.sync {_geomean([r['mma_sync_vs_library'] for r in both]):.2f}x" if both else "")
-        + ".",
-    ]
+    if rows:
+        both = [r["mma_sync_vs_library"] for r in rows if "mma_sync_vs_library" in r]
+        lines += [
+            "",
+            f"Geomean over {len(rows)} operators: wgmma "
+            f"{geomean([r['wgmma_vs_library'] for r in rows]):.2f}x of the library"
+            + (f", mma.sync {geomean(both):.2f}x" if both else "")
+            + ".",
+        ]
     return "\n".join(lines) + "\n"
 
 
@@ -423,7 +427,7 @@ def main(argv: list[str] | None = None) -> int:
         if found is None:
             print(f"error: no timed shape on {args.operator} in {args.file}", file=sys.stderr)
             return 1
-        print(found)
+        print(found[0])
         return 0
     rows = summary(document, _mma_sync_best(args.gpu))
     text = render(document, rows, str(args.file))

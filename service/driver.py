@@ -203,7 +203,7 @@ def _observed(job: Any) -> MeasureResult | None:
     if job.state in OUTSTANDING_JOB_STATES:  # (a StrEnum: its members equal their values)
         return None
     # Validated, not model_construct(): in this pydantic, model_construct() inspects the
-    # signature of `samples_us`'s default factory on every call, twenty times the cost.
+    # signature of `samples_us`'s default factory on every call, fifty times the cost.
     if job.state == JobState.LOST:
         return MeasureResult(status="timeout", error=job.error or "lost")
     return MeasureResult(

@@ -29,7 +29,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from pipetune.workers.codegen import cuda_text
-from pipetune.workers.codegen.variants import GRID_Z_LIMIT, scalar_args, variant_of
+from pipetune.workers.codegen.generator import KernelSource
+from pipetune.workers.codegen.generator import launch as launch  # the family's, re-exported
+from pipetune.workers.codegen.variants import variant_of
 
 BK = 64  # halves per K tile: one 128-byte swizzle line per row of A
 SMEM_LIMIT = 227 * 1024  # Hopper's dynamic shared memory per block
@@ -346,43 +348,19 @@ def source_parts(variant: str, config: WgmmaConfig) -> dict[str, str]:
     }
 
 
-@dataclass(frozen=True)
-class WgmmaKernel:
-    variant: str
-    config: WgmmaConfig
-    name: str
-    code: str
-    threads: int
-    smem_bytes: int
-
-
-def generate(workload_or_variant, config: WgmmaConfig) -> WgmmaKernel:
-    variant = (
-        workload_or_variant
-        if isinstance(workload_or_variant, str)
-        else variant_of(workload_or_variant)
-    )
-    return WgmmaKernel(
+def generate(workload_or_variant, config: WgmmaConfig) -> KernelSource:
+    """The kernel, described as the mma.sync family describes its own (the config stands in
+    for the schedule: the launch reads its block shape), so `launch` is that family's."""
+    w = workload_or_variant
+    variant = w if isinstance(w, str) else variant_of(w)
+    return KernelSource(
         variant=variant,
-        config=config,
+        schedule=config,  # type: ignore[arg-type]
         name=kernel_name(variant, config),
         code="".join(source_parts(variant, config).values()),
         threads=config.threads,
         smem_bytes=config.smem_bytes,
     )
-
-
-def launch(kernel: WgmmaKernel, workload) -> tuple[tuple[int, int, int], tuple[int, ...]]:
-    """(grid, scalar args (M, N, K)) of ``kernel`` on ``workload``."""
-    variant = variant_of(workload)
-    if variant != kernel.variant:
-        raise ValueError(f"kernel {kernel.name} is {kernel.variant}; the workload needs {variant}")
-    view = workload.gemm_view()
-    if view.batch > GRID_Z_LIMIT:
-        raise ValueError(f"batch {view.batch} exceeds the grid z limit {GRID_Z_LIMIT}")
-    c = kernel.config
-    tiles = -(-view.m // c.block_m) * -(-view.n // c.block_n)
-    return (tiles, 1, view.batch), scalar_args(workload)
 
 
 # The shapes the probe tries: one to four warpgroups, 128 to 256 columns, as deep as fits.
