@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from pipetune.tuner.metrics import geomean
+from pipetune.workers.codegen.wgmma import LOADERS
 from pipetune.workers.runners.base import summarise
 
 # A small GEMM with tails in M, N and K (not multiples of any block shape): the check every
@@ -42,11 +43,11 @@ CHILD_TIMEOUT_S = 240.0
 
 def _configs(ids: list[str] | None, reading: str = "canonical"):
     """The probe shapes with the B descriptor read one way (or those named)."""
-    from pipetune.workers.codegen.wgmma import B_DESCRIPTORS, PROBE_CONFIGS, WgmmaConfig
+    from dataclasses import replace
 
-    every = [
-        WgmmaConfig(c.block_m, c.block_n, c.stages, r) for r in B_DESCRIPTORS for c in PROBE_CONFIGS
-    ]
+    from pipetune.workers.codegen.wgmma import B_DESCRIPTORS, PROBE_CONFIGS
+
+    every = [replace(c, b_descriptor=r) for r in B_DESCRIPTORS for c in PROBE_CONFIGS]
     if ids:
         known = {c.id: c for c in every}
         unknown = [i for i in ids if i not in known]
@@ -112,6 +113,48 @@ def pattern_agreement(answer: dict[str, Any]) -> float:
 
 DIAGNOSIS_SHAPE = {"op": "gemm", "m": 128, "n": 128, "k": 128, "b_layout": "kn"}
 
+# The driver's enumerators (cuda.h) for the tensor maps of the TMA loader.
+CU_TENSOR_MAP_DATA_TYPE_FLOAT16 = 6
+CU_TENSOR_MAP_INTERLEAVE_NONE = 0
+CU_TENSOR_MAP_SWIZZLE_128B = 3
+CU_TENSOR_MAP_L2_PROMOTION_L2_256B = 3
+CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE = 0  # zeros past the edges
+
+
+def encode_tensor_map(spec, address: int) -> bytes:
+    """The driver's 128-byte tensor map (cuTensorMapEncodeTiled) of ``spec``, a
+    wgmma.TensorMapSpec, over the fp16 operand at device ``address``. Called through ctypes:
+    CuPy does not wrap it, and the driver's C signature is all it takes."""
+    import ctypes
+
+    encode = ctypes.CDLL("libcuda.so.1").cuTensorMapEncodeTiled
+    encode.restype = ctypes.c_int
+    u64, u32 = ctypes.c_uint64, ctypes.c_uint32
+    encode.argtypes = [
+        ctypes.c_void_p, ctypes.c_int, u32, ctypes.c_void_p, ctypes.POINTER(u64),
+        ctypes.POINTER(u64), ctypes.POINTER(u32), ctypes.POINTER(u32),
+        ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_int,
+    ]  # fmt: skip
+    raw = (ctypes.c_uint8 * (128 + 64))()  # the map must sit on a 64-byte boundary
+    offset = -ctypes.addressof(raw) % 64
+    status = encode(
+        ctypes.addressof(raw) + offset,
+        CU_TENSOR_MAP_DATA_TYPE_FLOAT16,
+        len(spec.dims),
+        address,
+        (u64 * 3)(*spec.dims),
+        (u64 * 2)(*spec.strides),
+        (u32 * 3)(*spec.box),
+        (u32 * 3)(1, 1, 1),
+        CU_TENSOR_MAP_INTERLEAVE_NONE,
+        CU_TENSOR_MAP_SWIZZLE_128B,
+        CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+        CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE,
+    )
+    if status != 0:
+        raise RuntimeError(f"cuTensorMapEncodeTiled failed (CUresult {status}) for {spec}")
+    return bytes(raw[offset : offset + 128])
+
 
 def _measure(config_fields: dict[str, Any], workloads: list[dict[str, Any]], timed: bool):
     """Check (and time) one shape on each workload. A workload with a "pattern" key is run on
@@ -154,7 +197,15 @@ def _measure(config_fields: dict[str, Any], workloads: list[dict[str, Any]], tim
             a_host, b_host = pattern_inputs(pattern, view.m, view.n, view.k)
         a, b = cupy.asarray(a_host), cupy.asarray(b_host)
         c = cupy.full(operand_shapes(workload)[2], cupy.nan, dtype=cupy.float16)
-        args = (a, b, c, *(np.int32(s) for s in scalars))
+        maps = ()
+        if config.loader == "tma":  # the tensor maps, in global memory, after the scalars
+            view = workload.gemm_view()
+            specs = wgmma.tensor_map_specs(view.m, view.n, view.k, view.batch, config)
+            maps = tuple(
+                cupy.asarray(np.frombuffer(encode_tensor_map(spec, x.data.ptr), dtype=np.uint8))
+                for spec, x in zip(specs, (a, b), strict=True)
+            )
+        args = (a, b, c, *(np.int32(s) for s in scalars), *maps)
 
         def launch(function=function, grid=grid, kernel=kernel, args=args) -> None:
             function(grid, (kernel.threads, 1, 1), args, shared_mem=kernel.smem_bytes)
@@ -295,12 +346,20 @@ def _median_us(samples_ms: list[float]) -> float:
     return summarise(samples_ms)[0] * 1e3
 
 
-def fastest_shape(document: dict[str, Any], operator: str) -> tuple[str, float] | None:
-    """(id, median µs) of the shape that ran ``operator`` fastest, or None."""
+def loader_of(config_id: str) -> str:
+    """The loader a probe shape's id names (wgmma.WgmmaConfig.id)."""
+    return "tma" if "_tma" in config_id else "cp.async"
+
+
+def fastest_shape(
+    document: dict[str, Any], operator: str, loader: str | None = None
+) -> tuple[str, float] | None:
+    """(id, median µs) of the shape that ran ``operator`` fastest (of those with ``loader``,
+    if given), or None."""
     timings = {
         cid: _median_us(run[operator]["samples_ms"])
         for cid, run in document.get("runs", {}).items()
-        if operator in run and run[operator].get("samples_ms")
+        if operator in run and run[operator].get("samples_ms") and loader in (None, loader_of(cid))
     }
     if not timings:
         return None
@@ -328,6 +387,10 @@ def summary(document: dict[str, Any], mma_sync_best_us: dict[str, float]) -> lis
             "library_us": library_us,
             "wgmma_vs_library": library_us / wgmma_us,
         }
+        for loader in LOADERS:
+            by_loader = fastest_shape(document, name, loader)
+            if by_loader is not None:
+                row[f"{loader}_us"] = by_loader[1]
         if name in mma_sync_best_us:
             row["mma_sync_us"] = mma_sync_best_us[name]
             row["mma_sync_vs_library"] = library_us / mma_sync_best_us[name]
@@ -358,14 +421,19 @@ def render(document: dict[str, Any], rows: list[dict[str, Any]], source: str) ->
         lines.append(f"\nDiagnosis of {cid} (share of elements where they belong): {shares}.")
     lines += [
         "",
-        "| operator | best shape | wgmma µs | mma.sync µs | cuBLAS µs | wgmma / library | mma.sync / library |",
-        "|---|---|---:|---:|---:|---:|---:|",
+        "| operator | best shape | wgmma µs | wgmma cp.async µs | wgmma TMA µs | mma.sync µs "
+        "| cuBLAS µs | wgmma / library | mma.sync / library |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|",
     ]
+
+    def us(row: dict[str, Any], key: str) -> str:
+        return f"{row[key]:.1f}" if key in row else "–"
+
     for r in rows:
-        mma = f"{r['mma_sync_us']:.1f}" if "mma_sync_us" in r else "–"
         mma_ratio = f"{r['mma_sync_vs_library']:.2f}" if "mma_sync_vs_library" in r else "–"
         lines.append(
-            f"| {r['operator']} | {r['best_shape']} | {r['wgmma_us']:.1f} | {mma} | "
+            f"| {r['operator']} | {r['best_shape']} | {r['wgmma_us']:.1f} | "
+            f"{us(r, 'cp.async_us')} | {us(r, 'tma_us')} | {us(r, 'mma_sync_us')} | "
             f"{r['library_us']:.1f} | {r['wgmma_vs_library']:.2f} | {mma_ratio} |"
         )
     if rows:

@@ -179,6 +179,14 @@ static std::vector<unsigned char> read_file(const char* path) {
 MAIN = (
     READ_FILE
     + r"""
+// Kernel arguments after the scalars (the TMA loader's tensor maps), and set-up that needs
+// the operands (filling those maps): empty unless a shim defines them.
+#ifndef EXTRA_ARGS
+#define EXTRA_ARGS
+#endif
+#ifndef BEFORE_LAUNCH
+#define BEFORE_LAUNCH
+#endif
 int main(int argc, char** argv) {
   // argv: a.bin b.bin c.bin c_elems grid_x grid_z smem_bytes scalars...
   if (argc < 8 + NSCALARS) fail("usage", argc, 0);
@@ -201,6 +209,7 @@ int main(int argc, char** argv) {
   cp += (16 - (uintptr_t)cp % 16) % 16;
   std::memset(cp, 0, 2 * c_elems);
   gridDim = {grid_x, 1, grid_z};
+  BEFORE_LAUNCH
   g_last_read.assign(g_smem_bytes / 16, INT_MIN);
   for (unsigned z = 0; z < grid_z; ++z)
     for (unsigned x = 0; x < grid_x; ++x) {
@@ -225,7 +234,7 @@ int main(int argc, char** argv) {
           blockIdx = {x, 0, z};
           pt::t_groups.clear();
           pt::t_open.clear();
-          KERNEL((const __half*)ap, (const __half*)bp, (__half*)cp SCALAR_ARGS);
+          KERNEL((const __half*)ap, (const __half*)bp, (__half*)cp SCALAR_ARGS EXTRA_ARGS);
           if (!pt::t_open.empty() || !pt::t_groups.empty()) fail("copies in flight at exit", 0, 0);
         });
       for (auto& th : threads) th.join();

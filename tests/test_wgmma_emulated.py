@@ -11,12 +11,22 @@ is asynchronous: it checks at issue that its chunks landed before a barrier, rea
 its ``wgmma.wait_group`` retires it (the latest moment), and until then any cp.async into them
 is a race.
 
-What it cannot check: the proxy fence (``fence.proxy.async``) and the real hardware's reading
-of the descriptors; a GPU settles those (benchmarks/wgmma_probe.py).
+The TMA loader's shim (``TMA_SHIM``) reads the box of a tensor map described by the specs
+that ``wgmma.tensor_map_specs`` gives the driver (zeros past the edges, 128-byte lines
+swizzled by their shared-memory address, the source kept inside its operand), counts its
+bytes on an emulated mbarrier (arrivals, expected transactions, phases) only when a thread
+waits on it, and lands the data only when a wait sees the phase complete: a consumer that
+skips or mistimes its wait reads NaN or a stale tile, and a byte total the copies never reach
+never completes.
+
+What it cannot check: the proxy fences (``fence.proxy.async``, the tensor-map acquire, the
+mbarrier-init fence) and the real hardware's reading of the descriptors and tensor maps; a
+GPU settles those (benchmarks/wgmma_probe.py).
 """
 
 from __future__ import annotations
 
+import math
 import shutil
 
 import numpy as np
@@ -118,6 +128,144 @@ template <int N> inline void wgmma_wait() {
 }  // namespace pt
 """
 
+TMA_SHIM = r"""
+#include <chrono>
+#include <map>
+using std::min;
+// A tensor map as the emulator reads it (the real one is the driver's opaque 128 bytes).
+struct FakeTensorMap {
+  const unsigned char* base; size_t bytes;
+  long dims[3], strides[2]; int box[3];
+};
+static FakeTensorMap g_tmaps[2];
+static void set_tmap(FakeTensorMap& m, const unsigned char* base, size_t bytes, long d0, long d1,
+                     long d2, long s1, long s2, int b0, int b1, int b2) {
+  m = {base, bytes, {d0, d1, d2}, {s1, s2}, {b0, b1, b2}};
+}
+namespace pt {
+struct Mbarrier {
+  int expected = 0, pending = 0;
+  long tx = 0;
+  unsigned completed = 0;              // phases completed so far
+  long in_flight_bytes = 0;            // issued copies not yet delivered
+  std::vector<Copy> in_flight, done;   // copies of the current phase; of completed ones
+};
+static std::map<unsigned, Mbarrier> g_mbar;  // by shared address; guarded by g_track
+
+inline void tensormap_acquire(const void*) {}
+inline void fence_mbarrier_init() {}
+inline void mbarrier_init(unsigned bar, unsigned count) {
+  std::lock_guard<std::mutex> lk(g_track);
+  if (bar % 8 || bar + 8 > g_smem_bytes) fail("mbarrier address", bar, g_smem_bytes);
+  Mbarrier m;
+  m.expected = m.pending = (int)count;
+  g_mbar[bar] = m;
+}
+static Mbarrier& mbar(unsigned bar) {
+  auto it = g_mbar.find(bar);
+  if (it == g_mbar.end()) fail("mbarrier used before its init", bar, 0);
+  return it->second;
+}
+static void complete_if_due(Mbarrier& m) {
+  if (m.pending < 0) fail("mbarrier: more arrivals than its count", m.pending, 0);
+  if (m.tx < 0) fail("mbarrier: more bytes landed than were expected", m.tx, 0);
+  if (m.pending == 0 && m.tx == 0) {
+    m.done.insert(m.done.end(), m.in_flight.begin(), m.in_flight.end());
+    m.in_flight.clear();
+    ++m.completed;
+    m.pending = m.expected;
+  }
+}
+inline void mbarrier_expect_tx(unsigned bar, unsigned bytes) {
+  std::lock_guard<std::mutex> lk(g_track);
+  Mbarrier& m = mbar(bar);
+  m.tx += bytes;
+  --m.pending;
+  complete_if_due(m);
+}
+inline bool mbarrier_try_wait(unsigned bar, unsigned parity) {
+  std::lock_guard<std::mutex> lk(g_track);
+  Mbarrier& m = mbar(bar);
+  if ((m.completed & 1u) == (parity & 1u)) {  // that phase is still running
+    // The TMA unit delivers the issued copies only now, when somebody waits for them (the
+    // latest it may): a wait that returns too early finds nothing landed.
+    m.tx -= m.in_flight_bytes;
+    m.in_flight_bytes = 0;
+    complete_if_due(m);
+    return false;
+  }
+  // The copies of completed phases land now (the latest moment they may), as synchronised
+  // by the mbarrier rather than a block barrier.
+  for (const Copy& c : m.done) {
+    std::memcpy(pt_smem + c.dst, c.data, 16);
+    g_landed[c.dst / 16] = INT_MIN + 1;
+  }
+  m.done.clear();
+  return true;
+}
+inline void mbarrier_wait(unsigned bar, unsigned parity) {
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+  while (!mbarrier_try_wait(bar, parity)) {
+    if (std::chrono::steady_clock::now() > deadline)
+      fail("an mbarrier phase never completes", bar, parity);
+    std::this_thread::yield();
+  }
+}
+// The box at (c0, c1, c2): element (i0, i1, i2) of the box lands at byte 2 * i0 of line
+// (i2 * box1 + i1), lines 128 bytes long, each 16-byte unit swizzled by its address.
+inline void tma_load_3d(unsigned dst, const void* map, int c0, int c1, int c2, unsigned bar) {
+  const FakeTensorMap& t = *(const FakeTensorMap*)map;
+  if (dst % 128) fail("TMA destination not 128-byte aligned", dst, 0);
+  if (t.box[0] * 2 != 128) fail("TMA box: the 128-byte swizzle needs 128-byte lines", t.box[0], 0);
+  const long lines = (long)t.box[1] * t.box[2];
+  if (dst + lines * 128 > g_smem_bytes) fail("TMA writes past shared memory", dst, lines);
+  std::vector<Copy> copies(lines * 8);
+  for (long line = 0; line < lines; ++line)
+    for (int i0 = 0; i0 < t.box[0]; ++i0) {
+      const long x = c0 + i0, y = c1 + line % t.box[1], z = c2 + line / t.box[1];
+      unsigned short v = 0;
+      if (x >= 0 && x < t.dims[0] && y >= 0 && y < t.dims[1] && z >= 0 && z < t.dims[2]) {
+        const long at = z * t.strides[1] + y * t.strides[0] + x * 2;
+        if (at < 0 || at + 2 > (long)t.bytes) fail("TMA reads outside its operand", at, t.bytes);
+        std::memcpy(&v, t.base + at, 2);
+      }
+      Copy& c = copies[line * 8 + i0 / 8];
+      c.dst = swizzled(dst + line * 128 + (i0 / 8) * 16);
+      std::memcpy(c.data + (i0 % 8) * 2, &v, 2);
+    }
+  std::lock_guard<std::mutex> lk(g_track);
+  for (const Copy& c : copies) {
+    if (g_mbar.count(c.dst & ~7u) || g_mbar.count((c.dst & ~7u) + 8))
+      fail("TMA writes over an mbarrier", c.dst, 0);
+    if (g_last_read[c.dst / 16] == g_epoch)
+      fail("write-after-read race on shared chunk", c.dst / 16, g_epoch);
+    if (g_pending[c.dst / 16] > 0)
+      fail("write-after-read race: an MMA in flight reads the shared chunk", c.dst / 16, g_epoch);
+  }
+  Mbarrier& m = mbar(bar);
+  m.in_flight.insert(m.in_flight.end(), copies.begin(), copies.end());
+  m.in_flight_bytes += lines * 128;
+}
+}  // namespace pt
+"""
+
+
+def _tma_defines(workload, config: WgmmaConfig) -> str:
+    """The emulated tensor maps, filled from the specs the probe hands the driver."""
+    view = workload.gemm_view()
+    specs = wgmma.tensor_map_specs(view.m, view.n, view.k, view.batch, config)
+    fills = []
+    for i, (spec, pointer, size) in enumerate(
+        zip(specs, ("ap", "bp"), ("a.size()", "b.size()"), strict=True)
+    ):
+        numbers = ", ".join(map(str, (*spec.dims, *spec.strides, *spec.box)))
+        fills.append(f"set_tmap(g_tmaps[{i}], {pointer}, {size}, {numbers});")
+    return (
+        f"#define BEFORE_LAUNCH {' '.join(fills)}\n"
+        "#define EXTRA_ARGS , (const void*)&g_tmaps[0], (const void*)&g_tmaps[1]\n"
+    )
+
+
 pytestmark = pytest.mark.skipif(shutil.which("g++") is None, reason="needs a host C++ compiler")
 
 
@@ -130,8 +278,12 @@ def _emulate(workload, config: WgmmaConfig, tmp, mutate=None):
         assert old in body
         body = body.replace(old, new)
     grid, scalars = wgmma.launch(kernel, workload)
+    tma = config.loader == "tma"
+    shims = "#include <algorithm>\n" + COMMON_SHIM + WGMMA_SHIM
+    if tma:
+        shims = _tma_defines(workload, config) + shims + TMA_SHIM
     source = harness_source(
-        "#include <algorithm>\n" + COMMON_SHIM + WGMMA_SHIM,
+        shims,
         parts["helpers"] + body,
         kernel.name,
         kernel.threads,
@@ -151,8 +303,49 @@ CASES = [
 ]
 
 
+# The TMA loader: tails in M, N (a slab of B wholly past N copies another) and K, one to three
+# warpgroups, a batch, the ring wrapping.
+TMA_CASES = [
+    (gemm(130, 136, 200), WgmmaConfig(128, 128, 4, loader="tma")),
+    (gemm(70, 200, 520), WgmmaConfig(64, 256, 4, loader="tma")),
+    (bmm(2, 72, 64, 136), WgmmaConfig(64, 128, 3, loader="tma")),
+    (gemm(200, 72, 136), WgmmaConfig(192, 128, 4, loader="tma")),
+]
+
+
 def test_emulated_wgmma_kernels_match_numpy(tmp_path):
     assert_outcomes_match(CASES, emulate_all(_emulate, CASES, tmp_path))
+
+
+def test_emulated_tma_wgmma_kernels_match_numpy(tmp_path):
+    assert_outcomes_match(TMA_CASES, emulate_all(_emulate, TMA_CASES, tmp_path))
+
+
+@pytest.mark.parametrize(
+    ("mutation", "symptom"),
+    [
+        # Waiting on the other parity: the first wait returns before any copy landed.
+        (("static_cast<unsigned>(kt / STAGES) & 1u",
+          "(static_cast<unsigned>(kt / STAGES) + 1u) & 1u"),
+         "not landed"),
+        # Refilling the stage whose MMAs may still be in flight.
+        (("const int next = kt + STAGES - 2;", "const int next = kt + STAGES - 1;"),
+         "write-after-read"),
+        # A byte count the copies overshoot, and one they never reach.
+        (("mbarrier_expect_tx(bar, static_cast<unsigned>(STAGE_BYTES));",
+          "mbarrier_expect_tx(bar, static_cast<unsigned>(STAGE_BYTES - B_SLAB_BYTES));"),
+         "more bytes landed"),
+        (("mbarrier_expect_tx(bar, static_cast<unsigned>(STAGE_BYTES));",
+          "mbarrier_expect_tx(bar, static_cast<unsigned>(STAGE_BYTES + 16));"),
+         "never completes"),
+    ],
+)  # fmt: skip
+def test_emulator_catches_broken_tma_kernels(tmp_path, mutation, symptom):
+    code, stderr, _, _ = _emulate(
+        gemm(70, 72, 328), WgmmaConfig(64, 256, 4, loader="tma"), tmp_path, mutation
+    )
+    assert code == 3, stderr
+    assert symptom in stderr
 
 
 @pytest.mark.parametrize(
@@ -208,3 +401,18 @@ def test_configs_are_checked():
         WgmmaConfig(192, 128, 4)
     with pytest.raises(ValueError, match="b_descriptor"):
         WgmmaConfig(128, 128, 4, "sideways")
+    with pytest.raises(ValueError, match="loader"):
+        WgmmaConfig(128, 128, 4, loader="bulk")
+    # The TMA loader has no per-thread copies to divide evenly.
+    assert WgmmaConfig(192, 128, 4, loader="tma").threads == 384
+
+
+def test_tensor_map_specs_describe_the_operands():
+    config = WgmmaConfig(128, 256, 4, loader="tma")
+    a, b = wgmma.tensor_map_specs(200, 328, 96, 3, config)
+    assert (a.dims, a.strides, a.box) == ((96, 200, 3), (192, 200 * 96 * 2), (64, 128, 1))
+    assert (b.dims, b.strides, b.box) == ((328, 96, 3), (656, 96 * 328 * 2), (64, 64, 1))
+    # The bytes one stage expects: one A box and four B boxes, as the kernel counts them.
+    assert math.prod(a.box) * 2 + 4 * math.prod(b.box) * 2 == config.stage_bytes
+    with pytest.raises(ValueError, match="multiples of 8"):
+        wgmma.tensor_map_specs(200, 330, 96, 1, config)

@@ -14,8 +14,14 @@ def test_the_probe_runs_each_shape_with_one_reading_of_the_b_descriptor():
     swapped = wgmma_probe._configs(None, "swapped")
     assert [c.id for c in canonical] == [c.id for c in PROBE_CONFIGS]
     assert [c.id for c in swapped] == [c.id + "_bswap" for c in PROBE_CONFIGS]
-    named = wgmma_probe._configs(["wg128x128s4_bswap", "wg128x256s3"])
-    assert [c.id for c in named] == ["wg128x128s4_bswap", "wg128x256s3"]
+    named = wgmma_probe._configs(["wg128x128s4_bswap", "wg128x256s3", "wg64x256s4_tma_bswap"])
+    assert [(c.id, c.loader) for c in named] == [
+        ("wg128x128s4_bswap", "cp.async"),
+        ("wg128x256s3", "cp.async"),
+        ("wg64x256s4_tma_bswap", "tma"),
+    ]
+    assert wgmma_probe.loader_of("wg64x256s4_tma_bswap") == "tma"
+    assert wgmma_probe.loader_of("wg128x128s4_bswap") == "cp.async"
     with pytest.raises(SystemExit, match="unknown probe shapes"):
         wgmma_probe._configs(["wg99x1s1"])
 
@@ -46,6 +52,7 @@ def _document():
                 name: {"correct": True, "samples_ms": s} for name, s in samples.items()
             },
             "wg128x256s3": {"fault": "no answer within 240 s"},
+            "wg128x128s4_tma": {"MM_Square_4k": {"correct": True, "samples_ms": [0.23, 0.24]}},
         },
     }
 
@@ -58,9 +65,12 @@ def test_the_report_compares_the_best_shape_with_the_library_and_mma_sync():
     assert row["wgmma_us"] == pytest.approx(210.0)
     assert row["wgmma_vs_library"] == pytest.approx(180.0 / 210.0)
     assert row["mma_sync_vs_library"] == pytest.approx(180.0 / 350.0)
+    # The best of each loader beside the best of both.
+    assert row["cp.async_us"] == pytest.approx(210.0) and row["tma_us"] == pytest.approx(235.0)
     text = wgmma_probe.render(_document(), rows, "probe.json")
     assert "| wg128x256s3 | fault: CUDARuntimeError" in text
-    assert "| MM_Square_4k | wg128x128s4 | 210.0 | 350.0 | 180.0 | 0.86 | 0.51 |" in text
+    row_text = "| MM_Square_4k | wg128x128s4 | 210.0 | 210.0 | 235.0 | 350.0 | 180.0 | 0.86 | 0.51"
+    assert row_text in text
     assert "wgmma 0.86x of the library, mma.sync 0.51x" in text
 
 

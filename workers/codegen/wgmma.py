@@ -20,6 +20,15 @@ How it works (CUTLASS's sm90 "cp.async + GMMA" mainloop, without warp specialisa
 - cp.async writes through the generic proxy and wgmma reads through the async one: each
   thread fences (``fence.proxy.async``) after its copies land, before the block barrier.
 
+With ``loader="tma"`` the copies are the Tensor Memory Accelerator's instead (CUTLASS's
+"TMA + GMMA" mainloop, again without warp specialisation): one thread issues, per K tile,
+one ``cp.async.bulk.tensor`` box of A and one per 64-column slab of B, which the TMA unit lands
+in the same swizzled layouts (the tensor maps ask for the 128-byte swizzle) and fills with
+zeros past the tensor's edges; an mbarrier per stage counts the bytes, and the warpgroups
+wait on its phase instead of on their own copies. The host encodes the two tensor maps
+(``tensor_map_specs`` says what, benchmarks/wgmma_probe.py calls the driver) and passes their
+global-memory addresses after the scalars.
+
 The index math is plain C++ (``helpers``) so that tests/test_wgmma_emulated.py runs the kernel
 on the CPU with the PTX wrappers emulated from the ISA's layout definitions.
 """
@@ -42,6 +51,10 @@ VARIANTS = ("gemm_kn", "bmm")  # B stored K x N, row-major
 # between 8-row groups of K), "swapped" the other way round. The probe compiles both so that
 # one GPU call settles which one the hardware follows, should the reading be wrong.
 B_DESCRIPTORS = ("canonical", "swapped")
+# Who copies the tiles into shared memory: every thread with cp.async, or one thread through
+# the TMA unit (tensor maps, mbarriers).
+LOADERS = ("cp.async", "tma")
+MBARRIER_BYTES = 8
 
 
 @dataclass(frozen=True)
@@ -50,6 +63,7 @@ class WgmmaConfig:
     block_n: int  # a multiple of 64, at most 256 (one wgmma instruction's N)
     stages: int  # shared-memory ring depth, at least 3
     b_descriptor: str = "canonical"
+    loader: str = "cp.async"
 
     def __post_init__(self) -> None:
         problems = config_problems(self)
@@ -70,12 +84,14 @@ class WgmmaConfig:
 
     @property
     def smem_bytes(self) -> int:
-        return self.stages * self.stage_bytes + ALIGN_SLACK
+        barriers = self.stages * MBARRIER_BYTES if self.loader == "tma" else 0
+        return self.stages * self.stage_bytes + ALIGN_SLACK + barriers
 
     @property
     def id(self) -> str:
-        tail = "" if self.b_descriptor == "canonical" else "_bswap"
-        return f"wg{self.block_m}x{self.block_n}s{self.stages}{tail}"
+        loader = "_tma" if self.loader == "tma" else ""
+        reading = "" if self.b_descriptor == "canonical" else "_bswap"
+        return f"wg{self.block_m}x{self.block_n}s{self.stages}{loader}{reading}"
 
 
 def config_problems(c: WgmmaConfig) -> list[str]:
@@ -92,9 +108,11 @@ def config_problems(c: WgmmaConfig) -> list[str]:
         )
     if c.b_descriptor not in B_DESCRIPTORS:
         problems.append(f"b_descriptor must be one of {B_DESCRIPTORS}, got {c.b_descriptor!r}")
+    if c.loader not in LOADERS:
+        problems.append(f"loader must be one of {LOADERS}, got {c.loader!r}")
     if problems:
         return problems
-    if (BK * c.block_n // 8) % c.threads:
+    if c.loader == "cp.async" and (BK * c.block_n // 8) % c.threads:
         problems.append(f"a {BK}x{c.block_n} tile of B is not whole 16-byte copies per thread")
     if c.smem_bytes > SMEM_LIMIT:
         problems.append(f"{c.smem_bytes} B of shared memory exceeds {SMEM_LIMIT}")
@@ -114,7 +132,9 @@ constexpr int A_ITERS = BM * 8 / THREADS;        // 16-byte chunks per thread pe
 constexpr int B_ITERS = BK * (BN / 8) / THREADS;
 constexpr int ACC = BN / 2;                      // f32 accumulators per thread
 constexpr bool B_SWAPPED = @B_SWAPPED@;
-static_assert(BM * 8 % THREADS == 0 && BK * (BN / 8) % THREADS == 0, "whole chunks per thread");
+constexpr bool TMA = @TMA@;  // the TMA loader (else every thread's cp.async)
+static_assert(TMA || (A_ITERS * THREADS == BM * 8 && B_ITERS * THREADS == BK * (BN / 8)),
+              "whole chunks per thread");
 
 // The 128-byte swizzle (CUTLASS's Swizzle<3,4,3>): the 16-byte unit (address bits 4-6) is
 // XORed with the line within its 1024-byte block (bits 7-9). Stages start at multiples of
@@ -182,6 +202,60 @@ __device__ __forceinline__ void fence_proxy_async() {
 }
 // Keeps the compiler from moving an accumulator while an MMA that writes it is in flight.
 __device__ __forceinline__ void fence_operand(float& r) { asm volatile("" : "+f"(r)::"memory"); }
+"""
+
+# The TMA loader's wrappers: mbarriers (CUTLASS's ClusterTransactionBarrier, for one CTA) and
+# the 3-D tiled bulk tensor copy.
+DEVICE_TMA = r"""
+__device__ __forceinline__ void mbarrier_init(unsigned bar, unsigned count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count) : "memory");
+}
+// The initialised barriers, made visible to the async proxy (the TMA unit completes them).
+__device__ __forceinline__ void fence_mbarrier_init() {
+  asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+}
+// Arrive once and expect `bytes` more bytes of copies before the phase completes.
+__device__ __forceinline__ void mbarrier_expect_tx(unsigned bar, unsigned bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes)
+               : "memory");
+}
+// Whether the phase of parity `parity` has completed.
+__device__ __forceinline__ bool mbarrier_try_wait(unsigned bar, unsigned parity) {
+  unsigned done;
+  asm volatile(
+      "{\n.reg .pred p;\n"
+      "mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n"
+      "selp.u32 %0, 1, 0, p;\n}\n"
+      : "=r"(done)
+      : "r"(bar), "r"(parity)
+      : "memory");
+  return done != 0;
+}
+// A phase that never completes (a copy that never lands, a miscounted byte total) would hang
+// the kernel: give up after about a second instead and compute garbage, which the host's
+// check reports. (Not __trap(): ptxas then serialises the MMAs around the loop.)
+__device__ __forceinline__ void mbarrier_wait(unsigned bar, unsigned parity) {
+  if (mbarrier_try_wait(bar, parity)) return;
+  const long long start = clock64();
+  while (!mbarrier_try_wait(bar, parity)) {
+    if (clock64() - start > (1ll << 31)) break;
+  }
+}
+// The host wrote the tensor map into global memory before the launch: order that write
+// before the TMA unit reads the map (the tensormap proxy).
+__device__ __forceinline__ void tensormap_acquire(const void* map) {
+  asm volatile("fence.proxy.tensormap::generic.acquire.gpu [%0], 128;\n" ::"l"(map) : "memory");
+}
+// The box of `map` at (c0 innermost, c1, c2) into shared memory at `dst`; its bytes complete
+// on mbarrier `bar`. Elements past the tensor's edges land as zeros.
+__device__ __forceinline__ void tma_load_3d(unsigned dst, const void* map, int c0, int c1, int c2,
+                                            unsigned bar) {
+  asm volatile(
+      "cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes"
+      " [%0], [%1, {%2, %3, %4}], [%5];\n" ::"r"(dst),
+      "l"(map), "r"(c0), "r"(c1), "r"(c2), "r"(bar)
+      : "memory");
+}
 """
 
 DEVICE_TAIL = "}  // namespace pt\n"
@@ -282,7 +356,11 @@ extern "C" __global__ void __launch_bounds__(@THREADS@, 1)
 #pragma unroll
   for (int i = 0; i < ACC; ++i) fence_operand(acc[i]);
   cp_async_wait<0>();
+@EPILOGUE@
+"""
 
+# f32 -> f16 stores of the accumulators: the same for either loader.
+EPILOGUE = r"""
   // f32 -> f16, predicated 4-byte stores of column pairs (N is a multiple of 8).
 #pragma unroll
   for (int i = 0; i < ACC; i += 2) {
@@ -296,6 +374,84 @@ extern "C" __global__ void __launch_bounds__(@THREADS@, 1)
     }
   }
 }
+"""
+
+TMA_KERNEL = r"""
+extern "C" __global__ void __launch_bounds__(@THREADS@, 1)
+@NAME@(const __half* __restrict__ A_ptr, const __half* __restrict__ B_ptr,
+       __half* __restrict__ C_ptr, int M_arg, int N_arg, int K_arg,
+       const void* __restrict__ tmap_a, const void* __restrict__ tmap_b) {
+  using namespace pt;
+  extern __shared__ __align__(128) unsigned char pt_smem[];
+  unsigned short* C = reinterpret_cast<unsigned short*>(C_ptr);
+  const int M = M_arg, N = N_arg, K = K_arg;
+  // A and B are read through the tensor maps (3-D: the batch is the outermost coordinate).
+  const int z = blockIdx.z;
+  C += static_cast<long long>(z) * M * N;
+  const int tid = threadIdx.x, wg = tid / 128, t = tid % 128;
+  const int tiles_n = (N + BN - 1) / BN;
+  const int tile_m = static_cast<int>(blockIdx.x) / tiles_n;
+  const int bm0 = tile_m * BM, bn0 = (static_cast<int>(blockIdx.x) - tile_m * tiles_n) * BN;
+  const int k_tiles = (K + BK - 1) / BK;
+  const unsigned base = (smem_u32(pt_smem) + 1023u) & ~1023u;
+  const unsigned bars = base + STAGES * STAGE_BYTES;  // one 8-byte mbarrier per stage
+  // A 64-column slab of B wholly past N copies the last slab that starts inside N instead of
+  // a box wholly out of bounds: no stored C column reads it, and every stage counts the same
+  // STAGE_BYTES.
+  const int last_slab = (N - 1) / 64 * 64;
+
+  if (tid == 0) {
+    tensormap_acquire(tmap_a);
+    tensormap_acquire(tmap_b);
+    for (int s = 0; s < STAGES; ++s) mbarrier_init(bars + s * 8, 1);
+    fence_mbarrier_init();
+  }
+  __syncthreads();
+
+  // Thread 0 only: tile kt into `stage`, its bytes counted on the stage's mbarrier.
+  auto issue_tile = [&](int kt, int stage) {
+    const unsigned sa = base + stage * STAGE_BYTES, sb = sa + A_STAGE_BYTES, bar = bars + stage * 8;
+    mbarrier_expect_tx(bar, static_cast<unsigned>(STAGE_BYTES));
+    tma_load_3d(sa, tmap_a, kt * BK, bm0, z, bar);
+#pragma unroll
+    for (int s = 0; s < BN / 64; ++s) {
+      tma_load_3d(sb + s * B_SLAB_BYTES, tmap_b, min(bn0 + 64 * s, last_slab), kt * BK, z, bar);
+    }
+  };
+
+  float acc[ACC];
+#pragma unroll
+  for (int i = 0; i < ACC; ++i) acc[i] = 0.f;
+
+  // Tiles 0..STAGES-3 in flight before the loop; tile kt+STAGES-2 issued in iteration kt.
+  if (tid == 0) {
+    for (int s = 0; s < STAGES - 2 && s < k_tiles; ++s) issue_tile(s, s);
+  }
+  for (int kt = 0; kt < k_tiles; ++kt) {
+    __syncthreads();  // every warpgroup retired its MMAs of tile kt-2 (its last wait_group)
+    // The stage of tile kt-2 is free: refill it as early as it can be.
+    const int next = kt + STAGES - 2;
+    if (tid == 0 && next < k_tiles) issue_tile(next, next % STAGES);
+    mbarrier_wait(bars + (kt % STAGES) * 8, static_cast<unsigned>(kt / STAGES) & 1u);
+    const unsigned sa = base + (kt % STAGES) * STAGE_BYTES, sb = sa + A_STAGE_BYTES;
+    wgmma_fence();
+#pragma unroll
+    for (int i = 0; i < ACC; ++i) fence_operand(acc[i]);
+#pragma unroll
+    for (int ks = 0; ks < BK / 16; ++ks) {
+      wgmma_tile(acc, a_descriptor(sa, wg, ks), b_descriptor(sb, ks));
+    }
+    wgmma_commit();
+#pragma unroll
+    for (int i = 0; i < ACC; ++i) fence_operand(acc[i]);
+    wgmma_wait<1>();  // this warpgroup's MMAs of tile kt-1 have retired
+#pragma unroll
+    for (int i = 0; i < ACC; ++i) fence_operand(acc[i]);
+  }
+  wgmma_wait<0>();
+#pragma unroll
+  for (int i = 0; i < ACC; ++i) fence_operand(acc[i]);
+@EPILOGUE@
 """
 
 BATCH_OFFSETS = r"""
@@ -312,7 +468,8 @@ def kernel_name(variant: str, config: WgmmaConfig) -> str:
 
 def source_parts(variant: str, config: WgmmaConfig) -> dict[str, str]:
     """The kernel's source in pieces: "helpers" (plain C++), "device" (PTX wrappers: the
-    mma.sync family's cp.async and conversion ones, and wgmma's), "kernel", "end"."""
+    mma.sync family's cp.async and conversion ones, wgmma's, and the TMA loader's mbarrier and
+    tensor-copy ones), "kernel", "end"."""
     if variant not in VARIANTS:
         raise ValueError(f"the wgmma probe computes {VARIANTS}, not {variant!r}")
     helpers = HELPERS
@@ -321,16 +478,21 @@ def source_parts(variant: str, config: WgmmaConfig) -> dict[str, str]:
         "BN": config.block_n,
         "STAGES": config.stages,
         "B_SWAPPED": "true" if config.b_descriptor == "swapped" else "false",
+        "TMA": "true" if config.loader == "tma" else "false",
     }.items():
         helpers = helpers.replace(f"@{key}@", str(value))
+    tma = config.loader == "tma"
     kernel = (
-        KERNEL.replace("@THREADS@", str(config.threads))
+        (TMA_KERNEL if tma else KERNEL)
+        .replace("@EPILOGUE@", EPILOGUE)
+        .replace("@THREADS@", str(config.threads))
         .replace("@NAME@", kernel_name(variant, config))
         .replace("@BATCH@", BATCH_OFFSETS if variant == "bmm" else "")
     )
     header = (
         f"// pipetune wgmma probe kernel: variant {variant}, block {config.block_m}x"
-        f"{config.block_n}x{BK}, {config.stages} stages, B descriptor {config.b_descriptor}\n"
+        f"{config.block_n}x{BK}, {config.stages} stages, B descriptor {config.b_descriptor}, "
+        f"{config.loader} loader\n"
         f"// {config.threads} threads, {config.smem_bytes} B dynamic shared memory\n"
     )
     return {
@@ -342,6 +504,7 @@ def source_parts(variant: str, config: WgmmaConfig) -> dict[str, str]:
         + DEVICE_HEAD
         + DEVICE_WGMMA
         + _wgmma_wrapper(config.block_n)
+        + (DEVICE_TMA if tma else "")
         + DEVICE_TAIL,
         "kernel": kernel,
         "end": cuda_text.DEVICE_END,
@@ -378,4 +541,45 @@ PROBE_CONFIGS: tuple[WgmmaConfig, ...] = tuple(
         (64, 64, (6,)),
     )
     for s in stages
+) + tuple(
+    # The TMA loader holds no copy addresses in registers and needs no whole copies per
+    # thread: one warpgroup 256 wide and three warpgroups 128 wide fit too.
+    WgmmaConfig(m, n, s, loader="tma")
+    for m, n, stages in (
+        (128, 256, (3, 4)),
+        (128, 192, (4, 5)),
+        (128, 128, (4, 6)),
+        (192, 192, (3, 4)),
+        (256, 128, (3, 4)),
+        (192, 128, (4,)),
+        (64, 256, (4,)),
+        (64, 128, (6,)),
+        (128, 64, (6,)),
+        (64, 64, (6,)),
+    )
+    for s in stages
 )
+
+
+@dataclass(frozen=True)
+class TensorMapSpec:
+    """What cuTensorMapEncodeTiled is given for one operand of the TMA loader: fp16, 3-D,
+    sizes and box innermost first, byte strides of the two outer dimensions (the 128-byte
+    swizzle, no interleave, zero fill past the edges, 256-byte L2 promotion)."""
+
+    dims: tuple[int, int, int]
+    strides: tuple[int, int]
+    box: tuple[int, int, int]
+
+
+def tensor_map_specs(
+    m: int, n: int, k: int, batch: int, config: WgmmaConfig
+) -> tuple[TensorMapSpec, TensorMapSpec]:
+    """The tensor maps of A (batch x M x K) and B (batch x K x N), row-major: A's box is one K
+    tile of the block's rows (BM lines of 128 bytes), B's one 64-column slab of a K tile."""
+    if k % 8 or n % 8:
+        # The TMA unit needs every row to start on a 16-byte boundary.
+        raise ValueError(f"the TMA loader needs K and N to be multiples of 8, got K={k} N={n}")
+    a = TensorMapSpec((k, m, batch), (k * 2, m * k * 2), (BK, config.block_m, 1))
+    b = TensorMapSpec((n, k, batch), (n * 2, k * n * 2), (64, BK, 1))
+    return a, b
