@@ -304,12 +304,15 @@ CASES = [
 
 
 # The TMA loader: tails in M, N (a slab of B wholly past N copies another) and K, one to three
-# warpgroups, a batch, the ring wrapping.
+# warpgroups, a batch, the ring wrapping; and the staged epilogue.
 TMA_CASES = [
     (gemm(130, 136, 200), WgmmaConfig(128, 128, 4, loader="tma")),
     (gemm(70, 200, 520), WgmmaConfig(64, 256, 4, loader="tma")),
     (bmm(2, 72, 64, 136), WgmmaConfig(64, 128, 3, loader="tma")),
     (gemm(200, 72, 136), WgmmaConfig(192, 128, 4, loader="tma")),
+    # The staged epilogue, after either loader.
+    (bmm(2, 136, 200, 72), WgmmaConfig(128, 128, 4, loader="tma", epilogue="staged")),
+    (gemm(70, 200, 136), WgmmaConfig(64, 256, 3, epilogue="staged")),
 ]
 
 
@@ -403,6 +406,9 @@ def test_configs_are_checked():
         WgmmaConfig(128, 128, 4, "sideways")
     with pytest.raises(ValueError, match="loader"):
         WgmmaConfig(128, 128, 4, loader="bulk")
+    with pytest.raises(ValueError, match="epilogue"):
+        WgmmaConfig(128, 128, 4, epilogue="tma-store")
+    assert WgmmaConfig(128, 128, 4, "swapped", "tma", "staged").id == "wg128x128s4_tma_st_bswap"
     # The TMA loader has no per-thread copies to divide evenly.
     assert WgmmaConfig(192, 128, 4, loader="tma").threads == 384
 

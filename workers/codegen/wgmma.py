@@ -54,6 +54,11 @@ B_DESCRIPTORS = ("canonical", "swapped")
 # Who copies the tiles into shared memory: every thread with cp.async, or one thread through
 # the TMA unit (tensor maps, mbarriers).
 LOADERS = ("cp.async", "tma")
+# How the accumulators reach C: "direct", each thread's column pairs stored from registers
+# (16 bytes of a row per four threads); "staged", through shared memory first, then whole
+# 16-byte row chunks per thread (coalesced: what small-K products, whose time is mostly the
+# store of C, need).
+EPILOGUES = ("direct", "staged")
 MBARRIER_BYTES = 8
 
 
@@ -64,6 +69,7 @@ class WgmmaConfig:
     stages: int  # shared-memory ring depth, at least 3
     b_descriptor: str = "canonical"
     loader: str = "cp.async"
+    epilogue: str = "direct"
 
     def __post_init__(self) -> None:
         problems = config_problems(self)
@@ -90,8 +96,9 @@ class WgmmaConfig:
     @property
     def id(self) -> str:
         loader = "_tma" if self.loader == "tma" else ""
+        staged = "_st" if self.epilogue == "staged" else ""
         reading = "" if self.b_descriptor == "canonical" else "_bswap"
-        return f"wg{self.block_m}x{self.block_n}s{self.stages}{loader}{reading}"
+        return f"wg{self.block_m}x{self.block_n}s{self.stages}{loader}{staged}{reading}"
 
 
 def config_problems(c: WgmmaConfig) -> list[str]:
@@ -110,6 +117,8 @@ def config_problems(c: WgmmaConfig) -> list[str]:
         problems.append(f"b_descriptor must be one of {B_DESCRIPTORS}, got {c.b_descriptor!r}")
     if c.loader not in LOADERS:
         problems.append(f"loader must be one of {LOADERS}, got {c.loader!r}")
+    if c.epilogue not in EPILOGUES:
+        problems.append(f"epilogue must be one of {EPILOGUES}, got {c.epilogue!r}")
     if problems:
         return problems
     if c.loader == "cp.async" and (BK * c.block_n // 8) % c.threads:
@@ -178,6 +187,17 @@ PT_HD void acc_position(int t, int i, int& row, int& col) {
   row = 16 * warp + lane / 4 + 8 * half;
   col = 8 * j + 2 * (lane % 4) + e;
 }
+
+// The staged epilogue's C tile: rows of BN halves 16 bytes apart more than their length, so
+// that the 8 rows one warp's column pairs fall in start 4 banks apart (no conflicts).
+constexpr int C_TILE_ROW_BYTES = BN * 2 + 16;
+static_assert(BM * C_TILE_ROW_BYTES <= STAGES * STAGE_BYTES, "the C tile fits in the stages");
+PT_HD unsigned c_tile_offset(int row, int col) {
+  return static_cast<unsigned>(row * C_TILE_ROW_BYTES + col * 2);
+}
+struct alignas(16) Chunk16 {
+  unsigned words[4];
+};
 
 }  // namespace pt
 """
@@ -376,6 +396,29 @@ EPILOGUE = r"""
 }
 """
 
+STAGED_EPILOGUE = r"""
+  // f32 -> f16 into a BM x BN tile in shared memory (the stages are free: every warpgroup's
+  // MMAs retired before the barrier), then 16-byte row chunks to C (N is a multiple of 8).
+  __syncthreads();
+  unsigned char* tile = pt_smem + (base - smem_u32(pt_smem));
+#pragma unroll
+  for (int i = 0; i < ACC; i += 2) {
+    int row, col;
+    acc_position(t, i, row, col);
+    *reinterpret_cast<unsigned*>(tile + c_tile_offset(wg * 64 + row, col)) =
+        pack_half2(acc[i], acc[i + 1]);
+  }
+  __syncthreads();
+  for (int c = tid; c < BM * BN / 8; c += THREADS) {
+    const int row = c / (BN / 8), col = c % (BN / 8) * 8;
+    if (bm0 + row < M && bn0 + col < N) {
+      *reinterpret_cast<Chunk16*>(C + static_cast<long long>(bm0 + row) * N + bn0 + col) =
+          *reinterpret_cast<const Chunk16*>(tile + c_tile_offset(row, col));
+    }
+  }
+}
+"""
+
 TMA_KERNEL = r"""
 extern "C" __global__ void __launch_bounds__(@THREADS@, 1)
 @NAME@(const __half* __restrict__ A_ptr, const __half* __restrict__ B_ptr,
@@ -484,7 +527,7 @@ def source_parts(variant: str, config: WgmmaConfig) -> dict[str, str]:
     tma = config.loader == "tma"
     kernel = (
         (TMA_KERNEL if tma else KERNEL)
-        .replace("@EPILOGUE@", EPILOGUE)
+        .replace("@EPILOGUE@", STAGED_EPILOGUE if config.epilogue == "staged" else EPILOGUE)
         .replace("@THREADS@", str(config.threads))
         .replace("@NAME@", kernel_name(variant, config))
         .replace("@BATCH@", BATCH_OFFSETS if variant == "bmm" else "")
@@ -555,6 +598,23 @@ PROBE_CONFIGS: tuple[WgmmaConfig, ...] = tuple(
         (64, 256, (4,)),
         (64, 128, (6,)),
         (128, 64, (6,)),
+        (64, 64, (6,)),
+    )
+    for s in stages
+) + tuple(
+    # The staged epilogue on every TMA shape, and a shallower narrow one for small-K products
+    # (mostly the store of C).
+    WgmmaConfig(m, n, s, loader="tma", epilogue="staged")
+    for m, n, stages in (
+        (128, 256, (3, 4)),
+        (128, 192, (4, 5)),
+        (128, 128, (4, 6)),
+        (192, 192, (3, 4)),
+        (256, 128, (3, 4)),
+        (192, 128, (4,)),
+        (64, 256, (4,)),
+        (64, 128, (4, 6)),
+        (128, 64, (4, 6)),
         (64, 64, (6,)),
     )
     for s in stages
