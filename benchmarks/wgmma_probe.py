@@ -8,6 +8,7 @@ On the GPU machine (the GPU kit carried, `make gpu-kit`):
     bash benchmarks/wgmma_probe.sh          # writes $OUT/wgmma-probe.json as it goes
 
     python -m benchmarks.wgmma_probe run --out F.json [--operators A,B] [--configs ID,...]
+    python -m benchmarks.wgmma_probe shapes [--loader tma] [--epilogue staged]   # ids for --configs
     python -m benchmarks.wgmma_probe report F.json [--gpu h100] [--write]
 
 ``run`` first checks every shape on one small GEMM with tails in M, N and K, each in a child
@@ -31,7 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from pipetune.tuner.metrics import geomean
-from pipetune.workers.codegen.wgmma import LOADERS
+from pipetune.workers.codegen.wgmma import EPILOGUES, LOADERS
 from pipetune.workers.runners.base import summarise
 
 # A small GEMM with tails in M, N and K (not multiples of any block shape): the check every
@@ -55,6 +56,15 @@ def _configs(ids: list[str] | None, reading: str = "canonical"):
             raise SystemExit(f"error: unknown probe shapes {unknown}; known: {sorted(known)}")
         return [known[i] for i in ids]
     return [c for c in every if c.b_descriptor == reading]
+
+
+def shape_ids(loader: str | None = None, epilogue: str | None = None) -> list[str]:
+    """The ids of the probe shapes (canonical reading) with this loader and epilogue."""
+    return [
+        c.id
+        for c in _configs(None)
+        if loader in (None, c.loader) and epilogue in (None, c.epilogue)
+    ]
 
 
 def _operators(names: list[str] | None) -> dict[str, Any]:
@@ -465,6 +475,9 @@ def main(argv: list[str] | None = None) -> int:
     p_run.add_argument("--out", type=Path, required=True)
     p_run.add_argument("--operators", type=lambda s: s.split(","), default=None)
     p_run.add_argument("--configs", type=lambda s: s.split(","), default=None)
+    p_shapes = sub.add_parser("shapes", help="the probe shapes' ids, comma-separated (CONFIGS=)")
+    p_shapes.add_argument("--loader", choices=LOADERS, default=None)
+    p_shapes.add_argument("--epilogue", choices=EPILOGUES, default=None)
     p_best = sub.add_parser("best", help="the fastest shape of a probe file on one operator")
     p_best.add_argument("file", type=Path)
     p_best.add_argument("--operator", required=True)
@@ -478,6 +491,9 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.command == "run":
         run(args.out, args.operators, args.configs)
+        return 0
+    if args.command == "shapes":
+        print(",".join(shape_ids(args.loader, args.epilogue)))
         return 0
     if args.command == "launch":  # for a profiler to watch (benchmarks/wgmma_probe.sh)
         from dataclasses import asdict

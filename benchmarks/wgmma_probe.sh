@@ -4,6 +4,8 @@
 # and is rewritten after every shape, so a call cut short brings back what it measured.
 set -o pipefail
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target .gpu-site .gpu-kit/*.whl && export PYTHONPATH=$PWD/.gpu-site:$PWD || exit
+# SHAPES="--loader tma --epilogue staged" picks shapes by kind (CONFIGS= names them one by one).
+if [ -n "${SHAPES:-}" ]; then CONFIGS=$(python3 -m benchmarks.wgmma_probe shapes $SHAPES) || exit; fi
 nvidia-smi --query-gpu=name,clocks.sm,clocks.max.sm --format=csv | tee $OUT/gpu.txt
 timeout ${PROBE_SECONDS:-420} python3 -m benchmarks.wgmma_probe run --out $OUT/wgmma-probe.json ${OPERATORS:+--operators $OPERATORS} ${CONFIGS:+--configs $CONFIGS} 2>&1 | tail -40
 # Hardware counters of the fastest shape on the 4k GEMM (skip with PROFILE=0).

@@ -26,6 +26,14 @@ def test_the_probe_runs_each_shape_with_one_reading_of_the_b_descriptor():
         wgmma_probe._configs(["wg99x1s1"])
 
 
+def test_shapes_lists_the_ids_a_device_call_names(capsys):
+    assert wgmma_probe.main(["shapes", "--loader", "tma", "--epilogue", "staged"]) == 0
+    ids = capsys.readouterr().out.strip().split(",")
+    assert ids == [c.id for c in PROBE_CONFIGS if c.loader == "tma" and c.epilogue == "staged"]
+    assert ids and all(i.endswith("_tma_st") for i in ids)
+    assert len(wgmma_probe.shape_ids()) == len(PROBE_CONFIGS)
+
+
 def test_the_probe_takes_the_suites_gemm_and_bmm_operators():
     chosen = wgmma_probe._operators(None)
     assert chosen and all(w.op in ("gemm", "bmm") for w in chosen.values())

@@ -569,55 +569,43 @@ def generate(workload_or_variant, config: WgmmaConfig) -> KernelSource:
     )
 
 
-# The shapes the probe tries: one to four warpgroups, 128 to 256 columns, as deep as fits.
-# (One warpgroup 256 wide holds 128 accumulators and 16 copies per thread: it spills.)
-PROBE_CONFIGS: tuple[WgmmaConfig, ...] = tuple(
-    WgmmaConfig(m, n, s)
-    for m, n, stages in (
-        (128, 256, (3, 4)),
-        (128, 192, (4, 5)),
-        (128, 128, (3, 4, 5, 6)),
-        (192, 192, (3, 4)),
-        (256, 128, (3, 4)),
-        (64, 128, (4, 6)),
-        (128, 64, (4, 6)),  # for N = 64 (the RN50 FC layer, the S.V products)
-        (64, 64, (6,)),
-    )
-    for s in stages
-) + tuple(
-    # The TMA loader holds no copy addresses in registers and needs no whole copies per
-    # thread: one warpgroup 256 wide and three warpgroups 128 wide fit too.
-    WgmmaConfig(m, n, s, loader="tma")
-    for m, n, stages in (
-        (128, 256, (3, 4)),
-        (128, 192, (4, 5)),
-        (128, 128, (4, 6)),
-        (192, 192, (3, 4)),
-        (256, 128, (3, 4)),
-        (192, 128, (4,)),
-        (64, 256, (4,)),
-        (64, 128, (6,)),
-        (128, 64, (6,)),
-        (64, 64, (6,)),
-    )
-    for s in stages
-) + tuple(
-    # The staged epilogue on every TMA shape, and a shallower narrow one for small-K products
-    # (mostly the store of C).
-    WgmmaConfig(m, n, s, loader="tma", epilogue="staged")
-    for m, n, stages in (
-        (128, 256, (3, 4)),
-        (128, 192, (4, 5)),
-        (128, 128, (4, 6)),
-        (192, 192, (3, 4)),
-        (256, 128, (3, 4)),
-        (192, 128, (4,)),
-        (64, 256, (4,)),
-        (64, 128, (4, 6)),
-        (128, 64, (4, 6)),
-        (64, 64, (6,)),
-    )
-    for s in stages
+def _shapes(table, **knobs) -> tuple[WgmmaConfig, ...]:
+    return tuple(WgmmaConfig(m, n, s, **knobs) for m, n, stages in table for s in stages)
+
+
+# The shapes the probe tries: one to four warpgroups, 64 to 256 columns, as deep as fits.
+# (One warpgroup 256 wide holds 128 accumulators and, with cp.async, 16 copies per thread: it
+# spills. The TMA loader holds no copy addresses in registers and needs no whole copies per
+# thread: one warpgroup 256 wide and three warpgroups 128 wide fit too.)
+_CP_ASYNC_SHAPES = (
+    (128, 256, (3, 4)),
+    (128, 192, (4, 5)),
+    (128, 128, (3, 4, 5, 6)),
+    (192, 192, (3, 4)),
+    (256, 128, (3, 4)),
+    (64, 128, (4, 6)),
+    (128, 64, (4, 6)),  # for N = 64 (the RN50 FC layer, the S.V products)
+    (64, 64, (6,)),
+)
+_TMA_SHAPES = (
+    (128, 256, (3, 4)),
+    (128, 192, (4, 5)),
+    (128, 128, (4, 6)),
+    (192, 192, (3, 4)),
+    (256, 128, (3, 4)),
+    (192, 128, (4,)),
+    (64, 256, (4,)),
+    (64, 128, (6,)),
+    (128, 64, (6,)),
+    (64, 64, (6,)),
+)
+# The staged epilogue on every TMA shape, and shallower narrow ones for small-K products
+# (mostly the store of C).
+_STAGED_SHAPES = (*_TMA_SHAPES[:7], (64, 128, (4, 6)), (128, 64, (4, 6)), (64, 64, (6,)))
+PROBE_CONFIGS: tuple[WgmmaConfig, ...] = (
+    _shapes(_CP_ASYNC_SHAPES)
+    + _shapes(_TMA_SHAPES, loader="tma")
+    + _shapes(_STAGED_SHAPES, loader="tma", epilogue="staged")
 )
 
 
