@@ -166,6 +166,27 @@ def encode_tensor_map(spec, address: int) -> bytes:
     return bytes(raw[offset : offset + 128])
 
 
+def _device_address(array) -> int:
+    return int(array.data.ptr)
+
+
+def tensor_maps(cupy, config, workload, a, b) -> tuple:
+    """The TMA loader's tensor maps of A and B, in device memory, for the kernel's arguments
+    after the scalars; () for the cp.async loader."""
+    import numpy as np
+
+    from pipetune.workers.codegen import wgmma
+
+    if config.loader != "tma":
+        return ()
+    view = workload.gemm_view()
+    specs = wgmma.tensor_map_specs(view.m, view.n, view.k, view.batch, config)
+    return tuple(
+        cupy.asarray(np.frombuffer(encode_tensor_map(spec, _device_address(x)), dtype=np.uint8))
+        for spec, x in zip(specs, (a, b), strict=True)
+    )
+
+
 def _measure(config_fields: dict[str, Any], workloads: list[dict[str, Any]], timed: bool):
     """Check (and time) one shape on each workload. A workload with a "pattern" key is run on
     pattern_inputs instead of the campaign's, and its C comes back whole."""
@@ -207,14 +228,7 @@ def _measure(config_fields: dict[str, Any], workloads: list[dict[str, Any]], tim
             a_host, b_host = pattern_inputs(pattern, view.m, view.n, view.k)
         a, b = cupy.asarray(a_host), cupy.asarray(b_host)
         c = cupy.full(operand_shapes(workload)[2], cupy.nan, dtype=cupy.float16)
-        maps = ()
-        if config.loader == "tma":  # the tensor maps, in global memory, after the scalars
-            view = workload.gemm_view()
-            specs = wgmma.tensor_map_specs(view.m, view.n, view.k, view.batch, config)
-            maps = tuple(
-                cupy.asarray(np.frombuffer(encode_tensor_map(spec, x.data.ptr), dtype=np.uint8))
-                for spec, x in zip(specs, (a, b), strict=True)
-            )
+        maps = tensor_maps(cupy, config, workload, a, b)
         args = (a, b, c, *(np.int32(s) for s in scalars), *maps)
 
         def launch(function=function, grid=grid, kernel=kernel, args=args) -> None:

@@ -125,6 +125,48 @@ def test_a_shape_is_checked_against_an_fp32_product_then_timed(monkeypatch, beha
     assert wgmma_probe.pattern_agreement(diagnosed) == (1.0 if correct else 0.0)
 
 
+def test_a_tma_shape_is_launched_with_its_two_tensor_maps(monkeypatch):
+    """The TMA loader's maps are encoded from tensor_map_specs over A's and B's addresses and
+    handed over after the scalars (the driver call itself needs a GPU)."""
+    import sys
+
+    import fake_cupy
+    import numpy as np
+
+    from pipetune.model.family import parse_any_workload
+    from pipetune.workers import compile as compile_module
+    from pipetune.workers.codegen import wgmma
+
+    fake = fake_cupy.make()
+    fake.full, fake.nan, fake.isnan = np.full, np.nan, np.isnan
+    monkeypatch.setitem(sys.modules, "cupy", fake)
+
+    class Built:
+        cubin, registers = b"ok\n", 154
+
+    monkeypatch.setattr(compile_module, "compile_source", lambda *a, **k: Built())
+    encoded = []
+
+    def encode(spec, address):
+        encoded.append((spec, address))
+        return bytes(range(128))
+
+    monkeypatch.setattr(wgmma_probe, "encode_tensor_map", encode)
+    monkeypatch.setattr(wgmma_probe, "_device_address", lambda x: x.shape)
+    config = wgmma.WgmmaConfig(128, 256, 4, loader="tma", epilogue="staged")
+    fields = {"block_m": 128, "block_n": 256, "stages": 4, "loader": "tma", "epilogue": "staged"}
+    (answer,) = wgmma_probe._measure(fields, [wgmma_probe.CHECK_SHAPE], timed=False)
+    assert answer["correct"]
+    m, n, k = (wgmma_probe.CHECK_SHAPE[d] for d in "mnk")
+    assert [spec for spec, _ in encoded] == list(wgmma.tensor_map_specs(m, n, k, 1, config))
+    assert [address for _, address in encoded] == [(m, k), (k, n)]  # A's, then B's
+    workload = parse_any_workload(wgmma_probe.CHECK_SHAPE)
+    maps = wgmma_probe.tensor_maps(fake, config, workload, np.zeros((m, k)), np.zeros((k, n)))
+    assert [bytes(x) for x in maps] == [bytes(range(128))] * 2
+    cp_async = wgmma.WgmmaConfig(128, 256, 4)
+    assert wgmma_probe.tensor_maps(fake, cp_async, workload, None, None) == ()
+
+
 @pytest.mark.parametrize("pattern", wgmma_probe.PATTERNS)
 def test_each_diagnosis_pattern_puts_an_index_in_every_element(pattern):
     """A right kernel's C holds each element's row (or column) index, exactly in fp16;
