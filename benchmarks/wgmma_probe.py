@@ -8,7 +8,7 @@ On the GPU machine (the GPU kit carried, `make gpu-kit`):
     bash benchmarks/wgmma_probe.sh          # writes $OUT/wgmma-probe.json as it goes
 
     python -m benchmarks.wgmma_probe run --out F.json [--operators A,B] [--configs ID,...]
-    python -m benchmarks.wgmma_probe shapes [--loader tma] [--epilogue staged]   # ids for --configs
+    python -m benchmarks.wgmma_probe shapes [--loader tma] [--epilogue staged] [--[no-]split]
     python -m benchmarks.wgmma_probe report F.json [--gpu h100] [--write]
 
 ``run`` first checks every shape on one small GEMM with tails in M, N and K, each in a child
@@ -58,12 +58,17 @@ def _configs(ids: list[str] | None, reading: str = "canonical"):
     return [c for c in every if c.b_descriptor == reading]
 
 
-def shape_ids(loader: str | None = None, epilogue: str | None = None) -> list[str]:
-    """The ids of the probe shapes (canonical reading) with this loader and epilogue."""
+def shape_ids(
+    loader: str | None = None, epilogue: str | None = None, split: bool | None = None
+) -> list[str]:
+    """The ids of the probe shapes (canonical reading) with this loader and epilogue, and with
+    split-K or without (None: either)."""
     return [
         c.id
         for c in _configs(None)
-        if loader in (None, c.loader) and epilogue in (None, c.epilogue)
+        if loader in (None, c.loader)
+        and epilogue in (None, c.epilogue)
+        and split in (None, c.splits > 1)
     ]
 
 
@@ -216,10 +221,14 @@ def _measure(config_fields: dict[str, Any], workloads: list[dict[str, Any]], tim
             built = compile_source(kernel.code, "sm_90a", entry=kernel.name)
             path = Path(f"/tmp/{kernel.name}.cubin")
             path.write_bytes(built.cubin)
-            function = cupy.RawModule(path=str(path)).get_function(kernel.name)
+            module = cupy.RawModule(path=str(path))
+            function = module.get_function(kernel.name)
             function.max_dynamic_shared_size_bytes = kernel.smem_bytes
-            modules[kernel.variant] = (function, built.registers)
-        function, registers = modules[kernel.variant]
+            reduce = None
+            if config.splits > 1:
+                reduce = module.get_function(wgmma.reduce_kernel_name(kernel.variant, config))
+            modules[kernel.variant] = (function, reduce, built.registers)
+        function, reduce, registers = modules[kernel.variant]
         grid, scalars = wgmma.launch(kernel, workload)
         if pattern is None:
             a_host, b_host = make_inputs(workload, CAMPAIGN_SETTINGS.seed)
@@ -229,10 +238,25 @@ def _measure(config_fields: dict[str, Any], workloads: list[dict[str, Any]], tim
         a, b = cupy.asarray(a_host), cupy.asarray(b_host)
         c = cupy.full(operand_shapes(workload)[2], cupy.nan, dtype=cupy.float16)
         maps = tensor_maps(cupy, config, workload, a, b)
-        args = (a, b, c, *(np.int32(s) for s in scalars), *maps)
+        # Split-K's f32 partial sums, one C per slice (timed with the reduction: both kernels).
+        workspace = (cupy.empty(config.splits * c.size, dtype=cupy.float32),) if reduce else ()
+        args = (a, b, c, *(np.int32(s) for s in scalars), *maps, *workspace)
 
-        def launch(function=function, grid=grid, kernel=kernel, args=args) -> None:
+        reduction = None
+        if reduce is not None:
+            blocks = -(-c.size // 2 // wgmma.REDUCE_THREADS)
+            reduction = (
+                (blocks, 1, 1),
+                (wgmma.REDUCE_THREADS, 1, 1),
+                (workspace[0], c, np.int32(c.size)),
+            )
+
+        def launch(
+            function=function, grid=grid, kernel=kernel, args=args, reduce=reduce, then=reduction
+        ) -> None:
             function(grid, (kernel.threads, 1, 1), args, shared_mem=kernel.smem_bytes)
+            if reduce is not None:
+                reduce(*then)
 
         launch()
         cupy.cuda.Device().synchronize()
@@ -492,6 +516,9 @@ def main(argv: list[str] | None = None) -> int:
     p_shapes = sub.add_parser("shapes", help="the probe shapes' ids, comma-separated (CONFIGS=)")
     p_shapes.add_argument("--loader", choices=LOADERS, default=None)
     p_shapes.add_argument("--epilogue", choices=EPILOGUES, default=None)
+    p_shapes.add_argument(
+        "--split", action=argparse.BooleanOptionalAction, default=None, help="split-K or not"
+    )
     p_best = sub.add_parser("best", help="the fastest shape of a probe file on one operator")
     p_best.add_argument("file", type=Path)
     p_best.add_argument("--operator", required=True)
@@ -507,7 +534,7 @@ def main(argv: list[str] | None = None) -> int:
         run(args.out, args.operators, args.configs)
         return 0
     if args.command == "shapes":
-        print(",".join(shape_ids(args.loader, args.epilogue)))
+        print(",".join(shape_ids(args.loader, args.epilogue, args.split)))
         return 0
     if args.command == "launch":  # for a profiler to watch (benchmarks/wgmma_probe.sh)
         from dataclasses import asdict

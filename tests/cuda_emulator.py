@@ -187,6 +187,14 @@ MAIN = (
 #ifndef BEFORE_LAUNCH
 #define BEFORE_LAUNCH
 #endif
+// Run after every block of the kernel (a second kernel: split-K's reduction).
+#ifndef AFTER_LAUNCH
+#define AFTER_LAUNCH
+#endif
+// Grid y (split-K's slices): 1 unless a shim says otherwise.
+#ifndef GRID_Y
+#define GRID_Y 1
+#endif
 int main(int argc, char** argv) {
   // argv: a.bin b.bin c.bin c_elems grid_x grid_z smem_bytes scalars...
   if (argc < 8 + NSCALARS) fail("usage", argc, 0);
@@ -208,10 +216,11 @@ int main(int argc, char** argv) {
   unsigned char* cp = c.data() + canary;
   cp += (16 - (uintptr_t)cp % 16) % 16;
   std::memset(cp, 0, 2 * c_elems);
-  gridDim = {grid_x, 1, grid_z};
+  gridDim = {grid_x, GRID_Y, grid_z};
   BEFORE_LAUNCH
   g_last_read.assign(g_smem_bytes / 16, INT_MIN);
   for (unsigned z = 0; z < grid_z; ++z)
+   for (unsigned y = 0; y < GRID_Y; ++y)
     for (unsigned x = 0; x < grid_x; ++x) {
       for (unsigned i = 0; i < g_smem_bytes / 2; ++i) {  // NaN fill: unwritten reads show
         const unsigned short nan = 0x7E00;
@@ -231,7 +240,7 @@ int main(int argc, char** argv) {
       for (int t = 0; t < THREADS_; ++t)
         threads.emplace_back([&, t] {
           threadIdx = {(unsigned)t, 0, 0};
-          blockIdx = {x, 0, z};
+          blockIdx = {x, y, z};
           pt::t_groups.clear();
           pt::t_open.clear();
           KERNEL((const __half*)ap, (const __half*)bp, (__half*)cp SCALAR_ARGS EXTRA_ARGS);
@@ -240,6 +249,7 @@ int main(int argc, char** argv) {
       for (auto& th : threads) th.join();
       for (Barrier* w : g_warps) delete w;
     }
+  AFTER_LAUNCH
   for (size_t i = 0; i < c.size(); ++i) {
     const unsigned char* p = c.data() + i;
     if ((p < cp || p >= cp + 2 * c_elems) && *p != 0xAB) fail("store outside C", (long)(p - cp), 0);

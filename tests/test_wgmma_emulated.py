@@ -41,6 +41,7 @@ from cuda_emulator import (
 
 from pipetune.model.workloads import bmm, gemm
 from pipetune.workers.codegen import wgmma
+from pipetune.workers.codegen.variants import variant_of as workload_variant
 from pipetune.workers.codegen.wgmma import WgmmaConfig
 from pipetune.workers.compile import compile_source
 
@@ -130,8 +131,11 @@ template <int N> inline void wgmma_wait() {
 
 TMA_SHIM = r"""
 #include <chrono>
+#include <limits>
 #include <map>
+using std::max;
 using std::min;
+static std::vector<float> g_w;  // split-K's workspace of f32 partial sums
 // A tensor map as the emulator reads it (the real one is the driver's opaque 128 bytes).
 struct FakeTensorMap {
   const unsigned char* base; size_t bytes;
@@ -260,10 +264,25 @@ def _tma_defines(workload, config: WgmmaConfig) -> str:
     ):
         numbers = ", ".join(map(str, (*spec.dims, *spec.strides, *spec.box)))
         fills.append(f"set_tmap(g_tmaps[{i}], {pointer}, {size}, {numbers});")
-    return (
-        f"#define BEFORE_LAUNCH {' '.join(fills)}\n"
-        "#define EXTRA_ARGS , (const void*)&g_tmaps[0], (const void*)&g_tmaps[1]\n"
-    )
+    extra = ", (const void*)&g_tmaps[0], (const void*)&g_tmaps[1]"
+    defines = ""
+    if config.splits > 1:
+        # The workspace starts as NaN (a partial never stored shows), and the reduction kernel
+        # runs after the main one, one emulated thread at a time (it has no barriers).
+        fills.append(
+            f"g_w.assign({config.splits} * c_elems, std::numeric_limits<float>::quiet_NaN());"
+        )
+        extra += ", g_w.data()"
+        threads = wgmma.REDUCE_THREADS
+        reduce = wgmma.reduce_kernel_name(workload_variant(workload), config)
+        blocks = f"(c_elems / 2 + {threads - 1}) / {threads}"
+        defines = (
+            f"#define GRID_Y {config.splits}\n"
+            f"#define AFTER_LAUNCH for (unsigned bx = 0; bx < {blocks}; ++bx) "
+            f"for (unsigned t = 0; t < {threads}; ++t) {{ blockIdx = {{bx, 0, 0}}; "
+            f"threadIdx = {{t, 0, 0}}; {reduce}(g_w.data(), (__half*)cp, (int)c_elems); }}\n"
+        )
+    return f"#define BEFORE_LAUNCH {' '.join(fills)}\n#define EXTRA_ARGS {extra}\n" + defines
 
 
 pytestmark = pytest.mark.skipif(shutil.which("g++") is None, reason="needs a host C++ compiler")
@@ -313,6 +332,10 @@ TMA_CASES = [
     # The staged epilogue, after either loader.
     (bmm(2, 136, 200, 72), WgmmaConfig(128, 128, 4, loader="tma", epilogue="staged")),
     (gemm(70, 200, 136), WgmmaConfig(64, 256, 3, epilogue="staged")),
+    # Split-K: slices of three K tiles; uneven slices, the last one with none; a batch.
+    (gemm(130, 136, 520), WgmmaConfig(128, 128, 4, loader="tma", splits=3)),
+    (gemm(70, 72, 328), WgmmaConfig(64, 64, 6, loader="tma", splits=4)),
+    (bmm(2, 72, 64, 200), WgmmaConfig(64, 128, 3, loader="tma", splits=2)),
 ]
 
 
@@ -370,6 +393,17 @@ def test_emulator_catches_broken_wgmma_kernels(tmp_path, mutation, symptom):
     assert symptom in stderr
 
 
+def test_a_split_that_counts_k_tiles_twice_is_caught_by_the_numbers(tmp_path):
+    """Every slice running the whole K loop is no race and no fault: the sums come out
+    several times too large, and only the comparison with numpy sees it."""
+    mutation = ("const int kt0 = static_cast<int>(blockIdx.y) * per_slice;", "const int kt0 = 0;")
+    code, stderr, c, ref = _emulate(
+        gemm(64, 64, 256), WgmmaConfig(64, 64, 6, loader="tma", splits=2), tmp_path, mutation
+    )
+    assert code == 0, stderr
+    assert not np.allclose(c.astype(np.float32), ref, rtol=2e-3, atol=2e-2)
+
+
 def test_the_two_readings_of_the_b_descriptor_differ(tmp_path):
     """The probe also builds each shape with the B descriptor's offsets swapped, in case the
     hardware reads them the other way round; under the ISA's canonical layout that variant
@@ -408,6 +442,13 @@ def test_configs_are_checked():
         WgmmaConfig(128, 128, 4, loader="bulk")
     with pytest.raises(ValueError, match="epilogue"):
         WgmmaConfig(128, 128, 4, epilogue="tma-store")
+    with pytest.raises(ValueError, match="splits"):
+        WgmmaConfig(128, 128, 4, loader="tma", splits=0)
+    with pytest.raises(ValueError, match="split-K is built for the TMA loader"):
+        WgmmaConfig(128, 128, 4, splits=2)
+    with pytest.raises(ValueError, match="split-K is built for the TMA loader"):
+        WgmmaConfig(128, 128, 4, loader="tma", epilogue="staged", splits=2)
+    assert WgmmaConfig(128, 128, 4, loader="tma", splits=3).id == "wg128x128s4_tma_k3"
     assert WgmmaConfig(128, 128, 4, "swapped", "tma", "staged").id == "wg128x128s4_tma_st_bswap"
     # The TMA loader has no per-thread copies to divide evenly.
     assert WgmmaConfig(192, 128, 4, loader="tma").threads == 384

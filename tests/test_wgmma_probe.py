@@ -32,6 +32,10 @@ def test_shapes_lists_the_ids_a_device_call_names(capsys):
     assert ids == [c.id for c in PROBE_CONFIGS if c.loader == "tma" and c.epilogue == "staged"]
     assert ids and all(i.endswith("_tma_st") for i in ids)
     assert len(wgmma_probe.shape_ids()) == len(PROBE_CONFIGS)
+    assert wgmma_probe.main(["shapes", "--split"]) == 0
+    split = capsys.readouterr().out.strip().split(",")
+    assert split == [c.id for c in PROBE_CONFIGS if c.splits > 1] and "wg64x64s6_tma_k8" in split
+    assert not set(split) & set(wgmma_probe.shape_ids(split=False))
 
 
 def test_the_probe_takes_the_suites_gemm_and_bmm_operators():
@@ -165,6 +169,52 @@ def test_a_tma_shape_is_launched_with_its_two_tensor_maps(monkeypatch):
     assert [bytes(x) for x in maps] == [bytes(range(128))] * 2
     cp_async = wgmma.WgmmaConfig(128, 256, 4)
     assert wgmma_probe.tensor_maps(fake, cp_async, workload, None, None) == ()
+
+
+def test_a_split_k_shape_runs_its_reduction_after_the_main_kernel(monkeypatch):
+    """Split-K: the main kernel gets a workspace of splits x C in f32 after the tensor maps,
+    and the reduction kernel (W, C, count) runs after it in every launch (so it is timed)."""
+    import sys
+
+    import fake_cupy
+    import numpy as np
+
+    from pipetune.workers import compile as compile_module
+    from pipetune.workers.codegen import wgmma
+
+    calls = []
+
+    def split_kernel(grid, block, args, shared_mem=0):
+        if args[0].dtype == np.float32:  # the reduction: W, C, count
+            w, c, count = args
+            calls.append(("reduce", grid, int(count)))
+            c[...] = w.reshape(-1, int(count)).sum(axis=0).reshape(c.shape).astype(np.float16)
+            return
+        a, b, c = args[:3]
+        w = args[-1]
+        calls.append(("main", grid, w.size // c.size))
+        part = (a.astype(np.float32) @ b.astype(np.float32)).ravel() / (w.size // c.size)
+        w[...] = np.tile(part, w.size // c.size)
+
+    fake = fake_cupy.make()
+    fake.full, fake.nan, fake.isnan = np.full, np.nan, np.isnan
+    monkeypatch.setitem(sys.modules, "cupy", fake)
+    monkeypatch.setitem(fake_cupy.KERNELS, b"split", split_kernel)
+
+    class Built:
+        cubin, registers = b"split\n", 90
+
+    monkeypatch.setattr(compile_module, "compile_source", lambda *a, **k: Built())
+    monkeypatch.setattr(wgmma_probe, "encode_tensor_map", lambda spec, address: bytes(128))
+    monkeypatch.setattr(wgmma_probe, "_device_address", lambda x: 0)
+    fields = {"block_m": 128, "block_n": 128, "stages": 4, "loader": "tma", "splits": 3}
+    (answer,) = wgmma_probe._measure(fields, [wgmma_probe.CHECK_SHAPE], timed=True)
+    assert answer["correct"] and answer["samples_ms"]
+    m, n = wgmma_probe.CHECK_SHAPE["m"], wgmma_probe.CHECK_SHAPE["n"]
+    tiles = -(-m // 128) * -(-n // 128)
+    assert calls[0] == ("main", (tiles, 3, 1), 3)
+    assert calls[1] == ("reduce", (-(-m * n // 2 // wgmma.REDUCE_THREADS), 1, 1), m * n)
+    assert [c[0] for c in calls] == ["main", "reduce"] * (len(calls) // 2)
 
 
 @pytest.mark.parametrize("pattern", wgmma_probe.PATTERNS)

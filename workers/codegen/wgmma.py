@@ -5,7 +5,8 @@ kernel (benchmarks/RESULTS.md, "what limits the mma.sync GEMM next to cuBLAS").
 This is a probe, not yet a tuned family: a few block shapes and pipeline depths that
 `benchmarks/wgmma_probe.py` compiles, checks against cuBLAS and times on a lent GPU. No space,
 model or tuner knows it. It computes what the `gemm_kn` and `bmm` variants compute, with
-their parameters ``(A, B, C, M, N, K)`` and grid ``(tiles_m * tiles_n, 1, batch)``.
+their parameters ``(A, B, C, M, N, K)`` and grid ``(tiles_m * tiles_n, 1, batch)`` (``launch``
+says what the TMA loader and split-K add).
 
 How it works (CUTLASS's sm90 "cp.async + GMMA" mainloop, without warp specialisation):
 - one warpgroup (128 threads) per 64 rows of the block tile; each issues
@@ -29,6 +30,11 @@ wait on its phase instead of on their own copies. The host encodes the two tenso
 (``tensor_map_specs`` says what, benchmarks/wgmma_probe.py calls the driver) and passes their
 global-memory addresses after the scalars.
 
+With ``splits`` > 1 (split-K, TMA loader only) grid y cuts each output tile's K tiles into
+slices; each block stores its f32 partial sums to a workspace, and a second kernel in the same
+module (``reduce_kernel_name``) adds the slices and rounds to fp16: for products with few output
+tiles and a long K, whose single block per tile leaves most SMs idle.
+
 The index math is plain C++ (``helpers``) so that tests/test_wgmma_emulated.py runs the kernel
 on the CPU with the PTX wrappers emulated from the ISA's layout definitions.
 """
@@ -37,9 +43,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from pipetune.workers.codegen import cuda_text
+from pipetune.workers.codegen import cuda_text, generator
 from pipetune.workers.codegen.generator import KernelSource
-from pipetune.workers.codegen.generator import launch as launch  # the family's, re-exported
 from pipetune.workers.codegen.variants import variant_of
 
 BK = 64  # halves per K tile: one 128-byte swizzle line per row of A
@@ -60,6 +65,8 @@ LOADERS = ("cp.async", "tma")
 # store of C, need).
 EPILOGUES = ("direct", "staged")
 MBARRIER_BYTES = 8
+MAX_SPLITS = 16
+REDUCE_THREADS = 256  # per block of the split-K reduction kernel
 
 
 @dataclass(frozen=True)
@@ -70,6 +77,10 @@ class WgmmaConfig:
     b_descriptor: str = "canonical"
     loader: str = "cp.async"
     epilogue: str = "direct"
+    # Split-K: the K tiles shared among `splits` blocks per output tile (grid y), each writing
+    # f32 partial sums to a workspace that a second kernel adds up and rounds (for products
+    # with few output tiles and a long K, where one block per tile leaves SMs idle).
+    splits: int = 1
 
     def __post_init__(self) -> None:
         problems = config_problems(self)
@@ -97,8 +108,9 @@ class WgmmaConfig:
     def id(self) -> str:
         loader = "_tma" if self.loader == "tma" else ""
         staged = "_st" if self.epilogue == "staged" else ""
+        split = f"_k{self.splits}" if self.splits > 1 else ""
         reading = "" if self.b_descriptor == "canonical" else "_bswap"
-        return f"wg{self.block_m}x{self.block_n}s{self.stages}{loader}{staged}{reading}"
+        return f"wg{self.block_m}x{self.block_n}s{self.stages}{loader}{staged}{split}{reading}"
 
 
 def config_problems(c: WgmmaConfig) -> list[str]:
@@ -119,6 +131,11 @@ def config_problems(c: WgmmaConfig) -> list[str]:
         problems.append(f"loader must be one of {LOADERS}, got {c.loader!r}")
     if c.epilogue not in EPILOGUES:
         problems.append(f"epilogue must be one of {EPILOGUES}, got {c.epilogue!r}")
+    if not 1 <= c.splits <= MAX_SPLITS:
+        problems.append(f"splits must be 1 to {MAX_SPLITS}, got {c.splits}")
+    elif c.splits > 1 and (c.loader != "tma" or c.epilogue != "direct"):
+        # (The partial sums are stored as the direct epilogue stores, in f32.)
+        problems.append("split-K is built for the TMA loader with the direct epilogue")
     if problems:
         return problems
     if c.loader == "cp.async" and (BK * c.block_n // 8) % c.threads:
@@ -142,6 +159,7 @@ constexpr int B_ITERS = BK * (BN / 8) / THREADS;
 constexpr int ACC = BN / 2;                      // f32 accumulators per thread
 constexpr bool B_SWAPPED = @B_SWAPPED@;
 constexpr bool TMA = @TMA@;  // the TMA loader (else every thread's cp.async)
+constexpr int SPLITS = @SPLITS@;  // blocks sharing one output tile's K tiles (grid y)
 static_assert(TMA || (A_ITERS * THREADS == BM * 8 && B_ITERS * THREADS == BK * (BN / 8)),
               "whole chunks per thread");
 
@@ -197,6 +215,9 @@ PT_HD unsigned c_tile_offset(int row, int col) {
 }
 struct alignas(16) Chunk16 {
   unsigned words[4];
+};
+struct alignas(8) Float2 {
+  float x, y;
 };
 
 }  // namespace pt
@@ -396,6 +417,44 @@ EPILOGUE = r"""
 }
 """
 
+PARTIAL_EPILOGUE = r"""
+  // Split-K: this slice's f32 partial sums into the workspace, [slice][batch][M][N]; the
+  // reduction kernel adds the slices up and rounds them to f16.
+  float* P = W + (static_cast<long long>(blockIdx.y) * gridDim.z + z) * M * N;
+#pragma unroll
+  for (int i = 0; i < ACC; i += 2) {
+    int row, col;
+    acc_position(t, i, row, col);
+    row += bm0 + wg * 64;
+    col += bn0;
+    if (row < M && col < N) {
+      *reinterpret_cast<Float2*>(P + static_cast<long long>(row) * N + col) =
+          Float2{acc[i], acc[i + 1]};
+    }
+  }
+}
+"""
+
+# Split-K's second kernel: C = f16(sum over slices of W), two elements per thread, `count` =
+# batch * M * N (even: N is a multiple of 8).
+REDUCE_KERNEL = r"""
+extern "C" __global__ void __launch_bounds__(@REDUCE_THREADS@)
+@NAME@_reduce(const float* __restrict__ W, __half* __restrict__ C_ptr, int count) {
+  using namespace pt;
+  unsigned* C = reinterpret_cast<unsigned*>(C_ptr);
+  const long long i = static_cast<long long>(blockIdx.x) * @REDUCE_THREADS@ + threadIdx.x;
+  if (2 * i >= count) return;
+  float lo = 0.f, hi = 0.f;
+#pragma unroll
+  for (int s = 0; s < SPLITS; ++s) {
+    const Float2 p = reinterpret_cast<const Float2*>(W + static_cast<long long>(s) * count)[i];
+    lo += p.x;
+    hi += p.y;
+  }
+  C[i] = pack_half2(lo, hi);
+}
+"""
+
 STAGED_EPILOGUE = r"""
   // f32 -> f16 into a BM x BN tile in shared memory (the stages are free: every warpgroup's
   // MMAs retired before the barrier), then 16-byte row chunks to C (N is a multiple of 8).
@@ -423,7 +482,7 @@ TMA_KERNEL = r"""
 extern "C" __global__ void __launch_bounds__(@THREADS@, 1)
 @NAME@(const __half* __restrict__ A_ptr, const __half* __restrict__ B_ptr,
        __half* __restrict__ C_ptr, int M_arg, int N_arg, int K_arg,
-       const void* __restrict__ tmap_a, const void* __restrict__ tmap_b) {
+       const void* __restrict__ tmap_a, const void* __restrict__ tmap_b@WORKSPACE_PARAM@) {
   using namespace pt;
   extern __shared__ __align__(128) unsigned char pt_smem[];
   unsigned short* C = reinterpret_cast<unsigned short*>(C_ptr);
@@ -435,7 +494,10 @@ extern "C" __global__ void __launch_bounds__(@THREADS@, 1)
   const int tiles_n = (N + BN - 1) / BN;
   const int tile_m = static_cast<int>(blockIdx.x) / tiles_n;
   const int bm0 = tile_m * BM, bn0 = (static_cast<int>(blockIdx.x) - tile_m * tiles_n) * BN;
-  const int k_tiles = (K + BK - 1) / BK;
+  // This block's K tiles kt0 .. kt0 + k_tiles - 1: slice blockIdx.y of SPLITS (one: all).
+  const int k_tiles_all = (K + BK - 1) / BK, per_slice = (k_tiles_all + SPLITS - 1) / SPLITS;
+  const int kt0 = static_cast<int>(blockIdx.y) * per_slice;
+  const int k_tiles = max(0, min(per_slice, k_tiles_all - kt0));
   const unsigned base = (smem_u32(pt_smem) + 1023u) & ~1023u;
   const unsigned bars = base + STAGES * STAGE_BYTES;  // one 8-byte mbarrier per stage
   // A 64-column slab of B wholly past N copies the last slab that starts inside N instead of
@@ -451,8 +513,10 @@ extern "C" __global__ void __launch_bounds__(@THREADS@, 1)
   }
   __syncthreads();
 
-  // Thread 0 only: tile kt into `stage`, its bytes counted on the stage's mbarrier.
-  auto issue_tile = [&](int kt, int stage) {
+  // Thread 0 only: the block's tile kt (kt0 + kt of K) into `stage`, its bytes counted on the
+  // stage's mbarrier.
+  auto issue_tile = [&](int local_kt, int stage) {
+    const int kt = kt0 + local_kt;
     const unsigned sa = base + stage * STAGE_BYTES, sb = sa + A_STAGE_BYTES, bar = bars + stage * 8;
     mbarrier_expect_tx(bar, static_cast<unsigned>(STAGE_BYTES));
     tma_load_3d(sa, tmap_a, kt * BK, bm0, z, bar);
@@ -522,16 +586,27 @@ def source_parts(variant: str, config: WgmmaConfig) -> dict[str, str]:
         "STAGES": config.stages,
         "B_SWAPPED": "true" if config.b_descriptor == "swapped" else "false",
         "TMA": "true" if config.loader == "tma" else "false",
+        "SPLITS": config.splits,
     }.items():
         helpers = helpers.replace(f"@{key}@", str(value))
     tma = config.loader == "tma"
+    split = config.splits > 1
+    if split:
+        epilogue = PARTIAL_EPILOGUE
+    else:
+        epilogue = STAGED_EPILOGUE if config.epilogue == "staged" else EPILOGUE
     kernel = (
         (TMA_KERNEL if tma else KERNEL)
-        .replace("@EPILOGUE@", STAGED_EPILOGUE if config.epilogue == "staged" else EPILOGUE)
+        .replace("@EPILOGUE@", epilogue)
+        .replace("@WORKSPACE_PARAM@", ",\n       float* __restrict__ W" if split else "")
         .replace("@THREADS@", str(config.threads))
         .replace("@NAME@", kernel_name(variant, config))
         .replace("@BATCH@", BATCH_OFFSETS if variant == "bmm" else "")
     )
+    if split:
+        kernel += REDUCE_KERNEL.replace("@NAME@", kernel_name(variant, config)).replace(
+            "@REDUCE_THREADS@", str(REDUCE_THREADS)
+        )
     header = (
         f"// pipetune wgmma probe kernel: variant {variant}, block {config.block_m}x"
         f"{config.block_n}x{BK}, {config.stages} stages, B descriptor {config.b_descriptor}, "
@@ -554,9 +629,23 @@ def source_parts(variant: str, config: WgmmaConfig) -> dict[str, str]:
     }
 
 
+def reduce_kernel_name(variant: str, config: WgmmaConfig) -> str:
+    """Split-K's second kernel, in the same module."""
+    return kernel_name(variant, config) + "_reduce"
+
+
+def launch(kernel: KernelSource, workload) -> tuple[tuple[int, int, int], tuple[int, ...]]:
+    """(grid, scalar_args) as the mma.sync family launches (grid x: output tiles, z: batch),
+    with grid y the split-K slices. The TMA loader's kernel also takes the two tensor maps
+    after the scalars, and with split-K the f32 workspace of splits * batch * M * N after
+    them; the reduction kernel then runs on (W, C, batch * M * N), REDUCE_THREADS per block."""
+    (tiles, _, batch), scalars = generator.launch(kernel, workload)
+    return (tiles, kernel.schedule.splits, batch), scalars  # type: ignore[attr-defined]
+
+
 def generate(workload_or_variant, config: WgmmaConfig) -> KernelSource:
     """The kernel, described as the mma.sync family describes its own (the config stands in
-    for the schedule: the launch reads its block shape), so `launch` is that family's."""
+    for the schedule: the launch reads its block shape), so `launch` wraps that family's."""
     w = workload_or_variant
     variant = w if isinstance(w, str) else variant_of(w)
     return KernelSource(
@@ -602,10 +691,24 @@ _TMA_SHAPES = (
 # The staged epilogue on every TMA shape, and shallower narrow ones for small-K products
 # (mostly the store of C).
 _STAGED_SHAPES = (*_TMA_SHAPES[:7], (64, 128, (4, 6)), (128, 64, (4, 6)), (64, 64, (6,)))
+# Split-K for the products with few output tiles and a long K (BERT FC2: 48 tiles of 128x128
+# for 132 SMs, K = 3072; RN50 FC: 16 tiles of 64x64, K = 2048).
+_SPLIT_SHAPES = (
+    (128, 128, 4, (2, 3, 4)),
+    (128, 256, 3, (2, 3)),
+    (64, 128, 6, (2, 4)),
+    (128, 64, 6, (4, 8)),
+    (64, 64, 6, (4, 8)),
+)
 PROBE_CONFIGS: tuple[WgmmaConfig, ...] = (
     _shapes(_CP_ASYNC_SHAPES)
     + _shapes(_TMA_SHAPES, loader="tma")
     + _shapes(_STAGED_SHAPES, loader="tma", epilogue="staged")
+    + tuple(
+        WgmmaConfig(m, n, s, loader="tma", splits=k)
+        for m, n, s, splits in _SPLIT_SHAPES
+        for k in splits
+    )
 )
 
 
