@@ -45,6 +45,12 @@ explicit here because the table leaves them implicit:
    (one block per SM) it is Table 1's sum. Measured on both Hopper GPUs, Table 1 predicted
    schedules with few warps per SM 0.6-0.8x of their time and those with many 1.3-1.7x,
    most on the short-K operators, where prologue and epilogue are most of the kernel.
+7. The last wave holds the remainder. Table 1 charges ``N_threadblk_batch`` full waves. The
+   last one holds only ``tiles - (N_threadblk_batch - 1) x N_SM x occupancy`` blocks, spread
+   over the SMs, so ceil(remainder / N_SM) of them share an SM's tensor unit and the wave's
+   loads share the bandwidth with fewer others: it is timed as a wave of that many blocks
+   (``T_kernel = (N_threadblk_batch - 1) x T_threadblk + T_threadblk(last wave)``). With one
+   block per SM, or a whole number of waves, nothing changes.
 """
 
 from __future__ import annotations
@@ -128,7 +134,7 @@ class Prediction:
 
     space: Space
     T_kernel: np.ndarray
-    T_threadblk: np.ndarray
+    T_threadblk: np.ndarray  # one block's latency in a full wave
     N_threadblk_batch: np.ndarray
     N_threadblk_per_SM: np.ndarray
     N_threadblk_per_threadblk_batch: np.ndarray
@@ -146,6 +152,10 @@ class Prediction:
     Util: np.ndarray
     smem_load_bound: np.ndarray
     reg_load_bound: np.ndarray
+    # The last wave (reading 7): its blocks per SM and one block's latency in it; the terms
+    # above are a full wave's. Equal to the full wave's where the waves are whole.
+    T_threadblk_last: np.ndarray
+    N_threadblk_per_SM_last: np.ndarray
 
     @property
     def latency_us(self) -> np.ndarray:
@@ -171,6 +181,8 @@ class Prediction:
             "waves": int(self.N_threadblk_batch[i]),
             "blocks_per_sm": int(self.N_threadblk_per_SM[i]),
             "T_threadblk_us": float(self.T_threadblk[i] * us),
+            "last_wave_blocks_per_sm": int(self.N_threadblk_per_SM_last[i]),
+            "T_threadblk_last_us": float(self.T_threadblk_last[i] * us),
             "T_init_us": float(self.T_init[i] * us),
             "T_main_loop_us": float(self.T_main_loop[i] * us),
             "T_epilogue_us": float(self.T_epilogue[i] * us),
@@ -199,85 +211,103 @@ def evaluate(space: Space) -> Prediction:
     occupancy = space.blocks_per_sm.astype(np.float64)
     capacity = gpu.sm_count * occupancy
     N_threadblk_batch = np.ceil(tiles / capacity)
-    N_threadblk_per_threadblk_batch = np.minimum(tiles, capacity)
-    # With fewer tiles than the GPU holds, the scheduler spreads them over the SMs, so
-    # fewer blocks share an SM than occupancy would allow (the small-output case).
-    N_threadblk_per_SM = np.minimum(
-        occupancy, np.ceil(N_threadblk_per_threadblk_batch / gpu.sm_count)
-    )
-
     N_smem_loop = np.ceil(view.k / BK)
     N_reg_loop = BK / MMA_TILE
 
-    # Computation latency model: one warp's mma work for one k16 step.
-    Util = tensor_utilisation(gpu, N_warp_per_threadblk, N_threadblk_per_SM)
-    FLOPs_one_reg_loop = 2.0 * WM * WN * MMA_TILE
-    T_compute = FLOPs_one_reg_loop / (gpu.sm_tensor_flops * Util)
+    def wave(N_threadblk_per_threadblk_batch: np.ndarray) -> dict[str, np.ndarray]:
+        """The terms of one wave of N_threadblk_per_threadblk_batch blocks."""
+        # With fewer blocks than the GPU holds, the scheduler spreads them over the SMs, so
+        # fewer blocks share an SM than occupancy would allow (the small-output case, and
+        # the last wave: reading 7).
+        N_threadblk_per_SM = np.minimum(
+            occupancy, np.ceil(N_threadblk_per_threadblk_batch / gpu.sm_count)
+        )
 
-    # Register level: ldmatrix of one warp's A and B fragments, the block's warps sharing
-    # the SM's shared-memory bandwidth (other blocks are accounted one level up).
-    Bytes_one_reg_loop = (WM + WN) * MMA_TILE * BYTES_FP16
-    reg_stream = Bytes_one_reg_loop * N_warp_per_threadblk / gpu.smem_bandwidth_per_sm
-    T_reg_load = gpu.smem_latency_ns * 1e-9 + reg_stream
-    T_smem_use, reg_load_bound = pipeline_latency(
-        T_reg_load, T_compute, N_reg_loop, N_reg_pipe_stage, N_warp_per_threadblk
-    )
-    T_smem_use = np.maximum(T_smem_use, N_reg_loop * reg_stream)
+        # Computation latency model: one warp's mma work for one k16 step.
+        Util = tensor_utilisation(gpu, N_warp_per_threadblk, N_threadblk_per_SM)
+        FLOPs_one_reg_loop = 2.0 * WM * WN * MMA_TILE
+        T_compute = FLOPs_one_reg_loop / (gpu.sm_tensor_flops * Util)
 
-    # Memory latency model: global -> shared copies of one K step for the whole wave.
-    Bytes_one_smem_loop = (BM + BN) * BK * BYTES_FP16
-    llc_stream = (
-        Bytes_one_smem_loop * N_threadblk_per_threadblk_batch / (gpu.l2_bandwidth_gbs * 1e9)
-    )
-    T_LLC_load = gpu.l2_latency_ns * 1e-9 + llc_stream
-    Bytes_threadblk_batch_workset = _wave_working_set(space, BM, BN, BK, view)
-    dram_stream = Bytes_threadblk_batch_workset / (gpu.dram_bandwidth_gbs * 1e9)
-    T_DRAM_load = gpu.dram_latency_ns * 1e-9 + dram_stream
-    T_smem_load = np.maximum(T_LLC_load, T_DRAM_load)
+        # Register level: ldmatrix of one warp's A and B fragments, the block's warps sharing
+        # the SM's shared-memory bandwidth (other blocks are accounted one level up).
+        Bytes_one_reg_loop = (WM + WN) * MMA_TILE * BYTES_FP16
+        reg_stream = Bytes_one_reg_loop * N_warp_per_threadblk / gpu.smem_bandwidth_per_sm
+        T_reg_load = gpu.smem_latency_ns * 1e-9 + reg_stream
+        T_smem_use, reg_load_bound = pipeline_latency(
+            T_reg_load, T_compute, N_reg_loop, N_reg_pipe_stage, N_warp_per_threadblk
+        )
+        T_smem_use = np.maximum(T_smem_use, N_reg_loop * reg_stream)
 
-    # Threadblock latency model.
-    T_init = T_smem_load + T_reg_load
-    # Tile 0's load is T_init; the loop loads the other N_loop - 1 and uses the last one too.
-    T_steady, smem_load_bound = multistage_latency(
-        T_smem_load, T_smem_use, N_smem_loop - 1.0, N_smem_pipe_stage, N_threadblk_per_SM
-    )
-    T_main_loop = T_steady + N_threadblk_per_SM * T_smem_use
-    T_main_loop = np.maximum(T_main_loop, (N_smem_loop - 1.0) * np.maximum(llc_stream, dram_stream))
-    T_main_loop = T_main_loop + N_smem_loop * gpu.k_step_s
-    Bytes_output_tile = np.minimum(BM, view.m) * np.minimum(BN, view.n) * BYTES_FP16
-    T_epilogue = gpu.dram_latency_ns * 1e-9 + Bytes_output_tile * (
-        N_threadblk_per_threadblk_batch
-    ) / (gpu.dram_write_bandwidth_gbs * 1e9)
-    # Co-resident blocks drift apart: each one's prologue and epilogue overlap the others'
-    # main loops (reading 6).
-    T_threadblk = T_main_loop + (T_init + T_epilogue) / N_threadblk_per_SM
-    T_kernel = T_threadblk * N_threadblk_batch
+        # Memory latency model: global -> shared copies of one K step for the whole wave.
+        Bytes_one_smem_loop = (BM + BN) * BK * BYTES_FP16
+        llc_stream = (
+            Bytes_one_smem_loop * N_threadblk_per_threadblk_batch / (gpu.l2_bandwidth_gbs * 1e9)
+        )
+        T_LLC_load = gpu.l2_latency_ns * 1e-9 + llc_stream
+        Bytes_threadblk_batch_workset = _wave_working_set(
+            space, BM, BN, BK, view, N_threadblk_per_threadblk_batch
+        )
+        dram_stream = Bytes_threadblk_batch_workset / (gpu.dram_bandwidth_gbs * 1e9)
+        T_DRAM_load = gpu.dram_latency_ns * 1e-9 + dram_stream
+        T_smem_load = np.maximum(T_LLC_load, T_DRAM_load)
 
+        # Threadblock latency model.
+        T_init = T_smem_load + T_reg_load
+        # Tile 0's load is T_init; the loop loads the other N_loop - 1 and uses the last one too.
+        T_steady, smem_load_bound = multistage_latency(
+            T_smem_load, T_smem_use, N_smem_loop - 1.0, N_smem_pipe_stage, N_threadblk_per_SM
+        )
+        T_main_loop = T_steady + N_threadblk_per_SM * T_smem_use
+        T_main_loop = np.maximum(
+            T_main_loop, (N_smem_loop - 1.0) * np.maximum(llc_stream, dram_stream)
+        )
+        T_main_loop = T_main_loop + N_smem_loop * gpu.k_step_s
+        Bytes_output_tile = np.minimum(BM, view.m) * np.minimum(BN, view.n) * BYTES_FP16
+        T_epilogue = gpu.dram_latency_ns * 1e-9 + Bytes_output_tile * (
+            N_threadblk_per_threadblk_batch
+        ) / (gpu.dram_write_bandwidth_gbs * 1e9)
+        # Co-resident blocks drift apart: each one's prologue and epilogue overlap the others'
+        # main loops (reading 6).
+        T_threadblk = T_main_loop + (T_init + T_epilogue) / N_threadblk_per_SM
+        return {
+            "N_threadblk_per_SM": N_threadblk_per_SM,
+            "N_threadblk_per_threadblk_batch": N_threadblk_per_threadblk_batch,
+            "T_threadblk": T_threadblk,
+            "T_init": T_init,
+            "T_main_loop": T_main_loop,
+            "T_epilogue": T_epilogue,
+            "T_smem_load": T_smem_load,
+            "T_smem_use": T_smem_use,
+            "T_reg_load": T_reg_load,
+            "T_compute": T_compute,
+            "T_LLC_load": T_LLC_load,
+            "T_DRAM_load": T_DRAM_load,
+            "Util": Util,
+            "smem_load_bound": smem_load_bound,
+            "reg_load_bound": reg_load_bound,
+        }
+
+    full = wave(np.minimum(tiles, capacity))
+    # The last wave holds what the full ones left: fewer blocks per SM share its tensor
+    # unit and bandwidth, so it is shorter than a full one (reading 7). With one wave, or a
+    # whole number of them, it is a full one.
+    last = wave(tiles - (N_threadblk_batch - 1.0) * capacity)
+    T_kernel = full["T_threadblk"] * (N_threadblk_batch - 1.0) + last["T_threadblk"]
     return Prediction(
         space=space,
         T_kernel=T_kernel,
-        T_threadblk=T_threadblk,
         N_threadblk_batch=N_threadblk_batch,
-        N_threadblk_per_SM=N_threadblk_per_SM,
-        N_threadblk_per_threadblk_batch=N_threadblk_per_threadblk_batch,
-        T_init=T_init,
-        T_main_loop=T_main_loop,
-        T_epilogue=T_epilogue,
-        T_smem_load=T_smem_load,
-        T_smem_use=T_smem_use,
-        T_reg_load=T_reg_load,
-        T_compute=T_compute,
-        T_LLC_load=T_LLC_load,
-        T_DRAM_load=T_DRAM_load,
         N_smem_loop=N_smem_loop,
         N_reg_loop=N_reg_loop,
-        Util=Util,
-        smem_load_bound=smem_load_bound,
-        reg_load_bound=reg_load_bound,
+        T_threadblk_last=last["T_threadblk"],
+        N_threadblk_per_SM_last=last["N_threadblk_per_SM"],
+        **full,
     )
 
 
-def _wave_working_set(space: Space, BM: np.ndarray, BN: np.ndarray, BK: np.ndarray, view) -> Any:
+def _wave_working_set(
+    space: Space, BM: np.ndarray, BN: np.ndarray, BK: np.ndarray, view, blocks: Any = None
+) -> Any:
     """Bytes_threadblk_batch_workset: distinct A and B data one wave reads per K step.
 
     Blocks are rasterised N-tiles fastest, then M-tiles, then batch; a wave of c blocks
@@ -285,7 +315,11 @@ def _wave_working_set(space: Space, BM: np.ndarray, BN: np.ndarray, BK: np.ndarr
     it reaches. Rows and columns past the problem edge are predicated off and not read.
     """
     tm, tn = (x.astype(np.float64) for x in space.tile_grid)
-    c = np.minimum(space.tiles.astype(np.float64), space.gpu.sm_count * space.blocks_per_sm)
+    if blocks is None:
+        blocks = np.minimum(
+            space.tiles.astype(np.float64), space.gpu.sm_count * space.blocks_per_sm
+        )
+    c = np.asarray(blocks, dtype=np.float64)
     per_batch = tm * tn
     batches = np.minimum(view.batch, np.ceil(c / per_batch))
     a_rows = np.minimum(tm * batches, np.ceil(c / tn))

@@ -123,10 +123,31 @@ def test_the_first_tile_is_loaded_once_in_the_prologue(h100):
     assert (p.T_main_loop[~one_step] > use[~one_step]).all()
 
 
-def test_kernel_is_threadblock_latency_times_waves(h100):
-    space = Space.enumerate(gemm(4096, 4096, 4096), h100)
-    p = evaluate(space)
-    assert np.allclose(p.T_kernel, p.T_threadblk * p.N_threadblk_batch)
+def test_kernel_is_full_waves_then_the_last_one(h100):
+    # (The 1k GEMM has schedules of one wave, whose last wave is their only, full one.)
+    for workload in (gemm(1024, 1024, 1024), gemm(4096, 4096, 4096)):
+        space = Space.enumerate(workload, h100)
+        p = evaluate(space)
+        waves = p.N_threadblk_batch
+        assert np.allclose(p.T_kernel, p.T_threadblk * (waves - 1) + p.T_threadblk_last)
+        # The last wave holds the remainder, spread over the SMs (reading 7).
+        capacity = h100.sm_count * space.blocks_per_sm
+        remainder = space.tiles - (waves - 1) * capacity
+        np.testing.assert_array_equal(
+            p.N_threadblk_per_SM_last,
+            np.minimum(space.blocks_per_sm, np.ceil(remainder / h100.sm_count)),
+        )
+        whole = remainder == np.minimum(space.tiles, capacity)
+        np.testing.assert_array_equal(p.T_threadblk_last[whole], p.T_threadblk[whole])
+        # A smaller last wave shares the bandwidth with fewer blocks: never slower per block,
+        # and faster where it also puts fewer blocks on each SM.
+        assert (p.T_threadblk_last <= p.T_threadblk * (1 + 1e-12)).all()
+        fewer = p.N_threadblk_per_SM_last < p.N_threadblk_per_SM
+        assert (p.T_threadblk_last[fewer] < p.T_threadblk[fewer]).all()
+        if workload.m == 1024:
+            assert whole.any()
+        else:
+            assert fewer.any() and not whole.any()
     # Co-resident blocks overlap each other's prologue and epilogue (reading 6).
     exposed = (p.T_init + p.T_epilogue) / p.N_threadblk_per_SM
     assert np.allclose(p.T_threadblk, p.T_main_loop + exposed)
