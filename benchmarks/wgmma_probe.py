@@ -1,5 +1,5 @@
 """How close a warpgroup-MMA GEMM comes to cuBLAS on Hopper (issue 15): the probe kernels of
-workers/codegen/wgmma.py on the campaign's GEMM and BMM operators, checked and timed as the
+workers/codegen/wgmma/ on the campaign's GEMM and BMM operators, checked and timed as the
 campaign checks and times (the same inputs, flush and timing loop, cuBLAS through the
 campaign's own baseline code).
 

@@ -1,4 +1,4 @@
-"""The wgmma probe kernel (workers/codegen/wgmma.py), run on the CPU by the emulator of
+"""The wgmma probe kernel (workers/codegen/wgmma/), run on the CPU by the emulator of
 tests/cuda_emulator.py, must match numpy; and NVRTC must compile every probe shape for sm_90a
 without spills or serialised MMAs.
 

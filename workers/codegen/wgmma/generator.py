@@ -1,0 +1,113 @@
+"""The wgmma probe kernel's source for one configuration and variant, and its launch."""
+
+from __future__ import annotations
+
+from pipetune.workers.codegen import cuda_text as family_text
+from pipetune.workers.codegen import generator as family
+from pipetune.workers.codegen.generator import KernelSource
+from pipetune.workers.codegen.variants import variant_of
+from pipetune.workers.codegen.wgmma.config import BK, REDUCE_THREADS, VARIANTS, WgmmaConfig
+from pipetune.workers.codegen.wgmma.cuda_text import (
+    BATCH_OFFSETS,
+    DEVICE_HEAD,
+    DEVICE_TAIL,
+    DEVICE_TMA,
+    DEVICE_WGMMA,
+    EPILOGUE,
+    HELPERS,
+    KERNEL,
+    PARTIAL_EPILOGUE,
+    REDUCE_KERNEL,
+    STAGED_EPILOGUE,
+    TMA_KERNEL,
+    wgmma_wrapper,
+)
+
+
+def kernel_name(variant: str, config: WgmmaConfig) -> str:
+    return f"pipetune_{variant}_{config.id}"
+
+
+def source_parts(variant: str, config: WgmmaConfig) -> dict[str, str]:
+    """The kernel's source in pieces: "helpers" (plain C++), "device" (PTX wrappers: the
+    mma.sync family's cp.async and conversion ones, wgmma's, and the TMA loader's mbarrier and
+    tensor-copy ones), "kernel", "end"."""
+    if variant not in VARIANTS:
+        raise ValueError(f"the wgmma probe computes {VARIANTS}, not {variant!r}")
+    helpers = HELPERS
+    for key, value in {
+        "BM": config.block_m,
+        "BN": config.block_n,
+        "STAGES": config.stages,
+        "B_SWAPPED": "true" if config.b_descriptor == "swapped" else "false",
+        "TMA": "true" if config.loader == "tma" else "false",
+        "SPLITS": config.splits,
+    }.items():
+        helpers = helpers.replace(f"@{key}@", str(value))
+    tma = config.loader == "tma"
+    split = config.splits > 1
+    if split:
+        epilogue = PARTIAL_EPILOGUE
+    else:
+        epilogue = STAGED_EPILOGUE if config.epilogue == "staged" else EPILOGUE
+    kernel = (
+        (TMA_KERNEL if tma else KERNEL)
+        .replace("@EPILOGUE@", epilogue)
+        .replace("@WORKSPACE_PARAM@", ",\n       float* __restrict__ W" if split else "")
+        .replace("@THREADS@", str(config.threads))
+        .replace("@NAME@", kernel_name(variant, config))
+        .replace("@BATCH@", BATCH_OFFSETS if variant == "bmm" else "")
+    )
+    if split:
+        kernel += REDUCE_KERNEL.replace("@NAME@", kernel_name(variant, config)).replace(
+            "@REDUCE_THREADS@", str(REDUCE_THREADS)
+        )
+    header = (
+        f"// pipetune wgmma probe kernel: variant {variant}, block {config.block_m}x"
+        f"{config.block_n}x{BK}, {config.stages} stages, B descriptor {config.b_descriptor}, "
+        f"{config.loader} loader\n"
+        f"// {config.threads} threads, {config.smem_bytes} B dynamic shared memory\n"
+    )
+    return {
+        "header": header,
+        "helpers": family_text.PREAMBLE + helpers,
+        # family_text.DEVICE opens `#if defined(__CUDACC__)` with the family's cp.async,
+        # smem_u32 and pack_half2 wrappers; "end" closes it after the kernel.
+        "device": family_text.DEVICE
+        + DEVICE_HEAD
+        + DEVICE_WGMMA
+        + wgmma_wrapper(config.block_n)
+        + (DEVICE_TMA if tma else "")
+        + DEVICE_TAIL,
+        "kernel": kernel,
+        "end": family_text.DEVICE_END,
+    }
+
+
+def reduce_kernel_name(variant: str, config: WgmmaConfig) -> str:
+    """Split-K's second kernel, in the same module."""
+    return kernel_name(variant, config) + "_reduce"
+
+
+def launch(kernel: KernelSource, workload) -> tuple[tuple[int, int, int], tuple[int, ...]]:
+    """(grid, scalar_args) as the mma.sync family launches (grid x: output tiles, z: batch),
+    with grid y the split-K slices. The TMA loader's kernel also takes the two tensor maps
+    after the scalars, and with split-K the f32 workspace of splits * batch * M * N after
+    them; the reduction kernel then runs on (W, C, batch * M * N), REDUCE_THREADS per block."""
+    (tiles, _, batch), scalars = family.launch(kernel, workload)
+    return (tiles, kernel.schedule.splits, batch), scalars  # type: ignore[attr-defined]
+
+
+def generate(workload_or_variant, config: WgmmaConfig) -> KernelSource:
+    """The kernel, described as the mma.sync family describes its own (the config stands in
+    for the schedule: the launch reads its block shape), so `launch` wraps that family's."""
+    w = workload_or_variant
+    variant = w if isinstance(w, str) else variant_of(w)
+    return KernelSource(
+        variant=variant,
+        schedule=config,  # type: ignore[arg-type]
+        name=kernel_name(variant, config),
+        code="".join(source_parts(variant, config).values()),
+        threads=config.threads,
+        smem_bytes=config.smem_bytes,
+    )
