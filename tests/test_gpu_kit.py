@@ -68,6 +68,10 @@ def test_the_readme_gives_the_kit_s_commands():
 
 
 def test_the_gpu_kit_is_complete_for_the_gpu_machine_and_small(tmp_path):
+    # A module left in setuptools' build folder from an older tree must not ship.
+    stale = ROOT / "build" / "lib" / "pipetune" / "workers" / "stale_module_for_test.py"
+    stale.parent.mkdir(parents=True, exist_ok=True)
+    stale.write_text("raise ImportError('stale')\n")
     kit = kit_or_fail(tmp_path / KIT_DIR, "3.12")
     names = {normalise(w.name.split("-")[0]): w.name for w in kit.wheels}
     assert set(names) == {"pipetune", *map(normalise, KIT_PACKAGES)}
@@ -81,6 +85,8 @@ def test_the_gpu_kit_is_complete_for_the_gpu_machine_and_small(tmp_path):
                        "platformdirs", "tenacity"}  # fmt: skip
     with zipfile.ZipFile(tmp_path / KIT_DIR / names["pipetune"]) as wheel:
         assert "pipetune/workers/campaign/run.py" in wheel.namelist()
+        assert "pipetune/workers/stale_module_for_test.py" not in wheel.namelist()
+    assert not stale.exists()
 
 
 def link_gpu_machine_packages(site: Path) -> list[str]:

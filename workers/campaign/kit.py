@@ -20,6 +20,7 @@ import hashlib
 import importlib.metadata
 import json
 import re
+import shutil
 import subprocess
 import sys
 from dataclasses import dataclass
@@ -177,6 +178,9 @@ def build_kit(out: Path, python_version: str = GPU_PYTHON, *, python: str = sys.
     out.mkdir(parents=True, exist_ok=True)
     for old in out.glob("*.whl"):
         old.unlink()
+    # setuptools copies the packages into build/lib and reuses what is there: a module since
+    # removed from the tree would ship in the wheel (and shadow nothing, or a package).
+    shutil.rmtree(root / "build" / "lib", ignore_errors=True)
     _run(
         [
             python,
