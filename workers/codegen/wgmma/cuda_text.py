@@ -182,6 +182,24 @@ def wgmma_wrapper(block_n: int) -> str:
     )
 
 
+# One K tile's MMAs from the stage of tile kt, committed as one group; after it the group
+# before has retired (one tile's MMAs stay in flight). The same in either main loop.
+MMA_STEP = r"""
+    const unsigned sa = base + (kt % STAGES) * STAGE_BYTES, sb = sa + A_STAGE_BYTES;
+    wgmma_fence();
+#pragma unroll
+    for (int i = 0; i < ACC; ++i) fence_operand(acc[i]);
+#pragma unroll
+    for (int ks = 0; ks < BK / 16; ++ks) {
+      wgmma_tile(acc, a_descriptor(sa, wg, ks), b_descriptor(sb, ks));
+    }
+    wgmma_commit();
+#pragma unroll
+    for (int i = 0; i < ACC; ++i) fence_operand(acc[i]);
+    wgmma_wait<1>();  // this warpgroup's MMAs of tile kt-1 have retired
+#pragma unroll
+    for (int i = 0; i < ACC; ++i) fence_operand(acc[i]);"""
+
 KERNEL = r"""
 extern "C" __global__ void __launch_bounds__(@THREADS@, 1)
 @NAME@(const __half* __restrict__ A_ptr, const __half* __restrict__ B_ptr,
@@ -234,20 +252,7 @@ extern "C" __global__ void __launch_bounds__(@THREADS@, 1)
     cp_async_wait<STAGES - 3>();  // tile kt has landed (this thread's copies)
     fence_proxy_async();
     __syncthreads();  // everyone's copies of tile kt, and every MMA of tile kt-2 retired
-    const unsigned sa = base + (kt % STAGES) * STAGE_BYTES, sb = sa + A_STAGE_BYTES;
-    wgmma_fence();
-#pragma unroll
-    for (int i = 0; i < ACC; ++i) fence_operand(acc[i]);
-#pragma unroll
-    for (int ks = 0; ks < BK / 16; ++ks) {
-      wgmma_tile(acc, a_descriptor(sa, wg, ks), b_descriptor(sb, ks));
-    }
-    wgmma_commit();
-#pragma unroll
-    for (int i = 0; i < ACC; ++i) fence_operand(acc[i]);
-    wgmma_wait<1>();  // this warpgroup's MMAs of tile kt-1 have retired
-#pragma unroll
-    for (int i = 0; i < ACC; ++i) fence_operand(acc[i]);
+@MMA_STEP@
     // The stage of tile kt-2: every warpgroup retired its MMAs before the barrier above.
     const int next = kt + STAGES - 2;
     if (next < k_tiles) load_tile(next, next % STAGES);
@@ -260,9 +265,9 @@ extern "C" __global__ void __launch_bounds__(@THREADS@, 1)
 @EPILOGUE@
 """
 
-# f32 -> f16 stores of the accumulators: the same for either loader.
-EPILOGUE = r"""
-  // f32 -> f16, predicated 4-byte stores of column pairs (N is a multiple of 8).
+# Each thread's column pairs from registers, where they fall inside C; @STORE@ stores the
+# pair (acc[i], acc[i + 1]) of (row, col).
+PAIR_STORES = r"""
 #pragma unroll
   for (int i = 0; i < ACC; i += 2) {
     int row, col;
@@ -270,30 +275,30 @@ EPILOGUE = r"""
     row += bm0 + wg * 64;
     col += bn0;
     if (row < M && col < N) {
-      *reinterpret_cast<unsigned*>(C + static_cast<long long>(row) * N + col) =
-          pack_half2(acc[i], acc[i + 1]);
-    }
+@STORE@    }
   }
 }
 """
+
+# f32 -> f16 stores of the accumulators: the same for either loader.
+EPILOGUE = (
+    "\n  // f32 -> f16, predicated 4-byte stores of column pairs (N is a multiple of 8).\n"
+    + PAIR_STORES.lstrip("\n").replace(
+        "@STORE@",
+        "      *reinterpret_cast<unsigned*>(C + static_cast<long long>(row) * N + col) =\n"
+        "          pack_half2(acc[i], acc[i + 1]);\n",
+    )
+)
 
 PARTIAL_EPILOGUE = r"""
   // Split-K: this slice's f32 partial sums into the workspace, [slice][batch][M][N]; the
   // reduction kernel adds the slices up and rounds them to f16.
   float* P = W + (static_cast<long long>(blockIdx.y) * gridDim.z + z) * M * N;
-#pragma unroll
-  for (int i = 0; i < ACC; i += 2) {
-    int row, col;
-    acc_position(t, i, row, col);
-    row += bm0 + wg * 64;
-    col += bn0;
-    if (row < M && col < N) {
-      *reinterpret_cast<Float2*>(P + static_cast<long long>(row) * N + col) =
-          Float2{acc[i], acc[i + 1]};
-    }
-  }
-}
-"""
+""" + PAIR_STORES.lstrip("\n").replace(
+    "@STORE@",
+    "      *reinterpret_cast<Float2*>(P + static_cast<long long>(row) * N + col) =\n"
+    "          Float2{acc[i], acc[i + 1]};\n",
+)
 
 # Split-K's second kernel: C = f16(sum over slices of W), two elements per thread, `count` =
 # batch * M * N (even: N is a multiple of 8).
@@ -400,20 +405,7 @@ extern "C" __global__ void __launch_bounds__(@THREADS@, 1)
     const int next = kt + STAGES - 2;
     if (tid == 0 && next < k_tiles) issue_tile(next, next % STAGES);
     mbarrier_wait(bars + (kt % STAGES) * 8, static_cast<unsigned>(kt / STAGES) & 1u);
-    const unsigned sa = base + (kt % STAGES) * STAGE_BYTES, sb = sa + A_STAGE_BYTES;
-    wgmma_fence();
-#pragma unroll
-    for (int i = 0; i < ACC; ++i) fence_operand(acc[i]);
-#pragma unroll
-    for (int ks = 0; ks < BK / 16; ++ks) {
-      wgmma_tile(acc, a_descriptor(sa, wg, ks), b_descriptor(sb, ks));
-    }
-    wgmma_commit();
-#pragma unroll
-    for (int i = 0; i < ACC; ++i) fence_operand(acc[i]);
-    wgmma_wait<1>();  // this warpgroup's MMAs of tile kt-1 have retired
-#pragma unroll
-    for (int i = 0; i < ACC; ++i) fence_operand(acc[i]);
+@MMA_STEP@
   }
   wgmma_wait<0>();
 #pragma unroll

@@ -16,6 +16,7 @@ from pipetune.workers.codegen.wgmma.cuda_text import (
     EPILOGUE,
     HELPERS,
     KERNEL,
+    MMA_STEP,
     PARTIAL_EPILOGUE,
     REDUCE_KERNEL,
     STAGED_EPILOGUE,
@@ -52,6 +53,7 @@ def source_parts(variant: str, config: WgmmaConfig) -> dict[str, str]:
         epilogue = STAGED_EPILOGUE if config.epilogue == "staged" else EPILOGUE
     kernel = (
         (TMA_KERNEL if tma else KERNEL)
+        .replace("@MMA_STEP@", MMA_STEP.lstrip("\n"))
         .replace("@EPILOGUE@", epilogue)
         .replace("@WORKSPACE_PARAM@", ",\n       float* __restrict__ W" if split else "")
         .replace("@THREADS@", str(config.threads))
