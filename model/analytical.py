@@ -214,6 +214,16 @@ def evaluate(space: Space) -> Prediction:
     N_smem_loop = np.ceil(view.k / BK)
     N_reg_loop = BK / MMA_TILE
 
+    # What does not depend on how many blocks share the wave, computed once for both waves.
+    FLOPs_one_reg_loop = 2.0 * WM * WN * MMA_TILE
+    # Register level: ldmatrix of one warp's A and B fragments, the block's warps sharing
+    # the SM's shared-memory bandwidth (other blocks are accounted one level up).
+    Bytes_one_reg_loop = (WM + WN) * MMA_TILE * BYTES_FP16
+    reg_stream = Bytes_one_reg_loop * N_warp_per_threadblk / gpu.smem_bandwidth_per_sm
+    T_reg_load = gpu.smem_latency_ns * 1e-9 + reg_stream
+    Bytes_one_smem_loop = (BM + BN) * BK * BYTES_FP16
+    Bytes_output_tile = np.minimum(BM, view.m) * np.minimum(BN, view.n) * BYTES_FP16
+
     def wave(N_threadblk_per_threadblk_batch: np.ndarray) -> dict[str, np.ndarray]:
         """The terms of one wave of N_threadblk_per_threadblk_batch blocks."""
         # With fewer blocks than the GPU holds, the scheduler spreads them over the SMs, so
@@ -225,21 +235,13 @@ def evaluate(space: Space) -> Prediction:
 
         # Computation latency model: one warp's mma work for one k16 step.
         Util = tensor_utilisation(gpu, N_warp_per_threadblk, N_threadblk_per_SM)
-        FLOPs_one_reg_loop = 2.0 * WM * WN * MMA_TILE
         T_compute = FLOPs_one_reg_loop / (gpu.sm_tensor_flops * Util)
-
-        # Register level: ldmatrix of one warp's A and B fragments, the block's warps sharing
-        # the SM's shared-memory bandwidth (other blocks are accounted one level up).
-        Bytes_one_reg_loop = (WM + WN) * MMA_TILE * BYTES_FP16
-        reg_stream = Bytes_one_reg_loop * N_warp_per_threadblk / gpu.smem_bandwidth_per_sm
-        T_reg_load = gpu.smem_latency_ns * 1e-9 + reg_stream
         T_smem_use, reg_load_bound = pipeline_latency(
             T_reg_load, T_compute, N_reg_loop, N_reg_pipe_stage, N_warp_per_threadblk
         )
         T_smem_use = np.maximum(T_smem_use, N_reg_loop * reg_stream)
 
         # Memory latency model: global -> shared copies of one K step for the whole wave.
-        Bytes_one_smem_loop = (BM + BN) * BK * BYTES_FP16
         llc_stream = (
             Bytes_one_smem_loop * N_threadblk_per_threadblk_batch / (gpu.l2_bandwidth_gbs * 1e9)
         )
@@ -262,7 +264,6 @@ def evaluate(space: Space) -> Prediction:
             T_main_loop, (N_smem_loop - 1.0) * np.maximum(llc_stream, dram_stream)
         )
         T_main_loop = T_main_loop + N_smem_loop * gpu.k_step_s
-        Bytes_output_tile = np.minimum(BM, view.m) * np.minimum(BN, view.n) * BYTES_FP16
         T_epilogue = gpu.dram_latency_ns * 1e-9 + Bytes_output_tile * (
             N_threadblk_per_threadblk_batch
         ) / (gpu.dram_write_bandwidth_gbs * 1e9)
@@ -306,7 +307,7 @@ def evaluate(space: Space) -> Prediction:
 
 
 def _wave_working_set(
-    space: Space, BM: np.ndarray, BN: np.ndarray, BK: np.ndarray, view, blocks: Any = None
+    space: Space, BM: np.ndarray, BN: np.ndarray, BK: np.ndarray, view, blocks: np.ndarray
 ) -> Any:
     """Bytes_threadblk_batch_workset: distinct A and B data one wave reads per K step.
 
@@ -315,10 +316,6 @@ def _wave_working_set(
     it reaches. Rows and columns past the problem edge are predicated off and not read.
     """
     tm, tn = (x.astype(np.float64) for x in space.tile_grid)
-    if blocks is None:
-        blocks = np.minimum(
-            space.tiles.astype(np.float64), space.gpu.sm_count * space.blocks_per_sm
-        )
     c = np.asarray(blocks, dtype=np.float64)
     per_batch = tm * tn
     batches = np.minimum(view.batch, np.ceil(c / per_batch))
