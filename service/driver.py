@@ -694,7 +694,7 @@ class Driver:
                     task.learned_from,
                 )
             assert live is not None
-            self._roll_forward(live, _by_batch(views), task.version, waits_on)
+            self._roll_forward(task_id, live, _by_batch(views), task.version, waits_on)
             plan = _Plan(task_id, task.version, live.trials, [], [], [], live=live)
             plan.batch, plan.predicted = self._propose(live, task.batch_size)
             if not plan.batch:
@@ -755,20 +755,33 @@ class Driver:
         return made == recorded
 
     def _roll_forward(
-        self, live: _Live, batches: dict[int, list[_JobView]], version: int, waits_on: int
+        self,
+        task_id: int,
+        live: _Live,
+        batches: dict[int, list[_JobView]],
+        version: int,
+        waits_on: int,
     ) -> None:
         """Replay the recorded batches the session has not proposed yet, in the order they
         were made (before batch b, the batches before b - batches_ahead were observed; the
-        first batches_ahead + 1 were proposed together), then observe through `waits_on`."""
+        first batches_ahead + 1 were proposed together), then observe through `waits_on`. A
+        batch the session would not have proposed is adopted (TuningSession.adopt)."""
         ahead = version - waits_on
         for b in range(len(live.sizes), version):
             self._observe_through(live, batches, b - ahead)
             recorded = [v.schedule for v in batches.get(b, [])]
             proposed = live.session.propose(len(recorded)) if recorded else []
             if proposed != recorded:
-                raise SessionError(
-                    f"batch {b} does not replay: the history was not made by this seed"
+                # Made by another version of the tuner (an upgrade while the task ran), or
+                # edited: the measurements stand, so the session takes the record as its
+                # own and proposes on from it rather than failing the task.
+                log.warning(
+                    "task %s: batch %s does not replay (another tuner version made it?); "
+                    "continuing from the recorded trials",
+                    task_id,
+                    b,
                 )
+                live.session.adopt(proposed, recorded)
             live.sizes.append(len(recorded))
         self._observe_through(live, batches, waits_on)
 

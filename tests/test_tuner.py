@@ -96,6 +96,25 @@ def test_pending_batches_are_not_proposed_again_either(space):
     assert not {p.id for p in third} & {p.id for p in first + second}
 
 
+def test_an_adopted_batch_replaces_the_proposed_one(space):
+    # What the service does with a record another tuner version made: the recorded batch
+    # becomes the pending one, the session's own picks may come again, nothing repeats.
+    s = TuningSession(WORKLOAD, space.gpu, "random", seed=3, budget=40, space=space)
+    mine = s.propose(4)
+    other = TuningSession(WORKLOAD, space.gpu, "random", seed=4, budget=40, space=space)
+    recorded = [p for p in other.propose(8) if p not in mine][:4]
+    s.adopt(mine, recorded)
+    with pytest.raises(SessionError, match="not proposed"):
+        s.observe([(mine[0], _ok())])
+    s.observe([(p, _ok()) for p in recorded])
+    rest = s.propose(36)
+    assert len({p.id for p in rest + recorded}) == 40
+    with pytest.raises(SessionError, match="already proposed"):
+        s.adopt([], [recorded[0]])
+    with pytest.raises(SessionError, match="proposed last"):
+        s.adopt(mine, recorded)
+
+
 def test_rows_in_order_read_only_the_head_they_need():
     from pipetune.tuner.strategy_base import Strategy
 

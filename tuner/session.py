@@ -2,7 +2,9 @@
 
 A session's proposals depend only on its seed and the sequence of propose/observe calls, so
 any service replica can rebuild it from the database by replaying the recorded batches
-(`TuningSession.replay`).
+(`TuningSession.replay`). Where the record was made by another version of the tuner (the
+service was upgraded while the task ran), a rebuilt session adopts the recorded batches
+(`adopt`) and proposes on from them.
 """
 
 from __future__ import annotations
@@ -67,6 +69,28 @@ class TuningSession:
         self.pending.extend(rows)
         self._proposed.update(rows)
         return [self.space[r] for r in rows]
+
+    def adopt(self, proposed: Sequence[Any], recorded: Sequence[Any]) -> None:
+        """Take a recorded batch in place of the one this session just proposed: its
+        schedules become the pending ones (in the record's order), and the session's own
+        proposals are forgotten (they may be proposed again). A task whose batches another
+        version of the tuner made continues from what it measured instead of failing (the
+        service's driver adopts where a rebuilt session does not replay the record)."""
+        rows = []
+        for schedule in recorded:
+            if schedule not in self.space:
+                raise SessionError(f"schedule {schedule.id} is not in this session's space")
+            rows.append(self.space.index(schedule))
+        mine = [self.space.index(schedule) for schedule in proposed]
+        if self.pending[len(self.pending) - len(mine) :] != mine:
+            raise SessionError("only the batch proposed last can be replaced")
+        taken = self._proposed - set(mine)
+        if len(set(rows)) != len(rows) or taken & set(rows):
+            raise SessionError("the recorded batch repeats a schedule already proposed")
+        del self.pending[len(self.pending) - len(mine) :]
+        self._proposed -= set(mine)
+        self.pending.extend(rows)
+        self._proposed.update(rows)
 
     def observe(self, results: Sequence[tuple[Any, MeasureResult]]) -> None:
         """Record measurements of proposed schedules; failures count against the budget."""
