@@ -782,6 +782,7 @@ class Driver:
                     b,
                 )
                 live.session.adopt(proposed, recorded)
+                self.metrics.batches_adopted.inc()
             live.sizes.append(len(recorded))
         self._observe_through(live, batches, waits_on)
 

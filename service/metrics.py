@@ -96,6 +96,12 @@ class Metrics:
         self.batches = Counter(
             "pipetune_batches_enqueued_total", "Proposal batches enqueued", registry=r
         )
+        self.batches_adopted = Counter(
+            "pipetune_batches_adopted_total",
+            "Recorded batches a rebuilt session took as its own (another tuner version made"
+            " them: an upgrade while the task ran)",
+            registry=r,
+        )
         self.tasks_finished = Counter(
             "pipetune_tasks_finished_total",
             "Tasks that reached an end state",

@@ -17,6 +17,7 @@ from service_support import (
     drain,
     fake_latency,
     lease,
+    metric_value,
     ok,
     post_result,
     register,
@@ -273,6 +274,9 @@ def test_a_history_that_does_not_replay_is_adopted_not_failed(client, caplog):
     with caplog.at_level("WARNING", logger="pipetune.service.driver"):
         service.driver.advance(task_id)  # rebuilds the session: nothing more to propose yet
     assert any("does not replay" in r.getMessage() for r in caplog.records)
+    # Batch 0 was edited; batch 1 (proposed with it) then differs too: its seed's order
+    # would have included the schedule the edit replaced.
+    assert metric_value(client.get("/metrics").text, "pipetune_batches_adopted_total") == 2.0
     doc = client.get(f"/v1/tasks/{task_id}").json()
     assert doc["state"] == "running" and doc["error"] is None
     assert drain(client, worker) == 8  # the rest of the budget, then done
