@@ -70,22 +70,23 @@ class TuningSession:
         self._proposed.update(rows)
         return [self.space[r] for r in rows]
 
+    def _row(self, schedule: Any) -> int:
+        if schedule not in self.space:
+            raise SessionError(f"schedule {schedule.id} is not in this session's space")
+        return self.space.index(schedule)
+
     def adopt(self, proposed: Sequence[Any], recorded: Sequence[Any]) -> None:
         """Take a recorded batch in place of the one this session just proposed: its
         schedules become the pending ones (in the record's order), and the session's own
         proposals are forgotten (they may be proposed again). A task whose batches another
         version of the tuner made continues from what it measured instead of failing (the
         service's driver adopts where a rebuilt session does not replay the record)."""
-        rows = []
-        for schedule in recorded:
-            if schedule not in self.space:
-                raise SessionError(f"schedule {schedule.id} is not in this session's space")
-            rows.append(self.space.index(schedule))
+        rows = [self._row(schedule) for schedule in recorded]
         mine = [self.space.index(schedule) for schedule in proposed]
         if self.pending[len(self.pending) - len(mine) :] != mine:
             raise SessionError("only the batch proposed last can be replaced")
-        taken = self._proposed - set(mine)
-        if len(set(rows)) != len(rows) or taken & set(rows):
+        distinct = set(rows)
+        if len(distinct) != len(rows) or (self._proposed - set(mine)) & distinct:
             raise SessionError("the recorded batch repeats a schedule already proposed")
         del self.pending[len(self.pending) - len(mine) :]
         self._proposed -= set(mine)
@@ -96,9 +97,7 @@ class TuningSession:
         """Record measurements of proposed schedules; failures count against the budget."""
         rows = []
         for schedule, _ in results:
-            if schedule not in self.space:
-                raise SessionError(f"schedule {schedule.id} is not in this session's space")
-            row = self.space.index(schedule)
+            row = self._row(schedule)
             if row not in self.pending or row in rows:
                 raise SessionError(
                     f"schedule {schedule.id} was not proposed or is already observed"
