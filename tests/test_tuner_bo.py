@@ -548,6 +548,60 @@ def test_the_gp_is_scikit_learns_regressor_with_the_same_kernel():
     assert np.array_equal(gp.kernel.theta, first.theta)
 
 
+def test_a_re_estimate_starts_from_the_last_one_until_the_data_have_doubled(monkeypatch):
+    """Hyperparameters are re-estimated from the two fixed starts (the prior's mode and short
+    length scales) on the first fit and whenever the data have doubled since they were last
+    used; in between, from the last estimate alone (a fraction of the optimiser's work)."""
+    from pipetune.tuner import surrogate
+    from pipetune.tuner.surrogate import GaussianProcess
+
+    starts: list[list[np.ndarray]] = []
+    real = surrogate.minimize
+
+    def recording(fun, x0, **kwargs):
+        starts[-1].append(np.array(x0))
+        return real(fun, x0, **kwargs)
+
+    monkeypatch.setattr(surrogate, "minimize", recording)
+    rng = np.random.default_rng(3)
+    X = rng.random((40, 3))
+    y = np.sin(4 * X[:, 0]) + X[:, 1]
+    gp = GaussianProcess(3, seed=0)
+    rough = gp.start.theta.copy()
+    rough[1:-1] = np.log(0.3)
+    for n in (10, 12, 15, 20, 24, 40):  # each one re-estimates (a tenth more data)
+        starts.append([])
+        before = gp.kernel.theta
+        gp.fit(X[:n], y[:n])
+        cold = n in (10, 20, 40)  # the first fit, then each time the data have doubled
+        expected = [gp.start.theta, rough] if cold else [before]
+        assert len(starts[-1]) == len(expected), n
+        for got, want in zip(starts[-1], expected, strict=True):
+            assert np.array_equal(got, want), n
+
+
+def test_a_warm_re_estimate_finds_the_optimum_the_fixed_starts_find():
+    """Started from the last estimate, the optimiser reaches the posterior mode that the two
+    fixed starts reach on the same data (a smooth function, the usual case): the warm start
+    saves work, not accuracy."""
+    from pipetune.tuner.surrogate import GaussianProcess
+
+    rng = np.random.default_rng(11)
+    X = rng.random((30, 4))
+    y = np.sin(3 * X[:, 0]) * np.cos(2 * X[:, 1]) + 0.3 * X[:, 2] + 0.02 * rng.standard_normal(30)
+    warm = GaussianProcess(4, seed=0)
+    warm.fit(X[:16], y[:16])
+    warm.fit(X, y[:30])  # 30 < 2 * 16: from the estimate on 16 points
+    assert warm._cold_on == 16
+    cold = GaussianProcess(4, seed=0)
+    cold.fit(X, y)
+    assert cold._cold_on == 30
+    assert warm.log_evidence() == pytest.approx(cold.log_evidence(), abs=1e-3)
+    mean_w, sd_w = warm.predict(X)
+    mean_c, sd_c = cold.predict(X)
+    assert np.allclose(mean_w, mean_c, atol=1e-3) and np.allclose(sd_w, sd_c, atol=1e-3)
+
+
 def test_gp_fantasies_are_the_joint_gaussian_conditioned_on_the_believed_picks():
     """The GP's kriging believer updates variances by rank-one terms instead of refitting:
     after believing picks i1, i2, i3 it must give exactly the posterior of the fitted GP

@@ -94,7 +94,8 @@ class GaussianProcess(Surrogate):
     variance ~ N(-4, 1). Maximum likelihood alone, on a few dozen points and one length scale
     per knob, collapses to tiny length scales that explain every point as independent (the GP
     then knows nothing between its data and the search turns random); the prior prevents it.
-    Each fit starts from the prior's mode, so a fit depends on the data only. The GP itself
+    A fit depends on the data and on the fits before it (warm starts between cold ones, see
+    `fit`): a session's fits are the same whenever it replays the same trials. The GP itself
     (tuner/matern_gp.py) is scikit-learn's `GaussianProcessRegressor` with this kernel and
     `normalize_y`, computed without its per-call machinery.
     """
@@ -119,6 +120,7 @@ class GaussianProcess(Surrogate):
         self.posterior: Posterior | None = None
         self.training_data = (np.zeros((0, n_features)), np.zeros(0))
         self._estimated_on = 0  # data size at the last hyperparameter estimate
+        self._cold_on = 0  # data size at the last estimate from the fixed starts
         self.cv_scale = 1.0  # the posterior spread's factor from leave-one-out (see fit)
         # The log evidence of the last fit: for a re-estimate the MAP objective's optimum (the
         # log likelihood plus the hyperprior's log density, as scikit-learn's fit reported it
@@ -132,12 +134,15 @@ class GaussianProcess(Surrogate):
             + [tuple(np.log(self.NOISE_BOUNDS))]
         )  # type: ignore[list-item]
 
-    def _map(self, X: np.ndarray, y: np.ndarray) -> tuple[Kernel, float]:
-        """L-BFGS-B on -log likelihood - log prior (`neg_log_posterior`), from two starts: the
-        prior's mode (long length scales: a smooth function) and short length scales (a rough
-        one). From the first alone the fit can settle in the mode that calls every difference
-        noise (amplitude at its floor, noise near 1), and the search then knows nothing; the
-        better posterior of the two wins. Returns the kernel and the objective's minimum."""
+    def _map(
+        self, X: np.ndarray, y: np.ndarray, warm: Kernel | None = None
+    ) -> tuple[Kernel, float]:
+        """L-BFGS-B on -log likelihood - log prior (`neg_log_posterior`). Cold (`warm` None),
+        from two starts: the prior's mode (long length scales: a smooth function) and short
+        length scales (a rough one). From the first alone the fit can settle in the mode that
+        calls every difference noise (amplitude at its floor, noise near 1), and the search
+        then knows nothing; the better posterior of the two wins. Warm, from `warm` alone.
+        Returns the kernel and the objective's minimum."""
         D2 = pair_sq_diffs(X)
         t, _, _ = standardise(y)
 
@@ -148,9 +153,13 @@ class GaussianProcess(Surrogate):
         rough = initial.copy()
         rough[1 : 1 + self.n_features] = np.log(0.3)
         bounds = self._bounds()
+        # Between cold starts (see fit) one run from the last estimate: the optimum moves
+        # little as the data grow, and from there L-BFGS-B converges in a fraction of the
+        # evaluations; the two fixed starts cost most of a proposal round.
+        starts = [initial, rough] if warm is None else [warm.theta]
         results = [
             minimize(objective, start, jac=True, method="L-BFGS-B", bounds=bounds)
-            for start in (initial, rough)
+            for start in starts
         ]
         best = min(results, key=lambda r: r.fun)
         return Kernel.from_theta(best.x), float(best.fun)
@@ -165,8 +174,15 @@ class GaussianProcess(Surrogate):
         grown = len(y) - self._estimated_on >= max(1, len(y) // new_share)
         optimise = len(y) >= 3 and (self._estimated_on < 3 or grown)
         if optimise:
+            # A re-estimate starts from the last one until the data have doubled since the
+            # fixed starts were last used, then from those again: whatever mode the warm
+            # starts have been following is left behind if a better one has appeared, at
+            # log(n) cold fits per session instead of one per re-estimate.
+            cold = self._estimated_on < 3 or len(y) >= 2 * self._cold_on
+            if cold:
+                self._cold_on = len(y)
             self._estimated_on = len(y)
-            self.kernel, minimum = self._map(X, y)
+            self.kernel, minimum = self._map(X, y, None if cold else self.kernel)
         self.posterior = Posterior(self.kernel, X, y)
         self._log_evidence_std = -minimum if optimise else self.posterior.log_likelihood
         self.training_data = (X, y)
