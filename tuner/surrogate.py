@@ -149,14 +149,16 @@ class GaussianProcess(Surrogate):
         def objective(theta):
             return neg_log_posterior(theta, D2, t, self.log_ls_mean, self.log_ls_var)
 
-        initial = self.start.theta
-        rough = initial.copy()
-        rough[1 : 1 + self.n_features] = np.log(0.3)
-        bounds = self._bounds()
         # Between cold starts (see fit) one run from the last estimate: the optimum moves
         # little as the data grow, and from there L-BFGS-B converges in a fraction of the
         # evaluations; the two fixed starts cost most of a proposal round.
-        starts = [initial, rough] if warm is None else [warm.theta]
+        if warm is None:
+            rough = self.start.theta.copy()
+            rough[1 : 1 + self.n_features] = np.log(0.3)
+            starts = [self.start.theta, rough]
+        else:
+            starts = [warm.theta]
+        bounds = self._bounds()
         results = [
             minimize(objective, start, jac=True, method="L-BFGS-B", bounds=bounds)
             for start in starts
