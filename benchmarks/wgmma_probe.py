@@ -446,7 +446,32 @@ def summary(document: dict[str, Any], mma_sync_best_us: dict[str, float]) -> lis
     return rows
 
 
-def render(document: dict[str, Any], rows: list[dict[str, Any]], source: str) -> str:
+def best_of_calls(rows_per_file: list[tuple[str, list[dict[str, Any]]]]) -> list[dict[str, Any]]:
+    """Per operator, the row of the call whose best shape came closest to the library.
+
+    Each call is ranked by its own ratio, since cuBLAS is timed in the same call and a fresh
+    machine's clocks differ from the last one's; a time from one call is never divided by
+    another call's. The row says which file it came from (``file``)."""
+    best: dict[str, dict[str, Any]] = {}
+    for source, rows in rows_per_file:
+        for row in rows:
+            held = best.get(row["operator"])
+            if held is None or row["wgmma_vs_library"] > held["wgmma_vs_library"]:
+                best[row["operator"]] = {**row, "file": source}
+    order = [row["operator"] for _, rows in rows_per_file for row in rows]
+    return [best[name] for name in dict.fromkeys(order)]
+
+
+def render(documents: list[tuple[str, dict[str, Any]]], rows: list[dict[str, Any]]) -> str:
+    """The shapes' checks of each probe file, then one row per operator (from the file
+    named in the row, where the rows come from several)."""
+    lines: list[str] = []
+    for source, document in documents:
+        lines += _render_checks(source, document)
+    return "\n".join(lines + _render_rows(rows, several=len(documents) > 1)) + "\n"
+
+
+def _render_checks(source: str, document: dict[str, Any]) -> list[str]:
     device = document.get("device", {})
     checks = document.get("checks", {})
     lines = [
@@ -467,11 +492,15 @@ def render(document: dict[str, Any], rows: list[dict[str, Any]], source: str) ->
             continue
         shares = ", ".join(f"{a['pattern']} {pattern_agreement(a):.3f}" for a in answers)
         lines.append(f"\nDiagnosis of {cid} (share of elements where they belong): {shares}.")
-    lines += [
-        "",
+    return [*lines, ""]
+
+
+def _render_rows(rows: list[dict[str, Any]], several: bool) -> list[str]:
+    lines = [
         "| operator | best shape | wgmma µs | wgmma cp.async µs | wgmma TMA µs | mma.sync µs "
-        "| cuBLAS µs | wgmma / library | mma.sync / library |",
-        "|---|---|---:|---:|---:|---:|---:|---:|---:|",
+        "| cuBLAS µs | wgmma / library | mma.sync / library |"
+        + (" probe file |" if several else ""),
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|" + ("---|" if several else ""),
     ]
 
     def us(row: dict[str, Any], key: str) -> str:
@@ -483,6 +512,7 @@ def render(document: dict[str, Any], rows: list[dict[str, Any]], source: str) ->
             f"| {r['operator']} | {r['best_shape']} | {r['wgmma_us']:.1f} | "
             f"{us(r, 'cp.async_us')} | {us(r, 'tma_us')} | {us(r, 'mma_sync_us')} | "
             f"{r['library_us']:.1f} | {r['wgmma_vs_library']:.2f} | {mma_ratio} |"
+            + (f" {Path(r['file']).name} |" if several else "")
         )
     if rows:
         both = [r["mma_sync_vs_library"] for r in rows if "mma_sync_vs_library" in r]
@@ -493,7 +523,7 @@ def render(document: dict[str, Any], rows: list[dict[str, Any]], source: str) ->
             + (f", mma.sync {geomean(both):.2f}x" if both else "")
             + ".",
         ]
-    return "\n".join(lines) + "\n"
+    return lines
 
 
 def _mma_sync_best(gpu: str) -> dict[str, float]:
@@ -526,7 +556,13 @@ def main(argv: list[str] | None = None) -> int:
     p_launch.add_argument("--config", required=True)
     p_launch.add_argument("--operator", required=True)
     p_rep = sub.add_parser("report", help="on the CPU: the probe beside cuBLAS and mma.sync")
-    p_rep.add_argument("file", type=Path)
+    p_rep.add_argument(
+        "files",
+        type=Path,
+        nargs="+",
+        metavar="file",
+        help="probe files of one GPU; with several, each operator's best call",
+    )
     p_rep.add_argument("--gpu", default="h100", help="the campaign to compare with")
     p_rep.add_argument("--write", action="store_true", help="record in benchmarks/RESULTS.md")
     args = parser.parse_args(argv)
@@ -544,23 +580,27 @@ def main(argv: list[str] | None = None) -> int:
         answer = _measure(asdict(config), [workload.canonical()], timed=False)[0]
         print(f"{config.id} on {args.operator}: error {answer['error']:.2e}")
         return 0 if answer["correct"] else 1
-    if not args.file.exists():
-        parser.error(f"no such probe file: {args.file}")
-    document = json.loads(args.file.read_text())
+    files = args.files if args.command == "report" else [args.file]
+    for path in files:
+        if not path.exists():
+            parser.error(f"no such probe file: {path}")
+    documents = [(str(path), json.loads(path.read_text())) for path in files]
     if args.command == "best":
-        found = fastest_shape(document, args.operator)
+        found = fastest_shape(documents[0][1], args.operator)
         if found is None:
             print(f"error: no timed shape on {args.operator} in {args.file}", file=sys.stderr)
             return 1
         print(found[0])
         return 0
-    rows = summary(document, _mma_sync_best(args.gpu))
-    text = render(document, rows, str(args.file))
+    mma_sync = _mma_sync_best(args.gpu)
+    rows = best_of_calls([(source, summary(doc, mma_sync)) for source, doc in documents])
+    text = render(documents, rows)
     print(text)
     if args.write:
         from benchmarks.results import write_section
 
-        command = f"`python -m benchmarks.wgmma_probe report {args.file} --gpu {args.gpu} --write`"
+        names = " ".join(str(path) for path in files)
+        command = f"`python -m benchmarks.wgmma_probe report {names} --gpu {args.gpu} --write`"
         write_section(
             f"wgmma-probe-{args.gpu}",
             f"wgmma probe on {args.gpu.upper()} against cuBLAS and the mma.sync family (issue 15)",

@@ -79,11 +79,43 @@ def test_the_report_compares_the_best_shape_with_the_library_and_mma_sync():
     assert row["mma_sync_vs_library"] == pytest.approx(180.0 / 350.0)
     # The best of each loader beside the best of both.
     assert row["cp.async_us"] == pytest.approx(210.0) and row["tma_us"] == pytest.approx(235.0)
-    text = wgmma_probe.render(_document(), rows, "probe.json")
+    text = wgmma_probe.render([("probe.json", _document())], rows)
     assert "| wg128x256s3 | fault: CUDARuntimeError" in text
     row_text = "| MM_Square_4k | wg128x128s4 | 210.0 | 210.0 | 235.0 | 350.0 | 180.0 | 0.86 | 0.51"
     assert row_text in text
     assert "wgmma 0.86x of the library, mma.sync 0.51x" in text
+
+
+def test_the_report_of_several_calls_takes_each_operators_best_ratio_within_its_call(
+    tmp_path, monkeypatch, capsys
+):
+    import json
+
+    # Call 2's machine ran everything slower, cuBLAS included: its shape is faster in µs
+    # than call 1's yet further from its own cuBLAS, so call 1's row is the one kept.
+    first = _document()
+    second = _document()
+    second["vendor"]["MM_Square_4k"]["samples_ms"] = [0.12, 0.12, 0.12]
+    second["runs"] = {
+        "wg128x128s4_tma_k2": {"MM_Square_4k": {"correct": True, "samples_ms": [0.19, 0.19]}}
+    }
+    paths = []
+    for name, document in (("one.json", first), ("two.json", second)):
+        paths.append(tmp_path / name)
+        paths[-1].write_text(json.dumps(document))
+    monkeypatch.setattr(wgmma_probe, "_mma_sync_best", lambda gpu: {})
+    assert wgmma_probe.main(["report", *map(str, paths), "--gpu", "h200"]) == 0
+    text = capsys.readouterr().out
+    assert "| MM_Square_4k | wg128x128s4 | 210.0 |" in text and "| one.json |" in text
+    assert "wgmma 0.86x of the library" in text
+    # Both files' shape checks are shown, each under its own name.
+    assert f"probe file {paths[0]}." in text and f"probe file {paths[1]}." in text
+    # A call faster relative to its own cuBLAS wins the operator.
+    second["vendor"]["MM_Square_4k"]["samples_ms"] = [0.18, 0.18, 0.18]
+    paths[1].write_text(json.dumps(second))
+    assert wgmma_probe.main(["report", *map(str, paths), "--gpu", "h200"]) == 0
+    text = capsys.readouterr().out
+    assert "| MM_Square_4k | wg128x128s4_tma_k2 | 190.0 |" in text and "| two.json |" in text
 
 
 def test_report_of_a_missing_file_is_a_usage_error(tmp_path, capsys):
@@ -239,7 +271,7 @@ def test_the_report_shows_the_diagnosis_of_a_failing_shape():
         "wg128x256s3": [{"pattern": "b_rows", "c": good}, {"pattern": "b_cols", "c": good}],
         "wg128x256s3_bswap": {"fault": "no answer within 240 s"},
     }
-    text = wgmma_probe.render(document, [], "probe.json")
+    text = wgmma_probe.render([("probe.json", document)], [])
     assert (
         "Diagnosis of wg128x256s3 (share of elements where they belong): b_rows 1.000, "
         "b_cols 0.250." in text
