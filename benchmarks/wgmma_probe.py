@@ -59,16 +59,20 @@ def _configs(ids: list[str] | None, reading: str = "canonical"):
 
 
 def shape_ids(
-    loader: str | None = None, epilogue: str | None = None, split: bool | None = None
+    loader: str | None = None,
+    epilogue: str | None = None,
+    split: bool | None = None,
+    persistent: bool | None = None,
 ) -> list[str]:
-    """The ids of the probe shapes (canonical reading) with this loader and epilogue, and with
-    split-K or without (None: either)."""
+    """The ids of the probe shapes (canonical reading) with this loader and epilogue, with
+    split-K or without, persistent or not (None: either)."""
     return [
         c.id
         for c in _configs(None)
         if loader in (None, c.loader)
         and epilogue in (None, c.epilogue)
         and split in (None, c.splits > 1)
+        and persistent in (None, c.persistent)
     ]
 
 
@@ -207,9 +211,11 @@ def _measure(config_fields: dict[str, Any], workloads: list[dict[str, Any]], tim
     from pipetune.workers.runners.timing import RepeatPolicy, time_launches
 
     config = wgmma.WgmmaConfig(**config_fields)
-    l2 = int(cupy.cuda.runtime.getDeviceProperties(0)["l2CacheSize"])
+    properties = cupy.cuda.runtime.getDeviceProperties(0)
+    l2 = int(properties["l2CacheSize"])
     flush_buffer = cupy.empty(max(2 * l2, MIN_FLUSH_BYTES), dtype=cupy.uint8)
     policy = RepeatPolicy.of(CAMPAIGN_SETTINGS)
+    sms = int(properties["multiProcessorCount"])  # a persistent grid's size
     modules: dict[str, Any] = {}
     answers = []
     for canonical in workloads:
@@ -229,7 +235,7 @@ def _measure(config_fields: dict[str, Any], workloads: list[dict[str, Any]], tim
                 reduce = module.get_function(wgmma.reduce_kernel_name(kernel.variant, config))
             modules[kernel.variant] = (function, reduce, built.registers)
         function, reduce, registers = modules[kernel.variant]
-        grid, scalars = wgmma.launch(kernel, workload)
+        grid, scalars = wgmma.launch(kernel, workload, sms)
         if pattern is None:
             a_host, b_host = make_inputs(workload, CAMPAIGN_SETTINGS.seed)
         else:
@@ -549,6 +555,12 @@ def main(argv: list[str] | None = None) -> int:
     p_shapes.add_argument(
         "--split", action=argparse.BooleanOptionalAction, default=None, help="split-K or not"
     )
+    p_shapes.add_argument(
+        "--persistent",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="one block per SM walking the tiles, or not",
+    )
     p_best = sub.add_parser("best", help="the fastest shape of a probe file on one operator")
     p_best.add_argument("file", type=Path)
     p_best.add_argument("--operator", required=True)
@@ -570,7 +582,7 @@ def main(argv: list[str] | None = None) -> int:
         run(args.out, args.operators, args.configs)
         return 0
     if args.command == "shapes":
-        print(",".join(shape_ids(args.loader, args.epilogue, args.split)))
+        print(",".join(shape_ids(args.loader, args.epilogue, args.split, args.persistent)))
         return 0
     if args.command == "launch":  # for a profiler to watch (benchmarks/wgmma_probe.sh)
         from dataclasses import asdict

@@ -288,7 +288,9 @@ def _tma_defines(workload, config: WgmmaConfig) -> str:
 pytestmark = pytest.mark.skipif(shutil.which("g++") is None, reason="needs a host C++ compiler")
 
 
-def _emulate(workload, config: WgmmaConfig, tmp, mutate=None):
+def _emulate(workload, config: WgmmaConfig, tmp, mutate=None, sms: int = 3):
+    """Build and run one kernel (``sms``: the SMs a persistent kernel's grid is sized for,
+    few, so that each block walks several tiles)."""
     kernel = wgmma.generate(workload, config)
     parts = wgmma.source_parts(kernel.variant, config)
     body = parts["kernel"]
@@ -296,7 +298,7 @@ def _emulate(workload, config: WgmmaConfig, tmp, mutate=None):
         old, new = mutate
         assert old in body
         body = body.replace(old, new)
-    grid, scalars = wgmma.launch(kernel, workload)
+    grid, scalars = wgmma.launch(kernel, workload, sms)
     tma = config.loader == "tma"
     shims = "#include <algorithm>\n" + COMMON_SHIM + WGMMA_SHIM
     if tma:
@@ -337,6 +339,65 @@ TMA_CASES = [
     (gemm(70, 72, 328), WgmmaConfig(64, 64, 6, loader="tma", splits=4)),
     (bmm(2, 72, 64, 200), WgmmaConfig(64, 128, 3, loader="tma", splits=2)),
 ]
+
+
+# The persistent kernel, on 3 SMs: blocks walking two or more tiles, unevenly (6 tiles over 4
+# blocks); one K tile per output tile (the loads run ahead into the next tiles) and a K tail;
+# a batch (tiles of several batch entries in one block); one to three warpgroups.
+PERSISTENT = {"loader": "tma", "epilogue": "staged", "persistent": True}
+PERSISTENT_CASES = [
+    (gemm(130, 136, 200), WgmmaConfig(64, 128, 4, **PERSISTENT)),
+    (gemm(200, 72, 64), WgmmaConfig(64, 64, 6, **PERSISTENT)),
+    (bmm(3, 72, 64, 136), WgmmaConfig(64, 128, 4, **PERSISTENT)),
+    (gemm(260, 136, 40), WgmmaConfig(128, 64, 3, **PERSISTENT)),
+    (gemm(200, 136, 136), WgmmaConfig(192, 128, 3, **PERSISTENT)),
+]
+
+
+def test_emulated_persistent_wgmma_kernels_match_numpy(tmp_path):
+    assert_outcomes_match(PERSISTENT_CASES, emulate_all(_emulate, PERSISTENT_CASES, tmp_path))
+
+
+def test_a_persistent_grid_is_one_block_per_sm_at_most():
+    config = WgmmaConfig(64, 128, 4, **PERSISTENT)
+    kernel = wgmma.generate(bmm(3, 72, 64, 136), config)
+    # 2 x 1 tiles in each of 3 batch entries: 6 tiles, passed after M, N and K.
+    assert wgmma.launch(kernel, bmm(3, 72, 64, 136), sms=4) == ((4, 1, 1), (72, 64, 136, 6))
+    assert wgmma.launch(kernel, bmm(3, 72, 64, 136), sms=132) == ((6, 1, 1), (72, 64, 136, 6))
+    with pytest.raises(ValueError, match="one block per SM"):
+        wgmma.launch(kernel, bmm(3, 72, 64, 136))
+
+
+def test_emulator_catches_a_persistent_kernel_refilling_a_stage_in_use(tmp_path):
+    # The stage whose MMAs may still be in flight, refilled: across tiles as within one.
+    mutation = ("const int next = kt + STAGES - 2;", "const int next = kt + STAGES - 1;")
+    code, stderr, _, _ = _emulate(
+        gemm(130, 136, 200), WgmmaConfig(64, 128, 4, **PERSISTENT), tmp_path, mutation
+    )
+    assert code == 3, stderr
+    assert "write-after-read" in stderr
+
+
+@pytest.mark.parametrize(
+    "mutation",
+    [
+        # Accumulators cleared only before a block's first tile.
+        ("for (int i = 0; i < ACC; ++i) acc[i] = 0.f;  // each tile from zero",
+         "for (int i = 0; i < ACC; ++i) if (local == 0) acc[i] = 0.f;"),
+        # The mbarrier phase counted from each tile's first load instead of running on: the
+        # second tile's waits return on the first tile's completed phases and read its data.
+        ("static_cast<unsigned>(kt / STAGES) & 1u",
+         "static_cast<unsigned>(k_step / STAGES) & 1u"),
+    ],
+    ids=["sums-kept", "phase-per-tile"],
+)  # fmt: skip
+def test_broken_persistent_kernels_are_caught_by_the_numbers(tmp_path, mutation):
+    """No race, no fault: only the comparison with numpy sees these."""
+    code, stderr, c, ref = _emulate(
+        gemm(130, 136, 200), WgmmaConfig(64, 128, 4, **PERSISTENT), tmp_path, mutation
+    )
+    assert code == 0, stderr
+    assert not np.allclose(c.astype(np.float32), ref, rtol=2e-3, atol=2e-2)
 
 
 def test_emulated_wgmma_kernels_match_numpy(tmp_path):

@@ -30,7 +30,12 @@ def test_shapes_lists_the_ids_a_device_call_names(capsys):
     assert wgmma_probe.main(["shapes", "--loader", "tma", "--epilogue", "staged"]) == 0
     ids = capsys.readouterr().out.strip().split(",")
     assert ids == [c.id for c in PROBE_CONFIGS if c.loader == "tma" and c.epilogue == "staged"]
-    assert ids and all(i.endswith("_tma_st") for i in ids)
+    assert ids and all(i.endswith(("_tma_st", "_tma_st_p")) for i in ids)
+    assert wgmma_probe.main(["shapes", "--persistent"]) == 0
+    persistent = capsys.readouterr().out.strip().split(",")
+    assert persistent == [c.id for c in PROBE_CONFIGS if c.persistent]
+    assert "wg128x256s3_tma_st_p" in persistent
+    assert not set(persistent) & set(wgmma_probe.shape_ids(persistent=False))
     assert len(wgmma_probe.shape_ids()) == len(PROBE_CONFIGS)
     assert wgmma_probe.main(["shapes", "--split"]) == 0
     split = capsys.readouterr().out.strip().split(",")

@@ -35,6 +35,13 @@ slices; each block stores its f32 partial sums to a workspace, and a second kern
 module (``reduce_kernel_name``) adds the slices and rounds to fp16: for products with few output
 tiles and a long K, whose single block per tile leaves most SMs idle.
 
+With ``persistent`` (TMA loader, staged epilogue) the grid is one block per SM (``launch``
+takes the SM count) and block b computes output tiles b, b + gridDim.x, ... of all the batch's
+tiles: a loop over its tiles around one over their K steps, the loads numbered across tiles,
+so the STAGES - 2 loads issued ahead during a tile's last K steps are the next tile's and land
+while this tile's C goes out through a C tile of its own in shared memory (cuBLAS's kernels
+on Hopper are persistent: benchmarks/RESULTS.md, "wgmma probe on H100 ...").
+
 Modules: config.py (the knobs, the probe's shapes, the tensor maps), cuda_text.py (the CUDA
 text), generator.py (a configuration's source and launch).
 

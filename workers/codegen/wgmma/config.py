@@ -40,6 +40,11 @@ class WgmmaConfig:
     # f32 partial sums to a workspace that a second kernel adds up and rounds (for products
     # with few output tiles and a long K, where one block per tile leaves SMs idle).
     splits: int = 1
+    # Persistent (TMA loader, staged epilogue): one block per SM walks output tiles blockIdx.x,
+    # + gridDim.x, ..., its loads running on into the next tile while this one's C is written
+    # out from a C tile of its own (what cuBLAS's kernels do on the products where one block
+    # per tile leaves a partial last wave, or an unhidden prologue and epilogue per tile).
+    persistent: bool = False
 
     def __post_init__(self) -> None:
         problems = config_problems(self)
@@ -59,8 +64,20 @@ class WgmmaConfig:
         return (self.block_m + self.block_n) * BK * 2
 
     @property
+    def c_tile_bytes(self) -> int:
+        """The staged epilogue's BM x BN tile of f16 (rows padded by 16 bytes: cuda_text)."""
+        return self.block_m * (self.block_n * 2 + 16)
+
+    @property
     def smem_bytes(self) -> int:
         barriers = self.stages * MBARRIER_BYTES if self.loader == "tma" else 0
+        if self.persistent:  # the C tile after the barriers, on a 16-byte boundary
+            return (
+                self.stages * self.stage_bytes
+                + ALIGN_SLACK
+                + _round16(barriers)
+                + self.c_tile_bytes
+            )
         return self.stages * self.stage_bytes + ALIGN_SLACK + barriers
 
     @property
@@ -68,8 +85,16 @@ class WgmmaConfig:
         loader = "_tma" if self.loader == "tma" else ""
         staged = "_st" if self.epilogue == "staged" else ""
         split = f"_k{self.splits}" if self.splits > 1 else ""
+        persistent = "_p" if self.persistent else ""
         reading = "" if self.b_descriptor == "canonical" else "_bswap"
-        return f"wg{self.block_m}x{self.block_n}s{self.stages}{loader}{staged}{split}{reading}"
+        return (
+            f"wg{self.block_m}x{self.block_n}s{self.stages}{loader}{staged}{split}{persistent}"
+            f"{reading}"
+        )
+
+
+def _round16(n: int) -> int:
+    return -(-n // 16) * 16
 
 
 def config_problems(c: WgmmaConfig) -> list[str]:
@@ -95,6 +120,10 @@ def config_problems(c: WgmmaConfig) -> list[str]:
     elif c.splits > 1 and (c.loader != "tma" or c.epilogue != "direct"):
         # (The partial sums are stored as the direct epilogue stores, in f32.)
         problems.append("split-K is built for the TMA loader with the direct epilogue")
+    if c.persistent and (c.loader != "tma" or c.epilogue != "staged" or c.splits != 1):
+        problems.append(
+            "the persistent kernel is built for the TMA loader with the staged epilogue, unsplit"
+        )
     if problems:
         return problems
     if c.loader == "cp.async" and (BK * c.block_n // 8) % c.threads:
@@ -146,6 +175,19 @@ _SPLIT_SHAPES = (
     (128, 64, 6, (4, 8)),
     (64, 64, 6, (4, 8)),
 )
+# The persistent kernel: the staged shapes that fit a C tile of their own beside the stages
+# (one stage fewer where needed), the narrow and shallow ones for the few-tile products.
+_PERSISTENT_SHAPES = (
+    (128, 256, (3,)),
+    (128, 192, (4,)),
+    (128, 128, (4, 5)),
+    (192, 128, (3, 4)),
+    (256, 128, (3,)),
+    (64, 256, (3,)),
+    (64, 128, (4, 6)),
+    (128, 64, (4, 6)),
+    (64, 64, (6,)),
+)
 PROBE_CONFIGS: tuple[WgmmaConfig, ...] = (
     _shapes(_CP_ASYNC_SHAPES)
     + _shapes(_TMA_SHAPES, loader="tma")
@@ -155,6 +197,7 @@ PROBE_CONFIGS: tuple[WgmmaConfig, ...] = (
         for m, n, s, splits in _SPLIT_SHAPES
         for k in splits
     )
+    + _shapes(_PERSISTENT_SHAPES, loader="tma", epilogue="staged", persistent=True)
 )
 
 

@@ -20,6 +20,7 @@ constexpr int ACC = BN / 2;                      // f32 accumulators per thread
 constexpr bool B_SWAPPED = @B_SWAPPED@;
 constexpr bool TMA = @TMA@;  // the TMA loader (else every thread's cp.async)
 constexpr int SPLITS = @SPLITS@;  // blocks sharing one output tile's K tiles (grid y)
+constexpr bool PERSISTENT = @PERSISTENT@;  // one block per SM walks the output tiles
 static_assert(TMA || (A_ITERS * THREADS == BM * 8 && B_ITERS * THREADS == BK * (BN / 8)),
               "whole chunks per thread");
 
@@ -69,7 +70,11 @@ PT_HD void acc_position(int t, int i, int& row, int& col) {
 // The staged epilogue's C tile: rows of BN halves 16 bytes apart more than their length, so
 // that the 8 rows one warp's column pairs fall in start 4 banks apart (no conflicts).
 constexpr int C_TILE_ROW_BYTES = BN * 2 + 16;
-static_assert(BM * C_TILE_ROW_BYTES <= STAGES * STAGE_BYTES, "the C tile fits in the stages");
+static_assert(PERSISTENT || BM * C_TILE_ROW_BYTES <= STAGES * STAGE_BYTES,
+              "the C tile fits in the stages");
+// The persistent kernel's C tile has shared memory of its own (the stages are taking the next
+// tile's loads while it is written out): after the stages and their mbarriers, 16-byte aligned.
+constexpr int C_TILE_AT = STAGES * STAGE_BYTES + (STAGES * 8 + 15) / 16 * 16;
 PT_HD unsigned c_tile_offset(int row, int col) {
   return static_cast<unsigned>(row * C_TILE_ROW_BYTES + col * 2);
 }
@@ -411,6 +416,108 @@ extern "C" __global__ void __launch_bounds__(@THREADS@, 1)
 #pragma unroll
   for (int i = 0; i < ACC; ++i) fence_operand(acc[i]);
 @EPILOGUE@
+"""
+
+# The persistent TMA kernel: a grid of one block per SM (or fewer, one per tile), block b
+# computing output tiles b, b + gridDim.x, ... of all `tiles_arg` (the batch's included). Its
+# loads are numbered across its tiles (`kt`: k_tiles per tile, the stage ring and the mbarrier
+# phases running on), so the STAGES - 2 loads issued ahead at a tile's last K step are the next
+# tile's, landing while this tile's C goes out through its own shared-memory tile.
+PERSISTENT_KERNEL = r"""
+extern "C" __global__ void __launch_bounds__(@THREADS@, 1)
+@NAME@(const __half* __restrict__ A_ptr, const __half* __restrict__ B_ptr,
+       __half* __restrict__ C_ptr, int M_arg, int N_arg, int K_arg, int tiles_arg,
+       const void* __restrict__ tmap_a, const void* __restrict__ tmap_b) {
+  using namespace pt;
+  extern __shared__ __align__(128) unsigned char pt_smem[];
+  const int M = M_arg, N = N_arg, K = K_arg, tiles = tiles_arg;
+  const int tid = threadIdx.x, wg = tid / 128, t = tid % 128;
+  const int tiles_n = (N + BN - 1) / BN, tiles_mn = ((M + BM - 1) / BM) * tiles_n;
+  const int k_tiles = (K + BK - 1) / BK;
+  const int first = static_cast<int>(blockIdx.x), step = static_cast<int>(gridDim.x);
+  const int my_tiles = first < tiles ? (tiles - first + step - 1) / step : 0;
+  const int loads = my_tiles * k_tiles;
+  const unsigned base = (smem_u32(pt_smem) + 1023u) & ~1023u;
+  const unsigned bars = base + STAGES * STAGE_BYTES;  // one 8-byte mbarrier per stage
+  unsigned char* tile = pt_smem + (base - smem_u32(pt_smem)) + C_TILE_AT;
+  const int last_slab = (N - 1) / 64 * 64;  // (as in the TMA kernel: a slab past N)
+
+  // The batch index and first row and column of this block's `local`-th output tile.
+  auto coordinates = [&](int local, int& z, int& bm0, int& bn0) {
+    const int index = first + local * step;
+    z = index / tiles_mn;
+    const int in_batch = index - z * tiles_mn, tile_m = in_batch / tiles_n;
+    bm0 = tile_m * BM;
+    bn0 = (in_batch - tile_m * tiles_n) * BN;
+  };
+
+  if (tid == 0) {
+    tensormap_acquire(tmap_a);
+    tensormap_acquire(tmap_b);
+    for (int s = 0; s < STAGES; ++s) mbarrier_init(bars + s * 8, 1);
+    fence_mbarrier_init();
+  }
+  __syncthreads();
+
+  // Thread 0 only: the block's load j (K tile j % k_tiles of its tile j / k_tiles) into
+  // `stage`, its bytes counted on the stage's mbarrier.
+  auto issue_load = [&](int j, int stage) {
+    int z, bm0, bn0;
+    coordinates(j / k_tiles, z, bm0, bn0);
+    const int kt = j % k_tiles;
+    const unsigned sa = base + stage * STAGE_BYTES, sb = sa + A_STAGE_BYTES, bar = bars + stage * 8;
+    mbarrier_expect_tx(bar, static_cast<unsigned>(STAGE_BYTES));
+    tma_load_3d(sa, tmap_a, kt * BK, bm0, z, bar);
+#pragma unroll
+    for (int s = 0; s < BN / 64; ++s) {
+      tma_load_3d(sb + s * B_SLAB_BYTES, tmap_b, min(bn0 + 64 * s, last_slab), kt * BK, z, bar);
+    }
+  };
+
+  float acc[ACC];
+  if (tid == 0) {
+    for (int s = 0; s < STAGES - 2 && s < loads; ++s) issue_load(s, s);
+  }
+  // A loop over the block's tiles around one over their K steps, the MMAs of each tile all
+  // retired before its epilogue: then ptxas sees the accumulators free where they are cleared.
+  // `kt` counts the block's loads across its tiles.
+  int kt = 0;
+  for (int local = 0; local < my_tiles; ++local) {
+#pragma unroll
+    for (int i = 0; i < ACC; ++i) acc[i] = 0.f;  // each tile from zero
+    for (int k_step = 0; k_step < k_tiles; ++k_step, ++kt) {
+      // Every warpgroup retired its MMAs of load kt-2; and the last tile's C is out of the C
+      // tile (each thread's stores came before this barrier), so it may be written again.
+      __syncthreads();
+      const int next = kt + STAGES - 2;
+      if (tid == 0 && next < loads) issue_load(next, next % STAGES);
+      mbarrier_wait(bars + (kt % STAGES) * 8, static_cast<unsigned>(kt / STAGES) & 1u);
+@MMA_STEP@
+    }
+    wgmma_wait<0>();
+#pragma unroll
+    for (int i = 0; i < ACC; ++i) fence_operand(acc[i]);
+    int z, bm0, bn0;
+    coordinates(local, z, bm0, bn0);
+    unsigned short* C =
+        reinterpret_cast<unsigned short*>(C_ptr) + static_cast<long long>(z) * M * N;
+#pragma unroll
+    for (int i = 0; i < ACC; i += 2) {
+      int row, col;
+      acc_position(t, i, row, col);
+      *reinterpret_cast<unsigned*>(tile + c_tile_offset(wg * 64 + row, col)) =
+          pack_half2(acc[i], acc[i + 1]);
+    }
+    __syncthreads();
+    for (int c = tid; c < BM * BN / 8; c += THREADS) {
+      const int row = c / (BN / 8), col = c % (BN / 8) * 8;
+      if (bm0 + row < M && bn0 + col < N) {
+        *reinterpret_cast<Chunk16*>(C + static_cast<long long>(bm0 + row) * N + bn0 + col) =
+            *reinterpret_cast<const Chunk16*>(tile + c_tile_offset(row, col));
+      }
+    }
+  }
+}
 """
 
 BATCH_OFFSETS = r"""

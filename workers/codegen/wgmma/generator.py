@@ -18,6 +18,7 @@ from pipetune.workers.codegen.wgmma.cuda_text import (
     KERNEL,
     MMA_STEP,
     PARTIAL_EPILOGUE,
+    PERSISTENT_KERNEL,
     REDUCE_KERNEL,
     STAGED_EPILOGUE,
     TMA_KERNEL,
@@ -43,6 +44,7 @@ def source_parts(variant: str, config: WgmmaConfig) -> dict[str, str]:
         "B_SWAPPED": "true" if config.b_descriptor == "swapped" else "false",
         "TMA": "true" if config.loader == "tma" else "false",
         "SPLITS": config.splits,
+        "PERSISTENT": "true" if config.persistent else "false",
     }.items():
         helpers = helpers.replace(f"@{key}@", str(value))
     tma = config.loader == "tma"
@@ -51,9 +53,9 @@ def source_parts(variant: str, config: WgmmaConfig) -> dict[str, str]:
         epilogue = PARTIAL_EPILOGUE
     else:
         epilogue = STAGED_EPILOGUE if config.epilogue == "staged" else EPILOGUE
+    main_loop = PERSISTENT_KERNEL if config.persistent else TMA_KERNEL if tma else KERNEL
     kernel = (
-        (TMA_KERNEL if tma else KERNEL)
-        .replace("@MMA_STEP@", MMA_STEP.lstrip("\n"))
+        main_loop.replace("@MMA_STEP@", MMA_STEP.lstrip("\n"))
         .replace("@EPILOGUE@", epilogue)
         .replace("@WORKSPACE_PARAM@", ",\n       float* __restrict__ W" if split else "")
         .replace("@THREADS@", str(config.threads))
@@ -91,13 +93,22 @@ def reduce_kernel_name(variant: str, config: WgmmaConfig) -> str:
     return kernel_name(variant, config) + "_reduce"
 
 
-def launch(kernel: KernelSource, workload) -> tuple[tuple[int, int, int], tuple[int, ...]]:
+def launch(
+    kernel: KernelSource, workload, sms: int | None = None
+) -> tuple[tuple[int, int, int], tuple[int, ...]]:
     """(grid, scalar_args) as the mma.sync family launches (grid x: output tiles, z: batch),
     with grid y the split-K slices. The TMA loader's kernel also takes the two tensor maps
     after the scalars, and with split-K the f32 workspace of splits * batch * M * N after
-    them; the reduction kernel then runs on (W, C, batch * M * N), REDUCE_THREADS per block."""
+    them; the reduction kernel then runs on (W, C, batch * M * N), REDUCE_THREADS per block.
+    A persistent kernel runs min(tiles, ``sms``) blocks (``sms``: the device's SM count) and
+    takes the number of output tiles, the batch's included, after M, N and K."""
     (tiles, _, batch), scalars = family.launch(kernel, workload)
-    return (tiles, kernel.schedule.splits, batch), scalars  # type: ignore[attr-defined]
+    config: WgmmaConfig = kernel.schedule  # type: ignore[assignment]
+    if config.persistent:
+        if sms is None or sms < 1:
+            raise ValueError("a persistent kernel's grid is one block per SM: give sms")
+        return (min(tiles * batch, sms), 1, 1), (*scalars, tiles * batch)
+    return (tiles, config.splits, batch), scalars
 
 
 def generate(workload_or_variant, config: WgmmaConfig) -> KernelSource:
