@@ -1,15 +1,19 @@
 """Leases and results (worker token required).
 
-The routes are async and hand their database work to a worker thread once per request: the
-dependencies are async too (service/auth.py), so no request pays a thread hand-off per
-dependency. A result that may have completed what its task waits for asks the proposer loop
-for the next batch (service/proposer.py): the worker's request never waits for a proposal.
+The routes are async, their dependencies too (service/auth.py), and the database work of a
+lease or a result runs on the event loop itself: each is one short transaction of one or two
+statements that never waits on the loop, and handing it to a worker thread and back cost more
+CPU than the statements (two cross-thread wake-ups per request: 2.1-2.4 against 1.6-1.9 ms of
+service CPU per result with the single-job protocol, benchmarks/RESULTS.md "the hot routes'
+database work on the event loop"). A slow database therefore slows this replica's requests
+as a whole, which their answers would wait for anyway; long-polls still wait asynchronously.
+A result that may have completed what its task waits for asks the proposer loop for the next
+batch (service/proposer.py): the worker's request never waits for a proposal.
 """
 
 from __future__ import annotations
 
 from fastapi import APIRouter
-from fastapi.concurrency import run_in_threadpool
 
 from pipetune.model.wire import (
     JobResult,
@@ -61,7 +65,7 @@ async def post_result(
     """Record a measurement. Idempotent per (job, lease token); a result of a lease that
     is no longer the job's current one (expired and re-leased, cancelled) is acknowledged
     with accepted=false and not recorded."""
-    ack, ready = await run_in_threadpool(service.queue.submit, job_id, token, body)
+    ack, ready = service.queue.submit(job_id, token, body)
     if ready is not None:
         _advance(service, {ready})
     return ack
@@ -86,8 +90,6 @@ async def post_results(
             raise InputError(["body", "results", i, "job_id"], f"must be within 1..{ID_MAX}")
         check_storable(item.result, ["body", "results", i, "result"])
     reports = [Report(r.job_id, r.lease_token, r.result) for r in body.results]
-    judged, ready = await run_in_threadpool(
-        service.queue.submit_many, body.worker_id, token, reports
-    )
+    judged, ready = service.queue.submit_many(body.worker_id, token, reports)
     _advance(service, ready)
     return JobResultAcks(acks=[j.ack for j in judged])
