@@ -325,12 +325,30 @@ extern "C" __global__ void __launch_bounds__(@REDUCE_THREADS@)
 }
 """
 
-STAGED_EPILOGUE = r"""
-  // f32 -> f16 into a BM x BN tile in shared memory (the stages are free: every warpgroup's
-  // MMAs retired before the barrier), then 16-byte row chunks to C (N is a multiple of 8).
+# Pieces the TMA kernels share (filled in below, after the kernels' text).
+# Thread 0 makes the tensor maps visible to the TMA unit and sets up one mbarrier per stage.
+TMA_SETUP = r"""  if (tid == 0) {
+    tensormap_acquire(tmap_a);
+    tensormap_acquire(tmap_b);
+    for (int s = 0; s < STAGES; ++s) mbarrier_init(bars + s * 8, 1);
+    fence_mbarrier_init();
+  }
   __syncthreads();
-  unsigned char* tile = pt_smem + (base - smem_u32(pt_smem));
+"""
+# Thread 0 only: K tile `kt` of the output tile at (z, bm0, bn0) into `stage`, its bytes
+# counted on the stage's mbarrier.
+TMA_ISSUE = r"""
+    const unsigned sa = base + stage * STAGE_BYTES, sb = sa + A_STAGE_BYTES, bar = bars + stage * 8;
+    mbarrier_expect_tx(bar, static_cast<unsigned>(STAGE_BYTES));
+    tma_load_3d(sa, tmap_a, kt * BK, bm0, z, bar);
 #pragma unroll
+    for (int s = 0; s < BN / 64; ++s) {
+      tma_load_3d(sb + s * B_SLAB_BYTES, tmap_b, min(bn0 + 64 * s, last_slab), kt * BK, z, bar);
+    }
+""".lstrip("\n")
+# The staged epilogue's two steps: the accumulators as f16 into the C tile in shared memory
+# (`tile`), then 16-byte row chunks of it to C (N is a multiple of 8).
+C_TILE_OUT = r"""#pragma unroll
   for (int i = 0; i < ACC; i += 2) {
     int row, col;
     acc_position(t, i, row, col);
@@ -345,7 +363,23 @@ STAGED_EPILOGUE = r"""
           *reinterpret_cast<const Chunk16*>(tile + c_tile_offset(row, col));
     }
   }
-}
+"""
+
+
+def _nested(text: str) -> str:
+    """``text`` indented one level more (preprocessor lines stay in column 0)."""
+    return "".join(
+        "  " + line if line.strip() and not line.startswith("#") else line
+        for line in text.splitlines(keepends=True)
+    )
+
+
+STAGED_EPILOGUE = r"""
+  // f32 -> f16 into a BM x BN tile in shared memory (the stages are free: every warpgroup's
+  // MMAs retired before the barrier), then 16-byte row chunks to C (N is a multiple of 8).
+  __syncthreads();
+  unsigned char* tile = pt_smem + (base - smem_u32(pt_smem));
+@C_TILE_OUT@}
 """
 
 TMA_KERNEL = r"""
@@ -375,26 +409,12 @@ extern "C" __global__ void __launch_bounds__(@THREADS@, 1)
   // STAGE_BYTES.
   const int last_slab = (N - 1) / 64 * 64;
 
-  if (tid == 0) {
-    tensormap_acquire(tmap_a);
-    tensormap_acquire(tmap_b);
-    for (int s = 0; s < STAGES; ++s) mbarrier_init(bars + s * 8, 1);
-    fence_mbarrier_init();
-  }
-  __syncthreads();
-
+@TMA_SETUP@
   // Thread 0 only: the block's tile kt (kt0 + kt of K) into `stage`, its bytes counted on the
   // stage's mbarrier.
   auto issue_tile = [&](int local_kt, int stage) {
     const int kt = kt0 + local_kt;
-    const unsigned sa = base + stage * STAGE_BYTES, sb = sa + A_STAGE_BYTES, bar = bars + stage * 8;
-    mbarrier_expect_tx(bar, static_cast<unsigned>(STAGE_BYTES));
-    tma_load_3d(sa, tmap_a, kt * BK, bm0, z, bar);
-#pragma unroll
-    for (int s = 0; s < BN / 64; ++s) {
-      tma_load_3d(sb + s * B_SLAB_BYTES, tmap_b, min(bn0 + 64 * s, last_slab), kt * BK, z, bar);
-    }
-  };
+@TMA_ISSUE@  };
 
   float acc[ACC];
 #pragma unroll
@@ -451,28 +471,14 @@ extern "C" __global__ void __launch_bounds__(@THREADS@, 1)
     bn0 = (in_batch - tile_m * tiles_n) * BN;
   };
 
-  if (tid == 0) {
-    tensormap_acquire(tmap_a);
-    tensormap_acquire(tmap_b);
-    for (int s = 0; s < STAGES; ++s) mbarrier_init(bars + s * 8, 1);
-    fence_mbarrier_init();
-  }
-  __syncthreads();
-
+@TMA_SETUP@
   // Thread 0 only: the block's load j (K tile j % k_tiles of its tile j / k_tiles) into
   // `stage`, its bytes counted on the stage's mbarrier.
   auto issue_load = [&](int j, int stage) {
     int z, bm0, bn0;
     coordinates(j / k_tiles, z, bm0, bn0);
     const int kt = j % k_tiles;
-    const unsigned sa = base + stage * STAGE_BYTES, sb = sa + A_STAGE_BYTES, bar = bars + stage * 8;
-    mbarrier_expect_tx(bar, static_cast<unsigned>(STAGE_BYTES));
-    tma_load_3d(sa, tmap_a, kt * BK, bm0, z, bar);
-#pragma unroll
-    for (int s = 0; s < BN / 64; ++s) {
-      tma_load_3d(sb + s * B_SLAB_BYTES, tmap_b, min(bn0 + 64 * s, last_slab), kt * BK, z, bar);
-    }
-  };
+@TMA_ISSUE@  };
 
   float acc[ACC];
   if (tid == 0) {
@@ -501,22 +507,7 @@ extern "C" __global__ void __launch_bounds__(@THREADS@, 1)
     coordinates(local, z, bm0, bn0);
     unsigned short* C =
         reinterpret_cast<unsigned short*>(C_ptr) + static_cast<long long>(z) * M * N;
-#pragma unroll
-    for (int i = 0; i < ACC; i += 2) {
-      int row, col;
-      acc_position(t, i, row, col);
-      *reinterpret_cast<unsigned*>(tile + c_tile_offset(wg * 64 + row, col)) =
-          pack_half2(acc[i], acc[i + 1]);
-    }
-    __syncthreads();
-    for (int c = tid; c < BM * BN / 8; c += THREADS) {
-      const int row = c / (BN / 8), col = c % (BN / 8) * 8;
-      if (bm0 + row < M && bn0 + col < N) {
-        *reinterpret_cast<Chunk16*>(C + static_cast<long long>(bm0 + row) * N + bn0 + col) =
-            *reinterpret_cast<const Chunk16*>(tile + c_tile_offset(row, col));
-      }
-    }
-  }
+@C_TILE_OUT_NESTED@  }
 }
 """
 
@@ -526,3 +517,17 @@ BATCH_OFFSETS = r"""
   B += static_cast<long long>(z) * K * N;
   C += static_cast<long long>(z) * M * N;
 """
+
+
+def _fill(text: str) -> str:
+    return (
+        text.replace("@TMA_SETUP@", TMA_SETUP)
+        .replace("@TMA_ISSUE@", TMA_ISSUE)
+        .replace("@C_TILE_OUT@", C_TILE_OUT)
+        .replace("@C_TILE_OUT_NESTED@", _nested(C_TILE_OUT))
+    )
+
+
+STAGED_EPILOGUE = _fill(STAGED_EPILOGUE)
+TMA_KERNEL = _fill(TMA_KERNEL)
+PERSISTENT_KERNEL = _fill(PERSISTENT_KERNEL)
