@@ -204,3 +204,36 @@ def test_a_job_id_beyond_the_database_s_range_is_a_422_not_a_500(client):
     response = post_results(client, worker, [item])
     assert response.status_code == 422
     assert response.json()["detail"][0]["loc"] == ["body", "results", 0, "job_id"]
+
+
+def test_a_lease_and_its_results_are_recorded_without_a_thread_hand_off(client, monkeypatch):
+    """The claim and the records run on the event loop: handing each to a worker thread and
+    back cost more CPU than the statements (benchmarks/RESULTS.md, "the hot routes' database
+    work on the event loop"). Every function the app hands to a thread is named here."""
+    import functools
+
+    import anyio.to_thread
+
+    create_task(client, budget=4, strategy="grid")
+    worker = register(client)
+    lease(client, worker, max_jobs=1)  # (the worker's lookup is cached from here on)
+    handed = []
+    run_sync = anyio.to_thread.run_sync
+
+    async def counting(func, *args, **kwargs):
+        inner = func.func if isinstance(func, functools.partial) else func
+        handed.append(getattr(inner, "__name__", repr(inner)))
+        return await run_sync(func, *args, **kwargs)
+
+    monkeypatch.setattr(anyio.to_thread, "run_sync", counting)
+    jobs = lease(client, worker, max_jobs=3)
+    assert len(jobs) == 3
+    acks = post_results(client, worker, [_item(j, ok(10.0 + i)) for i, j in enumerate(jobs)])
+    assert [a["accepted"] for a in acks.json()["acks"]] == [True] * 3
+    single = client.post(
+        f"/v1/jobs/{jobs[0]['job_id']}/result",
+        json={"worker_id": worker, "lease_token": jobs[0]["lease_token"], "result": ok(10.0)},
+        headers=WORKER_HEADERS,
+    )
+    assert single.status_code == 200, single.text
+    assert not {"try_lease", "submit", "submit_many"} & set(handed), handed
