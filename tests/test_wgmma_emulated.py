@@ -341,7 +341,7 @@ TMA_CASES = [
 ]
 
 
-# The persistent kernel, on 3 SMs: blocks walking two or more tiles, unevenly (6 tiles over 4
+# The persistent kernel, on 3 SMs: blocks walking two or more tiles, unevenly (8 tiles over 3
 # blocks); one K tile per output tile (the loads run ahead into the next tiles) and a K tail;
 # a batch (tiles of several batch entries in one block); one to three warpgroups.
 PERSISTENT = {"loader": "tma", "epilogue": "staged", "persistent": True}

@@ -70,15 +70,10 @@ class WgmmaConfig:
 
     @property
     def smem_bytes(self) -> int:
-        barriers = self.stages * MBARRIER_BYTES if self.loader == "tma" else 0
+        after_stages = self.stages * MBARRIER_BYTES if self.loader == "tma" else 0
         if self.persistent:  # the C tile after the barriers, on a 16-byte boundary
-            return (
-                self.stages * self.stage_bytes
-                + ALIGN_SLACK
-                + _round16(barriers)
-                + self.c_tile_bytes
-            )
-        return self.stages * self.stage_bytes + ALIGN_SLACK + barriers
+            after_stages = _round16(after_stages) + self.c_tile_bytes
+        return self.stages * self.stage_bytes + ALIGN_SLACK + after_stages
 
     @property
     def id(self) -> str:
