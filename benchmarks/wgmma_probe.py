@@ -63,9 +63,10 @@ def shape_ids(
     epilogue: str | None = None,
     split: bool | None = None,
     persistent: bool | None = None,
+    stream_k: bool | None = None,
 ) -> list[str]:
     """The ids of the probe shapes (canonical reading) with this loader and epilogue, with
-    split-K or without, persistent or not (None: either)."""
+    split-K or without, persistent or not, stream-K or not (None: either)."""
     return [
         c.id
         for c in _configs(None)
@@ -73,6 +74,7 @@ def shape_ids(
         and epilogue in (None, c.epilogue)
         and split in (None, c.splits > 1)
         and persistent in (None, c.persistent)
+        and stream_k in (None, c.stream_k)
     ]
 
 
@@ -246,6 +248,12 @@ def _measure(config_fields: dict[str, Any], workloads: list[dict[str, Any]], tim
         maps = tensor_maps(cupy, config, workload, a, b)
         # Split-K's f32 partial sums, one C per slice (timed with the reduction: both kernels).
         workspace = (cupy.empty(config.splits * c.size, dtype=cupy.float32),) if reduce else ()
+        if config.stream_k:  # two partial tiles per block, an arrival counter per tile (zero)
+            floats, counters = wgmma.stream_k_buffers(config, grid[0], scalars[-1])
+            workspace = (
+                cupy.empty(floats, dtype=cupy.float32),
+                cupy.zeros(counters, dtype=cupy.uint32),
+            )
         args = (a, b, c, *(np.int32(s) for s in scalars), *maps, *workspace)
 
         reduction = None
@@ -561,6 +569,12 @@ def main(argv: list[str] | None = None) -> int:
         default=None,
         help="one block per SM walking the tiles, or not",
     )
+    p_shapes.add_argument(
+        "--stream-k",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="persistent blocks sharing out the K steps of all tiles, or not",
+    )
     p_best = sub.add_parser("best", help="the fastest shape of a probe file on one operator")
     p_best.add_argument("file", type=Path)
     p_best.add_argument("--operator", required=True)
@@ -582,7 +596,8 @@ def main(argv: list[str] | None = None) -> int:
         run(args.out, args.operators, args.configs)
         return 0
     if args.command == "shapes":
-        print(",".join(shape_ids(args.loader, args.epilogue, args.split, args.persistent)))
+        ids = shape_ids(args.loader, args.epilogue, args.split, args.persistent, args.stream_k)
+        print(",".join(ids))
         return 0
     if args.command == "launch":  # for a profiler to watch (benchmarks/wgmma_probe.sh)
         from dataclasses import asdict

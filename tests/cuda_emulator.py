@@ -195,6 +195,11 @@ MAIN = (
 #ifndef GRID_Y
 #define GRID_Y 1
 #endif
+// The blocks run one after another, in grid order unless a shim reverses x (the order in which
+// blocks finish is the hardware's to choose: a kernel must not depend on it).
+#ifndef BLOCKS_REVERSED
+#define BLOCKS_REVERSED 0
+#endif
 int main(int argc, char** argv) {
   // argv: a.bin b.bin c.bin c_elems grid_x grid_z smem_bytes scalars...
   if (argc < 8 + NSCALARS) fail("usage", argc, 0);
@@ -221,7 +226,8 @@ int main(int argc, char** argv) {
   g_last_read.assign(g_smem_bytes / 16, INT_MIN);
   for (unsigned z = 0; z < grid_z; ++z)
    for (unsigned y = 0; y < GRID_Y; ++y)
-    for (unsigned x = 0; x < grid_x; ++x) {
+    for (unsigned xi = 0; xi < grid_x; ++xi) {
+      const unsigned x = BLOCKS_REVERSED ? grid_x - 1 - xi : xi;
       for (unsigned i = 0; i < g_smem_bytes / 2; ++i) {  // NaN fill: unwritten reads show
         const unsigned short nan = 0x7E00;
         std::memcpy(pt_smem + 2 * i, &nan, 2);

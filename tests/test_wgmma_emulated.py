@@ -135,7 +135,16 @@ TMA_SHIM = r"""
 #include <map>
 using std::max;
 using std::min;
-static std::vector<float> g_w;  // split-K's workspace of f32 partial sums
+static std::vector<float> g_w;  // split-K's (stream-K's) workspace of f32 partial sums
+static std::vector<unsigned> g_arrivals;  // stream-K's arrival counter per tile
+// The blocks run one at a time: a fence has nothing to order, an atomic nothing to race.
+inline void __threadfence() {}
+inline unsigned atomicAdd(unsigned* p, unsigned v) {
+  const unsigned old = *p;
+  *p = old + v;
+  return old;
+}
+inline float __ldcg(const float* p) { return *p; }
 // A tensor map as the emulator reads it (the real one is the driver's opaque 128 bytes).
 struct FakeTensorMap {
   const unsigned char* base; size_t bytes;
@@ -254,8 +263,9 @@ inline void tma_load_3d(unsigned dst, const void* map, int c0, int c1, int c2, u
 """
 
 
-def _tma_defines(workload, config: WgmmaConfig) -> str:
-    """The emulated tensor maps, filled from the specs the probe hands the driver."""
+def _tma_defines(workload, config: WgmmaConfig, sms: int = 3, reversed_blocks: bool = False) -> str:
+    """The emulated tensor maps, filled from the specs the probe hands the driver (and for
+    stream-K, its workspace and counters, the blocks run in reverse with `reversed_blocks`)."""
     view = workload.gemm_view()
     specs = wgmma.tensor_map_specs(view.m, view.n, view.k, view.batch, config)
     fills = []
@@ -282,15 +292,29 @@ def _tma_defines(workload, config: WgmmaConfig) -> str:
             f"for (unsigned t = 0; t < {threads}; ++t) {{ blockIdx = {{bx, 0, 0}}; "
             f"threadIdx = {{t, 0, 0}}; {reduce}(g_w.data(), (__half*)cp, (int)c_elems); }}\n"
         )
+    if config.stream_k:
+        # The workspace starts as NaN (a partial read before it was stored shows); the
+        # counters start at zero, and the block that sums a tile must leave its counter there.
+        grid, scalars = wgmma.launch(wgmma.generate(workload, config), workload, sms)
+        floats, counters = wgmma.stream_k_buffers(config, grid[0], scalars[-1])
+        fills.append(f"g_w.assign({floats}, std::numeric_limits<float>::quiet_NaN());")
+        fills.append(f"g_arrivals.assign({counters}, 0u);")
+        extra += ", g_w.data(), g_arrivals.data()"
+        defines = (
+            f"#define BLOCKS_REVERSED {int(reversed_blocks)}\n"
+            "#define AFTER_LAUNCH for (unsigned v : g_arrivals) "
+            'if (v) fail("a tile\'s arrival counter left set", (long)v, 0);\n'
+        )
     return f"#define BEFORE_LAUNCH {' '.join(fills)}\n#define EXTRA_ARGS {extra}\n" + defines
 
 
 pytestmark = pytest.mark.skipif(shutil.which("g++") is None, reason="needs a host C++ compiler")
 
 
-def _emulate(workload, config: WgmmaConfig, tmp, mutate=None, sms: int = 3):
+def _emulate(workload, config: WgmmaConfig, tmp, mutate=None, sms: int = 3, reverse=False):
     """Build and run one kernel (``sms``: the SMs a persistent kernel's grid is sized for,
-    few, so that each block walks several tiles)."""
+    few, so that each block walks several tiles; ``reverse``: stream-K's blocks run last to
+    first)."""
     kernel = wgmma.generate(workload, config)
     parts = wgmma.source_parts(kernel.variant, config)
     body = parts["kernel"]
@@ -302,7 +326,7 @@ def _emulate(workload, config: WgmmaConfig, tmp, mutate=None, sms: int = 3):
     tma = config.loader == "tma"
     shims = "#include <algorithm>\n" + COMMON_SHIM + WGMMA_SHIM
     if tma:
-        shims = _tma_defines(workload, config) + shims + TMA_SHIM
+        shims = _tma_defines(workload, config, sms, reverse) + shims + TMA_SHIM
     source = harness_source(
         shims,
         parts["helpers"] + body,
@@ -398,6 +422,79 @@ def test_broken_persistent_kernels_are_caught_by_the_numbers(tmp_path, mutation)
     )
     assert code == 0, stderr
     assert not np.allclose(c.astype(np.float32), ref, rtol=2e-3, atol=2e-2)
+
+
+# Stream-K (workload, config, SMs, blocks run last to first): shares cutting tiles unevenly,
+# with a K tail (6 tiles of 9 steps over 4 blocks), the same in reverse; one tile shared by
+# five blocks (three of them wholly inside it); shares across a batch's entries; one K step
+# per tile (every tile whole, the loads running ahead across tiles); three warpgroups.
+STREAM_K = {**PERSISTENT, "stream_k": True}
+STREAM_K_CASES = [
+    (gemm(130, 136, 520), WgmmaConfig(64, 128, 4, **STREAM_K), 4, False),
+    (gemm(130, 136, 520), WgmmaConfig(64, 128, 4, **STREAM_K), 4, True),
+    (gemm(64, 64, 640), WgmmaConfig(64, 64, 6, **STREAM_K), 5, True),
+    (bmm(3, 72, 64, 136), WgmmaConfig(64, 128, 4, **STREAM_K), 4, False),
+    (gemm(200, 72, 64), WgmmaConfig(64, 64, 6, **STREAM_K), 3, False),
+    (gemm(200, 136, 200), WgmmaConfig(192, 128, 3, **STREAM_K), 3, False),
+]
+
+
+def _emulate_shared(workload, config, sms, reverse, tmp):
+    return _emulate(workload, config, tmp, sms=sms, reverse=reverse)
+
+
+def test_emulated_stream_k_wgmma_kernels_match_numpy(tmp_path):
+    outcomes = emulate_all(_emulate_shared, STREAM_K_CASES, tmp_path)
+    assert_outcomes_match([(w, c) for w, c, _, _ in STREAM_K_CASES], outcomes)
+
+
+def test_a_stream_k_launch_shares_out_k_steps_not_tiles():
+    config = WgmmaConfig(64, 128, 4, **STREAM_K)
+    kernel = wgmma.generate(gemm(130, 136, 520), config)
+    # 3 x 2 tiles of 9 K steps: 54 steps, one block per SM up to one step each.
+    assert wgmma.launch(kernel, gemm(130, 136, 520), sms=4) == ((4, 1, 1), (130, 136, 520, 6))
+    assert wgmma.launch(kernel, gemm(130, 136, 520), sms=132) == ((54, 1, 1), (130, 136, 520, 6))
+    # Two partial tiles of 128 threads' 64 accumulators per block; a counter per tile.
+    assert wgmma.stream_k_buffers(config, 4, 6) == (4 * 2 * 128 * 64, 6)
+
+
+def test_a_stream_k_tile_sums_the_same_whichever_block_finishes_last(tmp_path):
+    """The block that sums a shared tile adds every share's partials in block order, its own
+    read back from the workspace: the same f32 sum, rounded the same, in any finishing
+    order (five blocks share the one tile; run first to last, then last to first)."""
+    workload, config = gemm(64, 64, 640), WgmmaConfig(64, 64, 6, **STREAM_K)
+    forward = _emulate(workload, config, tmp_path / "forward", sms=5)
+    backward = _emulate(workload, config, tmp_path / "backward", sms=5, reverse=True)
+    assert forward[0] == 0 and backward[0] == 0, forward[1] + backward[1]
+    assert np.array_equal(forward[2].view(np.uint16), backward[2].view(np.uint16))
+
+
+@pytest.mark.parametrize(
+    ("mutation", "symptom"),
+    [
+        # The last block writes its own partial sums only.
+        (("for (int h = first; h <= last; ++h)", "for (int h = block; h <= block; ++h)"),
+         "numbers"),
+        # Both partial tiles of a block stored to one slot: the first is overwritten before
+        # the block that sums that tile reads it.
+        (("W + partial_slot(block, begin, tile_begin)",
+          "W + partial_slot(block, tile_begin, tile_begin)"),
+         "numbers"),
+        # The counter not set back: the next launch would miscount.
+        (("if (tid == 0) arrivals[index] = 0u;", ""), "arrival counter left set"),
+    ],
+    ids=["own-partial-only", "one-slot", "counter-kept"],
+)  # fmt: skip
+def test_broken_stream_k_kernels_are_caught(tmp_path, mutation, symptom):
+    code, stderr, c, ref = _emulate(
+        gemm(130, 136, 520), WgmmaConfig(64, 128, 4, **STREAM_K), tmp_path, mutation, sms=4
+    )
+    if symptom == "numbers":
+        assert code == 0, stderr
+        assert np.isnan(c).any() or not np.allclose(c.astype(np.float32), ref, rtol=2e-3, atol=2e-2)
+    else:
+        assert code == 3, stderr
+        assert symptom in stderr
 
 
 def test_emulated_wgmma_kernels_match_numpy(tmp_path):
@@ -509,6 +606,14 @@ def test_configs_are_checked():
         WgmmaConfig(128, 128, 4, splits=2)
     with pytest.raises(ValueError, match="split-K is built for the TMA loader"):
         WgmmaConfig(128, 128, 4, loader="tma", epilogue="staged", splits=2)
+    with pytest.raises(ValueError, match="stream-K is built on the persistent kernel"):
+        WgmmaConfig(128, 128, 4, loader="tma", epilogue="staged", stream_k=True)
+    assert WgmmaConfig(128, 128, 4, **STREAM_K).id == "wg128x128s4_tma_st_sk"
+    # Stream-K's flag after the persistent kernel's C tile.
+    assert (
+        WgmmaConfig(128, 128, 4, **STREAM_K).smem_bytes
+        == WgmmaConfig(128, 128, 4, **PERSISTENT).smem_bytes + 16
+    )
     assert WgmmaConfig(128, 128, 4, loader="tma", splits=3).id == "wg128x128s4_tma_k3"
     assert WgmmaConfig(128, 128, 4, "swapped", "tma", "staged").id == "wg128x128s4_tma_st_bswap"
     # The TMA loader has no per-thread copies to divide evenly.

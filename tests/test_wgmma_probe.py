@@ -30,7 +30,7 @@ def test_shapes_lists_the_ids_a_device_call_names(capsys):
     assert wgmma_probe.main(["shapes", "--loader", "tma", "--epilogue", "staged"]) == 0
     ids = capsys.readouterr().out.strip().split(",")
     assert ids == [c.id for c in PROBE_CONFIGS if c.loader == "tma" and c.epilogue == "staged"]
-    assert ids and all(i.endswith(("_tma_st", "_tma_st_p")) for i in ids)
+    assert ids and all(i.endswith(("_tma_st", "_tma_st_p", "_tma_st_sk")) for i in ids)
     assert wgmma_probe.main(["shapes", "--persistent"]) == 0
     persistent = capsys.readouterr().out.strip().split(",")
     assert persistent == [c.id for c in PROBE_CONFIGS if c.persistent]
@@ -41,6 +41,16 @@ def test_shapes_lists_the_ids_a_device_call_names(capsys):
     split = capsys.readouterr().out.strip().split(",")
     assert split == [c.id for c in PROBE_CONFIGS if c.splits > 1] and "wg64x64s6_tma_k8" in split
     assert not set(split) & set(wgmma_probe.shape_ids(split=False))
+    # Stream-K shapes are persistent ones; the persistent kernel alone is --no-stream-k.
+    assert wgmma_probe.main(["shapes", "--stream-k"]) == 0
+    stream_k = capsys.readouterr().out.strip().split(",")
+    assert stream_k == [c.id for c in PROBE_CONFIGS if c.stream_k]
+    assert "wg64x64s6_tma_st_sk" in stream_k
+    assert set(stream_k) <= set(persistent)
+    assert wgmma_probe.main(["shapes", "--persistent", "--no-stream-k"]) == 0
+    alone = capsys.readouterr().out.strip().split(",")
+    assert alone and all(i.endswith("_p") for i in alone)
+    assert sorted(alone + stream_k) == sorted(persistent)
 
 
 def test_the_probe_takes_the_suites_gemm_and_bmm_operators():

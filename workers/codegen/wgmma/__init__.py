@@ -42,6 +42,15 @@ so the STAGES - 2 loads issued ahead during a tile's last K steps are the next t
 while this tile's C goes out through a C tile of its own in shared memory (cuBLAS's kernels
 on Hopper are persistent: benchmarks/RESULTS.md, "wgmma probe on H100 ...").
 
+With ``stream_k`` as well (stream-K), the blocks share out the K steps of all the output
+tiles, laid end to end tile by tile, in equal parts instead of the tiles: a tile that two or
+more blocks' shares touch is summed by the last of them to finish, from the others' f32
+partial sums in a workspace (``stream_k_buffers``: two partial tiles per block and an arrival
+counter per tile), in block order, so the result does not depend on which finished last. For
+the products with fewer tiles than SMs and a long K (BERT FC2: 48 tiles on 132 SMs), where a
+block per tile leaves most SMs idle and split-K pays a second kernel and a C-sized workspace
+per slice.
+
 Modules: config.py (the knobs, the probe's shapes, the tensor maps), cuda_text.py (the CUDA
 text), generator.py (a configuration's source and launch).
 
@@ -64,6 +73,7 @@ from pipetune.workers.codegen.wgmma.config import (
     TensorMapSpec,
     WgmmaConfig,
     config_problems,
+    stream_k_buffers,
     tensor_map_specs,
 )
 from pipetune.workers.codegen.wgmma.generator import (
@@ -94,5 +104,6 @@ __all__ = [
     "launch",
     "reduce_kernel_name",
     "source_parts",
+    "stream_k_buffers",
     "tensor_map_specs",
 ]

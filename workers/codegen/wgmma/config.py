@@ -26,6 +26,7 @@ EPILOGUES = ("direct", "staged")
 MBARRIER_BYTES = 8
 MAX_SPLITS = 16
 REDUCE_THREADS = 256  # per block of the split-K reduction kernel
+STREAM_K_FLAG_BYTES = 16  # stream-K: "this block sums the tile", for the whole block to read
 
 
 @dataclass(frozen=True)
@@ -45,6 +46,12 @@ class WgmmaConfig:
     # out from a C tile of its own (what cuBLAS's kernels do on the products where one block
     # per tile leaves a partial last wave, or an unhidden prologue and epilogue per tile).
     persistent: bool = False
+    # Stream-K (persistent only): the K steps of all output tiles, laid end to end tile by
+    # tile, are cut into one equal share per block, so that every SM has the same work however
+    # few the tiles; a tile whose K steps two or more blocks share is summed by the last of
+    # them to finish it, from f32 partial sums in a workspace (what CUTLASS's stream-K does on
+    # the products with fewer output tiles than SMs and a long K: BERT FC2, RN50 FC).
+    stream_k: bool = False
 
     def __post_init__(self) -> None:
         problems = config_problems(self)
@@ -73,6 +80,8 @@ class WgmmaConfig:
         after_stages = self.stages * MBARRIER_BYTES if self.loader == "tma" else 0
         if self.persistent:  # the C tile after the barriers, on a 16-byte boundary
             after_stages = _round16(after_stages) + self.c_tile_bytes
+        if self.stream_k:  # and the flag that says which block sums a shared tile
+            after_stages += STREAM_K_FLAG_BYTES
         return self.stages * self.stage_bytes + ALIGN_SLACK + after_stages
 
     @property
@@ -80,7 +89,7 @@ class WgmmaConfig:
         loader = "_tma" if self.loader == "tma" else ""
         staged = "_st" if self.epilogue == "staged" else ""
         split = f"_k{self.splits}" if self.splits > 1 else ""
-        persistent = "_p" if self.persistent else ""
+        persistent = "_sk" if self.stream_k else "_p" if self.persistent else ""
         reading = "" if self.b_descriptor == "canonical" else "_bswap"
         return (
             f"wg{self.block_m}x{self.block_n}s{self.stages}{loader}{staged}{split}{persistent}"
@@ -119,6 +128,8 @@ def config_problems(c: WgmmaConfig) -> list[str]:
         problems.append(
             "the persistent kernel is built for the TMA loader with the staged epilogue, unsplit"
         )
+    if c.stream_k and not c.persistent:
+        problems.append("stream-K is built on the persistent kernel (persistent=True)")
     if problems:
         return problems
     if c.loader == "cp.async" and (BK * c.block_n // 8) % c.threads:
@@ -183,6 +194,18 @@ _PERSISTENT_SHAPES = (
     (128, 64, (4, 6)),
     (64, 64, (6,)),
 )
+# Stream-K: the persistent shapes (one more stage where the flag still fits), for the few-tile
+# long-K products and for any whose last wave of tiles is partial.
+_STREAM_K_SHAPES = (
+    (128, 256, (3,)),
+    (128, 128, (4, 5)),
+    (192, 128, (3,)),
+    (256, 128, (3,)),
+    (64, 256, (3,)),
+    (64, 128, (4, 6)),
+    (128, 64, (4, 6)),
+    (64, 64, (6,)),
+)
 PROBE_CONFIGS: tuple[WgmmaConfig, ...] = (
     _shapes(_CP_ASYNC_SHAPES)
     + _shapes(_TMA_SHAPES, loader="tma")
@@ -193,7 +216,17 @@ PROBE_CONFIGS: tuple[WgmmaConfig, ...] = (
         for k in splits
     )
     + _shapes(_PERSISTENT_SHAPES, loader="tma", epilogue="staged", persistent=True)
+    + _shapes(_STREAM_K_SHAPES, loader="tma", epilogue="staged", persistent=True, stream_k=True)
 )
+
+
+def stream_k_buffers(config: WgmmaConfig, blocks: int, tiles: int) -> tuple[int, int]:
+    """What a stream-K launch of `blocks` blocks over `tiles` output tiles (the batch's
+    included) needs beside A, B and C: the f32 workspace (two partial tiles per block: the
+    tile its share starts in and the one it ends in, each stored as its threads' accumulators)
+    and one u32 arrival counter per tile, zero before the first launch (the block that sums a
+    tile sets its counter back to zero, so launches can follow one another)."""
+    return blocks * 2 * config.threads * (config.block_n // 2), tiles
 
 
 @dataclass(frozen=True)

@@ -21,6 +21,7 @@ constexpr bool B_SWAPPED = @B_SWAPPED@;
 constexpr bool TMA = @TMA@;  // the TMA loader (else every thread's cp.async)
 constexpr int SPLITS = @SPLITS@;  // blocks sharing one output tile's K tiles (grid y)
 constexpr bool PERSISTENT = @PERSISTENT@;  // one block per SM walks the output tiles
+constexpr bool STREAM_K = @STREAM_K@;  // ... each an equal share of all the tiles' K steps
 static_assert(TMA || (A_ITERS * THREADS == BM * 8 && B_ITERS * THREADS == BK * (BN / 8)),
               "whole chunks per thread");
 
@@ -77,6 +78,25 @@ static_assert(PERSISTENT || BM * C_TILE_ROW_BYTES <= STAGES * STAGE_BYTES,
 constexpr int C_TILE_AT = STAGES * STAGE_BYTES + (STAGES * 8 + 15) / 16 * 16;
 PT_HD unsigned c_tile_offset(int row, int col) {
   return static_cast<unsigned>(row * C_TILE_ROW_BYTES + col * 2);
+}
+// Stream-K's flag after the C tile: whether this block is the one to sum a shared tile.
+constexpr int FLAG_AT = C_TILE_AT + BM * C_TILE_ROW_BYTES;
+
+// Stream-K: of `total` K steps (all tiles' laid end to end) over `blocks` blocks, block g
+// takes steps share(g) .. share(g + 1) - 1 (the shares differ by one step at most), and step
+// i falls in block owner(i)'s share.
+PT_HD long long share(long long g, long long total, long long blocks) {
+  return g * total / blocks;
+}
+PT_HD int owner(long long i, long long total, long long blocks) {
+  return static_cast<int>(((i + 1) * blocks - 1) / total);
+}
+// The workspace holds two partial tiles per block, each as its threads' accumulators (float
+// i of thread tid at i * THREADS + tid: a warp's stores and loads are 128 contiguous bytes):
+// slot 0 for the tile its share starts in, slot 1 for the one it ends in (a share that starts
+// and ends in one tile uses slot 0; the tiles between are whole and need none).
+PT_HD long long partial_slot(int block, long long block_begin, long long tile_begin) {
+  return (2ll * block + (block_begin >= tile_begin ? 0 : 1)) * (THREADS * ACC);
 }
 struct alignas(16) Chunk16 {
   unsigned words[4];
@@ -511,6 +531,111 @@ extern "C" __global__ void __launch_bounds__(@THREADS@, 1)
 }
 """
 
+# Stream-K on the persistent kernel: block g takes K steps share(g) .. share(g + 1) - 1 of all
+# tiles' steps laid end to end, so its loads are numbered by step (`kt`, the stage ring and the
+# mbarrier phases running on across tiles, as in the persistent kernel). A tile whose steps
+# lie wholly in one share goes out as there; one that several blocks share: each stores its
+# partial sums to the workspace and counts itself in on the tile's arrival counter, and the
+# last to arrive sums every share's partials in block order (the same sum whichever block
+# came last) and writes C. No block waits for another: the shares need not run at once.
+STREAM_K_KERNEL = r"""
+extern "C" __global__ void __launch_bounds__(@THREADS@, 1)
+@NAME@(const __half* __restrict__ A_ptr, const __half* __restrict__ B_ptr,
+       __half* __restrict__ C_ptr, int M_arg, int N_arg, int K_arg, int tiles_arg,
+       const void* __restrict__ tmap_a, const void* __restrict__ tmap_b,
+       float* __restrict__ W, unsigned* __restrict__ arrivals) {
+  using namespace pt;
+  extern __shared__ __align__(128) unsigned char pt_smem[];
+  const int M = M_arg, N = N_arg, K = K_arg, tiles = tiles_arg;
+  const int tid = threadIdx.x, wg = tid / 128, t = tid % 128;
+  const int tiles_n = (N + BN - 1) / BN, tiles_mn = ((M + BM - 1) / BM) * tiles_n;
+  const int k_tiles = (K + BK - 1) / BK;
+  const int block = static_cast<int>(blockIdx.x), blocks = static_cast<int>(gridDim.x);
+  const long long total = static_cast<long long>(tiles) * k_tiles;
+  const long long begin = share(block, total, blocks), end = share(block + 1, total, blocks);
+  const int loads = static_cast<int>(end - begin);
+  const unsigned base = (smem_u32(pt_smem) + 1023u) & ~1023u;
+  const unsigned bars = base + STAGES * STAGE_BYTES;  // one 8-byte mbarrier per stage
+  unsigned char* tile = pt_smem + (base - smem_u32(pt_smem)) + C_TILE_AT;
+  volatile int* sums_tile = reinterpret_cast<volatile int*>(tile + (FLAG_AT - C_TILE_AT));
+  const int last_slab = (N - 1) / 64 * 64;  // (as in the TMA kernel: a slab past N)
+
+  // The batch index and first row and column of output tile `index`.
+  auto coordinates = [&](int index, int& z, int& bm0, int& bn0) {
+    z = index / tiles_mn;
+    const int in_batch = index - z * tiles_mn, tile_m = in_batch / tiles_n;
+    bm0 = tile_m * BM;
+    bn0 = (in_batch - tile_m * tiles_n) * BN;
+  };
+
+@TMA_SETUP@
+  // Thread 0 only: the block's load j (K step begin + j) into `stage`, its bytes counted on
+  // the stage's mbarrier.
+  auto issue_load = [&](int j, int stage) {
+    const long long step = begin + j;
+    int z, bm0, bn0;
+    coordinates(static_cast<int>(step / k_tiles), z, bm0, bn0);
+    const int kt = static_cast<int>(step % k_tiles);
+@TMA_ISSUE@  };
+
+  float acc[ACC];
+  if (tid == 0) {
+    for (int s = 0; s < STAGES - 2 && s < loads; ++s) issue_load(s, s);
+  }
+  // A loop over the tiles the share touches around one over their K steps in it (as in the
+  // persistent kernel: the MMAs of each tile all retired before its epilogue).
+  int kt = 0;
+  for (long long step = begin; step < end;) {
+    const int index = static_cast<int>(step / k_tiles);
+    const long long tile_begin = static_cast<long long>(index) * k_tiles;
+    const long long tile_end = tile_begin + k_tiles, stop = min(end, tile_end);
+    const bool whole = step == tile_begin && stop == tile_end;
+#pragma unroll
+    for (int i = 0; i < ACC; ++i) acc[i] = 0.f;  // each tile from zero
+    for (; step < stop; ++step, ++kt) {
+      // Every warpgroup retired its MMAs of load kt-2; the last tile's C is out of the C tile
+      // and every thread has read the flag.
+      __syncthreads();
+      const int next = kt + STAGES - 2;
+      if (tid == 0 && next < loads) issue_load(next, next % STAGES);
+      mbarrier_wait(bars + (kt % STAGES) * 8, static_cast<unsigned>(kt / STAGES) & 1u);
+@MMA_STEP@
+    }
+    wgmma_wait<0>();
+#pragma unroll
+    for (int i = 0; i < ACC; ++i) fence_operand(acc[i]);
+    if (!whole) {
+      // This share's partial sums of the tile into its slot; then the block counts itself in.
+      float* mine = W + partial_slot(block, begin, tile_begin) + tid;
+#pragma unroll
+      for (int i = 0; i < ACC; ++i) mine[i * THREADS] = acc[i];
+      __threadfence();  // the stores are visible GPU-wide before the count says so
+      __syncthreads();
+      const int first = owner(tile_begin, total, blocks), last = owner(tile_end - 1, total, blocks);
+      if (tid == 0) {
+        const unsigned before = atomicAdd(arrivals + index, 1u);
+        *sums_tile = before == static_cast<unsigned>(last - first);
+      }
+      __syncthreads();
+      if (!*sums_tile) continue;  // another share of the tile is still running
+      __threadfence();  // the others' partials are read after their counts were seen
+#pragma unroll
+      for (int i = 0; i < ACC; ++i) acc[i] = 0.f;
+      for (int h = first; h <= last; ++h) {  // in block order: the same sum every time
+        const float* partial = W + partial_slot(h, share(h, total, blocks), tile_begin) + tid;
+#pragma unroll
+        for (int i = 0; i < ACC; ++i) acc[i] += __ldcg(partial + i * THREADS);
+      }
+      if (tid == 0) arrivals[index] = 0u;  // every share has arrived: ready for the next launch
+    }
+    int z, bm0, bn0;
+    coordinates(index, z, bm0, bn0);
+    unsigned short* C =
+        reinterpret_cast<unsigned short*>(C_ptr) + static_cast<long long>(z) * M * N;
+@C_TILE_OUT_NESTED@  }
+}
+"""
+
 BATCH_OFFSETS = r"""
   const int z = blockIdx.z;
   A += static_cast<long long>(z) * M * K;
@@ -531,3 +656,4 @@ def _fill(text: str) -> str:
 STAGED_EPILOGUE = _fill(STAGED_EPILOGUE)
 TMA_KERNEL = _fill(TMA_KERNEL)
 PERSISTENT_KERNEL = _fill(PERSISTENT_KERNEL)
+STREAM_K_KERNEL = _fill(STREAM_K_KERNEL)

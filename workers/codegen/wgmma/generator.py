@@ -21,6 +21,7 @@ from pipetune.workers.codegen.wgmma.cuda_text import (
     PERSISTENT_KERNEL,
     REDUCE_KERNEL,
     STAGED_EPILOGUE,
+    STREAM_K_KERNEL,
     TMA_KERNEL,
     wgmma_wrapper,
 )
@@ -45,6 +46,7 @@ def source_parts(variant: str, config: WgmmaConfig) -> dict[str, str]:
         "TMA": "true" if config.loader == "tma" else "false",
         "SPLITS": config.splits,
         "PERSISTENT": "true" if config.persistent else "false",
+        "STREAM_K": "true" if config.stream_k else "false",
     }.items():
         helpers = helpers.replace(f"@{key}@", str(value))
     tma = config.loader == "tma"
@@ -53,7 +55,10 @@ def source_parts(variant: str, config: WgmmaConfig) -> dict[str, str]:
         epilogue = PARTIAL_EPILOGUE
     else:
         epilogue = STAGED_EPILOGUE if config.epilogue == "staged" else EPILOGUE
-    main_loop = PERSISTENT_KERNEL if config.persistent else TMA_KERNEL if tma else KERNEL
+    if config.stream_k:
+        main_loop = STREAM_K_KERNEL
+    else:
+        main_loop = PERSISTENT_KERNEL if config.persistent else TMA_KERNEL if tma else KERNEL
     kernel = (
         main_loop.replace("@MMA_STEP@", MMA_STEP.lstrip("\n"))
         .replace("@EPILOGUE@", epilogue)
@@ -101,13 +106,18 @@ def launch(
     after the scalars, and with split-K the f32 workspace of splits * batch * M * N after
     them; the reduction kernel then runs on (W, C, batch * M * N), REDUCE_THREADS per block.
     A persistent kernel runs min(tiles, ``sms``) blocks (``sms``: the device's SM count) and
-    takes the number of output tiles, the batch's included, after M, N and K."""
+    takes the number of output tiles, the batch's included, after M, N and K. A stream-K
+    kernel runs min(K steps of all tiles, ``sms``) blocks and takes the same scalars, then
+    after the tensor maps the workspace and the arrival counters (``stream_k_buffers``)."""
     (tiles, _, batch), scalars = family.launch(kernel, workload)
     config: WgmmaConfig = kernel.schedule  # type: ignore[assignment]
     if config.persistent:
         if sms is None or sms < 1:
             raise ValueError("a persistent kernel's grid is one block per SM: give sms")
-        return (min(tiles * batch, sms), 1, 1), (*scalars, tiles * batch)
+        work = tiles * batch
+        if config.stream_k:  # every block at least one K step
+            work *= -(-workload.gemm_view().k // BK)
+        return (min(work, sms), 1, 1), (*scalars, tiles * batch)
     return (tiles, config.splits, batch), scalars
 
 
