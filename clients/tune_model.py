@@ -121,7 +121,7 @@ def launch(
     strategy: StrategyName,
     seed: int,
     prior_gpu: str | None = None,
-    learned_prior: bool = False,
+    learned_prior: bool | None = None,
 ) -> list[TaskDoc]:
     """One tuning task per distinct shape, all queued at once so the workers share them.
     With prior_gpu, each shape warm-starts from its finished task on that GPU (the one with
@@ -131,8 +131,8 @@ def launch(
     prior: dict[str, Any] = {}
     if prior_gpu is not None:
         prior = {"prior_gpu": prior_gpu}
-    elif learned_prior:
-        prior = {"learned_prior": True}
+    elif learned_prior is not None:  # (None: each family's choice)
+        prior = {"learned_prior": learned_prior}
     started = []
     for s in shapes:
         workload = s.workload.canonical()

@@ -169,6 +169,10 @@ class KernelFamily(ABC):
     work_unit: str  # what work() counts: "flop" or "byte" (a key of THROUGHPUT_UNITS)
     codegen_module: str  # under pipetune.workers: generate, launch_plan, build_key, ...
     reference_module: str  # under pipetune.workers: input_buffers, compute_reference, check
+    # Whether a task of this family learns its prior from the measured tasks of other shapes
+    # unless told otherwise (a task's learned_prior left null): where that was measured to
+    # rank better than the analytical model alone (tuner/learned_prior.py).
+    learns_by_default: bool = False
 
     @property
     def throughput_unit(self) -> str:

@@ -178,7 +178,10 @@ PRIOR_GPU_DESCRIPTION = (
 LEARNED_PRIOR_DESCRIPTION = (
     "instead of prior_task: the prior mean is a cost model fitted to every finished task of "
     "the same kernel family measured on a GPU (other shapes, other GPUs; simulated trials never "
-    "count), averaged with the analytical model; the task records which tasks (learned_from)"
+    "count), averaged with the analytical model; the task records which tasks (learned_from). "
+    "true: required (a 422 where there is none); false: never; null (the default): the kernel "
+    "family's choice (tensor-core GEMMs: where such tasks exist; memory-intensive operators: "
+    "no), for a strategy that takes a prior and without prior_task or prior_gpu"
 )
 
 
@@ -196,7 +199,7 @@ class _PriorFields(_Request):
 
     prior_task: int | None = Field(None, ge=1, le=2**31 - 1, description=PRIOR_TASK_DESCRIPTION)
     prior_gpu: str | None = Field(None, description=PRIOR_GPU_DESCRIPTION)
-    learned_prior: bool = Field(False, description=LEARNED_PRIOR_DESCRIPTION)
+    learned_prior: bool | None = Field(None, description=LEARNED_PRIOR_DESCRIPTION)
 
     @field_validator("prior_gpu")
     @classmethod

@@ -68,6 +68,7 @@ from pipetune.service.settings import Settings
 from pipetune.service.wakeup import CHANNEL, Wakeup, notify_statement
 from pipetune.tuner.bo import PriorMean
 from pipetune.tuner.session import SessionError, TuningSession
+from pipetune.tuner.strategies import STRATEGY_MAP
 
 log = logging.getLogger(__name__)
 
@@ -365,7 +366,12 @@ class Driver:
             body = self._resolve_prior_gpu(body, where)
         if body.prior_task is not None:
             self._check_prior(body, where)
-        learned_from = self._learned_from(body, where) if body.learned_prior else None
+        if body.learned_prior:
+            learned_from = self._learned_from(body, where)
+        elif body.learned_prior is None and body.prior_task is None:
+            learned_from = self._learned_by_default(body)
+        else:
+            learned_from = None
         try:
             live = self._new_live(
                 body.workload,
@@ -377,8 +383,15 @@ class Driver:
                 learned_from,
             )
         except PriorError as exc:  # no schedule in common with the prior's
-            field = "prior_task" if learned_from is None else "learned_prior"
-            raise InputError([*where, field], str(exc)) from None
+            if learned_from is not None and not body.learned_prior:
+                # A default that cannot be: the task starts from the analytical model.
+                learned_from = None
+                live = self._new_live(
+                    body.workload, body.gpu, body.strategy, body.seed, body.budget
+                )
+            else:
+                field = "prior_task" if learned_from is None else "learned_prior"
+                raise InputError([*where, field], str(exc)) from None
         if len(live.session.space) == 0:
             raise InputError(
                 [*where[:1], "workload"], f"no schedule of the kernel family is valid on {body.gpu}"
@@ -435,6 +448,21 @@ class Driver:
     def _learned_from(self, body: TaskCreate, where: tuple[str, ...]) -> tuple[int, ...]:
         """The tasks a learned prior reads (recorded on the task: replicas rebuild from them)."""
         return tuple(self._read_prior(body, where, "learned_prior", learned_tasks))
+
+    def _learned_by_default(self, body: TaskCreate) -> tuple[int, ...] | None:
+        """A task that says nothing of a learned prior gets one where its family learns by
+        default, its strategy's prior is the analytical model (which the learned prior
+        refines; `bo` stays knob-only) and measured tasks to learn from exist; else none
+        (nothing to refuse: it was not asked for)."""
+        if not family_of(body.workload).learns_by_default:
+            return None
+        if not STRATEGY_MAP[body.strategy].model_prior:
+            return None
+        try:
+            with self.db.read_conn() as conn:
+                return tuple(learned_tasks(conn, body.workload, body.gpu))
+        except PriorError:
+            return None
 
     def _check_prior(self, body: TaskCreate, where: tuple[str, ...]) -> None:
         assert body.prior_task is not None

@@ -86,9 +86,50 @@ def test_a_learned_prior_reads_the_measured_tasks_and_proposes_what_offline_does
         assert again["learned_from"] == sorted(measured) and again["prior_task"] is None
         batch = service_of(client).settings.batch_size
         assert _trials(client, doc["id"])[:batch] == _offline_first_batch("auto", 3, 16, batch)
-        control = create_task(client, budget=16, strategy="auto", seed=3, gpu="h200")
+        control = create_task(
+            client, budget=16, strategy="auto", seed=3, gpu="h200", learned_prior=False
+        )
         assert control["learned_from"] is None
         assert _trials(client, control["id"])[:batch] != _trials(client, doc["id"])[:batch]
+
+
+def test_a_tensor_gemm_task_learns_its_prior_by_default_where_measured_tasks_exist(db_url):
+    """Nothing said of a learned prior: a tensor GEMM task of a strategy whose prior is the
+    analytical model learns one, as if asked; `bo` stays knob-only, `random` takes none."""
+    measured = _measured_corpus(db_url)
+    with client_for(db_url) as client:
+        asked = create_task(
+            client, budget=16, strategy="auto", seed=3, gpu="h200", learned_prior=True
+        )
+        batch = service_of(client).settings.batch_size
+        for strategy in ("auto", "analytical+xgb"):
+            doc = create_task(client, budget=16, strategy=strategy, seed=3, gpu="h200")
+            assert doc["learned_from"] == sorted(measured), strategy
+        default = create_task(client, budget=16, strategy="auto", seed=3, gpu="h200")
+        assert _trials(client, default["id"])[:batch] == _trials(client, asked["id"])[:batch]
+        for strategy in ("bo", "random"):
+            doc = create_task(client, budget=8, strategy=strategy, seed=3, gpu="h200")
+            assert doc["learned_from"] is None, strategy
+
+
+def test_without_measured_tasks_a_default_learned_prior_is_none_and_no_error(client):
+    _simulated_task(client, gpu="h100")  # simulated trials never teach a prior
+    doc = create_task(client, budget=8, strategy="auto", gpu="h200")
+    assert doc["learned_from"] is None and doc["prior_task"] is None
+
+
+def test_a_memory_intensive_task_does_not_learn_by_default(db_url):
+    """The memory-intensive family's learned prior was measured no better than its model:
+    asked for, a task gets one; left to the default, none."""
+    measured = _import(MEASURED / "BiasGELU_BERT_b1_s128.t4.json.gz", db_url)
+    bias_gelu = {"op": "bias_gelu", "rows": 1024, "cols": 3072}
+    with client_for(db_url) as client:
+        asked = create_task(
+            client, budget=8, strategy="auto", workload=bias_gelu, learned_prior=True
+        )
+        assert asked["learned_from"] == [measured]
+        default = create_task(client, budget=8, strategy="auto", workload=bias_gelu)
+        assert default["learned_from"] is None
 
 
 def test_a_task_with_a_learned_prior_replays_exactly_on_a_replica_with_empty_caches(db_url):

@@ -18,7 +18,9 @@ a few operators at k=10 (MM_RN50_FC 0.85 where the analytical prior finds the op
 average reaches 0.935 / 0.970 at k=10 and 0.999 / 0.998 at k=100, never below the
 analytical prior's geomean. Of those two (the only ones tried) the average is kept. On the
 memory-intensive operators, where the analytical model ranks at 0.97, the learned model is
-no better, so `learned_prior` is the caller's choice per family, not a default.
+no better, so whether a task learns its prior unless told is the family's choice
+(`KernelFamily.learns_by_default`: the tensor-core GEMMs do; benchmarks/RESULTS.md, "the
+learned prior by default").
 """
 
 from __future__ import annotations

@@ -165,6 +165,9 @@ class StrategySpec:
     factory: Factory
     needs_model: bool  # only for pipetune's own kernels (the analytical model ranks them)
     uses_prior: bool  # takes a recorded prior (warm start from another GPU)
+    # Its prior mean on pipetune's own kernels is the analytical model's, which a prior learned
+    # from measurements of other shapes refines (service: a family's default learned prior).
+    model_prior: bool = False
 
 
 def _bo(space: Any, seed: int, prior: PriorMean | None) -> Strategy:
@@ -211,8 +214,8 @@ STRATEGY_MAP: dict[str, StrategySpec] = {
         lambda sp, seed, _: XGBStrategy(sp, np.random.default_rng(seed), seed=seed), False, False
     ),
     "bo": StrategySpec(_bo, False, True),
-    "analytical+xgb": StrategySpec(_analytical_bo, True, True),
-    "auto": StrategySpec(_auto, False, True),
+    "analytical+xgb": StrategySpec(_analytical_bo, True, True, model_prior=True),
+    "auto": StrategySpec(_auto, False, True, model_prior=True),
 }
 
 STRATEGIES: tuple[str, ...] = tuple(STRATEGY_MAP)

@@ -272,7 +272,7 @@ def _tune(
     seed: int,
     prior_task: int | None,
     prior_gpu: str | None,
-    learned_prior: bool,
+    learned_prior: bool | None,
     wait: bool,
     poll: float,
     as_json: bool,
@@ -338,11 +338,12 @@ add_workload_commands(
         ),
         option(
             "learned_prior",
-            bool,
-            False,
-            "--learned-prior",
+            bool | None,  # type: ignore[arg-type]
+            None,
+            "--learned-prior/--no-learned-prior",
             help="instead of --prior-task: a cost model of every finished task of the kernel "
-            "family measured on a GPU (other shapes, other GPUs) is the prior",
+            "family measured on a GPU (other shapes, other GPUs) is the prior (default: the "
+            "family's choice: tensor-core GEMMs learn where such tasks exist)",
         ),
         option("wait", bool, False, "--wait", help="follow the task to its end"),
         option("poll", float, 1.0, "--poll", help="seconds between checks with --wait"),
@@ -496,11 +497,12 @@ def tune_model(
         help="warm-start each shape from its best-measured finished task on this GPU, where "
         "it has one",
     ),
-    learned_prior: bool = typer.Option(
-        False,
-        "--learned-prior",
+    learned_prior: bool | None = typer.Option(
+        None,
+        "--learned-prior/--no-learned-prior",
         help="instead of --prior-gpu: each shape's prior is a cost model of the measured "
-        "tasks of its kernel family (other shapes, other GPUs), where there are any",
+        "tasks of its kernel family (other shapes, other GPUs), where there are any (default: "
+        "each family's choice: tensor-core GEMMs learn)",
     ),
     poll: float = typer.Option(1.0, "--poll", help="seconds between checks"),
     as_json: bool = typer.Option(False, "--json", help="print one JSON document"),

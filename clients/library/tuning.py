@@ -278,7 +278,7 @@ def tune(
     progress: TuneProgress | None = None,
     prior_task: int | None = None,
     prior_gpu: str | None = None,
-    learned_prior: bool = False,
+    learned_prior: bool | None = None,
 ) -> TuneResult:
     """Tune `workload` on `gpu` in this process; returns the finished task's result.
 
@@ -290,7 +290,9 @@ def tune(
     prior_task: a finished task of the same workload on another GPU, in that database,
     whose trials warm-start the search; prior_gpu: instead, such a task on that GPU (the
     one with the most successful trials); learned_prior: instead, a cost model of every
-    finished task of the kernel family measured on a GPU in that database.
+    finished task of the kernel family measured on a GPU in that database (None, the
+    default: the family's choice, tensor-core GEMMs learning where such tasks exist; False:
+    never).
     progress(done, total) is called after each trial. An interrupted tuning (an exception,
     Ctrl-C) cancels its task: nothing is left half-run.
     """

@@ -101,14 +101,15 @@ class Client:
         seed: int = 0,
         prior_task: int | None = None,
         prior_gpu: str | None = None,
-        learned_prior: bool = False,
+        learned_prior: bool | None = None,
     ) -> TaskDoc:
         """Start a tuning task (POST /v1/tasks); returns at once with the queued task.
         prior_task: a finished task of the same workload on another GPU whose trials
         warm-start the search; prior_gpu: instead, such a task on that GPU (the one
         with the most successful trials, the newest of those); learned_prior: instead, a cost
         model of every finished task of the kernel family measured on a GPU (the task's
-        learned_from says which)."""
+        learned_from says which); None: the kernel family's choice (tensor-core GEMMs learn
+        where such tasks exist), False: never."""
         body = {
             "workload": workload_body(workload),
             "gpu": gpu,
@@ -120,8 +121,8 @@ class Client:
             body["prior_task"] = prior_task
         if prior_gpu is not None:
             body["prior_gpu"] = prior_gpu
-        if learned_prior:
-            body["learned_prior"] = True
+        if learned_prior is not None:
+            body["learned_prior"] = learned_prior
         return self._http.call(TaskDoc, "POST", "/v1/tasks", json=body)
 
     def task(self, task_id: int) -> TaskDoc:
