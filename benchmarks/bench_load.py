@@ -83,7 +83,15 @@ from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
 
-from benchmarks.harness import DEFAULT_PG, RESULT_KINDS, PostgresCpu, cpu_s, pct, pg_database
+from benchmarks.harness import (
+    DEFAULT_PG,
+    RESULT_KINDS,
+    PostgresCpu,
+    cpu_s,
+    pct,
+    pg_database,
+    proposal_cpu_s,
+)
 from benchmarks.load_audit import audit
 from benchmarks.load_driver import CHURN_TTL_S, LoadConfig, drive, serve
 from benchmarks.load_report import DEFAULT_CHURN, section, summary
@@ -120,8 +128,15 @@ def run_load(admin_url: str, config: LoadConfig) -> dict[str, Any]:
             pids = [pid for _, pid, _ in services]
             postgres = stack.enter_context(PostgresCpu(url.rsplit("/", 1)[1]))
 
+            bases = [base for base, _, _ in services]
+
             def cpu() -> dict[str, float]:
-                return {"service": sum(cpu_s(pid) for pid in pids), "postgres": postgres.seconds()}
+                return {
+                    "service": sum(cpu_s(pid) for pid in pids),
+                    "postgres": postgres.seconds(),
+                    # (of the service's: the tuner's proposals, as the replicas count them)
+                    "proposal": sum(proposal_cpu_s(base) for base in bases),
+                }
 
             tally, window, cpu_figures = asyncio.run(
                 drive([b for b, _, _ in services], config, cpu)
@@ -169,6 +184,7 @@ def run_load(admin_url: str, config: LoadConfig) -> dict[str, Any]:
         service_tracebacks=log_text.count("Traceback"),
         service_errors=_errors_logged(log_text),
         service_cpu_ms_per_result=per_result("service_cpu_s"),
+        proposal_cpu_ms_per_result=per_result("proposal_cpu_s"),
         postgres_cpu_ms_per_result=per_result("postgres_cpu_s"),
         generator_cpu_ms_per_result=per_result("generator_cpu_s"),
         machine_busy=cpu_figures["machine_busy"],
@@ -188,6 +204,7 @@ BATCHED_MAX_JOBS = 8  # a batched worker's lease: one task batch
 JSON_KEYS = (
     "results_per_s",
     "service_cpu_ms_per_result",
+    "proposal_cpu_ms_per_result",
     "postgres_cpu_ms_per_result",
     "generator_cpu_ms_per_result",
     "duplicate_leases",

@@ -29,6 +29,19 @@ def cpu_s(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+def proposal_cpu_s(base_url: str) -> float:
+    """A running service's CPU seconds spent proposing trials so far, every strategy's
+    (its Prometheus counter pipetune_proposal_cpu_seconds_total)."""
+    import httpx
+
+    text = httpx.get(f"{base_url}/metrics", timeout=10).text
+    return sum(
+        float(line.rsplit(" ", 1)[1])
+        for line in text.splitlines()
+        if line.startswith("pipetune_proposal_cpu_seconds_total{")
+    )
+
+
 def pct(values: list[float], q: float) -> float:
     """The q-quantile (nearest rank below) of a non-empty list."""
     ordered = sorted(values)

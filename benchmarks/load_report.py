@@ -26,7 +26,8 @@ def summary(r: dict) -> str:
         f"{r['service_tracebacks']}, duplicate leases {r['duplicate_leases']}, "
         f"lost jobs {r['lost_jobs']}, results DB/accepted {r['results_db']}/"
         f"{r['results_accepted']}, CPU per result: service "
-        f"{r['service_cpu_ms_per_result']:.2f} ms, PostgreSQL "
+        f"{r['service_cpu_ms_per_result']:.2f} ms (proposals "
+        f"{r['proposal_cpu_ms_per_result']:.2f} ms), PostgreSQL "
         f"{r['postgres_cpu_ms_per_result']:.2f} ms, load generator "
         f"{r['generator_cpu_ms_per_result']:.2f} ms"
         + (

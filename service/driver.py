@@ -31,6 +31,7 @@ import dataclasses
 import json
 import logging
 import threading
+import time
 from collections import OrderedDict, defaultdict
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -331,11 +332,12 @@ class Driver:
         key = (learned_from, workload.workload_hash, gpu)
         return self._cached(self._priors, key, build)
 
-    @staticmethod
-    def _propose(live: _Live, n: int) -> tuple[list[Any], list[float]]:
+    def _propose(self, live: _Live, n: int) -> tuple[list[Any], list[float]]:
         session = live.session
         n = min(n, session.remaining)
+        began = time.thread_time()  # (a proposal runs on the calling thread, BLAS on one)
         batch = session.propose(n) if n > 0 else []
+        self.metrics.proposal_cpu.labels(session.strategy_name).inc(time.thread_time() - began)
         if not batch:
             return [], []
         live.sizes.append(len(batch))

@@ -108,6 +108,14 @@ class Metrics:
             ["state"],
             registry=r,
         )
+        # Thread CPU time of the tuner's proposals (model fits, acquisition): what a strategy
+        # costs the service per batch, apart from serving requests.
+        self.proposal_cpu = Counter(
+            "pipetune_proposal_cpu_seconds_total",
+            "CPU seconds spent proposing trials (the tuner's model fits and acquisition)",
+            ["strategy"],
+            registry=r,
+        )
         self.request_seconds = Histogram(
             "pipetune_http_request_duration_seconds",
             "HTTP request latency by route",

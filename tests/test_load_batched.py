@@ -60,6 +60,8 @@ def test_batched_workers_lease_each_job_once_and_an_idle_fleet_is_measured(pg_ad
     for key in ("results_per_s", "service_cpu_ms_per_result", "postgres_cpu_ms_per_result"):
         assert figures[key] > 0, key
     assert figures["generator_cpu_ms_per_result"] > 0
+    # The replicas' own count of their proposals' CPU is a part of their CPU.
+    assert 0 <= figures["proposal_cpu_ms_per_result"] < figures["service_cpu_ms_per_result"]
     assert math.isfinite(figures["empty_poll_cpu_ms_per_s"])
     # The workers answered with the simulated runner's results, and the written section says so.
     assert figures["config"]["results"] == "simulated"

@@ -42,6 +42,7 @@ class TuningSession:
         self.space = space if space is not None else family_of(workload).enumerate(workload, gpu)
         self.budget = budget
         self.seed = seed
+        self.strategy_name = strategy  # as asked for ("auto" names what it chose otherwise)
         self.strategy = make_strategy(strategy, self.space, seed, prior=prior)
         self.history: list[Observation] = []
         self.results: list[MeasureResult] = []
