@@ -59,6 +59,7 @@ from pipetune.service.priors import (
     PriorError,
     check_prior_task,
     check_strategy,
+    learned_model_of_tasks,
     learned_tasks,
     prior_from_task,
     prior_from_tasks,
@@ -68,6 +69,7 @@ from pipetune.service.records import workload_row
 from pipetune.service.settings import Settings
 from pipetune.service.wakeup import CHANNEL, Wakeup, notify_statement
 from pipetune.tuner.bo import PriorMean
+from pipetune.tuner.learned_prior import LearnedModel
 from pipetune.tuner.session import SessionError, TuningSession
 from pipetune.tuner.strategies import STRATEGY_MAP
 
@@ -259,6 +261,9 @@ class Driver:
         self._spaces_lock = threading.Lock()  # guards _priors too (Driver._cached)
         # Priors by (where from, workload hash, GPU): a task id, or the learned-from ids.
         self._priors: OrderedDict[tuple[Any, str, str], PriorMean] = OrderedDict()
+        # A learned prior's cost model by the tasks it learned from: the tasks created while
+        # none of those changes (a network's shapes, queued at once) share one fit.
+        self._learned_models: OrderedDict[tuple[int, ...], LearnedModel] = OrderedDict()
         self._workloads: dict[int, Any] = {}
         # Schedules read back from job rows, by (family, document): frozen, so shareable.
         self._parsed: dict[tuple[str, tuple, tuple], Any] = {}
@@ -325,9 +330,13 @@ class Driver:
         """The prior a cost model of those finished tasks' trials gives this space; cached
         (finished tasks' trials do not change)."""
 
-        def build() -> PriorMean:
+        def fit() -> LearnedModel:  # the slow part, the same for every space it ranks
             with self.db.read_conn() as conn:
-                return prior_from_tasks(conn, list(learned_from), space)
+                return learned_model_of_tasks(conn, list(learned_from))
+
+        def build() -> PriorMean:
+            learned = self._cached(self._learned_models, learned_from, fit)
+            return prior_from_tasks(list(learned_from), learned, space)
 
         key = (learned_from, workload.workload_hash, gpu)
         return self._cached(self._priors, key, build)

@@ -28,7 +28,12 @@ from pipetune.model.states import FINAL_TASK_STATES, TaskState
 from pipetune.model.trials import RunnerKind
 from pipetune.service.orm import JobRow, TaskRow, WorkloadRow
 from pipetune.tuner.bo import PriorMean
-from pipetune.tuner.learned_prior import LearnedPriorError, learned_prior
+from pipetune.tuner.learned_prior import (
+    LearnedModel,
+    LearnedPriorError,
+    fit_learned_model,
+    prior_from,
+)
 from pipetune.tuner.offline import RecordedSpace
 from pipetune.tuner.recorded import RecordedConfigs
 from pipetune.tuner.strategies import STRATEGY_MAP
@@ -213,12 +218,21 @@ def _finished_trials(conn: Connection, task_id: int) -> tuple[list[dict[str, Any
     return [r.schedule for r in rows], latency_s
 
 
-def prior_from_tasks(conn: Connection, task_ids: list[int], space: FamilySpace) -> PriorMean:
-    """The learned prior over `space` from the finished trials of `task_ids` (chosen by
-    learned_tasks when the task was created)."""
+def learned_model_of_tasks(conn: Connection, task_ids: list[int]) -> LearnedModel:
+    """The cost model fitted to the finished trials of `task_ids` (chosen by learned_tasks
+    when a task was created: of one family, without that task's own workload on its GPU)."""
     corpus = [measured_space(conn, t) for t in task_ids]
     try:
-        prior = learned_prior(space, corpus)
+        return fit_learned_model(corpus)
+    except LearnedPriorError as exc:
+        raise PriorError(str(exc)) from None
+
+
+def prior_from_tasks(task_ids: list[int], learned: LearnedModel, space: FamilySpace) -> PriorMean:
+    """The learned prior over `space` from the model of `task_ids`' trials (as
+    tuner.learned_prior.learned_prior gives it from the same trials)."""
+    try:
+        prior = prior_from(space, learned)
     except LearnedPriorError as exc:
         raise PriorError(str(exc)) from None
     return PriorMean(values=prior.values, source=f"{prior.source} (tasks {_ids(task_ids)})")

@@ -63,9 +63,11 @@ def _trials(client, task_id: int) -> list[dict]:
     return [t["schedule"] for t in docs]
 
 
-def _offline_first_batch(strategy: str, seed: int, budget: int, batch: int) -> list[dict]:
+def _offline_first_batch(
+    strategy: str, seed: int, budget: int, batch: int, workload: dict = GEMM
+) -> list[dict]:
     """What an offline session proposes first with the prior learned from the same files."""
-    workload = parse_any_workload(GEMM)
+    workload = parse_any_workload(workload)
     space = family_of(workload).enumerate(workload, get_gpu("h200"))
     corpus = [recorded_dataset(MEASURED / f"{name}.t4.json.gz").ours for name in CORPUS]
     prior = learned_prior(space, [r for r in corpus if r is not None])
@@ -176,3 +178,26 @@ def test_without_a_measured_task_of_the_family_a_learned_prior_is_a_422(client):
     [error] = response.json()["detail"]
     assert error["loc"] == ["body", "learned_prior"], error
     assert "no finished task of the tensor_gemm family measured on a GPU" in error["reason"]
+
+
+def test_tasks_learning_from_the_same_tasks_share_one_fit(db_url, monkeypatch):
+    """The cost model of a set of measured tasks is fitted once for all the shapes that learn
+    from it (a network's layers, queued at once), and each still gets the prior an offline
+    fit gives its own space."""
+    import pipetune.service.priors as priors
+
+    fits = []
+    fit = priors.fit_learned_model
+    monkeypatch.setattr(priors, "fit_learned_model", lambda *a, **k: fits.append(1) or fit(*a, **k))
+    measured = _measured_corpus(db_url)
+    other = {**GEMM, "m": GEMM["m"] * 2}
+    with client_for(db_url) as client:
+        batch = service_of(client).settings.batch_size
+        first = create_task(client, budget=16, strategy="auto", seed=3, gpu="h200")
+        second = create_task(client, budget=16, strategy="auto", seed=3, gpu="h200", workload=other)
+        assert first["learned_from"] == second["learned_from"] == sorted(measured)
+        assert len(fits) == 1
+        assert _trials(client, first["id"])[:batch] == _offline_first_batch("auto", 3, 16, batch)
+        assert _trials(client, second["id"])[:batch] == _offline_first_batch(
+            "auto", 3, 16, batch, workload=other
+        )

@@ -26,6 +26,7 @@ learned prior by default").
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -56,6 +57,35 @@ def corpus_for(space: Any, recorded: Sequence[RecordedSpace]) -> list[RecordedSp
     ]
 
 
+@dataclass(frozen=True)
+class LearnedModel:
+    """The cost model fitted to a corpus, and what the corpus was: fitted once, it gives any
+    space of its family a prior (`prior_from`; the fit is most of the cost, a second or more
+    on the campaigns' datasets, and does not depend on the space)."""
+
+    model: CostModel
+    family: str
+    shapes: int
+    gpus: tuple[str, ...]
+
+
+def fit_learned_model(corpus: Sequence[RecordedSpace], seed: int = 0) -> LearnedModel:
+    """The cost model fitted to the measurements of `corpus` (spaces of one family)."""
+    if not corpus:
+        raise LearnedPriorError("no measured space to learn from")
+    families = {family_of(r.space.workload).name for r in corpus}
+    if len(families) > 1:
+        raise LearnedPriorError(f"a corpus of one kernel family, not {sorted(families)}")
+    model = CostModel(seed=seed, use_analytical=True)
+    model.fit_corpus([(r.space, r.latency_s, r.throughput <= 0) for r in corpus])
+    return LearnedModel(
+        model,
+        families.pop(),
+        len({r.space.workload.workload_hash for r in corpus}),
+        tuple(sorted({r.space.gpu.key for r in corpus})),
+    )
+
+
 def learned_prior(space: Any, corpus: Sequence[RecordedSpace], seed: int = 0) -> PriorMean:
     """The cost model fitted to the corpus's measurements, as a prior mean over `space`."""
     usable = corpus_for(space, corpus)
@@ -64,14 +94,21 @@ def learned_prior(space: Any, corpus: Sequence[RecordedSpace], seed: int = 0) ->
             f"no measured space of the {family_of(space.workload).name} family other than "
             "this one to learn from"
         )
-    model = CostModel(seed=seed, use_analytical=True)
-    model.fit_corpus([(r.space, r.latency_s, r.throughput <= 0) for r in usable])
-    learned = np.asarray(model.predict(space), dtype=np.float64)
+    return prior_from(space, fit_learned_model(usable, seed))
+
+
+def prior_from(space: Any, learned: LearnedModel) -> PriorMean:
+    """The learned model's prior mean over `space` (a space of its family)."""
+    if family_of(space.workload).name != learned.family:
+        raise LearnedPriorError(
+            f"a cost model of the {learned.family} family cannot rank a space of the "
+            f"{family_of(space.workload).name} family"
+        )
+    predicted = np.asarray(learned.model.predict(space), dtype=np.float64)
     analytical = predicted_log_throughput(space)
-    values = np.median(learned) + LEARNED_WEIGHT * (learned - np.median(learned))
+    values = np.median(predicted) + LEARNED_WEIGHT * (predicted - np.median(predicted))
     values += (1.0 - LEARNED_WEIGHT) * (analytical - np.median(analytical))
-    shapes = len({r.space.workload.workload_hash for r in usable})
-    gpus = sorted({r.space.gpu.key for r in usable})
+    shapes, gpus = learned.shapes, learned.gpus
     return PriorMean(
         values=values,
         source=f"the analytical model averaged with a cost model of {shapes} measured shapes"
