@@ -146,6 +146,13 @@ def test_tune_with_a_learned_prior(cli, service):  # type: ignore[no-untyped-def
     assert doc["learned_from"] == [json.loads(imported.stdout)["id"]] and doc["gpu"] == "h200"
     both = cli("tune", "gemm", *on_h200, "--prior-gpu", "h100")
     assert both.exit_code == 2 and "give prior_gpu or learned_prior, not both" in both.stderr
+    # Left out, the tensor GEMM family learns where it can; --no-learned-prior refuses it.
+    plain = [*FC[:6], "--gpu", "h200", "--budget", "4", "--json"]
+    default = json.loads(cli("tune", "gemm", *plain).stdout)
+    assert default["learned_from"] == doc["learned_from"]
+    refused = cli("tune", "gemm", *plain, "--no-learned-prior")
+    assert refused.exit_code == 0, refused.output
+    assert json.loads(refused.stdout)["learned_from"] is None
 
 
 def test_curve_text_json_png_and_html(cli, worker, tmp_path: Path):  # type: ignore[no-untyped-def]
