@@ -264,6 +264,54 @@ def test_a_split_k_shape_runs_its_reduction_after_the_main_kernel(monkeypatch):
     assert [c[0] for c in calls] == ["main", "reduce"] * (len(calls) // 2)
 
 
+def test_a_stream_k_shape_gets_its_workspace_and_zeroed_counters(monkeypatch):
+    """Stream-K: one block per SM up to one per K step, the scalars with the tile count, then
+    the tensor maps, the f32 workspace (two partial tiles per block) and one u32 counter per
+    tile, zero before the first launch; the kernel must leave them zero for the next."""
+    import sys
+
+    import fake_cupy
+    import numpy as np
+
+    from pipetune.workers import compile as compile_module
+    from pipetune.workers.codegen import wgmma
+
+    calls = []
+
+    def stream_k_kernel(grid, block, args, shared_mem=0):
+        a, b, c = args[:3]
+        scalars, workspace, arrivals = args[3:7], args[-2], args[-1]
+        assert len(args) == 11  # A, B, C, M, N, K, tiles, the two maps, W, the counters
+        calls.append((grid, block, tuple(int(s) for s in scalars), workspace, arrivals.copy()))
+        c[...] = (a.astype(np.float32) @ b.astype(np.float32)).astype(np.float16)
+
+    fake = fake_cupy.make()
+    fake.full, fake.nan, fake.isnan = np.full, np.nan, np.isnan
+    monkeypatch.setitem(sys.modules, "cupy", fake)
+    monkeypatch.setitem(fake_cupy.KERNELS, b"sk", stream_k_kernel)
+
+    class Built:
+        cubin, registers = b"sk\n", 160
+
+    monkeypatch.setattr(compile_module, "compile_source", lambda *a, **k: Built())
+    monkeypatch.setattr(wgmma_probe, "encode_tensor_map", lambda spec, address: bytes(128))
+    monkeypatch.setattr(wgmma_probe, "_device_address", lambda x: 0)
+    config = wgmma.WgmmaConfig(64, 64, 6, loader="tma", epilogue="staged", persistent=True,
+                               stream_k=True)  # fmt: skip
+    fields = {"block_m": 64, "block_n": 64, "stages": 6, "loader": "tma", "epilogue": "staged",
+              "persistent": True, "stream_k": True}  # fmt: skip
+    (answer,) = wgmma_probe._measure(fields, [wgmma_probe.CHECK_SHAPE], timed=True)
+    assert answer["correct"] and answer["samples_ms"]
+    m, n, k = (wgmma_probe.CHECK_SHAPE[d] for d in "mnk")
+    tiles, steps = -(-m // 64) * -(-n // 64), -(-k // 64)
+    grid, block, scalars, workspace, arrivals = calls[0]
+    assert grid == (min(132, tiles * steps), 1, 1) and block == (config.threads, 1, 1)
+    assert scalars == (m, n, k, tiles)
+    floats, counters = wgmma.stream_k_buffers(config, grid[0], tiles)
+    assert workspace.dtype == np.float32 and workspace.size == floats
+    assert arrivals.dtype == np.uint32 and arrivals.size == counters and not arrivals.any()
+
+
 @pytest.mark.parametrize("pattern", wgmma_probe.PATTERNS)
 def test_each_diagnosis_pattern_puts_an_index_in_every_element(pattern):
     """A right kernel's C holds each element's row (or column) index, exactly in fp16;
