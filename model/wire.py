@@ -248,6 +248,9 @@ class ScheduleResponse(_Throughput):
     # The runner behind a measured schedule: "cupy" is a GPU measurement; "simulated" is the
     # analytical model plus noise (demos and CI), to be labelled as such by every client.
     runner: str | None = None
+    # source "model": the finished, measured tasks whose cost model made the pick (a tensor-core
+    # GEMM, where such tasks exist); null: the analytical model's pick.
+    learned_from: list[int] | None = None
     task_id: int | None = None
     url: str | None = None
 

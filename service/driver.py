@@ -56,10 +56,12 @@ from pipetune.service.errors import ConflictError, InputError, NotFoundError
 from pipetune.service.metrics import Metrics
 from pipetune.service.orm import JobRow, LeaseRow, TaskRow, WorkloadRow
 from pipetune.service.priors import (
+    LearnedPick,
     PriorError,
     check_prior_task,
     check_strategy,
     learned_model_of_tasks,
+    learned_pick,
     learned_tasks,
     prior_from_task,
     prior_from_tasks,
@@ -77,6 +79,7 @@ log = logging.getLogger(__name__)
 
 MAX_LIVE_SESSIONS = 512
 MAX_SPACES = 128
+LOOKUP_TTL_S = 30.0  # how long a schedule lookup's learned pick is kept (Driver.learned_pick)
 MAX_PARSED = 1 << 14  # about 10 MB at most; a replica's live batches need far fewer
 JOBS, TASKS = JobRow.__table__, TaskRow.__table__
 
@@ -264,6 +267,8 @@ class Driver:
         # A learned prior's cost model by the tasks it learned from: the tasks created while
         # none of those changes (a network's shapes, queued at once) share one fit.
         self._learned_models: OrderedDict[tuple[int, ...], LearnedModel] = OrderedDict()
+        # POST /v1/schedules' learned picks, each with when it expires (learned_pick).
+        self._picks: OrderedDict[tuple[str, str], tuple[float, LearnedPick | None]] = OrderedDict()
         self._workloads: dict[int, Any] = {}
         # Schedules read back from job rows, by (family, document): frozen, so shareable.
         self._parsed: dict[tuple[str, tuple, tuple], Any] = {}
@@ -323,6 +328,33 @@ class Driver:
                 return prior_from_task(conn, prior_task, space)
 
         return self._cached(self._priors, (prior_task, workload.workload_hash, gpu), build)
+
+    def learned_pick(self, workload: Any, gpu: str) -> LearnedPick | None:
+        """The schedule a learned prior picks for a workload nothing measured yet, where its
+        family learns by default (priors.learned_pick), with the tasks' cached cost model.
+        The answer is kept for LOOKUP_TTL_S: finding the tasks to learn from is a query over
+        every finished task's jobs, several times the cost of the rest of a lookup, and a
+        lookup may lag a newly finished task by that long."""
+        key = (workload.workload_hash, gpu)
+        now = time.monotonic()
+        with self._spaces_lock:
+            kept = self._picks.get(key)
+            if kept is not None and kept[0] > now:
+                return kept[1]
+        with self.db.read_conn() as conn:
+            pick = learned_pick(
+                conn,
+                workload,
+                gpu,
+                lambda: self._space(workload, gpu)[0],
+                lambda ids, space: self._learned_prior(ids, workload, gpu, space),
+            )
+        with self._spaces_lock:
+            self._picks[key] = (now + LOOKUP_TTL_S, pick)
+            self._picks.move_to_end(key)
+            while len(self._picks) > MAX_SPACES:
+                self._picks.popitem(last=False)
+        return pick
 
     def _learned_prior(
         self, learned_from: tuple[int, ...], workload: Any, gpu: str, space: FamilySpace

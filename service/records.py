@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from functools import lru_cache
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import select
 from sqlalchemy.dialects.postgresql import insert as pg_insert
@@ -16,6 +16,9 @@ from pipetune.model.hardware import get_gpu
 from pipetune.model.wire import ScheduleDoc, ScheduleResponse
 from pipetune.model.workloads import WorkloadError
 from pipetune.service.orm import JobRow, ReferenceOptimumRow, WorkloadRow
+
+if TYPE_CHECKING:
+    from pipetune.service.priors import LearnedPick
 
 
 def workload_row(session: Session, workload: Any) -> WorkloadRow:
@@ -81,9 +84,13 @@ def throughput(op: str, work: float, latency_us: float) -> dict[str, Any]:
     return {"throughput": fam.rate(work, latency_us), "throughput_unit": fam.throughput_unit}
 
 
-def schedule_response(workload: Any, gpu: str, job: JobRow | None) -> ScheduleResponse:
+def schedule_response(
+    workload: Any, gpu: str, job: JobRow | None, learned: LearnedPick | None = None
+) -> ScheduleResponse:
     """POST /v1/schedules' answer: the best measured trial `job` (best_measured's), else the
-    model's pick. Raises WorkloadError when no schedule of the family is valid on the GPU."""
+    pick of a learned prior (`learned`, where there is one: priors.learned_pick), else the
+    analytical model's pick. Raises WorkloadError when no schedule of the family is valid on
+    the GPU."""
     fam = family_of(workload)
     if job is not None and job.latency_us is not None:
         schedule = fam.parse_schedule(job.schedule)
@@ -101,6 +108,18 @@ def schedule_response(workload: Any, gpu: str, job: JobRow | None) -> ScheduleRe
             predicted_us=predicted,
             throughput=fam.throughput_of(workload, job.latency_us),
             throughput_unit=fam.throughput_unit,
+        )
+    if learned is not None:
+        return ScheduleResponse(
+            source="model",
+            workload=workload.canonical(),
+            gpu=gpu,
+            schedule=ScheduleDoc.of(learned.schedule),
+            schedule_id=learned.schedule.id,
+            predicted_us=learned.predicted_us,
+            throughput=fam.throughput_of(workload, learned.predicted_us),
+            throughput_unit=fam.throughput_unit,
+            learned_from=list(learned.learned_from),
         )
     pick = model_pick(workload, gpu)
     return ScheduleResponse(

@@ -201,3 +201,32 @@ def test_tasks_learning_from_the_same_tasks_share_one_fit(db_url, monkeypatch):
         assert _trials(client, second["id"])[:batch] == _offline_first_batch(
             "auto", 3, 16, batch, workload=other
         )
+
+
+def test_an_unmeasured_gemm_is_answered_with_the_learned_models_pick(db_url):
+    """POST /v1/schedules for a shape nothing measured: the pick of the prior the measured
+    tasks teach (the same as an offline fit's), naming them; the local database without a
+    service answers the same; with learning refused by nothing measured, the analytical
+    model's pick."""
+    import numpy as np
+
+    from pipetune.clients.library.lookup import best_schedule
+    from pipetune.service.records import model_pick
+
+    workload = parse_any_workload(GEMM)
+    with client_for(db_url) as client:
+        before = client.post("/v1/schedules", json={"workload": GEMM, "gpu": "h200"}).json()
+        assert before["source"] == "model" and before["learned_from"] is None
+        assert before["schedule_id"] == model_pick(workload, "h200").schedule.id
+    measured = _measured_corpus(db_url)
+    space = family_of(workload).enumerate(workload, get_gpu("h200"))
+    corpus = [recorded_dataset(MEASURED / f"{name}.t4.json.gz").ours for name in CORPUS]
+    prior = learned_prior(space, [r for r in corpus if r is not None])
+    expected = space[int(np.argmax(prior.values))].id
+    assert expected != before["schedule_id"]  # (else this test could not tell them apart)
+    with client_for(db_url) as client:
+        doc = client.post("/v1/schedules", json={"workload": GEMM, "gpu": "h200"}).json()
+    assert doc["source"] == "model" and doc["learned_from"] == sorted(measured)
+    assert doc["schedule_id"] == expected and doc["predicted_us"] > 0
+    local = best_schedule(GEMM, "h200", db=db_url)
+    assert (local.schedule_id, local.learned_from) == (expected, sorted(measured))

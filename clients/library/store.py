@@ -20,11 +20,14 @@ from sqlalchemy.engine import make_url
 from sqlalchemy.exc import SQLAlchemyError
 
 from pipetune.clients.sdk import Client, PipetuneError
+from pipetune.model.family import family_of
+from pipetune.model.hardware import get_gpu
 from pipetune.model.states import TaskState
 from pipetune.model.wire import MAX_BUDGET, Curve, ScheduleResponse, TaskDoc, TrialDoc
 from pipetune.service.curves import task_curve
 from pipetune.service.db import Database, is_sqlite, unavailable_reason
 from pipetune.service.migrate import SchemaError, check_schema, redact
+from pipetune.service.priors import learned_model_of_tasks, learned_pick, prior_from_tasks
 from pipetune.service.records import best_measured, schedule_response
 from pipetune.service.settings import Settings
 from pipetune.service.views import get_task_doc, list_task_docs, list_trial_docs, task_work
@@ -99,7 +102,20 @@ class LocalStore:
             return schedule_response(workload, gpu, None)
         with database.read() as s:
             job = best_measured(s, workload.workload_hash, gpu)
-        return schedule_response(workload, gpu, job)
+        learned = None
+        if job is None or job.latency_us is None:
+            # As the service picks (a fit per call here: no cache outlives the store).
+            with database.read_conn() as conn:
+                learned = learned_pick(
+                    conn,
+                    workload,
+                    gpu,
+                    lambda: family_of(workload).enumerate(workload, get_gpu(gpu)),
+                    lambda ids, space: prior_from_tasks(
+                        list(ids), learned_model_of_tasks(conn, list(ids)), space
+                    ),
+                )
+        return schedule_response(workload, gpu, job, learned)
 
     def task(self, task_id: int) -> TaskDoc:
         database = self._database()

@@ -28,13 +28,18 @@ def best_schedule(
     response: Response,
 ) -> ScheduleResponse:
     """The best measured schedule for the workload on the GPU if one was measured
-    (`source: measured`), else the analytical model's pick (`source: model`). With `tune`,
+    (`source: measured`), else the model's pick (`source: model`): for a tensor-core GEMM,
+    a cost model learned from the measured tasks of other shapes where there are any
+    (`learned_from` names them), else the analytical model. With `tune`,
     also creates a tuning task (202, `task_id` and `url`)."""
     workload = body.workload
     with service.db.read() as s:
         job = best_measured(s, workload.workload_hash, body.gpu)
     try:
-        doc = schedule_response(workload, body.gpu, job)
+        learned = None
+        if job is None or job.latency_us is None:  # nothing measured: a learned pick?
+            learned = service.driver.learned_pick(workload, body.gpu)
+        doc = schedule_response(workload, body.gpu, job, learned)
     except WorkloadError as exc:
         raise InputError(["body", "workload"], exc.reason) from None
     if body.tune is not None:
