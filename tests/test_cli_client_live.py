@@ -153,6 +153,11 @@ def test_tune_with_a_learned_prior(cli, service):  # type: ignore[no-untyped-def
     refused = cli("tune", "gemm", *plain, "--no-learned-prior")
     assert refused.exit_code == 0, refused.output
     assert json.loads(refused.stdout)["learned_from"] is None
+    # A shape nothing measured on the H200: the learned model's pick, and the table says so.
+    other = ["--m", "2048", "--n", "64", "--k", "2048", "--gpu", "h200"]
+    table = cli("schedule", "gemm", *other)
+    assert table.exit_code == 0, table.output
+    assert f"cost model learned from task {doc['learned_from'][0]}" in table.stdout
 
 
 def test_curve_text_json_png_and_html(cli, worker, tmp_path: Path):  # type: ignore[no-untyped-def]

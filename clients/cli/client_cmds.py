@@ -145,7 +145,9 @@ def _schedule(
         print_json(doc.model_dump(mode="json"))
         return
     simulated = doc.source == "measured" and is_simulated(doc.runner)
-    if doc.source == "model":
+    if doc.source == "model" and doc.learned_from:
+        source = f"cost model learned from {_tasks(doc.learned_from)} (not tuned yet)"
+    elif doc.source == "model":
         source = "analytical model (not tuned yet)"
     elif simulated:
         source = f"simulated trials ({SIMULATED_LABEL.removeprefix('simulated: ')})"
