@@ -57,23 +57,19 @@ def best_measured(session: Session, workload_hash: str, gpu: str) -> JobRow | No
 class ModelPick:
     schedule: Any  # the family's schedule type
     predicted_us: float
-    throughput: float  # predicted, in the family's throughput unit
-    space_size: int
 
 
 @lru_cache(maxsize=1024)
 def model_pick(workload: Any, gpu: str) -> ModelPick:
     """The analytical model's best schedule (cached: it depends only on its arguments)."""
     fam = family_of(workload)
-    space, _, ranked = fam.rank(workload, get_gpu(gpu), top=1)
+    _, _, ranked = fam.rank(workload, get_gpu(gpu), top=1)
     if not ranked:
         raise WorkloadError("workload", f"no schedule of the kernel family is valid on {gpu}")
     best = ranked[0]
     return ModelPick(
         schedule=fam.parse_schedule(best.schedule),
         predicted_us=best.terms["predicted_us"],
-        throughput=fam.throughput_of(workload, best.terms["predicted_us"]),
-        space_size=len(space),
     )
 
 
@@ -110,27 +106,21 @@ def schedule_response(
             throughput_unit=fam.throughput_unit,
         )
     if learned is not None:
-        return ScheduleResponse(
-            source="model",
-            workload=workload.canonical(),
-            gpu=gpu,
-            schedule=ScheduleDoc.of(learned.schedule),
-            schedule_id=learned.schedule.id,
-            predicted_us=learned.predicted_us,
-            throughput=fam.throughput_of(workload, learned.predicted_us),
-            throughput_unit=fam.throughput_unit,
-            learned_from=list(learned.learned_from),
-        )
-    pick = model_pick(workload, gpu)
+        schedule, predicted = learned.schedule, learned.predicted_us
+        learned_from: list[int] | None = list(learned.learned_from)
+    else:
+        pick = model_pick(workload, gpu)
+        schedule, predicted, learned_from = pick.schedule, pick.predicted_us, None
     return ScheduleResponse(
         source="model",
         workload=workload.canonical(),
         gpu=gpu,
-        schedule=ScheduleDoc.of(pick.schedule),
-        schedule_id=pick.schedule.id,
-        predicted_us=pick.predicted_us,
-        throughput=pick.throughput,
+        schedule=ScheduleDoc.of(schedule),
+        schedule_id=schedule.id,
+        predicted_us=predicted,
+        throughput=fam.throughput_of(workload, predicted),
         throughput_unit=fam.throughput_unit,
+        learned_from=learned_from,
     )
 
 

@@ -218,15 +218,35 @@ def test_a_tma_shape_is_launched_with_its_two_tensor_maps(monkeypatch):
     assert wgmma_probe.tensor_maps(fake, cp_async, workload, None, None) == ()
 
 
-def test_a_split_k_shape_runs_its_reduction_after_the_main_kernel(monkeypatch):
-    """Split-K: the main kernel gets a workspace of splits x C in f32 after the tensor maps,
-    and the reduction kernel (W, C, count) runs after it in every launch (so it is timed)."""
+def _tma_kernel_stand_in(monkeypatch, kernel) -> None:
+    """CuPy replaced by the numpy stand-in (tests/fake_cupy.py), every module's kernel by
+    `kernel(grid, block, args, shared_mem)`, and the tensor maps by blank ones (their
+    encoding needs the driver)."""
     import sys
 
     import fake_cupy
     import numpy as np
 
     from pipetune.workers import compile as compile_module
+
+    fake = fake_cupy.make()
+    fake.full, fake.nan, fake.isnan = np.full, np.nan, np.isnan
+    monkeypatch.setitem(sys.modules, "cupy", fake)
+    monkeypatch.setitem(fake_cupy.KERNELS, b"stand-in", kernel)
+
+    class Built:
+        cubin, registers = b"stand-in\n", 90
+
+    monkeypatch.setattr(compile_module, "compile_source", lambda *a, **k: Built())
+    monkeypatch.setattr(wgmma_probe, "encode_tensor_map", lambda spec, address: bytes(128))
+    monkeypatch.setattr(wgmma_probe, "_device_address", lambda x: 0)
+
+
+def test_a_split_k_shape_runs_its_reduction_after_the_main_kernel(monkeypatch):
+    """Split-K: the main kernel gets a workspace of splits x C in f32 after the tensor maps,
+    and the reduction kernel (W, C, count) runs after it in every launch (so it is timed)."""
+    import numpy as np
+
     from pipetune.workers.codegen import wgmma
 
     calls = []
@@ -243,17 +263,7 @@ def test_a_split_k_shape_runs_its_reduction_after_the_main_kernel(monkeypatch):
         part = (a.astype(np.float32) @ b.astype(np.float32)).ravel() / (w.size // c.size)
         w[...] = np.tile(part, w.size // c.size)
 
-    fake = fake_cupy.make()
-    fake.full, fake.nan, fake.isnan = np.full, np.nan, np.isnan
-    monkeypatch.setitem(sys.modules, "cupy", fake)
-    monkeypatch.setitem(fake_cupy.KERNELS, b"split", split_kernel)
-
-    class Built:
-        cubin, registers = b"split\n", 90
-
-    monkeypatch.setattr(compile_module, "compile_source", lambda *a, **k: Built())
-    monkeypatch.setattr(wgmma_probe, "encode_tensor_map", lambda spec, address: bytes(128))
-    monkeypatch.setattr(wgmma_probe, "_device_address", lambda x: 0)
+    _tma_kernel_stand_in(monkeypatch, split_kernel)
     fields = {"block_m": 128, "block_n": 128, "stages": 4, "loader": "tma", "splits": 3}
     (answer,) = wgmma_probe._measure(fields, [wgmma_probe.CHECK_SHAPE], timed=True)
     assert answer["correct"] and answer["samples_ms"]
@@ -268,12 +278,8 @@ def test_a_stream_k_shape_gets_its_workspace_and_zeroed_counters(monkeypatch):
     """Stream-K: one block per SM up to one per K step, the scalars with the tile count, then
     the tensor maps, the f32 workspace (two partial tiles per block) and one u32 counter per
     tile, zero before the first launch; the kernel must leave them zero for the next."""
-    import sys
-
-    import fake_cupy
     import numpy as np
 
-    from pipetune.workers import compile as compile_module
     from pipetune.workers.codegen import wgmma
 
     calls = []
@@ -285,17 +291,7 @@ def test_a_stream_k_shape_gets_its_workspace_and_zeroed_counters(monkeypatch):
         calls.append((grid, block, tuple(int(s) for s in scalars), workspace, arrivals.copy()))
         c[...] = (a.astype(np.float32) @ b.astype(np.float32)).astype(np.float16)
 
-    fake = fake_cupy.make()
-    fake.full, fake.nan, fake.isnan = np.full, np.nan, np.isnan
-    monkeypatch.setitem(sys.modules, "cupy", fake)
-    monkeypatch.setitem(fake_cupy.KERNELS, b"sk", stream_k_kernel)
-
-    class Built:
-        cubin, registers = b"sk\n", 160
-
-    monkeypatch.setattr(compile_module, "compile_source", lambda *a, **k: Built())
-    monkeypatch.setattr(wgmma_probe, "encode_tensor_map", lambda spec, address: bytes(128))
-    monkeypatch.setattr(wgmma_probe, "_device_address", lambda x: 0)
+    _tma_kernel_stand_in(monkeypatch, stream_k_kernel)
     config = wgmma.WgmmaConfig(64, 64, 6, loader="tma", epilogue="staged", persistent=True,
                                stream_k=True)  # fmt: skip
     fields = {"block_m": 64, "block_n": 64, "stages": 6, "loader": "tma", "epilogue": "staged",

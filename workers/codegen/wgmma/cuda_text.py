@@ -384,6 +384,30 @@ C_TILE_OUT = r"""#pragma unroll
     }
   }
 """
+# The persistent kernels' pieces: the batch index and first row and column of output tile
+# `index` (the batch's tiles included); one K step of a block's loads, `kt` numbering them
+# across its tiles; the MMAs of a tile all retired; the tile's C out through the C tile.
+TILE_AT = r"""  auto tile_at = [&](int index, int& z, int& bm0, int& bn0) {
+    z = index / tiles_mn;
+    const int in_batch = index - z * tiles_mn, tile_m = in_batch / tiles_n;
+    bm0 = tile_m * BM;
+    bn0 = (in_batch - tile_m * tiles_n) * BN;
+  };
+"""
+LOAD_STEP = r"""
+      // Every warpgroup retired its MMAs of load kt-2; the last tile's C is out of the C
+      // tile (each thread's stores came before this barrier), so it may be written again;
+      // and stream-K's flag was read by every thread.
+      __syncthreads();
+      const int next = kt + STAGES - 2;
+      if (tid == 0 && next < loads) issue_load(next, next % STAGES);
+      mbarrier_wait(bars + (kt % STAGES) * 8, static_cast<unsigned>(kt / STAGES) & 1u);
+@MMA_STEP@
+""".lstrip("\n")
+RETIRE = r"""    wgmma_wait<0>();
+#pragma unroll
+    for (int i = 0; i < ACC; ++i) fence_operand(acc[i]);
+"""
 
 
 def _nested(text: str) -> str:
@@ -392,6 +416,13 @@ def _nested(text: str) -> str:
         "  " + line if line.strip() and not line.startswith("#") else line
         for line in text.splitlines(keepends=True)
     )
+
+
+TILE_OUT = r"""    int z, bm0, bn0;
+    tile_at(index, z, bm0, bn0);
+    unsigned short* C =
+        reinterpret_cast<unsigned short*>(C_ptr) + static_cast<long long>(z) * M * N;
+""" + _nested(C_TILE_OUT)
 
 
 STAGED_EPILOGUE = r"""
@@ -482,21 +513,13 @@ extern "C" __global__ void __launch_bounds__(@THREADS@, 1)
   unsigned char* tile = pt_smem + (base - smem_u32(pt_smem)) + C_TILE_AT;
   const int last_slab = (N - 1) / 64 * 64;  // (as in the TMA kernel: a slab past N)
 
-  // The batch index and first row and column of this block's `local`-th output tile.
-  auto coordinates = [&](int local, int& z, int& bm0, int& bn0) {
-    const int index = first + local * step;
-    z = index / tiles_mn;
-    const int in_batch = index - z * tiles_mn, tile_m = in_batch / tiles_n;
-    bm0 = tile_m * BM;
-    bn0 = (in_batch - tile_m * tiles_n) * BN;
-  };
-
+@TILE_AT@
 @TMA_SETUP@
   // Thread 0 only: the block's load j (K tile j % k_tiles of its tile j / k_tiles) into
   // `stage`, its bytes counted on the stage's mbarrier.
   auto issue_load = [&](int j, int stage) {
     int z, bm0, bn0;
-    coordinates(j / k_tiles, z, bm0, bn0);
+    tile_at(first + j / k_tiles * step, z, bm0, bn0);
     const int kt = j % k_tiles;
 @TMA_ISSUE@  };
 
@@ -512,22 +535,9 @@ extern "C" __global__ void __launch_bounds__(@THREADS@, 1)
 #pragma unroll
     for (int i = 0; i < ACC; ++i) acc[i] = 0.f;  // each tile from zero
     for (int k_step = 0; k_step < k_tiles; ++k_step, ++kt) {
-      // Every warpgroup retired its MMAs of load kt-2; and the last tile's C is out of the C
-      // tile (each thread's stores came before this barrier), so it may be written again.
-      __syncthreads();
-      const int next = kt + STAGES - 2;
-      if (tid == 0 && next < loads) issue_load(next, next % STAGES);
-      mbarrier_wait(bars + (kt % STAGES) * 8, static_cast<unsigned>(kt / STAGES) & 1u);
-@MMA_STEP@
-    }
-    wgmma_wait<0>();
-#pragma unroll
-    for (int i = 0; i < ACC; ++i) fence_operand(acc[i]);
-    int z, bm0, bn0;
-    coordinates(local, z, bm0, bn0);
-    unsigned short* C =
-        reinterpret_cast<unsigned short*>(C_ptr) + static_cast<long long>(z) * M * N;
-@C_TILE_OUT_NESTED@  }
+@LOAD_STEP@    }
+@RETIRE@    const int index = first + local * step;
+@TILE_OUT@  }
 }
 """
 
@@ -560,21 +570,14 @@ extern "C" __global__ void __launch_bounds__(@THREADS@, 1)
   volatile int* sums_tile = reinterpret_cast<volatile int*>(tile + (FLAG_AT - C_TILE_AT));
   const int last_slab = (N - 1) / 64 * 64;  // (as in the TMA kernel: a slab past N)
 
-  // The batch index and first row and column of output tile `index`.
-  auto coordinates = [&](int index, int& z, int& bm0, int& bn0) {
-    z = index / tiles_mn;
-    const int in_batch = index - z * tiles_mn, tile_m = in_batch / tiles_n;
-    bm0 = tile_m * BM;
-    bn0 = (in_batch - tile_m * tiles_n) * BN;
-  };
-
+@TILE_AT@
 @TMA_SETUP@
   // Thread 0 only: the block's load j (K step begin + j) into `stage`, its bytes counted on
   // the stage's mbarrier.
   auto issue_load = [&](int j, int stage) {
     const long long step = begin + j;
     int z, bm0, bn0;
-    coordinates(static_cast<int>(step / k_tiles), z, bm0, bn0);
+    tile_at(static_cast<int>(step / k_tiles), z, bm0, bn0);
     const int kt = static_cast<int>(step % k_tiles);
 @TMA_ISSUE@  };
 
@@ -593,18 +596,8 @@ extern "C" __global__ void __launch_bounds__(@THREADS@, 1)
 #pragma unroll
     for (int i = 0; i < ACC; ++i) acc[i] = 0.f;  // each tile from zero
     for (; step < stop; ++step, ++kt) {
-      // Every warpgroup retired its MMAs of load kt-2; the last tile's C is out of the C tile
-      // and every thread has read the flag.
-      __syncthreads();
-      const int next = kt + STAGES - 2;
-      if (tid == 0 && next < loads) issue_load(next, next % STAGES);
-      mbarrier_wait(bars + (kt % STAGES) * 8, static_cast<unsigned>(kt / STAGES) & 1u);
-@MMA_STEP@
-    }
-    wgmma_wait<0>();
-#pragma unroll
-    for (int i = 0; i < ACC; ++i) fence_operand(acc[i]);
-    if (!whole) {
+@LOAD_STEP@    }
+@RETIRE@    if (!whole) {
       // This share's partial sums of the tile into its slot; then the block counts itself in.
       float* mine = W + partial_slot(block, begin, tile_begin) + tid;
 #pragma unroll
@@ -628,11 +621,7 @@ extern "C" __global__ void __launch_bounds__(@THREADS@, 1)
       }
       if (tid == 0) arrivals[index] = 0u;  // every share has arrived: ready for the next launch
     }
-    int z, bm0, bn0;
-    coordinates(index, z, bm0, bn0);
-    unsigned short* C =
-        reinterpret_cast<unsigned short*>(C_ptr) + static_cast<long long>(z) * M * N;
-@C_TILE_OUT_NESTED@  }
+@TILE_OUT@  }
 }
 """
 
@@ -646,10 +635,13 @@ BATCH_OFFSETS = r"""
 
 def _fill(text: str) -> str:
     return (
-        text.replace("@TMA_SETUP@", TMA_SETUP)
+        text.replace("@TILE_AT@", TILE_AT)
+        .replace("@LOAD_STEP@", LOAD_STEP)
+        .replace("@RETIRE@", RETIRE)
+        .replace("@TILE_OUT@", TILE_OUT)
+        .replace("@TMA_SETUP@", TMA_SETUP)
         .replace("@TMA_ISSUE@", TMA_ISSUE)
         .replace("@C_TILE_OUT@", C_TILE_OUT)
-        .replace("@C_TILE_OUT_NESTED@", _nested(C_TILE_OUT))
     )
 
 
