@@ -1,8 +1,10 @@
 """Report: what a GPU campaign measured (issue 15's evidence), from benchmarks/data/<gpu>/.
 
     python -m benchmarks.bench_campaign --gpu h200 [--data-dir benchmarks/data] [--write]
+    python -m benchmarks.bench_campaign --gpu h100 --data-dir benchmarks/data/hopper --write
 
-Sections (one RESULTS.md section per GPU, `campaign-<gpu>`):
+Sections (one RESULTS.md section per GPU, `campaign-<gpu>`; a campaign of the Hopper wgmma
+family alone, unpacked into a folder of its own, `campaign-hopper-<gpu>`):
 
 - the device and the correctness of every kernel variant (campaign/correctness.json);
 - per tensor-core operator: the best measured schedule's TFLOP/s, the best non-pipelined
@@ -10,6 +12,11 @@ Sections (one RESULTS.md section per GPU, `campaign-<gpu>`):
   library's (cuBLAS or cuDNN, timed the same way), the pipelining speedups and the ratio to
   the library; per memory-intensive operator the best schedule's GB/s, the best fixed
   one-row-per-block mapping's and PyTorch's;
+- per Hopper wgmma operator (the `hopper` suite): the best schedule's TFLOP/s, the best with one
+  block per tile (no persistent or stream-K loop), the mma.sync family's best on the same shape
+  (the ALCOP operator's dataset in `--compare-dir`, benchmarks/data by default, where it has
+  one) and the library's; the geomean ratio to the library of each family's best and of the
+  better of the two per operator (issue 15's 0.9x of cuBLAS);
 - the analytical model against the measurements, per operator: Spearman's rank correlation
   of predicted and measured latency (spec-sheet and calibrated profiles), best-in-top-k of
   the model's ranking (the fastest measured among the model's k first over the fastest of
@@ -33,7 +40,7 @@ from scipy.stats import spearmanr
 from benchmarks.campaign_data import Campaign, OperatorData, campaign
 from benchmarks.results import write_section
 from pipetune.model.hardware import GPUSpec
-from pipetune.model.operators import ALCOP, MEMOPS
+from pipetune.model.operators import ALCOP, HOPPER, HOPPER_PREFIX, MEMOPS
 from pipetune.model.pipelining import double_buffer_only, non_pipelined
 from pipetune.tuner import metrics
 
@@ -236,6 +243,91 @@ def model_table(ops: list[OperatorData]) -> tuple[list[str], dict[str, list[floa
     return lines, agg
 
 
+def hopper_table(
+    ops: list[OperatorData], mma_sync: Campaign | None
+) -> tuple[list[str], dict[str, list[float]]]:
+    """The wgmma family's operators against one block per tile, the mma.sync family's best on
+    the same shape (where ``mma_sync`` has its dataset) and the library."""
+    lines = [
+        "| operator | shape | best TFLOP/s | schedule | one block per tile | mma.sync best "
+        "| library | best / one block per tile | best / library | mma.sync / library "
+        "| better of the two / library |",
+        "|---|---|---:|---|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    ratios: dict[str, list[float]] = {"per_tile": [], "lib": [], "mma_lib": [], "both_lib": []}
+    theirs: dict[str, OperatorData] = {}
+    if mma_sync is not None:
+        names = [op.name.removeprefix(HOPPER_PREFIX) for op in ops]
+        theirs = {op.name: op for op in mma_sync.operators(names) if op.name in names}
+    for op in ops:
+        best = op.best
+        if best is None:
+            continue
+        _, mask = op.family.baseline(op.space)
+        per_tile = op.best_in(mask)
+        lib_us = (op.library or {}).get("latency_us")
+        other = theirs.get(op.name.removeprefix(HOPPER_PREFIX))
+        other_best = other.best if other is not None else None
+        schedule = op.family.schedule_label(op.space[best[1]].as_dict(), op.workload)
+        if per_tile:
+            ratios["per_tile"].append(per_tile[0] / best[0])
+        cells = [f"{per_tile[0] / best[0]:.2f}x" if per_tile else "-"]
+        if lib_us:
+            ratios["lib"].append(lib_us / best[0])
+            cells.append(f"{lib_us / best[0]:.2f}")
+            if other_best:
+                ratios["mma_lib"].append(lib_us / other_best[0])
+                ratios["both_lib"].append(lib_us / min(best[0], other_best[0]))
+                cells += [
+                    f"{lib_us / other_best[0]:.2f}",
+                    f"{lib_us / min(best[0], other_best[0]):.2f}",
+                ]
+            else:
+                cells += ["-", "-"]
+        else:
+            cells += ["-", "-", "-"]
+        mma = f"{op.throughput(other_best[0]):,.1f}" if other_best else "-"
+        lib = f"{op.throughput(lib_us):,.1f}" if lib_us else "-"
+        lines.append(
+            f"| {op.name} | {op.workload.label()} | {_cell(op, best)} | {schedule} "
+            f"| {_cell(op, per_tile)} | {mma} | {lib} | " + " | ".join(cells) + " |"
+        )
+    return lines, ratios
+
+
+def hopper_report(c: Campaign, mma_sync: Campaign | None) -> list[str]:
+    """The Hopper wgmma family's part of a report (empty without its operators)."""
+    ops = [op for op in c.operators(list(HOPPER)) if op.name in HOPPER]
+    if not ops:
+        return []
+    table, r = hopper_table(ops, mma_sync)
+    model_lines, a = model_table(ops)
+    where = f"`{mma_sync.folder}`" if mma_sync is not None else "no folder"
+    return [
+        "### Hopper wgmma operators: tuned against one block per tile, the mma.sync family and"
+        " the library",
+        "",
+        f"(the mma.sync family's best from the ALCOP operator of the same shape in {where},"
+        " measured in another call: compare the ratios, each against its own call's library)",
+        "",
+        *table,
+        "",
+        f"Geomean: best / one block per tile {geomean(r['per_tile']):.2f}x; best / library"
+        f" {geomean(r['lib']):.2f} over {len(r['lib'])} GEMM and BMM operators; the mma.sync"
+        f" family's {geomean(r['mma_lib']):.2f} and the better of the two"
+        f" {geomean(r['both_lib']):.2f} over the {len(r['both_lib'])} operators both measured.",
+        "",
+        "The analytical model of the wgmma family against the measurements:",
+        "",
+        *model_lines,
+        "",
+        "Geomean of top-k: "
+        + ", ".join(f"top-{k} {geomean(a[f'top{k}']):.3f}" for k in TOP_K)
+        + f"; mean Spearman {np.mean(a['rho_spec']):.3f} spec, {np.mean(a['rho_cal']):.3f}"
+        " calibrated.",
+    ]
+
+
 def parse_model_set(items: Iterable[str]) -> dict[str, float]:
     """--model-set FIELD=VALUE pairs (GPUSpec fields), for model ablations."""
     known = {f.name for f in fields(GPUSpec)}
@@ -260,30 +352,26 @@ def with_model_gpu(op: OperatorData, overrides: dict[str, float]) -> OperatorDat
     return replace(op, space=op.family.space_of(op.workload, gpu, op.space.knobs))
 
 
-def report(c: Campaign, model_set: dict[str, float] | None = None) -> str:
-    probe = c.probe
-    device = probe.get("device", {}) if isinstance(probe.get("device"), dict) else {}
-    floor = c.baselines.get("timing_floor_us")
+def report(
+    c: Campaign, model_set: dict[str, float] | None = None, mma_sync: Campaign | None = None
+) -> str:
     overrides = model_set or {}
     alcop = [with_model_gpu(op, overrides) for op in c.operators(list(ALCOP)) if op.name in ALCOP]
     memops = [
         with_model_gpu(op, overrides) for op in c.operators(list(MEMOPS)) if op.name in MEMOPS
     ]
+    hopper_lines = hopper_report(c, mma_sync)
+    if hopper_lines and not alcop and not memops:
+        return "\n".join(
+            [*header(c), "### Correctness", "", *correctness_table(c), "", *hopper_lines]
+        )
     gemm_lines, r = gemm_table(alcop)
     mem_lines, rm = memops_table(memops)
     model_gemm, ag = model_table(alcop)
     model_mem, am = model_table(memops)
     missing = sorted(set(MEMOPS) - {op.name for op in memops})
     lines = [
-        f"Command: `python -m benchmarks.bench_campaign --gpu {c.gpu} --write`, over the",
-        f"committed campaign data in `benchmarks/data/{c.gpu}/` (`pipetune campaign unpack`).",
-        f"Measured on: {c.baselines.get('device_name') or device.get('name', '?')} (the line"
-        " above says where the analysis ran); every trial and baseline timed with a flush",
-        "of >= 2x L2 before each launch, one CUDA event pair around it, median of 5-10 repeats;",
-        f"the timing floor (an empty kernel timed the same way) is {floor:.2f} µs."
-        if floor
-        else "",
-        "",
+        *header(c),
         "### Correctness",
         "",
         *correctness_table(c),
@@ -330,13 +418,41 @@ def report(c: Campaign, model_set: dict[str, float] | None = None) -> str:
         + f" (spec profile top-10 {geomean(am['top10_spec']):.3f}); mean Spearman"
         f" {np.mean(am['rho_spec']):.3f} spec, {np.mean(am['rho_cal']):.3f} calibrated.",
     ]
+    if hopper_lines:
+        lines += ["", *hopper_lines]
     return "\n".join(lines)
+
+
+def header(c: Campaign) -> list[str]:
+    """Where the figures come from: the command, the device and the timing floor."""
+    probe = c.probe
+    device = probe.get("device", {}) if isinstance(probe.get("device"), dict) else {}
+    floor = c.baselines.get("timing_floor_us")
+    data_dir = c.folder.parent
+    option = "" if data_dir == Path("benchmarks/data") else f" --data-dir {data_dir}"
+    return [
+        f"Command: `python -m benchmarks.bench_campaign --gpu {c.gpu}{option} --write`, over the",
+        f"committed campaign data in `{c.folder}/` (`pipetune campaign unpack`).",
+        f"Measured on: {c.baselines.get('device_name') or device.get('name', '?')} (the line"
+        " above says where the analysis ran); every trial and baseline timed with a flush",
+        "of >= 2x L2 before each launch, one CUDA event pair around it, median of 5-10 repeats;",
+        f"the timing floor (an empty kernel timed the same way) is {floor:.2f} µs."
+        if floor
+        else "",
+        "",
+    ]
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--gpu", required=True, help="the campaign's GPU key (h100, h200)")
     parser.add_argument("--data-dir", type=Path, default=Path("benchmarks/data"))
+    parser.add_argument(
+        "--compare-dir",
+        type=Path,
+        default=Path("benchmarks/data"),
+        help="where the mma.sync family's campaign of the same GPU is (for the wgmma table)",
+    )
     parser.add_argument("--write", action="store_true", help="write benchmarks/RESULTS.md")
     parser.add_argument(
         "--model-set",
@@ -354,14 +470,22 @@ def main() -> None:
     if model_set and args.write:
         parser.error("--model-set is an ablation: it is printed, never written to RESULTS.md")
     c = campaign(args.gpu, args.data_dir)
-    body = report(c, model_set)
+    compare = args.compare_dir / args.gpu
+    mma_sync = (
+        campaign(args.gpu, args.compare_dir)
+        if compare != c.folder and (compare / "campaign" / "campaign.json").exists()
+        else None
+    )
+    body = report(c, model_set, mma_sync)
     print(body)
     if args.write:
-        write_section(
-            f"campaign-{args.gpu}",
-            f"GPU campaign on {args.gpu.upper()}: measured (issue 15)",
-            body,
-        )
+        names = {op.name for op in c.operators()}
+        if names and names <= set(HOPPER):  # a campaign of the wgmma family alone
+            name = f"campaign-hopper-{args.gpu}"
+            title = f"GPU campaign on {args.gpu.upper()}: the Hopper wgmma family, measured"
+        else:
+            name, title = f"campaign-{args.gpu}", f"GPU campaign on {args.gpu.upper()}: measured"
+        write_section(name, f"{title} (issue 15)", body)
 
 
 if __name__ == "__main__":

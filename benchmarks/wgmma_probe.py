@@ -34,6 +34,7 @@ from typing import Any
 from pipetune.tuner.metrics import geomean
 from pipetune.workers.codegen.wgmma import EPILOGUES, LOADERS
 from pipetune.workers.runners.base import summarise
+from pipetune.workers.runners.tensor_maps import encode_tensor_map  # tests replace it here
 
 # A small GEMM with tails in M, N and K (not multiples of any block shape): the check every
 # shape must pass before it is timed.
@@ -133,48 +134,6 @@ def pattern_agreement(answer: dict[str, Any]) -> float:
 
 
 DIAGNOSIS_SHAPE = {"op": "gemm", "m": 128, "n": 128, "k": 128, "b_layout": "kn"}
-
-# The driver's enumerators (cuda.h) for the tensor maps of the TMA loader.
-CU_TENSOR_MAP_DATA_TYPE_FLOAT16 = 6
-CU_TENSOR_MAP_INTERLEAVE_NONE = 0
-CU_TENSOR_MAP_SWIZZLE_128B = 3
-CU_TENSOR_MAP_L2_PROMOTION_L2_256B = 3
-CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE = 0  # zeros past the edges
-
-
-def encode_tensor_map(spec, address: int) -> bytes:
-    """The driver's 128-byte tensor map (cuTensorMapEncodeTiled) of ``spec``, a
-    wgmma.TensorMapSpec, over the fp16 operand at device ``address``. Called through ctypes:
-    CuPy does not wrap it, and the driver's C signature is all it takes."""
-    import ctypes
-
-    encode = ctypes.CDLL("libcuda.so.1").cuTensorMapEncodeTiled
-    encode.restype = ctypes.c_int
-    u64, u32 = ctypes.c_uint64, ctypes.c_uint32
-    encode.argtypes = [
-        ctypes.c_void_p, ctypes.c_int, u32, ctypes.c_void_p, ctypes.POINTER(u64),
-        ctypes.POINTER(u64), ctypes.POINTER(u32), ctypes.POINTER(u32),
-        ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_int,
-    ]  # fmt: skip
-    raw = (ctypes.c_uint8 * (128 + 64))()  # the map must sit on a 64-byte boundary
-    offset = -ctypes.addressof(raw) % 64
-    status = encode(
-        ctypes.addressof(raw) + offset,
-        CU_TENSOR_MAP_DATA_TYPE_FLOAT16,
-        len(spec.dims),
-        address,
-        (u64 * 3)(*spec.dims),
-        (u64 * 2)(*spec.strides),
-        (u32 * 3)(*spec.box),
-        (u32 * 3)(1, 1, 1),
-        CU_TENSOR_MAP_INTERLEAVE_NONE,
-        CU_TENSOR_MAP_SWIZZLE_128B,
-        CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
-        CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE,
-    )
-    if status != 0:
-        raise RuntimeError(f"cuTensorMapEncodeTiled failed (CUresult {status}) for {spec}")
-    return bytes(raw[offset : offset + 128])
 
 
 def _device_address(array) -> int:

@@ -264,6 +264,19 @@ class KernelFamily(ABC):
         """(label, mask) of the fixed mapping the family's gain is reported against: the
         non-pipelined schedules for GEMMs, one row per block for memory-bound kernels."""
 
+    def no_schedule_reason(self, workload: Any, gpu: GPUSpec) -> str:
+        """Why no schedule of this family is valid for the workload on the GPU, for an error
+        message: the rules that every knob combination breaks (a Hopper kernel on an A100),
+        else that each combination breaks one rule or another."""
+        grid = full_grid(self.knobs)
+        rules = [
+            rule
+            for rule, bad in self.invalid_reasons(grid, workload, gpu).items()
+            if bool(np.all(bad))
+        ]
+        why = "; ".join(rules) if rules else "every schedule breaks one of the family's rules"
+        return f"no schedule of the {self.label} family is valid on {gpu.key}: {why}"
+
     def throughput(self, space: Any, latency_s: Any) -> np.ndarray:
         """Work per second in the family's throughput unit (TFLOP/s or GB/s)."""
         scale = THROUGHPUT_UNITS[self.work_unit][1]
@@ -291,6 +304,7 @@ class FamilyError(KeyError):
 _REGISTERED: dict[str, str] = {
     "tensor_gemm": "pipetune.model.gemm_family:TENSOR_GEMM",
     "memops": "pipetune.model.memops.family:MEMORY_OPS",
+    "hopper_gemm": "pipetune.model.hopper.family:HOPPER_GEMM",
 }
 _LOADED: dict[str, KernelFamily] = {}
 

@@ -1,5 +1,7 @@
 """Benchmark operator suites. ``alcop``: the operators of the ALCOP evaluation (Fig. 10/13);
-``memops``: the memory-intensive operators of BERT-base and GPT-2 (see _transformer_memops).
+``memops``: the memory-intensive operators of BERT-base and GPT-2 (see _transformer_memops);
+``hopper``: the ALCOP suite's GEMMs and BMMs on the Hopper warpgroup-MMA family ("WG_" before
+the ALCOP name: the same shapes, so the two families' kernels compare operator by operator).
 
 Shapes follow the ALCOP paper: square GEMMs, BERT-base linear layers at 1024 tokens (N x K
 as in the paper), ResNet-50's FC and 1x1 convolutions as GEMM, BERT and GPT-2 attention
@@ -10,6 +12,7 @@ the stages of a 3D ResNet (R3D-18) at batch 8, chosen to span the same range.
 
 from __future__ import annotations
 
+from pipetune.model.hopper.workloads import HopperWorkload, as_hopper
 from pipetune.model.memops.workloads import MemWorkload, bias_gelu, layernorm, softmax
 from pipetune.model.workloads import AnyWorkload, bmm, conv2d, conv3d, gemm
 
@@ -61,11 +64,19 @@ def _transformer_memops() -> dict[str, MemWorkload]:
 
 
 MEMOPS = _transformer_memops()
+HOPPER_PREFIX = "WG_"
+HOPPER: dict[str, HopperWorkload] = {
+    HOPPER_PREFIX + name: as_hopper(w) for name, w in ALCOP.items() if w.op in ("gemm", "bmm")
+}
 
-SUITES: dict[str, dict[str, AnyWorkload | MemWorkload]] = {"alcop": ALCOP, "memops": MEMOPS}
+SUITES: dict[str, dict[str, AnyWorkload | MemWorkload | HopperWorkload]] = {
+    "alcop": ALCOP,
+    "memops": MEMOPS,
+    "hopper": HOPPER,
+}
 
 
-def suite(name: str) -> dict[str, AnyWorkload | MemWorkload]:
+def suite(name: str) -> dict[str, AnyWorkload | MemWorkload | HopperWorkload]:
     try:
         return SUITES[name]
     except KeyError:

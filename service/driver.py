@@ -436,9 +436,8 @@ class Driver:
                 field = "prior_task" if learned_from is None else "learned_prior"
                 raise InputError([*where, field], str(exc)) from None
         if len(live.session.space) == 0:
-            raise InputError(
-                [*where[:1], "workload"], f"no schedule of the kernel family is valid on {body.gpu}"
-            )
+            reason = family_of(body.workload).no_schedule_reason(body.workload, get_gpu(body.gpu))
+            raise InputError([*where[:1], "workload"], reason)
         batches = []
         for _ in range(1 + batches_ahead(body.strategy)):
             batch, predicted = self._propose(live, self.settings.batch_size)

@@ -65,7 +65,7 @@ def model_pick(workload: Any, gpu: str) -> ModelPick:
     fam = family_of(workload)
     _, _, ranked = fam.rank(workload, get_gpu(gpu), top=1)
     if not ranked:
-        raise WorkloadError("workload", f"no schedule of the kernel family is valid on {gpu}")
+        raise WorkloadError("workload", fam.no_schedule_reason(workload, get_gpu(gpu)))
     best = ranked[0]
     return ModelPick(
         schedule=fam.parse_schedule(best.schedule),

@@ -182,7 +182,7 @@ def test_an_unknown_name_is_refused_with_the_names_that_would_do():
     message = str(refused.value)
     assert message.startswith("unknown operator or suite 'softmax_bert_b1_s12'")
     assert "did you mean Softmax_BERT_b1_s128" in message
-    assert "suites: alcop, memops" in message and "BiasGELU_GPT2_b32_s1024" in message
+    assert "suites: alcop, memops, hopper" in message and "BiasGELU_GPT2_b32_s1024" in message
     assert "\n" not in message  # one line: the CLI prints it as its error
 
 

@@ -14,6 +14,7 @@ import pytest
 
 from pipetune.model.family import family_names, family_of
 from pipetune.model.hardware import get_gpu
+from pipetune.model.hopper.workloads import parse_hopper_workload
 from pipetune.model.memops.workloads import softmax
 from pipetune.model.trials import MeasureResult
 from pipetune.model.workloads import gemm
@@ -21,7 +22,11 @@ from pipetune.workers.datasets import dataset_from_results
 from pipetune.workers.runners import Runner, RunnerClosedError, make_runner
 
 # One small workload per kernel family (a test below checks that every family has one).
-WORKLOADS = {"tensor_gemm": gemm(256, 128, 64), "memops": softmax(512, 136)}
+WORKLOADS = {
+    "tensor_gemm": gemm(256, 128, 64),
+    "memops": softmax(512, 136),
+    "hopper_gemm": parse_hopper_workload({"op": "hopper_gemm", "m": 256, "n": 128, "k": 64}),
+}
 GPU = get_gpu("h100", calibrated=False)
 
 

@@ -4,6 +4,8 @@ A family's code generator describes a run as a :class:`LaunchPlan` (what a runne
 allocates, fills, zeroes and launches, in order), so a runner needs no knowledge of the
 family: the tensor-core GEMM family's is one launch over A, B and C; the memory-intensive
 family's has parameter vectors, a workspace and, for two-pass splitting, a second launch.
+A plan may also hold TMA tensor maps (:class:`TensorMap`): descriptors a runner encodes on
+the host from an operand's device address and passes, in device memory, as a pointer.
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ class Buffer:
 
     name: str
     shape: tuple[int, ...]
-    dtype: Literal["float16", "float32"]
+    dtype: Literal["float16", "float32", "uint32"]  # uint32: counters
     role: BufferRole
 
     @property
@@ -35,7 +37,7 @@ class Buffer:
     @property
     def c_type(self) -> str:
         """The kernel parameter's C type: only outputs and workspaces are written."""
-        element = "__half" if self.dtype == "float16" else "float"
+        element = {"float16": "__half", "float32": "float", "uint32": "unsigned"}[self.dtype]
         return f"const {element}*" if self.role == "input" else f"{element}*"
 
     def as_dict(self) -> dict[str, Any]:
@@ -51,7 +53,9 @@ class Buffer:
 class KernelLaunch:
     """One launch: the extern "C" entry, grid and block, dynamic shared memory (above 48 KiB
     the function's MaxDynamicSharedMemorySize must be raised first), and the parameters in
-    order: buffer names, then scalars by name (int32 unless given as a float)."""
+    order: buffer names, then scalars by name (int32 unless given as a float), then
+    ``trailing`` pointers by name (buffers or tensor maps, as the wgmma kernels take their
+    tensor maps and stream-K workspaces after the scalars)."""
 
     kernel: str
     grid: tuple[int, int, int]
@@ -59,33 +63,103 @@ class KernelLaunch:
     smem_bytes: int
     arguments: tuple[str, ...]
     scalars: dict[str, int | float] = field(default_factory=dict)
+    trailing: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        if not self.trailing:
+            return
+        if len(self.arguments) < len(self.scalars) + len(self.trailing):
+            raise ValueError(
+                f"{self.kernel}: {len(self.arguments)} arguments cannot hold "
+                f"{len(self.scalars)} scalars and {len(self.trailing)} trailing pointers"
+            )
+        if self.arguments[len(self.arguments) - len(self.trailing) :] != tuple(self.trailing):
+            raise ValueError(
+                f"{self.kernel}: the arguments {list(self.arguments)} must end with the "
+                f"trailing pointers {list(self.trailing)}"
+            )
+
+    @property
+    def _scalars_end(self) -> int:
+        return len(self.arguments) - len(self.trailing)
 
     @property
     def buffer_arguments(self) -> tuple[str, ...]:
         """The leading parameters: buffer names."""
-        return self.arguments[: len(self.arguments) - len(self.scalars)]
+        return self.arguments[: self._scalars_end - len(self.scalars)]
 
     @property
     def scalar_arguments(self) -> tuple[str, ...]:
-        """The trailing parameters: scalar names (a scalar may share a buffer's name, as a
-        convolution's channel count C does the output C: position decides)."""
-        return self.arguments[len(self.arguments) - len(self.scalars) :]
+        """The parameters after the leading pointers: scalar names (a scalar may share a
+        buffer's name, as a convolution's channel count C does the output C: position
+        decides)."""
+        return self.arguments[self._scalars_end - len(self.scalars) : self._scalars_end]
+
+    @property
+    def trailing_arguments(self) -> tuple[str, ...]:
+        """The parameters after the scalars: buffer or tensor map names."""
+        return self.arguments[self._scalars_end :]
+
+    @property
+    def pointer_arguments(self) -> tuple[str, ...]:
+        """Every pointer parameter in parameter order: the leading, then the trailing."""
+        return self.buffer_arguments + self.trailing_arguments
 
     def parameters(self) -> list[tuple[str, str]]:
-        """(name, kind) per parameter: kind is "buffer", "int32" or "float32"."""
+        """(name, kind) per parameter: kind is "buffer" (any pointer, a tensor map's
+        included), "int32" or "float32"."""
         out = [(name, "buffer") for name in self.buffer_arguments]
         for name in self.scalar_arguments:
             out.append((name, "float32" if isinstance(self.scalars[name], float) else "int32"))
+        out += [(name, "buffer") for name in self.trailing_arguments]
         return out
 
     def as_dict(self) -> dict[str, Any]:
-        return {
+        doc: dict[str, Any] = {
             "kernel": self.kernel,
             "grid": list(self.grid),
             "block": list(self.block),
             "dynamic_smem_bytes": self.smem_bytes,
             "arguments": list(self.arguments),
             "scalars": dict(self.scalars),
+        }
+        if self.trailing:
+            doc["trailing"] = list(self.trailing)
+        return doc
+
+
+@dataclass(frozen=True)
+class TensorMap:
+    """A TMA tensor map over buffer ``operand`` of the plan: cuTensorMapEncodeTiled's 128
+    bytes (fp16, the 128-byte swizzle, no interleave, zeros past the edges, 256-byte L2
+    promotion), encoded on the host from the operand's device address and passed in device
+    memory (workers.runners.tensor_maps). Sizes and box innermost first, byte strides of
+    the outer dimensions (wgmma.tensor_map_specs makes the wgmma kernels')."""
+
+    name: str
+    operand: str
+    dims: tuple[int, ...]
+    strides: tuple[int, ...]
+    box: tuple[int, ...]
+
+    def __post_init__(self) -> None:
+        # cuTensorMapEncodeTiled takes ranks 1 to 5, a box extent per dimension and a stride
+        # per dimension but the innermost (dense).
+        rank = len(self.dims)
+        if not 1 <= rank <= 5 or len(self.box) != rank or len(self.strides) != rank - 1:
+            raise ValueError(
+                f"tensor map {self.name}: {rank} dims (1 to 5), {len(self.box)} box extents "
+                f"and {len(self.strides)} strides; the box needs one per dim, the strides "
+                "one fewer"
+            )
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "operand": self.operand,
+            "dims": list(self.dims),
+            "strides": list(self.strides),
+            "box": list(self.box),
         }
 
 
@@ -94,11 +168,28 @@ class LaunchPlan:
     buffers: tuple[Buffer, ...]
     launches: tuple[KernelLaunch, ...]
     output: str  # the buffer the reference check compares
+    tensor_maps: tuple[TensorMap, ...] = ()
+
+    def __post_init__(self) -> None:
+        if not self.tensor_maps:
+            return
+        names = {b.name for b in self.buffers}
+        for tm in self.tensor_maps:
+            if tm.operand not in names:
+                raise ValueError(f"tensor map {tm.name} is over {tm.operand}, not a buffer")
+            if tm.name in names:
+                raise ValueError(f"tensor map {tm.name} has a buffer's name")
 
     def buffer(self, name: str) -> Buffer:
         for b in self.buffers:
             if b.name == name:
                 return b
+        raise KeyError(name)
+
+    def tensor_map(self, name: str) -> TensorMap:
+        for tm in self.tensor_maps:
+            if tm.name == name:
+                return tm
         raise KeyError(name)
 
     def of_role(self, role: BufferRole) -> tuple[Buffer, ...]:
@@ -107,8 +198,11 @@ class LaunchPlan:
         return tuple(b for b in self.buffers if b.role == role)
 
     def as_dict(self) -> dict[str, Any]:
-        return {
+        doc: dict[str, Any] = {
             "buffers": [b.as_dict() for b in self.buffers],
             "launches": [launch.as_dict() for launch in self.launches],
             "output": self.output,
         }
+        if self.tensor_maps:
+            doc["tensor_maps"] = [tm.as_dict() for tm in self.tensor_maps]
+        return doc

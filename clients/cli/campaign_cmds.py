@@ -63,8 +63,9 @@ def _print_outcome(outcome: object) -> None:
 # The default lives with the campaign (workers/campaign/operators.DEFAULT_OPERATORS), which
 # loads only inside the commands: an unset option means it.
 _OPERATORS_HELP = (
-    "suites (alcop, memops) and operators, comma-separated (alcop,MM_RN50_FC); "
-    "default: the ALCOP suite, then the memops suite"
+    "suites (alcop, memops, hopper) and operators, comma-separated (alcop,MM_RN50_FC); "
+    "default: the ALCOP suite, then the memops suite (hopper: the ALCOP GEMMs and BMMs on "
+    "the Hopper wgmma family, H100 and H200 only)"
 )
 
 

@@ -5,7 +5,8 @@ where it is.
 Everything runs in the device's primary context, the one CuPy and PyTorch use, so their
 pointers are valid here; it is made current only around each call and the caller's own
 current context is restored. A kernel object keeps the modules it loaded, one per device,
-and the workspaces it allocated (:class:`DeviceMemory`, freed with the kernel object).
+and the workspaces and TMA tensor maps it allocated (:class:`DeviceMemory`, freed with the
+kernel object).
 """
 
 from __future__ import annotations
@@ -135,7 +136,8 @@ def _free(device: int, address: int) -> None:
 
 class DeviceMemory:
     """Device memory of our own (cuMemAlloc in the primary context), freed when the object
-    is collected: a kernel's workspace, which no caller's array library has to provide."""
+    is collected: a kernel's workspace or tensor map, which no caller's array library has to
+    provide."""
 
     def __init__(self, device: int, nbytes: int):
         cu = _driver()
@@ -144,6 +146,7 @@ class DeviceMemory:
         self.device = device
         self.nbytes = nbytes
         self.address = int(pointer)
+        self.staged: Any = None  # host bytes an asynchronous upload may still read (upload)
         self._finalizer = weakref.finalize(self, _free, device, self.address)
 
 
@@ -160,12 +163,38 @@ def allocate_zeroed(device: int, nbytes: int, stream: int) -> DeviceMemory:
     return memory
 
 
+def upload(device: int, data: bytes, stream: int) -> DeviceMemory:
+    """`data` in device memory of its own, copied on `stream` (asynchronously: the launches
+    that follow on the same stream see it): a TMA tensor map a kernel takes by pointer."""
+    memory = DeviceMemory(device, len(data))
+    # The driver may read pageable host memory after the call returns: keep it with the copy.
+    memory.staged = (ctypes.c_char * len(data)).from_buffer_copy(data)
+    cu = _driver()
+    with _current(device):
+        _check(
+            cu.cuMemcpyHtoDAsync(
+                cu.CUdeviceptr(memory.address),
+                ctypes.addressof(memory.staged),
+                len(data),
+                cu.CUstream(stream),
+            ),
+            "cuMemcpyHtoDAsync",
+        )
+    return memory
+
+
 class KernelParams:
     """cuLaunchKernel's ``void** kernelParams``: one slot per parameter in the launch's
-    ``arguments`` order, each pointing at its value (buffers as ``void*``, in the order the
-    pointers are given; scalars as ``int32`` or ``float32``, as the launch declares them)."""
+    ``arguments`` order, each pointing at its value (pointers as ``void*``, one per
+    ``pointer_arguments`` name in that order: the leading ones, then those after the
+    scalars; scalars as ``int32`` or ``float32``, as the launch declares them)."""
 
     def __init__(self, config: KernelLaunch, pointers: Sequence[int]):
+        if len(pointers) != len(config.pointer_arguments):
+            raise ValueError(
+                f"{config.kernel} takes {len(config.pointer_arguments)} pointers "
+                f"({', '.join(config.pointer_arguments)}), given {len(pointers)}"
+            )
         buffers = iter(pointers)
         self.values: list[ctypes.c_void_p | ctypes.c_int32 | ctypes.c_float] = []
         for name, kind in config.parameters():

@@ -14,7 +14,8 @@ comes from the workload's family's code generator (workers.families.codegen_for)
 shape, dtype and role, and the launches in order), made with the same arguments as the
 runners' ``trial_spec`` (the GPU's SMs, the model's resident blocks per SM), so what a caller
 launches is what the cupy runner timed. The arrays a call takes are the plan's inputs, then
-its outputs; a workspace (split rows' partials and counters) is the kernel object's own.
+its outputs; a workspace (split rows' partials and counters) is the kernel object's own, and
+so is a TMA tensor map (the wgmma kernels'), encoded from the call's operand addresses.
 The cubin is NVRTC's through the compile cache (workers.compile). Only `__call__`'s launch
 needs a GPU.
 """
@@ -50,7 +51,12 @@ from pipetune.model.workloads import AnyWorkload
 from pipetune.workers.compile import compile_kernel
 from pipetune.workers.families import codegen_for
 from pipetune.workers.launch_plan import Buffer, KernelLaunch, LaunchPlan
+from pipetune.workers.runners import tensor_maps
 from pipetune.workers.runners.kernel_runner import model_view
+
+# The uploaded tensor maps a kernel object keeps (each encodes one operand address): enough
+# for a caller cycling through a few sets of arrays, bounded for one passing fresh ones.
+TENSOR_MAP_CACHE = 64
 
 
 class TunedKernel:
@@ -105,6 +111,7 @@ class TunedKernel:
         self._functions: dict[tuple[int, str], dict[str, Any]] = {}
         self._device_plans: dict[int, LaunchPlan] = {}
         self._workspaces: dict[tuple[int, int, str, int], cuda_launch.DeviceMemory] = {}
+        self._tensor_maps: dict[tuple[int, int, str, int], cuda_launch.DeviceMemory] = {}
 
     @property
     def name(self) -> str:
@@ -118,8 +125,9 @@ class TunedKernel:
 
     @property
     def arch(self) -> str:
-        """The architecture of the GPU it was tuned for (sm_90 for an H100)."""
-        return get_gpu(self.gpu).arch
+        """The architecture the kernel is built for: the tuned GPU's (sm_90 for an H100),
+        its arch-specific target where the kernel needs one (sm_90a for wgmma)."""
+        return get_gpu(self.gpu).arch + getattr(self._kernel, "arch_suffix", "")
 
     @property
     def launch(self) -> KernelLaunch:
@@ -150,18 +158,26 @@ class TunedKernel:
         compile cache (no GPU needed); every entry of the run is in it."""
         return compile_kernel(self._kernel, arch or self.arch).cubin
 
+    def _pointers_text(self, names: tuple[str, ...]) -> str:
+        """Pointer parameters with their C types (a tensor map is a `const void*`)."""
+        maps = {tm.name for tm in self.plan.tensor_maps}
+        return ", ".join(
+            f"{name} ({'const void*' if name in maps else self.plan.buffer(name).c_type})"
+            for name in names
+        )
+
     def _notes(self) -> list[str]:
         """How to launch from the document alone, written from the plan."""
         first = self.launch
-        pointers = ", ".join(
-            f"{name} ({self.plan.buffer(name).c_type})" for name in first.buffer_arguments
-        )
+        pointers = self._pointers_text(first.buffer_arguments)
         scalars = ", ".join(
             f"{name} ({kind})" for name, kind in first.parameters() if kind != "buffer"
         )
+        trailing = self._pointers_text(first.trailing_arguments)
+        then = f", then {trailing}" if trailing else ""
         notes = [
-            f"parameters in `arguments` order: {pointers}, then {scalars}; a buffer named "
-            f"twice is passed twice; arrays dense row-major, {ALIGN_BYTES}-byte aligned",
+            f"parameters in `arguments` order: {pointers}, then {scalars}{then}; a buffer "
+            f"named twice is passed twice; arrays dense row-major, {ALIGN_BYTES}-byte aligned",
             "block = (threads, 1, 1); above 48 KiB of dynamic shared memory set "
             "CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES to dynamic_smem_bytes first",
         ]
@@ -177,14 +193,22 @@ class TunedKernel:
                 "zeroed, so it is reused as is, by one stream at a time (pipetune.kernel "
                 "keeps one per stream)"
             )
+        for tm in self.plan.tensor_maps:
+            notes.append(
+                f"{tm.name}: the 128-byte TMA tensor map of {tm.operand} in device memory, "
+                "64-byte aligned: cuTensorMapEncodeTiled over its address (fp16, rank "
+                f"{len(tm.dims)}, `tensor_maps` gives dims, byte strides and box), 128-byte "
+                "swizzle, no interleave, zero fill, 256-byte L2 promotion, element strides 1"
+            )
         if self.grid_depends_on_occupancy:
             notes.append(
                 f"the grid is sized from one wave of {self.sm_count} SMs x "
                 f"{self.blocks_per_sm} resident blocks per SM (the model's occupancy on "
                 f"{self.gpu}); pipetune.kernel and the cupy runner size it again from the "
                 "driver's (cuOccupancyMaxActiveBlocksPerMultiprocessor of the loaded first "
-                "entry): do the same where it is lower, as split rows whose blocks wait for "
-                "each other deadlock unless all are resident"
+                "entry) and the device's SM count: do the same where either differs "
+                "(split rows whose blocks wait for each other deadlock unless all are "
+                "resident; a persistent grid is one block per SM)"
             )
         return notes
 
@@ -213,6 +237,8 @@ class TunedKernel:
             },
             "notes": self._notes(),
         }
+        if self.plan.tensor_maps:
+            doc["tensor_maps"] = [tm.as_dict() for tm in self.plan.tensor_maps]
         if self.origin == "measured":
             doc["latency_us"] = self.latency_us
             doc["runner"] = self.runner
@@ -271,6 +297,26 @@ class TunedKernel:
             addresses[ws.name] = self._workspaces[key].address
         return addresses
 
+    def _tensor_map_addresses(
+        self, device: int, stream: int, plan: LaunchPlan, addresses: dict[str, int]
+    ) -> dict[str, int]:
+        """The plan's tensor maps over the operands at `addresses`, encoded and uploaded on
+        `stream` on first use. Kept per (device, stream, map, operand address): a map holds
+        its operand's address, so calls on the same arrays reuse it; the least recently
+        used beyond TENSOR_MAP_CACHE are freed."""
+        out: dict[str, int] = {}
+        for tm in plan.tensor_maps:
+            key = (device, stream, tm.name, addresses[tm.operand])
+            memory = self._tensor_maps.pop(key, None)
+            if memory is None:
+                encoded = tensor_maps.encode_tensor_map(tm, addresses[tm.operand])
+                memory = cuda_launch.upload(device, encoded, stream)
+            self._tensor_maps[key] = memory  # (re)inserted last: the most recently used
+            out[tm.name] = memory.address
+        while len(self._tensor_maps) > TENSOR_MAP_CACHE:
+            del self._tensor_maps[next(iter(self._tensor_maps))]
+        return out
+
     def __call__(self, *arrays: Any) -> Any:
         """Launch on CuPy arrays or PyTorch CUDA tensors: the inputs (`operands` in order:
         A, B for a GEMM; x, then gamma and beta or bias, for a row operator) and
@@ -295,8 +341,9 @@ class TunedKernel:
         functions = self._loaded(device)
         plan = self._device_plan(device, functions)
         addresses |= self._workspace_addresses(device, stream, plan)
+        addresses |= self._tensor_map_addresses(device, stream, plan, addresses)
         for launch in plan.launches:
-            pointers = [addresses[name] for name in launch.buffer_arguments]
+            pointers = [addresses[name] for name in launch.pointer_arguments]
             cuda_launch.launch(device, functions[launch.kernel], launch, pointers, stream)
         outputs = [a for op, a in zip(self.operands, arrays, strict=True) if op.output]
         return outputs[0] if len(outputs) == 1 else tuple(outputs)

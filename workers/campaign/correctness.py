@@ -47,6 +47,7 @@ import numpy as np
 
 from pipetune.model.family import family, family_of
 from pipetune.model.hardware import GPUSpec
+from pipetune.model.hopper.workloads import as_hopper
 from pipetune.model.memops.workloads import bias_gelu, layernorm, reduce, softmax
 from pipetune.model.trials import MeasureResult
 from pipetune.model.workloads import bmm, conv2d, conv3d, gemm
@@ -144,6 +145,24 @@ def _memops_tails(workload: Any, schedule: Any) -> dict[str, bool]:
     return memops_tails(workload, schedule)
 
 
+# The Hopper wgmma family: the GEMM and BMM tail shapes of CASES (every tile of 64 to 256
+# leaves a tail in M and N, and K = 328 and 200 a partial last 64-deep K tile, which the TMA
+# unit fills with zeros), and aligned ones; long enough in K that stream-K shares tiles.
+HOPPER_CASES: tuple[tuple[str, Any], ...] = (
+    ("hopper gemm_kn, tails in M, N, K", as_hopper(gemm(997, 200, 328))),
+    ("hopper gemm_kn, aligned, long K", as_hopper(gemm(512, 256, 2048))),
+    ("hopper bmm, tails in M, N, K", as_hopper(bmm(3, 333, 136, 200))),
+    ("hopper bmm, aligned M and N", as_hopper(bmm(4, 256, 128, 64))),
+)
+PER_HOPPER_CASE = 40
+
+
+def _hopper(name: str) -> Any:
+    from pipetune.workers.codegen.wgmma import family as hopper_codegen
+
+    return getattr(hopper_codegen, name)
+
+
 @dataclass(frozen=True)
 class FamilyChecks:
     """How the correctness phase checks one kernel family."""
@@ -167,6 +186,13 @@ FAMILY_CHECKS: dict[str, FamilyChecks] = {
         MEMOPS_CASES, PER_MEMOPS_CASE, _memops_sample, _memops_stratum, "by_mapping",
         _memops_tails, ("rows", "segment", "lanes"),
         "per op (workers/runners/memops_reference.py); each case's reference gives the formula",
+    ),
+    "hopper_gemm": FamilyChecks(
+        HOPPER_CASES, PER_HOPPER_CASE,
+        lambda space, n, seed: _hopper("stratified_sample")(space, n, seed=seed),
+        lambda schedule: _hopper("stratum")(schedule), "by_tile_loop",
+        lambda workload, schedule: _hopper("tails")(workload, schedule), ("m", "n", "k"),
+        TOLERANCE_TEXT,
     ),
 }  # fmt: skip
 

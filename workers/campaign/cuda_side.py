@@ -235,11 +235,14 @@ def _timed(
 def vendor_time(canonical: dict[str, Any], seed: int, policy: RepeatPolicy) -> dict[str, Any]:
     """Time the vendor library on one workload: {"library", "samples_ms"}."""
     from pipetune.model.family import family_of, parse_any_workload
+    from pipetune.model.hopper.workloads import TENSOR_OP
 
     workload = parse_any_workload(canonical)
-    if workload.op == "gemm":
+    # The Hopper family's shapes are the tensor-core GEMM and BMM: the same library call.
+    op = TENSOR_OP.get(workload.op, workload.op)
+    if op == "gemm":
         return _cublas(workload, seed, policy)
-    if workload.op == "bmm":
+    if op == "bmm":
         timed = _torch_bmm
     else:
         timed = _torch_memops if family_of(workload).name == "memops" else _cudnn

@@ -21,12 +21,12 @@ import difflib
 from typing import Any
 
 from pipetune.model.family import family_of
-from pipetune.model.operators import SUITES
+from pipetune.model.operators import HOPPER, HOPPER_PREFIX, SUITES
 
 # The kernel families a campaign has kernels, references and vendor baselines for. Operators
 # of another family (one registered later, before the campaign learns its baselines) are
 # refused by name rather than swept without them.
-CAMPAIGN_FAMILIES: tuple[str, ...] = ("tensor_gemm", "memops")
+CAMPAIGN_FAMILIES: tuple[str, ...] = ("tensor_gemm", "memops", "hopper_gemm")
 DEFAULT_OPERATORS = "alcop,memops"
 
 FIGURE_13_ORDER: tuple[str, ...] = (
@@ -54,7 +54,13 @@ FIGURE_13_ORDER: tuple[str, ...] = (
     "Conv3D_3",
     "Conv3D_4",
 )
-SUITE_ORDER: dict[str, tuple[str, ...]] = {"alcop": FIGURE_13_ORDER}
+SUITE_ORDER: dict[str, tuple[str, ...]] = {
+    "alcop": FIGURE_13_ORDER,
+    # The same order for the same GEMMs and BMMs on the Hopper family.
+    "hopper": tuple(
+        HOPPER_PREFIX + name for name in FIGURE_13_ORDER if HOPPER_PREFIX + name in HOPPER
+    ),
+}
 
 
 def swept(workload: Any) -> bool:
@@ -117,7 +123,8 @@ def resolve_operators(text: str) -> dict[str, Any]:
         raise ValueError(
             f"{', '.join(map(repr, other))}: the campaign sweeps the kernel families "
             f"{', '.join(CAMPAIGN_FAMILIES)} only (the pipelined GEMMs: GEMM, BMM, Conv2D, "
-            "Conv3D; the memory-intensive operators: reduce, softmax, layernorm, bias_gelu)"
+            "Conv3D; the memory-intensive operators: reduce, softmax, layernorm, bias_gelu; "
+            "the Hopper wgmma GEMMs: hopper_gemm, hopper_bmm)"
         )
     if not chosen:
         raise ValueError("no operator named")

@@ -146,6 +146,11 @@ def compile_kernel(kernel: Any, arch: str, *, use_cache: bool = True) -> Compile
     case over its entries when it has several (what a launch of any of them can need)."""
     entries = getattr(kernel, "entries", None) or (kernel.name,)
     entry = kernel.name if len(entries) == 1 else None
+    # A kernel of arch-specific instructions (Hopper's wgmma: "a") is built for the device's
+    # arch-specific target, which runs on that arch only, as the device is.
+    suffix = getattr(kernel, "arch_suffix", "")
+    if suffix and not arch.endswith(suffix):
+        arch += suffix
     return compile_source(
         kernel.code, arch, entry=entry, filename=f"{kernel.name}.cu", use_cache=use_cache
     )

@@ -10,9 +10,11 @@ that the two stay in step).
 A trial runs a :class:`~pipetune.workers.launch_plan.LaunchPlan`, whatever the kernel
 family: load the cubin, raise each entry's dynamic shared-memory limit, take the input
 buffers by name (the family's reference module made them), fill the outputs with NaN, zero
-the workspaces once (the kernels leave them zeroed), launch the plan's kernels in order with
-their int32 and float32 scalars, check the output buffer against the fp32 reference (the
-family's reference module: workers.runners.reference for the tensor-core GEMMs,
+the workspaces once (the kernels leave them zeroed), encode the plan's TMA tensor maps from
+their operands' device addresses and upload them (workers.runners.tensor_maps), launch the
+plan's kernels in order with their int32 and float32 scalars (and the pointers some take
+after them), check the output buffer against the fp32 reference (the family's reference
+module: workers.runners.reference for the tensor-core GEMMs,
 workers.runners.memops_reference for the memory-intensive operators), then time the whole
 run as workers.runners.timing says (warm-up, then repeats each after a write of a buffer
 twice the L2's size, so every repeat starts from cold L2 as the kernel would in a network,
@@ -40,7 +42,7 @@ from typing import Any
 import numpy as np
 
 from pipetune.workers.launch_plan import LaunchPlan
-from pipetune.workers.runners import reference_cache
+from pipetune.workers.runners import reference_cache, tensor_maps
 from pipetune.workers.runners.reference import CONV_REFERENCES
 from pipetune.workers.runners.timing import RepeatPolicy, time_launches
 
@@ -243,6 +245,12 @@ def _device_plan(cupy: Any, spec: TrialSpec, workload: Any, functions: dict[str,
     return codegen.launch_plan(spec.kernel, workload, sm_count, max(1, int(occupancy)))
 
 
+def _device_address(array: Any) -> int:
+    """A CuPy array's device address (a function of its own: the tests' CuPy stand-in has
+    numpy arrays, whose address is elsewhere)."""
+    return int(array.data.ptr)
+
+
 def _failed(status: str, error: str, *, poisoned: bool) -> dict[str, Any]:
     return {"status": status, "error": error, "poisoned": poisoned}
 
@@ -282,6 +290,12 @@ def run_trial(spec: TrialSpec) -> dict[str, Any]:
             buffers[b.name] = prepared.inputs[b.name]
         else:
             buffers[b.name] = prepared.buffer(cupy, b.name, b.shape, b.dtype)
+    for tm in plan.tensor_maps:
+        try:
+            encoded = tensor_maps.encode_tensor_map(tm, _device_address(buffers[tm.operand]))
+        except RuntimeError as exc:  # the driver refused on the host: the context is intact
+            return _failed("launch_error", f"tensor map {tm.name}: {exc}", poisoned=False)
+        buffers[tm.name] = cupy.asarray(np.frombuffer(encoded, dtype=np.uint8))
     calls = []
     for launch in plan.launches:
         args = tuple(

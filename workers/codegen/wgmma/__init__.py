@@ -2,11 +2,13 @@
 cannot reach (issue 15): on an H100 a perfect mma.sync pipe gives 0.88 of cuBLAS's wgmma
 kernel (benchmarks/RESULTS.md, "what limits the mma.sync GEMM next to cuBLAS").
 
-This is a probe, not yet a tuned family: a few block shapes and pipeline depths that
-`benchmarks/wgmma_probe.py` compiles, checks against cuBLAS and times on a lent GPU. No space,
-model or tuner knows it. It computes what the `gemm_kn` and `bmm` variants compute, with
-their parameters ``(A, B, C, M, N, K)`` and grid ``(tiles_m * tiles_n, 1, batch)`` (``launch``
-says what the TMA loader and split-K add).
+Two users: the Hopper wgmma family (model/hopper/; its generator module is ``family.py``
+here), whose schedules are this kernel with the TMA loader and the staged epilogue, one block
+per tile, persistent or stream-K; and `benchmarks/wgmma_probe.py`, which compiles, checks
+against cuBLAS and times every kind (``PROBE_CONFIGS``, the cp.async loader, the direct
+epilogue and split-K included) on a lent GPU. It computes what the `gemm_kn` and `bmm`
+variants compute, with their parameters ``(A, B, C, M, N, K)`` and grid
+``(tiles_m * tiles_n, 1, batch)`` (``launch`` says what the TMA loader and split-K add).
 
 How it works (CUTLASS's sm90 "cp.async + GMMA" mainloop, without warp specialisation):
 - one warpgroup (128 threads) per 64 rows of the block tile; each issues
@@ -70,7 +72,6 @@ from pipetune.workers.codegen.wgmma.config import (
     REDUCE_THREADS,
     SMEM_LIMIT,
     VARIANTS,
-    TensorMapSpec,
     WgmmaConfig,
     config_problems,
     stream_k_buffers,
@@ -96,7 +97,6 @@ __all__ = [
     "REDUCE_THREADS",
     "SMEM_LIMIT",
     "VARIANTS",
-    "TensorMapSpec",
     "WgmmaConfig",
     "config_problems",
     "generate",

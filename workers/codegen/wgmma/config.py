@@ -6,6 +6,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from pipetune.workers.launch_plan import TensorMap
+
 BK = 64  # halves per K tile: one 128-byte swizzle line per row of A
 SMEM_LIMIT = 227 * 1024  # Hopper's dynamic shared memory per block
 ALIGN_SLACK = 1024  # the stages start at a 1024-byte boundary (the swizzle reads bits 7-9)
@@ -229,25 +231,14 @@ def stream_k_buffers(config: WgmmaConfig, blocks: int, tiles: int) -> tuple[int,
     return blocks * 2 * config.threads * (config.block_n // 2), tiles
 
 
-@dataclass(frozen=True)
-class TensorMapSpec:
-    """What cuTensorMapEncodeTiled is given for one operand of the TMA loader: fp16, 3-D,
-    sizes and box innermost first, byte strides of the two outer dimensions (the 128-byte
-    swizzle, no interleave, zero fill past the edges, 256-byte L2 promotion)."""
-
-    dims: tuple[int, int, int]
-    strides: tuple[int, int]
-    box: tuple[int, int, int]
-
-
 def tensor_map_specs(
     m: int, n: int, k: int, batch: int, config: WgmmaConfig
-) -> tuple[TensorMapSpec, TensorMapSpec]:
+) -> tuple[TensorMap, TensorMap]:
     """The tensor maps of A (batch x M x K) and B (batch x K x N), row-major: A's box is one K
     tile of the block's rows (BM lines of 128 bytes), B's one 64-column slab of a K tile."""
     if k % 8 or n % 8:
         # The TMA unit needs every row to start on a 16-byte boundary.
         raise ValueError(f"the TMA loader needs K and N to be multiples of 8, got K={k} N={n}")
-    a = TensorMapSpec((k, m, batch), (k * 2, m * k * 2), (BK, config.block_m, 1))
-    b = TensorMapSpec((n, k, batch), (n * 2, k * n * 2), (64, BK, 1))
+    a = TensorMap("tmap_a", "A", (k, m, batch), (k * 2, m * k * 2), (BK, config.block_m, 1))
+    b = TensorMap("tmap_b", "B", (n, k, batch), (n * 2, k * n * 2), (64, BK, 1))
     return a, b

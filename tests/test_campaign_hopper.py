@@ -1,0 +1,116 @@
+"""The Hopper wgmma family in the GPU campaign: its suite, its correctness selection and a
+simulated call through every phase (no GPU: simulated launches of compiled kernels)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from pipetune.clients.cli.campaign_cmds import campaign_app
+from pipetune.model.family import family, family_of
+from pipetune.model.hardware import get_gpu
+from pipetune.model.hopper.space import KNOB_NAMES, TILE_LOOP_LABELS
+from pipetune.model.operators import ALCOP, HOPPER
+from pipetune.workers.campaign.correctness import FAMILY_CHECKS, selection
+from pipetune.workers.campaign.operators import FIGURE_13_ORDER, resolve_operators
+from pipetune.workers.codegen.wgmma.family import stratum, tails
+from pipetune.workers.datasets import check_pipetune, read_t4
+
+cli = CliRunner()
+
+
+def test_the_hopper_suite_is_the_alcop_gemms_and_bmms_in_figure_13_order():
+    chosen = resolve_operators("hopper")
+    expected = [f"WG_{n}" for n in FIGURE_13_ORDER if ALCOP[n].op in ("gemm", "bmm")]
+    assert list(chosen) == expected and len(chosen) == 15
+    for name, workload in chosen.items():
+        assert family_of(workload).name == "hopper_gemm"
+        assert workload.gemm_view() == ALCOP[name.removeprefix("WG_")].gemm_view()
+    assert list(resolve_operators("MM_RN50_FC,WG_MM_RN50_FC")) == ["MM_RN50_FC", "WG_MM_RN50_FC"]
+
+
+@pytest.mark.parametrize("gpu", ["h100", "h200"])
+def test_the_hopper_selection_covers_every_knob_value_tile_loop_and_tail(gpu):
+    spec = get_gpu(gpu)
+    chosen = selection(spec, ["hopper_gemm"])
+    checks = FAMILY_CHECKS["hopper_gemm"]
+    assert sum(len(s) for _, _, s in chosen) == len(checks.cases) * checks.per_case
+    assert {w.op for _, w, _ in chosen} == {"hopper_gemm", "hopper_bmm"}
+    fam = family("hopper_gemm")
+    allowed = {
+        (k, getattr(x, k)) for _, w, _ in chosen for x in fam.enumerate(w, spec) for k in KNOB_NAMES
+    }
+    reached = {(k, getattr(x, k)) for _, _, s in chosen for x in s for k in KNOB_NAMES}
+    assert reached == allowed
+    loops = {stratum(x).split("-")[0] for _, _, s in chosen for x in s}
+    assert loops == set(TILE_LOOP_LABELS.values())
+    axes = {a for _, w, s in chosen for x in s for a, t in tails(w, x).items() if t}
+    assert axes == {"m", "n", "k"}
+
+
+def test_a_hopper_operator_goes_through_every_phase(tmp_path, monkeypatch):
+    monkeypatch.setenv("PIPETUNE_CACHE_DIR", str(tmp_path / "cubins"))
+    monkeypatch.setenv("PIPETUNE_REFERENCE_CACHE", str(tmp_path / "references"))
+    monkeypatch.setenv("PIPETUNE_SIMULATED_TIME_SCALE", "0")
+    out = tmp_path / "out"
+    args = ["--out-dir", str(out), "--runner", "simulated", "--operators", "WG_BMM_BERT_SV"]
+    result = cli.invoke(campaign_app, args)
+    assert result.exit_code == 0, result.output
+    summary = json.loads((out / "campaign.json").read_text())
+    assert summary["state"] == "complete" and summary["sweeps"]["done"] == ["WG_BMM_BERT_SV"]
+    correctness = json.loads((out / "correctness.json").read_text())
+    assert list(correctness["families"]) == ["hopper_gemm"] and correctness["verdict"] == "pass"
+    assert set(correctness["by_tile_loop"]) >= {"tile_per_block-1wg", "stream_k-1wg"}
+    baseline = json.loads((out / "baselines.json").read_text())["operators"]["WG_BMM_BERT_SV"]
+    assert baseline["unit"] == "TFLOP/s" and baseline["simulated"]
+    dataset = read_t4(out / "sweeps" / "WG_BMM_BERT_SV.t4.json.gz")
+    workload = HOPPER["WG_BMM_BERT_SV"]
+    space = family_of(workload).enumerate(workload, get_gpu("h100"))
+    assert check_pipetune(dataset).runner == "simulated" and len(dataset) == len(space)
+    assert set(dataset.records[0].configuration) == set(KNOB_NAMES)
+
+
+def test_the_report_sets_the_wgmma_family_beside_the_mma_sync_family(tmp_path, monkeypatch):
+    """A simulated wgmma campaign of two operators, unpacked into a folder of its own, reported
+    beside the committed H100 mma.sync measurement of one of the two shapes."""
+    import gzip
+    import shutil
+
+    from benchmarks import bench_campaign
+    from benchmarks.campaign_data import campaign
+    from pipetune.workers.campaign.unpack import unpack
+
+    monkeypatch.setenv("PIPETUNE_CACHE_DIR", str(tmp_path / "cubins"))
+    monkeypatch.setenv("PIPETUNE_REFERENCE_CACHE", str(tmp_path / "references"))
+    monkeypatch.setenv("PIPETUNE_SIMULATED_TIME_SCALE", "0")
+    archive = tmp_path / "c.tar.gz"
+    args = ["--out-dir", str(tmp_path / "out"), "--pack", str(archive), "--runner", "simulated"]
+    result = cli.invoke(campaign_app, [*args, "--operators", "WG_MM_RN50_FC,WG_BMM_BERT_SV"])
+    assert result.exit_code == 0, result.output
+    unpack(archive, tmp_path / "hopper", tmp_path / "profiles", allow_simulated=True)
+    committed = Path("benchmarks/data/h100")
+    compare = tmp_path / "mma" / "h100"
+    shutil.copytree(committed / "campaign", compare / "campaign")
+    shutil.copy(committed / "MM_RN50_FC.t4.json.gz", compare)
+
+    body = bench_campaign.report(
+        campaign("h100", tmp_path / "hopper"), mma_sync=campaign("h100", tmp_path / "mma")
+    )
+    rows = {  # the wgmma table's rows (the model table's rows come after them)
+        line.split(" | ")[0].lstrip("| "): line
+        for line in body.splitlines()
+        if " | hopper_" in line
+    }
+    fc = rows["WG_MM_RN50_FC"].split(" | ")
+    doc = json.loads(gzip.decompress((committed / "MM_RN50_FC.t4.json.gz").read_bytes()))
+    best_ms = min(
+        r["measurements"][0]["value"] for r in doc["results"] if r["invalidity"] == "correct"
+    )
+    w = ALCOP["MM_RN50_FC"]
+    assert fc[5] == f"{w.flops / (best_ms * 1e-3) / 1e12:,.1f}"  # the mma.sync best, TFLOP/s
+    assert rows["WG_BMM_BERT_SV"].split(" | ")[5] == "-"  # no mma.sync dataset of that shape
+    assert "over the 1 operators both measured" in body
+    assert "Tensor-core operators" not in body  # no empty tables of the other families

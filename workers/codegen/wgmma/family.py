@@ -1,0 +1,194 @@
+"""The Hopper warpgroup-MMA GEMM family's code generator (model/hopper/): a schedule's kernel is
+the wgmma kernel of this package with the TMA loader and the staged epilogue, one block per
+tile, persistent, or stream-K as its ``tile_loop`` says.
+
+What every family's generator module gives the workers: ``generate(workload, schedule)``,
+``kernel_kind``, ``build_key``, ``launch_plan``, ``grid_depends_on_occupancy``, and for the
+checks ``compile_sample``, ``stratified_sample``, ``stratum`` and ``tails``.
+
+The run (``launch_plan``): A, B and C as the tensor-core family's GEMM and BMM take them, the two
+tensor maps the TMA unit reads A and B through (encoded by the runner from A's and B's device
+addresses), and for stream-K the f32 partial-sum workspace and the tiles' arrival counters
+(zeroed once; the kernel leaves them zeroed). The persistent kinds size their grid from the SM
+count, so a runner plans the run again with the device's (``grid_depends_on_occupancy``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from pipetune.model.hopper.space import (
+    KNOB_NAMES,
+    PER_TILE,
+    STREAM_K,
+    TILE_LOOP_LABELS,
+    HopperSchedule,
+)
+from pipetune.model.hopper.workloads import HopperWorkload
+from pipetune.workers.codegen import generator as gemm_generator
+from pipetune.workers.codegen.variants import SCALAR_ARGS, variant_of
+from pipetune.workers.codegen.wgmma.config import (
+    BK,
+    WgmmaConfig,
+    stream_k_buffers,
+    tensor_map_specs,
+)
+from pipetune.workers.codegen.wgmma.generator import kernel_name, launch, source_parts
+from pipetune.workers.launch_plan import Buffer, KernelLaunch, LaunchPlan
+
+
+@dataclass(frozen=True)
+class HopperKernelSource:
+    """One generated kernel. ``schedule`` is the wgmma configuration (what the launch reads:
+    the block tile, persistent, stream-K); ``hopper_schedule`` the family's schedule."""
+
+    variant: str  # "gemm_kn" | "bmm"
+    schedule: WgmmaConfig
+    hopper_schedule: HopperSchedule
+    name: str
+    code: str
+    threads: int
+    smem_bytes: int
+    # wgmma and the TMA copies exist only in the arch-specific target (sm_90a), which the
+    # compiler appends to the device's arch (workers/compile).
+    arch_suffix: str = "a"
+
+
+def config_of(schedule: HopperSchedule) -> WgmmaConfig:
+    """The wgmma kernel configuration that computes a schedule."""
+    return WgmmaConfig(
+        schedule.tile_m,
+        schedule.tile_n,
+        schedule.stages,
+        loader="tma",
+        epilogue="staged",
+        persistent=schedule.tile_loop != PER_TILE,
+        stream_k=schedule.tile_loop == STREAM_K,
+    )
+
+
+def generate(
+    workload_or_variant: HopperWorkload | str, schedule: HopperSchedule
+) -> HopperKernelSource:
+    w = workload_or_variant
+    variant = w if isinstance(w, str) else variant_of(w)
+    config = config_of(schedule)
+    return HopperKernelSource(
+        variant=variant,
+        schedule=config,
+        hopper_schedule=schedule,
+        name=kernel_name(variant, config),
+        code="".join(source_parts(variant, config).values()),
+        threads=config.threads,
+        smem_bytes=config.smem_bytes,
+    )
+
+
+def kernel_kind(workload: HopperWorkload) -> str:
+    return variant_of(workload)
+
+
+def build_key(workload: HopperWorkload, schedule: HopperSchedule) -> str:
+    """The variant: the shape is launch arguments, so one cubin per (variant, schedule)."""
+    return variant_of(workload)
+
+
+def grid_depends_on_occupancy(kernel: HopperKernelSource) -> bool:
+    """The persistent kinds run one block per SM: planned again on the device's SM count."""
+    return kernel.schedule.persistent
+
+
+def launch_plan(
+    kernel: HopperKernelSource, workload: HopperWorkload, sm_count: int = 1, blocks_per_sm: int = 1
+) -> LaunchPlan:
+    """The run on ``workload`` with ``sm_count`` SMs (the persistent grids' size;
+    ``blocks_per_sm`` is the plan interface's: these kernels run one block per SM or per
+    tile)."""
+    from pipetune.workers.runners.reference import operand_shapes
+
+    config = kernel.schedule
+    view = workload.gemm_view()
+    grid, scalars = launch(kernel, workload, sm_count)  # type: ignore[arg-type]
+    names = list(SCALAR_ARGS[kernel.variant])
+    if config.persistent:
+        names.append("tiles")
+    maps = tensor_map_specs(view.m, view.n, view.k, view.batch, config)
+    a, b, c = operand_shapes(workload)
+    buffers = [
+        Buffer("A", a, "float16", "input"),
+        Buffer("B", b, "float16", "input"),
+        Buffer("C", c, "float16", "output"),
+    ]
+    trailing = [m.name for m in maps]
+    if config.stream_k:
+        tiles = int(scalars[-1])
+        floats, counters = stream_k_buffers(config, grid[0], tiles)
+        buffers += [
+            Buffer("W", (floats,), "float32", "workspace"),
+            Buffer("arrivals", (counters,), "uint32", "workspace"),
+        ]
+        trailing += ["W", "arrivals"]
+    entry = KernelLaunch(
+        kernel=kernel.name,
+        grid=grid,
+        block=(kernel.threads, 1, 1),
+        smem_bytes=kernel.smem_bytes,
+        arguments=(*gemm_generator.POINTER_ARGS, *names, *trailing),
+        scalars=dict(zip(names, scalars, strict=True)),
+        trailing=tuple(trailing),
+    )
+    return LaunchPlan(buffers=tuple(buffers), launches=(entry,), output="C", tensor_maps=maps)
+
+
+# ---- the checks' sampling -----------------------------------------------------------------
+
+
+def stratum(schedule: HopperSchedule) -> str:
+    """The stratum a correctness check counts a schedule in: its tile loop and warpgroups."""
+    return f"{TILE_LOOP_LABELS[schedule.tile_loop]}-{schedule.tile_m // 64}wg"
+
+
+def tails(workload: HopperWorkload, schedule: HopperSchedule) -> dict[str, bool]:
+    """Where a schedule leaves a partial tile: rows ("m"), columns ("n"), a last K tile ("k")."""
+    view = workload.gemm_view()
+    return {
+        "m": view.m % schedule.tile_m != 0,
+        "n": view.n % schedule.tile_n != 0,
+        "k": view.k % BK != 0,
+    }
+
+
+def _cover(schedules: Sequence[HopperSchedule], seed: int) -> list[int]:
+    """Indices that together reach every (knob, value) the schedules reach, the most new pairs
+    first (ties in a seeded random order)."""
+    rng = np.random.default_rng(seed)
+    order = rng.permutation(len(schedules)).tolist()
+    pairs = {i: {(k, getattr(schedules[i], k)) for k in KNOB_NAMES} for i in order}
+    wanted = set().union(*pairs.values()) if pairs else set()
+    chosen: list[int] = []
+    while wanted:
+        best = max(order, key=lambda i: len(pairs[i] & wanted))
+        chosen.append(best)
+        wanted -= pairs[best]
+    return chosen
+
+
+def stratified_sample(space: Any, n: int, seed: int = 0) -> list[HopperSchedule]:
+    """min(n, len(space)) schedules: a cover of every knob value first, then random others."""
+    if n < 1:
+        raise ValueError("the sample needs at least one schedule")
+    schedules = list(space)
+    chosen = _cover(schedules, seed)
+    rest = [
+        i for i in np.random.default_rng(seed + 1).permutation(len(schedules)) if i not in chosen
+    ]
+    return [schedules[i] for i in (chosen + rest)[: min(n, len(schedules))]]
+
+
+def compile_sample(schedules: Sequence[HopperSchedule], count: int) -> list[HopperSchedule]:
+    """Up to ``count`` schedules, the first of a cover of every knob value among them."""
+    return [schedules[i] for i in _cover(list(schedules), 0)][:count]
