@@ -36,6 +36,7 @@ from pipetune.workers.campaign.kit import (
     KitError,
     build_kit,
     device_command,
+    hopper_device_command,
     normalise,
 )
 from pipetune.workers.campaign.operators import DEFAULT_OPERATORS
@@ -65,6 +66,8 @@ def kit_or_fail(out: Path, python_version: str):
 
 def test_the_readme_gives_the_kit_s_commands():
     assert readme_commands() == [device_command(call) for call in (1, 2, 3)]
+    stripped = [line.strip() for line in (ROOT / "README.md").read_text().splitlines()]
+    assert hopper_device_command() in stripped  # the Hopper family's campaign call
 
 
 def test_the_gpu_kit_is_complete_for_the_gpu_machine_and_small(tmp_path):
@@ -230,3 +233,24 @@ def check_files(folder: Path, files: dict[str, bytes]) -> None:
             len(dataset)
             == {"MM_RN50_FC": 2032, "BMM_GPT2_QK": 686, "Softmax_BERT_b1_s128": 341}[op]
         )
+
+
+def test_the_hopper_campaign_call_runs_in_a_gpu_machine_stand_in(machine):
+    """The README's call for the Hopper wgmma family, on two of its operators with simulated
+    launches: the kit carries the family (its model, generator and campaign parts)."""
+    work, env = machine
+    command = hopper_device_command()
+    rehearsal = command.replace("--operators hopper", "--operators WG_MM_RN50_FC,WG_BMM_BERT_SV")
+    rehearsal = rehearsal.replace("--runner cupy", "--runner simulated")
+    out = Path(env["OUT"])
+    shutil.rmtree(out, ignore_errors=True)
+    out.mkdir()
+    done = subprocess.run(
+        ["bash", "-c", rehearsal], cwd=work, env=env, capture_output=True, text=True, timeout=400
+    )
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert "campaign: complete" in (out / "campaign-hopper.log").read_text()
+    files = archive_members(out / "campaign-hopper.tar.gz")
+    assert {"sweeps/WG_MM_RN50_FC.t4.json.gz", "sweeps/WG_BMM_BERT_SV.t4.json.gz"} <= set(files)
+    correctness = json.loads(files["correctness.json"])
+    assert list(correctness["families"]) == ["hopper_gemm"] and correctness["verdict"] == "pass"

@@ -241,6 +241,22 @@ def build_kit(out: Path, python_version: str = GPU_PYTHON, *, python: str = sys.
     return kit
 
 
+HOPPER_OUT = ".campaign-h"
+HOPPER_ARCHIVE = "campaign-hopper.tar.gz"
+HOPPER_MINUTES = 6  # its sweeps take about two minutes of GPU time after the phases
+
+
+def hopper_device_command(runner: str = "cupy") -> str:
+    """The Hopper wgmma family's campaign (the ``hopper`` suite) in one call: what a lent GPU
+    runs first once the mma.sync campaigns are complete (README, GPU work)."""
+    return (
+        f"set -o pipefail; rm -rf {HOPPER_OUT}; {install_line()}; PYTHONUNBUFFERED=1 "
+        f"python3 -m pipetune.clients.cli campaign --operators hopper --runner {runner} "
+        f"--minutes {HOPPER_MINUTES} --out-dir {HOPPER_OUT} --pack $OUT/{HOPPER_ARCHIVE} 2>&1 "
+        "| tee $OUT/campaign-hopper.log"
+    )
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description="Build the GPU kit (make gpu-kit).")
     parser.add_argument("--out", type=Path, default=Path(KIT_DIR))
@@ -263,6 +279,17 @@ def main(argv: list[str] | None = None) -> int:
                 "timeout_s": 600,
                 "carry": [KIT_DIR],
                 "command": device_command(1),
+            }
+        )
+    )
+    print("\nWith the GPU's mma.sync campaigns complete, the Hopper wgmma family's campaign:")
+    print(
+        json.dumps(
+            {
+                "kind": "nvidia-h100-x1",
+                "timeout_s": 420,
+                "carry": [KIT_DIR],
+                "command": hopper_device_command(),
             }
         )
     )
