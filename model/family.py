@@ -167,6 +167,8 @@ class KernelFamily(ABC):
     title: str  # one line for people
     label: str  # a few words for tables and reports ("tensor-core GEMM")
     work_unit: str  # what work() counts: "flop" or "byte" (a key of THROUGHPUT_UNITS)
+    # What `schedule_label` shows, as a table's heading ("thread mapping").
+    schedule_heading: str = "schedule"
     codegen_module: str  # under pipetune.workers: generate, launch_plan, build_key, ...
     reference_module: str  # under pipetune.workers: input_buffers, compute_reference, check
     # Whether a task of this family learns its prior from the measured tasks of other shapes

@@ -34,6 +34,7 @@ class TensorGemmFamily(KernelFamily):
     label = "tensor-core GEMM"
     title = "pipelined tensor-core GEMM, batched GEMM and implicit-GEMM convolutions (ALCOP)"
     work_unit = "flop"
+    schedule_heading = "tile MxNxK warps stages"
     codegen_module = "pipetune.workers.codegen"
     reference_module = "pipetune.workers.runners.reference"
     # On the 23 ALCOP operators measured on the H100 and the H200, each shape unseen, `auto`

@@ -151,3 +151,39 @@ def test_suite_reports_every_operator():
 def test_gpus_lists_the_registry():
     doc = json.loads(runner.invoke(app, ["model", "gpus", "--json"]).stdout)
     assert {g["key"] for g in doc["gpus"]} >= {"a100", "h100", "h200"}
+
+
+HOPPER_FC2 = ["--m", "1024", "--n", "768", "--k", "3072"]
+
+
+def test_rank_a_hopper_gemm_in_its_familys_terms():
+    args = ["model", "rank", "hopper_gemm", *HOPPER_FC2, "--gpu", "h100", "--top", "5"]
+    doc = json.loads(runner.invoke(app, [*args, "--json"]).stdout)
+    assert doc["family"] == "hopper_gemm" and len(doc["schedules"]) == 5
+    assert set(doc["schedules"][0]["schedule"]) == {"tile_m", "tile_n", "stages", "tile_loop"}
+    table = runner.invoke(app, args)
+    assert table.exit_code == 0, table.output
+    first = doc["schedules"][0]["schedule"]
+    label = f"{first['tile_m']}x{first['tile_n']} s{first['stages']}"
+    assert label in table.output and "TFLOP/s" in table.output
+
+
+def test_a_hopper_shape_on_an_a100_exits_2_saying_why():
+    for args in (
+        ["model", "rank", "hopper_gemm", *HOPPER_FC2, "--gpu", "a100"],
+        ["model", "suite", "hopper", "--gpu", "a100"],
+    ):
+        result = runner.invoke(app, args)
+        assert result.exit_code == 2, result.output
+        assert "needs a Hopper GPU" in result.output and "Traceback" not in result.output
+
+
+def test_the_hopper_suite_reports_every_operator():
+    result = runner.invoke(app, ["model", "suite", "hopper", "--gpu", "h200", "--json"])
+    assert result.exit_code == 0, result.output
+    doc = json.loads(result.stdout)
+    assert len(doc["operators"]) == 15
+    assert {row["family"] for row in doc["operators"]} == {"hopper_gemm"}
+    assert all(row["baseline"] == "one block per tile" for row in doc["operators"])
+    table = runner.invoke(app, ["model", "suite", "hopper", "--gpu", "h200"])
+    assert table.exit_code == 0 and "WG_BMM_GPT2_QK" in table.output

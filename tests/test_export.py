@@ -376,3 +376,26 @@ def test_the_header_defines_each_familys_knobs(tuned_mixed: str, tmp_path: Path)
         _assert_header_defines(tmp_path, stem, schedule, knobs)
     softmax_stem = next(r["stem"] for r in index["workloads"] if r["workload"]["op"] == "softmax")
     assert f"#define PIPETUNE_{softmax_stem.upper()}_THREADS_PER_ROW " in header
+
+
+def test_a_hopper_kernel_exports_its_arch_specific_cubin_and_tensor_maps(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+):
+    """A wgmma kernel is built for sm_90a, not sm_90: its files and index say so (its cubin's
+    ELF header says SM 90, as sm_90's), and its launch document says how to make the tensor
+    maps it reads A and B through."""
+    url = f"sqlite:///{tmp_path / 'hopper.db'}"
+    monkeypatch.setenv("PIPETUNE_SIMULATED_TIME_SCALE", "0")
+    fc2 = {"op": "hopper_gemm", "m": 1024, "n": 768, "k": 3072}
+    pipetune.tune(fc2, "h100", budget=4, strategy="random", runner="simulated", db=url)
+    result = cli.invoke(
+        app, ["export", "--gpu", "h100", "--out-dir", str(tmp_path / "out"), "--db", url]
+    )
+    assert result.exit_code == 0, result.output
+    (entry,) = json.loads((tmp_path / "out" / "index.json").read_text())["workloads"]
+    assert entry["arch"] == "sm_90a" and entry["files"]["cubin"].endswith(".sm_90a.cubin")
+    assert cubin_sm((tmp_path / "out" / entry["files"]["cubin"]).read_bytes()) == 90
+    launch = json.loads((tmp_path / "out" / entry["files"]["launch"]).read_text())
+    assert launch["arch"] == "sm_90a"
+    assert [m["operand"] for m in launch["tensor_maps"]] == ["A", "B"]
+    assert launch["trailing"][:2] == ["tmap_a", "tmap_b"]

@@ -144,11 +144,11 @@ def test_a_stream_k_run_plans_maps_workspace_and_counters():
         "A", "B", "C", "M", "N", "K", "tiles", "tmap_a", "tmap_b", "W", "arrivals",
     )  # fmt: skip
     assert launch.scalars == {"M": 1024, "N": 768, "K": 3072, "tiles": tiles}
-    floats, counters = stream_k_buffers(kernel.schedule, 132, tiles)
+    floats, counters = stream_k_buffers(kernel.config, 132, tiles)
     assert plan.buffer("W").shape == (floats,) and plan.buffer("arrivals").shape == (counters,)
     assert {b.role for b in plan.buffers if b.name in ("W", "arrivals")} == {"workspace"}
     maps = plan.tensor_maps
-    assert maps == tensor_map_specs(1024, 768, 3072, 1, kernel.schedule)
+    assert maps == tensor_map_specs(1024, 768, 3072, 1, kernel.config)
     assert [(m.name, m.operand) for m in maps] == [("tmap_a", "A"), ("tmap_b", "B")]
     assert codegen.grid_depends_on_occupancy(kernel)
     assert codegen.launch_plan(kernel, FC2, sm_count=114).launches[0].grid == (114, 1, 1)

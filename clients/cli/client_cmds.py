@@ -93,10 +93,9 @@ def _schedule_rows(schedule: ScheduleDoc, workload: dict[str, Any]) -> list[tupl
         parsed = parse_any_workload(workload)
     except ValueError:
         parsed = None
-    what = "tile, warps, stages" if family.name == "tensor_gemm" else "thread mapping"
     return [
         ("schedule", schedule.to_schedule().id),
-        (what, family.schedule_label(schedule.knobs(), parsed)),
+        (family.schedule_heading, family.schedule_label(schedule.knobs(), parsed)),
     ]
 
 

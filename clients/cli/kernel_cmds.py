@@ -194,8 +194,7 @@ def _print_table(doc: dict[str, Any]) -> None:
     table = Table(
         title=f"{label}: {doc['sampled']} of {doc['space_size']} schedules, {doc['arch']}"
     )
-    column = "tile MxNxK warps stages" if family.name == "tensor_gemm" else "thread mapping"
-    for col in ("schedule", column, "regs", "spills B"):
+    for col in ("schedule", family.schedule_heading, "regs", "spills B"):
         table.add_column(col, justify="right")
     for col in ("smem KiB", "compile ms"):
         table.add_column(col, justify="right")

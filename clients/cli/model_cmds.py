@@ -20,7 +20,8 @@ from pipetune.model.space import Schedule
 
 model_app = typer.Typer(
     help="The analytical performance models: ALCOP's for the tensor-core GEMM family, the "
-    "wave/bandwidth model for memory-intensive operators (no GPU needed)."
+    "wave/bandwidth model for memory-intensive operators, the warpgroup-MMA model for the "
+    "Hopper GEMM family (no GPU needed)."
 )
 rank_app = typer.Typer(help="Rank a workload's valid schedules by predicted latency.")
 model_app.add_typer(rank_app, name="rank")
@@ -52,7 +53,7 @@ def rank_document(
     gpu = get_gpu(gpu_name, profile=profile)
     space, _, ranked = family.rank(workload, gpu, top=top)
     if not len(space):
-        raise CliError(f"no valid schedule for {workload.label()} on {gpu.key}", code=2)
+        raise CliError(f"{workload.label()}: {family.no_schedule_reason(workload, gpu)}", code=2)
     return {
         "workload": workload.canonical(),
         "family": family.name,
@@ -77,6 +78,9 @@ def _rank(workload: dict, gpu: str, top: int, profile: Path | None, as_json: boo
     title = f"{label} on {doc['gpu_name']}: top {len(doc['schedules'])} of {doc['space_size']}"
     if family.name == "memops":
         _print_memops_rank(doc, title)
+        return
+    if family.name != "tensor_gemm":
+        _print_family_rank(doc, title, family)
         return
     table = Table(title=title)
     for col in (
@@ -104,6 +108,26 @@ def _rank(workload: dict, gpu: str, top: int, profile: Path | None, as_json: boo
             s["bottleneck"],
             str(s["waves"]),
             str(s["blocks_per_sm"]),
+        )
+    console.print(table)
+
+
+def _print_family_rank(doc: dict[str, Any], title: str, family: KernelFamily) -> None:
+    """Any other family's ranking: its own schedule label, the predicted latency and
+    throughput in its unit, and the model's bottleneck and blocks per SM where it gives them."""
+    table = Table(title=title + " (model predictions)")
+    unit = family.throughput_unit
+    for col in ("#", "schedule", "pred µs", unit, "bound", "blk/SM"):
+        table.add_column(col, justify="right")
+    workload = _workload(doc["workload"])
+    for s in doc["schedules"]:
+        table.add_row(
+            str(s["rank"]),
+            family.schedule_label(s["schedule"], workload),
+            f"{s['predicted_us']:.2f}",
+            f"{family.throughput_of(workload, s['predicted_us']):,.1f}",
+            str(s.get("bottleneck", "-")),
+            str(s.get("blocks_per_sm", "-")),
         )
     console.print(table)
 
@@ -164,6 +188,9 @@ def suite_document(name: str, gpu_name: str, profile: Path | None) -> dict:
     for op_name, workload in operators.items():
         family = family_of(workload)
         space = family.enumerate(workload, gpu)
+        if not len(space):
+            reason = family.no_schedule_reason(workload, gpu)
+            raise CliError(f"suite {name}: {op_name}: {reason}", code=2)
         prediction = family.evaluate(space)
         best = int(prediction.order[0])
         baseline, speedup = _baseline_speedup(family, space, prediction.T_kernel)
@@ -191,7 +218,7 @@ def suite_document(name: str, gpu_name: str, profile: Path | None) -> dict:
 @model_app.command("suite")
 @reported
 def suite(
-    name: str = typer.Argument("alcop", help="operator suite: alcop or memops"),
+    name: str = typer.Argument("alcop", help="operator suite: alcop, memops or hopper"),
     gpu: str = typer.Option("h100", "--gpu"),
     profile: Path | None = typer.Option(None, "--profile"),
     as_json: bool = typer.Option(False, "--json"),
@@ -203,6 +230,9 @@ def suite(
         return
     if doc["operators"] and doc["operators"][0]["family"] == "memops":
         _print_memops_suite(doc, name)
+        return
+    if doc["operators"] and doc["operators"][0]["family"] != "tensor_gemm":
+        _print_family_suite(doc, name)
         return
     table = Table(title=f"suite {name} on {doc['gpu_name']} (analytical model predictions)")
     for col in (
@@ -228,6 +258,33 @@ def suite(
             f"{row['best']['predicted_us']:.1f}",
             f"{row['best']['predicted_tflops']:.1f}",
             row["best"]["bottleneck"],
+            "-" if speedup is None else f"{speedup:.2f}x",
+        )
+    console.print(table)
+
+
+def _print_family_suite(doc: dict[str, Any], name: str) -> None:
+    """Any other family's suite: each operator's best schedule by its family's label, the
+    predicted latency and throughput, and the best over the family's fixed baseline."""
+    table = Table(title=f"suite {name} on {doc['gpu_name']} (analytical model predictions)")
+    rows = doc["operators"]
+    family = family_for_op(rows[0]["workload"]["op"])
+    columns = ("operator", "shape", "space", "best schedule", "pred µs",
+               family.throughput_unit, "bound", f"best / {rows[0]['baseline']}")  # fmt: skip
+    for col in columns:
+        table.add_column(col, justify="right")
+    for row in rows:
+        best = row["best"]
+        workload = _workload(row["workload"])
+        speedup = row["speedup_over_baseline"]
+        table.add_row(
+            row["operator"],
+            workload.label(),
+            str(row["space_size"]),
+            family.schedule_label(best["schedule"], workload),
+            f"{best['predicted_us']:.1f}",
+            f"{family.throughput_of(workload, best['predicted_us']):,.1f}",
+            str(best.get("bottleneck", "-")),
             "-" if speedup is None else f"{speedup:.2f}x",
         )
     console.print(table)

@@ -4,7 +4,8 @@ Tuned kernels (`export_tuned`), for every workload with a measured trial on the 
 best measured schedule:
 
     <stem>.cu             the CUDA source (compiles with NVRTC or nvcc as is)
-    <stem>.<arch>.cubin   its cubin for the GPU's architecture (NVRTC, the compile cache)
+    <stem>.<arch>.cubin   its cubin for the GPU's architecture, or its arch-specific target
+                          where the kernel needs one (sm_90a: the Hopper wgmma family)
     <stem>.launch.json    grid, block, dynamic shared memory, parameter order, operands;
                           every launch and buffer of the run (a workspace to zero included)
     pipetune_tuned.h      every workload's tuned parameters as #defines (its family's knobs)
@@ -82,7 +83,9 @@ class Exported:
     kernel: TunedKernel
     best: ScheduleResponse
 
-    def entry(self, arch: str) -> dict[str, Any]:
+    def entry(self) -> dict[str, Any]:
+        # The kernel's own architecture: the GPU's, or its arch-specific target (sm_90a).
+        arch = self.kernel.arch
         entry: dict[str, Any] = {
             "stem": self.stem,
             "workload": self.kernel.workload.canonical(),
@@ -90,6 +93,7 @@ class Exported:
             "kernel": self.kernel.name,
             "schedule": self.kernel.schedule.as_dict(),
             "schedule_id": self.kernel.schedule.id,
+            "arch": arch,
             "latency_us": self.best.latency_us,
             "tflops": self.best.tflops,
             "throughput": self.best.throughput,
@@ -176,10 +180,10 @@ def export_tuned(reader: Reader, gpu: str, out_dir: Path) -> dict[str, Any]:
         exported.append(Exported(stem_of(workload), kernel, best))
     out_dir.mkdir(parents=True, exist_ok=True)
     for item in exported:
-        files = item.entry(arch)["files"]
+        files = item.entry()["files"]
         write_atomic(out_dir / files["source"], item.kernel.source)
-        write_bytes_atomic(out_dir / files["cubin"], item.kernel.cubin(arch))
-        launch = item.kernel.launch_document(arch)
+        write_bytes_atomic(out_dir / files["cubin"], item.kernel.cubin(item.kernel.arch))
+        launch = item.kernel.launch_document(item.kernel.arch)
         write_atomic(out_dir / files["launch"], json.dumps(launch, indent=2) + "\n")
     source = source_of(reader)
     write_atomic(out_dir / HEADER_NAME, _header(gpu, arch, source, exported))
@@ -190,7 +194,7 @@ def export_tuned(reader: Reader, gpu: str, out_dir: Path) -> dict[str, Any]:
         "source": source,
         "header": HEADER_NAME,
         "simulated": any_simulated(item.best.runner for item in exported),
-        "workloads": [item.entry(arch) for item in exported],
+        "workloads": [item.entry() for item in exported],
         "not_exported": not_exported,
     }
     write_atomic(out_dir / INDEX_NAME, json.dumps(index, indent=2) + "\n")

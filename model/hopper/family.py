@@ -36,6 +36,7 @@ class HopperFamily(KernelFamily):
     label = "Hopper wgmma GEMM"
     title = "Hopper warpgroup-MMA GEMM and batched GEMM (wgmma, TMA loads, persistent, stream-K)"
     work_unit = "flop"
+    schedule_heading = "tile, ring, tile loop"
     codegen_module = "pipetune.workers.codegen.wgmma.family"
     reference_module = "pipetune.workers.runners.reference"
 

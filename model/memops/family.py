@@ -40,6 +40,7 @@ class MemoryFamily(KernelFamily):
     label = "memory-intensive"
     title = "memory-intensive row operators with adaptive thread mapping (AStitch)"
     work_unit = "byte"
+    schedule_heading = "thread mapping"
     codegen_module = "pipetune.workers.codegen.memops"
     reference_module = "pipetune.workers.runners.memops_reference"
 

@@ -30,6 +30,7 @@ from pipetune.model.hopper.space import (
 )
 from pipetune.model.hopper.workloads import HopperWorkload
 from pipetune.workers.codegen import generator as gemm_generator
+from pipetune.workers.codegen.generator import KernelSource
 from pipetune.workers.codegen.variants import SCALAR_ARGS, variant_of
 from pipetune.workers.codegen.wgmma.config import (
     BK,
@@ -43,12 +44,12 @@ from pipetune.workers.launch_plan import Buffer, KernelLaunch, LaunchPlan
 
 @dataclass(frozen=True)
 class HopperKernelSource:
-    """One generated kernel. ``schedule`` is the wgmma configuration (what the launch reads:
-    the block tile, persistent, stream-K); ``hopper_schedule`` the family's schedule."""
+    """One generated kernel: the family's schedule and the wgmma configuration that computes
+    it (what the launch reads: the block tile, persistent, stream-K)."""
 
     variant: str  # "gemm_kn" | "bmm"
-    schedule: WgmmaConfig
-    hopper_schedule: HopperSchedule
+    schedule: HopperSchedule
+    config: WgmmaConfig
     name: str
     code: str
     threads: int
@@ -79,8 +80,8 @@ def generate(
     config = config_of(schedule)
     return HopperKernelSource(
         variant=variant,
-        schedule=config,
-        hopper_schedule=schedule,
+        schedule=schedule,
+        config=config,
         name=kernel_name(variant, config),
         code="".join(source_parts(variant, config).values()),
         threads=config.threads,
@@ -99,7 +100,7 @@ def build_key(workload: HopperWorkload, schedule: HopperSchedule) -> str:
 
 def grid_depends_on_occupancy(kernel: HopperKernelSource) -> bool:
     """The persistent kinds run one block per SM: planned again on the device's SM count."""
-    return kernel.schedule.persistent
+    return kernel.config.persistent
 
 
 def launch_plan(
@@ -110,9 +111,18 @@ def launch_plan(
     tile)."""
     from pipetune.workers.runners.reference import operand_shapes
 
-    config = kernel.schedule
+    config = kernel.config
     view = workload.gemm_view()
-    grid, scalars = launch(kernel, workload, sm_count)  # type: ignore[arg-type]
+    # The probe's launch reads its kernels' configuration as their schedule.
+    probe_kernel = KernelSource(
+        kernel.variant,
+        config,
+        kernel.name,
+        "",
+        kernel.threads,
+        kernel.smem_bytes,  # type: ignore[arg-type]
+    )
+    grid, scalars = launch(probe_kernel, workload, sm_count)
     names = list(SCALAR_ARGS[kernel.variant])
     if config.persistent:
         names.append("tiles")
