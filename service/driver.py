@@ -636,7 +636,7 @@ class Driver:
                 "outstanding": [str(s) for s in OUTSTANDING_JOB_STATES],
                 "ahead": sorted(PROPOSE_AHEAD),
             }
-            with self.db.driver_transaction() as cur:
+            with self.db.driver_statement() as cur:
                 cur.execute(READ_TASK_SQL, params)
                 row = cur.fetchone()
         else:
@@ -682,7 +682,7 @@ class Driver:
         the task's family's)."""
         if not self.db.is_sqlite:
             params = {"task": task_id, "first": first_batch, "before": before}
-            with self.db.driver_transaction() as cur:
+            with self.db.driver_statement() as cur:
                 cur.execute(READ_JOBS_SQL, params)
                 rows = cur.fetchall()
         else:
@@ -934,7 +934,7 @@ class Driver:
             "origin": self.wakeup.origin if self.wakeup is not None else "",
             "count": len(jobs),
         }
-        with self.db.driver_transaction() as cur:
+        with self.db.driver_statement() as cur:
             cur.execute(COMMIT_BATCH_SQL, params)
             task = cur.fetchone()
         if task is None:

@@ -195,7 +195,7 @@ class PostgresQueueStore:
             "token": token,
             "ttl": float(ttl_s),
         }
-        with self.db.driver_transaction() as cur:
+        with self.db.driver_statement() as cur:
             cur.execute(CLAIM_SQL[worker.gpu_bound, task_id is not None], params)
             rows = cur.fetchall()
         return [
@@ -219,7 +219,7 @@ class PostgresQueueStore:
             "worker": worker.id if worker is not None else 0,
             "worker_runner": worker.runner if worker is not None else None,
         }
-        with self.db.driver_transaction() as cur:
+        with self.db.driver_statement() as cur:
             cur.execute(RECORD_SQL, params)
             rows = cur.fetchall()
         return [
@@ -245,12 +245,12 @@ class PostgresQueueStore:
         ]
 
     def settled(self, job_ids: list[int]) -> dict[int, tuple[str, str | None]]:
-        with self.db.driver_transaction() as cur:
+        with self.db.driver_statement() as cur:
             cur.execute(SETTLED_SQL, {"ids": job_ids})
             return {r.id: (r.state, r.result_token) for r in cur.fetchall()}
 
     def heartbeat(self, worker_id: int, busy_jobs: int, ttl_s: float) -> dt.datetime:
         params = {"worker": worker_id, "busy": busy_jobs, "ttl": float(ttl_s), **_STATES}
-        with self.db.driver_transaction() as cur:
+        with self.db.driver_statement() as cur:
             cur.execute(HEARTBEAT_SQL, params)
             return _utc(cur.fetchone().now)

@@ -288,18 +288,22 @@ def test_a_re_lease_is_stamped_after_the_expiry_it_follows(db_url):
         queue, db = service_of(c).queue, service_of(c).db
         queue._reclaimed_at = time.monotonic() + 60  # the claim's own reclaim stays out
         began, reclaimed = threading.Event(), threading.Event()
-        # The claim's transaction (PostgreSQL's hot paths run on the driver's cursor).
-        driver_transaction = db.driver_transaction
+        # The claim's statement (PostgreSQL's hot paths run on the driver's cursor, one
+        # statement each, in autocommit), here inside a transaction that began earlier: the
+        # stamps must not be the transaction's start whatever wraps the statement.
+        driver_statement = db.driver_statement
 
         @contextmanager
         def paused_transaction():
-            with driver_transaction() as cursor:
+            with driver_statement() as cursor:
+                cursor.execute("BEGIN")
                 cursor.execute("SELECT 1")  # the transaction has begun
                 began.set()
                 reclaimed.wait(10)  # descheduled while another thread reclaims
                 yield cursor
+                cursor.execute("COMMIT")
 
-        db.driver_transaction = paused_transaction  # type: ignore[method-assign]
+        db.driver_statement = paused_transaction  # type: ignore[method-assign]
         got: list = []
         ref = WorkerRef(id=rescuer, gpu="h100", arch="sm_90", runner="simulated")
         claim = threading.Thread(target=lambda: got.extend(queue.try_lease(ref, 1)))
@@ -309,7 +313,7 @@ def test_a_re_lease_is_stamped_after_the_expiry_it_follows(db_url):
         queue.reclaim()
         reclaimed.set()
         claim.join(10)
-        db.driver_transaction = driver_transaction  # type: ignore[method-assign]
+        db.driver_statement = driver_statement  # type: ignore[method-assign]
         assert [job.job_id for job in got] == [abandoned["job_id"]]
         with db.read() as s:
             first, second = s.scalars(
