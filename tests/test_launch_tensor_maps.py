@@ -369,3 +369,49 @@ def test_upload_copies_the_bytes_on_the_callers_stream(monkeypatch):
     uploaded._finalizer.detach()  # the stand-in's memory is numpy's to free
     assert uploaded.address == memory.ctypes.data and copies == [0xBEEF]
     assert bytes(memory[:128]) == map_bytes("tmap_a") and not memory[128:].any()
+
+
+def test_the_encoder_calls_the_drivers_signature_with_the_maps_values(monkeypatch):
+    """encode_tensor_map through ctypes against a C-callable stand-in of the driver's
+    cuTensorMapEncodeTiled (12 parameters): the arity, the array contents, the enumerators and
+    the 64-byte alignment of the map the driver writes, which no GPU-free fake of the encoder
+    itself would check."""
+    import ctypes
+
+    from pipetune.workers.runners import tensor_maps
+
+    seen: dict = {}
+    u64p, u32p = ctypes.POINTER(ctypes.c_uint64), ctypes.POINTER(ctypes.c_uint32)
+    prototype = ctypes.CFUNCTYPE(
+        ctypes.c_int, ctypes.c_void_p, ctypes.c_int, ctypes.c_uint32, ctypes.c_void_p,
+        u64p, u64p, u32p, u32p, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_int,
+    )  # fmt: skip
+
+    def driver(out, dtype, rank, address, dims, strides, box, element, *modes):
+        seen.update(
+            aligned=out % 64 == 0, dtype=dtype, rank=rank, address=address,
+            dims=dims[:rank], strides=strides[: rank - 1], box=box[:rank],
+            element=element[:rank], modes=modes,
+        )  # fmt: skip
+        ctypes.memmove(out, bytes(range(128)), 128)
+        return 0
+
+    stand_in = prototype(driver)
+
+    class Library:
+        cuTensorMapEncodeTiled = stand_in
+
+    monkeypatch.setattr(tensor_maps.ctypes, "CDLL", lambda name: Library())
+    spec = TensorMap("tmap_a", "A", (3072, 1024, 1), (6144, 6291456), (64, 128, 1))
+    assert tensor_maps.encode_tensor_map(spec, 0x7F0000001000) == bytes(range(128))
+    assert seen == {
+        "aligned": True,
+        "dtype": tensor_maps.CU_TENSOR_MAP_DATA_TYPE_FLOAT16,
+        "rank": 3,
+        "address": 0x7F0000001000,
+        "dims": [3072, 1024, 1],
+        "strides": [6144, 6291456],
+        "box": [64, 128, 1],
+        "element": [1, 1, 1],
+        "modes": (0, 3, 3, 0),  # no interleave, 128-byte swizzle, 256-byte L2, zero fill
+    }
