@@ -399,3 +399,40 @@ def test_a_hopper_kernel_exports_its_arch_specific_cubin_and_tensor_maps(
     assert launch["arch"] == "sm_90a"
     assert [m["operand"] for m in launch["tensor_maps"]] == ["A", "B"]
     assert launch["trailing"][:2] == ["tmap_a", "tmap_b"]
+
+
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="no nvcc here")
+def test_a_hopper_kernels_tensor_map_header_compiles_into_a_host_program(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+):
+    """The exported host function that encodes a wgmma kernel's tensor maps is C++ that nvcc
+    builds against the toolkit's cuda.h, with the launch JSON's shapes in it."""
+    url = f"sqlite:///{tmp_path / 'hopper.db'}"
+    monkeypatch.setenv("PIPETUNE_SIMULATED_TIME_SCALE", "0")
+    fc2 = {"op": "hopper_gemm", "m": 1024, "n": 768, "k": 3072}
+    pipetune.tune(fc2, "h100", budget=4, strategy="random", runner="simulated", db=url)
+    out = tmp_path / "out"
+    result = cli.invoke(app, ["export", "--gpu", "h100", "--out-dir", str(out), "--db", url])
+    assert result.exit_code == 0, result.output
+    (entry,) = json.loads((out / "index.json").read_text())["workloads"]
+    header = out / entry["files"]["tensor_maps"]
+    text = header.read_text()
+    launch = json.loads((out / entry["files"]["launch"]).read_text())
+    for m in launch["tensor_maps"]:
+        assert "{" + ", ".join(map(str, m["dims"])) + "}" in text
+        assert "{" + ", ".join(map(str, m["box"])) + "}" in text
+    program = tmp_path / "use.cpp"
+    program.write_text(
+        f'#include "{header.name}"\n'
+        "int main() {\n"
+        "  CUtensorMap maps[2];\n"
+        f"  return (int)pipetune_{entry['stem']}_tensor_maps((const void*)0x1000,"
+        " (const void*)0x2000, maps);\n"
+        "}\n"
+    )
+    built = subprocess.run(
+        ["nvcc", "-c", "-std=c++17", "-I", str(out), "-o", str(tmp_path / "use.o"), str(program)],
+        capture_output=True,
+        text=True,
+    )
+    assert built.returncode == 0, built.stderr

@@ -8,6 +8,8 @@ best measured schedule:
                           where the kernel needs one (sm_90a: the Hopper wgmma family)
     <stem>.launch.json    grid, block, dynamic shared memory, parameter order, operands;
                           every launch and buffer of the run (a workspace to zero included)
+    <stem>.tensor_maps.h  for a kernel that reads its operands through TMA tensor maps (the
+                          Hopper wgmma family): a host function that encodes them
     pipetune_tuned.h      every workload's tuned parameters as #defines (its family's knobs)
     index.json            the list: workload, schedule, latency, runner, file names
 
@@ -45,6 +47,7 @@ from pipetune.workers.datasets import Dataset, dataset_from_results, write_t4
 from pipetune.workers.datasets.files import write_atomic
 
 HEADER_NAME = "pipetune_tuned.h"
+TENSOR_MAPS_SUFFIX = ".tensor_maps.h"
 INDEX_NAME = "index.json"
 
 
@@ -106,9 +109,55 @@ class Exported:
                 "launch": f"{self.stem}.launch.json",
             },
         }
+        if self.kernel.plan.tensor_maps:
+            entry["files"]["tensor_maps"] = f"{self.stem}{TENSOR_MAPS_SUFFIX}"
         if entry["simulated"]:
             entry["latency_label"] = SIMULATED_LABEL
         return entry
+
+
+def tensor_maps_header(item: Exported) -> str:
+    """C for the host: a function that encodes the TMA tensor maps the kernel reads its
+    operands through (the launch JSON's `tensor_maps`: the shape is the workload's), over the
+    caller's device addresses, with the driver's cuTensorMapEncodeTiled, as the runners do
+    (workers/runners/tensor_maps.py)."""
+    maps = item.kernel.plan.tensor_maps
+    operands = list(dict.fromkeys(m.operand for m in maps))
+    rank = max(len(m.dims) for m in maps)
+    name = f"pipetune_{item.stem}_tensor_maps"
+    params = ", ".join(f"const void* {op}" for op in operands)
+    names = ", ".join(m.name for m in maps)
+    lines = [
+        f"/* {item.stem}{TENSOR_MAPS_SUFFIX}: the TMA tensor maps {item.kernel.name} reads "
+        f"{', '.join(operands)} through,",
+        f"   for {item.kernel.workload.label()} only (the maps hold the shape). Written by "
+        f"pipetune {pipetune.__version__} export.",
+        f"   {name}() encodes them over your operands' device addresses; copy each 128-byte",
+        "   map to device memory (64-byte aligned, as any cudaMalloc) and pass those pointers",
+        f"   where the launch JSON's arguments name {names}. Link with -lcuda. */",
+        "#pragma once",
+        "#include <cuda.h>",
+        "",
+        f"static inline CUresult {name}({params}, CUtensorMap maps[{len(maps)}]) {{",
+        f"  static const cuuint32_t element_strides[{rank}] = {{{', '.join(['1'] * rank)}}};",
+        "  CUresult status;",
+    ]
+    for i, m in enumerate(maps):
+        lines += [
+            f"  {{ /* {m.name}, over {m.operand} */",
+            f"    static const cuuint64_t dims[{len(m.dims)}] = {{{', '.join(map(str, m.dims))}}};",
+            f"    static const cuuint64_t strides[{max(1, len(m.strides))}] = "
+            f"{{{', '.join(map(str, m.strides)) or '0'}}};",
+            f"    static const cuuint32_t box[{len(m.box)}] = {{{', '.join(map(str, m.box))}}};",
+            f"    status = cuTensorMapEncodeTiled(&maps[{i}], CU_TENSOR_MAP_DATA_TYPE_FLOAT16, "
+            f"{len(m.dims)}, (void*){m.operand}, dims, strides, box, element_strides,",
+            "        CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,",
+            "        CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);",
+            "    if (status != CUDA_SUCCESS) return status;",
+            "  }",
+        ]
+    lines += ["  return CUDA_SUCCESS;", "}", ""]
+    return "\n".join(lines)
 
 
 def _header(gpu: str, arch: str, source: str, exported: list[Exported]) -> str:
@@ -185,6 +234,8 @@ def export_tuned(reader: Reader, gpu: str, out_dir: Path) -> dict[str, Any]:
         write_bytes_atomic(out_dir / files["cubin"], item.kernel.cubin(item.kernel.arch))
         launch = item.kernel.launch_document(item.kernel.arch)
         write_atomic(out_dir / files["launch"], json.dumps(launch, indent=2) + "\n")
+        if "tensor_maps" in files:
+            write_atomic(out_dir / files["tensor_maps"], tensor_maps_header(item))
     source = source_of(reader)
     write_atomic(out_dir / HEADER_NAME, _header(gpu, arch, source, exported))
     index = {
