@@ -1,7 +1,8 @@
 """The tuned operators of whole networks, for end-to-end views (ALCOP Table 3).
 
 Two kernel families are listed (model/family.py; each layer's family is
-``family_of(layer.workload)``):
+``family_of(layer.workload)``), three with ``Network.on_hopper`` (the GEMMs and BMMs on the
+Hopper wgmma family):
 
 - tensor-core GEMM: GEMMs, batched GEMMs and Conv2Ds, the operators pipelining applies to
   (ALCOP: "pipelining can be applied to MatMuls, BMMs and Conv2Ds");
@@ -36,6 +37,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 
 from pipetune.model.family import family_of
+from pipetune.model.hopper.workloads import HopperWorkload, as_hopper
 from pipetune.model.memops.workloads import MemWorkload, bias_gelu, layernorm, softmax
 from pipetune.model.workloads import AnyWorkload, WorkloadError, bmm, conv2d, gemm
 
@@ -54,12 +56,12 @@ GELU = {"bert-base": "none", "gpt2": "tanh"}
 @dataclass(frozen=True)
 class Layer:
     name: str
-    workload: AnyWorkload | MemWorkload
+    workload: AnyWorkload | MemWorkload | HopperWorkload
 
 
 @dataclass(frozen=True)
 class DistinctShape:
-    workload: AnyWorkload | MemWorkload
+    workload: AnyWorkload | MemWorkload | HopperWorkload
     count: int  # how many times the network runs this exact operator
     layers: tuple[str, ...]  # the layer names that share it
 
@@ -75,6 +77,19 @@ class Network:
     def of_family(self, family: str) -> list[Layer]:
         """The layers of one kernel family ("tensor_gemm", "memops"), in network order."""
         return [layer for layer in self.layers if family_of(layer.workload).name == family]
+
+    def on_hopper(self) -> Network:
+        """The same network with its GEMMs and BMMs computed by the Hopper warpgroup-MMA
+        family (model/hopper/: H100, H200) instead of the mma.sync one; convolutions and the
+        memory-intensive operators as they were."""
+        layers = [
+            Layer(layer.name, as_hopper(layer.workload))
+            if getattr(layer.workload, "op", None) in ("gemm", "bmm")
+            else layer
+            for layer in self.layers
+        ]
+        note = "GEMMs and BMMs on the Hopper wgmma family (hopper_gemm, hopper_bmm)"
+        return Network(self.name, self.batch, self.seq, layers, [*self.notes, note])
 
     def distinct(self, family: str | None = None) -> list[DistinctShape]:
         """Each distinct workload once, with how often it occurs, in first-use order; only

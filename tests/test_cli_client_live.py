@@ -234,3 +234,18 @@ def test_tune_model_reports_layers_and_the_end_to_end_speedup(cli, worker):  # t
     assert "latencies: simulated (analytical model + noise, not measurements)" in table.stdout
     assert "end-to-end (tensor-core GEMM layers)" in table.stdout
     assert "GB/s" in table.stdout and "TFLOP/s" in table.stdout
+
+
+def test_tune_model_with_wgmma_tunes_the_gemms_on_the_hopper_family(cli, worker):  # type: ignore[no-untyped-def]
+    args = ["tune-model", "bert-base", "--seq", "128", "--budget", "3", "--poll", "0.1"]
+    result = cli(*args, "--wgmma", "--json")
+    assert result.exit_code == 0, result.output
+    doc = json.loads(result.stdout)
+    counts: dict[str, int] = {}
+    for row in doc["layers"]:
+        counts[row["family"]] = counts.get(row["family"], 0) + row["count"]
+        assert row["state"] == "done" and row["tuned_us"] > 0
+    assert counts == {"hopper_gemm": 72, "memops": 48}
+    hopper = [row for row in doc["layers"] if row["family"] == "hopper_gemm"]
+    assert {row["workload"]["op"] for row in hopper} == {"hopper_gemm", "hopper_bmm"}
+    assert {row["baseline"] for row in hopper} == {"one block per tile"}

@@ -18,7 +18,7 @@ from pipetune.clients.tune_model import (
     model_baseline_us,
     print_report,
 )
-from pipetune.model.family import family
+from pipetune.model.family import family, family_of
 from pipetune.model.hardware import get_gpu
 from pipetune.model.memops.analytical import one_row_per_block
 from pipetune.model.memops.workloads import BiasGelu, LayerNorm, Softmax, layernorm
@@ -362,3 +362,25 @@ def test_tune_model_takes_one_prior_only():
     )
     assert result.exit_code == 2
     assert "give --prior-gpu or --learned-prior, not both" in result.stderr
+
+
+def test_on_hopper_moves_the_gemms_and_bmms_to_the_wgmma_family():
+    net = network("bert-base", 1, 512)
+    hopper = net.on_hopper()
+    assert [layer.name for layer in hopper.layers] == [layer.name for layer in net.layers]
+    for before, after in zip(net.layers, hopper.layers, strict=True):
+        if isinstance(before.workload, Gemm | Bmm):
+            assert family_of(after.workload).name == "hopper_gemm"
+            assert after.workload.gemm_view() == before.workload.gemm_view()
+        else:
+            assert after.workload == before.workload
+    assert len(hopper.distinct()) == len(net.distinct())
+    resnet = network("resnet50").on_hopper()
+    families = {family_of(layer.workload).name for layer in resnet.layers}
+    assert families == {"hopper_gemm", "tensor_gemm"}  # the convolutions stay
+
+
+def test_wgmma_needs_a_hopper_gpu():
+    result = CliRunner().invoke(app, ["tune-model", "bert-base", "--wgmma", "--gpu", "a100"])
+    assert result.exit_code == 2
+    assert "--wgmma: the Hopper wgmma family runs on H100 and H200, not a100" in result.stderr

@@ -22,9 +22,8 @@ def test_a_statement_commits_on_its_own_and_leaves_the_pool_as_it_was(pg_url):
             assert cur.fetchone().x == 1
             # No transaction is open around the statement: it is already committed.
             assert cur.connection.info.transaction_status.name == "IDLE"
-        with pytest.raises(sa_exc.DBAPIError):
-            with db.driver_statement() as cur:
-                cur.execute("INSERT INTO probe VALUES ('not a number')")
+        with pytest.raises(sa_exc.DBAPIError), db.driver_statement() as cur:
+            cur.execute("INSERT INTO probe VALUES ('not a number')")
         with db.driver_statement() as cur:  # the failure left nothing half-open
             cur.execute("SELECT count(*) AS n FROM probe")
             assert cur.fetchone().n == 1

@@ -47,7 +47,8 @@ from pipetune.clients.cli.remote import (
 from pipetune.clients.cli.workload_options import add_workload_commands, option
 from pipetune.clients.library.labels import SIMULATED_LABEL, any_simulated, is_simulated
 from pipetune.model.family import parse_any_workload
-from pipetune.model.hardware import gpu_keys, resolve_gpu_key
+from pipetune.model.hardware import get_gpu, gpu_keys, resolve_gpu_key
+from pipetune.model.hopper.space import ARCH as HOPPER_ARCH
 from pipetune.model.wire import (
     DEFAULT_STRATEGY,
     MAX_BUDGET,
@@ -505,6 +506,12 @@ def tune_model(
         "tasks of its kernel family (other shapes, other GPUs), where there are any (default: "
         "each family's choice: tensor-core GEMMs learn)",
     ),
+    wgmma: bool = typer.Option(
+        False,
+        "--wgmma",
+        help="the GEMMs and BMMs on the Hopper warpgroup-MMA family (hopper_gemm, hopper_bmm; "
+        "H100 and H200) instead of the mma.sync family",
+    ),
     poll: float = typer.Option(1.0, "--poll", help="seconds between checks"),
     as_json: bool = typer.Option(False, "--json", help="print one JSON document"),
     server: str = server_option(),
@@ -524,6 +531,10 @@ def tune_model(
     if learned_prior and prior_gpu is not None:
         raise CliError("--learned-prior: give --prior-gpu or --learned-prior, not both", 2)
     net = build_network(network, batch, seq)
+    if wgmma:
+        if get_gpu(gpu).arch != HOPPER_ARCH:
+            raise CliError(f"--wgmma: the Hopper wgmma family runs on H100 and H200, not {gpu}", 2)
+        net = net.on_hopper()
     shapes = net.distinct()
     with service_errors(), client(server, api_key) as c:
         started = tm.launch(
