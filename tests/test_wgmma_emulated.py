@@ -629,3 +629,27 @@ def test_tensor_map_specs_describe_the_operands():
     assert math.prod(a.box) * 2 + 4 * math.prod(b.box) * 2 == config.stage_bytes
     with pytest.raises(ValueError, match="multiples of 8"):
         wgmma.tensor_map_specs(200, 330, 96, 1, config)
+
+
+# The Hopper family's shapes the probe never built (model/hopper/space.py allows them): three
+# warpgroups 256 wide, four 192 wide, one 192 wide persistent, the deepest ring (8 stages),
+# stream-K 192 wide; tails in M, N and K, a batch. Made through the family's configuration map.
+def _family_case(workload, tile_m, tile_n, stages, tile_loop, sms=3):
+    from pipetune.model.hopper.space import HopperSchedule
+    from pipetune.workers.codegen.wgmma.family import config_of
+
+    return workload, config_of(HopperSchedule(tile_m, tile_n, stages, tile_loop)), sms, False
+
+
+FAMILY_CASES = [
+    _family_case(gemm(200, 264, 200), 192, 256, 3, 0),
+    _family_case(gemm(264, 200, 136), 256, 192, 3, 0),
+    _family_case(bmm(2, 72, 200, 584), 64, 192, 6, 1),
+    _family_case(gemm(70, 72, 1032), 64, 64, 8, 0),
+    _family_case(gemm(130, 200, 520), 128, 192, 4, 2, sms=5),
+]
+
+
+def test_emulated_family_only_shapes_match_numpy(tmp_path):
+    outcomes = emulate_all(_emulate_shared, FAMILY_CASES, tmp_path)
+    assert_outcomes_match([(w, c) for w, c, _, _ in FAMILY_CASES], outcomes)
