@@ -14,6 +14,8 @@ wire, in the database and in datasets.
 from __future__ import annotations
 
 import dataclasses
+import hashlib
+import json
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
@@ -111,6 +113,47 @@ def check_schedule_type(schedule_type: type, knobs: Sequence[Knob]) -> None:
         raise TypeError(
             f"{schedule_type.__name__} has fields {names}, but the knobs declared are {declared}"
         )
+
+
+def valid_rows(
+    grid: Mapping[str, np.ndarray], reasons: Mapping[str, np.ndarray]
+) -> dict[str, np.ndarray]:
+    """The rows of a knob grid that no validity rule (``reasons``: a boolean array per rule,
+    True where a row breaks it) excludes: how every family enumerates its space."""
+    bad = np.zeros(len(next(iter(grid.values()))), dtype=bool)
+    for mask in reasons.values():
+        bad |= np.asarray(mask, dtype=bool)
+    return {k: v[~bad] for k, v in grid.items()}
+
+
+def broken_rules(reasons: Mapping[str, Any]) -> list[str]:
+    """The rules one schedule breaks (``reasons`` of its one-row knob arrays)."""
+    return [rule for rule, bad in reasons.items() if bool(np.asarray(bad).ravel()[0])]
+
+
+class KnobSchedule:
+    """What every family's schedule type (a frozen dataclass of one int per knob, in the
+    declaration's order) does the same way; a subclass sets ``declaration`` (a ClassVar)."""
+
+    declaration: tuple[Knob, ...] = ()
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Any:
+        """A schedule from a knob dict (ScheduleError names a bad or missing knob)."""
+        return cls(**check_knob_dict(cls.declaration, data, ScheduleError))
+
+    def as_dict(self) -> dict[str, int]:
+        return dataclasses.asdict(self)  # type: ignore[call-overload]
+
+    @property
+    def hash(self) -> str:
+        """A content hash of the knob values (stable across processes and versions)."""
+        text = json.dumps(self.as_dict(), sort_keys=True, separators=(",", ":"))
+        return hashlib.sha1(text.encode()).hexdigest()[:12]
+
+    def knob_arrays(self) -> dict[str, np.ndarray]:
+        """This schedule as one-row knob arrays (what the validity rules take)."""
+        return {k: np.array([v], dtype=np.int64) for k, v in self.as_dict().items()}
 
 
 class KnobArraySpace:

@@ -8,11 +8,9 @@ the whole space at once.
 
 from __future__ import annotations
 
-import hashlib
-import json
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from functools import cached_property
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 
@@ -21,11 +19,13 @@ from pipetune.model.hardware import GPUSpec
 from pipetune.model.knobs import (
     Knob,
     KnobArraySpace,
-    ScheduleError,
-    check_knob_dict,
+    KnobSchedule,
+    broken_rules,
     check_schedule_type,
     full_grid,
+    valid_rows,
 )
+from pipetune.model.knobs import ScheduleError as ScheduleError  # callers catch it from here
 from pipetune.model.occupancy import blocks_per_sm  # shared by the families (re-exported)
 from pipetune.model.workloads import AnyWorkload
 
@@ -63,9 +63,10 @@ REGISTER_OVERHEAD = 40
 
 
 @dataclass(frozen=True, order=True)
-class Schedule:
+class Schedule(KnobSchedule):
     """One value per knob (KNOB_DECLARATION's, in its order)."""
 
+    declaration: ClassVar[tuple[Knob, ...]] = KNOB_DECLARATION
     block_row_warps: int
     block_col_warps: int
     warp_row_tiles: int
@@ -74,22 +75,10 @@ class Schedule:
     smem_stages: int
     reg_stages: int
 
-    @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> Schedule:
-        return cls(**check_knob_dict(KNOB_DECLARATION, data, ScheduleError))
-
-    def as_dict(self) -> dict[str, int]:
-        return asdict(self)
-
     @property
     def id(self) -> str:
         """Stable, readable id: the knob values in KNOB_NAMES order."""
         return "s-" + "-".join(str(getattr(self, k)) for k in KNOB_NAMES)
-
-    @property
-    def hash(self) -> str:
-        text = json.dumps(self.as_dict(), sort_keys=True, separators=(",", ":"))
-        return hashlib.sha1(text.encode()).hexdigest()[:12]
 
     @property
     def block_m(self) -> int:
@@ -188,8 +177,7 @@ def invalid_reasons(knobs: dict[str, np.ndarray], workload: AnyWorkload, gpu: GP
 
 def schedule_problems(schedule: Schedule, workload: AnyWorkload, gpu: GPUSpec) -> list[str]:
     """Why one schedule is outside the valid space (empty when it is valid)."""
-    knobs = {k: np.array([v], dtype=np.int64) for k, v in schedule.as_dict().items()}
-    return [rule for rule, bad in invalid_reasons(knobs, workload, gpu).items() if bad[0]]
+    return broken_rules(invalid_reasons(schedule.knob_arrays(), workload, gpu))
 
 
 FEATURE_NAMES: tuple[str, ...] = (
@@ -222,10 +210,7 @@ class Space(KnobArraySpace):
     @classmethod
     def enumerate(cls, workload: AnyWorkload, gpu: GPUSpec) -> Space:
         grid = full_grid(KNOB_DECLARATION)
-        bad = np.zeros(len(grid[KNOB_NAMES[0]]), dtype=bool)
-        for mask in invalid_reasons(grid, workload, gpu).values():
-            bad |= mask
-        return cls(workload, gpu, {k: v[~bad] for k, v in grid.items()})
+        return cls(workload, gpu, valid_rows(grid, invalid_reasons(grid, workload, gpu)))
 
     @property
     def feature_names(self) -> tuple[str, ...]:

@@ -15,6 +15,7 @@ from __future__ import annotations
 import hashlib
 import json
 import reprlib
+from collections.abc import Callable, Mapping
 from typing import Annotated, Any, Literal
 
 from pydantic import (
@@ -302,40 +303,56 @@ OPS: dict[str, type[_Workload]] = {
 _WORKLOAD_ADAPTER: TypeAdapter[Gemm | Bmm | Conv2d | Conv3d] = TypeAdapter(Workload)
 
 
-def _first_error(exc: ValidationError) -> WorkloadError:
+def first_error(
+    exc: ValidationError, ops: Mapping[str, Any], show: Callable[[Any], str] = repr
+) -> WorkloadError:
+    """A pydantic error of a workload of one of `ops` as WorkloadError: the field (without the
+    discriminated union's op tag) and the reason, with the input as `show` writes it."""
     err = exc.errors()[0]
     loc = [str(p) for p in err.get("loc", ())]
-    if loc and loc[0] in OPS:  # the discriminated union puts the op tag first
+    if loc and loc[0] in ops:  # the discriminated union puts the op tag first
         loc = loc[1:]
     field = ".".join(loc) or "workload"
     ctx_error = (err.get("ctx") or {}).get("error")
     if isinstance(ctx_error, WorkloadError):
         return ctx_error
     reason = err.get("msg", "invalid")
-    if "input" in err and err.get("type") not in ("missing",):
-        reason = f"{reason} (got {err['input']!r})"
+    if "input" in err and err.get("type") != "missing":
+        reason = f"{reason} (got {show(err['input'])})"
     return WorkloadError(field, reason)
 
 
-def parse_workload(data: dict[str, Any]) -> Gemm | Bmm | Conv2d | Conv3d:
-    """Build a workload from a plain dict, raising WorkloadError with the field and reason."""
+def parse_tagged(
+    data: Any,
+    ops: Mapping[str, Any],
+    adapter: TypeAdapter[Any],
+    kernels: str,
+    show: Callable[[Any], str] = reprlib.repr,
+) -> Any:
+    """A workload of one of a family's `ops` (a discriminated union on "op", `adapter`) from
+    a plain dict, raising WorkloadError with the field and reason; `kernels` names who takes
+    only float16 inputs, `show` how a bad input is written back."""
     if not isinstance(data, dict):
         raise WorkloadError("workload", "must be an object with an 'op' field")
     op = data.get("op")
     # isinstance first: a list or dict is unhashable, and `in` on the mapping would raise.
-    if not isinstance(op, str) or op not in OPS:
+    if not isinstance(op, str) or op not in ops:
         shown = reprlib.repr(op)  # bounded: the input may be any size
-        raise WorkloadError("op", f"unknown operator {shown}; known: {', '.join(OPS)}")
+        raise WorkloadError("op", f"unknown operator {shown}; known: {', '.join(ops)}")
     dtype = data.get("dtype", "float16")
     if dtype != "float16":
         raise WorkloadError(
-            "dtype",
-            f"unsupported dtype {reprlib.repr(dtype)}: pipetune's kernels take float16 inputs",
+            "dtype", f"unsupported dtype {reprlib.repr(dtype)}: {kernels} take float16 inputs"
         )
     try:
-        return _WORKLOAD_ADAPTER.validate_python(data)
+        return adapter.validate_python(data)
     except ValidationError as exc:
-        raise _first_error(exc) from None
+        raise first_error(exc, ops, show) from None
+
+
+def parse_workload(data: dict[str, Any]) -> Gemm | Bmm | Conv2d | Conv3d:
+    """Build a workload from a plain dict, raising WorkloadError with the field and reason."""
+    return parse_tagged(data, OPS, _WORKLOAD_ADAPTER, "pipetune's kernels", show=repr)  # type: ignore[no-any-return]
 
 
 def gemm(m: int, n: int, k: int, **kw: Any) -> Gemm:

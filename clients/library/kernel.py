@@ -48,7 +48,7 @@ from pipetune.model.memops.space import MemSchedule
 from pipetune.model.memops.workloads import MemWorkload
 from pipetune.model.space import Schedule
 from pipetune.model.workloads import AnyWorkload
-from pipetune.workers.compile import compile_kernel
+from pipetune.workers.compile import compile_kernel, kernel_arch
 from pipetune.workers.families import codegen_for
 from pipetune.workers.launch_plan import Buffer, KernelLaunch, LaunchPlan
 from pipetune.workers.runners import tensor_maps
@@ -127,7 +127,7 @@ class TunedKernel:
     def arch(self) -> str:
         """The architecture the kernel is built for: the tuned GPU's (sm_90 for an H100),
         its arch-specific target where the kernel needs one (sm_90a for wgmma)."""
-        return get_gpu(self.gpu).arch + getattr(self._kernel, "arch_suffix", "")
+        return kernel_arch(self._kernel, get_gpu(self.gpu).arch)
 
     @property
     def launch(self) -> KernelLaunch:

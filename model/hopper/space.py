@@ -12,11 +12,9 @@ H100 ..."); its shared memory is computed here as that module's ``WgmmaConfig.sm
 
 from __future__ import annotations
 
-import hashlib
-import json
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from functools import cache, cached_property
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 
@@ -25,10 +23,11 @@ from pipetune.model.hopper.workloads import HopperWorkload
 from pipetune.model.knobs import (
     Knob,
     KnobArraySpace,
-    ScheduleError,
-    check_knob_dict,
+    KnobSchedule,
+    broken_rules,
     check_schedule_type,
     full_grid,
+    valid_rows,
 )
 from pipetune.model.occupancy import blocks_per_sm
 
@@ -69,32 +68,18 @@ MAX_REGISTERS_PER_THREAD = 255
 
 
 @dataclass(frozen=True, order=True)
-class HopperSchedule:
+class HopperSchedule(KnobSchedule):
+    declaration: ClassVar[tuple[Knob, ...]] = KNOBS
     tile_m: int
     tile_n: int
     stages: int
     tile_loop: int
-
-    @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> HopperSchedule:
-        return cls(**check_knob_dict(KNOBS, data, ScheduleError))
-
-    def as_dict(self) -> dict[str, int]:
-        return asdict(self)
 
     @property
     def id(self) -> str:
         """Stable, readable id, as the wgmma probe names its shapes: "wg128x256s3_p"."""
         loop = {PER_TILE: "", PERSISTENT: "_p", STREAM_K: "_sk"}[self.tile_loop]
         return f"wg{self.tile_m}x{self.tile_n}s{self.stages}{loop}"
-
-    @property
-    def hash(self) -> str:
-        text = json.dumps(self.as_dict(), sort_keys=True, separators=(",", ":"))
-        return hashlib.sha1(text.encode()).hexdigest()[:12]
-
-    def knob_arrays(self) -> dict[str, np.ndarray]:
-        return {k: np.array([v], dtype=np.int64) for k, v in self.as_dict().items()}
 
 
 check_schedule_type(HopperSchedule, KNOBS)
@@ -153,8 +138,7 @@ def schedule_problems(
     schedule: HopperSchedule, workload: HopperWorkload, gpu: GPUSpec
 ) -> list[str]:
     """Why one schedule is outside the valid space (empty when it is valid)."""
-    reasons = invalid_reasons(schedule.knob_arrays(), workload, gpu)
-    return [rule for rule, bad in reasons.items() if bool(np.asarray(bad).ravel()[0])]
+    return broken_rules(invalid_reasons(schedule.knob_arrays(), workload, gpu))
 
 
 @cache
@@ -185,10 +169,7 @@ class HopperSpace(KnobArraySpace):
     @classmethod
     def enumerate(cls, workload: HopperWorkload, gpu: GPUSpec) -> HopperSpace:
         grid = static_grid()
-        bad = np.zeros(len(grid[KNOB_NAMES[0]]), dtype=bool)
-        for mask in invalid_reasons(grid, workload, gpu).values():
-            bad |= mask
-        return cls(workload, gpu, {k: v[~bad] for k, v in grid.items()})
+        return cls(workload, gpu, valid_rows(grid, invalid_reasons(grid, workload, gpu)))
 
     @property
     def feature_names(self) -> tuple[str, ...]:

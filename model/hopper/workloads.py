@@ -11,12 +11,11 @@ the same numbers.
 
 from __future__ import annotations
 
-import reprlib
 from typing import Annotated, Any, Literal
 
-from pydantic import Field, TypeAdapter, ValidationError
+from pydantic import Field, TypeAdapter
 
-from pipetune.model.workloads import Bmm, Gemm, WorkloadError
+from pipetune.model.workloads import Bmm, Gemm, WorkloadError, parse_tagged
 
 
 class HopperGemm(Gemm):
@@ -53,33 +52,7 @@ _ADAPTER: TypeAdapter[HopperWorkload] = TypeAdapter(
 
 def parse_hopper_workload(data: dict[str, Any]) -> HopperWorkload:
     """A Hopper workload from a plain dict; WorkloadError names the bad field."""
-    if not isinstance(data, dict):
-        raise WorkloadError("workload", "must be an object with an 'op' field")
-    op = data.get("op")
-    if not isinstance(op, str) or op not in HOPPER_OPS:
-        raise WorkloadError(
-            "op", f"unknown operator {reprlib.repr(op)}; known: {', '.join(HOPPER_OPS)}"
-        )
-    if data.get("dtype", "float16") != "float16":
-        raise WorkloadError(
-            "dtype",
-            f"unsupported dtype {reprlib.repr(data.get('dtype'))}: the wgmma kernels take "
-            "float16 inputs",
-        )
-    try:
-        return _ADAPTER.validate_python(data)
-    except ValidationError as exc:
-        err = exc.errors()[0]
-        loc = [str(p) for p in err.get("loc", ())]
-        if loc and loc[0] in HOPPER_OPS:  # the discriminated union puts the op tag first
-            loc = loc[1:]
-        ctx_error = (err.get("ctx") or {}).get("error")
-        if isinstance(ctx_error, WorkloadError):
-            raise ctx_error from None
-        reason = err.get("msg", "invalid")
-        if "input" in err and err.get("type") != "missing":
-            reason = f"{reason} (got {reprlib.repr(err['input'])})"
-        raise WorkloadError(".".join(loc) or "workload", reason) from None
+    return parse_tagged(data, HOPPER_OPS, _ADAPTER, "the wgmma kernels")  # type: ignore[no-any-return]
 
 
 def as_hopper(workload: Gemm | Bmm) -> HopperWorkload:

@@ -19,11 +19,9 @@ once. Everything derived here is a numpy array over the schedules (or a scalar f
 
 from __future__ import annotations
 
-import hashlib
-import json
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from functools import cache, cached_property
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 
@@ -31,10 +29,11 @@ from pipetune.model.hardware import GPUSpec
 from pipetune.model.knobs import (
     Knob,
     KnobArraySpace,
-    ScheduleError,
-    check_knob_dict,
+    KnobSchedule,
+    broken_rules,
     check_schedule_type,
     full_grid,
+    valid_rows,
 )
 from pipetune.model.memops.workloads import OP_CODES, MemWorkload, op_key
 from pipetune.model.occupancy import blocks_per_sm
@@ -100,7 +99,8 @@ BYTES_FP16 = 2
 
 
 @dataclass(frozen=True, order=True)
-class MemSchedule:
+class MemSchedule(KnobSchedule):
+    declaration: ClassVar[tuple[Knob, ...]] = KNOBS
     threads_per_row: int
     rows_per_block: int
     blocks_per_row: int
@@ -109,29 +109,14 @@ class MemSchedule:
     split_mode: int
     max_waves: int
 
-    @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> MemSchedule:
-        return cls(**check_knob_dict(KNOBS, data, ScheduleError))
-
-    def as_dict(self) -> dict[str, int]:
-        return asdict(self)
-
     @property
     def id(self) -> str:
         """Stable, readable id: "m-" and the knob values in KNOB_NAMES order."""
         return "m-" + "-".join(str(getattr(self, k)) for k in KNOB_NAMES)
 
     @property
-    def hash(self) -> str:
-        text = json.dumps(self.as_dict(), sort_keys=True, separators=(",", ":"))
-        return hashlib.sha1(text.encode()).hexdigest()[:12]
-
-    @property
     def threads(self) -> int:
         return self.threads_per_row * self.rows_per_block
-
-    def knob_arrays(self) -> dict[str, np.ndarray]:
-        return {k: np.array([v], dtype=np.int64) for k, v in self.as_dict().items()}
 
 
 check_schedule_type(MemSchedule, KNOBS)
@@ -326,8 +311,7 @@ def invalid_reasons(knobs: dict[str, np.ndarray], workload: MemWorkload, gpu: GP
 
 def schedule_problems(schedule: MemSchedule, workload: MemWorkload, gpu: GPUSpec) -> list[str]:
     """Why one schedule is outside the valid space (empty when it is valid)."""
-    reasons = invalid_reasons(schedule.knob_arrays(), workload, gpu)
-    return [rule for rule, bad in reasons.items() if bool(np.asarray(bad).ravel()[0])]
+    return broken_rules(invalid_reasons(schedule.knob_arrays(), workload, gpu))
 
 
 @cache
@@ -376,10 +360,7 @@ class MemSpace(KnobArraySpace):
     @classmethod
     def enumerate(cls, workload: MemWorkload, gpu: GPUSpec) -> MemSpace:
         grid = static_grid()
-        bad = np.zeros(len(grid[KNOB_NAMES[0]]), dtype=bool)
-        for mask in invalid_reasons(grid, workload, gpu).values():
-            bad |= mask
-        return cls(workload, gpu, {k: v[~bad] for k, v in grid.items()})
+        return cls(workload, gpu, valid_rows(grid, invalid_reasons(grid, workload, gpu)))
 
     @property
     def feature_names(self) -> tuple[str, ...]:

@@ -24,12 +24,11 @@ from __future__ import annotations
 
 import hashlib
 import json
-import reprlib
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, model_validator
 
-from pipetune.model.workloads import INDEX_LIMIT, WorkloadError
+from pipetune.model.workloads import INDEX_LIMIT, WorkloadError, parse_tagged
 
 ROW_ALIGN = 8  # float16 elements per 16-byte vector: rows start 16-byte aligned
 MAX_ROWS = 1 << 24
@@ -196,40 +195,9 @@ def op_key(workload: MemWorkload) -> str:
     return f"reduce-{workload.reduction}" if isinstance(workload, Reduce) else workload.op
 
 
-def _first_error(exc: ValidationError) -> WorkloadError:
-    err = exc.errors()[0]
-    loc = [str(p) for p in err.get("loc", ())]
-    if loc and loc[0] in MEM_OPS:  # the discriminated union puts the op tag first
-        loc = loc[1:]
-    ctx_error = (err.get("ctx") or {}).get("error")
-    if isinstance(ctx_error, WorkloadError):
-        return ctx_error
-    reason = err.get("msg", "invalid")
-    if "input" in err and err.get("type") != "missing":
-        reason = f"{reason} (got {reprlib.repr(err['input'])})"
-    return WorkloadError(".".join(loc) or "workload", reason)
-
-
 def parse_mem_workload(data: dict[str, Any]) -> MemWorkload:
     """A memory-intensive workload from a plain dict; WorkloadError names the bad field."""
-    if not isinstance(data, dict):
-        raise WorkloadError("workload", "must be an object with an 'op' field")
-    op = data.get("op")
-    if not isinstance(op, str) or op not in MEM_OPS:
-        raise WorkloadError(
-            "op", f"unknown operator {reprlib.repr(op)}; known: {', '.join(MEM_OPS)}"
-        )
-    dtype = data.get("dtype", "float16")
-    if dtype != "float16":
-        raise WorkloadError(
-            "dtype",
-            f"unsupported dtype {reprlib.repr(dtype)}: the memory-intensive kernels take "
-            "float16 inputs",
-        )
-    try:
-        return _ADAPTER.validate_python(data)
-    except ValidationError as exc:
-        raise _first_error(exc) from None
+    return parse_tagged(data, MEM_OPS, _ADAPTER, "the memory-intensive kernels")  # type: ignore[no-any-return]
 
 
 def reduce(rows: int, cols: int, reduction: str = "sum") -> Reduce:

@@ -8,6 +8,7 @@ from pipetune.workers.compile.compiler import (
     compile_kernel,
     compile_many,
     compile_source,
+    kernel_arch,
     nvrtc_calls,
 )
 from pipetune.workers.compile.nvrtc import NvrtcError
@@ -23,6 +24,7 @@ __all__ = [
     "compile_kernel",
     "compile_many",
     "compile_source",
+    "kernel_arch",
     "nvrtc_calls",
     "nvrtc_version",
 ]

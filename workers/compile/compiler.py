@@ -140,19 +140,26 @@ def compile_source(
     return _result(cubin, meta, cached=False)
 
 
+def kernel_arch(kernel: Any, arch: str) -> str:
+    """The target a generated kernel is built for on a device of `arch`: the arch itself, or
+    its arch-specific target for a kernel of arch-specific instructions (Hopper's wgmma:
+    ``arch_suffix`` "a", sm_90 -> sm_90a), which runs on that arch only, as the device is."""
+    suffix = getattr(kernel, "arch_suffix", "")
+    return arch + suffix if suffix and not arch.endswith(suffix) else arch
+
+
 def compile_kernel(kernel: Any, arch: str, *, use_cache: bool = True) -> CompileResult:
     """Compile a generated kernel of any family (``code``, ``name`` and, for a kernel of
     several launches, ``entries``); the report is that of its entry function, or the worst
     case over its entries when it has several (what a launch of any of them can need)."""
     entries = getattr(kernel, "entries", None) or (kernel.name,)
     entry = kernel.name if len(entries) == 1 else None
-    # A kernel of arch-specific instructions (Hopper's wgmma: "a") is built for the device's
-    # arch-specific target, which runs on that arch only, as the device is.
-    suffix = getattr(kernel, "arch_suffix", "")
-    if suffix and not arch.endswith(suffix):
-        arch += suffix
     return compile_source(
-        kernel.code, arch, entry=entry, filename=f"{kernel.name}.cu", use_cache=use_cache
+        kernel.code,
+        kernel_arch(kernel, arch),
+        entry=entry,
+        filename=f"{kernel.name}.cu",
+        use_cache=use_cache,
     )
 
 

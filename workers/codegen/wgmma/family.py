@@ -15,14 +15,9 @@ count, so a runner plans the run again with the device's (``grid_depends_on_occu
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
-
-import numpy as np
 
 from pipetune.model.hopper.space import (
-    KNOB_NAMES,
     PER_TILE,
     STREAM_K,
     TILE_LOOP_LABELS,
@@ -30,6 +25,7 @@ from pipetune.model.hopper.space import (
 )
 from pipetune.model.hopper.workloads import HopperWorkload
 from pipetune.workers.codegen import generator as gemm_generator
+from pipetune.workers.codegen.cover import compile_sample, stratified_sample
 from pipetune.workers.codegen.generator import KernelSource
 from pipetune.workers.codegen.variants import SCALAR_ARGS, variant_of
 from pipetune.workers.codegen.wgmma.config import (
@@ -40,6 +36,22 @@ from pipetune.workers.codegen.wgmma.config import (
 )
 from pipetune.workers.codegen.wgmma.generator import kernel_name, launch, source_parts
 from pipetune.workers.launch_plan import Buffer, KernelLaunch, LaunchPlan
+
+# The generator interface every family's module gives the workers (the samples are the
+# generic cover's).
+__all__ = [
+    "HopperKernelSource",
+    "build_key",
+    "compile_sample",
+    "config_of",
+    "generate",
+    "grid_depends_on_occupancy",
+    "kernel_kind",
+    "launch_plan",
+    "stratified_sample",
+    "stratum",
+    "tails",
+]
 
 
 @dataclass(frozen=True)
@@ -154,7 +166,7 @@ def launch_plan(
     return LaunchPlan(buffers=tuple(buffers), launches=(entry,), output="C", tensor_maps=maps)
 
 
-# ---- the checks' sampling -----------------------------------------------------------------
+# ---- the checks' strata and tails (their samples: workers/codegen/cover.py) ------------------
 
 
 def stratum(schedule: HopperSchedule) -> str:
@@ -170,35 +182,3 @@ def tails(workload: HopperWorkload, schedule: HopperSchedule) -> dict[str, bool]
         "n": view.n % schedule.tile_n != 0,
         "k": view.k % BK != 0,
     }
-
-
-def _cover(schedules: Sequence[HopperSchedule], seed: int) -> list[int]:
-    """Indices that together reach every (knob, value) the schedules reach, the most new pairs
-    first (ties in a seeded random order)."""
-    rng = np.random.default_rng(seed)
-    order = rng.permutation(len(schedules)).tolist()
-    pairs = {i: {(k, getattr(schedules[i], k)) for k in KNOB_NAMES} for i in order}
-    wanted = set().union(*pairs.values()) if pairs else set()
-    chosen: list[int] = []
-    while wanted:
-        best = max(order, key=lambda i: len(pairs[i] & wanted))
-        chosen.append(best)
-        wanted -= pairs[best]
-    return chosen
-
-
-def stratified_sample(space: Any, n: int, seed: int = 0) -> list[HopperSchedule]:
-    """min(n, len(space)) schedules: a cover of every knob value first, then random others."""
-    if n < 1:
-        raise ValueError("the sample needs at least one schedule")
-    schedules = list(space)
-    chosen = _cover(schedules, seed)
-    rest = [
-        i for i in np.random.default_rng(seed + 1).permutation(len(schedules)) if i not in chosen
-    ]
-    return [schedules[i] for i in (chosen + rest)[: min(n, len(schedules))]]
-
-
-def compile_sample(schedules: Sequence[HopperSchedule], count: int) -> list[HopperSchedule]:
-    """Up to ``count`` schedules, the first of a cover of every knob value among them."""
-    return [schedules[i] for i in _cover(list(schedules), 0)][:count]
