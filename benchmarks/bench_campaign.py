@@ -43,6 +43,7 @@ from pipetune.model.hardware import GPUSpec
 from pipetune.model.operators import ALCOP, HOPPER, HOPPER_PREFIX, MEMOPS
 from pipetune.model.pipelining import double_buffer_only, non_pipelined
 from pipetune.tuner import metrics
+from pipetune.workers.campaign.correctness import quarantine_note
 
 TOP_K = (1, 10, 50)
 
@@ -132,6 +133,9 @@ def correctness_table(c: Campaign) -> list[str]:
         f"| all | | {doc['schedules']} | {doc['passed']} | {doc['failed']} |"
         f" (verdict: {doc['verdict']})"
     )
+    note = quarantine_note(doc)
+    if note is not None:
+        lines += ["", note[0].upper() + note[1:] + "."]
     return lines
 
 

@@ -83,10 +83,17 @@ def test_without_a_gpu_the_cupy_campaign_exits_1_and_still_writes_its_summary(tm
         assert tar.getnames() == ["campaign.json"]
 
 
-def _with_wrong_kernels(tmp_path_factory, workload, wrong_schedules, args: list[str]):
-    """`pipetune campaign ARGS` on the simulated launch runner, with the given schedules of
-    the workload computing wrong results in the correctness phase."""
-    wrong = tuple(f"{workload.workload_hash}/{s.id}" for s in wrong_schedules)
+def _every(chosen, step: int) -> tuple[str, ...]:
+    """Every ``step``-th schedule of a correctness selection, over all its cases, as the
+    simulated runner names a (workload, schedule): failures that no knob value or kind of
+    kernel explains, so that no quarantine can keep the campaign going."""
+    pairs = [(w, x) for _, w, s in chosen for x in s]
+    return tuple(f"{w.workload_hash}/{x.id}" for w, x in pairs[step - 1 :: step])
+
+
+def _with_wrong_kernels(tmp_path_factory, wrong: tuple[str, ...], args: list[str]):
+    """`pipetune campaign ARGS` on the simulated launch runner, with the given (workload
+    hash/schedule id) computing wrong results in the correctness phase."""
 
     def open_runner(options, gpu):
         return SimulatedLaunchRunner(gpu, settings=CAMPAIGN_SETTINGS, wrong=wrong)
@@ -101,19 +108,21 @@ def _with_wrong_kernels(tmp_path_factory, workload, wrong_schedules, args: list[
 
 @pytest.fixture(scope="module")
 def stopped(tmp_path_factory):
-    """A simulated campaign whose correctness phase meets 4 wrong kernels of 324 (1.2%)."""
+    """A simulated campaign whose correctness phase meets 32 wrong kernels of 324 (10%),
+    spread over every case and knob value."""
     folder = tmp_path_factory.mktemp("stopped")
-    _, workload, schedules = selection(get_gpu("h100"))[0]
+    wrong = _every(selection(get_gpu("h100"), ["tensor_gemm"]), 10)
     args = ["--out-dir", str(folder / "out"), "--pack", str(folder / "c.tar.gz"), *SIM]
-    return folder, _with_wrong_kernels(tmp_path_factory, workload, schedules[:4], args)
+    return folder, _with_wrong_kernels(tmp_path_factory, wrong, args)
 
 
 def test_a_correctness_failure_stops_the_campaign_before_any_sweep(stopped):
     folder, result = stopped
     assert result.exit_code == 1
-    assert "correctness: 4 of 324 schedules failed" in result.stderr.strip().splitlines()[-1]
+    assert "correctness: 32 of 324 schedules failed" in result.stderr.strip().splitlines()[-1]
     correctness = json.loads((folder / "out" / "correctness.json").read_text())
-    assert correctness["verdict"] == "stop" and len(correctness["mismatches"]) == 4
+    assert correctness["verdict"] == "stop" and len(correctness["mismatches"]) == 32
+    assert correctness["quarantined"] == {}
     assert all(m["status"] == "wrong_result" for m in correctness["mismatches"])
     summary = json.loads((folder / "out" / "campaign.json").read_text())
     assert summary["state"] == "stopped"
@@ -141,7 +150,7 @@ def test_a_stopped_campaign_stays_stopped(stopped, tmp_path):
     folder, _ = stopped
     have = ["--have", str(folder / "c.tar.gz")]
     result = cli.invoke(campaign_app, ["--out-dir", str(tmp_path / "o"), *have, *SIM])
-    assert result.exit_code == 1 and "correctness: 4 of 324" in result.stderr
+    assert result.exit_code == 1 and "correctness: 32 of 324" in result.stderr
     assert not (tmp_path / "o" / "profile.json").exists()
 
 
@@ -190,22 +199,22 @@ MIXED = ["--runner", "simulated", "--operators", "MM_RN50_FC,Softmax_BERT_b1_s12
 
 @pytest.fixture(scope="module")
 def memops_stopped(tmp_path_factory):
-    """A simulated campaign over a GEMM and a softmax whose correctness phase meets 4 wrong
-    memory-intensive kernels: 4 of 660 schedules in all (0.6%), but 4 of the 336 memops
-    ones (1.2%)."""
+    """A simulated campaign over a GEMM and a softmax whose correctness phase meets 6 wrong
+    memory-intensive kernels spread over their cases: 6 of 660 schedules in all (0.9%), but
+    6 of the 336 memops ones (1.8%)."""
     folder = tmp_path_factory.mktemp("memops-stopped")
-    _, workload, schedules = selection(get_gpu("h100"), ["memops"])[0]
     args = ["--out-dir", str(folder / "out"), *MIXED]
-    return folder, _with_wrong_kernels(tmp_path_factory, workload, schedules[:4], args)
+    wrong = _every(selection(get_gpu("h100"), ["memops"]), 56)
+    return folder, _with_wrong_kernels(tmp_path_factory, wrong, args)
 
 
 def test_a_family_s_failures_stop_the_campaign_though_all_families_pass(memops_stopped):
     folder, result = memops_stopped
     assert result.exit_code == 1, result.output
     last = result.stderr.strip().splitlines()[-1]
-    assert "correctness: 4 of 336 schedules failed (memops)" in last
+    assert "correctness: 6 of 336 schedules failed (memops)" in last
     correctness = json.loads((folder / "out" / "correctness.json").read_text())
-    assert (correctness["schedules"], correctness["failed"]) == (660, 4)
+    assert (correctness["schedules"], correctness["failed"]) == (660, 6)
     assert correctness["verdict"] == "stop"
     assert {m["family"] for m in correctness["mismatches"]} == {"memops"}
     assert correctness["families"]["tensor_gemm"]["verdict"] == "pass"

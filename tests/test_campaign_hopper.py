@@ -114,3 +114,110 @@ def test_the_report_sets_the_wgmma_family_beside_the_mma_sync_family(tmp_path, m
     assert rows["WG_BMM_BERT_SV"].split(" | ")[5] == "-"  # no mma.sync dataset of that shape
     assert "over the 1 operators both measured" in body
     assert "Tensor-core operators" not in body  # no empty tables of the other families
+
+
+def test_stream_k_failing_its_checks_is_quarantined_and_the_rest_is_swept(tmp_path, monkeypatch):
+    """The stream-K kernels have never run on hardware: if they fail their checks, the call
+    still sweeps the other tile loops (and says so everywhere) instead of stopping."""
+    from pipetune.model.hopper.space import STREAM_K
+    from pipetune.workers.campaign import run
+    from pipetune.workers.campaign.plan import CAMPAIGN_SETTINGS
+    from pipetune.workers.runners.sim_runner import SimulatedLaunchRunner
+
+    monkeypatch.setenv("PIPETUNE_CACHE_DIR", str(tmp_path / "cubins"))
+    monkeypatch.setenv("PIPETUNE_REFERENCE_CACHE", str(tmp_path / "references"))
+    monkeypatch.setenv("PIPETUNE_SIMULATED_TIME_SCALE", "0")
+    gpu = get_gpu("h100")
+    stream_k = sorted(
+        {x.id for _, _, s in selection(gpu, ["hopper_gemm"]) for x in s if x.tile_loop == STREAM_K}
+    )
+    assert stream_k
+
+    def failing_stream_k(options, spec):
+        return SimulatedLaunchRunner(
+            spec, settings=CAMPAIGN_SETTINGS, compile_workers=1, wrong=tuple(stream_k)
+        )
+
+    monkeypatch.setattr(run, "open_runner", failing_stream_k)
+    out = tmp_path / "out"
+    args = ["--out-dir", str(out), "--runner", "simulated", "--operators", "WG_BMM_BERT_SV"]
+    result = cli.invoke(campaign_app, args)
+    assert result.exit_code == 0, result.output
+    assert "quarantined hopper_gemm tile_loop=2" in result.output
+    correctness = json.loads((out / "correctness.json").read_text())
+    assert correctness["verdict"] == "quarantined"
+    (left_out,) = correctness["quarantined"]["hopper_gemm"]
+    assert (left_out["knob"], left_out["value"]) == ("tile_loop", STREAM_K)
+    assert (
+        left_out["failed"] == left_out["schedules"] == len([m for m in correctness["mismatches"]])
+    )
+    summary = json.loads((out / "campaign.json").read_text())
+    assert summary["state"] == "complete" and "tile_loop=2" in summary["quarantine"]
+    workload = HOPPER["WG_BMM_BERT_SV"]
+    space = family_of(workload).enumerate(workload, gpu)
+    dataset = read_t4(out / "sweeps" / "WG_BMM_BERT_SV.t4.json.gz")
+    kept = [x for x in space if x.tile_loop != STREAM_K]
+    assert 0 < len(dataset) == len(kept) < len(space)
+    assert {r.configuration["tile_loop"] for r in dataset.records} == {0, 1}
+    meta = dataset.metadata["pipetune"]["quarantined"]
+    assert meta["left_out"] == len(space) - len(kept) and meta["of"] == len(space)
+    assert summary["sweeps"]["quarantined"]["WG_BMM_BERT_SV"] == meta
+    assert summary["phases"]["sweeps"] == "done"
+    from types import SimpleNamespace
+
+    from benchmarks.bench_campaign import correctness_table
+
+    table = correctness_table(SimpleNamespace(correctness=correctness))  # type: ignore[arg-type]
+    assert table[-1].startswith("Correctness: quarantined hopper_gemm tile_loop=2 (")
+
+
+class _HangingStreamK:
+    """A runner whose stream-K kernels all time out (as a deadlocked kernel would, after the
+    trial timeout); it records which schedules it was asked to run."""
+
+    name = "cupy"
+    simulated_launch = False
+    device_name = "a stand-in"
+    conv_reference = "cudnn"
+    last_prepare = None
+
+    def __init__(self):
+        self.ran = []
+
+    def compile_ahead(self, workload, schedules):
+        pass
+
+    def verify(self, workload, schedules):
+        from pipetune.model.hopper.space import STREAM_K
+        from pipetune.model.trials import MeasureResult
+
+        self.ran += schedules
+        return [
+            MeasureResult(status="timeout", error="no answer in 15 s", runner="cupy")
+            if x.tile_loop == STREAM_K
+            else MeasureResult(status="ok", max_abs_error=0.0, runner="cupy")
+            for x in schedules
+        ]
+
+
+def test_kernels_that_keep_timing_out_are_not_run_again_and_are_quarantined():
+    from pipetune.model.hopper.space import STREAM_K
+    from pipetune.workers.campaign.correctness import TIMEOUTS_BEFORE_SKIPPING, run_correctness
+
+    gpu = get_gpu("h100")
+    chosen = selection(gpu, ["hopper_gemm"])
+    stream_k = [x for _, _, s in chosen for x in s if x.tile_loop == STREAM_K]
+    runner = _HangingStreamK()
+    doc = run_correctness(runner, gpu, ["hopper_gemm"])  # type: ignore[arg-type]
+    ran_stream_k = [x for x in runner.ran if x.tile_loop == STREAM_K]
+    # Fewer than half the stream-K kernels ran (those unlike the timeouts before them);
+    # every other schedule ran.
+    assert TIMEOUTS_BEFORE_SKIPPING <= len(ran_stream_k) < len(stream_k) // 2
+    assert len(runner.ran) - len(ran_stream_k) == sum(len(s) for _, _, s in chosen) - len(stream_k)
+    # The skipped ones count as timed out, never as passed: the quarantine decides.
+    assert doc["failed"] == len(stream_k) and doc["verdict"] == "quarantined"
+    (left_out,) = doc["quarantined"]["hopper_gemm"]
+    assert (left_out["knob"], left_out["value"]) == ("tile_loop", STREAM_K)
+    not_run = [m for m in doc["mismatches"] if m["error"].startswith("not run: ")]
+    assert len(not_run) == len(stream_k) - len(ran_stream_k)
+    assert "with tile_loop=2 timed out before it" in not_run[0]["error"]

@@ -114,6 +114,32 @@ def test_sweeps_stop_at_the_deadline_and_go_on_from_their_parts(tmp_path, monkey
     ]
 
 
+def test_a_quarantined_kind_of_kernel_is_skipped_and_a_knob_value_left_out(tmp_path):
+    from pipetune.workers.campaign.correctness import kind_of
+
+    operators = {"BMM_GPT2_QK": WORKLOAD, "Softmax": MEMOPS["Softmax_BERT_b1_s128"]}
+    left_out = {"tensor_gemm": [("variant", kind_of(WORKLOAD))]}
+    with runner() as measuring:
+        skipped = run_sweeps(
+            measuring, GPU, operators, tmp_path / "a", Budget(10), lambda p: None,
+            quarantined=left_out,
+        )  # fmt: skip
+    assert skipped.skipped == ["BMM_GPT2_QK"] and skipped.done == ["Softmax"]
+    assert not layout.sweep_path(tmp_path / "a", "BMM_GPT2_QK").exists()
+    assert skipped.quarantined["BMM_GPT2_QK"]["left_out"] == 686
+    stages = {"tensor_gemm": [("smem_stages", 1)]}
+    with runner() as measuring:
+        cut = run_sweeps(
+            measuring, GPU, {"BMM_GPT2_QK": WORKLOAD}, tmp_path / "b", Budget(10),
+            lambda p: None, quarantined=stages,
+        )  # fmt: skip
+    dataset = read_t4(layout.sweep_path(tmp_path / "b", "BMM_GPT2_QK"))
+    kept = [x for x in SCHEDULES if x.smem_stages != 1]
+    assert cut.done == ["BMM_GPT2_QK"] and 0 < len(dataset) == len(kept) < len(SCHEDULES)
+    assert all(r.configuration["smem_stages"] != 1 for r in dataset.records)
+    assert dataset.metadata["pipetune"]["quarantined"] == cut.quarantined["BMM_GPT2_QK"]
+
+
 def test_parts_cut_another_way_are_refused(tmp_path, monkeypatch):
     monkeypatch.setattr(sweeps, "PART_SECONDS", 0.5)
     operators = {"BMM_GPT2_QK": WORKLOAD}

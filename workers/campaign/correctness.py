@@ -30,6 +30,14 @@ failure; if more than ``FAILURE_LIMIT`` of a family's schedules fail, the campai
 after this phase: sweeping wrong kernels is worthless, and a family's failures are judged
 against its own schedules (a broken generator must not hide among another family's passes).
 
+Where a family's failures are confined to one or two knob values (or one kind of kernel),
+the family is *quarantined* instead of stopping the campaign: those values are left out of
+its sweeps and everything else of the family goes on, provided the schedules left checked
+pass on their own by the same limit and are at least half of the family's
+(:func:`quarantine`). A kernel that has never run on hardware (a new tile loop, say) then
+costs the call its own sweeps, not every other operator's; the mismatches stay in the
+document for the debugging. Verdicts: ``pass``, ``quarantined`` (see ``quarantined``), ``stop``.
+
 The document keeps each family's counts apart (``families``), so that a later call whose
 operators need a family the first call did not check (``--have``) checks only that one and
 merges it in (:func:`merge`).
@@ -57,6 +65,12 @@ from pipetune.workers.runners.reference import TOLERANCE_TEXT
 PER_CASE = 36
 PER_MEMOPS_CASE = 28
 FAILURE_LIMIT = 0.01
+# A quarantine leaves out at most this many knob values (or kinds of kernel) of a family,
+# and keeps at least this share of its checked schedules: failures spread wider than that
+# say the family's generator is broken, and the campaign stops as before.
+QUARANTINE_MAX_VALUES = 2
+QUARANTINE_MIN_KEPT = 0.5
+VARIANT = "variant"  # the pseudo-knob a kind of kernel is quarantined under (kind_of)
 
 # (what the case covers, workload). M = 997 and 333 leave a tail for every block height,
 # N = 200 and 136 and K = 328 and 200 for every width and depth but 8 (multiples of 8, as
@@ -224,6 +238,72 @@ def stops(failed: int, total: int, limit: float = FAILURE_LIMIT) -> bool:
     return total == 0 or failed / total > limit
 
 
+Feature = tuple[str, Any]  # (knob, value), or (VARIANT, kind of kernel)
+
+
+def features_of(workload: Any, schedule: Any) -> list[Feature]:
+    """What a quarantine may leave out of the sweeps that would leave out this schedule."""
+    return [*schedule.as_dict().items(), (VARIANT, kind_of(workload))]
+
+
+def quarantine(
+    checked: list[tuple[list[Feature], bool]], limit: float = FAILURE_LIMIT
+) -> list[Feature] | None:
+    """The fewest knob values (or kinds of kernel) whose schedules, left out, leave the rest
+    of the checked ones passing by ``limit``; None where no such set of at most
+    QUARANTINE_MAX_VALUES keeps QUARANTINE_MIN_KEPT of them. ``checked``: each schedule's
+    features and whether it failed.
+
+    Greedy: first the value with the most failures beyond what the schedules without it
+    fail at (its failures minus its schedules times the others' failure rate; ties: the
+    higher failure rate); a value whose schedules fail no more often than the others
+    explains nothing, and the search gives up. A value every remaining schedule holds
+    cannot be told apart from the rest. Deterministic."""
+    kept = list(checked)
+    chosen: list[Feature] = []
+    while kept and sum(f for _, f in kept) / len(kept) > limit:
+        if len(chosen) == QUARANTINE_MAX_VALUES:
+            return None
+        scores = _excess_failures(kept)
+        if not scores:
+            return None
+        feature = max(scores, key=lambda x: scores[x])
+        if scores[feature][0] <= 0:
+            return None
+        chosen.append(feature)
+        kept = [(fs, f) for fs, f in kept if feature not in fs]
+    if len(kept) < QUARANTINE_MIN_KEPT * len(checked):
+        return None
+    return chosen
+
+
+def _excess_failures(
+    checked: list[tuple[list[Feature], bool]],
+) -> dict[Feature, tuple[float, float, str]]:
+    """Per feature some failing schedule holds (and not every schedule): its failures beyond
+    the others' failure rate, its own failure rate, and its repr (a deterministic tie-break)."""
+    failed_with: dict[Feature, int] = {}
+    held_by: dict[Feature, int] = {}
+    for features, failed in checked:
+        for feature in features:
+            held_by[feature] = held_by.get(feature, 0) + 1
+            if failed:
+                failed_with[feature] = failed_with.get(feature, 0) + 1
+    failures = sum(f for _, f in checked)
+    scores = {}
+    for x, bad in failed_with.items():
+        rest = len(checked) - held_by[x]
+        if rest:
+            rest_rate = (failures - bad) / rest
+            scores[x] = (bad - held_by[x] * rest_rate, bad / held_by[x], repr(x))
+    return scores
+
+
+def excluded(features: list[Feature], quarantined: list[Feature]) -> bool:
+    """Whether a schedule with these features is left out by a quarantine."""
+    return any(tuple(q) in features for q in quarantined)
+
+
 def family_part(
     name: str,
     checked: list[tuple[str, Any, list[Any], list[MeasureResult]]],
@@ -236,12 +316,14 @@ def family_part(
     tail_counts: Counter[str] = Counter()
     mismatches: list[dict[str, Any]] = []
     cases = []
+    outcomes: list[tuple[list[Feature], bool]] = []
     total = failed = 0
     for case, workload, schedules, results in checked:
         variant = kind_of(workload)
         case_failed = 0
         for schedule, result in zip(schedules, results, strict=True):
             total += 1
+            outcomes.append((features_of(workload, schedule), result.status != "ok"))
             by_variant.setdefault(variant, Counter())[result.status] += 1
             strata.setdefault(checks.stratum(schedule), Counter())[result.status] += 1
             has_tail = checks.tails(workload, schedule)
@@ -273,12 +355,25 @@ def family_part(
                 "reference": references.get(case),
             }
         )
+    verdict, left_out = "pass", None
+    if stops(failed, total):
+        left_out = quarantine(outcomes) if total else None
+        verdict = "stop" if left_out is None else "quarantined"
+    quarantined = []
+    for knob, value in left_out or []:
+        held = [f for features, f in outcomes if (knob, value) in features]
+        quarantined.append(
+            {"knob": knob, "value": value, "schedules": len(held), "failed": sum(held)}
+        )
+    kept = [f for features, f in outcomes if not excluded(features, left_out or [])]
     return {
         "schedules": total,
         "passed": total - failed,
         "failed": failed,
         "failed_fraction": failed / total if total else None,
-        "verdict": "stop" if stops(failed, total) else "pass",
+        "verdict": verdict,
+        "quarantined": quarantined,
+        "kept": {"schedules": len(kept), "failed": sum(kept)},
         "by_variant": {v: dict(c) for v, c in sorted(by_variant.items())},
         "strata": {s: dict(c) for s, c in sorted(strata.items())},
         "tails": {axis: tail_counts[axis] for axis in checks.tail_axes},
@@ -291,7 +386,11 @@ def assemble(parts: dict[str, dict[str, Any]], *, runner: str, simulated: bool) 
     """The correctness document of the families' parts (family_part)."""
     total = sum(p["schedules"] for p in parts.values())
     failed = sum(p["failed"] for p in parts.values())
-    stop = stops(failed, total) or any(p["verdict"] == "stop" for p in parts.values())
+    # Each family is held to the limit on its own schedules (so the whole is too, unless a
+    # family is quarantined, whose kept schedules are).
+    verdicts = {p["verdict"] for p in parts.values()}
+    stop = total == 0 or "stop" in verdicts
+    verdict = "stop" if stop else "quarantined" if "quarantined" in verdicts else "pass"
     strata_keys = {FAMILY_CHECKS[name].strata_key for name in FAMILY_CHECKS}
     return {
         "runner": runner,
@@ -303,7 +402,10 @@ def assemble(parts: dict[str, dict[str, Any]], *, runner: str, simulated: bool) 
         "failed": failed,
         "failed_fraction": failed / total if total else None,
         "limit": FAILURE_LIMIT,
-        "verdict": "stop" if stop else "pass",
+        "verdict": verdict,
+        "quarantined": {
+            name: p["quarantined"] for name, p in parts.items() if p.get("quarantined")
+        },
         "by_variant": {v: c for p in parts.values() for v, c in p["by_variant"].items()},
         **{
             key: {
@@ -357,6 +459,7 @@ def _parts(document: dict[str, Any]) -> dict[str, dict[str, Any]]:
                 **{k: document[k] for k in ("schedules", "passed", "failed", "by_variant")},
                 "failed_fraction": document.get("failed_fraction"),
                 "verdict": "stop" if stops(document["failed"], document["schedules"]) else "pass",
+                "quarantined": [],
                 "strata": document.get("by_stages", {}),
                 "tails": document.get("tails", {}),
                 "cases": document.get("cases", []),
@@ -407,6 +510,95 @@ def stop_reason(document: dict[str, Any]) -> str | None:
     )
 
 
+def quarantined_features(document: dict[str, Any]) -> dict[str, list[Feature]]:
+    """Per family, the knob values (and kinds of kernel) its sweeps leave out."""
+    return {
+        name: [(q["knob"], q["value"]) for q in values]
+        for name, values in (document.get("quarantined") or {}).items()
+    }
+
+
+def skips(document: dict[str, Any] | None, workload: Any) -> bool:
+    """Whether a quarantine left out the whole operator (the kind of kernel it needs)."""
+    if document is None:
+        return False
+    left_out = quarantined_features(document).get(family_of(workload).name, [])
+    return any(k == VARIANT for k, _ in left_out) and (VARIANT, kind_of(workload)) in left_out
+
+
+def quarantine_note(document: dict[str, Any]) -> str | None:
+    """What a quarantine leaves out, in a line (None where nothing is)."""
+    parts = _parts(document)
+    said = []
+    for name, p in parts.items():
+        for q in p.get("quarantined") or []:
+            said.append(
+                f"{name} {q['knob']}={q['value']} ({q['failed']} of {q['schedules']} checked "
+                "failed)"
+            )
+    if not said:
+        return None
+    return (
+        "correctness: quarantined " + "; ".join(said) + ": left out of the sweeps, the rest "
+        "passed; see correctness.json's mismatches"
+    )
+
+
+# A kernel that hangs costs the trial timeout and a new child each time (15-20 s on the
+# campaign's runner): a kind of kernel that deadlocks on every shape would spend most of a
+# device call here. Once TIMEOUTS_BEFORE_SKIPPING schedules have timed out, a schedule that
+# holds every value they all share (apart from values every schedule run so far holds) is
+# not run: it counts as timed out (never as passed), so the quarantine or the stop decides
+# as if it had hung. Matching the whole shared pattern, not one value of it, keeps a
+# coincidence (two stream-K hangs that also both had 4 stages) from skipping good kernels.
+# Schedules go to the runner VERIFY_CHUNK at a time, so that the rule acts early.
+TIMEOUTS_BEFORE_SKIPPING = 2
+VERIFY_CHUNK = 8
+
+
+class TimeoutBreaker:
+    """Verifies schedules, skipping those that look like every timeout so far."""
+
+    def __init__(self, runner_name: str):
+        self.runner_name = runner_name
+        self.outcomes: list[tuple[list[Feature], bool]] = []  # run ones: (features, timed out)
+
+    def pattern(self) -> list[Feature]:
+        """The values every timed-out schedule holds and not every schedule run; empty
+        while fewer than TIMEOUTS_BEFORE_SKIPPING timed out."""
+        timed_out = [set(fs) for fs, t in self.outcomes if t]
+        if len(timed_out) < TIMEOUTS_BEFORE_SKIPPING:
+            return []
+        everywhere = set.intersection(*(set(fs) for fs, _ in self.outcomes))
+        shared = set.intersection(*timed_out) - everywhere
+        return sorted(shared, key=repr)
+
+    def verify(self, runner: KernelRunner, workload: Any, schedules: list[Any]) -> list[Any]:
+        features = [features_of(workload, s) for s in schedules]
+        results: list[MeasureResult | None] = [None] * len(schedules)
+        for start in range(0, len(schedules), VERIFY_CHUNK):
+            pattern = self.pattern()
+            run = []
+            for i in range(start, min(start + VERIFY_CHUNK, len(schedules))):
+                if not pattern or not all(f in features[i] for f in pattern):
+                    run.append(i)
+                    continue
+                said = ", ".join(f"{k}={v}" for k, v in pattern)
+                timed_out = sum(t for _, t in self.outcomes)
+                results[i] = MeasureResult(
+                    status="timeout",
+                    error=f"not run: {timed_out} schedules with {said} timed out before it",
+                    runner=self.runner_name,
+                )
+            if not run:
+                continue
+            checked = runner.verify(workload, [schedules[i] for i in run])
+            for i, result in zip(run, checked, strict=True):
+                results[i] = result
+                self.outcomes.append((features[i], result.status == "timeout"))
+        return results
+
+
 def run_correctness(
     runner: KernelRunner, gpu: GPUSpec, families: Iterable[str] = tuple(FAMILY_CHECKS)
 ) -> dict[str, Any]:
@@ -419,9 +611,10 @@ def run_correctness(
     runner.conv_reference = "cudnn"
     checked = []
     references: dict[str, Any] = {}
+    breaker = TimeoutBreaker(runner.name)
     try:
         for case, workload, schedules in chosen:
-            results = runner.verify(workload, schedules)
+            results = breaker.verify(runner, workload, schedules)
             references[case] = runner.last_prepare
             checked.append((case, workload, schedules, results))
     finally:

@@ -211,6 +211,7 @@ class Campaign:
         self.device_name: str | None = None
         self.sweeps: dict[str, Any] | None = None
         self.state, self.reason = "running", None
+        self.quarantine: str | None = None  # what a quarantine left out of the sweeps
         self.call: dict[str, Any] = {
             "started": _now(),
             "minutes": options.minutes,
@@ -236,6 +237,13 @@ class Campaign:
         self.call["phases"].append({"phase": phase, "status": status, "seconds": seconds, **extra})
         self.log(f"{phase}: {status} ({seconds:.1f} s)")
 
+    def to_sweep(self) -> list[str]:
+        """The operators whose sweeps are wanted: all but those a quarantine skipped."""
+        from pipetune.workers.campaign.correctness import skips
+
+        correctness = self.read("correctness") if self.path("correctness").exists() else None
+        return [op for op, w in self.operators.items() if not skips(correctness, w)]
+
     def overall(self) -> dict[str, str]:
         from pipetune.workers.campaign.correctness import checked_families
 
@@ -253,14 +261,11 @@ class Campaign:
         status["baselines"] = (
             "done" if got >= set(self.operators) else "partial" if got else "missing"
         )
-        done = [op for op in self.operators if layout.sweep_path(self.out, op).exists()]
-        started = [op for op in self.operators if layout.parts_present(self.out, op)]
+        wanted = self.to_sweep()
+        done = [op for op in wanted if layout.sweep_path(self.out, op).exists()]
+        started = [op for op in wanted if layout.parts_present(self.out, op)]
         status["sweeps"] = (
-            "done"
-            if len(done) == len(self.operators)
-            else "partial"
-            if done or started
-            else "missing"
+            "done" if len(done) == len(wanted) else "partial" if done or started else "missing"
         )
         return status
 
@@ -271,10 +276,12 @@ class Campaign:
             "partial": (self.sweeps or {}).get("partial", {}),
             "left": [
                 op
-                for op in self.operators
+                for op in self.to_sweep()
                 if not layout.sweep_path(self.out, op).exists()
                 and not layout.parts_present(self.out, op)
             ],
+            "quarantined": (self.sweeps or {}).get("quarantined", {}),
+            "skipped": [op for op in self.operators if op not in self.to_sweep()],
         }
         return {
             "format": FORMAT,
@@ -286,6 +293,7 @@ class Campaign:
             "settings": CAMPAIGN_SETTINGS.as_dict(),
             "state": self.state,
             "reason": self.reason,
+            "quarantine": self.quarantine,
             "phases": phases,
             "sweeps": sweeps,
             "calls": [*self.previous.get("calls", []), self.call],
@@ -413,6 +421,8 @@ class Campaign:
         from pipetune.workers.campaign.correctness import (
             checked_families,
             merge,
+            quarantine_note,
+            quarantined_features,
             run_correctness,
             stop_reason,
         )
@@ -448,6 +458,10 @@ class Campaign:
         if reason is not None:
             self.state, self.reason = "stopped", reason
             raise CampaignError(self.reason)
+        self.quarantine = quarantine_note(correctness)
+        if self.quarantine is not None:
+            self.log(self.quarantine)
+        left_out = quarantined_features(correctness)
 
         # profile
         from pipetune.workers.calibrate import CalibrationError
@@ -533,6 +547,7 @@ class Campaign:
                 sweep_checkpoint,
                 self.costs,
                 self.log,
+                left_out,
             )
         except layout.LayoutError as exc:  # parts in --have that this version cuts otherwise
             raise CampaignUsageError(f"--have: {exc}") from None
@@ -595,6 +610,8 @@ def run_campaign(
         try:
             campaign.run(Path(scratch))
             message = campaign.reason or "complete"
+            if campaign.quarantine is not None:
+                message = f"{message}; {campaign.quarantine}"
         except CampaignUsageError as exc:
             campaign.state, campaign.reason = "failed", str(exc)
             exit_code, message = 2, str(exc)

@@ -18,6 +18,11 @@ settings, the compile backlog of its kernels, both scaled by how the parts of th
 compared with their estimates so far) must fit before the deadline; otherwise the phase
 stops there, cleanly. All operators' kernels are queued in the compile pool at the start,
 in sweep order, so NVRTC works ahead of the GPU on every core.
+
+A family the correctness phase quarantined (workers.campaign.correctness) has its
+quarantined knob values left out of every operator's order before the parts are cut (an
+operator of a quarantined kind of kernel is skipped whole); each dataset's metadata names
+what was left out.
 """
 
 from __future__ import annotations
@@ -33,6 +38,7 @@ import numpy as np
 from pipetune.model.family import FamilySpace, family_of
 from pipetune.model.hardware import GPUSpec, get_gpu
 from pipetune.workers.campaign import layout
+from pipetune.workers.campaign.correctness import VARIANT, Feature, kind_of
 from pipetune.workers.campaign.deadline import Deadline
 from pipetune.workers.campaign.plan import (
     CAMPAIGN_SETTINGS,
@@ -55,6 +61,19 @@ def measurement_order(space: FamilySpace, seed: int = ORDER_SEED) -> list[Schedu
     """The space in a seeded random order (the same in every call: parts line up)."""
     order = np.random.default_rng(seed).permutation(len(space))
     return [space[int(i)] for i in order]
+
+
+def kept_schedules(
+    workload: AnyWorkload, order: list[Schedule], left_out: list[Feature]
+) -> list[Schedule]:
+    """The schedules of ``order`` a quarantine keeps (none where it left out the kind of
+    kernel the workload needs), in the same order."""
+    if not left_out:
+        return order
+    if (VARIANT, kind_of(workload)) in left_out:
+        return []
+    knobs = [(k, v) for k, v in left_out if k != VARIANT]
+    return [s for s in order if not any(getattr(s, k, None) == v for k, v in knobs)]
 
 
 def part_size(workload: AnyWorkload, gpu: GPUSpec, schedules: list[Schedule]) -> int:
@@ -91,12 +110,17 @@ class SweepProgress:
     parts_measured: int = 0  # parts measured in this call
     stopped: str | None = None  # why the phase stopped early
     part_seconds: list[dict[str, Any]] = field(default_factory=list)
+    # operators a quarantine cut: how many of their schedules it left out, of how many
+    quarantined: dict[str, dict[str, Any]] = field(default_factory=dict)
+    skipped: list[str] = field(default_factory=list)  # quarantined whole: nothing to sweep
 
     def as_dict(self) -> dict[str, Any]:
         return {
             "done": self.done,
             "partial": self.partial,
             "left": self.left,
+            "quarantined": self.quarantined,
+            "skipped": self.skipped,
             "parts_measured": self.parts_measured,
             "stopped": self.stopped,
             "part_seconds": self.part_seconds,
@@ -171,16 +195,31 @@ def run_sweeps(
     checkpoint: Callable[[SweepProgress], None],
     costs: GpuSideCosts | None = None,
     log: Callable[[str], None] = lambda line: None,
+    quarantined: dict[str, list[Feature]] | None = None,
 ) -> SweepProgress:
-    """Measure what is missing under ``out``, in order, until done or the deadline."""
+    """Measure what is missing under ``out``, in order, until done or the deadline.
+    ``quarantined``: per family, the knob values (kinds of kernel) its sweeps leave out."""
     costs = costs or GpuSideCosts()
     progress = SweepProgress()
     plans: dict[str, tuple[AnyWorkload, list[list[Schedule]]]] = {}
+    left_out: dict[str, list[Feature]] = {}
     for name, workload in operators.items():
+        fam = family_of(workload)
+        whole = measurement_order(fam.enumerate(workload, gpu))
+        left_out[name] = list((quarantined or {}).get(fam.name, []))
+        order = kept_schedules(workload, whole, left_out[name])
+        if len(order) < len(whole):
+            progress.quarantined[name] = {
+                "left_out": len(whole) - len(order),
+                "of": len(whole),
+                "values": [{"knob": k, "value": v} for k, v in left_out[name]],
+            }
+        if not order:
+            progress.skipped.append(name)
+            continue
         if layout.sweep_path(out, name).exists():
             progress.done.append(name)
             continue
-        order = measurement_order(family_of(workload).enumerate(workload, gpu))
         plans[name] = (workload, parts_of(order, part_size(workload, gpu, order)))
         check_parts(out, name, plans[name][1])
     # Queue every kernel still needed, in sweep order: NVRTC works ahead of the GPU.
@@ -207,6 +246,8 @@ def run_sweeps(
                 break
             started = time.perf_counter()
             dataset = sweep(runner, workload, gpu, part)
+            if name in progress.quarantined:  # the dataset says which schedules it lacks
+                dataset.metadata["pipetune"]["quarantined"] = progress.quarantined[name]
             write_t4(dataset, layout.part_path(out, name, k))
             seconds = time.perf_counter() - started
             estimator.observe(raw, seconds)
