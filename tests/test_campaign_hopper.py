@@ -141,7 +141,8 @@ def test_stream_k_failing_its_checks_is_quarantined_and_the_rest_is_swept(tmp_pa
     monkeypatch.setattr(run, "open_runner", failing_stream_k)
     out = tmp_path / "out"
     args = ["--out-dir", str(out), "--runner", "simulated", "--operators", "WG_BMM_BERT_SV"]
-    result = cli.invoke(campaign_app, args)
+    archive = tmp_path / "c.tar.gz"
+    result = cli.invoke(campaign_app, [*args, "--pack", str(archive)])
     assert result.exit_code == 0, result.output
     assert "quarantined hopper_gemm tile_loop=2" in result.output
     correctness = json.loads((out / "correctness.json").read_text())
@@ -169,6 +170,14 @@ def test_stream_k_failing_its_checks_is_quarantined_and_the_rest_is_swept(tmp_pa
 
     table = correctness_table(SimpleNamespace(correctness=correctness))  # type: ignore[arg-type]
     assert table[-1].startswith("Correctness: quarantined hopper_gemm tile_loop=2 (")
+    # The archive unpacks as any other: the cut dataset, the quarantine in its documents.
+    from pipetune.workers.campaign.unpack import unpack
+
+    unpack(archive, tmp_path / "data", tmp_path / "profiles", allow_simulated=True)
+    unpacked = read_t4(tmp_path / "data" / "h100" / "WG_BMM_BERT_SV.t4.json.gz")
+    assert len(unpacked) == len(kept)
+    doc = json.loads((tmp_path / "data" / "h100" / "campaign" / "correctness.json").read_text())
+    assert doc["quarantined"] == correctness["quarantined"]
 
 
 class _HangingStreamK:
