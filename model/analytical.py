@@ -62,6 +62,7 @@ from typing import Any
 import numpy as np
 
 from pipetune.model.hardware import GPUSpec
+from pipetune.model.knobs import PredictedLatencies
 from pipetune.model.space import MMA_TILE, Space
 from pipetune.model.workloads import AnyWorkload, Conv2d, Conv3d
 
@@ -129,7 +130,7 @@ def _a_reuse_factor(workload: AnyWorkload) -> float:
 
 
 @dataclass(frozen=True)
-class Prediction:
+class Prediction(PredictedLatencies):
     """The model's terms for every schedule of a space (arrays aligned with the space)."""
 
     space: Space
@@ -157,18 +158,9 @@ class Prediction:
     T_threadblk_last: np.ndarray
     N_threadblk_per_SM_last: np.ndarray
 
-    @property
-    def latency_us(self) -> np.ndarray:
-        return self.T_kernel * 1e6
-
     @cached_property
     def tflops(self) -> np.ndarray:
         return self.space.workload.flops / self.T_kernel / 1e12
-
-    @cached_property
-    def order(self) -> np.ndarray:
-        """Schedule indices from fastest to slowest predicted (ties in space order)."""
-        return np.argsort(self.T_kernel, kind="stable")
 
     def terms(self, i: int) -> dict[str, Any]:
         """The model's view of schedule i, in microseconds and counts."""

@@ -19,7 +19,7 @@ import json
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
-from typing import Any
+from typing import Any, Self
 
 import numpy as np
 
@@ -172,6 +172,25 @@ class KnobArraySpace:
         self.gpu = gpu
         self.knobs = {k: np.ascontiguousarray(knobs[k], dtype=np.int64) for k in self.knob_names}
 
+    @staticmethod
+    def knob_grid() -> dict[str, np.ndarray]:
+        """The family's knob combinations to check (its cross product, or less)."""
+        raise NotImplementedError
+
+    @staticmethod
+    def invalid_reasons(
+        grid: dict[str, np.ndarray], workload: Any, gpu: GPUSpec
+    ) -> dict[str, np.ndarray]:
+        """The family's validity rules: per rule, True where a row breaks it."""
+        raise NotImplementedError
+
+    @classmethod
+    def enumerate(cls, workload: Any, gpu: GPUSpec) -> Self:
+        """Every valid schedule of a workload on a GPU: the family's knob grid less the rows
+        a validity rule excludes."""
+        grid = cls.knob_grid()
+        return cls(workload, gpu, valid_rows(grid, cls.invalid_reasons(grid, workload, gpu)))
+
     @property
     def knob_names(self) -> tuple[str, ...]:
         return tuple(k.name for k in self.declaration)
@@ -224,3 +243,19 @@ class KnobArraySpace:
     def cache_key(self) -> tuple:
         """Identifies the space's contents, for caches of per-space arrays."""
         return (self.workload.workload_hash, self.gpu.key, self.gpu.profile, len(self))
+
+
+class PredictedLatencies:
+    """What every family's model prediction derives from its predicted kernel times
+    (``T_kernel``, seconds per schedule of the space): mixed into each prediction dataclass."""
+
+    T_kernel: np.ndarray
+
+    @property
+    def latency_us(self) -> np.ndarray:
+        return self.T_kernel * 1e6
+
+    @cached_property
+    def order(self) -> np.ndarray:
+        """Schedule indices from fastest to slowest predicted (ties in space order)."""
+        return np.argsort(self.T_kernel, kind="stable")

@@ -23,7 +23,6 @@ from pipetune.model.knobs import (
     broken_rules,
     check_schedule_type,
     full_grid,
-    valid_rows,
 )
 from pipetune.model.knobs import ScheduleError as ScheduleError  # callers catch it from here
 from pipetune.model.occupancy import blocks_per_sm  # shared by the families (re-exported)
@@ -207,10 +206,11 @@ class Space(KnobArraySpace):
     schedule_type = Schedule
     workload: AnyWorkload
 
-    @classmethod
-    def enumerate(cls, workload: AnyWorkload, gpu: GPUSpec) -> Space:
-        grid = full_grid(KNOB_DECLARATION)
-        return cls(workload, gpu, valid_rows(grid, invalid_reasons(grid, workload, gpu)))
+    invalid_reasons = staticmethod(invalid_reasons)
+
+    @staticmethod
+    def knob_grid() -> dict[str, np.ndarray]:
+        return full_grid(KNOB_DECLARATION)
 
     @property
     def feature_names(self) -> tuple[str, ...]:

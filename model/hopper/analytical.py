@@ -44,6 +44,7 @@ from pipetune.model.hopper.space import (
     TILE_LOOP_LABELS,
     HopperSpace,
 )
+from pipetune.model.knobs import PredictedLatencies
 
 N_ISSUE = 32  # columns' worth of a wgmma's fixed issue and wait cost (assumed)
 L2_PORT_BYTES_PER_CLK = 64  # what one SM can draw from L2 per clock (assumed)
@@ -52,7 +53,7 @@ F16 = 2
 
 
 @dataclass(frozen=True)
-class HopperPrediction:
+class HopperPrediction(PredictedLatencies):
     """The model's terms for every schedule of a space (arrays aligned with it; seconds)."""
 
     space: HopperSpace
@@ -66,15 +67,6 @@ class HopperPrediction:
     T_dram: np.ndarray
     steps_per_sm: np.ndarray  # K steps the busiest SM runs
     blocks_per_sm: np.ndarray
-
-    @property
-    def latency_us(self) -> np.ndarray:
-        return self.T_kernel * 1e6
-
-    @cached_property
-    def order(self) -> np.ndarray:
-        """Schedule indices from fastest to slowest predicted (ties in space order)."""
-        return np.argsort(self.T_kernel, kind="stable")
 
     @cached_property
     def bottleneck(self) -> np.ndarray:

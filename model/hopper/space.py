@@ -27,7 +27,6 @@ from pipetune.model.knobs import (
     broken_rules,
     check_schedule_type,
     full_grid,
-    valid_rows,
 )
 from pipetune.model.occupancy import blocks_per_sm
 
@@ -166,10 +165,8 @@ class HopperSpace(KnobArraySpace):
     declaration = KNOBS
     schedule_type = HopperSchedule
 
-    @classmethod
-    def enumerate(cls, workload: HopperWorkload, gpu: GPUSpec) -> HopperSpace:
-        grid = static_grid()
-        return cls(workload, gpu, valid_rows(grid, invalid_reasons(grid, workload, gpu)))
+    knob_grid = staticmethod(static_grid)
+    invalid_reasons = staticmethod(invalid_reasons)
 
     @property
     def feature_names(self) -> tuple[str, ...]:

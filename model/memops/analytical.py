@@ -79,6 +79,7 @@ from typing import Any
 
 import numpy as np
 
+from pipetune.model.knobs import PredictedLatencies
 from pipetune.model.memops.space import (
     BYTES_FP16,
     CACHE_GLOBAL,
@@ -108,7 +109,7 @@ INSTRUCTIONS_PER_VECTOR = 4.0  # address, load or store, loop test, predicate
 
 
 @dataclass(frozen=True)
-class MemPrediction:
+class MemPrediction(PredictedLatencies):
     """The model's terms for every schedule of a space (arrays aligned with the space)."""
 
     space: MemSpace
@@ -130,19 +131,10 @@ class MemPrediction:
     bytes_dram: np.ndarray  # DRAM bytes of the whole run (reads + writes)
     bottleneck: np.ndarray  # "latency" | "dram" | "port" | "smem" | "issue"
 
-    @property
-    def latency_us(self) -> np.ndarray:
-        return self.T_kernel * 1e6
-
     @cached_property
     def effective_gbs(self) -> np.ndarray:
         """Compulsory bytes per second: the bandwidth the run delivers to the operator."""
         return self.space.work / self.T_kernel / 1e9
-
-    @cached_property
-    def order(self) -> np.ndarray:
-        """Schedule indices from fastest to slowest predicted (ties in space order)."""
-        return np.argsort(self.T_kernel, kind="stable")
 
     def terms(self, i: int) -> dict[str, Any]:
         us = 1e6

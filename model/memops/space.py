@@ -33,7 +33,6 @@ from pipetune.model.knobs import (
     broken_rules,
     check_schedule_type,
     full_grid,
-    valid_rows,
 )
 from pipetune.model.memops.workloads import OP_CODES, MemWorkload, op_key
 from pipetune.model.occupancy import blocks_per_sm
@@ -357,10 +356,8 @@ class MemSpace(KnobArraySpace):
     declaration = KNOBS
     schedule_type = MemSchedule
 
-    @classmethod
-    def enumerate(cls, workload: MemWorkload, gpu: GPUSpec) -> MemSpace:
-        grid = static_grid()
-        return cls(workload, gpu, valid_rows(grid, invalid_reasons(grid, workload, gpu)))
+    knob_grid = staticmethod(static_grid)
+    invalid_reasons = staticmethod(invalid_reasons)
 
     @property
     def feature_names(self) -> tuple[str, ...]:

@@ -244,7 +244,8 @@ class Campaign:
         correctness = self.read("correctness") if self.path("correctness").exists() else None
         return [op for op, w in self.operators.items() if not skips(correctness, w)]
 
-    def overall(self) -> dict[str, str]:
+    def overall(self, wanted: list[str]) -> dict[str, str]:
+        """Each phase's status; ``wanted``: the operators whose sweeps are wanted (to_sweep)."""
         from pipetune.workers.campaign.correctness import checked_families
 
         status = {}
@@ -261,7 +262,6 @@ class Campaign:
         status["baselines"] = (
             "done" if got >= set(self.operators) else "partial" if got else "missing"
         )
-        wanted = self.to_sweep()
         done = [op for op in wanted if layout.sweep_path(self.out, op).exists()]
         started = [op for op in wanted if layout.parts_present(self.out, op)]
         status["sweeps"] = (
@@ -270,18 +270,19 @@ class Campaign:
         return status
 
     def summary(self) -> dict[str, Any]:
-        phases = self.overall()
+        wanted = self.to_sweep()
+        phases = self.overall(wanted)
         sweeps = {
             "done": [op for op in self.operators if layout.sweep_path(self.out, op).exists()],
             "partial": (self.sweeps or {}).get("partial", {}),
             "left": [
                 op
-                for op in self.to_sweep()
+                for op in wanted
                 if not layout.sweep_path(self.out, op).exists()
                 and not layout.parts_present(self.out, op)
             ],
             "quarantined": (self.sweeps or {}).get("quarantined", {}),
-            "skipped": [op for op in self.operators if op not in self.to_sweep()],
+            "skipped": [op for op in self.operators if op not in wanted],
         }
         return {
             "format": FORMAT,

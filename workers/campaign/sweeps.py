@@ -38,7 +38,7 @@ import numpy as np
 from pipetune.model.family import FamilySpace, family_of
 from pipetune.model.hardware import GPUSpec, get_gpu
 from pipetune.workers.campaign import layout
-from pipetune.workers.campaign.correctness import VARIANT, Feature, kind_of
+from pipetune.workers.campaign.correctness import Feature, excluded, features_of
 from pipetune.workers.campaign.deadline import Deadline
 from pipetune.workers.campaign.plan import (
     CAMPAIGN_SETTINGS,
@@ -70,10 +70,7 @@ def kept_schedules(
     kernel the workload needs), in the same order."""
     if not left_out:
         return order
-    if (VARIANT, kind_of(workload)) in left_out:
-        return []
-    knobs = [(k, v) for k, v in left_out if k != VARIANT]
-    return [s for s in order if not any(getattr(s, k, None) == v for k, v in knobs)]
+    return [s for s in order if not excluded(features_of(workload, s), left_out)]
 
 
 def part_size(workload: AnyWorkload, gpu: GPUSpec, schedules: list[Schedule]) -> int:
