@@ -61,6 +61,7 @@ def run(args: argparse.Namespace) -> None:
         prior_trials=args.prior_trials,
         first_seed=args.first_seed,
         learned=learned,
+        early=args.early,
     )
     doc["command"] = " ".join(sys.argv)
     args.save.write_text(json.dumps(doc))
@@ -175,7 +176,13 @@ def render(paths: list[Path]) -> str:
     for label, doc in docs.items():
         lines.append(
             f"- `{label}`: {doc['seeds']} seeds (0..{doc['seeds'] - 1}), pipetune batch "
-            f"{doc.get('batch', 8)}, peers one trial at a time; "
+            f"{doc.get('batch', 8)}"
+            + (
+                f" (each proposed with {doc['early']} trials unmeasured)"
+                if doc.get("early")
+                else ""
+            )
+            + ", peers one trial at a time; "
             f"`{doc.get('command', '?')}`"
         )
     return "\n".join(lines)
@@ -199,6 +206,13 @@ def main() -> None:
     r.add_argument("--strategies", default="auto,peers")
     r.add_argument("--budgets", default="10,20,50,100")
     r.add_argument("--batch", type=int, default=8)
+    r.add_argument(
+        "--early",
+        type=int,
+        default=0,
+        help="propose each batch while this many trials of the batch before it are"
+        " unmeasured (the service's early proposals: PIPETUNE_PROPOSE_EARLY of the batch)",
+    )
     r.add_argument("--seeds", type=int, default=30)
     r.add_argument("--jobs", type=int, default=1)
     r.add_argument("--first-seed", type=int, default=0)

@@ -11,18 +11,30 @@ Proposing ahead: a strategy whose proposals do not depend on the measurements
 never wait for the next proposal: batch b+1 is proposed when batch b-1 is complete, while
 batch b is being measured. What it proposes is exactly what it would propose one batch
 later (only the set of schedules already chosen matters to it, and that is the same), so
-the tuning is the same. The model-based strategies propose when their batch is complete:
-a proposal made before then would not be the one made after it.
+the tuning is the same.
 
-Nothing lives only in memory: every proposed schedule is a job row with its batch number, so
-any replica rebuilds the session by replaying the task's batches through the session's
-propose/observe calls in the order they were made (each batch is checked to replay
-identically). Sessions are cached per process: the usual advance observes one batch; a
-replica whose cached session is behind (another replica advanced the task meanwhile) rolls
-it forward through the batches it missed instead of rebuilding it, so a model is refit
-once per batch, not once per batch of the whole history. Two replicas advancing the same
-task race on a compare-and-set of `tasks.batches`: the loser's batch is never written. Each
-new batch is announced to the waiting lease requests (service/wakeup.py).
+Early proposals: a model-guided strategy that believes trials it has not seen measured at its
+own predictions (tuner/bo.py; `StrategySpec.proposes_early`) may propose its next batch once
+at most PIPETUNE_PROPOSE_EARLY of a batch (off by default; a quarter: two of eight) is still
+being measured, so workers do not wait on a batch's slowest trials or on the proposal
+itself. Which results a proposal saw depends on when it ran, so it is recorded where it
+differs from the rule of whole batches (`first_seen_by`): a job left unmeasured by the
+proposal its batch's results would have gone to is marked, and a result seen later names
+the batch that saw it (written with that batch, in the same statement); a replay observes
+every result exactly there. Without early proposals nothing is written. Offline, `pipetune
+bench tuner --early 2` runs the same rule (benchmarks/RESULTS.md, "early proposals", has
+what it costs and gains).
+
+Nothing lives only in memory: every proposed schedule is a job row with its batch number
+(and where it differs from the rule, the batch that first saw its result), so any replica
+rebuilds the session by replaying the task's batches through the session's propose/observe
+calls in the order they were made (each batch is checked to replay identically). Sessions
+are cached per process: the usual advance observes one batch; a replica whose cached session
+is behind (another replica advanced the task meanwhile) rolls it forward through the batches
+it missed instead of rebuilding it, so a model is refit once per batch, not once per batch
+of the whole history. Two replicas advancing the same task race on a compare-and-set of
+`tasks.batches`: the loser's batch is never written. Each new batch is announced to the
+waiting lease requests (service/wakeup.py).
 """
 
 from __future__ import annotations
@@ -86,11 +98,13 @@ JOBS, TASKS = JobRow.__table__, TaskRow.__table__
 # Strategies whose next batch depends only on which schedules were already chosen, never on
 # their measurements (tests/test_service_pipeline.py checks it of each): they propose ahead.
 PROPOSE_AHEAD = frozenset({"grid", "random", "analytical"})
+NOT_SEEN = -1  # jobs.seen_at of a job that the proposal the rule gives it did not see
 
 
 # A new batch on PostgreSQL, in one statement: the compare-and-set on `batches` (no row when
-# another replica advanced the task first: then nothing is inserted), the jobs, and the
-# NOTIFY that wakes the other replicas' waiting lease requests when this commits.
+# another replica advanced the task first: then nothing is inserted), the jobs, the results
+# its proposal saw first (jobs.seen_at), and the NOTIFY that wakes the other replicas'
+# waiting lease requests when this commits.
 COMMIT_BATCH_SQL = """
 WITH cas AS (
     UPDATE tasks SET batches = %(version)s + 1, trials_enqueued = %(enqueued)s,
@@ -104,12 +118,26 @@ WITH cas AS (
         j.schedule_id, j.predicted_us, %(queued)s, 0
     FROM cas, jsonb_to_recordset(CAST(%(jobs)s AS jsonb))
         AS j(trial int, schedule json, schedule_id text, predicted_us float8)
-)
+){seen}
 SELECT cas.arch, cas.gpu, pg_notify(%(channel)s, json_build_object(
     'origin', CAST(%(origin)s AS text), 'arch', cas.arch, 'gpu', cas.gpu,
     'count', CAST(%(count)s AS int))::text)
 FROM cas
 """
+# With early proposals, the same and jobs.seen_at: the results this batch saw out of turn,
+# and the jobs it left late (NOT_SEEN).
+COMMIT_SEEN_BATCH_SQL = COMMIT_BATCH_SQL.replace(
+    "{seen}",
+    """, seen AS (
+    UPDATE jobs SET seen_at = CASE WHEN jobs.trial = ANY(%(late)s::int[])
+        THEN """
+    + str(NOT_SEEN)
+    + """ ELSE %(version)s END
+    FROM cas WHERE jobs.task_id = cas.id
+        AND jobs.trial = ANY(%(seen)s::int[] || %(late)s::int[])
+)""",
+)
+COMMIT_BATCH_SQL = COMMIT_BATCH_SQL.replace("{seen}", "")
 
 
 READ_TASK_SQL = """
@@ -123,7 +151,7 @@ SELECT t.state, t.workload_id, t.gpu, t.strategy, t.seed, t.budget, t.batches,
 FROM tasks t WHERE t.id = %(task)s
 """
 READ_JOBS_SQL = """
-SELECT trial, batch, schedule, state, status, latency_us, error FROM jobs
+SELECT trial, batch, schedule, state, status, latency_us, error, seen_at FROM jobs
 WHERE task_id = %(task)s AND batch >= %(first)s AND batch < %(before)s
 ORDER BY trial
 """
@@ -134,6 +162,20 @@ def batches_ahead(strategy: str) -> int:
     return 1 if strategy in PROPOSE_AHEAD else 0
 
 
+def outstanding_allowed(strategy: str, batch_size: int, share: float, batches: int) -> int:
+    """Jobs of a task's batches it waits on that may still be outstanding when it proposes
+    its next batch (it has `batches`): `share` of a batch for a strategy that believes trials
+    it has not seen measured (early proposals), none for the others, and none while the
+    first batch is the only one (its results are the model's first data, where each missing
+    one weighs most: proposing early there cost 0.009 of best-in-k at k = 20 on the measured
+    ALCOP spaces, from the second batch on 0.003; benchmarks/RESULTS.md, "early proposals").
+    tuner/offline.py's `late_trials` is the same rule for the offline benchmark."""
+    spec = STRATEGY_MAP.get(strategy)
+    if spec is None or not spec.proposes_early or batches < 2:
+        return 0
+    return min(int(share * batch_size), batch_size - 1)
+
+
 @dataclass
 class _Live:
     """A session and where it stands in its task's record."""
@@ -141,8 +183,11 @@ class _Live:
     session: TuningSession
     predicted_us: np.ndarray  # the model's latency per space row
     sizes: list[int]  # the sizes of the batches it proposed: the task's batches 0..k-1
-    observed: int  # batches it observed: 0..observed-1
+    observed: int  # batches it observed whole: 0..observed-1
     curve: list[float | None] = field(default_factory=list)  # best so far, per observed trial
+    # Trial -> the batch before whose proposal the session observed it, for the trials of
+    # batches `observed` and later that it observed (a batch proposed early leaves some).
+    seen: dict[int, int] = field(default_factory=dict)
 
     @property
     def trials(self) -> int:
@@ -161,6 +206,9 @@ class _Plan:
     curve: list[float | None]
     live: _Live | None = None
     error: str | None = None
+    # Trials whose results this plan saw out of turn, and the jobs it left late (jobs.seen_at).
+    seen: list[int] = field(default_factory=list)
+    late: list[int] = field(default_factory=list)
 
 
 # What _plan returns, instead of a plan, when asked not to adopt a task this replica is
@@ -176,6 +224,17 @@ class _JobView:
     batch: int
     schedule: Any  # the family's schedule
     result: MeasureResult | None  # None while it is outstanding
+    seen_at: int | None  # jobs.seen_at (first_seen_by reads it)
+
+
+def first_seen_by(batch: int, seen_at: int | None, strategy: str) -> int | None:
+    """The batch whose proposal first saw a job's result (None: none has yet). By the rule of
+    whole batches, the next one (after the batches its strategy proposes ahead); jobs.seen_at
+    records where it was otherwise (early proposals): NOT_SEEN for a job that proposal left
+    unmeasured, and later the batch that saw it."""
+    if seen_at is None:
+        return batch + 1 + batches_ahead(strategy)
+    return None if seen_at == NOT_SEEN else seen_at
 
 
 @dataclass(frozen=True)
@@ -196,6 +255,11 @@ class _TaskView:
 def _ids(learned_from: list[int] | None) -> tuple[int, ...] | None:
     """The learned_from column (a JSON array) as a cache key."""
     return None if learned_from is None else tuple(learned_from)
+
+
+def _has_seen(live: _Live, view: _JobView) -> bool:
+    """Whether the session observed the job."""
+    return view.batch < live.observed or view.trial in live.seen
 
 
 def _is_current(live: _Live | None, task: _TaskView) -> bool:
@@ -696,6 +760,7 @@ class Driver:
                         JOBS.c.status,
                         JOBS.c.latency_us,
                         JOBS.c.error,
+                        JOBS.c.seen_at,
                     )
                     .where(
                         JOBS.c.task_id == task_id,
@@ -705,7 +770,8 @@ class Driver:
                     .order_by(JOBS.c.trial)
                 ).all()
         return [
-            _JobView(r.trial, r.batch, self._schedule(fam, r.schedule), _observed(r)) for r in rows
+            _JobView(r.trial, r.batch, self._schedule(fam, r.schedule), _observed(r), r.seen_at)
+            for r in rows
         ]
 
     def _schedule(self, fam: KernelFamily, doc: Any) -> Any:
@@ -739,7 +805,10 @@ class Driver:
         if found is None or TaskState(found[1]).is_final():
             return None
         task, _, older, outstanding = found
-        if older:  # a batch it waits on is not complete
+        early = outstanding_allowed(
+            task.strategy, task.batch_size, self.settings.propose_early, task.version
+        )
+        if older > early:  # a batch it waits on is not complete (enough)
             return None
         # A task proposing ahead waits only for the batches before its newest.
         waits_on = task.version - batches_ahead(task.strategy)
@@ -764,16 +833,32 @@ class Driver:
                     task.learned_from,
                 )
             assert live is not None
-            self._roll_forward(task_id, live, _by_batch(views), task.version, waits_on)
-            plan = _Plan(task_id, task.version, live.trials, [], [], [], live=live)
-            plan.batch, plan.predicted = self._propose(live, task.batch_size)
-            if not plan.batch:
+            self._roll_forward(task_id, live, views, task)
+            if live.session.remaining == 0:
                 if outstanding:  # nothing more to propose: finish once every batch is in
                     self._keep_live(task_id, live)
                     return None
                 # Every batch is complete: observe the ones still pending, then finish.
                 rest = self._read_jobs(task_id, live.observed, task.version, fam)
-                self._observe_through(live, _by_batch(rest), task.version)
+                self._observe(live, rest, task.version)
+                return _Plan(task_id, task.version, live.trials, [], [], list(live.curve))
+            plan = _Plan(task_id, task.version, live.trials, [], [], [], live=live)
+            # What is measured by now (of a task proposing ahead: its batches before the
+            # newest), recorded as seen by this batch's proposal, where a replay observes it;
+            # what is still measured is believed (tuner/bo.py).
+            fresh = [v for v in views if v.result is not None and v.batch < waits_on]
+            observed = set(self._observe(live, fresh, task.version))
+            by_rule = {
+                v.trial: first_seen_by(v.batch, None, task.strategy) == task.version for v in views
+            }
+            plan.seen = sorted(t for t in observed if not by_rule[t])
+            plan.late = [v.trial for v in views if by_rule[v.trial] and not _has_seen(live, v)]
+            plan.batch, plan.predicted = self._propose(live, task.batch_size)
+            if not plan.batch:  # the strategy has nothing left to propose
+                if outstanding:
+                    return None  # (the session saw what no batch records: not kept)
+                rest = self._read_jobs(task_id, live.observed, task.version, fam)
+                self._observe(live, rest, task.version)
         except (SessionError, ValueError) as exc:
             log.exception("task %s cannot advance", task_id)
             return _Plan(task_id, task.version, 0, [], [], [], error=_cannot(exc))
@@ -792,12 +877,11 @@ class Driver:
         batch, and whether it must be rebuilt from the first batch."""
         if _is_current(live, task):
             assert live is not None
-            # The usual case: this replica made the newest batch; read what completed since.
+            # The usual case: this replica made the newest batch; read what completed since
+            # (a task proposing ahead: the batches before its newest; any other: all of them,
+            # its newest may be complete enough to propose early).
             views = self._read_jobs(task_id, live.observed, waits_on, fam)
-            pending = [live.session.space[r] for r in live.session.pending]
-            done = [v.schedule for v in views]
-            first = views[0].trial if views else live.trials
-            if pending[: len(done)] == done and (not views or len(live.curve) == first):
+            if self._record_matches(live, views, waits_on, task.strategy):
                 return views, False
         # Behind (another replica advanced the task) or none. Only the batches this plan
         # saw: another replica may have queued the next one since (its jobs unmeasured);
@@ -808,37 +892,46 @@ class Driver:
         # replicas taking turns an advance reads two batches, not the whole history.
         if live is not None and live.observed <= len(live.sizes) <= task.version:
             views = self._read_jobs(task_id, live.observed, task.version, fam)
-            if self._pending_match(live, _by_batch(views)):
+            if self._record_matches(live, views, task.version, task.strategy):
                 return views, False
         views = self._read_jobs(task_id, 0, task.version, fam)
         return views, True
 
     @staticmethod
-    def _pending_match(live: _Live, batches: dict[int, list[_JobView]]) -> bool:
-        """Whether the session's proposed, unobserved batches are the task's recorded ones
-        (batches live.observed .. len(live.sizes) - 1)."""
+    def _record_matches(live: _Live, views: list[_JobView], before: int, strategy: str) -> bool:
+        """Whether the session is the task's record so far (views: its jobs of batches
+        live.observed .. before - 1): its proposed, unobserved trials begin with the record's
+        of those batches, in order, and it observed each trial where the record says (a
+        session that observed more, or less, than the proposal the task recorded would
+        propose differently)."""
+        made = len(live.sizes)
+        unseen = [v.schedule for v in views if v.batch < made and v.trial not in live.seen]
         session = live.session
-        made = [session.space[r] for r in session.pending]
-        recorded = [
-            v.schedule for b in range(live.observed, len(live.sizes)) for v in batches.get(b, [])
-        ]
-        return made == recorded
+        pending = [session.space[r] for r in session.pending]
+        if pending[: len(unseen)] != unseen:
+            return False
+        if len(pending) - len(unseen) != sum(live.sizes[min(before, made) :]):
+            return False  # it holds unobserved trials of batches the views cover
+        for v in views:
+            at = live.seen.get(v.trial)
+            recorded = first_seen_by(v.batch, v.seen_at, strategy)
+            if at is not None and recorded != at:
+                return False
+            if at is None and recorded is not None and recorded < made:
+                return False
+        return True
 
     def _roll_forward(
-        self,
-        task_id: int,
-        live: _Live,
-        batches: dict[int, list[_JobView]],
-        version: int,
-        waits_on: int,
+        self, task_id: int, live: _Live, views: list[_JobView], task: _TaskView
     ) -> None:
         """Replay the recorded batches the session has not proposed yet, in the order they
-        were made (before batch b, the batches before b - batches_ahead were observed; the
-        first batches_ahead + 1 were proposed together), then observe through `waits_on`. A
-        batch the session would not have proposed is adopted (TuningSession.adopt)."""
-        ahead = version - waits_on
-        for b in range(len(live.sizes), version):
-            self._observe_through(live, batches, b - ahead)
+        were made: before batch b, the jobs the record says b's proposal saw first, then b's
+        proposal. A batch the session would not have proposed is adopted
+        (TuningSession.adopt)."""
+        batches = _by_batch(views)
+        for b in range(len(live.sizes), task.version):
+            due = [v for v in views if first_seen_by(v.batch, v.seen_at, task.strategy) == b]
+            self._observe(live, due, b)
             recorded = [v.schedule for v in batches.get(b, [])]
             proposed = live.session.propose(len(recorded)) if recorded else []
             if proposed != recorded:
@@ -854,18 +947,36 @@ class Driver:
                 live.session.adopt(proposed, recorded)
                 self.metrics.batches_adopted.inc()
             live.sizes.append(len(recorded))
-        self._observe_through(live, batches, waits_on)
 
     @staticmethod
-    def _observe_through(live: _Live, batches: dict[int, list[_JobView]], upto: int) -> None:
-        """Observe the session's pending batches numbered below `upto`."""
-        while live.observed < upto:
-            batch = batches[live.observed]
-            if any(v.result is None for v in batch):  # the caller checked: never expected
-                raise SessionError(f"batch {live.observed} is not complete")
-            live.session.observe([(v.schedule, v.result) for v in batch])
-            live.curve = _extend_curve(live.curve, [v.result for v in batch])
+    def _observe(live: _Live, views: list[_JobView], at: int) -> list[int]:
+        """Observe, in trial order, the jobs among `views` the session has not observed (each
+        must be complete), as seen by the proposal of batch `at`; returns their trials."""
+        new = sorted(
+            (v for v in views if v.batch >= live.observed and v.trial not in live.seen),
+            key=lambda v: v.trial,
+        )
+        if not new:
+            return []
+        if any(v.result is None for v in new):  # the caller checked: never expected
+            missing = next(v.trial for v in new if v.result is None)
+            raise SessionError(f"trial {missing} is not complete")
+        live.session.observe([(v.schedule, v.result) for v in new])
+        live.curve = _extend_curve(live.curve, [v.result for v in new])
+        for v in new:
+            live.seen[v.trial] = at
+        # Batches observed whole leave `seen` (what later reads compare) for `observed`.
+        first = sum(live.sizes[: live.observed])
+        while live.observed < len(live.sizes):
+            size = live.sizes[live.observed]
+            trials = range(first, first + size)
+            if not all(t in live.seen for t in trials):
+                break
+            for t in trials:
+                del live.seen[t]
+            first += size
             live.observed += 1
+        return [v.trial for v in new]
 
     def _commit(self, plan: _Plan) -> bool:
         if plan.batch and plan.error is None and not self.db.is_sqlite:
@@ -900,6 +1011,13 @@ class Driver:
                 # A batch proposed ahead may be outstanding: nobody is to measure it now.
                 self._cancel_outstanding(conn, plan.task_id, now)
             if plan.batch:
+                for trials, seen_at in ((plan.seen, plan.version), (plan.late, NOT_SEEN)):
+                    if trials:
+                        conn.execute(
+                            update(JOBS)
+                            .where(JOBS.c.task_id == plan.task_id, JOBS.c.trial.in_(trials))
+                            .values(seen_at=seen_at)
+                        )
                 self._insert_jobs(
                     conn, task, plan.version, plan.first_trial, plan.batch, plan.predicted
                 )
@@ -933,9 +1051,12 @@ class Driver:
             "channel": CHANNEL,
             "origin": self.wakeup.origin if self.wakeup is not None else "",
             "count": len(jobs),
+            "seen": plan.seen,
+            "late": plan.late,
         }
+        sql = COMMIT_SEEN_BATCH_SQL if plan.seen or plan.late else COMMIT_BATCH_SQL
         with self.db.driver_statement() as cur:
-            cur.execute(COMMIT_BATCH_SQL, params)
+            cur.execute(sql, params)
             task = cur.fetchone()
         if task is None:
             return False
@@ -950,21 +1071,27 @@ class Driver:
         (the proposer's request: ask the holder, adopt if none answers) instead of being
         replayed here."""
         ahead = case((TASKS.c.strategy.in_(sorted(PROPOSE_AHEAD)), literal(1)), else_=literal(0))
-        outstanding = (
-            select(JOBS.c.id)
+        older = (
+            select(func.count())
             .where(
                 JOBS.c.task_id == TASKS.c.id,
                 JOBS.c.state.in_(OUTSTANDING_JOB_STATES),
                 JOBS.c.batch < TASKS.c.batches - ahead,
             )
-            .exists()
+            .scalar_subquery()
         )
         with self.db.read_conn() as conn:
-            ready = list(
-                conn.scalars(
-                    select(TASKS.c.id).where(TASKS.c.state.in_(ACTIVE_TASK_STATES), ~outstanding)
-                )
-            )
+            rows = conn.execute(
+                select(
+                    TASKS.c.id, TASKS.c.strategy, TASKS.c.batch_size, TASKS.c.batches, older
+                ).where(TASKS.c.state.in_(ACTIVE_TASK_STATES))
+            ).all()
+        share = self.settings.propose_early
+        ready = [
+            task_id
+            for task_id, strategy, batch_size, batches, waiting in rows
+            if waiting <= outstanding_allowed(strategy, batch_size, share, batches)
+        ]
         changed = 0
         for task_id in ready:
             if held_elsewhere is None or self.db.is_sqlite:

@@ -144,6 +144,10 @@ class JobRow(Base):
     arch: Mapped[str] = mapped_column(String(16))
     trial: Mapped[int] = mapped_column(Integer)  # 0-based, in proposal order
     batch: Mapped[int] = mapped_column(Integer)  # which propose() call made it
+    # Where early proposals made it differ from the rule of whole batches: the batch whose
+    # proposal first saw this job's result, or -1 for none yet (service/driver.py,
+    # first_seen_by). NULL: as the rule says.
+    seen_at: Mapped[int | None] = mapped_column(Integer)
     schedule: Mapped[dict[str, Any]]
     schedule_id: Mapped[str] = mapped_column(String(40))
     predicted_us: Mapped[float | None] = mapped_column(Float)

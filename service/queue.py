@@ -40,7 +40,7 @@ from pipetune.model.wire import (
     WorkerRegister,
 )
 from pipetune.service.db import Database
-from pipetune.service.driver import batches_ahead
+from pipetune.service.driver import batches_ahead, outstanding_allowed
 from pipetune.service.errors import ConflictError, ForbiddenError, InputError, NotFoundError
 from pipetune.service.metrics import Metrics
 from pipetune.service.orm import ID_MAX, JobRow, LeaseRow, TaskRow, WorkerRow, WorkloadRow
@@ -91,13 +91,15 @@ class Judged:
     error: NotFoundError | ForbiddenError | None = None
 
 
-def may_advance(task: TaskProgress) -> bool:
+def may_advance(task: TaskProgress, early_share: float) -> bool:
     """Whether this result may have made the task ready for its next batch: all its batches
-    are complete, or (for a task proposing ahead) all but the newest. A hint: the driver
-    checks exactly."""
+    are complete, or (for a task proposing ahead) all but the newest, or (proposing early)
+    all but a few jobs. A hint: the driver checks exactly."""
     outstanding = task.trials_enqueued - task.trials_done
-    ahead = batches_ahead(task.strategy)
-    return task.state == TaskState.RUNNING and outstanding <= ahead * task.batch_size
+    allowed = batches_ahead(task.strategy) * task.batch_size
+    # (As if past its first batch: a hint may say yes where the driver then says no.)
+    allowed += outstanding_allowed(task.strategy, task.batch_size, early_share, batches=2)
+    return task.state == TaskState.RUNNING and outstanding <= allowed
 
 
 class Queue:
@@ -374,7 +376,11 @@ class Queue:
             self._judge(worker, worker_id, r, s, settled)
             for r, s in zip(reports, seen, strict=True)
         ]
-        ready = {s.task.id for s in seen if s.task is not None and may_advance(s.task)}
+        ready = {
+            s.task.id
+            for s in seen
+            if s.task is not None and may_advance(s.task, self.settings.propose_early)
+        }
         return judged, ready
 
     def _authorised(self, worker_id: int, token_hash: str) -> WorkerRef | None:

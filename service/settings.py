@@ -58,6 +58,12 @@ class Settings(BaseSettings):
     lease_ttl_s: float = Field(120.0, gt=0)
     max_attempts: int = Field(3, ge=1)
     batch_size: int = Field(8, ge=1, le=64)
+    # A model-guided task proposes its next batch once at most this share of its batch is
+    # still being measured, the rest believed at its predictions (driver.py, "early
+    # proposals"): workers do not wait on a batch's slowest trials. Off by default: where
+    # trials take about as long as each other it gained 0-4% results/s and cost about 0.005
+    # of best-in-k (benchmarks/RESULTS.md, "early proposals"). 0: whole batches.
+    propose_early: float = Field(0.0, ge=0, lt=1)
     # A lease request that found nothing waits for a wake-up (jobs of its kind enqueued, in
     # this replica or, on PostgreSQL, another: service/wakeup.py); this is the fallback, how
     # long it waits before it looks at the queue again without one. Then the longest a

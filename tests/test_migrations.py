@@ -182,3 +182,34 @@ def test_0003_adds_the_learned_prior_and_keeps_every_task(empty_url):
             assert "learned_from" not in {c["name"] for c in inspect(conn).get_columns("tasks")}
     finally:
         engine.dispose()
+
+
+def test_0004_adds_where_early_proposals_saw_results_and_keeps_every_job(empty_url):
+    """Jobs recorded before it were seen by the rule of whole batches: they keep NULL, which
+    says so (service/driver.py, first_seen_by)."""
+    upgrade(empty_url, "0003")
+    engine = make_engine(empty_url, pool_size=1)
+    try:
+        _one_finished_task(engine)
+        with engine.begin() as conn:
+            for trial in range(3):
+                conn.execute(
+                    text(
+                        "INSERT INTO jobs (task_id, workload_id, gpu, arch, trial, batch, "
+                        "schedule, schedule_id, state, attempts) VALUES (1, 1, 'a100', "
+                        "'sm_80', :trial, 0, '{}', 's', 'done', 0)"
+                    ),
+                    {"trial": trial},
+                )
+        upgrade(empty_url)
+        assert _schema_diff(empty_url) == []
+        with engine.begin() as conn:
+            rows = conn.execute(text("SELECT trial, seen_at FROM jobs ORDER BY trial")).all()
+            assert [tuple(r) for r in rows] == [(0, None), (1, None), (2, None)]
+            conn.execute(text("UPDATE jobs SET seen_at = -1 WHERE trial = 2"))
+        downgrade(empty_url, "0003")
+        with engine.connect() as conn:
+            assert conn.execute(text("SELECT count(*) FROM jobs")).scalar() == 3
+            assert "seen_at" not in {c["name"] for c in inspect(conn).get_columns("jobs")}
+    finally:
+        engine.dispose()

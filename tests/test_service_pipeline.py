@@ -26,7 +26,7 @@ from pipetune.model.space import Schedule
 from pipetune.model.trials import MeasureResult
 from pipetune.model.wire import JobResult
 from pipetune.model.workloads import parse_workload
-from pipetune.service.driver import PROPOSE_AHEAD, Driver
+from pipetune.service.driver import PROPOSE_AHEAD, Driver, outstanding_allowed
 from pipetune.service.queue import WorkerRef
 from pipetune.service.settings import token_hash
 from pipetune.tuner.offline import RecordedSpace, run_offline
@@ -109,20 +109,26 @@ def test_spaces_and_predictions_are_computed_once_per_workload_and_gpu(db_url):
         assert len(sessions) == 3 and all(s.space is space for s in sessions)
 
 
-@pytest.mark.parametrize("strategy", ["random", "analytical", "xgb", "auto"])
-def test_the_service_measures_exactly_what_an_offline_session_does(db_url, strategy):
+@pytest.mark.parametrize(
+    ("strategy", "share"),
+    [("random", 0.0), ("analytical", 0.0), ("xgb", 0.0), ("auto", 0.0), ("auto", 0.25)],
+)
+def test_the_service_measures_exactly_what_an_offline_session_does(db_url, strategy, share):
     """Tuning quality is the tuner's: whatever the service does around it (proposing ahead,
-    off the request path, sessions cached, rolled forward or replayed), a task measures the
-    very trials `pipetune bench tuner` measures for the same strategy, seed, budget and
-    batch, so its best-in-k is the bench's. Failures included."""
+    proposing early, off the request path, sessions cached, rolled forward or replayed), a
+    task measures the very trials `pipetune bench tuner` measures for the same strategy,
+    seed, budget, batch and early proposals (PIPETUNE_PROPOSE_EARLY a quarter of 8 is
+    `--early 2`), so its best-in-k is the bench's. Failures included."""
     workload, gpu = parse_workload(GEMM), get_gpu("h100")
     space = TuningSession(workload, gpu, "grid", 0, 1).space
     latency_s = np.array([fake_latency(s.as_dict()) * 1e-6 for s in space])
     latency_s[::7] = np.inf  # recorded as failed
     recorded = RecordedSpace(space, latency_s)
-    offline = run_offline(recorded, strategy, seed=9, budget=24, batch=8).tolist()
+    early = outstanding_allowed(strategy, 8, share, batches=2)
+    assert early == (2 if share else 0)
+    offline = run_offline(recorded, strategy, seed=9, budget=24, batch=8, early=early).tolist()
 
-    with client_for(db_url, batch_size=8) as c:
+    with client_for(db_url, batch_size=8, propose_early=share) as c:
         task_id = create_task(c, budget=24, strategy=strategy, seed=9)["id"]
         worker = register(c)
         while jobs := lease(c, worker, max_jobs=64, wait_s=0):

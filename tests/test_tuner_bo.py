@@ -28,7 +28,7 @@ from pipetune.tuner.encoding import KnobEncoding
 from pipetune.tuner.metrics import random_search_expectation
 from pipetune.tuner.recorded import ForeignSpace, RecordedConfigs
 from pipetune.tuner.strategies import KNOB_ONLY, STRATEGY_MAP, make_strategy
-from pipetune.tuner.strategy_base import Observation
+from pipetune.tuner.strategy_base import Observation, Strategy
 from pipetune.tuner.transfer import TransferError, completed_by_model, recorded_prior
 
 CONV_3090 = SHARED / "convolution_RTX_3090.kt-cache.json.gz"
@@ -847,3 +847,77 @@ def test_a_decisive_prior_refreshes_its_rivals_hyperparameters_only_as_the_data_
     assert strategy.last_used_prior is True
     assert strategy._lead > bo.LEAD_MARGIN
     assert lagged >= 1
+
+
+# ---- early proposals: trials proposed and not measured yet --------------------------------
+
+
+def test_trials_still_measured_are_believed_as_a_batchs_own_picks_are():
+    """A batch proposed while earlier picks are unmeasured believes them first: its picks
+    are the ones that follow those picks in a batch that had made them itself."""
+    from pipetune.tuner.acquisition import believer_batch, constrained_score
+    from pipetune.tuner.surrogate import GaussianProcess
+
+    rng = np.random.default_rng(3)
+    d = 4
+    features = rng.random((800, d))
+    X = features[:20]
+    y = np.cos(3 * X).sum(axis=1) + 0.05 * rng.standard_normal(20)
+    gp = GaussianProcess(d, seed=0)
+    gp.fit(X, y)
+    offset = np.zeros(len(features))
+    p_ok = np.ones(len(features))
+    best = float(y.max())
+
+    def whole_pool(excluded):
+        unvisited = np.setdiff1d(np.arange(20, len(features)), excluded)
+        mean, sd = gp.predict(features[unvisited])
+        score = constrained_score(mean, sd, best, p_ok[unvisited])
+        first = np.full(len(features), -np.inf)
+        first[unvisited] = score
+        return unvisited[np.argsort(-score, kind="stable")], first
+
+    pool, first = whole_pool([])
+    eight = believer_batch(gp, best, features, offset, p_ok, [pool] * 8, first)
+    pool, first = whole_pool(eight[:3])
+    rest = believer_batch(
+        gp, best, features, offset, p_ok, [pool] * 5, first, pending=np.array(eight[:3])
+    )
+    assert rest == eight[3:]
+    # Not vacuous: without believing them, the batch goes elsewhere.
+    assert believer_batch(gp, best, features, offset, p_ok, [pool] * 5, first) != eight[3:]
+
+
+def test_the_model_takes_over_once_the_design_is_proposed_not_once_it_is_measured(recorded, space):
+    """With two of the design's eight trials still measured, the next batch is the model's
+    (the design is not extended to make up for trials that are only late)."""
+    for seed in range(3):
+        strategy = make_strategy("bo", space, seed=seed)
+        design = strategy.next_batch(8, set(), [])
+        history = _observe(recorded, design[:6])
+        batch = strategy.next_batch(8, set(design), history)
+        assert not set(batch) & set(design)
+        assert batch != strategy._design_rows(8, set(design))
+        assert [r in strategy._local_rows for r in batch] == [False, True] * 4
+
+
+def test_a_benchmark_run_proposes_early_when_asked(recorded, space):
+    """run_strategy_rows(early=k): from the second batch on, each batch is proposed while the
+    last k trials of the one before are unmeasured, and every trial is measured in the end."""
+    calls = []
+
+    class Recording(Strategy):
+        name = "recording"
+
+        def next_batch(self, n, exclude, history):
+            calls.append((len(exclude), len(history)))
+            return [r for r in range(len(self.space)) if r not in exclude][:n]
+
+    rows = run_strategy_rows(Recording(space, None), recorded.objective_ms, 20, 8, early=2)
+    assert calls == [(0, 0), (8, 8), (16, 14)]  # the first batch is always waited for
+    assert rows == list(range(20))
+    calls.clear()
+    assert run_strategy_rows(Recording(space, None), recorded.objective_ms, 20, 8) == list(
+        range(20)
+    )
+    assert calls == [(0, 0), (8, 8), (16, 16)]

@@ -81,6 +81,7 @@ def believer_batch(
     p_ok: np.ndarray,
     pools: list[np.ndarray],
     first_score: np.ndarray,
+    pending: np.ndarray | None = None,
 ) -> list[int]:
     """One pick from each pool in turn (rows of `features`), each one conditioning the
     surrogate on its own prediction before the next.
@@ -122,6 +123,15 @@ def believer_batch(
         where = index_of[pool]
         return bool((where >= 0).all() and taken[where].all())
 
+    if pending is not None and len(pending):
+        # Proposed earlier and not measured yet: believed first, as the batch's own picks are.
+        show(pending, len(pending))
+        for row in pending.tolist():
+            assert fantasies is not None
+            i = int(index_of[row])
+            taken[i] = True
+            best = max(best, float(fantasies.mean[i] + offset[row]))
+            fantasies.believe(i)
     for pool in pools:
         show(pool, FIRST_CANDIDATES)
     anywhere: np.ndarray | None = None

@@ -24,7 +24,7 @@ import numpy as np
 
 from pipetune.tuner.bo import PriorMean
 from pipetune.tuner.metrics import geomean, p_score, random_search_expectation
-from pipetune.tuner.offline import RecordedSpace, run_offline
+from pipetune.tuner.offline import RecordedSpace, late_trials, run_offline
 from pipetune.tuner.peers import PEERS, run_peer
 from pipetune.tuner.recorded import ForeignSpace, RecordedConfigs
 from pipetune.tuner.strategies import DEFAULT_STRATEGY, KNOB_ONLY, STRATEGY_MAP, make_strategy
@@ -44,20 +44,35 @@ class Dataset:
 
 
 def run_strategy_rows(
-    strategy: Strategy, objective_ms: np.ndarray, budget: int, batch: int
+    strategy: Strategy, objective_ms: np.ndarray, budget: int, batch: int, early: int = 0
 ) -> list[int]:
-    """Drive a strategy directly (no session) over a foreign space; the rows it measured."""
+    """Drive a strategy directly (no session) over a foreign space; the rows it measured, in
+    the order their results came in. `early`: each batch is proposed while the last `early`
+    trials of the batch before it are still unmeasured (the service's early proposals)."""
     history: list[Observation] = []
     exclude: set[int] = set()
-    while len(history) < min(budget, len(objective_ms)):
-        rows = strategy.next_batch(min(batch, budget - len(history)), exclude, history)
+    pending: list[int] = []
+    total = min(budget, len(objective_ms))
+
+    def measure(r: int) -> None:
+        ms = float(objective_ms[r])
+        ok = bool(np.isfinite(ms))
+        history.append(Observation(row=r, latency_s=ms * 1e-3 if ok else None, failed=not ok))
+
+    while len(history) + len(pending) < total:
+        rows = strategy.next_batch(
+            min(batch, total - len(history) - len(pending)), exclude, history
+        )
         if not rows:
             break
-        for r in rows:
-            ms = float(objective_ms[r])
-            ok = bool(np.isfinite(ms))
-            history.append(Observation(row=r, latency_s=ms * 1e-3 if ok else None, failed=not ok))
-            exclude.add(r)
+        exclude.update(rows)
+        first, last = not history, len(history) + len(pending) + len(rows) >= total
+        late = late_trials(len(rows), early, first, last)
+        for r in pending + rows[: len(rows) - late]:
+            measure(r)
+        pending = rows[len(rows) - late :]
+    for r in pending:
+        measure(r)
     return [o.row for o in history]
 
 
@@ -93,8 +108,10 @@ def trial_rows(
     budget: int,
     batch: int = 8,
     prior: PriorMean | None = None,
+    early: int = 0,
 ) -> list[int]:
-    """The rows of dataset.configs one of pipetune's strategies measures, in order.
+    """The rows of dataset.configs one of pipetune's strategies measures, in the order their
+    results came in (`early`: see run_strategy_rows).
 
     `prior` goes to the strategies that take one; the others ignore it.
     """
@@ -104,7 +121,7 @@ def trial_rows(
     prior = prior if spec.uses_prior else None
     if dataset.ours is not None:
         # configs rows are the space rows (RecordedConfigs.from_recorded_space keeps the order)
-        return run_offline(dataset.ours, strategy, seed, budget, batch, prior=prior)
+        return run_offline(dataset.ours, strategy, seed, budget, batch, prior=prior, early=early)
     if strategy not in KNOB_ONLY:
         raise ValueError(
             f"strategy '{strategy}' needs pipetune's analytical model; "
@@ -116,6 +133,7 @@ def trial_rows(
         dataset.configs.objective_ms,
         budget,
         batch,
+        early,
     )
 
 
@@ -126,12 +144,13 @@ def trial_throughputs(
     budget: int,
     batch: int = 8,
     prior: PriorMean | None = None,
+    early: int = 0,
 ) -> np.ndarray:
     """Throughputs of the trials a strategy (ours or a peer) makes, in order; 0 = failed.
     The peers ignore `prior`."""
     if strategy in PEERS:
         return run_peer(strategy, dataset.configs, seed, budget)
-    rows = trial_rows(dataset, strategy, seed, budget, batch, prior)
+    rows = trial_rows(dataset, strategy, seed, budget, batch, prior, early)
     return dataset.configs.throughput[rows]
 
 
@@ -186,7 +205,7 @@ def _table(ds_index: int, strategy: str) -> np.ndarray:
     for i, seed in enumerate(range(first, first + seeds)):
         if source and prior_trials and uses_prior:
             prior = task_prior(ds, source, seed, prior_trials, batch)
-        throughputs = trial_throughputs(ds, strategy, seed, top, batch, prior)
+        throughputs = trial_throughputs(ds, strategy, seed, top, batch, prior, _RUN["early"])
         curve = np.maximum.accumulate(throughputs) / ds.configs.optimum
         for j, k in enumerate(budgets):
             table[i, j] = curve[min(k, len(curve)) - 1] if len(curve) else 0.0
@@ -205,18 +224,21 @@ def bench(
     first_seed: int = 0,
     prior_trials: int | None = None,
     learned: Mapping[str, PriorMean] | None = None,
+    early: int = 0,
 ) -> dict:
     """`priors` maps a dataset's name to a recorded space of the same kernel elsewhere; with
     `prior_trials`, only what a task of that many trials of `auto` measured there (per seed).
     `learned` maps a dataset's name to a prior mean learned from other spaces' measurements
     (tuner/learned_prior.py), for the datasets without a recorded prior.
     `jobs` > 1 runs (dataset, strategy) pairs in forked processes; the results are the same.
-    Seeds are first_seed .. first_seed + seeds - 1 (a long run can be split and merged)."""
+    Seeds are first_seed .. first_seed + seeds - 1 (a long run can be split and merged).
+    `early`: pipetune's strategies propose each batch while the last `early` trials of the
+    batch before it are unmeasured (the service's early proposals, PIPETUNE_PROPOSE_EARLY)."""
     priors = dict(priors or {})
     learned = dict(learned or {})
     _RUN.update(datasets=list(datasets), priors=priors, learned=learned, budgets=list(budgets))
     _RUN.update(seeds=seeds)
-    _RUN.update(batch=batch, first_seed=first_seed, prior_trials=prior_trials)
+    _RUN.update(batch=batch, first_seed=first_seed, prior_trials=prior_trials, early=early)
     pairs = [(i, s) for i in range(len(datasets)) for s in strategies]
     # best[strategy][dataset] = array (seeds, len(budgets))
     best: dict[str, dict[str, np.ndarray]] = {s: {} for s in strategies}
@@ -253,6 +275,7 @@ def bench(
         "seeds": seeds,
         "first_seed": first_seed,
         "batch": batch,
+        "early": early,
         "peer_batch": 1,
         "datasets": [d.name for d in datasets],
         "priors": {name: p.name + sampled for name, p in priors.items()},

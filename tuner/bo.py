@@ -193,7 +193,7 @@ class BayesianStrategy(Strategy):
         rows = np.array([o.row for o in history], dtype=np.int64)
         ok = np.array([not o.failed for o in history], dtype=bool)
         n_ok = int(ok.sum())
-        if self.prior is None and (len(history) < self.n_init or n_ok < 2):
+        if self.prior is None and (len(exclude) < self.n_init or n_ok < 2):
             return self._design_rows(n, exclude)
         y = -np.log(np.array([o.latency_s for o in history if not o.failed], dtype=np.float64))
         ok_rows = rows[ok]
@@ -258,7 +258,12 @@ class BayesianStrategy(Strategy):
         pools = self._pools(min(n, len(unvisited)), len(history), global_pool, local_pool)
         first_score = np.full(len(self.encoding), -np.inf)
         first_score[unvisited] = score
-        picked = believer_batch(model, best, self.features, offset, p_ok, pools, first_score)
+        pending = np.setdiff1d(
+            np.fromiter(exclude, dtype=np.int64, count=len(exclude)), rows, assume_unique=True
+        )
+        picked = believer_batch(
+            model, best, self.features, offset, p_ok, pools, first_score, pending=pending
+        )
         self._local_rows.update(r for r, p in zip(picked, pools, strict=False) if p is local_pool)
         return picked
 

@@ -4,6 +4,7 @@ latencies (a replayed dataset, or any latency array aligned with a space)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -11,6 +12,13 @@ from pipetune.model.family import FamilySpace
 from pipetune.model.trials import MeasureResult
 from pipetune.tuner.bo import PriorMean
 from pipetune.tuner.session import TuningSession
+
+
+def late_trials(batch: int, early: int, first: bool, last: bool) -> int:
+    """How many of a batch's trials are still unmeasured when the next batch is proposed:
+    `early`, fewer than the batch; none of the first batch (the model's first data, where
+    each missing result weighs most) and none after the last."""
+    return 0 if first or last else min(early, batch - 1)
 
 
 def throughput_of(latency) -> np.ndarray:
@@ -51,8 +59,11 @@ def run_offline(
     budget: int,
     batch: int = 8,
     prior: PriorMean | None = None,
+    early: int = 0,
 ) -> np.ndarray:
-    """Space rows of the trials, in the order a session proposed them."""
+    """Space rows of the trials, in the order their results came in (the order a session
+    proposed them, but for `early`: each batch proposed while the last `early` trials of the
+    batch before it are unmeasured, as the service's early proposals)."""
     session = TuningSession(
         recorded.space.workload,
         recorded.space.gpu,
@@ -63,9 +74,17 @@ def run_offline(
         prior=prior,
     )
     trials: list[int] = []
-    while not session.done:
-        proposed = session.propose(batch)
-        rows = [recorded.space.index(s) for s in proposed]
-        session.observe([(s, recorded.result(r)) for s, r in zip(proposed, rows, strict=True)])
+    pending: list[Any] = []
+
+    def measure(schedules: list[Any]) -> None:
+        rows = [recorded.space.index(s) for s in schedules]
+        session.observe([(s, recorded.result(r)) for s, r in zip(schedules, rows, strict=True)])
         trials.extend(rows)
+
+    while session.remaining:
+        proposed = session.propose(batch)
+        late = late_trials(len(proposed), early, not trials, session.remaining == 0)
+        measure(pending + proposed[: len(proposed) - late])
+        pending = proposed[len(proposed) - late :]
+    measure(pending)
     return np.array(trials, dtype=np.int64)

@@ -168,6 +168,9 @@ class StrategySpec:
     # Its prior mean on pipetune's own kernels is the analytical model's, which a prior learned
     # from measurements of other shapes refines (service: a family's default learned prior).
     model_prior: bool = False
+    # Believes trials proposed and not measured yet at its own predictions (tuner/bo.py), so
+    # the service may propose its next batch before the last one is complete (driver.py).
+    proposes_early: bool = False
 
 
 def _bo(space: Any, seed: int, prior: PriorMean | None) -> Strategy:
@@ -213,9 +216,11 @@ STRATEGY_MAP: dict[str, StrategySpec] = {
     "xgb": StrategySpec(
         lambda sp, seed, _: XGBStrategy(sp, np.random.default_rng(seed), seed=seed), False, False
     ),
-    "bo": StrategySpec(_bo, False, True),
-    "analytical+xgb": StrategySpec(_analytical_bo, True, True, model_prior=True),
-    "auto": StrategySpec(_auto, False, True, model_prior=True),
+    "bo": StrategySpec(_bo, False, True, proposes_early=True),
+    "analytical+xgb": StrategySpec(
+        _analytical_bo, True, True, model_prior=True, proposes_early=True
+    ),
+    "auto": StrategySpec(_auto, False, True, model_prior=True, proposes_early=True),
 }
 
 STRATEGIES: tuple[str, ...] = tuple(STRATEGY_MAP)

@@ -187,6 +187,13 @@ def tuner(
         "shapes, averaged with the analytical model, is the prior of bo, analytical+xgb and "
         "auto on each dataset of their family (its own shape left out on every GPU)",
     ),
+    early: int = typer.Option(
+        0,
+        "--early",
+        min=0,
+        help="pipetune proposes each batch while this many trials of the batch before it are "
+        "unmeasured, believed at their predictions (the service's early proposals)",
+    ),
     jobs: int = typer.Option(1, "--jobs", min=1, help="worker processes (results do not change)"),
     as_json: bool = typer.Option(False, "--json"),
 ) -> None:
@@ -228,6 +235,7 @@ def tuner(
             jobs=jobs,
             prior_trials=prior_trials,
             learned=learned,
+            early=early,
         )
     if as_json:
         print_json(doc)
@@ -240,7 +248,13 @@ def print_tables(doc: dict, names: list[str], ks: list[int]) -> None:
     results = {(r["strategy"], r["budget"]): r for r in doc["results"]}
     peers_present = any(n in PEERS for n in names)
     note = (
-        f"pipetune proposes {doc['batch']} trial(s) per round; "
+        f"pipetune proposes {doc['batch']} trial(s) per round"
+        + (
+            f", each while {doc['early']} of the round before are unmeasured"
+            if doc["early"]
+            else ""
+        )
+        + "; "
         + ("the peers propose one at a time. " if peers_present else "")
         + f"Mean ± standard error over {doc['seeds']} seeds."
     )
