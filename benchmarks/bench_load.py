@@ -48,6 +48,9 @@ After the run the services are stopped and the database is audited read-only:
     python -m benchmarks.bench_load --replicas 2 --seconds 10
     python -m benchmarks.bench_load --churn 0.1 --lease-ttl 2 --replicas 2
     python -m benchmarks.bench_load --batched --replicas 2 --churn 0 --json   # one JSON object
+    python -m benchmarks.bench_load --batched --replicas 2 --churn 0 --workers 16 --tasks 4 \
+        --max-jobs 2 --measure-ms 100 --measure-spread 1 --strategy analytical+xgb \
+        --propose-early 0.25     # trials of varied durations; early proposals
 
 `--batched`: the workers use the batched protocol (each lease request asks for up to
 `--max-jobs` jobs, 8 by default, and their results go back in one POST /v1/jobs/results;
@@ -262,6 +265,20 @@ def main() -> int:
     parser.add_argument("--strategy", default=LoadConfig.strategy)
     parser.add_argument("--measure-ms", type=float, default=0.0, help="simulated measurement")
     parser.add_argument(
+        "--measure-spread",
+        type=float,
+        default=0.0,
+        metavar="SIGMA",
+        help="log-normal spread of each measurement's duration around --measure-ms (its mean;"
+        " 0: all take --measure-ms)",
+    )
+    parser.add_argument(
+        "--propose-early",
+        type=float,
+        metavar="SHARE",
+        help="the replicas' PIPETUNE_PROPOSE_EARLY (default: the service's)",
+    )
+    parser.add_argument(
         "--replicas", type=int, action="append", help="replica counts (default: 1 and 2)"
     )
     parser.add_argument(
@@ -336,6 +353,8 @@ def main() -> int:
                     batch_size=args.batch_size,
                     strategy=args.strategy,
                     measure_ms=args.measure_ms,
+                    measure_spread=args.measure_spread,
+                    propose_early=args.propose_early,
                     lease_ttl_s=ttl,
                     churn=churn,
                     seed=args.seed,

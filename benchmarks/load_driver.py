@@ -55,6 +55,11 @@ class LoadConfig:
     batch_size: int = 8
     strategy: str = "random"
     measure_ms: float = 0.0
+    # The log-normal spread of each measurement's duration around measure_ms (its mean):
+    # real trials differ (compile times, a timeout, GPUs of several speeds). 0: all equal.
+    measure_spread: float = 0.0
+    # The replicas' PIPETUNE_PROPOSE_EARLY (None: the service's default).
+    propose_early: float | None = None
     wait_s: float = 1.0
     lease_ttl_s: float = 120.0
     keep_logs: bool = True
@@ -128,9 +133,8 @@ def workload(i: int) -> dict:
     return {"op": "gemm", "m": 1024 + 256 * i, "n": 1024, "k": 2048}
 
 
-@contextmanager
-def serve(url: str, config: LoadConfig, log_dir: Path, index: int):
-    """`pipetune serve` replica number `index`; yields (base URL, pid, log path)."""
+def replica_settings(config: LoadConfig) -> dict[str, str]:
+    """The PIPETUNE_* settings a run's replicas get (nothing else is inherited)."""
     settings = {
         "PIPETUNE_BATCH_SIZE": str(config.batch_size),
         "PIPETUNE_LEASE_TTL_S": str(config.lease_ttl_s),
@@ -141,6 +145,15 @@ def serve(url: str, config: LoadConfig, log_dir: Path, index: int):
         settings["PIPETUNE_SWEEP_INTERVAL_S"] = str(config.sweep_interval_s)
     if config.max_attempts is not None:
         settings["PIPETUNE_MAX_ATTEMPTS"] = str(config.max_attempts)
+    if config.propose_early is not None:
+        settings["PIPETUNE_PROPOSE_EARLY"] = str(config.propose_early)
+    return settings
+
+
+@contextmanager
+def serve(url: str, config: LoadConfig, log_dir: Path, index: int):
+    """`pipetune serve` replica number `index`; yields (base URL, pid, log path)."""
+    settings = replica_settings(config)
     log = log_dir / f"serve-{index}.log"
     with service_process(url, log, settings) as service:
         assert service.process is not None
@@ -168,6 +181,7 @@ class LoadRun:
         # One RNG, drawn once per job received, in the order jobs arrive (one event loop):
         # the deaths among the first N jobs are the same in every run with the same seed.
         self.rng = random.Random(config.seed)
+        self.durations = random.Random(config.seed + 1)  # of the measurements: apart from it
         self.run_id = uuid.uuid4().hex[:6]
         self.stop = asyncio.Event()
         self.began = time.monotonic()
@@ -176,6 +190,16 @@ class LoadRun:
 
     def client(self, slot: int) -> httpx.AsyncClient:
         return self.clients[slot % len(self.clients)]
+
+    def measure_s(self, jobs: int = 1) -> float:
+        """How long measuring `jobs` jobs one after another takes (seconds)."""
+        sigma, mean_s = self.config.measure_spread, self.config.measure_ms / 1e3
+        if sigma <= 0:
+            return jobs * mean_s
+        # Log-normal with mean mean_s: exp(N(-sigma^2 / 2, sigma^2)) has mean 1.
+        return sum(
+            mean_s * self.durations.lognormvariate(-(sigma**2) / 2, sigma) for _ in range(jobs)
+        )
 
     def dies(self) -> bool:
         """Whether the worker that just received a job dies holding it (churn)."""
@@ -334,7 +358,7 @@ class SimulatedWorker:
         )
         try:
             if self.run.config.measure_ms > 0:
-                await asyncio.sleep(self.run.config.measure_ms / 1e3)
+                await asyncio.sleep(self.run.measure_s())
             # Posted even past the deadline: a worker answers the job it holds.
             await self._post_result(job, held)
         finally:
@@ -384,7 +408,7 @@ class SimulatedWorker:
         )
         try:
             if self.run.config.measure_ms > 0:
-                await asyncio.sleep(len(jobs) * self.run.config.measure_ms / 1e3)
+                await asyncio.sleep(self.run.measure_s(len(jobs)))
             await self._post_results(jobs, held)
         finally:
             done.set()

@@ -84,6 +84,7 @@ from pipetune.service.settings import Settings
 from pipetune.service.wakeup import CHANNEL, Wakeup, notify_statement
 from pipetune.tuner.bo import PriorMean
 from pipetune.tuner.learned_prior import LearnedModel
+from pipetune.tuner.offline import late_trials
 from pipetune.tuner.session import SessionError, TuningSession
 from pipetune.tuner.strategies import STRATEGY_MAP
 
@@ -169,11 +170,11 @@ def outstanding_allowed(strategy: str, batch_size: int, share: float, batches: i
     first batch is the only one (its results are the model's first data, where each missing
     one weighs most: proposing early there cost 0.009 of best-in-k at k = 20 on the measured
     ALCOP spaces, from the second batch on 0.003; benchmarks/RESULTS.md, "early proposals").
-    tuner/offline.py's `late_trials` is the same rule for the offline benchmark."""
+    The rule is tuner/offline.py's `late_trials`, which the offline benchmark runs."""
     spec = STRATEGY_MAP.get(strategy)
-    if spec is None or not spec.proposes_early or batches < 2:
+    if spec is None or not spec.proposes_early:
         return 0
-    return min(int(share * batch_size), batch_size - 1)
+    return late_trials(batch_size, int(share * batch_size), first=batches < 2, last=False)
 
 
 @dataclass

@@ -60,9 +60,10 @@ class Settings(BaseSettings):
     batch_size: int = Field(8, ge=1, le=64)
     # A model-guided task proposes its next batch once at most this share of its batch is
     # still being measured, the rest believed at its predictions (driver.py, "early
-    # proposals"): workers do not wait on a batch's slowest trials. Off by default: where
-    # trials take about as long as each other it gained 0-4% results/s and cost about 0.005
-    # of best-in-k (benchmarks/RESULTS.md, "early proposals"). 0: whole batches.
+    # proposals"): workers do not wait on a batch's slowest trials. Off by default: at equal
+    # trials it costs about 0.005 of best-in-k; where trials take different times and the
+    # fleet sets the pace it gave 17-53% more results/s (benchmarks/RESULTS.md, "early
+    # proposals"). 0: whole batches.
     propose_early: float = Field(0.0, ge=0, lt=1)
     # A lease request that found nothing waits for a wake-up (jobs of its kind enqueued, in
     # this replica or, on PostgreSQL, another: service/wakeup.py); this is the fallback, how

@@ -253,3 +253,26 @@ def test_audit_counts_lost_and_stranded_jobs_and_short_tasks() -> None:
     held = [Held(1, "z", 7, 0.0, 1.0, True)]
     lost = find_lost([_job(1, 0, "done", "a")], leases[:1], [_task(1, 1, target=1)], held)
     assert lost.not_in_db == {1}
+
+
+def test_measurements_spread_log_normally_around_their_mean_and_replay_by_seed() -> None:
+    """--measure-spread: each simulated measurement's duration is log-normal with mean
+    --measure-ms (a batch of trials then waits on its slowest); 0 keeps them all equal."""
+    from benchmarks.load_driver import LoadRun
+
+    equal = LoadRun(["http://127.0.0.1:9"], LoadConfig(measure_ms=100.0))
+    assert equal.measure_s() == 0.1 and equal.measure_s(3) == pytest.approx(0.3)
+    config = LoadConfig(measure_ms=100.0, measure_spread=1.0, seed=4)
+    draws = [LoadRun(["http://127.0.0.1:9"], config) for _ in range(2)]
+    first = [draws[0].measure_s() for _ in range(20_000)]
+    assert first[:50] == [draws[1].measure_s() for _ in range(50)]
+    assert sum(first) / len(first) == pytest.approx(0.1, rel=0.05)
+    assert max(first) > 1.0 and min(first) < 0.01  # a spread of 1: tenfold either way
+
+
+def test_a_run_sets_the_replicas_early_proposals_only_when_asked() -> None:
+    from benchmarks.load_driver import replica_settings
+
+    assert "PIPETUNE_PROPOSE_EARLY" not in replica_settings(LoadConfig())
+    early = replica_settings(LoadConfig(propose_early=0.25))
+    assert early["PIPETUNE_PROPOSE_EARLY"] == "0.25"
