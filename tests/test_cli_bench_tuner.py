@@ -73,3 +73,20 @@ def test_a_prior_of_another_kernel_is_refused_with_exit_2():
 def test_batch_must_be_positive():
     result = _bench(str(CONV_TITAN), "--batch", "0")
     assert result.exit_code == 2
+
+
+@needs_files
+def test_early_proposals_are_run_and_said_beside_the_table():
+    """--early N: each batch from the second on is proposed with N trials of the one before
+    unmeasured; the JSON records it and the caption says so; a negative N is refused."""
+    whole = _bench(str(CONV_TITAN), "--strategies", "auto", "--batch", "4", "--json")
+    early = _bench(str(CONV_TITAN), "--strategies", "auto", "--batch", "4", "--early", "2")
+    assert whole.exit_code == 0 and early.exit_code == 0, early.output
+    assert "each while 2 of the round before are unmeasured" in " ".join(early.output.split())
+    doc = json.loads(
+        _bench(
+            str(CONV_TITAN), "--strategies", "auto", "--batch", "4", "--early", "2", "--json"
+        ).output
+    )
+    assert doc["early"] == 2 and json.loads(whole.output)["early"] == 0
+    assert _bench(str(CONV_TITAN), "--early", "-1").exit_code == 2
