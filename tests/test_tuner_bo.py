@@ -669,6 +669,20 @@ def test_candidates_added_later_are_conditioned_on_the_picks_already_believed():
         assert np.allclose(part.sd, whole.sd, rtol=1e-7, atol=1e-12)
 
 
+def _gp_on_cosines(rows: int, fitted: int, seed: int):
+    """Random rows of four features, a GP fitted to a noisy sum of cosines at the first
+    `fitted` of them; returns the generator (to draw on), the rows, the targets and the GP."""
+    from pipetune.tuner.surrogate import GaussianProcess
+
+    rng = np.random.default_rng(seed)
+    features = rng.random((rows, 4))
+    X = features[:fitted]
+    y = np.cos(3 * X).sum(axis=1) + 0.05 * rng.standard_normal(fitted)
+    gp = GaussianProcess(4, seed=0)
+    gp.fit(X, y)
+    return rng, features, y, gp
+
+
 def _believer_scoring_every_row(surrogate, best, features, offset, p_ok, pools):
     """The kriging believer written plainly: every pool row scored at every pick."""
     from pipetune.tuner.acquisition import constrained_score
@@ -701,16 +715,10 @@ def test_the_believer_is_exact_over_whole_pools_while_scoring_only_their_heads(m
     any starting size, with a trust region that runs out and falls back to anywhere."""
     from pipetune.tuner import acquisition
     from pipetune.tuner.acquisition import believer_batch, constrained_score
-    from pipetune.tuner.surrogate import GaussianProcess
 
     monkeypatch.setattr(acquisition, "FIRST_CANDIDATES", first)
-    rng = np.random.default_rng(7)
-    d = 4
-    spread = rng.random((3000, d))
-    X = spread[:25]
-    y = np.cos(3 * X).sum(axis=1) + 0.05 * rng.standard_normal(25)
-    gp = GaussianProcess(d, seed=0)
-    gp.fit(X, y)
+    rng, spread, y, gp = _gp_on_cosines(rows=3000, fitted=25, seed=7)
+    d = spread.shape[1]
     # 300 near-copies of the most promising row: they fill the first places of the whole
     # space's order, and believing picks among them sends later picks far down that order.
     mean, sd = gp.predict(spread[25:])
@@ -856,15 +864,8 @@ def test_trials_still_measured_are_believed_as_a_batchs_own_picks_are():
     """A batch proposed while earlier picks are unmeasured believes them first: its picks
     are the ones that follow those picks in a batch that had made them itself."""
     from pipetune.tuner.acquisition import believer_batch, constrained_score
-    from pipetune.tuner.surrogate import GaussianProcess
 
-    rng = np.random.default_rng(3)
-    d = 4
-    features = rng.random((800, d))
-    X = features[:20]
-    y = np.cos(3 * X).sum(axis=1) + 0.05 * rng.standard_normal(20)
-    gp = GaussianProcess(d, seed=0)
-    gp.fit(X, y)
+    _, features, y, gp = _gp_on_cosines(rows=800, fitted=20, seed=3)
     offset = np.zeros(len(features))
     p_ok = np.ones(len(features))
     best = float(y.max())
