@@ -130,11 +130,14 @@ def test_proposals_are_those_of_the_tuner_session(db_url, strategy):
         _assert_reproduces_a_local_session(c, task["id"], strategy, 11, 20)
 
 
-def test_any_replica_and_a_restarted_one_drive_the_same_task(db_url):
-    with client_for(db_url, batch_size=5) as a:
+@pytest.mark.parametrize("share", [0.0, 0.4])
+def test_any_replica_and_a_restarted_one_drive_the_same_task(db_url, share):
+    """Also with early proposals (two of five believed): whichever replica advances, with or
+    without a session, the record replays into the same proposals."""
+    with client_for(db_url, batch_size=5, propose_early=share) as a:
         task_id = create_task(a, budget=23, strategy="analytical+xgb", seed=5)["id"]
         worker = register(a)
-        with client_for(db_url, batch_size=5) as b:
+        with client_for(db_url, batch_size=5, propose_early=share) as b:
             replicas = [a, b]
             turn = 0
             # Long polls: the next batch may be proposed by the other replica (the session's
@@ -158,8 +161,11 @@ def test_any_replica_and_a_restarted_one_drive_the_same_task(db_url):
                     r = replica.post(url, json=body, headers=WORKER_HEADERS)
                     settle(replica)
                     assert r.json()["accepted"] is True
+            for replica in replicas:  # every rebuilt session replayed the record exactly
+                exposition = replica.get("/metrics").text
+                assert metric_value(exposition, "pipetune_batches_adopted_total") == 0
     # A new process (empty caches) sees the finished task as any replica does.
-    with client_for(db_url, batch_size=5) as fresh:
+    with client_for(db_url, batch_size=5, propose_early=share) as fresh:
         doc = fresh.get(f"/v1/tasks/{task_id}").json()
         assert doc["state"] == "done" and doc["trials_done"] == 23
         _assert_reproduces_a_local_session(fresh, task_id, "analytical+xgb", 5, 23)
