@@ -24,7 +24,7 @@ import numpy as np
 
 from pipetune.tuner.bo import PriorMean
 from pipetune.tuner.metrics import geomean, p_score, random_search_expectation
-from pipetune.tuner.offline import RecordedSpace, late_trials, run_offline
+from pipetune.tuner.offline import RecordedSpace, propose_and_measure, run_offline
 from pipetune.tuner.peers import PEERS, run_peer
 from pipetune.tuner.recorded import ForeignSpace, RecordedConfigs
 from pipetune.tuner.strategies import DEFAULT_STRATEGY, KNOB_ONLY, STRATEGY_MAP, make_strategy
@@ -51,28 +51,19 @@ def run_strategy_rows(
     trials of the batch before it are still unmeasured (the service's early proposals)."""
     history: list[Observation] = []
     exclude: set[int] = set()
-    pending: list[int] = []
-    total = min(budget, len(objective_ms))
 
-    def measure(r: int) -> None:
-        ms = float(objective_ms[r])
-        ok = bool(np.isfinite(ms))
-        history.append(Observation(row=r, latency_s=ms * 1e-3 if ok else None, failed=not ok))
-
-    while len(history) + len(pending) < total:
-        rows = strategy.next_batch(
-            min(batch, total - len(history) - len(pending)), exclude, history
-        )
-        if not rows:
-            break
+    def propose(n: int) -> list[int]:
+        rows = strategy.next_batch(n, exclude, history)
         exclude.update(rows)
-        first, last = not history, len(history) + len(pending) + len(rows) >= total
-        late = late_trials(len(rows), early, first, last)
-        for r in pending + rows[: len(rows) - late]:
-            measure(r)
-        pending = rows[len(rows) - late :]
-    for r in pending:
-        measure(r)
+        return rows
+
+    def measure(rows: list[int]) -> None:
+        for r in rows:
+            ms = float(objective_ms[r])
+            ok = bool(np.isfinite(ms))
+            history.append(Observation(row=r, latency_s=ms * 1e-3 if ok else None, failed=not ok))
+
+    propose_and_measure(propose, measure, min(budget, len(objective_ms)), batch, early)
     return [o.row for o in history]
 
 

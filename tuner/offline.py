@@ -3,8 +3,9 @@ latencies (a replayed dataset, or any latency array aligned with a space)."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 
@@ -13,12 +14,36 @@ from pipetune.model.trials import MeasureResult
 from pipetune.tuner.bo import PriorMean
 from pipetune.tuner.session import TuningSession
 
+T = TypeVar("T")
+
 
 def late_trials(batch: int, early: int, first: bool, last: bool) -> int:
     """How many of a batch's trials are still unmeasured when the next batch is proposed:
     `early`, fewer than the batch; none of the first batch (the model's first data, where
     each missing result weighs most) and none after the last."""
     return 0 if first or last else min(early, batch - 1)
+
+
+def propose_and_measure(
+    propose: Callable[[int], list[T]],
+    measure: Callable[[list[T]], None],
+    total: int,
+    batch: int,
+    early: int = 0,
+) -> None:
+    """Propose `total` trials, `batch` at a time, and measure them in the order their results
+    come in: each batch from the second on is proposed while the last `early` trials of the
+    one before are unmeasured (late_trials; the service's early proposals)."""
+    proposed, late = 0, []
+    while proposed < total:
+        trials = propose(min(batch, total - proposed))
+        if not trials:
+            break
+        first, proposed = proposed == 0, proposed + len(trials)
+        held = late_trials(len(trials), early, first, proposed >= total)
+        measure(late + trials[: len(trials) - held])
+        late = trials[len(trials) - held :]
+    measure(late)
 
 
 def throughput_of(latency) -> np.ndarray:
@@ -74,17 +99,11 @@ def run_offline(
         prior=prior,
     )
     trials: list[int] = []
-    pending: list[Any] = []
 
     def measure(schedules: list[Any]) -> None:
         rows = [recorded.space.index(s) for s in schedules]
         session.observe([(s, recorded.result(r)) for s, r in zip(schedules, rows, strict=True)])
         trials.extend(rows)
 
-    while session.remaining:
-        proposed = session.propose(batch)
-        late = late_trials(len(proposed), early, not trials, session.remaining == 0)
-        measure(pending + proposed[: len(proposed) - late])
-        pending = proposed[len(proposed) - late :]
-    measure(pending)
+    propose_and_measure(session.propose, measure, session.remaining, batch, early)
     return np.array(trials, dtype=np.int64)
