@@ -4,7 +4,7 @@ service and the tuner (all of them import it from here)."""
 from __future__ import annotations
 
 from enum import StrEnum
-from typing import Literal, get_args
+from typing import Annotated, Literal, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
@@ -62,30 +62,73 @@ _ADJECTIVES = {
 }
 
 
+# What a kernel's time can be, in µs: from a nanosecond (no launch is shorter) to about
+# three hours (a trial times out after seconds). Outside it a time is a worker's bug, and
+# it would not stay harmless: its throughput overflows to infinity (or rounds to nothing),
+# and a cost model fitted to it fails for every later lookup.
+LATENCY_US_RANGE = (1e-3, 1e10)
+KernelTimeUs = Annotated[
+    float, Field(ge=LATENCY_US_RANGE[0], le=LATENCY_US_RANGE[1], allow_inf_nan=False)
+]
+MAX_SAMPLES = 10_000  # timed repeats one result may carry
+RUNNER_MAX_CHARS = 16  # "replay:simulated"; the trial row's column (service/orm.py)
+ERROR_MAX_CHARS = 8_000  # a log's head says what failed; the rest is cut (see _error_text)
+
+
+def _utf8(value: str) -> bool:
+    """Whether a string can be stored as text: JSON's \\ud800 escapes decode to lone
+    surrogates, which no UTF-8 column (nor a JSON response) can hold."""
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
 class MeasureResult(BaseModel):
     """One schedule's measurement. latency_us is the median of the timed repeats."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     status: TrialStatus
-    latency_us: float | None = Field(default=None, gt=0)
-    samples_us: list[float] = Field(default_factory=list)
+    latency_us: KernelTimeUs | None = None
+    samples_us: list[KernelTimeUs] = Field(default_factory=list, max_length=MAX_SAMPLES)
     # Spread of the repeats: (p90 - p10) / median; None when it was not recorded.
-    spread: float | None = Field(default=None, ge=0)
+    spread: float | None = Field(default=None, ge=0, allow_inf_nan=False)
     registers: int | None = Field(default=None, ge=0)
     spill_bytes: int | None = Field(default=None, ge=0)
     smem_bytes: int | None = Field(default=None, ge=0)
-    compile_ms: float | None = Field(default=None, ge=0)
-    max_abs_error: float | None = Field(default=None, ge=0)
+    compile_ms: float | None = Field(default=None, ge=0, allow_inf_nan=False)
+    max_abs_error: float | None = Field(default=None, ge=0, allow_inf_nan=False)
     error: str | None = None
-    runner: str | None = None
+    runner: str | None = Field(default=None, max_length=RUNNER_MAX_CHARS)
 
-    @field_validator("error", "runner")
+    @field_validator("error")
     @classmethod
-    def _printable(cls, value: str | None) -> str | None:
-        # Free text from compilers and drivers: keep the result, drop NUL bytes (no database
-        # text column can hold them), rather than refuse a measurement over its log text.
-        return None if value is None else value.replace("\x00", "\ufffd")
+    def _error_text(cls, value: str | None) -> str | None:
+        # Free text from compilers and drivers: keep the result rather than refuse a
+        # measurement over its log text. NUL bytes and lone surrogates (no database text
+        # column can hold them) are replaced; a log longer than ERROR_MAX_CHARS keeps its
+        # head, where compilers say what failed first.
+        if value is None:
+            return None
+        value = value.replace("\x00", "\ufffd")
+        if not _utf8(value):
+            # (UTF-16 carries a lone surrogate through; decoding it back replaces it.)
+            value = value.encode("utf-16", "surrogatepass").decode("utf-16", "replace")
+        if len(value) > ERROR_MAX_CHARS:
+            cut = len(value) - ERROR_MAX_CHARS
+            value = f"{value[:ERROR_MAX_CHARS]}... [{cut} more characters cut]"
+        return value
+
+    @field_validator("runner")
+    @classmethod
+    def _runner_name(cls, value: str | None) -> str | None:
+        # A name, not a log: refused rather than repaired (its length bound already refuses
+        # lone surrogates, as "not a valid string").
+        if value is not None and "\x00" in value:
+            raise ValueError("must not contain NUL characters")
+        return value
 
     @property
     def ok(self) -> bool:

@@ -33,6 +33,7 @@ from pipetune.model.states import JobState, TaskState
 from pipetune.model.trials import MeasureResult, RunnerKind, TrialStatus
 
 MAX_BUDGET = 5000  # trials per task; larger spaces are swept, not tuned
+ID_MAX = 2**31 - 1  # ids and counts are 32-bit integer columns (service/orm.py)
 MAX_LEASE_WAIT_S = 30.0
 MAX_JOBS_PER_LEASE = 64
 MAX_RESULTS_PER_POST = 256  # results in one POST /v1/jobs/results
@@ -50,6 +51,11 @@ ThroughputUnit = Literal[tuple(unit for unit, _ in THROUGHPUT_UNITS.values())]  
 TFLOPS = THROUGHPUT_UNITS["flop"][0]
 
 
+# A row a request refers to (a task, a worker, a job): a positive 32-bit id. Strict: an id
+# sent as a string, a float or a boolean is a client's mistake, refused rather than coerced.
+RowRef = Annotated[int, Field(strict=True, ge=1, le=ID_MAX)]
+
+
 class _Body(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
@@ -57,12 +63,19 @@ class _Body(BaseModel):
 class _Request(_Body):
     """A body a client sends: its strings end up in database columns."""
 
-    @field_validator("*")
+    @field_validator("*", mode="before")
     @classmethod
-    def _no_nul(cls, value: Any) -> Any:
-        # PostgreSQL text cannot hold NUL: refuse it here as a 422, not a 500 in the database.
-        if isinstance(value, str) and "\x00" in value:
-            raise ValueError("must not contain NUL characters")
+    def _storable_text(cls, value: Any) -> Any:
+        # Before any other check of the field (which may quote the value): PostgreSQL text
+        # cannot hold NUL, and no UTF-8 column (nor the JSON of a 422) can hold the lone
+        # surrogates that JSON's \udXXX escapes decode to. A 422 here, not a 500 later.
+        if isinstance(value, str):
+            if "\x00" in value:
+                raise ValueError("must not contain NUL characters")
+            try:
+                value.encode("utf-8")
+            except UnicodeEncodeError:
+                raise ValueError("must be valid Unicode text (it holds a lone surrogate)") from None
         return value
 
 
@@ -197,9 +210,9 @@ class FieldError(ValueError):
 class _PriorFields(_Request):
     """Where a task's warm start comes from: a task, or the newest one on a GPU."""
 
-    prior_task: int | None = Field(None, ge=1, le=2**31 - 1, description=PRIOR_TASK_DESCRIPTION)
+    prior_task: RowRef | None = Field(None, description=PRIOR_TASK_DESCRIPTION)
     prior_gpu: str | None = Field(None, description=PRIOR_GPU_DESCRIPTION)
-    learned_prior: bool | None = Field(None, description=LEARNED_PRIOR_DESCRIPTION)
+    learned_prior: bool | None = Field(None, strict=True, description=LEARNED_PRIOR_DESCRIPTION)
 
     @field_validator("prior_gpu")
     @classmethod
@@ -224,9 +237,9 @@ class _PriorFields(_Request):
 
 
 class TuneOptions(_PriorFields):
-    budget: int = Field(50, ge=1, le=MAX_BUDGET)
+    budget: int = Field(50, strict=True, ge=1, le=MAX_BUDGET)
     strategy: StrategyName = DEFAULT_STRATEGY
-    seed: int = Field(0, ge=0, le=2**31 - 1)
+    seed: int = Field(0, strict=True, ge=0, le=ID_MAX)
 
 
 class ScheduleRequest(_GpuField):
@@ -259,9 +272,9 @@ class TaskCreate(_GpuField, _PriorFields):
     """POST /v1/tasks."""
 
     workload: Workload
-    budget: int = Field(50, ge=1, le=MAX_BUDGET)
+    budget: int = Field(50, strict=True, ge=1, le=MAX_BUDGET)
     strategy: StrategyName = DEFAULT_STRATEGY
-    seed: int = Field(0, ge=0, le=2**31 - 1)
+    seed: int = Field(0, strict=True, ge=0, le=ID_MAX)
 
 
 class BestTrial(_Throughput):
@@ -364,12 +377,29 @@ class WorkerRegister(_GpuField):
     """POST /v1/workers (worker token required)."""
 
     name: str = Field(min_length=1, max_length=128)
-    arch: str = Field(pattern=r"^sm_\d{2,3}a?$")
+    arch: str = Field(
+        pattern=r"^sm_\d{2,3}a?$",
+        description="the device's compute capability; an arch-specific target (sm_90a) is read "
+        "as its device's (sm_90): jobs are matched by the device",
+    )
     runner: RunnerKind
     device_name: str | None = Field(None, max_length=256)
-    sm_count: int | None = Field(None, ge=1)
+    sm_count: int | None = Field(None, ge=1, le=ID_MAX)
     driver: str | None = Field(None, max_length=64)
-    clocks_mhz: int | None = Field(None, ge=1)
+    clocks_mhz: int | None = Field(None, ge=1, le=ID_MAX)
+
+    @field_validator("name")
+    @classmethod
+    def _named(cls, value: str) -> str:
+        if not value.strip():
+            raise ValueError("must not be blank")
+        return value
+
+    @field_validator("arch")
+    @classmethod
+    def _device_arch(cls, value: str) -> str:
+        # Stored as the device's: a worker said sm_90a once and then never got an sm_90 job.
+        return value.removesuffix("a")
 
 
 class WorkerDoc(_Body):
@@ -384,7 +414,7 @@ class WorkerDoc(_Body):
 class Heartbeat(_Request):
     """POST /v1/workers/{id}/heartbeat; the response echoes the server's clock."""
 
-    busy_jobs: int = Field(0, ge=0)
+    busy_jobs: int = Field(0, strict=True, ge=0, le=ID_MAX)
 
 
 class HeartbeatAck(_Body):
@@ -396,9 +426,9 @@ class LeaseRequest(_Request):
     """POST /v1/jobs/lease: long-polls up to wait_s for jobs matching the worker's arch (the
     service answers as soon as jobs are enqueued: it waits on a wake-up, it does not poll)."""
 
-    worker_id: int
-    max_jobs: int = Field(1, ge=1, le=MAX_JOBS_PER_LEASE)
-    wait_s: float = Field(10.0, ge=0, le=MAX_LEASE_WAIT_S)
+    worker_id: RowRef
+    max_jobs: int = Field(1, strict=True, ge=1, le=MAX_JOBS_PER_LEASE)
+    wait_s: float = Field(10.0, strict=True, ge=0, le=MAX_LEASE_WAIT_S, allow_inf_nan=False)
 
 
 class JobLease(_Body):
@@ -419,7 +449,7 @@ class LeaseResponse(_Body):
 class JobResult(_Request):
     """POST /v1/jobs/{id}/result: idempotent per (job, lease_token)."""
 
-    worker_id: int
+    worker_id: RowRef
     lease_token: str = Field(min_length=8, max_length=128)
     result: MeasureResult
 
@@ -433,7 +463,7 @@ class ResultAck(_Body):
 class ReportedResult(_Request):
     """One result of POST /v1/jobs/results: the job, the lease it was measured under."""
 
-    job_id: int
+    job_id: RowRef
     lease_token: str = Field(min_length=8, max_length=128)
     result: MeasureResult
 
@@ -444,7 +474,7 @@ class JobResults(_Request):
     route judges one, and each is idempotent per (job, lease_token): the whole request may
     be sent again."""
 
-    worker_id: int
+    worker_id: RowRef
     results: list[ReportedResult] = Field(min_length=1, max_length=MAX_RESULTS_PER_POST)
 
 

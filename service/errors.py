@@ -9,9 +9,11 @@ import logging
 from typing import Any
 
 from fastapi import FastAPI, Request
+from fastapi.exception_handlers import http_exception_handler
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from sqlalchemy import exc as sa_exc
+from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from pipetune.model.family import all_ops
 from pipetune.model.wire import ErrorItem, FieldError, ValidationErrorBody
@@ -22,6 +24,13 @@ log = logging.getLogger(__name__)
 
 RETRY_AFTER_S = 1
 DATABASE_UNAVAILABLE = "the database is unavailable; retry shortly"
+# A 422 says what was wrong, not all of it again: a quoted value is cut to SHOWN_CHARS and a
+# reason to REASON_CHARS, and at most MAX_ITEMS problems are listed (a body of 20,000 unknown
+# keys, or a 400 KB string, made a 422 of megabytes).
+SHOWN_CHARS = 80
+REASON_CHARS = 500
+MAX_ITEMS = 20
+UNPARSABLE_BODY = "not JSON text: not UTF-8, or nested too deeply"
 
 
 class ServiceError(Exception):
@@ -90,32 +99,65 @@ def _item(error: dict[str, Any]) -> ErrorItem:
         loc = ["body"]
     if "input" in error and kind not in ("missing", "json_invalid", "extra_forbidden"):
         value = error["input"]
-        shown = repr(value)
+        shown = _cut(repr(value), SHOWN_CHARS)
         if (isinstance(value, int | float | str | bool) or value is None) and shown not in reason:
             reason = f"{reason} (got {shown})"
+    reason = _cut(reason, REASON_CHARS)
     names = [p for p in loc if isinstance(p, str) and p not in ("body", "query", "path")]
     field = names[-1] if names else "body"
     return ErrorItem(loc=loc, field=field, reason=reason, type=kind)
 
 
-def validation_body(errors: list[dict[str, Any]]) -> dict[str, Any]:
-    items = [_item(e) for e in errors] or [
+def _cut(text: str, limit: int) -> str:
+    if len(text) <= limit:
+        return text
+    return f"{text[:limit]}... ({len(text) - limit} more characters)"
+
+
+def _content_type_hint(request: Request, items: list[ErrorItem]) -> None:
+    """A body sent as anything but JSON reaches validation as raw bytes, whose complaint
+    ("a valid dictionary") does not say that the content type is what is wrong."""
+    content_type = request.headers.get("content-type", "")
+    if not content_type or "json" in content_type:
+        return
+    for item in items:
+        if item.loc == ["body"]:
+            sent = _cut(content_type, SHOWN_CHARS)
+            item.reason = f"send the body as JSON (Content-Type: application/json), not {sent}"
+
+
+def validation_body(errors: list[dict[str, Any]], request: Request | None = None) -> dict[str, Any]:
+    items = [_item(e) for e in errors[:MAX_ITEMS]] or [
         ErrorItem(loc=["body"], field="body", reason="invalid request", type="value_error")
     ]
+    if request is not None:
+        _content_type_hint(request, items)
     body = ValidationErrorBody(field=items[0].field, reason=items[0].reason, detail=items)
     return body.model_dump(mode="json")
 
 
+def _one_problem(loc: list[str | int], reason: str, kind: str) -> JSONResponse:
+    item = ErrorItem(loc=loc, field=str(loc[-1]), reason=reason, type=kind)
+    body = ValidationErrorBody(field=item.field, reason=item.reason, detail=[item])
+    return JSONResponse(body.model_dump(mode="json"), status_code=422)
+
+
 def install(app: FastAPI) -> None:
     @app.exception_handler(RequestValidationError)
-    async def _validation(_request: Request, exc: RequestValidationError) -> JSONResponse:
-        return JSONResponse(validation_body(list(exc.errors())), status_code=422)
+    async def _validation(request: Request, exc: RequestValidationError) -> JSONResponse:
+        return JSONResponse(validation_body(list(exc.errors()), request), status_code=422)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http(request: Request, exc: StarletteHTTPException) -> Any:
+        # FastAPI answers a body it cannot decode (bytes that are not UTF-8, JSON nested past
+        # Python's recursion limit) with a bare 400; it is the body that is wrong: a 422.
+        if exc.status_code == 400 and isinstance(exc.__cause__, ValueError | RecursionError):
+            return _one_problem(["body"], UNPARSABLE_BODY, "json_invalid")
+        return await http_exception_handler(request, exc)
 
     @app.exception_handler(InputError)
     async def _input(_request: Request, exc: InputError) -> JSONResponse:
-        item = ErrorItem(loc=exc.loc, field=str(exc.loc[-1]), reason=exc.reason, type="value_error")
-        body = ValidationErrorBody(field=item.field, reason=item.reason, detail=[item])
-        return JSONResponse(body.model_dump(mode="json"), status_code=422)
+        return _one_problem(exc.loc, exc.reason, "value_error")
 
     async def _database(_request: Request, exc: Exception) -> JSONResponse:
         if not is_unavailable(exc):

@@ -26,9 +26,8 @@ from sqlalchemy import (
 )
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
+from pipetune.model.trials import RUNNER_MAX_CHARS
 from pipetune.service.db import UTCDateTime
-
-ID_MAX = 2**31 - 1  # ids and counts are 32-bit integer columns
 
 NAMING = {
     "ix": "ix_%(table_name)s_%(column_0_N_name)s",
@@ -169,7 +168,7 @@ class JobRow(Base):
     compile_ms: Mapped[float | None] = mapped_column(Float)
     max_abs_error: Mapped[float | None] = mapped_column(Float)
     error: Mapped[str | None] = mapped_column(Text)
-    runner: Mapped[str | None] = mapped_column(String(16))
+    runner: Mapped[str | None] = mapped_column(String(RUNNER_MAX_CHARS))
     created_at: Mapped[dt.datetime] = _created()
     finished_at: Mapped[dt.datetime | None]
 

@@ -27,7 +27,7 @@ from sqlalchemy import Connection, and_, exists, not_, or_, select
 from pipetune.model.family import THROUGHPUT_UNITS, FamilySpace, family_of, parse_any_workload
 from pipetune.model.hardware import get_gpu
 from pipetune.model.states import FINAL_TASK_STATES, TaskState
-from pipetune.model.trials import RunnerKind
+from pipetune.model.trials import LATENCY_US_RANGE, RunnerKind
 from pipetune.service.orm import JobRow, TaskRow, WorkloadRow
 from pipetune.tuner.bo import PriorMean
 from pipetune.tuner.learned_prior import (
@@ -212,7 +212,12 @@ def _finished_trials(conn: Connection, task_id: int) -> tuple[list[dict[str, Any
         .where(JobRow.task_id == task_id, JobRow.status.is_not(None))
         .order_by(JobRow.trial)
     ).all()
-    ok = [r.status == "ok" and r.latency_us is not None and r.latency_us > 0 for r in rows]
+    # (A time outside what a kernel can take, stored before results were checked for it,
+    # counts as a failure: one such row made every cost model fitted to it fail.)
+    low, high = LATENCY_US_RANGE
+    ok = [
+        r.status == "ok" and r.latency_us is not None and low <= r.latency_us <= high for r in rows
+    ]
     latency_s = np.array(
         [r.latency_us / 1e6 if good else np.inf for r, good in zip(rows, ok, strict=True)],
         dtype=np.float64,

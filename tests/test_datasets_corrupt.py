@@ -88,7 +88,7 @@ def _results() -> list[MeasureResult]:
         MeasureResult(
             status="ok",
             latency_us=0.1 + 0.2,
-            samples_us=[0.30000000000000004, 1e-7, 123456.78901234567],
+            samples_us=[0.30000000000000004, 1.0000000000000002e-3, 123456.78901234567],
             spread=1 / 3,
             registers=96,
             spill_bytes=0,

@@ -230,3 +230,27 @@ def test_an_unmeasured_gemm_is_answered_with_the_learned_models_pick(db_url):
     assert doc["schedule_id"] == expected and doc["predicted_us"] > 0
     local = best_schedule(GEMM, "h200", db=db_url)
     assert (local.schedule_id, local.learned_from) == (expected, sorted(measured))
+
+
+def test_a_stored_time_no_kernel_can_take_does_not_break_every_lookup(db_url):
+    """A 1e-300 us result, stored before results were checked for it, overflowed the
+    throughput to infinity: the learned cost model's fit failed (XGBoost refuses infinite
+    labels) for every later lookup and task of the family, a 500 each. Read back, it counts
+    as a failed trial."""
+    from sqlalchemy import create_engine, text
+
+    (task_id,) = [_import(MEASURED / f"{CORPUS[0]}.t4.json.gz", db_url)]
+    engine = create_engine(db_url)
+    with engine.begin() as conn:
+        conn.execute(
+            text("UPDATE jobs SET latency_us = 1e-300 WHERE task_id = :t AND trial = 0"),
+            {"t": task_id},
+        )
+    engine.dispose()
+    with client_for(db_url) as client:
+        response = client.post("/v1/schedules", json={"workload": GEMM, "gpu": "h200"})
+        assert response.status_code == 200, response.text
+        assert response.json()["learned_from"] == [task_id]
+        created = client.post("/v1/tasks", json={"workload": GEMM, "gpu": "h200", "budget": 8})
+        assert created.status_code == 201, created.text
+        assert created.json()["learned_from"] == [task_id]

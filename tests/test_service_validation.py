@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 from service_support import (
     GEMM,
@@ -12,9 +14,11 @@ from service_support import (
     post_result,
     register,
     service_of,
+    settle,
 )
 from sqlalchemy import func, select
 
+from pipetune.model.trials import ERROR_MAX_CHARS
 from pipetune.service.driver import Driver
 from pipetune.service.orm import Base
 
@@ -158,11 +162,18 @@ def test_results_a_trial_row_cannot_hold_are_refused(client):
     huge = {"status": "ok", "latency_us": 5.0, "registers": 2**40}
     _assert_422(post_result(client, worker, job, huge), "registers", "at most")
     assert post_result(client, worker, job, ok(5.0)).json()["accepted"] is True
-    beat = client.post(
-        f"/v1/workers/{worker}/heartbeat", json={"busy_jobs": 2**70}, headers=WORKER_HEADERS
-    )
-    assert beat.status_code == 200
     assert client.get(f"/v1/tasks/{2**40}").status_code == 422
+
+
+def test_a_busy_count_no_column_holds_is_refused_not_clamped(client):
+    worker = register(client)
+    url = f"/v1/workers/{worker}/heartbeat"
+    _assert_422(
+        client.post(url, json={"busy_jobs": 2**70}, headers=WORKER_HEADERS),
+        "busy_jobs",
+        "less than or equal",
+    )
+    assert client.post(url, json={"busy_jobs": 3}, headers=WORKER_HEADERS).status_code == 200
 
 
 def test_an_error_that_echoes_a_nul_is_still_a_422(client):
@@ -170,3 +181,161 @@ def test_an_error_that_echoes_a_nul_is_still_a_422(client):
     response = client.get("/v1/curves", params={"gpu": "\x00"})
     assert response.status_code == 422
     assert "gpu" in response.text
+
+
+# ---- results no kernel can have, and text no column can hold ------------------------------
+
+
+def _leased_job(client) -> tuple[int, dict]:
+    client.post("/v1/tasks", json={"workload": GEMM, "gpu": "h100", "budget": 8})
+    worker = register(client)
+    (job,) = lease(client, worker)
+    return worker, job
+
+
+def _raw_post(client, url: str, body: dict):
+    """A body as a client's JSON library sends it: json.dumps escapes what is not ASCII
+    (a lone surrogate as \\ud800, which decodes back to one)."""
+    return client.post(url, content=json.dumps(body).encode(), headers=JSON_WORKER)
+
+
+def _both_routes(client, worker: int, job: dict, result: dict) -> list:
+    single = _raw_post(
+        client,
+        f"/v1/jobs/{job['job_id']}/result",
+        {"worker_id": worker, "lease_token": job["lease_token"], "result": result},
+    )
+    item = {"job_id": job["job_id"], "lease_token": job["lease_token"], "result": result}
+    batched = _raw_post(client, "/v1/jobs/results", {"worker_id": worker, "results": [item, item]})
+    return [single, batched]
+
+
+def _trials_done(client) -> int:
+    (task,) = client.get("/v1/tasks").json()["tasks"]
+    return task["trials_done"]
+
+
+@pytest.mark.parametrize(
+    ("result", "field", "reason"),
+    [
+        # 1e-300 us overflowed the throughput to infinity; the task's cost model, and every
+        # later learned-prior lookup of the family, then failed with a 500.
+        ({"status": "ok", "latency_us": 1e-300}, "latency_us", "greater than or equal to 0.001"),
+        ({"status": "ok", "latency_us": 1e308}, "latency_us", "less than or equal to 10000000000"),
+        ({**ok(5.0), "samples_us": [-5.0, 6.0]}, "samples_us", "greater than or equal"),
+        ({**ok(5.0), "runner": "replay:simulated2"}, "runner", "at most 16 characters"),
+        ({**ok(5.0), "runner": "cupy\ud800"}, "runner", "unicode string"),
+        ({**ok(5.0), "runner": "cupy\u0000"}, "runner", "NUL"),
+    ],
+)
+def test_results_no_kernel_can_have_are_refused_on_both_routes(client, result, field, reason):
+    worker, job = _leased_job(client)
+    for response in _both_routes(client, worker, job, result):
+        _assert_422(response, field, reason)
+    assert _trials_done(client) == 0  # nothing recorded, the lease still good:
+    assert post_result(client, worker, job, ok(5.0)).json()["accepted"] is True
+
+
+def test_log_text_is_kept_storable_and_cut_to_its_head(client):
+    """A compiler's log is the measurement's, not the worker's mistake: a lone surrogate in
+    it is replaced (SQLite and PostgreSQL both answered 500), a long one keeps its head."""
+    worker, job = _leased_job(client)
+    log = "ptxas error \ud800 at line 3\n" + "x" * 300_000
+    failed = {"status": "compile_error", "error": log}
+    single, _ = _both_routes(client, worker, job, failed)
+    assert single.status_code == 200 and single.json()["accepted"] is True, single.text
+    settle(client)
+    trial = client.get("/v1/tasks/1/trials").json()["trials"][0]
+    assert trial["error"].startswith("ptxas error \ufffd at line 3\nxxx")
+    assert len(trial["error"]) < ERROR_MAX_CHARS + 100
+    assert trial["error"].endswith("more characters cut]")
+
+
+@pytest.mark.parametrize(
+    ("path", "change", "field"),
+    [
+        ("/v1/tasks", {"gpu": "\ud800"}, "gpu"),
+        ("/v1/schedules", {"gpu": "h1\udc0000"}, "gpu"),
+        ("/v1/tasks", {"prior_gpu": "\ud800"}, "prior_gpu"),
+    ],
+)
+def test_lone_surrogates_are_a_422_not_a_500(client, path, change, field):
+    response = _raw_post(client, path, {"workload": GEMM, "gpu": "h100", **change})
+    _assert_422(response, field, "lone surrogate")
+    body = {"name": "w\ud800", "gpu": "h100", "arch": "sm_90", "runner": "cupy"}
+    _assert_422(_raw_post(client, "/v1/workers", body), "name", "lone surrogate")
+    assert set(_row_counts(client).values()) == {0}
+
+
+@pytest.mark.parametrize(
+    ("change", "field"),
+    [
+        ({"budget": True}, "budget"),
+        ({"budget": "7"}, "budget"),
+        ({"budget": 7.0}, "budget"),
+        ({"seed": "1"}, "seed"),
+        ({"learned_prior": "yes"}, "learned_prior"),
+        ({"prior_task": "3"}, "prior_task"),
+    ],
+)
+def test_task_numbers_and_flags_are_not_coerced(client, change, field):
+    body = {"workload": GEMM, "gpu": "h100", **change}
+    _assert_422(client.post("/v1/tasks", json=body), field, "valid")
+    assert set(_row_counts(client).values()) == {0}
+
+
+def test_worker_and_job_ids_in_bodies_are_checked_as_in_paths(client):
+    worker, job = _leased_job(client)
+    for bad in ("1", 1.0, True, 0, -5, 2**70):
+        lease_body = {"worker_id": bad, "max_jobs": 1, "wait_s": 0}
+        _assert_422(
+            client.post("/v1/jobs/lease", json=lease_body, headers=WORKER_HEADERS), "worker_id", ""
+        )
+        result = {"worker_id": bad, "lease_token": job["lease_token"], "result": ok(5.0)}
+        url = f"/v1/jobs/{job['job_id']}/result"
+        _assert_422(client.post(url, json=result, headers=WORKER_HEADERS), "worker_id", "")
+        item = {"job_id": bad, "lease_token": job["lease_token"], "result": ok(5.0)}
+        batch = {"worker_id": worker, "results": [item]}
+        response = client.post("/v1/jobs/results", json=batch, headers=WORKER_HEADERS)
+        error = _assert_422(response, "job_id", "")
+        assert error["detail"][0]["loc"] == ["body", "results", 0, "job_id"]
+    assert _trials_done(client) == 0
+
+
+def test_an_arch_specific_target_registers_as_its_device_and_gets_jobs(client):
+    client.post("/v1/tasks", json={"workload": GEMM, "gpu": "h100", "budget": 8})
+    body = {"name": "w90a", "gpu": "h100", "arch": "sm_90a", "runner": "simulated"}
+    response = client.post("/v1/workers", json=body, headers=WORKER_HEADERS)
+    assert response.status_code == 201, response.text
+    assert response.json()["arch"] == "sm_90"
+    assert len(lease(client, response.json()["id"], max_jobs=4)) == 4
+
+
+def test_a_blank_worker_name_is_refused(client):
+    body = {"name": "   ", "gpu": "h100", "arch": "sm_90", "runner": "simulated"}
+    response = client.post("/v1/workers", json=body, headers=WORKER_HEADERS)
+    _assert_422(response, "name", "blank")
+
+
+@pytest.mark.parametrize(
+    "raw", [b'{"gpu": "h100\xff"}', b"[" * 5000 + b"]" * 5000], ids=["not-utf8", "too-deep"]
+)
+def test_a_body_that_is_not_json_text_is_a_422(client, raw):
+    response = client.post("/v1/tasks", content=raw, headers={"Content-Type": "application/json"})
+    _assert_422(response, "body", "not JSON text")
+
+
+def test_a_body_sent_as_another_content_type_says_so(client):
+    body = json.dumps({"workload": GEMM, "gpu": "h100"}).encode()
+    response = client.post("/v1/tasks", content=body, headers={"Content-Type": "text/plain"})
+    _assert_422(response, "body", "Content-Type: application/json")
+
+
+def test_a_422_does_not_echo_a_huge_value_or_list_every_problem(client):
+    huge = client.post("/v1/tasks", json={"workload": GEMM, "gpu": "x" * 400_000})
+    assert huge.status_code == 422 and len(huge.content) < 5_000, len(huge.content)
+    assert huge.json()["field"] == "gpu"
+    extra = {f"k{i}": i for i in range(20_000)}
+    many = client.post("/v1/tasks", json={"workload": GEMM, "gpu": "h100", **extra})
+    assert many.status_code == 422 and len(many.content) < 20_000, len(many.content)
+    assert many.json()["reason"] == "Extra inputs are not permitted"

@@ -28,6 +28,7 @@ SCHEDULE = {
 
 
 def _job(i: int) -> JobLease:
+    """Job i (ids start at 1, as the service's rows do: the wire refuses 0)."""
     return JobLease(
         job_id=i,
         lease_token=f"token-{i:04d}",
@@ -94,24 +95,24 @@ def _report(worker: Worker, jobs: list[JobLease]) -> None:
 def test_the_results_in_hand_go_in_one_request():
     api = FakeApi()
     worker, _ = _worker(api)
-    _report(worker, [_job(i) for i in range(5)])
-    assert api.batches == [[0, 1, 2, 3, 4]] and api.singles == []
+    _report(worker, [_job(i) for i in range(1, 6)])
+    assert api.batches == [[1, 2, 3, 4, 5]] and api.singles == []
     assert worker.counts["accepted"] == 5 and worker._busy == 0
 
 
 def test_an_older_service_gets_one_request_per_result():
     api = FakeApi(NotFoundError(404, "Not Found"))
     worker, log = _worker(api)
-    _report(worker, [_job(i) for i in range(3)])
-    assert api.singles == [0, 1, 2] and worker.counts["accepted"] == 3
+    _report(worker, [_job(i) for i in range(1, 4)])
+    assert api.singles == [1, 2, 3] and worker.counts["accepted"] == 3
     assert "batch_reports_unsupported" in log.getvalue()
 
 
 def test_a_result_refused_as_invalid_is_sent_again_alone():
     api = FakeApi(ApiError(422, "results.1.result.latency_us: required"))
     worker, _ = _worker(api)
-    _report(worker, [_job(i) for i in range(3)])
-    assert api.singles == [0, 1, 2] and worker._busy == 0
+    _report(worker, [_job(i) for i in range(1, 4)])
+    assert api.singles == [1, 2, 3] and worker._busy == 0
 
 
 def test_a_refused_result_in_a_batch_is_counted_refused():
@@ -127,7 +128,7 @@ def test_a_refused_result_in_a_batch_is_counted_refused():
         ]
 
     api.post_results = some_refused  # type: ignore[method-assign]
-    _report(worker, [_job(i) for i in range(3)])
+    _report(worker, [_job(i) for i in range(1, 4)])
     assert worker.counts["accepted"] == 2 and worker.counts["refused"] == 1
     assert "report_refused" in log.getvalue()
 

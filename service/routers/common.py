@@ -6,8 +6,7 @@ from typing import Annotated, Any
 
 from fastapi import Path
 
-from pipetune.model.wire import ValidationErrorBody
-from pipetune.service.orm import ID_MAX
+from pipetune.model.wire import ID_MAX, ValidationErrorBody
 
 # Row ids are 32-bit integers in the database: a larger one is refused before any query.
 RowId = Annotated[int, Path(ge=1, le=ID_MAX)]

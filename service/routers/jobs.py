@@ -25,8 +25,6 @@ from pipetune.model.wire import (
 )
 from pipetune.service.auth import WorkerToken
 from pipetune.service.context import Service, ServiceDep
-from pipetune.service.errors import InputError
-from pipetune.service.orm import ID_MAX
 from pipetune.service.queue import Report, check_storable
 from pipetune.service.routers.common import ERRORS, NOT_FOUND, RowId
 
@@ -86,8 +84,6 @@ async def post_results(
     (`accepted` says whether it was recorded), 403 (not this worker's lease) or 404 (no
     such job). Idempotent per (job, lease token): the whole request may be sent again."""
     for i, item in enumerate(body.results):
-        if not 0 < item.job_id <= ID_MAX:  # as the single route's path parameter
-            raise InputError(["body", "results", i, "job_id"], f"must be within 1..{ID_MAX}")
         check_storable(item.result, ["body", "results", i, "result"])
     reports = [Report(r.job_id, r.lease_token, r.result) for r in body.results]
     judged, ready = service.queue.submit_many(body.worker_id, token, reports)
