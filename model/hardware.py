@@ -274,6 +274,10 @@ def load_profile(path: str | Path) -> tuple[str | None, dict[str, Any]]:
         document = json.loads(path.read_text())
     except FileNotFoundError as exc:
         raise HardwareError(f"profile {path} does not exist") from exc
+    except IsADirectoryError as exc:
+        raise HardwareError(f"profile {path} is a directory, not a JSON file") from exc
+    except (OSError, UnicodeDecodeError) as exc:  # unreadable, or not text
+        raise HardwareError(f"profile {path} cannot be read: {exc}") from exc
     except json.JSONDecodeError as exc:
         raise HardwareError(f"profile {path} is not valid JSON: {exc.msg}") from exc
     return parse_profile(document, str(path))

@@ -66,7 +66,10 @@ def test_a_prior_of_a_tasks_trials():
 def test_a_prior_of_another_kernel_is_refused_with_exit_2():
     result = _bench(str(CONV_TITAN), "--strategies", "auto", "--prior", str(PNPOLY_3090))
     assert result.exit_code == 2
-    assert "--prior: no --prior file has the knobs of convolution_RTX_Titan" in result.output
+    assert (
+        f"--prior: for convolution_RTX_Titan, no file is ({PNPOLY_3090.name}: other knobs)"
+        in result.output
+    )
 
 
 @needs_files

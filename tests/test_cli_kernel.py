@@ -108,12 +108,26 @@ def test_compile_defaults_to_the_gpu_arch_and_prints_a_table():
 
 @pytest.mark.parametrize(
     "extra",
-    [["--arch", "sm90"], ["--arch", "compute_90"], ["--sample", "0"], ["--gpu", "x"]],
+    [
+        ["--arch", "sm90"],
+        ["--arch", "compute_90"],
+        ["--arch", "sm_99"],  # (an NvrtcError "invalid option" and exit 1, after the work)
+        ["--sample", "0"],
+        ["--gpu", "x"],
+    ],
 )
 def test_compile_rejects_bad_options_with_exit_2(extra):
     result = runner.invoke(app, ["kernel", "compile", *GEMM, *extra, "--json"])
     assert result.exit_code == 2
     assert result.stdout == "" and result.stderr.startswith("error: ")
+
+
+def test_an_arch_specific_family_compiled_for_another_arch_is_refused():
+    """The Hopper family's wgmma kernels for sm_80 all failed to compile, exit 1."""
+    shape = ["hopper_gemm", "--m", "1024", "--n", "768", "--k", "3072", "--gpu", "h100"]
+    result = runner.invoke(app, ["kernel", "compile", *shape, "--arch", "sm_80", "--sample", "1"])
+    assert result.exit_code == 2
+    assert "--arch: hopper_gemm kernels use sm_90a-only instructions on h100" in result.stderr
 
 
 # ---- without a shape: the kernel takes its shape as arguments -------------------------

@@ -115,6 +115,8 @@ def test_bad_arch_is_rejected_before_compiling():
         with pytest.raises(ValueError, match="arch"):
             check_arch(bad)
     assert check_arch("sm_90a") == "sm_90a"
+    with pytest.raises(ValueError, match=r"does not compile for sm_99; it knows sm_75, .*sm_90"):
+        check_arch("sm_99")  # the right shape, but no SM NVRTC knows
 
 
 def test_compile_many_keeps_order_and_can_return_errors(fresh_cache):

@@ -328,6 +328,13 @@ def test_an_open_kernel_tuner_cache_needs_allow_open(tmp_path):
         read_kt_cache(path)
     assert len(read_kt_cache(path, allow_open=True)) == 3
     assert len(load_dataset(path, allow_open=True)) == 3
+    # Read as any dataset (`pipetune dataset info`), the error says what would read it.
+    with pytest.raises(DatasetError, match=r"not valid JSON .* left open .*--allow-open"):
+        load_dataset(path)
+    path.write_text("{not a cache,")  # no hint where --allow-open would not help
+    with pytest.raises(DatasetError, match="not valid JSON") as error:
+        load_dataset(path)
+    assert "allow-open" not in str(error.value)
 
 
 def test_a_bad_cache_entry(tmp_path):

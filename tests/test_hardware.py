@@ -49,6 +49,12 @@ def test_profile_overrides_and_validation(tmp_path, h100):
     path.write_text("{not json")
     with pytest.raises(HardwareError, match="not valid JSON"):
         get_gpu("h100", profile=path)
+    # A directory was an IsADirectoryError (the CLI's exit 1), bytes a UnicodeDecodeError.
+    with pytest.raises(HardwareError, match="is a directory, not a JSON file"):
+        get_gpu("h100", profile=tmp_path)
+    path.write_bytes(b"\xff\xfe{")
+    with pytest.raises(HardwareError, match="cannot be read"):
+        get_gpu("h100", profile=path)
 
 
 def test_committed_profile_is_applied_automatically(tmp_path, monkeypatch):

@@ -8,6 +8,7 @@ from __future__ import annotations
 import importlib.util
 import itertools
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -268,3 +269,19 @@ def test_a_runner_object_is_used_and_left_open(home: Path):
         assert len(result.trials) == 2 and not mine.closed
         with pytest.raises(ValueError, match="runner: measures h100, the task is for a100"):
             pipetune.tune(FC, "a100", budget=2, runner=mine)
+
+
+def test_every_workload_type_the_api_accepts_is_exported_under_the_name_it_gives():
+    """The error for a wrong workload named pipetune.Softmax, Reduce, LayerNorm and BiasGelu,
+    which `pipetune` did not export (an AttributeError for a user who followed it)."""
+    from pipetune.clients.library.inputs import WORKLOAD_TYPES
+
+    assert {t.__name__ for t in WORKLOAD_TYPES} >= {"Gemm", "Softmax", "HopperGemm"}
+    for workload_type in WORKLOAD_TYPES:
+        assert getattr(pipetune, workload_type.__name__) is workload_type
+        assert workload_type.__name__ in pipetune.__all__
+    with pytest.raises(TypeError) as error:
+        pipetune.tune("gemm", "h100")
+    for named in re.findall(r"pipetune\.(\w+)", str(error.value)):
+        assert hasattr(pipetune, named), named
+    assert pipetune.best_schedule(pipetune.Softmax(rows=4096, cols=768), "h100").schedule_id

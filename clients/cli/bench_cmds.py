@@ -84,21 +84,25 @@ def _strategies(text: str) -> list[str]:
                 raise CliError(f"--strategies: unknown strategy '{name}'; known: {known}", 2)
             if name not in names:
                 names.append(name)
+    if not names:  # ("" or ","): a benchmark of nothing would print empty tables, exit 0
+        raise CliError("--strategies: name at least one strategy or group", 2)
     return names
 
 
-def _same_kernel_elsewhere(prior: Dataset, ds: Dataset) -> bool:
-    """Whether `prior` can be `ds`'s prior: pipetune's datasets by their workload and GPU
-    (every operator of a family has the same knobs), others by their knobs and name."""
+def _not_a_prior(prior: Dataset, ds: Dataset) -> str | None:
+    """Why `prior` cannot be `ds`'s prior (None: it can): pipetune's datasets by their
+    workload and GPU (every operator of a family has the same knobs), others by their knobs
+    and name."""
     if set(prior.configs.knob_names) != set(ds.configs.knob_names):
-        return False
+        return "other knobs"
     if prior.ours is not None and ds.ours is not None:
         mine, theirs = ds.ours.space, prior.ours.space
-        return (
-            theirs.workload.workload_hash == mine.workload.workload_hash
-            and theirs.gpu.key != mine.gpu.key
-        )
-    return prior.name != ds.name
+        if theirs.workload.workload_hash != mine.workload.workload_hash:
+            return f"another workload ({theirs.workload.label()})"
+        if theirs.gpu.key == mine.gpu.key:
+            return f"the same GPU ({mine.gpu.key})"
+        return None
+    return "the dataset itself" if prior.name == ds.name else None
 
 
 def _priors(priors: list[Path], loaded: list[Dataset]) -> dict:
@@ -113,12 +117,17 @@ def _priors(priors: list[Path], loaded: list[Dataset]) -> dict:
         raise CliError(f"--prior: {exc}", 2) from None
     chosen = {}
     for ds in loaded:
-        same = [(p, c) for p, c in candidates if _same_kernel_elsewhere(c, ds)]
+        why_not = {p: _not_a_prior(c, ds) for p, c in candidates}
+        same = [(p, c) for p, c in candidates if why_not[p] is None]
         if len(same) != 1:
-            what = "no --prior file has" if not same else "several --prior files have"
+            if same:
+                found = "several files are"
+            else:
+                reasons = ", ".join(f"{p.name}: {why}" for p, why in why_not.items())
+                found = f"no file is ({reasons})"
             raise CliError(
-                f"--prior: {what} the knobs of {ds.name} (give one recorded dataset of the "
-                "same kernel on another GPU per dataset)",
+                f"--prior: for {ds.name}, {found}; give one recorded dataset of the same kernel "
+                "on another GPU per dataset",
                 2,
             )
         chosen[ds.name] = same[0][1]

@@ -125,6 +125,14 @@ def compile_document(
         raise CliError(f"no valid schedule for {label or w.label()} on {spec.key}", code=2)
     schedules = codegen.stratified_sample(space, sample, seed)
     kernels = [codegen.generate(w, s) for s in schedules]
+    suffix = next((k.arch_suffix for k in kernels if getattr(k, "arch_suffix", "")), "")
+    if suffix and arch.removesuffix(suffix) != spec.arch:
+        # Arch-specific instructions (wgmma) run on that one arch: every kernel would fail.
+        raise CliError(
+            f"--arch: {family.name} kernels use {spec.arch}{suffix}-only instructions on "
+            f"{spec.key}; give --arch {spec.arch} or leave it out, not {arch}",
+            code=2,
+        )
     outcomes = compile_many(kernels, arch, workers, return_exceptions=True)
     results = []
     for kernel, out in zip(kernels, outcomes, strict=True):

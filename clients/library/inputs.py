@@ -1,6 +1,7 @@
 """What the public functions accept: a workload as a dict or a workload object (of any kernel
 family: the tensor-core GEMMs' Gemm, Bmm, Conv2d, Conv3d; the memory-intensive operators'
-Reduce, Softmax, LayerNorm, BiasGelu), a GPU by key or alias, a schedule as a dict, a
+Reduce, Softmax, LayerNorm, BiasGelu; the Hopper family's HopperGemm, HopperBmm: each
+exported by `pipetune`), a GPU by key or alias, a schedule as a dict, a
 `Schedule` (or another family's schedule object) or a wire `ScheduleDoc`. Bad input raises
 a ValueError subclass whose message names the field (WorkloadError, HardwareError,
 ScheduleError), never a bare pydantic error."""
@@ -8,9 +9,9 @@ ScheduleError), never a bare pydantic error."""
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, cast
 
-from pipetune.model.family import family_for_knobs, parse_any_workload
+from pipetune.model.family import family_for_knobs, op_families, parse_any_workload
 from pipetune.model.hardware import resolve_gpu_key
 from pipetune.model.knobs import ScheduleError
 from pipetune.model.memops.workloads import BiasGelu, LayerNorm, MemWorkload, Reduce, Softmax
@@ -22,20 +23,23 @@ WorkloadLike = (
     Mapping[str, Any] | Gemm | Bmm | Conv2d | Conv3d | Reduce | Softmax | LayerNorm | BiasGelu
 )
 ScheduleLike = Mapping[str, Any] | Schedule | ScheduleDoc | Any
-_WORKLOAD_TYPES = (Gemm, Bmm, Conv2d, Conv3d, Reduce, Softmax, LayerNorm, BiasGelu)
+# Every kernel family's workload types, from the families' registry (one per operator).
+WORKLOAD_TYPES: tuple[type, ...] = tuple(
+    dict.fromkeys(fam.ops[op] for op, fam in op_families().items())
+)
 
 
 def as_workload(workload: WorkloadLike) -> AnyWorkload | MemWorkload:
     """The workload object (a dict is validated: WorkloadError names the bad field)."""
-    if isinstance(workload, _WORKLOAD_TYPES):
-        return workload
+    if isinstance(workload, WORKLOAD_TYPES):  # (a tuple built at import: no narrowing)
+        return cast("AnyWorkload | MemWorkload", workload)
     if isinstance(workload, Mapping):
         parsed: AnyWorkload | MemWorkload = parse_any_workload(dict(workload))
         return parsed
     raise TypeError(
         "workload: expected a dict such as {'op': 'gemm', 'm': 1024, 'n': 64, 'k': 2048} or "
-        "a workload object (pipetune.Gemm, Bmm, Conv2d, Conv3d, Reduce, Softmax, LayerNorm, "
-        f"BiasGelu), got {type(workload).__name__}"
+        f"a workload object ({', '.join(f'pipetune.{t.__name__}' for t in WORKLOAD_TYPES)}), "
+        f"got {type(workload).__name__}"
     )
 
 

@@ -31,6 +31,8 @@ if TYPE_CHECKING:
     from pipetune.clients.library.lookup import best_schedule
     from pipetune.clients.library.tuning import TuneResult, tune
     from pipetune.clients.sdk import Client
+    from pipetune.model.hopper.workloads import HopperBmm, HopperGemm
+    from pipetune.model.memops.workloads import BiasGelu, LayerNorm, Reduce, Softmax
     from pipetune.model.space import Schedule
     from pipetune.model.workloads import Bmm, Conv2d, Conv3d, Gemm
 
@@ -48,16 +50,28 @@ _EXPORTS: dict[str, str] = {
     "Bmm": "pipetune.model.workloads",
     "Conv2d": "pipetune.model.workloads",
     "Conv3d": "pipetune.model.workloads",
+    "Reduce": "pipetune.model.memops.workloads",
+    "Softmax": "pipetune.model.memops.workloads",
+    "LayerNorm": "pipetune.model.memops.workloads",
+    "BiasGelu": "pipetune.model.memops.workloads",
+    "HopperGemm": "pipetune.model.hopper.workloads",
+    "HopperBmm": "pipetune.model.hopper.workloads",
 }
 
 __all__ = [
     "ArgumentError",
+    "BiasGelu",
     "Bmm",
     "Client",
     "Conv2d",
     "Conv3d",
     "Gemm",
+    "HopperBmm",
+    "HopperGemm",
+    "LayerNorm",
+    "Reduce",
     "Schedule",
+    "Softmax",
     "TuneResult",
     "TunedKernel",
     "__version__",

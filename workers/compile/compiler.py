@@ -66,8 +66,15 @@ def nvrtc_calls() -> int:
 
 
 def check_arch(arch: str) -> str:
+    """`arch` if it names a target this NVRTC compiles for; else a ValueError saying why (an
+    SM number NVRTC does not know was an NvrtcError, "invalid option", from deep inside)."""
     if not _ARCH.match(arch):
         raise ValueError(f"arch must look like sm_80 or sm_90a, got {arch!r}")
+    known = nvrtc.supported_archs()
+    if int(arch.removeprefix("sm_").rstrip("af")) not in known:
+        major, minor = nvrtc.version()
+        listed = ", ".join(f"sm_{a}" for a in known)
+        raise ValueError(f"NVRTC {major}.{minor} does not compile for {arch}; it knows {listed}")
     return arch
 
 

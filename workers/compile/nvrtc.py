@@ -42,6 +42,13 @@ def version() -> tuple[int, int]:
     return int(major), int(minor)
 
 
+@cache
+def supported_archs() -> tuple[int, ...]:
+    """The SM numbers the loaded libnvrtc compiles for (75, 80, ..., 121 for NVRTC 13)."""
+    archs = _check(_nvrtc().nvrtcGetSupportedArchs(), "nvrtcGetSupportedArchs")
+    return tuple(int(a) for a in archs)
+
+
 def compile_to_cubin(code: str, filename: str, options: list[str]) -> tuple[bytes | None, str]:
     """(cubin or None when the source does not compile, program log)."""
     nvrtc = _nvrtc()

@@ -64,12 +64,30 @@ def load_dataset(path: str | Path, *, allow_open: bool = False) -> Dataset:
     pipetune metadata is checked as a pipetune dataset as well, see read_t4)."""
     source = str(path)
     text = read_text(path)
-    document = parse_json(close_open_cache(text) if allow_open else text, source)
+    try:
+        document = parse_json(close_open_cache(text) if allow_open else text, source)
+    except DatasetError as exc:
+        if allow_open or not _open_cache(text):
+            raise
+        raise DatasetError(
+            f"{exc} -- a Kernel Tuner cache left open by an interrupted session? "
+            "allow_open (the CLI's --allow-open) reads it"
+        ) from None
     if isinstance(document, dict) and "results" in document and "schema_version" in document:
         return from_t4_document(document, source)
     if isinstance(document, dict) and "cache" in document and "tune_params_keys" in document:
         return from_kt_cache_document(document, source)
     raise DatasetError(f"{source}: neither a T4 results file nor a Kernel Tuner cache")
+
+
+def _open_cache(text: str) -> bool:
+    """Whether unparsable text reads as a Kernel Tuner cache once closed as Kernel Tuner
+    closes one (the hint is given only where --allow-open would have read the file)."""
+    try:
+        document = parse_json(close_open_cache(text), "")
+    except DatasetError:
+        return False
+    return isinstance(document, dict) and "cache" in document
 
 
 def summary(dataset: Dataset) -> dict[str, Any]:
