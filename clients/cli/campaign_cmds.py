@@ -14,13 +14,18 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import typer
 from rich.table import Table
 
 from pipetune.clients.cli.errors import CliError, reported
 from pipetune.clients.cli.output import console, print_json
-from pipetune.model.hardware import gpu_keys
+from pipetune.clients.cli.paths import check_output_dir, check_output_file, check_tar_archive
+from pipetune.model.hardware import GPUSpec, get_gpu, gpu_keys
+
+if TYPE_CHECKING:
+    from pipetune.workers.campaign import CampaignOptions
 
 campaign_app = typer.Typer(
     help=(
@@ -69,6 +74,37 @@ _OPERATORS_HELP = (
 )
 
 
+def unrunnable_reason(operators: dict[str, Any], gpu: GPUSpec) -> str | None:
+    """Why some of the operators have no valid schedule on the GPU (the Hopper suite on an
+    A100), in their family's words, as `pipetune model suite` gives them; None when every
+    operator can run. Without this the campaign would probe, then "check" zero schedules."""
+    from pipetune.model.family import family_of
+
+    empty = [op for op, w in operators.items() if not len(family_of(w).enumerate(w, gpu))]
+    if not empty:
+        return None
+    first = operators[empty[0]]
+    names = ", ".join(empty[:3]) + (f" and {len(empty) - 3} more" if len(empty) > 3 else "")
+    return f"{names}: {family_of(first).no_schedule_reason(first, gpu)}"
+
+
+def _check_runnable(operators: dict[str, Any], gpu: GPUSpec, option: str) -> None:
+    reason = unrunnable_reason(operators, gpu)
+    if reason is not None:
+        raise CliError(f"{option}: cannot run {reason}", 2)
+
+
+def _check_campaign_paths(options: CampaignOptions) -> None:
+    """What check_options leaves to the write: a folder under a file, a directory in the
+    archive's place, an --have archive that tarfile cannot read (whose own error is one
+    line per compression tried, and comes only after the out-dir was made)."""
+    check_output_dir(options.out_dir, "--out-dir")
+    if options.pack is not None:
+        check_output_file(options.pack, "--pack", create_parent=True)
+    if options.have is not None and options.have.is_file():
+        check_tar_archive(options.have, "--have")
+
+
 @campaign_app.callback()
 @reported
 def campaign_main(
@@ -93,7 +129,8 @@ def campaign_main(
     if out_dir is None:
         raise CliError("--out-dir: required (a new folder for the campaign's files)", 2)
     from pipetune.workers.campaign import CampaignOptions, CampaignUsageError, run_campaign
-    from pipetune.workers.campaign.operators import DEFAULT_OPERATORS
+    from pipetune.workers.campaign.operators import DEFAULT_OPERATORS, resolve_operators
+    from pipetune.workers.campaign.run import check_options
 
     options = CampaignOptions(
         out_dir=out_dir,
@@ -106,6 +143,12 @@ def campaign_main(
         command=tuple(sys.argv),
     )
     try:
+        # Every refusal before anything is made or measured: the options, the paths, and
+        # (when --gpu names it; else the probed device decides) what the GPU cannot run.
+        check_options(options)
+        _check_campaign_paths(options)
+        if gpu is not None:
+            _check_runnable(resolve_operators(options.operators), get_gpu(gpu), f"--gpu {gpu}")
         outcome = run_campaign(options)
     except CampaignUsageError as exc:
         raise CliError(str(exc), 2) from None
@@ -128,7 +171,6 @@ def campaign_plan(
     as_json: bool = typer.Option(False, "--json", help="print one JSON document"),
 ) -> None:
     """The time plan: trials, kernels, compile and GPU time, and what each call sweeps."""
-    from pipetune.model.hardware import get_gpu
     from pipetune.workers.campaign.operators import DEFAULT_OPERATORS, resolve_operators
     from pipetune.workers.campaign.plan import plan_document
 
@@ -138,7 +180,9 @@ def campaign_plan(
         chosen = resolve_operators(operators or DEFAULT_OPERATORS)
     except ValueError as exc:
         raise CliError(f"--operators: {exc}", 2) from None
-    document = plan_document(get_gpu(gpu, calibrated=False), chosen, calls=calls, minutes=minutes)
+    spec = get_gpu(gpu, calibrated=False)
+    _check_runnable(chosen, spec, f"--gpu {gpu}")
+    document = plan_document(spec, chosen, calls=calls, minutes=minutes)
     if as_json:
         print_json(document)
         return
@@ -190,6 +234,9 @@ def campaign_unpack(
     """Turn a campaign archive into benchmarks/data/<gpu>/ and model/profiles/<gpu>.json."""
     from pipetune.workers.campaign.unpack import UnpackError, unpack
 
+    check_tar_archive(archive, "ARCHIVE")
+    check_output_dir(data_dir, "--data-dir")
+    check_output_dir(profile_dir, "--profile-dir")
     try:
         result = unpack(
             archive, data_dir, profile_dir, allow_simulated=allow_simulated, force=force

@@ -12,9 +12,11 @@ import importlib.util
 from pathlib import Path
 
 from pipetune.clients.cli.errors import CliError
+from pipetune.clients.cli.paths import check_output_file
 from pipetune.clients.library.labels import SIMULATED_LABEL
 from pipetune.model.family import parse_any_workload
 from pipetune.model.wire import Curve, TaskDoc
+from pipetune.workers.datasets.files import write_atomic
 
 PNG_INCHES = (9.0, 5.4)
 PNG_DPI = 100  # 900 x 540 pixels
@@ -34,7 +36,19 @@ def _subtitle(simulated: bool) -> str:
     return SIMULATED_LABEL if simulated else "best-so-far over the measured trials"
 
 
+def check_curve_outputs(png: Path | None, html: Path | None) -> None:
+    """Everything about --png/--html that can be refused before the task is fetched (exit 2):
+    a path that is a directory or whose folder is missing, a PNG without matplotlib."""
+    if png is not None:
+        check_output_file(png, "--png")
+    if html is not None:
+        check_output_file(html, "--html")
+    if png is not None:
+        require_matplotlib()
+
+
 def write_curve_html(path: Path, task: TaskDoc, curve: Curve, simulated: bool) -> None:
+    check_output_file(path, "--html")  # also here: a caller may not have checked first
     import plotly.graph_objects as go
 
     unit = curve.throughput_unit
@@ -53,7 +67,8 @@ def write_curve_html(path: Path, task: TaskDoc, curve: Curve, simulated: bool) -
     title = f"{curve_title(task)}<br><sup>{_subtitle(simulated)}</sup>"
     fig.update_layout(title=title, xaxis_title="trials", yaxis_title=unit)
     # include_plotlyjs=True inlines plotly.min.js from the installed package (no CDN).
-    fig.write_html(str(path), include_plotlyjs=True, full_html=True)
+    # Written atomically: an interrupted write never leaves half a page.
+    write_atomic(path, fig.to_html(include_plotlyjs=True, full_html=True))
 
 
 def require_matplotlib() -> None:
@@ -63,6 +78,7 @@ def require_matplotlib() -> None:
 
 
 def write_curve_png(path: Path, task: TaskDoc, curve: Curve, simulated: bool) -> None:
+    check_output_file(path, "--png")  # also here: a caller may not have checked first
     require_matplotlib()
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure

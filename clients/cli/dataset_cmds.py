@@ -11,6 +11,7 @@ from rich.table import Table
 
 from pipetune.clients.cli.errors import CliError, reported
 from pipetune.clients.cli.output import console, print_json
+from pipetune.clients.cli.paths import check_output_file
 from pipetune.workers.datasets import Dataset, DatasetError, load_dataset, summary, write_t4
 
 dataset_app = typer.Typer(help="Recorded search spaces: T4 results files, Kernel Tuner caches.")
@@ -64,6 +65,8 @@ def convert(
     allow_open: bool = _ALLOW_OPEN,
 ) -> None:
     """Write any readable dataset as a T4 results file (atomically)."""
+    # A missing parent folder is made (write_t4 does), as convert always did.
+    check_output_file(target, "TARGET", create_parent=True)
     dataset = _load(source, allow_open)
     write_t4(dataset, target)
     console.print(f"wrote {len(dataset)} configurations to {target}")

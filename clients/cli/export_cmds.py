@@ -19,6 +19,7 @@ from rich.table import Table
 
 from pipetune.clients.cli.errors import CliError, reported
 from pipetune.clients.cli.output import console, print_json
+from pipetune.clients.cli.paths import check_output_dir, check_output_file
 from pipetune.clients.cli.remote import (
     api_key_option,
     db_option,
@@ -43,15 +44,13 @@ def _check_modes(
             raise CliError("--out: give the T4 file to write the task's trials to", 2)
         if fmt not in (None, *FORMATS):
             raise CliError(f"--format: a task's trials are written as {', '.join(FORMATS)}", 2)
-        if not out.parent.exists():
-            raise CliError(f"--out: directory {out.parent} does not exist", 2)
+        check_output_file(out, "--out")
         return
     if out is not None or fmt is not None:
         raise CliError(f"--out and --format go with --task; {MODES}", 2)
     if gpu is None or out_dir is None:
         raise CliError(MODES, 2)
-    if out_dir.exists() and not out_dir.is_dir():
-        raise CliError(f"--out-dir: {out_dir} is a file, not a directory", 2)
+    check_output_dir(out_dir, "--out-dir")
 
 
 def _print_index(index: dict, out_dir: Path) -> None:

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 import typer
+from click.core import ParameterSource
 from rich.console import Console
 from rich.progress import (
     BarColumn,
@@ -36,6 +37,7 @@ from rich.table import Table
 
 from pipetune.clients.cli.errors import CliError, reported
 from pipetune.clients.cli.output import console, print_json
+from pipetune.clients.cli.paths import check_output_dir, check_output_file
 from pipetune.clients.cli.workload_options import add_workload_commands, option
 from pipetune.model.family import all_ops, family_of, parse_any_workload
 from pipetune.model.hardware import PROFILE_DIR, GPUSpec, get_gpu, gpu_keys, resolve_gpu_key
@@ -177,6 +179,8 @@ def sweep_workload(
     as_json: bool,
 ) -> None:
     _check_common(runner, limit, repeats, warmup)
+    # The parent folder is made if missing (write_t4 does), as the sweep always did.
+    check_output_file(out, "--out", create_parent=True)
     workload = parse_any_workload(workload_data)
     spec = get_gpu(gpu, profile=profile)
     with _open_runner(runner, spec, seed, repeats, warmup) as measuring, _progress() as bar:
@@ -213,6 +217,14 @@ add_workload_commands(
 )
 
 
+def _check_suite_outputs(out_dir: Path, operators: dict[str, Any]) -> None:
+    """Before measuring anything: the folder can be made and no operator's file is taken
+    by a directory."""
+    check_output_dir(out_dir, "--out-dir")
+    for name in operators:
+        check_output_file(out_dir / f"{name}.t4.json.gz", "--out-dir", create_parent=True)
+
+
 def sweep_suite(
     suite_name: str,
     runner: str,
@@ -230,6 +242,7 @@ def sweep_suite(
         operators = operator_suite(suite_name)
     except KeyError as exc:
         raise CliError(str(exc.args[0]), 2) from None
+    _check_suite_outputs(out_dir, operators)
     spec = get_gpu(gpu, profile=profile)
     rows = []
     with _open_runner(runner, spec, seed, repeats, warmup) as measuring, _progress() as bar:
@@ -260,6 +273,38 @@ def sweep_suite(
     _report(rows, as_json, name_key="operator")
 
 
+# The options the group and every operator command share. Given before the operator name
+# (`pipetune sweep --gpu a100 gemm ...`) they are the operator command's defaults.
+_SHARED_OPTIONS: tuple[str, ...] = (
+    "runner",
+    "gpu",
+    "limit",
+    "seed",
+    "repeats",
+    "warmup",
+    "profile",
+    "as_json",
+)
+
+
+def _pass_on_shared_options(ctx: typer.Context) -> None:
+    """Hand the shared options the user gave before the operator name to the operator
+    command. Through click's default_map, read when the subcommand's context is made, so the
+    same option given after the name still wins."""
+    given = {
+        name: ctx.params[name]
+        for name in _SHARED_OPTIONS
+        if ctx.get_parameter_source(name) not in (None, ParameterSource.DEFAULT)
+    }
+    if not given:
+        return
+    command = ctx.invoked_subcommand
+    assert command is not None
+    defaults = dict(ctx.default_map or {})
+    defaults[command] = {**defaults.get(command, {}), **given}
+    ctx.default_map = defaults
+
+
 @sweep_app.callback()
 @reported
 def sweep_main(
@@ -286,6 +331,7 @@ def sweep_main(
     if ctx.invoked_subcommand is not None:
         if operators is not None or out_dir is not None:
             raise CliError("--operators/--out-dir sweep a suite; not with an operator command", 2)
+        _pass_on_shared_options(ctx)
         return
     if operators is None:
         raise CliError(

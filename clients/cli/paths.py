@@ -1,0 +1,73 @@
+"""Output and archive paths checked before a command does any work.
+
+A command that measures for minutes and then finds it cannot write its file has wasted the
+minutes; these checks refuse such a path first, as a usage mistake (exit 2, one line naming
+the option), so the write at the end only fails for reasons nobody could foresee.
+"""
+
+from __future__ import annotations
+
+import tarfile
+from pathlib import Path
+
+from pipetune.clients.cli.errors import CliError
+
+
+def _nearest_existing(folder: Path) -> Path | None:
+    return next((p for p in (folder, *folder.parents) if p.exists()), None)
+
+
+def _check_creatable(folder: Path, option: str) -> None:
+    """The folder exists as a directory or can be made: its nearest existing ancestor is a
+    directory (mkdir under a file fails with NotADirectoryError only after the work)."""
+    found = _nearest_existing(folder)
+    if found is not None and not found.is_dir():
+        raise CliError(f"{option}: {found} is not a directory", 2)
+
+
+def check_output_file(path: Path, option: str, *, create_parent: bool = False) -> None:
+    """Refuse a file output that cannot be written: a directory, or a parent folder that
+    is missing (unless ``create_parent``: the command makes it) or is not a directory."""
+    if path.is_dir():
+        raise CliError(f"{option}: {path} is a directory", 2)
+    if create_parent:
+        _check_creatable(path.parent, option)
+    elif not path.parent.exists():
+        raise CliError(f"{option}: directory {path.parent} does not exist", 2)
+    elif not path.parent.is_dir():
+        raise CliError(f"{option}: {path.parent} is not a directory", 2)
+
+
+def check_output_dir(path: Path, option: str) -> None:
+    """Refuse a directory output that exists as something else (a file); a missing one is
+    fine when the command creates it, as long as it can be created."""
+    if path.exists() and not path.is_dir():
+        raise CliError(f"{option}: {path} is not a directory", 2)
+    _check_creatable(path, option)
+
+
+def check_tar_archive(path: Path, option: str) -> None:
+    """Refuse a file that tarfile cannot read to its end, in one line. tarfile's own error
+    for a non-archive lists every compression it tried, one per line."""
+    if not path.exists():
+        raise CliError(f"{option}: {path}: no such file", 2)
+    if path.is_dir():
+        raise CliError(f"{option}: {path} is a directory, not an archive", 2)
+    opened = False
+    try:
+        with tarfile.open(path, "r:*") as tar:
+            opened = True
+            # Read every header: a truncated or corrupt archive fails here, not mid-run.
+            tar.getmembers()
+    except (tarfile.TarError, EOFError, OSError) as exc:
+        raise CliError(f"{option}: {path} {_why_unreadable(exc, opened)}", 2) from None
+
+
+def _why_unreadable(exc: BaseException, opened: bool) -> str:
+    reason = " ".join(str(exc).split()) or type(exc).__name__
+    if opened:
+        return f"is not a readable tar archive ({reason})"
+    if isinstance(exc, OSError):
+        return f"cannot be read ({exc.strerror or reason})"
+    # tarfile tried every compression, and its message lists each on a line of its own.
+    return "is not a tar archive (not gzip, bzip2, xz or plain tar)"

@@ -1,0 +1,200 @@
+"""Output paths are refused before any work, with one line naming the option and exit 2:
+a directory where a file goes, a file where a directory goes, a folder that cannot be made.
+(They used to fail with exit 1, IsADirectoryError and the like, after the work was done.)"""
+
+from __future__ import annotations
+
+import io
+import json
+import tarfile
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+import pipetune
+from pipetune.clients.cli.campaign_cmds import campaign_app
+from pipetune.clients.cli.curve_files import check_curve_outputs
+from pipetune.clients.cli.dataset_cmds import dataset_app
+from pipetune.clients.cli.errors import CliError
+from pipetune.clients.cli.main import app
+from pipetune.clients.cli.paths import check_output_dir, check_output_file
+from pipetune.clients.cli.sweep_cmds import sweep_app
+
+cli = CliRunner()
+GEMM = ["gemm", "--m", "64", "--n", "64", "--k", "64", "--runner", "simulated"]
+
+
+@pytest.fixture(autouse=True)
+def instant(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("PIPETUNE_SIMULATED_TIME_SCALE", "0")
+    monkeypatch.delenv("PIPETUNE_SERVER", raising=False)
+
+
+@pytest.fixture()
+def folder(tmp_path: Path) -> Path:
+    (tmp_path / "somedir").mkdir()
+    (tmp_path / "afile").write_text("x")
+    return tmp_path
+
+
+def _refused(result, message: str) -> None:  # type: ignore[no-untyped-def]
+    assert result.exit_code == 2, result.output
+    lines = result.stderr.strip().splitlines()
+    assert lines == [f"error: {message}"], result.stderr
+
+
+def _dataset(tmp_path: Path) -> Path:
+    out = tmp_path / "good.t4.json.gz"
+    result = cli.invoke(sweep_app, [*GEMM, "--limit", "2", "--out", str(out)])
+    assert result.exit_code == 0, result.output
+    return out
+
+
+# --- the helper ----------------------------------------------------------------------------
+
+
+def test_check_output_file(folder: Path) -> None:
+    check_output_file(folder / "new.json", "--out")
+    check_output_file(folder / "new" / "x.json", "--out", create_parent=True)
+    cases = [
+        (folder / "somedir", {}, f"--out: {folder / 'somedir'} is a directory"),
+        (folder / "new" / "x.json", {}, f"--out: directory {folder / 'new'} does not exist"),
+        (folder / "afile" / "x.json", {}, f"--out: {folder / 'afile'} is not a directory"),
+        (
+            folder / "afile" / "a" / "x.json",
+            {"create_parent": True},
+            f"--out: {folder / 'afile'} is not a directory",
+        ),
+    ]
+    for path, kwargs, message in cases:
+        with pytest.raises(CliError) as caught:
+            check_output_file(path, "--out", **kwargs)
+        assert (str(caught.value), caught.value.code) == (message, 2)
+
+
+def test_check_output_dir(folder: Path) -> None:
+    check_output_dir(folder / "somedir", "--out-dir")
+    check_output_dir(folder / "new" / "deeper", "--out-dir")  # made by the command
+    for path in (folder / "afile", folder / "afile" / "sub"):
+        with pytest.raises(CliError) as caught:
+            check_output_dir(path, "--out-dir")
+        assert str(caught.value) == f"--out-dir: {folder / 'afile'} is not a directory"
+
+
+# --- the commands --------------------------------------------------------------------------
+
+
+def test_sweep_out_a_directory(folder: Path) -> None:
+    result = cli.invoke(sweep_app, [*GEMM, "--out", str(folder / "somedir")])
+    _refused(result, f"--out: {folder / 'somedir'} is a directory")
+    assert "measure" not in result.stderr  # refused before measuring
+    assert sorted(p.name for p in folder.iterdir()) == ["afile", "somedir"]  # no temp file
+
+
+def test_sweep_out_under_a_file(folder: Path) -> None:
+    result = cli.invoke(sweep_app, [*GEMM, "--out", str(folder / "afile" / "g.t4.json.gz")])
+    _refused(result, f"--out: {folder / 'afile'} is not a directory")
+
+
+def test_sweep_out_still_makes_a_missing_folder(tmp_path: Path) -> None:
+    out = tmp_path / "new" / "g.t4.json.gz"
+    result = cli.invoke(sweep_app, [*GEMM, "--limit", "1", "--out", str(out)])
+    assert result.exit_code == 0, result.output
+    assert out.is_file()
+
+
+def test_sweep_out_dir_a_file(folder: Path) -> None:
+    args = ["--operators", "memops", "--runner", "simulated", "--limit", "1"]
+    result = cli.invoke(sweep_app, [*args, "--out-dir", str(folder / "afile")])
+    _refused(result, f"--out-dir: {folder / 'afile'} is not a directory")
+    assert "measure" not in result.stderr
+
+
+def test_dataset_convert_to_a_directory(folder: Path) -> None:
+    source = _dataset(folder)
+    result = cli.invoke(dataset_app, ["convert", str(source), str(folder / "somedir")])
+    _refused(result, f"TARGET: {folder / 'somedir'} is a directory")
+    assert not any((folder / "somedir").iterdir())
+
+
+def test_export_task_to_a_directory(folder: Path) -> None:
+    db = f"sqlite:///{folder / 'none.db'}"
+    args = ["export", "--task", "1", "--format", "t4", "--out", str(folder / "somedir")]
+    result = cli.invoke(app, [*args, "--db", db])
+    _refused(result, f"--out: {folder / 'somedir'} is a directory")
+    assert not (folder / "none.db").exists()  # refused before the database was opened
+
+
+def test_export_out_dir_under_a_file(folder: Path) -> None:
+    db = f"sqlite:///{folder / 'none.db'}"
+    out_dir = folder / "afile" / "kernels"
+    result = cli.invoke(app, ["export", "--gpu", "h100", "--out-dir", str(out_dir), "--db", db])
+    _refused(result, f"--out-dir: {folder / 'afile'} is not a directory")
+
+
+def test_curve_outputs_checked_before_fetching(folder: Path) -> None:
+    for flag, kwargs in (("--html", {"png": None}), ("--png", {"html": None})):
+        with pytest.raises(CliError) as caught:
+            check_curve_outputs(**{flag[2:]: folder / "somedir", **kwargs})
+        assert str(caught.value) == f"{flag}: {folder / 'somedir'} is a directory"
+
+
+@pytest.fixture(scope="module")
+def tuned(tmp_path_factory: pytest.TempPathFactory) -> str:
+    url = f"sqlite:///{tmp_path_factory.mktemp('curve') / 'tuned.db'}"
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("PIPETUNE_SIMULATED_TIME_SCALE", "0")
+        workload = {"op": "gemm", "m": 256, "n": 64, "k": 256}
+        pipetune.tune(workload, "h100", budget=2, strategy="random", runner="simulated", db=url)
+    return url
+
+
+def test_curve_html_to_a_directory(tuned: str, folder: Path) -> None:
+    result = cli.invoke(app, ["curve", "1", "--html", str(folder / "somedir"), "--db", tuned])
+    _refused(result, f"--html: {folder / 'somedir'} is a directory")
+
+
+def test_curve_html_is_still_written(tuned: str, tmp_path: Path) -> None:
+    page = tmp_path / "curve.html"
+    result = cli.invoke(app, ["curve", "1", "--html", str(page), "--db", tuned])
+    assert result.exit_code == 0, result.output
+    text = page.read_text()
+    assert text.rstrip().endswith("</html>") and "task 1: gemm 256x64x256" in text
+    assert [p.name for p in tmp_path.iterdir()] == ["curve.html"]  # no temp file left
+
+
+def _campaign_archive(path: Path) -> Path:
+    """The smallest archive unpack takes: a simulated campaign's probe.json."""
+    probe = json.dumps({"gpu": "h100", "runner": "simulated", "simulated": True}).encode()
+    with tarfile.open(path, "w:gz") as tar:
+        info = tarfile.TarInfo("probe.json")
+        info.size = len(probe)
+        tar.addfile(info, io.BytesIO(probe))
+    return path
+
+
+@pytest.mark.parametrize("option", ["--data-dir", "--profile-dir"])
+def test_campaign_unpack_into_a_file(folder: Path, option: str) -> None:
+    archive = _campaign_archive(folder / "c.tar.gz")
+    args = ["unpack", str(archive), option, str(folder / "afile"), "--allow-simulated"]
+    result = cli.invoke(campaign_app, args)
+    _refused(result, f"{option}: {folder / 'afile'} is not a directory")
+
+
+def test_campaign_unpack_still_makes_its_folders(tmp_path: Path) -> None:
+    archive = _campaign_archive(tmp_path / "c.tar.gz")
+    data = tmp_path / "data"
+    args = ["unpack", str(archive), "--data-dir", str(data), "--allow-simulated"]
+    result = cli.invoke(campaign_app, [*args, "--profile-dir", str(tmp_path / "profiles")])
+    assert result.exit_code == 0, result.output
+    assert (data / "h100" / "campaign" / "probe.json").is_file()
+
+
+def test_campaign_pack_a_directory(folder: Path) -> None:
+    (folder / "d.tar.gz").mkdir()
+    args = ["--runner", "simulated", "--operators", "BMM_GPT2_QK"]
+    out = ["--out-dir", str(folder / "out"), "--pack", str(folder / "d.tar.gz")]
+    result = cli.invoke(campaign_app, [*args, *out])
+    _refused(result, f"--pack: {folder / 'd.tar.gz'} is a directory")
+    assert not (folder / "out").exists()
