@@ -31,7 +31,7 @@ from rich.table import Table
 
 from pipetune.clients.sdk import ApiError, Client, PipetuneError
 from pipetune.model.family import KernelFamily, family_names, family_of
-from pipetune.model.hardware import get_gpu
+from pipetune.model.hardware import HardwareError, get_gpu, resolve_gpu_key
 from pipetune.model.networks import DistinctShape, Network
 from pipetune.model.trials import RunnerKind
 from pipetune.model.wire import ScheduleDoc, StrategyName, TaskDoc, TrialDoc
@@ -113,6 +113,30 @@ def model_baseline_us(workload: Any, gpu: str) -> float | None:
     return float(np.min(fam.evaluate(space).latency_us[mask]))
 
 
+def prior_gpu_problem(prior_gpu: str, gpu: str, strategy: str) -> str | None:
+    """Why no shape's task could warm-start from `prior_gpu` (one line), or None. The
+    service refuses each of these for every shape alike, so they are caught before any task
+    is created: only a shape that has no finished task on that GPU starts cold (`launch`)."""
+    try:
+        key = resolve_gpu_key(prior_gpu)
+    except HardwareError as exc:
+        return str(exc)
+    if key == resolve_gpu_key(gpu):
+        return (
+            f"{key} is the GPU being tuned (--gpu): a prior is the same workload measured "
+            "on another GPU"
+        )
+    # The tuner's registry (loaded only when a prior is asked for) says which strategies
+    # take one, as the service's check does.
+    from pipetune.tuner.strategies import STRATEGY_MAP
+
+    spec = STRATEGY_MAP.get(strategy)
+    if spec is not None and not spec.uses_prior:
+        takes = ", ".join(name for name, s in STRATEGY_MAP.items() if s.uses_prior)
+        return f"strategy '{strategy}' takes no prior (these do: {takes})"
+    return None
+
+
 def launch(
     client: Client,
     shapes: list[DistinctShape],
@@ -127,9 +151,14 @@ def launch(
     With prior_gpu, each shape warm-starts from its finished task on that GPU (the one with
     the most successful trials) where it has one; with learned_prior, from a cost model of
     the measured tasks of its kernel family where there are any. A shape without starts cold
-    (the service says which by a 422 on the prior's field)."""
+    (the service says which by a 422 on the prior's field). A prior_gpu no shape could use
+    (unknown, the tuned GPU, a strategy without a prior) raises ValueError before any task
+    is created."""
     prior: dict[str, Any] = {}
     if prior_gpu is not None:
+        problem = prior_gpu_problem(prior_gpu, gpu, strategy)
+        if problem:
+            raise ValueError(problem)
         prior = {"prior_gpu": prior_gpu}
     elif learned_prior is not None:  # (None: each family's choice)
         prior = {"learned_prior": learned_prior}

@@ -6,6 +6,15 @@ whose trials are the dataset's records, measured elsewhere: `imported_from` name
 Then the service knows what it holds: a task on another GPU can warm-start from it
 (`prior_task`), `POST /v1/schedules` answers with its best schedule, and the best-in-k curves
 normalise to it. It is left out of the per-strategy curves (nothing was tuned here).
+
+Importing the same trials again (the same file, or a copy of it under another name) finds
+the task they became (`imported_task`) instead of making a second one: an import script
+that is run twice must not double what the service knows of a workload. The same trials
+means the same workload, GPU and records, compared by content, so a renamed copy is still
+the same dataset and another sweep written to the same path is not.
+
+`sweep_coverage` says whether a dataset is an exhaustive sweep: every valid schedule of its
+workload on its GPU (what `pipetune db import-optimum` needs for the optimum it records).
 """
 
 from __future__ import annotations
@@ -13,12 +22,12 @@ from __future__ import annotations
 from typing import Any
 
 import numpy as np
-from sqlalchemy import insert
+from sqlalchemy import insert, select
 from sqlalchemy.orm import Session
 
 from pipetune.model.hardware import get_gpu
 from pipetune.model.states import TaskState
-from pipetune.service.orm import JobRow, TaskRow
+from pipetune.service.orm import JobRow, TaskRow, WorkloadRow
 from pipetune.service.queue_types import result_columns
 from pipetune.service.records import workload_row
 from pipetune.workers.datasets import Dataset
@@ -27,6 +36,54 @@ from pipetune.workers.datasets.pipetune import PipetuneInfo, result_from_record
 # The strategy an imported task is filed under: the records were not proposed by a search
 # here; a sweep of the space in its own order is what `grid` names.
 IMPORTED_STRATEGY = "grid"
+
+
+def sweep_coverage(data: Dataset, info: PipetuneInfo) -> tuple[int, int]:
+    """(how many of the valid schedules of the dataset's workload on its GPU the dataset
+    holds a record of, how many valid schedules there are)."""
+    space = info.family.enumerate(info.workload, get_gpu(info.gpu))
+    recorded = {info.family.parse_schedule(dict(r.configuration)).id for r in data.records}
+    return sum(i in recorded for i in space.ids), len(space)
+
+
+def _trial_keys(
+    schedules: list[Any], results: list[Any]
+) -> list[tuple[int, str, str | None, float | None]]:
+    """What identifies an import's trials, as its job rows keep them: per trial, its
+    schedule, status and latency (result_columns' latency: None unless it succeeded)."""
+    return [
+        (i, s.id, r.status, r.latency_us if r.ok else None)
+        for i, (s, r) in enumerate(zip(schedules, results, strict=True))
+    ]
+
+
+def imported_task(session: Session, data: Dataset, info: PipetuneInfo) -> int | None:
+    """The task an earlier import of the same trials became (the oldest, were there several),
+    else None. Only imported tasks of the workload on the GPU with as many trials are read."""
+    fam = info.family
+    schedules = [fam.parse_schedule(dict(r.configuration)) for r in data.records]
+    results = [result_from_record(r, info.runner) for r in data.records]
+    wanted = _trial_keys(schedules, results)
+    candidates = session.scalars(
+        select(TaskRow.id)
+        .join(WorkloadRow, TaskRow.workload_id == WorkloadRow.id)
+        .where(
+            WorkloadRow.hash == info.workload.workload_hash,
+            TaskRow.gpu == info.gpu,
+            TaskRow.imported_from.is_not(None),
+            TaskRow.trials_done == len(wanted),
+        )
+        .order_by(TaskRow.id)
+    ).all()
+    for task_id in candidates:
+        rows = session.execute(
+            select(JobRow.trial, JobRow.schedule_id, JobRow.status, JobRow.latency_us)
+            .where(JobRow.task_id == task_id)
+            .order_by(JobRow.trial)
+        ).all()
+        if [tuple(row) for row in rows] == wanted:
+            return task_id
+    return None
 
 
 def import_dataset(

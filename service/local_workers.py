@@ -1,10 +1,17 @@
 """Local worker processes for `pipetune serve --local-workers N`.
 
 Each worker is a separate process running the `pipetune worker` command (the service never
-imports the worker code: it only starts the command). Simulated and replay workers are
+runs the worker code: it only starts the command). Simulated and replay workers are
 spread over the GPUs of the hardware registry, round robin, so every GPU has one as soon as
-N >= the number of GPUs and a fresh install tunes for any GPU without one. A cupy worker
-measures the GPU it finds, so it is not told one.
+N >= the number of GPUs and a fresh install tunes for any GPU without one. A replay worker
+answers only for the GPU its dataset was recorded on, so every replay worker stands in for
+that one. A cupy worker measures the GPU it finds, so it is not told one.
+
+`preflight` checks, before the service starts, what the workers will need (the replay
+dataset reads; CuPy finds a GPU the model knows): a worker that cannot start only logs its
+error, and the service would otherwise go on serving with no worker. It reads the dataset
+with the dataset format's reader and probes the GPU in a short-lived child (as the worker
+does); the measuring code still runs only in the worker processes.
 """
 
 from __future__ import annotations
@@ -29,6 +36,34 @@ def assign_gpus(n: int, gpus: list[str] | None = None) -> list[str]:
     return [gpus[i % len(gpus)] for i in range(n)]
 
 
+def worker_gpus(n: int, runner: str, replay_gpu: str | None = None) -> list[str | None]:
+    """The GPU each of n local workers stands in for (None: a cupy worker finds its own)."""
+    if runner == RunnerKind.CUPY:
+        return [None] * n
+    if runner == RunnerKind.REPLAY and replay_gpu is not None:
+        # A replay worker told another GPU than its dataset's refuses to start.
+        return [replay_gpu] * n
+    return list(assign_gpus(n))
+
+
+def preflight(runner: str, dataset: Path | None = None) -> str | None:
+    """Check that local workers of this runner can start here; for replay, the GPU the
+    dataset was recorded on. Raises what the worker would fail with: DatasetError or
+    OSError for a dataset that does not read (a usage mistake), DetectionError where CuPy
+    finds no GPU the model knows (the machine, not the command line)."""
+    if runner == RunnerKind.REPLAY:
+        from pipetune.workers.datasets import check_pipetune, load_dataset
+
+        if dataset is None:
+            raise ValueError("the replay runner needs a dataset")
+        return check_pipetune(load_dataset(dataset)).gpu
+    if runner == RunnerKind.CUPY:
+        from pipetune.workers.daemon.gpu import detect_cupy
+
+        detect_cupy(0)  # the device local cupy workers measure on (they get no --device)
+    return None
+
+
 def worker_command(
     server: str,
     runner: str,
@@ -47,9 +82,15 @@ def worker_command(
 
 
 def start_workers(
-    n: int, server: str, token: str, runner: str, dataset: Path | None = None
+    n: int,
+    server: str,
+    token: str,
+    runner: str,
+    dataset: Path | None = None,
+    replay_gpu: str | None = None,
 ) -> list[subprocess.Popen]:
-    gpus: list[str | None] = [None] * n if runner == "cupy" else list(assign_gpus(n))
+    """Start n worker processes; replay_gpu: the replay dataset's GPU (from `preflight`)."""
+    gpus = worker_gpus(n, runner, replay_gpu)
     host = os.uname().nodename
     processes = []
     for i, gpu in enumerate(gpus):

@@ -20,8 +20,18 @@ from pathlib import Path
 from typing import Annotated
 
 import platformdirs
-from pydantic import Field, field_validator
+from pydantic import Field, ValidationError, field_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
+
+# The database backends the service runs on (service/db.py, the two queue stores).
+DATABASE_BACKENDS = ("sqlite", "postgresql")
+DATABASE_URL_FORMS = "sqlite:///PATH or postgresql+psycopg://USER@HOST/DB"
+# The first bytes of every SQLite 3 database file (sqlite.org/fileformat.html).
+SQLITE_HEADER = b"SQLite format 3\x00"
+
+
+class SettingsError(ValueError):
+    """A setting that cannot be used; the message names the option or variable."""
 
 
 def default_database_url() -> str:
@@ -38,6 +48,79 @@ def generated_token_path() -> Path:
 def token_hash(token: str) -> str:
     """Tokens are kept and compared only as sha256 digests (never the token itself)."""
     return hashlib.sha256(token.encode()).hexdigest()
+
+
+def database_url_problem(url: str) -> str | None:
+    """Why `url` is not a database URL the service can use, in a few words; None if it is.
+    Checked up front so that a typo reads as one line naming the URL's problem, not as an
+    SQLAlchemy exception raised when the first connection is made."""
+    # SQLAlchemy loads only where a URL is checked (the service's settings), not at import.
+    from sqlalchemy.engine import make_url
+    from sqlalchemy.exc import ArgumentError, NoSuchModuleError
+
+    try:
+        parsed = make_url(url)
+    except ArgumentError:
+        # The URL itself stays out of the message: it may hold a password.
+        return f"not a database URL (expected {DATABASE_URL_FORMS})"
+    backend = parsed.get_backend_name()
+    if backend not in DATABASE_BACKENDS:
+        return f"not a database URL pipetune can use ({backend!r}; expected {DATABASE_URL_FORMS})"
+    try:
+        parsed.get_dialect().import_dbapi()
+    except (NoSuchModuleError, ImportError) as exc:
+        return f"no driver for {parsed.drivername} here ({exc}; expected {DATABASE_URL_FORMS})"
+    return None
+
+
+def sqlite_path(url: str) -> Path | None:
+    """The file of a SQLite URL (None: another backend, or an in-memory database)."""
+    from sqlalchemy.engine import make_url
+
+    parsed = make_url(url)
+    if parsed.get_backend_name() != "sqlite" or parsed.database in (None, "", ":memory:"):
+        return None
+    return Path(parsed.database).expanduser()
+
+
+def database_file_problem(url: str) -> str | None:
+    """Why the file of a SQLite URL cannot be the database (a directory, or a file of
+    another kind); None if it can (also when it does not exist yet: it is created)."""
+    path = sqlite_path(url)
+    if path is None or not path.exists():
+        return None
+    if path.is_dir():
+        return f"{path} is a directory, not a database file"
+    try:
+        with path.open("rb") as f:
+            head = f.read(len(SQLITE_HEADER))
+    except OSError as exc:
+        return f"cannot read {path} ({exc.strerror or exc})"
+    # An empty file is what sqlite3 itself leaves on a first connect: an empty database.
+    if head and head != SQLITE_HEADER:
+        return f"{path} is not a SQLite database file"
+    return None
+
+
+def load_settings(db: str | None = None, **overrides: object) -> Settings:
+    """The settings, with `db` (a --db option) as the database URL where given; SettingsError
+    naming --db or the PIPETUNE_ variable that is wrong."""
+    if db is not None:
+        problem = database_url_problem(db) or database_file_problem(db)
+        if problem:
+            raise SettingsError(f"--db: {problem}")
+        overrides["database_url"] = db
+    try:
+        settings = Settings(**overrides)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        field = str(first["loc"][0]) if first["loc"] else "settings"
+        message = str(first["msg"]).removeprefix("Value error, ")
+        raise SettingsError(f"PIPETUNE_{field.upper()}: {message}") from None
+    problem = database_file_problem(settings.database_url)
+    if problem:
+        raise SettingsError(f"{'--db' if db is not None else 'PIPETUNE_DATABASE_URL'}: {problem}")
+    return settings
 
 
 def _split(value: object) -> object:
@@ -78,6 +161,14 @@ class Settings(BaseSettings):
     # Build the schema when the database is empty (`serve` on a fresh install).
     create_empty_schema: bool = False
     db_pool_size: int = Field(10, ge=1)
+
+    @field_validator("database_url")
+    @classmethod
+    def _database_url(cls, value: str) -> str:
+        problem = database_url_problem(value)
+        if problem:
+            raise ValueError(problem)
+        return value
 
     @field_validator("worker_tokens", "api_keys", "cors_origins", mode="before")
     @classmethod

@@ -188,8 +188,8 @@ def test_curve_text_json_png_and_html(cli, worker, tmp_path: Path):  # type: ign
 
 
 def test_server_errors_are_one_line_with_the_servers_reason(cli, service):  # type: ignore[no-untyped-def]
-    missing = cli("curve", "987654")
-    assert missing.exit_code == 1
+    missing = cli("curve", "987654")  # a task id the user typed: a usage mistake
+    assert missing.exit_code == 2
     assert missing.stderr.strip() == "error: task 987654 does not exist (HTTP 404)"
 
     state = cli("tasks", "--state", "bogus")  # only the service checks the state

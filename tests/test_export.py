@@ -249,10 +249,10 @@ def test_bad_arguments_exit_2_with_the_reason(args: list[str], words: str, tmp_p
     assert result.stderr.startswith("error: ") and words in result.stderr
 
 
-def test_a_task_with_no_trials_or_no_task_is_exit_1(tuned: str, tmp_path: Path):
+def test_no_task_is_exit_2_and_a_task_with_no_trials_exit_1(tuned: str, tmp_path: Path):
     missing = ["export", "--task", "99", "--out", str(tmp_path / "x.json"), "--db", tuned]
     result = cli.invoke(app, missing)
-    assert result.exit_code == 1 and "task 99 does not exist" in result.stderr
+    assert result.exit_code == 2 and "task 99 does not exist" in result.stderr
     copy = tmp_path / "copy.db"
     shutil.copy(tuned.removeprefix("sqlite:///"), copy)
     with client_for(f"sqlite:///{copy}") as service:  # a task whose trials wait for workers

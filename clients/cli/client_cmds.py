@@ -14,6 +14,7 @@ exits 2 before anything is sent; see clients.cli.remote for the service's errors
 
 from __future__ import annotations
 
+import math
 import typing
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -80,6 +81,13 @@ def _check_tuning(budget: int, strategy: str) -> None:
         raise CliError(f"--budget: must be within 1..{MAX_BUDGET}, got {budget}", 2)
     if strategy not in STRATEGIES:
         raise CliError(f"--strategy: unknown {strategy!r}; known: {', '.join(STRATEGIES)}", 2)
+
+
+def _check_poll(poll: float) -> None:
+    """--poll before anything is sent: a task created and then left behind by a crash on
+    its first wait is the worst time to find out (and 0 would poll without a pause)."""
+    if not (math.isfinite(poll) and poll > 0):
+        raise CliError(f"--poll: must be a positive number of seconds, got {poll:g}", 2)
 
 
 def dashboard_url(server: str) -> str:
@@ -284,6 +292,7 @@ def _tune(
     w = parse_any_workload(workload)
     gpu = _check_gpu(gpu)
     _check_tuning(budget, strategy)
+    _check_poll(poll)
     with service_errors(), client(server, api_key) as c:
         task = c.tune(
             w.canonical(),
@@ -496,8 +505,8 @@ def tune_model(
     prior_gpu: str | None = typer.Option(
         None,
         "--prior-gpu",
-        help="warm-start each shape from its best-measured finished task on this GPU, where "
-        "it has one",
+        help="warm-start each shape from its best-measured finished task on this GPU (not "
+        "--gpu; a strategy that takes a prior); a shape without one there starts cold",
     ),
     learned_prior: bool | None = typer.Option(
         None,
@@ -526,10 +535,17 @@ def tune_model(
 
     gpu = _check_gpu(gpu)
     _check_tuning(budget, strategy)
+    _check_poll(poll)
     if network == "resnet50" and seq is not None:
         raise CliError("--seq: resnet50 takes images (224x224), not sequences", 2)
     if learned_prior and prior_gpu is not None:
         raise CliError("--learned-prior: give --prior-gpu or --learned-prior, not both", 2)
+    if prior_gpu is not None:
+        # Every shape's task would be refused alike: refused here, before any is created.
+        problem = tm.prior_gpu_problem(prior_gpu, gpu, strategy)
+        if problem:
+            raise CliError(f"--prior-gpu: {problem}", 2)
+        prior_gpu = resolve_gpu_key(prior_gpu)
     net = build_network(network, batch, seq)
     if wgmma:
         if get_gpu(gpu).arch != HOPPER_ARCH:

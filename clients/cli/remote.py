@@ -1,22 +1,28 @@
 """What every command that talks to the service shares: the --server and --api-key options
 and the translation of the SDK's errors into one-line messages and exit codes.
 
-Service down: `error: cannot reach the pipetune service at URL (...)`, exit 1. The service
-refused the request as malformed (400/422): its reason ("field: reason"), exit 2. Any other
-error status: its reason and status, exit 1.
+Service down: `error: cannot reach the pipetune service at URL (...)`, exit 1. A --server
+that is not an http(s) URL: exit 2, before anything is sent. The service refused the request
+as malformed (400/422): its reason ("field: reason"), exit 2. No such task (404, or no such
+task in the local database): exit 2, the id the user gave is wrong. Any other error status:
+its reason and status, exit 1.
 
 Commands that only read results (schedule, tasks, curve, export) answer from the local
 database when neither --server nor PIPETUNE_SERVER is given (or --db names a database):
 the same answers `pipetune serve` on that database would give, without a service running.
-A local database that cannot be read is exit 1; an argument it refuses, exit 2.
+A --db (or PIPETUNE_DATABASE_URL) that is not a database URL, or names a file that is not
+a database, is exit 2; a local database that cannot be read is exit 1; an argument it
+refuses, exit 2.
 """
 
 from __future__ import annotations
 
 import contextlib
 import inspect
+import sys
 from collections.abc import Iterator
 from typing import TYPE_CHECKING
+from urllib.parse import urlsplit
 
 import typer
 
@@ -28,7 +34,9 @@ from pipetune.clients.sdk import (
     ApiError,
     Client,
     InvalidRequestError,
+    NotFoundError,
     PipetuneError,
+    ServiceUnavailableError,
 )
 
 if TYPE_CHECKING:
@@ -81,7 +89,27 @@ def reader_parameters() -> list[inspect.Parameter]:
     ]
 
 
+def server_problem(server: str) -> str | None:
+    """Why --server is not the address of a service (None when it is one): a malformed
+    URL is the user's mistake, not a service that is down."""
+    try:
+        parts = urlsplit(server)
+        parts.port  # noqa: B018 - raises ValueError on a port that is not a number
+    except ValueError:
+        return f"not an http(s) URL: {server!r}"
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        return f"not an http(s) URL: {server!r} (e.g. http://127.0.0.1:8000)"
+    return None
+
+
+def check_server(server: str) -> None:
+    problem = server_problem(server)
+    if problem:
+        raise CliError(f"--server: {problem}", 2)
+
+
 def client(server: str, api_key: str | None) -> Client:
+    check_server(server)
     return Client(server, api_key=api_key)
 
 
@@ -94,20 +122,46 @@ def reader(server: str | None, api_key: str | None, db: str | None) -> Reader:
             2,
         )
     if server:
-        return Client(server, api_key=api_key)
+        return client(server, api_key)
     from pipetune.clients.library.store import LocalStore  # SQLAlchemy: only when needed
+    from pipetune.service.settings import SettingsError, load_settings
 
-    return LocalStore(db)
+    try:
+        # Checked here, where the option is known: a bad URL is then one line naming --db
+        # (or PIPETUNE_DATABASE_URL), not an SQLAlchemy exception from the first query.
+        url = load_settings(db).database_url
+    except SettingsError as exc:
+        raise CliError(str(exc), 2) from None
+    return LocalStore(url)
+
+
+def _no_such_task(exc: PipetuneError) -> bool:
+    """A 404, or a task the local database does not hold: an id the user typed."""
+    if isinstance(exc, NotFoundError):
+        return True
+    # The local store is loaded only by commands that read the database: its error class is
+    # looked up where it was loaded rather than importing SQLAlchemy on every error.
+    store = sys.modules.get("pipetune.clients.library.store")
+    return store is not None and isinstance(exc, store.LocalNotFoundError)
 
 
 def cli_error(exc: PipetuneError) -> CliError:
     if isinstance(exc, InvalidRequestError):
         return CliError(exc.reason, 2)
+    if _no_such_task(exc):
+        return CliError(_api_message(exc) if isinstance(exc, ApiError) else str(exc), 2)
+    if isinstance(exc, ServiceUnavailableError) and server_problem(exc.base_url):
+        # Where the URL was not checked up front (the worker): still the user's mistake.
+        return CliError(f"--server: {server_problem(exc.base_url)}", 2)
     if isinstance(exc, ValueError):  # the local database refused an argument (LocalInputError)
         return CliError(str(exc), 2)
     if isinstance(exc, ApiError):
-        return CliError(f"{exc.reason} (HTTP {exc.status_code})", 1)
+        return CliError(_api_message(exc), 1)
     return CliError(str(exc), 1)
+
+
+def _api_message(exc: ApiError) -> str:
+    return f"{exc.reason} (HTTP {exc.status_code})"
 
 
 @contextlib.contextmanager

@@ -6,6 +6,7 @@
     pipetune db upgrade [--db URL]
     pipetune db current [--db URL]
     pipetune db import-optimum DATASET [--db URL]
+    pipetune db import-dataset DATASET [--db URL]
 
 Without --db the URL comes from PIPETUNE_DATABASE_URL, else the embedded default (a SQLite
 file under the user data directory). A brand-new empty database gets the schema when
@@ -14,8 +15,10 @@ file under the user data directory). A brand-new empty database gets the schema 
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -23,7 +26,7 @@ import typer
 
 from pipetune.clients.cli.errors import CliError, reported
 from pipetune.clients.cli.output import console, print_json
-from pipetune.service.local_workers import RUNNERS, start_workers, stop_workers
+from pipetune.service.local_workers import RUNNERS, preflight, start_workers, stop_workers
 
 if TYPE_CHECKING:
     from pipetune.service.settings import Settings
@@ -45,11 +48,61 @@ KEEP_ALIVE_S = 75
 
 
 def _settings(db: str | None, **overrides: object) -> Settings:
-    from pipetune.service.settings import Settings
+    """The service's settings with --db; a bad --db (or PIPETUNE_ variable) is exit 2."""
+    from pipetune.service.settings import SettingsError, load_settings
 
-    if db is not None:
-        overrides["database_url"] = db
-    return Settings(**overrides)
+    try:
+        return load_settings(db, **overrides)
+    except SettingsError as exc:
+        raise CliError(str(exc), 2) from None
+
+
+def _one_line(exc: BaseException) -> str:
+    return " ".join(str(exc).split())
+
+
+@contextlib.contextmanager
+def _database_errors(url: str) -> Iterator[None]:
+    """A database that cannot be reached or read: one line naming it, exit 1 (the URL was
+    checked already; what is left is the server or the file, not the command line)."""
+    from sqlalchemy.exc import SQLAlchemyError
+
+    from pipetune.service.db import unavailable_reason
+    from pipetune.service.migrate import SchemaError, redact
+
+    try:
+        yield
+    except SchemaError as exc:
+        raise CliError(str(exc), 1) from None
+    except SQLAlchemyError as exc:
+        reason = unavailable_reason(exc)
+        raise CliError(f"cannot open the database {redact(url)}: {reason}", 1) from None
+
+
+def _missing_sqlite_file(url: str) -> Path | None:
+    """The file of a SQLite URL that does not exist (None otherwise): commands that only
+    read must not create it (SQLite creates the file, and the engine its folder, on the
+    first connection)."""
+    from pipetune.service.settings import sqlite_path
+
+    path = sqlite_path(url)
+    return path if path is not None and not path.exists() else None
+
+
+def _check_local_workers(n: int, runner: str, dataset: Path | None) -> str | None:
+    """What `preflight` says of the local workers, as the CLI's errors: a dataset that does
+    not read is exit 2, no usable GPU exit 1. The replay dataset's GPU, for replay."""
+    if not n:
+        return None
+    from pipetune.workers.daemon.gpu import DetectionError
+    from pipetune.workers.datasets import DatasetError
+
+    try:
+        return preflight(runner, dataset)
+    except (DatasetError, OSError) as exc:
+        raise CliError(f"--dataset: {_one_line(exc)}", 2) from None
+    except DetectionError as exc:
+        raise CliError(f"--runner {runner}: {_one_line(exc)}", 1) from None
 
 
 def _server_class(processes: list, on_stop):  # type: ignore[no-untyped-def]
@@ -104,13 +157,20 @@ def serve(
     ),
     runner: str = typer.Option("simulated", "--runner", help="simulated | replay | cupy"),
     dataset: Path | None = typer.Option(None, "--dataset", help="recorded space (replay)"),
-    log_level: str = typer.Option("info", "--log-level"),
+    log_level: str = typer.Option(
+        "info", "--log-level", help="critical | error | warning | info | debug | trace"
+    ),
 ) -> None:
-    """Run the tuning service (API v1, dashboard at /dashboard, metrics at /metrics)."""
+    """Run the tuning service (API v1, dashboard at /dashboard, metrics at /metrics).
+
+    With --local-workers, what the workers need (the --dataset of replay, a GPU for cupy)
+    is checked before the service starts: the command exits instead of serving with no
+    worker."""
     import uvicorn
+    from uvicorn.config import LOG_LEVELS
 
     from pipetune.service.app import create_app
-    from pipetune.service.migrate import SchemaError, redact
+    from pipetune.service.migrate import redact
 
     if runner not in RUNNERS:
         raise CliError(f"--runner: must be one of {', '.join(RUNNERS)}, got {runner!r}", 2)
@@ -120,7 +180,12 @@ def serve(
         raise CliError("--runner replay needs --dataset", 2)
     if not 0 <= port <= 65535:
         raise CliError(f"--port: must be 0..65535, got {port}", 2)
+    log_level = log_level.lower()  # uvicorn's own spelling; it looks the name up lowercased
+    if log_level not in LOG_LEVELS:
+        raise CliError(f"--log-level: must be one of {', '.join(LOG_LEVELS)}, got {log_level!r}", 2)
     settings = _settings(db, create_empty_schema=True)
+    # Before create_app: nothing (no database file, no token) is made for a serve that exits.
+    replay_gpu = _check_local_workers(local_workers, runner, dataset)
     if not settings.worker_tokens:
         from pipetune.service.worker_token import generated_worker_token
 
@@ -133,10 +198,8 @@ def serve(
             "Set PIPETUNE_WORKER_TOKENS to choose your own.",
             flush=True,
         )
-    try:
+    with _database_errors(settings.database_url):
         app = create_app(settings)
-    except SchemaError as exc:
-        raise CliError(str(exc), 1) from None
     processes: list = []
     config = uvicorn.Config(
         app, host=host, port=port, log_level=log_level, timeout_keep_alive=KEEP_ALIVE_S
@@ -150,7 +213,7 @@ def serve(
         if local_workers:
             url = f"http://{local_host}:{bound}"
             token = settings.worker_tokens[0]
-            processes.extend(start_workers(local_workers, url, token, runner, dataset))
+            processes.extend(start_workers(local_workers, url, token, runner, dataset, replay_gpu))
 
     _launch_when_started(server, started)
     print(f"database: {redact(settings.database_url)}", flush=True)
@@ -169,11 +232,35 @@ def db_upgrade(
     revision: str = typer.Option("head", "--revision", help="target revision"),
 ) -> None:
     """Migrate the database schema (to the newest revision by default)."""
+    from alembic.util.exc import CommandError
+
     from pipetune.service.migrate import redact, upgrade
 
     url = _settings(db).database_url
-    upgrade(url, revision)
-    console.print(f"database {redact(url)} is at revision {_current(url)}")
+    _check_revision(revision)
+    with _database_errors(url):
+        try:
+            upgrade(url, revision)
+        except CommandError as exc:  # e.g. a database at a revision this pipetune lacks
+            raise CliError(_one_line(exc), 1) from None
+        current = _current(url)
+    console.print(f"database {redact(url)} is at revision {current}")
+
+
+def _check_revision(revision: str) -> None:
+    """A --revision that names no migration of this pipetune: exit 2, before the database
+    is touched. Relative targets (+1, head-1) depend on the database: Alembic judges them."""
+    from alembic.script import ScriptDirectory
+    from alembic.util.exc import CommandError
+
+    from pipetune.service.migrate import alembic_config
+
+    if "+" in revision or "-" in revision:
+        return
+    try:
+        ScriptDirectory.from_config(alembic_config("sqlite://")).get_revisions(revision)
+    except CommandError as exc:
+        raise CliError(f"--revision: {_one_line(exc)}", 2) from None
 
 
 def _current(url: str) -> str | None:
@@ -190,14 +277,24 @@ def _current(url: str) -> str | None:
 @db_app.command("current")
 @reported
 def db_current(db: str | None = _DB, as_json: bool = typer.Option(False, "--json")) -> None:
-    """The database's schema revision and the newest one this pipetune has."""
+    """The database's schema revision and the newest one this pipetune has (a SQLite file
+    that does not exist is not created: its revision is none)."""
     from pipetune.service.migrate import head_revision, redact
 
     url = _settings(db).database_url
-    doc = {"database": redact(url), "current": _current(url), "head": head_revision()}
+    missing = _missing_sqlite_file(url)
+    with _database_errors(url):
+        current = None if missing else _current(url)
+    doc = {"database": redact(url), "current": current, "head": head_revision()}
     doc["up_to_date"] = doc["current"] == doc["head"]
     if as_json:
         print_json(doc)
+        return
+    if missing:
+        console.print(
+            f"{doc['database']}: no database file at {missing} (newest revision "
+            f"{doc['head']}; `pipetune db upgrade` or `pipetune serve` creates it)"
+        )
         return
     state = "up to date" if doc["up_to_date"] else "behind: run `pipetune db upgrade`"
     console.print(f"{doc['database']}: revision {doc['current']} (newest {doc['head']}, {state})")
@@ -214,15 +311,37 @@ def _pipetune_dataset(path: Path) -> tuple[Any, Any]:
         raise CliError(str(exc), 2) from None
 
 
+def _check_schema(url: str, *, create_if_empty: bool = False) -> None:
+    """The database has this pipetune's schema (exit 1 otherwise). A SQLite file that does
+    not exist is refused without creating it, unless the command may create the database."""
+    from pipetune.service.migrate import SchemaError, check_schema, head_revision, redact
+
+    if not create_if_empty and _missing_sqlite_file(url):
+        raise CliError(
+            f"the database has no pipetune schema, this pipetune needs {head_revision()}: "
+            f"run `pipetune db upgrade --db {redact(url)}`",
+            1,
+        )
+    with _database_errors(url):
+        try:
+            check_schema(url, create_if_empty=create_if_empty)
+        except SchemaError as exc:
+            raise CliError(str(exc), 1) from None
+
+
 @db_app.command("import-optimum")
 @reported
 def db_import_optimum(
     dataset: Path = typer.Argument(..., help="an exhaustive pipetune sweep (T4 file)"),
     db: str | None = _DB,
 ) -> None:
-    """Record a sweep's best latency as the optimum that best-in-k curves normalise to."""
+    """Record a sweep's best latency as the optimum that best-in-k curves normalise to. The
+    sweep must hold every valid schedule of its workload on its GPU (`pipetune sweep`
+    without --limit): the best of part of the space is not the optimum. Simulated sweeps
+    are accepted, as by import-dataset (and said so): curves of simulated tasks normalise
+    to them."""
     from pipetune.service.db import Database
-    from pipetune.service.migrate import SchemaError, check_schema
+    from pipetune.service.imports import sweep_coverage
     from pipetune.service.records import set_reference_optimum
 
     url = _settings(db).database_url
@@ -230,21 +349,26 @@ def db_import_optimum(
     best = data.best()
     if best is None or best.time_ms is None:
         raise CliError(f"{dataset}: no successful configuration to take the optimum from", 2)
-    try:
-        check_schema(url)
-    except SchemaError as exc:
-        raise CliError(str(exc), 1) from None
+    covered, valid = sweep_coverage(data, info)
+    if covered < valid:
+        raise CliError(
+            f"{dataset}: not an exhaustive sweep: it holds {covered} of the {valid} valid "
+            f"schedules of {info.workload.label()} on {info.gpu} (sweep without --limit)",
+            2,
+        )
+    _check_schema(url)
     database = Database(url, pool_size=1)
     try:
-        with database.write() as s:
+        with _database_errors(url), database.write() as s:
             set_reference_optimum(
                 s, info.workload, info.gpu, best.time_ms * 1e3, len(data), str(dataset)
             )
     finally:
         database.dispose()
+    runner = f" ({info.runner} runner)" if info.runner else ""
     console.print(
         f"{info.workload.label()} on {info.gpu}: optimum {best.time_ms * 1e3:.2f} µs "
-        f"over {len(data)} configurations"
+        f"over {len(data)} configurations{runner}"
     )
 
 
@@ -257,26 +381,31 @@ def db_import_dataset(
 ) -> None:
     """Record a dataset's trials as a finished task (measured elsewhere, not tuned here): a
     task on another GPU can then warm-start from it (--prior-task), and the service's best
-    schedule for that workload and GPU knows of it."""
+    schedule for that workload and GPU knows of it. Importing trials that are already
+    imported (the same records of the same workload and GPU, from this file or a copy)
+    writes nothing and answers with the task they became, exit 0: an import script can be
+    run again."""
     from pipetune.service.db import Database
-    from pipetune.service.imports import import_dataset
-    from pipetune.service.migrate import SchemaError, check_schema
+    from pipetune.service.imports import import_dataset, imported_task
     from pipetune.service.views import get_task_doc
 
     url = _settings(db).database_url
     data, info = _pipetune_dataset(dataset)
     if not len(data):
         raise CliError(f"{dataset}: the dataset holds no configuration", 2)
-    try:
-        check_schema(url, create_if_empty=True)
-    except SchemaError as exc:
-        raise CliError(str(exc), 1) from None
+    _check_schema(url, create_if_empty=True)
     database = Database(url, pool_size=1)
     try:
-        with database.write() as s:
-            task_id = import_dataset(s, data, info, str(dataset), database.now())
-        with database.read() as s:
-            doc = get_task_doc(s, task_id)
+        with _database_errors(url):
+            # Looked up in the transaction that writes the import (on SQLite, whose writers
+            # queue, two imports of one file at once then make one task).
+            with database.write() as s:
+                task_id = imported_task(s, data, info)
+                existing = task_id is not None
+                if task_id is None:
+                    task_id = import_dataset(s, data, info, str(dataset), database.now())
+            with database.read() as s:
+                doc = get_task_doc(s, task_id)
     finally:
         database.dispose()
     assert doc is not None
@@ -285,6 +414,13 @@ def db_import_dataset(
         return
     best = f", best {doc.best.latency_us:.2f} µs" if doc.best else ", none succeeded"
     runner = f" ({info.runner} runner)" if info.runner else ""
+    if existing:
+        console.print(
+            f"task {task_id}: already imported (from {doc.imported_from}): "
+            f"{info.workload.label()} on {info.gpu}, {doc.trials_done} trials{best}{runner}; "
+            f"nothing written. Warm-start a task on another GPU with --prior-task {task_id}"
+        )
+        return
     console.print(
         f"task {task_id}: {info.workload.label()} on {info.gpu}, {doc.trials_done} trials "
         f"({doc.trials_failed} failed){best}{runner}, imported from {dataset}; warm-start a "

@@ -1,0 +1,263 @@
+"""Bad input to `pipetune serve`, `pipetune db ...` and the commands that read a database or
+talk to a service: one line on stderr and exit 2 before anything is written or sent; a
+re-run import finds what it imported. Database checks run on SQLite and PostgreSQL."""
+
+from __future__ import annotations
+
+import gzip
+import json
+from pathlib import Path
+
+import pytest
+from sqlalchemy import func, select
+from typer.testing import CliRunner
+
+from pipetune.clients.cli.main import app
+from pipetune.clients.cli.remote import cli_error
+from pipetune.clients.local_service import free_port
+from pipetune.clients.sdk import NotFoundError
+from pipetune.model.analytical import evaluate
+from pipetune.model.hardware import get_gpu
+from pipetune.model.space import Space
+from pipetune.model.trials import MeasureResult
+from pipetune.model.workloads import gemm
+from pipetune.service.db import Database
+from pipetune.service.orm import ReferenceOptimumRow, TaskRow
+from pipetune.workers.daemon import gpu as daemon_gpu
+from pipetune.workers.datasets import dataset_from_results, write_t4
+
+pytest_plugins = ["service_fixtures"]
+
+runner = CliRunner()
+WORKLOAD = gemm(256, 256, 256)
+FC = ["--m", "1024", "--n", "64", "--k", "2048", "--gpu", "h100"]
+
+
+@pytest.fixture(autouse=True)
+def no_ambient_settings(monkeypatch: pytest.MonkeyPatch) -> None:
+    for name in ("PIPETUNE_SERVER", "PIPETUNE_API_KEY", "PIPETUNE_DATABASE_URL"):
+        monkeypatch.delenv(name, raising=False)
+
+
+def _sweep(path: Path, limit: int | None = None, scale: float = 1.0) -> Path:
+    """A simulated sweep of WORKLOAD on the A100 (its first `limit` schedules)."""
+    gpu = get_gpu("a100")
+    space = Space.enumerate(WORKLOAD, gpu)
+    schedules = list(space)[:limit]
+    latency = evaluate(space).latency_us[: len(schedules)] * scale
+    results = [MeasureResult(status="ok", latency_us=float(x)) for x in latency]
+    data = dataset_from_results(WORKLOAD, gpu, schedules, results, runner="simulated")
+    return write_t4(data, path)
+
+
+def _one_error_line(result, prefix: str) -> None:  # type: ignore[no-untyped-def]
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"error: {prefix}"), result.stderr
+
+
+def _count(url: str, column) -> int:  # type: ignore[no-untyped-def]
+    db = Database(url)
+    try:
+        with db.read() as s:
+            return int(s.scalar(select(func.count(column))) or 0)
+    finally:
+        db.dispose()
+
+
+# ---- 1: import-optimum takes only an exhaustive sweep -----------------------------------
+
+
+def test_import_optimum_refuses_a_partial_sweep(db_url, tmp_path):
+    partial = _sweep(tmp_path / "lim5.t4.json.gz", limit=5)
+    result = runner.invoke(app, ["db", "import-optimum", str(partial), "--db", db_url])
+    assert result.exit_code == 2, result.output
+    _one_error_line(result, f"{partial}: not an exhaustive sweep: it holds 5 of the ")
+    assert _count(db_url, ReferenceOptimumRow.gpu) == 0  # nothing written
+
+    full = _sweep(tmp_path / "full.t4.json.gz")
+    result = runner.invoke(app, ["db", "import-optimum", str(full), "--db", db_url])
+    assert result.exit_code == 0, result.output
+    assert "(simulated runner)" in result.stdout
+
+
+# ---- 2: import-dataset run again answers with the task it made ---------------------------
+
+
+def _import(path: Path, url: str) -> dict:
+    result = runner.invoke(app, ["db", "import-dataset", str(path), "--db", url, "--json"])
+    assert result.exit_code == 0, result.output
+    return json.loads(result.stdout)
+
+
+def test_importing_the_same_trials_again_answers_with_the_first_task(db_url, tmp_path):
+    path = _sweep(tmp_path / "part.t4.json.gz", limit=40)
+    first = _import(path, db_url)
+    again = runner.invoke(app, ["db", "import-dataset", str(path), "--db", db_url])
+    assert again.exit_code == 0, again.output
+    assert f"task {first['id']}: already imported" in " ".join(again.stdout.split())
+    copy = tmp_path / "renamed.t4.json.gz"
+    copy.write_bytes(path.read_bytes())
+    assert _import(copy, db_url) == first  # the same document: the first import's task
+    assert _count(db_url, TaskRow.id) == 1
+
+    other = _sweep(tmp_path / "other.t4.json.gz", limit=40, scale=1.5)  # other latencies
+    assert _import(other, db_url)["id"] != first["id"]
+    assert _count(db_url, TaskRow.id) == 2
+
+
+# ---- 3: serve checks its local workers before it starts ----------------------------------
+
+
+def test_serve_refuses_a_replay_dataset_that_does_not_read(tmp_path):
+    full = _sweep(tmp_path / "full.t4.json.gz", limit=20)
+    truncated = tmp_path / "trunc.t4.json.gz"
+    truncated.write_bytes(full.read_bytes()[:300])
+    with pytest.raises(EOFError):
+        gzip.decompress(truncated.read_bytes())
+    db = tmp_path / "s.db"
+    args = ["serve", "--db", f"sqlite:///{db}", "--port", str(free_port()), "--local-workers"]
+    result = runner.invoke(app, [*args, "1", "--runner", "replay", "--dataset", str(truncated)])
+    assert result.exit_code == 2, result.output
+    _one_error_line(result, f"--dataset: {truncated}: ")
+    assert not db.exists()
+
+
+def test_serve_without_a_gpu_for_cupy_workers_exits_1(tmp_path, monkeypatch):
+    def no_gpu(device: int = 0, timeout_s: float = 0) -> dict:
+        raise daemon_gpu.DetectionError("no usable CUDA GPU through CuPy: no device")
+
+    monkeypatch.setattr(daemon_gpu, "probe_cupy", no_gpu)
+    db = tmp_path / "s.db"
+    args = ["serve", "--db", f"sqlite:///{db}", "--port", str(free_port())]
+    result = runner.invoke(app, [*args, "--local-workers", "2", "--runner", "cupy"])
+    assert result.exit_code == 1, result.output
+    _one_error_line(result, "--runner cupy: no usable CUDA GPU")
+    assert not db.exists()
+
+
+def test_local_replay_workers_stand_in_for_the_datasets_gpu(tmp_path):
+    from pipetune.service.local_workers import preflight, worker_gpus
+
+    path = _sweep(tmp_path / "a100.t4.json.gz", limit=5)
+    assert preflight("replay", path) == "a100"
+    assert worker_gpus(3, "replay", "a100") == ["a100"] * 3
+    assert worker_gpus(2, "simulated") == ["a100", "h100"]
+    assert worker_gpus(2, "cupy") == [None, None]
+
+
+# ---- 4: --db, --revision and --log-level -------------------------------------------------
+
+
+@pytest.fixture
+def not_a_database(tmp_path: Path) -> str:
+    path = tmp_path / "notes.db"
+    path.write_text("hello\n")
+    return f"sqlite:///{path}"
+
+
+BAD_URLS = {
+    "notaurl": "not a database URL (",
+    "foo://x": "not a database URL pipetune can use ('foo'",
+    "file": "is not a SQLite database file",
+}
+COMMANDS = {
+    "serve": ["serve"],
+    "db current": ["db", "current"],
+    "db upgrade": ["db", "upgrade"],
+    "tasks": ["tasks"],
+    "curve": ["curve", "1"],
+    "schedule": ["schedule", "gemm", *FC],
+    "export": ["export", "--task", "1", "--format", "t4", "--out", "x.t4.json.gz"],
+}
+
+
+@pytest.mark.parametrize("command", list(COMMANDS), ids=str)
+@pytest.mark.parametrize("bad", list(BAD_URLS), ids=str)
+def test_a_bad_db_is_one_line_naming_the_option_and_exit_2(command, bad, not_a_database):
+    url = not_a_database if bad == "file" else bad
+    result = runner.invoke(app, [*COMMANDS[command], "--db", url])
+    assert result.exit_code == 2, result.output
+    _one_error_line(result, "--db: ")
+    assert BAD_URLS[bad] in result.stderr
+
+
+def test_a_bad_database_url_in_the_environment_names_the_variable(monkeypatch):
+    monkeypatch.setenv("PIPETUNE_DATABASE_URL", "notaurl")
+    for command in (["db", "current"], ["tasks"]):
+        result = runner.invoke(app, command)
+        assert result.exit_code == 2, result.output
+        _one_error_line(result, "PIPETUNE_DATABASE_URL: not a database URL")
+
+
+def test_db_current_on_a_mistyped_path_creates_nothing(tmp_path):
+    missing = tmp_path / "mistyped" / "x.db"
+    result = runner.invoke(app, ["db", "current", "--db", f"sqlite:///{missing}", "--json"])
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.stdout)["current"] is None
+    text = runner.invoke(app, ["db", "current", "--db", f"sqlite:///{missing}"])
+    assert text.exit_code == 0 and "no database file" in text.stdout
+    optimum = _sweep(tmp_path / "full.t4.json.gz")
+    refused = runner.invoke(
+        app, ["db", "import-optimum", str(optimum), "--db", f"sqlite:///{missing}"]
+    )
+    assert refused.exit_code == 1 and "pipetune db upgrade" in refused.stderr
+    assert not missing.parent.exists()
+
+
+def test_unknown_revision_and_log_level_exit_2(tmp_path):
+    url = f"sqlite:///{tmp_path / 'r.db'}"
+    result = runner.invoke(app, ["db", "upgrade", "--db", url, "--revision", "zzz"])
+    assert result.exit_code == 2, result.output
+    _one_error_line(result, "--revision: Can't locate revision identified by 'zzz'")
+    assert not (tmp_path / "r.db").exists()
+    result = runner.invoke(app, ["serve", "--db", url, "--log-level", "foo"])
+    assert result.exit_code == 2, result.output
+    _one_error_line(result, "--log-level: must be one of critical, error, warning, info")
+
+
+# ---- 5: --poll is checked before a task is created ---------------------------------------
+
+
+@pytest.mark.parametrize(
+    "command",
+    [
+        ["tune", "gemm", *FC, "--budget", "2", "--wait", "--poll", "-1"],
+        ["tune", "gemm", *FC, "--budget", "2", "--wait", "--poll", "0"],
+        ["tune-model", "bert-base", "--seq", "64", "--budget", "2", "--poll", "-1"],
+    ],
+    ids=["tune -1", "tune 0", "tune-model -1"],
+)
+def test_a_poll_that_is_not_positive_exits_2_before_anything_is_sent(command):
+    # Nothing listens at the server: had the command sent anything, it would exit 1.
+    result = runner.invoke(app, [*command, "--server", f"http://127.0.0.1:{free_port()}"])
+    assert result.exit_code == 2, result.output
+    _one_error_line(result, "--poll: must be a positive number of seconds")
+
+
+# ---- 7: a task id that does not exist, a --server that is not a URL ----------------------
+
+
+def test_a_task_that_does_not_exist_exits_2(db_url, tmp_path):
+    curve = runner.invoke(app, ["curve", "999", "--db", db_url])
+    assert curve.exit_code == 2, curve.output
+    _one_error_line(curve, "task 999 does not exist")
+    out = tmp_path / "x.t4.json.gz"
+    export = ["export", "--task", "999", "--format", "t4", "--out", str(out), "--db", db_url]
+    result = runner.invoke(app, export)
+    assert result.exit_code == 2, result.output
+    assert not out.exists()
+    # From a service: its 404.
+    error = cli_error(NotFoundError(404, "task 999 does not exist"))
+    assert error.code == 2 and str(error) == "task 999 does not exist (HTTP 404)"
+
+
+@pytest.mark.parametrize("server", ["notaurl", "http://", "ftp://host"])
+def test_a_server_that_is_not_an_http_url_exits_2(server):
+    for command in (["tasks"], ["tune", "gemm", *FC, "--budget", "2"]):
+        result = runner.invoke(app, [*command, "--server", server])
+        assert result.exit_code == 2, result.output
+        _one_error_line(result, f"--server: not an http(s) URL: {server!r}")
+    worker = ["worker", "--runner", "simulated", "--gpu", "h100", "--token", "t"]
+    result = runner.invoke(app, [*worker, "--register-timeout", "0", "--server", server])
+    assert result.exit_code == 2, result.output
+    _one_error_line(result, "--server: not an http(s) URL")
