@@ -198,3 +198,9 @@ def test_campaign_pack_a_directory(folder: Path) -> None:
     result = cli.invoke(campaign_app, [*args, *out])
     _refused(result, f"--pack: {folder / 'd.tar.gz'} is a directory")
     assert not (folder / "out").exists()
+
+
+def test_curve_refuses_its_paths_before_fetching_the_task(tuned: str, folder: Path) -> None:
+    """A task that does not exist is never asked for: the path is wrong first."""
+    result = cli.invoke(app, ["curve", "999", "--html", str(folder / "somedir"), "--db", tuned])
+    _refused(result, f"--html: {folder / 'somedir'} is a directory")

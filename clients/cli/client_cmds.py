@@ -27,8 +27,8 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from pipetune.clients.cli.curve_files import (
+    check_curve_outputs,
     curve_title,
-    require_matplotlib,
     write_curve_html,
     write_curve_png,
 )
@@ -453,11 +453,7 @@ def curve(
 ) -> None:
     """A task's best-so-far curve: the best throughput (TFLOP/s, GB/s for memory-intensive
     operators) found after each trial."""
-    for path, flag in ((png, "--png"), (html, "--html")):
-        if path is not None and not path.parent.exists():
-            raise CliError(f"{flag}: directory {path.parent} does not exist", 2)
-    if png is not None:
-        require_matplotlib()  # before anything is fetched
+    check_curve_outputs(png, html)  # before anything is fetched
     with service_errors(), reader(server, api_key, db) as c:
         task = c.task(task_id)
         doc = c.curve(task_id)
