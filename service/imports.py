@@ -8,7 +8,7 @@ Then the service knows what it holds: a task on another GPU can warm-start from 
 normalise to it. It is left out of the per-strategy curves (nothing was tuned here).
 
 Importing the same trials again (the same file, or a copy of it under another name) finds
-the task they became (`imported_task`) instead of making a second one: an import script
+the task they became (`import_once`) instead of making a second one: an import script
 that is run twice must not double what the service knows of a workload. The same trials
 means the same workload, GPU and records, compared by content, so a renamed copy is still
 the same dataset and another sweep written to the same path is not.
@@ -57,12 +57,18 @@ def _trial_keys(
     ]
 
 
-def imported_task(session: Session, data: Dataset, info: PipetuneInfo) -> int | None:
-    """The task an earlier import of the same trials became (the oldest, were there several),
-    else None. Only imported tasks of the workload on the GPU with as many trials are read."""
+def _trials(data: Dataset, info: PipetuneInfo) -> tuple[list[Any], list[Any]]:
+    """The dataset's records as the family's schedules and measurement results."""
     fam = info.family
     schedules = [fam.parse_schedule(dict(r.configuration)) for r in data.records]
-    results = [result_from_record(r, info.runner) for r in data.records]
+    return schedules, [result_from_record(r, info.runner) for r in data.records]
+
+
+def _imported_task(
+    session: Session, info: PipetuneInfo, schedules: list[Any], results: list[Any]
+) -> int | None:
+    """The task an earlier import of the same trials became (the oldest, were there several),
+    else None. Only imported tasks of the workload on the GPU with as many trials are read."""
     wanted = _trial_keys(schedules, results)
     candidates = session.scalars(
         select(TaskRow.id)
@@ -86,16 +92,37 @@ def imported_task(session: Session, data: Dataset, info: PipetuneInfo) -> int | 
     return None
 
 
+def import_once(
+    session: Session, data: Dataset, info: PipetuneInfo, source: str, now: Any
+) -> tuple[int, bool]:
+    """`import_dataset`, unless the same trials were imported already: (the task's id,
+    whether this call wrote it)."""
+    schedules, results = _trials(data, info)
+    found = _imported_task(session, info, schedules, results)
+    if found is not None:
+        return found, False
+    return _write_task(session, info, source, now, schedules, results), True
+
+
 def import_dataset(
     session: Session, data: Dataset, info: PipetuneInfo, source: str, now: Any
 ) -> int:
     """Write `data` (checked by check_pipetune into `info`) as a finished task; its id.
     `now`: the database's time (Database.now())."""
-    if not len(data):
+    return _write_task(session, info, source, now, *_trials(data, info))
+
+
+def _write_task(
+    session: Session,
+    info: PipetuneInfo,
+    source: str,
+    now: Any,
+    schedules: list[Any],
+    results: list[Any],
+) -> int:
+    if not schedules:
         raise ValueError(f"{source}: the dataset holds no configuration")
     fam, gpu = info.family, get_gpu(info.gpu)
-    schedules = [fam.parse_schedule(dict(r.configuration)) for r in data.records]
-    results = [result_from_record(r, info.runner) for r in data.records]
     knobs = {
         k: np.array([getattr(s, k) for s in schedules], dtype=np.int64) for k in fam.knob_names
     }

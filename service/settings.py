@@ -105,8 +105,8 @@ def database_file_problem(url: str) -> str | None:
 def load_settings(db: str | None = None, **overrides: object) -> Settings:
     """The settings, with `db` (a --db option) as the database URL where given; SettingsError
     naming --db or the PIPETUNE_ variable that is wrong."""
-    if db is not None:
-        problem = database_url_problem(db) or database_file_problem(db)
+    if db is not None:  # (checked first, so that the error names --db; its file below)
+        problem = database_url_problem(db)
         if problem:
             raise SettingsError(f"--db: {problem}")
         overrides["database_url"] = db

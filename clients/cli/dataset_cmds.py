@@ -9,7 +9,7 @@ from typing import Any
 import typer
 from rich.table import Table
 
-from pipetune.clients.cli.errors import CliError, reported
+from pipetune.clients.cli.errors import CliError, one_line, reported
 from pipetune.clients.cli.output import console, print_json
 from pipetune.clients.cli.paths import check_output_file
 from pipetune.workers.datasets import Dataset, DatasetError, load_dataset, summary, write_t4
@@ -25,7 +25,7 @@ def _load(path: Path, allow_open: bool) -> Dataset:
     try:
         return load_dataset(path, allow_open=allow_open)
     except DatasetError as exc:
-        raise CliError(" ".join(str(exc).split()), 2) from None
+        raise CliError(one_line(exc), 2) from None
 
 
 def _value(value: Any) -> str:

@@ -30,8 +30,13 @@ class CliError(Exception):
         self.code = code
 
 
+def one_line(text: object) -> str:
+    """Text as one line: other libraries' messages (tarfile, Alembic, NVRTC, zlib) wrap."""
+    return " ".join(str(text).split())
+
+
 def fail(message: str, code: int) -> NoReturn:
-    print(f"error: {message}", file=sys.stderr)
+    print(f"error: {one_line(message)}", file=sys.stderr)
     raise typer.Exit(code)
 
 

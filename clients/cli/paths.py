@@ -10,7 +10,7 @@ from __future__ import annotations
 import tarfile
 from pathlib import Path
 
-from pipetune.clients.cli.errors import CliError
+from pipetune.clients.cli.errors import CliError, one_line
 
 
 def _nearest_existing(folder: Path) -> Path | None:
@@ -64,7 +64,7 @@ def check_tar_archive(path: Path, option: str) -> None:
 
 
 def _why_unreadable(exc: BaseException, opened: bool) -> str:
-    reason = " ".join(str(exc).split()) or type(exc).__name__
+    reason = one_line(exc) or type(exc).__name__
     if opened:
         return f"is not a readable tar archive ({reason})"
     if isinstance(exc, OSError):

@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 
 import typer
 
-from pipetune.clients.cli.errors import CliError, reported
+from pipetune.clients.cli.errors import CliError, one_line, reported
 from pipetune.clients.cli.output import console, print_json
 from pipetune.service.local_workers import RUNNERS, preflight, start_workers, stop_workers
 
@@ -55,10 +55,6 @@ def _settings(db: str | None, **overrides: object) -> Settings:
         return load_settings(db, **overrides)
     except SettingsError as exc:
         raise CliError(str(exc), 2) from None
-
-
-def _one_line(exc: BaseException) -> str:
-    return " ".join(str(exc).split())
 
 
 @contextlib.contextmanager
@@ -100,9 +96,9 @@ def _check_local_workers(n: int, runner: str, dataset: Path | None) -> str | Non
     try:
         return preflight(runner, dataset)
     except (DatasetError, OSError) as exc:
-        raise CliError(f"--dataset: {_one_line(exc)}", 2) from None
+        raise CliError(f"--dataset: {one_line(exc)}", 2) from None
     except DetectionError as exc:
-        raise CliError(f"--runner {runner}: {_one_line(exc)}", 1) from None
+        raise CliError(f"--runner {runner}: {one_line(exc)}", 1) from None
 
 
 def _server_class(processes: list, on_stop):  # type: ignore[no-untyped-def]
@@ -242,7 +238,7 @@ def db_upgrade(
         try:
             upgrade(url, revision)
         except CommandError as exc:  # e.g. a database at a revision this pipetune lacks
-            raise CliError(_one_line(exc), 1) from None
+            raise CliError(one_line(exc), 1) from None
         current = _current(url)
     console.print(f"database {redact(url)} is at revision {current}")
 
@@ -260,7 +256,7 @@ def _check_revision(revision: str) -> None:
     try:
         ScriptDirectory.from_config(alembic_config("sqlite://")).get_revisions(revision)
     except CommandError as exc:
-        raise CliError(f"--revision: {_one_line(exc)}", 2) from None
+        raise CliError(f"--revision: {one_line(exc)}", 2) from None
 
 
 def _current(url: str) -> str | None:
@@ -386,7 +382,7 @@ def db_import_dataset(
     writes nothing and answers with the task they became, exit 0: an import script can be
     run again."""
     from pipetune.service.db import Database
-    from pipetune.service.imports import import_dataset, imported_task
+    from pipetune.service.imports import import_once
     from pipetune.service.views import get_task_doc
 
     url = _settings(db).database_url
@@ -400,10 +396,7 @@ def db_import_dataset(
             # Looked up in the transaction that writes the import (on SQLite, whose writers
             # queue, two imports of one file at once then make one task).
             with database.write() as s:
-                task_id = imported_task(s, data, info)
-                existing = task_id is not None
-                if task_id is None:
-                    task_id = import_dataset(s, data, info, str(dataset), database.now())
+                task_id, written = import_once(s, data, info, str(dataset), database.now())
             with database.read() as s:
                 doc = get_task_doc(s, task_id)
     finally:
@@ -414,7 +407,7 @@ def db_import_dataset(
         return
     best = f", best {doc.best.latency_us:.2f} µs" if doc.best else ", none succeeded"
     runner = f" ({info.runner} runner)" if info.runner else ""
-    if existing:
+    if not written:
         console.print(
             f"task {task_id}: already imported (from {doc.imported_from}): "
             f"{info.workload.label()} on {info.gpu}, {doc.trials_done} trials{best}{runner}; "

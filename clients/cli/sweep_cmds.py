@@ -35,7 +35,7 @@ from rich.progress import (
 )
 from rich.table import Table
 
-from pipetune.clients.cli.errors import CliError, reported
+from pipetune.clients.cli.errors import CliError, one_line, reported
 from pipetune.clients.cli.output import console, print_json
 from pipetune.clients.cli.paths import check_output_dir, check_output_file
 from pipetune.clients.cli.workload_options import add_workload_commands, option
@@ -64,10 +64,6 @@ sweep_app = typer.Typer(
 _RUNNER_HELP = "cupy (a real GPU) or simulated (analytical model + noise; demos/CI only)"
 
 
-def _one_line(exc: BaseException) -> str:
-    return " ".join(str(exc).split())
-
-
 def _check_common(runner: str, limit: int | None, repeats: int, warmup: int) -> None:
     if runner not in SWEEP_RUNNERS:
         raise CliError(f"--runner: must be one of {', '.join(SWEEP_RUNNERS)}, got {runner!r}", 2)
@@ -82,7 +78,7 @@ def _open_runner(name: str, gpu: GPUSpec, seed: int, repeats: int, warmup: int) 
     try:
         return make_runner(name, gpu=gpu, seed=seed, settings=settings)
     except RunnerError as exc:
-        raise CliError(_one_line(exc), 1) from None
+        raise CliError(one_line(exc), 1) from None
 
 
 @contextlib.contextmanager
@@ -126,7 +122,7 @@ def _sweep_to_file(
             progress=lambda done, total: bar.update(task, completed=done),
         )
     except RunnerError as exc:
-        raise CliError(_one_line(exc), 1) from None
+        raise CliError(one_line(exc), 1) from None
     write_t4(dataset, out)
     doc = summary(dataset)
     return {
@@ -194,7 +190,7 @@ def sweep_workload(
                     progress=lambda done, total: bar.update(task, completed=done, total=total),
                 )
             except RunnerError as exc:
-                raise CliError(_one_line(exc), 1) from None
+                raise CliError(one_line(exc), 1) from None
         row = _sweep_to_file(measuring, workload, spec, out, limit, seed, bar, workload.label())
     _report([row], as_json)
 
@@ -264,7 +260,7 @@ def sweep_suite(
                         progress=lambda d, _t, base=done: bar.update(task, completed=base + d),
                     )
                 except RunnerError as exc:
-                    raise CliError(_one_line(exc), 1) from None
+                    raise CliError(one_line(exc), 1) from None
                 done += len(schedules)
         for name, (workload, _) in plan.items():
             out = out_dir / f"{name}.t4.json.gz"
@@ -367,7 +363,7 @@ def calibrate(
     try:
         document = run_calibration(gpu, device=device)
     except CalibrationError as exc:
-        raise CliError(_one_line(exc), 1) from None
+        raise CliError(one_line(exc), 1) from None
     path = write_profile(document, out or PROFILE_DIR / f"{document['gpu']}.json")
     if as_json:
         print_json({**document, "path": str(path)})

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import typer
 
-from pipetune.clients.cli.errors import CliError, reported
+from pipetune.clients.cli.errors import CliError, one_line, reported
 from pipetune.clients.cli.remote import SERVER_HELP, cli_error
 from pipetune.clients.sdk import DEFAULT_SERVER, SERVER_ENV, PipetuneError
 from pipetune.model.hardware import gpu_keys
@@ -29,10 +29,6 @@ def _generated_token() -> str:
         return read_generated_token() or ""
     except OSError:
         return ""
-
-
-def _one_line(exc: BaseException) -> str:
-    return " ".join(str(exc).split())
 
 
 @reported
@@ -123,9 +119,9 @@ def worker(
     except PipetuneError as exc:
         raise cli_error(exc) from None
     except (DatasetError, DatasetMismatchError) as exc:
-        raise CliError(f"--dataset: {_one_line(exc)}", 2) from None
+        raise CliError(f"--dataset: {one_line(exc)}", 2) from None
     except (DetectionError, RunnerError) as exc:
-        raise CliError(_one_line(exc), 1) from None
+        raise CliError(one_line(exc), 1) from None
     if code:
         raise typer.Exit(code)
 
