@@ -174,6 +174,7 @@ def run_load(admin_url: str, config: LoadConfig) -> dict[str, Any]:
         leases_per_s=leases / window,
         results_per_s=results / window,
         lease_requests=len(all_lease),
+        report_leases=tally.report_leases,
         result_requests=tally.result_posts,
         empty_polls=len(tally.lease_empty_s),
         lease_p50_ms=1e3 * pct(tally.lease_granted_s, 0.5) if tally.lease_granted_s else nan,
@@ -224,6 +225,7 @@ JSON_KEYS = (
     "results_accepted",
     "results_db",
     "lease_requests",
+    "report_leases",
     "result_requests",
     "empty_polls",
     "lease_p50_ms",
@@ -309,6 +311,12 @@ def main() -> int:
         help="with --batched: run the single-job protocol too (alone it is the default)",
     )
     parser.add_argument(
+        "--separate-leases",
+        action="store_true",
+        help="with --batched: workers lease with a request of their own after each report "
+        "(by default a report leases the next jobs, as the worker daemon's reporter does)",
+    )
+    parser.add_argument(
         "--max-jobs",
         type=int,
         help=f"jobs per lease request of batched workers (default {BATCHED_MAX_JOBS})",
@@ -359,6 +367,7 @@ def main() -> int:
                     churn=churn,
                     seed=args.seed,
                     batched=batched,
+                    lease_with_results=not args.separate_leases,
                     max_jobs=(args.max_jobs or BATCHED_MAX_JOBS) if batched else 1,
                     idle_s=args.idle_seconds,
                     results=args.results,

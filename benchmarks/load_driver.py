@@ -7,7 +7,10 @@ over the replicas: each registers, long-polls for one job at a time (`max_jobs` 
 LoadConfig), optionally sleeps `measure_ms`, and posts a made-up result; it always posts the
 job it holds before it stops, so at the end no job may be left leased. With `batched` (the
 batched worker protocol) a worker leases up to `max_jobs` jobs per request, measures them
-one after another and posts all their results in one `POST /v1/jobs/results`.
+one after another and posts all their results in one `POST /v1/jobs/results`, which leases
+its next jobs too (`max_jobs`, as the worker daemon's reporter does; `lease_with_results`
+False: a lease request of their own, as before); it long-polls the lease route only when a
+report found no job.
 
 With `idle_s`, once every task is done the workers go on polling the empty queue for that
 long (lease requests waiting `idle_wait_s`, the worker daemon's default): what an idle fleet
@@ -67,6 +70,8 @@ class LoadConfig:
     max_jobs: int = 1
     # The batched protocol: all the jobs of a lease answered in one POST /v1/jobs/results.
     batched: bool = False
+    # With it, the results request leases the worker's next jobs (the daemon's reporter).
+    lease_with_results: bool = True
     # After the tasks: seconds of polling an empty queue, and each poll's wait.
     idle_s: float = 0.0
     idle_wait_s: float = 10.0
@@ -124,6 +129,8 @@ class Tally:
     registered: int = 0  # workers registered, replacements included
     heartbeats: int = 0  # answered 200
     result_posts: int = 0  # result requests answered 200 (one per job, or per batch)
+    lease_requests: int = 0  # POST /v1/jobs/lease of the run (not of the idle phase)
+    report_leases: int = 0  # results requests that leased jobs too
     idle_polls: int = 0  # lease requests of the idle phase
     idle_jobs: int = 0  # jobs leased in the idle phase (there are none to lease)
 
@@ -270,17 +277,19 @@ class SimulatedWorker:
         self.worker_id = worker_id
         self.client = run.client(slot)
         self.generation = 0
+        self._next: list[dict] = []  # jobs the last results request leased
 
     @property
     def tally(self) -> Tally:
         return self.run.tally
 
     async def work(self) -> None:
-        while not self.run.stop.is_set():
+        while not self.run.stop.is_set() or self._next:
             left = self.run.deadline - time.monotonic()
-            if left <= 0:
+            if left <= 0 and not self._next:
                 return
-            jobs = await self._lease(left)
+            # A worker answers the jobs it holds, even past the deadline.
+            jobs, self._next = (self._next, []) if self._next else (await self._lease(left), [])
             if jobs is None:
                 await asyncio.sleep(0.2)
                 continue
@@ -323,6 +332,7 @@ class SimulatedWorker:
     async def _lease(self, left: float) -> list[dict] | None:
         """The jobs one lease request got (None: the request failed)."""
         started = time.perf_counter()
+        self.tally.lease_requests += 1
         try:
             response = await self.client.post(
                 "/v1/jobs/lease", json=self._lease_request(left), headers=HEADERS
@@ -416,7 +426,7 @@ class SimulatedWorker:
         return True
 
     async def _post_results(self, jobs: list[dict], held: list[Held]) -> None:
-        body = {
+        body: dict[str, Any] = {
             "worker_id": self.worker_id,
             "results": [
                 {
@@ -427,6 +437,10 @@ class SimulatedWorker:
                 for j in jobs
             ],
         }
+        run = self.run
+        # Past the deadline (or stopped) the worker only answers what it holds.
+        if run.config.lease_with_results and not run.stop.is_set():
+            body["max_jobs"] = run.config.max_jobs if time.monotonic() < run.deadline else 0
         for attempt in range(POST_TRIES):
             started = time.perf_counter()
             try:
@@ -438,7 +452,10 @@ class SimulatedWorker:
                     self.tally.result_s.append(time.perf_counter() - started)
                     self.tally.result_posts += 1
                     now = time.monotonic()
-                    for h, ack in zip(held, response.json()["acks"], strict=True):
+                    answer = response.json()
+                    self._next = answer.get("jobs", [])
+                    self.tally.report_leases += bool(self._next)
+                    for h, ack in zip(held, answer["acks"], strict=True):
                         h.answered, h.detail = now, ack["detail"]
                         h.accepted = ack["accepted"] if ack["status_code"] == 200 else False
                         if ack["status_code"] != 200:

@@ -476,6 +476,11 @@ class JobResults(_Request):
 
     worker_id: RowRef
     results: list[ReportedResult] = Field(min_length=1, max_length=MAX_RESULTS_PER_POST)
+    # The worker's next lease in the same request: up to max_jobs jobs claimed once the
+    # results are recorded, as POST /v1/jobs/lease would claim them but without waiting
+    # (none when none is queued). A worker that reports and wants more work saves a round
+    # trip; one that gets none long-polls the lease route as before.
+    max_jobs: int = Field(0, strict=True, ge=0, le=MAX_JOBS_PER_LEASE)
 
 
 class JobResultAck(_Body):
@@ -492,6 +497,7 @@ class JobResultAck(_Body):
 
 class JobResultAcks(_Body):
     acks: list[JobResultAck]
+    jobs: list[JobLease] = []  # leased in the same request (JobResults.max_jobs)
 
 
 # ---- added with the service: listings, errors, health ---------------------------------

@@ -215,6 +215,32 @@ class Queue:
             for c in claimed
         ]
 
+    def lease_now(
+        self, worker: WorkerRef, max_jobs: int, new: bool = True, signalled: bool = False
+    ) -> list[JobLease]:
+        """One look at the queue for the worker, without waiting: what a lease request does
+        each time it is woken (`signalled`) or polls. No statement is run while the queue is
+        known to hold nothing for this kind of worker or, for a `new` request, while other
+        requests of its kind wait (the next jobs' signal wakes them first)."""
+        generation = self.wakeup.generation
+        if not signalled and self.wakeup.known_empty(worker.kind, self.settings.lease_poll_s, new):
+            return []
+        # On the loop: one short claim, cheaper than a thread hand-off (routers/jobs.py).
+        jobs = self.try_lease(worker, max_jobs)
+        if not jobs:
+            self.wakeup.found_empty(worker.kind, generation)
+        return jobs
+
+    def lease_after_report(self, worker_id: int, token_hash: str, max_jobs: int) -> list[JobLease]:
+        """The jobs a results request leases for its worker (JobResults.max_jobs): one look
+        at the queue, no waiting; none for a worker the token does not own (its results were
+        refused item by item, 404 or 403). It claims even while lease requests of its kind
+        wait (not `new`): a woken one that finds the jobs taken costs a claim statement and
+        waits on, where leaving them to it would cost this worker a lease request (measured:
+        benchmarks/RESULTS.md, "a report leases the next jobs")."""
+        worker = self._authorised(worker_id, token_hash) if max_jobs > 0 else None
+        return [] if worker is None else self.lease_now(worker, max_jobs, new=False)
+
     def _canonical(self, ids: set[int]) -> dict[int, dict]:
         """Workload documents by id (rows never change, so they are cached)."""
         missing = ids - self._workloads.keys()
@@ -239,13 +265,7 @@ class Queue:
         deadline = time.monotonic() + min(body.wait_s, self.settings.lease_wait_cap_s)
         signalled, new = False, True
         while True:
-            jobs: list[JobLease] = []
-            generation = self.wakeup.generation
-            if signalled or not self.wakeup.known_empty(kind, self.settings.lease_poll_s, new):
-                # On the loop: one short claim, cheaper than a thread hand-off (routers/jobs.py).
-                jobs = self.try_lease(worker, body.max_jobs)
-                if not jobs:
-                    self.wakeup.found_empty(kind, generation)
+            jobs = self.lease_now(worker, body.max_jobs, new=new, signalled=signalled)
             left = deadline - time.monotonic()
             if jobs or left <= 0 or self.wakeup.closed:
                 return LeaseResponse(jobs=jobs)

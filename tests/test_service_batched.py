@@ -237,3 +237,63 @@ def test_a_lease_and_its_results_are_recorded_without_a_thread_hand_off(client, 
     )
     assert single.status_code == 200, single.text
     assert not {"try_lease", "submit", "submit_many"} & set(handed), handed
+
+
+def test_a_report_leases_the_workers_next_jobs_in_the_same_request(client):
+    task = create_task(client, budget=20, strategy="grid")
+    owner, foreign = register(client, "owner"), register(client, "foreign", gpu="a100")
+    first = lease(client, owner, max_jobs=4)
+    assert len(first) == 4
+    # Without max_jobs (every worker before the field existed): no lease, no `jobs` to read.
+    plain = post_results(client, owner, [_item(first[0], ok(30.0))]).json()
+    assert plain["jobs"] == []
+    body = {
+        "worker_id": owner,
+        "results": [_item(j, ok(31.0 + i)) for i, j in enumerate(first[1:])],
+        "max_jobs": 3,
+    }
+    response = client.post("/v1/jobs/results", json=body, headers=WORKER_HEADERS)
+    assert response.status_code == 200, response.text
+    answer = response.json()
+    assert [a["accepted"] for a in answer["acks"]] == [True] * 3
+    leased = answer["jobs"]
+    assert len(leased) == 3
+    assert {j["job_id"] for j in leased}.isdisjoint(j["job_id"] for j in first)
+    assert all(j["task_id"] == task["id"] and j["gpu"] == "h100" for j in leased)
+    # They are this worker's leases as the lease route's are: reported, they count.
+    settle(client)
+    acks = post_results(client, owner, [_item(j, ok(20.0)) for j in leased]).json()["acks"]
+    assert [a["accepted"] for a in acks] == [True] * 3
+    doc = client.get(f"/v1/tasks/{task['id']}").json()
+    assert doc["trials_done"] == 7
+    # A worker of another GPU gets none of this task's jobs; a report on leases that are not
+    # the worker's leases nothing either (its results were refused item by item).
+    theirs = lease(client, owner, max_jobs=1)
+    refused = {
+        "worker_id": foreign,
+        "results": [_item(theirs[0], ok(5.0))],
+        "max_jobs": 8,
+    }
+    answer = client.post("/v1/jobs/results", json=refused, headers=WORKER_HEADERS).json()
+    assert answer["acks"][0]["status_code"] == 403 and answer["jobs"] == []
+    unknown = dict(refused, worker_id=987654)
+    answer = client.post("/v1/jobs/results", json=unknown, headers=WORKER_HEADERS).json()
+    assert answer["acks"][0]["status_code"] == 403 and answer["jobs"] == []
+    with service_of(client).db.read_conn() as conn:
+        held = conn.scalar(
+            select(func.count()).select_from(JobRow).where(JobRow.lease_owner == foreign)
+        )
+    assert held == 0
+
+
+def test_a_report_asking_for_too_many_jobs_is_a_422_naming_max_jobs(client):
+    create_task(client, budget=4, strategy="grid")
+    owner = register(client, "owner")
+    (job,) = lease(client, owner, max_jobs=1)
+    for bad in (65, -1, "2", True):
+        body = {"worker_id": owner, "results": [_item(job, ok(30.0))], "max_jobs": bad}
+        response = client.post("/v1/jobs/results", json=body, headers=WORKER_HEADERS)
+        assert response.status_code == 422, (bad, response.text)
+        assert response.json()["field"] == "max_jobs", response.text
+    # Nothing was recorded by the refused requests.
+    assert post_results(client, owner, [_item(job, ok(30.0))]).json()["acks"][0]["detail"] is None

@@ -11,7 +11,7 @@ from types import SimpleNamespace
 
 from pipetune.clients.sdk import ApiError, NotFoundError
 from pipetune.model.trials import MeasureResult
-from pipetune.model.wire import JobLease, JobResultAck, ResultAck, ScheduleDoc
+from pipetune.model.wire import JobLease, JobResultAck, JobResultAcks, ResultAck, ScheduleDoc
 from pipetune.workers.daemon import EventLog, WorkerConfig
 from pipetune.workers.daemon.gpu import describe_model_gpu
 from pipetune.workers.daemon.worker import LEASE_AHEAD_S, Worker
@@ -47,10 +47,20 @@ OK = MeasureResult(status="ok", latency_us=5.0)
 class FakeApi:
     base_url = "http://fake"
 
-    def __init__(self, batch_error: Exception | None = None):
+    def __init__(self, batch_error: Exception | None = None, queued: int = 0):
         self.batch_error = batch_error
         self.batches: list[list[int]] = []
         self.singles: list[int] = []
+        self.queued = [_job(100 + i) for i in range(queued)]  # what a report may lease
+        self.asked: list[int] = []  # max_jobs of each report
+
+    def post_results_and_lease(
+        self, worker_id: int, results: list, max_jobs: int = 0
+    ) -> JobResultAcks:
+        acks = self.post_results(worker_id, results)
+        self.asked.append(max_jobs)
+        jobs, self.queued = self.queued[:max_jobs], self.queued[max_jobs:]
+        return JobResultAcks(acks=acks, jobs=jobs)
 
     def post_results(self, worker_id: int, results: list) -> list[JobResultAck]:
         if self.batch_error is not None:
@@ -145,3 +155,52 @@ def test_a_worker_holds_its_slots_plus_the_jobs_it_leases_ahead():
     assert worker._free_slots() == 1
     none_ahead, _ = _worker(FakeApi(), lease_ahead=0)
     assert none_ahead._capacity() == 1
+
+
+class FakePool:
+    def __init__(self) -> None:
+        self.units: list[list[int]] = []
+
+    def submit(self, fn: object, unit: list[JobLease]) -> None:
+        self.units.append([job.job_id for job in unit])
+
+
+def test_a_report_leases_what_the_slots_it_frees_can_take():
+    api = FakeApi(queued=10)
+    worker, _ = _worker(api, concurrency=2, lease_ahead=3)
+    pool = FakePool()
+    worker._pool = pool  # type: ignore[assignment]
+    # Five held (the capacity): two are reported, so the report may lease two.
+    worker._busy = 5
+    for job in (_job(1), _job(2)):
+        worker._reports.put((job, OK))
+    worker._reports.put(None)
+    worker._reporter()
+    assert api.asked == [2]
+    assert pool.units == [[100], [101]]  # one job per unit for the simulated runner
+    assert worker._busy == 5  # three still held, two new
+
+
+def test_a_report_leaves_to_the_lease_in_flight_what_it_asks_for():
+    api = FakeApi(queued=10)
+    worker, _ = _worker(api, concurrency=1, lease_ahead=3)  # capacity 4
+    worker._pool = FakePool()  # type: ignore[assignment]
+    worker._busy, worker._asking = 2, 2  # a lease request waits for two more
+    for job in (_job(1), _job(2)):
+        worker._reports.put((job, OK))
+    worker._reports.put(None)
+    worker._reporter()
+    assert api.asked == [2]  # the two the results free; the lease asks for the other two
+    stopping, _ = _worker(api := FakeApi(queued=10))
+    stopping._stop.set()
+    _report(stopping, [_job(1)])
+    assert api.asked == [0] and stopping._busy == 0
+
+
+def test_jobs_a_report_leases_after_the_pool_closed_are_abandoned_not_lost():
+    api = FakeApi(queued=10)
+    worker, log = _worker(api, concurrency=1, lease_ahead=1)
+    assert worker._pool is None  # the worker stopped measuring meanwhile
+    _report(worker, [_job(1)])
+    assert api.asked == [2] and worker.counts["abandoned"] == 2
+    assert worker._busy == 0 and "abandoned" in log.getvalue()

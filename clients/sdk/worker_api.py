@@ -75,8 +75,18 @@ class WorkerApi:
     def post_results(self, worker_id: int, results: list[ReportedResult]) -> list[JobResultAck]:
         """Many results in one request; one answer per result, in order (`status_code` says
         what the single-job route would have answered for it)."""
-        body = JobResults(worker_id=worker_id, results=results).model_dump(mode="json")
-        return self._http.call(JobResultAcks, "POST", "/v1/jobs/results", json=body).acks
+        return self.post_results_and_lease(worker_id, results).acks
+
+    def post_results_and_lease(
+        self, worker_id: int, results: list[ReportedResult], max_jobs: int = 0
+    ) -> JobResultAcks:
+        """`post_results`, and the worker's next lease in the same request: up to `max_jobs`
+        queued jobs (`jobs` of the answer; none when nothing is queued, without waiting)."""
+        body = JobResults(worker_id=worker_id, results=results, max_jobs=max_jobs)
+        doc = body.model_dump(mode="json")
+        if not max_jobs:
+            del doc["max_jobs"]  # as before the field existed: a service of then takes it
+        return self._http.call(JobResultAcks, "POST", "/v1/jobs/results", json=doc)
 
     def close(self) -> None:
         self._http.close()

@@ -82,10 +82,16 @@ async def post_results(
     """Record many measurements in one request (one database transaction). Each result is
     judged as the single-job route judges it, and answered in order: `status_code` 200
     (`accepted` says whether it was recorded), 403 (not this worker's lease) or 404 (no
-    such job). Idempotent per (job, lease token): the whole request may be sent again."""
+    such job). Idempotent per (job, lease token): the whole request may be sent again.
+
+    With `max_jobs`, the worker's next lease comes back in the same answer (`jobs`): up to
+    that many queued jobs, claimed after the results are recorded, without waiting. (Sent
+    again, such a request leases again: the jobs of an answer that was lost return to the
+    queue when their lease expires, as those of a lost lease answer do.)"""
     for i, item in enumerate(body.results):
         check_storable(item.result, ["body", "results", i, "result"])
     reports = [Report(r.job_id, r.lease_token, r.result) for r in body.results]
     judged, ready = service.queue.submit_many(body.worker_id, token, reports)
     _advance(service, ready)
-    return JobResultAcks(acks=[j.ack for j in judged])
+    jobs = service.queue.lease_after_report(body.worker_id, token, body.max_jobs)
+    return JobResultAcks(acks=[j.ack for j in judged], jobs=jobs)

@@ -9,7 +9,10 @@ Threads, each with one job:
 - measuring pool: `concurrency` threads for simulated/replay runners; one thread for cupy
   (the GPU runs one trial at a time; a batch is compiled in parallel by runner.prepare);
 - reporter: posts the results measured since its last post in one request
-  (`POST /v1/jobs/results`), with retries (workers.daemon.reporting);
+  (`POST /v1/jobs/results`), with retries (workers.daemon.reporting), and leases in the same
+  request the jobs the slots they free can take (`max_jobs`): a worker that keeps finding work
+  that way makes one request per batch of trials instead of two (the control thread's
+  long-poll is then for the jobs that request did not find);
 - heartbeat: tells the service every few seconds that the worker lives and how busy it is.
 
 Stopping: the first SIGTERM (or SIGINT) stops leasing; the jobs in hand are measured and
@@ -91,7 +94,11 @@ class Worker:
         self._abort = threading.Event()  # start no more trials; stop retrying reports
         self._fatal: BaseException | None = None
         self._busy = 0
+        self._asking = 0  # jobs the control thread's lease request in flight asks for
         self._slots = threading.Condition()
+        # The measuring pool while it takes jobs (the reporter hands it jobs it leased too).
+        self._pool: ThreadPoolExecutor | None = None
+        self._pool_lock = threading.Lock()
         self._reports: Queue[tuple[JobLease, MeasureResult] | None] = Queue()
         self._throttle = Throttle()
         self._serial = runner.name == "cupy"
@@ -159,9 +166,12 @@ class Worker:
         heartbeat.start()
         reporter.start()
         pool = ThreadPoolExecutor(workers, thread_name_prefix="pipetune-measure")
+        self._pool = pool
         try:
-            self._lease_loop(api, pool)
+            self._lease_loop(api)
         finally:
+            with self._pool_lock:
+                self._pool = None  # the reporter's leases from now on are abandoned
             pool.shutdown(wait=True)  # the jobs in hand are measured (or abandoned on abort)
             self._reports.put(None)
             reporter.join()
@@ -247,16 +257,20 @@ class Worker:
 
     def _lease(self, api: WorkerApi, free: int) -> list[JobLease]:
         """One lease request, retried with backoff while the service is unreachable or
-        answers 5xx; [] once the worker is stopping."""
+        answers 5xx; [] once the worker is stopping. The jobs count as held before the
+        request ends (`_asking`): the reporter leases only what this one does not ask for."""
         assert self.worker_id is not None
         worker_id = self.worker_id
+        with self._slots:
+            self._asking = min(free, MAX_JOBS_PER_LEASE)
 
         def failed(attempt: int, exc: BaseException, wait_s: float) -> None:
             if self._throttle("lease", time.monotonic()):
                 self.log.warning("lease_failed", retry_in_s=wait_s, msg=str(exc))
 
+        jobs: list[JobLease] = []
         try:
-            return call_with_retries(
+            jobs = call_with_retries(
                 lambda: api.lease(
                     worker_id,
                     max_jobs=min(free, MAX_JOBS_PER_LEASE),
@@ -267,9 +281,14 @@ class Worker:
                 on_retry=failed,
             )
         except TRANSIENT:
-            return []  # stopping (the retries end only then)
+            pass  # stopping (the retries end only then): no jobs
+        finally:
+            with self._slots:
+                self._asking = 0
+                self._busy += len(jobs)
+        return jobs
 
-    def _lease_loop(self, api: WorkerApi, pool: ThreadPoolExecutor) -> None:
+    def _lease_loop(self, api: WorkerApi) -> None:
         reregistered = 0
         while not self._stop.is_set():
             free = self._free_slots()
@@ -293,11 +312,29 @@ class Worker:
                 if time.monotonic() - started < 0.2:  # a service that does not long-poll
                     self._stop.wait(1.0)
                 continue
-            with self._slots:
-                self._busy += len(jobs)
             self.log.event("leased", "debug", jobs=len(jobs))
-            for unit in self._units(jobs):
-                pool.submit(self._measure_unit, unit)
+            self._hand_over(jobs)
+
+    def _hand_over(self, jobs: list[JobLease]) -> None:
+        """Jobs leased (and counted as held) to the measuring pool; abandoned if it is
+        closed (the worker stopped while a report leased them: their leases expire)."""
+        with self._pool_lock:
+            if self._pool is not None:
+                for unit in self._units(jobs):
+                    self._pool.submit(self._measure_unit, unit)
+                return
+        for job in jobs:
+            self._abandon(job)
+
+    def _lease_with_report(self, reported: int) -> int:
+        """How many jobs a report of `reported` results may lease: what the slots those
+        results free can take, less what a lease request in flight asks for; none once the
+        worker is stopping."""
+        with self._slots:
+            if self._stop.is_set():
+                return 0
+            free = self._capacity() - (self._busy - reported) - self._asking
+            return max(0, min(free, MAX_JOBS_PER_LEASE))
 
     def _units(self, jobs: list[JobLease]) -> list[list[JobLease]]:
         """Jobs grouped by workload for the GPU (one prepare compiles a group in parallel);
@@ -467,13 +504,27 @@ class Worker:
                     msg=str(exc),
                 )
 
+        leased: list[JobLease] = []
+
+        def post_all() -> list[Any]:
+            acks = []
+            for i in range(0, len(results), MAX_RESULTS_PER_POST):
+                last = i + MAX_RESULTS_PER_POST >= len(results)
+                answer = api.post_results_and_lease(
+                    worker_id,
+                    results[i : i + MAX_RESULTS_PER_POST],
+                    max_jobs=self._lease_with_report(len(items)) if last else 0,
+                )
+                acks += answer.acks
+                if answer.jobs:
+                    with self._slots:  # held before the reported ones are released
+                        self._busy += len(answer.jobs)
+                    leased.extend(answer.jobs)
+            return acks
+
         try:
             acks = call_with_retries(
-                lambda: [
-                    ack
-                    for i in range(0, len(results), MAX_RESULTS_PER_POST)
-                    for ack in api.post_results(worker_id, results[i : i + MAX_RESULTS_PER_POST])
-                ],
+                post_all,
                 give_up_after_s=self.config.result_retry_s,
                 abort=self._abort,
                 on_retry=on_retry,
@@ -483,6 +534,10 @@ class Worker:
                 self._count("unreported")
                 self.log.error("report_gave_up", job=job.job_id, msg=str(exc))
             return
+        finally:
+            if leased:  # whatever became of the report, these jobs are the worker's
+                self.log.event("leased", "debug", jobs=len(leased), with_report=True)
+                self._hand_over(leased)
         for (job, _), ack in zip(items, acks, strict=True):
             if ack.status_code != 200:
                 self._count("refused")
