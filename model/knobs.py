@@ -233,7 +233,10 @@ class KnobArraySpace:
         return tuple(getattr(schedule, k) for k in self.knobs)
 
     def index(self, schedule: Any) -> int:
-        """Position of a schedule in the space; KeyError if it is not a valid member."""
+        """Position of a schedule in the space; KeyError if it is not a valid member (a
+        schedule of another family is not one, whatever its knob values)."""
+        if not isinstance(schedule, self.schedule_type):
+            raise KeyError(f"not a {self.schedule_type.__name__}: {schedule!r}")
         return self._position[self._key(schedule)]
 
     def __contains__(self, schedule: object) -> bool:

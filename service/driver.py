@@ -151,8 +151,11 @@ SELECT t.state, t.workload_id, t.gpu, t.strategy, t.seed, t.budget, t.batches,
     ) AS outstanding
 FROM tasks t WHERE t.id = %(task)s
 """
+# The schedule as its stored text: an advance reads rows it has read before, whose schedule
+# it finds by that text (Driver._schedule), and decoding the JSON of each would cost more.
 READ_JOBS_SQL = """
-SELECT trial, batch, schedule, state, status, latency_us, error, seen_at FROM jobs
+SELECT trial, batch, schedule::text AS schedule, state, status, latency_us, error, seen_at
+FROM jobs
 WHERE task_id = %(task)s AND batch >= %(first)s AND batch < %(before)s
 ORDER BY trial
 """
@@ -336,7 +339,7 @@ class Driver:
         self._picks: OrderedDict[tuple[str, str], tuple[float, LearnedPick | None]] = OrderedDict()
         self._workloads: dict[int, Any] = {}
         # Schedules read back from job rows, by (family, document): frozen, so shareable.
-        self._parsed: dict[tuple[str, tuple, tuple], Any] = {}
+        self._parsed: dict[tuple[str, Any], Any] = {}  # (family, document) -> schedule
 
     # ---- sessions ------------------------------------------------------------------
 
@@ -776,16 +779,17 @@ class Driver:
         ]
 
     def _schedule(self, fam: KernelFamily, doc: Any) -> Any:
-        """A job's schedule document as the family's schedule, parsed (and validated) once
-        per distinct document: every advance reads its batches back, and the validation
-        costs more than the read."""
+        """A job's schedule document (its JSON text on PostgreSQL, the decoded object on
+        SQLite) as the family's schedule, parsed (and validated) once per distinct document:
+        every advance reads its batches back, and the parsing costs more than the read."""
         try:
-            key = (fam.name, tuple(doc), tuple(doc.values()))  # names and values: flat, small
+            # The text itself is the key; an object's names and values (flat, small).
+            key = (fam.name, doc if isinstance(doc, str) else (tuple(doc), tuple(doc.values())))
             found = self._parsed.get(key)
         except (AttributeError, TypeError):  # not an object of plain values: let it say why
             return fam.parse_schedule(doc)
         if found is None:
-            found = fam.parse_schedule(doc)
+            found = fam.parse_schedule(json.loads(doc) if isinstance(doc, str) else doc)
             if len(self._parsed) >= MAX_PARSED:
                 self._parsed.clear()
             self._parsed[key] = found
@@ -908,10 +912,11 @@ class Driver:
         made = len(live.sizes)
         unseen = [v.schedule for v in views if v.batch < made and v.trial not in live.seen]
         session = live.session
-        pending = [session.space[r] for r in session.pending]
-        if pending[: len(unseen)] != unseen:
+        # (Only the first pending rows are made schedules: they are what is compared.)
+        first_pending = [session.space[r] for r in session.pending[: len(unseen)]]
+        if first_pending != unseen:
             return False
-        if len(pending) - len(unseen) != sum(live.sizes[min(before, made) :]):
+        if len(session.pending) - len(unseen) != sum(live.sizes[min(before, made) :]):
             return False  # it holds unobserved trials of batches the views cover
         for v in views:
             at = live.seen.get(v.trial)

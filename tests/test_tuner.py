@@ -155,6 +155,24 @@ def test_observe_rejects_unproposed_and_duplicate(space):
         s.observe([(proposed[0], _ok())])
 
 
+def test_a_look_alike_of_a_schedule_is_no_member_of_the_space(space):
+    # index() answers membership on its own (the session maps each observed schedule to its
+    # row with that one lookup): an object with the same knob values but not of the space's
+    # schedule type is not a member, and the session says so rather than failing otherwise.
+    from types import SimpleNamespace
+
+    member = space[5]
+    look_alike = SimpleNamespace(**member.as_dict(), id=member.id)
+    assert space.index(member) == 5 and look_alike not in space
+    with pytest.raises(KeyError):
+        space.index(look_alike)
+    s = TuningSession(WORKLOAD, space.gpu, "random", seed=0, budget=10, space=space)
+    s.propose(10)
+    for stranger in (look_alike, "s-not-a-schedule"):
+        with pytest.raises(SessionError, match="not in this session's space"):
+            s.observe([(stranger, _ok())])
+
+
 def test_session_ends_when_the_space_is_exhausted(h100):
     tiny = Space.enumerate(gemm(16, 16, 16), h100)
     s = TuningSession(tiny.workload, h100, "grid", seed=0, budget=10_000, space=tiny)

@@ -72,9 +72,14 @@ class TuningSession:
         return [self.space[r] for r in rows]
 
     def _row(self, schedule: Any) -> int:
-        if schedule not in self.space:
-            raise SessionError(f"schedule {schedule.id} is not in this session's space")
-        return self.space.index(schedule)
+        # One lookup (index answers membership too), not a test and then the lookup: the
+        # service's driver maps every observed schedule back to its row.
+        try:
+            return self.space.index(schedule)
+        except (KeyError, AttributeError):  # (AttributeError: not a schedule at all)
+            raise SessionError(
+                f"schedule {getattr(schedule, 'id', schedule)} is not in this session's space"
+            ) from None
 
     def adopt(self, proposed: Sequence[Any], recorded: Sequence[Any]) -> None:
         """Take a recorded batch in place of the one this session just proposed: its
