@@ -13,3 +13,21 @@ def test_whole_tasks_are_proposed_through_their_budget(strategy):
     cpu, proposed = task_cpu(strategy, tasks=2, budget=20)
     assert proposed == 2 * 20  # batches of 8, 8 and 4 per task
     assert cpu > 0.0
+
+
+def test_made_up_results_are_the_load_benchmarks(monkeypatch):
+    from benchmarks.harness import fake_result
+    from pipetune.tuner.session import TuningSession
+
+    seen = []
+    observe = TuningSession.observe
+
+    def recording(self, results):
+        seen.extend((s, r.latency_us) for s, r in results)
+        return observe(self, results)
+
+    monkeypatch.setattr(TuningSession, "observe", recording)
+    _, proposed = task_cpu("random", tasks=1, budget=8, results="made-up")
+    assert proposed == len(seen) == 8
+    for schedule, latency in seen:
+        assert latency == pytest.approx(fake_result({"schedule": schedule.as_dict()})["latency_us"])

@@ -445,9 +445,45 @@ def test_a_prior_whose_slope_is_clipped_to_zero_never_drives_a_round(recorded, s
             if len(y) and strategy._prior_judged(y, ok_rows) and strategy._scale(y, ok_rows) == 0:
                 clipped_rounds += 1
                 assert strategy.last_used_prior is False
+                # Nothing to compare: the prior's GP was not fitted (it would model the
+                # measurements alone, as the plain one does), and neither GP leads.
+                assert strategy._residual is not None
+                assert len(strategy._residual.training_data[1]) < len(y)
+                assert strategy._lead == 0.0
             history += _observe(recorded, rows)
             exclude.update(rows)
     assert clipped_rounds >= 8  # the case is exercised, not skipped
+
+
+def test_a_prior_far_behind_refreshes_its_own_hyperparameters_only_as_the_data_double(
+    recorded, space
+):
+    # The prior's GP mirrors the rule for the plain one: while the measurements alone explain
+    # the data decisively better, its hyperparameters are re-estimated only once the data
+    # have doubled; in between it is conditioned on every trial with the last estimate.
+    rng = np.random.default_rng(0)
+    faithful = recorded_prior(recorded, recorded.configs, recorded.knob_names)
+    # Errors as large as its signal: the measurements soon explain the data far better.
+    spread = float(np.std(faithful.values))
+    noisy = PriorMean(faithful.values + spread * rng.standard_normal(len(space)), source="noisy")
+    trailing_rounds = 0
+    for seed in range(3):
+        strategy = make_strategy("bo", space, seed=seed, prior=noisy)
+        assert isinstance(strategy, BayesianStrategy) and strategy._residual is not None
+        history: list[Observation] = []
+        for _ in range(8):
+            lead, estimated_on = strategy._lead, strategy._residual._estimated_on
+            fitted_on = len(strategy._residual.training_data[1])
+            rows = strategy.next_batch(8, {o.row for o in history}, history)
+            n_ok = sum(not o.failed for o in history)
+            refitted = len(strategy._residual.training_data[1]) != fitted_on
+            if lead < -bo.LEAD_MARGIN and refitted:
+                trailing_rounds += 1
+                refreshed = strategy._residual._estimated_on
+                assert refreshed == estimated_on or refreshed >= 2 * estimated_on
+                assert len(strategy._residual.training_data[1]) == n_ok  # every trial
+            history += _observe(recorded, rows)
+    assert trailing_rounds >= 3  # the case is exercised, not skipped
 
 
 def test_a_prior_that_ranks_alike_but_spreads_wider_is_rescaled(recorded, space):

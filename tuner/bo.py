@@ -30,7 +30,9 @@ One round:
    prior is right or wrong). Until the slope is known better than the prior belief about
    it, the prior stays, and the GP on the measurements alone (needed only to compare) is not
    fitted; while the prior leads by a decisive margin, that GP's hyperparameters are
-   re-estimated only as the data double (on the benchmark sets the proposals are the same).
+   re-estimated only as the data double (on the benchmark sets the proposals are the same),
+   and while it trails by one, the prior's GP's are; where the slope is clipped to 0 the prior
+   adds nothing, and its GP is not fitted at all.
 
 Everything is deterministic given the seed and the history (scikit-learn models are seeded,
 BLAS runs on one thread during a round), so the service can replay a session.
@@ -216,15 +218,25 @@ class BayesianStrategy(Strategy):
             scale = self._scale(y, ok_rows)
             prior = scale * self.prior.values
             residual = y - prior[ok_rows]
-            if n_ok >= 1:
-                self._residual.fit(X_ok, residual)
+            # A prior whose slope on the measurements is clipped to 0 adds nothing: the GP of
+            # the residuals would model the measurements alone, as the plain one does, and
+            # their evidence would differ only by where each fit stopped (a coin toss that
+            # kept a backwards prior in play). The prior is not used then, and its GP is not
+            # fitted: neither leads.
+            useless = judged and scale == 0.0
+            if n_ok >= 1 and not useless:
+                # While the measurements alone explain the data decisively better, the
+                # prior's GP is re-estimated only as the data double (as the plain one is
+                # while the prior leads: the margin covers the older estimate's lower
+                # evidence).
+                trailing = self._lead < -LEAD_MARGIN
+                self._residual.fit(X_ok, residual, new_share=2 if trailing else 10)
             use_prior = not judged
-            if judged:
+            if useless:
+                self._lead = 0.0
+            elif judged:
                 self._lead = self._residual.log_evidence() - self._plain.log_evidence()
-                # A prior whose slope on the measurements is clipped to 0 adds nothing: both
-                # GPs then model the measurements alone, and their evidence differs only by
-                # where each fit stopped (a coin toss that kept a backwards prior in play).
-                use_prior = scale > 0.0 and self._lead >= 0
+                use_prior = self._lead >= 0
             if use_prior:
                 model, offset = self._residual, prior
         self.last_used_prior = use_prior
