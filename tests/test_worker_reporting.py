@@ -204,3 +204,22 @@ def test_jobs_a_report_leases_after_the_pool_closed_are_abandoned_not_lost():
     _report(worker, [_job(1)])
     assert api.asked == [2] and worker.counts["abandoned"] == 2
     assert worker._busy == 0 and "abandoned" in log.getvalue()
+
+
+def test_a_service_from_before_reports_leased_gets_reports_without_max_jobs():
+    api = FakeApi(queued=10)
+    plain = api.post_results_and_lease
+
+    def refusing(worker_id: int, results: list, max_jobs: int = 0) -> JobResultAcks:
+        if max_jobs:  # as a service whose JobResults forbids the unknown field
+            raise ApiError(422, "Extra inputs are not permitted", field="max_jobs")
+        return plain(worker_id, results, max_jobs)
+
+    api.post_results_and_lease = refusing  # type: ignore[method-assign]
+    worker, log = _worker(api, concurrency=1, lease_ahead=2)
+    worker._pool = FakePool()  # type: ignore[assignment]
+    _report(worker, [_job(1), _job(2)])
+    # The same batch again without the field, once; then never asked for again.
+    assert api.batches == [[1, 2]] and api.singles == [] and api.asked == [0]
+    assert worker.counts["accepted"] == 2 and "report_leases_unsupported" in log.getvalue()
+    assert worker._lease_with_report(1) == 0

@@ -95,6 +95,7 @@ class Worker:
         self._fatal: BaseException | None = None
         self._busy = 0
         self._asking = 0  # jobs the control thread's lease request in flight asks for
+        self._leases_in_reports = True  # the service takes max_jobs in a report (until it says)
         self._slots = threading.Condition()
         # The measuring pool while it takes jobs (the reporter hands it jobs it leased too).
         self._pool: ThreadPoolExecutor | None = None
@@ -331,7 +332,7 @@ class Worker:
         results free can take, less what a lease request in flight asks for; none once the
         worker is stopping."""
         with self._slots:
-            if self._stop.is_set():
+            if self._stop.is_set() or not self._leases_in_reports:
                 return 0
             free = self._capacity() - (self._busy - reported) - self._asking
             return max(0, min(free, MAX_JOBS_PER_LEASE))
@@ -471,6 +472,11 @@ class Worker:
                 self.log.info("batch_reports_unsupported", msg="reporting one result a request")
                 batched = False
             except ApiError as exc:
+                if exc.status_code == 422 and exc.field == "max_jobs" and self._leases_in_reports:
+                    # A service from before reports leased: report as it takes them.
+                    self._leases_in_reports = False
+                    self.log.info("report_leases_unsupported", msg="leasing by lease requests")
+                    return self._report_all(api, items, batched)
                 if exc.status_code != 422:
                     for job, _ in items:
                         self._count("refused")
