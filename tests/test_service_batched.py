@@ -266,8 +266,9 @@ def test_a_report_leases_the_workers_next_jobs_in_the_same_request(client):
     assert [a["accepted"] for a in acks] == [True] * 3
     doc = client.get(f"/v1/tasks/{task['id']}").json()
     assert doc["trials_done"] == 7
-    # A worker of another GPU gets none of this task's jobs; a report on leases that are not
-    # the worker's leases nothing either (its results were refused item by item).
+    # A worker of another GPU gets none of this task's jobs (its report on another's lease is
+    # refused item by item, and it is still a worker that may lease); an unknown worker gets
+    # none at all.
     theirs = lease(client, owner, max_jobs=1)
     refused = {
         "worker_id": foreign,
