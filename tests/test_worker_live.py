@@ -94,6 +94,27 @@ def test_worker_registers_leases_reports_and_heartbeats(service: LocalService, t
     assert stopped["measured"] == stopped["accepted"] == 6
 
 
+def test_a_worker_leases_its_next_jobs_with_its_reports(service: LocalService, tmp_path: Path):
+    # A `random` task keeps its next batch queued: the worker's reports find jobs to lease,
+    # so after its first lease request most jobs come back with the results it posts.
+    log = tmp_path / "worker.log"
+    with Client(service.url) as c:
+        task = c.tune(RN50_FC, "h200", budget=48, strategy="random", seed=3)
+        proc = start_worker(
+            service.url, log, "--runner", "simulated", "--gpu", "h200", "--name", "live-reports"
+        )
+        try:
+            done = c.wait(task.id, poll_s=0.2, timeout_s=60)
+        finally:
+            code = stop(proc, log)
+    assert code == 0
+    assert done.state == "done" and done.trials_done == 48
+    (stopped,) = named(events(log), "stopped")
+    assert stopped["measured"] == stopped["accepted"] == 48
+    assert stopped["leased"] + stopped["leased_with_reports"] == 48
+    assert stopped["leased_with_reports"] > stopped["leased"]
+
+
 def test_sigterm_drains_the_jobs_in_hand_then_exits_0(service: LocalService, tmp_path: Path):
     log = tmp_path / "worker.log"
     with Client(service.url) as c:

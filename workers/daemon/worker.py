@@ -252,9 +252,9 @@ class Worker:
             self._busy -= n
             self._slots.notify_all()
 
-    def _count(self, key: str) -> None:
+    def _count(self, key: str, n: int = 1) -> None:
         with self._counts_lock:
-            self.counts[key] += 1
+            self.counts[key] += n
 
     def _lease(self, api: WorkerApi, free: int) -> list[JobLease]:
         """One lease request, retried with backoff while the service is unreachable or
@@ -314,6 +314,7 @@ class Worker:
                     self._stop.wait(1.0)
                 continue
             self.log.event("leased", "debug", jobs=len(jobs))
+            self._count("leased", len(jobs))
             self._hand_over(jobs)
 
     def _hand_over(self, jobs: list[JobLease]) -> None:
@@ -543,6 +544,7 @@ class Worker:
         finally:
             if leased:  # whatever became of the report, these jobs are the worker's
                 self.log.event("leased", "debug", jobs=len(leased), with_report=True)
+                self._count("leased_with_reports", len(leased))
                 self._hand_over(leased)
         for (job, _), ack in zip(items, acks, strict=True):
             if ack.status_code != 200:
