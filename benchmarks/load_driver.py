@@ -129,7 +129,6 @@ class Tally:
     registered: int = 0  # workers registered, replacements included
     heartbeats: int = 0  # answered 200
     result_posts: int = 0  # result requests answered 200 (one per job, or per batch)
-    lease_requests: int = 0  # POST /v1/jobs/lease of the run (not of the idle phase)
     report_leases: int = 0  # results requests that leased jobs too
     idle_polls: int = 0  # lease requests of the idle phase
     idle_jobs: int = 0  # jobs leased in the idle phase (there are none to lease)
@@ -289,7 +288,8 @@ class SimulatedWorker:
             if left <= 0 and not self._next:
                 return
             # A worker answers the jobs it holds, even past the deadline.
-            jobs, self._next = (self._next, []) if self._next else (await self._lease(left), [])
+            jobs = self._next or await self._lease(left)
+            self._next = []
             if jobs is None:
                 await asyncio.sleep(0.2)
                 continue
@@ -332,7 +332,6 @@ class SimulatedWorker:
     async def _lease(self, left: float) -> list[dict] | None:
         """The jobs one lease request got (None: the request failed)."""
         started = time.perf_counter()
-        self.tally.lease_requests += 1
         try:
             response = await self.client.post(
                 "/v1/jobs/lease", json=self._lease_request(left), headers=HEADERS

@@ -262,8 +262,9 @@ class Worker:
         request ends (`_asking`): the reporter leases only what this one does not ask for."""
         assert self.worker_id is not None
         worker_id = self.worker_id
+        asking = min(free, MAX_JOBS_PER_LEASE)
         with self._slots:
-            self._asking = min(free, MAX_JOBS_PER_LEASE)
+            self._asking = asking
 
         def failed(attempt: int, exc: BaseException, wait_s: float) -> None:
             if self._throttle("lease", time.monotonic()):
@@ -272,11 +273,7 @@ class Worker:
         jobs: list[JobLease] = []
         try:
             jobs = call_with_retries(
-                lambda: api.lease(
-                    worker_id,
-                    max_jobs=min(free, MAX_JOBS_PER_LEASE),
-                    wait_s=self.config.lease_wait_s,
-                ),
+                lambda: api.lease(worker_id, max_jobs=asking, wait_s=self.config.lease_wait_s),
                 give_up_after_s=None,
                 abort=self._stop,
                 on_retry=failed,
