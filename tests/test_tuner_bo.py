@@ -782,6 +782,171 @@ def test_the_believer_is_exact_over_whole_pools_while_scoring_only_their_heads(m
     assert _believer_scoring_every_row(gp, best, features, offset, p_ok, heads) != expected[:8]
 
 
+def test_the_hessian_is_the_curvature_of_the_map_objective():
+    """hessian_of_neg_log_posterior (forward differences of the analytic gradient) must be the
+    second derivative of the objective's value: checked by central second differences of the
+    value alone, away from and at the optimum."""
+    from pipetune.tuner.matern_gp import (
+        hessian_of_neg_log_posterior,
+        neg_log_posterior,
+        pair_sq_diffs,
+        standardise,
+    )
+    from pipetune.tuner.surrogate import GaussianProcess
+
+    rng = np.random.default_rng(11)
+    X = rng.random((14, 3))
+    y = np.sin(3 * X[:, 0]) + X[:, 1] ** 2 + 0.05 * rng.standard_normal(14)
+    gp = GaussianProcess(3, seed=0)
+    gp.fit(X, y)
+    D2, (t, _, _) = pair_sq_diffs(X), standardise(y)
+    args = (D2, t, gp.log_ls_mean, gp.log_ls_var)
+    for theta in (gp.kernel.theta, gp.start.theta):
+        H = hessian_of_neg_log_posterior(theta, *args)
+        assert H is not None and np.allclose(H, H.T)
+        h, m = 1e-3, len(theta)
+        numeric = np.empty((m, m))
+        for i, j in itertools.product(range(m), repeat=2):
+            e_i, e_j = np.eye(m)[i] * h, np.eye(m)[j] * h
+            f = [
+                neg_log_posterior(theta + a + b, *args)[0] for a in (e_i, -e_i) for b in (e_j, -e_j)
+            ]
+            numeric[i, j] = (f[0] - f[1] - f[2] + f[3]) / (4 * h * h)
+        assert np.allclose(H, numeric, rtol=1e-3, atol=1e-3 * np.abs(numeric).max())
+
+
+def test_hyperparameter_draws_are_the_laplace_approximation_and_narrow_with_data():
+    """Draws around the estimate: as many as asked, reproducible from the generator, inside
+    the bounds, distributed as N(estimate, H^-1) where no bound cuts them (H the objective's
+    Hessian, its eigenvalues floored at the length-scale prior's precision), and closer to
+    the estimate on more data."""
+    from pipetune.tuner.matern_gp import hessian_of_neg_log_posterior, pair_sq_diffs, standardise
+    from pipetune.tuner.surrogate import GaussianProcess
+
+    rng = np.random.default_rng(2)
+    d = 3
+
+    def fitted(n: int) -> GaussianProcess:
+        X = rng.random((n, d))
+        y = np.sin(4 * X[:, 0]) + 0.5 * X[:, 1] + 0.02 * rng.standard_normal(n)
+        gp = GaussianProcess(d, seed=0)
+        gp.fit(X, y)
+        return gp
+
+    few, many = fitted(8), fitted(80)
+    draws = few.hyperparameter_draws(5, np.random.default_rng(9))
+    assert len(draws) == 5
+    again = few.hyperparameter_draws(5, np.random.default_rng(9))
+    assert all(np.array_equal(a.theta, b.theta) for a, b in zip(draws, again, strict=True))
+    low, high = np.array(few._bounds()).T
+    for gp in (few, many):
+        thetas = np.array(
+            [k.theta for k in gp.hyperparameter_draws(4000, np.random.default_rng(1))]
+        )
+        assert np.all(thetas >= low - 1e-12) and np.all(thetas <= high + 1e-12)
+    X, y = many.training_data
+    H = hessian_of_neg_log_posterior(
+        many.kernel.theta, pair_sq_diffs(X), standardise(y)[0], many.log_ls_mean, many.log_ls_var
+    )
+    values, vectors = np.linalg.eigh(H)
+    covariance = (vectors / np.maximum(values, 1 / many.log_ls_var)) @ vectors.T
+    inside = np.all((thetas > low + 1e-9) & (thetas < high - 1e-9), axis=0)
+    assert inside.sum() >= 3  # the test means something: most coordinates are unbounded
+    sd = np.sqrt(np.diag(covariance))
+    assert np.allclose(
+        thetas.mean(axis=0)[inside],
+        many.kernel.theta[inside],
+        atol=4 * sd[inside] / np.sqrt(4000) + 1e-9,
+    )
+    assert np.allclose(thetas.std(axis=0)[inside], sd[inside], rtol=0.08)
+    # The relevant length scale (knob 0) is pinned down by eighty points, not by eight.
+    spread = {
+        n: np.std([k.theta[1] for k in gp.hyperparameter_draws(400, np.random.default_rng(3))])
+        for n, gp in ((8, few), (80, many))
+    }
+    assert spread[80] < 0.9 * spread[8]
+
+
+def _strategy_after_design(space, recorded, seed: int, n: int):
+    strategy = make_strategy("bo", space, seed=seed)
+    enc = KnobEncoding.of(space)
+    history = _observe(recorded, design_rows(enc, n, seed=seed))
+    return strategy, history, {o.row for o in history}
+
+
+def test_a_batch_on_few_data_makes_its_later_picks_under_drawn_hyperparameters(
+    recorded, space, monkeypatch
+):
+    """On fewer successes than twice the GP's hyperparameters, a batch's first pick is the
+    believer's and each later pick is made under hyperparameters drawn from their posterior,
+    believing the picks before it: with draws equal to the estimate it is the plain
+    believer's batch exactly; with real draws it differs, and keeps the rhythm (its local
+    picks within the trust region), distinct and unvisited."""
+    from pipetune.tuner.surrogate import GaussianProcess
+
+    differs = 0
+    for seed in range(3):
+        strategy, history, seen = _strategy_after_design(space, recorded, seed, 12)
+        batch = strategy.next_batch(8, seen, history)
+        gp = strategy._plain
+        n_ok = sum(not o.failed for o in history)
+        assert isinstance(gp, GaussianProcess) and 3 <= n_ok < 2 * (gp.n_features + 2)
+        assert len(set(batch)) == 8 and not seen & set(batch)
+        incumbent = min((o for o in history if not o.failed), key=lambda o: o.latency_s).row
+        near = KnobEncoding.of(space).knob_changes(incumbent)
+        assert all(near[r] <= strategy.radius for r in batch[1::2])
+        # The same state, the estimate "drawn": the plain believer's batch.
+        with monkeypatch.context() as patch:
+            patch.setattr(
+                GaussianProcess, "hyperparameter_draws", lambda self, k, rng: [self.kernel] * k
+            )
+            fresh, _, _ = _strategy_after_design(space, recorded, seed, 12)
+            plain = fresh.next_batch(8, seen, history)
+        assert plain[0] == batch[0]
+        single, _, _ = _strategy_after_design(space, recorded, seed, 12)
+        assert single.next_batch(1, seen, history) == batch[:1]
+        differs += plain != batch
+        # ...and that is the plain believer's batch over the same pools.
+        with monkeypatch.context() as patch:
+            patch.setattr(bo.BayesianStrategy, "_batch", _plain_believer)
+            fresh, _, _ = _strategy_after_design(space, recorded, seed, 12)
+            assert fresh.next_batch(8, seen, history) == plain
+    assert differs >= 2
+
+
+def _plain_believer(self, model, best, offset, p_ok, pools, first_score, pending, *_, **__):
+    """BayesianStrategy._batch as it was before the draws: the believer under the estimate."""
+    return bo.believer_batch(
+        model, best, self.features, offset, p_ok, pools, first_score, pending=pending
+    )
+
+
+def test_no_hyperparameters_are_drawn_under_a_prior_or_on_enough_data(recorded, space, monkeypatch):
+    """The draws stand in for the re-estimates of a few-trial search without a prior: on
+    twice as many successes as hyperparameters, or in a search with a prior (whether the
+    prior or the measurements alone drive the round), a batch is the plain believer's (no
+    draw is made)."""
+    from pipetune.tuner.surrogate import GaussianProcess
+
+    def refuse(self, count, rng):
+        raise AssertionError("no draws expected")
+
+    monkeypatch.setattr(GaussianProcess, "hyperparameter_draws", refuse)
+    strategy, history, seen = _strategy_after_design(space, recorded, 0, 40)
+    assert sum(not o.failed for o in history) >= 2 * (strategy._plain.n_features + 2)
+    assert len(strategy.next_batch(8, seen, history)) == 8
+    ms = np.where(np.isfinite(recorded.objective_ms), recorded.objective_ms, 1.0)
+    used = set()
+    for prior in (PriorMean(-np.log(ms), "the truth"), PriorMean(np.log(ms), "backwards")):
+        strategy = make_strategy("bo", space, seed=0, prior=prior)
+        history: list[Observation] = []
+        for _ in range(4):  # the backwards prior loses on the second batch's results
+            seen = {o.row for o in history}
+            history += _observe(recorded, strategy.next_batch(8, seen, history))
+            used.add(strategy.last_used_prior)
+    assert used == {True, False}  # rounds driven by the prior and by the measurements alone
+
+
 def test_leave_one_out_z_scores_are_those_of_refitting_without_each_point():
     """The closed form must equal conditioning the fitted GP (the same hyperparameters and
     standardised targets) on all points but one and predicting that one, noise included."""

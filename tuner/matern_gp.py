@@ -137,6 +137,24 @@ def neg_log_posterior(
     return float(value), grad
 
 
+def hessian_of_neg_log_posterior(
+    theta: np.ndarray, D2: np.ndarray, t: np.ndarray, log_ls_mean: float, log_ls_var: float
+) -> np.ndarray | None:
+    """The Hessian of `neg_log_posterior` in theta, by forward differences of its analytic
+    gradient (symmetrised); None where the covariance is not positive definite there."""
+    step = 1e-4
+    _, at = neg_log_posterior(theta, D2, t, log_ls_mean, log_ls_var)
+    H = np.empty((len(theta), len(theta)))
+    for i in range(len(theta)):
+        moved = theta.copy()
+        moved[i] += step
+        value, grad = neg_log_posterior(moved, D2, t, log_ls_mean, log_ls_var)
+        if not np.isfinite(value):
+            return None
+        H[i] = (grad - at) / step
+    return 0.5 * (H + H.T)
+
+
 def standardise(y: np.ndarray) -> tuple[np.ndarray, float, float]:
     """Targets scaled to mean 0 and standard deviation 1 (1 where they are all equal)."""
     mean = float(np.mean(y))

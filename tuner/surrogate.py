@@ -25,6 +25,7 @@ from sklearn.ensemble import ExtraTreesClassifier, ExtraTreesRegressor
 from pipetune.tuner.matern_gp import (
     Kernel,
     Posterior,
+    hessian_of_neg_log_posterior,
     neg_log_posterior,
     pair_sq_diffs,
     standardise,
@@ -197,6 +198,44 @@ class GaussianProcess(Surrogate):
         other = copy.copy(self)
         other.posterior = Posterior(self.kernel, np.asarray(X), np.asarray(y))
         return other
+
+    @property
+    def estimated(self) -> bool:
+        """Whether the hyperparameters were estimated from data (not the starting guess)."""
+        return self._estimated_on >= 3
+
+    def with_kernel(self, kernel: Kernel) -> GaussianProcess:
+        """A copy conditioned on the same data under other hyperparameters (no estimate)."""
+        other = copy.copy(self)
+        other.kernel = kernel
+        X, y = self.training_data
+        other.posterior = Posterior(kernel, X, y)
+        other.cv_scale = max(1.0, float(np.sqrt(np.mean(other.posterior.loo_z_scores() ** 2))))
+        return other
+
+    def hyperparameter_draws(self, count: int, rng: np.random.Generator) -> list[Kernel]:
+        """Hyperparameters drawn from the Laplace approximation of their posterior given the
+        data: a normal around the present estimate whose precision is the MAP objective's
+        Hessian there. Its eigenvalues are floored at the length-scale prior's precision, so
+        that no direction is drawn wider than that prior (a flat likelihood, or an estimate
+        that is not an exact optimum, would leave a direction unbounded). Within the
+        bounds. On few data the draws differ as much as the estimates of successive rounds
+        do; as the data grow they close in on the estimate."""
+        X, y = self.training_data
+        t, _, _ = standardise(y)
+        theta = self.kernel.theta
+        H = hessian_of_neg_log_posterior(
+            theta, pair_sq_diffs(X), t, self.log_ls_mean, self.log_ls_var
+        )
+        if H is None or not np.all(np.isfinite(H)):
+            return [self.kernel] * count
+        values, vectors = np.linalg.eigh(H)
+        root = vectors / np.sqrt(np.maximum(values, 1.0 / self.log_ls_var))
+        low, high = np.array(self._bounds()).T
+        return [
+            Kernel.from_theta(np.clip(theta + root @ rng.standard_normal(len(theta)), low, high))
+            for _ in range(count)
+        ]
 
     def predict(self, X):
         mean, sd, _ = self.predict_explained(X)
