@@ -189,10 +189,7 @@ class GaussianProcess(Surrogate):
         self.posterior = Posterior(self.kernel, X, y)
         self._log_evidence_std = -minimum if optimise else self.posterior.log_likelihood
         self.training_data = (X, y)
-        # The marginal likelihood sets the spread on few points as if the kernel were right;
-        # where the GP's own held-out errors are larger than it predicts, they widen it.
-        # An overconfident model stops a search from exploring; a cautious one costs less.
-        self.cv_scale = max(1.0, float(np.sqrt(np.mean(self.posterior.loo_z_scores() ** 2))))
+        self.cv_scale = _spread_factor(self.posterior)
 
     def condition(self, X, y):
         other = copy.copy(self)
@@ -210,7 +207,7 @@ class GaussianProcess(Surrogate):
         other.kernel = kernel
         X, y = self.training_data
         other.posterior = Posterior(kernel, X, y)
-        other.cv_scale = max(1.0, float(np.sqrt(np.mean(other.posterior.loo_z_scores() ** 2))))
+        other.cv_scale = _spread_factor(other.posterior)
         return other
 
     def hyperparameter_draws(self, count: int, rng: np.random.Generator) -> list[Kernel]:
@@ -219,8 +216,8 @@ class GaussianProcess(Surrogate):
         Hessian there. Its eigenvalues are floored at the length-scale prior's precision, so
         that no direction is drawn wider than that prior (a flat likelihood, or an estimate
         that is not an exact optimum, would leave a direction unbounded). Within the
-        bounds. On few data the draws differ as much as the estimates of successive rounds
-        do; as the data grow they close in on the estimate."""
+        bounds. On few data they spread widely; as the data grow they close in on the
+        estimate."""
         X, y = self.training_data
         t, _, _ = standardise(y)
         theta = self.kernel.theta
@@ -258,6 +255,14 @@ class GaussianProcess(Surrogate):
         # The value is for the standardised targets: p(y) = p(y_std) / std^n.
         n = len(self.posterior.y)
         return float(self._log_evidence_std - n * np.log(self.posterior.y_std))
+
+
+def _spread_factor(posterior: Posterior) -> float:
+    """The factor on a GP's predictive spread (`GaussianProcess.cv_scale`). The marginal
+    likelihood sets the spread on few points as if the kernel were right; where the GP's own
+    held-out errors are larger than it predicts, they widen it. An overconfident model stops a
+    search from exploring; a cautious one costs less."""
+    return max(1.0, float(np.sqrt(np.mean(posterior.loo_z_scores() ** 2))))
 
 
 class GPFantasies(Fantasies):
