@@ -318,20 +318,24 @@ class BayesianStrategy(Strategy):
         model, another GPU's measurements) they lost: where the prior drove the round they
         made the search leave its best guesses sooner, and where it had lost to the
         measurements they gained nothing."""
-        gp = model if isinstance(model, GaussianProcess) else None
-        few = gp is not None and len(gp.training_data[1]) < 2 * (gp.n_features + 2)
-        if not (self.prior is None and few and gp is not None and gp.estimated and len(pools) > 1):
+        if (
+            self.prior is not None
+            or len(pools) < 2
+            or not isinstance(model, GaussianProcess)
+            or not model.estimated
+            or len(model.training_data[1]) >= 2 * len(model.kernel.theta)
+        ):
             return believer_batch(
                 model, best, self.features, offset, p_ok, pools, first_score, pending=pending
             )
         # Seeded by the session's seed and history: a replay draws the same.
         rng = np.random.default_rng([self.seed, n_history, 7])
         picked: list[int] = []
-        kernels = [None, *gp.hyperparameter_draws(len(pools) - 1, rng)]
+        kernels = [None, *model.hyperparameter_draws(len(pools) - 1, rng)]
         for pool, kernel in zip(pools, kernels, strict=True):
             surrogate, score, ordered = model, first_score, pool
             if kernel is not None:
-                surrogate = gp.with_kernel(kernel)
+                surrogate = model.with_kernel(kernel)
                 mean, sd = surrogate.predict(self.features[pool])
                 score = np.full(len(self.encoding), -np.inf)
                 score[pool] = constrained_score(mean + offset[pool], sd, best, p_ok[pool])
