@@ -51,6 +51,18 @@ explicit here because the table leaves them implicit:
    loads share the bandwidth with fewer others: it is timed as a wave of that many blocks
    (``T_kernel = (N_threadblk_batch - 1) x T_threadblk + T_threadblk(last wave)``). With one
    block per SM, or a whole number of waves, nothing changes.
+8. A K step issues its instructions. Table 1 times a use step by its MMAs alone. Each of an
+   SM's warp schedulers issues one warp instruction per clock, and a K step of our kernels
+   issues, beside its mma.sync instructions, its ldmatrix fragments, the next tile's cp.async
+   copies and the integer work that forms their addresses (model/issue.py, counted in the
+   generated kernels' SASS). Where those outnumber what the tensor pipe takes in the same
+   time (on Hopper, about 6.6 clocks per m16n8k16 at the measured mma.sync efficiency), the
+   step lasts as long as its issue: ``T_smem_use >= instructions x N_warp_per_threadblk /
+   (issue rate of the SM x Util)``. The convolutions' gathered A operand costs about 40-50
+   instructions per copy and ~100 per part of the next tile (the K index split into filter
+   tap and channel), so their wide K steps are issue-bound: measured on both Hopper GPUs,
+   BK = 64 and 128 ran 8-20% slower against BK = 32 than Table 1 predicted, and BK = 16
+   30-40% slower, where the GEMMs' errors were a few per cent.
 """
 
 from __future__ import annotations
@@ -62,6 +74,7 @@ from typing import Any
 import numpy as np
 
 from pipetune.model.hardware import GPUSpec
+from pipetune.model.issue import step_instructions
 from pipetune.model.knobs import PredictedLatencies
 from pipetune.model.space import MMA_TILE, Space
 from pipetune.model.workloads import AnyWorkload, Conv2d, Conv3d
@@ -153,6 +166,8 @@ class Prediction(PredictedLatencies):
     Util: np.ndarray
     smem_load_bound: np.ndarray
     reg_load_bound: np.ndarray
+    # One block's K step at the SM's issue rate (reading 8): the floor of T_smem_use.
+    T_issue: np.ndarray
     # The last wave (reading 7): its blocks per SM and one block's latency in it; the terms
     # above are a full wave's. Equal to the full wave's where the waves are whole.
     T_threadblk_last: np.ndarray
@@ -170,6 +185,7 @@ class Prediction(PredictedLatencies):
             "predicted_tflops": float(self.tflops[i]),
             "bottleneck": "load" if self.smem_load_bound[i] else "use",
             "reg_bottleneck": "load" if self.reg_load_bound[i] else "use",
+            "issue_bound": bool(self.T_issue[i] >= self.T_smem_use[i]),
             "waves": int(self.N_threadblk_batch[i]),
             "blocks_per_sm": int(self.N_threadblk_per_SM[i]),
             "T_threadblk_us": float(self.T_threadblk[i] * us),
@@ -182,6 +198,7 @@ class Prediction(PredictedLatencies):
             "T_smem_use_us": float(self.T_smem_use[i] * us),
             "T_reg_load_us": float(self.T_reg_load[i] * us),
             "T_compute_us": float(self.T_compute[i] * us),
+            "T_issue_us": float(self.T_issue[i] * us),
         }
 
 
@@ -214,6 +231,8 @@ def evaluate(space: Space) -> Prediction:
     reg_stream = Bytes_one_reg_loop * N_warp_per_threadblk / gpu.smem_bandwidth_per_sm
     T_reg_load = gpu.smem_latency_ns * 1e-9 + reg_stream
     Bytes_one_smem_loop = (BM + BN) * BK * BYTES_FP16
+    # Warp instructions of one K step of one warp (reading 8).
+    step_issue = step_instructions(workload, space.knobs).total
     Bytes_output_tile = np.minimum(BM, view.m) * np.minimum(BN, view.n) * BYTES_FP16
 
     def wave(N_threadblk_per_threadblk_batch: np.ndarray) -> dict[str, np.ndarray]:
@@ -232,6 +251,10 @@ def evaluate(space: Space) -> Prediction:
             T_reg_load, T_compute, N_reg_loop, N_reg_pipe_stage, N_warp_per_threadblk
         )
         T_smem_use = np.maximum(T_smem_use, N_reg_loop * reg_stream)
+        # The block's warps issue their K step at the SM's rate, on the sub-partitions they
+        # occupy (Util: one warp per scheduler, as one per tensor core) (reading 8).
+        T_issue = step_issue * N_warp_per_threadblk / (gpu.issue_rate_per_sm * Util)
+        T_smem_use = np.maximum(T_smem_use, T_issue)
 
         # Memory latency model: global -> shared copies of one K step for the whole wave.
         llc_stream = (
@@ -278,6 +301,7 @@ def evaluate(space: Space) -> Prediction:
             "Util": Util,
             "smem_load_bound": smem_load_bound,
             "reg_load_bound": reg_load_bound,
+            "T_issue": T_issue,
         }
 
     full = wave(np.minimum(tiles, capacity))

@@ -73,6 +73,12 @@ class GPUSpec:
         return self.tensor_fp16_flops_per_clk_per_sm * self.clock_hz * self.mma_sync_efficiency
 
     @property
+    def issue_rate_per_sm(self) -> float:
+        """Warp instructions an SM issues per second: one per clock per sub-partition's warp
+        scheduler (as many as tensor cores, `warps_to_saturate_tensor`)."""
+        return self.warps_to_saturate_tensor * self.clock_hz
+
+    @property
     def peak_tensor_tflops(self) -> float:
         return self.tensor_fp16_flops_per_clk_per_sm * self.clock_hz * self.sm_count / 1e12
 

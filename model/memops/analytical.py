@@ -187,7 +187,7 @@ def evaluate(space: MemSpace) -> MemPrediction:
     BW_L2 = gpu.l2_bandwidth_gbs * 1e9
     BW_port = BW_L2 / gpu.sm_count
     BW_smem = gpu.smem_bandwidth_per_sm
-    issue_rate = gpu.warps_to_saturate_tensor * gpu.clock_hz  # warp instructions / s / SM
+    issue_rate = gpu.issue_rate_per_sm  # warp instructions / s / SM
     T_launch = gpu.kernel_launch_ns * 1e-9
 
     tpr = k["threads_per_row"].astype(f64)

@@ -1,0 +1,112 @@
+"""Instruction issue of the tensor-core GEMM family's main loop (reading 8 of
+model/analytical.py): how many warp instructions one K step of a block issues per warp.
+
+Each of an SM's warp schedulers issues one warp instruction per clock. A K step of a warp
+issues its `mma.sync`s, its `ldmatrix`es, its `cp.async` copies of the next tile and the
+integer work that forms their addresses; where those together outnumber what the tensor
+pipe can take in the same time, the K step lasts as long as its issue, not as its MMAs. The
+generator's convolutions form every copy of the im2col operand from a divided output
+index and a filter tap (workers/codegen/cuda_text.py, `conv_a_src`): four to five times the
+work of a plain operand's copy, which makes wide K steps of pipelined convolutions issue-
+bound on Hopper (RESULTS.md, "Model: a K step's instructions").
+
+The counts of the four instruction classes follow from the schedule exactly; the integer
+work per copy, per ldmatrix and per step is a property of the code the generator emits,
+counted in the SASS of a sample of its kernels (`python -m benchmarks.bench_sass`, NVRTC
+and nvdisasm, no GPU) and checked there and in tests/test_issue_model.py.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from pipetune.model.workloads import AnyWorkload, Conv2d, Conv3d
+
+COPY_BYTES = 16  # one cp.async moves 16 bytes (8 float16)
+BYTES_FP16 = 2
+
+
+@dataclass(frozen=True)
+class IntegerWork:
+    """Integer and control instructions a warp issues per K step beside its mma, ldmatrix and
+    cp.async instructions: per copy of the A operand, per copy of B, per ldmatrix, per part of
+    the next tile's copies (each part forms its rows' base addresses afresh: for a
+    convolution, the split of its K index into filter tap and channel), and once."""
+
+    per_a_copy: float
+    per_b_copy: float
+    per_ldmatrix: float
+    per_copy_part: float
+    per_step: float
+
+
+# Counted in the SASS of the generated kernels for sm_90 (NVRTC 13; `python -m
+# benchmarks.bench_sass`, a stratified sample of each kernel kind's space, non-negative least
+# squares on the main loop's instruction counts). The A operand of a convolution is gathered
+# (im2col): its copies cost the divisions of the output index and the bounds checks.
+INTEGER_WORK: dict[str, IntegerWork] = {
+    "gemm": IntegerWork(9.3, 12.2, 0.3, 42.3, 0.0),
+    "conv2d": IntegerWork(33.8, 6.6, 0.0, 109.2, 0.0),
+    "conv3d": IntegerWork(43.6, 6.7, 0.0, 112.5, 0.0),
+}
+
+
+def operand_kind(workload: AnyWorkload) -> str:
+    """Which generated loop a workload runs: the plain GEMM loop (GEMM and batched GEMM) or a
+    convolution's implicit-GEMM loop."""
+    if isinstance(workload, Conv3d):
+        return "conv3d"
+    if isinstance(workload, Conv2d):
+        return "conv2d"
+    return "gemm"
+
+
+@dataclass(frozen=True)
+class StepInstructions:
+    """Warp instructions of one K step of one warp, by class (arrays over a space)."""
+
+    mma: np.ndarray
+    ldmatrix: np.ndarray
+    a_copies: np.ndarray
+    b_copies: np.ndarray
+    copy_parts: np.ndarray
+    integer: np.ndarray
+
+    @property
+    def total(self) -> np.ndarray:
+        return self.mma + self.ldmatrix + self.a_copies + self.b_copies + self.integer
+
+
+def step_instructions(workload: AnyWorkload, knobs: dict[str, Any]) -> StepInstructions:
+    """The warp instructions of one K step of one warp, for every schedule of `knobs`.
+
+    mma.sync m16n8k16: each 16x16 tile of the warp tile is two n8 MMAs per k16 slice;
+    ldmatrix.x4: one 16x16 fragment of A or B per tile row or column per k16 slice;
+    cp.async: the block's A and B tiles in 16-byte copies spread over its threads."""
+    rows = np.asarray(knobs["warp_row_tiles"], dtype=np.float64)
+    cols = np.asarray(knobs["warp_col_tiles"], dtype=np.float64)
+    slices = np.asarray(knobs["chunk"], dtype=np.float64)
+    block_rows = np.asarray(knobs["block_row_warps"], dtype=np.float64)
+    block_cols = np.asarray(knobs["block_col_warps"], dtype=np.float64)
+    threads = 32.0 * block_rows * block_cols
+    bk = 16.0 * slices
+    per_copy = COPY_BYTES / BYTES_FP16
+    a_copies = np.ceil(16.0 * block_rows * rows * bk / per_copy / threads)
+    b_copies = np.ceil(16.0 * block_cols * cols * bk / per_copy / threads)
+    mma = rows * 2.0 * cols * slices
+    ldmatrix = (rows + cols) * slices
+    # The next tile's copies are spread over all k16 slices of a step but its last
+    # (workers/codegen/cuda_text.py, LOAD_PARTS), one part per slice.
+    copy_parts = np.maximum(slices - 1.0, 1.0)
+    work = INTEGER_WORK[operand_kind(workload)]
+    integer = (
+        work.per_a_copy * a_copies
+        + work.per_b_copy * b_copies
+        + work.per_ldmatrix * ldmatrix
+        + work.per_copy_part * copy_parts
+        + work.per_step
+    )
+    return StepInstructions(mma, ldmatrix, a_copies, b_copies, copy_parts, integer)
