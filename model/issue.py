@@ -6,14 +6,15 @@ issues its `mma.sync`s, its `ldmatrix`es, its `cp.async` copies of the next tile
 integer work that forms their addresses; where those together outnumber what the tensor
 pipe can take in the same time, the K step lasts as long as its issue, not as its MMAs. The
 generator's convolutions form every copy of the im2col operand from a divided output
-index and a filter tap (workers/codegen/cuda_text.py, `conv_a_src`): four to five times the
+index and a filter tap (workers/codegen/cuda_text.py, `conv_a_src`): 3.5 to 5 times the
 work of a plain operand's copy, which makes wide K steps of pipelined convolutions issue-
 bound on Hopper (RESULTS.md, "Model: a K step's instructions").
 
-The counts of the four instruction classes follow from the schedule exactly; the integer
-work per copy, per ldmatrix and per step is a property of the code the generator emits,
-counted in the SASS of a sample of its kernels (`python -m benchmarks.bench_sass`, NVRTC
-and nvdisasm, no GPU) and checked there and in tests/test_issue_model.py.
+The counts of mma, ldmatrix and copy instructions follow from the schedule exactly; the
+integer work per copy, per ldmatrix, per copy part and per step is a property of the code
+the generator emits, counted in the SASS of a sample of its kernels (`python -m
+benchmarks.bench_sass`, NVRTC and nvdisasm, no GPU) and checked there and in
+tests/test_issue_model.py.
 """
 
 from __future__ import annotations
