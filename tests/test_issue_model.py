@@ -91,3 +91,56 @@ def test_a_k_step_lasts_at_least_its_issue():
     expected = instructions * space.warps[i] / (h100.issue_rate_per_sm * p.Util[i])
     assert p.T_smem_use[i] == pytest.approx(expected)
     assert p.terms(i)["issue_bound"] is True
+
+
+SYNTHETIC_SASS = """
+        /*0000*/                   MOV R1, c[0x0][0x28] ;
+.L_x_0:
+        /*0010*/                   IMAD R2, R3, R4, R5 ;
+        /*0020*/              @!P0 BRA `(.L_x_1) ;
+        /*0030*/                   LDGSTS.E.BYPASS.128 [R6], desc[UR4][R8.64] ;
+        /*0040*/                   LDGSTS.E.BYPASS.128 [R6+0x10], desc[UR4][R8.64+0x10] ;
+.L_x_1:
+        /*0050*/                   LDSM.16.M88.4 R12, [R10] ;
+        /*0060*/                   HMMA.16816.F32 R16, R12, R14, R16 ;
+        /*0070*/                   BAR.SYNC.DEFER_BLOCKING 0x0 ;
+        /*0080*/                   LDSM.16.M88.4 R12, [R10+0x200] ;
+        /*0090*/                   HMMA.16816.F32 R20, R12, R14, R20 ;
+        /*00a0*/              @P1 BRA `(.L_x_0) ;
+        /*00b0*/                   EXIT ;
+"""
+
+
+def test_the_loop_is_read_from_labels_and_backward_branches():
+    counts = main_loop_counts(SYNTHETIC_SASS)
+    # 0x10-0xa0: ten instructions, the copy path branched around counted once.
+    assert (counts.total, counts.mma, counts.ldmatrix, counts.copies) == (10, 2, 2, 2)
+    assert counts.integer == 4  # IMAD, the two branches and the barrier
+    assert counts.per_step(1) == type(counts)(5, 1, 1, 1)  # a loop unrolled twice
+    with pytest.raises(ValueError):
+        counts.per_step(3)  # not a whole number of steps
+
+
+def test_the_benchmark_fit_recovers_the_integer_work():
+    from benchmarks.bench_sass import fit
+    from benchmarks.sass_loop import LoopCounts
+
+    truth = np.array([30.0, 7.0, 1.0, 100.0, 5.0])
+    rows = []
+    for a, b, ldm, parts in [
+        (4, 2, 8, 1),
+        (8, 4, 16, 3),
+        (2, 2, 4, 1),
+        (16, 1, 32, 7),
+        (1, 8, 6, 1),
+    ]:
+        integer = truth @ np.array([a, b, ldm, parts, 1.0])
+        mma = 32
+        total = round(float(integer)) + mma + ldm + a + b
+        sass = LoopCounts(total=total, mma=mma, ldmatrix=ldm, copies=a + b)
+        rows.append(
+            {"a_copies": a, "b_copies": b, "ldmatrix": ldm, "copy_parts": parts, "sass": sass}
+        )
+    coef, error = fit(rows)
+    assert coef == pytest.approx(truth, abs=1e-6)
+    assert error == pytest.approx(0.0, abs=1e-9)
