@@ -9,8 +9,9 @@ benchmarks/bench_compile.py), a stratified sample of its H100 space is compiled 
 loop's instructions per warp are counted by class: mma.sync (HMMA), ldmatrix (LDSM), cp.async
 (LDGSTS) and the integer and control work around them. Printed per kind: whether the model's
 mma, ldmatrix and copy counts are exact; the integer work per A copy, per B copy, per
-ldmatrix, per part of the next tile's copies and per step that non-negative least squares fits to the sample (the constants
-model/issue.py holds: update them from here when the generator changes); and the model's
+ldmatrix, per part of the next tile's copies and per step that non-negative least squares
+fits to the sample (the constants model/issue.py holds: update them from here when the
+generator changes); and the model's
 error on the total with the committed constants. The GEMM and batched GEMM kernels share
 their loop ("gemm").
 """
@@ -45,22 +46,23 @@ def sample_counts(operator: str, sample: int, seed: int) -> list[dict]:
     schedules = stratified_sample(space, sample, seed=seed)
     generate = codegen_for(fam).generate
     results = compile_many([generate(workload, s) for s in schedules], ARCH)
+    model = step_instructions(space)
+    total = model.total
     rows = []
     for schedule, result in zip(schedules, results, strict=True):
-        knobs = {k: np.array([v]) for k, v in schedule.as_dict().items()}
-        model = step_instructions(workload, knobs)
-        sass = main_loop_counts(disassemble(result.cubin)).per_step(model.mma[0])
+        i = space.index(schedule)
+        sass = main_loop_counts(disassemble(result.cubin)).per_step(model.mma[i])
         rows.append(
             {
                 "kind": operand_kind(workload),
                 "schedule": schedule.id,
                 "sass": sass,
-                "a_copies": float(model.a_copies[0]),
-                "b_copies": float(model.b_copies[0]),
-                "copy_parts": float(model.copy_parts[0]),
-                "mma": float(model.mma[0]),
-                "ldmatrix": float(model.ldmatrix[0]),
-                "model_total": float(model.total[0]),
+                "a_copies": float(model.a_copies[i]),
+                "b_copies": float(model.b_copies[i]),
+                "copy_parts": float(model.copy_parts[i]),
+                "mma": float(model.mma[i]),
+                "ldmatrix": float(model.ldmatrix[i]),
+                "model_total": float(total[i]),
             }
         )
     return rows
@@ -93,8 +95,8 @@ def report(sample: int, seed: int) -> str:
         "K step (the K-tile loop's static instructions, its copy path included).",
         "",
         "| loop | kernels | mma, ldmatrix, copies exact | instructions per mma (SASS), median "
-        "[min, max] | fitted integer work per A copy / B copy / ldmatrix / copy part / step | committed "
-        "(model/issue.py) | median error of the total, fitted | committed |",
+        "[min, max] | fitted integer work per A copy / B copy / ldmatrix / copy part / step "
+        "| committed (model/issue.py) | median error of the total, fitted | committed |",
         "|---|---:|---|---|---|---|---:|---:|",
     ]
     for kind, rows in by_kind.items():

@@ -60,8 +60,8 @@ explicit here because the table leaves them implicit:
    step lasts as long as its issue: ``T_smem_use >= instructions x N_warp_per_threadblk /
    (issue rate of the SM x Util)``. The convolutions' gathered A operand costs about 35-45
    instructions per copy and about 110 per part of the next tile (the K index split into
-   filter tap and channel), so their wide K steps are issue-bound: measured on both Hopper GPUs,
-   BK = 64 and 128 ran 15-23% slower against BK = 32 than Table 1 predicted, and BK = 16
+   filter tap and channel), so their wide K steps are issue-bound: measured on both Hopper
+   GPUs, BK = 64 and 128 ran 15-23% slower against BK = 32 than Table 1 predicted, and BK = 16
    40-43% slower, where the GEMMs' errors were 3-5% (and 19% at BK = 16).
 """
 
@@ -232,7 +232,7 @@ def evaluate(space: Space) -> Prediction:
     T_reg_load = gpu.smem_latency_ns * 1e-9 + reg_stream
     Bytes_one_smem_loop = (BM + BN) * BK * BYTES_FP16
     # Warp instructions of one K step of one warp (reading 8).
-    step_issue = step_instructions(workload, space.knobs).total
+    step_issue = step_instructions(space).total
     Bytes_output_tile = np.minimum(BM, view.m) * np.minimum(BN, view.n) * BYTES_FP16
 
     def wave(N_threadblk_per_threadblk_batch: np.ndarray) -> dict[str, np.ndarray]:

@@ -20,14 +20,11 @@ tests/test_issue_model.py.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
 import numpy as np
 
+from pipetune.model.space import MMA_TILE, VECTOR_ELEMS, Space
 from pipetune.model.workloads import AnyWorkload, Conv2d, Conv3d
-
-COPY_BYTES = 16  # one cp.async moves 16 bytes (8 float16)
-BYTES_FP16 = 2
 
 
 @dataclass(frozen=True)
@@ -81,28 +78,25 @@ class StepInstructions:
         return self.mma + self.ldmatrix + self.a_copies + self.b_copies + self.integer
 
 
-def step_instructions(workload: AnyWorkload, knobs: dict[str, Any]) -> StepInstructions:
-    """The warp instructions of one K step of one warp, for every schedule of `knobs`.
+def step_instructions(space: Space) -> StepInstructions:
+    """The warp instructions of one K step of one warp, for every schedule of the space.
 
     mma.sync m16n8k16: each 16x16 tile of the warp tile is two n8 MMAs per k16 slice;
     ldmatrix.x4: one 16x16 fragment of A or B per tile row or column per k16 slice;
     cp.async: the block's A and B tiles in 16-byte copies spread over its threads."""
-    rows = np.asarray(knobs["warp_row_tiles"], dtype=np.float64)
-    cols = np.asarray(knobs["warp_col_tiles"], dtype=np.float64)
-    slices = np.asarray(knobs["chunk"], dtype=np.float64)
-    block_rows = np.asarray(knobs["block_row_warps"], dtype=np.float64)
-    block_cols = np.asarray(knobs["block_col_warps"], dtype=np.float64)
-    threads = 32.0 * block_rows * block_cols
-    bk = 16.0 * slices
-    per_copy = COPY_BYTES / BYTES_FP16
-    a_copies = np.ceil(16.0 * block_rows * rows * bk / per_copy / threads)
-    b_copies = np.ceil(16.0 * block_cols * cols * bk / per_copy / threads)
+    rows = space.knobs["warp_row_tiles"].astype(np.float64)
+    cols = space.knobs["warp_col_tiles"].astype(np.float64)
+    slices = space.block_k.astype(np.float64) / MMA_TILE
+    threads = 32.0 * space.warps.astype(np.float64)
+    tile_k = space.block_k.astype(np.float64)
+    a_copies = np.ceil(space.block_m * tile_k / VECTOR_ELEMS / threads)
+    b_copies = np.ceil(space.block_n * tile_k / VECTOR_ELEMS / threads)
     mma = rows * 2.0 * cols * slices
     ldmatrix = (rows + cols) * slices
     # The next tile's copies are spread over all k16 slices of a step but its last
     # (workers/codegen/cuda_text.py, LOAD_PARTS), one part per slice.
     copy_parts = np.maximum(slices - 1.0, 1.0)
-    work = INTEGER_WORK[operand_kind(workload)]
+    work = INTEGER_WORK[operand_kind(space.workload)]
     integer = (
         work.per_a_copy * a_copies
         + work.per_b_copy * b_copies

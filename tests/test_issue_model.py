@@ -10,7 +10,7 @@ from benchmarks.sass_loop import disassemble, main_loop_counts
 from pipetune.model.analytical import evaluate
 from pipetune.model.hardware import get_gpu
 from pipetune.model.issue import operand_kind, step_instructions
-from pipetune.model.space import Space
+from pipetune.model.space import Schedule, Space
 from pipetune.model.workloads import bmm, conv2d, conv3d, gemm
 from pipetune.workers.codegen import generate
 from pipetune.workers.codegen.sample import stratified_sample
@@ -24,29 +24,22 @@ WORKLOADS = {
 }
 
 
-def one(space: Space, i: int) -> dict[str, np.ndarray]:
-    return {k: v[i : i + 1] for k, v in space.knobs.items()}
-
-
 def test_counts_follow_the_schedule():
     # 2x2 warps of 64x64 tiles, BK = 32: per warp and K step, 4 x 8 m16n8k16 MMAs per k16
     # slice, 4 + 4 ldmatrix.x4 per slice, and the 128x32 A and B tiles in 16-byte copies over
     # 128 threads (4 each); one part of the next tile's copies (two slices, the last commits).
-    knobs = {
-        "block_row_warps": np.array([2]),
-        "block_col_warps": np.array([2]),
-        "warp_row_tiles": np.array([4]),
-        "warp_col_tiles": np.array([4]),
-        "chunk": np.array([2]),
-        "smem_stages": np.array([4]),
-        "reg_stages": np.array([2]),
-    }
-    counts = step_instructions(WORKLOADS["gemm"], knobs)
-    assert counts.mma[0] == 64 and counts.ldmatrix[0] == 16
-    assert counts.a_copies[0] == 4 and counts.b_copies[0] == 4 and counts.copy_parts[0] == 1
+    h100 = get_gpu("h100")
+    schedule = Schedule(2, 2, 4, 4, 2, 4, 2)
+    gemm_space = Space.enumerate(WORKLOADS["gemm"], h100)
+    counts = step_instructions(gemm_space)
+    i = gemm_space.index(schedule)
+    assert counts.mma[i] == 64 and counts.ldmatrix[i] == 16
+    assert counts.a_copies[i] == 4 and counts.b_copies[i] == 4 and counts.copy_parts[i] == 1
     # The same loop of a convolution gathers A (im2col): more integer work per copy and part.
-    conv = step_instructions(WORKLOADS["conv3d"], knobs)
-    assert conv.mma[0] == counts.mma[0] and conv.integer[0] > 2 * counts.integer[0]
+    conv_space = Space.enumerate(WORKLOADS["conv3d"], h100)
+    conv = step_instructions(conv_space)
+    j = conv_space.index(schedule)
+    assert conv.mma[j] == counts.mma[i] and conv.integer[j] > 2 * counts.integer[i]
 
 
 @pytest.mark.parametrize("kind", sorted(WORKLOADS))
@@ -59,14 +52,16 @@ def test_counts_against_the_generated_sass(kind):
     space = Space.enumerate(workload, get_gpu("h100", calibrated=False))
     schedules = stratified_sample(space, 8, seed=5)
     results = compile_many([generate(workload, s) for s in schedules], "sm_90")
+    model = step_instructions(space)
+    total = model.total
     errors = []
     for schedule, result in zip(schedules, results, strict=True):
-        model = step_instructions(workload, one(space, space.index(schedule)))
-        sass = main_loop_counts(disassemble(result.cubin)).per_step(model.mma[0])
-        assert sass.mma == model.mma[0], schedule
-        assert sass.ldmatrix == model.ldmatrix[0], schedule
-        assert sass.copies == model.a_copies[0] + model.b_copies[0], schedule
-        errors.append(abs(model.total[0] - sass.total) / sass.total)
+        i = space.index(schedule)
+        sass = main_loop_counts(disassemble(result.cubin)).per_step(model.mma[i])
+        assert sass.mma == model.mma[i], schedule
+        assert sass.ldmatrix == model.ldmatrix[i], schedule
+        assert sass.copies == model.a_copies[i] + model.b_copies[i], schedule
+        errors.append(abs(total[i] - sass.total) / sass.total)
     assert np.median(errors) < 0.25, errors
     assert operand_kind(workload) == ("gemm" if kind == "bmm" else kind)
 
@@ -87,7 +82,7 @@ def test_a_k_step_lasts_at_least_its_issue():
     # Where issue-bound, the use step is the block's instructions at the SM's issue rate on
     # the sub-partitions its resident warps occupy.
     i = int(np.flatnonzero(issue_bound)[0])
-    instructions = step_instructions(space.workload, one(space, i)).total[0]
+    instructions = step_instructions(space).total[i]
     expected = instructions * space.warps[i] / (h100.issue_rate_per_sm * p.Util[i])
     assert p.T_smem_use[i] == pytest.approx(expected)
     assert p.terms(i)["issue_bound"] is True
