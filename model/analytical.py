@@ -58,11 +58,12 @@ explicit here because the table leaves them implicit:
    generated kernels' SASS). Where those outnumber what the tensor pipe takes in the same
    time (on Hopper, about 6.6 clocks per m16n8k16 at the measured mma.sync efficiency), the
    step lasts as long as its issue: ``T_smem_use >= instructions x N_warp_per_threadblk /
-   (issue rate of the SM x Util)``. The convolutions' gathered A operand costs about 35-45
-   instructions per copy and about 110 per part of the next tile (the K index split into
-   filter tap and channel), so their wide K steps are issue-bound: measured on both Hopper
-   GPUs, BK = 64 and 128 ran 15-23% slower against BK = 32 than Table 1 predicted, and BK = 16
-   40-43% slower, where the GEMMs' errors were 3-5% (and 19% at BK = 16).
+   (issue rate of the SM x Util)``. The convolutions' gathered A operand costs about 40-50
+   instructions per copy and about 55 per part of the next tile (the K index split into
+   filter tap and channel; 110 while that split divided by the filter sizes), so their wide
+   K steps are issue-bound: measured on both Hopper GPUs with the dividing loader, BK = 64
+   and 128 ran 15-23% slower against BK = 32 than Table 1 predicted, and BK = 16 40-43%
+   slower, where the GEMMs' errors were 3-5% (and 19% at BK = 16).
 """
 
 from __future__ import annotations

@@ -44,11 +44,13 @@ class IntegerWork:
 # Counted in the SASS of the generated kernels for sm_90 (NVRTC 13; `python -m
 # benchmarks.bench_sass`, a stratified sample of each kernel kind's space, non-negative least
 # squares on the main loop's instruction counts). The A operand of a convolution is gathered
-# (im2col): its copies cost the divisions of the output index and the bounds checks.
+# (im2col): its copies cost the division of the output index into image coordinates and the
+# bounds checks, and each part the split of its K index (both by multiplication since
+# 2026-11-28: per part 109-113 before, with divisions by the filter sizes).
 INTEGER_WORK: dict[str, IntegerWork] = {
     "gemm": IntegerWork(9.3, 12.2, 0.3, 42.3, 0.0),
-    "conv2d": IntegerWork(33.8, 6.6, 0.0, 109.2, 0.0),
-    "conv3d": IntegerWork(43.6, 6.7, 0.0, 112.5, 0.0),
+    "conv2d": IntegerWork(38.6, 9.8, 0.0, 55.0, 0.0),
+    "conv3d": IntegerWork(48.8, 9.6, 0.0, 56.2, 0.0),
 }
 
 

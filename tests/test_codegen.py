@@ -12,6 +12,7 @@ from pipetune.model.space import Schedule, Space
 from pipetune.model.workloads import bmm, conv2d, conv3d, gemm
 from pipetune.workers.codegen import SCALAR_ARGS, VARIANTS, generate, launch, variant_of
 from pipetune.workers.codegen.sample import stratified_sample
+from pipetune.workers.codegen.variants import CONV_DIVISORS
 
 S = Schedule(2, 2, 2, 1, 2, 3, 2)
 
@@ -66,12 +67,43 @@ def test_launch_arguments_per_variant():
     assert grid == (1, 1, 5) and args == (32, 16, 8)
     w2 = conv2d(2, 9, 9, 16, 24, 3, 3, stride=2, pad=1)  # P = Q = 5
     grid, args = launch(generate("conv2d", s), w2)
-    assert args == (2, 9, 9, 16, 24, 3, 3, 5, 5, 2, 1)
+    # The shape, then (multiplier as int32 bits, shift) for Q = 5, P = 5, C = 16, S = 3, R = 3:
+    # ceil(2^34 / 5) = 3435973837, 2^35 / 16 = 2^31, ceil(2^33 / 3) = 2863311531.
+    fifth, sixteenth, third = (3435973837 - 2**32, 2), (2**31 - 2**32, 3), (2863311531 - 2**32, 1)
+    assert args == (2, 9, 9, 16, 24, 3, 3, 5, 5, 2, 1, *fifth, *fifth, *sixteenth, *third, *third)
+    assert len(args) == len(SCALAR_ARGS["conv2d"])
     assert grid == (-(-2 * 5 * 5 // 32) * 2, 1, 1)
     w3 = conv3d(1, 4, 6, 6, 8, 16, 3, 3, 3, pad=1)
-    assert launch(generate("conv3d", s), w3)[1] == (1, 4, 6, 6, 8, 16, 3, 3, 3, 4, 6, 6, 1, 1)
+    args3 = launch(generate("conv3d", s), w3)[1]
+    assert args3[:14] == (1, 4, 6, 6, 8, 16, 3, 3, 3, 4, 6, 6, 1, 1)
+    # Q = 6, P = 6, O = 4 (a power of two: 2^33 / 4 = 2^31, shift 1), C = 8, S = 3, R = 3.
+    sixth, quarter, eighth = (2863311531 - 2**32, 2), (2**31 - 2**32, 1), (2**31 - 2**32, 2)
+    assert args3[14:] == (*sixth, *sixth, *quarter, *eighth, *third, *third)
     with pytest.raises(ValueError, match="gemm_nk"):
         launch(generate("gemm_kn", s), gemm(64, 64, 64, b_layout="nk"))
+
+
+@pytest.mark.parametrize(
+    "workload",
+    [
+        conv2d(2, 9, 9, 16, 24, 3, 3, stride=2, pad=1),
+        conv2d(32, 56, 56, 64, 64, 3, 3, pad=1),
+        conv3d(1, 4, 6, 6, 8, 16, 3, 3, 3, pad=1),
+        conv3d(64, 14, 7, 7, 512, 512, 3, 3, 3, pad=1),
+    ],
+)
+def test_conv_division_constants_divide_exactly(workload):
+    """What a convolution kernel does with its division constants (the multiplier's int32
+    bits read as unsigned, mul.hi, shift) divides every n < 2^31 by its size exactly."""
+    variant = variant_of(workload)
+    args = dict(zip(SCALAR_ARGS[variant], launch(generate(variant, S), workload)[1], strict=True))
+    rng = np.random.default_rng(0)
+    n = np.concatenate([np.arange(4096), rng.integers(0, 2**31, 20000), [2**31 - 1]])
+    n = n.astype(np.uint64)
+    for d in CONV_DIVISORS[variant]:
+        multiplier, shift = args[f"{d}_mul"] & 0xFFFFFFFF, args[f"{d}_shift"]
+        quotient = ((n * np.uint64(multiplier)) >> np.uint64(32 + shift)) if multiplier else n
+        assert np.array_equal(quotient, n // np.uint64(args[d])), d
 
 
 @pytest.fixture(scope="module")

@@ -141,23 +141,20 @@ PT_HD unsigned mulhi(unsigned a, unsigned b) {
 }
 
 // Division of n < 2^31 by a runtime divisor d >= 1 with one mul.hi and a shift (the conv
-// loader divides every GEMM row index by P*Q-style sizes each K tile):
+// loader divides every GEMM row index by P*Q-style sizes and every column index by the
+// filter sizes, each K tile):
 // p = 31 + ceil(log2 d), multiplier = ceil(2^p / d), n / d = mulhi(n, multiplier) >> (p - 32).
+// The launch passes multiplier and shift (workers/codegen/layout.py fast_divmod_params):
+// kernel parameters sit in the constant bank, so no register holds them across the main loop
+// (when the kernel computed them itself, the median kernel held 7-10 registers more).
 struct FastDivmod {
   int divisor;
   unsigned multiplier;  // 0 for d == 1
   unsigned shift;
-  PT_HD void init(int d) {
+  PT_HD void set(int d, int multiplier_bits, int shift_bits) {
     divisor = d;
-    multiplier = 0;
-    shift = 0;
-    if (d > 1) {
-      unsigned log2 = 0;
-      while ((1u << log2) < static_cast<unsigned>(d)) ++log2;
-      const unsigned long long p = 31 + log2;
-      multiplier = static_cast<unsigned>(((1ull << p) + d - 1) / static_cast<unsigned>(d));
-      shift = static_cast<unsigned>(p - 32);
-    }
+    multiplier = static_cast<unsigned>(multiplier_bits);  // int32 parameter, 32 bits
+    shift = static_cast<unsigned>(shift_bits);
   }
   PT_HD int div(int n) const {
     return multiplier ? static_cast<int>(mulhi(static_cast<unsigned>(n), multiplier) >> shift)
@@ -174,16 +171,16 @@ struct FastDivmod {
 struct ConvShape {
   int batch, in_d, in_h, in_w, chan, out_k, f_t, f_r, f_s, out_o, out_p, out_q, stride, pad;
   int M, N, K;  // the GEMM view: M = batch*O*P*Q, N = out_k, K = T*R*S*C
-  FastDivmod div_q, div_p, div_o;
+  // A row's output coordinates (by Q, P, O) and a column's filter tap and channel (by C, S,
+  // R), each by multiplication (FastDivmod): the column split runs once per part of every
+  // K tile's copies, and division by a runtime divisor costs about twenty instructions.
+  FastDivmod div_q, div_p, div_o, div_c, div_s, div_r;
 };
 
 PT_HD void conv_init(ConvShape& cs) {
   cs.M = cs.batch * cs.out_o * cs.out_p * cs.out_q;
   cs.N = cs.out_k;
   cs.K = cs.f_t * cs.f_r * cs.f_s * cs.chan;
-  cs.div_q.init(cs.out_q);
-  cs.div_p.init(cs.out_p);
-  cs.div_o.init(cs.out_o);
 }
 
 // The filter position of GEMM column k (one per thread per K tile: a thread keeps one
@@ -196,12 +193,10 @@ struct ConvK {
 PT_HD ConvK conv_k_split(const ConvShape& cs, int k) {
   ConvK kk;
   kk.ok = k < cs.K;
-  kk.c = k % cs.chan;
-  int rest = k / cs.chan;
-  kk.s = rest % cs.f_s;
-  rest /= cs.f_s;
-  kk.r = rest % cs.f_r;
-  kk.t = rest / cs.f_r;
+  int rest;
+  cs.div_c.divmod(k, rest, kk.c);
+  cs.div_s.divmod(rest, rest, kk.s);
+  cs.div_r.divmod(rest, kk.t, kk.r);
   return kk;
 }
 
@@ -336,6 +331,12 @@ SETUP_CONV = r"""
   cs.batch = batch; cs.in_d = in_d; cs.in_h = in_h; cs.in_w = in_w; cs.chan = chan;
   cs.out_k = out_k; cs.f_t = f_t; cs.f_r = f_r; cs.f_s = f_s;
   cs.out_o = out_o; cs.out_p = out_p; cs.out_q = out_q; cs.stride = stride; cs.pad = pad;
+  cs.div_q.set(out_q, q_mul, q_shift);
+  cs.div_p.set(out_p, p_mul, p_shift);
+  cs.div_o.set(out_o, o_mul, o_shift);
+  cs.div_c.set(chan, c_mul, c_shift);
+  cs.div_s.set(f_s, s_mul, s_shift);
+  cs.div_r.set(f_r, r_mul, r_shift);
   conv_init(cs);
   const int M = cs.M, N = cs.N, K = cs.K;
 """

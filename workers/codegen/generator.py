@@ -13,6 +13,7 @@ from pipetune.model.workloads import AnyWorkload
 from pipetune.workers.codegen import cuda_text, pipeline
 from pipetune.workers.codegen.layout import TileGeometry, swizzle_period
 from pipetune.workers.codegen.variants import (
+    CONV_DIVISORS,
     GRID_Z_LIMIT,
     SCALAR_ARGS,
     b_is_kn,
@@ -37,6 +38,11 @@ class KernelSource:
     smem_bytes: int  # dynamic shared memory per block
 
 
+def _divider_params(variant: str) -> tuple[str, ...]:
+    """The kernel's parameter names of its division constants (variants.CONV_DIVISORS)."""
+    return tuple(f"{d.lower()}_{part}" for d in CONV_DIVISORS[variant] for part in ("mul", "shift"))
+
+
 # C parameter lists after the three pointers (names as the kernel body uses them).
 _C_SCALARS: dict[str, tuple[str, ...]] = {
     "gemm_kn": ("M_arg", "N_arg", "K_arg"),
@@ -54,6 +60,7 @@ _C_SCALARS: dict[str, tuple[str, ...]] = {
         "out_q",
         "stride",
         "pad",
+        *_divider_params("conv2d"),
     ),
     "conv3d": (
         "batch",
@@ -70,6 +77,7 @@ _C_SCALARS: dict[str, tuple[str, ...]] = {
         "out_q",
         "stride",
         "pad",
+        *_divider_params("conv3d"),
     ),
 }
 assert all(len(_C_SCALARS[v]) == len(SCALAR_ARGS[v]) for v in SCALAR_ARGS)
@@ -126,7 +134,10 @@ def _setup(variant: str) -> str:
         return cuda_text.SETUP_GEMM
     if variant == "bmm":
         return cuda_text.SETUP_BMM
-    fixed = "  const int in_d = 1, f_t = 1, out_o = 1;  // 2-D: one depth slice\n"
+    fixed = (
+        "  const int in_d = 1, f_t = 1, out_o = 1;  // 2-D: one depth slice\n"
+        "  const int o_mul = 0, o_shift = 0;  // dividing by O = 1\n"
+    )
     return (fixed if variant == "conv2d" else "") + cuda_text.SETUP_CONV
 
 

@@ -8,9 +8,16 @@ int32 scalars follow in the order of :data:`SCALAR_ARGS`:
 - ``bmm``: per batch z (grid z), C_z = A_z @ B_z with A, B, C packed contiguously
   (element strides M·K, K·N, M·N between batch entries). Scalars ``(M, N, K)``.
 - ``conv2d``: A = input NHWC, B = filter KRSC, C = output NPQK (row-major
-  (N·P·Q)×K). Scalars ``(N, H, W, C, K, R, S, P, Q, stride, pad)``.
+  (N·P·Q)×K). Scalars ``(N, H, W, C, K, R, S, P, Q, stride, pad)``, then the
+  division constants of Q, P, C, S and R (see below).
 - ``conv3d``: A = input NDHWC, B = filter KTRSC, C = output NOPQK. Scalars
-  ``(N, D, H, W, C, K, T, R, S, O, P, Q, stride, pad)``.
+  ``(N, D, H, W, C, K, T, R, S, O, P, Q, stride, pad)``, then the division constants of
+  Q, P, O, C, S and R.
+
+A convolution kernel divides by the output and filter sizes with a multiplication
+(``CONV_DIVISORS``): for each such size d it takes ``d_mul`` and ``d_shift``
+(workers/codegen/layout.py ``fast_divmod_params``; the multiplier, up to 2^32 - 1, is passed
+as the int32 with the same 32 bits). ``scalar_args`` computes them from the shape.
 
 The grid is ``(tiles_m · tiles_n, 1, batch)``: the M and N tiles are flattened into x
 (the kernel decodes them; x allows 2^31-1 blocks where y and z allow 65535).
@@ -19,15 +26,28 @@ The grid is ``(tiles_m · tiles_n, 1, batch)``: the M and N tiles are flattened 
 from __future__ import annotations
 
 from pipetune.model.workloads import AnyWorkload, Bmm, Conv2d, Conv3d, Gemm
+from pipetune.workers.codegen.layout import fast_divmod_params
 
 VARIANTS: tuple[str, ...] = ("gemm_kn", "gemm_nk", "bmm", "conv2d", "conv3d")
 
-SCALAR_ARGS: dict[str, tuple[str, ...]] = {
+# The shape scalars of each variant, in order.
+SHAPE_ARGS: dict[str, tuple[str, ...]] = {
     "gemm_kn": ("M", "N", "K"),
     "gemm_nk": ("M", "N", "K"),
     "bmm": ("M", "N", "K"),
     "conv2d": ("N", "H", "W", "C", "K", "R", "S", "P", "Q", "stride", "pad"),
     "conv3d": ("N", "D", "H", "W", "C", "K", "T", "R", "S", "O", "P", "Q", "stride", "pad"),
+}
+# The sizes a convolution kernel divides by (a GEMM row into output coordinates, a column
+# into filter tap and channel); a 2-D convolution has one depth slice, O = 1.
+CONV_DIVISORS: dict[str, tuple[str, ...]] = {
+    "conv2d": ("Q", "P", "C", "S", "R"),
+    "conv3d": ("Q", "P", "O", "C", "S", "R"),
+}
+SCALAR_ARGS: dict[str, tuple[str, ...]] = {
+    variant: names
+    + tuple(f"{d}_{part}" for d in CONV_DIVISORS.get(variant, ()) for part in ("mul", "shift"))
+    for variant, names in SHAPE_ARGS.items()
 }
 
 GRID_Z_LIMIT = 65535  # CUDA's limit on gridDim.z
@@ -61,12 +81,24 @@ def scalar_args(workload: AnyWorkload) -> tuple[int, ...]:
     """The int32 kernel arguments after the three pointers, in SCALAR_ARGS order."""
     if isinstance(workload, Gemm | Bmm):
         return (workload.m, workload.n, workload.k)
-    if isinstance(workload, Conv2d):
-        p, q = workload.out_hw
-        w = workload
-        return (w.n, w.h, w.w, w.c, w.k, w.r, w.s, p, q, w.stride, w.pad)
-    if isinstance(workload, Conv3d):
-        o, p, q = workload.out_dhw
-        w = workload
-        return (w.n, w.d, w.h, w.w, w.c, w.k, w.t, w.r, w.s, o, p, q, w.stride, w.pad)
-    raise TypeError(f"no kernel variant for {type(workload).__name__}")
+    w = workload
+    if isinstance(w, Conv2d):
+        p, q = w.out_hw
+        shape = (w.n, w.h, w.w, w.c, w.k, w.r, w.s, p, q, w.stride, w.pad)
+    elif isinstance(w, Conv3d):
+        o, p, q = w.out_dhw
+        shape = (w.n, w.d, w.h, w.w, w.c, w.k, w.t, w.r, w.s, o, p, q, w.stride, w.pad)
+    else:
+        raise TypeError(f"no kernel variant for {type(workload).__name__}")
+    variant = variant_of(w)
+    sizes = dict(zip(SHAPE_ARGS[variant], shape, strict=True))
+    return shape + tuple(
+        _int32_bits(value) for d in CONV_DIVISORS[variant] for value in fast_divmod_params(sizes[d])
+    )
+
+
+def _int32_bits(value: int) -> int:
+    """The int32 whose 32 bits are those of an unsigned value below 2^32."""
+    if not 0 <= value < 1 << 32:
+        raise ValueError(f"{value} does not fit 32 bits")
+    return value - (1 << 32) if value >= 1 << 31 else value
