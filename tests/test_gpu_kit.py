@@ -35,11 +35,13 @@ from pipetune.workers.campaign.kit import (
     KIT_PACKAGES,
     KitError,
     build_kit,
+    conv_device_command,
     device_command,
     hopper_device_command,
     normalise,
+    resweep_convolutions,
 )
-from pipetune.workers.campaign.operators import DEFAULT_OPERATORS
+from pipetune.workers.campaign.operators import DEFAULT_OPERATORS, resolve_operators
 from pipetune.workers.datasets import check_pipetune, read_t4
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -68,6 +70,17 @@ def test_the_readme_gives_the_kit_s_commands():
     assert readme_commands() == [device_command(call) for call in (1, 2, 3)]
     stripped = [line.strip() for line in (ROOT / "README.md").read_text().splitlines()]
     assert hopper_device_command() in stripped  # the Hopper family's campaign call
+    assert conv_device_command() in stripped  # the convolutions swept again
+
+
+def test_the_convolutions_swept_again_are_the_alcop_suite_s_eight():
+    names = resweep_convolutions()
+    assert names == tuple(f"Conv2D_RN50_{i}" for i in (1, 2, 3, 4)) + tuple(
+        f"Conv3D_{i}" for i in (1, 2, 3, 4)
+    )
+    # The call's --operators resolves to exactly those, in that order.
+    value = conv_device_command().split("--operators ", 1)[1].split(" ", 1)[0]
+    assert tuple(resolve_operators(value)) == names
 
 
 def test_the_gpu_kit_is_complete_for_the_gpu_machine_and_small(tmp_path):

@@ -257,6 +257,35 @@ def hopper_device_command(runner: str = "cupy") -> str:
     )
 
 
+CONV_OUT = ".campaign-c"
+CONV_ARCHIVE = "campaign-conv.tar.gz"
+CONV_MINUTES = 8  # `pipetune campaign plan` for these operators: one call, 439 of 480 s
+
+
+def resweep_convolutions() -> tuple[str, ...]:
+    """The ALCOP suite's convolutions, in sweep order: measured again since their loader
+    changed (README, GPU work)."""
+    from pipetune.model.workloads import Conv2d, Conv3d
+    from pipetune.workers.campaign.operators import suite_in_order
+
+    return tuple(
+        op
+        for op, workload in suite_in_order("alcop").items()
+        if isinstance(workload, Conv2d | Conv3d)
+    )
+
+
+def conv_device_command(runner: str = "cupy") -> str:
+    """The ALCOP convolutions swept again in one call (their loader changed after the
+    committed sweeps; README, GPU work)."""
+    return (
+        f"set -o pipefail; rm -rf {CONV_OUT}; {install_line()}; PYTHONUNBUFFERED=1 "
+        f"python3 -m pipetune.clients.cli campaign --operators {','.join(resweep_convolutions())} "
+        f"--runner {runner} --minutes {CONV_MINUTES} --out-dir {CONV_OUT} "
+        f"--pack $OUT/{CONV_ARCHIVE} 2>&1 | tee $OUT/campaign-conv.log"
+    )
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description="Build the GPU kit (make gpu-kit).")
     parser.add_argument("--out", type=Path, default=Path(KIT_DIR))
@@ -290,6 +319,17 @@ def main(argv: list[str] | None = None) -> int:
                 "timeout_s": 420,
                 "carry": [KIT_DIR],
                 "command": hopper_device_command(),
+            }
+        )
+    )
+    print("\nThe convolutions again, on each GPU (their loader changed after the sweeps):")
+    print(
+        json.dumps(
+            {
+                "kind": "nvidia-h100-x1",
+                "timeout_s": 600,
+                "carry": [KIT_DIR],
+                "command": conv_device_command(),
             }
         )
     )
