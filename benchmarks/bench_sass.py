@@ -26,14 +26,11 @@ from scipy.optimize import nnls
 
 from benchmarks.bench_compile import SAMPLED
 from benchmarks.results import write_section
-from benchmarks.sass_loop import disassemble, main_loop_counts
+from benchmarks.sass_loop import sample_step_counts
 from pipetune.model.family import family_of
 from pipetune.model.hardware import get_gpu
 from pipetune.model.issue import INTEGER_WORK, operand_kind, step_instructions
 from pipetune.model.operators import SUITES
-from pipetune.workers.codegen.sample import stratified_sample
-from pipetune.workers.compile import compile_many
-from pipetune.workers.families import codegen_for
 
 ARCH = "sm_90"
 
@@ -41,17 +38,11 @@ ARCH = "sm_90"
 def sample_counts(operator: str, sample: int, seed: int) -> list[dict]:
     """Model and SASS counts of a stratified sample of one ALCOP operator's schedules."""
     workload = SUITES["alcop"][operator]
-    fam = family_of(workload)
-    space = fam.enumerate(workload, get_gpu("h100", calibrated=False))
-    schedules = stratified_sample(space, sample, seed=seed)
-    generate = codegen_for(fam).generate
-    results = compile_many([generate(workload, s) for s in schedules], ARCH)
+    space = family_of(workload).enumerate(workload, get_gpu("h100", calibrated=False))
     model = step_instructions(space)
     total = model.total
     rows = []
-    for schedule, result in zip(schedules, results, strict=True):
-        i = space.index(schedule)
-        sass = main_loop_counts(disassemble(result.cubin)).per_step(model.mma[i])
+    for i, schedule, sass in sample_step_counts(space, sample, seed, ARCH):
         rows.append(
             {
                 "kind": operand_kind(workload),

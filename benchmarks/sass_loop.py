@@ -121,3 +121,24 @@ def main_loop_counts(sass: str) -> LoopCounts:
     return LoopCounts(
         total=sum(ops.values()), mma=ops["HMMA"], ldmatrix=ops["LDSM"], copies=ops["LDGSTS"]
     )
+
+
+def sample_step_counts(space, sample: int, seed: int, arch: str = "sm_90") -> list[tuple]:
+    """A stratified sample of `space` compiled by NVRTC for `arch`: (row of the space, its
+    schedule, the SASS counts of one K step) per kernel, in the sample's order."""
+    from pipetune.model.family import family_of
+    from pipetune.model.issue import step_instructions
+    from pipetune.workers.codegen.sample import stratified_sample
+    from pipetune.workers.compile import compile_many
+    from pipetune.workers.families import codegen_for
+
+    workload = space.workload
+    schedules = stratified_sample(space, sample, seed=seed)
+    generate = codegen_for(family_of(workload)).generate
+    results = compile_many([generate(workload, s) for s in schedules], arch)
+    mma = step_instructions(space).mma
+    counts = []
+    for schedule, result in zip(schedules, results, strict=True):
+        i = space.index(schedule)
+        counts.append((i, schedule, main_loop_counts(disassemble(result.cubin)).per_step(mma[i])))
+    return counts

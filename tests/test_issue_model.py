@@ -6,15 +6,12 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from benchmarks.sass_loop import disassemble, main_loop_counts
+from benchmarks.sass_loop import main_loop_counts, sample_step_counts
 from pipetune.model.analytical import evaluate
 from pipetune.model.hardware import get_gpu
 from pipetune.model.issue import operand_kind, step_instructions
 from pipetune.model.space import Schedule, Space
 from pipetune.model.workloads import bmm, conv2d, conv3d, gemm
-from pipetune.workers.codegen import generate
-from pipetune.workers.codegen.sample import stratified_sample
-from pipetune.workers.compile import compile_many
 
 WORKLOADS = {
     "gemm": gemm(1024, 3072, 768),
@@ -50,14 +47,10 @@ def test_counts_against_the_generated_sass(kind):
     # fit of the compiler's output, benchmarks/bench_sass.py).
     workload = WORKLOADS[kind]
     space = Space.enumerate(workload, get_gpu("h100", calibrated=False))
-    schedules = stratified_sample(space, 8, seed=5)
-    results = compile_many([generate(workload, s) for s in schedules], "sm_90")
     model = step_instructions(space)
     total = model.total
     errors = []
-    for schedule, result in zip(schedules, results, strict=True):
-        i = space.index(schedule)
-        sass = main_loop_counts(disassemble(result.cubin)).per_step(model.mma[i])
+    for i, schedule, sass in sample_step_counts(space, 8, seed=5):
         assert sass.mma == model.mma[i], schedule
         assert sass.ldmatrix == model.ldmatrix[i], schedule
         assert sass.copies == model.a_copies[i] + model.b_copies[i], schedule

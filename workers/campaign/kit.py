@@ -26,7 +26,8 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from pipetune.workers.campaign.operators import DEFAULT_OPERATORS
+from pipetune.model.workloads import Conv2d, Conv3d
+from pipetune.workers.campaign.operators import DEFAULT_OPERATORS, suite_in_order
 
 KIT_DIR = ".gpu-kit"
 SITE_DIR = ".gpu-site"  # where the device command installs the kit (under the working tree)
@@ -265,9 +266,6 @@ CONV_MINUTES = 8  # `pipetune campaign plan` for these operators: one call, 439 
 def resweep_convolutions() -> tuple[str, ...]:
     """The ALCOP suite's convolutions, in sweep order: measured again since their loader
     changed (README, GPU work)."""
-    from pipetune.model.workloads import Conv2d, Conv3d
-    from pipetune.workers.campaign.operators import suite_in_order
-
     return tuple(
         op
         for op, workload in suite_in_order("alcop").items()
