@@ -267,3 +267,32 @@ def test_the_hopper_campaign_call_runs_in_a_gpu_machine_stand_in(machine):
     assert {"sweeps/WG_MM_RN50_FC.t4.json.gz", "sweeps/WG_BMM_BERT_SV.t4.json.gz"} <= set(files)
     correctness = json.loads(files["correctness.json"])
     assert list(correctness["families"]) == ["hopper_gemm"] and correctness["verdict"] == "pass"
+
+
+def test_the_convolutions_call_runs_in_a_gpu_machine_stand_in(machine):
+    """The README's re-sweep of the convolutions, on one Conv2D and one Conv3D with simulated
+    launches: the kit carries the convolution loader, its launch constants and cuDNN's stand-
+    in, and the call compiles the kernels it would time (a 15-minute loan is one call: a
+    mistake found there costs the session's data)."""
+    work, env = machine
+    command = conv_device_command()
+    operators = ",".join(resweep_convolutions())
+    assert f"--operators {operators} " in command
+    rehearsal = command.replace(operators, "Conv2D_RN50_1,Conv3D_4")
+    rehearsal = rehearsal.replace("--runner cupy", "--runner simulated")
+    out = Path(env["OUT"])
+    shutil.rmtree(out, ignore_errors=True)
+    out.mkdir()
+    done = subprocess.run(
+        ["bash", "-c", rehearsal], cwd=work, env=env, capture_output=True, text=True, timeout=400
+    )
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert "campaign: complete" in (out / "campaign-conv.log").read_text()
+    files = archive_members(out / "campaign-conv.tar.gz")
+    assert {"sweeps/Conv2D_RN50_1.t4.json.gz", "sweeps/Conv3D_4.t4.json.gz"} <= set(files)
+    correctness = json.loads(files["correctness.json"])
+    assert correctness["verdict"] == "pass"
+    checked = correctness["families"]["tensor_gemm"]["by_variant"]
+    assert checked["conv2d"]["ok"] > 0 and checked["conv3d"]["ok"] > 0  # the new loader
+    baselines = json.loads(files["baselines.json"])["operators"]
+    assert set(baselines) == {"Conv2D_RN50_1", "Conv3D_4"}
