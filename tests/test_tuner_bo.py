@@ -548,6 +548,23 @@ def test_the_map_objective_is_scikit_learns_likelihood_plus_the_prior():
             assert np.allclose(mine, expected, rtol=1e-7, atol=1e-9)
 
 
+def test_the_matern_kernel_in_place_is_the_expression_bit_for_bit():
+    """Kernel._matern works in place over a whole space's covariances; it must give the bits
+    the plain expression amplitude * ((1 + s + s^2 / 3) * exp(-s)) gives, so that sessions
+    replay (and searches stay what they were)."""
+    from pipetune.tuner.matern_gp import SQRT5, Kernel
+
+    rng = np.random.default_rng(11)
+    for shape in ((7, 2840), (120, 300), (1, 1)):
+        r = rng.random(shape) * 4.0
+        kernel = Kernel(float(rng.uniform(0.01, 100.0)), np.ones(3), 0.01)
+        s = r * SQRT5
+        expected = kernel.amplitude * ((1.0 + s + s**2 / 3.0) * np.exp(-s))
+        before = r.copy()
+        assert np.array_equal(kernel._matern(r), expected)
+        assert np.array_equal(r, before)  # its argument is left as it was
+
+
 def test_the_gp_is_scikit_learns_regressor_with_the_same_kernel():
     """tuner/matern_gp.py computes what scikit-learn's GaussianProcessRegressor (Matérn 5/2
     with one length scale per feature, white noise, normalize_y) does, without its machinery:
