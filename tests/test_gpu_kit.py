@@ -248,13 +248,11 @@ def check_files(folder: Path, files: dict[str, bytes]) -> None:
         )
 
 
-def test_the_hopper_campaign_call_runs_in_a_gpu_machine_stand_in(machine):
-    """The README's call for the Hopper wgmma family, on two of its operators with simulated
-    launches: the kit carries the family (its model, generator and campaign parts)."""
+def rehearse(machine, command: str, name: str) -> dict:
+    """Run a README device call in the stand-in machine with simulated launches (`--runner
+    cupy` replaced); returns its archive's members. `name`: its log's and archive's stem."""
     work, env = machine
-    command = hopper_device_command()
-    rehearsal = command.replace("--operators hopper", "--operators WG_MM_RN50_FC,WG_BMM_BERT_SV")
-    rehearsal = rehearsal.replace("--runner cupy", "--runner simulated")
+    rehearsal = command.replace("--runner cupy", "--runner simulated")
     out = Path(env["OUT"])
     shutil.rmtree(out, ignore_errors=True)
     out.mkdir()
@@ -262,8 +260,19 @@ def test_the_hopper_campaign_call_runs_in_a_gpu_machine_stand_in(machine):
         ["bash", "-c", rehearsal], cwd=work, env=env, capture_output=True, text=True, timeout=400
     )
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-    assert "campaign: complete" in (out / "campaign-hopper.log").read_text()
-    files = archive_members(out / "campaign-hopper.tar.gz")
+    assert "campaign: complete" in (out / f"{name}.log").read_text()
+    return archive_members(out / f"{name}.tar.gz")
+
+
+def test_the_hopper_campaign_call_runs_in_a_gpu_machine_stand_in(machine):
+    """The README's call for the Hopper wgmma family, on two of its operators with simulated
+    launches: the kit carries the family (its model, generator and campaign parts)."""
+    command = hopper_device_command()
+    files = rehearse(
+        machine,
+        command.replace("--operators hopper", "--operators WG_MM_RN50_FC,WG_BMM_BERT_SV"),
+        "campaign-hopper",
+    )
     assert {"sweeps/WG_MM_RN50_FC.t4.json.gz", "sweeps/WG_BMM_BERT_SV.t4.json.gz"} <= set(files)
     correctness = json.loads(files["correctness.json"])
     assert list(correctness["families"]) == ["hopper_gemm"] and correctness["verdict"] == "pass"
@@ -274,21 +283,10 @@ def test_the_convolutions_call_runs_in_a_gpu_machine_stand_in(machine):
     launches: the kit carries the convolution loader, its launch constants and cuDNN's stand-
     in, and the call compiles the kernels it would time (a 15-minute loan is one call: a
     mistake found there costs the session's data)."""
-    work, env = machine
     command = conv_device_command()
     operators = ",".join(resweep_convolutions())
     assert f"--operators {operators} " in command
-    rehearsal = command.replace(operators, "Conv2D_RN50_1,Conv3D_4")
-    rehearsal = rehearsal.replace("--runner cupy", "--runner simulated")
-    out = Path(env["OUT"])
-    shutil.rmtree(out, ignore_errors=True)
-    out.mkdir()
-    done = subprocess.run(
-        ["bash", "-c", rehearsal], cwd=work, env=env, capture_output=True, text=True, timeout=400
-    )
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-    assert "campaign: complete" in (out / "campaign-conv.log").read_text()
-    files = archive_members(out / "campaign-conv.tar.gz")
+    files = rehearse(machine, command.replace(operators, "Conv2D_RN50_1,Conv3D_4"), "campaign-conv")
     assert {"sweeps/Conv2D_RN50_1.t4.json.gz", "sweeps/Conv3D_4.t4.json.gz"} <= set(files)
     correctness = json.loads(files["correctness.json"])
     assert correctness["verdict"] == "pass"
