@@ -298,39 +298,18 @@ def main(argv: list[str] | None = None) -> int:
         print(f"  {wheel.name} ({wheel.stat().st_size / 1024:.0f} KiB)")
     print(f"{kit.folder}/: {len(kit.wheels)} wheels, {kit.bytes / 2**20:.1f} MiB "
           f"(limit {KIT_LIMIT_BYTES >> 20} MiB), Python {kit.python_version}")  # fmt: skip
-    print("\nThe device tool's run, first call (README, GPU work, for the next calls):")
-    print(
-        json.dumps(
-            {
-                "kind": "nvidia-h100-x1",
-                "timeout_s": 600,
-                "carry": [KIT_DIR],
-                "command": device_command(1),
-            }
-        )
-    )
-    print("\nWith the GPU's mma.sync campaigns complete, the Hopper wgmma family's campaign:")
-    print(
-        json.dumps(
-            {
-                "kind": "nvidia-h100-x1",
-                "timeout_s": 420,
-                "carry": [KIT_DIR],
-                "command": hopper_device_command(),
-            }
-        )
-    )
-    print("\nThe convolutions again, on each GPU (their loader changed after the sweeps):")
-    print(
-        json.dumps(
-            {
-                "kind": "nvidia-h100-x1",
-                "timeout_s": 600,
-                "carry": [KIT_DIR],
-                "command": conv_device_command(),
-            }
-        )
-    )
+    runs = (
+        ("The device tool's run, first call (README, GPU work, for the next calls):", 600,
+         device_command(1)),
+        ("With the GPU's mma.sync campaigns complete, the Hopper wgmma family's campaign:", 420,
+         hopper_device_command()),
+        ("The convolutions again, on each GPU (their loader changed after the sweeps):", 600,
+         conv_device_command()),
+    )  # fmt: skip
+    for heading, timeout_s, command in runs:
+        print(f"\n{heading}")
+        run = {"kind": "nvidia-h100-x1", "timeout_s": timeout_s, "carry": [KIT_DIR]}
+        print(json.dumps({**run, "command": command}))
     return 0
 
 

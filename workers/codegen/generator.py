@@ -13,11 +13,11 @@ from pipetune.model.workloads import AnyWorkload
 from pipetune.workers.codegen import cuda_text, pipeline
 from pipetune.workers.codegen.layout import TileGeometry, swizzle_period
 from pipetune.workers.codegen.variants import (
-    CONV_DIVISORS,
     GRID_Z_LIMIT,
     SCALAR_ARGS,
     b_is_kn,
     check_variant,
+    divisor_args,
     scalar_args,
     variant_of,
 )
@@ -39,8 +39,9 @@ class KernelSource:
 
 
 def _divider_params(variant: str) -> tuple[str, ...]:
-    """The kernel's parameter names of its division constants (variants.CONV_DIVISORS)."""
-    return tuple(f"{d.lower()}_{part}" for d in CONV_DIVISORS[variant] for part in ("mul", "shift"))
+    """The kernel's parameter names of its division constants (variants.divisor_args, as the
+    kernel body spells them)."""
+    return tuple(name.lower() for name in divisor_args(variant))
 
 
 # C parameter lists after the three pointers (names as the kernel body uses them).

@@ -44,10 +44,16 @@ CONV_DIVISORS: dict[str, tuple[str, ...]] = {
     "conv2d": ("Q", "P", "C", "S", "R"),
     "conv3d": ("Q", "P", "O", "C", "S", "R"),
 }
+
+
+def divisor_args(variant: str) -> tuple[str, ...]:
+    """The names of a variant's division constants, in order: ``d_mul`` and ``d_shift`` for
+    each size d of CONV_DIVISORS (none for a GEMM)."""
+    return tuple(f"{d}_{part}" for d in CONV_DIVISORS.get(variant, ()) for part in ("mul", "shift"))
+
+
 SCALAR_ARGS: dict[str, tuple[str, ...]] = {
-    variant: names
-    + tuple(f"{d}_{part}" for d in CONV_DIVISORS.get(variant, ()) for part in ("mul", "shift"))
-    for variant, names in SHAPE_ARGS.items()
+    variant: names + divisor_args(variant) for variant, names in SHAPE_ARGS.items()
 }
 
 GRID_Z_LIMIT = 65535  # CUDA's limit on gridDim.z
