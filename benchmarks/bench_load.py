@@ -93,7 +93,7 @@ from benchmarks.harness import (
     cpu_s,
     pct,
     pg_database,
-    proposal_cpu_s,
+    service_cpu_counters,
 )
 from benchmarks.load_audit import audit
 from benchmarks.load_driver import CHURN_TTL_S, LoadConfig, drive, serve
@@ -134,12 +134,16 @@ def run_load(admin_url: str, config: LoadConfig) -> dict[str, Any]:
             bases = [base for base, _, _ in services]
 
             def cpu() -> dict[str, float]:
-                return {
+                figures = {
                     "service": sum(cpu_s(pid) for pid in pids),
                     "postgres": postgres.seconds(),
-                    # (of the service's: the tuner's proposals, as the replicas count them)
-                    "proposal": sum(proposal_cpu_s(base) for base in bases),
                 }
+                # Of the service's: the tuner's proposals, and each thread role's, as the
+                # replicas count them (summed over the replicas).
+                for base in bases:
+                    for key, value in service_cpu_counters(base).items():
+                        figures[key] = figures.get(key, 0.0) + value
+                return figures
 
             tally, window, cpu_figures = asyncio.run(
                 drive([b for b, _, _ in services], config, cpu)
@@ -189,6 +193,12 @@ def run_load(admin_url: str, config: LoadConfig) -> dict[str, Any]:
         service_errors=_errors_logged(log_text),
         service_cpu_ms_per_result=per_result("service_cpu_s"),
         proposal_cpu_ms_per_result=per_result("proposal_cpu_s"),
+        # Where the service's CPU went, by thread role (service/thread_cpu.py).
+        service_cpu_ms_per_result_by_thread={
+            key.split(":", 1)[1].removesuffix("_cpu_s"): per_result(key)
+            for key in sorted(cpu_figures)
+            if key.startswith("thread:")
+        },
         postgres_cpu_ms_per_result=per_result("postgres_cpu_s"),
         generator_cpu_ms_per_result=per_result("generator_cpu_s"),
         machine_busy=cpu_figures["machine_busy"],
@@ -209,6 +219,7 @@ JSON_KEYS = (
     "results_per_s",
     "service_cpu_ms_per_result",
     "proposal_cpu_ms_per_result",
+    "service_cpu_ms_per_result_by_thread",
     "postgres_cpu_ms_per_result",
     "generator_cpu_ms_per_result",
     "duplicate_leases",

@@ -29,17 +29,27 @@ def cpu_s(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def proposal_cpu_s(base_url: str) -> float:
-    """A running service's CPU seconds spent proposing trials so far, every strategy's
-    (its Prometheus counter pipetune_proposal_cpu_seconds_total)."""
-    import httpx
+def service_cpu_counters(base_url: str) -> dict[str, float]:
+    """A running service's CPU counters so far, in seconds, from its /metrics: `proposal`
+    (the tuner's proposals, every strategy: pipetune_proposal_cpu_seconds_total) and, per
+    thread role, `thread:<role>` (pipetune_thread_cpu_seconds_total: event_loop, proposer,
+    listener, thread_pool, other)."""
+    return cpu_counters(httpx.get(f"{base_url}/metrics", timeout=10).text)
 
-    text = httpx.get(f"{base_url}/metrics", timeout=10).text
-    return sum(
-        float(line.rsplit(" ", 1)[1])
-        for line in text.splitlines()
-        if line.startswith("pipetune_proposal_cpu_seconds_total{")
-    )
+
+def cpu_counters(metrics_text: str) -> dict[str, float]:
+    """`service_cpu_counters` from a /metrics exposition's text."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    out = {"proposal": 0.0}
+    for family in text_string_to_metric_families(metrics_text):
+        for sample in family.samples:
+            if sample.name == "pipetune_proposal_cpu_seconds_total":
+                out["proposal"] += sample.value
+            elif sample.name == "pipetune_thread_cpu_seconds_total":
+                key = f"thread:{sample.labels['role']}"
+                out[key] = out.get(key, 0.0) + sample.value
+    return out
 
 
 def pct(values: list[float], q: float) -> float:

@@ -528,7 +528,7 @@ async def drive(
         figures["generator_cpu_s"] = time.process_time() - mine
         figures["machine_busy"] = (busy[0] - machine[0]) / max(1, busy[1] - machine[1])
         for name, value in after.items():
-            figures[f"{name}_cpu_s"] = value - before[name]
+            figures[f"{name}_cpu_s"] = value - before.get(name, 0.0)
         await run.finish_heartbeats()
         if config.idle_s > 0:
             figures.update(await _idle_phase(run, workers, cpu))
@@ -548,5 +548,5 @@ async def _idle_phase(
     after, seconds = cpu(), time.monotonic() - began
     figures = {"idle_s": seconds, "idle_generator_cpu_s": time.process_time() - mine}
     for name, value in after.items():
-        figures[f"idle_{name}_cpu_s"] = value - before[name]
+        figures[f"idle_{name}_cpu_s"] = value - before.get(name, 0.0)
     return figures

@@ -27,7 +27,9 @@ def summary(r: dict) -> str:
         f"lost jobs {r['lost_jobs']}, results DB/accepted {r['results_db']}/"
         f"{r['results_accepted']}, CPU per result: service "
         f"{r['service_cpu_ms_per_result']:.2f} ms (proposals "
-        f"{r['proposal_cpu_ms_per_result']:.2f} ms), PostgreSQL "
+        f"{r['proposal_cpu_ms_per_result']:.2f} ms; by thread "
+        + ", ".join(f"{k} {v:.2f}" for k, v in r["service_cpu_ms_per_result_by_thread"].items())
+        + "), PostgreSQL "
         f"{r['postgres_cpu_ms_per_result']:.2f} ms, load generator "
         f"{r['generator_cpu_ms_per_result']:.2f} ms"
         + (

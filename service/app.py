@@ -80,6 +80,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     @contextlib.asynccontextmanager
     async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
         wakeup.attach(asyncio.get_running_loop())
+        metrics.thread_cpu.mark_event_loop()
         service.proposer.start()
         stop_listening = threading.Event()
         listener = None

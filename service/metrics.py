@@ -23,6 +23,7 @@ from sqlalchemy import func, select
 
 from pipetune.model.states import OUTSTANDING_JOB_STATES, JobState
 from pipetune.service.orm import JobRow, TaskRow, WorkerRow
+from pipetune.service.thread_cpu import ThreadCpu
 
 if TYPE_CHECKING:
     from pipetune.service.db import Database
@@ -123,6 +124,9 @@ class Metrics:
             buckets=REQUEST_BUCKETS_S,
             registry=r,
         )
+        # Where the replica's CPU goes, by thread (read at each scrape).
+        self.thread_cpu = ThreadCpu()
+        self.registry.register(self.thread_cpu)
 
         if db is not None:
             self.registry.register(DatabaseGauges(db))

@@ -20,6 +20,7 @@ from pipetune.model.analytical import evaluate
 from pipetune.model.hardware import get_gpu
 from pipetune.model.space import Space
 from pipetune.model.workloads import parse_workload
+from pipetune.service.thread_cpu import ROLES
 
 TASKS, BUDGET, BATCH = 3, 24, 8
 
@@ -62,6 +63,13 @@ def test_batched_workers_lease_each_job_once_and_an_idle_fleet_is_measured(pg_ad
     assert figures["generator_cpu_ms_per_result"] > 0
     # The replicas' own count of their proposals' CPU is a part of their CPU.
     assert 0 <= figures["proposal_cpu_ms_per_result"] < figures["service_cpu_ms_per_result"]
+    # And its CPU by thread: the event loop served every request, and the roles together
+    # used no more than the processes (read in 10 ms ticks per thread, and the replicas'
+    # counters a scrape later than the processes: 200 ms of slack over the run).
+    by_thread = figures["service_cpu_ms_per_result_by_thread"]
+    assert by_thread["event_loop"] > 0 and set(by_thread) <= set(ROLES)
+    results = figures["results_accepted"]
+    assert sum(by_thread.values()) * results <= figures["service_cpu_ms_per_result"] * results + 200
     assert math.isfinite(figures["empty_poll_cpu_ms_per_s"])
     # The workers answered with the simulated runner's results, and the written section says so.
     assert figures["config"]["results"] == "simulated"
