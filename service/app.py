@@ -30,6 +30,7 @@ from pipetune.service.proposer import Proposer
 from pipetune.service.queue import Queue
 from pipetune.service.routers import curves, dashboard, jobs, ops, schedules, tasks, workers
 from pipetune.service.settings import Settings
+from pipetune.service.thread_cpu import LISTENER_THREAD
 from pipetune.service.wakeup import Wakeup, listen
 
 log = logging.getLogger(__name__)
@@ -89,7 +90,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             listener = threading.Thread(
                 target=listen,
                 args=(wakeup, _libpq_url(settings.database_url), stop_listening),
-                name="pipetune-listener",
+                name=LISTENER_THREAD,
                 daemon=True,
             )
             listener.start()

@@ -25,6 +25,7 @@ from collections import OrderedDict
 
 from pipetune.service.db import is_unavailable, unavailable_reason
 from pipetune.service.driver import Driver
+from pipetune.service.thread_cpu import PROPOSER_THREAD
 
 log = logging.getLogger(__name__)
 
@@ -49,7 +50,7 @@ class Proposer:
 
     def start(self) -> None:
         self._stopping = False
-        self._thread = threading.Thread(target=self._run, name="pipetune-proposer", daemon=True)
+        self._thread = threading.Thread(target=self._run, name=PROPOSER_THREAD, daemon=True)
         self._thread.start()
 
     def stop(self, timeout_s: float = 30.0) -> None:

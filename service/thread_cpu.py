@@ -24,11 +24,16 @@ from pathlib import Path
 from prometheus_client.core import CounterMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-# Thread name (or its prefix) -> role. The names are set where the threads are started.
+# The names the service gives its threads (service/proposer.py, service/app.py), and the
+# prefix of AnyIO's worker threads (the thread pool of synchronous routes and dependencies).
+PROPOSER_THREAD = "pipetune-proposer"
+LISTENER_THREAD = "pipetune-listener"
+POOL_THREAD_PREFIX = "AnyIO worker thread"
+# Thread name (or its prefix) -> role.
 ROLE_OF_NAME = {
-    "pipetune-proposer": "proposer",
-    "pipetune-listener": "listener",
-    "AnyIO worker thread": "thread_pool",
+    PROPOSER_THREAD: "proposer",
+    LISTENER_THREAD: "listener",
+    POOL_THREAD_PREFIX: "thread_pool",
 }
 EVENT_LOOP = "event_loop"
 OTHER = "other"

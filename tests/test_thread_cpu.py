@@ -12,7 +12,14 @@ from service_support import metric_value
 
 from benchmarks.harness import cpu_counters
 from pipetune.service.metrics import Metrics
-from pipetune.service.thread_cpu import EVENT_LOOP, OTHER, ThreadCpu, _thread_cpu_s
+from pipetune.service.thread_cpu import (
+    EVENT_LOOP,
+    OTHER,
+    POOL_THREAD_PREFIX,
+    PROPOSER_THREAD,
+    ThreadCpu,
+    _thread_cpu_s,
+)
 
 pytest_plugins = ["service_fixtures"]
 
@@ -38,7 +45,7 @@ def test_a_threads_cpu_counts_under_its_role_and_after_it_ends():
         started.set()
         release.wait(10)
 
-    thread = threading.Thread(target=body, name="pipetune-proposer")
+    thread = threading.Thread(target=body, name=PROPOSER_THREAD)
     thread.start()
     assert started.wait(30)
     alive = counter.seconds()["proposer"]
@@ -55,7 +62,7 @@ def test_the_event_loop_is_the_thread_that_marked_itself_and_unnamed_threads_are
     assert counter.role(me) == OTHER
     counter.mark_event_loop()
     assert counter.role(me) == EVENT_LOOP
-    pool = threading.Thread(target=lambda: None, name="AnyIO worker thread")
+    pool = threading.Thread(target=lambda: None, name=f"{POOL_THREAD_PREFIX}-1")
     assert counter.role(pool) == "thread_pool"
 
 
@@ -71,9 +78,11 @@ def test_the_exposition_reaches_the_benchmarks_reading():
     assert figures["thread:event_loop"] - before["thread:event_loop"] >= 0.08
 
 
-def test_a_replica_reports_its_event_loops_cpu(client):
-    """The app marks the thread its lifespan runs on (the event loop) when it starts."""
+def test_a_replica_reports_its_event_loops_and_its_proposers_cpu(client):
+    """The app marks the thread its lifespan runs on (the event loop) when it starts, and its
+    proposer thread is known by its name (a renamed thread would count as `other`)."""
     for _ in range(3):
         client.get("/healthz")
     text = client.get("/metrics").text
-    assert metric_value(text, "pipetune_thread_cpu_seconds_total", role="event_loop") is not None
+    for role in (EVENT_LOOP, "proposer"):
+        assert metric_value(text, "pipetune_thread_cpu_seconds_total", role=role) is not None
