@@ -37,7 +37,7 @@ ROLE_OF_NAME = {
 }
 EVENT_LOOP = "event_loop"
 OTHER = "other"
-ROLES = (EVENT_LOOP, "proposer", "listener", "thread_pool", OTHER)
+ROLES = (EVENT_LOOP, *ROLE_OF_NAME.values(), OTHER)
 
 _TASKS = Path("/proc/self/task")
 _TICK_S = 1.0 / os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 0.01
@@ -100,8 +100,7 @@ class ThreadCpu(Collector):
             return
         family = CounterMetricFamily(
             "pipetune_thread_cpu_seconds",
-            "CPU seconds used by this replica's threads, by role (event_loop, proposer, "
-            "listener, thread_pool, other)",
+            f"CPU seconds used by this replica's threads, by role ({', '.join(ROLES)})",
             labels=["role"],
         )
         for role, used in self.seconds().items():
