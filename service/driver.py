@@ -81,7 +81,7 @@ from pipetune.service.priors import (
 )
 from pipetune.service.records import workload_row
 from pipetune.service.settings import Settings
-from pipetune.service.wakeup import CHANNEL, Wakeup, notify_statement
+from pipetune.service.wakeup import CHANNEL, NOTIFY_SQL, Wakeup, notify_statement
 from pipetune.tuner.bo import PriorMean
 from pipetune.tuner.learned_prior import LearnedModel
 from pipetune.tuner.offline import late_trials
@@ -669,8 +669,8 @@ class Driver:
         SQLite there is nobody to tell)."""
         if self.wakeup is None or self.db.is_sqlite:
             return
-        with self.db.write_conn() as conn:
-            conn.execute(notify_statement(payload))
+        with self.db.driver_statement() as cur:
+            cur.execute(NOTIFY_SQL, {"channel": CHANNEL, "payload": payload})
 
     def _advance(self, task_id: int, adopt: bool) -> bool | None:
         with self._task_locks[task_id]:

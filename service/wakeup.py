@@ -199,6 +199,12 @@ class Wakeup:
             log.warning("ignored a malformed %s notification", CHANNEL)
 
 
+# A message sent on its own (an advance request, a holder's answer), not in a transaction that
+# enqueues jobs: one statement through the driver in autocommit (Database.driver_statement),
+# one round trip where a transaction of its own takes three (BEGIN, the NOTIFY, COMMIT).
+NOTIFY_SQL = "SELECT pg_notify(%(channel)s, %(payload)s)"
+
+
 def notify_statement(payload: str) -> Select:
     """The NOTIFY that carries a signal to the other replicas (sent in the transaction that
     enqueued the jobs: PostgreSQL delivers it when that transaction commits)."""

@@ -148,6 +148,24 @@ def test_another_replicas_jobs_wake_a_waiting_lease_through_notify(pg_url):
         assert len(got[0]) == 2 and time.monotonic() - started < 5
 
 
+def test_a_message_to_the_other_replicas_reaches_their_hook(pg_url):
+    """An advance request (or a holder's answer) is one NOTIFY statement in autocommit
+    (Driver.notify_replicas): the other replica's listener hands it to its hook."""
+    from service_fixtures import _truncate
+
+    _truncate(pg_url)
+    with client_for(pg_url) as a, client_for(pg_url) as b:
+        wait_until_listening(a)
+        asked: list[int] = []
+        service_of(a).wakeup.on_advance = asked.append
+        sender = service_of(b)
+        sender.driver.notify_replicas(sender.wakeup.advance_payload(4242))
+        deadline = time.monotonic() + 5
+        while not asked and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert asked == [4242]
+
+
 def wait_until_listening(client, timeout_s: float = 10.0) -> None:
     wakeup = service_of(client).wakeup
     deadline = time.monotonic() + timeout_s
