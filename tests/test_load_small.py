@@ -14,6 +14,7 @@ run would prove nothing)."""
 from __future__ import annotations
 
 import datetime as dt
+import time
 from types import SimpleNamespace
 
 import pytest
@@ -276,3 +277,55 @@ def test_a_run_sets_the_replicas_early_proposals_only_when_asked() -> None:
     assert "PIPETUNE_PROPOSE_EARLY" not in replica_settings(LoadConfig())
     early = replica_settings(LoadConfig(propose_early=0.25))
     assert early["PIPETUNE_PROPOSE_EARLY"] == "0.25"
+
+
+def test_the_watcher_reads_the_task_list_once_every_result_is_in(monkeypatch) -> None:
+    """The run's watcher reads GET /v1/tasks (a request the service's CPU figure would count)
+    at once when every trial has an accepted result, and before that only every
+    WATCH_FALLBACK_S (which ends a run whose tasks finished short of their budget)."""
+    import asyncio
+
+    from benchmarks import load_driver
+    from benchmarks.load_driver import LoadRun
+    from pipetune.model.states import TaskState
+
+    monkeypatch.setattr(load_driver, "WATCH_TICK_S", 0.01)
+    monkeypatch.setattr(load_driver, "WATCH_FALLBACK_S", 1.0)
+
+    class Tasks:
+        status_code = 200
+
+        def __init__(self, final: bool):
+            self.final = final
+
+        def json(self) -> dict:
+            state = TaskState.DONE if self.final else TaskState.RUNNING
+            return {"tasks": [{"id": 1, "state": state}, {"id": 2, "state": state}]}
+
+    async def scenario(all_in: bool) -> tuple[int, int, float]:
+        run = LoadRun(["http://127.0.0.1:9"], LoadConfig(tasks=2, budget=4, seconds=30))
+        reads: list[float] = []
+        final = False
+
+        async def get(path: str, params: dict) -> Tasks:
+            assert path == "/v1/tasks"
+            reads.append(time.monotonic())
+            return Tasks(final)
+
+        run.clients[0].get = get  # type: ignore[method-assign]
+        began = time.monotonic()
+        watcher = asyncio.create_task(run.watch([1, 2]))
+        await asyncio.sleep(0.6)  # results still coming in
+        early = len(reads)
+        final = True
+        if all_in:
+            run.tally.accepted = 8  # every trial's result accepted
+        # (else a task gave up on a job and finished short: the fallback read finds it)
+        await asyncio.wait_for(watcher, 5)
+        await run.close()
+        return early, len(reads), time.monotonic() - began
+
+    early, total, took = asyncio.run(scenario(all_in=True))
+    assert early == 0 and total == 1 and took < 0.9  # at once, not at the fallback
+    early, total, took = asyncio.run(scenario(all_in=False))
+    assert early == 0 and total == 1 and 0.9 <= took < 2.0  # the fallback read, once
