@@ -16,6 +16,7 @@ from sqlalchemy import create_engine, text
 from pipetune.clients.local_service import LocalService
 from pipetune.model.family import parse_any_workload
 from pipetune.model.wire import ScheduleDoc
+from pipetune.service.thread_cpu import stat_cpu_s
 from pipetune.workers.runners.simulated import SimulatedRunner
 
 TOKEN = "bench-token"
@@ -25,8 +26,7 @@ DEFAULT_PG = "postgresql+psycopg://postgres@127.0.0.1:5432/test"
 
 def cpu_s(pid: int) -> float:
     """User + system CPU seconds of a process (Linux /proc)."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    return stat_cpu_s(Path(f"/proc/{pid}/stat").read_text())
 
 
 def service_cpu_counters(base_url: str) -> dict[str, float]:

@@ -43,17 +43,22 @@ _TASKS = Path("/proc/self/task")
 _TICK_S = 1.0 / os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 0.01
 
 
-def _thread_cpu_s(native_id: int) -> float | None:
-    """User plus system CPU seconds of one of this process's threads; None if it is gone
-    (or there is no /proc)."""
-    try:
-        stat = (_TASKS / str(native_id) / "stat").read_text()
-    except OSError:
-        return None
+def stat_cpu_s(stat: str) -> float:
+    """User plus system CPU seconds in the text of a Linux /proc/<pid>/stat (or
+    /proc/<pid>/task/<tid>/stat) file."""
     # After the command name (which may hold spaces, inside parentheses): state is field 3,
     # utime and stime fields 14 and 15.
     fields = stat.rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) * _TICK_S
+
+
+def _thread_cpu_s(native_id: int) -> float | None:
+    """User plus system CPU seconds of one of this process's threads; None if it is gone
+    (or there is no /proc)."""
+    try:
+        return stat_cpu_s((_TASKS / str(native_id) / "stat").read_text())
+    except OSError:
+        return None
 
 
 class ThreadCpu(Collector):
