@@ -216,8 +216,12 @@ inline bool mbarrier_try_wait(unsigned bar, unsigned parity) {
   m.done.clear();
   return true;
 }
+#ifndef PT_MBARRIER_WAIT_S  // how long a wait may take before it is a hang
+#define PT_MBARRIER_WAIT_S 20
+#endif
 inline void mbarrier_wait(unsigned bar, unsigned parity) {
-  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+  const auto deadline =
+      std::chrono::steady_clock::now() + std::chrono::seconds(PT_MBARRIER_WAIT_S);
   while (!mbarrier_try_wait(bar, parity)) {
     if (std::chrono::steady_clock::now() > deadline)
       fail("an mbarrier phase never completes", bar, parity);
@@ -311,10 +315,13 @@ def _tma_defines(workload, config: WgmmaConfig, sms: int = 3, reversed_blocks: b
 pytestmark = pytest.mark.skipif(shutil.which("g++") is None, reason="needs a host C++ compiler")
 
 
-def _emulate(workload, config: WgmmaConfig, tmp, mutate=None, sms: int = 3, reverse=False):
+def _emulate(
+    workload, config: WgmmaConfig, tmp, mutate=None, sms: int = 3, reverse=False, wait_s=None
+):
     """Build and run one kernel (``sms``: the SMs a persistent kernel's grid is sized for,
     few, so that each block walks several tiles; ``reverse``: stream-K's blocks run last to
-    first)."""
+    first; ``wait_s``: how long an mbarrier wait may take before the run fails as hung, 20 s
+    unless given)."""
     kernel = wgmma.generate(workload, config)
     parts = wgmma.source_parts(kernel.variant, config)
     body = parts["kernel"]
@@ -325,6 +332,8 @@ def _emulate(workload, config: WgmmaConfig, tmp, mutate=None, sms: int = 3, reve
     grid, scalars = wgmma.launch(kernel, workload, sms)
     tma = config.loader == "tma"
     shims = "#include <algorithm>\n" + COMMON_SHIM + WGMMA_SHIM
+    if wait_s is not None:
+        shims = f"#define PT_MBARRIER_WAIT_S {wait_s}\n" + shims
     if tma:
         shims = _tma_defines(workload, config, sms, reverse) + shims + TMA_SHIM
     source = harness_source(
@@ -525,8 +534,10 @@ def test_emulated_tma_wgmma_kernels_match_numpy(tmp_path):
     ],
 )  # fmt: skip
 def test_emulator_catches_broken_tma_kernels(tmp_path, mutation, symptom):
+    # A hang is told by its wait outlasting a deadline: 2 s here, where one is expected
+    # (the default's 20 s is for correct kernels on a busy machine).
     code, stderr, _, _ = _emulate(
-        gemm(70, 72, 328), WgmmaConfig(64, 256, 4, loader="tma"), tmp_path, mutation
+        gemm(70, 72, 328), WgmmaConfig(64, 256, 4, loader="tma"), tmp_path, mutation, wait_s=2
     )
     assert code == 3, stderr
     assert symptom in stderr
