@@ -107,10 +107,10 @@ NOT_SEEN = -1  # jobs.seen_at of a job that the proposal the rule gives it did n
 # its proposal saw first (jobs.seen_at), and the NOTIFY that wakes the other replicas'
 # waiting lease requests when this commits.
 COMMIT_BATCH_SQL = """
-WITH cas AS (
+WITH {held}cas AS (
     UPDATE tasks SET batches = %(version)s + 1, trials_enqueued = %(enqueued)s,
         curve = CAST(%(curve)s AS json), updated_at = statement_timestamp()
-    WHERE id = %(task)s AND batches = %(version)s AND state = ANY(%(active)s)
+    {after_held}WHERE id = %(task)s AND batches = %(version)s AND state = ANY(%(active)s)
     RETURNING id, workload_id, gpu, arch
 ), added AS (
     INSERT INTO jobs (task_id, workload_id, gpu, arch, trial, batch, schedule, schedule_id,
@@ -126,8 +126,19 @@ SELECT cas.arch, cas.gpu, pg_notify(%(channel)s, json_build_object(
 FROM cas
 """
 # With early proposals, the same and jobs.seen_at: the results this batch saw out of turn,
-# and the jobs it left late (NOT_SEEN).
+# and the jobs it left late (NOT_SEEN). Those jobs are locked first, in id order, and the task
+# only once they are held (the join with their count makes the task's update wait for it):
+# a late job may be getting its result, whose statement holds the job and then locks the task
+# (service/queue_pg.py); the other order was a deadlock (tests/test_service_lock_order.py).
 COMMIT_SEEN_BATCH_SQL = COMMIT_BATCH_SQL.replace(
+    "{held}",
+    """held AS MATERIALIZED (
+    SELECT id FROM jobs
+    WHERE task_id = %(task)s AND trial = ANY(%(seen)s::int[] || %(late)s::int[])
+    ORDER BY id FOR UPDATE
+), """,
+).replace("{after_held}", "FROM (SELECT count(*) FROM held) AS held_first\n    ")
+COMMIT_SEEN_BATCH_SQL = COMMIT_SEEN_BATCH_SQL.replace(
     "{seen}",
     """, seen AS (
     UPDATE jobs SET seen_at = CASE WHEN jobs.trial = ANY(%(late)s::int[])
@@ -138,7 +149,9 @@ COMMIT_SEEN_BATCH_SQL = COMMIT_BATCH_SQL.replace(
         AND jobs.trial = ANY(%(seen)s::int[] || %(late)s::int[])
 )""",
 )
-COMMIT_BATCH_SQL = COMMIT_BATCH_SQL.replace("{seen}", "")
+COMMIT_BATCH_SQL = (
+    COMMIT_BATCH_SQL.replace("{held}", "").replace("{after_held}", "").replace("{seen}", "")
+)
 
 
 READ_TASK_SQL = """
@@ -1000,6 +1013,8 @@ class Driver:
         if plan.error is None:
             values["curve"] = plan.curve
         with self.db.write_conn() as conn:
+            if plan.error is not None:
+                _lock_outstanding(conn, plan.task_id)  # jobs before the task (_lock_outstanding)
             # The compare-and-set: only the replica that still sees `version` writes.
             task = conn.execute(
                 update(TASKS)
@@ -1133,6 +1148,7 @@ class Driver:
     def cancel(self, task_id: int) -> None:
         now = self.db.now()
         with self.db.write() as s:
+            _lock_outstanding(s.connection(), task_id)
             # Locked: an advance committing meanwhile would leave its new batch queued.
             state = s.scalar(select(TaskRow.state).where(TaskRow.id == task_id).with_for_update())
             if state is None:
@@ -1150,6 +1166,24 @@ class Driver:
             )
         self._keep_live(task_id, None)
         self.metrics.tasks_finished.labels(TaskState.CANCELLED).inc()
+
+
+def _lock_outstanding(conn: Connection, task_id: int) -> None:
+    """Lock the task's queued and leased jobs, in id order, before anything locks the task.
+
+    The queue's statements lock jobs first and tasks second (service/queue_pg.py): a result
+    holds its job and then updates its task's counters. A transaction that locked the task
+    first and then updated a job with a result in flight deadlocked with it (PostgreSQL
+    aborts one after a second: a 503 for the worker, or a cancel that fails). A job enqueued
+    after this lock (an advance that committed just before the task's lock) is not held
+    here; a result on it within that instant could still meet this transaction, and
+    PostgreSQL would abort one of the two. On SQLite the lock is the database's own."""
+    conn.execute(
+        select(JOBS.c.id)
+        .where(JOBS.c.task_id == task_id, JOBS.c.state.in_(OUTSTANDING_JOB_STATES))
+        .order_by(JOBS.c.id)
+        .with_for_update()
+    ).all()
 
 
 @cache
