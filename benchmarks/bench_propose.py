@@ -19,13 +19,22 @@ benchmark's service spends proposing, benchmarks/bench_load.py): the load benchm
 GEMMs on H100 (its `workload(i)`, seed i), answered as in 1., batches of 8 through `--budget`;
 with `--results made-up`, by the load benchmark's made-up results instead (they contradict the
 analytical model: a model-guided task then fits both of its GPs, the costliest case).
+
+`--space-size N`: instead, a space bigger than any recorded one: six knobs of equal levels,
+about N configurations (8 levels: 262,144), a smooth landscape with a failing corner (test
+plumbing, not measurements), searched by `auto` and `xgb` in batches of 8 through `--budget`
+trials. Per strategy, the rounds' wall and CPU time (a first pass), then the most memory the
+search held at once (a second pass under tracemalloc, which slows it; numpy reports its arrays
+to it): the tuner's own allocations, not the space's.
 """
 
 from __future__ import annotations
 
 import argparse
+import itertools
 import statistics
 import time
+import tracemalloc
 from pathlib import Path
 
 import numpy as np
@@ -38,7 +47,7 @@ from pipetune.model.operators import ALCOP
 from pipetune.model.space import Space
 from pipetune.model.trials import MeasureResult
 from pipetune.tuner.bench import run_strategy_rows
-from pipetune.tuner.recorded import ForeignSpace
+from pipetune.tuner.recorded import ForeignSpace, RecordedConfigs
 from pipetune.tuner.session import TuningSession
 from pipetune.tuner.strategies import make_strategy
 from pipetune.workers.runners.simulated import DEFAULT_SIGMA
@@ -110,6 +119,41 @@ def foreign_rounds(strategy: str, budget: int = 100) -> tuple[int, Timed]:
     return len(configs.configs), timed
 
 
+SYNTHETIC_KNOBS = 6
+
+
+def synthetic_space(size: int, seed: int = 0) -> RecordedConfigs:
+    """About `size` configurations: SYNTHETIC_KNOBS knobs of equal levels, latency a seeded
+    bowl (each knob its own weight) with 3% noise, failing where the knobs' sum is in its top
+    fifth (as too much shared memory would)."""
+    levels = max(2, round(size ** (1 / SYNTHETIC_KNOBS)))
+    rng = np.random.default_rng(seed)
+    index = np.array(list(itertools.product(range(levels), repeat=SYNTHETIC_KNOBS)))
+    centre = rng.uniform(0, levels - 1, SYNTHETIC_KNOBS)
+    weight = rng.uniform(0.05, 0.4, SYNTHETIC_KNOBS)
+    ms = 1.0 + ((index - centre) ** 2 * weight).sum(axis=1) / levels
+    ms *= np.exp(0.03 * rng.standard_normal(len(index)))
+    ms[index.sum(axis=1) > 0.8 * SYNTHETIC_KNOBS * (levels - 1)] = np.inf
+    knobs = {f"k{j}": list(range(levels)) for j in range(SYNTHETIC_KNOBS)}
+    configs = [dict(zip(knobs, row, strict=True)) for row in index.tolist()]
+    return RecordedConfigs(f"synthetic-{len(index)}", knobs, configs, ms)
+
+
+def large_space_rounds(strategy: str, configs: RecordedConfigs, budget: int) -> tuple[Timed, int]:
+    """The rounds' times, and the peak bytes the search allocated (a second, traced pass)."""
+    space = ForeignSpace(configs)
+    timed = Timed(make_strategy(strategy, space, seed=0))
+    run_strategy_rows(timed, configs.objective_ms, budget, BATCH)  # type: ignore[arg-type]
+    again = make_strategy(strategy, space, seed=0)
+    tracemalloc.start()
+    try:
+        run_strategy_rows(again, configs.objective_ms, budget, BATCH)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    return timed, peak
+
+
 def task_cpu(
     strategy: str, tasks: int, budget: int, results: str = "simulated"
 ) -> tuple[float, int]:
@@ -153,8 +197,29 @@ def main() -> None:
         default="simulated",
         help="with --tasks: what answers the trials (see above)",
     )
+    parser.add_argument(
+        "--space-size", type=int, default=0, help="a large synthetic space instead (see above)"
+    )
     args = parser.parse_args()
     threadpool_limits(limits=1)  # one core, as the goal states
+    if args.space_size > 0:
+        configs = synthetic_space(args.space_size)
+        print(
+            f"{configs.name}: {len(configs.configs)} configurations, batch {BATCH}, "
+            f"{args.budget} trials (synthetic landscape, not measurements)"
+        )
+        print(
+            "| strategy | rounds | median round (ms) | max round (ms) | max round CPU (ms) "
+            "| peak allocated (MB) |"
+        )
+        print("|---|---:|---:|---:|---:|---:|")
+        for strategy in ("auto", "xgb"):
+            t, peak = large_space_rounds(strategy, configs, args.budget)
+            print(
+                f"| {strategy} | {len(t.rounds)} | {statistics.median(t.rounds) * 1e3:.0f} "
+                f"| {max(t.rounds) * 1e3:.0f} | {max(t.cpu) * 1e3:.0f} | {peak / 2**20:.0f} |"
+            )
+        return
     if args.tasks > 0:
         cpu, n = task_cpu(args.strategy, args.tasks, args.budget, args.results)
         print(

@@ -181,6 +181,18 @@ def test_the_design_does_not_favour_the_edge_of_a_constrained_space():
     assert share <= edge.mean(), (share, edge.mean())
 
 
+def test_the_design_is_the_same_computed_in_blocks(monkeypatch):
+    """The space's kernel mean is computed in blocks of rows (a space of 262,144
+    configurations held half a gigabyte of distances at once): the same numbers, bit for
+    bit, so the same design, as one pass over the space."""
+    enc = KnobEncoding.of(ForeignSpace(_pyramid()))
+    whole = design_rows(enc, 12, seed=4)
+    monkeypatch.setattr("pipetune.tuner.design.BLOCK_ROWS", 7)  # many blocks, a ragged last
+    assert design_rows(enc, 12, seed=4) == whole
+    monkeypatch.setattr("pipetune.tuner.design.BLOCK_ROWS", len(enc))
+    assert design_rows(enc, 12, seed=4) == whole
+
+
 # ---- the search -------------------------------------------------------------------------
 
 
@@ -563,6 +575,23 @@ def test_the_matern_kernel_in_place_is_the_expression_bit_for_bit():
         before = r.copy()
         assert np.array_equal(kernel._matern(r), expected)
         assert np.array_equal(r, before)  # its argument is left as it was
+
+
+def test_gp_predictions_over_a_space_are_the_same_in_blocks(monkeypatch):
+    """A GP's predictions over a whole space are computed in blocks of rows (the cross
+    covariance and its solve are training points x rows, with as many temporaries): each
+    row's mean and spread are those of one pass over every row, bit for bit."""
+    from pipetune.tuner import matern_gp
+    from pipetune.tuner.surrogate import GaussianProcess
+
+    rng = np.random.default_rng(9)
+    X, X_c = rng.random((25, 4)), rng.random((1000, 4))
+    gp = GaussianProcess(4, seed=0)
+    gp.fit(X, np.cos(4 * X).sum(axis=1))
+    one_pass_mean, one_pass_sd, _ = gp.predict_explained(X_c)
+    monkeypatch.setattr(matern_gp, "PREDICT_BLOCK_ROWS", 64)  # 16 blocks, a ragged last
+    mean, sd = gp.predict(X_c)
+    assert np.array_equal(mean, one_pass_mean) and np.array_equal(sd, one_pass_sd)
 
 
 def test_the_gp_is_scikit_learns_regressor_with_the_same_kernel():

@@ -31,6 +31,20 @@ from scipy.spatial.distance import cdist
 from pipetune.tuner.encoding import KnobEncoding
 
 REFERENCE_ROWS = 256
+# Rows per block of the kernel mean: its distances are (rows x REFERENCE_ROWS), half a
+# gigabyte at once for a space of 262,144 configurations; in blocks, a few megabytes.
+BLOCK_ROWS = 4096
+
+
+def _kernel_mean(features: np.ndarray, reference: np.ndarray, scale: float) -> np.ndarray:
+    """Each row's mean Laplace kernel value against the reference rows."""
+    out = np.empty(len(features))
+    for start in range(0, len(features), BLOCK_ROWS):
+        block = slice(start, start + BLOCK_ROWS)
+        distances = cdist(features[block], reference, metric="cityblock")
+        distances /= -scale
+        out[block] = np.exp(distances, out=distances).mean(axis=1)
+    return out
 
 
 def design_rows(encoding: KnobEncoding, n: int, seed: int) -> list[int]:
@@ -44,7 +58,7 @@ def design_rows(encoding: KnobEncoding, n: int, seed: int) -> list[int]:
     pairs = cdist(reference, reference, metric="cityblock")[np.triu_indices(len(reference), 1)]
     scale = float(np.median(pairs)) if len(pairs) else 1.0
     scale = scale or 1.0  # 0 only where most configurations are alike
-    kernel_mean = np.exp(-cdist(features, reference, metric="cityblock") / scale).mean(axis=1)
+    kernel_mean = _kernel_mean(features, reference, scale)
     tie_break = rng.permutation(len(encoding)) / len(encoding) * 1e-9
     design_kernel_sum = np.zeros(len(encoding))  # sum over the picks of k(row, pick)
     taken = np.zeros(len(encoding), dtype=bool)

@@ -247,8 +247,11 @@ class GaussianProcess(Surrogate):
         ]
 
     def predict(self, X):
-        mean, sd, _ = self.predict_explained(X)
-        return mean, sd
+        if self.posterior is None:
+            mean, sd, _ = self.predict_explained(X)
+            return mean, sd
+        mean, sd = self.posterior.predict(X)  # in blocks: no V over a whole space
+        return mean, np.maximum(sd * self.cv_scale, 1e-9)
 
     def predict_explained(self, X: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """`predict`, and the rows' V = L^-1 k(X_train, X) from the same pass (the believer's
