@@ -105,26 +105,29 @@ def _batch_of(client, task_id: int) -> tuple[int, int]:
     return row.batches, row.trials_enqueued
 
 
+def _plan_of(client, task_id: int, batch: list, **fields) -> _Plan:
+    """An advance's plan for the task as it stands: `batch` next, or `fields` (error=...)."""
+    version, enqueued = _batch_of(client, task_id)
+    predicted = [1.0] * len(batch)
+    return _Plan(task_id, version, enqueued, batch, predicted, curve=[], **fields)
+
+
+def _commit_while_a_result_holds_the_job(client, url: str, job: dict, plan: _Plan) -> None:
+    driver = service_of(client).driver
+    took, outcome = _while_a_result_holds_the_job(
+        url, job["job_id"], plan.task_id, lambda: driver._commit(plan)
+    )
+    assert "raised" not in outcome, outcome
+    assert outcome["returned"] is True
+    assert took < FREE_LOCK_S
+
+
 def test_a_new_batch_that_marks_a_leased_job_late_waits_for_it_before_the_task(pg):
     with client_for(pg, batch_size=4) as c:
         task_id, job = _a_leased_job(c)
         version, enqueued = _batch_of(c, task_id)
-        plan = _Plan(
-            task_id=task_id,
-            version=version,
-            first_trial=enqueued,
-            batch=[Schedule(**job["schedule"])],
-            predicted=[1.0],
-            curve=[],
-            late=[job["trial"]],
-        )
-        driver = service_of(c).driver
-        took, outcome = _while_a_result_holds_the_job(
-            pg, job["job_id"], task_id, lambda: driver._commit(plan)
-        )
-        assert "raised" not in outcome, outcome
-        assert outcome["returned"] is True
-        assert took < FREE_LOCK_S
+        plan = _plan_of(c, task_id, [Schedule(**job["schedule"])], late=[job["trial"]])
+        _commit_while_a_result_holds_the_job(c, pg, job, plan)
         assert _batch_of(c, task_id) == (version + 1, enqueued + 1)
 
 
@@ -145,22 +148,7 @@ def test_a_cancel_waits_for_the_jobs_before_the_task(pg):
 def test_a_failing_advance_waits_for_the_jobs_before_the_task(pg):
     with client_for(pg, batch_size=4) as c:
         task_id, job = _a_leased_job(c)
-        version, enqueued = _batch_of(c, task_id)
-        plan = _Plan(
-            task_id=task_id,
-            version=version,
-            first_trial=enqueued,
-            batch=[],
-            predicted=[],
-            curve=[],
-            error="the tuner failed",
-        )
-        driver = service_of(c).driver
-        took, outcome = _while_a_result_holds_the_job(
-            pg, job["job_id"], task_id, lambda: driver._commit(plan)
-        )
-        assert "raised" not in outcome, outcome
-        assert outcome["returned"] is True
-        assert took < FREE_LOCK_S
+        plan = _plan_of(c, task_id, [], error="the tuner failed")
+        _commit_while_a_result_holds_the_job(c, pg, job, plan)
         doc = c.get(f"/v1/tasks/{task_id}").json()
         assert doc["state"] == "failed"
