@@ -248,10 +248,13 @@ class GaussianProcess(Surrogate):
 
     def predict(self, X):
         if self.posterior is None:
-            mean, sd, _ = self.predict_explained(X)
-            return mean, sd
+            return self.predict_explained(X)[:2]
         mean, sd = self.posterior.predict(X)  # in blocks: no V over a whole space
-        return mean, np.maximum(sd * self.cv_scale, 1e-9)
+        return mean, self._spread(sd)
+
+    def _spread(self, sd: np.ndarray) -> np.ndarray:
+        """The posterior's spread widened by the leave-one-out factor (floored above 0)."""
+        return np.maximum(sd * self.cv_scale, 1e-9)
 
     def predict_explained(self, X: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """`predict`, and the rows' V = L^-1 k(X_train, X) from the same pass (the believer's
@@ -260,7 +263,7 @@ class GaussianProcess(Surrogate):
             sd = np.maximum(np.sqrt(self.kernel.variance(len(X))), 1e-9)
             return np.zeros(len(X)), sd, np.zeros((0, len(X)))
         mean, sd, V = self.posterior.predict_explained(X)
-        return mean, np.maximum(sd * self.cv_scale, 1e-9), V
+        return mean, self._spread(sd), V
 
     def fantasies(self, X_c: np.ndarray) -> GPFantasies:
         return GPFantasies(self, X_c)
