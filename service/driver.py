@@ -51,7 +51,9 @@ from functools import cache
 from typing import Any
 
 import numpy as np
+import psycopg
 from sqlalchemy import Connection, case, func, insert, literal, select, update
+from sqlalchemy import exc as sa_exc
 
 from pipetune.model.family import FamilySpace, KernelFamily, family_of, parse_any_workload
 from pipetune.model.hardware import get_gpu
@@ -99,6 +101,10 @@ JOBS, TASKS = JobRow.__table__, TaskRow.__table__
 # Strategies whose next batch depends only on which schedules were already chosen, never on
 # their measurements (tests/test_service_pipeline.py checks it of each): they propose ahead.
 PROPOSE_AHEAD = frozenset({"grid", "random", "analytical"})
+# A cancel that meets a result on a job enqueued while it started starts over (Driver.cancel):
+# each such meeting needs a batch committed in that instant, so a second try all but always
+# does; the last try waits for its locks like any transaction.
+CANCEL_ATTEMPTS = 3
 NOT_SEEN = -1  # jobs.seen_at of a job that the proposal the rule gives it did not see
 
 
@@ -1146,6 +1152,19 @@ class Driver:
             )
 
     def cancel(self, task_id: int) -> None:
+        # A batch enqueued between the jobs' lock and the task's is not held by the first
+        # lock; once the task is held no further batch can commit, so those jobs are taken
+        # without waiting, and if a result holds one (it waits for the task next) the cancel
+        # lets go of everything and starts again, instead of deadlocking with that result.
+        for _ in range(CANCEL_ATTEMPTS - 1):
+            try:
+                return self._cancel(task_id, wait=False)
+            except sa_exc.OperationalError as exc:
+                if not isinstance(exc.orig, psycopg.errors.LockNotAvailable):
+                    raise
+        return self._cancel(task_id, wait=True)
+
+    def _cancel(self, task_id: int, wait: bool) -> None:
         now = self.db.now()
         with self.db.write() as s:
             _lock_outstanding(s.connection(), task_id)
@@ -1157,6 +1176,8 @@ class Driver:
                 return
             if TaskState(state).is_final():
                 raise ConflictError(f"task {task_id} is already {state}")
+            if not self.db.is_sqlite:
+                _lock_outstanding(s.connection(), task_id, wait=wait)
             self._cancel_outstanding(s.connection(), task_id, now)
             s.execute(
                 update(TaskRow)
@@ -1168,7 +1189,7 @@ class Driver:
         self.metrics.tasks_finished.labels(TaskState.CANCELLED).inc()
 
 
-def _lock_outstanding(conn: Connection, task_id: int) -> None:
+def _lock_outstanding(conn: Connection, task_id: int, wait: bool = True) -> None:
     """Lock the task's queued and leased jobs, in id order, before anything locks the task.
 
     The queue's statements lock jobs first and tasks second (service/queue_pg.py): a result
@@ -1176,13 +1197,14 @@ def _lock_outstanding(conn: Connection, task_id: int) -> None:
     first and then updated a job with a result in flight deadlocked with it (PostgreSQL
     aborts one after a second: a 503 for the worker, or a cancel that fails). A job enqueued
     after this lock (an advance that committed just before the task's lock) is not held
-    here; a result on it within that instant could still meet this transaction, and
-    PostgreSQL would abort one of the two. On SQLite the lock is the database's own."""
+    here: a caller that then updates every outstanding job locks them again with `wait`
+    False once it holds the task (PostgreSQL raises LockNotAvailable at once if a result
+    holds one) and starts over (`Driver.cancel`). On SQLite the lock is the database's own."""
     conn.execute(
         select(JOBS.c.id)
         .where(JOBS.c.task_id == task_id, JOBS.c.state.in_(OUTSTANDING_JOB_STATES))
         .order_by(JOBS.c.id)
-        .with_for_update()
+        .with_for_update(nowait=not wait)
     ).all()
 
 

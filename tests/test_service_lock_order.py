@@ -131,7 +131,7 @@ def test_a_new_batch_that_marks_a_leased_job_late_waits_for_it_before_the_task(p
         assert _batch_of(c, task_id) == (version + 1, enqueued + 1)
 
 
-def test_a_cancel_waits_for_the_jobs_before_the_task(pg):
+def _cancel_while_a_result_holds_the_job(pg: str) -> None:
     with client_for(pg, batch_size=4) as c:
         task_id, job = _a_leased_job(c)
         driver = service_of(c).driver
@@ -145,6 +145,10 @@ def test_a_cancel_waits_for_the_jobs_before_the_task(pg):
         assert trials and all(t["state"] == "cancelled" for t in trials)
 
 
+def test_a_cancel_waits_for_the_jobs_before_the_task(pg):
+    _cancel_while_a_result_holds_the_job(pg)
+
+
 def test_a_failing_advance_waits_for_the_jobs_before_the_task(pg):
     with client_for(pg, batch_size=4) as c:
         task_id, job = _a_leased_job(c)
@@ -152,3 +156,22 @@ def test_a_failing_advance_waits_for_the_jobs_before_the_task(pg):
         _commit_while_a_result_holds_the_job(c, pg, job, plan)
         doc = c.get(f"/v1/tasks/{task_id}").json()
         assert doc["state"] == "failed"
+
+
+def test_a_cancel_that_meets_a_job_enqueued_after_its_first_lock_starts_over(pg, monkeypatch):
+    """The first jobs' lock of the cancel misses the job (as it misses one that an advance
+    enqueues in the instant before the cancel locks the task); a result holds that job and
+    then wants the task. The cancel must not hold the task while it waits for the job."""
+    import pipetune.service.driver as driver_module
+
+    real_lock = driver_module._lock_outstanding
+    calls = []
+
+    def first_lock_misses_the_job(conn, task_id, wait=True):
+        calls.append(wait)
+        if len(calls) > 1:
+            real_lock(conn, task_id, wait=wait)
+
+    monkeypatch.setattr(driver_module, "_lock_outstanding", first_lock_misses_the_job)
+    _cancel_while_a_result_holds_the_job(pg)
+    assert len(calls) >= 3  # missed, found held without waiting, then the start over
