@@ -103,6 +103,38 @@ def test_two_stage_pipelines_are_predicted_as_fast_as_they_measured(gpu: str):
     assert abs(np.exp(np.median(errors)) - 1) < 0.05
 
 
+@pytest.mark.parametrize("gpu", ["h200", "h100"])
+def test_a_second_stage_is_predicted_against_one_schedule_by_schedule(gpu: str):
+    # Schedules that differ only in one shared-memory stage against two, at equal occupancy
+    # (7,153 pairs per GPU): a second stage measured almost no faster in the median (0.994 /
+    # 0.995 of the one-stage time, H100 / H200), where Table 1, its one-stage blocks
+    # streaming the whole wave's bytes at every load, predicted 0.87 / 0.86, the ratios'
+    # median error 0.14 / 0.16 (log) and their rank correlation 0.25; with a one-stage block
+    # contending only with the blocks loading with it (reading 9), 0.93 / 0.92, 0.10 / 0.11
+    # and 0.39 / 0.40.
+    from scipy.stats import spearmanr
+
+    measured, predicted = [], []
+    for op in _alcop_ops(gpu):
+        knobs = op.space.knobs
+        others = [name for name in knobs if name != "smem_stages"]
+        rows: dict[tuple, dict[int, int]] = {}
+        for i, stages in enumerate(knobs["smem_stages"].tolist()):
+            rows.setdefault(tuple(knobs[n][i] for n in others), {})[stages] = i
+        blocks = op.space.blocks_per_sm
+        for pair in rows.values():
+            one, two = pair.get(1), pair.get(2)
+            if one is None or two is None or blocks[one] != blocks[two]:
+                continue
+            if op.ok[one] and op.ok[two]:
+                measured.append(np.log(op.measured_us[two] / op.measured_us[one]))
+                predicted.append(np.log(op.predicted_us[two] / op.predicted_us[one]))
+    measured_ratio, predicted_ratio = np.array(measured), np.array(predicted)
+    assert len(measured_ratio) > 5000
+    assert np.median(np.abs(predicted_ratio - measured_ratio)) < 0.125
+    assert spearmanr(measured_ratio, predicted_ratio)[0] > 0.33
+
+
 SHORT_K = (
     "MM_RN50_Conv1x1_1",
     "MM_RN50_Conv1x1_2",

@@ -7,7 +7,12 @@ import itertools
 import numpy as np
 import pytest
 
-from pipetune.model.analytical import evaluate, multistage_latency, pipeline_latency
+from pipetune.model.analytical import (
+    evaluate,
+    multistage_latency,
+    one_stage_load,
+    pipeline_latency,
+)
 from pipetune.model.space import Space
 from pipetune.model.workloads import bmm, conv2d, gemm
 
@@ -79,11 +84,14 @@ def test_evaluate_reports_the_bottleneck_by_the_per_step_criterion(h100):
     p = evaluate(space)
     n_pipe = space.knobs["smem_stages"]
     n_mplx = p.N_threadblk_per_SM
-    # Table 1's switch for one stage; with S >= 2 a load has S - 1 steps of N_mplx uses.
+    # Table 1's switch for one stage, on the load a one-stage block meets (reading 9); with
+    # S >= 2 a load has S - 1 steps of N_mplx uses.
+    latency = max(h100.dram_latency_ns, h100.l2_latency_ns) * 1e-9
+    one_stage = one_stage_load(p.T_smem_load, latency, p.T_smem_use)
     expected = np.where(
         n_pipe >= 2,
         p.T_smem_load > (n_pipe - 1) * n_mplx * p.T_smem_use,
-        p.T_smem_load > (n_pipe * n_mplx - 1) * p.T_smem_use,
+        one_stage > (n_pipe * n_mplx - 1) * p.T_smem_use,
     )
     assert np.array_equal(p.smem_load_bound, expected)
     assert p.smem_load_bound.any() and (~p.smem_load_bound).any()
@@ -109,6 +117,25 @@ def test_a_multistage_step_waits_for_a_load_issued_s_minus_1_steps_before():
         below, _ = multistage_latency(threshold, 0.7, 8, n_pipe, n_mplx)
         above, bound = multistage_latency(threshold * (1 + 1e-12), 0.7, 8, n_pipe, n_mplx)
         assert bound and above == pytest.approx(below, rel=1e-9)
+
+
+def test_a_one_stage_load_streams_only_while_it_loads():
+    # (T_load, T_latency, T_use): T_load streams T_load - T_latency of the wave's bytes.
+    assert one_stage_load(5.0, 2.0, 0.0) == pytest.approx(5.0)  # no use: every block loads
+    assert one_stage_load(2.0, 2.0, 3.0) == pytest.approx(2.0)  # nothing to stream
+    assert one_stage_load(4.0, 0.0, 1.0) == pytest.approx(3.0)  # no latency: max(use, stream)
+    assert one_stage_load(1.0, 0.0, 4.0) == pytest.approx(0.0)  # (the stream hides in uses)
+    rng = np.random.default_rng(5)
+    latency, stream, use = rng.uniform(0.01, 3.0, (3, 200))
+    load = one_stage_load(latency + stream, latency, use)
+    step = load + use
+    # The share of its step a block spends loading is the share of the stream it meets.
+    share = load / step
+    np.testing.assert_allclose(load, latency + share * stream, rtol=1e-9)
+    # Never more than Table 1's load, and the step never shorter than a load that always
+    # streams the whole wave's bytes (the step of a block with a copy always in flight).
+    assert (load <= latency + stream + 1e-12).all()
+    assert (step >= latency + stream - 1e-12).all()
 
 
 def test_the_first_tile_is_loaded_once_in_the_prologue(h100):
