@@ -69,11 +69,12 @@ explicit here because the table leaves them implicit:
    loaded at once; so they do in a multistage loop, where each block always has a copy in
    flight. A one-stage block loads, waits, then uses its tile, and the blocks are not in
    step (reading 6): at any moment only the share of them in their load phase streams
-   (one_stage_load). Measured on both Hopper GPUs over the schedules that differ only in one
-   shared-memory stage against two, at equal occupancy: the second stage gained nothing in
-   the median (1.000 and 1.003 of the one-stage time), where Table 1 predicted 0.87 and
-   0.86; the pairs' ratios are predicted with a median error of 0.10 and 0.12 (log) instead
-   of 0.16 and 0.17, and ranked at a Spearman of 0.33 and 0.34 instead of 0.18.
+   (one_stage_load). Measured on the H100 and the H200 over the schedules that differ only in
+   one shared-memory stage against two, at equal occupancy (7,153 pairs each): the second
+   stage gained almost nothing in the median (0.994 and 0.995 of the one-stage time), where
+   Table 1 predicted 0.87 and 0.86 (now 0.93 and 0.92); the pairs' ratios are predicted with
+   a median error of 0.10 and 0.11 (log) instead of 0.14 and 0.16, and ranked at a Spearman
+   of 0.39 and 0.40 instead of 0.25 (tests/test_measured_data.py).
 """
 
 from __future__ import annotations
