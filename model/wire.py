@@ -191,7 +191,7 @@ PRIOR_GPU_DESCRIPTION = (
 LEARNED_PRIOR_DESCRIPTION = (
     "instead of prior_task: the prior mean is a cost model fitted to every finished task of "
     "the same kernel family measured on a GPU (other shapes, other GPUs; simulated trials never "
-    "count), averaged with the analytical model; the task records which tasks (learned_from). "
+    "count), over the analytical model's terms; the task records which tasks (learned_from). "
     "true: required (a 422 where there is none); false: never; null (the default): the kernel "
     "family's choice (tensor-core GEMMs: where such tasks exist; memory-intensive operators: "
     "no), for a strategy that takes a prior and without prior_task or prior_gpu"

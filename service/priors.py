@@ -267,8 +267,9 @@ def learned_pick(
     `space_of()`, built only then: a lookup with nothing to learn from costs one query); else
     None (the
     analytical model's pick stands). On the campaigns' measured GEMM spaces, each shape
-    unseen, its pick reaches 0.886 / 0.927 of the optimum (H100 / H200) where the analytical
-    model's reaches 0.796 / 0.844 (benchmarks/RESULTS.md, "the learned prior by default")."""
+    unseen, its pick reaches 0.946 / 0.933 of the optimum (H100 / H200) where the analytical
+    model's reaches 0.849 / 0.888 (benchmarks/RESULTS.md, "the learned prior ranks within a
+    shape")."""
     fam = family_of(workload)
     if not fam.learns_by_default:
         return None

@@ -95,6 +95,24 @@ def test_corpus_fit_carries_a_measured_effect_to_an_unseen_shape(h100, space):
         CostModel().fit_corpus([])
 
 
+def test_a_corpus_teaches_how_schedules_rank_not_how_fast_each_shape_is(h100, space):
+    """fit_corpus learns each space relative to its own median: a shape measured ten times
+    slower throughout (another GPU's level, a busier machine) teaches the same model. Fitted
+    to absolute log throughput, the trees spent splits on telling shapes apart, and a shape
+    they had not seen was ranked by where its features fell among the shapes' levels."""
+    corpus = [Space.enumerate(w, h100) for w in (gemm(1024, 1024, 1024), bmm(12, 512, 512, 64))]
+    fits = []
+    for slower in (1.0, 10.0):
+        measured = [
+            (s, evaluate(s).T_kernel * (slower if i else 1.0), np.zeros(len(s), dtype=bool))
+            for i, s in enumerate(corpus)
+        ]
+        model = CostModel(seed=0)
+        model.fit_corpus(measured)
+        fits.append(model.predict(space))
+    assert np.array_equal(fits[0], fits[1])
+
+
 def test_memops_spaces_pretrain_and_fit_with_the_models_terms(h100):
     """The memory-intensive family's model terms beside its schedule features (a duplicated
     column name once made every fit with the analytical features fail)."""

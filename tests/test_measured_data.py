@@ -6,7 +6,9 @@ them exactly as they were recorded."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -116,11 +118,23 @@ def test_a_second_stage_is_predicted_against_one_schedule_by_schedule(gpu: str):
     from scipy.stats import spearmanr
 
     measured, predicted = [], []
+    for op, one, two in _stage_pairs(gpu, "smem_stages"):
+        measured.append(np.log(op.measured_us[two] / op.measured_us[one]))
+        predicted.append(np.log(op.predicted_us[two] / op.predicted_us[one]))
+    measured_ratio, predicted_ratio = np.array(measured), np.array(predicted)
+    assert len(measured_ratio) > 5000
+    assert np.median(np.abs(predicted_ratio - measured_ratio)) < 0.125
+    assert spearmanr(measured_ratio, predicted_ratio)[0] > 0.33
+
+
+def _stage_pairs(gpu: str, knob: str) -> Iterator[tuple[Any, int, int]]:
+    """(operator, row with one stage, row with two) for every pair of schedules that differ
+    only in `knob` (1 against 2), at equal occupancy, both measured."""
     for op in _alcop_ops(gpu):
         knobs = op.space.knobs
-        others = [name for name in knobs if name != "smem_stages"]
+        others = [name for name in knobs if name != knob]
         rows: dict[tuple, dict[int, int]] = {}
-        for i, stages in enumerate(knobs["smem_stages"].tolist()):
+        for i, stages in enumerate(knobs[knob].tolist()):
             rows.setdefault(tuple(knobs[n][i] for n in others), {})[stages] = i
         blocks = op.space.blocks_per_sm
         for pair in rows.values():
@@ -128,39 +142,21 @@ def test_a_second_stage_is_predicted_against_one_schedule_by_schedule(gpu: str):
             if one is None or two is None or blocks[one] != blocks[two]:
                 continue
             if op.ok[one] and op.ok[two]:
-                measured.append(np.log(op.measured_us[two] / op.measured_us[one]))
-                predicted.append(np.log(op.predicted_us[two] / op.predicted_us[one]))
-    measured_ratio, predicted_ratio = np.array(measured), np.array(predicted)
-    assert len(measured_ratio) > 5000
-    assert np.median(np.abs(predicted_ratio - measured_ratio)) < 0.125
-    assert spearmanr(measured_ratio, predicted_ratio)[0] > 0.33
+                yield op, one, two
 
 
 def _register_stage_pairs(gpu: str) -> list[tuple[int, float, float]]:
-    """Schedules that differ only in one register stage against two, at equal occupancy and
-    with a shared-memory pipeline (smem_stages >= 2): (blocks per SM, measured two-stage /
-    one-stage time, modelled)."""
-    pairs = []
-    for op in _alcop_ops(gpu):
-        knobs = op.space.knobs
-        others = [name for name in knobs if name != "reg_stages"]
-        rows: dict[tuple, dict[int, int]] = {}
-        for i, stages in enumerate(knobs["reg_stages"].tolist()):
-            rows.setdefault(tuple(knobs[n][i] for n in others), {})[stages] = i
-        blocks = op.space.blocks_per_sm
-        for pair in rows.values():
-            one, two = pair.get(1), pair.get(2)
-            if one is None or two is None or blocks[one] != blocks[two]:
-                continue
-            if knobs["smem_stages"][one] >= 2 and op.ok[one] and op.ok[two]:
-                pairs.append(
-                    (
-                        int(blocks[one]),
-                        float(op.measured_us[two] / op.measured_us[one]),
-                        float(op.predicted_us[two] / op.predicted_us[one]),
-                    )
-                )
-    return pairs
+    """The register-stage pairs with a shared-memory pipeline (smem_stages >= 2): (blocks per
+    SM, measured two-stage / one-stage time, modelled)."""
+    return [
+        (
+            int(op.space.blocks_per_sm[one]),
+            float(op.measured_us[two] / op.measured_us[one]),
+            float(op.predicted_us[two] / op.predicted_us[one]),
+        )
+        for op, one, two in _stage_pairs(gpu, "reg_stages")
+        if op.space.knobs["smem_stages"][one] >= 2
+    ]
 
 
 @pytest.mark.parametrize("gpu", ["h200", "h100"])

@@ -1,5 +1,5 @@
 """A task whose prior is learned (`learned_prior`): a cost model of every finished task of the
-same kernel family measured on a GPU, averaged with the analytical model. The tasks it learned
+same kernel family measured on a GPU, over the analytical model's terms. The tasks it learned
 from are recorded on the task, measured trials only (simulated ones never teach it), its first
 batch is the one an offline session with the same prior proposes, a replica with empty caches
 replays it exactly, and what cannot have a learned prior is a 422 naming the field. SQLite

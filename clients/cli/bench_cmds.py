@@ -193,7 +193,7 @@ def tuner(
         None,
         "--learned-prior",
         help="measured pipetune datasets (files or folders): a cost model of their other "
-        "shapes, averaged with the analytical model, is the prior of bo, analytical+xgb and "
+        "shapes, over the analytical model's terms, is the prior of bo, analytical+xgb and "
         "auto on each dataset of their family (its own shape left out on every GPU)",
     ),
     early: int = typer.Option(
