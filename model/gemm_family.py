@@ -38,9 +38,9 @@ class TensorGemmFamily(KernelFamily):
     codegen_module = "pipetune.workers.codegen"
     reference_module = "pipetune.workers.runners.reference"
     # On the 23 ALCOP operators measured on the H100 and the H200, each shape unseen, `auto`
-    # with the learned prior finds 0.971 / 0.975 of the optimum in 10 trials where the
-    # analytical model alone finds 0.958 / 0.966, and as much from 50 trials on
-    # (benchmarks/RESULTS.md, "the learned prior by default").
+    # with the learned prior finds 0.983 / 0.988 of the optimum in 10 trials where the
+    # analytical model alone finds 0.956 / 0.963, and 0.997 / 0.999 in 50 against 0.994 /
+    # 0.994 (benchmarks/RESULTS.md, "the learned prior ranks within a shape").
     learns_by_default = True
 
     @property

@@ -193,8 +193,9 @@ LEARNED_PRIOR_DESCRIPTION = (
     "the same kernel family measured on a GPU (other shapes, other GPUs; simulated trials never "
     "count), over the analytical model's terms; the task records which tasks (learned_from). "
     "true: required (a 422 where there is none); false: never; null (the default): the kernel "
-    "family's choice (tensor-core GEMMs: where such tasks exist; memory-intensive operators: "
-    "no), for a strategy that takes a prior and without prior_task or prior_gpu"
+    "family's choice (tensor-core GEMMs and memory-intensive operators: where such tasks "
+    "exist; the Hopper wgmma family: no), for a strategy that takes a prior and without "
+    "prior_task or prior_gpu"
 )
 
 

@@ -19,9 +19,9 @@ rankers whose mistakes differed; the learned model alone had lost badly on a few
 operators); fitted relative to each shape's median, the learned model alone reaches 0.982 /
 0.983, and `auto` with it 0.983 / 0.988 at k=10 where the average had 0.963 / 0.981. Its
 trees still read the analytical model's terms. Whether a task learns its prior unless told
-is the family's choice (`KernelFamily.learns_by_default`: the tensor-core GEMMs do, the
-memory-intensive operators, where the analytical model ranks at 0.97, do not;
-benchmarks/RESULTS.md, "the learned prior by default").
+is the family's choice (`KernelFamily.learns_by_default`: the tensor-core GEMMs and, since
+the relative fit, the memory-intensive operators do, 0.995 / 0.990 at k=10 there against the
+analytical model's 0.977 / 0.971; the Hopper wgmma family has no measurements to learn from).
 """
 
 from __future__ import annotations
