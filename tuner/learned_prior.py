@@ -85,13 +85,11 @@ def fit_learned_model(corpus: Sequence[RecordedSpace], seed: int = 0) -> Learned
     measured = [(r.space, r.latency_s, r.throughput <= 0) for r in corpus]
     model = CostModel(seed=seed, use_analytical=True)
     model.fit_corpus(measured)
-    levels = []
-    for space, latency_s, failed in measured:
-        ran = ~np.asarray(failed, dtype=bool)
-        modelled = float(np.median(predicted_log_throughput(space)[ran])) if ran.any() else 0.0
-        levels.append(
-            median_level(measured_log_throughput(space, latency_s, failed), failed) - modelled
-        )
+    levels = [
+        median_level(measured_log_throughput(space, latency_s, failed), failed)
+        - median_level(predicted_log_throughput(space), failed)
+        for space, latency_s, failed in measured
+    ]
     return LearnedModel(
         model,
         families.pop(),
