@@ -6,6 +6,7 @@ them exactly as they were recorded."""
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -82,13 +83,14 @@ def test_the_model_ranks_the_measured_gemms_with_the_k_step_cost(gpu: str, floor
     assert top10 >= floor
 
 
-def _alcop_ops(gpu: str) -> list:
+@functools.cache  # read and evaluated once per GPU: the model tests below share them
+def _alcop_ops(gpu: str) -> tuple:
     from benchmarks.campaign_data import campaign
     from pipetune.model.operators import ALCOP
 
     ops = [op for op in campaign(gpu, DATA).operators(list(ALCOP)) if op.name in ALCOP]
     assert len(ops) == len(ALCOP)
-    return ops
+    return tuple(ops)
 
 
 @pytest.mark.parametrize("gpu", ["h200", "h100"])
