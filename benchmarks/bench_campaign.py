@@ -21,7 +21,10 @@ family alone, unpacked into a folder of its own, `campaign-hopper-<gpu>`):
   of predicted and measured latency (spec-sheet and calibrated profiles), best-in-top-k of
   the model's ranking (the fastest measured among the model's k first over the fastest of
   all), and where it errs most (the knob value whose schedules it mispredicts most, after
-  taking out the operator's overall scale).
+  taking out the operator's overall scale); over the operators, its error by pipelining class
+  and by co-resident blocks, and per K chunk and stage count how far that class's fastest
+  schedule lies behind the best, measured and as the model ranks it (where its first choices
+  go and where the optima are).
 
 Every figure is computed from the committed measurements; nothing here is simulated.
 """
@@ -30,6 +33,7 @@ from __future__ import annotations
 
 import argparse
 import math
+from collections import Counter
 from collections.abc import Iterable
 from dataclasses import fields, replace
 from pathlib import Path
@@ -117,6 +121,82 @@ def pipelining_class_errors(ops: list[OperatorData]) -> list[str]:
         "| smem_stages | reg_stages | schedules | model / measured (median, scale removed) "
         "| operators whose optimum is here |",
         "|---:|---:|---:|---:|---:|",
+        *rows,
+    ]
+
+
+# Blocks per SM, grouped where the schedules thin out (a wave's first wave, as the model
+# counts them: reading 7's last wave aside).
+BLOCKS_PER_SM_GROUPS = ((1, 1), (2, 2), (3, 3), (4, 4), (5, 6), (7, 8), (9, 12), (13, 10_000))
+
+
+def blocks_per_sm_errors(ops: list[OperatorData]) -> list[str]:
+    """Over the tensor-core operators: per number of co-resident blocks (the model's
+    N_threadblk_per_SM of a full wave), the median of the calibrated model's log error after
+    each operator's scale, and how many operators have their optimum there. A whole class of
+    schedules the model gets wrong shows as a trend down the rows."""
+    errors: dict[tuple[int, int], list[float]] = {group: [] for group in BLOCKS_PER_SM_GROUPS}
+    wins = dict.fromkeys(BLOCKS_PER_SM_GROUPS, 0)
+    for op in ops:
+        ok = op.ok & np.isfinite(op.predicted_us)
+        error = np.log(op.predicted_us / op.measured_us)
+        error -= np.median(error[ok])
+        blocks = np.asarray(op.family.evaluate(op.space).N_threadblk_per_SM)
+        best = op.best[1] if op.best is not None else -1
+        for low, high in BLOCKS_PER_SM_GROUPS:
+            mask = ok & (blocks >= low) & (blocks <= high)
+            errors[(low, high)].extend(error[mask].tolist())
+            wins[(low, high)] += int(best >= 0 and bool(mask[best]))
+    rows = []
+    for (low, high), values in errors.items():
+        if values:
+            label = str(low) if low == high else f"{low}+" if high >= 10_000 else f"{low}-{high}"
+            median = math.exp(float(np.median(values)))
+            rows.append(f"| {label} | {len(values):,} | {median:.2f} | {wins[(low, high)]} |")
+    return [
+        "| blocks per SM | schedules | model / measured (median, scale removed) "
+        "| operators whose optimum is here |",
+        "|---:|---:|---:|---:|",
+        *rows,
+    ]
+
+
+def chunk_stage_classes(ops: list[OperatorData]) -> list[str]:
+    """Over the tensor-core operators: per (chunk, smem_stages) class, how far its best
+    schedule lies behind the operator's best, measured and as the model ranks it (medians over
+    the operators that have the class; 1.00: the class holds the best), and how many
+    operators have their optimum and the model's first choice in it. Where the two columns
+    part, the model prefers the wrong kind of pipeline for the fastest schedules (errors over
+    whole spaces, as the tables above, can hide that)."""
+    behind: dict[tuple[int, int], list[tuple[float, float]]] = {}
+    best_in: Counter[tuple[int, int]] = Counter()
+    first_in: Counter[tuple[int, int]] = Counter()
+    for op in ops:
+        ok = op.ok & np.isfinite(op.predicted_us)
+        if not ok.any():
+            continue
+        measured, predicted = op.measured_us, op.predicted_us
+        chunk, stages = op.space.knobs["chunk"], op.space.knobs["smem_stages"]
+        best_measured, best_predicted = measured[ok].min(), predicted[ok].min()
+        best, first = int(np.argmin(np.where(ok, measured, np.inf))), int(np.argmin(predicted))
+        for key in sorted({(int(c), int(s)) for c, s in zip(chunk[ok], stages[ok], strict=True)}):
+            mask = ok & (chunk == key[0]) & (stages == key[1])
+            behind.setdefault(key, []).append(
+                (best_measured / measured[mask].min(), best_predicted / predicted[mask].min())
+            )
+        best_in[(int(chunk[best]), int(stages[best]))] += 1
+        first_in[(int(chunk[first]), int(stages[first]))] += 1
+    rows = []
+    for key, pairs in sorted(behind.items()):
+        m, p = np.median(np.array(pairs), axis=0)
+        rows.append(
+            f"| {key[0]} | {key[1]} | {len(pairs)} | {m:.2f} | {p:.2f} | {best_in[key]} "
+            f"| {first_in[key]} |"
+        )
+    return [
+        "| chunk | smem_stages | operators | class best / best, measured | the same, model "
+        "| operators whose optimum is here | operators whose model first choice is here |",
+        "|---:|---:|---:|---:|---:|---:|---:|",
         *rows,
     ]
 
@@ -414,6 +494,14 @@ def report(
         "By pipelining class (tensor-core operators):",
         "",
         *pipelining_class_errors(alcop),
+        "",
+        "By co-resident blocks (tensor-core operators):",
+        "",
+        *blocks_per_sm_errors(alcop),
+        "",
+        "The fastest schedule of each K chunk and stage count (tensor-core operators):",
+        "",
+        *chunk_stage_classes(alcop),
         "",
         *model_mem,
         "",

@@ -71,6 +71,53 @@ def test_the_class_the_model_mispredicts_is_found():
     assert "| 0.67 |" in one_one
 
 
+def test_a_trend_over_co_resident_blocks_is_found():
+    # Shared SMs run 1.5x slower than the model says. Most of this small GEMM's schedules
+    # are lone blocks, so the operator's scale (its median error, taken out first) is theirs
+    # and every row of co-resident blocks stands out at 1/1.5.
+    def bend(predicted, space):
+        blocks = family_of(space.workload).evaluate(space).N_threadblk_per_SM
+        return np.where(blocks > 1, predicted * 1.5, predicted)
+
+    op = planted(bend)
+    rows = bench_campaign.blocks_per_sm_errors([op])
+    lone = next(r for r in rows if r.startswith("| 1 |"))
+    shared = [r for r in rows[2:] if not r.startswith("| 1 |")]
+    assert lone.split("|")[3].strip() == "1.00"
+    assert shared and all(r.split("|")[3].strip() == "0.67" for r in shared)
+
+
+def test_the_fastest_schedule_of_each_pipeline_class_is_compared_with_the_model_s():
+    # The model ranks exactly: every class's best lies as far behind the best as the model
+    # says, and the optimum and the model's first choice are in the same class.
+    op = planted(lambda predicted, space: predicted * 1.3)
+    rows = bench_campaign.chunk_stage_classes([op])[2:]
+    assert len(rows) > 4
+    for row in rows:
+        _, _, operators, measured, model, optimum, first = row.strip("|").split("|")
+        assert measured.strip() == model.strip() and operators.strip() == "1"
+        assert optimum.strip() == first.strip()
+    assert sum(int(r.strip("|").split("|")[5]) for r in rows) == 1
+    # Now the model's favourite class runs 2x slower than it says: its first choice is in a
+    # class that does not hold the optimum, and that class falls behind in the measured column.
+    first = int(np.argmin(op.predicted_us))
+    knobs = op.space.knobs
+    key = (knobs["chunk"][first], knobs["smem_stages"][first])
+
+    def bend(predicted, space):
+        favourite = (space.knobs["chunk"] == key[0]) & (space.knobs["smem_stages"] == key[1])
+        return np.where(favourite, predicted * 2.0, predicted)
+
+    row = next(
+        r
+        for r in bench_campaign.chunk_stage_classes([planted(bend)])[2:]
+        if r.startswith(f"| {key[0]} | {key[1]} |")
+    )
+    _, _, _, measured, model, optimum, first_choice = row.strip("|").split("|")
+    assert float(measured) < float(model) == 1.0
+    assert optimum.strip() == "0" and first_choice.strip() == "1"
+
+
 @pytest.fixture
 def small_campaign(tmp_path: Path) -> Path:
     """Two operators of the committed H200 campaign and its documents, in a fresh folder."""
