@@ -25,14 +25,34 @@ from pipetune.workers.datasets.pipetune import check_pipetune
 from pipetune.workers.runners.base import MeasureSettings
 
 
-def best_records(path: Path, top: int) -> tuple[Any, list[tuple[dict[str, Any], float]]]:
+def best_records(
+    path: Path, top: int, where: dict[str, int] | None = None
+) -> tuple[Any, list[tuple[dict[str, Any], float]]]:
     """The workload of a recorded operator and its ``top`` fastest correct schedules, each
-    with its recorded time in ms, fastest first."""
+    with its recorded time in ms, fastest first; with ``where``, only the schedules whose
+    knobs have those values (e.g. a lone block the model mispredicts, to see why it ran as it
+    did)."""
     dataset = load_dataset(path)
     info = check_pipetune(dataset)
     timed = [r for r in dataset.records if r.invalidity == "correct" and r.time_ms]
+    if where:
+        knobs = set(timed[0].configuration) if timed else set(where)
+        if unknown := sorted(set(where) - knobs):
+            raise ValueError(f"--where: {path.name} has no knob {', '.join(unknown)}")
+        timed = [r for r in timed if all(r.configuration[k] == v for k, v in where.items())]
     timed.sort(key=lambda r: r.time_ms)
     return info.workload, [(dict(r.configuration), r.time_ms) for r in timed[:top]]
+
+
+def parse_where(text: str) -> dict[str, int]:
+    """``knob=value,knob=value`` (the schedule's knobs as the dataset records them)."""
+    where = {}
+    for item in filter(None, text.split(",")):
+        knob, sep, value = item.partition("=")
+        if not sep or not value.strip().lstrip("-").isdigit():
+            raise ValueError(f"--where: {item!r} is not knob=integer")
+        where[knob.strip()] = int(value)
+    return where
 
 
 def library_shape(workload: Any) -> tuple[int, int, int, int, bool] | None:
@@ -69,11 +89,22 @@ def main() -> None:
     parser.add_argument("--operator", required=True)
     parser.add_argument("--top", type=int, default=1, help="0: the library call only")
     parser.add_argument("--library", action="store_true")
+    parser.add_argument(
+        "--where",
+        default="",
+        help="only schedules with these knob values, e.g. chunk=4,smem_stages=3",
+    )
     args = parser.parse_args()
 
     from pipetune.workers.runners.cupy_runner import CupyRunner
 
-    workload, best = best_records(DATA_DIR / args.gpu / f"{args.operator}.t4.json.gz", args.top)
+    path = DATA_DIR / args.gpu / f"{args.operator}.t4.json.gz"
+    try:
+        workload, best = best_records(path, args.top, parse_where(args.where))
+    except ValueError as exc:
+        parser.error(str(exc))  # exit 2
+    if args.top and not best:
+        parser.error(f"--where: no correct schedule of {args.operator} has {args.where}")
     family = family_of(workload)
     schedules = []
     for config, recorded_ms in best:
