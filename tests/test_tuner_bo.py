@@ -230,13 +230,15 @@ def test_failures_train_the_classifier_not_the_performance_model(recorded, space
 @pytest.mark.skipif(not CONV_3090.exists(), reason="shared datasets are not next to this checkout")
 def test_guided_trials_stay_out_of_the_failing_region_of_a_real_space():
     """Kernel Tuner's convolution on an RTX 3090 (measured by others): 23% of the space fails
-    (too much shared memory), next to the fastest configurations."""
+    (too much shared memory), next to the fastest configurations. Over ten seeds (on three,
+    one seed's unlucky trust region decides it: 0.083 with half the batch local, 0.135 with
+    five of eight; over ten 0.063 and 0.072)."""
     from pipetune.clients.cli.bench_cmds import recorded_dataset
 
     configs = recorded_dataset(CONV_3090).configs
     failing = ~np.isfinite(configs.objective_ms)
     rates = []
-    for seed in range(3):
+    for seed in range(10):
         rows = run_strategy_rows(
             make_strategy("bo", ForeignSpace(configs), seed), configs.objective_ms, 48, 8
         )
@@ -290,9 +292,9 @@ def test_a_batch_alternates_between_the_space_and_the_trust_region_as_single_tri
     recorded, space
 ):
     """Trial by trial, picks alternate between the whole space and the configurations within
-    the trust region's radius of the best measurement; a batch of 8 keeps that rhythm (four
-    of each, in the places eight rounds of one would put them), and the believer keeps its
-    local picks apart."""
+    the trust region's radius of the best measurement; a batch of 8 draws its first slot and
+    every third after it from the whole space (three), the others from the trust region
+    (five), and the believer keeps its local picks apart."""
     enc = KnobEncoding.of(space)
     for seed in range(3):
         strategy = make_strategy("bo", space, seed=seed)
@@ -302,10 +304,17 @@ def test_a_batch_alternates_between_the_space_and_the_trust_region_as_single_tri
         incumbent = min(ok, key=lambda o: o.latency_s).row
         batch = strategy.next_batch(8, seen, history)
         local = [r in strategy._local_rows for r in batch]
-        assert local == [False, True] * 4  # 12 trials so far: the 13th is global
+        assert local == [False, True, True, False, True, True, False, True]
         near = enc.knob_changes(incumbent)
-        assert all(near[r] <= strategy.radius for r in batch[1::2])
+        assert all(near[r] <= strategy.radius for r in batch if r in strategy._local_rows)
         assert len(set(batch)) == 8
+        # One trial at a time, the 13th (after 12) is global and the 14th local.
+        single = make_strategy("bo", space, seed=seed)
+        assert single.next_batch(1, seen, history)[0] not in single._local_rows
+        one_more = _observe(recorded, design_rows(enc, 13, seed=seed))
+        single = make_strategy("bo", space, seed=seed)
+        (pick,) = single.next_batch(1, {o.row for o in one_more}, one_more)
+        assert pick in single._local_rows
 
 
 def test_the_trust_region_shrinks_after_local_failures_and_grows_after_successes(space):
@@ -940,7 +949,8 @@ def test_a_batch_on_few_data_makes_its_later_picks_under_drawn_hyperparameters(
         assert len(set(batch)) == 8 and not seen & set(batch)
         incumbent = min((o for o in history if not o.failed), key=lambda o: o.latency_s).row
         near = KnobEncoding.of(space).knob_changes(incumbent)
-        assert all(near[r] <= strategy.radius for r in batch[1::2])
+        assert all(near[r] <= strategy.radius for r in batch if r in strategy._local_rows)
+        assert sum(r in strategy._local_rows for r in batch) == 5
         # The same state, the estimate "drawn": the plain believer's batch.
         with monkeypatch.context() as patch:
             patch.setattr(
@@ -1146,7 +1156,10 @@ def test_the_model_takes_over_once_the_design_is_proposed_not_once_it_is_measure
         batch = strategy.next_batch(8, set(design), history)
         assert not set(batch) & set(design)
         assert batch != strategy._design_rows(8, set(design))
-        assert [r in strategy._local_rows for r in batch] == [False, True] * 4
+        assert [r in strategy._local_rows for r in batch] == [False, True, True] * 2 + [
+            False,
+            True,
+        ]
 
 
 def test_a_benchmark_run_proposes_early_when_asked(recorded, space):

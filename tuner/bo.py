@@ -59,6 +59,9 @@ N_INIT = 8  # design points before the first model (no prior); also one service 
 MIN_FIT = 3  # successful trials before the surrogate's hyperparameters are fit
 LOCAL_KNOB_CHANGES = 2  # the trust region's starting radius, in knob changes
 RADIUS_RANGE = (1, 3)
+# In a batch, the slots that draw from the whole space: the first and every third after it
+# (one trial at a time, every other trial; see `_pools`).
+GLOBAL_EVERY = 3
 # TuRBO's rule, on knob changes: the radius grows after SUCCESSES local trials in a row
 # improve the best measurement, and shrinks after FAILURES in a row do not.
 SUCCESSES, FAILURES = 2, 3
@@ -356,14 +359,26 @@ class BayesianStrategy(Strategy):
         return picked
 
     def _pools(self, n: int, n_history: int, global_pool, local_pool) -> list[np.ndarray]:
-        """Which pool each slot of the batch draws from: the trials alternate between the
-        whole space and the trust region, whatever the batch size, so a batch of eight
-        draws as eight rounds of one would (four of each). The believer keeps the local
-        picks apart. A quarter of the slots instead (the rule before) lost 0.005-0.012 from
-        k=20 on (benchmarks/RESULTS.md, "a batch alternates as single trials do")."""
+        """Which pool each slot of the batch draws from. One trial at a time, the trials
+        alternate between the whole space and the trust region. In a batch, the first slot
+        and every GLOBAL_EVERY-th after it draw from the whole space and the others from the
+        trust region (of eight: three and five).
+
+        Why fewer global picks in a batch: one at a time, each global pick (the model's bet
+        where it knows least) is measured before the next is made, and a miss corrects the
+        model; in a batch the later global bets are made by the same unjudged model, while a
+        local pick refines near a measured best, where the model's errors matter least. On
+        the development set at batch 8 (60 seeds), a third of the slots global instead of
+        half gained 0.005-0.010 from k=16 to k=50 and lost nothing at k=100; a quarter or one
+        slot global gained as much at k=32 and lost at k=16 or k=100, and a quarter of the
+        slots local lost 0.005-0.012 (benchmarks/RESULTS.md, "fewer global picks in a
+        batch" and "a batch alternates as single trials do"). The believer keeps the local
+        picks apart."""
         if not self.local or not len(local_pool):
             return [global_pool] * n
-        return [local_pool if (n_history + j) % 2 == 1 else global_pool for j in range(n)]
+        if n == 1:
+            return [local_pool if n_history % 2 == 1 else global_pool]
+        return [global_pool if j % GLOBAL_EVERY == 0 else local_pool for j in range(n)]
 
     def _slope(self, y: np.ndarray, ok_rows: np.ndarray) -> tuple[float, float] | None:
         """The least-squares slope of the measurements on the prior and its variance, or None
