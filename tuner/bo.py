@@ -369,7 +369,7 @@ class BayesianStrategy(Strategy):
         model; in a batch the later global bets are made by the same unjudged model, while a
         local pick refines near a measured best, where the model's errors matter least. On
         the development set at batch 8 (60 seeds), a third of the slots global instead of
-        half gained 0.005-0.010 from k=16 to k=50 and lost nothing at k=100; a quarter or one
+        half gained 0.004-0.010 from k=16 to k=50 and lost nothing at k=100; a quarter or one
         slot global gained as much at k=32 and lost at k=16 or k=100, and a quarter of the
         slots local lost 0.005-0.012 (benchmarks/RESULTS.md, "fewer global picks in a
         batch" and "a batch alternates as single trials do"). The believer keeps the local
