@@ -13,10 +13,11 @@ One round:
 4. Expected improvement times P(runs) over every unvisited configuration (the spaces are a
    few thousand to tens of thousands of rows: exact, no annealing needed), and a diverse
    batch by the kriging believer (tuner/acquisition.py), every pick of it the best of its
-   whole pool given the picks before it. Picks alternate between the whole
-   space and the configurations within a few knob changes of the best one measured (a trust
-   region, as in local-search BO such as TuRBO and BaCO's local acquisition search): the
-   global picks explore, the local ones refine, and neither starves. The region's radius
+   whole pool given the picks before it. Picks come from the whole space and from the
+   configurations within a few knob changes of the best one measured (a trust region, as in
+   local-search BO such as TuRBO and BaCO's local acquisition search), alternately one trial
+   at a time and one in three from the whole space in a batch (`_pools`): the global picks
+   explore, the local ones refine, and neither starves. The region's radius
    follows TuRBO's rule: it starts at two knob changes, shrinks by one after three local
    trials in a row fail to beat the best measurement, and grows by one after two in a row
    do (between one and three), so that a refinement that keeps missing narrows to single
