@@ -141,7 +141,7 @@ def blocks_per_sm_errors(ops: list[OperatorData]) -> list[str]:
         ok = op.ok & np.isfinite(op.predicted_us)
         error = np.log(op.predicted_us / op.measured_us)
         error -= np.median(error[ok])
-        blocks = np.asarray(op.family.evaluate(op.space).N_threadblk_per_SM)
+        blocks = np.asarray(op.prediction.N_threadblk_per_SM)
         best = op.best[1] if op.best is not None else -1
         for low, high in BLOCKS_PER_SM_GROUPS:
             mask = ok & (blocks >= low) & (blocks <= high)

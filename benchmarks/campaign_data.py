@@ -48,9 +48,15 @@ class OperatorData:
         return self.family.rate(self.work, latency_us)
 
     @cached_property
+    def prediction(self) -> Any:
+        """The family's model over the space with the calibrated profile
+        (model/profiles/<gpu>.json): its latencies and, for the tensor-core GEMMs, its terms."""
+        return self.family.evaluate(self.space)
+
+    @cached_property
     def predicted_us(self) -> np.ndarray:
-        """The model with the calibrated profile (model/profiles/<gpu>.json)."""
-        return np.asarray(self.family.evaluate(self.space).latency_us, dtype=np.float64)
+        """The model's latency of every schedule with the calibrated profile."""
+        return np.asarray(self.prediction.latency_us, dtype=np.float64)
 
     @cached_property
     def predicted_spec_us(self) -> np.ndarray:
