@@ -525,9 +525,10 @@ class Driver:
         if len(live.session.space) == 0:
             reason = family_of(body.workload).no_schedule_reason(body.workload, get_gpu(body.gpu))
             raise InputError([*where[:1], "workload"], reason)
+        batch_size = self.settings.batch_size if body.batch_size is None else body.batch_size
         batches = []
         for _ in range(1 + batches_ahead(body.strategy)):
-            batch, predicted = self._propose(live, self.settings.batch_size)
+            batch, predicted = self._propose(live, batch_size)
             if batch:
                 batches.append((batch, predicted))
         enqueued = live.trials
@@ -542,7 +543,7 @@ class Driver:
                 seed=body.seed,
                 prior_task=body.prior_task,
                 learned_from=None if learned_from is None else list(learned_from),
-                batch_size=self.settings.batch_size,
+                batch_size=batch_size,
                 state=TaskState.QUEUED,
                 batches=len(batches),
                 trials_target=min(body.budget, len(live.session.space)),

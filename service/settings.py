@@ -8,7 +8,7 @@ PIPETUNE_CORS_ORIGINS    comma-separated browser origins allowed to call the API
                          (unset: none; CORS stays off)
 PIPETUNE_LEASE_TTL_S     seconds a leased job stays with its worker without a result
 PIPETUNE_MAX_ATTEMPTS    expired leases before a job is given up as `lost`
-PIPETUNE_BATCH_SIZE      trials a task proposes per round
+PIPETUNE_BATCH_SIZE      trials a task proposes per round, unless it asks for its own
 PIPETUNE_LEASE_POLL_S    how long a waiting lease request goes without looking at the
                          queue when no wake-up comes (the fallback; default 5 s)
 """
@@ -22,6 +22,8 @@ from typing import Annotated
 import platformdirs
 from pydantic import Field, ValidationError, field_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
+
+from pipetune.model.wire import MAX_BATCH_SIZE
 
 # The database backends the service runs on (service/db.py, the two queue stores).
 DATABASE_BACKENDS = ("sqlite", "postgresql")
@@ -140,7 +142,8 @@ class Settings(BaseSettings):
     cors_origins: Annotated[list[str], NoDecode] = Field(default_factory=list)
     lease_ttl_s: float = Field(120.0, gt=0)
     max_attempts: int = Field(3, ge=1)
-    batch_size: int = Field(8, ge=1, le=64)
+    # A task's batch size unless it asks for its own (TaskCreate.batch_size).
+    batch_size: int = Field(8, ge=1, le=MAX_BATCH_SIZE)
     # A model-guided task proposes its next batch once at most this share of its batch is
     # still being measured, the rest believed at its predictions (driver.py, "early
     # proposals"): workers do not wait on a batch's slowest trials. Off by default: at equal

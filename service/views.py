@@ -75,6 +75,7 @@ def task_doc(task: TaskRow, workload: WorkloadRow, best: JobRow | None) -> TaskD
         strategy=task.strategy,  # type: ignore[arg-type]
         budget=task.budget,
         seed=task.seed,
+        batch_size=task.batch_size,
         prior_task=task.prior_task,
         learned_from=task.learned_from,
         imported_from=task.imported_from,

@@ -71,6 +71,8 @@ BAD = [
     (["schedule", "gemm", *FC[:6], "--gpu", "v100"], "unknown GPU 'v100'"),
     (["tune", "gemm", *FC, "--budget", "0"], "--budget: must be within 1..5000"),
     (["tune", "gemm", *FC, "--strategy", "bogus"], "--strategy: unknown 'bogus'"),
+    (["tune", "gemm", *FC, "--batch-size", "0"], "--batch-size: must be within 1..64, got 0"),
+    (["tune", "gemm", *FC, "--batch-size", "65"], "--batch-size: must be within 1..64"),
     (["tune", "bmm", "--b", "12", "--m", "512", "--n", "512", "--k", "60"], "k: must be a"),
     (["curve", "1", "--png", "/no/such/dir/curve.png"], "--png: directory /no/such/dir"),
     (["tune-model", "vgg16"], "network: unknown network 'vgg16'"),

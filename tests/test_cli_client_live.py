@@ -108,6 +108,15 @@ def test_tune_without_wait_returns_the_queued_task(cli):  # type: ignore[no-unty
     assert table.exit_code == 0 and "gemm 1024x64x2048" in table.stdout
 
 
+def test_tune_with_a_batch_size_of_one_runs_one_trial_per_round(cli, worker):  # type: ignore[no-untyped-def]
+    result = cli("tune", "gemm", *FC, "--budget", "3", "--batch-size", "1", "--wait", "--json")
+    assert result.exit_code == 0, result.output
+    doc = json.loads(result.stdout)
+    assert doc["batch_size"] == 1 and doc["strategy"] == "auto" and doc["trials_done"] == 3
+    default = json.loads(cli("tune", "gemm", *FC, "--budget", "2", "--json").stdout)
+    assert default["batch_size"] == 8  # the service's PIPETUNE_BATCH_SIZE
+
+
 def test_tune_with_a_prior_task_from_another_gpu(cli, worker):  # type: ignore[no-untyped-def]
     done = cli("tune", "gemm", *FC, "--budget", "8", "--seed", "5", "--wait", "--json")
     assert done.exit_code == 0, done.output

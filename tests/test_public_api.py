@@ -124,6 +124,13 @@ def test_tune_returns_16_trials_and_the_cli_answers_from_them(home: Path):
     assert pipetune.kernel(FC, "h100").schedule == result.best_schedule
 
 
+def test_tune_one_trial_per_round(home: Path):
+    result = pipetune.tune(FC, "h100", budget=5, runner="simulated", batch_size=1)
+    assert result.task.batch_size == 1 and len(result.trials) == 5
+    with pytest.raises(ValueError, match="batch_size"):
+        pipetune.tune(FC, "h100", budget=5, runner="simulated", batch_size=65)
+
+
 def test_a_service_reads_the_tuned_task_as_its_own(db_url: str, monkeypatch):
     monkeypatch.setenv("PIPETUNE_SIMULATED_TIME_SCALE", "0")
     result = pipetune.tune(FC, "h100", budget=8, strategy="random", runner="simulated", db=db_url)

@@ -21,7 +21,7 @@ from pipetune.clients import (
 )
 from pipetune.clients.local_service import LocalService, free_port
 from pipetune.model.hardware import get_gpu
-from pipetune.model.wire import AggregateCurves, TaskDoc, TuneOptions
+from pipetune.model.wire import DEFAULT_STRATEGY, AggregateCurves, TaskDoc, TuneOptions
 from pipetune.model.workloads import gemm
 from pipetune.workers.daemon import EventLog, Worker, WorkerConfig
 from pipetune.workers.daemon.gpu import describe_model_gpu
@@ -117,6 +117,17 @@ def test_trials_curve_and_task_listing(client: Client, worker: Worker):
     curves = client.curves(gpu="h100", op="gemm", strategy="analytical+xgb")
     assert isinstance(curves, AggregateCurves)
     assert (curves.gpu, curves.op) == ("h100", "gemm")
+
+
+def test_tune_defaults_to_the_services_strategy_and_takes_a_batch_size(
+    client: Client, worker: Worker
+):
+    task = client.tune(RN50_FC, "h100", budget=3, seed=11, batch_size=1)
+    assert task.strategy == DEFAULT_STRATEGY == "auto"  # not a default of the SDK's own
+    assert task.batch_size == 1
+    assert client.wait(task.id, poll_s=0.1, timeout_s=60).trials_done == 3
+    with pytest.raises(InvalidRequestError, match="batch_size"):
+        client.tune(RN50_FC, "h100", budget=3, batch_size=0)
 
 
 def test_schedule_and_tune_in_one_request(client: Client, worker: Worker):

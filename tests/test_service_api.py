@@ -143,6 +143,23 @@ def test_task_runs_to_exactly_its_budget_and_reports_trials_and_curve(client):
     assert tail == points[18:]
 
 
+def test_a_task_proposes_in_its_own_batch_size(client):
+    """A task that asks for batches of 1 has one trial queued at a time, each proposed after
+    the result before it; a task that asks for nothing gets the service's batch size."""
+    own = create_task(client, budget=3, strategy="bo", batch_size=1)
+    default = create_task(client, budget=9, strategy="bo")
+    assert own["batch_size"] == 1
+    assert default["batch_size"] == service_of(client).settings.batch_size == 8
+    worker = register(client)
+    for trial in range(3):
+        jobs = [j for j in lease(client, worker, max_jobs=64) if j["task_id"] == own["id"]]
+        assert [j["trial"] for j in jobs] == [trial]
+        assert post_result(client, worker, jobs[0], ok(10.0 + trial)).status_code == 200
+    assert client.get(f"/v1/tasks/{own['id']}").json()["state"] == "done"
+    queued = client.get(f"/v1/tasks/{default['id']}/trials").json()["trials"]
+    assert [t["trial"] for t in queued] == list(range(8))
+
+
 def test_curve_covers_only_the_final_prefix(client):
     task = create_task(client, budget=8, strategy="grid")
     worker = register(client)

@@ -92,12 +92,21 @@ def test_misaligned_k_points_at_k(client):
         ({"budget": 5001}, "budget", "less than or equal to 5000"),
         ({"strategy": "bayes"}, "strategy", "Input should be"),
         ({"seed": -1}, "seed", "greater than or equal to 0"),
+        ({"batch_size": 0}, "batch_size", "greater than or equal to 1"),
+        ({"batch_size": 65}, "batch_size", "less than or equal to 64"),
         ({"priority": 1}, "priority", "Extra inputs"),
     ],
 )
 def test_bad_task_fields_name_the_field(client, change, field, reason):
     body = {"workload": GEMM, "gpu": "h100", "budget": 10, **change}
     _assert_422(client.post("/v1/tasks", json=body), field, reason)
+    assert set(_row_counts(client).values()) == {0}
+
+
+def test_a_bad_tune_batch_size_is_refused_and_nothing_is_tuned(client):
+    body = {"workload": GEMM, "gpu": "h100", "tune": {"batch_size": 0}}
+    error = _assert_422(client.post("/v1/schedules", json=body), "batch_size", "than or equal")
+    assert error["detail"][0]["loc"] == ["body", "tune", "batch_size"]
     assert set(_row_counts(client).values()) == {0}
 
 
@@ -274,6 +283,8 @@ def test_lone_surrogates_are_a_422_not_a_500(client, path, change, field):
         ({"budget": "7"}, "budget"),
         ({"budget": 7.0}, "budget"),
         ({"seed": "1"}, "seed"),
+        ({"batch_size": "8"}, "batch_size"),
+        ({"batch_size": 8.0}, "batch_size"),
         ({"learned_prior": "yes"}, "learned_prior"),
         ({"prior_task": "3"}, "prior_task"),
     ],

@@ -52,6 +52,7 @@ from pipetune.model.hardware import get_gpu, gpu_keys, resolve_gpu_key
 from pipetune.model.hopper.space import ARCH as HOPPER_ARCH
 from pipetune.model.wire import (
     DEFAULT_STRATEGY,
+    MAX_BATCH_SIZE,
     MAX_BUDGET,
     ScheduleDoc,
     StrategyName,
@@ -76,9 +77,11 @@ def _check_gpu(gpu: str) -> str:
     return resolve_gpu_key(gpu)  # HardwareError: exit 2 with the known GPUs
 
 
-def _check_tuning(budget: int, strategy: str) -> None:
+def _check_tuning(budget: int, strategy: str, batch_size: int | None = None) -> None:
     if not 1 <= budget <= MAX_BUDGET:
         raise CliError(f"--budget: must be within 1..{MAX_BUDGET}, got {budget}", 2)
+    if batch_size is not None and not 1 <= batch_size <= MAX_BATCH_SIZE:
+        raise CliError(f"--batch-size: must be within 1..{MAX_BATCH_SIZE}, got {batch_size}", 2)
     if strategy not in STRATEGIES:
         raise CliError(f"--strategy: unknown {strategy!r}; known: {', '.join(STRATEGIES)}", 2)
 
@@ -283,6 +286,7 @@ def _tune(
     prior_task: int | None,
     prior_gpu: str | None,
     learned_prior: bool | None,
+    batch_size: int | None,
     wait: bool,
     poll: float,
     as_json: bool,
@@ -291,7 +295,7 @@ def _tune(
 ) -> None:
     w = parse_any_workload(workload)
     gpu = _check_gpu(gpu)
-    _check_tuning(budget, strategy)
+    _check_tuning(budget, strategy, batch_size)
     _check_poll(poll)
     with service_errors(), client(server, api_key) as c:
         task = c.tune(
@@ -303,6 +307,7 @@ def _tune(
             prior_task=prior_task,
             prior_gpu=prior_gpu,
             learned_prior=learned_prior,
+            batch_size=batch_size,
         )
         if not wait:
             if as_json:
@@ -355,6 +360,14 @@ add_workload_commands(
             help="instead of --prior-task: a cost model of every finished task of the kernel "
             "family measured on a GPU (other shapes, other GPUs) is the prior (default: the "
             "family's choice: tensor-core GEMMs learn where such tasks exist)",
+        ),
+        option(
+            "batch_size",
+            int | None,  # type: ignore[arg-type]
+            None,
+            help=f"trials per proposal round (1..{MAX_BATCH_SIZE}; default: the service's, "
+            "8 unless PIPETUNE_BATCH_SIZE says otherwise); 1 where one GPU serves the task: "
+            "each proposal then sees every result before it",
         ),
         option("wait", bool, False, "--wait", help="follow the task to its end"),
         option("poll", float, 1.0, "--poll", help="seconds between checks with --wait"),

@@ -279,6 +279,7 @@ def tune(
     prior_task: int | None = None,
     prior_gpu: str | None = None,
     learned_prior: bool | None = None,
+    batch_size: int | None = None,
 ) -> TuneResult:
     """Tune `workload` on `gpu` in this process; returns the finished task's result.
 
@@ -292,7 +293,8 @@ def tune(
     one with the most successful trials); learned_prior: instead, a cost model of every
     finished task of the kernel family measured on a GPU in that database (None, the
     default: the family's choice, tensor-core GEMMs learning where such tasks exist; False:
-    never).
+    never). batch_size: trials per proposal round (None: the service's default, 8; a batch's
+    kernels compile together, one trial at a time each proposal sees every result before it).
     progress(done, total) is called after each trial. An interrupted tuning (an exception,
     Ctrl-C) cancels its task: nothing is left half-run.
     """
@@ -306,6 +308,7 @@ def tune(
         prior_task=prior_task,
         prior_gpu=prior_gpu,
         learned_prior=learned_prior,
+        batch_size=batch_size,
     )
     measurer = runner if isinstance(runner, Runner) else _make_runner(runner, key, dataset)
     measured_gpu = getattr(getattr(measurer, "gpu", None), "key", key)

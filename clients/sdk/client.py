@@ -20,6 +20,7 @@ from pydantic import BaseModel
 from pipetune.clients.sdk.errors import WaitTimeoutError
 from pipetune.clients.sdk.http import DEFAULT_TIMEOUT_S, Http
 from pipetune.model.wire import (
+    DEFAULT_STRATEGY,
     AggregateCurves,
     Curve,
     ScheduleResponse,
@@ -97,11 +98,12 @@ class Client:
         workload: WorkloadLike,
         gpu: str,
         budget: int = 50,
-        strategy: StrategyName = "analytical+xgb",
+        strategy: StrategyName = DEFAULT_STRATEGY,
         seed: int = 0,
         prior_task: int | None = None,
         prior_gpu: str | None = None,
         learned_prior: bool | None = None,
+        batch_size: int | None = None,
     ) -> TaskDoc:
         """Start a tuning task (POST /v1/tasks); returns at once with the queued task.
         prior_task: a finished task of the same workload on another GPU whose trials
@@ -109,7 +111,8 @@ class Client:
         with the most successful trials, the newest of those); learned_prior: instead, a cost
         model of every finished task of the kernel family measured on a GPU (the task's
         learned_from says which); None: the kernel family's choice (tensor-core GEMMs learn
-        where such tasks exist), False: never."""
+        where such tasks exist), False: never. batch_size: trials per proposal round (None:
+        the service's; 1 where one GPU serves the task)."""
         body = {
             "workload": workload_body(workload),
             "gpu": gpu,
@@ -117,6 +120,8 @@ class Client:
             "strategy": strategy,
             "seed": seed,
         }
+        if batch_size is not None:
+            body["batch_size"] = batch_size
         if prior_task is not None:
             body["prior_task"] = prior_task
         if prior_gpu is not None:
