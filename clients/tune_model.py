@@ -146,6 +146,7 @@ def launch(
     seed: int,
     prior_gpu: str | None = None,
     learned_prior: bool | None = None,
+    batch_size: int | None = None,
 ) -> list[TaskDoc]:
     """One tuning task per distinct shape, all queued at once so the workers share them.
     With prior_gpu, each shape warm-starts from its finished task on that GPU (the one with
@@ -153,7 +154,7 @@ def launch(
     the measured tasks of its kernel family where there are any. A shape without starts cold
     (the service says which by a 422 on the prior's field). A prior_gpu no shape could use
     (unknown, the tuned GPU, a strategy without a prior) raises ValueError before any task
-    is created."""
+    is created. batch_size: each task's trials per proposal round (None: the service's)."""
     prior: dict[str, Any] = {}
     if prior_gpu is not None:
         problem = prior_gpu_problem(prior_gpu, gpu, strategy)
@@ -165,12 +166,18 @@ def launch(
     started = []
     for s in shapes:
         workload = s.workload.canonical()
+        args: dict[str, Any] = {
+            "budget": budget,
+            "strategy": strategy,
+            "seed": seed,
+            "batch_size": batch_size,
+        }
         try:
-            task = client.tune(workload, gpu, budget=budget, strategy=strategy, seed=seed, **prior)
+            task = client.tune(workload, gpu, **args, **prior)
         except ApiError as exc:
             if not prior or exc.status_code != 422 or exc.field not in prior:
                 raise
-            task = client.tune(workload, gpu, budget=budget, strategy=strategy, seed=seed)
+            task = client.tune(workload, gpu, **args)
         started.append(task)
     return started
 

@@ -79,6 +79,7 @@ BAD = [
     (["tune-model", "bert-base", "--seq", "100"], "seq: must be a multiple of 8"),
     (["tune-model", "resnet50", "--seq", "128"], "--seq: resnet50 takes images"),
     (["tune-model", "gpt2", "--batch", "0"], "batch: must be at least 1"),
+    (["tune-model", "gpt2", "--batch-size", "0"], "--batch-size: must be within 1..64, got 0"),
     (["worker", "--runner", "simulated", "--token", "t"], "--gpu: a simulated worker must"),
     (["worker", "--runner", "opencl", "--token", "t"], "--runner: must be one of"),
     (["worker", "--runner", "simulated", "--gpu", "h100"], "--token: give the worker token"),

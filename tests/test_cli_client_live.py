@@ -215,7 +215,7 @@ def test_server_errors_are_one_line_with_the_servers_reason(cli, service):  # ty
 
 def test_tune_model_reports_layers_and_the_end_to_end_speedup(cli, worker):  # type: ignore[no-untyped-def]
     args = ["tune-model", "bert-base", "--seq", "128", "--budget", "3", "--poll", "0.1"]
-    result = cli(*args, "--json")
+    result = cli(*args, "--batch-size", "1", "--json")
     assert result.exit_code == 0, result.output
     doc = json.loads(result.stdout)
     assert doc["latencies"].startswith("simulated")
@@ -237,6 +237,10 @@ def test_tune_model_reports_layers_and_the_end_to_end_speedup(cli, worker):  # t
     assert e2e["complete"] and e2e["speedup"] == pytest.approx(total_base / total_tuned)
     shares = {f["family"]: f["share"] for f in doc["families"]}
     assert set(shares) == {"tensor_gemm", "memops"} and sum(shares.values()) == pytest.approx(1)
+
+    # --batch-size reaches every shape's task (the service's default is 8)
+    tasks = {t["id"]: t for t in json.loads(cli("tasks", "--json").stdout)["tasks"]}
+    assert {tasks[row["task_id"]]["batch_size"] for row in doc["layers"]} == {1}
 
     table = cli(*args[:-2])
     assert table.exit_code == 0, table.output

@@ -47,10 +47,12 @@ class Recording:
 
     def __init__(self, cold: set[str] | None = None):
         self.calls: list[str | None] = []
+        self.batch_sizes: list[int | None] = []
         self.cold = cold or set()
 
-    def tune(self, workload, gpu, *, budget, strategy, seed, prior_gpu=None):  # type: ignore[no-untyped-def]
+    def tune(self, workload, gpu, *, budget, strategy, seed, batch_size=None, prior_gpu=None):  # type: ignore[no-untyped-def]
         self.calls.append(prior_gpu)
+        self.batch_sizes.append(batch_size)
         if prior_gpu is not None and str(workload) in self.cold:
             raise ApiError(422, "prior_gpu: no finished task", field="prior_gpu")
         return workload
@@ -71,3 +73,13 @@ def test_a_shape_without_a_prior_task_still_starts_cold():
     client = Recording(cold={str(shapes[0].workload.canonical())})
     started = launch(client, shapes, "h200", 8, "auto", 0, prior_gpu="h100")  # type: ignore[arg-type]
     assert len(started) == 2 and client.calls == ["h100", None, "h100"]
+
+
+def test_every_shape_and_its_cold_retry_take_the_batch_size():
+    shapes = network("bert-base", batch=1, seq=64).distinct()[:2]
+    client = Recording(cold={str(shapes[0].workload.canonical())})
+    launch(client, shapes, "h200", 8, "auto", 0, prior_gpu="h100", batch_size=2)  # type: ignore[arg-type]
+    assert client.calls == ["h100", None, "h100"] and client.batch_sizes == [2, 2, 2]
+    plain = Recording()
+    launch(plain, shapes, "h200", 8, "auto", 0)  # type: ignore[arg-type]
+    assert plain.batch_sizes == [None, None]  # the service's own

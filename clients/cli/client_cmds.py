@@ -524,6 +524,13 @@ def tune_model(
         "tasks of its kernel family (other shapes, other GPUs), where there are any (default: "
         "each family's choice: tensor-core GEMMs learn)",
     ),
+    batch_size: int | None = typer.Option(
+        None,
+        "--batch-size",
+        help=f"each shape's trials per proposal round (1..{MAX_BATCH_SIZE}; default: the "
+        "service's, 8 unless PIPETUNE_BATCH_SIZE says otherwise); small where few GPUs serve "
+        "the network's tasks",
+    ),
     wgmma: bool = typer.Option(
         False,
         "--wgmma",
@@ -543,7 +550,7 @@ def tune_model(
     from pipetune.model.networks import network as build_network
 
     gpu = _check_gpu(gpu)
-    _check_tuning(budget, strategy)
+    _check_tuning(budget, strategy, batch_size)
     _check_poll(poll)
     if network == "resnet50" and seq is not None:
         raise CliError("--seq: resnet50 takes images (224x224), not sequences", 2)
@@ -571,6 +578,7 @@ def tune_model(
             seed,
             prior_gpu,
             learned_prior,
+            batch_size,
         )
         with task_progress(not as_json) as bar:
             total = sum(t.budget for t in started)
