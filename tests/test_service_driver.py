@@ -171,6 +171,37 @@ def test_any_replica_and_a_restarted_one_drive_the_same_task(db_url, share):
         _assert_reproduces_a_local_session(fresh, task_id, "analytical+xgb", 5, 23)
 
 
+def test_a_tasks_own_batch_size_holds_on_replicas_whose_default_differs(db_url):
+    """A task asked for batches of 3 on a replica whose default is 5, advanced in turn by one
+    whose default is 7, sessions dropped now and then: every batch is of 3 (the last what is
+    left), and the record replays into the same proposals (no batch adopted)."""
+    with client_for(db_url, batch_size=5) as a, client_for(db_url, batch_size=7) as b:
+        task = create_task(a, budget=11, strategy="bo", seed=4, batch_size=3)
+        assert task["batch_size"] == 3
+        worker = register(a)
+        replicas, turn = [a, b], 0
+        while a.get(f"/v1/tasks/{task['id']}").json()["state"] != "done":
+            jobs = lease(replicas[turn % 2], worker, max_jobs=8, wait_s=10.0)
+            assert jobs, "no batch within 10 s of the last result"
+            for job in jobs:
+                replica = replicas[turn % 2]
+                turn += 1
+                if turn % 4 == 0:
+                    service_of(replica).driver._live.clear()
+                body = {"worker_id": worker, "lease_token": job["lease_token"]}
+                body["result"] = _result_of(job)
+                r = replica.post(
+                    f"/v1/jobs/{job['job_id']}/result", json=body, headers=WORKER_HEADERS
+                )
+                settle(replica)
+                assert r.json()["accepted"] is True
+        assert [len(batch) for batch in _batches(a, task["id"])] == [3, 3, 3, 2]
+        for replica in replicas:
+            exposition = replica.get("/metrics").text
+            assert metric_value(exposition, "pipetune_batches_adopted_total") == 0
+        _assert_reproduces_a_local_session(b, task["id"], "bo", 4, 11)
+
+
 def test_a_restarted_service_continues_a_task_mid_way(db_url):
     with client_for(db_url, batch_size=4) as first:
         task_id = create_task(first, budget=12, strategy="xgb", seed=2)["id"]
