@@ -130,6 +130,36 @@ def test_proposals_are_those_of_the_tuner_session(db_url, strategy):
         _assert_reproduces_a_local_session(c, task["id"], strategy, 11, 20)
 
 
+def _drive_in_turn(replicas, task_id: int, worker: int, *, max_jobs: int, drop_every: int):
+    """Lease from two replicas in turn and post the results to them in turn until the task is
+    done, dropping the posting replica's cached sessions at every `drop_every`-th result: the
+    replica that completes a batch advances it, with or without a session in its cache. Then
+    every rebuilt session must have replayed the record exactly (no batch adopted)."""
+    first, turn = replicas[0], 0
+    # Long polls: the next batch may be proposed by the other replica (the session's holder,
+    # asked over NOTIFY), after this replica's proposer has settled.
+    while first.get(f"/v1/tasks/{task_id}").json()["state"] != "done":
+        jobs = lease(replicas[turn % 2], worker, max_jobs=max_jobs, wait_s=10.0)
+        if not jobs:  # (the holder of the session may have finished the task since)
+            state = first.get(f"/v1/tasks/{task_id}").json()["state"]
+            assert state == "done", "no batch within 10 s of the last result"
+            break
+        for job in jobs:
+            replica = replicas[turn % 2]
+            turn += 1
+            if turn % drop_every == 0:
+                service_of(replica).driver._live.clear()
+            body = {"worker_id": worker, "lease_token": job["lease_token"]}
+            body["result"] = _result_of(job)
+            url = f"/v1/jobs/{job['job_id']}/result"
+            r = replica.post(url, json=body, headers=WORKER_HEADERS)
+            settle(replica)
+            assert r.json()["accepted"] is True
+    for replica in replicas:
+        exposition = replica.get("/metrics").text
+        assert metric_value(exposition, "pipetune_batches_adopted_total") == 0
+
+
 @pytest.mark.parametrize("share", [0.0, 0.4])
 def test_any_replica_and_a_restarted_one_drive_the_same_task(db_url, share):
     """Also with early proposals (two of five believed): whichever replica advances, with or
@@ -138,32 +168,7 @@ def test_any_replica_and_a_restarted_one_drive_the_same_task(db_url, share):
         task_id = create_task(a, budget=23, strategy="analytical+xgb", seed=5)["id"]
         worker = register(a)
         with client_for(db_url, batch_size=5, propose_early=share) as b:
-            replicas = [a, b]
-            turn = 0
-            # Long polls: the next batch may be proposed by the other replica (the session's
-            # holder, asked over NOTIFY), after this replica's proposer has settled.
-            while a.get(f"/v1/tasks/{task_id}").json()["state"] != "done":
-                jobs = lease(replicas[turn % 2], worker, max_jobs=3, wait_s=10.0)
-                if not jobs:  # (the holder of the session may have finished the task since)
-                    state = a.get(f"/v1/tasks/{task_id}").json()["state"]
-                    assert state == "done", "no batch within 10 s of the last result"
-                    break
-                for job in jobs:
-                    replica = replicas[turn % 2]
-                    turn += 1
-                    # Results alternate between replicas; the replica that completes a batch
-                    # advances it, with or without a session in its cache.
-                    if turn % 3 == 0:
-                        service_of(replica).driver._live.clear()
-                    body = {"worker_id": worker, "lease_token": job["lease_token"]}
-                    body["result"] = _result_of(job)
-                    url = f"/v1/jobs/{job['job_id']}/result"
-                    r = replica.post(url, json=body, headers=WORKER_HEADERS)
-                    settle(replica)
-                    assert r.json()["accepted"] is True
-            for replica in replicas:  # every rebuilt session replayed the record exactly
-                exposition = replica.get("/metrics").text
-                assert metric_value(exposition, "pipetune_batches_adopted_total") == 0
+            _drive_in_turn([a, b], task_id, worker, max_jobs=3, drop_every=3)
     # A new process (empty caches) sees the finished task as any replica does.
     with client_for(db_url, batch_size=5, propose_early=share) as fresh:
         doc = fresh.get(f"/v1/tasks/{task_id}").json()
@@ -179,26 +184,8 @@ def test_a_tasks_own_batch_size_holds_on_replicas_whose_default_differs(db_url):
         task = create_task(a, budget=11, strategy="bo", seed=4, batch_size=3)
         assert task["batch_size"] == 3
         worker = register(a)
-        replicas, turn = [a, b], 0
-        while a.get(f"/v1/tasks/{task['id']}").json()["state"] != "done":
-            jobs = lease(replicas[turn % 2], worker, max_jobs=8, wait_s=10.0)
-            assert jobs, "no batch within 10 s of the last result"
-            for job in jobs:
-                replica = replicas[turn % 2]
-                turn += 1
-                if turn % 4 == 0:
-                    service_of(replica).driver._live.clear()
-                body = {"worker_id": worker, "lease_token": job["lease_token"]}
-                body["result"] = _result_of(job)
-                r = replica.post(
-                    f"/v1/jobs/{job['job_id']}/result", json=body, headers=WORKER_HEADERS
-                )
-                settle(replica)
-                assert r.json()["accepted"] is True
+        _drive_in_turn([a, b], task["id"], worker, max_jobs=8, drop_every=4)
         assert [len(batch) for batch in _batches(a, task["id"])] == [3, 3, 3, 2]
-        for replica in replicas:
-            exposition = replica.get("/metrics").text
-            assert metric_value(exposition, "pipetune_batches_adopted_total") == 0
         _assert_reproduces_a_local_session(b, task["id"], "bo", 4, 11)
 
 
