@@ -166,9 +166,7 @@ def launch(
     started = []
     for s in shapes:
         workload = s.workload.canonical()
-        args: dict[str, Any] = {"budget": budget, "strategy": strategy, "seed": seed}
-        if batch_size is not None:  # else the service's own, as a task asked without it
-            args["batch_size"] = batch_size
+        args = {"budget": budget, "strategy": strategy, "seed": seed, "batch_size": batch_size}
         try:
             task = client.tune(workload, gpu, **args, **prior)
         except ApiError as exc:

@@ -319,7 +319,7 @@ def test_launch_warm_starts_the_shapes_a_prior_gpu_has_and_the_rest_cold():
     calls: list[tuple[dict, str | None]] = []
 
     class Fake:
-        def tune(self, workload, gpu, *, budget, strategy, seed, prior_gpu=None):
+        def tune(self, workload, gpu, *, budget, strategy, seed, batch_size=None, prior_gpu=None):
             calls.append((workload, prior_gpu))
             if prior_gpu is not None and workload == shapes[1].workload.canonical():
                 raise ApiError(422, "prior_gpu: no finished task", field="prior_gpu")
@@ -330,7 +330,7 @@ def test_launch_warm_starts_the_shapes_a_prior_gpu_has_and_the_rest_cold():
     assert [p for _, p in calls] == ["h100", "h100", None, "h100"]  # the second, again cold
 
     class Refusing(Fake):
-        def tune(self, workload, gpu, *, budget, strategy, seed, prior_gpu=None):
+        def tune(self, workload, gpu, *, budget, strategy, seed, batch_size=None, prior_gpu=None):
             raise ApiError(422, "budget: too large", field="budget")
 
     with pytest.raises(ApiError, match="budget"):  # any other refusal is the user's to see
@@ -345,7 +345,9 @@ def test_launch_learns_the_priors_of_the_families_that_have_measurements():
     calls: list[tuple[dict, bool]] = []
 
     class Fake:
-        def tune(self, workload, gpu, *, budget, strategy, seed, learned_prior=False):
+        def tune(
+            self, workload, gpu, *, budget, strategy, seed, batch_size=None, learned_prior=False
+        ):
             calls.append((workload, learned_prior))
             if learned_prior and workload == shapes[2].workload.canonical():
                 raise ApiError(422, "learned_prior: no finished task", field="learned_prior")
