@@ -603,6 +603,30 @@ def test_gp_predictions_over_a_space_are_the_same_in_blocks(monkeypatch):
     assert np.array_equal(mean, one_pass_mean) and np.array_equal(sd, one_pass_sd)
 
 
+def test_the_gp_explains_new_rows_with_the_inverse_factor_as_a_triangular_solve_would():
+    """What the data explain of new rows (V = L^-1 k(X_train, X), the spread's and the
+    believer's input) is computed with the Cholesky factor's inverse and a matrix product,
+    not a triangular solve: the same figures as the solve to rounding, on an ill-conditioned
+    covariance too (near-duplicate training rows, the least noise the fit allows)."""
+    from scipy.linalg import solve_triangular
+
+    from pipetune.tuner.matern_gp import Kernel, Posterior
+    from pipetune.tuner.surrogate import GaussianProcess
+
+    rng = np.random.default_rng(12)
+    X = rng.random((60, 5))
+    X[30:] = X[:30] + 1e-4 * rng.random((30, 5))  # pairs of near-duplicates
+    y = np.sin(3 * X).sum(axis=1)
+    X_c = rng.random((500, 5))
+    for noise in (1e-2, GaussianProcess.NOISE_BOUNDS[0]):
+        posterior = Posterior(Kernel(1.0, np.full(5, 0.7), noise), X, y)
+        assert np.allclose(posterior.L_inv @ posterior.L, np.eye(60), atol=1e-8)
+        _, _, V = posterior.explain(X_c)
+        K_cross = posterior.kernel.cross(posterior.X, X_c)
+        expected = solve_triangular(posterior.L, K_cross, lower=True)
+        assert np.allclose(V, expected, rtol=1e-6, atol=1e-8 * np.abs(expected).max())
+
+
 def test_the_gp_is_scikit_learns_regressor_with_the_same_kernel():
     """tuner/matern_gp.py computes what scikit-learn's GaussianProcessRegressor (Matérn 5/2
     with one length scale per feature, white noise, normalize_y) does, without its machinery:

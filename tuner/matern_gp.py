@@ -8,6 +8,14 @@ queries GPs dozens of times and scikit-learn's kernel objects, parameter validat
 cloning cost as much per call as the arithmetic (benchmarks/RESULTS.md, "the GP without
 scikit-learn's machinery"); the tuner's service replicas spend most of their CPU here.
 
+No triangular solve against many right-hand sides (BLAS's trsm): the inverse of the Cholesky
+factor (LAPACK's dtrtri, or dpotri for the covariance's inverse) and a matrix product instead.
+OpenBLAS's trsm runs at a fraction of its gemm's speed on some CPUs (on an AVX-512 Xeon, 2.4
+GFLOP/s against gemm's 30 for 64 training points and a space of 2,840 rows, four to six
+times slower than the inverse and product; benchmarks/RESULTS.md, "the GP without
+triangular solves"), and gemm is what every BLAS tunes first. The training sets are a few
+hundred points at most, where the explicit triangular inverse loses nothing that matters.
+
 - `Kernel`: the hyperparameters and the covariance they define.
 - `neg_log_posterior`: the objective the hyperparameters are fit on (MAP), with its gradient.
 - `Posterior`: the GP conditioned on training data; predictions, leave-one-out z-scores.
@@ -19,13 +27,12 @@ import functools
 from dataclasses import dataclass
 
 import numpy as np
-from scipy.linalg import lapack, solve_triangular
+from scipy.linalg import lapack
 from scipy.spatial.distance import cdist, pdist, squareform
 
 SQRT5 = np.sqrt(5.0)
 GP_JITTER = 1e-10  # added to the training covariance's diagonal (scikit-learn's `alpha`)
 LOG_NOISE_PRIOR_MEAN = -4.0  # log noise variance ~ N(-4, 1)
-INVERSE_BY_SOLVES_UP_TO = 160  # training points (see neg_log_posterior)
 # Rows per block when predicting over a whole space (`Posterior.predict`): the cross
 # covariance and its solve are (training points x rows) each, with as many temporaries, so
 # that one pass over a space of 262,144 rows at 100 trials held a gigabyte; blocks bound it
@@ -129,12 +136,9 @@ def neg_log_posterior(
     if info != 0:
         return np.inf, np.zeros_like(theta)  # as scikit-learn: an impossible theta
     alpha, _ = lapack.dpotrs(L, t, lower=1)
-    # K^-1's lower triangle (all the gradient reads): by two triangular solves against the
-    # identity where that is faster (small n, measured), else by dpotri (2n^3/3 flops, not 2n^3).
-    if n <= INVERSE_BY_SOLVES_UP_TO:
-        K_inv, _ = lapack.dpotrs(L, np.eye(n), lower=1)
-    else:
-        K_inv, _ = lapack.dpotri(L, lower=1)
+    # K^-1's lower triangle (all the gradient reads), by dpotri: 2n^3/3 flops, not the 2n^3 of
+    # two triangular solves against the identity (and no trsm; see the module's docstring).
+    K_inv, _ = lapack.dpotri(L, lower=1)
     lml = -0.5 * t @ alpha - np.log(np.diagonal(L)).sum() - 0.5 * n * np.log(2 * np.pi)
     # d lml / d theta = tr(W dK/dtheta) / 2 with W = alpha alpha^T - K^-1: the diagonal's
     # share, and each distinct pair's twice.
@@ -198,12 +202,21 @@ class Posterior:
             -0.5 * t @ self.alpha - np.log(np.diagonal(L)).sum() - 0.5 * n * np.log(2 * np.pi)
         )
 
+    @functools.cached_property
+    def L_inv(self) -> np.ndarray:
+        """The inverse of the training covariance's Cholesky factor (lower triangular): what
+        the spread at new rows and the leave-one-out residuals are computed with."""
+        L_inv, info = lapack.dtrtri(self.L, lower=1)
+        if info != 0:
+            raise np.linalg.LinAlgError(f"singular Cholesky factor ({info})")
+        return L_inv
+
     def explain(self, X: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """At rows X, in the standardised units: the posterior mean, the predictive variance
         (noise included) and V = L^-1 k(X_train, X), what the data explain of each row."""
         K_cross = self.kernel.cross(self.X, X)
         mean = self.alpha @ K_cross
-        V = solve_triangular(self.L, K_cross, lower=True, check_finite=False)
+        V = self.L_inv @ K_cross  # L^-1 k(X_train, X), by gemm (see the module's docstring)
         variance = self.kernel.variance(len(X)) - np.einsum("ij,ij->j", V, V)
         return mean, np.maximum(variance, 0.0), V
 
@@ -234,6 +247,5 @@ class Posterior:
         [K^-1]_ii and the variance 1 / [K^-1]_ii. The mean of their squares is the posterior
         scale that leave-one-out cross-validation would choose (Sundararajan and Keerthi,
         2001): above 1, the GP is more confident than its errors on its own data."""
-        L_inv = solve_triangular(self.L, np.eye(len(self.L)), lower=True, check_finite=False)
-        K_inv_diag = np.einsum("ij,ij->j", L_inv, L_inv)  # diag(L^-T L^-1)
+        K_inv_diag = np.einsum("ij,ij->j", self.L_inv, self.L_inv)  # diag(L^-T L^-1)
         return self.alpha / np.sqrt(K_inv_diag)
