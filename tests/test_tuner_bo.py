@@ -663,10 +663,13 @@ def test_the_gp_is_scikit_learns_regressor_with_the_same_kernel():
     assert np.array_equal(gp.kernel.theta, first.theta)
 
 
-def test_a_re_estimate_starts_from_the_last_one_until_the_data_have_doubled(monkeypatch):
-    """Hyperparameters are re-estimated from the two fixed starts (the prior's mode and short
-    length scales) on the first fit and whenever the data have doubled since they were last
-    used; in between, from the last estimate alone (a fraction of the optimiser's work)."""
+def test_a_re_estimate_starts_from_the_last_one_and_the_rough_start_as_the_data_double(
+    monkeypatch,
+):
+    """Hyperparameters are first estimated from the two fixed starts (the prior's mode and
+    short length scales); later from the last estimate (a fraction of the optimiser's work),
+    and whenever the data have doubled since the rough start last ran, from it as well (a
+    rougher mode the data have come to favour); never again from the prior's mode."""
     from pipetune.tuner import surrogate
     from pipetune.tuner.surrogate import GaussianProcess
 
@@ -688,8 +691,12 @@ def test_a_re_estimate_starts_from_the_last_one_until_the_data_have_doubled(monk
         starts.append([])
         before = gp.kernel.theta
         gp.fit(X[:n], y[:n])
-        cold = n in (10, 20, 40)  # the first fit, then each time the data have doubled
-        expected = [gp.start.theta, rough] if cold else [before]
+        if n == 10:  # the first fit
+            expected = [gp.start.theta, rough]
+        elif n in (20, 40):  # each time the data have doubled
+            expected = [before, rough]
+        else:
+            expected = [before]
         assert len(starts[-1]) == len(expected), n
         for got, want in zip(starts[-1], expected, strict=True):
             assert np.array_equal(got, want), n
@@ -707,10 +714,10 @@ def test_a_warm_re_estimate_finds_the_optimum_the_fixed_starts_find():
     warm = GaussianProcess(4, seed=0)
     warm.fit(X[:16], y[:16])
     warm.fit(X, y[:30])  # 30 < 2 * 16: from the estimate on 16 points
-    assert warm._cold_on == 16
+    assert warm._checked_on == 16  # the warm start alone
     cold = GaussianProcess(4, seed=0)
     cold.fit(X, y)
-    assert cold._cold_on == 30
+    assert cold._checked_on == 30
     assert warm.log_evidence() == pytest.approx(cold.log_evidence(), abs=1e-3)
     mean_w, sd_w = warm.predict(X)
     mean_c, sd_c = cold.predict(X)
