@@ -163,10 +163,10 @@ def launch(
         prior = {"prior_gpu": prior_gpu}
     elif learned_prior is not None:  # (None: each family's choice)
         prior = {"learned_prior": learned_prior}
+    args = {"budget": budget, "strategy": strategy, "seed": seed, "batch_size": batch_size}
     started = []
     for s in shapes:
         workload = s.workload.canonical()
-        args = {"budget": budget, "strategy": strategy, "seed": seed, "batch_size": batch_size}
         try:
             task = client.tune(workload, gpu, **args, **prior)
         except ApiError as exc:
