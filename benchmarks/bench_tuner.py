@@ -18,6 +18,13 @@ Runs of the same settings over consecutive seed ranges (`--first-seed`) merge in
 
     python -m benchmarks.bench_tuner merge --save ALL.json PART1.json PART2.json
 
+Two runs on the same seeds (a change against the code before it, batch 8 against batch 1)
+compare seed by seed: B - A per budget, geomean and per dataset, with the standard error of
+the paired differences, which is several times smaller than either run's own where the
+seeds' designs and draws are shared:
+
+    python -m benchmarks.bench_tuner compare BEFORE.json AFTER.json [--strategy S --against T]
+
 Each rendered document is labelled by its file's stem ("before-b8", "after-b1", ...), so a
 before/after table is the documents of both, rendered together. The development set is the
 Kernel Tuner caches in the shared datasets folder (the T4 copy of the A100 convolution is
@@ -109,6 +116,8 @@ def merge(paths: list[Path]) -> dict:
                 "p_se": se / gap if gap > 1e-12 else 0.0,
                 "random": rnd,
             }
+            if all("per_seed" in c for _, c in cells):  # (older runs do not have them)
+                per[ds]["per_seed"] = [v for _, c in cells for v in c["per_seed"]]
         g = geomean([v["best_in_k"] for v in per.values()])
         rel = [v["se"] / v["best_in_k"] for v in per.values()]
         results.append(
@@ -126,6 +135,73 @@ def merge(paths: list[Path]) -> dict:
     command = " + ".join(d.get("command", "?") for d in parts)
     seeds = sum(d["seeds"] for d in parts)
     return {**base, "results": results, "seeds": seeds, "command": command}
+
+
+class CompareError(ValueError):
+    """Two runs that cannot be compared seed by seed (the message says why)."""
+
+
+def _per_seed(doc: dict, label: str, strategy: str | None) -> tuple[str, dict[int, dict]]:
+    """A run's strategy (the only one, or the one named) and its per-dataset results by
+    budget, each with its seeds' figures."""
+    strategies = list(dict.fromkeys(r["strategy"] for r in doc["results"]))
+    if strategy is None:
+        if len(strategies) != 1:
+            raise CompareError(f"{label} has strategies {', '.join(strategies)}: name one")
+        strategy = strategies[0]
+    if strategy not in strategies:
+        raise CompareError(f"{label} has no strategy '{strategy}' ({', '.join(strategies)})")
+    rows = {r["budget"]: r["per_dataset"] for r in doc["results"] if r["strategy"] == strategy}
+    for per in rows.values():
+        if any("per_seed" not in cell for cell in per.values()):
+            raise CompareError(f"{label} was saved without per-seed figures: run it again")
+    return strategy, rows
+
+
+def compare(paths: list[Path], strategies: tuple[str | None, str | None]) -> str:
+    """Run B against run A on the same seeds and datasets: per budget, the difference of
+    the geomean (B - A) and of each dataset's mean, with standard errors of the paired
+    differences (the same seed's design and draws on both sides), as markdown."""
+    from pipetune.tuner.metrics import paired_difference, paired_geomean_difference
+
+    (label_a, a), (label_b, b) = ((p.name.split(".")[0], json.loads(p.read_text())) for p in paths)
+    for key in ("first_seed", "seeds"):
+        if a.get(key, 0) != b.get(key, 0):
+            raise CompareError(f"{key}: {a.get(key, 0)} in {label_a}, {b.get(key, 0)} in {label_b}")
+    if a["datasets"] != b["datasets"]:
+        raise CompareError(f"{label_a} and {label_b} ran on different datasets")
+    name_a, rows_a = _per_seed(a, label_a, strategies[0])
+    name_b, rows_b = _per_seed(b, label_b, strategies[1])
+    budgets = [k for k in rows_a if k in rows_b]
+    if not budgets:
+        raise CompareError(f"{label_a} and {label_b} share no budget")
+
+    def cell(difference: tuple[float, float]) -> str:
+        return f"{difference[0]:+.3f} ± {difference[1]:.3f}"
+
+    head = "| B - A | " + " | ".join(f"k={k}" for k in budgets) + " |"
+    lines = [head, "|---|" + "---:|" * len(budgets)]
+    seeds = {k: {ds: rows_a[k][ds]["per_seed"] for ds in a["datasets"]} for k in budgets}
+    seeds_b = {k: {ds: rows_b[k][ds]["per_seed"] for ds in a["datasets"]} for k in budgets}
+    lines.append(
+        "| geomean | "
+        + " | ".join(cell(paired_geomean_difference(seeds[k], seeds_b[k])) for k in budgets)
+        + " |"
+    )
+    for ds in a["datasets"]:
+        lines.append(
+            f"| {ds} | "
+            + " | ".join(cell(paired_difference(seeds[k][ds], seeds_b[k][ds])) for k in budgets)
+            + " |"
+        )
+    first = a.get("first_seed", 0)
+    lines += [
+        "",
+        f"A = `{label_a}` ({name_a}, batch {a.get('batch', 8)}), B = `{label_b}` ({name_b}, "
+        f"batch {b.get('batch', 8)}), seeds {first}..{first + a['seeds'] - 1} in both; "
+        "mean ± standard error of the seeds' paired differences.",
+    ]
+    return "\n".join(lines)
 
 
 def _cell(r: dict) -> str:
@@ -220,6 +296,10 @@ def main() -> None:
     m = sub.add_parser("merge")
     m.add_argument("docs", type=Path, nargs="+")
     m.add_argument("--save", type=Path, required=True)
+    c = sub.add_parser("compare", help="run B against run A, seed by seed")
+    c.add_argument("docs", type=Path, nargs=2, metavar="RUN.json", help="A, then B")
+    c.add_argument("--strategy", help="A's strategy (needed where A ran several)")
+    c.add_argument("--against", help="B's strategy (default: --strategy, or B's only one)")
     w = sub.add_parser("render")
     w.add_argument("docs", type=Path, nargs="+")
     w.add_argument("--title", default="Tuner on recorded spaces")
@@ -232,6 +312,13 @@ def main() -> None:
         return
     if args.mode == "merge":
         args.save.write_text(json.dumps(merge(args.docs)))
+        return
+    if args.mode == "compare":
+        try:
+            print(compare(args.docs, (args.strategy, args.against or args.strategy)))
+        except CompareError as exc:
+            print(f"compare: {exc}", file=sys.stderr)
+            raise SystemExit(2) from None
         return
     body = (args.preamble + "\n\n" if args.preamble else "") + render(args.docs)
     print(body)

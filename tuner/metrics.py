@@ -11,7 +11,7 @@ t_1 >= ... >= t_N, P(best = t_i) = C(N-i, k-1) / C(N, k).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 import numpy as np
 from scipy.special import gammaln
@@ -62,3 +62,35 @@ def geomean(values: Sequence[float]) -> float:
     if np.any(v <= 0):
         return 0.0
     return float(gmean(v))
+
+
+def paired_difference(a: Sequence[float], b: Sequence[float]) -> tuple[float, float]:
+    """The mean of b - a over paired seeds (the same seed, design and draws in both runs) and
+    its standard error. Pairing removes what the seeds share: two runs of one search differ
+    by far less than either one's spread over seeds, which is the unpaired error."""
+    d = np.asarray(b, dtype=np.float64) - np.asarray(a, dtype=np.float64)
+    if len(d) == 0:
+        raise ValueError("no paired seeds")
+    se = float(d.std(ddof=1) / np.sqrt(len(d))) if len(d) > 1 else 0.0
+    return float(d.mean()), se
+
+
+def paired_geomean_difference(
+    a: Mapping[str, Sequence[float]], b: Mapping[str, Sequence[float]]
+) -> tuple[float, float]:
+    """G(b) - G(a), G the geometric mean over datasets of the mean over seeds (the benchmark's
+    headline figure), with its standard error from the seeds' paired differences: by the delta
+    method on log G = mean over datasets of log(mean), each dataset's log-ratio error that of
+    the per-seed differences of the values relative to their means."""
+    if set(a) != set(b) or not a:
+        raise ValueError("the two runs must cover the same datasets")
+    g_a = geomean([float(np.mean(a[name])) for name in a])
+    g_b = geomean([float(np.mean(b[name])) for name in a])
+    variance = 0.0
+    for name in a:
+        x, y = np.asarray(a[name], dtype=np.float64), np.asarray(b[name], dtype=np.float64)
+        if len(x) != len(y):
+            raise ValueError(f"{name}: {len(x)} seeds against {len(y)}")
+        _, se = paired_difference(x / max(x.mean(), 1e-12), y / max(y.mean(), 1e-12))
+        variance += se**2
+    return g_b - g_a, float(np.sqrt(g_a * g_b) * np.sqrt(variance) / len(a))
