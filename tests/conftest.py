@@ -57,3 +57,22 @@ def h100():
 @pytest.fixture(scope="session")
 def a100():
     return get_gpu("a100", calibrated=False)
+
+
+@pytest.fixture(scope="session")
+def small_ours(h100):
+    """A small pipetune schedule space recorded as if measured: the analytical model's
+    latencies with 10% lognormal noise (seeded), for the offline tuner benchmark's tests."""
+    import numpy as np
+
+    from pipetune.model.analytical import evaluate
+    from pipetune.model.space import Space
+    from pipetune.model.workloads import gemm
+    from pipetune.tuner.bench import Dataset
+    from pipetune.tuner.offline import RecordedSpace
+    from pipetune.tuner.recorded import RecordedConfigs
+
+    space = Space.enumerate(gemm(512, 256, 1024), h100)
+    noise = np.exp(np.random.default_rng(1).normal(0, 0.1, len(space)))
+    rec = RecordedSpace(space, evaluate(space).T_kernel * noise)
+    return Dataset("synthetic", RecordedConfigs.from_recorded_space("synthetic", rec), rec)

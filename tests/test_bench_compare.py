@@ -10,21 +10,8 @@ import numpy as np
 import pytest
 
 from benchmarks import bench_tuner
-from pipetune.model.analytical import evaluate
-from pipetune.model.space import Space
-from pipetune.model.workloads import gemm
-from pipetune.tuner.bench import Dataset, bench
+from pipetune.tuner.bench import bench
 from pipetune.tuner.metrics import geomean, paired_difference, paired_geomean_difference
-from pipetune.tuner.offline import RecordedSpace
-from pipetune.tuner.recorded import RecordedConfigs
-
-
-@pytest.fixture(scope="module")
-def synthetic(h100) -> Dataset:
-    space = Space.enumerate(gemm(512, 256, 1024), h100)
-    noise = np.exp(np.random.default_rng(1).normal(0, 0.1, len(space)))
-    rec = RecordedSpace(space, evaluate(space).T_kernel * noise)
-    return Dataset("synthetic", RecordedConfigs.from_recorded_space("synthetic", rec), rec)
 
 
 def test_a_paired_difference_is_the_mean_of_the_seeds_differences_with_their_error():
@@ -69,14 +56,14 @@ def test_the_geomean_difference_is_the_headline_figures_and_its_error_matches_it
         paired_geomean_difference({"x": [1.0, 0.9]}, {"x": [1.0, 0.9, 0.8]})
 
 
-def test_a_run_saves_each_seeds_figure_and_a_merge_keeps_them_in_seed_order(tmp_path, synthetic):
-    whole = bench([synthetic], ["random", "bo"], [5, 10], seeds=4, batch=4)
+def test_a_run_saves_each_seeds_figure_and_a_merge_keeps_them_in_seed_order(tmp_path, small_ours):
+    whole = bench([small_ours], ["random", "bo"], [5, 10], seeds=4, batch=4)
     for r in whole["results"]:
         cell = r["per_dataset"]["synthetic"]
         assert len(cell["per_seed"]) == 4
         assert np.mean(cell["per_seed"]) == pytest.approx(cell["best_in_k"], abs=1e-6)
     for first in (0, 2):
-        part = bench([synthetic], ["random", "bo"], [5, 10], seeds=2, batch=4, first_seed=first)
+        part = bench([small_ours], ["random", "bo"], [5, 10], seeds=2, batch=4, first_seed=first)
         (tmp_path / f"part{first}.json").write_text(json.dumps(part))
     merged = bench_tuner.merge([tmp_path / "part2.json", tmp_path / "part0.json"])
     for a, b in zip(whole["results"], merged["results"], strict=True):
@@ -90,12 +77,12 @@ def _run_main(monkeypatch, *argv: str) -> None:
 
 
 def test_compare_prints_b_minus_a_per_budget_and_refuses_runs_it_cannot_pair(
-    tmp_path, synthetic, monkeypatch, capsys
+    tmp_path, small_ours, monkeypatch, capsys
 ):
     runs = {
-        "before": bench([synthetic], ["random"], [5, 10], seeds=3, batch=4),
-        "after": bench([synthetic], ["random", "bo"], [5, 10], seeds=3, batch=4),
-        "other-seeds": bench([synthetic], ["bo"], [5, 10], seeds=3, batch=4, first_seed=3),
+        "before": bench([small_ours], ["random"], [5, 10], seeds=3, batch=4),
+        "after": bench([small_ours], ["random", "bo"], [5, 10], seeds=3, batch=4),
+        "other-seeds": bench([small_ours], ["bo"], [5, 10], seeds=3, batch=4, first_seed=3),
     }
     for label, doc in runs.items():
         (tmp_path / f"{label}.json").write_text(json.dumps(doc))

@@ -14,11 +14,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from pipetune.model.analytical import evaluate
-from pipetune.model.space import Space
-from pipetune.model.workloads import gemm
 from pipetune.tuner.bench import Dataset, bench, trial_throughputs
-from pipetune.tuner.offline import RecordedSpace
 from pipetune.tuner.peers import (
     NEEDS_TORCH,
     PEERS,
@@ -51,14 +47,6 @@ def conv() -> Dataset:
     if not KT_CACHE.exists():
         pytest.skip("shared datasets are not next to this checkout")
     return Dataset("conv_A100", _kt_conv())
-
-
-@pytest.fixture(scope="module")
-def small_ours(h100) -> Dataset:
-    space = Space.enumerate(gemm(512, 256, 1024), h100)
-    noise = np.exp(np.random.default_rng(1).normal(0, 0.1, len(space)))
-    rec = RecordedSpace(space, evaluate(space).T_kernel * noise)
-    return Dataset("synthetic", RecordedConfigs.from_recorded_space("synthetic", rec), rec)
 
 
 @pytest.mark.parametrize("strategy", ["random", "xgb", "bo", "auto", *PEERS])
