@@ -20,8 +20,8 @@ Runs of the same settings over consecutive seed ranges (`--first-seed`) merge in
 
 Two runs on the same seeds (a change against the code before it, batch 8 against batch 1)
 compare seed by seed: B - A per budget, geomean and per dataset, with the standard error of
-the paired differences, which is several times smaller than either run's own where the
-seeds' designs and draws are shared:
+the paired differences, smaller than an unpaired difference's the more of their trials the
+two searches share (each seed's design and draws are the same in both):
 
     python -m benchmarks.bench_tuner compare BEFORE.json AFTER.json [--strategy S --against T]
 
