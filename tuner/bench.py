@@ -161,7 +161,7 @@ def _summary(tables: Mapping[str, np.ndarray], randoms: Mapping[str, list[float]
             "p_se": se / gap if gap > 1e-12 else 0.0,
             "random": rnd,
             # Each seed's figure, in seed order: runs on the same seeds compare pairwise
-            # (benchmarks/bench_tuner.py compare), far more precisely than by their means.
+            # (benchmarks/bench_tuner.py compare), more precisely than by their means.
             "per_seed": [round(float(v), 6) for v in column],
         }
     g = geomean([v["best_in_k"] for v in per.values()])
