@@ -3,10 +3,11 @@ service and the tuner (all of them import it from here)."""
 
 from __future__ import annotations
 
+import numbers
 from enum import StrEnum
-from typing import Annotated, Literal, get_args
+from typing import Annotated, Any, Literal, get_args
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, field_validator
 
 TrialStatus = Literal[
     "ok",
@@ -85,6 +86,19 @@ def _utf8(value: str) -> bool:
     return True
 
 
+def _whole_number(value: Any) -> Any:
+    """A count as a whole number: JSON's 12.0, "12" and true are a worker's mistake, not a
+    count (the rest of the wire is strict the same way); numpy's integers, which a compiler
+    report parsed through arrays gives, are whole numbers."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        raise ValueError("must be a whole number")
+    return int(value)
+
+
+# Registers and bytes of a kernel.
+ByteCount = Annotated[int, Field(ge=0), BeforeValidator(_whole_number)]
+
+
 class MeasureResult(BaseModel):
     """One schedule's measurement. latency_us is the median of the timed repeats."""
 
@@ -95,9 +109,9 @@ class MeasureResult(BaseModel):
     samples_us: list[KernelTimeUs] = Field(default_factory=list, max_length=MAX_SAMPLES)
     # Spread of the repeats: (p90 - p10) / median; None when it was not recorded.
     spread: float | None = Field(default=None, ge=0, allow_inf_nan=False)
-    registers: int | None = Field(default=None, ge=0)
-    spill_bytes: int | None = Field(default=None, ge=0)
-    smem_bytes: int | None = Field(default=None, ge=0)
+    registers: ByteCount | None = None
+    spill_bytes: ByteCount | None = None
+    smem_bytes: ByteCount | None = None
     compile_ms: float | None = Field(default=None, ge=0, allow_inf_nan=False)
     max_abs_error: float | None = Field(default=None, ge=0, allow_inf_nan=False)
     error: str | None = None

@@ -35,6 +35,9 @@ from pipetune.model.trials import MeasureResult, RunnerKind, TrialStatus
 MAX_BUDGET = 5000  # trials per task; larger spaces are swept, not tuned
 MAX_BATCH_SIZE = 64  # trials per proposal round (a task's, or the service's default)
 ID_MAX = 2**31 - 1  # ids and counts are 32-bit integer columns (service/orm.py)
+# Tasks per page of GET /v1/tasks (and of the local store, which answers as it does).
+TASK_PAGE = 100
+MAX_TASK_PAGE = 1000
 MAX_LEASE_WAIT_S = 30.0
 MAX_JOBS_PER_LEASE = 64
 MAX_RESULTS_PER_POST = 256  # results in one POST /v1/jobs/results
@@ -405,9 +408,9 @@ class WorkerRegister(_GpuField):
     )
     runner: RunnerKind
     device_name: str | None = Field(None, max_length=256)
-    sm_count: int | None = Field(None, ge=1, le=ID_MAX)
+    sm_count: int | None = Field(None, strict=True, ge=1, le=ID_MAX)
     driver: str | None = Field(None, max_length=64)
-    clocks_mhz: int | None = Field(None, ge=1, le=ID_MAX)
+    clocks_mhz: int | None = Field(None, strict=True, ge=1, le=ID_MAX)
 
     @field_validator("name")
     @classmethod

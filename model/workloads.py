@@ -91,10 +91,18 @@ class _Workload(BaseModel):
         raise NotImplementedError
 
 
-def _check_index(field: str, elements: int) -> None:
+def _check_index(operand: str, elements: int, **dims: int) -> None:
+    """An operand of `elements` elements must be indexable with 32 bits. The error names
+    the largest of the request's sizes it grows with (`dims`, field: size; the likeliest
+    mistake) and says which operand overflows, so that a batched GEMM whose b is 1 is not
+    told that b is wrong."""
     if elements > INDEX_LIMIT:
+        field = max(dims, key=lambda name: dims[name])
+        sizes = ", ".join(f"{name}={size}" for name, size in dims.items())
         raise WorkloadError(
-            field, f"{elements} elements exceed the 2^31-1 limit of 32-bit kernel indexing"
+            field,
+            f"{operand} has {elements} elements ({sizes}), over the 2^31-1 limit of 32-bit "
+            "kernel indexing",
         )
 
 
@@ -118,9 +126,9 @@ class Gemm(_Workload):
 
     @model_validator(mode="after")
     def _validate(self) -> Gemm:
-        _check_index("m", self.m * self.k)
-        _check_index("n", self.k * self.n)
-        _check_index("m", self.m * self.n)
+        _check_index("A", self.m * self.k, m=self.m, k=self.k)
+        _check_index("B", self.k * self.n, k=self.k, n=self.n)
+        _check_index("C", self.m * self.n, m=self.m, n=self.n)
         _check_aligned("k", self.k, "K of A")
         _check_aligned("n", self.n, "N of C")
         return self
@@ -147,9 +155,10 @@ class Bmm(_Workload):
 
     @model_validator(mode="after")
     def _validate(self) -> Bmm:
-        _check_index("b", self.b * self.m * self.k)
-        _check_index("b", self.b * self.k * self.n)
-        _check_index("b", self.b * self.m * self.n)
+        b, m, n, k = self.b, self.m, self.n, self.k
+        _check_index("A", b * m * k, b=b, m=m, k=k)
+        _check_index("B", b * k * n, b=b, k=k, n=n)
+        _check_index("C", b * m * n, b=b, m=m, n=n)
         _check_aligned("k", self.k, "K of A")
         _check_aligned("n", self.n, "N of B and C")
         return self
@@ -202,10 +211,11 @@ class Conv2d(_Workload):
         _out_size("s", self.w, self.s, self.stride, self.pad)
         _check_aligned("c", self.c, "C of the NHWC input")
         _check_aligned("k", self.k, "K of the NPQK output")
-        _check_index("n", self.n * self.h * self.w * self.c)
-        _check_index("k", self.k * self.r * self.s * self.c)
+        n, h, w, c, k = self.n, self.h, self.w, self.c, self.k
+        _check_index("the input", n * h * w * c, n=n, h=h, w=w, c=c)
+        _check_index("the filter", k * self.r * self.s * c, k=k, c=c)
         v = self.gemm_view()
-        _check_index("n", v.m * v.n)
+        _check_index("the output", v.m * v.n, n=n, h=h, w=w, k=k)
         return self
 
     @property
@@ -260,10 +270,11 @@ class Conv3d(_Workload):
         _out_size("s", self.w, self.s, self.stride, self.pad)
         _check_aligned("c", self.c, "C of the NDHWC input")
         _check_aligned("k", self.k, "K of the output")
-        _check_index("n", self.n * self.d * self.h * self.w * self.c)
-        _check_index("k", self.k * self.t * self.r * self.s * self.c)
+        n, d, h, w, c, k = self.n, self.d, self.h, self.w, self.c, self.k
+        _check_index("the input", n * d * h * w * c, n=n, d=d, h=h, w=w, c=c)
+        _check_index("the filter", k * self.t * self.r * self.s * c, k=k, c=c)
         v = self.gemm_view()
-        _check_index("n", v.m * v.n)
+        _check_index("the output", v.m * v.n, n=n, d=d, h=h, w=w, k=k)
         return self
 
     @property

@@ -31,6 +31,7 @@ SHOWN_CHARS = 80
 REASON_CHARS = 500
 MAX_ITEMS = 20
 UNPARSABLE_BODY = "not JSON text: not UTF-8, or nested too deeply"
+LONG_NUMBER = "a number in the body has more digits than any size, id or count can (4300)"
 
 
 class ServiceError(Exception):
@@ -118,12 +119,16 @@ def _content_type_hint(request: Request, items: list[ErrorItem]) -> None:
     """A body sent as anything but JSON reaches validation as raw bytes, whose complaint
     ("a valid dictionary") does not say that the content type is what is wrong."""
     content_type = request.headers.get("content-type", "")
-    if not content_type or "json" in content_type:
+    media = content_type.split(";", 1)[0].strip().lower()
+    maintype, _, subtype = media.partition("/")
+    # What FastAPI decodes as JSON (anything else, text/json and no header included, reaches
+    # validation undecoded).
+    if maintype == "application" and (subtype == "json" or subtype.endswith("+json")):
         return
+    sent = f"not {_cut(content_type, SHOWN_CHARS)}" if content_type else "no Content-Type was sent"
     for item in items:
         if item.loc == ["body"]:
-            sent = _cut(content_type, SHOWN_CHARS)
-            item.reason = f"send the body as JSON (Content-Type: application/json), not {sent}"
+            item.reason = f"send the body as JSON (Content-Type: application/json); {sent}"
 
 
 def validation_body(errors: list[dict[str, Any]], request: Request | None = None) -> dict[str, Any]:
@@ -152,6 +157,8 @@ def install(app: FastAPI) -> None:
         # FastAPI answers a body it cannot decode (bytes that are not UTF-8, JSON nested past
         # Python's recursion limit) with a bare 400; it is the body that is wrong: a 422.
         if exc.status_code == 400 and isinstance(exc.__cause__, ValueError | RecursionError):
+            if "integer string conversion" in str(exc.__cause__):  # Python's digit limit
+                return _one_problem(["body"], LONG_NUMBER, "json_invalid")
             return _one_problem(["body"], UNPARSABLE_BODY, "json_invalid")
         return await http_exception_handler(request, exc)
 

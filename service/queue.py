@@ -18,14 +18,16 @@ import hmac
 import secrets
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from fastapi.concurrency import run_in_threadpool
 from sqlalchemy import case, select, update
+from sqlalchemy import exc as sa_exc
 
 from pipetune.model.hardware import get_gpu
 from pipetune.model.states import JobState, TaskState
-from pipetune.model.trials import MeasureResult
+from pipetune.model.trials import MeasureResult, RunnerKind
 from pipetune.model.wire import (
     ID_MAX,
     HeartbeatAck,
@@ -77,6 +79,25 @@ def check_storable(r: MeasureResult, loc: list[str | int]) -> None:
         value = getattr(r, name)
         if value is not None and value > ID_MAX:
             raise InputError([*loc, name], f"must be at most {ID_MAX}")
+    if r.runner is not None and RunnerKind.of(r.runner) is None:
+        kinds = ", ".join(k.value for k in RunnerKind)
+        raise InputError(
+            [*loc, "runner"],
+            f"unknown runner {r.runner!r}: its kind (before any ':') is one of {kinds}",
+        )
+
+
+def check_runner(worker: WorkerRef, r: MeasureResult, loc: list[str | int]) -> None:
+    """A result may name its runner (a replay says what it replays), but not another kind
+    than its worker registered with: the kind decides whether a latency was measured on a
+    GPU or simulated (a simulated trial never teaches a learned prior, and is labelled so
+    wherever it is shown), so a simulated worker's result claiming `cupy` is refused."""
+    kind = RunnerKind.of(r.runner)
+    if kind is not None and kind != RunnerKind.of(worker.runner):
+        raise InputError(
+            [*loc, "runner"],
+            f"a {kind.value} result from worker {worker.id}, which registered as {worker.runner}",
+        )
 
 
 @dataclass(frozen=True)
@@ -128,6 +149,18 @@ class Queue:
         expected = get_gpu(body.gpu).arch
         if body.arch != expected:  # (the wire model reads sm_90a as sm_90)
             raise InputError(["body", "arch"], f"{body.gpu} is {expected}, got {body.arch}")
+        try:
+            doc, created = self._register(token_hash, body)
+        except sa_exc.IntegrityError:
+            # Another request registered the same new name between this one's look-up and
+            # its insert (on PostgreSQL the name's unique constraint decides; SQLite's write
+            # transactions take the lock first, so they never meet). The name is taken now:
+            # register again, as a re-registration (or a conflict with another token).
+            doc, created = self._register(token_hash, body)
+        self._worker_refs.pop((doc.id, token_hash), None)
+        return doc, created
+
+    def _register(self, token_hash: str, body: WorkerRegister) -> tuple[WorkerDoc, bool]:
         values = body.model_dump(exclude={"name"})
         with self.db.write() as s:
             worker = s.scalars(select(WorkerRow).where(WorkerRow.name == body.name)).first()
@@ -143,9 +176,7 @@ class Queue:
                 worker.last_heartbeat = s.scalar(select(self.db.now()))
             s.flush()
             s.refresh(worker)
-            doc = worker_doc(worker)
-        self._worker_refs.pop((doc.id, token_hash), None)
-        return doc, created
+            return worker_doc(worker), created
 
     def heartbeat(self, worker_id: int, token_hash: str, busy_jobs: int) -> HeartbeatAck:
         """Record the heartbeat and extend the worker's live leases by one TTL."""
@@ -356,7 +387,9 @@ class Queue:
         for a lease that is not the worker's (as the single-job route answers)."""
         check_storable(body.result, ["body", "result"])
         report = Report(job_id, body.lease_token, body.result)
-        (judged,), ready = self.submit_many(body.worker_id, token_hash, [report])
+        (judged,), ready = self.submit_many(
+            body.worker_id, token_hash, [report], where=lambda _: ["body", "result"]
+        )
         if judged.error is not None:
             raise judged.error
         ack = ResultAck(
@@ -365,12 +398,21 @@ class Queue:
         return ack, next(iter(ready), None)
 
     def submit_many(
-        self, worker_id: int, token_hash: str, reports: list[Report]
+        self,
+        worker_id: int,
+        token_hash: str,
+        reports: list[Report],
+        where: Callable[[int], list[str | int]] = lambda i: ["body", "results", i, "result"],
     ) -> tuple[list[Judged], set[int]]:
         """Record many results in one transaction (each judged on its own, as `submit`
         judges one); returns the answers in order and the tasks that may advance. The
-        results must have passed check_storable."""
+        results must have passed check_storable; a result whose runner contradicts its
+        worker's refuses the whole request (`where(i)`: the i-th result's place in the
+        body), before anything is written."""
         worker = self._authorised(worker_id, token_hash)
+        if worker is not None:
+            for i, report in enumerate(reports):
+                check_runner(worker, report.result, where(i))
         seen = self.store.record(worker, reports)
         raced = [
             r.job_id
@@ -413,7 +455,9 @@ class Queue:
             return self._refused(job_id, NotFoundError(f"job {job_id} does not exist"))
         if worker is None or seen.lease_worker != worker_id:
             return self._refused(
-                job_id, ForbiddenError(f"job {job_id} was not leased to worker {worker_id}")
+                # (No lease of the job has this token, or its lease is another worker's.)
+                job_id,
+                ForbiddenError(f"job {job_id} has no lease with this token for worker {worker_id}"),
             )
         if seen.applied:
             state = JobState.DONE if report.result.ok else JobState.FAILED

@@ -23,7 +23,7 @@ from service_support import (
 )
 from sqlalchemy import func, select
 
-from pipetune.model.wire import JobResult
+from pipetune.model.wire import JobResult, WorkerRegister
 from pipetune.service.orm import JobRow, LeaseRow
 from pipetune.service.queue import WorkerRef
 from pipetune.service.settings import token_hash
@@ -178,7 +178,11 @@ def test_a_worker_may_report_only_its_own_leases(client):
     forged = post_result(client, other, job, ok(1.0))
     assert forged.status_code == 403
     bad_token = dict(job, lease_token="not-a-real-lease-token")
-    assert post_result(client, owner, bad_token, ok(1.0)).status_code == 403
+    refused = post_result(client, owner, bad_token, ok(1.0))
+    # The job is the owner's: it is the token that no lease has (it once said "not leased
+    # to worker", which sent its reader looking for the wrong mistake).
+    assert refused.status_code == 403
+    assert "no lease with this token" in refused.json()["detail"], refused.text
     missing = dict(job, job_id=987654)
     assert post_result(client, owner, missing, ok(1.0)).status_code == 404
     assert post_result(client, owner, job, ok(1.0)).json()["accepted"] is True
@@ -323,3 +327,40 @@ def test_a_re_lease_is_stamped_after_the_expiry_it_follows(db_url):
     assert first.ended_at <= second.leased_at, (first.ended_at, second.leased_at)
     # The new lease runs its full TTL from when it was granted.
     assert got[0].lease_expires_at - second.leased_at >= dt.timedelta(seconds=0.29)
+
+
+def _register_at_once(service, body: WorkerRegister, count: int) -> tuple[list, list]:
+    """`count` registrations of `body` released together; their answers and errors."""
+    start = threading.Barrier(count)
+    answers: list = []
+    errors: list = []
+
+    def registrar() -> None:
+        start.wait()
+        try:
+            answers.append(service.queue.register(token_hash(TOKEN), body))
+        except Exception as exc:  # (the failure this test looks for)
+            errors.append(exc)
+
+    threads = [threading.Thread(target=registrar) for _ in range(count)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return answers, errors
+
+
+def test_concurrent_registrations_of_one_new_name_make_one_worker(db_url):
+    # Workers restarted together register under their names at once: on PostgreSQL the
+    # look-up and the insert of two such requests could interleave, and the loser's insert
+    # broke the name's unique constraint (a 500). Each request must get the one worker.
+    with client_for(db_url) as c:
+        service = service_of(c)
+        for round_ in range(12):
+            body = WorkerRegister(
+                name=f"restarted-{round_}", gpu="h100", arch="sm_90", runner="simulated"
+            )
+            answers, errors = _register_at_once(service, body, 6)
+            assert errors == []
+            assert len({doc.id for doc, _ in answers}) == 1
+            assert sum(created for _, created in answers) == 1

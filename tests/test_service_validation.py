@@ -41,6 +41,13 @@ BAD_WORKLOADS = [
         "must be smaller than the filter size",
     ),
     ({"op": "bmm", "b": 2, "m": 64, "n": 60, "k": 64}, "n", "multiple of 8"),
+    # An operand too large for 32-bit indexing blamed b for every operand, b=1 included.
+    (
+        {"op": "bmm", "b": 1, "m": 1, "n": 16384, "k": 131072},
+        "k",
+        "B has 2147483648 elements (b=1, k=131072, n=16384), over the 2^31-1 limit",
+    ),
+    ({**GEMM, "m": 2**21, "k": 2048}, "m", "A has 4294967296 elements"),
 ]
 
 
@@ -235,6 +242,15 @@ def _trials_done(client) -> int:
         ({**ok(5.0), "runner": "replay:simulated2"}, "runner", "at most 16 characters"),
         ({**ok(5.0), "runner": "cupy\ud800"}, "runner", "unicode string"),
         ({**ok(5.0), "runner": "cupy\u0000"}, "runner", "NUL"),
+        ({**ok(5.0), "runner": "foo"}, "runner", "unknown runner 'foo'"),
+        # Counts were coerced from 12.0, "12" and true, where every other number is strict.
+        ({**ok(5.0), "registers": 12.0}, "registers", "whole number"),
+        ({**ok(5.0), "spill_bytes": "12"}, "spill_bytes", "whole number"),
+        ({**ok(5.0), "smem_bytes": True}, "smem_bytes", "whole number"),
+        # A simulated worker's result passed as a GPU measurement (it then taught learned
+        # priors, which take measured trials only).
+        ({**ok(5.0), "runner": "cupy"}, "runner", "which registered as simulated"),
+        ({**ok(5.0), "runner": "replay:cupy"}, "runner", "which registered as simulated"),
     ],
 )
 def test_results_no_kernel_can_have_are_refused_on_both_routes(client, result, field, reason):
@@ -243,6 +259,14 @@ def test_results_no_kernel_can_have_are_refused_on_both_routes(client, result, f
         _assert_422(response, field, reason)
     assert _trials_done(client) == 0  # nothing recorded, the lease still good:
     assert post_result(client, worker, job, ok(5.0)).json()["accepted"] is True
+
+
+def test_a_result_may_name_its_own_workers_runner(client):
+    worker, job = _leased_job(client)
+    accepted = post_result(client, worker, job, {**ok(5.0), "runner": "simulated"})
+    assert accepted.json()["accepted"] is True, accepted.text
+    settle(client)
+    assert client.get("/v1/tasks/1/trials").json()["trials"][0]["runner"] == "simulated"
 
 
 def test_log_text_is_kept_storable_and_cut_to_its_head(client):
@@ -322,6 +346,28 @@ def test_an_arch_specific_target_registers_as_its_device_and_gets_jobs(client):
     assert len(lease(client, response.json()["id"], max_jobs=4)) == 4
 
 
+@pytest.mark.parametrize(
+    ("change", "field"),
+    [
+        ({"sm_count": "132"}, "sm_count"),
+        ({"sm_count": 132.0}, "sm_count"),
+        ({"clocks_mhz": True}, "clocks_mhz"),
+    ],
+)
+def test_worker_numbers_are_not_coerced(client, change, field):
+    body = {"name": "w", "gpu": "h100", "arch": "sm_90", "runner": "simulated", **change}
+    _assert_422(client.post("/v1/workers", json=body, headers=WORKER_HEADERS), field, "valid")
+    assert set(_row_counts(client).values()) == {0}
+
+
+@pytest.mark.parametrize("eps", [True, "1e-5"])
+def test_a_layernorm_eps_is_a_number_not_a_flag_or_text(client, eps):
+    workload = {"op": "layernorm", "rows": 128, "cols": 768, "eps": eps}
+    response = client.post("/v1/tasks", json={"workload": workload, "gpu": "h100"})
+    _assert_422(response, "eps", "valid number")
+    assert set(_row_counts(client).values()) == {0}
+
+
 def test_a_blank_worker_name_is_refused(client):
     body = {"name": "   ", "gpu": "h100", "arch": "sm_90", "runner": "simulated"}
     response = client.post("/v1/workers", json=body, headers=WORKER_HEADERS)
@@ -336,10 +382,30 @@ def test_a_body_that_is_not_json_text_is_a_422(client, raw):
     _assert_422(response, "body", "not JSON text")
 
 
-def test_a_body_sent_as_another_content_type_says_so(client):
+@pytest.mark.parametrize(
+    ("sent", "said"),
+    [
+        ("text/plain", "not text/plain"),
+        ("text/json", "not text/json"),  # has "json" in it, and was left without the hint
+        (None, "no Content-Type was sent"),
+    ],
+)
+def test_a_body_sent_as_another_content_type_says_so(client, sent, said):
     body = json.dumps({"workload": GEMM, "gpu": "h100"}).encode()
-    response = client.post("/v1/tasks", content=body, headers={"Content-Type": "text/plain"})
+    request = client.build_request("POST", "/v1/tasks", content=body)
+    if sent is None:
+        request.headers.pop("Content-Type", None)
+    else:
+        request.headers["Content-Type"] = sent
+    response = client.send(request)
     _assert_422(response, "body", "Content-Type: application/json")
+    _assert_422(response, "body", said)
+
+
+def test_a_number_longer_than_python_reads_is_said_to_be_one(client):
+    raw = b'{"workload": {"op": "gemm", "m": ' + b"9" * 5000 + b', "n": 64, "k": 64}}'
+    response = client.post("/v1/tasks", content=raw, headers={"Content-Type": "application/json"})
+    _assert_422(response, "body", "a number in the body has more digits")
 
 
 def test_a_422_does_not_echo_a_huge_value_or_list_every_problem(client):

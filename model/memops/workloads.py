@@ -143,7 +143,7 @@ class LayerNorm(_RowWorkload):
     """Layer normalisation of each row, with gamma and beta of length cols."""
 
     op: Literal["layernorm"] = "layernorm"
-    eps: float = Field(1e-5, gt=0.0, le=1.0, description="added to the variance")
+    eps: float = Field(1e-5, strict=True, gt=0.0, le=1.0, description="added to the variance")
 
     @property
     def has_output_pass(self) -> bool:

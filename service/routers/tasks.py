@@ -6,7 +6,16 @@ from typing import Annotated
 
 from fastapi import APIRouter, Depends, Query
 
-from pipetune.model.wire import Curve, TaskCreate, TaskDoc, TaskList, TaskState, TrialList
+from pipetune.model.wire import (
+    MAX_TASK_PAGE,
+    TASK_PAGE,
+    Curve,
+    TaskCreate,
+    TaskDoc,
+    TaskList,
+    TaskState,
+    TrialList,
+)
 from pipetune.service.auth import user_access
 from pipetune.service.context import Service, ServiceDep
 from pipetune.service.curves import task_curve
@@ -38,7 +47,7 @@ def create_task(
 def list_tasks(
     service: ServiceDep,
     state: TaskState | None = None,
-    limit: Annotated[int, Query(ge=1, le=1000)] = 100,
+    limit: Annotated[int, Query(ge=1, le=MAX_TASK_PAGE)] = TASK_PAGE,
     offset: Annotated[int, Query(ge=0, le=ID_MAX)] = 0,
 ) -> TaskList:
     """Tasks, newest first."""
