@@ -48,11 +48,11 @@ def dev_set(folder: Path) -> list[Path]:
 
 
 def run(args: argparse.Namespace) -> None:
-    from pipetune.clients.cli.bench_cmds import _priors, _strategies, recorded_dataset
+    from pipetune.clients.cli.bench_cmds import _priors, _strategies, recorded_datasets
     from pipetune.tuner.bench import bench
 
     files = [*(dev_set(args.dev_set) if args.dev_set else []), *(args.datasets or [])]
-    loaded = [recorded_dataset(p) for p in files]
+    loaded = recorded_datasets(files)
     priors = _priors(args.prior or [], loaded)
     learned = learned_priors(loaded, args.learned_prior or [])
     budgets = [int(k) for k in args.budgets.split(",")]

@@ -109,8 +109,16 @@ class GPUSpec:
                 raise HardwareError(f"profile field '{name}' must be a number, got {value!r}")
             if not math.isfinite(value) or value <= 0:
                 raise HardwareError(f"profile field '{name}' must be positive, got {value!r}")
-            # Integer fields (counts, bytes) stay integers.
-            clean[name] = int(value) if known[name].type in ("int", int) else float(value)
+            # Integer fields (counts, bytes) stay integers; a fraction of one is a mistake,
+            # not a count to round (0.5 SMs became 0: a division by zero in the model).
+            if known[name].type in ("int", int):
+                if value != int(value):
+                    raise HardwareError(
+                        f"profile field '{name}' must be a whole number, got {value!r}"
+                    )
+                clean[name] = int(value)
+            else:
+                clean[name] = float(value)
         return replace(self, **clean, profile=profile)
 
     def as_dict(self) -> dict[str, Any]:

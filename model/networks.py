@@ -205,11 +205,28 @@ def network(name: str, batch: int | None = None, seq: int | None = None) -> Netw
     batch = DEFAULT_BATCH[name] if batch is None else batch
     if batch < 1:
         raise WorkloadError("batch", f"must be at least 1, got {batch}")
+    if name != "resnet50":
+        seq = DEFAULT_SEQ[name] if seq is None else seq
+        if seq < 1:
+            raise WorkloadError("seq", f"must be at least 1, got {seq}")
+    try:
+        return _layers(name, batch, seq)
+    except WorkloadError as exc:
+        if exc.field in ("batch", "seq"):
+            raise
+        # A layer's own check speaks of its operator's fields (m, rows, ...), which the
+        # user never gave: say which of theirs made it too large.
+        sizes = f"batch {batch}" + (f" x seq {seq}" if name != "resnet50" else "")
+        raise WorkloadError(
+            "batch" if name == "resnet50" else "batch/seq",
+            f"{sizes} is too large for {name}: a layer's {exc.field}: {exc.reason}",
+        ) from None
+
+
+def _layers(name: str, batch: int, seq: int | None) -> Network:
     if name == "resnet50":
         return _resnet50(batch)
-    seq = DEFAULT_SEQ[name] if seq is None else seq
-    if seq < 1:
-        raise WorkloadError("seq", f"must be at least 1, got {seq}")
+    assert seq is not None
     return _transformer(
         name,
         batch,

@@ -4,6 +4,7 @@ P score line, standard errors)."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 from shared_datasets import SHARED
@@ -93,3 +94,60 @@ def test_early_proposals_are_run_and_said_beside_the_table():
     )
     assert doc["early"] == 2 and json.loads(whole.output)["early"] == 0
     assert _bench(str(CONV_TITAN), "--early", "-1").exit_code == 2
+
+
+MEASURED = Path(__file__).resolve().parents[1] / "benchmarks" / "data"
+
+
+def test_datasets_of_one_name_in_two_folders_are_kept_apart():
+    # The same operator measured on two GPUs: the results were kept per file stem, so the
+    # second file's figures were reported for both (and a "geomean of 2" of one of them).
+    files = [str(MEASURED / gpu / "MM_RN50_FC.t4.json.gz") for gpu in ("h100", "h200")]
+    result = _bench(*files, "--strategies", "random", "--json")
+    assert result.exit_code == 0, result.output
+    doc = json.loads(result.stdout)
+    assert doc["datasets"] == ["h100/MM_RN50_FC", "h200/MM_RN50_FC"]
+    for row in doc["results"]:
+        assert set(row["per_dataset"]) == set(doc["datasets"])
+    for name, file in zip(doc["datasets"], files, strict=True):
+        alone = json.loads(_bench(file, "--strategies", "random", "--json").stdout)["results"]
+        for row, own in zip(doc["results"], alone, strict=True):
+            assert row["per_dataset"][name] == own["per_dataset"]["MM_RN50_FC"]
+
+
+def test_one_file_given_twice_is_refused():
+    file = str(MEASURED / "h100" / "MM_RN50_FC.t4.json.gz")
+    result = _bench(file, file, "--strategies", "random")
+    assert result.exit_code == 2
+    assert "given twice" in result.output
+
+
+def _kt_cache(tmp_path: Path, times: list) -> Path:
+    cache = {
+        f"{bx},0": {"bx": bx, "flag": 0, "time": t} for bx, t in zip((32, 64), times, strict=False)
+    }
+    doc = {
+        "device_name": "Test GPU",
+        "kernel_name": "k",
+        "problem_size": [64],
+        "tune_params_keys": ["bx", "flag"],
+        "tune_params": {"bx": [32, 64], "flag": [0]},
+        "objective": "time",
+        "cache": cache,
+    }
+    path = tmp_path / "k.json"
+    path.write_text(json.dumps(doc))
+    return path
+
+
+@pytest.mark.parametrize(
+    ("times", "said"),
+    [
+        ([], "no configuration recorded"),  # an IndexError from the annealer's sampler
+        (["CompilationFailedConfig", "RuntimeFailedConfig"], "every configuration failed"),
+    ],
+)  # (all failed: exit 0 with a table of NaN)
+def test_a_dataset_where_nothing_ran_is_refused_with_exit_2(tmp_path, times, said):
+    result = _bench(str(_kt_cache(tmp_path, times)), "--strategies", "random")
+    assert result.exit_code == 2, result.output
+    assert said in result.output

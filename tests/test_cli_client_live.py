@@ -212,6 +212,14 @@ def test_server_errors_are_one_line_with_the_servers_reason(cli, service):  # ty
     assert denied.exit_code == 1 and "(HTTP 401)" in denied.stderr
     assert len(denied.stderr.strip().splitlines()) == 1
 
+    # A URL with a path the service has no route under: "Not Found (HTTP 404)" named
+    # neither the URL nor that it is the URL that is wrong.
+    prefixed = runner.invoke(app, ["tasks", "--server", f"{service.url}/some/prefix"])
+    assert prefixed.exit_code == 2
+    (line,) = prefixed.stderr.strip().splitlines()
+    assert line.startswith("error: --server: the server has no route GET /v1/tasks (HTTP 404")
+    assert line.endswith("is --server the pipetune service's base URL?")
+
 
 def test_tune_model_reports_layers_and_the_end_to_end_speedup(cli, worker):  # type: ignore[no-untyped-def]
     args = ["tune-model", "bert-base", "--seq", "128", "--budget", "3", "--poll", "0.1"]

@@ -72,6 +72,11 @@ def test_defaults_follow_alcop_and_bad_sizes_name_the_field():
         network("bert-base", seq=100)
     with pytest.raises(WorkloadError, match="unknown network"):
         network("vgg16")
+    # A layer's own limit named its GEMM's m, a field no user gives.
+    with pytest.raises(WorkloadError, match=r"^batch/seq: batch 100000000 x seq 512 is too"):
+        network("bert-base", batch=100_000_000)
+    with pytest.raises(WorkloadError, match=r"^batch: batch 100000000 is too large for resnet"):
+        network("resnet50", batch=100_000_000)
 
 
 def _doc(schedule: Schedule) -> ScheduleDoc:

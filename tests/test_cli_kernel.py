@@ -114,6 +114,7 @@ def test_compile_defaults_to_the_gpu_arch_and_prints_a_table():
         ["--arch", "sm_99"],  # (an NvrtcError "invalid option" and exit 1, after the work)
         ["--sample", "0"],
         ["--gpu", "x"],
+        ["--seed", "-1"],  # (numpy's "expected non-negative integer", exit 1)
     ],
 )
 def test_compile_rejects_bad_options_with_exit_2(extra):
@@ -128,6 +129,26 @@ def test_an_arch_specific_family_compiled_for_another_arch_is_refused():
     result = runner.invoke(app, ["kernel", "compile", *shape, "--arch", "sm_80", "--sample", "1"])
     assert result.exit_code == 2
     assert "--arch: hopper_gemm kernels use sm_90a-only instructions on h100" in result.stderr
+
+
+@pytest.mark.parametrize(
+    "shape",
+    [
+        ["gemm", "--m", "1024", "--n", "64", "--k", "2048"],
+        ["softmax", "--rows", "1024", "--cols", "768"],
+    ],
+)
+def test_a_target_older_than_sm_80_is_refused_before_compiling(shape):
+    """Every tensor-core kernel, and every memops kernel storing float16 vectors, failed to
+    compile one by one (ptxas: cp.async requires sm_80), exit 1."""
+    args = ["kernel", "compile", *shape, "--arch", "sm_75", "--sample", "4", "--json"]
+    result = runner.invoke(app, args)
+    assert result.exit_code == 2, result.output
+    assert result.stdout == ""
+    assert result.stderr.strip() == (
+        "error: --arch: pipetune's kernels need sm_80 or newer (cp.async, mma.sync m16n8k16, "
+        "cvt.rn.f16x2.f32), not sm_75"
+    )
 
 
 # ---- without a shape: the kernel takes its shape as arguments -------------------------

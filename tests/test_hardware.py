@@ -39,6 +39,8 @@ def test_profile_overrides_and_validation(tmp_path, h100):
         ({"overrides": {"warp_speed": 1}}, "unknown field 'warp_speed'"),
         ({"overrides": {"sm_count": -1}}, "must be positive"),
         ({"overrides": {"sm_count": "many"}}, "must be a number"),
+        # Rounded down to 0 SMs: the model divided by zero (an OverflowError, or NaN times).
+        ({"overrides": {"sm_count": 0.5}}, "'sm_count' must be a whole number, got 0.5"),
         ({"overrides": {"arch": 1}}, "may not override 'arch'"),
         ({"gpu": "a100", "overrides": {}}, "is for 'a100'"),
         ({"gpu": "h100"}, "needs an 'overrides' object"),

@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import json
 import signal
+import socket
 import subprocess
 import sys
 import time
 
+import pytest
 from sqlalchemy import select
 from typer.testing import CliRunner
 
@@ -111,3 +113,102 @@ def test_stop_workers_terminates_then_kills():
     assert polite.returncode == -signal.SIGTERM
     assert stubborn.returncode == -signal.SIGKILL
     assert time.monotonic() - started < 5
+
+
+def _error_line(result) -> str:  # type: ignore[no-untyped-def]
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: "), result.stderr
+    return lines[0]
+
+
+@pytest.mark.parametrize(
+    ("revision", "reason"),
+    [
+        ("", "must name a revision"),
+        ("head+1", "'head+1' steps outside this pipetune's revisions"),
+        ("head-9", "'head-9' steps outside this pipetune's revisions"),
+        ("+9", "'+9' steps outside this pipetune's revisions"),
+        ("-1", "'-1' does not go up from the database's revision"),
+        ("+0", "'+0' does not go up from the database's revision"),
+    ],
+    ids=["empty", "head+1", "head-9", "+9", "-1", "+0"],
+)
+def test_db_upgrade_refuses_a_revision_it_cannot_reach_before_touching_the_database(
+    tmp_path, revision, reason
+):
+    """Alembic took these: an empty one and head+1 ended in a bare AssertionError, -1 in
+    "Relative revision -1 didn't produce 1 migrations", both exit 1."""
+    path = tmp_path / "r.db"
+    result = runner.invoke(
+        app, ["db", "upgrade", "--db", f"sqlite:///{path}", "--revision", revision]
+    )
+    assert result.exit_code == 2, result.output
+    assert _error_line(result).startswith(f"error: --revision: {reason}")
+    assert not path.exists()
+
+
+def test_db_upgrade_takes_relative_revisions_from_the_databases_own(tmp_path):
+    url = f"sqlite:///{tmp_path / 'rel.db'}"
+    head = head_revision()
+
+    def upgrade(revision: str):  # type: ignore[no-untyped-def]
+        return runner.invoke(app, ["db", "upgrade", "--db", url, "--revision", revision])
+
+    assert "at revision 0001" in upgrade("+1").stdout
+    assert "at revision 0003" in upgrade("0002+1").stdout
+    assert "at revision 0004" in upgrade("+1").stdout
+    assert "at revision 0004" in upgrade("0003").stdout  # already past it: nothing to do
+    assert f"at revision {head}" in upgrade("head").stdout
+    # At the newest revision +1 goes nowhere: said so, naming where the database is.
+    result = upgrade("+1")
+    assert result.exit_code == 2, result.output
+    assert _error_line(result) == (
+        f"error: --revision: '+1' steps outside this pipetune's revisions (0001..{head}) "
+        f"from the database's revision {head}"
+    )
+
+
+def test_serve_on_an_address_it_cannot_bind_is_one_line_and_exit_2(tmp_path):
+    """uvicorn logged its start, the bind error and its shutdown, then exited 3 (sys.exit
+    past the CLI's own error): one `error:` line naming the option instead, and nothing made
+    (no database file)."""
+    url = f"sqlite:///{tmp_path / 'srv.db'}"
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        result = runner.invoke(app, ["serve", "--db", url, "--port", str(port)])
+    assert result.exit_code == 2, result.output
+    assert _error_line(result) == (
+        f"error: --port: cannot bind 127.0.0.1:{port}: the port is already in use"
+    )
+    result = runner.invoke(app, ["serve", "--db", url, "--host", "999.1.1.1"])
+    assert result.exit_code == 2, result.output
+    assert _error_line(result).startswith(
+        "error: --host: cannot bind 999.1.1.1:8000: the host name does not resolve ("
+    )
+    assert not (tmp_path / "srv.db").exists()
+
+
+@pytest.mark.parametrize("stop", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
+def test_serve_starts_and_stops_cleanly_on_a_signal(tmp_path, stop):
+    url = f"sqlite:///{tmp_path / 'srv.db'}"
+    command = [sys.executable, "-m", "pipetune.clients.cli", "serve", "--db", url]
+    server = subprocess.Popen(
+        [*command, "--port", "0", "--log-level", "warning"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        # The service's own line comes once uvicorn has bound the port (and says which).
+        lines = iter(server.stdout.readline, "")
+        started = next(line for line in lines if line.startswith("pipetune service on"))
+        assert started.startswith("pipetune service on http://127.0.0.1:"), started
+        server.send_signal(stop)
+        assert server.wait(timeout=30) == 0
+        assert server.stderr.read() == ""
+    finally:
+        if server.poll() is None:
+            server.kill()
+            server.wait()

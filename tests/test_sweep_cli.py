@@ -87,6 +87,13 @@ def test_sweep_the_alcop_suite_one_file_per_operator(tmp_path):
         ([*GEMM, "--runner", "simulated", "--out", "x.t4.json.gz", "--limit", "0"], "--limit"),
         ([*GEMM, "--runner", "simulated", "--gpu", "v100", "--out", "x.gz"], "unknown GPU"),
         (["--operators", "alcop", *GEMM, "--out", "x.gz"], "not with an operator command"),
+        # A ValueError from numpy's generator once the sample was drawn (exit 1).
+        (
+            [*GEMM, "--runner", "simulated", "--out", "x.gz", "--limit", "3", "--seed", "-1"],
+            "--seed",
+        ),
+        ([*GEMM, "--runner", "simulated", "--out", "x.gz", "--repeats", "10001"], "--repeats"),
+        ([*GEMM, "--runner", "simulated", "--out", "x.gz", "--warmup", "-1"], "--warmup"),
     ],
 )
 def test_bad_input_exits_2_with_one_line(tmp_path, args, reason):
@@ -118,6 +125,28 @@ def test_calibrate_without_a_gpu_is_one_line_exit_1(tmp_path):
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and "calibrate needs CuPy and an NVIDIA GPU" in lines[0]
     assert not out.exists()
+
+
+@pytest.mark.parametrize(
+    ("args", "reason"),
+    [
+        (["--out", "/"], "--out: / is a directory"),
+        (["--out", "no/such/folder/h100.json"], "does not exist"),
+        (["--device", "-1"], "--device: must be at least 0"),
+    ],
+)
+def test_calibrate_checks_its_options_before_measuring(monkeypatch, args, reason):
+    # The profile's path was checked when it was written, after minutes of measuring.
+    from pipetune.workers import calibrate as calibration
+
+    def measured(*_args, **_kwargs):
+        raise AssertionError("measured before the options were checked")
+
+    monkeypatch.setattr(calibration, "run_calibration", measured)
+    result = cli.invoke(calibrate_app, ["--gpu", "h100", *args])
+    assert result.exit_code == 2, result.output
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and reason in lines[0]
 
 
 def test_calibrate_unknown_gpu_exits_2():

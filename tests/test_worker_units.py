@@ -10,11 +10,15 @@ import time
 from pathlib import Path
 
 import pytest
+from typer.testing import CliRunner
 
+from pipetune.clients.cli.main import app
 from pipetune.clients.sdk import NotFoundError, ServerError, ServiceUnavailableError
 from pipetune.workers.daemon import DetectionError, EventLog, WorkerConfig, open_runner
 from pipetune.workers.daemon.gpu import describe_model_gpu, detect_cupy
 from pipetune.workers.daemon.reporting import call_with_retries
+
+NAN, INF = float("nan"), float("inf")
 
 
 def config(**kw) -> WorkerConfig:  # type: ignore[no-untyped-def]
@@ -31,11 +35,34 @@ def config(**kw) -> WorkerConfig:  # type: ignore[no-untyped-def]
         ({"runner": "cupy", "concurrency": 0}, "--concurrency: must be at least 1"),
         ({"runner": "cupy", "token": ""}, "--token: give the worker token"),
         ({"runner": "cupy", "lease_wait_s": 31}, "--lease-wait: must be within 0..30"),
+        # NaN compares false with every bound: a NaN register timeout never gave up.
+        ({"runner": "cupy", "register_timeout_s": NAN}, "--register-timeout: must be a finite"),
+        ({"runner": "cupy", "register_timeout_s": INF}, "--register-timeout: must be a finite"),
+        ({"runner": "cupy", "register_timeout_s": -1}, "--register-timeout: must be a finite"),
+        ({"runner": "cupy", "heartbeat_s": NAN}, "--heartbeat: must be a finite"),
+        ({"runner": "cupy", "heartbeat_s": 0}, "--heartbeat: must be a finite"),
+        ({"runner": "cupy", "trial_timeout_s": NAN}, "--trial-timeout: must be a finite"),
+        ({"runner": "cupy", "trial_timeout_s": INF}, "--trial-timeout: must be a finite"),
+        ({"runner": "cupy", "result_retry_s": NAN}, "--result-retry: must be a finite"),
+        ({"runner": "cupy", "result_retry_s": -INF}, "--result-retry: must be a finite"),
+        ({"runner": "cupy", "lease_wait_s": NAN}, "--lease-wait: must be within 0..30"),
     ],
 )
 def test_bad_configurations_are_refused_with_the_option(kw: dict, message: str):
     with pytest.raises(ValueError, match=message.replace("(", r"\(")):
         config(**kw)
+
+
+def test_a_worker_given_a_nan_heartbeat_exits_2_naming_it():
+    """A NaN passed every check (NaN <= 0 is false): the worker started. (A NaN
+    --register-timeout retried the unreachable service for ever.)"""
+    args = ["worker", "--server", "http://127.0.0.1:9", "--token", "x", "--runner", "simulated"]
+    args += ["--gpu", "h100", "--register-timeout", "0", "--heartbeat", "nan"]
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 2, result.output
+    assert result.stderr.strip().splitlines() == [
+        "error: --heartbeat: must be a finite number of seconds, more than 0, got nan"
+    ]
 
 
 def test_default_name_says_host_runner_and_process():

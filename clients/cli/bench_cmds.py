@@ -26,10 +26,44 @@ bench_app = typer.Typer(help="Offline benchmarks on recorded datasets (no GPU ne
 GROUPS = {"ours": STRATEGIES, "peers": LIGHT_PEERS, "all": (*STRATEGIES, *LIGHT_PEERS)}
 
 
-def recorded_dataset(path: Path) -> Dataset:
+def dataset_names(paths: list[Path]) -> list[str]:
+    """What each dataset is called in a benchmark's tables and JSON: its file's stem, or,
+    where two files share a stem (benchmarks/data/h100/X and .../h200/X), its folder and
+    stem. Results are kept per name, so two datasets under one name would be merged into
+    one (the last file's figures reported for both)."""
+    stems = [p.name.split(".")[0] for p in paths]
+    names = [
+        f"{p.resolve().parent.name}/{stem}" if stems.count(stem) > 1 else stem
+        for p, stem in zip(paths, stems, strict=True)
+    ]
+    for i, name in enumerate(names):
+        if name in names[:i]:
+            raise CliError(f"{paths[i]}: given twice (or as another file of the same name)", 2)
+    return names
+
+
+def recorded_datasets(paths: list[Path]) -> list[Dataset]:
+    """The datasets of a benchmark run, each under its own name (`dataset_names`). One in
+    which nothing ran has no optimum to normalise best-in-k by (its table would be NaN) and
+    is refused (DatasetError)."""
+    from pipetune.workers.datasets import DatasetError
+
+    loaded = [recorded_dataset(p, n) for p, n in zip(paths, dataset_names(paths), strict=True)]
+    for ds in loaded:
+        if not len(ds.configs.configs):
+            raise DatasetError(f"{ds.name}: no configuration recorded: nothing to search")
+        if not (ds.configs.throughput > 0).any():
+            raise DatasetError(
+                f"{ds.name}: every configuration failed: no optimum to measure a search against"
+            )
+    return loaded
+
+
+def recorded_dataset(path: Path, name: str | None = None) -> Dataset:
     """A dataset file as the tuner sees it: pipetune's own (any kernel family: GEMMs,
     memory-intensive operators) with its family's schedule space, or a foreign recorded
-    space (Kernel Tuner cache, T4 of another kernel) by its knobs."""
+    space (Kernel Tuner cache, T4 of another kernel) by its knobs. `name`: what the results
+    call it (default: the file's stem)."""
     import numpy as np
 
     from pipetune.model.hardware import get_gpu
@@ -39,7 +73,7 @@ def recorded_dataset(path: Path) -> Dataset:
     from pipetune.workers.datasets import DatasetError, check_pipetune, load_dataset
 
     ds = load_dataset(path)
-    name = path.name.split(".")[0]
+    name = name or path.name.split(".")[0]
     times = ds.times_ms()
     objective = np.where(np.isfinite(times) & (times > 0), times, np.inf)
     if "pipetune" not in ds.metadata:
@@ -216,7 +250,7 @@ def tuner(
     ks = _int_list(budgets, "--budgets")
     names = _strategies(strategies)
     try:
-        loaded = [recorded_dataset(p) for p in files]
+        loaded = recorded_datasets(files)
     except DatasetError as exc:
         raise CliError(str(exc), 2) from None
     for ds in loaded:

@@ -109,6 +109,8 @@ def compile_document(
 
     if sample < 1:
         raise CliError("--sample: must be at least 1", code=2)
+    if seed < 0:  # (numpy's generators take none: a ValueError after the space is built)
+        raise CliError(f"--seed: must be at least 0, got {seed}", code=2)
     if workers is not None and workers < 1:
         raise CliError("--workers: must be at least 1", code=2)
     w, label = resolve_workload(workload_data)

@@ -135,6 +135,9 @@ def reader(server: str | None, api_key: str | None, db: str | None) -> Reader:
     return LocalStore(url)
 
 
+ROUTE_NOT_FOUND = "Not Found"  # Starlette's detail for a path without a route
+
+
 def _no_such_task(exc: PipetuneError) -> bool:
     """A 404, or a task the local database does not hold: an id the user typed."""
     if isinstance(exc, NotFoundError):
@@ -148,6 +151,14 @@ def _no_such_task(exc: PipetuneError) -> bool:
 def cli_error(exc: PipetuneError) -> CliError:
     if isinstance(exc, InvalidRequestError):
         return CliError(exc.reason, 2)
+    if isinstance(exc, NotFoundError) and exc.reason == ROUTE_NOT_FOUND:
+        # pipetune's own 404s say what is missing ("task 7 does not exist"); the bare one is
+        # the web framework's for a path it has no route for: the URL, not an id, is wrong.
+        return CliError(
+            f"--server: the server has no route {exc.method} {exc.path} (HTTP 404 "
+            f"{ROUTE_NOT_FOUND}): is --server the pipetune service's base URL?",
+            2,
+        )
     if _no_such_task(exc):
         return CliError(_api_message(exc) if isinstance(exc, ApiError) else str(exc), 2)
     if isinstance(exc, ServiceUnavailableError) and server_problem(exc.base_url):

@@ -16,6 +16,7 @@ file under the user data directory). A brand-new empty database gets the schema 
 from __future__ import annotations
 
 import contextlib
+import re
 import threading
 import time
 from collections.abc import Iterator
@@ -131,6 +132,37 @@ def _server_class(processes: list, on_stop):  # type: ignore[no-untyped-def]
     return Server
 
 
+def _check_address(host: str, port: int) -> None:
+    """Bind --host and --port as uvicorn will (asyncio's create_server: every address the
+    host resolves to) and let go. uvicorn logs a bind failure among its start and shutdown
+    lines and calls sys.exit(3); the address is the user's input: one line, exit 2."""
+    import asyncio
+    import errno
+    import socket
+
+    async def bind() -> None:
+        server = await asyncio.get_running_loop().create_server(
+            asyncio.Protocol, host=host, port=port
+        )
+        server.close()
+        await server.wait_closed()
+
+    try:
+        asyncio.run(bind())
+    except OSError as exc:
+        reason = exc.strerror or str(exc)
+        flag = "--host"
+        if isinstance(exc, socket.gaierror):
+            reason = f"the host name does not resolve ({reason})"
+        elif exc.errno == errno.EADDRINUSE:
+            flag, reason = "--port", "the port is already in use"
+        elif exc.errno == errno.EADDRNOTAVAIL:
+            reason = "not an address of this machine"
+        elif exc.errno == errno.EACCES:
+            flag, reason = "--port", "permission denied (ports below 1024 need privileges)"
+        raise CliError(f"{flag}: cannot bind {host}:{port}: {one_line(reason)}", 2) from None
+
+
 def _launch_when_started(server, start) -> threading.Thread:  # type: ignore[no-untyped-def]
     def wait_then_start() -> None:
         while not server.started and not server.should_exit:
@@ -182,6 +214,7 @@ def serve(
     settings = _settings(db, create_empty_schema=True)
     # Before create_app: nothing (no database file, no token) is made for a serve that exits.
     replay_gpu = _check_local_workers(local_workers, runner, dataset)
+    _check_address(host, port)
     if not settings.worker_tokens:
         from pipetune.service.worker_token import generated_worker_token
 
@@ -215,6 +248,11 @@ def serve(
     print(f"database: {redact(settings.database_url)}", flush=True)
     try:
         server.run()
+    except SystemExit:
+        # uvicorn exits (3) when its startup fails, e.g. the address is taken in the moment
+        # since _check_address: the line below says so, not a bare status 3.
+        if server.started:
+            raise
     finally:
         stop_workers(processes)
     if not server.started:
@@ -225,7 +263,9 @@ def serve(
 @reported
 def db_upgrade(
     db: str | None = _DB,
-    revision: str = typer.Option("head", "--revision", help="target revision"),
+    revision: str = typer.Option(
+        "head", "--revision", help="target revision: head, a revision id, +N, or REV+N/REV-N"
+    ),
 ) -> None:
     """Migrate the database schema (to the newest revision by default)."""
     from alembic.util.exc import CommandError
@@ -233,8 +273,11 @@ def db_upgrade(
     from pipetune.service.migrate import redact, upgrade
 
     url = _settings(db).database_url
-    _check_revision(revision)
+    _check_revision(revision)  # before the database is touched (a SQLite file created)
+    missing = _missing_sqlite_file(url)
     with _database_errors(url):
+        # Again from the database's revision, which relative targets (+1) count from.
+        _check_revision(revision, None if missing else _current(url))
         try:
             upgrade(url, revision)
         except CommandError as exc:  # e.g. a database at a revision this pipetune lacks
@@ -243,20 +286,53 @@ def db_upgrade(
     console.print(f"database {redact(url)} is at revision {current}")
 
 
-def _check_revision(revision: str) -> None:
-    """A --revision that names no migration of this pipetune: exit 2, before the database
-    is touched. Relative targets (+1, head-1) depend on the database: Alembic judges them."""
+# +N or -N (after an optional branch@): steps from the database's revision, not from a named
+# one as in head-1 or 0002+1.
+_STEPS_FROM_CURRENT = re.compile(r"(?:[^@]*@)?[+-]\d+")
+
+
+def _check_revision(revision: str, current: str | None = None) -> None:
+    """A --revision that an upgrade from `current` (None: an empty database) cannot reach:
+    exit 2. It names no migration of this pipetune, is empty, steps down (-1) or steps
+    outside the history (head+1, +9). A `current` this pipetune does not know is left to
+    the upgrade, which refuses it (exit 1: the database, not the option, is at fault)."""
     from alembic.script import ScriptDirectory
-    from alembic.util.exc import CommandError
+    from alembic.script.revision import ResolutionError, RevisionError
 
     from pipetune.service.migrate import alembic_config
 
-    if "+" in revision or "-" in revision:
+    if not revision.strip():
+        raise CliError(
+            "--revision: must name a revision (head, a revision id, +N, REV+N or REV-N), got ''",
+            2,
+        )
+    if _STEPS_FROM_CURRENT.fullmatch(revision) and int(revision.rpartition("@")[2]) <= 0:
+        # Alembic says "Relative revision -1 didn't produce 1 migrations", which hides why.
+        raise CliError(
+            f"--revision: {revision!r} does not go up from the database's revision "
+            "(an upgrade takes +N with N at least 1, a revision id or head)",
+            2,
+        )
+    script = ScriptDirectory.from_config(alembic_config("sqlite://"))
+    known = [s.revision for s in script.walk_revisions()]  # newest first
+    if current is not None and current not in known:
         return
     try:
-        ScriptDirectory.from_config(alembic_config("sqlite://")).get_revisions(revision)
-    except CommandError as exc:
-        raise CliError(f"--revision: {one_line(exc)}", 2) from None
+        # What `alembic upgrade` walks (ScriptDirectory._upgrade_revs), without running it.
+        list(script.iterate_revisions(revision, current, implicit_base=True))
+    except ResolutionError as exc:  # the message Alembic's own commands give for it
+        raise CliError(
+            f"--revision: Can't locate revision identified by {exc.argument!r}", 2
+        ) from None
+    except (RevisionError, AssertionError):
+        # Alembic asserts, with no message, when a walk from a named revision leaves the
+        # history (head+1, head-9) or the target is empty; a RevisionError when +N does.
+        where = f" from the database's revision {current}" if current is not None else ""
+        raise CliError(
+            f"--revision: {revision!r} steps outside this pipetune's revisions "
+            f"({known[-1]}..{known[0]}){where}",
+            2,
+        ) from None
 
 
 def _current(url: str) -> str | None:

@@ -43,7 +43,7 @@ from pipetune.model.family import all_ops, family_of, parse_any_workload
 from pipetune.model.hardware import PROFILE_DIR, GPUSpec, get_gpu, gpu_keys, resolve_gpu_key
 from pipetune.model.operators import SUITES
 from pipetune.model.operators import suite as operator_suite
-from pipetune.model.trials import RunnerKind
+from pipetune.model.trials import MAX_SAMPLES, RunnerKind
 from pipetune.workers.datasets import summary, write_t4
 from pipetune.workers.runners import MeasureSettings, Runner, RunnerError, make_runner
 from pipetune.workers.runners.sweep import select_schedules, sweep
@@ -64,13 +64,19 @@ sweep_app = typer.Typer(
 _RUNNER_HELP = "cupy (a real GPU) or simulated (analytical model + noise; demos/CI only)"
 
 
-def _check_common(runner: str, limit: int | None, repeats: int, warmup: int) -> None:
+def _check_common(runner: str, limit: int | None, seed: int, repeats: int, warmup: int) -> None:
     if runner not in SWEEP_RUNNERS:
         raise CliError(f"--runner: must be one of {', '.join(SWEEP_RUNNERS)}, got {runner!r}", 2)
     if limit is not None and limit < 1:
         raise CliError("--limit: must be at least 1", 2)
-    if repeats < 1 or warmup < 0:
-        raise CliError("--repeats must be at least 1 and --warmup at least 0", 2)
+    if seed < 0:  # (numpy's generators take none: a ValueError mid-sweep)
+        raise CliError(f"--seed: must be at least 0, got {seed}", 2)
+    # A result carries at most MAX_SAMPLES timings; more repeats would be measured for
+    # nothing (and a huge count failed allocating its array, after the set-up).
+    if not 1 <= repeats <= MAX_SAMPLES:
+        raise CliError(f"--repeats: must be within 1..{MAX_SAMPLES}, got {repeats}", 2)
+    if not 0 <= warmup <= MAX_SAMPLES:
+        raise CliError(f"--warmup: must be within 0..{MAX_SAMPLES}, got {warmup}", 2)
 
 
 def _open_runner(name: str, gpu: GPUSpec, seed: int, repeats: int, warmup: int) -> Runner:
@@ -174,7 +180,7 @@ def sweep_workload(
     profile: Path | None,
     as_json: bool,
 ) -> None:
-    _check_common(runner, limit, repeats, warmup)
+    _check_common(runner, limit, seed, repeats, warmup)
     # The parent folder is made if missing (write_t4 does), as the sweep always did.
     check_output_file(out, "--out", create_parent=True)
     workload = parse_any_workload(workload_data)
@@ -233,7 +239,7 @@ def sweep_suite(
     profile: Path | None,
     as_json: bool,
 ) -> None:
-    _check_common(runner, limit, repeats, warmup)
+    _check_common(runner, limit, seed, repeats, warmup)
     try:
         operators = operator_suite(suite_name)
     except KeyError as exc:
@@ -360,6 +366,13 @@ def calibrate(
 
     if gpu is not None:
         resolve_gpu_key(gpu)  # an unknown name is the user's mistake (exit 2), GPU or not
+    if device < 0:
+        raise CliError(f"--device: must be at least 0, got {device}", 2)
+    # Where the profile goes is checked before the GPU is measured, not after.
+    if out is not None:
+        check_output_file(out, "--out")
+    elif gpu is not None:
+        check_output_file(PROFILE_DIR / f"{resolve_gpu_key(gpu)}.json", "--out (default)")
     try:
         document = run_calibration(gpu, device=device)
     except CalibrationError as exc:

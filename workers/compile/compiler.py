@@ -65,16 +65,30 @@ def nvrtc_calls() -> int:
     return _nvrtc_calls
 
 
+# The oldest target pipetune's kernels compile for: below sm_80 ptxas refuses what they use
+# (checked with NVRTC 13.5 for sm_75: every tensor-core GEMM kernel, and every
+# memory-intensive one that stores float16 vectors). Every GPU pipetune models is sm_80 or
+# newer, so no kernel is lost by refusing older targets up front, where each kernel's
+# compile failed on its own before.
+MIN_SM = 80
+SM80_INSTRUCTIONS = "cp.async, mma.sync m16n8k16, cvt.rn.f16x2.f32"
+
+
 def check_arch(arch: str) -> str:
     """`arch` if it names a target this NVRTC compiles for; else a ValueError saying why (an
     SM number NVRTC does not know was an NvrtcError, "invalid option", from deep inside)."""
     if not _ARCH.match(arch):
         raise ValueError(f"arch must look like sm_80 or sm_90a, got {arch!r}")
     known = nvrtc.supported_archs()
-    if int(arch.removeprefix("sm_").rstrip("af")) not in known:
+    number = int(arch.removeprefix("sm_").rstrip("af"))
+    if number not in known:
         major, minor = nvrtc.version()
         listed = ", ".join(f"sm_{a}" for a in known)
         raise ValueError(f"NVRTC {major}.{minor} does not compile for {arch}; it knows {listed}")
+    if number < MIN_SM:
+        raise ValueError(
+            f"pipetune's kernels need sm_{MIN_SM} or newer ({SM80_INSTRUCTIONS}), not {arch}"
+        )
     return arch
 
 

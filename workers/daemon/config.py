@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import os
 import socket
 from dataclasses import dataclass, field
@@ -18,6 +19,14 @@ TOKEN_ENV = "PIPETUNE_WORKER_TOKEN"
 def default_name(runner: str) -> str:
     # Host and pid: several workers on one machine (one per GPU) stay distinguishable.
     return f"{socket.gethostname()}-{runner}-{os.getpid()}"[:128]
+
+
+def _check_seconds(flag: str, value: float, *, zero_ok: bool) -> None:
+    """A ValueError naming `flag` unless `value` is a finite number of seconds, > 0 (or >= 0
+    with `zero_ok`: no retrying at all)."""
+    if not math.isfinite(value) or value < 0 or (value == 0 and not zero_ok):
+        bound = "at least 0" if zero_ok else "more than 0"
+        raise ValueError(f"{flag}: must be a finite number of seconds, {bound}, got {value:g}")
 
 
 @dataclass(frozen=True)
@@ -63,16 +72,18 @@ class WorkerConfig:
                 FaultPlan.parse(self.simulate_faults)
             except ValueError as exc:
                 raise ValueError(f"--simulate-faults: {exc}") from None
-        if self.trial_timeout_s <= 0:
-            raise ValueError(f"--trial-timeout: must be positive, got {self.trial_timeout_s:g}")
+        # Each duration must be finite: NaN compares false with every bound (a NaN register
+        # timeout never gave up), and an infinite heartbeat or timeout stalls the worker.
+        _check_seconds("--trial-timeout", self.trial_timeout_s, zero_ok=False)
+        _check_seconds("--heartbeat", self.heartbeat_s, zero_ok=False)
+        _check_seconds("--register-timeout", self.register_timeout_s, zero_ok=True)
+        _check_seconds("--result-retry", self.result_retry_s, zero_ok=True)
         if self.concurrency < 1:
             raise ValueError(f"--concurrency: must be at least 1, got {self.concurrency}")
         if not 0 <= self.lease_ahead <= MAX_JOBS_PER_LEASE:
             raise ValueError(
                 f"--lease-ahead: must be within 0..{MAX_JOBS_PER_LEASE}, got {self.lease_ahead}"
             )
-        if self.heartbeat_s <= 0 or self.register_timeout_s < 0 or self.result_retry_s < 0:
-            raise ValueError("heartbeat, register timeout and result retry must be positive")
         if not 0 <= self.lease_wait_s <= MAX_LEASE_WAIT_S:
             raise ValueError(f"--lease-wait: must be within 0..{MAX_LEASE_WAIT_S:g} s")
         if not self.name:

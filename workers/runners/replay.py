@@ -30,8 +30,9 @@ class ScheduleNotInDatasetError(RunnerError, KeyError):
         return str(self.args[0])
 
 
-class DatasetMismatchError(RunnerError):
-    """A dataset recorded for another workload or GPU than the one asked about."""
+class DatasetMismatchError(RunnerError, ValueError):
+    """A dataset recorded for another workload or GPU than the one asked about: the
+    caller's argument, so also a ValueError (what the public API raises for one)."""
 
 
 class ReplayRunner(Runner):
