@@ -20,7 +20,7 @@ from typer.testing import CliRunner
 
 import pipetune
 from pipetune.clients.cli.main import app
-from pipetune.clients.library.store import LocalStore
+from pipetune.clients.library.store import LocalDatabaseError, LocalInputError, LocalStore
 from pipetune.model.hardware import HardwareError
 from pipetune.model.states import JobState
 from pipetune.model.workloads import WorkloadError
@@ -199,6 +199,12 @@ def test_without_a_database_the_answer_is_the_models(home: Path):
         ({"runner": "cupy"}, RunnerUnavailableError, "cupy runner needs CuPy"),
         ({"workload": {**FC, "n": 63}}, WorkloadError, "n: must be a multiple of 8"),
         ({"gpu": "v100"}, HardwareError, "unknown GPU 'v100'"),
+        # An AttributeError ('NoneType' object has no attribute 'strip') before.
+        ({"gpu": None}, HardwareError, "^gpu: expected a GPU name such as 'h100', got NoneType"),
+        # SQLAlchemy's ArgumentError, raised again by the handler that caught it.
+        ({"db": "/tmp/x.db"}, LocalDatabaseError, "^db: not a database URL: '/tmp/x.db'"),
+        # pydantic's "Value error, " was left in the reason.
+        ({"prior_gpu": "zz"}, ValueError, "^prior_gpu: unknown GPU 'zz'"),
         ({"prior_task": 5}, WorkloadError, "prior_task: task 5 does not exist"),
         ({"prior_task": 5, "strategy": "grid"}, WorkloadError, "strategy: strategy 'grid' takes"),
         ({"prior_task": 5, "prior_gpu": "a100"}, ValueError, "^prior_gpu: give prior_task or"),
@@ -216,6 +222,32 @@ def test_bad_input_is_refused_by_name_and_leaves_no_task(home: Path, kwargs, err
         pipetune.tune(**args)
     with LocalStore() as store:
         assert store.tasks() == []
+
+
+def test_a_replay_of_another_workloads_dataset_is_refused_before_any_trial(
+    home: Path, tmp_path: Path
+):
+    # The task ran its whole budget, every trial a failed DatasetMismatchError.
+    recorded = tmp_path / "fc.t4.json.gz"
+    sweep = ["sweep", *FC_ARGS, "--runner", "simulated", "--limit", "3", "--out", str(recorded)]
+    assert cli.invoke(app, sweep).exit_code == 0
+    other = {**FC, "m": 2048}
+    with pytest.raises(ValueError, match="holds gemm 1024x64x2048, not gemm 2048x64x2048"):
+        pipetune.tune(other, "h100", budget=3, runner="replay", dataset=recorded)
+    with LocalStore() as store:
+        assert store.tasks() == []
+
+
+def test_the_local_store_answers_as_the_service_would(home: Path):
+    pipetune.tune(FC, "h100", budget=3, strategy="random", runner="simulated")
+    with LocalStore() as store:
+        # A dict, and another name of the GPU: "H100" answered the model's pick.
+        found = store.best_schedule(FC, "H100")
+        assert found.source == "measured" and found.gpu == "h100"
+        for bad in ({"limit": 0}, {"limit": -1}, {"limit": 1001}, {"offset": -5}):
+            with pytest.raises(LocalInputError, match=next(iter(bad))):
+                store.tasks(**bad)  # (each read every task)
+        assert len(store.tasks(limit=1)) == 1
 
 
 def test_an_interrupted_tuning_cancels_its_task(home: Path):

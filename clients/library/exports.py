@@ -195,10 +195,11 @@ def _header(gpu: str, arch: str, source: str, exported: list[Exported]) -> str:
     return "\n".join(lines)
 
 
-def export_tuned(reader: Reader, gpu: str, out_dir: Path) -> dict[str, Any]:
+def export_tuned(reader: Reader, gpu: str, out_dir: str | Path) -> dict[str, Any]:
     """Write every tuned workload's kernel on `gpu` into `out_dir` (see the module
     docstring); returns the index document."""
     gpu = as_gpu(gpu)
+    out_dir = Path(out_dir)  # (a str was an AttributeError at its mkdir)
     arch = get_gpu(gpu).arch
     exported: list[Exported] = []
     not_exported: list[dict[str, Any]] = []

@@ -12,7 +12,7 @@ from collections.abc import Mapping
 from typing import Any, cast
 
 from pipetune.model.family import family_for_knobs, op_families, parse_any_workload
-from pipetune.model.hardware import resolve_gpu_key
+from pipetune.model.hardware import HardwareError, resolve_gpu_key
 from pipetune.model.knobs import ScheduleError
 from pipetune.model.memops.workloads import BiasGelu, LayerNorm, MemWorkload, Reduce, Softmax
 from pipetune.model.space import Schedule
@@ -45,6 +45,8 @@ def as_workload(workload: WorkloadLike) -> AnyWorkload | MemWorkload:
 
 def as_gpu(gpu: str) -> str:
     """The GPU's key (HardwareError lists the known GPUs)."""
+    if not isinstance(gpu, str):  # (None was an AttributeError from deep inside)
+        raise HardwareError(f"gpu: expected a GPU name such as 'h100', got {type(gpu).__name__}")
     return resolve_gpu_key(gpu)
 
 

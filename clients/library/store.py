@@ -17,13 +17,22 @@ from types import TracebackType
 from typing import Any, Self
 
 from sqlalchemy.engine import make_url
-from sqlalchemy.exc import SQLAlchemyError
+from sqlalchemy.exc import ArgumentError, SQLAlchemyError
 
+from pipetune.clients.library.inputs import as_gpu, as_workload
 from pipetune.clients.sdk import Client, PipetuneError
 from pipetune.model.family import family_of
 from pipetune.model.hardware import get_gpu
 from pipetune.model.states import TaskState
-from pipetune.model.wire import MAX_BUDGET, Curve, ScheduleResponse, TaskDoc, TrialDoc
+from pipetune.model.wire import (
+    MAX_BUDGET,
+    MAX_TASK_PAGE,
+    TASK_PAGE,
+    Curve,
+    ScheduleResponse,
+    TaskDoc,
+    TrialDoc,
+)
 from pipetune.service.curves import task_curve
 from pipetune.service.db import Database, is_sqlite, unavailable_reason
 from pipetune.service.migrate import SchemaError, check_schema, redact
@@ -33,7 +42,7 @@ from pipetune.service.settings import Settings
 from pipetune.service.views import get_task_doc, list_task_docs, list_trial_docs, task_work
 
 TASK_STATES: tuple[str, ...] = tuple(state.value for state in TaskState)
-DEFAULT_PAGE = 100  # tasks per page, as GET /v1/tasks
+DEFAULT_PAGE = TASK_PAGE  # tasks per page, as GET /v1/tasks
 
 
 class LocalDatabaseError(PipetuneError):
@@ -49,9 +58,21 @@ class LocalInputError(PipetuneError, ValueError):
 
 
 def database_url(db: str | None = None) -> str:
-    """`db`, else the database `pipetune serve` uses by default."""
-    # model_validate: the settings' defaults come from the environment, as `serve` reads them.
-    return db if db else Settings.model_validate({}).database_url
+    """`db`, else the database `pipetune serve` uses by default (LocalDatabaseError when
+    `db` is not a database URL: a file path was SQLAlchemy's ArgumentError)."""
+    if not db:
+        # model_validate: the settings' defaults come from the environment, as `serve` does.
+        return Settings.model_validate({}).database_url
+    if not isinstance(db, str):
+        raise LocalDatabaseError(f"db: expected a database URL, got {type(db).__name__}")
+    try:
+        make_url(db)
+    except ArgumentError:
+        raise LocalDatabaseError(
+            f"db: not a database URL: {db!r} (a file is sqlite:///relative/path.db or "
+            "sqlite:////absolute/path.db)"
+        ) from None
+    return db
 
 
 def _sqlite_file_missing(url: str) -> bool:
@@ -96,7 +117,10 @@ class LocalStore:
         return self._db
 
     def best_schedule(self, workload: Any, gpu: str) -> ScheduleResponse:
-        """The best measured schedule of the workload on the GPU, else the model's pick."""
+        """The best measured schedule of the workload on the GPU, else the model's pick.
+        As `Client.best_schedule`: the workload a dict or a workload object, the GPU any of
+        its names ("H100" was a GPU no trial was recorded on)."""
+        workload, gpu = as_workload(workload), as_gpu(gpu)
         database = self._database()
         if database is None:
             return schedule_response(workload, gpu, None)
@@ -133,6 +157,11 @@ class LocalStore:
         """Tasks, newest first, one page (as GET /v1/tasks)."""
         if state is not None and state not in TASK_STATES:
             raise LocalInputError(f"state: must be one of {', '.join(TASK_STATES)}, got {state!r}")
+        # The service's bounds (GET /v1/tasks answers a 422); 0 and -1 read every task.
+        if limit is not None and not 1 <= limit <= MAX_TASK_PAGE:
+            raise LocalInputError(f"limit: must be within 1..{MAX_TASK_PAGE}, got {limit}")
+        if offset is not None and offset < 0:
+            raise LocalInputError(f"offset: must be at least 0, got {offset}")
         database = self._database()
         if database is None:
             return []

@@ -153,10 +153,13 @@ def _task_body(
         if isinstance(cause, FieldError):  # a rule between fields, named by its field
             raise ValueError(str(cause)) from None
         field = ".".join(str(p) for p in first["loc"]) or "task"
-        raise ValueError(f"{field}: {first['msg']} (got {first.get('input')!r})") from None
+        reason = first["msg"].removeprefix("Value error, ")  # (pydantic's, for a ValueError)
+        raise ValueError(f"{field}: {reason} (got {first.get('input')!r})") from None
 
 
-def _make_runner(runner: str | Runner, gpu: str, dataset: str | Path | None) -> Runner:
+def _make_runner(
+    runner: str | Runner, gpu: str, dataset: str | Path | None, workload: Any = None
+) -> Runner:
     if runner == "simulated":
         return make_runner("simulated", gpu=gpu)
     if runner == "cupy":
@@ -164,7 +167,9 @@ def _make_runner(runner: str | Runner, gpu: str, dataset: str | Path | None) -> 
     if runner == "replay":
         if dataset is None:
             raise ValueError("dataset: the replay runner answers from a recorded dataset file")
-        return make_runner("replay", dataset=dataset, gpu=gpu)
+        # With the workload: a dataset of another shape is refused here (a ValueError), not
+        # answered trial by trial with failures that spend the budget.
+        return make_runner("replay", dataset=dataset, gpu=gpu, workload=workload)
     known = ", ".join(RUNNER_NAMES)
     raise ValueError(f"runner: must be one of {known} or a Runner, got {runner!r}")
 
@@ -310,7 +315,7 @@ def tune(
         learned_prior=learned_prior,
         batch_size=batch_size,
     )
-    measurer = runner if isinstance(runner, Runner) else _make_runner(runner, key, dataset)
+    measurer = runner if isinstance(runner, Runner) else _make_runner(runner, key, dataset, w)
     measured_gpu = getattr(getattr(measurer, "gpu", None), "key", key)
     if measured_gpu != key:  # a Runner built for another GPU would answer for the wrong one
         raise ValueError(f"runner: measures {measured_gpu}, the task is for {key}")
