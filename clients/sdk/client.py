@@ -8,17 +8,18 @@
 
 from __future__ import annotations
 
+import numbers
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from types import TracebackType
 from typing import Any, Self
 
 import httpx
 from pydantic import BaseModel
 
-from pipetune.clients.sdk.errors import WaitTimeoutError
-from pipetune.clients.sdk.http import DEFAULT_TIMEOUT_S, Http
+from pipetune.clients.sdk.errors import InvalidArgumentError, WaitTimeoutError
+from pipetune.clients.sdk.http import DEFAULT_TIMEOUT_S, Http, header_value_problem
 from pipetune.model.wire import (
     DEFAULT_STRATEGY,
     AggregateCurves,
@@ -38,7 +39,7 @@ DEFAULT_SERVER = "http://127.0.0.1:8000"
 SERVER_ENV = "PIPETUNE_SERVER"
 API_KEY_ENV = "PIPETUNE_API_KEY"
 
-WorkloadLike = dict[str, Any] | BaseModel
+WorkloadLike = Mapping[str, Any] | BaseModel
 
 
 def default_server() -> str:
@@ -48,7 +49,28 @@ def default_server() -> str:
 def workload_body(workload: WorkloadLike) -> dict[str, Any]:
     if isinstance(workload, BaseModel):
         return workload.model_dump(mode="json")
+    # Only a mapping: dict() of anything else fails with a message about "update sequence
+    # elements", or turns a list of pairs into a workload nobody meant.
+    if not isinstance(workload, Mapping):
+        raise InvalidArgumentError(
+            "workload",
+            'must be a dict like {"op": "gemm", "m": 1024, "n": 64, "k": 2048} or a workload '
+            f"object such as pipetune.Gemm(...), not {type(workload).__name__}",
+        )
     return dict(workload)
+
+
+def task_id_path(task_id: int) -> int:
+    """`task_id` as the int that goes in a /v1/tasks/{id} path.
+
+    int() would turn 5.99 into task 5 and True into task 1, acting on a task nobody named;
+    the service's wire contract (RowRef, strict) refuses floats, strings and booleans in a
+    body for the same reason. numpy integers are fine (numbers.Integral), bool is not."""
+    if isinstance(task_id, numbers.Integral) and not isinstance(task_id, bool):
+        return int(task_id)
+    raise InvalidArgumentError(
+        "task_id", f"must be an integer, not {type(task_id).__name__} {task_id!r}"
+    )
 
 
 def _body(model: BaseModel) -> dict[str, Any]:
@@ -68,6 +90,12 @@ class Client:
         timeout_s: float = DEFAULT_TIMEOUT_S,
         transport: httpx.BaseTransport | None = None,
     ):
+        # A credential that cannot be a header value (a trailing newline from a file, say)
+        # would fail on the first call inside httpx, with the secret in the message; refuse
+        # it here, naming the argument and never the value. Empty means "none", as before.
+        for argument, value in (("token", token), ("api_key", api_key)):
+            if value and (problem := header_value_problem(value)):
+                raise InvalidArgumentError(argument, problem)
         headers: dict[str, str] = {}
         if token:
             headers["Authorization"] = f"Bearer {token}"
@@ -131,7 +159,7 @@ class Client:
         return self._http.call(TaskDoc, "POST", "/v1/tasks", json=body)
 
     def task(self, task_id: int) -> TaskDoc:
-        return self._http.call(TaskDoc, "GET", f"/v1/tasks/{int(task_id)}")
+        return self._http.call(TaskDoc, "GET", f"/v1/tasks/{task_id_path(task_id)}")
 
     def tasks(
         self, state: str | None = None, *, limit: int | None = None, offset: int | None = None
@@ -143,13 +171,13 @@ class Client:
 
     def cancel(self, task_id: int) -> TaskDoc:
         """Cancel a task (409 ConflictError if it already finished); the cancelled task."""
-        return self._http.call(TaskDoc, "DELETE", f"/v1/tasks/{int(task_id)}")
+        return self._http.call(TaskDoc, "DELETE", f"/v1/tasks/{task_id_path(task_id)}")
 
     def trials(self, task_id: int, after: int | None = None) -> list[TrialDoc]:
         """One page of the task's trials in proposal order; `after=N`: those after trial N
         (for following a running task)."""
         return self._http.call(
-            TrialList, "GET", f"/v1/tasks/{int(task_id)}/trials", params={"after": after}
+            TrialList, "GET", f"/v1/tasks/{task_id_path(task_id)}/trials", params={"after": after}
         ).trials
 
     def all_trials(self, task_id: int) -> list[TrialDoc]:
@@ -163,7 +191,7 @@ class Client:
 
     def curve(self, task_id: int) -> Curve:
         """Best-so-far latency and TFLOP/s after each trial of one task."""
-        return self._http.call(Curve, "GET", f"/v1/tasks/{int(task_id)}/curve")
+        return self._http.call(Curve, "GET", f"/v1/tasks/{task_id_path(task_id)}/curve")
 
     def curves(
         self, gpu: str | None = None, op: str | None = None, strategy: str | None = None

@@ -5,6 +5,10 @@
   explanation (for a 422, "field: reason").
 - ProtocolError: the service answered 2xx with a body that is not the wire contract's.
 - WaitTimeoutError: Client.wait() gave up before the task finished.
+- InvalidArgumentError: an argument the SDK cannot send (refused before any request).
+- RequestBuildError: httpx could not build the request (e.g. an illegal header); nothing sent.
+
+The last two are also ValueErrors: the caller passed something wrong.
 """
 
 from __future__ import annotations
@@ -32,6 +36,21 @@ class WaitTimeoutError(PipetuneError):
         super().__init__(f"task {task_id} is still {state} after {timeout_s:g} s")
         self.task_id = task_id
         self.state = state
+
+
+class InvalidArgumentError(PipetuneError, ValueError):
+    """An argument the SDK refuses before any request; `argument` names it."""
+
+    def __init__(self, argument: str, reason: str):
+        super().__init__(f"{argument}: {reason}")
+        self.argument = argument
+        self.reason = reason
+
+
+class RequestBuildError(PipetuneError, ValueError):
+    """httpx refused to build the request (an illegal header, say): nothing was sent, so the
+    service was never tried. Not a ServiceUnavailableError, which would send one looking for
+    a network fault."""
 
 
 class ApiError(PipetuneError):

@@ -11,6 +11,7 @@ from pydantic import BaseModel, ValidationError
 from pipetune.clients.sdk.errors import (
     ApiError,
     ProtocolError,
+    RequestBuildError,
     ServiceUnavailableError,
     error_class,
 )
@@ -68,6 +69,36 @@ def explain(body: Any, fallback: str) -> tuple[str, str | None]:
     return fallback, None
 
 
+def header_value_problem(value: object) -> str | None:
+    """Why `value` cannot be an HTTP header value, None if it can. The words never quote the
+    value: it is usually a credential, and messages end up in logs and tracebacks.
+
+    Visible ASCII only: httpx encodes header values as ASCII and h11 refuses control
+    characters; a space is legal inside a field value but no bearer token (RFC 6750) or API
+    key holds one, so it means a pasted or misread secret rather than a real one."""
+    if not isinstance(value, str):
+        return f"must be a string, not {type(value).__name__}"
+    for i, char in enumerate(value):
+        if "!" <= char <= "~":
+            continue
+        if char == "\n":
+            kind = "a newline"
+        elif char == "\r":
+            kind = "a carriage return"
+        elif char in " \t":
+            kind = "a space or tab"
+        elif char.isascii():
+            kind = "a control character"
+        else:
+            kind = "a non-ASCII character"
+        base = "must be printable ASCII without spaces to go in an HTTP header"
+        if not value[i:].strip():
+            # The usual case: a secret read from a file or pasted with its line ending.
+            return f"{base}, but it ends with {kind} (read from a file? strip it)"
+        return f"{base}, but it contains {kind}"
+    return None
+
+
 def _one_line(text: str, limit: int = 300) -> str:
     line = " ".join(text.split())
     return line if len(line) <= limit else line[: limit - 1] + "…"
@@ -107,6 +138,16 @@ class Http:
             kwargs["params"] = {k: v for k, v in params.items() if v is not None}
         try:
             response = self._client.request(method, path, json=json, **kwargs)
+        except httpx.LocalProtocolError as exc:
+            # httpx refused to build the request (a TransportError subclass, so it comes
+            # first): nothing was sent, the service was never tried. h11's text quotes an
+            # illegal header, which is usually a credential, so that text is not shown.
+            reason = str(exc)
+            if not reason or reason.startswith("Illegal header"):
+                reason = "an illegal header name or value (not shown: it may hold a secret)"
+            raise RequestBuildError(
+                f"could not build the request {method} {path}: {_one_line(reason)}"
+            ) from None
         except httpx.TimeoutException as exc:
             raise ServiceUnavailableError(
                 self.base_url, f"timed out: {type(exc).__name__}"

@@ -1,0 +1,177 @@
+"""The SDK refuses arguments it cannot send faithfully (a task id that is not an integer, a
+credential that cannot be an HTTP header value, a workload that is not one) with a ValueError
+that names the argument, before any request; the credential never appears in a message."""
+
+from __future__ import annotations
+
+import socket
+import types
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import httpx
+import numpy as np
+import pytest
+
+import pipetune
+from pipetune.clients.sdk import PipetuneError, ServiceUnavailableError
+from pipetune.clients.sdk.http import Http
+
+URL = "http://pipetune.test"
+SECRET = "s3cr3t-token"
+
+
+class Recorder:
+    """A transport that records each request and answers with `answer`."""
+
+    def __init__(self, answer: Any) -> None:
+        self.requests: list[httpx.Request] = []
+        self.answer = answer
+
+    def __call__(self, request: httpx.Request) -> httpx.Response:
+        self.requests.append(request)
+        return httpx.Response(200, json=self.answer)
+
+
+def _client(answer: Any = None, **kwargs: Any) -> tuple[pipetune.Client, Recorder]:
+    recorder = Recorder(answer)
+    return pipetune.Client(URL, transport=httpx.MockTransport(recorder), **kwargs), recorder
+
+
+# ---- task ids ----------------------------------------------------------------------------
+
+TASK_CALLS: dict[str, Callable[[pipetune.Client, Any], Any]] = {
+    "task": lambda c, i: c.task(i),
+    "cancel": lambda c, i: c.cancel(i),
+    "trials": lambda c, i: c.trials(i),
+    "all_trials": lambda c, i: c.all_trials(i),
+    "curve": lambda c, i: c.curve(i),
+    "wait": lambda c, i: c.wait(i, timeout_s=0),
+}
+BAD_IDS = [5.99, 5.0, True, False, "x", "5", None, np.float64(5.0), [5]]
+
+
+@pytest.mark.parametrize("call", sorted(TASK_CALLS))
+@pytest.mark.parametrize("bad", BAD_IDS, ids=repr)
+def test_a_task_id_that_is_not_an_integer_is_refused_before_any_request(call, bad):
+    client, recorder = _client()
+    with pytest.raises(ValueError, match="task_id") as info:
+        TASK_CALLS[call](client, bad)
+    assert isinstance(info.value, PipetuneError)
+    assert type(bad).__name__ in str(info.value)
+    assert recorder.requests == []
+
+
+@pytest.mark.parametrize("good", [5, np.int64(5), np.uint32(5)], ids=repr)
+def test_an_integer_task_id_numpy_ones_included_is_sent_as_is(good):
+    client, recorder = _client({"points": []})
+    with pytest.raises(PipetuneError):  # the stub's answer is no TaskDoc; the path is the point
+        client.task(good)
+    client.curve(good)
+    assert [r.url.path for r in recorder.requests] == ["/v1/tasks/5", "/v1/tasks/5/curve"]
+
+
+# ---- credentials -------------------------------------------------------------------------
+
+BAD_SECRETS = {
+    "trailing newline": SECRET + "\n",
+    "carriage return": SECRET + "\r\n",
+    "inner space": "s3cr3t token",
+    "tab": "s3cr3t\ttoken",
+    "NUL": "s3cr3t\x00token",
+    "DEL": "s3cr3t\x7ftoken",
+    "non-ASCII": "s3cr3t-tökén",
+}
+
+
+@pytest.mark.parametrize("argument", ["token", "api_key"])
+@pytest.mark.parametrize("secret", BAD_SECRETS.values(), ids=BAD_SECRETS.keys())
+def test_a_credential_that_cannot_be_a_header_value_is_refused_without_showing_it(argument, secret):
+    with pytest.raises(ValueError, match=rf"^{argument}\b") as info:
+        pipetune.Client(URL, **{argument: secret})
+    assert isinstance(info.value, PipetuneError)
+    assert "s3cr3t" not in str(info.value) and "tökén" not in str(info.value)
+
+
+def test_a_trailing_newline_is_called_out_as_such():
+    with pytest.raises(ValueError, match="newline") as info:
+        pipetune.Client(URL, token=SECRET + "\n")
+    assert "strip" in str(info.value)
+
+
+@pytest.mark.parametrize("argument", ["token", "api_key"])
+def test_a_credential_that_is_not_a_string_is_refused(argument):
+    with pytest.raises(ValueError, match=rf"^{argument}\b.*bytes"):
+        pipetune.Client(URL, **{argument: SECRET.encode()})
+
+
+def test_valid_credentials_are_sent_unchanged():
+    token, key = "abc.DEF-123_~+/=", "k3y!#$%&'*^`|"
+    client, recorder = _client({"tasks": []}, token=token, api_key=key)
+    assert client.tasks() == []
+    (request,) = recorder.requests
+    assert request.headers["Authorization"] == f"Bearer {token}"
+    assert request.headers["X-API-Key"] == key
+
+
+@pytest.fixture
+def listening_url() -> Iterator[str]:
+    """A socket that accepts connections (the kernel's backlog does) and never answers:
+    enough for httpx to connect and then build the request."""
+    with socket.socket() as server:
+        server.bind(("127.0.0.1", 0))
+        server.listen(4)
+        yield f"http://127.0.0.1:{server.getsockname()[1]}"
+
+
+def test_an_illegal_header_httpx_refuses_is_not_called_unreachable_nor_shown(listening_url):
+    # Client refuses such a credential up front; Http (shared with WorkerApi) must still not
+    # report httpx's local refusal as an unreachable service, with the header in the text.
+    http = Http(listening_url, {"Authorization": f"Bearer {SECRET}\n"}, timeout_s=5)
+    try:
+        with pytest.raises(ValueError) as info:
+            http.request("GET", "/v1/tasks")
+    finally:
+        http.close()
+    assert isinstance(info.value, PipetuneError)
+    assert not isinstance(info.value, ServiceUnavailableError)
+    assert SECRET not in str(info.value)
+    assert "header" in str(info.value) and "GET /v1/tasks" in str(info.value)
+
+
+# ---- workloads ---------------------------------------------------------------------------
+
+WORKLOAD_CALLS: dict[str, Callable[[pipetune.Client, Any], Any]] = {
+    "best_schedule": lambda c, w: c.best_schedule(w, "h100"),
+    "tune": lambda c, w: c.tune(w, "h100", budget=4),
+}
+
+
+@pytest.mark.parametrize("call", sorted(WORKLOAD_CALLS))
+@pytest.mark.parametrize("bad", ["gemm", None, [1], 3, [("op", "gemm")]], ids=repr)
+def test_a_workload_that_is_not_a_dict_or_a_model_is_refused_before_any_request(call, bad):
+    client, recorder = _client()
+    with pytest.raises(ValueError, match="workload") as info:
+        WORKLOAD_CALLS[call](client, bad)
+    assert isinstance(info.value, PipetuneError)
+    message = str(info.value)
+    assert '{"op": "gemm"' in message and type(bad).__name__ in message
+    assert recorder.requests == []
+
+
+@pytest.mark.parametrize(
+    "workload",
+    [
+        {"op": "gemm", "m": 64, "n": 64, "k": 64},
+        types.MappingProxyType({"op": "gemm", "m": 64, "n": 64, "k": 64}),
+        pipetune.Gemm(m=64, n=64, k=64),
+    ],
+    ids=["dict", "mapping", "model"],
+)
+def test_a_dict_mapping_or_workload_model_is_sent(workload):
+    client, recorder = _client()
+    with pytest.raises(PipetuneError):  # the stub's answer is no ScheduleResponse
+        client.best_schedule(workload, "h100")
+    (request,) = recorder.requests
+    sent = httpx.Response(200, content=request.content).json()["workload"]
+    assert {k: sent[k] for k in ("op", "m", "n", "k")} == {"op": "gemm", "m": 64, "n": 64, "k": 64}
