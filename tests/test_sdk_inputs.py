@@ -93,6 +93,14 @@ def test_a_credential_that_cannot_be_a_header_value_is_refused_without_showing_i
     assert "s3cr3t" not in str(info.value) and "tökén" not in str(info.value)
 
 
+def test_a_workers_token_is_checked_as_the_clients_are():
+    from pipetune.clients.sdk import WorkerApi
+
+    with pytest.raises(ValueError, match=r"^token: .*ends with a newline") as info:
+        WorkerApi(URL, SECRET + "\n")
+    assert SECRET not in str(info.value)
+
+
 def test_a_trailing_newline_is_called_out_as_such():
     with pytest.raises(ValueError, match="newline") as info:
         pipetune.Client(URL, token=SECRET + "\n")

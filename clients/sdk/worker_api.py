@@ -12,7 +12,8 @@ from typing import Self
 
 import httpx
 
-from pipetune.clients.sdk.http import DEFAULT_TIMEOUT_S, Http
+from pipetune.clients.sdk.errors import InvalidArgumentError
+from pipetune.clients.sdk.http import DEFAULT_TIMEOUT_S, Http, header_value_problem
 from pipetune.model.wire import (
     Heartbeat,
     HeartbeatAck,
@@ -42,6 +43,9 @@ class WorkerApi:
         timeout_s: float = DEFAULT_TIMEOUT_S,
         transport: httpx.BaseTransport | None = None,
     ):
+        # As Client's credentials: refused here, naming the argument and never the value.
+        if problem := header_value_problem(token):
+            raise InvalidArgumentError("token", problem)
         self._http = Http(base_url, {"Authorization": f"Bearer {token}"}, timeout_s, transport)
 
     @property
