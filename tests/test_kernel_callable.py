@@ -206,6 +206,16 @@ def launches(monkeypatch: pytest.MonkeyPatch) -> list[dict[str, Any]]:
 # ---- what the kernel object gives without a GPU ------------------------------------------
 
 
+def test_a_hopper_kernels_cubin_for_another_arch_is_refused_by_name():
+    # NVRTC answered sm_80a with "invalid --nv_arch", from deep inside.
+    k = pipetune.kernel({"op": "hopper_gemm", "m": 1024, "n": 768, "k": 3072}, "h100")
+    with pytest.raises(
+        ValueError, match=r"uses sm_90a-only instructions: it compiles for sm_90a, not sm_80"
+    ):
+        k.cubin("sm_80")
+    assert cubin_sm(k.cubin("sm_90a")) == 90 and cubin_sm(k.cubin()) == 90
+
+
 def test_source_cubin_and_launch_of_a_given_schedule():
     k = pipetune.kernel(FC, "h100", schedule=S.as_dict())
     assert k.schedule == S and k.origin == "given"

@@ -309,6 +309,13 @@ def test_a_runner_object_is_used_and_left_open(home: Path):
         with pytest.raises(ValueError, match="runner: measures h100, the task is for a100"):
             pipetune.tune(FC, "a100", budget=2, runner=mine)
 
+    class Renamed(SimulatedRunner):
+        name = "mine"
+
+    renamed_error = pytest.raises(ValueError, match=r"runner: its \.name must be one of .*'mine'")
+    with Renamed("h100", time_scale=0) as renamed, renamed_error:
+        pipetune.tune(FC, "h100", budget=2, runner=renamed)
+
 
 def test_every_workload_type_the_api_accepts_is_exported_under_the_name_it_gives():
     """The error for a wrong workload named pipetune.Softmax, Reduce, LayerNorm and BiasGelu,

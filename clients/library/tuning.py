@@ -190,7 +190,10 @@ def _register(queue: Queue, runner: Runner, gpu: str) -> WorkerRef:
             }
         )
     except ValidationError:
-        raise ValueError(f"runner: must be one of {', '.join(RUNNER_NAMES)}") from None
+        # (A Runner subclass that kept the base class's name was told only the list.)
+        raise ValueError(
+            f"runner: its .name must be one of {', '.join(RUNNER_NAMES)}, got {runner.name!r}"
+        ) from None
     doc, _ = queue.register(token_hash(_worker_token()), body)
     return WorkerRef(id=doc.id, gpu=doc.gpu, arch=doc.arch, runner=doc.runner)
 

@@ -166,6 +166,13 @@ def kernel_arch(kernel: Any, arch: str) -> str:
     its arch-specific target for a kernel of arch-specific instructions (Hopper's wgmma:
     ``arch_suffix`` "a", sm_90 -> sm_90a), which runs on that arch only, as the device is."""
     suffix = getattr(kernel, "arch_suffix", "")
+    device = getattr(kernel, "device_arch", None)
+    if suffix and device is not None and arch.removesuffix(suffix) != device:
+        # (NVRTC's own answer, for sm_80a, was "invalid --nv_arch".)
+        raise ValueError(
+            f"{kernel.name} uses {device}{suffix}-only instructions: it compiles for "
+            f"{device}{suffix}, not {arch}"
+        )
     return arch + suffix if suffix and not arch.endswith(suffix) else arch
 
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from pipetune.model.hopper.space import ARCH as HOPPER_ARCH
 from pipetune.model.hopper.space import (
     PER_TILE,
     STREAM_K,
@@ -67,8 +68,9 @@ class HopperKernelSource:
     threads: int
     smem_bytes: int
     # wgmma and the TMA copies exist only in the arch-specific target (sm_90a), which the
-    # compiler appends to the device's arch (workers/compile).
+    # compiler appends to the device's arch (workers/compile): that device's only.
     arch_suffix: str = "a"
+    device_arch: str = HOPPER_ARCH
 
 
 def config_of(schedule: HopperSchedule) -> WgmmaConfig:
