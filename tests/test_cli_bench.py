@@ -65,11 +65,11 @@ def test_pipetune_priors_pair_by_workload_and_gpu(tmp_path):
         "gemm256": "gemm256 (8 trials of auto)",
         "gemm512": "gemm512 (8 trials of auto)",
     }
-    same_gpu = runner.invoke(app, [*args[:3], str(h100[0]), "--prior", str(h100[0])])
+    same_gpu = runner.invoke(app, [*args[:2], str(h100[0]), "--prior", str(h100[0])])
     assert same_gpu.exit_code == 2, same_gpu.output
     # (It said "no --prior file has the knobs of gemm256": the knobs were the same.)
     assert f"for gemm256, no file is ({h100[0].name}: the same GPU (h100))" in same_gpu.output
-    nothing = runner.invoke(app, [*args[:3], str(h100[0]), "--strategies", " , "])
+    nothing = runner.invoke(app, [*args[:2], str(h100[0]), "--strategies", " , "])
     assert nothing.exit_code == 2 and "--strategies: name at least one" in nothing.output
 
 
