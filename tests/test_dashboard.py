@@ -118,6 +118,17 @@ def _two_finished_tasks(client: httpx.Client) -> int:
     return worker
 
 
+def test_the_page_runs_only_its_own_scripts_and_is_not_framed(live_url):
+    # (No header at all before: the page was safe only as long as every string stayed text.
+    # The console-error test below runs the page under this policy: a violation is an error.)
+    page = httpx.get(f"{live_url}/dashboard")
+    policy = page.headers["content-security-policy"]
+    assert "script-src 'self';" in policy and "frame-ancestors 'none'" in policy
+    assert "unsafe-eval" not in policy and "'unsafe-inline'" not in policy.split("style-src")[0]
+    assert page.headers["x-content-type-options"] == "nosniff"
+    assert page.headers["x-frame-options"] == "DENY"
+
+
 def test_dashboard_draws_the_curves_without_console_errors(live_url, chromium):
     from playwright.sync_api import sync_playwright
 
