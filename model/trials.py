@@ -4,6 +4,7 @@ service and the tuner (all of them import it from here)."""
 from __future__ import annotations
 
 import numbers
+import re
 from enum import StrEnum
 from typing import Annotated, Any, Literal, get_args
 
@@ -52,8 +53,31 @@ class RunnerKind(StrEnum):
 
 def is_simulated(runner: str | None) -> bool:
     """Whether a result's runner string says its latency is the analytical model's: the
-    simulated runner, or a replay of a simulated sweep ("replay:simulated")."""
-    return RunnerKind.SIMULATED.value in (runner or "").split(":")
+    simulated runner, a replay of a simulated sweep ("replay:simulated"), or a dataset of
+    several runners one of which was simulated ("cupy,simulated": an export of a task that
+    both kinds of worker measured)."""
+    return RunnerKind.SIMULATED.value in re.split("[:,]", runner or "")
+
+
+# The runner strings of a latency measured on a GPU: the cupy runner's, or a replay of its
+# recording. Anything else (simulated, several runners, none or an unknown one) cannot say
+# that every latency it labels was measured, and teaches no learned prior.
+MEASURED_RUNNERS = (RunnerKind.CUPY.value, f"{RunnerKind.REPLAY.value}:{RunnerKind.CUPY.value}")
+
+
+def is_measured(runner: str | None) -> bool:
+    return runner in MEASURED_RUNNERS
+
+
+def runner_label_problem(runner: str) -> str | None:
+    """Why a dataset's runner label is not one pipetune writes (None if it is): runner
+    strings (`kind` or `kind:recorded`) joined by commas, each kind a RunnerKind, or
+    "unknown". A label such as "Simulated" would be read as measured."""
+    for part in runner.split(","):
+        if part != "unknown" and RunnerKind.of(part) is None:
+            kinds = ", ".join(k.value for k in RunnerKind)
+            return f"runner {runner!r}: {part!r} is none of {kinds} (or unknown)"
+    return None
 
 
 _ADJECTIVES = {

@@ -27,7 +27,7 @@ from sqlalchemy import Connection, and_, exists, not_, or_, select
 from pipetune.model.family import THROUGHPUT_UNITS, FamilySpace, family_of, parse_any_workload
 from pipetune.model.hardware import get_gpu
 from pipetune.model.states import FINAL_TASK_STATES, TaskState
-from pipetune.model.trials import LATENCY_US_RANGE, RunnerKind
+from pipetune.model.trials import LATENCY_US_RANGE, MEASURED_RUNNERS
 from pipetune.service.orm import JobRow, TaskRow, WorkloadRow
 from pipetune.tuner.bo import PriorMean
 from pipetune.tuner.learned_prior import (
@@ -155,14 +155,11 @@ def learned_tasks(conn: Connection, workload: Any, gpu: str) -> list[int]:
     a prior). PriorError when there is none."""
     fam = family_of(workload)
     succeeded = TaskRow.trials_done - TaskRow.trials_failed
-    # model.trials.is_simulated in SQL ("simulated" as the runner or as a replayed runner),
-    # and a result of no known runner, which cannot say it was measured. Lost jobs (no
+    # Not model.trials.is_measured, in SQL: simulated, several runners ("cupy,simulated"
+    # from an export of a mixed task), none or an unknown one ("unknown" after an export
+    # and import of a task without one) cannot say the latency was measured. Lost jobs (no
     # status) measured nothing and are not asked.
-    simulated = or_(
-        JobRow.runner.is_(None),
-        JobRow.runner.like(f"{RunnerKind.SIMULATED.value}%"),
-        JobRow.runner.like(f"%:{RunnerKind.SIMULATED.value}%"),
-    )
+    simulated = or_(JobRow.runner.is_(None), JobRow.runner.not_in(MEASURED_RUNNERS))
     not_measured = exists().where(
         JobRow.task_id == TaskRow.id, JobRow.status.is_not(None), simulated
     )

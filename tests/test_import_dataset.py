@@ -91,3 +91,18 @@ def test_what_is_not_a_pipetune_dataset_is_refused_with_exit_2(tmp_path):
         foreign = runner.invoke(app, ["db", "import-dataset", str(cache), "--db", url])
         assert foreign.exit_code == 2 and "not a pipetune dataset" in foreign.stderr
     assert not (tmp_path / "x.db").exists()  # nothing written
+
+
+@pytest.mark.parametrize("label", ["Simulated", "foo", "cupy,bogus"])
+def test_a_dataset_whose_runner_label_pipetune_never_writes_is_refused(a100_sweep, tmp_path, label):
+    # "Simulated" was stored as given, then read as measured (is_simulated looks for the
+    # lower-case kind): a learned prior took the analytical model's own answers back.
+    data = load_dataset(a100_sweep)
+    data.metadata["pipetune"]["runner"] = label
+    relabelled = tmp_path / "relabelled.t4.json.gz"
+    write_t4(data, relabelled)
+    url = f"sqlite:///{tmp_path / 'x.db'}"
+    result = runner.invoke(app, ["db", "import-dataset", str(relabelled), "--db", url])
+    assert result.exit_code == 2, result.output
+    assert f"runner {label!r}" in result.stderr
+    assert not (tmp_path / "x.db").exists()

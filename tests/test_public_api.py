@@ -163,6 +163,24 @@ def test_tune_warm_starts_from_a_task_on_another_gpu(home: Path):
         pipetune.tune(FC, "h100", budget=8, runner="simulated", prior_task=second.task_id)
 
 
+@pytest.mark.parametrize("label", ["cupy,simulated", "unknown"])
+def test_a_dataset_not_wholly_measured_teaches_no_learned_prior(
+    home: Path, tmp_path: Path, label: str
+):
+    # An export of a task that simulated and GPU workers both measured says "cupy,simulated";
+    # one of a task with no runner, "unknown". Re-imported, both taught learned priors.
+    from pipetune.workers.datasets import load_dataset, write_t4
+
+    measured = Path(__file__).resolve().parents[1] / "benchmarks/data/h100/BMM_BERT_QK.t4.json.gz"
+    data = load_dataset(measured)
+    data.metadata["pipetune"]["runner"] = label
+    write_t4(data, tmp_path / "mixed.t4.json.gz")
+    result = cli.invoke(app, ["db", "import-dataset", str(tmp_path / "mixed.t4.json.gz")])
+    assert result.exit_code == 0, result.output
+    with pytest.raises(WorkloadError, match="learned_prior: no finished task of the"):
+        pipetune.tune(FC, "h100", budget=4, runner="simulated", learned_prior=True)
+
+
 def test_tune_learns_its_prior_from_the_measured_tasks_of_the_database(home: Path):
     simulated = pipetune.tune(FC, "a100", budget=8, runner="simulated")  # never a teacher
     with pytest.raises(WorkloadError, match="learned_prior: no finished task of the"):

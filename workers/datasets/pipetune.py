@@ -19,7 +19,7 @@ from pydantic import ValidationError
 
 from pipetune.model.family import ScheduleError, family_of, parse_any_workload
 from pipetune.model.hardware import GPUSpec, HardwareError, resolve_gpu_key
-from pipetune.model.trials import MeasureResult
+from pipetune.model.trials import MeasureResult, runner_label_problem
 from pipetune.model.workloads import WorkloadError
 from pipetune.workers.datasets.records import (
     INVALIDITY_OF_STATUS,
@@ -166,6 +166,9 @@ class PipetuneInfo:
                 f"{self.workload.label()} ({self.family.name})"
             )
         self.runner = meta.get("runner")
+        if isinstance(self.runner, str) and (problem := runner_label_problem(self.runner)):
+            # (An unknown label such as "Simulated" was stored, and read as measured.)
+            raise DatasetError(f"{where}: pipetune metadata: {clipped(problem)}")
         self.device_name = meta.get("device_name")
         self.gpu_name = meta.get("gpu_name")
         self.metadata = meta

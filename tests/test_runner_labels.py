@@ -1,0 +1,36 @@
+"""What a runner string says about a latency: simulated (labelled so wherever shown) and
+measured (the only kind a learned prior reads), for every label pipetune writes."""
+
+from __future__ import annotations
+
+import pytest
+
+from pipetune.model.trials import is_measured, is_simulated, runner_label_problem
+
+
+@pytest.mark.parametrize(
+    ("runner", "simulated", "measured"),
+    [
+        ("cupy", False, True),
+        ("replay:cupy", False, True),
+        ("simulated", True, False),
+        ("replay:simulated", True, False),
+        # An export of a task that simulated and GPU workers both measured: it was read as
+        # measured, and a re-import taught learned priors.
+        ("cupy,simulated", True, False),
+        ("simulated,cupy", True, False),
+        # An export of a task with no runner, re-imported: it counted as measured.
+        ("unknown", False, False),
+        ("replay:unknown", False, False),
+        (None, False, False),
+    ],
+)
+def test_what_a_runner_string_says(runner, simulated, measured):
+    assert is_simulated(runner) is simulated
+    assert is_measured(runner) is measured
+
+
+def test_the_labels_pipetune_writes_are_known_and_others_are_not():
+    for label in ("cupy", "replay:cupy", "cupy,simulated", "unknown", "replay:unknown"):
+        assert runner_label_problem(label) is None, label
+    assert "'Simulated' is none of" in (runner_label_problem("Simulated") or "")
