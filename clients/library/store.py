@@ -42,7 +42,6 @@ from pipetune.service.settings import Settings
 from pipetune.service.views import get_task_doc, list_task_docs, list_trial_docs, task_work
 
 TASK_STATES: tuple[str, ...] = tuple(state.value for state in TaskState)
-DEFAULT_PAGE = TASK_PAGE  # tasks per page, as GET /v1/tasks
 
 
 class LocalDatabaseError(PipetuneError):
@@ -166,7 +165,7 @@ class LocalStore:
         if database is None:
             return []
         with database.read() as s:
-            return list_task_docs(s, state, limit or DEFAULT_PAGE, offset or 0)
+            return list_task_docs(s, state, limit or TASK_PAGE, offset or 0)
 
     def all_trials(self, task_id: int) -> list[TrialDoc]:
         """Every trial of a task, in proposal order (a task has at most MAX_BUDGET)."""
@@ -211,9 +210,9 @@ def all_tasks(reader: Reader) -> list[TaskDoc]:
     """Every task, page after page (newest first)."""
     tasks: list[TaskDoc] = []
     while True:
-        page = reader.tasks(limit=DEFAULT_PAGE, offset=len(tasks))
+        page = reader.tasks(limit=TASK_PAGE, offset=len(tasks))
         tasks.extend(page)
-        if len(page) < DEFAULT_PAGE:
+        if len(page) < TASK_PAGE:
             return tasks
 
 

@@ -32,6 +32,7 @@ from sqlalchemy import select
 from pipetune.clients.library.inputs import WorkloadLike, as_gpu, as_workload
 from pipetune.clients.library.labels import SIMULATED_LABEL, any_simulated, is_simulated
 from pipetune.clients.library.store import LocalStore, database_url, open_database
+from pipetune.clients.sdk.http import clean_msg
 from pipetune.model.hardware import get_gpu
 from pipetune.model.states import TaskState
 from pipetune.model.trials import MeasureResult
@@ -153,7 +154,7 @@ def _task_body(
         if isinstance(cause, FieldError):  # a rule between fields, named by its field
             raise ValueError(str(cause)) from None
         field = ".".join(str(p) for p in first["loc"]) or "task"
-        reason = first["msg"].removeprefix("Value error, ")  # (pydantic's, for a ValueError)
+        reason = clean_msg(first["msg"])
         raise ValueError(f"{field}: {reason} (got {first.get('input')!r})") from None
 
 

@@ -34,7 +34,7 @@ def _field_of(loc: list[Any]) -> str:
     return ".".join(parts)
 
 
-def _clean_msg(msg: str) -> str:
+def clean_msg(msg: str) -> str:
     # pydantic prefixes a validator's ValueError text; the text alone is the reason.
     for prefix in ("Value error, ", "Assertion failed, "):
         msg = msg.removeprefix(prefix)
@@ -60,7 +60,7 @@ def explain(body: Any, fallback: str) -> tuple[str, str | None]:
     if isinstance(detail, list) and detail and isinstance(detail[0], dict):
         first = detail[0]
         field = first.get("field") or _field_of(list(first.get("loc") or [])) or None
-        reason = _clean_msg(str(first.get("reason") or first.get("msg") or "invalid"))
+        reason = clean_msg(str(first.get("reason") or first.get("msg") or "invalid"))
         text = f"{field}: {reason}" if field else reason
         more = len(detail) - 1
         return text + (f" (and {more} more)" if more else ""), field
