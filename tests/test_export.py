@@ -184,6 +184,25 @@ def test_a_gpu_with_nothing_tuned_exports_an_empty_index(tuned: str, tmp_path: P
     assert json.loads((tmp_path / "index.json").read_text())["workloads"] == []
 
 
+def test_an_export_over_another_gpus_replaces_its_kernels_only(tuned: str, tmp_path: Path):
+    """The h100 kernels stayed beside an a100 export's index (a build globbing *.cubin linked
+    them); the user's own files in the folder, and anything a hand-edited index names outside
+    the folder, are left alone."""
+    index = _export(tuned, tmp_path / "out")
+    kernels = {name for row in index["workloads"] for name in row["files"].values()}
+    (tmp_path / "out" / "mine.cu").write_text("// the user's own\n")
+    (tmp_path / "keep.txt").write_text("outside\n")
+    edited = json.loads((tmp_path / "out" / "index.json").read_text())
+    edited["workloads"][0]["files"]["extra"] = "../keep.txt"
+    (tmp_path / "out" / "index.json").write_text(json.dumps(edited))
+    args = ["export", "--gpu", "a100", "--out-dir", str(tmp_path / "out"), "--db", tuned]
+    assert cli.invoke(app, args).exit_code == 0
+    left = {p.name for p in (tmp_path / "out").iterdir()}
+    assert left == {"index.json", "pipetune_tuned.h", "mine.cu"} and not kernels & left
+    assert (tmp_path / "keep.txt").exists()
+    assert json.loads((tmp_path / "out" / "index.json").read_text())["gpu"] == "a100"
+
+
 def test_a_tasks_trials_as_t4(tuned: str, tmp_path: Path):
     out = tmp_path / "task1.t4.json.gz"
     args = ["export", "--task", "1", "--format", "t4", "--out", str(out), "--db", tuned]

@@ -59,3 +59,12 @@ def test_the_option_after_the_operator_name_wins(tmp_path: Path) -> None:
     meta = _sweep(before, ["--runner", "simulated", "--gpu", "h200"], tmp_path / "g.t4.json.gz")
     assert meta["gpu"] == "h200"
     assert len(load_dataset(tmp_path / "g.t4.json.gz")) == 2  # --limit still came through
+
+
+def test_a_malformed_simulated_time_scale_exits_2(tmp_path: Path, monkeypatch) -> None:
+    monkeypatch.setenv("PIPETUNE_SIMULATED_TIME_SCALE", "-1")
+    args = [*GEMM, "--runner", "simulated", "--limit", "2", "--out", str(tmp_path / "g.t4.json.gz")]
+    result = cli.invoke(sweep_app, args)
+    assert result.exit_code == 2, result.output
+    assert "PIPETUNE_SIMULATED_TIME_SCALE must be a non-negative number" in result.stderr
+    assert not (tmp_path / "g.t4.json.gz").exists()

@@ -65,6 +65,18 @@ def test_a_worker_given_a_nan_heartbeat_exits_2_naming_it():
     ]
 
 
+def test_a_malformed_simulated_time_scale_is_bad_input_exit_2(monkeypatch: pytest.MonkeyPatch):
+    """The environment's setting is the user's input: it exited 1, as a runner that could not
+    run does."""
+    monkeypatch.setenv("PIPETUNE_SIMULATED_TIME_SCALE", "abc")
+    args = ["worker", "--server", "http://127.0.0.1:9", "--token", "x", "--runner", "simulated"]
+    args += ["--gpu", "h100", "--register-timeout", "0"]
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 2, result.output
+    assert "PIPETUNE_SIMULATED_TIME_SCALE must be a non-negative number" in result.stderr
+    assert "'abc'" in result.stderr and "Traceback" not in result.output
+
+
 def test_default_name_says_host_runner_and_process():
     name = config(runner="simulated", gpu="h100").name
     assert "-simulated-" in name and len(name) <= 128

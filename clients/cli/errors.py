@@ -35,6 +35,13 @@ def one_line(text: object) -> str:
     return " ".join(str(text).split())
 
 
+def runner_failure(exc: Exception) -> CliError:
+    """A runner's error as a CliError: exit 2 where it says its user set it up wrongly (the
+    runner errors that are also ValueErrors: a malformed setting, a dataset of another
+    workload), exit 1 where it could not run (no GPU, the measurement failed)."""
+    return CliError(one_line(exc), 2 if isinstance(exc, ValueError) else 1)
+
+
 def fail(message: str, code: int) -> NoReturn:
     print(f"error: {one_line(message)}", file=sys.stderr)
     raise typer.Exit(code)

@@ -85,7 +85,11 @@ def export(
     gpu: str | None = typer.Option(
         None, "--gpu", help=f"export every workload tuned on this GPU: {', '.join(gpu_keys())}"
     ),
-    out_dir: Path | None = typer.Option(None, "--out-dir", help="where the kernels go"),
+    out_dir: Path | None = typer.Option(
+        None,
+        "--out-dir",
+        help="where the kernels go (an earlier export there is replaced; other files stay)",
+    ),
     task: int | None = typer.Option(None, "--task", help="export this task's trials"),
     fmt: str | None = typer.Option(None, "--format", help="the trials' format: t4"),
     out: Path | None = typer.Option(None, "--out", help="the T4 file (.t4.json[.gz])"),

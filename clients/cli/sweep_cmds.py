@@ -35,7 +35,7 @@ from rich.progress import (
 )
 from rich.table import Table
 
-from pipetune.clients.cli.errors import CliError, one_line, reported
+from pipetune.clients.cli.errors import CliError, one_line, reported, runner_failure
 from pipetune.clients.cli.output import console, print_json
 from pipetune.clients.cli.paths import check_output_dir, check_output_file
 from pipetune.clients.cli.workload_options import add_workload_commands, option
@@ -84,7 +84,7 @@ def _open_runner(name: str, gpu: GPUSpec, seed: int, repeats: int, warmup: int) 
     try:
         return make_runner(name, gpu=gpu, seed=seed, settings=settings)
     except RunnerError as exc:
-        raise CliError(one_line(exc), 1) from None
+        raise runner_failure(exc) from None
 
 
 @contextlib.contextmanager
@@ -128,7 +128,7 @@ def _sweep_to_file(
             progress=lambda done, total: bar.update(task, completed=done),
         )
     except RunnerError as exc:
-        raise CliError(one_line(exc), 1) from None
+        raise runner_failure(exc) from None
     write_t4(dataset, out)
     doc = summary(dataset)
     return {
@@ -196,7 +196,7 @@ def sweep_workload(
                     progress=lambda done, total: bar.update(task, completed=done, total=total),
                 )
             except RunnerError as exc:
-                raise CliError(one_line(exc), 1) from None
+                raise runner_failure(exc) from None
         row = _sweep_to_file(measuring, workload, spec, out, limit, seed, bar, workload.label())
     _report([row], as_json)
 
@@ -266,7 +266,7 @@ def sweep_suite(
                         progress=lambda d, _t, base=done: bar.update(task, completed=base + d),
                     )
                 except RunnerError as exc:
-                    raise CliError(one_line(exc), 1) from None
+                    raise runner_failure(exc) from None
                 done += len(schedules)
         for name, (workload, _) in plan.items():
             out = out_dir / f"{name}.t4.json.gz"

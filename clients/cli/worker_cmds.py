@@ -12,7 +12,7 @@ from pathlib import Path
 
 import typer
 
-from pipetune.clients.cli.errors import CliError, one_line, reported
+from pipetune.clients.cli.errors import CliError, one_line, reported, runner_failure
 from pipetune.clients.cli.remote import SERVER_HELP, cli_error
 from pipetune.clients.sdk import DEFAULT_SERVER, SERVER_ENV, PipetuneError
 from pipetune.model.hardware import gpu_keys
@@ -121,7 +121,7 @@ def worker(
     except (DatasetError, DatasetMismatchError) as exc:
         raise CliError(f"--dataset: {one_line(exc)}", 2) from None
     except (DetectionError, RunnerError) as exc:
-        raise CliError(one_line(exc), 1) from None
+        raise runner_failure(exc) from None
     if code:
         raise typer.Exit(code)
 

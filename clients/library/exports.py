@@ -17,7 +17,9 @@ best measured schedule:
 family's kernels are exported (`pipetune.kernel` wraps them all: the tensor-core GEMMs and
 the memory-intensive operators); a tuned workload whose kernel cannot be made any more (its
 measured schedule no longer plans, e.g. after a generator change) is listed in index.json's
-``not_exported`` with the reason. A task's trials (`export_task_t4`, any family): a T4
+``not_exported`` with the reason. Exporting into the folder of an earlier export replaces it:
+the kernel files its index.json listed and the new export does not write are removed (the
+folder's other files are left alone). A task's trials (`export_task_t4`, any family): a T4
 results file (workers.datasets), which `pipetune dataset info`, `pipetune bench tuner` and
 Kernel Tuner's T4 tools read. Every file is written whole or not at all (a temporary file
 renamed into place). Latencies of the simulated runner are labelled so in index.json, the
@@ -195,6 +197,24 @@ def _header(gpu: str, arch: str, source: str, exported: list[Exported]) -> str:
     return "\n".join(lines)
 
 
+def _previous_export_files(out_dir: Path) -> set[str]:
+    """The kernel files the export already in `out_dir` (its index.json) listed: plain file
+    names in the folder only, so that an index.json edited by hand cannot name a file outside
+    it. Nothing where there is no readable index."""
+    try:
+        index = json.loads((out_dir / INDEX_NAME).read_text())
+        entries = index.get("workloads", []) if isinstance(index, dict) else []
+        names = [
+            name
+            for entry in entries
+            if isinstance(entry, dict) and isinstance(entry.get("files"), dict)
+            for name in entry["files"].values()
+        ]
+    except (OSError, ValueError):  # no index, unreadable, not JSON
+        return set()
+    return {n for n in names if isinstance(n, str) and n and Path(n).name == n and n[0] != "."}
+
+
 def export_tuned(reader: Reader, gpu: str, out_dir: str | Path) -> dict[str, Any]:
     """Write every tuned workload's kernel on `gpu` into `out_dir` (see the module
     docstring); returns the index document."""
@@ -229,6 +249,7 @@ def export_tuned(reader: Reader, gpu: str, out_dir: str | Path) -> dict[str, Any
             continue
         exported.append(Exported(stem_of(workload), kernel, best))
     out_dir.mkdir(parents=True, exist_ok=True)
+    previous = _previous_export_files(out_dir)
     for item in exported:
         files = item.entry()["files"]
         write_atomic(out_dir / files["source"], item.kernel.source)
@@ -250,6 +271,14 @@ def export_tuned(reader: Reader, gpu: str, out_dir: str | Path) -> dict[str, Any
         "not_exported": not_exported,
     }
     write_atomic(out_dir / INDEX_NAME, json.dumps(index, indent=2) + "\n")
+    # An export into the folder of an earlier one (another GPU's, or before a workload's
+    # tasks were deleted) replaces it: the earlier kernels this one does not write would
+    # otherwise stay beside the new index, and a build that globs *.cubin would link them.
+    # Removed after the new index is written; files the earlier index did not list (the
+    # user's own) are left alone.
+    written = {name for entry in index["workloads"] for name in entry["files"].values()}
+    for name in sorted(previous - written):
+        (out_dir / name).unlink(missing_ok=True)
     return index
 
 

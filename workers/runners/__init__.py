@@ -19,6 +19,7 @@ from pipetune.workers.runners.base import (
     Runner,
     RunnerClosedError,
     RunnerError,
+    RunnerSettingError,
     RunnerUnavailableError,
     summarise,
 )
@@ -41,6 +42,7 @@ __all__ = [
     "Runner",
     "RunnerClosedError",
     "RunnerError",
+    "RunnerSettingError",
     "RunnerUnavailableError",
     "ScheduleNotInDatasetError",
     "SimulatedRunner",
@@ -64,4 +66,4 @@ def make_runner(name: str, **kwargs: Any) -> Runner:
         from pipetune.workers.runners.cupy_runner import CupyRunner
 
         return CupyRunner(**kwargs)
-    raise RunnerError(f"unknown runner {name!r}; known: {', '.join(RUNNER_NAMES)}")
+    raise RunnerSettingError(f"unknown runner {name!r}; known: {', '.join(RUNNER_NAMES)}")

@@ -34,6 +34,11 @@ class RunnerUnavailableError(RunnerError):
     """The runner cannot run here (no GPU, no CuPy, no code generator)."""
 
 
+class RunnerSettingError(RunnerError, ValueError):
+    """The runner was set up wrongly by its user (an unknown runner name, a malformed setting
+    from the environment): bad input, which the CLI reports with exit 2, not a failure to run."""
+
+
 class RunnerClosedError(RunnerError):
     """measure() after close()."""
 

@@ -35,7 +35,12 @@ import numpy as np
 from pipetune.model.family import family_of
 from pipetune.model.hardware import GPUSpec, get_gpu
 from pipetune.model.trials import MeasureResult
-from pipetune.workers.runners.base import MeasureSettings, Runner, RunnerError, summarise
+from pipetune.workers.runners.base import (
+    MeasureSettings,
+    Runner,
+    RunnerSettingError,
+    summarise,
+)
 from pipetune.workers.runners.faults import FaultPlan, run_simulated_trial
 from pipetune.workers.runners.isolation import IsolatedWorker
 from pipetune.workers.runners.outcomes import failed_call
@@ -55,7 +60,7 @@ def time_scale_from_env() -> float:
     except ValueError:
         value = math.nan
     if not math.isfinite(value) or value < 0:
-        raise RunnerError(
+        raise RunnerSettingError(
             f"{TIME_SCALE_ENV} must be a non-negative number (1 = real time, 0 = instant), "
             f"got {raw!r}"
         )
@@ -94,7 +99,9 @@ class SimulatedRunner(Runner):
         self.compile_s = compile_s
         self.time_scale = time_scale_from_env() if time_scale is None else float(time_scale)
         if not math.isfinite(self.time_scale) or self.time_scale < 0:
-            raise RunnerError(f"time_scale must be a non-negative number, got {time_scale!r}")
+            raise RunnerSettingError(
+                f"time_scale must be a non-negative number, got {time_scale!r}"
+            )
         if trial_timeout_s <= 0:
             raise ValueError("trial_timeout_s must be positive")
         self.faults = faults
