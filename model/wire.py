@@ -350,6 +350,20 @@ class TrialDoc(_Body):
     error: str | None = None
     # The runner that produced the result ("simulated": the model plus noise, not measured).
     runner: str | None = None
+    # The rest of the measurement, as the worker reported it (MeasureResult's fields): the
+    # timed repeats only where asked for (GET .../trials?samples=true: up to MAX_SAMPLES
+    # a trial), so that following a task stays light; None: not asked, or not reported.
+    samples_us: list[float] | None = None
+    spread: float | None = None
+    registers: int | None = None
+    spill_bytes: int | None = None
+    smem_bytes: int | None = None
+    compile_ms: float | None = None
+    max_abs_error: float | None = None
+
+
+# A page of trials with their samples holds at most this many (each may carry MAX_SAMPLES).
+SAMPLES_PAGE = 100
 
 
 class TrialList(_Body):

@@ -111,7 +111,11 @@ def list_task_docs(session: Session, state: str | None, limit: int, offset: int)
     return [task_doc(*row) for row in session.execute(query)]
 
 
-def list_trial_docs(session: Session, task_id: int, after: int, limit: int) -> list[TrialDoc]:
+def list_trial_docs(
+    session: Session, task_id: int, after: int, limit: int, samples: bool = False
+) -> list[TrialDoc]:
+    """A page of the task's trials after trial `after`; `samples`: with each trial's timed
+    repeats (the caller bounds the page: SAMPLES_PAGE)."""
     workload = session.scalars(
         select(WorkloadRow)
         .join(TaskRow, TaskRow.workload_id == WorkloadRow.id)
@@ -136,6 +140,13 @@ def list_trial_docs(session: Session, task_id: int, after: int, limit: int) -> l
             worker=worker,
             error=job.error,
             runner=job.runner,
+            samples_us=list(job.samples_us or ()) if samples else None,
+            spread=job.spread,
+            registers=job.registers,
+            spill_bytes=job.spill_bytes,
+            smem_bytes=job.smem_bytes,
+            compile_ms=job.compile_ms,
+            max_abs_error=job.max_abs_error,
         )
         for job, worker in rows
     ]

@@ -225,13 +225,18 @@ def test_a_tasks_trials_as_t4(tuned: str, tmp_path: Path):
     task = json.loads(imported.stdout)
     assert task["imported_from"] == str(out) and task["trials_done"] == 6
     with LocalStore(tuned) as source, LocalStore(other) as copy:
-        mine = source.all_trials(1)
-        theirs = copy.all_trials(task["id"])
+        mine = source.all_trials(1, samples=True)
+        theirs = copy.all_trials(task["id"], samples=True)
     assert [(t.schedule, t.runner) for t in theirs] == [(t.schedule, t.runner) for t in mine]
     # The file keeps milliseconds (T4's unit): µs -> ms -> µs may move a latency's last bit
     # (15.850401134328441 came back as 15.85040113432844), never more.
     for back, sent in zip(theirs, mine, strict=True):
         assert back.latency_us == pytest.approx(sent.latency_us, rel=1e-15)
+        # ... and the rest of the measurement with it (an export kept the latency alone).
+        assert sent.samples_us and back.samples_us == pytest.approx(sent.samples_us, rel=1e-15)
+        assert sent.spread is not None and sent.smem_bytes is not None
+        fields = ("spread", "registers", "spill_bytes", "smem_bytes", "compile_ms", "max_abs_error")
+        assert [getattr(back, f) for f in fields] == [getattr(sent, f) for f in fields]
 
 
 @pytest.mark.skipif(importlib.util.find_spec("kernel_tuner") is None, reason="no Kernel Tuner")

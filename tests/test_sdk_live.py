@@ -106,6 +106,11 @@ def test_trials_curve_and_task_listing(client: Client, worker: Worker):
     assert [t.trial for t in trials] == list(range(5))
     assert all(t.worker == "sdk-worker" and t.status == "ok" for t in trials)
     assert [t.trial for t in client.trials(task.id, after=2)] == [3, 4]
+    # The timed repeats only when asked (the simulated worker reports its repeats).
+    assert all(t.samples_us is None and t.spread is not None for t in trials)
+    full = client.all_trials(task.id, samples=True)
+    assert all(t.samples_us and min(t.samples_us) <= t.latency_us for t in full)
+    assert [t.trial for t in client.trials(task.id, after=3, samples=True)] == [4]
 
     curve = client.curve(task.id)
     assert [p.trial for p in curve.points] == list(range(5))

@@ -72,6 +72,54 @@ def test_schedule_with_tune_creates_a_task_and_then_answers_measured(client):
     assert other.json()["source"] == "model"
 
 
+def test_trials_carry_the_whole_measurement_and_samples_when_asked(client):
+    """A trial showed its median latency alone: the repeats, spread, counts and compile time
+    a worker reported were stored and not shown (and a T4 export of the task lost them)."""
+    task = create_task(client, budget=3)
+    worker = register(client)
+
+    def answer(job):
+        latency = fake_latency(job["schedule"])
+        return {
+            **ok(latency),
+            "samples_us": [latency * 0.99, latency, latency * 1.02],
+            "spread": 0.03,
+            "registers": 96,
+            "spill_bytes": 0,
+            "smem_bytes": 32768,
+            "compile_ms": 412.5,
+            "max_abs_error": 0.0004,
+        }
+
+    assert drain(client, worker, answer) == 3
+    url = f"/v1/tasks/{task['id']}/trials"
+    light = client.get(url).json()["trials"]
+    assert [t["samples_us"] for t in light] == [None] * 3  # following a task stays light
+    for t in light:
+        assert (t["spread"], t["registers"], t["spill_bytes"]) == (0.03, 96, 0)
+        assert (t["smem_bytes"], t["compile_ms"], t["max_abs_error"]) == (32768, 412.5, 0.0004)
+    full = client.get(url, params={"samples": "true"}).json()["trials"]
+    for t in full:
+        latency = t["latency_us"]
+        assert t["samples_us"] == [latency * 0.99, latency, latency * 1.02]
+    assert client.get(url, params={"samples": "maybe"}).status_code == 422
+    # With samples a page holds at most SAMPLES_PAGE trials, whatever the limit asked.
+    assert len(client.get(url, params={"samples": "true", "limit": 2}).json()["trials"]) == 2
+
+
+def test_a_page_of_trials_with_samples_is_bounded(monkeypatch, client):
+    from pipetune.model import wire
+    from pipetune.service.routers import tasks
+
+    monkeypatch.setattr(tasks, "SAMPLES_PAGE", 2)
+    task = create_task(client, budget=5)
+    assert drain(client, register(client), lambda job: ok(fake_latency(job["schedule"]))) == 5
+    url = f"/v1/tasks/{task['id']}/trials"
+    assert len(client.get(url, params={"samples": "true"}).json()["trials"]) == 2
+    assert len(client.get(url).json()["trials"]) == 5
+    assert wire.SAMPLES_PAGE == 100
+
+
 def test_task_lifecycle_list_get_cancel(client):
     created = create_task(client, budget=16, strategy="grid", seed=3)
     assert created["state"] == "queued"

@@ -291,9 +291,18 @@ def _trial_result(trial: TrialDoc) -> MeasureResult | None:
     if trial.status is None or not state.has_result():
         return None
     ok = trial.status == "ok"
+    # The whole measurement, as the worker reported it: the T4 file's runtimes, compile time
+    # and counts (they were dropped: an export kept the median latency alone).
     return MeasureResult(
         status=trial.status,
         latency_us=trial.latency_us if ok else None,
+        samples_us=trial.samples_us or [],
+        spread=trial.spread,
+        registers=trial.registers,
+        spill_bytes=trial.spill_bytes,
+        smem_bytes=trial.smem_bytes,
+        compile_ms=trial.compile_ms,
+        max_abs_error=trial.max_abs_error,
         error=trial.error,
         runner=trial.runner,
     )
@@ -302,7 +311,8 @@ def _trial_result(trial: TrialDoc) -> MeasureResult | None:
 def task_dataset(reader: Reader, task_id: int) -> Dataset:
     """A task's trials with an outcome, in proposal order, as a pipetune dataset."""
     task = reader.task(task_id)
-    pairs = [(t, r) for t in reader.all_trials(task_id) if (r := _trial_result(t)) is not None]
+    trials = reader.all_trials(task_id, samples=True)
+    pairs = [(t, r) for t in trials if (r := _trial_result(t)) is not None]
     if not pairs:
         raise ValueError(f"task {task_id} has no finished trial to export yet")
     runners = sorted({t.runner for t, _ in pairs if t.runner})

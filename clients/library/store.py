@@ -167,13 +167,14 @@ class LocalStore:
         with database.read() as s:
             return list_task_docs(s, state, limit or TASK_PAGE, offset or 0)
 
-    def all_trials(self, task_id: int) -> list[TrialDoc]:
-        """Every trial of a task, in proposal order (a task has at most MAX_BUDGET)."""
+    def all_trials(self, task_id: int, samples: bool = False) -> list[TrialDoc]:
+        """Every trial of a task, in proposal order (a task has at most MAX_BUDGET);
+        `samples`: with their timed repeats."""
         self.task(task_id)
         database = self._database()
         assert database is not None  # task() found the task
         with database.read() as s:
-            return list_trial_docs(s, task_id, -1, MAX_BUDGET)
+            return list_trial_docs(s, task_id, -1, MAX_BUDGET, samples)
 
     def curve(self, task_id: int) -> Curve:
         """Best-so-far latency and throughput after each final trial of the task."""

@@ -173,18 +173,23 @@ class Client:
         """Cancel a task (409 ConflictError if it already finished); the cancelled task."""
         return self._http.call(TaskDoc, "DELETE", f"/v1/tasks/{task_id_path(task_id)}")
 
-    def trials(self, task_id: int, after: int | None = None) -> list[TrialDoc]:
+    def trials(
+        self, task_id: int, after: int | None = None, samples: bool = False
+    ) -> list[TrialDoc]:
         """One page of the task's trials in proposal order; `after=N`: those after trial N
-        (for following a running task)."""
+        (for following a running task); `samples`: with each trial's timed repeats."""
+        params: dict[str, Any] = {"after": after}
+        if samples:  # (sent only when asked: a service before it had no such parameter)
+            params["samples"] = "true"
         return self._http.call(
-            TrialList, "GET", f"/v1/tasks/{task_id_path(task_id)}/trials", params={"after": after}
+            TrialList, "GET", f"/v1/tasks/{task_id_path(task_id)}/trials", params=params
         ).trials
 
-    def all_trials(self, task_id: int) -> list[TrialDoc]:
-        """Every trial of a task, page after page."""
+    def all_trials(self, task_id: int, samples: bool = False) -> list[TrialDoc]:
+        """Every trial of a task, page after page; `samples`: with their timed repeats."""
         trials: list[TrialDoc] = []
         while True:
-            page = self.trials(task_id, after=trials[-1].trial if trials else None)
+            page = self.trials(task_id, after=trials[-1].trial if trials else None, samples=samples)
             if not page:
                 return trials
             trials.extend(page)

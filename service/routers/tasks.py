@@ -8,6 +8,7 @@ from fastapi import APIRouter, Depends, Query
 
 from pipetune.model.wire import (
     MAX_TASK_PAGE,
+    SAMPLES_PAGE,
     TASK_PAGE,
     Curve,
     TaskCreate,
@@ -85,12 +86,21 @@ def list_trials(
         int, Query(ge=-1, le=ID_MAX, description="only trials with a larger index")
     ] = -1,
     limit: Annotated[int, Query(ge=1, le=10000)] = 1000,
+    samples: Annotated[
+        bool,
+        Query(
+            description=f"with each trial's timed repeats (samples_us); a page then holds "
+            f"at most {SAMPLES_PAGE} trials"
+        ),
+    ] = False,
 ) -> TrialList:
     """The task's trials in proposal order (incremental with `after`)."""
+    if samples:  # each trial may carry MAX_SAMPLES: keep a page's size bounded
+        limit = min(limit, SAMPLES_PAGE)
     with service.db.read() as s:
         if task_work(s, task_id) is None:
             raise NotFoundError(f"task {task_id} does not exist")
-        return TrialList(trials=list_trial_docs(s, task_id, after, limit))
+        return TrialList(trials=list_trial_docs(s, task_id, after, limit, samples))
 
 
 @router.get("/v1/tasks/{task_id}/curve", response_model=Curve, responses=NOT_FOUND)
