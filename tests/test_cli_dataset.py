@@ -76,3 +76,30 @@ def test_a_corrupt_file_is_one_line_and_exit_2(tmp_path, content, reason):
 def test_a_missing_file_is_exit_2(tmp_path):
     result = cli.invoke(dataset_app, ["info", str(tmp_path / "nope.t4.json.gz")])
     assert result.exit_code == 2 and "no such file" in result.stderr
+
+
+RECORDED = "benchmarks/data/h100/BMM_BERT_QK.t4.json.gz"
+
+
+@pytest.mark.parametrize(
+    ("change", "reason"),
+    [
+        ({"format": 99}, "format: 99 is not one this pipetune reads"),
+        ({"format": "1"}, "format: '1' is not one"),
+        ({"family": "memops"}, "family: 'memops' contradicts its workload, a tensor_gemm"),
+        ({"arch": "sm_80"}, "arch: 'sm_80' contradicts its GPU, h100 (sm_90)"),
+    ],
+)
+def test_metadata_that_contradicts_its_workload_or_is_newer_is_refused(tmp_path, change, reason):
+    """A file from a newer pipetune, or one whose family or arch contradicts its own workload
+    or GPU, was read (and imported) as if nothing were wrong."""
+    import gzip
+    from pathlib import Path
+
+    doc = json.loads(gzip.decompress((Path(__file__).parent.parent / RECORDED).read_bytes()))
+    doc["metadata"]["pipetune"].update(change)
+    path = tmp_path / "edited.t4.json"
+    path.write_text(json.dumps(doc))
+    result = cli.invoke(dataset_app, ["info", str(path)])
+    assert result.exit_code == 2, result.output
+    assert reason in result.stderr and "Traceback" not in result.output

@@ -18,7 +18,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from pipetune.model.family import ScheduleError, family_of, parse_any_workload
-from pipetune.model.hardware import GPUSpec, HardwareError, resolve_gpu_key
+from pipetune.model.hardware import GPUSpec, HardwareError, get_gpu, resolve_gpu_key
 from pipetune.model.trials import MeasureResult, runner_label_problem
 from pipetune.model.workloads import WorkloadError
 from pipetune.workers.datasets.records import (
@@ -140,6 +140,27 @@ def dataset_from_results(
     return Dataset(records, knobs=knobs, metadata=metadata, format="t4")
 
 
+def _provenance_problem(meta: Mapping[str, Any], family: str, gpu: str) -> str | None:
+    """What is wrong with the metadata fields that restate what the workload and GPU say
+    (None: nothing). A file from a newer pipetune (a format this one cannot read), or one
+    whose family or architecture contradicts its own workload or GPU (edited by hand, or
+    mixed from two files), was read as if it were what its workload says."""
+    fmt = meta.get("format", FORMAT_VERSION)  # (absent: a foreign or early file)
+    if type(fmt) is not int or not 1 <= fmt <= FORMAT_VERSION:
+        return (
+            f"format: {shown(fmt)} is not one this pipetune reads (formats 1 to "
+            f"{FORMAT_VERSION}; a newer pipetune wrote it?)"
+        )
+    stated = meta.get("family", family)
+    if stated != family:
+        return f"family: {shown(stated)} contradicts its workload, a {family} workload"
+    expected = get_gpu(gpu).arch
+    arch = meta.get("arch", expected)
+    if arch != expected:
+        return f"arch: {shown(arch)} contradicts its GPU, {gpu} ({expected})"
+    return None
+
+
 class PipetuneInfo:
     """The validated pipetune provenance of a dataset."""
 
@@ -160,6 +181,8 @@ class PipetuneInfo:
         except (WorkloadError, HardwareError) as exc:
             raise DatasetError(f"{where}: pipetune metadata: {clipped(str(exc))}") from None
         self.family = family_of(self.workload)
+        if problem := _provenance_problem(meta, self.family.name, self.gpu):
+            raise DatasetError(f"{where}: pipetune metadata: {problem}")
         if dataset.knobs != self.family.knob_names:
             raise DatasetError(
                 f"{where}: knobs {shown(list(dataset.knobs))} are not the schedule knobs of "
