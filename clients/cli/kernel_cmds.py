@@ -105,7 +105,7 @@ def compile_document(
     workload_data: dict, arch: str | None, sample: int, seed: int, gpu: str, workers: int | None
 ) -> dict[str, Any]:
     # Imported here: NVRTC loads only for the commands that compile.
-    from pipetune.workers.compile import CompileError, check_arch, compile_many
+    from pipetune.workers.compile import CompileError, check_arch, compile_many, kernel_arch
 
     if sample < 1:
         raise CliError("--sample: must be at least 1", code=2)
@@ -127,14 +127,17 @@ def compile_document(
         raise CliError(f"no valid schedule for {label or w.label()} on {spec.key}", code=2)
     schedules = codegen.stratified_sample(space, sample, seed)
     kernels = [codegen.generate(w, s) for s in schedules]
-    suffix = next((k.arch_suffix for k in kernels if getattr(k, "arch_suffix", "")), "")
-    if suffix and arch.removesuffix(suffix) != spec.arch:
+    for kernel in kernels:
         # Arch-specific instructions (wgmma) run on that one arch: every kernel would fail.
-        raise CliError(
-            f"--arch: {family.name} kernels use {spec.arch}{suffix}-only instructions on "
-            f"{spec.key}; give --arch {spec.arch} or leave it out, not {arch}",
-            code=2,
-        )
+        # (kernel_arch is the one rule of which target a kernel builds for.)
+        try:
+            kernel_arch(kernel, arch)
+        except ValueError:
+            raise CliError(
+                f"--arch: {family.name} kernels use {spec.arch}{kernel.arch_suffix}-only "
+                f"instructions on {spec.key}; give --arch {spec.arch} or leave it out, not {arch}",
+                code=2,
+            ) from None
     outcomes = compile_many(kernels, arch, workers, return_exceptions=True)
     results = []
     for kernel, out in zip(kernels, outcomes, strict=True):
