@@ -9,6 +9,7 @@ from service_support import (
     GEMM,
     WORKER_HEADERS,
     client_for,
+    create_task,
     lease,
     ok,
     post_result,
@@ -416,3 +417,16 @@ def test_a_422_does_not_echo_a_huge_value_or_list_every_problem(client):
     many = client.post("/v1/tasks", json={"workload": GEMM, "gpu": "h100", **extra})
     assert many.status_code == 422 and len(many.content) < 20_000, len(many.content)
     assert many.json()["reason"] == "Extra inputs are not permitted"
+
+
+def test_a_path_id_is_its_digits_alone(client):
+    """/v1/tasks/1.0, /+1 and /%201 were task 1 (pydantic's lax integers): one resource
+    under many addresses, and a typo read as another id."""
+    task = create_task(client, budget=2)
+    for route in ("/v1/tasks/{}", "/v1/tasks/{}/trials", "/v1/tasks/{}/curve"):
+        for raw in (f"{task['id']}.0", f"+{task['id']}", f"%20{task['id']}", "0x1", "1_0"):
+            response = client.get(route.format(raw))
+            assert response.status_code == 422, (route, raw, response.text)
+            assert response.json()["field"] == "task_id"
+            assert "an id is a whole number written in digits" in response.json()["reason"]
+        assert client.get(route.format(task["id"])).status_code == 200
