@@ -37,19 +37,53 @@ def run_migrations_offline() -> None:
         context.run_migrations()
 
 
-def run_migrations_online() -> None:
-    connection = config.attributes.get("connection")
-    if connection is not None:
+def _set_sqlite_foreign_keys(connection, on: bool) -> None:
+    # On the driver's connection, outside any transaction: inside one SQLite ignores the
+    # pragma, and the SQLAlchemy connection would begin one (BEGIN IMMEDIATE) to run it.
+    cursor = connection.connection.driver_connection.cursor()
+    try:
+        cursor.execute(f"PRAGMA foreign_keys={'ON' if on else 'OFF'}")
+    finally:
+        cursor.close()
+
+
+def _migrate(connection) -> None:
+    """Run the migrations on `connection` in one transaction.
+
+    On SQLite a batch operation rebuilds a table: it copies it, drops the old one and renames
+    the copy. With foreign keys enforced (the service's connections enforce them), dropping
+    `tasks` deleted its rows one by one, and ON DELETE CASCADE took every job and, through
+    them, every lease with it: 0001 -> 0002 emptied a database of its trials. So, as
+    Alembic's batch-mode documentation advises, foreign keys are off while the tables are
+    rebuilt, and checked as a whole before the transaction commits."""
+    sqlite = connection.dialect.name == "sqlite"
+    if sqlite:
+        _set_sqlite_foreign_keys(connection, on=False)
+    try:
         _configure(connection)
         with context.begin_transaction():
             context.run_migrations()
+            if sqlite:
+                broken = connection.exec_driver_sql("PRAGMA foreign_key_check").all()
+                if broken:  # raised inside the transaction: nothing of it is kept
+                    raise RuntimeError(
+                        f"the migration left {len(broken)} rows whose foreign keys point "
+                        f"nowhere (first: table {broken[0][0]}, row {broken[0][1]})"
+                    )
+    finally:
+        if sqlite:
+            _set_sqlite_foreign_keys(connection, on=True)
+
+
+def run_migrations_online() -> None:
+    connection = config.attributes.get("connection")
+    if connection is not None:
+        _migrate(connection)
         return
     engine = make_engine(config.attributes["url"], pool_size=1)
     try:
         with engine.connect() as conn:
-            _configure(conn)
-            with context.begin_transaction():
-                context.run_migrations()
+            _migrate(conn)
     finally:
         engine.dispose()
 

@@ -116,7 +116,8 @@ def test_serve_on_an_outdated_schema_exits_1_naming_db_upgrade(tmp_path):
 
 
 def _one_finished_task(engine: Engine) -> None:
-    """Task 1 (done, a100) of workload 1, written as an older revision's schema has them."""
+    """Task 1 (done, a100) of workload 1 with its trial 0 (job 1, measured by worker 1
+    under lease 1), written as an older revision's schema has them."""
     with engine.begin() as conn:
         conn.execute(
             text(
@@ -132,6 +133,36 @@ def _one_finished_task(engine: Engine) -> None:
                 "1, 8, 8, 8, 0)"
             )
         )
+        conn.execute(
+            text(
+                "INSERT INTO workers (id, name, gpu, arch, runner, token_hash, busy_jobs) "
+                "VALUES (1, 'w1', 'a100', 'sm_80', 'cupy', 'x', 0)"
+            )
+        )
+        conn.execute(
+            text(
+                "INSERT INTO jobs (id, task_id, workload_id, gpu, arch, trial, batch, schedule, "
+                "schedule_id, state, attempts, result_worker, status, latency_us) VALUES "
+                "(1, 1, 1, 'a100', 'sm_80', 0, 0, '{}', 's', 'done', 1, 1, 'ok', 12.5)"
+            )
+        )
+        conn.execute(
+            text(
+                "INSERT INTO leases (id, job_id, worker_id, token, leased_at, outcome) "
+                "VALUES (1, 1, 1, 't', CURRENT_TIMESTAMP, 'result')"
+            )
+        )
+
+
+def _trial_rows(engine: Engine) -> list:
+    """What _one_finished_task wrote below the task: it must survive every migration."""
+    with engine.connect() as conn:
+        jobs = conn.execute(text("SELECT id, task_id, latency_us FROM jobs")).all()
+        leases = conn.execute(text("SELECT id, job_id, outcome FROM leases")).all()
+    return [*map(tuple, jobs), *map(tuple, leases)]
+
+
+TRIAL_ROWS = [(1, 1, 12.5), (1, 1, "result")]
 
 
 def test_0002_adds_the_task_prior_and_keeps_every_task(empty_url):
@@ -141,6 +172,7 @@ def test_0002_adds_the_task_prior_and_keeps_every_task(empty_url):
         _one_finished_task(engine)
         upgrade(empty_url)
         assert _schema_diff(empty_url) == []
+        assert _trial_rows(engine) == TRIAL_ROWS  # (SQLite lost them all from 0001)
         with engine.begin() as conn:
             assert conn.execute(text("SELECT id, prior_task FROM tasks")).all() == [(1, None)]
             conn.execute(
@@ -152,6 +184,7 @@ def test_0002_adds_the_task_prior_and_keeps_every_task(empty_url):
                 )
             )
         downgrade(empty_url, "0001")
+        assert _trial_rows(engine) == TRIAL_ROWS  # (and on the way down)
         with engine.connect() as conn:
             assert conn.execute(text("SELECT count(*) FROM tasks")).scalar() == 2
             assert "prior_task" not in {c["name"] for c in inspect(conn).get_columns("tasks")}
@@ -166,6 +199,7 @@ def test_0003_adds_the_learned_prior_and_keeps_every_task(empty_url):
         _one_finished_task(engine)
         upgrade(empty_url)
         assert _schema_diff(empty_url) == []
+        assert _trial_rows(engine) == TRIAL_ROWS
         with engine.begin() as conn:
             assert conn.execute(text("SELECT id, learned_from FROM tasks")).all() == [(1, None)]
             conn.execute(
@@ -177,6 +211,7 @@ def test_0003_adds_the_learned_prior_and_keeps_every_task(empty_url):
                 )
             )
         downgrade(empty_url, "0002")
+        assert _trial_rows(engine) == TRIAL_ROWS
         with engine.connect() as conn:
             assert conn.execute(text("SELECT count(*) FROM tasks")).scalar() == 2
             assert "learned_from" not in {c["name"] for c in inspect(conn).get_columns("tasks")}
@@ -192,24 +227,25 @@ def test_0004_adds_where_early_proposals_saw_results_and_keeps_every_job(empty_u
     try:
         _one_finished_task(engine)
         with engine.begin() as conn:
-            for trial in range(3):
+            for trial in range(1, 4):
                 conn.execute(
                     text(
-                        "INSERT INTO jobs (task_id, workload_id, gpu, arch, trial, batch, "
-                        "schedule, schedule_id, state, attempts) VALUES (1, 1, 'a100', "
+                        "INSERT INTO jobs (id, task_id, workload_id, gpu, arch, trial, batch, "
+                        "schedule, schedule_id, state, attempts) VALUES (:id, 1, 1, 'a100', "
                         "'sm_80', :trial, 0, '{}', 's', 'done', 0)"
                     ),
-                    {"trial": trial},
+                    {"id": trial + 1, "trial": trial},
                 )
         upgrade(empty_url)
         assert _schema_diff(empty_url) == []
         with engine.begin() as conn:
             rows = conn.execute(text("SELECT trial, seen_at FROM jobs ORDER BY trial")).all()
-            assert [tuple(r) for r in rows] == [(0, None), (1, None), (2, None)]
+            assert [tuple(r) for r in rows] == [(t, None) for t in range(4)]
             conn.execute(text("UPDATE jobs SET seen_at = -1 WHERE trial = 2"))
         downgrade(empty_url, "0003")
+        assert _trial_rows(engine)[-1] == TRIAL_ROWS[-1]
         with engine.connect() as conn:
-            assert conn.execute(text("SELECT count(*) FROM jobs")).scalar() == 3
+            assert conn.execute(text("SELECT count(*) FROM jobs")).scalar() == 4
             assert "seen_at" not in {c["name"] for c in inspect(conn).get_columns("jobs")}
     finally:
         engine.dispose()
