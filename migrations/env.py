@@ -14,6 +14,8 @@ from pipetune.service.orm import Base
 
 config = context.config
 target_metadata = Base.metadata
+# PostgreSQL: how long a migration waits for a table's lock.
+SET_LOCK_TIMEOUT = "SET LOCAL lock_timeout = '10s'"
 
 
 def _configure(connection) -> None:
@@ -42,7 +44,7 @@ def _set_sqlite_foreign_keys(connection, on: bool) -> None:
     # pragma, and the SQLAlchemy connection would begin one (BEGIN IMMEDIATE) to run it.
     cursor = connection.connection.driver_connection.cursor()
     try:
-        cursor.execute(f"PRAGMA foreign_keys={'ON' if on else 'OFF'}")
+        cursor.execute("PRAGMA foreign_keys=ON" if on else "PRAGMA foreign_keys=OFF")
     finally:
         cursor.close()
 
@@ -62,6 +64,11 @@ def _migrate(connection) -> None:
     try:
         _configure(connection)
         with context.begin_transaction():
+            if connection.dialect.name == "postgresql":
+                # A migration's ALTER TABLE waits for every open transaction on the table,
+                # and every query of the service then queues behind it: give up instead,
+                # and let `pipetune db upgrade` say so (it can be run again).
+                connection.exec_driver_sql(SET_LOCK_TIMEOUT)
             context.run_migrations()
             if sqlite:
                 broken = connection.exec_driver_sql("PRAGMA foreign_key_check").all()

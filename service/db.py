@@ -52,9 +52,22 @@ def is_unavailable(exc: BaseException) -> bool:
 
 
 def unavailable_reason(exc: BaseException) -> str:
-    """One line naming the error class, with no SQL or parameters in it."""
+    """One line naming the error class and the driver's own short message, with no SQL or
+    parameters in it (SQLAlchemy's str() of the error has both: a worker's token hash among
+    them). The class alone said "OperationalError" of a locked file, a read-only one and a
+    table that already exists alike."""
     orig = getattr(exc, "orig", None)
-    return type(orig if orig is not None else exc).__name__
+    error = orig if orig is not None else exc
+    name = type(error).__name__
+    # psycopg: the primary message (its DETAIL, which may quote values, is left out);
+    # sqlite3: its message, which names a table or column at most.
+    diag = getattr(error, "diag", None)
+    message = getattr(diag, "message_primary", None) if diag is not None else None
+    if message is None and type(error).__module__ == "sqlite3" and error.args:
+        message = str(error.args[0])
+    if not message:
+        return name
+    return f"{name}: {' '.join(str(message).split())[:200]}"
 
 
 class UTCDateTime(TypeDecorator):

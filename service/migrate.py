@@ -38,9 +38,49 @@ def head_revision() -> str:
     return head
 
 
+def known_revisions() -> list[str]:
+    """Every revision this pipetune has, newest first."""
+    script = ScriptDirectory.from_config(alembic_config("sqlite://"))
+    return [s.revision for s in script.walk_revisions()]
+
+
 def current_revision(engine: Engine) -> str | None:
-    with engine.connect() as conn:
+    # A read-only transaction: on SQLite a plain one is BEGIN IMMEDIATE (service.db), and a
+    # command that only asks the revision queued behind any writer for 30 s, then failed.
+    with engine.execution_options(pipetune_readonly=True).connect() as conn:
         return MigrationContext.configure(conn).get_current_revision()
+
+
+def _table_names(engine: Engine) -> list[str]:
+    with engine.execution_options(pipetune_readonly=True).connect() as conn:
+        return sorted(inspect(conn).get_table_names())
+
+
+def other_tables(engine: Engine) -> list[str]:
+    """The tables of a database with no pipetune revision (sorted): another program's, or
+    pipetune's written without its migrations (Alembic's own table, which a downgrade to
+    base leaves, is not counted)."""
+    return [t for t in _table_names(engine) if t != "alembic_version"]
+
+
+def revision_problem(current: str | None, tables: list[str] | None = None) -> str | None:
+    """What is wrong with a database at revision `current` for this pipetune (None: it is at
+    the newest); `tables`: what other_tables found, where `current` is None."""
+    head = head_revision()
+    if current == head:
+        return None
+    if current is None and tables:
+        shown = ", ".join(tables[:5]) + (", ..." if len(tables) > 5 else "")
+        return (
+            f"the database holds tables of something else ({shown}) and no pipetune schema: "
+            "point --db at an empty database or at one pipetune made"
+        )
+    if current is not None and current not in known_revisions():
+        return (
+            f"the database is at revision {current}, which this pipetune does not know (its "
+            f"newest is {head}): a newer pipetune wrote it; upgrade pipetune to use it"
+        )
+    return None  # behind: `pipetune db upgrade` brings it to the newest
 
 
 def upgrade(url: str, revision: str = "head") -> None:
@@ -58,10 +98,6 @@ def revision(message: str) -> None:
     command.revision(alembic_config(Settings().database_url), message, autogenerate=True)
 
 
-def _is_empty(engine: Engine) -> bool:
-    return not inspect(engine).get_table_names()
-
-
 def check_schema(url: str, *, create_if_empty: bool = False) -> str:
     """The database's revision when it is the newest; builds an empty database if allowed.
 
@@ -73,11 +109,14 @@ def check_schema(url: str, *, create_if_empty: bool = False) -> str:
         current = current_revision(engine)
         if current == head:
             return head
-        if current is None and create_if_empty and _is_empty(engine):
+        tables = other_tables(engine) if current is None else []
+        if current is None and create_if_empty and not _table_names(engine):
             upgrade(url)
             return head
     finally:
         engine.dispose()
+    if problem := revision_problem(current, tables):
+        raise SchemaError(problem)
     where = "has no pipetune schema" if current is None else f"is at revision {current}"
     raise SchemaError(
         f"the database {where}, this pipetune needs {head}: "

@@ -73,7 +73,7 @@ def _database_errors(url: str) -> Iterator[None]:
         raise CliError(str(exc), 1) from None
     except SQLAlchemyError as exc:
         reason = unavailable_reason(exc)
-        raise CliError(f"cannot open the database {redact(url)}: {reason}", 1) from None
+        raise CliError(f"the database {redact(url)} failed: {reason}", 1) from None
 
 
 def _missing_sqlite_file(url: str) -> Path | None:
@@ -266,18 +266,32 @@ def db_upgrade(
     revision: str = typer.Option(
         "head", "--revision", help="target revision: head, a revision id, +N, or REV+N/REV-N"
     ),
+    into_existing: bool = typer.Option(
+        False,
+        "--into-existing",
+        help="add pipetune's tables to a database that holds other tables (and no pipetune "
+        "schema yet): refused without it, as a --db pointing at the wrong database",
+    ),
 ) -> None:
     """Migrate the database schema (to the newest revision by default)."""
     from alembic.util.exc import CommandError
 
-    from pipetune.service.migrate import redact, upgrade
+    from pipetune.service.migrate import redact, revision_problem, upgrade
 
     url = _settings(db).database_url
     _check_revision(revision)  # before the database is touched (a SQLite file created)
     missing = _missing_sqlite_file(url)
     with _database_errors(url):
+        current, tables = (None, []) if missing else _revision_and_tables(url)
+        if tables and into_existing:
+            tables = []
+        if problem := revision_problem(current, tables):
+            # (A newer pipetune's revision was Alembic's "Can't locate revision"; a database
+            # of another program's had pipetune's tables written in beside its own.)
+            hint = " (or pass --into-existing to add pipetune's tables to it)" if tables else ""
+            raise CliError(problem + hint, 1)
         # Again from the database's revision, which relative targets (+1) count from.
-        _check_revision(revision, None if missing else _current(url))
+        _check_revision(revision, current)
         try:
             upgrade(url, revision)
         except CommandError as exc:  # e.g. a database at a revision this pipetune lacks
@@ -336,12 +350,18 @@ def _check_revision(revision: str, current: str | None = None) -> None:
 
 
 def _current(url: str) -> str | None:
+    return _revision_and_tables(url)[0]
+
+
+def _revision_and_tables(url: str) -> tuple[str | None, list[str]]:
+    """The database's revision, and where it has none, the tables it holds."""
     from pipetune.service.db import make_engine
-    from pipetune.service.migrate import current_revision
+    from pipetune.service.migrate import current_revision, other_tables
 
     engine = make_engine(url, pool_size=1)
     try:
-        return current_revision(engine)
+        current = current_revision(engine)
+        return current, other_tables(engine) if current is None else []
     finally:
         engine.dispose()
 
@@ -351,14 +371,23 @@ def _current(url: str) -> str | None:
 def db_current(db: str | None = _DB, as_json: bool = typer.Option(False, "--json")) -> None:
     """The database's schema revision and the newest one this pipetune has (a SQLite file
     that does not exist is not created: its revision is none)."""
-    from pipetune.service.migrate import head_revision, redact
+    from pipetune.service.migrate import head_revision, redact, revision_problem
 
     url = _settings(db).database_url
     missing = _missing_sqlite_file(url)
     with _database_errors(url):
-        current = None if missing else _current(url)
+        current, tables = (None, []) if missing else _revision_and_tables(url)
     doc = {"database": redact(url), "current": current, "head": head_revision()}
     doc["up_to_date"] = doc["current"] == doc["head"]
+    problem = revision_problem(current, tables)
+    if doc["up_to_date"]:
+        doc["state"] = "up_to_date"
+    elif tables:
+        doc["state"] = "other_tables"
+    else:  # a revision this pipetune does not know, or one behind it (none: empty)
+        doc["state"] = "newer" if problem else "behind"
+    if tables:
+        doc["other_tables"] = tables
     if as_json:
         print_json(doc)
         return
@@ -367,6 +396,9 @@ def db_current(db: str | None = _DB, as_json: bool = typer.Option(False, "--json
             f"{doc['database']}: no database file at {missing} (newest revision "
             f"{doc['head']}; `pipetune db upgrade` or `pipetune serve` creates it)"
         )
+        return
+    if problem:  # not pipetune's, or a newer pipetune's: `db upgrade` is not the answer
+        console.print(f"{doc['database']}: {problem}")
         return
     state = "up to date" if doc["up_to_date"] else "behind: run `pipetune db upgrade`"
     console.print(f"{doc['database']}: revision {doc['current']} (newest {doc['head']}, {state})")
