@@ -449,10 +449,29 @@ class WorkerDoc(_Body):
     last_heartbeat: datetime
 
 
+# The most leases one heartbeat lists (a worker holding more sends none: all are extended).
+MAX_HELD_LEASES = 4096
+
+
+class HeldLease(_Request):
+    """A lease a worker still holds: a job in hand, or measured and not yet acknowledged."""
+
+    job_id: RowRef
+    lease_token: str = Field(min_length=8, max_length=128)
+
+
 class Heartbeat(_Request):
-    """POST /v1/workers/{id}/heartbeat; the response echoes the server's clock."""
+    """POST /v1/workers/{id}/heartbeat; the response echoes the server's clock.
+
+    `leases`: the leases the worker holds; only those are extended by one TTL. A lease the
+    worker lost track of (the answer that granted it never arrived, its result could not be
+    reported, a process under the same name died holding it) is then left to expire and its
+    job returns to the queue; extending all of the worker's leases kept such jobs leased for
+    as long as the worker lived, and their tasks never finished. None (a worker from before
+    the field): every live lease of the worker is extended, as before."""
 
     busy_jobs: int = Field(0, strict=True, ge=0, le=ID_MAX)
+    leases: list[HeldLease] | None = Field(None, max_length=MAX_HELD_LEASES)
 
 
 class HeartbeatAck(_Body):

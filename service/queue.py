@@ -31,6 +31,7 @@ from pipetune.model.trials import MeasureResult, RunnerKind
 from pipetune.model.wire import (
     ID_MAX,
     HeartbeatAck,
+    HeldLease,
     JobLease,
     JobResult,
     JobResultAck,
@@ -178,10 +179,18 @@ class Queue:
             s.refresh(worker)
             return worker_doc(worker), created
 
-    def heartbeat(self, worker_id: int, token_hash: str, busy_jobs: int) -> HeartbeatAck:
-        """Record the heartbeat and extend the worker's live leases by one TTL."""
+    def heartbeat(
+        self,
+        worker_id: int,
+        token_hash: str,
+        busy_jobs: int,
+        leases: list[HeldLease] | None = None,
+    ) -> HeartbeatAck:
+        """Record the heartbeat and extend by one TTL the worker's live leases, of them only
+        those it says it holds where it says (wire.Heartbeat says why)."""
         self.worker_ref(worker_id, token_hash)
-        now = self.store.heartbeat(worker_id, busy_jobs, self.settings.lease_ttl_s)
+        held = None if leases is None else [(h.job_id, h.lease_token) for h in leases]
+        now = self.store.heartbeat(worker_id, busy_jobs, self.settings.lease_ttl_s, held)
         return HeartbeatAck(ok=True, server_time=now)
 
     def cached_worker_ref(self, worker_id: int, token_hash: str) -> WorkerRef | None:

@@ -28,6 +28,7 @@ from pipetune.model.states import JobState, TaskState
 from pipetune.service.db import Database
 from pipetune.service.queue_types import (
     Claimed,
+    Held,
     Report,
     Seen,
     TaskProgress,
@@ -148,6 +149,7 @@ WITH beat AS (
     SELECT id FROM jobs
     WHERE lease_owner = %(worker)s AND state = %(leased)s
         AND lease_expires_at >= statement_timestamp()
+        AND (%(all)s OR (id = ANY(%(ids)s::int[]) AND lease_token = ANY(%(tokens)s::text[])))
     ORDER BY id FOR UPDATE SKIP LOCKED
 ), extended AS (
     UPDATE jobs SET lease_expires_at = statement_timestamp() + make_interval(secs => %(ttl)s)
@@ -249,8 +251,18 @@ class PostgresQueueStore:
             cur.execute(SETTLED_SQL, {"ids": job_ids})
             return {r.id: (r.state, r.result_token) for r in cur.fetchall()}
 
-    def heartbeat(self, worker_id: int, busy_jobs: int, ttl_s: float) -> dt.datetime:
-        params = {"worker": worker_id, "busy": busy_jobs, "ttl": float(ttl_s), **_STATES}
+    def heartbeat(
+        self, worker_id: int, busy_jobs: int, ttl_s: float, held: Held = None
+    ) -> dt.datetime:
+        params = {
+            "worker": worker_id,
+            "busy": busy_jobs,
+            "ttl": float(ttl_s),
+            "all": held is None,
+            "ids": [job_id for job_id, _ in held or ()],
+            "tokens": [token for _, token in held or ()],
+            **_STATES,
+        }
         with self.db.driver_statement() as cur:
             cur.execute(HEARTBEAT_SQL, params)
             return _utc(cur.fetchone().now)

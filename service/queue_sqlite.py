@@ -20,6 +20,7 @@ from pipetune.service.db import Database
 from pipetune.service.orm import JobRow, LeaseRow, TaskRow, WorkerRow
 from pipetune.service.queue_types import (
     Claimed,
+    Held,
     Report,
     Seen,
     TaskProgress,
@@ -271,21 +272,25 @@ class SqliteQueueStore:
             )
             return {r.id: (r.state, r.result_token) for r in rows}
 
-    def heartbeat(self, worker_id: int, busy_jobs: int, ttl_s: float) -> dt.datetime:
+    def heartbeat(
+        self, worker_id: int, busy_jobs: int, ttl_s: float, held: Held = None
+    ) -> dt.datetime:
         now = self.db.now()
+        live = [
+            JOBS.c.lease_owner == worker_id,
+            JOBS.c.state == JobState.LEASED,
+            JOBS.c.lease_expires_at >= now,
+        ]
+        if held is not None:  # only the leases the worker says it holds
+            live += [
+                JOBS.c.id.in_([job_id for job_id, _ in held]),
+                JOBS.c.lease_token.in_([token for _, token in held]),
+            ]
         with self.db.write_conn() as conn:
             conn.execute(
                 update(WORKERS)
                 .where(WORKERS.c.id == worker_id)
                 .values(last_heartbeat=now, busy_jobs=busy_jobs)
             )
-            conn.execute(
-                update(JOBS)
-                .where(
-                    JOBS.c.lease_owner == worker_id,
-                    JOBS.c.state == JobState.LEASED,
-                    JOBS.c.lease_expires_at >= now,
-                )
-                .values(lease_expires_at=self.db.now_plus(ttl_s))
-            )
+            conn.execute(update(JOBS).where(*live).values(lease_expires_at=self.db.now_plus(ttl_s)))
             return conn.scalar(select(now))

@@ -11,6 +11,9 @@ from pipetune.model.states import JobState
 from pipetune.model.trials import MeasureResult, RunnerKind
 from pipetune.service.wakeup import WorkerKind
 
+# The leases a heartbeat names, as (job id, lease token) pairs; None: all of the worker's.
+Held = list[tuple[int, str]] | None
+
 # Runners that answer for one named GPU (a model or a recorded dataset of it) get only that
 # GPU's jobs; a real GPU (cupy) takes any job compiled for its architecture.
 GPU_BOUND_RUNNERS = (RunnerKind.SIMULATED, RunnerKind.REPLAY)
@@ -119,6 +122,9 @@ class QueueStore(Protocol):
         """(state, result_token) of jobs as committed now."""
         ...
 
-    def heartbeat(self, worker_id: int, busy_jobs: int, ttl_s: float) -> dt.datetime:
-        """Record the heartbeat, extend the worker's live leases by ttl_s; the database time."""
+    def heartbeat(
+        self, worker_id: int, busy_jobs: int, ttl_s: float, held: Held = None
+    ) -> dt.datetime:
+        """Record the heartbeat, extend the worker's live leases by ttl_s (of them only the
+        `held` ones, (job id, lease token) pairs, where given); the database time."""
         ...

@@ -7,14 +7,24 @@ from __future__ import annotations
 
 import datetime as dt
 import io
+import threading
+import time
 from types import SimpleNamespace
 
-from pipetune.clients.sdk import ApiError, NotFoundError
+import pytest
+
+from pipetune.clients.sdk import (
+    ApiError,
+    InvalidRequestError,
+    NotFoundError,
+    ProtocolError,
+    RetryLaterError,
+)
 from pipetune.model.trials import MeasureResult
 from pipetune.model.wire import JobLease, JobResultAck, JobResultAcks, ResultAck, ScheduleDoc
 from pipetune.workers.daemon import EventLog, WorkerConfig
 from pipetune.workers.daemon.gpu import describe_model_gpu
-from pipetune.workers.daemon.worker import LEASE_AHEAD_S, Worker
+from pipetune.workers.daemon.worker import EXIT_UNREPORTED, LEASE_AHEAD_S, Worker
 
 SCHEDULE = {
     "block_row_warps": 2,
@@ -223,3 +233,93 @@ def test_a_service_from_before_reports_leased_gets_reports_without_max_jobs():
     assert api.batches == [[1, 2]] and api.singles == [] and api.asked == [0]
     assert worker.counts["accepted"] == 2 and "report_leases_unsupported" in log.getvalue()
     assert worker._lease_with_report(1) == 0
+
+
+@pytest.mark.parametrize(
+    "error",
+    [RetryLaterError(429, "rate limited"), ProtocolError("the answer is not a JobResultAcks")],
+)
+def test_a_report_answered_429_or_garbled_is_sent_again(error):
+    """Both were final: the results were dropped (`report_refused` / `report_failed`), and
+    the jobs' leases, still extended by every heartbeat, never came back to the queue."""
+    api = FakeApi()
+    plain = api.post_results
+    failures = [error]
+
+    def flaky(worker_id: int, results: list) -> list[JobResultAck]:
+        if failures:
+            raise failures.pop()
+        return plain(worker_id, results)
+
+    api.post_results = flaky  # type: ignore[method-assign]
+    worker, _ = _worker(api)
+    _report(worker, [_job(1), _job(2)])
+    assert api.batches == [[1, 2]] and worker.counts["accepted"] == 2
+    assert worker.counts["refused"] == worker.counts["unreported"] == 0
+
+
+def test_the_worker_holds_the_leases_it_has_not_reported_and_only_those():
+    api = FakeApi(queued=2)
+    worker, _ = _worker(api, concurrency=2, lease_ahead=2)
+    worker._pool = FakePool()  # type: ignore[assignment]
+    with worker._slots:
+        worker._hold([_job(1), _job(2), _job(3)])
+    worker._abandon(_job(3))  # given up: its lease must be left to expire
+    worker._reports.put((_job(1), OK))
+    worker._reports.put(None)
+    worker._reporter()  # job 1 reported; the report leased jobs 100 and 101
+    held = {h.job_id: h.lease_token for h in worker._held_leases()}
+    assert held == {2: "token-0002", 100: "token-0100", 101: "token-0101"}
+    assert worker._busy == 3
+
+
+class BeatingApi(FakeApi):
+    def __init__(self, refuse_leases: bool = False) -> None:
+        super().__init__()
+        self.beats: list[list[int] | None] = []
+        self.refuse_leases = refuse_leases
+
+    def heartbeat(self, worker_id: int, busy_jobs: int = 0, leases: list | None = None) -> None:
+        if leases is not None and self.refuse_leases:
+            raise InvalidRequestError(422, "Extra inputs are not permitted", field="leases")
+        self.beats.append(None if leases is None else [h.job_id for h in leases])
+
+
+def _beat(worker: Worker, beats: int, api: BeatingApi) -> None:
+    stop = threading.Event()
+    thread = threading.Thread(target=worker._heartbeat, args=(stop,))
+    thread.start()
+    deadline = time.monotonic() + 10
+    while len(api.beats) < beats and time.monotonic() < deadline:
+        time.sleep(0.01)
+    stop.set()
+    thread.join()
+
+
+def test_heartbeats_list_the_leases_held():
+    api = BeatingApi()
+    worker, _ = _worker(api, heartbeat_s=0.01)
+    with worker._slots:
+        worker._hold([_job(4), _job(5)])
+    _beat(worker, 2, api)
+    assert api.beats[:2] == [[4, 5], [4, 5]]
+
+
+def test_a_service_from_before_heartbeats_listed_leases_gets_heartbeats_without():
+    api = BeatingApi(refuse_leases=True)
+    worker, log = _worker(api, heartbeat_s=0.01)
+    with worker._slots:
+        worker._hold([_job(4)])
+    _beat(worker, 2, api)
+    assert api.beats[:2] == [None, None]
+    assert log.getvalue().count("heartbeat_leases_unsupported") == 1
+
+
+def test_a_worker_that_could_not_report_exits_3():
+    worker, log = _worker(FakeApi())
+    worker._control = lambda: worker._count("unreported", 2)  # type: ignore[method-assign]
+    assert worker.run() == EXIT_UNREPORTED == 3
+    assert "unreported=2" in log.getvalue()
+    clean, _ = _worker(FakeApi())
+    clean._control = lambda: None  # type: ignore[method-assign]
+    assert clean.run() == 0

@@ -11,7 +11,12 @@ from types import SimpleNamespace
 
 import pytest
 
-from pipetune.clients.sdk import ServerError, ServiceUnavailableError
+from pipetune.clients.sdk import (
+    ProtocolError,
+    RetryLaterError,
+    ServerError,
+    ServiceUnavailableError,
+)
 from pipetune.workers.daemon import EventLog, WorkerConfig
 from pipetune.workers.daemon.gpu import describe_model_gpu
 from pipetune.workers.daemon.worker import Worker
@@ -96,3 +101,31 @@ def test_leasing_stops_retrying_when_the_worker_stops():
     started = time.monotonic()
     assert worker._lease(api, 1) == []  # type: ignore[arg-type]
     assert time.monotonic() - started < 3 and api.calls["lease"] >= 1
+
+
+@pytest.mark.parametrize(
+    "error",
+    [
+        RetryLaterError(429, "rate limited"),
+        RetryLaterError(408, "request timeout"),
+        ProtocolError("POST /v1/jobs/lease: the answer is not a LeaseResponse: <html>"),
+    ],
+)
+def test_leasing_retries_a_proxys_429_408_or_garbled_answer(error):
+    """One such answer from a proxy stopped the worker (exit 1): a 429 was a final refusal,
+    a garbled 200 was not caught at all."""
+    api = FakeApi(2, error)
+    worker, _ = _worker(api)
+    worker.worker_id = 7
+    assert worker._lease(api, 1) == []  # type: ignore[arg-type]
+    assert api.calls["lease"] == 3
+
+
+def test_registering_does_not_retry_a_garbled_answer():
+    """At registration a page that is not the API's more likely means --server names another
+    program: said at once, not hidden behind retries."""
+    api = FakeApi(1, ProtocolError("POST /v1/workers: the answer is not a WorkerDoc"))
+    worker, _ = _worker(api, register_timeout_s=600)
+    with pytest.raises(ProtocolError):
+        worker._register(api)  # type: ignore[arg-type]
+    assert api.calls["register"] == 1

@@ -90,7 +90,8 @@ def worker(
     json_logs: bool = typer.Option(False, "--json-logs", help="log JSON lines (for machines)"),
 ) -> None:
     """Run a GPU worker: register, lease jobs of this GPU's arch, measure, report; drains and
-    exits 0 on SIGTERM (a second SIGTERM stops after the current trial)."""
+    exits 0 on SIGTERM, 3 if results could not be reported (a second SIGTERM stops after the
+    current trial)."""
     try:
         config = WorkerConfig(
             server=server,

@@ -99,6 +99,11 @@ class ServerError(ApiError):
     """5xx: the service failed; retrying later may help."""
 
 
+class RetryLaterError(ApiError):
+    """408 or 429: the service, or a proxy in front of it, asks to be asked again later (it
+    has not judged the request)."""
+
+
 def error_class(status_code: int) -> type[ApiError]:
     if status_code in (400, 422):
         return InvalidRequestError
@@ -108,6 +113,8 @@ def error_class(status_code: int) -> type[ApiError]:
         return NotFoundError
     if status_code == 409:
         return ConflictError
+    if status_code in (408, 429):
+        return RetryLaterError
     if status_code >= 500:
         return ServerError
     return ApiError

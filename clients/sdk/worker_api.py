@@ -17,6 +17,7 @@ from pipetune.clients.sdk.http import DEFAULT_TIMEOUT_S, Http, header_value_prob
 from pipetune.model.wire import (
     Heartbeat,
     HeartbeatAck,
+    HeldLease,
     JobLease,
     JobResult,
     JobResultAck,
@@ -55,8 +56,13 @@ class WorkerApi:
     def register(self, body: WorkerRegister) -> WorkerDoc:
         return self._http.call(WorkerDoc, "POST", "/v1/workers", json=body.model_dump(mode="json"))
 
-    def heartbeat(self, worker_id: int, busy_jobs: int = 0) -> HeartbeatAck:
-        body = Heartbeat(busy_jobs=busy_jobs).model_dump(mode="json")
+    def heartbeat(
+        self, worker_id: int, busy_jobs: int = 0, leases: list[HeldLease] | None = None
+    ) -> HeartbeatAck:
+        """`leases`: the leases the worker holds, the only ones extended (None: all)."""
+        body = Heartbeat(busy_jobs=busy_jobs, leases=leases).model_dump(
+            mode="json", exclude_none=True
+        )
         return self._http.call(
             HeartbeatAck, "POST", f"/v1/workers/{worker_id}/heartbeat", json=body
         )

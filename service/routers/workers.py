@@ -49,8 +49,11 @@ async def heartbeat(
     body: Heartbeat,
     token: WorkerToken,
 ) -> HeartbeatAck:
-    """Liveness; also extends the worker's unexpired leases by one lease TTL."""
-    return await run_in_threadpool(service.queue.heartbeat, worker_id, token, body.busy_jobs)
+    """Liveness; also extends by one lease TTL the worker's unexpired leases: those listed in
+    `leases` where the worker lists them (the others are left to expire), else all."""
+    return await run_in_threadpool(
+        service.queue.heartbeat, worker_id, token, body.busy_jobs, body.leases
+    )
 
 
 @router.get("/v1/workers", response_model=WorkerList, dependencies=[Depends(user_access)])

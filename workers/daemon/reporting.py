@@ -2,7 +2,8 @@
 exponential backoff through connection failures and 5xx until the service is back, so a
 service restart loses nothing. A result gives up after `give_up_after_s` (by then its lease
 has long expired and the service has queued the job again anyway); a 4xx is final (the
-service has judged the request, retrying cannot change its mind)."""
+service has judged the request, retrying cannot change its mind), but for 408 and 429,
+which ask to be asked later."""
 
 from __future__ import annotations
 
@@ -19,10 +20,22 @@ from tenacity import (
     wait_exponential,
 )
 
-from pipetune.clients.sdk import ServerError, ServiceUnavailableError
+from pipetune.clients.sdk import (
+    ProtocolError,
+    RetryLaterError,
+    ServerError,
+    ServiceUnavailableError,
+)
 
 T = TypeVar("T")
-TRANSIENT = (ServiceUnavailableError, ServerError)
+# Errors that say nothing of the request, only of the moment: the service unreachable,
+# failing (5xx), or asking to be asked later (408, 429: a proxy's rate limit included).
+TRANSIENT: tuple[type[Exception], ...] = (ServiceUnavailableError, ServerError, RetryLaterError)
+# Once registered, also an answer that does not parse (a proxy's error page with status
+# 200): the service that registered the worker is there, and leases and results are
+# idempotent to retry. (At registration it more likely means --server names something
+# else, which retrying would hide: there it is final.)
+TRANSIENT_REGISTERED: tuple[type[Exception], ...] = (*TRANSIENT, ProtocolError)
 
 
 def call_with_retries(
@@ -33,8 +46,9 @@ def call_with_retries(
     on_retry: Callable[[int, BaseException, float], None] | None = None,
     initial_s: float = 0.5,
     max_wait_s: float = 5.0,
+    transient: tuple[type[Exception], ...] = TRANSIENT,
 ) -> T:
-    """call() until it succeeds, retrying TRANSIENT errors; re-raises the last error when
+    """call() until it succeeds, retrying `transient` errors; re-raises the last error when
     `give_up_after_s` has passed (None: never) or `abort` is set (a stop, a second SIGTERM).
     `on_retry(attempt, error, wait_s)` is called before each wait."""
 
@@ -49,7 +63,7 @@ def call_with_retries(
                 on_retry(state.attempt_number, exc, wait)
 
     retrying = Retrying(
-        retry=retry_if_exception_type(TRANSIENT),
+        retry=retry_if_exception_type(transient),
         wait=wait_exponential(multiplier=initial_s, max=max_wait_s),
         stop=(stop_never if give_up_after_s is None else stop_after_delay(give_up_after_s))
         | _aborted,

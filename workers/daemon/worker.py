@@ -16,8 +16,9 @@ Threads, each with one job:
 - heartbeat: tells the service every few seconds that the worker lives and how busy it is.
 
 Stopping: the first SIGTERM (or SIGINT) stops leasing; the jobs in hand are measured and
-reported, then the worker exits 0. A second one stops after the current trial: the jobs not
-started are left to their leases, which expire and return them to the queue.
+reported, then the worker exits 0 (3 when some results could not be reported). A second one
+stops after the current trial: the jobs not started are left to their leases, which expire
+and return them to the queue (heartbeats list only the leases the worker holds).
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ from typing import Any
 
 from pipetune.clients.sdk import (
     ApiError,
+    InvalidRequestError,
     NotFoundError,
     PipetuneError,
     WorkerApi,
@@ -40,8 +42,10 @@ from pipetune.clients.sdk import (
 from pipetune.model.family import parse_any_workload
 from pipetune.model.trials import MeasureResult
 from pipetune.model.wire import (
+    MAX_HELD_LEASES,
     MAX_JOBS_PER_LEASE,
     MAX_RESULTS_PER_POST,
+    HeldLease,
     JobLease,
     JobResult,
     ReportedResult,
@@ -51,7 +55,11 @@ from pipetune.model.workloads import WorkloadError
 from pipetune.workers.daemon.config import WorkerConfig
 from pipetune.workers.daemon.gpu import DeviceInfo
 from pipetune.workers.daemon.logs import EventLog, Throttle
-from pipetune.workers.daemon.reporting import TRANSIENT, call_with_retries
+from pipetune.workers.daemon.reporting import (
+    TRANSIENT,
+    TRANSIENT_REGISTERED,
+    call_with_retries,
+)
 from pipetune.workers.runners import Runner, RunnerClosedError, RunnerUnavailableError
 
 # A worker the service no longer knows (database reset) registers again; if that keeps
@@ -62,6 +70,7 @@ MAX_REREGISTER = 3
 # trial time sets how many that is).
 LEASE_AHEAD_S = 30.0
 REPORT_BATCH = 64  # results in one report at most
+EXIT_UNREPORTED = 3  # the exit status of a worker that stopped with results it could not report
 
 
 class WorkerError(PipetuneError):
@@ -94,6 +103,10 @@ class Worker:
         self._abort = threading.Event()  # start no more trials; stop retrying reports
         self._fatal: BaseException | None = None
         self._busy = 0
+        # The leases held (job id -> lease token): leased and not yet reported. Heartbeats
+        # list them, and the service extends only those (wire.Heartbeat says why).
+        self._held: dict[int, str] = {}
+        self._heartbeat_lists_leases = True  # until a service from before it says otherwise
         self._asking = 0  # jobs the control thread's lease request in flight asks for
         self._leases_in_reports = True  # the service takes max_jobs in a report (until it says)
         self._slots = threading.Condition()
@@ -134,8 +147,9 @@ class Worker:
     # ---- main ---------------------------------------------------------------------------
 
     def run(self) -> int:
-        """Work until stopped; 0 after a clean drain. Raises WorkerError (or the SDK's
-        error) when the worker cannot start or must give up."""
+        """Work until stopped; 0 after a clean drain, EXIT_UNREPORTED when results measured
+        could not be reported. Raises WorkerError (or the SDK's error) when the worker
+        cannot start or must give up."""
         control = threading.Thread(target=self._control, name="pipetune-control", daemon=True)
         control.start()
         while control.is_alive():
@@ -143,6 +157,11 @@ class Worker:
             self._handle_signals()
         if self._fatal is not None:
             raise self._fatal
+        if self.counts["unreported"]:
+            # Measured and never delivered (the service was gone past --result-retry, or a
+            # second signal cut the retries short): a supervisor should know.
+            self.log.warning("stopped", worker=self.worker_id, **dict(self.counts))
+            return EXIT_UNREPORTED
         self.log.info("stopped", worker=self.worker_id, **dict(self.counts))
         return 0
 
@@ -247,10 +266,23 @@ class Worker:
                 self._slots.wait(0.5)
             return 0 if self._stop.is_set() else self._capacity() - self._busy
 
-    def _release(self, n: int = 1) -> None:
+    def _hold(self, jobs: list[JobLease]) -> None:
+        """Count jobs just leased as held (the caller holds self._slots)."""
+        self._busy += len(jobs)
+        self._held.update((job.job_id, job.lease_token) for job in jobs)
+
+    def _release(self, jobs: list[JobLease]) -> None:
+        """The jobs are done with (reported, or abandoned): their slots are free, and their
+        leases no longer extended (an abandoned job's lease expires)."""
         with self._slots:
-            self._busy -= n
+            self._busy -= len(jobs)
+            for job in jobs:
+                self._held.pop(job.job_id, None)
             self._slots.notify_all()
+
+    def _held_leases(self) -> list[HeldLease]:
+        with self._slots:
+            return [HeldLease(job_id=j, lease_token=t) for j, t in self._held.items()]
 
     def _count(self, key: str, n: int = 1) -> None:
         with self._counts_lock:
@@ -277,13 +309,14 @@ class Worker:
                 give_up_after_s=None,
                 abort=self._stop,
                 on_retry=failed,
+                transient=TRANSIENT_REGISTERED,
             )
-        except TRANSIENT:
+        except TRANSIENT_REGISTERED:
             pass  # stopping (the retries end only then): no jobs
         finally:
             with self._slots:
                 self._asking = 0
-                self._busy += len(jobs)
+                self._hold(jobs)
         return jobs
 
     def _lease_loop(self, api: WorkerApi) -> None:
@@ -418,7 +451,7 @@ class Worker:
             job=job.job_id,
             msg="not measured; the lease will expire and the job return to the queue",
         )
-        self._release()
+        self._release([job])
 
     # ---- reporting ----------------------------------------------------------------------
 
@@ -450,7 +483,7 @@ class Worker:
                             "report_failed", job=job.job_id, msg=f"{type(exc).__name__}: {exc}"
                         )
                 finally:
-                    self._release(len(items))
+                    self._release([job for job, _ in items])
                 if last:
                     return
         finally:
@@ -522,7 +555,7 @@ class Worker:
                 acks += answer.acks
                 if answer.jobs:
                     with self._slots:  # held before the reported ones are released
-                        self._busy += len(answer.jobs)
+                        self._hold(answer.jobs)
                     leased.extend(answer.jobs)
             return acks
 
@@ -532,8 +565,9 @@ class Worker:
                 give_up_after_s=self.config.result_retry_s,
                 abort=self._abort,
                 on_retry=on_retry,
+                transient=TRANSIENT_REGISTERED,
             )
-        except TRANSIENT as exc:
+        except TRANSIENT_REGISTERED as exc:
             for job, _ in items:
                 self._count("unreported")
                 self.log.error("report_gave_up", job=job.job_id, msg=str(exc))
@@ -568,8 +602,9 @@ class Worker:
                 give_up_after_s=self.config.result_retry_s,
                 abort=self._abort,
                 on_retry=on_retry,
+                transient=TRANSIENT_REGISTERED,
             )
-        except TRANSIENT as exc:
+        except TRANSIENT_REGISTERED as exc:
             self._count("unreported")
             self.log.error("report_gave_up", job=job.job_id, msg=str(exc))
             return
@@ -596,8 +631,18 @@ class Worker:
             while not stop.wait(self.config.heartbeat_s):
                 if self.worker_id is None:
                     continue
+                leases = self._held_leases() if self._heartbeat_lists_leases else None
+                if leases is not None and len(leases) > MAX_HELD_LEASES:
+                    leases = None  # (more than a heartbeat lists: all are extended)
                 try:
-                    api.heartbeat(self.worker_id, busy_jobs=max(self._busy, 0))
+                    api.heartbeat(self.worker_id, busy_jobs=max(self._busy, 0), leases=leases)
+                except InvalidRequestError as exc:
+                    if leases is not None and exc.field == "leases":
+                        # A service from before heartbeats listed leases: as it takes them.
+                        self._heartbeat_lists_leases = False
+                        self.log.info("heartbeat_leases_unsupported", msg="all leases extended")
+                    elif self._throttle("heartbeat", time.monotonic()):
+                        self.log.warning("heartbeat_failed", msg=f"{type(exc).__name__}: {exc}")
                 except Exception as exc:  # keep beating: the next one may get through
                     if self._throttle("heartbeat", time.monotonic()):
                         self.log.warning("heartbeat_failed", msg=f"{type(exc).__name__}: {exc}")

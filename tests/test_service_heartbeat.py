@@ -1,0 +1,110 @@
+"""Heartbeats extend the leases a worker says it holds, and only those: a lease the worker
+lost track of (the answer that granted it lost, a result it could not report, a process
+under the same name killed while holding it) expires and its job returns to the queue. On
+SQLite and PostgreSQL, through the HTTP API in-process."""
+
+from __future__ import annotations
+
+import datetime as dt
+
+from service_support import WORKER_HEADERS, create_task, lease, register, service_of
+from sqlalchemy import select, update
+
+from pipetune.service.orm import JobRow
+
+pytest_plugins = ["service_fixtures"]
+
+
+def _beat(client, worker: int, leases: list[dict] | None) -> None:
+    body: dict = {"busy_jobs": 1}
+    if leases is not None:
+        body["leases"] = [{"job_id": j["job_id"], "lease_token": j["lease_token"]} for j in leases]
+    response = client.post(f"/v1/workers/{worker}/heartbeat", json=body, headers=WORKER_HEADERS)
+    assert response.status_code == 200, response.text
+
+
+def _expiries(client, jobs: list[dict]) -> list[dt.datetime]:
+    service = service_of(client)
+    with service.db.read() as s:
+        rows = dict(
+            s.execute(
+                select(JobRow.id, JobRow.lease_expires_at).where(
+                    JobRow.id.in_([j["job_id"] for j in jobs])
+                )
+            ).all()
+        )
+    return [rows[j["job_id"]] for j in jobs]
+
+
+def _age(client, jobs: list[dict], seconds: float) -> None:
+    """Move the leases' expiry back (as if granted `seconds` earlier)."""
+    service = service_of(client)
+    expiries = _expiries(client, jobs)
+    with service.db.write() as s:
+        for job, expiry in zip(jobs, expiries, strict=True):
+            s.execute(
+                update(JobRow)
+                .where(JobRow.id == job["job_id"])
+                .values(lease_expires_at=expiry - dt.timedelta(seconds=seconds))
+            )
+
+
+def test_a_heartbeat_extends_only_the_leases_it_lists(client):
+    create_task(client, budget=4, strategy="grid")
+    worker = register(client)
+    kept, lost = lease(client, worker, max_jobs=2)
+    _age(client, [kept, lost], 60)
+    aged = _expiries(client, [kept, lost])
+    _beat(client, worker, [kept])
+    after = _expiries(client, [kept, lost])
+    assert after[0] > aged[0] + dt.timedelta(seconds=30)  # extended by a TTL from now
+    assert after[1] == aged[1]  # left to expire: the worker no longer holds it
+    # A token that is not the lease's extends nothing (an old lease of the job, or a guess).
+    forged = {**kept, "lease_token": "0" * 32}
+    _age(client, [kept], 60)
+    before = _expiries(client, [kept])
+    _beat(client, worker, [forged])
+    assert _expiries(client, [kept]) == before
+
+
+def test_a_heartbeat_that_lists_nothing_extends_nothing_and_one_without_the_field_all(client):
+    create_task(client, budget=4, strategy="grid")
+    worker = register(client)
+    jobs = lease(client, worker, max_jobs=2)
+    _age(client, jobs, 60)
+    aged = _expiries(client, jobs)
+    _beat(client, worker, [])
+    assert _expiries(client, jobs) == aged
+    _beat(client, worker, None)  # a worker from before the field: all, as before
+    assert all(a > b for a, b in zip(_expiries(client, jobs), aged, strict=True))
+
+
+def test_a_lease_the_worker_lost_track_of_returns_to_the_queue(client):
+    """The answer that granted job `lost` never reached the worker: its heartbeats go on
+    listing what it holds, the lease expires, and the job is leased again."""
+    create_task(client, budget=2, strategy="grid")
+    worker = register(client)
+    held, lost = lease(client, worker, max_jobs=2)
+    _age(client, [held, lost], 119)  # a second of the TTL left
+    _beat(client, worker, [held])
+    _age(client, [held, lost], 5)
+    service_of(client).queue.reclaim()
+    again = lease(client, register(client, "w2"), max_jobs=2)
+    assert [j["job_id"] for j in again] == [lost["job_id"]]
+
+
+def test_a_malformed_lease_list_is_a_422_naming_it(client):
+    worker = register(client)
+    for leases, where in (
+        ([{"job_id": 1}], "lease_token"),
+        ([{"job_id": 0, "lease_token": "x" * 16}], "job_id"),
+        ([{"job_id": 1, "lease_token": "short"}], "lease_token"),
+        ("all", "leases"),
+    ):
+        response = client.post(
+            f"/v1/workers/{worker}/heartbeat",
+            json={"busy_jobs": 0, "leases": leases},
+            headers=WORKER_HEADERS,
+        )
+        assert response.status_code == 422, response.text
+        assert response.json()["field"].endswith(where), response.json()
