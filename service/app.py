@@ -25,7 +25,7 @@ from pipetune.service.driver import Driver
 from pipetune.service.errors import install as install_error_handlers
 from pipetune.service.metrics import Metrics
 from pipetune.service.middleware import RequestMetrics
-from pipetune.service.migrate import check_schema
+from pipetune.service.migrate import check_schema, check_writable
 from pipetune.service.proposer import Proposer
 from pipetune.service.queue import Queue
 from pipetune.service.routers import curves, dashboard, jobs, ops, schedules, tasks, workers
@@ -60,6 +60,7 @@ def _libpq_url(url: str) -> str:
 def create_app(settings: Settings | None = None) -> FastAPI:
     settings = settings or Settings()
     revision = check_schema(settings.database_url, create_if_empty=settings.create_empty_schema)
+    check_writable(settings.database_url)
     db = Database(settings.database_url, settings.db_pool_size)
     metrics = Metrics(db)  # its database gauges are read at each scrape
     wakeup = Wakeup(shared=not db.is_sqlite)

@@ -124,6 +124,36 @@ def check_schema(url: str, *, create_if_empty: bool = False) -> str:
     )
 
 
+def check_writable(url: str) -> None:
+    """SchemaError where the database cannot be written (a SQLite file or folder without
+    write permission, a read-only URI). The service writes on every request: on such a file
+    it started, answered reads, and answered every write with 503 "retry shortly", for ever.
+    PostgreSQL refuses a read-only role's writes per statement, as it should: not probed."""
+    from sqlalchemy.exc import OperationalError
+
+    from pipetune.service.db import is_sqlite, unavailable_reason
+
+    if not is_sqlite(url):
+        return
+    engine = make_engine(url, pool_size=1)
+    try:
+        with engine.connect() as conn, conn.begin() as transaction:
+            # A write that changes nothing, rolled back: SQLite refuses it on a read-only
+            # file (BEGIN IMMEDIATE alone succeeds there).
+            conn.exec_driver_sql("UPDATE alembic_version SET version_num = version_num")
+            transaction.rollback()
+    except OperationalError as exc:
+        reason = unavailable_reason(exc)
+        if "readonly" not in reason and "read-only" not in reason:
+            raise
+        raise SchemaError(
+            f"the database {redact(url)} cannot be written ({reason}): the service needs "
+            "write access to the file and its folder (SQLite keeps its journal beside it)"
+        ) from None
+    finally:
+        engine.dispose()
+
+
 def redact(url: str) -> str:
     """The URL without its password, for messages."""
     from sqlalchemy.engine import make_url

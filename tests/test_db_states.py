@@ -169,3 +169,20 @@ def test_a_postgresql_migration_gives_up_on_a_table_another_session_holds(url):
         == "0003"
     )  # nothing half-done
     assert runner.invoke(app, ["db", "upgrade", "--db", url]).exit_code == 0  # once free
+
+
+def test_a_read_only_sqlite_database_is_refused_at_start(tmp_path):
+    """The service started on it, answered reads, and every write with 503 "retry shortly"
+    for ever. (A read-only URI stands in for a file without write permission, which the
+    tests' root user would write anyway.)"""
+    from service_support import settings
+
+    from pipetune.service.app import create_app
+    from pipetune.service.migrate import check_writable
+
+    upgrade(f"sqlite:///{tmp_path / 'ro.db'}")
+    read_only = f"sqlite:///file:{tmp_path / 'ro.db'}?mode=ro&uri=true"
+    with pytest.raises(SchemaError, match=r"cannot be written .*readonly database"):
+        create_app(settings(read_only))
+    check_writable(f"sqlite:///{tmp_path / 'ro.db'}")  # the same file, writable: no error
+    assert check_schema(read_only) == head_revision()  # reading it is fine
