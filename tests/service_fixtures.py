@@ -2,14 +2,13 @@
 
 Databases: every test gets an empty, migrated database, on SQLite (a copy of a migrated
 template file) and on the local PostgreSQL (one fresh database per test session, created
-as pipetune_test_<random>, tables truncated between tests, dropped at the end). Without a
+as pipetune_bench_<random>, tables truncated between tests, dropped at the end). Without a
 PostgreSQL the PostgreSQL variant fails with the reason (conftest.py): it never skips.
 """
 
 from __future__ import annotations
 
 import shutil
-import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -17,6 +16,7 @@ import pytest
 from service_support import PG_ADMIN_URL, TestClient, client_for, require_pg
 from sqlalchemy import create_engine, text
 
+from benchmarks.harness import pg_database
 from pipetune.service.migrate import upgrade
 from pipetune.service.orm import Base
 
@@ -31,18 +31,21 @@ def sqlite_template(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="session")
 def pg_url() -> Iterator[str]:
     require_pg()
-    name = f"pipetune_test_{uuid.uuid4().hex[:10]}"
-    admin = create_engine(PG_ADMIN_URL, isolation_level="AUTOCOMMIT")
-    with admin.connect() as conn:
-        conn.execute(text(f'CREATE DATABASE "{name}"'))
-    url = PG_ADMIN_URL.rsplit("/", 1)[0] + f"/{name}"
-    try:
+    with pg_database(PG_ADMIN_URL) as url:
         upgrade(url)
         yield url
-    finally:
-        with admin.connect() as conn:
-            conn.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
-        admin.dispose()
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def empty_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
+    """A database of its own with no tables at all (no schema), on each dialect: for the
+    tests of migrations and of databases in unexpected states."""
+    if request.param == "sqlite":
+        yield f"sqlite:///{tmp_path / 'empty.db'}"
+        return
+    request.getfixturevalue("pg_url")  # fails when there is no PostgreSQL
+    with pg_database(PG_ADMIN_URL) as url:
+        yield url
 
 
 def _truncate(url: str) -> None:

@@ -52,6 +52,19 @@ def require_pg() -> str:
     return PG_ADMIN_URL
 
 
+def table_names(url: str) -> set[str]:
+    """The tables a database holds now."""
+    from sqlalchemy import inspect
+
+    from pipetune.service.db import make_engine
+
+    engine = make_engine(url, pool_size=1)
+    try:
+        return set(inspect(engine).get_table_names())
+    finally:
+        engine.dispose()
+
+
 def metric_value(exposition: str, name: str, **labels: str) -> float | None:
     """The value of one sample of a Prometheus text exposition (None when absent); labels
     match whatever order the exposition writes them in."""

@@ -8,12 +8,9 @@ import json
 import sqlite3
 import threading
 import time
-import uuid
-from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
-from service_support import PG_ADMIN_URL
+from service_support import table_names
 from sqlalchemy import create_engine, text
 from typer.testing import CliRunner
 
@@ -23,25 +20,6 @@ from pipetune.service.migrate import SchemaError, check_schema, head_revision, u
 
 pytest_plugins = ["service_fixtures"]
 runner = CliRunner()
-
-
-@pytest.fixture(params=["sqlite", "postgresql"])
-def url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
-    """An empty database of its own."""
-    if request.param == "sqlite":
-        yield f"sqlite:///{tmp_path / 'db.sqlite'}"
-        return
-    request.getfixturevalue("pg_url")  # fails when there is no PostgreSQL
-    name = f"pipetune_states_{uuid.uuid4().hex[:10]}"
-    admin = create_engine(PG_ADMIN_URL, isolation_level="AUTOCOMMIT")
-    with admin.connect() as conn:
-        conn.execute(text(f'CREATE DATABASE "{name}"'))
-    try:
-        yield PG_ADMIN_URL.rsplit("/", 1)[0] + f"/{name}"
-    finally:
-        with admin.connect() as conn:
-            conn.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
-        admin.dispose()
 
 
 def _execute(url: str, *statements: str) -> None:
@@ -54,63 +32,53 @@ def _execute(url: str, *statements: str) -> None:
         engine.dispose()
 
 
-def _tables(url: str) -> set[str]:
-    from sqlalchemy import inspect
-
-    engine = make_engine(url, pool_size=1)
-    try:
-        return set(inspect(engine).get_table_names())
-    finally:
-        engine.dispose()
-
-
-def test_another_programs_database_is_named_so_and_not_written_into(url):
+def test_another_programs_database_is_named_so_and_not_written_into(empty_url):
     """It was "no pipetune schema: run `pipetune db upgrade`", which then wrote pipetune's
     tables in beside the other program's."""
-    _execute(url, "CREATE TABLE users (id INTEGER PRIMARY KEY)")
+    _execute(empty_url, "CREATE TABLE users (id INTEGER PRIMARY KEY)")
     with pytest.raises(SchemaError, match=r"holds tables of something else \(users\)"):
-        check_schema(url, create_if_empty=True)
-    current = runner.invoke(app, ["db", "current", "--db", url, "--json"])
+        check_schema(empty_url, create_if_empty=True)
+    current = runner.invoke(app, ["db", "current", "--db", empty_url, "--json"])
     assert current.exit_code == 0, current.output
     doc = json.loads(current.stdout)
     assert (doc["state"], doc["other_tables"]) == ("other_tables", ["users"])
 
-    refused = runner.invoke(app, ["db", "upgrade", "--db", url])
+    refused = runner.invoke(app, ["db", "upgrade", "--db", empty_url])
     assert refused.exit_code == 1, refused.output
     assert "tables of something else (users)" in refused.stderr
     assert "--into-existing" in refused.stderr
-    assert _tables(url) == {"users"}
+    assert table_names(empty_url) == {"users"}
 
-    added = runner.invoke(app, ["db", "upgrade", "--db", url, "--into-existing"])
+    added = runner.invoke(app, ["db", "upgrade", "--db", empty_url, "--into-existing"])
     assert added.exit_code == 0, added.output
-    assert {"users", "tasks", "jobs", "alembic_version"} <= _tables(url)
-    assert check_schema(url) == head_revision()
+    assert {"users", "tasks", "jobs", "alembic_version"} <= table_names(empty_url)
+    assert check_schema(empty_url) == head_revision()
 
 
-def test_a_clash_with_another_programs_table_says_what_the_database_said(url):
+def test_a_clash_with_another_programs_table_says_what_the_database_said(empty_url):
     """The line was "cannot open the database ...: OperationalError" (SQLite) for a database
     that opened, and named no cause."""
-    _execute(url, "CREATE TABLE jobs (id INTEGER PRIMARY KEY)")
-    result = runner.invoke(app, ["db", "upgrade", "--db", url, "--into-existing"])
+    _execute(empty_url, "CREATE TABLE jobs (id INTEGER PRIMARY KEY)")
+    result = runner.invoke(app, ["db", "upgrade", "--db", empty_url, "--into-existing"])
     assert result.exit_code == 1, result.output
     line = result.stderr.strip()
     assert "failed:" in line and "jobs" in line and "already exists" in line
     assert "INSERT" not in line and "CREATE" not in line  # no SQL in the line
-    assert _tables(url) == {"jobs"}  # the migration's transaction left nothing behind
+    assert table_names(empty_url) == {"jobs"}  # the migration's transaction left nothing behind
 
 
-def test_a_newer_pipetunes_database_asks_for_a_newer_pipetune(url):
+def test_a_newer_pipetunes_database_asks_for_a_newer_pipetune(empty_url):
     """It was "behind: run `pipetune db upgrade`", and the upgrade then failed with Alembic's
     "Can't locate revision"."""
-    upgrade(url)
-    _execute(url, "UPDATE alembic_version SET version_num = '0099'")
+    upgrade(empty_url)
+    _execute(empty_url, "UPDATE alembic_version SET version_num = '0099'")
     with pytest.raises(SchemaError, match="revision 0099, which this pipetune does not know"):
-        check_schema(url)
-    doc = json.loads(runner.invoke(app, ["db", "current", "--db", url, "--json"]).stdout)
+        check_schema(empty_url)
+    doc = json.loads(runner.invoke(app, ["db", "current", "--db", empty_url, "--json"]).stdout)
     assert doc["state"] == "newer"
-    said = runner.invoke(app, ["db", "current", "--db", url]).stdout
+    said = runner.invoke(app, ["db", "current", "--db", empty_url]).stdout
     assert "a newer pipetune wrote it" in said and "behind" not in said
-    refused = runner.invoke(app, ["db", "upgrade", "--db", url])
+    refused = runner.invoke(app, ["db", "upgrade", "--db", empty_url])
     assert refused.exit_code == 1
     assert "a newer pipetune wrote it; upgrade pipetune" in refused.stderr
 
@@ -136,13 +104,13 @@ def test_asking_the_revision_does_not_wait_for_a_sqlite_writer(tmp_path):
     assert waited < 20  # (30 s and an error before)
 
 
-@pytest.mark.parametrize("url", ["postgresql"], indirect=True)
-def test_a_postgresql_migration_gives_up_on_a_table_another_session_holds(url):
+@pytest.mark.parametrize("empty_url", ["postgresql"], indirect=True)
+def test_a_postgresql_migration_gives_up_on_a_table_another_session_holds(empty_url):
     """`db upgrade` waited for ever behind an open transaction on a table, and every query
     of the service queued behind the waiting ALTER TABLE. (SQLite's writers queue on its
     busy timeout instead.)"""
-    upgrade(url, "0003")
-    holder = create_engine(url)
+    upgrade(empty_url, "0003")
+    holder = create_engine(empty_url)
     held, release = threading.Event(), threading.Event()
 
     def hold() -> None:
@@ -156,7 +124,7 @@ def test_a_postgresql_migration_gives_up_on_a_table_another_session_holds(url):
     try:
         assert held.wait(30)
         started = time.monotonic()
-        result = runner.invoke(app, ["db", "upgrade", "--db", url])
+        result = runner.invoke(app, ["db", "upgrade", "--db", empty_url])
         waited = time.monotonic() - started
     finally:
         release.set()
@@ -164,11 +132,9 @@ def test_a_postgresql_migration_gives_up_on_a_table_another_session_holds(url):
         holder.dispose()
     assert result.exit_code == 1, result.output
     assert "lock" in result.stderr and waited < 40
-    assert (
-        json.loads(runner.invoke(app, ["db", "current", "--db", url, "--json"]).stdout)["current"]
-        == "0003"
-    )  # nothing half-done
-    assert runner.invoke(app, ["db", "upgrade", "--db", url]).exit_code == 0  # once free
+    current = runner.invoke(app, ["db", "current", "--db", empty_url, "--json"]).stdout
+    assert json.loads(current)["current"] == "0003"  # nothing half-done
+    assert runner.invoke(app, ["db", "upgrade", "--db", empty_url]).exit_code == 0  # once free
 
 
 def test_a_read_only_sqlite_database_is_refused_at_start(tmp_path):

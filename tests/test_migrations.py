@@ -5,15 +5,12 @@ from __future__ import annotations
 
 import subprocess
 import sys
-import uuid
-from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 from alembic.autogenerate import compare_metadata
 from alembic.runtime.migration import MigrationContext
-from service_support import PG_ADMIN_URL, settings
-from sqlalchemy import Engine, create_engine, inspect, text
+from service_support import settings, table_names
+from sqlalchemy import Engine, inspect, text
 
 from pipetune.service.app import create_app
 from pipetune.service.db import make_engine
@@ -30,39 +27,12 @@ from pipetune.service.orm import Base
 pytest_plugins = ["service_fixtures"]
 
 
-@pytest.fixture(params=["sqlite", "postgresql"])
-def empty_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
-    """A database with no tables at all."""
-    if request.param == "sqlite":
-        yield f"sqlite:///{tmp_path / 'empty.db'}"
-        return
-    request.getfixturevalue("pg_url")  # fails when there is no PostgreSQL
-    name = f"pipetune_migrate_{uuid.uuid4().hex[:10]}"
-    admin = create_engine(PG_ADMIN_URL, isolation_level="AUTOCOMMIT")
-    with admin.connect() as conn:
-        conn.execute(text(f'CREATE DATABASE "{name}"'))
-    try:
-        yield PG_ADMIN_URL.rsplit("/", 1)[0] + f"/{name}"
-    finally:
-        with admin.connect() as conn:
-            conn.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
-        admin.dispose()
-
-
 def _schema_diff(url: str) -> list:
     engine = make_engine(url, pool_size=1)
     try:
         with engine.connect() as conn:
             context = MigrationContext.configure(conn, opts={"compare_type": True})
             return compare_metadata(context, Base.metadata)
-    finally:
-        engine.dispose()
-
-
-def _tables(url: str) -> set[str]:
-    engine = make_engine(url, pool_size=1)
-    try:
-        return set(inspect(engine).get_table_names())
     finally:
         engine.dispose()
 
@@ -75,10 +45,12 @@ def test_upgrade_from_empty_to_head_equals_the_orm_and_downgrade_works(empty_url
     indexes = {i["name"] for i in inspect(engine).get_indexes("jobs")}
     engine.dispose()
     assert {"ix_jobs_queue", "ix_jobs_lease_expiry", "ix_jobs_best"} <= indexes
-    assert _tables(empty_url) == {t.name for t in Base.metadata.sorted_tables} | {"alembic_version"}
+    assert table_names(empty_url) == {t.name for t in Base.metadata.sorted_tables} | {
+        "alembic_version"
+    }
 
     downgrade(empty_url, "base")
-    assert _tables(empty_url) == {"alembic_version"}
+    assert table_names(empty_url) == {"alembic_version"}
     upgrade(empty_url)  # and back up again
     assert _schema_diff(empty_url) == []
 

@@ -259,6 +259,7 @@ def export_tuned(reader: Reader, gpu: str, out_dir: str | Path) -> dict[str, Any
         if "tensor_maps" in files:
             write_atomic(out_dir / files["tensor_maps"], tensor_maps_header(item))
     source = source_of(reader)
+    entries = [item.entry() for item in exported]
     write_atomic(out_dir / HEADER_NAME, _header(gpu, arch, source, exported))
     index = {
         "pipetune": pipetune.__version__,
@@ -267,7 +268,7 @@ def export_tuned(reader: Reader, gpu: str, out_dir: str | Path) -> dict[str, Any
         "source": source,
         "header": HEADER_NAME,
         "simulated": any_simulated(item.best.runner for item in exported),
-        "workloads": [item.entry() for item in exported],
+        "workloads": entries,
         "not_exported": not_exported,
     }
     write_atomic(out_dir / INDEX_NAME, json.dumps(index, indent=2) + "\n")
@@ -276,7 +277,7 @@ def export_tuned(reader: Reader, gpu: str, out_dir: str | Path) -> dict[str, Any
     # otherwise stay beside the new index, and a build that globs *.cubin would link them.
     # Removed after the new index is written; files the earlier index did not list (the
     # user's own) are left alone.
-    written = {name for entry in index["workloads"] for name in entry["files"].values()}
+    written = {name for entry in entries for name in entry["files"].values()}
     for name in sorted(previous - written):
         (out_dir / name).unlink(missing_ok=True)
     return index
