@@ -842,8 +842,12 @@ class Driver:
         live = self._take_live(task_id)
         if not adopt and task.strategy not in PROPOSE_AHEAD and not _is_current(live, task):
             # (A strategy that proposes ahead replays without measurements or models: cheaper
-            # than asking another replica.)
-            self._keep_live(task_id, live)
+            # than asking another replica.) An out-of-date session is dropped, not kept: kept,
+            # it made this replica answer that it holds the task (`holds`), which cancels an
+            # asker's adoption; two replicas with such sessions, the current holder gone,
+            # answered each other's questions for ever and the task never advanced. Whoever
+            # adopts the task replays the batches anyway.
+            self._keep_live(task_id, None)
             return BEHIND
         views, rebuild = self._completed(task_id, task, live, waits_on, fam)
         try:

@@ -499,6 +499,41 @@ def test_a_task_whose_holder_stopped_is_adopted_by_another_replica(request):
         _assert_reproduces_a_local_session(b, task_id, "analytical+xgb", 4, 8)
 
 
+def test_replicas_with_out_of_date_sessions_do_not_hold_a_task_between_them(request):
+    """A, then B, advanced the task and C made its newest batch, then C stopped: A and B
+    each kept a session of a batch before. Asked who holds the task, each answered that it
+    did (its out-of-date session), which cancelled the other's adoption, then found its
+    session behind and asked in turn: NOTIFYs back and forth, a core's worth of CPU on
+    both, and the task never advanced (found with three replicas and SIGSTOP). A session
+    found behind is dropped, so the replicas stop answering for it and one adopts."""
+    url = _pg_url(request)
+    with client_for(url, batch_size=4) as a, client_for(url, batch_size=4) as b:
+        for replica in (a, b):
+            service_of(replica).proposer.adopt_after_s = 0.3
+        with client_for(url, batch_size=4) as c:
+            # The advances below are made by hand, in this order; the proposers stay out.
+            proposers = [service_of(x).proposer for x in (a, b, c)]
+            for proposer in proposers:
+                proposer.stop()
+            task_id = create_task(a, budget=40, strategy="analytical+xgb", seed=6)["id"]
+            ref = WorkerRef(id=register(a), gpu="h100", arch="sm_90", runner="simulated")
+            queue = service_of(a).queue
+            for replica in (b, c):  # each adopts the task in turn: A's, then B's, go stale
+                _answer_leased(queue, ref)
+                assert service_of(replica).driver.advance(task_id) is True
+            assert all(service_of(x).driver.holds(task_id) for x in (a, b, c))
+            _answer_leased(queue, ref)
+            version = _version(a, task_id)
+        # C, which holds the only current session, is gone; A is asked to advance the task.
+        for proposer in proposers[:2]:
+            proposer.start()
+        service_of(a).proposer.request(task_id)
+        _wait(lambda: _version(a, task_id) > version, timeout_s=30)
+        settle(a)
+        settle(b)
+        assert [service_of(x).driver.holds(task_id) for x in (a, b)].count(True) == 1
+
+
 def _version(client, task_id: int) -> int:
     with service_of(client).db.read() as s:
         return int(s.execute(select(TaskRow.batches).where(TaskRow.id == task_id)).scalar_one())
