@@ -328,6 +328,9 @@ class TaskDoc(_Body):
     imported_from: str | None = None
     trials_done: int  # trials with a final result (failed ones included)
     trials_failed: int
+    # The trials the task runs: its budget, or its whole space where that is smaller (a
+    # task that ends with fewer trials than its budget has measured every schedule).
+    trials_target: int | None = None
     best: BestTrial | None = None
     error: str | None = None
     created_at: datetime

@@ -81,6 +81,7 @@ def task_doc(task: TaskRow, workload: WorkloadRow, best: JobRow | None) -> TaskD
         imported_from=task.imported_from,
         trials_done=task.trials_done,
         trials_failed=task.trials_failed,
+        trials_target=task.trials_target,
         best=best_doc,
         error=task.error,
         created_at=task.created_at,

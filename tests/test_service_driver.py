@@ -117,9 +117,16 @@ def test_a_task_stops_when_its_space_is_exhausted(client):
     tiny = {"op": "gemm", "m": 16, "n": 16, "k": 16}  # two valid schedules on H100
     response = client.post("/v1/tasks", json={"workload": tiny, "gpu": "h100", "budget": 50})
     task_id = response.json()["id"]
+    assert response.json()["trials_target"] == 2  # said from the start: all it will run
     assert drain(client, register(client)) == 2
     doc = client.get(f"/v1/tasks/{task_id}").json()
     assert doc["state"] == "done" and doc["trials_done"] == 2
+    assert (doc["budget"], doc["trials_target"]) == (50, 2)  # (2 of 50 said nothing of why)
+    from pipetune.clients.cli.client_cmds import trials_of
+    from pipetune.model.wire import TaskDoc
+
+    assert trials_of(TaskDoc(**doc)) == "2/2 (its whole space; budget 50)"
+    assert trials_of(TaskDoc(**{**doc, "trials_target": 50, "trials_done": 7})) == "7/50"
 
 
 @pytest.mark.parametrize("strategy", ["analytical+xgb", "xgb", "random"])

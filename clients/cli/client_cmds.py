@@ -245,10 +245,19 @@ def _tasks(ids: list[int]) -> str:
     return f"task {ids[0]}" if len(ids) == 1 else f"{len(ids)} tasks"
 
 
+def trials_of(doc: TaskDoc) -> str:
+    """Trials done of those the task runs: "4/10", or "4/4 (its whole space; budget 10)"
+    where the space is smaller than the budget (it read "4/10 ..., done")."""
+    target = doc.trials_target
+    if target is None or target >= doc.budget:
+        return f"{doc.trials_done}/{doc.budget}"
+    return f"{doc.trials_done}/{target} (its whole space; budget {doc.budget})"
+
+
 def print_task(doc: TaskDoc, server: str) -> None:
     title = (
         f"task {doc.id}: {_label(doc.workload)} on {doc.gpu}, {doc.strategy}, "
-        f"{doc.trials_done}/{doc.budget} trials ({doc.trials_failed} failed), {doc.state}"
+        f"{trials_of(doc)} trials ({doc.trials_failed} failed), {doc.state}"
     )
     if doc.prior_task is not None:
         title += f", warm-started from task {doc.prior_task}"
@@ -408,7 +417,9 @@ def tasks(
             _label(d.workload),
             d.gpu,
             strategy_label(d),
-            f"{d.trials_done}/{d.budget}",
+            f"{d.trials_done}/{d.budget}"
+            if d.trials_target is None or d.trials_target >= d.budget
+            else f"{d.trials_done}/{d.trials_target}*",
             str(d.trials_failed),
             _fmt(d.best.latency_us if d.best else None),
             _rate(d.best.throughput, d.best.throughput_unit) if d.best else "-",
@@ -416,6 +427,8 @@ def tasks(
             d.updated_at.strftime("%Y-%m-%d %H:%M:%S"),
         )
     console.print(table)
+    if any(d.trials_target is not None and d.trials_target < d.budget for d in docs):
+        console.print("*: the task's whole space, smaller than its budget")
     if not docs:
         console.print("no tasks")
     elif any_simulated(d.best.runner for d in docs if d.best):
