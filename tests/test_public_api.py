@@ -98,6 +98,14 @@ def test_kernels_work_without_the_service_dependencies():
 # ---- pipetune.tune ----------------------------------------------------------------------------
 
 
+def test_a_task_on_a_space_smaller_than_its_budget_says_so(home: Path):
+    """It read "2/7 trials (0 failed), done" (the CLI was fixed first)."""
+    tiny = {"op": "gemm", "m": 16, "n": 16, "k": 16}  # two valid schedules on the H100
+    result = pipetune.tune(tiny, "h100", budget=7, strategy="grid", runner="simulated")
+    assert len(result.trials) == 2
+    assert ", 2/2 (its whole space; budget 7) trials (0 failed), done" in str(result)
+
+
 def test_tune_returns_16_trials_and_the_cli_answers_from_them(home: Path):
     result = pipetune.tune(FC, "h100", budget=16, runner="simulated")
     assert result.task.state == "done" and len(result.trials) == 16
@@ -108,6 +116,7 @@ def test_tune_returns_16_trials_and_the_cli_answers_from_them(home: Path):
     assert len(curve) == 16 and curve[-1] == result.best_latency_us
     assert all(b <= a for a, b in itertools.pairwise(curve) if a and b)
     assert result.simulated and "simulated: analytical model + noise" in str(result)
+    assert ", 16/16 trials (" in str(result)
     assert result.database.endswith("pipetune/pipetune.db")  # the one `serve` uses
 
     answer = cli.invoke(app, ["schedule", *FC_ARGS, "--json"])

@@ -122,7 +122,7 @@ def test_a_task_stops_when_its_space_is_exhausted(client):
     doc = client.get(f"/v1/tasks/{task_id}").json()
     assert doc["state"] == "done" and doc["trials_done"] == 2
     assert (doc["budget"], doc["trials_target"]) == (50, 2)  # (2 of 50 said nothing of why)
-    from pipetune.clients.cli.client_cmds import trials_of
+    from pipetune.clients.library.labels import trials_of
     from pipetune.model.wire import TaskDoc
 
     assert trials_of(TaskDoc(**doc)) == "2/2 (its whole space; budget 50)"

@@ -46,7 +46,12 @@ from pipetune.clients.cli.remote import (
     service_errors,
 )
 from pipetune.clients.cli.workload_options import add_workload_commands, option
-from pipetune.clients.library.labels import SIMULATED_LABEL, any_simulated, is_simulated
+from pipetune.clients.library.labels import (
+    SIMULATED_LABEL,
+    any_simulated,
+    is_simulated,
+    trials_of,
+)
 from pipetune.model.family import parse_any_workload
 from pipetune.model.hardware import get_gpu, gpu_keys, resolve_gpu_key
 from pipetune.model.hopper.space import ARCH as HOPPER_ARCH
@@ -243,15 +248,6 @@ def strategy_label(doc: TaskDoc) -> str:
 
 def _tasks(ids: list[int]) -> str:
     return f"task {ids[0]}" if len(ids) == 1 else f"{len(ids)} tasks"
-
-
-def trials_of(doc: TaskDoc) -> str:
-    """Trials done of those the task runs: "4/10", or "4/4 (its whole space; budget 10)"
-    where the space is smaller than the budget (it read "4/10 ..., done")."""
-    target = doc.trials_target
-    if target is None or target >= doc.budget:
-        return f"{doc.trials_done}/{doc.budget}"
-    return f"{doc.trials_done}/{target} (its whole space; budget {doc.budget})"
 
 
 def print_task(doc: TaskDoc, server: str) -> None:

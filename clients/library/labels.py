@@ -1,16 +1,27 @@
 """How results are labelled where they are shown: a latency from the simulated runner (the
-analytical model plus noise, for demos and CI) is never shown as a measurement."""
+analytical model plus noise, for demos and CI) is never shown as a measurement, and a task's
+trials are counted against what it runs."""
 
 from __future__ import annotations
 
 from collections.abc import Iterable
 
 from pipetune.model.trials import is_simulated
+from pipetune.model.wire import TaskDoc
 
-__all__ = ["SIMULATED_LABEL", "any_simulated", "is_simulated"]
+__all__ = ["SIMULATED_LABEL", "any_simulated", "is_simulated", "trials_of"]
 
 SIMULATED_LABEL = "simulated: analytical model + noise, not measurements"
 
 
 def any_simulated(runners: Iterable[str | None]) -> bool:
     return any(is_simulated(r) for r in runners)
+
+
+def trials_of(doc: TaskDoc) -> str:
+    """Trials done of those the task runs: "4/10", or "4/4 (its whole space; budget 10)"
+    where the space is smaller than the budget (it read "4/10 ..., done")."""
+    target = doc.trials_target
+    if target is None or target >= doc.budget:
+        return f"{doc.trials_done}/{doc.budget}"
+    return f"{doc.trials_done}/{target} (its whole space; budget {doc.budget})"

@@ -30,7 +30,12 @@ from pydantic import ValidationError
 from sqlalchemy import select
 
 from pipetune.clients.library.inputs import WorkloadLike, as_gpu, as_workload
-from pipetune.clients.library.labels import SIMULATED_LABEL, any_simulated, is_simulated
+from pipetune.clients.library.labels import (
+    SIMULATED_LABEL,
+    any_simulated,
+    is_simulated,
+    trials_of,
+)
 from pipetune.clients.library.store import LocalStore, database_url, open_database
 from pipetune.clients.sdk.http import clean_msg
 from pipetune.model.hardware import get_gpu
@@ -133,7 +138,7 @@ class TuneResult:
         t = self.task
         head = (
             f"task {t.id}: {as_workload(t.workload).label()} on {t.gpu}, {t.strategy}, "
-            f"{t.trials_done}/{t.budget} trials ({t.trials_failed} failed), {t.state}"
+            f"{trials_of(t)} trials ({t.trials_failed} failed), {t.state}"
         )
         if self.simulated:
             head += f" [{SIMULATED_LABEL}]"
