@@ -98,6 +98,23 @@ def test_kernels_work_without_the_service_dependencies():
 # ---- pipetune.tune ----------------------------------------------------------------------------
 
 
+def test_the_task_list_pages_and_says_when_there_may_be_more(home: Path):
+    """`pipetune tasks` listed the newest 100 and said nothing of the rest (no --limit)."""
+    tiny = {"op": "gemm", "m": 16, "n": 16, "k": 16}
+    for seed in range(3):
+        pipetune.tune(tiny, "h100", budget=1, strategy="random", seed=seed, runner="simulated")
+    first = cli.invoke(app, ["tasks", "--limit", "2", "--json"])
+    assert first.exit_code == 0, first.output
+    doc = json.loads(first.stdout)
+    assert [t["id"] for t in doc["tasks"]] == [3, 2] and doc["more"] is True
+    rest = json.loads(cli.invoke(app, ["tasks", "--limit", "2", "--offset", "2", "--json"]).stdout)
+    assert [t["id"] for t in rest["tasks"]] == [1] and rest["more"] is False
+    table = cli.invoke(app, ["tasks", "--limit", "2"]).stdout
+    assert "tasks 1 to 2, newest first; there may be more: --offset 2" in table
+    bad = cli.invoke(app, ["tasks", "--limit", "0"])
+    assert bad.exit_code == 2 and "--limit: must be within 1..1000" in bad.stderr
+
+
 def test_a_task_on_a_space_smaller_than_its_budget_says_so(home: Path):
     """It read "2/7 trials (0 failed), done" (the CLI was fixed first)."""
     tiny = {"op": "gemm", "m": 16, "n": 16, "k": 16}  # two valid schedules on the H100

@@ -59,6 +59,8 @@ from pipetune.model.wire import (
     DEFAULT_STRATEGY,
     MAX_BATCH_SIZE,
     MAX_BUDGET,
+    MAX_TASK_PAGE,
+    TASK_PAGE,
     ScheduleDoc,
     StrategyName,
     TaskDoc,
@@ -389,17 +391,28 @@ add_workload_commands(
 @reported
 def tasks(
     state: str | None = typer.Option(None, "--state", help="queued|running|done|failed|cancelled"),
+    limit: int = typer.Option(
+        TASK_PAGE, "--limit", help=f"tasks to list, newest first (1..{MAX_TASK_PAGE})"
+    ),
+    offset: int = typer.Option(0, "--offset", help="skip this many of the newest first"),
     as_json: bool = typer.Option(False, "--json", help="print one JSON document"),
     server: str | None = read_server_option(),
     api_key: str | None = api_key_option(),
     db: str | None = db_option(),
 ) -> None:
     """Tuning tasks, newest first (the service's, or the local database's without one)."""
+    if not 1 <= limit <= MAX_TASK_PAGE:
+        raise CliError(f"--limit: must be within 1..{MAX_TASK_PAGE}, got {limit}", 2)
+    if offset < 0:
+        raise CliError(f"--offset: must be at least 0, got {offset}", 2)
     with service_errors(), reader(server, api_key, db) as c:
-        docs = c.tasks(state=state)
+        docs = c.tasks(state=state, limit=limit, offset=offset)
         where = _where(server, c)
+    # A full page may not be all: said, where the list was silently the newest 100.
+    more = len(docs) == limit
     if as_json:
-        print_json({"tasks": [d.model_dump(mode="json") for d in docs]})
+        doc = {"tasks": [d.model_dump(mode="json") for d in docs], "limit": limit}
+        print_json({**doc, "offset": offset, "more": more})
         return
     table = Table(title=f"tasks at {where}")
     for col in ("id", "state", "workload", "gpu", "strategy", "trials", "failed"):
@@ -425,6 +438,11 @@ def tasks(
     console.print(table)
     if any(d.trials_target is not None and d.trials_target < d.budget for d in docs):
         console.print("*: the task's whole space, smaller than its budget")
+    if more:
+        console.print(
+            f"tasks {offset + 1} to {offset + limit}, newest first; there may be more: "
+            f"--offset {offset + limit} for the next ones"
+        )
     if not docs:
         console.print("no tasks")
     elif any_simulated(d.best.runner for d in docs if d.best):
