@@ -94,6 +94,9 @@ def test_early_proposals_are_run_and_said_beside_the_table():
     )
     assert doc["early"] == 2 and json.loads(whole.output)["early"] == 0
     assert _bench(str(CONV_TITAN), "--early", "-1").exit_code == 2
+    # One trial a round leaves none unmeasured, whatever --early says: the caption said 2.
+    single = _bench(str(CONV_TITAN), "--strategies", "auto", "--batch", "1", "--early", "2")
+    assert single.exit_code == 0 and "unmeasured" not in single.output
 
 
 MEASURED = Path(__file__).resolve().parents[1] / "benchmarks" / "data"

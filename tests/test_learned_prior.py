@@ -138,6 +138,9 @@ def test_pipetune_bench_tuner_takes_a_learned_prior(tmp_path):
     doc = json.loads(result.stdout)
     (source,) = doc["learned_priors"].values()
     assert source.endswith("a cost model of 1 measured shapes on h200")
+    table = CliRunner().invoke(app, [*args, "--budgets", "8", "--learned-prior", str(tmp_path)])
+    assert table.exit_code == 0, table.output
+    assert "(learned prior: " in table.output  # the table said nothing of it
     empty = tmp_path / "empty"
     empty.mkdir()
     refused = CliRunner().invoke(app, [*args, "--learned-prior", str(empty)])

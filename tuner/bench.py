@@ -269,7 +269,8 @@ def bench(
         "seeds": seeds,
         "first_seed": first_seed,
         "batch": batch,
-        "early": early,
+        # As run: a batch leaves at most all but one of its trials unmeasured (late_trials).
+        "early": min(early, batch - 1),
         "peer_batch": 1,
         "datasets": [d.name for d in datasets],
         "priors": {name: p.name + sampled for name, p in priors.items()},

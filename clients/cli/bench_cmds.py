@@ -303,7 +303,10 @@ def print_tables(doc: dict, names: list[str], ks: list[int]) -> None:
     )
     for ds in doc["datasets"]:
         prior = doc["priors"].get(ds)
+        learned = doc.get("learned_priors", {}).get(ds)
         title = f"{ds}: best-in-k" + (f" (prior: {prior})" if prior else "")
+        if learned:  # (which runs had one was said nowhere)
+            title += f" (learned prior: {learned})"
         table = Table(title=title, caption=note)
         table.add_column("strategy")
         for k in ks:
