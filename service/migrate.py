@@ -109,8 +109,9 @@ def check_schema(url: str, *, create_if_empty: bool = False) -> str:
         current = current_revision(engine)
         if current == head:
             return head
-        tables = other_tables(engine) if current is None else []
-        if current is None and create_if_empty and not _table_names(engine):
+        names = _table_names(engine) if current is None else []
+        tables = [t for t in names if t != "alembic_version"]  # (as other_tables)
+        if current is None and create_if_empty and not names:
             upgrade(url)
             return head
     finally:

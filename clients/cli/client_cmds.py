@@ -50,6 +50,7 @@ from pipetune.clients.library.labels import (
     SIMULATED_LABEL,
     any_simulated,
     is_simulated,
+    runs_whole_space,
     trials_of,
 )
 from pipetune.model.family import parse_any_workload
@@ -426,9 +427,9 @@ def tasks(
             _label(d.workload),
             d.gpu,
             strategy_label(d),
-            f"{d.trials_done}/{d.budget}"
-            if d.trials_target is None or d.trials_target >= d.budget
-            else f"{d.trials_done}/{d.trials_target}*",
+            f"{d.trials_done}/{d.trials_target}*"
+            if runs_whole_space(d)
+            else f"{d.trials_done}/{d.budget}",
             str(d.trials_failed),
             _fmt(d.best.latency_us if d.best else None),
             _rate(d.best.throughput, d.best.throughput_unit) if d.best else "-",
@@ -436,7 +437,7 @@ def tasks(
             d.updated_at.strftime("%Y-%m-%d %H:%M:%S"),
         )
     console.print(table)
-    if any(d.trials_target is not None and d.trials_target < d.budget for d in docs):
+    if any(runs_whole_space(d) for d in docs):
         console.print("*: the task's whole space, smaller than its budget")
     if more:
         console.print(

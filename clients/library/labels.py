@@ -9,7 +9,7 @@ from collections.abc import Iterable
 from pipetune.model.trials import is_simulated
 from pipetune.model.wire import TaskDoc
 
-__all__ = ["SIMULATED_LABEL", "any_simulated", "is_simulated", "trials_of"]
+__all__ = ["SIMULATED_LABEL", "any_simulated", "is_simulated", "runs_whole_space", "trials_of"]
 
 SIMULATED_LABEL = "simulated: analytical model + noise, not measurements"
 
@@ -18,10 +18,14 @@ def any_simulated(runners: Iterable[str | None]) -> bool:
     return any(is_simulated(r) for r in runners)
 
 
+def runs_whole_space(doc: TaskDoc) -> bool:
+    """Whether the task's space is smaller than its budget: it runs every schedule."""
+    return doc.trials_target is not None and doc.trials_target < doc.budget
+
+
 def trials_of(doc: TaskDoc) -> str:
     """Trials done of those the task runs: "4/10", or "4/4 (its whole space; budget 10)"
     where the space is smaller than the budget (it read "4/10 ..., done")."""
-    target = doc.trials_target
-    if target is None or target >= doc.budget:
+    if not runs_whole_space(doc):
         return f"{doc.trials_done}/{doc.budget}"
-    return f"{doc.trials_done}/{target} (its whole space; budget {doc.budget})"
+    return f"{doc.trials_done}/{doc.trials_target} (its whole space; budget {doc.budget})"
