@@ -285,6 +285,9 @@ class ScheduleResponse(_Throughput):
     # source "model": the finished, measured tasks whose cost model made the pick (a tensor-core
     # GEMM, where such tasks exist); null: the analytical model's pick.
     learned_from: list[int] | None = None
+    # source "model": how many trials of the workload on the GPU failed (a compile error, a
+    # wrong result, a timeout); the pick is none of their schedules. Null when measured.
+    failed_trials: int | None = None
     task_id: int | None = None
     url: str | None = None
 

@@ -416,13 +416,16 @@ class Driver:
 
         return self._cached(self._priors, (prior_task, workload.workload_hash, gpu), build)
 
-    def learned_pick(self, workload: Any, gpu: str) -> LearnedPick | None:
+    def learned_pick(
+        self, workload: Any, gpu: str, excluding: frozenset[str] = frozenset()
+    ) -> LearnedPick | None:
         """The schedule a learned prior picks for a workload nothing measured yet, where its
-        family learns by default (priors.learned_pick), with the tasks' cached cost model.
+        family learns by default (priors.learned_pick), with the tasks' cached cost model,
+        other than the schedules of `excluding` (seen to fail on the GPU).
         The answer is kept for LOOKUP_TTL_S: finding the tasks to learn from is a query over
         every finished task's jobs, several times the cost of the rest of a lookup, and a
         lookup may lag a newly finished task by that long."""
-        key = (workload.workload_hash, gpu)
+        key = (workload.workload_hash, gpu, excluding)
         now = time.monotonic()
         with self._spaces_lock:
             kept = self._picks.get(key)
@@ -435,6 +438,7 @@ class Driver:
                 gpu,
                 lambda: self._space(workload, gpu)[0],
                 lambda ids, space: self._learned_prior(ids, workload, gpu, space),
+                excluding,
             )
         with self._spaces_lock:
             self._picks[key] = (now + LOOKUP_TTL_S, pick)

@@ -258,11 +258,12 @@ def learned_pick(
     gpu: str,
     space_of: Callable[[], FamilySpace],
     prior_of: Callable[[tuple[int, ...], FamilySpace], PriorMean],
+    excluding: frozenset[str] = frozenset(),
 ) -> LearnedPick | None:
     """Where the workload's family learns by default and measured tasks to learn from exist,
     the pick of the prior they teach (`prior_of(task ids, space)` over the workload's space,
-    `space_of()`, built only then: a lookup with nothing to learn from costs one query); else
-    None (the
+    `space_of()`, built only then: a lookup with nothing to learn from costs one query),
+    other than the schedules of `excluding` (ids seen to fail on the GPU); else None (the
     analytical model's pick stands). On the campaigns' measured GEMM spaces, each shape
     unseen, its pick reaches 0.946 / 0.933 of the optimum (H100 / H200) where the analytical
     model's reaches 0.849 / 0.888 (benchmarks/RESULTS.md, "the learned prior ranks within a
@@ -278,7 +279,13 @@ def learned_pick(
         prior = prior_of(task_ids, space)
     except PriorError:
         return None
-    best = int(np.argmax(prior.values))  # ties: the first row, as the model's ranking
+    values = prior.values
+    if excluding:
+        failed = np.isin(np.asarray(space.ids), list(excluding))
+        if failed.all():
+            return None  # the analytical model's pick says why there is none
+        values = np.where(failed, -np.inf, values)
+    best = int(np.argmax(values))  # ties: the first row, as the model's ranking
     scale = THROUGHPUT_UNITS[fam.work_unit][1]
     # The prior is log throughput in the family's unit: latency = work / throughput.
     predicted_us = float(space.work / (np.exp(prior.values[best]) * scale) * 1e6)

@@ -13,6 +13,7 @@ from sqlalchemy.orm import Session
 
 from pipetune.model.family import family_for_op, family_of
 from pipetune.model.hardware import get_gpu
+from pipetune.model.trials import FAILED_STATUSES
 from pipetune.model.wire import ScheduleDoc, ScheduleResponse
 from pipetune.model.workloads import WorkloadError
 from pipetune.service.orm import JobRow, ReferenceOptimumRow, WorkloadRow
@@ -54,22 +55,64 @@ def best_measured(session: Session, workload_hash: str, gpu: str) -> JobRow | No
 
 
 @dataclass(frozen=True)
+class FailedTrials:
+    """The trials of a workload on a GPU that failed, for a workload with no successful one:
+    a pick made without measurements must not be a schedule already seen to fail there."""
+
+    trials: int
+    schedule_ids: frozenset[str]
+
+
+NO_FAILURES = FailedTrials(0, frozenset())
+
+
+def failed_trials(session: Session, workload_hash: str, gpu: str) -> FailedTrials:
+    """The failed trials of this workload on this GPU, over every task (a compile error, a
+    wrong result, a timeout: a runner's failure status)."""
+    rows = session.execute(
+        select(JobRow.schedule_id)
+        .join(WorkloadRow, JobRow.workload_id == WorkloadRow.id)
+        .where(
+            WorkloadRow.hash == workload_hash,
+            JobRow.gpu == gpu,
+            JobRow.status.in_(sorted(FAILED_STATUSES)),
+        )
+    ).scalars()
+    ids = list(rows)
+    return FailedTrials(len(ids), frozenset(ids)) if ids else NO_FAILURES
+
+
+@dataclass(frozen=True)
 class ModelPick:
     schedule: Any  # the family's schedule type
     predicted_us: float
 
 
 @lru_cache(maxsize=1024)
-def model_pick(workload: Any, gpu: str) -> ModelPick:
-    """The analytical model's best schedule (cached: it depends only on its arguments)."""
+def model_pick(workload: Any, gpu: str, excluding: frozenset[str] = frozenset()) -> ModelPick:
+    """The analytical model's best schedule other than those of `excluding` (schedule ids
+    seen to fail); cached: it depends only on its arguments. Raises WorkloadError when no
+    schedule is valid on the GPU, or every valid one is excluded."""
     fam = family_of(workload)
-    _, _, ranked = fam.rank(workload, get_gpu(gpu), top=1)
+    # The model's order, fastest first: one more than the excluded ids holds a pick if the
+    # space has one.
+    _, _, ranked = fam.rank(workload, get_gpu(gpu), top=len(excluding) + 1)
     if not ranked:
         raise WorkloadError("workload", fam.no_schedule_reason(workload, get_gpu(gpu)))
-    best = ranked[0]
+    untried = [r for r in ranked if r.schedule_id not in excluding]
+    if not untried:
+        raise WorkloadError("workload", every_schedule_failed(gpu, len(ranked)))
+    best = untried[0]
     return ModelPick(
         schedule=fam.parse_schedule(best.schedule),
         predicted_us=best.terms["predicted_us"],
+    )
+
+
+def every_schedule_failed(gpu: str, schedules: int) -> str:
+    return (
+        f"every one of its {schedules} valid schedules failed on {gpu} (see its tasks' "
+        "trials for the errors); no schedule is known to run there"
     )
 
 
@@ -81,12 +124,17 @@ def throughput(op: str, work: float, latency_us: float) -> dict[str, Any]:
 
 
 def schedule_response(
-    workload: Any, gpu: str, job: JobRow | None, learned: LearnedPick | None = None
+    workload: Any,
+    gpu: str,
+    job: JobRow | None,
+    learned: LearnedPick | None = None,
+    failed: FailedTrials = NO_FAILURES,
 ) -> ScheduleResponse:
     """POST /v1/schedules' answer: the best measured trial `job` (best_measured's), else the
     pick of a learned prior (`learned`, where there is one: priors.learned_pick), else the
-    analytical model's pick. Raises WorkloadError when no schedule of the family is valid on
-    the GPU."""
+    analytical model's pick; either pick skips the schedules of `failed` (failed_trials',
+    the learned pick already did). Raises WorkloadError when no schedule of the family is
+    valid on the GPU, or every valid one failed."""
     fam = family_of(workload)
     if job is not None and job.latency_us is not None:
         schedule = fam.parse_schedule(job.schedule)
@@ -109,7 +157,7 @@ def schedule_response(
         schedule, predicted = learned.schedule, learned.predicted_us
         learned_from: list[int] | None = list(learned.learned_from)
     else:
-        pick = model_pick(workload, gpu)
+        pick = model_pick(workload, gpu, failed.schedule_ids)
         schedule, predicted, learned_from = pick.schedule, pick.predicted_us, None
     return ScheduleResponse(
         source="model",
@@ -121,6 +169,7 @@ def schedule_response(
         throughput=fam.throughput_of(workload, predicted),
         throughput_unit=fam.throughput_unit,
         learned_from=learned_from,
+        failed_trials=failed.trials,
     )
 
 

@@ -22,6 +22,7 @@ from service_support import (
 )
 
 from pipetune.model.analytical import rank
+from pipetune.model.family import family_of
 from pipetune.model.hardware import get_gpu
 from pipetune.model.workloads import parse_workload
 
@@ -70,6 +71,63 @@ def test_schedule_with_tune_creates_a_task_and_then_answers_measured(client):
     # Another GPU has no measurement: the model answers there.
     other = client.post("/v1/schedules", json={"workload": SMALL_GEMM, "gpu": "a100"})
     assert other.json()["source"] == "model"
+
+
+def _fail(job: dict) -> dict:
+    return {"status": "compile_error", "error": "ptxas: too many resources requested"}
+
+
+def test_an_untuned_pick_is_never_a_schedule_that_failed_on_the_gpu(client):
+    """With no successful trial of a workload on a GPU, the lookup answered the model's pick
+    even where that very schedule had failed there (the kernel would not compile), and said
+    "not tuned yet". The pick now skips every schedule that failed on the GPU, counting the
+    failed trials; another GPU's failures do not count; a success answers `measured`."""
+    workload = parse_workload(GEMM)
+    _, _, ranked = rank(workload, get_gpu("h100"), top=6)
+    task = create_task(client, budget=4, strategy="analytical", workload=GEMM)
+    worker = register(client)
+    failed = []
+
+    def fail(job):
+        failed.append(family_of(workload).parse_schedule(job["schedule"]).id)
+        return _fail(job)
+
+    assert drain(client, worker, fail) == 4
+    assert client.get(f"/v1/tasks/{task['id']}").json()["state"] == "done"
+    assert ranked[0].schedule_id in failed  # the model's pick failed (else no test)
+    doc = client.post("/v1/schedules", json={"workload": GEMM, "gpu": "h100"}).json()
+    assert doc["source"] == "model" and doc["failed_trials"] == 4
+    assert doc["schedule_id"] not in failed
+    assert doc["schedule_id"] == next(r.schedule_id for r in ranked if r.schedule_id not in failed)
+    assert math.isclose(
+        doc["predicted_us"],
+        next(r.terms["predicted_us"] for r in ranked if r.schedule_id == doc["schedule_id"]),
+    )
+    other = client.post("/v1/schedules", json={"workload": GEMM, "gpu": "h200"}).json()
+    h200_pick = rank(workload, get_gpu("h200"), top=1)[2][0].schedule_id
+    assert other["failed_trials"] == 0 and other["schedule_id"] == h200_pick
+
+    create_task(client, budget=1, strategy="random", seed=5, workload=GEMM)
+    assert drain(client, worker) == 1
+    measured = client.post("/v1/schedules", json={"workload": GEMM, "gpu": "h100"}).json()
+    assert measured["source"] == "measured" and measured["failed_trials"] is None
+
+
+def test_a_workload_whose_every_schedule_failed_is_a_clear_422(client):
+    """When every valid schedule failed on the GPU there is no pick to give: a 422 naming
+    the workload and saying so, not a schedule known not to run."""
+    tiny = {"op": "gemm", "m": 16, "n": 16, "k": 16}
+    workload = parse_workload(tiny)
+    size = len(family_of(workload).enumerate(workload, get_gpu("h100")))
+    assert 1 < size <= 64  # (a space a test can fail whole)
+    create_task(client, budget=size, strategy="grid", workload=tiny)
+    worker = register(client)
+    assert drain(client, worker, _fail) == size
+    response = client.post("/v1/schedules", json={"workload": tiny, "gpu": "h100"})
+    assert response.status_code == 422, response.text
+    body = response.json()
+    assert body["field"] == "workload"
+    assert f"every one of its {size} valid schedules failed on h100" in body["reason"]
 
 
 def test_trials_carry_the_whole_measurement_and_samples_when_asked(client):

@@ -233,6 +233,49 @@ def test_an_unmeasured_gemm_is_answered_with_the_learned_models_pick(db_url):
     assert (local.schedule_id, local.learned_from) == (expected, sorted(measured))
 
 
+def test_the_learned_pick_skips_schedules_that_failed_on_the_gpu(db_url):
+    """A shape nothing succeeded on: the learned prior's pick was answered even where a
+    trial of that very schedule had failed on the GPU. The pick is now the prior's best of
+    the schedules that did not fail, the service, the local database and `pipetune
+    schedule` alike, with the failed trials counted and said."""
+    import numpy as np
+
+    from pipetune.clients.library.lookup import best_schedule
+
+    measured = _measured_corpus(db_url)
+    workload = parse_any_workload(GEMM)
+    space = family_of(workload).enumerate(workload, get_gpu("h200"))
+    corpus = [recorded_dataset(MEASURED / f"{name}.t4.json.gz").ours for name in CORPUS]
+    values = learned_prior(space, [r for r in corpus if r is not None]).values
+    order = np.argsort(-values, kind="stable")
+    with client_for(db_url) as client:
+        # A learned-prior task's first trial is the prior's pick: a worker that fails it.
+        task = create_task(client, budget=2, strategy="auto", seed=0, workload=GEMM, gpu="h200")
+        assert task["learned_from"] == sorted(measured)
+        worker = register(client, name="failing", gpu="h200", runner="simulated")
+        failed = []
+
+        def fail(job):
+            failed.append(family_of(workload).parse_schedule(job["schedule"]).id)
+            return {"status": "wrong_result", "error": "max abs error 3.2 over 0.05"}
+
+        assert drain(client, worker, fail) == 2
+        assert space[int(order[0])].id in failed  # the prior's pick failed (else no test)
+        doc = client.post("/v1/schedules", json={"workload": GEMM, "gpu": "h200"}).json()
+    expected = next(space[int(i)].id for i in order if space[int(i)].id not in failed)
+    assert doc["source"] == "model" and doc["learned_from"] == sorted(measured)
+    assert doc["schedule_id"] == expected and doc["failed_trials"] == 2
+    local = best_schedule(GEMM, "h200", db=db_url)
+    assert (local.schedule_id, local.failed_trials) == (expected, 2)
+    args = ["--m", str(workload.m), "--n", str(workload.n), "--k", str(workload.k)]
+    table = runner.invoke(app, ["schedule", "gemm", *args, "--gpu", "h200", "--db", db_url])
+    assert table.exit_code == 0, table.output
+    said = " ".join(table.stdout.split())
+    assert "learned from 3 tasks (no trial succeeded)" in said
+    assert "2 trials failed on h200: their schedules are not picked" in said
+    assert expected in said and "not tuned yet" not in said
+
+
 def test_a_stored_time_no_kernel_can_take_does_not_break_every_lookup(db_url):
     """A 1e-300 us result, stored before results were checked for it, overflowed the
     throughput to infinity: the learned cost model's fit failed (XGBoost refuses infinite

@@ -164,15 +164,19 @@ def _schedule(
         print_json(doc.model_dump(mode="json"))
         return
     simulated = doc.source == "measured" and is_simulated(doc.runner)
+    untuned = "no trial succeeded" if doc.failed_trials else "not tuned yet"
     if doc.source == "model" and doc.learned_from:
-        source = f"cost model learned from {_tasks(doc.learned_from)} (not tuned yet)"
+        source = f"cost model learned from {_tasks(doc.learned_from)} ({untuned})"
     elif doc.source == "model":
-        source = "analytical model (not tuned yet)"
+        source = f"analytical model ({untuned})"
     elif simulated:
         source = f"simulated trials ({SIMULATED_LABEL.removeprefix('simulated: ')})"
     else:
         source = "measured trials"
     console.print(f"{w.label()} on {doc.gpu}: best schedule, from the {source}{where}")
+    if doc.failed_trials:
+        failed = "1 trial" if doc.failed_trials == 1 else f"{doc.failed_trials} trials"
+        console.print(f"{failed} failed on {doc.gpu}: their schedules are not picked")
     table = Table(show_header=False)
     table.add_column("key")
     table.add_column("value")

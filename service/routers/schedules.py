@@ -9,7 +9,12 @@ from pipetune.model.workloads import WorkloadError
 from pipetune.service.auth import user_access
 from pipetune.service.context import ServiceDep
 from pipetune.service.errors import InputError
-from pipetune.service.records import best_measured, schedule_response
+from pipetune.service.records import (
+    NO_FAILURES,
+    best_measured,
+    failed_trials,
+    schedule_response,
+)
 from pipetune.service.routers.common import ERRORS
 
 router = APIRouter(tags=["schedules"], dependencies=[Depends(user_access)])
@@ -30,16 +35,20 @@ def best_schedule(
     """The best measured schedule for the workload on the GPU if one was measured
     (`source: measured`), else the model's pick (`source: model`): for a tensor-core GEMM,
     a cost model learned from the measured tasks of other shapes where there are any
-    (`learned_from` names them), else the analytical model. With `tune`,
+    (`learned_from` names them), else the analytical model; never a schedule whose trial
+    failed on the GPU (`failed_trials` counts those trials). With `tune`,
     also creates a tuning task (202, `task_id` and `url`)."""
     workload = body.workload
+    failed = NO_FAILURES
     with service.db.read() as s:
         job = best_measured(s, workload.workload_hash, body.gpu)
+        if job is None:  # nothing measured: the pick skips schedules seen to fail
+            failed = failed_trials(s, workload.workload_hash, body.gpu)
     try:
         learned = None
         if job is None or job.latency_us is None:  # nothing measured: a learned pick?
-            learned = service.driver.learned_pick(workload, body.gpu)
-        doc = schedule_response(workload, body.gpu, job, learned)
+            learned = service.driver.learned_pick(workload, body.gpu, failed.schedule_ids)
+        doc = schedule_response(workload, body.gpu, job, learned, failed)
     except WorkloadError as exc:
         raise InputError(["body", "workload"], exc.reason) from None
     if body.tune is not None:
