@@ -154,3 +154,25 @@ def test_a_dataset_where_nothing_ran_is_refused_with_exit_2(tmp_path, times, sai
     result = _bench(str(_kt_cache(tmp_path, times)), "--strategies", "random")
     assert result.exit_code == 2, result.output
     assert said in result.output
+
+
+DATA = Path(__file__).resolve().parents[1] / "benchmarks" / "data"
+GELU = "BiasGELU_BERT_b1_s128.t4.json.gz"  # 228 configurations on each GPU
+
+
+def test_a_prior_of_more_trials_than_its_space_says_what_it_holds():
+    """--prior-trials 1000 on a prior of 228 configurations: the caption said "1000 trials"
+    where the prior held 228; budgets over a space's size were capped and said nowhere."""
+    args = ["bench", "tuner", str(DATA / "h100" / GELU), "--strategies", "auto", "--seeds", "1"]
+    args += ["--prior", str(DATA / "h200" / GELU), "--prior-trials", "1000", "--budgets", "8,300"]
+    result = runner.invoke(app, [*args, "--json"])
+    assert result.exit_code == 0, result.output
+    doc = json.loads(result.stdout)
+    assert doc["priors"] == {"BiasGELU_BERT_b1_s128": "BiasGELU_BERT_b1_s128 (228 trials of auto)"}
+    assert doc["configurations"] == {"BiasGELU_BERT_b1_s128": 228}
+    table = runner.invoke(app, args, terminal_width=300)
+    assert table.exit_code == 0, table.output
+    said = " ".join(table.output.split())
+    assert "(228 configurations: a budget over that measures them all)" in said
+    small = runner.invoke(app, [*args[:-1], "8", "--json"])
+    assert small.exit_code == 0 and "configurations: a budget" not in small.output

@@ -145,3 +145,48 @@ def test_pipetune_bench_tuner_takes_a_learned_prior(tmp_path):
     empty.mkdir()
     refused = CliRunner().invoke(app, [*args, "--learned-prior", str(empty)])
     assert refused.exit_code == 2 and "no *.t4.json.gz dataset" in refused.output
+
+
+def test_a_learned_prior_refuses_simulated_datasets_and_says_what_teaches_nothing(tmp_path):
+    """`pipetune bench tuner --learned-prior` took a simulated dataset as measurements (the
+    service never learns from simulated trials), and dropped without a word a dataset left
+    with nothing to learn from and a file of another family."""
+    import gzip
+    import json
+    import shutil
+    from pathlib import Path
+
+    from typer.testing import CliRunner
+
+    from pipetune.clients.cli.main import app
+
+    data = Path(__file__).resolve().parent.parent / "benchmarks" / "data"
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    shutil.copy(data / "h200" / "Softmax_BERT_b1_s128.t4.json.gz", corpus)  # its own shape
+    shutil.copy(data / "h200" / "MM_RN50_FC.t4.json.gz", corpus)  # another family
+    target = str(data / "h100" / "Softmax_BERT_b1_s128.t4.json.gz")
+    args = ["bench", "tuner", target, "--strategies", "auto", "--seeds", "1", "--budgets", "4"]
+    result = CliRunner().invoke(app, [*args, "--learned-prior", str(corpus), "--json"])
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.stdout)["learned_priors"] == {}  # stdout stays the document
+    said = " ".join(result.stderr.split())
+    assert (
+        "note: --learned-prior: nothing of memops but its own shape for Softmax_BERT_b1_s128: "
+        "it keeps the analytical model's prior" in said
+    )
+    assert (
+        "note: --learned-prior: MM_RN50_FC.t4.json.gz (tensor_gemm) is of no benchmarked "
+        "dataset's family: it teaches nothing here" in said
+    )
+
+    doc = json.loads(gzip.decompress((data / "h200" / "MM_RN50_FC.t4.json.gz").read_bytes()))
+    doc["metadata"]["pipetune"]["runner"] = "simulated"
+    simulated = tmp_path / "MM_sim.t4.json.gz"
+    simulated.write_bytes(gzip.compress(json.dumps(doc).encode()))
+    refused = CliRunner().invoke(app, [*args, "--learned-prior", str(simulated)])
+    assert refused.exit_code == 2, refused.output
+    assert (
+        "--learned-prior: MM_sim.t4.json.gz holds simulated results, not GPU measurements"
+        in " ".join(refused.output.split())
+    )

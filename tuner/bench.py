@@ -41,6 +41,9 @@ class Dataset:
     name: str
     configs: RecordedConfigs
     ours: RecordedSpace | None = None
+    # pipetune's datasets: the runner its results came from (model.trials' runner strings):
+    # only GPU measurements may teach a learned prior.
+    runner: str | None = None
 
 
 def run_strategy_rows(
@@ -251,7 +254,14 @@ def bench(
                 progress(f"{datasets[i].name}: {s}")
             best[s][datasets[i].name] = _table(i, s)
     best = {s: {ds.name: best[s][ds.name] for ds in datasets} for s in strategies}
-    sampled = f" ({prior_trials} trials of {DEFAULT_STRATEGY})" if prior_trials else ""
+
+    def sampled(prior: Dataset) -> str:
+        """A --prior-trials prior's caption: the trials a task there holds (no more than
+        its space: trial_rows measures at most every configuration)."""
+        if not prior_trials:
+            return ""
+        return f" ({min(prior_trials, len(prior.configs.configs))} trials of {DEFAULT_STRATEGY})"
+
     randoms = {
         ds.name: [
             random_search_expectation(ds.configs.throughput / ds.configs.optimum, k)
@@ -273,7 +283,9 @@ def bench(
         "early": min(early, batch - 1),
         "peer_batch": 1,
         "datasets": [d.name for d in datasets],
-        "priors": {name: p.name + sampled for name, p in priors.items()},
+        "priors": {name: p.name + sampled(p) for name, p in priors.items()},
+        # A budget over a space's size measures all of it (best-in-k is then 1).
+        "configurations": {d.name: len(d.configs.configs) for d in datasets},
         "prior_trials": prior_trials,
         "learned_priors": {name: p.source for name, p in learned.items()},
         "random": {

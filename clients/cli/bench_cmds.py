@@ -9,7 +9,8 @@ import typer
 from rich.table import Table
 
 from pipetune.clients.cli.errors import CliError, reported
-from pipetune.clients.cli.output import console, print_json
+from pipetune.clients.cli.output import console, print_json, stderr_console
+from pipetune.model.trials import is_measured
 from pipetune.model.wire import StrategyName
 from pipetune.tuner.peers import LIGHT_PEERS, PEERS
 
@@ -96,7 +97,8 @@ def recorded_dataset(path: Path, name: str | None = None) -> Dataset:
         raise DatasetError(f"{name}: none of its schedules is in the current valid space")
     order = np.argsort(rows)
     recorded = RecordedSpace(full.subset(np.array(rows)[order]), np.array(latency)[order])
-    return Dataset(name, RecordedConfigs.from_recorded_space(name, recorded), recorded)
+    configs = RecordedConfigs.from_recorded_space(name, recorded)
+    return Dataset(name, configs, recorded, info.runner)
 
 
 def _int_list(text: str, option: str) -> list[int]:
@@ -180,13 +182,51 @@ def _learned(paths: list[Path], loaded: list[Dataset]) -> dict:
             f"--learned-prior: no *.t4.json.gz dataset in {', '.join(map(str, paths))}", 2
         )
     try:
-        corpus = [recorded_dataset(f).ours for f in files]
+        corpus = [recorded_dataset(f) for f in files]
     except DatasetError as exc:
         raise CliError(f"--learned-prior: {exc}", 2) from None
-    records = [r for r in corpus if r is not None]
-    if len(records) < len(corpus):
-        raise CliError("--learned-prior: only pipetune's measured datasets can teach a prior", 2)
-    return unseen_shape_priors(loaded, records)
+    for f, ds in zip(files, corpus, strict=True):
+        if ds.ours is None:
+            raise CliError(
+                f"--learned-prior: {f.name} is not a pipetune dataset: only pipetune's "
+                "measured datasets can teach a prior",
+                2,
+            )
+        if not is_measured(ds.runner):
+            # As the service's learned prior: simulated latencies are the analytical model
+            # plus noise, which would teach the model its own predictions as measurements.
+            raise CliError(
+                f"--learned-prior: {f.name} holds {ds.runner or 'unlabelled'} results, not "
+                "GPU measurements: only measured datasets can teach a prior",
+                2,
+            )
+    records = [ds.ours for ds in corpus if ds.ours is not None]
+    learned = unseen_shape_priors(loaded, records)
+    for note in _unlearned(loaded, learned, files, records):
+        stderr_console.print(f"note: --learned-prior: {note}")
+    return learned
+
+
+def _unlearned(loaded: list[Dataset], learned: dict, files: list[Path], records: list) -> list[str]:
+    """What --learned-prior was given and does not use, said beside the run: a dataset left
+    with the analytical model's prior (nothing of its family but its own shape), and a file
+    of no benchmarked dataset's family (it teaches nothing here)."""
+    from pipetune.model.family import family_of
+
+    notes = [
+        f"nothing of {family_of(ds.ours.space.workload).name} but its own shape for "
+        f"{ds.name}: it keeps the analytical model's prior"
+        for ds in loaded
+        if ds.ours is not None and ds.name not in learned
+    ]
+    families = {family_of(ds.ours.space.workload).name for ds in loaded if ds.ours is not None}
+    notes += [
+        f"{f.name} ({family_of(r.space.workload).name}) is of no benchmarked dataset's "
+        "family: it teaches nothing here"
+        for f, r in zip(files, records, strict=True)
+        if family_of(r.space.workload).name not in families
+    ]
+    return notes
 
 
 def _cell(value: float, se: float) -> str:
@@ -305,6 +345,9 @@ def print_tables(doc: dict, names: list[str], ks: list[int]) -> None:
         prior = doc["priors"].get(ds)
         learned = doc.get("learned_priors", {}).get(ds)
         title = f"{ds}: best-in-k" + (f" (prior: {prior})" if prior else "")
+        size = doc.get("configurations", {}).get(ds)
+        if size is not None and max(ks) > size:  # (the cells were capped, said nowhere)
+            title += f" ({size} configurations: a budget over that measures them all)"
         if learned:  # (which runs had one was said nowhere)
             title += f" (learned prior: {learned})"
         table = Table(title=title, caption=note)

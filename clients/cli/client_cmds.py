@@ -22,7 +22,6 @@ from pathlib import Path
 from typing import Any
 
 import typer
-from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
@@ -33,7 +32,7 @@ from pipetune.clients.cli.curve_files import (
     write_curve_png,
 )
 from pipetune.clients.cli.errors import CliError, reported
-from pipetune.clients.cli.output import console, print_json
+from pipetune.clients.cli.output import console, print_json, stderr_console
 from pipetune.clients.cli.remote import (
     api_key_option,
     client,
@@ -69,7 +68,6 @@ from pipetune.model.wire import (
 
 STRATEGIES: tuple[str, ...] = typing.get_args(StrategyName)
 # Progress goes to stderr so that --json documents on stdout stay machine-readable.
-progress_console = Console(stderr=True)
 
 schedule_app = typer.Typer(help="The best known schedule of a workload (measured, else model).")
 tune_app = typer.Typer(help="Start a tuning task for a workload on the service's GPU workers.")
@@ -212,7 +210,7 @@ def task_progress(enabled: bool) -> Iterator[Progress | None]:
         BarColumn(),
         MofNCompleteColumn(),
         TimeElapsedColumn(),
-        console=progress_console,
+        console=stderr_console,
     ) as bar:
         yield bar
 
@@ -508,10 +506,10 @@ def curve(
         print_json(doc.model_dump(mode="json"))
     if png is not None:
         write_curve_png(png, task, doc, simulated)
-        progress_console.print(f"wrote {png}")
+        stderr_console.print(f"wrote {png}")
     if html is not None:
         write_curve_html(html, task, doc, simulated)
-        progress_console.print(f"wrote {html}")
+        stderr_console.print(f"wrote {html}")
     if as_json or png is not None or html is not None:
         return
     console.print(curve_title(task) + f", {task.state}")

@@ -10,6 +10,8 @@ from rich.console import Console
 
 # Tables are read whole: never squeeze columns to 80 characters when piped.
 console = Console(width=max(Console().width, 140))
+# Progress and notes beside a result: stderr, so that --json keeps stdout a document.
+stderr_console = Console(stderr=True)
 
 
 def print_json(document: Any) -> None:

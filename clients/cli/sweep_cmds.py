@@ -24,7 +24,6 @@ from typing import Any
 
 import typer
 from click.core import ParameterSource
-from rich.console import Console
 from rich.progress import (
     BarColumn,
     MofNCompleteColumn,
@@ -36,7 +35,7 @@ from rich.progress import (
 from rich.table import Table
 
 from pipetune.clients.cli.errors import CliError, one_line, reported, runner_failure
-from pipetune.clients.cli.output import console, print_json
+from pipetune.clients.cli.output import console, print_json, stderr_console
 from pipetune.clients.cli.paths import check_output_dir, check_output_file
 from pipetune.clients.cli.workload_options import add_workload_commands, option
 from pipetune.model.family import all_ops, family_of, parse_any_workload
@@ -50,7 +49,6 @@ from pipetune.workers.runners.sweep import select_schedules, sweep
 
 SWEEP_RUNNERS: tuple[str, ...] = (RunnerKind.CUPY, RunnerKind.SIMULATED)
 # Progress bars go to stderr so that --json documents on stdout stay machine-readable.
-progress_console = Console(stderr=True)
 
 sweep_app = typer.Typer(
     help=(
@@ -95,7 +93,7 @@ def _progress() -> Iterator[Progress]:
         MofNCompleteColumn(),
         TimeElapsedColumn(),
         TimeRemainingColumn(),
-        console=progress_console,
+        console=stderr_console,
     ) as bar:
         yield bar
 
