@@ -431,6 +431,11 @@ class WorkerRegister(_GpuField):
     sm_count: int | None = Field(None, strict=True, ge=1, le=ID_MAX)
     driver: str | None = Field(None, max_length=64)
     clocks_mhz: int | None = Field(None, strict=True, ge=1, le=ID_MAX)
+    workload: Workload | None = Field(
+        None,
+        description="the one workload the worker can answer (a replay worker: its dataset's); "
+        "it leases only that workload's jobs. Left out: any job of its arch and GPU",
+    )
 
     @field_validator("name")
     @classmethod
@@ -453,6 +458,8 @@ class WorkerDoc(_Body):
     arch: str
     runner: str
     last_heartbeat: datetime
+    # The hash of the one workload it answers (WorkerRegister.workload); null: any.
+    workload_hash: str | None = None
 
 
 # The most leases one heartbeat lists (a worker holding more sends none: all are extended).

@@ -162,7 +162,9 @@ class Queue:
         return doc, created
 
     def _register(self, token_hash: str, body: WorkerRegister) -> tuple[WorkerDoc, bool]:
-        values = body.model_dump(exclude={"name"})
+        values = body.model_dump(exclude={"name", "workload"})
+        # Set on every registration: a name re-registered without one answers any workload.
+        values["workload_hash"] = body.workload.workload_hash if body.workload else None
         with self.db.write() as s:
             worker = s.scalars(select(WorkerRow).where(WorkerRow.name == body.name)).first()
             created = worker is None
@@ -215,6 +217,7 @@ class Queue:
                         WorkerRow.gpu,
                         WorkerRow.arch,
                         WorkerRow.runner,
+                        WorkerRow.workload_hash,
                         WorkerRow.token_hash,
                     ).where(WorkerRow.id == worker_id)
                 ).first()
@@ -222,7 +225,9 @@ class Queue:
             raise NotFoundError(f"worker {worker_id} is not registered")
         if not hmac.compare_digest(w.token_hash, token_hash):
             raise ForbiddenError(f"worker {worker_id} belongs to another token")
-        ref = WorkerRef(id=w.id, gpu=w.gpu, arch=w.arch, runner=w.runner)
+        ref = WorkerRef(
+            id=w.id, gpu=w.gpu, arch=w.arch, runner=w.runner, workload_hash=w.workload_hash
+        )
         self._worker_refs[(worker_id, token_hash)] = (ref, time.monotonic() + WORKER_CACHE_S)
         return ref
 

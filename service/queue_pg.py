@@ -40,11 +40,13 @@ _QUEUED, _LEASED = JobState.QUEUED.value, JobState.LEASED.value
 _RUNNING, _TASK_QUEUED = TaskState.RUNNING.value, TaskState.QUEUED.value
 
 
-def _claim_sql(gpu_bound: bool, one_task: bool) -> str:
+def _claim_sql(gpu_bound: bool, one_task: bool, one_workload: bool) -> str:
     """The lease statement: claim, lease audit rows and tasks started, in one."""
     filters = "state = %(queued)s AND arch = %(arch)s"
     filters += " AND gpu = %(gpu)s" if gpu_bound else ""
     filters += " AND task_id = %(task_id)s" if one_task else ""
+    if one_workload:
+        filters += " AND workload_id = (SELECT id FROM workloads WHERE hash = %(workload)s)"
     return f"""
 WITH picked AS MATERIALIZED (
     SELECT id FROM jobs WHERE {filters}
@@ -69,7 +71,12 @@ FROM claimed ORDER BY id
 """
 
 
-CLAIM_SQL = {(g, t): _claim_sql(g, t) for g in (False, True) for t in (False, True)}
+CLAIM_SQL = {
+    (g, t, w): _claim_sql(g, t, w)
+    for g in (False, True)
+    for t in (False, True)
+    for w in (False, True)
+}
 
 # Each report is one element of a JSON array (one parameter, whatever the batch size).
 RECORD_SQL = """
@@ -192,13 +199,15 @@ class PostgresQueueStore:
             "arch": worker.arch,
             "gpu": worker.gpu,
             "task_id": task_id,
+            "workload": worker.workload_hash,
             "n": n,
             "worker": worker.id,
             "token": token,
             "ttl": float(ttl_s),
         }
         with self.db.driver_statement() as cur:
-            cur.execute(CLAIM_SQL[worker.gpu_bound, task_id is not None], params)
+            one_workload = worker.workload_hash is not None
+            cur.execute(CLAIM_SQL[worker.gpu_bound, task_id is not None, one_workload], params)
             rows = cur.fetchall()
         return [
             Claimed(

@@ -17,7 +17,7 @@ from sqlalchemy import bindparam, case, insert, literal, select, update
 
 from pipetune.model.states import JobState, TaskState
 from pipetune.service.db import Database
-from pipetune.service.orm import JobRow, LeaseRow, TaskRow, WorkerRow
+from pipetune.service.orm import JobRow, LeaseRow, TaskRow, WorkerRow, WorkloadRow
 from pipetune.service.queue_types import (
     Claimed,
     Held,
@@ -83,6 +83,9 @@ class SqliteQueueStore:
             conditions.append(JOBS.c.gpu == worker.gpu)
         if task_id is not None:
             conditions.append(JOBS.c.task_id == task_id)
+        if worker.workload_hash is not None:
+            workload = select(WorkloadRow.id).where(WorkloadRow.hash == worker.workload_hash)
+            conditions.append(JOBS.c.workload_id == workload.scalar_subquery())
         return conditions
 
     def claim(

@@ -44,6 +44,8 @@ class WorkerRef:
     gpu: str
     arch: str
     runner: str
+    # The one workload it answers (WorkerRegister.workload); None: any.
+    workload_hash: str | None = None
 
     @property
     def gpu_bound(self) -> bool:
@@ -52,7 +54,7 @@ class WorkerRef:
     @property
     def kind(self) -> WorkerKind:
         """Which jobs it may take (what wakes its waiting lease requests)."""
-        return WorkerKind(self.arch, self.gpu if self.gpu_bound else None)
+        return WorkerKind(self.arch, self.gpu if self.gpu_bound else None, self.workload_hash)
 
 
 @dataclass(frozen=True)

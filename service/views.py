@@ -161,4 +161,5 @@ def worker_doc(worker: WorkerRow) -> WorkerDoc:
         arch=worker.arch,
         runner=worker.runner,
         last_heartbeat=worker.last_heartbeat,
+        workload_hash=worker.workload_hash,
     )

@@ -221,3 +221,25 @@ def test_0004_adds_where_early_proposals_saw_results_and_keeps_every_job(empty_u
             assert "seen_at" not in {c["name"] for c in inspect(conn).get_columns("jobs")}
     finally:
         engine.dispose()
+
+
+def test_0005_adds_the_one_workload_a_worker_answers_and_keeps_every_worker(empty_url):
+    """Workers registered before it answer any workload: they keep NULL, which says so."""
+    upgrade(empty_url, "0004")
+    engine = make_engine(empty_url, pool_size=1)
+    try:
+        _one_finished_task(engine)
+        upgrade(empty_url)
+        assert _schema_diff(empty_url) == []
+        assert _trial_rows(engine) == TRIAL_ROWS
+        with engine.begin() as conn:
+            assert conn.execute(text("SELECT id, workload_hash FROM workers")).all() == [(1, None)]
+            conn.execute(text("UPDATE workers SET workload_hash = 'abc' WHERE id = 1"))
+        downgrade(empty_url, "0004")
+        assert _trial_rows(engine) == TRIAL_ROWS  # (its jobs and leases refer to the worker)
+        with engine.connect() as conn:
+            assert conn.execute(text("SELECT count(*) FROM workers")).scalar() == 1
+            names = {c["name"] for c in inspect(conn).get_columns("workers")}
+            assert "workload_hash" not in names
+    finally:
+        engine.dispose()

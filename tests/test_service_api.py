@@ -130,6 +130,31 @@ def test_a_workload_whose_every_schedule_failed_is_a_clear_422(client):
     assert f"every one of its {size} valid schedules failed on h100" in body["reason"]
 
 
+def test_a_worker_of_one_workload_leases_only_its_jobs(client):
+    """A replay worker registers with the one workload its dataset holds: it leases that
+    workload's jobs and leaves the others queued (it took them and failed them); re-registered
+    without one, it takes any job again; a workload that is no workload is a 422."""
+    small = create_task(client, budget=2, strategy="random", workload=SMALL_GEMM)
+    big = create_task(client, budget=2, strategy="random", workload=GEMM)
+    body = {"name": "replay-1", "gpu": "h100", "arch": "sm_90", "runner": "replay"}
+    one = client.post("/v1/workers", json={**body, "workload": SMALL_GEMM}, headers=WORKER_HEADERS)
+    assert one.status_code == 201, one.text
+    assert one.json()["workload_hash"] == parse_workload(SMALL_GEMM).workload_hash
+    jobs = lease(client, one.json()["id"], max_jobs=8)
+    assert sorted(j["task_id"] for j in jobs) == [small["id"], small["id"]]
+    assert lease(client, one.json()["id"], max_jobs=8) == []
+    again = client.post("/v1/workers", json=body, headers=WORKER_HEADERS)
+    assert again.status_code == 200 and again.json()["workload_hash"] is None
+    assert sorted(j["task_id"] for j in lease(client, again.json()["id"], max_jobs=8)) == [
+        big["id"],
+        big["id"],
+    ]
+    bad = client.post(
+        "/v1/workers", json={**body, "workload": {"op": "gemm", "m": 0}}, headers=WORKER_HEADERS
+    )
+    assert bad.status_code == 422 and bad.json()["detail"][0]["loc"][:2] == ["body", "workload"]
+
+
 def test_trials_carry_the_whole_measurement_and_samples_when_asked(client):
     """A trial showed its median latency alone: the repeats, spread, counts and compile time
     a worker reported were stored and not shown (and a T4 export of the task lost them)."""

@@ -220,14 +220,21 @@ def test_a_replay_worker_answers_from_its_dataset(service: LocalService, tmp_pat
     )
     try:
         with Client(service.url) as c:
+            # Another workload's task on its GPU: the replay worker cannot answer it and
+            # took its jobs all the same, failing them ("not in the dataset").
+            other = c.tune(RN50_FC, "a100", budget=4, seed=4)
             task = c.tune(SMALL, "a100", budget=4, seed=4)
             done = c.wait(task.id, poll_s=0.2, timeout_s=60)
             worker = worker_named(c, "live-replay")
             trials = c.all_trials(task.id)
+            untouched = c.task(other.id)
+            c.cancel(other.id)
     finally:
         code = stop(proc, log)
     assert code == 0 and done.state == "done" and done.trials_done == 4
     assert worker is not None and worker.runner == "replay"
+    assert worker.workload_hash == workload.workload_hash
+    assert (untouched.trials_done, untouched.trials_failed) == (0, 0)
     for t in trials:
         record = dataset.lookup(t.schedule.model_dump())
         assert record is not None and t.latency_us == pytest.approx(record.time_ms * 1e3)

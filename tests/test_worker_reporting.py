@@ -323,3 +323,43 @@ def test_a_worker_that_could_not_report_exits_3():
     clean, _ = _worker(FakeApi())
     clean._control = lambda: None  # type: ignore[method-assign]
     assert clean.run() == 0
+
+
+def test_a_replay_worker_registers_its_workload_and_refuses_a_service_without_the_field():
+    """A replay worker answers one workload: it registers with it (the service then leases it
+    no other). A service from before the field refuses it (422 on `workload`): registered
+    without it the worker would lease other tasks' jobs and fail them, so it stops, saying
+    why."""
+    from pipetune.model.workloads import gemm
+    from pipetune.workers.daemon.worker import WorkerError
+
+    workload = gemm(64, 64, 64)
+    bodies: list = []
+
+    class Registering(FakeApi):
+        def __init__(self, refuse: bool) -> None:
+            super().__init__()
+            self.refuse = refuse
+
+        def register(self, body):  # type: ignore[no-untyped-def]
+            bodies.append(body)
+            if self.refuse:
+                raise InvalidRequestError(422, "Extra inputs are not permitted", field="workload")
+            return SimpleNamespace(id=3, name=body.name, gpu="h100", arch="sm_90", runner="replay")
+
+    def replay_worker(api: FakeApi) -> Worker:
+        worker = Worker(
+            WorkerConfig(server="http://fake", token="t", runner="simulated", gpu="h100"),
+            SimpleNamespace(name="replay", only_workload=workload),  # type: ignore[arg-type]
+            describe_model_gpu("h100", "replay"),
+            EventLog(stream=io.StringIO()),
+            api_factory=lambda: api,  # type: ignore[arg-type,return-value]
+        )
+        return worker
+
+    api = Registering(refuse=False)
+    assert replay_worker(api)._register(api)  # type: ignore[arg-type]
+    assert bodies[-1].workload == workload
+    old = Registering(refuse=True)
+    with pytest.raises(WorkerError, match="does not take the one workload a replay worker"):
+        replay_worker(old)._register(old)  # type: ignore[arg-type]

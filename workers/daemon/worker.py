@@ -211,6 +211,7 @@ class Worker:
             sm_count=d.sm_count,
             driver=d.driver,
             clocks_mhz=d.clocks_mhz,
+            workload=self.runner.only_workload,
         )
 
     def _register(self, api: WorkerApi) -> bool:
@@ -233,6 +234,16 @@ class Worker:
             if self._stop.is_set():
                 return False
             raise
+        except InvalidRequestError as exc:
+            if body.workload is not None and exc.field == "workload":
+                # Registered without it, the worker would lease every workload's jobs and
+                # fail the trials its runner cannot answer: other users' tasks.
+                raise WorkerError(
+                    f"the service at {api.base_url} does not take the one workload a "
+                    f"{self.runner.name} worker answers (it is older than this worker): "
+                    "upgrade it, or run this worker against a service of its own"
+                ) from None
+            raise
         self.worker_id = doc.id
         self.log.info(
             "registered",
@@ -241,6 +252,7 @@ class Worker:
             gpu=doc.gpu,
             arch=doc.arch,
             runner=doc.runner,
+            workload=body.workload.label() if body.workload is not None else None,
             device=self.device.device_name,
             concurrency=self.config.concurrency,
             server=api.base_url,

@@ -130,6 +130,12 @@ class Runner(ABC):
         return None
 
     @property
+    def only_workload(self) -> AnyWorkload | None:
+        """The one workload this runner can answer (a replay of a dataset), else None: a
+        worker registers with it and leases no other workload's jobs."""
+        return None
+
+    @property
     def settings(self) -> dict[str, Any]:
         """What a dataset should record about how this runner measured."""
         return {}

@@ -72,6 +72,11 @@ class ReplayRunner(Runner):
         return self.info.device_name
 
     @property
+    def only_workload(self) -> AnyWorkload | None:
+        # (ignore_mismatch answers any workload from the dataset's schedules: tests only.)
+        return None if self.ignore_mismatch else self.info.workload
+
+    @property
     def settings(self) -> dict[str, Any]:
         return {"replayed": self.dataset.name, **self.info.metadata.get("settings", {})}
 
