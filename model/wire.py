@@ -460,6 +460,9 @@ class WorkerDoc(_Body):
     last_heartbeat: datetime
     # The hash of the one workload it answers (WorkerRegister.workload); null: any.
     workload_hash: str | None = None
+    # POST /v1/workers' answer to a re-registration: the name's last heartbeat was within a
+    # lease TTL, so another process may be running under it (each should have its own).
+    name_in_use: bool | None = None
 
 
 # The most leases one heartbeat lists (a worker holding more sends none: all are extended).

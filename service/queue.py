@@ -176,10 +176,18 @@ class Queue:
             else:
                 for key, value in values.items():
                     setattr(worker, key, value)
-                worker.last_heartbeat = s.scalar(select(self.db.now()))
+                now = s.scalar(select(self.db.now()))
+                # A restart re-registers after its heartbeats stopped; within a lease TTL of
+                # the last one, another process may be running under the name.
+                since = (now - worker.last_heartbeat).total_seconds()
+                in_use = since < self.settings.lease_ttl_s
+                worker.last_heartbeat = now
             s.flush()
             s.refresh(worker)
-            return worker_doc(worker), created
+            doc = worker_doc(worker)
+            if not created:
+                doc.name_in_use = in_use
+            return doc, created
 
     def heartbeat(
         self,

@@ -155,6 +155,24 @@ def test_a_worker_of_one_workload_leases_only_its_jobs(client):
     assert bad.status_code == 422 and bad.json()["detail"][0]["loc"][:2] == ["body", "workload"]
 
 
+def test_a_name_registered_again_while_heartbeating_says_it_may_be_in_use(db_url):
+    """Two worker processes given one --name shared one worker row without a word: the
+    re-registration's answer says whether the name sent a heartbeat within a lease TTL (a
+    second process, or a restart just after a stop); a new name says nothing."""
+    import time
+
+    with client_for(db_url, lease_ttl_s=0.5) as c:
+        body = {"name": "twin", "gpu": "h100", "arch": "sm_90", "runner": "simulated"}
+        first = c.post("/v1/workers", json=body, headers=WORKER_HEADERS)
+        assert first.status_code == 201 and first.json()["name_in_use"] is None
+        second = c.post("/v1/workers", json=body, headers=WORKER_HEADERS)
+        assert second.status_code == 200 and second.json()["name_in_use"] is True
+        assert second.json()["id"] == first.json()["id"]
+        time.sleep(0.7)  # past the TTL without a heartbeat: a restart
+        later = c.post("/v1/workers", json=body, headers=WORKER_HEADERS)
+        assert later.status_code == 200 and later.json()["name_in_use"] is False
+
+
 def test_trials_carry_the_whole_measurement_and_samples_when_asked(client):
     """A trial showed its median latency alone: the repeats, spread, counts and compile time
     a worker reported were stored and not shown (and a T4 export of the task lost them)."""

@@ -345,7 +345,8 @@ def test_a_replay_worker_registers_its_workload_and_refuses_a_service_without_th
             bodies.append(body)
             if self.refuse:
                 raise InvalidRequestError(422, "Extra inputs are not permitted", field="workload")
-            return SimpleNamespace(id=3, name=body.name, gpu="h100", arch="sm_90", runner="replay")
+            doc = {"id": 3, "name": body.name, "gpu": "h100", "arch": "sm_90"}
+            return SimpleNamespace(**doc, runner="replay", name_in_use=None)
 
     def replay_worker(api: FakeApi) -> Worker:
         worker = Worker(
@@ -363,3 +364,16 @@ def test_a_replay_worker_registers_its_workload_and_refuses_a_service_without_th
     old = Registering(refuse=True)
     with pytest.raises(WorkerError, match="does not take the one workload a replay worker"):
         replay_worker(old)._register(old)  # type: ignore[arg-type]
+
+
+def test_a_name_in_use_is_warned_of():
+    class Twin(FakeApi):
+        def register(self, body):  # type: ignore[no-untyped-def]
+            doc = {"id": 3, "name": body.name, "gpu": "h100", "arch": "sm_90"}
+            return SimpleNamespace(**doc, runner="simulated", name_in_use=True)
+
+    api = Twin()
+    worker, log = _worker(api)
+    worker.runner = SimpleNamespace(name="simulated", only_workload=None)  # type: ignore[assignment]
+    assert worker._register(api)  # type: ignore[arg-type]
+    assert "WARNING name_in_use" in log.getvalue() and "its own --name" in log.getvalue()

@@ -245,6 +245,16 @@ class Worker:
                 ) from None
             raise
         self.worker_id = doc.id
+        if doc.name_in_use:
+            # Two processes under one name share one worker: one row, one busy count, one
+            # name on every trial. (Their leases stay apart: each heartbeat lists its own.)
+            self.log.warning(
+                "name_in_use",
+                name=doc.name,
+                msg="a worker of this name sent a heartbeat less than a lease TTL ago: if "
+                "another process runs under it, give each its own --name (a restart just "
+                "after a stop also shows this)",
+            )
         self.log.info(
             "registered",
             worker=doc.id,
