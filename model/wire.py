@@ -250,6 +250,11 @@ BATCH_SIZE_DESCRIPTION = (
     "searched from a prior, the two differed by 0.012 at most, and by 0.003 at most from 20 "
     'trials on (benchmarks/RESULTS.md, "a task\'s own batch size").'
 )
+RUNNER_DESCRIPTION = (
+    "only workers of this runner measure the task's trials (`cupy`: GPU measurements only; "
+    "`pipetune.tune` in a process sets its own runner's). Null: any worker of the GPU "
+    "(a task then waits for such a worker)"
+)
 # Where a task's batch size is asked for (POST /v1/tasks, "tune" of POST /v1/schedules).
 BatchSize = Annotated[
     int, Field(strict=True, ge=1, le=MAX_BATCH_SIZE, description=BATCH_SIZE_DESCRIPTION)
@@ -261,6 +266,7 @@ class TuneOptions(_PriorFields):
     strategy: StrategyName = DEFAULT_STRATEGY
     seed: int = Field(0, strict=True, ge=0, le=ID_MAX)
     batch_size: BatchSize | None = None
+    runner: RunnerKind | None = Field(None, description=RUNNER_DESCRIPTION)
 
 
 class ScheduleRequest(_GpuField):
@@ -300,6 +306,7 @@ class TaskCreate(_GpuField, _PriorFields):
     strategy: StrategyName = DEFAULT_STRATEGY
     seed: int = Field(0, strict=True, ge=0, le=ID_MAX)
     batch_size: BatchSize | None = None
+    runner: RunnerKind | None = Field(None, description=RUNNER_DESCRIPTION)
 
 
 class BestTrial(_Throughput):
@@ -329,6 +336,8 @@ class TaskDoc(_Body):
     learned_from: list[int] | None = None
     # The recorded dataset an imported task's trials came from (not tuned by the service).
     imported_from: str | None = None
+    # Only workers of this runner measure its trials (TaskCreate.runner); null: any.
+    runner: str | None = None
     trials_done: int  # trials with a final result (failed ones included)
     trials_failed: int
     # The trials the task runs: its budget, or its whole space where that is smaller (a

@@ -117,12 +117,12 @@ WITH {held}cas AS (
     UPDATE tasks SET batches = %(version)s + 1, trials_enqueued = %(enqueued)s,
         curve = CAST(%(curve)s AS json), updated_at = statement_timestamp()
     {after_held}WHERE id = %(task)s AND batches = %(version)s AND state = ANY(%(active)s)
-    RETURNING id, workload_id, gpu, arch
+    RETURNING id, workload_id, gpu, arch, only_runner
 ), added AS (
     INSERT INTO jobs (task_id, workload_id, gpu, arch, trial, batch, schedule, schedule_id,
-        predicted_us, state, attempts)
+        predicted_us, only_runner, state, attempts)
     SELECT cas.id, cas.workload_id, cas.gpu, cas.arch, j.trial, %(version)s, j.schedule,
-        j.schedule_id, j.predicted_us, %(queued)s, 0
+        j.schedule_id, j.predicted_us, cas.only_runner, %(queued)s, 0
     FROM cas, jsonb_to_recordset(CAST(%(jobs)s AS jsonb))
         AS j(trial int, schedule json, schedule_id text, predicted_us float8)
 ){seen}
@@ -547,6 +547,7 @@ class Driver:
                 seed=body.seed,
                 prior_task=body.prior_task,
                 learned_from=None if learned_from is None else list(learned_from),
+                only_runner=None if body.runner is None else body.runner.value,
                 batch_size=batch_size,
                 state=TaskState.QUEUED,
                 batches=len(batches),
@@ -648,6 +649,7 @@ class Driver:
                     "schedule": _knobs(schedule),
                     "schedule_id": schedule.id,
                     "predicted_us": p,
+                    "only_runner": task.only_runner,
                     "state": JobState.QUEUED,
                     "attempts": 0,
                 }
@@ -1039,7 +1041,13 @@ class Driver:
                     TASKS.c.state.in_(ACTIVE_TASK_STATES),
                 )
                 .values(**values, updated_at=now)
-                .returning(TASKS.c.id, TASKS.c.workload_id, TASKS.c.gpu, TASKS.c.arch)
+                .returning(
+                    TASKS.c.id,
+                    TASKS.c.workload_id,
+                    TASKS.c.gpu,
+                    TASKS.c.arch,
+                    TASKS.c.only_runner,
+                )
             ).first()
             if task is None:
                 return False

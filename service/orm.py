@@ -85,6 +85,8 @@ class TaskRow(Base):
     # The dataset file an imported task's trials came from (`pipetune db import-dataset`): its
     # trials were measured elsewhere, not tuned here; None for a task the service ran.
     imported_from: Mapped[str | None] = mapped_column(String(512))
+    # Only workers of this runner kind measure its trials (TaskCreate.runner); None: any.
+    only_runner: Mapped[str | None] = mapped_column(String(16))
     state: Mapped[str] = mapped_column(String(16))
     # Batches enqueued so far: the version a replica compares-and-sets to enqueue the next.
     batches: Mapped[int] = mapped_column(Integer, default=0)
@@ -153,6 +155,8 @@ class JobRow(Base):
     schedule: Mapped[dict[str, Any]]
     schedule_id: Mapped[str] = mapped_column(String(40))
     predicted_us: Mapped[float | None] = mapped_column(Float)
+    # Its task's only_runner, beside arch and gpu: what a lease matches a worker against.
+    only_runner: Mapped[str | None] = mapped_column(String(16))
     state: Mapped[str] = mapped_column(String(16))
     attempts: Mapped[int] = mapped_column(Integer, default=0)  # leases that expired
     lease_owner: Mapped[int | None] = mapped_column(ForeignKey("workers.id"))

@@ -44,6 +44,8 @@ def _claim_sql(gpu_bound: bool, one_task: bool, one_workload: bool) -> str:
     """The lease statement: claim, lease audit rows and tasks started, in one."""
     filters = "state = %(queued)s AND arch = %(arch)s"
     filters += " AND gpu = %(gpu)s" if gpu_bound else ""
+    # A task for one runner kind: only its workers (a job of any runner: every worker).
+    filters += " AND (only_runner IS NULL OR only_runner = %(runner)s)"
     filters += " AND task_id = %(task_id)s" if one_task else ""
     if one_workload:
         filters += " AND workload_id = (SELECT id FROM workloads WHERE hash = %(workload)s)"
@@ -200,6 +202,7 @@ class PostgresQueueStore:
             "gpu": worker.gpu,
             "task_id": task_id,
             "workload": worker.workload_hash,
+            "runner": worker.runner_kind,
             "n": n,
             "worker": worker.id,
             "token": token,

@@ -13,7 +13,7 @@ import datetime as dt
 from collections import defaultdict
 from dataclasses import replace
 
-from sqlalchemy import bindparam, case, insert, literal, select, update
+from sqlalchemy import bindparam, case, insert, literal, or_, select, update
 
 from pipetune.model.states import JobState, TaskState
 from pipetune.service.db import Database
@@ -83,6 +83,9 @@ class SqliteQueueStore:
             conditions.append(JOBS.c.gpu == worker.gpu)
         if task_id is not None:
             conditions.append(JOBS.c.task_id == task_id)
+        # A task for one runner kind: only its workers (a job of any runner: every worker).
+        runner = JOBS.c.only_runner
+        conditions.append(or_(runner.is_(None), runner == worker.runner_kind))
         if worker.workload_hash is not None:
             workload = select(WorkloadRow.id).where(WorkloadRow.hash == worker.workload_hash)
             conditions.append(JOBS.c.workload_id == workload.scalar_subquery())

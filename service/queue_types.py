@@ -52,9 +52,17 @@ class WorkerRef:
         return self.runner in GPU_BOUND_RUNNERS
 
     @property
+    def runner_kind(self) -> str | None:
+        """Its runner's kind, as a task's only_runner names it (a plain string: a driver may
+        write an enum member by its name)."""
+        kind = RunnerKind.of(self.runner)
+        return None if kind is None else kind.value
+
+    @property
     def kind(self) -> WorkerKind:
         """Which jobs it may take (what wakes its waiting lease requests)."""
-        return WorkerKind(self.arch, self.gpu if self.gpu_bound else None, self.workload_hash)
+        gpu = self.gpu if self.gpu_bound else None
+        return WorkerKind(self.arch, gpu, self.workload_hash, self.runner_kind)
 
 
 @dataclass(frozen=True)

@@ -78,6 +78,7 @@ def task_doc(task: TaskRow, workload: WorkloadRow, best: JobRow | None) -> TaskD
         batch_size=task.batch_size,
         prior_task=task.prior_task,
         learned_from=task.learned_from,
+        runner=task.only_runner,
         imported_from=task.imported_from,
         trials_done=task.trials_done,
         trials_failed=task.trials_failed,

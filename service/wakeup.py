@@ -53,9 +53,11 @@ class WorkerKind:
 
     arch: str
     gpu: str | None  # None: any job of the arch (a real GPU)
-    # One workload's jobs only (a replay worker). Signals do not name workloads: such a
-    # worker is woken by any job of its arch and GPU, and its claim finds whether one is its.
+    # One workload's jobs only (a replay worker), and its runner kind (a task may be for one
+    # runner). Signals name neither: such a worker is woken by any job of its arch and GPU,
+    # and its claim finds whether one is its; the memory of an empty queue is per kind.
     workload_hash: str | None = None
+    runner: str | None = None
 
     def takes(self, arch: str, gpu: str) -> bool:
         return arch == self.arch and (self.gpu is None or gpu == self.gpu)

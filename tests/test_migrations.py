@@ -223,8 +223,9 @@ def test_0004_adds_where_early_proposals_saw_results_and_keeps_every_job(empty_u
         engine.dispose()
 
 
-def test_0005_adds_the_one_workload_a_worker_answers_and_keeps_every_worker(empty_url):
-    """Workers registered before it answer any workload: they keep NULL, which says so."""
+def test_0005_adds_who_may_measure_what_and_keeps_every_row(empty_url):
+    """Workers registered before it answer any workload, and tasks and jobs created before
+    it are for any runner: they keep NULL, which says so."""
     upgrade(empty_url, "0004")
     engine = make_engine(empty_url, pool_size=1)
     try:
@@ -234,12 +235,23 @@ def test_0005_adds_the_one_workload_a_worker_answers_and_keeps_every_worker(empt
         assert _trial_rows(engine) == TRIAL_ROWS
         with engine.begin() as conn:
             assert conn.execute(text("SELECT id, workload_hash FROM workers")).all() == [(1, None)]
+            assert conn.execute(text("SELECT id, only_runner FROM tasks")).all() == [(1, None)]
+            assert {r.only_runner for r in conn.execute(text("SELECT only_runner FROM jobs"))} == {
+                None
+            }
             conn.execute(text("UPDATE workers SET workload_hash = 'abc' WHERE id = 1"))
+            conn.execute(text("UPDATE tasks SET only_runner = 'cupy'"))
+            conn.execute(text("UPDATE jobs SET only_runner = 'cupy'"))
         downgrade(empty_url, "0004")
         assert _trial_rows(engine) == TRIAL_ROWS  # (its jobs and leases refer to the worker)
         with engine.connect() as conn:
             assert conn.execute(text("SELECT count(*) FROM workers")).scalar() == 1
-            names = {c["name"] for c in inspect(conn).get_columns("workers")}
-            assert "workload_hash" not in names
+            assert conn.execute(text("SELECT count(*) FROM tasks")).scalar() == 1
+            for table, column in (
+                ("workers", "workload_hash"),
+                ("tasks", "only_runner"),
+                ("jobs", "only_runner"),
+            ):
+                assert column not in {c["name"] for c in inspect(conn).get_columns(table)}
     finally:
         engine.dispose()

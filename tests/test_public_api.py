@@ -181,6 +181,46 @@ def test_a_service_reads_the_tuned_task_as_its_own(db_url: str, monkeypatch):
     assert worker.name.startswith("in-process-") and worker.runner == "simulated"
 
 
+def test_a_service_worker_of_another_runner_leaves_an_in_process_task_alone(
+    db_url: str, monkeypatch
+):
+    """`pipetune.tune(..., runner="replay")` on a database a service also serves: the
+    service's simulated worker took some of its trials (10 of 40, one of them the "best"),
+    so the result the user asked to replay was part simulation. The in-process task is for
+    its runner's kind only; the worker, leasing all along, gets none of it."""
+    import threading
+
+    from service_support import lease, register
+
+    monkeypatch.setenv("PIPETUNE_SIMULATED_TIME_SCALE", "0")
+    dataset = Path(__file__).resolve().parents[1] / "benchmarks/data/h100/MM_RN50_FC.t4.json.gz"
+    taken: list[dict] = []
+    done = threading.Event()
+    with client_for(db_url) as service:
+        worker = register(service, name="service-sim", runner="simulated")
+
+        def lease_all_along() -> None:
+            while not done.is_set():
+                taken.extend(lease(service, worker, max_jobs=8))
+
+        thread = threading.Thread(target=lease_all_along)
+        thread.start()
+        try:
+            result = pipetune.tune(
+                FC, "h100", budget=24, runner="replay", dataset=dataset, db=db_url, seed=7
+            )
+        finally:
+            done.set()
+            thread.join()
+        other = service.post(
+            "/v1/tasks", json={"workload": FC, "gpu": "h100", "budget": 2, "strategy": "random"}
+        ).json()
+        assert {j["task_id"] for j in lease(service, worker, max_jobs=8)} == {other["id"]}
+    assert taken == []
+    assert result.task.runner == "replay" and len(result.trials) == 24
+    assert {t.runner for t in result.trials} == {"replay:cupy"}
+
+
 def test_tune_warm_starts_from_a_task_on_another_gpu(home: Path):
     first = pipetune.tune(FC, "a100", budget=8, runner="simulated")
     second = pipetune.tune(FC, "h100", budget=8, runner="simulated", prior_task=first.task_id)

@@ -173,6 +173,30 @@ def test_a_name_registered_again_while_heartbeating_says_it_may_be_in_use(db_url
         assert later.status_code == 200 and later.json()["name_in_use"] is False
 
 
+def test_a_task_for_one_runner_is_measured_by_its_workers_only(client):
+    """`"runner": "cupy"`: GPU measurements only. A simulated worker of the GPU leases none
+    of its jobs (it leases a task for any runner); a cupy worker leases them all; the task
+    says so; a runner that is no runner is a 422 naming the field."""
+    cupy_only = create_task(client, budget=3, strategy="random", runner="cupy")
+    assert cupy_only["runner"] == "cupy"
+    anyone = create_task(client, budget=2, strategy="random", seed=1, workload=SMALL_GEMM)
+    assert anyone["runner"] is None
+    simulated = register(client, name="sim", runner="simulated")
+    assert {j["task_id"] for j in lease(client, simulated, max_jobs=8)} == {anyone["id"]}
+    assert lease(client, simulated, max_jobs=8) == []
+    gpu = register(client, name="gpu", runner="cupy")
+    jobs = lease(client, gpu, max_jobs=8)
+    assert [j["task_id"] for j in jobs] == [cupy_only["id"]] * 3
+    bad = client.post("/v1/tasks", json={"workload": GEMM, "gpu": "h100", "runner": "gpu"})
+    assert bad.status_code == 422 and bad.json()["field"] == "runner"
+    via_schedules = client.post(
+        "/v1/schedules",
+        json={"workload": GEMM, "gpu": "h100", "tune": {"budget": 2, "runner": "cupy"}},
+    )
+    assert via_schedules.status_code == 202, via_schedules.text
+    assert client.get(via_schedules.json()["url"]).json()["runner"] == "cupy"
+
+
 def test_trials_carry_the_whole_measurement_and_samples_when_asked(client):
     """A trial showed its median latency alone: the repeats, spread, counts and compile time
     a worker reported were stored and not shown (and a T4 export of the task lost them)."""

@@ -40,7 +40,7 @@ from pipetune.clients.library.store import LocalStore, database_url, open_databa
 from pipetune.clients.sdk.http import clean_msg
 from pipetune.model.hardware import get_gpu
 from pipetune.model.states import TaskState
-from pipetune.model.trials import MeasureResult
+from pipetune.model.trials import MeasureResult, RunnerKind
 from pipetune.model.wire import (
     MAX_JOBS_PER_LEASE,
     CurvePoint,
@@ -328,6 +328,9 @@ def tune(
     measured_gpu = getattr(getattr(measurer, "gpu", None), "key", key)
     if measured_gpu != key:  # a Runner built for another GPU would answer for the wrong one
         raise ValueError(f"runner: measures {measured_gpu}, the task is for {key}")
+    # Measured by this runner's kind only: a service's workers on the same database (its
+    # `--local-workers`, simulated ones say) would otherwise take some of the trials.
+    body = body.model_copy(update={"runner": RunnerKind.of(measurer.name)})
     try:
         url = database_url(db)
         database = open_database(url, create=True)

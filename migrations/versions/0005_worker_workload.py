@@ -1,5 +1,8 @@
-"""A worker that answers one workload only (a replay worker answers from its dataset): the
-workload's hash, so that it leases that workload's jobs and never fails other tasks' trials.
+"""Who may measure what. A worker that answers one workload only (a replay worker answers
+from its dataset): the workload's hash, so that it leases that workload's jobs and never
+fails other tasks' trials. A task measured by one runner only (`cupy` for GPU measurements
+only; an in-process `pipetune.tune` measures with its own runner): the runner on the task
+and on each of its jobs, which a lease matches as it matches the arch and the GPU.
 
 Revision ID: 0005
 Revises: 0004
@@ -20,12 +23,20 @@ depends_on: str | Sequence[str] | None = None
 
 
 def upgrade() -> None:
-    # NULL: any workload, as every worker registered before this revision takes.
+    # NULL: any workload, any runner, as every worker, task and job before this revision.
     with op.batch_alter_table("workers") as batch:
         batch.add_column(sa.Column("workload_hash", sa.String(32), nullable=True))
+    with op.batch_alter_table("tasks") as batch:
+        batch.add_column(sa.Column("only_runner", sa.String(16), nullable=True))
+    with op.batch_alter_table("jobs") as batch:
+        batch.add_column(sa.Column("only_runner", sa.String(16), nullable=True))
 
 
 def downgrade() -> None:
-    # In place: a batch copy of `workers` would drop the table its jobs and leases refer to.
+    # In place: a batch copy of any of them would drop a table other rows refer to.
+    with op.batch_alter_table("jobs", recreate="never") as batch:
+        batch.drop_column("only_runner")
+    with op.batch_alter_table("tasks", recreate="never") as batch:
+        batch.drop_column("only_runner")
     with op.batch_alter_table("workers", recreate="never") as batch:
         batch.drop_column("workload_hash")
