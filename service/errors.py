@@ -30,7 +30,7 @@ DATABASE_UNAVAILABLE = "the database is unavailable; retry shortly"
 SHOWN_CHARS = 80
 REASON_CHARS = 500
 MAX_ITEMS = 20
-UNPARSABLE_BODY = "not JSON text: not UTF-8, or nested too deeply"
+UNPARSABLE_BODY = "not JSON text: undecodable bytes (send UTF-8), or nested too deeply"
 LONG_NUMBER = "a number in the body has more digits than any size, id or count can (4300)"
 
 

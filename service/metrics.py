@@ -84,8 +84,9 @@ class Metrics:
         )
         self.results = Counter(
             "pipetune_results_total",
-            "Results posted by workers",
-            ["status", "accepted"],
+            "Results posted by workers (recorded: this report wrote the trial; a repeat of "
+            "one is accepted, not recorded)",
+            ["status", "accepted", "recorded"],
             registry=r,
         )
         self.lease_expiries = Counter(

@@ -76,6 +76,14 @@ def check_storable(r: MeasureResult, loc: list[str | int]) -> None:
     itself, model/trials.py.)"""
     if r.ok and r.latency_us is None:
         raise InputError([*loc, "latency_us"], "required when status is ok")
+    # A trial row holds one story: a failure's timings (dropped or kept half) and an ok
+    # result's error would contradict its status wherever it is shown.
+    if not r.ok and r.latency_us is not None:
+        raise InputError([*loc, "latency_us"], f"a {r.status} result has no latency")
+    if not r.ok and r.samples_us:
+        raise InputError([*loc, "samples_us"], f"a {r.status} result has no timed repeats")
+    if r.ok and r.error is not None:
+        raise InputError([*loc, "error"], "an ok result carries no error")
     for name in ("registers", "spill_bytes", "smem_bytes"):
         value = getattr(r, name)
         if value is not None and value > ID_MAX:
@@ -483,7 +491,7 @@ class Queue:
             )
         if seen.applied:
             state = JobState.DONE if report.result.ok else JobState.FAILED
-            return self._answer(job_id, status, True, state, None)
+            return self._answer(job_id, status, True, state, None, recorded=True)
         state, recorded = settled.get(job_id, (seen.job_state, seen.result_token))
         if recorded is not None and hmac.compare_digest(recorded, report.lease_token):
             return self._answer(job_id, status, True, state, "duplicate: already recorded")
@@ -491,9 +499,18 @@ class Queue:
         return self._answer(job_id, status, False, state, f"{why}: not recorded")
 
     def _answer(
-        self, job_id: int, status: str, accepted: bool, job_state: str, detail: str | None
+        self,
+        job_id: int,
+        status: str,
+        accepted: bool,
+        job_state: str,
+        detail: str | None,
+        recorded: bool = False,
     ) -> Judged:
-        self.metrics.results.labels(status, "true" if accepted else "false").inc()
+        # `recorded`: this report wrote the trial (a repeat is accepted, not recorded): the
+        # recorded ones add up to the database's results.
+        labels = (status, "true" if accepted else "false", "true" if recorded else "false")
+        self.metrics.results.labels(*labels).inc()
         ack = JobResultAck(
             job_id=job_id,
             status_code=200,

@@ -381,3 +381,16 @@ def test_record_from_result_uses_milliseconds():
     schedule = Schedule(1, 1, 1, 1, 1, 1, 1)
     record = record_from_result(schedule, MeasureResult(status="ok", latency_us=1500.0, spread=0.0))
     assert record.time_ms == 1.5 and record.configuration == schedule.as_dict()
+
+
+def test_a_failed_record_replays_as_a_failure_without_timings():
+    """A foreign file may keep a failed configuration's time and repeats: replayed, they made
+    a failed result carrying a latency, which the service now refuses (and which stored its
+    repeats and dropped its latency before). A valid record's stray error text is dropped."""
+    config = {"block_size_x": 16}
+    failed = Record(config, invalidity="runtime", time_ms=0.5, runtimes_ms=[0.5, 0.6])
+    result = result_from_record(failed, "replay:cupy")
+    assert (result.status, result.latency_us, result.samples_us) == ("runtime_error", None, [])
+    valid = Record(config, time_ms=0.5, runtimes_ms=[0.5], error="a stray warning")
+    replayed = result_from_record(valid, "replay:cupy")
+    assert replayed.ok and replayed.latency_us == 500.0 and replayed.error is None

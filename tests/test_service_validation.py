@@ -252,6 +252,11 @@ def _trials_done(client) -> int:
         # priors, which take measured trials only).
         ({**ok(5.0), "runner": "cupy"}, "runner", "which registered as simulated"),
         ({**ok(5.0), "runner": "replay:cupy"}, "runner", "which registered as simulated"),
+        # Results whose fields contradict their status were stored: a failure's latency
+        # dropped while its timed repeats were kept, an ok result with an error.
+        ({"status": "wrong_result", "latency_us": 0.5}, "latency_us", "has no latency"),
+        ({"status": "timeout", "samples_us": [0.5, 0.5]}, "samples_us", "no timed repeats"),
+        ({**ok(7.0), "error": "CUDA_ERROR_ILLEGAL_ADDRESS"}, "error", "carries no error"),
     ],
 )
 def test_results_no_kernel_can_have_are_refused_on_both_routes(client, result, field, reason):
@@ -424,9 +429,31 @@ def test_a_path_id_is_its_digits_alone(client):
     under many addresses, and a typo read as another id."""
     task = create_task(client, budget=2)
     for route in ("/v1/tasks/{}", "/v1/tasks/{}/trials", "/v1/tasks/{}/curve"):
-        for raw in (f"{task['id']}.0", f"+{task['id']}", f"%20{task['id']}", "0x1", "1_0"):
+        bad = (f"{task['id']}.0", f"+{task['id']}", f"%20{task['id']}", "0x1", "1_0")
+        for raw in (*bad, f"0{task['id']}", f"000{task['id']}"):
             response = client.get(route.format(raw))
             assert response.status_code == 422, (route, raw, response.text)
             assert response.json()["field"] == "task_id"
             assert "an id is a whole number written in digits" in response.json()["reason"]
         assert client.get(route.format(task["id"])).status_code == 200
+
+
+def test_a_count_in_a_query_is_written_as_one(client):
+    """?limit=1.0 and ?limit=%201 were read as 1 (pydantic's lax integers), where a body
+    refuses such values; -1 stays a value where a parameter allows it."""
+    task = create_task(client, budget=2)
+    for url in (
+        "/v1/tasks?limit=1.0",
+        "/v1/tasks?limit=%201",
+        "/v1/tasks?offset=01",
+        f"/v1/tasks/{task['id']}/trials?after=0.0",
+        f"/v1/tasks/{task['id']}/trials?limit=1e3",
+        f"/v1/tasks/{task['id']}/curve?after=-1.0",
+        "/v1/curves?max_k=10.0",
+        "/v1/workers?limit=+5",
+    ):
+        response = client.get(url)
+        assert response.status_code == 422, (url, response.text)
+        assert "a whole number written in digits" in response.json()["reason"], url
+    assert client.get(f"/v1/tasks/{task['id']}/trials?after=-1&limit=5").status_code == 200
+    assert client.get("/v1/tasks?limit=1&offset=0").status_code == 200

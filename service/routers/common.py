@@ -10,19 +10,35 @@ from pydantic import BeforeValidator
 
 from pipetune.model.wire import ID_MAX, ValidationErrorBody
 
-_DIGITS = re.compile(r"[0-9]+")
+_DIGITS = re.compile(r"0|[1-9][0-9]*")
 
 
 def _digits_only(value: Any) -> Any:
-    # An id in a path is its decimal digits: pydantic's lax integers took /v1/tasks/1.0,
-    # /+1 and / 1 as task 1, one resource under many addresses.
+    # An id in a path is its decimal digits, no leading zero: pydantic's lax integers took
+    # /v1/tasks/1.0, /+1, / 1 and /01 as task 1, one resource under many addresses.
     if isinstance(value, str) and not _DIGITS.fullmatch(value):
-        raise ValueError(f"an id is a whole number written in digits, got {value!r}")
+        raise ValueError(
+            f"an id is a whole number written in digits, no leading zero, got {value!r}"
+        )
     return value
 
 
 # Row ids are 32-bit integers in the database: a larger one is refused before any query.
 RowId = Annotated[int, Path(ge=1, le=ID_MAX), BeforeValidator(_digits_only)]
+
+_INTEGER = re.compile(r"-?(0|[1-9][0-9]*)")
+
+
+def _integer_only(value: Any) -> Any:
+    # A count in a query is written as one, as in a body (strict there): ?limit=1.0 and
+    # ?limit=%201 were read as 1.
+    if isinstance(value, str) and not _INTEGER.fullmatch(value):
+        raise ValueError(f"a whole number written in digits, got {value!r}")
+    return value
+
+
+# Where a query parameter is an integer: Annotated[int, Query(...), QUERY_INT].
+QUERY_INT = BeforeValidator(_integer_only)
 
 ERRORS: dict[int | str, dict[str, Any]] = {
     422: {"model": ValidationErrorBody, "description": "invalid input: field and reason"},

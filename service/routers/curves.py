@@ -12,7 +12,7 @@ from pipetune.service.auth import user_access
 from pipetune.service.context import ServiceDep
 from pipetune.service.curves import aggregate
 from pipetune.service.errors import InputError
-from pipetune.service.routers.common import ERRORS
+from pipetune.service.routers.common import ERRORS, QUERY_INT
 
 router = APIRouter(tags=["curves"], dependencies=[Depends(user_access)])
 
@@ -23,7 +23,7 @@ def get_curves(
     gpu: str | None = None,
     op: OpName | None = None,
     strategy: StrategyName | None = None,
-    max_k: Annotated[int, Query(ge=1, le=5000)] = 1000,
+    max_k: Annotated[int, Query(ge=1, le=5000), QUERY_INT] = 1000,
 ) -> AggregateCurves:
     """best-in-k (k = 1, 2, ...): best throughput of a task's first k trials over the best
     known for its workload (an imported exhaustive sweep where one exists), mean over tasks

@@ -21,7 +21,7 @@ from pipetune.service.auth import user_access
 from pipetune.service.context import Service, ServiceDep
 from pipetune.service.curves import task_curve
 from pipetune.service.errors import NotFoundError
-from pipetune.service.routers.common import ERRORS, ID_MAX, NOT_FOUND, RowId
+from pipetune.service.routers.common import ERRORS, ID_MAX, NOT_FOUND, QUERY_INT, RowId
 from pipetune.service.views import get_task_doc, list_task_docs, list_trial_docs, task_work
 
 router = APIRouter(tags=["tasks"], dependencies=[Depends(user_access)])
@@ -48,8 +48,8 @@ def create_task(
 def list_tasks(
     service: ServiceDep,
     state: TaskState | None = None,
-    limit: Annotated[int, Query(ge=1, le=MAX_TASK_PAGE)] = TASK_PAGE,
-    offset: Annotated[int, Query(ge=0, le=ID_MAX)] = 0,
+    limit: Annotated[int, Query(ge=1, le=MAX_TASK_PAGE), QUERY_INT] = TASK_PAGE,
+    offset: Annotated[int, Query(ge=0, le=ID_MAX), QUERY_INT] = 0,
 ) -> TaskList:
     """Tasks, newest first."""
     with service.db.read() as s:
@@ -83,9 +83,9 @@ def list_trials(
     service: ServiceDep,
     task_id: RowId,
     after: Annotated[
-        int, Query(ge=-1, le=ID_MAX, description="only trials with a larger index")
+        int, Query(ge=-1, le=ID_MAX, description="only trials with a larger index"), QUERY_INT
     ] = -1,
-    limit: Annotated[int, Query(ge=1, le=10000)] = 1000,
+    limit: Annotated[int, Query(ge=1, le=10000), QUERY_INT] = 1000,
     samples: Annotated[
         bool,
         Query(
@@ -108,7 +108,9 @@ def get_curve(
     service: ServiceDep,
     task_id: RowId,
     after: Annotated[
-        int, Query(ge=-1, le=ID_MAX, description="only points with a larger trial index")
+        int,
+        Query(ge=-1, le=ID_MAX, description="only points with a larger trial index"),
+        QUERY_INT,
     ] = -1,
 ) -> Curve:
     """Best-so-far latency and throughput (TFLOP/s for GEMMs, GB/s for memory-intensive

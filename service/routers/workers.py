@@ -12,7 +12,7 @@ from pipetune.model.wire import Heartbeat, HeartbeatAck, WorkerDoc, WorkerList, 
 from pipetune.service.auth import WorkerToken, user_access
 from pipetune.service.context import ServiceDep
 from pipetune.service.orm import WorkerRow
-from pipetune.service.routers.common import ERRORS, NOT_FOUND, RowId
+from pipetune.service.routers.common import ERRORS, NOT_FOUND, QUERY_INT, RowId
 from pipetune.service.views import worker_doc
 
 router = APIRouter(tags=["workers"])
@@ -59,7 +59,7 @@ async def heartbeat(
 @router.get("/v1/workers", response_model=WorkerList, dependencies=[Depends(user_access)])
 def list_workers(
     service: ServiceDep,
-    limit: Annotated[int, Query(ge=1, le=1000)] = 200,
+    limit: Annotated[int, Query(ge=1, le=1000), QUERY_INT] = 200,
 ) -> WorkerList:
     with service.db.read() as s:
         rows = s.scalars(

@@ -63,7 +63,11 @@ def record_from_result(
 def result_from_record(record: Record, runner: str | None) -> MeasureResult:
     """The MeasureResult a record stands for (times back in microseconds)."""
     extra = {k: v for k, v in record.measurements.items() if k in MEASUREMENT_FIELDS}
-    samples = [s * 1e3 for s in record.runtimes_ms]
+    # A failed record's timings (a foreign file may keep some) are not a measurement, nor is
+    # a valid one's error text an error: the service refuses a result that mixes them.
+    valid = record.valid
+    samples = [s * 1e3 for s in record.runtimes_ms] if valid else []
+    time_us = None if record.time_ms is None or not valid else record.time_ms * 1e3
     if "spread" not in extra and record.valid:
         # A record with no spread of its own (one sample, or a foreign file) has spread 0,
         # as the MeasureResult contract says of replayed single samples.
@@ -71,10 +75,10 @@ def result_from_record(record: Record, runner: str | None) -> MeasureResult:
     try:
         return MeasureResult(
             status=record.trial_status,  # type: ignore[arg-type]
-            latency_us=None if record.time_ms is None else record.time_ms * 1e3,
+            latency_us=time_us,
             samples_us=samples,
             compile_ms=record.compile_ms,
-            error=record.error,
+            error=None if valid else record.error,
             runner=runner,
             **extra,
         )
