@@ -7,7 +7,10 @@ REST API (a bad field becomes a 422 naming the field). Every operator reduces to
 Limits, and why:
 - sizes are strict positive integers (a float or a string is a mistake, not a size);
 - every operand has fewer than 2**31 elements, because the kernels index with 32-bit ints;
-- leading dimensions are multiples of 8 elements: the loaders move 16 bytes per cp.async.
+- leading dimensions are multiples of 8 elements: the loaders move 16 bytes per cp.async;
+- a batched GEMM's batch is at most GRID_Z_LIMIT: its kernels launch one grid z slice per
+  batch entry, and CUDA refuses a larger gridDim.z (accepting it would tune a kernel that
+  can never be launched).
 """
 
 from __future__ import annotations
@@ -30,6 +33,10 @@ from pydantic import (
 INDEX_LIMIT = 2**31 - 1  # int32 element indexing in the generated kernels
 DIM_LIMIT = 1 << 24  # no single dimension of a real operator comes near this
 ALIGN_ELEMENTS = 8  # 16-byte cp.async of float16
+# CUDA's limit on gridDim.y and gridDim.z (x allows 2^31-1). Defined here, with the workloads
+# it bounds, so that the code generators (workers/codegen) check their launches against the
+# same number the validation refuses a batch with.
+GRID_Z_LIMIT = 65535
 
 Dim = Annotated[int, Field(strict=True, ge=1, le=DIM_LIMIT)]
 SmallDim = Annotated[int, Field(strict=True, ge=1, le=64)]
@@ -156,6 +163,12 @@ class Bmm(_Workload):
     @model_validator(mode="after")
     def _validate(self) -> Bmm:
         b, m, n, k = self.b, self.m, self.n, self.k
+        if b > GRID_Z_LIMIT:
+            raise WorkloadError(
+                "b",
+                f"must be at most {GRID_Z_LIMIT}, got {b}: the batch is the kernel grid's z "
+                f"dimension, which CUDA limits to {GRID_Z_LIMIT} blocks",
+            )
         _check_index("A", b * m * k, b=b, m=m, k=k)
         _check_index("B", b * k * n, b=b, k=k, n=n)
         _check_index("C", b * m * n, b=b, m=m, n=n)

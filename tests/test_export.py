@@ -22,6 +22,7 @@ from typer.testing import CliRunner
 
 import pipetune
 from pipetune.clients.cli.main import app
+from pipetune.clients.cli.output import console
 from pipetune.clients.library.exports import export_tuned
 from pipetune.clients.library.store import LocalStore
 from pipetune.clients.sdk import Client
@@ -460,3 +461,32 @@ def test_a_hopper_kernels_tensor_map_header_compiles_into_a_host_program(
         text=True,
     )
     assert built.returncode == 0, built.stderr
+
+
+def test_the_table_names_each_kernels_own_files(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    """The table's files column named every kernel's cubin after the GPU's architecture
+    (`….sm_90.cubin`) where a Hopper kernel's is `….sm_90a.cubin`, and left out its tensor-map
+    header: it is each row's own files, as index.json lists them."""
+    url = f"sqlite:///{tmp_path / 'hopper.db'}"
+    monkeypatch.setenv("PIPETUNE_SIMULATED_TIME_SCALE", "0")
+    fc2 = {"op": "hopper_gemm", "m": 1024, "n": 768, "k": 3072}
+    pipetune.tune(fc2, "h100", budget=4, strategy="random", runner="simulated", db=url)
+    pipetune.tune(FC, "h100", budget=4, strategy="random", runner="simulated", db=url)
+    out = tmp_path / "out"
+    args = ["export", "--gpu", "h100", "--out-dir", str(out), "--db", url]
+    result = cli.invoke(app, args)
+    assert result.exit_code == 0, result.output
+    assert "…" not in result.stdout  # a narrow table folds a name, never cuts it short
+    monkeypatch.setattr(console, "width", 250)  # each row's files on one line
+    result = cli.invoke(app, args)
+    assert result.exit_code == 0, result.output
+    rows = {
+        r["workload"]["op"]: r for r in json.loads((out / "index.json").read_text())["workloads"]
+    }
+    hopper, gemm = rows["hopper_gemm"], rows["gemm"]
+    assert f"{hopper['stem']}.{{cu,sm_90a.cubin,launch.json,tensor_maps.h}}" in result.stdout
+    assert f"{hopper['stem']}.{{cu,sm_90.cubin" not in result.stdout
+    assert f"{gemm['stem']}.{{cu,sm_90.cubin,launch.json}}" in result.stdout
+    # Every file the column names is one the export wrote.
+    for row in (hopper, gemm):
+        assert all((out / name).is_file() for name in row["files"].values())

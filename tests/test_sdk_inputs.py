@@ -1,6 +1,7 @@
 """The SDK refuses arguments it cannot send faithfully (a task id that is not an integer, a
-credential that cannot be an HTTP header value, a workload that is not one) with a ValueError
-that names the argument, before any request; the credential never appears in a message."""
+credential that cannot be an HTTP header value, a workload that is not one, a timeout that is
+not a positive number of seconds) with a ValueError that names the argument, before any
+request; the credential never appears in a message."""
 
 from __future__ import annotations
 
@@ -14,7 +15,12 @@ import numpy as np
 import pytest
 
 import pipetune
-from pipetune.clients.sdk import PipetuneError, ServiceUnavailableError
+from pipetune.clients.sdk import (
+    InvalidArgumentError,
+    PipetuneError,
+    ProtocolError,
+    ServiceUnavailableError,
+)
 from pipetune.clients.sdk.http import Http
 
 URL = "http://pipetune.test"
@@ -183,3 +189,84 @@ def test_a_dict_mapping_or_workload_model_is_sent(workload):
     (request,) = recorder.requests
     sent = httpx.Response(200, content=request.content).json()["workload"]
     assert {k: sent[k] for k in ("op", "m", "n", "k")} == {"op": "gemm", "m": 64, "n": 64, "k": 64}
+
+
+# ---- timeouts ----------------------------------------------------------------------------
+
+# A bad timeout used to pass construction and fail at the first request: socket's bare
+# "Timeout value out of range" (-1), a TypeError ("10"), "Invalid value NaN", or (0) every
+# request timing out, reported as an unreachable service.
+BAD_SECONDS = {
+    "negative": (-1, "more than 0"),
+    "zero": (0, "more than 0"),
+    "string": ("10", "number of seconds, not str"),
+    "NaN": (float("nan"), "finite"),
+    "infinity": (float("inf"), "finite"),
+    "bool": (True, "number of seconds, not bool"),
+    "None": (None, "number of seconds, not NoneType"),
+    "huge int": (10**5000, "finite"),
+}
+GOOD_SECONDS = [5, 2.5, np.float32(0.5), np.int64(3)]
+
+
+def _worker_api(**kwargs: Any) -> Any:
+    from pipetune.clients.sdk import WorkerApi
+
+    return WorkerApi(URL, SECRET, transport=httpx.MockTransport(Recorder(None)), **kwargs)
+
+
+CONSTRUCTORS: dict[str, Callable[..., Any]] = {
+    "Client": lambda **kw: _client(**kw)[0],
+    "WorkerApi": _worker_api,
+}
+
+
+@pytest.mark.parametrize("make", sorted(CONSTRUCTORS))
+@pytest.mark.parametrize(("bad", "words"), BAD_SECONDS.values(), ids=BAD_SECONDS.keys())
+def test_a_timeout_that_is_not_a_positive_finite_number_is_refused_at_construction(
+    make, bad, words
+):
+    with pytest.raises(InvalidArgumentError) as info:
+        CONSTRUCTORS[make](timeout_s=bad)
+    assert info.value.argument == "timeout_s"
+    assert words in info.value.reason
+
+
+@pytest.mark.parametrize("good", GOOD_SECONDS, ids=repr)
+def test_a_positive_timeout_numpy_ones_included_is_the_requests(good):
+    client, recorder = _client({"tasks": []}, timeout_s=good)
+    assert client.tasks() == []
+    (request,) = recorder.requests
+    assert request.extensions["timeout"]["read"] == float(good)
+    _worker_api(timeout_s=good).close()
+
+
+# wait's poll_s as a timeout (0 would poll the service flat out); its timeout_s may be None
+# (no limit) or 0 (look once), so a negative one is "0 or more".
+WAIT_CASES = {
+    **{f"poll_s {key}": ("poll_s", *case) for key, case in BAD_SECONDS.items() if key != "None"},
+    "timeout_s negative": ("timeout_s", -1, "0 or more"),
+    **{
+        f"timeout_s {key}": ("timeout_s", *case)
+        for key, case in BAD_SECONDS.items()
+        if key not in ("negative", "zero", "None")
+    },
+}
+
+
+@pytest.mark.parametrize(("argument", "bad", "words"), WAIT_CASES.values(), ids=WAIT_CASES.keys())
+def test_wait_refuses_a_bad_poll_or_timeout_before_any_request(argument, bad, words):
+    client, recorder = _client()
+    with pytest.raises(InvalidArgumentError) as info:
+        client.wait(1, **{argument: bad})
+    assert info.value.argument == argument
+    assert words in info.value.reason
+    assert recorder.requests == []
+
+
+@pytest.mark.parametrize("timeout_s", [None, 0, *GOOD_SECONDS], ids=repr)
+def test_wait_takes_no_timeout_a_zero_one_or_a_positive_one(timeout_s):
+    client, recorder = _client()
+    with pytest.raises(ProtocolError):  # the stub's answer is no TaskDoc: it was asked
+        client.wait(1, poll_s=np.float64(0.1), timeout_s=timeout_s)
+    assert len(recorder.requests) == 1

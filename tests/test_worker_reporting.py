@@ -94,7 +94,7 @@ def _worker(api: FakeApi, **config: object) -> tuple[Worker, io.StringIO]:
     log = io.StringIO()
     worker = Worker(
         WorkerConfig(**{**settings, **config}),  # type: ignore[arg-type]
-        SimpleNamespace(name="simulated"),  # type: ignore[arg-type]
+        SimpleNamespace(name="simulated", only_workload=None),  # type: ignore[arg-type]
         describe_model_gpu("h100", "simulated"),
         EventLog(stream=log),
         api_factory=lambda: api,  # type: ignore[arg-type,return-value]

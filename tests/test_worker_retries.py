@@ -21,7 +21,9 @@ from pipetune.workers.daemon import EventLog, WorkerConfig
 from pipetune.workers.daemon.gpu import describe_model_gpu
 from pipetune.workers.daemon.worker import Worker
 
-DOC = SimpleNamespace(id=7, name="w", gpu="h100", arch="sm_90", runner="simulated")
+DOC = SimpleNamespace(
+    id=7, name="w", gpu="h100", arch="sm_90", runner="simulated", name_in_use=None
+)
 
 
 class FakeApi:
@@ -51,7 +53,7 @@ def _worker(api: FakeApi, **config: object) -> tuple[Worker, io.StringIO]:
     log = io.StringIO()
     worker = Worker(
         WorkerConfig(**{**settings, **config}),  # type: ignore[arg-type]
-        SimpleNamespace(name="simulated"),  # type: ignore[arg-type]
+        SimpleNamespace(name="simulated", only_workload=None),  # type: ignore[arg-type]
         describe_model_gpu("h100", "simulated"),
         EventLog(stream=log),
         api_factory=lambda: api,  # type: ignore[arg-type,return-value]

@@ -146,3 +146,38 @@ def test_any_conv2d_input_is_a_workload_or_a_workload_error(dims):
         v = w.gemm_view()
         assert v.m * v.k < 2**31 and v.k % 8 == 0 and v.n % 8 == 0
         assert w.n * w.h * w.w * w.c < 2**31
+
+
+# A batch over CUDA's grid z limit was accepted, tuned and reported, and only failed when the
+# kernel was launched (a ValueError from the code generator naming no field).
+BATCH_OVER_GRID_Z = {"op": "bmm", "b": 65536, "m": 64, "n": 64, "k": 64}
+
+
+@pytest.mark.parametrize("op", ["bmm", "hopper_bmm"])
+def test_a_batch_over_the_grid_z_limit_is_refused_naming_b(op):
+    from pipetune.model.family import parse_any_workload
+    from pipetune.model.hopper.workloads import parse_hopper_workload
+    from pipetune.model.workloads import GRID_Z_LIMIT
+
+    data = {**BATCH_OVER_GRID_Z, "op": op}
+    parsers = [parse_any_workload, parse_workload if op == "bmm" else parse_hopper_workload]
+    for parse in parsers:
+        with pytest.raises(WorkloadError) as info:
+            parse(data)
+        assert info.value.field == "b"
+        assert f"at most {GRID_Z_LIMIT}" in info.value.reason
+        assert "grid's z dimension" in info.value.reason
+        # The largest batch the grid holds is still a workload.
+        assert parse({**data, "b": GRID_Z_LIMIT}).gemm_view().batch == GRID_Z_LIMIT
+
+
+def test_the_grid_z_limit_is_the_code_generators():
+    """One limit: what validation accepts, the mma.sync family's launch takes."""
+    from pipetune.model.space import Schedule
+    from pipetune.model.workloads import GRID_Z_LIMIT
+    from pipetune.workers.codegen import generator
+
+    kernel = generator.generate("bmm", Schedule(2, 2, 2, 1, 2, 3, 2))
+    grid, _ = generator.launch(kernel, bmm(GRID_Z_LIMIT, 64, 64, 64))
+    assert grid[2] == GRID_Z_LIMIT
+    assert generator.GRID_Z_LIMIT is GRID_Z_LIMIT

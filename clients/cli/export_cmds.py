@@ -53,6 +53,18 @@ def _check_modes(
     check_output_dir(out_dir, "--out-dir")
 
 
+def _files_cell(row: dict) -> str:
+    """A row's files as the export wrote them (index.json's per-kernel "files"), shortened to
+    `stem.{cu,sm_90a.cubin,...}`. Each kernel's own list: its cubin's architecture can be an
+    arch-specific target (sm_90a) rather than the GPU's, and some kernels have a file more
+    (a Hopper kernel's tensor-map header)."""
+    stem, names = row["stem"], list(row["files"].values())
+    prefix = f"{stem}."
+    if not all(name.startswith(prefix) for name in names):  # no common stem: list them
+        return ", ".join(names)
+    return f"{stem}.{{{','.join(name[len(prefix) :] for name in names)}}}"
+
+
 def _print_index(index: dict, out_dir: Path) -> None:
     rows = index["workloads"]
     if not rows:
@@ -64,15 +76,18 @@ def _print_index(index: dict, out_dir: Path) -> None:
     table = Table(
         title=f"{len(rows)} tuned kernels for {index['gpu']} ({index['arch']}) in {out_dir}"
     )
-    for col in ("workload", "schedule", "µs", "runner", "files"):
+    for col in ("workload", "schedule", "µs", "runner"):
         table.add_column(col, justify="right" if col == "µs" else None)
+    # Folded, not cut short with an ellipsis, where the terminal is narrow: a file name with
+    # its end missing names no file.
+    table.add_column("files", overflow="fold")
     for row in rows:
         table.add_row(
             row["label"],
             row["schedule_id"],
             f"{row['latency_us']:.2f}",
             row["runner"] or "-",
-            f"{row['stem']}.{{cu,{index['arch']}.cubin,launch.json}}",
+            _files_cell(row),
         )
     console.print(table)
     console.print(f"header {out_dir / index['header']}, index {out_dir / 'index.json'}")

@@ -8,8 +8,10 @@
 
 from __future__ import annotations
 
+import math
 import numbers
 import os
+import reprlib
 import time
 from collections.abc import Callable, Mapping
 from types import TracebackType
@@ -73,6 +75,34 @@ def task_id_path(task_id: int) -> int:
     )
 
 
+def seconds_problem(value: object, *, zero_ok: bool = False) -> str | None:
+    """Why `value` cannot be a duration in seconds, None if it can: a real number (bool is
+    not one, nor is a string), finite, above 0 (or 0 itself where `zero_ok`).
+
+    Checked where the argument is given, so that the error names it: past that point a bad
+    timeout surfaces at the first request as socket's bare "Timeout value out of range", a
+    TypeError, or (0) as every request timing out, which reads as an unreachable service."""
+    if not isinstance(value, numbers.Real) or isinstance(value, bool):
+        return f"must be a number of seconds, not {type(value).__name__} {reprlib.repr(value)}"
+    try:
+        seconds = float(value)
+    except OverflowError:  # an int past float's range (too long even to print whole)
+        return "must be a finite number of seconds, not an integer this large"
+    if not math.isfinite(seconds):
+        return f"must be a finite number of seconds, not {seconds!r}"
+    if seconds < 0 or (seconds == 0 and not zero_ok):
+        least = "0 or more" if zero_ok else "more than 0"
+        return f"must be {least} seconds, got {value!r}"
+    return None
+
+
+def seconds_argument(argument: str, value: object, *, zero_ok: bool = False) -> float:
+    """`value` as float seconds, or InvalidArgumentError naming `argument` (seconds_problem)."""
+    if problem := seconds_problem(value, zero_ok=zero_ok):
+        raise InvalidArgumentError(argument, problem)
+    return float(value)  # type: ignore[arg-type]  # a real number: seconds_problem
+
+
 def _body(model: BaseModel) -> dict[str, Any]:
     return model.model_dump(mode="json", exclude_none=True)
 
@@ -96,6 +126,7 @@ class Client:
         for argument, value in (("token", token), ("api_key", api_key)):
             if value and (problem := header_value_problem(value)):
                 raise InvalidArgumentError(argument, problem)
+        timeout_s = seconds_argument("timeout_s", timeout_s)
         headers: dict[str, str] = {}
         if token:
             headers["Authorization"] = f"Bearer {token}"
@@ -214,7 +245,13 @@ class Client:
         timeout_s: float | None = None,
     ) -> TaskDoc:
         """Poll a task until it is done, failed or cancelled; call `progress` with every
-        document that differs from the last one (and with the final one)."""
+        document that differs from the last one (and with the final one). `timeout_s`: give
+        up (WaitTimeoutError) after that long, 0 after one look; None: never."""
+        # Checked before the first request: later, a bad poll_s fails in time.sleep with
+        # its own words (or 0 polls the service flat out), and a NaN timeout never expires.
+        poll_s = seconds_argument("poll_s", poll_s)
+        if timeout_s is not None:
+            timeout_s = seconds_argument("timeout_s", timeout_s, zero_ok=True)
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
         last: TaskDoc | None = None
         while True:

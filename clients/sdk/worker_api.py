@@ -12,6 +12,7 @@ from typing import Self
 
 import httpx
 
+from pipetune.clients.sdk.client import seconds_argument
 from pipetune.clients.sdk.errors import InvalidArgumentError
 from pipetune.clients.sdk.http import DEFAULT_TIMEOUT_S, Http, header_value_problem
 from pipetune.model.wire import (
@@ -47,6 +48,7 @@ class WorkerApi:
         # As Client's credentials: refused here, naming the argument and never the value.
         if problem := header_value_problem(token):
             raise InvalidArgumentError("token", problem)
+        timeout_s = seconds_argument("timeout_s", timeout_s)  # as Client's
         self._http = Http(base_url, {"Authorization": f"Bearer {token}"}, timeout_s, transport)
 
     @property

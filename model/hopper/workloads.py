@@ -30,7 +30,12 @@ class HopperGemm(Gemm):
 
 
 class HopperBmm(Bmm):
-    """b independent M x K @ K x N products on warpgroup MMA."""
+    """b independent M x K @ K x N products on warpgroup MMA.
+
+    Bmm's validation holds here too, the batch's limit of GRID_Z_LIMIT included: the persistent
+    and stream-K kinds walk the batch's tiles in grid x and do not need it, but the one block
+    per tile kind puts the batch in grid z, and that kind is the family's baseline, and the
+    tensor-core `bmm` of the same shape is what a Hopper kernel is compared with."""
 
     op: Literal["hopper_bmm"] = "hopper_bmm"  # type: ignore[assignment]
 

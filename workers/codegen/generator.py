@@ -9,11 +9,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from pipetune.model.space import Schedule, knob_value_problems
-from pipetune.model.workloads import AnyWorkload
+from pipetune.model.workloads import GRID_Z_LIMIT, AnyWorkload
 from pipetune.workers.codegen import cuda_text, pipeline
 from pipetune.workers.codegen.layout import TileGeometry, swizzle_period
 from pipetune.workers.codegen.variants import (
-    GRID_Z_LIMIT,
     SCALAR_ARGS,
     b_is_kn,
     check_variant,
@@ -213,6 +212,8 @@ def launch(
     view = workload.gemm_view()
     s = kernel.schedule
     tiles = -(-view.m // s.block_m) * -(-view.n // s.block_n)
+    # Validation already refuses such a batch (model/workloads.py defines the limit); this
+    # guards a workload built without it (model_construct), which would fail on the device.
     if view.batch > GRID_Z_LIMIT:
         raise ValueError(f"batch {view.batch} exceeds the grid z limit {GRID_Z_LIMIT}")
     return (tiles, 1, view.batch), scalar_args(workload)

@@ -56,8 +56,6 @@ SCALAR_ARGS: dict[str, tuple[str, ...]] = {
     variant: names + divisor_args(variant) for variant, names in SHAPE_ARGS.items()
 }
 
-GRID_Z_LIMIT = 65535  # CUDA's limit on gridDim.z
-
 
 def variant_of(workload: AnyWorkload) -> str:
     """The kernel variant that computes a workload."""
