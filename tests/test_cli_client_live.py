@@ -7,6 +7,7 @@ import io
 import json
 import struct
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -106,6 +107,23 @@ def test_tune_without_wait_returns_the_queued_task(cli):  # type: ignore[no-unty
     assert doc["id"] in [t["id"] for t in listed["tasks"]]
     table = cli("tasks")
     assert table.exit_code == 0 and "gemm 1024x64x2048" in table.stdout
+
+
+def test_tune_for_gpu_measurements_only_waits_for_a_cupy_worker(cli, worker, service):  # type: ignore[no-untyped-def]
+    """--runner cupy: the simulated worker of the GPU leaves the task queued; cancelled here
+    (no GPU worker will come)."""
+    from pipetune.clients.sdk import Client
+
+    result = cli("tune", "gemm", *FC, "--budget", "2", "--runner", "cupy", "--json")
+    assert result.exit_code == 0, result.output
+    doc = json.loads(result.stdout)
+    assert doc["runner"] == "cupy" and doc["state"] == "queued"
+    time.sleep(1.5)  # the worker waits on leases a second at a time: it had its chance
+    with Client(service.url, api_key=API_KEY) as c:
+        assert c.task(doc["id"]).trials_done == 0
+        assert c.cancel(doc["id"]).state == "cancelled"
+    bad = cli("tune", "gemm", *FC, "--runner", "gpu")
+    assert bad.exit_code == 2 and "--runner: must be one of cupy, replay, simulated" in bad.output
 
 
 def test_tune_with_a_batch_size_of_one_runs_one_trial_per_round(cli, worker):  # type: ignore[no-untyped-def]

@@ -55,6 +55,7 @@ from pipetune.clients.library.labels import (
 from pipetune.model.family import parse_any_workload
 from pipetune.model.hardware import get_gpu, gpu_keys, resolve_gpu_key
 from pipetune.model.hopper.space import ARCH as HOPPER_ARCH
+from pipetune.model.trials import RunnerKind
 from pipetune.model.wire import (
     DEFAULT_STRATEGY,
     MAX_BATCH_SIZE,
@@ -297,6 +298,7 @@ def _tune(
     prior_gpu: str | None,
     learned_prior: bool | None,
     batch_size: int | None,
+    runner: str | None,
     wait: bool,
     poll: float,
     as_json: bool,
@@ -307,6 +309,9 @@ def _tune(
     gpu = _check_gpu(gpu)
     _check_tuning(budget, strategy, batch_size)
     _check_poll(poll)
+    kinds = [k.value for k in RunnerKind]
+    if runner is not None and runner not in kinds:
+        raise CliError(f"--runner: must be one of {', '.join(kinds)}, got {runner!r}", 2)
     with service_errors(), client(server, api_key) as c:
         task = c.tune(
             w.canonical(),
@@ -318,6 +323,7 @@ def _tune(
             prior_gpu=prior_gpu,
             learned_prior=learned_prior,
             batch_size=batch_size,
+            runner=runner,
         )
         if not wait:
             if as_json:
@@ -378,6 +384,13 @@ add_workload_commands(
             help=f"trials per proposal round (1..{MAX_BATCH_SIZE}; default: the service's, "
             "8 unless PIPETUNE_BATCH_SIZE says otherwise); 1 where one GPU serves the task: "
             "each proposal then sees every result before it",
+        ),
+        option(
+            "runner",
+            str | None,  # type: ignore[arg-type]
+            None,
+            help="only workers of this runner measure the task (cupy: GPU measurements only; "
+            "default: any worker of the GPU)",
         ),
         option("wait", bool, False, "--wait", help="follow the task to its end"),
         option("poll", float, 1.0, "--poll", help="seconds between checks with --wait"),

@@ -163,6 +163,7 @@ class Client:
         prior_gpu: str | None = None,
         learned_prior: bool | None = None,
         batch_size: int | None = None,
+        runner: str | None = None,
     ) -> TaskDoc:
         """Start a tuning task (POST /v1/tasks); returns at once with the queued task.
         prior_task: a finished task of the same workload on another GPU whose trials
@@ -171,7 +172,8 @@ class Client:
         model of every finished task of the kernel family measured on a GPU (the task's
         learned_from says which); None: the kernel family's choice (tensor-core GEMMs learn
         where such tasks exist), False: never. batch_size: trials per proposal round (None:
-        the service's; 1 where one GPU serves the task)."""
+        the service's; 1 where one GPU serves the task). runner: only workers of that runner
+        measure it ("cupy": GPU measurements only; None: any worker of the GPU)."""
         body = {
             "workload": workload_body(workload),
             "gpu": gpu,
@@ -187,6 +189,8 @@ class Client:
             body["prior_gpu"] = prior_gpu
         if learned_prior is not None:
             body["learned_prior"] = learned_prior
+        if runner is not None:
+            body["runner"] = runner
         return self._http.call(TaskDoc, "POST", "/v1/tasks", json=body)
 
     def task(self, task_id: int) -> TaskDoc:
