@@ -3,7 +3,9 @@
 Tuned kernels (`export_tuned`), for every workload with a measured trial on the GPU, at its
 best measured schedule:
 
-    <stem>.cu             the CUDA source (compiles with NVRTC or nvcc as is)
+    <stem>.cu             the CUDA source (compiles with NVRTC or nvcc as is, for the arch
+                          the cubin's name gives; a Hopper kernel's first lines say its nvcc
+                          flags: -gencode arch=compute_90a,code=sm_90a)
     <stem>.<arch>.cubin   its cubin for the GPU's architecture, or its arch-specific target
                           where the kernel needs one (sm_90a: the Hopper wgmma family)
     <stem>.launch.json    grid, block, dynamic shared memory, parameter order, operands;

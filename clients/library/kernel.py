@@ -120,7 +120,8 @@ class TunedKernel:
 
     @property
     def source(self) -> str:
-        """The full CUDA C++ source (header-free; NVRTC or nvcc compile it as is)."""
+        """The full CUDA C++ source (header-free; NVRTC or nvcc, `nvcc -c` included, compile it
+        as is for `arch`: sm_90a's Hopper kernels name their nvcc flags in their first lines)."""
         return str(self._kernel.code)
 
     @property

@@ -187,12 +187,17 @@ PT_HD Stats combine(const Stats& x, const Stats& y) {
   }
 }
 
-PT_HD void unpack(const unsigned (&w)[WORDS], float (&f)[VEC]) {
+// unpack and pack are PT_DEV, not PT_HD: they call the fp16 conversions (h2f, f2h, pack2:
+// PTX, __device__ only), and nvcc's host pass (a whole-program `nvcc -c`, not NVRTC or
+// -cubin) refuses a __host__ __device__ function calling a __device__ one. Only the kernel
+// calls them, so the device code is the same; a host compiler (the emulator) gets them
+// inline as before.
+PT_DEV void unpack(const unsigned (&w)[WORDS], float (&f)[VEC]) {
   for (int e = 0; e < VEC; ++e) {
     f[e] = h2f(static_cast<unsigned short>(w[e / 2] >> (16 * (e & 1))));
   }
 }
-PT_HD void pack(const float (&f)[VEC], unsigned (&w)[WORDS]) {
+PT_DEV void pack(const float (&f)[VEC], unsigned (&w)[WORDS]) {
   if constexpr (VEC == 1) {
     w[0] = f2h(f[0]);
   } else {

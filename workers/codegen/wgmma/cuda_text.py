@@ -111,15 +111,34 @@ struct alignas(8) Float2 {
 DEVICE_HEAD = "namespace pt {\n"
 
 DEVICE_WGMMA = r"""
+// wgmma exists on sm_90a only (the arch-specific target, not sm_90): a compiler pass for it
+// defines __CUDA_ARCH_FEAT_SM90_ALL (NVRTC -arch=sm_90a; nvcc compute_90a). `nvcc
+// -arch=sm_90a` also runs a compute_90 pass, for the portable PTX it puts beside the sm_90a
+// cubin, and ptxas rejects wgmma there: in such a pass (and for a plain sm_90 build) the
+// wrappers trap instead, as CUTLASS's do, so the build succeeds and that code stops at its
+// first MMA rather than computing garbage. An H100 runs the sm_90a cubin; build it with
+// -gencode arch=compute_90a,code=sm_90a (the file's first lines say so).
 __device__ __forceinline__ void wgmma_fence() {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
+#else
+  __trap();
+#endif
 }
 __device__ __forceinline__ void wgmma_commit() {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
+#else
+  __trap();
+#endif
 }
 template <int N>
 __device__ __forceinline__ void wgmma_wait() {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory");
+#else
+  __trap();
+#endif
 }
 // This thread's generic-proxy shared-memory writes (its landed cp.async copies), made
 // visible to the async proxy that wgmma reads through.
@@ -195,6 +214,7 @@ def wgmma_wrapper(block_n: int) -> str:
     return (
         f"__device__ __forceinline__ void wgmma_tile(float (&d)[{acc}], unsigned long long da,\n"
         "                                           unsigned long long db) {\n"
+        "#if defined(__CUDA_ARCH_FEAT_SM90_ALL)  // sm_90a only: see wgmma_fence\n"
         "  asm volatile(\n"
         '      "{\\n.reg .pred p;\\n"\n'
         f'      "setp.ne.b32 p, %{acc + 2}, 0;\\n"\n'
@@ -203,6 +223,10 @@ def wgmma_wrapper(block_n: int) -> str:
         f'      "%{acc}, %{acc + 1}, p, 1, 1, 0, 1;\\n}}\\n"\n'
         f"      : {outputs}\n"
         '      : "l"(da), "l"(db), "r"(1));\n'
+        "#else\n"
+        "  (void)d; (void)da; (void)db;\n"
+        "  __trap();\n"
+        "#endif\n"
         "}\n"
     )
 

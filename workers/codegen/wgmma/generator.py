@@ -26,6 +26,14 @@ from pipetune.workers.codegen.wgmma.cuda_text import (
     wgmma_wrapper,
 )
 
+# How to build the file, in its header: wgmma needs the arch-specific target sm_90a, which
+# nothing else in the source says (see cuda_text.DEVICE_WGMMA for what the other passes get).
+BUILD_NOTE = (
+    "// Build for sm_90a: nvcc -std=c++17 -gencode arch=compute_90a,code=sm_90a -c <file>.cu\n"
+    "// (NVRTC: -arch=sm_90a). nvcc -arch=sm_90a works too; what is built for any other\n"
+    "// target (the compute_90 PTX that adds, or -arch=sm_90) traps at the first wgmma.\n"
+)
+
 
 def kernel_name(variant: str, config: WgmmaConfig) -> str:
     return f"pipetune_{variant}_{config.id}"
@@ -76,6 +84,7 @@ def source_parts(variant: str, config: WgmmaConfig) -> dict[str, str]:
         f"{config.block_n}x{BK}, {config.stages} stages, B descriptor {config.b_descriptor}, "
         f"{config.loader} loader\n"
         f"// {config.threads} threads, {config.smem_bytes} B dynamic shared memory\n"
+        f"{BUILD_NOTE}"
     )
     return {
         "header": header,

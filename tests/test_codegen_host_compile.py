@@ -1,0 +1,125 @@
+"""Generated sources build with a whole-program `nvcc -c` (host pass and device pass), as
+`TunedKernel.source` and the exporter promise ("NVRTC or nvcc compile it as is"): the model's
+pick of each family (a GEMM, each memory-intensive op, a Hopper GEMM). `-cubin` and NVRTC
+skip the host pass, where a __host__ __device__ helper calling a __device__-only one is an
+error (the memory-intensive family's unpack / pack did). The Hopper kernel's file states the
+nvcc flags it needs (wgmma is sm_90a's only) and builds with them, and with a plain
+`-arch=sm_90a` too (whose extra compute_90 pass gets trapping wrappers instead of wgmma);
+that guard leaves the sm_90a code as it was.
+"""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+
+import pipetune
+from pipetune.workers.compile import compile_source
+
+GPU = "h100"
+# One workload per case: a GEMM, every memory-intensive op, a Hopper GEMM (model's picks).
+WORKLOADS = {
+    "gemm": {"op": "gemm", "m": 1024, "n": 64, "k": 2048},
+    "softmax": {"op": "softmax", "rows": 4096, "cols": 1024},
+    "layernorm": {"op": "layernorm", "rows": 4096, "cols": 768},
+    "reduce": {"op": "reduce", "rows": 4096, "cols": 1024},
+    "bias_gelu": {"op": "bias_gelu", "rows": 4096, "cols": 3072},
+    "hopper_gemm": {"op": "hopper_gemm", "m": 1024, "n": 768, "k": 3072},
+}
+# The sm_90 families' sources state no flags: the tuned GPU's arch, C++17 (as the export test).
+SM90_FLAGS = ["-arch=sm_90", "-std=c++17"]
+BUILD_LINE = re.compile(r"^// Build for sm_90a: nvcc (?P<flags>.+) -c <file>\.cu$", re.M)
+SM90A_GUARD = "#if defined(__CUDA_ARCH_FEAT_SM90_ALL)"
+KEEP = "hopper_gemm.keep"  # nvcc's intermediates of the Hopper build with the stated flags
+
+
+@pytest.fixture(scope="module")
+def kernels(tmp_path_factory: pytest.TempPathFactory) -> dict[str, pipetune.TunedKernel]:
+    """The model's pick of each workload (an empty database: no measured schedule)."""
+    db = f"sqlite:///{tmp_path_factory.mktemp('host-compile') / 'none.db'}"
+    return {case: pipetune.kernel(w, GPU, db=db) for case, w in WORKLOADS.items()}
+
+
+def _stated_flags(source: str) -> list[str] | None:
+    """The nvcc flags a Hopper source's header names in its first lines (None: none)."""
+    found = BUILD_LINE.search("\n".join(source.splitlines()[:8]))
+    return found["flags"].split() if found else None
+
+
+def test_the_hopper_source_says_how_to_build_it(kernels):
+    source = kernels["hopper_gemm"].source
+    flags = _stated_flags(source)
+    assert flags is not None, "no build line in the header:\n" + source[:400]
+    assert "arch=compute_90a,code=sm_90a" in flags and kernels["hopper_gemm"].arch == "sm_90a"
+
+
+@pytest.fixture(scope="module")
+def built(kernels, tmp_path_factory: pytest.TempPathFactory):
+    """{case: (nvcc command, its CompletedProcess or None: no flags stated)} and
+    {KEEP: folder}: `nvcc -c` of every source, in parallel (seconds each): the sm_90 families
+    with SM90_FLAGS, the Hopper kernel with the flags its header states (intermediates kept
+    in KEEP, for its PTX) and with a plain -arch=sm_90a."""
+    root = tmp_path_factory.mktemp("nvcc")
+    commands: dict[str, list[str]] = {}
+    for case, k in kernels.items():
+        src = root / f"{case}.cu"
+        src.write_text(k.source)
+        out = ["-c", str(src), "-o", str(root / f"{case}.o")]
+        if case == "hopper_gemm":
+            (root / KEEP).mkdir()
+            keep = ["-keep", "-keep-dir", str(root / KEEP)]
+            flags = _stated_flags(k.source)
+            commands[case] = ["nvcc", *flags, *keep, *out] if flags else []  # [] not run
+            plain = ["-c", str(src), "-o", str(root / f"{case}.plain.o")]
+            commands[f"{case}/-arch=sm_90a"] = ["nvcc", "-arch=sm_90a", *plain]
+        else:
+            commands[case] = ["nvcc", *SM90_FLAGS, *out]
+
+    def run(command: list[str]) -> subprocess.CompletedProcess[str] | None:
+        if not command:
+            return None
+        return subprocess.run(command, capture_output=True, text=True, timeout=600)
+
+    with ThreadPoolExecutor(max_workers=4) as pool:
+        done = list(pool.map(run, commands.values()))
+    return {case: (commands[case], d) for case, d in zip(commands, done, strict=True)} | {
+        KEEP: root / KEEP
+    }
+
+
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="no nvcc here")
+@pytest.mark.parametrize("case", [*WORKLOADS, "hopper_gemm/-arch=sm_90a"])
+def test_nvcc_builds_the_source_host_and_device(built, case: str):
+    command, done = built[case]
+    assert done is not None, f"{case}: the source states no nvcc flags"
+    assert done.returncode == 0, f"{' '.join(command)}:\n{done.stderr}"
+
+
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="no nvcc here")
+def test_the_stated_build_compiles_wgmma_not_the_trap(built):
+    """With the header's flags the only device pass is compute_90a: its PTX holds the MMAs,
+    and none of the wrappers' traps."""
+    _, done = built["hopper_gemm"]
+    assert done is not None and done.returncode == 0, done and done.stderr
+    keep: Path = built[KEEP]
+    ptx = [p.read_text() for p in keep.glob("*.ptx")]
+    assert len(ptx) == 1, sorted(p.name for p in keep.iterdir())
+    assert ".target sm_90a" in ptx[0]
+    assert "wgmma.mma_async" in ptx[0] and "wgmma.fence" in ptx[0]
+    assert "trap;" not in ptx[0]
+
+
+def test_the_sm90a_guard_leaves_nvrtcs_cubin_as_it_was(kernels):
+    """NVRTC builds sm_90a with the feature macro defined: the guarded source's cubin is the
+    one of the same source with the guards taken as true (the wgmma code, byte for byte)."""
+    k = kernels["hopper_gemm"]
+    assert k.source.count(SM90A_GUARD) >= 4
+    unguarded = k.source.replace(SM90A_GUARD, "#if 1")
+    guarded_cubin = compile_source(k.source, "sm_90a", entry=k.name, use_cache=False).cubin
+    unguarded_cubin = compile_source(unguarded, "sm_90a", entry=k.name, use_cache=False).cubin
+    assert guarded_cubin == unguarded_cubin
