@@ -176,3 +176,18 @@ def test_a_prior_of_more_trials_than_its_space_says_what_it_holds():
     assert "(228 configurations: a budget over that measures them all)" in said
     small = runner.invoke(app, [*args[:-1], "8", "--json"])
     assert small.exit_code == 0 and "configurations: a budget" not in small.output
+
+
+def test_jobs_and_batch_beyond_what_can_run_are_refused():
+    """--jobs 100000 started that many processes (the memory filled); --batch 100000 was a
+    batch no task can have (the service's range is 1..64)."""
+    from pipetune.clients.cli.bench_cmds import max_jobs
+
+    args = ["bench", "tuner", str(DATA / "h100" / GELU), "--strategies", "random", "--seeds", "1"]
+    many = runner.invoke(app, [*args, "--jobs", str(max_jobs() + 1)])
+    assert many.exit_code == 2 and f"--jobs: at most {max_jobs()} here" in many.output
+    big = runner.invoke(app, [*args, "--batch", "65"])
+    assert big.exit_code == 2 and "--batch" in big.output
+    fine = runner.invoke(app, [*args, "--budgets", "4", "--jobs", str(max_jobs()), "--json"])
+    assert fine.exit_code == 0, fine.output
+    assert "note:" not in fine.stderr  # (a note on --learned-prior, which was not given)

@@ -204,3 +204,48 @@ def test_curve_refuses_its_paths_before_fetching_the_task(tuned: str, folder: Pa
     """A task that does not exist is never asked for: the path is wrong first."""
     result = cli.invoke(app, ["curve", "999", "--html", str(folder / "somedir"), "--db", tuned])
     _refused(result, f"--html: {folder / 'somedir'} is a directory")
+
+
+def test_a_folder_this_user_cannot_write_in_is_refused_before_the_work(
+    folder: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A read-only folder: the sweep measured first, then failed with exit 1 and a
+    PermissionError naming its temporary file. (os.access is what the check asks: made to
+    refuse the folder here, as the tests may run as root, whom no mode refuses.)"""
+    import os
+
+    from pipetune.clients.cli import paths
+
+    locked = folder / "somedir"
+    real = os.access
+    monkeypatch.setattr(
+        paths.os, "access", lambda p, mode: False if Path(p) == locked else real(p, mode)
+    )
+    out = locked / "g.t4.json.gz"
+    result = cli.invoke(sweep_app, [*GEMM, "--out", str(out)])
+    _refused(result, f"--out: cannot write in {locked} (permission denied)")
+    made = cli.invoke(sweep_app, [*GEMM, "--out", str(locked / "sub" / "g.t4.json.gz")])
+    _refused(made, f"--out: cannot write in {locked} (permission denied)")
+    with pytest.raises(CliError, match="cannot write in"):
+        check_output_dir(locked / "new", "--out-dir")
+
+
+def test_a_device_or_fifo_is_refused_and_a_link_is_written_through(folder: Path) -> None:
+    """`dataset convert x /dev/full` replaced the device with a JSON file (the atomic write
+    renames a new file over the path), and a symbolic link became a file, its target left
+    as it was."""
+    import os
+
+    source = _dataset(folder)
+    fifo = folder / "pipe"
+    os.mkfifo(fifo)
+    result = cli.invoke(dataset_app, ["convert", str(source), str(fifo)])
+    _refused(result, f"TARGET: {fifo} is not a regular file")
+    assert fifo.is_fifo()
+    target = folder / "target.t4.json"
+    target.write_text("old")
+    link = folder / "link.t4.json"
+    link.symlink_to(target)
+    written = cli.invoke(dataset_app, ["convert", str(source), str(link)])
+    assert written.exit_code == 0, written.output
+    assert link.is_symlink() and json.loads(target.read_text())["results"]

@@ -241,7 +241,9 @@ def bench(
     best: dict[str, dict[str, np.ndarray]] = {s: {} for s in strategies}
     if jobs > 1:
         context = multiprocessing.get_context("fork")
-        with ProcessPoolExecutor(max_workers=jobs, mp_context=context) as pool:
+        # No more processes than (dataset, strategy) pairs: the rest would start idle.
+        workers = min(jobs, len(pairs))
+        with ProcessPoolExecutor(max_workers=workers, mp_context=context) as pool:
             futures = {pool.submit(_table, i, s): (i, s) for i, s in pairs}
             for future in as_completed(futures):
                 i, s = futures[future]

@@ -11,7 +11,7 @@ from rich.table import Table
 from pipetune.clients.cli.errors import CliError, reported
 from pipetune.clients.cli.output import console, print_json, stderr_console
 from pipetune.model.trials import is_measured
-from pipetune.model.wire import StrategyName
+from pipetune.model.wire import MAX_BATCH_SIZE, StrategyName
 from pipetune.tuner.peers import LIGHT_PEERS, PEERS
 
 if TYPE_CHECKING:
@@ -176,8 +176,10 @@ def _learned(paths: list[Path], loaded: list[Dataset]) -> dict:
     from pipetune.tuner.learned_prior import unseen_shape_priors
     from pipetune.workers.datasets import DatasetError
 
+    if not paths:  # (no --learned-prior: nothing to learn, nothing to say of it)
+        return {}
     files = [f for p in paths for f in (sorted(p.glob("*.t4.json.gz")) if p.is_dir() else [p])]
-    if paths and not files:
+    if not files:
         raise CliError(
             f"--learned-prior: no *.t4.json.gz dataset in {', '.join(map(str, paths))}", 2
         )
@@ -229,6 +231,17 @@ def _unlearned(loaded: list[Dataset], learned: dict, files: list[Path], records:
     return notes
 
 
+JOBS_PER_CPU = 4
+
+
+def max_jobs() -> int:
+    """The most worker processes `bench tuner --jobs` starts: a few per CPU (each replays
+    whole spaces; more only contend)."""
+    import os
+
+    return JOBS_PER_CPU * (os.cpu_count() or 1)
+
+
 def _cell(value: float, se: float) -> str:
     return f"{value:.3f} ± {se:.3f}"
 
@@ -247,6 +260,7 @@ def tuner(
         8,
         "--batch",
         min=1,
+        max=MAX_BATCH_SIZE,
         help="trials pipetune proposes per round (8: the service's default batch); "
         "the peers always propose one at a time",
     ),
@@ -287,6 +301,8 @@ def tuner(
     files = [*(dataset or []), *(paths or [])]
     if not files:
         raise CliError("--dataset: give at least one dataset file", 2)
+    if jobs > max_jobs():  # (each one a process: 100000 of them filled the memory)
+        raise CliError(f"--jobs: at most {max_jobs()} here ({JOBS_PER_CPU} per CPU)", 2)
     ks = _int_list(budgets, "--budgets")
     names = _strategies(strategies)
     try:

@@ -7,6 +7,8 @@ the option), so the write at the end only fails for reasons nobody could foresee
 
 from __future__ import annotations
 
+import os
+import stat
 import tarfile
 from pathlib import Path
 
@@ -17,25 +19,54 @@ def _nearest_existing(folder: Path) -> Path | None:
     return next((p for p in (folder, *folder.parents) if p.exists()), None)
 
 
+def _check_writable(folder: Path, option: str) -> None:
+    """A folder the command writes in (or makes a folder in): this user may. The atomic
+    writes make a temporary file beside the output, so the folder itself must be writable
+    (a read-only one failed with a PermissionError naming the temporary file)."""
+    if not os.access(folder, os.W_OK | os.X_OK):
+        raise CliError(f"{option}: cannot write in {folder} (permission denied)", 2)
+
+
 def _check_creatable(folder: Path, option: str) -> None:
     """The folder exists as a directory or can be made: its nearest existing ancestor is a
-    directory (mkdir under a file fails with NotADirectoryError only after the work)."""
+    directory (mkdir under a file fails with NotADirectoryError only after the work) that
+    this user may write in."""
     found = _nearest_existing(folder)
     if found is not None and not found.is_dir():
         raise CliError(f"{option}: {found} is not a directory", 2)
+    if found is not None:
+        _check_writable(found, option)
+
+
+def _check_regular(path: Path, option: str) -> None:
+    """An existing output is a regular file (or a link to one): the atomic write replaces
+    the path with a new file, which would turn a device, a FIFO or a socket into a file
+    (it made /dev/full a JSON file)."""
+    try:
+        mode = path.stat().st_mode
+    except (FileNotFoundError, NotADirectoryError):
+        return  # a new file (or a link to one), or under a file: the folder checks say so
+    if not stat.S_ISREG(mode):
+        raise CliError(f"{option}: {path} is not a regular file", 2)
 
 
 def check_output_file(path: Path, option: str, *, create_parent: bool = False) -> None:
-    """Refuse a file output that cannot be written: a directory, or a parent folder that
-    is missing (unless ``create_parent``: the command makes it) or is not a directory."""
+    """Refuse a file output that cannot be written: a directory, something other than a
+    regular file, or a parent folder that is missing (unless ``create_parent``: the command
+    makes it), is not a directory, or is not this user's to write in."""
     if path.is_dir():
         raise CliError(f"{option}: {path} is a directory", 2)
+    _check_regular(path, option)
+    # A link is written through: its target's folder is where the file is made.
+    parent = path.resolve().parent if path.is_symlink() else path.parent
     if create_parent:
-        _check_creatable(path.parent, option)
-    elif not path.parent.exists():
-        raise CliError(f"{option}: directory {path.parent} does not exist", 2)
-    elif not path.parent.is_dir():
-        raise CliError(f"{option}: {path.parent} is not a directory", 2)
+        _check_creatable(parent, option)
+    elif not parent.exists():
+        raise CliError(f"{option}: directory {parent} does not exist", 2)
+    elif not parent.is_dir():
+        raise CliError(f"{option}: {parent} is not a directory", 2)
+    else:
+        _check_writable(parent, option)
 
 
 def check_output_dir(path: Path, option: str) -> None:

@@ -107,8 +107,12 @@ def _umask() -> int:
 
 def write_atomic(path: str | Path, text: str) -> Path:
     """Write text (gzipped if the name ends in .gz) so that the path never holds a partial
-    file: write a temporary file beside it, flush it to disk, then rename it over the path."""
+    file: write a temporary file beside it, flush it to disk, then rename it over the path.
+    A symbolic link is written through (its target replaced, the link kept), as a plain
+    open() would."""
     path = Path(path)
+    if path.is_symlink():
+        path = path.resolve()
     path.parent.mkdir(parents=True, exist_ok=True)
     data = text.encode("utf-8")
     if path.suffix == ".gz":
