@@ -17,6 +17,9 @@ from typing import Any
 PROFILE_DIR = Path(__file__).with_name("profiles")
 
 
+UNKNOWN_GPU = "unknown GPU"  # how a name that is no GPU's is refused (the CLI names --gpu)
+
+
 class HardwareError(ValueError):
     """An unknown GPU name or a malformed hardware profile."""
 
@@ -261,7 +264,7 @@ def gpu_keys() -> list[str]:
 def resolve_gpu_key(name: str) -> str:
     key = _ALIASES.get(name.strip().lower())
     if key is None:
-        raise HardwareError(f"unknown GPU '{name}'; known: {', '.join(gpu_keys())}")
+        raise HardwareError(f"{UNKNOWN_GPU} '{name}'; known: {', '.join(gpu_keys())}")
     return key
 
 

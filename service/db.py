@@ -65,6 +65,11 @@ def unavailable_reason(exc: BaseException) -> str:
     message = getattr(diag, "message_primary", None) if diag is not None else None
     if message is None and type(error).__module__ == "sqlite3" and error.args:
         message = str(error.args[0])
+    if message is None and diag is not None and error.args:
+        # psycopg failing to connect has no server diagnostic: its own first line says why
+        # (refused, no such database, authentication), with no SQL or value in it.
+        lines = str(error.args[0]).strip().splitlines()
+        message = lines[0] if lines else None
     if not message:
         return name
     return f"{name}: {' '.join(str(message).split())[:200]}"

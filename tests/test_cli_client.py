@@ -68,7 +68,7 @@ def test_service_down_is_one_line_and_exit_1(command: list[str]):
 
 BAD = [
     (["schedule", "gemm", "--m", "1024", "--n", "63", "--k", "2048"], "n: must be a multiple of 8"),
-    (["schedule", "gemm", *FC[:6], "--gpu", "v100"], "unknown GPU 'v100'"),
+    (["schedule", "gemm", *FC[:6], "--gpu", "v100"], "--gpu: unknown GPU 'v100'"),
     (["tune", "gemm", *FC, "--budget", "0"], "--budget: must be within 1..5000"),
     (["tune", "gemm", *FC, "--strategy", "bogus"], "--strategy: unknown 'bogus'"),
     (["tune", "gemm", *FC, "--batch-size", "0"], "--batch-size: must be within 1..64, got 0"),
@@ -83,7 +83,8 @@ BAD = [
     (["worker", "--runner", "simulated", "--token", "t"], "--gpu: a simulated worker must"),
     (["worker", "--runner", "opencl", "--token", "t"], "--runner: must be one of"),
     (["worker", "--runner", "simulated", "--gpu", "h100"], "--token: give the worker token"),
-    (["worker", "--runner", "simulated", "--gpu", "v100", "--token", "t"], "unknown GPU"),
+    (["worker", "--runner", "simulated", "--gpu", "v100", "--token", "t"], "--gpu: unknown GPU"),
+    (["tune", "gemm", *FC[:6], "--gpu", "v100"], "--gpu: unknown GPU 'v100'"),
     (
         ["worker", "--runner", "replay", "--gpu", "a100", "--token", "t", "--dataset", "/no/x"],
         "--dataset: /no/x does not exist",
@@ -108,3 +109,22 @@ def test_malformed_command_lines_exit_2(command: list[str]):
     result = runner.invoke(app, command)
     assert result.exit_code == 2
     assert "Usage:" in result.stderr
+
+
+def test_a_worker_with_a_malformed_server_url_is_refused_at_once():
+    """`worker --server garbage` retried for --register-timeout (60 s) before saying the URL
+    was malformed."""
+    import time
+
+    started = time.monotonic()
+    args = ["worker", "--runner", "simulated", "--gpu", "h100", "--token", "t"]
+    result = runner.invoke(app, [*args, "--server", "garbage", "--register-timeout", "30"])
+    assert result.exit_code == 2, result.output
+    assert "error: --server: not an http(s) URL: 'garbage'" in result.stderr
+    assert time.monotonic() - started < 10
+
+
+def test_a_campaign_plan_of_infinite_minutes_is_refused():
+    """--minutes inf printed `"budget_s": Infinity`, which is not JSON."""
+    result = runner.invoke(app, ["campaign", "plan", "--minutes", "inf", "--json"])
+    assert result.exit_code == 2 and "--minutes positive and finite" in result.stderr

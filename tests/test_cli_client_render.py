@@ -116,3 +116,59 @@ def test_the_strategy_column_names_a_warm_start_and_an_import():
     assert strategy_label(learned) == "random (prior: learned from 2 tasks)"
     one = TASK.model_copy(update={"learned_from": [4]})
     assert strategy_label(one) == "random (prior: learned from task 4)"
+
+
+class _FakeService:
+    """The SDK client of `pipetune tune --wait`, answering with a finished task (`final`)
+    or interrupted while waiting (`interrupt`)."""
+
+    def __init__(self, final: TaskDoc | None) -> None:
+        self.final = final
+
+    def __enter__(self) -> _FakeService:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        return None
+
+    def tune(self, *args: object, **kwargs: object) -> TaskDoc:
+        return TASK.model_copy(update={"state": "queued", "trials_done": 0})
+
+    def wait(self, task_id: int, progress=None, poll_s: float = 1.0) -> TaskDoc:  # type: ignore[no-untyped-def]
+        if self.final is None:
+            raise KeyboardInterrupt
+        return self.final
+
+
+def _tune_wait(monkeypatch: pytest.MonkeyPatch, final: TaskDoc | None):  # type: ignore[no-untyped-def]
+    from pipetune.clients.cli import client_cmds
+
+    monkeypatch.setattr(client_cmds, "client", lambda server, api_key: _FakeService(final))
+    args = ["tune", "gemm", "--m", "1024", "--n", "64", "--k", "2048", "--gpu", "h100"]
+    return CliRunner().invoke(app, [*args, "--wait", "--server", "http://svc:8000"])
+
+
+def test_tune_wait_fails_when_no_trial_succeeded(monkeypatch: pytest.MonkeyPatch):
+    """Every trial failed (a worker crashing on each): `tune --wait` said "done" and exited
+    0, so `tune --wait && ...` carried on."""
+    failed = TASK.model_copy(update={"trials_failed": 10})
+    result = _tune_wait(monkeypatch, failed)
+    assert result.exit_code == 1, result.output
+    assert "error: task 7 done, but none of its 10 trials succeeded" in result.stderr
+    knobs = {"block_row_warps": 2, "block_col_warps": 2, "warp_row_tiles": 2}
+    knobs |= {"warp_col_tiles": 2, "chunk": 2, "smem_stages": 3, "reg_stages": 2}
+    best = TaskDoc.model_validate(
+        {
+            **TASK.model_dump(exclude={"best"}),
+            "best": {"trial": 3, "schedule": knobs, "latency_us": 3.9, "throughput": 68.7},
+        }
+    )
+    assert _tune_wait(monkeypatch, best).exit_code == 0
+
+
+def test_an_interrupted_tune_wait_says_the_task_goes_on(monkeypatch: pytest.MonkeyPatch):
+    result = _tune_wait(monkeypatch, None)
+    assert result.exit_code == 130
+    said = " ".join(result.stderr.split())
+    assert "interrupted: task 7 goes on at the service" in said
+    assert "DELETE http://svc:8000/v1/tasks/7" in said

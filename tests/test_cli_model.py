@@ -133,7 +133,9 @@ def test_bad_size_exits_2_with_one_line():
 
 def test_unknown_gpu_and_bad_top_exit_2():
     base = ["model", "rank", "gemm", "--m", "64", "--n", "64", "--k", "64"]
-    assert runner.invoke(app, [*base, "--gpu", "v100"]).exit_code == 2
+    unknown = runner.invoke(app, [*base, "--gpu", "v100"])
+    # The line names the option, as every other usage error does.
+    assert unknown.exit_code == 2 and "error: --gpu: unknown GPU 'v100'" in unknown.stderr
     assert runner.invoke(app, [*base, "--top", "0"]).exit_code == 2
     assert runner.invoke(app, [*base[:-2]]).exit_code == 2  # --k missing
 

@@ -10,7 +10,7 @@ import threading
 import time
 
 import pytest
-from service_support import table_names
+from service_support import require_pg, table_names
 from sqlalchemy import create_engine, text
 from typer.testing import CliRunner
 
@@ -152,3 +152,19 @@ def test_a_read_only_sqlite_database_is_refused_at_start(tmp_path):
         create_app(settings(read_only))
     check_writable(f"sqlite:///{tmp_path / 'ro.db'}")  # the same file, writable: no error
     assert check_schema(read_only) == head_revision()  # reading it is fine
+
+
+def test_a_database_that_cannot_be_reached_says_why():
+    """PostgreSQL refusing the connection and a database that does not exist both said
+    "failed: OperationalError": the driver's first line now says which."""
+    from sqlalchemy.engine import make_url
+
+    url = make_url(require_pg()).set(database="pipetune_no_such_db")
+    missing = runner.invoke(
+        app, ["db", "current", "--db", url.render_as_string(hide_password=False)]
+    )
+    assert missing.exit_code == 1, missing.output
+    assert 'database "pipetune_no_such_db" does not exist' in missing.stderr
+    refused = runner.invoke(app, ["tasks", "--db", "postgresql+psycopg://postgres@127.0.0.1:1/x"])
+    assert refused.exit_code == 1, refused.output
+    assert "port 1 failed: Connection refused" in refused.stderr

@@ -12,6 +12,7 @@ campaign needs.
 
 from __future__ import annotations
 
+import math
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -174,8 +175,8 @@ def campaign_plan(
     from pipetune.workers.campaign.operators import DEFAULT_OPERATORS, resolve_operators
     from pipetune.workers.campaign.plan import plan_document
 
-    if calls < 1 or not minutes > 0:
-        raise CliError("--calls must be at least 1 and --minutes positive", 2)
+    if calls < 1 or not 0 < minutes < math.inf:  # (inf made a budget JSON cannot hold)
+        raise CliError("--calls must be at least 1 and --minutes positive and finite", 2)
     try:
         chosen = resolve_operators(operators or DEFAULT_OPERATORS)
     except ValueError as exc:

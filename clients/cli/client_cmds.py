@@ -53,7 +53,7 @@ from pipetune.clients.library.labels import (
     trials_of,
 )
 from pipetune.model.family import parse_any_workload
-from pipetune.model.hardware import get_gpu, gpu_keys, resolve_gpu_key
+from pipetune.model.hardware import HardwareError, get_gpu, gpu_keys, resolve_gpu_key
 from pipetune.model.hopper.space import ARCH as HOPPER_ARCH
 from pipetune.model.trials import RunnerKind
 from pipetune.model.wire import (
@@ -335,7 +335,16 @@ def _tune(
                     f"{dashboard_url(server)}"
                 )
             return
-        final = wait_for_task(c, task, show=not as_json, poll_s=poll)
+        try:
+            final = wait_for_task(c, task, show=not as_json, poll_s=poll)
+        except KeyboardInterrupt:
+            # The task is the service's: it goes on without this command (said, where the
+            # command used to end without a word).
+            stderr_console.print(
+                f"interrupted: task {task.id} goes on at the service; follow it with "
+                f"`pipetune curve {task.id}`, or cancel it with DELETE {server}/v1/tasks/{task.id}"
+            )
+            raise typer.Exit(130) from None
     if as_json:
         print_json(final.model_dump(mode="json"))
     else:
@@ -344,6 +353,9 @@ def _tune(
         raise CliError(
             f"task {final.id} {final.state}" + (f": {final.error}" if final.error else "")
         )
+    if final.best is None:  # (a script's `tune --wait && ...` carried on)
+        trials = final.trials_done
+        raise CliError(f"task {final.id} done, but none of its {trials} trials succeeded")
 
 
 add_workload_commands(
@@ -604,7 +616,10 @@ def tune_model(
         problem = tm.prior_gpu_problem(prior_gpu, gpu, strategy)
         if problem:
             raise CliError(f"--prior-gpu: {problem}", 2)
-        prior_gpu = resolve_gpu_key(prior_gpu)
+        try:
+            prior_gpu = resolve_gpu_key(prior_gpu)
+        except HardwareError as exc:
+            raise CliError(f"--prior-gpu: {exc}", 2) from None
     net = build_network(network, batch, seq)
     if wgmma:
         if get_gpu(gpu).arch != HOPPER_ARCH:

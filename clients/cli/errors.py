@@ -15,7 +15,7 @@ from typing import Any, NoReturn
 
 import typer
 
-from pipetune.model.hardware import HardwareError
+from pipetune.model.hardware import UNKNOWN_GPU, HardwareError
 from pipetune.model.space import ScheduleError
 from pipetune.model.workloads import WorkloadError
 
@@ -55,7 +55,12 @@ def reported(func: Callable[..., Any]) -> Callable[..., Any]:
         try:
             return func(*args, **kwargs)
         except USAGE_ERRORS as exc:
-            fail(str(exc), 2)
+            message = str(exc)
+            if isinstance(exc, HardwareError) and message.startswith(UNKNOWN_GPU):
+                # Every command names its GPU with --gpu (--prior-gpu's own check says its
+                # name): the one line names the option, as every other usage error does.
+                message = f"--gpu: {message}"
+            fail(message, 2)
         except CliError as exc:
             fail(str(exc), exc.code)
         except (typer.Exit, typer.Abort, KeyboardInterrupt):

@@ -13,7 +13,7 @@ from pathlib import Path
 import typer
 
 from pipetune.clients.cli.errors import CliError, one_line, reported, runner_failure
-from pipetune.clients.cli.remote import SERVER_HELP, cli_error
+from pipetune.clients.cli.remote import SERVER_HELP, check_server, cli_error
 from pipetune.clients.sdk import DEFAULT_SERVER, SERVER_ENV, PipetuneError
 from pipetune.model.hardware import gpu_keys
 from pipetune.workers.daemon import RUNNERS, TOKEN_ENV, DetectionError, WorkerConfig, run_worker
@@ -92,6 +92,8 @@ def worker(
     """Run a GPU worker: register, lease jobs of this GPU's arch, measure, report; drains and
     exits 0 on SIGTERM, 3 if results could not be reported (a second SIGTERM stops after the
     current trial)."""
+    # A malformed URL is refused now, not after --register-timeout of retrying it.
+    check_server(server)
     try:
         config = WorkerConfig(
             server=server,
