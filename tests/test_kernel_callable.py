@@ -257,6 +257,19 @@ def test_the_schedule_comes_from_the_local_database_else_the_model(tmp_path):
     assert not (tmp_path / "none.db").exists()  # a lookup creates nothing
 
 
+def test_the_answer_of_best_schedule_is_a_schedule_and_a_lookup_beside_one_is_refused(tmp_path):
+    """kernel(w, gpu, schedule=pipetune.best_schedule(w, gpu)) was refused ("got
+    ScheduleResponse"), and kernel(..., schedule=..., server=...) ignored the server."""
+    db = f"sqlite:///{tmp_path / 'none.db'}"
+    answer = pipetune.best_schedule(FC, "h100", db=db)
+    k = pipetune.kernel(FC, "h100", schedule=answer)
+    assert k.schedule.id == answer.schedule_id
+    for where in ({"server": "http://gpu-host:8000"}, {"db": db}):
+        name = next(iter(where))
+        with pytest.raises(ValueError, match=f"^{name}: give schedule or {name}, not both"):
+            pipetune.kernel(FC, "h100", schedule=answer, **where)
+
+
 def test_a_schedule_outside_the_gpus_space_is_refused():
     big = Schedule(4, 4, 4, 4, 8, 6, 2)  # 6 stages of 256x256x128 tiles: far over smem
     with pytest.raises(ScheduleError, match="not valid for gemm 1024x64x2048 on h100"):

@@ -280,6 +280,8 @@ def test_without_a_database_the_answer_is_the_models(home: Path):
         ({"strategy": "bogus"}, ValueError, "strategy: "),
         ({"runner": "opencl"}, ValueError, "runner: must be one of"),
         ({"runner": "replay"}, ValueError, "dataset: the replay runner answers from"),
+        # A dataset beside another runner was ignored without a word.
+        ({"dataset": "x.t4.json.gz"}, ValueError, "^dataset: only the replay runner reads"),
         ({"runner": "cupy"}, RunnerUnavailableError, "cupy runner needs CuPy"),
         ({"workload": {**FC, "n": 63}}, WorkloadError, "n: must be a multiple of 8"),
         ({"gpu": "v100"}, HardwareError, "unknown GPU 'v100'"),

@@ -16,7 +16,7 @@ from pipetune.model.hardware import HardwareError, resolve_gpu_key
 from pipetune.model.knobs import ScheduleError
 from pipetune.model.memops.workloads import BiasGelu, LayerNorm, MemWorkload, Reduce, Softmax
 from pipetune.model.space import Schedule
-from pipetune.model.wire import ScheduleDoc
+from pipetune.model.wire import ScheduleDoc, ScheduleResponse
 from pipetune.model.workloads import AnyWorkload, Bmm, Conv2d, Conv3d, Gemm
 
 WorkloadLike = (
@@ -55,6 +55,8 @@ def as_schedule(schedule: ScheduleLike) -> Any:
     ScheduleError names the bad knob)."""
     if isinstance(schedule, ScheduleDoc):
         return schedule.to_schedule()
+    if isinstance(schedule, ScheduleResponse):  # pipetune.best_schedule's answer, as is
+        return schedule.schedule.to_schedule()
     if isinstance(schedule, Mapping):
         data = dict(schedule)
         return family_for_knobs(data).parse_schedule(data)

@@ -376,6 +376,11 @@ def kernel(
     model's pick when nothing was measured)."""
     w, key = as_workload(workload), as_gpu(gpu)
     if schedule is not None:
+        # Where to look the schedule up means nothing beside the schedule itself: refused,
+        # not silently ignored (the caller may believe the service's pick was used).
+        for name, value in (("server", server), ("db", db)):
+            if value is not None:
+                raise ValueError(f"{name}: give schedule or {name}, not both")
         return TunedKernel(w, key, as_schedule(schedule))
     from pipetune.clients.library.lookup import best_schedule
 

@@ -324,6 +324,9 @@ def tune(
         learned_prior=learned_prior,
         batch_size=batch_size,
     )
+    if dataset is not None and runner != "replay":  # (it was ignored without a word)
+        named = runner.name if isinstance(runner, Runner) else runner
+        raise ValueError(f"dataset: only the replay runner reads a dataset, not {named!r}")
     measurer = runner if isinstance(runner, Runner) else _make_runner(runner, key, dataset, w)
     measured_gpu = getattr(getattr(measurer, "gpu", None), "key", key)
     if measured_gpu != key:  # a Runner built for another GPU would answer for the wrong one
