@@ -159,16 +159,24 @@ def test_a_name_registered_again_while_heartbeating_says_it_may_be_in_use(db_url
     """Two worker processes given one --name shared one worker row without a word: the
     re-registration's answer says whether the name sent a heartbeat within a lease TTL (a
     second process, or a restart just after a stop); a new name says nothing."""
-    import time
+    import datetime as dt
 
-    with client_for(db_url, lease_ttl_s=0.5) as c:
+    from sqlalchemy import update
+
+    from pipetune.service.orm import WorkerRow
+
+    with client_for(db_url, lease_ttl_s=60) as c:
         body = {"name": "twin", "gpu": "h100", "arch": "sm_90", "runner": "simulated"}
         first = c.post("/v1/workers", json=body, headers=WORKER_HEADERS)
         assert first.status_code == 201 and first.json()["name_in_use"] is None
         second = c.post("/v1/workers", json=body, headers=WORKER_HEADERS)
         assert second.status_code == 200 and second.json()["name_in_use"] is True
         assert second.json()["id"] == first.json()["id"]
-        time.sleep(0.7)  # past the TTL without a heartbeat: a restart
+        # Its last heartbeat two TTLs ago (set, not slept for: SQLite stamps a new row to
+        # the whole second): a restart after the process stopped.
+        old = dt.datetime.now(dt.UTC) - dt.timedelta(seconds=120)
+        with service_of(c).db.write() as s:
+            s.execute(update(WorkerRow).values(last_heartbeat=old))
         later = c.post("/v1/workers", json=body, headers=WORKER_HEADERS)
         assert later.status_code == 200 and later.json()["name_in_use"] is False
 
