@@ -176,6 +176,7 @@ class Queue:
         with self.db.write() as s:
             worker = s.scalars(select(WorkerRow).where(WorkerRow.name == body.name)).first()
             created = worker is None
+            in_use: bool | None = None  # (said of a re-registration only)
             if worker is None:
                 worker = WorkerRow(name=body.name, token_hash=token_hash, **values)
                 s.add(worker)
@@ -193,8 +194,7 @@ class Queue:
             s.flush()
             s.refresh(worker)
             doc = worker_doc(worker)
-            if not created:
-                doc.name_in_use = in_use
+            doc.name_in_use = in_use
             return doc, created
 
     def heartbeat(

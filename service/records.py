@@ -82,6 +82,17 @@ def failed_trials(session: Session, workload_hash: str, gpu: str) -> FailedTrial
     return FailedTrials(len(ids), frozenset(ids)) if ids else NO_FAILURES
 
 
+def measured_or_failures(
+    session: Session, workload_hash: str, gpu: str
+) -> tuple[JobRow | None, FailedTrials]:
+    """What a schedule lookup reads: the best measured trial (best_measured's) and, where
+    there is none, the failed trials whose schedules a pick must skip (failed_trials')."""
+    job = best_measured(session, workload_hash, gpu)
+    if job is not None:
+        return job, NO_FAILURES
+    return None, failed_trials(session, workload_hash, gpu)
+
+
 @dataclass(frozen=True)
 class ModelPick:
     schedule: Any  # the family's schedule type

@@ -37,12 +37,7 @@ from pipetune.service.curves import task_curve
 from pipetune.service.db import Database, is_sqlite, unavailable_reason
 from pipetune.service.migrate import SchemaError, check_schema, redact
 from pipetune.service.priors import learned_model_of_tasks, learned_pick, prior_from_tasks
-from pipetune.service.records import (
-    NO_FAILURES,
-    best_measured,
-    failed_trials,
-    schedule_response,
-)
+from pipetune.service.records import measured_or_failures, schedule_response
 from pipetune.service.settings import Settings
 from pipetune.service.views import get_task_doc, list_task_docs, list_trial_docs, task_work
 
@@ -128,11 +123,8 @@ class LocalStore:
         database = self._database()
         if database is None:
             return schedule_response(workload, gpu, None)
-        failed = NO_FAILURES
         with database.read() as s:
-            job = best_measured(s, workload.workload_hash, gpu)
-            if job is None:  # nothing measured: the pick skips schedules seen to fail
-                failed = failed_trials(s, workload.workload_hash, gpu)
+            job, failed = measured_or_failures(s, workload.workload_hash, gpu)
         learned = None
         if job is None or job.latency_us is None:
             # As the service picks (a fit per call here: no cache outlives the store).

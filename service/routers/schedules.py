@@ -9,12 +9,7 @@ from pipetune.model.workloads import WorkloadError
 from pipetune.service.auth import user_access
 from pipetune.service.context import ServiceDep
 from pipetune.service.errors import InputError
-from pipetune.service.records import (
-    NO_FAILURES,
-    best_measured,
-    failed_trials,
-    schedule_response,
-)
+from pipetune.service.records import measured_or_failures, schedule_response
 from pipetune.service.routers.common import ERRORS
 
 router = APIRouter(tags=["schedules"], dependencies=[Depends(user_access)])
@@ -39,11 +34,8 @@ def best_schedule(
     failed on the GPU (`failed_trials` counts those trials). With `tune`,
     also creates a tuning task (202, `task_id` and `url`)."""
     workload = body.workload
-    failed = NO_FAILURES
     with service.db.read() as s:
-        job = best_measured(s, workload.workload_hash, body.gpu)
-        if job is None:  # nothing measured: the pick skips schedules seen to fail
-            failed = failed_trials(s, workload.workload_hash, body.gpu)
+        job, failed = measured_or_failures(s, workload.workload_hash, body.gpu)
     try:
         learned = None
         if job is None or job.latency_us is None:  # nothing measured: a learned pick?
