@@ -2,19 +2,26 @@
 
 Every spec value carries its source. Values marked "approximate" come from public
 microbenchmark reports rather than vendor sheets; `pipetune calibrate` measures them on
-the real device and writes a profile (JSON) that overrides them. A profile committed as
-``model/profiles/<key>.json`` is applied automatically by :func:`get_gpu`.
+the real device and writes a profile (JSON) that overrides them. :func:`get_gpu` applies a
+GPU's profile automatically: the user's own (``<user profile dir>/<key>.json``, where
+`pipetune calibrate` and `pipetune campaign unpack` write by default), else the one shipped
+with pipetune (``model/profiles/<key>.json``, committed from the project's GPU campaigns).
 """
 
 from __future__ import annotations
 
 import json
 import math
+import os
 from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
 from typing import Any
 
+# The profiles shipped with pipetune (committed from the project's GPU campaigns). Installed,
+# this folder is inside site-packages: an upgrade replaces it and an uninstall removes it, so
+# a user's own calibration goes to user_profile_dir() instead.
 PROFILE_DIR = Path(__file__).with_name("profiles")
+USER_PROFILE_DIR_ENV = "PIPETUNE_PROFILE_DIR"
 
 
 UNKNOWN_GPU = "unknown GPU"  # how a name that is no GPU's is refused (the CLI names --gpu)
@@ -300,18 +307,46 @@ def load_profile(path: str | Path) -> tuple[str | None, dict[str, Any]]:
     return parse_profile(document, str(path))
 
 
+def user_profile_dir() -> Path:
+    """Where this user's own profiles live: ``$PIPETUNE_PROFILE_DIR``, else ``profiles/``
+    under the user data dir (beside the embedded database). `pipetune calibrate` and
+    `pipetune campaign unpack` write there by default, and :func:`get_gpu` looks there first."""
+    explicit = os.environ.get(USER_PROFILE_DIR_ENV)
+    if explicit:
+        return Path(explicit).expanduser()
+    import platformdirs  # imported here: the model's other users never need it
+
+    return Path(platformdirs.user_data_dir("pipetune")) / "profiles"
+
+
+def applied_profile(key: str) -> tuple[Path, str] | None:
+    """The profile :func:`get_gpu` applies to GPU ``key`` and its label: the user's own
+    (``calibrated(user):<file>``), else the shipped one (``calibrated:<file>``), else None.
+    A user's profile replaces the shipped one rather than stacking on it: it measured the
+    same fields on the user's own device."""
+    own = user_profile_dir() / f"{key}.json"
+    if own.is_file():
+        return own, f"calibrated(user):{own.name}"
+    shipped = PROFILE_DIR / f"{key}.json"
+    if shipped.is_file():
+        return shipped, f"calibrated:{shipped.name}"
+    return None
+
+
 def get_gpu(name: str, *, profile: str | Path | None = None, calibrated: bool = True) -> GPUSpec:
     """The spec of a GPU by name or alias.
 
-    With ``calibrated`` (the default) a committed profile ``model/profiles/<key>.json`` is
-    applied; an explicit ``profile`` path is applied on top of that.
+    With ``calibrated`` (the default) the GPU's profile is applied (:func:`applied_profile`:
+    the user's own, else the shipped ``model/profiles/<key>.json``); an explicit
+    ``profile`` path is applied on top of that.
     """
     key = resolve_gpu_key(name)
     spec = _SPECS[key]
-    committed = PROFILE_DIR / f"{key}.json"
-    if calibrated and committed.exists():
-        _, overrides = load_profile(committed)
-        spec = spec.with_overrides(overrides, profile=f"calibrated:{committed.name}")
+    found = applied_profile(key) if calibrated else None
+    if found is not None:
+        path, label = found
+        _, overrides = load_profile(path)
+        spec = spec.with_overrides(overrides, profile=label)
     if profile is not None:
         target, overrides = load_profile(profile)
         if target is not None and target != key:

@@ -162,3 +162,30 @@ def test_the_k_step_microbenchmark_reports_the_median_block_s_cycles_per_step():
     )
     assert microbench._k_step_cycles(cp, kernel, sms=3) == 41.0
     assert launches == [("k_step_kernel", (3,), (microbench.K_STEP_THREADS,))]
+
+
+def test_calibrate_writes_to_the_users_profile_folder_not_into_the_package(
+    h100, tmp_path, monkeypatch
+):
+    # Installed, model/profiles/ is inside site-packages: a calibration written there is lost
+    # (or overwrites the shipped profile) at the next upgrade and outlives an uninstall.
+    from typer.testing import CliRunner
+
+    from pipetune.clients.cli.main import app
+    from pipetune.model import hardware
+    from pipetune.workers import calibrate as calibrate_module
+
+    shipped = hardware.PROFILE_DIR / "h100.json"
+    before = shipped.read_bytes()
+    document = build_profile(synthetic(h100), h100)
+    monkeypatch.setattr(calibrate_module, "run_calibration", lambda gpu, device=0: document)
+    monkeypatch.setenv(hardware.USER_PROFILE_DIR_ENV, str(tmp_path / "profiles"))
+    monkeypatch.chdir(tmp_path)
+    result = CliRunner().invoke(app, ["calibrate", "--gpu", "h100"])
+    assert result.exit_code == 0, result.output
+    written = tmp_path / "profiles" / "h100.json"
+    assert json.loads(written.read_text())["overrides"] == document["overrides"]
+    assert shipped.read_bytes() == before
+    spec = get_gpu("h100")
+    assert spec.profile == "calibrated(user):h100.json"
+    assert spec.dram_bandwidth_gbs == pytest.approx(document["overrides"]["dram_bandwidth_gbs"])

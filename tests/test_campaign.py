@@ -150,6 +150,27 @@ def test_a_broken_cache_entry_is_recomputed(tmp_path):
     assert reference_cache.load(tmp_path, key) is None
 
 
+def test_references_are_read_only_from_this_users_own_folder(tmp_path, monkeypatch):
+    # The default folder was one shared name in /tmp: another user's files there would be the
+    # references kernels are verified against.
+    import os
+
+    monkeypatch.delenv(reference_cache.ENV_DIR, raising=False)
+    folder = reference_cache.default_folder()
+    assert folder.name == f"pipetune-references-{os.getuid()}"
+    key = reference_cache.cache_key("w", 0, "cublas")
+    reference_cache.store(tmp_path / "mine", key, np.ones(4, np.float32), np.ones(4, np.float32))
+    assert reference_cache.load(tmp_path / "mine", key) is not None
+    assert (tmp_path / "mine").stat().st_mode & 0o077 == 0
+    someone_else = os.getuid() + 1
+    monkeypatch.setattr(reference_cache.os, "getuid", lambda: someone_else)
+    assert reference_cache.load(tmp_path / "mine", key) is None
+    reference_cache.store(
+        tmp_path / "mine", "other", np.ones(4, np.float32), np.ones(4, np.float32)
+    )
+    assert not (tmp_path / "mine" / "other.tol.npy").exists()
+
+
 # --- operators and the device's GPU -----------------------------------------------------
 
 

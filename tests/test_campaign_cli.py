@@ -369,3 +369,54 @@ def test_a_campaign_goes_on_from_the_unpacked_repository_data(continued, tmp_pat
         "Softmax_BERT_b1_s128.t4.json.gz",
     ]
     assert (have / "Softmax_BERT_b1_s128.t4.json.gz").read_bytes() == committed
+
+
+def _measured_archive(path, probe):
+    """An archive of a measured campaign's probe and the shipped H100 profile (a measured one)."""
+    from pipetune.model.hardware import PROFILE_DIR
+
+    with tarfile.open(path, "w:gz") as tar:
+        tar.add(PROFILE_DIR / "h100.json", arcname="profile.json")
+        probe_file = path.with_suffix(".probe.json")
+        probe_file.write_text(json.dumps(probe))
+        tar.add(probe_file, arcname="probe.json")
+    return path
+
+
+def test_unpack_puts_the_profile_where_the_installed_model_reads_it(tmp_path, monkeypatch):
+    # It wrote ./model/profiles/<gpu>.json relative to the current folder, which an installed
+    # pipetune never reads: by default the profile goes to the user's profile folder.
+    from pipetune.model import hardware
+
+    archive = _measured_archive(tmp_path / "c.tar.gz", {"gpu": "h100", "runner": "cupy"})
+    monkeypatch.setenv(hardware.USER_PROFILE_DIR_ENV, str(tmp_path / "own"))
+    monkeypatch.chdir(tmp_path)
+    result = cli.invoke(campaign_app, ["unpack", str(archive), "--data-dir", "data"])
+    assert result.exit_code == 0, result.output
+    assert (tmp_path / "own" / "h100.json").read_bytes() == (
+        hardware.PROFILE_DIR / "h100.json"
+    ).read_bytes()
+    assert not (tmp_path / "model").exists()
+    assert str(tmp_path / "own" / "h100.json") in result.stdout
+    assert get_gpu("h100").profile == "calibrated(user):h100.json"
+
+
+def test_unpack_leaves_a_simulated_profile_out_of_the_users_folder(
+    continued, tmp_path, monkeypatch
+):
+    # A simulated campaign tried out with --allow-simulated must not calibrate the user's model.
+    from pipetune.model import hardware
+
+    folder, _ = continued
+    monkeypatch.setenv(hardware.USER_PROFILE_DIR_ENV, str(tmp_path / "own"))
+    monkeypatch.chdir(tmp_path)
+    archive = str(folder / "c1.tar.gz")
+    args = ["unpack", archive, "--data-dir", "data", "--allow-simulated"]
+    result = cli.invoke(campaign_app, args)
+    assert result.exit_code == 0, result.output
+    assert "profile not written: its profile is simulated" in result.stderr
+    assert not (tmp_path / "own").exists() and not (tmp_path / "model").exists()
+    assert (tmp_path / "data" / "h100" / "Softmax_BERT_b1_s128.t4.json.gz").exists()
+    named = cli.invoke(campaign_app, [*args, "--force", "--profile-dir", "sim-profiles"])
+    assert named.exit_code == 0, named.output
+    assert (tmp_path / "sim-profiles" / "h100.json").exists()

@@ -67,3 +67,34 @@ def test_committed_profile_is_applied_automatically(tmp_path, monkeypatch):
     assert get_gpu("a100").l2_latency_ns == 111.0
     assert get_gpu("a100").profile == "calibrated:a100.json"
     assert get_gpu("a100", calibrated=False).l2_latency_ns != 111.0
+
+
+def test_a_users_own_profile_is_applied_before_the_shipped_one(tmp_path, monkeypatch):
+    # Installed, the shipped profiles live in site-packages, which an upgrade replaces: a
+    # user's calibration lives in the user's profile folder, and the model reads it first.
+    shipped, own = tmp_path / "shipped", tmp_path / "own"
+    shipped.mkdir()
+    own.mkdir()
+    (shipped / "a100.json").write_text(
+        json.dumps({"gpu": "a100", "overrides": {"l2_latency_ns": 111}})
+    )
+    monkeypatch.setattr(hardware, "PROFILE_DIR", shipped)
+    monkeypatch.setenv(hardware.USER_PROFILE_DIR_ENV, str(own))
+    assert get_gpu("a100").profile == "calibrated:a100.json"
+    (own / "a100.json").write_text(
+        json.dumps({"gpu": "a100", "overrides": {"dram_latency_ns": 777}})
+    )
+    spec = get_gpu("a100")
+    # The user's profile replaces the shipped one (it measured the same fields), not stacks.
+    assert spec.profile == "calibrated(user):a100.json" and spec.dram_latency_ns == 777.0
+    assert spec.l2_latency_ns == get_gpu("a100", calibrated=False).l2_latency_ns
+    assert hardware.applied_profile("a100") == (own / "a100.json", "calibrated(user):a100.json")
+    assert get_gpu("a100", calibrated=False).profile != spec.profile
+
+
+def test_the_users_profile_folder_is_beside_the_embedded_database(tmp_path, monkeypatch):
+    monkeypatch.delenv(hardware.USER_PROFILE_DIR_ENV, raising=False)
+    monkeypatch.setenv("XDG_DATA_HOME", str(tmp_path))
+    assert hardware.user_profile_dir() == tmp_path / "pipetune" / "profiles"
+    monkeypatch.setenv(hardware.USER_PROFILE_DIR_ENV, str(tmp_path / "mine"))
+    assert hardware.user_profile_dir() == tmp_path / "mine"

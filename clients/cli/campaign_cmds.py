@@ -224,20 +224,29 @@ def campaign_unpack(
     data_dir: Path = typer.Option(
         Path("benchmarks/data"), "--data-dir", help="datasets go to DATA_DIR/<gpu>/"
     ),
-    profile_dir: Path = typer.Option(
-        Path("model/profiles"), "--profile-dir", help="the profile goes to PROFILE_DIR/<gpu>.json"
+    profile_dir: Path | None = typer.Option(
+        None,
+        "--profile-dir",
+        help="the profile goes to PROFILE_DIR/<gpu>.json (default: your profile folder, "
+        "$PIPETUNE_PROFILE_DIR or the user data dir's profiles/, which the model reads first; "
+        "the project's checkout commits campaigns' profiles with --profile-dir model/profiles)",
     ),
     allow_simulated: bool = typer.Option(
         False, "--allow-simulated", help="unpack a simulated campaign too (for trying it out)"
     ),
     force: bool = typer.Option(False, "--force", help="overwrite existing files"),
 ) -> None:
-    """Turn a campaign archive into benchmarks/data/<gpu>/ and model/profiles/<gpu>.json."""
+    """Turn a campaign archive into DATA_DIR/<gpu>/ and a hardware profile <gpu>.json that
+    the model applies."""
+    from pipetune.model.hardware import user_profile_dir
     from pipetune.workers.campaign.unpack import UnpackError, unpack
 
     check_tar_archive(archive, "ARCHIVE")
     check_output_dir(data_dir, "--data-dir")
-    check_output_dir(profile_dir, "--profile-dir")
+    if profile_dir is None:
+        check_output_dir(user_profile_dir(), "--profile-dir (default)")
+    else:
+        check_output_dir(profile_dir, "--profile-dir")
     try:
         result = unpack(
             archive, data_dir, profile_dir, allow_simulated=allow_simulated, force=force
@@ -248,6 +257,8 @@ def campaign_unpack(
         print(path)
     if result.profile is not None:
         print(result.profile)
+    if result.profile_left_out is not None:
+        print(f"profile not written: {result.profile_left_out}", file=sys.stderr)
     print(
         f"unpacked {len(result.datasets)} datasets of {result.gpu} ({result.runner})"
         + (

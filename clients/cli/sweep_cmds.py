@@ -39,7 +39,13 @@ from pipetune.clients.cli.output import console, print_json, stderr_console
 from pipetune.clients.cli.paths import check_output_dir, check_output_file
 from pipetune.clients.cli.workload_options import add_workload_commands, option
 from pipetune.model.family import all_ops, family_of, parse_any_workload
-from pipetune.model.hardware import PROFILE_DIR, GPUSpec, get_gpu, gpu_keys, resolve_gpu_key
+from pipetune.model.hardware import (
+    GPUSpec,
+    get_gpu,
+    gpu_keys,
+    resolve_gpu_key,
+    user_profile_dir,
+)
 from pipetune.model.operators import SUITES
 from pipetune.model.operators import suite as operator_suite
 from pipetune.model.trials import MAX_SAMPLES, RunnerKind
@@ -350,7 +356,10 @@ def calibrate(
         None, "--gpu", help="GPU spec to calibrate (default: the device's own)"
     ),
     out: Path | None = typer.Option(
-        None, "--out", help="profile to write (default model/profiles/<gpu>.json)"
+        None,
+        "--out",
+        help="profile to write (default: <gpu>.json in your profile folder, "
+        "$PIPETUNE_PROFILE_DIR or the user data dir's profiles/, which the model reads first)",
     ),
     device: int = typer.Option(0, "--device", help="CUDA device index"),
     as_json: bool = typer.Option(False, "--json", help="print the profile document"),
@@ -370,12 +379,16 @@ def calibrate(
     if out is not None:
         check_output_file(out, "--out")
     elif gpu is not None:
-        check_output_file(PROFILE_DIR / f"{resolve_gpu_key(gpu)}.json", "--out (default)")
+        default = user_profile_dir() / f"{resolve_gpu_key(gpu)}.json"
+        check_output_file(default, "--out (default)", create_parent=True)
     try:
         document = run_calibration(gpu, device=device)
     except CalibrationError as exc:
         raise CliError(one_line(exc), 1) from None
-    path = write_profile(document, out or PROFILE_DIR / f"{document['gpu']}.json")
+    if out is None:  # the user's profile folder, made on first use
+        out = user_profile_dir() / f"{document['gpu']}.json"
+        out.parent.mkdir(parents=True, exist_ok=True)
+    path = write_profile(document, out)
     if as_json:
         print_json({**document, "path": str(path)})
         return

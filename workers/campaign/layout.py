@@ -164,14 +164,14 @@ def from_unpacked(folder: Path, into: Path, profile: Path | None) -> Path:
 
 def open_have(have: Path, scratch: Path) -> Path:
     """The folder a --have names: a campaign's folder as it is, an archive unpacked into
-    scratch, or the repository's unpacked data laid out again in scratch (its profile from
-    model/profiles/, where the model reads it)."""
+    scratch, or the repository's unpacked data laid out again in scratch (its profile the one
+    the model applies to that GPU: hardware.applied_profile)."""
     if have.is_dir() and is_unpacked(have):
-        from pipetune.model.hardware import PROFILE_DIR
+        from pipetune.model.hardware import applied_profile
 
         probe = read_json(have / UNPACKED_DOCS / PHASE_FILES["probe"]) or {}
-        profile = PROFILE_DIR / f"{probe.get('gpu')}.json" if probe.get("gpu") else None
-        return from_unpacked(have, scratch, profile)
+        found = applied_profile(probe["gpu"]) if isinstance(probe.get("gpu"), str) else None
+        return from_unpacked(have, scratch, found[0] if found else None)
     if have.is_dir():
         return have
     if have.is_file():

@@ -1,8 +1,9 @@
 """`pipetune campaign unpack ARCHIVE`: a campaign's archive into the repository.
 
-    sweeps/<op>.t4.json.gz   -> benchmarks/data/<gpu>/<op>.t4.json.gz
-    profile.json             -> model/profiles/<gpu>.json (model.hardware applies it)
-    probe, correctness, baselines and campaign .json -> benchmarks/data/<gpu>/campaign/
+    sweeps/<op>.t4.json.gz   -> DATA_DIR/<gpu>/<op>.t4.json.gz
+    profile.json             -> PROFILE_DIR/<gpu>.json (model.hardware applies it; by default
+                                the user's profile folder, hardware.user_profile_dir())
+    probe, correctness, baselines and campaign .json -> DATA_DIR/<gpu>/campaign/
 
 Only finished operators are unpacked (parts of an unfinished one are not a dataset), of
 any kernel family. Every dataset is read back and checked as a pipetune dataset, the
@@ -10,7 +11,9 @@ profile through model.hardware, and every baseline's throughput against its late
 family's unit (TFLOP/s for the GEMMs, GB/s for the memory-intensive operators; a GEMM entry
 from before there were units gives ``tflops`` only), before anything is written. A
 simulated archive is refused unless ``allow_simulated`` (and then its files say
-simulated); existing files are kept unless ``force``.
+simulated, and its profile is written only to a folder named explicitly: in the user's
+profile folder the model would apply the spec sheet's noise as a calibration); existing
+files are kept unless ``force``.
 """
 
 from __future__ import annotations
@@ -22,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from pipetune.model.family import family_of, parse_any_workload
-from pipetune.model.hardware import get_gpu, load_profile
+from pipetune.model.hardware import get_gpu, load_profile, user_profile_dir
 from pipetune.model.workloads import WorkloadError
 from pipetune.workers.campaign import layout
 from pipetune.workers.datasets import DatasetError, check_pipetune, read_t4
@@ -38,6 +41,8 @@ class Unpacked:
     runner: str
     datasets: list[Path] = field(default_factory=list)
     profile: Path | None = None
+    # Why the archive's profile was not written, where it was left out.
+    profile_left_out: str | None = None
     documents: list[Path] = field(default_factory=list)
     skipped_parts: list[str] = field(default_factory=list)
     # operator -> (latency µs, throughput, its family's unit) of each timed baseline
@@ -76,7 +81,7 @@ def check_baselines(document: dict[str, Any]) -> dict[str, tuple[float, float, s
 def unpack(
     archive: Path,
     data_dir: Path,
-    profile_dir: Path,
+    profile_dir: Path | None = None,
     *,
     allow_simulated: bool = False,
     force: bool = False,
@@ -107,12 +112,20 @@ def unpack(
             except DatasetError as exc:
                 raise UnpackError(f"{path.name}: {exc}") from None
             plan.append((path, data_dir / gpu / path.name))
-        profile = folder / "profile.json"
+        profile, profile_target = folder / "profile.json", None
         if profile.exists():
             target, _ = load_profile(profile)
             if target != gpu:
                 raise UnpackError(f"profile.json is for {target}, the campaign ran on {gpu}")
-            plan.append((profile, profile_dir / f"{gpu}.json"))
+            if profile_dir is None and probe.get("simulated"):
+                result.profile_left_out = (
+                    "its profile is simulated, and the model would apply it from your profile "
+                    "folder as if measured (--profile-dir FOLDER writes it there)"
+                )
+            else:
+                folder_of_profile = user_profile_dir() if profile_dir is None else profile_dir
+                profile_target = folder_of_profile / f"{gpu}.json"
+                plan.append((profile, profile_target))
         baselines = layout.read_json(folder / "baselines.json")
         if baselines is not None:
             result.baselines = check_baselines(baselines)
@@ -128,7 +141,7 @@ def unpack(
             shutil.copyfile(source, target)
             if target.name.endswith(".t4.json.gz"):
                 result.datasets.append(target)
-            elif target.parent == profile_dir:
+            elif target == profile_target:
                 result.profile = target
             else:
                 result.documents.append(target)

@@ -31,12 +31,24 @@ ENV_DIR = "PIPETUNE_REFERENCE_CACHE"
 
 
 def default_folder() -> Path:
-    """``$PIPETUNE_REFERENCE_CACHE``, else a folder under the system's temporary directory
-    (local disk; a reference is worth keeping for one machine's session, not longer)."""
+    """``$PIPETUNE_REFERENCE_CACHE``, else a folder of this user's under the system's
+    temporary directory (local disk; a reference is worth keeping for one machine's session,
+    not longer). The folder is per user: in a shared one another user's files could stand in
+    for the references a kernel is verified against, and one user's folder is read-only to
+    the next."""
     explicit = os.environ.get(ENV_DIR)
     if explicit:
         return Path(explicit).expanduser()
-    return Path(tempfile.gettempdir()) / "pipetune-references"
+    return Path(tempfile.gettempdir()) / f"pipetune-references-{_user_id()}"
+
+
+def _user_id() -> str:
+    getuid = getattr(os, "getuid", None)  # POSIX; elsewhere the login name
+    if getuid is not None:
+        return str(getuid())
+    import getpass
+
+    return getpass.getuser()
 
 
 def cache_key(workload_hash: str, seed: int, method: str, formula: str = TOLERANCE_TEXT) -> str:
@@ -62,8 +74,21 @@ def _save(path: Path, array: np.ndarray) -> None:
         raise
 
 
+def _trusted(folder: Path) -> bool:
+    """Whether the folder is this user's: references from a folder another user made (one
+    squatting the default name in the shared temporary directory, say) are not read."""
+    getuid = getattr(os, "getuid", None)
+    try:
+        return getuid is None or folder.stat().st_uid == getuid()
+    except OSError:
+        return False
+
+
 def load(folder: Path, key: str) -> tuple[np.ndarray, np.ndarray] | None:
-    """The cached (ref, tol) host arrays, or None (missing, partial or unreadable)."""
+    """The cached (ref, tol) host arrays, or None (missing, partial, unreadable, or in a
+    folder that is not this user's)."""
+    if not _trusted(folder):
+        return None
     ref_path, tol_path = _paths(folder, key)
     try:
         ref = np.load(ref_path, allow_pickle=False)
@@ -79,7 +104,9 @@ def store(folder: Path, key: str, ref: np.ndarray, tol: np.ndarray) -> None:
     """Write an entry; a full or read-only disk costs a recomputation later, not a failure."""
     ref_path, tol_path = _paths(folder, key)
     try:
-        folder.mkdir(parents=True, exist_ok=True)
+        folder.mkdir(mode=0o700, parents=True, exist_ok=True)
+        if not _trusted(folder):
+            return
         _save(ref_path, ref)
         _save(tol_path, tol)  # last: the entry exists once this file does
     except OSError:
