@@ -553,7 +553,7 @@ def test_a_two_pass_split_runs_both_launches_on_one_zeroed_workspace(launches, m
         assert run["function"] == f"function-{run['config'].kernel}"
         assert run["pointers"] == [address[n] for n in run["config"].buffer_arguments]
         assert run["pointers"][:5] == [address[n] for n in ("x", "x", "x", "y", "ws")]
-    k(x, y)  # the kernels leave the workspace zeroed: the same one, not zeroed again
+    k(x, y)  # the kernels return the counters to zero: the same workspace, not zeroed again
     assert len([c for c in launches if "alloc" in c]) == 1 and len(launches) == 7
     monkeypatch.setattr(
         "pipetune.clients.library.frameworks.current_stream", lambda array, device: 0xBEEF

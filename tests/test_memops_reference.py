@@ -100,3 +100,37 @@ def test_tolerance_is_tight_where_it_matters():
     assert np.median(tol / np.abs(ref)) < 2e-3
     w = reduce(64, 1024, "max")
     assert (reference(np, w, make_inputs(w, 1))[1] == 2.0**-25).all()  # max is exact
+
+
+@pytest.mark.parametrize(
+    "row",
+    [
+        np.full(4096, 65504.0),  # constant: var 0 made the tolerance NaN, which passes anything
+        np.r_[np.full(4095, 1000.0), 1000.5],  # nearly constant: the tolerance was ~1e4-3e7
+    ],
+    ids=["constant", "nearly-constant"],
+)
+def test_a_layernorm_of_a_nearly_constant_row_still_judges_its_output(row):
+    w = layernorm(1, 4096)
+    inputs = {
+        "x": row.astype(np.float16)[None, :],
+        "gamma": np.ones(4096, np.float16),
+        "beta": np.zeros(4096, np.float16),
+    }
+    ref, tol = reference(np, w, inputs)
+    assert np.isfinite(tol).all()
+    exact = _exact(w, inputs)
+    assert check(np, exact, ref, tol)[0]
+    # A kernel that wrote its input back fails. (Such a row is ill-conditioned: an ulp of
+    # the mean moves every output by rstd ulps, so the bound stays wide, but finite.)
+    assert not check(np, inputs["x"].copy(), ref, tol)[0]
+    assert tol.max() < 1000
+
+
+def test_a_tolerance_that_is_not_finite_fails_the_check():
+    w = softmax(2, 64)
+    inputs = make_inputs(w, 0)
+    ref, tol = reference(np, w, inputs)
+    tol[1, 3] = np.nan
+    passed, _, why = check(np, _exact(w, inputs), ref, tol)
+    assert not passed and "tolerances are NaN or infinite" in why

@@ -37,6 +37,9 @@ from pipetune.model.workloads import WorkloadError
         ({"op": "softmax", "cols": 768}, "rows", "required"),
         ({"op": "reduce", "rows": 8, "cols": 8, "reduction": "mean"}, "reduction", "'sum'"),
         ({"op": "layernorm", "rows": 8, "cols": 8, "eps": 0.0}, "eps", "greater than 0"),
+        # 0 in the kernels' float32, though labelled eps=1e-300
+        ({"op": "layernorm", "rows": 8, "cols": 8, "eps": 1e-300}, "eps", "smallest normal"),
+        ({"op": "layernorm", "rows": 8, "cols": 8, "eps": 1e-39}, "eps", "smallest normal"),
         ({"op": "bias_gelu", "rows": 8, "cols": 8, "approximate": "x"}, "approximate", "tanh"),
         ({"op": "softmax", "rows": 8, "cols": 8, "axis": 0}, "axis", "Extra inputs"),
         ({"op": "softmax", "rows": 8, "cols": 8, "dtype": "float32"}, "dtype", "float16"),
@@ -92,3 +95,7 @@ def test_cli_exits_2_with_one_line_naming_the_field():
     assert proc.returncode == 2
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("error: cols: must be a multiple of 8")
+
+
+def test_the_smallest_eps_float32_holds_is_accepted():
+    assert layernorm(8, 8, 2.0**-126).eps == 2.0**-126

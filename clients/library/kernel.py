@@ -146,7 +146,8 @@ class TunedKernel:
     @property
     def workspace(self) -> tuple[Buffer, ...]:
         """Device memory the launches need besides the arrays a caller passes: zeroed once
-        before the first launch (the kernels leave it zeroed). A call allocates it itself,
+        before the first launch (the kernels return its row counters to zero; the partial
+        results they leave are written before they are read). A call allocates it itself,
         one per (device, stream); empty for the GEMMs."""
         return self.plan.of_role("workspace")
 
@@ -190,8 +191,9 @@ class TunedKernel:
         for ws in self.workspace:
             notes.append(
                 f"{ws.name}: a workspace of {ws.nbytes} bytes ({ws.dtype}) the caller "
-                "allocates and zeroes once before the first launch; the kernels leave it "
-                "zeroed, so it is reused as is, by one stream at a time (pipetune.kernel "
+                "allocates and zeroes once before the first launch; the kernels return its "
+                "row counters to zero (the partial results left in it are overwritten before "
+                "they are read), so it is reused as is, by one stream at a time (pipetune.kernel "
                 "keeps one per stream)"
             )
         for tm in self.plan.tensor_maps:
@@ -288,7 +290,7 @@ class TunedKernel:
 
     def _workspace_addresses(self, device: int, stream: int, plan: LaunchPlan) -> dict[str, int]:
         """The plan's workspaces on `device` for `stream`, allocated and zeroed on first
-        use. One per stream: the kernels leave a workspace zeroed when they finish, so
+        use. One per stream: the kernels return a workspace's counters to zero when they finish, so
         launches in order may share it, launches on two streams at once may not."""
         addresses: dict[str, int] = {}
         for ws in plan.of_role("workspace"):

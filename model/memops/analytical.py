@@ -201,6 +201,11 @@ def evaluate(space: MemSpace) -> MemPrediction:
     warps = g.warps.astype(f64)
     vpt = g.vecs_per_thread.astype(f64)
     rows_item = np.asarray(g.rows_per_item, dtype=f64)
+    # A partial last row group makes the average item smaller than a full one. The DRAM
+    # terms carry the whole grid's bytes (the average is right there), but an SM's own
+    # terms (its port, its shared memory) wait for the fullest item it holds: a full group.
+    # With the average alone, 129 rows in blocks of 128 came out faster than 128 rows.
+    full_over_average = g.rows_per_full_item.astype(f64) / rows_item
     items = g.items.astype(f64)
 
     # Concurrency: blocks at once, per SM; the rounds of work items (waves) and the tail.
@@ -269,11 +274,14 @@ def evaluate(space: MemSpace) -> MemPrediction:
 
     def transfer(n, dram_rd, dram_wr, port, smem):
         n_sm = np.ceil(n / gpu.sm_count)
+        # The rows' share of an item's port bytes scaled to a full group (param_bytes are
+        # per item, whatever its rows).
+        port_full = (port - param_bytes) * full_over_average + param_bytes
         return np.maximum.reduce(
             [
                 n * (dram_rd / BW_DRAM + dram_wr / BW_DRAM_wr),
-                n_sm * port / BW_port,
-                n_sm * smem / BW_smem,
+                n_sm * port_full / BW_port,
+                n_sm * smem * full_over_average / BW_smem,
             ]
         )
 

@@ -183,6 +183,7 @@ class Geometry:
     groups: Any  # row groups
     items: Any  # work items: groups * blocks_per_row
     rows_per_item: Any  # rows of an average row group (the last group may be partial)
+    rows_per_full_item: Any  # rows of a full row group: min(rows_per_block, rows)
     cache_words: Any  # registers spent on the register cache (0 unless row_cache = 2)
     scratch_bytes: Any  # shared memory for the reductions (per block)
     cache_bytes: Any  # shared memory for the row cache (per block)
@@ -227,6 +228,7 @@ def geometry(knobs: dict[str, Any], workload: MemWorkload) -> Geometry:
         groups=groups,
         items=groups * spl,
         rows_per_item=workload.rows / groups,
+        rows_per_full_item=np.minimum(rpb, workload.rows),
         cache_words=cache_words,
         scratch_bytes=scratch,
         cache_bytes=cache_bytes,
@@ -255,7 +257,8 @@ def grid_blocks(knobs: dict[str, Any], g: Geometry, rows: int, capacity: Any) ->
 
 def workspace_bytes(knobs: dict[str, Any], workload: MemWorkload) -> np.ndarray:
     """Global scratch a split schedule needs: a partial per (row, segment) and two counters
-    per row (arrivals, departures), zeroed once; the kernels leave them zeroed."""
+    per row (arrivals, departures), zeroed once; the kernels return the counters to zero
+    (the partials they leave are written before they are read again)."""
     g = geometry(knobs, workload)
     spl = np.asarray(knobs["blocks_per_row"], dtype=np.int64)
     per_row = spl * PARTIAL_FLOATS * 4 + 2 * 4

@@ -30,6 +30,8 @@ from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, model_validator
 
 from pipetune.model.workloads import INDEX_LIMIT, WorkloadError, parse_tagged
 
+FLOAT32_TINY = 2.0**-126  # float32's smallest normal number
+
 ROW_ALIGN = 8  # float16 elements per 16-byte vector: rows start 16-byte aligned
 MAX_ROWS = 1 << 24
 MAX_COLS = 1 << 20
@@ -144,6 +146,18 @@ class LayerNorm(_RowWorkload):
 
     op: Literal["layernorm"] = "layernorm"
     eps: float = Field(1e-5, strict=True, gt=0.0, le=1.0, description="added to the variance")
+
+    @model_validator(mode="after")
+    def _eps_in_float32(self) -> LayerNorm:
+        # The kernels add eps in float32: below its smallest normal number it would become a
+        # subnormal or 0 there (1e-300 was accepted, labelled "eps=1e-300", and computed as 0).
+        if self.eps < FLOAT32_TINY:
+            raise WorkloadError(
+                "eps",
+                f"must be at least {FLOAT32_TINY:.9g} (float32's smallest normal number: the "
+                f"kernels compute in float32), got {self.eps:g}",
+            )
+        return self
 
     @property
     def has_output_pass(self) -> bool:

@@ -155,6 +155,15 @@ def check(xp: Any, c: Any, ref: Any, tol: Any) -> tuple[bool, float | None, str 
             f"{bad_values} of {values.size} outputs are NaN or infinite "
             "(NaN: outputs the kernel never wrote)",
         )
+    bad_tolerances = int(tol.size - int(xp.count_nonzero(xp.isfinite(tol))))
+    if bad_tolerances:
+        # A NaN tolerance compares false with every difference: it would pass any output.
+        return (
+            False,
+            None,
+            f"{bad_tolerances} of {tol.size} tolerances are NaN or infinite: the reference "
+            "cannot judge this output",
+        )
     diff = xp.abs(values - ref)
     max_error = float(diff.max())
     over = int(xp.count_nonzero(diff > tol))
