@@ -433,13 +433,17 @@ def _harness_source(workload: MemWorkload, schedule: MemSchedule, mutate=None) -
     return defines + parts["preamble"] + SHIM + parts["helpers"] + kernel + MAIN
 
 
-def emulate(workload: MemWorkload, schedule: MemSchedule, tmp: Path, mutate=None, seed=7):
-    """Build and run the emulator; (returncode, stderr, output or None, ref, tol)."""
+def emulate(
+    workload: MemWorkload, schedule: MemSchedule, tmp: Path, mutate=None, seed=7, inputs=None
+):
+    """Build and run the emulator on ``inputs`` (default: the verifier's, drawn with
+    ``seed``); (returncode, stderr, output or None, ref, tol)."""
     kernel = generate(workload, schedule)
     blocks_per_sm = int(MemSpace(workload, EMU_GPU, schedule.knob_arrays()).blocks_per_sm[0])
     plan = launch_plan(kernel, workload, EMU_GPU.sm_count, blocks_per_sm)
     exe = build_harness(_harness_source(workload, schedule, mutate), tmp)
-    inputs = make_inputs(workload, seed)
+    if inputs is None:
+        inputs = make_inputs(workload, seed)
     ref, tol = reference(np, workload, inputs)
     names = {"x": inputs["x"]}
     first = plan.launches[0]
@@ -583,3 +587,32 @@ def test_emulator_catches_broken_kernels(tmp_path, workload, schedule, mutation,
         assert not check(np, out, ref, tol)[0], "a broken kernel passed"
     else:
         assert code == 3 and "EMULATOR" in stderr, stderr
+
+
+@pytest.mark.parametrize(
+    "schedule",
+    [
+        MemSchedule(32, 1, 1, 8, 0, 0, 0),  # a warp per row
+        MemSchedule(128, 1, 1, 2, 0, 0, 0),  # a row over several warps
+        MemSchedule(8, 4, 1, 2, 0, 0, 0),  # rows packed in a block
+        MemSchedule(64, 1, 4, 8, 0, 1, 0),  # a row split over blocks, two passes
+        MemSchedule(64, 1, 4, 8, 0, 1, 1),  # split, fused
+    ],
+    ids=lambda s: s.id,
+)
+def test_a_row_max_keeps_a_nan_as_torch_amax_does(tmp_path, schedule):
+    # fmaxf returns the other operand: a row holding a NaN reduced to its largest number.
+    workload = reduce(6, 4200, "max")
+    assert _valid(workload, schedule)
+    inputs = make_inputs(workload, 3)
+    x = inputs["x"].copy()
+    x[1, 5] = np.nan  # in the first segment
+    x[3, 4199] = np.nan  # in the last vector of the last segment
+    x[4, :] = -np.inf  # no NaN: the max of -inf is -inf
+    code, stderr, out, _, _ = emulate(workload, schedule, tmp_path, inputs={"x": x})
+    assert code == 0, stderr
+    expected = x.astype(np.float32).max(axis=1)  # numpy's max keeps NaN
+    assert np.isnan(out[[1, 3]]).all()
+    assert out[4] == -np.inf
+    rows = [0, 2, 5]
+    np.testing.assert_array_equal(out[rows].astype(np.float32), expected[rows])

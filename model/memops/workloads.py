@@ -118,7 +118,8 @@ class _RowWorkload(BaseModel):
 
 
 class Reduce(_RowWorkload):
-    """Row reduction: out[r] = sum or max of x[r, :] (one float16 per row)."""
+    """Row reduction: out[r] = sum or max of x[r, :] (one float16 per row; a row holding a
+    NaN gives NaN, as torch.sum and torch.amax do)."""
 
     op: Literal["reduce"] = "reduce"
     reduction: Literal["sum", "max"] = Field("sum", description="sum or max")

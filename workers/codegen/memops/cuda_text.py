@@ -169,13 +169,17 @@ PT_HD Stats stats_empty() {
   return Stats{0.f, 0.f, 0.f};
 }
 
+// A max that keeps a NaN, as torch.amax and numpy's max do: fmaxf returns the other
+// operand, so a row holding a NaN reduced to its largest number. Symmetric, as fmaxf is.
+PT_HD float max_keep_nan(float x, float y) { return x != x ? x : (y != y ? y : fmaxf(x, y)); }
+
 // Symmetric in x and y (the same result whichever lane holds which), so every lane of a
 // shuffle butterfly ends with the same bits.
 PT_HD Stats combine(const Stats& x, const Stats& y) {
   if constexpr (OP == 0) {
     return Stats{x.a + y.a, 0.f, 0.f};
   } else if constexpr (OP == 1) {
-    return Stats{fmaxf(x.a, y.a), 0.f, 0.f};
+    return Stats{max_keep_nan(x.a, y.a), 0.f, 0.f};
   } else if constexpr (OP == 2) {
     const float m = fmaxf(x.a, y.a);
     return Stats{m, x.b * expf(x.a - m) + y.b * expf(y.a - m), 0.f};
@@ -212,7 +216,7 @@ PT_HD void accumulate(Stats& s, const float (&f)[VEC]) {
     for (int e = 0; e < VEC; ++e) t += f[e];
     s.a += t;
   } else if constexpr (OP == 1) {
-    for (int e = 0; e < VEC; ++e) s.a = fmaxf(s.a, f[e]);
+    for (int e = 0; e < VEC; ++e) s.a = max_keep_nan(s.a, f[e]);
   } else if constexpr (OP == 2) {
     float m = s.a;
     for (int e = 0; e < VEC; ++e) m = fmaxf(m, f[e]);
