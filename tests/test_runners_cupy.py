@@ -96,6 +96,37 @@ def test_tolerance_passes_correct_kernels_and_catches_a_dropped_tile(k):
     assert "outside the fp16 tolerance" in why
 
 
+@pytest.mark.parametrize("k", [1 << 16, 1 << 18])
+def test_a_deep_reduction_is_checked_exactly_and_still_catches_a_dropped_tile(k):
+    # With uniform inputs the tolerance grows as K^1.5: at K = 2^18 a kernel that dropped its
+    # last 64-deep tile passed. A deep reduction's inputs are integers: exact sums.
+    workload = gemm(16, 16, k)
+    a, b = make_inputs(workload, seed=3)
+    assert set(np.unique(a)) <= {-1.0, 0.0, 1.0} and set(np.unique(b)) <= {-1.0, 0.0, 1.0}
+    ref, tol = reference(np, workload, a, b)
+    np.testing.assert_array_equal(ref, exact_product(workload, a, b))  # exact in fp32
+    assert ref_module.tolerance_text(workload) == ref_module.EXACT_TOLERANCE_TEXT
+    tiles = k // 64
+    correct = emulate_kernel(a, b, tile=64)
+    assert check(np, correct, ref, tol)[0]
+    # The same sums in another order (split-K's halves added last) are still exact.
+    halves = (
+        a[:, : k // 2].astype(np.float32) @ b[: k // 2].astype(np.float32)
+        + a[:, k // 2 :].astype(np.float32) @ b[k // 2 :].astype(np.float32)
+    ).astype(np.float16)
+    assert check(np, halves, ref, tol)[0]
+    for dropped in (tiles - 1, 0):
+        assert not check(np, emulate_kernel(a, b, tile=64, skip_tile=dropped), ref, tol)[0]
+
+
+def test_below_the_exact_depth_the_inputs_are_the_measured_ones():
+    # Every committed measurement was timed on uniform inputs: a shallower reduction keeps them.
+    workload = gemm(16, 16, (1 << 16) - 8)
+    a, _ = make_inputs(workload, seed=3)
+    assert len(np.unique(a)) > 3
+    assert ref_module.tolerance_text(workload) == ref_module.TOLERANCE_TEXT
+
+
 def test_unwritten_outputs_fail_as_nan():
     workload = gemm(16, 16, 16)
     a, b = make_inputs(workload, seed=0)

@@ -33,14 +33,20 @@ K = 13824 (the largest ALCOP operator), while a kernel that drops or repeats one
 by ~sqrt(BK)/3 (1 to 4) on every output; a correct kernel stays under half the tolerance
 (tests/test_runners_cupy.py emulates both).
 
-The limit: on these inputs |A|·|B| ≈ K/4, so the tolerance grows as K^1.5 while a dropped
-K tile's error does not grow. Near K = 2^17 (a GEMM that deep, or a convolution with
-C·R·S that large) a kernel that drops its last 64-deep K tile exceeds the tolerance by less
-than 2x, and at K = 2^18 it passes (numpy, the real check; with K = 2^24 even a quarter of
-K passes). Every operator the project measures has K <= 13824. A tighter bound needs the
-tensor cores' own accumulation error measured on a GPU (their adds truncate, so the error
-is biased and grows faster than sqrt(K)·u32 over the partial sums); until then kernels
-that deep are verified only as far as this bound reaches.
+Deep reductions (EXACT_DEPTH <= K <= 2^24): on uniform inputs |A|·|B| ≈ K/4, so the
+tolerance above grows as K^1.5 while a dropped K tile's error does not grow: at K = 2^18 a
+kernel that drops its last 64-deep K tile passed it, and at K = 2^24 one that computes a
+quarter of K. There the inputs are integers in {-1, 0, 1} instead: every product and every
+partial sum is an integer of magnitude at most K <= 2^24, exact in fp32 whatever the order
+(split-K, stream-K, tensor cores' truncating adds and the reference's alike), so the
+tolerance drops its accumulation term::
+
+    |C - ref| <= 2·u16·|ref|  +  2^-14          (K from 2^16 to 2^24)
+
+and only C's own rounding to fp16 is allowed: a dropped tile (an integer off by ~sqrt(BK))
+fails. Below 2^16 the inputs stay uniform, as every measurement the project holds was
+timed with (its operators have K <= 13824); beyond 2^24 (only a convolution's C·R·S gets
+there) the uniform inputs and the first bound apply.
 """
 
 from __future__ import annotations
@@ -58,6 +64,20 @@ ACCUMULATION_MARGIN = 8.0
 FLOOR = 2.0**-14
 CHUNK_ELEMENTS = 1 << 26  # rows·K of one reference chunk: bounds the im2col copy (256 MB)
 TOLERANCE_TEXT = "|C-ref| <= 2*2^-11*|ref| + 8*sqrt(K)*2^-24*(|A|@|B|) + 2^-14 (fp32 reference)"
+# Reduction depths whose inputs are integers in {-1, 0, 1}, so that fp32 accumulation is exact
+# (the module doc): from where the bound above stops catching a dropped K tile, up to where a
+# partial sum could pass 2^24.
+EXACT_DEPTH = 1 << 16
+EXACT_DEPTH_LIMIT = 1 << 24
+EXACT_TOLERANCE_TEXT = (
+    "|C-ref| <= 2*2^-11*|ref| + 2^-14 (inputs in {-1, 0, 1}: fp32 accumulation is exact; "
+    "fp32 reference)"
+)
+
+
+def exact_depth(k: int) -> bool:
+    """Whether a reduction of depth ``k`` is verified on integer inputs (exact sums)."""
+    return EXACT_DEPTH <= k <= EXACT_DEPTH_LIMIT
 
 
 def operand_shapes(workload: AnyWorkload) -> tuple[tuple[int, ...], ...]:
@@ -78,10 +98,15 @@ def operand_shapes(workload: AnyWorkload) -> tuple[tuple[int, ...], ...]:
 
 
 def make_inputs(workload: AnyWorkload, seed: int) -> tuple[np.ndarray, np.ndarray]:
-    """A and B: fp16, uniform in [-1, 1), from numpy's PCG64 with this seed (host arrays,
-    so the inputs are the same whatever the GPU or CuPy version)."""
+    """A and B: fp16, uniform in [-1, 1) (integers in {-1, 0, 1} for a deep reduction:
+    exact_depth), from numpy's PCG64 with this seed (host arrays, so the inputs are the same
+    whatever the GPU or CuPy version)."""
     rng = np.random.default_rng(seed)
     shape_a, shape_b, _ = operand_shapes(workload)
+    if exact_depth(workload.gemm_view().k):
+        a = rng.integers(-1, 2, shape_a, dtype=np.int8).astype(np.float16)
+        b = rng.integers(-1, 2, shape_b, dtype=np.int8).astype(np.float16)
+        return a, b
     a = (rng.random(shape_a, dtype=np.float32) * 2 - 1).astype(np.float16)
     b = (rng.random(shape_b, dtype=np.float32) * 2 - 1).astype(np.float16)
     return a, b
@@ -130,9 +155,13 @@ def _gemm_chunks(xp: Any, workload: AnyWorkload, a: Any, b: Any):
         raise TypeError(f"unsupported workload {type(w).__name__}")
 
 
-def tolerance(xp: Any, product: Any, magnitude: Any, k: int) -> Any:
+def tolerance(xp: Any, product: Any, magnitude: Any | None, k: int) -> Any:
     """The per-element tolerance (see the module doc) of a product computed in fp32 over a
-    reduction of depth ``k``, given ``magnitude`` = |A|·|B| over the same terms."""
+    reduction of depth ``k``, given ``magnitude`` = |A|·|B| over the same terms. A deep
+    reduction's inputs are integers (make_inputs): its sums are exact, only C's rounding
+    to fp16 is allowed."""
+    if exact_depth(k):
+        return 2 * U16 * xp.abs(product) + FLOOR
     accumulation = ACCUMULATION_MARGIN * math.sqrt(k) * U32
     return 2 * U16 * xp.abs(product) + accumulation * magnitude + FLOOR
 
@@ -145,7 +174,8 @@ def reference(xp: Any, workload: AnyWorkload, a: Any, b: Any) -> tuple[Any, Any]
     tol = xp.empty((rows_total, view.n), dtype=xp.float32)
     for rows, a2, b2 in _gemm_chunks(xp, workload, a, b):
         product = xp.matmul(a2, b2)
-        magnitude = xp.matmul(xp.abs(a2), xp.abs(b2))
+        # A deep reduction's exact sums need no magnitude term (tolerance): not computed.
+        magnitude = None if exact_depth(view.k) else xp.matmul(xp.abs(a2), xp.abs(b2))
         ref[rows] = product
         tol[rows] = tolerance(xp, product, magnitude, view.k)
     shape_c = operand_shapes(workload)[2]
@@ -200,7 +230,7 @@ def input_buffers(workload: AnyWorkload, seed: int) -> dict[str, np.ndarray]:
 
 
 def tolerance_text(workload: AnyWorkload) -> str:
-    return TOLERANCE_TEXT
+    return EXACT_TOLERANCE_TEXT if exact_depth(workload.gemm_view().k) else TOLERANCE_TEXT
 
 
 def reference_method(workload: AnyWorkload, preferred: str = "cublas") -> str:
