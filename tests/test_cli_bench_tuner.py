@@ -191,3 +191,45 @@ def test_jobs_and_batch_beyond_what_can_run_are_refused():
     fine = runner.invoke(app, [*args, "--budgets", "4", "--jobs", str(max_jobs()), "--json"])
     assert fine.exit_code == 0, fine.output
     assert "note:" not in fine.stderr  # (a note on --learned-prior, which was not given)
+
+
+def _cache(path: Path, device: str, time_of) -> Path:
+    """A small Kernel Tuner cache of one kernel on one device (times from ``time_of``)."""
+    sizes, tiles = [32, 64, 128, 256], [1, 2, 4]
+    cache = {}
+    for bx in sizes:
+        for tile in tiles:
+            cache[f"{bx},{tile}"] = {"bx": bx, "tile": tile, "time": time_of(bx, tile)}
+    document = {
+        "device_name": device, "kernel_name": "kern", "problem_size": [4096],
+        "tune_params_keys": ["bx", "tile"], "tune_params": {"bx": sizes, "tile": tiles},
+        "objective": "time", "cache": cache,
+    }  # fmt: skip
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(document))
+    return path
+
+
+def test_a_prior_is_told_from_the_dataset_by_its_measurements_not_its_file_name(tmp_path):
+    # The same kernel's caches from two GPUs are often both kern.json: the other GPU's was
+    # refused as "the dataset itself", and a renamed copy was taken as a prior.
+    mine = _cache(tmp_path / "a" / "kern.json", "GPU A", lambda bx, t: 1.0 + abs(bx - 64) / 64 + t)
+    other = _cache(
+        tmp_path / "b" / "kern.json", "GPU B", lambda bx, t: 2.0 + abs(bx - 128) / 64 + t
+    )
+    result = _bench(str(mine), "--strategies", "auto", "--prior", str(other), "--json")
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.stdout)["priors"] == {"kern": "kern"}
+    copy = tmp_path / "copy.json"
+    copy.write_bytes(mine.read_bytes())
+    result = _bench(str(mine), "--strategies", "auto", "--prior", str(copy))
+    assert result.exit_code == 2
+    assert "copy.json: the dataset itself (the same measurements)" in result.output
+
+
+def test_a_prior_where_nothing_ran_is_refused_with_exit_2(tmp_path):
+    mine = _cache(tmp_path / "a" / "kern.json", "GPU A", lambda bx, t: 1.0 + t)
+    failed = _cache(tmp_path / "b" / "kern.json", "GPU B", lambda bx, t: "RuntimeFailedConfig")
+    result = _bench(str(mine), "--strategies", "auto", "--prior", str(failed))
+    assert result.exit_code == 2, result.output
+    assert "--prior: prior kern: no configuration of this space ran there" in result.output

@@ -346,6 +346,38 @@ def test_a_bad_cache_entry(tmp_path):
         load_dataset(path)
 
 
+def test_a_kernel_tuner_1_cache_with_listed_objectives_and_error_entries(tmp_path):
+    # Kernel Tuner 1.x writes "objective": ["time"] and marks a failure with "__error__"
+    # (the objective then absent): such a cache was refused ("'objective' must be a name").
+    cache = json.loads(json.dumps(CACHE))
+    cache["objective"] = ["time"]
+    cache["objective_higher_is_better"] = [False]
+    del cache["cache"]["64,0"]["time"]
+    cache["cache"]["64,0"]["__error__"] = "CompilationFailedConfig"
+    cache["cache"]["32,1"] = {"bx": 32, "flag": 1, "__error__": "InvalidConfig"}
+    path = tmp_path / "kt1.json"
+    path.write_text(json.dumps(cache))
+    ok, compile_failed, invalid = load_dataset(path).records
+    assert ok.time_ms == 1.5 and ok.invalidity == "correct"
+    assert (compile_failed.invalidity, invalid.invalidity) == ("compile", "constraints")
+    assert compile_failed.compile_ms == 9.0
+    cache["cache"]["32,1"]["__error__"] = "Oops"
+    path.write_text(json.dumps(cache))
+    with pytest.raises(DatasetError, match="__error__ 'Oops' is not a failure marker"):
+        load_dataset(path)
+
+
+def test_a_key_written_twice_is_refused_not_silently_dropped(tmp_path):
+    # json keeps the last of a repeated key: a configuration measured twice lost one time.
+    text = json.dumps(CACHE)
+    first = '"32,0": {'
+    twice = text.replace(first, '"32,0": {"bx": 32, "flag": 0, "time": 0.1}, ' + first, 1)
+    path = tmp_path / "twice.json"
+    path.write_text(twice)
+    with pytest.raises(DatasetError, match='the key "32,0" appears twice in one object'):
+        load_dataset(path)
+
+
 # --- the benchmark hub's real files ----------------------------------------------------
 
 

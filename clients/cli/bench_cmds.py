@@ -128,7 +128,8 @@ def _strategies(text: str) -> list[str]:
 def _not_a_prior(prior: Dataset, ds: Dataset) -> str | None:
     """Why `prior` cannot be `ds`'s prior (None: it can): pipetune's datasets by their
     workload and GPU (every operator of a family has the same knobs), others by their knobs
-    and name."""
+    and measurements (a file name says nothing: the same kernel's caches from two GPUs are
+    often both `kernel.json`, and a renamed copy of the dataset would hand it its answers)."""
     if set(prior.configs.knob_names) != set(ds.configs.knob_names):
         return "other knobs"
     if prior.ours is not None and ds.ours is not None:
@@ -138,7 +139,21 @@ def _not_a_prior(prior: Dataset, ds: Dataset) -> str | None:
         if theirs.gpu.key == mine.gpu.key:
             return f"the same GPU ({mine.gpu.key})"
         return None
-    return "the dataset itself" if prior.name == ds.name else None
+    return "the dataset itself (the same measurements)" if _same_measurements(prior, ds) else None
+
+
+def _same_measurements(a: Dataset, b: Dataset) -> bool:
+    """Whether two foreign datasets record the same times for the same configurations."""
+    import numpy as np
+
+    if len(a.configs.configs) != len(b.configs.configs):
+        return False
+    rows = b.configs.row_of()
+    try:
+        order = [rows[b.configs.key(c)] for c in a.configs.configs]
+    except KeyError:
+        return False
+    return bool(np.array_equal(a.configs.objective_ms, b.configs.objective_ms[order]))
 
 
 def _priors(priors: list[Path], loaded: list[Dataset]) -> dict:
@@ -167,6 +182,15 @@ def _priors(priors: list[Path], loaded: list[Dataset]) -> dict:
                 2,
             )
         chosen[ds.name] = same[0][1]
+        # A prior with nothing usable (every configuration failed there, none in common) is
+        # the user's choice of file: refused here, as bad input, not mid-run.
+        from pipetune.tuner.bench import prior_for
+        from pipetune.tuner.transfer import TransferError
+
+        try:
+            prior_for(ds, chosen[ds.name].configs)
+        except TransferError as exc:
+            raise CliError(f"--prior: {exc}", 2) from None
     return chosen
 
 

@@ -71,7 +71,9 @@ def load_dataset(path: str | Path, *, allow_open: bool = False) -> Dataset:
             raise
         raise DatasetError(
             f"{exc} -- a Kernel Tuner cache left open by an interrupted session? "
-            "allow_open (the CLI's --allow-open) reads it"
+            "allow_open reads it; on the command line only `pipetune dataset info` and "
+            "`dataset convert` take --allow-open: `pipetune dataset convert --allow-open FILE "
+            "OUT.t4.json` writes a file every command reads"
         ) from None
     if isinstance(document, dict) and "results" in document and "schema_version" in document:
         return from_t4_document(document, source)

@@ -71,12 +71,28 @@ def _check_nesting_and_numbers(document: Any) -> None:
                 raise DatasetError("a number is beyond the float range")
 
 
+def _object_without_duplicate_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    """An object whose keys are distinct. json keeps the last of a repeated key: a cache
+    entry written twice (two measurements of one configuration) lost one without a word."""
+    document = dict(pairs)
+    if len(document) != len(pairs):
+        seen: set[str] = set()
+        repeated = next(k for k, _ in pairs if k in seen or seen.add(k))  # type: ignore[func-returns-value]
+        shown = repeated if len(repeated) <= 60 else repeated[:57] + "..."
+        raise DatasetError(f"the key {json.dumps(shown)} appears twice in one object")
+    return document
+
+
 def parse_json(text: str, source: str) -> Any:
     try:
-        document = json.loads(text, parse_constant=_reject_constant)
+        document = json.loads(
+            text,
+            parse_constant=_reject_constant,
+            object_pairs_hook=_object_without_duplicate_keys,
+        )
     except json.JSONDecodeError as exc:
         raise DatasetError(
-            f"{source}: not valid JSON ({exc.msg} at line {exc.lineno} column {exc.colno})"
+            f"{source}: not valid JSON ({exc.msg}: line {exc.lineno} column {exc.colno})"
         ) from None
     except DatasetError as exc:
         raise DatasetError(f"{source}: {exc}") from None

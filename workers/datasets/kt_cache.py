@@ -16,6 +16,11 @@ RuntimeFailedConfig; such entries are imported as failures. The timings are rena
 Kernel Tuner's own T4 writer renames them (compile_time -> compilation, strategy_time ->
 search_algorithm, ...), so a cache converted to T4 here matches a T4 file Kernel Tuner wrote.
 
+Kernel Tuner 1.x writes ``"objective"`` as a list (one name per objective; a one-objective
+run lists one) and marks a failure with an ``"__error__"`` entry holding the marker (older
+versions put the marker into the objective): both are read. pipetune ranks configurations
+by ``time`` whatever the objective (it tunes latency); the objective is kept as metadata.
+
 Kernel Tuner appends to a cache while it tunes and leaves it "open" (no closing brackets,
 a trailing comma) if the session ends early; ``allow_open=True`` reads such a file the way
 Kernel Tuner does. By default an open cache is an error, like any other truncated file.
@@ -41,6 +46,7 @@ TIMINGS = {
     "verification_time": "validation",
 }
 HEADER = ("device_name", "kernel_name", "problem_size", "tune_params_keys", "tune_params")
+ERROR_KEY = "__error__"
 
 
 def _number(value: Any) -> bool:
@@ -65,7 +71,12 @@ def _entry_record(
     missing = [k for k in knobs if k not in entry]
     if missing:
         raise DatasetError(f"{where}: missing knob(s) {shown(missing)}")
-    if objective not in entry:
+    # Kernel Tuner 1.x: a failed configuration's marker is its "__error__" (the objective
+    # itself may then be absent).
+    error = entry.get(ERROR_KEY)
+    if error is not None and not (isinstance(error, str) and error in MARKERS):
+        raise DatasetError(f"{where}: {ERROR_KEY} {shown(error)} is not a failure marker")
+    if objective not in entry and error is None:
         raise DatasetError(f"{where}: missing objective {shown(objective)}")
     configuration = {k: entry[k] for k in knobs}
     for knob, value in configuration.items():
@@ -76,19 +87,19 @@ def _entry_record(
                 f"{where}: knob {shown(knob)} = {shown(value)} is not one of its "
                 f"tune_params values {shown(tune_params[knob])}"
             )
-    invalidity = "correct"
+    invalidity = MARKERS[error] if error is not None else "correct"
     time_ms = None
     compile_ms = None
     runtimes: list[float] = []
     times: dict[str, float] = {}
     measurements: dict[str, Any] = {}
     for name, value in entry.items():
-        if name in configuration or name == "timestamp":
+        if name in configuration or name in ("timestamp", ERROR_KEY):
             continue
         if isinstance(value, str) and value in MARKERS:
             # Kernel Tuner writes the marker into the objective (and sometimes into other
             # metrics of the same failed run); the objective's marker decides the failure.
-            if name == objective:
+            if name == objective and error is None:
                 invalidity = MARKERS[value]
             continue
         if name == "time":
@@ -145,8 +156,12 @@ def from_kt_cache_document(document: Any, source: str) -> Dataset:
     ):
         raise DatasetError(f"{source}: 'tune_params' must give a list of values for every knob")
     objective = document.get("objective", "time")
+    # Kernel Tuner 1.x lists its objectives ("objective": ["time"]); the first is the one a
+    # failure's marker replaces, as a single name was.
+    if isinstance(objective, list) and objective and all(isinstance(o, str) for o in objective):
+        objective = objective[0]
     if not isinstance(objective, str):
-        raise DatasetError(f"{source}: 'objective' must be a name")
+        raise DatasetError(f"{source}: 'objective' must be a name or a list of names")
     cache = document["cache"]
     if not isinstance(cache, dict):
         raise DatasetError(f"{source}: 'cache' must be an object")
