@@ -233,3 +233,25 @@ def test_a_prior_where_nothing_ran_is_refused_with_exit_2(tmp_path):
     result = _bench(str(mine), "--strategies", "auto", "--prior", str(failed))
     assert result.exit_code == 2, result.output
     assert "--prior: prior kern: no configuration of this space ran there" in result.output
+
+
+def test_a_peer_that_fails_on_a_space_is_left_out_and_said(tmp_path, monkeypatch):
+    # Kernel Tuner's differential evolution raised IndexError on a dozen configurations and
+    # the whole run ended with exit 1 and the exception's name.
+    from pipetune.tuner import peers
+
+    def broken(name, recorded, seed, budget):
+        raise IndexError("list index out of range")
+
+    monkeypatch.setattr(peers, "run_kernel_tuner", broken)
+    mine = _cache(tmp_path / "kern.json", "GPU A", lambda bx, t: 1.0 + abs(bx - 64) / 64 + t)
+    result = _bench(str(mine), "--strategies", "auto,kt_random_sample")
+    assert result.exit_code == 0, result.output
+    assert (
+        "left out: kt_random_sample failed on kern (12 configurations): IndexError: list index "
+        "out of range" in result.stderr
+    )
+    assert "kt_random_sample" not in result.stdout and "auto" in result.stdout
+    alone = _bench(str(mine), "--strategies", "kt_random_sample")
+    assert alone.exit_code == 2
+    assert "--strategies: kt_random_sample failed on kern" in alone.stderr

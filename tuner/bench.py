@@ -25,7 +25,7 @@ import numpy as np
 from pipetune.tuner.bo import PriorMean
 from pipetune.tuner.metrics import geomean, p_score, random_search_expectation
 from pipetune.tuner.offline import RecordedSpace, propose_and_measure, run_offline
-from pipetune.tuner.peers import PEERS, run_peer
+from pipetune.tuner.peers import PEERS, PeerFailedError, run_peer
 from pipetune.tuner.recorded import ForeignSpace, RecordedConfigs
 from pipetune.tuner.strategies import DEFAULT_STRATEGY, KNOB_ONLY, STRATEGY_MAP, make_strategy
 from pipetune.tuner.strategy_base import Observation, Strategy
@@ -239,6 +239,9 @@ def bench(
     pairs = [(i, s) for i in range(len(datasets)) for s in strategies]
     # best[strategy][dataset] = array (seeds, len(budgets))
     best: dict[str, dict[str, np.ndarray]] = {s: {} for s in strategies}
+    # A peer whose own code fails on a space is left out of the whole run (a geomean over
+    # fewer datasets would not compare with the others'), and the reason said.
+    left_out: dict[str, str] = {}
     if jobs > 1:
         context = multiprocessing.get_context("fork")
         # No more processes than (dataset, strategy) pairs: the rest would start idle.
@@ -247,14 +250,25 @@ def bench(
             futures = {pool.submit(_table, i, s): (i, s) for i, s in pairs}
             for future in as_completed(futures):
                 i, s = futures[future]
-                best[s][datasets[i].name] = future.result()
+                try:
+                    best[s][datasets[i].name] = future.result()
+                except PeerFailedError as exc:
+                    left_out.setdefault(s, str(exc))
                 if progress:
                     progress(f"{datasets[i].name}: {s} done")
     else:
         for i, s in pairs:
+            if s in left_out:
+                continue
             if progress:
                 progress(f"{datasets[i].name}: {s}")
-            best[s][datasets[i].name] = _table(i, s)
+            try:
+                best[s][datasets[i].name] = _table(i, s)
+            except PeerFailedError as exc:
+                left_out[s] = str(exc)
+    strategies = [s for s in strategies if s not in left_out]
+    if not strategies:
+        raise PeerFailedError("; ".join(left_out.values()))
     best = {s: {ds.name: best[s][ds.name] for ds in datasets} for s in strategies}
 
     def sampled(prior: Dataset) -> str:
@@ -278,6 +292,8 @@ def bench(
     ]
     return {
         "results": results,
+        "strategies": strategies,
+        "left_out": left_out,
         "seeds": seeds,
         "first_seed": first_seed,
         "batch": batch,

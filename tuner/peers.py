@@ -85,6 +85,18 @@ class PeerUnavailableError(RuntimeError):
     """The peer's package is not installed."""
 
 
+class PeerFailedError(RuntimeError):
+    """A peer's own code failed on a space (Kernel Tuner's differential evolution on a dozen
+    configurations, SMAC on one): the benchmark leaves that peer out and says why."""
+
+
+def _why(exc: BaseException) -> str:
+    """One short line for a peer's failure: its exception's type and last line of text."""
+    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+    text = f"{type(exc).__name__}: {lines[-1]}" if lines else type(exc).__name__
+    return text if len(text) <= 200 else text[:197] + "..."
+
+
 def write_kt_cache(recorded: RecordedConfigs, path: Path) -> None:
     """Export as a Kernel Tuner cache file; failed configurations stay in it as failures."""
     names = recorded.knob_names
@@ -329,14 +341,29 @@ def _run_smac_here(recorded: RecordedConfigs, seed: int, budget: int) -> np.ndar
 
 
 def run_peer(name: str, recorded: RecordedConfigs, seed: int, budget: int) -> np.ndarray:
-    """Throughputs (0 = failed) of the first `budget` distinct configurations the peer tried."""
+    """Throughputs (0 = failed) of the first `budget` distinct configurations the peer tried.
+    PeerFailedError where the peer's own code fails on this space."""
     if name in KT_STRATEGIES:
-        return run_kernel_tuner(name, recorded, seed, budget)
-    if name in OPTUNA_SAMPLERS:
-        return run_optuna(name, recorded, seed, budget)
-    if name == SMAC:
-        return run_smac(recorded, seed, budget)
-    raise ValueError(f"unknown peer '{name}'; known: {', '.join(PEERS)}")
+        run = run_kernel_tuner
+    elif name in OPTUNA_SAMPLERS:
+        run = run_optuna
+    elif name == SMAC:
+        return _peer_run(name, recorded, lambda: run_smac(recorded, seed, budget))
+    else:
+        raise ValueError(f"unknown peer '{name}'; known: {', '.join(PEERS)}")
+    return _peer_run(name, recorded, lambda: run(name, recorded, seed, budget))
+
+
+def _peer_run(name: str, recorded: RecordedConfigs, run: Callable[[], np.ndarray]) -> np.ndarray:
+    try:
+        return run()
+    except PeerUnavailableError:
+        raise
+    except Exception as exc:  # the peer library's own failure (not ours to fix): say which
+        raise PeerFailedError(
+            f"{name} failed on {recorded.name} ({len(recorded.configs)} configurations): "
+            f"{_why(exc)}"
+        ) from exc
 
 
 if __name__ == "__main__":  # a SMAC run in a child process with a fixed hash seed (run_smac)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, get_args
 
@@ -12,7 +13,7 @@ from pipetune.clients.cli.errors import CliError, reported
 from pipetune.clients.cli.output import console, print_json, stderr_console
 from pipetune.model.trials import is_measured
 from pipetune.model.wire import MAX_BATCH_SIZE, StrategyName
-from pipetune.tuner.peers import LIGHT_PEERS, PEERS
+from pipetune.tuner.peers import LIGHT_PEERS, PEERS, PeerFailedError
 
 if TYPE_CHECKING:
     from pipetune.tuner.bench import Dataset
@@ -347,23 +348,28 @@ def tuner(
         raise CliError("--prior-trials: give the --prior dataset the trials are taken from", 2)
     learned = _learned(learned_prior or [], loaded)
     with console.status("benchmarking") as status:
-        doc = bench(
-            loaded,
-            names,
-            ks,
-            seeds,
-            progress=lambda m: status.update(m),
-            batch=batch,
-            priors=priors,
-            jobs=jobs,
-            prior_trials=prior_trials,
-            learned=learned,
-            early=early,
-        )
+        try:
+            doc = bench(
+                loaded,
+                names,
+                ks,
+                seeds,
+                progress=lambda m: status.update(m),
+                batch=batch,
+                priors=priors,
+                jobs=jobs,
+                prior_trials=prior_trials,
+                learned=learned,
+                early=early,
+            )
+        except PeerFailedError as exc:  # every strategy asked for was a peer that failed
+            raise CliError(f"--strategies: {exc}", 2) from None
     if as_json:
         print_json(doc)
         return
-    print_tables(doc, names, ks)
+    print_tables(doc, doc["strategies"], ks)
+    for why in doc["left_out"].values():
+        print(f"left out: {why}", file=sys.stderr)
 
 
 def print_tables(doc: dict, names: list[str], ks: list[int]) -> None:
