@@ -426,3 +426,21 @@ def test_a_failed_record_replays_as_a_failure_without_timings():
     valid = Record(config, time_ms=0.5, runtimes_ms=[0.5], error="a stray warning")
     replayed = result_from_record(valid, "replay:cupy")
     assert replayed.ok and replayed.latency_us == 500.0 and replayed.error is None
+
+
+def test_a_pipetune_file_without_results_says_so(tmp_path, schedules):
+    # It said "knobs [] are not the schedule knobs of gemm ...", which hid the cause.
+    dataset = pipetune_dataset(schedules)
+    empty = Dataset([], knobs=dataset.knobs, metadata=dataset.metadata)
+    with pytest.raises(DatasetError, match="no results: the file records no configuration"):
+        check_pipetune(empty)
+
+
+def test_a_record_with_other_knobs_is_named_beside_record_0():
+    # With the knobs taken from record 0, a record 0 missing one blamed record 1.
+    records = [
+        Record(configuration={"bx": 32}, invalidity="correct", time_ms=1.0),
+        Record(configuration={"bx": 64, "tile": 2}, invalidity="correct", time_ms=2.0),
+    ]
+    with pytest.raises(DatasetError, match=r"record 1 has knobs \['bx', 'tile'\], record 0 has"):
+        Dataset(records)

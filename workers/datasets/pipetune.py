@@ -187,6 +187,9 @@ class PipetuneInfo:
         self.family = family_of(self.workload)
         if problem := _provenance_problem(meta, self.family.name, self.gpu):
             raise DatasetError(f"{where}: pipetune metadata: {problem}")
+        if not dataset.records:
+            # (It said "knobs [] are not the schedule knobs of ...", which hid the cause.)
+            raise DatasetError(f"{where}: no results: the file records no configuration")
         if dataset.knobs != self.family.knob_names:
             raise DatasetError(
                 f"{where}: knobs {shown(list(dataset.knobs))} are not the schedule knobs of "

@@ -206,6 +206,7 @@ class Dataset:
         format: str = "t4",
     ):
         self.records: tuple[Record, ...] = tuple(records)
+        inferred = knobs is None
         if knobs is None:
             knobs = list(self.records[0].configuration) if self.records else []
         self.knobs: tuple[str, ...] = tuple(knobs)
@@ -217,9 +218,11 @@ class Dataset:
         expected = set(self.knobs)
         for i, record in enumerate(self.records):
             if set(record.configuration) != expected:
+                # Knobs taken from record 0 are only record 0's: name it, it may be the odd one.
                 raise DatasetError(
                     f"record {i} has knobs {sorted(record.configuration)}, "
-                    f"the dataset has {sorted(expected)}"
+                    + ("record 0 has" if inferred else "the dataset has")
+                    + f" {sorted(expected)}"
                 )
             key = self._key(record.configuration)
             if key in self._index:
