@@ -212,3 +212,43 @@ def test_runs_over_consecutive_seed_ranges_merge_into_the_whole_run(tmp_path, co
     for a, b in zip(whole["results"], merged["results"], strict=True):
         for key in ("best_in_k", "se", "p_score", "p_se"):
             assert a[key] == pytest.approx(b[key], abs=1e-12)
+
+
+def _small(knobs: dict[str, list]) -> RecordedConfigs:
+    """Every combination of ``knobs``, with a time that depends on each."""
+    import itertools
+
+    names = list(knobs)
+    configs = [
+        dict(zip(names, values, strict=True)) for values in itertools.product(*knobs.values())
+    ]
+    times = [1.0 + sum(abs(float(c[k]) - 3) for k in names) for c in configs]
+    return RecordedConfigs("small", knobs, configs, np.array(times))
+
+
+def test_an_ask_and_tell_peer_stops_once_every_configuration_was_tried():
+    # With a budget over the space it asked until max_asks (minutes of TPE on 20 configs).
+    from pipetune.tuner.peers import _ask_and_tell
+
+    recorded = _small({"a": [1, 2, 3], "b": [1, 2]})
+    keys = [tuple(c[k] for k in ("a", "b")) for c in recorded.configs]
+    asked: list[int] = []
+
+    def ask():
+        asked.append(1)
+        return None, keys[len(asked) % len(keys)]
+
+    throughputs = _ask_and_tell(recorded, budget=10, ask=ask, tell=lambda h, v: None, max_asks=2000)
+    assert len(throughputs) == len(keys) == 6
+    assert len(asked) == 6
+
+
+def test_kernel_tuner_peers_run_on_a_one_knob_space():
+    # Kernel Tuner hands a one-knob configuration to the restriction as a bare value: every
+    # kt_ peer failed there with "'int' object is not subscriptable".
+    pytest.importorskip("kernel_tuner")
+    from pipetune.tuner.peers import run_peer
+
+    recorded = _small({"block": [1, 2, 3, 4, 5, 6, 7, 8]})
+    throughputs = run_peer("kt_random_sample", recorded, seed=0, budget=5)
+    assert len(throughputs) == 5 and np.all(throughputs > 0)

@@ -255,3 +255,12 @@ def test_a_peer_that_fails_on_a_space_is_left_out_and_said(tmp_path, monkeypatch
     alone = _bench(str(mine), "--strategies", "kt_random_sample")
     assert alone.exit_code == 2
     assert "--strategies: kt_random_sample failed on kern" in alone.stderr
+
+
+def test_a_figure_the_same_on_every_seed_is_said_to_be_one_run(tmp_path):
+    # A deterministic search (here grid; auto with a prior on pipetune's own datasets) read
+    # "± 0.000" as though 20 seeds had measured it precisely.
+    mine = _cache(tmp_path / "kern.json", "GPU A", lambda bx, t: 1.0 + abs(bx - 64) / 64 + t)
+    result = _bench(str(mine), "--strategies", "grid")
+    assert result.exit_code == 0, result.output
+    assert "± 0.000: the same figure on every seed" in " ".join(result.stdout.split())

@@ -151,7 +151,9 @@ def run_kernel_tuner(name: str, recorded: RecordedConfigs, seed: int, budget: in
     throughput = recorded.throughput
     rows = recorded.row_of()
 
-    def member(p: dict) -> bool:  # the space is exactly the recorded configurations
+    def member(p: Any) -> bool:  # the space is exactly the recorded configurations
+        if not isinstance(p, dict):  # a one-knob space's value comes bare (not a dict)
+            p = dict(zip(names, p if isinstance(p, list | tuple) else (p,), strict=True))
         return tuple(p[k] for k in names) in present
 
     with tempfile.TemporaryDirectory() as tmp:
@@ -233,6 +235,9 @@ def _ask_and_tell(
     penalty = float(finite.max() * 10) if len(finite) else 1e9
     keys: list[tuple] = []
     distinct: set[tuple] = set()
+    # A budget over the space's size ends when every member was tried: waiting for `budget`
+    # distinct ones asked max_asks times (minutes of TPE on a 20-configuration space).
+    wanted = min(budget, len(rows))
     for _ in range(max_asks):
         handle, key = ask()
         row = rows.get(key)
@@ -241,7 +246,7 @@ def _ask_and_tell(
         if row is not None:
             keys.append(key)
             distinct.add(key)
-            if len(distinct) >= budget:
+            if len(distinct) >= wanted:
                 break
     return _first_distinct(keys, [recorded.throughput[rows[k]] for k in keys], budget)
 

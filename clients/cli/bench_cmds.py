@@ -387,6 +387,12 @@ def print_tables(doc: dict, names: list[str], ks: list[int]) -> None:
         + ("the peers propose one at a time. " if peers_present else "")
         + f"Mean ± standard error over {doc['seeds']} seeds."
     )
+    if doc["seeds"] > 1 and any(
+        cell["se"] == 0 for r in doc["results"] for cell in r["per_dataset"].values()
+    ):
+        # A search with no random draw (a prior's ranking, a grid) gives every seed the same
+        # figure: its "± 0.000" is one run, not a precise mean.
+        note += " ± 0.000: the same figure on every seed (a search without a random draw there)."
     for ds in doc["datasets"]:
         prior = doc["priors"].get(ds)
         learned = doc.get("learned_priors", {}).get(ds)
