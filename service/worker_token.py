@@ -36,3 +36,13 @@ def generated_worker_token(path: Path | None = None) -> tuple[str, Path]:
         out.write(token + "\n")
     os.replace(temporary, path)
     return token, path
+
+
+def announcement(path: Path, reused: bool) -> str:
+    """What `serve` prints of the token it uses: the file, never the token (console output
+    ends up in logs), and whether it was made now or kept from an earlier start."""
+    how = "kept from an earlier start" if reused else "generated"
+    return (
+        f"worker token: {how}, in {path} (readable only by you); workers take it as "
+        f"PIPETUNE_WORKER_TOKEN=$(cat {path}). Set PIPETUNE_WORKER_TOKENS to choose your own."
+    )

@@ -234,3 +234,15 @@ def test_a_worker_on_the_serving_machine_finds_the_generated_token(tmp_path: Pat
     # Past the token check: it now fails only because nothing listens on port 9.
     assert found.exit_code == 1 and "--token" not in found.output, found.output
     assert token not in found.output
+
+
+def test_serve_says_whether_its_worker_token_is_new_or_kept(tmp_path: Path):
+    # A restart reuses the token file; the line said "generated" at every start.
+    from pipetune.service.worker_token import announcement, generated_worker_token
+
+    path = tmp_path / "pipetune" / "worker-token"
+    token, _ = generated_worker_token(path)
+    first, again = announcement(path, reused=False), announcement(path, reused=True)
+    assert first.startswith(f"worker token: generated, in {path}")
+    assert again.startswith(f"worker token: kept from an earlier start, in {path}")
+    assert token not in first + again

@@ -216,17 +216,16 @@ def serve(
     replay_gpu = _check_local_workers(local_workers, runner, dataset)
     _check_address(host, port)
     if not settings.worker_tokens:
-        from pipetune.service.worker_token import generated_worker_token
+        from pipetune.service.worker_token import (
+            announcement,
+            generated_worker_token,
+            read_generated_token,
+        )
 
+        reused = read_generated_token() is not None  # ("generated" at every start, it said)
         token, token_file = generated_worker_token()
         settings.worker_tokens = [token]
-        # The path, never the token: console output ends up in logs.
-        print(
-            f"worker token: generated, in {token_file} (readable only by you); workers "
-            f"take it as PIPETUNE_WORKER_TOKEN=$(cat {token_file}). "
-            "Set PIPETUNE_WORKER_TOKENS to choose your own.",
-            flush=True,
-        )
+        print(announcement(token_file, reused), flush=True)
     with _database_errors(settings.database_url):
         app = create_app(settings)
     processes: list = []
