@@ -4,7 +4,8 @@
         [--operators alcop,memops,...] [--runner cupy|simulated] [--pack FILE]
     pipetune campaign plan [--gpu h100] [--operators alcop,memops] [--calls 3] [--minutes 8]
         [--json]
-    pipetune campaign unpack ARCHIVE [--data-dir benchmarks/data] [--profile-dir model/profiles]
+    pipetune campaign unpack ARCHIVE [--data-dir benchmarks/data] [--profile-dir DIR]
+        (the profile's default folder: the user's, hardware.user_profile_dir())
 
 The campaign's modules load inside the commands: the GPU machine imports only what a
 campaign needs.
