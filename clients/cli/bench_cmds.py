@@ -161,6 +161,8 @@ def _priors(priors: list[Path], loaded: list[Dataset]) -> dict:
     """Each dataset's prior: the one --prior file with the same knobs that is not itself."""
     if not priors:
         return {}
+    from pipetune.tuner.bench import prior_for
+    from pipetune.tuner.transfer import TransferError
     from pipetune.workers.datasets import DatasetError
 
     try:
@@ -185,9 +187,6 @@ def _priors(priors: list[Path], loaded: list[Dataset]) -> dict:
         chosen[ds.name] = same[0][1]
         # A prior with nothing usable (every configuration failed there, none in common) is
         # the user's choice of file: refused here, as bad input, not mid-run.
-        from pipetune.tuner.bench import prior_for
-        from pipetune.tuner.transfer import TransferError
-
         try:
             prior_for(ds, chosen[ds.name].configs)
         except TransferError as exc:
