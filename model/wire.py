@@ -375,6 +375,9 @@ class TrialDoc(_Body):
     smem_bytes: int | None = None
     compile_ms: float | None = None
     max_abs_error: float | None = None
+    # When its outcome was recorded (for an imported task: the dataset's own timestamp);
+    # None while it has none.
+    finished_at: datetime | None = None
 
 
 # A page of trials with their samples holds at most this many (each may carry MAX_SAMPLES).

@@ -31,7 +31,11 @@ from pipetune.service.orm import JobRow, TaskRow, WorkloadRow
 from pipetune.service.queue_types import result_columns
 from pipetune.service.records import workload_row
 from pipetune.workers.datasets import Dataset
-from pipetune.workers.datasets.pipetune import PipetuneInfo, result_from_record
+from pipetune.workers.datasets.pipetune import (
+    PipetuneInfo,
+    parse_t4_timestamp,
+    result_from_record,
+)
 
 # The strategy an imported task is filed under: the records were not proposed by a search
 # here; a sweep of the space in its own order is what `grid` names.
@@ -101,7 +105,7 @@ def import_once(
     found = _imported_task(session, info, schedules, results)
     if found is not None:
         return found, False
-    return _write_task(session, info, source, now, schedules, results), True
+    return _write_task(session, info, source, now, schedules, results, _finished(data)), True
 
 
 def import_dataset(
@@ -109,7 +113,13 @@ def import_dataset(
 ) -> int:
     """Write `data` (checked by check_pipetune into `info`) as a finished task; its id.
     `now`: the database's time (Database.now())."""
-    return _write_task(session, info, source, now, *_trials(data, info))
+    return _write_task(session, info, source, now, *_trials(data, info), _finished(data))
+
+
+def _finished(data: Dataset) -> list[Any]:
+    """When each record was measured, from its own timestamp (None where it has none): the
+    trial's finished_at, which an export writes back as the record's timestamp."""
+    return [parse_t4_timestamp(r.timestamp) for r in data.records]
 
 
 def _write_task(
@@ -119,6 +129,7 @@ def _write_task(
     now: Any,
     schedules: list[Any],
     results: list[Any],
+    finished: list[Any],
 ) -> int:
     if not schedules:
         raise ValueError(f"{source}: the dataset holds no configuration")
@@ -152,12 +163,14 @@ def _write_task(
     )
     session.add(task)
     session.flush()
-    rows = zip(schedules, results, predicted, strict=True)
+    rows = zip(schedules, results, predicted, finished, strict=True)
     session.execute(insert(JobRow), [_job(task, i, *row) for i, row in enumerate(rows)])
     return task.id
 
 
-def _job(task: TaskRow, trial: int, schedule: Any, result: Any, predicted_us: Any) -> dict:
+def _job(
+    task: TaskRow, trial: int, schedule: Any, result: Any, predicted_us: Any, finished_at: Any
+) -> dict:
     predicted_us = float(predicted_us)
     return {
         **result_columns(result),
@@ -171,4 +184,5 @@ def _job(task: TaskRow, trial: int, schedule: Any, result: Any, predicted_us: An
         "schedule_id": schedule.id,
         "predicted_us": predicted_us if np.isfinite(predicted_us) else None,
         "attempts": 0,
+        "finished_at": finished_at,
     }

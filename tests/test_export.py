@@ -32,6 +32,8 @@ from pipetune.model.space import KNOB_NAMES, Schedule
 from pipetune.model.workloads import parse_workload
 from pipetune.workers.codegen import generate
 from pipetune.workers.compile import compile_source
+from pipetune.workers.datasets import load_dataset
+from pipetune.workers.datasets.pipetune import t4_timestamp
 from pipetune.workers.runners.base import MeasureSettings
 from pipetune.workers.runners.builds import Compiled
 from pipetune.workers.runners.kernel_runner import trial_spec
@@ -238,6 +240,11 @@ def test_a_tasks_trials_as_t4(tuned: str, tmp_path: Path):
         assert sent.spread is not None and sent.smem_bytes is not None
         fields = ("spread", "registers", "spill_bytes", "smem_bytes", "compile_ms", "max_abs_error")
         assert [getattr(back, f) for f in fields] == [getattr(sent, f) for f in fields]
+        # ... and when it was measured: each record's timestamp is its trial's finish (it was
+        # the export's own time for every record, and the import dropped it).
+        assert sent.finished_at is not None and back.finished_at == sent.finished_at
+    stamps = [r.timestamp for r in load_dataset(out).records]
+    assert stamps == [t4_timestamp(t.finished_at) for t in mine]
 
 
 @pytest.mark.skipif(importlib.util.find_spec("kernel_tuner") is None, reason="no Kernel Tuner")

@@ -6,6 +6,7 @@ The datasets here are small simulated sweeps (plumbing only: simulated, not meas
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -16,7 +17,7 @@ from pipetune.clients.cli.main import app
 from pipetune.model.hardware import get_gpu
 from pipetune.model.space import Space
 from pipetune.model.workloads import gemm
-from pipetune.workers.datasets import load_dataset, write_t4
+from pipetune.workers.datasets import Dataset, load_dataset, write_t4
 from pipetune.workers.runners import make_runner
 from pipetune.workers.runners.sweep import sweep
 
@@ -106,3 +107,34 @@ def test_a_dataset_whose_runner_label_pipetune_never_writes_is_refused(a100_swee
     assert result.exit_code == 2, result.output
     assert f"runner {label!r}" in result.stderr
     assert not (tmp_path / "x.db").exists()
+
+
+def test_each_records_timestamp_is_kept_and_exported_back(a100_sweep, db_url, tmp_path):
+    """An imported record's timestamp is when it was measured: the trial keeps it, and the
+    task's T4 export writes it back (it was dropped on import and the export wrote its own
+    time on every record). One without a timestamp, or with one that is not ISO 8601 (the
+    schema does not constrain it), has none in the export either."""
+    data = load_dataset(a100_sweep)
+    stamps: list[str | None] = [
+        f"2023-12-22 09:{i // 60 % 60:02d}:{i % 60:02d}.500000+00:00" for i in range(len(data))
+    ]
+    stamps[1] = "2024-01-02T03:04:05"  # naive: UTC, as Kernel Tuner's files mean it
+    stamps[2] = None
+    stamps[3] = "last Tuesday"
+    records = [replace(r, timestamp=t) for r, t in zip(data.records, stamps, strict=True)]
+    path = tmp_path / "stamped.t4.json.gz"
+    write_t4(Dataset(records, knobs=data.knobs, metadata=data.metadata), path)
+    doc = _import(path, db_url)
+
+    out = tmp_path / "back.t4.json.gz"
+    args = ["export", "--task", str(doc["id"]), "--format", "t4", "--out", str(out)]
+    exported = runner.invoke(app, [*args, "--db", db_url])
+    assert exported.exit_code == 0, exported.output
+    back = [r.timestamp for r in load_dataset(out).records]
+    assert back[0] == stamps[0] and back[4:] == stamps[4:]
+    assert back[1] == "2024-01-02 03:04:05+00:00"
+    assert back[2] is None and back[3] is None
+    with client_for(db_url) as client:
+        trials = client.get(f"/v1/tasks/{doc['id']}/trials?limit=3").json()["trials"]
+    assert trials[0]["finished_at"].startswith("2023-12-22T09:00:00.5")
+    assert trials[2]["finished_at"] is None

@@ -49,6 +49,7 @@ from pipetune.model.trials import MeasureResult
 from pipetune.model.wire import ScheduleResponse, TrialDoc
 from pipetune.workers.datasets import Dataset, dataset_from_results, write_t4
 from pipetune.workers.datasets.files import write_atomic
+from pipetune.workers.datasets.pipetune import t4_timestamp
 
 HEADER_NAME = "pipetune_tuned.h"
 TENSOR_MAPS_SUFFIX = ".tensor_maps.h"
@@ -325,6 +326,11 @@ def task_dataset(reader: Reader, task_id: int) -> Dataset:
         [t.schedule.to_schedule() for t, _ in pairs],
         [r for _, r in pairs],
         runner=",".join(runners) or "unknown",
+        # When each outcome was recorded, not when the file is written; a trial without a
+        # time (imported from a file without one) has none in the file either.
+        timestamps=[
+            None if t.finished_at is None else t4_timestamp(t.finished_at) for t, _ in pairs
+        ],
         settings={
             "task_id": task.id,
             "strategy": task.strategy,

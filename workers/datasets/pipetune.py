@@ -35,9 +35,31 @@ FORMAT_VERSION = 1
 MEASUREMENT_FIELDS = ("spread", "registers", "spill_bytes", "smem_bytes", "max_abs_error")
 
 
+def t4_timestamp(when: dt.datetime) -> str:
+    """A time in the benchmark hub's format, ``2023-12-22 09:54:05.502007+00:00`` (UTC; a
+    naive time is taken as UTC, as the service's database keeps them)."""
+    if when.tzinfo is None:
+        when = when.replace(tzinfo=dt.UTC)
+    return str(when.astimezone(dt.UTC))
+
+
+def parse_t4_timestamp(text: str | None) -> dt.datetime | None:
+    """A record's timestamp as an aware UTC datetime; None where it has none or it is not
+    an ISO 8601 time (the schema does not constrain its format)."""
+    if text is None:
+        return None
+    try:
+        when = dt.datetime.fromisoformat(text)
+    except ValueError:
+        return None
+    if when.tzinfo is None:
+        when = when.replace(tzinfo=dt.UTC)
+    return when.astimezone(dt.UTC)
+
+
 def now_timestamp() -> str:
-    """The time in the benchmark hub's format: ``2023-12-22 09:54:05.502007+00:00``."""
-    return str(dt.datetime.now(dt.UTC))
+    """The time now in the benchmark hub's format."""
+    return t4_timestamp(dt.datetime.now(dt.UTC))
 
 
 def record_from_result(
@@ -125,9 +147,11 @@ def dataset_from_results(
     runner: str,
     device_name: str | None = None,
     settings: Mapping[str, Any] | None = None,
-    timestamps: Sequence[str] | str | None = None,
+    timestamps: Sequence[str | None] | str | None = None,
 ) -> Dataset:
-    """A pipetune dataset from one sweep's schedules and their results (same order)."""
+    """A pipetune dataset from one sweep's schedules and their results (same order).
+    `timestamps`: one per result (None: that record has none), one for all, or None for
+    now."""
     if len(schedules) != len(results):
         raise ValueError(f"{len(schedules)} schedules but {len(results)} results")
     if timestamps is None or isinstance(timestamps, str):
