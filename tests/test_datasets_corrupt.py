@@ -616,6 +616,21 @@ def test_a_cache_entry_that_is_not_an_object_is_refused(key, entry, reader):
         assert_clear(caught.value, path)
 
 
+@pytest.mark.parametrize("reader", READERS_OF["kt"])
+def test_an_entry_under_another_configurations_key_is_refused(tmp_path, reader):
+    """Kernel Tuner finds an entry by its key: two entries with their keys swapped (each
+    a configuration of the space, none twice) were read by their values, so the file meant
+    one thing to Kernel Tuner's simulation mode and another here."""
+    document = good_document("kt")
+    cache = document["cache"]
+    cache["32,0"], cache["64,0"] = cache["64,0"], cache["32,0"]
+    path = write(tmp_path, "kt.json", encode(document))
+    with pytest.raises(DatasetError, match="configuration '64,0', not of its key") as caught:
+        READERS[reader](path)
+    assert_clear(caught.value, path)
+    assert "cache['32,0']" in str(caught.value)
+
+
 # --- regressions: each of these leaked another exception or was accepted before ----------
 
 

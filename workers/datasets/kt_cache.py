@@ -9,12 +9,14 @@ Document::
                              "benchmark_time": ms, "strategy_time": ms, "framework_time": ms,
                              "timestamp": "...", "GFLOP/s": ...}, ...}}
 
-Every entry's knob values must be among the header's ``tune_params`` lists (an entry outside
-them is refused: the file is inconsistent). A failed configuration has an error marker
-string as its objective: InvalidConfig (restrictions), CompilationFailedConfig or
-RuntimeFailedConfig; such entries are imported as failures. The timings are renamed as
-Kernel Tuner's own T4 writer renames them (compile_time -> compilation, strategy_time ->
-search_algorithm, ...), so a cache converted to T4 here matches a T4 file Kernel Tuner wrote.
+Every entry's knob values must be among the header's ``tune_params`` lists, and its key
+must be the one Kernel Tuner files those values under (`cache_key`): an entry outside them,
+or under another configuration's key, is refused (the file is inconsistent). A failed
+configuration has an error marker string as its objective: InvalidConfig (restrictions),
+CompilationFailedConfig or RuntimeFailedConfig; such entries are imported as failures. The
+timings are renamed as Kernel Tuner's own T4 writer renames them (compile_time ->
+compilation, strategy_time -> search_algorithm, ...), so a cache converted to T4 here matches
+a T4 file Kernel Tuner wrote.
 
 Kernel Tuner 1.x writes ``"objective"`` as a list (one name per objective; a one-objective
 run lists one) and marks a failure with an ``"__error__"`` entry holding the marker (older
@@ -63,8 +65,19 @@ def close_open_cache(text: str) -> str:
     return text
 
 
+def cache_key(configuration: dict[str, Any], knobs: list[str]) -> str:
+    """The key Kernel Tuner files a configuration under: its values in knob order, as
+    Python writes them, joined by commas."""
+    return ",".join(str(configuration[k]) for k in knobs)
+
+
 def _entry_record(
-    entry: Any, knobs: list[str], tune_params: dict[str, list], objective: str, where: str
+    key: str,
+    entry: Any,
+    knobs: list[str],
+    tune_params: dict[str, list],
+    objective: str,
+    where: str,
 ) -> Record:
     if not isinstance(entry, dict):
         raise DatasetError(f"{where}: an entry must be an object")
@@ -87,6 +100,14 @@ def _entry_record(
                 f"{where}: knob {shown(knob)} = {shown(value)} is not one of its "
                 f"tune_params values {shown(tune_params[knob])}"
             )
+    # Kernel Tuner looks an entry up by its key (its simulation mode answers a configuration
+    # with the entry under that configuration's key): an entry whose values name another
+    # configuration would mean one thing there and another here.
+    if key != cache_key(configuration, knobs):
+        raise DatasetError(
+            f"{where}: the entry's knob values are those of configuration "
+            f"{shown(cache_key(configuration, knobs))}, not of its key"
+        )
     invalidity = MARKERS[error] if error is not None else "correct"
     time_ms = None
     compile_ms = None
@@ -166,7 +187,7 @@ def from_kt_cache_document(document: Any, source: str) -> Dataset:
     if not isinstance(cache, dict):
         raise DatasetError(f"{source}: 'cache' must be an object")
     records = [
-        _entry_record(entry, knobs, tune_params, objective, f"{source}: cache[{shown(key)}]")
+        _entry_record(key, entry, knobs, tune_params, objective, f"{source}: cache[{shown(key)}]")
         for key, entry in cache.items()
     ]
     header = {k: document[k] for k in document if k != "cache"}
