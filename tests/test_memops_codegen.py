@@ -2,12 +2,21 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
-from pipetune.model.memops.space import MemSchedule, MemSpace
+from pipetune.model.memops.space import (
+    CACHE_REGISTERS,
+    CACHE_SMEM,
+    MemSchedule,
+    MemSpace,
+    geometry,
+    workspace_bytes,
+)
 from pipetune.model.memops.workloads import bias_gelu, layernorm, reduce, softmax
 from pipetune.model.space import ScheduleError
-from pipetune.workers.codegen.memops import generate, launch_plan, variant_of
+from pipetune.workers.codegen.memops import generate, launch_plan, shape_notes, variant_of
 
 
 def test_one_entry_or_two_for_two_pass_splitting():
@@ -78,3 +87,55 @@ def test_every_valid_schedule_generates(h100):
             assert k.threads == s.threads and 'extern "C" __global__' in k.code
             plan = launch_plan(k, w, h100.sm_count, 1)
             assert all(launch.grid[0] >= 1 for launch in plan.launches)
+
+
+def _reshaped(workload, **shape):
+    """The same operator on another shape (validated as any workload)."""
+    return type(workload)(**{**workload.model_dump(), **shape})
+
+
+def _number_after(text: str, words: str) -> int:
+    match = re.search(re.escape(words) + r" (\d+)", text)
+    assert match, (words, text)
+    return int(match.group(1))
+
+
+@pytest.mark.parametrize(
+    "workload", [softmax(4, 256), layernorm(37, 1032), softmax(6, 32768)], ids=lambda w: w.label()
+)
+def test_shape_notes_state_the_bounds_the_kernel_checks(workload, h100):
+    """The column bound a register-cached kernel's launch document states is the longest row
+    it holds (REG_VECS vectors a thread: row_fits), a shared-memory cache states its bytes
+    per column, and a split's workspace its bytes per row, for every valid schedule."""
+    space = MemSpace.enumerate(workload, h100)
+    seen = set()
+    for i in range(len(space)):
+        s = space[i]
+        kernel = generate(workload, s)
+        notes = " ".join(shape_notes(kernel, workload))
+        per_segment = s.vector_width * s.blocks_per_row
+        if s.row_cache == CACHE_REGISTERS:
+            longest = _number_after(notes, "rows of at most")
+            assert longest % per_segment == 0 and longest >= workload.cols
+            # Exactly as many vectors a thread at the bound, more past it.
+            fits = _reshaped(workload, cols=longest)
+            assert variant_of(fits, s)[1] == kernel.reg_vecs
+            past = _reshaped(workload, cols=longest + 8 * per_segment)  # whole vectors
+            assert variant_of(past, s)[1] > kernel.reg_vecs
+            seen.add("registers")
+        elif s.row_cache == CACHE_SMEM:
+            wider = _reshaped(workload, cols=2 * workload.cols)
+            needed = int(geometry(s.knob_arrays(), wider).smem_bytes.reshape(-1)[0])
+            segment = -(-2 * workload.cols // per_segment)
+            stated = kernel.scratch_bytes + s.rows_per_block * segment * s.vector_width * 2
+            assert (
+                f"{kernel.scratch_bytes} + {s.rows_per_block} x ceil(cols / {per_segment})" in notes
+            )
+            assert stated == needed
+            seen.add("smem")
+        if "ws holds" in notes:
+            per_row = _number_after(notes, "more rows need rows x")
+            more = _reshaped(workload, rows=3 * workload.rows)
+            assert workspace_bytes(s.knob_arrays(), more)[()] == 3 * workload.rows * per_row
+            seen.add("ws")
+    assert {"registers", "smem"} <= seen

@@ -122,6 +122,7 @@ struct BlockCtx {
   std::vector<Barrier*> warps;
   std::vector<WarpSlots> slots;
   std::vector<unsigned char> smem;
+  int smem_bytes = 0;  // the launch's dynamic shared memory (smem holds at least 16 bytes)
   std::vector<WordTrack> track;
   std::mutex track_m;
 };
@@ -265,6 +266,8 @@ inline void store_partial(float* p, float v) {
 inline void spin_pause() { sched_yield(); }
 inline void compiler_fence() {}
 template <int W> inline void opaque(unsigned (&)[W]) {}
+inline int dynamic_smem_bytes() { return t_ctx->smem_bytes; }
+inline void trap() { fail("trap: the kernel refused the launch", t_ctx->block, t_tid); }
 inline int thread_index() { return t_tid; }
 inline int block_index() { return (int)t_ctx->block; }
 inline int grid_size() { return (int)g_grid; }
@@ -312,6 +315,7 @@ static void reset_block(BlockCtx& c, unsigned block, int smem_bytes) {
   c.block = block;
   __atomic_store_n(&c.epoch, 0, __ATOMIC_SEQ_CST);
   c.smem.assign(smem_bytes > 0 ? smem_bytes : 16, 0);
+  c.smem_bytes = smem_bytes;
   for (size_t i = 0; i + 1 < c.smem.size(); i += 2) {  // NaN halves: unwritten reads show
     c.smem[i] = 0x00;
     c.smem[i + 1] = 0x7E;
@@ -434,14 +438,25 @@ def _harness_source(workload: MemWorkload, schedule: MemSchedule, mutate=None) -
 
 
 def emulate(
-    workload: MemWorkload, schedule: MemSchedule, tmp: Path, mutate=None, seed=7, inputs=None
+    workload: MemWorkload,
+    schedule: MemSchedule,
+    tmp: Path,
+    mutate=None,
+    seed=7,
+    inputs=None,
+    run_as: MemWorkload | None = None,
 ):
     """Build and run the emulator on ``inputs`` (default: the verifier's, drawn with
-    ``seed``); (returncode, stderr, output or None, ref, tol)."""
+    ``seed``); (returncode, stderr, output or None, ref, tol). ``run_as``: the kernel and
+    launch plan of ``workload``, launched on another shape of the same rows (as a caller
+    of an exported kernel might)."""
     kernel = generate(workload, schedule)
     blocks_per_sm = int(MemSpace(workload, EMU_GPU, schedule.knob_arrays()).blocks_per_sm[0])
     plan = launch_plan(kernel, workload, EMU_GPU.sm_count, blocks_per_sm)
     exe = build_harness(_harness_source(workload, schedule, mutate), tmp)
+    if run_as is not None:
+        assert run_as.rows == workload.rows  # the workspace is sized for the rows
+        workload = run_as
     if inputs is None:
         inputs = make_inputs(workload, seed)
     ref, tol = reference(np, workload, inputs)
@@ -616,3 +631,30 @@ def test_a_row_max_keeps_a_nan_as_torch_amax_does(tmp_path, schedule):
     assert out[4] == -np.inf
     rows = [0, 2, 5]
     np.testing.assert_array_equal(out[rows].astype(np.float32), expected[rows])
+
+
+@pytest.mark.parametrize(
+    ("schedule", "cache"),
+    [
+        (MemSchedule(32, 1, 1, 8, 2, 0, 0), "registers"),  # one vector a thread, compiled in
+        (MemSchedule(32, 1, 1, 8, 1, 0, 0), "shared memory"),  # sized by the launch plan
+    ],
+    ids=lambda v: v if isinstance(v, str) else v.id,
+)
+def test_a_row_longer_than_the_kernel_holds_traps_instead_of_a_wrong_result(
+    tmp_path, schedule, cache
+):
+    """An exported softmax takes cols as an argument, but its row cache was sized for the
+    cols it was generated and planned for: launched on 1024 columns, a kernel made for 256
+    wrote 1024 of 4096 outputs, each normalised over its first 256 columns, and exited
+    cleanly. It now traps (the launch fails); a shorter row of as many vectors a thread
+    is still right."""
+    tuned = softmax(4, 256)
+    assert _valid(tuned, schedule)
+    code, stderr, out, _, _ = emulate(tuned, schedule, tmp_path / "long", run_as=softmax(4, 1024))
+    assert code == 3 and "trap: the kernel refused the launch" in stderr, (cache, stderr)
+    code, stderr, out, ref, tol = emulate(
+        tuned, schedule, tmp_path / "short", run_as=softmax(4, 128)
+    )
+    assert code == 0, stderr
+    assert check(np, out, ref, tol)[0]

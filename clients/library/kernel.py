@@ -203,6 +203,7 @@ class TunedKernel:
                 f"{len(tm.dims)}, `tensor_maps` gives dims, byte strides and box), 128-byte "
                 "swizzle, no interleave, zero fill, 256-byte L2 promotion, element strides 1"
             )
+        notes += self._codegen.shape_notes(self._kernel, self.workload)
         if self.grid_depends_on_occupancy:
             notes.append(
                 f"the grid is sized from one wave of {self.sm_count} SMs x "

@@ -2,7 +2,8 @@
 "Kernel families").
 
 What every family's generator module gives the workers: ``generate(workload, schedule)``,
-``kernel_kind``, ``build_key``, ``launch_plan``, ``grid_depends_on_occupancy``, and for the checks
+``kernel_kind``, ``build_key``, ``launch_plan``, ``grid_depends_on_occupancy``, ``shape_notes``, and
+for the checks
 ``compile_sample``, ``stratified_sample``, ``stratum`` and ``tails``."""
 
 from pipetune.workers.codegen.generator import (
@@ -16,6 +17,7 @@ from pipetune.workers.codegen.generator import (
     launch,
     launch_config,
     launch_plan,
+    shape_notes,
 )
 from pipetune.workers.codegen.sample import compile_sample, stratified_sample, stratum, tails
 from pipetune.workers.codegen.variants import SCALAR_ARGS, VARIANTS, scalar_args, variant_of
@@ -35,6 +37,7 @@ __all__ = [
     "launch_config",
     "launch_plan",
     "scalar_args",
+    "shape_notes",
     "stratified_sample",
     "stratum",
     "tails",

@@ -275,3 +275,10 @@ def launch_plan(
 def grid_depends_on_occupancy(kernel: KernelSource) -> bool:
     """Whether a runner must size the grid from the driver's occupancy: never for GEMMs."""
     return False
+
+
+def shape_notes(kernel: KernelSource, workload: AnyWorkload) -> list[str]:
+    """What a caller launching the kernel on another shape must know beyond the launch
+    document: nothing for these kernels, which take every shape of their variant as
+    arguments (the grid follows the shape as `launch` computes it)."""
+    return []

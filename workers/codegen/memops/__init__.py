@@ -10,6 +10,7 @@ from pipetune.workers.codegen.memops.generator import (
     kernel_kind,
     kernel_name,
     launch_plan,
+    shape_notes,
     source_parts,
     variant_of,
 )
@@ -32,6 +33,7 @@ __all__ = [
     "kernel_kind",
     "kernel_name",
     "launch_plan",
+    "shape_notes",
     "source_parts",
     "stratified_sample",
     "stratum",

@@ -114,6 +114,14 @@ template <int W>
 __device__ __forceinline__ void opaque(unsigned (&w)[W]) {
   for (int i = 0; i < W; ++i) asm volatile("" : "+r"(w[i]));
 }
+// The dynamic shared memory the block was launched with, in bytes (PTX's %dynamic_smem_size).
+__device__ __forceinline__ int dynamic_smem_bytes() {
+  unsigned n;
+  asm("mov.u32 %0, %%dynamic_smem_size;" : "=r"(n));
+  return static_cast<int>(n);
+}
+// Ends the launch with an error (cudaErrorIllegalInstruction at the next synchronisation).
+__device__ __forceinline__ void trap() { __trap(); }
 __device__ __forceinline__ int thread_index() { return static_cast<int>(threadIdx.x); }
 __device__ __forceinline__ int block_index() { return static_cast<int>(blockIdx.x); }
 __device__ __forceinline__ int grid_size() { return static_cast<int>(gridDim.x); }
@@ -326,6 +334,17 @@ PT_DEV Stats combine_partials(const float* ws, int row, int lane) {
   return s;
 }
 
+// Whether a row of `cols` columns fits the kernel: whole vectors, and a row cache that holds
+// its segment (`seg` vectors): REG_VECS vectors a thread in registers (fixed when the source
+// was generated), or the dynamic shared memory of the launch. Only the cols of the launch
+// plan and shorter rows of as many vectors a thread are sure to; a longer row would be left
+// partly unread and unwritten without a word.
+PT_DEV bool row_fits(int cols, int seg) {
+  return cols % VEC == 0 && cols >= 0 &&
+         (CACHE != 2 || (seg + TPR - 1) / TPR <= REG_VECS) &&
+         (CACHE != 1 || CACHE_OFFSET + RPB * seg * VEC * 2 <= dynamic_smem_bytes());
+}
+
 }  // namespace pt
 """
 
@@ -348,6 +367,9 @@ extern "C" __global__ void __launch_bounds__(@THREADS@, 1)
   const int rib = tid / TPR;           // row in block
   const int nvec = cols / VEC;         // vectors per row
   const int seg = (nvec + SPLIT - 1) / SPLIT;  // vectors per segment
+  // A launch with a row this kernel cannot hold fails (an error at the next
+  // synchronisation) instead of writing part of each row: see row_fits.
+  if (!row_fits(cols, seg)) trap();
   const int groups = (rows + RPB - 1) / RPB;
   const int items = groups * SPLIT;
   // Split rows: a partial per (row, segment), then the rows' arrival and departure counters.

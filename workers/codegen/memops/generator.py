@@ -244,6 +244,44 @@ def _param_names(workload: MemWorkload) -> tuple[str, str, tuple[Buffer, ...]]:
     return "x", "x", ()
 
 
+def shape_notes(kernel: MemKernelSource, workload: MemWorkload) -> list[str]:
+    """What a caller launching the kernel on another shape must know: rows and cols are
+    arguments, but a row cache and a workspace are sized for a shape (the kernel traps on a
+    row it cannot hold: cuda_text.row_fits), and fused split rows wait for each other."""
+    s = kernel.schedule
+    notes = []
+    per_segment = s.vector_width * s.blocks_per_row
+    if s.row_cache == CACHE_REGISTERS:
+        longest = kernel.reg_vecs * s.threads_per_row * per_segment
+        notes.append(
+            f"cols: a thread keeps {kernel.reg_vecs} vector(s) of {s.vector_width} halves of "
+            f"its row in registers (compiled in), so the kernel takes rows of at most "
+            f"{longest} columns, a multiple of {s.vector_width}; on a longer row it traps (the "
+            "launch fails) rather than write part of each row"
+        )
+    elif s.row_cache == CACHE_SMEM:
+        notes.append(
+            f"cols: the row waits in dynamic shared memory, which dynamic_smem_bytes sizes for "
+            f"{workload.cols} columns; a longer row needs {kernel.scratch_bytes} + "
+            f"{s.rows_per_block} x ceil(cols / {per_segment}) x {s.vector_width} x 2 bytes, "
+            "and the kernel traps (the launch fails) when it is given less"
+        )
+    ws = _one(workspace_bytes(s.knob_arrays(), workload))
+    if ws:
+        notes.append(
+            f"ws holds the partials and counters of {workload.rows} rows: more rows need "
+            f"rows x {ws // workload.rows} bytes"
+        )
+    if grid_depends_on_occupancy(kernel) and s.split_mode == MODE_FUSED and s.blocks_per_row > 1:
+        notes.append(
+            f"a row's {s.blocks_per_row} blocks wait for each other: grid = min(rows, "
+            f"resident blocks // {s.blocks_per_row}) x {s.blocks_per_row}, every block resident "
+            "at once (cuLaunchCooperativeKernel makes the driver refuse a grid that cannot be, "
+            "where a plain launch beside other work on the GPU could wait forever)"
+        )
+    return notes
+
+
 def launch_plan(
     kernel: MemKernelSource, workload: MemWorkload, sm_count: int, blocks_per_sm: int
 ) -> LaunchPlan:

@@ -49,6 +49,7 @@ __all__ = [
     "grid_depends_on_occupancy",
     "kernel_kind",
     "launch_plan",
+    "shape_notes",
     "stratified_sample",
     "stratum",
     "tails",
@@ -115,6 +116,19 @@ def build_key(workload: HopperWorkload, schedule: HopperSchedule) -> str:
 def grid_depends_on_occupancy(kernel: HopperKernelSource) -> bool:
     """The persistent kinds run one block per SM: planned again on the device's SM count."""
     return kernel.config.persistent
+
+
+def shape_notes(kernel: HopperKernelSource, workload: HopperWorkload) -> list[str]:
+    """What a caller launching the kernel on another shape must know: the shape is launch
+    arguments, but the TMA tensor maps hold it too, and a stream-K workspace is sized for
+    the shape's tiles."""
+    notes = [
+        "shape: M, N, K (and the batch) are arguments, but the tensor maps hold the shape as "
+        "well: on another shape encode them with that shape's dims and strides"
+    ]
+    if kernel.config.stream_k:
+        notes.append("W and arrivals are sized for this shape's tiles and grid")
+    return notes
 
 
 def launch_plan(
