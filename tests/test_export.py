@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import re
 import shutil
 import subprocess
 from pathlib import Path
@@ -497,3 +498,45 @@ def test_the_table_names_each_kernels_own_files(tmp_path: Path, monkeypatch: pyt
     # Every file the column names is one the export wrote.
     for row in (hopper, gemm):
         assert all((out / name).is_file() for name in row["files"].values())
+
+
+def _defined_kernels(source: str) -> list[str]:
+    return re.findall(
+        r'extern "C" __global__ void(?: __launch_bounds__\([^)]*\))?\s+(\w+)\(', source
+    )
+
+
+def test_workloads_tuned_to_one_kernel_share_its_files(tmp_path: Path):
+    """Two softmax shapes of one row length, tuned to the same schedule, were exported as two
+    .cu files defining the same extern "C" kernel: `nvcc *.cu` failed with a multiple
+    definition. They share the first one's .cu and cubin now; each keeps its launch file."""
+    url = f"sqlite:///{tmp_path / 'tuned.db'}"
+    shapes = [{"op": "softmax", "rows": r, "cols": 768} for r in (4096, 8192)]
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("PIPETUNE_SIMULATED_TIME_SCALE", "0")
+        for shape in shapes:
+            pipetune.tune(
+                shape, "h200", budget=1, strategy="analytical", runner="simulated", db=url
+            )
+    out = tmp_path / "out"
+    result = cli.invoke(app, ["export", "--gpu", "h200", "--out-dir", str(out), "--db", url])
+    assert result.exit_code == 0, result.output
+    first, second = json.loads((out / "index.json").read_text())["workloads"]
+    assert first["kernel"] == second["kernel"]  # the premise: one schedule for both
+    assert "shares_kernel_with" not in first and second["shares_kernel_with"] == first["stem"]
+    assert second["files"]["source"] == first["files"]["source"] == f"{first['stem']}.cu"
+    assert second["files"]["cubin"] == first["files"]["cubin"]
+    assert second["files"]["launch"] == f"{second['stem']}.launch.json" != first["files"]["launch"]
+    launch = json.loads((out / second["files"]["launch"]).read_text())
+    assert launch["scalars"]["rows"] == 8192 and launch["kernel"] == second["kernel"]
+    defined = [k for cu in sorted(out.glob("*.cu")) for k in _defined_kernels(cu.read_text())]
+    assert defined == [first["kernel"]]
+    if shutil.which("nvcc"):  # the build a user runs: every .cu of the export, one program
+        (tmp_path / "main.cu").write_text("int main() { return 0; }\n")
+        sources = [str(p) for p in sorted(out.glob("*.cu"))]
+        done = subprocess.run(
+            ["nvcc", "-arch=sm_90", "-std=c++17", "-o", str(tmp_path / "app"),
+             str(tmp_path / "main.cu"), *sources],
+            capture_output=True, text=True, timeout=600,
+        )  # fmt: skip
+        assert done.returncode == 0, done.stderr

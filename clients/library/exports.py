@@ -15,7 +15,11 @@ best measured schedule:
     pipetune_tuned.h      every workload's tuned parameters as #defines (its family's knobs)
     index.json            the list: workload, schedule, latency, runner, file names
 
-`<stem>` is the workload's label made an identifier plus 8 hex digits of its hash. Every
+`<stem>` is the workload's label made an identifier plus 8 hex digits of its hash. Workloads
+tuned to the same kernel (a GEMM kernel takes its shape as arguments) share the first one's
+.cu and cubin: their index.json entries name those files and `shares_kernel_with` its stem,
+so each kernel is defined once and `nvcc -c *.cu` links into one program (each .cu is a
+translation unit of its own: two in one file redefine `namespace pt`). Every
 family's kernels are exported (`pipetune.kernel` wraps them all: the tensor-core GEMMs and
 the memory-intensive operators); a tuned workload whose kernel cannot be made any more (its
 measured schedule no longer plans, e.g. after a generator change) is listed in index.json's
@@ -90,10 +94,14 @@ class Exported:
     stem: str
     kernel: TunedKernel
     best: ScheduleResponse
+    # The stem whose .cu and cubin hold this kernel, where an earlier workload of the export
+    # was tuned to the same kernel (None: its own): see export_tuned.
+    kernel_stem: str | None = None
 
     def entry(self) -> dict[str, Any]:
         # The kernel's own architecture: the GPU's, or its arch-specific target (sm_90a).
         arch = self.kernel.arch
+        code = self.kernel_stem or self.stem
         entry: dict[str, Any] = {
             "stem": self.stem,
             "workload": self.kernel.workload.canonical(),
@@ -109,11 +117,13 @@ class Exported:
             "runner": self.best.runner,
             "simulated": is_simulated(self.best.runner),
             "files": {
-                "source": f"{self.stem}.cu",
-                "cubin": f"{self.stem}.{arch}.cubin",
+                "source": f"{code}.cu",
+                "cubin": f"{code}.{arch}.cubin",
                 "launch": f"{self.stem}.launch.json",
             },
         }
+        if self.kernel_stem is not None:
+            entry["shares_kernel_with"] = self.kernel_stem
         if self.kernel.plan.tensor_maps:
             entry["files"]["tensor_maps"] = f"{self.stem}{TENSOR_MAPS_SUFFIX}"
         if entry["simulated"]:
@@ -250,13 +260,26 @@ def export_tuned(reader: Reader, gpu: str, out_dir: str | Path) -> dict[str, Any
                 }
             )
             continue
-        exported.append(Exported(stem_of(workload), kernel, best))
+        # A kernel's name is its source (the family's variant and the schedule; the shape is
+        # arguments): two workloads tuned to one kernel share its .cu and cubin, so that every
+        # .cu of an export builds into one program (the same extern "C" kernel defined in two
+        # files was a duplicate symbol at link time).
+        first = next(
+            (
+                e.stem
+                for e in exported
+                if (e.kernel.name, e.kernel.source) == (kernel.name, kernel.source)
+            ),
+            None,
+        )
+        exported.append(Exported(stem_of(workload), kernel, best, first))
     out_dir.mkdir(parents=True, exist_ok=True)
     previous = _previous_export_files(out_dir)
     for item in exported:
         files = item.entry()["files"]
-        write_atomic(out_dir / files["source"], item.kernel.source)
-        write_bytes_atomic(out_dir / files["cubin"], item.kernel.cubin(item.kernel.arch))
+        if item.kernel_stem is None:
+            write_atomic(out_dir / files["source"], item.kernel.source)
+            write_bytes_atomic(out_dir / files["cubin"], item.kernel.cubin(item.kernel.arch))
         launch = item.kernel.launch_document(item.kernel.arch)
         write_atomic(out_dir / files["launch"], json.dumps(launch, indent=2) + "\n")
         if "tensor_maps" in files:
