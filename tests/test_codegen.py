@@ -10,7 +10,14 @@ import pytest
 from pipetune.model.hardware import get_gpu
 from pipetune.model.space import Schedule, Space
 from pipetune.model.workloads import bmm, conv2d, conv3d, gemm
-from pipetune.workers.codegen import SCALAR_ARGS, VARIANTS, generate, launch, variant_of
+from pipetune.workers.codegen import (
+    SCALAR_ARGS,
+    VARIANTS,
+    generate,
+    launch,
+    launch_config,
+    variant_of,
+)
 from pipetune.workers.codegen.sample import stratified_sample
 from pipetune.workers.codegen.variants import CONV_DIVISORS
 
@@ -100,10 +107,10 @@ def test_conv_division_constants_divide_exactly(workload):
     rng = np.random.default_rng(0)
     n = np.concatenate([np.arange(4096), rng.integers(0, 2**31, 20000), [2**31 - 1]])
     n = n.astype(np.uint64)
-    for d in CONV_DIVISORS[variant]:
+    for d, size in CONV_DIVISORS[variant].items():
         multiplier, shift = args[f"{d}_mul"] & 0xFFFFFFFF, args[f"{d}_shift"]
         quotient = ((n * np.uint64(multiplier)) >> np.uint64(32 + shift)) if multiplier else n
-        assert np.array_equal(quotient, n // np.uint64(args[d])), d
+        assert np.array_equal(quotient, n // np.uint64(args[size])), d
 
 
 @pytest.fixture(scope="module")
@@ -147,3 +154,29 @@ def test_the_unconstrained_shapes_exclude_no_schedule_the_gpu_allows(gpu):
         reasons = invalid_reasons(grid, unconstrained_workload(op), get_gpu(gpu))
         for rule in shape_rules:
             assert not reasons[rule].any(), (op, rule)
+
+
+@pytest.mark.parametrize(
+    "workload",
+    [
+        conv2d(8, 28, 28, 64, 64, 3, 3, pad=1),
+        conv3d(1, 4, 6, 6, 8, 16, 3, 3, 3, pad=1),
+        gemm(64, 64, 64),
+    ],
+    ids=lambda w: w.label(),
+)
+def test_launch_arguments_are_named_once_as_the_kernel_names_them(workload):
+    """The launch document named a convolution's output buffer and its channel count both
+    `C` (["A", "B", "C", "N", "H", "W", "C", ...]): a launcher written from it passed the
+    output pointer where the channels belong. Every argument has one name now, and a
+    convolution's scalars are the kernel's own parameter names."""
+    variant = variant_of(workload)
+    kernel = generate(variant, S)
+    arguments = launch_config(kernel, workload).arguments
+    assert len(set(arguments)) == len(arguments), arguments
+    signature = re.search(rf"{kernel.name}\(([^)]*)\)", kernel.code).group(1)
+    declared = [p.split()[-1] for p in signature.split(",")]
+    if variant.startswith("conv"):
+        assert declared == [f"{a}_ptr" for a in arguments[:3]] + list(arguments[3:])
+    else:
+        assert declared[3:] == [f"{a}_arg" for a in arguments[3:]]

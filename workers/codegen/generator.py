@@ -16,7 +16,6 @@ from pipetune.workers.codegen.variants import (
     SCALAR_ARGS,
     b_is_kn,
     check_variant,
-    divisor_args,
     scalar_args,
     variant_of,
 )
@@ -37,48 +36,13 @@ class KernelSource:
     smem_bytes: int  # dynamic shared memory per block
 
 
-def _divider_params(variant: str) -> tuple[str, ...]:
-    """The kernel's parameter names of its division constants (variants.divisor_args, as the
-    kernel body spells them)."""
-    return tuple(name.lower() for name in divisor_args(variant))
-
-
-# C parameter lists after the three pointers (names as the kernel body uses them).
+# C parameter lists after the three pointers: a GEMM's M, N and K are M_arg, N_arg and K_arg
+# (the body's constants take the plain names); a convolution's are its SCALAR_ARGS.
 _C_SCALARS: dict[str, tuple[str, ...]] = {
+    **SCALAR_ARGS,
     "gemm_kn": ("M_arg", "N_arg", "K_arg"),
     "gemm_nk": ("M_arg", "N_arg", "K_arg"),
     "bmm": ("M_arg", "N_arg", "K_arg"),
-    "conv2d": (
-        "batch",
-        "in_h",
-        "in_w",
-        "chan",
-        "out_k",
-        "f_r",
-        "f_s",
-        "out_p",
-        "out_q",
-        "stride",
-        "pad",
-        *_divider_params("conv2d"),
-    ),
-    "conv3d": (
-        "batch",
-        "in_d",
-        "in_h",
-        "in_w",
-        "chan",
-        "out_k",
-        "f_t",
-        "f_r",
-        "f_s",
-        "out_o",
-        "out_p",
-        "out_q",
-        "stride",
-        "pad",
-        *_divider_params("conv3d"),
-    ),
 }
 assert all(len(_C_SCALARS[v]) == len(SCALAR_ARGS[v]) for v in SCALAR_ARGS)
 
@@ -102,8 +66,19 @@ def _header(variant: str, schedule: Schedule, g: TileGeometry) -> str:
         f"// block tile {g.bm}x{g.bn}x{g.bk}, {g.threads} threads, "
         f"{g.smem_bytes} B dynamic shared memory\n"
         f"// params: (const __half* A, const __half* B, __half* C, int {args})\n"
-        "// grid: (ceil(M/BM) * ceil(N/BN), 1, batch)\n"
+        f"// grid: {_GRID_TEXT[variant]}\n"
     )
+
+
+# The grid of each variant in its own parameters' names (`launch` computes it): the GEMM view's
+# M x N tiles flattened into x, the batch in z.
+_GRID_TEXT: dict[str, str] = {
+    "gemm_kn": "(ceil(M/BM) * ceil(N/BN), 1, 1)",
+    "gemm_nk": "(ceil(M/BM) * ceil(N/BN), 1, 1)",
+    "bmm": "(ceil(M/BM) * ceil(N/BN), 1, batch)",
+    "conv2d": "(ceil(batch*out_p*out_q/BM) * ceil(out_k/BN), 1, 1)",
+    "conv3d": "(ceil(batch*out_o*out_p*out_q/BM) * ceil(out_k/BN), 1, 1)",
+}
 
 
 def _helpers(variant: str, g: TileGeometry) -> str:

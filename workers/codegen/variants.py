@@ -8,14 +8,17 @@ int32 scalars follow in the order of :data:`SCALAR_ARGS`:
 - ``bmm``: per batch z (grid z), C_z = A_z @ B_z with A, B, C packed contiguously
   (element strides M·K, K·N, M·N between batch entries). Scalars ``(M, N, K)``.
 - ``conv2d``: A = input NHWC, B = filter KRSC, C = output NPQK (row-major
-  (N·P·Q)×K). Scalars ``(N, H, W, C, K, R, S, P, Q, stride, pad)``, then the
-  division constants of Q, P, C, S and R (see below).
+  (N·P·Q)×K). Scalars ``(batch, in_h, in_w, chan, out_k, f_r, f_s, out_p, out_q, stride,
+  pad)``: the sizes N, H, W, C, K, R, S, P and Q under the kernel's own parameter names,
+  which the launch document repeats (``C`` names the output only); then the division
+  constants of Q, P, C, S and R (see below).
 - ``conv3d``: A = input NDHWC, B = filter KTRSC, C = output NOPQK. Scalars
-  ``(N, D, H, W, C, K, T, R, S, O, P, Q, stride, pad)``, then the division constants of
-  Q, P, O, C, S and R.
+  ``(batch, in_d, in_h, in_w, chan, out_k, f_t, f_r, f_s, out_o, out_p, out_q, stride,
+  pad)``, then the division constants of Q, P, O, C, S and R.
 
 A convolution kernel divides by the output and filter sizes with a multiplication
-(``CONV_DIVISORS``): for each such size d it takes ``d_mul`` and ``d_shift``
+(``CONV_DIVISORS``): for each such size d it takes ``d_mul`` and ``d_shift`` (d in lower
+case: ``q_mul``, ``q_shift``, ...)
 (workers/codegen/layout.py ``fast_divmod_params``; the multiplier, up to 2^32 - 1, is passed
 as the int32 with the same 32 bits). ``scalar_args`` computes them from the shape.
 
@@ -35,21 +38,26 @@ SHAPE_ARGS: dict[str, tuple[str, ...]] = {
     "gemm_kn": ("M", "N", "K"),
     "gemm_nk": ("M", "N", "K"),
     "bmm": ("M", "N", "K"),
-    "conv2d": ("N", "H", "W", "C", "K", "R", "S", "P", "Q", "stride", "pad"),
-    "conv3d": ("N", "D", "H", "W", "C", "K", "T", "R", "S", "O", "P", "Q", "stride", "pad"),
-}
+    # The kernel's own parameter names (workers/codegen/cuda_text.py's ConvShape): the launch
+    # document names each argument so, and the output buffer is C, not the channel count.
+    "conv2d": ("batch", "in_h", "in_w", "chan", "out_k", "f_r", "f_s", "out_p", "out_q",
+               "stride", "pad"),
+    "conv3d": ("batch", "in_d", "in_h", "in_w", "chan", "out_k", "f_t", "f_r", "f_s", "out_o",
+               "out_p", "out_q", "stride", "pad"),
+}  # fmt: skip
 # The sizes a convolution kernel divides by (a GEMM row into output coordinates, a column
-# into filter tap and channel); a 2-D convolution has one depth slice, O = 1.
-CONV_DIVISORS: dict[str, tuple[str, ...]] = {
-    "conv2d": ("Q", "P", "C", "S", "R"),
-    "conv3d": ("Q", "P", "O", "C", "S", "R"),
+# into filter tap and channel), each by its letter in the division constants' names and its
+# SHAPE_ARGS name; a 2-D convolution has one depth slice, O = 1.
+CONV_DIVISORS: dict[str, dict[str, str]] = {
+    "conv2d": {"q": "out_q", "p": "out_p", "c": "chan", "s": "f_s", "r": "f_r"},
+    "conv3d": {"q": "out_q", "p": "out_p", "o": "out_o", "c": "chan", "s": "f_s", "r": "f_r"},
 }
 
 
 def divisor_args(variant: str) -> tuple[str, ...]:
     """The names of a variant's division constants, in order: ``d_mul`` and ``d_shift`` for
     each size d of CONV_DIVISORS (none for a GEMM)."""
-    return tuple(f"{d}_{part}" for d in CONV_DIVISORS.get(variant, ()) for part in ("mul", "shift"))
+    return tuple(f"{d}_{part}" for d in CONV_DIVISORS.get(variant, {}) for part in ("mul", "shift"))
 
 
 SCALAR_ARGS: dict[str, tuple[str, ...]] = {
@@ -97,7 +105,9 @@ def scalar_args(workload: AnyWorkload) -> tuple[int, ...]:
     variant = variant_of(w)
     sizes = dict(zip(SHAPE_ARGS[variant], shape, strict=True))
     return shape + tuple(
-        _int32_bits(value) for d in CONV_DIVISORS[variant] for value in fast_divmod_params(sizes[d])
+        _int32_bits(value)
+        for size in CONV_DIVISORS[variant].values()
+        for value in fast_divmod_params(sizes[size])
     )
 
 
