@@ -5,7 +5,11 @@ skip the host pass, where a __host__ __device__ helper calling a __device__-only
 error (the memory-intensive family's unpack / pack did). The Hopper kernel's file states the
 nvcc flags it needs (wgmma is sm_90a's only) and builds with them, and with a plain
 `-arch=sm_90a` too (whose extra compute_90 pass gets trapping wrappers instead of wgmma);
-that guard leaves the sm_90a code as it was.
+that guard leaves the sm_90a code as it was. Every build is warning-free (`-Werror
+all-warnings`, as a user's strict build has it), over schedules that reach each family's
+optional parts: one register stage, a convolution's loaders, a batch, a shared-memory row
+cache, split rows joined in one kernel or two, the tanh GELU, persistent and stream-K
+tile loops.
 """
 
 from __future__ import annotations
@@ -31,8 +35,58 @@ WORKLOADS = {
     "bias_gelu": {"op": "bias_gelu", "rows": 4096, "cols": 3072},
     "hopper_gemm": {"op": "hopper_gemm", "m": 1024, "n": 768, "k": 3072},
 }
-# The sm_90 families' sources state no flags: the tuned GPU's arch, C++17 (as the export test).
-SM90_FLAGS = ["-arch=sm_90", "-std=c++17"]
+_CONV3D = {
+    "op": "conv3d",
+    "n": 2,
+    "d": 8,
+    "h": 14,
+    "w": 14,
+    "c": 64,
+    "k": 64,
+    "t": 3,
+    "r": 3,
+    "s": 3,
+}
+_GEMM_KNOBS = ("block_row_warps", "block_col_warps", "warp_row_tiles", "warp_col_tiles", "chunk")
+# Schedules that reach the parts the model's picks may leave out: {case: (workload, schedule)}.
+SCHEDULED = {
+    "gemm/one register stage": (
+        {"op": "gemm", "m": 1024, "n": 1024, "k": 1024, "b_layout": "nk"},
+        dict(zip(_GEMM_KNOBS, (2, 2, 2, 2, 2), strict=True), smem_stages=2, reg_stages=1),
+    ),
+    "conv3d": (_CONV3D, None),
+    "bmm": ({"op": "bmm", "b": 4, "m": 256, "n": 256, "k": 256}, None),
+    "layernorm/smem cache": (
+        {"op": "layernorm", "rows": 64, "cols": 4096},
+        {"threads_per_row": 128, "rows_per_block": 1, "blocks_per_row": 1, "vector_width": 8,
+         "row_cache": 1, "split_mode": 0, "max_waves": 0},
+    ),
+    "softmax/fused split": (
+        {"op": "softmax", "rows": 4, "cols": 32768},
+        {"threads_per_row": 32, "rows_per_block": 1, "blocks_per_row": 16, "vector_width": 8,
+         "row_cache": 2, "split_mode": 1, "max_waves": 1},
+    ),
+    "reduce/two-pass split": (
+        {"op": "reduce", "rows": 4, "cols": 65536, "reduction": "max"},
+        {"threads_per_row": 64, "rows_per_block": 1, "blocks_per_row": 16, "vector_width": 8,
+         "row_cache": 0, "split_mode": 0, "max_waves": 0},
+    ),
+    "bias_gelu/tanh": (
+        {"op": "bias_gelu", "rows": 4096, "cols": 1024, "approximate": "tanh"}, None
+    ),
+    "hopper_gemm/persistent": (
+        {"op": "hopper_gemm", "m": 4096, "n": 4096, "k": 4096},
+        {"tile_m": 128, "tile_n": 128, "stages": 3, "tile_loop": 1},
+    ),
+    "hopper_gemm/stream-K": (
+        {"op": "hopper_gemm", "m": 512, "n": 512, "k": 16384},
+        {"tile_m": 64, "tile_n": 128, "stages": 3, "tile_loop": 2},
+    ),
+}  # fmt: skip
+# The sm_90 families' sources state no flags: the tuned GPU's arch, C++17 (as the export test),
+# and no warning (a user's -Werror build).
+STRICT = ["-Werror", "all-warnings"]
+SM90_FLAGS = ["-arch=sm_90", "-std=c++17", *STRICT]
 BUILD_LINE = re.compile(r"^// Build for sm_90a: nvcc (?P<flags>.+) -c <file>\.cu$", re.M)
 SM90A_GUARD = "#if defined(__CUDA_ARCH_FEAT_SM90_ALL)"
 KEEP = "hopper_gemm.keep"  # nvcc's intermediates of the Hopper build with the stated flags
@@ -42,7 +96,12 @@ KEEP = "hopper_gemm.keep"  # nvcc's intermediates of the Hopper build with the s
 def kernels(tmp_path_factory: pytest.TempPathFactory) -> dict[str, pipetune.TunedKernel]:
     """The model's pick of each workload (an empty database: no measured schedule)."""
     db = f"sqlite:///{tmp_path_factory.mktemp('host-compile') / 'none.db'}"
-    return {case: pipetune.kernel(w, GPU, db=db) for case, w in WORKLOADS.items()}
+    picks = {case: pipetune.kernel(w, GPU, db=db) for case, w in WORKLOADS.items()}
+    chosen = {
+        case: pipetune.kernel(w, GPU, s) if s else pipetune.kernel(w, GPU, db=db)
+        for case, (w, s) in SCHEDULED.items()
+    }
+    return picks | chosen
 
 
 def _stated_flags(source: str) -> list[str] | None:
@@ -67,16 +126,19 @@ def built(kernels, tmp_path_factory: pytest.TempPathFactory):
     root = tmp_path_factory.mktemp("nvcc")
     commands: dict[str, list[str]] = {}
     for case, k in kernels.items():
-        src = root / f"{case}.cu"
+        stem = case.replace("/", "_").replace(" ", "_")
+        src = root / f"{stem}.cu"
         src.write_text(k.source)
-        out = ["-c", str(src), "-o", str(root / f"{case}.o")]
-        if case == "hopper_gemm":
-            (root / KEEP).mkdir()
-            keep = ["-keep", "-keep-dir", str(root / KEEP)]
+        out = ["-c", str(src), "-o", str(root / f"{stem}.o")]
+        if case.startswith("hopper_gemm"):
+            keep = []
+            if case == "hopper_gemm":
+                (root / KEEP).mkdir()
+                keep = ["-keep", "-keep-dir", str(root / KEEP)]
+                plain = ["-c", str(src), "-o", str(root / f"{stem}.plain.o")]
+                commands[f"{case}/-arch=sm_90a"] = ["nvcc", "-arch=sm_90a", *STRICT, *plain]
             flags = _stated_flags(k.source)
-            commands[case] = ["nvcc", *flags, *keep, *out] if flags else []  # [] not run
-            plain = ["-c", str(src), "-o", str(root / f"{case}.plain.o")]
-            commands[f"{case}/-arch=sm_90a"] = ["nvcc", "-arch=sm_90a", *plain]
+            commands[case] = ["nvcc", *flags, *STRICT, *keep, *out] if flags else []  # [] not run
         else:
             commands[case] = ["nvcc", *SM90_FLAGS, *out]
 
@@ -93,7 +155,7 @@ def built(kernels, tmp_path_factory: pytest.TempPathFactory):
 
 
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="no nvcc here")
-@pytest.mark.parametrize("case", [*WORKLOADS, "hopper_gemm/-arch=sm_90a"])
+@pytest.mark.parametrize("case", [*WORKLOADS, *SCHEDULED, "hopper_gemm/-arch=sm_90a"])
 def test_nvcc_builds_the_source_host_and_device(built, case: str):
     command, done = built[case]
     assert done is not None, f"{case}: the source states no nvcc flags"

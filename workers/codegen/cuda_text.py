@@ -480,7 +480,7 @@ MAINLOOP_SETUP = r"""
       }
     }
   };
-  auto copy_frags_1_to_0 = [&]() {
+  [[maybe_unused]] auto copy_frags_1_to_0 = [&]() {  // used with two register stages
 #pragma unroll
     for (int i = 0; i < MT; ++i)
 #pragma unroll

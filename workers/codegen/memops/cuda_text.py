@@ -134,34 +134,40 @@ HELPERS = r"""
 namespace pt {
 
 // ---- schedule constants ----------------------------------------------------------------
+// Each op's kernel uses some of them: [[maybe_unused]] keeps a warning-free build quiet.
 // OP: 0 reduce-sum, 1 reduce-max, 2 softmax, 3 layernorm, 4 bias_gelu
-constexpr int OP = @OP@;
-constexpr bool GELU_TANH = @GELU_TANH@;
-constexpr int TPR = @TPR@;            // threads per row
-constexpr int RPB = @RPB@;            // rows per block (horizontal packing)
-constexpr int SPLIT = @SPLIT@;        // blocks per row (task splitting)
-constexpr int VEC = @VEC@;            // float16 per load and store
-constexpr int WORDS = (VEC + 1) / 2;  // 32-bit words per vector
+[[maybe_unused]] constexpr int OP = @OP@;
+[[maybe_unused]] constexpr bool GELU_TANH = @GELU_TANH@;
+[[maybe_unused]] constexpr int TPR = @TPR@;            // threads per row
+[[maybe_unused]] constexpr int RPB = @RPB@;            // rows per block (horizontal packing)
+[[maybe_unused]] constexpr int SPLIT = @SPLIT@;        // blocks per row (task splitting)
+[[maybe_unused]] constexpr int VEC = @VEC@;            // float16 per load and store
+[[maybe_unused]] constexpr int WORDS = (VEC + 1) / 2;  // 32-bit words per vector
 // CACHE: where the row waits for the output pass: 0 global (re-read), 1 smem, 2 registers
-constexpr int CACHE = @CACHE@;
-constexpr bool FUSED = @FUSED@;       // split rows joined inside this kernel (else a second kernel)
-constexpr int REG_VECS = @REG_VECS@;  // register cache: vectors per thread (1 when unused)
-constexpr int BATCH = @BATCH@;        // loads a thread issues before using them (streaming passes)
-constexpr int THREADS = TPR * RPB;
-constexpr int WARPS = (THREADS + 31) / 32;
-constexpr int GROUP = TPR < 32 ? TPR : 32;  // lanes of one row inside a warp (shuffle width)
-constexpr int WPR = TPR > 32 ? TPR / 32 : 1;  // warps per row
-constexpr bool REDUCES = OP != 4;
-constexpr bool OUTPUT_PASS = OP == 2 || OP == 3;
-constexpr bool SPLITS = SPLIT > 1 && REDUCES;
-constexpr int STATS = OP == 3 ? 3 : (OP == 2 ? 2 : 1);  // floats a statistic uses
-constexpr int PARTIAL_FLOATS = 3;                         // floats per partial in the workspace
+[[maybe_unused]] constexpr int CACHE = @CACHE@;
+// split rows joined inside this kernel (else a second kernel)
+[[maybe_unused]] constexpr bool FUSED = @FUSED@;
+// register cache: vectors per thread (1 when unused)
+[[maybe_unused]] constexpr int REG_VECS = @REG_VECS@;
+// loads a thread issues before using them (streaming passes)
+[[maybe_unused]] constexpr int BATCH = @BATCH@;
+[[maybe_unused]] constexpr int THREADS = TPR * RPB;
+[[maybe_unused]] constexpr int WARPS = (THREADS + 31) / 32;
+// lanes of one row inside a warp (shuffle width)
+[[maybe_unused]] constexpr int GROUP = TPR < 32 ? TPR : 32;
+[[maybe_unused]] constexpr int WPR = TPR > 32 ? TPR / 32 : 1;  // warps per row
+[[maybe_unused]] constexpr bool REDUCES = OP != 4;
+[[maybe_unused]] constexpr bool OUTPUT_PASS = OP == 2 || OP == 3;
+[[maybe_unused]] constexpr bool SPLITS = SPLIT > 1 && REDUCES;
+[[maybe_unused]] constexpr int STATS = OP == 3 ? 3 : (OP == 2 ? 2 : 1);  // floats a statistic uses
+// floats per partial in the workspace
+[[maybe_unused]] constexpr int PARTIAL_FLOATS = 3;
 // Shared memory, bytes: [one 16-byte slot per warp when a row spans warps]
 // [one broadcast slot when rows are split][the row cache: RPB x segment x VEC halves].
-constexpr int SLOT = 16;
-constexpr int BCAST_OFFSET = (TPR > 32 ? WARPS : 0) * SLOT;
-constexpr int CACHE_OFFSET = BCAST_OFFSET + (SPLITS ? SLOT : 0);
-constexpr float LOWEST = -3.0e38f;  // the max of nothing (finite: no inf - inf)
+[[maybe_unused]] constexpr int SLOT = 16;
+[[maybe_unused]] constexpr int BCAST_OFFSET = (TPR > 32 ? WARPS : 0) * SLOT;
+[[maybe_unused]] constexpr int CACHE_OFFSET = BCAST_OFFSET + (SPLITS ? SLOT : 0);
+[[maybe_unused]] constexpr float LOWEST = -3.0e38f;  // the max of nothing (finite: no inf - inf)
 static_assert(TPR <= 32 || TPR % 32 == 0, "a row spans whole warps or lies in one");
 static_assert(SPLIT == 1 || RPB == 1, "a split row is the block's only row");
 
@@ -358,10 +364,10 @@ extern "C" __global__ void __launch_bounds__(@THREADS@, 1)
        int rows, int cols, float eps) {
   using namespace pt;
   const unsigned short* x = reinterpret_cast<const unsigned short*>(x_ptr);
-  const unsigned short* p0 = reinterpret_cast<const unsigned short*>(p0_ptr);
-  const unsigned short* p1 = reinterpret_cast<const unsigned short*>(p1_ptr);
-  unsigned short* y = reinterpret_cast<unsigned short*>(y_ptr);
-  unsigned char* sm = smem_base();
+  [[maybe_unused]] const unsigned short* p0 = reinterpret_cast<const unsigned short*>(p0_ptr);
+  [[maybe_unused]] const unsigned short* p1 = reinterpret_cast<const unsigned short*>(p1_ptr);
+  [[maybe_unused]] unsigned short* y = reinterpret_cast<unsigned short*>(y_ptr);
+  [[maybe_unused]] unsigned char* sm = smem_base();
   const int tid = thread_index();
   const int lane = tid % TPR;          // thread of its row
   const int rib = tid / TPR;           // row in block
@@ -373,9 +379,10 @@ extern "C" __global__ void __launch_bounds__(@THREADS@, 1)
   const int groups = (rows + RPB - 1) / RPB;
   const int items = groups * SPLIT;
   // Split rows: a partial per (row, segment), then the rows' arrival and departure counters.
-  int* arrive = SPLITS ? reinterpret_cast<int*>(ws + rows * SPLIT * PARTIAL_FLOATS) : nullptr;
-  int* depart = SPLITS ? arrive + rows : nullptr;
-  (void)p0; (void)p1; (void)y; (void)ws; (void)eps; (void)arrive; (void)depart; (void)sm;
+  [[maybe_unused]] int* arrive =
+      SPLITS ? reinterpret_cast<int*>(ws + rows * SPLIT * PARTIAL_FLOATS) : nullptr;
+  [[maybe_unused]] int* depart = SPLITS ? arrive + rows : nullptr;
+  (void)ws; (void)eps;
   // Every thread runs the same item loop (uniform trip count), so the barriers and
   // shuffles below are always reached by the whole block.
   for (int item = block_index(); item < items; item += grid_size()) {

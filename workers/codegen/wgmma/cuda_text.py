@@ -17,11 +17,15 @@ constexpr int STAGE_BYTES = A_STAGE_BYTES + B_STAGE_BYTES;  // a multiple of 102
 constexpr int A_ITERS = BM * 8 / THREADS;        // 16-byte chunks per thread per tile
 constexpr int B_ITERS = BK * (BN / 8) / THREADS;
 constexpr int ACC = BN / 2;                      // f32 accumulators per thread
-constexpr bool B_SWAPPED = @B_SWAPPED@;
-constexpr bool TMA = @TMA@;  // the TMA loader (else every thread's cp.async)
-constexpr int SPLITS = @SPLITS@;  // blocks sharing one output tile's K tiles (grid y)
-constexpr bool PERSISTENT = @PERSISTENT@;  // one block per SM walks the output tiles
-constexpr bool STREAM_K = @STREAM_K@;  // ... each an equal share of all the tiles' K steps
+[[maybe_unused]] constexpr bool B_SWAPPED = @B_SWAPPED@;
+// the TMA loader (else every thread's cp.async)
+[[maybe_unused]] constexpr bool TMA = @TMA@;
+// blocks sharing one output tile's K tiles (grid y)
+[[maybe_unused]] constexpr int SPLITS = @SPLITS@;
+// one block per SM walks the output tiles
+[[maybe_unused]] constexpr bool PERSISTENT = @PERSISTENT@;
+// stream-K: each block an equal share of all the tiles' K steps
+[[maybe_unused]] constexpr bool STREAM_K = @STREAM_K@;
 static_assert(TMA || (A_ITERS * THREADS == BM * 8 && B_ITERS * THREADS == BK * (BN / 8)),
               "whole chunks per thread");
 
@@ -80,7 +84,7 @@ PT_HD unsigned c_tile_offset(int row, int col) {
   return static_cast<unsigned>(row * C_TILE_ROW_BYTES + col * 2);
 }
 // Stream-K's flag after the C tile: whether this block is the one to sum a shared tile.
-constexpr int FLAG_AT = C_TILE_AT + BM * C_TILE_ROW_BYTES;
+[[maybe_unused]] constexpr int FLAG_AT = C_TILE_AT + BM * C_TILE_ROW_BYTES;
 
 // Stream-K: of `total` K steps (all tiles' laid end to end) over `blocks` blocks, block g
 // takes steps share(g) .. share(g + 1) - 1 (the shares differ by one step at most), and step
