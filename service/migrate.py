@@ -63,6 +63,35 @@ def other_tables(engine: Engine) -> list[str]:
     return [t for t in _table_names(engine) if t != "alembic_version"]
 
 
+def missing_columns(engine: Engine) -> list[str]:
+    """The ORM's columns (``table.column``) that the database's tables lack. A database at
+    the newest revision has them all, unless something changed it behind the migrations'
+    back: a released revision edited later (as 0002 and 0005 once were: migration 0006) or
+    a hand-made change. Its revision alone cannot tell."""
+    from pipetune.service.orm import Base
+
+    with engine.execution_options(pipetune_readonly=True).connect() as conn:
+        inspector = inspect(conn)
+        present = set(inspector.get_table_names())
+        return [
+            f"{table.name}.{column.name}"
+            for table in Base.metadata.sorted_tables
+            if table.name in present
+            for column in table.columns
+            if column.name not in {c["name"] for c in inspector.get_columns(table.name)}
+        ]
+
+
+def columns_problem(missing: list[str], url: str) -> str:
+    """The message for a database at the newest revision without every column."""
+    shown = ", ".join(missing[:5]) + (", ..." if len(missing) > 5 else "")
+    return (
+        f"the database {redact(url)} is at revision {head_revision()} but lacks {shown}: its "
+        "schema was changed outside pipetune's migrations; restore it from a backup (or add "
+        "the columns as the ORM in service/orm.py defines them)"
+    )
+
+
 def revision_problem(current: str | None, tables: list[str] | None = None) -> str | None:
     """What is wrong with a database at revision `current` for this pipetune (None: it is at
     the newest); `tables`: what other_tables found, where `current` is None."""
@@ -108,6 +137,8 @@ def check_schema(url: str, *, create_if_empty: bool = False) -> str:
     try:
         current = current_revision(engine)
         if current == head:
+            if missing := missing_columns(engine):
+                raise SchemaError(columns_problem(missing, url))
             return head
         names = _table_names(engine) if current is None else []
         tables = [t for t in names if t != "alembic_version"]  # (as other_tables)

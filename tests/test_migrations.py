@@ -3,8 +3,10 @@ service refuses a database whose schema is behind (naming `pipetune db upgrade`)
 
 from __future__ import annotations
 
+import hashlib
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 from alembic.autogenerate import compare_metadata
@@ -255,3 +257,89 @@ def test_0005_adds_who_may_measure_what_and_keeps_every_row(empty_url):
                 assert column not in {c["name"] for c in inspect(conn).get_columns(table)}
     finally:
         engine.dispose()
+
+
+# The columns revisions 0002 and 0005 gained after their first release (migration 0006).
+LATE_COLUMNS = [("tasks", "imported_from"), ("tasks", "only_runner"), ("jobs", "only_runner")]
+
+
+def _drop_columns(engine: Engine, columns: list[tuple[str, str]]) -> None:
+    """The schema the first releases of 0002 and 0005 built (SQLite drops a column in place
+    since 3.35, as PostgreSQL does)."""
+    with engine.begin() as conn:
+        for table, column in columns:
+            conn.execute(text(f"ALTER TABLE {table} DROP COLUMN {column}"))
+
+
+def test_0006_adds_what_the_first_0002_and_0005_left_out_and_keeps_every_row(empty_url):
+    """A database upgraded by the first 0002 and 0005 read as revision 0005 without
+    tasks.imported_from, tasks.only_runner and jobs.only_runner: `db upgrade` did nothing
+    and every task query failed on the missing column. 0006 adds each one that is missing,
+    and changes nothing where all are there."""
+    upgrade(empty_url, "0005")
+    engine = make_engine(empty_url, pool_size=1)
+    try:
+        _one_finished_task(engine)
+        _drop_columns(engine, LATE_COLUMNS)
+        assert current_revision(engine) == "0005"
+        upgrade(empty_url)
+        assert _schema_diff(empty_url) == []
+        assert _trial_rows(engine) == TRIAL_ROWS
+        with engine.connect() as conn:
+            assert conn.execute(text("SELECT imported_from, only_runner FROM tasks")).all() == [
+                (None, None)
+            ]
+        downgrade(empty_url, "0005")  # nothing of its own to undo
+        assert current_revision(engine) == "0005"
+        with engine.connect() as conn:
+            assert "only_runner" in {c["name"] for c in inspect(conn).get_columns("jobs")}
+        upgrade(empty_url)  # on a complete 0005: a no-op
+        assert _schema_diff(empty_url) == []
+    finally:
+        engine.dispose()
+
+
+def test_a_head_database_without_a_column_is_refused_naming_it(empty_url):
+    """The revision alone said "up to date" (`db current`, the service's start) of a schema
+    that lacked a column; the columns are compared as well now."""
+    upgrade(empty_url)
+    engine = make_engine(empty_url, pool_size=1)
+    try:
+        _drop_columns(engine, [("jobs", "only_runner")])
+    finally:
+        engine.dispose()
+    with pytest.raises(SchemaError, match=r"lacks jobs\.only_runner"):
+        check_schema(empty_url)
+    current = subprocess.run(
+        [sys.executable, "-m", "pipetune.clients.cli", "db", "current", "--db", empty_url],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert current.returncode == 0 and "lacks jobs.only_runner" in current.stdout, current
+    assert "up to date" not in current.stdout
+
+
+# Released revisions are never edited (a database that ran one keeps its revision id and
+# would never run the edit): a change goes into a new revision. SHA-256 of each file, by
+# revision id.
+RELEASED = {
+    "0001": "c96d3de22e54383ac41b20baadae0b3ec77736ebb290da7df6d6c5fcd6017985",
+    "0002": "e1ed0d62a7ad27184398f93370b952726a0c9f853c4773854b1e5ede6d33f733",
+    "0003": "30424d72ef94da24ec29f83f349cdc1d446131b0d9a74350cae31305a955f117",
+    "0004": "d9d10421b37503e744d00583b7aa6ff758bd5817139e49ec9924fcd178ceb175",
+    "0005": "a73e115af701d67816f85512cb0284bd91bd6dc63e54f628f4a31e42a02b713a",
+    "0006": "f070548293315e629e9713e0a9d309d7614ef6cd4fa99fb3aee63cabded98c56",
+}
+
+
+def test_released_migrations_are_not_edited():
+    """Every revision on main is released: pinned here when it is added, never edited."""
+    versions = Path(__file__).resolve().parents[1] / "migrations" / "versions"
+    files = {path.name[:4]: path for path in versions.glob("[0-9][0-9][0-9][0-9]_*.py")}
+    assert sorted(files) == sorted(RELEASED), "pin each new revision's digest in RELEASED"
+    for revision_id, digest in RELEASED.items():
+        got = hashlib.sha256(files[revision_id].read_bytes()).hexdigest()
+        assert got == digest, (
+            f"{files[revision_id].name} was edited after its release: add a new revision instead"
+        )

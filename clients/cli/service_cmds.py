@@ -275,7 +275,13 @@ def db_upgrade(
     """Migrate the database schema (to the newest revision by default)."""
     from alembic.util.exc import CommandError
 
-    from pipetune.service.migrate import redact, revision_problem, upgrade
+    from pipetune.service.migrate import (
+        columns_problem,
+        head_revision,
+        redact,
+        revision_problem,
+        upgrade,
+    )
 
     url = _settings(db).database_url
     _check_revision(revision)  # before the database is touched (a SQLite file created)
@@ -296,6 +302,9 @@ def db_upgrade(
         except CommandError as exc:  # e.g. a database at a revision this pipetune lacks
             raise CliError(one_line(exc), 1) from None
         current = _current(url)
+        lacking = _missing_columns(url) if current == head_revision() else []
+    if lacking:  # at the newest revision, and still not the schema the service needs
+        raise CliError(columns_problem(lacking, url), 1)
     console.print(f"database {redact(url)} is at revision {current}")
 
 
@@ -348,6 +357,17 @@ def _check_revision(revision: str, current: str | None = None) -> None:
         ) from None
 
 
+def _missing_columns(url: str) -> list[str]:
+    from pipetune.service.db import make_engine
+    from pipetune.service.migrate import missing_columns
+
+    engine = make_engine(url, pool_size=1)
+    try:
+        return missing_columns(engine)
+    finally:
+        engine.dispose()
+
+
 def _current(url: str) -> str | None:
     return _revision_and_tables(url)[0]
 
@@ -370,16 +390,28 @@ def _revision_and_tables(url: str) -> tuple[str | None, list[str]]:
 def db_current(db: str | None = _DB, as_json: bool = typer.Option(False, "--json")) -> None:
     """The database's schema revision and the newest one this pipetune has (a SQLite file
     that does not exist is not created: its revision is none)."""
-    from pipetune.service.migrate import head_revision, redact, revision_problem
+    from pipetune.service.migrate import (
+        columns_problem,
+        head_revision,
+        redact,
+        revision_problem,
+    )
 
     url = _settings(db).database_url
     missing = _missing_sqlite_file(url)
     with _database_errors(url):
         current, tables = (None, []) if missing else _revision_and_tables(url)
+        lacking = _missing_columns(url) if current == head_revision() else []
     doc = {"database": redact(url), "current": current, "head": head_revision()}
-    doc["up_to_date"] = doc["current"] == doc["head"]
+    doc["up_to_date"] = doc["current"] == doc["head"] and not lacking
     problem = revision_problem(current, tables)
-    if doc["up_to_date"]:
+    if lacking:
+        # At the newest revision without every column: the revision alone said "up to date"
+        # while every task query failed.
+        doc["state"] = "missing_columns"
+        doc["missing_columns"] = lacking
+        problem = columns_problem(lacking, url)
+    elif doc["up_to_date"]:
         doc["state"] = "up_to_date"
     elif tables:
         doc["state"] = "other_tables"
