@@ -25,6 +25,11 @@ def _configure(connection) -> None:
         # SQLite cannot ALTER most things in place: batch mode copies the table instead.
         render_as_batch=connection.dialect.name == "sqlite",
         compare_type=True,
+        # One transaction for the whole upgrade on SQLite too: Alembic's SQLite default is no
+        # transactional DDL (each revision committed on its own), so a failure, or the foreign
+        # key check below, left the database at a revision in between, already committed.
+        # SQLite does run DDL inside a transaction (service.db's BEGIN IMMEDIATE).
+        transactional_ddl=True,
     )
 
 
@@ -49,6 +54,11 @@ def _set_sqlite_foreign_keys(connection, on: bool) -> None:
         cursor.close()
 
 
+def _dangling(connection) -> set[tuple]:
+    """SQLite's foreign key violations: (table, rowid, parent table, key index) each."""
+    return {tuple(row) for row in connection.exec_driver_sql("PRAGMA foreign_key_check")}
+
+
 def _migrate(connection) -> None:
     """Run the migrations on `connection` in one transaction.
 
@@ -57,13 +67,17 @@ def _migrate(connection) -> None:
     `tasks` deleted its rows one by one, and ON DELETE CASCADE took every job and, through
     them, every lease with it: 0001 -> 0002 emptied a database of its trials. So, as
     Alembic's batch-mode documentation advises, foreign keys are off while the tables are
-    rebuilt, and checked as a whole before the transaction commits."""
+    rebuilt, and checked as a whole before the transaction commits (a violation the
+    migration made fails it; one the database held before is left as it was)."""
     sqlite = connection.dialect.name == "sqlite"
     if sqlite:
         _set_sqlite_foreign_keys(connection, on=False)
     try:
         _configure(connection)
         with context.begin_transaction():
+            # Rows that pointed nowhere before (written with foreign keys off by something
+            # else) are not the migration's doing: only new ones fail it.
+            before = _dangling(connection) if sqlite else set()
             if connection.dialect.name == "postgresql":
                 # A migration's ALTER TABLE waits for every open transaction on the table,
                 # and every query of the service then queues behind it: give up instead,
@@ -71,7 +85,7 @@ def _migrate(connection) -> None:
                 connection.exec_driver_sql(SET_LOCK_TIMEOUT)
             context.run_migrations()
             if sqlite:
-                broken = connection.exec_driver_sql("PRAGMA foreign_key_check").all()
+                broken = sorted(_dangling(connection) - before)
                 if broken:  # raised inside the transaction: nothing of it is kept
                     raise RuntimeError(
                         f"the migration left {len(broken)} rows whose foreign keys point "

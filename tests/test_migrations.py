@@ -343,3 +343,50 @@ def test_released_migrations_are_not_edited():
         assert got == digest, (
             f"{files[revision_id].name} was edited after its release: add a new revision instead"
         )
+
+
+def test_a_failing_upgrade_keeps_nothing_of_it(empty_url):
+    """One transaction for the whole upgrade, on SQLite as on PostgreSQL: a revision that
+    fails (0004's column already there) left a SQLite database at 0003, the revisions before
+    it committed one by one."""
+    upgrade(empty_url, "0001")
+    engine = make_engine(empty_url, pool_size=1)
+    try:
+        _one_finished_task(engine)
+        with engine.begin() as conn:
+            conn.execute(text("ALTER TABLE jobs ADD COLUMN seen_at INTEGER"))
+        with pytest.raises(Exception, match="seen_at"):
+            upgrade(empty_url)
+        assert current_revision(engine) == "0001"
+        with engine.connect() as conn:
+            assert "prior_task" not in {c["name"] for c in inspect(conn).get_columns("tasks")}
+        assert _trial_rows(engine) == TRIAL_ROWS
+    finally:
+        engine.dispose()
+
+
+def test_rows_dangling_before_the_upgrade_do_not_stop_it(tmp_path):
+    """SQLite: the foreign key check after the migrations counts only what they broke. A row
+    already pointing nowhere (written with foreign keys off) failed every upgrade for ever,
+    blamed on the migration, after the migrations had been committed."""
+    url = f"sqlite:///{tmp_path / 'dangling.db'}"
+    upgrade(url, "0001")
+    engine = make_engine(url, pool_size=1)
+    try:
+        _one_finished_task(engine)
+        raw = engine.raw_connection()
+        try:
+            raw.execute("PRAGMA foreign_keys=OFF")
+            raw.execute(
+                "INSERT INTO leases (id, job_id, worker_id, token, leased_at, outcome) "
+                "VALUES (999, 99999, 1, 't', '2026-01-01', 'result')"
+            )
+            raw.commit()
+        finally:
+            raw.close()
+        upgrade(url)
+        assert current_revision(engine) == head_revision()
+        with engine.connect() as conn:
+            assert conn.execute(text("SELECT count(*) FROM leases")).scalar() == 2
+    finally:
+        engine.dispose()
