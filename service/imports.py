@@ -28,6 +28,7 @@ from sqlalchemy.orm import Session
 from pipetune.model.hardware import get_gpu
 from pipetune.model.states import TaskState
 from pipetune.service.orm import JobRow, TaskRow, WorkloadRow
+from pipetune.service.queue import check_storable
 from pipetune.service.queue_types import result_columns
 from pipetune.service.records import workload_row
 from pipetune.workers.datasets import Dataset
@@ -62,10 +63,15 @@ def _trial_keys(
 
 
 def _trials(data: Dataset, info: PipetuneInfo) -> tuple[list[Any], list[Any]]:
-    """The dataset's records as the family's schedules and measurement results."""
+    """The dataset's records as the family's schedules and measurement results. A result a
+    trial row cannot hold is refused as a worker's would be (InputError, located at
+    ["records", i, field]): a register count past int32 failed on PostgreSQL's insert."""
     fam = info.family
     schedules = [fam.parse_schedule(dict(r.configuration)) for r in data.records]
-    return schedules, [result_from_record(r, info.runner) for r in data.records]
+    results = [result_from_record(r, info.runner) for r in data.records]
+    for i, result in enumerate(results):
+        check_storable(result, ["records", i])
+    return schedules, results
 
 
 def _imported_task(
@@ -164,12 +170,20 @@ def _write_task(
     session.add(task)
     session.flush()
     rows = zip(schedules, results, predicted, finished, strict=True)
-    session.execute(insert(JobRow), [_job(task, i, *row) for i, row in enumerate(rows)])
+    # The database's time as a value: a row of an executemany cannot hold an expression.
+    stamp = session.execute(select(now)).scalar_one()
+    session.execute(insert(JobRow), [_job(task, i, *row, stamp) for i, row in enumerate(rows)])
     return task.id
 
 
 def _job(
-    task: TaskRow, trial: int, schedule: Any, result: Any, predicted_us: Any, finished_at: Any
+    task: TaskRow,
+    trial: int,
+    schedule: Any,
+    result: Any,
+    predicted_us: Any,
+    finished_at: Any,
+    now: Any,
 ) -> dict:
     predicted_us = float(predicted_us)
     return {
@@ -185,4 +199,7 @@ def _job(
         "predicted_us": predicted_us if np.isfinite(predicted_us) else None,
         "attempts": 0,
         "finished_at": finished_at,
+        # Created no later than it finished: a measured record's own time (the import's
+        # time came after it), else now.
+        "created_at": finished_at if finished_at is not None else now,
     }

@@ -11,12 +11,14 @@ from pathlib import Path
 
 import pytest
 from service_support import client_for, drain, register, service_of
+from sqlalchemy import text
 from typer.testing import CliRunner
 
 from pipetune.clients.cli.main import app
 from pipetune.model.hardware import get_gpu
 from pipetune.model.space import Space
 from pipetune.model.workloads import gemm
+from pipetune.service.db import make_engine
 from pipetune.workers.datasets import Dataset, load_dataset, write_t4
 from pipetune.workers.runners import make_runner
 from pipetune.workers.runners.sweep import sweep
@@ -138,3 +140,34 @@ def test_each_records_timestamp_is_kept_and_exported_back(a100_sweep, db_url, tm
         trials = client.get(f"/v1/tasks/{doc['id']}/trials?limit=3").json()["trials"]
     assert trials[0]["finished_at"].startswith("2023-12-22T09:00:00.5")
     assert trials[2]["finished_at"] is None
+    # ... and no trial was created after it finished (the import's time came after it).
+    engine = make_engine(db_url, pool_size=1)
+    try:
+        with engine.connect() as conn:
+            late = conn.execute(
+                text("SELECT count(*) FROM jobs WHERE task_id = :t AND created_at > finished_at"),
+                {"t": doc["id"]},
+            ).scalar()
+    finally:
+        engine.dispose()
+    assert late == 0
+
+
+@pytest.mark.parametrize("field", ["registers", "smem_bytes"])
+def test_a_value_no_trial_row_holds_is_refused_naming_the_record(
+    a100_sweep, db_url, tmp_path, field
+):
+    """A worker's result with 2^31 registers is a 422 naming the field; the same value in a
+    dataset failed on PostgreSQL's insert ("integer out of range", exit 1) and was stored by
+    SQLite. It is refused before the database now, exit 2, and nothing is written."""
+    data = load_dataset(a100_sweep)
+    records = list(data.records)
+    bad = next(i for i, r in enumerate(records) if r.valid)
+    records[bad] = replace(records[bad], measurements={**records[bad].measurements, field: 2**31})
+    path = tmp_path / "huge.t4.json"
+    write_t4(Dataset(records, knobs=data.knobs, metadata=data.metadata), path)
+    result = runner.invoke(app, ["db", "import-dataset", str(path), "--db", db_url])
+    assert result.exit_code == 2, result.output
+    assert f"record {bad}'s {field}: must be at most 2147483647" in result.output
+    with client_for(db_url) as client:
+        assert client.get("/v1/tasks").json()["tasks"] == []

@@ -521,6 +521,7 @@ def db_import_dataset(
     writes nothing and answers with the task they became, exit 0: an import script can be
     run again."""
     from pipetune.service.db import Database
+    from pipetune.service.errors import InputError
     from pipetune.service.imports import import_once
     from pipetune.service.views import get_task_doc
 
@@ -535,7 +536,12 @@ def db_import_dataset(
             # Looked up in the transaction that writes the import (on SQLite, whose writers
             # queue, two imports of one file at once then make one task).
             with database.write() as s:
-                task_id, written = import_once(s, data, info, str(dataset), database.now())
+                try:
+                    task_id, written = import_once(s, data, info, str(dataset), database.now())
+                except InputError as exc:  # a value no trial row holds (as a worker's 422)
+                    _, record, *field = exc.loc
+                    where = f"record {record}'s {'.'.join(map(str, field))}"
+                    raise CliError(f"{dataset}: {where}: {exc.reason}", 2) from None
             with database.read() as s:
                 doc = get_task_doc(s, task_id)
     finally:
