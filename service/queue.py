@@ -70,10 +70,11 @@ WORKER_CACHE_S = 30.0
 WORKLOAD_CACHE_SIZE = 10_000
 
 
-def check_storable(r: MeasureResult, loc: list[str | int]) -> None:
+def check_storable(r: MeasureResult, loc: list[str | int], *, runner_kind: bool = True) -> None:
     """What the wire model allows but a trial row cannot hold; `loc` is where the result is
     in the request body. (Times and other numbers are bounded and finite by the model
-    itself, model/trials.py.)"""
+    itself, model/trials.py.) `runner_kind`: the runner must name one kind, as a worker's
+    does (an imported dataset's may name several, "cupy,simulated", or none: "unknown")."""
     if r.ok and r.latency_us is None:
         raise InputError([*loc, "latency_us"], "required when status is ok")
     # A trial row holds one story: a failure's timings (dropped or kept half) and an ok
@@ -88,7 +89,7 @@ def check_storable(r: MeasureResult, loc: list[str | int]) -> None:
         value = getattr(r, name)
         if value is not None and value > ID_MAX:
             raise InputError([*loc, name], f"must be at most {ID_MAX}")
-    if r.runner is not None and RunnerKind.of(r.runner) is None:
+    if runner_kind and r.runner is not None and RunnerKind.of(r.runner) is None:
         kinds = ", ".join(k.value for k in RunnerKind)
         raise InputError(
             [*loc, "runner"],

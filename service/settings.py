@@ -68,6 +68,13 @@ def database_url_problem(url: str) -> str | None:
     backend = parsed.get_backend_name()
     if backend not in DATABASE_BACKENDS:
         return f"not a database URL pipetune can use ({backend!r}; expected {DATABASE_URL_FORMS})"
+    if backend == "sqlite" and parsed.database in (None, "", ":memory:"):
+        # Each connection gets an empty database of its own: the schema built on one was not
+        # there for the next ("no such table: tasks"; `db upgrade` answered "revision None").
+        return (
+            "an in-memory SQLite database lasts only as long as one connection, and pipetune "
+            "opens several: name a file (sqlite:///path.db)"
+        )
     try:
         parsed.get_dialect().import_dbapi()
     except (NoSuchModuleError, ImportError) as exc:

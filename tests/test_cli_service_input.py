@@ -159,6 +159,8 @@ BAD_URLS = {
     "notaurl": "not a database URL (",
     "foo://x": "not a database URL pipetune can use ('foo'",
     "file": "is not a SQLite database file",
+    # In memory: each connection had an empty database of its own ("no such table: tasks").
+    "sqlite://": "an in-memory SQLite database lasts only as long as one connection",
 }
 COMMANDS = {
     "serve": ["serve"],

@@ -122,7 +122,7 @@ def test_cors_origins_come_from_the_environment(monkeypatch):
 
 
 def test_settings_never_show_their_secrets():
-    shown = repr(settings("sqlite://", worker_tokens=["tok-secret"], api_keys=["key-secret"]))
+    shown = repr(settings("sqlite:///x.db", worker_tokens=["tok-secret"], api_keys=["key-secret"]))
     assert "tok-secret" not in shown and "key-secret" not in shown
     assert "database_url" in shown  # the rest is still there to read
 
