@@ -4,6 +4,7 @@ service refuses a database whose schema is behind (naming `pipetune db upgrade`)
 from __future__ import annotations
 
 import hashlib
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -78,15 +79,20 @@ def test_serve_on_an_outdated_schema_exits_1_naming_db_upgrade(tmp_path):
     url = f"sqlite:///{tmp_path / 'old.db'}"
     upgrade(url)
     downgrade(url, "base")
+    data = tmp_path / "data"  # the user data dir, where serve keeps a generated token
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PIPETUNE_")}
     result = subprocess.run(
         [sys.executable, "-m", "pipetune.clients.cli", "serve", "--db", url, "--port", "0"],
         capture_output=True,
         text=True,
         timeout=60,
+        env={**env, "XDG_DATA_HOME": str(data)},
     )
     assert result.returncode == 1
     errors = [line for line in result.stderr.splitlines() if line.startswith("error:")]
     assert len(errors) == 1 and "run `pipetune db upgrade --db sqlite:///" in errors[0]
+    # Refused before anything is made: the worker token was generated and saved first.
+    assert not (data / "pipetune" / "worker-token").exists()
 
 
 def _one_finished_task(engine: Engine) -> None:

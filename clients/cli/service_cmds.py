@@ -215,6 +215,8 @@ def serve(
     # Before create_app: nothing (no database file, no token) is made for a serve that exits.
     replay_gpu = _check_local_workers(local_workers, runner, dataset)
     _check_address(host, port)
+    # The schema before the token: a serve refused for its database wrote the secret file.
+    _check_schema(settings.database_url, create_if_empty=settings.create_empty_schema)
     if not settings.worker_tokens:
         from pipetune.service.worker_token import (
             announcement,
