@@ -23,6 +23,7 @@ from pathlib import Path
 import pytest
 
 import pipetune
+from pipetune.model.family import family_of
 from pipetune.workers.compile import compile_source
 
 GPU = "h100"
@@ -185,3 +186,19 @@ def test_the_sm90a_guard_leaves_nvrtcs_cubin_as_it_was(kernels):
     guarded_cubin = compile_source(k.source, "sm_90a", entry=k.name, use_cache=False).cubin
     unguarded_cubin = compile_source(unguarded, "sm_90a", entry=k.name, use_cache=False).cubin
     assert guarded_cubin == unguarded_cubin
+
+
+def _identifiers(source: str) -> set[str]:
+    """The C++ identifiers of a source, comments and string literals left out."""
+    code = re.sub(r"//[^\n]*|/\*.*?\*/", " ", source, flags=re.S)
+    code = re.sub(r'"(?:\\.|[^"\\])*"', '""', code)
+    return set(re.findall(r"\b[A-Za-z_]\w*\b", code))
+
+
+def test_no_identifier_of_a_source_is_a_knob_name(kernels):
+    """`pipetune_tuned.h` under -DTARGET_<stem> defines each knob as a plain macro (Kernel
+    Tuner's convention): a kernel that names a variable after a knob (the Hopper kernel's
+    local `tile_m`) stopped compiling beside it ("expected an identifier")."""
+    for case, k in kernels.items():
+        knobs = set(family_of(k.workload).knob_names)
+        assert not knobs & _identifiers(k.source), (case, sorted(knobs & _identifiers(k.source)))

@@ -266,8 +266,8 @@ extern "C" __global__ void __launch_bounds__(@THREADS@, 1)
 @BATCH@
   const int tid = threadIdx.x, wg = tid / 128, t = tid % 128;
   const int tiles_n = (N + BN - 1) / BN;
-  const int tile_m = static_cast<int>(blockIdx.x) / tiles_n;
-  const int bm0 = tile_m * BM, bn0 = (static_cast<int>(blockIdx.x) - tile_m * tiles_n) * BN;
+  const int tile_row = static_cast<int>(blockIdx.x) / tiles_n;
+  const int bm0 = tile_row * BM, bn0 = (static_cast<int>(blockIdx.x) - tile_row * tiles_n) * BN;
   const int k_tiles = (K + BK - 1) / BK;
   const unsigned base = (smem_u32(pt_smem) + 1023u) & ~1023u;
 
@@ -417,9 +417,9 @@ C_TILE_OUT = r"""#pragma unroll
 # across its tiles; the MMAs of a tile all retired; the tile's C out through the C tile.
 TILE_AT = r"""  auto tile_at = [&](int index, int& z, int& bm0, int& bn0) {
     z = index / tiles_mn;
-    const int in_batch = index - z * tiles_mn, tile_m = in_batch / tiles_n;
-    bm0 = tile_m * BM;
-    bn0 = (in_batch - tile_m * tiles_n) * BN;
+    const int in_batch = index - z * tiles_mn, tile_row = in_batch / tiles_n;
+    bm0 = tile_row * BM;
+    bn0 = (in_batch - tile_row * tiles_n) * BN;
   };
 """
 LOAD_STEP = r"""
@@ -475,8 +475,8 @@ extern "C" __global__ void __launch_bounds__(@THREADS@, 1)
   C += static_cast<long long>(z) * M * N;
   const int tid = threadIdx.x, wg = tid / 128, t = tid % 128;
   const int tiles_n = (N + BN - 1) / BN;
-  const int tile_m = static_cast<int>(blockIdx.x) / tiles_n;
-  const int bm0 = tile_m * BM, bn0 = (static_cast<int>(blockIdx.x) - tile_m * tiles_n) * BN;
+  const int tile_row = static_cast<int>(blockIdx.x) / tiles_n;
+  const int bm0 = tile_row * BM, bn0 = (static_cast<int>(blockIdx.x) - tile_row * tiles_n) * BN;
   // This block's K tiles kt0 .. kt0 + k_tiles - 1: slice blockIdx.y of SPLITS (one: all).
   const int k_tiles_all = (K + BK - 1) / BK, per_slice = (k_tiles_all + SPLITS - 1) / SPLITS;
   const int kt0 = static_cast<int>(blockIdx.y) * per_slice;
