@@ -205,3 +205,40 @@ def test_compile_without_a_shape_samples_every_schedule_valid_on_the_gpu():
     table = runner.invoke(app, ["kernel", "compile", "conv2d", "--sample", "1"])
     assert table.exit_code == 0, table.output
     assert "conv2d kernels (any shape; valid on h100): 1 of" in " ".join(table.stdout.split())
+
+
+@pytest.mark.parametrize(
+    ("command", "knobs"),
+    [
+        (GEMM, KNOBS),
+        (
+            ["softmax", "--rows", "4", "--cols", "32768"],
+            {"threads_per_row": 32, "rows_per_block": 1, "blocks_per_row": 16, "vector_width": 8,
+             "row_cache": 2, "split_mode": 1, "max_waves": 1},
+        ),
+    ],
+    ids=["gemm", "softmax"],
+)  # fmt: skip
+def test_source_launch_prints_the_launch_document_of_any_schedule(command, knobs):
+    """How to launch a schedule without tuning it first: only `pipetune export` (tuned
+    workloads) and the Python API gave the grid, shared memory, argument order and notes."""
+    import pipetune
+
+    args = ["kernel", "source", *command, "--schedule", json.dumps(knobs), "--launch"]
+    result = runner.invoke(app, args)
+    assert result.exit_code == 0, result.output
+    doc = json.loads(result.stdout)
+    shape = dict(zip(command[1::2], command[2::2], strict=True))
+    workload = {"op": command[0], **{k.lstrip("-"): int(v) for k, v in shape.items()}}
+    expected = pipetune.kernel(workload, "h100", knobs).launch_document()
+    assert doc == json.loads(json.dumps(expected))
+    assert doc["schedule"] == knobs and doc["schedule_origin"] == "given"
+    assert doc["grid"] and doc["arguments"] and doc["notes"]
+
+
+def test_source_launch_needs_the_shape():
+    result = runner.invoke(
+        app, ["kernel", "source", "gemm", "--schedule", json.dumps(KNOBS), "--launch"]
+    )
+    assert result.exit_code == 2
+    assert "--launch: give the shape" in result.output

@@ -66,8 +66,10 @@ def resolve_workload(data: dict[str, Any]) -> tuple[Any, str | None]:
     return unconstrained_workload(op, **options), None
 
 
-def _source(workload: dict, schedule: str, gpu: str) -> None:
+def _source(workload: dict, schedule: str, gpu: str, launch: bool = False) -> None:
     w, label = resolve_workload(workload)
+    if launch and label is None:
+        raise CliError("--launch: give the shape: a launch is of one shape", code=2)
     family = family_of(w)
     s = parse_schedule(schedule, w.op)
     spec = get_gpu(gpu)
@@ -80,6 +82,13 @@ def _source(workload: dict, schedule: str, gpu: str) -> None:
             + "; ".join(problems),
             code=2,
         )
+    if launch:
+        # What `pipetune export` writes beside a tuned kernel (<stem>.launch.json), for any
+        # schedule: the launch of a model pick or of one's own, without tuning it first.
+        from pipetune.clients.library.kernel import TunedKernel
+
+        print_json(TunedKernel(w, spec.key, s).launch_document())
+        return
     sys.stdout.write(codegen.generate(w, s).code)
 
 
@@ -94,9 +103,18 @@ add_workload_commands(
             help='JSON object of the operator\'s knobs, e.g. {"chunk": 2, ...} for gemm',
         ),
         _GPU,
+        option(
+            "launch",
+            bool,
+            False,
+            "--launch",
+            help="print the launch document instead (grid, block, dynamic shared memory, "
+            "arguments in order, buffers, notes: what `pipetune export` writes as "
+            "<stem>.launch.json); needs the shape",
+        ),
     ],
     "CUDA source (the shape is optional for the GEMM family: its kernels take it as "
-    "arguments) for:",
+    "arguments; --launch: how to launch it on the shape) for:",
     shape_optional=True,
 )
 
