@@ -362,6 +362,8 @@ class TrialDoc(_Body):
     latency_us: float | None = None
     predicted_us: float | None = None
     worker: str | None = None
+    # The GPU that worker registered (its device name), where it gave one.
+    worker_device: str | None = None
     error: str | None = None
     # The runner that produced the result ("simulated": the model plus noise, not measured).
     runner: str | None = None

@@ -124,7 +124,7 @@ def list_trial_docs(
         .where(TaskRow.id == task_id)
     ).one_or_none()
     rows = session.execute(
-        select(JobRow, WorkerRow.name)
+        select(JobRow, WorkerRow.name, WorkerRow.device_name)
         .outerjoin(WorkerRow, WorkerRow.id == JobRow.result_worker)
         .where(JobRow.task_id == task_id, JobRow.trial > after)
         .order_by(JobRow.trial)
@@ -140,6 +140,7 @@ def list_trial_docs(
             latency_us=job.latency_us,
             predicted_us=job.predicted_us,
             worker=worker,
+            worker_device=device,
             error=job.error,
             runner=job.runner,
             samples_us=list(job.samples_us or ()) if samples else None,
@@ -151,7 +152,7 @@ def list_trial_docs(
             max_abs_error=job.max_abs_error,
             finished_at=job.finished_at,
         )
-        for job, worker in rows
+        for job, worker, device in rows
     ]
 
 

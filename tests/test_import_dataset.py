@@ -10,7 +10,7 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
-from service_support import client_for, drain, register, service_of
+from service_support import WORKER_HEADERS, client_for, drain, register, service_of
 from sqlalchemy import text
 from typer.testing import CliRunner
 
@@ -171,3 +171,25 @@ def test_a_value_no_trial_row_holds_is_refused_naming_the_record(
     assert f"record {bad}'s {field}: must be at most 2147483647" in result.output
     with client_for(db_url) as client:
         assert client.get("/v1/tasks").json()["tasks"] == []
+
+
+def test_an_export_names_the_gpus_its_workers_registered(db_url, tmp_path):
+    """A task measured by a worker that registered its device exported device_name null:
+    the T4 file did not say which GPU measured it. Its trials name their worker's device
+    now, and the export's metadata the devices of its trials."""
+    with client_for(db_url) as client:
+        body = {"name": "gpu-7", "gpu": "h100", "arch": "sm_90", "runner": "simulated",
+                "device_name": "NVIDIA H100 80GB HBM3"}  # fmt: skip
+        worker = client.post("/v1/workers", json=body, headers=WORKER_HEADERS).json()["id"]
+        task = client.post(
+            "/v1/tasks", json={"workload": WORKLOAD.canonical(), "gpu": "h100", "budget": 4}
+        ).json()
+        assert drain(client, worker) == 4
+        trials = client.get(f"/v1/tasks/{task['id']}/trials").json()["trials"]
+    assert {t["worker_device"] for t in trials} == {"NVIDIA H100 80GB HBM3"}
+    out = tmp_path / "task.t4.json"
+    args = ["export", "--task", str(task["id"]), "--format", "t4", "--out", str(out)]
+    result = runner.invoke(app, [*args, "--db", db_url])
+    assert result.exit_code == 0, result.output
+    meta = load_dataset(out).metadata["pipetune"]
+    assert meta["device_name"] == "NVIDIA H100 80GB HBM3"

@@ -343,12 +343,15 @@ def task_dataset(reader: Reader, task_id: int) -> Dataset:
     if not pairs:
         raise ValueError(f"task {task_id} has no finished trial to export yet")
     runners = sorted({t.runner for t, _ in pairs if t.runner})
+    # The GPUs its workers registered (a T4 file's device_name; none for simulated workers).
+    devices = sorted({t.worker_device for t, _ in pairs if t.worker_device})
     return dataset_from_results(
         parse_any_workload(task.workload),
         get_gpu(task.gpu),
         [t.schedule.to_schedule() for t, _ in pairs],
         [r for _, r in pairs],
         runner=",".join(runners) or "unknown",
+        device_name=", ".join(devices) or None,
         # When each outcome was recorded, not when the file is written; a trial without a
         # time (imported from a file without one) has none in the file either.
         timestamps=[
