@@ -168,6 +168,9 @@ class Settings(BaseSettings):
     # Background upkeep (expired leases, tasks whose batch completed): seconds, 0 = off.
     sweep_interval_s: float = Field(2.0, ge=0)
     max_body_bytes: int = Field(1_000_000, ge=1024)
+    # Seconds a request may take to arrive whole (head and body) from its first byte, or a
+    # new connection to send one: then the connection is closed (service/http_protocol.py).
+    request_read_timeout_s: float = Field(60.0, gt=0)
     # Build the schema when the database is empty (`serve` on a fresh install).
     create_empty_schema: bool = False
     db_pool_size: int = Field(10, ge=1)

@@ -132,6 +132,16 @@ def _server_class(processes: list, on_stop):  # type: ignore[no-untyped-def]
     return Server
 
 
+def _http_protocol(read_timeout_s: float) -> Any:
+    """httptools with a head size limit and a read timeout (service/http_protocol.py);
+    uvicorn's h11 where httptools is not installed (h11 limits the head itself)."""
+    try:
+        from pipetune.service.http_protocol import protocol_with
+    except ImportError:
+        return "h11"
+    return protocol_with(read_timeout_s)
+
+
 def _check_address(host: str, port: int) -> None:
     """Bind --host and --port as uvicorn will (asyncio's create_server: every address the
     host resolves to) and let go. uvicorn logs a bind failure among its start and shutdown
@@ -232,7 +242,12 @@ def serve(
         app = create_app(settings)
     processes: list = []
     config = uvicorn.Config(
-        app, host=host, port=port, log_level=log_level, timeout_keep_alive=KEEP_ALIVE_S
+        app,
+        host=host,
+        port=port,
+        log_level=log_level,
+        timeout_keep_alive=KEEP_ALIVE_S,
+        http=_http_protocol(settings.request_read_timeout_s),
     )
     server = _server_class(processes, app.state.service.queue.stop_polling)(config)
     local_host = "127.0.0.1" if host in ("0.0.0.0", "::", "") else host

@@ -1,0 +1,113 @@
+"""`pipetune serve`'s HTTP limits (service/http_protocol.py), on a real server: a request
+head past MAX_HEAD_BYTES is answered 431 before it is parsed, and a request that does not
+arrive whole within the read timeout has its connection closed, while a long-poll whose
+request has arrived waits as long as it asks, and keep-alive requests still work."""
+
+from __future__ import annotations
+
+import socket
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+from live_support import TOKEN, start_service
+
+from pipetune.service.http_protocol import MAX_HEAD_BYTES
+
+READ_TIMEOUT_S = 2.0
+
+
+@pytest.fixture(scope="module")
+def service(tmp_path_factory: pytest.TempPathFactory):
+    directory = tmp_path_factory.mktemp("http-limits")
+    env = {"PIPETUNE_REQUEST_READ_TIMEOUT_S": str(READ_TIMEOUT_S)}
+    svc = start_service(directory, env=env)
+    try:
+        yield svc
+    finally:
+        svc.stop()
+
+
+def _connect(url: str) -> socket.socket:
+    host, port = url.removeprefix("http://").split(":")
+    return socket.create_connection((host, int(port)), timeout=30)
+
+
+def _read_until_closed(sock: socket.socket) -> bytes:
+    chunks = []
+    while chunk := sock.recv(65536):
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+def _healthy(url: str) -> float:
+    started = time.monotonic()
+    assert httpx.get(f"{url}/healthz", timeout=10).status_code == 200
+    return time.monotonic() - started
+
+
+def test_a_head_past_the_limit_is_refused_with_431(service):
+    """One 160 MiB header froze the service for 20 s (httptools sets no limit)."""
+    sock = _connect(service.url)
+    try:
+        sock.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\nX-Junk: ")
+        sent = 0
+        try:
+            while sent < 4 * MAX_HEAD_BYTES:  # the server closes once it is past the limit
+                sock.sendall(b"A" * 4096)
+                sent += 4096
+        except (BrokenPipeError, ConnectionResetError):
+            pass
+        answer = _read_until_closed(sock)
+    finally:
+        sock.close()
+    assert answer.startswith(b"HTTP/1.1 431 "), answer[:200]
+    assert b"request head over" in answer
+    assert _healthy(service.url) < 2.0
+
+
+@pytest.mark.parametrize(
+    "sent",
+    [b"", b"GET /healthz HTTP/1.1\r\nHost: x\r\n", b"POST /v1/tasks HTTP/1.1\r\n"
+     b"Host: x\r\nContent-Type: application/json\r\nContent-Length: 500\r\n\r\n{"],
+    ids=["nothing", "half a head", "half a body"],
+)  # fmt: skip
+def test_a_request_that_does_not_arrive_is_closed_after_the_read_timeout(service, sent):
+    """Such connections stayed open for ever: a few thousand used up the descriptors."""
+    sock = _connect(service.url)
+    try:
+        sock.sendall(sent)
+        started = time.monotonic()
+        answer = _read_until_closed(sock)  # b"" when the server closes it
+        waited = time.monotonic() - started
+    finally:
+        sock.close()
+    assert answer == b""
+    assert READ_TIMEOUT_S * 0.8 <= waited <= READ_TIMEOUT_S + 5
+
+
+def test_a_long_poll_and_keep_alive_outlast_the_read_timeout(service):
+    """The timeout is for a request's arrival only: a lease request that has arrived waits
+    its wait_s, and an idle keep-alive connection serves a next request."""
+    headers = {"Authorization": f"Bearer {TOKEN}"}
+    with httpx.Client(base_url=service.url, timeout=30) as http:
+        body = {"name": "w-limits", "gpu": "h100", "arch": "sm_90", "runner": "simulated"}
+        worker = http.post("/v1/workers", json=body, headers=headers).json()["id"]
+        wait_s = READ_TIMEOUT_S + 1.5
+        started = time.monotonic()
+        leased = http.post(
+            "/v1/jobs/lease",
+            json={"worker_id": worker, "max_jobs": 1, "wait_s": wait_s},
+            headers=headers,
+        )
+        assert leased.status_code == 200 and leased.json()["jobs"] == []
+        assert time.monotonic() - started >= wait_s - 0.5
+        time.sleep(READ_TIMEOUT_S + 0.5)  # idle on the same connection
+        assert http.get("/healthz").status_code == 200
+
+
+def test_the_timeout_is_a_setting(tmp_path: Path):
+    from pipetune.service.settings import Settings
+
+    assert Settings(database_url=f"sqlite:///{tmp_path / 'x.db'}").request_read_timeout_s == 60
