@@ -126,9 +126,9 @@ WITH {held}cas AS (
     FROM cas, jsonb_to_recordset(CAST(%(jobs)s AS jsonb))
         AS j(trial int, schedule json, schedule_id text, predicted_us float8)
 ){seen}
-SELECT cas.arch, cas.gpu, pg_notify(%(channel)s, json_build_object(
+SELECT cas.arch, cas.gpu, cas.only_runner, pg_notify(%(channel)s, json_build_object(
     'origin', CAST(%(origin)s AS text), 'arch', cas.arch, 'gpu', cas.gpu,
-    'count', CAST(%(count)s AS int))::text)
+    'count', CAST(%(count)s AS int), 'runner', cas.only_runner)::text)
 FROM cas
 """
 # With early proposals, the same and jobs.seen_at: the results this batch saw out of turn,
@@ -563,8 +563,8 @@ class Driver:
             for number, (batch, predicted) in enumerate(batches):
                 self._insert_jobs(s.connection(), task, number, first, batch, predicted)
                 first += len(batch)
-            task_id, arch = task.id, task.arch
-        self._announce(arch, body.gpu, enqueued)
+            task_id, arch, runner = task.id, task.arch, task.only_runner
+        self._announce(arch, body.gpu, enqueued, runner)
         self.metrics.batches.inc(len(batches))
         self._keep_live(task_id, live)
         return task_id
@@ -658,12 +658,14 @@ class Driver:
         )
         if self.wakeup is not None and not self.db.is_sqlite:
             # Delivered to the other replicas when this transaction commits.
-            conn.execute(notify_statement(self.wakeup.payload(task.arch, task.gpu, len(batch))))
+            payload = self.wakeup.payload(task.arch, task.gpu, len(batch), task.only_runner)
+            conn.execute(notify_statement(payload))
 
-    def _announce(self, arch: str, gpu: str, count: int) -> None:
-        """Wake this replica's lease requests waiting for such jobs (committed by now)."""
+    def _announce(self, arch: str, gpu: str, count: int, runner: str | None) -> None:
+        """Wake this replica's lease requests waiting for such jobs (committed by now): for
+        workers of `runner` only, where the task is for one."""
         if self.wakeup is not None and count:
-            self.wakeup.signal(arch, gpu, count)
+            self.wakeup.signal(arch, gpu, count, runner)
 
     # ---- advance -------------------------------------------------------------------
 
@@ -1066,7 +1068,7 @@ class Driver:
                     conn, task, plan.version, plan.first_trial, plan.batch, plan.predicted
                 )
         if plan.batch:
-            self._announce(task.arch, task.gpu, len(plan.batch))
+            self._announce(task.arch, task.gpu, len(plan.batch), task.only_runner)
             self.metrics.batches.inc()
         else:
             self.metrics.tasks_finished.labels(values["state"]).inc()
@@ -1104,7 +1106,7 @@ class Driver:
             task = cur.fetchone()
         if task is None:
             return False
-        self._announce(task.arch, task.gpu, len(plan.batch))
+        self._announce(task.arch, task.gpu, len(plan.batch), task.only_runner)
         self.metrics.batches.inc()
         return True
 

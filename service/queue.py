@@ -375,7 +375,14 @@ class Queue:
                         else_=JobRow.error,
                     ),
                 )
-                .returning(JobRow.id, JobRow.task_id, JobRow.state, JobRow.arch, JobRow.gpu)
+                .returning(
+                    JobRow.id,
+                    JobRow.task_id,
+                    JobRow.state,
+                    JobRow.arch,
+                    JobRow.gpu,
+                    JobRow.only_runner,
+                )
                 .execution_options(synchronize_session=False)
             ).all()
             if not rows:
@@ -399,13 +406,13 @@ class Queue:
                     .execution_options(synchronize_session=False)
                 )
             requeued = collections.Counter(
-                (r.arch, r.gpu) for r in rows if r.state == JobState.QUEUED
+                (r.arch, r.gpu, r.only_runner) for r in rows if r.state == JobState.QUEUED
             )
             if not self.db.is_sqlite:
-                for (arch, gpu), n in requeued.items():
-                    s.execute(notify_statement(self.wakeup.payload(arch, gpu, n)))
-        for (arch, gpu), n in requeued.items():
-            self.wakeup.signal(arch, gpu, n)
+                for (arch, gpu, runner), n in requeued.items():
+                    s.execute(notify_statement(self.wakeup.payload(arch, gpu, n, runner)))
+        for (arch, gpu, runner), n in requeued.items():
+            self.wakeup.signal(arch, gpu, n, runner)
         for r in rows:
             self.metrics.lease_expiries.labels(r.state).inc()
         return set(lost)

@@ -54,13 +54,21 @@ class WorkerKind:
     arch: str
     gpu: str | None  # None: any job of the arch (a real GPU)
     # One workload's jobs only (a replay worker), and its runner kind (a task may be for one
-    # runner). Signals name neither: such a worker is woken by any job of its arch and GPU,
-    # and its claim finds whether one is its; the memory of an empty queue is per kind.
+    # runner). Signals name the runner their jobs are for, not the workload: a bound worker
+    # is woken by any job of its arch, GPU and runner, and its claim finds whether one is
+    # its; the memory of an empty queue is per kind.
     workload_hash: str | None = None
     runner: str | None = None
 
-    def takes(self, arch: str, gpu: str) -> bool:
-        return arch == self.arch and (self.gpu is None or gpu == self.gpu)
+    def takes(self, arch: str, gpu: str, runner: str | None = None) -> bool:
+        """Whether jobs of (arch, gpu) for `runner` (None: any runner) may be this kind's.
+        The runner counts: a cupy-only task's signal woke simulated workers, which found
+        nothing, and the GPU worker waited for the fallback poll (5 s a batch)."""
+        return (
+            arch == self.arch
+            and (self.gpu is None or gpu == self.gpu)
+            and (runner is None or runner == self.runner)
+        )
 
 
 class Wakeup:
@@ -92,21 +100,23 @@ class Wakeup:
 
     # ---- signals (any thread) -----------------------------------------------------------
 
-    def signal(self, arch: str, gpu: str, count: int) -> None:
-        """`count` jobs for (arch, gpu) were enqueued (and committed)."""
+    def signal(self, arch: str, gpu: str, count: int, runner: str | None = None) -> None:
+        """`count` jobs for (arch, gpu) were enqueued (and committed), for workers of
+        `runner` only (None: any)."""
         self.bump()
         loop = self._loop
         if loop is not None and not loop.is_closed():
             with contextlib.suppress(RuntimeError):  # the loop stopped meanwhile
-                loop.call_soon_threadsafe(self._wake, arch, gpu, count)
+                loop.call_soon_threadsafe(self._wake, arch, gpu, count, runner)
 
     def bump(self) -> None:
         """Forget every memory of an empty queue."""
         self.generation = next(self._generations)
 
-    def payload(self, arch: str, gpu: str, count: int) -> str:
+    def payload(self, arch: str, gpu: str, count: int, runner: str | None = None) -> str:
         """The NOTIFY payload of a signal (what `listen` turns back into one)."""
-        return json.dumps({"origin": self.origin, "arch": arch, "gpu": gpu, "count": count})
+        message = {"origin": self.origin, "arch": arch, "gpu": gpu, "count": count}
+        return json.dumps({**message, "runner": runner})
 
     def advance_payload(self, task_id: int) -> str:
         """The NOTIFY payload asking the replica that holds a task's session to advance it
@@ -170,12 +180,12 @@ class Wakeup:
     def waiting(self) -> int:
         return len(self._waiters)
 
-    def _wake(self, arch: str, gpu: str, count: int) -> None:
+    def _wake(self, arch: str, gpu: str, count: int, runner: str | None = None) -> None:
         woken = 0  # jobs the woken requests ask for
         for future, (kind, wants) in list(self._waiters.items()):
             if woken >= count:
                 break
-            if not future.done() and kind.takes(arch, gpu):
+            if not future.done() and kind.takes(arch, gpu, runner):
                 future.set_result(True)
                 del self._waiters[future]
                 woken += wants
@@ -199,7 +209,13 @@ class Wakeup:
                     if hook is not None:
                         hook(int(message[key]))
                     return
-            self.signal(str(message["arch"]), str(message["gpu"]), int(message["count"]))
+            runner = message.get("runner")  # (absent from an older replica's: any runner)
+            self.signal(
+                str(message["arch"]),
+                str(message["gpu"]),
+                int(message["count"]),
+                None if runner is None else str(runner),
+            )
         except (ValueError, KeyError, TypeError):
             log.warning("ignored a malformed %s notification", CHANNEL)
 

@@ -32,3 +32,34 @@ def test_job_signals_still_bump_and_malformed_messages_are_ignored():
     assert asked == []
     no_hook = Wakeup(shared=True)
     no_hook.deliver(there.advance_payload(1))  # a replica without a proposer ignores it
+
+
+def test_a_signal_for_one_runners_jobs_wakes_that_runners_workers_only():
+    """A cupy-only task's jobs woke the first waiting requests of the arch and GPU: eight
+    simulated workers took the signal's count, found nothing, and the GPU worker waited for
+    the fallback poll (4.5 s a batch, measured). The runner travels with the signal, across
+    replicas too, and a signal for any runner still wakes them all."""
+    import asyncio
+
+    from pipetune.service.wakeup import WorkerKind
+
+    simulated = WorkerKind("sm_90", "h100", None, "simulated")
+    gpu = WorkerKind("sm_90", None, None, "cupy")
+    assert gpu.takes("sm_90", "h100", "cupy") and not simulated.takes("sm_90", "h100", "cupy")
+    assert gpu.takes("sm_90", "h100") and simulated.takes("sm_90", "h100")
+
+    async def woken(message: str) -> list[bool]:
+        here, there = Wakeup(shared=True), Wakeup(shared=True)
+        here.attach(asyncio.get_running_loop())
+        waits = [here.wait(kind, 2.0) for kind in (*[simulated] * 8, gpu)]
+        tasks = [asyncio.ensure_future(w) for w in waits]
+        await asyncio.sleep(0.05)
+        here.deliver(message.replace("ORIGIN", there.origin))
+        return list(await asyncio.gather(*tasks))
+
+    one_cupy_job = json.dumps(
+        {"origin": "ORIGIN", "arch": "sm_90", "gpu": "h100", "count": 1, "runner": "cupy"}
+    )
+    assert asyncio.run(woken(one_cupy_job)) == [False] * 8 + [True]
+    nine_any = json.dumps({"origin": "ORIGIN", "arch": "sm_90", "gpu": "h100", "count": 9})
+    assert asyncio.run(woken(nine_any)) == [True] * 9
