@@ -34,6 +34,9 @@ def config(**kw) -> WorkerConfig:  # type: ignore[no-untyped-def]
         ({"runner": "opencl"}, "--runner: must be one of cupy, replay, simulated"),
         ({"runner": "cupy", "concurrency": 0}, "--concurrency: must be at least 1"),
         ({"runner": "cupy", "token": ""}, "--token: give the worker token"),
+        # Refused by the first request in the control thread: a traceback, and exit 0.
+        ({"runner": "cupy", "token": "tok en"}, "--token: must be printable ASCII"),
+        ({"runner": "cupy", "token": "tökén"}, "but it contains a non-ASCII character"),
         ({"runner": "cupy", "lease_wait_s": 31}, "--lease-wait: must be within 0..30"),
         # NaN compares false with every bound: a NaN register timeout never gave up.
         ({"runner": "cupy", "register_timeout_s": NAN}, "--register-timeout: must be a finite"),
@@ -159,3 +162,21 @@ def test_cupy_detection_without_a_usable_gpu_says_why():
         assert str(exc).startswith("no usable CUDA GPU through CuPy: ")
     else:  # a GPU machine: the probe found a device the model knows
         assert device.arch.startswith("sm_") and device.sm_count
+
+
+def test_a_fatal_error_making_the_api_ends_run_with_it():
+    """The API was made outside the control thread's try: its error was that thread's
+    traceback, and run() returned 0 as after a clean stop."""
+    from pipetune.workers.daemon.worker import Worker
+
+    class BrokenApiError(RuntimeError):
+        pass
+
+    def factory():  # type: ignore[no-untyped-def]
+        raise BrokenApiError("no API")
+
+    worker = Worker.__new__(Worker)
+    worker._api_factory = factory
+    worker._fatal = None
+    worker._control()
+    assert isinstance(worker._fatal, BrokenApiError)

@@ -8,6 +8,7 @@ import socket
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from pipetune.clients.sdk.http import header_value_problem
 from pipetune.model.trials import RunnerKind
 from pipetune.model.wire import MAX_JOBS_PER_LEASE, MAX_LEASE_WAIT_S
 from pipetune.workers.runners.faults import FaultPlan
@@ -54,6 +55,9 @@ class WorkerConfig:
     def __post_init__(self) -> None:
         if not self.token:
             raise ValueError(f"--token: give the worker token (or set {TOKEN_ENV})")
+        # Refused here, exit 2: the first request refused it in a thread (a traceback, exit 0).
+        if problem := header_value_problem(self.token):
+            raise ValueError(f"--token: {problem}")
         if self.runner not in RUNNERS:
             raise ValueError(f"--runner: must be one of {', '.join(RUNNERS)}, got {self.runner!r}")
         if self.runner in (RunnerKind.SIMULATED, RunnerKind.REPLAY) and not self.gpu:

@@ -166,15 +166,20 @@ class Worker:
         return 0
 
     def _control(self) -> None:
-        api = self._api_factory()
+        api = None
         try:
+            # Inside the try: an API that cannot be made (a token no header can carry) is
+            # this thread's fatal error, which run() raises, not a thread's traceback and a
+            # clean exit 0.
+            api = self._api_factory()
             if not self._register(api):
                 return  # stopped before the service answered
             self._serve(api)
         except BaseException as exc:
             self._fatal = exc
         finally:
-            api.close()
+            if api is not None:
+                api.close()
 
     def _serve(self, api: WorkerApi) -> None:
         workers = 1 if self._serial else self.config.concurrency
