@@ -500,3 +500,20 @@ def test_a_warm_started_task_names_its_prior_and_an_import_says_so(live_url, chr
             in page.locator(f'#tasks tbody tr[data-task="{imported}"]').inner_text()
         )
         browser.close()
+
+
+@pytest.mark.parametrize("refresh", ["x", "-5", "Infinity"])
+def test_a_refresh_that_is_not_a_positive_number_is_the_default(live_url, chromium, refresh):
+    """?refresh=x made the interval NaN, and setTimeout(loop, NaN) runs at once: 161 task
+    lists in 12 s where the default asks for 6."""
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=chromium, args=CHROMIUM_ARGS)
+        page = browser.new_page()
+        lists: list[str] = []
+        page.on("request", lambda r: lists.append(r.url) if "/v1/tasks?" in r.url else None)
+        page.goto(f"{live_url}/dashboard?refresh={refresh}")
+        page.wait_for_timeout(3000)
+        browser.close()
+    assert 1 <= len(lists) <= 3, lists  # one at load, then one each 2 s

@@ -540,3 +540,25 @@ def test_workloads_tuned_to_one_kernel_share_its_files(tmp_path: Path):
             capture_output=True, text=True, timeout=600,
         )  # fmt: skip
         assert done.returncode == 0, done.stderr
+
+
+def test_an_export_does_not_write_through_a_link_at_a_temporary_name(tuned: str, tmp_path: Path):
+    """A cubin went through `.<name>.<pid>.tmp`, a name known in advance: a link left there
+    (a shared export folder) had its target overwritten with the cubin, and the cubin became
+    the link. Temporary files are mkstemp's now."""
+    import os
+
+    out = tmp_path / "out"
+    with LocalStore(tuned) as store:
+        index = export_tuned(store, "h100", out)
+    victim = tmp_path / "victim.txt"
+    victim.write_text("keep me\n")
+    for row in index["workloads"]:
+        for name in row["files"].values():
+            (out / f".{name}.{os.getpid()}.tmp").symlink_to(victim)
+    with LocalStore(tuned) as store:
+        export_tuned(store, "h100", out)
+    assert victim.read_text() == "keep me\n"
+    for row in index["workloads"]:
+        for name in row["files"].values():
+            assert (out / name).is_file() and not (out / name).is_symlink()

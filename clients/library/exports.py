@@ -35,7 +35,6 @@ launch files and the header.
 from __future__ import annotations
 
 import json
-import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -52,7 +51,7 @@ from pipetune.model.states import JobState
 from pipetune.model.trials import MeasureResult
 from pipetune.model.wire import ScheduleResponse, TrialDoc
 from pipetune.workers.datasets import Dataset, dataset_from_results, write_t4
-from pipetune.workers.datasets.files import write_atomic
+from pipetune.workers.datasets.files import write_atomic, write_bytes_atomic
 from pipetune.workers.datasets.pipetune import t4_timestamp
 
 HEADER_NAME = "pipetune_tuned.h"
@@ -65,18 +64,6 @@ def stem_of(workload: Any) -> str:
     coincide, e.g. a GEMM's two B layouts)."""
     words = re.sub(r"[^a-z0-9]+", "_", workload.label().lower()).strip("_")
     return f"{words}_{workload.workload_hash[:8]}"
-
-
-def write_bytes_atomic(path: Path, data: bytes) -> None:
-    """Bytes written to a temporary name beside `path`, then renamed over it (a plain
-    open(): the file gets the usual mode, as write_atomic's text files do)."""
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    try:
-        tmp.write_bytes(data)
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
 
 
 def tuned_workloads(reader: Reader, gpu: str) -> list[Any]:

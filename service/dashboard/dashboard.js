@@ -11,7 +11,10 @@
 
 (() => {
   const params = new URLSearchParams(location.search);
-  const REFRESH_MS = Math.max(250, Number(params.get("refresh") || 2000));
+  // ?refresh=MS, at least 250; anything that is not a positive number is the default (NaN
+  // made setTimeout fire at once: a page polling the service without a pause).
+  const askedMs = Number(params.get("refresh"));
+  const REFRESH_MS = Number.isFinite(askedMs) && askedMs > 0 ? Math.max(250, askedMs) : 2000;
   const PAGE = 2000;
   // States and runner names come from the service (model/states.py, model/trials.py).
   const VOCABULARY = JSON.parse(document.getElementById("vocabulary").textContent);

@@ -127,13 +127,21 @@ def write_atomic(path: str | Path, text: str) -> Path:
     A symbolic link is written through (its target replaced, the link kept), as a plain
     open() would."""
     path = Path(path)
-    if path.is_symlink():
-        path = path.resolve()
-    path.parent.mkdir(parents=True, exist_ok=True)
     data = text.encode("utf-8")
     if path.suffix == ".gz":
         # mtime=0: the same dataset gives the same bytes (reproducible, diff-friendly).
         data = gzip.compress(data, mtime=0)
+    return write_bytes_atomic(path, data)
+
+
+def write_bytes_atomic(path: str | Path, data: bytes) -> Path:
+    """Bytes written as write_atomic writes text. The temporary file is mkstemp's (a new
+    file of an unpredictable name, O_EXCL): a name known in advance could be a link someone
+    left there, and writing through it overwrote the link's target."""
+    path = Path(path)
+    if path.is_symlink():
+        path = path.resolve()
+    path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
         # mkstemp makes the file private (0600); give it the mode a plain open() would.
