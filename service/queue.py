@@ -167,7 +167,8 @@ class Queue:
             # transactions take the lock first, so they never meet). The name is taken now:
             # register again, as a re-registration (or a conflict with another token).
             doc, created = self._register(token_hash, body)
-        self._worker_refs.pop((doc.id, token_hash), None)
+        for key in [k for k in list(self._worker_refs) if k[0] == doc.id]:  # any token's
+            self._worker_refs.pop(key, None)
         return doc, created
 
     def _register(self, token_hash: str, body: WorkerRegister) -> tuple[WorkerDoc, bool]:
@@ -182,7 +183,25 @@ class Queue:
                 worker = WorkerRow(name=body.name, token_hash=token_hash, **values)
                 s.add(worker)
             elif not hmac.compare_digest(worker.token_hash, token_hash):
-                raise ConflictError(f"worker name {body.name!r} is registered with another token")
+                # Another token's name. While that token is still configured and the worker
+                # was heard from within a lease TTL, another process may be running under the
+                # name: refused. Past that (a token rotated out, or a worker restarted on the
+                # new token after a rotation), the name moves to the new token; before, a
+                # worker with a fixed --name could never register on the new token.
+                now = s.scalar(select(self.db.now()))
+                silent = (now - worker.last_heartbeat).total_seconds()
+                ttl = self.settings.lease_ttl_s
+                if worker.token_hash in self.settings.worker_token_hashes and silent < ttl:
+                    raise ConflictError(
+                        f"worker name {body.name!r} is registered with another token and was "
+                        f"heard from {silent:.0f} s ago: the name moves to this token once it "
+                        f"has been silent for the lease TTL ({ttl:.0f} s)"
+                    )
+                worker.token_hash = token_hash
+                for key, value in values.items():
+                    setattr(worker, key, value)
+                worker.last_heartbeat = now
+                in_use = False
             else:
                 for key, value in values.items():
                     setattr(worker, key, value)

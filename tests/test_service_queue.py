@@ -236,6 +236,31 @@ def test_reregistering_a_name_with_another_token_is_refused(db_url):
         assert stolen.status_code == 403
 
 
+def test_a_name_moves_to_a_new_token_once_the_old_one_is_silent_or_rotated_out(db_url):
+    """README's rotation (list both tokens, restart the workers on the new one): a worker
+    with a fixed --name got 409 "registered with another token" at every start, for ever."""
+    body = {"name": "box", "gpu": "h100", "arch": "sm_90", "runner": "cupy"}
+    a_headers = {"Authorization": "Bearer token-a"}
+    b_headers = {"Authorization": "Bearer token-b"}
+    with client_for(db_url, worker_tokens=["token-a", "token-b"], lease_ttl_s=1.0) as c:
+        first = c.post("/v1/workers", json=body, headers=a_headers)
+        assert first.status_code == 201
+        refused = c.post("/v1/workers", json=body, headers=b_headers)
+        assert refused.status_code == 409 and "silent for the lease TTL" in refused.text
+        time.sleep(1.2)  # the old process is silent past the TTL: it is gone
+        moved = c.post("/v1/workers", json=body, headers=b_headers)
+        assert moved.status_code == 200 and moved.json()["id"] == first.json()["id"]
+        lease_body = {"worker_id": first.json()["id"], "max_jobs": 1, "wait_s": 0}
+        assert c.post("/v1/jobs/lease", json=lease_body, headers=a_headers).status_code == 403
+        assert c.post("/v1/jobs/lease", json=lease_body, headers=b_headers).status_code == 200
+    # Rotated out: token-b alone configured now, and token-a's registration moves at once.
+    body["name"] = "box-2"
+    with client_for(db_url, worker_tokens=["token-a", "token-b"]) as c:
+        assert c.post("/v1/workers", json=body, headers=a_headers).status_code == 201
+    with client_for(db_url, worker_tokens=["token-b"]) as c:
+        assert c.post("/v1/workers", json=body, headers=b_headers).status_code == 200
+
+
 def test_the_same_result_posted_concurrently_counts_once(db_url):
 
     with client_for(db_url) as c:
