@@ -111,3 +111,18 @@ def test_the_timeout_is_a_setting(tmp_path: Path):
     from pipetune.service.settings import Settings
 
     assert Settings(database_url=f"sqlite:///{tmp_path / 'x.db'}").request_read_timeout_s == 60
+
+
+@pytest.mark.parametrize(
+    ("host", "keys", "warned"),
+    [("0.0.0.0", "", True), ("0.0.0.0", "k1", False), ("127.0.0.1", "", False)],
+)
+def test_serve_on_a_reachable_address_without_api_keys_warns(tmp_path: Path, host, keys, warned):
+    """Open user routes suit a laptop: on an address others reach, anyone could create
+    and cancel tasks, and `serve` said nothing of it."""
+    svc = start_service(tmp_path, env={"PIPETUNE_API_KEYS": keys}, extra_args=["--host", host])
+    try:
+        log = svc.log_path.read_text()
+    finally:
+        svc.stop()
+    assert ("warning: no API keys" in log) == warned, log

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import re
+import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -262,6 +263,15 @@ def serve(
 
     _launch_when_started(server, started)
     print(f"database: {redact(settings.database_url)}", flush=True)
+    if not settings.api_keys and host not in ("127.0.0.1", "localhost", "::1"):
+        # The user routes are open without keys (README, "Tokens"): fine on a laptop, not on
+        # an address others reach, where anyone could create and cancel tasks.
+        print(
+            f"warning: no API keys (PIPETUNE_API_KEYS): anyone who reaches {host}:{port} can "
+            "create, read and cancel tasks",
+            file=sys.stderr,
+            flush=True,
+        )
     try:
         server.run()
     except SystemExit:
