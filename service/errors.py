@@ -19,6 +19,7 @@ from pipetune.model.family import all_ops
 from pipetune.model.wire import ErrorItem, FieldError, ValidationErrorBody
 from pipetune.model.workloads import WorkloadError
 from pipetune.service.db import is_unavailable, unavailable_reason
+from pipetune.service.routers.bounded_json import TooManyFieldsError
 
 log = logging.getLogger(__name__)
 
@@ -157,6 +158,8 @@ def install(app: FastAPI) -> None:
         # FastAPI answers a body it cannot decode (bytes that are not UTF-8, JSON nested past
         # Python's recursion limit) with a bare 400; it is the body that is wrong: a 422.
         if exc.status_code == 400 and isinstance(exc.__cause__, ValueError | RecursionError):
+            if isinstance(exc.__cause__, TooManyFieldsError):  # (routers/bounded_json.py)
+                return _one_problem(["body"], str(exc.__cause__), "json_invalid")
             if "integer string conversion" in str(exc.__cause__):  # Python's digit limit
                 return _one_problem(["body"], LONG_NUMBER, "json_invalid")
             return _one_problem(["body"], UNPARSABLE_BODY, "json_invalid")

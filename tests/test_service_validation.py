@@ -418,10 +418,13 @@ def test_a_422_does_not_echo_a_huge_value_or_list_every_problem(client):
     huge = client.post("/v1/tasks", json={"workload": GEMM, "gpu": "x" * 400_000})
     assert huge.status_code == 422 and len(huge.content) < 5_000, len(huge.content)
     assert huge.json()["field"] == "gpu"
-    extra = {f"k{i}": i for i in range(20_000)}
+    # As many unknown fields as a body object may have (more are refused while decoding:
+    # test_a_body_object_of_too_many_fields_is_refused_before_validation): 20 listed.
+    extra = {f"k{i}": i for i in range(250)}
     many = client.post("/v1/tasks", json={"workload": GEMM, "gpu": "h100", **extra})
     assert many.status_code == 422 and len(many.content) < 20_000, len(many.content)
     assert many.json()["reason"] == "Extra inputs are not permitted"
+    assert len(many.json()["detail"]) <= 20
 
 
 def test_a_path_id_is_its_digits_alone(client):
@@ -457,3 +460,24 @@ def test_a_count_in_a_query_is_written_as_one(client):
         assert "a whole number written in digits" in response.json()["reason"], url
     assert client.get(f"/v1/tasks/{task['id']}/trials?after=-1&limit=5").status_code == 200
     assert client.get("/v1/tasks?limit=1&offset=0").status_code == 200
+
+
+@pytest.mark.parametrize(
+    ("path", "headers"),
+    [("/v1/tasks", {}), ("/v1/jobs/lease", WORKER_HEADERS)],
+    ids=["user", "worker"],
+)
+def test_a_body_object_of_too_many_fields_is_refused_before_validation(db_url, path, headers):
+    """50,000 unknown fields cost 330 ms of event-loop CPU per 422 (one pydantic error per
+    key), holding every other request: an object past MAX_FIELDS is refused as it is
+    decoded, naming the body."""
+    from pipetune.service.routers.bounded_json import MAX_FIELDS
+
+    body = {f"k{i}": 0 for i in range(50_000)}
+    with client_for(db_url) as c:
+        answer = c.post(path, json=body, headers=headers)
+        assert answer.status_code == 422, answer.text
+        doc = answer.json()
+        assert doc["field"] == "body" and f"than {MAX_FIELDS}" in doc["reason"]
+        at_limit = {f"k{i}": 0 for i in range(MAX_FIELDS)}  # decoded, then refused as unknown
+        assert c.post(path, json=at_limit, headers=headers).json()["field"] != "body"

@@ -18,13 +18,14 @@ from fastapi.responses import FileResponse, HTMLResponse
 from pipetune.model.states import JobState
 from pipetune.model.trials import RunnerKind
 from pipetune.service.errors import NotFoundError
+from pipetune.service.routers.bounded_json import BoundedJsonRoute
 
 DASHBOARD_DIR = Path(__file__).resolve().parent.parent / "dashboard"
 PLOTLY_JS = Path(plotly.__file__).parent / "package_data" / "plotly.min.js"
 ASSETS = {"dashboard.js": "text/javascript", "dashboard.css": "text/css"}
 VOCABULARY_MARK = "<!-- vocabulary -->"
 
-router = APIRouter(include_in_schema=False)
+router = APIRouter(route_class=BoundedJsonRoute, include_in_schema=False)
 
 
 def vocabulary() -> dict:

@@ -26,9 +26,10 @@ from pipetune.model.wire import (
 from pipetune.service.auth import WorkerToken
 from pipetune.service.context import Service, ServiceDep
 from pipetune.service.queue import Report, check_storable
+from pipetune.service.routers.bounded_json import BoundedJsonRoute
 from pipetune.service.routers.common import ERRORS, NOT_FOUND, RowId
 
-router = APIRouter(tags=["jobs"])
+router = APIRouter(route_class=BoundedJsonRoute, tags=["jobs"])
 FORBIDDEN = {403: {"description": "not this worker's lease or token"}}
 
 

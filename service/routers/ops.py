@@ -9,8 +9,9 @@ from sqlalchemy import text
 from pipetune.model.wire import Health
 from pipetune.service.context import ServiceDep
 from pipetune.service.metrics import CONTENT_TYPE
+from pipetune.service.routers.bounded_json import BoundedJsonRoute
 
-router = APIRouter(tags=["operations"])
+router = APIRouter(route_class=BoundedJsonRoute, tags=["operations"])
 
 
 @router.get("/healthz", response_model=Health)

@@ -12,10 +12,11 @@ from pipetune.model.wire import Heartbeat, HeartbeatAck, WorkerDoc, WorkerList, 
 from pipetune.service.auth import WorkerToken, user_access
 from pipetune.service.context import ServiceDep
 from pipetune.service.orm import WorkerRow
+from pipetune.service.routers.bounded_json import BoundedJsonRoute
 from pipetune.service.routers.common import ERRORS, NOT_FOUND, QUERY_INT, RowId
 from pipetune.service.views import worker_doc
 
-router = APIRouter(tags=["workers"])
+router = APIRouter(route_class=BoundedJsonRoute, tags=["workers"])
 
 
 @router.post(
