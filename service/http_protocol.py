@@ -28,6 +28,7 @@ from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 # limit, uvicorn's other protocol, is 16 KiB).
 MAX_HEAD_BYTES = 64 * 1024
 READ_TIMEOUT_S = 60.0  # the default of Settings.request_read_timeout_s
+LINGER_S = 2.0  # how long a refused connection's further bytes are read and dropped
 
 _TOO_LARGE = (
     b"HTTP/1.1 431 Request Header Fields Too Large\r\n"
@@ -52,6 +53,7 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
         self._reading_head = True  # no request head complete since the last request
         self._request_open = True  # a request (or the first one) is still arriving
         self._read_timer: asyncio.TimerHandle | None = None
+        self._refused = False  # answered 431: what comes after is dropped
 
     # ---- the timer -----------------------------------------------------------------------
 
@@ -80,19 +82,28 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
         super().connection_lost(exc)
 
     def data_received(self, data: bytes) -> None:
+        if self._refused:
+            return  # the rest of a refused head, read and dropped until the close
         if self._reading_head:
             self._head_bytes += len(data)
             if self._head_bytes > MAX_HEAD_BYTES:
-                self._disarm()
-                self.transport.write(
-                    _answer(_TOO_LARGE, f"request head over {MAX_HEAD_BYTES} bytes")
-                )
-                self.transport.close()
+                self._refuse()
                 return
         if not self._request_open:  # the first bytes of the next request on this connection
             self._request_open = True
         self._arm()
         super().data_received(data)
+
+    def _refuse(self) -> None:
+        """431, then a lingering close: the answer and an end of stream now, and what the
+        client still sends read and dropped for LINGER_S. Closed at once, a socket with
+        unread bytes sends a reset, and the client lost the answer (seen in CI)."""
+        self._refused = True
+        self._disarm()
+        self.transport.write(_answer(_TOO_LARGE, f"request head over {MAX_HEAD_BYTES} bytes"))
+        if self.transport.can_write_eof():
+            self.transport.write_eof()
+        self.loop.call_later(LINGER_S, self.transport.close)
 
     # ---- parser callbacks ------------------------------------------------------------------
 
