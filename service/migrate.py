@@ -73,13 +73,12 @@ def missing_columns(engine: Engine) -> list[str]:
     with engine.execution_options(pipetune_readonly=True).connect() as conn:
         inspector = inspect(conn)
         present = set(inspector.get_table_names())
-        return [
-            f"{table.name}.{column.name}"
-            for table in Base.metadata.sorted_tables
-            if table.name in present
-            for column in table.columns
-            if column.name not in {c["name"] for c in inspector.get_columns(table.name)}
-        ]
+        lacking = []
+        for table in Base.metadata.sorted_tables:
+            if table.name in present:
+                names = {c["name"] for c in inspector.get_columns(table.name)}
+                lacking += [f"{table.name}.{c.name}" for c in table.columns if c.name not in names]
+        return lacking
 
 
 def columns_problem(missing: list[str], url: str) -> str:

@@ -182,34 +182,28 @@ class Queue:
             if worker is None:
                 worker = WorkerRow(name=body.name, token_hash=token_hash, **values)
                 s.add(worker)
-            elif not hmac.compare_digest(worker.token_hash, token_hash):
-                # Another token's name. While that token is still configured and the worker
-                # was heard from within a lease TTL, another process may be running under the
-                # name: refused. Past that (a token rotated out, or a worker restarted on the
-                # new token after a rotation), the name moves to the new token; before, a
-                # worker with a fixed --name could never register on the new token.
-                now = s.scalar(select(self.db.now()))
-                silent = (now - worker.last_heartbeat).total_seconds()
-                ttl = self.settings.lease_ttl_s
-                if worker.token_hash in self.settings.worker_token_hashes and silent < ttl:
-                    raise ConflictError(
-                        f"worker name {body.name!r} is registered with another token and was "
-                        f"heard from {silent:.0f} s ago: the name moves to this token once it "
-                        f"has been silent for the lease TTL ({ttl:.0f} s)"
-                    )
-                worker.token_hash = token_hash
-                for key, value in values.items():
-                    setattr(worker, key, value)
-                worker.last_heartbeat = now
-                in_use = False
             else:
-                for key, value in values.items():
-                    setattr(worker, key, value)
                 now = s.scalar(select(self.db.now()))
                 # A restart re-registers after its heartbeats stopped; within a lease TTL of
                 # the last one, another process may be running under the name.
                 since = (now - worker.last_heartbeat).total_seconds()
-                in_use = since < self.settings.lease_ttl_s
+                ttl = self.settings.lease_ttl_s
+                in_use = since < ttl
+                if not hmac.compare_digest(worker.token_hash, token_hash):
+                    # Another token's name: refused while that token is still configured and
+                    # the name may be in use. Past that (a token rotated out, or a worker
+                    # restarted on the new token after a rotation) the name moves to this
+                    # token; a worker with a fixed --name could never register on it before.
+                    if in_use and worker.token_hash in self.settings.worker_token_hashes:
+                        raise ConflictError(
+                            f"worker name {body.name!r} is registered with another token and "
+                            f"was heard from {since:.0f} s ago: the name moves to this token "
+                            f"once it has been silent for the lease TTL ({ttl:.0f} s)"
+                        )
+                    worker.token_hash = token_hash
+                    in_use = False
+                for key, value in values.items():
+                    setattr(worker, key, value)
                 worker.last_heartbeat = now
             s.flush()
             s.refresh(worker)

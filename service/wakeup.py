@@ -115,8 +115,9 @@ class Wakeup:
 
     def payload(self, arch: str, gpu: str, count: int, runner: str | None = None) -> str:
         """The NOTIFY payload of a signal (what `listen` turns back into one)."""
-        message = {"origin": self.origin, "arch": arch, "gpu": gpu, "count": count}
-        return json.dumps({**message, "runner": runner})
+        return json.dumps(
+            {"origin": self.origin, "arch": arch, "gpu": gpu, "count": count, "runner": runner}
+        )
 
     def advance_payload(self, task_id: int) -> str:
         """The NOTIFY payload asking the replica that holds a task's session to advance it

@@ -304,7 +304,6 @@ def db_upgrade(
 
     from pipetune.service.migrate import (
         columns_problem,
-        head_revision,
         redact,
         revision_problem,
         upgrade,
@@ -314,7 +313,7 @@ def db_upgrade(
     _check_revision(revision)  # before the database is touched (a SQLite file created)
     missing = _missing_sqlite_file(url)
     with _database_errors(url):
-        current, tables = (None, []) if missing else _revision_and_tables(url)
+        current, tables, _ = (None, [], []) if missing else _schema_state(url)
         if tables and into_existing:
             tables = []
         if problem := revision_problem(current, tables):
@@ -328,8 +327,7 @@ def db_upgrade(
             upgrade(url, revision)
         except CommandError as exc:  # e.g. a database at a revision this pipetune lacks
             raise CliError(one_line(exc), 1) from None
-        current = _current(url)
-        lacking = _missing_columns(url) if current == head_revision() else []
+        current, _, lacking = _schema_state(url)
     if lacking:  # at the newest revision, and still not the schema the service needs
         raise CliError(columns_problem(lacking, url), 1)
     console.print(f"database {redact(url)} is at revision {current}")
@@ -384,30 +382,23 @@ def _check_revision(revision: str, current: str | None = None) -> None:
         ) from None
 
 
-def _missing_columns(url: str) -> list[str]:
+def _schema_state(url: str) -> tuple[str | None, list[str], list[str]]:
+    """The database's revision; where it has none, the tables it holds; where it is the
+    newest, the ORM's columns it lacks (migrate.missing_columns)."""
     from pipetune.service.db import make_engine
-    from pipetune.service.migrate import missing_columns
-
-    engine = make_engine(url, pool_size=1)
-    try:
-        return missing_columns(engine)
-    finally:
-        engine.dispose()
-
-
-def _current(url: str) -> str | None:
-    return _revision_and_tables(url)[0]
-
-
-def _revision_and_tables(url: str) -> tuple[str | None, list[str]]:
-    """The database's revision, and where it has none, the tables it holds."""
-    from pipetune.service.db import make_engine
-    from pipetune.service.migrate import current_revision, other_tables
+    from pipetune.service.migrate import (
+        current_revision,
+        head_revision,
+        missing_columns,
+        other_tables,
+    )
 
     engine = make_engine(url, pool_size=1)
     try:
         current = current_revision(engine)
-        return current, other_tables(engine) if current is None else []
+        tables = other_tables(engine) if current is None else []
+        lacking = missing_columns(engine) if current == head_revision() else []
+        return current, tables, lacking
     finally:
         engine.dispose()
 
@@ -427,8 +418,7 @@ def db_current(db: str | None = _DB, as_json: bool = typer.Option(False, "--json
     url = _settings(db).database_url
     missing = _missing_sqlite_file(url)
     with _database_errors(url):
-        current, tables = (None, []) if missing else _revision_and_tables(url)
-        lacking = _missing_columns(url) if current == head_revision() else []
+        current, tables, lacking = (None, [], []) if missing else _schema_state(url)
     doc = {"database": redact(url), "current": current, "head": head_revision()}
     doc["up_to_date"] = doc["current"] == doc["head"] and not lacking
     problem = revision_problem(current, tables)

@@ -222,6 +222,7 @@ def export_tuned(reader: Reader, gpu: str, out_dir: str | Path) -> dict[str, Any
     out_dir = Path(out_dir)  # (a str was an AttributeError at its mkdir)
     arch = get_gpu(gpu).arch
     exported: list[Exported] = []
+    kernel_stems: dict[tuple[str, str], str] = {}  # (kernel, source) -> the first stem
     not_exported: list[dict[str, Any]] = []
     for workload in tuned_workloads(reader, gpu):
         best = reader.best_schedule(workload, gpu)
@@ -251,15 +252,9 @@ def export_tuned(reader: Reader, gpu: str, out_dir: str | Path) -> dict[str, Any
         # arguments): two workloads tuned to one kernel share its .cu and cubin, so that every
         # .cu of an export builds into one program (the same extern "C" kernel defined in two
         # files was a duplicate symbol at link time).
-        first = next(
-            (
-                e.stem
-                for e in exported
-                if (e.kernel.name, e.kernel.source) == (kernel.name, kernel.source)
-            ),
-            None,
-        )
-        exported.append(Exported(stem_of(workload), kernel, best, first))
+        stem = stem_of(workload)
+        first = kernel_stems.setdefault((kernel.name, kernel.source), stem)
+        exported.append(Exported(stem, kernel, best, None if first == stem else first))
     out_dir.mkdir(parents=True, exist_ok=True)
     previous = _previous_export_files(out_dir)
     for item in exported:

@@ -35,12 +35,15 @@ FORMAT_VERSION = 1
 MEASUREMENT_FIELDS = ("spread", "registers", "spill_bytes", "smem_bytes", "max_abs_error")
 
 
+def _as_utc(when: dt.datetime) -> dt.datetime:
+    """An aware UTC time; a naive one is taken as UTC (as the service's database keeps
+    them, and as Kernel Tuner's files mean them)."""
+    return (when if when.tzinfo is not None else when.replace(tzinfo=dt.UTC)).astimezone(dt.UTC)
+
+
 def t4_timestamp(when: dt.datetime) -> str:
-    """A time in the benchmark hub's format, ``2023-12-22 09:54:05.502007+00:00`` (UTC; a
-    naive time is taken as UTC, as the service's database keeps them)."""
-    if when.tzinfo is None:
-        when = when.replace(tzinfo=dt.UTC)
-    return str(when.astimezone(dt.UTC))
+    """A time in the benchmark hub's format, ``2023-12-22 09:54:05.502007+00:00`` (UTC)."""
+    return str(_as_utc(when))
 
 
 def parse_t4_timestamp(text: str | None) -> dt.datetime | None:
@@ -49,12 +52,9 @@ def parse_t4_timestamp(text: str | None) -> dt.datetime | None:
     if text is None:
         return None
     try:
-        when = dt.datetime.fromisoformat(text)
+        return _as_utc(dt.datetime.fromisoformat(text))
     except ValueError:
         return None
-    if when.tzinfo is None:
-        when = when.replace(tzinfo=dt.UTC)
-    return when.astimezone(dt.UTC)
 
 
 def now_timestamp() -> str:
