@@ -213,6 +213,17 @@ def correctness_table(c: Campaign) -> list[str]:
         f"| all | | {doc['schedules']} | {doc['passed']} | {doc['failed']} |"
         f" (verdict: {doc['verdict']})"
     )
+    later = [
+        f"{', '.join(entry['families'])} ({entry.get('device_name') or '?'})"
+        for entry in doc.get("added_later", [])
+    ]
+    if later:
+        lines += [
+            "",
+            "Checked in later calls, each family's latest check replacing its earlier one: "
+            + "; ".join(later)
+            + ".",
+        ]
     note = quarantine_note(doc)
     if note is not None:
         lines += ["", note[0].upper() + note[1:] + "."]
@@ -515,8 +526,31 @@ def report(
     return "\n".join(lines)
 
 
+def operator_kinds(names: list[str]) -> str:
+    """Operator names in a few words: how many of each kind (the name's first part)."""
+    kinds: dict[str, int] = {}
+    for name in names:
+        kind = name.split("_")[0]
+        kinds[kind] = kinds.get(kind, 0) + 1
+    return ", ".join(f"{kind} x{n}" if n > 1 else kind for kind, n in kinds.items())
+
+
+def sweep_dates_line(c: Campaign) -> str:
+    """When the sweeps were measured, where more than one day holds them."""
+    dates = c.sweep_dates()
+    if len(dates) < 2:
+        return ""
+    parts = [f"{day}: {len(names)} ({operator_kinds(names)})" for day, names in dates.items()]
+    return (
+        "The sweeps were measured on more than one day (each operator's on one): "
+        + "; ".join(parts)
+        + ". An operator swept again replaces its earlier dataset, which stays in git."
+    )
+
+
 def header(c: Campaign) -> list[str]:
-    """Where the figures come from: the command, the device and the timing floor."""
+    """Where the figures come from: the command, the device, the timing floor and the
+    days the sweeps were measured."""
     probe = c.probe
     device = probe.get("device", {}) if isinstance(probe.get("device"), dict) else {}
     floor = c.baselines.get("timing_floor_us")
@@ -531,6 +565,7 @@ def header(c: Campaign) -> list[str]:
         f"the timing floor (an empty kernel timed the same way) is {floor:.2f} µs."
         if floor
         else "",
+        sweep_dates_line(c),
         "",
     ]
 

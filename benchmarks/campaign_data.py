@@ -126,6 +126,19 @@ class Campaign:
     def dataset_paths(self) -> list[Path]:
         return sorted(self.folder.glob("*.t4.json.gz"))
 
+    def sweep_dates(self) -> dict[str, list[str]]:
+        """The UTC date each operator's sweep began (its first record's timestamp) ->
+        the operators swept that day: a later call may sweep some operators again (a
+        changed kernel), and their figures are then not of the first call's day."""
+        from pipetune.workers.datasets import load_dataset
+
+        dates: dict[str, list[str]] = {}
+        for path in self.dataset_paths():
+            stamps = [r.timestamp for r in load_dataset(path).records if r.timestamp]
+            day = min(stamps)[:10] if stamps else "undated"
+            dates.setdefault(day, []).append(path.name.split(".")[0])
+        return dict(sorted(dates.items()))
+
     def operators(self, order: list[str] | None = None) -> list[OperatorData]:
         """Every swept operator, in ``order`` (names) where given, the rest after it."""
         paths = {p.name.split(".")[0]: p for p in self.dataset_paths()}

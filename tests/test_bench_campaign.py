@@ -175,3 +175,39 @@ def test_a_model_ablation_changes_the_model_and_never_the_measurements():
     for bad in ("k_step=1", "k_step_cycles", "k_step_cycles=many"):
         with pytest.raises(ValueError, match="--model-set"):
             bench_campaign.parse_model_set([bad])
+
+
+def _first_day(path: Path) -> str:
+    doc = json.loads(gzip.decompress(path.read_bytes()))
+    return min(r["timestamp"] for r in doc["results"] if r.get("timestamp"))[:10]
+
+
+def test_the_header_says_which_day_each_sweep_was_measured(small_campaign: Path):
+    # An operator swept again by a later call (a changed kernel) replaces its dataset: the
+    # report must not present it as measured on the first call's day.
+    folder = small_campaign / "h200"
+    gemm_day = _first_day(folder / "MM_RN50_Conv1x1_1.t4.json.gz")
+    memops_day = _first_day(folder / "Softmax_BERT_b1_s128.t4.json.gz")
+    dates = campaign("h200", small_campaign).sweep_dates()
+    assert dates[gemm_day] == ["MM_RN50_Conv1x1_1"] or gemm_day == memops_day
+    line = bench_campaign.sweep_dates_line(campaign("h200", small_campaign))
+    if gemm_day == memops_day:
+        assert line == ""
+    else:
+        assert f"{gemm_day}: 1 (MM)" in line and f"{memops_day}: 1 (Softmax)" in line
+    # One day only: nothing to say.
+    (folder / "Softmax_BERT_b1_s128.t4.json.gz").unlink()
+    assert bench_campaign.sweep_dates_line(campaign("h200", small_campaign)) == ""
+
+
+def test_families_checked_by_later_calls_are_named(small_campaign: Path):
+    path = small_campaign / "h200" / "campaign" / "correctness.json"
+    doc = json.loads(path.read_text())
+    doc["added_later"] = [{"families": ["tensor_gemm"], "device_name": "NVIDIA H200"}]
+    path.write_text(json.dumps(doc))
+    lines = bench_campaign.correctness_table(campaign("h200", small_campaign))
+    assert "Checked in later calls" in lines[-1] and "tensor_gemm (NVIDIA H200)" in lines[-1]
+    doc.pop("added_later")
+    path.write_text(json.dumps(doc))
+    lines = bench_campaign.correctness_table(campaign("h200", small_campaign))
+    assert not any("later calls" in line for line in lines)

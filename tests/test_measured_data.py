@@ -20,12 +20,18 @@ from pipetune.workers.datasets import check_pipetune, load_dataset
 from pipetune.workers.runners import make_runner
 
 DATA = Path(__file__).resolve().parent.parent / "benchmarks" / "data"
-# Each GPU's campaign, and second sweeps of some of its operators (benchmarks/bench_repeat.py).
-MEASURED = sorted(DATA.glob("*/*.t4.json.gz")) + sorted(DATA.glob("*/repeat-*/sweeps/*.t4.json.gz"))
+# Each GPU's campaign, second sweeps of some of its operators (benchmarks/bench_repeat.py),
+# and the Hopper wgmma family's campaigns in a folder of their own (hopper/<gpu>/).
+MEASURED = (
+    sorted(DATA.glob("h*00/*.t4.json.gz"))
+    + sorted(DATA.glob("*/repeat-*/sweeps/*.t4.json.gz"))
+    + sorted(DATA.glob("hopper/*/*.t4.json.gz"))
+)
 
 
 def _gpu_of(path: Path) -> str:
-    return path.relative_to(DATA).parts[0]
+    parts = path.relative_to(DATA).parts
+    return parts[1] if parts[0] == "hopper" else parts[0]
 
 
 @pytest.mark.parametrize(("gpu", "operators"), [("h200", 59), ("h100", 59)])
@@ -33,6 +39,14 @@ def test_there_are_measurements(gpu: str, operators: int):
     # The campaigns of 2026-11-26: both GPUs' whole suites (59 operators each). Fewer files
     # means data went missing.
     assert len(sorted((DATA / gpu).glob("*.t4.json.gz"))) == operators
+
+
+def test_the_h200_holds_the_hopper_family_s_campaign():
+    # The wgmma family's campaign of 2026-11-30: the 15 ALCOP GEMMs and BMMs as WG_ operators.
+    from pipetune.model.operators import SUITES
+
+    names = {p.name.split(".")[0] for p in (DATA / "hopper" / "h200").glob("*.t4.json.gz")}
+    assert names == set(SUITES["hopper"])
 
 
 def test_the_h100_repeat_holds_ten_operators_of_the_campaign():
