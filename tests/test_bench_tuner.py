@@ -19,6 +19,7 @@ from pipetune.tuner.peers import (
     NEEDS_TORCH,
     PEERS,
     STOPS_EARLY,
+    PeerFailedError,
     PeerUnavailableError,
     _smac_space,
     run_smac,
@@ -252,3 +253,40 @@ def test_kernel_tuner_peers_run_on_a_one_knob_space():
     recorded = _small({"block": [1, 2, 3, 4, 5, 6, 7, 8]})
     throughputs = run_peer("kt_random_sample", recorded, seed=0, budget=5)
     assert len(throughputs) == 5 and np.all(throughputs > 0)
+
+
+def test_a_peer_run_that_never_ends_fails_at_the_time_limit(monkeypatch):
+    # Kernel Tuner's NSGA-II stalled on the H200's 56-schedule WG_BMM_BERT_SV space with a
+    # budget of 50 (3 seeds of 10: its population had no unseen neighbour left and it mated
+    # forever without an evaluation; which seeds depends on the process's string hashing, so
+    # a loop that never ends stands in for it here): a benchmark with it never finished. A
+    # peer run now fails on its space at the wall-clock limit, named, and the benchmark
+    # leaves the peer out as for any peer failure.
+    import signal
+    import time
+
+    from pipetune.tuner.peers import _peer_run
+
+    recorded = _small({"block": [1, 2, 3, 4]})
+
+    def stalls() -> np.ndarray:
+        while True:
+            time.sleep(0.01)
+
+    monkeypatch.setenv("PIPETUNE_PEER_TIME_LIMIT_S", "0.5")
+    started = time.monotonic()
+    with pytest.raises(PeerFailedError, match=r"no result within 0\.5 s on the wall clock"):
+        _peer_run("kt_nsga2", recorded, stalls)
+    assert time.monotonic() - started < 5
+    # A run that ends in time is untouched, and no timer is left behind.
+    assert _peer_run("kt_nsga2", recorded, lambda: np.ones(3)).tolist() == [1, 1, 1]
+    assert signal.getitimer(signal.ITIMER_REAL) == (0.0, 0.0)
+
+
+@pytest.mark.parametrize("value", ["0", "-5", "soon", "nan", "inf"])
+def test_a_bad_peer_time_limit_names_the_variable(monkeypatch, value):
+    from pipetune.tuner.peers import peer_time_limit_s
+
+    monkeypatch.setenv("PIPETUNE_PEER_TIME_LIMIT_S", value)
+    with pytest.raises(ValueError, match="PIPETUNE_PEER_TIME_LIMIT_S must be a positive"):
+        peer_time_limit_s()

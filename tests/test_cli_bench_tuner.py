@@ -264,3 +264,14 @@ def test_a_figure_the_same_on_every_seed_is_said_to_be_one_run(tmp_path):
     result = _bench(str(mine), "--strategies", "grid")
     assert result.exit_code == 0, result.output
     assert "± 0.000: the same figure on every seed" in " ".join(result.stdout.split())
+
+
+def test_a_bad_peer_time_limit_is_refused_with_exit_2(monkeypatch):
+    monkeypatch.setenv("PIPETUNE_PEER_TIME_LIMIT_S", "soon")
+    data = Path(__file__).resolve().parent.parent / "benchmarks/data/h200/MM_RN50_FC.t4.json.gz"
+    result = _bench(str(data), "--strategies", "kt_random_sample")
+    assert result.exit_code == 2
+    assert "PIPETUNE_PEER_TIME_LIMIT_S must be a positive number of seconds" in result.output
+    # Without a peer the variable is not read.
+    result = _bench(str(data), "--strategies", "random")
+    assert result.exit_code == 0, result.output

@@ -15,14 +15,17 @@ import importlib.util
 import io
 import json
 import logging
+import math
 import os
 import pickle
 import random
+import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -88,6 +91,61 @@ class PeerUnavailableError(RuntimeError):
 class PeerFailedError(RuntimeError):
     """A peer's own code failed on a space (Kernel Tuner's differential evolution on a dozen
     configurations, SMAC on one): the benchmark leaves that peer out and says why."""
+
+
+class PeerTimeoutError(RuntimeError):
+    """A peer's run went past the wall-clock limit (`peer_time_limit_s`)."""
+
+
+# A peer library's search can stall on a small space and never end: Kernel Tuner's NSGA-II,
+# once no unseen neighbour of its population is left, mates again and again without one
+# evaluation (seen on a 56-configuration space with a budget of 50: a benchmark that never
+# finished). Each peer run gets this long on the wall clock before it counts as failed on the
+# space; PIPETUNE_PEER_TIME_LIMIT_S sets another limit.
+PEER_TIME_LIMIT_S = 600.0
+PEER_TIME_LIMIT_ENV = "PIPETUNE_PEER_TIME_LIMIT_S"
+
+
+def peer_time_limit_s() -> float:
+    """The wall-clock limit of one peer run (ValueError naming the variable if it is bad)."""
+    raw = os.environ.get(PEER_TIME_LIMIT_ENV)
+    if raw is None or raw.strip() == "":
+        return PEER_TIME_LIMIT_S
+    try:
+        value = float(raw)
+    except ValueError:
+        value = math.nan
+    if not math.isfinite(value) or value <= 0:
+        raise ValueError(f"{PEER_TIME_LIMIT_ENV} must be a positive number of seconds, got {raw!r}")
+    return value
+
+
+@contextlib.contextmanager
+def _wall_clock_limit(seconds: float) -> Iterator[None]:
+    """PeerTimeoutError in this thread once `seconds` have passed. A timer signal interrupts
+    a library's pure-Python loop where nothing else would; where there is none (not Unix, or
+    not the main thread) the run goes unguarded. A SMAC child is killed by subprocess.run
+    when the signal interrupts its wait."""
+    if (
+        not hasattr(signal, "setitimer")
+        or threading.current_thread() is not threading.main_thread()
+    ):
+        yield
+        return
+
+    def expired(signum: int, frame: Any) -> None:
+        raise PeerTimeoutError(
+            f"no result within {seconds:g} s on the wall clock (the library's search stalled"
+            f" or is too slow on this space; {PEER_TIME_LIMIT_ENV} sets the limit)"
+        )
+
+    previous = signal.signal(signal.SIGALRM, expired)
+    signal.setitimer(signal.ITIMER_REAL, seconds)
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
 
 
 def _why(exc: BaseException) -> str:
@@ -360,8 +418,10 @@ def run_peer(name: str, recorded: RecordedConfigs, seed: int, budget: int) -> np
 
 
 def _peer_run(name: str, recorded: RecordedConfigs, run: Callable[[], np.ndarray]) -> np.ndarray:
+    limit = peer_time_limit_s()
     try:
-        return run()
+        with _wall_clock_limit(limit):
+            return run()
     except PeerUnavailableError:
         raise
     except Exception as exc:  # the peer library's own failure (not ours to fix): say which

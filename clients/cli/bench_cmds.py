@@ -13,7 +13,7 @@ from pipetune.clients.cli.errors import CliError, reported
 from pipetune.clients.cli.output import console, print_json, stderr_console
 from pipetune.model.trials import is_measured
 from pipetune.model.wire import MAX_BATCH_SIZE, StrategyName
-from pipetune.tuner.peers import LIGHT_PEERS, PEERS, PeerFailedError
+from pipetune.tuner.peers import LIGHT_PEERS, PEERS, PeerFailedError, peer_time_limit_s
 
 if TYPE_CHECKING:
     from pipetune.tuner.bench import Dataset
@@ -329,6 +329,11 @@ def tuner(
         raise CliError(f"--jobs: at most {max_jobs()} here ({JOBS_PER_CPU} per CPU)", 2)
     ks = _int_list(budgets, "--budgets")
     names = _strategies(strategies)
+    if any(name in PEERS for name in names):
+        try:
+            peer_time_limit_s()
+        except ValueError as exc:
+            raise CliError(str(exc), 2) from None
     try:
         loaded = recorded_datasets(files)
     except DatasetError as exc:
