@@ -49,10 +49,12 @@ from pipetune.model.knobs import (  # the knob vocabulary, re-exported for the f
 from pipetune.model.workloads import WorkloadError
 
 __all__ = [
+    "FIRST_REVISION",
     "FamilyError",
     "FamilyPrediction",
     "FamilySchedule",
     "FamilySpace",
+    "GeneratorRevision",
     "KernelFamily",
     "Knob",
     "KnobArraySpace",
@@ -158,6 +160,30 @@ class Ranked:
     terms: dict[str, Any]
 
 
+@dataclass(frozen=True)
+class GeneratorRevision:
+    """Which code generator made a kernel, and which revision of it: measurements describe
+    the kernels their generator's revision made, and a change of the generated code that
+    changes how fast its schedules run makes the older measurements describe kernels that no
+    longer exist (the convolution loader of 2026-11-28 made every convolution schedule 0.80x
+    its old time on an H200). A learned prior (tuner/learned_prior.py) for a space reads only
+    the newest revision of that space's own line that it has measurements of.
+
+    `line`: the generator, e.g. "tensor_gemm.conv" (a family's kernels that share code and
+    change together); `revision`: 1, 2, ... bumped when a change of that line's generated
+    code moves its schedules' times beyond a repeated sweep's spread (a few percent).
+    Measurements that record none were made by revision 1 of their line (revisions were
+    first recorded on 2026-12-01; the one committed exception, the H200's convolutions swept
+    on 2026-11-30 by revision 2, says so in its files)."""
+
+    line: str
+    revision: int
+
+
+# Measurements made before revisions were recorded: revision 1 of their generator.
+FIRST_REVISION = 1
+
+
 # What a family's work counts, and how its throughput is shown (work per second, scaled).
 THROUGHPUT_UNITS: dict[str, tuple[str, float]] = {"flop": ("TFLOP/s", 1e12), "byte": ("GB/s", 1e9)}
 
@@ -237,6 +263,11 @@ class KernelFamily(ABC):
         self, knobs: Mapping[str, np.ndarray], workload: Any, gpu: GPUSpec
     ) -> dict[str, np.ndarray]:
         """Boolean arrays, one per validity rule, True where a schedule breaks it."""
+
+    def generator_revision(self, workload: Any) -> GeneratorRevision:
+        """The generator that makes the workload's kernels, at the revision this code has
+        (see GeneratorRevision; a family whose kernels change apart overrides this)."""
+        return GeneratorRevision(self.name, FIRST_REVISION)
 
     @abstractmethod
     def parse_workload(self, data: dict[str, Any]) -> Any:

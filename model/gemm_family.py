@@ -15,7 +15,7 @@ import numpy as np
 
 from pipetune.model.analytical import Prediction
 from pipetune.model.analytical import evaluate as alcop_evaluate
-from pipetune.model.family import KernelFamily, Knob
+from pipetune.model.family import FIRST_REVISION, GeneratorRevision, KernelFamily, Knob
 from pipetune.model.hardware import GPUSpec
 from pipetune.model.pipelining import non_pipelined
 from pipetune.model.space import (
@@ -26,7 +26,10 @@ from pipetune.model.space import (
     invalid_reasons,
     schedule_problems,
 )
-from pipetune.model.workloads import OPS, AnyWorkload, parse_workload
+from pipetune.model.workloads import OPS, AnyWorkload, Conv2d, Conv3d, parse_workload
+
+# The ops whose kernels the convolution loader makes (their own generator line).
+CONV_OPS = tuple(op for op, cls in OPS.items() if issubclass(cls, (Conv2d, Conv3d)))
 
 
 class TensorGemmFamily(KernelFamily):
@@ -71,6 +74,16 @@ class TensorGemmFamily(KernelFamily):
         self, knobs: Mapping[str, np.ndarray], workload: AnyWorkload, gpu: GPUSpec
     ) -> dict[str, np.ndarray]:
         return invalid_reasons(dict(knobs), workload, gpu)
+
+    def generator_revision(self, workload: AnyWorkload) -> GeneratorRevision:
+        """GEMMs and batched GEMMs share one generator line, convolutions (an implicit GEMM
+        with its own loader of the input's K dimension) another. Convolutions, revision 2:
+        the loader splits K into filter tap and channel by multiplication (6b6c2e1,
+        2026-11-28), every schedule 0.80x its time with the loader that divided (measured on
+        an H200, benchmarks/RESULTS.md "GPU calls on H200, 2026-11-30")."""
+        if workload.op in CONV_OPS:
+            return GeneratorRevision(f"{self.name}.conv", 2)
+        return GeneratorRevision(f"{self.name}.gemm", FIRST_REVISION)
 
     def parse_workload(self, data: dict[str, Any]) -> AnyWorkload:
         return parse_workload(data)

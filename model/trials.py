@@ -97,6 +97,9 @@ KernelTimeUs = Annotated[
 ]
 MAX_SAMPLES = 10_000  # timed repeats one result may carry
 RUNNER_MAX_CHARS = 16  # "replay:simulated"; the trial row's column (service/orm.py)
+# A generator revision is a small count of code changes; the bound refuses a value no column
+# or dataset should carry (a timestamp or a hash sent by mistake).
+MAX_GENERATOR_REVISION = 10_000
 ERROR_MAX_CHARS = 8_000  # a log's head says what failed; the rest is cut (see _error_text)
 
 
@@ -140,6 +143,12 @@ class MeasureResult(BaseModel):
     max_abs_error: float | None = Field(default=None, ge=0, allow_inf_nan=False)
     error: str | None = None
     runner: str | None = Field(default=None, max_length=RUNNER_MAX_CHARS)
+    # The revision of the code generator that made the measured kernel (the workload's
+    # line, model.family.GeneratorRevision): a runner that generates kernels says which;
+    # None where none did (a simulated answer) or it was not recorded (revision 1 then).
+    generator_revision: int | None = Field(
+        default=None, ge=1, le=MAX_GENERATOR_REVISION, strict=True
+    )
 
     @field_validator("error")
     @classmethod

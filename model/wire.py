@@ -14,11 +14,19 @@ model/trials.py.
 
 from __future__ import annotations
 
+import functools
 from datetime import datetime
 from enum import StrEnum
 from typing import Annotated, Any, Literal, Union
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 
 from pipetune.model.family import (
     THROUGHPUT_UNITS,
@@ -60,8 +68,35 @@ TFLOPS = THROUGHPUT_UNITS["flop"][0]
 RowRef = Annotated[int, Field(strict=True, ge=1, le=ID_MAX)]
 
 
+# The validation context a client reads the service's answers with (the SDK): fields it does
+# not know are ignored there, so that a service which adds a field to an answer (an additive
+# change of API v1) does not break the clients already deployed. What a client sends the
+# service is still refused with an unknown field (a misspelt option must not pass silently).
+READING = {"reading": True}
+
+
+@functools.cache
+def _known_keys(model: type[BaseModel]) -> frozenset[str]:
+    keys = set()
+    for name, info in model.model_fields.items():
+        keys.add(name)
+        if isinstance(info.alias, str):
+            keys.add(info.alias)
+        if isinstance(info.validation_alias, str):
+            keys.add(info.validation_alias)
+    return frozenset(keys)
+
+
 class _Body(BaseModel):
     model_config = ConfigDict(extra="forbid")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _unknown_fields_ignored_when_reading(cls, data: Any, info: ValidationInfo) -> Any:
+        if info.context is None or not info.context.get("reading") or not isinstance(data, dict):
+            return data
+        known = _known_keys(cls)
+        return {k: v for k, v in data.items() if k in known}
 
 
 class _Request(_Body):
@@ -377,6 +412,9 @@ class TrialDoc(_Body):
     smem_bytes: int | None = None
     compile_ms: float | None = None
     max_abs_error: float | None = None
+    # The revision of the generator that made the measured kernel (MeasureResult's); None:
+    # not said (revision 1 of its line), or a simulated answer.
+    generator_revision: int | None = None
     # When its outcome was recorded (for an imported task: the dataset's own timestamp);
     # None while it has none.
     finished_at: datetime | None = None

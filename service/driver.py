@@ -85,7 +85,7 @@ from pipetune.service.records import workload_row
 from pipetune.service.settings import Settings
 from pipetune.service.wakeup import CHANNEL, NOTIFY_SQL, Wakeup, notify_statement
 from pipetune.tuner.bo import PriorMean
-from pipetune.tuner.learned_prior import LearnedModel
+from pipetune.tuner.learned_prior import LearnedModel, line_of
 from pipetune.tuner.offline import late_trials
 from pipetune.tuner.session import SessionError, TuningSession
 from pipetune.tuner.strategies import STRATEGY_MAP
@@ -353,7 +353,7 @@ class Driver:
         self._priors: OrderedDict[tuple[Any, str, str], PriorMean] = OrderedDict()
         # A learned prior's cost model by the tasks it learned from: the tasks created while
         # none of those changes (a network's shapes, queued at once) share one fit.
-        self._learned_models: OrderedDict[tuple[int, ...], LearnedModel] = OrderedDict()
+        self._learned_models: OrderedDict[tuple[tuple[int, ...], str], LearnedModel] = OrderedDict()
         # POST /v1/schedules' learned picks, each with when it expires (learned_pick).
         self._picks: OrderedDict[tuple[str, str], tuple[float, LearnedPick | None]] = OrderedDict()
         self._workloads: dict[int, Any] = {}
@@ -453,12 +453,14 @@ class Driver:
         """The prior a cost model of those finished tasks' trials gives this space; cached
         (finished tasks' trials do not change)."""
 
-        def fit() -> LearnedModel:  # the slow part, the same for every space it ranks
+        line = line_of(workload)
+
+        def fit() -> LearnedModel:  # the slow part, the same for every space of the line
             with self.db.read_conn() as conn:
-                return learned_model_of_tasks(conn, list(learned_from))
+                return learned_model_of_tasks(conn, list(learned_from), line)
 
         def build() -> PriorMean:
-            learned = self._cached(self._learned_models, learned_from, fit)
+            learned = self._cached(self._learned_models, (learned_from, line), fit)
             return prior_from_tasks(list(learned_from), learned, space)
 
         key = (learned_from, workload.workload_hash, gpu)

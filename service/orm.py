@@ -176,6 +176,8 @@ class JobRow(Base):
     max_abs_error: Mapped[float | None] = mapped_column(Float)
     error: Mapped[str | None] = mapped_column(Text)
     runner: Mapped[str | None] = mapped_column(String(RUNNER_MAX_CHARS))
+    # The revision of the generator that made the measured kernel (NULL: not said: 1).
+    generator_revision: Mapped[int | None] = mapped_column(Integer)
     created_at: Mapped[dt.datetime] = _created()
     finished_at: Mapped[dt.datetime | None]
 

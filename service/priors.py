@@ -24,7 +24,13 @@ from typing import Any
 import numpy as np
 from sqlalchemy import Connection, and_, exists, not_, or_, select
 
-from pipetune.model.family import THROUGHPUT_UNITS, FamilySpace, family_of, parse_any_workload
+from pipetune.model.family import (
+    FIRST_REVISION,
+    THROUGHPUT_UNITS,
+    FamilySpace,
+    family_of,
+    parse_any_workload,
+)
 from pipetune.model.hardware import get_gpu
 from pipetune.model.states import FINAL_TASK_STATES, TaskState
 from pipetune.model.trials import LATENCY_US_RANGE, MEASURED_RUNNERS
@@ -123,7 +129,7 @@ def prior_from_task(conn: Connection, prior_task: int, space: FamilySpace) -> Pr
     gpu = conn.scalar(select(TaskRow.gpu).where(TaskRow.id == prior_task))
     if gpu is None:
         raise PriorError(f"task {prior_task} does not exist")
-    schedules, latency_s = _finished_trials(conn, prior_task)
+    schedules, latency_s, _ = _finished_trials(conn, prior_task)
     knobs = family_of(space.workload).knobs
     names = [k.name for k in knobs]
     recorded = RecordedConfigs(
@@ -196,16 +202,18 @@ def measured_space(conn: Connection, task_id: int) -> RecordedSpace:
         raise PriorError(f"task {task_id} does not exist")
     workload = parse_any_workload(head.canonical)
     fam = family_of(workload)
-    schedules, latency_s = _finished_trials(conn, task_id)
+    schedules, latency_s, revisions = _finished_trials(conn, task_id)
     knobs = {k: np.array([s[k] for s in schedules], dtype=np.int64) for k in fam.knob_names}
-    return RecordedSpace(fam.space_of(workload, get_gpu(head.gpu), knobs), latency_s)
+    return RecordedSpace(fam.space_of(workload, get_gpu(head.gpu), knobs), latency_s, revisions)
 
 
-def _finished_trials(conn: Connection, task_id: int) -> tuple[list[dict[str, Any]], np.ndarray]:
-    """A task's trials with a result, in trial order: their schedules and latencies in
-    seconds (inf where the trial failed)."""
+def _finished_trials(
+    conn: Connection, task_id: int
+) -> tuple[list[dict[str, Any]], np.ndarray, np.ndarray]:
+    """A task's trials with a result, in trial order: their schedules, latencies in seconds
+    (inf where the trial failed) and generator revisions (FIRST_REVISION where not said)."""
     rows = conn.execute(
-        select(JobRow.schedule, JobRow.status, JobRow.latency_us)
+        select(JobRow.schedule, JobRow.status, JobRow.latency_us, JobRow.generator_revision)
         .where(JobRow.task_id == task_id, JobRow.status.is_not(None))
         .order_by(JobRow.trial)
     ).all()
@@ -219,15 +227,20 @@ def _finished_trials(conn: Connection, task_id: int) -> tuple[list[dict[str, Any
         [r.latency_us / 1e6 if good else np.inf for r, good in zip(rows, ok, strict=True)],
         dtype=np.float64,
     )
-    return [r.schedule for r in rows], latency_s
+    revisions = np.array(
+        [FIRST_REVISION if r.generator_revision is None else r.generator_revision for r in rows],
+        dtype=np.int64,
+    )
+    return [r.schedule for r in rows], latency_s, revisions
 
 
-def learned_model_of_tasks(conn: Connection, task_ids: list[int]) -> LearnedModel:
+def learned_model_of_tasks(conn: Connection, task_ids: list[int], line: str) -> LearnedModel:
     """The cost model fitted to the finished trials of `task_ids` (chosen by learned_tasks
-    when a task was created: of one family, without that task's own workload on its GPU)."""
+    when a task was created: of one family, without that task's own workload on its GPU) for
+    the spaces of generator line `line` (without that line's older revisions)."""
     corpus = [measured_space(conn, t) for t in task_ids]
     try:
-        return fit_learned_model(corpus)
+        return fit_learned_model(corpus, line=line)
     except LearnedPriorError as exc:
         raise PriorError(str(exc)) from None
 

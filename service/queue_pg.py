@@ -86,7 +86,8 @@ WITH report AS (
     SELECT * FROM jsonb_to_recordset(CAST(%(reports)s AS jsonb)) AS r(
         i int, job_id int, token text, ok boolean, state text, status text,
         latency_us float8, samples_us jsonb, spread float8, registers int, spill_bytes int,
-        smem_bytes int, compile_ms float8, max_abs_error float8, error text, runner text)
+        smem_bytes int, compile_ms float8, max_abs_error float8, error text, runner text,
+        generator_revision int)
 ), seen AS (
     SELECT report.*, jobs.id AS found, jobs.task_id, jobs.trial, jobs.state AS job_state,
         jobs.lease_token, jobs.result_token, leases.worker_id AS lease_worker
@@ -105,6 +106,7 @@ WITH report AS (
         registers = seen.registers, spill_bytes = seen.spill_bytes,
         smem_bytes = seen.smem_bytes, compile_ms = seen.compile_ms,
         max_abs_error = seen.max_abs_error, error = seen.error,
+        generator_revision = seen.generator_revision,
         runner = coalesce(seen.runner, %(worker_runner)s), result_token = seen.token,
         result_worker = %(worker)s, lease_expires_at = NULL,
         finished_at = statement_timestamp()

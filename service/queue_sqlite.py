@@ -56,6 +56,7 @@ _APPLY = (
         max_abs_error=bindparam("b_max_abs_error"),
         error=bindparam("b_error"),
         runner=bindparam("b_runner"),
+        generator_revision=bindparam("b_generator_revision"),
         result_token=bindparam("b_token"),
         result_worker=bindparam("b_worker"),
         lease_expires_at=None,

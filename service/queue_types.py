@@ -35,6 +35,7 @@ def result_columns(r: MeasureResult) -> dict[str, Any]:
         "max_abs_error": r.max_abs_error,
         "error": r.error,
         "runner": r.runner,
+        "generator_revision": r.generator_revision,
     }
 
 

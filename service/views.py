@@ -150,6 +150,7 @@ def list_trial_docs(
             smem_bytes=job.smem_bytes,
             compile_ms=job.compile_ms,
             max_abs_error=job.max_abs_error,
+            generator_revision=job.generator_revision,
             finished_at=job.finished_at,
         )
         for job, worker, device in rows

@@ -15,6 +15,7 @@ from pipetune.workers.campaign import layout, sweeps
 from pipetune.workers.campaign.plan import CAMPAIGN_SETTINGS
 from pipetune.workers.campaign.sweeps import measurement_order, parts_of, run_sweeps
 from pipetune.workers.datasets import check_pipetune, read_t4
+from pipetune.workers.datasets.pipetune import record_revision
 from pipetune.workers.runners.faults import FaultPlan
 from pipetune.workers.runners.sim_runner import SimulatedLaunchRunner
 
@@ -65,6 +66,15 @@ def test_a_crash_inside_a_batch_fails_only_its_trial():
     assert reruns > 1  # the batch was run again one trial at a time
 
 
+def test_each_result_says_the_revision_of_the_generator_that_made_its_kernel():
+    conv = ALCOP["Conv2D_RN50_1"]
+    with runner() as measuring:
+        convs = measuring.measure(conv, list(Space.enumerate(conv, GPU))[:3])
+        gemms = measuring.measure(WORKLOAD, SCHEDULES[:3])
+    assert [r.generator_revision for r in convs] == [2, 2, 2]  # the loader that multiplies
+    assert [r.generator_revision for r in gemms] == [1, 1, 1]
+
+
 def test_verification_reports_injected_wrong_results():
     wrong = (SCHEDULES[3].id, SCHEDULES[7].id)
     with runner(wrong=wrong) as measuring:
@@ -108,6 +118,10 @@ def test_sweeps_stop_at_the_deadline_and_go_on_from_their_parts(tmp_path, monkey
         tuple(s.as_dict().values()) for s in SCHEDULES
     }
     assert [p["records"] for p in info.metadata["parts"]] == [256, 256, 174]
+    # Each record says which revision of its generator line made its kernel.
+    assert info.metadata["generator"] == "tensor_gemm.gemm"
+    assert {record_revision(r) for r in dataset.records} == {1}
+    assert all(r.measurements["generator_revision"] == 1 for r in dataset.records)
     order = measurement_order(Space.enumerate(WORKLOAD, GPU))
     assert [dict(r.configuration) for r in dataset.records[:3]] == [
         s.as_dict() for s in parts_of(order)[0][:3]

@@ -222,6 +222,7 @@ def test_trials_carry_the_whole_measurement_and_samples_when_asked(client):
             "smem_bytes": 32768,
             "compile_ms": 412.5,
             "max_abs_error": 0.0004,
+            "generator_revision": 2,
         }
 
     assert drain(client, worker, answer) == 3
@@ -231,6 +232,7 @@ def test_trials_carry_the_whole_measurement_and_samples_when_asked(client):
     for t in light:
         assert (t["spread"], t["registers"], t["spill_bytes"]) == (0.03, 96, 0)
         assert (t["smem_bytes"], t["compile_ms"], t["max_abs_error"]) == (32768, 412.5, 0.0004)
+        assert t["generator_revision"] == 2  # which kernels the worker measured
     full = client.get(url, params={"samples": "true"}).json()["trials"]
     for t in full:
         latency = t["latency_us"]

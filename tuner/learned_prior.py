@@ -62,6 +62,54 @@ def corpus_for(space: Any, recorded: Sequence[RecordedSpace]) -> list[RecordedSp
     ]
 
 
+def line_of(workload: Any) -> str:
+    """The generator line that makes a workload's kernels."""
+    return family_of(workload).generator_revision(workload).line
+
+
+def generator_line(recorded: RecordedSpace) -> str:
+    """The generator line that made a recorded space's kernels."""
+    return line_of(recorded.space.workload)
+
+
+def newest_revisions(recorded: Sequence[RecordedSpace]) -> dict[str, int]:
+    """Per generator line, the newest revision that measured anything in `recorded`."""
+    newest: dict[str, int] = {}
+    for r in recorded:
+        revisions = r.revision_of_rows()
+        if len(revisions):
+            line = generator_line(r)
+            newest[line] = max(newest.get(line, 0), int(revisions.max()))
+    return newest
+
+
+def current_measurements(recorded: Sequence[RecordedSpace], line: str) -> list[RecordedSpace]:
+    """`recorded` without the measurements of `line` (the generator line of the space a prior
+    is for) made by an older revision than the newest of it that `recorded` holds. A change of
+    the generated code that moved its schedules' times (a revision) leaves them describing
+    kernels that no longer exist, and they teach the wrong ranking: learning from the H100's
+    convolutions measured with the loader that divided, `auto` found 0.978 of the optimum in
+    10 trials on the H200's convolutions, and 0.988 without them (benchmarks/RESULTS.md,
+    "measurements of an older generator revision left out"). A space with none left is left
+    out. Other lines' measurements stay, whatever their revision: they describe other kernels
+    than the target's in any case, and leaving the old convolutions out of a GEMM's corpus as
+    well cost the H200's GEMMs and batched GEMMs 0.005 at k=10. The newest revision present
+    rather than this code's: the measurements a fleet has are all there is to learn from
+    until its workers measure the new kernels."""
+    newest = newest_revisions(recorded).get(line)
+    kept = []
+    for r in recorded:
+        if newest is None or generator_line(r) != line:
+            kept.append(r)
+            continue
+        keep = r.revision_of_rows() == newest
+        if keep.all():
+            kept.append(r)
+        elif keep.any():
+            kept.append(r.rows(keep))
+    return kept
+
+
 @dataclass(frozen=True)
 class LearnedModel:
     """The cost model fitted to a corpus, and what the corpus was: fitted once, it gives any
@@ -75,15 +123,28 @@ class LearnedModel:
     # How far the corpus measured above the analytical model, in log throughput: the median
     # over its spaces of each one's measured median less its modelled median.
     level: float = 0.0
+    # The generator line it was fitted for (None: for any, from every measurement given),
+    # and the measurements of that line left out as made by an older revision of it
+    # (current_measurements): spaces left out whole, and rows in all.
+    line: str | None = None
+    stale_spaces: int = 0
+    stale_rows: int = 0
 
 
-def fit_learned_model(corpus: Sequence[RecordedSpace], seed: int = 0) -> LearnedModel:
-    """The cost model fitted to the measurements of `corpus` (spaces of one family)."""
+def fit_learned_model(
+    corpus: Sequence[RecordedSpace], seed: int = 0, line: str | None = None
+) -> LearnedModel:
+    """The cost model fitted to the measurements of `corpus` (spaces of one family); for the
+    spaces of generator line `line`, without that line's older revisions
+    (current_measurements; None: every measurement)."""
     if not corpus:
         raise LearnedPriorError("no measured space to learn from")
     families = {family_of(r.space.workload).name for r in corpus}
     if len(families) > 1:
         raise LearnedPriorError(f"a corpus of one kernel family, not {sorted(families)}")
+    given = corpus
+    corpus = given if line is None else current_measurements(given, line)
+    stale_rows = sum(len(r.latency_s) for r in given) - sum(len(r.latency_s) for r in corpus)
     measured = [(r.space, r.latency_s, r.throughput <= 0) for r in corpus]
     model = CostModel(seed=seed, use_analytical=True)
     model.fit_corpus(measured)
@@ -98,6 +159,9 @@ def fit_learned_model(corpus: Sequence[RecordedSpace], seed: int = 0) -> Learned
         len({r.space.workload.workload_hash for r in corpus}),
         tuple(sorted({r.space.gpu.key for r in corpus})),
         float(np.median(levels)),
+        line=line,
+        stale_spaces=len(given) - len(corpus),
+        stale_rows=stale_rows,
     )
 
 
@@ -109,7 +173,7 @@ def learned_prior(space: Any, corpus: Sequence[RecordedSpace], seed: int = 0) ->
             f"no measured space of the {family_of(space.workload).name} family other than "
             "this one to learn from"
         )
-    return prior_from(space, fit_learned_model(usable, seed))
+    return prior_from(space, fit_learned_model(usable, seed, line_of(space.workload)))
 
 
 def prior_from(space: Any, learned: LearnedModel) -> PriorMean:
@@ -119,13 +183,24 @@ def prior_from(space: Any, learned: LearnedModel) -> PriorMean:
             f"a cost model of the {learned.family} family cannot rank a space of the "
             f"{family_of(space.workload).name} family"
         )
+    if learned.line is not None and line_of(space.workload) != learned.line:
+        raise LearnedPriorError(
+            f"a cost model fitted for {learned.line} cannot rank a space of "
+            f"{line_of(space.workload)}"
+        )
     predicted = np.asarray(learned.model.predict(space), dtype=np.float64)
     level = float(np.median(predicted_log_throughput(space))) + learned.level
     shapes, gpus = learned.shapes, learned.gpus
+    stale = ""
+    if learned.stale_rows:
+        stale = (
+            f" ({learned.stale_rows} measurements of an older generator revision left out"
+            f"{f', {learned.stale_spaces} spaces whole' if learned.stale_spaces else ''})"
+        )
     return PriorMean(
         values=predicted - np.median(predicted) + level,
         source="the analytical model's terms read by a cost model of "
-        f"{shapes} measured shapes on {', '.join(gpus)}",
+        f"{shapes} measured shapes on {', '.join(gpus)}{stale}",
     )
 
 

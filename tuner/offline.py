@@ -9,7 +9,7 @@ from typing import Any, TypeVar
 
 import numpy as np
 
-from pipetune.model.family import FamilySpace
+from pipetune.model.family import FIRST_REVISION, FamilySpace
 from pipetune.model.trials import MeasureResult
 from pipetune.tuner.bo import PriorMean
 from pipetune.tuner.session import TuningSession
@@ -57,10 +57,25 @@ def throughput_of(latency) -> np.ndarray:
 
 @dataclass(frozen=True)
 class RecordedSpace:
-    """A space and one recorded latency per schedule (seconds; inf or nan = failed)."""
+    """A space and one recorded latency per schedule (seconds; inf or nan = failed), and
+    which revision of the workload's generator line made each measured kernel (None: every
+    one revision 1, model.family.FIRST_REVISION)."""
 
     space: FamilySpace
     latency_s: np.ndarray
+    revisions: np.ndarray | None = None
+
+    def revision_of_rows(self) -> np.ndarray:
+        """Each row's generator revision (FIRST_REVISION where none was recorded)."""
+        if self.revisions is None:
+            return np.full(len(self.latency_s), FIRST_REVISION, dtype=np.int64)
+        return np.asarray(self.revisions, dtype=np.int64)
+
+    def rows(self, keep: np.ndarray) -> RecordedSpace:
+        """The recorded space of the rows where `keep` is True (a boolean mask)."""
+        index = np.flatnonzero(keep)
+        revisions = None if self.revisions is None else np.asarray(self.revisions)[index]
+        return RecordedSpace(self.space.subset(index), self.latency_s[index], revisions)
 
     @property
     def throughput(self) -> np.ndarray:

@@ -73,6 +73,7 @@ def recorded_dataset(path: Path, name: str | None = None) -> Dataset:
     from pipetune.tuner.offline import RecordedSpace
     from pipetune.tuner.recorded import RecordedConfigs
     from pipetune.workers.datasets import DatasetError, check_pipetune, load_dataset
+    from pipetune.workers.datasets.pipetune import record_revision
 
     ds = load_dataset(path)
     name = name or path.name.split(".")[0]
@@ -88,16 +89,19 @@ def recorded_dataset(path: Path, name: str | None = None) -> Dataset:
     info = check_pipetune(ds)
     full = info.family.enumerate(info.workload, get_gpu(info.gpu))
     position = {s.id: i for i, s in enumerate(full)}
-    rows, latency = [], []
+    rows, latency, revisions = [], [], []
     for record, ms in zip(ds.records, objective, strict=True):
         row = position.get(info.family.parse_schedule(dict(record.configuration)).id)
         if row is not None:  # a schedule outside today's valid space cannot be proposed
             rows.append(row)
             latency.append(ms * 1e-3)
+            revisions.append(record_revision(record))
     if not rows:
         raise DatasetError(f"{name}: none of its schedules is in the current valid space")
     order = np.argsort(rows)
-    recorded = RecordedSpace(full.subset(np.array(rows)[order]), np.array(latency)[order])
+    recorded = RecordedSpace(
+        full.subset(np.array(rows)[order]), np.array(latency)[order], np.array(revisions)[order]
+    )
     configs = RecordedConfigs.from_recorded_space(name, recorded)
     return Dataset(name, configs, recorded, info.runner)
 
@@ -238,6 +242,7 @@ def _unlearned(loaded: list[Dataset], learned: dict, files: list[Path], records:
     with the analytical model's prior (nothing of its family but its own shape), and a file
     of no benchmarked dataset's family (it teaches nothing here)."""
     from pipetune.model.family import family_of
+    from pipetune.tuner.learned_prior import generator_line, newest_revisions
 
     notes = [
         f"nothing of {family_of(ds.ours.space.workload).name} but its own shape for "
@@ -252,6 +257,16 @@ def _unlearned(loaded: list[Dataset], learned: dict, files: list[Path], records:
         for f, r in zip(files, records, strict=True)
         if family_of(r.space.workload).name not in families
     ]
+    newest = newest_revisions(records)
+    for f, r in zip(files, records, strict=True):
+        line = generator_line(r)
+        stale = r.revision_of_rows() < newest[line]
+        if stale.any():
+            whole = "all" if stale.all() else f"{int(stale.sum())} of"
+            notes.append(
+                f"{f.name}: {whole} its measurements are of an older revision of "
+                f"{line} than the newest given ({newest[line]}): left out"
+            )
     return notes
 
 

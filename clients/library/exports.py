@@ -314,6 +314,7 @@ def _trial_result(trial: TrialDoc) -> MeasureResult | None:
         max_abs_error=trial.max_abs_error,
         error=trial.error,
         runner=trial.runner,
+        generator_revision=trial.generator_revision,
     )
 
 

@@ -40,6 +40,7 @@ from pipetune.service.priors import learned_model_of_tasks, learned_pick, prior_
 from pipetune.service.records import measured_or_failures, schedule_response
 from pipetune.service.settings import Settings
 from pipetune.service.views import get_task_doc, list_task_docs, list_trial_docs, task_work
+from pipetune.tuner.learned_prior import line_of
 
 TASK_STATES: tuple[str, ...] = tuple(state.value for state in TaskState)
 
@@ -135,7 +136,9 @@ class LocalStore:
                     gpu,
                     lambda: family_of(workload).enumerate(workload, get_gpu(gpu)),
                     lambda ids, space: prior_from_tasks(
-                        list(ids), learned_model_of_tasks(conn, list(ids)), space
+                        list(ids),
+                        learned_model_of_tasks(conn, list(ids), line_of(workload)),
+                        space,
                     ),
                     failed.schedule_ids,
                 )

@@ -15,7 +15,7 @@ from pipetune.clients.sdk.errors import (
     ServiceUnavailableError,
     error_class,
 )
-from pipetune.model.wire import OpName
+from pipetune.model.wire import READING, OpName
 
 M = TypeVar("M", bound=BaseModel)
 
@@ -190,7 +190,8 @@ class Http:
         """One request whose 2xx body is `model`."""
         response = self.request(method, path, json=json, params=params, timeout_s=timeout_s)
         try:
-            return model.model_validate(response.json())
+            # Leniently: a newer service's answers may carry fields this client predates.
+            return model.model_validate(response.json(), context=READING)
         except (ValueError, ValidationError) as exc:
             raise ProtocolError(
                 f"{method} {path}: the answer is not a {model.__name__}: {_one_line(str(exc))}"

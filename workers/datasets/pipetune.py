@@ -17,7 +17,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from pipetune.model.family import ScheduleError, family_of, parse_any_workload
+from pipetune.model.family import FIRST_REVISION, ScheduleError, family_of, parse_any_workload
 from pipetune.model.hardware import GPUSpec, HardwareError, get_gpu, resolve_gpu_key
 from pipetune.model.trials import MeasureResult, runner_label_problem
 from pipetune.model.workloads import WorkloadError
@@ -31,8 +31,17 @@ from pipetune.workers.datasets.records import (
 )
 
 FORMAT_VERSION = 1
-# MeasureResult fields kept as named T4 measurements (when not None).
-MEASUREMENT_FIELDS = ("spread", "registers", "spill_bytes", "smem_bytes", "max_abs_error")
+# MeasureResult fields kept as named T4 measurements (when not None). A record's
+# generator_revision is the revision of the generator line the metadata names ("generator")
+# that made its kernel; a record without one was made by revision 1 (record_revision).
+MEASUREMENT_FIELDS = (
+    "spread",
+    "registers",
+    "spill_bytes",
+    "smem_bytes",
+    "max_abs_error",
+    "generator_revision",
+)
 
 
 def _as_utc(when: dt.datetime) -> dt.datetime:
@@ -80,6 +89,13 @@ def record_from_result(
         },
         timestamp=timestamp,
     )
+
+
+def record_revision(record: Record) -> int:
+    """The revision of its generator line that made a record's kernel (FIRST_REVISION where
+    it says none: recorded before revisions were; check_pipetune has checked the value)."""
+    revision = record.measurements.get("generator_revision")
+    return FIRST_REVISION if revision is None else int(revision)
 
 
 def result_from_record(record: Record, runner: str | None) -> MeasureResult:
@@ -132,6 +148,8 @@ def pipetune_metadata(
         "device_name": device_name,
         "runner": runner,
         "family": family_of(workload).name,
+        # The generator line whose revisions the records' generator_revision counts.
+        "generator": family_of(workload).generator_revision(workload).line,
         "knobs": list(family_of(workload).knob_names),
         "statistic": "median",
         "settings": dict(settings or {}),
@@ -168,7 +186,7 @@ def dataset_from_results(
     return Dataset(records, knobs=knobs, metadata=metadata, format="t4")
 
 
-def _provenance_problem(meta: Mapping[str, Any], family: str, gpu: str) -> str | None:
+def _provenance_problem(meta: Mapping[str, Any], family: str, gpu: str, line: str) -> str | None:
     """What is wrong with the metadata fields that restate what the workload and GPU say
     (None: nothing). A file from a newer pipetune (a format this one cannot read), or one
     whose family or architecture contradicts its own workload or GPU (edited by hand, or
@@ -182,6 +200,9 @@ def _provenance_problem(meta: Mapping[str, Any], family: str, gpu: str) -> str |
     stated = meta.get("family", family)
     if stated != family:
         return f"family: {shown(stated)} contradicts its workload, a {family} workload"
+    stated = meta.get("generator", line)  # (absent: a file from before lines were named)
+    if stated != line:
+        return f"generator: {shown(stated)} contradicts its workload, made by {line}"
     expected = get_gpu(gpu).arch
     arch = meta.get("arch", expected)
     if arch != expected:
@@ -209,7 +230,8 @@ class PipetuneInfo:
         except (WorkloadError, HardwareError) as exc:
             raise DatasetError(f"{where}: pipetune metadata: {clipped(str(exc))}") from None
         self.family = family_of(self.workload)
-        if problem := _provenance_problem(meta, self.family.name, self.gpu):
+        line = self.family.generator_revision(self.workload).line
+        if problem := _provenance_problem(meta, self.family.name, self.gpu, line):
             raise DatasetError(f"{where}: pipetune metadata: {problem}")
         if not dataset.records:
             # (It said "knobs [] are not the schedule knobs of ...", which hid the cause.)

@@ -377,7 +377,10 @@ class KernelRunner(Runner):
         if batch:
             self._run_batch(workload, batch, results)
         assert all(r is not None for r in results)
-        return results  # type: ignore[return-value]
+        # Which revision of the generator made these kernels (failures included: the
+        # revision made what failed), so that what learns from them can tell.
+        revision = family_of(workload).generator_revision(workload).revision
+        return [r.model_copy(update={"generator_revision": revision}) for r in results]  # type: ignore[union-attr]
 
     def _run_batch(
         self,
