@@ -223,3 +223,13 @@ def test_an_imported_dataset_keeps_its_revisions_and_the_service_learns_from_the
     assert (for_convs.stale_spaces, for_convs.stale_rows) == (1, len(old.records))
     assert for_convs.gpus == ("h200",) and for_convs.shapes == 2
     assert (for_gemms.stale_rows, for_gemms.gpus, for_gemms.shapes) == (0, ("h100", "h200"), 3)
+
+
+def test_dataset_info_says_which_generator_and_revisions_measured_a_file():
+    result = CliRunner().invoke(
+        app, ["dataset", "info", str(DATA / "h200" / "Conv3D_2.t4.json.gz"), "--json"]
+    )
+    assert result.exit_code == 0, result.output
+    doc = json.loads(result.stdout)
+    assert doc["generator"] == "tensor_gemm.conv"
+    assert doc["generator_revisions"] == {"2": doc["configurations"]}

@@ -10,6 +10,7 @@ and carries the workload, GPU and runner; :func:`check_pipetune` validates one t
 
 from __future__ import annotations
 
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +26,7 @@ from pipetune.workers.datasets.pipetune import (
     dataset_from_results,
     now_timestamp,
     record_from_result,
+    record_revision,
     result_from_record,
 )
 from pipetune.workers.datasets.records import (
@@ -52,6 +54,7 @@ __all__ = [
     "read_kt_cache",
     "read_t4",
     "record_from_result",
+    "record_revision",
     "result_from_record",
     "summary",
     "to_t4_document",
@@ -118,6 +121,12 @@ def summary(dataset: Dataset) -> dict[str, Any]:
             gpu_name=info.gpu_name,
             device_name=info.device_name,
             runner=info.runner,
+            # Which generator made the kernels, and how many records each revision of it
+            # measured (a file mixing revisions describes two kernels of one schedule).
+            generator=info.family.generator_revision(info.workload).line,
+            generator_revisions=dict(
+                sorted(Counter(record_revision(r) for r in dataset.records).items())
+            ),
         )
     kt = dataset.metadata.get("kernel_tuner")
     if isinstance(kt, dict):
