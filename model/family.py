@@ -171,7 +171,9 @@ class GeneratorRevision:
 
     `line`: the generator, e.g. "tensor_gemm.conv" (a family's kernels that share code and
     change together); `revision`: 1, 2, ... bumped when a change of that line's generated
-    code moves its schedules' times beyond a repeated sweep's spread (a few percent).
+    code moves its schedules' times beyond a repeated sweep's spread (a few percent;
+    tests/test_generator_fingerprints.py fails on any change of a line's generated sources
+    until its revision is bumped or the change is judged not to move times).
     Measurements that record none were made by revision 1 of their line (revisions were
     first recorded on 2026-12-01; the one committed exception, the H200's convolutions swept
     on 2026-11-30 by revision 2, says so in its files)."""
