@@ -69,6 +69,7 @@ __all__ = [
     "family_names",
     "family_of",
     "full_grid",
+    "generator_revision_of",
     "op_families",
     "parse_any_workload",
     "register",
@@ -421,6 +422,11 @@ def family_for_op(op: object) -> KernelFamily:
 def family_of(workload: Any) -> KernelFamily:
     """The family of a parsed workload (by its op)."""
     return family_for_op(getattr(workload, "op", None))
+
+
+def generator_revision_of(workload: Any) -> GeneratorRevision:
+    """The generator line that makes the workload's kernels, at this code's revision."""
+    return family_of(workload).generator_revision(workload)
 
 
 def parse_any_workload(data: dict[str, Any]) -> Any:

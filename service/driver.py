@@ -55,7 +55,13 @@ import psycopg
 from sqlalchemy import Connection, case, func, insert, literal, select, update
 from sqlalchemy import exc as sa_exc
 
-from pipetune.model.family import FamilySpace, KernelFamily, family_of, parse_any_workload
+from pipetune.model.family import (
+    FamilySpace,
+    KernelFamily,
+    family_of,
+    generator_revision_of,
+    parse_any_workload,
+)
 from pipetune.model.hardware import get_gpu
 from pipetune.model.states import (
     ACTIVE_TASK_STATES,
@@ -85,7 +91,7 @@ from pipetune.service.records import workload_row
 from pipetune.service.settings import Settings
 from pipetune.service.wakeup import CHANNEL, NOTIFY_SQL, Wakeup, notify_statement
 from pipetune.tuner.bo import PriorMean
-from pipetune.tuner.learned_prior import LearnedModel, line_of
+from pipetune.tuner.learned_prior import LearnedModel
 from pipetune.tuner.offline import late_trials
 from pipetune.tuner.session import SessionError, TuningSession
 from pipetune.tuner.strategies import STRATEGY_MAP
@@ -453,7 +459,7 @@ class Driver:
         """The prior a cost model of those finished tasks' trials gives this space; cached
         (finished tasks' trials do not change)."""
 
-        line = line_of(workload)
+        line = generator_revision_of(workload).line
 
         def fit() -> LearnedModel:  # the slow part, the same for every space of the line
             with self.db.read_conn() as conn:

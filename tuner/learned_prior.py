@@ -40,7 +40,7 @@ from pipetune.model.cost_model import (
     median_level,
     predicted_log_throughput,
 )
-from pipetune.model.family import family_of
+from pipetune.model.family import family_of, generator_revision_of
 from pipetune.tuner.bo import PriorMean
 from pipetune.tuner.offline import RecordedSpace
 
@@ -62,14 +62,9 @@ def corpus_for(space: Any, recorded: Sequence[RecordedSpace]) -> list[RecordedSp
     ]
 
 
-def line_of(workload: Any) -> str:
-    """The generator line that makes a workload's kernels."""
-    return family_of(workload).generator_revision(workload).line
-
-
 def generator_line(recorded: RecordedSpace) -> str:
     """The generator line that made a recorded space's kernels."""
-    return line_of(recorded.space.workload)
+    return generator_revision_of(recorded.space.workload).line
 
 
 def newest_revisions(recorded: Sequence[RecordedSpace]) -> dict[str, int]:
@@ -173,7 +168,9 @@ def learned_prior(space: Any, corpus: Sequence[RecordedSpace], seed: int = 0) ->
             f"no measured space of the {family_of(space.workload).name} family other than "
             "this one to learn from"
         )
-    return prior_from(space, fit_learned_model(usable, seed, line_of(space.workload)))
+    return prior_from(
+        space, fit_learned_model(usable, seed, generator_revision_of(space.workload).line)
+    )
 
 
 def prior_from(space: Any, learned: LearnedModel) -> PriorMean:
@@ -183,10 +180,10 @@ def prior_from(space: Any, learned: LearnedModel) -> PriorMean:
             f"a cost model of the {learned.family} family cannot rank a space of the "
             f"{family_of(space.workload).name} family"
         )
-    if learned.line is not None and line_of(space.workload) != learned.line:
+    line = generator_revision_of(space.workload).line
+    if learned.line is not None and line != learned.line:
         raise LearnedPriorError(
-            f"a cost model fitted for {learned.line} cannot rank a space of "
-            f"{line_of(space.workload)}"
+            f"a cost model fitted for {learned.line} cannot rank a space of {line}"
         )
     predicted = np.asarray(learned.model.predict(space), dtype=np.float64)
     level = float(np.median(predicted_log_throughput(space))) + learned.level

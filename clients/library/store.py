@@ -21,7 +21,7 @@ from sqlalchemy.exc import ArgumentError, SQLAlchemyError
 
 from pipetune.clients.library.inputs import as_gpu, as_workload
 from pipetune.clients.sdk import Client, PipetuneError
-from pipetune.model.family import family_of
+from pipetune.model.family import family_of, generator_revision_of
 from pipetune.model.hardware import get_gpu
 from pipetune.model.states import TaskState
 from pipetune.model.wire import (
@@ -40,7 +40,6 @@ from pipetune.service.priors import learned_model_of_tasks, learned_pick, prior_
 from pipetune.service.records import measured_or_failures, schedule_response
 from pipetune.service.settings import Settings
 from pipetune.service.views import get_task_doc, list_task_docs, list_trial_docs, task_work
-from pipetune.tuner.learned_prior import line_of
 
 TASK_STATES: tuple[str, ...] = tuple(state.value for state in TaskState)
 
@@ -137,7 +136,9 @@ class LocalStore:
                     lambda: family_of(workload).enumerate(workload, get_gpu(gpu)),
                     lambda ids, space: prior_from_tasks(
                         list(ids),
-                        learned_model_of_tasks(conn, list(ids), line_of(workload)),
+                        learned_model_of_tasks(
+                            conn, list(ids), generator_revision_of(workload).line
+                        ),
                         space,
                     ),
                     failed.schedule_ids,

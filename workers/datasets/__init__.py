@@ -123,7 +123,7 @@ def summary(dataset: Dataset) -> dict[str, Any]:
             runner=info.runner,
             # Which generator made the kernels, and how many records each revision of it
             # measured (a file mixing revisions describes two kernels of one schedule).
-            generator=info.family.generator_revision(info.workload).line,
+            generator=info.generator.line,
             generator_revisions=dict(
                 sorted(Counter(record_revision(r) for r in dataset.records).items())
             ),

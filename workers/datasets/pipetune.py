@@ -17,7 +17,13 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from pipetune.model.family import FIRST_REVISION, ScheduleError, family_of, parse_any_workload
+from pipetune.model.family import (
+    FIRST_REVISION,
+    ScheduleError,
+    family_of,
+    generator_revision_of,
+    parse_any_workload,
+)
 from pipetune.model.hardware import GPUSpec, HardwareError, get_gpu, resolve_gpu_key
 from pipetune.model.trials import MeasureResult, runner_label_problem
 from pipetune.model.workloads import WorkloadError
@@ -149,7 +155,7 @@ def pipetune_metadata(
         "runner": runner,
         "family": family_of(workload).name,
         # The generator line whose revisions the records' generator_revision counts.
-        "generator": family_of(workload).generator_revision(workload).line,
+        "generator": generator_revision_of(workload).line,
         "knobs": list(family_of(workload).knob_names),
         "statistic": "median",
         "settings": dict(settings or {}),
@@ -230,8 +236,8 @@ class PipetuneInfo:
         except (WorkloadError, HardwareError) as exc:
             raise DatasetError(f"{where}: pipetune metadata: {clipped(str(exc))}") from None
         self.family = family_of(self.workload)
-        line = self.family.generator_revision(self.workload).line
-        if problem := _provenance_problem(meta, self.family.name, self.gpu, line):
+        self.generator = generator_revision_of(self.workload)
+        if problem := _provenance_problem(meta, self.family.name, self.gpu, self.generator.line):
             raise DatasetError(f"{where}: pipetune metadata: {problem}")
         if not dataset.records:
             # (It said "knobs [] are not the schedule knobs of ...", which hid the cause.)

@@ -31,7 +31,7 @@ from typing import Any
 
 import numpy as np
 
-from pipetune.model.family import family_of
+from pipetune.model.family import family_of, generator_revision_of
 from pipetune.model.hardware import GPUSpec, HardwareError, get_gpu, resolve_gpu_key
 from pipetune.model.trials import MeasureResult
 from pipetune.workers.runners.base import (
@@ -379,7 +379,7 @@ class KernelRunner(Runner):
         assert all(r is not None for r in results)
         # Which revision of the generator made these kernels (failures included: the
         # revision made what failed), so that what learns from them can tell.
-        revision = family_of(workload).generator_revision(workload).revision
+        revision = generator_revision_of(workload).revision
         return [r.model_copy(update={"generator_revision": revision}) for r in results]  # type: ignore[union-attr]
 
     def _run_batch(
