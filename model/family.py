@@ -267,10 +267,20 @@ class KernelFamily(ABC):
     ) -> dict[str, np.ndarray]:
         """Boolean arrays, one per validity rule, True where a schedule breaks it."""
 
-    def generator_revision(self, workload: Any) -> GeneratorRevision:
-        """The generator that makes the workload's kernels, at the revision this code has
-        (see GeneratorRevision; a family whose kernels change apart overrides this)."""
+    def op_generator_revision(self, op: str) -> GeneratorRevision:
+        """The generator that makes the kernels of the family's op `op`, at the revision this
+        code has (see GeneratorRevision; a family whose kernels change apart overrides this).
+        A line is chosen by the op alone, never by a shape: the service selects a line's
+        tasks by their workloads' ops (line_ops)."""
         return GeneratorRevision(self.name, FIRST_REVISION)
+
+    def generator_revision(self, workload: Any) -> GeneratorRevision:
+        """The generator that makes the workload's kernels, at the revision this code has."""
+        return self.op_generator_revision(workload.op)
+
+    def line_ops(self, line: str) -> frozenset[str]:
+        """The family's ops whose kernels generator line `line` makes."""
+        return frozenset(op for op in self.ops if self.op_generator_revision(op).line == line)
 
     @abstractmethod
     def parse_workload(self, data: dict[str, Any]) -> Any:

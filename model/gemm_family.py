@@ -75,13 +75,13 @@ class TensorGemmFamily(KernelFamily):
     ) -> dict[str, np.ndarray]:
         return invalid_reasons(dict(knobs), workload, gpu)
 
-    def generator_revision(self, workload: AnyWorkload) -> GeneratorRevision:
+    def op_generator_revision(self, op: str) -> GeneratorRevision:
         """GEMMs and batched GEMMs share one generator line, convolutions (an implicit GEMM
         with its own loader of the input's K dimension) another. Convolutions, revision 2:
         the loader splits K into filter tap and channel by multiplication (6b6c2e1,
         2026-11-28), every schedule 0.80x its time with the loader that divided (measured on
         an H200, benchmarks/RESULTS.md "GPU calls on H200, 2026-11-30")."""
-        if workload.op in CONV_OPS:
+        if op in CONV_OPS:
             return GeneratorRevision(f"{self.name}.conv", 2)
         return GeneratorRevision(f"{self.name}.gemm", FIRST_REVISION)
 

@@ -22,7 +22,8 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-from sqlalchemy import Connection, and_, exists, not_, or_, select
+from sqlalchemy import Connection, and_, case, exists, func, not_, or_, select
+from sqlalchemy.orm import aliased
 
 from pipetune.model.family import (
     FIRST_REVISION,
@@ -146,10 +147,10 @@ def prior_from_task(conn: Connection, prior_task: int, space: FamilySpace) -> Pr
         raise PriorError(str(exc)) from None
 
 
-# The most tasks a learned prior reads: the ones with the most successful trials (then the
-# newest). An exhaustive sweep of a few thousand schedules is one task, and a hundred of them
-# fit in about two seconds of one core (XGBoost, benchmarks/RESULTS.md); a fleet's thousands
-# of short tasks would add little that the largest ones do not already teach.
+# The most tasks a learned prior reads: the ones with the most successful trials it can learn
+# from (then the newest). An exhaustive sweep of a few thousand schedules is one task, and a
+# hundred of them fit in about two seconds of one core (XGBoost, benchmarks/RESULTS.md); a
+# fleet's thousands of short tasks would add little that the largest ones do not already teach.
 MAX_LEARNED_TASKS = 100
 
 
@@ -158,28 +159,50 @@ def learned_tasks(conn: Connection, workload: Any, gpu: str) -> list[int]:
     of the same kernel family with a successful trial, every result of which was measured on
     a GPU (no simulated or replayed-simulated runner, which would teach the analytical model
     back to itself), other than this workload on this GPU (its own record is its answer, not
-    a prior). PriorError when there is none."""
+    a prior). Of the workload's own generator line, only tasks with a successful trial of the
+    newest revision measured count, and only those trials rank them: the prior leaves the
+    older revisions out (tuner.learned_prior.current_measurements), and a task of kernels that
+    no longer exist must not take a place of the MAX_LEARNED_TASKS from one it can learn
+    from. PriorError when there is none."""
     fam = family_of(workload)
+    target = fam.op_generator_revision(workload.op)
+    line_ops = sorted(fam.line_ops(target.line))
     succeeded = TaskRow.trials_done - TaskRow.trials_failed
     # Not model.trials.is_measured, in SQL: simulated, several runners ("cupy,simulated"
     # from an export of a mixed task), none or an unknown one ("unknown" after an export
     # and import of a task without one) cannot say the latency was measured. Lost jobs (no
     # status) measured nothing and are not asked.
-    simulated = or_(JobRow.runner.is_(None), JobRow.runner.not_in(MEASURED_RUNNERS))
-    not_measured = exists().where(
-        JobRow.task_id == TaskRow.id, JobRow.status.is_not(None), simulated
+    # (Its own alias of the jobs: the newest revision's query below reads jobs too.)
+    job = aliased(JobRow)
+    simulated = or_(job.runner.is_(None), job.runner.not_in(MEASURED_RUNNERS))
+    not_measured = exists().where(job.task_id == TaskRow.id, job.status.is_not(None), simulated)
+    eligible = and_(
+        WorkloadRow.op.in_(sorted(fam.ops)),
+        TaskRow.state.in_(FINAL_TASK_STATES),
+        succeeded > 0,
+        not_(and_(WorkloadRow.hash == workload.workload_hash, TaskRow.gpu == gpu)),
+        not_(not_measured),
     )
+    revision = func.coalesce(JobRow.generator_revision, FIRST_REVISION)
+    newest = conn.scalar(
+        select(func.max(revision))
+        .select_from(JobRow)
+        .join(TaskRow, JobRow.task_id == TaskRow.id)
+        .join(WorkloadRow, TaskRow.workload_id == WorkloadRow.id)
+        .where(eligible, WorkloadRow.op.in_(line_ops), JobRow.status.is_not(None))
+    )
+    current_successes = (
+        select(func.count())
+        .select_from(JobRow)
+        .where(JobRow.task_id == TaskRow.id, JobRow.status == "ok", revision == newest)
+        .scalar_subquery()
+    )
+    learnable = case((WorkloadRow.op.in_(line_ops), current_successes), else_=succeeded)
     found = conn.scalars(
         select(TaskRow.id)
         .join(WorkloadRow, TaskRow.workload_id == WorkloadRow.id)
-        .where(
-            WorkloadRow.op.in_(sorted(fam.ops)),
-            TaskRow.state.in_(FINAL_TASK_STATES),
-            succeeded > 0,
-            not_(and_(WorkloadRow.hash == workload.workload_hash, TaskRow.gpu == gpu)),
-            not_(not_measured),
-        )
-        .order_by(succeeded.desc(), TaskRow.id.desc())
+        .where(eligible, learnable > 0)
+        .order_by(learnable.desc(), TaskRow.id.desc())
         .limit(MAX_LEARNED_TASKS)
     ).all()
     if not found:

@@ -225,6 +225,48 @@ def test_an_imported_dataset_keeps_its_revisions_and_the_service_learns_from_the
     assert (for_gemms.stale_rows, for_gemms.gpus, for_gemms.shapes) == (0, ("h100", "h200"), 3)
 
 
+def test_a_line_is_a_set_of_ops_and_says_which():
+    tensor = family("tensor_gemm")
+    assert tensor.line_ops("tensor_gemm.conv") == {"conv2d", "conv3d"}
+    assert {"gemm", "bmm"} <= tensor.line_ops("tensor_gemm.gemm")
+    assert not tensor.line_ops("tensor_gemm.conv") & tensor.line_ops("tensor_gemm.gemm")
+    assert tensor.line_ops("memops") == frozenset()
+    for op in tensor.ops:
+        assert op in tensor.line_ops(tensor.op_generator_revision(op).line)
+
+
+def test_tasks_of_an_older_revision_take_no_place_among_the_tasks_learned_from(db_url, monkeypatch):
+    """The service reads at most MAX_LEARNED_TASKS tasks, the largest first: a large task of
+    the target's line measured by an older revision (which the prior leaves out whole) must
+    not push out a smaller current one, nor a task of another line (kept at any revision)."""
+    from pipetune.service import priors
+    from pipetune.service.db import make_engine
+
+    runner = CliRunner()
+    files = (
+        DATA / "h100" / "Conv2D_RN50_2.t4.json.gz",  # 2,648 trials, revision 1: stale
+        DATA / "h200" / "Conv2D_RN50_1.t4.json.gz",  # 1,956 trials, revision 2
+        DATA / "h200" / "BMM_BERT_QK.t4.json.gz",  # 686 trials of the GEMM line, revision 1
+    )
+    ids = []
+    for path in files:
+        result = runner.invoke(app, ["db", "import-dataset", str(path), "--db", db_url, "--json"])
+        assert result.exit_code == 0, result.output
+        ids.append(json.loads(result.stdout)["id"])
+    stale, current, other_line = ids
+    monkeypatch.setattr(priors, "MAX_LEARNED_TASKS", 2)
+    engine = make_engine(db_url, pool_size=1)
+    try:
+        with engine.connect() as conn:
+            for_conv = priors.learned_tasks(conn, CONV, "h200")
+            for_gemm = priors.learned_tasks(conn, gemm(1024, 1024, 1024), "h200")
+    finally:
+        engine.dispose()
+    assert for_conv == sorted([current, other_line])
+    # A GEMM's corpus keeps every convolution (another line): the two largest tasks.
+    assert for_gemm == sorted([stale, current])
+
+
 def test_dataset_info_says_which_generator_and_revisions_measured_a_file():
     result = CliRunner().invoke(
         app, ["dataset", "info", str(DATA / "h200" / "Conv3D_2.t4.json.gz"), "--json"]
