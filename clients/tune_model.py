@@ -149,11 +149,11 @@ def launch(
     batch_size: int | None = None,
 ) -> list[TaskDoc]:
     """One tuning task per distinct shape, all queued at once so the workers share them.
-    With prior_gpu, each shape warm-starts from its finished task on that GPU (the one with
-    the most successful trials) where it has one; with learned_prior, from a cost model of
-    the measured tasks of its kernel family where there are any. A shape without starts cold
-    (the service says which by a 422 on the prior's field). A prior_gpu no shape could use
-    (unknown, the tuned GPU, a strategy without a prior) raises ValueError before any task
+    With prior_gpu, each shape warm-starts from its finished task on that GPU (one of the newest
+    generator revision, the most successful trials of those) where it has one; with learned_prior,
+    from a cost model of the measured tasks of its kernel family where there are any. A shape
+    without starts cold (the service says which by a 422 on the prior's field). A prior_gpu no shape
+    could use (unknown, the tuned GPU, a strategy without a prior) raises ValueError before any task
     is created. batch_size: each task's trials per proposal round (None: the service's)."""
     prior: dict[str, Any] = {}
     if prior_gpu is not None:

@@ -225,7 +225,8 @@ PRIOR_TASK_DESCRIPTION = (
 )
 PRIOR_GPU_DESCRIPTION = (
     "instead of prior_task: warm-start from the finished task of the same workload on this GPU "
-    "with the most successful trials (the newest of those); the task records which one"
+    "measured by the newest generator revision, of those the one with the most successful "
+    "trials (the newest of those); the task records which one"
 )
 LEARNED_PRIOR_DESCRIPTION = (
     "instead of prior_task: the prior mean is a cost model fitted to every finished task of "

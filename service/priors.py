@@ -94,16 +94,28 @@ def check_prior_task(conn: Connection, prior_task: int, workload_hash: str, gpu:
 
 
 def prior_task_on(conn: Connection, workload_hash: str, prior_gpu: str, gpu: str) -> int:
-    """The finished task of this workload on `prior_gpu` with the most successful trials,
-    the newest of those (`TaskCreate.prior_gpu`); PriorError when none has one. The most
-    measurements first: a prior from more of the other GPU's trials warm-starts better
-    (benchmarks/RESULTS.md, "a finished task's trials as the prior": 20 < 50 < 100 trials <
-    the whole recording), so an imported sweep is preferred to a short task."""
+    """The finished task of this workload on `prior_gpu` whose successful trials are of the
+    newest generator revision, of those the one with the most successful trials, the newest
+    of those (`TaskCreate.prior_gpu`); PriorError when none has one. The newest revision
+    first: an older one's timings are of kernels that no longer exist (a sweep repeated
+    after a change of the generator is the prior, not the sweep before it, whichever has
+    more trials). Then the most measurements: a prior from more of the other GPU's trials
+    warm-starts better (benchmarks/RESULTS.md, "a finished task's trials as the prior": 20
+    < 50 < 100 trials < the whole recording), so an imported sweep is preferred to a short
+    task."""
     if prior_gpu == gpu:
         raise PriorError(
             f"{gpu} is this task's GPU: a prior is the same workload measured on another GPU"
         )
     succeeded = TaskRow.trials_done - TaskRow.trials_failed  # (lost jobs count as failed)
+    # (One workload: all its tasks' trials are of one generator line. 0 where no trial says
+    # ok: NULL sorts first in PostgreSQL's descending order and last in SQLite's.)
+    newest_revision = func.coalesce(
+        select(func.max(func.coalesce(JobRow.generator_revision, FIRST_REVISION)))
+        .where(JobRow.task_id == TaskRow.id, JobRow.status == "ok")
+        .scalar_subquery(),
+        0,
+    )
     found = conn.scalar(
         select(TaskRow.id)
         .join(WorkloadRow, TaskRow.workload_id == WorkloadRow.id)
@@ -113,7 +125,7 @@ def prior_task_on(conn: Connection, workload_hash: str, prior_gpu: str, gpu: str
             TaskRow.state.in_(FINAL_TASK_STATES),
             succeeded > 0,
         )
-        .order_by(succeeded.desc(), TaskRow.id.desc())
+        .order_by(newest_revision.desc(), succeeded.desc(), TaskRow.id.desc())
         .limit(1)
     )
     if found is None:

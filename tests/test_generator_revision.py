@@ -267,6 +267,35 @@ def test_tasks_of_an_older_revision_take_no_place_among_the_tasks_learned_from(d
     assert for_gemm == sorted([stale, current])
 
 
+def test_a_prior_gpu_warm_starts_from_the_newest_revisions_sweep_though_an_older_has_more(
+    tmp_path, db_url
+):
+    """`prior_gpu` picks the task of the workload on that GPU to warm-start from: one swept
+    again after a change of the generator (revision 2, three trials) over the sweep before it
+    (revision 1, six trials), whose timings are of kernels that no longer exist."""
+    from service_support import client_for
+
+    space = Space.enumerate(CONV, get_gpu("h100", calibrated=False))
+    ids = []
+    for name, rows, revision in (("old", 6, None), ("new", 3, 2), ("older", 8, None)):
+        part = space.subset(np.arange(rows))
+        results = _results(part, revision)
+        data = dataset_from_results(CONV, part.gpu, list(part), results, runner="cupy")
+        path = write_t4(data, tmp_path / f"{name}.t4.json")
+        imported = CliRunner().invoke(
+            app, ["db", "import-dataset", str(path), "--db", db_url, "--json"]
+        )
+        assert imported.exit_code == 0, imported.output
+        ids.append(json.loads(imported.stdout)["id"])
+    with client_for(db_url) as client:
+        created = client.post(
+            "/v1/tasks",
+            json={"workload": CONV.canonical(), "gpu": "h200", "budget": 8, "prior_gpu": "h100"},
+        )
+    assert created.status_code == 201, created.text
+    assert created.json()["prior_task"] == ids[1]
+
+
 def test_dataset_info_says_which_generator_and_revisions_measured_a_file():
     result = CliRunner().invoke(
         app, ["dataset", "info", str(DATA / "h200" / "Conv3D_2.t4.json.gz"), "--json"]

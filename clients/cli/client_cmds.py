@@ -377,8 +377,8 @@ add_workload_commands(
             "prior_gpu",
             str | None,  # type: ignore[arg-type]
             None,
-            help="instead of --prior-task: the finished task of the workload on this GPU with "
-            "the most successful trials",
+            help="instead of --prior-task: the finished task of the workload on this GPU of the "
+            "newest generator revision, with the most successful trials of those",
         ),
         option(
             "learned_prior",

@@ -166,14 +166,14 @@ class Client:
         runner: str | None = None,
     ) -> TaskDoc:
         """Start a tuning task (POST /v1/tasks); returns at once with the queued task.
-        prior_task: a finished task of the same workload on another GPU whose trials
-        warm-start the search; prior_gpu: instead, such a task on that GPU (the one
-        with the most successful trials, the newest of those); learned_prior: instead, a cost
-        model of every finished task of the kernel family measured on a GPU (the task's
-        learned_from says which); None: the kernel family's choice (tensor-core GEMMs learn
-        where such tasks exist), False: never. batch_size: trials per proposal round (None:
-        the service's; 1 where one GPU serves the task). runner: only workers of that runner
-        measure it ("cupy": GPU measurements only; None: any worker of the GPU)."""
+        prior_task: a finished task of the same workload on another GPU whose trials warm-start the
+        search; prior_gpu: instead, such a task on that GPU (one of the newest generator revision,
+        the most successful trials of those); learned_prior: instead, a cost model of every finished
+        task of the kernel family measured on a GPU (the task's learned_from says which); None: the
+        kernel family's choice (tensor-core GEMMs learn where such tasks exist), False: never.
+        batch_size: trials per proposal round (None: the service's; 1 where one GPU serves the
+        task). runner: only workers of that runner measure it ("cupy": GPU measurements only;
+        None: any worker of the GPU)."""
         body = {
             "workload": workload_body(workload),
             "gpu": gpu,
