@@ -22,8 +22,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-from sqlalchemy import Connection, and_, case, exists, func, not_, or_, select
-from sqlalchemy.orm import aliased
+from sqlalchemy import Connection, and_, case, func, not_, or_, select
 
 from pipetune.model.family import (
     FIRST_REVISION,
@@ -178,45 +177,50 @@ def learned_tasks(conn: Connection, workload: Any, gpu: str) -> list[int]:
     from. PriorError when there is none."""
     fam = family_of(workload)
     target = fam.op_generator_revision(workload.op)
-    line_ops = sorted(fam.line_ops(target.line))
+    line_ops = fam.line_ops(target.line)
     succeeded = TaskRow.trials_done - TaskRow.trials_failed
     # Not model.trials.is_measured, in SQL: simulated, several runners ("cupy,simulated"
     # from an export of a mixed task), none or an unknown one ("unknown" after an export
     # and import of a task without one) cannot say the latency was measured. Lost jobs (no
     # status) measured nothing and are not asked.
-    # (Its own alias of the jobs: the newest revision's query below reads jobs too.)
-    job = aliased(JobRow)
-    simulated = or_(job.runner.is_(None), job.runner.not_in(MEASURED_RUNNERS))
-    not_measured = exists().where(job.task_id == TaskRow.id, job.status.is_not(None), simulated)
-    eligible = and_(
-        WorkloadRow.op.in_(sorted(fam.ops)),
-        TaskRow.state.in_(FINAL_TASK_STATES),
-        succeeded > 0,
-        not_(and_(WorkloadRow.hash == workload.workload_hash, TaskRow.gpu == gpu)),
-        not_(not_measured),
-    )
+    simulated = or_(JobRow.runner.is_(None), JobRow.runner.not_in(MEASURED_RUNNERS))
     revision = func.coalesce(JobRow.generator_revision, FIRST_REVISION)
-    newest = conn.scalar(
-        select(func.max(revision))
-        .select_from(JobRow)
-        .join(TaskRow, JobRow.task_id == TaskRow.id)
+    # One pass over the candidates' jobs, per task and revision (a few rows per task): which
+    # tasks have a result that was not measured, and the successes of each revision. On
+    # PostgreSQL over 28 imported sweeps (63,200 jobs) a call takes 45-51 ms, where the NOT
+    # EXISTS alone (before revisions counted) took 20-22 and three statements (that, the
+    # newest revision, a count per task) 54-57: once per task created, beside a model fit.
+    groups = conn.execute(
+        select(
+            TaskRow.id,
+            WorkloadRow.op,
+            succeeded.label("succeeded"),
+            revision.label("revision"),
+            func.count().filter(JobRow.status == "ok").label("ok"),
+            func.max(case((simulated, 1), else_=0)).label("simulated"),
+        )
         .join(WorkloadRow, TaskRow.workload_id == WorkloadRow.id)
-        .where(eligible, WorkloadRow.op.in_(line_ops), JobRow.status.is_not(None))
-    )
-    current_successes = (
-        select(func.count())
-        .select_from(JobRow)
-        .where(JobRow.task_id == TaskRow.id, JobRow.status == "ok", revision == newest)
-        .scalar_subquery()
-    )
-    learnable = case((WorkloadRow.op.in_(line_ops), current_successes), else_=succeeded)
-    found = conn.scalars(
-        select(TaskRow.id)
-        .join(WorkloadRow, TaskRow.workload_id == WorkloadRow.id)
-        .where(eligible, learnable > 0)
-        .order_by(learnable.desc(), TaskRow.id.desc())
-        .limit(MAX_LEARNED_TASKS)
+        .join(JobRow, JobRow.task_id == TaskRow.id)
+        .where(
+            WorkloadRow.op.in_(sorted(fam.ops)),
+            TaskRow.state.in_(FINAL_TASK_STATES),
+            succeeded > 0,
+            not_(and_(WorkloadRow.hash == workload.workload_hash, TaskRow.gpu == gpu)),
+            JobRow.status.is_not(None),
+        )
+        .group_by(TaskRow.id, WorkloadRow.op, TaskRow.trials_done, TaskRow.trials_failed, revision)
     ).all()
+    not_measured = {g.id for g in groups if g.simulated}
+    measured = [g for g in groups if g.id not in not_measured]
+    newest = max((g.revision for g in measured if g.op in line_ops), default=None)
+    learnable: dict[int, int] = {}
+    for g in measured:
+        if g.op in line_ops:
+            learnable[g.id] = learnable.get(g.id, 0) + (g.ok if g.revision == newest else 0)
+        else:
+            learnable[g.id] = g.succeeded
+    ranked = sorted(((n, task) for task, n in learnable.items() if n > 0), reverse=True)
+    found = [task for _, task in ranked[:MAX_LEARNED_TASKS]]
     if not found:
         raise PriorError(
             f"no finished task of the {fam.name} family measured on a GPU to learn from (tune "
