@@ -333,6 +333,13 @@ def main() -> int:
         help=f"jobs per lease request of batched workers (default {BATCHED_MAX_JOBS})",
     )
     parser.add_argument(
+        "--wait-s",
+        type=float,
+        default=LoadConfig.wait_s,
+        help="how long a worker's lease request waits for jobs while the tasks run (the "
+        f"worker daemon waits {LoadConfig.idle_wait_s:g} s; default {LoadConfig.wait_s:g})",
+    )
+    parser.add_argument(
         "--idle-seconds",
         type=float,
         default=0.0,
@@ -381,6 +388,7 @@ def main() -> int:
                     lease_with_results=not args.separate_leases,
                     max_jobs=(args.max_jobs or BATCHED_MAX_JOBS) if batched else 1,
                     idle_s=args.idle_seconds,
+                    wait_s=args.wait_s,
                     results=args.results,
                 )
                 report = run_load(args.pg_url, config)

@@ -152,7 +152,7 @@ def replica_settings(config: LoadConfig) -> dict[str, str]:
         "PIPETUNE_BATCH_SIZE": str(config.batch_size),
         "PIPETUNE_LEASE_TTL_S": str(config.lease_ttl_s),
         # Idle polls wait as long as they ask (the daemon's 10 s), not the harness's 2 s.
-        "PIPETUNE_LEASE_WAIT_CAP_S": str(max(2.0, config.idle_wait_s)),
+        "PIPETUNE_LEASE_WAIT_CAP_S": str(max(2.0, config.idle_wait_s, config.wait_s)),
     }
     if config.sweep_interval_s is not None:
         settings["PIPETUNE_SWEEP_INTERVAL_S"] = str(config.sweep_interval_s)
@@ -184,13 +184,18 @@ class LoadRun:
         # Idle connections are dropped after 2 s, before uvicorn's 5 s keep-alive closes
         # them: at equal timeouts a request sent on a connection idle ~5 s can meet the
         # server's close (ReadError / RemoteProtocolError), a client artefact rather than the
-        # service's. Room for a heartbeat beside each worker's request.
-        limits = httpx.Limits(
-            max_connections=2 * config.workers + 8,
-            max_keepalive_connections=None,
-            keepalive_expiry=KEEPALIVE_S,
+        # service's.
+        self._limits = httpx.Limits(
+            max_connections=8, max_keepalive_connections=None, keepalive_expiry=KEEPALIVE_S
         )
-        self.clients = [httpx.AsyncClient(base_url=b, timeout=60, limits=limits) for b in bases]
+        self.bases = bases
+        # The harness's own requests (tasks, the watcher) go through one client per replica;
+        # each simulated worker has its own (`worker_client`), as a worker daemon does. One
+        # client shared by hundreds of workers made the generator's CPU per request grow
+        # with the workers (httpcore scans its pool's connections for every request: 21 ms
+        # of CPU per result at 1,000 workers, RESULTS.md "a fleet of a thousand workers").
+        self.clients = [self._new_client(b) for b in bases]
+        self._worker_clients: list[httpx.AsyncClient] = []
         # One RNG, drawn once per job received, in the order jobs arrive (one event loop):
         # the deaths among the first N jobs are the same in every run with the same seed.
         self.rng = random.Random(config.seed)
@@ -201,8 +206,19 @@ class LoadRun:
         self.deadline = self.began + config.seconds
         self._beating: set[asyncio.Task] = set()
 
+    def _new_client(self, base: str) -> httpx.AsyncClient:
+        return httpx.AsyncClient(base_url=base, timeout=60, limits=self._limits)
+
     def client(self, slot: int) -> httpx.AsyncClient:
+        """The harness's client of the replica that worker slot `slot` talks to."""
         return self.clients[slot % len(self.clients)]
+
+    def worker_client(self, slot: int) -> httpx.AsyncClient:
+        """A new client of worker slot `slot`'s replica (a lease or result request and a
+        heartbeat at once: two connections at most)."""
+        client = self._new_client(self.bases[slot % len(self.bases)])
+        self._worker_clients.append(client)
+        return client
 
     def measure_s(self, jobs: int = 1) -> float:
         """How long measuring `jobs` jobs one after another takes (seconds)."""
@@ -279,7 +295,7 @@ class LoadRun:
     async def close(self) -> None:
         for beat in list(self._beating):
             beat.cancel()
-        for client in self.clients:
+        for client in self.clients + self._worker_clients:
             await client.aclose()
 
 
@@ -290,7 +306,7 @@ class SimulatedWorker:
         self.run = run
         self.slot = slot
         self.worker_id = worker_id
-        self.client = run.client(slot)
+        self.client = run.worker_client(slot)
         self.generation = 0
         self._next: list[dict] = []  # jobs the last results request leased
 

@@ -329,3 +329,34 @@ def test_the_watcher_reads_the_task_list_once_every_result_is_in(monkeypatch) ->
     assert early == 0 and total == 1 and took < 1.3  # at once, not at the fallback (1.5 s)
     early, total, took = asyncio.run(scenario(all_in=False))
     assert early == 0 and total == 1 and 1.4 <= took < 3.0  # the fallback read, once
+
+
+def test_each_simulated_worker_has_a_client_of_its_own_on_its_replica() -> None:
+    """A worker daemon holds its own HTTP client; so does each simulated worker. One client
+    shared by every worker of a replica cost the load generator CPU per request in proportion
+    to the workers (its connection pool is scanned for each request): at 1,000 workers the
+    generator, not the service, set the pace."""
+    import asyncio
+
+    from benchmarks.load_driver import LoadRun, SimulatedWorker
+
+    async def scenario() -> None:
+        bases = ["http://127.0.0.1:9", "http://127.0.0.1:10"]
+        run = LoadRun(bases, LoadConfig(workers=4))
+        workers = [SimulatedWorker(run, slot, worker_id=slot + 1) for slot in range(4)]
+        clients = [w.client for w in workers]
+        assert len({id(c) for c in clients}) == 4
+        assert not any(c is h for c in clients for h in run.clients)
+        assert [str(c.base_url).rstrip("/") for c in clients] == bases * 2
+        await run.close()
+        assert all(c.is_closed for c in clients)
+
+    asyncio.run(scenario())
+
+
+def test_the_replicas_let_a_lease_request_wait_as_long_as_the_run_asks() -> None:
+    from benchmarks.load_driver import replica_settings
+
+    assert float(replica_settings(LoadConfig())["PIPETUNE_LEASE_WAIT_CAP_S"]) == 10.0
+    longer = replica_settings(LoadConfig(wait_s=30.0))
+    assert float(longer["PIPETUNE_LEASE_WAIT_CAP_S"]) == 30.0
