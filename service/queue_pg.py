@@ -89,11 +89,21 @@ WITH report AS (
         smem_bytes int, compile_ms float8, max_abs_error float8, error text, runner text,
         generator_revision int)
 ), seen AS (
-    SELECT report.*, jobs.id AS found, jobs.task_id, jobs.trial, jobs.state AS job_state,
-        jobs.lease_token, jobs.result_token, leases.worker_id AS lease_worker
+    -- Each report's job and lease looked up by index, one report at a time (LATERAL ...
+    -- LIMIT 1, which the planner cannot turn into a join): planned as joins, the report's
+    -- rows were estimated at jsonb_to_recordset's default of 100 and both tables hashed
+    -- whole, a scan of every job and lease ever recorded for each request.
+    SELECT report.*, job.id AS found, job.task_id, job.trial, job.state AS job_state,
+        job.lease_token, job.result_token, lease.worker_id AS lease_worker
     FROM report
-    LEFT JOIN jobs ON jobs.id = report.job_id
-    LEFT JOIN leases ON leases.job_id = report.job_id AND leases.token = report.token
+    LEFT JOIN LATERAL (
+        SELECT id, task_id, trial, state, lease_token, result_token FROM jobs
+        WHERE jobs.id = report.job_id LIMIT 1
+    ) AS job ON true
+    LEFT JOIN LATERAL (
+        SELECT worker_id FROM leases
+        WHERE leases.job_id = report.job_id AND leases.token = report.token LIMIT 1
+    ) AS lease ON true
 ), once AS (  -- a report repeated within the request: the first is the one applied
     SELECT DISTINCT ON (job_id, token) * FROM seen ORDER BY job_id, token, i
 ), locked_jobs AS (

@@ -1,0 +1,116 @@
+"""The results statement on PostgreSQL looks up each report's job and lease by index, whatever
+the planner estimates of the report (service/queue_pg.py, RECORD_SQL).
+
+Planned as joins, a request's reports (a jsonb_to_recordset, estimated at 100 rows whatever
+it holds) were hashed against a sequential scan of the whole jobs and leases tables while
+they held a few thousand rows: every results request read every job and lease ever recorded.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from service_support import client_for, create_task, lease, register
+from sqlalchemy import create_engine, text
+
+from pipetune.model.states import JobState, TaskState
+from pipetune.service.queue_pg import RECORD_SQL
+
+pytest_plugins = ["service_fixtures"]
+
+# Copies of the first batch's jobs, each with a lease: a few thousand rows, the size at which
+# the joins' plan read both tables whole (checked against the statement before the fix).
+COPIES = 400
+
+
+@pytest.fixture
+def pg(request) -> str:
+    url = request.getfixturevalue("pg_url")
+    from service_fixtures import _truncate
+
+    _truncate(url)
+    return url
+
+
+def _grow(url: str) -> None:
+    """COPIES finished copies of every job, each with an ended lease, then ANALYZE."""
+    engine = create_engine(url, isolation_level="AUTOCOMMIT")
+    try:
+        with engine.connect() as conn:
+            conn.execute(
+                text(
+                    "INSERT INTO jobs (task_id, workload_id, gpu, arch, trial, batch, schedule,"
+                    " schedule_id, predicted_us, only_runner, state, attempts, status,"
+                    " latency_us)"
+                    " SELECT task_id, workload_id, gpu, arch, trial + 1000 * g, batch, schedule,"
+                    " schedule_id, predicted_us, only_runner, 'done', attempts, 'ok', 10.0"
+                    " FROM jobs, generate_series(1, :copies) AS g"
+                ),
+                {"copies": COPIES},
+            )
+            conn.execute(
+                text(
+                    "INSERT INTO leases (job_id, worker_id, token, leased_at, outcome, ended_at)"
+                    " SELECT jobs.id, workers.id, md5(jobs.id::text), now(), 'result', now()"
+                    " FROM jobs CROSS JOIN (SELECT min(id) AS id FROM workers) AS workers"
+                    " WHERE jobs.state = 'done'"
+                ),
+            )
+            conn.execute(text("ANALYZE jobs"))
+            conn.execute(text("ANALYZE leases"))
+            jobs = conn.scalar(text("SELECT count(*) FROM jobs"))
+    finally:
+        engine.dispose()
+    assert jobs > 1000 * 2  # the statement below runs against a table of thousands
+
+
+def _plan_of_results(url: str, worker_id: int, jobs: list[dict]) -> str:
+    reports = [
+        {
+            "i": i,
+            "job_id": j["job_id"],
+            "token": j["lease_token"],
+            "ok": True,
+            "state": JobState.DONE.value,
+            "status": "ok",
+            "latency_us": 10.0,
+            "samples_us": [10.0],
+            "spread": 0.0,
+        }
+        for i, j in enumerate(jobs)
+    ]
+    params = {
+        "reports": json.dumps(reports),
+        "worker": worker_id,
+        "worker_runner": "simulated",
+        "leased": JobState.LEASED.value,
+        "task_queued": TaskState.QUEUED.value,
+        "running": TaskState.RUNNING.value,
+    }
+    engine = create_engine(url)
+    try:
+        with engine.connect() as conn:
+            raw = conn.connection.driver_connection
+            with raw.cursor() as cur:
+                # ANALYZE runs the statement: rolled back, the leases stay held.
+                cur.execute("EXPLAIN (ANALYZE, COSTS OFF) " + RECORD_SQL, params)
+                plan = "\n".join(row[0] for row in cur.fetchall())
+            raw.rollback()
+    finally:
+        engine.dispose()
+    return plan
+
+
+def test_a_results_request_reads_its_own_jobs_and_leases_not_the_whole_tables(pg):
+    with client_for(pg, batch_size=4) as c:
+        create_task(c, budget=8, strategy="random", seed=3)
+        worker = register(c)
+        _grow(pg)
+        held = lease(c, worker, max_jobs=2)
+        assert len(held) == 2
+        plan = _plan_of_results(pg, worker, held)
+    assert "Seq Scan on jobs" not in plan, plan
+    assert "Seq Scan on leases" not in plan, plan
+    # The statement did its work in that plan: both results applied (then rolled back).
+    assert plan.count("Update on jobs") == 1
