@@ -328,6 +328,12 @@ def main() -> int:
         "(by default a report leases the next jobs, as the worker daemon's reporter does)",
     )
     parser.add_argument(
+        "--report-each",
+        action="store_true",
+        help="with --batched: report each job as soon as it is measured, the report leasing "
+        "what tops the jobs in hand back up to --max-jobs (the worker daemon with one GPU)",
+    )
+    parser.add_argument(
         "--max-jobs",
         type=int,
         help=f"jobs per lease request of batched workers (default {BATCHED_MAX_JOBS})",
@@ -356,6 +362,8 @@ def main() -> int:
     parser.add_argument("--json", action="store_true", help="print one JSON object, no table")
     parser.add_argument("--write", action="store_true", help="record in benchmarks/RESULTS.md")
     args = parser.parse_args()
+    if args.report_each and (not args.batched or args.separate_leases):
+        parser.error("--report-each: with --batched, and without --separate-leases")
     say = (lambda *a, **k: print(*a, file=sys.stderr, **k)) if args.json else print
 
     # --batched alone: the batched protocol; with --single too: both, one after the other.
@@ -386,6 +394,7 @@ def main() -> int:
                     seed=args.seed,
                     batched=batched,
                     lease_with_results=not args.separate_leases,
+                    report_each=args.report_each and batched,
                     max_jobs=(args.max_jobs or BATCHED_MAX_JOBS) if batched else 1,
                     idle_s=args.idle_seconds,
                     wait_s=args.wait_s,

@@ -10,7 +10,9 @@ batched worker protocol) a worker leases up to `max_jobs` jobs per request, meas
 one after another and posts all their results in one `POST /v1/jobs/results`, which leases
 its next jobs too (`max_jobs`, as the worker daemon's reporter does; `lease_with_results`
 False: a lease request of their own, as before); it long-polls the lease route only when a
-report found no job.
+report found no job. With `report_each` too, a worker reports each job as soon as it is
+measured, and the report tops its jobs in hand back up to `max_jobs`: the worker daemon with
+one GPU, whose reporter posts what was measured since its last post (one result a trial).
 
 With `idle_s`, once every task is done the workers go on polling the empty queue for that
 long (lease requests waiting `idle_wait_s`, the worker daemon's default): what an idle fleet
@@ -72,6 +74,10 @@ class LoadConfig:
     batched: bool = False
     # With it, the results request leases the worker's next jobs (the daemon's reporter).
     lease_with_results: bool = True
+    # With it, each job is reported as soon as it is measured, and the report tops the jobs in
+    # hand back up to max_jobs: the worker daemon with one GPU (its reporter posts what was
+    # measured since its last post, one result a trial; max_jobs = 1 + its lease-ahead).
+    report_each: bool = False
     # After the tasks: seconds of polling an empty queue, and each poll's wait.
     idle_s: float = 0.0
     idle_wait_s: float = 10.0
@@ -89,6 +95,8 @@ class LoadConfig:
     results: str = "made-up"
 
     def __post_init__(self) -> None:
+        if self.report_each and not (self.batched and self.lease_with_results):
+            raise ValueError("report_each: the batched protocol with leases in reports only")
         if not 0 <= self.churn < 1:
             raise ValueError(f"churn must be in [0, 1), got {self.churn}")
         if self.max_jobs < 1:
@@ -326,7 +334,8 @@ class SimulatedWorker:
                 await asyncio.sleep(0.2)
                 continue
             if self.run.config.batched:
-                if jobs and not await self._hold_all(jobs):
+                hold = self._hold_in_turn if self.run.config.report_each else self._hold_all
+                if jobs and not await hold(jobs):
                     await self._replace()
                 continue
             for i, job in enumerate(jobs):
@@ -457,7 +466,11 @@ class SimulatedWorker:
             timer.cancel()
         return True
 
-    async def _post_results(self, jobs: list[dict], held: list[Held]) -> None:
+    async def _post_results(
+        self, jobs: list[dict], held: list[Held], ask: int | None = None
+    ) -> None:
+        """Report `jobs` in one request, which leases up to `ask` more (default max_jobs) into
+        `_next` while the run lasts."""
         body: dict[str, Any] = {
             "worker_id": self.worker_id,
             "results": [
@@ -472,7 +485,8 @@ class SimulatedWorker:
         run = self.run
         # Past the deadline (or stopped) the worker only answers what it holds.
         if run.config.lease_with_results and not run.stop.is_set():
-            body["max_jobs"] = run.config.max_jobs if time.monotonic() < run.deadline else 0
+            asked = run.config.max_jobs if ask is None else ask
+            body["max_jobs"] = asked if time.monotonic() < run.deadline else 0
         for attempt in range(POST_TRIES):
             started = time.perf_counter()
             try:
@@ -499,6 +513,40 @@ class SimulatedWorker:
         now = time.monotonic()
         for h in held:
             h.answered = now  # given up: the worker holds the jobs no longer
+
+    async def _hold_in_turn(self, jobs: list[dict]) -> bool:
+        """The worker daemon's way with one GPU (report_each): measure the jobs in hand one at
+        a time, report each as soon as it is measured, and let that report lease what tops the
+        jobs in hand back up to max_jobs; False when the worker died on receiving a job (it
+        then answers none of those it holds)."""
+        in_hand = [(job, self._held(job)) for job in jobs]
+        if any([self.run.dies() for _ in jobs]):  # one draw per job received
+            for _, h in in_hand:
+                h.abandoned = True
+            return False
+        done = asyncio.Event()
+        every = self.run.config.heartbeat_s
+        assert every is not None
+        timer = asyncio.get_running_loop().call_later(
+            every, self.run.start_beating, lambda: self._heartbeats(every, done)
+        )
+        try:
+            while in_hand:
+                job, held = in_hand.pop(0)
+                if self.run.config.measure_ms > 0:
+                    await asyncio.sleep(self.run.measure_s())
+                ask = self.run.config.max_jobs - len(in_hand)
+                await self._post_results([job], [held], ask=ask)
+                leased, self._next = self._next, []
+                in_hand += [(j, self._held(j)) for j in leased]
+                if any([self.run.dies() for _ in leased]):
+                    for _, h in in_hand:
+                        h.abandoned = True
+                    return False
+        finally:
+            done.set()
+            timer.cancel()
+        return True
 
     async def _heartbeats(self, every: float, done: asyncio.Event) -> None:
         """Heartbeat now, then every `every` seconds until `done` (the job's result is

@@ -12,11 +12,18 @@ from benchmarks.harness import RESULT_KINDS
 DEFAULT_CHURN = (0.0, 0.05)  # main's runs: without churn and with
 
 
+def protocol_of(c) -> str:
+    """The workers' protocol in a few words (a LoadConfig)."""
+    if not c.batched:
+        return "single-job"
+    return f"batched ({c.max_jobs}{', each reported' if c.report_each else ''})"
+
+
 def summary(r: dict) -> str:
     """One run in one line, for the terminal."""
     c = r["config"]
     return (
-        f"churn {c.churn:g}, {'batched' if c.batched else 'single-job'}, "
+        f"churn {c.churn:g}, {protocol_of(c)}, "
         f"{c.replicas} replica(s), {c.workers} workers, {r['tasks_done']}/{r['tasks']} tasks "
         f"done in {r['window_s']:.1f} s: {r['leases_per_s']:.1f} leases/s, "
         f"{r['results_per_s']:.1f} results/s, lease p50/p99 {r['lease_p50_ms']:.1f}/"
@@ -70,7 +77,7 @@ def section(reports: list[dict], args: argparse.Namespace) -> str:
     for r in reports:
         done = r["all_done_after_s"]
         ended = f"all done at {done:.1f} s" if done is not None else "time limit"
-        protocol = f"batched ({r['config'].max_jobs})" if r["config"].batched else "single"
+        protocol = protocol_of(r["config"])
         rows.append(
             f"| {r['config'].churn:g} | {r['config'].replicas} | {protocol} "
             f"| {r['config'].lease_ttl_s:g} "

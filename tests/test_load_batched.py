@@ -119,3 +119,48 @@ def test_simulated_results_follow_the_model_and_say_so():
     assert LoadConfig().results == "made-up"
     with pytest.raises(ValueError, match="made-up or simulated"):
         result_maker("measured")
+
+
+@pytest.mark.parametrize("churn", [0.0, 0.1])
+def test_workers_that_report_each_job_as_measured_keep_their_jobs_in_hand(pg_admin_url, churn):
+    """`--report-each` (the worker daemon with one GPU): each job is reported alone as soon as
+    it is measured, and each report leases what tops the worker's jobs back up to max_jobs.
+    With churn a worker dies holding what it had in hand, and those jobs are leased again."""
+    config = LoadConfig(
+        replicas=2,
+        workers=6,
+        tasks=TASKS,
+        budget=BUDGET,
+        batch_size=BATCH,
+        seconds=60,
+        wait_s=0.5,
+        batched=True,
+        report_each=True,
+        max_jobs=3,
+        churn=churn,
+        lease_ttl_s=2.0 if churn else LoadConfig.lease_ttl_s,
+    )
+    report = run_load(pg_admin_url, config)
+    details = {k: report[k] for k in ("duplicates", "lost", "http_errors", "service_errors")}
+    assert report["duplicate_leases"] == 0 and report["lost_jobs"] == 0, details
+    assert report["tasks_done"] == TASKS and report["results_counted_once"], details
+    assert report["results_accepted"] == report["results_db"] == TASKS * BUDGET, details
+    # One results request per job answered: each was reported alone (with churn, a job whose
+    # lease expired under a live worker is answered again by the next).
+    if churn:
+        assert report["result_requests"] >= report["results_accepted"]
+    else:
+        assert report["result_requests"] == TASKS * BUDGET
+    # Reports leased the next jobs (without churn most came so, not by a lease request; a
+    # replacement worker starts with a lease request).
+    assert report["report_leases"] > (0 if churn else report["lease_requests"])
+    if churn:
+        assert report["abandoned"] > 0 and report["abandoned_expired"] == report["abandoned"]
+        assert report["re_leased_one_result"] == report["re_leased_jobs"], details
+
+
+def test_report_each_needs_the_batched_protocol_with_leases_in_reports():
+    with pytest.raises(ValueError, match="report_each"):
+        LoadConfig(report_each=True)
+    with pytest.raises(ValueError, match="report_each"):
+        LoadConfig(report_each=True, batched=True, lease_with_results=False)
