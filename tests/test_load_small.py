@@ -281,8 +281,9 @@ def test_a_run_sets_the_replicas_early_proposals_only_when_asked() -> None:
 
 def test_the_watcher_reads_the_task_list_once_every_result_is_in(monkeypatch) -> None:
     """The run's watcher reads GET /v1/tasks (a request the service's CPU figure would count)
-    at once when every trial has an accepted result, and before that only every
-    WATCH_FALLBACK_S (which ends a run whose tasks finished short of their budget)."""
+    at once when every trial has an accepted result. Before that, every WATCH_FALLBACK_S
+    (which ends a run whose tasks finished short of their budget), it asks only whether any
+    task is active, one row per active state, and reads the whole list once none is."""
     import asyncio
 
     from benchmarks import load_driver
@@ -295,40 +296,50 @@ def test_the_watcher_reads_the_task_list_once_every_result_is_in(monkeypatch) ->
     class Tasks:
         status_code = 200
 
-        def __init__(self, final: bool):
-            self.final = final
+        def __init__(self, final: bool, params: dict):
+            self.final, self.params = final, params
 
         def json(self) -> dict:
             state = TaskState.DONE if self.final else TaskState.RUNNING
-            return {"tasks": [{"id": 1, "state": state}, {"id": 2, "state": state}]}
+            tasks = [{"id": 1, "state": state}, {"id": 2, "state": state}]
+            if "state" in self.params:  # the service's filter and limit
+                tasks = [t for t in tasks if t["state"] == self.params["state"]]
+            return {"tasks": tasks[: self.params["limit"]]}
 
-    async def scenario(all_in: bool) -> tuple[int, int, float]:
+    async def scenario(all_in: bool, final_after_s: float) -> tuple[int, int, int, float]:
         run = LoadRun(["http://127.0.0.1:9"], LoadConfig(tasks=2, budget=4, seconds=30))
-        reads: list[float] = []
-        final = False
+        whole: list[float] = []
+        checks: list[str] = []
+        began = time.monotonic()
 
         async def get(path: str, params: dict) -> Tasks:
             assert path == "/v1/tasks"
-            reads.append(time.monotonic())
-            return Tasks(final)
+            if "state" in params:
+                assert params["limit"] == 1 and not TaskState(params["state"]).is_final()
+                checks.append(params["state"])
+            else:
+                whole.append(time.monotonic())
+            return Tasks(time.monotonic() - began >= final_after_s, params)
 
         run.clients[0].get = get  # type: ignore[method-assign]
-        began = time.monotonic()
         watcher = asyncio.create_task(run.watch([1, 2]))
         await asyncio.sleep(0.5)  # results still coming in
-        early = len(reads)
-        final = True
+        early = len(whole) + len(checks)
         if all_in:
             run.tally.accepted = 8  # every trial's result accepted
         # (else a task gave up on a job and finished short: the fallback read finds it)
-        await asyncio.wait_for(watcher, 5)
+        await asyncio.wait_for(watcher, 6)
         await run.close()
-        return early, len(reads), time.monotonic() - began
+        return early, len(whole), len(checks), time.monotonic() - began
 
-    early, total, took = asyncio.run(scenario(all_in=True))
-    assert early == 0 and total == 1 and took < 1.3  # at once, not at the fallback (1.5 s)
-    early, total, took = asyncio.run(scenario(all_in=False))
-    assert early == 0 and total == 1 and 1.4 <= took < 3.0  # the fallback read, once
+    early, whole, checks, took = asyncio.run(scenario(all_in=True, final_after_s=0.5))
+    assert early == 0 and whole == 1 and checks == 0 and took < 1.3  # at once
+    early, whole, checks, took = asyncio.run(scenario(all_in=False, final_after_s=0.5))
+    # At the fallback (1.5 s): no task active (queued, running), then the list, once.
+    assert early == 0 and whole == 1 and checks == 2 and 1.4 <= took < 3.0
+    early, whole, checks, took = asyncio.run(scenario(all_in=False, final_after_s=2.0))
+    # At 1.5 s a task is still running: no list; at 3.0 s none is: the list, once.
+    assert early == 0 and whole == 1 and 3 <= checks <= 4 and 2.9 <= took < 4.5
 
 
 def test_each_simulated_worker_has_a_client_of_its_own_on_its_replica() -> None:
