@@ -30,7 +30,7 @@ import contextlib
 import random
 import time
 import uuid
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable, Coroutine, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -419,24 +419,13 @@ class SimulatedWorker:
     async def _hold(self, job: dict) -> bool:
         """Measure (sleep) and answer one job; False when the worker died holding it."""
         held = self._held(job)
-        if self.run.dies():
-            held.abandoned = True  # no result, no heartbeat, no poll
+        if self._dies_receiving([job], [held]):  # no result, no heartbeat, no poll
             return False
-        # Heartbeats start only if the job is still held after heartbeat_s.
-        done = asyncio.Event()
-        every = self.run.config.heartbeat_s
-        assert every is not None
-        timer = asyncio.get_running_loop().call_later(
-            every, self.run.start_beating, lambda: self._heartbeats(every, done)
-        )
-        try:
+        with self._heartbeating():
             if self.run.config.measure_ms > 0:
                 await asyncio.sleep(self.run.measure_s())
             # Posted even past the deadline: a worker answers the job it holds.
             await self._post_result(job, held)
-        finally:
-            done.set()
-            timer.cancel()
         return True
 
     async def _post_result(self, job: dict, held: Held) -> None:
@@ -470,23 +459,12 @@ class SimulatedWorker:
         """Measure (sleep) the jobs one after another and answer them in one request; False
         when the worker died on receiving one (it then answers none of them)."""
         held = [self._held(job) for job in jobs]
-        if any([self.run.dies() for _ in jobs]):  # one draw per job received, as above
-            for h in held:
-                h.abandoned = True
+        if self._dies_receiving(jobs, held):
             return False
-        done = asyncio.Event()
-        every = self.run.config.heartbeat_s
-        assert every is not None
-        timer = asyncio.get_running_loop().call_later(
-            every, self.run.start_beating, lambda: self._heartbeats(every, done)
-        )
-        try:
+        with self._heartbeating():
             if self.run.config.measure_ms > 0:
                 await asyncio.sleep(self.run.measure_s(len(jobs)))
             await self._post_results(jobs, held)
-        finally:
-            done.set()
-            timer.cancel()
         return True
 
     async def _post_results(
@@ -543,17 +521,9 @@ class SimulatedWorker:
         jobs in hand back up to max_jobs; False when the worker died on receiving a job (it
         then answers none of those it holds)."""
         in_hand = [(job, self._held(job)) for job in jobs]
-        if any([self.run.dies() for _ in jobs]):  # one draw per job received
-            for _, h in in_hand:
-                h.abandoned = True
+        if self._dies_receiving(jobs, [h for _, h in in_hand]):
             return False
-        done = asyncio.Event()
-        every = self.run.config.heartbeat_s
-        assert every is not None
-        timer = asyncio.get_running_loop().call_later(
-            every, self.run.start_beating, lambda: self._heartbeats(every, done)
-        )
-        try:
+        with self._heartbeating():
             while in_hand:
                 job, held = in_hand.pop(0)
                 if self.run.config.measure_ms > 0:
@@ -562,14 +532,34 @@ class SimulatedWorker:
                 await self._post_results([job], [held], ask=ask)
                 leased, self._next = self._next, []
                 in_hand += [(j, self._held(j)) for j in leased]
-                if any([self.run.dies() for _ in leased]):
-                    for _, h in in_hand:
-                        h.abandoned = True
+                if self._dies_receiving(leased, [h for _, h in in_hand]):
                     return False
+        return True
+
+    def _dies_receiving(self, jobs: list[dict], holding: list[Held]) -> bool:
+        """Whether the worker dies on receiving `jobs` (one draw per job, in the order they
+        arrive); if so, every lease in `holding` is abandoned unanswered."""
+        if not any([self.run.dies() for _ in jobs]):  # a list: every job draws
+            return False
+        for h in holding:
+            h.abandoned = True
+        return True
+
+    @contextmanager
+    def _heartbeating(self) -> Iterator[None]:
+        """Heartbeats while the jobs in hand are measured and answered; they start only if
+        the body still runs after heartbeat_s, and stop when it ends."""
+        done = asyncio.Event()
+        every = self.run.config.heartbeat_s
+        assert every is not None
+        timer = asyncio.get_running_loop().call_later(
+            every, self.run.start_beating, lambda: self._heartbeats(every, done)
+        )
+        try:
+            yield
         finally:
             done.set()
             timer.cancel()
-        return True
 
     async def _heartbeats(self, every: float, done: asyncio.Event) -> None:
         """Heartbeat now, then every `every` seconds until `done` (the job's result is

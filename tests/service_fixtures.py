@@ -64,6 +64,13 @@ def db_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
         path = tmp_path / "pipetune.db"
         shutil.copy(template, path)
         return f"sqlite:///{path}"
+    return request.getfixturevalue("pg")
+
+
+@pytest.fixture
+def pg(request: pytest.FixtureRequest) -> str:
+    """An empty migrated PostgreSQL database (the module's, truncated): for what only
+    PostgreSQL has (its statements' plans, its locks)."""
     url = request.getfixturevalue("pg_url")
     _truncate(url)
     return url

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 
-import pytest
 from service_support import client_for, create_task, lease, register
 from sqlalchemy import create_engine, text
 
@@ -22,15 +21,6 @@ pytest_plugins = ["service_fixtures"]
 # Copies of the first batch's jobs, each with a lease: a few thousand rows, the size at which
 # the joins' plan read both tables whole (checked against the statement before the fix).
 COPIES = 400
-
-
-@pytest.fixture
-def pg(request) -> str:
-    url = request.getfixturevalue("pg_url")
-    from service_fixtures import _truncate
-
-    _truncate(url)
-    return url
 
 
 def _grow(url: str) -> None:

@@ -438,14 +438,6 @@ def test_a_replica_that_loses_the_race_keeps_its_session(db_url):
         _assert_reproduces_a_local_session(a, task_id, "random", 5, 32)
 
 
-def _pg_url(request) -> str:
-    url = request.getfixturevalue("pg_url")
-    from service_fixtures import _truncate
-
-    _truncate(url)
-    return url
-
-
 def _wait(condition, timeout_s: float) -> float:
     start = time.monotonic()
     while not condition():
@@ -454,11 +446,11 @@ def _wait(condition, timeout_s: float) -> float:
     return time.monotonic() - start
 
 
-def test_the_replica_holding_a_session_advances_the_task_for_the_others(request):
+def test_the_replica_holding_a_session_advances_the_task_for_the_others(pg):
     """Two replicas on PostgreSQL: results of a task created on A arrive at B. B does not
     replay A's batches (each replay re-runs a proposal); it asks through NOTIFY who holds
     the task, A answers and advances it."""
-    url = _pg_url(request)
+    url = pg
     with client_for(url, batch_size=4) as a, client_for(url, batch_size=4) as b:
         task_id = create_task(a, budget=12, strategy="analytical+xgb", seed=3)["id"]
         worker = register(a)
@@ -482,11 +474,11 @@ def test_the_replica_holding_a_session_advances_the_task_for_the_others(request)
         _assert_reproduces_a_local_session(a, task_id, "analytical+xgb", 3, 12)
 
 
-def test_a_task_whose_holder_stopped_is_adopted_by_another_replica(request):
+def test_a_task_whose_holder_stopped_is_adopted_by_another_replica(pg):
     """The holder stops between batches: the replica that takes the batch's last result
     asks, nobody answers, and it adopts the task ADOPT_AFTER_S later (replaying its
     batches), so the task still finishes with the proposals of one tuner session."""
-    url = _pg_url(request)
+    url = pg
     with client_for(url, batch_size=4) as b:
         with client_for(url, batch_size=4) as a:
             task_id = create_task(a, budget=8, strategy="analytical+xgb", seed=4)["id"]
@@ -506,14 +498,14 @@ def test_a_task_whose_holder_stopped_is_adopted_by_another_replica(request):
         _assert_reproduces_a_local_session(b, task_id, "analytical+xgb", 4, 8)
 
 
-def test_replicas_with_out_of_date_sessions_do_not_hold_a_task_between_them(request):
+def test_replicas_with_out_of_date_sessions_do_not_hold_a_task_between_them(pg):
     """A, then B, advanced the task and C made its newest batch, then C stopped: A and B
     each kept a session of a batch before. Asked who holds the task, each answered that it
     did (its out-of-date session), which cancelled the other's adoption, then found its
     session behind and asked in turn: NOTIFYs back and forth, a core's worth of CPU on
     both, and the task never advanced (found with three replicas and SIGSTOP). A session
     found behind is dropped, so the replicas stop answering for it and one adopts."""
-    url = _pg_url(request)
+    url = pg
     with client_for(url, batch_size=4) as a, client_for(url, batch_size=4) as b:
         for replica in (a, b):
             service_of(replica).proposer.adopt_after_s = 0.3

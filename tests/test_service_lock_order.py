@@ -17,7 +17,6 @@ import threading
 import time
 from collections.abc import Callable
 
-import pytest
 from service_support import client_for, create_task, lease, register, service_of
 from sqlalchemy import create_engine, select, text
 
@@ -30,15 +29,6 @@ pytest_plugins = ["service_fixtures"]
 # Well under PostgreSQL's deadlock_timeout (1 s): a task lock that waits longer was held by
 # the statement under test.
 FREE_LOCK_S = 0.5
-
-
-@pytest.fixture
-def pg(request) -> str:
-    url = request.getfixturevalue("pg_url")
-    from service_fixtures import _truncate
-
-    _truncate(url)
-    return url
 
 
 def _waiting_for_a_lock(engine) -> bool:
