@@ -64,8 +64,10 @@ from pipetune.service.wakeup import Wakeup, notify_statement
 __all__ = ["GPU_BOUND_RUNNERS", "Queue", "Report", "WorkerRef", "check_storable"]
 
 RECLAIM_EVERY_S = 1.0
-# A worker's arch and GPU change only when it re-registers (the replica it re-registers on
-# forgets at once, the others within this); its token never changes.
+# A worker's arch, GPU and token change only when it re-registers. The replica it re-registers
+# on forgets what it cached at once, the others when its NOTIFY arrives (service/wakeup.py):
+# a replica that hears every message keeps a worker cached until then. One that may have missed
+# one (its listener down, or reconnected since it checked) trusts what it cached for this long.
 WORKER_CACHE_S = 30.0
 WORKLOAD_CACHE_SIZE = 10_000
 
@@ -145,7 +147,11 @@ class Queue:
         self._reclaimed_at = 0.0
         self._reclaim_lock = threading.Lock()
         self._workloads: dict[int, dict] = {}
-        self._worker_refs: dict[tuple[int, str], tuple[WorkerRef, float]] = {}
+        # (worker, token hash) -> the worker, when it was checked, and the listener's
+        # connection it is trusted within (None: for WORKER_CACHE_S only).
+        self._worker_refs: dict[tuple[int, str], tuple[WorkerRef, float, int | None]] = {}
+        self._worker_forgets = 0  # forget_worker calls so far (a check racing one is not kept)
+        self.wakeup.on_worker = self.forget_worker
 
     def stop_polling(self) -> None:
         """Answer pending and later lease long-polls at once (the service is stopping: a
@@ -167,9 +173,14 @@ class Queue:
             # transactions take the lock first, so they never meet). The name is taken now:
             # register again, as a re-registration (or a conflict with another token).
             doc, created = self._register(token_hash, body)
-        for key in [k for k in list(self._worker_refs) if k[0] == doc.id]:  # any token's
-            self._worker_refs.pop(key, None)
+        self.forget_worker(doc.id)
         return doc, created
+
+    def forget_worker(self, worker_id: int) -> None:
+        """Drop what is cached of the worker, under any token (it re-registered)."""
+        self._worker_forgets += 1
+        for key in [k for k in list(self._worker_refs) if k[0] == worker_id]:
+            self._worker_refs.pop(key, None)
 
     def _register(self, token_hash: str, body: WorkerRegister) -> tuple[WorkerDoc, bool]:
         values = body.model_dump(exclude={"name", "workload"})
@@ -205,6 +216,8 @@ class Queue:
                 for key, value in values.items():
                     setattr(worker, key, value)
                 worker.last_heartbeat = now
+                if not self.db.is_sqlite:  # the other replicas forget it when this commits
+                    s.execute(notify_statement(self.wakeup.worker_payload(worker.id)))
             s.flush()
             s.refresh(worker)
             doc = worker_doc(worker)
@@ -226,10 +239,18 @@ class Queue:
         return HeartbeatAck(ok=True, server_time=now)
 
     def cached_worker_ref(self, worker_id: int, token_hash: str) -> WorkerRef | None:
-        """The worker, if checked against this token less than WORKER_CACHE_S ago."""
+        """The worker, if checked against this token since this replica last heard every
+        message (no re-registration could have passed it unheard), or less than
+        WORKER_CACHE_S ago."""
         cached = self._worker_refs.get((worker_id, token_hash))
-        if cached is not None and cached[1] > time.monotonic():
-            return cached[0]
+        if cached is None:
+            return None
+        ref, checked_at, epoch = cached
+        wakeup = self.wakeup
+        if epoch is not None and epoch == wakeup.epoch and wakeup.hears_all:
+            return ref
+        if time.monotonic() - checked_at < WORKER_CACHE_S:
+            return ref
         return None
 
     def worker_ref(self, worker_id: int, token_hash: str) -> WorkerRef:
@@ -238,6 +259,8 @@ class Queue:
         ref = self.cached_worker_ref(worker_id, token_hash)
         if ref is not None:
             return ref
+        # Read before the look-up: a re-registration heard during it may be one it missed.
+        forgets, epoch, hears_all = self._worker_forgets, self.wakeup.epoch, self.wakeup.hears_all
         w = None
         if 0 < worker_id <= ID_MAX:
             with self.db.read_conn() as conn:
@@ -258,7 +281,12 @@ class Queue:
         ref = WorkerRef(
             id=w.id, gpu=w.gpu, arch=w.arch, runner=w.runner, workload_hash=w.workload_hash
         )
-        self._worker_refs[(worker_id, token_hash)] = (ref, time.monotonic() + WORKER_CACHE_S)
+        trusted = hears_all and forgets == self._worker_forgets
+        self._worker_refs[(worker_id, token_hash)] = (
+            ref,
+            time.monotonic(),
+            epoch if trusted else None,
+        )
         return ref
 
     # ---- leases --------------------------------------------------------------------

@@ -16,10 +16,12 @@ which makes an idle fleet's requests cost no database work. It trusts that memor
 while it hears the other replicas (its listener is connected), or when there are none to
 hear (SQLite: one process serves the database).
 
-The same channel carries two more messages (service/proposer.py): `advance_payload`, from a
-replica that took the last result of a batch for a task whose session another replica holds,
-asks that replica to advance it (`on_advance`); `held_payload` is the holder's answer, so the
-asker does not adopt the task (`on_held`).
+The same channel carries three more messages. Two are the proposer's (service/proposer.py):
+`advance_payload`, from a replica that took the last result of a batch for a task whose session
+another replica holds, asks that replica to advance it (`on_advance`); `held_payload` is the
+holder's answer, so the asker does not adopt the task (`on_held`). The third,
+`worker_payload`, sent in the transaction that re-registers a worker, tells the other replicas
+to forget what they cached of it (`on_worker`, service/queue.py).
 """
 
 from __future__ import annotations
@@ -81,6 +83,9 @@ class Wakeup:
         self.shared = shared
         self.origin = uuid.uuid4().hex  # this replica's NOTIFYs, which its listener skips
         self.listening = False
+        # Counts the listener's connections: what a replica remembers while it listens it may
+        # trust only within the connection it heard through (a message may be lost between).
+        self.epoch = 0
         # Bumped by every signal (next() of a count is atomic: signals come from threads).
         self._generations = itertools.count(1)
         self.generation = 0
@@ -93,6 +98,8 @@ class Wakeup:
         # and with a task another replica says it holds.
         self.on_advance: Callable[[int], None] | None = None
         self.on_held: Callable[[int], None] | None = None
+        # Called (from the listener's thread) with a worker another replica re-registered.
+        self.on_worker: Callable[[int], None] | None = None
 
     def attach(self, loop: asyncio.AbstractEventLoop) -> None:
         self._loop = loop
@@ -129,6 +136,16 @@ class Wakeup:
         the asker need not adopt the task."""
         return json.dumps({"origin": self.origin, "held": task_id})
 
+    def worker_payload(self, worker_id: int) -> str:
+        """The NOTIFY payload of a re-registered worker (`on_worker` on the others)."""
+        return json.dumps({"origin": self.origin, "worker": worker_id})
+
+    @property
+    def hears_all(self) -> bool:
+        """Whether every other replica's message reaches this one: it listens now, or there
+        are no others (SQLite)."""
+        return not self.shared or self.listening
+
     def close(self) -> None:
         """Answer every waiting request now, and any later one at once (the service stops)."""
         self._closed = True
@@ -144,7 +161,7 @@ class Wakeup:
         signal came since, and that was less than `fresh_s` ago; or, for a `new` request,
         requests of this kind are waiting already (a signal wakes them first: the new one
         joins them rather than claim what they will)."""
-        if self.shared and not self.listening:
+        if not self.hears_all:
             return False
         if new and any(k == kind for k, _ in self._waiters.values()):
             return True
@@ -205,7 +222,12 @@ class Wakeup:
             message = json.loads(payload)
             if message["origin"] == self.origin:
                 return
-            for key, hook in (("advance", self.on_advance), ("held", self.on_held)):
+            hooks = (
+                ("advance", self.on_advance),
+                ("held", self.on_held),
+                ("worker", self.on_worker),
+            )
+            for key, hook in hooks:
                 if key in message:
                     if hook is not None:
                         hook(int(message[key]))
@@ -242,6 +264,7 @@ def listen(wakeup: Wakeup, conninfo: str, stop: threading.Event) -> None:
         try:
             with psycopg.connect(conninfo, autocommit=True, connect_timeout=5) as conn:
                 conn.execute(LISTEN_SQL)
+                wakeup.epoch += 1
                 wakeup.listening = True
                 # Anything enqueued while it was not listening is found by claiming again.
                 wakeup.bump()
