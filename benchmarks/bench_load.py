@@ -204,6 +204,7 @@ def run_load(admin_url: str, config: LoadConfig) -> dict[str, Any]:
         machine_busy=cpu_figures["machine_busy"],
         idle_s=idle_s,
         idle_polls=tally.idle_polls,
+        idle_heartbeats=tally.idle_heartbeats,
         idle_jobs=tally.idle_jobs,
         # What an idle fleet costs: CPU milliseconds per second of polling an empty queue.
         empty_poll_cpu_ms_per_s=per_idle_second("idle_service_cpu_s") if idle_s else nan,
@@ -229,6 +230,7 @@ JSON_KEYS = (
     "idle_generator_cpu_ms_per_s",
     "idle_s",
     "idle_polls",
+    "idle_heartbeats",
     "leases_per_s",
     "window_s",
     "tasks_done",
@@ -352,6 +354,14 @@ def main() -> int:
         help="after the tasks, poll the empty queue this long and report its CPU per second",
     )
     parser.add_argument(
+        "--idle-heartbeat",
+        type=float,
+        default=None,
+        metavar="S",
+        help="in the idle phase, workers also heartbeat as the worker daemon given "
+        "`--heartbeat S` does while it holds no job (its default is 5)",
+    )
+    parser.add_argument(
         "--results",
         choices=tuple(RESULT_KINDS),
         default=LoadConfig.results,
@@ -364,6 +374,8 @@ def main() -> int:
     args = parser.parse_args()
     if args.report_each and (not args.batched or args.separate_leases):
         parser.error("--report-each: with --batched, and without --separate-leases")
+    if args.idle_heartbeat is not None and not (args.idle_heartbeat > 0 and args.idle_seconds > 0):
+        parser.error("--idle-heartbeat: a number of seconds above 0, with --idle-seconds")
     say = (lambda *a, **k: print(*a, file=sys.stderr, **k)) if args.json else print
 
     # --batched alone: the batched protocol; with --single too: both, one after the other.
@@ -397,6 +409,7 @@ def main() -> int:
                     report_each=args.report_each and batched,
                     max_jobs=(args.max_jobs or BATCHED_MAX_JOBS) if batched else 1,
                     idle_s=args.idle_seconds,
+                    idle_heartbeat_s=args.idle_heartbeat,
                     wait_s=args.wait_s,
                     results=args.results,
                 )

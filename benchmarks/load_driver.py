@@ -40,6 +40,7 @@ import httpx
 
 from benchmarks.harness import HEADERS, register_worker, result_maker, service_process
 from pipetune.model.states import TaskState
+from pipetune.workers.daemon.heartbeats import heartbeat_due
 
 POST_TRIES = 3
 KEEPALIVE_S = 2.0
@@ -81,6 +82,9 @@ class LoadConfig:
     # After the tasks: seconds of polling an empty queue, and each poll's wait.
     idle_s: float = 0.0
     idle_wait_s: float = 10.0
+    # In the idle phase each worker also heartbeats as the worker daemon given this
+    # --heartbeat does (workers/daemon/heartbeats.py); None: no heartbeats while idle.
+    idle_heartbeat_s: float | None = None
     # Each job received kills its worker with this probability (a replacement registers).
     churn: float = 0.0
     seed: int = 0  # of the churn draws
@@ -146,6 +150,7 @@ class Tally:
     report_leases: int = 0  # results requests that leased jobs too
     accepted: int = 0  # results the service accepted (the watcher's cue)
     idle_polls: int = 0  # lease requests of the idle phase
+    idle_heartbeats: int = 0  # heartbeats of the idle phase answered 200
     idle_jobs: int = 0  # jobs leased in the idle phase (there are none to lease)
 
 
@@ -369,7 +374,44 @@ class SimulatedWorker:
                     break
 
     async def idle(self, until: float) -> None:
-        """Poll the empty queue until `until` (the idle phase)."""
+        """Poll the empty queue until `until` (the idle phase), heartbeating meanwhile as an
+        idle worker daemon does when asked to (idle_heartbeat_s)."""
+        every = self.run.config.idle_heartbeat_s
+        beating = None if every is None else asyncio.ensure_future(self._idle_beats(every, until))
+        try:
+            await self._idle_polls(until)
+        finally:
+            if beating is not None:
+                await beating
+
+    async def _idle_beats(self, every: float, until: float) -> None:
+        """The daemon's heartbeat thread while it holds nothing: it wakes every `every`
+        seconds (each worker from its own phase: daemons start at different times) and sends
+        what `heartbeat_due` says. The last word the service had from it was busy."""
+        last_busy: int | None = 1
+        wakeups = 0
+        await asyncio.sleep(random.Random(self.slot).uniform(0, every))
+        while time.monotonic() + every < until:
+            await asyncio.sleep(every)
+            wakeups += 1
+            if not heartbeat_due(False, 0, last_busy, wakeups):
+                continue
+            try:
+                response = await self.client.post(
+                    f"/v1/workers/{self.worker_id}/heartbeat",
+                    json={"busy_jobs": 0, "leases": []},
+                    headers=HEADERS,
+                )
+            except httpx.HTTPError as exc:
+                self.tally.errors[f"idle heartbeat: {type(exc).__name__}"] += 1
+                continue
+            if response.status_code == 200:
+                self.tally.idle_heartbeats += 1
+                last_busy, wakeups = 0, 0
+            else:
+                self.tally.errors[f"idle heartbeat: HTTP {response.status_code}"] += 1
+
+    async def _idle_polls(self, until: float) -> None:
         wait_s = self.run.config.idle_wait_s
         while (left := until - time.monotonic()) > 0:
             body = {"worker_id": self.worker_id, "max_jobs": self.run.config.max_jobs}

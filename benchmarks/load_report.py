@@ -107,7 +107,8 @@ def section(reports: list[dict], args: argparse.Namespace) -> str:
             + (
                 f" Idle: {r['config'].workers} workers polled the empty queue for "
                 f"{r['idle_s']:.0f} s ({r['idle_polls']} lease requests of up to "
-                f"{r['config'].idle_wait_s:g} s): service CPU "
+                f"{r['config'].idle_wait_s:g} s, {r.get('idle_heartbeats', 0)} heartbeats): "
+                "service CPU "
                 f"{r['empty_poll_cpu_ms_per_s']:.1f} ms/s, PostgreSQL "
                 f"{r['idle_postgres_cpu_ms_per_s']:.1f} ms/s."
                 if r["idle_s"]

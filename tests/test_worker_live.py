@@ -60,6 +60,8 @@ def test_worker_registers_leases_reports_and_heartbeats(service: LocalService, t
             "2",
             "--name",
             "live-h100",
+            "--heartbeat",  # idle, it beats every sixth: within the wait below
+            "1",
         )
         try:
             done = c.wait(task.id, poll_s=0.2, timeout_s=60)

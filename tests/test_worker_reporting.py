@@ -315,6 +315,62 @@ def test_a_service_from_before_heartbeats_listed_leases_gets_heartbeats_without(
     assert log.getvalue().count("heartbeat_leases_unsupported") == 1
 
 
+class Wakeups:
+    """A heartbeat thread's stop event that wakes it `n` times, running `at[k]` before the
+    k-th wake-up (1-based), then stops it: wake-ups counted, not timed."""
+
+    def __init__(self, n: int, at: dict | None = None) -> None:
+        self.n, self.at, self.k = n, at or {}, 0
+
+    def wait(self, timeout: float) -> bool:
+        self.k += 1
+        if self.k in self.at:
+            self.at[self.k]()
+        return self.k > self.n
+
+
+def test_an_idle_worker_heartbeats_once_then_every_sixth_wake_up():
+    """Idle, a fleet of a thousand daemons sent two hundred heartbeats a second, each about
+    as dear to the service as a result; with nothing to extend, one every IDLE_EVERY
+    wake-ups says it lives."""
+    from pipetune.workers.daemon.heartbeats import IDLE_EVERY
+
+    api = BeatingApi()
+    worker, _ = _worker(api)
+    worker._heartbeat(Wakeups(2 * IDLE_EVERY + 1))  # type: ignore[arg-type]
+    assert len(api.beats) == 3  # the first wake-up (nothing said yet), the 7th, the 13th
+
+
+def test_a_worker_holding_jobs_heartbeats_at_every_wake_up_and_once_more_on_going_idle():
+    api = BeatingApi()
+    worker, _ = _worker(api)
+    jobs = [_job(4), _job(5)]
+
+    def hold() -> None:
+        with worker._slots:
+            worker._hold(jobs)
+
+    worker._heartbeat(Wakeups(8, at={2: hold, 6: lambda: worker._release(jobs)}))  # type: ignore[arg-type]
+    # Wake-ups 1 (the first word), 2-5 (holding), 6 (idle now: its busy count drops), not 7-8.
+    assert api.beats == [[], [4, 5], [4, 5], [4, 5], [4, 5], []]
+
+
+def test_a_heartbeat_the_service_did_not_take_is_sent_again_at_the_next_wake_up():
+    api = BeatingApi()
+    failures = [ConnectionError("refused")]
+    plain = api.heartbeat
+
+    def flaky(worker_id: int, busy_jobs: int = 0, leases: list | None = None) -> None:
+        if failures:
+            raise failures.pop()
+        plain(worker_id, busy_jobs, leases)
+
+    api.heartbeat = flaky  # type: ignore[method-assign]
+    worker, _ = _worker(api)
+    worker._heartbeat(Wakeups(3))  # type: ignore[arg-type]
+    assert api.beats == [[]]  # the first failed, the second was taken, the third not due
+
+
 def test_a_worker_that_could_not_report_exits_3():
     worker, log = _worker(FakeApi())
     worker._control = lambda: worker._count("unreported", 2)  # type: ignore[method-assign]

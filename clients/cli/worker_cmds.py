@@ -66,7 +66,11 @@ def worker(
     ),
     name: str | None = typer.Option(None, "--name", help="worker name (default host-runner-pid)"),
     device: int = typer.Option(0, "--device", help="cupy: CUDA device index"),
-    heartbeat_s: float = typer.Option(5.0, "--heartbeat", help="seconds between heartbeats"),
+    heartbeat_s: float = typer.Option(
+        5.0,
+        "--heartbeat",
+        help="seconds between heartbeats while the worker holds jobs (idle: six times this)",
+    ),
     lease_wait_s: float = typer.Option(10.0, "--lease-wait", help="long-poll seconds per lease"),
     register_timeout_s: float = typer.Option(
         60.0, "--register-timeout", help="seconds to keep trying to reach the service at start"

@@ -5,7 +5,6 @@ from __future__ import annotations
 from typing import Annotated
 
 from fastapi import APIRouter, Depends, Query, Response
-from fastapi.concurrency import run_in_threadpool
 from sqlalchemy import select
 
 from pipetune.model.wire import Heartbeat, HeartbeatAck, WorkerDoc, WorkerList, WorkerRegister
@@ -51,10 +50,12 @@ async def heartbeat(
     token: WorkerToken,
 ) -> HeartbeatAck:
     """Liveness; also extends by one lease TTL the worker's unexpired leases: those listed in
-    `leases` where the worker lists them (the others are left to expire), else all."""
-    return await run_in_threadpool(
-        service.queue.heartbeat, worker_id, token, body.busy_jobs, body.leases
-    )
+    `leases` where the worker lists them (the others are left to expire), else all.
+
+    One statement on the event loop, as a lease or a result is (service/routers/jobs.py
+    says why): a fleet's daemons send one every few seconds each, and the thread hand-off
+    cost more than the statement."""
+    return service.queue.heartbeat(worker_id, token, body.busy_jobs, body.leases)
 
 
 @router.get("/v1/workers", response_model=WorkerList, dependencies=[Depends(user_access)])

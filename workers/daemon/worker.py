@@ -13,7 +13,8 @@ Threads, each with one job:
   request the jobs the slots they free can take (`max_jobs`): a worker that keeps finding work
   that way makes one request per batch of trials instead of two (the control thread's
   long-poll is then for the jobs that request did not find);
-- heartbeat: tells the service every few seconds that the worker lives and how busy it is.
+- heartbeat: tells the service every few seconds that the worker lives and how busy it is,
+  and extends its leases; idle, it tells it less often (workers.daemon.heartbeats).
 
 Stopping: the first SIGTERM (or SIGINT) stops leasing; the jobs in hand are measured and
 reported, then the worker exits 0 (3 when some results could not be reported). A second one
@@ -54,6 +55,7 @@ from pipetune.model.wire import (
 from pipetune.model.workloads import WorkloadError
 from pipetune.workers.daemon.config import WorkerConfig
 from pipetune.workers.daemon.gpu import DeviceInfo
+from pipetune.workers.daemon.heartbeats import heartbeat_due
 from pipetune.workers.daemon.logs import EventLog, Throttle
 from pipetune.workers.daemon.reporting import (
     TRANSIENT,
@@ -654,15 +656,23 @@ class Worker:
 
     def _heartbeat(self, stop: threading.Event) -> None:
         api = self._api_factory()
+        last_busy: int | None = None  # what the last heartbeat the service took said
+        wakeups = 0  # since then
         try:
             while not stop.wait(self.config.heartbeat_s):
                 if self.worker_id is None:
                     continue
-                leases = self._held_leases() if self._heartbeat_lists_leases else None
+                wakeups += 1
+                held = self._held_leases()
+                busy = max(self._busy, 0)
+                if not heartbeat_due(bool(held) or busy > 0, busy, last_busy, wakeups):
+                    continue
+                leases = held if self._heartbeat_lists_leases else None
                 if leases is not None and len(leases) > MAX_HELD_LEASES:
                     leases = None  # (more than a heartbeat lists: all are extended)
                 try:
-                    api.heartbeat(self.worker_id, busy_jobs=max(self._busy, 0), leases=leases)
+                    api.heartbeat(self.worker_id, busy_jobs=busy, leases=leases)
+                    last_busy, wakeups = busy, 0
                 except InvalidRequestError as exc:
                     if leases is not None and exc.field == "leases":
                         # A service from before heartbeats listed leases: as it takes them.
