@@ -388,13 +388,13 @@ class SimulatedWorker:
         """The daemon's heartbeat thread while it holds nothing: it wakes every `every`
         seconds (each worker from its own phase: daemons start at different times) and sends
         what `heartbeat_due` says. The last word the service had from it was busy."""
-        last_busy: int | None = 1
+        last_active = True
         wakeups = 0
         await asyncio.sleep(random.Random(self.slot).uniform(0, every))
         while time.monotonic() + every < until:
             await asyncio.sleep(every)
             wakeups += 1
-            if not heartbeat_due(False, 0, last_busy, wakeups):
+            if not heartbeat_due(False, last_active, wakeups, expiring=False):
                 continue
             try:
                 response = await self.client.post(
@@ -407,7 +407,7 @@ class SimulatedWorker:
                 continue
             if response.status_code == 200:
                 self.tally.idle_heartbeats += 1
-                last_busy, wakeups = 0, 0
+                last_active, wakeups = False, 0
             else:
                 self.tally.errors[f"idle heartbeat: HTTP {response.status_code}"] += 1
 

@@ -561,6 +561,10 @@ class JobLease(_Body):
     job_id: int
     lease_token: str
     lease_expires_at: datetime
+    # The TTL the lease was granted for, and by which each heartbeat listing it extends it: a
+    # worker extends a lease only once it has lived part of this (workers/daemon/heartbeats.py).
+    # None from a service from before the field.
+    lease_ttl_s: float | None = None
     task_id: int
     trial: int
     workload: dict[str, Any]

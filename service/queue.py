@@ -309,6 +309,7 @@ class Queue:
                 job_id=c.id,
                 lease_token=token,
                 lease_expires_at=c.lease_expires_at,
+                lease_ttl_s=self.settings.lease_ttl_s,
                 task_id=c.task_id,
                 trial=c.trial,
                 workload=canonical[c.workload_id],

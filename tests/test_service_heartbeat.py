@@ -108,3 +108,19 @@ def test_a_malformed_lease_list_is_a_422_naming_it(client):
         )
         assert response.status_code == 422, response.text
         assert response.json()["field"].endswith(where), response.json()
+
+
+def test_a_lease_says_the_ttl_a_heartbeat_extends_it_by(client):
+    """The worker daemon extends a lease only once half of this has passed
+    (workers/daemon/heartbeats.py): the lease itself says it, through either route."""
+    create_task(client, budget=3, strategy="random")
+    worker = register(client)
+    ttl = service_of(client).settings.lease_ttl_s
+    jobs = lease(client, worker, max_jobs=2)
+    assert [j["lease_ttl_s"] for j in jobs] == [ttl, ttl]
+    item = {"job_id": jobs[0]["job_id"], "lease_token": jobs[0]["lease_token"]}
+    item["result"] = {"status": "ok", "latency_us": 5.0}
+    body = {"worker_id": worker, "results": [item], "max_jobs": 1}
+    answer = client.post("/v1/jobs/results", json=body, headers=WORKER_HEADERS)
+    assert answer.status_code == 200, answer.text
+    assert [j["lease_ttl_s"] for j in answer.json()["jobs"]] == [ttl]

@@ -341,10 +341,42 @@ def test_an_idle_worker_heartbeats_once_then_every_sixth_wake_up():
     assert len(api.beats) == 3  # the first wake-up (nothing said yet), the 7th, the 13th
 
 
-def test_a_worker_holding_jobs_heartbeats_at_every_wake_up_and_once_more_on_going_idle():
+def _granted(i: int, ttl_s: float | None) -> JobLease:
+    return _job(i).model_copy(update={"lease_ttl_s": ttl_s})
+
+
+def test_a_worker_extends_a_lease_once_it_has_lived_half_its_ttl(monkeypatch):
+    """Busy, a daemon sent a heartbeat at every wake-up (5 s) though its leases had a TTL of
+    120 s: as many heartbeats as results for trials of a few seconds. Now a lease is extended
+    once half its TTL has passed, and the heartbeat that extends it renews that."""
+    from pipetune.workers.daemon import worker as worker_module
+
+    clock = [1000.0]
     api = BeatingApi()
     worker, _ = _worker(api)
-    jobs = [_job(4), _job(5)]
+    jobs = [_granted(4, 60.0), _granted(5, 60.0)]
+
+    def at(t: float):
+        return lambda: clock.__setitem__(0, 1000.0 + t)
+
+    def hold() -> None:
+        with worker._slots:
+            worker._hold(jobs)
+
+    # Wake-ups 5 s apart; the leases are granted just before the 2nd.
+    times = {k: at(5.0 * k) for k in range(1, 16)}
+    times[2] = lambda: (clock.__setitem__(0, 1009.0), hold(), clock.__setitem__(0, 1010.0))
+    monkeypatch.setattr(worker_module.time, "monotonic", lambda: clock[0])
+    worker._heartbeat(Wakeups(15, at=times))  # type: ignore[arg-type]
+    # 1: the first word (idle); 2: busy now; 8 (40 s, 31 s after the grant): the IDLE_EVERY
+    # word, which extends them too; 14 (70 s): their half TTL since the 8th.
+    assert api.beats == [[], [4, 5], [4, 5], [4, 5]]
+
+
+def test_a_lease_of_a_service_that_says_no_ttl_is_extended_at_every_wake_up_and_idle_said_once():
+    api = BeatingApi()
+    worker, _ = _worker(api)
+    jobs = [_job(4), _job(5)]  # lease_ttl_s None: a service from before the field
 
     def hold() -> None:
         with worker._slots:

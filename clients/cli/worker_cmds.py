@@ -69,7 +69,8 @@ def worker(
     heartbeat_s: float = typer.Option(
         5.0,
         "--heartbeat",
-        help="seconds between heartbeats while the worker holds jobs (idle: six times this)",
+        help="seconds between the heartbeat thread's wake-ups: it sends one when a lease has "
+        "lived half its TTL, when the worker goes busy or idle, and else every sixth",
     ),
     lease_wait_s: float = typer.Option(10.0, "--lease-wait", help="long-poll seconds per lease"),
     register_timeout_s: float = typer.Option(

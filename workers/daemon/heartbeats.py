@@ -1,25 +1,59 @@
 """When the worker daemon sends a heartbeat.
 
 A heartbeat tells the service that the worker lives and how busy it is, and extends by one
-lease TTL the leases it holds. The daemon's heartbeat thread wakes every `--heartbeat`
-seconds (5 by default). While the worker holds jobs (measuring them, or leased ahead) it
-sends one at every wake-up. While it holds none there is nothing to extend: it sends one
-when it has just gone idle (so the service's count of its busy jobs drops at once), then
-one every IDLE_EVERY wake-ups (30 s at the default), well within the service's default lease
-TTL of 120 s: a worker heard from within a TTL is one whose name a second process is told
-may be in use when it registers under it. Idle, a fleet of a thousand daemons sent two
-hundred heartbeats a second, each about as dear to the service as a result
-(benchmarks/RESULTS.md, "heartbeats of an idle fleet").
+lease TTL the leases it lists. The daemon's heartbeat thread wakes every `--heartbeat`
+seconds (5 by default) and sends one only when it has something to say:
+- a lease it holds has lived RENEW_AT of its TTL since it was granted or last extended (its
+  jobs wait behind long trials, or a trial runs long): extended with half its TTL to spare,
+  a heartbeat that fails is tried again at every wake-up until then;
+- a lease whose TTL the service did not say (a service from before `lease_ttl_s`): at every
+  wake-up, as the daemon always did;
+- the worker went from holding nothing to holding jobs or back (the service's count of its
+  busy jobs follows at once), or nothing was sent yet;
+- otherwise, once every IDLE_EVERY wake-ups (30 s at the default), well within the service's
+  default lease TTL of 120 s: a worker heard from within a TTL is one whose name a second
+  process is told may be in use when it registers under it.
+A fleet of a thousand daemons that sent one at every wake-up sent two hundred heartbeats a
+second, busy or idle, each about as dear to the service as a result: with trials of a few
+seconds, more than its results (benchmarks/RESULTS.md, "heartbeats of a fleet").
 """
 
 from __future__ import annotations
 
-IDLE_EVERY = 6  # wake-ups between an idle worker's heartbeats
+from dataclasses import dataclass
+
+IDLE_EVERY = 6  # wake-ups between heartbeats that only say the worker lives
+RENEW_AT = 0.5  # of a lease's TTL: from then on, a heartbeat extends it
 
 
-def heartbeat_due(holding: bool, busy: int, last_busy: int | None, wakeups: int) -> bool:
-    """Whether to send a heartbeat at this wake-up. `holding`: the worker holds a lease or
-    measures a job; `busy`: its busy jobs now; `last_busy`: those the last heartbeat the
-    service took said (None: none yet); `wakeups`: wake-ups since that heartbeat, this one
-    included."""
-    return holding or busy != last_busy or wakeups >= IDLE_EVERY
+@dataclass
+class HeldTerm:
+    """A lease the worker holds: its token, the TTL it was granted for, and when (on the
+    worker's monotonic clock) it is due to be extended."""
+
+    token: str
+    ttl_s: float | None  # None: the service did not say
+    renew_at: float
+
+    @classmethod
+    def granted(cls, token: str, ttl_s: float | None, now: float) -> HeldTerm:
+        """A lease received at `now` (granted a little before: RENEW_AT leaves the margin)."""
+        term = cls(token, ttl_s, now)
+        term.extended(now)
+        return term
+
+    def due(self, now: float) -> bool:
+        return self.ttl_s is None or now >= self.renew_at
+
+    def extended(self, at: float) -> None:
+        """A heartbeat sent at `at` extended it (the service's clock ran from no earlier)."""
+        if self.ttl_s is not None:
+            self.renew_at = at + RENEW_AT * self.ttl_s
+
+
+def heartbeat_due(active: bool, last_active: bool | None, wakeups: int, expiring: bool) -> bool:
+    """Whether to send a heartbeat at this wake-up. `active`: the worker holds a lease or
+    measures a job now; `last_active`: whether it did at the last heartbeat the service took
+    (None: none yet); `wakeups`: wake-ups since that heartbeat, this one included;
+    `expiring`: a lease it holds is due to be extended (HeldTerm.due)."""
+    return expiring or active != last_active or wakeups >= IDLE_EVERY

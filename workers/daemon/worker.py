@@ -55,7 +55,7 @@ from pipetune.model.wire import (
 from pipetune.model.workloads import WorkloadError
 from pipetune.workers.daemon.config import WorkerConfig
 from pipetune.workers.daemon.gpu import DeviceInfo
-from pipetune.workers.daemon.heartbeats import heartbeat_due
+from pipetune.workers.daemon.heartbeats import HeldTerm, heartbeat_due
 from pipetune.workers.daemon.logs import EventLog, Throttle
 from pipetune.workers.daemon.reporting import (
     TRANSIENT,
@@ -107,7 +107,7 @@ class Worker:
         self._busy = 0
         # The leases held (job id -> lease token): leased and not yet reported. Heartbeats
         # list them, and the service extends only those (wire.Heartbeat says why).
-        self._held: dict[int, str] = {}
+        self._held: dict[int, HeldTerm] = {}
         self._heartbeat_lists_leases = True  # until a service from before it says otherwise
         self._asking = 0  # jobs the control thread's lease request in flight asks for
         self._leases_in_reports = True  # the service takes max_jobs in a report (until it says)
@@ -298,7 +298,10 @@ class Worker:
     def _hold(self, jobs: list[JobLease]) -> None:
         """Count jobs just leased as held (the caller holds self._slots)."""
         self._busy += len(jobs)
-        self._held.update((job.job_id, job.lease_token) for job in jobs)
+        now = time.monotonic()
+        self._held.update(
+            (job.job_id, HeldTerm.granted(job.lease_token, job.lease_ttl_s, now)) for job in jobs
+        )
 
     def _release(self, jobs: list[JobLease]) -> None:
         """The jobs are done with (reported, or abandoned): their slots are free, and their
@@ -311,7 +314,7 @@ class Worker:
 
     def _held_leases(self) -> list[HeldLease]:
         with self._slots:
-            return [HeldLease(job_id=j, lease_token=t) for j, t in self._held.items()]
+            return [HeldLease(job_id=j, lease_token=t.token) for j, t in self._held.items()]
 
     def _count(self, key: str, n: int = 1) -> None:
         with self._counts_lock:
@@ -656,23 +659,29 @@ class Worker:
 
     def _heartbeat(self, stop: threading.Event) -> None:
         api = self._api_factory()
-        last_busy: int | None = None  # what the last heartbeat the service took said
+        last_active: bool | None = None  # what the last heartbeat the service took said
         wakeups = 0  # since then
         try:
             while not stop.wait(self.config.heartbeat_s):
                 if self.worker_id is None:
                     continue
                 wakeups += 1
-                held = self._held_leases()
-                busy = max(self._busy, 0)
-                if not heartbeat_due(bool(held) or busy > 0, busy, last_busy, wakeups):
+                now = time.monotonic()
+                with self._slots:
+                    held = dict(self._held)
+                    busy = max(self._busy, 0)
+                active = bool(held) or busy > 0
+                expiring = any(term.due(now) for term in held.values())
+                if not heartbeat_due(active, last_active, wakeups, expiring):
                     continue
-                leases = held if self._heartbeat_lists_leases else None
-                if leases is not None and len(leases) > MAX_HELD_LEASES:
-                    leases = None  # (more than a heartbeat lists: all are extended)
+                leases = None  # (more than a heartbeat lists: all are extended)
+                if self._heartbeat_lists_leases and len(held) <= MAX_HELD_LEASES:
+                    leases = [HeldLease(job_id=j, lease_token=t.token) for j, t in held.items()]
                 try:
                     api.heartbeat(self.worker_id, busy_jobs=busy, leases=leases)
-                    last_busy, wakeups = busy, 0
+                    last_active, wakeups = active, 0
+                    for term in held.values():
+                        term.extended(now)
                 except InvalidRequestError as exc:
                     if leases is not None and exc.field == "leases":
                         # A service from before heartbeats listed leases: as it takes them.
