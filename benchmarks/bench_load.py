@@ -231,6 +231,7 @@ JSON_KEYS = (
     "idle_s",
     "idle_polls",
     "idle_heartbeats",
+    "heartbeats",
     "leases_per_s",
     "window_s",
     "tasks_done",
@@ -354,12 +355,13 @@ def main() -> int:
         help="after the tasks, poll the empty queue this long and report its CPU per second",
     )
     parser.add_argument(
-        "--idle-heartbeat",
+        "--daemon-heartbeat",
         type=float,
         default=None,
         metavar="S",
-        help="in the idle phase, workers also heartbeat as the worker daemon given "
-        "`--heartbeat S` does while it holds no job (its default is 5)",
+        help="workers heartbeat as the worker daemon given `--heartbeat S` does (its default "
+        "is 5), the whole run long, idle phase included (default: only in holds longer "
+        "than a quarter of the lease TTL)",
     )
     parser.add_argument(
         "--results",
@@ -374,8 +376,8 @@ def main() -> int:
     args = parser.parse_args()
     if args.report_each and (not args.batched or args.separate_leases):
         parser.error("--report-each: with --batched, and without --separate-leases")
-    if args.idle_heartbeat is not None and not (args.idle_heartbeat > 0 and args.idle_seconds > 0):
-        parser.error("--idle-heartbeat: a number of seconds above 0, with --idle-seconds")
+    if args.daemon_heartbeat is not None and not args.daemon_heartbeat > 0:
+        parser.error("--daemon-heartbeat: a number of seconds above 0")
     say = (lambda *a, **k: print(*a, file=sys.stderr, **k)) if args.json else print
 
     # --batched alone: the batched protocol; with --single too: both, one after the other.
@@ -409,7 +411,7 @@ def main() -> int:
                     report_each=args.report_each and batched,
                     max_jobs=(args.max_jobs or BATCHED_MAX_JOBS) if batched else 1,
                     idle_s=args.idle_seconds,
-                    idle_heartbeat_s=args.idle_heartbeat,
+                    daemon_heartbeat_s=args.daemon_heartbeat,
                     wait_s=args.wait_s,
                     results=args.results,
                 )

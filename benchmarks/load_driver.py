@@ -16,8 +16,9 @@ one GPU, whose reporter posts what was measured since its last post (one result 
 
 With `idle_s`, once every task is done the workers go on polling the empty queue for that
 long (lease requests waiting `idle_wait_s`, the worker daemon's default): what an idle fleet
-costs the service. While it holds a job
-a worker heartbeats every `heartbeat_s`. With churn, a worker dies on receiving a job with
+costs the service. While it holds a job longer than `heartbeat_s` a worker heartbeats every
+`heartbeat_s`; with `daemon_heartbeat_s`, instead, each worker heartbeats the whole run long as
+the worker daemon given that `--heartbeat` does (workers/daemon/heartbeats.py). With churn, a worker dies on receiving a job with
 probability `churn` (one seeded RNG, drawn once per job received in arrival order) and a
 replacement registers in its place.
 """
@@ -40,7 +41,7 @@ import httpx
 
 from benchmarks.harness import HEADERS, register_worker, result_maker, service_process
 from pipetune.model.states import TaskState
-from pipetune.workers.daemon.heartbeats import heartbeat_due
+from pipetune.workers.daemon.heartbeats import HeldTerm, heartbeat_due
 
 POST_TRIES = 3
 KEEPALIVE_S = 2.0
@@ -82,9 +83,10 @@ class LoadConfig:
     # After the tasks: seconds of polling an empty queue, and each poll's wait.
     idle_s: float = 0.0
     idle_wait_s: float = 10.0
-    # In the idle phase each worker also heartbeats as the worker daemon given this
-    # --heartbeat does (workers/daemon/heartbeats.py); None: no heartbeats while idle.
-    idle_heartbeat_s: float | None = None
+    # Each worker heartbeats as the worker daemon given this --heartbeat does, the whole run
+    # long, idle phase included (workers/daemon/heartbeats.py), instead of only in holds
+    # longer than heartbeat_s; None: the latter.
+    daemon_heartbeat_s: float | None = None
     # Each job received kills its worker with this probability (a replacement registers).
     churn: float = 0.0
     seed: int = 0  # of the churn draws
@@ -150,7 +152,8 @@ class Tally:
     report_leases: int = 0  # results requests that leased jobs too
     accepted: int = 0  # results the service accepted (the watcher's cue)
     idle_polls: int = 0  # lease requests of the idle phase
-    idle_heartbeats: int = 0  # heartbeats of the idle phase answered 200
+    idle_heartbeats: int = 0  # of those, in the idle phase
+    idle_phase: bool = False  # the idle phase has begun
     idle_jobs: int = 0  # jobs leased in the idle phase (there are none to lease)
 
 
@@ -345,6 +348,8 @@ class SimulatedWorker:
         self.client = run.worker_client(slot)
         self.generation = 0
         self._next: list[dict] = []  # jobs the last results request leased
+        # The leases received and their terms, for daemon-like heartbeats (pruned by them).
+        self._in_hand: dict[int, tuple[Held, HeldTerm]] = {}
 
     @property
     def tally(self) -> Tally:
@@ -373,45 +378,50 @@ class SimulatedWorker:
                     await self._replace()
                     break
 
-    async def idle(self, until: float) -> None:
-        """Poll the empty queue until `until` (the idle phase), heartbeating meanwhile as an
-        idle worker daemon does when asked to (idle_heartbeat_s)."""
-        every = self.run.config.idle_heartbeat_s
-        beating = None if every is None else asyncio.ensure_future(self._idle_beats(every, until))
-        try:
-            await self._idle_polls(until)
-        finally:
-            if beating is not None:
-                await beating
-
-    async def _idle_beats(self, every: float, until: float) -> None:
-        """The daemon's heartbeat thread while it holds nothing: it wakes every `every`
+    async def daemon_heartbeats(self, every: float) -> None:
+        """The worker daemon's heartbeat thread (until cancelled): it wakes every `every`
         seconds (each worker from its own phase: daemons start at different times) and sends
-        what `heartbeat_due` says. The last word the service had from it was busy."""
-        last_active = True
+        what `heartbeat_due` says of the leases in hand."""
+        last_active: bool | None = None
         wakeups = 0
         await asyncio.sleep(random.Random(self.slot).uniform(0, every))
-        while time.monotonic() + every < until:
+        while True:
             await asyncio.sleep(every)
             wakeups += 1
-            if not heartbeat_due(False, last_active, wakeups, expiring=False):
+            now = time.monotonic()
+            self._in_hand = {
+                job_id: (held, term)
+                for job_id, (held, term) in self._in_hand.items()
+                if held.answered is None and not held.abandoned
+            }
+            active = bool(self._in_hand)
+            expiring = any(term.due(now) for _, term in self._in_hand.values())
+            if not heartbeat_due(active, last_active, wakeups, expiring):
                 continue
+            leases = [
+                {"job_id": job_id, "lease_token": term.token}
+                for job_id, (_, term) in self._in_hand.items()
+            ]
             try:
                 response = await self.client.post(
                     f"/v1/workers/{self.worker_id}/heartbeat",
-                    json={"busy_jobs": 0, "leases": []},
+                    json={"busy_jobs": len(leases), "leases": leases},
                     headers=HEADERS,
                 )
             except httpx.HTTPError as exc:
-                self.tally.errors[f"idle heartbeat: {type(exc).__name__}"] += 1
+                self.tally.errors[f"heartbeat: {type(exc).__name__}"] += 1
                 continue
-            if response.status_code == 200:
-                self.tally.idle_heartbeats += 1
-                last_active, wakeups = False, 0
-            else:
-                self.tally.errors[f"idle heartbeat: HTTP {response.status_code}"] += 1
+            if response.status_code != 200:
+                self.tally.errors[f"heartbeat: HTTP {response.status_code}"] += 1
+                continue
+            self.tally.heartbeats += 1
+            self.tally.idle_heartbeats += self.tally.idle_phase
+            last_active, wakeups = active, 0
+            for _, term in self._in_hand.values():
+                term.extended(now)
 
-    async def _idle_polls(self, until: float) -> None:
+    async def idle(self, until: float) -> None:
+        """Poll the empty queue until `until` (the idle phase)."""
         wait_s = self.run.config.idle_wait_s
         while (left := until - time.monotonic()) > 0:
             body = {"worker_id": self.worker_id, "max_jobs": self.run.config.max_jobs}
@@ -456,6 +466,9 @@ class SimulatedWorker:
     def _held(self, job: dict) -> Held:
         held = Held(job["job_id"], job["lease_token"], self.worker_id, time.monotonic())
         self.tally.held.append(held)
+        if self.run.config.daemon_heartbeat_s is not None:
+            term = HeldTerm.granted(job["lease_token"], job.get("lease_ttl_s"), held.received)
+            self._in_hand[held.job_id] = (held, term)
         return held
 
     async def _hold(self, job: dict) -> bool:
@@ -591,6 +604,9 @@ class SimulatedWorker:
     def _heartbeating(self) -> Iterator[None]:
         """Heartbeats while the jobs in hand are measured and answered; they start only if
         the body still runs after heartbeat_s, and stop when it ends."""
+        if self.run.config.daemon_heartbeat_s is not None:  # the daemon's rule instead
+            yield
+            return
         done = asyncio.Event()
         every = self.run.config.heartbeat_s
         assert every is not None
@@ -645,6 +661,7 @@ async def drive(
     the parts measured (the replicas, PostgreSQL) by name."""
     run = LoadRun(bases, config)
     figures: dict[str, float] = {}
+    beating: list[asyncio.Future] = []  # the daemon-like heartbeat loops
     try:
         task_ids = await run.create_tasks()
         workers = [
@@ -656,6 +673,8 @@ async def drive(
         run.began = time.monotonic()
         run.deadline = run.began + config.seconds
         before, mine, machine = cpu(), time.process_time(), machine_cpu()
+        if (every := config.daemon_heartbeat_s) is not None:
+            beating = [asyncio.ensure_future(w.daemon_heartbeats(every)) for w in workers]
         await asyncio.gather(run.watch(task_ids), *(w.work() for w in workers))
         after, busy = cpu(), machine_cpu()
         # The window ends with the last answered job: the idle tail of the last long polls
@@ -670,6 +689,9 @@ async def drive(
         if config.idle_s > 0:
             figures.update(await _idle_phase(run, workers, cpu))
     finally:
+        for task in beating:
+            task.cancel()
+        await asyncio.gather(*beating, return_exceptions=True)
         await run.close()
     return run.tally, window, figures
 
@@ -679,6 +701,7 @@ async def _idle_phase(
 ) -> dict[str, float]:
     """Every worker polls the empty queue for idle_s; the CPU that costs."""
     await asyncio.sleep(1.0)  # the last batches' proposals and requests are over
+    run.tally.idle_phase = True
     before, mine, began = cpu(), time.process_time(), time.monotonic()
     until = began + run.config.idle_s
     await asyncio.gather(*(w.idle(until) for w in workers))

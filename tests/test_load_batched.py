@@ -43,7 +43,7 @@ def test_batched_workers_lease_each_job_once_and_an_idle_fleet_is_measured(pg_ad
         max_jobs=4,
         idle_s=2.0,
         idle_wait_s=1.0,
-        idle_heartbeat_s=0.2,
+        daemon_heartbeat_s=0.2,
         results="simulated",
     )
     report = run_load(pg_admin_url, config)
@@ -57,9 +57,10 @@ def test_batched_workers_lease_each_job_once_and_an_idle_fleet_is_measured(pg_ad
     assert report["result_requests"] < TASKS * BUDGET
     # The idle phase: every worker polled, nothing was leased, its CPU was measured.
     assert report["idle_polls"] >= config.workers and report["idle_jobs"] == 0
-    # Each worker heartbeat as an idle daemon does: once on going idle, then every sixth
-    # wake-up (fewer than thirteen wake-ups of 0.2 s fit in 2 s), not at every one.
+    # Each worker heartbeat as the daemon does: idle, every sixth wake-up (fewer than
+    # thirteen wake-ups of 0.2 s fit in 2 s), not at every one; before, at least once.
     assert config.workers <= report["idle_heartbeats"] <= 2 * config.workers, details
+    assert report["heartbeats"] >= report["idle_heartbeats"] + config.workers
     figures = json.loads(json.dumps(as_json(report)))
     assert set(JSON_KEYS) <= set(figures) and figures["config"]["batched"] is True
     for key in ("results_per_s", "service_cpu_ms_per_result", "postgres_cpu_ms_per_result"):
