@@ -30,7 +30,7 @@ class Service:
     def upkeep(self) -> None:
         """Requeue expired leases and advance tasks whose batch completed (any replica)."""
         self.queue.reclaim()
-        self.driver.advance_ready(held_elsewhere=self.proposer.request)
+        self.driver.advance_ready(held_elsewhere=self.proposer.request, in_hand=self.proposer.has)
 
 
 async def get_service(request: Request) -> Service:

@@ -1118,12 +1118,16 @@ class Driver:
         self.metrics.batches.inc()
         return True
 
-    def advance_ready(self, held_elsewhere: Callable[[int], None] | None = None) -> int:
+    def advance_ready(
+        self,
+        held_elsewhere: Callable[[int], None] | None = None,
+        in_hand: Callable[[int], bool] | None = None,
+    ) -> int:
         """Advance every active task whose awaited batches are complete (the safety net
         for a replica that stopped between a result and its advance). With
         `held_elsewhere`, a task whose session another replica may hold is handed to it
         (the proposer's request: ask the holder, adopt if none answers) instead of being
-        replayed here."""
+        replayed here. Tasks `in_hand` says the proposer will see to are left to it."""
         ahead = case((TASKS.c.strategy.in_(sorted(PROPOSE_AHEAD)), literal(1)), else_=literal(0))
         older = (
             select(func.count())
@@ -1145,6 +1149,7 @@ class Driver:
             task_id
             for task_id, strategy, batch_size, batches, waiting in rows
             if waiting <= outstanding_allowed(strategy, batch_size, share, batches)
+            and not (in_hand is not None and in_hand(task_id))
         ]
         changed = 0
         for task_id in ready:
