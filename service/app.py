@@ -44,7 +44,7 @@ async def _upkeep_loop(service: Service, interval: float) -> None:
     while True:
         await asyncio.sleep(interval)
         try:
-            await run_in_threadpool(service.upkeep)
+            await run_in_threadpool(service.upkeep, True)
         except Exception as exc:  # keep sweeping: the next round may well succeed
             if is_unavailable(exc):
                 log.warning("upkeep skipped: database unavailable: %s", unavailable_reason(exc))

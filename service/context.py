@@ -27,10 +27,15 @@ class Service:
     wakeup: Wakeup
     proposer: Proposer
 
-    def upkeep(self) -> None:
-        """Requeue expired leases and advance tasks whose batch completed (any replica)."""
+    def upkeep(self, patient: bool = False) -> None:
+        """Requeue expired leases and advance tasks whose batch completed (any replica).
+        `patient` (the periodic sweep's): only tasks found ready, at the same batch, by the
+        sweep before too; a task that just became ready is its proposer's, on whichever
+        replica took the result that completed its batch."""
         self.queue.reclaim()
-        self.driver.advance_ready(held_elsewhere=self.proposer.request, in_hand=self.proposer.has)
+        self.driver.advance_ready(
+            held_elsewhere=self.proposer.request, in_hand=self.proposer.has, patient=patient
+        )
 
 
 async def get_service(request: Request) -> Service:

@@ -365,6 +365,8 @@ class Driver:
         self._workloads: dict[int, Any] = {}
         # Schedules read back from job rows, by (family, document): frozen, so shareable.
         self._parsed: dict[tuple[str, Any], Any] = {}  # (family, document) -> schedule
+        # The tasks the last advance_ready found ready, and at which batch (tasks.batches).
+        self._ready_seen: dict[int, int] = {}
 
     # ---- sessions ------------------------------------------------------------------
 
@@ -1122,12 +1124,16 @@ class Driver:
         self,
         held_elsewhere: Callable[[int], None] | None = None,
         in_hand: Callable[[int], bool] | None = None,
+        patient: bool = False,
     ) -> int:
         """Advance every active task whose awaited batches are complete (the safety net
         for a replica that stopped between a result and its advance). With
         `held_elsewhere`, a task whose session another replica may hold is handed to it
         (the proposer's request: ask the holder, adopt if none answers) instead of being
-        replayed here. Tasks `in_hand` says the proposer will see to are left to it."""
+        replayed here. Tasks `in_hand` says the proposer will see to are left to it; with
+        `patient`, so are the tasks the call before did not find ready at the same batch
+        (the proposer of another replica may be about to advance them: at 400 tasks on two
+        replicas each sweep advanced such tasks too, each advance made twice)."""
         ahead = case((TASKS.c.strategy.in_(sorted(PROPOSE_AHEAD)), literal(1)), else_=literal(0))
         older = (
             select(func.count())
@@ -1145,11 +1151,17 @@ class Driver:
                 ).where(TASKS.c.state.in_(ACTIVE_TASK_STATES))
             ).all()
         share = self.settings.propose_early
-        ready = [
-            task_id
+        found = {
+            task_id: batches
             for task_id, strategy, batch_size, batches, waiting in rows
             if waiting <= outstanding_allowed(strategy, batch_size, share, batches)
-            and not (in_hand is not None and in_hand(task_id))
+        }
+        seen_before, self._ready_seen = self._ready_seen, found
+        ready = [
+            task_id
+            for task_id, batches in found.items()
+            if not (in_hand is not None and in_hand(task_id))
+            and not (patient and seen_before.get(task_id) != batches)
         ]
         changed = 0
         for task_id in ready:

@@ -38,3 +38,22 @@ def test_upkeep_leaves_a_task_in_the_proposers_hand_to_it(db_url):
         assert not service.proposer.has(task_id)
         service.upkeep()  # nobody will: upkeep does (this replica made the task's batch)
         assert _batches(c, task_id) == 2
+
+
+def test_the_periodic_sweep_advances_only_a_task_it_found_ready_the_sweep_before(db_url):
+    """A task that has just become ready is the proposer's of the replica that took the
+    result completing its batch; the sweep of another replica advanced it as well. The
+    periodic sweep (patient) waits to find it ready twice at the same batch."""
+    with client_for(db_url, batch_size=4) as c:
+        service = service_of(c)
+        task_id = create_task(c, budget=12, strategy="xgb", seed=2)["id"]
+        worker = register(c)
+        service.proposer.stop()  # nobody else advances it
+        for job in lease(c, worker, max_jobs=4):
+            result = {"status": "ok", "latency_us": 10.0 + job["trial"]}
+            body = JobResult(worker_id=worker, lease_token=job["lease_token"], result=result)
+            service.queue.submit(job["job_id"], token_hash(TOKEN), body)
+        service.upkeep(patient=True)
+        assert _batches(c, task_id) == 1  # ready for the first time: left to its proposer
+        service.upkeep(patient=True)
+        assert _batches(c, task_id) == 2  # still ready a sweep later: nobody did, upkeep does
