@@ -1147,14 +1147,24 @@ class Driver:
         with self.db.read_conn() as conn:
             rows = conn.execute(
                 select(
-                    TASKS.c.id, TASKS.c.strategy, TASKS.c.batch_size, TASKS.c.batches, older
+                    TASKS.c.id,
+                    TASKS.c.strategy,
+                    TASKS.c.batch_size,
+                    TASKS.c.batches,
+                    older,
+                    TASKS.c.trials_enqueued,
+                    TASKS.c.trials_target,
+                    TASKS.c.trials_done,
                 ).where(TASKS.c.state.in_(ACTIVE_TASK_STATES))
             ).all()
         share = self.settings.propose_early
+        # A task with every trial enqueued and some still out has nothing to propose: its last
+        # result finishes it (at 400 tasks a sweep planned some 300 such tasks, to no end).
         found = {
-            task_id: batches
-            for task_id, strategy, batch_size, batches, waiting in rows
-            if waiting <= outstanding_allowed(strategy, batch_size, share, batches)
+            r.id: r.batches
+            for r in rows
+            if r[4] <= outstanding_allowed(r.strategy, r.batch_size, share, r.batches)
+            and not (r.trials_enqueued >= r.trials_target and r.trials_done < r.trials_enqueued)
         }
         seen_before, self._ready_seen = self._ready_seen, found
         ready = [

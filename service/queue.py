@@ -125,6 +125,11 @@ def may_advance(task: TaskProgress, early_share: float) -> bool:
     are complete, or (for a task proposing ahead) all but the newest, or (proposing early)
     all but a few jobs. A hint: the driver checks exactly."""
     outstanding = task.trials_enqueued - task.trials_done
+    if task.trials_enqueued >= task.trials_target and outstanding > 0:
+        # Every trial is enqueued: nothing to propose until the last result finishes it.
+        # (With many workers per task, every result of a task's last batches asked for an
+        # advance that read the task and its jobs to find just that.)
+        return False
     allowed = batches_ahead(task.strategy) * task.batch_size
     # (As if past its first batch: a hint may say yes where the driver then says no.)
     allowed += outstanding_allowed(task.strategy, task.batch_size, early_share, batches=2)

@@ -148,12 +148,12 @@ WITH report AS (
     FROM per_task JOIN locked_tasks ON locked_tasks.id = per_task.task_id
     WHERE tasks.id = per_task.task_id
     RETURNING tasks.id, tasks.trials_done, tasks.trials_enqueued, tasks.state,
-        tasks.batch_size, tasks.strategy
+        tasks.batch_size, tasks.strategy, tasks.trials_target
 )
 SELECT seen.i, seen.found, seen.job_state, seen.lease_token, seen.result_token,
     seen.lease_worker, applied.i IS NOT NULL AS applied, counted.id AS task,
     counted.trials_done, counted.trials_enqueued, counted.state AS task_state,
-    counted.batch_size, counted.strategy
+    counted.batch_size, counted.strategy, counted.trials_target
 FROM seen
 LEFT JOIN applied ON applied.i = seen.i
 LEFT JOIN counted ON counted.id = applied.task_id
@@ -263,6 +263,7 @@ class PostgresQueueStore:
                     r.task_state,
                     r.batch_size,
                     r.strategy,
+                    r.trials_target,
                 )
                 if r.applied
                 else None,

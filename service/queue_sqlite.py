@@ -267,6 +267,7 @@ class SqliteQueueStore:
                     TASKS.c.state,
                     TASKS.c.batch_size,
                     TASKS.c.strategy,
+                    TASKS.c.trials_target,
                 )
             ).one()
             progress[task_id] = TaskProgress(*row)

@@ -98,6 +98,7 @@ class TaskProgress:
     state: str
     batch_size: int
     strategy: str
+    trials_target: int  # what it will enqueue in all (its budget, or its whole space)
 
 
 @dataclass(frozen=True)

@@ -57,3 +57,48 @@ def test_the_periodic_sweep_advances_only_a_task_it_found_ready_the_sweep_before
         assert _batches(c, task_id) == 1  # ready for the first time: left to its proposer
         service.upkeep(patient=True)
         assert _batches(c, task_id) == 2  # still ready a sweep later: nobody did, upkeep does
+
+
+def test_a_task_with_every_trial_enqueued_is_not_advanced_until_its_last_result():
+    """Its last batches' results each asked for an advance (and each sweep planned it) that
+    read the task and its jobs to find nothing to propose: 300 of 400 tasks at a time, with
+    a thousand workers holding three jobs each."""
+    from pipetune.service.queue import may_advance
+    from pipetune.service.queue_types import TaskProgress
+
+    def progress(done: int, enqueued: int, target: int = 16) -> TaskProgress:
+        return TaskProgress(1, done, enqueued, "running", 8, "random", target)
+
+    assert may_advance(progress(done=8, enqueued=16, target=24), 0.0)  # a batch to propose
+    assert not may_advance(progress(done=8, enqueued=16), 0.0)  # all enqueued, 8 out
+    assert not may_advance(progress(done=15, enqueued=16), 0.0)
+    assert may_advance(progress(done=16, enqueued=16), 0.0)  # the last: it finishes the task
+
+
+def test_upkeep_plans_no_task_with_every_trial_enqueued_and_some_out(db_url, monkeypatch):
+    with client_for(db_url, batch_size=4) as c:
+        service = service_of(c)
+        task_id = create_task(c, budget=8, strategy="random", seed=1)["id"]  # two batches
+        worker = register(c)
+        service.proposer.stop()
+        planned: list[int] = []
+        plan = service.driver._plan
+        monkeypatch.setattr(service.driver, "_plan", lambda t, *a: planned.append(t) or plan(t, *a))
+        jobs = lease(c, worker, max_jobs=8)
+        assert len(jobs) == 8
+        for job in jobs[:7]:
+            result = {"status": "ok", "latency_us": 10.0 + job["trial"]}
+            body = JobResult(worker_id=worker, lease_token=job["lease_token"], result=result)
+            service.queue.submit(job["job_id"], token_hash(TOKEN), body)
+        service.upkeep()
+        assert planned == []  # nothing to propose while one trial is out
+        last = jobs[7]
+        body = JobResult(
+            worker_id=worker,
+            lease_token=last["lease_token"],
+            result={"status": "ok", "latency_us": 3.0},
+        )
+        service.queue.submit(last["job_id"], token_hash(TOKEN), body)
+        service.upkeep()  # every result in: the sweep finishes it
+        assert planned == [task_id]
+        assert c.get(f"/v1/tasks/{task_id}").json()["state"] == "done"
