@@ -191,6 +191,15 @@ def batches_ahead(strategy: str) -> int:
     return 1 if strategy in PROPOSE_AHEAD else 0
 
 
+def all_enqueued_some_out(enqueued: int, target: int, done: int) -> bool:
+    """Whether a task has every trial enqueued and some still out: it has nothing to propose,
+    and its last result finishes it. Neither a result's hint (queue.may_advance) nor the
+    sweep (Driver.advance_ready) asks to advance it: with a thousand workers holding three
+    jobs each, most of 400 tasks were in this state, and each result of them and each sweep
+    planned them to find nothing."""
+    return enqueued >= target and done < enqueued
+
+
 def outstanding_allowed(strategy: str, batch_size: int, share: float, batches: int) -> int:
     """Jobs of a task's batches it waits on that may still be outstanding when it proposes
     its next batch (it has `batches`): `share` of a batch for a strategy that believes trials
@@ -1151,20 +1160,18 @@ class Driver:
                     TASKS.c.strategy,
                     TASKS.c.batch_size,
                     TASKS.c.batches,
-                    older,
+                    older.label("waiting"),
                     TASKS.c.trials_enqueued,
                     TASKS.c.trials_target,
                     TASKS.c.trials_done,
                 ).where(TASKS.c.state.in_(ACTIVE_TASK_STATES))
             ).all()
         share = self.settings.propose_early
-        # A task with every trial enqueued and some still out has nothing to propose: its last
-        # result finishes it (at 400 tasks a sweep planned some 300 such tasks, to no end).
         found = {
             r.id: r.batches
             for r in rows
-            if r[4] <= outstanding_allowed(r.strategy, r.batch_size, share, r.batches)
-            and not (r.trials_enqueued >= r.trials_target and r.trials_done < r.trials_enqueued)
+            if r.waiting <= outstanding_allowed(r.strategy, r.batch_size, share, r.batches)
+            and not all_enqueued_some_out(r.trials_enqueued, r.trials_target, r.trials_done)
         }
         seen_before, self._ready_seen = self._ready_seen, found
         ready = [

@@ -43,7 +43,7 @@ from pipetune.model.wire import (
     WorkerRegister,
 )
 from pipetune.service.db import Database
-from pipetune.service.driver import batches_ahead, outstanding_allowed
+from pipetune.service.driver import all_enqueued_some_out, batches_ahead, outstanding_allowed
 from pipetune.service.errors import ConflictError, ForbiddenError, InputError, NotFoundError
 from pipetune.service.metrics import Metrics
 from pipetune.service.orm import JobRow, LeaseRow, TaskRow, WorkerRow, WorkloadRow
@@ -124,12 +124,9 @@ def may_advance(task: TaskProgress, early_share: float) -> bool:
     """Whether this result may have made the task ready for its next batch: all its batches
     are complete, or (for a task proposing ahead) all but the newest, or (proposing early)
     all but a few jobs. A hint: the driver checks exactly."""
-    outstanding = task.trials_enqueued - task.trials_done
-    if task.trials_enqueued >= task.trials_target and outstanding > 0:
-        # Every trial is enqueued: nothing to propose until the last result finishes it.
-        # (With many workers per task, every result of a task's last batches asked for an
-        # advance that read the task and its jobs to find just that.)
+    if all_enqueued_some_out(task.trials_enqueued, task.trials_target, task.trials_done):
         return False
+    outstanding = task.trials_enqueued - task.trials_done
     allowed = batches_ahead(task.strategy) * task.batch_size
     # (As if past its first batch: a hint may say yes where the driver then says no.)
     allowed += outstanding_allowed(task.strategy, task.batch_size, early_share, batches=2)

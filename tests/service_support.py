@@ -203,3 +203,12 @@ def two_replicas_on_a_task(
         ref = WorkerRef(id=worker, gpu="h100", arch="sm_90", runner="simulated")
         first, second = service_of(a).driver, service_of(b).driver
         yield TwoReplicas(a, b, task_id, ref, first, second, service_of(a).queue)
+
+
+def wait_until_listening(client: TestClient, timeout_s: float = 10.0) -> None:
+    """Until the replica's NOTIFY listener is connected (PostgreSQL)."""
+    wakeup = service_of(client).wakeup
+    deadline = time.monotonic() + timeout_s
+    while not wakeup.listening:
+        assert time.monotonic() < deadline, "the NOTIFY listener did not connect"
+        time.sleep(0.02)

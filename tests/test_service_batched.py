@@ -18,6 +18,7 @@ from service_support import (
     register,
     service_of,
     settle,
+    wait_until_listening,
 )
 from sqlalchemy import func, select
 
@@ -164,14 +165,6 @@ def test_a_message_to_the_other_replicas_reaches_their_hook(pg_url):
         while not asked and time.monotonic() < deadline:
             time.sleep(0.02)
         assert asked == [4242]
-
-
-def wait_until_listening(client, timeout_s: float = 10.0) -> None:
-    wakeup = service_of(client).wakeup
-    deadline = time.monotonic() + timeout_s
-    while not wakeup.listening:
-        assert time.monotonic() < deadline, "the NOTIFY listener did not connect"
-        time.sleep(0.02)
 
 
 def test_idle_lease_requests_cost_no_claim_until_something_is_enqueued(db_url):

@@ -17,6 +17,7 @@ from service_support import (
     lease,
     register,
     service_of,
+    wait_until_listening,
 )
 
 from pipetune.service import queue as queue_module
@@ -27,14 +28,6 @@ pytest_plugins = ["service_fixtures"]
 
 TOKEN_HASH = token_hash(TOKEN)
 GEMM_BIG = {"op": "gemm", "m": 512, "n": 512, "k": 512, "dtype": "float16"}
-
-
-def wait_until_listening(client, timeout_s: float = 10.0) -> None:
-    wakeup = service_of(client).wakeup
-    deadline = time.monotonic() + timeout_s
-    while not wakeup.listening:
-        assert time.monotonic() < deadline, "the NOTIFY listener did not connect"
-        time.sleep(0.02)
 
 
 def test_a_worker_re_registered_on_another_replica_is_forgotten_by_the_first_at_once(pg):
