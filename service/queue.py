@@ -193,7 +193,12 @@ class Queue:
             created = worker is None
             in_use: bool | None = None  # (said of a re-registration only)
             if worker is None:
-                worker = WorkerRow(name=body.name, token_hash=token_hash, **values)
+                # Stamped by the database's clock to the millisecond: the column's default
+                # is SQLite's CURRENT_TIMESTAMP, whole seconds, which made a worker look up
+                # to a second longer silent than it was.
+                worker = WorkerRow(
+                    name=body.name, token_hash=token_hash, last_heartbeat=self.db.now(), **values
+                )
                 s.add(worker)
             else:
                 now = s.scalar(select(self.db.now()))

@@ -21,10 +21,10 @@ from service_support import (
     register,
     service_of,
 )
-from sqlalchemy import func, select
+from sqlalchemy import func, select, update
 
 from pipetune.model.wire import JobResult, WorkerRegister
-from pipetune.service.orm import JobRow, LeaseRow
+from pipetune.service.orm import JobRow, LeaseRow, WorkerRow
 from pipetune.service.queue import WorkerRef
 from pipetune.service.settings import token_hash
 
@@ -242,12 +242,16 @@ def test_a_name_moves_to_a_new_token_once_the_old_one_is_silent_or_rotated_out(d
     body = {"name": "box", "gpu": "h100", "arch": "sm_90", "runner": "cupy"}
     a_headers = {"Authorization": "Bearer token-a"}
     b_headers = {"Authorization": "Bearer token-b"}
-    with client_for(db_url, worker_tokens=["token-a", "token-b"], lease_ttl_s=1.0) as c:
+    # A TTL of a minute, and silence set rather than slept for: under CI's load two requests
+    # could be more than a 1 s TTL apart.
+    with client_for(db_url, worker_tokens=["token-a", "token-b"], lease_ttl_s=60) as c:
         first = c.post("/v1/workers", json=body, headers=a_headers)
         assert first.status_code == 201
         refused = c.post("/v1/workers", json=body, headers=b_headers)
         assert refused.status_code == 409 and "silent for the lease TTL" in refused.text
-        time.sleep(1.2)  # the old process is silent past the TTL: it is gone
+        silent = dt.datetime.now(dt.UTC) - dt.timedelta(seconds=120)  # the old process is gone
+        with service_of(c).db.write() as s:
+            s.execute(update(WorkerRow).values(last_heartbeat=silent))
         moved = c.post("/v1/workers", json=body, headers=b_headers)
         assert moved.status_code == 200 and moved.json()["id"] == first.json()["id"]
         lease_body = {"worker_id": first.json()["id"], "max_jobs": 1, "wait_s": 0}
@@ -259,6 +263,22 @@ def test_a_name_moves_to_a_new_token_once_the_old_one_is_silent_or_rotated_out(d
         assert c.post("/v1/workers", json=body, headers=a_headers).status_code == 201
     with client_for(db_url, worker_tokens=["token-b"]) as c:
         assert c.post("/v1/workers", json=body, headers=b_headers).status_code == 200
+
+
+def test_a_new_worker_is_stamped_heard_from_to_the_millisecond(db_url):
+    """A new worker's last heartbeat was the column's default, SQLite's CURRENT_TIMESTAMP,
+    in whole seconds: it looked up to a second longer silent than it was (with a 1 s TTL,
+    silent at once, and its name free to another token)."""
+    with client_for(db_url) as c:
+        for name in ("w-1", "w-2", "w-3"):
+            body = {"name": name, "gpu": "h100", "arch": "sm_90", "runner": "simulated"}
+            assert c.post("/v1/workers", json=body, headers=WORKER_HEADERS).status_code == 201
+        with service_of(c).db.read() as s:
+            stamps = s.scalars(select(WorkerRow.last_heartbeat)).all()
+    assert len(stamps) == 3
+    # Whole seconds all three times is what the old default gave; to the millisecond, a
+    # chance of one in a billion.
+    assert any(stamp.microsecond for stamp in stamps)
 
 
 def test_the_same_result_posted_concurrently_counts_once(db_url):
