@@ -395,7 +395,7 @@ class SimulatedWorker:
                 if held.answered is None and not held.abandoned
             }
             active = bool(self._in_hand)
-            expiring = any(term.due(now) for _, term in self._in_hand.values())
+            expiring = any(term.due(now, every) for _, term in self._in_hand.values())
             if not heartbeat_due(active, last_active, wakeups, expiring):
                 continue
             leases = [

@@ -369,8 +369,50 @@ def test_a_worker_extends_a_lease_once_it_has_lived_half_its_ttl(monkeypatch):
     monkeypatch.setattr(worker_module.time, "monotonic", lambda: clock[0])
     worker._heartbeat(Wakeups(15, at=times))  # type: ignore[arg-type]
     # 1: the first word (idle); 2: busy now; 8 (40 s, 31 s after the grant): the IDLE_EVERY
-    # word, which extends them too; 14 (70 s): their half TTL since the 8th.
+    # word, which extends them too; 13 (65 s): the last wake-up before their half TTL since
+    # the 8th.
     assert api.beats == [[], [4, 5], [4, 5], [4, 5]]
+
+
+def test_a_lease_is_extended_before_it_expires_whatever_the_interval(monkeypatch):
+    """A lease was extended at the first wake-up after half its TTL: with wake-ups 5 s apart
+    and an 8 s TTL, one granted just after its half fell between two wake-ups expired before
+    the next (the old rule, a heartbeat at every wake-up, was safe at any interval below the
+    TTL). It is now extended at the last wake-up before its half."""
+    from pipetune.workers.daemon import worker as worker_module
+
+    clock = [1000.0]
+    api = BeatingApi()
+    worker, _ = _worker(api, heartbeat_s=5.0)
+    beats_at: list[tuple[float, list[int] | None]] = []
+    plain = api.heartbeat
+
+    def timed(worker_id: int, busy_jobs: int = 0, leases: list | None = None) -> None:
+        plain(worker_id, busy_jobs, leases)
+        beats_at.append((clock[0], api.beats[-1]))
+
+    api.heartbeat = timed  # type: ignore[method-assign]
+    long_lease, short_lease = _granted(4, 600.0), _granted(5, 8.0)
+
+    def hold(job: JobLease, granted: float, then: float):
+        def run() -> None:
+            clock[0] = granted
+            with worker._slots:
+                worker._hold([job])
+            clock[0] = then
+
+        return run
+
+    # Wake-ups at 1005, 1010, ...: busy from the 2nd (a long lease); the short one granted at
+    # 1011.1, its half at 1015.1, just after the 3rd wake-up; it expires at 1019.1.
+    times = {k: (lambda t=1000.0 + 5.0 * k: clock.__setitem__(0, t)) for k in range(1, 6)}
+    times[2] = hold(long_lease, 1010.0, 1010.0)
+    times[3] = hold(short_lease, 1011.1, 1015.0)
+    monkeypatch.setattr(worker_module.time, "monotonic", lambda: clock[0])
+    worker._heartbeat(Wakeups(5, at=times))  # type: ignore[arg-type]
+    extended = [at for at, leases in beats_at if leases and 5 in leases]
+    assert extended and extended[0] < 1011.1 + 8.0
+    assert extended[0] == 1015.0  # the wake-up before its half, not one sooner
 
 
 def test_a_lease_of_a_service_that_says_no_ttl_is_extended_at_every_wake_up_and_idle_said_once():

@@ -69,8 +69,9 @@ def worker(
     heartbeat_s: float = typer.Option(
         5.0,
         "--heartbeat",
-        help="seconds between the heartbeat thread's wake-ups: it sends one when a lease has "
-        "lived half its TTL, when the worker goes busy or idle, and else every sixth",
+        help="seconds between the heartbeat thread's wake-ups: it sends one when a lease "
+        "will have lived half its TTL by the next, when the worker goes busy or idle, and "
+        "else every sixth; below the lease TTL",
     ),
     lease_wait_s: float = typer.Option(10.0, "--lease-wait", help="long-poll seconds per lease"),
     register_timeout_s: float = typer.Option(

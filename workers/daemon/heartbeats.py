@@ -3,9 +3,12 @@
 A heartbeat tells the service that the worker lives and how busy it is, and extends by one
 lease TTL the leases it lists. The daemon's heartbeat thread wakes every `--heartbeat`
 seconds (5 by default) and sends one only when it has something to say:
-- a lease it holds has lived RENEW_AT of its TTL since it was granted or last extended (its
-  jobs wait behind long trials, or a trial runs long): extended with half its TTL to spare,
-  a heartbeat that fails is tried again at every wake-up until then;
+- a lease it holds will have lived RENEW_AT of its TTL since it was granted or last extended
+  by the next wake-up (its jobs wait behind long trials, or a trial runs long): extended
+  with at least half its TTL to spare whatever the wake-ups' interval (a rule that waited
+  for the half itself let a lease granted just after a wake-up expire where the interval
+  was more than a quarter of the TTL: a 5 s interval and an 8 s TTL, say); a heartbeat that
+  fails is tried again at every wake-up;
 - a lease whose TTL the service did not say (a service from before `lease_ttl_s`): at every
   wake-up, as the daemon always did;
 - the worker went from holding nothing to holding jobs or back (the service's count of its
@@ -42,8 +45,10 @@ class HeldTerm:
         term.extended(now)
         return term
 
-    def due(self, now: float) -> bool:
-        return self.ttl_s is None or now >= self.renew_at
+    def due(self, now: float, wait_s: float) -> bool:
+        """Whether to extend it at this wake-up, the next being `wait_s` away: it would have
+        lived RENEW_AT of its TTL by then."""
+        return self.ttl_s is None or now + wait_s >= self.renew_at
 
     def extended(self, at: float) -> None:
         """A heartbeat sent at `at` extended it (the service's clock ran from no earlier)."""

@@ -671,7 +671,7 @@ class Worker:
                     held = dict(self._held)
                     busy = max(self._busy, 0)
                 active = bool(held) or busy > 0
-                expiring = any(term.due(now) for term in held.values())
+                expiring = any(term.due(now, self.config.heartbeat_s) for term in held.values())
                 if not heartbeat_due(active, last_active, wakeups, expiring):
                     continue
                 leases = None  # (more than a heartbeat lists: all are extended)
