@@ -415,6 +415,19 @@ def test_a_lease_is_extended_before_it_expires_whatever_the_interval(monkeypatch
     assert extended[0] == 1015.0  # the wake-up before its half, not one sooner
 
 
+def test_a_lease_ttl_no_longer_than_the_heartbeat_interval_is_warned_of_once():
+    api = BeatingApi()
+    worker, log = _worker(api, heartbeat_s=10.0)
+    with worker._slots:
+        worker._hold([_granted(4, 60.0)])
+    assert "lease_ttl_below_heartbeat" not in log.getvalue()
+    with worker._slots:
+        worker._hold([_granted(5, 8.0)])
+        worker._hold([_granted(6, 8.0)])
+    assert log.getvalue().count("WARNING lease_ttl_below_heartbeat") == 1
+    assert "--heartbeat 10 s" in log.getvalue()
+
+
 def test_a_lease_of_a_service_that_says_no_ttl_is_extended_at_every_wake_up_and_idle_said_once():
     api = BeatingApi()
     worker, _ = _worker(api)

@@ -108,6 +108,7 @@ class Worker:
         # The leases held (job id -> lease token): leased and not yet reported. Heartbeats
         # list them, and the service extends only those (wire.Heartbeat says why).
         self._held: dict[int, HeldTerm] = {}
+        self._told_short_ttl = False  # that a lease's TTL is no longer than --heartbeat
         self._heartbeat_lists_leases = True  # until a service from before it says otherwise
         self._asking = 0  # jobs the control thread's lease request in flight asks for
         self._leases_in_reports = True  # the service takes max_jobs in a report (until it says)
@@ -302,6 +303,16 @@ class Worker:
         self._held.update(
             (job.job_id, HeldTerm.granted(job.lease_token, job.lease_ttl_s, now)) for job in jobs
         )
+        ttls = [j.lease_ttl_s for j in jobs if j.lease_ttl_s is not None]
+        if ttls and min(ttls) <= self.config.heartbeat_s and not self._told_short_ttl:
+            # No heartbeat rule extends a lease that expires between two wake-ups: said once.
+            self._told_short_ttl = True
+            self.log.warning(
+                "lease_ttl_below_heartbeat",
+                msg=f"the service leases for {min(ttls):g} s, no longer than --heartbeat "
+                f"{self.config.heartbeat_s:g} s: leases may expire while held; set "
+                "--heartbeat well below the lease TTL",
+            )
 
     def _release(self, jobs: list[JobLease]) -> None:
         """The jobs are done with (reported, or abandoned): their slots are free, and their
