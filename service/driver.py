@@ -71,7 +71,7 @@ from pipetune.model.states import (
 )
 from pipetune.model.trials import MeasureResult
 from pipetune.model.wire import TaskCreate
-from pipetune.service.db import Database
+from pipetune.service.db import Database, sql_names
 from pipetune.service.errors import ConflictError, InputError, NotFoundError
 from pipetune.service.metrics import Metrics
 from pipetune.service.orm import JobRow, LeaseRow, TaskRow, WorkloadRow
@@ -122,7 +122,7 @@ COMMIT_BATCH_SQL = """
 WITH {held}cas AS (
     UPDATE tasks SET batches = %(version)s + 1, trials_enqueued = %(enqueued)s,
         curve = CAST(%(curve)s AS json), updated_at = statement_timestamp()
-    {after_held}WHERE id = %(task)s AND batches = %(version)s AND state = ANY(%(active)s)
+    {after_held}WHERE id = %(task)s AND batches = %(version)s AND state IN ({active})
     RETURNING id, workload_id, gpu, arch, only_runner
 ), added AS (
     INSERT INTO jobs (task_id, workload_id, gpu, arch, trial, batch, schedule, schedule_id,
@@ -164,18 +164,24 @@ COMMIT_SEEN_BATCH_SQL = COMMIT_SEEN_BATCH_SQL.replace(
 COMMIT_BATCH_SQL = (
     COMMIT_BATCH_SQL.replace("{held}", "").replace("{after_held}", "").replace("{seen}", "")
 )
+COMMIT_BATCH_SQL, COMMIT_SEEN_BATCH_SQL = (
+    sql.replace("{active}", sql_names(ACTIVE_TASK_STATES))
+    for sql in (COMMIT_BATCH_SQL, COMMIT_SEEN_BATCH_SQL)
+)
 
 
 READ_TASK_SQL = """
 SELECT t.state, t.workload_id, t.gpu, t.strategy, t.seed, t.budget, t.batches,
     t.trials_enqueued, t.trials_target, t.batch_size, t.prior_task, t.learned_from,
-    (SELECT count(*) FROM jobs j WHERE j.task_id = t.id AND j.state = ANY(%(outstanding)s)
-        AND j.batch < t.batches - CASE WHEN t.strategy = ANY(%(ahead)s) THEN 1 ELSE 0 END
+    (SELECT count(*) FROM jobs j WHERE j.task_id = t.id AND j.state IN ({outstanding})
+        AND j.batch < t.batches - CASE WHEN t.strategy IN ({ahead}) THEN 1 ELSE 0 END
     ) AS older,
-    (SELECT count(*) FROM jobs j WHERE j.task_id = t.id AND j.state = ANY(%(outstanding)s)
+    (SELECT count(*) FROM jobs j WHERE j.task_id = t.id AND j.state IN ({outstanding})
     ) AS outstanding
 FROM tasks t WHERE t.id = %(task)s
-"""
+""".replace("{outstanding}", sql_names(OUTSTANDING_JOB_STATES)).replace(
+    "{ahead}", sql_names(PROPOSE_AHEAD)
+)
 # The schedule as its stored text: an advance reads rows it has read before, whose schedule
 # it finds by that text (Driver._schedule), and decoding the JSON of each would cost more.
 READ_JOBS_SQL = """
@@ -746,11 +752,7 @@ class Driver:
         """The task, its state, and its outstanding jobs: those in batches it waits on
         before it can propose (`older`), and all of them."""
         if not self.db.is_sqlite:
-            params = {
-                "task": task_id,
-                "outstanding": [str(s) for s in OUTSTANDING_JOB_STATES],
-                "ahead": sorted(PROPOSE_AHEAD),
-            }
+            params = {"task": task_id}
             with self.db.driver_statement() as cur:
                 cur.execute(READ_TASK_SQL, params)
                 row = cur.fetchone()
@@ -1110,7 +1112,6 @@ class Driver:
             "version": plan.version,
             "enqueued": plan.first_trial + len(plan.batch),
             "curve": json.dumps(plan.curve),
-            "active": [str(s) for s in ACTIVE_TASK_STATES],
             "jobs": json.dumps(jobs),
             "queued": JobState.QUEUED.value,
             "channel": CHANNEL,

@@ -35,3 +35,20 @@ def test_a_statement_commits_on_its_own_and_leaves_the_pool_as_it_was(pg_url):
             assert conn.execute(text("SELECT count(*) FROM probe")).scalar() == 1
     finally:
         db.engine.dispose()
+
+
+def test_names_become_sql_literals_and_nothing_else_does():
+    """The driver's statements name its states and strategies as literals (a Python list
+    bound as a parameter is dumped element by element at every execution)."""
+    from pipetune.model.states import ACTIVE_TASK_STATES, OUTSTANDING_JOB_STATES
+    from pipetune.service.db import sql_names
+    from pipetune.service.driver import COMMIT_BATCH_SQL, READ_TASK_SQL
+
+    assert sql_names(["running", "queued", "queued"]) == "'queued', 'running'"
+    assert sql_names(["analytical+xgb"]) == "'analytical+xgb'"
+    for bad in (["it's"], ["a', 'b"], [], ["Queued"]):
+        with pytest.raises(ValueError, match="plain names"):
+            sql_names(bad)
+    assert f"j.state IN ({sql_names(OUTSTANDING_JOB_STATES)})" in READ_TASK_SQL
+    assert f"state IN ({sql_names(ACTIVE_TASK_STATES)})" in COMMIT_BATCH_SQL
+    assert "{" not in READ_TASK_SQL
