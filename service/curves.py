@@ -26,6 +26,7 @@ from pipetune.model.family import family_for_op
 from pipetune.model.states import JobState
 from pipetune.model.trials import RunnerKind
 from pipetune.model.wire import TFLOPS, AggregatePoint, Curve, CurvePoint
+from pipetune.service.best_curve import best_latencies
 from pipetune.service.orm import JobRow, ReferenceOptimumRow, TaskRow, WorkloadRow
 
 
@@ -116,12 +117,12 @@ def aggregate(
     runners: set[str] = set()
     for name, workload_id, task_gpu, curve, runner in session.execute(query):
         optimum = best.get((workload_id, task_gpu))
-        if not curve or optimum is None:
+        latency = best_latencies(curve, max_k)
+        if not latency.size or optimum is None:
             continue
         kind = RunnerKind.of(runner)
         if kind is not None:
             runners.add(kind)
-        latency = np.array([np.inf if c is None else c for c in curve[:max_k]], dtype=float)
         groups[name][(workload_id, task_gpu)].append(optimum / latency)
     curves: dict[str, list[AggregatePoint]] = {}
     for name, by_workload in sorted(groups.items()):

@@ -71,6 +71,7 @@ from pipetune.model.states import (
 )
 from pipetune.model.trials import MeasureResult
 from pipetune.model.wire import TaskCreate
+from pipetune.service.best_curve import BestCurve
 from pipetune.service.db import Database, sql_names
 from pipetune.service.errors import ConflictError, InputError, NotFoundError
 from pipetune.service.metrics import Metrics
@@ -228,7 +229,7 @@ class _Live:
     predicted_us: np.ndarray  # the model's latency per space row
     sizes: list[int]  # the sizes of the batches it proposed: the task's batches 0..k-1
     observed: int  # batches it observed whole: 0..observed-1
-    curve: list[float | None] = field(default_factory=list)  # best so far, per observed trial
+    curve: BestCurve = field(default_factory=BestCurve)  # best so far, per observed trial
     # Trial -> the batch before whose proposal the session observed it, for the trials of
     # batches `observed` and later that it observed (a batch proposed early leaves some).
     seen: dict[int, int] = field(default_factory=dict)
@@ -247,7 +248,7 @@ class _Plan:
     first_trial: int
     batch: list[Any]  # the family's schedules
     predicted: list[float]
-    curve: list[float | None]
+    curve: dict[str, Any]  # the task row's (BestCurve.doc)
     live: _Live | None = None
     error: str | None = None
     # Trials whose results this plan saw out of turn, and the jobs it left late (jobs.seen_at).
@@ -257,7 +258,7 @@ class _Plan:
 
 # What _plan returns, instead of a plan, when asked not to adopt a task this replica is
 # behind on (compared by identity).
-BEHIND = _Plan(task_id=-1, version=-1, first_trial=-1, batch=[], predicted=[], curve=[])
+BEHIND = _Plan(task_id=-1, version=-1, first_trial=-1, batch=[], predicted=[], curve={})
 
 
 @dataclass(frozen=True)
@@ -328,21 +329,9 @@ def _observed(job: Any) -> MeasureResult | None:
     )
 
 
-def _extend_curve(
-    curve: list[float | None], results: list[MeasureResult | None]
-) -> list[float | None]:
-    best = curve[-1] if curve else None
-    out = list(curve)
-    for r in results:
-        if (
-            r is not None
-            and r.ok
-            and r.latency_us is not None
-            and (best is None or r.latency_us < best)
-        ):
-            best = r.latency_us
-        out.append(best)
-    return out
+def _ok_latency(result: MeasureResult | None) -> float | None:
+    """What a trial adds to the best-so-far curve: its latency where it succeeded."""
+    return result.latency_us if result is not None and result.ok else None
 
 
 def _by_batch(views: list[_JobView]) -> dict[int, list[_JobView]]:
@@ -580,7 +569,7 @@ class Driver:
                 trials_enqueued=enqueued,
                 trials_done=0,
                 trials_failed=0,
-                curve=[],
+                curve=BestCurve().doc(),
             )
             s.add(task)
             s.flush()
@@ -899,8 +888,8 @@ class Driver:
                 # Every batch is complete: observe the ones still pending, then finish.
                 rest = self._read_jobs(task_id, live.observed, task.version, fam)
                 self._observe(live, rest, task.version)
-                return _Plan(task_id, task.version, live.trials, [], [], list(live.curve))
-            plan = _Plan(task_id, task.version, live.trials, [], [], [], live=live)
+                return _Plan(task_id, task.version, live.trials, [], [], live.curve.doc())
+            plan = _Plan(task_id, task.version, live.trials, [], [], {}, live=live)
             # What is measured by now (of a task proposing ahead: its batches before the
             # newest), recorded as seen by this batch's proposal, where a replay observes it;
             # what is still measured is believed (tuner/bo.py).
@@ -919,8 +908,8 @@ class Driver:
                 self._observe(live, rest, task.version)
         except (SessionError, ValueError) as exc:
             log.exception("task %s cannot advance", task_id)
-            return _Plan(task_id, task.version, 0, [], [], [], error=_cannot(exc))
-        plan.curve = list(live.curve)
+            return _Plan(task_id, task.version, 0, [], [], {}, error=_cannot(exc))
+        plan.curve = live.curve.doc()
         return plan
 
     def _completed(
@@ -1021,7 +1010,7 @@ class Driver:
             missing = next(v.trial for v in new if v.result is None)
             raise SessionError(f"trial {missing} is not complete")
         live.session.observe([(v.schedule, v.result) for v in new])
-        live.curve = _extend_curve(live.curve, [v.result for v in new])
+        live.curve.extend(_ok_latency(v.result) for v in new)
         for v in new:
             live.seen[v.trial] = at
         # Batches observed whole leave `seen` (what later reads compare) for `observed`.

@@ -99,7 +99,7 @@ def _plan_of(client, task_id: int, batch: list, **fields) -> _Plan:
     """An advance's plan for the task as it stands: `batch` next, or `fields` (error=...)."""
     version, enqueued = _batch_of(client, task_id)
     predicted = [1.0] * len(batch)
-    return _Plan(task_id, version, enqueued, batch, predicted, curve=[], **fields)
+    return _Plan(task_id, version, enqueued, batch, predicted, curve={}, **fields)
 
 
 def _commit_while_a_result_holds_the_job(client, url: str, job: dict, plan: _Plan) -> None:

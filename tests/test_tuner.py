@@ -132,6 +132,45 @@ def test_rows_in_order_read_only_the_head_they_need():
             assert strategy.next_batch(n, exclude, []) == everything
 
 
+@pytest.mark.parametrize("strategy", ["grid", "random", "analytical"])
+def test_a_fixed_order_resumes_where_it_stopped(space, strategy):
+    """grid, random and analytical read their order from its start at every batch to skip
+    the rows proposed: O(trials) a batch. They now resume where they stopped, and propose
+    exactly the rows reading from the start gives: across a whole space, in batches of
+    several sizes, through an adopted batch (whose replaced rows come back first), and for a
+    caller that does not take what it was given."""
+    s = TuningSession(WORKLOAD, space.gpu, strategy, seed=5, budget=len(space), space=space)
+    order = s.strategy._order.tolist()
+    taken: set[int] = set()
+
+    def expected(n: int) -> list[int]:
+        return [r for r in order if r not in taken][:n]
+
+    sizes = itertools.cycle([8, 1, 3, 8, 13])
+    adopted = False
+    while s.remaining:
+        n = min(next(sizes), s.remaining)
+        want = expected(n)
+        batch = s.propose(n)
+        assert [space.index(p) for p in batch] == want
+        taken.update(want)
+        if not adopted and len(taken) > len(space) // 3 and len(batch) > 1:
+            # Another tuner version recorded other rows for this batch: the session's own
+            # picks are proposable again, and come before anything later in the order.
+            recorded_rows = [r for r in reversed(order) if r not in taken][: len(batch)]
+            s.adopt(batch, [space[r] for r in recorded_rows])
+            taken.difference_update(want)
+            taken.update(recorded_rows)
+            assert [space.index(p) for p in s.propose(len(want))] == want
+            taken.update(want)
+            adopted = True
+        # A caller that does not add the picks to exclude gets the same picks again.
+        if len(taken) < len(space):
+            again = s.strategy.next_batch(2, set(taken), [])
+            assert again == expected(2) == s.strategy.next_batch(2, set(taken), [])
+    assert adopted and len(taken) == len(space)
+
+
 def test_failures_count_against_the_budget(space):
     s = TuningSession(WORKLOAD, space.gpu, "analytical+xgb", seed=0, budget=10, space=space)
     proposed = s.propose(8)

@@ -33,7 +33,7 @@ from pipetune.model.wire import DEFAULT_STRATEGY, StrategyName
 from pipetune.tuner.bo import BayesianStrategy, PriorMean
 from pipetune.tuner.encoding import KnobEncoding
 from pipetune.tuner.sa import SimulatedAnnealing, codec_for
-from pipetune.tuner.strategy_base import Observation, Strategy
+from pipetune.tuner.strategy_base import FixedOrderStrategy, Observation, Strategy
 from pipetune.tuner.transfer import completed_by_model, fitted_to_record
 
 __all__ = [
@@ -47,33 +47,28 @@ __all__ = [
 ]
 
 
-class GridStrategy(Strategy):
+class GridStrategy(FixedOrderStrategy):
     name = "grid"
 
-    def next_batch(self, n, exclude, history):
-        return self._in_order(np.arange(len(self.space)), n, exclude)
+    def __init__(self, space, rng):
+        super().__init__(space, rng)
+        self._order = np.arange(len(space))
 
 
-class RandomStrategy(Strategy):
+class RandomStrategy(FixedOrderStrategy):
     name = "random"
 
     def __init__(self, space, rng):
         super().__init__(space, rng)
         self._order = rng.permutation(len(space))
 
-    def next_batch(self, n, exclude, history):
-        return self._in_order(self._order, n, exclude)
 
-
-class AnalyticalStrategy(Strategy):
+class AnalyticalStrategy(FixedOrderStrategy):
     name = "analytical"
 
     def __init__(self, space, rng):
         super().__init__(space, rng)
         self._order = family_of(space.workload).evaluate(space).order
-
-    def next_batch(self, n, exclude, history):
-        return self._in_order(self._order, n, exclude)
 
 
 class XGBStrategy(Strategy):

@@ -1,0 +1,68 @@
+"""A task's best-so-far curve as the task row stores it: the steps, not every trial.
+
+The aggregate view (`GET /v1/curves`, service/curves.py) reads one row per task, so each task
+keeps its curve (the best latency measured by each observed trial) on its row, and the
+driver rewrites it with each batch. Stored as a value per trial, a task of n trials wrote
+O(n) each batch: O(n^2) over the task, JSON encoded on the replica and rewritten by
+PostgreSQL (at 2,800 trials the curve was 17% of the proposer thread's samples, and an
+advance cost 1.9 ms on average against 1.3 at 320 trials; benchmarks/RESULTS.md, "a task's
+best-so-far curve by its steps"). The best changes a few dozen times in a task, so the steps
+are short:
+
+    {"n": 24, "steps": [[0, 31.5], [3, 12.25], [17, 11.0]]}
+
+n trials observed; from trial index i (0-based, in the order observed) the best is the
+step's latency, until the next step; before the first step no trial had succeeded. Rows
+written before this format hold the plain list (a latency or null per trial), which
+`best_latencies` reads too.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+
+@dataclass
+class BestCurve:
+    """The curve a session builds as it observes trials (best latency so far, in us)."""
+
+    n: int = 0
+    steps: list[tuple[int, float]] = field(default_factory=list)
+
+    @property
+    def best(self) -> float | None:
+        return self.steps[-1][1] if self.steps else None
+
+    def extend(self, latencies: Iterable[float | None]) -> None:
+        """Observe trials in order: each one's latency, None where it did not succeed."""
+        best = self.best
+        for latency in latencies:
+            if latency is not None and (best is None or latency < best):
+                best = latency
+                self.steps.append((self.n, latency))
+            self.n += 1
+
+    def doc(self) -> dict[str, Any]:
+        """What the task row stores (JSON)."""
+        return {"n": self.n, "steps": [[i, v] for i, v in self.steps]}
+
+
+def best_latencies(stored: Any, max_k: int) -> np.ndarray:
+    """The best latency after each of the first max_k trials of a stored curve (either
+    form), inf before the first success; none of a task that keeps no curve (an imported
+    dataset's: JSON null)."""
+    if stored is None:
+        return np.empty(0)
+    if isinstance(stored, dict):
+        n = min(int(stored["n"]), max_k)
+        out = np.full(n, np.inf)
+        steps = stored["steps"]
+        ends = [i for i, _ in steps[1:]] + [n]
+        for (start, latency), end in zip(steps, ends[: len(steps)], strict=True):
+            out[int(start) : int(end)] = float(latency)  # (slices past n are empty)
+        return out
+    return np.array([np.inf if c is None else c for c in stored[:max_k]], dtype=float)
