@@ -72,7 +72,7 @@ from pipetune.model.states import (
 from pipetune.model.trials import MeasureResult
 from pipetune.model.wire import TaskCreate
 from pipetune.service.best_curve import BestCurve
-from pipetune.service.db import Database, sql_names
+from pipetune.service.db import Database, json_param, sql_names
 from pipetune.service.errors import ConflictError, InputError, NotFoundError
 from pipetune.service.metrics import Metrics
 from pipetune.service.orm import JobRow, LeaseRow, TaskRow, WorkloadRow
@@ -1100,8 +1100,8 @@ class Driver:
             "task": plan.task_id,
             "version": plan.version,
             "enqueued": plan.first_trial + len(plan.batch),
-            "curve": json.dumps(plan.curve),
-            "jobs": json.dumps(jobs),
+            "curve": json_param(plan.curve),
+            "jobs": json_param(jobs),
             "queued": JobState.QUEUED.value,
             "channel": CHANNEL,
             "origin": self.wakeup.origin if self.wakeup is not None else "",

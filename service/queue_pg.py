@@ -21,11 +21,10 @@ Guarantees, and what gives them:
 from __future__ import annotations
 
 import datetime as dt
-import json
 from typing import Any
 
 from pipetune.model.states import JobState, TaskState
-from pipetune.service.db import Database
+from pipetune.service.db import Database, json_param
 from pipetune.service.queue_types import (
     Claimed,
     Held,
@@ -240,7 +239,7 @@ class PostgresQueueStore:
     def record(self, worker: WorkerRef | None, reports: list[Report]) -> list[Seen]:
         params = {
             **_STATES,
-            "reports": json.dumps([_report_row(i, r) for i, r in enumerate(reports)]),
+            "reports": json_param([_report_row(i, r) for i, r in enumerate(reports)]),
             # No worker matches 0: an unauthorised report is looked at, never applied.
             "worker": worker.id if worker is not None else 0,
             "worker_runner": worker.runner if worker is not None else None,

@@ -52,3 +52,25 @@ def test_names_become_sql_literals_and_nothing_else_does():
     assert f"j.state IN ({sql_names(OUTSTANDING_JOB_STATES)})" in READ_TASK_SQL
     assert f"state IN ({sql_names(ACTIVE_TASK_STATES)})" in COMMIT_BATCH_SQL
     assert "{" not in READ_TASK_SQL
+
+
+def test_json_parameters_carry_the_values_json_dumps_wrote():
+    """The statements' JSON parameters are written by pydantic-core's encoder now (json.dumps
+    took 136 us for eight reports of twenty samples): the same values, and the same words
+    for what PostgreSQL must refuse."""
+    import json
+    import math
+
+    from pipetune.service.db import json_param
+
+    values = [
+        {"i": 0, "samples_us": [0.1, 1 / 3, 5e-324, 1e300, -0.0], "error": "ptxas: é \u0000"},
+        {"schedule": {"chunk": 2, "smem_stages": 3}, "predicted_us": 12.345678901234567},
+        {"n": 3, "steps": [[0, 31.5], [2, 12.25]]},
+        None,
+    ]
+    for value in values:
+        assert json.loads(json_param(value)) == value
+    special = json.loads(json_param([math.nan, math.inf, -math.inf]))
+    assert math.isnan(special[0]) and special[1:] == [math.inf, -math.inf]
+    assert "\\u0000" in json_param("a\u0000b")  # escaped, as json.dumps did
