@@ -180,3 +180,9 @@ class MeasureResult(BaseModel):
     @property
     def ok(self) -> bool:
         return self.status == "ok"
+
+    @property
+    def ok_latency_us(self) -> float | None:
+        """The latency where the trial succeeded, else None: what a job row keeps, and what
+        a best-so-far curve counts."""
+        return self.latency_us if self.ok else None

@@ -329,11 +329,6 @@ def _observed(job: Any) -> MeasureResult | None:
     )
 
 
-def _ok_latency(result: MeasureResult | None) -> float | None:
-    """What a trial adds to the best-so-far curve: its latency where it succeeded."""
-    return result.latency_us if result is not None and result.ok else None
-
-
 def _by_batch(views: list[_JobView]) -> dict[int, list[_JobView]]:
     batches: dict[int, list[_JobView]] = defaultdict(list)
     for v in views:
@@ -1010,7 +1005,7 @@ class Driver:
             missing = next(v.trial for v in new if v.result is None)
             raise SessionError(f"trial {missing} is not complete")
         live.session.observe([(v.schedule, v.result) for v in new])
-        live.curve.extend(_ok_latency(v.result) for v in new)
+        live.curve.extend(v.result.ok_latency_us for v in new)  # (each complete: checked above)
         for v in new:
             live.seen[v.trial] = at
         # Batches observed whole leave `seen` (what later reads compare) for `observed`.

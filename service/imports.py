@@ -57,7 +57,7 @@ def _trial_keys(
     """What identifies an import's trials, as its job rows keep them: per trial, its
     schedule, status and latency (result_columns' latency: None unless it succeeded)."""
     return [
-        (i, s.id, r.status, r.latency_us if r.ok else None)
+        (i, s.id, r.status, r.ok_latency_us)
         for i, (s, r) in enumerate(zip(schedules, results, strict=True))
     ]
 

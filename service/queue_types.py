@@ -25,7 +25,7 @@ def result_columns(r: MeasureResult) -> dict[str, Any]:
     return {
         "state": (JobState.DONE if r.ok else JobState.FAILED).value,
         "status": r.status,
-        "latency_us": r.latency_us if r.ok else None,
+        "latency_us": r.ok_latency_us,
         "samples_us": list(r.samples_us),
         "spread": r.spread,
         "registers": r.registers,

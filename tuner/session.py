@@ -96,7 +96,7 @@ class TuningSession:
             raise SessionError("the recorded batch repeats a schedule already proposed")
         del self.pending[len(self.pending) - len(mine) :]
         self._proposed -= set(mine)
-        self.strategy.forget(set(mine) - distinct)
+        self.strategy.forget()
         self.pending.extend(rows)
         self._proposed.update(rows)
 

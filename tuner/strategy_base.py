@@ -27,7 +27,7 @@ class Strategy(ABC):
     def next_batch(self, n: int, exclude: set[int], history: list[Observation]) -> list[int]:
         """Up to n space rows not in exclude, in the order to measure them."""
 
-    def forget(self, rows: set[int]) -> None:
+    def forget(self) -> None:
         """Rows proposed before may be proposed again (TuningSession.adopt took a recorded
         batch in place of the one proposed): what a strategy assumed of `exclude` no longer
         holds. Most strategies read `exclude` afresh at every call and assume nothing."""
@@ -63,7 +63,7 @@ class FixedOrderStrategy(Strategy):
         self._head = 0  # the rows of _order before it were all in exclude...
         self._read_from = 0  # ...checked at the last call up to here, the rest then read
 
-    def forget(self, rows: set[int]) -> None:
+    def forget(self) -> None:
         self._head = self._read_from = 0
 
     def next_batch(self, n: int, exclude: set[int], history: list[Observation]) -> list[int]:
