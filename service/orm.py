@@ -119,7 +119,7 @@ class WorkerRow(Base):
     driver: Mapped[str | None] = mapped_column(String(64))
     clocks_mhz: Mapped[int | None] = mapped_column(Integer)
     # The one workload it answers (a replay worker's dataset), by hash: it leases only that
-    # workload's jobs. NULL: any job of its arch (and GPU).
+    # workload's jobs. NULL: any job of its GPU.
     workload_hash: Mapped[str | None] = mapped_column(String(32))
     # sha256 of the token the worker registered with: only that token may act for it.
     token_hash: Mapped[str] = mapped_column(String(64))

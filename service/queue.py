@@ -50,7 +50,6 @@ from pipetune.service.orm import JobRow, LeaseRow, TaskRow, WorkerRow, WorkloadR
 from pipetune.service.queue_pg import PostgresQueueStore
 from pipetune.service.queue_sqlite import SqliteQueueStore
 from pipetune.service.queue_types import (
-    GPU_BOUND_RUNNERS,
     QueueStore,
     Report,
     Seen,
@@ -61,7 +60,7 @@ from pipetune.service.settings import Settings
 from pipetune.service.views import worker_doc
 from pipetune.service.wakeup import Wakeup, notify_statement
 
-__all__ = ["GPU_BOUND_RUNNERS", "Queue", "Report", "WorkerRef", "check_storable"]
+__all__ = ["Queue", "Report", "WorkerRef", "check_storable"]
 
 RECLAIM_EVERY_S = 1.0
 # A worker's arch, GPU and token change only when it re-registers. The replica it re-registers

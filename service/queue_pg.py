@@ -39,10 +39,11 @@ _QUEUED, _LEASED = JobState.QUEUED.value, JobState.LEASED.value
 _RUNNING, _TASK_QUEUED = TaskState.RUNNING.value, TaskState.QUEUED.value
 
 
-def _claim_sql(gpu_bound: bool, one_task: bool, one_workload: bool) -> str:
+def _claim_sql(one_task: bool, one_workload: bool) -> str:
     """The lease statement: claim, lease audit rows and tasks started, in one."""
-    filters = "state = %(queued)s AND arch = %(arch)s"
-    filters += " AND gpu = %(gpu)s" if gpu_bound else ""
+    # A worker measures for its own GPU only (WorkerKind): an H100 and an H200 are both
+    # sm_90, and one's timings recorded as the other's would be wrong data.
+    filters = "state = %(queued)s AND arch = %(arch)s AND gpu = %(gpu)s"
     # A task for one runner kind: only its workers (a job of any runner: every worker).
     filters += " AND (only_runner IS NULL OR only_runner = %(runner)s)"
     filters += " AND task_id = %(task_id)s" if one_task else ""
@@ -72,12 +73,7 @@ FROM claimed ORDER BY id
 """
 
 
-CLAIM_SQL = {
-    (g, t, w): _claim_sql(g, t, w)
-    for g in (False, True)
-    for t in (False, True)
-    for w in (False, True)
-}
+CLAIM_SQL = {(t, w): _claim_sql(t, w) for t in (False, True) for w in (False, True)}
 
 # Each report is one element of a JSON array (one parameter, whatever the batch size).
 RECORD_SQL = """
@@ -221,7 +217,7 @@ class PostgresQueueStore:
         }
         with self.db.driver_statement() as cur:
             one_workload = worker.workload_hash is not None
-            cur.execute(CLAIM_SQL[worker.gpu_bound, task_id is not None, one_workload], params)
+            cur.execute(CLAIM_SQL[task_id is not None, one_workload], params)
             rows = cur.fetchall()
         return [
             Claimed(

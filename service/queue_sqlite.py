@@ -79,9 +79,11 @@ class SqliteQueueStore:
         self.db = db
 
     def _eligible(self, worker: WorkerRef, task_id: int | None) -> list:
-        conditions = [JOBS.c.state == JobState.QUEUED, JOBS.c.arch == worker.arch]
-        if worker.gpu_bound:
-            conditions.append(JOBS.c.gpu == worker.gpu)
+        conditions = [
+            JOBS.c.state == JobState.QUEUED,
+            JOBS.c.arch == worker.arch,
+            JOBS.c.gpu == worker.gpu,  # its own GPU's only (WorkerKind)
+        ]
         if task_id is not None:
             conditions.append(JOBS.c.task_id == task_id)
         # A task for one runner kind: only its workers (a job of any runner: every worker).

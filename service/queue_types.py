@@ -14,11 +14,6 @@ from pipetune.service.wakeup import WorkerKind
 # The leases a heartbeat names, as (job id, lease token) pairs; None: all of the worker's.
 Held = list[tuple[int, str]] | None
 
-# Runners that answer for one named GPU (a model or a recorded dataset of it) get only that
-# GPU's jobs; a real GPU (cupy) takes any job compiled for its architecture.
-GPU_BOUND_RUNNERS = (RunnerKind.SIMULATED, RunnerKind.REPLAY)
-
-
 def result_columns(r: MeasureResult) -> dict[str, Any]:
     """A measurement as the columns of its job row (its final state included): the one
     mapping every writer of results uses (both queue stores, imported datasets)."""
@@ -49,10 +44,6 @@ class WorkerRef:
     workload_hash: str | None = None
 
     @property
-    def gpu_bound(self) -> bool:
-        return self.runner in GPU_BOUND_RUNNERS
-
-    @property
     def runner_kind(self) -> str | None:
         """Its runner's kind, as a task's only_runner names it (a plain string: a driver may
         write an enum member by its name)."""
@@ -62,8 +53,7 @@ class WorkerRef:
     @property
     def kind(self) -> WorkerKind:
         """Which jobs it may take (what wakes its waiting lease requests)."""
-        gpu = self.gpu if self.gpu_bound else None
-        return WorkerKind(self.arch, gpu, self.workload_hash, self.runner_kind)
+        return WorkerKind(self.arch, self.gpu, self.workload_hash, self.runner_kind)
 
 
 @dataclass(frozen=True)

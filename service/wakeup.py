@@ -51,10 +51,11 @@ LISTEN_TICK_S = 0.5  # how often the listener looks whether it should stop
 
 @dataclass(frozen=True)
 class WorkerKind:
-    """Which jobs a worker may take: its arch, and its GPU when bound to one."""
+    """Which jobs a worker may take: its arch and its GPU's. Not any GPU of the arch: an H100
+    and an H200 are both sm_90, and one's timings recorded as the other's are wrong data."""
 
     arch: str
-    gpu: str | None  # None: any job of the arch (a real GPU)
+    gpu: str
     # One workload's jobs only (a replay worker), and its runner kind (a task may be for one
     # runner). Signals name the runner their jobs are for, not the workload: a bound worker
     # is woken by any job of its arch, GPU and runner, and its claim finds whether one is
@@ -68,7 +69,7 @@ class WorkerKind:
         nothing, and the GPU worker waited for the fallback poll (5 s a batch)."""
         return (
             arch == self.arch
-            and (self.gpu is None or gpu == self.gpu)
+            and gpu == self.gpu
             and (runner is None or runner == self.runner)
         )
 

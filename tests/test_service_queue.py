@@ -38,22 +38,27 @@ def _task_on(client, gpu: str, budget: int = 4) -> int:
     return response.json()["id"]
 
 
-def test_jobs_go_only_to_workers_of_the_task_gpus_arch(client):
+def test_jobs_go_only_to_workers_of_the_task_gpu(client):
     tasks = {gpu: _task_on(client, gpu) for gpu in ("a100", "h100", "h200")}
     sim_a100 = register(client, "sim-a100", "a100")
     sim_h100 = register(client, "sim-h100", "h100")
-    cupy_h200 = register(client, "cupy-hopper", "h200", runner="cupy")
+    cupy_h100 = register(client, "cupy-h100", "h100", runner="cupy")
+    cupy_h200 = register(client, "cupy-h200", "h200", runner="cupy")
 
     got_a100 = lease(client, sim_a100, max_jobs=64)
     assert {j["task_id"] for j in got_a100} == {tasks["a100"]} and len(got_a100) == 4
     assert all(j["gpu"] == "a100" for j in got_a100)
-    got_h100 = lease(client, sim_h100, max_jobs=64)
-    # A simulated worker stands in for one GPU: no h200 jobs although the arch is the same.
-    assert {j["task_id"] for j in got_h100} == {tasks["h100"]}
-    got_cupy = lease(client, cupy_h200, max_jobs=64)
-    # A real GPU takes any job of its arch: what is left is h200's.
-    assert {j["task_id"] for j in got_cupy} == {tasks["h200"]}
+    # A real H200 leases first: an H100's jobs are not its own although the arch (sm_90) is
+    # the same. (It took them once, and its timings were recorded as the H100's.)
+    got_h200 = lease(client, cupy_h200, max_jobs=64)
+    assert {j["task_id"] for j in got_h200} == {tasks["h200"]} and len(got_h200) == 4
+    got_h100 = lease(client, cupy_h100, max_jobs=1)
+    assert [j["task_id"] for j in got_h100] == [tasks["h100"]]
+    # A simulated worker stands in for its GPU the same way.
+    got_sim = lease(client, sim_h100, max_jobs=64)
+    assert {j["task_id"] for j in got_sim} == {tasks["h100"]} and len(got_sim) == 3
     assert lease(client, sim_a100, max_jobs=64) == []
+    assert lease(client, cupy_h200, max_jobs=64) == []
     first = got_a100[0]
     assert first["workload"]["op"] == "gemm" and set(first["schedule"]) >= {"chunk"}
     assert first["lease_token"] and first["lease_expires_at"]

@@ -44,9 +44,11 @@ def test_a_signal_for_one_runners_jobs_wakes_that_runners_workers_only():
     from pipetune.service.wakeup import WorkerKind
 
     simulated = WorkerKind("sm_90", "h100", None, "simulated")
-    gpu = WorkerKind("sm_90", None, None, "cupy")
+    gpu = WorkerKind("sm_90", "h100", None, "cupy")
     assert gpu.takes("sm_90", "h100", "cupy") and not simulated.takes("sm_90", "h100", "cupy")
     assert gpu.takes("sm_90", "h100") and simulated.takes("sm_90", "h100")
+    # Not another GPU's jobs, although the arch is the same.
+    assert not gpu.takes("sm_90", "h200", "cupy") and not simulated.takes("sm_90", "h200")
 
     async def woken(message: str) -> list[bool]:
         here, there = Wakeup(shared=True), Wakeup(shared=True)
