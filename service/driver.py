@@ -582,11 +582,14 @@ class Driver:
         """The body with prior_gpu resolved to the task it names (recorded as prior_task:
         a replay must read the same prior whatever was tuned on that GPU since)."""
         assert body.prior_gpu is not None
-        try:
-            with self.db.read_conn() as conn:
-                task = prior_task_on(conn, body.workload.workload_hash, body.prior_gpu, body.gpu)
-        except PriorError as exc:
-            raise InputError([*where, "prior_gpu"], str(exc)) from None
+        prior_gpu = body.prior_gpu
+
+        def find(conn: Connection, workload: Any, gpu: str) -> int:
+            return prior_task_on(conn, workload.workload_hash, prior_gpu, gpu)
+
+        # Through _read_prior, which refuses a strategy that takes no prior first: the 422
+        # named `prior_gpu` or `strategy` by whether the other GPU had a task.
+        task = self._read_prior(body, where, "prior_gpu", find)
         return body.model_copy(update={"prior_task": task, "prior_gpu": None})
 
     def _learned_from(self, body: TaskCreate, where: tuple[str, ...]) -> tuple[int, ...]:

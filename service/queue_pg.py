@@ -165,7 +165,8 @@ WITH beat AS (
     SELECT id FROM jobs
     WHERE lease_owner = %(worker)s AND state = %(leased)s
         AND lease_expires_at >= statement_timestamp()
-        AND (%(all)s OR (id = ANY(%(ids)s::int[]) AND lease_token = ANY(%(tokens)s::text[])))
+        AND (%(all)s OR (id, lease_token) IN (
+            SELECT * FROM unnest(%(ids)s::int[], %(tokens)s::text[])))
     ORDER BY id FOR UPDATE SKIP LOCKED
 ), extended AS (
     UPDATE jobs SET lease_expires_at = statement_timestamp() + make_interval(secs => %(ttl)s)

@@ -13,7 +13,7 @@ import datetime as dt
 from collections import defaultdict
 from dataclasses import replace
 
-from sqlalchemy import bindparam, case, insert, literal, or_, select, update
+from sqlalchemy import bindparam, case, insert, literal, or_, select, tuple_, update
 
 from pipetune.model.states import JobState, TaskState
 from pipetune.service.db import Database
@@ -291,11 +291,9 @@ class SqliteQueueStore:
             JOBS.c.state == JobState.LEASED,
             JOBS.c.lease_expires_at >= now,
         ]
-        if held is not None:  # only the leases the worker says it holds
-            live += [
-                JOBS.c.id.in_([job_id for job_id, _ in held]),
-                JOBS.c.lease_token.in_([token for _, token in held]),
-            ]
+        if held is not None:  # only the leases the worker says it holds, as pairs: an id
+            # and a token that the worker holds apart are not a lease it holds
+            live.append(tuple_(JOBS.c.id, JOBS.c.lease_token).in_(list(held)))
         with self.db.write_conn() as conn:
             conn.execute(
                 update(WORKERS)

@@ -14,6 +14,7 @@ from pipetune.service.wakeup import WorkerKind
 # The leases a heartbeat names, as (job id, lease token) pairs; None: all of the worker's.
 Held = list[tuple[int, str]] | None
 
+
 def result_columns(r: MeasureResult) -> dict[str, Any]:
     """A measurement as the columns of its job row (its final state included): the one
     mapping every writer of results uses (both queue stores, imported datasets)."""

@@ -67,11 +67,7 @@ class WorkerKind:
         """Whether jobs of (arch, gpu) for `runner` (None: any runner) may be this kind's.
         The runner counts: a cupy-only task's signal woke simulated workers, which found
         nothing, and the GPU worker waited for the fallback poll (5 s a batch)."""
-        return (
-            arch == self.arch
-            and gpu == self.gpu
-            and (runner is None or runner == self.runner)
-        )
+        return arch == self.arch and gpu == self.gpu and (runner is None or runner == self.runner)
 
 
 class Wakeup:

@@ -455,6 +455,9 @@ def test_health_metrics_and_openapi(client):
     health = client.get("/healthz").json()
     assert health["status"] == "ok" and health["schema_revision"]
     assert health["database"] in ("sqlite", "postgresql")
+    # A load balancer's HEAD check: the same answer without a body.
+    head = client.head("/healthz")
+    assert head.status_code == 200 and head.content == b""
     worker = register(client)
     create_task(client, budget=4, strategy="grid")
     jobs = lease(client, worker, max_jobs=4)

@@ -67,6 +67,26 @@ def test_a_heartbeat_extends_only_the_leases_it_lists(client):
     assert _expiries(client, [kept]) == before
 
 
+def test_a_heartbeat_matches_each_job_with_its_own_token(client):
+    """A job and a token the worker holds apart are not a lease it holds: the pairs were
+    matched as any listed job with any listed token, so crossed pairs extended both."""
+    create_task(client, budget=4, strategy="grid")
+    worker = register(client)
+    (first,) = lease(client, worker, max_jobs=1)
+    (second,) = lease(client, worker, max_jobs=1)  # another request: another token
+    assert first["lease_token"] != second["lease_token"]
+    _age(client, [first, second], 60)
+    aged = _expiries(client, [first, second])
+    crossed = [
+        {**first, "lease_token": second["lease_token"]},
+        {**second, "lease_token": first["lease_token"]},
+    ]
+    _beat(client, worker, crossed)
+    assert _expiries(client, [first, second]) == aged
+    _beat(client, worker, [first, second])
+    assert all(a > b for a, b in zip(_expiries(client, [first, second]), aged, strict=True))
+
+
 def test_a_heartbeat_that_lists_nothing_extends_nothing_and_one_without_the_field_all(client):
     create_task(client, budget=4, strategy="grid")
     worker = register(client)

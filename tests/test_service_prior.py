@@ -188,3 +188,17 @@ def test_a_prior_gpu_that_cannot_give_a_prior_is_a_422(client, change, reason):
     response = client.post("/v1/tasks", json=body)
     assert response.status_code == 422, response.text
     assert response.json()["field"] == "prior_gpu" and reason in response.json()["reason"]
+
+
+@pytest.mark.parametrize("finished_there", [False, True], ids=["none there", "one there"])
+def test_a_strategy_without_a_prior_is_named_whatever_the_prior_gpu_has(client, finished_there):
+    """The 422 names `strategy` for a strategy that takes no prior, before the other GPU is
+    looked at: it named `prior_gpu` while the GPU had no finished task, then `strategy` once
+    it had one, so a client that fixed the first got a second 422."""
+    if finished_there:
+        _finished_prior(client)
+    body = {"workload": GEMM, "gpu": "h100", "budget": 8, "strategy": "grid", "prior_gpu": "a100"}
+    response = client.post("/v1/tasks", json=body)
+    assert response.status_code == 422, response.text
+    assert response.json()["field"] == "strategy", response.text
+    assert "takes no prior" in response.json()["reason"]

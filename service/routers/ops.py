@@ -14,6 +14,8 @@ from pipetune.service.routers.bounded_json import BoundedJsonRoute
 router = APIRouter(route_class=BoundedJsonRoute, tags=["operations"])
 
 
+# HEAD too: load balancers' health checks often send it, and a 405 marked the service down.
+@router.head("/healthz", include_in_schema=False)
 @router.get("/healthz", response_model=Health)
 def healthz(service: ServiceDep) -> Health:
     with service.db.read() as s:
