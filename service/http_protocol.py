@@ -50,6 +50,7 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self._head_bytes = 0
+        self._head_tail = b""  # the last bytes of the head read so far
         self._reading_head = True  # no request head complete since the last request
         self._request_open = True  # a request (or the first one) is still arriving
         self._read_timer: asyncio.TimerHandle | None = None
@@ -85,7 +86,7 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
         if self._refused:
             return  # the rest of a refused head, read and dropped until the close
         if self._reading_head:
-            self._head_bytes += len(data)
+            self._head_bytes += self._head_part(data)
             if self._head_bytes > MAX_HEAD_BYTES:
                 self._refuse()
                 return
@@ -93,6 +94,19 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
             self._request_open = True
         self._arm()
         super().data_received(data)
+
+    def _head_part(self, data: bytes) -> int:
+        """How many bytes of `data` belong to the head being read: up to the blank line that
+        ends it. A body's first bytes often come in the same read as the head; counted as
+        head, they got ordinary bodies of 70 KB a 431."""
+        seen = self._head_tail + data
+        ends = [i + 4 for i in (seen.find(b"\r\n\r\n"),) if i >= 0]
+        ends += [i + 2 for i in (seen.find(b"\n\n"),) if i >= 0]  # (lenient line ends)
+        if not ends:
+            self._head_tail = seen[-3:]  # a blank line may span two reads
+            return len(data)
+        self._head_tail = b""
+        return max(0, min(ends) - (len(seen) - len(data)))
 
     def _refuse(self) -> None:
         """431, then a lingering close: the answer and an end of stream now, and what the
@@ -117,6 +131,7 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
         self._request_open = False
         self._reading_head = True
         self._head_bytes = 0
+        self._head_tail = b""
         self._disarm()
         super().on_message_complete()
 

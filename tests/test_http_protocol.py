@@ -69,6 +69,34 @@ def test_a_head_past_the_limit_is_refused_with_431(service):
     assert _healthy(service.url) < 2.0
 
 
+@pytest.mark.parametrize("body_kib", [70, 200])
+def test_a_body_that_arrives_with_its_head_is_not_counted_as_head(service, body_kib):
+    """A body's first bytes in the same read as its head were counted as head: batches of
+    results of 70-500 KB (under the 1 MB body limit) were answered 431, and the worker
+    dropped them. Head and body go in one send here, and again on the same connection."""
+    doc = b'{"workload": {"op": "gemm", "m": 256, "n": 256, "k": 256}, "gpu": "h100"}'
+    body = doc + b" " * (body_kib * 1024 - len(doc))  # JSON's whitespace: a large valid body
+    head = (
+        b"POST /v1/schedules HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        b"Content-Length: " + str(len(body)).encode() + b"\r\n\r\n"
+    )
+    sock = _connect(service.url)
+    try:
+        for _ in range(2):
+            sock.sendall(head + body)
+            answer = b""
+            while b"\r\n\r\n" not in answer:
+                answer += sock.recv(65536)
+            status = answer.split(b"\r\n", 1)[0]
+            assert status == b"HTTP/1.1 200 OK", answer[:300]
+            length = int(answer.lower().split(b"content-length: ", 1)[1].split(b"\r\n", 1)[0])
+            rest = answer.split(b"\r\n\r\n", 1)[1]
+            while len(rest) < length:
+                rest += sock.recv(65536)
+    finally:
+        sock.close()
+
+
 @pytest.mark.parametrize(
     "sent",
     [b"", b"GET /healthz HTTP/1.1\r\nHost: x\r\n", b"POST /v1/tasks HTTP/1.1\r\n"
@@ -128,3 +156,17 @@ def test_serve_on_a_reachable_address_without_api_keys_warns(tmp_path: Path, hos
     finally:
         svc.stop()
     assert ("warning: no API keys" in log) == warned, log
+
+
+def test_the_head_is_counted_to_its_blank_line_even_across_reads():
+    from types import SimpleNamespace
+
+    from pipetune.service.http_protocol import GuardedHttpToolsProtocol
+
+    count = GuardedHttpToolsProtocol._head_part
+    conn = SimpleNamespace(_head_tail=b"")
+    first = b"POST /v1/tasks HTTP/1.1\r\nHost: x\r"
+    assert count(conn, first) == len(first)  # no blank line yet: all of it is head
+    assert count(conn, b"\n\r\n" + b"B" * 1000) == 3  # the blank line's end, then body
+    conn = SimpleNamespace(_head_tail=b"")
+    assert count(conn, b"GET / HTTP/1.1\nHost: x\n\nBODY") == 24  # lenient line ends

@@ -135,6 +135,21 @@ def test_a_result_refused_as_invalid_is_sent_again_alone():
     assert api.singles == [1, 2, 3] and worker._busy == 0
 
 
+@pytest.mark.parametrize("status", [413, 431])
+def test_a_batch_refused_for_its_size_is_sent_one_result_a_request(status):
+    """A 413 or 431 is about the request, not the results: they were all counted refused and
+    dropped (measured again once their leases expired). The next batch goes whole again."""
+    api = FakeApi(ApiError(status, "too large"))
+    worker, log = _worker(api)
+    _report(worker, [_job(i) for i in range(1, 4)])
+    assert api.singles == [1, 2, 3] and worker.counts["accepted"] == 3
+    assert worker.counts["refused"] == 0 and worker._busy == 0
+    assert "report_too_large" in log.getvalue()
+    api.batch_error = None
+    _report(worker, [_job(i) for i in range(4, 6)])
+    assert api.batches == [[4, 5]] and api.singles == [1, 2, 3]
+
+
 def test_a_refused_result_in_a_batch_is_counted_refused():
     api = FakeApi()
     worker, log = _worker(api)

@@ -73,6 +73,9 @@ MAX_REREGISTER = 3
 LEASE_AHEAD_S = 30.0
 REPORT_BATCH = 64  # results in one report at most
 EXIT_UNREPORTED = 3  # the exit status of a worker that stopped with results it could not report
+# Answers about a request's size (the body; the head): a batch refused so is sent again one
+# result a request, not dropped as refused.
+REQUEST_TOO_LARGE = (413, 431)
 
 
 class WorkerError(PipetuneError):
@@ -551,6 +554,15 @@ class Worker:
                     self._leases_in_reports = False
                     self.log.info("report_leases_unsupported", msg="leasing by lease requests")
                     return self._report_all(api, items, batched)
+                if exc.status_code in REQUEST_TOO_LARGE:
+                    # The request's size, not a judgement of the results (a proxy's body
+                    # limit, long compile logs): these ones a request, the next batch again.
+                    self.log.warning(
+                        "report_too_large", jobs=len(items), status=exc.status_code,
+                        msg="reporting these results one a request",
+                    )  # fmt: skip
+                    self._report_each(api, items)
+                    return True
                 if exc.status_code != 422:
                     for job, _ in items:
                         self._count("refused")
@@ -558,13 +570,16 @@ class Worker:
                             "report_refused", job=job.job_id, status=exc.status_code, msg=exc.reason
                         )
                     return True
+        self._report_each(api, items)
+        return batched
+
+    def _report_each(self, api: WorkerApi, items: list[tuple[JobLease, MeasureResult]]) -> None:
         for job, result in items:
             try:
                 self._report(api, job, result)
             except Exception as exc:  # one bad answer must not stop the reporting
                 self._count("unreported")
                 self.log.error("report_failed", job=job.job_id, msg=f"{type(exc).__name__}: {exc}")
-        return batched
 
     def _report_batch(self, api: WorkerApi, items: list[tuple[JobLease, MeasureResult]]) -> None:
         assert self.worker_id is not None
