@@ -193,3 +193,28 @@ def test_an_export_names_the_gpus_its_workers_registered(db_url, tmp_path):
     assert result.exit_code == 0, result.output
     meta = load_dataset(out).metadata["pipetune"]
     assert meta["device_name"] == "NVIDIA H100 80GB HBM3"
+
+
+def test_a_measured_schedule_outside_todays_rules_is_still_the_users_kernel(tmp_path: Path):
+    """A measured best ran, whatever the rules say now: `pipetune export` wrote its kernel,
+    while `pipetune.kernel()` refused the same schedule as outside the GPU's space."""
+    import pipetune
+    from pipetune.model.family import family_of
+    from pipetune.model.trials import MeasureResult
+    from pipetune.workers.datasets import dataset_from_results
+
+    workload, a100 = gemm(1024, 64, 2048), get_gpu("a100")
+    fam = family_of(workload)
+    # A schedule of the H100's space (more shared memory) that the A100's rules refuse.
+    outside = next(
+        s
+        for s in fam.enumerate(workload, get_gpu("h100"))
+        if fam.schedule_problems(s, workload, a100)
+    )
+    result = MeasureResult(status="ok", latency_us=5.0, samples_us=[5.0], runner="cupy")
+    path = tmp_path / "outside.t4.json.gz"
+    write_t4(dataset_from_results(workload, a100, [outside], [result], runner="cupy"), path)
+    db = f"sqlite:///{tmp_path / 'measured.db'}"
+    _import(path, db)
+    kernel = pipetune.kernel(workload, "a100", db=db)
+    assert kernel.origin == "measured" and kernel.schedule.id == outside.id
