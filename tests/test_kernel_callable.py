@@ -564,6 +564,38 @@ def test_a_two_pass_split_runs_both_launches_on_one_zeroed_workspace(launches, m
     assert launches[-1]["pointers"][4] == allocs[1]["memory"].ctypes.data
 
 
+def test_a_kernel_keeps_a_bounded_number_of_workspaces(launches, monkeypatch):
+    """A caller that makes a stream for each call kept one workspace per stream for the
+    kernel's life; the least recently used beyond WORKSPACE_CACHE are let go."""
+    from pipetune.clients.library.kernel import WORKSPACE_CACHE
+
+    k = pipetune.kernel(SOFTMAX, "h100", schedule=TWO_PASS)
+    x, y = arrays(SOFTMAX, schedule=TWO_PASS)
+    stream = iter(range(1, 1000))
+    monkeypatch.setattr(
+        "pipetune.clients.library.frameworks.current_stream", lambda array, device: next(stream)
+    )
+    for _ in range(WORKSPACE_CACHE + 10):
+        k(x, y)
+    assert len(k._workspaces) == WORKSPACE_CACHE
+    kept = {key[1] for key in k._workspaces}
+    assert kept == set(range(11, WORKSPACE_CACHE + 11))  # the newest streams'
+
+
+def test_an_output_that_shares_memory_with_an_input_is_refused(launches):
+    """An in-place call was accepted, and could only be wrong: a GEMM's blocks read A while
+    others write C, a split row's second pass reads x after the first wrote y."""
+    k = pipetune.kernel(FC, "h100", schedule=S)
+    a, b, _ = arrays(FC)
+    over_a = StandIn(a.host.reshape(-1)[: 1024 * 64].reshape(1024, 64))  # C inside A's memory
+    _refused(k, [a, b, over_a], "C", "shares memory with A")
+    s = pipetune.kernel(SOFTMAX, "h100", schedule=TWO_PASS)
+    x, y = arrays(SOFTMAX, schedule=TWO_PASS)
+    _refused(s, [x, x], "y", "shares memory with x: the kernel does not run in place")
+    assert launches == []
+    assert s(x, y) is y  # separate arrays run
+
+
 def test_a_fused_split_is_sized_again_from_the_drivers_occupancy(launches):
     k = pipetune.kernel(LAYERNORM, "h100", schedule=FUSED)
     assert k.grid_depends_on_occupancy and len(k.launches) == 1 and k.workspace

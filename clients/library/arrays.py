@@ -14,9 +14,12 @@ DLPack protocol's rule for a capsule nobody took), and the array keeps owning it
 from __future__ import annotations
 
 import ctypes
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
+
+import numpy as np
 
 from pipetune.workers.launch_plan import LaunchPlan
 
@@ -76,6 +79,10 @@ class Operand:
     shape: tuple[int, ...]
     dtype: str = DTYPE
     output: bool = False
+
+    @property
+    def nbytes(self) -> int:
+        return math.prod(self.shape) * np.dtype(self.dtype).itemsize
 
     @property
     def strides(self) -> tuple[int, ...]:
@@ -237,6 +244,23 @@ _capsule_is_valid = ctypes.PYFUNCTYPE(ctypes.c_int, ctypes.py_object, ctypes.c_c
 _capsule_pointer = ctypes.PYFUNCTYPE(ctypes.c_void_p, ctypes.py_object, ctypes.c_char_p)(
     ("PyCapsule_GetPointer", ctypes.pythonapi)
 )
+
+
+def check_separate_outputs(specs: Sequence[Operand], addresses: dict[str, int]) -> None:
+    """No output may share memory with another argument: a kernel's blocks read their inputs
+    while others have written outputs (a GEMM's C over its A; a split row's second pass
+    reading x): an in-place call could only give wrong results, and silently."""
+    spans = {s.name: (addresses[s.name], addresses[s.name] + s.nbytes) for s in specs}
+    for out in (s for s in specs if s.output):
+        start, end = spans[out.name]
+        for other in specs:
+            other_start, other_end = spans[other.name]
+            if other is not out and start < other_end and other_start < end:
+                raise ArgumentError(
+                    out.name,
+                    f"shares memory with {other.name}: the kernel does not run in place; pass "
+                    f"a separate output (or none: one is allocated)",
+                )
 
 
 def data_pointer(name: str, array: Any, info: ArrayInfo, stream: int | None = None) -> int:

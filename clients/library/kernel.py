@@ -30,6 +30,7 @@ from pipetune.clients.library.arrays import (
     ArrayInfo,
     Operand,
     check_arguments,
+    check_separate_outputs,
     data_pointer,
     operands,
 )
@@ -57,6 +58,7 @@ from pipetune.workers.runners.kernel_runner import model_view
 # The uploaded tensor maps a kernel object keeps (each encodes one operand address): enough
 # for a caller cycling through a few sets of arrays, bounded for one passing fresh ones.
 TENSOR_MAP_CACHE = 64
+WORKSPACE_CACHE = 16  # (device, stream, workspace) kept per kernel
 
 
 class TunedKernel:
@@ -296,9 +298,15 @@ class TunedKernel:
         addresses: dict[str, int] = {}
         for ws in plan.of_role("workspace"):
             key = (device, stream, ws.name, ws.nbytes)
-            if key not in self._workspaces:
-                self._workspaces[key] = cuda_launch.allocate_zeroed(device, ws.nbytes, stream)
-            addresses[ws.name] = self._workspaces[key].address
+            memory = self._workspaces.pop(key, None)
+            if memory is None:
+                memory = cuda_launch.allocate_zeroed(device, ws.nbytes, stream)
+            self._workspaces[key] = memory  # (re)inserted last: the most recently used
+            addresses[ws.name] = memory.address
+        # A caller that makes a stream for each call would otherwise keep a workspace per
+        # stream for the kernel's life: the least recently used are freed.
+        while len(self._workspaces) > WORKSPACE_CACHE:
+            del self._workspaces[next(iter(self._workspaces))]
         return addresses
 
     def _tensor_map_addresses(
@@ -342,6 +350,7 @@ class TunedKernel:
             op.name: data_pointer(op.name, array, info, exchange)
             for op, array, info in zip(self.operands, arrays, infos, strict=True)
         }
+        check_separate_outputs(self.operands, addresses)
         functions = self._loaded(device)
         plan = self._device_plan(device, functions)
         addresses |= self._workspace_addresses(device, stream, plan)
