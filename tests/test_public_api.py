@@ -334,6 +334,22 @@ def test_the_local_store_answers_as_the_service_would(home: Path):
             with pytest.raises(LocalInputError, match=next(iter(bad))):
                 store.tasks(**bad)  # (each read every task)
         assert len(store.tasks(limit=1)) == 1
+        # Ids past the service's bound: the database's OverflowError (SQLite) or DataError
+        # with its statement (PostgreSQL) came through, exit 1 from the CLI.
+        too_large = 2**31
+        with pytest.raises(LocalInputError, match=r"offset: must be within 0\.\.2147483647"):
+            store.tasks(offset=10**20)
+        refused = r"task_id: must be within 1\.\.2147483647"
+        for read in (store.task, store.curve, store.all_trials):
+            for task_id in (0, too_large, 10**20):
+                with pytest.raises(LocalInputError, match=refused):
+                    read(task_id)
+    for command in (["curve", "99999999999999999999"], ["tasks", "--offset", str(10**20)]):
+        result = cli.invoke(app, command)
+        assert result.exit_code == 2 and "must be within" in result.output, result.output
+    export = ["export", "--task", str(too_large), "--format", "t4", "--out", "x.t4.json"]
+    result = cli.invoke(app, export)
+    assert result.exit_code == 2 and "task_id: must be within" in result.output, result.output
 
 
 def test_an_interrupted_tuning_cancels_its_task(home: Path):

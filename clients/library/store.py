@@ -25,6 +25,7 @@ from pipetune.model.family import family_of, generator_revision_of
 from pipetune.model.hardware import get_gpu
 from pipetune.model.states import TaskState
 from pipetune.model.wire import (
+    ID_MAX,
     MAX_BUDGET,
     MAX_TASK_PAGE,
     TASK_PAGE,
@@ -54,6 +55,13 @@ class LocalNotFoundError(LocalDatabaseError):
 
 class LocalInputError(PipetuneError, ValueError):
     """An argument the service would have refused with a 422 (e.g. an unknown task state)."""
+
+
+def _check_task_id(task_id: int) -> None:
+    """The service's bound on an id (a 422 there): past it, the database's driver raised
+    an OverflowError (SQLite) or a DataError with the statement (PostgreSQL)."""
+    if not 1 <= task_id <= ID_MAX:
+        raise LocalInputError(f"task_id: must be within 1..{ID_MAX}, got {task_id}")
 
 
 def database_url(db: str | None = None) -> str:
@@ -146,6 +154,7 @@ class LocalStore:
         return schedule_response(workload, gpu, job, learned, failed)
 
     def task(self, task_id: int) -> TaskDoc:
+        _check_task_id(task_id)
         database = self._database()
         doc = None
         if database is not None:
@@ -164,8 +173,8 @@ class LocalStore:
         # The service's bounds (GET /v1/tasks answers a 422); 0 and -1 read every task.
         if limit is not None and not 1 <= limit <= MAX_TASK_PAGE:
             raise LocalInputError(f"limit: must be within 1..{MAX_TASK_PAGE}, got {limit}")
-        if offset is not None and offset < 0:
-            raise LocalInputError(f"offset: must be at least 0, got {offset}")
+        if offset is not None and not 0 <= offset <= ID_MAX:
+            raise LocalInputError(f"offset: must be within 0..{ID_MAX}, got {offset}")
         database = self._database()
         if database is None:
             return []
@@ -183,6 +192,7 @@ class LocalStore:
 
     def curve(self, task_id: int) -> Curve:
         """Best-so-far latency and throughput after each final trial of the task."""
+        _check_task_id(task_id)
         database = self._database()
         if database is not None:
             with database.read() as s:
