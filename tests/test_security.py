@@ -246,3 +246,20 @@ def test_serve_says_whether_its_worker_token_is_new_or_kept(tmp_path: Path):
     assert first.startswith(f"worker token: generated, in {path}")
     assert again.startswith(f"worker token: kept from an earlier start, in {path}")
     assert token not in first + again
+
+
+def test_serve_without_a_writable_data_directory_for_its_token_is_one_line_and_exit_2(
+    tmp_path: Path,
+):
+    """An OSError (a read-only data directory) came through as exit 1."""
+    from typer.testing import CliRunner
+
+    from pipetune.clients.cli.main import app
+
+    (tmp_path / "pipetune").write_text("a file where the data directory would be")
+    env = {"XDG_DATA_HOME": str(tmp_path), "PIPETUNE_WORKER_TOKENS": ""}
+    command = ["serve", "--db", f"sqlite:///{tmp_path / 'serve.db'}", "--port", "0"]
+    result = CliRunner().invoke(app, command, env=env)
+    assert result.exit_code == 2, result.output
+    assert "cannot keep a generated worker token in" in result.output
+    assert "PIPETUNE_WORKER_TOKENS" in result.output and "Traceback" not in result.output

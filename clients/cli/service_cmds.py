@@ -229,14 +229,22 @@ def serve(
     # The schema before the token: a serve refused for its database wrote the secret file.
     _check_schema(settings.database_url, create_if_empty=settings.create_empty_schema)
     if not settings.worker_tokens:
+        from pipetune.service.settings import generated_token_path
         from pipetune.service.worker_token import (
             announcement,
             generated_worker_token,
             read_generated_token,
         )
 
-        reused = read_generated_token() is not None  # ("generated" at every start, it said)
-        token, token_file = generated_worker_token()
+        try:
+            reused = read_generated_token() is not None  # ("generated" at every start, it said)
+            token, token_file = generated_worker_token()
+        except OSError as exc:  # a read-only or unreadable data directory: one line, exit 2
+            raise CliError(
+                f"cannot keep a generated worker token in {generated_token_path()}: "
+                f"{exc.strerror or exc}; set PIPETUNE_WORKER_TOKENS to tokens of your own",
+                2,
+            ) from None
         settings.worker_tokens = [token]
         print(announcement(token_file, reused), flush=True)
     with _database_errors(settings.database_url):
