@@ -51,6 +51,9 @@ def caches(tmp_path_factory, monkeypatch):
             "Softmax_BERT_b1_s128",
         ),
         (["--minutes", "0"], "--minutes: must be positive"),
+        # inf crashed after the probe, writing a summary JSON cannot hold; nan said "positive"
+        (["--minutes", "inf", *SIM], "--minutes: must be positive and finite, got inf"),
+        (["--minutes", "nan", *SIM], "--minutes: must be positive and finite, got nan"),
         (["--pack", "c.zip"], "--pack: a .tar.gz or .tar file name"),
         (["--have", "no/such/dir"], "--have no/such/dir: no such folder or archive"),
     ],

@@ -154,7 +154,8 @@ def campaign_main(
         outcome = run_campaign(options)
     except CampaignUsageError as exc:
         raise CliError(str(exc), 2) from None
-    _print_outcome(outcome)
+    if outcome.summary:  # (none where a usage mistake was refused before anything was written)
+        _print_outcome(outcome)
     if outcome.pack_bytes is not None:
         console.print(f"archive: {pack} ({outcome.pack_bytes / 2**20:.2f} MiB)")
     if outcome.exit_code:

@@ -67,19 +67,35 @@ def parts_present(folder: Path, operator: str) -> dict[int, Path]:
     return dict(sorted(found.items()))
 
 
-def read_json(path: Path) -> dict[str, Any] | None:
-    """The JSON object at path, or None when there is none (a broken file is an error)."""
+def read_json(path: Path, label: str | None = None) -> dict[str, Any] | None:
+    """The JSON object at path, or None when there is none (a broken file is an error, named
+    ``label``: a file unpacked into a temporary folder is named as its archive names it)."""
+    shown = label or str(path)
     try:
         text = path.read_text()
     except FileNotFoundError:
         return None
+    except UnicodeDecodeError:
+        raise LayoutError(f"{shown}: not valid JSON (not UTF-8 text)") from None
     try:
         document = json.loads(text)
     except json.JSONDecodeError as exc:
-        raise LayoutError(f"{path}: not valid JSON ({exc.msg})") from None
+        raise LayoutError(f"{shown}: not valid JSON ({exc.msg})") from None
     if not isinstance(document, dict):
-        raise LayoutError(f"{path}: not a JSON object")
+        raise LayoutError(f"{shown}: not a JSON object")
     return document
+
+
+def check_documents(folder: Path, where: str) -> dict[str, dict[str, Any]]:
+    """Every phase document and the summary in folder that is there, by file name, each read
+    as a JSON object (LayoutError naming ``where`` and the file): read before any is used or
+    copied, so that a broken one is refused before anything is written."""
+    documents = {}
+    for name in (*PHASE_FILES.values(), SUMMARY_FILE):
+        document = read_json(folder / name, f"{where}: {name}")
+        if document is not None:
+            documents[name] = document
+    return documents
 
 
 def write_json(path: Path, document: dict[str, Any]) -> Path:
@@ -122,11 +138,21 @@ def extract(archive: Path, into: Path) -> Path:
     """Unpack a campaign archive (only its campaign files; nothing outside ``into``)."""
     try:
         with tarfile.open(archive, "r:*") as tar:
-            wanted = [m for m in tar.getmembers() if m.isfile() and _MEMBER.match(m.name)]
+            wanted: dict[str, tarfile.TarInfo] = {}
+            for member in tar.getmembers():
+                # `tar czf x.tar.gz -C dir .` names every member "./probe.json" and so on: the
+                # same campaign file as the one pack() names "probe.json".
+                name = member.name.removeprefix("./")
+                if not (member.isfile() and _MEMBER.match(name)):
+                    continue
+                if name in wanted:  # which of the two is the campaign's cannot be told
+                    raise LayoutError(f"{archive}: holds {name} twice")
+                member.name = name
+                wanted[name] = member
             if not wanted:
                 raise LayoutError(f"{archive}: no campaign file in the archive")
             into.mkdir(parents=True, exist_ok=True)
-            tar.extractall(into, members=wanted, filter="data")
+            tar.extractall(into, members=list(wanted.values()), filter="data")
     except (tarfile.TarError, OSError, EOFError) as exc:
         raise LayoutError(f"{archive}: not a readable campaign archive ({exc})") from None
     return into
@@ -173,6 +199,13 @@ def open_have(have: Path, scratch: Path) -> Path:
         found = applied_profile(probe["gpu"]) if isinstance(probe.get("gpu"), str) else None
         return from_unpacked(have, scratch, found[0] if found else None)
     if have.is_dir():
+        if not members(have):
+            # Else an unrelated folder was taken for an earlier call's that had done nothing,
+            # and the campaign silently started again from scratch.
+            raise LayoutError(
+                f"{have}: no campaign file in the folder (probe.json, sweeps/... as "
+                "`pipetune campaign --out-dir` writes them, or `campaign unpack`'s <gpu>/ folder)"
+            )
         return have
     if have.is_file():
         return extract(have, scratch)

@@ -79,6 +79,15 @@ def families_of(operators: dict[str, Any]) -> list[str]:
     return list(dict.fromkeys(family_of(w).name for w in operators.values()))
 
 
+def operator_workload(name: str) -> Any | None:
+    """The workload of the operator of that exact name (as a campaign names its sweep files),
+    of any suite; None for a name that is none."""
+    for operators in SUITES.values():
+        if name in operators:
+            return operators[name]
+    return None
+
+
 def resolve_operators(text: str) -> dict[str, Any]:
     """Operator name -> workload, in sweep order; ValueError naming what is unknown or of a
     family the campaign does not sweep."""

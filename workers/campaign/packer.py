@@ -41,8 +41,11 @@ class Packer:
         with self._cond:
             self._cond.wait_for(lambda: not self._dirty and not self._busy)
 
-    def close(self) -> None:
-        self.flush()
+    def close(self, final: bool = True) -> None:
+        """Stop the thread; ``final``: after packing everything written (without it, an
+        archive that already exists, perhaps the --have itself, is left as it is)."""
+        if final:
+            self.flush()
         with self._cond:
             self._closed = True
             self._cond.notify_all()

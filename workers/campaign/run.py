@@ -14,14 +14,19 @@ still run: every call is a new machine). The probe's GPU must match ``--gpu`` an
 
 Outcome: exit 0 when complete or paused cleanly at the deadline (campaign.json says what is
 left), 1 when a check fails, correctness stops the campaign or something breaks, 2 for a
-usage mistake. The summary and the archive are written whatever happens.
+usage mistake. The summary and the archive are written whatever happens, but for a usage
+mistake refused before anything was written (the out-dir and the archive are left as they
+were: a ``--have`` is checked, and refused for another GPU model, before its files are
+copied).
 """
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 import importlib.metadata
 import importlib.util
+import math
 import os
 import platform
 import sys
@@ -88,8 +93,8 @@ def check_options(options: CampaignOptions) -> None:
     """Everything that can be refused before any machine work (CampaignUsageError)."""
     if options.runner not in RUNNERS:
         raise CampaignUsageError(f"--runner: one of {', '.join(RUNNERS)}, got {options.runner!r}")
-    if not options.minutes > 0:
-        raise CampaignUsageError(f"--minutes: must be positive, got {options.minutes:g}")
+    if not 0 < options.minutes < math.inf:  # (inf made a summary JSON cannot hold)
+        raise CampaignUsageError(f"--minutes: must be positive and finite, got {options.minutes:g}")
     if options.gpu is not None:
         try:
             resolve_gpu_key(options.gpu)
@@ -207,6 +212,13 @@ class Campaign:
         self._log = log
         self.packer = Packer(self.out, options.pack)
         self.previous: dict[str, Any] = {}
+        # The --have folder, checked (open_have) but copied into the out-dir only once the
+        # device is known to be its GPU (adopt), and whether this call wrote anything there.
+        self.have: Path | None = None
+        self.have_probe: dict[str, Any] | None = None
+        self.adopted = False
+        self.wrote = False
+        self.created_out = False
         self.gpu_key: str | None = None
         self.device_name: str | None = None
         self.sweeps: dict[str, Any] | None = None
@@ -310,6 +322,7 @@ class Campaign:
         """Write the summary and refresh the archive (``wait``: until the archive holds it,
         so that a call killed during the next sweep part loses only that part)."""
         self.call["seconds"] = round(self.deadline.elapsed(), 3)
+        self.wrote = True
         layout.write_json(self.out / layout.SUMMARY_FILE, self.summary())
         if wait:
             self.packer.flush()
@@ -318,26 +331,55 @@ class Campaign:
 
     # --- the run ------------------------------------------------------------------------
 
-    def adopt_have(self, scratch: Path) -> None:
+    def open_have(self, scratch: Path) -> None:
+        """Check the --have before anything is made, measured or copied: its documents are
+        JSON objects, its runner is this call's, and its GPU the --gpu named (without --gpu
+        the device decides: check_have_gpu once it is known)."""
         if self.options.have is None:
             return
         try:
             have = layout.open_have(self.options.have, scratch / "have")
-            names = layout.adopt(have, self.out)
-            self.previous = layout.read_json(have / layout.SUMMARY_FILE) or {}
+            documents = layout.check_documents(have, str(self.options.have))
         except layout.LayoutError as exc:
             raise CampaignUsageError(f"--have: {exc}") from None
-        probe = self.read("probe")
+        self.have, self.previous = have, documents.get(layout.SUMMARY_FILE, {})
+        self.have_probe = documents.get(layout.PHASE_FILES["probe"])
+        probe = self.have_probe
         if probe is not None and probe.get("runner") != self.options.runner:
             raise CampaignUsageError(
                 f"--have holds a {probe.get('runner')} campaign; a {self.options.runner} "
                 "campaign cannot continue it (simulated and measured data never mix)"
             )
+        if self.options.gpu is not None:
+            key = resolve_gpu_key(self.options.gpu)
+            self.check_have_gpu(key, f"--gpu names {key}")
+
+    def check_have_gpu(self, key: str, this: str) -> None:
+        """CampaignUsageError where the --have was measured on another GPU model than ``key``
+        (``this`` says where key came from)."""
+        probe = self.have_probe
+        if probe is None or probe.get("gpu") == key:
+            return
+        device = probe.get("device")
+        name = device.get("name") if isinstance(device, dict) else None
+        raise CampaignUsageError(
+            f"--have was measured on {probe.get('gpu')} ({name}), {this}: a campaign stays "
+            "on one GPU model"
+        )
+
+    def adopt(self) -> None:
+        """Copy the checked --have's files into the out-dir (this call's archive then holds
+        everything so far)."""
+        if self.have is None or self.adopted:
+            return
+        names = layout.adopt(self.have, self.out)
+        self.adopted = self.wrote = True
         self.log(f"--have: {len(names)} files from {self.options.have}")
 
     def run(self, scratch: Path) -> None:
+        self.open_have(scratch)
+        self.created_out = not self.out.exists()
         self.out.mkdir(parents=True, exist_ok=True)
-        self.adopt_have(scratch)
         started = time.perf_counter()
         stand_in = self.options.gpu if self.simulated else None
         library = LibraryChild(self.options.runner, self.options.device, stand_in)
@@ -345,13 +387,10 @@ class Campaign:
             device = library.call(library.side.describe)
             self.device_name = device["name"]
             self.gpu_key = resolve_device_gpu(device["name"], self.options.gpu, self.simulated)
+            # Before the copy: a refused --have leaves none of its files in the out-dir.
+            self.check_have_gpu(self.gpu_key, f"this device is {self.gpu_key} ({self.device_name})")
+            self.adopt()
             probe_had = self.read("probe")
-            if probe_had is not None and probe_had.get("gpu") != self.gpu_key:
-                raise CampaignUsageError(
-                    f"--have was measured on {probe_had.get('gpu')} "
-                    f"({probe_had.get('device', {}).get('name')}), this device is "
-                    f"{self.gpu_key} ({self.device_name}): a campaign stays on one GPU model"
-                )
             checks = library.call(library.side.library_checks, timeout_s=300)
             failed = [name for name in REQUIRED_CHECKS if not checks.get(name, {}).get("ok")]
             gpu = get_gpu(self.gpu_key)
@@ -570,6 +609,23 @@ class Campaign:
         self.state = "complete"
         return None
 
+    def finish(self, exit_code: int) -> bool:
+        """Write the summary, whatever happened: a call that broke still packs everything so
+        far (the --have's files too). A usage mistake found before this call wrote anything
+        (a --have of another GPU model) leaves the out-dir and the archive as they were, so
+        that the corrected command can run into them. Whether the summary was written."""
+        if not self.out.is_dir():
+            return False
+        if exit_code == 2 and not self.wrote:
+            if self.created_out:
+                with contextlib.suppress(OSError):  # (never a folder that holds anything)
+                    self.out.rmdir()
+            return False
+        if exit_code != 2:
+            self.adopt()
+        self.checkpoint()
+        return True
+
     def pause(self, reason: str) -> None:
         self.state, self.reason = "paused", reason
         self.log(f"paused: {reason}")
@@ -606,7 +662,7 @@ def run_campaign(
     log = log or (lambda line: print(line, file=sys.stderr, flush=True))
     check_options(options)
     campaign = Campaign(options, log)
-    exit_code, message = 0, ""
+    exit_code, message, wrote = 0, "", False
     with tempfile.TemporaryDirectory(prefix="pipetune-campaign-") as scratch:
         try:
             campaign.run(Path(scratch))
@@ -626,9 +682,8 @@ def run_campaign(
             exit_code, message = 1, campaign.reason
         finally:
             campaign.call["ended"] = _now()
-            if campaign.out.is_dir():
-                campaign.checkpoint()
-            campaign.packer.close()
+            wrote = campaign.finish(exit_code)
+            campaign.packer.close(final=wrote)
     if campaign.packer.error:
         exit_code, message = 1, campaign.packer.error
     elif campaign.packer.size is not None and campaign.packer.size > layout.PACK_LIMIT_BYTES:
@@ -637,5 +692,5 @@ def run_campaign(
             f"{options.pack} is {campaign.packer.size / 2**20:.1f} MiB, over the "
             f"{layout.PACK_LIMIT_BYTES / 2**20:.0f} MiB a device call brings back"
         )
-    summary = layout.read_json(campaign.out / layout.SUMMARY_FILE) or {}
+    summary = (layout.read_json(campaign.out / layout.SUMMARY_FILE) if wrote else None) or {}
     return CampaignOutcome(exit_code, campaign.state, message, summary, campaign.packer.size)

@@ -6,10 +6,12 @@
     probe, correctness, baselines and campaign .json -> DATA_DIR/<gpu>/campaign/
 
 Only finished operators are unpacked (parts of an unfinished one are not a dataset), of
-any kernel family. Every dataset is read back and checked as a pipetune dataset, the
-profile through model.hardware, and every baseline's throughput against its latency in its
-family's unit (TFLOP/s for the GEMMs, GB/s for the memory-intensive operators; a GEMM entry
-from before there were units gives ``tflops`` only), before anything is written. A
+any kernel family. Every JSON document is read, every dataset read back and checked as a
+pipetune dataset of the operator its file names, measured on the probe's GPU by the probe's
+kind of runner, the profile as model.hardware checks one it loads, and every baseline's
+throughput against its latency in its family's unit (TFLOP/s for the GEMMs, GB/s for the
+memory-intensive operators; a GEMM entry from before there were units gives ``tflops``
+only), before anything is written; each file is written atomically. A
 simulated archive is refused unless ``allow_simulated`` (and then its files say
 simulated, and its profile is written only to a folder named explicitly: in the user's
 profile folder the model would apply the spec sheet's noise as a calibration); existing
@@ -18,17 +20,28 @@ files are kept unless ``force``.
 
 from __future__ import annotations
 
-import shutil
+import math
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from pipetune.model.family import family_of, parse_any_workload
-from pipetune.model.hardware import get_gpu, load_profile, user_profile_dir
+from pipetune.model.hardware import (
+    HardwareError,
+    get_gpu,
+    parse_profile,
+    resolve_gpu_key,
+    user_profile_dir,
+)
+from pipetune.model.trials import is_simulated
 from pipetune.model.workloads import WorkloadError
 from pipetune.workers.campaign import layout
+from pipetune.workers.campaign.operators import operator_workload
 from pipetune.workers.datasets import DatasetError, check_pipetune, read_t4
+from pipetune.workers.datasets.files import write_bytes_atomic
+
+PROFILE = layout.PHASE_FILES["profile"]
 
 
 class UnpackError(ValueError):
@@ -53,9 +66,18 @@ def check_baselines(document: dict[str, Any]) -> dict[str, tuple[float, float, s
     """Each timed baseline's (latency, throughput, unit), the throughput recomputed from the
     latency in its family's unit; UnpackError where the file says otherwise."""
     rows = {}
-    for name, entry in (document.get("operators") or {}).items():
+    operators = document.get("operators") or {}
+    if not isinstance(operators, dict):
+        raise UnpackError("baselines.json: 'operators' is not a JSON object")
+    for name, entry in operators.items():
+        if not isinstance(entry, dict):
+            raise UnpackError(f"baselines.json: {name}: not a JSON object")
         if "latency_us" not in entry:
             continue  # an operator whose library call failed: recorded with its error
+        latency = entry["latency_us"]
+        number = isinstance(latency, int | float) and not isinstance(latency, bool)
+        if not number or not 0 < latency < math.inf:
+            raise UnpackError(f"baselines.json: {name}: latency_us {latency!r} is not a time")
         try:
             workload = parse_any_workload(entry["workload"])
         except (KeyError, WorkloadError) as exc:
@@ -69,13 +91,72 @@ def check_baselines(document: dict[str, Any]) -> dict[str, tuple[float, float, s
             )
         rate = fam.throughput_of(workload, float(entry["latency_us"]))
         stated = entry.get("throughput", entry.get("tflops"))
-        if stated is None or abs(float(stated) - rate) > 1e-6 * rate:
+        number = isinstance(stated, int | float) and not isinstance(stated, bool)
+        if not number or not abs(float(stated) - rate) <= 1e-6 * rate:
             raise UnpackError(
                 f"baselines.json: {name}: {stated} {unit} does not follow from "
                 f"{entry['latency_us']} µs ({rate:.6g} {unit})"
             )
         rows[name] = (float(entry["latency_us"]), rate, unit)
     return rows
+
+
+def check_profile(document: dict[str, Any], gpu: str) -> None:
+    """UnpackError unless the profile is one for ``gpu`` that get_gpu would load: the same
+    checks, before it is written (one it refuses made every later command naming the GPU
+    fail)."""
+    try:
+        target, overrides = parse_profile(document, PROFILE)
+        get_gpu(gpu, calibrated=False).with_overrides(overrides, profile=PROFILE)
+    except HardwareError as exc:
+        message = str(exc)
+        raise UnpackError(
+            message if message.startswith(PROFILE) else f"{PROFILE}: {message}"
+        ) from None
+    if target != gpu:
+        raise UnpackError(f"{PROFILE} is for {target}, the campaign ran on {gpu}")
+
+
+def check_sweep(path: Path, folder: Path, gpu: str, simulated: bool) -> None:
+    """UnpackError unless the finished sweep at ``path`` is a pipetune dataset of the
+    operator its name names, measured on the probe's GPU by the probe's kind of runner: it is
+    filed under DATA_DIR/<gpu>/<operator>, where another's would pass for that one's."""
+    member = path.relative_to(folder).as_posix()
+    try:
+        info = check_pipetune(read_t4(path))
+    except DatasetError as exc:
+        # (Its message names the file in the temporary folder the archive was unpacked in.)
+        message = str(exc).replace(str(path), member)
+        shown = message if message.startswith(member) else f"{member}: {message}"
+        raise UnpackError(shown) from None
+    operator = path.name.removesuffix(".t4.json.gz")
+    expected = operator_workload(operator)
+    if expected is None:
+        raise UnpackError(f"{member}: {operator} is not an operator pipetune knows")
+    if info.gpu != gpu:
+        raise UnpackError(
+            f"{member}: a dataset of {info.gpu}, but the archive's probe.json was measured on {gpu}"
+        )
+    if info.workload != expected:
+        raise UnpackError(
+            f"{member}: a dataset of {info.workload.label()}, but {operator} is {expected.label()}"
+        )
+    if is_simulated(info.runner) != simulated:
+        kind = "simulated" if simulated else "measured"
+        raise UnpackError(
+            f"{member}: runner {info.runner}, in a {kind} campaign (simulated and measured "
+            "data never mix)"
+        )
+
+
+def _writable(target: Path) -> bool:
+    """Whether target can be written as a file: not a folder, under no file."""
+    if target.is_dir():
+        return False
+    folder = target.parent
+    while not folder.exists() and folder != folder.parent:
+        folder = folder.parent
+    return folder.is_dir()
 
 
 def unpack(
@@ -89,14 +170,19 @@ def unpack(
     with tempfile.TemporaryDirectory(prefix="pipetune-unpack-") as scratch:
         try:
             folder = layout.extract(archive, Path(scratch))
+            # Every document read first, each named as the archive names it.
+            documents = layout.check_documents(folder, str(archive))
         except layout.LayoutError as exc:
             raise UnpackError(str(exc)) from None
-        probe = layout.read_json(folder / "probe.json")
+        probe = documents.get("probe.json")
         if probe is None or not probe.get("gpu"):
             raise UnpackError(f"{archive}: no probe.json with the GPU it was measured on")
-        gpu, runner = str(probe["gpu"]), str(probe.get("runner"))
-        get_gpu(gpu)  # a key the model knows
-        if probe.get("simulated") and not allow_simulated:
+        try:
+            gpu = resolve_gpu_key(str(probe["gpu"]))  # a key the model knows
+        except HardwareError as exc:
+            raise UnpackError(f"{archive}: probe.json: {exc}") from None
+        runner, simulated = str(probe.get("runner")), bool(probe.get("simulated"))
+        if simulated and not allow_simulated:
             raise UnpackError(
                 f"{archive} is a simulated campaign (runner {runner}): its numbers are the "
                 "model's, not measurements; it is not unpacked into the repository"
@@ -107,17 +193,12 @@ def unpack(
             if ".part" in path.name:
                 result.skipped_parts.append(path.name)
                 continue
-            try:
-                check_pipetune(read_t4(path))
-            except DatasetError as exc:
-                raise UnpackError(f"{path.name}: {exc}") from None
+            check_sweep(path, folder, gpu, simulated)
             plan.append((path, data_dir / gpu / path.name))
-        profile, profile_target = folder / "profile.json", None
-        if profile.exists():
-            target, _ = load_profile(profile)
-            if target != gpu:
-                raise UnpackError(f"profile.json is for {target}, the campaign ran on {gpu}")
-            if profile_dir is None and probe.get("simulated"):
+        profile, profile_target = folder / PROFILE, None
+        if PROFILE in documents:
+            check_profile(documents[PROFILE], gpu)
+            if profile_dir is None and simulated:
                 result.profile_left_out = (
                     "its profile is simulated, and the model would apply it from your profile "
                     "folder as if measured (--profile-dir FOLDER writes it there)"
@@ -126,19 +207,21 @@ def unpack(
                 folder_of_profile = user_profile_dir() if profile_dir is None else profile_dir
                 profile_target = folder_of_profile / f"{gpu}.json"
                 plan.append((profile, profile_target))
-        baselines = layout.read_json(folder / "baselines.json")
-        if baselines is not None:
-            result.baselines = check_baselines(baselines)
+        if "baselines.json" in documents:
+            result.baselines = check_baselines(documents["baselines.json"])
         for name in ("probe", "correctness", "baselines", "campaign"):
             source = folder / f"{name}.json"
             if source.exists():
                 plan.append((source, data_dir / gpu / "campaign" / source.name))
+        blocked = [str(target) for _, target in plan if not _writable(target)]
+        if blocked:
+            raise UnpackError(f"cannot write {', '.join(blocked)}: a folder or under a file")
         clashes = [str(target) for _, target in plan if target.exists()]
         if clashes and not force:
             raise UnpackError(f"would overwrite {', '.join(clashes)} (pass --force)")
         for source, target in plan:
-            target.parent.mkdir(parents=True, exist_ok=True)
-            shutil.copyfile(source, target)
+            # Atomic: a call stopped midway leaves whole files (an overwritten one old or new).
+            write_bytes_atomic(target, source.read_bytes())
             if target.name.endswith(".t4.json.gz"):
                 result.datasets.append(target)
             elif target == profile_target:
