@@ -55,7 +55,7 @@ def run(args: argparse.Namespace) -> None:
     loaded = recorded_datasets(files)
     priors = _priors(args.prior or [], loaded)
     learned = learned_priors(loaded, args.learned_prior or [])
-    budgets = [int(k) for k in args.budgets.split(",")]
+    budgets = budget_list(args.budgets)
     doc = bench(
         loaded,
         _strategies(args.strategies),
@@ -72,6 +72,18 @@ def run(args: argparse.Namespace) -> None:
     )
     doc["command"] = " ".join(sys.argv)
     args.save.write_text(json.dumps(doc))
+
+
+def budget_list(text: str) -> list[int]:
+    """--budgets as `pipetune bench tuner` takes it: sorted, each once, each at least 1
+    (render's columns are the sorted budgets; 0 read the whole run's best)."""
+    try:
+        budgets = sorted({int(k) for k in text.split(",") if k.strip()})
+    except ValueError:
+        raise SystemExit(f"--budgets: expected comma-separated integers, got {text!r}") from None
+    if not budgets or budgets[0] < 1:
+        raise SystemExit(f"--budgets: every value must be at least 1, got {text!r}")
+    return budgets
 
 
 def learned_priors(loaded: list, corpus_paths: list[Path]) -> dict:
@@ -96,11 +108,20 @@ def merge(paths: list[Path]) -> dict:
     for nxt, prev in zip(parts[1:], parts, strict=False):
         if nxt.get("first_seed", 0) != prev.get("first_seed", 0) + prev["seeds"]:
             raise SystemExit("merge: the seed ranges must be consecutive")
+    for part in parts[1:]:
+        if problem := _unlike(base, part):
+            raise SystemExit(f"merge: {problem}: runs of other settings do not pool")
+    # Each part's results by (strategy, budget): by position, a strategy that one part lost
+    # (a peer that failed there) put another strategy's seeds under its name.
+    keyed = [{(r["strategy"], r["budget"]): r for r in d["results"]} for d in parts]
     results = []
-    for i, r in enumerate(base["results"]):
+    for r in base["results"]:
+        key = (r["strategy"], r["budget"])
         per = {}
         for ds in base["datasets"]:
-            cells = [(d["seeds"], d["results"][i]["per_dataset"][ds]) for d in parts]
+            cells = [
+                (d["seeds"], k[key]["per_dataset"][ds]) for d, k in zip(parts, keyed, strict=True)
+            ]
             n = sum(c[0] for c in cells)
             mean = sum(k * c["best_in_k"] for k, c in cells) / n
             # pooled variance: within-part sums of squares plus between-part spread
@@ -119,7 +140,8 @@ def merge(paths: list[Path]) -> dict:
             if all("per_seed" in c for _, c in cells):  # (older runs do not have them)
                 per[ds]["per_seed"] = [v for _, c in cells for v in c["per_seed"]]
         g = geomean([v["best_in_k"] for v in per.values()])
-        rel = [v["se"] / v["best_in_k"] for v in per.values()]
+        # (As bench's _summary: a dataset nothing succeeded on has no relative error.)
+        rel = [v["se"] / v["best_in_k"] if v["best_in_k"] > 0 else 0.0 for v in per.values()]
         results.append(
             {
                 "strategy": r["strategy"],
@@ -135,6 +157,26 @@ def merge(paths: list[Path]) -> dict:
     command = " + ".join(d.get("command", "?") for d in parts)
     seeds = sum(d["seeds"] for d in parts)
     return {**base, "results": results, "seeds": seeds, "command": command}
+
+
+# What must agree for two runs' seeds to pool: the same searches on the same spaces.
+POOLED_SETTINGS = ("datasets", "batch", "early", "priors", "prior_trials", "learned_priors")
+
+
+def _unlike(a: dict, b: dict) -> str | None:
+    """How two saved runs differ in what they measured (None where their seeds pool)."""
+    for key in POOLED_SETTINGS:
+        # (A document from before a setting existed says nothing of it: its default.)
+        default = 8 if key == "batch" else None
+        in_a, in_b = a.get(key, default) or None, b.get(key, default) or None
+        if in_a != in_b:
+            return f"{key} differ ({in_a!r} against {in_b!r})"
+    for what, field in (("strategies", "strategy"), ("budgets", "budget")):
+        in_a = sorted({r[field] for r in a["results"]})
+        in_b = sorted({r[field] for r in b["results"]})
+        if in_a != in_b:
+            return f"{what} differ ({in_a} against {in_b})"
+    return None
 
 
 class CompareError(ValueError):
@@ -210,6 +252,13 @@ def _cell(r: dict) -> str:
     return f"{r['best_in_k']:.3f}" + (f" ± {se:.3f}" if se is not None else "")
 
 
+def _by_budget(doc: dict, strategy: str, budgets: list[int]) -> list[dict | None]:
+    """The strategy's result at each of the table's budgets (None where the run has none):
+    the columns are the budgets sorted, whatever order a run stored them in."""
+    found = {r["budget"]: r for r in doc["results"] if r["strategy"] == strategy}
+    return [found.get(k) for k in budgets]
+
+
 def render(paths: list[Path]) -> str:
     docs = {p.name.split(".")[0]: json.loads(p.read_text()) for p in paths}
     first = next((d for d in docs.values() if "random" in d), next(iter(docs.values())))
@@ -222,12 +271,18 @@ def render(paths: list[Path]) -> str:
         if doc["datasets"] != datasets:
             continue  # a geomean over other datasets does not compare
         for strategy in dict.fromkeys(r["strategy"] for r in doc["results"]):
-            rows = [r for r in doc["results"] if r["strategy"] == strategy]
-            lines.append(f"| {label} | {strategy} | " + " | ".join(_cell(r) for r in rows) + " |")
+            rows = _by_budget(doc, strategy, budgets)
+            lines.append(
+                f"| {label} | {strategy} | "
+                + " | ".join("" if r is None else _cell(r) for r in rows)
+                + " |"
+            )
             lines.append(
                 "| | P score | "
                 + " | ".join(
-                    f"{r['p_score']:+.2f}" + (f" ± {r['p_se']:.2f}" if "p_se" in r else "")
+                    ""
+                    if r is None
+                    else f"{r['p_score']:+.2f}" + (f" ± {r['p_se']:.2f}" if "p_se" in r else "")
                     for r in rows
                 )
                 + " |"
@@ -244,14 +299,17 @@ def render(paths: list[Path]) -> str:
             if ds not in doc["datasets"]:
                 continue
             for strategy in dict.fromkeys(r["strategy"] for r in doc["results"]):
-                rows = [r["per_dataset"][ds] for r in doc["results"] if r["strategy"] == strategy]
+                rows = _by_budget(doc, strategy, budgets)
                 lines.append(
-                    f"| {label} | {strategy} | " + " | ".join(_cell(r) for r in rows) + " |"
+                    f"| {label} | {strategy} | "
+                    + " | ".join("" if r is None else _cell(r["per_dataset"][ds]) for r in rows)
+                    + " |"
                 )
     lines += ["", "Runs:"]
     for label, doc in docs.items():
         lines.append(
-            f"- `{label}`: {doc['seeds']} seeds (0..{doc['seeds'] - 1}), pipetune batch "
+            f"- `{label}`: {doc['seeds']} seeds ({doc.get('first_seed', 0)}.."
+            f"{doc.get('first_seed', 0) + doc['seeds'] - 1}), pipetune batch "
             f"{doc.get('batch', 8)}"
             + (
                 f" (each proposed with {doc['early']} trials unmeasured)"

@@ -71,6 +71,47 @@ def test_a_run_saves_each_seeds_figure_and_a_merge_keeps_them_in_seed_order(tmp_
         assert kept == a["per_dataset"]["synthetic"]["per_seed"]
 
 
+def test_a_merge_pools_each_strategys_own_seeds_and_refuses_runs_of_other_settings(
+    tmp_path, small_ours
+):
+    """Results were matched by their place in each file: a part without one strategy (a
+    peer that failed there) filed another strategy's seeds under its name."""
+    first = bench([small_ours], ["random", "grid"], [5, 10], seeds=2, batch=4)
+    second = bench([small_ours], ["random", "bo", "grid"], [5, 10], seeds=2, batch=4, first_seed=2)
+    for name, doc in (("a", first), ("b", second)):
+        (tmp_path / f"{name}.json").write_text(json.dumps(doc))
+    with pytest.raises(SystemExit, match=r"strategies differ \(\['grid', 'random'\] against"):
+        bench_tuner.merge([tmp_path / "a.json", tmp_path / "b.json"])
+    # The same strategies stored in another order pool by name.
+    second["results"] = [r for r in second["results"] if r["strategy"] != "bo"][::-1]
+    (tmp_path / "b.json").write_text(json.dumps(second))
+    merged = bench_tuner.merge([tmp_path / "a.json", tmp_path / "b.json"])
+    grid = next(r for r in merged["results"] if r["strategy"] == "grid" and r["budget"] == 5)
+    assert len(set(grid["per_dataset"]["synthetic"]["per_seed"])) == 1  # grid: no draw
+    third = bench([small_ours], ["random", "grid"], [5, 10], seeds=2, batch=2, first_seed=4)
+    (tmp_path / "c.json").write_text(json.dumps(third))
+    with pytest.raises(SystemExit, match="batch differ"):
+        bench_tuner.merge([tmp_path / "a.json", tmp_path / "b.json", tmp_path / "c.json"])
+
+
+def test_render_puts_each_figure_under_its_budget_and_says_the_seeds(tmp_path, small_ours):
+    """`run --budgets 50,10` stored its results in that order, and the table's sorted
+    columns showed k=50's figures under k=10."""
+    assert bench_tuner.budget_list("50,10,10") == [10, 50]
+    for bad in ("0", "x", ""):
+        with pytest.raises(SystemExit, match="--budgets"):
+            bench_tuner.budget_list(bad)
+    doc = bench([small_ours], ["random"], [5, 10], seeds=2, batch=4, first_seed=3)
+    doc["results"] = doc["results"][::-1]  # as a run given 10,5 stored them
+    (tmp_path / "run.json").write_text(json.dumps(doc))
+    table = bench_tuner.render([tmp_path / "run.json"])
+    by_k = {r["budget"]: r for r in doc["results"]}
+    row = next(line for line in table.splitlines() if line.startswith("| run | random |"))
+    cells = [c.strip() for c in row.strip("|").split("|")][2:]
+    assert cells == [bench_tuner._cell(by_k[5]), bench_tuner._cell(by_k[10])]
+    assert "2 seeds (3..4)" in table
+
+
 def _run_main(monkeypatch, *argv: str) -> None:
     monkeypatch.setattr(sys, "argv", ["bench_tuner", *argv])
     bench_tuner.main()
