@@ -242,10 +242,21 @@ class KnobArraySpace:
     def __contains__(self, schedule: object) -> bool:
         return isinstance(schedule, self.schedule_type) and self._key(schedule) in self._position
 
-    @property
+    @cached_property
     def cache_key(self) -> tuple:
-        """Identifies the space's contents, for caches of per-space arrays."""
-        return (self.workload.workload_hash, self.gpu.key, self.gpu.profile, len(self))
+        """Identifies the space's contents, for caches of per-space arrays: its rows, not
+        only how many (two subsets of one size, two tasks' measured schedules of one shape,
+        had one key, and a cost model took one's cached features for the other's)."""
+        rows = hashlib.blake2b(digest_size=16)
+        for name in self.knob_names:
+            rows.update(self.knobs[name].tobytes())
+        return (
+            self.workload.workload_hash,
+            self.gpu.key,
+            self.gpu.profile,
+            len(self),
+            rows.hexdigest(),
+        )
 
 
 class PredictedLatencies:

@@ -125,3 +125,16 @@ def test_memops_spaces_pretrain_and_fit_with_the_models_terms(h100):
     latency = family_of(space.workload).evaluate(space).T_kernel[rows] * 1.5
     model.fit(space, rows, latency, np.zeros(len(rows), dtype=bool))
     assert model.predict(space).shape == (len(space),)
+
+
+def test_two_subsets_of_one_size_are_two_spaces_to_the_feature_cache(space):
+    """The cache key was (workload, GPU, profile, size): the learned prior, fitted on one
+    space per finished task, took one task's cached features for another task's of the same
+    shape and trial count, and paired them with the other's latencies."""
+    first, second = space.subset(np.arange(0, 50)), space.subset(np.arange(100, 150))
+    assert first.cache_key != second.cache_key
+    assert space.subset(np.arange(0, 50)).cache_key == first.cache_key  # the same rows: one key
+    model = CostModel()
+    for part in (first, second):
+        own = np.hstack([part.features(), family_of(part.workload).model_features(part)[1]])
+        assert np.array_equal(model.features(part), own)
