@@ -175,6 +175,15 @@ class Queue:
             # register again, as a re-registration (or a conflict with another token).
             doc, created = self._register(token_hash, body)
         self.forget_worker(doc.id)
+        # Its first lease usually comes here: checked from what was just written, it needs no
+        # read and no thread hand-off (each worker's first lease took both, a tenth of the
+        # service's CPU in a short load run). Trusted for WORKER_CACHE_S only, as a look-up
+        # made while a re-registration may go unheard (worker_ref).
+        ref = WorkerRef(
+            id=doc.id, gpu=doc.gpu, arch=doc.arch, runner=doc.runner,
+            workload_hash=doc.workload_hash,
+        )  # fmt: skip
+        self._worker_refs[(doc.id, token_hash)] = (ref, time.monotonic(), None)
         return doc, created
 
     def forget_worker(self, worker_id: int) -> None:

@@ -128,3 +128,28 @@ def test_a_re_registration_message_reaches_the_hook():
     assert forgotten == [17] and here.generation == generation
     here.deliver(here.worker_payload(18))  # its own: skipped
     assert forgotten == [17]
+
+
+def test_a_worker_is_known_where_it_registered_until_the_ttl(db_url, monkeypatch):
+    """Each worker's first lease on a replica read its row in the thread pool: where it
+    registered, what was just written is its check (trusted for WORKER_CACHE_S, as a
+    look-up that may have missed a message)."""
+    with client_for(db_url) as c:
+        service = service_of(c)
+        queue = service.queue
+        looked_up: list[int] = []
+        worker_ref = queue.worker_ref
+
+        def counted(worker_id: int, token: str):  # type: ignore[no-untyped-def]
+            looked_up.append(worker_id)
+            return worker_ref(worker_id, token)
+
+        monkeypatch.setattr(queue, "worker_ref", counted)
+        worker = register(c)
+        ref = queue.cached_worker_ref(worker, TOKEN_HASH)
+        assert ref is not None and (ref.id, ref.gpu, ref.arch) == (worker, "h100", "sm_90")
+        create_task(c, budget=2, strategy="random")
+        assert len(lease(c, worker, max_jobs=2)) == 2
+        assert looked_up == []
+        monkeypatch.setattr(queue_module, "WORKER_CACHE_S", 0.0)
+        assert queue.cached_worker_ref(worker, TOKEN_HASH) is None
