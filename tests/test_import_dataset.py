@@ -218,3 +218,40 @@ def test_a_measured_schedule_outside_todays_rules_is_still_the_users_kernel(tmp_
     _import(path, db)
     kernel = pipetune.kernel(workload, "a100", db=db)
     assert kernel.origin == "measured" and kernel.schedule.id == outside.id
+
+
+def test_a_gpus_measurements_are_the_best_known_however_fast_a_simulated_sweep(tmp_path, db_url):
+    """An imported simulated sweep (the model's times, 4.5 us) hid what a GPU measured (11.8
+    us): `POST /v1/schedules` answered the simulated pick and `pipetune export` wrote it."""
+    from pipetune.model.family import family_of
+    from pipetune.model.trials import MeasureResult
+    from pipetune.workers.datasets import dataset_from_results
+
+    measured = Path(__file__).resolve().parents[1] / "benchmarks/data/h100/MM_RN50_FC.t4.json.gz"
+    real = _import(measured, db_url)
+    assert real["best"]["runner"] == "cupy"
+    workload, h100 = gemm(1024, 64, 2048), get_gpu("h100")
+    schedules = list(family_of(workload).enumerate(workload, h100))[:5]
+    fast = MeasureResult(status="ok", latency_us=4.5, samples_us=[4.5], runner="simulated")
+    simulated = tmp_path / "fc.simulated.t4.json.gz"
+    write_t4(
+        dataset_from_results(workload, h100, schedules, [fast] * 5, runner="simulated"), simulated
+    )
+    model = _import(simulated, db_url)
+    assert model["best"]["latency_us"] < real["best"]["latency_us"]  # the case in question
+    with client_for(db_url) as client:
+        doc = {"workload": workload.canonical(), "gpu": "h100"}
+        best = client.post("/v1/schedules", json=doc).json()
+    assert best["source"] == "measured" and best["runner"] == "cupy"
+    assert best["latency_us"] == pytest.approx(real["best"]["latency_us"])
+
+
+def test_a_timestamp_past_what_utc_holds_is_no_timestamp():
+    """9999-12-31 23:59:59-05:00 is after the last UTC time: the import raised OverflowError
+    (exit 1), where a timestamp it cannot read is left out."""
+    from pipetune.workers.datasets.pipetune import parse_t4_timestamp
+
+    assert parse_t4_timestamp("9999-12-31 23:59:59-05:00") is None
+    assert parse_t4_timestamp("yesterday") is None
+    kept = parse_t4_timestamp("2023-12-22 09:54:05.502007+00:00")
+    assert kept is not None and kept.year == 2023

@@ -63,12 +63,13 @@ def t4_timestamp(when: dt.datetime) -> str:
 
 def parse_t4_timestamp(text: str | None) -> dt.datetime | None:
     """A record's timestamp as an aware UTC datetime; None where it has none or it is not
-    an ISO 8601 time (the schema does not constrain its format)."""
+    an ISO 8601 time (the schema does not constrain its format) or not one UTC can hold
+    (9999-12-31 23:59-05:00 overflowed: an OverflowError and exit 1 from the import)."""
     if text is None:
         return None
     try:
         return _as_utc(dt.datetime.fromisoformat(text))
-    except ValueError:
+    except (ValueError, OverflowError):
         return None
 
 
