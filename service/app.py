@@ -78,6 +78,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     # The other replicas ask for the one holding a task's session, which answers.
     wakeup.on_advance = service.proposer.request_if_held
     wakeup.on_held = service.proposer.held_elsewhere
+    service.queue.on_lost = service.proposer.request
 
     @contextlib.asynccontextmanager
     async def lifespan(_app: FastAPI) -> AsyncIterator[None]:

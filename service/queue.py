@@ -153,6 +153,8 @@ class Queue:
         self._worker_refs: dict[tuple[int, str], tuple[WorkerRef, float, int | None]] = {}
         self._worker_forgets = 0  # forget_worker calls so far (a check racing one is not kept)
         self.wakeup.on_worker = self.forget_worker
+        # Told of each task that lost a job at reclaim (the service's proposer.request).
+        self.on_lost: Callable[[int], None] | None = None
 
     def stop_polling(self) -> None:
         """Answer pending and later lease long-polls at once (the service is stopping: a
@@ -472,6 +474,11 @@ class Queue:
             self.wakeup.signal(arch, gpu, n, runner)
         for r in rows:
             self.metrics.lease_expiries.labels(r.state).inc()
+        # A lost job may have been the last its batch waited for: advanced now, not at the
+        # second periodic sweep after (2-4 s of a stalled task with nothing to lease).
+        if self.on_lost is not None:
+            for task_id in sorted(lost):
+                self.on_lost(task_id)
         return set(lost)
 
     # ---- results -------------------------------------------------------------------

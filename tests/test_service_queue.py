@@ -416,3 +416,19 @@ def test_concurrent_registrations_of_one_new_name_make_one_worker(db_url):
             assert errors == []
             assert len({doc.id for doc, _ in answers}) == 1
             assert sum(created for _, created in answers) == 1
+
+
+def test_a_task_whose_last_awaited_job_is_lost_advances_at_once(db_url):
+    """The reclaim that gave a job up as lost did not ask for its task to advance: with that
+    job the last its batch waited for, the task stalled until the second periodic sweep."""
+    with client_for(db_url, lease_ttl_s=0.2, max_attempts=1, batch_size=2) as c:
+        create_task(c, budget=4, strategy="bo")  # (no batch proposed ahead)
+        worker = register(c)
+        done, _abandoned = lease(c, worker, max_jobs=2)
+        assert post_result(c, worker, done, ok(5.0)).json()["accepted"] is True
+        time.sleep(0.4)  # the other's lease expires; one attempt: lost at the reclaim
+        deadline = time.monotonic() + 10
+        nxt: list = []
+        while not nxt and time.monotonic() < deadline:
+            nxt = lease(c, worker, max_jobs=2, wait_s=0.5)  # no periodic sweep here
+        assert len(nxt) == 2 and {j["trial"] for j in nxt} == {2, 3}, nxt
