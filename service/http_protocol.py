@@ -100,8 +100,8 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
         ends it. A body's first bytes often come in the same read as the head; counted as
         head, they got ordinary bodies of 70 KB a 431."""
         seen = self._head_tail + data
-        ends = [i + 4 for i in (seen.find(b"\r\n\r\n"),) if i >= 0]
-        ends += [i + 2 for i in (seen.find(b"\n\n"),) if i >= 0]  # (lenient line ends)
+        # (A blank line of bare LFs too, for a parser lenient about line ends.)
+        ends = [at + len(mark) for mark in (b"\r\n\r\n", b"\n\n") if (at := seen.find(mark)) >= 0]
         if not ends:
             self._head_tail = seen[-3:]  # a blank line may span two reads
             return len(data)

@@ -4,8 +4,8 @@ A lease request that finds nothing waits on a `Wakeup` until jobs of its kind ar
 (a task created or advanced, expired leases requeued), then claims again; a slow fallback
 poll (`PIPETUNE_LEASE_POLL_S`) bounds how long a missed signal can keep a job waiting. The
 signal names what was enqueued: the arch, the GPU and how many jobs, so that it wakes at
-most that many waiting requests, and only those whose worker may take them (a real GPU takes
-any job of its arch; a simulated or replay worker only its GPU's).
+most that many waiting requests, and only those whose worker may take them (its arch and
+GPU: a worker measures for its own GPU only).
 
 Within one replica the driver and the queue signal directly. Across replicas the signal
 travels as a PostgreSQL NOTIFY on `CHANNEL`, sent in the transaction that enqueued the jobs

@@ -49,6 +49,16 @@ def pytest_report_header(config: pytest.Config) -> str:
     return f"PostgreSQL: {os.environ.get(ADMIN_URL_ENV, DEFAULT_ADMIN_URL)}{where}"
 
 
+@pytest.fixture
+def campaign_caches(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch):
+    """A campaign test's compile and reference caches, shared by the run's tests (kernels
+    compiled once), and the simulated runner without its pretend measuring time."""
+    root = tmp_path_factory.getbasetemp()
+    monkeypatch.setenv("PIPETUNE_CACHE_DIR", str(root / "cubins"))
+    monkeypatch.setenv("PIPETUNE_REFERENCE_CACHE", str(root / "references"))
+    monkeypatch.setenv("PIPETUNE_SIMULATED_TIME_SCALE", "0")
+
+
 @pytest.fixture(scope="session")
 def h100():
     return get_gpu("h100", calibrated=False)

@@ -30,12 +30,7 @@ SIM = ["--runner", "simulated", "--operators", "BMM_GPT2_QK"]
 no_cupy = pytest.mark.skipif(importlib.util.find_spec("cupy") is not None, reason="has CuPy")
 
 
-@pytest.fixture(autouse=True)
-def caches(tmp_path_factory, monkeypatch):
-    root = tmp_path_factory.getbasetemp()
-    monkeypatch.setenv("PIPETUNE_CACHE_DIR", str(root / "cubins"))
-    monkeypatch.setenv("PIPETUNE_REFERENCE_CACHE", str(root / "references"))
-    monkeypatch.setenv("PIPETUNE_SIMULATED_TIME_SCALE", "0")
+pytestmark = pytest.mark.usefixtures("campaign_caches")
 
 
 @pytest.mark.parametrize(

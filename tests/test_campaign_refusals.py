@@ -28,12 +28,7 @@ PROBE = {"gpu": "h100", "runner": "cupy", "simulated": False, "verdict": "pass"}
 SIM = ["--runner", "simulated", "--operators", "MM_RN50_FC"]
 
 
-@pytest.fixture(autouse=True)
-def caches(tmp_path_factory, monkeypatch):
-    root = tmp_path_factory.getbasetemp()
-    monkeypatch.setenv("PIPETUNE_CACHE_DIR", str(root / "cubins"))
-    monkeypatch.setenv("PIPETUNE_REFERENCE_CACHE", str(root / "references"))
-    monkeypatch.setenv("PIPETUNE_SIMULATED_TIME_SCALE", "0")
+pytestmark = pytest.mark.usefixtures("campaign_caches")
 
 
 def _archive(path: Path, members: dict[str, Any]) -> Path:

@@ -26,12 +26,7 @@ WORKLOAD = ALCOP["BMM_GPT2_QK"]  # 686 schedules: three sweep parts
 SCHEDULES = list(Space.enumerate(WORKLOAD, GPU))
 
 
-@pytest.fixture(autouse=True)
-def caches(tmp_path_factory, monkeypatch):
-    root = tmp_path_factory.getbasetemp()
-    monkeypatch.setenv("PIPETUNE_CACHE_DIR", str(root / "cubins"))
-    monkeypatch.setenv("PIPETUNE_REFERENCE_CACHE", str(root / "references"))
-    monkeypatch.setenv("PIPETUNE_SIMULATED_TIME_SCALE", "0")
+pytestmark = pytest.mark.usefixtures("campaign_caches")
 
 
 def runner(**kwargs) -> SimulatedLaunchRunner:

@@ -39,8 +39,8 @@ async def lease_jobs(
     body: LeaseRequest,
     token: WorkerToken,
 ) -> LeaseResponse:
-    """Long-poll for up to `max_jobs` jobs of the worker's arch (and GPU, for simulated
-    and replay workers), waiting up to `wait_s` seconds; an empty list when none came.
+    """Long-poll for up to `max_jobs` jobs of the worker's GPU (its own only, whatever
+    other GPU shares its arch), waiting up to `wait_s` seconds; an empty list when none came.
     The request is answered as soon as such jobs are enqueued (it waits on a wake-up)."""
     return await service.queue.lease(body.worker_id, token, body)
 
