@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import datetime as dt
 import re
+import threading
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -38,6 +39,8 @@ from sqlalchemy.engine import make_url
 from sqlalchemy.orm import Session, sessionmaker
 from sqlalchemy.sql.elements import ColumnElement
 from sqlalchemy.types import TypeDecorator
+
+from pipetune.service.driver_pool import DriverConnections
 
 SQLITE_NOW_FORMAT = "%Y-%m-%d %H:%M:%f"
 
@@ -120,6 +123,11 @@ def json_param(value: Any) -> str:
     return pydantic_core.to_json(value).decode()
 
 
+def _wrapped(exc: psycopg.Error, broken: bool) -> sa_exc.DBAPIError:
+    """A driver's error as SQLAlchemy's (what the service's error handling reads)."""
+    return sa_exc.DBAPIError.instance(None, None, exc, psycopg.Error, connection_invalidated=broken)
+
+
 def is_sqlite(url: str) -> bool:
     return make_url(url).get_backend_name() == "sqlite"
 
@@ -130,9 +138,10 @@ def make_engine(url: str, pool_size: int = 10) -> Engine:
         # No pre-ping: it costs a round trip per transaction on the hot paths. A connection
         # broken by a database restart fails one request, and SQLAlchemy then replaces the
         # whole pool; pool_recycle retires connections a proxy might have dropped.
-        return create_engine(
-            url, pool_size=pool_size, max_overflow=2 * pool_size, pool_recycle=1800
-        )
+        # Its overflow is one pool size: the hot paths' statements have their own connections
+        # (up to another pool size, DriverConnections), within the 3 x pool size per replica
+        # that the README tells operators to plan for.
+        return create_engine(url, pool_size=pool_size, max_overflow=pool_size, pool_recycle=1800)
     if parsed.database and parsed.database != ":memory:":
         Path(parsed.database).expanduser().parent.mkdir(parents=True, exist_ok=True)
     engine = create_engine(
@@ -162,7 +171,11 @@ class Database:
 
     def __init__(self, url: str, pool_size: int = 10):
         self.url = url
+        self.pool_size = pool_size
         self.engine = make_engine(url, pool_size)
+        # The hot paths' connections (PostgreSQL), opened at their first use.
+        self._driver_pool: DriverConnections | None = None
+        self._driver_pool_lock = threading.Lock()
         self.dialect = self.engine.dialect.name
         self._write = sessionmaker(self.engine, expire_on_commit=False)
         self._reader = self.engine.execution_options(pipetune_readonly=True)
@@ -197,42 +210,50 @@ class Database:
 
     @contextmanager
     def driver_statement(self) -> Iterator[psycopg.Cursor]:
-        """A cursor of the driver (psycopg, rows as named tuples) on a pooled connection, for
-        ONE statement, which is its own transaction (PostgreSQL only).
+        """A cursor of the driver (psycopg, rows as named tuples) on a connection of the
+        driver's own pool (service/driver_pool.py), for ONE statement, which is its own
+        transaction (PostgreSQL only).
 
         Every hot path is one statement (a data-modifying CTE where it writes), atomic on its
         own; run in autocommit, it costs one round trip instead of three (BEGIN, the
-        statement, COMMIT): 55-80 against 170-190 µs of the client's CPU for a trivial one,
-        and less work for the server. The connection goes back to the pool as it came (not in
-        autocommit: the ORM's transactions use it too).
+        statement, COMMIT): 55-80 against 170-190 us of the client's CPU for a trivial one,
+        and less work for the server. Those connections stay in autocommit; the ORM's
+        transactions have SQLAlchemy's pool.
 
         The driver's errors come out as SQLAlchemy's (OperationalError for a database that
         cannot be reached), so the service answers them as it answers every other database
-        error (a 503 for an outage); a connection the error broke leaves the pool."""
+        error (a 503 for an outage); a connection the error broke is closed, not reused."""
+        pool = self._driver_connections()
         try:
-            raw = self.engine.raw_connection()  # the pool does not wrap a failed connect
-        except psycopg.Error as exc:
-            raise sa_exc.DBAPIError.instance(
-                None, None, exc, psycopg.Error, connection_invalidated=True
-            ) from exc
+            conn, opened = pool.take()
+        except psycopg.Error as exc:  # it could not connect
+            raise _wrapped(exc, broken=True) from exc
         try:
-            conn = raw.driver_connection
-            conn.autocommit = True
-            try:
-                with conn.cursor(row_factory=namedtuple_row) as cursor:
-                    yield cursor
-            finally:
-                if not conn.broken:
-                    conn.autocommit = False
+            with conn.cursor(row_factory=namedtuple_row) as cursor:
+                yield cursor
         except psycopg.Error as exc:
-            broken = bool(raw.driver_connection is None or raw.driver_connection.broken)
-            if broken:
-                raw.invalidate()
-            raise sa_exc.DBAPIError.instance(
-                None, None, exc, psycopg.Error, connection_invalidated=broken
-            ) from exc
+            raise _wrapped(exc, broken=conn.broken) from exc
         finally:
-            raw.close()  # back to the pool
+            pool.give_back(conn, opened)
+
+    def _driver_connections(self) -> DriverConnections:
+        pool = self._driver_pool
+        if pool is None:
+            with self._driver_pool_lock:
+                if self._driver_pool is None:
+                    # As many as the pool size: the event loop runs one statement at a
+                    # time, and besides it only the proposer and the upkeep use them.
+                    self._driver_pool = DriverConnections(
+                        self._connect_driver, keep=self.pool_size, limit=self.pool_size
+                    )
+                pool = self._driver_pool
+        return pool
+
+    def _connect_driver(self) -> psycopg.Connection:
+        """A connection as the engine's (the dialect's arguments: its adapters too), in
+        autocommit."""
+        cargs, cparams = self.engine.dialect.create_connect_args(self.engine.url)
+        return psycopg.connect(*cargs, **cparams, autocommit=True)
 
     def now(self) -> ColumnElement[dt.datetime]:
         """The database's current time, as a SQL expression.
@@ -253,4 +274,6 @@ class Database:
         return type_coerce(func.statement_timestamp() + dt.timedelta(seconds=seconds), UTCDateTime)
 
     def dispose(self) -> None:
+        if self._driver_pool is not None:
+            self._driver_pool.close()
         self.engine.dispose()

@@ -498,3 +498,22 @@ def test_health_metrics_and_openapi(client):
     created = spec["paths"]["/v1/tasks"]["post"]["responses"]
     assert "TaskDoc" in created["201"]["content"]["application/json"]["schema"]["$ref"]
     assert "ValidationErrorBody" in str(created["422"])
+
+
+def test_the_workers_routes_are_matched_before_every_other(client):
+    """Routes are tried in order: a fleet's requests (leases, results) come first, and no
+    route behind them answers one of their paths."""
+    from starlette.routing import Match
+
+    def paths(route) -> list[str]:  # (FastAPI keeps an included router as one entry)
+        inner = getattr(route, "original_router", None)
+        return [p for r in inner.routes for p in paths(r)] if inner else [route.path]
+
+    app = client.app
+    ours = [p for r in app.router.routes for p in paths(r) if p.startswith("/v1/")]
+    hot = {"/v1/jobs/lease", "/v1/jobs/{job_id}/result", "/v1/jobs/results"}
+    assert set(ours[: len(hot)]) == hot
+    for path in ["/v1/jobs/lease", "/v1/jobs/7/result", "/v1/jobs/results"]:
+        scope = {"type": "http", "method": "POST", "path": path, "root_path": "", "app": app}
+        matched = [r for r in app.router.routes if r.matches(scope)[0] == Match.FULL]
+        assert len(matched) == 1, path

@@ -1,5 +1,6 @@
 """`Database.driver_statement` on PostgreSQL: one statement, its own transaction (autocommit),
-on a pooled connection that goes back as it came, after a failing statement too."""
+on a connection of the driver's own pool (service/driver_pool.py), used again after a failing
+statement too, never after the database dropped it."""
 
 from __future__ import annotations
 
@@ -7,14 +8,22 @@ import pytest
 from sqlalchemy import exc as sa_exc
 from sqlalchemy import text
 
-from pipetune.service.db import Database
+from pipetune.service.db import Database, is_unavailable
+from pipetune.service.driver_pool import DriverConnections
 
 pytest_plugins = ["service_fixtures"]
 
 
-def test_a_statement_commits_on_its_own_and_leaves_the_pool_as_it_was(pg_url):
-    db = Database(pg_url, pool_size=1)  # one connection: every use below is the same one
+def _backend_pid(db: Database) -> int:
+    with db.driver_statement() as cur:
+        cur.execute("SELECT pg_backend_pid() AS pid")
+        return cur.fetchone().pid
+
+
+def test_a_statement_commits_on_its_own_on_a_connection_that_is_used_again(pg_url):
+    db = Database(pg_url, pool_size=1)  # one idle connection kept: every use is the same one
     try:
+        first = _backend_pid(db)
         with db.driver_statement() as cur:
             cur.execute("CREATE TEMP TABLE probe (x int)")
         with db.driver_statement() as cur:
@@ -22,19 +31,64 @@ def test_a_statement_commits_on_its_own_and_leaves_the_pool_as_it_was(pg_url):
             assert cur.fetchone().x == 1
             # No transaction is open around the statement: it is already committed.
             assert cur.connection.info.transaction_status.name == "IDLE"
-        with pytest.raises(sa_exc.DBAPIError), db.driver_statement() as cur:
+        with pytest.raises(sa_exc.DBAPIError) as refused, db.driver_statement() as cur:
             cur.execute("INSERT INTO probe VALUES ('not a number')")
+        assert not is_unavailable(refused.value)  # a bad statement, not an outage
         with db.driver_statement() as cur:  # the failure left nothing half-open
             cur.execute("SELECT count(*) AS n FROM probe")
             assert cur.fetchone().n == 1
-        # The ORM's transactions on the same pooled connection are transactions again.
+        assert _backend_pid(db) == first  # (the temporary table lives on it)
+        # The ORM's transactions are transactions (SQLAlchemy's pool, never in autocommit).
         with db.engine.connect() as conn:
             assert conn.connection.driver_connection.autocommit is False
-            conn.execute(text("INSERT INTO probe VALUES (2)"))
-            conn.rollback()
-            assert conn.execute(text("SELECT count(*) FROM probe")).scalar() == 1
     finally:
-        db.engine.dispose()
+        db.dispose()
+
+
+def test_a_connection_the_database_dropped_fails_one_statement_as_unavailable(pg_url):
+    """A database restart (here: the backend terminated) fails the statement that finds it,
+    answered as an outage (503), and the next statement runs on a new connection."""
+    db = Database(pg_url, pool_size=1)
+    try:
+        dropped = _backend_pid(db)
+        with db.engine.connect() as other:
+            other.execute(text("SELECT pg_terminate_backend(:pid)"), {"pid": dropped})
+        with pytest.raises(sa_exc.DBAPIError) as failed, db.driver_statement() as cur:
+            cur.execute("SELECT 1")
+        assert failed.value.connection_invalidated and is_unavailable(failed.value)
+        assert _backend_pid(db) != dropped
+        assert db._driver_connections().idle_count() == 1
+    finally:
+        db.dispose()
+
+
+def test_the_driver_connections_are_bounded_retired_with_age_and_closed_on_dispose(pg_url):
+    db = Database(pg_url, pool_size=1)
+    try:
+        connect = db._connect_driver
+        pool = DriverConnections(connect, keep=1, limit=1, timeout_s=0.2)
+        held = pool.take()
+        with pytest.raises(sa_exc.TimeoutError) as waited:
+            pool.take()  # the one allowed is in use
+        assert is_unavailable(waited.value)
+        pool.give_back(*held)
+        again = pool.take()
+        assert again[0] is held[0]  # kept idle and used again
+        pool.give_back(*again)
+
+        young = DriverConnections(connect, keep=1, limit=2, max_age_s=0.0)
+        conn, opened = young.take()
+        young.give_back(conn, opened)
+        assert conn.closed and young.idle_count() == 0  # too old to keep
+
+        pid = _backend_pid(db)
+        kept = db._driver_connections().idle_count()
+        db.dispose()
+        assert kept == 1 and db._driver_connections().idle_count() == 0
+        assert _backend_pid(db) != pid  # usable after a dispose, on a new connection
+        pool.close()
+    finally:
+        db.dispose()
 
 
 def test_names_become_sql_literals_and_nothing_else_does():
