@@ -257,8 +257,9 @@ class _Plan:
 
 
 # What _plan returns, instead of a plan, when asked not to adopt a task this replica is
-# behind on (compared by identity).
+# behind on, and for a task that has ended or does not exist (compared by identity).
 BEHIND = _Plan(task_id=-1, version=-1, first_trial=-1, batch=[], predicted=[], curve={})
+ENDED = _Plan(task_id=-1, version=-1, first_trial=-1, batch=[], predicted=[], curve={})
 
 
 @dataclass(frozen=True)
@@ -484,6 +485,14 @@ class Driver:
         live.sizes.append(len(batch))
         rows = session.pending[-len(batch) :]  # the rows propose() just added
         return batch, [float(p) for p in live.predicted_us[rows]]
+
+    def _forget(self, task_id: int) -> None:
+        """Drop what this replica keeps for a task that has ended: its session and its lock
+        (one per task ever advanced here, kept for good, was a replica's memory growing with
+        every task a fleet ran). An advance waiting on the lock meanwhile finds the task
+        ended too."""
+        self._keep_live(task_id, None)
+        self._task_locks.pop(task_id, None)
 
     def _take_live(self, task_id: int) -> _Live | None:
         """The task's session, out of the cache for an advance; the task counts as held here
@@ -718,6 +727,9 @@ class Driver:
                 plan = self._plan(task_id, adopt)
                 if plan is BEHIND:
                     return None
+                if plan is ENDED:  # (finished by another replica, cancelled, failed)
+                    self._forget(task_id)
+                    return False
                 if plan is None:
                     return False
                 changed = self._commit(plan)
@@ -727,7 +739,7 @@ class Driver:
                 # (_completed); dropping it made that advance replay the whole record.
                 self._keep_live(task_id, plan.live if plan.batch else None)
                 if changed and not plan.batch:
-                    self._task_locks.pop(task_id, None)
+                    self._forget(task_id)
                 return changed
             finally:
                 with self._live_lock:
@@ -844,7 +856,7 @@ class Driver:
     def _plan(self, task_id: int, adopt: bool = True) -> _Plan | None:
         found = self._read_task(task_id)
         if found is None or TaskState(found[1]).is_final():
-            return None
+            return ENDED
         task, _, older, outstanding = found
         early = outstanding_allowed(
             task.strategy, task.batch_size, self.settings.propose_early, task.version
@@ -1234,7 +1246,7 @@ class Driver:
                 .values(state=TaskState.CANCELLED, finished_at=now, updated_at=now)
                 .execution_options(synchronize_session=False)
             )
-        self._keep_live(task_id, None)
+        self._forget(task_id)
         self.metrics.tasks_finished.labels(TaskState.CANCELLED).inc()
 
 

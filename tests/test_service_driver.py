@@ -612,3 +612,25 @@ def test_a_task_proposing_early_replays_on_a_replica_that_never_held_it(db_url):
         answer(held[6:] + last)
         assert a.get(f"/v1/tasks/{task_id}").json()["state"] == "done"
         _assert_reproduces_a_local_session(a, task_id, "auto", 4, 40)
+
+
+def test_a_replica_keeps_nothing_of_a_task_that_ended_elsewhere_or_was_cancelled(db_url):
+    """A replica's lock and session of a task go when the task ends, however it ended: a
+    replica that advanced a task another replica then finished, or one that cancelled it,
+    kept a lock per task for good (a replica's memory grew with every task of a fleet)."""
+    with two_replicas_on_a_task(db_url, "xgb", budget=8, seed=2) as r:
+        _answer_leased(r.queue, r.ref)
+        assert r.first.advance(r.task_id) is True  # the first replica holds the task now
+        assert r.first.holds(r.task_id) and r.task_id in r.first._task_locks
+        _answer_leased(r.queue, r.ref)
+        assert r.second.advance(r.task_id) is True  # the second one finishes it
+        assert r.a.get(f"/v1/tasks/{r.task_id}").json()["state"] == "done"
+        assert r.second._task_locks.keys() == set() and not r.second.holds(r.task_id)
+        assert r.first.advance(r.task_id) is False  # (an advance asked late, as a sweep's)
+        assert r.first._task_locks.keys() == set() and not r.first.holds(r.task_id)
+
+        cancelled = create_task(r.a, budget=20, strategy="xgb", seed=3)["id"]
+        _answer_leased(r.queue, r.ref)
+        assert r.first.advance(cancelled) is True
+        assert r.a.delete(f"/v1/tasks/{cancelled}").status_code == 200
+        assert r.first._task_locks.keys() == set() and not r.first.holds(cancelled)
