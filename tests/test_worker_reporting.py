@@ -128,6 +128,36 @@ def test_an_older_service_gets_one_request_per_result():
     assert "batch_reports_unsupported" in log.getvalue()
 
 
+@pytest.mark.parametrize("retry_s", [0.0, 600.0])
+def test_the_batch_route_is_tried_again_a_while_after_a_404(monkeypatch, retry_s):
+    """A 404 may come from one older replica of several, or a proxy: the worker reports one
+    result a request and, BATCH_ROUTE_RETRY_S later, batches again (it did so never more,
+    for the rest of its life)."""
+    from pipetune.workers.daemon import worker as worker_module
+
+    monkeypatch.setattr(worker_module, "BATCH_ROUTE_RETRY_S", retry_s)
+    api = FakeApi(NotFoundError(404, "Not Found"))
+    worker, _ = _worker(api)
+    worker._busy = 4
+    reporter = threading.Thread(target=worker._reporter)
+    reporter.start()
+    for group in ([1, 2], [3, 4]):
+        for i in group:
+            worker._reports.put((_job(i), OK))
+        deadline = time.monotonic() + 10
+        while worker._busy > 4 - group[-1]:  # until the group is reported
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+        api.batch_error = None  # the upgrade is done: every replica has the route
+    worker._reports.put(None)
+    reporter.join(10)
+    assert worker.counts["accepted"] == 4
+    if retry_s == 0:
+        assert api.singles == [1, 2] and api.batches == [[3, 4]]
+    else:
+        assert api.singles == [1, 2, 3, 4] and api.batches == []
+
+
 def test_a_result_refused_as_invalid_is_sent_again_alone():
     api = FakeApi(ApiError(422, "results.1.result.latency_us: required"))
     worker, _ = _worker(api)

@@ -25,6 +25,7 @@ and return them to the queue (heartbeats list only the leases the worker holds).
 from __future__ import annotations
 
 import json
+import math
 import threading
 import time
 from collections import Counter
@@ -76,6 +77,10 @@ EXIT_UNREPORTED = 3  # the exit status of a worker that stopped with results it 
 # Answers about a request's size (the body; the head): a batch refused so is sent again one
 # result a request, not dropped as refused.
 REQUEST_TOO_LARGE = (413, 431)
+# After a 404 from the batch route the worker reports one result a request, and tries the
+# route again this long after: the 404 may have come from an older replica behind a load
+# balancer during a rolling upgrade, or from a proxy, not from every replica for good.
+BATCH_ROUTE_RETRY_S = 600.0
 
 
 class WorkerError(PipetuneError):
@@ -503,7 +508,9 @@ class Worker:
 
     def _reporter(self) -> None:
         api = self._api_factory()
-        batched = True  # the service has POST /v1/jobs/results (until it says otherwise)
+        # The service has POST /v1/jobs/results until it says otherwise, and again from
+        # BATCH_ROUTE_RETRY_S after.
+        per_result_until = -math.inf
         try:
             while True:
                 item = self._reports.get()
@@ -521,7 +528,9 @@ class Worker:
                         break
                     items.append(more)
                 try:
-                    batched = self._report_all(api, items, batched)
+                    batched = time.monotonic() >= per_result_until
+                    if not self._report_all(api, items, batched) and batched:
+                        per_result_until = time.monotonic() + BATCH_ROUTE_RETRY_S
                 except Exception as exc:  # one bad answer must not stop the reporting
                     for job, _ in items:
                         self._count("unreported")
@@ -546,7 +555,11 @@ class Worker:
                 self._report_batch(api, items)
                 return True
             except NotFoundError:  # an older service: no batch route
-                self.log.info("batch_reports_unsupported", msg="reporting one result a request")
+                self.log.info(
+                    "batch_reports_unsupported",
+                    msg="reporting one result a request; trying the batch route again in "
+                    f"{BATCH_ROUTE_RETRY_S:g} s",
+                )
                 batched = False
             except ApiError as exc:
                 if exc.status_code == 422 and exc.field == "max_jobs" and self._leases_in_reports:
