@@ -24,7 +24,7 @@ from pipetune.service.db import Database, is_unavailable, unavailable_reason
 from pipetune.service.driver import Driver
 from pipetune.service.errors import install as install_error_handlers
 from pipetune.service.metrics import Metrics
-from pipetune.service.middleware import RequestMetrics
+from pipetune.service.middleware import BodyLimit, RequestMetrics
 from pipetune.service.migrate import check_schema, check_writable
 from pipetune.service.proposer import Proposer
 from pipetune.service.queue import Queue
@@ -119,7 +119,6 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         version="1",
         description=DESCRIPTION,
         lifespan=lifespan,
-        max_body_size=settings.max_body_bytes,
     )
     app.state.service = service
     install_error_handlers(app)
@@ -132,6 +131,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             allow_methods=["GET", "POST", "DELETE"],
             allow_headers=["Authorization", "X-API-Key", "Content-Type"],
         )
+    app.add_middleware(BodyLimit, limit=settings.max_body_bytes)
     app.add_middleware(RequestMetrics, metrics=metrics)
     # Routes are matched in the order they are included, each tried in turn: the workers'
     # routes, a fleet's every request, first (matching a job route behind the other routers

@@ -7,14 +7,14 @@ IMMEDIATE the write lock is taken up front, so a read-then-update inside ``Datab
 is a compare-and-set. Read-only sessions keep a deferred BEGIN and run beside the writer.
 
 PostgreSQL: an ordinary pool; row locks (``FOR UPDATE [SKIP LOCKED]``) where it matters. The
-queue's hot paths run plain SQL on a pooled connection through the driver itself
-(``Database.driver_statement``). Measured on a lease plus a result (single thread,
-benchmarks/bench_queue_sql.py, RESULTS.md): SQLAlchemy Core statements built per call,
-several per path, cost about 6 ms of the client's CPU; the same work as one statement through
-SQLAlchemy's cached ``text()`` 1.1-1.3 ms; that statement through psycopg 0.9-1.0 ms. The
-statement count is most of the gain; the driver takes SQLAlchemy's execution and result
-machinery off the rest. Everything off the hot paths keeps SQLAlchemy (ORM and Core):
-clearer, and cheap enough there.
+queue's hot paths run plain SQL through the driver itself, on connections of their own kept
+in autocommit (``Database.driver_statement``, service/driver_pool.py). Measured on a lease
+plus a result (single thread, benchmarks/bench_queue_sql.py, RESULTS.md): SQLAlchemy Core
+statements built per call, several per path, cost about 6 ms of the client's CPU; the same
+work as one statement through SQLAlchemy's cached ``text()`` 1.1-1.3 ms; that statement
+through psycopg 0.9-1.0 ms. The statement count is most of the gain; the driver takes
+SQLAlchemy's execution and result machinery off the rest. Everything off the hot paths
+keeps SQLAlchemy (ORM and Core): clearer, and cheap enough there.
 
 Lease expiry is judged by the database's clock only (``Database.now``): replicas and
 workers may disagree about the time, the database is the one clock they share.

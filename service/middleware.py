@@ -1,12 +1,15 @@
-"""ASGI middleware recording request latency (the body size limit is FastAPI's own).
+"""ASGI middleware: request latency, and the request body's size limit.
 
 Plain ASGI (not BaseHTTPMiddleware): no extra task per request and streaming untouched.
 """
 
 from __future__ import annotations
 
+import json
 import time
 from typing import Any
+
+from starlette.exceptions import HTTPException
 
 from pipetune.service.metrics import Metrics
 
@@ -42,3 +45,68 @@ class RequestMetrics:
             self.metrics.request_seconds.labels(scope["method"], path, str(status)).observe(
                 time.perf_counter() - start
             )
+
+
+class BodyTooLarge(HTTPException):
+    def __init__(self, limit: int):
+        super().__init__(
+            413, f"the request body is over the service's limit of {limit} bytes "
+            "(PIPETUNE_MAX_BODY_BYTES)",
+        )  # fmt: skip
+
+
+class BodyLimit:
+    """Requests whose body is over `limit` bytes are answered 413, as JSON like every other
+    error of the API (the service's handler of HTTPException writes it) and saying the
+    limit. Written here rather than FastAPI's `max_body_size`, whose limiter (Starlette's)
+    answers in plain text ("Content Too Large"), replacing the app's own answer: a declared
+    Content-Length over the limit is refused before the app runs; a body that grows past it
+    while it is read (no Content-Length, or a false one) raises in the route that reads it."""
+
+    def __init__(self, app: Any, limit: int):
+        self.app = app
+        self.limit = limit
+
+    async def __call__(self, scope: Scope, receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        declared = _content_length(scope)
+        if declared is not None and declared > self.limit:
+            error = BodyTooLarge(self.limit)
+            body = json.dumps({"detail": error.detail}).encode()
+            await send(
+                {
+                    "type": "http.response.start",
+                    "status": 413,
+                    "headers": [
+                        (b"content-type", b"application/json"),
+                        (b"content-length", str(len(body)).encode()),
+                        (b"connection", b"close"),  # the body it declared is not read
+                    ],
+                }
+            )
+            await send({"type": "http.response.body", "body": body})
+            return
+        received = 0
+
+        async def limited_receive() -> dict:
+            nonlocal received
+            message = await receive()
+            if message["type"] == "http.request":
+                received += len(message.get("body", b""))
+                if received > self.limit:
+                    raise BodyTooLarge(self.limit)
+            return message
+
+        await self.app(scope, limited_receive, send)
+
+
+def _content_length(scope: Scope) -> int | None:
+    for name, value in scope["headers"]:
+        if name == b"content-length":
+            try:
+                return int(value)
+            except ValueError:
+                return None  # (the server refuses such a request before the app sees it)
+    return None

@@ -445,10 +445,27 @@ def test_a_worker_arch_must_match_its_gpu(client):
     assert response.json()["field"] == "arch" and "sm_90" in response.json()["reason"]
 
 
-def test_request_bodies_over_the_limit_are_refused(db_url):
+def test_request_bodies_over_the_limit_are_refused_saying_the_limit(db_url):
+    """A 413 in JSON like every other error, naming the limit (Starlette's limiter answered
+    "Content Too Large" in plain text), whether the body declared its length or not."""
+    import json
+
     with client_for(db_url, max_body_bytes=4096) as c:
-        big = {"workload": GEMM, "gpu": "h100", "padding": "x" * 10_000}
-        assert c.post("/v1/tasks", json=big).status_code == 413
+        big = json.dumps({"workload": GEMM, "gpu": "h100", "padding": "x" * 10_000}).encode()
+        declared = c.post("/v1/tasks", content=big, headers={"content-type": "application/json"})
+        chunked = c.post(
+            "/v1/tasks",
+            content=iter([big[:3000], big[3000:]]),  # no Content-Length: read until too long
+            headers={"content-type": "application/json"},
+        )
+        for response in (declared, chunked):
+            assert response.status_code == 413
+            assert response.headers["content-type"] == "application/json"
+            assert "limit of 4096 bytes" in response.json()["detail"]
+        assert c.get("/v1/tasks").json()["tasks"] == []  # nothing was created
+        small = {"workload": GEMM, "gpu": "h100", "budget": 8}
+        assert c.post("/v1/tasks", content=iter([json.dumps(small).encode()]),
+                      headers={"content-type": "application/json"}).status_code == 201  # fmt: skip
 
 
 def test_health_metrics_and_openapi(client):
