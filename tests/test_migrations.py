@@ -372,10 +372,27 @@ def test_a_failing_upgrade_keeps_nothing_of_it(empty_url):
         engine.dispose()
 
 
-def test_rows_dangling_before_the_upgrade_do_not_stop_it(tmp_path):
+@pytest.mark.parametrize(
+    "table, row",
+    [
+        (
+            "leases",
+            "INSERT INTO leases (id, job_id, worker_id, token, leased_at, outcome) "
+            "VALUES (999, 99999, 1, 't', '2026-01-01', 'result')",
+        ),
+        (  # a table the migrations rebuild, whose keys they renumber (0002: prior_task)
+            "tasks",
+            "INSERT INTO tasks (id, workload_id, gpu, arch, strategy, budget, seed, batch_size, "
+            "state, batches, trials_target, trials_enqueued, trials_done, trials_failed) "
+            "VALUES (999, 99999, 'a100', 'sm_80', 'random', 8, 0, 8, 'done', 1, 8, 8, 8, 0)",
+        ),
+    ],
+)
+def test_rows_dangling_before_the_upgrade_do_not_stop_it(tmp_path, table, row):
     """SQLite: the foreign key check after the migrations counts only what they broke. A row
     already pointing nowhere (written with foreign keys off) failed every upgrade for ever,
-    blamed on the migration, after the migrations had been committed."""
+    blamed on the migration, after the migrations had been committed; and one in `tasks`
+    still did, its key renumbered by the table's rebuild."""
     url = f"sqlite:///{tmp_path / 'dangling.db'}"
     upgrade(url, "0001")
     engine = make_engine(url, pool_size=1)
@@ -384,16 +401,14 @@ def test_rows_dangling_before_the_upgrade_do_not_stop_it(tmp_path):
         raw = engine.raw_connection()
         try:
             raw.execute("PRAGMA foreign_keys=OFF")
-            raw.execute(
-                "INSERT INTO leases (id, job_id, worker_id, token, leased_at, outcome) "
-                "VALUES (999, 99999, 1, 't', '2026-01-01', 'result')"
-            )
+            raw.execute(row)
             raw.commit()
         finally:
             raw.close()
         upgrade(url)
         assert current_revision(engine) == head_revision()
         with engine.connect() as conn:
-            assert conn.execute(text("SELECT count(*) FROM leases")).scalar() == 2
+            assert conn.execute(text(f"SELECT count(*) FROM {table}")).scalar() == 2
+            assert conn.execute(text(f"SELECT count(*) FROM {table} WHERE id = 999")).scalar()
     finally:
         engine.dispose()
