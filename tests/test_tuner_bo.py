@@ -1255,3 +1255,44 @@ def test_the_map_fit_stops_within_a_hundredth_of_a_nat_of_the_optimum():
             loose_evals += loose.nfev
             tight_evals += tight.nfev
     assert loose_evals < tight_evals
+
+
+def test_a_search_whose_prior_points_only_at_failures_finds_what_runs():
+    """A GPU that fails every schedule of the prior's favourite kind (here each with register
+    double-buffering: half the space, and all of the analytical model's top picks). With no
+    success the GP's mean was the prior's ranking and the failure classifier had one class,
+    so `auto` went down that ranking to the end of its budget: 0 of 64 trials ran. After a
+    design's worth of failures it takes the space-filling design, as `bo` starts."""
+    from pipetune.model.family import family_of
+    from pipetune.model.hardware import get_gpu
+    from pipetune.tuner.offline import RecordedSpace, run_offline
+
+    workload = gemm(256, 128, 512)
+    space = Space.enumerate(workload, get_gpu("h100"))
+    predicted_s = family_of(workload).evaluate(space).latency_us * 1e-6
+    fails = space.knobs["reg_stages"] == 2
+    latency_s = np.where(fails, np.inf, predicted_s)
+    assert fails[np.argsort(predicted_s)[:8]].all()  # the prior's first picks all fail
+    for strategy in ("auto", "analytical+xgb"):
+        rows = run_offline(RecordedSpace(space, latency_s), strategy, seed=0, budget=24, batch=8)
+        ran = np.isfinite(latency_s[rows])
+        assert not ran[:8].any() and ran[8:16].sum() >= 2, strategy
+
+
+def test_a_dropped_prior_completes_the_design_it_proposed_not_only_what_was_measured(
+    recorded, space
+):
+    """Proposing early (a batch while trials of the last are pending), the design rows still
+    pending counted as missing once the prior was dropped, and later design rows were
+    proposed in their place."""
+    lying = PriorMean(
+        np.log(np.where(np.isfinite(recorded.objective_ms), recorded.objective_ms, 1.0)),
+        source="backwards",
+    )
+    for early in (0, 3, 5):
+        strategy = make_strategy("bo", space, seed=0, prior=lying)
+        design = design_rows(strategy.encoding, 16, 0)
+        rows = run_strategy_rows(strategy, recorded.objective_ms, 64, 8, early=early)
+        assert strategy.last_used_prior is False
+        assert sum(r in rows for r in design[:8]) == 8
+        assert sum(r in rows for r in design[8:]) <= 1, early

@@ -203,6 +203,13 @@ class BayesianStrategy(Strategy):
         n_ok = int(ok.sum())
         if self.prior is None and (len(exclude) < self.n_init or n_ok < 2):
             return self._design_rows(n, exclude)
+        if self.prior is not None and n_ok == 0 and len(history) >= self.n_init:
+            # Everything the prior pointed to failed here: with no measurement to fit, the
+            # GP's mean is the prior's ranking, and with no success the failure classifier
+            # has one class (it learns nothing), so the search would go on down that ranking,
+            # failing, to the end of its budget (a GPU that cannot run the prior's favourite
+            # kind of schedule). The space-filling design finds what runs, as `bo` starts.
+            return self._design_rows(n, exclude)
         y = -np.log(np.array([o.latency_s for o in history if not o.failed], dtype=np.float64))
         ok_rows = rows[ok]
         X_ok = self.features[ok_rows]
@@ -250,7 +257,8 @@ class BayesianStrategy(Strategy):
             # The prior lost: its trials cluster where it pointed, which represents the space
             # no better than one corner. Complete the initial design first, as `bo` would
             # have started.
-            designed = len(set(self._design_rows(self.n_init, set())) & set(rows.tolist()))
+            # (Proposed, not measured: a design row still pending is not missing.)
+            designed = len(set(self._design_rows(self.n_init, set())) & exclude)
             if designed < self.n_init:
                 return self._design_rows(min(n, self.n_init - designed), exclude)
         if not use_prior:
