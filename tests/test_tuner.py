@@ -234,6 +234,32 @@ def test_sa_finds_the_top_of_a_known_score_array(space):
     assert 1234 not in found
 
 
+@pytest.mark.parametrize(
+    "knobs, values",
+    [(3, 8), (7, 64), (11, 128)],  # a grid of 512, of 2^42 (past a table), of 2^77 (past int64)
+)
+def test_the_codec_finds_rows_of_a_space_on_a_grid_of_any_size(knobs, values):
+    """A foreign space (a Kernel Tuner cache) may have many knobs of many values: the codec
+    built a table over the whole grid, 32 TiB for 7 knobs of 64 values, and overflowed int64
+    past 2^63, so every strategy failed on such a space."""
+    rng = np.random.default_rng(1)
+    domain = [tuple(range(10, 10 + 3 * values, 3))] * knobs
+    matrix = np.unique(rng.choice(domain[0], size=(300, knobs)), axis=0)
+    codec = KnobCodec(domain, matrix)
+    assert np.array_equal(codec.rows(codec.value_index), np.arange(len(matrix)))
+    moved = codec.value_index.copy()
+    moved[:, 0] = (moved[:, 0] + 1) % values  # one knob changed: almost never a member
+    members = {tuple(r) for r in codec.value_index.tolist()}
+    expected = [
+        i if tuple(m) in members else -1 for i, m in enumerate(moved.tolist())
+    ]  # (the row of the moved vector, where it is one)
+    found = codec.rows(moved)
+    assert [(f >= 0) for f in found] == [(e >= 0) for e in expected]
+    for f, m in zip(found, moved.tolist(), strict=True):
+        if f >= 0:
+            assert codec.value_index[f].tolist() == m
+
+
 def _brute_random_expectation(values, k):
     combos = list(itertools.combinations(values, k))
     return sum(max(c) for c in combos) / len(combos)

@@ -13,12 +13,18 @@ predicts the whole space once per round, which is cheap for spaces of thousands)
 from __future__ import annotations
 
 import heapq
+import math
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
 from pipetune.model.family import FamilySpace, family_of
+
+# A code table over the whole knob grid (the product of the value counts) up to this size:
+# one array look-up per move. Past it (a foreign space of many knobs with many values, whose
+# grid is mostly outside the space) codes are found in the space's own sorted codes.
+DENSE_CODES = 1 << 20
 
 
 class KnobCodec:
@@ -30,14 +36,29 @@ class KnobCodec:
 
     def __init__(self, values: list[tuple], matrix: np.ndarray):
         self.radices = np.array([len(v) for v in values], dtype=np.int64)
-        self.strides = np.concatenate([np.cumprod(self.radices[::-1])[::-1][1:], [1]])
         # value index of each knob for each row: shape (N, n_knobs)
         self.value_index = np.column_stack(
             [np.searchsorted(np.array(v), matrix[:, j]) for j, v in enumerate(values)]
         ).astype(np.int64)
-        codes = self.value_index @ self.strides
-        self.row_of_code = np.full(int(np.prod(self.radices)), -1, dtype=np.int64)
-        self.row_of_code[codes] = np.arange(len(matrix))
+        grid = math.prod(len(v) for v in values)  # (Python's ints: no overflow)
+        rows = np.arange(len(matrix), dtype=np.int64)
+        self._row_of_code: np.ndarray | None = None
+        self._sorted_codes: np.ndarray | None = None
+        self._row_of_tuple: dict[tuple[int, ...], int] | None = None
+        if grid < 1 << 62:  # codes fit in int64
+            self._strides = np.array(
+                [math.prod(len(v) for v in values[j + 1 :]) for j in range(len(values))],
+                dtype=np.int64,
+            )
+            codes = self.value_index @ self._strides
+            if grid <= DENSE_CODES:
+                self._row_of_code = np.full(grid, -1, dtype=np.int64)
+                self._row_of_code[codes] = rows
+            else:
+                order = np.argsort(codes, kind="stable")
+                self._sorted_codes, self._sorted_rows = codes[order], rows[order]
+        else:  # a grid past int64: the rows by their value indices
+            self._row_of_tuple = {tuple(vi): i for i, vi in enumerate(self.value_index.tolist())}
 
     @classmethod
     def for_space(cls, space: FamilySpace) -> KnobCodec:
@@ -51,7 +72,18 @@ class KnobCodec:
 
     def rows(self, value_index: np.ndarray) -> np.ndarray:
         """Row of each value-index vector, -1 where it is not a member of the space."""
-        return self.row_of_code[value_index @ self.strides]
+        if self._row_of_code is not None:
+            return self._row_of_code[value_index @ self._strides]
+        if self._sorted_codes is not None:
+            codes = value_index @ self._strides
+            at = np.minimum(np.searchsorted(self._sorted_codes, codes), len(self) - 1)
+            found = self._sorted_codes[at] == codes
+            return np.where(found, self._sorted_rows[at], -1)
+        assert self._row_of_tuple is not None
+        return np.array(
+            [self._row_of_tuple.get(tuple(vi), -1) for vi in value_index.tolist()],
+            dtype=np.int64,
+        ).reshape(value_index.shape[:-1])
 
 
 def codec_for(space: Any) -> KnobCodec:
