@@ -59,6 +59,17 @@ def is_simulated(runner: str | None) -> bool:
     return RunnerKind.SIMULATED.value in re.split("[:,]", runner or "")
 
 
+def runner_kind_shown(runner: str | None) -> str | None:
+    """The kind a result's runner string is shown as: simulated wherever a simulated runner
+    had a part in it (`is_simulated`: a replay of a simulated sweep is not "replayed", a
+    dataset of cupy and simulated results not "measured"), else its own kind (None if
+    unknown)."""
+    if is_simulated(runner):
+        return RunnerKind.SIMULATED.value
+    kind = RunnerKind.of(runner)
+    return None if kind is None else kind.value
+
+
 # The runner strings of a latency measured on a GPU: the cupy runner's, or a replay of its
 # recording. Anything else (simulated, several runners, none or an unknown one) cannot say
 # that every latency it labels was measured, and teaches no learned prior.

@@ -24,7 +24,7 @@ from sqlalchemy.orm import Session, aliased
 
 from pipetune.model.family import family_for_op
 from pipetune.model.states import JobState
-from pipetune.model.trials import RunnerKind
+from pipetune.model.trials import runner_kind_shown
 from pipetune.model.wire import TFLOPS, AggregatePoint, Curve, CurvePoint
 from pipetune.service.best_curve import best_latencies
 from pipetune.service.orm import JobRow, ReferenceOptimumRow, TaskRow, WorkloadRow
@@ -120,7 +120,7 @@ def aggregate(
         latency = best_latencies(curve, max_k)
         if not latency.size or optimum is None:
             continue
-        kind = RunnerKind.of(runner)
+        kind = runner_kind_shown(runner)
         if kind is not None:
             runners.add(kind)
         groups[name][(workload_id, task_gpu)].append(optimum / latency)

@@ -84,7 +84,9 @@ def _register(client: httpx.Client, name: str, runner: str, gpu: str = "h100") -
     return client.post("/v1/workers", json=body, headers=HEADERS).json()["id"]
 
 
-def _answer(client: httpx.Client, worker: int, max_jobs: int, wait_s: float = 2) -> int:
+def _answer(
+    client: httpx.Client, worker: int, max_jobs: int, wait_s: float = 2, runner: str | None = None
+) -> int:
     jobs = client.post(
         "/v1/jobs/lease",
         json={"worker_id": worker, "max_jobs": max_jobs, "wait_s": wait_s},
@@ -96,15 +98,19 @@ def _answer(client: httpx.Client, worker: int, max_jobs: int, wait_s: float = 2)
             "lease_token": job["lease_token"],
             "result": {"status": "ok", "latency_us": fake_latency(job["schedule"])},
         }
+        if runner is not None:
+            body["result"]["runner"] = runner
         ack = client.post(f"/v1/jobs/{job['job_id']}/result", json=body, headers=HEADERS)
         assert ack.json()["accepted"] is True
     return len(jobs)
 
 
-def _finish(client: httpx.Client, worker: int, task_ids: list[int]) -> None:
+def _finish(
+    client: httpx.Client, worker: int, task_ids: list[int], runner: str | None = None
+) -> None:
     """Answer jobs until the tasks are done (the next batch comes after each advance)."""
     while any(client.get(f"/v1/tasks/{t}").json()["state"] != "done" for t in task_ids):
-        _answer(client, worker, 8)
+        _answer(client, worker, 8, runner=runner)
 
 
 def _two_finished_tasks(client: httpx.Client) -> int:
@@ -387,6 +393,31 @@ def test_measured_trials_beside_simulated_ones_are_told_apart(live_url, chromium
         assert _axis_title(page, "aggregate-plot", "yaxis") == (
             "best-in-k (measured or simulated trials)"
         )
+        browser.close()
+
+
+def test_a_replay_of_a_simulated_sweep_is_labelled_simulated(live_url, chromium):
+    """A replay worker replaying a simulated sweep ("replay:simulated"): its latencies are the
+    analytical model's, and the page says so (they were tagged "replayed", the banner hidden,
+    and /v1/curves called their kind "replay")."""
+    with httpx.Client(base_url=live_url, timeout=30) as client:
+        worker = _register(client, "replayer", "replay")
+        body = {"workload": GEMM, "gpu": "h100", "budget": 8, "strategy": "random"}
+        task = client.post("/v1/tasks", json=body).json()["id"]
+        _finish(client, worker, [task], runner="replay:simulated")
+        assert client.get("/v1/tasks/" + str(task)).json()["best"]["runner"] == "replay:simulated"
+        assert client.get("/v1/curves").json()["runners"] == ["simulated"]
+
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=chromium, args=CHROMIUM_ARGS)
+        page = browser.new_page(viewport={"width": 1400, "height": 1000})
+        page.goto(f"{live_url}/dashboard?refresh=300&task={task}")
+        page.wait_for_selector("#simulated-banner:not([hidden])", timeout=20000)
+        cells = page.locator("#tasks tbody tr").nth(0).locator("td")
+        assert cells.nth(7).inner_text().split()[-1] == "simulated"
+        assert _axis_title(page, "scatter-plot", "yaxis") == "simulated µs"
         browser.close()
 
 

@@ -59,11 +59,14 @@
     return `${fixed(value, unit === "GB/s" ? 0 : 1)} ${unit}`;
   }
 
-  // "measured", "simulated" or "replayed": how a runner's latencies are labelled. A result
-  // that names no runner known here is taken as measured, as before runners were recorded.
+  // "measured", "simulated" or "replayed": how a runner's latencies are labelled. Simulated
+  // wherever the simulated runner had a part ("replay:simulated", "cupy,simulated"), as the
+  // service's is_simulated says. A result that names no runner known here is taken as
+  // measured, as before runners were recorded.
   function runnerLabel(runner) {
-    const kind = runner ? runner.split(":")[0] : "";
-    return VOCABULARY.runner_labels[kind] || MEASURED;
+    const parts = runner ? runner.split(/[:,]/) : [""];
+    if (parts.includes(VOCABULARY.simulated_kind)) return SIMULATED;
+    return VOCABULARY.runner_labels[parts[0]] || MEASURED;
   }
 
   // The words for a set of labels: "simulated", "measured or simulated" when they mix, ""

@@ -33,6 +33,7 @@ def vocabulary() -> dict:
         "final_job_states": [s.value for s in JobState if s.is_final()],
         "runner_labels": {k.value: k.adjective for k in RunnerKind},
         "simulated": RunnerKind.SIMULATED.adjective,
+        "simulated_kind": RunnerKind.SIMULATED.value,
         "measured": RunnerKind.CUPY.adjective,
     }
 
