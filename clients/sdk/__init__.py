@@ -9,6 +9,7 @@ from pipetune.clients.sdk.client import (
     default_server,
 )
 from pipetune.clients.sdk.errors import (
+    TRANSIENT,
     ApiError,
     AuthError,
     ConflictError,
@@ -29,6 +30,7 @@ __all__ = [
     "API_KEY_ENV",
     "DEFAULT_SERVER",
     "SERVER_ENV",
+    "TRANSIENT",
     "ApiError",
     "AuthError",
     "Client",

@@ -20,7 +20,12 @@ from typing import Any, Self
 import httpx
 from pydantic import BaseModel
 
-from pipetune.clients.sdk.errors import InvalidArgumentError, WaitTimeoutError
+from pipetune.clients.sdk.errors import (
+    TRANSIENT,
+    InvalidArgumentError,
+    ProtocolError,
+    WaitTimeoutError,
+)
 from pipetune.clients.sdk.http import DEFAULT_TIMEOUT_S, Http, header_value_problem
 from pipetune.model.wire import (
     DEFAULT_STRATEGY,
@@ -40,6 +45,9 @@ from pipetune.model.wire import (
 DEFAULT_SERVER = "http://127.0.0.1:8000"
 SERVER_ENV = "PIPETUNE_SERVER"
 API_KEY_ENV = "PIPETUNE_API_KEY"
+# Client.wait looks again after a failed look (TRANSIENT) until failures in a row have lasted
+# this long: a database failover or a service restart, not a service that is gone.
+WAIT_THROUGH_S = 60.0
 
 WorkloadLike = Mapping[str, Any] | BaseModel
 
@@ -258,8 +266,22 @@ class Client:
             timeout_s = seconds_argument("timeout_s", timeout_s, zero_ok=True)
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
         last: TaskDoc | None = None
+        failing_since: float | None = None
         while True:
-            doc = self.task(task_id)
+            try:
+                doc = self.task(task_id)
+            except TRANSIENT:
+                # A look that failed for the moment (a database outage is a 503 "retry
+                # shortly", a restart refuses connections): the next look may succeed, within
+                # the deadline and WAIT_THROUGH_S of failures in a row.
+                now = time.monotonic()
+                failing_since = now if failing_since is None else failing_since
+                past_deadline = deadline is not None and now >= deadline
+                if past_deadline or now - failing_since >= WAIT_THROUGH_S:
+                    raise
+                time.sleep(poll_s)
+                continue
+            failing_since = None
             if progress is not None and (last is None or doc != last):
                 progress(doc)
             last = doc
@@ -274,7 +296,14 @@ class Client:
         return self._http.call(WorkerList, "GET", "/v1/workers").workers
 
     def healthz(self) -> dict[str, Any]:
-        doc: dict[str, Any] = self._http.request("GET", "/healthz").json()
+        response = self._http.request("GET", "/healthz")
+        try:
+            doc = response.json()
+        except ValueError:
+            doc = None
+        if not isinstance(doc, dict):  # (as every other call: not the service's answer)
+            shown = reprlib.repr(response.text)
+            raise ProtocolError(f"GET /healthz: the answer is not a JSON object: {shown}")
         return doc
 
     # ---- lifetime --------------------------------------------------------------------

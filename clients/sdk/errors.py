@@ -104,6 +104,13 @@ class RetryLaterError(ApiError):
     has not judged the request)."""
 
 
+# Errors that say nothing of the request, only of the moment: the service unreachable,
+# failing (5xx: a database outage is a 503 "retry shortly"), or asking to be asked later
+# (408, 429: a proxy's rate limit included). Whoever polls or retries (Client.wait, the
+# worker daemon) goes on through these.
+TRANSIENT: tuple[type[Exception], ...] = (ServiceUnavailableError, ServerError, RetryLaterError)
+
+
 def error_class(status_code: int) -> type[ApiError]:
     if status_code in (400, 422):
         return InvalidRequestError

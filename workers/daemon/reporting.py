@@ -20,17 +20,9 @@ from tenacity import (
     wait_exponential,
 )
 
-from pipetune.clients.sdk import (
-    ProtocolError,
-    RetryLaterError,
-    ServerError,
-    ServiceUnavailableError,
-)
+from pipetune.clients.sdk import TRANSIENT, ProtocolError
 
 T = TypeVar("T")
-# Errors that say nothing of the request, only of the moment: the service unreachable,
-# failing (5xx), or asking to be asked later (408, 429: a proxy's rate limit included).
-TRANSIENT: tuple[type[Exception], ...] = (ServiceUnavailableError, ServerError, RetryLaterError)
 # Once registered, also an answer that does not parse (a proxy's error page with status
 # 200): the service that registered the worker is there, and leases and results are
 # idempotent to retry. (At registration it more likely means --server names something

@@ -1,0 +1,90 @@
+"""The SDK against a service that fails for a moment: Client.wait looks again through a 503
+("the database is unavailable; retry shortly", as the service answers an outage), a 429 or a
+refused connection, and gives up only past its deadline or after WAIT_THROUGH_S of failures
+in a row. (It raised at the first such answer, ending `pipetune tune --wait` mid-task.)"""
+
+from __future__ import annotations
+
+import itertools
+
+import httpx
+import pytest
+
+from pipetune.clients.sdk import (
+    Client,
+    NotFoundError,
+    ProtocolError,
+    ServerError,
+    WaitTimeoutError,
+)
+from pipetune.clients.sdk import client as client_module
+
+TASK = {
+    "id": 1,
+    "state": "running",
+    "workload": {"op": "gemm", "m": 64, "n": 64, "k": 64},
+    "label": "gemm 64x64x64",
+    "gpu": "h100",
+    "strategy": "random",
+    "budget": 4,
+    "seed": 0,
+    "batch_size": 4,
+    "trials_done": 1,
+    "trials_failed": 0,
+    "trials_target": 4,
+    "created_at": "2026-01-01T00:00:00Z",
+    "updated_at": "2026-01-01T00:00:00Z",
+}
+OUTAGE = httpx.Response(
+    503, json={"detail": "the database is unavailable; retry shortly"}, headers={"Retry-After": "1"}
+)
+
+
+def _client(answers) -> Client:
+    looks = itertools.count()
+
+    def answer(request: httpx.Request) -> httpx.Response:
+        reply = answers(next(looks))
+        if isinstance(reply, Exception):
+            raise reply
+        return reply
+
+    return Client("http://service", transport=httpx.MockTransport(answer))
+
+
+def test_wait_looks_again_through_an_outage_and_a_restart():
+    def answers(look: int):
+        if look == 1:
+            return OUTAGE
+        if look == 2:
+            return httpx.Response(429, json={"detail": "slow down"})
+        if look == 3:
+            return httpx.ConnectError("connection refused")
+        return httpx.Response(200, json={**TASK, "state": "done" if look >= 5 else "running"})
+
+    seen = []
+    doc = _client(answers).wait(1, seen.append, poll_s=0.001)
+    assert doc.state == "done" and [d.state for d in seen] == ["running", "done"]
+
+
+def test_wait_gives_up_on_failures_past_its_deadline_or_its_patience(monkeypatch):
+    with pytest.raises(ServerError, match="retry shortly"):  # the last error, not a time-out
+        _client(lambda look: OUTAGE).wait(1, poll_s=0.001, timeout_s=0.05)
+    monkeypatch.setattr(client_module, "WAIT_THROUGH_S", 0.05)
+    with pytest.raises(ServerError):
+        _client(lambda look: OUTAGE).wait(1, poll_s=0.001)  # no deadline: its patience
+    running = httpx.Response(200, json=TASK)
+    with pytest.raises(WaitTimeoutError):  # a task that runs on is still a time-out
+        _client(lambda look: running).wait(1, poll_s=0.001, timeout_s=0.02)
+    refused = httpx.Response(404, json={"detail": "task 1 does not exist"})
+    with pytest.raises(NotFoundError, match="does not exist"):  # a 4xx is an answer: at once
+        _client(lambda look: refused).wait(1, poll_s=0.001)
+
+
+def test_healthz_of_something_that_is_not_the_service_is_a_protocol_error():
+    page = httpx.Response(200, text="<html>a proxy's page</html>")
+    with pytest.raises(ProtocolError, match="not a JSON object"):
+        _client(lambda look: page).healthz()
+    assert _client(lambda look: httpx.Response(200, json={"status": "ok"})).healthz() == {
+        "status": "ok"
+    }
