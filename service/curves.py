@@ -10,7 +10,8 @@ task = best-known latency of the workload / best latency of the task's first k t
 throughput ratio, 0 before a success); the best known latency is the exhaustive sweep's
 (reference_optima) where one was imported, else the best any task measured. Mean over the
 tasks of a workload (seeds), geometric mean over workloads, per strategy; at each k only
-tasks that reached k trials count.
+tasks that reached k trials count. Simulated and measured tasks are normalised apart, each to
+the best known of its own kind (`_best_known`).
 """
 
 from __future__ import annotations
@@ -19,12 +20,12 @@ from collections import defaultdict
 
 import numpy as np
 from scipy.stats import gmean
-from sqlalchemy import and_, func, select
+from sqlalchemy import and_, select
 from sqlalchemy.orm import Session, aliased
 
 from pipetune.model.family import family_for_op
 from pipetune.model.states import JobState
-from pipetune.model.trials import runner_kind_shown
+from pipetune.model.trials import is_simulated, runner_kind_shown
 from pipetune.model.wire import TFLOPS, AggregatePoint, Curve, CurvePoint
 from pipetune.service.best_curve import best_latencies
 from pipetune.service.orm import JobRow, ReferenceOptimumRow, TaskRow, WorkloadRow
@@ -59,23 +60,43 @@ def task_curve(session: Session, task_id: int, op: str, work: int, after: int) -
     return Curve(points=points, throughput_unit=fam.throughput_unit)
 
 
-def _best_known(session: Session) -> dict[tuple[int, str], float]:
-    best: dict[tuple[int, str], float] = {}
-    measured = session.execute(
-        select(TaskRow.workload_id, TaskRow.gpu, func.min(TaskRow.best_latency_us))
+_BestJob = aliased(JobRow, name="best_job")
+
+
+def _best_known(session: Session) -> dict[tuple[int, str, bool], float]:
+    """The best latency known of each workload on each GPU, for simulated tasks and for
+    measured ones apart (the key's last part: simulated): a simulated latency is the
+    analytical model's, and as the yardstick of measured tasks it capped their curves at
+    whatever the model's error made them (and the other way round). A task's kind is its
+    best trial's runner's (`is_simulated`); an imported optimum's its sweep's runner's, and
+    one whose runner was not recorded is every kind's."""
+    best: dict[tuple[int, str, bool], float] = {}
+
+    def offer(workload_id: int, gpu: str, simulated: bool, latency: float) -> None:
+        key = (workload_id, gpu, simulated)
+        best[key] = min(latency, best.get(key, latency))
+
+    tasks = session.execute(
+        select(TaskRow.workload_id, TaskRow.gpu, TaskRow.best_latency_us, _BestJob.runner)
+        .outerjoin(
+            _BestJob, and_(_BestJob.task_id == TaskRow.id, _BestJob.trial == TaskRow.best_trial)
+        )
         .where(TaskRow.best_latency_us.is_not(None))
-        .group_by(TaskRow.workload_id, TaskRow.gpu)
     )
+    for workload_id, gpu, latency, runner in tasks:
+        offer(workload_id, gpu, is_simulated(runner), latency)
     reference = session.execute(
         select(
             ReferenceOptimumRow.workload_id,
             ReferenceOptimumRow.gpu,
             ReferenceOptimumRow.best_latency_us,
+            ReferenceOptimumRow.runner,
         )
     )
-    for workload_id, gpu, latency in [*measured, *reference]:
-        key = (workload_id, gpu)
-        best[key] = min(latency, best.get(key, latency))
+    for workload_id, gpu, latency, runner in reference:
+        kinds = (False, True) if runner is None else (is_simulated(runner),)
+        for simulated in kinds:
+            offer(workload_id, gpu, simulated, latency)
     return best
 
 
@@ -85,9 +106,6 @@ def _geomean_rows(matrix: np.ndarray) -> np.ndarray:
     # A missing row weighs nothing; a 0 (no success yet) makes the mean 0, as it should.
     with np.errstate(divide="ignore"):
         return gmean(np.where(present, matrix, 1.0), axis=0, weights=present.astype(float))
-
-
-_BestJob = aliased(JobRow, name="best_job")
 
 
 def aggregate(
@@ -116,7 +134,7 @@ def aggregate(
     )
     runners: set[str] = set()
     for name, workload_id, task_gpu, curve, runner in session.execute(query):
-        optimum = best.get((workload_id, task_gpu))
+        optimum = best.get((workload_id, task_gpu, is_simulated(runner)))
         latency = best_latencies(curve, max_k)
         if not latency.size or optimum is None:
             continue

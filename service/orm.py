@@ -208,4 +208,8 @@ class ReferenceOptimumRow(Base):
     best_latency_us: Mapped[float] = mapped_column(Float)
     configurations: Mapped[int] = mapped_column(Integer)
     source: Mapped[str] = mapped_column(String(512))
+    # The sweep's runner ("simulated", "cupy", "replay:cupy"...): its optimum normalises the
+    # curves of tasks of its kind only (service/curves.py); None (imported before it was
+    # recorded): every task's.
+    runner: Mapped[str | None] = mapped_column(String(64))
     created_at: Mapped[dt.datetime] = _created()

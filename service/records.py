@@ -200,8 +200,10 @@ def set_reference_optimum(
     best_latency_us: float,
     configurations: int,
     source: str,
+    runner: str | None = None,
 ) -> None:
-    """Record (or replace) the exhaustive-search optimum of a workload on a GPU."""
+    """Record (or replace) the exhaustive-search optimum of a workload on a GPU, and the
+    runner that measured it (None: not known)."""
     row = workload_row(session, workload)
     existing = session.get(ReferenceOptimumRow, (row.id, gpu))
     if existing is None:
@@ -212,9 +214,11 @@ def set_reference_optimum(
                 best_latency_us=best_latency_us,
                 configurations=configurations,
                 source=source[:512],
+                runner=None if runner is None else runner[:64],
             )
         )
     else:
         existing.best_latency_us = best_latency_us
         existing.configurations = configurations
         existing.source = source[:512]
+        existing.runner = None if runner is None else runner[:64]

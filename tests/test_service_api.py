@@ -396,6 +396,40 @@ def test_aggregate_normalises_to_an_imported_exhaustive_optimum(client):
     assert math.isclose(points[-1]["best_in_k"], 0.5)
 
 
+def test_simulated_and_measured_tasks_are_each_normalised_to_the_best_of_their_kind(client):
+    """A simulated latency is the model's: as the yardstick of a measured task (the best of
+    every task of the workload, whatever its runner) it capped the measured task's curve at
+    0.2 here, and an imported simulated sweep's optimum did the same."""
+    from pipetune.model.workloads import parse_workload as parse
+    from pipetune.service.records import set_reference_optimum
+
+    simulated_worker = register(client, "sim", runner="simulated")
+    gpu_worker = register(client, "gpu", runner="cupy")
+    create_task(client, budget=4, strategy="grid", runner="cupy")
+    create_task(client, budget=4, strategy="analytical", runner="simulated")
+
+    def result(runner: str, latency_us: float):
+        return lambda job: {**ok(latency_us + job["trial"]), "runner": runner}
+
+    drain(client, gpu_worker, result("cupy", 100.0))
+    drain(client, simulated_worker, result("simulated", 20.0))
+
+    def last_points() -> dict[str, float]:
+        curves = client.get("/v1/curves").json()["curves"]
+        return {name: round(points[-1]["best_in_k"], 9) for name, points in curves.items()}
+
+    assert last_points() == {"grid": 1.0, "analytical": 1.0}
+    with service_of(client).db.write() as s:  # an exhaustive simulated sweep: 10 us
+        set_reference_optimum(s, parse(GEMM), "h100", 10.0, 2840, "sim.t4.json", "simulated")
+    assert last_points() == {"grid": 1.0, "analytical": 0.5}
+    with service_of(client).db.write() as s:  # replaced by a measured sweep's: 50 us
+        set_reference_optimum(s, parse(GEMM), "h100", 50.0, 2840, "gpu.t4.json", "cupy")
+    assert last_points() == {"grid": 0.5, "analytical": 1.0}
+    with service_of(client).db.write() as s:  # one whose runner is not known: every task's
+        set_reference_optimum(s, parse(GEMM), "h100", 10.0, 2840, "old.t4.json")
+    assert last_points() == {"grid": 0.1, "analytical": 0.5}
+
+
 def test_workers_list_heartbeat_and_reregistration(client):
     first = register(client, "gpu-box-1", "a100")
     assert register(client, "gpu-box-1", "a100") == first  # same name, same token: same id

@@ -66,6 +66,7 @@ def test_db_import_optimum_records_the_sweeps_best(tmp_path):
     assert digest == workload.workload_hash and row.gpu == "a100"
     assert abs(row.best_latency_us - float(latency.min())) < 1e-6 * float(latency.min())
     assert row.configurations == len(space)
+    assert row.runner == "simulated"  # (its optimum normalises simulated tasks' curves only)
 
     missing = runner.invoke(app, ["db", "import-optimum", str(tmp_path / "nope.gz"), "--db", url])
     assert missing.exit_code == 2

@@ -498,8 +498,8 @@ def db_import_optimum(
     """Record a sweep's best latency as the optimum that best-in-k curves normalise to. The
     sweep must hold every valid schedule of its workload on its GPU (`pipetune sweep`
     without --limit): the best of part of the space is not the optimum. Simulated sweeps
-    are accepted, as by import-dataset (and said so): curves of simulated tasks normalise
-    to them."""
+    are accepted, as by import-dataset (and said so): the curves of simulated tasks
+    normalise to them, those of measured tasks to a measured sweep's."""
     from pipetune.service.db import Database
     from pipetune.service.imports import sweep_coverage
     from pipetune.service.records import set_reference_optimum
@@ -521,7 +521,13 @@ def db_import_optimum(
     try:
         with _database_errors(url), database.write() as s:
             set_reference_optimum(
-                s, info.workload, info.gpu, best.time_ms * 1e3, len(data), str(dataset)
+                s,
+                info.workload,
+                info.gpu,
+                best.time_ms * 1e3,
+                len(data),
+                str(dataset),
+                info.runner,
             )
     finally:
         database.dispose()
