@@ -1,7 +1,9 @@
 """The SDK against a service that fails for a moment: Client.wait looks again through a 503
 ("the database is unavailable; retry shortly", as the service answers an outage), a 429 or a
 refused connection, and gives up only past its deadline or after WAIT_THROUGH_S of failures
-in a row. (It raised at the first such answer, ending `pipetune tune --wait` mid-task.)"""
+in a row. (It raised at the first such answer, ending `pipetune tune --wait` mid-task.) And
+answers that are not the service's (a proxy's page or JSON, a broken encoding) are the SDK's
+own errors."""
 
 from __future__ import annotations
 
@@ -12,6 +14,7 @@ import pytest
 
 from pipetune.clients.sdk import (
     Client,
+    InvalidRequestError,
     NotFoundError,
     ProtocolError,
     ServerError,
@@ -88,3 +91,28 @@ def test_healthz_of_something_that_is_not_the_service_is_a_protocol_error():
     assert _client(lambda look: httpx.Response(200, json={"status": "ok"})).healthz() == {
         "status": "ok"
     }
+
+
+def test_error_bodies_of_other_shapes_and_broken_encodings_are_clear_errors():
+    """A proxy's JSON in other shapes than the service's, and a body whose Content-Encoding
+    is not its own: the SDK's own errors (they were a TypeError and an httpx.DecodingError,
+    past `except PipetuneError`)."""
+    odd = [
+        {"reason": "busy", "detail": 5},
+        {"detail": [{"loc": 5, "msg": "bad"}]},
+        {"field": 7, "reason": "bad"},
+        {"detail": [{"field": ["x"], "loc": ["body", "gpu"], "msg": "unknown"}]},
+    ]
+    for body in odd:
+        answer = httpx.Response(422, json=body)
+        with pytest.raises(InvalidRequestError) as refused:
+            _client(lambda look, answer=answer: answer).task(1)
+        assert refused.value.field is None or isinstance(refused.value.field, str)
+    assert "gpu: unknown" in str(refused.value)
+
+    def broken(look: int) -> httpx.Response:  # (decoded when the client reads it)
+        gzip = {"Content-Encoding": "gzip"}
+        return httpx.Response(200, headers=gzip, stream=httpx.ByteStream(b"not gzip"))
+
+    with pytest.raises(ProtocolError, match="cannot be decoded"):
+        _client(broken).task(1)

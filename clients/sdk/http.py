@@ -50,16 +50,20 @@ def explain(body: Any, fallback: str) -> tuple[str, str | None]:
     """
     if not isinstance(body, dict):
         return fallback, None
-    field = body.get("field")
+    # (Values of other types than the service's, a proxy's JSON, are read as absent.)
+    field = body.get("field") if isinstance(body.get("field"), str) else None
     if isinstance(body.get("reason"), str):
         reason = body["reason"]
-        more = len(body.get("detail") or []) - 1
+        listed = body.get("detail")
+        more = len(listed) - 1 if isinstance(listed, list) else 0
         text = f"{field}: {reason}" if field else reason
         return text + (f" (and {more} more)" if more > 0 else ""), field
     detail = body.get("detail", body.get("error", body.get("message")))
     if isinstance(detail, list) and detail and isinstance(detail[0], dict):
         first = detail[0]
-        field = first.get("field") or _field_of(list(first.get("loc") or [])) or None
+        loc = first.get("loc")
+        named = first.get("field") if isinstance(first.get("field"), str) else None
+        field = named or _field_of(list(loc) if isinstance(loc, list | tuple) else []) or None
         reason = clean_msg(str(first.get("reason") or first.get("msg") or "invalid"))
         text = f"{field}: {reason}" if field else reason
         more = len(detail) - 1
@@ -155,6 +159,11 @@ class Http:
         except httpx.TransportError as exc:
             raise ServiceUnavailableError(
                 self.base_url, _one_line(str(exc) or type(exc).__name__)
+            ) from None
+        except httpx.DecodingError as exc:  # (a body whose Content-Encoding is not its own)
+            raise ProtocolError(
+                f"{method} {path}: the answer's body cannot be decoded: "
+                f"{_one_line(str(exc) or type(exc).__name__)}"
             ) from None
         if response.status_code >= 400:
             raise self._error(response, method, path)
