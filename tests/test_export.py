@@ -122,6 +122,19 @@ def test_nvcc_compiles_an_exported_source(tuned: str, tmp_path: Path):
     assert cubin_sm(out.read_bytes()) == 90
 
 
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="no nvcc here")
+def test_the_index_says_the_nvcc_command_that_builds_the_export(tuned: str, tmp_path: Path):
+    """The documented `nvcc -c *.cu` built for nvcc's default arch (sm_75), where no kernel
+    of ours compiles; index.json now says the command, with the arch, and it builds them."""
+    index = _export(tuned, tmp_path)
+    assert index["nvcc"] == "nvcc -c -std=c++17 -arch=sm_90 *.cu"
+    sources = sorted(p.name for p in tmp_path.glob("*.cu"))
+    command = index["nvcc"].split()[:-1] + sources  # (the glob, as a shell expands it)
+    done = subprocess.run(command, cwd=tmp_path, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr
+    assert len(list(tmp_path.glob("*.o"))) == len(sources)
+
+
 def test_launch_json_is_the_cupy_runners_launch(tuned: str, tmp_path: Path):
     index = _export(tuned, tmp_path)
     for row in index["workloads"]:
@@ -427,6 +440,8 @@ def test_a_hopper_kernel_exports_its_arch_specific_cubin_and_tensor_maps(
     assert result.exit_code == 0, result.output
     (entry,) = json.loads((tmp_path / "out" / "index.json").read_text())["workloads"]
     assert entry["arch"] == "sm_90a" and entry["files"]["cubin"].endswith(".sm_90a.cubin")
+    index = json.loads((tmp_path / "out" / "index.json").read_text())
+    assert index["nvcc"] == "nvcc -c -std=c++17 -arch=sm_90a *.cu"  # (sm_90's code runs too)
     assert cubin_sm((tmp_path / "out" / entry["files"]["cubin"]).read_bytes()) == 90
     launch = json.loads((tmp_path / "out" / entry["files"]["launch"]).read_text())
     assert launch["arch"] == "sm_90a"

@@ -92,6 +92,7 @@ def _print_index(index: dict, out_dir: Path) -> None:
         )
     console.print(table)
     console.print(f"header {out_dir / index['header']}, index {out_dir / 'index.json'}")
+    console.print(f"build them: cd {out_dir} && {index['nvcc']}")
     if index["simulated"]:
         console.print(f"runner simulated: those latencies are {SIMULATED_LABEL}")
 

@@ -18,8 +18,10 @@ best measured schedule:
 `<stem>` is the workload's label made an identifier plus 8 hex digits of its hash. Workloads
 tuned to the same kernel (a GEMM kernel takes its shape as arguments) share the first one's
 .cu and cubin: their index.json entries name those files and `shares_kernel_with` its stem,
-so each kernel is defined once and `nvcc -c *.cu` links into one program (each .cu is a
-translation unit of its own: two in one file redefine `namespace pt`). Every
+so each kernel is defined once and index.json's `nvcc` command (`nvcc -c -std=c++17
+-arch=<arch> *.cu`: without -arch nvcc targets an arch none of them compiles for) builds them
+into one program (each .cu is a translation unit of its own: two in one file redefine
+`namespace pt`). Every
 family's kernels are exported (`pipetune.kernel` wraps them all: the tensor-core GEMMs and
 the memory-intensive operators); a tuned workload whose kernel cannot be made any more (its
 measured schedule no longer plans, e.g. after a generator change) is listed in index.json's
@@ -215,6 +217,17 @@ def _previous_export_files(out_dir: Path) -> set[str]:
     return {n for n in names if isinstance(n, str) and n and Path(n).name == n and n[0] != "."}
 
 
+def build_command(gpu_arch: str, kernel_arches: list[str]) -> str:
+    """The nvcc command, run in the export's folder, that builds every exported kernel into
+    one program's objects (index.json's `nvcc`). Without -arch nvcc 13 targets sm_75, where
+    no kernel of ours compiles (cp.async, f16x2 conversions, wgmma); with an arch-specific
+    kernel (sm_90a: the Hopper wgmma family) every source is built for that target, which
+    runs the GPU's plain sm_90 code too."""
+    specific = sorted({a for a in kernel_arches if a != gpu_arch and a.startswith(gpu_arch)})
+    target = specific[0] if specific else gpu_arch
+    return f"nvcc -c -std=c++17 -arch={target} *.cu"
+
+
 def export_tuned(reader: Reader, gpu: str, out_dir: str | Path) -> dict[str, Any]:
     """Write every tuned workload's kernel on `gpu` into `out_dir` (see the module
     docstring); returns the index document."""
@@ -273,6 +286,7 @@ def export_tuned(reader: Reader, gpu: str, out_dir: str | Path) -> dict[str, Any
         "pipetune": pipetune.__version__,
         "gpu": gpu,
         "arch": arch,
+        "nvcc": build_command(arch, [item.kernel.arch for item in exported]),
         "source": source,
         "header": HEADER_NAME,
         "simulated": any_simulated(item.best.runner for item in exported),
