@@ -3,7 +3,8 @@ write anything: an archive's sweep filed under another GPU or operator, a profil
 would refuse, a broken JSON document, a probe's unknown GPU; a --have of another GPU model
 (before anything is measured where --gpu names the GPU, before its files are copied where
 the device does), a --have folder with no campaign file in it; --minutes that are not a
-positive finite number. And what they accept: an archive repacked with `tar -C dir .`."""
+positive finite number. And what they accept: an archive repacked with `tar -C dir .`; and
+that an unpack that cannot write every file writes none."""
 
 from __future__ import annotations
 
@@ -245,3 +246,40 @@ def test_a_have_folder_without_a_campaign_file_is_refused(tmp_path, monkeypatch)
     assert result.exit_code == 2, result.output
     assert "no campaign file in the folder" in result.stderr.strip().splitlines()[-1]
     assert not out.exists()
+
+
+def test_an_unpack_that_cannot_write_everything_writes_nothing_and_can_be_run_again(
+    tmp_path, monkeypatch
+):
+    """A full disk midway: it left the first files (the profile among them, which the model
+    then applied) and the retry was refused as an overwrite of them."""
+    from pipetune.workers.datasets import files
+
+    campaign = DATA / "h100" / "campaign"
+    members = {
+        "probe.json": campaign / "probe.json",
+        "correctness.json": campaign / "correctness.json",
+        "baselines.json": campaign / "baselines.json",
+        "campaign.json": campaign / "campaign.json",
+        "profile.json": PROFILE_DIR / "h100.json",
+        "sweeps/MM_RN50_FC.t4.json.gz": DATA / "h100" / "MM_RN50_FC.t4.json.gz",
+    }
+    archive = _archive(tmp_path / "c.tar.gz", members)
+    fsync, calls = files.os.fsync, []
+
+    def full_disk_at_the_fourth(fd: int) -> None:
+        calls.append(fd)
+        if len(calls) == 4:
+            raise OSError(28, "No space left on device")
+        fsync(fd)
+
+    monkeypatch.setattr(files.os, "fsync", full_disk_at_the_fourth)
+    failed = _unpack(archive, tmp_path)
+    assert failed.exit_code != 0 and "No space left" in failed.output
+    assert [p for p in tmp_path.rglob("*") if p.is_file() and "c.tar.gz" not in p.name] == []
+    monkeypatch.setattr(files.os, "fsync", fsync)
+    again = _unpack(archive, tmp_path)
+    assert again.exit_code == 0, again.output
+    profile = (tmp_path / "profiles" / "h100.json").read_bytes()
+    assert profile == (PROFILE_DIR / "h100.json").read_bytes()
+    assert (tmp_path / "data" / "h100" / "campaign" / "campaign.json").exists()

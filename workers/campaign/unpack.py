@@ -39,7 +39,7 @@ from pipetune.model.workloads import WorkloadError
 from pipetune.workers.campaign import layout
 from pipetune.workers.campaign.operators import operator_workload
 from pipetune.workers.datasets import DatasetError, check_pipetune, read_t4
-from pipetune.workers.datasets.files import write_bytes_atomic
+from pipetune.workers.datasets.files import write_all_atomic
 
 PROFILE = layout.PHASE_FILES["profile"]
 
@@ -219,9 +219,11 @@ def unpack(
         clashes = [str(target) for _, target in plan if target.exists()]
         if clashes and not force:
             raise UnpackError(f"would overwrite {', '.join(clashes)} (pass --force)")
-        for source, target in plan:
-            # Atomic: a call stopped midway leaves whole files (an overwritten one old or new).
-            write_bytes_atomic(target, source.read_bytes())
+        # All or none: a write that fails (a full disk) must not leave part of a campaign,
+        # least of all its profile, which the model would apply, and whose files would then
+        # refuse the unpack's retry as an overwrite.
+        write_all_atomic([(target, source.read_bytes()) for source, target in plan])
+        for _, target in plan:
             if target.name.endswith(".t4.json.gz"):
                 result.datasets.append(target)
             elif target == profile_target:

@@ -138,20 +138,41 @@ def write_bytes_atomic(path: str | Path, data: bytes) -> Path:
     """Bytes written as write_atomic writes text. The temporary file is mkstemp's (a new
     file of an unpredictable name, O_EXCL): a name known in advance could be a link someone
     left there, and writing through it overwrote the link's target."""
-    path = Path(path)
-    if path.is_symlink():
-        path = path.resolve()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    ((target, tmp),) = _staged([(Path(path), data)])
+    os.replace(tmp, target)
+    return target
+
+
+def write_all_atomic(files: list[tuple[Path, bytes]]) -> list[Path]:
+    """Several files written all or none: each is written whole to a temporary file beside
+    its path first, and only once every one is on disk are they renamed into place (a
+    rename does not run out of space). A write that fails (a full disk) leaves none of them;
+    the folders made for them stay."""
+    staged = _staged(files)
+    for target, tmp in staged:
+        os.replace(tmp, target)
+    return [target for target, _ in staged]
+
+
+def _staged(files: list[tuple[Path, bytes]]) -> list[tuple[Path, str]]:
+    """Each file's bytes in a temporary file beside its path, flushed to disk: (path, the
+    temporary file) each; on any failure every temporary file made is removed."""
+    staged: list[tuple[Path, str]] = []
     try:
-        # mkstemp makes the file private (0600); give it the mode a plain open() would.
-        os.fchmod(fd, 0o666 & ~_umask())
-        with os.fdopen(fd, "wb") as handle:
-            handle.write(data)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(tmp, path)
+        for path, data in files:
+            if path.is_symlink():
+                path = path.resolve()
+            path.parent.mkdir(parents=True, exist_ok=True)
+            fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+            staged.append((path, tmp))
+            # mkstemp makes the file private (0600); give it the mode a plain open() would.
+            os.fchmod(fd, 0o666 & ~_umask())
+            with os.fdopen(fd, "wb") as handle:
+                handle.write(data)
+                handle.flush()
+                os.fsync(handle.fileno())
     except BaseException:
-        Path(tmp).unlink(missing_ok=True)
+        for _, tmp in staged:
+            Path(tmp).unlink(missing_ok=True)
         raise
-    return path
+    return staged
