@@ -71,6 +71,32 @@ def test_db_import_optimum_records_the_sweeps_best(tmp_path):
     missing = runner.invoke(app, ["db", "import-optimum", str(tmp_path / "nope.gz"), "--db", url])
     assert missing.exit_code == 2
 
+    # A measured sweep would replace the simulated optimum: only with --force (a workload
+    # keeps one optimum per GPU; the second import replaced the first without a word).
+    measured = dataset_from_results(
+        workload,
+        gpu,
+        list(space),
+        [MeasureResult(status="ok", latency_us=2 * float(x)) for x in latency],
+        runner="cupy",
+    )
+    measured_path = write_t4(measured, tmp_path / "measured.t4.json.gz")
+    command = ["db", "import-optimum", str(measured_path), "--db", url]
+    refused = runner.invoke(app, command)
+    assert refused.exit_code == 2 and "has a simulated optimum" in refused.output
+    assert "pass --force" in refused.output
+
+    def held() -> tuple[str | None, float]:
+        db = Database(url)
+        with db.read() as s:
+            (row,) = s.scalars(select(ReferenceOptimumRow)).all()
+        db.dispose()
+        return row.runner, row.best_latency_us
+
+    assert held()[0] == "simulated"
+    assert runner.invoke(app, [*command, "--force"]).exit_code == 0
+    assert held() == ("cupy", 2 * float(latency.min()))
+
 
 def test_serve_rejects_bad_options():
     assert runner.invoke(app, ["serve", "--runner", "opencl"]).exit_code == 2

@@ -494,15 +494,22 @@ def _check_schema(url: str, *, create_if_empty: bool = False) -> None:
 def db_import_optimum(
     dataset: Path = typer.Argument(..., help="an exhaustive pipetune sweep (T4 file)"),
     db: str | None = _DB,
+    force: bool = typer.Option(
+        False, "--force", help="replace an optimum of the other kind (simulated or measured)"
+    ),
 ) -> None:
     """Record a sweep's best latency as the optimum that best-in-k curves normalise to. The
     sweep must hold every valid schedule of its workload on its GPU (`pipetune sweep`
     without --limit): the best of part of the space is not the optimum. Simulated sweeps
-    are accepted, as by import-dataset (and said so): the curves of simulated tasks
-    normalise to them, those of measured tasks to a measured sweep's."""
+    are accepted, as by import-dataset (and said so). A workload keeps one optimum per GPU,
+    and it normalises the curves of tasks of its own kind only (simulated or measured; those
+    of the other kind normalise to their own tasks' best): replacing a measured optimum by a
+    simulated one, or the other way round, needs --force."""
+    from pipetune.model.trials import is_simulated
     from pipetune.service.db import Database
     from pipetune.service.imports import sweep_coverage
-    from pipetune.service.records import set_reference_optimum
+    from pipetune.service.orm import ReferenceOptimumRow
+    from pipetune.service.records import set_reference_optimum, workload_row
 
     url = _settings(db).database_url
     data, info = _pipetune_dataset(dataset)
@@ -520,6 +527,21 @@ def db_import_optimum(
     database = Database(url, pool_size=1)
     try:
         with _database_errors(url), database.write() as s:
+            held = s.get(ReferenceOptimumRow, (workload_row(s, info.workload).id, info.gpu))
+            kinds = {False: "measured", True: "simulated"}
+            if (
+                held is not None
+                and held.runner is not None
+                and is_simulated(held.runner) != is_simulated(info.runner)
+                and not force
+            ):
+                raise CliError(
+                    f"{info.workload.label()} on {info.gpu} has a "
+                    f"{kinds[is_simulated(held.runner)]} optimum (from {held.source}); this "
+                    f"sweep is {kinds[is_simulated(info.runner)]} and would replace it "
+                    "(pass --force)",
+                    2,
+                )
             set_reference_optimum(
                 s,
                 info.workload,
