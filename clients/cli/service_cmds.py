@@ -217,6 +217,9 @@ def serve(
         raise CliError("--local-workers: must be at least 0", 2)
     if runner == "replay" and local_workers and dataset is None:
         raise CliError("--runner replay needs --dataset", 2)
+    if dataset is not None and not (runner == "replay" and local_workers):
+        # (It was ignored without a word: a user who meant replay workers got none.)
+        raise CliError("--dataset: only for the local workers of --runner replay", 2)
     if not 0 <= port <= 65535:
         raise CliError(f"--port: must be 0..65535, got {port}", 2)
     log_level = log_level.lower()  # uvicorn's own spelling; it looks the name up lowercased
