@@ -124,7 +124,7 @@ WITH report AS (
 ), per_task AS (
     SELECT task_id, count(*) AS n, count(*) FILTER (WHERE NOT ok) AS failed,
         min(latency_us) FILTER (WHERE ok) AS best_latency,
-        (array_agg(trial ORDER BY latency_us, i) FILTER (WHERE ok))[1] AS best_trial
+        (array_agg(trial ORDER BY latency_us, trial) FILTER (WHERE ok))[1] AS best_trial
     FROM applied GROUP BY task_id
 ), locked_tasks AS (
     SELECT tasks.id FROM tasks JOIN per_task ON tasks.id = per_task.task_id

@@ -88,6 +88,20 @@ def test_many_results_in_one_request_each_judged_as_the_single_route_would(clien
     assert results == 6
 
 
+def test_a_tie_in_one_request_is_broken_by_trial_on_both_databases(client):
+    """Results of equal latency in one request: the task's best is the lowest trial, on
+    PostgreSQL as on SQLite (PostgreSQL took the first in the request's order, SQLite the
+    lowest trial: the best schedule depended on the database)."""
+    task = create_task(client, budget=4, strategy="grid", batch_size=4)
+    worker = register(client)
+    jobs = lease(client, worker, max_jobs=4)
+    assert len(jobs) == 4
+    response = post_results(client, worker, [_item(j, ok(30.0)) for j in reversed(jobs)])
+    assert response.status_code == 200, response.text
+    best = client.get(f"/v1/tasks/{task['id']}").json()["best"]
+    assert best["trial"] == min(j["trial"] for j in jobs) and best["latency_us"] == 30.0
+
+
 def test_a_stale_result_in_a_batch_is_refused_and_the_rest_recorded(db_url):
     with client_for(db_url, lease_ttl_s=0.2) as c:
         create_task(c, budget=2, strategy="grid")
