@@ -106,10 +106,16 @@ def get_task_doc(session: Session, task_id: int) -> TaskDoc | None:
     return None if row is None else task_doc(*row)
 
 
-def list_task_docs(session: Session, state: str | None, limit: int, offset: int) -> list[TaskDoc]:
+def list_task_docs(
+    session: Session, state: str | None, limit: int, offset: int, before: int | None = None
+) -> list[TaskDoc]:
+    """A page of tasks, newest first: those with ids below `before` (a cursor: the last id of
+    the page before, which tasks created meanwhile do not shift), after skipping `offset`."""
     query = _task_query().order_by(TaskRow.id.desc()).limit(limit).offset(offset)
     if state is not None:
         query = query.where(TaskRow.state == state)
+    if before is not None:
+        query = query.where(TaskRow.id < before)
     return [task_doc(*row) for row in session.execute(query)]
 
 

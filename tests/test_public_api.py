@@ -110,7 +110,16 @@ def test_the_task_list_pages_and_says_when_there_may_be_more(home: Path):
     rest = json.loads(cli.invoke(app, ["tasks", "--limit", "2", "--offset", "2", "--json"]).stdout)
     assert [t["id"] for t in rest["tasks"]] == [1] and rest["more"] is False
     table = cli.invoke(app, ["tasks", "--limit", "2"]).stdout
-    assert "tasks 1 to 2, newest first; there may be more: --offset 2" in table
+    assert "2 tasks, newest first; there may be more: --before 2 for the next ones" in table
+    # The cursor: a task created between two pages does not repeat one (an offset shifts).
+    pipetune.tune(tiny, "h100", budget=1, strategy="random", seed=9, runner="simulated")
+    after = json.loads(cli.invoke(app, ["tasks", "--limit", "2", "--before", "2", "--json"]).stdout)
+    assert [t["id"] for t in after["tasks"]] == [1] and after["before"] == 2
+    shifted = json.loads(
+        cli.invoke(app, ["tasks", "--limit", "2", "--offset", "2", "--json"]).stdout
+    )
+    assert [t["id"] for t in shifted["tasks"]] == [2, 1]  # (what an offset gives now)
+    assert cli.invoke(app, ["tasks", "--before", "0"]).exit_code == 2
     bad = cli.invoke(app, ["tasks", "--limit", "0"])
     assert bad.exit_code == 2 and "--limit: must be within 1..1000" in bad.stderr
 

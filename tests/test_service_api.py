@@ -396,6 +396,21 @@ def test_aggregate_normalises_to_an_imported_exhaustive_optimum(client):
     assert math.isclose(points[-1]["best_in_k"], 0.5)
 
 
+def test_the_task_list_pages_by_a_cursor_that_tasks_created_meanwhile_do_not_shift(client):
+    """An offset shifts as tasks are created between two pages, and the second page then
+    repeated a task of the first; `before` (the last id of the page before) does not."""
+    for seed in range(4):
+        create_task(client, budget=8, strategy="random", seed=seed)
+    first = [t["id"] for t in client.get("/v1/tasks?limit=2").json()["tasks"]]
+    create_task(client, budget=8, strategy="random", seed=9)
+    second = client.get(f"/v1/tasks?limit=2&before={first[-1]}").json()["tasks"]
+    assert first == [4, 3] and [t["id"] for t in second] == [2, 1]
+    running = client.get(f"/v1/tasks?limit=2&before={first[-1]}&state=queued").json()["tasks"]
+    assert [t["id"] for t in running] == [t["id"] for t in second if t["state"] == "queued"]
+    refused = client.get("/v1/tasks?before=0")
+    assert refused.status_code == 422 and refused.json()["field"] == "before"
+
+
 def test_simulated_and_measured_tasks_are_each_normalised_to_the_best_of_their_kind(client):
     """A simulated latency is the model's: as the yardstick of a measured task (the best of
     every task of the workload, whatever its runner) it capped the measured task's curve at

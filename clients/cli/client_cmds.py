@@ -58,6 +58,7 @@ from pipetune.model.hopper.space import ARCH as HOPPER_ARCH
 from pipetune.model.trials import RunnerKind
 from pipetune.model.wire import (
     DEFAULT_STRATEGY,
+    ID_MAX,
     MAX_BATCH_SIZE,
     MAX_BUDGET,
     MAX_TASK_PAGE,
@@ -423,6 +424,9 @@ def tasks(
         TASK_PAGE, "--limit", help=f"tasks to list, newest first (1..{MAX_TASK_PAGE})"
     ),
     offset: int = typer.Option(0, "--offset", help="skip this many of the newest first"),
+    before: int | None = typer.Option(
+        None, "--before", help="only tasks with ids below this one (the next page's cursor)"
+    ),
     as_json: bool = typer.Option(False, "--json", help="print one JSON document"),
     server: str | None = read_server_option(),
     api_key: str | None = api_key_option(),
@@ -433,14 +437,16 @@ def tasks(
         raise CliError(f"--limit: must be within 1..{MAX_TASK_PAGE}, got {limit}", 2)
     if offset < 0:
         raise CliError(f"--offset: must be at least 0, got {offset}", 2)
+    if before is not None and not 1 <= before <= ID_MAX:
+        raise CliError(f"--before: must be within 1..{ID_MAX}, got {before}", 2)
     with service_errors(), reader(server, api_key, db) as c:
-        docs = c.tasks(state=state, limit=limit, offset=offset)
+        docs = c.tasks(state=state, limit=limit, offset=offset, before=before)
         where = _where(server, c)
     # A full page may not be all: said, where the list was silently the newest 100.
     more = len(docs) == limit
     if as_json:
         doc = {"tasks": [d.model_dump(mode="json") for d in docs], "limit": limit}
-        print_json({**doc, "offset": offset, "more": more})
+        print_json({**doc, "offset": offset, "before": before, "more": more})
         return
     table = Table(title=f"tasks at {where}")
     for col in ("id", "state", "workload", "gpu", "strategy", "trials", "failed"):
@@ -468,8 +474,8 @@ def tasks(
         console.print("*: the task's whole space, smaller than its budget")
     if more:
         console.print(
-            f"tasks {offset + 1} to {offset + limit}, newest first; there may be more: "
-            f"--offset {offset + limit} for the next ones"
+            f"{limit} tasks, newest first; there may be more: --before {docs[-1].id} for the "
+            "next ones"
         )
     if not docs:
         console.print("no tasks")

@@ -165,7 +165,12 @@ class LocalStore:
         return doc
 
     def tasks(
-        self, state: str | None = None, *, limit: int | None = None, offset: int | None = None
+        self,
+        state: str | None = None,
+        *,
+        limit: int | None = None,
+        offset: int | None = None,
+        before: int | None = None,
     ) -> list[TaskDoc]:
         """Tasks, newest first, one page (as GET /v1/tasks)."""
         if state is not None and state not in TASK_STATES:
@@ -175,11 +180,13 @@ class LocalStore:
             raise LocalInputError(f"limit: must be within 1..{MAX_TASK_PAGE}, got {limit}")
         if offset is not None and not 0 <= offset <= ID_MAX:
             raise LocalInputError(f"offset: must be within 0..{ID_MAX}, got {offset}")
+        if before is not None and not 1 <= before <= ID_MAX:
+            raise LocalInputError(f"before: must be within 1..{ID_MAX}, got {before}")
         database = self._database()
         if database is None:
             return []
         with database.read() as s:
-            return list_task_docs(s, state, limit or TASK_PAGE, offset or 0)
+            return list_task_docs(s, state, limit or TASK_PAGE, offset or 0, before)
 
     def all_trials(self, task_id: int, samples: bool = False) -> list[TrialDoc]:
         """Every trial of a task, in proposal order (a task has at most MAX_BUDGET);

@@ -205,11 +205,18 @@ class Client:
         return self._http.call(TaskDoc, "GET", f"/v1/tasks/{task_id_path(task_id)}")
 
     def tasks(
-        self, state: str | None = None, *, limit: int | None = None, offset: int | None = None
+        self,
+        state: str | None = None,
+        *,
+        limit: int | None = None,
+        offset: int | None = None,
+        before: int | None = None,
     ) -> list[TaskDoc]:
         """Tasks, newest first (`state`: only those in that state); one page of `limit`
-        (the service's default 100) after skipping `offset`."""
-        params = {"state": state, "limit": limit, "offset": offset}
+        (the service's default 100) after skipping `offset`; `before`: only tasks with ids
+        below it (the last id of the page before: the next page, however many tasks were
+        created meanwhile)."""
+        params = {"state": state, "limit": limit, "offset": offset, "before": before}
         return self._http.call(TaskList, "GET", "/v1/tasks", params=params).tasks
 
     def cancel(self, task_id: int) -> TaskDoc:

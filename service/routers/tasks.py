@@ -53,10 +53,12 @@ def list_tasks(
     state: TaskState | None = None,
     limit: Annotated[int, Query(ge=1, le=MAX_TASK_PAGE), QUERY_INT] = TASK_PAGE,
     offset: Annotated[int, Query(ge=0, le=ID_MAX), QUERY_INT] = 0,
+    before: Annotated[int | None, Query(ge=1, le=ID_MAX), QUERY_INT] = None,
 ) -> TaskList:
-    """Tasks, newest first."""
+    """Tasks, newest first. Page with `before` (the last id of the page before): an offset
+    shifts as tasks are created between pages, and a page then repeats a task."""
     with service.db.read() as s:
-        return TaskList(tasks=list_task_docs(s, state, limit, offset))
+        return TaskList(tasks=list_task_docs(s, state, limit, offset, before))
 
 
 @router.get("/v1/tasks/{task_id}", name="get_task", response_model=TaskDoc, responses=NOT_FOUND)
