@@ -60,6 +60,22 @@ def test_calls_run_in_a_reused_child(worker):
     assert worker.info == {"pid": first.value}  # what the initializer returned
 
 
+def test_a_stop_signal_to_the_process_group_does_not_kill_the_call_in_flight(worker):
+    """A Ctrl-C (SIGINT) or a service manager's SIGTERM reaches the whole process group: it
+    killed the child mid-trial, reported as a runtime error while the worker drained. The
+    parent stops its child itself (a message, or SIGKILL past a timeout)."""
+    import signal
+    import threading
+
+    pid = worker.call(child_pid, timeout_s=30).value
+    timer = threading.Timer(0.3, lambda: [os.kill(pid, s) for s in (signal.SIGINT, signal.SIGTERM)])
+    timer.start()
+    outcome = worker.call(sleep_for, 1.0, timeout_s=30)
+    timer.join()
+    assert outcome.ok and outcome.value == 1.0
+    assert worker.call(child_pid, timeout_s=30).value == pid
+
+
 def test_an_exception_is_reported_and_the_child_lives_on(worker):
     pid = worker.call(child_pid, timeout_s=30).value
     outcome = worker.call(raise_value_error, timeout_s=30)

@@ -565,3 +565,23 @@ def test_a_name_in_use_is_warned_of():
     worker.runner = SimpleNamespace(name="simulated", only_workload=None)  # type: ignore[assignment]
     assert worker._register(api)  # type: ignore[arg-type]
     assert "WARNING name_in_use" in log.getvalue() and "its own --name" in log.getvalue()
+
+
+def test_a_log_that_cannot_be_written_does_not_stop_the_work():
+    """A closed pipe (`pipetune worker | head`): the failed write raised in the measuring
+    thread, the result was never queued, the slot never freed, and the heartbeats kept the
+    other leases alive for ever."""
+
+    class ClosedPipe(io.StringIO):
+        def write(self, text: str) -> int:
+            raise BrokenPipeError(32, "Broken pipe")
+
+    log = EventLog(stream=ClosedPipe())
+    log.info("trial", job=1)
+    log.error("unit_failed", msg="x")
+    assert log.lost == 2
+    api = FakeApi()
+    worker, _ = _worker(api)
+    worker.log = log
+    _report(worker, [_job(i) for i in range(1, 4)])
+    assert api.batches == [[1, 2, 3]] and worker._busy == 0

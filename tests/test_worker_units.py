@@ -49,6 +49,9 @@ def config(**kw) -> WorkerConfig:  # type: ignore[no-untyped-def]
         ({"runner": "cupy", "result_retry_s": NAN}, "--result-retry: must be a finite"),
         ({"runner": "cupy", "result_retry_s": -INF}, "--result-retry: must be a finite"),
         ({"runner": "cupy", "lease_wait_s": NAN}, "--lease-wait: must be within 0..30"),
+        # Past threading.TIMEOUT_MAX: the heartbeat thread died, every trial failed.
+        ({"runner": "cupy", "heartbeat_s": 1e12}, "--heartbeat: at most 604800 s"),
+        ({"runner": "cupy", "trial_timeout_s": 1e12}, "--trial-timeout: at most 604800 s"),
     ],
 )
 def test_bad_configurations_are_refused_with_the_option(kw: dict, message: str):

@@ -22,12 +22,20 @@ def default_name(runner: str) -> str:
     return f"{socket.gethostname()}-{runner}-{os.getpid()}"[:128]
 
 
+# The longest wait the worker's threads and pipes can be given (a week): past
+# threading.TIMEOUT_MAX (about 9.2e9 s) Event.wait overflowed, killing the heartbeat thread,
+# and every trial's wait for the measuring child failed (1e12 meant as "no limit").
+MAX_SECONDS = 7 * 24 * 3600.0
+
+
 def _check_seconds(flag: str, value: float, *, zero_ok: bool) -> None:
     """A ValueError naming `flag` unless `value` is a finite number of seconds, > 0 (or >= 0
-    with `zero_ok`: no retrying at all)."""
+    with `zero_ok`: no retrying at all), at most MAX_SECONDS."""
     if not math.isfinite(value) or value < 0 or (value == 0 and not zero_ok):
         bound = "at least 0" if zero_ok else "more than 0"
         raise ValueError(f"{flag}: must be a finite number of seconds, {bound}, got {value:g}")
+    if value > MAX_SECONDS:
+        raise ValueError(f"{flag}: at most {MAX_SECONDS:g} s (a week), got {value:g}")
 
 
 @dataclass(frozen=True)

@@ -28,6 +28,7 @@ class EventLog:
         # Reentrant: a line logged while another is being written on the same thread (a
         # signal arriving mid-write) must not deadlock.
         self._lock = threading.RLock()
+        self.lost = 0  # lines that could not be written
 
     def event(self, event: str, level: str = "info", **fields: Any) -> None:
         if LEVELS.index(level) < self._min:
@@ -49,8 +50,15 @@ class EventLog:
             line = " ".join(parts)
         stream = self._stream or sys.stdout
         with self._lock:
-            stream.write(line + "\n")
-            stream.flush()
+            try:
+                stream.write(line + "\n")
+                stream.flush()
+            except (OSError, ValueError):
+                # A log that can no longer be written (a closed pipe: `| head`, a restarted
+                # journal) must not stop the work it describes: raised here it left a
+                # measured result unreported and its slot taken, and the heartbeats kept
+                # the other leases alive for ever. As logging.Handler.handleError does.
+                self.lost += 1
 
     def info(self, event: str, **fields: Any) -> None:
         self.event(event, "info", **fields)

@@ -68,6 +68,12 @@ def _describe(exc: BaseException) -> str:
 def _child_main(
     conn: Connection, initializer: Callable[..., Any] | None, initargs: tuple[Any, ...]
 ) -> None:
+    # The parent decides when the child stops (a message, or SIGKILL past a timeout). A
+    # Ctrl-C, or a service manager's SIGTERM to the whole process group, reached the child
+    # too and killed the trial in flight, which was then reported as a runtime error while
+    # the parent drained its jobs in hand.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
     try:
         info = initializer(*initargs) if initializer is not None else None
     except BaseException as exc:
