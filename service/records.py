@@ -204,21 +204,12 @@ def set_reference_optimum(
 ) -> None:
     """Record (or replace) the exhaustive-search optimum of a workload on a GPU, and the
     runner that measured it (None: not known)."""
-    row = workload_row(session, workload)
-    existing = session.get(ReferenceOptimumRow, (row.id, gpu))
-    if existing is None:
-        session.add(
-            ReferenceOptimumRow(
-                workload_id=row.id,
-                gpu=gpu,
-                best_latency_us=best_latency_us,
-                configurations=configurations,
-                source=source[:512],
-                runner=None if runner is None else runner[:64],
-            )
-        )
-    else:
-        existing.best_latency_us = best_latency_us
-        existing.configurations = configurations
-        existing.source = source[:512]
-        existing.runner = None if runner is None else runner[:64]
+    workload_id = workload_row(session, workload).id
+    optimum = session.get(ReferenceOptimumRow, (workload_id, gpu))
+    if optimum is None:
+        optimum = ReferenceOptimumRow(workload_id=workload_id, gpu=gpu)
+        session.add(optimum)
+    optimum.best_latency_us = best_latency_us
+    optimum.configurations = configurations
+    optimum.source = source[:512]
+    optimum.runner = None if runner is None else runner[:64]

@@ -531,18 +531,13 @@ def db_import_optimum(
     try:
         with _database_errors(url), database.write() as s:
             held = s.get(ReferenceOptimumRow, (workload_row(s, info.workload).id, info.gpu))
-            kinds = {False: "measured", True: "simulated"}
-            if (
-                held is not None
-                and held.runner is not None
-                and is_simulated(held.runner) != is_simulated(info.runner)
-                and not force
-            ):
+            kind = {False: "measured", True: "simulated"}
+            held_kind = None if held is None or held.runner is None else is_simulated(held.runner)
+            if held_kind is not None and held_kind != is_simulated(info.runner) and not force:
                 raise CliError(
-                    f"{info.workload.label()} on {info.gpu} has a "
-                    f"{kinds[is_simulated(held.runner)]} optimum (from {held.source}); this "
-                    f"sweep is {kinds[is_simulated(info.runner)]} and would replace it "
-                    "(pass --force)",
+                    f"{info.workload.label()} on {info.gpu} has a {kind[held_kind]} optimum "
+                    f"(from {held.source}); this sweep is {kind[not held_kind]} and would "
+                    "replace it (pass --force)",
                     2,
                 )
             set_reference_optimum(

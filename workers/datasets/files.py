@@ -138,8 +138,7 @@ def write_bytes_atomic(path: str | Path, data: bytes) -> Path:
     """Bytes written as write_atomic writes text. The temporary file is mkstemp's (a new
     file of an unpredictable name, O_EXCL): a name known in advance could be a link someone
     left there, and writing through it overwrote the link's target."""
-    ((target, tmp),) = _staged([(Path(path), data)])
-    os.replace(tmp, target)
+    (target,) = write_all_atomic([(Path(path), data)])
     return target
 
 
