@@ -359,6 +359,7 @@ def _assert_the_runners_plan(launch: dict[str, Any], workload: Any, schedule: An
     assert launch["occupancy"] == {
         "sm_count": get_gpu("h100").sm_count,
         "blocks_per_sm": occupancy,
+        "blocks_per_sm_from": "model",  # the cubin's registers allow as many or more
         "grid_depends_on_occupancy": spec.codegen is not None,
     }
     roles = {b["name"]: b["role"] for b in launch["buffers"]}
@@ -577,3 +578,55 @@ def test_an_export_does_not_write_through_a_link_at_a_temporary_name(tuned: str,
     for row in index["workloads"]:
         for name in row["files"].values():
             assert (out / name).is_file() and not (out / name).is_symlink()
+
+
+def test_a_fused_splits_grid_is_sized_from_the_cubins_registers():
+    """The model estimates this layernorm schedule at fewer registers than ptxas allocates
+    (64 at 128 threads: 16 blocks per SM, the model says 18): the launch document's one-wave
+    grid must not count on the 18, or a fused split's blocks wait on blocks that cannot be
+    resident. The cubin's own registers size it, and the document says so."""
+    workload = parse_any_workload({"op": "layernorm", "rows": 4096, "cols": 8192})
+    schedule = family_of(workload).parse_schedule(
+        {"threads_per_row": 64, "rows_per_block": 1, "blocks_per_row": 2, "vector_width": 1,
+         "row_cache": 0, "split_mode": 1, "max_waves": 1}
+    )  # fmt: skip
+    kernel = pipetune.kernel(workload, "h100", schedule=schedule)
+    model_blocks = kernel.blocks_per_sm
+    kernel.size_grid_for_cubin()
+    doc = kernel.launch_document()
+    compiled = compile_source(kernel.source, "sm_90", entry=kernel.name)
+    threads = doc["block"][0]
+    warps_by_registers = 65536 // (-(-compiled.registers * 32 // 256) * 256)
+    fits = warps_by_registers // (threads // 32)
+    assert fits < model_blocks  # the case this test is about
+    assert doc["occupancy"]["blocks_per_sm"] == fits
+    assert doc["occupancy"]["blocks_per_sm_from"] == "cubin"
+    assert doc["grid"][0] <= fits * get_gpu("h100").sm_count
+    assert any("what the cubin's registers" in note for note in doc["notes"])
+
+
+def test_export_sizes_a_fused_splits_grid_from_its_cubin(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+):
+    """`pipetune export` writes the cubin-sized grid (the case above, as the best measured
+    schedule of a tuned layernorm)."""
+    url = f"sqlite:///{tmp_path / 'tuned.db'}"
+    workload = {"op": "layernorm", "rows": 4096, "cols": 8192}
+    monkeypatch.setenv("PIPETUNE_SIMULATED_TIME_SCALE", "0")
+    pipetune.tune(workload, "h100", budget=2, strategy="random", runner="simulated", db=url)
+    store = LocalStore(url)
+    schedule = {"threads_per_row": 64, "rows_per_block": 1, "blocks_per_row": 2,
+                "vector_width": 1, "row_cache": 0, "split_mode": 1, "max_waves": 1}  # fmt: skip
+    best = store.best_schedule(parse_any_workload(workload), "h100")
+    forced = best.model_copy(
+        update={"schedule": type(best.schedule).model_validate(schedule),
+                "schedule_id": "m-64-1-2-1-0-1-1"}
+    )  # fmt: skip
+    monkeypatch.setattr(store, "best_schedule", lambda w, gpu: forced)
+    index = export_tuned(store, "h100", tmp_path / "out")
+    (row,) = index["workloads"]
+    assert row["schedule_id"] == "m-64-1-2-1-0-1-1"
+    launch = json.loads((tmp_path / "out" / row["files"]["launch"]).read_text())
+    assert launch["occupancy"]["blocks_per_sm_from"] == "cubin"
+    assert launch["occupancy"]["blocks_per_sm"] == 16
+    assert launch["grid"][0] <= 16 * get_gpu("h100").sm_count

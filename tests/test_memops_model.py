@@ -89,6 +89,24 @@ def test_a_two_pass_split_pays_a_second_launch_and_a_re_read(h100):
     assert p.T_kernel[two].min() > h100.kernel_launch_ns * 2e-9
 
 
+def test_a_two_pass_reduce_reads_its_input_once(h100):
+    """A reduce's second launch combines the partials (in L2): its DRAM bytes are the
+    input read once, as an unsplit reduce's, not twice (an output pass's re-read)."""
+    w = reduce(4096, 65536)
+    space = MemSpace.enumerate(w, h100)
+    p = evaluate(space)
+    two_pass = space.geometry.launches == 2
+    assert two_pass.any()
+    compulsory = w.input_bytes + w.output_bytes
+    assert (p.bytes_dram[two_pass] < 1.1 * compulsory).all()
+    assert (p.bytes_dram[two_pass] >= compulsory).all()
+    # An output pass does re-read: a two-pass softmax moves more than its compulsory bytes.
+    s = softmax(8, 65536)
+    soft = MemSpace.enumerate(s, h100)
+    two = soft.geometry.launches == 2
+    assert (evaluate(soft).bytes_dram[two] > s.input_bytes + s.output_bytes).all()
+
+
 def test_the_constants_come_from_the_hardware_profile(h100):
     """A faster DRAM speeds up a DRAM-bound schedule; a longer latency slows down a
     latency-bound one (what `pipetune calibrate` measures flows into the model)."""

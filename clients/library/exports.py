@@ -251,6 +251,7 @@ def export_tuned(reader: Reader, gpu: str, out_dir: str | Path) -> dict[str, Any
                 latency_us=best.latency_us,
                 validate=False,
             )
+            kernel.size_grid_for_cubin()
         except ValueError as exc:  # ScheduleError, or a plan that no longer fits the GPU
             not_exported.append(
                 {

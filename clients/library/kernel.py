@@ -47,6 +47,7 @@ from pipetune.model.hardware import get_gpu
 from pipetune.model.knobs import ScheduleError
 from pipetune.model.memops.space import MemSchedule
 from pipetune.model.memops.workloads import MemWorkload
+from pipetune.model.occupancy import blocks_per_sm
 from pipetune.model.space import Schedule
 from pipetune.model.workloads import AnyWorkload
 from pipetune.workers.compile import compile_kernel, kernel_arch
@@ -107,6 +108,7 @@ class TunedKernel:
         # other) is sized again at call time from the driver's occupancy, as the cupy runner
         # does: a model that overestimates it would deadlock a fused split.
         self.grid_depends_on_occupancy = bool(self._codegen.grid_depends_on_occupancy(self._kernel))
+        self.occupancy_source = "model"  # or "cubin" (`size_grid_for_cubin`)
         self.operands: tuple[Operand, ...] = operands(
             self.plan, str(self._codegen.kernel_kind(workload))
         )
@@ -162,6 +164,25 @@ class TunedKernel:
         compile cache (no GPU needed); every entry of the run is in it."""
         return compile_kernel(self._kernel, arch or self.arch).cubin
 
+    def size_grid_for_cubin(self, arch: str | None = None) -> None:
+        """Where the grid is sized from one wave of resident blocks, size it from the blocks
+        per SM that the compiled cubin's registers and shared memory allow on the tuned GPU,
+        where that is fewer than the model's: the model's register estimate can fall short of
+        what ptxas allocates, and a launch document's grid that assumes more resident blocks
+        than fit leaves a fused split's blocks waiting on ones that cannot start. (A call
+        through `pipetune.kernel` sizes it from the driver's occupancy instead.)"""
+        if not self.grid_depends_on_occupancy:
+            return
+        compiled = compile_kernel(self._kernel, arch or self.arch)
+        first = self.plan.launches[0]
+        threads = first.block[0] * first.block[1] * first.block[2]
+        smem = first.smem_bytes + compiled.smem_static_bytes
+        fits = int(blocks_per_sm(get_gpu(self.gpu), threads, smem, compiled.registers))
+        if 0 < fits < self.blocks_per_sm:
+            self.plan = self._codegen.launch_plan(self._kernel, self.workload, self.sm_count, fits)
+            self.blocks_per_sm = fits
+            self.occupancy_source = "cubin"
+
     def _pointers_text(self, names: tuple[str, ...]) -> str:
         """Pointer parameters with their C types (a tensor map is a `const void*`)."""
         maps = {tm.name for tm in self.plan.tensor_maps}
@@ -207,9 +228,14 @@ class TunedKernel:
             )
         notes += self._codegen.shape_notes(self._kernel, self.workload)
         if self.grid_depends_on_occupancy:
+            occupancy_from = (
+                "what the cubin's registers and shared memory allow"
+                if self.occupancy_source == "cubin"
+                else "the model's occupancy"
+            )
             notes.append(
                 f"the grid is sized from one wave of {self.sm_count} SMs x "
-                f"{self.blocks_per_sm} resident blocks per SM (the model's occupancy on "
+                f"{self.blocks_per_sm} resident blocks per SM ({occupancy_from} on "
                 f"{self.gpu}); pipetune.kernel and the cupy runner size it again from the "
                 "driver's (cuOccupancyMaxActiveBlocksPerMultiprocessor of the loaded first "
                 "entry) and the device's SM count: do the same where either differs "
@@ -239,6 +265,7 @@ class TunedKernel:
             "occupancy": {
                 "sm_count": self.sm_count,
                 "blocks_per_sm": self.blocks_per_sm,
+                "blocks_per_sm_from": self.occupancy_source,
                 "grid_depends_on_occupancy": self.grid_depends_on_occupancy,
             },
             "notes": self._notes(),

@@ -355,8 +355,11 @@ def evaluate(space: MemSpace) -> MemPrediction:
     T_kernel = T_first + T_second
 
     # DRAM bytes of the whole run, and which term bounds a full round of items.
+    # Only an operator with an output pass re-reads its input in the second launch; a
+    # reduce's second launch combines partials in L2 (its time is `finish` above).
+    second_dram = (1 - l2_hit) * seg_bytes + out_second if w.has_output_pass else 0.0
     bytes_dram = items * (first_dram_rd + first_dram_wr) + np.where(
-        two_pass, items * ((1 - l2_hit) * seg_bytes + out_second), 0.0
+        two_pass, items * second_dram, 0.0
     )
     n_sm = np.ceil(conc / gpu.sm_count)
     candidates = np.stack(
