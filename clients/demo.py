@@ -76,7 +76,8 @@ def main(argv: list[str] | None = None) -> int:
     gpus = gpu_keys()
     if runner == "simulated" and args.workers < len(gpus):
         # Simulated workers are spread over the GPUs round robin (service/local_workers.py):
-        # with fewer, the H100 the demo tunes for would have none and the demo would wait.
+        # with fewer, a GPU the demo tunes for (the H100, then the H200) would have none and
+        # the demo would wait.
         parser.error(f"--workers: at least {len(gpus)} with simulated workers (one per GPU: "
                      f"{', '.join(gpus)})")  # fmt: skip
     workdir = Path(tempfile.mkdtemp(prefix="pipetune-demo-"))

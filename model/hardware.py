@@ -263,6 +263,10 @@ _ALIASES = {
 }
 
 
+# The GPU a command or call means when it names none (`pipetune tune`, `pipetune.kernel`, ...).
+DEFAULT_GPU = "h100"
+
+
 def gpu_keys() -> list[str]:
     """Registry keys of every GPU the model knows."""
     return sorted(_SPECS)

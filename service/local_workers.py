@@ -23,7 +23,7 @@ import sys
 import time
 from pathlib import Path
 
-from pipetune.model.hardware import gpu_keys
+from pipetune.model.hardware import DEFAULT_GPU, gpu_keys
 from pipetune.model.trials import RunnerKind
 
 RUNNERS: tuple[str, ...] = (RunnerKind.SIMULATED, RunnerKind.REPLAY, RunnerKind.CUPY)
@@ -32,7 +32,11 @@ TOKEN_ENV = "PIPETUNE_WORKER_TOKEN"
 
 
 def assign_gpus(n: int, gpus: list[str] | None = None) -> list[str]:
+    """Round robin, the default GPU first: with one worker, what `pipetune tune` tunes for
+    when it names no GPU has one (a100 first, in the registry's order, left such a task
+    waiting for ever)."""
     gpus = gpus or gpu_keys()
+    gpus = sorted(gpus, key=lambda g: g != DEFAULT_GPU)  # stable: the rest in their order
     return [gpus[i % len(gpus)] for i in range(n)]
 
 
@@ -76,6 +80,9 @@ def worker_command(
     if gpu is not None:
         command += ["--gpu", gpu]
     command += ["--name", name]
+    # The worker ends with this process, whatever ends it (a kill -9 included): otherwise
+    # each restart of `serve` added its workers to the ones still polling.
+    command += ["--parent-pid", str(os.getpid())]
     if dataset is not None:
         command += ["--dataset", str(dataset)]
     return command

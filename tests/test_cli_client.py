@@ -84,6 +84,10 @@ BAD = [
     (["worker", "--runner", "opencl", "--token", "t"], "--runner: must be one of"),
     (["worker", "--runner", "simulated", "--gpu", "h100"], "--token: give the worker token"),
     (["worker", "--runner", "simulated", "--gpu", "v100", "--token", "t"], "--gpu: unknown GPU"),
+    (
+        ["worker", "--runner", "simulated", "--gpu", "h100", "--token", "t", "--parent-pid", "0"],
+        "--parent-pid: must be a process id, got 0",
+    ),
     (["tune", "gemm", *FC[:6], "--gpu", "v100"], "--gpu: unknown GPU 'v100'"),
     (
         ["worker", "--runner", "replay", "--gpu", "a100", "--token", "t", "--dataset", "/no/x"],

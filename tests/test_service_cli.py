@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import signal
 import socket
 import subprocess
@@ -15,7 +16,7 @@ from typer.testing import CliRunner
 
 from pipetune.clients.cli.main import app
 from pipetune.model.analytical import evaluate
-from pipetune.model.hardware import get_gpu
+from pipetune.model.hardware import DEFAULT_GPU, get_gpu
 from pipetune.model.space import Space
 from pipetune.model.trials import MeasureResult
 from pipetune.model.workloads import parse_workload
@@ -116,9 +117,10 @@ def test_serve_rejects_bad_options():
 
 
 def test_local_workers_cover_every_gpu_of_the_registry():
-    assert assign_gpus(3) == ["a100", "h100", "h200"]
-    assert assign_gpus(5) == ["a100", "h100", "h200", "a100", "h100"]
-    assert assign_gpus(1) == ["a100"]
+    # The default GPU first: one worker serves what `pipetune tune` tunes by default.
+    assert assign_gpus(1) == [DEFAULT_GPU] == ["h100"]
+    assert assign_gpus(3) == ["h100", "a100", "h200"]
+    assert assign_gpus(5) == ["h100", "a100", "h200", "h100", "a100"]
     command = worker_command("http://127.0.0.1:9", "simulated", "h100", "local-0")
     assert command[:4] == [sys.executable, "-m", "pipetune.clients.cli", "worker"]
     pairs = dict(zip(command[4::2], command[5::2], strict=True))
@@ -128,7 +130,51 @@ def test_local_workers_cover_every_gpu_of_the_registry():
         "--runner": "simulated",
         "--gpu": "h100",
         "--name": "local-0",
+        "--parent-pid": str(os.getpid()),  # the worker ends with this process
     }
+
+
+def test_a_worker_ends_with_the_process_that_started_it(tmp_path):
+    """`serve --local-workers` killed with SIGKILL left its workers polling for ever, and
+    each restart added more: a worker given --parent-pid stops once that process is gone
+    (here while it still waits for a service to register with)."""
+    parent_code = (
+        "import subprocess, sys, time\n"
+        "from pipetune.service.local_workers import worker_command\n"
+        "command = worker_command('http://127.0.0.1:9', 'simulated', 'h100', 'orphan-test')\n"
+        "command += ['--register-timeout', '600']\n"
+        "child = subprocess.Popen(command, start_new_session=True,\n"
+        "    env={**__import__('os').environ, 'PIPETUNE_WORKER_TOKEN': 'x' * 32})\n"
+        "print(child.pid, flush=True)\n"
+        "time.sleep(600)\n"
+    )
+    parent = subprocess.Popen(
+        [sys.executable, "-c", parent_code], stdout=subprocess.PIPE, text=True
+    )
+    worker_pid = int(parent.stdout.readline())
+    try:
+        time.sleep(3.0)  # registering (retrying): alive while its parent is
+        os.kill(worker_pid, 0)
+        parent.kill()
+        parent.wait()
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and _alive(worker_pid):
+            time.sleep(0.2)
+        assert not _alive(worker_pid), "the worker outlived the process that started it"
+    finally:
+        parent.kill()
+        if _alive(worker_pid):
+            os.kill(worker_pid, signal.SIGKILL)
+
+
+def _alive(pid: int) -> bool:
+    """Whether process `pid` runs (a zombie counts as ended: its parent is gone, and init
+    reaps it)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
 
 
 def test_stop_workers_terminates_then_kills():

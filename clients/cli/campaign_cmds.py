@@ -24,7 +24,7 @@ from rich.table import Table
 from pipetune.clients.cli.errors import CliError, reported
 from pipetune.clients.cli.output import console, print_json
 from pipetune.clients.cli.paths import check_output_dir, check_output_file, check_tar_archive
-from pipetune.model.hardware import GPUSpec, get_gpu, gpu_keys
+from pipetune.model.hardware import DEFAULT_GPU, GPUSpec, get_gpu, gpu_keys
 
 if TYPE_CHECKING:
     from pipetune.workers.campaign import CampaignOptions
@@ -167,7 +167,7 @@ def campaign_main(
 @campaign_app.command("plan")
 @reported
 def campaign_plan(
-    gpu: str = typer.Option("h100", "--gpu", help=f"GPU: {', '.join(gpu_keys())}"),
+    gpu: str = typer.Option(DEFAULT_GPU, "--gpu", help=f"GPU: {', '.join(gpu_keys())}"),
     operators: str | None = typer.Option(None, "--operators", help=_OPERATORS_HELP),
     calls: int = typer.Option(3, "--calls", help="device calls available"),
     minutes: float = typer.Option(8.0, "--minutes", help="minutes per call"),

@@ -53,7 +53,7 @@ from pipetune.clients.library.labels import (
     trials_of,
 )
 from pipetune.model.family import parse_any_workload
-from pipetune.model.hardware import HardwareError, get_gpu, gpu_keys, resolve_gpu_key
+from pipetune.model.hardware import DEFAULT_GPU, HardwareError, get_gpu, gpu_keys, resolve_gpu_key
 from pipetune.model.hopper.space import ARCH as HOPPER_ARCH
 from pipetune.model.trials import RunnerKind
 from pipetune.model.wire import (
@@ -74,7 +74,7 @@ STRATEGIES: tuple[str, ...] = typing.get_args(StrategyName)
 schedule_app = typer.Typer(help="The best known schedule of a workload (measured, else model).")
 tune_app = typer.Typer(help="Start a tuning task for a workload on the service's GPU workers.")
 
-_GPU = option("gpu", str, "h100", help=f"GPU: {', '.join(gpu_keys())}")
+_GPU = option("gpu", str, DEFAULT_GPU, help=f"GPU: {', '.join(gpu_keys())}")
 _JSON = option("as_json", bool, False, "--json", help="print one JSON document")
 
 
@@ -568,7 +568,7 @@ def tune_model(
     network: str = typer.Argument(..., help="bert-base, gpt2 or resnet50"),
     batch: int | None = typer.Option(None, "--batch", help="batch (default 1; resnet50: 64)"),
     seq: int | None = typer.Option(None, "--seq", help="sequence length (bert 512, gpt2 1024)"),
-    gpu: str = typer.Option("h100", "--gpu", help=f"GPU: {', '.join(gpu_keys())}"),
+    gpu: str = typer.Option(DEFAULT_GPU, "--gpu", help=f"GPU: {', '.join(gpu_keys())}"),
     budget: int = typer.Option(16, "--budget", help="trials per distinct layer shape"),
     strategy: str = typer.Option(DEFAULT_STRATEGY, "--strategy", help=", ".join(STRATEGIES)),
     seed: int = typer.Option(0, "--seed", help="the tuner's seed"),

@@ -23,7 +23,7 @@ from pipetune.clients.cli.errors import CliError
 from pipetune.clients.cli.output import console, print_json
 from pipetune.clients.cli.workload_options import add_workload_commands, option, shape_fields
 from pipetune.model.family import family_for_op, family_of, parse_any_workload
-from pipetune.model.hardware import get_gpu, gpu_keys
+from pipetune.model.hardware import DEFAULT_GPU, get_gpu, gpu_keys
 from pipetune.workers.codegen.sample import UNCONSTRAINED_SHAPES, unconstrained_workload
 from pipetune.workers.families import codegen_for
 
@@ -33,7 +33,9 @@ compile_app = typer.Typer(help="Compile a stratified sample of a workload's vali
 kernel_app.add_typer(source_app, name="source")
 kernel_app.add_typer(compile_app, name="compile")
 
-_GPU = option("gpu", str, "h100", help=f"GPU whose valid space applies: {', '.join(gpu_keys())}")
+_GPU = option(
+    "gpu", str, DEFAULT_GPU, help=f"GPU whose valid space applies: {', '.join(gpu_keys())}"
+)
 _JSON = option("as_json", bool, False, "--json", help="print one JSON document")
 
 

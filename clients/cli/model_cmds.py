@@ -13,7 +13,7 @@ from pipetune.clients.cli.errors import CliError, reported
 from pipetune.clients.cli.output import console, print_json
 from pipetune.clients.cli.workload_options import add_workload_commands, option
 from pipetune.model.family import KernelFamily, family_for_op, family_of
-from pipetune.model.hardware import get_gpu, gpu_keys
+from pipetune.model.hardware import DEFAULT_GPU, get_gpu, gpu_keys
 from pipetune.model.memops.space import KNOBS as MEM_KNOBS
 from pipetune.model.operators import suite as operator_suite
 from pipetune.model.space import Schedule
@@ -26,7 +26,7 @@ model_app = typer.Typer(
 rank_app = typer.Typer(help="Rank a workload's valid schedules by predicted latency.")
 model_app.add_typer(rank_app, name="rank")
 
-_GPU = option("gpu", str, "h100", help=f"GPU to model: {', '.join(gpu_keys())}")
+_GPU = option("gpu", str, DEFAULT_GPU, help=f"GPU to model: {', '.join(gpu_keys())}")
 _PROFILE = option("profile", Path | None, None, help="hardware profile JSON to apply")
 _JSON = option("as_json", bool, False, "--json", help="print one JSON document")
 
@@ -219,7 +219,7 @@ def suite_document(name: str, gpu_name: str, profile: Path | None) -> dict:
 @reported
 def suite(
     name: str = typer.Argument("alcop", help="operator suite: alcop, memops or hopper"),
-    gpu: str = typer.Option("h100", "--gpu"),
+    gpu: str = typer.Option(DEFAULT_GPU, "--gpu"),
     profile: Path | None = typer.Option(None, "--profile"),
     as_json: bool = typer.Option(False, "--json"),
 ) -> None:

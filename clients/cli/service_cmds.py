@@ -192,7 +192,9 @@ def serve(
     host: str = typer.Option("127.0.0.1", "--host"),
     port: int = typer.Option(8000, "--port"),
     local_workers: int = typer.Option(
-        0, "--local-workers", help="start N worker processes (simulated: one per GPU kind)"
+        0,
+        "--local-workers",
+        help="start N worker processes (simulated: spread over the GPU kinds, h100 first)",
     ),
     runner: str = typer.Option("simulated", "--runner", help="simulated | replay | cupy"),
     dataset: Path | None = typer.Option(None, "--dataset", help="recorded space (replay)"),

@@ -40,6 +40,7 @@ from pipetune.clients.cli.paths import check_output_dir, check_output_file
 from pipetune.clients.cli.workload_options import add_workload_commands, option
 from pipetune.model.family import all_ops, family_of, parse_any_workload
 from pipetune.model.hardware import (
+    DEFAULT_GPU,
     GPUSpec,
     get_gpu,
     gpu_keys,
@@ -210,7 +211,7 @@ add_workload_commands(
     sweep_workload,
     [
         option("runner", str, "cupy", help=_RUNNER_HELP),
-        option("gpu", str, "h100", help=f"GPU: {', '.join(gpu_keys())}"),
+        option("gpu", str, DEFAULT_GPU, help=f"GPU: {', '.join(gpu_keys())}"),
         option("out", Path, ..., help="T4 file to write, e.g. benchmarks/data/NAME.t4.json.gz"),
         option("limit", int | None, None, help="measure a seeded random sample of N schedules"),
         option("seed", int, 0, help="seed of the inputs, the sample and the simulated noise"),
@@ -319,7 +320,7 @@ def sweep_main(
         None, "--operators", help=f"sweep every operator of a benchmark suite ({', '.join(SUITES)})"
     ),
     runner: str = typer.Option("cupy", "--runner", help=_RUNNER_HELP),
-    gpu: str = typer.Option("h100", "--gpu", help=f"GPU: {', '.join(gpu_keys())}"),
+    gpu: str = typer.Option(DEFAULT_GPU, "--gpu", help=f"GPU: {', '.join(gpu_keys())}"),
     out_dir: Path | None = typer.Option(
         None, "--out-dir", help="folder for <Operator>.t4.json.gz files (with --operators)"
     ),

@@ -94,6 +94,12 @@ def worker(
         "(that fraction of trials' measuring process dies of SIGSEGV or hangs)",
     ),
     json_logs: bool = typer.Option(False, "--json-logs", help="log JSON lines (for machines)"),
+    parent_pid: int | None = typer.Option(
+        None,
+        "--parent-pid",
+        help="stop once process PID is no longer this worker's parent (it died), leaving the "
+        "jobs in hand to their leases (`serve --local-workers` passes its own)",
+    ),
 ) -> None:
     """Run a GPU worker: register, lease jobs of this GPU's arch, measure, report; drains and
     exits 0 on SIGTERM, 3 if results could not be reported (a second SIGTERM stops after the
@@ -118,6 +124,7 @@ def worker(
             trial_timeout_s=trial_timeout_s,
             simulate_faults=simulate_faults,
             json_logs=json_logs,
+            parent_pid=parent_pid,
         )
     except ValueError as exc:
         raise CliError(str(exc), 2) from None

@@ -43,7 +43,7 @@ from pipetune.clients.library.inputs import (
 )
 from pipetune.clients.library.labels import SIMULATED_LABEL, is_simulated
 from pipetune.model.family import family_of
-from pipetune.model.hardware import get_gpu
+from pipetune.model.hardware import DEFAULT_GPU, get_gpu
 from pipetune.model.knobs import ScheduleError
 from pipetune.model.memops.space import MemSchedule
 from pipetune.model.memops.workloads import MemWorkload
@@ -402,7 +402,7 @@ class TunedKernel:
 
 def kernel(
     workload: WorkloadLike,
-    gpu: str = "h100",
+    gpu: str = DEFAULT_GPU,
     schedule: ScheduleLike | None = None,
     server: str | None = None,
     *,

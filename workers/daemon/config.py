@@ -59,6 +59,9 @@ class WorkerConfig:
     # simulated only: rehearse GPU faults (workers.runners.faults), e.g. "crash=0.2,hang=0.1"
     simulate_faults: str | None = None
     json_logs: bool = False
+    # Stop when this process is no longer the worker's parent (it died: `serve
+    # --local-workers` passes its own pid, so that its workers end with it, even on a kill -9).
+    parent_pid: int | None = None
 
     def __post_init__(self) -> None:
         if not self.token:
@@ -98,5 +101,7 @@ class WorkerConfig:
             )
         if not 0 <= self.lease_wait_s <= MAX_LEASE_WAIT_S:
             raise ValueError(f"--lease-wait: must be within 0..{MAX_LEASE_WAIT_S:g} s")
+        if self.parent_pid is not None and self.parent_pid < 1:
+            raise ValueError(f"--parent-pid: must be a process id, got {self.parent_pid}")
         if not self.name:
             object.__setattr__(self, "name", default_name(self.runner))

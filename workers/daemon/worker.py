@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import threading
 import time
 from collections import Counter
@@ -139,6 +140,16 @@ class Worker:
         """What a SIGTERM does, for callers that run the worker in-process."""
         self._signals += 1
 
+    def _watch_parent(self) -> None:
+        """With --parent-pid: once that process is gone (this one was re-parented), stop as
+        two signals do. The service it ran is gone with it, so the results in hand could
+        not be reported; their leases expire and a service started again re-runs them."""
+        parent = self.config.parent_pid
+        if parent is None or self._abort.is_set() or os.getppid() == parent:
+            return
+        self.log.warning("parent_gone", parent=parent, msg="the process that started me ended")
+        self._signals += 2
+
     def _handle_signals(self) -> None:
         n = self._signals
         if n == self._seen_signals:
@@ -165,6 +176,7 @@ class Worker:
         control.start()
         while control.is_alive():
             control.join(0.2)
+            self._watch_parent()
             self._handle_signals()
         if self._fatal is not None:
             raise self._fatal
