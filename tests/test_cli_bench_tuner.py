@@ -275,3 +275,20 @@ def test_a_bad_peer_time_limit_is_refused_with_exit_2(monkeypatch):
     # Without a peer the variable is not read.
     result = _bench(str(data), "--strategies", "random")
     assert result.exit_code == 0, result.output
+
+
+def test_the_default_strategies_on_another_kernels_cache_leave_the_models_out(tmp_path):
+    """`ours` (the default) on a Kernel Tuner cache: the strategies that need the analytical
+    model are left out, with the reason, and the rest run (the default refused the cache);
+    a strategy named on its own that cannot run is still refused."""
+    cache = _cache(tmp_path / "kern.json", "GPU A", lambda bx, t: 1.0 + abs(bx - 64) / 64 + t)
+    result = _bench(str(cache), "--json")
+    assert result.exit_code == 0, result.output
+    doc = json.loads(result.stdout)
+    assert "analytical" not in doc["strategies"] and "auto" in doc["strategies"]
+    assert set(doc["left_out"]) == {"analytical", "analytical+xgb"}
+    assert "needs the analytical model" in doc["left_out"]["analytical"]
+    shown = _bench(str(cache))
+    assert shown.exit_code == 0 and "left out: analytical: needs" in shown.output
+    refused = _bench(str(cache), "--strategies", "ours,analytical")
+    assert refused.exit_code == 2 and "not a pipetune dataset: analytical" in refused.output

@@ -116,9 +116,15 @@ def _int_list(text: str, option: str) -> list[int]:
     return sorted(set(values))
 
 
-def _strategies(text: str) -> list[str]:
+def _strategies(text: str) -> tuple[list[str], set[str]]:
+    """The strategies asked for, in order, and those of them named on their own (not only
+    through a group: a group's member that cannot run on the datasets is left out, a
+    strategy named on its own is refused)."""
     names: list[str] = []
+    named: set[str] = set()
     for part in (p.strip() for p in text.split(",") if p.strip()):
+        if part not in GROUPS:
+            named.add(part)
         for name in GROUPS.get(part, (part,)):
             if name not in ALL_STRATEGIES:
                 known = ", ".join((*ALL_STRATEGIES, *GROUPS))
@@ -127,7 +133,7 @@ def _strategies(text: str) -> list[str]:
                 names.append(name)
     if not names:  # ("" or ","): a benchmark of nothing would print empty tables, exit 0
         raise CliError("--strategies: name at least one strategy or group", 2)
-    return names
+    return names, named
 
 
 def _not_a_prior(prior: Dataset, ds: Dataset) -> str | None:
@@ -291,7 +297,7 @@ def tuner(
     paths: list[Path] = typer.Argument(None, help="more dataset files"),
     dataset: list[Path] = typer.Option(None, "--dataset", help="a T4 file or Kernel Tuner cache"),
     strategies: str = typer.Option(
-        ",".join(STRATEGIES), "--strategies", help="names, or ours|peers|all"
+        "ours", "--strategies", help="names, or ours|peers|all (ours: " + ",".join(STRATEGIES) + ")"
     ),
     budgets: str = typer.Option("10,20,50,100", "--budgets"),
     seeds: int = typer.Option(20, "--seeds", min=1),
@@ -343,7 +349,7 @@ def tuner(
     if jobs > max_jobs():  # (each one a process: 100000 of them filled the memory)
         raise CliError(f"--jobs: at most {max_jobs()} here ({JOBS_PER_CPU} per CPU)", 2)
     ks = _int_list(budgets, "--budgets")
-    names = _strategies(strategies)
+    names, named = _strategies(strategies)
     if any(name in PEERS for name in names):
         try:
             peer_time_limit_s()
@@ -353,15 +359,25 @@ def tuner(
         loaded = recorded_datasets(files)
     except DatasetError as exc:
         raise CliError(str(exc), 2) from None
-    for ds in loaded:
-        if ds.ours is None:
-            needs_model = [s for s in names if s not in KNOB_ONLY and s not in PEERS]
-            if needs_model:
-                raise CliError(
-                    f"{ds.name} is not a pipetune dataset: {', '.join(needs_model)} need the "
-                    f"analytical model (use {', '.join(KNOB_ONLY)} or peers)",
-                    2,
-                )
+    # Strategies that need the analytical model cannot run on another kernel's recording:
+    # named on their own they are refused; of a group (the default `ours`), left out.
+    needs_model = [s for s in names if s not in KNOB_ONLY and s not in PEERS]
+    not_ours = [ds.name for ds in loaded if ds.ours is None]
+    model_left_out: dict[str, str] = {}
+    if needs_model and not_ours:
+        if refused := [s for s in needs_model if s in named]:
+            raise CliError(
+                f"{not_ours[0]} is not a pipetune dataset: {', '.join(refused)} need the "
+                f"analytical model (use {', '.join(KNOB_ONLY)} or peers)",
+                2,
+            )
+        which = ", ".join(not_ours)
+        verb = "is not a pipetune dataset" if len(not_ours) == 1 else "are not pipetune datasets"
+        for s in needs_model:
+            model_left_out[s] = f"{s}: needs the analytical model, and {which} {verb}"
+        names = [s for s in names if s not in model_left_out]
+        if not names:
+            raise CliError(f"--strategies: {'; '.join(model_left_out.values())}", 2)
     priors = _priors(prior or [], loaded)
     if prior_trials is not None and not priors:
         raise CliError("--prior-trials: give the --prior dataset the trials are taken from", 2)
@@ -383,6 +399,7 @@ def tuner(
             )
         except PeerFailedError as exc:  # every strategy asked for was a peer that failed
             raise CliError(f"--strategies: {exc}", 2) from None
+    doc["left_out"] = {**model_left_out, **doc["left_out"]}
     if as_json:
         print_json(doc)
         return
