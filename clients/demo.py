@@ -23,6 +23,7 @@ import argparse
 import contextlib
 import importlib.util
 import os
+import secrets
 import shutil
 import signal
 import subprocess
@@ -81,10 +82,17 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"--workers: at least {len(gpus)} with simulated workers (one per GPU: "
                      f"{', '.join(gpus)})")  # fmt: skip
     workdir = Path(tempfile.mkdtemp(prefix="pipetune-demo-"))
+    # A worker token of the demo's own, in its work dir: serve would otherwise generate one
+    # in the user's data dir, the one thing the demo left outside its temporary directory.
+    token = secrets.token_urlsafe(32)
+    token_file = workdir / "worker-token"
+    token_file.touch(mode=0o600)
+    token_file.write_text(token)
     env = {
         "PIPETUNE_SIMULATED_TIME_SCALE": os.environ.get(
             "PIPETUNE_SIMULATED_TIME_SCALE", DEMO_TIME_SCALE
-        )
+        ),
+        "PIPETUNE_WORKER_TOKENS": token,
     }
     service = LocalService(
         f"sqlite:///{workdir / 'pipetune.db'}",
@@ -98,7 +106,7 @@ def main(argv: list[str] | None = None) -> int:
         else "simulated: analytical model + noise, not measurements"
     )
     say(f"starting pipetune serve on {service.url} with {args.workers} local {runner} workers")
-    print(f"   ({what}; database and log in {workdir})", flush=True)
+    print(f"   ({what}; database, log and worker token in {workdir})", flush=True)
     status = 1
     try:
         service.start(timeout_s=90)

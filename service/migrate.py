@@ -7,6 +7,7 @@ database's Alembic revision with the newest one and refuses to start, naming
 
 from __future__ import annotations
 
+import shlex
 from pathlib import Path
 
 from alembic import command
@@ -151,7 +152,7 @@ def check_schema(url: str, *, create_if_empty: bool = False) -> str:
     where = "has no pipetune schema" if current is None else f"is at revision {current}"
     raise SchemaError(
         f"the database {where}, this pipetune needs {head}: "
-        f"run `pipetune db upgrade --db {redact(url)}`"
+        f"run `pipetune db upgrade --db {shlex.quote(redact(url))}`"
     )
 
 

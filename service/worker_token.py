@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import secrets
+import shlex
 from pathlib import Path
 
 from pipetune.service.settings import generated_token_path
@@ -44,5 +45,6 @@ def announcement(path: Path, reused: bool) -> str:
     how = "kept from an earlier start" if reused else "generated"
     return (
         f"worker token: {how}, in {path} (readable only by you); workers take it as "
-        f"PIPETUNE_WORKER_TOKEN=$(cat {path}). Set PIPETUNE_WORKER_TOKENS to choose your own."
+        f"PIPETUNE_WORKER_TOKEN=$(cat {shlex.quote(str(path))}). Set PIPETUNE_WORKER_TOKENS "
+        "to choose your own."
     )

@@ -62,10 +62,15 @@ def _free_port() -> int:
 
 @pytest.fixture
 def live_url(tmp_path: Path) -> Iterator[str]:
+    yield from _serve(tmp_path)
+
+
+def _serve(tmp_path: Path, **overrides) -> Iterator[str]:
     url = f"sqlite:///{tmp_path / 'dashboard.db'}"
     upgrade(url)
     port = _free_port()
-    config = uvicorn.Config(create_app(settings(url)), port=port, log_level="warning")
+    app = create_app(settings(url, **overrides))
+    config = uvicorn.Config(app, port=port, log_level="warning")
     server = uvicorn.Server(config)
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
@@ -548,3 +553,45 @@ def test_a_refresh_that_is_not_a_positive_number_is_the_default(live_url, chromi
         page.wait_for_timeout(3000)
         browser.close()
     assert 1 <= len(lists) <= 3, lists  # one at load, then one each 2 s
+
+
+API_KEY = "dashboard-test-key-0123456789"
+
+
+@pytest.fixture
+def keyed_url(tmp_path: Path) -> Iterator[str]:
+    yield from _serve(tmp_path, api_keys=[API_KEY])
+
+
+def test_with_api_keys_the_dashboard_reads_its_key_from_the_fragment(keyed_url, chromium):
+    """Where PIPETUNE_API_KEYS guards the user routes, /dashboard#key=KEY sends the key with
+    the page's data requests (as the README says); without it they are refused."""
+    with httpx.Client(base_url=keyed_url, timeout=30) as client:
+        headers = {"X-API-Key": API_KEY}
+        body = {"workload": GEMM, "gpu": "h100", "budget": 4, "strategy": "random"}
+        created = client.post("/v1/tasks", json=body, headers=headers)
+        assert created.status_code == 201, created.text
+        assert client.get("/v1/tasks").status_code == 401  # guarded indeed
+
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=chromium, args=CHROMIUM_ARGS)
+        page = browser.new_page()
+        statuses: list[int] = []
+        page.on("response", lambda r: statuses.append(r.status) if "/v1/tasks" in r.url else None)
+        page.goto(f"{keyed_url}/dashboard?refresh=300#key={API_KEY}")
+        page.wait_for_function(
+            "() => document.querySelectorAll('#tasks tbody tr').length === 1", timeout=20000
+        )
+        assert "gemm 1024x1024x1024" in page.locator("#tasks tbody tr").nth(0).inner_text()
+        assert statuses and all(s == 200 for s in statuses), statuses
+        keyless = browser.new_page()  # a tab of its own: no key kept
+        refused: list[int] = []
+        keyless.on("response", lambda r: refused.append(r.status) if "/v1/tasks" in r.url else None)
+        keyless.goto(f"{keyed_url}/dashboard?refresh=300")
+        deadline = time.monotonic() + 20
+        while not refused and time.monotonic() < deadline:
+            keyless.wait_for_timeout(100)
+        assert refused and refused[0] == 401, refused
+        browser.close()

@@ -34,6 +34,8 @@ def test_the_demo_tunes_both_families_and_stops_cleanly(tmp_path: Path):
     assert "simulated µs" in out
     assert out.rstrip().endswith("stopped cleanly")
     assert not list(tmp_path.glob("pipetune-demo-*"))  # a clean stop removes its work dir
+    # Nothing left in the user's data dir (serve generated a worker token there).
+    assert not list((tmp_path / "data").rglob("*")), list((tmp_path / "data").rglob("*"))
 
 
 def test_too_few_simulated_workers_for_every_gpu_is_exit_2():

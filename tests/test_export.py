@@ -308,6 +308,12 @@ def test_no_task_is_exit_2_and_a_task_with_no_trials_exit_1(tuned: str, tmp_path
     result = cli.invoke(app, [*waiting, "--db", f"sqlite:///{copy}"])
     assert result.exit_code == 1 and "has no finished trial to export yet" in result.stderr
     assert not (tmp_path / "x.json").exists()
+    # Cancelled, it never will: "yet" said otherwise.
+    with client_for(f"sqlite:///{copy}") as service:
+        assert service.delete(f"/v1/tasks/{task}").status_code == 200
+    result = cli.invoke(app, [*waiting, "--db", f"sqlite:///{copy}"])
+    assert result.exit_code == 1
+    assert "has no finished trial to export (it ended cancelled)" in result.stderr
 
 
 def test_help_names_both_forms_and_the_sources():

@@ -67,6 +67,17 @@ def test_the_service_refuses_a_schema_that_is_behind(empty_url):
     assert check_schema(empty_url) == head_revision()
 
 
+def test_the_upgrade_command_said_is_quoted_for_a_shell(tmp_path):
+    """A database on a path with a space: the command was printed unquoted."""
+    url = f"sqlite:///{tmp_path / 'my dbs' / 'p.db'}"
+    (tmp_path / "my dbs").mkdir()
+    upgrade(url)
+    downgrade(url, "base")
+    with pytest.raises(SchemaError) as refused:
+        check_schema(url)
+    assert f"run `pipetune db upgrade --db '{url}'`" in str(refused.value)
+
+
 def test_an_empty_database_is_built_only_when_allowed(tmp_path):
     url = f"sqlite:///{tmp_path / 'fresh.db'}"
     with pytest.raises(SchemaError, match="has no pipetune schema"):

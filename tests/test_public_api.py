@@ -293,7 +293,7 @@ def test_without_a_database_the_answer_is_the_models(home: Path):
         ({"dataset": "x.t4.json.gz"}, ValueError, "^dataset: only the replay runner reads"),
         ({"runner": "cupy"}, RunnerUnavailableError, "cupy runner needs CuPy"),
         ({"workload": {**FC, "n": 63}}, WorkloadError, "n: must be a multiple of 8"),
-        ({"gpu": "v100"}, HardwareError, "unknown GPU 'v100'"),
+        ({"gpu": "v100"}, HardwareError, "^gpu: unknown GPU 'v100'"),
         # An AttributeError ('NoneType' object has no attribute 'strip') before.
         ({"gpu": None}, HardwareError, "^gpu: expected a GPU name such as 'h100', got NoneType"),
         # SQLAlchemy's ArgumentError, raised again by the handler that caught it.

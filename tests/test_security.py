@@ -14,6 +14,7 @@ import ast
 import hashlib
 import json
 import os
+import subprocess
 from pathlib import Path
 
 import httpx
@@ -246,6 +247,23 @@ def test_serve_says_whether_its_worker_token_is_new_or_kept(tmp_path: Path):
     assert first.startswith(f"worker token: generated, in {path}")
     assert again.startswith(f"worker token: kept from an earlier start, in {path}")
     assert token not in first + again
+
+
+def test_the_token_command_serve_prints_works_on_a_path_with_spaces(tmp_path: Path):
+    """`PIPETUNE_WORKER_TOKEN=$(cat <path>)` was printed unquoted: pasted into a shell, a
+    data directory with a space in its path gave cat two files."""
+    from pipetune.service.worker_token import announcement, generated_worker_token
+
+    path = tmp_path / "data home" / "pipetune" / "worker-token"
+    token, _ = generated_worker_token(path)
+    line = announcement(path, reused=False)
+    start = line.index("PIPETUNE_WORKER_TOKEN=$(")
+    command = line[start : line.index(")", start) + 1]
+    shown = subprocess.run(
+        ["bash", "-c", f"{command}; printf %s \"$PIPETUNE_WORKER_TOKEN\""],
+        capture_output=True, text=True, check=True,
+    )  # fmt: skip
+    assert shown.stdout == token
 
 
 def test_serve_without_a_writable_data_directory_for_its_token_is_one_line_and_exit_2(

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import re
+import shlex
 import sys
 import threading
 import time
@@ -484,7 +485,7 @@ def _check_schema(url: str, *, create_if_empty: bool = False) -> None:
     if not create_if_empty and _missing_sqlite_file(url):
         raise CliError(
             f"the database has no pipetune schema, this pipetune needs {head_revision()}: "
-            f"run `pipetune db upgrade --db {redact(url)}`",
+            f"run `pipetune db upgrade --db {shlex.quote(redact(url))}`",
             1,
         )
     with _database_errors(url):

@@ -49,7 +49,7 @@ from pipetune.clients.library.labels import SIMULATED_LABEL, any_simulated, is_s
 from pipetune.clients.library.store import Reader, all_tasks, source_of
 from pipetune.model.family import family_of, parse_any_workload
 from pipetune.model.hardware import get_gpu
-from pipetune.model.states import JobState
+from pipetune.model.states import JobState, TaskState
 from pipetune.model.trials import MeasureResult
 from pipetune.model.wire import ScheduleResponse, TrialDoc
 from pipetune.workers.datasets import Dataset, dataset_from_results, write_t4
@@ -339,7 +339,10 @@ def task_dataset(reader: Reader, task_id: int) -> Dataset:
     trials = reader.all_trials(task_id, samples=True)
     pairs = [(t, r) for t in trials if (r := _trial_result(t)) is not None]
     if not pairs:
-        raise ValueError(f"task {task_id} has no finished trial to export yet")
+        # "yet" only while the task can still finish one (not once it was cancelled or ended).
+        state = TaskState(task.state)
+        ended = f" (it ended {state.value})" if state.is_final() else " yet"
+        raise ValueError(f"task {task_id} has no finished trial to export{ended}")
     runners = sorted({t.runner for t, _ in pairs if t.runner})
     # The GPUs its workers registered (a T4 file's device_name; none for simulated workers).
     devices = sorted({t.worker_device for t, _ in pairs if t.worker_device})

@@ -47,7 +47,10 @@ def as_gpu(gpu: str) -> str:
     """The GPU's key (HardwareError lists the known GPUs)."""
     if not isinstance(gpu, str):  # (None was an AttributeError from deep inside)
         raise HardwareError(f"gpu: expected a GPU name such as 'h100', got {type(gpu).__name__}")
-    return resolve_gpu_key(gpu)
+    try:
+        return resolve_gpu_key(gpu)
+    except HardwareError as exc:  # name the argument, as every other bad input does
+        raise HardwareError(f"gpu: {exc}") from None
 
 
 def as_schedule(schedule: ScheduleLike) -> Any:
