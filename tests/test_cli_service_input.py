@@ -263,3 +263,14 @@ def test_a_server_that_is_not_an_http_url_exits_2(server):
     result = runner.invoke(app, [*worker, "--register-timeout", "0", "--server", server])
     assert result.exit_code == 2, result.output
     _one_error_line(result, "--server: not an http(s) URL")
+
+
+@pytest.mark.parametrize("command", [["db", "upgrade"], ["serve", "--port", "18998"]])
+def test_a_sqlite_file_that_cannot_be_opened_says_what_to_check(command):
+    """SQLite's "unable to open database file" names no cause (a read-only mount, a folder
+    that cannot be written): the line says what to check. /proc takes no files."""
+    result = runner.invoke(app, [*command, "--db", "sqlite:////proc/pipetune-test.db"])
+    assert result.exit_code == 1, result.output
+    line = " ".join(result.output.split())
+    assert "unable to open database file" in line
+    assert "write the file and its folder" in line and "read-only mount" in line

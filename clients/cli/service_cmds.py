@@ -75,7 +75,24 @@ def _database_errors(url: str) -> Iterator[None]:
         raise CliError(str(exc), 1) from None
     except SQLAlchemyError as exc:
         reason = unavailable_reason(exc)
-        raise CliError(f"the database {redact(url)} failed: {reason}", 1) from None
+        raise CliError(
+            f"the database {redact(url)} failed: {reason}{sqlite_access_hint(url, reason)}", 1
+        ) from None
+
+
+# What SQLite says of a file it may not open or write, whatever the cause (permissions, a
+# read-only mount, a folder it may not write its journal into).
+_SQLITE_ACCESS_ERRORS = ("unable to open database file", "attempt to write a readonly database")
+
+
+def sqlite_access_hint(url: str, reason: str) -> str:
+    """For SQLite's access errors, what to check (its own words name no cause)."""
+    if not url.startswith("sqlite") or not any(e in reason for e in _SQLITE_ACCESS_ERRORS):
+        return ""
+    return (
+        " (SQLite needs to read the file and, to write it, to write the file and its folder, "
+        "where it keeps its journal: check both, and that they are not on a read-only mount)"
+    )
 
 
 def _missing_sqlite_file(url: str) -> Path | None:
