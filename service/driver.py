@@ -69,7 +69,7 @@ from pipetune.model.states import (
     JobState,
     TaskState,
 )
-from pipetune.model.trials import MeasureResult
+from pipetune.model.trials import MeasureResult, RunnerKind
 from pipetune.model.wire import TaskCreate
 from pipetune.service.best_curve import BestCurve
 from pipetune.service.db import Database, json_param, sql_names
@@ -298,6 +298,12 @@ class _TaskView:
     learned_from: tuple[int, ...] | None
 
 
+def _measured_only(body: TaskCreate) -> bool:
+    """Whether the task takes GPU measurements only (its runner cupy): its prior must be
+    measured too."""
+    return body.runner == RunnerKind.CUPY
+
+
 def _ids(learned_from: list[int] | None) -> tuple[int, ...] | None:
     """The learned_from column (a JSON array) as a cache key."""
     return None if learned_from is None else tuple(learned_from)
@@ -514,6 +520,9 @@ class Driver:
     def create(self, body: TaskCreate, where: tuple[str, ...] = ("body",)) -> int:
         """Write the task and its first batch (two, proposing ahead) in one transaction;
         returns the task id. `where`: the request's path to the task's fields (for a 422)."""
+        # The field a prior's 422 names: the one the request gave (prior_gpu resolves to a
+        # prior_task here, which the user never named).
+        prior_field = "prior_task" if body.prior_gpu is None else "prior_gpu"
         if body.prior_gpu is not None:
             body = self._resolve_prior_gpu(body, where)
         if body.prior_task is not None:
@@ -542,7 +551,7 @@ class Driver:
                     body.workload, body.gpu, body.strategy, body.seed, body.budget
                 )
             else:
-                field = "prior_task" if learned_from is None else "learned_prior"
+                field = prior_field if learned_from is None else "learned_prior"
                 raise InputError([*where, field], str(exc)) from None
         if len(live.session.space) == 0:
             reason = family_of(body.workload).no_schedule_reason(body.workload, get_gpu(body.gpu))
@@ -593,8 +602,10 @@ class Driver:
         assert body.prior_gpu is not None
         prior_gpu = body.prior_gpu
 
+        measured_only = _measured_only(body)
+
         def find(conn: Connection, workload: Any, gpu: str) -> int:
-            return prior_task_on(conn, workload.workload_hash, prior_gpu, gpu)
+            return prior_task_on(conn, workload.workload_hash, prior_gpu, gpu, measured_only)
 
         # Through _read_prior, which refuses a strategy that takes no prior first: the 422
         # named `prior_gpu` or `strategy` by whether the other GPU had a task.
@@ -624,8 +635,10 @@ class Driver:
         assert body.prior_task is not None
         prior_task = body.prior_task
 
+        measured_only = _measured_only(body)
+
         def check(conn: Connection, workload: Any, gpu: str) -> None:
-            check_prior_task(conn, prior_task, workload.workload_hash, gpu)
+            check_prior_task(conn, prior_task, workload.workload_hash, gpu, measured_only)
 
         self._read_prior(body, where, "prior_task", check)
 

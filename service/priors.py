@@ -63,9 +63,30 @@ def check_strategy(strategy: str) -> None:
         )
 
 
-def check_prior_task(conn: Connection, prior_task: int, workload_hash: str, gpu: str) -> None:
+def _not_measured() -> Any:
+    """A job whose result was not measured on a GPU, in SQL (not model.trials.is_measured):
+    simulated, several runners ("cupy,simulated" from an export of a mixed task), none or
+    an unknown one ("unknown" after an export and import of a task without one)."""
+    return or_(JobRow.runner.is_(None), JobRow.runner.not_in(MEASURED_RUNNERS))
+
+
+def _simulated_results(task: Any) -> Any:
+    """Whether task `task` (a task id or a correlated TaskRow.id) has a successful result
+    that was not measured on a GPU."""
+    return (
+        select(JobRow.id)
+        .where(JobRow.task_id == task, JobRow.status == "ok", _not_measured())
+        .exists()
+    )
+
+
+def check_prior_task(
+    conn: Connection, prior_task: int, workload_hash: str, gpu: str, measured_only: bool = False
+) -> None:
     """Raise PriorError unless `prior_task` is a finished task of this workload on another
-    GPU with at least one successful trial."""
+    GPU with at least one successful trial; with `measured_only` (a task that takes GPU
+    measurements only), all of them measured on a GPU: a prior of simulated trials would
+    steer a measured search by the analytical model's own numbers, unsaid."""
     row = conn.execute(
         select(TaskRow.state, TaskRow.gpu, WorkloadRow.hash, WorkloadRow.label)
         .join(WorkloadRow, TaskRow.workload_id == WorkloadRow.id)
@@ -90,12 +111,22 @@ def check_prior_task(conn: Connection, prior_task: int, workload_hash: str, gpu:
     )
     if succeeded is None:
         raise PriorError(f"task {prior_task} has no successful trial to learn from")
+    if measured_only and conn.scalar(select(_simulated_results(prior_task))):
+        raise PriorError(
+            f"task {prior_task}'s trials were not all measured on a GPU (simulated): a task "
+            "of GPU measurements only (runner cupy) warm-starts from measurements only"
+        )
 
 
-def prior_task_on(conn: Connection, workload_hash: str, prior_gpu: str, gpu: str) -> int:
-    """The finished task of this workload on `prior_gpu` whose successful trials are of the
-    newest generator revision, of those the one with the most successful trials, the newest
-    of those (`TaskCreate.prior_gpu`); PriorError when none has one. The newest revision
+def prior_task_on(
+    conn: Connection, workload_hash: str, prior_gpu: str, gpu: str, measured_only: bool = False
+) -> int:
+    """The finished task of this workload on `prior_gpu` whose successful trials were
+    measured on a GPU (with `measured_only`, only those: a task that takes GPU measurements
+    only), then whose successful trials are of the newest generator revision, of those the one
+    with the most successful trials, the newest of those (`TaskCreate.prior_gpu`); PriorError
+    when none has one. Measured first: a simulated sweep holds the analytical model's own
+    numbers, which the task's prior already is. The newest revision
     first: an older one's timings are of kernels that no longer exist (a sweep repeated
     after a change of the generator is the prior, not the sweep before it, whichever has
     more trials). Then the most measurements: a prior from more of the other GPU's trials
@@ -115,7 +146,8 @@ def prior_task_on(conn: Connection, workload_hash: str, prior_gpu: str, gpu: str
         .scalar_subquery(),
         0,
     )
-    found = conn.scalar(
+    simulated = _simulated_results(TaskRow.id)
+    query = (
         select(TaskRow.id)
         .join(WorkloadRow, TaskRow.workload_id == WorkloadRow.id)
         .where(
@@ -124,13 +156,21 @@ def prior_task_on(conn: Connection, workload_hash: str, prior_gpu: str, gpu: str
             TaskRow.state.in_(FINAL_TASK_STATES),
             succeeded > 0,
         )
-        .order_by(newest_revision.desc(), succeeded.desc(), TaskRow.id.desc())
+        .order_by(
+            case((simulated, 1), else_=0),
+            newest_revision.desc(),
+            succeeded.desc(),
+            TaskRow.id.desc(),
+        )
         .limit(1)
     )
+    found = conn.scalar(query.where(not_(simulated)) if measured_only else query)
     if found is None:
+        measured = " measured on a GPU" if measured_only else ""
         raise PriorError(
-            f"no finished task of this workload on {prior_gpu} with a successful trial "
-            "(tune it there first, or import a dataset of it: pipetune db import-dataset)"
+            f"no finished task of this workload on {prior_gpu} with a successful trial"
+            f"{measured} (tune it there first, or import a dataset of it: pipetune db "
+            "import-dataset)"
         )
     return found
 
@@ -179,11 +219,8 @@ def learned_tasks(conn: Connection, workload: Any, gpu: str) -> list[int]:
     target = fam.op_generator_revision(workload.op)
     line_ops = fam.line_ops(target.line)
     succeeded = TaskRow.trials_done - TaskRow.trials_failed
-    # Not model.trials.is_measured, in SQL: simulated, several runners ("cupy,simulated"
-    # from an export of a mixed task), none or an unknown one ("unknown" after an export
-    # and import of a task without one) cannot say the latency was measured. Lost jobs (no
-    # status) measured nothing and are not asked.
-    simulated = or_(JobRow.runner.is_(None), JobRow.runner.not_in(MEASURED_RUNNERS))
+    # Lost jobs (no status) measured nothing and are not asked.
+    simulated = _not_measured()
     revision = func.coalesce(JobRow.generator_revision, FIRST_REVISION)
     # One pass over the candidates' jobs, per task and revision (a few rows per task): which
     # tasks have a result that was not measured, and the successes of each revision. On

@@ -25,14 +25,18 @@ pytest_plugins = ["service_fixtures"]
 SURPRISE_TRIAL = 7  # the prior task's trial that ran far faster than anything else there
 
 
-def _finished_prior(client, gpu: str = "a100", workload=GEMM, budget: int = 16) -> tuple[int, dict]:
+def _finished_prior(
+    client, gpu: str = "a100", workload=GEMM, budget: int = 16, runner: str = "simulated"
+) -> tuple[int, dict]:
     """A finished random-search task on `gpu` in which one schedule (trial SURPRISE_TRIAL)
-    was a thousand times faster than the rest; returns its id and that schedule."""
+    was a thousand times faster than the rest, measured by a worker of `runner`; returns its
+    id and that schedule."""
     body = {"workload": workload, "gpu": gpu, "budget": budget, "strategy": "random", "seed": 1}
+    body["runner"] = runner
     response = client.post("/v1/tasks", json=body)
     assert response.status_code == 201, response.text
     task = response.json()["id"]
-    worker = register(client, name=f"prior-{gpu}", gpu=gpu)
+    worker = register(client, name=f"prior-{gpu}-{runner}", gpu=gpu, runner=runner)
 
     def result_of(job: dict) -> dict:
         scale = 1e-3 if job["trial"] == SURPRISE_TRIAL else 1.0
@@ -202,3 +206,58 @@ def test_a_strategy_without_a_prior_is_named_whatever_the_prior_gpu_has(client, 
     assert response.status_code == 422, response.text
     assert response.json()["field"] == "strategy", response.text
     assert "takes no prior" in response.json()["reason"]
+
+
+def test_a_task_of_gpu_measurements_takes_no_simulated_prior(client):
+    """A task for cupy workers only was warm-started from a simulated task without a word:
+    the analytical model's own numbers steering a measured search. Named, it is a 422;
+    through prior_gpu, the measured task there is taken, and none measured is a 422."""
+    simulated, _ = _finished_prior(client, runner="simulated")
+    body = {"workload": GEMM, "gpu": "h100", "budget": 8, "runner": "cupy"}
+    refused = client.post("/v1/tasks", json={**body, "prior_task": simulated})
+    assert refused.status_code == 422, refused.text
+    assert refused.json()["field"] == "prior_task"
+    assert "not all measured on a GPU" in refused.json()["reason"]
+    none_there = client.post("/v1/tasks", json={**body, "prior_gpu": "a100"})
+    assert none_there.status_code == 422 and none_there.json()["field"] == "prior_gpu"
+    assert "measured on a GPU" in none_there.json()["reason"]
+    # A task any worker may take still warm-starts from the simulated one.
+    anyone = client.post("/v1/tasks", json={**body, "runner": None, "prior_task": simulated})
+    assert anyone.status_code == 201, anyone.text
+
+
+def test_prior_gpu_takes_a_measured_task_before_a_larger_simulated_one(client):
+    measured, _ = _finished_prior(client, runner="cupy", budget=8)
+    simulated, _ = _finished_prior(client, runner="simulated", budget=16)  # more, and newer
+    for runner in ("cupy", None):
+        body = {"workload": GEMM, "gpu": "h100", "budget": 8, "prior_gpu": "a100"}
+        response = client.post("/v1/tasks", json={**body, "runner": runner})
+        assert response.status_code == 201, response.text
+        assert response.json()["prior_task"] == measured != simulated
+
+
+def test_a_prior_gpu_with_no_schedule_in_common_is_a_422_naming_prior_gpu(client):
+    """prior_gpu resolves to a task, and the 422 named `prior_task`, a field the request
+    never gave. The H100 task's successes here are all schedules an A100 cannot run."""
+    from pipetune.model.hardware import get_gpu
+    from pipetune.model.space import Schedule, Space
+    from pipetune.model.workloads import parse_workload
+
+    on_a100 = {s.id for s in Space.enumerate(parse_workload(GEMM), get_gpu("a100"))}
+    body = {"workload": GEMM, "gpu": "h100", "budget": 48, "strategy": "random", "seed": 1}
+    task = client.post("/v1/tasks", json=body).json()["id"]
+    worker = register(client, name="h100-only", gpu="h100")
+
+    def result_of(job: dict) -> dict:
+        if Schedule(**job["schedule"]).id in on_a100:
+            return {"status": "compile_error", "error": "made to fail"}
+        return ok(fake_latency(job["schedule"]))
+
+    drain(client, worker, result_of)
+    trials = client.get(f"/v1/tasks/{task}/trials").json()["trials"]
+    assert any(t["status"] == "ok" for t in trials)  # what this test needs of the seed
+    body = {"workload": GEMM, "gpu": "a100", "budget": 8, "prior_gpu": "h100"}
+    response = client.post("/v1/tasks", json=body)
+    assert response.status_code == 422, response.text
+    assert response.json()["field"] == "prior_gpu", response.text
+    assert "no configuration of this space ran there" in response.json()["reason"]
