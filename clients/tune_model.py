@@ -164,6 +164,11 @@ def launch(
     elif learned_prior is not None:  # (None: each family's choice)
         prior = {"learned_prior": learned_prior}
     args = {"budget": budget, "strategy": strategy, "seed": seed, "batch_size": batch_size}
+    # A shape without a task on prior_gpu starts cold, but as asked of the learned prior
+    # (--no-learned-prior beside --prior-gpu was dropped there, and the shape learned one).
+    cold = {} if learned_prior is None or "learned_prior" in prior else {"learned_prior": False}
+    if learned_prior and prior_gpu is not None:
+        raise ValueError("give prior_gpu or learned_prior, not both")
     started = []
     for s in shapes:
         workload = s.workload.canonical()
@@ -172,7 +177,7 @@ def launch(
         except ApiError as exc:
             if not prior or exc.status_code != 422 or exc.field not in prior:
                 raise
-            task = client.tune(workload, gpu, **args)
+            task = client.tune(workload, gpu, **args, **cold)
         started.append(task)
     return started
 
@@ -306,6 +311,11 @@ def document(
                 "task_id": r.task.id,
                 "state": r.task.state,
                 "trials": r.task.trials_done,
+                "trials_failed": r.task.trials_failed,
+                # Where its search started: another GPU's task, a cost model of measured
+                # tasks, or neither (the strategy's own prior, the analytical model for ours).
+                "prior_task": r.task.prior_task,
+                "learned_from": r.task.learned_from,
                 "tuned_us": tuned,
                 "tuned_schedule": schedule,
                 "tuned_schedule_label": (
@@ -357,6 +367,34 @@ def time_split(doc: dict[str, Any]) -> str:
     )
 
 
+def prior_label(row: dict[str, Any]) -> str:
+    """A layer's prior, in a few words: another GPU's task, a learned cost model, or '-'."""
+    if row.get("prior_task") is not None:
+        return f"task {row['prior_task']}"
+    if row.get("learned_from"):
+        return f"learned ({len(row['learned_from'])} tasks)"
+    return "-"
+
+
+def unfinished_problem(doc: dict[str, Any]) -> str | None:
+    """What a script must know of a report (one line), or None: shapes whose task ended
+    otherwise than done (their best so far still counts, where they have one), and shapes
+    with no successful trial, which every figure leaves out."""
+    rows = doc["layers"]
+    problems = []
+    if ended := [r for r in rows if r["state"] != "done"]:
+        listed = ", ".join(f"{r['task_id']} ({r['state']})" for r in ended)
+        counted = [r["task_id"] for r in ended if r["tuned_us"] is not None]
+        counts = f": the figures count {counted} at their best so far" if counted else ""
+        problems.append(f"tasks {listed} did not finish{counts}")
+    if untimed := [r["task_id"] for r in rows if r["tuned_us"] is None]:
+        problems.append(
+            f"tasks {untimed} have no successful trial: every figure leaves them out (their "
+            "trials say why: pipetune curve ID)"
+        )
+    return "; ".join(problems) or None
+
+
 def print_report(doc: dict[str, Any], out: Console) -> None:
     """The human-readable report of `document(...)`: one row per distinct shape, then the
     latency source, each family's baseline, its share of the time and its end-to-end gain."""
@@ -365,9 +403,9 @@ def print_report(doc: dict[str, Any], out: Console) -> None:
         title=f"{doc['network']} (batch {doc['batch']}{seq}) on {doc['gpu']}: "
         f"{doc['budget']} trials per shape, {doc['strategy']}"
     )
-    right = {"count", "task", "tuned µs", "throughput", "baseline µs", "speedup"}
-    columns = ("layers", "shape", "family", "count", "task", "tuned µs", "throughput",
-               "schedule", "baseline µs", "from", "speedup")  # fmt: skip
+    right = {"count", "task", "failed", "tuned µs", "throughput", "baseline µs", "speedup"}
+    columns = ("layers", "shape", "family", "count", "task", "prior", "failed", "tuned µs",
+               "throughput", "schedule", "baseline µs", "from", "speedup")  # fmt: skip
     for col in columns:
         table.add_column(col, justify="right" if col in right else None)
     for row in doc["layers"]:
@@ -377,6 +415,8 @@ def print_report(doc: dict[str, Any], out: Console) -> None:
             row["family_label"],
             str(row["count"]),
             str(row["task_id"]),
+            prior_label(row),
+            f"{row['trials_failed']}/{row['trials']}",
             _us(row["tuned_us"]),
             format_rate(row["throughput"], row["throughput_unit"]),
             row["tuned_schedule_label"] or "-",

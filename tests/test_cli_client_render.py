@@ -16,6 +16,7 @@ from typer.testing import CliRunner
 from pipetune.clients.cli import curve_files
 from pipetune.clients.cli.client_cmds import milestones, sparkline
 from pipetune.clients.cli.main import app
+from pipetune.model.states import TaskState
 from pipetune.model.wire import Curve, CurvePoint, TaskDoc
 
 NOW = dt.datetime(2026, 1, 1, tzinfo=dt.UTC)
@@ -172,3 +173,34 @@ def test_an_interrupted_tune_wait_says_the_task_goes_on(monkeypatch: pytest.Monk
     said = " ".join(result.stderr.split())
     assert "interrupted: task 7 goes on at the service" in said
     assert "DELETE http://svc:8000/v1/tasks/7" in said
+
+
+class _InterruptedModelService(_FakeService):
+    """`pipetune tune-model`'s client: each shape's task queued, then Ctrl-C while waiting."""
+
+    def __init__(self) -> None:
+        super().__init__(None)
+        self.created = 0
+
+    def tune(self, *args: object, **kwargs: object) -> TaskDoc:
+        self.created += 1
+        return TASK.model_copy(update={"id": 100 + self.created, "state": TaskState.QUEUED})
+
+    def task(self, task_id: int) -> TaskDoc:
+        raise KeyboardInterrupt
+
+
+def test_an_interrupted_tune_model_names_the_tasks_that_go_on(monkeypatch: pytest.MonkeyPatch):
+    """It ended with the progress bar only: its tasks went on unsaid, and a second run
+    queued every shape again beside them."""
+    from pipetune.clients.cli import client_cmds
+
+    fake = _InterruptedModelService()
+    monkeypatch.setattr(client_cmds, "client", lambda server, api_key: fake)
+    args = ["tune-model", "bert-base", "--seq", "128", "--server", "http://svc:8000"]
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 130, result.output
+    said = " ".join(result.stderr.split())
+    ids = ", ".join(str(100 + i) for i in range(1, fake.created + 1))
+    assert fake.created > 1 and f"interrupted: tasks {ids} go on at the service" in said
+    assert "DELETE http://svc:8000/v1/tasks/ID" in said

@@ -391,3 +391,67 @@ def test_wgmma_needs_a_hopper_gpu():
     result = CliRunner().invoke(app, ["tune-model", "bert-base", "--wgmma", "--gpu", "a100"])
     assert result.exit_code == 2
     assert "--wgmma: the Hopper wgmma family runs on H100 and H200, not a100" in result.stderr
+
+
+def test_launch_keeps_no_learned_prior_for_the_shapes_that_start_cold():
+    """--prior-gpu X --no-learned-prior: a shape without a task on X started cold, but with
+    the learned prior the user had turned off."""
+    from pipetune.clients.sdk import ApiError
+    from pipetune.clients.tune_model import launch
+
+    shapes = network("bert-base", 1, 128).distinct()[:2]
+    calls: list[dict] = []
+
+    class Fake:
+        def tune(self, workload, gpu, **kwargs):
+            calls.append(kwargs)
+            if "prior_gpu" in kwargs and workload == shapes[1].workload.canonical():
+                raise ApiError(422, "prior_gpu: no finished task", field="prior_gpu")
+            return len(calls)
+
+    launch(Fake(), shapes, "h200", 8, "auto", 0, prior_gpu="h100", learned_prior=False)  # type: ignore[arg-type]
+    cold = calls[-1]
+    assert "prior_gpu" not in cold and cold["learned_prior"] is False
+
+
+def _report(results: list[LayerResult], parts: dict) -> tuple[dict, str]:
+    doc = document(parts["net"], "h100", 3, "auto", results)
+    console = Console(record=True, width=260)
+    print_report(doc, console)
+    return doc, console.export_text()
+
+
+def test_the_report_says_each_shapes_prior_and_failed_trials():
+    results, parts = _mixed_results()
+    gemm, mem = results
+    gemm.task = gemm.task.model_copy(update={"prior_task": 7, "trials_failed": 2})
+    mem.task = mem.task.model_copy(update={"learned_from": [3, 4, 5]})
+    doc, text = _report(results, parts)
+    rows = {r["family"]: r for r in doc["layers"]}
+    assert rows["tensor_gemm"]["prior_task"] == 7 and rows["tensor_gemm"]["trials_failed"] == 2
+    assert rows["memops"]["learned_from"] == [3, 4, 5]
+    gemm_line = next(line for line in text.splitlines() if "gemm 128x2304x768" in line)
+    assert "task 7" in gemm_line and "2/3" in gemm_line
+    mem_line = next(line for line in text.splitlines() if "layernorm 128x768" in line)
+    assert "learned (3 tasks)" in mem_line and "0/3" in mem_line
+
+
+def test_a_shape_with_no_successful_trial_or_not_done_is_a_problem_the_exit_says():
+    from pipetune.clients.tune_model import unfinished_problem
+
+    results, parts = _mixed_results()
+    doc, _ = _report(results, parts)
+    assert unfinished_problem(doc) is None
+    gemm, mem = results
+    # Every trial failed: no best (it exited 0 and said nothing).
+    gemm.task = gemm.task.model_copy(update={"best": None, "trials_failed": 3})
+    # Cancelled after its best: that best still counts (it said "left out").
+    mem.task = mem.task.model_copy(update={"state": "cancelled"})
+    doc, _ = _report(results, parts)
+    problem = unfinished_problem(doc)
+    assert problem is not None
+    assert "tasks 2 (cancelled) did not finish: the figures count [2] at their best so far" in (
+        problem
+    )
+    assert "tasks [1] have no successful trial: every figure leaves them out" in problem
+    assert doc["end_to_end"]["complete"] is False

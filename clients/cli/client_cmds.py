@@ -657,16 +657,25 @@ def tune_model(
                         description=f"{net.name}: {finished}/{len(docs)} shapes tuned",
                     )
 
-            finals = tm.wait_all(c, started, update, poll_s=poll)
+            try:
+                finals = tm.wait_all(c, started, update, poll_s=poll)
+            except KeyboardInterrupt:
+                # The tasks are the service's: they go on without this command (said, where
+                # it used to end without a word, and a second run queued every shape again).
+                ids = ", ".join(str(t.id) for t in started)
+                stderr_console.print(
+                    f"interrupted: tasks {ids} go on at the service; follow them with "
+                    f"`pipetune tasks`, or cancel each with DELETE {server}/v1/tasks/ID"
+                )
+                raise typer.Exit(130) from None
         results = tm.collect(c, shapes, finals, gpu)
     doc = tm.document(net, gpu, budget, strategy, results)
     if as_json:
         print_json(doc)
     else:
         _print_model_report(doc)
-    failed = [row["task_id"] for row in doc["layers"] if row["state"] != "done"]
-    if failed:
-        raise CliError(f"tasks {failed} did not finish; the end-to-end figure leaves them out")
+    if problem := tm.unfinished_problem(doc):
+        raise CliError(problem)
 
 
 def _print_model_report(doc: dict[str, Any]) -> None:
