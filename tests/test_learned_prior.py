@@ -190,3 +190,17 @@ def test_a_learned_prior_refuses_simulated_datasets_and_says_what_teaches_nothin
         "--learned-prior: MM_sim.t4.json.gz holds simulated results, not GPU measurements"
         in " ".join(refused.output.split())
     )
+
+
+def test_a_model_that_ranks_nothing_is_no_prior(h100):
+    """One measured trial of one shape (a one-record import): the trees predict one value
+    over a whole new space, and that flat prior replaced the analytical model's ranking."""
+    from pipetune.model.family import family_of
+
+    source = Space.enumerate(gemm(1024, 1024, 1024), get_gpu("h200"))
+    fam = family_of(source.workload)
+    one = {k: np.asarray(source.knobs[k][:1]) for k in fam.knob_names}
+    corpus = [RecordedSpace(fam.space_of(source.workload, source.gpu, one), np.array([2e-5]))]
+    space = Space.enumerate(gemm(2048, 768, 3072), h100)
+    with pytest.raises(LearnedPriorError, match="ranks no schedule of this space above another"):
+        learned_prior(space, corpus)

@@ -186,6 +186,13 @@ def prior_from(space: Any, learned: LearnedModel) -> PriorMean:
             f"a cost model fitted for {learned.line} cannot rank a space of {line}"
         )
     predicted = np.asarray(learned.model.predict(space), dtype=np.float64)
+    if len(predicted) > 1 and np.ptp(predicted) == 0:
+        # Trees fitted to too little (one shape's few trials) can predict one value
+        # everywhere: a prior that ranks nothing, which replaced the analytical model's ranking.
+        raise LearnedPriorError(
+            f"a cost model of {learned.shapes} measured shapes ranks no schedule of this "
+            "space above another"
+        )
     level = float(np.median(predicted_log_throughput(space))) + learned.level
     shapes, gpus = learned.shapes, learned.gpus
     stale = ""
