@@ -81,6 +81,7 @@ from pipetune.service.priors import (
     PriorError,
     check_prior_task,
     check_strategy,
+    default_learned_tasks,
     learned_model_of_tasks,
     learned_pick,
     learned_tasks,
@@ -619,15 +620,16 @@ class Driver:
     def _learned_by_default(self, body: TaskCreate) -> tuple[int, ...] | None:
         """A task that says nothing of a learned prior gets one where its family learns by
         default, its strategy's prior is the analytical model (which the learned prior
-        refines; `bo` stays knob-only) and measured tasks to learn from exist; else none
-        (nothing to refuse: it was not asked for)."""
+        refines; `bo` stays knob-only) and measured tasks of enough shapes to learn from
+        exist (priors.MIN_DEFAULT_SHAPES); else none (nothing to refuse: it was not asked
+        for)."""
         if not family_of(body.workload).learns_by_default:
             return None
         if not STRATEGY_MAP[body.strategy].model_prior:
             return None
         try:
             with self.db.read_conn() as conn:
-                return tuple(learned_tasks(conn, body.workload, body.gpu))
+                return tuple(default_learned_tasks(conn, body.workload, body.gpu))
         except PriorError:
             return None
 

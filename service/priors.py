@@ -266,6 +266,33 @@ def learned_tasks(conn: Connection, workload: Any, gpu: str) -> list[int]:
     return sorted(found)
 
 
+# The fewest distinct measured shapes (workloads) a learned prior is taken from when nobody
+# asked for one (`TaskCreate.learned_prior` left out, and POST /v1/schedules' pick). A model
+# of one to four shapes learns those shapes' quirks, not how schedules rank in general:
+# learned from k random H100 GEMM shapes and tried on the 23 H200 ones (`auto`, 3 seeds),
+# best-in-8 fell from the analytical prior's 0.959 to 0.77-0.92 with k = 1, 2 or 4, was level
+# with k = 8 (0.950-0.962; 0.986-0.992 against 0.983 at 32 trials) and ahead with all 23
+# (0.967 / 0.985 / 0.994 at 8 / 16 / 32; benchmarks/RESULTS.md, "a learned prior of too few
+# shapes"). Asked for, a learned prior is taken from any corpus.
+MIN_DEFAULT_SHAPES = 8
+
+
+def default_learned_tasks(conn: Connection, workload: Any, gpu: str) -> list[int]:
+    """`learned_tasks`, where they hold at least MIN_DEFAULT_SHAPES distinct workloads:
+    what a task learns from when it said nothing of a learned prior. PriorError otherwise."""
+    found = learned_tasks(conn, workload, gpu)
+    shapes = conn.scalar(
+        select(func.count(func.distinct(TaskRow.workload_id))).where(TaskRow.id.in_(found))
+    )
+    if (shapes or 0) < MIN_DEFAULT_SHAPES:
+        raise PriorError(
+            f"{shapes} measured shapes of the {family_of(workload).name} family to learn from: a "
+            f"learned prior is taken by default from {MIN_DEFAULT_SHAPES} or more (ask for one "
+            "to learn from fewer)"
+        )
+    return found
+
+
 def measured_space(conn: Connection, task_id: int) -> RecordedSpace:
     """A finished task's trials as a recorded space: the schedules it measured (its own
     space's subset, in trial order) and their latencies (inf where a trial failed)."""
@@ -361,7 +388,7 @@ def learned_pick(
     if not fam.learns_by_default:
         return None
     try:
-        task_ids = tuple(learned_tasks(conn, workload, gpu))
+        task_ids = tuple(default_learned_tasks(conn, workload, gpu))
         space = space_of()
         if len(space) == 0:
             return None

@@ -28,6 +28,7 @@ from pipetune.clients.cli.bench_cmds import recorded_dataset
 from pipetune.clients.cli.main import app
 from pipetune.model.family import family_of, parse_any_workload
 from pipetune.model.hardware import get_gpu
+from pipetune.service import priors
 from pipetune.service.priors import learned_tasks
 from pipetune.tuner.learned_prior import learned_prior
 from pipetune.tuner.session import TuningSession
@@ -38,6 +39,13 @@ MEASURED = Path(__file__).resolve().parents[1] / "benchmarks" / "data" / "h100"
 # Three small measured H100 GEMM spaces (the largest 1,600 schedules): the corpus.
 CORPUS = ("MM_RN50_Conv1x1_1", "BMM_BERT_QK", "BMM_GPT2_QK")
 runner = CliRunner()
+
+
+@pytest.fixture(autouse=True)
+def learn_by_default_from_a_few_shapes(monkeypatch: pytest.MonkeyPatch) -> None:
+    """These tests' corpora are a few small spaces: the default learns from them here (the
+    service's minimum number of shapes is tested on its own, below)."""
+    monkeypatch.setattr(priors, "MIN_DEFAULT_SHAPES", 1)
 
 
 def _import(path: Path, db_url: str) -> int:
@@ -298,3 +306,26 @@ def test_a_stored_time_no_kernel_can_take_does_not_break_every_lookup(db_url):
         created = client.post("/v1/tasks", json={"workload": GEMM, "gpu": "h200", "budget": 8})
         assert created.status_code == 201, created.text
         assert created.json()["learned_from"] == [task_id]
+
+
+def test_a_default_learned_prior_needs_enough_measured_shapes(db_url, monkeypatch):
+    """From one to four shapes a learned prior ranked a new shape worse than the analytical
+    model (benchmarks/RESULTS.md, "a learned prior of too few shapes"): a task that says
+    nothing of one, and the model's pick, keep the analytical model until the corpus holds
+    MIN_DEFAULT_SHAPES; asked for, a learned prior is taken from the few."""
+    measured = _measured_corpus(db_url)  # three shapes
+    monkeypatch.setattr(priors, "MIN_DEFAULT_SHAPES", len(CORPUS) + 1)
+    unmeasured = {"op": "gemm", "m": 2048, "n": 768, "k": 3072}
+    with client_for(db_url) as client:
+        default = create_task(client, budget=8, strategy="auto", seed=3, gpu="h200")
+        assert default["learned_from"] is None and default["prior_task"] is None
+        asked = create_task(client, budget=8, strategy="auto", gpu="h200", learned_prior=True)
+        assert asked["learned_from"] == sorted(measured)
+        pick = client.post("/v1/schedules", json={"workload": unmeasured, "gpu": "h200"})
+        assert pick.status_code == 200 and pick.json()["learned_from"] is None
+    monkeypatch.setattr(priors, "MIN_DEFAULT_SHAPES", len(CORPUS))
+    with client_for(db_url) as client:
+        default = create_task(client, budget=8, strategy="auto", seed=3, gpu="h200")
+        assert default["learned_from"] == sorted(measured)
+        pick = client.post("/v1/schedules", json={"workload": unmeasured, "gpu": "h200"})
+        assert pick.json()["learned_from"] == sorted(measured)
