@@ -204,3 +204,20 @@ def test_an_interrupted_tune_model_names_the_tasks_that_go_on(monkeypatch: pytes
     ids = ", ".join(str(100 + i) for i in range(1, fake.created + 1))
     assert fake.created > 1 and f"interrupted: tasks {ids} go on at the service" in said
     assert "DELETE http://svc:8000/v1/tasks/ID" in said
+
+
+class _QueuedWithPrior(_FakeService):
+    def tune(self, *args: object, **kwargs: object) -> TaskDoc:
+        return TASK.model_copy(update={"state": TaskState.QUEUED, "prior_task": 3})
+
+
+def test_tune_without_wait_says_the_prior_the_service_chose(monkeypatch: pytest.MonkeyPatch):
+    """--prior-gpu resolves to a task at the service (and a learned prior is the service's
+    default): the line printed without --wait named the strategy only."""
+    from pipetune.clients.cli import client_cmds
+
+    monkeypatch.setattr(client_cmds, "client", lambda server, api_key: _QueuedWithPrior(None))
+    args = ["tune", "gemm", "--m", "1024", "--n", "64", "--k", "2048", "--gpu", "h200"]
+    result = CliRunner().invoke(app, [*args, "--prior-gpu", "h100", "--server", "http://s:1"])
+    assert result.exit_code == 0, result.output
+    assert "random (prior: task 3)" in " ".join(result.stdout.split())

@@ -330,9 +330,11 @@ def _tune(
             if as_json:
                 print_json(task.model_dump(mode="json"))
             else:
+                # The strategy as the task runs it: its prior, which the service chose where
+                # the request left it out (a learned one, or prior_gpu's task), said.
                 console.print(
                     f"task {task.id} {task.state}: {w.label()} on {gpu}, budget {budget}, "
-                    f"{strategy}; follow it with `pipetune curve {task.id}` or "
+                    f"{strategy_label(task)}; follow it with `pipetune curve {task.id}` or "
                     f"{dashboard_url(server)}"
                 )
             return
