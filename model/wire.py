@@ -47,6 +47,11 @@ ID_MAX = 2**31 - 1  # ids and counts are 32-bit integer columns (service/orm.py)
 TASK_PAGE = 100
 MAX_TASK_PAGE = 1000
 MAX_LEASE_WAIT_S = 30.0
+# The longest duration any setting or option of the service or a worker takes (a week): past
+# threading.TIMEOUT_MAX a wait overflows, past a few centuries a database's date arithmetic
+# does (an infinite lease TTL left leases with no expiry on SQLite and every lease a 500 on
+# PostgreSQL), and nothing an operator means is longer.
+MAX_SECONDS = 7 * 24 * 3600.0
 MAX_JOBS_PER_LEASE = 64
 MAX_RESULTS_PER_POST = 256  # results in one POST /v1/jobs/results
 

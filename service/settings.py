@@ -11,6 +11,13 @@ PIPETUNE_MAX_ATTEMPTS    expired leases before a job is given up as `lost`
 PIPETUNE_BATCH_SIZE      trials a task proposes per round, unless it asks for its own
 PIPETUNE_LEASE_POLL_S    how long a waiting lease request goes without looking at the
                          queue when no wake-up comes (the fallback; default 5 s)
+PIPETUNE_LEASE_WAIT_CAP_S  the longest a lease request is held waiting (default 30 s)
+PIPETUNE_SWEEP_INTERVAL_S  seconds between upkeep sweeps (expired leases; 0: off)
+PIPETUNE_PROPOSE_EARLY   share of a batch still out when the next is proposed (0: off)
+PIPETUNE_MAX_BODY_BYTES  a request body's cap (default 1 MB)
+PIPETUNE_REQUEST_READ_TIMEOUT_S  seconds a request may take to arrive whole (default 60)
+PIPETUNE_DB_POOL_SIZE    connections per pool (a replica opens up to 3 x this + 1)
+Every duration is at most a week (model.wire.MAX_SECONDS).
 """
 
 from __future__ import annotations
@@ -23,7 +30,11 @@ import platformdirs
 from pydantic import Field, ValidationError, field_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
-from pipetune.model.wire import MAX_BATCH_SIZE
+from pipetune.model.wire import MAX_BATCH_SIZE, MAX_SECONDS
+
+MAX_ATTEMPTS = 1000  # a job's expired leases before it is lost (past it: a crash loop)
+MAX_BODY_BYTES = 1 << 30  # a request body's cap can be raised to a GiB, no further
+MAX_POOL_SIZE = 1000  # connections per pool (PostgreSQL's max_connections bounds it anyway)
 
 # The database backends the service runs on (service/db.py, the two queue stores).
 DATABASE_BACKENDS = ("sqlite", "postgresql")
@@ -147,8 +158,11 @@ class Settings(BaseSettings):
     api_keys: Annotated[list[str], NoDecode] = Field(default_factory=list, repr=False)
     # Browser origins allowed cross-origin access; empty: no CORS headers at all.
     cors_origins: Annotated[list[str], NoDecode] = Field(default_factory=list)
-    lease_ttl_s: float = Field(120.0, gt=0)
-    max_attempts: int = Field(3, ge=1)
+    # Upper bounds on every number: each is refused at start with the variable named, where
+    # one past what anything means (inf, 1e12) was taken and broke later (a lease with no
+    # expiry, an upkeep that overflowed a SQLite integer at every sweep).
+    lease_ttl_s: float = Field(120.0, gt=0, le=MAX_SECONDS)
+    max_attempts: int = Field(3, ge=1, le=MAX_ATTEMPTS)
     # A task's batch size unless it asks for its own (TaskCreate.batch_size).
     batch_size: int = Field(8, ge=1, le=MAX_BATCH_SIZE)
     # A model-guided task proposes its next batch once at most this share of its batch is
@@ -163,17 +177,17 @@ class Settings(BaseSettings):
     # long it waits before it looks at the queue again without one. Then the longest a
     # lease request is held (below a proxy's idle timeout; short in tests: workers drain
     # when their poll returns).
-    lease_poll_s: float = Field(5.0, gt=0)
-    lease_wait_cap_s: float = Field(30.0, ge=0)
+    lease_poll_s: float = Field(5.0, gt=0, le=MAX_SECONDS)
+    lease_wait_cap_s: float = Field(30.0, ge=0, le=MAX_SECONDS)
     # Background upkeep (expired leases, tasks whose batch completed): seconds, 0 = off.
-    sweep_interval_s: float = Field(2.0, ge=0)
-    max_body_bytes: int = Field(1_000_000, ge=1024)
+    sweep_interval_s: float = Field(2.0, ge=0, le=MAX_SECONDS)
+    max_body_bytes: int = Field(1_000_000, ge=1024, le=MAX_BODY_BYTES)
     # Seconds a request may take to arrive whole (head and body) from its first byte, or a
     # new connection to send one: then the connection is closed (service/http_protocol.py).
-    request_read_timeout_s: float = Field(60.0, gt=0)
+    request_read_timeout_s: float = Field(60.0, gt=0, le=MAX_SECONDS)
     # Build the schema when the database is empty (`serve` on a fresh install).
     create_empty_schema: bool = False
-    db_pool_size: int = Field(10, ge=1)
+    db_pool_size: int = Field(10, ge=1, le=MAX_POOL_SIZE)
 
     @field_validator("database_url")
     @classmethod

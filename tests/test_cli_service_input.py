@@ -141,7 +141,7 @@ def test_local_replay_workers_stand_in_for_the_datasets_gpu(tmp_path):
     path = _sweep(tmp_path / "a100.t4.json.gz", limit=5)
     assert preflight("replay", path) == "a100"
     assert worker_gpus(3, "replay", "a100") == ["a100"] * 3
-    assert worker_gpus(2, "simulated") == ["a100", "h100"]
+    assert worker_gpus(2, "simulated") == ["h100", "a100"]  # the default GPU first
     assert worker_gpus(2, "cupy") == [None, None]
 
 
@@ -274,3 +274,27 @@ def test_a_sqlite_file_that_cannot_be_opened_says_what_to_check(command):
     line = " ".join(result.output.split())
     assert "unable to open database file" in line
     assert "write the file and its folder" in line and "read-only mount" in line
+
+
+@pytest.mark.parametrize(
+    ("variable", "value"),
+    [
+        ("PIPETUNE_LEASE_TTL_S", "inf"),  # leases with no expiry (SQLite), a 500 each (PG)
+        ("PIPETUNE_LEASE_TTL_S", "1e12"),
+        ("PIPETUNE_MAX_ATTEMPTS", "99999999999999999999"),  # overflowed SQLite each sweep
+        ("PIPETUNE_SWEEP_INTERVAL_S", "inf"),  # upkeep silently off (0 is the way)
+        ("PIPETUNE_LEASE_POLL_S", "inf"),
+        ("PIPETUNE_LEASE_WAIT_CAP_S", "inf"),
+        ("PIPETUNE_REQUEST_READ_TIMEOUT_S", "inf"),
+        ("PIPETUNE_MAX_BODY_BYTES", "100000000000000000000"),
+        ("PIPETUNE_DB_POOL_SIZE", "100000000000000000000"),
+    ],
+)
+def test_a_setting_past_what_it_can_mean_is_refused_at_start(
+    monkeypatch, tmp_path, variable, value
+):
+    monkeypatch.setenv(variable, value)
+    result = runner.invoke(app, ["serve", "--db", f"sqlite:///{tmp_path / 'x.db'}"])
+    assert result.exit_code == 2, result.output
+    assert f"error: {variable}: Input should be less than or equal to" in result.output
+    assert not (tmp_path / "x.db").exists()

@@ -10,7 +10,7 @@ from pathlib import Path
 
 from pipetune.clients.sdk.http import header_value_problem
 from pipetune.model.trials import RunnerKind
-from pipetune.model.wire import MAX_JOBS_PER_LEASE, MAX_LEASE_WAIT_S
+from pipetune.model.wire import MAX_JOBS_PER_LEASE, MAX_LEASE_WAIT_S, MAX_SECONDS
 from pipetune.workers.runners.faults import FaultPlan
 
 RUNNERS: tuple[str, ...] = tuple(RunnerKind)
@@ -22,10 +22,9 @@ def default_name(runner: str) -> str:
     return f"{socket.gethostname()}-{runner}-{os.getpid()}"[:128]
 
 
-# The longest wait the worker's threads and pipes can be given (a week): past
-# threading.TIMEOUT_MAX (about 9.2e9 s) Event.wait overflowed, killing the heartbeat thread,
-# and every trial's wait for the measuring child failed (1e12 meant as "no limit").
-MAX_SECONDS = 7 * 24 * 3600.0
+# MAX_SECONDS (model.wire) is the longest wait the worker's threads and pipes can be given:
+# past threading.TIMEOUT_MAX (about 9.2e9 s) Event.wait overflowed, killing the heartbeat
+# thread, and every trial's wait for the measuring child failed (1e12 meant as "no limit").
 
 
 def _check_seconds(flag: str, value: float, *, zero_ok: bool) -> None:
