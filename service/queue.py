@@ -18,7 +18,7 @@ import hmac
 import secrets
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
 from fastapi.concurrency import run_in_threadpool
@@ -375,10 +375,19 @@ class Queue:
                 self._workloads.update(dict(found.all()))
         return {i: self._workloads[i] for i in ids}
 
-    async def lease(self, worker_id: int, token_hash: str, body: LeaseRequest) -> LeaseResponse:
+    async def lease(
+        self,
+        worker_id: int,
+        token_hash: str,
+        body: LeaseRequest,
+        gone: Callable[[], Awaitable[bool]] | None = None,
+    ) -> LeaseResponse:
         """Long-poll: return as soon as jobs are claimed, or empty after wait_s. Between
         claims the request waits for a wake-up (jobs of its kind enqueued), or at most
-        lease_poll_s (the fallback should a signal be missed)."""
+        lease_poll_s (the fallback should a signal be missed). `gone()`: whether the client
+        went away while the request waited (a worker killed mid-poll); it claims nothing
+        then, where it took the jobs its wake-up announced for a dead worker, and they waited
+        out a lease TTL and used up one of their attempts."""
         worker = self.cached_worker_ref(worker_id, token_hash)
         if worker is None:
             worker = await run_in_threadpool(self.worker_ref, worker_id, token_hash)
@@ -393,6 +402,10 @@ class Queue:
             wait_s = min(self.settings.lease_poll_s, left)
             signalled = await self.wakeup.wait(kind, wait_s, body.max_jobs)
             new = False
+            if gone is not None and await gone():
+                if signalled:  # the jobs it was woken for: to the next request waiting
+                    self.wakeup.signal(kind.arch, kind.gpu, body.max_jobs)
+                return LeaseResponse(jobs=[])
 
     # ---- expiry --------------------------------------------------------------------
 

@@ -13,7 +13,7 @@ batch (service/proposer.py): the worker's request never waits for a proposal.
 
 from __future__ import annotations
 
-from fastapi import APIRouter
+from fastapi import APIRouter, Request
 
 from pipetune.model.wire import (
     JobResult,
@@ -38,11 +38,12 @@ async def lease_jobs(
     service: ServiceDep,
     body: LeaseRequest,
     token: WorkerToken,
+    request: Request,
 ) -> LeaseResponse:
     """Long-poll for up to `max_jobs` jobs of the worker's GPU (its own only, whatever
     other GPU shares its arch), waiting up to `wait_s` seconds; an empty list when none came.
     The request is answered as soon as such jobs are enqueued (it waits on a wake-up)."""
-    return await service.queue.lease(body.worker_id, token, body)
+    return await service.queue.lease(body.worker_id, token, body, request.is_disconnected)
 
 
 def _advance(service: Service, tasks: set[int]) -> None:

@@ -1,0 +1,84 @@
+"""A lease request whose worker went away while it waited (killed mid-poll) claims nothing:
+it took the jobs its wake-up announced for a dead worker, and they waited out a lease TTL
+and used up one of their attempts. On a live server with the service's own HTTP protocol
+(a disconnect is a socket closing, which an in-process client cannot show)."""
+
+from __future__ import annotations
+
+import json
+import socket
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+import uvicorn
+from service_support import GEMM, WORKER_HEADERS, settings
+
+from pipetune.service.app import create_app
+from pipetune.service.http_protocol import protocol_with
+from pipetune.service.migrate import upgrade
+
+
+@pytest.fixture
+def live(tmp_path: Path) -> Iterator[str]:
+    url = f"sqlite:///{tmp_path / 'lease.db'}"
+    upgrade(url)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    # The fallback poll longer than the test: only a wake-up ends the wait.
+    app = create_app(settings(url, lease_poll_s=30.0, lease_wait_cap_s=30.0))
+    config = uvicorn.Config(app, port=port, log_level="warning", http=protocol_with(60.0))
+    server = uvicorn.Server(config)
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 30
+    while not server.started:
+        assert time.monotonic() < deadline, "uvicorn did not start"
+        time.sleep(0.05)
+    yield f"http://127.0.0.1:{port}"
+    server.should_exit = True
+    thread.join(timeout=10)
+
+
+def _register(client: httpx.Client, name: str) -> int:
+    body = {"name": name, "gpu": "h100", "arch": "sm_90", "runner": "simulated"}
+    response = client.post("/v1/workers", json=body, headers=WORKER_HEADERS)
+    assert response.status_code in (200, 201), response.text
+    return response.json()["id"]
+
+
+def test_a_lease_request_whose_worker_died_while_it_waited_takes_no_job(live):
+    port = int(live.rsplit(":", 1)[1])
+    with httpx.Client(base_url=live, timeout=30) as client:
+        dead = _register(client, "killed-mid-poll")
+        body = json.dumps({"worker_id": dead, "max_jobs": 4, "wait_s": 20}).encode()
+        head = [
+            "POST /v1/jobs/lease HTTP/1.1",
+            f"Host: 127.0.0.1:{port}",
+            "Content-Type: application/json",
+            f"Content-Length: {len(body)}",
+            *(f"{k}: {v}" for k, v in WORKER_HEADERS.items()),
+        ]
+        poll = socket.create_connection(("127.0.0.1", port))
+        poll.sendall(("\r\n".join(head) + "\r\n\r\n").encode() + body)
+        time.sleep(1.0)  # the request waits on a wake-up (the queue is empty)
+        poll.close()  # the worker is killed: its socket closes
+        time.sleep(0.5)
+        task = client.post(
+            "/v1/tasks", json={"workload": GEMM, "gpu": "h100", "budget": 4, "strategy": "random"}
+        ).json()["id"]
+        time.sleep(1.0)  # the wake-up reaches the waiting request
+        trials = client.get(f"/v1/tasks/{task}/trials").json()["trials"]
+        assert trials and all(t["state"] == "queued" for t in trials), trials
+        # A live worker takes them at once.
+        alive = _register(client, "alive")
+        leased = client.post(
+            "/v1/jobs/lease",
+            json={"worker_id": alive, "max_jobs": 4, "wait_s": 0},
+            headers=WORKER_HEADERS,
+        ).json()["jobs"]
+        assert len(leased) == len(trials)
