@@ -62,7 +62,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     revision = check_schema(settings.database_url, create_if_empty=settings.create_empty_schema)
     check_writable(settings.database_url)
     db = Database(settings.database_url, settings.db_pool_size)
-    metrics = Metrics(db)  # its database gauges are read at each scrape
+    metrics = Metrics(db, settings.lease_ttl_s)  # its database gauges are read at each scrape
     wakeup = Wakeup(shared=not db.is_sqlite)
     driver = Driver(db, settings, metrics, wakeup)
     service = Service(

@@ -21,7 +21,9 @@ from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 from sqlalchemy import func, select
 
-from pipetune.model.states import OUTSTANDING_JOB_STATES, JobState
+from pipetune.model.hardware import gpu_keys
+from pipetune.model.states import OUTSTANDING_JOB_STATES, JobState, TaskState
+from pipetune.service.db import is_unavailable
 from pipetune.service.orm import JobRow, TaskRow, WorkerRow
 from pipetune.service.thread_cpu import ThreadCpu
 
@@ -48,35 +50,86 @@ def gauge_family(
 
 class DatabaseGauges(Collector):
     """The queue, task and worker gauges, read from the database at every scrape (one read
-    transaction), so that every replica reports the same, true figures."""
+    transaction), so that every replica reports the same, true figures (summed over
+    replicas they count each thing once per replica).
 
-    def __init__(self, db: Database):
+    Every GPU and every task state has a sample, 0 included: a series that vanished when its
+    queue emptied read as "no data" rather than 0. While the database cannot be reached the
+    scrape still answers, with `pipetune_database_up 0` and without these gauges (it failed
+    whole, so a replica whose database was down looked down itself)."""
+
+    def __init__(self, db: Database, live_within_s: float = 120.0):
+        """`live_within_s`: a worker whose last heartbeat is older is not live (the lease
+        TTL: its leases would have expired)."""
         self.db = db
+        self.live_within_s = live_within_s
 
     def collect(self) -> Iterator[Metric]:
-        with self.db.read() as s:
-            jobs = s.execute(
-                select(JobRow.state, JobRow.gpu, func.count())
-                .where(JobRow.state.in_(OUTSTANDING_JOB_STATES))
-                .group_by(JobRow.state, JobRow.gpu)
-            ).all()
-            tasks = s.execute(select(TaskRow.state, func.count()).group_by(TaskRow.state)).all()
-            workers = s.execute(select(WorkerRow.gpu, func.count()).group_by(WorkerRow.gpu)).all()
-        queued = [(gpu, n) for state, gpu, n in jobs if state == JobState.QUEUED]
-        leased = [(gpu, n) for state, gpu, n in jobs if state == JobState.LEASED]
+        try:
+            with self.db.read() as s:
+                jobs = s.execute(
+                    select(JobRow.state, JobRow.gpu, func.count())
+                    .where(JobRow.state.in_(OUTSTANDING_JOB_STATES))
+                    .group_by(JobRow.state, JobRow.gpu)
+                ).all()
+                tasks = s.execute(select(TaskRow.state, func.count()).group_by(TaskRow.state)).all()
+                workers = s.execute(
+                    select(WorkerRow.gpu, func.count()).group_by(WorkerRow.gpu)
+                ).all()
+                since = self.db.now_plus(-self.live_within_s)
+                live = s.execute(
+                    select(WorkerRow.gpu, func.count())
+                    .where(WorkerRow.last_heartbeat >= since)
+                    .group_by(WorkerRow.gpu)
+                ).all()
+        except Exception as exc:
+            if not is_unavailable(exc):
+                raise
+            yield gauge_family("pipetune_database_up", DATABASE_UP_HELP, [], [(0,)])
+            return
+        yield gauge_family("pipetune_database_up", DATABASE_UP_HELP, [], [(1,)])
+        queued = _every(
+            gpu_keys(), [(gpu, n) for state, gpu, n in jobs if state == JobState.QUEUED]
+        )
+        leased = _every(
+            gpu_keys(), [(gpu, n) for state, gpu, n in jobs if state == JobState.LEASED]
+        )
+        states = _every([str(state) for state in TaskState], [(str(st), n) for st, n in tasks])
         yield gauge_family("pipetune_queue_depth", "Jobs waiting for a worker", ["gpu"], queued)
         yield gauge_family("pipetune_leases_active", "Jobs leased to a worker", ["gpu"], leased)
-        yield gauge_family("pipetune_tasks", "Tasks by state", ["state"], tasks)
-        yield gauge_family("pipetune_workers_registered", "Registered workers", ["gpu"], workers)
+        yield gauge_family("pipetune_tasks", "Tasks by state", ["state"], states)
+        yield gauge_family(
+            "pipetune_workers_registered",
+            "Workers ever registered (a restarted worker registers again under a new name)",
+            ["gpu"],
+            _every(gpu_keys(), workers),
+        )
+        yield gauge_family(
+            "pipetune_workers_live",
+            "Workers that sent a heartbeat within the lease TTL",
+            ["gpu"],
+            _every(gpu_keys(), live),
+        )
 
     def describe(self) -> Iterator[Metric]:
         return iter(())  # registering the collector reads nothing from the database
 
 
+DATABASE_UP_HELP = "1 while this replica reads its database, 0 while it cannot reach it"
+
+
+def _every(keys: Iterable[str], rows: Iterable[tuple]) -> list[tuple[str, float]]:
+    """(key, value) for every key, 0 where `rows` has none (and rows of other keys too)."""
+    found = {str(k): float(v) for k, v in rows}
+    return [(k, found.pop(k, 0.0)) for k in keys] + sorted(found.items())
+
+
 class Metrics:
     """The service's own counters and request latency, and (given a database) its gauges."""
 
-    def __init__(self, db: Database | None = None) -> None:
+    def __init__(self, db: Database | None = None, live_within_s: float = 120.0) -> None:
+        """`live_within_s`: how recent a worker's heartbeat must be for it to count as live
+        (the service's lease TTL)."""
         self.registry = CollectorRegistry(auto_describe=True)
         r = self.registry
         self.leases = Counter(
@@ -130,7 +183,7 @@ class Metrics:
         self.registry.register(self.thread_cpu)
 
         if db is not None:
-            self.registry.register(DatabaseGauges(db))
+            self.registry.register(DatabaseGauges(db, live_within_s))
 
     def render(self) -> bytes:
         """The text exposition format."""

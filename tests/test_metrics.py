@@ -4,7 +4,17 @@ read at scrape time by a custom collector (the same figures from every replica).
 from __future__ import annotations
 
 from prometheus_client.parser import text_string_to_metric_families
-from service_support import create_task, drain, fake_latency, lease, metric_value, ok, register
+from service_support import (
+    client_for,
+    create_task,
+    drain,
+    fake_latency,
+    lease,
+    metric_value,
+    ok,
+    register,
+    service_of,
+)
 
 pytest_plugins = ["service_fixtures"]
 
@@ -29,9 +39,57 @@ def test_the_exposition_parses_and_its_gauges_follow_the_database(client):
     other = register(client, name="w2")
     lease(client, other, max_jobs=3)
     text = client.get("/metrics").text
-    assert metric_value(text, "pipetune_queue_depth", gpu="h100") is None
+    # An empty queue reads 0, not "no data" (the series vanished when the queue emptied).
+    assert metric_value(text, "pipetune_queue_depth", gpu="h100") == 0.0
     assert metric_value(text, "pipetune_leases_active", gpu="h100") == 4.0
     assert metric_value(text, "pipetune_workers_registered", gpu="h100") == 2.0
+    assert metric_value(text, "pipetune_workers_live", gpu="h100") == 2.0
+    # Every GPU and task state has a sample.
+    assert metric_value(text, "pipetune_queue_depth", gpu="a100") == 0.0
+    assert metric_value(text, "pipetune_tasks", state="cancelled") == 0.0
+    assert metric_value(text, "pipetune_database_up") == 1.0
+
+
+def test_a_worker_silent_past_the_lease_ttl_is_registered_but_not_live(db_url):
+    """Worker rows are kept (a restarted worker registers again): the registered count grew
+    with every restart and said nothing of how many workers were alive."""
+    from sqlalchemy import update
+
+    from pipetune.service.orm import WorkerRow
+
+    with client_for(db_url) as client:
+        gone, alive = register(client, name="gone"), register(client, name="alive")
+        db = service_of(client).db
+        with db.write() as s:
+            s.execute(
+                update(WorkerRow)
+                .where(WorkerRow.id == gone)
+                .values(last_heartbeat=db.now_plus(-3600.0))
+            )
+        text = client.get("/metrics").text
+        assert metric_value(text, "pipetune_workers_registered", gpu="h100") == 2.0
+        assert metric_value(text, "pipetune_workers_live", gpu="h100") == 1.0
+        assert alive != gone
+
+
+def test_the_scrape_answers_while_the_database_cannot_be_reached(client, monkeypatch):
+    """The replica's own counters stay readable, and the database's state is said: the
+    scrape answered 503 whole, so a replica whose database was down looked down itself."""
+    from sqlalchemy.exc import OperationalError
+
+    register(client)
+    db = service_of(client).db
+
+    def unreachable():
+        raise OperationalError("SELECT 1", {}, Exception("connection refused"))
+
+    monkeypatch.setattr(db, "read", unreachable)
+    response = client.get("/metrics")
+    assert response.status_code == 200, response.text
+    assert metric_value(response.text, "pipetune_database_up") == 0.0
+    assert metric_value(response.text, "pipetune_queue_depth", gpu="h100") is None
+    # The replica's own series are still there (its request latency, counted in process).
+    assert "pipetune_http_request_duration_seconds_count" in response.text
 
 
 def test_the_cpu_spent_proposing_is_counted_per_strategy(client):
