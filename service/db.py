@@ -43,6 +43,8 @@ from sqlalchemy.types import TypeDecorator
 from pipetune.service.driver_pool import DriverConnections
 
 SQLITE_NOW_FORMAT = "%Y-%m-%d %H:%M:%f"
+# Seconds a new PostgreSQL connection may take (libpq's connect_timeout; its least is 2).
+CONNECT_TIMEOUT_S = 10
 
 
 def is_unavailable(exc: BaseException) -> bool:
@@ -141,7 +143,19 @@ def make_engine(url: str, pool_size: int = 10) -> Engine:
         # Its overflow is one pool size: the hot paths' statements have their own connections
         # (up to another pool size, DriverConnections), within the 3 x pool size per replica
         # that the README tells operators to plan for.
-        return create_engine(url, pool_size=pool_size, max_overflow=pool_size, pool_recycle=1800)
+        # A connection attempt gives up after CONNECT_TIMEOUT_S (a 503), unless the URL says
+        # otherwise: a server that accepted the connection and never answered (stopped,
+        # overloaded) held the request, /healthz included, without end.
+        timeout = (
+            {} if "connect_timeout" in parsed.query else {"connect_timeout": CONNECT_TIMEOUT_S}
+        )
+        return create_engine(
+            url,
+            pool_size=pool_size,
+            max_overflow=pool_size,
+            pool_recycle=1800,
+            connect_args=timeout,
+        )
     if parsed.database and parsed.database != ":memory:":
         Path(parsed.database).expanduser().parent.mkdir(parents=True, exist_ok=True)
     engine = create_engine(
@@ -253,6 +267,7 @@ class Database:
         """A connection as the engine's (the dialect's arguments: its adapters too), in
         autocommit."""
         cargs, cparams = self.engine.dialect.create_connect_args(self.engine.url)
+        cparams.setdefault("connect_timeout", CONNECT_TIMEOUT_S)  # as the engine's (make_engine)
         return psycopg.connect(*cargs, **cparams, autocommit=True)
 
     def now(self) -> ColumnElement[dt.datetime]:

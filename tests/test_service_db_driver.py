@@ -128,3 +128,35 @@ def test_json_parameters_carry_the_values_json_dumps_wrote():
     special = json.loads(json_param([math.nan, math.inf, -math.inf]))
     assert math.isnan(special[0]) and special[1:] == [math.inf, -math.inf]
     assert "\\u0000" in json_param("a\u0000b")  # escaped, as json.dumps did
+
+
+def test_a_server_that_accepts_and_never_answers_fails_within_the_connect_timeout(monkeypatch):
+    """A PostgreSQL that accepted connections and never answered (stopped, overloaded) held
+    every request that needed a new connection, /healthz included, without end: the engine's
+    and the driver's own connections now give up after CONNECT_TIMEOUT_S (an
+    OperationalError: a 503 to the client)."""
+    import socket
+    import time
+
+    import psycopg
+    from sqlalchemy.exc import OperationalError
+
+    from pipetune.service import db as db_module
+
+    monkeypatch.setattr(db_module, "CONNECT_TIMEOUT_S", 2)
+    with socket.socket() as mute:
+        mute.bind(("127.0.0.1", 0))
+        mute.listen(16)  # connections complete in the backlog; nothing ever answers
+        url = f"postgresql+psycopg://nobody@127.0.0.1:{mute.getsockname()[1]}/none"
+        database = db_module.Database(url, 1)
+        try:
+            began = time.monotonic()
+            with pytest.raises(OperationalError), database.engine.connect():
+                pass
+            assert time.monotonic() - began < 8
+            began = time.monotonic()
+            with pytest.raises(psycopg.OperationalError):
+                database._connect_driver()
+            assert time.monotonic() - began < 8
+        finally:
+            database.dispose()
