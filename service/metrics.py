@@ -50,8 +50,8 @@ def gauge_family(
 
 class DatabaseGauges(Collector):
     """The queue, task and worker gauges, read from the database at every scrape (one read
-    transaction), so that every replica reports the same, true figures (summed over
-    replicas they count each thing once per replica).
+    transaction), so that every replica reports the same, true figures (not to be summed
+    over replicas, as their own counters are).
 
     Every GPU and every task state has a sample, 0 included: a series that vanished when its
     queue emptied read as "no data" rather than 0. While the database cannot be reached the
