@@ -531,7 +531,7 @@ def test_health_metrics_and_openapi(client):
     post_result(client, worker, jobs[0], ok(10.0))  # a repeat: acknowledged, not counted
     post_result(client, worker, jobs[1], {"status": "timeout"})
     text = client.get("/metrics").text
-    assert 'pipetune_queue_depth{gpu="h100"}' not in text  # all four leased
+    assert 'pipetune_queue_depth{gpu="h100"} 0.0' in text  # all four leased: 0, not absent
     assert 'pipetune_leases_active{gpu="h100"} 2.0' in text
     assert 'pipetune_jobs_leased_total{gpu="h100"} 4.0' in text
     # Label order carries no meaning in the exposition (prometheus_client sorts them).
