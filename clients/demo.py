@@ -23,7 +23,6 @@ import argparse
 import contextlib
 import importlib.util
 import os
-import secrets
 import shutil
 import signal
 import subprocess
@@ -33,6 +32,7 @@ from pathlib import Path
 
 from pipetune.clients.local_service import LocalService, ServiceStartError, pipetune_command
 from pipetune.model.hardware import gpu_keys
+from pipetune.service.worker_token import generated_worker_token
 
 WORKLOAD = ["gemm", "--m", "1024", "--n", "64", "--k", "2048", "--gpu", "h100"]
 # model/operators.py's Softmax_BERT_b8_s128: rows = batch 8 x 12 heads x seq 128, cols = seq.
@@ -84,10 +84,7 @@ def main(argv: list[str] | None = None) -> int:
     workdir = Path(tempfile.mkdtemp(prefix="pipetune-demo-"))
     # A worker token of the demo's own, in its work dir: serve would otherwise generate one
     # in the user's data dir, the one thing the demo left outside its temporary directory.
-    token = secrets.token_urlsafe(32)
-    token_file = workdir / "worker-token"
-    token_file.touch(mode=0o600)
-    token_file.write_text(token)
+    token, _ = generated_worker_token(workdir / "worker-token")
     env = {
         "PIPETUNE_SIMULATED_TIME_SCALE": os.environ.get(
             "PIPETUNE_SIMULATED_TIME_SCALE", DEMO_TIME_SCALE

@@ -156,6 +156,8 @@ def launch(
     could use (unknown, the tuned GPU, a strategy without a prior) raises ValueError before any task
     is created. batch_size: each task's trials per proposal round (None: the service's)."""
     prior: dict[str, Any] = {}
+    if learned_prior and prior_gpu is not None:
+        raise ValueError("give prior_gpu or learned_prior, not both")
     if prior_gpu is not None:
         problem = prior_gpu_problem(prior_gpu, gpu, strategy)
         if problem:
@@ -166,9 +168,7 @@ def launch(
     args = {"budget": budget, "strategy": strategy, "seed": seed, "batch_size": batch_size}
     # A shape without a task on prior_gpu starts cold, but as asked of the learned prior
     # (--no-learned-prior beside --prior-gpu was dropped there, and the shape learned one).
-    cold = {} if learned_prior is None or "learned_prior" in prior else {"learned_prior": False}
-    if learned_prior and prior_gpu is not None:
-        raise ValueError("give prior_gpu or learned_prior, not both")
+    cold = {"learned_prior": False} if prior_gpu is not None and learned_prior is False else {}
     started = []
     for s in shapes:
         workload = s.workload.canonical()

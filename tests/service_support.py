@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+import socket
+import threading
 import time
 import warnings
 from collections.abc import Iterator
@@ -212,3 +214,29 @@ def wait_until_listening(client: TestClient, timeout_s: float = 10.0) -> None:
     while not wakeup.listening:
         assert time.monotonic() < deadline, "the NOTIFY listener did not connect"
         time.sleep(0.02)
+
+
+@contextmanager
+def live_server(url: str, http: Any = "auto", **overrides: Any) -> Iterator[str]:
+    """A service on the (upgraded) database `url`, served by uvicorn on a free port in a
+    thread of this process (`settings(url, **overrides)`; `http`: uvicorn's protocol, e.g.
+    the service's own): yields its base URL. What a browser or a raw socket talks to, where
+    an in-process client cannot stand in."""
+    import uvicorn
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    app = create_app(settings(url, **overrides))
+    server = uvicorn.Server(uvicorn.Config(app, port=port, log_level="warning", http=http))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 30
+    while not server.started:
+        assert time.monotonic() < deadline, "uvicorn did not start"
+        time.sleep(0.05)
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        server.should_exit = True
+        thread.join(timeout=10)

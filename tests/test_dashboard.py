@@ -11,8 +11,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import socket
-import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -20,10 +18,8 @@ from urllib.parse import parse_qs, urlparse
 
 import httpx
 import pytest
-import uvicorn
-from service_support import GEMM, TOKEN, fake_latency, settings
+from service_support import GEMM, TOKEN, fake_latency, live_server
 
-from pipetune.service.app import create_app
 from pipetune.service.migrate import upgrade
 
 CHROMIUM = "/usr/bin/chromium"
@@ -54,12 +50,6 @@ def chromium() -> str:
     return found
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture
 def live_url(tmp_path: Path) -> Iterator[str]:
     yield from _serve(tmp_path)
@@ -68,19 +58,8 @@ def live_url(tmp_path: Path) -> Iterator[str]:
 def _serve(tmp_path: Path, **overrides) -> Iterator[str]:
     url = f"sqlite:///{tmp_path / 'dashboard.db'}"
     upgrade(url)
-    port = _free_port()
-    app = create_app(settings(url, **overrides))
-    config = uvicorn.Config(app, port=port, log_level="warning")
-    server = uvicorn.Server(config)
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 30
-    while not server.started:
-        assert time.monotonic() < deadline, "uvicorn did not start"
-        time.sleep(0.05)
-    yield f"http://127.0.0.1:{port}"
-    server.should_exit = True
-    thread.join(timeout=10)
+    with live_server(url, **overrides) as base:
+        yield base
 
 
 def _register(client: httpx.Client, name: str, runner: str, gpu: str = "h100") -> int:
@@ -563,6 +542,13 @@ def keyed_url(tmp_path: Path) -> Iterator[str]:
     yield from _serve(tmp_path, api_keys=[API_KEY])
 
 
+def _task_list_statuses(page) -> list[int]:  # type: ignore[no-untyped-def]
+    """The HTTP statuses of the page's task requests, as they come."""
+    statuses: list[int] = []
+    page.on("response", lambda r: statuses.append(r.status) if "/v1/tasks" in r.url else None)
+    return statuses
+
+
 def test_with_api_keys_the_dashboard_reads_its_key_from_the_fragment(keyed_url, chromium):
     """Where PIPETUNE_API_KEYS guards the user routes, /dashboard#key=KEY sends the key with
     the page's data requests (as the README says); without it they are refused."""
@@ -578,8 +564,7 @@ def test_with_api_keys_the_dashboard_reads_its_key_from_the_fragment(keyed_url, 
     with sync_playwright() as p:
         browser = p.chromium.launch(executable_path=chromium, args=CHROMIUM_ARGS)
         page = browser.new_page()
-        statuses: list[int] = []
-        page.on("response", lambda r: statuses.append(r.status) if "/v1/tasks" in r.url else None)
+        statuses = _task_list_statuses(page)
         page.goto(f"{keyed_url}/dashboard?refresh=300#key={API_KEY}")
         page.wait_for_function(
             "() => document.querySelectorAll('#tasks tbody tr').length === 1", timeout=20000
@@ -587,8 +572,7 @@ def test_with_api_keys_the_dashboard_reads_its_key_from_the_fragment(keyed_url, 
         assert "gemm 1024x1024x1024" in page.locator("#tasks tbody tr").nth(0).inner_text()
         assert statuses and all(s == 200 for s in statuses), statuses
         keyless = browser.new_page()  # a tab of its own: no key kept
-        refused: list[int] = []
-        keyless.on("response", lambda r: refused.append(r.status) if "/v1/tasks" in r.url else None)
+        refused = _task_list_statuses(keyless)
         keyless.goto(f"{keyed_url}/dashboard?refresh=300")
         deadline = time.monotonic() + 20
         while not refused and time.monotonic() < deadline:

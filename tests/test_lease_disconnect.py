@@ -7,17 +7,14 @@ from __future__ import annotations
 
 import json
 import socket
-import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
 import pytest
-import uvicorn
-from service_support import GEMM, WORKER_HEADERS, settings
+from service_support import GEMM, WORKER_HEADERS, live_server
 
-from pipetune.service.app import create_app
 from pipetune.service.http_protocol import protocol_with
 from pipetune.service.migrate import upgrade
 
@@ -26,22 +23,9 @@ from pipetune.service.migrate import upgrade
 def live(tmp_path: Path) -> Iterator[str]:
     url = f"sqlite:///{tmp_path / 'lease.db'}"
     upgrade(url)
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
     # The fallback poll longer than the test: only a wake-up ends the wait.
-    app = create_app(settings(url, lease_poll_s=30.0, lease_wait_cap_s=30.0))
-    config = uvicorn.Config(app, port=port, log_level="warning", http=protocol_with(60.0))
-    server = uvicorn.Server(config)
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 30
-    while not server.started:
-        assert time.monotonic() < deadline, "uvicorn did not start"
-        time.sleep(0.05)
-    yield f"http://127.0.0.1:{port}"
-    server.should_exit = True
-    thread.join(timeout=10)
+    with live_server(url, protocol_with(60.0), lease_poll_s=30.0, lease_wait_cap_s=30.0) as base:
+        yield base
 
 
 def _register(client: httpx.Client, name: str) -> int:
