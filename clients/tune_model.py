@@ -20,6 +20,7 @@ analytical model plus noise, replay answers from a recorded dataset).
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -33,6 +34,7 @@ from pipetune.clients.sdk import ApiError, Client, PipetuneError
 from pipetune.model.family import KernelFamily, family_names, family_of
 from pipetune.model.hardware import HardwareError, get_gpu, resolve_gpu_key
 from pipetune.model.networks import DistinctShape, Network
+from pipetune.model.states import TaskState
 from pipetune.model.trials import RunnerKind
 from pipetune.model.wire import ScheduleDoc, StrategyName, TaskDoc, TrialDoc
 
@@ -137,6 +139,53 @@ def prior_gpu_problem(prior_gpu: str, gpu: str, strategy: str) -> str | None:
     return None
 
 
+# What --resume follows again: a task that is still tuning or has finished its budget. A
+# failed or cancelled one is tuned anew, as a first run would.
+RESUMABLE_STATES = frozenset({TaskState.QUEUED, TaskState.RUNNING, TaskState.DONE})
+
+
+def _workload_key(workload: dict[str, Any]) -> str:
+    return json.dumps(workload, sort_keys=True)
+
+
+def resumable_tasks(
+    client: Client,
+    shapes: list[DistinctShape],
+    gpu: str,
+    budget: int,
+    strategy: str,
+    seed: int,
+    batch_size: int | None = None,
+) -> dict[int, TaskDoc]:
+    """`--resume`: per shape (by its index in `shapes`), the newest task an earlier run left
+    at the service for the same workload, GPU, strategy, budget and seed (and batch size, where
+    one is given), queued, running or done. Imported tasks were never tuned and are not
+    followed. The service's task list is read newest first, page by page, until every shape
+    has its task or the list ends."""
+    want = {_workload_key(s.workload.canonical()): i for i, s in enumerate(shapes)}
+    run = (resolve_gpu_key(gpu), strategy, budget, seed)
+    found: dict[int, TaskDoc] = {}
+    before: int | None = None
+    while len(found) < len(shapes):
+        page = client.tasks(before=before)
+        if not page:
+            break
+        for task in page:
+            index = want.get(_workload_key(task.workload))
+            if (
+                index is None
+                or index in found
+                or task.state not in RESUMABLE_STATES
+                or task.imported_from is not None
+                or (task.gpu, task.strategy, task.budget, task.seed) != run
+                or (batch_size is not None and task.batch_size != batch_size)
+            ):
+                continue
+            found[index] = task
+        before = min(t.id for t in page)
+    return found
+
+
 def launch(
     client: Client,
     shapes: list[DistinctShape],
@@ -147,8 +196,10 @@ def launch(
     prior_gpu: str | None = None,
     learned_prior: bool | None = None,
     batch_size: int | None = None,
+    resumed: dict[int, TaskDoc] | None = None,
 ) -> list[TaskDoc]:
-    """One tuning task per distinct shape, all queued at once so the workers share them.
+    """One tuning task per distinct shape, all queued at once so the workers share them;
+    a shape in `resumed` (its index: `resumable_tasks`) keeps that task instead.
     With prior_gpu, each shape warm-starts from its finished task on that GPU (one of the newest
     generator revision, the most successful trials of those) where it has one; with learned_prior,
     from a cost model of the measured tasks of its kernel family where there are any. A shape
@@ -170,7 +221,10 @@ def launch(
     # (--no-learned-prior beside --prior-gpu was dropped there, and the shape learned one).
     cold = {"learned_prior": False} if prior_gpu is not None and learned_prior is False else {}
     started = []
-    for s in shapes:
+    for i, s in enumerate(shapes):
+        if resumed and i in resumed:
+            started.append(resumed[i])
+            continue
         workload = s.workload.canonical()
         try:
             task = client.tune(workload, gpu, **args, **prior)

@@ -277,6 +277,26 @@ def test_tune_model_reports_layers_and_the_end_to_end_speedup(cli, worker):  # t
     assert "GB/s" in table.stdout and "TFLOP/s" in table.stdout
 
 
+def test_tune_model_resume_follows_the_earlier_runs_tasks(cli, worker):  # type: ignore[no-untyped-def]
+    args = ["tune-model", "gpt2", "--seq", "64", "--budget", "2", "--poll", "0.1", "--json"]
+    first = cli(*args)
+    assert first.exit_code == 0, first.output
+    ids = sorted(row["task_id"] for row in json.loads(first.stdout)["layers"])
+    listed = len(json.loads(cli("tasks", "--json").stdout)["tasks"])
+
+    again = cli(*args, "--resume")
+    assert again.exit_code == 0, again.output
+    assert sorted(row["task_id"] for row in json.loads(again.stdout)["layers"]) == ids
+    assert f"resuming {len(ids)} of {len(ids)} shapes" in again.stderr
+    assert len(json.loads(cli("tasks", "--json").stdout)["tasks"]) == listed  # none queued
+
+    # Another seed is another run: every shape queued anew.
+    other = cli(*args, "--seed", "1", "--resume")
+    assert other.exit_code == 0, other.output
+    assert not set(row["task_id"] for row in json.loads(other.stdout)["layers"]) & set(ids)
+    assert f"resuming 0 of {len(ids)} shapes; queuing {len(ids)}" in other.stderr
+
+
 def test_tune_model_with_wgmma_tunes_the_gemms_on_the_hopper_family(cli, worker):  # type: ignore[no-untyped-def]
     args = ["tune-model", "bert-base", "--seq", "128", "--budget", "3", "--poll", "0.1"]
     result = cli(*args, "--wgmma", "--json")

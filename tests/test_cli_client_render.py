@@ -203,6 +203,7 @@ def test_an_interrupted_tune_model_names_the_tasks_that_go_on(monkeypatch: pytes
     said = " ".join(result.stderr.split())
     ids = ", ".join(str(100 + i) for i in range(1, fake.created + 1))
     assert fake.created > 1 and f"interrupted: tasks {ids} go on at the service" in said
+    assert "running this command with --resume" in said
     assert "DELETE http://svc:8000/v1/tasks/ID" in said
 
 

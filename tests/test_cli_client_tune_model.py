@@ -455,3 +455,92 @@ def test_a_shape_with_no_successful_trial_or_not_done_is_a_problem_the_exit_says
     )
     assert "tasks [1] have no successful trial: every figure leaves them out" in problem
     assert doc["end_to_end"]["complete"] is False
+
+
+def _listed_task(task_id: int, workload: dict, **changes: object) -> TaskDoc:
+    now = datetime.now(UTC)
+    fields = {
+        "id": task_id,
+        "state": "running",
+        "workload": workload,
+        "gpu": "h100",
+        "strategy": "auto",
+        "budget": 16,
+        "seed": 0,
+        "batch_size": 8,
+        "trials_done": 0,
+        "trials_failed": 0,
+        "created_at": now,
+        "updated_at": now,
+    }
+    return TaskDoc.model_validate(fields | changes)
+
+
+class _TaskPages:
+    """GET /v1/tasks as the SDK pages it: newest first, `before` the last id of a page."""
+
+    def __init__(self, tasks: list[TaskDoc], page: int = 2) -> None:
+        self.tasks = sorted(tasks, key=lambda t: -t.id)
+        self.page = page
+        self.reads = 0
+
+    def tasks_page(self, before: int | None) -> list[TaskDoc]:
+        self.reads += 1
+        rest = [t for t in self.tasks if before is None or t.id < before]
+        return rest[: self.page]
+
+
+def test_resume_follows_the_newest_matching_task_of_each_shape_across_pages():
+    from pipetune.clients.tune_model import resumable_tasks
+
+    shapes = network("bert-base", 1, 128).distinct()[:3]
+    w0, w1, w2 = (s.workload.canonical() for s in shapes)
+    pages = _TaskPages(
+        [
+            _listed_task(1, w0, state="done"),  # older than 4: not the one followed
+            _listed_task(2, w1, state="queued"),
+            _listed_task(3, w2, state="cancelled"),  # tuned anew
+            _listed_task(4, w0, state="done"),
+            _listed_task(5, w2, seed=1),  # another seed
+            _listed_task(6, w2, budget=32),  # another budget
+            _listed_task(7, w2, gpu="a100"),
+            _listed_task(8, w2, strategy="random"),
+            _listed_task(9, w2, batch_size=4),
+            _listed_task(10, w2, imported_from="dataset.json", state="done"),
+            _listed_task(11, w2, state="failed"),
+        ]
+    )
+
+    class Client:
+        def tasks(self, state=None, *, limit=None, offset=None, before=None):
+            return pages.tasks_page(before)
+
+    # Without --batch-size any batch size is followed (the service's default may differ).
+    found = resumable_tasks(Client(), shapes, "h100", 16, "auto", 0)  # type: ignore[arg-type]
+    assert {i: t.id for i, t in found.items()} == {0: 4, 1: 2, 2: 9}
+    # With one asked for, only tasks of that batch size are.
+    found = resumable_tasks(Client(), shapes, "h100", 16, "auto", 0, batch_size=8)  # type: ignore[arg-type]
+    assert {i: t.id for i, t in found.items()} == {0: 4, 1: 2}
+    # The list is read only until every shape has its task.
+    pages.reads = 0
+    matched = [_listed_task(20 + i, w, state="done") for i, w in enumerate((w0, w1, w2))]
+    pages.tasks = sorted(matched + pages.tasks, key=lambda t: -t.id)
+    found = resumable_tasks(Client(), shapes, "h100", 16, "auto", 0)  # type: ignore[arg-type]
+    assert {i: t.id for i, t in found.items()} == {0: 20, 1: 21, 2: 22} and pages.reads == 2
+
+
+def test_launch_queues_only_the_shapes_not_resumed():
+    from pipetune.clients.tune_model import launch
+
+    shapes = network("bert-base", 1, 128).distinct()[:3]
+    queued: list[dict] = []
+
+    class Fake:
+        def tune(self, workload, gpu, **kwargs):
+            queued.append(workload)
+            return _listed_task(50 + len(queued), workload)
+
+    kept = _listed_task(7, shapes[1].workload.canonical())
+    started = launch(Fake(), shapes, "h100", 16, "auto", 0, resumed={1: kept})  # type: ignore[arg-type]
+    assert [t.id for t in started] == [51, 7, 52]
+    assert queued == [shapes[0].workload.canonical(), shapes[2].workload.canonical()]

@@ -600,6 +600,13 @@ def tune_model(
         help="the GEMMs and BMMs on the Hopper warpgroup-MMA family (hopper_gemm, hopper_bmm; "
         "H100 and H200) instead of the mma.sync family",
     ),
+    resume: bool = typer.Option(
+        False,
+        "--resume",
+        help="follow the tasks an earlier run of this command left at the service (the same "
+        "shape, --gpu, --strategy, --budget and --seed; queued, running or done) instead of "
+        "queuing those shapes again; the others are queued",
+    ),
     poll: float = typer.Option(1.0, "--poll", help="seconds between checks"),
     as_json: bool = typer.Option(False, "--json", help="print one JSON document"),
     server: str = server_option(),
@@ -635,6 +642,16 @@ def tune_model(
         net = net.on_hopper()
     shapes = net.distinct()
     with service_errors(), client(server, api_key) as c:
+        resumed = (
+            tm.resumable_tasks(c, shapes, gpu, budget, strategy, seed, batch_size) if resume else {}
+        )
+        if resume:
+            ids = ", ".join(str(t.id) for t in resumed.values())
+            stderr_console.print(
+                f"resuming {len(resumed)} of {len(shapes)} shapes"
+                + (f" (tasks {ids})" if resumed else "")
+                + (f"; queuing {len(shapes) - len(resumed)}" if len(resumed) < len(shapes) else "")
+            )
         started = tm.launch(
             c,
             shapes,
@@ -645,6 +662,7 @@ def tune_model(
             prior_gpu,
             learned_prior,
             batch_size,
+            resumed,
         )
         with task_progress(not as_json) as bar:
             total = sum(t.budget for t in started)
@@ -666,8 +684,9 @@ def tune_model(
                 # it used to end without a word, and a second run queued every shape again).
                 ids = ", ".join(str(t.id) for t in started)
                 stderr_console.print(
-                    f"interrupted: tasks {ids} go on at the service; follow them with "
-                    f"`pipetune tasks`, or cancel each with DELETE {server}/v1/tasks/ID"
+                    f"interrupted: tasks {ids} go on at the service; follow them again by "
+                    "running this command with --resume, or cancel each with DELETE "
+                    f"{server}/v1/tasks/ID"
                 )
                 raise typer.Exit(130) from None
         results = tm.collect(c, shapes, finals, gpu)
