@@ -203,7 +203,11 @@ class Wakeup:
             if not future.done() and kind.takes(arch, gpu, runner):
                 future.set_result(True)
                 del self._waiters[future]
-                woken += wants
+                # A bound worker (one workload's jobs) is woken by any job of its kind, and
+                # its claim may find none of these: counted, it used up a signal of one job,
+                # and the unbound worker behind it waited for the fallback poll (4.5 s).
+                if kind.workload_hash is None:
+                    woken += wants
 
     def _wake_all(self) -> None:
         for future in list(self._waiters):

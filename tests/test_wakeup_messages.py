@@ -65,3 +65,28 @@ def test_a_signal_for_one_runners_jobs_wakes_that_runners_workers_only():
     assert asyncio.run(woken(one_cupy_job)) == [False] * 8 + [True]
     nine_any = json.dumps({"origin": "ORIGIN", "arch": "sm_90", "gpu": "h100", "count": 9})
     assert asyncio.run(woken(nine_any)) == [True] * 9
+
+
+def test_a_bound_worker_woken_first_leaves_the_signal_to_the_others():
+    """A replay worker bound to one workload, waiting first, took a one-job signal that was
+    another workload's: its claim found nothing, and the unbound worker behind it got the job
+    only at the fallback poll (4.5 s, measured with two replicas)."""
+    import asyncio
+
+    from pipetune.service.wakeup import WorkerKind
+
+    bound = WorkerKind("sm_90", "h100", "workload-a", "replay")
+    unbound = WorkerKind("sm_90", "h100", None, "replay")
+    other = WorkerKind("sm_90", "h100", None, "replay")
+
+    async def woken() -> list[bool]:
+        here, there = Wakeup(shared=True), Wakeup(shared=True)
+        here.attach(asyncio.get_running_loop())
+        tasks = [asyncio.ensure_future(here.wait(k, 1.0)) for k in (bound, unbound, other)]
+        await asyncio.sleep(0.05)
+        here.deliver(there.payload("sm_90", "h100", 1, "replay"))
+        return list(await asyncio.gather(*tasks))
+
+    # The bound one may claim it (it may be its workload's) and so does the first unbound
+    # one; the second unbound one is not woken for a single job.
+    assert asyncio.run(woken()) == [True, True, False]
