@@ -222,3 +222,34 @@ def test_tune_without_wait_says_the_prior_the_service_chose(monkeypatch: pytest.
     result = CliRunner().invoke(app, [*args, "--prior-gpu", "h100", "--server", "http://s:1"])
     assert result.exit_code == 0, result.output
     assert "random (prior: task 3)" in " ".join(result.stdout.split())
+
+
+class _ListingService(_FakeService):
+    """`pipetune tasks`'s client: one page of tasks, then none."""
+
+    def __init__(self, tasks: list[TaskDoc]) -> None:
+        super().__init__(None)
+        self.listed = tasks
+
+    def tasks(self, state=None, *, limit=None, offset=None, before=None):  # type: ignore[no-untyped-def]
+        return self.listed if before is None else []
+
+
+def test_data_in_brackets_is_printed_as_it_is(monkeypatch: pytest.MonkeyPatch):
+    """A worker's runner "cupy:[/]" (a valid runner string) ended `pipetune tasks` for
+    every user in "error: MarkupError: closing tag '[/]' ..." until the task left the page:
+    the tables read data as rich markup."""
+    from pipetune.clients.cli import client_cmds
+
+    knobs = {"block_row_warps": 2, "block_col_warps": 2, "warp_row_tiles": 2}
+    knobs |= {"warp_col_tiles": 2, "chunk": 2, "smem_stages": 3, "reg_stages": 2}
+    best = {"trial": 3, "schedule": knobs, "latency_us": 3.9, "throughput": 68.7}
+    listed = [
+        TASK.model_validate({**TASK.model_dump(), "best": {**best, "runner": "cupy:[/]"}}),
+        TASK.model_copy(update={"id": 8, "error": "[red]bad[/red] [/]"}),
+    ]
+    service = _ListingService(listed)
+    monkeypatch.setattr(client_cmds, "reader", lambda server, api_key, db: service)
+    result = CliRunner().invoke(app, ["tasks", "--server", "http://svc:8000"])
+    assert result.exit_code == 0, result.output
+    assert "cupy:[/]" in result.stdout

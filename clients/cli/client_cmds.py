@@ -208,7 +208,7 @@ def task_progress(enabled: bool) -> Iterator[Progress | None]:
         yield None
         return
     with Progress(
-        TextColumn("{task.description}"),
+        TextColumn("{task.description}", markup=False),
         BarColumn(),
         MofNCompleteColumn(),
         TimeElapsedColumn(),

@@ -18,6 +18,7 @@ from typing import Any
 
 import typer
 from rich.table import Table
+from rich.text import Text
 
 from pipetune.clients.cli.errors import CliError
 from pipetune.clients.cli.output import console, print_json
@@ -235,7 +236,7 @@ def _print_table(doc: dict[str, Any]) -> None:
         s = family.parse_schedule(r["schedule"])
         common = [s.id, family.schedule_label(r["schedule"], workload)]
         if r["ok"]:
-            spills = str(r["spills"]) if not r["spills"] else f"[red]{r['spills']}[/red]"
+            spills = Text(str(r["spills"]), style="red" if r["spills"] else "")
             cached = " (cached)" if r["cached"] else ""
             table.add_row(
                 *common,
@@ -245,7 +246,8 @@ def _print_table(doc: dict[str, Any]) -> None:
                 f"{r['compile_ms']:.0f}{cached}",
             )
         else:
-            table.add_row(*common, "[red]error[/red]", "-", f"{r['smem_bytes'] / 1024:.1f}", "-")
+            error = Text("error", style="red")
+            table.add_row(*common, error, "-", f"{r['smem_bytes'] / 1024:.1f}", "-")
     console.print(table)
     spilled = sum(1 for r in doc["results"] if r["ok"] and r["spills"])
     console.print(f"{spilled} schedule(s) spill registers")

@@ -8,10 +8,12 @@ from typing import Any
 
 from rich.console import Console
 
-# Tables are read whole: never squeeze columns to 80 characters when piped.
-console = Console(width=max(Console().width, 140))
+# Tables are read whole: never squeeze columns to 80 characters when piped. No markup: what
+# is printed holds data from workers, datasets and errors ("cupy:[/]" as a runner ended
+# `pipetune tasks` in a MarkupError); a style is given as rich Text, never in brackets.
+console = Console(width=max(Console().width, 140), markup=False)
 # Progress and notes beside a result: stderr, so that --json keeps stdout a document.
-stderr_console = Console(stderr=True)
+stderr_console = Console(stderr=True, markup=False)
 
 
 def print_json(document: Any) -> None:

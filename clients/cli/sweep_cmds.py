@@ -95,7 +95,7 @@ def _open_runner(name: str, gpu: GPUSpec, seed: int, repeats: int, warmup: int) 
 @contextlib.contextmanager
 def _progress() -> Iterator[Progress]:
     with Progress(
-        TextColumn("{task.description}"),
+        TextColumn("{task.description}", markup=False),
         BarColumn(),
         MofNCompleteColumn(),
         TimeElapsedColumn(),
