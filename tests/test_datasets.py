@@ -218,6 +218,29 @@ def test_corrupt_gzip(tmp_path, good_file):
         load_dataset(bad)
 
 
+def test_a_file_of_more_text_than_a_dataset_is_refused_after_reading_only_that_much(
+    tmp_path, monkeypatch
+):
+    """An 18 MB gzip file of 4 GiB of text took 2.7 GB of memory before a MemoryError
+    (exit 1); /dev/zero was read for ever."""
+    from pipetune.workers.datasets import files
+
+    monkeypatch.setattr(files, "MAX_TEXT_BYTES", 2**20)
+    bomb = tmp_path / "bomb.t4.json.gz"
+    bomb.write_bytes(gzip.compress(b" " * (2**20 + 1)))  # 1 KiB that inflates past the cap
+    assert bomb.stat().st_size < 2**20
+    plain = tmp_path / "large.t4.json"
+    plain.write_bytes(b" " * (2**20 + 1))
+    for path in (bomb, plain, Path("/dev/zero")):
+        with pytest.raises(DatasetError, match=r"more than 1 MiB of text: not a dataset file"):
+            load_dataset(path)
+    # At the cap itself, still a file to parse (here: not JSON).
+    fits = tmp_path / "fits.t4.json.gz"
+    fits.write_bytes(gzip.compress(b" " * 2**20))
+    with pytest.raises(DatasetError, match="not valid JSON"):
+        load_dataset(fits)
+
+
 def test_truncated_json(tmp_path, good_file):
     text = gzip.decompress(good_file.read_bytes())
     bad = tmp_path / "truncated.t4.json"

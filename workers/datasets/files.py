@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import gzip
+import io
 import json
 import math
 import os
@@ -16,22 +17,36 @@ from pipetune.workers.datasets.records import DatasetError
 GZIP_MAGIC = b"\x1f\x8b"
 
 
+# The most text a dataset file may hold, gunzipped: the largest recorded space here (17,956
+# configurations, a Kernel Tuner cache) is 16.6 MB of text; a file past this is not a
+# dataset but a gzip bomb or a device (/dev/zero), either read until memory ran out.
+MAX_TEXT_BYTES = 512 * 2**20
+
+
 def read_text(path: str | Path) -> str:
-    """The file's text, gunzipped when it is gzip (by content, not by name)."""
+    """The file's text, gunzipped when it is gzip (by content, not by name); DatasetError
+    past MAX_TEXT_BYTES, read or gunzipped (only that much is ever read)."""
     path = Path(path)
+    too_large = f"{path}: more than {MAX_TEXT_BYTES // 2**20} MiB of text: not a dataset file"
     try:
-        raw = path.read_bytes()
+        with path.open("rb") as file:
+            raw = file.read(MAX_TEXT_BYTES + 1)
     except FileNotFoundError:
         raise DatasetError(f"{path}: no such file") from None
     except OSError as exc:
         raise DatasetError(f"{path}: cannot read ({exc.strerror or exc})") from None
+    if len(raw) > MAX_TEXT_BYTES:
+        raise DatasetError(too_large)
     if raw.startswith(GZIP_MAGIC):
         try:
-            raw = gzip.decompress(raw)
+            with gzip.GzipFile(fileobj=io.BytesIO(raw)) as stream:
+                raw = stream.read(MAX_TEXT_BYTES + 1)
         except EOFError:
             raise DatasetError(f"{path}: truncated gzip stream") from None
         except (gzip.BadGzipFile, zlib.error, OSError) as exc:
             raise DatasetError(f"{path}: corrupt gzip data ({exc})") from None
+        if len(raw) > MAX_TEXT_BYTES:
+            raise DatasetError(too_large)
     try:
         return raw.decode("utf-8")
     except UnicodeDecodeError as exc:
