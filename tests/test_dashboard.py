@@ -571,6 +571,13 @@ def test_with_api_keys_the_dashboard_reads_its_key_from_the_fragment(keyed_url, 
         )
         assert "gemm 1024x1024x1024" in page.locator("#tasks tbody tr").nth(0).inner_text()
         assert statuses and all(s == 200 for s in statuses), statuses
+        # The key is out of the address bar (and so of the history), the rest kept.
+        assert page.url == f"{keyed_url}/dashboard?refresh=300"
+        page.reload()  # the tab keeps it for its session
+        page.wait_for_function(
+            "() => document.querySelectorAll('#tasks tbody tr').length === 1", timeout=20000
+        )
+        assert all(s == 200 for s in statuses), statuses
         keyless = browser.new_page()  # a tab of its own: no key kept
         refused = _task_list_statuses(keyless)
         keyless.goto(f"{keyed_url}/dashboard?refresh=300")

@@ -23,9 +23,14 @@
   const MEASURED = VOCABULARY.measured;
   const PLOT_CONFIG = { displaylogo: false, responsive: true };
 
-  // An API key, if the service requires one, comes as #key=... and stays in this tab.
+  // An API key, if the service requires one, comes as #key=... and stays in this tab. Taken
+  // out of the address at once: it stayed in the address bar and the history, on screen
+  // shares and screenshots, longer than the tab's session.
   const hashKey = new URLSearchParams(location.hash.slice(1)).get("key");
-  if (hashKey) sessionStorage.setItem("pipetune-api-key", hashKey);
+  if (hashKey) {
+    sessionStorage.setItem("pipetune-api-key", hashKey);
+    history.replaceState(null, "", location.pathname + location.search);
+  }
   const apiKey = sessionStorage.getItem("pipetune-api-key");
   const headers = apiKey ? { "X-API-Key": apiKey } : {};
 
