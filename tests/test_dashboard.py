@@ -297,6 +297,38 @@ def test_simulated_trials_are_labelled_simulated_wherever_drawn(live_url, chromi
         shutil.copyfile(shot, os.environ[SCREENSHOT_ENV])
 
 
+def test_a_simulated_task_whose_every_trial_failed_is_not_called_measured(live_url, chromium):
+    """With no successful trial the scatter plot fell back to "Measured vs predicted" beside
+    "Best so far (simulated trials)"."""
+    with httpx.Client(base_url=live_url, timeout=30) as client:
+        worker = _register(client, "sim", "simulated")
+        body = {"workload": GEMM, "gpu": "h100", "budget": 4, "strategy": "random"}
+        task = client.post("/v1/tasks", json=body).json()["id"]
+        while client.get(f"/v1/tasks/{task}").json()["state"] != "done":
+            lease = {"worker_id": worker, "max_jobs": 8, "wait_s": 2}
+            jobs = client.post("/v1/jobs/lease", json=lease, headers=HEADERS).json()["jobs"]
+            for job in jobs:
+                failed = {"status": "runtime_error", "error": "crash", "runner": "simulated"}
+                answer = {"worker_id": worker, "lease_token": job["lease_token"], "result": failed}
+                url = f"/v1/jobs/{job['job_id']}/result"
+                assert client.post(url, json=answer, headers=HEADERS).json()["accepted"]
+        assert client.get(f"/v1/tasks/{task}").json()["trials_failed"] == 4
+
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=chromium, args=CHROMIUM_ARGS)
+        page = browser.new_page(viewport={"width": 1400, "height": 1000})
+        page.goto(f"{live_url}/dashboard?refresh=300")
+        page.wait_for_function(
+            "() => document.getElementById('scatter-title').textContent.includes('predicted')",
+            timeout=20000,
+        )
+        assert page.locator("#scatter-title").inner_text() == "Simulated vs predicted"
+        assert _axis_title(page, "scatter-plot", "yaxis") == "simulated µs"
+        browser.close()
+
+
 def test_a_softmax_task_draws_its_curve_in_gb_per_s(live_url, chromium):
     """The memory-intensive family on the dashboard: its row, its curve and its axis in the
     family's unit (GB/s), labelled simulated, beside a GEMM task in TFLOP/s."""
@@ -585,4 +617,24 @@ def test_with_api_keys_the_dashboard_reads_its_key_from_the_fragment(keyed_url, 
         while not refused and time.monotonic() < deadline:
             keyless.wait_for_timeout(100)
         assert refused and refused[0] == 401, refused
+        # Said as a key refused, not as a service out of reach.
+        keyless.wait_for_function(
+            "() => document.getElementById('status').textContent.includes('API key')",
+            timeout=20000,
+        )
+        assert keyless.locator("#status").inner_text() == (
+            "this service needs an API key: open /dashboard#key=KEY"
+        )
+        wrong = browser.new_page()
+        wrong.goto(f"{keyed_url}/dashboard?refresh=300#key=wrong")
+        wrong.wait_for_function(
+            "() => document.getElementById('status').textContent.includes('refused')",
+            timeout=20000,
+        )
+        # The right key given in the same tab is taken at once, without a reload.
+        wrong.evaluate(f"location.hash = 'key={API_KEY}'")
+        wrong.wait_for_function(
+            "() => document.querySelectorAll('#tasks tbody tr').length === 1", timeout=20000
+        )
+        assert wrong.url == f"{keyed_url}/dashboard?refresh=300"
         browser.close()

@@ -26,13 +26,22 @@
   // An API key, if the service requires one, comes as #key=... and stays in this tab. Taken
   // out of the address at once: it stayed in the address bar and the history, on screen
   // shares and screenshots, longer than the tab's session.
-  const hashKey = new URLSearchParams(location.hash.slice(1)).get("key");
-  if (hashKey) {
+  // Read again when the fragment changes: a key given in a tab that had a wrong one or none
+  // was refused until the page was reloaded.
+  function takeKeyFromAddress() {
+    const hashKey = new URLSearchParams(location.hash.slice(1)).get("key");
+    if (!hashKey) return false;
     sessionStorage.setItem("pipetune-api-key", hashKey);
     history.replaceState(null, "", location.pathname + location.search);
+    return true;
   }
-  const apiKey = sessionStorage.getItem("pipetune-api-key");
-  const headers = apiKey ? { "X-API-Key": apiKey } : {};
+  takeKeyFromAddress();
+  window.addEventListener("hashchange", () => {
+    if (takeKeyFromAddress()) refresh();
+  });
+
+  // A refusal of the key is not an outage: said as what it is, with what to do.
+  class KeyRefused extends Error {}
 
   const state = {
     tasks: [], detail: null, tick: 0, wanted: Number(params.get("task")) || null,
@@ -40,7 +49,13 @@
   };
 
   async function get(path) {
-    const response = await fetch(path, { headers });
+    const apiKey = sessionStorage.getItem("pipetune-api-key");
+    const response = await fetch(path, { headers: apiKey ? { "X-API-Key": apiKey } : {} });
+    if (response.status === 401) {
+      throw new KeyRefused(apiKey
+        ? "the service refused this tab's API key: open /dashboard#key=KEY with a valid one"
+        : "this service needs an API key: open /dashboard#key=KEY");
+    }
     if (!response.ok) throw new Error(`${path}: HTTP ${response.status}`);
     return response.json();
   }
@@ -216,7 +231,9 @@
     const all = timed.map((t) => t.predicted_us).concat(timed.map((t) => t.latency_us));
     const lo = all.length ? Math.min(...all) : 1;
     const hi = all.length ? Math.max(...all) : 10;
-    const latency = labelWords([...groups.keys()]) || MEASURED;
+    // With no successful trial, the task's results say what its latencies would have been
+    // (an all-failed simulated task read "Measured vs predicted").
+    const latency = labelWords([...groups.keys()]) || words || MEASURED;
     document.getElementById("scatter-title").textContent =
       `${latency[0].toUpperCase()}${latency.slice(1)} vs predicted`;
     Plotly.react("scatter-plot", [
@@ -293,7 +310,8 @@
       status.textContent = `updated ${new Date().toLocaleTimeString()}`;
       document.body.dataset.refreshes = String(state.tick);
     } catch (error) {
-      status.textContent = `cannot reach the service: ${error.message}`;
+      status.textContent = error instanceof KeyRefused
+        ? error.message : `cannot reach the service: ${error.message}`;
     }
   }
 
