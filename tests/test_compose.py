@@ -102,6 +102,37 @@ def test_the_worker_gets_a_gpu_and_finds_the_service():
     assert worker["stop_signal"] == "SIGTERM" and worker["stop_grace_period"] == "2m"
 
 
+def _stage_healthchecks() -> dict[str, bool]:
+    """Each Dockerfile stage (its AS name) and whether it sets a HEALTHCHECK."""
+    stages: dict[str, bool] = {}
+    current = None
+    for line in DOCKERFILE.splitlines():
+        if match := re.match(r"FROM\s+\S+\s+AS\s+(\S+)", line, re.IGNORECASE):
+            current = match.group(1)
+            stages[current] = False
+        elif current and line.startswith("HEALTHCHECK") and "NONE" not in line.split():
+            stages[current] = True
+    return stages
+
+
+def test_a_container_that_serves_nothing_inherits_no_service_healthcheck():
+    """worker-sim runs the service image, whose HEALTHCHECK asks :8000/healthz, with only a
+    worker inside: "unhealthy" for good, and `docker compose up --wait` failed."""
+    stages = _stage_healthchecks()
+    assert stages == {"service": True, "worker": False}
+    for name, spec in SERVICES.items():
+        target = spec.get("build", {}).get("target")
+        commands = pipetune_commands(spec.get("command", []))
+        serves = any(c[:1] == ["serve"] for c in commands)
+        if target in stages and stages[target] and not serves:
+            assert spec.get("healthcheck", {}).get("disable") is True, name
+
+
+def test_postgres_is_not_published_on_the_host():
+    # Only the service connects; a host's own PostgreSQL on 5432 stopped `up`.
+    assert "ports" not in SERVICES["postgres"]
+
+
 def test_service_and_workers_share_the_worker_token():
     service_tokens = SERVICES["service"]["environment"]["PIPETUNE_WORKER_TOKENS"]
     for name in ("worker", "worker-sim"):
