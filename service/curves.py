@@ -4,7 +4,8 @@ A task's curve covers the prefix of its trials that are all final (a trial still
 would change the points after it); failed and lost trials count as trials that found
 nothing, and a cancelled one ends the curve (it is no trial).
 
-The aggregate reads each task's stored curve (written at every batch boundary), not its
+The aggregate reads each task's stored curve (written at every batch boundary, and when the
+task is cancelled: up to its first cancelled trial), not its
 trials, so it costs O(tasks) rows however many trials the database holds. best-in-k of a
 task = best-known latency of the workload / best latency of the task's first k trials (a
 throughput ratio, 0 before a success); the best known latency is the exhaustive sweep's

@@ -1258,11 +1258,34 @@ class Driver:
             s.execute(
                 update(TaskRow)
                 .where(TaskRow.id == task_id)
-                .values(state=TaskState.CANCELLED, finished_at=now, updated_at=now)
+                .values(
+                    state=TaskState.CANCELLED,
+                    finished_at=now,
+                    updated_at=now,
+                    curve=_final_curve(s.connection(), task_id),
+                )
                 .execution_options(synchronize_session=False)
             )
         self._forget(task_id)
         self.metrics.tasks_finished.labels(TaskState.CANCELLED).inc()
+
+
+def _final_curve(conn: Connection, task_id: int) -> dict[str, Any]:
+    """The stored curve of a task that ends now: over its trials up to the first that is no
+    trial (a cancelled job), as its own curve reads (service/curves.task_curve). The driver
+    writes the curve at batch boundaries only, and a cancelled task's last partial batch was
+    left out of the aggregate (79 trials shown, 72 counted)."""
+    curve = BestCurve()
+    rows = conn.execute(
+        select(JOBS.c.state, JOBS.c.latency_us)
+        .where(JOBS.c.task_id == task_id)
+        .order_by(JOBS.c.trial)
+    )
+    for state, latency in rows:
+        if not JobState(state).is_trial():
+            break
+        curve.extend([latency if state == JobState.DONE else None])
+    return curve.doc()
 
 
 def _lock_outstanding(conn: Connection, task_id: int, wait: bool = True) -> None:
