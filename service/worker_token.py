@@ -4,6 +4,7 @@ started with it keep working after a restart."""
 
 from __future__ import annotations
 
+import errno
 import os
 import secrets
 import shlex
@@ -21,11 +22,29 @@ def read_generated_token(path: Path | None = None) -> str | None:
         return None
 
 
+def _keep_private(path: Path) -> None:
+    """Make a kept token file readable by its owner only again (0600), as `serve` says it
+    is: one made readable by others (a copy, a chmod, a umask of a restore) was reused and
+    announced as "readable only by you". OSError where it is another user's."""
+    status = path.stat()
+    if not status.st_mode & 0o077:
+        return
+    if status.st_uid != os.getuid():
+        raise OSError(
+            errno.EPERM,
+            f"{path} is readable by others and belongs to another user (remove it to make "
+            "a new token)",
+        )
+    os.chmod(path, 0o600)
+
+
 def generated_worker_token(path: Path | None = None) -> tuple[str, Path]:
-    """(token, file): the file's token, or a new one written there with mode 0600."""
+    """(token, file): the file's token (the file made 0600 again where others could read
+    it), or a new one written there with mode 0600."""
     path = path or generated_token_path()
     token = read_generated_token(path)
     if token:
+        _keep_private(path)
         return token, path
     path.parent.mkdir(parents=True, exist_ok=True)
     token = secrets.token_urlsafe(32)

@@ -249,6 +249,26 @@ def test_serve_says_whether_its_worker_token_is_new_or_kept(tmp_path: Path):
     assert token not in first + again
 
 
+def test_a_kept_token_file_others_can_read_is_made_private_again(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+):
+    """A worker-token file of mode 0644 was reused as it was, and announced "readable only
+    by you"."""
+    from pipetune.service import worker_token
+    from pipetune.service.worker_token import generated_worker_token
+
+    path = tmp_path / "pipetune" / "worker-token"
+    token, _ = generated_worker_token(path)
+    path.chmod(0o644)
+    assert generated_worker_token(path) == (token, path)
+    assert path.stat().st_mode & 0o777 == 0o600
+    # Another user's file, open to others: refused (serve: one line, exit 2), not reused.
+    path.chmod(0o640)
+    monkeypatch.setattr(worker_token.os, "getuid", lambda: path.stat().st_uid + 1)
+    with pytest.raises(OSError, match="readable by others and belongs to another user"):
+        generated_worker_token(path)
+
+
 def test_the_token_command_serve_prints_works_on_a_path_with_spaces(tmp_path: Path):
     """`PIPETUNE_WORKER_TOKEN=$(cat <path>)` was printed unquoted: pasted into a shell, a
     data directory with a space in its path gave cat two files."""
