@@ -100,6 +100,8 @@ def main() -> None:
         "MM_RN50_FC): the model overstates the gain because it predicts one-stage schedules",
         '1.2-1.3x slower than they measure against the rest ("Model: a stage refilled per K',
         'step, ...").',
+        "",
+        "Command: `python -m benchmarks.bench_model --write` (`make bench`).",
     ]
     body = "\n".join(lines)
     print(body)

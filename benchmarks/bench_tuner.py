@@ -35,6 +35,8 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
+import shlex
 import sys
 from pathlib import Path
 
@@ -48,17 +50,30 @@ def dev_set(folder: Path) -> list[Path]:
 
 
 def run(args: argparse.Namespace) -> None:
-    from pipetune.clients.cli.bench_cmds import _priors, _strategies, recorded_datasets
+    from pipetune.clients.cli.bench_cmds import (
+        _priors,
+        _strategies,
+        recorded_datasets,
+        runnable_strategies,
+    )
+    from pipetune.clients.cli.errors import CliError
     from pipetune.tuner.bench import bench
+    from pipetune.workers.datasets import DatasetError
 
     files = [*(dev_set(args.dev_set) if args.dev_set else []), *(args.datasets or [])]
-    loaded = recorded_datasets(files)
-    priors = _priors(args.prior or [], loaded)
+    try:
+        loaded = recorded_datasets(files)
+        # As `pipetune bench tuner` chooses: a group's strategies that need the analytical
+        # model are left out on another kernel's recording, named ones refused.
+        names, left_out = runnable_strategies(*_strategies(args.strategies), loaded)
+        priors = _priors(args.prior or [], loaded)
+    except (CliError, DatasetError) as exc:
+        raise SystemExit(f"error: {exc}") from None
     learned = learned_priors(loaded, args.learned_prior or [])
     budgets = budget_list(args.budgets)
     doc = bench(
         loaded,
-        _strategies(args.strategies),
+        names,
         budgets,
         args.seeds,
         progress=lambda m: print(m, file=sys.stderr, flush=True),
@@ -70,8 +85,24 @@ def run(args: argparse.Namespace) -> None:
         learned=learned,
         early=args.early,
     )
-    doc["command"] = " ".join(sys.argv)
+    doc["left_out"] = {**left_out, **doc["left_out"]}
+    doc["command"] = recorded_command(sys.argv[1:])
     args.save.write_text(json.dumps(doc))
+
+
+def recorded_command(argv: list[str]) -> str:
+    """The run's command as a reader re-runs it from the repository root: under `-m`,
+    sys.argv[0] is this file's absolute path on the machine that ran it (RESULTS.md showed
+    `/work/main/benchmarks/bench_tuner.py run ...`, which runs nowhere)."""
+    return shlex.join(["python", "-m", "benchmarks.bench_tuner", *argv])
+
+
+def rerunnable(command: str) -> str:
+    """A command recorded before `recorded_command`, with the file's path as its first word
+    (`/work/main/benchmarks/bench_tuner.py run ...`), as `python -m` runs it anywhere."""
+    return re.sub(
+        r"(?:^|(?<= ))\S*benchmarks/bench_tuner\.py ", "python -m benchmarks.bench_tuner ", command
+    )
 
 
 def budget_list(text: str) -> list[int]:
@@ -317,7 +348,7 @@ def render(paths: list[Path]) -> str:
                 else ""
             )
             + ", peers one trial at a time; "
-            f"`{doc.get('command', '?')}`"
+            f"`{rerunnable(doc.get('command', '?'))}`"
         )
     return "\n".join(lines)
 

@@ -290,3 +290,43 @@ def test_a_bad_peer_time_limit_names_the_variable(monkeypatch, value):
     monkeypatch.setenv("PIPETUNE_PEER_TIME_LIMIT_S", value)
     with pytest.raises(ValueError, match="PIPETUNE_PEER_TIME_LIMIT_S must be a positive"):
         peer_time_limit_s()
+
+
+def test_the_benchmark_script_runs_and_records_a_command_anyone_can_rerun(tmp_path):
+    """`python -m benchmarks.bench_tuner run ...` failed at every call (TypeError: unhashable
+    type: 'list': the strategies came as a (names, named) pair), and the command it recorded
+    began with this machine's absolute path to the file, which runs nowhere else."""
+    cache = tmp_path / "small.kt-cache.json"
+    write_kt_cache(_small({"a": [1, 2, 3, 4, 5], "b": [1, 2, 3, 4]}), cache)
+    out = tmp_path / "run.json"
+    args = ["run", "--datasets", str(cache), "--strategies", "ours,random"]
+    args += ["--budgets", "4,8", "--seeds", "2", "--save", str(out)]
+    root = Path(__file__).resolve().parents[1]
+    done = subprocess.run(
+        [sys.executable, "-m", "benchmarks.bench_tuner", *args],
+        cwd=root, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    doc = json.loads(out.read_text())
+    assert doc["command"] == "python -m benchmarks.bench_tuner " + " ".join(args)
+    # As `pipetune bench tuner` chooses: on another kernel's recording the group's strategies
+    # that need the analytical model are left out, and said so.
+    assert set(doc["strategies"]) == {"grid", "random", "xgb", "bo", "auto"}
+    assert "needs the analytical model" in doc["left_out"]["analytical+xgb"]
+    named = subprocess.run(
+        [sys.executable, "-m", "benchmarks.bench_tuner", *args[:4], "analytical", *args[5:]],
+        cwd=root, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert named.returncode != 0 and "need the analytical model" in named.stderr
+    assert "Traceback" not in named.stderr
+
+
+def test_a_command_recorded_with_the_files_path_renders_as_one_that_reruns():
+    from benchmarks.bench_tuner import rerunnable
+
+    old = "/work/main/benchmarks/bench_tuner.py run --seeds 15 + benchmarks/bench_tuner.py run -x"
+    assert rerunnable(old) == (
+        "python -m benchmarks.bench_tuner run --seeds 15 + python -m benchmarks.bench_tuner run -x"
+    )
+    new = "python -m benchmarks.bench_tuner run --datasets a/benchmarks/x.json"
+    assert rerunnable(new) == new

@@ -136,6 +136,35 @@ def _strategies(text: str) -> tuple[list[str], set[str]]:
     return names, named
 
 
+def runnable_strategies(
+    names: list[str], named: set[str], loaded: list[Dataset]
+) -> tuple[list[str], dict[str, str]]:
+    """The strategies that can run on the datasets, and why each other one was left out.
+    Those that need the analytical model cannot run on another kernel's recording: named on
+    their own (`_strategies`) they are refused (CliError), of a group (the default `ours`)
+    left out."""
+    from pipetune.tuner.bench import KNOB_ONLY
+
+    needs_model = [s for s in names if s not in KNOB_ONLY and s not in PEERS]
+    not_ours = [ds.name for ds in loaded if ds.ours is None]
+    left_out: dict[str, str] = {}
+    if needs_model and not_ours:
+        if refused := [s for s in needs_model if s in named]:
+            raise CliError(
+                f"{not_ours[0]} is not a pipetune dataset: {', '.join(refused)} need the "
+                f"analytical model (use {', '.join(KNOB_ONLY)} or peers)",
+                2,
+            )
+        which = ", ".join(not_ours)
+        verb = "is not a pipetune dataset" if len(not_ours) == 1 else "are not pipetune datasets"
+        for s in needs_model:
+            left_out[s] = f"{s}: needs the analytical model, and {which} {verb}"
+        names = [s for s in names if s not in left_out]
+        if not names:
+            raise CliError(f"--strategies: {'; '.join(left_out.values())}", 2)
+    return names, left_out
+
+
 def _not_a_prior(prior: Dataset, ds: Dataset) -> str | None:
     """Why `prior` cannot be `ds`'s prior (None: it can): pipetune's datasets by their
     workload and GPU (every operator of a family has the same knobs), others by their knobs
@@ -340,7 +369,7 @@ def tuner(
     as_json: bool = typer.Option(False, "--json"),
 ) -> None:
     """Best-in-k-trials of each strategy, normalised to each dataset's exhaustive best."""
-    from pipetune.tuner.bench import KNOB_ONLY, bench
+    from pipetune.tuner.bench import bench
     from pipetune.workers.datasets import DatasetError
 
     files = [*(dataset or []), *(paths or [])]
@@ -359,25 +388,7 @@ def tuner(
         loaded = recorded_datasets(files)
     except DatasetError as exc:
         raise CliError(str(exc), 2) from None
-    # Strategies that need the analytical model cannot run on another kernel's recording:
-    # named on their own they are refused; of a group (the default `ours`), left out.
-    needs_model = [s for s in names if s not in KNOB_ONLY and s not in PEERS]
-    not_ours = [ds.name for ds in loaded if ds.ours is None]
-    model_left_out: dict[str, str] = {}
-    if needs_model and not_ours:
-        if refused := [s for s in needs_model if s in named]:
-            raise CliError(
-                f"{not_ours[0]} is not a pipetune dataset: {', '.join(refused)} need the "
-                f"analytical model (use {', '.join(KNOB_ONLY)} or peers)",
-                2,
-            )
-        which = ", ".join(not_ours)
-        verb = "is not a pipetune dataset" if len(not_ours) == 1 else "are not pipetune datasets"
-        for s in needs_model:
-            model_left_out[s] = f"{s}: needs the analytical model, and {which} {verb}"
-        names = [s for s in names if s not in model_left_out]
-        if not names:
-            raise CliError(f"--strategies: {'; '.join(model_left_out.values())}", 2)
+    names, model_left_out = runnable_strategies(names, named, loaded)
     priors = _priors(prior or [], loaded)
     if prior_trials is not None and not priors:
         raise CliError("--prior-trials: give the --prior dataset the trials are taken from", 2)
