@@ -24,7 +24,7 @@ from pipetune.service.db import Database, is_unavailable, unavailable_reason
 from pipetune.service.driver import Driver
 from pipetune.service.errors import install as install_error_handlers
 from pipetune.service.metrics import Metrics
-from pipetune.service.middleware import BodyLimit, RequestMetrics
+from pipetune.service.middleware import BodyLimit, HostGuard, RequestMetrics
 from pipetune.service.migrate import check_schema, check_writable
 from pipetune.service.proposer import Proposer
 from pipetune.service.queue import Queue
@@ -133,6 +133,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         )
     app.add_middleware(BodyLimit, limit=settings.max_body_bytes)
     app.add_middleware(RequestMetrics, metrics=metrics)
+    if settings.allowed_hosts:
+        app.add_middleware(HostGuard, allowed=settings.allowed_hosts)  # outermost: first
     # Routes are matched in the order they are included, each tried in turn: the workers'
     # routes, a fleet's every request, first (matching a job route behind the other routers
     # cost 18 us more a request; they share no path with them).

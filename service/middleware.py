@@ -1,4 +1,5 @@
-"""ASGI middleware: request latency, and the request body's size limit.
+"""ASGI middleware: request latency, the request body's size limit, and the Host names the
+service answers.
 
 Plain ASGI (not BaseHTTPMiddleware): no extra task per request and streaming untouched.
 """
@@ -110,3 +111,50 @@ def _content_length(scope: Scope) -> int | None:
             except ValueError:
                 return None  # (the server refuses such a request before the app sees it)
     return None
+
+
+def host_name(value: str) -> str:
+    """The name in a Host header, without its port ("[::1]:8000" -> "::1")."""
+    value = value.strip().lower()
+    if value.startswith("["):  # an IPv6 literal: its colons are not the port's
+        return value[1 : value.find("]")] if "]" in value else value
+    return value.rsplit(":", 1)[0] if value.count(":") == 1 else value
+
+
+class HostGuard:
+    """Requests addressed to a Host not in `allowed` are answered 400, as JSON like every
+    other error of the API. `serve` on a loopback address without API keys allows only the
+    loopback names: a web page the user opens could otherwise reach the open API through
+    DNS rebinding (its own name resolving to 127.0.0.1), which a browser's same-origin rule
+    lets it read. Written here rather than Starlette's TrustedHostMiddleware, which reads
+    an IPv6 Host ("[::1]:8000") as "[" and answers in plain text."""
+
+    def __init__(self, app: Any, allowed: list[str]):
+        self.app = app
+        self.allowed = {host_name(h) for h in allowed}
+
+    async def __call__(self, scope: Scope, receive: Any, send: Any) -> None:
+        if scope["type"] != "http" or "*" in self.allowed:
+            await self.app(scope, receive, send)
+            return
+        host = next((v.decode("latin-1") for k, v in scope["headers"] if k == b"host"), "")
+        if host_name(host) in self.allowed:
+            await self.app(scope, receive, send)
+            return
+        detail = (
+            f"Host {host!r} is not one this service answers (PIPETUNE_ALLOWED_HOSTS: "
+            f"{', '.join(sorted(self.allowed))}; a service on a loopback address without API "
+            "keys answers only its loopback names, against DNS rebinding)"
+        )
+        body = json.dumps({"detail": detail}).encode()
+        await send(
+            {
+                "type": "http.response.start",
+                "status": 400,
+                "headers": [
+                    (b"content-type", b"application/json"),
+                    (b"content-length", str(len(body)).encode()),
+                ],
+            }
+        )
+        await send({"type": "http.response.body", "body": body})

@@ -158,6 +158,10 @@ class Settings(BaseSettings):
     api_keys: Annotated[list[str], NoDecode] = Field(default_factory=list, repr=False)
     # Browser origins allowed cross-origin access; empty: no CORS headers at all.
     cors_origins: Annotated[list[str], NoDecode] = Field(default_factory=list)
+    # The Host names requests may be addressed to ("*": any); empty: any, except that `serve`
+    # on a loopback address without API keys answers only localhost, 127.0.0.1 and ::1
+    # (service/middleware.HostGuard: DNS rebinding).
+    allowed_hosts: Annotated[list[str], NoDecode] = Field(default_factory=list)
     # Upper bounds on every number: each is refused at start with the variable named, where
     # one past what anything means (inf, 1e12) was taken and broke later (a lease with no
     # expiry, an upkeep that overflowed a SQLite integer at every sweep).
@@ -197,7 +201,7 @@ class Settings(BaseSettings):
             raise ValueError(problem)
         return value
 
-    @field_validator("worker_tokens", "api_keys", "cors_origins", mode="before")
+    @field_validator("worker_tokens", "api_keys", "cors_origins", "allowed_hosts", mode="before")
     @classmethod
     def _comma_separated(cls, value: object) -> object:
         return _split(value)

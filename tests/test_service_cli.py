@@ -10,6 +10,7 @@ import subprocess
 import sys
 import time
 
+import httpx
 import pytest
 from sqlalchemy import select
 from typer.testing import CliRunner
@@ -295,3 +296,56 @@ def test_serve_starts_and_stops_cleanly_on_a_signal(tmp_path, stop):
         if server.poll() is None:
             server.kill()
             server.wait()
+
+
+def _serving(tmp_path, env: dict[str, str]):  # type: ignore[no-untyped-def]
+    """`pipetune serve` on loopback, port 0, in the background; (process, its URL)."""
+    url = f"sqlite:///{tmp_path / 'srv.db'}"
+    command = [sys.executable, "-m", "pipetune.clients.cli", "serve", "--db", url]
+    environ = {k: v for k, v in os.environ.items() if not k.startswith("PIPETUNE_")}
+    server = subprocess.Popen(
+        [*command, "--port", "0", "--log-level", "warning"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**environ, "XDG_DATA_HOME": str(tmp_path), **env},
+    )
+    lines = iter(server.stdout.readline, "")
+    started = next(line for line in lines if line.startswith("pipetune service on"))
+    return server, started.split()[3]
+
+
+def test_an_open_service_on_loopback_answers_only_requests_for_its_loopback_names(tmp_path):
+    """Without API keys a page the user opened could reach the routes through DNS rebinding
+    (its own name resolving to 127.0.0.1) and read what they answer: any Host was served."""
+    server, base = _serving(tmp_path, {})
+    port = base.rsplit(":", 1)[1]
+    try:
+        with httpx.Client(base_url=base, timeout=30) as client:
+            assert client.get("/v1/tasks").status_code == 200
+            for name in (f"localhost:{port}", f"[::1]:{port}", "127.0.0.1"):
+                assert client.get("/v1/tasks", headers={"Host": name}).status_code == 200
+            refused = client.get("/v1/tasks", headers={"Host": f"rebound.example:{port}"})
+            assert refused.status_code == 400
+            detail = refused.json()["detail"]
+            assert "'rebound.example:" in detail and "PIPETUNE_ALLOWED_HOSTS" in detail
+    finally:
+        server.terminate()
+        server.wait(timeout=30)
+    # With API keys the key guards the routes; PIPETUNE_ALLOWED_HOSTS names others.
+    for env, status in (
+        ({"PIPETUNE_API_KEYS": "k"}, 401),
+        ({"PIPETUNE_ALLOWED_HOSTS": "tuner.lan"}, 400),
+        ({"PIPETUNE_ALLOWED_HOSTS": "*"}, 200),
+    ):
+        server, base = _serving(tmp_path, env)
+        try:
+            with httpx.Client(base_url=base, timeout=30) as client:
+                other = client.get("/v1/tasks", headers={"Host": "rebound.example"})
+                assert other.status_code == status, (env, other.text)
+                if "PIPETUNE_ALLOWED_HOSTS" in env:
+                    named = client.get("/v1/tasks", headers={"Host": "tuner.lan:80"})
+                    assert named.status_code == 200
+        finally:
+            server.terminate()
+            server.wait(timeout=30)

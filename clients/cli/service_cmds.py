@@ -161,6 +161,21 @@ def _http_protocol(read_timeout_s: float) -> Any:
     return protocol_with(read_timeout_s)
 
 
+LOOPBACK_NAMES = ("localhost", "127.0.0.1", "::1")
+
+
+def _is_loopback(host: str) -> bool:
+    """Whether --host is a loopback address or name (only this machine can connect)."""
+    import ipaddress
+
+    if host.lower() == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
+
+
 def _check_address(host: str, port: int) -> None:
     """Bind --host and --port as uvicorn will (asyncio's create_server: every address the
     host resolves to) and let go. uvicorn logs a bind failure among its start and shutdown
@@ -246,6 +261,10 @@ def serve(
     if log_level not in LOG_LEVELS:
         raise CliError(f"--log-level: must be one of {', '.join(LOG_LEVELS)}, got {log_level!r}", 2)
     settings = _settings(db, create_empty_schema=True)
+    if not settings.allowed_hosts and not settings.api_keys and _is_loopback(host):
+        # Open routes on a laptop: only requests addressed to its loopback names (a page the
+        # user opens could reach them through DNS rebinding, and read the answers).
+        settings.allowed_hosts = list(LOOPBACK_NAMES)
     # Before create_app: nothing (no database file, no token) is made for a serve that exits.
     replay_gpu = _check_local_workers(local_workers, runner, dataset)
     _check_address(host, port)
