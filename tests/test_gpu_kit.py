@@ -294,3 +294,43 @@ def test_the_convolutions_call_runs_in_a_gpu_machine_stand_in(machine):
     assert checked["conv2d"]["ok"] > 0 and checked["conv3d"]["ok"] > 0  # the new loader
     baselines = json.loads(files["baselines.json"])["operators"]
     assert set(baselines) == {"Conv2D_RN50_1", "Conv3D_4"}
+
+
+def test_the_kit_offers_each_gpu_what_its_committed_data_lacks(tmp_path):
+    """`make gpu-kit` offered a whole campaign first, with a machine kind this workplace
+    does not lend, on GPUs whose campaigns were committed; the call still open (the H200's
+    persistent probe shapes) it did not print at all."""
+    from pipetune.workers.campaign.kit import (
+        DATA_DIR,
+        PROBE_CALLS,
+        DeviceCall,
+        open_calls,
+    )
+
+    # The repository's data: campaigns, the current convolution loader and the Hopper family
+    # on the H200, which leaves its persistent probe shapes.
+    h200 = open_calls("h200", ROOT / DATA_DIR)
+    assert [c.command for c in h200] == [PROBE_CALLS["h200"][2]]
+    assert h200[0].run() == {
+        "timeout_s": 330, "carry": [".gpu-kit"], "command": PROBE_CALLS["h200"][2],
+    }  # fmt: skip
+    h100 = open_calls("h100", ROOT / DATA_DIR)
+    assert [c.command for c in h100] == [
+        conv_device_command(),  # its convolutions measure the loader before 2026-11-28
+        hopper_device_command(),
+        PROBE_CALLS["h100"][2],
+    ]
+    # A GPU with no campaign: the campaign's first call, and nothing else before it.
+    assert open_calls("h100", tmp_path) == [
+        DeviceCall(
+            "the campaign, first call (README, GPU work, for the next calls)",
+            600,
+            device_command(1),
+        )
+    ]
+    # Its probe kept under the name the heading gives: no longer offered.
+    mirror = tmp_path / "data"
+    shutil.copytree(ROOT / DATA_DIR / "h200", mirror / "h200")
+    shutil.copytree(ROOT / DATA_DIR / "hopper", mirror / "hopper")
+    (mirror / "h200" / "wgmma-probe-persistent.json").write_text("{}")
+    assert open_calls("h200", mirror) == []

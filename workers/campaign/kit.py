@@ -284,10 +284,100 @@ def conv_device_command(runner: str = "cupy") -> str:
     )
 
 
+# --- what is open on each GPU ------------------------------------------------------------
+
+DATA_DIR = Path("benchmarks/data")
+
+
+@dataclass(frozen=True)
+class DeviceCall:
+    """One call of the device tool's `run` (its timeout_s, carry and command)."""
+
+    heading: str
+    timeout_s: int
+    command: str
+
+    def run(self) -> dict[str, object]:
+        return {"timeout_s": self.timeout_s, "carry": [KIT_DIR], "command": self.command}
+
+
+# The wgmma probe's shapes that no committed probe file of that GPU holds yet (README, GPU
+# work, item 3): the file name a finished call is kept under, its timeout and its command.
+PROBE_CALLS: dict[str, tuple[str, int, str]] = {
+    "h100": (
+        "wgmma-probe-stream-k",
+        300,
+        'PROBE_SECONDS=150 SHAPES=--stream-k PROFILE_OPERATORS="MM_BERT_FC2 MM_RN50_FC" '
+        "bash benchmarks/wgmma_probe.sh",
+    ),
+    "h200": (
+        "wgmma-probe-persistent",
+        330,
+        "PROBE_SECONDS=270 SHAPES=--persistent PROFILE=0 bash benchmarks/wgmma_probe.sh",
+    ),
+}
+
+
+def stale_convolutions(folder: Path) -> bool:
+    """Whether a committed convolution sweep of this GPU is missing or measured kernels of an
+    older revision of their generator than this code makes (README, GPU work, item 1)."""
+    from pipetune.workers.datasets import load_dataset
+    from pipetune.workers.datasets.pipetune import PipetuneInfo, record_revision
+
+    for op in resweep_convolutions():
+        path = folder / f"{op}.t4.json.gz"
+        if not path.exists():
+            return True
+        dataset = load_dataset(path)
+        current = PipetuneInfo(dataset).generator.revision
+        if any(record_revision(r) < current for r in dataset.records):
+            return True
+    return False
+
+
+def open_calls(gpu: str, data: Path = DATA_DIR) -> list[DeviceCall]:
+    """The calls a lent GPU of this kind should make, most needed first, from what the
+    repository's data already holds: a campaign, else what README's "GPU work" lists open
+    (the convolutions with the current loader, the Hopper family's campaign, the wgmma
+    probe's shapes). Read from the data, so that a call already made is not offered again
+    (the kit offered a whole campaign first on GPUs whose campaigns were committed)."""
+    folder = data / gpu
+    if not (folder / "campaign" / "campaign.json").exists():
+        return [
+            DeviceCall(
+                "the campaign, first call (README, GPU work, for the next calls)",
+                600,
+                device_command(1),
+            )
+        ]
+    calls = []
+    if stale_convolutions(folder):
+        calls.append(
+            DeviceCall(
+                "the convolutions again (their sweeps here measure an older loader)",
+                600,
+                conv_device_command(),
+            )
+        )
+    if not any((data / "hopper" / gpu).glob("*.t4.json.gz")):
+        calls.append(DeviceCall("the Hopper wgmma family's campaign", 420, hopper_device_command()))
+    name, timeout_s, command = PROBE_CALLS[gpu]
+    if not any(folder.glob(f"{name}*.json")):
+        calls.append(
+            DeviceCall(
+                f"the wgmma probe's shapes (keep $OUT/wgmma-probe.json as {name}.json)",
+                timeout_s,
+                command,
+            )
+        )
+    return calls
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description="Build the GPU kit (make gpu-kit).")
     parser.add_argument("--out", type=Path, default=Path(KIT_DIR))
     parser.add_argument("--python-version", default=GPU_PYTHON)
+    parser.add_argument("--data", type=Path, default=DATA_DIR, help="the committed GPU data")
     args = parser.parse_args(argv)
     try:
         kit = build_kit(args.out, args.python_version)
@@ -298,18 +388,17 @@ def main(argv: list[str] | None = None) -> int:
         print(f"  {wheel.name} ({wheel.stat().st_size / 1024:.0f} KiB)")
     print(f"{kit.folder}/: {len(kit.wheels)} wheels, {kit.bytes / 2**20:.1f} MiB "
           f"(limit {KIT_LIMIT_BYTES >> 20} MiB), Python {kit.python_version}")  # fmt: skip
-    runs = (
-        ("The device tool's run, first call (README, GPU work, for the next calls):", 600,
-         device_command(1)),
-        ("With the GPU's mma.sync campaigns complete, the Hopper wgmma family's campaign:", 420,
-         hopper_device_command()),
-        ("The convolutions again, on each GPU (their loader changed after the sweeps):", 600,
-         conv_device_command()),
-    )  # fmt: skip
-    for heading, timeout_s, command in runs:
-        print(f"\n{heading}")
-        run = {"kind": "nvidia-h100-x1", "timeout_s": timeout_s, "carry": [KIT_DIR]}
-        print(json.dumps({**run, "command": command}))
+    print(
+        "\nOpen on each GPU, from the committed data: the device tool's run for each call, "
+        "on the GPU kind `status` names (most needed first; README, GPU work, says what to "
+        "do with what comes back)."
+    )
+    for gpu in ("h200", "h100"):
+        calls = open_calls(gpu, args.data)
+        print(f"\nOn an {gpu.upper()}:" + ("" if calls else " nothing listed is open"))
+        for call in calls:
+            print(f"- {call.heading}:")
+            print(json.dumps(call.run()))
     return 0
 
 
