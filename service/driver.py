@@ -357,6 +357,10 @@ class Driver:
         self._live: OrderedDict[int, _Live] = OrderedDict()
         self._live_lock = threading.Lock()
         self._advancing: set[int] = set()  # tasks an advance of this replica is planning
+        # Tasks that ended (a cancel) while an advance of them was out with their session:
+        # that advance must not put the session back (_keep_live). It did, and a cancelled
+        # task's session (0.6 MB) stayed until MAX_LIVE_SESSIONS pushed it out.
+        self._ended: set[int] = set()
         self._task_locks: dict[int, threading.Lock] = defaultdict(threading.Lock)
         # Spaces and the model's predictions over them, by (workload hash, GPU): computed
         # once per space, shared by every session of that workload on that GPU.
@@ -498,6 +502,9 @@ class Driver:
         (one per task ever advanced here, kept for good, was a replica's memory growing with
         every task a fleet ran). An advance waiting on the lock meanwhile finds the task
         ended too."""
+        with self._live_lock:
+            if task_id in self._advancing:
+                self._ended.add(task_id)
         self._keep_live(task_id, None)
         self._task_locks.pop(task_id, None)
 
@@ -511,7 +518,7 @@ class Driver:
     def _keep_live(self, task_id: int, live: _Live | None) -> None:
         with self._live_lock:
             self._live.pop(task_id, None)
-            if live is not None:
+            if live is not None and task_id not in self._ended:
                 self._live[task_id] = live
                 while len(self._live) > MAX_LIVE_SESSIONS:
                     self._live.popitem(last=False)
@@ -759,6 +766,7 @@ class Driver:
             finally:
                 with self._live_lock:
                     self._advancing.discard(task_id)
+                    self._ended.discard(task_id)
 
     # ---- reads (PostgreSQL: plain SQL through the driver, as the queue's hot paths) -----
 

@@ -634,3 +634,27 @@ def test_a_replica_keeps_nothing_of_a_task_that_ended_elsewhere_or_was_cancelled
         assert r.first.advance(cancelled) is True
         assert r.a.delete(f"/v1/tasks/{cancelled}").status_code == 200
         assert r.first._task_locks.keys() == set() and not r.first.holds(cancelled)
+
+
+def test_a_cancel_during_an_advance_leaves_no_session_behind(db_url):
+    """A cancel that landed while an advance had the task's session out (planning the next
+    batch) found nothing to drop; the advance's commit then lost its compare-and-set and put
+    the session back, where it stayed until 512 sessions pushed it out: 0.6 MB per task
+    cancelled mid-advance, 300-480 MB in a replica that had seen many."""
+    with client_for(db_url, batch_size=4) as c:
+        driver = service_of(c).driver
+        task_id = create_task(c, budget=20, strategy="xgb", seed=5)["id"]
+        ref = WorkerRef(id=register(c), gpu="h100", arch="sm_90", runner="simulated")
+        _answer_leased(service_of(c).queue, ref)
+        real_commit = driver._commit
+
+        def cancelled_meanwhile(plan):  # type: ignore[no-untyped-def]
+            assert driver.holds(task_id) and task_id not in driver._live  # (out, planning)
+            driver.cancel(task_id)
+            return real_commit(plan)
+
+        driver._commit = cancelled_meanwhile
+        assert driver.advance(task_id) is False  # its batch was not written
+        assert c.get(f"/v1/tasks/{task_id}").json()["state"] == "cancelled"
+        assert task_id not in driver._live and not driver.holds(task_id)
+        assert driver._ended == set()
