@@ -101,6 +101,9 @@ from pipetune.tuner.strategies import STRATEGY_MAP
 log = logging.getLogger(__name__)
 
 MAX_LIVE_SESSIONS = 512
+# Parsed workloads by id, cleared when full (one parse and one read each to refill), as the
+# queue's (service/queue.WORKLOAD_CACHE_SIZE).
+MAX_WORKLOADS = 10_000
 MAX_SPACES = 128
 LOOKUP_TTL_S = 30.0  # how long a schedule lookup's learned pick is kept (Driver.learned_pick)
 MAX_PARSED = 1 << 14  # about 10 MB at most; a replica's live batches need far fewer
@@ -873,6 +876,8 @@ class Driver:
                 canonical = conn.scalar(
                     select(WorkloadRow.canonical).where(WorkloadRow.id == workload_id)
                 )
+            if len(self._workloads) >= MAX_WORKLOADS:  # (it grew with every workload tuned)
+                self._workloads.clear()
             workload = self._workloads[workload_id] = parse_any_workload(canonical)
         return workload
 

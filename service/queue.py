@@ -68,6 +68,7 @@ RECLAIM_EVERY_S = 1.0
 # a replica that hears every message keeps a worker cached until then. One that may have missed
 # one (its listener down, or reconnected since it checked) trusts what it cached for this long.
 WORKER_CACHE_S = 30.0
+MAX_CACHED_WORKERS = 10_000
 WORKLOAD_CACHE_SIZE = 10_000
 
 
@@ -148,9 +149,11 @@ class Queue:
         self._reclaimed_at = 0.0
         self._reclaim_lock = threading.Lock()
         self._workloads: dict[int, dict] = {}
-        # (worker, token hash) -> the worker, when it was checked, and the listener's
-        # connection it is trusted within (None: for WORKER_CACHE_S only).
-        self._worker_refs: dict[tuple[int, str], tuple[WorkerRef, float, int | None]] = {}
+        # worker -> token hash -> the worker, when it was checked, and the listener's
+        # connection it is trusted within (None: for WORKER_CACHE_S only). By worker first:
+        # forgetting one scanned every entry; and cleared when MAX_CACHED_WORKERS hold one
+        # (it kept an entry for every worker the replica had ever seen).
+        self._worker_refs: dict[int, dict[str, tuple[WorkerRef, float, int | None]]] = {}
         self._worker_forgets = 0  # forget_worker calls so far (a check racing one is not kept)
         self.wakeup.on_worker = self.forget_worker
         # Told of each task that lost a job at reclaim (the service's proposer.request).
@@ -185,14 +188,20 @@ class Queue:
             id=doc.id, gpu=doc.gpu, arch=doc.arch, runner=doc.runner,
             workload_hash=doc.workload_hash,
         )  # fmt: skip
-        self._worker_refs[(doc.id, token_hash)] = (ref, time.monotonic(), None)
+        self._cache_worker(doc.id, token_hash, (ref, time.monotonic(), None))
         return doc, created
+
+    def _cache_worker(
+        self, worker_id: int, token_hash: str, entry: tuple[WorkerRef, float, int | None]
+    ) -> None:
+        if worker_id not in self._worker_refs and len(self._worker_refs) >= MAX_CACHED_WORKERS:
+            self._worker_refs.clear()  # (each worker's next request reads it again)
+        self._worker_refs.setdefault(worker_id, {})[token_hash] = entry
 
     def forget_worker(self, worker_id: int) -> None:
         """Drop what is cached of the worker, under any token (it re-registered)."""
         self._worker_forgets += 1
-        for key in [k for k in list(self._worker_refs) if k[0] == worker_id]:
-            self._worker_refs.pop(key, None)
+        self._worker_refs.pop(worker_id, None)
 
     def _register(self, token_hash: str, body: WorkerRegister) -> tuple[WorkerDoc, bool]:
         values = body.model_dump(exclude={"name", "workload"})
@@ -259,7 +268,7 @@ class Queue:
         """The worker, if checked against this token since this replica last heard every
         message (no re-registration could have passed it unheard), or less than
         WORKER_CACHE_S ago."""
-        cached = self._worker_refs.get((worker_id, token_hash))
+        cached = self._worker_refs.get(worker_id, {}).get(token_hash)
         if cached is None:
             return None
         ref, checked_at, epoch = cached
@@ -299,10 +308,8 @@ class Queue:
             id=w.id, gpu=w.gpu, arch=w.arch, runner=w.runner, workload_hash=w.workload_hash
         )
         trusted = hears_all and forgets == self._worker_forgets
-        self._worker_refs[(worker_id, token_hash)] = (
-            ref,
-            time.monotonic(),
-            epoch if trusted else None,
+        self._cache_worker(
+            worker_id, token_hash, (ref, time.monotonic(), epoch if trusted else None)
         )
         return ref
 

@@ -47,6 +47,7 @@ CHANNEL = "pipetune_jobs"
 LISTEN_SQL = "LISTEN pipetune_jobs"  # of CHANNEL (a literal: no SQL is built from strings)
 RECONNECT_S = (0.5, 10.0)  # the listener's first and longest wait between connection tries
 LISTEN_TICK_S = 0.5  # how often the listener looks whether it should stop
+MAX_EMPTY_KINDS = 1024  # memories of an empty queue kept, one per kind of worker
 
 
 @dataclass(frozen=True)
@@ -170,6 +171,12 @@ class Wakeup:
     def found_empty(self, kind: WorkerKind, generation: int) -> None:
         """A claim found nothing; `generation` is the one read before the claim began (a
         signal during the claim then keeps the memory from being trusted)."""
+        if len(self._empty) >= MAX_EMPTY_KINDS:
+            # Only memories of this generation can be trusted (known_empty): the others go.
+            # (One per kind of worker ever seen, bound ones by workload, was kept for good.)
+            self._empty = {k: v for k, v in self._empty.items() if v[0] == self.generation}
+            if len(self._empty) >= MAX_EMPTY_KINDS:
+                self._empty.clear()  # (a memory lost costs one claim)
         self._empty[kind] = (generation, time.monotonic())
 
     async def wait(self, kind: WorkerKind, timeout_s: float, wants: int = 1) -> bool:

@@ -90,3 +90,20 @@ def test_a_bound_worker_woken_first_leaves_the_signal_to_the_others():
     # The bound one may claim it (it may be its workload's) and so does the first unbound
     # one; the second unbound one is not woken for a single job.
     assert asyncio.run(woken()) == [True, True, False]
+
+
+def test_memories_of_an_empty_queue_stay_bounded(monkeypatch):
+    """One memory per kind of worker ever seen (bound replay workers: one per workload) was
+    kept for good; only the current generation's can be trusted, and a full set is cleared."""
+    from pipetune.service import wakeup as module
+    from pipetune.service.wakeup import WorkerKind
+
+    monkeypatch.setattr(module, "MAX_EMPTY_KINDS", 8)
+    here = Wakeup(shared=False)
+    for i in range(100):
+        if i % 3 == 0:
+            here.bump()  # a signal: earlier memories are stale
+        here.found_empty(WorkerKind("sm_90", "h100", f"workload-{i}", "replay"), here.generation)
+        assert len(here._empty) <= 8
+    last = WorkerKind("sm_90", "h100", "workload-99", "replay")
+    assert here.known_empty(last, fresh_s=60)  # the newest memory is kept and trusted
