@@ -16,6 +16,12 @@ config = context.config
 target_metadata = Base.metadata
 # PostgreSQL: how long a migration waits for a table's lock.
 SET_LOCK_TIMEOUT = "SET LOCAL lock_timeout = '10s'"
+# PostgreSQL: one upgrade at a time on a database. Replicas that all run `pipetune db upgrade`
+# at start (docker-compose) each read the old revision in their own transaction and applied
+# the same steps: every second one failed (DuplicateColumn, or a duplicate type in pg_type).
+# Taken before the revision is read (run_migrations) and before the lock timeout is set, so
+# the second waits for the first to commit and then finds nothing to do.
+MIGRATION_LOCK = "SELECT pg_advisory_xact_lock(7370616964)"  # (the key: "pipetune" in digits)
 
 
 def _configure(connection) -> None:
@@ -83,6 +89,7 @@ def _migrate(connection) -> None:
             # else) are not the migration's doing: only new ones fail it.
             before = _dangling(connection) if sqlite else set()
             if connection.dialect.name == "postgresql":
+                connection.exec_driver_sql(MIGRATION_LOCK)
                 # A migration's ALTER TABLE waits for every open transaction on the table,
                 # and every query of the service then queues behind it: give up instead,
                 # and let `pipetune db upgrade` say so (it can be run again).

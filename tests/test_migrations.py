@@ -7,6 +7,7 @@ import hashlib
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -424,3 +425,41 @@ def test_rows_dangling_before_the_upgrade_do_not_stop_it(tmp_path, table, row):
             assert conn.execute(text(f"SELECT count(*) FROM {table} WHERE id = 999")).scalar()
     finally:
         engine.dispose()
+
+
+_UPGRADE_AT = """
+import sys, time
+from pipetune.service.migrate import upgrade
+url, at = sys.argv[1], float(sys.argv[2])
+time.sleep(max(0.0, at - time.time()))
+upgrade(url, sys.argv[3] if len(sys.argv) > 3 else "head")
+"""
+
+
+@pytest.mark.parametrize("start", [None, "0006"], ids=["empty", "behind"])
+def test_replicas_that_upgrade_at_once_both_succeed(start):
+    """Replicas that all run `pipetune db upgrade` at start (docker-compose's service) read
+    the old revision each in its own transaction and applied the same steps: the second
+    failed in every round (a duplicate type in pg_type from empty, DuplicateColumn from
+    behind). Each upgrade now waits for the one before it on PostgreSQL."""
+    from service_support import PG_ADMIN_URL, require_pg
+
+    from benchmarks.harness import pg_database
+
+    require_pg()
+    for _ in range(3):
+        with pg_database(PG_ADMIN_URL) as url:
+            if start is not None:
+                upgrade(url, start)
+            at = str(time.time() + 3.0)  # both past their imports, then released together
+            command = [sys.executable, "-c", _UPGRADE_AT, url, at]
+            pipes = {"stdout": subprocess.PIPE, "stderr": subprocess.PIPE, "text": True}
+            runs = [subprocess.Popen(command, **pipes) for _ in range(2)]
+            for run in runs:
+                _, err = run.communicate(timeout=120)
+                assert run.returncode == 0, err
+            engine = make_engine(url, pool_size=1)
+            try:
+                assert current_revision(engine) == head_revision()
+            finally:
+                engine.dispose()
