@@ -180,7 +180,8 @@ def check_writable(url: str) -> None:
             raise
         raise SchemaError(
             f"the database {redact(url)} cannot be written ({reason}): the service needs "
-            "write access to the file and its folder (SQLite keeps its journal beside it)"
+            "write access to the file, its folder and its -wal and -shm files where they are "
+            "there (SQLite keeps its journal beside it)"
         ) from None
     finally:
         engine.dispose()

@@ -168,3 +168,20 @@ def test_a_database_that_cannot_be_reached_says_why():
     refused = runner.invoke(app, ["tasks", "--db", "postgresql+psycopg://postgres@127.0.0.1:1/x"])
     assert refused.exit_code == 1, refused.output
     assert "port 1 failed: Connection refused" in refused.stderr
+
+
+def test_serve_refused_for_a_read_only_database_writes_no_worker_token(tmp_path):
+    """It wrote (and announced) its generated worker token, then said the database cannot
+    be written: a serve that exits must leave nothing of its own behind."""
+    from typer.testing import CliRunner
+
+    from pipetune.clients.cli.main import app
+
+    upgrade(f"sqlite:///{tmp_path / 'ro.db'}")
+    read_only = f"sqlite:///file:{tmp_path / 'ro.db'}?mode=ro&uri=true"
+    env = {"XDG_DATA_HOME": str(tmp_path / "data"), "PIPETUNE_WORKER_TOKENS": ""}
+    result = CliRunner().invoke(app, ["serve", "--db", read_only, "--port", "0"], env=env)
+    assert result.exit_code == 1, result.output
+    assert "cannot be written" in result.stderr and "-wal and -shm" in result.stderr
+    assert "worker token" not in result.output
+    assert not (tmp_path / "data").exists()

@@ -91,7 +91,8 @@ def sqlite_access_hint(url: str, reason: str) -> str:
         return ""
     return (
         " (SQLite needs to read the file and, to write it, to write the file and its folder, "
-        "where it keeps its journal: check both, and that they are not on a read-only mount)"
+        "where it keeps its journal, and its -wal and -shm files where they are there: check "
+        "them, and that they are not on a read-only mount)"
     )
 
 
@@ -269,7 +270,9 @@ def serve(
     replay_gpu = _check_local_workers(local_workers, runner, dataset)
     _check_address(host, port)
     # The schema before the token: a serve refused for its database wrote the secret file.
-    _check_schema(settings.database_url, create_if_empty=settings.create_empty_schema)
+    _check_schema(
+        settings.database_url, create_if_empty=settings.create_empty_schema, writable=True
+    )
     if not settings.worker_tokens:
         from pipetune.service.settings import generated_token_path
         from pipetune.service.worker_token import (
@@ -513,10 +516,18 @@ def _pipetune_dataset(path: Path) -> tuple[Any, Any]:
         raise CliError(str(exc), 2) from None
 
 
-def _check_schema(url: str, *, create_if_empty: bool = False) -> None:
+def _check_schema(url: str, *, create_if_empty: bool = False, writable: bool = False) -> None:
     """The database has this pipetune's schema (exit 1 otherwise). A SQLite file that does
-    not exist is refused without creating it, unless the command may create the database."""
-    from pipetune.service.migrate import SchemaError, check_schema, head_revision, redact
+    not exist is refused without creating it, unless the command may create the database.
+    `writable`: and can be written (the service's check, made here before `serve` writes
+    anything of its own: a serve refused for a read-only file wrote its worker token first)."""
+    from pipetune.service.migrate import (
+        SchemaError,
+        check_schema,
+        check_writable,
+        head_revision,
+        redact,
+    )
 
     if not create_if_empty and _missing_sqlite_file(url):
         raise CliError(
@@ -527,6 +538,8 @@ def _check_schema(url: str, *, create_if_empty: bool = False) -> None:
     with _database_errors(url):
         try:
             check_schema(url, create_if_empty=create_if_empty)
+            if writable:
+                check_writable(url)
         except SchemaError as exc:
             raise CliError(str(exc), 1) from None
 
