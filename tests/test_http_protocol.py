@@ -51,7 +51,7 @@ def test_a_head_past_the_limit_is_refused_with_431(service):
     """One 160 MiB header froze the service for 20 s (httptools sets no limit)."""
     sock = _connect(service.url)
     try:
-        sock.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\nX-Junk: ")
+        sock.sendall(b"GET /healthz HTTP/1.1\r\nHost: localhost\r\nX-Junk: ")
         sent = 0
         try:
             # Well past the limit: the server reads and drops the rest before it closes (a
@@ -77,7 +77,7 @@ def test_a_body_that_arrives_with_its_head_is_not_counted_as_head(service, body_
     doc = b'{"workload": {"op": "gemm", "m": 256, "n": 256, "k": 256}, "gpu": "h100"}'
     body = doc + b" " * (body_kib * 1024 - len(doc))  # JSON's whitespace: a large valid body
     head = (
-        b"POST /v1/schedules HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        b"POST /v1/schedules HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\n"
         b"Content-Length: " + str(len(body)).encode() + b"\r\n\r\n"
     )
     sock = _connect(service.url)
@@ -99,8 +99,8 @@ def test_a_body_that_arrives_with_its_head_is_not_counted_as_head(service, body_
 
 @pytest.mark.parametrize(
     "sent",
-    [b"", b"GET /healthz HTTP/1.1\r\nHost: x\r\n", b"POST /v1/tasks HTTP/1.1\r\n"
-     b"Host: x\r\nContent-Type: application/json\r\nContent-Length: 500\r\n\r\n{"],
+    [b"", b"GET /healthz HTTP/1.1\r\nHost: localhost\r\n", b"POST /v1/tasks HTTP/1.1\r\n"
+     b"Host: localhost\r\nContent-Type: application/json\r\nContent-Length: 500\r\n\r\n{"],
     ids=["nothing", "half a head", "half a body"],
 )  # fmt: skip
 def test_a_request_that_does_not_arrive_is_closed_after_the_read_timeout(service, sent):
