@@ -349,3 +349,18 @@ def test_an_open_service_on_loopback_answers_only_requests_for_its_loopback_name
         finally:
             server.terminate()
             server.wait(timeout=30)
+
+
+def test_a_sqlite_folder_that_cannot_be_made_is_one_line_naming_the_database(tmp_path):
+    """A path under a file: db upgrade and serve printed the crash handler's line
+    (NotADirectoryError ... set PIPETUNE_DEBUG=1 for the traceback), naming no database."""
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a folder")
+    url = f"sqlite:///{blocker / 'sub' / 'p.db'}"
+    env = {"XDG_DATA_HOME": str(tmp_path), "PIPETUNE_WORKER_TOKENS": ""}
+    for command in (["db", "upgrade", "--db", url], ["serve", "--db", url, "--port", "0"]):
+        result = CliRunner().invoke(app, command, env=env)
+        assert result.exit_code == 1, result.output
+        line = _error_line(result)
+        assert line.startswith(f"error: the database {url} failed: Not a directory"), line
+        assert "PIPETUNE_DEBUG" not in line

@@ -78,6 +78,11 @@ def _database_errors(url: str) -> Iterator[None]:
         raise CliError(
             f"the database {redact(url)} failed: {reason}{sqlite_access_hint(url, reason)}", 1
         ) from None
+    except OSError as exc:  # a SQLite file's folder that cannot be made (the crash line, it was)
+        where = f" ({exc.filename})" if exc.filename else ""
+        raise CliError(
+            f"the database {redact(url)} failed: {exc.strerror or exc}{where}", 1
+        ) from None
 
 
 # What SQLite says of a file it may not open or write, whatever the cause (permissions, a
