@@ -64,6 +64,22 @@ def other_tables(engine: Engine) -> list[str]:
     return [t for t in _table_names(engine) if t != "alembic_version"]
 
 
+# Tables every pipetune schema has held since its first revision: a database at an Alembic
+# revision without any of them is another program's that uses Alembic too.
+PIPETUNE_TABLES = frozenset({"workloads", "tasks", "jobs"})
+
+
+def foreign_schema(engine: Engine, current: str | None) -> list[str]:
+    """The tables of a database at an Alembic revision other than this pipetune's newest that
+    holds none of pipetune's tables (another program's schema), else []. Its revision alone
+    read as "a newer pipetune wrote it", or, where it happened to be one of pipetune's, as a
+    schema behind, whose upgrade then failed."""
+    if current is None or current == head_revision():
+        return []
+    tables = other_tables(engine)
+    return [] if PIPETUNE_TABLES & set(tables) else tables
+
+
 def missing_columns(engine: Engine) -> list[str]:
     """The ORM's columns (``table.column``) that the database's tables lack. A database at
     the newest revision has them all, unless something changed it behind the migrations'
@@ -94,15 +110,17 @@ def columns_problem(missing: list[str], url: str) -> str:
 
 def revision_problem(current: str | None, tables: list[str] | None = None) -> str | None:
     """What is wrong with a database at revision `current` for this pipetune (None: it is at
-    the newest); `tables`: what other_tables found, where `current` is None."""
+    the newest); `tables`: what other_tables found, where `current` is None, or
+    foreign_schema, where it is not."""
     head = head_revision()
     if current == head:
         return None
-    if current is None and tables:
+    if tables:
         shown = ", ".join(tables[:5]) + (", ..." if len(tables) > 5 else "")
+        whose = "" if current is None else f", at its own Alembic revision {current},"
         return (
-            f"the database holds tables of something else ({shown}) and no pipetune schema: "
-            "point --db at an empty database or at one pipetune made"
+            f"the database holds tables of something else ({shown}){whose} and no pipetune "
+            "schema: point --db at an empty database or at one pipetune made"
         )
     if current is not None and current not in known_revisions():
         return (
@@ -142,6 +160,8 @@ def check_schema(url: str, *, create_if_empty: bool = False) -> str:
             return head
         names = _table_names(engine) if current is None else []
         tables = [t for t in names if t != "alembic_version"]  # (as other_tables)
+        if current is not None:
+            tables = foreign_schema(engine, current)
         if current is None and create_if_empty and not names:
             upgrade(url)
             return head

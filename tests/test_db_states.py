@@ -5,6 +5,7 @@ migration must wait for. Each gets a line that says which, not advice that makes
 from __future__ import annotations
 
 import json
+import re
 import sqlite3
 import threading
 import time
@@ -185,3 +186,44 @@ def test_serve_refused_for_a_read_only_database_writes_no_worker_token(tmp_path)
     assert "cannot be written" in result.stderr and "-wal and -shm" in result.stderr
     assert "worker token" not in result.output
     assert not (tmp_path / "data").exists()
+
+
+@pytest.mark.parametrize("revision", ["ae1027a6acf", "0003"], ids=["unknown", "pipetune's"])
+def test_another_programs_alembic_database_is_called_so(empty_url, revision):
+    """Its revision alone said "a newer pipetune wrote it; upgrade pipetune" (which would not
+    help), or, at a revision of pipetune's own name, "behind: run db upgrade", whose upgrade
+    then failed on a table that is not there."""
+    from sqlalchemy import text
+    from typer.testing import CliRunner
+
+    from pipetune.clients.cli.main import app
+    from pipetune.service.db import make_engine
+
+    engine = make_engine(empty_url, pool_size=1)
+    with engine.begin() as conn:
+        conn.execute(text("CREATE TABLE users (id INTEGER PRIMARY KEY)"))
+        conn.execute(text("CREATE TABLE alembic_version (version_num VARCHAR(32) NOT NULL)"))
+        conn.execute(text(f"INSERT INTO alembic_version VALUES ('{revision}')"))
+    engine.dispose()
+    said = f"tables of something else (users), at its own Alembic revision {revision},"
+    with pytest.raises(SchemaError, match=re.escape(said)):
+        check_schema(empty_url)
+    for command in (["db", "upgrade"], ["db", "upgrade", "--into-existing"]):
+        result = CliRunner().invoke(app, [*command, "--db", empty_url])
+        assert result.exit_code == 1, (command, result.output)
+        assert said in result.stderr and "--into-existing" not in result.stderr
+    current = CliRunner().invoke(app, ["db", "current", "--db", empty_url, "--json"])
+    doc = json.loads(current.stdout)
+    assert (doc["state"], doc["other_tables"], doc["current"]) == (
+        "other_tables",
+        ["users"],
+        revision,
+    )
+    assert set(table_names(empty_url)) == {"users", "alembic_version"}  # nothing written
+    engine = make_engine(empty_url, pool_size=1)
+    try:
+        with engine.connect() as conn:
+            rows = conn.execute(text("SELECT version_num FROM alembic_version")).all()
+            assert [tuple(r) for r in rows] == [(revision,)]
+    finally:
+        engine.dispose()

@@ -372,12 +372,15 @@ def db_upgrade(
     missing = _missing_sqlite_file(url)
     with _database_errors(url):
         current, tables, _ = (None, [], []) if missing else _schema_state(url)
-        if tables and into_existing:
+        # (Only beside tables of no Alembic history: another program's alembic_version is
+        # not pipetune's to write.)
+        if tables and into_existing and current is None:
             tables = []
         if problem := revision_problem(current, tables):
             # (A newer pipetune's revision was Alembic's "Can't locate revision"; a database
             # of another program's had pipetune's tables written in beside its own.)
-            hint = " (or pass --into-existing to add pipetune's tables to it)" if tables else ""
+            fits = tables and current is None
+            hint = " (or pass --into-existing to add pipetune's tables to it)" if fits else ""
             raise CliError(problem + hint, 1)
         # Again from the database's revision, which relative targets (+1) count from.
         _check_revision(revision, current)
@@ -441,11 +444,13 @@ def _check_revision(revision: str, current: str | None = None) -> None:
 
 
 def _schema_state(url: str) -> tuple[str | None, list[str], list[str]]:
-    """The database's revision; where it has none, the tables it holds; where it is the
+    """The database's revision; where it has none, the tables it holds (where it is another
+    program's Alembic revision, its tables: migrate.foreign_schema); where it is the
     newest, the ORM's columns it lacks (migrate.missing_columns)."""
     from pipetune.service.db import make_engine
     from pipetune.service.migrate import (
         current_revision,
+        foreign_schema,
         head_revision,
         missing_columns,
         other_tables,
@@ -454,7 +459,7 @@ def _schema_state(url: str) -> tuple[str | None, list[str], list[str]]:
     engine = make_engine(url, pool_size=1)
     try:
         current = current_revision(engine)
-        tables = other_tables(engine) if current is None else []
+        tables = other_tables(engine) if current is None else foreign_schema(engine, current)
         lacking = missing_columns(engine) if current == head_revision() else []
         return current, tables, lacking
     finally:
