@@ -74,20 +74,8 @@ class BodyLimit:
             return
         declared = _content_length(scope)
         if declared is not None and declared > self.limit:
-            error = BodyTooLarge(self.limit)
-            body = json.dumps({"detail": error.detail}).encode()
-            await send(
-                {
-                    "type": "http.response.start",
-                    "status": 413,
-                    "headers": [
-                        (b"content-type", b"application/json"),
-                        (b"content-length", str(len(body)).encode()),
-                        (b"connection", b"close"),  # the body it declared is not read
-                    ],
-                }
-            )
-            await send({"type": "http.response.body", "body": body})
+            # (connection: close: the body it declared is not read)
+            await _send_error(send, 413, BodyTooLarge(self.limit).detail, close=True)
             return
         received = 0
 
@@ -101,6 +89,17 @@ class BodyLimit:
             return message
 
         await self.app(scope, limited_receive, send)
+
+
+async def _send_error(send: Any, status: int, detail: str, close: bool = False) -> None:
+    """An error answered by a middleware, before the app runs: JSON like every other error
+    of the API ({"detail": ...})."""
+    body = json.dumps({"detail": detail}).encode()
+    headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
+    if close:
+        headers.append((b"connection", b"close"))
+    await send({"type": "http.response.start", "status": status, "headers": headers})
+    await send({"type": "http.response.body", "body": body})
 
 
 def _content_length(scope: Scope) -> int | None:
@@ -146,15 +145,4 @@ class HostGuard:
             f"{', '.join(sorted(self.allowed))}; a service on a loopback address without API "
             "keys answers only its loopback names, against DNS rebinding)"
         )
-        body = json.dumps({"detail": detail}).encode()
-        await send(
-            {
-                "type": "http.response.start",
-                "status": 400,
-                "headers": [
-                    (b"content-type", b"application/json"),
-                    (b"content-length", str(len(body)).encode()),
-                ],
-            }
-        )
-        await send({"type": "http.response.body", "body": body})
+        await _send_error(send, 400, detail)

@@ -159,9 +159,11 @@ def check_schema(url: str, *, create_if_empty: bool = False) -> str:
                 raise SchemaError(columns_problem(missing, url))
             return head
         names = _table_names(engine) if current is None else []
-        tables = [t for t in names if t != "alembic_version"]  # (as other_tables)
-        if current is not None:
-            tables = foreign_schema(engine, current)
+        tables = (
+            [t for t in names if t != "alembic_version"]  # (as other_tables)
+            if current is None
+            else foreign_schema(engine, current)
+        )
         if current is None and create_if_empty and not names:
             upgrade(url)
             return head
