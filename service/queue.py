@@ -20,6 +20,7 @@ import threading
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+from typing import Any, TypeVar
 
 from fastapi.concurrency import run_in_threadpool
 from sqlalchemy import case, select, update
@@ -59,6 +60,8 @@ from pipetune.service.queue_types import (
 from pipetune.service.settings import Settings
 from pipetune.service.views import worker_doc
 from pipetune.service.wakeup import Wakeup, notify_statement
+
+_T = TypeVar("_T")
 
 __all__ = ["Queue", "Report", "WorkerRef", "check_storable"]
 
@@ -343,7 +346,17 @@ class Queue:
             for c in claimed
         ]
 
-    def lease_now(
+    async def hot(self, work: Callable[..., _T], *args: Any) -> _T:
+        """Run a lease's claim or a result's record from the event loop. On PostgreSQL on the
+        loop itself: one short transaction, cheaper than a thread hand-off (routers/jobs.py).
+        On SQLite in a worker thread: another program (a `sqlite3` shell, a backup tool) may
+        hold the file's write lock, and the statement then waits up to the busy timeout
+        (30 s); on the loop that wait stopped every request of the service, /healthz too."""
+        if self.db.is_sqlite:
+            return await run_in_threadpool(work, *args)
+        return work(*args)
+
+    async def lease_now(
         self, worker: WorkerRef, max_jobs: int, new: bool = True, signalled: bool = False
     ) -> list[JobLease]:
         """One look at the queue for the worker, without waiting: what a lease request does
@@ -353,13 +366,14 @@ class Queue:
         generation = self.wakeup.generation
         if not signalled and self.wakeup.known_empty(worker.kind, self.settings.lease_poll_s, new):
             return []
-        # On the loop: one short claim, cheaper than a thread hand-off (routers/jobs.py).
-        jobs = self.try_lease(worker, max_jobs)
+        jobs = await self.hot(self.try_lease, worker, max_jobs)
         if not jobs:
             self.wakeup.found_empty(worker.kind, generation)
         return jobs
 
-    def lease_after_report(self, worker_id: int, token_hash: str, max_jobs: int) -> list[JobLease]:
+    async def lease_after_report(
+        self, worker_id: int, token_hash: str, max_jobs: int
+    ) -> list[JobLease]:
         """The jobs a results request leases for its worker (JobResults.max_jobs): one look
         at the queue, no waiting; none for a worker the token does not own (its results were
         refused item by item, 404 or 403). It claims even while lease requests of its kind
@@ -367,7 +381,7 @@ class Queue:
         waits on, where leaving them to it would cost this worker a lease request (measured:
         benchmarks/RESULTS.md, "a report leases the next jobs")."""
         worker = self._authorised(worker_id, token_hash) if max_jobs > 0 else None
-        return [] if worker is None else self.lease_now(worker, max_jobs, new=False)
+        return [] if worker is None else await self.lease_now(worker, max_jobs, new=False)
 
     def _canonical(self, ids: set[int]) -> dict[int, dict]:
         """Workload documents by id (rows never change, so they are cached)."""
@@ -402,7 +416,7 @@ class Queue:
         deadline = time.monotonic() + min(body.wait_s, self.settings.lease_wait_cap_s)
         signalled, new = False, True
         while True:
-            jobs = self.lease_now(worker, body.max_jobs, new=new, signalled=signalled)
+            jobs = await self.lease_now(worker, body.max_jobs, new=new, signalled=signalled)
             left = deadline - time.monotonic()
             if jobs or left <= 0 or self.wakeup.closed:
                 return LeaseResponse(jobs=jobs)

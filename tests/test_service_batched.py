@@ -232,9 +232,11 @@ def test_a_job_id_beyond_the_database_s_range_is_a_422_not_a_500(client):
 
 
 def test_a_lease_and_its_results_are_recorded_without_a_thread_hand_off(client, monkeypatch):
-    """The claim and the records run on the event loop: handing each to a worker thread and
-    back cost more CPU than the statements (benchmarks/RESULTS.md, "the hot routes' database
-    work on the event loop"). Every function the app hands to a thread is named here."""
+    """On PostgreSQL the claim and the records run on the event loop: handing each to a
+    worker thread and back cost more CPU than the statements (benchmarks/RESULTS.md, "the
+    hot routes' database work on the event loop"). On SQLite they are handed to a thread,
+    where a lock held by another program does not stop the service (test_sqlite_locked.py).
+    Every function the app hands to a thread is named here."""
     import functools
 
     import anyio.to_thread
@@ -261,7 +263,11 @@ def test_a_lease_and_its_results_are_recorded_without_a_thread_hand_off(client, 
         headers=WORKER_HEADERS,
     )
     assert single.status_code == 200, single.text
-    assert not {"try_lease", "submit", "submit_many"} & set(handed), handed
+    hot = {"try_lease", "submit", "submit_many"}
+    if service_of(client).db.is_sqlite:
+        assert hot <= set(handed), handed
+    else:
+        assert not hot & set(handed), handed
 
 
 def test_a_report_leases_the_workers_next_jobs_in_the_same_request(client):

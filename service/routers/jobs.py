@@ -7,6 +7,8 @@ CPU than the statements (two cross-thread wake-ups per request: 2.1-2.4 against 
 service CPU per result with the single-job protocol, benchmarks/RESULTS.md "the hot routes'
 database work on the event loop"). A slow database therefore slows this replica's requests
 as a whole, which their answers would wait for anyway; long-polls still wait asynchronously.
+On SQLite the work goes to a worker thread instead (Queue.hot): another program may hold the
+file's lock for seconds, and the service is to go on answering meanwhile.
 A result that may have completed what its task waits for asks the proposer loop for the next
 batch (service/proposer.py): the worker's request never waits for a proposal.
 """
@@ -65,7 +67,7 @@ async def post_result(
     """Record a measurement. Idempotent per (job, lease token); a result of a lease that
     is no longer the job's current one (expired and re-leased, cancelled) is acknowledged
     with accepted=false and not recorded."""
-    ack, ready = service.queue.submit(job_id, token, body)
+    ack, ready = await service.queue.hot(service.queue.submit, job_id, token, body)
     if ready is not None:
         _advance(service, {ready})
     return ack
@@ -93,7 +95,9 @@ async def post_results(
     for i, item in enumerate(body.results):
         check_storable(item.result, ["body", "results", i, "result"])
     reports = [Report(r.job_id, r.lease_token, r.result) for r in body.results]
-    judged, ready = service.queue.submit_many(body.worker_id, token, reports)
+    judged, ready = await service.queue.hot(
+        service.queue.submit_many, body.worker_id, token, reports
+    )
     _advance(service, ready)
-    jobs = service.queue.lease_after_report(body.worker_id, token, body.max_jobs)
+    jobs = await service.queue.lease_after_report(body.worker_id, token, body.max_jobs)
     return JobResultAcks(acks=[j.ack for j in judged], jobs=jobs)
