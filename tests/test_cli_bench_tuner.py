@@ -292,3 +292,42 @@ def test_the_default_strategies_on_another_kernels_cache_leave_the_models_out(tm
     assert shown.exit_code == 0 and "left out: analytical: needs" in shown.output
     refused = _bench(str(cache), "--strategies", "ours,analytical")
     assert refused.exit_code == 2 and "not a pipetune dataset: analytical" in refused.output
+
+
+def _one_knob_cache(tmp_path: Path, values: list, times: list[float]) -> Path:
+    cache = {str(v): {"v": v, "time": t} for v, t in zip(values, times, strict=True)}
+    doc = {
+        "device_name": "Test GPU",
+        "kernel_name": "k",
+        "problem_size": [64],
+        "tune_params_keys": ["v"],
+        "tune_params": {"v": values},
+        "objective": "time",
+        "cache": cache,
+    }
+    path = tmp_path / "k.json"
+    path.write_text(json.dumps(doc))
+    return path
+
+
+def test_knob_values_equal_in_value_but_not_in_type_are_refused_with_exit_2(tmp_path):
+    # 1, 1.0 and True are three configurations in the file (three cache keys), one to the
+    # search (rows by value): Optuna's trials of 1 or 1.0 were scored with True's time, the
+    # optimum, and best-in-1 read 1.0 on every seed.
+    path = _one_knob_cache(tmp_path, [1, 1.0, True, 2], [5.0, 4.0, 1.0, 3.0])
+    result = _bench(str(path), "--strategies", "random")
+    assert result.exit_code == 2, result.output
+    assert f"{path}: knob 'v' has values 1 and 1.0" in result.output
+    assert "Traceback" not in result.output
+
+
+def test_a_value_listed_twice_in_tune_params_is_one_value(tmp_path):
+    # Kernel Tuner's search space (every KT peer) refused the duplicate configurations a
+    # repeated value makes: every KT peer was left out of the run.
+    path = _one_knob_cache(tmp_path, [1, 2, 3], [5.0, 4.0, 1.0])
+    doc = json.loads(path.read_text())
+    doc["tune_params"]["v"] = [1, 1, 2, 3]
+    path.write_text(json.dumps(doc))
+    result = _bench(str(path), "--strategies", "kt_random_sample", "--json")
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.stdout)["left_out"] == {}

@@ -81,10 +81,14 @@ def recorded_dataset(path: Path, name: str | None = None) -> Dataset:
     objective = np.where(np.isfinite(times) & (times > 0), times, np.inf)
     if "pipetune" not in ds.metadata:
         configs = ds.configurations()
+        for k in ds.knobs:
+            _distinct_values(str(path), k, [c[k] for c in configs])
         params = {k: sorted({c[k] for c in configs}, key=str) for k in ds.knobs}
         kt = ds.metadata.get("kernel_tuner", {}).get("tune_params")
         if isinstance(kt, dict) and set(kt) >= set(ds.knobs):
-            params = {k: list(kt[k]) for k in ds.knobs}
+            # (A value listed twice is one value: Kernel Tuner's own search space, which the
+            # peers build from this list, refuses the duplicate configurations it makes.)
+            params = {k: _distinct_values(str(path), k, list(kt[k])) for k in ds.knobs}
         return Dataset(name, RecordedConfigs(name, params, configs, objective))
     info = check_pipetune(ds)
     full = info.family.enumerate(info.workload, get_gpu(info.gpu))
@@ -104,6 +108,26 @@ def recorded_dataset(path: Path, name: str | None = None) -> Dataset:
     )
     configs = RecordedConfigs.from_recorded_space(name, recorded)
     return Dataset(name, configs, recorded, info.runner)
+
+
+def _distinct_values(name: str, knob: str, values: list) -> list:
+    """A knob's values, each once (in order); DatasetError where two of them differ only in
+    type (1, 1.0, True): a file keeps them apart, but the search compares configurations by
+    value (RecordedConfigs.row_of, the peers' spaces), which made them one configuration, the
+    others' trials scored with the last one's time."""
+    from pipetune.workers.datasets import DatasetError
+    from pipetune.workers.datasets.records import shown
+
+    typed = list(dict.fromkeys((type(v).__name__, v) for v in values))
+    by_value: dict = {}
+    for _, v in typed:
+        if v in by_value:
+            raise DatasetError(
+                f"{name}: knob {shown(knob)} has values {shown(by_value[v])} and {shown(v)}, "
+                "equal as numbers but of different types: the tuner cannot tell them apart"
+            )
+        by_value[v] = v
+    return [v for _, v in typed]
 
 
 def _int_list(text: str, option: str) -> list[int]:
