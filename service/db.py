@@ -23,6 +23,7 @@ workers may disagree about the time, the database is the one clock they share.
 from __future__ import annotations
 
 import datetime as dt
+import os
 import re
 import threading
 from collections.abc import Iterable, Iterator
@@ -130,6 +131,14 @@ def _wrapped(exc: psycopg.Error, broken: bool) -> sa_exc.DBAPIError:
     return sa_exc.DBAPIError.instance(None, None, exc, psycopg.Error, connection_invalidated=broken)
 
 
+def _file_id(path: Path) -> tuple[int, int] | None:
+    try:
+        st = os.stat(path)
+    except FileNotFoundError:
+        return None
+    return st.st_dev, st.st_ino
+
+
 def is_sqlite(url: str) -> bool:
     return make_url(url).get_backend_name() == "sqlite"
 
@@ -194,6 +203,32 @@ class Database:
         self._write = sessionmaker(self.engine, expire_on_commit=False)
         self._reader = self.engine.execution_options(pipetune_readonly=True)
         self._read = sessionmaker(self._reader, expire_on_commit=False)
+        # The SQLite file the service opened (device, inode), to tell when it is deleted or
+        # replaced while serving: the open connections go on reading and writing the old
+        # file (unlinked, or no longer at the path), so every write looked successful and
+        # was lost at the next start.
+        self._file = self._sqlite_file()
+        self._file_id = _file_id(self._file) if self._file is not None else None
+
+    def _sqlite_file(self) -> Path | None:
+        if not self.is_sqlite:
+            return None
+        name = self.engine.url.database
+        if not name or name == ":memory:" or name.startswith("file:"):
+            return None
+        return Path(name).expanduser().resolve()
+
+    def file_problem(self) -> str | None:
+        """Why the SQLite file the service opened is no longer the one at its path (deleted,
+        or replaced by another file), or None (and always None on PostgreSQL)."""
+        if self._file is None or self._file_id is None:
+            return None
+        now = _file_id(self._file)
+        if now is None:
+            return f"the database file {self._file} was deleted while the service ran"
+        if now != self._file_id:
+            return f"the database file {self._file} was replaced while the service ran"
+        return None
 
     @property
     def is_sqlite(self) -> bool:

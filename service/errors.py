@@ -55,6 +55,13 @@ class ConflictError(ServiceError):
     status_code = 409
 
 
+class DatabaseGoneError(ServiceError):
+    """The database the service opened is not the one at its address any more (a SQLite
+    file deleted or replaced while serving)."""
+
+    status_code = 503
+
+
 class InputError(ServiceError):
     """Bad input found past request validation (e.g. a workload with no valid schedule)."""
 

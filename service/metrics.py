@@ -65,6 +65,9 @@ class DatabaseGauges(Collector):
         self.live_within_s = live_within_s
 
     def collect(self) -> Iterator[Metric]:
+        if self.db.file_problem() is not None:  # (SQLite: its file deleted or replaced)
+            yield gauge_family("pipetune_database_up", DATABASE_UP_HELP, [], [(0,)])
+            return
         try:
             with self.db.read() as s:
                 jobs = s.execute(

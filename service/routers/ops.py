@@ -8,6 +8,7 @@ from sqlalchemy import text
 
 from pipetune.model.wire import Health
 from pipetune.service.context import ServiceDep
+from pipetune.service.errors import DatabaseGoneError
 from pipetune.service.metrics import CONTENT_TYPE
 from pipetune.service.routers.bounded_json import BoundedJsonRoute
 
@@ -16,8 +17,12 @@ router = APIRouter(route_class=BoundedJsonRoute, tags=["operations"])
 
 # HEAD too: load balancers' health checks often send it, and a 405 marked the service down.
 @router.head("/healthz", include_in_schema=False)
-@router.get("/healthz", response_model=Health)
+@router.get("/healthz", response_model=Health, responses={503: {"description": "no database"}})
 def healthz(service: ServiceDep) -> Health:
+    problem = service.db.file_problem()
+    if problem is not None:
+        # The open connections still answer from the old file: what is written now is lost.
+        raise DatabaseGoneError(problem)
     with service.db.read() as s:
         s.execute(text("SELECT 1"))
     return Health(status="ok", database=service.db.dialect, schema_revision=service.schema_revision)
