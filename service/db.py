@@ -46,6 +46,28 @@ from pipetune.service.driver_pool import DriverConnections
 SQLITE_NOW_FORMAT = "%Y-%m-%d %H:%M:%f"
 # Seconds a new PostgreSQL connection may take (libpq's connect_timeout; its least is 2).
 CONNECT_TIMEOUT_S = 10
+# How an open PostgreSQL connection finds its server's host gone (crashed, cut off by the
+# network): TCP keepalives after 30 s of silence, and data unacknowledged for 30 s. With the
+# kernel's defaults a statement waited over two hours for an answer that would never come,
+# and a lease's or a result's waits on the event loop (routers/jobs.py), every request of the
+# replica with it. (A server that is up and never answers is found by neither: its kernel
+# still acknowledges.) A value in the URL wins.
+TCP_LIVENESS = {
+    "keepalives": 1,
+    "keepalives_idle": 30,
+    "keepalives_interval": 10,
+    "keepalives_count": 3,
+    "tcp_user_timeout": 30_000,  # milliseconds
+}
+
+
+def libpq_defaults(given: Iterable[str], connect_timeout: float | None = None) -> dict[str, Any]:
+    """libpq parameters for a connection whose URL or conninfo names `given`: the liveness
+    settings and the connect timeout, each unless given."""
+    defaults: dict[str, Any] = dict(TCP_LIVENESS)
+    defaults["connect_timeout"] = CONNECT_TIMEOUT_S if connect_timeout is None else connect_timeout
+    named = set(given)
+    return {k: v for k, v in defaults.items() if k not in named}
 
 
 def is_unavailable(exc: BaseException) -> bool:
@@ -155,15 +177,12 @@ def make_engine(url: str, pool_size: int = 10) -> Engine:
         # A connection attempt gives up after CONNECT_TIMEOUT_S (a 503), unless the URL says
         # otherwise: a server that accepted the connection and never answered (stopped,
         # overloaded) held the request, /healthz included, without end.
-        timeout = (
-            {} if "connect_timeout" in parsed.query else {"connect_timeout": CONNECT_TIMEOUT_S}
-        )
         return create_engine(
             url,
             pool_size=pool_size,
             max_overflow=pool_size,
             pool_recycle=1800,
-            connect_args=timeout,
+            connect_args=libpq_defaults(parsed.query),
         )
     if parsed.database and parsed.database != ":memory:":
         Path(parsed.database).expanduser().parent.mkdir(parents=True, exist_ok=True)
@@ -302,7 +321,7 @@ class Database:
         """A connection as the engine's (the dialect's arguments: its adapters too), in
         autocommit."""
         cargs, cparams = self.engine.dialect.create_connect_args(self.engine.url)
-        cparams.setdefault("connect_timeout", CONNECT_TIMEOUT_S)  # as the engine's (make_engine)
+        cparams.update(libpq_defaults(cparams))  # as the engine's (make_engine)
         return psycopg.connect(*cargs, **cparams, autocommit=True)
 
     def now(self) -> ColumnElement[dt.datetime]:

@@ -39,7 +39,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import psycopg
+from psycopg.conninfo import conninfo_to_dict
 from sqlalchemy import Select, func, select
+
+from pipetune.service.db import libpq_defaults
 
 log = logging.getLogger(__name__)
 
@@ -268,9 +271,12 @@ def listen(wakeup: Wakeup, conninfo: str, stop: threading.Event) -> None:
     `stop` (a thread's body: psycopg waits in select(), outside the GIL). While it is not
     connected `wakeup.listening` is False and requests fall back to claiming and polling."""
     wait_s = RECONNECT_S[0]
+    # A listener whose server's host vanished would otherwise wait on in select() for hours,
+    # its replica hearing nothing and trusting its caches (service/db.py, TCP_LIVENESS).
+    liveness = libpq_defaults(conninfo_to_dict(conninfo), connect_timeout=5)
     while not stop.is_set():
         try:
-            with psycopg.connect(conninfo, autocommit=True, connect_timeout=5) as conn:
+            with psycopg.connect(conninfo, autocommit=True, **liveness) as conn:
                 conn.execute(LISTEN_SQL)
                 wakeup.epoch += 1
                 wakeup.listening = True

@@ -160,3 +160,66 @@ def test_a_server_that_accepts_and_never_answers_fails_within_the_connect_timeou
             assert time.monotonic() - began < 8
         finally:
             database.dispose()
+
+
+def _tcp_liveness(fileno: int) -> tuple[int, int, int]:
+    """SO_KEEPALIVE, TCP_KEEPIDLE and TCP_USER_TIMEOUT of a connection's socket."""
+    import socket
+
+    sock = socket.socket(fileno=fileno)
+    try:
+        return (
+            sock.getsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE),
+            sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPIDLE),
+            sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_USER_TIMEOUT),
+        )
+    finally:
+        sock.detach()  # (the connection's socket: not to be closed here)
+
+
+def test_every_postgresql_connection_finds_a_vanished_server_host_within_a_minute(
+    pg_url, monkeypatch
+):
+    """An open connection whose server's host crashed or was cut off waited for its answer as
+    long as the kernel's TCP defaults let it (over two hours), and a lease waits on the event
+    loop: the engine's, the driver's and the listener's connections now use TCP keepalives
+    after 30 s and a 30 s limit on unacknowledged data (libpq's keepalives_* and
+    tcp_user_timeout); a value in the URL wins."""
+    import threading
+
+    import psycopg
+
+    from pipetune.service import wakeup as wakeup_module
+
+    db = Database(pg_url, pool_size=1)
+    try:
+        with db.engine.connect() as conn:
+            assert _tcp_liveness(conn.connection.dbapi_connection.fileno()) == (1, 30, 30_000)
+        with db.driver_statement() as cur:
+            assert _tcp_liveness(cur.connection.fileno()) == (1, 30, 30_000)
+    finally:
+        db.dispose()
+    chosen = Database(pg_url + "?keepalives_idle=45&tcp_user_timeout=5000", pool_size=1)
+    try:
+        with chosen.engine.connect() as conn:
+            assert _tcp_liveness(conn.connection.dbapi_connection.fileno()) == (1, 45, 5_000)
+        with chosen.driver_statement() as cur:
+            assert _tcp_liveness(cur.connection.fileno()) == (1, 45, 5_000)
+    finally:
+        chosen.dispose()
+
+    # The listener (service/wakeup.py) connects on its own, from a conninfo.
+    seen: list[tuple[int, int, int]] = []
+    stop = threading.Event()
+    connect = psycopg.connect
+
+    def recording(*args, **kwargs):
+        conn = connect(*args, **kwargs)
+        seen.append(_tcp_liveness(conn.fileno()))
+        stop.set()
+        return conn
+
+    monkeypatch.setattr(wakeup_module.psycopg, "connect", recording)
+    conninfo = pg_url.replace("postgresql+psycopg://", "postgresql://")
+    wakeup_module.listen(wakeup_module.Wakeup(shared=True), conninfo, stop)
+    assert seen == [(1, 30, 30_000)]
