@@ -131,3 +131,101 @@ def test_registering_does_not_retry_a_garbled_answer():
     with pytest.raises(ProtocolError):
         worker._register(api)  # type: ignore[arg-type]
     assert api.calls["register"] == 1
+
+
+class RestartedApi:
+    """A service that goes down and comes back on a new database: the worker's id (7) is
+    another worker's there (ids start again), and registering by name gives this one 2."""
+
+    base_url = "http://fake"
+
+    def __init__(self) -> None:
+        self.down = 1  # lease requests refused before it is back
+        self.leased_as: list[int] = []
+        self.registered = 0
+
+    def register(self, body: object) -> object:
+        self.registered += 1
+        return SimpleNamespace(**{**vars(DOC), "id": 2})
+
+    def lease(self, worker_id: int, max_jobs: int, wait_s: float) -> object:
+        if self.down:
+            self.down -= 1
+            raise ServiceUnavailableError("http://fake", "connection refused")
+        self.leased_as.append(worker_id)
+        return []
+
+
+def test_after_an_outage_the_worker_registers_again_before_it_leases():
+    """A service restarted on a new database gave the stale id 7 to another worker (of
+    another GPU, maybe): leasing under it took that worker's jobs and recorded this worker's
+    measurements as that GPU's. Registering again by name first gets the worker its own."""
+    api = RestartedApi()
+    worker, log = _worker(api)
+    worker.worker_id = 7
+    assert worker._lease(api, 1) == []  # type: ignore[arg-type]
+    assert api.registered == 1 and api.leased_as == [2] and worker.worker_id == 2
+    assert "registered" in log.getvalue()
+    assert worker._lease(api, 1) == []  # type: ignore[arg-type]
+    assert api.registered == 1  # once: the service has not failed since
+
+
+def test_a_report_that_met_an_outage_leases_nothing_until_the_worker_registers_again():
+    """The reporter leases with its reports: retried after an outage under the stale id,
+    it too would take another worker's jobs."""
+    import datetime as dt
+
+    from pipetune.model.trials import MeasureResult
+    from pipetune.model.wire import JobLease, JobResultAck, JobResultAcks, ScheduleDoc
+
+    job = JobLease(
+        job_id=1,
+        lease_token="token-0001",
+        lease_expires_at=dt.datetime.now(dt.UTC),
+        task_id=1,
+        trial=0,
+        workload={"op": "gemm", "m": 64, "n": 64, "k": 64},
+        gpu="h100",
+        schedule=ScheduleDoc(
+            block_row_warps=2, block_col_warps=2, warp_row_tiles=2, warp_col_tiles=2,
+            chunk=2, smem_stages=3, reg_stages=2,
+        ),
+    )  # fmt: skip
+    asked: list[tuple[int, int]] = []  # (worker id, max_jobs) of each report sent
+
+    class ReportApi(RestartedApi):
+        def post_results_and_lease(self, worker_id: int, results: list, max_jobs: int = 0):
+            asked.append((worker_id, max_jobs))
+            if len(asked) == 1:
+                raise ServiceUnavailableError("http://fake", "connection refused")
+            ack = JobResultAck(job_id=1, status_code=200, accepted=True, job_state="done")
+            return JobResultAcks(acks=[ack], jobs=[])
+
+    api = ReportApi()
+    api.down = 0
+    worker, _ = _worker(api)
+    worker.worker_id = 7
+    worker._busy = 1
+    worker._report_batch(api, [(job, MeasureResult(status="ok", latency_us=5.0))])  # type: ignore[arg-type]
+    assert asked[0][1] > 0 and asked[1] == (7, 0)  # sent again, leasing nothing
+    assert worker._lease_with_report(1) == 0
+    worker._lease(api, 1)  # type: ignore[arg-type]
+    assert api.registered == 1 and api.leased_as == [2] and worker._lease_with_report(1) > 0
+
+
+def test_registering_again_on_the_same_database_says_nothing_of_a_name_in_use():
+    """After an outage the worker registers again by name; on the same database it gets its
+    own id back, and the name is "in use" by its own heartbeats: no warning of another
+    process under the name. On a new database the id changes, and that is said."""
+    api = RestartedApi()
+    api.register = lambda body: SimpleNamespace(**{**vars(DOC), "name_in_use": True})  # type: ignore[method-assign]
+    worker, log = _worker(api)
+    worker.worker_id = 7
+    worker._lease(api, 1)  # type: ignore[arg-type]
+    assert api.leased_as == [7]
+    assert "name_in_use" not in log.getvalue() and "registered_again" not in log.getvalue()
+    moved = RestartedApi()
+    worker, log = _worker(moved)
+    worker.worker_id = 7
+    worker._lease(moved, 1)  # type: ignore[arg-type]
+    assert moved.leased_as == [2] and "registered_again" in log.getvalue()

@@ -119,6 +119,12 @@ class Worker:
         self._held: dict[int, HeldTerm] = {}
         self._told_short_ttl = False  # that a lease's TTL is no longer than --heartbeat
         self._heartbeat_lists_leases = True  # until a service from before it says otherwise
+        # Set when a request failed as an outage does (unreachable, 5xx, garbled answer): the
+        # service may have come back on another database, where this worker's id names
+        # another worker (ids start at 1 again) and a lease under it takes that worker's
+        # jobs, of its GPU. Until the worker registers again (by name: the same id on the
+        # same database), reports lease nothing and the next lease request registers first.
+        self._reregister = threading.Event()
         self._asking = 0  # jobs the control thread's lease request in flight asks for
         self._leases_in_reports = True  # the service takes max_jobs in a report (until it says)
         self._slots = threading.Condition()
@@ -272,7 +278,23 @@ class Worker:
                     "upgrade it, or run this worker against a service of its own"
                 ) from None
             raise
-        self.worker_id = doc.id
+        self._registered(doc, body, api)
+        return True
+
+    def _registered(
+        self, doc: Any, body: WorkerRegister, api: WorkerApi, again: bool = False
+    ) -> None:
+        before, self.worker_id = self.worker_id, doc.id
+        if again:  # registered again after an outage (_lease)
+            if doc.id != before:
+                self.log.warning(
+                    "registered_again",
+                    worker=doc.id,
+                    was=before,
+                    msg="the service came back with another worker under this worker's id "
+                    "(a new database?): this worker goes on under its new id",
+                )
+            return  # (the name is in use: by this worker, whose heartbeats it heard)
         if doc.name_in_use:
             # Two processes under one name share one worker: one row, one busy count, one
             # name on every trial. (Their leases stay apart: each heartbeat lists its own.)
@@ -295,7 +317,6 @@ class Worker:
             concurrency=self.config.concurrency,
             server=api.base_url,
         )
-        return True
 
     # ---- leasing ------------------------------------------------------------------------
 
@@ -356,19 +377,32 @@ class Worker:
         answers 5xx; [] once the worker is stopping. The jobs count as held before the
         request ends (`_asking`): the reporter leases only what this one does not ask for."""
         assert self.worker_id is not None
-        worker_id = self.worker_id
         asking = min(free, MAX_JOBS_PER_LEASE)
         with self._slots:
             self._asking = asking
 
         def failed(attempt: int, exc: BaseException, wait_s: float) -> None:
+            self._reregister.set()
             if self._throttle("lease", time.monotonic()):
                 self.log.warning("lease_failed", retry_in_s=wait_s, msg=str(exc))
+
+        def lease() -> list[JobLease]:
+            if self._reregister.is_set():
+                # (Cleared first: a failure seen by another thread meanwhile sets it again.)
+                self._reregister.clear()
+                try:
+                    body = self._registration()
+                    self._registered(api.register(body), body, api, again=True)
+                except BaseException:
+                    self._reregister.set()
+                    raise
+            assert self.worker_id is not None
+            return api.lease(self.worker_id, max_jobs=asking, wait_s=self.config.lease_wait_s)
 
         jobs: list[JobLease] = []
         try:
             jobs = call_with_retries(
-                lambda: api.lease(worker_id, max_jobs=asking, wait_s=self.config.lease_wait_s),
+                lease,
                 give_up_after_s=None,
                 abort=self._stop,
                 on_retry=failed,
@@ -426,7 +460,7 @@ class Worker:
         results free can take, less what a lease request in flight asks for; none once the
         worker is stopping."""
         with self._slots:
-            if self._stop.is_set() or not self._leases_in_reports:
+            if self._stop.is_set() or not self._leases_in_reports or self._reregister.is_set():
                 return 0
             free = self._capacity() - (self._busy - reported) - self._asking
             return max(0, min(free, MAX_JOBS_PER_LEASE))
@@ -615,6 +649,7 @@ class Worker:
         ]
 
         def on_retry(attempt: int, exc: BaseException, wait_s: float) -> None:
+            self._reregister.set()
             if self._throttle("report", time.monotonic()) or attempt == 1:
                 self.log.warning(
                     "report_retry",
@@ -674,6 +709,7 @@ class Worker:
         body = JobResult(worker_id=self.worker_id, lease_token=job.lease_token, result=result)
 
         def on_retry(attempt: int, exc: BaseException, wait_s: float) -> None:
+            self._reregister.set()
             if self._throttle(f"report-{job.job_id}", time.monotonic()) or attempt == 1:
                 self.log.warning(
                     "report_retry", job=job.job_id, attempt=attempt, retry_in_s=wait_s, msg=str(exc)
@@ -741,6 +777,8 @@ class Worker:
                     elif self._throttle("heartbeat", time.monotonic()):
                         self.log.warning("heartbeat_failed", msg=f"{type(exc).__name__}: {exc}")
                 except Exception as exc:  # keep beating: the next one may get through
+                    if isinstance(exc, TRANSIENT_REGISTERED):
+                        self._reregister.set()
                     if self._throttle("heartbeat", time.monotonic()):
                         self.log.warning("heartbeat_failed", msg=f"{type(exc).__name__}: {exc}")
         finally:
