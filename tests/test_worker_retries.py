@@ -229,3 +229,83 @@ def test_registering_again_on_the_same_database_says_nothing_of_a_name_in_use():
     worker.worker_id = 7
     worker._lease(moved, 1)  # type: ignore[arg-type]
     assert moved.leased_as == [2] and "registered_again" in log.getvalue()
+
+
+def test_a_retry_after_longer_than_the_backoff_is_waited_out():
+    """A proxy's 429 (or a 503) asking for 60 s was asked again after 0.5, 1, 2, 4 and then
+    every 5 s: the header was never read. It is waited out now, up to MAX_RETRY_AFTER_S;
+    a shorter one leaves the backoff as it is."""
+    from pipetune.clients.sdk.errors import RetryLaterError, ServerError
+    from pipetune.workers.daemon.reporting import MAX_RETRY_AFTER_S, call_with_retries
+
+    errors = [
+        RetryLaterError(429, "slow down", retry_after_s=60.0),
+        ServerError(503, "later", retry_after_s=0.1),
+        RetryLaterError(429, "much later", retry_after_s=86_400.0),
+        ServerError(502, "no header"),
+    ]
+    waits: list[float] = []
+    abort = threading.Event()
+
+    def call() -> str:
+        if errors:
+            raise errors.pop(0)
+        return "ok"
+
+    def waited(attempt: int, exc: BaseException, wait_s: float) -> None:
+        waits.append(wait_s)
+
+    import pipetune.workers.daemon.reporting as reporting
+
+    sleeps: list[float] = []
+    original = reporting.Retrying
+
+    class NoSleep(original):  # type: ignore[misc,valid-type]
+        def __init__(self, **kwargs: object) -> None:
+            kwargs["sleep"] = sleeps.append
+            super().__init__(**kwargs)
+
+    reporting.Retrying = NoSleep  # type: ignore[misc]
+    try:
+        assert call_with_retries(call, give_up_after_s=None, abort=abort, on_retry=waited) == "ok"
+    finally:
+        reporting.Retrying = original  # type: ignore[misc]
+    assert waits == [60.0, 1.0, MAX_RETRY_AFTER_S, 4.0] == sleeps
+
+
+@pytest.mark.parametrize(
+    ("header", "expected"),
+    [("7", 7.0), (" 0 ", 0.0), ("soon", None), ("-3", None), ("", None), (None, None)],
+)
+def test_retry_after_is_read_as_seconds(header, expected):
+    from pipetune.clients.sdk.http import retry_after_s
+
+    assert retry_after_s(header) == expected
+
+
+def test_retry_after_as_an_http_date_is_read_as_seconds_from_now():
+    import datetime as dt
+    import email.utils
+
+    from pipetune.clients.sdk.http import retry_after_s
+
+    later = dt.datetime.now(dt.UTC) + dt.timedelta(seconds=90)
+    waited = retry_after_s(email.utils.format_datetime(later, usegmt=True))
+    assert waited is not None and 85 <= waited <= 90
+    past = email.utils.format_datetime(later - dt.timedelta(hours=1), usegmt=True)
+    assert retry_after_s(past) == 0.0
+
+
+def test_the_sdk_error_of_an_answer_carries_its_retry_after():
+    import httpx
+
+    from pipetune.clients.sdk.errors import RetryLaterError
+    from pipetune.clients.sdk.http import Http
+
+    def answer(request: httpx.Request) -> httpx.Response:
+        return httpx.Response(429, headers={"Retry-After": "12"}, text="rate limited")
+
+    api = Http("http://fake", {}, transport=httpx.MockTransport(answer))
+    with pytest.raises(RetryLaterError) as raised:
+        api.request("GET", "/v1/tasks")
+    assert raised.value.retry_after_s == 12.0

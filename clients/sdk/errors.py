@@ -65,6 +65,7 @@ class ApiError(PipetuneError):
         path: str = "",
         field: str | None = None,
         body: Any = None,
+        retry_after_s: float | None = None,
     ):
         super().__init__(reason)
         self.status_code = status_code
@@ -73,6 +74,8 @@ class ApiError(PipetuneError):
         self.path = path
         self.field = field
         self.body = body
+        # The answer's Retry-After, in seconds from when it came (None: it had none).
+        self.retry_after_s = retry_after_s
 
     def __str__(self) -> str:
         where = f" from {self.method} {self.path}" if self.method else ""

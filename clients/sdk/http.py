@@ -3,6 +3,8 @@ statuses turned into the SDK's exceptions, bodies parsed with the wire contract'
 
 from __future__ import annotations
 
+import datetime as dt
+import email.utils
 from typing import Any, TypeVar
 
 import httpx
@@ -32,6 +34,23 @@ def _field_of(loc: list[Any]) -> str:
         parts = parts[1:]
     parts = [p for p in parts if p not in _UNION_TAGS and not p.startswith("function-")]
     return ".".join(parts)
+
+
+def retry_after_s(value: str | None) -> float | None:
+    """A Retry-After header's wait in seconds: delay-seconds, or an HTTP date (RFC 9110);
+    None for none or one that does not parse."""
+    if not value:
+        return None
+    value = value.strip()
+    if value.isdigit():
+        return float(value)
+    try:
+        when = email.utils.parsedate_to_datetime(value)
+    except (TypeError, ValueError, IndexError):
+        return None
+    if when.tzinfo is None:  # (an HTTP date is GMT; a date without a zone is read so)
+        when = when.replace(tzinfo=dt.UTC)
+    return max(0.0, (when - dt.datetime.now(dt.UTC)).total_seconds())
 
 
 def clean_msg(msg: str) -> str:
@@ -184,6 +203,7 @@ class Http:
             path=path,
             field=field,
             body=body,
+            retry_after_s=retry_after_s(response.headers.get("retry-after")),
         )
 
     def call(

@@ -3,7 +3,8 @@ exponential backoff through connection failures and 5xx until the service is bac
 service restart loses nothing. A result gives up after `give_up_after_s` (by then its lease
 has long expired and the service has queued the job again anyway); a 4xx is final (the
 service has judged the request, retrying cannot change its mind), but for 408 and 429,
-which ask to be asked later."""
+which ask to be asked later. An answer's Retry-After (a proxy's rate limit, say) is waited
+out, up to MAX_RETRY_AFTER_S, where it asks for longer than the backoff would wait."""
 
 from __future__ import annotations
 
@@ -23,6 +24,8 @@ from tenacity import (
 from pipetune.clients.sdk import TRANSIENT, ProtocolError
 
 T = TypeVar("T")
+# The longest Retry-After obeyed: a longer one (a misconfigured proxy's hour) is read as this.
+MAX_RETRY_AFTER_S = 300.0
 # Once registered, also an answer that does not parse (a proxy's error page with status
 # 200): the service that registered the worker is there, and leases and results are
 # idempotent to retry. (At registration it more likely means --server names something
@@ -54,9 +57,18 @@ def call_with_retries(
             if exc is not None:
                 on_retry(state.attempt_number, exc, wait)
 
+    backoff = wait_exponential(multiplier=initial_s, max=max_wait_s)
+
+    def _wait(state: RetryCallState) -> float:
+        exc = state.outcome.exception() if state.outcome is not None else None
+        asked = getattr(exc, "retry_after_s", None)
+        if asked is None:
+            return backoff(state)
+        return max(backoff(state), min(asked, MAX_RETRY_AFTER_S))
+
     retrying = Retrying(
         retry=retry_if_exception_type(transient),
-        wait=wait_exponential(multiplier=initial_s, max=max_wait_s),
+        wait=_wait,
         stop=(stop_never if give_up_after_s is None else stop_after_delay(give_up_after_s))
         | _aborted,
         # Sleep on the abort event so that a second SIGTERM ends the wait at once.
