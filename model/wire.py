@@ -549,8 +549,14 @@ class Heartbeat(_Request):
 
 
 class HeartbeatAck(_Body):
+    """`gone`: of the leases the heartbeat listed, those that are no longer the worker's (the
+    task cancelled, the lease expired and the job requeued or leased to another, the job
+    finished): a worker need not measure such a job it has not started. Empty where the
+    heartbeat listed none, and from a service from before the field."""
+
     ok: bool
     server_time: datetime
+    gone: list[RowRef] = Field(default_factory=list, max_length=MAX_HELD_LEASES)
 
 
 class LeaseRequest(_Request):

@@ -264,8 +264,8 @@ class Queue:
         those it says it holds where it says (wire.Heartbeat says why)."""
         self.worker_ref(worker_id, token_hash)
         held = None if leases is None else [(h.job_id, h.lease_token) for h in leases]
-        now = self.store.heartbeat(worker_id, busy_jobs, self.settings.lease_ttl_s, held)
-        return HeartbeatAck(ok=True, server_time=now)
+        now, gone = self.store.heartbeat(worker_id, busy_jobs, self.settings.lease_ttl_s, held)
+        return HeartbeatAck(ok=True, server_time=now, gone=gone)
 
     def cached_worker_ref(self, worker_id: int, token_hash: str) -> WorkerRef | None:
         """The worker, if checked against this token since this replica last heard every

@@ -172,7 +172,12 @@ WITH beat AS (
     UPDATE jobs SET lease_expires_at = statement_timestamp() + make_interval(secs => %(ttl)s)
     FROM live WHERE jobs.id = live.id
 )
-SELECT statement_timestamp() AS now
+SELECT statement_timestamp() AS now, ARRAY(
+    SELECT h.id FROM unnest(%(ids)s::int[], %(tokens)s::text[]) AS h(id, token)
+    WHERE NOT EXISTS (
+        SELECT 1 FROM jobs j WHERE j.id = h.id AND j.lease_token = h.token
+            AND j.lease_owner = %(worker)s AND j.state = %(leased)s)
+    ORDER BY h.id) AS gone
 """
 
 _STATES = {
@@ -274,7 +279,7 @@ class PostgresQueueStore:
 
     def heartbeat(
         self, worker_id: int, busy_jobs: int, ttl_s: float, held: Held = None
-    ) -> dt.datetime:
+    ) -> tuple[dt.datetime, list[int]]:
         params = {
             "worker": worker_id,
             "busy": busy_jobs,
@@ -286,4 +291,5 @@ class PostgresQueueStore:
         }
         with self.db.driver_statement() as cur:
             cur.execute(HEARTBEAT_SQL, params)
-            return _utc(cur.fetchone().now)
+            row = cur.fetchone()
+            return _utc(row.now), list(row.gone)

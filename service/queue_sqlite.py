@@ -284,7 +284,7 @@ class SqliteQueueStore:
 
     def heartbeat(
         self, worker_id: int, busy_jobs: int, ttl_s: float, held: Held = None
-    ) -> dt.datetime:
+    ) -> tuple[dt.datetime, list[int]]:
         now = self.db.now()
         live = [
             JOBS.c.lease_owner == worker_id,
@@ -301,4 +301,15 @@ class SqliteQueueStore:
                 .values(last_heartbeat=now, busy_jobs=busy_jobs)
             )
             conn.execute(update(JOBS).where(*live).values(lease_expires_at=self.db.now_plus(ttl_s)))
-            return conn.scalar(select(now))
+            gone: list[int] = []
+            if held:
+                mine = conn.execute(
+                    select(JOBS.c.id, JOBS.c.lease_token).where(
+                        JOBS.c.id.in_([job_id for job_id, _ in held]),
+                        JOBS.c.lease_owner == worker_id,
+                        JOBS.c.state == JobState.LEASED,
+                    )
+                )
+                alive = {(r.id, r.lease_token) for r in mine}
+                gone = sorted({job_id for job_id, token in held if (job_id, token) not in alive})
+            return conn.scalar(select(now)), gone

@@ -127,7 +127,9 @@ class QueueStore(Protocol):
 
     def heartbeat(
         self, worker_id: int, busy_jobs: int, ttl_s: float, held: Held = None
-    ) -> dt.datetime:
+    ) -> tuple[dt.datetime, list[int]]:
         """Record the heartbeat, extend the worker's live leases by ttl_s (of them only the
-        `held` ones, (job id, lease token) pairs, where given); the database time."""
+        `held` ones, (job id, lease token) pairs, where given); the database time, and the
+        held leases that are no longer the worker's (no leased job of that id has that token
+        and owner), in id order."""
         ...

@@ -15,12 +15,14 @@ from pipetune.service.orm import JobRow
 pytest_plugins = ["service_fixtures"]
 
 
-def _beat(client, worker: int, leases: list[dict] | None) -> None:
+def _beat(client, worker: int, leases: list[dict] | None) -> list[int]:
+    """Send a heartbeat listing `leases`; the answer's `gone`."""
     body: dict = {"busy_jobs": 1}
     if leases is not None:
         body["leases"] = [{"job_id": j["job_id"], "lease_token": j["lease_token"]} for j in leases]
     response = client.post(f"/v1/workers/{worker}/heartbeat", json=body, headers=WORKER_HEADERS)
     assert response.status_code == 200, response.text
+    return response.json()["gone"]
 
 
 def _expiries(client, jobs: list[dict]) -> list[dt.datetime]:
@@ -144,3 +146,31 @@ def test_a_lease_says_the_ttl_a_heartbeat_extends_it_by(client):
     answer = client.post("/v1/jobs/results", json=body, headers=WORKER_HEADERS)
     assert answer.status_code == 200, answer.text
     assert [j["lease_ttl_s"] for j in answer.json()["jobs"]] == [ttl]
+
+
+def test_a_heartbeat_names_the_listed_leases_that_are_no_longer_the_workers(client):
+    """A worker leases ahead: jobs of a task cancelled meanwhile, or whose leases expired and
+    moved, sat in its queue and were measured for nothing (their results refused). The
+    heartbeat's answer names them (`gone`), and only them: a live lease, and one expired
+    but not yet reclaimed (its result would still count), are not."""
+    cancelled_task = create_task(client, budget=2, strategy="grid")
+    create_task(client, budget=3, strategy="grid")
+    worker = register(client)
+    jobs = lease(client, worker, max_jobs=5)
+    by_task: dict[int, list[dict]] = {}
+    for job in jobs:
+        by_task.setdefault(job["task_id"], []).append(job)
+    doomed = by_task[cancelled_task["id"]]
+    live, expiring, moved = by_task[next(t for t in by_task if t != cancelled_task["id"])]
+    assert _beat(client, worker, jobs) == []
+    response = client.delete(f"/v1/tasks/{cancelled_task['id']}")
+    assert response.status_code == 200, response.text
+    _age(client, [expiring, moved], 600)  # expired, neither reclaimed yet
+    assert _beat(client, worker, jobs) == sorted(j["job_id"] for j in doomed)
+    service_of(client).queue.reclaim()  # both requeued; `moved` leased to another worker
+    again = lease(client, register(client, "w2"), max_jobs=2)
+    assert {j["job_id"] for j in again} == {expiring["job_id"], moved["job_id"]}
+    gone = _beat(client, worker, jobs)
+    assert gone == sorted([*(j["job_id"] for j in doomed), expiring["job_id"], moved["job_id"]])
+    assert live["job_id"] not in gone
+    assert _beat(client, worker, None) == []  # (a heartbeat that lists nothing: nothing named)

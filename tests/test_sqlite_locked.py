@@ -1,9 +1,10 @@
 """An embedded (SQLite) service whose database file another program holds locked.
 
 A `sqlite3` shell or a backup tool that holds the file's write lock makes the service's
-writes wait (up to the busy timeout). The lease's claim and the result's record waited on
-the event loop, so every other request, /healthz too, waited with them: the service stopped
-answering for as long as the lock was held. They now wait in a worker thread on SQLite.
+writes wait (up to the busy timeout). The lease's claim, the result's record and the
+heartbeat waited on the event loop, so every other request, /healthz too, waited with them:
+the service stopped answering for as long as the lock was held. They now wait in a worker
+thread on SQLite.
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ from pipetune.service.migrate import upgrade
 LOCK_S = 3.0
 
 
-@pytest.mark.parametrize("blocked", ["result", "lease"])
+@pytest.mark.parametrize("blocked", ["result", "lease", "heartbeat"])
 def test_the_service_answers_while_another_program_holds_the_sqlite_lock(
     tmp_path: Path, blocked: str
 ) -> None:
@@ -50,6 +51,13 @@ def test_the_service_answers_while_another_program_holds_the_sqlite_lock(
                 body = {"worker_id": worker, "lease_token": job["lease_token"], "result": ok(50)}
                 response = client.post(
                     f"/v1/jobs/{job['job_id']}/result", json=body, headers=WORKER_HEADERS
+                )
+            elif blocked == "heartbeat":
+                held = [{"job_id": job["job_id"], "lease_token": job["lease_token"]}]
+                response = client.post(
+                    f"/v1/workers/{worker}/heartbeat",
+                    json={"busy_jobs": 1, "leases": held},
+                    headers=WORKER_HEADERS,
                 )
             else:
                 response = client.post(
@@ -79,5 +87,7 @@ def test_the_service_answers_while_another_program_holds_the_sqlite_lock(
         assert response.status_code == 200, response.text
         if blocked == "result":
             assert response.json()["accepted"] is True
+        elif blocked == "heartbeat":
+            assert response.json()["gone"] == []
         else:
             assert len(response.json()["jobs"]) == 1  # the task's second job, once let go

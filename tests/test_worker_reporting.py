@@ -350,6 +350,31 @@ def test_heartbeats_list_the_leases_held():
     assert api.beats[:2] == [[4, 5], [4, 5]]
 
 
+def test_jobs_the_heartbeat_says_are_gone_are_not_measured():
+    """Jobs leased ahead of a task cancelled meanwhile (or whose leases moved) were measured
+    for nothing, their results refused: the heartbeat's answer names them (`gone`), and the
+    worker drops those it has not started, freeing their slots."""
+
+    class GoneApi(BeatingApi):
+        def heartbeat(self, worker_id, busy_jobs=0, leases=None):  # type: ignore[no-untyped-def]
+            super().heartbeat(worker_id, busy_jobs, leases)
+            return SimpleNamespace(ok=True, gone=[5, 99])  # (99: not held, nothing to drop)
+
+    api = GoneApi()
+    worker, log = _worker(api, heartbeat_s=0.01)
+    measured: list[int] = []
+    worker._measure_one = lambda workload, schedule: measured.append(1) or OK  # type: ignore[method-assign]
+    with worker._slots:
+        worker._hold([_job(4), _job(5)])
+    _beat(worker, 1, api)
+    assert worker._gone == {5}
+    worker._measure_unit([_job(4)])
+    worker._measure_unit([_job(5)])
+    assert len(measured) == 1 and worker.counts["dropped"] == 1
+    assert worker._busy == 1 and set(worker._held) == {4}  # 5's slot is free, 4 awaits its report
+    assert worker._gone == set() and "dropped" in log.getvalue()
+
+
 def test_a_service_from_before_heartbeats_listed_leases_gets_heartbeats_without():
     api = BeatingApi(refuse_leases=True)
     worker, log = _worker(api, heartbeat_s=0.01)

@@ -54,8 +54,12 @@ async def heartbeat(
 
     One statement on the event loop, as a lease or a result is (service/routers/jobs.py
     says why): a fleet's daemons send one every few seconds each, and the thread hand-off
-    cost more than the statement."""
-    return service.queue.heartbeat(worker_id, token, body.busy_jobs, body.leases)
+    cost more than the statement; on SQLite in a worker thread (Queue.hot).
+
+    The answer's `gone` names the listed leases that are no longer the worker's (a cancelled
+    task's, say): the worker drops those of its jobs it has not started."""
+    queue = service.queue
+    return await queue.hot(queue.heartbeat, worker_id, token, body.busy_jobs, body.leases)
 
 
 @router.get("/v1/workers", response_model=WorkerList, dependencies=[Depends(user_access)])

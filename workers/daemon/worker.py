@@ -117,6 +117,9 @@ class Worker:
         # The leases held (job id -> lease token): leased and not yet reported. Heartbeats
         # list them, and the service extends only those (wire.Heartbeat says why).
         self._held: dict[int, HeldTerm] = {}
+        # Held jobs whose leases the service says are no longer this worker's (a heartbeat's
+        # `gone`: the task cancelled, the lease moved): not measured if not started yet.
+        self._gone: set[int] = set()
         self._told_short_ttl = False  # that a lease's TTL is no longer than --heartbeat
         self._heartbeat_lists_leases = True  # until a service from before it says otherwise
         # Set when a request failed as an outage does (unreachable, 5xx, garbled answer): the
@@ -362,6 +365,7 @@ class Worker:
             self._busy -= len(jobs)
             for job in jobs:
                 self._held.pop(job.job_id, None)
+                self._gone.discard(job.job_id)
             self._slots.notify_all()
 
     def _held_leases(self) -> list[HeldLease]:
@@ -499,6 +503,8 @@ class Worker:
             for job, schedule in zip(jobs, schedules, strict=True):
                 if self._abort.is_set() or self._fatal is not None:
                     self._abandon(job)
+                elif self._is_gone(job):
+                    self._drop(job)
                 else:
                     self._finish(job, self._measure_one(workload, schedule))
                 done += 1
@@ -538,6 +544,24 @@ class Worker:
             error=None if result.ok else (result.error or "")[:200],
         )
         self._reports.put((job, result))
+
+    def _is_gone(self, job: JobLease) -> bool:
+        with self._slots:
+            return job.job_id in self._gone
+
+    def _drop(self, job: JobLease) -> None:
+        """A job whose lease the service says is no longer this worker's, not measured: its
+        slot goes to a job somebody wants."""
+        self._count("dropped")
+        self.log.info(
+            "dropped",
+            task=job.task_id,
+            trial=job.trial,
+            job=job.job_id,
+            msg="not measured: the service says its lease is no longer this worker's "
+            "(the task cancelled, or the lease expired and moved)",
+        )
+        self._release([job])
 
     def _abandon(self, job: JobLease) -> None:
         self._count("abandoned")
@@ -765,8 +789,12 @@ class Worker:
                 if self._heartbeat_lists_leases and len(held) <= MAX_HELD_LEASES:
                     leases = [HeldLease(job_id=j, lease_token=t.token) for j, t in held.items()]
                 try:
-                    api.heartbeat(self.worker_id, busy_jobs=busy, leases=leases)
+                    ack = api.heartbeat(self.worker_id, busy_jobs=busy, leases=leases)
                     last_active, wakeups = active, 0
+                    gone = set(getattr(ack, "gone", None) or ())
+                    if gone:
+                        with self._slots:  # (only what is still held: released ones are not)
+                            self._gone |= gone & self._held.keys()
                     for term in held.values():
                         term.extended(now)
                 except InvalidRequestError as exc:
