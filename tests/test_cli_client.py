@@ -132,3 +132,24 @@ def test_a_campaign_plan_of_infinite_minutes_is_refused():
     """--minutes inf printed `"budget_s": Infinity`, which is not JSON."""
     result = runner.invoke(app, ["campaign", "plan", "--minutes", "inf", "--json"])
     assert result.exit_code == 2 and "--minutes positive and finite" in result.stderr
+
+
+@pytest.mark.parametrize(
+    ("reason", "credential", "hint"),
+    [
+        ("a valid API key required", None, "give --api-key or set PIPETUNE_API_KEY"),
+        ("a valid worker token required", "give --token or set X", "give --token or set X"),
+    ],
+)
+def test_a_refused_credential_names_where_it_comes_from(
+    reason: str, credential: str | None, hint: str
+):
+    """A 401 said "a valid API key required (HTTP 401)": neither the option nor the variable
+    that gives the key."""
+    from pipetune.clients.cli.remote import cli_error
+    from pipetune.clients.sdk import AuthError
+
+    exc = AuthError(401, reason, method="GET", path="/v1/tasks")
+    error = cli_error(exc) if credential is None else cli_error(exc, credential=credential)
+    assert error.code == 1
+    assert str(error) == f"{reason} (HTTP 401): {hint}"

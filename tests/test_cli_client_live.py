@@ -230,6 +230,7 @@ def test_server_errors_are_one_line_with_the_servers_reason(cli, service):  # ty
 
     denied = runner.invoke(app, ["tasks", "--server", service.url, "--api-key", "wrong"])
     assert denied.exit_code == 1 and "(HTTP 401)" in denied.stderr
+    assert denied.stderr.rstrip().endswith("give --api-key or set PIPETUNE_API_KEY")
     assert len(denied.stderr.strip().splitlines()) == 1
 
     # A URL with a path the service has no route under: "Not Found (HTTP 404)" named

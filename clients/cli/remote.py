@@ -1,7 +1,9 @@
 """What every command that talks to the service shares: the --server and --api-key options
 and the translation of the SDK's errors into one-line messages and exit codes.
 
-Service down: `error: cannot reach the pipetune service at URL (...)`, exit 1. A --server
+Service down: `error: cannot reach the pipetune service at URL (...)`, exit 1. A missing or
+wrong credential (401/403): the service's reason and where the credential comes from
+(--api-key or PIPETUNE_API_KEY; the worker's --token or PIPETUNE_WORKER_TOKEN), exit 1. A --server
 that is not an http(s) URL: exit 2, before anything is sent. The service refused the request
 as malformed (400/422): its reason ("field: reason"), exit 2. No such task (404, or no such
 task in the local database): exit 2, the id the user gave is wrong. Any other error status:
@@ -32,6 +34,7 @@ from pipetune.clients.sdk import (
     DEFAULT_SERVER,
     SERVER_ENV,
     ApiError,
+    AuthError,
     Client,
     InvalidRequestError,
     NotFoundError,
@@ -148,7 +151,15 @@ def _no_such_task(exc: PipetuneError) -> bool:
     return store is not None and isinstance(exc, store.LocalNotFoundError)
 
 
-def cli_error(exc: PipetuneError) -> CliError:
+API_KEY_SOURCE = f"give --api-key or set {API_KEY_ENV}"
+
+
+def cli_error(exc: PipetuneError, credential: str = API_KEY_SOURCE) -> CliError:
+    """The SDK's error as one line and an exit code; `credential` says where the credential
+    a 401/403 refused comes from (the user routes' API key unless the caller says otherwise)."""
+    if isinstance(exc, AuthError):
+        # "a valid API key required (HTTP 401)" named neither the option nor the variable.
+        return CliError(f"{_api_message(exc)}: {credential}", 1)
     if isinstance(exc, InvalidRequestError):
         return CliError(exc.reason, 2)
     if isinstance(exc, NotFoundError) and exc.reason == ROUTE_NOT_FOUND:

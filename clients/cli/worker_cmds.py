@@ -133,7 +133,7 @@ def worker(
     try:
         code = run_worker(config)
     except PipetuneError as exc:
-        raise cli_error(exc) from None
+        raise cli_error(exc, credential=f"give --token or set {TOKEN_ENV}") from None
     except (DatasetError, DatasetMismatchError) as exc:
         raise CliError(f"--dataset: {one_line(exc)}", 2) from None
     except (DetectionError, RunnerError) as exc:
