@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 
@@ -189,3 +190,29 @@ def test_the_hopper_suite_reports_every_operator():
     assert all(row["baseline"] == "one block per tile" for row in doc["operators"])
     table = runner.invoke(app, ["model", "suite", "hopper", "--gpu", "h200"])
     assert table.exit_code == 0 and "WG_BMM_GPT2_QK" in table.output
+
+
+def test_a_json_document_into_a_closed_pipe_ends_without_a_word():
+    """`pipetune model gpus --json | true`: the reader is gone before the document is written.
+    It printed "error: BrokenPipeError: [Errno 32] Broken pipe (set PIPETUNE_DEBUG=1 ...)"."""
+    read_end, write_end = os.pipe()
+    os.close(read_end)  # every write to the pipe fails with EPIPE
+    try:
+        proc = subprocess.run(
+            [
+                sys.executable,
+                "-c",
+                "from pipetune.clients.cli.main import run; run()",
+                "model",
+                "gpus",
+                "--json",
+            ],
+            stdout=write_end,
+            stderr=subprocess.PIPE,
+            text=True,
+            check=False,
+        )
+    finally:
+        os.close(write_end)
+    assert proc.returncode == 1
+    assert proc.stderr == ""

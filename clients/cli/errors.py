@@ -65,6 +65,10 @@ def reported(func: Callable[..., Any]) -> Callable[..., Any]:
             fail(str(exc), exc.code)
         except (typer.Exit, typer.Abort, KeyboardInterrupt):
             raise
+        except BrokenPipeError:
+            # stdout's reader left (`| true`, a consumer that failed): click ends the command
+            # without a word, exit 1, as where rich met it first; not "error: BrokenPipeError".
+            raise
         except Exception as exc:
             if os.environ.get("PIPETUNE_DEBUG"):
                 traceback.print_exc()
