@@ -5,6 +5,9 @@ rows, and the one-line exit 2 when matplotlib is missing."""
 from __future__ import annotations
 
 import datetime as dt
+import os
+import signal
+import time
 from pathlib import Path
 
 import numpy as np
@@ -172,6 +175,41 @@ def test_an_interrupted_tune_wait_says_the_task_goes_on(monkeypatch: pytest.Monk
     assert result.exit_code == 130
     said = " ".join(result.stderr.split())
     assert "interrupted: task 7 goes on at the service" in said
+    assert "DELETE http://svc:8000/v1/tasks/7" in said
+
+
+class _TerminatedService(_FakeService):
+    """The SDK client of `pipetune tune --wait`, whose wait meets SIGTERM (a CI job's limit)."""
+
+    def wait(self, task_id: int, progress=None, poll_s: float = 1.0) -> TaskDoc:  # type: ignore[no-untyped-def]
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(5)  # the handler runs here
+        raise AssertionError("SIGTERM did not end the wait")
+
+
+class _UnhandledError(Exception):
+    pass
+
+
+def test_a_tune_wait_ended_by_sigterm_says_the_task_goes_on(monkeypatch: pytest.MonkeyPatch):
+    """SIGTERM killed `tune --wait` without a word (Ctrl-C said the task goes on, exit 130):
+    now the same message, exit 143, and the handler before it is back afterwards."""
+    from pipetune.clients.cli import client_cmds
+
+    def unhandled(signum: int, frame: object) -> None:
+        raise _UnhandledError  # stands in for the default, which would end pytest itself
+
+    previous = signal.signal(signal.SIGTERM, unhandled)
+    try:
+        monkeypatch.setattr(client_cmds, "client", lambda server, api_key: _TerminatedService(None))
+        args = ["tune", "gemm", "--m", "1024", "--n", "64", "--k", "2048", "--gpu", "h100"]
+        result = CliRunner().invoke(app, [*args, "--wait", "--server", "http://svc:8000"])
+        assert signal.getsignal(signal.SIGTERM) is unhandled
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    assert result.exit_code == 143, (result.output, result.exception)
+    said = " ".join(result.stderr.split())
+    assert "terminated: task 7 goes on at the service" in said
     assert "DELETE http://svc:8000/v1/tasks/7" in said
 
 

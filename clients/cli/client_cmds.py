@@ -31,7 +31,7 @@ from pipetune.clients.cli.curve_files import (
     write_curve_html,
     write_curve_png,
 )
-from pipetune.clients.cli.errors import CliError, reported
+from pipetune.clients.cli.errors import CliError, interrupted, reported, sigterm_interrupts
 from pipetune.clients.cli.output import console, print_json, stderr_console
 from pipetune.clients.cli.remote import (
     api_key_option,
@@ -339,15 +339,17 @@ def _tune(
                 )
             return
         try:
-            final = wait_for_task(c, task, show=not as_json, poll_s=poll)
-        except KeyboardInterrupt:
+            with sigterm_interrupts():
+                final = wait_for_task(c, task, show=not as_json, poll_s=poll)
+        except KeyboardInterrupt as exc:
             # The task is the service's: it goes on without this command (said, where the
-            # command used to end without a word).
+            # command used to end without a word; on SIGTERM too, a CI job's time limit).
+            what, code = interrupted(exc)
             stderr_console.print(
-                f"interrupted: task {task.id} goes on at the service; follow it with "
+                f"{what}: task {task.id} goes on at the service; follow it with "
                 f"`pipetune curve {task.id}`, or cancel it with DELETE {server}/v1/tasks/{task.id}"
             )
-            raise typer.Exit(130) from None
+            raise typer.Exit(code) from None
     if as_json:
         print_json(final.model_dump(mode="json"))
     else:
@@ -678,17 +680,19 @@ def tune_model(
                     )
 
             try:
-                finals = tm.wait_all(c, started, update, poll_s=poll)
-            except KeyboardInterrupt:
+                with sigterm_interrupts():
+                    finals = tm.wait_all(c, started, update, poll_s=poll)
+            except KeyboardInterrupt as exc:
                 # The tasks are the service's: they go on without this command (said, where
                 # it used to end without a word, and a second run queued every shape again).
+                what, code = interrupted(exc)
                 ids = ", ".join(str(t.id) for t in started)
                 stderr_console.print(
-                    f"interrupted: tasks {ids} go on at the service; follow them again by "
+                    f"{what}: tasks {ids} go on at the service; follow them again by "
                     "running this command with --resume, or cancel each with DELETE "
                     f"{server}/v1/tasks/ID"
                 )
-                raise typer.Exit(130) from None
+                raise typer.Exit(code) from None
         results = tm.collect(c, shapes, finals, gpu)
     doc = tm.document(net, gpu, budget, strategy, results)
     if as_json:

@@ -6,11 +6,14 @@ Exit 1: the operation failed for another reason (service down, measurement faile
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
+import signal
 import sys
+import threading
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any, NoReturn
 
 import typer
@@ -40,6 +43,37 @@ def runner_failure(exc: Exception) -> CliError:
     runner errors that are also ValueErrors: a malformed setting, a dataset of another
     workload), exit 1 where it could not run (no GPU, the measurement failed)."""
     return CliError(one_line(exc), 2 if isinstance(exc, ValueError) else 1)
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM (a CI job's time limit, `kill`, a container's stop) while a command waits."""
+
+
+SIGTERM_EXIT = 128 + signal.SIGTERM  # 143, as a shell reports a process SIGTERM ended
+
+
+@contextlib.contextmanager
+def sigterm_interrupts() -> Iterator[None]:
+    """While the block runs, SIGTERM raises Terminated, a KeyboardInterrupt: a wait that says
+    on Ctrl-C what goes on without it says so on SIGTERM too (it ended without a word, killed
+    by the signal). The main thread only, where Python runs signal handlers."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def terminate(signum: int, frame: object) -> None:
+        raise Terminated
+
+    previous = signal.signal(signal.SIGTERM, terminate)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def interrupted(exc: KeyboardInterrupt) -> tuple[str, int]:
+    """What ended a wait, in words, and the exit code: Ctrl-C 130, SIGTERM 143."""
+    return ("terminated", SIGTERM_EXIT) if isinstance(exc, Terminated) else ("interrupted", 130)
 
 
 def fail(message: str, code: int) -> NoReturn:
