@@ -63,10 +63,15 @@ class GemmView(BaseModel):
     k: int
 
 
+def _about(text: str) -> Any:
+    """A field's description: the CLI's --help and the API schema show it."""
+    return Field(description=text)
+
+
 class _Workload(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    dtype: DType = "float16"
+    dtype: Annotated[DType, _about("element type of the operands (fp32 accumulation)")] = "float16"
 
     def gemm_view(self) -> GemmView:  # pragma: no cover - every operator overrides it
         raise NotImplementedError
@@ -126,10 +131,12 @@ class Gemm(_Workload):
     """C[M,N] = A[M,K] @ B, row-major; B is K×N (b_layout 'kn') or N×K ('nk')."""
 
     op: Literal["gemm"] = "gemm"
-    m: Dim
-    n: Dim
-    k: Dim
-    b_layout: Literal["kn", "nk"] = "kn"
+    m: Annotated[Dim, _about("rows of A and C")]
+    n: Annotated[Dim, _about("columns of B and C")]
+    k: Annotated[Dim, _about("the reduced dimension: columns of A, rows of B")]
+    b_layout: Annotated[
+        Literal["kn", "nk"], _about("B stored K×N (kn) or N×K (nk, a transposed weight)")
+    ] = "kn"
 
     @model_validator(mode="after")
     def _validate(self) -> Gemm:
@@ -155,10 +162,10 @@ class Bmm(_Workload):
     """Batched GEMM: b independent M×K @ K×N products (grid z)."""
 
     op: Literal["bmm"] = "bmm"
-    b: Dim
-    m: Dim
-    n: Dim
-    k: Dim
+    b: Annotated[Dim, _about("batch: independent products")]
+    m: Annotated[Dim, _about("rows of each A and C")]
+    n: Annotated[Dim, _about("columns of each B and C")]
+    k: Annotated[Dim, _about("the reduced dimension: columns of A, rows of B")]
 
     @model_validator(mode="after")
     def _validate(self) -> Bmm:
@@ -206,15 +213,15 @@ class Conv2d(_Workload):
     """Conv2D, NHWC input, KRSC filter, as an implicit GEMM: M=N·P·Q, N=K, K=R·S·C."""
 
     op: Literal["conv2d"] = "conv2d"
-    n: Dim
-    h: Dim
-    w: Dim
-    c: Dim
-    k: Dim
-    r: SmallDim
-    s: SmallDim
-    stride: SmallDim = 1
-    pad: Pad = 0
+    n: Annotated[Dim, _about("batch of input images")]
+    h: Annotated[Dim, _about("input height")]
+    w: Annotated[Dim, _about("input width")]
+    c: Annotated[Dim, _about("input channels")]
+    k: Annotated[Dim, _about("output channels (filters)")]
+    r: Annotated[SmallDim, _about("filter height")]
+    s: Annotated[SmallDim, _about("filter width")]
+    stride: Annotated[SmallDim, _about("stride, both spatial dimensions")] = 1
+    pad: Annotated[Pad, _about("zero padding on each side, both spatial dimensions")] = 0
 
     @model_validator(mode="after")
     def _validate(self) -> Conv2d:
@@ -262,17 +269,17 @@ class Conv3d(_Workload):
     """Conv3D, NDHWC input, KTRSC filter: M=N·O·P·Q, N=K, K=T·R·S·C."""
 
     op: Literal["conv3d"] = "conv3d"
-    n: Dim
-    d: Dim
-    h: Dim
-    w: Dim
-    c: Dim
-    k: Dim
-    t: SmallDim
-    r: SmallDim
-    s: SmallDim
-    stride: SmallDim = 1
-    pad: Pad = 0
+    n: Annotated[Dim, _about("batch of input volumes")]
+    d: Annotated[Dim, _about("input depth")]
+    h: Annotated[Dim, _about("input height")]
+    w: Annotated[Dim, _about("input width")]
+    c: Annotated[Dim, _about("input channels")]
+    k: Annotated[Dim, _about("output channels (filters)")]
+    t: Annotated[SmallDim, _about("filter depth")]
+    r: Annotated[SmallDim, _about("filter height")]
+    s: Annotated[SmallDim, _about("filter width")]
+    stride: Annotated[SmallDim, _about("stride, all three spatial dimensions")] = 1
+    pad: Annotated[Pad, _about("zero padding on each side, all three spatial dimensions")] = 0
 
     @model_validator(mode="after")
     def _validate(self) -> Conv3d:

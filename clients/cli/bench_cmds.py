@@ -352,8 +352,10 @@ def tuner(
     strategies: str = typer.Option(
         "ours", "--strategies", help="names, or ours|peers|all (ours: " + ",".join(STRATEGIES) + ")"
     ),
-    budgets: str = typer.Option("10,20,50,100", "--budgets"),
-    seeds: int = typer.Option(20, "--seeds", min=1),
+    budgets: str = typer.Option(
+        "10,20,50,100", "--budgets", help="comma-separated k of the best-in-k columns"
+    ),
+    seeds: int = typer.Option(20, "--seeds", min=1, help="runs per strategy and dataset"),
     batch: int = typer.Option(
         8,
         "--batch",
@@ -390,7 +392,7 @@ def tuner(
         "unmeasured, believed at their predictions (the service's early proposals)",
     ),
     jobs: int = typer.Option(1, "--jobs", min=1, help="worker processes (results do not change)"),
-    as_json: bool = typer.Option(False, "--json"),
+    as_json: bool = typer.Option(False, "--json", help="print one JSON document"),
 ) -> None:
     """Best-in-k-trials of each strategy, normalised to each dataset's exhaustive best."""
     from pipetune.tuner.bench import bench

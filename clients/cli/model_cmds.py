@@ -219,9 +219,9 @@ def suite_document(name: str, gpu_name: str, profile: Path | None) -> dict:
 @reported
 def suite(
     name: str = typer.Argument("alcop", help="operator suite: alcop, memops or hopper"),
-    gpu: str = typer.Option(DEFAULT_GPU, "--gpu"),
-    profile: Path | None = typer.Option(None, "--profile"),
-    as_json: bool = typer.Option(False, "--json"),
+    gpu: str = typer.Option(DEFAULT_GPU, "--gpu", help="GPU the model predicts for"),
+    profile: Path | None = typer.Option(None, "--profile", help="hardware profile JSON"),
+    as_json: bool = typer.Option(False, "--json", help="print one JSON document"),
 ) -> None:
     """The model's best schedule for every operator of a benchmark suite."""
     doc = suite_document(name, gpu, profile)
@@ -315,7 +315,9 @@ def _print_memops_suite(doc: dict[str, Any], name: str) -> None:
 
 @model_app.command("gpus")
 @reported
-def gpus(as_json: bool = typer.Option(False, "--json")) -> None:
+def gpus(
+    as_json: bool = typer.Option(False, "--json", help="print one JSON document"),
+) -> None:
     """The GPUs the model knows, with the values in use (spec sheet or calibrated profile)."""
     specs = [get_gpu(key).as_dict() for key in gpu_keys()]
     if as_json:

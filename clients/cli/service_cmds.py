@@ -228,8 +228,8 @@ def _launch_when_started(server, start) -> threading.Thread:  # type: ignore[no-
 @reported
 def serve(
     db: str | None = _DB,
-    host: str = typer.Option("127.0.0.1", "--host"),
-    port: int = typer.Option(8000, "--port"),
+    host: str = typer.Option("127.0.0.1", "--host", help="address to listen on"),
+    port: int = typer.Option(8000, "--port", help="TCP port to listen on"),
     local_workers: int = typer.Option(
         0,
         "--local-workers",
@@ -468,7 +468,10 @@ def _schema_state(url: str) -> tuple[str | None, list[str], list[str]]:
 
 @db_app.command("current")
 @reported
-def db_current(db: str | None = _DB, as_json: bool = typer.Option(False, "--json")) -> None:
+def db_current(
+    db: str | None = _DB,
+    as_json: bool = typer.Option(False, "--json", help="print one JSON document"),
+) -> None:
     """The database's schema revision and the newest one this pipetune has (a SQLite file
     that does not exist is not created: its revision is none)."""
     from pipetune.service.migrate import (

@@ -52,7 +52,7 @@ Cols = Annotated[
 class _RowWorkload(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    dtype: Literal["float16"] = "float16"
+    dtype: Literal["float16"] = Field("float16", description="element type of input and output")
     rows: Rows
     cols: Cols
 
