@@ -8,10 +8,15 @@ from typing import Any
 
 from rich.console import Console
 
-# Tables are read whole: never squeeze columns to 80 characters when piped. No markup: what
-# is printed holds data from workers, datasets and errors ("cupy:[/]" as a runner ended
-# `pipetune tasks` in a MarkupError); a style is given as rich Text, never in brackets.
-console = Console(width=max(Console().width, 140), markup=False)
+# Tables are read whole: never squeeze columns to 80 characters. Piped (a file, `| grep`),
+# each line as long as it is: at a fixed 140 the widest tables wrapped cells over several
+# lines (a workload, a timestamp split in two), which a line-by-line reader cannot put back.
+# No markup: what is printed holds data from workers, datasets and errors ("cupy:[/]" as a
+# runner ended `pipetune tasks` in a MarkupError); a style is given as rich Text, never in
+# brackets.
+PIPED_WIDTH = 100_000
+_probe = Console()
+console = Console(width=max(_probe.width, 140) if _probe.is_terminal else PIPED_WIDTH, markup=False)
 # Progress and notes beside a result: stderr, so that --json keeps stdout a document.
 stderr_console = Console(stderr=True, markup=False)
 
