@@ -79,6 +79,7 @@ from pipetune.service.orm import JobRow, LeaseRow, TaskRow, WorkloadRow
 from pipetune.service.priors import (
     LearnedPick,
     PriorError,
+    TaskSummaries,
     check_prior_task,
     check_strategy,
     default_learned_tasks,
@@ -376,6 +377,8 @@ class Driver:
         self._learned_models: OrderedDict[tuple[tuple[int, ...], str], LearnedModel] = OrderedDict()
         # POST /v1/schedules' learned picks, each with when it expires (learned_pick).
         self._picks: OrderedDict[tuple[str, str], tuple[float, LearnedPick | None]] = OrderedDict()
+        # What finding the tasks to learn from reads of each finished task (priors.py).
+        self._summaries = TaskSummaries()
         self._workloads: dict[int, Any] = {}
         # Schedules read back from job rows, by (family, document): frozen, so shareable.
         self._parsed: dict[tuple[str, Any], Any] = {}  # (family, document) -> schedule
@@ -444,9 +447,10 @@ class Driver:
         """The schedule a learned prior picks for a workload nothing measured yet, where its
         family learns by default (priors.learned_pick), with the tasks' cached cost model,
         other than the schedules of `excluding` (seen to fail on the GPU).
-        The answer is kept for LOOKUP_TTL_S: finding the tasks to learn from is a query over
-        every finished task's jobs, several times the cost of the rest of a lookup, and a
-        lookup may lag a newly finished task by that long."""
+        The answer is kept for LOOKUP_TTL_S: finding the tasks to learn from reads the jobs
+        of the tasks finished since the last time (priors.TaskSummaries) and the pick predicts
+        a whole space, several times the cost of the rest of a lookup, and a lookup may lag a
+        newly finished task by that long."""
         key = (workload.workload_hash, gpu, excluding)
         now = time.monotonic()
         with self._spaces_lock:
@@ -461,6 +465,7 @@ class Driver:
                 lambda: self._space(workload, gpu)[0],
                 lambda ids, space: self._learned_prior(ids, workload, gpu, space),
                 excluding,
+                self._summaries,
             )
         with self._spaces_lock:
             self._picks[key] = (now + LOOKUP_TTL_S, pick)
@@ -625,7 +630,14 @@ class Driver:
 
     def _learned_from(self, body: TaskCreate, where: tuple[str, ...]) -> tuple[int, ...]:
         """The tasks a learned prior reads (recorded on the task: replicas rebuild from them)."""
-        return tuple(self._read_prior(body, where, "learned_prior", learned_tasks))
+        return tuple(
+            self._read_prior(
+                body,
+                where,
+                "learned_prior",
+                lambda conn, workload, gpu: learned_tasks(conn, workload, gpu, self._summaries),
+            )
+        )
 
     def _learned_by_default(self, body: TaskCreate) -> tuple[int, ...] | None:
         """A task that says nothing of a learned prior gets one where its family learns by
@@ -639,7 +651,7 @@ class Driver:
             return None
         try:
             with self.db.read_conn() as conn:
-                return tuple(default_learned_tasks(conn, body.workload, body.gpu))
+                return tuple(default_learned_tasks(conn, body.workload, body.gpu, self._summaries))
         except PriorError:
             return None
 

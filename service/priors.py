@@ -17,6 +17,7 @@ many tasks have finished since.
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -205,7 +206,63 @@ def prior_from_task(conn: Connection, prior_task: int, space: FamilySpace) -> Pr
 MAX_LEARNED_TASKS = 100
 
 
-def learned_tasks(conn: Connection, workload: Any, gpu: str) -> list[int]:
+@dataclass(frozen=True)
+class _RevisionCount:
+    revision: int
+    ok: int  # successful trials of that generator revision
+    simulated: bool  # a result of the task (of any status) not measured on a GPU
+
+
+class TaskSummaries:
+    """What `learned_tasks` reads of a finished task's jobs: per generator revision, its
+    successes and whether a result was not measured on a GPU. Kept once read (a finished
+    task's jobs never change): reading every job of every finished task took 1.0-1.2 s a call
+    at 2.25 M jobs (PostgreSQL and SQLite alike), on every task created with a default
+    strategy and every schedule lookup of a new shape; now a call reads only the tasks
+    finished since the last. One per Driver (per database); bounded."""
+
+    MAX_TASKS = 200_000
+    CHUNK = 500  # task ids per statement (SQLite's bound on parameters)
+
+    def __init__(self) -> None:
+        self._by_task: dict[int, tuple[_RevisionCount, ...]] = {}
+        self._lock = threading.Lock()
+
+    def of(self, conn: Connection, task_ids: list[int]) -> dict[int, tuple[_RevisionCount, ...]]:
+        """The summaries of finished tasks (a task without a result has none: left out)."""
+        with self._lock:
+            known = {t: self._by_task[t] for t in task_ids if t in self._by_task}
+        missing = [t for t in task_ids if t not in known]
+        # Lost jobs (no status) measured nothing and are not asked.
+        revision = func.coalesce(JobRow.generator_revision, FIRST_REVISION)
+        read: dict[int, list[_RevisionCount]] = {t: [] for t in missing}
+        for at in range(0, len(missing), self.CHUNK):
+            rows = conn.execute(
+                select(
+                    JobRow.task_id,
+                    revision.label("revision"),
+                    func.count().filter(JobRow.status == "ok").label("ok"),
+                    func.max(case((_not_measured(), 1), else_=0)).label("simulated"),
+                )
+                .where(
+                    JobRow.task_id.in_(missing[at : at + self.CHUNK]),
+                    JobRow.status.is_not(None),
+                )
+                .group_by(JobRow.task_id, revision)
+            )
+            for r in rows:
+                read[r.task_id].append(_RevisionCount(r.revision, r.ok, bool(r.simulated)))
+        with self._lock:
+            if len(self._by_task) + len(read) > self.MAX_TASKS:
+                self._by_task.clear()
+            for task, counts in read.items():
+                self._by_task[task] = known[task] = tuple(counts)
+        return {t: known[t] for t in task_ids if known[t]}
+
+
+def learned_tasks(
+    conn: Connection, workload: Any, gpu: str, summaries: TaskSummaries | None = None
+) -> list[int]:
     """The tasks a learned prior for `workload` on `gpu` reads, in id order: finished tasks
     of the same kernel family with a successful trial, every result of which was measured on
     a GPU (no simulated or replayed-simulated runner, which would teach the analytical model
@@ -214,48 +271,36 @@ def learned_tasks(conn: Connection, workload: Any, gpu: str) -> list[int]:
     newest revision measured count, and only those trials rank them: the prior leaves the
     older revisions out (tuner.learned_prior.current_measurements), and a task of kernels that
     no longer exist must not take a place of the MAX_LEARNED_TASKS from one it can learn
-    from. PriorError when there is none."""
+    from. PriorError when there is none. `summaries`: the finished tasks' summaries kept
+    from earlier calls (none: read them all)."""
     fam = family_of(workload)
     target = fam.op_generator_revision(workload.op)
     line_ops = fam.line_ops(target.line)
     succeeded = TaskRow.trials_done - TaskRow.trials_failed
-    # Lost jobs (no status) measured nothing and are not asked.
-    simulated = _not_measured()
-    revision = func.coalesce(JobRow.generator_revision, FIRST_REVISION)
-    # One pass over the candidates' jobs, per task and revision (a few rows per task): which
-    # tasks have a result that was not measured, and the successes of each revision. On
-    # PostgreSQL over 28 imported sweeps (63,200 jobs) a call takes 45-51 ms, where the NOT
-    # EXISTS alone (before revisions counted) took 20-22 and three statements (that, the
-    # newest revision, a count per task) 54-57: once per task created, beside a model fit.
-    groups = conn.execute(
-        select(
-            TaskRow.id,
-            WorkloadRow.op,
-            succeeded.label("succeeded"),
-            revision.label("revision"),
-            func.count().filter(JobRow.status == "ok").label("ok"),
-            func.max(case((simulated, 1), else_=0)).label("simulated"),
-        )
+    candidates = conn.execute(
+        select(TaskRow.id, WorkloadRow.op, succeeded.label("succeeded"))
         .join(WorkloadRow, TaskRow.workload_id == WorkloadRow.id)
-        .join(JobRow, JobRow.task_id == TaskRow.id)
         .where(
             WorkloadRow.op.in_(sorted(fam.ops)),
             TaskRow.state.in_(FINAL_TASK_STATES),
             succeeded > 0,
             not_(and_(WorkloadRow.hash == workload.workload_hash, TaskRow.gpu == gpu)),
-            JobRow.status.is_not(None),
         )
-        .group_by(TaskRow.id, WorkloadRow.op, TaskRow.trials_done, TaskRow.trials_failed, revision)
     ).all()
-    not_measured = {g.id for g in groups if g.simulated}
-    measured = [g for g in groups if g.id not in not_measured]
-    newest = max((g.revision for g in measured if g.op in line_ops), default=None)
+    counts = (summaries or TaskSummaries()).of(conn, [c.id for c in candidates])
+    # Tasks with a result not measured on a GPU are left out whole.
+    measured = [
+        c for c in candidates if c.id in counts and not any(r.simulated for r in counts[c.id])
+    ]
+    newest = max(
+        (r.revision for c in measured if c.op in line_ops for r in counts[c.id]), default=None
+    )
     learnable: dict[int, int] = {}
-    for g in measured:
-        if g.op in line_ops:
-            learnable[g.id] = learnable.get(g.id, 0) + (g.ok if g.revision == newest else 0)
+    for c in measured:
+        if c.op in line_ops:
+            learnable[c.id] = sum(r.ok for r in counts[c.id] if r.revision == newest)
         else:
-            learnable[g.id] = g.succeeded
+            learnable[c.id] = c.succeeded
     ranked = sorted(((n, task) for task, n in learnable.items() if n > 0), reverse=True)
     found = [task for _, task in ranked[:MAX_LEARNED_TASKS]]
     if not found:
@@ -277,10 +322,12 @@ def learned_tasks(conn: Connection, workload: Any, gpu: str) -> list[int]:
 MIN_DEFAULT_SHAPES = 8
 
 
-def default_learned_tasks(conn: Connection, workload: Any, gpu: str) -> list[int]:
+def default_learned_tasks(
+    conn: Connection, workload: Any, gpu: str, summaries: TaskSummaries | None = None
+) -> list[int]:
     """`learned_tasks`, where they hold at least MIN_DEFAULT_SHAPES distinct workloads:
     what a task learns from when it said nothing of a learned prior. PriorError otherwise."""
-    found = learned_tasks(conn, workload, gpu)
+    found = learned_tasks(conn, workload, gpu, summaries)
     shapes = conn.scalar(
         select(func.count(func.distinct(TaskRow.workload_id))).where(TaskRow.id.in_(found))
     )
@@ -375,6 +422,7 @@ def learned_pick(
     space_of: Callable[[], FamilySpace],
     prior_of: Callable[[tuple[int, ...], FamilySpace], PriorMean],
     excluding: frozenset[str] = frozenset(),
+    summaries: TaskSummaries | None = None,
 ) -> LearnedPick | None:
     """Where the workload's family learns by default and measured tasks to learn from exist,
     the pick of the prior they teach (`prior_of(task ids, space)` over the workload's space,
@@ -388,7 +436,7 @@ def learned_pick(
     if not fam.learns_by_default:
         return None
     try:
-        task_ids = tuple(default_learned_tasks(conn, workload, gpu))
+        task_ids = tuple(default_learned_tasks(conn, workload, gpu, summaries))
         space = space_of()
         if len(space) == 0:
             return None
