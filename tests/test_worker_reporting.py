@@ -610,3 +610,32 @@ def test_a_log_that_cannot_be_written_does_not_stop_the_work():
     worker.log = log
     _report(worker, [_job(i) for i in range(1, 4)])
     assert api.batches == [[1, 2, 3]] and worker._busy == 0
+
+
+def test_result_retry_counts_from_the_start_of_the_outage_for_every_report():
+    """Draining through an outage, each batch of results got its own --result-retry (900 s):
+    a worker stopped with several batches in hand took a multiple of it to exit. The outage
+    now has one clock: a batch reported after the others gave up tries once."""
+    from pipetune.clients.sdk import ServiceUnavailableError
+
+    class Down(FakeApi):
+        def __init__(self) -> None:
+            super().__init__()
+            self.attempts = 0
+
+        def post_results_and_lease(self, worker_id, results, max_jobs=0):  # type: ignore[no-untyped-def]
+            self.attempts += 1
+            raise ServiceUnavailableError("http://fake", "connection refused")
+
+    api = Down()
+    worker, _ = _worker(api, result_retry_s=0.3)
+    worker._report_batch(api, [(_job(1), OK)])  # type: ignore[arg-type]
+    first = api.attempts
+    assert first >= 2 and worker.counts["unreported"] == 1  # retried, then gave up
+    worker._report_batch(api, [(_job(2), OK)])  # type: ignore[arg-type]
+    assert api.attempts == first + 1 and worker.counts["unreported"] == 2
+    # A report that goes through ends the outage: the next one has the whole time again.
+    worker._report_batch(FakeApi(), [(_job(3), OK)])  # type: ignore[arg-type]
+    assert worker._reports_failing_since is None
+    worker._report_batch(api, [(_job(4), OK)])  # type: ignore[arg-type]
+    assert api.attempts >= first + 3

@@ -78,7 +78,10 @@ def worker(
         60.0, "--register-timeout", help="seconds to keep trying to reach the service at start"
     ),
     result_retry_s: float = typer.Option(
-        900.0, "--result-retry", help="seconds to keep retrying a result while the service is down"
+        900.0,
+        "--result-retry",
+        help="seconds to keep retrying results while the service is down (one clock for the "
+        "whole outage: results reported after that are tried once)",
     ),
     trial_timeout_s: float = typer.Option(
         60.0,

@@ -117,6 +117,10 @@ class Worker:
         # The leases held (job id -> lease token): leased and not yet reported. Heartbeats
         # list them, and the service extends only those (wire.Heartbeat says why).
         self._held: dict[int, HeldTerm] = {}
+        # Since when the reporter's requests have failed without a success between (None:
+        # the last one went through). --result-retry counts from there for every report: a
+        # worker draining several batches through an outage gave each its own 900 s.
+        self._reports_failing_since: float | None = None
         # Held jobs whose leases the service says are no longer this worker's (a heartbeat's
         # `gone`: the task cancelled, the lease moved): not measured if not started yet.
         self._gone: set[int] = set()
@@ -664,6 +668,17 @@ class Worker:
                 self._count("unreported")
                 self.log.error("report_failed", job=job.job_id, msg=f"{type(exc).__name__}: {exc}")
 
+    def _result_retry_left(self) -> float:
+        """Seconds the reporter may still retry: --result-retry less the outage so far."""
+        since = self._reports_failing_since
+        if since is None:
+            return self.config.result_retry_s
+        return max(0.0, self.config.result_retry_s - (time.monotonic() - since))
+
+    def _reports_failing(self) -> None:
+        if self._reports_failing_since is None:
+            self._reports_failing_since = time.monotonic()
+
     def _report_batch(self, api: WorkerApi, items: list[tuple[JobLease, MeasureResult]]) -> None:
         assert self.worker_id is not None
         worker_id = self.worker_id
@@ -674,6 +689,7 @@ class Worker:
 
         def on_retry(attempt: int, exc: BaseException, wait_s: float) -> None:
             self._reregister.set()
+            self._reports_failing()
             if self._throttle("report", time.monotonic()) or attempt == 1:
                 self.log.warning(
                     "report_retry",
@@ -704,16 +720,21 @@ class Worker:
         try:
             acks = call_with_retries(
                 post_all,
-                give_up_after_s=self.config.result_retry_s,
+                give_up_after_s=self._result_retry_left(),
                 abort=self._abort,
                 on_retry=on_retry,
                 transient=TRANSIENT_REGISTERED,
             )
+            self._reports_failing_since = None
         except TRANSIENT_REGISTERED as exc:
+            self._reports_failing()
             for job, _ in items:
                 self._count("unreported")
                 self.log.error("report_gave_up", job=job.job_id, msg=str(exc))
             return
+        except ApiError:  # (the service answered: it is up)
+            self._reports_failing_since = None
+            raise
         finally:
             if leased:  # whatever became of the report, these jobs are the worker's
                 self.log.event("leased", "debug", jobs=len(leased), with_report=True)
@@ -734,6 +755,7 @@ class Worker:
 
         def on_retry(attempt: int, exc: BaseException, wait_s: float) -> None:
             self._reregister.set()
+            self._reports_failing()
             if self._throttle(f"report-{job.job_id}", time.monotonic()) or attempt == 1:
                 self.log.warning(
                     "report_retry", job=job.job_id, attempt=attempt, retry_in_s=wait_s, msg=str(exc)
@@ -742,16 +764,19 @@ class Worker:
         try:
             ack = call_with_retries(
                 lambda: api.post_result(job.job_id, body),
-                give_up_after_s=self.config.result_retry_s,
+                give_up_after_s=self._result_retry_left(),
                 abort=self._abort,
                 on_retry=on_retry,
                 transient=TRANSIENT_REGISTERED,
             )
+            self._reports_failing_since = None
         except TRANSIENT_REGISTERED as exc:
+            self._reports_failing()
             self._count("unreported")
             self.log.error("report_gave_up", job=job.job_id, msg=str(exc))
             return
         except ApiError as exc:
+            self._reports_failing_since = None  # (the service answered: it is up)
             self._count("refused")
             self.log.error("report_refused", job=job.job_id, status=exc.status_code, msg=exc.reason)
             return
