@@ -222,7 +222,7 @@ class TaskSummaries:
     finished since the last. One per Driver (per database); bounded."""
 
     MAX_TASKS = 200_000
-    CHUNK = 500  # task ids per statement (SQLite's bound on parameters)
+    CHUNK = 500  # more tasks to read than this: all finished tasks in one pass
 
     def __init__(self) -> None:
         self._by_task: dict[int, tuple[_RevisionCount, ...]] = {}
@@ -233,30 +233,35 @@ class TaskSummaries:
         with self._lock:
             known = {t: self._by_task[t] for t in task_ids if t in self._by_task}
         missing = [t for t in task_ids if t not in known]
+        if not missing:
+            return {t: known[t] for t in task_ids if known[t]}
         # Lost jobs (no status) measured nothing and are not asked.
         revision = func.coalesce(JobRow.generator_revision, FIRST_REVISION)
         read: dict[int, list[_RevisionCount]] = {t: [] for t in missing}
-        for at in range(0, len(missing), self.CHUNK):
-            rows = conn.execute(
-                select(
-                    JobRow.task_id,
-                    revision.label("revision"),
-                    func.count().filter(JobRow.status == "ok").label("ok"),
-                    func.max(case((_not_measured(), 1), else_=0)).label("simulated"),
-                )
-                .where(
-                    JobRow.task_id.in_(missing[at : at + self.CHUNK]),
-                    JobRow.status.is_not(None),
-                )
-                .group_by(JobRow.task_id, revision)
+        summary = select(
+            JobRow.task_id,
+            revision.label("revision"),
+            func.count().filter(JobRow.status == "ok").label("ok"),
+            func.max(case((_not_measured(), 1), else_=0)).label("simulated"),
+        ).where(JobRow.status.is_not(None))
+        if len(missing) > self.CHUNK:
+            # Many (the first call of a replica): one pass over every finished task's jobs
+            # is cheaper than looking them up task by task (1.0 against 1.8 s at 2.25 M
+            # jobs), and every finished task is kept (they never change).
+            summary = summary.join(TaskRow, TaskRow.id == JobRow.task_id).where(
+                TaskRow.state.in_(FINAL_TASK_STATES)
             )
-            for r in rows:
-                read[r.task_id].append(_RevisionCount(r.revision, r.ok, bool(r.simulated)))
+        else:
+            summary = summary.where(JobRow.task_id.in_(missing))
+        for r in conn.execute(summary.group_by(JobRow.task_id, revision)):
+            counts = read.setdefault(r.task_id, [])
+            counts.append(_RevisionCount(r.revision, r.ok, bool(r.simulated)))
         with self._lock:
             if len(self._by_task) + len(read) > self.MAX_TASKS:
                 self._by_task.clear()
             for task, counts in read.items():
-                self._by_task[task] = known[task] = tuple(counts)
+                self._by_task[task] = tuple(counts)
+            known.update({t: self._by_task[t] for t in missing})
         return {t: known[t] for t in task_ids if known[t]}
 
 

@@ -331,7 +331,10 @@ def test_a_default_learned_prior_needs_enough_measured_shapes(db_url, monkeypatc
         assert pick.json()["learned_from"] == sorted(measured)
 
 
-def test_finding_the_tasks_to_learn_from_reads_each_finished_tasks_jobs_once(db_url):
+@pytest.mark.parametrize("chunk", [500, 1])  # (1: the first call reads in one pass)
+def test_finding_the_tasks_to_learn_from_reads_each_finished_tasks_jobs_once(
+    db_url, chunk, monkeypatch
+):
     """`learned_tasks` read every job of every finished task on each call: 1.0-1.2 s at
     2.25 M jobs, on every task created with a default strategy. A finished task's jobs never
     change: with the driver's summaries a call reads only the tasks finished since the last,
@@ -340,6 +343,7 @@ def test_finding_the_tasks_to_learn_from_reads_each_finished_tasks_jobs_once(db_
 
     from pipetune.service.db import Database
 
+    monkeypatch.setattr(priors.TaskSummaries, "CHUNK", chunk)
     first = _measured_corpus(db_url)
     db = Database(db_url, 2)
     job_reads: list[tuple[str, object]] = []
