@@ -131,3 +131,53 @@ def test_stop_then_call_starts_a_new_child_and_close_is_final():
 def test_exit_descriptions():
     assert describe_exit(-9) == "killed by signal SIGKILL"
     assert describe_exit(2) == "exit code 2"
+
+
+# A parent that starts a child, sends it a call that never returns, and says so.
+_HANGING_PARENT = """
+import os, sys, time
+from pipetune.workers.runners.isolation import IsolatedWorker
+w = IsolatedWorker()
+print(w.call(os.getpid, timeout_s=60).value, flush=True)
+print("calling", flush=True)
+w.call(time.sleep, 600, timeout_s=600)
+"""
+
+
+def _running(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc"), reason="reads /proc")
+def test_a_child_ends_with_its_parent_even_when_the_parent_is_killed_mid_call():
+    """daemon=True stops the child only at an orderly exit: a worker killed with SIGKILL (the
+    OOM killer, `kill -9`) during a hanging trial left its child (and the child's resource
+    tracker) running, re-parented to init, for as long as the hang lasted: an hour for a
+    simulated hang, for ever for a kernel that never finishes, holding its GPU."""
+    import signal
+    import subprocess
+    import sys
+
+    parent = subprocess.Popen(
+        [sys.executable, "-c", _HANGING_PARENT], stdout=subprocess.PIPE, text=True
+    )
+    try:
+        child = int(parent.stdout.readline())
+        assert parent.stdout.readline().strip() == "calling"
+        time.sleep(1.0)  # the call is sent: the child sleeps in it, not in recv()
+        assert _running(child)
+        parent.send_signal(signal.SIGKILL)
+        parent.wait(30)
+        deadline = time.monotonic() + 30
+        while _running(child) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert not _running(child), "the child outlived its killed parent"
+    finally:
+        parent.kill()
+        parent.wait()
+        if _running(child):
+            os.kill(child, signal.SIGKILL)

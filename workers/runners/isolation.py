@@ -21,7 +21,9 @@ from __future__ import annotations
 
 import contextlib
 import multiprocessing as mp
+import os
 import signal
+import threading
 import time
 import traceback
 from collections.abc import Callable
@@ -31,6 +33,7 @@ from types import TracebackType
 from typing import Any, Literal, Self
 
 OutcomeKind = Literal["ok", "error", "crashed", "timeout"]
+PARENT_GONE_EXIT = 70  # the child's exit code when it ended because its parent died
 
 
 class WorkerStartError(RuntimeError):
@@ -65,9 +68,26 @@ def _describe(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {exc}"
 
 
+def _exit_with_parent() -> None:
+    """In the child, a thread's body: end the process as soon as the parent is gone.
+
+    ``daemon=True`` stops the child only at the parent's orderly exit, and a child waiting in
+    ``recv()`` ends on its own at EOF; a child in a call that never returns (a hung kernel, a
+    simulated hang) did not: a worker killed with SIGKILL left it running, re-parented to
+    init, with its resource tracker and its GPU, for as long as the hang lasted. The parent
+    process's sentinel (the spawn pipe's other end, closed only when the parent dies) wakes
+    this thread."""
+    parent = mp.parent_process()
+    if parent is None:  # (not a multiprocessing child)
+        return
+    parent.join()
+    os._exit(PARENT_GONE_EXIT)
+
+
 def _child_main(
     conn: Connection, initializer: Callable[..., Any] | None, initargs: tuple[Any, ...]
 ) -> None:
+    threading.Thread(target=_exit_with_parent, name="pipetune-parent-watch", daemon=True).start()
     # The parent decides when the child stops (a message, or SIGKILL past a timeout). A
     # Ctrl-C, or a service manager's SIGTERM to the whole process group, reached the child
     # too and killed the trial in flight, which was then reported as a runtime error while
