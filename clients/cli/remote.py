@@ -46,11 +46,11 @@ if TYPE_CHECKING:
     from pipetune.clients.library.store import Reader
 
 _KW = inspect.Parameter.KEYWORD_ONLY
-SERVER_HELP = f"the pipetune service (env {SERVER_ENV})"
-API_KEY_HELP = f"API key, sent as X-API-Key (env {API_KEY_ENV})"
+# (--help shows each option's environment variable itself: "[env var: ...]".)
+SERVER_HELP = "the pipetune service"
+API_KEY_HELP = "API key, sent as X-API-Key"
 READ_SERVER_HELP = (
-    f"the pipetune service (env {SERVER_ENV}); without one, the local database is read "
-    "directly (no service needed)"
+    "the pipetune service; without one, the local database is read directly (no service needed)"
 )
 DB_HELP = (
     "read this database directly (default: the one `pipetune serve` uses: "

@@ -38,8 +38,7 @@ def worker(
         None,
         "--token",
         envvar=TOKEN_ENV,
-        help=f"worker token (env {TOKEN_ENV}; default: the one `pipetune serve` generated "
-        "on this machine, if any)",
+        help="worker token (default: the one `pipetune serve` generated on this machine, if any)",
     ),
     runner: str = typer.Option(
         "cupy",
