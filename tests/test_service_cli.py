@@ -23,7 +23,7 @@ from pipetune.model.trials import MeasureResult
 from pipetune.model.workloads import parse_workload
 from pipetune.service.db import Database
 from pipetune.service.local_workers import assign_gpus, stop_workers, worker_command
-from pipetune.service.migrate import head_revision
+from pipetune.service.migrate import head_revision, upgrade
 from pipetune.service.orm import ReferenceOptimumRow, WorkloadRow
 from pipetune.workers.datasets import dataset_from_results, write_t4
 
@@ -45,6 +45,21 @@ def test_db_upgrade_and_current(tmp_path):
     assert after["current"] == head_revision() and after["up_to_date"] is True
     text = runner.invoke(app, ["db", "current", "--db", url])
     assert "up to date" in text.output
+
+
+def test_db_current_check_exits_1_unless_the_database_is_up_to_date(tmp_path):
+    """`db current` exited 0 whatever it found: a deploy script had to parse its JSON to
+    know whether to run `db upgrade`. With --check it exits 1 unless up to date."""
+    url = f"sqlite:///{tmp_path / 'check.db'}"
+    missing = runner.invoke(app, ["db", "current", "--db", url, "--check"])
+    assert missing.exit_code == 1 and "no database file" in missing.output
+    upgrade(url, "0001")
+    behind = runner.invoke(app, ["db", "current", "--db", url, "--check", "--json"])
+    assert behind.exit_code == 1 and json.loads(behind.output)["state"] == "behind"
+    assert runner.invoke(app, ["db", "current", "--db", url]).exit_code == 0  # (no --check)
+    assert runner.invoke(app, ["db", "upgrade", "--db", url]).exit_code == 0
+    current = runner.invoke(app, ["db", "current", "--db", url, "--check"])
+    assert current.exit_code == 0 and "up to date" in current.output
 
 
 def test_db_import_optimum_records_the_sweeps_best(tmp_path):

@@ -471,6 +471,12 @@ def _schema_state(url: str) -> tuple[str | None, list[str], list[str]]:
 def db_current(
     db: str | None = _DB,
     as_json: bool = typer.Option(False, "--json", help="print one JSON document"),
+    check: bool = typer.Option(
+        False,
+        "--check",
+        help="exit 1 unless the database is up to date (behind, missing, newer or not "
+        "pipetune's): for a deploy script to run before `serve`",
+    ),
 ) -> None:
     """The database's schema revision and the newest one this pipetune has (a SQLite file
     that does not exist is not created: its revision is none)."""
@@ -502,6 +508,12 @@ def db_current(
         doc["state"] = "newer" if problem else "behind"
     if tables:
         doc["other_tables"] = tables
+    _show_current(doc, missing, problem, as_json)
+    if check and not doc["up_to_date"]:
+        raise typer.Exit(1)  # (what is wrong is printed above)
+
+
+def _show_current(doc: dict, missing: Any, problem: str | None, as_json: bool) -> None:
     if as_json:
         print_json(doc)
         return
