@@ -8,6 +8,7 @@ own errors."""
 from __future__ import annotations
 
 import itertools
+import time
 
 import httpx
 import pytest
@@ -82,6 +83,20 @@ def test_wait_gives_up_on_failures_past_its_deadline_or_its_patience(monkeypatch
     refused = httpx.Response(404, json={"detail": "task 1 does not exist"})
     with pytest.raises(NotFoundError, match="does not exist"):  # a 4xx is an answer: at once
         _client(lambda look: refused).wait(1, poll_s=0.001)
+
+
+def test_wait_gives_up_at_its_deadline_when_poll_s_is_longer():
+    """A poll_s longer than timeout_s: the last look is at the deadline, not a whole poll_s
+    past it (it slept poll_s and raised then, saying "after {timeout_s} s")."""
+    running = httpx.Response(200, json=TASK)
+    started = time.monotonic()
+    with pytest.raises(WaitTimeoutError, match=r"still running after 0\.1 s"):
+        _client(lambda look: running).wait(1, poll_s=3.0, timeout_s=0.1)
+    assert time.monotonic() - started < 1.5
+    started = time.monotonic()  # the same through failed looks
+    with pytest.raises(ServerError):
+        _client(lambda look: OUTAGE).wait(1, poll_s=3.0, timeout_s=0.1)
+    assert time.monotonic() - started < 1.5
 
 
 def test_healthz_of_something_that_is_not_the_service_is_a_protocol_error():

@@ -111,6 +111,14 @@ def seconds_argument(argument: str, value: object, *, zero_ok: bool = False) -> 
     return float(value)  # type: ignore[arg-type]  # a real number: seconds_problem
 
 
+def _pause(poll_s: float, deadline: float | None) -> float:
+    """How long Client.wait sleeps before its next look: `poll_s`, but never past its
+    deadline (a poll_s longer than timeout_s would otherwise give up poll_s late)."""
+    if deadline is None:
+        return poll_s
+    return max(0.0, min(poll_s, deadline - time.monotonic()))
+
+
 def _body(model: BaseModel) -> dict[str, Any]:
     return model.model_dump(mode="json", exclude_none=True)
 
@@ -286,7 +294,7 @@ class Client:
                 past_deadline = deadline is not None and now >= deadline
                 if past_deadline or now - failing_since >= WAIT_THROUGH_S:
                     raise
-                time.sleep(poll_s)
+                time.sleep(_pause(poll_s, deadline))
                 continue
             failing_since = None
             if progress is not None and (last is None or doc != last):
@@ -296,7 +304,7 @@ class Client:
                 return doc
             if deadline is not None and time.monotonic() >= deadline:
                 raise WaitTimeoutError(task_id, timeout_s or 0.0, doc.state)
-            time.sleep(poll_s)
+            time.sleep(_pause(poll_s, deadline))
 
     def workers(self) -> list[WorkerDoc]:
         """The registered workers (name, GPU, arch, runner, last heartbeat)."""
