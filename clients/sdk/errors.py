@@ -7,6 +7,7 @@
 - WaitTimeoutError: Client.wait() gave up before the task finished.
 - InvalidArgumentError: an argument the SDK cannot send (refused before any request).
 - RequestBuildError: httpx could not build the request (e.g. an illegal header); nothing sent.
+- ClientClosedError: a call on a Client (or WorkerApi) after close() or its `with` block.
 
 The last two are also ValueErrors: the caller passed something wrong.
 """
@@ -51,6 +52,11 @@ class RequestBuildError(PipetuneError, ValueError):
     """httpx refused to build the request (an illegal header, say): nothing was sent, so the
     service was never tried. Not a ServiceUnavailableError, which would send one looking for
     a network fault."""
+
+
+class ClientClosedError(PipetuneError, RuntimeError):
+    """A call on a client after its close() (or after its `with` block): nothing was sent.
+    Also a RuntimeError, which is what httpx raised for it before."""
 
 
 class ApiError(PipetuneError):

@@ -12,6 +12,7 @@ from pydantic import BaseModel, ValidationError
 
 from pipetune.clients.sdk.errors import (
     ApiError,
+    ClientClosedError,
     ProtocolError,
     RequestBuildError,
     ServiceUnavailableError,
@@ -154,6 +155,11 @@ class Http:
         params: dict[str, Any] | None = None,
         timeout_s: float | None = None,
     ) -> httpx.Response:
+        if self._client.is_closed:  # (httpx's RuntimeError is no PipetuneError)
+            raise ClientClosedError(
+                f"{method} {path}: this client of {self.base_url} is closed (close() or the "
+                "end of its `with` block); make a new one"
+            )
         kwargs: dict[str, Any] = {}
         if timeout_s is not None:
             kwargs["timeout"] = timeout_s
