@@ -90,8 +90,9 @@ def test_wait_gives_up_at_its_deadline_when_poll_s_is_longer():
     past it (it slept poll_s and raised then, saying "after {timeout_s} s")."""
     running = httpx.Response(200, json=TASK)
     started = time.monotonic()
-    with pytest.raises(WaitTimeoutError, match=r"still running after 0\.1 s"):
+    with pytest.raises(WaitTimeoutError, match=r"still running after 0\.1 s") as late:
         _client(lambda look: running).wait(1, poll_s=3.0, timeout_s=0.1)
+    assert (late.value.task_id, late.value.timeout_s, late.value.state) == (1, 0.1, "running")
     assert time.monotonic() - started < 1.5
     started = time.monotonic()  # the same through failed looks
     with pytest.raises(ServerError):

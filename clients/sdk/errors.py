@@ -36,6 +36,7 @@ class WaitTimeoutError(PipetuneError):
     def __init__(self, task_id: int, timeout_s: float, state: str):
         super().__init__(f"task {task_id} is still {state} after {timeout_s:g} s")
         self.task_id = task_id
+        self.timeout_s = timeout_s
         self.state = state
 
 
