@@ -233,8 +233,12 @@ class TaskSummaries:
         with self._lock:
             known = {t: self._by_task[t] for t in task_ids if t in self._by_task}
         missing = [t for t in task_ids if t not in known]
-        if not missing:
-            return {t: known[t] for t in task_ids if known[t]}
+        if missing:
+            known.update(self._read(conn, missing))
+        return {t: known[t] for t in task_ids if known[t]}
+
+    def _read(self, conn: Connection, missing: list[int]) -> dict[int, tuple[_RevisionCount, ...]]:
+        """The summaries of `missing` (finished tasks), read and kept."""
         # Lost jobs (no status) measured nothing and are not asked.
         revision = func.coalesce(JobRow.generator_revision, FIRST_REVISION)
         read: dict[int, list[_RevisionCount]] = {t: [] for t in missing}
@@ -254,15 +258,15 @@ class TaskSummaries:
         else:
             summary = summary.where(JobRow.task_id.in_(missing))
         for r in conn.execute(summary.group_by(JobRow.task_id, revision)):
-            counts = read.setdefault(r.task_id, [])
-            counts.append(_RevisionCount(r.revision, r.ok, bool(r.simulated)))
+            read.setdefault(r.task_id, []).append(
+                _RevisionCount(r.revision, r.ok, bool(r.simulated))
+            )
+        kept = {task: tuple(counts) for task, counts in read.items()}
         with self._lock:
-            if len(self._by_task) + len(read) > self.MAX_TASKS:
+            if len(self._by_task) + len(kept) > self.MAX_TASKS:
                 self._by_task.clear()
-            for task, counts in read.items():
-                self._by_task[task] = tuple(counts)
-            known.update({t: self._by_task[t] for t in missing})
-        return {t: known[t] for t in task_ids if known[t]}
+            self._by_task.update(kept)
+        return kept
 
 
 def learned_tasks(

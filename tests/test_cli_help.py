@@ -5,6 +5,7 @@ the workload models' field descriptions, which the API schema shows too)."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from typing import Any
 
 import typer
@@ -12,45 +13,33 @@ import typer
 from pipetune.clients.cli.main import app
 
 
-def _options_without_help(command: Any, path: str) -> list[str]:
-    # (Duck-typed: typer carries its own copy of click's classes.)
+def _options(command: Any, path: str = "pipetune") -> Iterator[tuple[str, Any]]:
+    """Every visible option of every command under `command`, with the command's path.
+    (Duck-typed: typer carries its own copy of click's classes.)"""
     if hasattr(command, "commands"):
-        return [
-            found
-            for name, sub in command.commands.items()
-            for found in _options_without_help(sub, f"{path} {name}")
-        ]
-    return [
-        f"{path} {'/'.join(p.opts)}"
-        for p in command.params
-        if p.param_type_name == "option" and not p.hidden and not (p.help or "").strip()
-    ]
+        for name, sub in command.commands.items():
+            yield from _options(sub, f"{path} {name}")
+        return
+    for p in command.params:
+        if p.param_type_name == "option" and not p.hidden:
+            yield f"{path} {'/'.join(p.opts)}", p
 
 
 def test_every_option_of_every_command_has_help_text():
     root = typer.main.get_command(app)
     assert len(root.commands) > 5  # (the walk sees the commands)
-    assert _options_without_help(root, "pipetune") == []
+    assert [where for where, p in _options(root) if not (p.help or "").strip()] == []
 
 
-def _envvars_said_twice(command: Any, path: str) -> list[str]:
-    if hasattr(command, "commands"):
-        return [
-            found
-            for name, sub in command.commands.items()
-            for found in _envvars_said_twice(sub, f"{path} {name}")
-        ]
-    found = []
-    for p in command.params:
-        if p.param_type_name != "option" or not p.envvar or not p.show_envvar:
-            continue
-        names = [p.envvar] if isinstance(p.envvar, str) else list(p.envvar)
-        if any(name in (p.help or "") for name in names):
-            found.append(f"{path} {'/'.join(p.opts)}")
-    return found
+def _names_its_envvar(option: Any) -> bool:
+    if not option.envvar or not option.show_envvar:
+        return False
+    names = [option.envvar] if isinstance(option.envvar, str) else list(option.envvar)
+    return any(name in (option.help or "") for name in names)
 
 
 def test_no_help_text_names_the_environment_variable_that_help_shows_anyway():
     """`worker --help` read "the pipetune service (env PIPETUNE_SERVER) [env var:
     PIPETUNE_SERVER]": typer shows each option's variable itself."""
-    assert _envvars_said_twice(typer.main.get_command(app), "pipetune") == []
+    root = typer.main.get_command(app)
+    assert [where for where, p in _options(root) if _names_its_envvar(p)] == []

@@ -191,22 +191,18 @@ def test_every_postgresql_connection_finds_a_vanished_server_host_within_a_minut
 
     from pipetune.service import wakeup as wakeup_module
 
-    db = Database(pg_url, pool_size=1)
-    try:
-        with db.engine.connect() as conn:
-            assert _tcp_liveness(conn.connection.dbapi_connection.fileno()) == (1, 30, 30_000)
-        with db.driver_statement() as cur:
-            assert _tcp_liveness(cur.connection.fileno()) == (1, 30, 30_000)
-    finally:
-        db.dispose()
-    chosen = Database(pg_url + "?keepalives_idle=45&tcp_user_timeout=5000", pool_size=1)
-    try:
-        with chosen.engine.connect() as conn:
-            assert _tcp_liveness(conn.connection.dbapi_connection.fileno()) == (1, 45, 5_000)
-        with chosen.driver_statement() as cur:
-            assert _tcp_liveness(cur.connection.fileno()) == (1, 45, 5_000)
-    finally:
-        chosen.dispose()
+    for url, expected in [
+        (pg_url, (1, 30, 30_000)),
+        (pg_url + "?keepalives_idle=45&tcp_user_timeout=5000", (1, 45, 5_000)),  # the URL's
+    ]:
+        db = Database(url, pool_size=1)
+        try:
+            with db.engine.connect() as conn:
+                assert _tcp_liveness(conn.connection.dbapi_connection.fileno()) == expected
+            with db.driver_statement() as cur:
+                assert _tcp_liveness(cur.connection.fileno()) == expected
+        finally:
+            db.dispose()
 
     # The listener (service/wakeup.py) connects on its own, from a conninfo.
     seen: list[tuple[int, int, int]] = []

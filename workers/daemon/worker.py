@@ -33,7 +33,7 @@ from collections import Counter
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from queue import Empty, Queue
-from typing import Any
+from typing import Any, TypeVar
 
 from pipetune.clients.sdk import (
     ApiError,
@@ -65,6 +65,8 @@ from pipetune.workers.daemon.reporting import (
     call_with_retries,
 )
 from pipetune.workers.runners import Runner, RunnerClosedError, RunnerUnavailableError
+
+T = TypeVar("T")
 
 # A worker the service no longer knows (database reset) registers again; if that keeps
 # happening the route itself is missing and the worker gives up.
@@ -556,26 +558,26 @@ class Worker:
     def _drop(self, job: JobLease) -> None:
         """A job whose lease the service says is no longer this worker's, not measured: its
         slot goes to a job somebody wants."""
-        self._count("dropped")
-        self.log.info(
+        self._unmeasured(
+            job,
             "dropped",
-            task=job.task_id,
-            trial=job.trial,
-            job=job.job_id,
-            msg="not measured: the service says its lease is no longer this worker's "
-            "(the task cancelled, or the lease expired and moved)",
+            "info",
+            "not measured: the service says its lease is no longer this worker's (the task "
+            "cancelled, or the lease expired and moved)",
         )
-        self._release([job])
 
     def _abandon(self, job: JobLease) -> None:
-        self._count("abandoned")
-        self.log.warning(
+        self._unmeasured(
+            job,
             "abandoned",
-            task=job.task_id,
-            trial=job.trial,
-            job=job.job_id,
-            msg="not measured; the lease will expire and the job return to the queue",
+            "warning",
+            "not measured; the lease will expire and the job return to the queue",
         )
+
+    def _unmeasured(self, job: JobLease, event: str, level: str, msg: str) -> None:
+        """Let a held job go without measuring it: counted and said as `event`."""
+        self._count(event)
+        self.log.event(event, level, task=job.task_id, trial=job.trial, job=job.job_id, msg=msg)
         self._release([job])
 
     # ---- reporting ----------------------------------------------------------------------
@@ -679,6 +681,36 @@ class Worker:
         if self._reports_failing_since is None:
             self._reports_failing_since = time.monotonic()
 
+    def _through_outage(
+        self, call: Callable[[], T], log_retry: Callable[[int, BaseException, float], None]
+    ) -> T:
+        """call(), retried through an outage on the reporter's one clock (--result-retry from
+        the outage's start, _result_retry_left); raises the last transient error once that
+        runs out, or the service's refusal. A failure also has the next lease register again
+        (_reregister)."""
+
+        def on_retry(attempt: int, exc: BaseException, wait_s: float) -> None:
+            self._reregister.set()
+            self._reports_failing()
+            log_retry(attempt, exc, wait_s)
+
+        try:
+            answer = call_with_retries(
+                call,
+                give_up_after_s=self._result_retry_left(),
+                abort=self._abort,
+                on_retry=on_retry,
+                transient=TRANSIENT_REGISTERED,
+            )
+        except TRANSIENT_REGISTERED:
+            self._reports_failing()
+            raise
+        except ApiError:  # (the service answered: it is up)
+            self._reports_failing_since = None
+            raise
+        self._reports_failing_since = None
+        return answer
+
     def _report_batch(self, api: WorkerApi, items: list[tuple[JobLease, MeasureResult]]) -> None:
         assert self.worker_id is not None
         worker_id = self.worker_id
@@ -688,8 +720,6 @@ class Worker:
         ]
 
         def on_retry(attempt: int, exc: BaseException, wait_s: float) -> None:
-            self._reregister.set()
-            self._reports_failing()
             if self._throttle("report", time.monotonic()) or attempt == 1:
                 self.log.warning(
                     "report_retry",
@@ -718,23 +748,12 @@ class Worker:
             return acks
 
         try:
-            acks = call_with_retries(
-                post_all,
-                give_up_after_s=self._result_retry_left(),
-                abort=self._abort,
-                on_retry=on_retry,
-                transient=TRANSIENT_REGISTERED,
-            )
-            self._reports_failing_since = None
+            acks = self._through_outage(post_all, on_retry)
         except TRANSIENT_REGISTERED as exc:
-            self._reports_failing()
             for job, _ in items:
                 self._count("unreported")
                 self.log.error("report_gave_up", job=job.job_id, msg=str(exc))
             return
-        except ApiError:  # (the service answered: it is up)
-            self._reports_failing_since = None
-            raise
         finally:
             if leased:  # whatever became of the report, these jobs are the worker's
                 self.log.event("leased", "debug", jobs=len(leased), with_report=True)
@@ -754,29 +773,18 @@ class Worker:
         body = JobResult(worker_id=self.worker_id, lease_token=job.lease_token, result=result)
 
         def on_retry(attempt: int, exc: BaseException, wait_s: float) -> None:
-            self._reregister.set()
-            self._reports_failing()
             if self._throttle(f"report-{job.job_id}", time.monotonic()) or attempt == 1:
                 self.log.warning(
                     "report_retry", job=job.job_id, attempt=attempt, retry_in_s=wait_s, msg=str(exc)
                 )
 
         try:
-            ack = call_with_retries(
-                lambda: api.post_result(job.job_id, body),
-                give_up_after_s=self._result_retry_left(),
-                abort=self._abort,
-                on_retry=on_retry,
-                transient=TRANSIENT_REGISTERED,
-            )
-            self._reports_failing_since = None
+            ack = self._through_outage(lambda: api.post_result(job.job_id, body), on_retry)
         except TRANSIENT_REGISTERED as exc:
-            self._reports_failing()
             self._count("unreported")
             self.log.error("report_gave_up", job=job.job_id, msg=str(exc))
             return
         except ApiError as exc:
-            self._reports_failing_since = None  # (the service answered: it is up)
             self._count("refused")
             self.log.error("report_refused", job=job.job_id, status=exc.status_code, msg=exc.reason)
             return
