@@ -17,10 +17,12 @@ from typing import IO, Self
 
 import httpx
 
+from pipetune.model.errors import PipetuneError
+
 STOP_TIMEOUT_S = 30.0
 
 
-class ServiceStartError(RuntimeError):
+class ServiceStartError(PipetuneError, RuntimeError):
     """`pipetune serve` exited or did not answer /healthz in time."""
 
 

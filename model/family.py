@@ -37,6 +37,7 @@ from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 
+from pipetune.model.errors import PipetuneError
 from pipetune.model.hardware import GPUSpec
 from pipetune.model.knobs import (  # the knob vocabulary, re-exported for the families
     Knob,
@@ -344,7 +345,7 @@ class KernelFamily(ABC):
         return space, prediction, ranked
 
 
-class FamilyError(KeyError):
+class FamilyError(PipetuneError, KeyError):
     """An unknown family name."""
 
 

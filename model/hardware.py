@@ -17,6 +17,8 @@ from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
 from typing import Any
 
+from pipetune.model.errors import PipetuneError
+
 # The profiles shipped with pipetune (committed from the project's GPU campaigns). Installed,
 # this folder is inside site-packages: an upgrade replaces it and an uninstall removes it, so
 # a user's own calibration goes to user_profile_dir() instead.
@@ -27,7 +29,7 @@ USER_PROFILE_DIR_ENV = "PIPETUNE_PROFILE_DIR"
 UNKNOWN_GPU = "unknown GPU"  # how a name that is no GPU's is refused (the CLI names --gpu)
 
 
-class HardwareError(ValueError):
+class HardwareError(PipetuneError, ValueError):
     """An unknown GPU name or a malformed hardware profile."""
 
 

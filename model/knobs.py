@@ -23,10 +23,11 @@ from typing import Any, Self
 
 import numpy as np
 
+from pipetune.model.errors import PipetuneError
 from pipetune.model.hardware import GPUSpec
 
 
-class ScheduleError(ValueError):
+class ScheduleError(PipetuneError, ValueError):
     """A schedule document with unknown knobs, missing knobs or values outside the space."""
 
 

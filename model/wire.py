@@ -28,6 +28,7 @@ from pydantic import (
     model_validator,
 )
 
+from pipetune.model.errors import PipetuneError
 from pipetune.model.family import (
     THROUGHPUT_UNITS,
     KernelFamily,
@@ -244,7 +245,7 @@ LEARNED_PRIOR_DESCRIPTION = (
 )
 
 
-class FieldError(ValueError):
+class FieldError(PipetuneError, ValueError):
     """A model validator's error about one of the model's fields (the 422 names it)."""
 
     def __init__(self, field: str, reason: str):

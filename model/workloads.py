@@ -30,6 +30,8 @@ from pydantic import (
     model_validator,
 )
 
+from pipetune.model.errors import PipetuneError
+
 INDEX_LIMIT = 2**31 - 1  # int32 element indexing in the generated kernels
 DIM_LIMIT = 1 << 24  # no single dimension of a real operator comes near this
 ALIGN_ELEMENTS = 8  # 16-byte cp.async of float16
@@ -44,7 +46,7 @@ Pad = Annotated[int, Field(strict=True, ge=0, le=64)]
 DType = Literal["float16"]
 
 
-class WorkloadError(ValueError):
+class WorkloadError(PipetuneError, ValueError):
     """A workload that pipetune cannot run, with the offending field."""
 
     def __init__(self, field: str, reason: str):

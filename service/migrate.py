@@ -16,12 +16,13 @@ from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
 from sqlalchemy import Engine, inspect
 
+from pipetune.model.errors import PipetuneError
 from pipetune.service.db import make_engine
 
 MIGRATIONS_DIR = Path(__file__).resolve().parent.parent / "migrations"
 
 
-class SchemaError(RuntimeError):
+class SchemaError(PipetuneError, RuntimeError):
     """The database's schema is not the one this version of pipetune needs."""
 
 

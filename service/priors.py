@@ -25,6 +25,7 @@ from typing import Any
 import numpy as np
 from sqlalchemy import Connection, and_, case, func, not_, or_, select
 
+from pipetune.model.errors import PipetuneError
 from pipetune.model.family import (
     FIRST_REVISION,
     THROUGHPUT_UNITS,
@@ -49,7 +50,7 @@ from pipetune.tuner.strategies import STRATEGY_MAP
 from pipetune.tuner.transfer import TransferError, recorded_prior
 
 
-class PriorError(ValueError):
+class PriorError(PipetuneError, ValueError):
     """A `prior_task` that cannot be this task's prior; the message says why."""
 
 

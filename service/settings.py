@@ -30,6 +30,7 @@ import platformdirs
 from pydantic import Field, ValidationError, field_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
+from pipetune.model.errors import PipetuneError
 from pipetune.model.wire import MAX_BATCH_SIZE, MAX_SECONDS
 
 MAX_ATTEMPTS = 1000  # a job's expired leases before it is lost (past it: a crash loop)
@@ -43,7 +44,7 @@ DATABASE_URL_FORMS = "sqlite:///PATH or postgresql+psycopg://USER@HOST/DB"
 SQLITE_HEADER = b"SQLite format 3\x00"
 
 
-class SettingsError(ValueError):
+class SettingsError(PipetuneError, ValueError):
     """A setting that cannot be used; the message names the option or variable."""
 
 

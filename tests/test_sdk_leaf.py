@@ -1,6 +1,6 @@
-"""The SDK is a leaf: it imports the wire contract (model/wire.py) and nothing else of
-pipetune's, so a program that only talks to a service loads no tuner, service or worker
-code (docs/architecture.md, "Dependency direction")."""
+"""The SDK is a leaf: it imports the wire contract (model/wire.py) and the error root
+(model/errors.py) and nothing else of pipetune's, so a program that only talks to a service
+loads no tuner, service or worker code (docs/architecture.md, "Dependency direction")."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 
 SDK = Path(__file__).resolve().parents[1] / "clients" / "sdk"
-ALLOWED = ("pipetune.clients.sdk", "pipetune.model.wire")
+ALLOWED = ("pipetune.clients.sdk", "pipetune.model.wire", "pipetune.model.errors")
 
 
 def _pipetune_imports(path: Path) -> set[str]:
@@ -26,7 +26,7 @@ def _pipetune_imports(path: Path) -> set[str]:
     return found
 
 
-def test_the_sdk_imports_only_itself_and_the_wire_contract():
+def test_the_sdk_imports_only_itself_the_wire_contract_and_the_error_root():
     files = sorted(SDK.glob("*.py"))
     assert files
     for path in files:

@@ -40,12 +40,13 @@ from pipetune.model.cost_model import (
     median_level,
     predicted_log_throughput,
 )
+from pipetune.model.errors import PipetuneError
 from pipetune.model.family import family_of, generator_revision_of
 from pipetune.tuner.bo import PriorMean
 from pipetune.tuner.offline import RecordedSpace
 
 
-class LearnedPriorError(ValueError):
+class LearnedPriorError(PipetuneError, ValueError):
     """A corpus that cannot teach this space (empty, or another kernel family)."""
 
 

@@ -31,6 +31,8 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from pipetune.model.errors import PipetuneError
+
 if TYPE_CHECKING:  # annotations only: keeps `PEERS` cheap to import for the CLI
     from pipetune.tuner.recorded import RecordedConfigs
 
@@ -84,16 +86,16 @@ STOPS_EARLY = frozenset({"kt_minimize", "kt_dual_annealing"})
 FAILED = "RuntimeFailedConfig"
 
 
-class PeerUnavailableError(RuntimeError):
+class PeerUnavailableError(PipetuneError, RuntimeError):
     """The peer's package is not installed."""
 
 
-class PeerFailedError(RuntimeError):
+class PeerFailedError(PipetuneError, RuntimeError):
     """A peer's own code failed on a space (Kernel Tuner's differential evolution on a dozen
     configurations, SMAC on one): the benchmark leaves that peer out and says why."""
 
 
-class PeerTimeoutError(RuntimeError):
+class PeerTimeoutError(PipetuneError, RuntimeError):
     """A peer's run went past the wall-clock limit (`peer_time_limit_s`)."""
 
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from pipetune.model.errors import PipetuneError
 from pipetune.model.family import FamilySpace, family_of
 from pipetune.model.hardware import GPUSpec
 from pipetune.model.trials import MeasureResult
@@ -19,7 +20,7 @@ from pipetune.tuner.bo import PriorMean
 from pipetune.tuner.strategies import DEFAULT_STRATEGY, Observation, make_strategy
 
 
-class SessionError(ValueError):
+class SessionError(PipetuneError, ValueError):
     """A call that does not fit the session's state (e.g. observing an unproposed schedule)."""
 
 

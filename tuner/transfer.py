@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from pipetune.model.errors import PipetuneError
 from pipetune.tuner.bo import PriorMean
 from pipetune.tuner.surrogate import GaussianProcess
 
@@ -43,7 +44,7 @@ HYPER_ROWS = 64
 MAX_FIT_ROWS = 1024
 
 
-class TransferError(ValueError):
+class TransferError(PipetuneError, ValueError):
     """A prior that cannot inform this space (other knobs, nothing in common)."""
 
 

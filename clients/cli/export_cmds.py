@@ -28,7 +28,6 @@ from pipetune.clients.cli.remote import (
     service_errors,
 )
 from pipetune.clients.library.labels import SIMULATED_LABEL
-from pipetune.clients.sdk.errors import PipetuneError
 from pipetune.model.hardware import gpu_keys, resolve_gpu_key
 
 FORMATS = ("t4",)
@@ -124,10 +123,8 @@ def export(
         with service_errors(), reader(server, api_key, db) as c:
             try:
                 dataset = exports.export_task_t4(c, task, out)
-            except ValueError as exc:
-                if isinstance(exc, PipetuneError):  # an argument refused (LocalInputError):
-                    raise  # service_errors says it, exit 2
-                raise CliError(str(exc), 1) from None  # no finished trial yet
+            except exports.NothingToExportError as exc:  # a state, not bad input: exit 1
+                raise CliError(str(exc), 1) from None  # (a refused argument: exit 2)
         info = dataset.metadata["pipetune"]
         if as_json:
             print_json({"task": task, "path": str(out), "trials": len(dataset), **info})

@@ -28,7 +28,7 @@ from urllib.parse import urlsplit
 
 import typer
 
-from pipetune.clients.cli.errors import CliError
+from pipetune.clients.cli.errors import USAGE_ERRORS, CliError
 from pipetune.clients.sdk import (
     API_KEY_ENV,
     DEFAULT_SERVER,
@@ -175,7 +175,7 @@ def cli_error(exc: PipetuneError, credential: str = API_KEY_SOURCE) -> CliError:
     if isinstance(exc, ServiceUnavailableError) and server_problem(exc.base_url):
         # Where the URL was not checked up front (the worker): still the user's mistake.
         return CliError(f"--server: {server_problem(exc.base_url)}", 2)
-    if isinstance(exc, ValueError):  # the local database refused an argument (LocalInputError)
+    if isinstance(exc, ValueError):  # an argument refused (the local database's LocalInputError)
         return CliError(str(exc), 2)
     if isinstance(exc, ApiError):
         return CliError(_api_message(exc), 1)
@@ -191,5 +191,7 @@ def service_errors() -> Iterator[None]:
     """Turn the SDK's exceptions into CliError (one line, documented exit code)."""
     try:
         yield
+    except USAGE_ERRORS:
+        raise  # a bad workload, GPU or schedule: `reported` says it, naming the option
     except PipetuneError as exc:
         raise cli_error(exc) from None

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import typer
 
-from pipetune.clients.cli.errors import CliError, one_line, reported, runner_failure
+from pipetune.clients.cli.errors import USAGE_ERRORS, CliError, one_line, reported, runner_failure
 from pipetune.clients.cli.remote import SERVER_HELP, check_server, cli_error
 from pipetune.clients.sdk import DEFAULT_SERVER, SERVER_ENV, PipetuneError
 from pipetune.model.hardware import gpu_keys
@@ -134,12 +134,14 @@ def worker(
         raise CliError(f"--dataset: {dataset} does not exist", 2)
     try:
         code = run_worker(config)
-    except PipetuneError as exc:
-        raise cli_error(exc, credential=f"give --token or set {TOKEN_ENV}") from None
     except (DatasetError, DatasetMismatchError) as exc:
         raise CliError(f"--dataset: {one_line(exc)}", 2) from None
     except (DetectionError, RunnerError) as exc:
         raise runner_failure(exc) from None
+    except USAGE_ERRORS:
+        raise  # a bad GPU or workload: `reported` says it, naming the option
+    except PipetuneError as exc:  # (last: the errors above are PipetuneErrors too)
+        raise cli_error(exc, credential=f"give --token or set {TOKEN_ENV}") from None
     if code:
         raise typer.Exit(code)
 

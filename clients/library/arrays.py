@@ -21,6 +21,7 @@ from typing import Any
 
 import numpy as np
 
+from pipetune.model.errors import InvalidArgumentError, InvalidArgumentTypeError
 from pipetune.workers.launch_plan import LaunchPlan
 
 DTYPE = "float16"
@@ -59,14 +60,9 @@ ROLES: dict[str, dict[str, str]] = {
 }
 
 
-class ArgumentError(ValueError):
+class ArgumentError(InvalidArgumentError):
     """An array argument the kernel cannot take; `argument` names it (A, B or C; x, gamma,
     beta, bias or y)."""
-
-    def __init__(self, argument: str, reason: str):
-        super().__init__(f"{argument}: {reason}")
-        self.argument = argument
-        self.reason = reason
 
 
 @dataclass(frozen=True)
@@ -172,9 +168,10 @@ def check_arguments(specs: Sequence[Operand], arrays: Sequence[Any]) -> list[Arr
     if len(arrays) not in (len(inputs), len(specs)):
         names = ", ".join(s.name for s in inputs)
         outputs = " and ".join(s.name for s in specs if s.output)
-        raise TypeError(
+        raise InvalidArgumentTypeError(
+            "arrays",
             f"the kernel takes {names} and optionally {outputs} (the output, allocated "
-            f"when not given); got {len(arrays)} arrays"
+            f"when not given); got {len(arrays)} arrays",
         )
     infos: list[ArrayInfo] = []
     for spec, array in zip(specs, arrays, strict=False):

@@ -18,16 +18,17 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
 
+from pipetune.model.errors import InvalidArgumentError, PipetuneError
 from pipetune.workers.launch_plan import KernelLaunch
 
 STATIC_SMEM_LIMIT = 48 * 1024  # above this, dynamic shared memory must be opted into
 
 
-class CudaUnavailableError(RuntimeError):
+class CudaUnavailableError(PipetuneError, RuntimeError):
     """No CUDA driver or device here (everything but the launch works without one)."""
 
 
-class CudaLaunchError(RuntimeError):
+class CudaLaunchError(PipetuneError, RuntimeError):
     """The driver refused a call (module load, attribute, launch)."""
 
 
@@ -191,9 +192,10 @@ class KernelParams:
 
     def __init__(self, config: KernelLaunch, pointers: Sequence[int]):
         if len(pointers) != len(config.pointer_arguments):
-            raise ValueError(
+            raise InvalidArgumentError(
+                "pointers",
                 f"{config.kernel} takes {len(config.pointer_arguments)} pointers "
-                f"({', '.join(config.pointer_arguments)}), given {len(pointers)}"
+                f"({', '.join(config.pointer_arguments)}), given {len(pointers)}",
             )
         buffers = iter(pointers)
         self.values: list[ctypes.c_void_p | ctypes.c_int32 | ctypes.c_float] = []

@@ -47,6 +47,7 @@ from pipetune.clients.library.inputs import as_gpu
 from pipetune.clients.library.kernel import TunedKernel
 from pipetune.clients.library.labels import SIMULATED_LABEL, any_simulated, is_simulated
 from pipetune.clients.library.store import Reader, all_tasks, source_of
+from pipetune.model.errors import PipetuneError
 from pipetune.model.family import family_of, parse_any_workload
 from pipetune.model.hardware import get_gpu
 from pipetune.model.states import JobState, TaskState
@@ -59,6 +60,11 @@ from pipetune.workers.datasets.pipetune import t4_timestamp
 HEADER_NAME = "pipetune_tuned.h"
 TENSOR_MAPS_SUFFIX = ".tensor_maps.h"
 INDEX_NAME = "index.json"
+
+
+class NothingToExportError(PipetuneError, ValueError):
+    """A task with no finished trial yet (or ever, once it ended): not bad input, a state
+    (the CLI's exit 1, where a refused argument is 2)."""
 
 
 def stem_of(workload: Any) -> str:
@@ -342,7 +348,7 @@ def task_dataset(reader: Reader, task_id: int) -> Dataset:
         # "yet" only while the task can still finish one (not once it was cancelled or ended).
         state = TaskState(task.state)
         ended = f" (it ended {state.value})" if state.is_final() else " yet"
-        raise ValueError(f"task {task_id} has no finished trial to export{ended}")
+        raise NothingToExportError(f"task {task_id} has no finished trial to export{ended}")
     runners = sorted({t.runner for t, _ in pairs if t.runner})
     # The GPUs its workers registered (a T4 file's device_name; none for simulated workers).
     devices = sorted({t.worker_device for t, _ in pairs if t.worker_device})

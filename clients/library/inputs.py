@@ -11,9 +11,12 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any, cast
 
+from pipetune.model.errors import InvalidArgumentTypeError
 from pipetune.model.family import family_for_knobs, op_families, parse_any_workload
 from pipetune.model.hardware import HardwareError, resolve_gpu_key
+from pipetune.model.hopper.space import HopperSchedule
 from pipetune.model.knobs import ScheduleError
+from pipetune.model.memops.space import MemSchedule
 from pipetune.model.memops.workloads import BiasGelu, LayerNorm, MemWorkload, Reduce, Softmax
 from pipetune.model.space import Schedule
 from pipetune.model.wire import ScheduleDoc, ScheduleResponse
@@ -23,6 +26,8 @@ WorkloadLike = (
     Mapping[str, Any] | Gemm | Bmm | Conv2d | Conv3d | Reduce | Softmax | LayerNorm | BiasGelu
 )
 ScheduleLike = Mapping[str, Any] | Schedule | ScheduleDoc | Any
+# A schedule object of any kernel family: what a tuning, a lookup or a kernel hands back.
+AnySchedule = Schedule | MemSchedule | HopperSchedule
 # Every kernel family's workload types, from the families' registry (one per operator).
 WORKLOAD_TYPES: tuple[type, ...] = tuple(
     dict.fromkeys(fam.ops[op] for op, fam in op_families().items())
@@ -36,10 +41,11 @@ def as_workload(workload: WorkloadLike) -> AnyWorkload | MemWorkload:
     if isinstance(workload, Mapping):
         parsed: AnyWorkload | MemWorkload = parse_any_workload(dict(workload))
         return parsed
-    raise TypeError(
-        "workload: expected a dict such as {'op': 'gemm', 'm': 1024, 'n': 64, 'k': 2048} or "
+    raise InvalidArgumentTypeError(
+        "workload",
+        "expected a dict such as {'op': 'gemm', 'm': 1024, 'n': 64, 'k': 2048} or "
         f"a workload object ({', '.join(f'pipetune.{t.__name__}' for t in WORKLOAD_TYPES)}), "
-        f"got {type(workload).__name__}"
+        f"got {type(workload).__name__}",
     )
 
 
@@ -53,16 +59,16 @@ def as_gpu(gpu: str) -> str:
         raise HardwareError(f"gpu: {exc}") from None
 
 
-def as_schedule(schedule: ScheduleLike) -> Any:
+def as_schedule(schedule: ScheduleLike) -> AnySchedule:
     """The schedule object of the family whose knobs it names (a dict is validated:
     ScheduleError names the bad knob)."""
     if isinstance(schedule, ScheduleDoc):
-        return schedule.to_schedule()
+        return cast("AnySchedule", schedule.to_schedule())
     if isinstance(schedule, ScheduleResponse):  # pipetune.best_schedule's answer, as is
-        return schedule.schedule.to_schedule()
+        return cast("AnySchedule", schedule.schedule.to_schedule())
     if isinstance(schedule, Mapping):
         data = dict(schedule)
-        return family_for_knobs(data).parse_schedule(data)
+        return cast("AnySchedule", family_for_knobs(data).parse_schedule(data))
     if hasattr(schedule, "as_dict") and hasattr(schedule, "id"):
-        return schedule  # a family's schedule object
+        return cast("AnySchedule", schedule)  # a family's schedule object
     raise ScheduleError(f"a schedule must be a dict of knob values, got {type(schedule).__name__}")

@@ -35,6 +35,7 @@ from pipetune.clients.library.arrays import (
     operands,
 )
 from pipetune.clients.library.inputs import (
+    AnySchedule,
     ScheduleLike,
     WorkloadLike,
     as_gpu,
@@ -42,13 +43,12 @@ from pipetune.clients.library.inputs import (
     as_workload,
 )
 from pipetune.clients.library.labels import SIMULATED_LABEL, is_simulated
+from pipetune.model.errors import InvalidArgumentError
 from pipetune.model.family import family_of
 from pipetune.model.hardware import DEFAULT_GPU, get_gpu
 from pipetune.model.knobs import ScheduleError
-from pipetune.model.memops.space import MemSchedule
 from pipetune.model.memops.workloads import MemWorkload
 from pipetune.model.occupancy import blocks_per_sm
-from pipetune.model.space import Schedule
 from pipetune.model.workloads import AnyWorkload
 from pipetune.workers.compile import compile_kernel, kernel_arch
 from pipetune.workers.families import codegen_for
@@ -69,7 +69,7 @@ class TunedKernel:
         self,
         workload: AnyWorkload | MemWorkload,
         gpu: str,
-        schedule: Schedule | MemSchedule,
+        schedule: AnySchedule,
         *,
         origin: str = "given",
         runner: str | None = None,
@@ -82,7 +82,7 @@ class TunedKernel:
         family = family_of(workload)
         spec = get_gpu(gpu)
         # The family's own schedule type (ScheduleError names a knob of another family's).
-        schedule = cast(Schedule | MemSchedule, family.parse_schedule(dict(schedule.as_dict())))
+        schedule = cast(AnySchedule, family.parse_schedule(dict(schedule.as_dict())))
         problems = family.schedule_problems(schedule, workload, spec) if validate else []
         if problems:
             raise ScheduleError(
@@ -419,7 +419,7 @@ def kernel(
         # not silently ignored (the caller may believe the service's pick was used).
         for name, value in (("server", server), ("db", db)):
             if value is not None:
-                raise ValueError(f"{name}: give schedule or {name}, not both")
+                raise InvalidArgumentError(name, f"give schedule or {name}, not both")
         return TunedKernel(w, key, as_schedule(schedule))
     from pipetune.clients.library.lookup import best_schedule
 

@@ -12,6 +12,7 @@ measurement).
 from __future__ import annotations
 
 from pipetune.clients.library.inputs import WorkloadLike, as_gpu, as_workload
+from pipetune.model.errors import InvalidArgumentError
 from pipetune.model.wire import ScheduleResponse
 
 
@@ -30,7 +31,9 @@ def best_schedule(
     """
     w, key = as_workload(workload), as_gpu(gpu)
     if server is not None and db is not None:
-        raise ValueError("give server or db, not both: a service answers from its own database")
+        raise InvalidArgumentError(
+            "db", "give server or db, not both: a service answers from its own database"
+        )
     if server is not None:
         from pipetune.clients.sdk import Client
 

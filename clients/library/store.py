@@ -39,7 +39,7 @@ from pipetune.service.db import Database, is_sqlite, unavailable_reason
 from pipetune.service.migrate import SchemaError, check_schema, redact
 from pipetune.service.priors import learned_model_of_tasks, learned_pick, prior_from_tasks
 from pipetune.service.records import measured_or_failures, schedule_response
-from pipetune.service.settings import Settings
+from pipetune.service.settings import Settings, database_url_problem
 from pipetune.service.views import get_task_doc, list_task_docs, list_trial_docs, task_work
 
 TASK_STATES: tuple[str, ...] = tuple(state.value for state in TaskState)
@@ -79,6 +79,11 @@ def database_url(db: str | None = None) -> str:
             f"db: not a database URL: {db!r} (a file is sqlite:///relative/path.db or "
             "sqlite:////absolute/path.db)"
         ) from None
+    # The service's own check (an in-memory SQLite database, an unknown backend): refused
+    # here, before a tuning opens it, not as the settings' ValidationError from inside.
+    problem = database_url_problem(db)
+    if problem is not None:
+        raise LocalDatabaseError(f"db: {problem}")
     return db
 
 

@@ -29,7 +29,13 @@ from typing import Any
 from pydantic import ValidationError
 from sqlalchemy import select
 
-from pipetune.clients.library.inputs import WorkloadLike, as_gpu, as_workload
+from pipetune.clients.library.inputs import (
+    AnySchedule,
+    WorkloadLike,
+    as_gpu,
+    as_schedule,
+    as_workload,
+)
 from pipetune.clients.library.labels import (
     SIMULATED_LABEL,
     any_simulated,
@@ -38,6 +44,7 @@ from pipetune.clients.library.labels import (
 )
 from pipetune.clients.library.store import LocalStore, database_url, open_database
 from pipetune.clients.sdk.http import clean_msg
+from pipetune.model.errors import InvalidArgumentError
 from pipetune.model.hardware import get_gpu
 from pipetune.model.states import TaskState
 from pipetune.model.trials import MeasureResult, RunnerKind
@@ -105,8 +112,9 @@ class TuneResult:
         return self.task.id
 
     @property
-    def best_schedule(self) -> Any | None:
-        return None if self.task.best is None else self.task.best.schedule.to_schedule()
+    def best_schedule(self) -> AnySchedule | None:
+        """The best schedule measured (its family's schedule object), None before any."""
+        return None if self.task.best is None else as_schedule(self.task.best.schedule)
 
     @property
     def best_latency_us(self) -> float | None:
@@ -157,10 +165,10 @@ def _task_body(
         first = exc.errors()[0]
         cause = (first.get("ctx") or {}).get("error")
         if isinstance(cause, FieldError):  # a rule between fields, named by its field
-            raise ValueError(str(cause)) from None
+            raise InvalidArgumentError(cause.field, cause.reason) from None
         field = ".".join(str(p) for p in first["loc"]) or "task"
         reason = clean_msg(first["msg"])
-        raise ValueError(f"{field}: {reason} (got {first.get('input')!r})") from None
+        raise InvalidArgumentError(field, f"{reason} (got {first.get('input')!r})") from None
 
 
 def _make_runner(
@@ -172,12 +180,14 @@ def _make_runner(
         return make_runner("cupy", gpu=gpu)
     if runner == "replay":
         if dataset is None:
-            raise ValueError("dataset: the replay runner answers from a recorded dataset file")
+            raise InvalidArgumentError(
+                "dataset", "the replay runner answers from a recorded dataset file"
+            )
         # With the workload: a dataset of another shape is refused here (a ValueError), not
         # answered trial by trial with failures that spend the budget.
         return make_runner("replay", dataset=dataset, gpu=gpu, workload=workload)
     known = ", ".join(RUNNER_NAMES)
-    raise ValueError(f"runner: must be one of {known} or a Runner, got {runner!r}")
+    raise InvalidArgumentError("runner", f"must be one of {known} or a Runner, got {runner!r}")
 
 
 def _register(queue: Queue, runner: Runner, gpu: str) -> WorkerRef:
@@ -197,8 +207,8 @@ def _register(queue: Queue, runner: Runner, gpu: str) -> WorkerRef:
         )
     except ValidationError:
         # (A Runner subclass that kept the base class's name was told only the list.)
-        raise ValueError(
-            f"runner: its .name must be one of {', '.join(RUNNER_NAMES)}, got {runner.name!r}"
+        raise InvalidArgumentError(
+            "runner", f"its .name must be one of {', '.join(RUNNER_NAMES)}, got {runner.name!r}"
         ) from None
     doc, _ = queue.register(token_hash(_worker_token()), body)
     return WorkerRef(id=doc.id, gpu=doc.gpu, arch=doc.arch, runner=doc.runner)
@@ -326,11 +336,13 @@ def tune(
     )
     if dataset is not None and runner != "replay":  # (it was ignored without a word)
         named = runner.name if isinstance(runner, Runner) else runner
-        raise ValueError(f"dataset: only the replay runner reads a dataset, not {named!r}")
+        raise InvalidArgumentError(
+            "dataset", f"only the replay runner reads a dataset, not {named!r}"
+        )
     measurer = runner if isinstance(runner, Runner) else _make_runner(runner, key, dataset, w)
     measured_gpu = getattr(getattr(measurer, "gpu", None), "key", key)
     if measured_gpu != key:  # a Runner built for another GPU would answer for the wrong one
-        raise ValueError(f"runner: measures {measured_gpu}, the task is for {key}")
+        raise InvalidArgumentError("runner", f"measures {measured_gpu}, the task is for {key}")
     # Measured by this runner's kind only: a service's workers on the same database (its
     # `--local-workers`, simulated ones say) would otherwise take some of the trials.
     body = body.model_copy(update={"runner": RunnerKind.of(measurer.name)})

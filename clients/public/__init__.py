@@ -31,6 +31,7 @@ if TYPE_CHECKING:
     from pipetune.clients.library.lookup import best_schedule
     from pipetune.clients.library.tuning import TuneResult, tune
     from pipetune.clients.sdk import Client
+    from pipetune.model.errors import InvalidArgumentError, PipetuneError
     from pipetune.model.hopper.workloads import HopperBmm, HopperGemm
     from pipetune.model.memops.workloads import BiasGelu, LayerNorm, Reduce, Softmax
     from pipetune.model.space import Schedule
@@ -45,6 +46,8 @@ _EXPORTS: dict[str, str] = {
     "kernel": "pipetune.clients.library.kernel",
     "TunedKernel": "pipetune.clients.library.kernel",
     "ArgumentError": "pipetune.clients.library.arrays",
+    "PipetuneError": "pipetune.model.errors",
+    "InvalidArgumentError": "pipetune.model.errors",
     "Schedule": "pipetune.model.space",
     "Gemm": "pipetune.model.workloads",
     "Bmm": "pipetune.model.workloads",
@@ -68,7 +71,9 @@ __all__ = [
     "Gemm",
     "HopperBmm",
     "HopperGemm",
+    "InvalidArgumentError",
     "LayerNorm",
+    "PipetuneError",
     "Reduce",
     "Schedule",
     "Softmax",

@@ -9,16 +9,19 @@
 - RequestBuildError: httpx could not build the request (e.g. an illegal header); nothing sent.
 - ClientClosedError: a call on a Client (or WorkerApi) after close() or its `with` block.
 
-The last two are also ValueErrors: the caller passed something wrong.
+InvalidArgumentError, RequestBuildError are also ValueErrors: the caller passed something
+wrong. All of them derive from PipetuneError (pipetune.model.errors), as everything else
+pipetune raises on purpose does.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-
-class PipetuneError(Exception):
-    """Base class of everything the SDK raises."""
+# The root and the refused argument are the whole package's (the model's input errors derive
+# from them too); the SDK re-exports them, where they were first defined.
+from pipetune.model.errors import InvalidArgumentError as InvalidArgumentError
+from pipetune.model.errors import PipetuneError as PipetuneError
 
 
 class ServiceUnavailableError(PipetuneError):
@@ -38,15 +41,6 @@ class WaitTimeoutError(PipetuneError):
         self.task_id = task_id
         self.timeout_s = timeout_s
         self.state = state
-
-
-class InvalidArgumentError(PipetuneError, ValueError):
-    """An argument the SDK refuses before any request; `argument` names it."""
-
-    def __init__(self, argument: str, reason: str):
-        super().__init__(f"{argument}: {reason}")
-        self.argument = argument
-        self.reason = reason
 
 
 class RequestBuildError(PipetuneError, ValueError):

@@ -20,6 +20,7 @@ from pathlib import Path
 from statistics import median
 from typing import Any
 
+from pipetune.model.errors import PipetuneError
 from pipetune.model.hardware import GPUSpec, HardwareError, parse_profile
 from pipetune.workers.datasets.files import write_atomic
 
@@ -45,7 +46,7 @@ METHOD = (
 )
 
 
-class CalibrationError(RuntimeError):
+class CalibrationError(PipetuneError, RuntimeError):
     """Measurements that cannot make a valid profile, or a microbenchmark that failed."""
 
 

@@ -26,6 +26,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+from pipetune.model.errors import PipetuneError
 from pipetune.model.workloads import Conv2d, Conv3d
 from pipetune.workers.campaign.operators import DEFAULT_OPERATORS, suite_in_order
 
@@ -87,7 +88,7 @@ GPU_MACHINE_PACKAGES: frozenset[str] = frozenset(
 )
 
 
-class KitError(RuntimeError):
+class KitError(PipetuneError, RuntimeError):
     """The kit could not be built (no checkout, pip failed, too large)."""
 
 

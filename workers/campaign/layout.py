@@ -27,6 +27,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from pipetune.model.errors import PipetuneError
 from pipetune.workers.datasets.files import write_atomic
 
 PHASES: tuple[str, ...] = ("probe", "correctness", "profile", "baselines", "sweeps")
@@ -46,7 +47,7 @@ _MEMBER = re.compile(
 )
 
 
-class LayoutError(ValueError):
+class LayoutError(PipetuneError, ValueError):
     """A --have folder or archive that is not a campaign's."""
 
 

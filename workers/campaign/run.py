@@ -38,6 +38,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
+from pipetune.model.errors import PipetuneError
 from pipetune.model.hardware import GPUSpec, HardwareError, get_gpu, gpu_keys, resolve_gpu_key
 from pipetune.model.trials import RunnerKind
 from pipetune.workers.campaign import layout
@@ -55,11 +56,11 @@ REQUIRED_CHECKS = ("matmul_fp32", "matmul_fp16", "fp16_cast")  # cuBLAS and a ca
 DEFAULT_MINUTES = 8.0
 
 
-class CampaignUsageError(ValueError):
+class CampaignUsageError(PipetuneError, ValueError):
     """The command line is wrong (exit 2)."""
 
 
-class CampaignError(RuntimeError):
+class CampaignError(PipetuneError, RuntimeError):
     """A check failed or the device broke (exit 1)."""
 
 

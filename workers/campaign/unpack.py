@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from pipetune.model.errors import PipetuneError
 from pipetune.model.family import family_of, parse_any_workload
 from pipetune.model.hardware import (
     HardwareError,
@@ -44,7 +45,7 @@ from pipetune.workers.datasets.files import write_all_atomic
 PROFILE = layout.PHASE_FILES["profile"]
 
 
-class UnpackError(ValueError):
+class UnpackError(PipetuneError, ValueError):
     """The archive cannot be unpacked as asked (exit 2)."""
 
 

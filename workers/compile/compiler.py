@@ -11,6 +11,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
+from pipetune.model.errors import PipetuneError
 from pipetune.workers.compile import cache, nvrtc
 from pipetune.workers.compile.ptxas_report import ReportMissingError, kernel_usage
 
@@ -18,7 +19,7 @@ _ARCH = re.compile(r"^sm_\d{2,3}[af]?$")
 BASE_OPTIONS: tuple[str, ...] = ("-std=c++17", "--ptxas-options=-v")
 
 
-class CompileError(RuntimeError):
+class CompileError(PipetuneError, RuntimeError):
     """The source does not compile; the message carries NVRTC's log."""
 
     def __init__(self, message: str, log: str = "", arch: str = ""):

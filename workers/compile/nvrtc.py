@@ -12,8 +12,10 @@ from __future__ import annotations
 from functools import cache
 from typing import Any
 
+from pipetune.model.errors import PipetuneError
 
-class NvrtcError(RuntimeError):
+
+class NvrtcError(PipetuneError, RuntimeError):
     """NVRTC itself failed (not a compile error of the source)."""
 
 

@@ -15,6 +15,8 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
+from pipetune.model.errors import PipetuneError
+
 _ENTRY = re.compile(r"Compiling entry function '([^']+)'")
 _PROPS = re.compile(r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads")
 _USED = re.compile(r"Used (\d+) registers")
@@ -34,7 +36,7 @@ class ResourceUsage:
         return self.spill_stores_bytes + self.spill_loads_bytes
 
 
-class ReportMissingError(ValueError):
+class ReportMissingError(PipetuneError, ValueError):
     """The log has no ptxas resource report (ptxas -v was not passed, or it changed format)."""
 
 

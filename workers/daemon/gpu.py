@@ -14,12 +14,13 @@ import subprocess
 import sys
 from dataclasses import dataclass
 
+from pipetune.model.errors import PipetuneError
 from pipetune.model.hardware import GPUSpec, HardwareError, get_gpu, resolve_gpu_key
 
 PROBE_TIMEOUT_S = 120.0
 
 
-class DetectionError(RuntimeError):
+class DetectionError(PipetuneError, RuntimeError):
     """No usable GPU, or one the worker cannot describe."""
 
 

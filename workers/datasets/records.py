@@ -17,6 +17,7 @@ from typing import Any, Literal, get_args
 
 import numpy as np
 
+from pipetune.model.errors import PipetuneError
 from pipetune.model.trials import TrialStatus
 
 Invalidity = Literal["correct", "compile", "runtime", "correctness", "timeout", "constraints"]
@@ -48,7 +49,7 @@ STATUS_OF_INVALIDITY: dict[str, str] = {
 Scalar = int | float | str | bool | None
 
 
-class DatasetError(ValueError):
+class DatasetError(PipetuneError, ValueError):
     """A dataset file that cannot be read (corrupt, truncated, wrong schema) or used."""
 
 

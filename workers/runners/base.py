@@ -15,6 +15,7 @@ from typing import Any, Self
 
 import numpy as np
 
+from pipetune.model.errors import PipetuneError
 from pipetune.model.trials import MeasureResult
 
 # A runner measures any kernel family's schedules of its workloads: a workload of one of the
@@ -26,7 +27,7 @@ Schedule = Any
 Progress = Callable[[int, int], None]
 
 
-class RunnerError(RuntimeError):
+class RunnerError(PipetuneError, RuntimeError):
     """The runner cannot answer (as opposed to a schedule that failed, which is a result)."""
 
 

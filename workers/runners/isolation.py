@@ -32,11 +32,13 @@ from multiprocessing.connection import Connection, wait
 from types import TracebackType
 from typing import Any, Literal, Self
 
+from pipetune.model.errors import PipetuneError
+
 OutcomeKind = Literal["ok", "error", "crashed", "timeout"]
 PARENT_GONE_EXIT = 70  # the child's exit code when it ended because its parent died
 
 
-class WorkerStartError(RuntimeError):
+class WorkerStartError(PipetuneError, RuntimeError):
     """The child could not be started or its initializer failed."""
 
 
