@@ -192,3 +192,21 @@ def test_service_down_is_service_unavailable():
     with Client(url) as c, pytest.raises(ServiceUnavailableError) as info:
         c.tasks()
     assert str(info.value).startswith(f"cannot reach the pipetune service at {url} (")
+
+
+def test_one_client_shared_by_threads(client: Client, worker: Worker):
+    """The docstring's promise: a Client may be shared between threads (httpx's Client may,
+    and it holds nothing else that changes). Eight threads tune and wait on one client at
+    once; each gets its own task back, finished, with its own budget."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    def tune_and_wait(budget: int) -> tuple[int, TaskDoc]:
+        task = client.tune(gemm(256, 64, 512 + 64 * budget), "h100", budget=budget, seed=budget)
+        return task.id, client.wait(task.id, poll_s=0.05, timeout_s=120)
+
+    with ThreadPoolExecutor(8) as pool:
+        done = list(pool.map(tune_and_wait, range(2, 10)))
+    assert len({task_id for task_id, _ in done}) == 8
+    for budget, (task_id, doc) in zip(range(2, 10), done, strict=True):
+        assert doc.id == task_id and doc.state == "done"
+        assert doc.budget == budget and doc.trials_done == budget

@@ -125,7 +125,10 @@ def _body(model: BaseModel) -> dict[str, Any]:
 
 class Client:
     """A pipetune service. `token` is sent as `Authorization: Bearer`, `api_key` as
-    `X-API-Key` (either satisfies a service started with PIPETUNE_API_KEYS)."""
+    `X-API-Key` (either satisfies a service started with PIPETUNE_API_KEYS).
+
+    One Client may be shared between threads: it is an httpx.Client (whose connection pool
+    is thread-safe) and settings that never change. Close it once, after the last call."""
 
     def __init__(
         self,

@@ -129,7 +129,8 @@ def _one_line(text: str, limit: int = 300) -> str:
 
 
 class Http:
-    """A base URL, default headers and the error mapping. Not shared between threads."""
+    """A base URL, default headers and the error mapping. Safe to share between threads:
+    nothing here changes after __init__ but httpx's pool, which is."""
 
     def __init__(
         self,
