@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import shlex
 from pathlib import Path
+from urllib.parse import quote
 
 from alembic import command
 from alembic.config import Config
@@ -210,8 +211,20 @@ def check_writable(url: str) -> None:
         engine.dispose()
 
 
+# libpq takes a password in the query too (postgresql://user@host/db?password=...), which
+# SQLAlchemy hands to the driver as it does the one in the URL's user info, and which
+# render_as_string(hide_password=True) shows as it shows every query parameter.
+SECRET_QUERY_KEYS = frozenset({"password", "sslpassword"})
+HIDDEN = "***"  # (what SQLAlchemy shows for the user info's password)
+
+
 def redact(url: str) -> str:
-    """The URL without its password, for messages."""
+    """The URL without its passwords (the user info's and the query's), for messages."""
     from sqlalchemy.engine import make_url
 
-    return make_url(url).render_as_string(hide_password=True)
+    parsed = make_url(url)
+    hidden = {k: HIDDEN for k in parsed.query if k.lower() in SECRET_QUERY_KEYS}
+    if not hidden:
+        return parsed.render_as_string(hide_password=True)
+    shown = parsed.update_query_dict(hidden).render_as_string(hide_password=True)
+    return shown.replace(quote(HIDDEN, safe=""), HIDDEN)  # (the query's value is URL-quoted)

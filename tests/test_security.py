@@ -301,3 +301,26 @@ def test_serve_without_a_writable_data_directory_for_its_token_is_one_line_and_e
     assert result.exit_code == 2, result.output
     assert "cannot keep a generated worker token in" in result.output
     assert "PIPETUNE_WORKER_TOKENS" in result.output and "Traceback" not in result.output
+
+
+def test_a_password_in_the_database_url_query_is_not_shown(pg_url: str):
+    """libpq takes the password in the query too (?password=...): SQLAlchemy's hide_password
+    hides the user info's only, and `db current`, `db upgrade`, `serve`'s banner and the
+    source written into exported files showed the query's."""
+    from sqlalchemy.engine import make_url
+    from typer.testing import CliRunner
+
+    from pipetune.clients.cli.main import app
+    from pipetune.service.migrate import redact
+
+    secret = "pw-" + os.urandom(8).hex()
+    url = make_url(pg_url).update_query_dict({"password": secret, "sslmode": "prefer"})
+    given = url.render_as_string(hide_password=False)
+    shown = redact(given)
+    assert secret not in shown
+    assert "password=***" in shown and "sslmode=prefer" in shown  # the rest still shown
+    assert secret not in redact(f"{given}&sslpassword={secret}x")
+    for command in (["db", "current"], ["db", "current", "--json"], ["db", "upgrade"]):
+        result = CliRunner().invoke(app, [*command, "--db", given])
+        assert result.exit_code == 0, result.output
+        assert secret not in result.output and "password=***" in result.output
