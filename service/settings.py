@@ -151,7 +151,12 @@ def _split(value: object) -> object:
 
 
 class Settings(BaseSettings):
-    model_config = SettingsConfigDict(env_prefix="PIPETUNE_", extra="ignore")
+    # hide_input_in_errors: a ValidationError's text quotes the value it refused, and the
+    # database URL refused may hold a password (Settings() is built outside load_settings
+    # too: create_app, the library's LocalStore, whose callers see the error as it is).
+    model_config = SettingsConfigDict(
+        env_prefix="PIPETUNE_", extra="ignore", hide_input_in_errors=True
+    )
 
     database_url: str = Field(default_factory=default_database_url)
     # Secrets: kept out of repr() (and so out of any log line that prints the settings).

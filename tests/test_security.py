@@ -324,3 +324,29 @@ def test_a_password_in_the_database_url_query_is_not_shown(pg_url: str):
         result = CliRunner().invoke(app, [*command, "--db", given])
         assert result.exit_code == 0, result.output
         assert secret not in result.output and "password=***" in result.output
+
+
+@pytest.mark.parametrize(
+    "url",
+    # (Short: pydantic cuts the middle out of a long input, the password with it, by chance.)
+    [
+        "postgresql+psycopg://u:{secret}@h:x/d",  # does not parse
+        "postgresql+psycopg2://u:{secret}@h/d",  # a driver not installed
+        "mysql://u:{secret}@h/d",  # a backend pipetune does not run on
+    ],
+)
+def test_a_refused_database_url_is_not_quoted_by_the_settings_error(
+    url: str, monkeypatch: pytest.MonkeyPatch
+):
+    """load_settings words its own message; Settings() built directly (create_app, the
+    library's LocalStore) raised pydantic's ValidationError, which quotes the input."""
+    from pydantic import ValidationError
+
+    from pipetune.clients.library.store import LocalStore
+
+    secret = "pw-" + os.urandom(4).hex()
+    monkeypatch.setenv("PIPETUNE_DATABASE_URL", url.format(secret=secret))
+    with pytest.raises(ValidationError) as caught:
+        LocalStore()
+    assert "database_url" in str(caught.value)  # still says which setting
+    assert secret not in str(caught.value)  # (what a traceback or a log line shows)
