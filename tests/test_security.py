@@ -350,3 +350,47 @@ def test_a_refused_database_url_is_not_quoted_by_the_settings_error(
         LocalStore()
     assert "database_url" in str(caught.value)  # still says which setting
     assert secret not in str(caught.value)  # (what a traceback or a log line shows)
+
+
+def test_a_password_in_the_server_url_is_sent_but_never_shown(tmp_path: Path):
+    """httpx sends a --server URL's user info as basic auth (a service behind a proxy that
+    asks for it): the worker's log ("waiting_for_service server=..."), the SDK's and the
+    CLI's "cannot reach the pipetune service at ...", `tasks`' title and the source that
+    `export` writes into index.json all showed the password."""
+    from typer.testing import CliRunner
+
+    from pipetune.clients.cli.main import app
+    from pipetune.clients.sdk import ServiceUnavailableError, WorkerApi
+    from pipetune.clients.sdk.http import shown_url
+
+    secret = "pw-" + os.urandom(8).hex()
+    server = f"http://user:{secret}@127.0.0.1:9"
+    assert shown_url(server) == "http://user:***@127.0.0.1:9"
+    assert shown_url(f"{server}/v1?next=a@b") == "http://user:***@127.0.0.1:9/v1?next=a@b"
+    assert shown_url("http://user@127.0.0.1:9") == "http://user@127.0.0.1:9"
+
+    sent: list[httpx.Request] = []
+
+    def answer(request: httpx.Request) -> httpx.Response:
+        sent.append(request)
+        return httpx.Response(200, json={"tasks": []})
+
+    with Client(server, transport=httpx.MockTransport(answer)) as c:
+        c.tasks()
+        assert secret not in c.base_url
+    basic = httpx.BasicAuth("user", secret)._auth_header  # the password still goes out
+    assert sent[0].headers["authorization"] == basic
+
+    with pytest.raises(ServiceUnavailableError) as caught, Client(server) as c:
+        c.tasks()
+    assert secret not in str(caught.value) and "user:***@127.0.0.1:9" in str(caught.value)
+    assert secret not in WorkerApi(server, "a-token").base_url
+
+    cli = CliRunner()
+    worker = ["worker", "--server", server, "--token", "a-token", "--runner", "simulated"]
+    outputs = [cli.invoke(app, [*worker, "--gpu", "h100", "--register-timeout", "1"])]
+    outputs.append(cli.invoke(app, ["tasks", "--server", server]))
+    outputs.append(cli.invoke(app, ["tasks", "--server", f"ftp://user:{secret}@host"]))
+    for result in outputs:
+        assert result.exit_code in (1, 2) and "user:***@" in result.output, result.output
+        assert secret not in result.output

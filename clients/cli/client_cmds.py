@@ -52,6 +52,7 @@ from pipetune.clients.library.labels import (
     runs_whole_space,
     trials_of,
 )
+from pipetune.clients.sdk.http import shown_url
 from pipetune.model.family import parse_any_workload
 from pipetune.model.hardware import DEFAULT_GPU, HardwareError, get_gpu, gpu_keys, resolve_gpu_key
 from pipetune.model.hopper.space import ARCH as HOPPER_ARCH
@@ -102,7 +103,7 @@ def _check_poll(poll: float) -> None:
 
 
 def dashboard_url(server: str) -> str:
-    return f"{server.rstrip('/')}/dashboard"
+    return f"{shown_url(server).rstrip('/')}/dashboard"
 
 
 def _schedule_rows(schedule: ScheduleDoc, workload: dict[str, Any]) -> list[tuple[str, str]]:
@@ -138,7 +139,7 @@ def _label(workload: dict[str, Any]) -> str:
 def _where(server: str | None, c: Any) -> str:
     """Where the answers came from: the service, or the local database."""
     if server:
-        return server
+        return shown_url(server)
     from pipetune.clients.library.store import source_of  # loaded: c is a LocalStore
 
     return source_of(c)
@@ -347,7 +348,8 @@ def _tune(
             what, code = interrupted(exc)
             stderr_console.print(
                 f"{what}: task {task.id} goes on at the service; follow it with "
-                f"`pipetune curve {task.id}`, or cancel it with DELETE {server}/v1/tasks/{task.id}"
+                f"`pipetune curve {task.id}`, or cancel it with DELETE "
+                f"{shown_url(server)}/v1/tasks/{task.id}"
             )
             raise typer.Exit(code) from None
     if as_json:
@@ -690,7 +692,7 @@ def tune_model(
                 stderr_console.print(
                     f"{what}: tasks {ids} go on at the service; follow them again by "
                     "running this command with --resume, or cancel each with DELETE "
-                    f"{server}/v1/tasks/ID"
+                    f"{shown_url(server)}/v1/tasks/ID"
                 )
                 raise typer.Exit(code) from None
         results = tm.collect(c, shapes, finals, gpu)

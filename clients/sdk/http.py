@@ -123,6 +123,22 @@ def header_value_problem(value: object) -> str | None:
     return None
 
 
+def shown_url(url: str) -> str:
+    """`url` with the password of its user info (http://user:PASSWORD@host) as ***, for
+    messages and logs: httpx sends a URL's user info as basic auth (a service behind a
+    proxy that asks for it), so the password is a credential like the token or API key.
+    Text that does not parse as a URL is cut at the same place, by hand."""
+    scheme, sep, rest = url.partition("//")
+    if not sep:
+        return url
+    end = min((i for i in map(rest.find, "/?#") if i >= 0), default=len(rest))
+    userinfo, at, host = rest[:end].rpartition("@")
+    user, colon, _password = userinfo.partition(":")
+    if not at or not colon:
+        return url
+    return f"{scheme}//{user}:***@{host}{rest[end:]}"
+
+
 def _one_line(text: str, limit: int = 300) -> str:
     line = " ".join(text.split())
     return line if len(line) <= limit else line[: limit - 1] + "…"
@@ -139,9 +155,12 @@ class Http:
         timeout_s: float = DEFAULT_TIMEOUT_S,
         transport: httpx.BaseTransport | None = None,
     ):
-        self.base_url = base_url.rstrip("/")
+        base_url = base_url.rstrip("/")
+        # What messages, logs and exported files name (ServiceUnavailableError's text, the
+        # worker's "waiting_for_service server=..."): the password stays with httpx.
+        self.base_url = shown_url(base_url)
         self._client = httpx.Client(
-            base_url=self.base_url,
+            base_url=base_url,
             headers={"User-Agent": "pipetune-sdk/1", **headers},
             timeout=timeout_s,
             transport=transport,
