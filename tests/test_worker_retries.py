@@ -296,6 +296,35 @@ def test_retry_after_as_an_http_date_is_read_as_seconds_from_now():
     assert retry_after_s(past) == 0.0
 
 
+def test_an_http_date_retry_after_is_counted_from_the_answers_date_not_this_clock():
+    """A client whose clock is minutes off the server's (or its proxy's) waited what the
+    difference with its own clock said: 10 minutes behind, a Retry-After 5 s past the
+    answer's Date was a wait of 605 s (capped at MAX_RETRY_AFTER_S by the worker); ahead,
+    no wait at all."""
+    import datetime as dt
+    import email.utils
+
+    import httpx
+
+    from pipetune.clients.sdk.errors import RetryLaterError
+    from pipetune.clients.sdk.http import Http, retry_after_s
+
+    for offset_s in (600.0, -600.0):  # the server's clock against this machine's
+        server_now = dt.datetime.now(dt.UTC) + dt.timedelta(seconds=offset_s)
+        date = email.utils.format_datetime(server_now, usegmt=True)
+        later = email.utils.format_datetime(server_now + dt.timedelta(seconds=5), usegmt=True)
+        assert retry_after_s(later, date) == 5.0
+
+        def answer(request: httpx.Request, date=date, later=later) -> httpx.Response:
+            return httpx.Response(429, headers={"Retry-After": later, "Date": date})
+
+        api = Http("http://fake", {}, transport=httpx.MockTransport(answer))
+        with pytest.raises(RetryLaterError) as raised:
+            api.request("GET", "/v1/tasks")
+        assert raised.value.retry_after_s == 5.0
+    assert retry_after_s(later, "not a date") is not None  # (this clock, as before)
+
+
 def test_the_sdk_error_of_an_answer_carries_its_retry_after():
     import httpx
 

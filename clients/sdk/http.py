@@ -37,21 +37,34 @@ def _field_of(loc: list[Any]) -> str:
     return ".".join(parts)
 
 
-def retry_after_s(value: str | None) -> float | None:
+def _http_date(value: str | None) -> dt.datetime | None:
+    if not value:
+        return None
+    try:
+        when = email.utils.parsedate_to_datetime(value.strip())
+    except (TypeError, ValueError, IndexError):
+        return None
+    if when.tzinfo is None:  # (an HTTP date is GMT; a date without a zone is read so)
+        when = when.replace(tzinfo=dt.UTC)
+    return when
+
+
+def retry_after_s(value: str | None, date: str | None = None) -> float | None:
     """A Retry-After header's wait in seconds: delay-seconds, or an HTTP date (RFC 9110);
-    None for none or one that does not parse."""
+    None for none or one that does not parse. `date`: the answer's Date header, the time by
+    the same clock as an HTTP-date Retry-After: the wait is the difference of the two, so
+    that a client whose clock is off the server's waits what was asked (against its own
+    clock, minutes behind made a wait of seconds one of minutes, minutes ahead none)."""
     if not value:
         return None
     value = value.strip()
     if value.isdigit():
         return float(value)
-    try:
-        when = email.utils.parsedate_to_datetime(value)
-    except (TypeError, ValueError, IndexError):
+    when = _http_date(value)
+    if when is None:
         return None
-    if when.tzinfo is None:  # (an HTTP date is GMT; a date without a zone is read so)
-        when = when.replace(tzinfo=dt.UTC)
-    return max(0.0, (when - dt.datetime.now(dt.UTC)).total_seconds())
+    sent = _http_date(date) or dt.datetime.now(dt.UTC)
+    return max(0.0, (when - sent).total_seconds())
 
 
 def clean_msg(msg: str) -> str:
@@ -229,7 +242,9 @@ class Http:
             path=path,
             field=field,
             body=body,
-            retry_after_s=retry_after_s(response.headers.get("retry-after")),
+            retry_after_s=retry_after_s(
+                response.headers.get("retry-after"), response.headers.get("date")
+            ),
         )
 
     def call(
