@@ -61,7 +61,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     settings = settings or Settings()
     revision = check_schema(settings.database_url, create_if_empty=settings.create_empty_schema)
     check_writable(settings.database_url)
-    db = Database(settings.database_url, settings.db_pool_size)
+    db = Database(settings.database_url, settings.db_pool_size, settings.db_statement_deadline_s)
     metrics = Metrics(db, settings.lease_ttl_s)  # its database gauges are read at each scrape
     wakeup = Wakeup(shared=not db.is_sqlite)
     driver = Driver(db, settings, metrics, wakeup)
@@ -91,7 +91,12 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             # Jobs enqueued by the other replicas (and by anything else on this database).
             listener = threading.Thread(
                 target=listen,
-                args=(wakeup, _libpq_url(settings.database_url), stop_listening),
+                args=(
+                    wakeup,
+                    _libpq_url(settings.database_url),
+                    stop_listening,
+                    settings.db_statement_deadline_s,
+                ),
                 name=LISTENER_THREAD,
                 daemon=True,
             )

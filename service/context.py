@@ -31,7 +31,12 @@ class Service:
         """Requeue expired leases and advance tasks whose batch completed (any replica).
         `patient` (the periodic sweep's): only tasks found ready, at the same batch, by the
         sweep before too; a task that just became ready is its proposer's, on whichever
-        replica took the result that completed its batch."""
+        replica took the result that completed its batch.
+        A stalled database (service/db.py) is probed first: the sweep is how a replica
+        with no requests finds it answering again (`pipetune_database_up` back to 1); its
+        statements wait for the probe's answer rather than each for a deadline."""
+        if self.db.stalled:
+            self.db.probe()
         self.queue.reclaim()
         self.driver.advance_ready(
             held_elsewhere=self.proposer.request, in_hand=self.proposer.has, patient=patient

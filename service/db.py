@@ -23,9 +23,11 @@ workers may disagree about the time, the database is the one clock they share.
 from __future__ import annotations
 
 import datetime as dt
+import math
 import os
 import re
 import threading
+import time
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -59,6 +61,66 @@ TCP_LIVENESS = {
     "keepalives_count": 3,
     "tcp_user_timeout": 30_000,  # milliseconds
 }
+# The longest the client waits for the server to answer one statement (or a COMMIT, a
+# ROLLBACK) on a connection that is open, by default (PIPETUNE_DB_STATEMENT_DEADLINE_S). A
+# server that is up and never answers (stopped by a signal, its storage hung in fsync) is
+# found by neither TCP_LIVENESS nor a server-side statement_timeout (a stopped server runs
+# no timer); the service's statements waited for it without end, and a lease's on the event
+# loop held every request of the replica. 30 s: as TCP_LIVENESS finds a vanished host.
+STATEMENT_DEADLINE_S = 30.0
+# A stalled database's probe (Database.probe).
+PROBE_SQL = "SELECT txid_current()"
+
+
+class StatementDeadlineError(psycopg.OperationalError):
+    """The server did not answer a statement within its connection's deadline; the
+    connection was closed (what the statement did is unknown: it may still commit)."""
+
+
+class DeadlineConnection(psycopg.Connection):
+    """A psycopg connection whose every wait for the server (a statement, its results, a
+    COMMIT or ROLLBACK) gives up after `deadline_s`, closes the connection and raises
+    StatementDeadlineError (an OperationalError: a 503 to the client; SQLAlchemy discards a
+    closed connection from its pool, as does DriverConnections).
+
+    Why this way: psycopg runs each operation as a generator consumed by Connection.wait,
+    whose `timeout` its C wait loop (wait_c) already honours (`_WaitTimeout`); a timeout
+    given here costs nothing measurable on a statement that answers (one Python call more:
+    `SELECT 1` in autocommit measured 12.6 us of the client's CPU against 13.3 without, the
+    noise larger than the difference). The alternatives, not taken: an async connection
+    under asyncio.wait_for would put every hot statement through the event loop's task
+    machinery (and the threads' statements through a loop of their own), more per statement
+    than the whole wait; a watchdog thread closing a socket another thread waits on is a
+    race (the fd may be reused meanwhile; psycopg notes that its epoll wait hangs on a fd
+    closed under it). A server-side statement_timeout cannot help: a stopped server runs
+    no timer.
+
+    Closing is the only sound way out: the statement's outcome is unknown, the connection
+    may be mid-protocol, and a cancel request would wait on the same silent server. Each of
+    the service's writes is safe to have committed unseen: a hot statement commits alone
+    (a lease no one received expires by its TTL and is requeued; a result is idempotent per
+    lease, and the worker retries it), and an ORM transaction not yet committed is rolled
+    back by the server when it finds the client gone.
+
+    Explicit timeouts (psycopg's own: notifies(timeout=...)) are kept as given."""
+
+    deadline_s: float | None = None
+    # Called (from the waiting thread) when a wait misses the deadline.
+    on_deadline: Any = None
+
+    def wait(self, gen: Any, interval: float = 0.1, timeout: float | None = None) -> Any:
+        if timeout is not None or self.deadline_s is None:
+            return super().wait(gen, interval, timeout)
+        try:
+            return super().wait(gen, interval, self.deadline_s)
+        except psycopg.errors._WaitTimeout:
+            self.close()
+            if self.on_deadline is not None:
+                self.on_deadline()
+            raise StatementDeadlineError(
+                f"no answer from the database within {self.deadline_s:g} s "
+                "(PIPETUNE_DB_STATEMENT_DEADLINE_S); connection closed"
+            ) from None
 
 
 def libpq_defaults(given: Iterable[str], connect_timeout: float | None = None) -> dict[str, Any]:
@@ -68,6 +130,15 @@ def libpq_defaults(given: Iterable[str], connect_timeout: float | None = None) -
     defaults["connect_timeout"] = CONNECT_TIMEOUT_S if connect_timeout is None else connect_timeout
     named = set(given)
     return {k: v for k, v in defaults.items() if k not in named}
+
+
+def connect_timeout_within(deadline_s: float | None) -> int | None:
+    """The connect timeout for connections whose statements have a deadline: no longer than
+    it (a stalled server's probe opened a connection and waited CONNECT_TIMEOUT_S, not the
+    deadline), and at least libpq's least, 2 s; None (CONNECT_TIMEOUT_S) without one."""
+    if deadline_s is None:
+        return None
+    return max(2, min(CONNECT_TIMEOUT_S, math.ceil(deadline_s)))
 
 
 def is_unavailable(exc: BaseException) -> bool:
@@ -165,7 +236,27 @@ def is_sqlite(url: str) -> bool:
     return make_url(url).get_backend_name() == "sqlite"
 
 
-def make_engine(url: str, pool_size: int = 10) -> Engine:
+def deadline_connect(
+    conninfo: str = "",
+    deadline_s: float | None = None,
+    on_deadline: Any = None,
+    **kwargs: Any,
+) -> DeadlineConnection:
+    """psycopg.connect, for a DeadlineConnection with `deadline_s` (None: none)."""
+    conn = DeadlineConnection.connect(conninfo, **kwargs)
+    conn.deadline_s = deadline_s
+    conn.on_deadline = on_deadline
+    return conn
+
+
+def make_engine(
+    url: str,
+    pool_size: int = 10,
+    deadline_s: float | None = None,
+    on_deadline: Any = None,
+) -> Engine:
+    """`deadline_s`: every statement's client-side deadline (DeadlineConnection), PostgreSQL
+    only; None (migrations, tools): none, a long CREATE INDEX must not be cut short."""
     parsed = make_url(url)
     if parsed.get_backend_name() != "sqlite":
         # No pre-ping: it costs a round trip per transaction on the hot paths. A connection
@@ -177,13 +268,24 @@ def make_engine(url: str, pool_size: int = 10) -> Engine:
         # A connection attempt gives up after CONNECT_TIMEOUT_S (a 503), unless the URL says
         # otherwise: a server that accepted the connection and never answered (stopped,
         # overloaded) held the request, /healthz included, without end.
-        return create_engine(
+        engine = create_engine(
             url,
             pool_size=pool_size,
             max_overflow=pool_size,
             pool_recycle=1800,
-            connect_args=libpq_defaults(parsed.query),
+            connect_args=libpq_defaults(parsed.query, connect_timeout_within(deadline_s)),
         )
+        if deadline_s is not None:
+
+            @event.listens_for(engine, "do_connect")
+            def _connect(_dialect: Any, _record: Any, cargs: Any, cparams: Any) -> Any:
+                # The dialect's own connect is psycopg.connect (Connection.connect) with the
+                # same arguments; SQLAlchemy's on-connect setup runs on what this returns.
+                return deadline_connect(
+                    *cargs, deadline_s=deadline_s, on_deadline=on_deadline, **cparams
+                )
+
+        return engine
     if parsed.database and parsed.database != ":memory:":
         Path(parsed.database).expanduser().parent.mkdir(parents=True, exist_ok=True)
     engine = create_engine(
@@ -211,10 +313,22 @@ def make_engine(url: str, pool_size: int = 10) -> Engine:
 class Database:
     """An engine plus the two kinds of transaction the service uses."""
 
-    def __init__(self, url: str, pool_size: int = 10):
+    def __init__(
+        self, url: str, pool_size: int = 10, statement_deadline_s: float = STATEMENT_DEADLINE_S
+    ):
         self.url = url
         self.pool_size = pool_size
-        self.engine = make_engine(url, pool_size)
+        # Every statement's client-side deadline (DeadlineConnection), and since when the
+        # database has missed one with none of its probes answered since (monotonic; None:
+        # it answers). While it is stalled, the driver's statements (the hot paths, the
+        # proposer's, the upkeep's) go one at a time: that one is the probe, whose answer
+        # ends the stall; the rest fail at once (a 503), not each after a deadline of its
+        # own. The hot paths then run off the event loop (Queue.hot), /healthz answers 503
+        # naming the stall and `pipetune_database_up` reads 0 (service/metrics.py).
+        self.deadline_s = statement_deadline_s
+        self._stalled_since: float | None = None
+        self._probe = threading.Lock()  # held by the one probe in flight
+        self.engine = make_engine(url, pool_size, statement_deadline_s, self._missed_deadline)
         # The hot paths' connections (PostgreSQL), opened at their first use.
         self._driver_pool: DriverConnections | None = None
         self._driver_pool_lock = threading.Lock()
@@ -252,6 +366,39 @@ class Database:
     @property
     def is_sqlite(self) -> bool:
         return self.dialect == "sqlite"
+
+    def _missed_deadline(self) -> None:
+        """A statement found no answer within the deadline (from the thread that waited)."""
+        if self._stalled_since is None:
+            self._stalled_since = time.monotonic()
+
+    @property
+    def stalled(self) -> bool:
+        """Whether a statement missed its deadline and no probe has answered since."""
+        return self._stalled_since is not None
+
+    def stall_problem(self) -> str | None:
+        """Why the database is taken for stalled, in one line (None: it is not)."""
+        since = self._stalled_since
+        if since is None:
+            return None
+        return (
+            f"the database has not answered within {self.deadline_s:g} s "
+            f"(PIPETUNE_DB_STATEMENT_DEADLINE_S), {time.monotonic() - since:.0f} s since the "
+            "first statement that waited; it may be stopped or its storage hung"
+        )
+
+    def probe(self) -> None:
+        """A stalled database's probe (/healthz, the sweep), one statement with the
+        deadline; its answer ends the stall. txid_current() takes a transaction id, so its
+        commit inserts a WAL record: where a storage hang has blocked WAL insertion (WAL
+        buffers full behind a writer stuck in fsync) it does not answer, where `SELECT 1`
+        would. It is not a full write: PostgreSQL commits a transaction that wrote nothing
+        else without waiting for the flush, so a hang that blocks the flush alone still
+        answers it (the next hot statement then waits a deadline, on the event loop, and
+        the database is stalled again). It writes no row."""
+        with self.driver_statement() as cur:
+            cur.execute(PROBE_SQL)
 
     @contextmanager
     def write(self) -> Iterator[Session]:
@@ -291,18 +438,31 @@ class Database:
         The driver's errors come out as SQLAlchemy's (OperationalError for a database that
         cannot be reached), so the service answers them as it answers every other database
         error (a 503 for an outage); a connection the error broke is closed, not reused."""
-        pool = self._driver_connections()
+        probing = False
+        if self._stalled_since is not None:  # (one attribute read when it is not)
+            if not self._probe.acquire(blocking=False):
+                stall = StatementDeadlineError(self.stall_problem() or "the database stalled")
+                raise _wrapped(stall, broken=False)
+            probing = True
         try:
-            conn, opened = pool.take()
-        except psycopg.Error as exc:  # it could not connect
-            raise _wrapped(exc, broken=True) from exc
-        try:
-            with conn.cursor(row_factory=namedtuple_row) as cursor:
-                yield cursor
-        except psycopg.Error as exc:
-            raise _wrapped(exc, broken=conn.broken) from exc
+            pool = self._driver_connections()
+            try:
+                conn, opened = pool.take()
+            except psycopg.Error as exc:  # it could not connect
+                raise _wrapped(exc, broken=True) from exc
+            try:
+                with conn.cursor(row_factory=namedtuple_row) as cursor:
+                    yield cursor
+                if probing:
+                    self._stalled_since = None  # it answered in time
+            except psycopg.Error as exc:
+                # (A connection closed at its deadline is broken too.)
+                raise _wrapped(exc, broken=conn.broken or conn.closed) from exc
+            finally:
+                pool.give_back(conn, opened)
         finally:
-            pool.give_back(conn, opened)
+            if probing:
+                self._probe.release()
 
     def _driver_connections(self) -> DriverConnections:
         pool = self._driver_pool
@@ -321,8 +481,15 @@ class Database:
         """A connection as the engine's (the dialect's arguments: its adapters too), in
         autocommit."""
         cargs, cparams = self.engine.dialect.create_connect_args(self.engine.url)
-        cparams.update(libpq_defaults(cparams))  # as the engine's (make_engine)
-        return psycopg.connect(*cargs, **cparams, autocommit=True)
+        # As the engine's (make_engine).
+        cparams.update(libpq_defaults(cparams, connect_timeout_within(self.deadline_s)))
+        return deadline_connect(
+            *cargs,
+            deadline_s=self.deadline_s,
+            on_deadline=self._missed_deadline,
+            **cparams,
+            autocommit=True,
+        )
 
     def now(self) -> ColumnElement[dt.datetime]:
         """The database's current time, as a SQL expression.

@@ -62,6 +62,13 @@ class DatabaseGoneError(ServiceError):
     status_code = 503
 
 
+class DatabaseStalledError(ServiceError):
+    """The database has not answered within the statement deadline (stopped, its storage
+    hung): /healthz names it (service/db.py, Database.stall_problem)."""
+
+    status_code = 503
+
+
 class InputError(ServiceError):
     """Bad input found past request validation (e.g. a workload with no valid schedule)."""
 
@@ -192,4 +199,7 @@ def install(app: FastAPI) -> None:
 
     @app.exception_handler(ServiceError)
     async def _service(_request: Request, exc: ServiceError) -> JSONResponse:
-        return JSONResponse({"detail": exc.detail}, status_code=exc.status_code)
+        # A stall passes (a SQLite file deleted does not): a worker may retry shortly.
+        stalled = isinstance(exc, DatabaseStalledError)
+        headers = {"Retry-After": str(RETRY_AFTER_S)} if stalled else None
+        return JSONResponse({"detail": exc.detail}, status_code=exc.status_code, headers=headers)

@@ -65,7 +65,9 @@ class DatabaseGauges(Collector):
         self.live_within_s = live_within_s
 
     def collect(self) -> Iterator[Metric]:
-        if self.db.file_problem() is not None:  # (SQLite: its file deleted or replaced)
+        # SQLite: its file deleted or replaced; PostgreSQL: a statement missed its deadline and
+        # no probe answered since (service/db.py; a scrape does not wait a deadline to say so).
+        if self.db.file_problem() is not None or self.db.stalled:
             yield gauge_family("pipetune_database_up", DATABASE_UP_HELP, [], [(0,)])
             return
         try:

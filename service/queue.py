@@ -351,8 +351,11 @@ class Queue:
         loop itself: one short transaction, cheaper than a thread hand-off (routers/jobs.py).
         On SQLite in a worker thread: another program (a `sqlite3` shell, a backup tool) may
         hold the file's write lock, and the statement then waits up to the busy timeout
-        (30 s); on the loop that wait stopped every request of the service, /healthz too."""
-        if self.db.is_sqlite:
+        (30 s); on the loop that wait stopped every request of the service, /healthz too.
+        On PostgreSQL in a worker thread too while the database is stalled (a statement
+        missed its deadline, Database.stalled): the probe then waits up to a deadline, and
+        must not hold the loop meanwhile."""
+        if self.db.is_sqlite or self.db.stalled:
             return await run_in_threadpool(work, *args)
         return work(*args)
 

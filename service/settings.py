@@ -17,6 +17,9 @@ PIPETUNE_PROPOSE_EARLY   share of a batch still out when the next is proposed (0
 PIPETUNE_MAX_BODY_BYTES  a request body's cap (default 1 MB)
 PIPETUNE_REQUEST_READ_TIMEOUT_S  seconds a request may take to arrive whole (default 60)
 PIPETUNE_DB_POOL_SIZE    connections per pool (a replica opens up to 3 x this + 1)
+PIPETUNE_DB_STATEMENT_DEADLINE_S  seconds the service waits for the database to answer a
+                         statement before it gives up, closes that connection and answers
+                         503 (PostgreSQL; default 30)
 Every duration is at most a week (model.wire.MAX_SECONDS).
 """
 
@@ -198,6 +201,10 @@ class Settings(BaseSettings):
     # Build the schema when the database is empty (`serve` on a fresh install).
     create_empty_schema: bool = False
     db_pool_size: int = Field(10, ge=1, le=MAX_POOL_SIZE)
+    # Seconds the service waits for PostgreSQL to answer one statement (service/db.py,
+    # DeadlineConnection): a server that is up and never answers (stopped, storage hung)
+    # held a replica's every request. Longer than any statement the service sends.
+    db_statement_deadline_s: float = Field(30.0, gt=0, le=MAX_SECONDS)
 
     @field_validator("database_url")
     @classmethod

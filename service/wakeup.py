@@ -42,7 +42,7 @@ import psycopg
 from psycopg.conninfo import conninfo_to_dict
 from sqlalchemy import Select, func, select
 
-from pipetune.service.db import libpq_defaults
+from pipetune.service.db import deadline_connect, libpq_defaults
 
 log = logging.getLogger(__name__)
 
@@ -266,17 +266,23 @@ def notify_statement(payload: str) -> Select:
     return select(func.pg_notify(CHANNEL, payload))
 
 
-def listen(wakeup: Wakeup, conninfo: str, stop: threading.Event) -> None:
+def listen(
+    wakeup: Wakeup, conninfo: str, stop: threading.Event, deadline_s: float | None = None
+) -> None:
     """LISTEN on the channel and deliver what arrives, reconnecting after any failure, until
     `stop` (a thread's body: psycopg waits in select(), outside the GIL). While it is not
-    connected `wakeup.listening` is False and requests fall back to claiming and polling."""
+    connected `wakeup.listening` is False and requests fall back to claiming and polling.
+    `deadline_s`: the LISTEN's deadline (service/db.py, DeadlineConnection); waiting for
+    notifications has its own tick."""
     wait_s = RECONNECT_S[0]
     # A listener whose server's host vanished would otherwise wait on in select() for hours,
     # its replica hearing nothing and trusting its caches (service/db.py, TCP_LIVENESS).
     liveness = libpq_defaults(conninfo_to_dict(conninfo), connect_timeout=5)
     while not stop.is_set():
         try:
-            with psycopg.connect(conninfo, autocommit=True, **liveness) as conn:
+            with deadline_connect(
+                conninfo, deadline_s=deadline_s, autocommit=True, **liveness
+            ) as conn:
                 conn.execute(LISTEN_SQL)
                 wakeup.epoch += 1
                 wakeup.listening = True

@@ -8,7 +8,8 @@ from sqlalchemy import text
 
 from pipetune.model.wire import Health
 from pipetune.service.context import ServiceDep
-from pipetune.service.errors import DatabaseGoneError
+from pipetune.service.db import is_unavailable
+from pipetune.service.errors import DatabaseGoneError, DatabaseStalledError
 from pipetune.service.metrics import CONTENT_TYPE
 from pipetune.service.routers.bounded_json import BoundedJsonRoute
 
@@ -23,8 +24,20 @@ def healthz(service: ServiceDep) -> Health:
     if problem is not None:
         # The open connections still answer from the old file: what is written now is lost.
         raise DatabaseGoneError(problem)
-    with service.db.read() as s:
-        s.execute(text("SELECT 1"))
+    db = service.db
+    try:
+        if db.stalled:
+            # The probe (one at a time; the others fail at once): a stalled database found
+            # answering again is so for every request from here on.
+            db.probe()
+        else:
+            with db.read() as s:
+                s.execute(text("SELECT 1"))
+    except Exception as exc:
+        stall = db.stall_problem()
+        if stall is None or not is_unavailable(exc):
+            raise
+        raise DatabaseStalledError(stall) from exc
     return Health(status="ok", database=service.db.dialect, schema_revision=service.schema_revision)
 
 
