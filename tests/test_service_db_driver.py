@@ -187,8 +187,6 @@ def test_every_postgresql_connection_finds_a_vanished_server_host_within_a_minut
     tcp_user_timeout); a value in the URL wins."""
     import threading
 
-    import psycopg
-
     from pipetune.service import wakeup as wakeup_module
 
     for url, expected in [
@@ -207,7 +205,7 @@ def test_every_postgresql_connection_finds_a_vanished_server_host_within_a_minut
     # The listener (service/wakeup.py) connects on its own, from a conninfo.
     seen: list[tuple[int, int, int]] = []
     stop = threading.Event()
-    connect = psycopg.connect
+    connect = wakeup_module.deadline_connect
 
     def recording(*args, **kwargs):
         conn = connect(*args, **kwargs)
@@ -215,7 +213,66 @@ def test_every_postgresql_connection_finds_a_vanished_server_host_within_a_minut
         stop.set()
         return conn
 
-    monkeypatch.setattr(wakeup_module.psycopg, "connect", recording)
+    monkeypatch.setattr(wakeup_module, "deadline_connect", recording)
     conninfo = pg_url.replace("postgresql+psycopg://", "postgresql://")
     wakeup_module.listen(wakeup_module.Wakeup(shared=True), conninfo, stop)
     assert seen == [(1, 30, 30_000)]
+
+
+def test_a_statement_past_its_deadline_gives_up_and_the_database_counts_as_stalled(pg_url):
+    """A statement the server does not answer within the deadline (pg_sleep stands in for a
+    stopped server: tests/test_db_stall.py stops one) fails with an OperationalError (a 503)
+    after the deadline, on the driver's and on the ORM's connections, and the connection is
+    closed (discarded by both pools). The database then counts as stalled: the driver's
+    statements go one at a time, the probe, the others failing at once; a probe answered ends
+    the stall."""
+    import threading
+    import time
+
+    db = Database(pg_url, pool_size=2, statement_deadline_s=1)
+    try:
+        began = time.monotonic()
+        with pytest.raises(sa_exc.OperationalError) as caught, db.driver_statement() as cur:
+            cur.execute("SELECT pg_sleep(3)")
+        assert 0.9 < time.monotonic() - began < 2.5
+        assert caught.value.connection_invalidated and is_unavailable(caught.value)
+        assert "within 1 s" in str(caught.value.orig)
+        assert db.stalled and "has not answered within 1 s" in (db.stall_problem() or "")
+
+        began = time.monotonic()
+        with pytest.raises(sa_exc.OperationalError) as caught, db.read() as session:
+            session.execute(text("SELECT pg_sleep(3)"))
+        assert 0.9 < time.monotonic() - began < 2.5
+        assert caught.value.connection_invalidated
+
+        # A probe in flight: another driver statement fails at once, not after a deadline.
+        failures: list[BaseException] = []
+
+        def slow() -> None:
+            try:
+                with db.driver_statement() as cur:
+                    cur.execute("SELECT pg_sleep(3)")
+            except sa_exc.OperationalError as exc:
+                failures.append(exc)
+
+        probing = threading.Thread(target=slow)
+
+        probing.start()
+        time.sleep(0.3)
+        began = time.monotonic()
+        with pytest.raises(sa_exc.OperationalError) as caught, db.driver_statement():
+            pass
+        assert time.monotonic() - began < 0.2
+        assert "has not answered" in str(caught.value.orig)
+        probing.join()
+        assert len(failures) == 1  # the probe itself, after its deadline
+
+        db.probe()  # answered: no longer stalled
+        assert not db.stalled
+        with db.driver_statement() as cur:
+            cur.execute("SELECT 1")
+            assert cur.fetchone() is not None
+        with db.read() as session:
+            assert session.execute(text("SELECT 1")).scalar() == 1
+    finally:
+        db.dispose()
