@@ -128,3 +128,25 @@ def test_compile_many_keeps_order_and_can_return_errors(fresh_cache):
     assert isinstance(results[3], CompileError)
     with pytest.raises(CompileError):
         compile_many([broken], "sm_90")
+
+
+def test_the_in_process_layer_keeps_the_recent_entries_within_its_limit(fresh_cache, monkeypatch):
+    """A long-running worker compiles a new kernel for nearly every trial: the in-process
+    layer keeps the most recently used cubins up to its byte limit (it grew without end),
+    and an entry it dropped is still answered from the disk."""
+    from pipetune.workers.compile import cache
+
+    monkeypatch.setattr(cache, "MEMORY_LIMIT_BYTES", 10_000)
+    cubin = b"\0" * 3_000
+    for i in range(20):
+        cache.store(f"{i:064x}", cubin, {"arch": "sm_90"})
+        assert cache.memory_bytes() <= 10_000
+    assert len(cache._memory) == 3  # the three newest: 9,000 bytes
+    assert cache.load(f"{19:064x}") is not None and cache.load(f"{17:064x}") is not None
+    # A hit is the most recent use: 17 stays when the next store drops the oldest.
+    cache.store(f"{20:064x}", cubin, {"arch": "sm_90"})
+    assert list(cache._memory) == [f"{19:064x}", f"{17:064x}", f"{20:064x}"]
+    # Dropped from memory, answered from the disk (and remembered again).
+    hit = cache.load(f"{0:064x}")
+    assert hit is not None and hit[0] == cubin and hit[1]["cubin_bytes"] == 3_000
+    assert f"{0:064x}" in cache._memory and cache.memory_bytes() <= 10_000

@@ -6,6 +6,11 @@ the platform's user cache dir (``platformdirs``), under ``cubins/``. Each entry 
 ``<key>.cubin`` plus ``<key>.json`` (resources, compile time, log); files are written to a
 temporary name and renamed, so concurrent writers and readers never see half an entry.
 A missing or unreadable entry is a miss, never an error.
+
+The in-process layer keeps the most recently used entries up to MEMORY_LIMIT_BYTES: a worker
+compiles a new kernel for nearly every trial (15-30 KB of cubin each), so a dict of every
+entry grew without end over a long-running worker's life (a campaign's 15,000 kernels: about
+350 MB), where the disk answers any entry it dropped.
 """
 
 from __future__ import annotations
@@ -16,13 +21,38 @@ import json
 import os
 import tempfile
 import threading
+from collections import OrderedDict
 from pathlib import Path
 from typing import Any
 
 ENV_DIR = "PIPETUNE_CACHE_DIR"
 
-_memory: dict[str, tuple[bytes, dict[str, Any]]] = {}
+# Bytes of cubin the in-process layer holds at most (least recently used dropped first).
+MEMORY_LIMIT_BYTES = 64 << 20
+
+_memory: OrderedDict[str, tuple[bytes, dict[str, Any]]] = OrderedDict()
+_memory_bytes = 0
 _lock = threading.Lock()
+
+
+def _remember(key: str, entry: tuple[bytes, dict[str, Any]]) -> None:
+    """Keep `entry` in memory as the most recent, dropping the oldest beyond the limit
+    (the caller holds _lock)."""
+    global _memory_bytes
+    old = _memory.pop(key, None)
+    if old is not None:
+        _memory_bytes -= len(old[0])
+    _memory[key] = entry
+    _memory_bytes += len(entry[0])
+    while _memory_bytes > MEMORY_LIMIT_BYTES and len(_memory) > 1:
+        _, (cubin, _meta) = _memory.popitem(last=False)
+        _memory_bytes -= len(cubin)
+
+
+def memory_bytes() -> int:
+    """Bytes of cubin the in-process layer holds now."""
+    with _lock:
+        return _memory_bytes
 
 
 def cache_dir() -> Path:
@@ -53,6 +83,8 @@ def _paths(key: str) -> tuple[Path, Path]:
 def load(key: str) -> tuple[bytes, dict[str, Any]] | None:
     with _lock:
         hit = _memory.get(key)
+        if hit is not None:
+            _memory.move_to_end(key)
     if hit is not None:
         return hit
     cubin_path, meta_path = _paths(key)
@@ -64,7 +96,7 @@ def load(key: str) -> tuple[bytes, dict[str, Any]] | None:
     if not isinstance(meta, dict) or len(cubin) != meta.get("cubin_bytes"):
         return None
     with _lock:
-        _memory[key] = (cubin, meta)
+        _remember(key, (cubin, meta))
     return cubin, meta
 
 
@@ -83,7 +115,7 @@ def _atomic_write(path: Path, data: bytes) -> None:
 def store(key: str, cubin: bytes, meta: dict[str, Any]) -> None:
     meta = {**meta, "cubin_bytes": len(cubin)}
     with _lock:
-        _memory[key] = (cubin, meta)
+        _remember(key, (cubin, meta))
     cubin_path, meta_path = _paths(key)
     try:
         cubin_path.parent.mkdir(parents=True, exist_ok=True)
@@ -96,5 +128,7 @@ def store(key: str, cubin: bytes, meta: dict[str, Any]) -> None:
 
 def clear_memory() -> None:
     """Forget the in-process entries (the disk cache stays)."""
+    global _memory_bytes
     with _lock:
         _memory.clear()
+        _memory_bytes = 0
