@@ -197,10 +197,15 @@ class Bmm(_Workload):
         return f"bmm {self.b}x{self.m}x{self.n}x{self.k}"
 
 
-def _out_size(field: str, size: int, filt: int, stride: int, pad: int) -> int:
+def _out_size(field: str, size_field: str, size: int, filt: int, stride: int, pad: int) -> int:
     padded = size + 2 * pad
     if filt > padded:
-        raise WorkloadError(field, f"filter {filt} is larger than the padded input {padded}")
+        # Either side may be the mistake: the message names the input's field as well.
+        raise WorkloadError(
+            field,
+            f"filter {filt} is larger than the padded input ({size_field} {size} + 2 x pad "
+            f"{pad} = {padded})",
+        )
     return (padded - filt) // stride + 1
 
 
@@ -229,8 +234,8 @@ class Conv2d(_Workload):
     def _validate(self) -> Conv2d:
         _check_pad("r", self.pad, self.r)
         _check_pad("s", self.pad, self.s)
-        _out_size("r", self.h, self.r, self.stride, self.pad)
-        _out_size("s", self.w, self.s, self.stride, self.pad)
+        _out_size("r", "h", self.h, self.r, self.stride, self.pad)
+        _out_size("s", "w", self.w, self.s, self.stride, self.pad)
         _check_aligned("c", self.c, "C of the NHWC input")
         _check_aligned("k", self.k, "K of the NPQK output")
         n, h, w, c, k = self.n, self.h, self.w, self.c, self.k
@@ -287,9 +292,9 @@ class Conv3d(_Workload):
     def _validate(self) -> Conv3d:
         for name, filt in (("t", self.t), ("r", self.r), ("s", self.s)):
             _check_pad(name, self.pad, filt)
-        _out_size("t", self.d, self.t, self.stride, self.pad)
-        _out_size("r", self.h, self.r, self.stride, self.pad)
-        _out_size("s", self.w, self.s, self.stride, self.pad)
+        _out_size("t", "d", self.d, self.t, self.stride, self.pad)
+        _out_size("r", "h", self.h, self.r, self.stride, self.pad)
+        _out_size("s", "w", self.w, self.s, self.stride, self.pad)
         _check_aligned("c", self.c, "C of the NDHWC input")
         _check_aligned("k", self.k, "K of the output")
         n, d, h, w, c, k = self.n, self.d, self.h, self.w, self.c, self.k

@@ -70,7 +70,7 @@ def test_hash_is_canonical():
         (
             {"op": "conv2d", "n": 1, "h": 2, "w": 8, "c": 8, "k": 8, "r": 5, "s": 3, "pad": 1},
             "r",
-            "larger than the padded",
+            "larger than the padded input (h 2 + 2 x pad 1 = 4)",  # the input's field too
         ),
         (
             {"op": "conv2d", "n": 1, "h": 8, "w": 8, "c": 3, "k": 8, "r": 3, "s": 3},
