@@ -24,6 +24,7 @@ INTERNAL = {
     "service/middleware.py": "a body too large, answered 413",
     "service/routers/bounded_json.py": "a JSON body with too many fields, answered 422",
     "clients/cli/errors.py": "the CLI's errors, printed with an exit code",
+    "service/db.py": "a driver error (psycopg's OperationalError), wrapped as SQLAlchemy's: a 503",
 }
 
 FC = {"op": "gemm", "m": 1024, "n": 64, "k": 2048}
