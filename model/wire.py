@@ -240,8 +240,8 @@ LEARNED_PRIOR_DESCRIPTION = (
     "count), over the analytical model's terms; the task records which tasks (learned_from). "
     "true: required (a 422 where there is none); false: never; null (the default): the kernel "
     "family's choice (tensor-core GEMMs and memory-intensive operators: where such tasks "
-    "exist; the Hopper wgmma family: no), for a strategy that takes a prior and without "
-    "prior_task or prior_gpu"
+    "of 8 or more shapes exist; the Hopper wgmma family: no), for a strategy that takes a "
+    "prior and without prior_task or prior_gpu"
 )
 
 

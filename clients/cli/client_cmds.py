@@ -394,7 +394,8 @@ add_workload_commands(
             "--learned-prior/--no-learned-prior",
             help="instead of --prior-task: a cost model of every finished task of the kernel "
             "family measured on a GPU (other shapes, other GPUs) is the prior (default: the "
-            "family's choice: tensor-core GEMMs learn where such tasks exist)",
+            "family's choice: tensor-core GEMMs and memory-intensive operators learn where such "
+            "tasks of 8 or more shapes exist)",
         ),
         option(
             "batch_size",
@@ -589,7 +590,8 @@ def tune_model(
         "--learned-prior/--no-learned-prior",
         help="instead of --prior-gpu: each shape's prior is a cost model of the measured "
         "tasks of its kernel family (other shapes, other GPUs), where there are any (default: "
-        "each family's choice: tensor-core GEMMs learn)",
+        "each family's choice: tensor-core GEMMs and memory-intensive operators learn where "
+        "measured tasks of 8 or more shapes exist)",
     ),
     batch_size: int | None = typer.Option(
         None,

@@ -3,10 +3,10 @@
 With a server, the service answers (POST /v1/schedules). Without one, the local database
 answers exactly as the service would on it: the best measured trial of the workload on the
 GPU over every task (the service's own query), else the model's pick: for a tensor-core GEMM
-the learned prior's where measured tasks of other shapes exist (`learned_from` names them),
-else the analytical model's. The answer says which (`source` "measured" or "model") and, for
-a measured one, which runner measured it (`runner` "simulated" is the model plus noise, not a
-measurement).
+or a memory-intensive operator the learned prior's where measured tasks of 8 or more shapes
+exist (`learned_from` names them), else the analytical model's. The answer says which
+(`source` "measured" or "model") and, for a measured one, which runner measured it (`runner`
+"simulated" is the model plus noise, not a measurement).
 """
 
 from __future__ import annotations

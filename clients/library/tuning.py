@@ -316,9 +316,10 @@ def tune(
     warm-start the search; prior_gpu: instead, such a task on that GPU (one of the newest generator
     revision, the most successful trials of those); learned_prior: instead, a cost model of every
     finished task of the kernel family measured on a GPU in that database (None, the default: the
-    family's choice, tensor-core GEMMs learning where such tasks exist; False: never). batch_size:
-    trials per proposal round (None: the service's default, 8; a batch's kernels compile together,
-    one trial at a time each proposal sees every result before it).
+    family's choice, tensor-core GEMMs and memory-intensive operators learning where such tasks of 8
+    or more shapes exist; False: never). batch_size: trials per proposal round (None: the
+    service's default, 8; a batch's kernels compile together, one trial at a time each proposal
+    sees every result before it).
     progress(done, total) is called after each trial. An interrupted tuning (an exception,
     Ctrl-C) cancels its task: nothing is left half-run.
     """

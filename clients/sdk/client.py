@@ -189,7 +189,8 @@ class Client:
         search; prior_gpu: instead, such a task on that GPU (one of the newest generator revision,
         the most successful trials of those); learned_prior: instead, a cost model of every finished
         task of the kernel family measured on a GPU (the task's learned_from says which); None: the
-        kernel family's choice (tensor-core GEMMs learn where such tasks exist), False: never.
+        kernel family's choice (tensor-core GEMMs and memory-intensive operators learn where such
+        tasks of 8 or more shapes exist), False: never.
         batch_size: trials per proposal round (None: the service's; 1 where one GPU serves the
         task). runner: only workers of that runner measure it ("cupy": GPU measurements only;
         None: any worker of the GPU)."""

@@ -31,11 +31,11 @@ def best_schedule(
     response: Response,
 ) -> ScheduleResponse:
     """The best measured schedule for the workload on the GPU if one was measured
-    (`source: measured`), else the model's pick (`source: model`): for a tensor-core GEMM,
-    a cost model learned from the measured tasks of other shapes where there are any
-    (`learned_from` names them), else the analytical model; never a schedule whose trial
-    failed on the GPU (`failed_trials` counts those trials). With `tune`,
-    also creates a tuning task (202, `task_id` and `url`)."""
+    (`source: measured`), else the model's pick (`source: model`): for a tensor-core GEMM
+    or a memory-intensive operator, a cost model learned from the measured tasks of other
+    shapes where they hold 8 or more shapes (`learned_from` names them), else the analytical
+    model; never a schedule whose trial failed on the GPU (`failed_trials` counts those
+    trials). With `tune`, also creates a tuning task (202, `task_id` and `url`)."""
     workload = body.workload
     with service.db.read() as s:
         job, failed = measured_or_failures(s, workload.workload_hash, body.gpu)
