@@ -6,6 +6,8 @@ PIPETUNE_WORKER_TOKENS   comma-separated tokens workers authenticate with
 PIPETUNE_API_KEYS        comma-separated keys for the user routes (unset: open)
 PIPETUNE_CORS_ORIGINS    comma-separated browser origins allowed to call the API
                          (unset: none; CORS stays off)
+PIPETUNE_ALLOWED_HOSTS   comma-separated Host names to answer ("*": any; unset: any, but
+                         only localhost, 127.0.0.1 and ::1 on loopback without API keys)
 PIPETUNE_LEASE_TTL_S     seconds a leased job stays with its worker without a result
 PIPETUNE_MAX_ATTEMPTS    expired leases before a job is given up as `lost`
 PIPETUNE_BATCH_SIZE      trials a task proposes per round, unless it asks for its own
