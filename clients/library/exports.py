@@ -21,13 +21,13 @@ tuned to the same kernel (a GEMM kernel takes its shape as arguments) share the 
 so each kernel is defined once and index.json's `nvcc` command (`nvcc -c -std=c++17
 -arch=<arch> *.cu`: without -arch nvcc targets an arch none of them compiles for) builds them
 into one program (each .cu is a translation unit of its own: two in one file redefine
-`namespace pt`). Every
-family's kernels are exported (`pipetune.kernel` wraps them all: the tensor-core GEMMs and
-the memory-intensive operators); a tuned workload whose kernel cannot be made any more (its
-measured schedule no longer plans, e.g. after a generator change) is listed in index.json's
-``not_exported`` with the reason. Exporting into the folder of an earlier export replaces it:
-the kernel files its index.json listed and the new export does not write are removed (the
-folder's other files are left alone). A task's trials (`export_task_t4`, any family): a T4
+`namespace pt`). Every family's kernels are exported (`pipetune.kernel` wraps them all: the
+tensor-core GEMMs, the memory-intensive operators and the Hopper wgmma GEMMs); a tuned
+workload whose kernel cannot be made any more (its measured schedule no longer plans, e.g.
+after a generator change) is listed in index.json's ``not_exported`` with the reason.
+Exporting into the folder of an earlier export replaces it: the kernel files its index.json
+listed and the new export does not write are removed (the folder's other files are left
+alone). A task's trials (`export_task_t4`, any family): a T4
 results file (workers.datasets), which `pipetune dataset info`, `pipetune bench tuner` and
 Kernel Tuner's T4 tools read. Every file is written whole or not at all (a temporary file
 renamed into place). Latencies of the simulated runner are labelled so in index.json, the

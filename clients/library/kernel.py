@@ -410,9 +410,9 @@ def kernel(
     api_key: str | None = None,
 ) -> TunedKernel:
     """The kernel of `workload` (any family: gemm, bmm, conv2d, conv3d, reduce, softmax,
-    layernorm, bias_gelu) tuned for `gpu`: at `schedule` if given, else at the best known
-    one (pipetune.best_schedule: the local database or, with `server`, the service; the
-    model's pick when nothing was measured)."""
+    layernorm, bias_gelu, hopper_gemm, hopper_bmm) tuned for `gpu`: at `schedule` if given,
+    else at the best known one (pipetune.best_schedule: the local database or, with `server`,
+    the service; the model's pick when nothing was measured)."""
     w, key = as_workload(workload), as_gpu(gpu)
     if schedule is not None:
         # Where to look the schedule up means nothing beside the schedule itself: refused,
