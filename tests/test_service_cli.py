@@ -379,3 +379,71 @@ def test_a_sqlite_folder_that_cannot_be_made_is_one_line_naming_the_database(tmp
         line = _error_line(result)
         assert line.startswith(f"error: the database {url} failed: Not a directory"), line
         assert "PIPETUNE_DEBUG" not in line
+
+
+def _low_soft_limit(soft: int):  # type: ignore[no-untyped-def]
+    """A preexec_fn that starts a child at `soft` open files, its hard limit untouched."""
+    import resource
+
+    def lower() -> None:
+        resource.setrlimit(
+            resource.RLIMIT_NOFILE, (soft, resource.getrlimit(resource.RLIMIT_NOFILE)[1])
+        )
+
+    return lower
+
+
+@pytest.mark.skipif(not hasattr(os, "fork") or sys.platform != "linux", reason="Linux prlimit")
+def test_serve_raises_its_soft_limit_on_open_files_to_the_hard_limit(tmp_path):
+    """A replica holds a descriptor per worker connection: at a soft limit of 256 (many
+    hosts give 1024), 400 long-polling workers left 222 unable to register (connections
+    closed as accepted, 500s), under a hard limit of thousands."""
+    import resource
+
+    hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
+    if hard != resource.RLIM_INFINITY and hard <= 256:
+        pytest.skip(f"a hard limit of {hard} leaves nothing to raise")
+    url = f"sqlite:///{tmp_path / 'srv.db'}"
+    environ = {k: v for k, v in os.environ.items() if not k.startswith("PIPETUNE_")}
+    server = subprocess.Popen(
+        [sys.executable, "-m", "pipetune.clients.cli", "serve", "--db", url, "--port", "0"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**environ, "XDG_DATA_HOME": str(tmp_path), "PIPETUNE_WORKER_TOKENS": "t"},
+        preexec_fn=_low_soft_limit(256),
+    )
+    try:
+        lines = []
+        for line in iter(server.stdout.readline, ""):
+            lines.append(line)
+            if line.startswith("pipetune service on"):
+                break
+        soft, now_hard = resource.prlimit(server.pid, resource.RLIMIT_NOFILE)
+        assert now_hard == hard
+        assert soft == (hard if hard != resource.RLIM_INFINITY else 10240)
+        said = [line for line in lines if line.startswith("open files:")]
+        assert said == [
+            f"open files: soft limit raised from 256 to {soft} (the hard limit; "
+            "a worker's connection takes one)\n"
+        ], lines
+    finally:
+        server.terminate()
+        server.wait(timeout=30)
+
+
+def test_the_open_file_limit_is_never_lowered(monkeypatch):
+    import resource
+
+    from pipetune.clients.cli import service_cmds
+
+    set_to = []
+    monkeypatch.setattr(resource, "setrlimit", lambda kind, limits: set_to.append(limits))
+    for limits in ((4096, 4096), (8192, 4096), (resource.RLIM_INFINITY, resource.RLIM_INFINITY)):
+        monkeypatch.setattr(resource, "getrlimit", lambda kind, limits=limits: limits)
+        assert service_cmds.raise_open_file_limit() is None
+    assert set_to == []
+    # An unlimited hard limit (macOS): up to the cap its setrlimit takes, not "unlimited".
+    monkeypatch.setattr(resource, "getrlimit", lambda kind: (256, resource.RLIM_INFINITY))
+    assert service_cmds.raise_open_file_limit() == (256, service_cmds.UNLIMITED_FILES_CAP)
+    assert set_to == [(service_cmds.UNLIMITED_FILES_CAP, resource.RLIM_INFINITY)]

@@ -213,6 +213,39 @@ def _check_address(host: str, port: int) -> None:
         raise CliError(f"{flag}: cannot bind {host}:{port}: {one_line(reason)}", 2) from None
 
 
+# Where the hard limit on open files is unlimited (macOS), the soft limit is raised to this:
+# macOS refuses more than OPEN_MAX for files whatever the hard limit says.
+UNLIMITED_FILES_CAP = 10240
+
+
+def raise_open_file_limit() -> tuple[int, int] | None:
+    """Raise the soft limit on open files to the hard limit; (old, new) where it was raised.
+
+    A replica holds a file descriptor per worker connection (each worker keeps one open and
+    long-polls on it) besides its database connections, and many hosts give a process a soft
+    limit of 1024 (or less) under a much higher hard one. Past the soft limit uvloop accepts
+    each new connection and closes it at once (clients read "server disconnected"), SQLite
+    cannot open a connection (503s) and a request that reads a file fails (500s): at a soft
+    limit of 256, 400 long-polling workers left 222 of them unable to register. The hard
+    limit is the operator's (it is never exceeded, and a limit is never lowered); the soft
+    one only guards programs that use select(), which nothing in the service does (uvloop
+    and asyncio use epoll, psycopg poll). As Go's runtime and nginx's worker_rlimit_nofile do.
+    """
+    try:
+        import resource
+    except ImportError:  # no such limits here (Windows)
+        return None
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    target = UNLIMITED_FILES_CAP if hard == resource.RLIM_INFINITY else hard
+    if soft == resource.RLIM_INFINITY or soft >= target:
+        return None
+    try:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+    except (ValueError, OSError):  # refused (a platform's own cap): serve with what there is
+        return None
+    return soft, target
+
+
 def _launch_when_started(server, start) -> threading.Thread:  # type: ignore[no-untyped-def]
     def wait_then_start() -> None:
         while not server.started and not server.should_exit:
@@ -297,6 +330,12 @@ def serve(
             ) from None
         settings.worker_tokens = [token]
         print(announcement(token_file, reused), flush=True)
+    if raised := raise_open_file_limit():
+        print(
+            f"open files: soft limit raised from {raised[0]} to {raised[1]} (the hard limit; "
+            "a worker's connection takes one)",
+            flush=True,
+        )
     with _database_errors(settings.database_url):
         app = create_app(settings)
     processes: list = []
