@@ -70,6 +70,11 @@ TCP_LIVENESS = {
 STATEMENT_DEADLINE_S = 30.0
 # A stalled database's probe (Database.probe).
 PROBE_SQL = "SELECT txid_current()"
+# SQLite's "database or disk is full" (its primary result code) and PostgreSQL's disk_full.
+SQLITE_FULL = 13
+PG_DISK_FULL = "53100"
+# How long after a write failed for a full disk /healthz still says so (Database.full_problem).
+DISK_FULL_WINDOW_S = 30.0
 
 
 class StatementDeadlineError(psycopg.OperationalError):
@@ -150,6 +155,17 @@ def is_unavailable(exc: BaseException) -> bool:
     if isinstance(exc, sa_exc.OperationalError | sa_exc.InterfaceError):
         return True
     return isinstance(exc, sa_exc.DBAPIError) and exc.connection_invalidated
+
+
+def is_disk_full(exc: BaseException) -> bool:
+    """Whether a database error says that the database's disk is full (SQLite's SQLITE_FULL,
+    PostgreSQL's disk_full): the database answers, and refuses what would grow it."""
+    orig = getattr(exc, "orig", None)
+    error = orig if orig is not None else exc
+    code = getattr(error, "sqlite_errorcode", None)
+    if isinstance(code, int) and code & 0xFF == SQLITE_FULL:  # (extended codes keep it low)
+        return True
+    return getattr(error, "sqlstate", None) == PG_DISK_FULL
 
 
 def unavailable_reason(exc: BaseException) -> str:
@@ -342,6 +358,15 @@ class Database:
         # was lost at the next start.
         self._file = self._sqlite_file()
         self._file_id = _file_id(self._file) if self._file is not None else None
+        # When a write last failed for a full disk (monotonic; None: never), and why. Reads
+        # go on working then, so /healthz's SELECT 1 answered healthy while every task,
+        # result and lease was refused (reproduced on a full tmpfs). Not cleared by the next
+        # write that succeeds: a small one can, in pages the WAL already holds, while a
+        # result cannot, and /healthz flapped with them.
+        self._disk_full_at: float | None = None
+        self._disk_full_reason = ""
+        self.disk_full_window_s = DISK_FULL_WINDOW_S
+        event.listen(self.engine, "handle_error", self._seen_error)
 
     def _sqlite_file(self) -> Path | None:
         if not self.is_sqlite:
@@ -366,6 +391,27 @@ class Database:
     @property
     def is_sqlite(self) -> bool:
         return self.dialect == "sqlite"
+
+    def _seen_error(self, context: Any) -> None:
+        """Every error of the engine's statements and commits (SQLAlchemy's handle_error)."""
+        self.note_error(context.original_exception)
+
+    def note_error(self, exc: BaseException) -> None:
+        if is_disk_full(exc):
+            self._disk_full_reason = unavailable_reason(exc)
+            self._disk_full_at = time.monotonic()
+
+    def full_problem(self) -> str | None:
+        """Why writes fail for a full disk, where one did within disk_full_window_s, in one
+        line (None otherwise)."""
+        at = self._disk_full_at
+        if at is None or time.monotonic() - at > self.disk_full_window_s:
+            return None
+        where = f" ({self._file.parent})" if self._file is not None else ""
+        return (
+            f"the database's disk is full{where}: writes fail ({self._disk_full_reason}), "
+            f"the last {time.monotonic() - at:.0f} s ago; free space on it"
+        )
 
     def _missed_deadline(self) -> None:
         """A statement found no answer within the deadline (from the thread that waited)."""
@@ -456,6 +502,7 @@ class Database:
                 if probing:
                     self._stalled_since = None  # it answered in time
             except psycopg.Error as exc:
+                self.note_error(exc)  # (they bypass the engine's handle_error)
                 # (A connection closed at its deadline is broken too.)
                 raise _wrapped(exc, broken=conn.broken or conn.closed) from exc
             finally:

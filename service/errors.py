@@ -18,13 +18,16 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from pipetune.model.family import all_ops
 from pipetune.model.wire import ErrorItem, FieldError, ValidationErrorBody
 from pipetune.model.workloads import WorkloadError
-from pipetune.service.db import is_unavailable, unavailable_reason
+from pipetune.service.db import is_disk_full, is_unavailable, unavailable_reason
 from pipetune.service.routers.bounded_json import TooManyFieldsError
 
 log = logging.getLogger(__name__)
 
 RETRY_AFTER_S = 1
 DATABASE_UNAVAILABLE = "the database is unavailable; retry shortly"
+# A full disk is a 503 too (workers and the SDK retry it, and the service resumes by itself
+# once there is room), but named: the database answers, so "unavailable" misled.
+DATABASE_FULL = "the database's disk is full: writes fail until space is freed; retry later"
 # A 422 says what was wrong, not all of it again: a quoted value is cut to SHOWN_CHARS and a
 # reason to REASON_CHARS, and at most MAX_ITEMS problems are listed (a body of 20,000 unknown
 # keys, or a 400 KB string, made a 422 of megabytes).
@@ -58,6 +61,12 @@ class ConflictError(ServiceError):
 class DatabaseGoneError(ServiceError):
     """The database the service opened is not the one at its address any more (a SQLite
     file deleted or replaced while serving)."""
+
+    status_code = 503
+
+
+class DatabaseFullError(ServiceError):
+    """Writes failed for a full disk within the last while (Database.full_problem)."""
 
     status_code = 503
 
@@ -189,7 +198,7 @@ def install(app: FastAPI) -> None:
         # One line, no traceback, no SQL or parameters: the cause is outside the service.
         log.warning("database unavailable: %s", unavailable_reason(exc))
         return JSONResponse(
-            {"detail": DATABASE_UNAVAILABLE},
+            {"detail": DATABASE_FULL if is_disk_full(exc) else DATABASE_UNAVAILABLE},
             status_code=503,
             headers={"Retry-After": str(RETRY_AFTER_S)},
         )
@@ -199,7 +208,7 @@ def install(app: FastAPI) -> None:
 
     @app.exception_handler(ServiceError)
     async def _service(_request: Request, exc: ServiceError) -> JSONResponse:
-        # A stall passes (a SQLite file deleted does not): a worker may retry shortly.
-        stalled = isinstance(exc, DatabaseStalledError)
+        # A stall or a full disk passes (a SQLite file deleted does not): a worker may retry.
+        stalled = isinstance(exc, DatabaseStalledError | DatabaseFullError)
         headers = {"Retry-After": str(RETRY_AFTER_S)} if stalled else None
         return JSONResponse({"detail": exc.detail}, status_code=exc.status_code, headers=headers)
