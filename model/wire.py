@@ -387,6 +387,11 @@ class TaskDoc(_Body):
     trials_target: int | None = None
     best: BestTrial | None = None
     error: str | None = None
+    # Why the task cannot progress now, while it is queued or running and no live worker
+    # (one heard from within the lease TTL) could take its trials: "no a100 worker has
+    # registered", say. Read from the workers table when the task is read; null: a live
+    # worker can take them (or the task has ended).
+    no_worker: str | None = None
     created_at: datetime
     updated_at: datetime
 

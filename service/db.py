@@ -326,6 +326,14 @@ def make_engine(
     return engine
 
 
+def database_now(is_sqlite: bool) -> ColumnElement[dt.datetime]:
+    """Database.now's expression, for code that holds a session rather than the Database
+    (service/views.py reads the workers' ages by it)."""
+    if is_sqlite:
+        return type_coerce(func.strftime(SQLITE_NOW_FORMAT, "now"), UTCDateTime)
+    return type_coerce(func.statement_timestamp(), UTCDateTime)
+
+
 class Database:
     """An engine plus the two kinds of transaction the service uses."""
 
@@ -545,9 +553,7 @@ class Database:
         transaction that began before another reclaimed an expired lease, and claims the
         requeued job after it, must be stamped after that lease ended and run its full TTL;
         its claim statement can only see the job once the reclaim committed."""
-        if self.is_sqlite:
-            return type_coerce(func.strftime(SQLITE_NOW_FORMAT, "now"), UTCDateTime)
-        return type_coerce(func.statement_timestamp(), UTCDateTime)
+        return database_now(self.is_sqlite)
 
     def now_plus(self, seconds: float) -> ColumnElement[dt.datetime]:
         """The database's time plus a number of seconds, as a SQL expression."""

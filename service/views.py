@@ -2,14 +2,18 @@
 
 from __future__ import annotations
 
+import datetime as dt
 from typing import Any
 
-from sqlalchemy import and_, select
+from sqlalchemy import and_, func, select
 from sqlalchemy.orm import Session, aliased, defer
 
 from pipetune.model.family import family_for_op, parse_any_workload
+from pipetune.model.states import ACTIVE_TASK_STATES
+from pipetune.model.trials import RunnerKind
 from pipetune.model.wire import BestTrial, ScheduleDoc, TaskDoc, TrialDoc, WorkerDoc
 from pipetune.model.workloads import WorkloadError
+from pipetune.service.db import database_now
 from pipetune.service.orm import JobRow, TaskRow, WorkerRow, WorkloadRow
 from pipetune.service.records import throughput
 
@@ -55,7 +59,9 @@ def _task_query():
     )
 
 
-def task_doc(task: TaskRow, workload: WorkloadRow, best: JobRow | None) -> TaskDoc:
+def task_doc(
+    task: TaskRow, workload: WorkloadRow, best: JobRow | None, no_worker: str | None = None
+) -> TaskDoc:
     best_doc = None
     if best is not None and best.latency_us is not None:
         best_doc = BestTrial(
@@ -85,6 +91,7 @@ def task_doc(task: TaskRow, workload: WorkloadRow, best: JobRow | None) -> TaskD
         trials_target=task.trials_target,
         best=best_doc,
         error=task.error,
+        no_worker=no_worker,
         created_at=task.created_at,
         updated_at=task.updated_at,
     )
@@ -101,22 +108,103 @@ def task_work(session: Session, task_id: int) -> tuple[str, int] | None:
     return None if row is None else (row.op, row.flops)
 
 
-def get_task_doc(session: Session, task_id: int) -> TaskDoc | None:
+def _worker_label(gpu: str, runner: str | None) -> str:
+    return f"{runner} worker for {gpu}" if runner else f"{gpu} worker"
+
+
+def _no_worker(
+    task: TaskRow, workload: WorkloadRow, workers: list[Any], now: dt.datetime, live_s: float
+) -> str | None:
+    """Why no live worker can take the task's trials (None: one can). `workers`: the
+    workers of its GPU, grouped by (runner, workload_hash) with their last heartbeat. The
+    rules are the lease's (service/queue_pg.py's claim): the task's GPU, its runner kind
+    where it names one, and a replay worker's workload."""
+    gpu, runner = task.gpu, task.only_runner
+    if not workers:
+        return f"no {gpu} worker has registered"
+    kinds = sorted({str(RunnerKind.of(w.runner) or w.runner) for w in workers})
+    of_kind = [w for w in workers if runner is None or RunnerKind.of(w.runner) == runner]
+    if not of_kind:
+        return (
+            f"no {runner} worker for {gpu} has registered (the task takes {runner} workers "
+            f"only; {gpu}'s registered workers are {', '.join(kinds)})"
+        )
+    fit = [w for w in of_kind if w.workload_hash in (None, workload.hash)]
+    if not fit:
+        return (
+            f"no {_worker_label(gpu, runner)} takes this workload: those registered replay "
+            "other workloads' datasets"
+        )
+    last = max(w.last for w in fit)
+    if (now - last).total_seconds() <= live_s:
+        return None
+    return (
+        f"no {_worker_label(gpu, runner)} is live: none heard from within the lease TTL "
+        f"({live_s:.0f} s); the last, {(now - last).total_seconds():.0f} s ago"
+    )
+
+
+def no_worker_reasons(
+    session: Session, rows: list[Any], live_within_s: float | None
+) -> dict[int, str | None]:
+    """TaskDoc.no_worker of each active task among `rows` ((task, workload, best) rows):
+    one grouped read of the workers of their GPUs and the database's clock, at read time
+    only (never on a lease or a result). `live_within_s`: the lease TTL (a worker heard from
+    longer ago is not live: its leases would have expired); None: not looked at."""
+    active = [(task, workload) for task, workload, _ in rows if task.state in ACTIVE_TASK_STATES]
+    if live_within_s is None or not active:
+        return {}
+    gpus = sorted({task.gpu for task, _ in active})
+    is_sqlite = session.get_bind().dialect.name == "sqlite"
+    now = session.scalar(select(database_now(is_sqlite)))
+    by_gpu: dict[str, list[Any]] = {gpu: [] for gpu in gpus}
+    for w in session.execute(
+        select(
+            WorkerRow.gpu,
+            WorkerRow.runner,
+            WorkerRow.workload_hash,
+            func.max(WorkerRow.last_heartbeat).label("last"),
+        )
+        .where(WorkerRow.gpu.in_(gpus))
+        .group_by(WorkerRow.gpu, WorkerRow.runner, WorkerRow.workload_hash)
+    ):
+        by_gpu[w.gpu].append(w)
+    return {
+        task.id: _no_worker(task, workload, by_gpu[task.gpu], now, live_within_s)
+        for task, workload in active
+    }
+
+
+def get_task_doc(
+    session: Session, task_id: int, live_within_s: float | None = None
+) -> TaskDoc | None:
+    """The task's document; with `live_within_s` (the lease TTL), its `no_worker` too."""
     row = session.execute(_task_query().where(TaskRow.id == task_id)).first()
-    return None if row is None else task_doc(*row)
+    if row is None:
+        return None
+    reasons = no_worker_reasons(session, [row], live_within_s)
+    return task_doc(*row, reasons.get(task_id))
 
 
 def list_task_docs(
-    session: Session, state: str | None, limit: int, offset: int, before: int | None = None
+    session: Session,
+    state: str | None,
+    limit: int,
+    offset: int,
+    before: int | None = None,
+    live_within_s: float | None = None,
 ) -> list[TaskDoc]:
     """A page of tasks, newest first: those with ids below `before` (a cursor: the last id of
-    the page before, which tasks created meanwhile do not shift), after skipping `offset`."""
+    the page before, which tasks created meanwhile do not shift), after skipping `offset`;
+    with `live_within_s`, each active one's `no_worker`."""
     query = _task_query().order_by(TaskRow.id.desc()).limit(limit).offset(offset)
     if state is not None:
         query = query.where(TaskRow.state == state)
     if before is not None:
         query = query.where(TaskRow.id < before)
-    return [task_doc(*row) for row in session.execute(query)]
+    rows = list(session.execute(query))
+    reasons = no_worker_reasons(session, rows, live_within_s)
+    return [task_doc(*row, reasons.get(row[0].id)) for row in rows]
 
 
 def list_trial_docs(

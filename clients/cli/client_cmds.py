@@ -231,6 +231,10 @@ def wait_for_task(c: Any, task: TaskDoc, show: bool, poll_s: float) -> TaskDoc:
                 if doc.best
                 else "no result yet"
             )
+            # Why it does not move, where no live worker can take its trials (a task for a
+            # GPU no worker has waited with "no result yet" and nothing else).
+            if doc.no_worker:
+                best += f"; waiting: {doc.no_worker}"
             total = doc.trials_done if doc.state in ("done",) else doc.budget
             bar.update(
                 handle,
@@ -338,6 +342,8 @@ def _tune(
                     f"{strategy_label(task)}; follow it with `pipetune curve {task.id}` or "
                     f"{dashboard_url(server)}"
                 )
+                if task.no_worker:
+                    stderr_console.print(f"warning: task {task.id} waits: {task.no_worker}")
             return
         try:
             with sigterm_interrupts():
@@ -484,6 +490,9 @@ def tasks(
             f"{limit} tasks, newest first; there may be more: --before {docs[-1].id} for the "
             "next ones"
         )
+    for d in docs:  # a task nobody can take says why, where its row says only "queued"
+        if d.no_worker:
+            console.print(f"task {d.id} waits: {d.no_worker}")
     if not docs:
         console.print("no tasks")
     elif any_simulated(d.best.runner for d in docs if d.best):

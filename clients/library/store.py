@@ -87,6 +87,15 @@ def database_url(db: str | None = None) -> str:
     return db
 
 
+def _lease_ttl_s() -> float:
+    """The lease TTL `pipetune serve` would read (PIPETUNE_LEASE_TTL_S): a worker heard from
+    longer ago is not live, in a task's `no_worker` as at the service."""
+    try:
+        return Settings.model_validate({}).lease_ttl_s
+    except ValueError:  # (another setting refused: the read goes on with the default)
+        return float(Settings.model_fields["lease_ttl_s"].default)
+
+
 def _sqlite_file_missing(url: str) -> bool:
     if not is_sqlite(url):
         return False
@@ -164,7 +173,7 @@ class LocalStore:
         doc = None
         if database is not None:
             with database.read() as s:
-                doc = get_task_doc(s, task_id)
+                doc = get_task_doc(s, task_id, _lease_ttl_s())
         if doc is None:
             raise LocalNotFoundError(f"task {task_id} does not exist in {self.where}")
         return doc
@@ -191,7 +200,8 @@ class LocalStore:
         if database is None:
             return []
         with database.read() as s:
-            return list_task_docs(s, state, limit or TASK_PAGE, offset or 0, before)
+            page = limit or TASK_PAGE
+            return list_task_docs(s, state, page, offset or 0, before, _lease_ttl_s())
 
     def all_trials(self, task_id: int, samples: bool = False) -> list[TrialDoc]:
         """Every trial of a task, in proposal order (a task has at most MAX_BUDGET);

@@ -150,7 +150,14 @@
       cell(tr, workloadLabel(task));
       cell(tr, task.gpu);
       cell(tr, strategyLabel(task));
-      cell(tr, task.state, `state-${task.state}`);
+      const stateCell = cell(tr, task.state, `state-${task.state}`);
+      // A task no live worker can take says why (the service's no_worker), as text.
+      if (task.no_worker) {
+        const why = document.createElement("div");
+        why.className = "no-worker";
+        why.textContent = `waiting: ${task.no_worker}`;
+        stateCell.appendChild(why);
+      }
       const progress = cell(tr, "");
       const bar = document.createElement("span");
       bar.className = "bar";

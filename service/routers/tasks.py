@@ -32,7 +32,7 @@ router = APIRouter(
 
 def _task_doc(service: Service, task_id: int) -> TaskDoc:
     with service.db.read() as s:
-        doc = get_task_doc(s, task_id)
+        doc = get_task_doc(s, task_id, service.settings.lease_ttl_s)
     if doc is None:
         raise NotFoundError(f"task {task_id} does not exist")
     return doc
@@ -58,7 +58,8 @@ def list_tasks(
     """Tasks, newest first. Page with `before` (the last id of the page before): an offset
     shifts as tasks are created between pages, and a page then repeats a task."""
     with service.db.read() as s:
-        return TaskList(tasks=list_task_docs(s, state, limit, offset, before))
+        ttl = service.settings.lease_ttl_s
+        return TaskList(tasks=list_task_docs(s, state, limit, offset, before, ttl))
 
 
 @router.get("/v1/tasks/{task_id}", name="get_task", response_model=TaskDoc, responses=NOT_FOUND)
