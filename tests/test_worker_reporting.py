@@ -375,6 +375,42 @@ def test_jobs_the_heartbeat_says_are_gone_are_not_measured():
     assert worker._gone == set() and "dropped" in log.getvalue()
 
 
+def test_a_result_refused_for_a_cancelled_task_drops_its_other_jobs_held_ahead():
+    """A busy worker heartbeats about every 30 s, so the heartbeat's `gone` came late for
+    jobs leased ahead of a task cancelled meanwhile: they were measured for nothing. The
+    first result refused as cancelled names the task; its other held jobs are dropped at
+    once, another task's are kept."""
+
+    class CancellingApi(FakeApi):
+        def post_results(self, worker_id: int, results: list) -> list[JobResultAck]:
+            self.batches.append([r.job_id for r in results])
+            return [
+                JobResultAck(
+                    job_id=r.job_id,
+                    status_code=200,
+                    accepted=False,
+                    job_state="cancelled",
+                    detail="task cancelled: not recorded",
+                )
+                for r in results
+            ]
+
+    worker, _ = _worker(CancellingApi())
+    other_task = _job(9).model_copy(update={"task_id": 2})
+    measured: list[int] = []
+    worker._measure_one = lambda workload, schedule: measured.append(1) or OK  # type: ignore[method-assign]
+    with worker._slots:
+        worker._hold([_job(1), _job(2), _job(3), other_task])
+    worker._reports.put((_job(1), OK))
+    worker._reports.put(None)
+    worker._reporter()
+    assert worker.counts["stale"] == 1
+    assert worker._gone == {2, 3}  # task 1's jobs held ahead; task 2's job 9 is not gone
+    worker._measure_unit([_job(2), _job(3)])
+    worker._measure_unit([other_task])
+    assert len(measured) == 1 and worker.counts["dropped"] == 2
+
+
 def test_a_service_from_before_heartbeats_listed_leases_gets_heartbeats_without():
     api = BeatingApi(refuse_leases=True)
     worker, log = _worker(api, heartbeat_s=0.01)

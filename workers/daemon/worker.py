@@ -43,6 +43,7 @@ from pipetune.clients.sdk import (
     WorkerApi,
 )
 from pipetune.model.family import parse_any_workload
+from pipetune.model.states import JobState
 from pipetune.model.trials import MeasureResult
 from pipetune.model.wire import (
     MAX_HELD_LEASES,
@@ -119,6 +120,10 @@ class Worker:
         # The leases held (job id -> lease token): leased and not yet reported. Heartbeats
         # list them, and the service extends only those (wire.Heartbeat says why).
         self._held: dict[int, HeldTerm] = {}
+        # The task of each held job: a result refused because its task was cancelled drops
+        # the task's other jobs held ahead at once, not at the next heartbeat's `gone`
+        # (a busy worker beats about every 30 s, and would measure them meanwhile).
+        self._task_of: dict[int, int] = {}
         # Since when the reporter's requests have failed without a success between (None:
         # the last one went through). --result-retry counts from there for every report: a
         # worker draining several batches through an outage gave each its own 900 s.
@@ -353,6 +358,7 @@ class Worker:
         self._held.update(
             (job.job_id, HeldTerm.granted(job.lease_token, job.lease_ttl_s, now)) for job in jobs
         )
+        self._task_of.update((job.job_id, job.task_id) for job in jobs)
         ttls = [j.lease_ttl_s for j in jobs if j.lease_ttl_s is not None]
         if ttls and min(ttls) <= self.config.heartbeat_s and not self._told_short_ttl:
             # No heartbeat rule extends a lease that expires between two wake-ups: said once.
@@ -371,6 +377,7 @@ class Worker:
             self._busy -= len(jobs)
             for job in jobs:
                 self._held.pop(job.job_id, None)
+                self._task_of.pop(job.job_id, None)
                 self._gone.discard(job.job_id)
             self._slots.notify_all()
 
@@ -798,6 +805,10 @@ class Worker:
             # cancelled: the service keeps the other answer, which is fine.
             self._count("stale")
             self.log.warning("result_not_accepted", job=job.job_id, job_state=job_state, msg=detail)
+            if job_state == JobState.CANCELLED:
+                # Its task's other jobs held ahead are cancelled too: not measured.
+                with self._slots:
+                    self._gone |= {j for j, t in self._task_of.items() if t == job.task_id}
 
     # ---- heartbeat ----------------------------------------------------------------------
 
