@@ -4,10 +4,18 @@ import atexit
 import os
 import shutil
 import tempfile
+from collections.abc import Iterator
 
 import pytest
 from hypothesis import settings
-from pg_instance import ADMIN_URL_ENV, DEFAULT_ADMIN_URL, UNAVAILABLE_ENV, PostgresInstance, settle
+from pg_instance import (
+    ADMIN_URL_ENV,
+    DEFAULT_ADMIN_URL,
+    UNAVAILABLE_ENV,
+    PostgresInstance,
+    PostgresUnavailableError,
+    settle,
+)
 
 from pipetune.model.hardware import get_gpu
 
@@ -47,6 +55,21 @@ def pytest_report_header(config: pytest.Config) -> str:
         return f"PostgreSQL: none ({os.environ[UNAVAILABLE_ENV]})"
     where = " (a private server for this run)" if _private_postgres else ""
     return f"PostgreSQL: {os.environ.get(ADMIN_URL_ENV, DEFAULT_ADMIN_URL)}{where}"
+
+
+@pytest.fixture
+def private_postgres() -> Iterator[PostgresInstance]:
+    """A PostgreSQL server of the test's own, to stop, restart or freeze (the shared one is
+    never touched); destroyed at the end, continued first if the test left it stopped."""
+    try:
+        pg = PostgresInstance().init()
+    except PostgresUnavailableError as exc:
+        pytest.fail(f"{exc} (make test installs PostgreSQL)", pytrace=False)
+    try:
+        pg.start()
+        yield pg
+    finally:
+        pg.destroy()
 
 
 @pytest.fixture

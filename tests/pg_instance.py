@@ -16,6 +16,7 @@ import contextlib
 import os
 import pwd
 import shutil
+import signal
 import socket
 import subprocess
 import tempfile
@@ -142,8 +143,24 @@ class PostgresInstance:
     def running(self) -> bool:
         return (self.data / "postmaster.pid").exists()
 
+    def server_pids(self) -> list[int]:
+        """The postmaster (first) and its children: every backend and auxiliary process."""
+        postmaster = int((self.data / "postmaster.pid").read_text().split()[0])
+        children = []
+        for stat in Path("/proc").glob("[0-9]*/stat"):
+            with contextlib.suppress(OSError, ValueError, IndexError):
+                # "pid (comm) state ppid ...": comm may hold spaces, so split after its ")".
+                fields = stat.read_text().rsplit(")", 1)[1].split()
+                if int(fields[1]) == postmaster:
+                    children.append(int(stat.parent.name))
+        return [postmaster, *children]
+
     def destroy(self) -> None:
         if self.running():
+            # A test may have left it stopped (SIGSTOP): pg_ctl stop would wait on it.
+            with contextlib.suppress(ProcessLookupError, OSError, ValueError):
+                for pid in self.server_pids():
+                    os.kill(pid, signal.SIGCONT)
             with contextlib.suppress(subprocess.SubprocessError):
                 self.stop()
         shutil.rmtree(self.root, ignore_errors=True)

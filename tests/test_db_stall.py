@@ -19,12 +19,10 @@ import signal
 import threading
 import time
 from collections.abc import Iterator
-from pathlib import Path
 
 import httpx
-import pytest
 from live_support import audit_task
-from pg_instance import PostgresInstance, PostgresUnavailableError
+from pg_instance import PostgresInstance
 from service_support import GEMM, WORKER_HEADERS, live_server, metric_value
 from sqlalchemy import create_engine, select
 
@@ -36,40 +34,11 @@ SLACK_S = 3.0  # what an answer may take past the deadline on a busy 2-core mach
 BUDGET = 8  # one batch (the default batch size)
 
 
-@pytest.fixture
-def private_postgres() -> Iterator[PostgresInstance]:
-    try:
-        pg = PostgresInstance().init()
-    except PostgresUnavailableError as exc:
-        pytest.fail(f"{exc} (make test installs PostgreSQL)", pytrace=False)
-    try:
-        pg.start()
-        yield pg
-    finally:
-        with contextlib.suppress(ProcessLookupError, OSError):
-            for pid in _server_pids(pg.data):  # never leave it stopped
-                os.kill(pid, signal.SIGCONT)
-        pg.destroy()
-
-
-def _server_pids(data: Path) -> list[int]:
-    """The postmaster (first) and its children: every backend and auxiliary process."""
-    postmaster = int((data / "postmaster.pid").read_text().split()[0])
-    children = []
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        with contextlib.suppress(OSError, ValueError, IndexError):
-            # "pid (comm) state ppid ...": comm may hold spaces, so split after its ")".
-            fields = stat.read_text().rsplit(")", 1)[1].split()
-            if int(fields[1]) == postmaster:
-                children.append(int(stat.parent.name))
-    return [postmaster, *children]
-
-
 @contextlib.contextmanager
 def stopped(pg: PostgresInstance) -> Iterator[None]:
     """Every process of the server stopped (the postmaster first: it forks nothing more),
     continued at the end (its children first)."""
-    pids = _server_pids(pg.data)
+    pids = pg.server_pids()
     for pid in pids:
         os.kill(pid, signal.SIGSTOP)
     try:

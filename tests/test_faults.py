@@ -21,7 +21,6 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
-import pytest
 from live_support import (
     audit_task,
     events,
@@ -33,7 +32,7 @@ from live_support import (
     stop,
     wait_until,
 )
-from pg_instance import PostgresInstance, PostgresUnavailableError
+from pg_instance import PostgresInstance
 
 from pipetune.clients.sdk import Client
 from pipetune.model.space import Schedule
@@ -143,19 +142,6 @@ def test_the_service_killed_and_restarted_mid_task_resumes(db_url: str, tmp_path
     audit_task(db_url, task.id, budget=16)
     (stopped,) = named(events(log), "stopped")
     assert "unreported" not in stopped and not named(events(log), "report_gave_up")
-
-
-@pytest.fixture
-def private_postgres() -> Iterator[PostgresInstance]:
-    try:
-        pg = PostgresInstance().init()
-    except PostgresUnavailableError as exc:
-        pytest.fail(f"{exc} (make test installs PostgreSQL)", pytrace=False)
-    try:
-        pg.start()
-        yield pg
-    finally:
-        pg.destroy()
 
 
 def test_postgresql_restarted_while_workers_poll(private_postgres: PostgresInstance, tmp_path):
