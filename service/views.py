@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import datetime as dt
 from typing import Any
 
 from sqlalchemy import and_, func, select
@@ -113,10 +112,11 @@ def _worker_label(gpu: str, runner: str | None) -> str:
 
 
 def _no_worker(
-    task: TaskRow, workload: WorkloadRow, workers: list[Any], now: dt.datetime, live_s: float
+    task: TaskRow, workload: WorkloadRow, workers: list[Any], live_s: float
 ) -> str | None:
     """Why no live worker can take the task's trials (None: one can). `workers`: the
-    workers of its GPU, grouped by (runner, workload_hash) with their last heartbeat. The
+    workers of its GPU, grouped by (runner, workload_hash) with their last heartbeat and
+    the database's clock (`now`) when they were read. The
     rules are the lease's (service/queue_pg.py's claim): the task's GPU, its runner kind
     where it names one, and a replay worker's workload."""
     gpu, runner = task.gpu, task.only_runner
@@ -135,7 +135,7 @@ def _no_worker(
             f"no {_worker_label(gpu, runner)} takes this workload: those registered replay "
             "other workloads' datasets"
         )
-    last = max(w.last for w in fit)
+    last, now = max(w.last for w in fit), fit[0].now
     if (now - last).total_seconds() <= live_s:
         return None
     return (
@@ -148,7 +148,7 @@ def no_worker_reasons(
     session: Session, rows: list[Any], live_within_s: float | None
 ) -> dict[int, str | None]:
     """TaskDoc.no_worker of each active task among `rows` ((task, workload, best) rows):
-    one grouped read of the workers of their GPUs and the database's clock, at read time
+    one grouped read of the workers of their GPUs with the database's clock, at read time
     only (never on a lease or a result). `live_within_s`: the lease TTL (a worker heard from
     longer ago is not live: its leases would have expired); None: not looked at."""
     active = [(task, workload) for task, workload, _ in rows if task.state in ACTIVE_TASK_STATES]
@@ -156,7 +156,6 @@ def no_worker_reasons(
         return {}
     gpus = sorted({task.gpu for task, _ in active})
     is_sqlite = session.get_bind().dialect.name == "sqlite"
-    now = session.scalar(select(database_now(is_sqlite)))
     by_gpu: dict[str, list[Any]] = {gpu: [] for gpu in gpus}
     for w in session.execute(
         select(
@@ -164,13 +163,14 @@ def no_worker_reasons(
             WorkerRow.runner,
             WorkerRow.workload_hash,
             func.max(WorkerRow.last_heartbeat).label("last"),
+            database_now(is_sqlite).label("now"),  # (in the same round trip)
         )
         .where(WorkerRow.gpu.in_(gpus))
         .group_by(WorkerRow.gpu, WorkerRow.runner, WorkerRow.workload_hash)
     ):
         by_gpu[w.gpu].append(w)
     return {
-        task.id: _no_worker(task, workload, by_gpu[task.gpu], now, live_within_s)
+        task.id: _no_worker(task, workload, by_gpu[task.gpu], live_within_s)
         for task, workload in active
     }
 
