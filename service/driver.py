@@ -71,6 +71,7 @@ from pipetune.model.states import (
 )
 from pipetune.model.trials import MeasureResult, RunnerKind
 from pipetune.model.wire import TaskCreate
+from pipetune.service import fair_share
 from pipetune.service.best_curve import BestCurve
 from pipetune.service.db import Database, json_param, sql_names
 from pipetune.service.errors import ConflictError, InputError, NotFoundError
@@ -121,20 +122,23 @@ NOT_SEEN = -1  # jobs.seen_at of a job that the proposal the rule gives it did n
 
 
 # A new batch on PostgreSQL, in one statement: the compare-and-set on `batches` (no row when
-# another replica advanced the task first: then nothing is inserted), the jobs, the results
+# another replica advanced the task first: then nothing is inserted), the task's fair-queue
+# key moved on and the jobs with theirs (service/fair_share.py), the results
 # its proposal saw first (jobs.seen_at), and the NOTIFY that wakes the other replicas'
 # waiting lease requests when this commits.
 COMMIT_BATCH_SQL = """
 WITH {held}cas AS (
     UPDATE tasks SET batches = %(version)s + 1, trials_enqueued = %(enqueued)s,
-        curve = CAST(%(curve)s AS json), updated_at = statement_timestamp()
+        curve = CAST(%(curve)s AS json), updated_at = statement_timestamp(),
+        fair_key = {fair_key}
     {after_held}WHERE id = %(task)s AND batches = %(version)s AND state IN ({active})
-    RETURNING id, workload_id, gpu, arch, only_runner
+    RETURNING id, workload_id, gpu, arch, only_runner, fair_key - %(count)s AS fair_base
 ), added AS (
     INSERT INTO jobs (task_id, workload_id, gpu, arch, trial, batch, schedule, schedule_id,
-        predicted_us, only_runner, state, attempts)
+        predicted_us, only_runner, state, attempts, fair_key)
     SELECT cas.id, cas.workload_id, cas.gpu, cas.arch, j.trial, %(version)s, j.schedule,
-        j.schedule_id, j.predicted_us, cas.only_runner, %(queued)s, 0
+        j.schedule_id, j.predicted_us, cas.only_runner, %(queued)s, 0,
+        cas.fair_base + j.trial - %(first)s
     FROM cas, jsonb_to_recordset(CAST(%(jobs)s AS jsonb))
         AS j(trial int, schedule json, schedule_id text, predicted_us float8)
 ){seen}
@@ -171,7 +175,9 @@ COMMIT_BATCH_SQL = (
     COMMIT_BATCH_SQL.replace("{held}", "").replace("{after_held}", "").replace("{seen}", "")
 )
 COMMIT_BATCH_SQL, COMMIT_SEEN_BATCH_SQL = (
-    sql.replace("{active}", sql_names(ACTIVE_TASK_STATES))
+    sql.replace("{active}", sql_names(ACTIVE_TASK_STATES)).replace(
+        "{fair_key}", fair_share.key_after_sql("count")
+    )
     for sql in (COMMIT_BATCH_SQL, COMMIT_SEEN_BATCH_SQL)
 )
 
@@ -694,6 +700,16 @@ class Driver:
         batch: list[Any],
         predicted: list[float],
     ) -> None:
+        # The task's fair-queue key moved on by the batch; its jobs take the keys it passed.
+        after = conn.execute(
+            update(TASKS)
+            .where(TASKS.c.id == task.id)
+            .values(
+                fair_key=fair_share.key_after(len(batch), TASKS.c.fair_key, task.arch, task.gpu)
+            )
+            .returning(TASKS.c.fair_key)
+        ).scalar_one()
+        base = after - len(batch)
         conn.execute(
             insert(JOBS),
             [
@@ -710,6 +726,7 @@ class Driver:
                     "only_runner": task.only_runner,
                     "state": JobState.QUEUED,
                     "attempts": 0,
+                    "fair_key": base + i,
                 }
                 for i, (schedule, p) in enumerate(zip(batch, predicted, strict=True))
             ],
@@ -1156,6 +1173,7 @@ class Driver:
             "channel": CHANNEL,
             "origin": self.wakeup.origin if self.wakeup is not None else "",
             "count": len(jobs),
+            "first": plan.first_trial,
             "seen": plan.seen,
             "late": plan.late,
         }

@@ -93,6 +93,8 @@ class TaskRow(Base):
     # min(budget, space size): the exact number of trials the task will have.
     trials_target: Mapped[int] = mapped_column(Integer)
     trials_enqueued: Mapped[int] = mapped_column(Integer, default=0)
+    # The fair-queue key after its last enqueued job (service/fair_share.py).
+    fair_key: Mapped[int] = mapped_column(BigInteger, default=0, server_default="0")
     trials_done: Mapped[int] = mapped_column(Integer, default=0)
     trials_failed: Mapped[int] = mapped_column(Integer, default=0)
     best_trial: Mapped[int | None] = mapped_column(Integer)
@@ -134,7 +136,8 @@ class JobRow(Base):
     __tablename__ = "jobs"
     __table_args__ = (
         UniqueConstraint("task_id", "trial"),
-        Index("ix_jobs_queue", "state", "arch", "gpu", "id"),
+        # A lease's order: fair keys, then age (service/fair_share.py).
+        Index("ix_jobs_queue", "state", "arch", "gpu", "fair_key", "id"),
         Index("ix_jobs_lease_expiry", "state", "lease_expires_at"),
         Index("ix_jobs_task_state", "task_id", "state"),
         Index("ix_jobs_owner", "lease_owner", "state"),
@@ -157,6 +160,8 @@ class JobRow(Base):
     predicted_us: Mapped[float | None] = mapped_column(Float)
     # Its task's only_runner, beside arch and gpu: what a lease matches a worker against.
     only_runner: Mapped[str | None] = mapped_column(String(16))
+    # Its start key in its GPU's fair queue: leases take the smallest (service/fair_share.py).
+    fair_key: Mapped[int] = mapped_column(BigInteger, default=0, server_default="0")
     state: Mapped[str] = mapped_column(String(16))
     attempts: Mapped[int] = mapped_column(Integer, default=0)  # leases that expired
     lease_owner: Mapped[int | None] = mapped_column(ForeignKey("workers.id"))

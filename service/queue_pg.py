@@ -40,7 +40,8 @@ _RUNNING, _TASK_QUEUED = TaskState.RUNNING.value, TaskState.QUEUED.value
 
 
 def _claim_sql(one_task: bool, one_workload: bool) -> str:
-    """The lease statement: claim, lease audit rows and tasks started, in one."""
+    """The lease statement: claim, lease audit rows and tasks started, in one. It takes
+    the smallest fair keys first (service/fair_share.py), along the queue index."""
     # A worker measures for its own GPU only (WorkerKind): an H100 and an H200 are both
     # sm_90, and one's timings recorded as the other's would be wrong data.
     filters = "state = %(queued)s AND arch = %(arch)s AND gpu = %(gpu)s"
@@ -52,7 +53,7 @@ def _claim_sql(one_task: bool, one_workload: bool) -> str:
     return f"""
 WITH picked AS MATERIALIZED (
     SELECT id FROM jobs WHERE {filters}
-    ORDER BY id LIMIT %(n)s
+    ORDER BY fair_key, id LIMIT %(n)s
     FOR UPDATE SKIP LOCKED
 ), claimed AS (
     UPDATE jobs SET state = %(leased)s, lease_owner = %(worker)s, lease_token = %(token)s,

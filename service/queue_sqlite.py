@@ -102,7 +102,14 @@ class SqliteQueueStore:
         with self.db.read_conn() as conn:
             if conn.scalar(select(JOBS.c.id).where(*eligible).limit(1)) is None:
                 return []
-        picked = select(JOBS.c.id).where(*eligible).order_by(JOBS.c.id).limit(n).cte("picked")
+        # The smallest fair keys first (service/fair_share.py), along the queue index.
+        picked = (
+            select(JOBS.c.id)
+            .where(*eligible)
+            .order_by(JOBS.c.fair_key, JOBS.c.id)
+            .limit(n)
+            .cte("picked")
+        )
         with self.db.write_conn() as conn:
             rows = conn.execute(
                 update(JOBS)

@@ -317,6 +317,39 @@ def test_0006_adds_what_the_first_0002_and_0005_left_out_and_keeps_every_row(emp
         engine.dispose()
 
 
+def test_0009_gives_every_row_fair_key_0_and_keeps_every_row(empty_url):
+    """Rows from before fair shares keep key 0: the jobs queued then are leased first, in
+    id order, as they would have been (service/fair_share.py)."""
+    upgrade(empty_url, "0008")
+    engine = make_engine(empty_url, pool_size=1)
+    try:
+        _one_finished_task(engine)
+        with engine.begin() as conn:
+            conn.execute(
+                text(
+                    "INSERT INTO jobs (id, task_id, workload_id, gpu, arch, trial, batch, "
+                    "schedule, schedule_id, state, attempts) VALUES (2, 1, 1, 'a100', "
+                    "'sm_80', 1, 0, '{}', 's', 'queued', 0)"
+                )
+            )
+        upgrade(empty_url)
+        assert _schema_diff(empty_url) == []
+        with engine.connect() as conn:
+            jobs = conn.execute(text("SELECT id, fair_key FROM jobs ORDER BY id")).all()
+            assert [tuple(r) for r in jobs] == [(1, 0), (2, 0)]
+            assert conn.execute(text("SELECT fair_key FROM tasks")).scalar() == 0
+            queue = {i["name"]: i["column_names"] for i in inspect(conn).get_indexes("jobs")}
+            assert queue["ix_jobs_queue"] == ["state", "arch", "gpu", "fair_key", "id"]
+        downgrade(empty_url, "0008")
+        assert _trial_rows(engine) == [TRIAL_ROWS[0], (2, 1, None), TRIAL_ROWS[1]]
+        with engine.connect() as conn:
+            assert "fair_key" not in {c["name"] for c in inspect(conn).get_columns("jobs")}
+            queue = {i["name"]: i["column_names"] for i in inspect(conn).get_indexes("jobs")}
+            assert queue["ix_jobs_queue"] == ["state", "arch", "gpu", "id"]
+    finally:
+        engine.dispose()
+
+
 def test_a_head_database_without_a_column_is_refused_naming_it(empty_url):
     """The revision alone said "up to date" (`db current`, the service's start) of a schema
     that lacked a column; the columns are compared as well now."""
@@ -350,6 +383,7 @@ RELEASED = {
     "0006": "f070548293315e629e9713e0a9d309d7614ef6cd4fa99fb3aee63cabded98c56",
     "0007": "945e656eef66849351ff4383786f1396cc38e57dde22a1cb9fe1ffb33ecf9577",
     "0008": "6f0ebb9060fd2ef45377c3352dfa2b73d19bd112834ba2aaf9abb7d1acfe4c48",
+    "0009": "ceee7ea1c8b70b65c998dd92bea53e9ee9d96781a12b5f4d865ac03ff5221b45",
 }
 
 

@@ -14,7 +14,8 @@ from service_support import client_for, create_task, lease, register
 from sqlalchemy import create_engine, text
 
 from pipetune.model.states import JobState, TaskState
-from pipetune.service.queue_pg import RECORD_SQL
+from pipetune.service.fair_share import key_after_sql
+from pipetune.service.queue_pg import CLAIM_SQL, RECORD_SQL
 
 pytest_plugins = ["service_fixtures"]
 
@@ -104,3 +105,51 @@ def test_a_results_request_reads_its_own_jobs_and_leases_not_the_whole_tables(pg
     assert "Seq Scan on leases" not in plan, plan
     # The statement did its work in that plan: both results applied (then rolled back).
     assert plan.count("Update on jobs") == 1
+
+
+def _plan(url: str, sql: str, params: dict | None = None) -> str:
+    engine = create_engine(url)
+    try:
+        with engine.connect() as conn:
+            raw = conn.connection.driver_connection
+            with raw.cursor() as cur:
+                cur.execute("EXPLAIN (COSTS OFF) " + sql, params)
+                plan = "\n".join(row[0] for row in cur.fetchall())
+            raw.rollback()
+    finally:
+        engine.dispose()
+    return plan
+
+
+def test_the_fair_queue_reads_its_index_not_the_jobs_table(pg):
+    """A lease takes the smallest fair keys and a batch reads the GPU's virtual time
+    (service/fair_share.py): each along the queue index, however many jobs are recorded."""
+    with client_for(pg, batch_size=4) as c:
+        create_task(c, budget=8, strategy="random", seed=3)
+        worker = register(c)
+        _grow(pg)
+    claim = _plan(
+        pg,
+        CLAIM_SQL[False, False],
+        {
+            "queued": JobState.QUEUED.value,
+            "leased": JobState.LEASED.value,
+            "running": TaskState.RUNNING.value,
+            "task_queued": TaskState.QUEUED.value,
+            "arch": "sm_90",
+            "gpu": "h100",
+            "runner": "simulated",
+            "task_id": None,
+            "workload": None,
+            "n": 8,
+            "worker": worker,
+            "token": "t",
+            "ttl": 60.0,
+        },
+    )
+    # Taken in the index's order: no sort of every queued job by key.
+    assert "Index Scan using ix_jobs_queue" in claim and "fair_key" not in claim, claim
+    # The key a batch's task moves on to, as the batch's statement embeds it.
+    plan = _plan(pg, f"SELECT {key_after_sql('n')} FROM tasks WHERE id = 1", {"n": 8})
+    assert "Seq Scan on jobs" not in plan, plan
+    assert plan.count("ix_jobs_queue") == 1 + len(JobState), plan

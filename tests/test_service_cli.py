@@ -225,12 +225,12 @@ def _error_line(result) -> str:  # type: ignore[no-untyped-def]
     [
         ("", "must name a revision"),
         ("head+1", "'head+1' steps outside this pipetune's revisions"),
-        ("head-9", "'head-9' steps outside this pipetune's revisions"),
-        ("+9", "'+9' steps outside this pipetune's revisions"),
+        ("head-99", "'head-99' steps outside this pipetune's revisions"),
+        ("+99", "'+99' steps outside this pipetune's revisions"),
         ("-1", "'-1' does not go up from the database's revision"),
         ("+0", "'+0' does not go up from the database's revision"),
     ],
-    ids=["empty", "head+1", "head-9", "+9", "-1", "+0"],
+    ids=["empty", "head+1", "head-99", "+99", "-1", "+0"],
 )
 def test_db_upgrade_refuses_a_revision_it_cannot_reach_before_touching_the_database(
     tmp_path, revision, reason

@@ -168,7 +168,7 @@ def test_hot_queries_use_their_indexes(big_client):
     service = big_client.app.state.service
     plans = {
         "ix_jobs_queue": "SELECT id FROM jobs WHERE state = 'queued' AND arch = 'sm_90' "
-        "AND gpu = 'h100' ORDER BY id LIMIT 8",
+        "AND gpu = 'h100' ORDER BY fair_key, id LIMIT 8",
         "ix_jobs_lease_expiry": "SELECT id FROM jobs WHERE state = 'leased' "
         "AND lease_expires_at < '2030-01-01'",
         "ix_jobs_best": "SELECT id FROM jobs WHERE workload_id = 1 AND gpu = 'h100' "

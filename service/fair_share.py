@@ -1,0 +1,91 @@
+"""Fair shares of a GPU's workers between the tasks that wait for them: start-time fair
+queueing (Goyal, Vin and Cheng, 1996) over trials.
+
+Every job gets a key when it is enqueued, and a lease takes the queued jobs with the
+smallest keys (ties: the older job). A task's jobs are numbered on from the larger of
+  * the key after its own last job (`tasks.fair_key`), and
+  * the GPU's virtual time: how far the queue of that GPU has got,
+so while several tasks have jobs queued they take turns, one trial each, whatever their
+batch sizes; a task that waits (on its results, or a new task) starts level with the tasks
+being served, not ahead of them by what it did not use, and not behind a backlog that
+others queued before it. First come by job id, a batch-64 task that proposes ahead took
+404 trials to a batch-8 task's 24, and a new task waited for every job queued before it.
+
+The virtual time is the smallest key queued for any worker of the GPU (jobs of one runner
+kind only are left out: with no such worker they would hold it back for ever), or, with
+nothing queued, the largest key any job of the GPU was given (everything was served, or is
+being). It is read when a batch is enqueued and written nowhere: a lease changes nothing
+of it, so the hot path gains no row that every lease would update. The rule is written
+once, here, as a SQLAlchemy expression: the ORM paths use it as such, and PostgreSQL's
+one-statement batch commit (service/driver.py) embeds its compiled text.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from sqlalchemy import ColumnElement, func, literal_column, select, union_all
+from sqlalchemy.dialects import postgresql
+from sqlalchemy.ext.compiler import compiles
+from sqlalchemy.sql.functions import FunctionElement
+
+from pipetune.model.states import JobState
+from pipetune.service.orm import JobRow, TaskRow
+
+JOBS, TASKS = JobRow.__table__, TaskRow.__table__
+_BATCH = "__fair_batch__"  # where key_after_sql's parameter goes
+
+
+class greatest(FunctionElement):  # noqa: N801 (named as the SQL function it is)
+    """The larger of its arguments: PostgreSQL's greatest(), SQLite's many-argument max()."""
+
+    inherit_cache = True
+
+
+@compiles(greatest)
+def _greatest(element: greatest, compiler: Any, **kw: Any) -> str:
+    return f"greatest({compiler.process(element.clauses, **kw)})"
+
+
+@compiles(greatest, "sqlite")
+def _greatest_sqlite(element: greatest, compiler: Any, **kw: Any) -> str:
+    return f"max({compiler.process(element.clauses, **kw)})"
+
+
+def virtual_time(arch: Any, gpu: Any) -> ColumnElement[int]:
+    """The GPU's virtual time, for the arch and gpu given (columns or values)."""
+    on_gpu = (JOBS.c.arch == arch, JOBS.c.gpu == gpu)
+    queued = select(func.min(JOBS.c.fair_key)).where(
+        JOBS.c.state == JobState.QUEUED.value, JOBS.c.only_runner.is_(None), *on_gpu
+    )
+    # One maximum per state, each a single probe of the queue index (state, arch, gpu,
+    # fair_key): one over all states would read every job of the GPU.
+    given = union_all(
+        *(
+            select(func.max(JOBS.c.fair_key).label("key")).where(JOBS.c.state == s.value, *on_gpu)
+            for s in JobState
+        )
+    ).subquery()
+    return func.coalesce(
+        queued.scalar_subquery(), select(func.max(given.c.key)).scalar_subquery(), 0
+    )
+
+
+def key_after(batch: Any, task_key: Any, arch: Any, gpu: Any) -> ColumnElement[int]:
+    """A task's key after it enqueues `batch` jobs (values or SQL expressions); its jobs
+    take the keys from this minus `batch` on, one each."""
+    return greatest(task_key, virtual_time(arch, gpu)) + batch
+
+
+def key_after_sql(batch_param: str) -> str:
+    """key_after for `UPDATE tasks ...` on PostgreSQL, as SQL text, with the batch's size
+    the statement's parameter `batch_param` (pyformat)."""
+    expression = key_after(
+        literal_column(_BATCH),
+        literal_column("tasks.fair_key"),
+        literal_column("tasks.arch"),
+        literal_column("tasks.gpu"),
+    )
+    dialect = postgresql.psycopg.dialect()
+    text = str(expression.compile(dialect=dialect, compile_kwargs={"literal_binds": True}))
+    return text.replace(_BATCH, f"%({batch_param})s")
