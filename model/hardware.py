@@ -10,6 +10,7 @@ with pipetune (``model/profiles/<key>.json``, committed from the project's GPU c
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import os
@@ -299,10 +300,40 @@ def parse_profile(document: Any, source: str) -> tuple[str | None, dict[str, Any
 
 
 def load_profile(path: str | Path) -> tuple[str | None, dict[str, Any]]:
+    """A profile file's (gpu key or None, overrides), parsed once per version of the file.
+
+    get_gpu reads a profile on every call, and a worker registration calls it: read from disk
+    each time, a registration made with every file descriptor taken (EMFILE at the hard
+    limit) answered 500. Profiles are rewritten rarely (`pipetune calibrate`, `pipetune
+    campaign unpack`, a user's edit), so the parse is cached under the file's stat signature
+    instead: a stat needs no descriptor, and a rewritten file (new mtime, size or inode) is
+    read afresh on the next call, as before.
+    """
     path = Path(path)
     try:
-        document = json.loads(path.read_text())
+        st = path.stat()
     except FileNotFoundError as exc:
+        raise HardwareError(f"profile {path} does not exist") from exc
+    except OSError as exc:  # a folder on the way not searchable, a name too long
+        raise HardwareError(f"profile {path} cannot be read: {exc}") from exc
+    target, overrides = _read_profile(path, st.st_mtime_ns, st.st_size, st.st_ino)
+    return target, dict(overrides)  # a copy: the cached one is shared by every caller
+
+
+# Enough for every GPU's profile plus a few explicit ones; each entry is a few hundred bytes.
+# A rewritten file leaves its old entry behind until it is pushed out.
+_PROFILE_CACHE_SIZE = 64
+
+
+@functools.lru_cache(maxsize=_PROFILE_CACHE_SIZE)
+def _read_profile(
+    path: Path, _mtime_ns: int, _size: int, _inode: int
+) -> tuple[str | None, dict[str, Any]]:
+    """load_profile's read and parse; the stat fields are only the cache key (a failure
+    raises, and lru_cache keeps no exception, so a file fixed since is read again)."""
+    try:
+        document = json.loads(path.read_text())
+    except FileNotFoundError as exc:  # removed between the stat and the read
         raise HardwareError(f"profile {path} does not exist") from exc
     except IsADirectoryError as exc:
         raise HardwareError(f"profile {path} is a directory, not a JSON file") from exc

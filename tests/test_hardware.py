@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import errno
+import io
 import json
+import os
 
 import pytest
 
@@ -98,3 +101,35 @@ def test_the_users_profile_folder_is_beside_the_embedded_database(tmp_path, monk
     assert hardware.user_profile_dir() == tmp_path / "pipetune" / "profiles"
     monkeypatch.setenv(hardware.USER_PROFILE_DIR_ENV, str(tmp_path / "mine"))
     assert hardware.user_profile_dir() == tmp_path / "mine"
+
+
+def test_a_profile_is_read_once_per_version_of_its_file(tmp_path, monkeypatch):
+    """A worker registration calls get_gpu: read from disk on each call, a registration made
+    with every file descriptor taken (EMFILE at the hard limit) answered 500. A second call
+    opens no file; a profile rewritten since (calibrate and unpack write a new file and
+    rename it over the old one) is read afresh."""
+    shipped = tmp_path / "shipped"
+    shipped.mkdir()
+    monkeypatch.setattr(hardware, "PROFILE_DIR", shipped)
+    monkeypatch.setenv(hardware.USER_PROFILE_DIR_ENV, str(tmp_path / "own"))
+    (shipped / "a100.json").write_text(
+        json.dumps({"gpu": "a100", "overrides": {"l2_latency_ns": 111}})
+    )
+    assert get_gpu("a100").l2_latency_ns == 111.0
+
+    def no_descriptor(*args: object, **kwargs: object) -> None:
+        raise OSError(errno.EMFILE, "Too many open files")
+
+    with monkeypatch.context() as at_the_limit:
+        at_the_limit.setattr(io, "open", no_descriptor)
+        at_the_limit.setattr("builtins.open", no_descriptor)
+        spec = get_gpu("a100")
+        assert spec.l2_latency_ns == 111.0 and spec.profile == "calibrated:a100.json"
+        # Each caller gets its own overrides: one that changed them changes no other's.
+        hardware.load_profile(shipped / "a100.json")[1].clear()
+        assert get_gpu("a100").l2_latency_ns == 111.0
+
+    staged = shipped / "a100.json.tmp"
+    staged.write_text(json.dumps({"gpu": "a100", "overrides": {"l2_latency_ns": 222}}))
+    os.replace(staged, shipped / "a100.json")
+    assert get_gpu("a100").l2_latency_ns == 222.0

@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import errno
 import math
+import os
+import sys
 
+import pytest
 from service_support import (
     GEMM,
     SMALL_GEMM,
@@ -179,6 +183,37 @@ def test_a_name_registered_again_while_heartbeating_says_it_may_be_in_use(db_url
             s.execute(update(WorkerRow).values(last_heartbeat=old))
         later = c.post("/v1/workers", json=body, headers=WORKER_HEADERS)
         assert later.status_code == 200 and later.json()["name_in_use"] is False
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="Linux descriptor numbering")
+def test_a_registration_with_every_file_descriptor_taken_reads_no_profile(tmp_path):
+    """At the open-files hard limit a registration answered 500: it read the GPU's profile
+    (get_gpu) from disk, and the open failed with EMFILE. The profile is parsed once; a
+    registration then needs no descriptor beyond the database connection it already has."""
+    import resource
+
+    from pipetune.service.migrate import upgrade
+
+    url = f"sqlite:///{tmp_path / 'pipetune.db'}"
+    upgrade(url)
+    body = {"name": "w1", "gpu": "h100", "arch": "sm_90", "runner": "simulated"}
+    with client_for(url) as c:
+        register(c)  # the first registration reads the profile, and opens the pool's connection
+        soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+        # A few above the descriptors in use (not the soft limit, which may be a million).
+        resource.setrlimit(resource.RLIMIT_NOFILE, (len(os.listdir("/proc/self/fd")) + 8, hard))
+        taken: list[int] = []
+        try:
+            while True:
+                taken.append(os.open(os.devnull, os.O_RDONLY))
+        except OSError as exc:
+            assert exc.errno == errno.EMFILE
+            again = c.post("/v1/workers", json=body, headers=WORKER_HEADERS)
+        finally:
+            for fd in taken:
+                os.close(fd)
+            resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+        assert again.status_code == 200, again.text
 
 
 def test_a_task_for_one_runner_is_measured_by_its_workers_only(client):
