@@ -6,6 +6,7 @@ the SDK retry, not a 500."""
 from __future__ import annotations
 
 import logging
+import math
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -18,7 +19,12 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from pipetune.model.family import all_ops
 from pipetune.model.wire import ErrorItem, FieldError, ValidationErrorBody
 from pipetune.model.workloads import WorkloadError
-from pipetune.service.db import is_disk_full, is_unavailable, unavailable_reason
+from pipetune.service.db import (
+    DISK_FULL_WINDOW_S,
+    is_disk_full,
+    is_unavailable,
+    unavailable_reason,
+)
 from pipetune.service.routers.bounded_json import TooManyFieldsError
 
 log = logging.getLogger(__name__)
@@ -28,6 +34,10 @@ DATABASE_UNAVAILABLE = "the database is unavailable; retry shortly"
 # A full disk is a 503 too (workers and the SDK retry it, and the service resumes by itself
 # once there is room), but named: the database answers, so "unavailable" misled.
 DATABASE_FULL = "the database's disk is full: writes fail until space is freed; retry later"
+# A full disk does not clear in a second, as a restart or a failover may: a retry a second
+# later only fails again (and keeps /healthz unhealthy). Clients are told to come back after
+# the window /healthz reports it for, when it is healthy again if no write has failed since.
+RETRY_AFTER_FULL_S = math.ceil(DISK_FULL_WINDOW_S)
 # A 422 says what was wrong, not all of it again: a quoted value is cut to SHOWN_CHARS and a
 # reason to REASON_CHARS, and at most MAX_ITEMS problems are listed (a body of 20,000 unknown
 # keys, or a 400 KB string, made a 422 of megabytes).
@@ -197,10 +207,11 @@ def install(app: FastAPI) -> None:
             raise exc  # an integrity error, a bad statement: a bug, a 500 with its traceback
         # One line, no traceback, no SQL or parameters: the cause is outside the service.
         log.warning("database unavailable: %s", unavailable_reason(exc))
+        full = is_disk_full(exc)
         return JSONResponse(
-            {"detail": DATABASE_FULL if is_disk_full(exc) else DATABASE_UNAVAILABLE},
+            {"detail": DATABASE_FULL if full else DATABASE_UNAVAILABLE},
             status_code=503,
-            headers={"Retry-After": str(RETRY_AFTER_S)},
+            headers={"Retry-After": str(RETRY_AFTER_FULL_S if full else RETRY_AFTER_S)},
         )
 
     app.add_exception_handler(sa_exc.DBAPIError, _database)
@@ -209,6 +220,9 @@ def install(app: FastAPI) -> None:
     @app.exception_handler(ServiceError)
     async def _service(_request: Request, exc: ServiceError) -> JSONResponse:
         # A stall or a full disk passes (a SQLite file deleted does not): a worker may retry.
-        stalled = isinstance(exc, DatabaseStalledError | DatabaseFullError)
-        headers = {"Retry-After": str(RETRY_AFTER_S)} if stalled else None
+        headers = None
+        if isinstance(exc, DatabaseFullError):
+            headers = {"Retry-After": str(RETRY_AFTER_FULL_S)}
+        elif isinstance(exc, DatabaseStalledError):
+            headers = {"Retry-After": str(RETRY_AFTER_S)}
         return JSONResponse({"detail": exc.detail}, status_code=exc.status_code, headers=headers)

@@ -56,7 +56,8 @@ class DatabaseGauges(Collector):
     Every GPU and every task state has a sample, 0 included: a series that vanished when its
     queue emptied read as "no data" rather than 0. While the database cannot be reached the
     scrape still answers, with `pipetune_database_up 0` and without these gauges (it failed
-    whole, so a replica whose database was down looked down itself)."""
+    whole, so a replica whose database was down looked down itself). While its disk is full
+    (Database.full_problem) it reads 0 too, with these gauges: reads still answer then."""
 
     def __init__(self, db: Database, live_within_s: float = 120.0):
         """`live_within_s`: a worker whose last heartbeat is older is not live (the lease
@@ -92,7 +93,11 @@ class DatabaseGauges(Collector):
                 raise
             yield gauge_family("pipetune_database_up", DATABASE_UP_HELP, [], [(0,)])
             return
-        yield gauge_family("pipetune_database_up", DATABASE_UP_HELP, [], [(1,)])
+        # A full disk: reads (these gauges) still answer, but every write fails, and /healthz
+        # says so (Database.full_problem); a database_up of 1 then contradicted /healthz and
+        # hid the outage from alerts on the gauge. The gauges are still worth having.
+        up = 0 if self.db.full_problem() is not None else 1
+        yield gauge_family("pipetune_database_up", DATABASE_UP_HELP, [], [(up,)])
         queued = _every(
             gpu_keys(), [(gpu, n) for state, gpu, n in jobs if state == JobState.QUEUED]
         )
@@ -120,7 +125,10 @@ class DatabaseGauges(Collector):
         return iter(())  # registering the collector reads nothing from the database
 
 
-DATABASE_UP_HELP = "1 while this replica reads its database, 0 while it cannot reach it"
+DATABASE_UP_HELP = (
+    "1 while this replica reads and writes its database, 0 while it cannot reach it "
+    "or its disk is full"
+)
 
 
 def _every(keys: Iterable[str], rows: Iterable[tuple]) -> list[tuple[str, float]]:

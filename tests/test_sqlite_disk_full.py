@@ -8,12 +8,21 @@ past it with the very error a full disk gives (tmpfs, reproduced: the same 503s)
 
 from __future__ import annotations
 
+import math
 import time
 from pathlib import Path
 
-from service_support import GEMM, WORKER_HEADERS, client_for, register, service_of
+from service_support import (
+    GEMM,
+    WORKER_HEADERS,
+    client_for,
+    metric_value,
+    register,
+    service_of,
+)
 from sqlalchemy import event, text
 
+from pipetune.service.db import DISK_FULL_WINDOW_S
 from pipetune.service.migrate import upgrade
 
 
@@ -56,7 +65,8 @@ def test_a_full_disk_is_a_503_naming_it_and_healthz_says_so_until_it_passes(tmp_
                 refused = response
                 break
         assert refused is not None and refused.status_code == 503, refused and refused.text
-        assert refused.headers["Retry-After"] == "1"
+        # A full disk does not clear in a second: retry after the window /healthz uses.
+        assert refused.headers["Retry-After"] == str(math.ceil(DISK_FULL_WINDOW_S)) == "30"
         assert "full" in refused.json()["detail"], refused.text
         # Nothing half-written: the refused task is not there, the ones before it are whole.
         listed = client.get("/v1/tasks").json()["tasks"]
@@ -64,7 +74,13 @@ def test_a_full_disk_is_a_503_naming_it_and_healthz_says_so_until_it_passes(tmp_
         assert len(listed) >= len(tasks_before)
         health = client.get("/healthz")
         assert health.status_code == 503, health.text
-        assert "full" in health.json()["detail"] and health.headers["Retry-After"] == "1"
+        assert "full" in health.json()["detail"]
+        assert health.headers["Retry-After"] == refused.headers["Retry-After"]
+        # The gauge agrees with /healthz (it read 1: reads answer), and the queue's gauges
+        # are still there, read as before.
+        scraped = client.get("/metrics").text
+        assert metric_value(scraped, "pipetune_database_up") == 0
+        assert metric_value(scraped, "pipetune_workers_registered", gpu="h100") == 1
         # Room again: writes pass, and /healthz is healthy once no write has failed for
         # disk_full_window_s.
         cap.set(None)
@@ -72,6 +88,7 @@ def test_a_full_disk_is_a_503_naming_it_and_healthz_says_so_until_it_passes(tmp_
         assert created.status_code == 201, created.text
         time.sleep(0.6)
         assert client.get("/healthz").status_code == 200
+        assert metric_value(client.get("/metrics").text, "pipetune_database_up") == 1
         worker = register(client, "w2")
         leased = client.post(
             "/v1/jobs/lease", json={"worker_id": worker, "wait_s": 0}, headers=WORKER_HEADERS
