@@ -454,26 +454,41 @@ class Database:
         with self.driver_statement() as cur:
             cur.execute(PROBE_SQL)
 
+    def _probe_if_stalled(self) -> None:
+        """Before an ORM session's or a Core connection's first statement: while the
+        database is stalled, the engine's statements take their turn as the probe, as the
+        driver's do (driver_statement): one at a time, the others a 503 at once. Each waited
+        a deadline of its own in a worker thread, and a burst of reads (a dashboard's, the
+        task list's) held the thread pool that the stall's hot paths and /healthz run in.
+        The probe, where it answers, ends the stall, and the session goes on as usual: a
+        replica with only these requests still finds its database answering again."""
+        if self._stalled_since is not None:  # (one attribute read when it is not)
+            self.probe()
+
     @contextmanager
     def write(self) -> Iterator[Session]:
         """One transaction that may write: committed on success, rolled back on error."""
+        self._probe_if_stalled()
         with self._write.begin() as session:
             yield session
 
     @contextmanager
     def read(self) -> Iterator[Session]:
         """A read-only transaction (never committed)."""
+        self._probe_if_stalled()
         with self._read() as session:
             yield session
 
     @contextmanager
     def write_conn(self) -> Iterator[Connection]:
         """A Core connection in one write transaction (the queue's hot paths: no ORM)."""
+        self._probe_if_stalled()
         with self.engine.begin() as conn:
             yield conn
 
     @contextmanager
     def read_conn(self) -> Iterator[Connection]:
+        self._probe_if_stalled()
         with self._reader.connect() as conn:
             yield conn
 

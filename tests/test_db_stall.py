@@ -169,3 +169,59 @@ def test_a_stopped_postgresql_is_answered_503_and_the_replica_recovers(
             if not got.json()["jobs"]:
                 time.sleep(0.2)
     audit_task(url, task_id, budget=BUDGET)
+
+
+def test_orm_routes_fail_at_once_while_a_stalled_databases_probe_is_out(
+    private_postgres: PostgresInstance,
+):
+    """The hot routes' statements go one at a time while the database is stalled (one probes,
+    the rest answer 503 at once); the routes that read and write through an ORM session
+    (task and worker lists, a registration) each waited a whole deadline in a worker thread,
+    and a burst of them held the thread pool, which the stall's hot paths and /healthz need.
+    They take their turn as the probe too now, and fail at once while it is out."""
+    url = private_postgres.url
+    upgrade(url)
+    # The probe's wait is the window the ORM requests are sent in: twice the other test's,
+    # room for the four on a busy 2-core machine.
+    deadline_s = 2 * DEADLINE_S
+    with (
+        live_server(url, db_statement_deadline_s=deadline_s, sweep_interval_s=0) as base,
+        httpx.Client(base_url=base, timeout=4 * deadline_s + 10) as http,
+    ):
+        body = {"name": "w1", "gpu": "h100", "arch": "sm_90", "runner": "simulated"}
+        worker = http.post("/v1/workers", json=body, headers=WORKER_HEADERS).json()["id"]
+        task = http.post("/v1/tasks", json={"workload": GEMM, "gpu": "h100", "budget": BUDGET})
+        assert task.status_code == 201, task.text
+        task_id = task.json()["id"]
+        lease = {"worker_id": worker, "max_jobs": 1, "wait_s": 0}
+        assert http.post("/v1/jobs/lease", json=lease, headers=WORKER_HEADERS).status_code == 200
+
+        with stopped(private_postgres):
+            # The stall found by a hot statement, which waits out the deadline.
+            hot = http.post("/v1/jobs/lease", json=lease, headers=WORKER_HEADERS)
+            assert hot.status_code == 503, hot.text
+            probing = threading.Thread(target=lambda: http.get("/healthz"))
+            probing.start()
+            time.sleep(0.3)  # /healthz's probe is out (it waits a deadline)
+            orm = {
+                "tasks": lambda: http.get("/v1/tasks"),
+                "task": lambda: http.get(f"/v1/tasks/{task_id}"),
+                "workers": lambda: http.get("/v1/workers"),
+                "register": lambda: http.post("/v1/workers", json=body, headers=WORKER_HEADERS),
+            }
+            for name, call in orm.items():
+                answer, took = _timed(call)
+                assert answer.status_code == 503, (name, answer.text)
+                # The hot routes' 503: the same detail and Retry-After.
+                assert answer.json() == hot.json(), (name, answer.text)
+                assert answer.headers["Retry-After"] == hot.headers["Retry-After"] == "1"
+                assert took < DEADLINE_S / 2, (name, took)  # (each waited deadline_s)
+            probing.join()
+
+        # Resumed: an ORM route is the probe now, and its answer ends the stall.
+        deadline = time.monotonic() + 20
+        while (listed := http.get("/v1/tasks")).status_code != 200:
+            assert time.monotonic() < deadline, listed.text
+            time.sleep(0.2)
+        assert [t["id"] for t in listed.json()["tasks"]] == [task_id]
+        assert http.get("/healthz").status_code == 200
