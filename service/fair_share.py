@@ -13,10 +13,10 @@ others queued before it. First come by job id, a batch-64 task that proposes ahe
 
 The virtual time is the smallest key queued for any worker of the GPU (jobs of one runner
 kind only are left out: with no such worker they would hold it back for ever), or, with
-nothing queued, the largest key any job of the GPU was given (everything was served, or is
-being). It is read when a batch is enqueued and written nowhere: a lease changes nothing
-of it, so the hot path gains no row that every lease would update. The rule is written
-once, here, as a SQLAlchemy expression: the ORM paths use it as such, and PostgreSQL's
+nothing queued, the furthest key of the GPU's active tasks (everything they were given was
+served, or is being). It is read when a batch is enqueued and written nowhere: a lease
+changes nothing of it, so the hot path gains no row that every lease would update. The rule
+is written once, here, as a SQLAlchemy expression: the ORM paths use it as such, and PostgreSQL's
 one-statement batch commit (service/driver.py) embeds its compiled text.
 """
 
@@ -24,12 +24,12 @@ from __future__ import annotations
 
 from typing import Any
 
-from sqlalchemy import ColumnElement, func, literal_column, select, union_all
+from sqlalchemy import ColumnElement, func, literal_column, select
 from sqlalchemy.dialects import postgresql
 from sqlalchemy.ext.compiler import compiles
 from sqlalchemy.sql.functions import FunctionElement
 
-from pipetune.model.states import JobState
+from pipetune.model.states import ACTIVE_TASK_STATES, JobState
 from pipetune.service.orm import JobRow, TaskRow
 
 JOBS, TASKS = JobRow.__table__, TaskRow.__table__
@@ -54,21 +54,21 @@ def _greatest_sqlite(element: greatest, compiler: Any, **kw: Any) -> str:
 
 def virtual_time(arch: Any, gpu: Any) -> ColumnElement[int]:
     """The GPU's virtual time, for the arch and gpu given (columns or values)."""
-    on_gpu = (JOBS.c.arch == arch, JOBS.c.gpu == gpu)
     queued = select(func.min(JOBS.c.fair_key)).where(
-        JOBS.c.state == JobState.QUEUED.value, JOBS.c.only_runner.is_(None), *on_gpu
+        JOBS.c.state == JobState.QUEUED.value,
+        JOBS.c.only_runner.is_(None),
+        JOBS.c.arch == arch,
+        JOBS.c.gpu == gpu,
     )
-    # One maximum per state, each a single probe of the queue index (state, arch, gpu,
-    # fair_key): one over all states would read every job of the GPU.
-    given = union_all(
-        *(
-            select(func.max(JOBS.c.fair_key).label("key")).where(JOBS.c.state == s.value, *on_gpu)
-            for s in JobState
-        )
-    ).subquery()
-    return func.coalesce(
-        queued.scalar_subquery(), select(func.max(given.c.key)).scalar_subquery(), 0
+    # With nothing queued, the furthest any task of the GPU has got: every job given a key
+    # was served or is being. Only the active tasks (a few, by their state's index): one
+    # probe, where the largest key over the jobs' states took six and a plan of each.
+    furthest = select(func.max(TASKS.c.fair_key)).where(
+        TASKS.c.state.in_([s.value for s in ACTIVE_TASK_STATES]),
+        TASKS.c.arch == arch,
+        TASKS.c.gpu == gpu,
     )
+    return func.coalesce(queued.scalar_subquery(), furthest.scalar_subquery(), 0)
 
 
 def key_after(batch: Any, task_key: Any, arch: Any, gpu: Any) -> ColumnElement[int]:

@@ -151,5 +151,4 @@ def test_the_fair_queue_reads_its_index_not_the_jobs_table(pg):
     assert "Index Scan using ix_jobs_queue" in claim and "fair_key" not in claim, claim
     # The key a batch's task moves on to, as the batch's statement embeds it.
     plan = _plan(pg, f"SELECT {key_after_sql('n')} FROM tasks WHERE id = 1", {"n": 8})
-    assert "Seq Scan on jobs" not in plan, plan
-    assert plan.count("ix_jobs_queue") == 1 + len(JobState), plan
+    assert "Seq Scan on jobs" not in plan and plan.count("ix_jobs_queue") == 1, plan
