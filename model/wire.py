@@ -43,6 +43,7 @@ from pipetune.model.trials import MeasureResult, RunnerKind, TrialStatus
 
 MAX_BUDGET = 5000  # trials per task; larger spaces are swept, not tuned
 MAX_BATCH_SIZE = 64  # trials per proposal round (a task's, or the service's default)
+MAX_PRIORITY = 10  # a task's share of its GPU's workers, against priority 1
 ID_MAX = 2**31 - 1  # ids and counts are 32-bit integer columns (service/orm.py)
 # Tasks per page of GET /v1/tasks (and of the local store, which answers as it does).
 TASK_PAGE = 100
@@ -292,6 +293,15 @@ BATCH_SIZE_DESCRIPTION = (
     "searched from a prior, the two differed by 0.012 at most, and by 0.003 at most from 20 "
     'trials on (benchmarks/RESULTS.md, "a task\'s own batch size").'
 )
+PRIORITY_DESCRIPTION = (
+    "The task's share of its GPU's workers while other tasks wait for them too: tasks take "
+    "turns, and a task of priority p takes p trials to a priority-1 task's one. A share, not "
+    "a rank: no task waits for another to finish. 1 by default."
+)
+# Where a task's priority is asked for (POST /v1/tasks, "tune" of POST /v1/schedules).
+Priority = Annotated[
+    int, Field(strict=True, ge=1, le=MAX_PRIORITY, description=PRIORITY_DESCRIPTION)
+]
 RUNNER_DESCRIPTION = (
     "only workers of this runner measure the task's trials (`cupy`: GPU measurements only; "
     "`pipetune.tune` in a process sets its own runner's). Null: any worker of the GPU "
@@ -309,6 +319,7 @@ class TuneOptions(_PriorFields):
     seed: int = Field(0, strict=True, ge=0, le=ID_MAX)
     batch_size: BatchSize | None = None
     runner: RunnerKind | None = Field(None, description=RUNNER_DESCRIPTION)
+    priority: Priority = 1
 
 
 class ScheduleRequest(_GpuField):
@@ -349,6 +360,7 @@ class TaskCreate(_GpuField, _PriorFields):
     seed: int = Field(0, strict=True, ge=0, le=ID_MAX)
     batch_size: BatchSize | None = None
     runner: RunnerKind | None = Field(None, description=RUNNER_DESCRIPTION)
+    priority: Priority = 1
 
 
 class BestTrial(_Throughput):
@@ -380,6 +392,7 @@ class TaskDoc(_Body):
     imported_from: str | None = None
     # Only workers of this runner measure its trials (TaskCreate.runner); null: any.
     runner: str | None = None
+    priority: int = 1  # its share of its GPU's workers (TaskCreate.priority)
     trials_done: int  # trials with a final result (failed ones included)
     trials_failed: int
     # The trials the task runs: its budget, or its whole space where that is smaller (a

@@ -132,13 +132,14 @@ WITH {held}cas AS (
         curve = CAST(%(curve)s AS json), updated_at = statement_timestamp(),
         fair_key = {fair_key}
     {after_held}WHERE id = %(task)s AND batches = %(version)s AND state IN ({active})
-    RETURNING id, workload_id, gpu, arch, only_runner, fair_key - %(count)s AS fair_base
+    RETURNING id, workload_id, gpu, arch, only_runner,
+        fair_key - %(count)s * {fair_step} AS fair_base, {fair_step} AS fair_step
 ), added AS (
     INSERT INTO jobs (task_id, workload_id, gpu, arch, trial, batch, schedule, schedule_id,
         predicted_us, only_runner, state, attempts, fair_key)
     SELECT cas.id, cas.workload_id, cas.gpu, cas.arch, j.trial, %(version)s, j.schedule,
         j.schedule_id, j.predicted_us, cas.only_runner, %(queued)s, 0,
-        cas.fair_base + j.trial - %(first)s
+        cas.fair_base + (j.trial - %(first)s) * cas.fair_step
     FROM cas, jsonb_to_recordset(CAST(%(jobs)s AS jsonb))
         AS j(trial int, schedule json, schedule_id text, predicted_us float8)
 ){seen}
@@ -175,9 +176,9 @@ COMMIT_BATCH_SQL = (
     COMMIT_BATCH_SQL.replace("{held}", "").replace("{after_held}", "").replace("{seen}", "")
 )
 COMMIT_BATCH_SQL, COMMIT_SEEN_BATCH_SQL = (
-    sql.replace("{active}", sql_names(ACTIVE_TASK_STATES)).replace(
-        "{fair_key}", fair_share.key_after_sql("count")
-    )
+    sql.replace("{active}", sql_names(ACTIVE_TASK_STATES))
+    .replace("{fair_key}", fair_share.key_after_sql("count"))
+    .replace("{fair_step}", fair_share.step_sql())
     for sql in (COMMIT_BATCH_SQL, COMMIT_SEEN_BATCH_SQL)
 )
 
@@ -597,6 +598,7 @@ class Driver:
                 prior_task=body.prior_task,
                 learned_from=None if learned_from is None else list(learned_from),
                 only_runner=None if body.runner is None else body.runner.value,
+                priority=body.priority,
                 batch_size=batch_size,
                 state=TaskState.QUEUED,
                 batches=len(batches),
@@ -701,15 +703,18 @@ class Driver:
         predicted: list[float],
     ) -> None:
         # The task's fair-queue key moved on by the batch; its jobs take the keys it passed.
+        step = fair_share.step(task.priority)
         after = conn.execute(
             update(TASKS)
             .where(TASKS.c.id == task.id)
             .values(
-                fair_key=fair_share.key_after(len(batch), TASKS.c.fair_key, task.arch, task.gpu)
+                fair_key=fair_share.key_after(
+                    len(batch), TASKS.c.fair_key, task.arch, task.gpu, task.priority
+                )
             )
             .returning(TASKS.c.fair_key)
         ).scalar_one()
-        base = after - len(batch)
+        base = after - len(batch) * step
         conn.execute(
             insert(JOBS),
             [
@@ -726,7 +731,7 @@ class Driver:
                     "only_runner": task.only_runner,
                     "state": JobState.QUEUED,
                     "attempts": 0,
-                    "fair_key": base + i,
+                    "fair_key": base + i * step,
                 }
                 for i, (schedule, p) in enumerate(zip(batch, predicted, strict=True))
             ],
@@ -1126,6 +1131,7 @@ class Driver:
                     TASKS.c.gpu,
                     TASKS.c.arch,
                     TASKS.c.only_runner,
+                    TASKS.c.priority,
                 )
             ).first()
             if task is None:

@@ -5,8 +5,9 @@ Every job gets a key when it is enqueued, and a lease takes the queued jobs with
 smallest keys (ties: the older job). A task's jobs are numbered on from the larger of
   * the key after its own last job (`tasks.fair_key`), and
   * the GPU's virtual time: how far the queue of that GPU has got,
-so while several tasks have jobs queued they take turns, one trial each, whatever their
-batch sizes; a task that waits (on its results, or a new task) starts level with the tasks
+so while several tasks have jobs queued they take turns, one trial each (a task of priority
+p: p trials to a priority-1 task's one: its keys advance by KEY_UNIT / p a job), whatever
+their batch sizes; a task that waits (on its results, or a new task) starts level with the tasks
 being served, not ahead of them by what it did not use, and not behind a backlog that
 others queued before it. First come by job id, a batch-64 task that proposes ahead took
 404 trials to a batch-8 task's 24, and a new task waited for every job queued before it.
@@ -22,18 +23,23 @@ one-statement batch commit (service/driver.py) embeds its compiled text.
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
-from sqlalchemy import ColumnElement, func, literal_column, select
+from sqlalchemy import ColumnElement, Integer, func, literal_column, select
 from sqlalchemy.dialects import postgresql
 from sqlalchemy.ext.compiler import compiles
 from sqlalchemy.sql.functions import FunctionElement
 
 from pipetune.model.states import ACTIVE_TASK_STATES, JobState
+from pipetune.model.wire import MAX_PRIORITY
 from pipetune.service.orm import JobRow, TaskRow
 
 JOBS, TASKS = JobRow.__table__, TaskRow.__table__
 _BATCH = "__fair_batch__"  # where key_after_sql's parameter goes
+# A job's key advances by KEY_UNIT / priority: a multiple of every priority (2520), so every
+# step is a whole number and the keys stay exact integers.
+KEY_UNIT = math.lcm(*range(1, MAX_PRIORITY + 1))
 
 
 class greatest(FunctionElement):  # noqa: N801 (named as the SQL function it is)
@@ -63,29 +69,49 @@ def virtual_time(arch: Any, gpu: Any) -> ColumnElement[int]:
     # With nothing queued, the furthest any task of the GPU has got: every job given a key
     # was served or is being. Only the active tasks (a few, by their state's index): one
     # probe, where the largest key over the jobs' states took six and a plan of each.
-    furthest = select(func.max(TASKS.c.fair_key)).where(
-        TASKS.c.state.in_([s.value for s in ACTIVE_TASK_STATES]),
-        TASKS.c.arch == arch,
-        TASKS.c.gpu == gpu,
+    # (Aliased: PostgreSQL's batch commit reads it inside `UPDATE tasks`, whose row's arch
+    # and gpu it is given; unaliased, "tasks.arch" would name this sub-select's own rows.)
+    peer = TASKS.alias("peer")
+    furthest = select(func.max(peer.c.fair_key)).where(
+        peer.c.state.in_([s.value for s in ACTIVE_TASK_STATES]),
+        peer.c.arch == arch,
+        peer.c.gpu == gpu,
     )
     return func.coalesce(queued.scalar_subquery(), furthest.scalar_subquery(), 0)
 
 
-def key_after(batch: Any, task_key: Any, arch: Any, gpu: Any) -> ColumnElement[int]:
+def step(priority: Any) -> Any:
+    """How far a task's key advances a job, by its priority (a value or a SQL expression)."""
+    return KEY_UNIT // priority
+
+
+def key_after(batch: Any, task_key: Any, arch: Any, gpu: Any, priority: Any) -> ColumnElement[int]:
     """A task's key after it enqueues `batch` jobs (values or SQL expressions); its jobs
-    take the keys from this minus `batch` on, one each."""
-    return greatest(task_key, virtual_time(arch, gpu)) + batch
+    take the keys from this minus `batch` steps on, a step each."""
+    return greatest(task_key, virtual_time(arch, gpu)) + batch * step(priority)
+
+
+def _postgres(expression: ColumnElement) -> str:
+    dialect = postgresql.psycopg.dialect()
+    return str(expression.compile(dialect=dialect, compile_kwargs={"literal_binds": True}))
+
+
+_PRIORITY = literal_column("tasks.priority", Integer)
 
 
 def key_after_sql(batch_param: str) -> str:
     """key_after for `UPDATE tasks ...` on PostgreSQL, as SQL text, with the batch's size
     the statement's parameter `batch_param` (pyformat)."""
     expression = key_after(
-        literal_column(_BATCH),
+        literal_column(_BATCH, Integer),
         literal_column("tasks.fair_key"),
         literal_column("tasks.arch"),
         literal_column("tasks.gpu"),
+        _PRIORITY,
     )
-    dialect = postgresql.psycopg.dialect()
-    text = str(expression.compile(dialect=dialect, compile_kwargs={"literal_binds": True}))
-    return text.replace(_BATCH, f"%({batch_param})s")
+    return _postgres(expression).replace(_BATCH, f"%({batch_param})s")
+
+
+def step_sql() -> str:
+    """step() of a row of tasks on PostgreSQL, as SQL text (parenthesised)."""
+    return f"({_postgres(step(_PRIORITY))})"

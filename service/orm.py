@@ -93,7 +93,9 @@ class TaskRow(Base):
     # min(budget, space size): the exact number of trials the task will have.
     trials_target: Mapped[int] = mapped_column(Integer)
     trials_enqueued: Mapped[int] = mapped_column(Integer, default=0)
-    # The fair-queue key after its last enqueued job (service/fair_share.py).
+    # Its share of its GPU's workers (TaskCreate.priority), and its fair-queue key after its
+    # last enqueued job (service/fair_share.py).
+    priority: Mapped[int] = mapped_column(Integer, default=1, server_default="1")
     fair_key: Mapped[int] = mapped_column(BigInteger, default=0, server_default="0")
     trials_done: Mapped[int] = mapped_column(Integer, default=0)
     trials_failed: Mapped[int] = mapped_column(Integer, default=0)

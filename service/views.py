@@ -84,6 +84,7 @@ def task_doc(
         prior_task=task.prior_task,
         learned_from=task.learned_from,
         runner=task.only_runner,
+        priority=task.priority,
         imported_from=task.imported_from,
         trials_done=task.trials_done,
         trials_failed=task.trials_failed,

@@ -73,6 +73,8 @@ BAD = [
     (["tune", "gemm", *FC, "--strategy", "bogus"], "--strategy: unknown 'bogus'"),
     (["tune", "gemm", *FC, "--batch-size", "0"], "--batch-size: must be within 1..64, got 0"),
     (["tune", "gemm", *FC, "--batch-size", "65"], "--batch-size: must be within 1..64"),
+    (["tune", "gemm", *FC, "--priority", "0"], "--priority: must be within 1..10, got 0"),
+    (["tune", "gemm", *FC, "--priority", "11"], "--priority: must be within 1..10, got 11"),
     (["tune", "bmm", "--b", "12", "--m", "512", "--n", "512", "--k", "60"], "k: must be a"),
     (["curve", "1", "--png", "/no/such/dir/curve.png"], "--png: directory /no/such/dir"),
     (["tune-model", "vgg16"], "network: unknown network 'vgg16'"),

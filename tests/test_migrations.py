@@ -318,8 +318,8 @@ def test_0006_adds_what_the_first_0002_and_0005_left_out_and_keeps_every_row(emp
 
 
 def test_0009_gives_every_row_fair_key_0_and_keeps_every_row(empty_url):
-    """Rows from before fair shares keep key 0: the jobs queued then are leased first, in
-    id order, as they would have been (service/fair_share.py)."""
+    """Rows from before fair shares keep key 0 and priority 1: the jobs queued then are
+    leased first, in id order, as they would have been (service/fair_share.py)."""
     upgrade(empty_url, "0008")
     engine = make_engine(empty_url, pool_size=1)
     try:
@@ -337,13 +337,16 @@ def test_0009_gives_every_row_fair_key_0_and_keeps_every_row(empty_url):
         with engine.connect() as conn:
             jobs = conn.execute(text("SELECT id, fair_key FROM jobs ORDER BY id")).all()
             assert [tuple(r) for r in jobs] == [(1, 0), (2, 0)]
-            assert conn.execute(text("SELECT fair_key FROM tasks")).scalar() == 0
+            task = conn.execute(text("SELECT fair_key, priority FROM tasks")).one()
+            assert tuple(task) == (0, 1)
             queue = {i["name"]: i["column_names"] for i in inspect(conn).get_indexes("jobs")}
             assert queue["ix_jobs_queue"] == ["state", "arch", "gpu", "fair_key", "id"]
         downgrade(empty_url, "0008")
         assert _trial_rows(engine) == [TRIAL_ROWS[0], (2, 1, None), TRIAL_ROWS[1]]
         with engine.connect() as conn:
             assert "fair_key" not in {c["name"] for c in inspect(conn).get_columns("jobs")}
+            columns = {c["name"] for c in inspect(conn).get_columns("tasks")}
+            assert not {"fair_key", "priority"} & columns
             queue = {i["name"]: i["column_names"] for i in inspect(conn).get_indexes("jobs")}
             assert queue["ix_jobs_queue"] == ["state", "arch", "gpu", "id"]
     finally:
@@ -383,7 +386,7 @@ RELEASED = {
     "0006": "f070548293315e629e9713e0a9d309d7614ef6cd4fa99fb3aee63cabded98c56",
     "0007": "945e656eef66849351ff4383786f1396cc38e57dde22a1cb9fe1ffb33ecf9577",
     "0008": "6f0ebb9060fd2ef45377c3352dfa2b73d19bd112834ba2aaf9abb7d1acfe4c48",
-    "0009": "ceee7ea1c8b70b65c998dd92bea53e9ee9d96781a12b5f4d865ac03ff5221b45",
+    "0009": "e41f4ff20a0a7bfed9f31cf7214d91ea393da7033a1d7fa738972b66e55369ea",
 }
 
 

@@ -135,6 +135,14 @@ def test_tune_defaults_to_the_services_strategy_and_takes_a_batch_size(
         client.tune(RN50_FC, "h100", budget=3, batch_size=0)
 
 
+def test_tune_takes_a_priority(client: Client, worker: Worker):
+    task = client.tune(RN50_FC, "h100", budget=2, seed=12, priority=4)
+    assert task.priority == 4 and client.task(task.id).priority == 4
+    assert client.tune(RN50_FC, "h100", budget=2, seed=13).priority == 1
+    with pytest.raises(InvalidRequestError, match="priority"):
+        client.tune(RN50_FC, "h100", budget=2, priority=11)
+
+
 def test_schedule_and_tune_in_one_request(client: Client, worker: Worker):
     doc = client.schedule_and_tune(gemm(256, 64, 512), "h100", TuneOptions(budget=3, seed=2))
     assert doc.source == "model" and doc.task_id is not None

@@ -10,7 +10,20 @@ from __future__ import annotations
 
 from collections import Counter
 
-from service_support import create_task, fake_latency, lease, ok, post_result, register
+import pytest
+from service_support import (
+    GEMM,
+    create_task,
+    fake_latency,
+    lease,
+    ok,
+    post_result,
+    register,
+    service_of,
+)
+from sqlalchemy import text
+
+from pipetune.service.fair_share import KEY_UNIT
 
 pytest_plugins = ["service_fixtures"]
 
@@ -80,3 +93,62 @@ def test_jobs_no_worker_can_take_do_not_hold_the_others_back(client):
         taken.update(job["task_id"] for job in jobs)
         _answer(client, worker, jobs)
     assert abs(taken[old] - taken[new]) <= 8, taken
+
+
+def test_a_task_of_priority_p_takes_p_trials_to_a_priority_1_tasks_one(client):
+    worker = register(client)
+    low = create_task(client, budget=512, strategy="random", batch_size=16, seed=8)["id"]
+    high = create_task(client, budget=512, strategy="random", batch_size=16, seed=9, priority=3)
+    assert high["priority"] == 3 and client.get(f"/v1/tasks/{low}").json()["priority"] == 1
+    taken: Counter = Counter()
+    for _ in range(8):  # 64 trials, answered as they come
+        jobs = lease(client, worker, max_jobs=8)
+        taken.update(job["task_id"] for job in jobs)
+        _answer(client, worker, jobs)
+    assert abs(taken[high["id"]] - 48) <= 4 and abs(taken[low] - 16) <= 4, taken
+
+
+@pytest.mark.parametrize("priority", [0, 11, "2", 2.0, None])
+def test_a_priority_out_of_range_or_not_an_integer_is_a_422_naming_it(client, priority):
+    body = {"workload": GEMM, "gpu": "h100", "budget": 4, "priority": priority}
+    for path, sent in (("/v1/tasks", body), ("/v1/schedules", _as_tune(body))):
+        response = client.post(path, json=sent)
+        assert response.status_code == 422, response.text
+        locations = [tuple(e["loc"]) for e in response.json()["detail"]]
+        assert any(loc[-1] == "priority" for loc in locations), locations
+
+
+def _as_tune(body: dict) -> dict:
+    options = {k: v for k, v in body.items() if k not in ("workload", "gpu")}
+    return {"workload": body["workload"], "gpu": body["gpu"], "tune": options}
+
+
+def test_a_schedule_request_starts_its_task_with_the_priority_asked(client):
+    body = {"workload": GEMM, "gpu": "h100", "budget": 4, "priority": 5}
+    task_id = client.post("/v1/schedules", json=_as_tune(body)).json()["task_id"]
+    assert client.get(f"/v1/tasks/{task_id}").json()["priority"] == 5
+
+
+def test_the_virtual_time_is_each_gpus_own(client):
+    """A GPU whose tasks got far does not move another GPU's virtual time: a batch an H200
+    task enqueues with nothing queued on its GPU starts where the H200's tasks got, not
+    where the H100's did."""
+    h100 = register(client, "w-h100", gpu="h100")
+    create_task(client, budget=256, strategy="random", batch_size=16, seed=10)
+    for _ in range(6):  # the H100's task gets 96 trials ahead
+        _answer(client, h100, lease(client, h100, max_jobs=16))
+    h200 = register(client, "w-h200", gpu="h200")
+    body = {"workload": GEMM, "gpu": "h200", "budget": 24, "strategy": "random", "seed": 11}
+    task = client.post("/v1/tasks", json={**body, "batch_size": 8}).json()["id"]
+    held = lease(client, h200, max_jobs=16)  # both batches it proposed: its GPU's queue empties
+    assert len(held) == 16
+    _answer(client, h200, held)  # its third batch is enqueued now, by an advance
+    with service_of(client).db.read_conn() as conn:
+        keys = (
+            conn.execute(
+                text("SELECT fair_key FROM jobs WHERE task_id = :t ORDER BY trial"), {"t": task}
+            )
+            .scalars()
+            .all()
+        )
+    assert keys == [trial * KEY_UNIT for trial in range(24)], keys  # priority 1: a unit each

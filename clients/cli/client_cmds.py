@@ -62,6 +62,7 @@ from pipetune.model.wire import (
     ID_MAX,
     MAX_BATCH_SIZE,
     MAX_BUDGET,
+    MAX_PRIORITY,
     MAX_TASK_PAGE,
     TASK_PAGE,
     ScheduleDoc,
@@ -305,6 +306,7 @@ def _tune(
     learned_prior: bool | None,
     batch_size: int | None,
     runner: str | None,
+    priority: int,
     wait: bool,
     poll: float,
     as_json: bool,
@@ -318,6 +320,8 @@ def _tune(
     kinds = [k.value for k in RunnerKind]
     if runner is not None and runner not in kinds:
         raise CliError(f"--runner: must be one of {', '.join(kinds)}, got {runner!r}", 2)
+    if not 1 <= priority <= MAX_PRIORITY:
+        raise CliError(f"--priority: must be within 1..{MAX_PRIORITY}, got {priority}", 2)
     with service_errors(), client(server, api_key) as c:
         task = c.tune(
             w.canonical(),
@@ -330,6 +334,7 @@ def _tune(
             learned_prior=learned_prior,
             batch_size=batch_size,
             runner=runner,
+            priority=priority,
         )
         if not wait:
             if as_json:
@@ -417,6 +422,13 @@ add_workload_commands(
             None,
             help="only workers of this runner measure the task (cupy: GPU measurements only; "
             "default: any worker of the GPU)",
+        ),
+        option(
+            "priority",
+            int,
+            1,
+            help="the task's share of its GPU's workers while other tasks wait for them too "
+            f"(1..{MAX_PRIORITY}: p trials to a priority-1 task's one; default 1)",
         ),
         option("wait", bool, False, "--wait", help="follow the task to its end"),
         option("poll", float, 1.0, "--poll", help="seconds between checks with --wait"),

@@ -183,6 +183,7 @@ class Client:
         learned_prior: bool | None = None,
         batch_size: int | None = None,
         runner: str | None = None,
+        priority: int = 1,
     ) -> TaskDoc:
         """Start a tuning task (POST /v1/tasks); returns at once with the queued task.
         prior_task: a finished task of the same workload on another GPU whose trials warm-start the
@@ -193,7 +194,8 @@ class Client:
         tasks of 8 or more shapes exist), False: never.
         batch_size: trials per proposal round (None: the service's; 1 where one GPU serves the
         task). runner: only workers of that runner measure it ("cupy": GPU measurements only;
-        None: any worker of the GPU)."""
+        None: any worker of the GPU). priority: its share of the GPU's workers while other
+        tasks wait for them too (1..10: p trials to a priority-1 task's one)."""
         body = {
             "workload": workload_body(workload),
             "gpu": gpu,
@@ -211,6 +213,8 @@ class Client:
             body["learned_prior"] = learned_prior
         if runner is not None:
             body["runner"] = runner
+        if priority != 1:  # (the service's default: a service that predates it still answers)
+            body["priority"] = priority
         return self._http.call(TaskDoc, "POST", "/v1/tasks", json=body)
 
     def task(self, task_id: int) -> TaskDoc:

@@ -1,8 +1,9 @@
-"""Fair shares between tasks: each job's key in its GPU's fair queue and each task's key
-after its last job (service/fair_share.py), and the queue index ordered by that key.
+"""Fair shares between tasks: each task's priority (its share), each job's key in its GPU's
+fair queue and each task's key after its last job (service/fair_share.py), and the queue
+index ordered by that key.
 
-Rows from before this revision keep key 0: the jobs queued then are leased first, oldest
-first, as they would have been, and the tasks start level with the new ones.
+Rows from before this revision keep key 0 and priority 1: the jobs queued then are leased
+first, oldest first, as they would have been, and the tasks start level with the new ones.
 
 Revision ID: 0009
 Revises: 0008
@@ -28,6 +29,7 @@ def _key() -> sa.Column:
 
 def upgrade() -> None:
     with op.batch_alter_table("tasks") as batch:
+        batch.add_column(sa.Column("priority", sa.Integer(), server_default="1", nullable=False))
         batch.add_column(_key())
     with op.batch_alter_table("jobs") as batch:
         batch.add_column(_key())
@@ -42,3 +44,4 @@ def downgrade() -> None:
         batch.drop_column("fair_key")
     with op.batch_alter_table("tasks") as batch:
         batch.drop_column("fair_key")
+        batch.drop_column("priority")
