@@ -197,6 +197,7 @@ def launch(
     learned_prior: bool | None = None,
     batch_size: int | None = None,
     resumed: dict[int, TaskDoc] | None = None,
+    priority: int = 1,
 ) -> list[TaskDoc]:
     """One tuning task per distinct shape, all queued at once so the workers share them;
     a shape in `resumed` (its index: `resumable_tasks`) keeps that task instead.
@@ -205,7 +206,8 @@ def launch(
     from a cost model of the measured tasks of its kernel family where there are any. A shape
     without starts cold (the service says which by a 422 on the prior's field). A prior_gpu no shape
     could use (unknown, the tuned GPU, a strategy without a prior) raises ValueError before any task
-    is created. batch_size: each task's trials per proposal round (None: the service's)."""
+    is created. batch_size: each task's trials per proposal round (None: the service's);
+    priority: each task's share of the GPU's workers (TaskCreate.priority)."""
     prior: dict[str, Any] = {}
     if learned_prior and prior_gpu is not None:
         raise ValueError("give prior_gpu or learned_prior, not both")
@@ -216,7 +218,13 @@ def launch(
         prior = {"prior_gpu": prior_gpu}
     elif learned_prior is not None:  # (None: each family's choice)
         prior = {"learned_prior": learned_prior}
-    args = {"budget": budget, "strategy": strategy, "seed": seed, "batch_size": batch_size}
+    args = {
+        "budget": budget,
+        "strategy": strategy,
+        "seed": seed,
+        "batch_size": batch_size,
+        "priority": priority,
+    }
     # A shape without a task on prior_gpu starts cold, but as asked of the learned prior
     # (--no-learned-prior beside --prior-gpu was dropped there, and the shape learned one).
     cold = {"learned_prior": False} if prior_gpu is not None and learned_prior is False else {}

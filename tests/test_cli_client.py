@@ -82,6 +82,7 @@ BAD = [
     (["tune-model", "resnet50", "--seq", "128"], "--seq: resnet50 takes images"),
     (["tune-model", "gpt2", "--batch", "0"], "batch: must be at least 1"),
     (["tune-model", "gpt2", "--batch-size", "0"], "--batch-size: must be within 1..64, got 0"),
+    (["tune-model", "gpt2", "--priority", "0"], "--priority: must be within 1..10, got 0"),
     (["worker", "--runner", "simulated", "--token", "t"], "--gpu: a simulated worker must"),
     (["worker", "--runner", "opencl", "--token", "t"], "--runner: must be one of"),
     (["worker", "--runner", "simulated", "--gpu", "h100"], "--token: give the worker token"),

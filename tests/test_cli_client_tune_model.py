@@ -324,7 +324,18 @@ def test_launch_warm_starts_the_shapes_a_prior_gpu_has_and_the_rest_cold():
     calls: list[tuple[dict, str | None]] = []
 
     class Fake:
-        def tune(self, workload, gpu, *, budget, strategy, seed, batch_size=None, prior_gpu=None):
+        def tune(
+            self,
+            workload,
+            gpu,
+            *,
+            budget,
+            strategy,
+            seed,
+            batch_size=None,
+            priority=1,
+            prior_gpu=None,
+        ):
             calls.append((workload, prior_gpu))
             if prior_gpu is not None and workload == shapes[1].workload.canonical():
                 raise ApiError(422, "prior_gpu: no finished task", field="prior_gpu")
@@ -335,7 +346,18 @@ def test_launch_warm_starts_the_shapes_a_prior_gpu_has_and_the_rest_cold():
     assert [p for _, p in calls] == ["h100", "h100", None, "h100"]  # the second, again cold
 
     class Refusing(Fake):
-        def tune(self, workload, gpu, *, budget, strategy, seed, batch_size=None, prior_gpu=None):
+        def tune(
+            self,
+            workload,
+            gpu,
+            *,
+            budget,
+            strategy,
+            seed,
+            batch_size=None,
+            priority=1,
+            prior_gpu=None,
+        ):
             raise ApiError(422, "budget: too large", field="budget")
 
     with pytest.raises(ApiError, match="budget"):  # any other refusal is the user's to see
@@ -351,7 +373,16 @@ def test_launch_learns_the_priors_of_the_families_that_have_measurements():
 
     class Fake:
         def tune(
-            self, workload, gpu, *, budget, strategy, seed, batch_size=None, learned_prior=False
+            self,
+            workload,
+            gpu,
+            *,
+            budget,
+            strategy,
+            seed,
+            batch_size=None,
+            priority=1,
+            learned_prior=False,
         ):
             calls.append((workload, learned_prior))
             if learned_prior and workload == shapes[2].workload.canonical():
@@ -412,6 +443,21 @@ def test_launch_keeps_no_learned_prior_for_the_shapes_that_start_cold():
     launch(Fake(), shapes, "h200", 8, "auto", 0, prior_gpu="h100", learned_prior=False)  # type: ignore[arg-type]
     cold = calls[-1]
     assert "prior_gpu" not in cold and cold["learned_prior"] is False
+
+
+def test_launch_gives_every_shapes_task_the_priority_asked():
+    from pipetune.clients.tune_model import launch
+
+    shapes = network("bert-base", 1, 128).distinct()[:3]
+    calls: list[dict] = []
+
+    class Fake:
+        def tune(self, workload, gpu, **kwargs):
+            calls.append(kwargs)
+            return len(calls)
+
+    launch(Fake(), shapes, "h200", 8, "auto", 0, priority=3)  # type: ignore[arg-type]
+    assert [c["priority"] for c in calls] == [3, 3, 3]
 
 
 def _report(results: list[LayerResult], parts: dict) -> tuple[dict, str]:

@@ -87,11 +87,15 @@ def _check_gpu(gpu: str) -> str:
     return resolve_gpu_key(gpu)  # HardwareError: exit 2 with the known GPUs
 
 
-def _check_tuning(budget: int, strategy: str, batch_size: int | None = None) -> None:
+def _check_tuning(
+    budget: int, strategy: str, batch_size: int | None = None, priority: int = 1
+) -> None:
     if not 1 <= budget <= MAX_BUDGET:
         raise CliError(f"--budget: must be within 1..{MAX_BUDGET}, got {budget}", 2)
     if batch_size is not None and not 1 <= batch_size <= MAX_BATCH_SIZE:
         raise CliError(f"--batch-size: must be within 1..{MAX_BATCH_SIZE}, got {batch_size}", 2)
+    if not 1 <= priority <= MAX_PRIORITY:
+        raise CliError(f"--priority: must be within 1..{MAX_PRIORITY}, got {priority}", 2)
     if strategy not in STRATEGIES:
         raise CliError(f"--strategy: unknown {strategy!r}; known: {', '.join(STRATEGIES)}", 2)
 
@@ -315,13 +319,11 @@ def _tune(
 ) -> None:
     w = parse_any_workload(workload)
     gpu = _check_gpu(gpu)
-    _check_tuning(budget, strategy, batch_size)
+    _check_tuning(budget, strategy, batch_size, priority)
     _check_poll(poll)
     kinds = [k.value for k in RunnerKind]
     if runner is not None and runner not in kinds:
         raise CliError(f"--runner: must be one of {', '.join(kinds)}, got {runner!r}", 2)
-    if not 1 <= priority <= MAX_PRIORITY:
-        raise CliError(f"--priority: must be within 1..{MAX_PRIORITY}, got {priority}", 2)
     with service_errors(), client(server, api_key) as c:
         task = c.tune(
             w.canonical(),
@@ -621,6 +623,12 @@ def tune_model(
         "service's, 8 unless PIPETUNE_BATCH_SIZE says otherwise); small where few GPUs serve "
         "the network's tasks",
     ),
+    priority: int = typer.Option(
+        1,
+        "--priority",
+        help=f"each shape's share of the GPU's workers while other tasks wait for them too "
+        f"(1..{MAX_PRIORITY}: p trials to a priority-1 task's one)",
+    ),
     wgmma: bool = typer.Option(
         False,
         "--wgmma",
@@ -647,7 +655,7 @@ def tune_model(
     from pipetune.model.networks import network as build_network
 
     gpu = _check_gpu(gpu)
-    _check_tuning(budget, strategy, batch_size)
+    _check_tuning(budget, strategy, batch_size, priority)
     _check_poll(poll)
     if network == "resnet50" and seq is not None:
         raise CliError("--seq: resnet50 takes images (224x224), not sequences", 2)
@@ -690,6 +698,7 @@ def tune_model(
             learned_prior,
             batch_size,
             resumed,
+            priority,
         )
         with task_progress(not as_json) as bar:
             total = sum(t.budget for t in started)
