@@ -514,7 +514,9 @@ def _import_measured(db_url: str) -> int:
         database.dispose()
 
 
-def test_a_warm_started_task_names_its_prior_and_an_import_says_so(live_url, chromium, tmp_path):
+def test_a_warm_started_task_names_its_prior_an_import_says_so_and_a_priority_shows(
+    live_url, chromium, tmp_path
+):
     imported = _import_small_sweep(f"sqlite:///{tmp_path / 'dashboard.db'}")
     measured = _import_measured(f"sqlite:///{tmp_path / 'dashboard.db'}")
     with httpx.Client(base_url=live_url, timeout=30) as client:
@@ -527,6 +529,8 @@ def test_a_warm_started_task_names_its_prior_and_an_import_says_so(live_url, chr
         body = {"workload": GEMM, "gpu": "h100", "budget": 8, "learned_prior": True}
         learned = client.post("/v1/tasks", json=body).json()
         assert learned["learned_from"] == [measured], learned
+        body = {"workload": GEMM, "gpu": "h100", "budget": 8, "strategy": "random"}
+        urgent = client.post("/v1/tasks", json={**body, "priority": 3}).json()["id"]
 
     from playwright.sync_api import sync_playwright
 
@@ -540,7 +544,9 @@ def test_a_warm_started_task_names_its_prior_and_an_import_says_so(live_url, chr
         learned_row = page.locator(f'#tasks tbody tr[data-task="{learned["id"]}"]')
         assert f"auto (prior: learned from task {measured})" in learned_row.inner_text()
         other = page.locator(f'#tasks tbody tr[data-task="{prior}"]').inner_text()
-        assert "prior:" not in other
+        assert "prior:" not in other and "priority" not in other
+        urgent_row = page.locator(f'#tasks tbody tr[data-task="{urgent}"]').inner_text()
+        assert "random, priority 3" in urgent_row
         assert (
             "imported dataset"
             in page.locator(f'#tasks tbody tr[data-task="{imported}"]').inner_text()

@@ -102,7 +102,9 @@ def test_misaligned_k_points_at_k(client):
         ({"seed": -1}, "seed", "greater than or equal to 0"),
         ({"batch_size": 0}, "batch_size", "greater than or equal to 1"),
         ({"batch_size": 65}, "batch_size", "less than or equal to 64"),
-        ({"priority": 1}, "priority", "Extra inputs"),
+        ({"urgency": 1}, "urgency", "Extra inputs"),
+        ({"priority": 0}, "priority", "greater than or equal to 1"),
+        ({"priority": 11}, "priority", "less than or equal to 10"),
     ],
 )
 def test_bad_task_fields_name_the_field(client, change, field, reason):

@@ -50,7 +50,9 @@ class Recording:
         self.batch_sizes: list[int | None] = []
         self.cold = cold or set()
 
-    def tune(self, workload, gpu, *, budget, strategy, seed, batch_size=None, prior_gpu=None):  # type: ignore[no-untyped-def]
+    def tune(
+        self, workload, gpu, *, budget, strategy, seed, batch_size=None, priority=1, prior_gpu=None
+    ):  # type: ignore[no-untyped-def]
         self.calls.append(prior_gpu)
         self.batch_sizes.append(batch_size)
         if prior_gpu is not None and str(workload) in self.cold:

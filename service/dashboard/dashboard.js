@@ -130,13 +130,19 @@
 
   // A task warm-started from another GPU's task says so beside its strategy; a dataset
   // imported as a task was not tuned here at all.
-  function strategyLabel(task) {
+  function searchLabel(task) {
     if (task.imported_from) return "imported dataset";
     if (task.prior_task) return `${task.strategy} (prior: task ${task.prior_task})`;
     const learned = task.learned_from;
     if (!learned) return task.strategy;
     const from = learned.length === 1 ? `task ${learned[0]}` : `${learned.length} tasks`;
     return `${task.strategy} (prior: learned from ${from})`;
+  }
+
+  // A task with more than the default share of its GPU's workers says how much more.
+  function strategyLabel(task) {
+    const label = searchLabel(task);
+    return task.priority > 1 ? `${label}, priority ${task.priority}` : label;
   }
 
   function renderTasks() {
