@@ -5,20 +5,22 @@ Every job gets a key when it is enqueued, and a lease takes the queued jobs with
 smallest keys (ties: the older job). A task's jobs are numbered on from the larger of
   * the key after its own last job (`tasks.fair_key`), and
   * the GPU's virtual time: how far the queue of that GPU has got,
-so while several tasks have jobs queued they take turns, one trial each (a task of priority
-p: p trials to a priority-1 task's one: its keys advance by KEY_UNIT / p a job), whatever
-their batch sizes; a task that waits (on its results, or a new task) starts level with the tasks
-being served, not ahead of them by what it did not use, and not behind a backlog that
-others queued before it. First come by job id, a batch-64 task that proposes ahead took
+so while several tasks have jobs queued they take turns, one trial each (a task of
+priority p: p trials to a priority-1 task's one: its keys advance by KEY_UNIT / p a job),
+whatever their batch sizes; a task that waits (on its results, or a new task) starts level
+with the tasks being served, not ahead of them by what it did not use, and not behind a
+backlog that others queued before it. First come by job id, a batch-64 task that proposes ahead took
 404 trials to a batch-8 task's 24, and a new task waited for every job queued before it.
 
-The virtual time is the smallest key queued for any worker of the GPU (jobs of one runner
-kind only are left out: with no such worker they would hold it back for ever), or, with
-nothing queued, the furthest key of the GPU's active tasks (everything they were given was
-served, or is being). It is read when a batch is enqueued and written nowhere: a lease
-changes nothing of it, so the hot path gains no row that every lease would update. The rule
-is written once, here, as a SQLAlchemy expression: the ORM paths use it as such, and PostgreSQL's
-one-statement batch commit (service/driver.py) embeds its compiled text.
+The virtual time is the largest of the smallest key queued for any worker of the GPU (jobs
+of one runner kind only are left out: with no such worker they would hold it back for ever)
+and the largest keys leased and done (how far service has got: jobs that no worker takes,
+another workload's where every worker answers one, stay queued with their first keys), or,
+with none of those, the furthest key of the GPU's active tasks. It is read when a batch is
+enqueued and written nowhere: a lease changes nothing of it, so the hot path gains no row
+that every lease would update. The rule is written once, here, as a SQLAlchemy expression:
+the ORM paths use it as such, and PostgreSQL's one-statement batch commit
+(service/driver.py) embeds its compiled text.
 """
 
 from __future__ import annotations
@@ -60,24 +62,36 @@ def _greatest_sqlite(element: greatest, compiler: Any, **kw: Any) -> str:
 
 def virtual_time(arch: Any, gpu: Any) -> ColumnElement[int]:
     """The GPU's virtual time, for the arch and gpu given (columns or values)."""
+    on_gpu = (JOBS.c.arch == arch, JOBS.c.gpu == gpu)
     queued = select(func.min(JOBS.c.fair_key)).where(
-        JOBS.c.state == JobState.QUEUED.value,
-        JOBS.c.only_runner.is_(None),
-        JOBS.c.arch == arch,
-        JOBS.c.gpu == gpu,
+        JOBS.c.state == JobState.QUEUED.value, JOBS.c.only_runner.is_(None), *on_gpu
     )
-    # With nothing queued, the furthest any task of the GPU has got: every job given a key
-    # was served or is being. Only the active tasks (a few, by their state's index): one
-    # probe, where the largest key over the jobs' states took six and a plan of each.
-    # (Aliased: PostgreSQL's batch commit reads it inside `UPDATE tasks`, whose row's arch
-    # and gpu it is given; unaliased, "tasks.arch" would name this sub-select's own rows.)
-    peer = TASKS.alias("peer")
-    furthest = select(func.max(peer.c.fair_key)).where(
-        peer.c.state.in_([s.value for s in ACTIVE_TASK_STATES]),
-        peer.c.arch == arch,
-        peer.c.gpu == gpu,
+    # The furthest key in service and served: queued jobs no worker takes (another
+    # workload's, where every worker answers one) keep their first keys, and taken alone
+    # they held the time there, each new task that far back of those being served. One
+    # probe each of the queue index; failed and lost jobs are left out (two more probes
+    # for a frontier that done jobs all but always hold).
+    started = [
+        select(func.max(JOBS.c.fair_key)).where(JOBS.c.state == s.value, *on_gpu)
+        for s in (JobState.LEASED, JobState.DONE)
+    ]
+    # The larger of those known (-1: none), alike on both dialects: SQLite's max() of
+    # several is null where any is, PostgreSQL's greatest() only where all are.
+    known = func.nullif(
+        greatest(*(func.coalesce(q.scalar_subquery(), -1) for q in (queued, *started))), -1
     )
-    return func.coalesce(queued.scalar_subquery(), furthest.scalar_subquery(), 0)
+    # With nothing queued or started, the furthest any task of the GPU has got. Only the
+    # active tasks (a few, by their state's index): one probe, where the largest key over
+    # the jobs' other states would take one each. Under an alias of its own: key_after_sql
+    # passes the updated task's columns as the text `tasks.arch`, which inside `FROM tasks`
+    # would name the inner row (every GPU's).
+    others = TASKS.alias("others")
+    furthest = select(func.max(others.c.fair_key)).where(
+        others.c.state.in_([s.value for s in ACTIVE_TASK_STATES]),
+        others.c.arch == arch,
+        others.c.gpu == gpu,
+    )
+    return func.coalesce(known, furthest.scalar_subquery(), 0)
 
 
 def step(priority: Any) -> Any:

@@ -8,11 +8,15 @@ trials to its 404, and a task created behind such a backlog waited for all of it
 
 from __future__ import annotations
 
+import shutil
 from collections import Counter
 
 import pytest
 from service_support import (
     GEMM,
+    SMALL_GEMM,
+    WORKER_HEADERS,
+    client_for,
     create_task,
     fake_latency,
     lease,
@@ -21,16 +25,19 @@ from service_support import (
     register,
     service_of,
 )
-from sqlalchemy import text
+from sqlalchemy import create_engine, text
 
 from pipetune.service.fair_share import KEY_UNIT
 
 pytest_plugins = ["service_fixtures"]
 
 
-def _answer(client, worker: int, jobs: list[dict]) -> None:
+def _answer(client, worker: int, jobs: list[dict], failed: bool = False) -> None:
     for job in jobs:
-        response = post_result(client, worker, job, ok(fake_latency(job["schedule"])))
+        result = ok(fake_latency(job["schedule"]))
+        if failed:
+            result = {"status": "compile_error", "error": "ptxas: out of registers"}
+        response = post_result(client, worker, job, result)
         assert response.status_code == 200 and response.json()["accepted"], response.text
 
 
@@ -152,3 +159,82 @@ def test_the_virtual_time_is_each_gpus_own(client):
             .all()
         )
     assert keys == [trial * KEY_UNIT for trial in range(24)], keys  # priority 1: a unit each
+
+
+def _history(url: str, strategy: str, propose_early: float) -> list[tuple]:
+    """One scripted history, the same on any database: tasks on three GPUs (h100 and h200
+    share sm_90), one for cupy workers only, a worker of each of two GPUs leasing and
+    answering in turn, part of each lease answered after the next. Every h200 trial fails,
+    so its task's next batch finds nothing queued, leased or done on its GPU (the virtual
+    time is its active tasks' furthest key then). Returns every job's
+    (task, trial, fair_key, seen_at)."""
+    with client_for(url, propose_early=propose_early) as c:
+        create_task(c, budget=256, strategy="random", batch_size=64, seed=1, gpu="a100")
+        create_task(c, budget=64, strategy=strategy, batch_size=8, seed=2)
+        create_task(c, budget=32, strategy="analytical+xgb", batch_size=8, seed=3, gpu="h200")
+        create_task(c, budget=32, strategy="random", batch_size=8, seed=4, runner="cupy")
+        h100, h200 = register(c, "h100"), register(c, "h200", gpu="h200")
+        for round_ in range(6):
+            for worker in (h100, h200):
+                jobs = lease(c, worker, max_jobs=16)
+                failed = worker == h200
+                _answer(c, worker, jobs[:6], failed)  # the rest after the next lease
+                _answer(c, worker, lease(c, worker, max_jobs=4) + jobs[6:], failed)
+            if round_ == 2:  # a task created with the h100 queue served up to date
+                create_task(c, budget=64, strategy=strategy, batch_size=4, seed=5)
+    engine = create_engine(url)
+    try:
+        with engine.connect() as conn:
+            sql = "SELECT task_id, trial, fair_key, seen_at FROM jobs ORDER BY task_id, trial"
+            return [tuple(r) for r in conn.execute(text(sql))]
+    finally:
+        engine.dispose()
+
+
+@pytest.mark.parametrize(("strategy", "propose_early"), [("random", 0.0), ("analytical+xgb", 0.5)])
+def test_both_dialects_give_the_same_keys_for_the_same_history(
+    sqlite_template, pg, tmp_path, strategy, propose_early
+):
+    """PostgreSQL numbers a batch in its one-statement commit (the rule's compiled text,
+    service/driver.py; with early proposals, the statement that marks what they saw),
+    SQLite through the ORM: the same rule, so the same keys. The text compared an active
+    task's GPU with itself (`tasks.gpu = tasks.gpu`), so on PostgreSQL a GPU with nothing
+    queued (nothing leased or done either, since the next commit) took the furthest key of
+    any GPU's tasks: the h200 task's second batch numbered 128 on, the a100 task's."""
+    path = tmp_path / "pipetune.db"
+    shutil.copy(sqlite_template, path)
+    on_sqlite = _history(f"sqlite:///{path}", strategy, propose_early)
+    on_pg = _history(pg, strategy, propose_early)
+    assert len(on_sqlite) == len(on_pg) > 100
+    # With early proposals, batches were committed by the statement that marks what they saw.
+    assert any(row[3] is not None for row in on_pg) == (propose_early > 0)
+    differ = [(s, p) for s, p in zip(on_sqlite, on_pg, strict=True) if s != p]
+    assert not differ, differ[:10]
+
+
+def _register_for(client, workload: dict) -> int:
+    """A replay worker of h100: it leases the one workload's jobs only."""
+    body = {"name": "replay", "gpu": "h100", "arch": "sm_90", "runner": "replay"}
+    body["workload"] = workload
+    response = client.post("/v1/workers", json=body, headers=WORKER_HEADERS)
+    assert response.status_code in (200, 201), response.text
+    return response.json()["id"]
+
+
+def test_jobs_no_worker_takes_do_not_give_a_new_task_the_time_it_did_not_exist(client):
+    """The only worker answers one workload (a replay worker: its dataset's), so another
+    workload's task waits with its first keys queued. Taken for the GPU's virtual time, they
+    held it at 0 while the served task went on: a task created later started back there and
+    took every trial until it caught up (32 of 32, the old task none)."""
+    worker = _register_for(client, GEMM)
+    create_task(client, budget=64, strategy="random", batch_size=8, seed=8, workload=SMALL_GEMM)
+    old = create_task(client, budget=512, strategy="random", batch_size=8, seed=9)["id"]
+    for _ in range(8):
+        _answer(client, worker, lease(client, worker, max_jobs=8))
+    new = create_task(client, budget=512, strategy="random", batch_size=8, seed=10)["id"]
+    taken: Counter = Counter()
+    for _ in range(4):
+        jobs = lease(client, worker, max_jobs=8)
+        taken.update(job["task_id"] for job in jobs)
+        _answer(client, worker, jobs)
+    assert abs(taken[old] - taken[new]) <= 8, taken
