@@ -12,6 +12,9 @@ counted from the leases, not sampled:
 * trials leased per task before the third task joins, and after;
 * the third task's wait from its creation to its first lease.
 
+`--late-priority P` gives the third task priority P: it should take P trials to each of the
+others' one while all three wait.
+
     python -m benchmarks.bench_fair_share                 # 2 workers, 30 s
     python -m benchmarks.bench_fair_share --json
     python -m benchmarks.bench_fair_share --write         # and record in RESULTS.md
@@ -58,7 +61,9 @@ class Run:
         return time.monotonic() - self.started
 
 
-async def _create(client: httpx.AsyncClient, i: int, strategy: str, batch: int) -> int:
+async def _create(
+    client: httpx.AsyncClient, i: int, strategy: str, batch: int, priority: int = 1
+) -> int:
     body = {
         "workload": workload(i),
         "gpu": "h100",
@@ -67,6 +72,8 @@ async def _create(client: httpx.AsyncClient, i: int, strategy: str, batch: int) 
         "batch_size": batch,
         "seed": i,
     }
+    if priority != 1:  # (a service from before priorities still answers the default)
+        body["priority"] = priority
     response = await client.post("/v1/tasks", json=body)
     response.raise_for_status()
     return int(response.json()["id"])
@@ -105,12 +112,15 @@ async def _drive(base: str, args: argparse.Namespace) -> dict[str, Any]:
         ]
         await asyncio.sleep(max(0.0, args.late_s - run.now()))
         late_created = run.now()
-        late = await _create(client, 2, "random", 8)
+        late = await _create(client, 2, "random", 8, args.late_priority)
         await asyncio.gather(*workers)
     before = Counter(task for at, task in run.leases if at < late_created)
     after = Counter(task for at, task in run.leases if at >= late_created)
     first_late = min((at for at, task in run.leases if task == late), default=None)
-    names = {big: f"random batch {args.big_batch}", small: "auto batch 8", late: "late random 8"}
+    late_name = "late random 8" + (
+        f" priority {args.late_priority}" if args.late_priority > 1 else ""
+    )
+    names = {big: f"random batch {args.big_batch}", small: "auto batch 8", late: late_name}
     return {
         "workers": args.workers,
         "measure_ms": args.measure_ms,
@@ -154,6 +164,9 @@ def main() -> int:
     parser.add_argument("--seconds", type=float, default=30.0)
     parser.add_argument("--late-s", type=float, default=10.0)
     parser.add_argument("--big-batch", type=int, default=64)
+    parser.add_argument(
+        "--late-priority", type=int, default=1, help="the third task's priority (1..10)"
+    )
     parser.add_argument("--pg", default=DEFAULT_PG, help="admin URL (a database is made)")
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     parser.add_argument("--write", action="store_true", help="record in RESULTS.md")
