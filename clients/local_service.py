@@ -76,7 +76,9 @@ def _stop_orphans(workers: dict[int, bytes], timeout_s: float) -> None:
 
 
 class LocalService:
-    """`pipetune serve --db URL --host 127.0.0.1 --port PORT [extra...]` in a child process.
+    """`pipetune serve --host 127.0.0.1 --port PORT [extra...]` in a child process, on the
+    database URL given (in its environment, PIPETUNE_DATABASE_URL: on its command line, as
+    `--db URL`, any user of the machine could read a password in it with `ps`).
 
     Output goes to `log_path` (a file, so the child never blocks on a full pipe).
     """
@@ -100,7 +102,7 @@ class LocalService:
         inherited = {
             k: v for k, v in os.environ.items() if inherit_settings or not k.startswith("PIPETUNE_")
         }
-        self.env = {**inherited, **(env or {})}
+        self.env = {**inherited, **(env or {}), "PIPETUNE_DATABASE_URL": database_url}
         self.process: subprocess.Popen[bytes] | None = None
         self._log: IO[bytes] | None = None
 
@@ -112,8 +114,6 @@ class LocalService:
         command = [
             *pipetune_command(),
             "serve",
-            "--db",
-            self.database_url,
             "--host",
             "127.0.0.1",
             "--port",
