@@ -120,6 +120,8 @@ def test_the_strategy_column_names_a_warm_start_and_an_import():
     assert strategy_label(learned) == "random (prior: learned from 2 tasks)"
     one = TASK.model_copy(update={"learned_from": [4]})
     assert strategy_label(one) == "random (prior: learned from task 4)"
+    urgent = TASK.model_copy(update={"priority": 3, "prior_task": 3})
+    assert strategy_label(urgent) == "random (prior: task 3), priority 3"
 
 
 class _FakeService:

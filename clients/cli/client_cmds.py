@@ -253,7 +253,12 @@ def wait_for_task(c: Any, task: TaskDoc, show: bool, poll_s: float) -> TaskDoc:
 
 def strategy_label(doc: TaskDoc) -> str:
     """The strategy column (as the dashboard's): a warm start names its prior task; a
-    dataset imported as a task was not tuned here."""
+    dataset imported as a task was not tuned here; a priority above 1 is said."""
+    label = _search_label(doc)
+    return f"{label}, priority {doc.priority}" if doc.priority > 1 else label
+
+
+def _search_label(doc: TaskDoc) -> str:
     if doc.imported_from is not None:
         return "imported dataset"
     if doc.prior_task is not None:
