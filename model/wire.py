@@ -44,6 +44,7 @@ from pipetune.model.trials import MeasureResult, RunnerKind, TrialStatus
 MAX_BUDGET = 5000  # trials per task; larger spaces are swept, not tuned
 MAX_BATCH_SIZE = 64  # trials per proposal round (a task's, or the service's default)
 MAX_PRIORITY = 10  # a task's share of its GPU's workers, against priority 1
+DEFAULT_PRIORITY = 1  # a task's priority where none is asked for (the service's, the clients')
 ID_MAX = 2**31 - 1  # ids and counts are 32-bit integer columns (service/orm.py)
 # Tasks per page of GET /v1/tasks (and of the local store, which answers as it does).
 TASK_PAGE = 100
@@ -319,7 +320,7 @@ class TuneOptions(_PriorFields):
     seed: int = Field(0, strict=True, ge=0, le=ID_MAX)
     batch_size: BatchSize | None = None
     runner: RunnerKind | None = Field(None, description=RUNNER_DESCRIPTION)
-    priority: Priority = 1
+    priority: Priority = DEFAULT_PRIORITY
 
 
 class ScheduleRequest(_GpuField):
@@ -360,7 +361,7 @@ class TaskCreate(_GpuField, _PriorFields):
     seed: int = Field(0, strict=True, ge=0, le=ID_MAX)
     batch_size: BatchSize | None = None
     runner: RunnerKind | None = Field(None, description=RUNNER_DESCRIPTION)
-    priority: Priority = 1
+    priority: Priority = DEFAULT_PRIORITY
 
 
 class BestTrial(_Throughput):
@@ -392,7 +393,7 @@ class TaskDoc(_Body):
     imported_from: str | None = None
     # Only workers of this runner measure its trials (TaskCreate.runner); null: any.
     runner: str | None = None
-    priority: int = 1  # its share of its GPU's workers (TaskCreate.priority)
+    priority: int = DEFAULT_PRIORITY  # its share of its GPU's workers (TaskCreate.priority)
     trials_done: int  # trials with a final result (failed ones included)
     trials_failed: int
     # The trials the task runs: its budget, or its whole space where that is smaller (a

@@ -28,6 +28,7 @@ from pipetune.clients.sdk.errors import (
 )
 from pipetune.clients.sdk.http import DEFAULT_TIMEOUT_S, Http, header_value_problem
 from pipetune.model.wire import (
+    DEFAULT_PRIORITY,
     DEFAULT_STRATEGY,
     AggregateCurves,
     Curve,
@@ -168,7 +169,12 @@ class Client:
         self, workload: WorkloadLike, gpu: str, tune: TuneOptions
     ) -> ScheduleResponse:
         """The best known schedule now, and a tuning task started (task_id, url)."""
-        body = {"workload": workload_body(workload), "gpu": gpu, "tune": _body(tune)}
+        options = _body(tune)
+        # The default priority is left out, as tune() leaves it out: a service that predates
+        # the field refuses any unknown one (422), even at the value it would have used.
+        if options.get("priority") == DEFAULT_PRIORITY:
+            del options["priority"]
+        body = {"workload": workload_body(workload), "gpu": gpu, "tune": options}
         return self._http.call(ScheduleResponse, "POST", "/v1/schedules", json=body)
 
     def tune(
@@ -183,7 +189,7 @@ class Client:
         learned_prior: bool | None = None,
         batch_size: int | None = None,
         runner: str | None = None,
-        priority: int = 1,
+        priority: int = DEFAULT_PRIORITY,
     ) -> TaskDoc:
         """Start a tuning task (POST /v1/tasks); returns at once with the queued task.
         prior_task: a finished task of the same workload on another GPU whose trials warm-start the
@@ -213,7 +219,7 @@ class Client:
             body["learned_prior"] = learned_prior
         if runner is not None:
             body["runner"] = runner
-        if priority != 1:  # (the service's default: a service that predates it still answers)
+        if priority != DEFAULT_PRIORITY:  # (a service that predates the field still answers)
             body["priority"] = priority
         return self._http.call(TaskDoc, "POST", "/v1/tasks", json=body)
 
