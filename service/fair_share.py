@@ -9,8 +9,10 @@ so while several tasks have jobs queued they take turns, one trial each (a task 
 priority p: p trials to a priority-1 task's one: its keys advance by KEY_UNIT / p a job),
 whatever their batch sizes; a task that waits (on its results, or a new task) starts level
 with the tasks being served, not ahead of them by what it did not use, and not behind a
-backlog that others queued before it. First come by job id, a batch-64 task that proposes ahead took
-404 trials to a batch-8 task's 24, and a new task waited for every job queued before it.
+backlog that others queued before it. First come by job id, a batch-64 task that proposes
+ahead took 272 trials to a batch-8 task's 16 in their first 10 s, and a new task waited 4.01 s
+for its first trial, behind every job queued before it (benchmarks/RESULTS.md, "fair shares
+between tasks, before and after").
 
 The virtual time is the largest of the smallest key queued for any worker of the GPU (jobs
 of one runner kind only are left out: with no such worker they would hold it back for ever)
