@@ -238,21 +238,3 @@ def test_jobs_no_worker_takes_do_not_give_a_new_task_the_time_it_did_not_exist(c
         taken.update(job["task_id"] for job in jobs)
         _answer(client, worker, jobs)
     assert abs(taken[old] - taken[new]) <= 8, taken
-
-
-def test_the_module_quotes_the_measured_before_row():
-    """service/fair_share.py's docstring quoted 404 trials to 24, numbers from no published
-    run; the "before" row of benchmarks/RESULTS.md's fair-share table is what it cites."""
-    import re
-    from pathlib import Path
-
-    from pipetune.service import fair_share
-
-    results = Path(__file__).resolve().parent.parent / "benchmarks" / "RESULTS.md"
-    section = results.read_text().split("## Service: fair shares between tasks")[1]
-    row = next(line for line in section.splitlines() if line.startswith("| before |"))
-    big, small, *_, first = [c.strip() for c in row.strip("|").split("|")][1:]
-    doc = " ".join((fair_share.__doc__ or "").split())
-    quoted = re.search(r"took (\d+) trials to a batch-8 task's (\d+) .*? waited (\S+ s)", doc)
-    assert quoted is not None, doc
-    assert quoted.groups() == (big, small, first)
