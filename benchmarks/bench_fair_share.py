@@ -46,6 +46,7 @@ from benchmarks.harness import (
 )
 from benchmarks.load_driver import workload
 from benchmarks.results import write_section
+from pipetune.model.wire import DEFAULT_PRIORITY
 
 BUDGET = 2000  # more than a run leases (2 workers, 30 s): no task finishes within it
 
@@ -62,7 +63,7 @@ class Run:
 
 
 async def _create(
-    client: httpx.AsyncClient, i: int, strategy: str, batch: int, priority: int = 1
+    client: httpx.AsyncClient, i: int, strategy: str, batch: int, priority: int = DEFAULT_PRIORITY
 ) -> int:
     body = {
         "workload": workload(i),
@@ -72,7 +73,7 @@ async def _create(
         "batch_size": batch,
         "seed": i,
     }
-    if priority != 1:  # (a service from before priorities still answers the default)
+    if priority != DEFAULT_PRIORITY:  # (a service from before priorities still answers the default)
         body["priority"] = priority
     response = await client.post("/v1/tasks", json=body)
     response.raise_for_status()
@@ -118,7 +119,7 @@ async def _drive(base: str, args: argparse.Namespace) -> dict[str, Any]:
     after = Counter(task for at, task in run.leases if at >= late_created)
     first_late = min((at for at, task in run.leases if task == late), default=None)
     late_name = "late random 8" + (
-        f" priority {args.late_priority}" if args.late_priority > 1 else ""
+        f" priority {args.late_priority}" if args.late_priority > DEFAULT_PRIORITY else ""
     )
     names = {big: f"random batch {args.big_batch}", small: "auto batch 8", late: late_name}
     return {
@@ -165,7 +166,10 @@ def main() -> int:
     parser.add_argument("--late-s", type=float, default=10.0)
     parser.add_argument("--big-batch", type=int, default=64)
     parser.add_argument(
-        "--late-priority", type=int, default=1, help="the third task's priority (1..10)"
+        "--late-priority",
+        type=int,
+        default=DEFAULT_PRIORITY,
+        help="the third task's priority (1..10)",
     )
     parser.add_argument("--pg", default=DEFAULT_PG, help="admin URL (a database is made)")
     parser.add_argument("--json", action="store_true", help="print one JSON object")

@@ -36,7 +36,7 @@ from pipetune.model.hardware import HardwareError, get_gpu, resolve_gpu_key
 from pipetune.model.networks import DistinctShape, Network
 from pipetune.model.states import TaskState
 from pipetune.model.trials import RunnerKind
-from pipetune.model.wire import ScheduleDoc, StrategyName, TaskDoc, TrialDoc
+from pipetune.model.wire import DEFAULT_PRIORITY, ScheduleDoc, StrategyName, TaskDoc, TrialDoc
 
 RUNNER_MEANING = {
     RunnerKind.CUPY: "measured on GPUs (cupy workers)",
@@ -197,7 +197,7 @@ def launch(
     learned_prior: bool | None = None,
     batch_size: int | None = None,
     resumed: dict[int, TaskDoc] | None = None,
-    priority: int = 1,
+    priority: int = DEFAULT_PRIORITY,
 ) -> list[TaskDoc]:
     """One tuning task per distinct shape, all queued at once so the workers share them;
     a shape in `resumed` (its index: `resumable_tasks`) keeps that task instead.

@@ -41,6 +41,17 @@ def _answer(client, worker: int, jobs: list[dict], failed: bool = False) -> None
         assert response.status_code == 200 and response.json()["accepted"], response.text
 
 
+def _take_turns(client, worker: int, leases: int) -> Counter:
+    """Lease 8 jobs at a time `leases` times, answering each lease before the next (the
+    tasks propose as they go); the jobs taken, by task."""
+    taken: Counter = Counter()
+    for _ in range(leases):
+        jobs = lease(client, worker, max_jobs=8)
+        taken.update(job["task_id"] for job in jobs)
+        _answer(client, worker, jobs)
+    return taken
+
+
 def test_a_task_created_behind_a_backlog_gets_its_share_at_once(client):
     worker = register(client)
     big = create_task(client, budget=256, strategy="random", batch_size=64, seed=1)["id"]
@@ -56,11 +67,7 @@ def test_each_backlogged_task_gets_an_equal_share_whatever_its_batch(client):
         create_task(client, budget=512, strategy="random", batch_size=size, seed=size)["id"]
         for size in (64, 16, 8)
     ]
-    taken: Counter = Counter()
-    for _ in range(12):  # 96 trials, answered as they come: the tasks propose as they go
-        jobs = lease(client, worker, max_jobs=8)
-        taken.update(job["task_id"] for job in jobs)
-        _answer(client, worker, jobs)
+    taken = _take_turns(client, worker, 12)  # 96 trials
     # Each keeps jobs queued throughout (it proposes a batch ahead), so each gets a third.
     assert all(abs(taken[t] - 32) <= 8 for t in tasks), taken
 
@@ -76,11 +83,7 @@ def test_a_new_task_gets_no_credit_for_the_time_it_did_not_exist(client):
     assert held and {job["task_id"] for job in held} == {old}
     new = create_task(client, budget=64, strategy="random", batch_size=8, seed=4)["id"]
     _answer(client, worker, held)
-    taken: Counter = Counter()
-    for _ in range(4):
-        jobs = lease(client, worker, max_jobs=8)
-        taken.update(job["task_id"] for job in jobs)
-        _answer(client, worker, jobs)
+    taken = _take_turns(client, worker, 4)
     assert abs(taken[old] - taken[new]) <= 8, taken
 
 
@@ -94,11 +97,7 @@ def test_jobs_no_worker_can_take_do_not_hold_the_others_back(client):
     for _ in range(8):
         _answer(client, worker, lease(client, worker, max_jobs=8))
     new = create_task(client, budget=512, strategy="random", batch_size=8, seed=7)["id"]
-    taken: Counter = Counter()
-    for _ in range(4):
-        jobs = lease(client, worker, max_jobs=8)
-        taken.update(job["task_id"] for job in jobs)
-        _answer(client, worker, jobs)
+    taken = _take_turns(client, worker, 4)
     assert abs(taken[old] - taken[new]) <= 8, taken
 
 
@@ -107,11 +106,7 @@ def test_a_task_of_priority_p_takes_p_trials_to_a_priority_1_tasks_one(client):
     low = create_task(client, budget=512, strategy="random", batch_size=16, seed=8)["id"]
     high = create_task(client, budget=512, strategy="random", batch_size=16, seed=9, priority=3)
     assert high["priority"] == 3 and client.get(f"/v1/tasks/{low}").json()["priority"] == 1
-    taken: Counter = Counter()
-    for _ in range(8):  # 64 trials, answered as they come
-        jobs = lease(client, worker, max_jobs=8)
-        taken.update(job["task_id"] for job in jobs)
-        _answer(client, worker, jobs)
+    taken = _take_turns(client, worker, 8)  # 64 trials, answered as they come
     assert abs(taken[high["id"]] - 48) <= 4 and abs(taken[low] - 16) <= 4, taken
 
 
@@ -232,9 +227,5 @@ def test_jobs_no_worker_takes_do_not_give_a_new_task_the_time_it_did_not_exist(c
     for _ in range(8):
         _answer(client, worker, lease(client, worker, max_jobs=8))
     new = create_task(client, budget=512, strategy="random", batch_size=8, seed=10)["id"]
-    taken: Counter = Counter()
-    for _ in range(4):
-        jobs = lease(client, worker, max_jobs=8)
-        taken.update(job["task_id"] for job in jobs)
-        _answer(client, worker, jobs)
+    taken = _take_turns(client, worker, 4)
     assert abs(taken[old] - taken[new]) <= 8, taken

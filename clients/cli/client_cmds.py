@@ -58,6 +58,7 @@ from pipetune.model.hardware import DEFAULT_GPU, HardwareError, get_gpu, gpu_key
 from pipetune.model.hopper.space import ARCH as HOPPER_ARCH
 from pipetune.model.trials import RunnerKind
 from pipetune.model.wire import (
+    DEFAULT_PRIORITY,
     DEFAULT_STRATEGY,
     ID_MAX,
     MAX_BATCH_SIZE,
@@ -88,7 +89,7 @@ def _check_gpu(gpu: str) -> str:
 
 
 def _check_tuning(
-    budget: int, strategy: str, batch_size: int | None = None, priority: int = 1
+    budget: int, strategy: str, batch_size: int | None = None, priority: int = DEFAULT_PRIORITY
 ) -> None:
     if not 1 <= budget <= MAX_BUDGET:
         raise CliError(f"--budget: must be within 1..{MAX_BUDGET}, got {budget}", 2)
@@ -255,7 +256,7 @@ def strategy_label(doc: TaskDoc) -> str:
     """The strategy column (as the dashboard's): a warm start names its prior task; a
     dataset imported as a task was not tuned here; a priority above 1 is said."""
     label = _search_label(doc)
-    return f"{label}, priority {doc.priority}" if doc.priority > 1 else label
+    return f"{label}, priority {doc.priority}" if doc.priority > DEFAULT_PRIORITY else label
 
 
 def _search_label(doc: TaskDoc) -> str:
@@ -433,7 +434,7 @@ add_workload_commands(
         option(
             "priority",
             int,
-            1,
+            DEFAULT_PRIORITY,
             help="the task's share of its GPU's workers while other tasks wait for them too "
             f"(1..{MAX_PRIORITY}: p trials to a priority-1 task's one; default 1)",
         ),
@@ -629,7 +630,7 @@ def tune_model(
         "the network's tasks",
     ),
     priority: int = typer.Option(
-        1,
+        DEFAULT_PRIORITY,
         "--priority",
         help=f"each shape's share of the GPU's workers while other tasks wait for them too "
         f"(1..{MAX_PRIORITY}: p trials to a priority-1 task's one)",
