@@ -681,13 +681,13 @@ def test_a_re_estimate_starts_from_the_last_one_and_the_rough_start_as_the_data_
     from pipetune.tuner.surrogate import GaussianProcess
 
     starts: list[list[np.ndarray]] = []
-    real = surrogate.minimize
+    real = surrogate.minimize_bounded
 
-    def recording(fun, x0, **kwargs):
+    def recording(fun, x0, *args):
         starts[-1].append(np.array(x0))
-        return real(fun, x0, **kwargs)
+        return real(fun, x0, *args)
 
-    monkeypatch.setattr(surrogate, "minimize", recording)
+    monkeypatch.setattr(surrogate, "minimize_bounded", recording)
     rng = np.random.default_rng(3)
     X = rng.random((40, 3))
     y = np.sin(4 * X[:, 0]) + X[:, 1]
@@ -1223,7 +1223,7 @@ def test_a_benchmark_run_proposes_early_when_asked(recorded, space):
 
 
 def test_the_map_fit_stops_within_a_hundredth_of_a_nat_of_the_optimum():
-    """The MAP fits stop at MAP_TOLERANCES, far looser than scipy's defaults: on data of the
+    """The MAP fits stop at MAP_FTOL, far looser than scipy's defaults: on data of the
     kinds a search meets (smooth, rough, mostly noise; 12 to 120 points) the estimate's
     objective must stay within 0.01 nats of what the default tolerances reach from the same
     starts (the search compares fits by 0.5 nats and more), and cost fewer evaluations."""
@@ -1249,7 +1249,7 @@ def test_the_map_fit_stops_within_a_hundredth_of_a_nat_of_the_optimum():
         rough[1 : 1 + d] = np.log(0.3)
         for start in (gp.start.theta, rough):
             kwargs = dict(jac=True, method="L-BFGS-B", bounds=gp._bounds())
-            loose = minimize(objective, start, options=surrogate.MAP_TOLERANCES, **kwargs)
+            loose = minimize(objective, start, options={"ftol": surrogate.MAP_FTOL}, **kwargs)
             tight = minimize(objective, start, **kwargs)
             assert loose.fun - tight.fun < 0.01, (n, d, loose.fun, tight.fun)
             loose_evals += loose.nfev

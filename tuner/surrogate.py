@@ -19,9 +19,9 @@ import copy
 from abc import ABC, abstractmethod
 
 import numpy as np
-from scipy.optimize import minimize
 from sklearn.ensemble import ExtraTreesClassifier, ExtraTreesRegressor
 
+from pipetune.tuner.lbfgsb import minimize_bounded
 from pipetune.tuner.matern_gp import (
     Kernel,
     Posterior,
@@ -95,7 +95,7 @@ class Surrogate(ABC):
 # on the 15-knob GEMM space of the development set it stopped slow but real progress along
 # flat directions often enough to cost 0.015 of best-in-100 (benchmarks/RESULTS.md, "the GP's
 # MAP fits stopped where they stop mattering").
-MAP_TOLERANCES = {"ftol": 1e-6}
+MAP_FTOL = 1e-6
 
 
 class GaussianProcess(Surrogate):
@@ -161,12 +161,7 @@ class GaussianProcess(Surrogate):
             return neg_log_posterior(theta, D2, t, self.log_ls_mean, self.log_ls_var)
 
         bounds = self._bounds()
-        results = [
-            minimize(
-                objective, start, jac=True, method="L-BFGS-B", bounds=bounds, options=MAP_TOLERANCES
-            )
-            for start in starts
-        ]
+        results = [minimize_bounded(objective, start, bounds, MAP_FTOL) for start in starts]
         best = min(results, key=lambda r: r.fun)
         return Kernel.from_theta(best.x), float(best.fun)
 
