@@ -5,7 +5,7 @@ Why by hand: the GP's hyperparameter fits (tuner/surrogate.py) are a proposal ro
 cost, a few thousand evaluations of an objective of 30-200 us each over a task, and
 `minimize`'s machinery around each evaluation (its ScalarFunction wrapper: copies, array
 checks, the memoised Jacobian) cost 75 us more per evaluation on this project's VMs, plus
-about half a millisecond to set up each fit (benchmarks/RESULTS.md, "L-BFGS-B without
+a fraction of a millisecond to set up each fit (benchmarks/RESULTS.md, "L-BFGS-B without
 minimize's wrapper"). The loop below is the one `scipy.optimize._lbfgsb_py._minimize_lbfgsb`
 runs (scipy 1.15 and later), less what the fits do not use (callbacks, finite differences,
 the inverse-Hessian operator): the same iterates, bit for bit, and the same number of
