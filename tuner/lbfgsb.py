@@ -4,12 +4,13 @@ loop written here instead of through `scipy.optimize.minimize`.
 Why by hand: the GP's hyperparameter fits (tuner/surrogate.py) are a proposal round's largest
 cost, a few thousand evaluations of an objective of 30-200 us each over a task, and
 `minimize`'s machinery around each evaluation (its ScalarFunction wrapper: copies, array
-checks, the memoised Jacobian) cost 75 us more per evaluation on this project's VMs, plus
-a fraction of a millisecond to set up each fit (benchmarks/RESULTS.md, "L-BFGS-B without
-minimize's wrapper"). The loop below is the one `scipy.optimize._lbfgsb_py._minimize_lbfgsb`
-runs (scipy 1.15 and later), less what the fits do not use (callbacks, finite differences,
-the inverse-Hessian operator): the same iterates, bit for bit, and the same number of
-evaluations (tests/test_tuner_lbfgsb.py checks both against `minimize`).
+checks, the memoised Jacobian) cost 70-75 us more per evaluation on this project's VM on a
+slow day, plus a fraction of a millisecond to set up each fit (benchmarks/RESULTS.md,
+"L-BFGS-B without minimize's wrapper"). The loop below is the one that
+`scipy.optimize._lbfgsb_py._minimize_lbfgsb` runs (scipy 1.15 and later), less what the
+fits do not use (callbacks, finite differences, the inverse-Hessian operator): the same
+iterates, bit for bit, and the same number of evaluations (tests/test_tuner_lbfgsb.py
+checks both against `minimize`).
 
 setulb is private to scipy. Its arguments changed at scipy 1.15 (a C port of the Fortran), so
 the loop is used only where a one-off check at first use finds it gives `minimize`'s answer on
