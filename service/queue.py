@@ -419,10 +419,17 @@ class Queue:
         deadline = time.monotonic() + min(body.wait_s, self.settings.lease_wait_cap_s)
         signalled, new = False, True
         while True:
+            mark = self.wakeup.wakes
             jobs = await self.lease_now(worker, body.max_jobs, new=new, signalled=signalled)
             left = deadline - time.monotonic()
             if jobs or left <= 0 or self.wakeup.closed:
                 return LeaseResponse(jobs=jobs)
+            if self.wakeup.missed(kind, mark):
+                # Jobs of its kind were announced while it claimed (off the event loop, on
+                # SQLite), when it was not waiting to hear it: its claim may have looked
+                # before they were there. It looks again rather than wait out its poll.
+                signalled, new = True, False
+                continue
             wait_s = min(self.settings.lease_poll_s, left)
             signalled = await self.wakeup.wait(kind, wait_s, body.max_jobs)
             new = False

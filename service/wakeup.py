@@ -94,6 +94,13 @@ class Wakeup:
         # Each waiting request: its worker's kind and how many jobs it asks for.
         self._waiters: OrderedDict[asyncio.Future[bool], tuple[WorkerKind, int]] = OrderedDict()
         self._empty: dict[WorkerKind, tuple[int, float]] = {}
+        # Signals that woke fewer requests than they had jobs for, by what they announced:
+        # (arch, gpu, runner) -> the number of the last such wake-up (`_wakes`). A request
+        # claiming off the event loop meanwhile (SQLite, a stalled database) was not waiting,
+        # and its claim may have read the queue before those jobs were committed: it looks
+        # here (`missed`) before it waits, or the jobs waited out its fallback poll.
+        self._wakes = 0
+        self._unspent: dict[tuple[str, str, str | None], int] = {}
         self._closed = False
         # Called (from the listener's thread) with a task another replica asks to advance,
         # and with a task another replica says it holds.
@@ -205,6 +212,18 @@ class Wakeup:
     def waiting(self) -> int:
         return len(self._waiters)
 
+    @property
+    def wakes(self) -> int:
+        """A mark to pass to `missed` (event loop)."""
+        return self._wakes
+
+    def missed(self, kind: WorkerKind, since: int) -> bool:
+        """Whether, since the mark `since`, a signal for this kind of worker came with jobs
+        left over for no waiting request (event loop)."""
+        return since < self._wakes and any(
+            at > since and kind.takes(*announced) for announced, at in self._unspent.items()
+        )
+
     def _wake(self, arch: str, gpu: str, count: int, runner: str | None = None) -> None:
         woken = 0  # jobs the woken requests ask for
         for future, (kind, wants) in list(self._waiters.items()):
@@ -218,6 +237,11 @@ class Wakeup:
                 # and the unbound worker behind it waited for the fallback poll (4.5 s).
                 if kind.workload_hash is None:
                     woken += wants
+        if woken < count:  # jobs for requests that were not waiting (claiming, say)
+            self._wakes += 1
+            if len(self._unspent) >= MAX_EMPTY_KINDS:
+                self._unspent.clear()  # (what a request then misses waits for its poll)
+            self._unspent[(arch, gpu, runner)] = self._wakes
 
     def _wake_all(self) -> None:
         for future in list(self._waiters):

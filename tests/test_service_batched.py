@@ -9,6 +9,7 @@ import threading
 import time
 
 from service_support import (
+    GEMM,
     WORKER_HEADERS,
     client_for,
     create_task,
@@ -22,6 +23,7 @@ from service_support import (
 )
 from sqlalchemy import func, select
 
+from pipetune.model.wire import TaskCreate
 from pipetune.service.orm import JobRow, LeaseRow
 
 pytest_plugins = ["service_fixtures"]
@@ -143,6 +145,31 @@ def test_a_waiting_lease_is_woken_when_jobs_are_enqueued_not_by_polling(db_url):
         create_task(c, budget=2, strategy="grid")
         waiting.join(20)
         assert len(got[0]) == 2 and time.monotonic() - started < 5
+
+
+def test_jobs_enqueued_while_a_lease_request_claims_are_not_left_to_its_poll(db_url):
+    """A task enqueued while a lease request's claim runs, after the claim looked: the
+    request was not waiting, so the signal found nobody to wake (on SQLite the claim runs
+    off the event loop, and the signal is handled meanwhile). It claims again rather than
+    wait out its fallback poll with the jobs queued and the worker idle."""
+    with client_for(db_url, lease_poll_s=60) as c:
+        worker = register(c)
+        service = service_of(c)
+        claim, claims = service.queue.store.claim, []
+
+        def enqueue_after_the_first(*args, **kwargs):
+            found = claim(*args, **kwargs)
+            claims.append(len(found))
+            if len(claims) == 1:  # the queue read empty: the jobs come now, and say so
+                body = {"workload": GEMM, "gpu": "h100", "budget": 2, "strategy": "grid"}
+                service.driver.create(TaskCreate.model_validate(body))
+            return found
+
+        service.queue.store.claim = enqueue_after_the_first  # type: ignore[method-assign]
+        started = time.monotonic()
+        jobs = lease(c, worker, 2, wait_s=10)
+        assert len(jobs) == 2 and claims == [0, 2]
+        assert time.monotonic() - started < 5  # (it waited the whole 10 s)
 
 
 def test_another_replicas_jobs_wake_a_waiting_lease_through_notify(pg_url):

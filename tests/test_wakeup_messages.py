@@ -107,3 +107,33 @@ def test_memories_of_an_empty_queue_stay_bounded(monkeypatch):
         assert len(here._empty) <= 8
     last = WorkerKind("sm_90", "h100", "workload-99", "replay")
     assert here.known_empty(last, fresh_s=60)  # the newest memory is kept and trusted
+
+
+def test_a_signal_with_jobs_left_for_nobody_waiting_is_remembered_for_its_kind():
+    """What a lease request claiming off the event loop (not waiting) looks at before it
+    waits (Queue.lease): jobs announced meanwhile that no waiting request was woken for."""
+    import asyncio
+
+    from pipetune.service.wakeup import WorkerKind
+
+    simulated = WorkerKind("sm_90", "h100", None, "simulated")
+
+    async def run() -> None:
+        here = Wakeup(shared=False)
+        here.attach(asyncio.get_running_loop())
+        mark = here.wakes
+        here.signal("sm_90", "h200", 2)  # another GPU's
+        here.signal("sm_90", "h100", 2, "cupy")  # another runner's
+        await asyncio.sleep(0.01)
+        assert not here.missed(simulated, mark)
+        # One waiting request asks for both jobs: nothing is left over.
+        waiting = asyncio.ensure_future(here.wait(simulated, 2.0, wants=2))
+        await asyncio.sleep(0.01)
+        mark = here.wakes
+        here.signal("sm_90", "h100", 2)
+        assert await waiting and not here.missed(simulated, mark)
+        here.signal("sm_90", "h100", 2)  # nobody waits now
+        await asyncio.sleep(0.01)
+        assert here.missed(simulated, mark) and not here.missed(simulated, here.wakes)
+
+    asyncio.run(run())
