@@ -573,6 +573,13 @@ class Queue:
         # applied lost a race (to the same result posted twice at once, or to an expiry):
         # look at what was committed since.
         settled = self.store.settled(raced) if raced else {}
+        # A job this request recorded, reported again in it under another (stale) lease: that
+        # report is answered with what the job holds now, as SQLite's store sees it (on
+        # PostgreSQL the statement's snapshot still said `leased`).
+        for r, s in zip(reports, seen, strict=True):
+            if s.applied:
+                state = JobState.DONE if r.result.ok else JobState.FAILED
+                settled.setdefault(r.job_id, (state, r.lease_token))
         judged = [
             self._judge(worker, worker_id, r, s, settled)
             for r, s in zip(reports, seen, strict=True)

@@ -119,6 +119,25 @@ def test_a_stale_result_in_a_batch_is_refused_and_the_rest_recorded(db_url):
         assert "stale lease" in acks[0]["detail"]
 
 
+def test_a_stale_report_beside_its_jobs_result_in_one_request_says_the_job_is_done(db_url):
+    """A stale lease's result and the current lease's of the same job in one request: the
+    stale one is refused saying what the job holds now (done), wherever it stands in the
+    request, on both databases (each answered `leased` for one of the orders: PostgreSQL
+    the statement's snapshot, SQLite the job before the request's own result)."""
+    with client_for(db_url, lease_ttl_s=0.2) as c:
+        create_task(c, budget=1, strategy="grid")
+        worker = register(c)
+        (first,) = lease(c, worker)
+        time.sleep(0.4)
+        service_of(c).queue.reclaim()
+        (second,) = lease(c, worker)
+        items = [_item(first, ok(9.0)), _item(second, ok(8.0)), _item(first, ok(9.0))]
+        acks = post_results(c, worker, items).json()["acks"]
+        assert [a["accepted"] for a in acks] == [False, True, False]
+        assert [a["job_state"] for a in acks] == ["done"] * 3
+        assert "stale lease" in acks[0]["detail"] and "stale lease" in acks[2]["detail"]
+
+
 def test_a_result_the_database_cannot_hold_refuses_the_request_naming_it(client):
     create_task(client, budget=2, strategy="grid")
     worker = register(client)
