@@ -118,3 +118,19 @@ def test_an_in_memory_database_is_refused_before_tuning_as_the_db_argument():
     # (it was pydantic's ValidationError for the service's Settings, from inside tune())
     with pytest.raises(pipetune.PipetuneError, match=r"^db: an in-memory SQLite database"):
         pipetune.tune(FC, "h100", budget=2, runner="simulated", db="sqlite://")
+
+
+def test_a_cubin_for_an_arch_nvrtc_cannot_target_is_a_pipetune_error_naming_arch():
+    # (it was a plain ValueError from the compiler, outside `except pipetune.PipetuneError`)
+    k = pipetune.kernel(FC, "h100", schedule=pipetune.best_schedule(FC, "h100").schedule)
+    for bad in ("sm_12", "sm90"):
+        with pytest.raises(pipetune.InvalidArgumentError) as caught:
+            k.cubin(bad)
+        assert isinstance(caught.value, ValueError) and caught.value.argument == "arch"
+        assert str(caught.value).startswith("arch: ")
+    with pytest.raises(pipetune.PipetuneError, match=r"^arch: expected a target name") as typed:
+        k.cubin(90)  # type: ignore[arg-type]
+    assert isinstance(typed.value, TypeError)
+    hopper = pipetune.kernel({"op": "hopper_gemm", "m": 1024, "n": 768, "k": 3072}, "h100")
+    with pytest.raises(pipetune.InvalidArgumentError, match=r"^arch: .*not sm_80"):
+        hopper.cubin("sm_80")

@@ -23,6 +23,7 @@ from rich.text import Text
 from pipetune.clients.cli.errors import CliError
 from pipetune.clients.cli.output import console, print_json
 from pipetune.clients.cli.workload_options import add_workload_commands, option, shape_fields
+from pipetune.model.errors import InvalidArgumentError
 from pipetune.model.family import family_for_op, family_of, parse_any_workload
 from pipetune.model.hardware import DEFAULT_GPU, get_gpu, gpu_keys
 from pipetune.workers.codegen.sample import UNCONSTRAINED_SHAPES, unconstrained_workload
@@ -141,8 +142,8 @@ def compile_document(
     arch = arch or spec.arch
     try:
         check_arch(arch)
-    except ValueError as exc:
-        raise CliError(f"--arch: {exc}", code=2) from None
+    except InvalidArgumentError as exc:
+        raise CliError(f"--arch: {exc.reason}", code=2) from None
     space = family.enumerate(w, spec)
     if not len(space):
         raise CliError(f"no valid schedule for {label or w.label()} on {spec.key}", code=2)

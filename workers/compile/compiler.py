@@ -11,7 +11,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
-from pipetune.model.errors import PipetuneError
+from pipetune.model.errors import InvalidArgumentError, InvalidArgumentTypeError, PipetuneError
 from pipetune.workers.compile import cache, nvrtc
 from pipetune.workers.compile.ptxas_report import ReportMissingError, kernel_usage
 
@@ -76,19 +76,27 @@ SM80_INSTRUCTIONS = "cp.async, mma.sync m16n8k16, cvt.rn.f16x2.f32"
 
 
 def check_arch(arch: str) -> str:
-    """`arch` if it names a target this NVRTC compiles for; else a ValueError saying why (an
-    SM number NVRTC does not know was an NvrtcError, "invalid option", from deep inside)."""
+    """`arch` if it names a target this NVRTC compiles for; else an InvalidArgumentError (a
+    ValueError) naming `arch` and saying why (an SM number NVRTC does not know was an
+    NvrtcError, "invalid option", from deep inside)."""
+    if not isinstance(arch, str):
+        raise InvalidArgumentTypeError(
+            "arch", f"expected a target name such as 'sm_90', got {type(arch).__name__}"
+        )
     if not _ARCH.match(arch):
-        raise ValueError(f"arch must look like sm_80 or sm_90a, got {arch!r}")
+        raise InvalidArgumentError("arch", f"must look like sm_80 or sm_90a, got {arch!r}")
     known = nvrtc.supported_archs()
     number = int(arch.removeprefix("sm_").rstrip("af"))
     if number not in known:
         major, minor = nvrtc.version()
         listed = ", ".join(f"sm_{a}" for a in known)
-        raise ValueError(f"NVRTC {major}.{minor} does not compile for {arch}; it knows {listed}")
+        raise InvalidArgumentError(
+            "arch", f"NVRTC {major}.{minor} does not compile for {arch}; it knows {listed}"
+        )
     if number < MIN_SM:
-        raise ValueError(
-            f"pipetune's kernels need sm_{MIN_SM} or newer ({SM80_INSTRUCTIONS}), not {arch}"
+        raise InvalidArgumentError(
+            "arch",
+            f"pipetune's kernels need sm_{MIN_SM} or newer ({SM80_INSTRUCTIONS}), not {arch}",
         )
     return arch
 
@@ -170,9 +178,10 @@ def kernel_arch(kernel: Any, arch: str) -> str:
     device = getattr(kernel, "device_arch", None)
     if suffix and device is not None and arch.removesuffix(suffix) != device:
         # (NVRTC's own answer, for sm_80a, was "invalid --nv_arch".)
-        raise ValueError(
+        raise InvalidArgumentError(
+            "arch",
             f"{kernel.name} uses {device}{suffix}-only instructions: it compiles for "
-            f"{device}{suffix}, not {arch}"
+            f"{device}{suffix}, not {arch}",
         )
     return arch + suffix if suffix and not arch.endswith(suffix) else arch
 
