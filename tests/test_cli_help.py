@@ -43,3 +43,16 @@ def test_no_help_text_names_the_environment_variable_that_help_shows_anyway():
     PIPETUNE_SERVER]": typer shows each option's variable itself."""
     root = typer.main.get_command(app)
     assert [where for where, p in _options(root) if _names_its_envvar(p)] == []
+
+
+def test_an_operators_command_help_is_its_whole_first_sentence_as_written():
+    # `reduce`'s read "Row reduction: out = sum or max of x (one float16 per row; a row
+    # holding a": its summary's first line alone, and rich markup took "[r]" and "[r, :]".
+    from typer.testing import CliRunner
+
+    for command in (["tune", "reduce"], ["model", "rank", "reduce"], ["schedule", "reduce"]):
+        result = CliRunner().invoke(app, [*command, "--help"], env={"COLUMNS": "200"})
+        assert result.exit_code == 0, result.output
+        text = " ".join(result.stdout.split())
+        assert "out[r] = sum or max of x[r, :]" in text, text
+        assert "a row holding a NaN gives NaN, as torch.sum and torch.amax do)" in text, text

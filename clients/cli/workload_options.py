@@ -13,6 +13,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 import typer
+from rich.markup import escape
 
 from pipetune.clients.cli.errors import reported
 from pipetune.model.family import op_families
@@ -22,6 +23,13 @@ _KW = inspect.Parameter.KEYWORD_ONLY
 
 def _cli_type(annotation: Any) -> type:
     return str if typing.get_origin(annotation) is typing.Literal else annotation
+
+
+def _summary(model_cls: type, op: str) -> str:
+    """The workload type's docstring's first paragraph on one line, its brackets kept from
+    rich's markup (`x[r, :]`): its first line alone cut `reduce`'s sentence in two."""
+    paragraph = (model_cls.__doc__ or op).strip().split("\n\n")[0]
+    return escape(" ".join(paragraph.split()))
 
 
 def every_op() -> dict[str, type]:
@@ -86,5 +94,4 @@ def add_workload_commands(
 
         params = workload_parameters(op, shape_optional, ops) + extra
         command.__signature__ = inspect.Signature(params)  # type: ignore[attr-defined]
-        doc = (model_cls.__doc__ or op).strip().splitlines()[0]
-        app.command(op, help=f"{summary} {doc}")(reported(command))
+        app.command(op, help=f"{summary} {_summary(model_cls, op)}")(reported(command))
