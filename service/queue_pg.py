@@ -174,7 +174,7 @@ WITH beat AS (
     FROM live WHERE jobs.id = live.id
 )
 SELECT statement_timestamp() AS now, ARRAY(
-    SELECT h.id FROM unnest(%(ids)s::int[], %(tokens)s::text[]) AS h(id, token)
+    SELECT DISTINCT h.id FROM unnest(%(ids)s::int[], %(tokens)s::text[]) AS h(id, token)
     WHERE NOT EXISTS (
         SELECT 1 FROM jobs j WHERE j.id = h.id AND j.lease_token = h.token
             AND j.lease_owner = %(worker)s AND j.state = %(leased)s)

@@ -174,3 +174,15 @@ def test_a_heartbeat_names_the_listed_leases_that_are_no_longer_the_workers(clie
     assert gone == sorted([*(j["job_id"] for j in doomed), expiring["job_id"], moved["job_id"]])
     assert live["job_id"] not in gone
     assert _beat(client, worker, None) == []  # (a heartbeat that lists nothing: nothing named)
+
+
+def test_a_gone_lease_listed_twice_is_named_once(client):
+    """A worker that lists a job twice (a retried report kept beside the queued entry, say)
+    is told once that it is gone, on both databases: PostgreSQL named it once per listing."""
+    cancelled = create_task(client, budget=1, strategy="grid")
+    worker = register(client)
+    (job,) = lease(client, worker, max_jobs=1)
+    response = client.delete(f"/v1/tasks/{cancelled['id']}")
+    assert response.status_code == 200, response.text
+    stale = {**job, "lease_token": "0" * 32}
+    assert _beat(client, worker, [job, job, stale]) == [job["job_id"]]
