@@ -675,3 +675,65 @@ def test_result_retry_counts_from_the_start_of_the_outage_for_every_report():
     assert worker._reports_failing_since is None
     worker._report_batch(api, [(_job(4), OK)])  # type: ignore[arg-type]
     assert api.attempts >= first + 3
+
+
+class LeasingApi(FakeApi):
+    """A FakeApi that also answers lease requests, from the same queue as reports."""
+
+    def lease(self, worker_id: int, max_jobs: int, wait_s: float) -> list[JobLease]:
+        jobs, self.queued = self.queued[:max_jobs], self.queued[max_jobs:]
+        return jobs
+
+
+def test_a_report_does_not_lease_the_slots_the_control_thread_has_just_found_free():
+    """_free_slots() returned the free slots, and only then did _lease() count them as asked
+    for: a report in between leased them too, and the worker held more than its capacity."""
+    api = LeasingApi(queued=10)
+    worker, _ = _worker(api, concurrency=1, lease_ahead=3)  # capacity 4
+    worker._pool = FakePool()  # type: ignore[assignment]
+    worker._busy = 2
+    free = worker._free_slots()
+    assert free == 2
+    # The reporter reports one result before the lease request goes out.
+    worker._reports.put((_job(1), OK))
+    worker._reports.put(None)
+    worker._reporter()
+    worker._lease(api, free)  # type: ignore[arg-type]
+    assert worker._busy <= worker._capacity() == 4
+    assert api.asked == [1]  # the slot its result frees, not the two reserved
+
+
+def test_the_control_thread_does_not_lease_what_a_report_in_flight_asks_for():
+    """A report that leases asks for the slots its results free; while it is in flight the
+    control thread found them free as well (and leased them: one job over capacity)."""
+    api = LeasingApi(queued=10)
+    inside, answer = threading.Event(), threading.Event()
+    plain = api.post_results_and_lease
+
+    def slow(worker_id: int, results: list, max_jobs: int = 0) -> JobResultAcks:
+        inside.set()
+        assert answer.wait(10)
+        return plain(worker_id, results, max_jobs)
+
+    api.post_results_and_lease = slow  # type: ignore[method-assign]
+    worker, _ = _worker(api, concurrency=1, lease_ahead=3)  # capacity 4
+    worker._pool = FakePool()  # type: ignore[assignment]
+    worker._busy = 3
+    worker._reports.put((_job(1), OK))
+    worker._reports.put(None)
+    reporter = threading.Thread(target=worker._reporter)
+    reporter.start()
+    assert inside.wait(10)
+    found: list[int] = []
+    control = threading.Thread(target=lambda: found.append(worker._free_slots()))
+    control.start()
+    control.join(0.3)
+    answer.set()
+    reporter.join(10)
+    control.join(1.0)
+    if control.is_alive():  # still waiting for a free slot: none was (right)
+        worker._stop.set()
+        control.join(10)
+    assert api.asked == [2]
+    held = worker._busy + (found[0] if found else 0)
+    assert held <= worker._capacity() == 4

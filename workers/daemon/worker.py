@@ -139,7 +139,11 @@ class Worker:
         # jobs, of its GPU. Until the worker registers again (by name: the same id on the
         # same database), reports lease nothing and the next lease request registers first.
         self._reregister = threading.Event()
-        self._asking = 0  # jobs the control thread's lease request in flight asks for
+        # Jobs asked for by the lease requests in flight, counted against the capacity
+        # from the moment each is decided (under self._slots) until its answer is held: the
+        # control thread's lease request, and the reporter's report that leases.
+        self._asking = 0  # the control thread's (reserved by _free_slots)
+        self._report_asking = 0  # the reporter's (reserved by _lease_with_report)
         self._leases_in_reports = True  # the service takes max_jobs in a report (until it says)
         self._slots = threading.Condition()
         # The measuring pool while it takes jobs (the reporter hands it jobs it leased too).
@@ -344,12 +348,18 @@ class Worker:
         return self.config.concurrency + ahead
 
     def _free_slots(self) -> int:
-        """Block until the worker holds fewer jobs than its capacity (or stop); how many
-        more it may lease."""
+        """Block until the worker holds, and asks for, fewer jobs than its capacity (or
+        stop); how many more it may lease, reserved for the lease request (`_asking`) in the
+        same lock: a report could otherwise lease them too in between (and a report's lease
+        in flight, `_report_asking`, is theirs already)."""
         with self._slots:
-            while self._busy >= self._capacity() and not self._stop.is_set():
+            while self._busy + self._report_asking >= self._capacity() and not self._stop.is_set():
                 self._slots.wait(0.5)
-            return 0 if self._stop.is_set() else self._capacity() - self._busy
+            if self._stop.is_set():
+                return 0
+            free = self._capacity() - self._busy - self._report_asking
+            self._asking = min(free, MAX_JOBS_PER_LEASE)
+            return self._asking
 
     def _hold(self, jobs: list[JobLease]) -> None:
         """Count jobs just leased as held (the caller holds self._slots)."""
@@ -431,6 +441,7 @@ class Worker:
             with self._slots:
                 self._asking = 0
                 self._hold(jobs)
+                self._slots.notify_all()
         return jobs
 
     def _lease_loop(self, api: WorkerApi) -> None:
@@ -475,12 +486,15 @@ class Worker:
     def _lease_with_report(self, reported: int) -> int:
         """How many jobs a report of `reported` results may lease: what the slots those
         results free can take, less what a lease request in flight asks for; none once the
-        worker is stopping."""
+        worker is stopping. Reserved (`_report_asking`) until the report's answer is held
+        (_report_batch), so that the control thread does not lease them meanwhile."""
         with self._slots:
             if self._stop.is_set() or not self._leases_in_reports or self._reregister.is_set():
+                self._report_asking = 0
                 return 0
             free = self._capacity() - (self._busy - reported) - self._asking
-            return max(0, min(free, MAX_JOBS_PER_LEASE))
+            self._report_asking = max(0, min(free, MAX_JOBS_PER_LEASE))
+            return self._report_asking
 
     def _units(self, jobs: list[JobLease]) -> list[list[JobLease]]:
         """Jobs grouped by workload for the GPU (one prepare compiles a group in parallel);
@@ -742,16 +756,24 @@ class Worker:
             acks = []
             for i in range(0, len(results), MAX_RESULTS_PER_POST):
                 last = i + MAX_RESULTS_PER_POST >= len(results)
-                answer = api.post_results_and_lease(
-                    worker_id,
-                    results[i : i + MAX_RESULTS_PER_POST],
-                    max_jobs=self._lease_with_report(len(items)) if last else 0,
-                )
+                jobs: list[JobLease] = []
+                try:
+                    answer = api.post_results_and_lease(
+                        worker_id,
+                        results[i : i + MAX_RESULTS_PER_POST],
+                        max_jobs=self._lease_with_report(len(items)) if last else 0,
+                    )
+                    jobs = answer.jobs
+                finally:
+                    # Held before the reported ones are released, and the reservation
+                    # given back in the same lock, whatever became of the request.
+                    with self._slots:
+                        self._report_asking = 0
+                        if jobs:
+                            self._hold(jobs)
+                        self._slots.notify_all()
                 acks += answer.acks
-                if answer.jobs:
-                    with self._slots:  # held before the reported ones are released
-                        self._hold(answer.jobs)
-                    leased.extend(answer.jobs)
+                leased.extend(jobs)
             return acks
 
         try:
