@@ -57,6 +57,7 @@ MAX_LEASE_WAIT_S = 30.0
 MAX_SECONDS = 7 * 24 * 3600.0
 MAX_JOBS_PER_LEASE = 64
 MAX_RESULTS_PER_POST = 256  # results in one POST /v1/jobs/results
+MAX_WORKER_NAME = 128  # characters of a worker's name (WorkerRegister.name)
 
 # The tuner's registry (tuner.strategies.STRATEGY_MAP) checks itself against this list.
 StrategyName = Literal["grid", "random", "analytical", "xgb", "bo", "analytical+xgb", "auto"]
@@ -498,7 +499,7 @@ class AggregateCurves(_Body):
 class WorkerRegister(_GpuField):
     """POST /v1/workers (worker token required)."""
 
-    name: str = Field(min_length=1, max_length=128)
+    name: str = Field(min_length=1, max_length=MAX_WORKER_NAME)
     arch: str = Field(
         pattern=r"^sm_\d{2,3}a?$",
         description="the device's compute capability; an arch-specific target (sm_90a) is read "

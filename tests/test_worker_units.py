@@ -52,6 +52,9 @@ def config(**kw) -> WorkerConfig:  # type: ignore[no-untyped-def]
         # Past threading.TIMEOUT_MAX: the heartbeat thread died, every trial failed.
         ({"runner": "cupy", "heartbeat_s": 1e12}, "--heartbeat: at most 604800 s"),
         ({"runner": "cupy", "trial_timeout_s": 1e12}, "--trial-timeout: at most 604800 s"),
+        # Refused by the registration: a pydantic ValidationError of several lines, exit 1.
+        ({"runner": "cupy", "name": "x" * 129}, "--name: at most 128 characters, got 129"),
+        ({"runner": "cupy", "name": "   "}, "--name: must not be blank"),
     ],
 )
 def test_bad_configurations_are_refused_with_the_option(kw: dict, message: str):
@@ -69,6 +72,16 @@ def test_a_worker_given_a_nan_heartbeat_exits_2_naming_it():
     assert result.stderr.strip().splitlines() == [
         "error: --heartbeat: must be a finite number of seconds, more than 0, got nan"
     ]
+
+
+def test_a_worker_name_the_service_would_refuse_exits_2_naming_it():
+    """A --name over 128 characters started the worker, whose registration then failed with
+    a pydantic ValidationError of several lines and exit 1."""
+    args = ["worker", "--server", "http://127.0.0.1:9", "--token", "x", "--runner", "simulated"]
+    args += ["--gpu", "h100", "--register-timeout", "0", "--name", "w" * 200]
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 2, result.output
+    assert result.stderr.strip().splitlines() == ["error: --name: at most 128 characters, got 200"]
 
 
 def test_a_malformed_simulated_time_scale_is_bad_input_exit_2(monkeypatch: pytest.MonkeyPatch):

@@ -10,7 +10,12 @@ from pathlib import Path
 
 from pipetune.clients.sdk.http import header_value_problem
 from pipetune.model.trials import RunnerKind
-from pipetune.model.wire import MAX_JOBS_PER_LEASE, MAX_LEASE_WAIT_S, MAX_SECONDS
+from pipetune.model.wire import (
+    MAX_JOBS_PER_LEASE,
+    MAX_LEASE_WAIT_S,
+    MAX_SECONDS,
+    MAX_WORKER_NAME,
+)
 from pipetune.workers.runners.faults import FaultPlan
 
 RUNNERS: tuple[str, ...] = tuple(RunnerKind)
@@ -19,7 +24,7 @@ TOKEN_ENV = "PIPETUNE_WORKER_TOKEN"
 
 def default_name(runner: str) -> str:
     # Host and pid: several workers on one machine (one per GPU) stay distinguishable.
-    return f"{socket.gethostname()}-{runner}-{os.getpid()}"[:128]
+    return f"{socket.gethostname()}-{runner}-{os.getpid()}"[:MAX_WORKER_NAME]
 
 
 # MAX_SECONDS (model.wire) is the longest wait the worker's threads and pipes can be given:
@@ -102,5 +107,11 @@ class WorkerConfig:
             raise ValueError(f"--lease-wait: must be within 0..{MAX_LEASE_WAIT_S:g} s")
         if self.parent_pid is not None and self.parent_pid < 1:
             raise ValueError(f"--parent-pid: must be a process id, got {self.parent_pid}")
+        # Refused here, exit 2: the registration refused it, a pydantic ValidationError of
+        # several lines and exit 1.
+        if self.name and not self.name.strip():
+            raise ValueError("--name: must not be blank")
+        if len(self.name) > MAX_WORKER_NAME:
+            raise ValueError(f"--name: at most {MAX_WORKER_NAME} characters, got {len(self.name)}")
         if not self.name:
             object.__setattr__(self, "name", default_name(self.runner))
