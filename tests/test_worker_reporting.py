@@ -737,3 +737,37 @@ def test_the_control_thread_does_not_lease_what_a_report_in_flight_asks_for():
     assert api.asked == [2]
     held = worker._busy + (found[0] if found else 0)
     assert held <= worker._capacity() == 4
+
+
+def test_a_worker_that_must_give_up_leases_nothing_with_the_reports_of_its_last_jobs():
+    """A lease refused for good (WorkerError) ended the lease loop without stopping the
+    worker: the reports of the jobs in hand, measured while the pool closed, still leased
+    jobs, which were abandoned at once (their leases left to expire, an attempt used)."""
+    from pipetune.workers.daemon.worker import WorkerError
+
+    class Refusing(LeasingApi):
+        def __init__(self) -> None:
+            super().__init__(queued=10)
+            self.leases = 0
+
+        def lease(self, worker_id: int, max_jobs: int, wait_s: float) -> list[JobLease]:
+            self.leases += 1
+            if self.leases == 1:
+                return [_job(1)]
+            raise ApiError(405, "Method Not Allowed")
+
+        def heartbeat(self, *args: object, **kw: object) -> None:
+            pass
+
+    api = Refusing()
+    worker, _ = _worker(api, concurrency=2, lease_ahead=0)  # the 2nd lease comes at once
+
+    def slow(workload: object, schedule: object) -> MeasureResult:
+        time.sleep(0.3)  # still measuring when the lease loop gives up
+        return OK
+
+    worker._measure_one = slow  # type: ignore[method-assign]
+    with pytest.raises(WorkerError, match="refused to lease"):
+        worker._serve(api)  # type: ignore[arg-type]
+    assert api.batches == [[1]] and worker.counts["accepted"] == 1
+    assert api.asked == [0] and worker.counts["abandoned"] == 0

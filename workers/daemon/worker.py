@@ -242,6 +242,9 @@ class Worker:
         try:
             self._lease_loop(api)
         finally:
+            # Stopped whatever ended the loop (a lease refused for good, too): the reports
+            # of the jobs in hand lease nothing that the closed pool would abandon.
+            self._stop.set()
             with self._pool_lock:
                 self._pool = None  # the reporter's leases from now on are abandoned
             pool.shutdown(wait=True)  # the jobs in hand are measured (or abandoned on abort)
