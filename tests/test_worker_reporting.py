@@ -771,3 +771,27 @@ def test_a_worker_that_must_give_up_leases_nothing_with_the_reports_of_its_last_
         worker._serve(api)  # type: ignore[arg-type]
     assert api.batches == [[1]] and worker.counts["accepted"] == 1
     assert api.asked == [0] and worker.counts["abandoned"] == 0
+
+
+def test_a_gone_lease_does_not_drop_the_job_leased_again_meanwhile():
+    """The heartbeat's `gone` names jobs by id: a job whose listed lease was gone, released
+    and leased again (a new token) while the heartbeat was in flight was dropped unmeasured,
+    its new lease left to expire."""
+
+    class GoneApi(BeatingApi):
+        def heartbeat(self, worker_id, busy_jobs=0, leases=None):  # type: ignore[no-untyped-def]
+            super().heartbeat(worker_id, busy_jobs, leases)
+            if len(self.beats) > 1:  # (the test looks at the first)
+                return SimpleNamespace(ok=True, gone=[])
+            # Meanwhile job 5's result came back stale, and a lease got it again.
+            worker._release([_job(5)])
+            with worker._slots:
+                worker._hold([_job(5).model_copy(update={"lease_token": "token-new"})])
+            return SimpleNamespace(ok=True, gone=[4, 5])
+
+    api = GoneApi()
+    worker, _ = _worker(api, heartbeat_s=0.01)
+    with worker._slots:
+        worker._hold([_job(4), _job(5)])
+    _beat(worker, 1, api)
+    assert worker._gone == {4}  # 4's lease is gone; 5 is held under a lease that is not

@@ -862,8 +862,17 @@ class Worker:
                     last_active, wakeups = active, 0
                     gone = set(getattr(ack, "gone", None) or ())
                     if gone:
-                        with self._slots:  # (only what is still held: released ones are not)
-                            self._gone |= gone & self._held.keys()
+                        # Only what is still held under the lease listed: a job released
+                        # meanwhile is not, nor one leased again since (its new lease is not
+                        # the one the service says is gone).
+                        with self._slots:
+                            self._gone |= {
+                                j
+                                for j in gone
+                                if j in held
+                                and (now_held := self._held.get(j)) is not None
+                                and now_held.token == held[j].token
+                            }
                     for term in held.values():
                         term.extended(now)
                 except InvalidRequestError as exc:
