@@ -273,6 +273,24 @@ def test_a_retry_after_longer_than_the_backoff_is_waited_out():
     assert waits == [60.0, 1.0, MAX_RETRY_AFTER_S, 4.0] == sleeps
 
 
+def test_a_retry_after_longer_than_the_time_left_does_not_outlast_the_deadline():
+    """A 503 asking for 300 s had a result (or the start) wait it out, then try once more,
+    300 s past --result-retry (--register-timeout). The wait ends at the deadline."""
+    from pipetune.clients.sdk.errors import ServerError
+    from pipetune.workers.daemon.reporting import call_with_retries
+
+    attempts = [0]
+
+    def call() -> str:
+        attempts[0] += 1
+        raise ServerError(503, "later", retry_after_s=5.0)
+
+    started = time.monotonic()
+    with pytest.raises(ServerError):
+        call_with_retries(call, give_up_after_s=0.5, abort=threading.Event())
+    assert time.monotonic() - started < 2.0 and attempts[0] == 2
+
+
 @pytest.mark.parametrize(
     ("header", "expected"),
     [("7", 7.0), (" 0 ", 0.0), ("soon", None), ("-3", None), ("", None), (None, None)],

@@ -62,9 +62,15 @@ def call_with_retries(
     def _wait(state: RetryCallState) -> float:
         exc = state.outcome.exception() if state.outcome is not None else None
         asked = getattr(exc, "retry_after_s", None)
-        if asked is None:
-            return backoff(state)
-        return max(backoff(state), min(asked, MAX_RETRY_AFTER_S))
+        wait = backoff(state)
+        if asked is not None:
+            wait = max(wait, min(asked, MAX_RETRY_AFTER_S))
+        if give_up_after_s is not None:
+            # Never past the deadline: a Retry-After of 300 s kept a result (or the start)
+            # waiting that long past --result-retry (--register-timeout) before the last try.
+            left = give_up_after_s - (state.seconds_since_start or 0.0)
+            wait = min(wait, max(0.0, left))
+        return wait
 
     retrying = Retrying(
         retry=retry_if_exception_type(transient),
