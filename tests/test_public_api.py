@@ -287,6 +287,8 @@ def test_without_a_database_the_answer_is_the_models(home: Path):
     ("kwargs", "error", "words"),
     [
         ({"budget": 0}, ValueError, "budget: Input should be greater than or equal to 1"),
+        # A budget too long to print: Python's own ValueError from quoting it, no PipetuneError.
+        ({"budget": 10**5000}, pipetune.InvalidArgumentError, "^budget: .*got an int this large"),
         ({"strategy": "bogus"}, ValueError, "strategy: "),
         ({"runner": "opencl"}, ValueError, "runner: must be one of"),
         ({"runner": "replay"}, ValueError, "dataset: the replay runner answers from"),

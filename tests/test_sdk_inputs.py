@@ -270,3 +270,113 @@ def test_wait_takes_no_timeout_a_zero_one_or_a_positive_one(timeout_s):
     with pytest.raises(ProtocolError):  # the stub's answer is no TaskDoc: it was asked
         client.wait(1, poll_s=np.float64(0.1), timeout_s=timeout_s)
     assert len(recorder.requests) == 1
+
+
+# ---- a task's options and the query parameters -----------------------------------------
+
+# Each was sent as given and refused by the service (a 422), so against a service that was
+# down the caller was told "cannot reach" instead of what was wrong with the argument.
+BAD_TUNE_ARGUMENTS: dict[str, tuple[dict[str, Any], str]] = {
+    "budget 0": ({"budget": 0}, "budget"),
+    "budget over the most": ({"budget": 5001}, "budget"),
+    "budget bool": ({"budget": True}, "budget"),
+    "budget float": ({"budget": 16.0}, "budget"),
+    "budget past printing": ({"budget": 10**5000}, "budget"),
+    "seed negative": ({"seed": -1}, "seed"),
+    "strategy unknown": ({"strategy": "nope"}, "strategy"),
+    "batch_size 0": ({"batch_size": 0}, "batch_size"),
+    "batch_size 65": ({"batch_size": 65}, "batch_size"),
+    "priority 11": ({"priority": 11}, "priority"),
+    "priority 0": ({"priority": 0}, "priority"),
+    "runner unknown": ({"runner": "gpu"}, "runner"),
+    "prior_task 0": ({"prior_task": 0}, "prior_task"),
+    "prior_gpu unknown": ({"prior_gpu": "h999"}, "prior_gpu"),
+    "two priors": ({"prior_task": 3, "prior_gpu": "h100"}, "prior_gpu"),
+    "learned and a task": ({"prior_task": 3, "learned_prior": True}, "learned_prior"),
+    "learned_prior not a bool": ({"learned_prior": "yes"}, "learned_prior"),
+}
+GEMM = {"op": "gemm", "m": 64, "n": 64, "k": 64}
+
+
+@pytest.fixture
+def refused_url() -> str:
+    """A loopback port nothing listens on: every request is refused."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    return f"http://127.0.0.1:{port}"
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "argument"), BAD_TUNE_ARGUMENTS.values(), ids=BAD_TUNE_ARGUMENTS.keys()
+)
+def test_tune_refuses_a_bad_option_before_any_request(kwargs, argument, refused_url):
+    client, recorder = _client()
+    with pytest.raises(InvalidArgumentError) as info:
+        client.tune(GEMM, "h100", **kwargs)
+    assert info.value.argument == argument
+    assert str(info.value).startswith(f"{argument}: ")
+    assert recorder.requests == []
+    # ... and so against a service that is down: the argument, not "cannot reach".
+    with pipetune.Client(refused_url) as down, pytest.raises(InvalidArgumentError) as info:
+        down.tune(GEMM, "h100", **kwargs)
+    assert info.value.argument == argument
+
+
+def test_tune_sends_its_options_as_before():
+    client, recorder = _client()
+    with pytest.raises(ProtocolError):  # the stub's answer is no TaskDoc
+        client.tune(GEMM, "h100", budget=16, seed=3, batch_size=4)
+    with pytest.raises(ProtocolError):
+        client.tune(GEMM, "h100", prior_gpu="h200", runner="cupy", priority=3, learned_prior=False)
+    first, second = (httpx.Response(200, content=r.content).json() for r in recorder.requests)
+    assert first == {
+        "workload": GEMM,
+        "gpu": "h100",
+        "budget": 16,
+        "strategy": "auto",
+        "seed": 3,
+        "batch_size": 4,
+    }  # (the default priority is left out: a service before it refuses the field)
+    assert {k: second[k] for k in ("prior_gpu", "runner", "priority", "learned_prior")} == {
+        "prior_gpu": "h200",
+        "runner": "cupy",
+        "priority": 3,
+        "learned_prior": False,
+    }
+
+
+PAGE_CALLS: dict[str, tuple[Callable[[pipetune.Client], Any], str]] = {
+    "tasks limit 0": (lambda c: c.tasks(limit=0), "limit"),
+    "tasks limit past the page": (lambda c: c.tasks(limit=1001), "limit"),
+    "tasks limit float": (lambda c: c.tasks(limit=10.0), "limit"),
+    "tasks offset negative": (lambda c: c.tasks(offset=-1), "offset"),
+    "tasks before 0": (lambda c: c.tasks(before=0), "before"),
+    "tasks before bool": (lambda c: c.tasks(before=True), "before"),
+    "trials after -2": (lambda c: c.trials(1, after=-2), "after"),
+    "trials after str": (lambda c: c.trials(1, after="3"), "after"),
+    "task id 0": (lambda c: c.task(0), "task_id"),
+    "task id past the column": (lambda c: c.task(2**31), "task_id"),
+}
+
+
+@pytest.mark.parametrize(("call", "argument"), PAGE_CALLS.values(), ids=PAGE_CALLS.keys())
+def test_a_query_parameter_out_of_the_services_bounds_is_refused_before_any_request(
+    call, argument, refused_url
+):
+    client, recorder = _client()
+    with pytest.raises(InvalidArgumentError) as info:
+        call(client)
+    assert info.value.argument == argument
+    assert recorder.requests == []
+    with pipetune.Client(refused_url) as down, pytest.raises(InvalidArgumentError):
+        call(down)
+
+
+def test_query_parameters_in_bounds_are_sent():
+    client, recorder = _client({"tasks": [], "trials": []})
+    client.tasks(limit=np.int64(1000), offset=0, before=7)
+    client.trials(1, after=-1)
+    tasks, trials = (dict(r.url.params) for r in recorder.requests)
+    assert tasks == {"limit": "1000", "offset": "0", "before": "7"}
+    assert trials == {"after": "-1"}

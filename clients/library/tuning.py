@@ -43,7 +43,7 @@ from pipetune.clients.library.labels import (
     trials_of,
 )
 from pipetune.clients.library.store import LocalStore, database_url, open_database
-from pipetune.clients.sdk.http import clean_msg
+from pipetune.clients.sdk.http import argument_error
 from pipetune.model.errors import InvalidArgumentError
 from pipetune.model.hardware import get_gpu
 from pipetune.model.states import TaskState
@@ -51,7 +51,6 @@ from pipetune.model.trials import MeasureResult, RunnerKind
 from pipetune.model.wire import (
     MAX_JOBS_PER_LEASE,
     CurvePoint,
-    FieldError,
     JobResult,
     TaskCreate,
     TaskDoc,
@@ -162,13 +161,7 @@ def _task_body(
     try:
         return TaskCreate.model_validate({**body, "seed": seed, **prior})
     except ValidationError as exc:
-        first = exc.errors()[0]
-        cause = (first.get("ctx") or {}).get("error")
-        if isinstance(cause, FieldError):  # a rule between fields, named by its field
-            raise InvalidArgumentError(cause.field, cause.reason) from None
-        field = ".".join(str(p) for p in first["loc"]) or "task"
-        reason = clean_msg(first["msg"])
-        raise InvalidArgumentError(field, f"{reason} (got {first.get('input')!r})") from None
+        raise argument_error(exc) from None
 
 
 def _make_runner(

@@ -18,7 +18,7 @@ from types import TracebackType
 from typing import Any, Self
 
 import httpx
-from pydantic import BaseModel
+from pydantic import BaseModel, ValidationError
 
 from pipetune.clients.sdk.errors import (
     TRANSIENT,
@@ -26,10 +26,18 @@ from pipetune.clients.sdk.errors import (
     ProtocolError,
     WaitTimeoutError,
 )
-from pipetune.clients.sdk.http import DEFAULT_TIMEOUT_S, Http, header_value_problem
+from pipetune.clients.sdk.http import (
+    DEFAULT_TIMEOUT_S,
+    Http,
+    argument_error,
+    header_value_problem,
+    shown_value,
+)
 from pipetune.model.wire import (
     DEFAULT_PRIORITY,
     DEFAULT_STRATEGY,
+    ID_MAX,
+    MAX_TASK_PAGE,
     AggregateCurves,
     Curve,
     ScheduleResponse,
@@ -77,11 +85,27 @@ def task_id_path(task_id: int) -> int:
     int() would turn 5.99 into task 5 and True into task 1, acting on a task nobody named;
     the service's wire contract (RowRef, strict) refuses floats, strings and booleans in a
     body for the same reason. numpy integers are fine (numbers.Integral), bool is not."""
-    if isinstance(task_id, numbers.Integral) and not isinstance(task_id, bool):
-        return int(task_id)
-    raise InvalidArgumentError(
-        "task_id", f"must be an integer, not {type(task_id).__name__} {task_id!r}"
-    )
+    return integer_argument("task_id", task_id, least=1, most=ID_MAX)
+
+
+def integer_argument(argument: str, value: object, *, least: int, most: int) -> int:
+    """`value` as an int in least..most (the service's bounds for it), else
+    InvalidArgumentError naming `argument`, before any request: numpy integers are fine
+    (numbers.Integral), bool, floats and strings are not (int() would act on a value nobody
+    named: 5.99 as 5, True as 1)."""
+    if not isinstance(value, numbers.Integral) or isinstance(value, bool):
+        raise InvalidArgumentError(
+            argument, f"must be an integer, not {type(value).__name__} {reprlib.repr(value)}"
+        )
+    number = int(value)
+    if not least <= number <= most:
+        shown = shown_value(number)
+        raise InvalidArgumentError(argument, f"must be {least}..{most}, got {shown}")
+    return number
+
+
+def _optional_integer(argument: str, value: object, *, least: int, most: int) -> int | None:
+    return None if value is None else integer_argument(argument, value, least=least, most=most)
 
 
 def seconds_problem(value: object, *, zero_ok: bool = False) -> str | None:
@@ -120,8 +144,14 @@ def _pause(poll_s: float, deadline: float | None) -> float:
     return max(0.0, min(poll_s, deadline - time.monotonic()))
 
 
-def _body(model: BaseModel) -> dict[str, Any]:
-    return model.model_dump(mode="json", exclude_none=True)
+def _options_body(options: TuneOptions) -> dict[str, Any]:
+    """A task's options as sent: those left out (None) are not sent, nor the default
+    priority: a service that predates the field refuses any unknown one (422), even at the
+    value it would have used."""
+    body = options.model_dump(mode="json", exclude_none=True)
+    if body.get("priority") == DEFAULT_PRIORITY:
+        del body["priority"]
+    return body
 
 
 class Client:
@@ -169,12 +199,7 @@ class Client:
         self, workload: WorkloadLike, gpu: str, tune: TuneOptions
     ) -> ScheduleResponse:
         """The best known schedule now, and a tuning task started (task_id, url)."""
-        options = _body(tune)
-        # The default priority is left out, as tune() leaves it out: a service that predates
-        # the field refuses any unknown one (422), even at the value it would have used.
-        if options.get("priority") == DEFAULT_PRIORITY:
-            del options["priority"]
-        body = {"workload": workload_body(workload), "gpu": gpu, "tune": options}
+        body = {"workload": workload_body(workload), "gpu": gpu, "tune": _options_body(tune)}
         return self._http.call(ScheduleResponse, "POST", "/v1/schedules", json=body)
 
     def tune(
@@ -202,25 +227,26 @@ class Client:
         task). runner: only workers of that runner measure it ("cupy": GPU measurements only;
         None: any worker of the GPU). priority: its share of the GPU's workers while other
         tasks wait for them too (1..10: p trials to a priority-1 task's one)."""
-        body = {
-            "workload": workload_body(workload),
-            "gpu": gpu,
-            "budget": budget,
-            "strategy": strategy,
-            "seed": seed,
-        }
-        if batch_size is not None:
-            body["batch_size"] = batch_size
-        if prior_task is not None:
-            body["prior_task"] = prior_task
-        if prior_gpu is not None:
-            body["prior_gpu"] = prior_gpu
-        if learned_prior is not None:
-            body["learned_prior"] = learned_prior
-        if runner is not None:
-            body["runner"] = runner
-        if priority != DEFAULT_PRIORITY:  # (a service that predates the field still answers)
-            body["priority"] = priority
+        # Checked here, before any request (TuneOptions is the options' wire model, as in
+        # schedule_and_tune): a budget of 0 is the caller's mistake whether or not the
+        # service can be reached. The workload and the GPU are the service's to judge.
+        try:
+            options = TuneOptions.model_validate(
+                {
+                    "budget": budget,
+                    "strategy": strategy,
+                    "seed": seed,
+                    "prior_task": prior_task,
+                    "prior_gpu": prior_gpu,
+                    "learned_prior": learned_prior,
+                    "batch_size": batch_size,
+                    "runner": runner,
+                    "priority": priority,
+                }
+            )
+        except ValidationError as exc:
+            raise argument_error(exc) from None
+        body = {"workload": workload_body(workload), "gpu": gpu, **_options_body(options)}
         return self._http.call(TaskDoc, "POST", "/v1/tasks", json=body)
 
     def task(self, task_id: int) -> TaskDoc:
@@ -238,7 +264,12 @@ class Client:
         (the service's default 100) after skipping `offset`; `before`: only tasks with ids
         below it (the last id of the page before: the next page, however many tasks were
         created meanwhile)."""
-        params = {"state": state, "limit": limit, "offset": offset, "before": before}
+        params = {
+            "state": state,
+            "limit": _optional_integer("limit", limit, least=1, most=MAX_TASK_PAGE),
+            "offset": _optional_integer("offset", offset, least=0, most=ID_MAX),
+            "before": _optional_integer("before", before, least=1, most=ID_MAX),
+        }
         return self._http.call(TaskList, "GET", "/v1/tasks", params=params).tasks
 
     def cancel(self, task_id: int) -> TaskDoc:
@@ -250,7 +281,7 @@ class Client:
     ) -> list[TrialDoc]:
         """One page of the task's trials in proposal order; `after=N`: those after trial N
         (for following a running task); `samples`: with each trial's timed repeats."""
-        params: dict[str, Any] = {"after": after}
+        params: dict[str, Any] = {"after": _optional_integer("after", after, least=-1, most=ID_MAX)}
         if samples:  # (sent only when asked: a service before it had no such parameter)
             params["samples"] = "true"
         return self._http.call(

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import datetime as dt
 import email.utils
+import reprlib
 from typing import Any, TypeVar
 
 import httpx
@@ -13,12 +14,13 @@ from pydantic import BaseModel, ValidationError
 from pipetune.clients.sdk.errors import (
     ApiError,
     ClientClosedError,
+    InvalidArgumentError,
     ProtocolError,
     RequestBuildError,
     ServiceUnavailableError,
     error_class,
 )
-from pipetune.model.wire import READING, OpName
+from pipetune.model.wire import READING, FieldError, OpName
 
 M = TypeVar("M", bound=BaseModel)
 
@@ -72,6 +74,27 @@ def clean_msg(msg: str) -> str:
     for prefix in ("Value error, ", "Assertion failed, "):
         msg = msg.removeprefix(prefix)
     return msg
+
+
+def argument_error(exc: ValidationError) -> InvalidArgumentError:
+    """A wire model's refusal of what the caller passed, as the InvalidArgumentError naming
+    the argument (its first error: a rule between fields is named by its field)."""
+    first = exc.errors()[0]
+    cause = (first.get("ctx") or {}).get("error")
+    if isinstance(cause, FieldError):
+        return InvalidArgumentError(cause.field, cause.reason)
+    field = ".".join(str(p) for p in first["loc"]) or "argument"
+    reason = clean_msg(first["msg"])
+    return InvalidArgumentError(field, f"{reason} (got {shown_value(first.get('input'))})")
+
+
+def shown_value(value: Any) -> str:
+    """`value`'s repr for a message, cut short (reprlib); an int too long for Python to
+    print (over 4300 digits: repr raises ValueError) is described instead."""
+    try:
+        return reprlib.repr(value)
+    except ValueError:
+        return f"an {type(value).__name__} this large"
 
 
 def explain(body: Any, fallback: str) -> tuple[str, str | None]:
