@@ -380,3 +380,38 @@ def test_query_parameters_in_bounds_are_sent():
     tasks, trials = (dict(r.url.params) for r in recorder.requests)
     assert tasks == {"limit": "1000", "offset": "0", "before": "7"}
     assert trials == {"after": "-1"}
+
+
+# ---- the service's URL -------------------------------------------------------------------
+
+# Refused as the CLI refuses --server (one rule, sdk.http.server_problem); sent, each was
+# "cannot reach the pipetune service" at the first call, as if the service were down.
+NOT_URLS = ["notaurl", "127.0.0.1:8000", "ftp://host", "http://", "http://host:port", 8000]
+
+
+@pytest.mark.parametrize("url", NOT_URLS, ids=repr)
+def test_a_base_url_that_is_not_an_http_url_is_refused_at_construction(url):
+    with pytest.raises(InvalidArgumentError) as info:
+        pipetune.Client(url)
+    assert info.value.argument == "base_url"
+    assert not isinstance(info.value, ServiceUnavailableError)
+
+
+def test_a_server_variable_that_is_not_a_url_is_named(monkeypatch):
+    monkeypatch.setenv("PIPETUNE_SERVER", "gpu-host:8000")
+    with pytest.raises(InvalidArgumentError, match=r"^PIPETUNE_SERVER: not an http"):
+        pipetune.Client()
+
+
+def test_a_password_in_a_refused_url_is_not_repeated():
+    with pytest.raises(InvalidArgumentError) as info:
+        pipetune.Client("http://user:hunter2@host:port")
+    assert "hunter2" not in str(info.value)
+
+
+@pytest.mark.parametrize("url", ["notaurl", "", "gpu-host:8000", 8000], ids=repr)
+def test_best_schedules_server_that_is_not_a_url_is_named_server(url, monkeypatch):
+    monkeypatch.setenv("PIPETUNE_SERVER", "http://127.0.0.1:1")  # ("" is not "the default")
+    with pytest.raises(InvalidArgumentError) as info:
+        pipetune.best_schedule(GEMM, "h100", server=url)
+    assert info.value.argument == "server"

@@ -24,7 +24,6 @@ import inspect
 import sys
 from collections.abc import Iterator
 from typing import TYPE_CHECKING
-from urllib.parse import urlsplit
 
 import typer
 
@@ -41,7 +40,7 @@ from pipetune.clients.sdk import (
     PipetuneError,
     ServiceUnavailableError,
 )
-from pipetune.clients.sdk.http import shown_url
+from pipetune.clients.sdk.http import server_problem
 
 if TYPE_CHECKING:
     from pipetune.clients.library.store import Reader
@@ -91,20 +90,6 @@ def reader_parameters() -> list[inspect.Parameter]:
         inspect.Parameter("api_key", _KW, default=api_key_option(), annotation=str | None),
         inspect.Parameter("db", _KW, default=db_option(), annotation=str | None),
     ]
-
-
-def server_problem(server: str) -> str | None:
-    """Why --server is not the address of a service (None when it is one): a malformed
-    URL is the user's mistake, not a service that is down."""
-    shown = shown_url(server)  # (a password in it is a credential: not repeated)
-    try:
-        parts = urlsplit(server)
-        parts.port  # noqa: B018 - raises ValueError on a port that is not a number
-    except ValueError:
-        return f"not an http(s) URL: {shown!r}"
-    if parts.scheme not in ("http", "https") or not parts.hostname:
-        return f"not an http(s) URL: {shown!r} (e.g. http://127.0.0.1:8000)"
-    return None
 
 
 def check_server(server: str) -> None:

@@ -36,6 +36,12 @@ def best_schedule(
         )
     if server is not None:
         from pipetune.clients.sdk import Client
+        from pipetune.clients.sdk.http import server_problem
+
+        # As the CLI's --server: not a URL is the caller's mistake, not a service that is
+        # down ("" too, which Client would have read as PIPETUNE_SERVER or the default).
+        if problem := server_problem(server):
+            raise InvalidArgumentError("server", problem)
 
         with Client(server, api_key=api_key) as client:
             return client.best_schedule(w, key)

@@ -31,6 +31,7 @@ from pipetune.clients.sdk.http import (
     Http,
     argument_error,
     header_value_problem,
+    server_problem,
     shown_value,
 )
 from pipetune.model.wire import (
@@ -177,12 +178,18 @@ class Client:
             if value and (problem := header_value_problem(value)):
                 raise InvalidArgumentError(argument, problem)
         timeout_s = seconds_argument("timeout_s", timeout_s)
+        # A URL that is none (no scheme, no host) is the caller's mistake, not a service that
+        # is down: refused here, naming where it came from, rather than "cannot reach" at the
+        # first call. (Empty or None: PIPETUNE_SERVER, else the default, as before.)
+        server = base_url or default_server()
+        if problem := server_problem(server):
+            raise InvalidArgumentError("base_url" if base_url else SERVER_ENV, problem)
         headers: dict[str, str] = {}
         if token:
             headers["Authorization"] = f"Bearer {token}"
         if api_key:
             headers["X-API-Key"] = api_key
-        self._http = Http(base_url or default_server(), headers, timeout_s, transport)
+        self._http = Http(server, headers, timeout_s, transport)
 
     @property
     def base_url(self) -> str:

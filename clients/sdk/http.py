@@ -7,6 +7,7 @@ import datetime as dt
 import email.utils
 import reprlib
 from typing import Any, TypeVar
+from urllib.parse import urlsplit
 
 import httpx
 from pydantic import BaseModel, ValidationError
@@ -173,6 +174,23 @@ def shown_url(url: str) -> str:
     if not at or not colon:
         return url
     return f"{scheme}//{user}:***@{host}{rest[end:]}"
+
+
+def server_problem(server: object) -> str | None:
+    """Why `server` is not the address of a service (None when it is one): a malformed URL
+    is the caller's mistake, not a service that is down. The one rule of the SDK (Client,
+    pipetune.best_schedule) and the CLI (--server, exit 2)."""
+    if not isinstance(server, str):
+        return f"must be an http(s) URL string, not {type(server).__name__}"
+    shown = shown_url(server)  # (a password in it is a credential: not repeated)
+    try:
+        parts = urlsplit(server)
+        parts.port  # noqa: B018 - raises ValueError on a port that is not a number
+    except ValueError:
+        return f"not an http(s) URL: {shown!r}"
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        return f"not an http(s) URL: {shown!r} (e.g. http://127.0.0.1:8000)"
+    return None
 
 
 def _one_line(text: str, limit: int = 300) -> str:
