@@ -260,9 +260,11 @@ class FieldError(PipetuneError, ValueError):
 class _PriorFields(_Request):
     """Where a task's warm start comes from: a task, or the newest one on a GPU."""
 
-    prior_task: RowRef | None = Field(None, description=PRIOR_TASK_DESCRIPTION)
-    prior_gpu: str | None = Field(None, description=PRIOR_GPU_DESCRIPTION)
-    learned_prior: bool | None = Field(None, strict=True, description=LEARNED_PRIOR_DESCRIPTION)
+    prior_task: RowRef | None = Field(default=None, description=PRIOR_TASK_DESCRIPTION)
+    prior_gpu: str | None = Field(default=None, description=PRIOR_GPU_DESCRIPTION)
+    learned_prior: bool | None = Field(
+        default=None, strict=True, description=LEARNED_PRIOR_DESCRIPTION
+    )
 
     @field_validator("prior_gpu")
     @classmethod
@@ -316,11 +318,11 @@ BatchSize = Annotated[
 
 
 class TuneOptions(_PriorFields):
-    budget: int = Field(50, strict=True, ge=1, le=MAX_BUDGET)
+    budget: int = Field(default=50, strict=True, ge=1, le=MAX_BUDGET)
     strategy: StrategyName = DEFAULT_STRATEGY
-    seed: int = Field(0, strict=True, ge=0, le=ID_MAX)
+    seed: int = Field(default=0, strict=True, ge=0, le=ID_MAX)
     batch_size: BatchSize | None = None
-    runner: RunnerKind | None = Field(None, description=RUNNER_DESCRIPTION)
+    runner: RunnerKind | None = Field(default=None, description=RUNNER_DESCRIPTION)
     priority: Priority = DEFAULT_PRIORITY
 
 
@@ -357,11 +359,11 @@ class TaskCreate(_GpuField, _PriorFields):
     """POST /v1/tasks."""
 
     workload: Workload
-    budget: int = Field(50, strict=True, ge=1, le=MAX_BUDGET)
+    budget: int = Field(default=50, strict=True, ge=1, le=MAX_BUDGET)
     strategy: StrategyName = DEFAULT_STRATEGY
-    seed: int = Field(0, strict=True, ge=0, le=ID_MAX)
+    seed: int = Field(default=0, strict=True, ge=0, le=ID_MAX)
     batch_size: BatchSize | None = None
-    runner: RunnerKind | None = Field(None, description=RUNNER_DESCRIPTION)
+    runner: RunnerKind | None = Field(default=None, description=RUNNER_DESCRIPTION)
     priority: Priority = DEFAULT_PRIORITY
 
 
@@ -506,12 +508,12 @@ class WorkerRegister(_GpuField):
         "as its device's (sm_90): jobs are matched by the device",
     )
     runner: RunnerKind
-    device_name: str | None = Field(None, max_length=256)
-    sm_count: int | None = Field(None, strict=True, ge=1, le=ID_MAX)
-    driver: str | None = Field(None, max_length=64)
-    clocks_mhz: int | None = Field(None, strict=True, ge=1, le=ID_MAX)
+    device_name: str | None = Field(default=None, max_length=256)
+    sm_count: int | None = Field(default=None, strict=True, ge=1, le=ID_MAX)
+    driver: str | None = Field(default=None, max_length=64)
+    clocks_mhz: int | None = Field(default=None, strict=True, ge=1, le=ID_MAX)
     workload: Workload | None = Field(
-        None,
+        default=None,
         description="the one workload the worker can answer (a replay worker: its dataset's); "
         "it leases only that workload's jobs. Left out: any job of its arch and GPU",
     )
@@ -565,8 +567,8 @@ class Heartbeat(_Request):
     as long as the worker lived, and their tasks never finished. None (a worker from before
     the field): every live lease of the worker is extended, as before."""
 
-    busy_jobs: int = Field(0, strict=True, ge=0, le=ID_MAX)
-    leases: list[HeldLease] | None = Field(None, max_length=MAX_HELD_LEASES)
+    busy_jobs: int = Field(default=0, strict=True, ge=0, le=ID_MAX)
+    leases: list[HeldLease] | None = Field(default=None, max_length=MAX_HELD_LEASES)
 
 
 class HeartbeatAck(_Body):
@@ -585,8 +587,8 @@ class LeaseRequest(_Request):
     service answers as soon as jobs are enqueued: it waits on a wake-up, it does not poll)."""
 
     worker_id: RowRef
-    max_jobs: int = Field(1, strict=True, ge=1, le=MAX_JOBS_PER_LEASE)
-    wait_s: float = Field(10.0, strict=True, ge=0, le=MAX_LEASE_WAIT_S, allow_inf_nan=False)
+    max_jobs: int = Field(default=1, strict=True, ge=1, le=MAX_JOBS_PER_LEASE)
+    wait_s: float = Field(default=10.0, strict=True, ge=0, le=MAX_LEASE_WAIT_S, allow_inf_nan=False)
 
 
 class JobLease(_Body):
@@ -642,7 +644,7 @@ class JobResults(_Request):
     # results are recorded, as POST /v1/jobs/lease would claim them but without waiting
     # (none when none is queued). A worker that reports and wants more work saves a round
     # trip; one that gets none long-polls the lease route as before.
-    max_jobs: int = Field(0, strict=True, ge=0, le=MAX_JOBS_PER_LEASE)
+    max_jobs: int = Field(default=0, strict=True, ge=0, le=MAX_JOBS_PER_LEASE)
 
 
 class JobResultAck(_Body):

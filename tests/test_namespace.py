@@ -149,3 +149,51 @@ def test_a_users_model_and_service_modules_do_not_shadow_pipetune(wheel, tmp_pat
     version, location = result.stdout.split()
     assert version == pipetune.__version__
     assert Path(location).is_relative_to(site)
+
+
+# A user's code as the README writes it, checked strictly against the installed package
+# (py.typed): a field with a default must be optional to a type checker too, and a
+# schedule of a type the API does not take must be an error.
+USER_CODE = """
+import pipetune
+from pipetune.model.wire import TuneOptions
+
+fc = pipetune.Gemm(m=1024, n=64, k=2048)
+rows = [
+    pipetune.Reduce(rows=64, cols=64),
+    pipetune.Softmax(rows=4096, cols=768),
+    pipetune.LayerNorm(rows=4096, cols=768),
+    pipetune.BiasGelu(rows=64, cols=64),
+]
+hopper = [pipetune.HopperGemm(m=1024, n=768, k=3072), pipetune.HopperBmm(b=4, m=128, n=128, k=64)]
+options = TuneOptions(budget=4)
+doc = pipetune.best_schedule(fc, "h100")
+kernel = pipetune.kernel(fc, "h100", schedule=doc.schedule)
+"""
+
+
+def _mypy(site: Path, code: str) -> subprocess.CompletedProcess[str]:
+    (site / "user_code.py").write_text(code)
+    flags = ["--strict", "--follow-imports=silent", "--ignore-missing-imports", "--no-incremental"]
+    return subprocess.run(
+        [sys.executable, "-m", "mypy", *flags, "--python-version", "3.11", "user_code.py"],
+        cwd=site,
+        capture_output=True,
+        text=True,
+    )
+
+
+def test_a_users_code_type_checks_against_the_installed_package(wheel, tmp_path):
+    site = tmp_path / "site"
+    subprocess.run(
+        [
+            *(sys.executable, "-m", "pip", "install", "--quiet", "--no-deps"),
+            *("--target", str(site), str(wheel)),
+        ],
+        check=True,
+        capture_output=True,
+    )
+    # (Field's default given by position was read as no default: "Missing named argument
+    # 'dtype' for 'Softmax'", and TuneOptions(budget=4) lacked five.)
+    result = _mypy(site, USER_CODE)
+    assert result.returncode == 0, result.stdout

@@ -23,7 +23,7 @@ class HopperGemm(Gemm):
 
     op: Literal["hopper_gemm"] = "hopper_gemm"  # type: ignore[assignment]
     # The TMA loader reads B as K x N row-major tiles (its tensor map's layout).
-    b_layout: Literal["kn"] = Field("kn", description="B stored K×N (the only layout here)")
+    b_layout: Literal["kn"] = Field(default="kn", description="B stored K×N (the only layout here)")
 
     def label(self) -> str:
         return f"hopper_gemm {self.m}x{self.n}x{self.k}"

@@ -52,7 +52,9 @@ Cols = Annotated[
 class _RowWorkload(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    dtype: Literal["float16"] = Field("float16", description="element type of input and output")
+    dtype: Literal["float16"] = Field(
+        default="float16", description="element type of input and output"
+    )
     rows: Rows
     cols: Cols
 
@@ -122,7 +124,7 @@ class Reduce(_RowWorkload):
     NaN gives NaN, as torch.sum and torch.amax do)."""
 
     op: Literal["reduce"] = "reduce"
-    reduction: Literal["sum", "max"] = Field("sum", description="sum or max")
+    reduction: Literal["sum", "max"] = Field(default="sum", description="sum or max")
 
     @property
     def output_elements(self) -> int:
@@ -146,7 +148,9 @@ class LayerNorm(_RowWorkload):
     """Layer normalisation of each row, with gamma and beta of length cols."""
 
     op: Literal["layernorm"] = "layernorm"
-    eps: float = Field(1e-5, strict=True, gt=0.0, le=1.0, description="added to the variance")
+    eps: float = Field(
+        default=1e-5, strict=True, gt=0.0, le=1.0, description="added to the variance"
+    )
 
     @model_validator(mode="after")
     def _eps_in_float32(self) -> LayerNorm:
@@ -177,7 +181,7 @@ class BiasGelu(_RowWorkload):
 
     op: Literal["bias_gelu"] = "bias_gelu"
     approximate: Literal["none", "tanh"] = Field(
-        "none", description="GELU form: none (erf, BERT) or tanh (GPT-2)"
+        default="none", description="GELU form: none (erf, BERT) or tanh (GPT-2)"
     )
 
     @property
