@@ -197,3 +197,8 @@ def test_a_users_code_type_checks_against_the_installed_package(wheel, tmp_path)
     # 'dtype' for 'Softmax'", and TuneOptions(budget=4) lacked five.)
     result = _mypy(site, USER_CODE)
     assert result.returncode == 0, result.stdout
+    # (kernel's schedule was typed `... | Any`: anything at all passed the check.)
+    wrong = USER_CODE + 'pipetune.kernel(fc, "h100", schedule=12345)\n'
+    result = _mypy(site, wrong)
+    assert result.returncode == 1, result.stdout
+    assert 'Argument "schedule" to "kernel"' in result.stdout

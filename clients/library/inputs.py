@@ -25,9 +25,11 @@ from pipetune.model.workloads import AnyWorkload, Bmm, Conv2d, Conv3d, Gemm
 WorkloadLike = (
     Mapping[str, Any] | Gemm | Bmm | Conv2d | Conv3d | Reduce | Softmax | LayerNorm | BiasGelu
 )
-ScheduleLike = Mapping[str, Any] | Schedule | ScheduleDoc | Any
 # A schedule object of any kernel family: what a tuning, a lookup or a kernel hands back.
 AnySchedule = Schedule | MemSchedule | HopperSchedule
+# What a schedule argument takes: knob values, a family's schedule object, a wire document,
+# or pipetune.best_schedule's answer as is.
+ScheduleLike = Mapping[str, Any] | AnySchedule | ScheduleDoc | ScheduleResponse
 # Every kernel family's workload types, from the families' registry (one per operator).
 WORKLOAD_TYPES: tuple[type, ...] = tuple(
     dict.fromkeys(fam.ops[op] for op, fam in op_families().items())
@@ -70,5 +72,5 @@ def as_schedule(schedule: ScheduleLike) -> AnySchedule:
         data = dict(schedule)
         return cast("AnySchedule", family_for_knobs(data).parse_schedule(data))
     if hasattr(schedule, "as_dict") and hasattr(schedule, "id"):
-        return cast("AnySchedule", schedule)  # a family's schedule object
+        return schedule  # a family's schedule object (or one built like it)
     raise ScheduleError(f"a schedule must be a dict of knob values, got {type(schedule).__name__}")
