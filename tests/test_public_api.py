@@ -291,6 +291,8 @@ def test_without_a_database_the_answer_is_the_models(home: Path):
         ({"budget": 10**5000}, pipetune.InvalidArgumentError, "^budget: .*got an int this large"),
         ({"strategy": "bogus"}, ValueError, "strategy: "),
         ({"runner": "opencl"}, ValueError, "runner: must be one of"),
+        # Called after the first trial: a bare TypeError, the task already written.
+        ({"progress": 5}, pipetune.PipetuneError, "^progress: must be a callable"),
         ({"runner": "replay"}, ValueError, "dataset: the replay runner answers from"),
         # A dataset beside another runner was ignored without a word.
         ({"dataset": "x.t4.json.gz"}, ValueError, "^dataset: only the replay runner reads"),

@@ -415,3 +415,12 @@ def test_best_schedules_server_that_is_not_a_url_is_named_server(url, monkeypatc
     with pytest.raises(InvalidArgumentError) as info:
         pipetune.best_schedule(GEMM, "h100", server=url)
     assert info.value.argument == "server"
+
+
+def test_wait_refuses_a_progress_that_cannot_be_called_before_any_request():
+    client, recorder = _client()
+    with pytest.raises(TypeError) as info:
+        client.wait(1, progress=5)  # type: ignore[arg-type]
+    assert isinstance(info.value, PipetuneError)
+    assert str(info.value).startswith("progress: ")
+    assert recorder.requests == []

@@ -44,7 +44,7 @@ from pipetune.clients.library.labels import (
 )
 from pipetune.clients.library.store import LocalStore, database_url, open_database
 from pipetune.clients.sdk.http import argument_error
-from pipetune.model.errors import InvalidArgumentError
+from pipetune.model.errors import InvalidArgumentError, InvalidArgumentTypeError
 from pipetune.model.hardware import get_gpu
 from pipetune.model.states import TaskState
 from pipetune.model.trials import MeasureResult, RunnerKind
@@ -328,6 +328,12 @@ def tune(
         learned_prior=learned_prior,
         batch_size=batch_size,
     )
+    if progress is not None and not callable(progress):
+        # Found only when the first trial had been measured (a bare TypeError, the task
+        # cancelled): refused before anything is written.
+        raise InvalidArgumentTypeError(
+            "progress", f"must be a callable progress(done, total), not {type(progress).__name__}"
+        )
     if dataset is not None and runner != "replay":  # (it was ignored without a word)
         named = runner.name if isinstance(runner, Runner) else runner
         raise InvalidArgumentError(

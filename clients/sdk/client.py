@@ -34,6 +34,7 @@ from pipetune.clients.sdk.http import (
     server_problem,
     shown_value,
 )
+from pipetune.model.errors import InvalidArgumentTypeError
 from pipetune.model.wire import (
     DEFAULT_PRIORITY,
     DEFAULT_STRATEGY,
@@ -329,6 +330,10 @@ class Client:
         # Checked before the first request: later, a bad poll_s fails in time.sleep with
         # its own words (or 0 polls the service flat out), and a NaN timeout never expires.
         poll_s = seconds_argument("poll_s", poll_s)
+        if progress is not None and not callable(progress):  # (else a TypeError mid-wait)
+            raise InvalidArgumentTypeError(
+                "progress", f"must be a callable progress(task), not {type(progress).__name__}"
+            )
         if timeout_s is not None:
             timeout_s = seconds_argument("timeout_s", timeout_s, zero_ok=True)
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
