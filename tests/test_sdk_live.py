@@ -20,6 +20,7 @@ from pipetune.clients import (
     WaitTimeoutError,
 )
 from pipetune.clients.local_service import LocalService, free_port
+from pipetune.model.errors import InvalidArgumentError
 from pipetune.model.hardware import get_gpu
 from pipetune.model.wire import DEFAULT_STRATEGY, AggregateCurves, TaskDoc, TuneOptions
 from pipetune.model.workloads import gemm
@@ -131,16 +132,19 @@ def test_tune_defaults_to_the_services_strategy_and_takes_a_batch_size(
     assert task.strategy == DEFAULT_STRATEGY == "auto"  # not a default of the SDK's own
     assert task.batch_size == 1
     assert client.wait(task.id, poll_s=0.1, timeout_s=60).trials_done == 3
-    with pytest.raises(InvalidRequestError, match="batch_size"):
+    # Refused by the SDK before any request (tests/test_sdk_inputs.py: even with no service).
+    with pytest.raises(InvalidArgumentError, match="batch_size") as refused:
         client.tune(RN50_FC, "h100", budget=3, batch_size=0)
+    assert refused.value.argument == "batch_size"
 
 
 def test_tune_takes_a_priority(client: Client, worker: Worker):
     task = client.tune(RN50_FC, "h100", budget=2, seed=12, priority=4)
     assert task.priority == 4 and client.task(task.id).priority == 4
     assert client.tune(RN50_FC, "h100", budget=2, seed=13).priority == 1
-    with pytest.raises(InvalidRequestError, match="priority"):
-        client.tune(RN50_FC, "h100", budget=2, priority=11)
+    with pytest.raises(InvalidArgumentError, match="priority") as refused:
+        client.tune(RN50_FC, "h100", budget=2, priority=11)  # (by the SDK, before a request)
+    assert refused.value.argument == "priority"
 
 
 def test_schedule_and_tune_in_one_request(client: Client, worker: Worker):
@@ -174,9 +178,10 @@ def test_a_422_names_the_field_and_the_reason(client: Client):
     with pytest.raises(InvalidRequestError) as info:
         client.tune(RN50_FC, "v100", budget=4)
     assert info.value.field == "gpu" and "unknown GPU 'v100'" in info.value.reason
-    with pytest.raises(InvalidRequestError) as info:
+    # What the SDK can judge itself it refuses before any request, naming the argument.
+    with pytest.raises(InvalidArgumentError) as refused:
         client.tune(RN50_FC, "h100", budget=0)
-    assert info.value.field == "budget"
+    assert refused.value.argument == "budget"
 
 
 def test_missing_task_is_not_found(client: Client):
