@@ -31,9 +31,7 @@ def _map_objectives():
         def objective(theta, D2=D2, t=t, gp=gp):
             return neg_log_posterior(theta, D2, t, gp.log_ls_mean, gp.log_ls_var)
 
-        rough = gp.start.theta.copy()
-        rough[1 : 1 + d] = np.log(0.3)
-        yield objective, gp._bounds(), (gp.start.theta, rough)
+        yield objective, gp._bounds(), (gp.start.theta, gp._rough_start())
 
 
 def test_the_loop_takes_minimizes_steps_bit_for_bit():
