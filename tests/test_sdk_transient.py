@@ -100,6 +100,33 @@ def test_wait_gives_up_at_its_deadline_when_poll_s_is_longer():
     assert time.monotonic() - started < 1.5
 
 
+def test_wait_leaves_the_service_alone_as_long_as_its_answer_asks(monkeypatch):
+    """A 503 or 429 with Retry-After: the next look comes after that long (capped at
+    MAX_RETRY_AFTER_S, and never past the deadline), not after poll_s: Client.wait looked
+    every poll_s through a rate limit or an outage that asked for quiet."""
+    from pipetune.clients.sdk.errors import MAX_RETRY_AFTER_S
+
+    pauses: list[float] = []
+    monkeypatch.setattr(client_module.time, "sleep", pauses.append)
+    limited = httpx.Response(429, json={"detail": "slow down"}, headers={"Retry-After": "7"})
+    hour = httpx.Response(503, json={"detail": "later"}, headers={"Retry-After": "3600"})
+    replies = [OUTAGE, limited, hour, httpx.Response(429, json={"detail": "no header"})]
+
+    def answers(look: int):
+        if look < len(replies):
+            return replies[look]
+        return httpx.Response(200, json={**TASK, "state": "done"})
+
+    assert _client(answers).wait(1, poll_s=2.0).state == "done"
+    assert pauses == [2.0, 7.0, MAX_RETRY_AFTER_S, 2.0]  # Retry-After 1 < poll_s: poll_s
+    pauses.clear()
+    with pytest.raises(WaitTimeoutError):  # the deadline still bounds every pause
+        _client(lambda look: limited if look == 0 else httpx.Response(200, json=TASK)).wait(
+            1, poll_s=0.001, timeout_s=0.5
+        )
+    assert pauses and all(p <= 0.5 for p in pauses) and pauses[0] > 0.1
+
+
 def test_healthz_of_something_that_is_not_the_service_is_a_protocol_error():
     page = httpx.Response(200, text="<html>a proxy's page</html>")
     with pytest.raises(ProtocolError, match="not a JSON object"):

@@ -25,6 +25,7 @@ from pipetune.clients.sdk.errors import (
     InvalidArgumentError,
     ProtocolError,
     WaitTimeoutError,
+    asked_wait_s,
 )
 from pipetune.clients.sdk.http import (
     DEFAULT_TIMEOUT_S,
@@ -138,12 +139,15 @@ def seconds_argument(argument: str, value: object, *, zero_ok: bool = False) -> 
     return float(value)  # type: ignore[arg-type]  # a real number: seconds_problem
 
 
-def _pause(poll_s: float, deadline: float | None) -> float:
-    """How long Client.wait sleeps before its next look: `poll_s`, but never past its
-    deadline (a poll_s longer than timeout_s would otherwise give up poll_s late)."""
+def _pause(poll_s: float, deadline: float | None, asked_s: float | None = None) -> float:
+    """How long Client.wait sleeps before its next look: `poll_s`, or longer where the last
+    answer asked for it (a 503's or 429's Retry-After: looking every second through a
+    rate limit or an outage adds to it), but never past its deadline (a poll_s longer than
+    timeout_s would otherwise give up poll_s late)."""
+    pause = poll_s if asked_s is None else max(poll_s, asked_s)
     if deadline is None:
-        return poll_s
-    return max(0.0, min(poll_s, deadline - time.monotonic()))
+        return pause
+    return max(0.0, min(pause, deadline - time.monotonic()))
 
 
 def _options_body(options: TuneOptions) -> dict[str, Any]:
@@ -326,7 +330,9 @@ class Client:
     ) -> TaskDoc:
         """Poll a task until it is done, failed or cancelled; call `progress` with every
         document that differs from the last one (and with the final one). `timeout_s`: give
-        up (WaitTimeoutError) after that long, 0 after one look; None: never."""
+        up (WaitTimeoutError) after that long, 0 after one look; None: never. A look that
+        fails for the moment (TRANSIENT) is retried, after the answer's Retry-After where it
+        asks for longer than `poll_s` (up to MAX_RETRY_AFTER_S)."""
         # Checked before the first request: later, a bad poll_s fails in time.sleep with
         # its own words (or 0 polls the service flat out), and a NaN timeout never expires.
         poll_s = seconds_argument("poll_s", poll_s)
@@ -342,7 +348,7 @@ class Client:
         while True:
             try:
                 doc = self.task(task_id)
-            except TRANSIENT:
+            except TRANSIENT as exc:
                 # A look that failed for the moment (a database outage is a 503 "retry
                 # shortly", a restart refuses connections): the next look may succeed, within
                 # the deadline and WAIT_THROUGH_S of failures in a row.
@@ -351,7 +357,7 @@ class Client:
                 past_deadline = deadline is not None and now >= deadline
                 if past_deadline or now - failing_since >= WAIT_THROUGH_S:
                     raise
-                time.sleep(_pause(poll_s, deadline))
+                time.sleep(_pause(poll_s, deadline, asked_wait_s(exc)))
                 continue
             failing_since = None
             if progress is not None and (last is None or doc != last):

@@ -114,6 +114,16 @@ class RetryLaterError(ApiError):
 # worker daemon) goes on through these.
 TRANSIENT: tuple[type[Exception], ...] = (ServiceUnavailableError, ServerError, RetryLaterError)
 
+# The longest Retry-After obeyed: a longer one (a misconfigured proxy's hour) is read as this.
+MAX_RETRY_AFTER_S = 300.0
+
+
+def asked_wait_s(exc: BaseException) -> float | None:
+    """How long a failed call's answer asked to be left alone (its Retry-After, at most
+    MAX_RETRY_AFTER_S); None where it asked nothing (or there was no answer)."""
+    asked = getattr(exc, "retry_after_s", None)
+    return None if asked is None else min(float(asked), MAX_RETRY_AFTER_S)
+
 
 def error_class(status_code: int) -> type[ApiError]:
     if status_code in (400, 422):

@@ -22,10 +22,10 @@ from tenacity import (
 )
 
 from pipetune.clients.sdk import TRANSIENT, ProtocolError
+from pipetune.clients.sdk.errors import MAX_RETRY_AFTER_S, asked_wait_s
 
 T = TypeVar("T")
-# The longest Retry-After obeyed: a longer one (a misconfigured proxy's hour) is read as this.
-MAX_RETRY_AFTER_S = 300.0
+__all__ = ["MAX_RETRY_AFTER_S", "TRANSIENT_REGISTERED", "call_with_retries"]
 # Once registered, also an answer that does not parse (a proxy's error page with status
 # 200): the service that registered the worker is there, and leases and results are
 # idempotent to retry. (At registration it more likely means --server names something
@@ -61,10 +61,10 @@ def call_with_retries(
 
     def _wait(state: RetryCallState) -> float:
         exc = state.outcome.exception() if state.outcome is not None else None
-        asked = getattr(exc, "retry_after_s", None)
+        asked = None if exc is None else asked_wait_s(exc)
         wait = backoff(state)
         if asked is not None:
-            wait = max(wait, min(asked, MAX_RETRY_AFTER_S))
+            wait = max(wait, asked)
         if give_up_after_s is not None:
             # Never past the deadline: a Retry-After of 300 s kept a result (or the start)
             # waiting that long past --result-retry (--register-timeout) before the last try.
