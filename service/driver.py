@@ -39,7 +39,6 @@ waiting lease requests (service/wakeup.py).
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import logging
 import threading
@@ -47,7 +46,6 @@ import time
 from collections import OrderedDict, defaultdict
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from functools import cache
 from typing import Any
 
 import numpy as np
@@ -725,7 +723,7 @@ class Driver:
                     "arch": task.arch,
                     "trial": first_trial + i,
                     "batch": batch_no,
-                    "schedule": _knobs(schedule),
+                    "schedule": schedule.as_dict(),
                     "schedule_id": schedule.id,
                     "predicted_us": p,
                     "only_runner": task.only_runner,
@@ -1163,7 +1161,7 @@ class Driver:
         jobs = [
             {
                 "trial": plan.first_trial + i,
-                "schedule": _knobs(schedule),
+                "schedule": schedule.as_dict(),
                 "schedule_id": schedule.id,
                 "predicted_us": p,
             }
@@ -1354,16 +1352,6 @@ def _lock_outstanding(conn: Connection, task_id: int, wait: bool = True) -> None
         .order_by(JOBS.c.id)
         .with_for_update(nowait=not wait)
     ).all()
-
-
-@cache
-def _knob_names(schedule_type: type) -> tuple[str, ...]:
-    return tuple(f.name for f in dataclasses.fields(schedule_type))
-
-
-def _knobs(schedule: Any) -> dict[str, int]:
-    # Not as_dict (dataclasses.asdict deep-copies): a batch of these per advance.
-    return {k: getattr(schedule, k) for k in _knob_names(type(schedule))}
 
 
 def _cannot(exc: Exception) -> str:
