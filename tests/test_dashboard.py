@@ -643,3 +643,36 @@ def test_with_api_keys_the_dashboard_reads_its_key_from_the_fragment(keyed_url, 
         )
         assert wrong.url == f"{keyed_url}/dashboard?refresh=300"
         browser.close()
+
+
+def test_a_task_whose_space_is_smaller_than_its_budget_shows_its_whole_space(live_url, chromium):
+    """A task that runs its whole space (42 schedules, budget 50) ends at 42 of 42 with the
+    bar full, as the CLI says it (`42/42*`), not at 42 of 50."""
+    small = {"op": "gemm", "m": 32, "n": 32, "k": 32, "dtype": "float16"}
+    with httpx.Client(base_url=live_url, timeout=30) as client:
+        worker = _register(client, "sim", "simulated")
+        body = {"workload": small, "gpu": "h100", "budget": 50, "strategy": "random"}
+        task = client.post("/v1/tasks", json=body).json()
+        _finish(client, worker, [task["id"]])
+        doc = client.get(f"/v1/tasks/{task['id']}").json()
+    assert (doc["trials_done"], doc["trials_target"], doc["budget"]) == (42, 42, 50)
+
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=chromium, args=CHROMIUM_ARGS)
+        page = browser.new_page(viewport={"width": 1400, "height": 1000})
+        errors: list[str] = []
+        page.on("pageerror", lambda e: errors.append(str(e)))
+        page.goto(f"{live_url}/dashboard?refresh=300")
+        page.wait_for_function(
+            "() => document.querySelectorAll('#tasks tbody tr').length === 1", timeout=20000
+        )
+        progress = page.locator("#tasks tbody tr td").nth(5)
+        assert " ".join(progress.inner_text().split()) == "42/42 its whole space; budget 50"
+        width = page.evaluate(
+            "document.querySelector('#tasks tbody tr td:nth-child(6) .bar span').style.width"
+        )
+        assert width == "100%"
+        browser.close()
+    assert errors == []

@@ -164,13 +164,23 @@
         why.textContent = `waiting: ${task.no_worker}`;
         stateCell.appendChild(why);
       }
+      // Of the trials the task runs: its whole space where that is smaller than its budget
+      // (as the CLI says it); a finished task of a 42-schedule space read 42/50.
+      const wholeSpace = task.trials_target != null && task.trials_target < task.budget;
+      const target = wholeSpace ? task.trials_target : task.budget;
       const progress = cell(tr, "");
       const bar = document.createElement("span");
       bar.className = "bar";
       const fill = document.createElement("span");
-      fill.style.width = `${Math.min(100, (100 * task.trials_done) / task.budget)}%`;
+      fill.style.width = `${Math.min(100, (100 * task.trials_done) / target)}%`;
       bar.appendChild(fill);
-      progress.append(bar, `${task.trials_done}/${task.budget}`);
+      progress.append(bar, `${task.trials_done}/${target}`);
+      if (wholeSpace) {
+        const note = document.createElement("div");
+        note.className = "muted";
+        note.textContent = `its whole space; budget ${task.budget}`;
+        progress.appendChild(note);
+      }
       const bestRunner = task.best && task.best.runner;
       const best = task.best;
       latencyCell(tr, best ? rate(best.throughput, best.throughput_unit) : "–", bestRunner);
