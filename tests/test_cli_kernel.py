@@ -177,6 +177,35 @@ def test_source_without_a_shape_still_checks_the_gpu_rules():
     )
 
 
+@pytest.mark.parametrize(
+    ("command", "message"),
+    [
+        # Without a shape these options were dropped unchecked: float16 kernels compiled for
+        # --dtype float32, and a stride of 0 passed.
+        (["source", "gemm", "--dtype", "float32", "--schedule", json.dumps(KNOBS)],
+         "error: dtype: unsupported dtype 'float32': pipetune's kernels take float16 inputs"),
+        (["compile", "conv2d", "--dtype", "bfloat16", "--sample", "1"],
+         "error: dtype: unsupported dtype 'bfloat16': pipetune's kernels take float16 inputs"),
+        (["compile", "conv2d", "--stride", "0", "--sample", "1"],
+         "error: stride: Input should be greater than or equal to 1 (got 0)"),
+        (["source", "conv3d", "--pad", "65", "--schedule", json.dumps(KNOBS)],
+         "error: pad: Input should be less than or equal to 64 (got 65)"),
+    ],
+)  # fmt: skip
+def test_options_given_without_a_shape_are_checked_not_dropped(command, message):
+    result = runner.invoke(app, ["kernel", *command])
+    assert result.exit_code == 2 and result.stdout == ""
+    assert result.stderr.strip() == message
+
+
+def test_argument_options_without_a_shape_need_no_cross_field_rule():
+    # pad 5 and stride 3 are arguments of any conv kernel: the unconstrained shape's 3x3
+    # filter (which pad must be under) is not the caller's, so it does not refuse them.
+    args = ["kernel", "source", "conv2d", "--pad", "5", "--stride", "3"]
+    result = runner.invoke(app, [*args, "--schedule", json.dumps(KNOBS)])
+    assert result.exit_code == 0, result.output
+
+
 def test_part_of_a_shape_is_refused_naming_what_is_missing():
     args = ["kernel", "source", "gemm", "--m", "64", "--schedule", json.dumps(KNOBS)]
     result = runner.invoke(app, args)

@@ -9,12 +9,13 @@ levels (smem_stages x reg_stages strata, drawn round-robin).
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Annotated, Any
 
 import numpy as np
+from pydantic import TypeAdapter, ValidationError
 
 from pipetune.model.space import Schedule, Space
-from pipetune.model.workloads import AnyWorkload, parse_workload
+from pipetune.model.workloads import OPS, AnyWorkload, WorkloadError, parse_workload
 
 # A shape per operator on which no shape rule of the space excludes a schedule (tiles up to
 # 256x256 fit under M and N, and K holds 6 stages of the deepest BK, 128): its space is every
@@ -37,15 +38,34 @@ UNCONSTRAINED_SHAPES: dict[str, dict[str, int]] = {
         "pad": 1,
     },
 }
-# Options that pick a different kernel (the rest of an operator's options are arguments).
-VARIANT_OPTIONS = ("b_layout",)
+# Options that pick a different kernel: gemm's B layout, and the element type every kernel is
+# written for (the rest of an operator's options, stride and pad, are arguments).
+VARIANT_OPTIONS = ("b_layout", "dtype")
+
+
+def _check_option(op: str, name: str, value: Any) -> None:
+    """An argument-only option (a convolution's stride, pad) on its own: its type and range.
+    Not with the operator's cross-field rules (pad < filter size): they need the shape the
+    caller left out, and the kernel takes any such value as an argument."""
+    field = OPS[op].model_fields[name]
+    try:
+        TypeAdapter(Annotated[field.annotation, *field.metadata]).validate_python(value)
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        raise WorkloadError(name, f"{err['msg']} (got {value!r})") from None
 
 
 def unconstrained_workload(op: str, **options: Any) -> AnyWorkload:
     """The operator on its UNCONSTRAINED_SHAPES shape, with the given kernel-choosing
-    options (gemm's b_layout); KeyError for an operator without one."""
+    options (gemm's b_layout, the dtype); KeyError for an operator without one. The other
+    options are checked, then left out (a bad one raises WorkloadError: dropped unchecked,
+    `--dtype float32` compiled float16 kernels and `--stride 0` passed)."""
     shape = UNCONSTRAINED_SHAPES[op]
-    chosen = {k: v for k, v in options.items() if k in VARIANT_OPTIONS and v is not None}
+    given = {k: v for k, v in options.items() if v is not None}
+    for name, value in given.items():
+        if name not in VARIANT_OPTIONS:
+            _check_option(op, name, value)
+    chosen = {k: v for k, v in given.items() if k in VARIANT_OPTIONS}
     return parse_workload({"op": op, **shape, **chosen})
 
 
