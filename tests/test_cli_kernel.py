@@ -206,6 +206,17 @@ def test_argument_options_without_a_shape_need_no_cross_field_rule():
     assert result.exit_code == 0, result.output
 
 
+@pytest.mark.parametrize("op", ["softmax", "hopper_gemm"])
+def test_compile_help_does_not_promise_a_shapeless_compile_where_a_shape_is_needed(op):
+    # The help said "(of every shape when none is given)" for every operator, and the
+    # command then refused these without a shape.
+    helptext = " ".join(runner.invoke(app, ["kernel", "compile", op, "--help"]).stdout.split())
+    assert "of every shape when none is given" not in helptext
+    assert "the shape is optional for gemm, bmm, conv2d and conv3d" in helptext
+    result = runner.invoke(app, ["kernel", "compile", op, "--sample", "1"])
+    assert result.exit_code == 2 and "give the shape" in result.stderr
+
+
 def test_part_of_a_shape_is_refused_naming_what_is_missing():
     args = ["kernel", "source", "gemm", "--m", "64", "--schedule", json.dumps(KNOBS)]
     result = runner.invoke(app, args)

@@ -265,6 +265,9 @@ add_workload_commands(
         option("workers", int | None, None, help="parallel compiles (default: CPU count)"),
         _JSON,
     ],
-    "Compile a sample of the valid schedules (of every shape when none is given) of:",
+    # Only the tensor-core GEMM family compiles without a shape (UNCONSTRAINED_SHAPES): the
+    # others' valid schedules depend on it, and resolve_workload asks for it.
+    "Compile a sample of the valid schedules (the shape is optional for gemm, bmm, conv2d "
+    "and conv3d: without one, of every shape) of:",
     shape_optional=True,
 )
