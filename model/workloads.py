@@ -157,7 +157,10 @@ class Gemm(_Workload):
         return 2 * self.m * self.k, 2 * self.k * self.n, 2 * self.m * self.n
 
     def label(self) -> str:
-        return f"gemm {self.m}x{self.n}x{self.k}"
+        # B's layout picks another kernel (gemm_nk): without it a GEMM tuned with both read
+        # the same in every table, `pipetune tasks` and export's alike.
+        layout = " nk" if self.b_layout == "nk" else ""
+        return f"gemm {self.m}x{self.n}x{self.k}{layout}"
 
 
 class Bmm(_Workload):

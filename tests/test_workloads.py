@@ -17,6 +17,13 @@ def test_gemm_view_flops_and_bytes():
     assert w.operand_bytes == (2 * 1024 * 2048, 2 * 2048 * 64, 2 * 1024 * 64)
 
 
+def test_a_gemm_label_tells_the_two_b_layouts_apart():
+    # Both read "gemm 1000x504x328" (in model rank, tasks and export), though B's layout
+    # picks another kernel.
+    assert gemm(1000, 504, 328).label() == "gemm 1000x504x328"
+    assert gemm(1000, 504, 328, b_layout="nk").label() == "gemm 1000x504x328 nk"
+
+
 def test_bmm_view():
     v = bmm(12, 512, 64, 512).gemm_view()
     assert (v.batch, v.m, v.n, v.k) == (12, 512, 64, 512)
