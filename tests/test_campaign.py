@@ -629,6 +629,20 @@ def test_the_default_plan_adds_the_memops_suite_after_alcop_and_fits_three_calls
     assert len(memops_rows) == 36 and all(r["model_kernel_s"] > 0 for r in memops_rows)
 
 
+def test_the_plan_does_not_fit_when_its_calls_sweep_only_part_of_an_operator():
+    """One 3-minute call sweeps Conv3D_1's first parts only: the plan said "fits" (an
+    operator with any part planned did not count as left), and a GPU session was planned
+    on it."""
+    document = plan_document(
+        get_gpu("h100", calibrated=False), resolve_operators("Conv3D_1"), calls=1, minutes=3
+    )
+    (call,) = document["calls"]
+    (sweep,) = call["sweeps"]
+    assert sweep["operator"] == "Conv3D_1" and sweep["trials"][1] < document["trials"]
+    assert call["end_s"] <= call["budget_s"] - document["costs"]["reserve"]
+    assert not document["fits"] and document["left"] == ["Conv3D_1"]
+
+
 def test_the_packer_keeps_the_archive_current(tmp_path):
     from pipetune.workers.campaign.packer import Packer
 

@@ -244,12 +244,14 @@ def plan_document(
     costs = costs or GpuSideCosts()
     rows = operator_plans(gpu, operators, costs=costs)
     call_plans = plan_calls(rows, calls=calls, minutes=minutes, costs=costs)
-    planned = {(name, start) for c in call_plans for name, start, _ in c.sweeps}
-    left = [
-        r.name
-        for r in rows
-        if not any((r.name, s) in planned for s in range(0, r.trials, PART_SIZE))
-    ]
+    # Trials of each operator the calls sweep: an operator is left unless all of its trials
+    # are planned (one the last call cuts short is left too; counting an operator with any
+    # part planned as done made `plan` say "fits" of calls that leave most of it unswept).
+    planned: dict[str, int] = {}
+    for c in call_plans:
+        for name, start, stop in c.sweeps:
+            planned[name] = planned.get(name, 0) + stop - start
+    left = [r.name for r in rows if planned.get(r.name, 0) < r.trials]
     kernels = {k: r.compile_s_per_kernel for r in rows for k in r.kernel_ids}
     by_kind: dict[str, set[tuple[str, str]]] = {}
     for r in rows:
