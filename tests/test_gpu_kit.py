@@ -334,3 +334,36 @@ def test_the_kit_offers_each_gpu_what_its_committed_data_lacks(tmp_path):
     shutil.copytree(ROOT / DATA_DIR / "hopper", mirror / "hopper")
     (mirror / "h200" / "wgmma-probe-persistent.json").write_text("{}")
     assert open_calls("h200", mirror) == []
+
+
+def test_the_kit_goes_on_with_a_campaign_an_earlier_call_left_unfinished(tmp_path):
+    """A call that paused at its deadline (or was cut off) is unpacked with the operators it
+    finished and a campaign.json that says so: the kit took one dataset of the Hopper family
+    for its whole campaign and offered the rest to no later GPU session."""
+    from pipetune.workers.campaign.kit import open_calls
+
+    data = tmp_path / "data"
+    hopper = data / "hopper" / "h100"
+    (hopper / "campaign").mkdir(parents=True)
+    shutil.copyfile(
+        ROOT / "benchmarks/data/hopper/h200/WG_MM_Square_1k.t4.json.gz",
+        hopper / "WG_MM_Square_1k.t4.json.gz",
+    )
+    (data / "h100" / "campaign").mkdir(parents=True)
+    (data / "h100" / "campaign" / "campaign.json").write_text('{"state": "complete"}')
+    (hopper / "campaign" / "campaign.json").write_text('{"state": "paused"}')
+    commands = [c.command for c in open_calls("h100", data)]
+    assert hopper_device_command(have=str(hopper)) in commands
+    assert f"--have {hopper} " in hopper_device_command(have=str(hopper))
+    for state in ("complete", "stopped"):  # then the family's campaign is not offered again
+        (hopper / "campaign" / "campaign.json").write_text(json.dumps({"state": state}))
+        assert not any("--operators hopper" in c.command for c in open_calls("h100", data))
+    # The mma.sync campaign left unfinished: its next call, from the committed data, first.
+    (data / "h100" / "campaign" / "campaign.json").write_text('{"state": "paused"}')
+    (call,) = open_calls("h100", data)
+    assert call.command == device_command(1, have=str(data / "h100"))
+    assert f"--have {data / 'h100'} " in call.command
+    # A campaign.json there that is not JSON: named in one line (make gpu-kit: "error: ...").
+    (data / "h100" / "campaign" / "campaign.json").write_text('{"state":')
+    with pytest.raises(KitError, match=r"campaign\.json: not valid JSON"):
+        open_calls("h100", data)

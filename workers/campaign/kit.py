@@ -28,6 +28,7 @@ from pathlib import Path
 
 from pipetune.model.errors import PipetuneError
 from pipetune.model.workloads import Conv2d, Conv3d
+from pipetune.workers.campaign import layout
 from pipetune.workers.campaign.operators import DEFAULT_OPERATORS, suite_in_order
 
 KIT_DIR = ".gpu-kit"
@@ -130,25 +131,29 @@ def archive_name(call: int) -> str:
     return f"campaign-{call}.tar.gz"
 
 
-def campaign_line(call: int, runner: str = "cupy") -> str:
+def campaign_line(call: int, runner: str = "cupy", have: str | None = None) -> str:
     """Call ``call`` of a campaign: the default operators named (so the command says what
     it sweeps, whatever the CLI's default), its own out-dir, the previous call's archive as
-    --have (copied into the kit folder, so one carried folder holds both), its archive into
-    $OUT."""
-    have = f" --have {KIT_DIR}/{archive_name(call - 1)}" if call > 1 else ""
+    --have (copied into the kit folder, so one carried folder holds both; ``have``: another
+    folder or archive, e.g. the committed data of a campaign left unfinished), its archive
+    into $OUT."""
+    if have is None and call > 1:
+        have = f"{KIT_DIR}/{archive_name(call - 1)}"
+    have = f" --have {have}" if have is not None else ""
     return (
         f"python3 -m pipetune.clients.cli campaign --operators {DEFAULT_OPERATORS} "
         f"--runner {runner} --out-dir .campaign-{call}{have} --pack $OUT/{archive_name(call)}"
     )
 
 
-def device_command(call: int = 1, runner: str = "cupy") -> str:
+def device_command(call: int = 1, runner: str = "cupy", have: str | None = None) -> str:
     """The whole ``command`` of the device tool's run for one call (one line). It starts by
     removing the call's own out-dir, so a call repeated on a machine still warm from the
     first try starts clean (what that try finished is in its archive, not there)."""
     return (
         f"set -o pipefail; rm -rf .campaign-{call}; {install_line()}; "
-        f"PYTHONUNBUFFERED=1 {campaign_line(call, runner)} 2>&1 | tee $OUT/campaign-{call}.log"
+        f"PYTHONUNBUFFERED=1 {campaign_line(call, runner, have)} 2>&1 "
+        f"| tee $OUT/campaign-{call}.log"
     )
 
 
@@ -248,14 +253,16 @@ HOPPER_ARCHIVE = "campaign-hopper.tar.gz"
 HOPPER_MINUTES = 6  # its sweeps take about two minutes of GPU time after the phases
 
 
-def hopper_device_command(runner: str = "cupy") -> str:
+def hopper_device_command(runner: str = "cupy", have: str | None = None) -> str:
     """The Hopper wgmma family's campaign (the ``hopper`` suite) in one call: what a lent GPU
-    runs first once the mma.sync campaigns are complete (README, GPU work)."""
+    runs first once the mma.sync campaigns are complete (README, GPU work); ``have``: the
+    unpacked data of an earlier call that left it unfinished, to go on from."""
+    have = f" --have {have}" if have is not None else ""
     return (
         f"set -o pipefail; rm -rf {HOPPER_OUT}; {install_line()}; PYTHONUNBUFFERED=1 "
         f"python3 -m pipetune.clients.cli campaign --operators hopper --runner {runner} "
-        f"--minutes {HOPPER_MINUTES} --out-dir {HOPPER_OUT} --pack $OUT/{HOPPER_ARCHIVE} 2>&1 "
-        "| tee $OUT/campaign-hopper.log"
+        f"--minutes {HOPPER_MINUTES} --out-dir {HOPPER_OUT}{have} --pack $OUT/{HOPPER_ARCHIVE} "
+        "2>&1 | tee $OUT/campaign-hopper.log"
     )
 
 
@@ -336,6 +343,23 @@ def stale_convolutions(folder: Path) -> bool:
     return False
 
 
+# campaign.json's states after which a campaign has nothing left to measure ("stopped": its
+# correctness phase stopped it, and a stopped campaign stays stopped); any other (paused at
+# the deadline, a call killed while "running", "failed") leaves operators to sweep.
+FINISHED = ("complete", "stopped")
+
+
+def campaign_state(folder: Path) -> str | None:
+    """The state of the campaign unpacked into ``folder`` (its campaign/campaign.json),
+    None where there is none: `campaign unpack` writes a paused campaign's finished
+    operators too, so that a dataset there does not mean the campaign is done."""
+    try:
+        summary = layout.read_json(folder / layout.UNPACKED_DOCS / layout.SUMMARY_FILE)
+    except layout.LayoutError as exc:
+        raise KitError(str(exc)) from None
+    return None if summary is None else str(summary.get("state"))
+
+
 def open_calls(gpu: str, data: Path = DATA_DIR) -> list[DeviceCall]:
     """The calls a lent GPU of this kind should make, most needed first, from what the
     repository's data already holds: a campaign, else what README's "GPU work" lists open
@@ -343,12 +367,21 @@ def open_calls(gpu: str, data: Path = DATA_DIR) -> list[DeviceCall]:
     probe's shapes). Read from the data, so that a call already made is not offered again
     (the kit offered a whole campaign first on GPUs whose campaigns were committed)."""
     folder = data / gpu
-    if not (folder / "campaign" / "campaign.json").exists():
+    state = campaign_state(folder)
+    if state is None:
         return [
             DeviceCall(
                 "the campaign, first call (README, GPU work, for the next calls)",
                 600,
                 device_command(1),
+            )
+        ]
+    if state not in FINISHED:
+        return [
+            DeviceCall(
+                f"the campaign, continued from {folder} (it is {state}; README, GPU work)",
+                600,
+                device_command(1, have=str(folder)),
             )
         ]
     calls = []
@@ -360,8 +393,19 @@ def open_calls(gpu: str, data: Path = DATA_DIR) -> list[DeviceCall]:
                 conv_device_command(),
             )
         )
-    if not any((data / "hopper" / gpu).glob("*.t4.json.gz")):
+    hopper = data / "hopper" / gpu
+    hopper_state = campaign_state(hopper)
+    if hopper_state is None:
         calls.append(DeviceCall("the Hopper wgmma family's campaign", 420, hopper_device_command()))
+    elif hopper_state not in FINISHED:
+        calls.append(
+            DeviceCall(
+                f"the Hopper wgmma family's campaign, continued from {hopper} (it is "
+                f"{hopper_state})",
+                420,
+                hopper_device_command(have=str(hopper)),
+            )
+        )
     name, timeout_s, command = PROBE_CALLS[gpu]
     if not any(folder.glob(f"{name}*.json")):
         calls.append(
@@ -395,7 +439,11 @@ def main(argv: list[str] | None = None) -> int:
         "do with what comes back)."
     )
     for gpu in ("h200", "h100"):
-        calls = open_calls(gpu, args.data)
+        try:
+            calls = open_calls(gpu, args.data)
+        except KitError as exc:  # a campaign.json there that is not one
+            print(f"error: {exc}", file=sys.stderr)
+            return 1
         print(f"\nOn an {gpu.upper()}:" + ("" if calls else " nothing listed is open"))
         for call in calls:
             print(f"- {call.heading}:")
