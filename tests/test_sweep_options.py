@@ -68,3 +68,23 @@ def test_a_malformed_simulated_time_scale_exits_2(tmp_path: Path, monkeypatch) -
     assert result.exit_code == 2, result.output
     assert "PIPETUNE_SIMULATED_TIME_SCALE must be a non-negative number" in result.stderr
     assert not (tmp_path / "g.t4.json.gz").exists()
+
+
+def test_only_the_options_given_before_the_operator_name_are_passed_on(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The group hands on what the user gave, not its own defaults (it handed on every
+    shared option: its "given?" test compared with another copy of click's enum)."""
+    from pipetune.clients.cli import sweep_cmds
+
+    handed: list[dict | None] = []
+    pass_on = sweep_cmds._pass_on_shared_options
+
+    def spy(ctx) -> None:
+        pass_on(ctx)
+        handed.append(ctx.default_map)
+
+    monkeypatch.setattr(sweep_cmds, "_pass_on_shared_options", spy)
+    _sweep(["--gpu", "a100"], ["--runner", "simulated", "--limit", "1"], tmp_path / "a.t4.json.gz")
+    _sweep([], ["--runner", "simulated", "--limit", "1"], tmp_path / "b.t4.json.gz")
+    assert handed == [{"gemm": {"gpu": "a100"}}, None]

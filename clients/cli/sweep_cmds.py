@@ -23,7 +23,6 @@ from pathlib import Path
 from typing import Any
 
 import typer
-from click.core import ParameterSource
 from rich.progress import (
     BarColumn,
     MofNCompleteColumn,
@@ -294,15 +293,20 @@ _SHARED_OPTIONS: tuple[str, ...] = (
 )
 
 
+def _given(ctx: typer.Context, name: str) -> bool:
+    """Whether the user gave the option (on the command line or through its environment
+    variable) rather than leaving its default. By the source's name: typer carries its own
+    copy of click, whose ParameterSource is not click's (compared with click's, every option
+    read as given)."""
+    source = ctx.get_parameter_source(name)
+    return source is not None and source.name != "DEFAULT"
+
+
 def _pass_on_shared_options(ctx: typer.Context) -> None:
     """Hand the shared options the user gave before the operator name to the operator
     command. Through click's default_map, read when the subcommand's context is made, so the
     same option given after the name still wins."""
-    given = {
-        name: ctx.params[name]
-        for name in _SHARED_OPTIONS
-        if ctx.get_parameter_source(name) not in (None, ParameterSource.DEFAULT)
-    }
+    given = {name: ctx.params[name] for name in _SHARED_OPTIONS if _given(ctx, name)}
     if not given:
         return
     command = ctx.invoked_subcommand
