@@ -367,3 +367,24 @@ def test_the_kit_goes_on_with_a_campaign_an_earlier_call_left_unfinished(tmp_pat
     (data / "h100" / "campaign" / "campaign.json").write_text('{"state":')
     with pytest.raises(KitError, match=r"campaign\.json: not valid JSON"):
         open_calls("h100", data)
+
+
+def test_a_kit_folder_over_the_device_s_carry_is_refused_naming_what_fills_it(tmp_path):
+    """The whole folder travels with a call (wheels and any archive put there for --have):
+    over the device tool's 64 MiB carry the call would be refused after the GPU was started,
+    so building the kit says so first, naming the files besides the wheels."""
+    from pipetune.workers.campaign.kit import CARRY_LIMIT_BYTES, check_carry
+
+    folder = tmp_path / KIT_DIR
+    folder.mkdir()
+    (folder / "pipetune-0-py3-none-any.whl").write_bytes(b"w" * 1024)
+    with (folder / "campaign-3.tar.gz").open("wb") as archive:
+        archive.truncate(CARRY_LIMIT_BYTES // 2)
+    check_carry(folder)  # under the limit: fine
+    with (folder / "campaign-old.tar.gz").open("wb") as archive:
+        archive.truncate(CARRY_LIMIT_BYTES // 2)
+    with pytest.raises(KitError, match=r"over the device's 64 MiB carry") as refused:
+        check_carry(folder)
+    assert "campaign-3.tar.gz (32.0 MiB)" in str(refused.value)
+    assert "campaign-old.tar.gz (32.0 MiB)" in str(refused.value)
+    assert ".whl" not in str(refused.value)

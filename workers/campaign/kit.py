@@ -35,6 +35,10 @@ KIT_DIR = ".gpu-kit"
 SITE_DIR = ".gpu-site"  # where the device command installs the kit (under the working tree)
 GPU_PYTHON = "3.12"
 KIT_LIMIT_BYTES = 40 * 2**20
+# What the device tool carries with a call, all carried paths together: the whole kit folder
+# travels (its wheels, and an archive put there for `--have`), and a call whose carry is over
+# this is refused, costing a GPU session's start.
+CARRY_LIMIT_BYTES = 64 * 2**20
 PLATFORMS = (
     "manylinux_2_28_x86_64",
     "manylinux_2_27_x86_64",
@@ -178,6 +182,23 @@ def _run(command: list[str], what: str) -> None:
         raise KitError(f"{what} failed: {' / '.join(tail)}")
 
 
+def check_carry(folder: Path) -> None:
+    """KitError unless the whole folder fits the device tool's carry, naming what besides
+    the wheels takes the room (archives left there by earlier sessions pile up)."""
+    files = [f for f in folder.rglob("*") if f.is_file()]
+    total = sum(f.stat().st_size for f in files)
+    if total <= CARRY_LIMIT_BYTES:
+        return
+    others = sorted((f for f in files if f.suffix != ".whl"), key=lambda f: -f.stat().st_size)
+    named = ", ".join(
+        f"{f.relative_to(folder)} ({f.stat().st_size / 2**20:.1f} MiB)" for f in others
+    )
+    raise KitError(
+        f"{folder} holds {total / 2**20:.1f} MiB, over the device's {CARRY_LIMIT_BYTES >> 20} MiB "
+        f"carry: remove what no call needs from it ({named or 'only wheels'})"
+    )
+
+
 def build_kit(out: Path, python_version: str = GPU_PYTHON, *, python: str = sys.executable) -> Kit:
     """Fill ``out`` with pipetune's wheel and the kit packages' wheels for
     ``python_version`` (manylinux x86_64); other files there (an archive) are kept."""
@@ -232,6 +253,7 @@ def build_kit(out: Path, python_version: str = GPU_PYTHON, *, python: str = sys.
         raise KitError(f"the kit lacks {sorted(missing | ({'pipetune'} - names))}")
     if kit.bytes > KIT_LIMIT_BYTES:
         raise KitError(f"the kit is {kit.bytes / 2**20:.1f} MiB, over {KIT_LIMIT_BYTES >> 20} MiB")
+    check_carry(out)
     manifest = {
         "python_version": python_version,
         "wheels": [
