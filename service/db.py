@@ -303,9 +303,15 @@ def make_engine(
 
         return engine
     if parsed.database and parsed.database != ":memory:":
-        Path(parsed.database).expanduser().parent.mkdir(parents=True, exist_ok=True)
+        path = Path(parsed.database).expanduser()
+        path.parent.mkdir(parents=True, exist_ok=True)
+        if parsed.database.startswith("~"):
+            # SQLite opens the name as written: sqlite:///~/p.db was a folder "~" in the
+            # working directory, while the folder made above and every check of the file
+            # (settings.sqlite_path, `db current`, Database.file_problem) read the home's.
+            parsed = parsed.set(database=str(path))
     engine = create_engine(
-        url, connect_args={"timeout": 30, "check_same_thread": False}, pool_size=pool_size
+        parsed, connect_args={"timeout": 30, "check_same_thread": False}, pool_size=pool_size
     )
 
     @event.listens_for(engine, "connect")

@@ -227,3 +227,20 @@ def test_another_programs_alembic_database_is_called_so(empty_url, revision):
             assert [tuple(r) for r in rows] == [(revision,)]
     finally:
         engine.dispose()
+
+
+def test_a_sqlite_path_under_the_home_folder_is_the_one_used(tmp_path, monkeypatch):
+    """sqlite:///~/...: `db current` and the folder made for the file read the home's, and
+    SQLite opened "~/..." under the working directory: `db upgrade` made the home's folder,
+    then failed "unable to open database file" (or, beside a folder named "~", wrote there)."""
+    home, work = tmp_path / "home", tmp_path / "work"
+    work.mkdir()
+    monkeypatch.setenv("HOME", str(home))
+    monkeypatch.chdir(work)
+    url = "sqlite:///~/dbs/p.db"
+    upgraded = runner.invoke(app, ["db", "upgrade", "--db", url])
+    assert upgraded.exit_code == 0, upgraded.output
+    assert (home / "dbs" / "p.db").is_file()
+    assert list(work.iterdir()) == []
+    current = runner.invoke(app, ["db", "current", "--db", url, "--json"])
+    assert json.loads(current.stdout)["state"] == "up_to_date", current.output
