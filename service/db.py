@@ -44,6 +44,7 @@ from sqlalchemy.sql.elements import ColumnElement
 from sqlalchemy.types import TypeDecorator
 
 from pipetune.service.driver_pool import DriverConnections
+from pipetune.service.settings import sqlite_path
 
 SQLITE_NOW_FORMAT = "%Y-%m-%d %H:%M:%f"
 # Seconds a new PostgreSQL connection may take (libpq's connect_timeout; its least is 2).
@@ -302,8 +303,7 @@ def make_engine(
                 )
 
         return engine
-    if parsed.database and parsed.database != ":memory:":
-        path = Path(parsed.database).expanduser()
+    if (path := sqlite_path(url)) is not None:
         path.parent.mkdir(parents=True, exist_ok=True)
         if parsed.database.startswith("~"):
             # SQLite opens the name as written: sqlite:///~/p.db was a folder "~" in the

@@ -30,6 +30,7 @@ from __future__ import annotations
 import hashlib
 from pathlib import Path
 from typing import Annotated
+from urllib.parse import unquote, urlsplit
 
 import platformdirs
 from pydantic import Field, ValidationError, field_validator
@@ -106,6 +107,17 @@ def sqlite_path(url: str) -> Path | None:
     parsed = make_url(url)
     if parsed.get_backend_name() != "sqlite" or parsed.database in (None, "", ":memory:"):
         return None
+    if str(parsed.query.get("uri", "")).lower() in ("true", "1") and parsed.database.startswith(
+        "file:"
+    ):
+        # A SQLite URI (sqlite:///file:/srv/p.db?mode=ro&uri=true, a read-only database):
+        # SQLite opens its path part. Read as a file name, `db current` found "no database
+        # file at file:/srv/p.db" beside an up-to-date database, and the engine made a folder
+        # "file:" in the working directory for it.
+        if parsed.query.get("mode") == "memory":
+            return None
+        path = unquote(urlsplit(parsed.database).path)
+        return None if path in ("", ":memory:") else Path(path)
     return Path(parsed.database).expanduser()
 
 

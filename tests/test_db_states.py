@@ -244,3 +244,19 @@ def test_a_sqlite_path_under_the_home_folder_is_the_one_used(tmp_path, monkeypat
     assert list(work.iterdir()) == []
     current = runner.invoke(app, ["db", "current", "--db", url, "--json"])
     assert json.loads(current.stdout)["state"] == "up_to_date", current.output
+
+
+def test_a_sqlite_uri_is_read_as_the_file_it_names(tmp_path, monkeypatch):
+    """sqlite:///file:PATH?mode=ro&uri=true (a read-only database): `db current` said "no
+    database file at file:PATH" of an up-to-date database (`--check`: exit 1), and the
+    engine made a folder "file:" in the working directory for it."""
+    monkeypatch.chdir(tmp_path)
+    upgrade(f"sqlite:///{tmp_path / 'p.db'}")
+    for url in (
+        f"sqlite:///file:{tmp_path / 'p.db'}?mode=ro&uri=true",
+        f"sqlite:///file://{tmp_path / 'p.db'}?uri=true",
+    ):
+        current = runner.invoke(app, ["db", "current", "--db", url, "--check"])
+        assert current.exit_code == 0, current.output
+        assert "up to date" in current.stdout
+    assert not (tmp_path / "file:").exists()

@@ -12,7 +12,6 @@ as empty (no tasks; schedules come from the model).
 
 from __future__ import annotations
 
-from pathlib import Path
 from types import TracebackType
 from typing import Any, Self
 
@@ -35,11 +34,11 @@ from pipetune.model.wire import (
     TrialDoc,
 )
 from pipetune.service.curves import task_curve
-from pipetune.service.db import Database, is_sqlite, unavailable_reason
+from pipetune.service.db import Database, unavailable_reason
 from pipetune.service.migrate import SchemaError, check_schema, redact
 from pipetune.service.priors import learned_model_of_tasks, learned_pick, prior_from_tasks
 from pipetune.service.records import measured_or_failures, schedule_response
-from pipetune.service.settings import Settings, database_url_problem
+from pipetune.service.settings import Settings, database_url_problem, sqlite_path
 from pipetune.service.views import get_task_doc, list_task_docs, list_trial_docs, task_work
 
 TASK_STATES: tuple[str, ...] = tuple(state.value for state in TaskState)
@@ -97,12 +96,8 @@ def _lease_ttl_s() -> float:
 
 
 def _sqlite_file_missing(url: str) -> bool:
-    if not is_sqlite(url):
-        return False
-    name = make_url(url).database
-    if not name or name == ":memory:":
-        return False
-    return not Path(name).expanduser().exists()
+    path = sqlite_path(url)
+    return path is not None and not path.exists()
 
 
 def open_database(url: str, *, create: bool = False) -> Database:
