@@ -46,6 +46,7 @@ MAX_POOL_SIZE = 1000  # connections per pool (PostgreSQL's max_connections bound
 # The database backends the service runs on (service/db.py, the two queue stores).
 DATABASE_BACKENDS = ("sqlite", "postgresql")
 DATABASE_URL_FORMS = "sqlite:///PATH or postgresql+psycopg://USER@HOST/DB"
+MAX_PORT = 65535
 # The first bytes of every SQLite 3 database file (sqlite.org/fileformat.html).
 SQLITE_HEADER = b"SQLite format 3\x00"
 
@@ -80,9 +81,12 @@ def database_url_problem(url: str) -> str | None:
 
     try:
         parsed = make_url(url)
-    except ArgumentError:
+    except (ArgumentError, ValueError):  # (ValueError: a port that is not a number)
         # The URL itself stays out of the message: it may hold a password.
         return f"not a database URL (expected {DATABASE_URL_FORMS})"
+    if parsed.port is not None and not 1 <= parsed.port <= MAX_PORT:
+        # (libpq refused 70000 only when connecting, an exit 1, and took 0 for its default.)
+        return f"the port must be 1..{MAX_PORT}, got {parsed.port}"
     backend = parsed.get_backend_name()
     if backend not in DATABASE_BACKENDS:
         return f"not a database URL pipetune can use ({backend!r}; expected {DATABASE_URL_FORMS})"

@@ -158,6 +158,12 @@ def not_a_database(tmp_path: Path) -> str:
 BAD_URLS = {
     "notaurl": "not a database URL (",
     "foo://x": "not a database URL pipetune can use ('foo'",
+    # A port that is not a number was "error: ValueError: invalid literal for int()", exit 1;
+    # one out of range was refused by libpq at the connection (exit 1), or, 0, ignored.
+    "postgresql+psycopg://u@h:5432x/d": "not a database URL (",
+    "postgresql+psycopg://u@[::1/d": "not a database URL (",
+    "postgresql+psycopg://u@h:70000/d": "the port must be 1..65535, got 70000",
+    "postgresql+psycopg://u@h:0/d": "the port must be 1..65535, got 0",
     "file": "is not a SQLite database file",
     # In memory: each connection had an empty database of its own ("no such table: tasks").
     "sqlite://": "an in-memory SQLite database lasts only as long as one connection",
