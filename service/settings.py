@@ -129,7 +129,14 @@ def database_file_problem(url: str) -> str | None:
     """Why the file of a SQLite URL cannot be the database (a directory, or a file of
     another kind); None if it can (also when it does not exist yet: it is created)."""
     path = sqlite_path(url)
-    if path is None or not path.exists():
+    if path is None:
+        return None
+    if not path.exists():
+        # The folders it is made in: one that is a file failed only when the file was made,
+        # "File exists (FOLDER)", exit 1 (and `db current` said `db upgrade` creates it).
+        above = next((p for p in path.parents if p.exists()), None)
+        if above is not None and not above.is_dir():
+            return f"{above} is not a folder (the database file would be made under it)"
         return None
     if path.is_dir():
         return f"{path} is a directory, not a database file"

@@ -165,6 +165,8 @@ BAD_URLS = {
     "postgresql+psycopg://u@h:70000/d": "the port must be 1..65535, got 70000",
     "postgresql+psycopg://u@h:0/d": "the port must be 1..65535, got 0",
     "file": "is not a SQLite database file",
+    # Under a file: "failed: File exists (FILE)", exit 1; `db current`: "db upgrade creates it".
+    "under a file": "notes.db is not a folder",
     # In memory: each connection had an empty database of its own ("no such table: tasks").
     "sqlite://": "an in-memory SQLite database lasts only as long as one connection",
 }
@@ -182,7 +184,7 @@ COMMANDS = {
 @pytest.mark.parametrize("command", list(COMMANDS), ids=str)
 @pytest.mark.parametrize("bad", list(BAD_URLS), ids=str)
 def test_a_bad_db_is_one_line_naming_the_option_and_exit_2(command, bad, not_a_database):
-    url = not_a_database if bad == "file" else bad
+    url = {"file": not_a_database, "under a file": f"{not_a_database}/sub/x.db"}.get(bad, bad)
     result = runner.invoke(app, [*COMMANDS[command], "--db", url])
     assert result.exit_code == 2, result.output
     _one_error_line(result, "--db: ")
