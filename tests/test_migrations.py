@@ -379,6 +379,27 @@ def test_a_head_database_without_a_column_is_refused_naming_it(empty_url):
     assert "up to date" not in current.stdout
 
 
+def test_a_head_database_without_a_table_is_refused_naming_it(empty_url):
+    """Only the tables that were there had their columns compared: without `leases`, `db
+    current` said "up to date" and the service started, to fail every lease."""
+    upgrade(empty_url)
+    engine = make_engine(empty_url, pool_size=1)
+    try:
+        with engine.begin() as conn:
+            conn.execute(text("DROP TABLE leases"))
+    finally:
+        engine.dispose()
+    with pytest.raises(SchemaError, match=r"lacks leases\.id, leases\.job_id"):
+        check_schema(empty_url)
+    current = subprocess.run(
+        [sys.executable, "-m", "pipetune.clients.cli", "db", "current", "--db", empty_url],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert current.returncode == 0 and "lacks leases.id" in current.stdout, current
+
+
 # Released revisions are never edited (a database that ran one keeps its revision id and
 # would never run the edit): a change goes into a new revision. SHA-256 of each file, by
 # revision id.
