@@ -331,3 +331,42 @@ def test_a_value_listed_twice_in_tune_params_is_one_value(tmp_path):
     result = _bench(str(path), "--strategies", "kt_random_sample", "--json")
     assert result.exit_code == 0, result.output
     assert json.loads(result.stdout)["left_out"] == {}
+
+
+def test_a_t4_files_numeric_knobs_keep_their_numeric_order(tmp_path):
+    # A T4 file lists no knob values (a Kernel Tuner cache does): they were ordered as text
+    # (1, 16, 2, 32, 4, 8), so the search's ordered knobs had the wrong neighbours and the
+    # same space scored otherwise as a T4 file than as the cache it was converted from.
+    from pipetune.clients.cli.bench_cmds import recorded_dataset
+    from pipetune.workers.datasets import Dataset, load_dataset, write_t4
+
+    sizes = [1, 2, 4, 8, 16, 32]
+    cache = {
+        f"{bx},{by}": {"bx": bx, "by": by, "time": 1.0 + abs(bx - 8) + abs(by - 4) / 10}
+        for bx in sizes
+        for by in sizes
+    }
+    doc = {
+        "device_name": "Test GPU",
+        "kernel_name": "k",
+        "problem_size": [64],
+        "tune_params_keys": ["bx", "by"],
+        "tune_params": {"bx": sizes, "by": sizes},
+        "objective": "time",
+        "cache": cache,
+    }
+    kt = tmp_path / "cache" / "k.json"
+    kt.parent.mkdir()
+    kt.write_text(json.dumps(doc))
+    t4 = tmp_path / "k.t4.json"
+    # (as the benchmark hub's T4 files: no Kernel Tuner header, which would list the values)
+    write_t4(Dataset(load_dataset(kt).records), t4)
+    assert recorded_dataset(t4).configs.tune_params == {"bx": sizes, "by": sizes}
+    figures = []
+    for path in (kt, t4):
+        result = _bench(str(path), "--strategies", "bo,kt_greedy_ils", "--json")
+        assert result.exit_code == 0, result.output
+        figures.append(
+            [r["per_dataset"]["k"]["per_seed"] for r in json.loads(result.stdout)["results"]]
+        )
+    assert figures[0] == figures[1]

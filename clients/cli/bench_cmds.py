@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING, get_args
+from typing import TYPE_CHECKING, Any, get_args
 
 import typer
 from rich.table import Table
@@ -83,7 +83,7 @@ def recorded_dataset(path: Path, name: str | None = None) -> Dataset:
         configs = ds.configurations()
         for k in ds.knobs:
             _distinct_values(str(path), k, [c[k] for c in configs])
-        params = {k: sorted({c[k] for c in configs}, key=str) for k in ds.knobs}
+        params = {k: sorted({c[k] for c in configs}, key=_value_order) for k in ds.knobs}
         kt = ds.metadata.get("kernel_tuner", {}).get("tune_params")
         if isinstance(kt, dict) and set(kt) >= set(ds.knobs):
             # (A value listed twice is one value: Kernel Tuner's own search space, which the
@@ -108,6 +108,17 @@ def recorded_dataset(path: Path, name: str | None = None) -> Dataset:
     )
     configs = RecordedConfigs.from_recorded_space(name, recorded)
     return Dataset(name, configs, recorded, info.runner)
+
+
+def _value_order(value: Any) -> tuple:
+    """Where a knob value goes in its knob's list of values, for a file that lists none (a
+    T4 file): numbers in numeric order, then any other value by its type and text. The
+    search reads a value's index as its position on an ordered knob (ForeignSpace), and
+    ordered as text (1, 16, 2, 32, 4) a block size's neighbours were not its neighbours: the
+    same space scored otherwise as a T4 file than as the Kernel Tuner cache it came from."""
+    if isinstance(value, int | float):  # (bools too: False < True)
+        return (0, value, "")
+    return (1, type(value).__name__, str(value))
 
 
 def _distinct_values(name: str, knob: str, values: list) -> list:
