@@ -370,3 +370,41 @@ def test_a_t4_files_numeric_knobs_keep_their_numeric_order(tmp_path):
             [r["per_dataset"]["k"]["per_seed"] for r in json.loads(result.stdout)["results"]]
         )
     assert figures[0] == figures[1]
+
+
+def _without_packages(monkeypatch, *missing: str) -> None:
+    """find_spec as where `missing` are not installed."""
+    import importlib.util
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(
+        importlib.util, "find_spec", lambda name, *a: None if name in missing else real(name, *a)
+    )
+
+
+def test_a_named_peer_whose_package_is_missing_is_refused_before_anything_runs(
+    tmp_path, monkeypatch
+):
+    # It was found missing only once the strategies before it had run, and ended the
+    # benchmark as an unexpected error: "error: PeerUnavailableError: ...", exit 1.
+    _without_packages(monkeypatch, "torch")
+    path = _one_knob_cache(tmp_path, [1, 2, 3], [5.0, 4.0, 1.0])
+    result = _bench(str(path), "--strategies", "random,optuna_gp")
+    assert result.exit_code == 2, result.output
+    assert "--strategies: optuna_gp cannot run here: Optuna's GPSampler needs PyTorch" in (
+        result.output
+    )
+    assert "PeerUnavailableError" not in result.output
+
+
+def test_a_groups_peers_whose_packages_are_missing_are_left_out_and_said(tmp_path, monkeypatch):
+    _without_packages(monkeypatch, "kernel_tuner", "optuna", "smac")
+    path = _one_knob_cache(tmp_path, [1, 2, 3], [5.0, 4.0, 1.0])
+    result = _bench(str(path), "--strategies", "random,peers", "--json")
+    assert result.exit_code == 0, result.output
+    doc = json.loads(result.stdout)
+    assert doc["strategies"] == ["random"]
+    assert doc["left_out"]["kt_random_sample"] == (
+        "kt_random_sample: kernel_tuner is not installed: pip install pipetune[peers]"
+    )
+    assert doc["left_out"]["smac"] == "smac: smac is not installed: pip install pipetune[peers]"

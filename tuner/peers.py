@@ -90,6 +90,33 @@ class PeerUnavailableError(PipetuneError, RuntimeError):
     """The peer's package is not installed."""
 
 
+# The packages each peer imports (PyTorch is not among pipetune's extras: NEEDS_TORCH).
+_PACKAGES: dict[str, tuple[str, ...]] = {
+    **dict.fromkeys(KT_STRATEGIES, ("kernel_tuner",)),
+    **dict.fromkeys(OPTUNA_SAMPLERS, ("optuna",)),
+    **dict.fromkeys(NEEDS_TORCH, ("optuna", "torch")),
+    SMAC: ("smac",),
+}
+
+
+def unavailable(name: str) -> str | None:
+    """Why a peer cannot run here (a package it needs is not installed), or None. Asked
+    before a benchmark starts: found missing mid-run, it ended the run after the strategies
+    before it had run, as an unexpected error (exit 1)."""
+    for module in _PACKAGES.get(name, ()):
+        if importlib.util.find_spec(module) is not None:
+            continue
+        if module == "torch":
+            return "Optuna's GPSampler needs PyTorch: pip install torch (the CPU build is enough)"
+        return f"{module} is not installed: pip install pipetune[peers]"
+    return None
+
+
+def _require(name: str) -> None:
+    if why := unavailable(name):
+        raise PeerUnavailableError(why)
+
+
 class PeerFailedError(PipetuneError, RuntimeError):
     """A peer's own code failed on a space (Kernel Tuner's differential evolution on a dozen
     configurations, SMAC on one): the benchmark leaves that peer out and says why."""
@@ -199,12 +226,9 @@ def _first_distinct(keys: list[tuple], values: list[float], budget: int) -> np.n
 
 
 def run_kernel_tuner(name: str, recorded: RecordedConfigs, seed: int, budget: int) -> np.ndarray:
-    try:
-        import kernel_tuner
-    except ImportError as exc:
-        raise PeerUnavailableError(
-            "kernel_tuner is not installed: pip install pipetune[peers]"
-        ) from exc
+    _require(name)
+    import kernel_tuner
+
     strategy, options = KT_STRATEGIES[name]
     present = set(recorded.row_of())
     names = recorded.knob_names
@@ -250,20 +274,14 @@ def _optuna_sampler(name: str, seed: int):
     if name == "optuna_tpe_multivariate":
         return optuna.samplers.TPESampler(seed=seed, multivariate=True, group=True)
     if name == "optuna_gp":
-        if importlib.util.find_spec("torch") is None:
-            raise PeerUnavailableError(
-                "optuna_gp (Optuna's GPSampler) needs PyTorch: pip install torch "
-                "(the CPU build is enough)"
-            )
         return optuna.samplers.GPSampler(seed=seed)
     raise ValueError(f"unknown Optuna sampler '{name}'")
 
 
 def run_optuna(name: str, recorded: RecordedConfigs, seed: int, budget: int) -> np.ndarray:
-    try:
-        import optuna
-    except ImportError as exc:
-        raise PeerUnavailableError("optuna is not installed: pip install pipetune[peers]") from exc
+    _require(name)
+    import optuna
+
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     names = recorded.knob_names
     params = recorded.tune_params
@@ -343,8 +361,7 @@ SMAC_HASH_SEED = "0"
 
 
 def run_smac(recorded: RecordedConfigs, seed: int, budget: int) -> np.ndarray:
-    if importlib.util.find_spec("smac") is None:
-        raise PeerUnavailableError("smac is not installed: pip install pipetune[peers]")
+    _require(SMAC)
     if os.environ.get("PYTHONHASHSEED") == SMAC_HASH_SEED:
         return _run_smac_here(recorded, seed, budget)
     with tempfile.TemporaryDirectory() as tmp:

@@ -13,7 +13,13 @@ from pipetune.clients.cli.errors import CliError, reported
 from pipetune.clients.cli.output import console, print_json, stderr_console
 from pipetune.model.trials import is_measured
 from pipetune.model.wire import MAX_BATCH_SIZE, StrategyName
-from pipetune.tuner.peers import LIGHT_PEERS, PEERS, PeerFailedError, peer_time_limit_s
+from pipetune.tuner.peers import (
+    LIGHT_PEERS,
+    PEERS,
+    PeerFailedError,
+    peer_time_limit_s,
+    unavailable,
+)
 
 if TYPE_CHECKING:
     from pipetune.tuner.bench import Dataset
@@ -169,6 +175,21 @@ def _strategies(text: str) -> tuple[list[str], set[str]]:
     if not names:  # ("" or ","): a benchmark of nothing would print empty tables, exit 0
         raise CliError("--strategies: name at least one strategy or group", 2)
     return names, named
+
+
+def installed_strategies(names: list[str], named: set[str]) -> tuple[list[str], dict[str, str]]:
+    """The strategies whose packages are installed, and why each other one was left out,
+    said before anything runs: a peer's missing package was found only once the strategies
+    before it had run, and ended the benchmark as an unexpected error (exit 1). Named on
+    its own such a peer is refused (CliError), of a group left out, as runnable_strategies
+    does."""
+    missing = {name: why for name in names if (why := unavailable(name))}
+    if refused := [name for name in missing if name in named]:
+        raise CliError(f"--strategies: {refused[0]} cannot run here: {missing[refused[0]]}", 2)
+    names = [name for name in names if name not in missing]
+    if not names:
+        raise CliError(f"--strategies: {'; '.join(missing.values())}", 2)
+    return names, {name: f"{name}: {why}" for name, why in missing.items()}
 
 
 def runnable_strategies(
@@ -421,6 +442,7 @@ def tuner(
             peer_time_limit_s()
         except ValueError as exc:
             raise CliError(str(exc), 2) from None
+    names, missing = installed_strategies(names, named)
     try:
         loaded = recorded_datasets(files)
     except DatasetError as exc:
@@ -447,7 +469,7 @@ def tuner(
             )
         except PeerFailedError as exc:  # every strategy asked for was a peer that failed
             raise CliError(f"--strategies: {exc}", 2) from None
-    doc["left_out"] = {**model_left_out, **doc["left_out"]}
+    doc["left_out"] = {**missing, **model_left_out, **doc["left_out"]}
     if as_json:
         print_json(doc)
         return
