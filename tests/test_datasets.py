@@ -360,6 +360,20 @@ def test_an_open_kernel_tuner_cache_needs_allow_open(tmp_path):
     assert "allow-open" not in str(error.value)
 
 
+def test_allow_open_reads_a_complete_file_as_it_is(tmp_path):
+    # Closed whatever it held, a complete file that does not end as Kernel Tuner ends a
+    # cache had brackets added: `pipetune dataset info --allow-open` refused every T4 file
+    # (the benchmark hub's too) and a cache whose last key is not its "cache", "Extra data".
+    cache = tmp_path / "k.json"
+    cache.write_text(json.dumps(CACHE))
+    t4 = write_t4(read_kt_cache(cache), tmp_path / "k.t4.json.gz")
+    assert len(load_dataset(t4, allow_open=True)) == 3
+    reordered = tmp_path / "reordered.json"
+    reordered.write_text(json.dumps({"cache": CACHE["cache"], **CACHE}))  # "cache" first
+    assert len(load_dataset(reordered, allow_open=True)) == 3
+    assert len(read_kt_cache(reordered, allow_open=True)) == 3
+
+
 def test_a_bad_cache_entry(tmp_path):
     cache = json.loads(json.dumps(CACHE))
     del cache["cache"]["32,0"]["flag"]

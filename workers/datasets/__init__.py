@@ -18,6 +18,7 @@ from pipetune.workers.datasets.files import parse_json, read_text
 from pipetune.workers.datasets.kt_cache import (
     close_open_cache,
     from_kt_cache_document,
+    parse_maybe_open,
     read_kt_cache,
 )
 from pipetune.workers.datasets.pipetune import (
@@ -68,7 +69,7 @@ def load_dataset(path: str | Path, *, allow_open: bool = False) -> Dataset:
     source = str(path)
     text = read_text(path)
     try:
-        document = parse_json(close_open_cache(text) if allow_open else text, source)
+        document = parse_maybe_open(text, source) if allow_open else parse_json(text, source)
     except DatasetError as exc:
         if allow_open or not _open_cache(text):
             raise
