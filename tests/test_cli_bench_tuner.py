@@ -408,3 +408,25 @@ def test_a_groups_peers_whose_packages_are_missing_are_left_out_and_said(tmp_pat
         "kt_random_sample: kernel_tuner is not installed: pip install pipetune[peers]"
     )
     assert doc["left_out"]["smac"] == "smac: smac is not installed: pip install pipetune[peers]"
+
+
+def test_a_prior_whose_first_trials_all_failed_is_refused_with_exit_2(tmp_path):
+    # auto's first trials on the prior (a task per seed, made as the run goes) all failed:
+    # "error: TransferError: ... (set PIPETUNE_DEBUG=1 for the traceback)", exit 1, after
+    # the strategies before the first one that takes a prior had run.
+    values = list(range(20))
+    prior = tmp_path / "prior" / "k.json"
+    prior.parent.mkdir()
+    doc = json.loads(_one_knob_cache(tmp_path, values, [1.0] * len(values)).read_text())
+    for key, entry in doc["cache"].items():
+        entry["time"] = 1.0 if key == "19" else "RuntimeFailedConfig"  # one success of 20
+    prior.write_text(json.dumps(doc))
+    dataset = _one_knob_cache(tmp_path, values, [1.0 + v / 10 for v in values])
+    result = _bench(
+        str(dataset), "--strategies", "random,auto", "--prior", str(prior), "--prior-trials", "2"
+    )
+    assert result.exit_code == 2, result.output
+    assert "--prior-trials: prior k (2 trials of auto): no configuration of this space ran" in (
+        result.output
+    )
+    assert "TransferError" not in result.output

@@ -428,6 +428,7 @@ def tuner(
 ) -> None:
     """Best-in-k-trials of each strategy, normalised to each dataset's exhaustive best."""
     from pipetune.tuner.bench import bench
+    from pipetune.tuner.transfer import TransferError
     from pipetune.workers.datasets import DatasetError
 
     files = [*(dataset or []), *(paths or [])]
@@ -469,6 +470,15 @@ def tuner(
             )
         except PeerFailedError as exc:  # every strategy asked for was a peer that failed
             raise CliError(f"--strategies: {exc}", 2) from None
+        except TransferError as exc:
+            # The first --prior-trials trials of auto on the prior (one task per seed, made
+            # as the run goes) all failed: no task there that could be a prior. (The whole
+            # --prior was checked before the run, in _priors.)
+            raise CliError(
+                f"--prior-trials: {exc}: a task of {prior_trials} trials there has no "
+                "success to start from (give more trials, or another --prior)",
+                2,
+            ) from None
     doc["left_out"] = {**missing, **model_left_out, **doc["left_out"]}
     if as_json:
         print_json(doc)
