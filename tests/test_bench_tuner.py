@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from pipetune.tuner.bench import Dataset, bench, trial_throughputs
+from pipetune.tuner.bench import Dataset, bench, run_strategy_rows, trial_throughputs
 from pipetune.tuner.peers import (
     NEEDS_TORCH,
     PEERS,
@@ -25,7 +25,9 @@ from pipetune.tuner.peers import (
     run_smac,
     write_kt_cache,
 )
-from pipetune.tuner.recorded import RecordedConfigs
+from pipetune.tuner.recorded import ForeignSpace, RecordedConfigs
+from pipetune.tuner.strategies import make_strategy
+from pipetune.tuner.strategy_base import Observation, Strategy
 
 SHARED = Path(__file__).resolve().parents[2] / "shared" / "datasets"
 KT_CACHE = SHARED / "convolution_A100.kt-cache.json.gz"
@@ -225,6 +227,31 @@ def _small(knobs: dict[str, list]) -> RecordedConfigs:
     ]
     times = [1.0 + sum(abs(float(c[k]) - 3) for k in names) for c in configs]
     return RecordedConfigs("small", knobs, configs, np.array(times))
+
+
+@pytest.mark.parametrize("strategy", ["xgb", "bo"])
+def test_a_time_of_zero_or_less_is_a_failure_to_the_search_as_to_the_score(strategy):
+    # RecordedConfigs scores a time <= 0 as a failure (throughput 0); the search took it as a
+    # measurement: xgb raised XGBoostError on log(-1), bo fitted its GP to NaN.
+    recorded = _small({"a": [1, 2, 3, 4, 5], "b": [1, 2, 3, 4]})
+    objective = recorded.objective_ms.copy()
+    objective[::3] = -1.0
+    objective[1::3] = 0.0
+    bad = RecordedConfigs("bad", recorded.tune_params, recorded.configs, objective)
+    seen: list[Observation] = []
+
+    class Watched(Strategy):
+        def __init__(self, inner: Strategy):
+            self.inner = inner
+
+        def next_batch(self, n, exclude, history):
+            seen[:] = history
+            return self.inner.next_batch(n, exclude, history)
+
+    space = ForeignSpace(bad)
+    rows = run_strategy_rows(Watched(make_strategy(strategy, space, 0)), objective, 20, 4)
+    assert sorted(rows) == list(range(20))
+    assert all(o.failed == (objective[o.row] <= 0) for o in seen) and len(seen) == 16
 
 
 def test_an_ask_and_tell_peer_stops_once_every_configuration_was_tried():

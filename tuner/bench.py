@@ -24,7 +24,7 @@ import numpy as np
 
 from pipetune.tuner.bo import PriorMean
 from pipetune.tuner.metrics import geomean, p_score, random_search_expectation
-from pipetune.tuner.offline import RecordedSpace, propose_and_measure, run_offline
+from pipetune.tuner.offline import RecordedSpace, propose_and_measure, run_offline, throughput_of
 from pipetune.tuner.peers import PEERS, PeerFailedError, run_peer
 from pipetune.tuner.recorded import ForeignSpace, RecordedConfigs
 from pipetune.tuner.strategies import DEFAULT_STRATEGY, KNOB_ONLY, STRATEGY_MAP, make_strategy
@@ -54,6 +54,10 @@ def run_strategy_rows(
     trials of the batch before it are still unmeasured (the service's early proposals)."""
     history: list[Observation] = []
     exclude: set[int] = set()
+    # A trial failed where its throughput is 0 (inf, nan, zero or negative time), as the
+    # benchmark scores it: a time <= 0 taken as measured fed the models log(0) and log(-1)
+    # (XGBoost refused its labels, the GP fitted NaN).
+    ran = throughput_of(objective_ms) > 0
 
     def propose(n: int) -> list[int]:
         rows = strategy.next_batch(n, exclude, history)
@@ -62,8 +66,8 @@ def run_strategy_rows(
 
     def measure(rows: list[int]) -> None:
         for r in rows:
+            ok = bool(ran[r])
             ms = float(objective_ms[r])
-            ok = bool(np.isfinite(ms))
             history.append(Observation(row=r, latency_s=ms * 1e-3 if ok else None, failed=not ok))
 
     propose_and_measure(propose, measure, min(budget, len(objective_ms)), batch, early)
