@@ -65,21 +65,28 @@ class ForeignSpace:
     def __init__(self, recorded: RecordedConfigs):
         self.recorded = recorded
         names = recorded.knob_names
-        values = [tuple(recorded.tune_params[k]) for k in names]
+        # Numbers are ordered knobs; strings (and mixed values) are categorical; a family's
+        # declaration says which of its int knobs are categories.
+        declared = recorded.ordered or {}
+        self.ordered_knobs = tuple(
+            declared.get(k, is_ordered(recorded.tune_params[k])) for k in names
+        )
         # Value indices are the features: they order numeric knobs and also serve for
-        # non-numeric ones (booleans, strings).
+        # non-numeric ones (booleans, strings). An ordered knob's values are taken in numeric
+        # order, not as listed: a Kernel Tuner cache may list them in any order ([128, 16,
+        # 64]), and as listed the search saw neighbours that are not (and scored the same
+        # measurements otherwise than with the values sorted, as a T4 file has them).
+        listed = [recorded.tune_params[k] for k in names]
+        values = [
+            tuple(sorted(v) if ordered and is_ordered(v) else v)
+            for v, ordered in zip(listed, self.ordered_knobs, strict=True)
+        ]
         index = np.array(
             [[values[j].index(c[k]) for j, k in enumerate(names)] for c in recorded.configs],
             dtype=np.int64,
         )
         self._index = index
         self.codec = KnobCodec([tuple(range(len(v))) for v in values], index)
-        # Numbers are ordered knobs; strings (and mixed values) are categorical; a family's
-        # declaration says which of its int knobs are categories.
-        declared = recorded.ordered or {}
-        self.ordered_knobs = tuple(
-            declared.get(k, is_ordered(v)) for k, v in zip(names, values, strict=True)
-        )
         self.cache_key = ("foreign", recorded.name, len(recorded.configs))
         self.feature_names = tuple(names)
         self.work = 1.0
