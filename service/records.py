@@ -43,12 +43,28 @@ def workload_row(session: Session, workload: Any) -> WorkloadRow:
     return session.scalars(select(WorkloadRow).where(WorkloadRow.hash == digest)).one()
 
 
+def _failed_schedules(workload_hash: str, gpu: str) -> Any:
+    """The schedule ids of the failed trials of this workload on this GPU, over every task
+    (a compile error, a wrong result, a timeout: a runner's failure status), in SQL."""
+    return (
+        select(JobRow.schedule_id)
+        .join(WorkloadRow, JobRow.workload_id == WorkloadRow.id)
+        .where(
+            WorkloadRow.hash == workload_hash,
+            JobRow.gpu == gpu,
+            JobRow.status.in_(sorted(FAILED_STATUSES)),
+        )
+    )
+
+
 def best_measured(session: Session, workload_hash: str, gpu: str) -> JobRow | None:
     """The fastest successful trial of this workload on this GPU, over every task: of those
     measured on a GPU where there are any. A simulated latency is the model's, not a time to
     compare with one: an imported simulated sweep's 4.5 us hid the 11.8 us a GPU measured,
     and `pipetune export` wrote the simulated pick. Without a GPU's, the fastest of any
-    runner (labelled as its runner says)."""
+    runner (labelled as its runner says) whose schedule never failed on the GPU: a simulated
+    success is the model's guess, and the lookup answered a schedule whose GPU trial had
+    given a wrong result because the simulated runner had timed it fastest."""
 
     def fastest(*where: Any) -> JobRow | None:
         return session.scalars(
@@ -60,7 +76,9 @@ def best_measured(session: Session, workload_hash: str, gpu: str) -> JobRow | No
             .limit(1)
         ).first()
 
-    return fastest(JobRow.runner.in_(MEASURED_RUNNERS)) or fastest()
+    return fastest(JobRow.runner.in_(MEASURED_RUNNERS)) or fastest(
+        JobRow.schedule_id.not_in(_failed_schedules(workload_hash, gpu))
+    )
 
 
 @dataclass(frozen=True)
@@ -78,16 +96,7 @@ NO_FAILURES = FailedTrials(0, frozenset())
 def failed_trials(session: Session, workload_hash: str, gpu: str) -> FailedTrials:
     """The failed trials of this workload on this GPU, over every task (a compile error, a
     wrong result, a timeout: a runner's failure status)."""
-    rows = session.execute(
-        select(JobRow.schedule_id)
-        .join(WorkloadRow, JobRow.workload_id == WorkloadRow.id)
-        .where(
-            WorkloadRow.hash == workload_hash,
-            JobRow.gpu == gpu,
-            JobRow.status.in_(sorted(FAILED_STATUSES)),
-        )
-    ).scalars()
-    ids = list(rows)
+    ids = list(session.execute(_failed_schedules(workload_hash, gpu)).scalars())
     return FailedTrials(len(ids), frozenset(ids)) if ids else NO_FAILURES
 
 

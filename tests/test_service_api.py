@@ -117,6 +117,28 @@ def test_an_untuned_pick_is_never_a_schedule_that_failed_on_the_gpu(client):
     assert measured["source"] == "measured" and measured["failed_trials"] is None
 
 
+def test_a_simulated_success_is_never_the_answer_for_a_schedule_that_failed_on_the_gpu(client):
+    """With no GPU measurement of a workload, the lookup answered the simulated runner's
+    fastest schedule even where a cupy worker had found that very schedule computing a wrong
+    result: `pipetune schedule` and `pipetune.kernel` handed out a kernel known to fail. A
+    simulated success is the model's guess: one of a schedule that failed is skipped."""
+    simulated = register(client, "sim", runner="simulated")
+    gpu = register(client, "gpu", runner="cupy")
+    create_task(client, budget=4, batch_size=4, runner="simulated")
+    jobs = lease(client, simulated, max_jobs=4)
+    for i, job in enumerate(jobs):
+        post_result(client, simulated, job, ok(5.0 if i == 0 else 50.0 + i))
+    create_task(client, budget=4, batch_size=4, runner="cupy")
+    first = lease(client, gpu, max_jobs=4)[0]
+    assert first["schedule"] == jobs[0]["schedule"]  # (the same seed proposes the same first)
+    wrong = {"status": "wrong_result", "error": "max abs error 3.2"}
+    assert post_result(client, gpu, first, wrong).json()["accepted"]
+    doc = client.post("/v1/schedules", json={"workload": GEMM, "gpu": "h100"}).json()
+    assert doc["schedule"] != jobs[0]["schedule"]
+    assert doc["source"] == "measured" and doc["runner"] == "simulated"
+    assert doc["latency_us"] == 51.0  # the fastest simulated one that never failed
+
+
 def test_a_workload_whose_every_schedule_failed_is_a_clear_422(client):
     """When every valid schedule failed on the GPU there is no pick to give: a 422 naming
     the workload and saying so, not a schedule known not to run."""
