@@ -159,3 +159,26 @@ def test_the_cli_says_why_a_task_waits(tmp_path, monkeypatch):
     monkeypatch.setattr(stderr_console, "file", err)
     wait_for_task(Waiting(), doc, show=True, poll_s=0.1)
     assert "waiting: no a100 worker has registered" in err.getvalue()
+
+
+def test_the_tune_progress_bar_counts_the_trials_the_task_runs(monkeypatch):
+    """A task whose space is smaller than its budget runs its whole space: `tune --wait`'s
+    bar stood at 1/50 for a space of two schedules (and jumped to 2/2 when it ended)."""
+    doc = TaskDoc.model_validate(
+        {
+            "id": 1, "state": "running", "workload": {"op": "gemm", "m": 16, "n": 16, "k": 16},
+            "gpu": "h100", "strategy": "auto", "budget": 50, "seed": 0, "trials_done": 1,
+            "trials_failed": 0, "trials_target": 2,
+            "created_at": "2026-01-01T00:00:00Z", "updated_at": "2026-01-01T00:00:00Z",
+        }
+    )  # fmt: skip
+
+    class Waiting:  # the SDK's Client.wait, as far as the progress bar reads it
+        def wait(self, task_id, progress, poll_s):
+            progress(doc)
+            return doc
+
+    err = io.StringIO()
+    monkeypatch.setattr(stderr_console, "file", err)
+    wait_for_task(Waiting(), doc, show=True, poll_s=0.1)
+    assert "1/2" in err.getvalue() and "1/50" not in err.getvalue()

@@ -51,6 +51,7 @@ from pipetune.clients.library.labels import (
     is_simulated,
     runs_whole_space,
     trials_of,
+    trials_to_run,
 )
 from pipetune.clients.sdk.http import shown_url
 from pipetune.model.family import parse_any_workload
@@ -227,7 +228,7 @@ def task_progress(enabled: bool) -> Iterator[Progress | None]:
 def wait_for_task(c: Any, task: TaskDoc, show: bool, poll_s: float) -> TaskDoc:
     """Client.wait with a progress bar of trials done out of the budget."""
     with task_progress(show) as bar:
-        handle = bar.add_task(f"task {task.id}", total=task.budget) if bar else None
+        handle = bar.add_task(f"task {task.id}", total=trials_to_run(task)) if bar else None
 
         def update(doc: TaskDoc) -> None:
             if bar is None or handle is None:
@@ -241,7 +242,7 @@ def wait_for_task(c: Any, task: TaskDoc, show: bool, poll_s: float) -> TaskDoc:
             # GPU no worker has waited with "no result yet" and nothing else).
             if doc.no_worker:
                 best += f"; waiting: {doc.no_worker}"
-            total = doc.trials_done if doc.state in ("done",) else doc.budget
+            total = doc.trials_done if doc.state in ("done",) else trials_to_run(doc)
             bar.update(
                 handle,
                 completed=doc.trials_done,
@@ -707,7 +708,7 @@ def tune_model(
             priority,
         )
         with task_progress(not as_json) as bar:
-            total = sum(t.budget for t in started)
+            total = sum(trials_to_run(t) for t in started)
             handle = bar.add_task(f"{net.name}: {len(shapes)} shapes", total=total) if bar else None
 
             def update(docs: list[TaskDoc]) -> None:

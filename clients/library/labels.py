@@ -9,7 +9,14 @@ from collections.abc import Iterable
 from pipetune.model.trials import is_simulated
 from pipetune.model.wire import TaskDoc
 
-__all__ = ["SIMULATED_LABEL", "any_simulated", "is_simulated", "runs_whole_space", "trials_of"]
+__all__ = [
+    "SIMULATED_LABEL",
+    "any_simulated",
+    "is_simulated",
+    "runs_whole_space",
+    "trials_of",
+    "trials_to_run",
+]
 
 SIMULATED_LABEL = "simulated: analytical model + noise, not measurements"
 
@@ -21,6 +28,12 @@ def any_simulated(runners: Iterable[str | None]) -> bool:
 def runs_whole_space(doc: TaskDoc) -> bool:
     """Whether the task's space is smaller than its budget: it runs every schedule."""
     return doc.trials_target is not None and doc.trials_target < doc.budget
+
+
+def trials_to_run(doc: TaskDoc) -> int:
+    """How many trials the task runs: its budget, or its whole space where that is smaller
+    (a progress bar out of the budget stood at 2/50 for a space of two schedules)."""
+    return doc.budget if doc.trials_target is None else min(doc.trials_target, doc.budget)
 
 
 def trials_of(doc: TaskDoc) -> str:
