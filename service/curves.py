@@ -137,6 +137,11 @@ def aggregate(
     for name, workload_id, task_gpu, curve, runner in session.execute(query):
         optimum = best.get((workload_id, task_gpu, is_simulated(runner)))
         latency = best_latencies(curve, max_k)
+        if optimum is None and not np.isfinite(latency).any():
+            # No successful trial, so no best trial to say the task's kind (read as measured):
+            # its best-in-k is 0 at every k against either kind's best known. Left out, a
+            # simulated task whose every trial failed raised its strategy's curve.
+            optimum = best.get((workload_id, task_gpu, not is_simulated(runner)))
         if not latency.size or optimum is None:
             continue
         kind = runner_kind_shown(runner)

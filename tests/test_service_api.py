@@ -502,6 +502,20 @@ def test_simulated_and_measured_tasks_are_each_normalised_to_the_best_of_their_k
     assert last_points() == {"grid": 0.1, "analytical": 0.5}
 
 
+def test_a_simulated_task_whose_every_trial_failed_counts_as_finding_nothing(client):
+    """A task with no successful trial has no best trial to say its kind, and was read as
+    measured: with only simulated tasks of its workload there was no measured best known
+    to normalise it to, and it was left out, so its strategy's curve read 1.0 where one of
+    its two tasks had found nothing."""
+    worker = register(client, "sim", runner="simulated")
+    create_task(client, budget=4, strategy="random", seed=1)
+    drain(client, worker, lambda job: ok(10.0))
+    create_task(client, budget=4, strategy="random", seed=2)
+    drain(client, worker, lambda job: {"status": "runtime_error", "error": "crash"})
+    points = client.get("/v1/curves").json()["curves"]["random"]
+    assert [(p["best_in_k"], p["tasks"]) for p in points] == [(0.5, 2)] * 4
+
+
 def test_workers_list_heartbeat_and_reregistration(client):
     first = register(client, "gpu-box-1", "a100")
     assert register(client, "gpu-box-1", "a100") == first  # same name, same token: same id
