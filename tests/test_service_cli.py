@@ -368,16 +368,21 @@ def test_an_open_service_on_loopback_answers_only_requests_for_its_loopback_name
 
 def test_a_sqlite_folder_that_cannot_be_made_is_one_line_naming_the_database(tmp_path):
     """A path under a file: db upgrade and serve printed the crash handler's line
-    (NotADirectoryError ... set PIPETUNE_DEBUG=1 for the traceback), naming no database."""
+    (NotADirectoryError ... set PIPETUNE_DEBUG=1 for the traceback), naming no database.
+    It is a bad --db (exit 2), refused before any folder is made, naming the file in the
+    way."""
     blocker = tmp_path / "a-file"
     blocker.write_text("not a folder")
     url = f"sqlite:///{blocker / 'sub' / 'p.db'}"
     env = {"XDG_DATA_HOME": str(tmp_path), "PIPETUNE_WORKER_TOKENS": ""}
     for command in (["db", "upgrade", "--db", url], ["serve", "--db", url, "--port", "0"]):
         result = CliRunner().invoke(app, command, env=env)
-        assert result.exit_code == 1, result.output
+        assert result.exit_code == 2, result.output
         line = _error_line(result)
-        assert line.startswith(f"error: the database {url} failed: Not a directory"), line
+        assert (
+            line
+            == f"error: --db: {blocker} is not a folder (the database file would be made under it)"
+        ), line
         assert "PIPETUNE_DEBUG" not in line
 
 
