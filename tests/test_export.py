@@ -636,3 +636,53 @@ def test_export_sizes_a_fused_splits_grid_from_its_cubin(
     assert launch["occupancy"]["blocks_per_sm_from"] == "cubin"
     assert launch["occupancy"]["blocks_per_sm"] == 16
     assert launch["grid"][0] <= 16 * get_gpu("h100").sm_count
+
+
+def test_a_workload_whose_answer_is_no_trial_is_listed_as_not_exported(
+    tuned: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+):
+    """Where the best answer for a tuned workload is the model's pick (each of its successes
+    failed on the GPU since, and the service never answers such a schedule), the export
+    says so in `not_exported` instead of leaving the workload out without a word."""
+    with LocalStore(tuned) as store:
+        answer = store.best_schedule
+
+        def no_trial(workload: Any, gpu: str):
+            best = answer(workload, gpu)
+            if workload.op == "conv2d":
+                return best.model_copy(update={"source": "model"})
+            return best
+
+        monkeypatch.setattr(store, "best_schedule", no_trial)
+        index = export_tuned(store, "h100", tmp_path / "out")
+    assert [w["workload"]["op"] for w in index["workloads"]] == ["gemm"]
+    (left,) = index["not_exported"]
+    assert left["workload"]["op"] == "conv2d" and "the model's pick" in left["reason"]
+
+
+def test_the_export_command_says_which_workloads_it_did_not_export(
+    tuned: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+):
+    """index.json's `not_exported` is said on screen too (stderr), each with its reason: the
+    command's table alone showed the exported ones, and a tuned workload left out read as
+    one never tuned."""
+    from pipetune.clients.library import exports
+
+    tuned_for = exports.export_tuned
+
+    def one_left_out(reader: Any, gpu: str, out_dir: Path) -> dict[str, Any]:
+        index = tuned_for(reader, gpu, out_dir)
+        gone = index["workloads"].pop()
+        index["not_exported"].append(
+            {"workload": gone["workload"], "label": gone["label"],
+             "schedule_id": gone["schedule_id"], "reason": "PlanError: [no longer fits]"}
+        )  # fmt: skip
+        return index
+
+    monkeypatch.setattr(exports, "export_tuned", one_left_out)
+    out = tmp_path / "out"
+    result = cli.invoke(app, ["export", "--gpu", "h100", "--out-dir", str(out), "--db", tuned])
+    assert result.exit_code == 0, result.output
+    (line,) = [x for x in result.stderr.splitlines() if x.startswith("not exported:")]
+    assert line.endswith(": PlanError: [no longer fits]")  # as written: no rich markup
+    assert "1 tuned kernels for h100" in result.stdout

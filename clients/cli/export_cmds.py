@@ -18,7 +18,7 @@ import typer
 from rich.table import Table
 
 from pipetune.clients.cli.errors import CliError, reported
-from pipetune.clients.cli.output import console, print_json
+from pipetune.clients.cli.output import console, print_json, stderr_console
 from pipetune.clients.cli.paths import check_output_dir, check_output_file
 from pipetune.clients.cli.remote import (
     api_key_option,
@@ -67,9 +67,17 @@ def _files_cell(row: dict) -> str:
 
 def _print_index(index: dict, out_dir: Path) -> None:
     rows = index["workloads"]
+    # Said on screen, not only in index.json: a tuned workload missing from the export
+    # without a word reads as one that was never tuned.
+    for left in index["not_exported"]:
+        stderr_console.print(
+            f"not exported: {left['label']} ({left['schedule_id']}): {left['reason']}",
+            markup=False,
+        )
     if not rows:
+        what = "no kernel to export" if index["not_exported"] else "no workload tuned"
         console.print(
-            f"no workload tuned on {index['gpu']} in {index['source']}: wrote an empty "
+            f"{what} on {index['gpu']} in {index['source']}: wrote an empty "
             f"{out_dir / 'index.json'} and header"
         )
         return

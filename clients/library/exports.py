@@ -245,7 +245,18 @@ def export_tuned(reader: Reader, gpu: str, out_dir: str | Path) -> dict[str, Any
     not_exported: list[dict[str, Any]] = []
     for workload in tuned_workloads(reader, gpu):
         best = reader.best_schedule(workload, gpu)
-        if best.source != "measured":  # its trials were deleted meanwhile
+        if best.source != "measured":
+            # No trial to export: its successes were deleted meanwhile, or each failed on
+            # the GPU elsewhere (the service never answers a schedule that failed there).
+            not_exported.append(
+                {
+                    "workload": workload.canonical(),
+                    "label": workload.label(),
+                    "schedule_id": best.schedule_id,
+                    "reason": f"no trial of it to export: the answer is the {best.source}'s "
+                    "pick (every success it had failed on the GPU, or was deleted)",
+                }
+            )
             continue
         try:
             kernel = TunedKernel(
