@@ -264,7 +264,7 @@ def test_the_answer_of_best_schedule_is_a_schedule_and_a_lookup_beside_one_is_re
     answer = pipetune.best_schedule(FC, "h100", db=db)
     k = pipetune.kernel(FC, "h100", schedule=answer)
     assert k.schedule.id == answer.schedule_id
-    for where in ({"server": "http://gpu-host:8000"}, {"db": db}):
+    for where in ({"server": "http://gpu-host:8000"}, {"db": db}, {"api_key": "k-123"}):
         name = next(iter(where))
         with pytest.raises(ValueError, match=f"^{name}: give schedule or {name}, not both"):
             pipetune.kernel(FC, "h100", schedule=answer, **where)

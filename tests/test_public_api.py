@@ -283,6 +283,15 @@ def test_without_a_database_the_answer_is_the_models(home: Path):
         pipetune.best_schedule(FC, "h100", server="http://x", db="sqlite://")
 
 
+def test_an_api_key_without_a_server_is_refused_not_ignored(home: Path):
+    """best_schedule and kernel read the local database without a server: an api_key given
+    there went nowhere, and the caller could believe a service had answered."""
+    for lookup in (pipetune.best_schedule, pipetune.kernel):
+        with pytest.raises(ValueError, match=r"^api_key: goes to a service: give server="):
+            lookup(FC, "h100", api_key="k-123")
+    assert not (home / "pipetune").exists()  # refused before any lookup
+
+
 @pytest.mark.parametrize(
     ("kwargs", "error", "words"),
     [

@@ -417,7 +417,7 @@ def kernel(
     if schedule is not None:
         # Where to look the schedule up means nothing beside the schedule itself: refused,
         # not silently ignored (the caller may believe the service's pick was used).
-        for name, value in (("server", server), ("db", db)):
+        for name, value in (("server", server), ("db", db), ("api_key", api_key)):
             if value is not None:
                 raise InvalidArgumentError(name, f"give schedule or {name}, not both")
         return TunedKernel(w, key, as_schedule(schedule))

@@ -34,6 +34,11 @@ def best_schedule(
         raise InvalidArgumentError(
             "db", "give server or db, not both: a service answers from its own database"
         )
+    if api_key is not None and server is None:
+        # Refused, not silently unused: the caller may believe a service answered.
+        raise InvalidArgumentError(
+            "api_key", "goes to a service: give server=... too (the local database takes none)"
+        )
     if server is not None:
         from pipetune.clients.sdk import Client
         from pipetune.clients.sdk.http import server_problem
