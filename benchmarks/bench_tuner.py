@@ -132,7 +132,7 @@ def merge(paths: list[Path]) -> dict:
     """One document from runs of the same settings over consecutive seed ranges: pooled means
     and standard errors per dataset (exact, from each part's mean and standard error), then
     the geomean and P scores as `bench` computes them."""
-    from pipetune.tuner.metrics import geomean, p_score
+    from pipetune.tuner.metrics import geomean, mean_p_score, p_score
 
     parts = sorted((json.loads(p.read_text()) for p in paths), key=lambda d: d.get("first_seed", 0))
     base = parts[0]
@@ -171,6 +171,7 @@ def merge(paths: list[Path]) -> dict:
             if all("per_seed" in c for _, c in cells):  # (older runs do not have them)
                 per[ds]["per_seed"] = [v for _, c in cells for v in c["per_seed"]]
         g = geomean([v["best_in_k"] for v in per.values()])
+        p_mean, p_se = mean_p_score(per)
         # (As bench's _summary: a dataset nothing succeeded on has no relative error.)
         rel = [v["se"] / v["best_in_k"] if v["best_in_k"] > 0 else 0.0 for v in per.values()]
         results.append(
@@ -179,9 +180,8 @@ def merge(paths: list[Path]) -> dict:
                 "budget": r["budget"],
                 "best_in_k": g,
                 "se": float(g * np.sqrt(np.sum(np.square(rel))) / len(per)),
-                "p_score": float(np.mean([v["p_score"] for v in per.values()])),
-                "p_se": float(np.sqrt(np.sum(np.square([v["p_se"] for v in per.values()]))))
-                / len(per),
+                "p_score": p_mean,
+                "p_se": p_se,
                 "per_dataset": per,
             }
         )

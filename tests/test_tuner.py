@@ -279,6 +279,22 @@ def test_best_in_k_and_p_score():
     assert p_score(1.0, 1.0) == 0.0
 
 
+def test_the_mean_p_score_leaves_out_datasets_random_search_already_solves():
+    """At a budget as large as a space, random search reaches its optimum and so does every
+    search: that dataset's P score (0) says nothing, and counted in the mean over datasets it
+    halved a P score of 0.5 on the other (bench tuner's P score line and JSON)."""
+    from pipetune.tuner.bench import _summary
+
+    tables = {"small": np.ones((4, 1)), "big": np.full((4, 1), 0.75)}
+    summary = _summary(tables, {"small": [1.0], "big": [0.5]}, 0)
+    assert summary["per_dataset"]["small"]["p_score"] == 0.0
+    assert summary["per_dataset"]["big"]["p_score"] == pytest.approx(0.5)
+    assert summary["p_score"] == pytest.approx(0.5)  # (was 0.25)
+    assert summary["p_se"] == summary["per_dataset"]["big"]["p_se"]
+    only_solved = _summary({"small": np.ones((4, 1))}, {"small": [1.0]}, 0)
+    assert (only_solved["p_score"], only_solved["p_se"]) == (0.0, 0.0)
+
+
 def _p_random_reaches(norm: np.ndarray, k: int, x: float) -> float:
     """Exact P(best of k random draws without replacement >= x) = 1 - C(below, k) / C(N, k)."""
     below = int(np.sum(norm < x))

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from pipetune.tuner.bo import PriorMean
-from pipetune.tuner.metrics import geomean, p_score, random_search_expectation
+from pipetune.tuner.metrics import geomean, mean_p_score, p_score, random_search_expectation
 from pipetune.tuner.offline import RecordedSpace, propose_and_measure, run_offline, throughput_of
 from pipetune.tuner.peers import PEERS, PeerFailedError, run_peer
 from pipetune.tuner.recorded import ForeignSpace, RecordedConfigs
@@ -172,13 +172,14 @@ def _summary(tables: Mapping[str, np.ndarray], randoms: Mapping[str, list[float]
             "per_seed": [round(float(v), 6) for v in column],
         }
     g = geomean([v["best_in_k"] for v in per.values()])
+    p_mean, p_se = mean_p_score(per)
     d = len(per)
     rel = [v["se"] / v["best_in_k"] for v in per.values() if v["best_in_k"] > 0]
     return {
         "best_in_k": g,
         "se": float(g * np.sqrt(np.sum(np.square(rel))) / d),
-        "p_score": float(np.mean([v["p_score"] for v in per.values()])),
-        "p_se": float(np.sqrt(np.sum(np.square([v["p_se"] for v in per.values()]))) / d),
+        "p_score": p_mean,
+        "p_se": p_se,
         "per_dataset": per,
     }
 

@@ -57,6 +57,20 @@ def p_score(strategy: float, random: float, optimum: float = 1.0) -> float:
     return float((strategy - random) / gap) if gap > 1e-12 else 0.0
 
 
+def mean_p_score(per_dataset: Mapping[str, Mapping[str, float]]) -> tuple[float, float]:
+    """The P score over datasets (each a mapping with `p_score`, `p_se` and `random`) and its
+    standard error: the mean over the datasets where random search does not already reach
+    the optimum at that budget. There every search reaches it too and its P score (0) says
+    nothing of the search, but counted in the mean it pulled the mean towards 0 (a space
+    smaller than the budget). 0 where no dataset has a gap left."""
+    scored = [v for v in per_dataset.values() if 1.0 - v["random"] > 1e-12]
+    if not scored:
+        return 0.0, 0.0
+    d = len(scored)
+    mean = float(np.mean([v["p_score"] for v in scored]))
+    return mean, float(np.sqrt(np.sum(np.square([v["p_se"] for v in scored]))) / d)
+
+
 def geomean(values: Sequence[float]) -> float:
     v = np.asarray(values, dtype=np.float64)
     if np.any(v <= 0):
