@@ -526,3 +526,34 @@ def test_replicas_that_upgrade_at_once_both_succeed(start):
                 assert current_revision(engine) == head_revision()
             finally:
                 engine.dispose()
+
+
+def test_an_upgrade_that_times_out_on_a_lock_says_who_holds_it_and_what_to_do():
+    """A table the upgrade alters, locked by another session (a running service): after the
+    migration's lock timeout the command said only "LockNotAvailable: canceling statement
+    due to lock timeout". It says what holds it and that nothing was changed."""
+    from service_support import PG_ADMIN_URL, require_pg
+    from typer.testing import CliRunner
+
+    from benchmarks.harness import pg_database
+    from pipetune.clients.cli.main import app
+
+    require_pg()
+    with pg_database(PG_ADMIN_URL) as url:
+        upgrade(url, "0008")
+        holder = make_engine(url, pool_size=1)
+        try:
+            with holder.connect() as conn:
+                conn.execute(text("LOCK TABLE tasks IN ACCESS EXCLUSIVE MODE"))
+                result = CliRunner().invoke(app, ["db", "upgrade", "--db", url])
+                conn.rollback()
+            assert result.exit_code == 1, result.output
+            line = result.output.strip().splitlines()[-1]
+            assert "lock timeout" in line and "the upgrade changed nothing" in line, line
+            engine = make_engine(url, pool_size=1)
+            try:
+                assert current_revision(engine) == "0008"
+            finally:
+                engine.dispose()
+        finally:
+            holder.dispose()

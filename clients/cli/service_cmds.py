@@ -75,9 +75,8 @@ def _database_errors(url: str) -> Iterator[None]:
         raise CliError(str(exc), 1) from None
     except SQLAlchemyError as exc:
         reason = unavailable_reason(exc)
-        raise CliError(
-            f"the database {redact(url)} failed: {reason}{sqlite_access_hint(url, reason)}", 1
-        ) from None
+        hint = sqlite_access_hint(url, reason) or lock_timeout_hint(reason)
+        raise CliError(f"the database {redact(url)} failed: {reason}{hint}", 1) from None
     except OSError as exc:  # a SQLite file's folder that cannot be made (the crash line, it was)
         where = f" ({exc.filename})" if exc.filename else ""
         raise CliError(
@@ -98,6 +97,19 @@ def sqlite_access_hint(url: str, reason: str) -> str:
         " (SQLite needs to read the file and, to write it, to write the file and its folder, "
         "where it keeps its journal, and its -wal and -shm files where they are there: check "
         "them, and that they are not on a read-only mount)"
+    )
+
+
+def lock_timeout_hint(reason: str) -> str:
+    """For PostgreSQL's lock timeout (a migration gives up on a table's lock after
+    migrations/env.py's lock_timeout), who holds it and what to do: its own words name
+    neither."""
+    if "lock timeout" not in reason:
+        return ""
+    return (
+        " (another session holds a lock on a table the upgrade alters, a running `pipetune "
+        "serve` or a long transaction: the upgrade changed nothing; stop it, or run the "
+        "upgrade again when it is done)"
     )
 
 
