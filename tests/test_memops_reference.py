@@ -73,6 +73,18 @@ def test_exact_results_pass_and_one_wrong_vector_fails(workload):
     assert not check(np, broken, ref, tol)[0], tolerance_text(workload)
 
 
+@pytest.mark.parametrize("eps", [1e-5, 1e-12])
+def test_a_layernorm_that_leaves_out_eps_fails(eps):
+    # On rows of variance ~1.3, eps = 1e-5 moves rstd by ~4e-6 relative: no fp16 output
+    # changes, and a kernel that dropped eps passed. The rows of variance ~eps catch it.
+    w = layernorm(16, 4096, eps)
+    inputs = make_inputs(w, 0)
+    ref, tol = reference(np, w, inputs)
+    assert check(np, _exact(w, inputs), ref, tol)[0]
+    no_eps = _exact(layernorm(16, 4096, 2e-38), inputs)  # about the smallest eps there is
+    assert not check(np, no_eps, ref, tol)[0]
+
+
 def test_unwritten_outputs_fail():
     w = softmax(4, 64)
     inputs = make_inputs(w, 0)

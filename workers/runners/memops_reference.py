@@ -6,7 +6,11 @@ module's (the same verdicts and messages).
 
 Inputs (float16, from numpy's PCG64 with the seed, on the host): x uniform in [-4, 4) for
 reduce, softmax and bias_gelu (logit-sized values); for layernorm x uniform in [-1.5, 2.5)
-(a mean away from zero), gamma in [0.5, 1.5), beta and bias in [-0.5, 0.5).
+(a mean away from zero), gamma in [0.5, 1.5), beta and bias in [-0.5, 0.5). Layernorm's
+rows 1, 5, 9, ... (``LOW_VARIANCE_ROWS``) are instead uniform in ±sqrt(3·eps), a variance
+of about eps: on rows of variance ~1.3 eps changes rstd by ~4e-6 relative, far below fp16's
+rounding, so a kernel that dropped eps (or added it in the wrong place) passed; on these
+rows it is off by a factor of ~sqrt(2).
 
 The reference computes the same maths in float32 from the same float16 inputs (numpy or
 CuPy reductions, whose summation order differs from the kernels'). Tolerances per output
@@ -52,6 +56,8 @@ FLOOR = 2.0**-14
 SUBNORMAL_STEP = 2.0**-24
 EXACT = 2.0**-25  # below any difference of two fp16 values (and non-zero: check divides by it)
 ROW_CHUNK_ELEMENTS = 1 << 26  # rows·cols of one reference chunk (bounds the fp32 copies)
+# Layernorm's rows whose variance is about eps (the module doc): start, step.
+LOW_VARIANCE_ROWS = slice(1, None, 4)
 
 __all__ = [
     "check",
@@ -90,11 +96,16 @@ def make_inputs(workload: MemWorkload, seed: int) -> dict[str, np.ndarray]:
 
     shapes = input_shapes(workload)
     if workload.op == "layernorm":
-        return {
+        inputs = {
             "x": uniform(shapes["x"], -1.5, 2.5),
             "gamma": uniform(shapes["gamma"], 0.5, 1.5),
             "beta": uniform(shapes["beta"], -0.5, 0.5),
         }
+        # Rows where eps matters (the module doc): uniform in [-h, h) has variance h²/3.
+        low = inputs["x"][LOW_VARIANCE_ROWS]
+        half_width = math.sqrt(3.0 * workload.eps)
+        low[...] = uniform(low.shape, -half_width, half_width)
+        return inputs
     inputs = {"x": uniform(shapes["x"], -4.0, 4.0)}
     if workload.op == "bias_gelu":
         inputs["bias"] = uniform(shapes["bias"], -0.5, 0.5)
@@ -177,8 +188,10 @@ def tolerance_text(workload: MemWorkload) -> str:
         "reduce-sum": f"|y-ref| <= 2*2^-11*|ref| + {a}*||x||_2 + 2^-14",
         "reduce-max": "exact",
         "softmax": f"|y-ref| <= (2*2^-11 + {a})*|ref| + 2^-24",
+        # (The inputs are named too: the reference cache's key holds this text, and a
+        # reference of the inputs before rows of variance eps must not be reused.)
         "layernorm": f"|y-ref| <= 2*2^-11*|ref| + {a}*(|x-mean|*rstd*|g|*(1+sqrt(mean(x^2)/var)) + "
-        "|mean|*rstd*|g| + |b|) + 2^-14",
+        "|mean|*rstd*|g| + |b|) + 2^-14; rows 1::4 of x have variance eps",
         "bias_gelu": f"|y-ref| <= 2*2^-11*|ref| + {a}*(|x+bias|+1) + 2^-14",
     }[key]
 
