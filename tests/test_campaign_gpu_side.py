@@ -92,6 +92,43 @@ def test_a_wrong_kernel_is_a_wrong_result_and_is_not_timed(cupy, tmp_path):
     assert not answer.get("poisoned") and cupy.state.launches == 1
 
 
+def _right_once(grid, block, args, shared_mem=0):
+    """A kernel right on its first run and wrong on the next (a workspace left dirty)."""
+    a, b, c = args[:3]
+    off = 0.0 if fake_cupy._State.launches == 1 else 1.0
+    c[...] = (a.astype(np.float32) @ b.astype(np.float32) + off).astype(np.float16)
+
+
+def _scribbler(grid, block, args, shared_mem=0):
+    """A right product, then a stray store into the input A."""
+    fake_cupy._gemm_kernel(grid, block, args, shared_mem)
+    args[0][0, :] = 0
+
+
+def test_a_kernel_wrong_after_its_first_run_is_not_timed_as_ok(cupy, tmp_path, monkeypatch):
+    # It passed the check of its first run and its timed runs, of something else, were ok.
+    monkeypatch.setitem(fake_cupy.KERNELS, b"right-once", _right_once)
+    cupy_child.prepare_workload(WORKLOAD.canonical(), 0, None)
+    answer = cupy_child.run_trial(spec(cubin(tmp_path, "right-once")))
+    assert answer["status"] == "wrong_result"
+    assert "wrong after the timed runs" in answer["error"] and "samples_ms" not in answer
+
+
+@pytest.mark.parametrize("policy", [POLICY, RepeatPolicy.verify_only()], ids=["timed", "verify"])
+def test_a_kernel_that_writes_into_its_inputs_fails_and_not_the_next_one(
+    cupy, tmp_path, monkeypatch, policy
+):
+    # It was ok, and every later trial of the workload (on the corrupted A) a wrong result.
+    monkeypatch.setitem(fake_cupy.KERNELS, b"scribble", _scribbler)
+    cupy_child.prepare_workload(WORKLOAD.canonical(), 0, None)
+    batch = [spec(cubin(tmp_path, b), policy=policy) for b in ("scribble", "ok")]
+    answers = cupy_child.run_trials(batch)
+    assert [a["status"] for a in answers] == ["wrong_result"]  # the rest: to a new child
+    assert answers[0]["poisoned"] and "wrote into its input(s) A" in answers[0]["error"]
+    cupy_child.prepare_workload(WORKLOAD.canonical(), 0, None)  # what a new child does
+    assert cupy_child.run_trial(batch[1])["status"] == "ok"
+
+
 def test_a_batch_stops_at_the_first_poisoned_trial(cupy, tmp_path):
     cupy_child.prepare_workload(WORKLOAD.canonical(), 0, None)
     batch = [spec(cubin(tmp_path, b)) for b in ("ok", "fault", "ok", "launch-error")]

@@ -18,12 +18,16 @@ module: workers.runners.reference for the tensor-core GEMMs,
 workers.runners.memops_reference for the memory-intensive operators), then time the whole
 run as workers.runners.timing says (warm-up, then repeats each after a write of a buffer
 twice the L2's size, so every repeat starts from cold L2 as the kernel would in a network,
-with a CUDA event pair around the run). A plan whose grid is sized from the resident blocks
-of one wave (fused cross-block reductions wait for the other blocks of their row: the grid
-must be at most one wave) is planned again here with the driver's occupancy of the loaded
-kernel, never the model's. Any CUDA error ends the trial with ``poisoned=True``: a kernel
-fault leaves the CUDA context unusable, so the parent replaces this process before the next
-trial. Trials come in batches (:func:`run_trials`), which stop at the first poisoned trial.
+with a CUDA event pair around the run), then check the last timed run's output again and
+that the inputs are unchanged (their checksums as uploaded): a kernel right only on its
+first run, or one that stores into an input, is a wrong result, and the latter ends the
+trial with ``poisoned=True`` so that the next trials get a new child and pristine inputs.
+A plan whose grid is sized from the resident blocks of one wave (fused cross-block
+reductions wait for the other blocks of their row: the grid must be at most one wave) is
+planned again here with the driver's occupancy of the loaded kernel, never the model's.
+Any CUDA error ends the trial with ``poisoned=True``: a kernel fault leaves the CUDA context
+unusable, so the parent replaces this process before the next trial. Trials come in
+batches (:func:`run_trials`), which stop at the first poisoned trial.
 
 References are kept on local disk across child restarts (workers.runners.reference_cache).
 Convolutions can take their reference from cuDNN (PyTorch, channels-last, fp32 math, TF32
@@ -188,7 +192,10 @@ def prepare_workload(
         formula=checks.tolerance_text(workload),
     )
     cupy.cuda.Device().synchronize()
-    _STATE["workload"] = Prepared(workload.workload_hash, workload, inputs, ref, tol, checks)
+    fingerprints = {name: _fingerprint(cupy, array) for name, array in inputs.items()}
+    _STATE["workload"] = Prepared(
+        workload.workload_hash, workload, inputs, ref, tol, checks, fingerprints
+    )
     return {
         "workload_hash": workload.workload_hash,
         "reference": used,
@@ -210,6 +217,7 @@ class Prepared:
     ref: Any
     tol: Any
     checks: Any  # the family's reference module
+    fingerprints: dict[str, int]  # each input's _fingerprint as uploaded
     scratch: dict[tuple[str, tuple[int, ...], str], Any] | None = None
 
     def buffer(self, cupy: Any, name: str, shape: tuple[int, ...], dtype: str) -> Any:
@@ -219,6 +227,12 @@ class Prepared:
         if key not in self.scratch:
             self.scratch[key] = cupy.empty(shape, dtype=getattr(cupy, dtype))
         return self.scratch[key]
+
+
+def _fingerprint(cupy: Any, array: Any) -> int:
+    """A checksum of an input buffer's bits (one reduction on the device): a kernel that
+    stores into an input (a stray or out-of-bounds store) changes it."""
+    return int(array.view(cupy.uint16).sum(dtype=cupy.uint64))
 
 
 def _nan_fill(cupy: Any, array: Any) -> None:
@@ -332,6 +346,24 @@ def run_trial(spec: TrialSpec) -> dict[str, Any]:
         samples = time_launches(run, _flush, CupyClock(cupy), spec.policy)
     except cuda_errors as exc:
         return _failed("runtime_error", f"timed runs: {exc}", poisoned=True)
+    # The first run is not the only one that counts: a kernel that leaves its workspace
+    # dirty (an arrival counter not reset) is right once and then times something else,
+    # and one that stores into an input would fail every later trial of the workload in
+    # its place. So the last timed run's output is checked too, and the inputs are intact.
+    changed = [
+        name
+        for name, array in prepared.inputs.items()
+        if _fingerprint(cupy, array) != prepared.fingerprints[name]
+    ]
+    if changed:
+        # The inputs the next trials need are gone: a new child uploads them again.
+        error = f"the kernel wrote into its input(s) {', '.join(changed)}"
+        return {**_failed("wrong_result", error, poisoned=True), "max_abs_error": max_error}
+    if samples:
+        passed, last_error, why = prepared.checks.check(cupy, out, prepared.ref, prepared.tol)
+        if not passed:
+            error = f"right on the first run, wrong after the timed runs: {why}"
+            return {"status": "wrong_result", "max_abs_error": last_error, "error": error}
     return {"status": "ok", "samples_ms": samples, "max_abs_error": max_error, "verified": True}
 
 
