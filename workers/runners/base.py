@@ -51,7 +51,9 @@ class MeasureSettings:
     warmup: untimed launches before the repeats (clocks up, instruction cache warm);
     repeats: timed launches (the most, with adaptive repeats), each after an L2 flush, CUDA
     events around each;
-    seed: inputs are random fp16 in [-1, 1) from this seed (numpy PCG64);
+    seed: inputs are random fp16 from this seed (numpy PCG64), drawn as the workload's
+    family's reference module says (workers.runners.reference: uniform in [-1, 1) or, for a
+    deep reduction, integers in {-1, 0, 1}; workers.runners.memops_reference: per op);
     min_repeats: adaptive repeats (None: always ``repeats``): time ``min_repeats`` launches,
     stop there if their spread ((p90 - p10) / median) is at most ``settle``, else time more
     in rounds of ``min_repeats`` up to ``repeats`` (workers.runners.timing).
