@@ -5,16 +5,25 @@ of trial outcomes; and a clear refusal on a machine without CuPy or a GPU."""
 from __future__ import annotations
 
 import importlib.util
+import sys
 from types import SimpleNamespace
 
+import fake_cupy
 import numpy as np
 import pytest
 
 from pipetune.model.workloads import bmm, conv2d, conv3d, gemm
-from pipetune.workers.runners import RunnerUnavailableError, make_runner
+from pipetune.workers.runners import (
+    RunnerUnavailableError,
+    cupy_child,
+    make_runner,
+    reference_cache,
+)
 from pipetune.workers.runners import reference as ref_module
+from pipetune.workers.runners.base import MeasureSettings, RunnerError
 from pipetune.workers.runners.cupy_runner import Compiled, compile_failure, trial_result
 from pipetune.workers.runners.isolation import CallOutcome
+from pipetune.workers.runners.kernel_runner import KernelRunner
 from pipetune.workers.runners.reference import check, make_inputs, operand_shapes, reference
 
 
@@ -206,3 +215,45 @@ def test_a_compile_failure():
 def test_without_cupy_the_runner_says_why():
     with pytest.raises(RunnerUnavailableError, match="CuPy is not installed"):
         make_runner("cupy", gpu="h100")
+
+
+class _InProcessPool:
+    """The isolated worker's interface, calling the child's functions in this process."""
+
+    generation = 0
+
+    def start(self) -> dict:
+        return {}
+
+    def call(self, fn, *args, timeout_s=None) -> CallOutcome:
+        try:
+            return CallOutcome("ok", value=fn(*args))
+        except Exception as exc:
+            return CallOutcome("error", error=f"{type(exc).__name__}: {exc}")
+
+
+def test_a_failed_prepare_does_not_leave_the_previous_workload_counted_as_set_up(monkeypatch):
+    # The child drops its workload before setting up the next; when that failed (out of
+    # memory, say), the runner still counted the old one as set up, and every later trial
+    # of it failed as "run_trial before prepare_workload".
+    monkeypatch.setitem(sys.modules, "cupy", fake_cupy.make())
+    monkeypatch.setattr(cupy_child, "MIN_FLUSH_BYTES", 1 << 16)
+    cupy_child.init_device(0)
+    first, second = gemm(64, 32, 48), gemm(64, 32, 80)
+    real = reference_cache.cached_reference
+
+    def out_of_memory_for_second(xp, workload_hash, *args, **kwargs):
+        if workload_hash == second.workload_hash:
+            raise MemoryError("out of memory")
+        return real(xp, workload_hash, *args, **kwargs)
+
+    monkeypatch.setattr(reference_cache, "cached_reference", out_of_memory_for_second)
+    runner = object.__new__(KernelRunner)  # the parent's bookkeeping alone (no GPU child)
+    runner._side, runner._pool, runner._settings = cupy_child, _InProcessPool(), MeasureSettings()
+    runner.reference_cache, runner.conv_reference, runner.prepare_timeout_s = None, "cublas", 60
+    runner._prepared = runner.last_prepare = None
+    runner._ensure_prepared(first)
+    with pytest.raises(RunnerError, match="out of memory"):
+        runner._ensure_prepared(second)
+    runner._ensure_prepared(first)
+    assert cupy_child._STATE["workload"].workload_hash == first.workload_hash

@@ -311,6 +311,10 @@ class KernelRunner(Runner):
         key = (workload.workload_hash, self._pool.generation)
         if self._prepared == key:
             return
+        # A prepare that fails in a live child has already dropped the workload the child
+        # held: until one succeeds, no workload counts as set up there (else the next
+        # trials of the previous workload were sent to a child without it, each a failure).
+        self._prepared = None
         outcome = self._pool.call(
             self._side.prepare_workload,
             workload.canonical(),
