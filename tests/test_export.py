@@ -602,7 +602,9 @@ def test_a_fused_splits_grid_is_sized_from_the_cubins_registers():
     doc = kernel.launch_document()
     compiled = compile_source(kernel.source, "sm_90", entry=kernel.name)
     threads = doc["block"][0]
-    warps_by_registers = 65536 // (-(-compiled.registers * 32 // 256) * 256)
+    # As the driver counts: each of the SM's four sub-partitions holds a quarter of its
+    # registers, and a warp's come from one of them.
+    warps_by_registers = 4 * (65536 // 4 // (-(-compiled.registers * 32 // 256) * 256))
     fits = warps_by_registers // (threads // 32)
     assert fits < model_blocks  # the case this test is about
     assert doc["occupancy"]["blocks_per_sm"] == fits
@@ -686,3 +688,28 @@ def test_the_export_command_says_which_workloads_it_did_not_export(
     (line,) = [x for x in result.stderr.splitlines() if x.startswith("not exported:")]
     assert line.endswith(": PlanError: [no longer fits]")  # as written: no rich markup
     assert "1 tuned kernels for h100" in result.stdout
+
+
+def test_a_fused_splits_grid_fits_the_blocks_the_driver_makes_resident():
+    """The reviewer's case: softmax 4096x32768 at m-64-1-2-1-0-1-1 on an H100. The model
+    counts 25 blocks per SM (its shared memory not rounded to the driver's 128-byte unit,
+    its registers not split over the four sub-partitions): a one-wave grid of 3,300 blocks
+    where the driver makes 132 x 24 = 3,168 resident, so a launch from the document could
+    leave a row's blocks waiting on blocks that never start."""
+    workload = parse_any_workload({"op": "softmax", "rows": 4096, "cols": 32768})
+    schedule = family_of(workload).parse_schedule(
+        {"threads_per_row": 64, "rows_per_block": 1, "blocks_per_row": 2, "vector_width": 1,
+         "row_cache": 0, "split_mode": 1, "max_waves": 1}
+    )  # fmt: skip
+    kernel = pipetune.kernel(workload, "h100", schedule=schedule)
+    kernel.size_grid_for_cubin()
+    doc = kernel.launch_document()
+    compiled = compile_source(kernel.source, "sm_90", entry=kernel.name)
+    h100 = get_gpu("h100")
+    from pipetune.model.occupancy import blocks_per_sm
+
+    threads = doc["block"][0]
+    smem = kernel.plan.launches[0].smem_bytes + compiled.smem_static_bytes
+    resident = int(blocks_per_sm(h100, threads, smem, compiled.registers, cuda_rules=True))
+    assert doc["grid"][0] <= resident * h100.sm_count
+    assert doc["occupancy"]["blocks_per_sm"] == resident

@@ -143,3 +143,23 @@ def test_a_schedules_knob_dict_is_dataclasses_asdict_in_declaration_order(schedu
     doc = schedule.as_dict()
     assert list(doc.items()) == list(dataclasses.asdict(schedule).items())
     assert list(doc) == [k.name for k in cls.declaration]
+
+
+@pytest.mark.parametrize(
+    ("threads", "smem", "registers", "model", "driver"),
+    [
+        (32, 0, 85, 23, 20),  # one warp: 5 per sub-partition's 16,384 registers, not 23/4
+        (64, 0, 40, 25, 24),  # two warps of 1,280 registers each
+        (256, 8208, 32, 8, 8),  # no difference where threads bind
+        (32, 8208, 16, 25, 24),  # 8,208 + 1,024 reserved rounds up to 9,344 bytes
+    ],
+)
+def test_occupancy_by_the_drivers_rules(threads, smem, registers, model, driver):
+    """`cuda_rules`: blocks per SM as cudaOccupancy.h counts them (registers per
+    sub-partition, shared memory in 128-byte units), never more than the model's count."""
+    from pipetune.model.hardware import get_gpu
+    from pipetune.model.occupancy import blocks_per_sm
+
+    h100 = get_gpu("h100")
+    assert int(blocks_per_sm(h100, threads, smem, registers)) == model
+    assert int(blocks_per_sm(h100, threads, smem, registers, cuda_rules=True)) == driver

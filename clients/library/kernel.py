@@ -166,10 +166,12 @@ class TunedKernel:
 
     def size_grid_for_cubin(self, arch: str | None = None) -> None:
         """Where the grid is sized from one wave of resident blocks, size it from the blocks
-        per SM that the compiled cubin's registers and shared memory allow on the tuned GPU,
-        where that is fewer than the model's: the model's register estimate can fall short of
-        what ptxas allocates, and a launch document's grid that assumes more resident blocks
-        than fit leaves a fused split's blocks waiting on ones that cannot start. (A call
+        per SM that the compiled cubin's registers and shared memory allow on the tuned GPU
+        (counted as the driver counts them), where that is fewer than the model's: the
+        model's register estimate can fall short of what ptxas allocates, and it counts
+        neither the register file's sub-partitions nor shared memory's allocation unit; a
+        launch document's grid that assumes more resident blocks than fit leaves a fused
+        split's blocks waiting on ones that cannot start. (A call
         through `pipetune.kernel` sizes it from the driver's occupancy instead.)"""
         if not self.grid_depends_on_occupancy:
             return
@@ -177,7 +179,9 @@ class TunedKernel:
         first = self.plan.launches[0]
         threads = first.block[0] * first.block[1] * first.block[2]
         smem = first.smem_bytes + compiled.smem_static_bytes
-        fits = int(blocks_per_sm(get_gpu(self.gpu), threads, smem, compiled.registers))
+        fits = int(
+            blocks_per_sm(get_gpu(self.gpu), threads, smem, compiled.registers, cuda_rules=True)
+        )
         if 0 < fits < self.blocks_per_sm:
             self.plan = self._codegen.launch_plan(self._kernel, self.workload, self.sm_count, fits)
             self.blocks_per_sm = fits
