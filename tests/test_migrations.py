@@ -358,6 +358,12 @@ def test_0009_numbers_each_tasks_queue_and_keeps_every_row(empty_url):
         engine.dispose()
 
 
+def _db_current(url: str) -> subprocess.CompletedProcess[str]:
+    """`pipetune db current --db URL` in a process of its own."""
+    command = [sys.executable, "-m", "pipetune.clients.cli", "db", "current", "--db", url]
+    return subprocess.run(command, capture_output=True, text=True, timeout=60)
+
+
 def test_a_head_database_without_a_column_is_refused_naming_it(empty_url):
     """The revision alone said "up to date" (`db current`, the service's start) of a schema
     that lacked a column; the columns are compared as well now."""
@@ -369,12 +375,7 @@ def test_a_head_database_without_a_column_is_refused_naming_it(empty_url):
         engine.dispose()
     with pytest.raises(SchemaError, match=r"lacks jobs\.only_runner"):
         check_schema(empty_url)
-    current = subprocess.run(
-        [sys.executable, "-m", "pipetune.clients.cli", "db", "current", "--db", empty_url],
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    current = _db_current(empty_url)
     assert current.returncode == 0 and "lacks jobs.only_runner" in current.stdout, current
     assert "up to date" not in current.stdout
 
@@ -391,12 +392,7 @@ def test_a_head_database_without_a_table_is_refused_naming_it(empty_url):
         engine.dispose()
     with pytest.raises(SchemaError, match=r"lacks leases\.id, leases\.job_id"):
         check_schema(empty_url)
-    current = subprocess.run(
-        [sys.executable, "-m", "pipetune.clients.cli", "db", "current", "--db", empty_url],
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    current = _db_current(empty_url)
     assert current.returncode == 0 and "lacks leases.id" in current.stdout, current
 
 

@@ -150,15 +150,8 @@ def test_the_cli_says_why_a_task_waits(tmp_path, monkeypatch):
 
     doc = TaskDoc.model_validate(task)
 
-    class Waiting:  # the SDK's Client.wait, as far as the progress line reads it
-        def wait(self, task_id, progress, poll_s):
-            progress(doc)
-            return doc
-
-    err = io.StringIO()
-    monkeypatch.setattr(stderr_console, "file", err)
-    wait_for_task(Waiting(), doc, show=True, poll_s=0.1)
-    assert "waiting: no a100 worker has registered" in err.getvalue()
+    shown = _progress_of(doc, monkeypatch)
+    assert "waiting: no a100 worker has registered" in shown
 
 
 def test_the_tune_progress_bar_counts_the_trials_the_task_runs(monkeypatch):
@@ -173,6 +166,13 @@ def test_the_tune_progress_bar_counts_the_trials_the_task_runs(monkeypatch):
         }
     )  # fmt: skip
 
+    shown = _progress_of(doc, monkeypatch)
+    assert "1/2" in shown and "1/50" not in shown
+
+
+def _progress_of(doc: TaskDoc, monkeypatch) -> str:
+    """What `tune --wait`'s progress bar shows (on stderr) of a wait that sees `doc` once."""
+
     class Waiting:  # the SDK's Client.wait, as far as the progress bar reads it
         def wait(self, task_id, progress, poll_s):
             progress(doc)
@@ -181,4 +181,4 @@ def test_the_tune_progress_bar_counts_the_trials_the_task_runs(monkeypatch):
     err = io.StringIO()
     monkeypatch.setattr(stderr_console, "file", err)
     wait_for_task(Waiting(), doc, show=True, poll_s=0.1)
-    assert "1/2" in err.getvalue() and "1/50" not in err.getvalue()
+    return err.getvalue()

@@ -143,11 +143,16 @@ def campaign_line(call: int, runner: str = "cupy", have: str | None = None) -> s
     into $OUT."""
     if have is None and call > 1:
         have = f"{KIT_DIR}/{archive_name(call - 1)}"
-    have = f" --have {have}" if have is not None else ""
     return (
         f"python3 -m pipetune.clients.cli campaign --operators {DEFAULT_OPERATORS} "
-        f"--runner {runner} --out-dir .campaign-{call}{have} --pack $OUT/{archive_name(call)}"
+        f"--runner {runner} --out-dir .campaign-{call}{_have_option(have)} "
+        f"--pack $OUT/{archive_name(call)}"
     )
+
+
+def _have_option(have: str | None) -> str:
+    """` --have WHAT` for a campaign line (what an earlier call measured), or nothing."""
+    return f" --have {have}" if have is not None else ""
 
 
 def device_command(call: int = 1, runner: str = "cupy", have: str | None = None) -> str:
@@ -279,11 +284,11 @@ def hopper_device_command(runner: str = "cupy", have: str | None = None) -> str:
     """The Hopper wgmma family's campaign (the ``hopper`` suite) in one call: what a lent GPU
     runs first once the mma.sync campaigns are complete (README, GPU work); ``have``: the
     unpacked data of an earlier call that left it unfinished, to go on from."""
-    have = f" --have {have}" if have is not None else ""
     return (
         f"set -o pipefail; rm -rf {HOPPER_OUT}; {install_line()}; PYTHONUNBUFFERED=1 "
         f"python3 -m pipetune.clients.cli campaign --operators hopper --runner {runner} "
-        f"--minutes {HOPPER_MINUTES} --out-dir {HOPPER_OUT}{have} --pack $OUT/{HOPPER_ARCHIVE} "
+        f"--minutes {HOPPER_MINUTES} --out-dir {HOPPER_OUT}{_have_option(have)} "
+        f"--pack $OUT/{HOPPER_ARCHIVE} "
         "2>&1 | tee $OUT/campaign-hopper.log"
     )
 
