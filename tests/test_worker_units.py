@@ -32,7 +32,9 @@ def config(**kw) -> WorkerConfig:  # type: ignore[no-untyped-def]
         ({"runner": "replay", "gpu": "a100"}, "--dataset: a replay worker needs the dataset"),
         ({"runner": "simulated", "gpu": "h100", "dataset": Path("x")}, "only a replay worker"),
         ({"runner": "opencl"}, "--runner: must be one of cupy, replay, simulated"),
-        ({"runner": "cupy", "concurrency": 0}, "--concurrency: must be at least 1"),
+        ({"runner": "cupy", "concurrency": 0}, "--concurrency: must be within 1..4032, got 0"),
+        # Held leases past the heartbeat's 4,096: every heartbeat refused, every lease lost.
+        ({"runner": "cupy", "concurrency": 4033}, "--concurrency: must be within 1..4032"),
         ({"runner": "cupy", "token": ""}, "--token: give the worker token"),
         # Refused by the first request in the control thread: a traceback, and exit 0.
         ({"runner": "cupy", "token": "tok en"}, "--token: must be printable ASCII"),

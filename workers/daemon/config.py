@@ -11,6 +11,7 @@ from pathlib import Path
 from pipetune.clients.sdk.http import header_value_problem
 from pipetune.model.trials import RunnerKind
 from pipetune.model.wire import (
+    MAX_HELD_LEASES,
     MAX_JOBS_PER_LEASE,
     MAX_LEASE_WAIT_S,
     MAX_SECONDS,
@@ -30,6 +31,12 @@ def default_name(runner: str) -> str:
 # MAX_SECONDS (model.wire) is the longest wait the worker's threads and pipes can be given:
 # past threading.TIMEOUT_MAX (about 9.2e9 s) Event.wait overflowed, killing the heartbeat
 # thread, and every trial's wait for the measuring child failed (1e12 meant as "no limit").
+
+
+# A worker holds up to concurrency + lease_ahead leases and lists them all in each heartbeat,
+# which the service takes up to MAX_HELD_LEASES at a time: with more, every heartbeat was
+# refused (422) and every held lease expired under the worker.
+MAX_CONCURRENCY = MAX_HELD_LEASES - MAX_JOBS_PER_LEASE
 
 
 def _check_seconds(flag: str, value: float, *, zero_ok: bool) -> None:
@@ -97,8 +104,10 @@ class WorkerConfig:
         _check_seconds("--heartbeat", self.heartbeat_s, zero_ok=False)
         _check_seconds("--register-timeout", self.register_timeout_s, zero_ok=True)
         _check_seconds("--result-retry", self.result_retry_s, zero_ok=True)
-        if self.concurrency < 1:
-            raise ValueError(f"--concurrency: must be at least 1, got {self.concurrency}")
+        if not 1 <= self.concurrency <= MAX_CONCURRENCY:
+            raise ValueError(
+                f"--concurrency: must be within 1..{MAX_CONCURRENCY}, got {self.concurrency}"
+            )
         if not 0 <= self.lease_ahead <= MAX_JOBS_PER_LEASE:
             raise ValueError(
                 f"--lease-ahead: must be within 0..{MAX_JOBS_PER_LEASE}, got {self.lease_ahead}"
