@@ -388,3 +388,24 @@ def test_a_kit_folder_over_the_device_s_carry_is_refused_naming_what_fills_it(tm
     assert "campaign-3.tar.gz (32.0 MiB)" in str(refused.value)
     assert "campaign-old.tar.gz (32.0 MiB)" in str(refused.value)
     assert ".whl" not in str(refused.value)
+
+
+@pytest.mark.parametrize("gpu", ["h100", "h200"])
+def test_each_probe_call_s_limit_holds_the_probe_and_every_profile(gpu):
+    """The H100 probe call (limit 300 s) ran the probe for 150 s and then two ncu profiles
+    of up to 150 s each: the second could be cut off by the call's limit and lost."""
+    import re
+
+    from pipetune.workers.campaign.kit import PROBE_CALLS
+
+    _, limit, command = PROBE_CALLS[gpu]
+    script = (ROOT / "benchmarks" / "wgmma_probe.sh").read_text()
+    env = dict(re.findall(r'(\w+)=("[^"]*"|\S+)', command.split("bash ")[0]))
+    probe = int(env["PROBE_SECONDS"])
+    profiled = env.get("PROFILE", "1") == "1"
+    operators = env.get("PROFILE_OPERATORS", '"MM_Square_4k"').strip('"').split()
+    ncu_default = int(re.search(r"timeout \$\{NCU_SECONDS:-(\d+)\} ncu", script).group(1))
+    ncu = int(env.get("NCU_SECONDS", ncu_default))
+    install_margin = 30  # the kit's pip install, nvidia-smi and the shape listing
+    worst = probe + (len(operators) * ncu if profiled else 0) + install_margin
+    assert worst <= limit, f"{gpu}: up to {worst} s in a call limited to {limit} s"

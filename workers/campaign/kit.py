@@ -339,11 +339,14 @@ class DeviceCall:
 # The wgmma probe's shapes that no committed probe file of that GPU holds yet (README, GPU
 # work, item 3): the file name a finished call is kept under, its timeout and its command.
 PROBE_CALLS: dict[str, tuple[str, int, str]] = {
+    # Each call's limit holds the probe (PROBE_SECONDS), every operator's ncu cap
+    # (NCU_SECONDS, two here) and the kit's install: with ncu's default cap of 150 s the
+    # H100 call's two profiles could run 150 s past its 300 and the second be lost.
     "h100": (
         "wgmma-probe-stream-k",
         300,
-        'PROBE_SECONDS=150 SHAPES=--stream-k PROFILE_OPERATORS="MM_BERT_FC2 MM_RN50_FC" '
-        "bash benchmarks/wgmma_probe.sh",
+        'PROBE_SECONDS=150 NCU_SECONDS=60 SHAPES=--stream-k PROFILE_OPERATORS="MM_BERT_FC2 '
+        'MM_RN50_FC" bash benchmarks/wgmma_probe.sh',
     ),
     "h200": (
         "wgmma-probe-persistent",
