@@ -1137,6 +1137,13 @@ class Driver:
             if plan.error is not None:
                 # A batch proposed ahead may be outstanding: nobody is to measure it now.
                 self._cancel_outstanding(conn, plan.task_id, now)
+                # Its curve over every trial it ran, as a cancelled task's: the stored one
+                # was the last batch boundary's, and the aggregate left out what came after.
+                conn.execute(
+                    update(TASKS)
+                    .where(TASKS.c.id == plan.task_id)
+                    .values(curve=_final_curve(conn, plan.task_id))
+                )
             if plan.batch:
                 for trials, seen_at in ((plan.seen, plan.version), (plan.late, NOT_SEEN)):
                     if trials:

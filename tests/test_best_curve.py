@@ -6,7 +6,7 @@ from __future__ import annotations
 import random
 
 import numpy as np
-from service_support import create_task, drain, register, service_of
+from service_support import create_task, drain, ok, register, service_of
 from sqlalchemy import select
 
 from pipetune.service.best_curve import BestCurve, best_latencies
@@ -66,3 +66,30 @@ def test_a_task_stores_its_curve_by_its_steps(client):
     bests = [p["best_latency_us"] for p in points]
     assert [v for _, v in stored["steps"]] == sorted(set(bests), reverse=True)
     assert best_latencies(stored, 24).tolist() == bests
+
+
+def test_a_task_that_fails_stores_its_curve_over_every_trial_it_ran(client):
+    """A task that cannot advance fails; its stored curve stayed the last batch boundary's,
+    so the aggregate view counted 4 of its 8 trials (and drew best-in-4 against a best known
+    that the left-out trials had found)."""
+    worker = register(client)
+    task_id = create_task(client, budget=16, strategy="random", batch_size=4)["id"]
+    driver = service_of(client).driver
+    propose, calls = driver._propose, []
+
+    def failing(live, n):
+        calls.append(n)
+        if len(calls) > 1:
+            raise ValueError("the session cannot propose")
+        return propose(live, n)
+
+    driver._propose = failing
+    drain(client, worker, lambda job: ok(100.0 - job["trial"]))
+    task = client.get(f"/v1/tasks/{task_id}").json()
+    assert task["state"] == "failed" and task["trials_done"] == 8
+    points = client.get(f"/v1/tasks/{task_id}/curve").json()["points"]
+    with service_of(client).db.read() as s:
+        stored = s.scalar(select(TaskRow.curve).where(TaskRow.id == task_id))
+    assert best_latencies(stored, 100).tolist() == [p["best_latency_us"] for p in points]
+    aggregate = client.get("/v1/curves").json()["curves"]["random"]
+    assert [p["k"] for p in aggregate] == list(range(1, 9)) and aggregate[-1]["best_in_k"] == 1.0
