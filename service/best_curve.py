@@ -11,8 +11,9 @@ are short:
 
     {"n": 24, "steps": [[0, 31.5], [3, 12.25], [17, 11.0]]}
 
-n trials observed; from trial index i (0-based, in the order observed) the best is the
-step's latency, until the next step; before the first step no trial had succeeded. Rows
+n trials observed; from trial index i (0-based, in trial order: the task's proposal order,
+as its own curve and its trials are numbered) the best is the step's latency, until the next
+step; before the first step no trial had succeeded. Rows
 written before this format hold the plain list (a latency or null per trial), which
 `best_latencies` reads too.
 """
@@ -32,6 +33,9 @@ class BestCurve:
 
     n: int = 0
     steps: list[tuple[int, float]] = field(default_factory=list)
+    # Trials observed ahead of one before them (early proposals observe a batch's late
+    # trials after the next batch's others): placed once every trial before them is.
+    waiting: dict[int, float | None] = field(default_factory=dict)
 
     @property
     def best(self) -> float | None:
@@ -45,6 +49,15 @@ class BestCurve:
                 best = latency
                 self.steps.append((self.n, latency))
             self.n += 1
+
+    def observe(self, trials: Iterable[tuple[int, float | None]]) -> None:
+        """Observe trials by their index (0-based), in any order: the curve covers the
+        prefix of trials all observed, in trial order (in the order observed, the
+        aggregate's best-in-k at k counted a trial proposed after the k-th in place of one
+        still being measured)."""
+        self.waiting.update(trials)
+        while self.n in self.waiting:
+            self.extend([self.waiting.pop(self.n)])
 
     def doc(self) -> dict[str, Any]:
         """What the task row stores (JSON)."""

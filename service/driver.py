@@ -239,7 +239,7 @@ class _Live:
     predicted_us: np.ndarray  # the model's latency per space row
     sizes: list[int]  # the sizes of the batches it proposed: the task's batches 0..k-1
     observed: int  # batches it observed whole: 0..observed-1
-    curve: BestCurve = field(default_factory=BestCurve)  # best so far, per observed trial
+    curve: BestCurve = field(default_factory=BestCurve)  # best so far, in trial order
     # Trial -> the batch before whose proposal the session observed it, for the trials of
     # batches `observed` and later that it observed (a batch proposed early leaves some).
     seen: dict[int, int] = field(default_factory=dict)
@@ -1080,7 +1080,7 @@ class Driver:
             missing = next(v.trial for v in new if v.result is None)
             raise SessionError(f"trial {missing} is not complete")
         live.session.observe([(v.schedule, v.result) for v in new])
-        live.curve.extend(v.result.ok_latency_us for v in new)  # (each complete: checked above)
+        live.curve.observe((v.trial, v.result.ok_latency_us) for v in new)  # (each complete)
         for v in new:
             live.seen[v.trial] = at
         # Batches observed whole leave `seen` (what later reads compare) for `observed`.

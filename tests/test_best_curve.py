@@ -6,7 +6,16 @@ from __future__ import annotations
 import random
 
 import numpy as np
-from service_support import create_task, drain, ok, register, service_of
+from service_support import (
+    client_for,
+    create_task,
+    drain,
+    lease,
+    ok,
+    post_result,
+    register,
+    service_of,
+)
 from sqlalchemy import select
 
 from pipetune.service.best_curve import BestCurve, best_latencies
@@ -93,3 +102,44 @@ def test_a_task_that_fails_stores_its_curve_over_every_trial_it_ran(client):
     assert best_latencies(stored, 100).tolist() == [p["best_latency_us"] for p in points]
     aggregate = client.get("/v1/curves").json()["curves"]["random"]
     assert [p["k"] for p in aggregate] == list(range(1, 9)) and aggregate[-1]["best_in_k"] == 1.0
+
+
+def test_the_stored_curve_is_in_trial_order_when_trials_are_observed_out_of_it(db_url):
+    """With early proposals a batch's late trial is observed after the next batch's others:
+    the stored curve took the order observed, and the aggregate's best-in-6 of a task whose
+    trial 5 found the optimum read 0.05 where the task's own curve read the optimum."""
+
+    def latency(trial: int) -> float:
+        return 5.0 if trial == 5 else 100.0 - trial
+
+    with client_for(db_url, propose_early=0.25) as client:
+        worker = register(client)
+        task_id = create_task(client, budget=12, strategy="bo", batch_size=4)["id"]
+        for job in lease(client, worker, max_jobs=4):
+            post_result(client, worker, job, ok(latency(job["trial"])))
+        second = lease(client, worker, max_jobs=4)
+        assert sorted(j["trial"] for j in second) == [4, 5, 6, 7]
+        for job in second:  # trial 5 still measured: the third batch is proposed early
+            if job["trial"] != 5:
+                post_result(client, worker, job, ok(latency(job["trial"])))
+        trials = client.get(f"/v1/tasks/{task_id}/trials").json()["trials"]
+        assert len(trials) == 12
+        late = next(j for j in second if j["trial"] == 5)
+        post_result(client, worker, late, ok(latency(5)))
+        drain(client, worker, lambda job: ok(latency(job["trial"])))
+        points = client.get(f"/v1/tasks/{task_id}/curve").json()["points"]
+        with service_of(client).db.read() as s:
+            stored = s.scalar(select(TaskRow.curve).where(TaskRow.id == task_id))
+        bests = [p["best_latency_us"] for p in points]
+        assert bests == [100.0, 99.0, 98.0, 97.0, 96.0] + [5.0] * 7
+        assert best_latencies(stored, 100).tolist() == bests
+        aggregate = client.get("/v1/curves").json()["curves"]["bo"]
+        assert [p["best_in_k"] for p in aggregate[5:]] == [1.0] * 7
+
+
+def test_trials_observed_out_of_order_wait_for_the_ones_before_them():
+    curve = BestCurve()
+    curve.observe([(0, 9.0), (2, 3.0), (3, None)])
+    assert curve.doc() == {"n": 1, "steps": [[0, 9.0]]}  # trial 1 not observed yet
+    curve.observe([(1, 7.0), (4, 8.0)])
+    assert curve.doc() == {"n": 5, "steps": [[0, 9.0], [1, 7.0], [2, 3.0]]}
