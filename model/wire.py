@@ -490,8 +490,9 @@ class AggregateCurves(_Body):
     gpu: str | None
     op: str | None
     curves: dict[str, list[AggregatePoint]]  # strategy -> points
-    # The runner kinds of the tasks' best trials behind the curves ("simulated": the curves
-    # rank the analytical model plus noise, not measurements).
+    # The runner kinds of the tasks' best trials behind the curves, and "simulated" where a
+    # simulated runner answered any trial of them ("simulated": the curves rank the
+    # analytical model plus noise, not measurements).
     runners: list[str] = Field(default_factory=list)
 
 

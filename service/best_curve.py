@@ -11,6 +11,8 @@ are short:
 
     {"n": 24, "steps": [[0, 31.5], [3, 12.25], [17, 11.0]]}
 
+("simulated": true beside them where a simulated runner answered any of its trials.)
+
 n trials observed; from trial index i (0-based, in trial order: the task's proposal order,
 as its own curve and its trials are numbered) the best is the step's latency, until the next
 step; before the first step no trial had succeeded. Rows
@@ -36,6 +38,9 @@ class BestCurve:
     # Trials observed ahead of one before them (early proposals observe a batch's late
     # trials after the next batch's others): placed once every trial before them is.
     waiting: dict[int, float | None] = field(default_factory=dict)
+    # Whether a simulated runner answered any of its trials: the aggregate view says so
+    # (a task's best trial may be measured where its earlier bests were simulated).
+    simulated: bool = False
 
     @property
     def best(self) -> float | None:
@@ -61,7 +66,10 @@ class BestCurve:
 
     def doc(self) -> dict[str, Any]:
         """What the task row stores (JSON)."""
-        return {"n": self.n, "steps": [[i, v] for i, v in self.steps]}
+        doc: dict[str, Any] = {"n": self.n, "steps": [[i, v] for i, v in self.steps]}
+        if self.simulated:
+            doc["simulated"] = True
+        return doc
 
 
 def best_latencies(stored: Any, max_k: int) -> np.ndarray:

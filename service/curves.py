@@ -26,7 +26,7 @@ from sqlalchemy.orm import Session, aliased
 
 from pipetune.model.family import family_for_op
 from pipetune.model.states import JobState
-from pipetune.model.trials import is_simulated, runner_kind_shown
+from pipetune.model.trials import RunnerKind, is_simulated, runner_kind_shown
 from pipetune.model.wire import TFLOPS, AggregatePoint, Curve, CurvePoint
 from pipetune.service.best_curve import best_latencies
 from pipetune.service.orm import JobRow, ReferenceOptimumRow, TaskRow, WorkloadRow
@@ -112,7 +112,8 @@ def _geomean_rows(matrix: np.ndarray) -> np.ndarray:
 def aggregate(
     session: Session, gpu: str | None, op: str | None, strategy: str | None, max_k: int
 ) -> tuple[dict[str, list[AggregatePoint]], list[str]]:
-    """(strategy -> best-in-k points, the runner kinds of the tasks' best trials)."""
+    """(strategy -> best-in-k points, the runner kinds of the tasks' best trials, and
+    "simulated" where a simulated runner answered any trial of a task)."""
     query = (
         select(TaskRow.strategy, TaskRow.workload_id, TaskRow.gpu, TaskRow.curve, _BestJob.runner)
         .join(WorkloadRow, WorkloadRow.id == TaskRow.workload_id)
@@ -147,6 +148,9 @@ def aggregate(
         kind = runner_kind_shown(runner)
         if kind is not None:
             runners.add(kind)
+        if isinstance(curve, dict) and curve.get("simulated"):
+            # Its best trial measured, earlier bests of its curve simulated: said too.
+            runners.add(RunnerKind.SIMULATED.value)
         groups[name][(workload_id, task_gpu)].append(optimum / latency)
     curves: dict[str, list[AggregatePoint]] = {}
     for name, by_workload in sorted(groups.items()):

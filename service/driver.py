@@ -67,7 +67,7 @@ from pipetune.model.states import (
     JobState,
     TaskState,
 )
-from pipetune.model.trials import MeasureResult, RunnerKind
+from pipetune.model.trials import MeasureResult, RunnerKind, is_simulated
 from pipetune.model.wire import TaskCreate
 from pipetune.service import fair_share
 from pipetune.service.best_curve import BestCurve
@@ -196,7 +196,8 @@ FROM tasks t WHERE t.id = %(task)s
 # The schedule as its stored text: an advance reads rows it has read before, whose schedule
 # it finds by that text (Driver._schedule), and decoding the JSON of each would cost more.
 READ_JOBS_SQL = """
-SELECT trial, batch, schedule::text AS schedule, state, status, latency_us, error, seen_at
+SELECT trial, batch, schedule::text AS schedule, state, status, latency_us, error, seen_at,
+    runner
 FROM jobs
 WHERE task_id = %(task)s AND batch >= %(first)s AND batch < %(before)s
 ORDER BY trial
@@ -281,6 +282,7 @@ class _JobView:
     schedule: Any  # the family's schedule
     result: MeasureResult | None  # None while it is outstanding
     seen_at: int | None  # jobs.seen_at (first_seen_by reads it)
+    runner: str | None = None  # the result's runner (None: none recorded)
 
 
 def first_seen_by(batch: int, seen_at: int | None, strategy: str) -> int | None:
@@ -871,6 +873,7 @@ class Driver:
                         JOBS.c.latency_us,
                         JOBS.c.error,
                         JOBS.c.seen_at,
+                        JOBS.c.runner,
                     )
                     .where(
                         JOBS.c.task_id == task_id,
@@ -880,7 +883,9 @@ class Driver:
                     .order_by(JOBS.c.trial)
                 ).all()
         return [
-            _JobView(r.trial, r.batch, self._schedule(fam, r.schedule), _observed(r), r.seen_at)
+            _JobView(
+                r.trial, r.batch, self._schedule(fam, r.schedule), _observed(r), r.seen_at, r.runner
+            )
             for r in rows
         ]
 
@@ -1081,6 +1086,8 @@ class Driver:
             raise SessionError(f"trial {missing} is not complete")
         live.session.observe([(v.schedule, v.result) for v in new])
         live.curve.observe((v.trial, v.result.ok_latency_us) for v in new)  # (each complete)
+        if any(is_simulated(v.runner) for v in new):
+            live.curve.simulated = True
         for v in new:
             live.seen[v.trial] = at
         # Batches observed whole leave `seen` (what later reads compare) for `observed`.
@@ -1331,14 +1338,15 @@ def _final_curve(conn: Connection, task_id: int) -> dict[str, Any]:
     left out of the aggregate (79 trials shown, 72 counted)."""
     curve = BestCurve()
     rows = conn.execute(
-        select(JOBS.c.state, JOBS.c.latency_us)
+        select(JOBS.c.state, JOBS.c.latency_us, JOBS.c.runner)
         .where(JOBS.c.task_id == task_id)
         .order_by(JOBS.c.trial)
     )
-    for state, latency in rows:
+    for state, latency, runner in rows:
         if not JobState(state).is_trial():
             break
         curve.extend([latency if state == JobState.DONE else None])
+        curve.simulated = curve.simulated or is_simulated(runner)
     return curve.doc()
 
 

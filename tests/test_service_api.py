@@ -516,6 +516,22 @@ def test_a_simulated_task_whose_every_trial_failed_counts_as_finding_nothing(cli
     assert [(p["best_in_k"], p["tasks"]) for p in points] == [(0.5, 2)] * 4
 
 
+def test_a_task_whose_earlier_bests_were_simulated_labels_the_aggregate_simulated(client):
+    """A task any worker may take, measured first by a simulated worker and then by a GPU:
+    its best trial is measured, so the aggregate's runners said only "cupy" while its
+    best-in-k up to k = 4 was the simulated trials' (the dashboard drew it unlabelled)."""
+    simulated_worker = register(client, "sim", runner="simulated")
+    gpu_worker = register(client, "gpu", runner="cupy")
+    task_id = create_task(client, budget=8, strategy="grid", batch_size=4)["id"]
+    for job in lease(client, simulated_worker, max_jobs=4):
+        post_result(client, simulated_worker, job, {**ok(90.0), "runner": "simulated"})
+    drain(client, gpu_worker, lambda job: {**ok(50.0 - job["trial"]), "runner": "cupy"})
+    assert client.get(f"/v1/tasks/{task_id}").json()["best"]["runner"] == "cupy"
+    doc = client.get("/v1/curves").json()
+    assert doc["runners"] == ["cupy", "simulated"]
+    assert [round(p["best_in_k"], 3) for p in doc["curves"]["grid"][:4]] == [0.478] * 4
+
+
 def test_workers_list_heartbeat_and_reregistration(client):
     first = register(client, "gpu-box-1", "a100")
     assert register(client, "gpu-box-1", "a100") == first  # same name, same token: same id
