@@ -382,7 +382,11 @@ def get_gpu(name: str, *, profile: str | Path | None = None, calibrated: bool = 
     found = applied_profile(key) if calibrated else None
     if found is not None:
         path, label = found
-        _, overrides = load_profile(path)
+        target, overrides = load_profile(path)
+        # <key>.json is applied by its name alone: one that says it measured another GPU
+        # (a copied or renamed file) would pass that GPU's numbers off as this one's.
+        if target is not None and target != key:
+            raise HardwareError(f"profile {path} is for '{target}', not '{key}'")
         spec = spec.with_overrides(overrides, profile=label)
     if profile is not None:
         target, overrides = load_profile(profile)

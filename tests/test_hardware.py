@@ -133,3 +133,21 @@ def test_a_profile_is_read_once_per_version_of_its_file(tmp_path, monkeypatch):
     staged.write_text(json.dumps({"gpu": "a100", "overrides": {"l2_latency_ns": 222}}))
     os.replace(staged, shipped / "a100.json")
     assert get_gpu("a100").l2_latency_ns == 222.0
+
+
+def test_a_profile_in_the_profile_folder_that_measured_another_gpu_is_refused(
+    tmp_path, monkeypatch
+):
+    """<key>.json is picked by its name: an H200 profile copied to h100.json was applied to
+    the H100 (its DRAM bandwidth, clock and L2), as an explicit --profile of it is not."""
+    own = tmp_path / "own"
+    own.mkdir()
+    monkeypatch.setenv(hardware.USER_PROFILE_DIR_ENV, str(own))
+    (own / "h100.json").write_text(
+        json.dumps({"gpu": "h200", "overrides": {"dram_bandwidth_gbs": 3832.6}})
+    )
+    with pytest.raises(HardwareError, match=r"h100\.json is for 'h200', not 'h100'"):
+        get_gpu("h100")
+    # A profile that names no GPU is still the file's name's.
+    (own / "h100.json").write_text(json.dumps({"overrides": {"dram_bandwidth_gbs": 3100}}))
+    assert get_gpu("h100").dram_bandwidth_gbs == 3100.0
