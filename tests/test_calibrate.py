@@ -189,3 +189,39 @@ def test_calibrate_writes_to_the_users_profile_folder_not_into_the_package(
     spec = get_gpu("h100")
     assert spec.profile == "calibrated(user):h100.json"
     assert spec.dram_bandwidth_gbs == pytest.approx(document["overrides"]["dram_bandwidth_gbs"])
+
+
+def test_calibrate_without_gpu_checks_the_profile_folder_before_measuring(
+    h100, tmp_path, monkeypatch
+):
+    # With --gpu the default file was checked before the GPU was measured; without it (the
+    # device names the GPU) nothing was: minutes of measurement, then an exit 1 on a
+    # FileExistsError (the profile folder a file) or an IsADirectoryError (<gpu>.json one).
+    from typer.testing import CliRunner
+
+    from pipetune.clients.cli.main import app
+    from pipetune.model import hardware
+    from pipetune.workers import calibrate as calibrate_module
+
+    document = build_profile(synthetic(h100), h100)
+    measured = []
+
+    def measure(gpu, device=0):
+        measured.append(gpu)
+        return document
+
+    monkeypatch.setattr(calibrate_module, "run_calibration", measure)
+    monkeypatch.chdir(tmp_path)
+    not_a_folder = tmp_path / "profiles"
+    not_a_folder.write_text("")
+    monkeypatch.setenv(hardware.USER_PROFILE_DIR_ENV, str(not_a_folder))
+    result = CliRunner().invoke(app, ["calibrate"])
+    assert result.exit_code == 2, result.output
+    assert "is not a directory" in result.output and measured == []
+
+    folder = tmp_path / "own"
+    (folder / "h100.json").mkdir(parents=True)
+    monkeypatch.setenv(hardware.USER_PROFILE_DIR_ENV, str(folder))
+    result = CliRunner().invoke(app, ["calibrate"])
+    assert result.exit_code == 2, result.output
+    assert "h100.json is a directory" in result.output

@@ -386,12 +386,15 @@ def calibrate(
     elif gpu is not None:
         default = user_profile_dir() / f"{resolve_gpu_key(gpu)}.json"
         check_output_file(default, "--out (default)", create_parent=True)
+    else:  # the device names the file: its folder at least is checked now
+        check_output_dir(user_profile_dir(), "--out (default)")
     try:
         document = run_calibration(gpu, device=device)
     except CalibrationError as exc:
         raise CliError(one_line(exc), 1) from None
     if out is None:  # the user's profile folder, made on first use
         out = user_profile_dir() / f"{document['gpu']}.json"
+        check_output_file(out, "--out (default)", create_parent=True)
         out.parent.mkdir(parents=True, exist_ok=True)
     path = write_profile(document, out)
     if as_json:
