@@ -418,3 +418,26 @@ def test_unpack_leaves_a_simulated_profile_out_of_the_users_folder(
     named = cli.invoke(campaign_app, [*args, "--force", "--profile-dir", "sim-profiles"])
     assert named.exit_code == 0, named.output
     assert (tmp_path / "sim-profiles" / "h100.json").exists()
+
+
+def test_unpack_refuses_a_simulated_profile_in_a_measured_campaign(tmp_path, monkeypatch):
+    # profile_phase marks a simulated profile so that unpack never installs it as measured;
+    # unpack looked at the probe's runner only, and wrote the marked profile where the
+    # model applies it.
+    from pipetune.model import hardware
+    from pipetune.workers.campaign.profile_phase import run_profile
+
+    profile = tmp_path / "profile.json"
+    profile.write_text(json.dumps(run_profile("h100", simulated=True)))
+    probe = tmp_path / "probe.json"
+    probe.write_text(json.dumps({"gpu": "h100", "runner": "cupy"}))
+    archive = tmp_path / "c.tar.gz"
+    with tarfile.open(archive, "w:gz") as tar:
+        tar.add(profile, arcname="profile.json")
+        tar.add(probe, arcname="probe.json")
+    monkeypatch.setenv(hardware.USER_PROFILE_DIR_ENV, str(tmp_path / "own"))
+    monkeypatch.chdir(tmp_path)
+    result = cli.invoke(campaign_app, ["unpack", str(archive), "--data-dir", "data"])
+    assert result.exit_code == 2, result.output
+    assert "profile.json is simulated, in a measured campaign" in result.stderr
+    assert not (tmp_path / "own").exists() and not (tmp_path / "data").exists()

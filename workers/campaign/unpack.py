@@ -102,10 +102,10 @@ def check_baselines(document: dict[str, Any]) -> dict[str, tuple[float, float, s
     return rows
 
 
-def check_profile(document: dict[str, Any], gpu: str) -> None:
+def check_profile(document: dict[str, Any], gpu: str, simulated: bool = False) -> None:
     """UnpackError unless the profile is one for ``gpu`` that get_gpu would load: the same
     checks, before it is written (one it refuses made every later command naming the GPU
-    fail)."""
+    fail); in a measured campaign (``simulated`` False), unless it was measured too."""
     try:
         target, overrides = parse_profile(document, PROFILE)
         get_gpu(gpu, calibrated=False).with_overrides(overrides, profile=PROFILE)
@@ -116,6 +116,11 @@ def check_profile(document: dict[str, Any], gpu: str) -> None:
         ) from None
     if target != gpu:
         raise UnpackError(f"{PROFILE} is for {target}, the campaign ran on {gpu}")
+    if not simulated and document.get("simulated") is True:
+        raise UnpackError(
+            f"{PROFILE} is simulated, in a measured campaign (simulated and measured data "
+            "never mix)"
+        )
 
 
 def check_sweep(path: Path, folder: Path, gpu: str, simulated: bool) -> None:
@@ -198,7 +203,7 @@ def unpack(
             plan.append((path, data_dir / gpu / path.name))
         profile, profile_target = folder / PROFILE, None
         if PROFILE in documents:
-            check_profile(documents[PROFILE], gpu)
+            check_profile(documents[PROFILE], gpu, simulated)
             if profile_dir is None and simulated:
                 result.profile_left_out = (
                     "its profile is simulated, and the model would apply it from your profile "
