@@ -662,3 +662,15 @@ def test_the_packer_keeps_the_archive_current(tmp_path):
     idle.request()
     idle.close()
     assert idle.size is None
+
+
+def test_unpack_refuses_a_baseline_timed_on_another_operator_s_shape():
+    # Baselines are read by operator name, next to that operator's sweep: an entry whose
+    # workload is another shape (its throughput consistent with it) was accepted and filed
+    # as the named operator's library time.
+    answer = {"library": "x", "samples_ms": [0.002] * 5}
+    other = baseline_entry(ALCOP["MM_Square_2k"], answer)
+    with pytest.raises(UnpackError, match="MM_Square_1k: timed on gemm 2048x2048x2048"):
+        check_baselines({"operators": {"MM_Square_1k": other}})
+    rows = check_baselines({"operators": {"MM_Square_2k": other}})
+    assert rows["MM_Square_2k"][2] == "TFLOP/s"

@@ -83,6 +83,14 @@ def check_baselines(document: dict[str, Any]) -> dict[str, tuple[float, float, s
             workload = parse_any_workload(entry["workload"])
         except (KeyError, WorkloadError) as exc:
             raise UnpackError(f"baselines.json: {name}: not a workload ({exc})") from None
+        # Read by operator name (the library's time next to that operator's sweep): an entry
+        # timed on another shape would pass for the operator's.
+        expected = operator_workload(name)
+        if expected is not None and workload != expected:
+            raise UnpackError(
+                f"baselines.json: {name}: timed on {workload.label()}, but {name} is "
+                f"{expected.label()}"
+            )
         fam = family_of(workload)
         unit = entry.get("unit", "TFLOP/s" if "tflops" in entry else None)
         if unit != fam.throughput_unit:
