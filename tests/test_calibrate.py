@@ -225,3 +225,44 @@ def test_calibrate_without_gpu_checks_the_profile_folder_before_measuring(
     result = CliRunner().invoke(app, ["calibrate"])
     assert result.exit_code == 2, result.output
     assert "h100.json is a directory" in result.output
+
+
+def test_calibrate_with_a_gpu_that_is_not_the_device_exits_2(h100, tmp_path, monkeypatch):
+    # `campaign --gpu` refuses a GPU that is not the device with exit 2; calibrate found the
+    # same mistake before measuring, and answered exit 1, as if the GPU had failed.
+    from typer.testing import CliRunner
+
+    from pipetune.clients.cli.main import app
+    from pipetune.model import hardware
+    from pipetune.workers.calibrate import microbench
+    from pipetune.workers.runners import isolation
+
+    called = []
+
+    class Device:
+        def __init__(self, name):
+            pass
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            return False
+
+        def call(self, fn, *args, timeout_s=None):
+            called.append(fn.__name__)
+            return isolation.CallOutcome("ok", value="NVIDIA H100 80GB HBM3")
+
+    real_find_spec = importlib.util.find_spec
+    monkeypatch.setattr(
+        importlib.util,
+        "find_spec",
+        lambda name, *a: object() if name == "cupy" else real_find_spec(name, *a),
+    )
+    monkeypatch.setattr(isolation, "IsolatedWorker", Device)
+    monkeypatch.setenv(hardware.USER_PROFILE_DIR_ENV, str(tmp_path / "profiles"))
+    result = CliRunner().invoke(app, ["calibrate", "--gpu", "h200"])
+    assert result.exit_code == 2, result.output
+    assert "asked to calibrate h200, but the device is h100" in result.output
+    assert called == [microbench.probe_device.__name__]
+    assert not (tmp_path / "profiles" / "h200.json").exists()

@@ -374,7 +374,12 @@ def calibrate(
     DRAM and L2 bandwidth and latency, the SM clock and mma.sync throughput (CuPy
     microbenchmarks); the profile overrides the spec sheet wherever the model reads it.
     """
-    from pipetune.workers.calibrate import CalibrationError, run_calibration, write_profile
+    from pipetune.workers.calibrate import (
+        CalibrationError,
+        CalibrationUsageError,
+        run_calibration,
+        write_profile,
+    )
 
     if gpu is not None:
         resolve_gpu_key(gpu)  # an unknown name is the user's mistake (exit 2), GPU or not
@@ -390,6 +395,8 @@ def calibrate(
         check_output_dir(user_profile_dir(), "--out (default)")
     try:
         document = run_calibration(gpu, device=device)
+    except CalibrationUsageError as exc:  # a --gpu that is not the device: exit 2, as campaign
+        raise CliError(one_line(exc), 2) from None
     except CalibrationError as exc:
         raise CliError(one_line(exc), 1) from None
     if out is None:  # the user's profile folder, made on first use

@@ -16,6 +16,7 @@ from pipetune.workers.calibrate.profile import (
     METHOD,
     CalibrationError,
     CalibrationUnavailableError,
+    CalibrationUsageError,
     Chase,
     Cycles,
     MmaRun,
@@ -30,6 +31,7 @@ __all__ = [
     "METHOD",
     "CalibrationError",
     "CalibrationUnavailableError",
+    "CalibrationUsageError",
     "Chase",
     "Cycles",
     "MmaRun",
@@ -78,7 +80,9 @@ def run_calibration(
             except HardwareError:
                 detected = key  # a device the model cannot name: take the caller's word
             if detected != key:
-                raise CalibrationError(f"asked to calibrate {key}, but the device is {detected}")
+                raise CalibrationUsageError(
+                    f"--gpu: asked to calibrate {key}, but the device is {detected} ({device_name})"
+                )
         spec = get_gpu(key, calibrated=False)  # calibrate against the spec sheet itself
         outcome = worker.call(microbench.run_microbenchmarks, device, spec, timeout_s=timeout_s)
         if not outcome.ok:

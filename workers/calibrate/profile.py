@@ -54,6 +54,10 @@ class CalibrationUnavailableError(CalibrationError):
     """No GPU (or no CuPy) to calibrate."""
 
 
+class CalibrationUsageError(CalibrationError):
+    """The caller's mistake, found on the device: a --gpu that is not the device's model."""
+
+
 @dataclass(frozen=True)
 class Throughput:
     """A kernel that moves ``bytes`` per run; wall time of each run in seconds."""
