@@ -387,10 +387,19 @@ def get_gpu(name: str, *, profile: str | Path | None = None, calibrated: bool = 
         # (a copied or renamed file) would pass that GPU's numbers off as this one's.
         if target is not None and target != key:
             raise HardwareError(f"profile {path} is for '{target}', not '{key}'")
-        spec = spec.with_overrides(overrides, profile=label)
+        spec = _applied(spec, overrides, label, path)
     if profile is not None:
         target, overrides = load_profile(profile)
         if target is not None and target != key:
             raise HardwareError(f"profile {profile} is for '{target}', not '{key}'")
-        spec = spec.with_overrides(overrides, profile=f"profile:{Path(profile).name}")
+        spec = _applied(spec, overrides, f"profile:{Path(profile).name}", profile)
     return spec
+
+
+def _applied(spec: GPUSpec, overrides: dict[str, Any], label: str, path: str | Path) -> GPUSpec:
+    """spec.with_overrides, its refusal naming the file: a profile applied by itself (the
+    user's folder, the shipped one) is otherwise a field name with no file to look in."""
+    try:
+        return spec.with_overrides(overrides, profile=label)
+    except HardwareError as exc:
+        raise HardwareError(f"profile {path}: {exc}") from None

@@ -151,3 +151,17 @@ def test_a_profile_in_the_profile_folder_that_measured_another_gpu_is_refused(
     # A profile that names no GPU is still the file's name's.
     (own / "h100.json").write_text(json.dumps({"overrides": {"dram_bandwidth_gbs": 3100}}))
     assert get_gpu("h100").dram_bandwidth_gbs == 3100.0
+
+
+def test_a_refused_field_of_a_profile_applied_by_itself_names_its_file(tmp_path, monkeypatch):
+    # Every command naming the GPU failed with "profile field 'dram_bandwidth_gbs' must be
+    # positive": no word of which file, and the user never passed one.
+    own = tmp_path / "own"
+    own.mkdir()
+    monkeypatch.setenv(hardware.USER_PROFILE_DIR_ENV, str(own))
+    (own / "h100.json").write_text(json.dumps({"gpu": "h100", "overrides": {"sm_count": -1}}))
+    with pytest.raises(HardwareError) as refused:
+        get_gpu("h100")
+    assert str(refused.value) == (
+        f"profile {own / 'h100.json'}: profile field 'sm_count' must be positive, got -1"
+    )
