@@ -10,7 +10,7 @@ model's, evaluated on exactly the schedules that were measured.
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import cached_property
 from pathlib import Path
 from typing import Any
@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 
 from pipetune.model.family import KernelFamily, family_of
-from pipetune.model.hardware import get_gpu
+from pipetune.model.hardware import PROFILE_DIR, GPUSpec, get_gpu
 
 # The committed campaigns: benchmarks/data/<gpu>/ (the CLIs take --data-dir).
 DATA_DIR = Path(__file__).resolve().parent / "data"
@@ -83,12 +83,26 @@ def read_json(path: Path) -> dict[str, Any]:
     return json.loads(path.read_text())
 
 
+def campaign_gpu(key: str) -> GPUSpec:
+    """The GPU's spec with the profile shipped with pipetune (model/profiles/<key>.json: the
+    committed campaign's calibration), never a user's own: get_gpu applies the user's
+    profile folder first, whose profile (calibrate, a default unpack) measured another
+    device than the committed data's."""
+    spec = get_gpu(key, calibrated=False)
+    shipped = PROFILE_DIR / f"{key}.json"
+    if not shipped.is_file():
+        return spec
+    calibrated = get_gpu(key, calibrated=False, profile=shipped)
+    return replace(calibrated, profile=f"calibrated:{shipped.name}")
+
+
 def load_operator(path: Path, baselines: dict[str, Any]) -> OperatorData:
-    """A dataset file with its family's space (the rows the current valid space knows)."""
+    """A dataset file with its family's space (the rows the current valid space knows),
+    under the campaign's calibrated GPU spec (campaign_gpu)."""
     from pipetune.clients.cli.bench_cmds import recorded_dataset
 
     name = path.name.split(".")[0]
-    recorded = recorded_dataset(path).ours
+    recorded = recorded_dataset(path, gpu_of=campaign_gpu).ours
     if recorded is None:
         raise ValueError(f"{path}: not a pipetune dataset")
     space = recorded.space

@@ -211,3 +211,28 @@ def test_families_checked_by_later_calls_are_named(small_campaign: Path):
     path.write_text(json.dumps(doc))
     lines = bench_campaign.correctness_table(campaign("h200", small_campaign))
     assert not any("later calls" in line for line in lines)
+
+
+def test_the_committed_campaign_is_read_with_its_shipped_profile_not_the_users(
+    tmp_path, monkeypatch
+):
+    # get_gpu applies the user's own profile first (calibrate, a default unpack: another
+    # device); the report of the committed H200 campaign took it for the campaign's own,
+    # and RESULTS.md's "calibrated" figures changed with whatever that folder held.
+    from benchmarks.campaign_data import load_operator
+    from pipetune.model import hardware
+
+    shipped = json.loads((hardware.PROFILE_DIR / "h200.json").read_text())
+    own = tmp_path / "own"
+    own.mkdir()
+    other = {**shipped, "overrides": {**shipped["overrides"], "dram_bandwidth_gbs": 400.0}}
+    (own / "h200.json").write_text(json.dumps(other))
+    monkeypatch.setenv(hardware.USER_PROFILE_DIR_ENV, str(own))
+    assert get_gpu("h200").dram_bandwidth_gbs == 400.0  # the user's, for the user's device
+    op = load_operator(DATA / "h200" / "MM_Square_1k.t4.json.gz", {})
+    assert op.space.gpu.dram_bandwidth_gbs == shipped["overrides"]["dram_bandwidth_gbs"]
+    assert op.space.gpu.profile == "calibrated:h200.json"
+    monkeypatch.delenv(hardware.USER_PROFILE_DIR_ENV)
+    monkeypatch.setenv("XDG_DATA_HOME", str(tmp_path / "none"))
+    alone = load_operator(DATA / "h200" / "MM_Square_1k.t4.json.gz", {})
+    np.testing.assert_array_equal(op.predicted_us, alone.predicted_us)

@@ -22,6 +22,8 @@ from pipetune.tuner.peers import (
 )
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     from pipetune.tuner.bench import Dataset
 
 # The tuner (XGBoost, SciPy) and the dataset readers load only when a benchmark runs, so
@@ -67,11 +69,14 @@ def recorded_datasets(paths: list[Path]) -> list[Dataset]:
     return loaded
 
 
-def recorded_dataset(path: Path, name: str | None = None) -> Dataset:
+def recorded_dataset(
+    path: Path, name: str | None = None, *, gpu_of: Callable[[str], Any] | None = None
+) -> Dataset:
     """A dataset file as the tuner sees it: pipetune's own (any kernel family: GEMMs,
     memory-intensive operators) with its family's schedule space, or a foreign recorded
     space (Kernel Tuner cache, T4 of another kernel) by its knobs. `name`: what the results
-    call it (default: the file's stem)."""
+    call it (default: the file's stem). `gpu_of`: the spec of the dataset's GPU key
+    (default: get_gpu, with this user's profile)."""
     import numpy as np
 
     from pipetune.model.hardware import get_gpu
@@ -97,7 +102,7 @@ def recorded_dataset(path: Path, name: str | None = None) -> Dataset:
             params = {k: _distinct_values(str(path), k, list(kt[k])) for k in ds.knobs}
         return Dataset(name, RecordedConfigs(name, params, configs, objective))
     info = check_pipetune(ds)
-    full = info.family.enumerate(info.workload, get_gpu(info.gpu))
+    full = info.family.enumerate(info.workload, (gpu_of or get_gpu)(info.gpu))
     position = {s.id: i for i, s in enumerate(full)}
     rows, latency, revisions = [], [], []
     for record, ms in zip(ds.records, objective, strict=True):
