@@ -266,3 +266,59 @@ def test_calibrate_with_a_gpu_that_is_not_the_device_exits_2(h100, tmp_path, mon
     assert "asked to calibrate h200, but the device is h100" in result.output
     assert called == [microbench.probe_device.__name__]
     assert not (tmp_path / "profiles" / "h200.json").exists()
+
+
+@pytest.mark.parametrize("hot", [False, True])
+def test_the_cold_chase_starts_with_l2_written_over_after_the_chain_s_copy(hot):
+    """The chain's copy to the device left up to an L2 of it cached, so the cold (DRAM)
+    chase's first repeats hit L2 (the committed chases got slower over their repeats):
+    between the copy and the first chase launch, a buffer of at least twice L2 must be
+    written. The hot (L2) chase wants the chain in L2 and writes nothing over it."""
+    import types
+
+    import numpy as np
+
+    from pipetune.workers.calibrate import microbench
+
+    l2 = 1 << 20
+    events: list[tuple[str, int]] = []
+
+    class Event:
+        def record(self):
+            pass
+
+        def synchronize(self):
+            pass
+
+    def asarray(a):
+        events.append(("copy", a.nbytes))
+        return a
+
+    def zeros(n, dtype):
+        a = np.zeros(n, dtype)
+        events.append(("write", a.nbytes))
+        return a
+
+    def kernel(name):
+        return lambda grid, block, args: events.append(("launch", int(args[1])))
+
+    cp = types.SimpleNamespace(
+        asarray=asarray,
+        zeros=zeros,
+        uint32=np.uint32,
+        float32=np.float32,
+        cuda=types.SimpleNamespace(
+            Device=lambda: types.SimpleNamespace(synchronize=lambda: None),
+            Event=Event,
+            get_elapsed_time=lambda a, b: 1.0,
+        ),
+    )
+    footprint = 4 * l2 if not hot else l2 // 4
+    microbench._chase(cp, kernel, footprint, 300.0, seed=1, hot=hot, l2=l2)
+    copied = next(i for i, (kind, _) in enumerate(events) if kind == "copy")
+    first_launch = next(i for i, (kind, _) in enumerate(events) if kind == "launch")
+    written_over = sum(n for kind, n in events[copied:first_launch] if kind == "write")
+    if hot:
+        assert written_over == 0
+    else:
+        assert written_over >= 2 * l2
