@@ -270,6 +270,25 @@ def test_the_answer_of_best_schedule_is_a_schedule_and_a_lookup_beside_one_is_re
             pipetune.kernel(FC, "h100", schedule=answer, **where)
 
 
+def test_an_answer_for_another_workload_or_gpu_is_refused_and_a_matching_one_keeps_its_label(
+    tmp_path,
+):
+    """best_schedule's answer for a 1024x64x2048 GEMM on an H100 was run, silently, as the
+    schedule of any other GEMM on any GPU; and the answer for this one lost its origin (a
+    simulated runner's pick was shown as "given", without the simulated label)."""
+    answer = pipetune.best_schedule(FC, "h100", db=f"sqlite:///{tmp_path / 'none.db'}")
+    for workload, gpu in (({**FC, "m": 4096}, "h100"), (FC, "a100")):
+        with pytest.raises(ValueError, match=r"^schedule: is the best schedule of gemm 1024x64"):
+            pipetune.kernel(workload, gpu, schedule=answer)
+    assert pipetune.kernel(FC, "h100", schedule=answer.schedule).origin == "given"
+    simulated = answer.model_copy(
+        update={"source": "measured", "runner": "simulated", "latency_us": 12.5}
+    )
+    k = pipetune.kernel(FC, "H100", schedule=simulated)
+    assert (k.origin, k.runner, k.latency_us, k.simulated) == ("measured", "simulated", 12.5, True)
+    assert "latency_label" in k.launch_document()
+
+
 def test_a_schedule_outside_the_gpus_space_is_refused():
     big = Schedule(4, 4, 4, 4, 8, 6, 2)  # 6 stages of 256x256x128 tiles: far over smem
     with pytest.raises(ScheduleError, match="not valid for gemm 1024x64x2048 on h100"):

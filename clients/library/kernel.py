@@ -49,6 +49,7 @@ from pipetune.model.hardware import DEFAULT_GPU, get_gpu
 from pipetune.model.knobs import ScheduleError
 from pipetune.model.memops.workloads import MemWorkload
 from pipetune.model.occupancy import blocks_per_sm
+from pipetune.model.wire import ScheduleResponse
 from pipetune.model.workloads import AnyWorkload
 from pipetune.workers.compile import compile_kernel, kernel_arch
 from pipetune.workers.families import codegen_for
@@ -416,7 +417,9 @@ def kernel(
     """The kernel of `workload` (any family: gemm, bmm, conv2d, conv3d, reduce, softmax,
     layernorm, bias_gelu, hopper_gemm, hopper_bmm) tuned for `gpu`: at `schedule` if given,
     else at the best known one (pipetune.best_schedule: the local database or, with `server`,
-    the service; the model's pick when nothing was measured)."""
+    the service; the model's pick when nothing was measured). `schedule` may be
+    pipetune.best_schedule's answer for this workload on this GPU (labelled as it was
+    found); one for another is refused (its `.schedule` runs that schedule here)."""
     w, key = as_workload(workload), as_gpu(gpu)
     if schedule is not None:
         # Where to look the schedule up means nothing beside the schedule itself: refused,
@@ -424,16 +427,44 @@ def kernel(
         for name, value in (("server", server), ("db", db), ("api_key", api_key)):
             if value is not None:
                 raise InvalidArgumentError(name, f"give schedule or {name}, not both")
+        if isinstance(schedule, ScheduleResponse):  # pipetune.best_schedule's answer
+            _check_answer_is_for(w, key, schedule)
+            return _answered_kernel(w, key, schedule)
         return TunedKernel(w, key, as_schedule(schedule))
     from pipetune.clients.library.lookup import best_schedule
 
-    doc = best_schedule(w, key, server, db=db, api_key=api_key)
+    return _answered_kernel(w, key, best_schedule(w, key, server, db=db, api_key=api_key))
+
+
+def _answered_kernel(
+    workload: AnyWorkload | MemWorkload, gpu: str, doc: ScheduleResponse
+) -> TunedKernel:
+    """The kernel at a best-schedule answer for `workload` on `gpu`, labelled as the answer
+    is (measured, and by which runner, or the model's pick)."""
     return TunedKernel(
-        w,
-        key,
+        workload,
+        gpu,
         doc.schedule.to_schedule(),
         origin=doc.source,
         runner=doc.runner,
         latency_us=doc.latency_us,
         validate=doc.source != "measured",  # it ran (as `pipetune export` takes it)
+    )
+
+
+def _check_answer_is_for(
+    workload: AnyWorkload | MemWorkload, gpu: str, doc: ScheduleResponse
+) -> None:
+    """A best-schedule answer passed as `schedule` must be the answer for this workload on
+    this GPU: another's was silently run on a shape (or a GPU) it was never the best of."""
+    if doc.workload == workload.canonical() and doc.gpu == gpu:
+        return
+    try:
+        answered = as_workload(doc.workload).label()
+    except ValueError:
+        answered = str(doc.workload)
+    raise InvalidArgumentError(
+        "schedule",
+        f"is the best schedule of {answered} on {doc.gpu}, not of {workload.label()} on "
+        f"{gpu}: pass its .schedule to run that schedule here",
     )
