@@ -322,6 +322,22 @@ def test_a_wrong_shape_dtype_stride_or_device_is_refused_by_name(launches):
     assert launches == []  # nothing was launched
 
 
+class RequiresGrad(TorchStyle):
+    """What a PyTorch tensor that requires grad (an nn.Parameter) does when exported."""
+
+    def __dlpack__(self, stream: Any = None) -> Any:
+        raise BufferError("Can't export tensors that require gradient, use tensor.detach()")
+
+
+def test_an_array_its_library_will_not_export_is_refused_by_name(launches):
+    """A layer's weight passed as gamma raised PyTorch's own BufferError, naming no
+    argument, from inside the call."""
+    k = pipetune.kernel(LAYERNORM, "h100", schedule=TWO_PASS)
+    x, gamma, beta, y = arrays(LAYERNORM, cls=TorchStyle, schedule=TWO_PASS)
+    _refused(k, [x, RequiresGrad(gamma.host), beta, y], "gamma", "use tensor.detach()")
+    assert [c for c in launches if "config" in c] == []
+
+
 def test_a_misaligned_array_is_refused_by_name(launches):
     k = pipetune.kernel(FC, "h100", schedule=S)
     a, b, _ = arrays(FC)

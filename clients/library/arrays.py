@@ -268,7 +268,14 @@ def data_pointer(name: str, array: Any, info: ArrayInfo, stream: int | None = No
     The capsule must agree with what the array said of itself (device, shape, dtype,
     strides), and the address must be 16-byte aligned.
     """
-    capsule = array.__dlpack__() if stream is None else array.__dlpack__(stream=stream)
+    try:
+        capsule = array.__dlpack__() if stream is None else array.__dlpack__(stream=stream)
+    except (BufferError, RuntimeError, TypeError, ValueError) as exc:
+        # The producer's refusal (PyTorch: a tensor that requires grad, an nn.Parameter;
+        # NumPy: a read-only array), named by the argument it concerns.
+        raise ArgumentError(
+            name, f"its library would not export it through DLPack: {type(exc).__name__}: {exc}"
+        ) from None
     if not _capsule_is_valid(capsule, _CAPSULE_NAME):
         raise ArgumentError(name, "__dlpack__() did not return an unconsumed DLPack capsule")
     tensor = _DLTensor.from_address(_capsule_pointer(capsule, _CAPSULE_NAME))
