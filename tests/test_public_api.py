@@ -312,6 +312,8 @@ def test_an_api_key_without_a_server_is_refused_not_ignored(home: Path):
         ({"gpu": None}, HardwareError, "^gpu: expected a GPU name such as 'h100', got NoneType"),
         # SQLAlchemy's ArgumentError, raised again by the handler that caught it.
         ({"db": "/tmp/x.db"}, LocalDatabaseError, "^db: not a database URL: '/tmp/x.db'"),
+        # Read as no db at all: the task went into the default database.
+        ({"db": ""}, LocalDatabaseError, "^db: empty: give a database URL, or leave db out"),
         # pydantic's "Value error, " was left in the reason.
         ({"prior_gpu": "zz"}, ValueError, "^prior_gpu: unknown GPU 'zz'"),
         ({"prior_task": 5}, WorkloadError, "prior_task: task 5 does not exist"),

@@ -66,11 +66,17 @@ def _check_task_id(task_id: int) -> None:
 def database_url(db: str | None = None) -> str:
     """`db`, else the database `pipetune serve` uses by default (LocalDatabaseError when
     `db` is not a database URL: a file path was SQLAlchemy's ArgumentError)."""
-    if not db:
+    if db is None:
         # model_validate: the settings' defaults come from the environment, as `serve` does.
         return Settings.model_validate({}).database_url
     if not isinstance(db, str):
         raise LocalDatabaseError(f"db: expected a database URL, got {type(db).__name__}")
+    if not db.strip():
+        # Refused, as lookup's server="" is: read as "no db", it named the default database,
+        # which a tuning then wrote into while the caller believed it named another.
+        raise LocalDatabaseError(
+            "db: empty: give a database URL, or leave db out for the one `pipetune serve` uses"
+        )
     try:
         make_url(db)
     except ArgumentError:
