@@ -214,6 +214,11 @@ def test_a_hopper_kernels_cubin_for_another_arch_is_refused_by_name():
     ):
         k.cubin("sm_80")
     assert cubin_sm(k.cubin("sm_90a")) == 90 and cubin_sm(k.cubin()) == 90
+    # Its launch document names the target its cubin is built for (it said sm_90, and
+    # documented sm_80, which no cubin of it is built for).
+    assert k.launch_document("sm_90")["arch"] == k.launch_document()["arch"] == "sm_90a"
+    with pytest.raises(ValueError, match=r"compiles for sm_90a, not sm_80"):
+        k.launch_document("sm_80")
 
 
 def test_source_cubin_and_launch_of_a_given_schedule():

@@ -257,7 +257,8 @@ class TunedKernel:
             "workload": self.workload.canonical(),
             "workload_label": self.workload.label(),
             "gpu": self.gpu,
-            "arch": arch or self.arch,
+            # The target the cubin for `arch` is built for (sm_90 -> sm_90a for wgmma).
+            "arch": self.arch if arch is None else kernel_arch(self._kernel, arch),
             "schedule": self.schedule.as_dict(),
             "schedule_id": self.schedule.id,
             "schedule_origin": self.origin,
