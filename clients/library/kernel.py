@@ -458,12 +458,15 @@ def _check_answer_is_for(
 ) -> None:
     """A best-schedule answer passed as `schedule` must be the answer for this workload on
     this GPU: another's was silently run on a shape (or a GPU) it was never the best of."""
-    if doc.workload == workload.canonical() and doc.gpu == gpu:
-        return
+    # Compared as parsed workloads, not as the answer's dict: a field the answering service
+    # writes at its default is the same workload.
     try:
-        answered = as_workload(doc.workload).label()
+        parsed = as_workload(doc.workload)
     except ValueError:
-        answered = str(doc.workload)
+        parsed = None
+    if parsed is not None and parsed.canonical() == workload.canonical() and doc.gpu == gpu:
+        return
+    answered = parsed.label() if parsed is not None else str(doc.workload)
     raise InvalidArgumentError(
         "schedule",
         f"is the best schedule of {answered} on {doc.gpu}, not of {workload.label()} on "
