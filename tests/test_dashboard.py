@@ -676,3 +676,32 @@ def test_a_task_whose_space_is_smaller_than_its_budget_shows_its_whole_space(liv
         assert width == "100%"
         browser.close()
     assert errors == []
+
+
+def test_a_task_asked_for_by_address_is_shown_when_it_is_older_than_the_list(live_url, chromium):
+    """/dashboard?task=ID of a task older than the newest 100 the page lists showed the
+    newest task instead; one the service does not have still falls back to the newest."""
+    with httpx.Client(base_url=live_url, timeout=30) as client:
+        worker = _register(client, "sim", "simulated")
+        body = {"workload": GEMM, "gpu": "h100", "budget": 8, "strategy": "random"}
+        old = client.post("/v1/tasks", json=body).json()["id"]
+        _finish(client, worker, [old])
+        newest = [client.post("/v1/tasks", json=body).json()["id"] for _ in range(100)][-1]
+
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=chromium, args=CHROMIUM_ARGS)
+        page = browser.new_page()
+        errors: list[str] = []
+        page.on("pageerror", lambda e: errors.append(str(e)))
+        for wanted, shown in ((old, old), (newest + 1000, newest)):
+            page.goto(f"{live_url}/dashboard?task={wanted}&refresh=300")
+            page.wait_for_function(
+                "() => Number(document.body.dataset.refreshes || 0) >= 1", timeout=20000
+            )
+            title = page.locator("#task-title").inner_text()
+            assert title.startswith(f"Task {shown}: "), title
+            assert page.locator(f'#tasks tbody tr[data-task="{old}"]').count() == 0
+        browser.close()
+    assert errors == []

@@ -222,7 +222,7 @@
   }
 
   function drawDetail(detail) {
-    const task = state.tasks.find((t) => t.id === detail.id);
+    const task = state.tasks.find((t) => t.id === detail.id) || detail.task;
     document.getElementById("task-section").hidden = false;
     document.getElementById("task-title").textContent = task
       ? `Task ${task.id}: ${workloadLabel(task)} on ${task.gpu} (${task.strategy})`
@@ -312,14 +312,26 @@
     return inFlight;
   }
 
+  async function findTask(id) {
+    try {
+      return await get(`/v1/tasks/${id}`);
+    } catch (error) {
+      if (error instanceof KeyRefused) throw error;
+      return null;  // no such task (404), or not a task id the service takes (422)
+    }
+  }
+
   async function refreshOnce() {
     const status = document.getElementById("status");
     try {
       state.tasks = (await get("/v1/tasks?limit=100")).tasks;
-      if (!state.detail && state.tasks.length) {
-        const wanted = state.tasks.find((t) => t.id === state.wanted);
-        const id = (wanted || state.tasks[0]).id;
-        state.detail = { id, trials: [], cursor: 0, curve: [], unit: null };
+      if (!state.detail) {
+        // ?task=ID: a task older than the newest listed is read by itself (before, the
+        // page fell back to the newest task); one the service does not have, the newest.
+        const listed = state.tasks.find((t) => t.id === state.wanted);
+        const task = listed || (state.wanted ? await findTask(state.wanted) : null)
+          || state.tasks[0];
+        if (task) state.detail = { id: task.id, task, trials: [], cursor: 0, curve: [], unit: null };
       }
       renderTasks();
       const detail = state.detail;
