@@ -164,6 +164,7 @@ def arrays(workload, cls=StandIn, with_output: bool = True, schedule: Any = S) -
     )
 
 
+H100_SMEM_OPTIN = 232_448  # bytes of shared memory a block may opt in to on an H100
 DRIVER_BLOCKS_PER_SM = 5  # the fake driver's occupancy: below the model's, as it may be
 
 
@@ -175,6 +176,7 @@ def launches(monkeypatch: pytest.MonkeyPatch) -> list[dict[str, Any]]:
     calls: list[dict[str, Any]] = []
     monkeypatch.setattr(cuda_launch, "device_arch", lambda device: "sm_90")
     monkeypatch.setattr(cuda_launch, "sm_count", lambda device: H100_SMS)
+    monkeypatch.setattr(cuda_launch, "max_shared_per_block", lambda device: H100_SMEM_OPTIN)
 
     def occupancy(device: int, function: Any, config: Any) -> int:
         calls.append({"occupancy": function, "block": config.block, "smem": config.smem_bytes})
@@ -372,6 +374,26 @@ def test_a_call_launches_on_the_arrays_memory_in_place(launches):
     assert a.streams == [1]  # DLPack's name for the legacy default stream the launch uses
     k(a, b, c)
     assert len(launches) == 3  # the module is loaded once per device
+
+
+def test_a_schedule_needing_more_shared_memory_than_the_device_has_is_refused(
+    launches, monkeypatch
+):
+    """An H100 schedule called on a device with less shared memory per block (an A100 has
+    163 KiB where an H100 has 227) failed with the driver's bare
+    cuFuncSetAttribute(MAX_DYNAMIC_SHARED_SIZE_BYTES): CUDA_ERROR_INVALID_VALUE."""
+    k = pipetune.kernel(FC, "h100", schedule=S)
+    monkeypatch.setattr(cuda_launch, "max_shared_per_block", lambda device: S.smem_bytes - 1)
+    with pytest.raises(cuda_launch.CudaLaunchError) as refused:
+        k(*arrays(FC))
+    assert str(refused.value) == (
+        f"{k.name} needs {S.smem_bytes} bytes of shared memory per block where device 0 "
+        f"allows {S.smem_bytes - 1}: it was tuned for h100; tune it for this GPU"
+    )
+    assert launches == []  # nothing loaded or launched
+    monkeypatch.setattr(cuda_launch, "max_shared_per_block", lambda device: S.smem_bytes)
+    k(*arrays(FC))  # exactly at the limit it runs
+    assert [c.get("kernel") for c in launches[:1]] == [k.name]
 
 
 def test_torch_style_tensors_are_accepted(launches):

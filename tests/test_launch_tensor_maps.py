@@ -245,6 +245,7 @@ def driver(monkeypatch: pytest.MonkeyPatch) -> list[dict[str, Any]]:
     (with the bytes uploaded) and launches (with their pointers)."""
     calls: list[dict[str, Any]] = []
     monkeypatch.setattr(cuda_launch, "device_arch", lambda device: "sm_90")
+    monkeypatch.setattr(cuda_launch, "max_shared_per_block", lambda device: 232_448)
     monkeypatch.setattr(cuda_launch, "load_function", lambda device, cubin, config: "function")
 
     def memory(kind: str, data: np.ndarray, stream: int) -> Any:

@@ -108,6 +108,22 @@ def sm_count(device: int) -> int:
     return int(count)
 
 
+@functools.cache
+def max_shared_per_block(device: int) -> int:
+    """The most dynamic shared memory one block may opt in to on the device, in bytes."""
+    cu = _driver()
+    with _current(device):
+        handle = _check(cu.cuCtxGetDevice(), "cuCtxGetDevice")
+        limit = _check(
+            cu.cuDeviceGetAttribute(
+                cu.CUdevice_attribute.CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN,
+                handle,
+            ),
+            "shared memory per block",
+        )
+    return int(limit)
+
+
 def occupancy(device: int, function: Any, config: KernelLaunch) -> int:
     """Blocks of `config`'s launch of the loaded `function` resident at once per SM, as the
     driver computes them (its registers, block size and dynamic shared memory)."""

@@ -292,6 +292,16 @@ class TunedKernel:
         arch = cuda_launch.device_arch(device)
         key = (device, arch)
         if key not in self._functions:
+            # A schedule tuned for a GPU with more shared memory than this device's: said
+            # here, where the driver's answer was a bare CUDA_ERROR_INVALID_VALUE.
+            limit = cuda_launch.max_shared_per_block(device)
+            widest_smem = max(launch.smem_bytes for launch in self.launches)
+            if widest_smem > limit:
+                raise cuda_launch.CudaLaunchError(
+                    f"{self.name} needs {widest_smem} bytes of shared memory per block where "
+                    f"device {device} allows {limit}: it was tuned for {self.gpu}; tune it "
+                    "for this GPU"
+                )
             cubin = self.cubin(arch)
             # An entry launched twice takes the larger dynamic shared memory limit.
             widest: dict[str, KernelLaunch] = {}
