@@ -24,6 +24,7 @@ from pipetune.model.memops.workloads import softmax
 from pipetune.model.space import Space
 from pipetune.model.trials import MeasureResult
 from pipetune.model.workloads import bmm, conv2d, conv3d, gemm
+from pipetune.tuner.bench import Dataset
 from pipetune.tuner.learned_prior import (
     LearnedPriorError,
     current_measurements,
@@ -33,6 +34,7 @@ from pipetune.tuner.learned_prior import (
     prior_from,
 )
 from pipetune.tuner.offline import RecordedSpace
+from pipetune.tuner.recorded import RecordedConfigs
 from pipetune.workers.datasets import DatasetError, check_pipetune, load_dataset, read_t4
 from pipetune.workers.datasets.pipetune import dataset_from_results, record_revision
 from pipetune.workers.datasets.t4 import write_t4
@@ -175,15 +177,34 @@ def test_the_committed_convolutions_say_which_loader_measured_them():
         assert "generator_revision" not in names, path
 
 
+def _benchmarked(name: str, recorded: RecordedSpace) -> Dataset:
+    return Dataset(name, RecordedConfigs.from_recorded_space(name, recorded), recorded, "cupy")
+
+
 def test_the_benchmark_says_which_files_it_left_out_as_older(tmp_path):
     old_conv = _recorded(conv2d(8, 28, 28, 64, 64, 3, 3, 1, 1), "h100", None)
     new_conv = _recorded(conv2d(8, 28, 28, 64, 128, 3, 3, 1, 1), "h200", 2)
     files = [tmp_path / "old.t4.json.gz", tmp_path / "new.t4.json.gz"]
-    notes = _unlearned([], {}, files, [old_conv, new_conv])
+    loaded = [_benchmarked("conv", _recorded(CONV, "h200", 2))]
+    notes = _unlearned(loaded, {}, files, [old_conv, new_conv])
     assert [n for n in notes if "revision" in n] == [
         "old.t4.json.gz: all its measurements are of an older revision of tensor_gemm.conv "
-        "than the newest given (2): left out"
+        "than the newest given (2): left out of the priors of tensor_gemm.conv's datasets"
     ]
+
+
+def test_the_benchmark_of_another_line_says_nothing_of_older_revisions_it_learns_from(tmp_path):
+    """A GEMM's learned prior keeps the older convolutions (another line's, whatever their
+    revision): the benchmark of GEMMs alone must not say they were left out."""
+    old_conv = _recorded(conv2d(8, 28, 28, 64, 64, 3, 3, 1, 1), "h100", None)
+    new_conv = _recorded(conv2d(8, 28, 28, 64, 128, 3, 3, 1, 1), "h200", 2)
+    files = [tmp_path / "old.t4.json.gz", tmp_path / "new.t4.json.gz"]
+    target = _recorded(gemm(512, 512, 512), "h200", None)
+    loaded = [_benchmarked("gemm", target)]
+    prior = learned_prior(target.space, [old_conv, new_conv])
+    assert "older" not in prior.source  # the GEMM's prior learned from both convolutions
+    notes = _unlearned(loaded, {"gemm": prior}, files, [old_conv, new_conv])
+    assert not [n for n in notes if "revision" in n], notes
 
 
 def test_an_imported_dataset_keeps_its_revisions_and_the_service_learns_from_the_newest(db_url):
