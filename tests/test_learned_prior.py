@@ -99,6 +99,24 @@ def test_the_benchmark_hands_the_learned_prior_to_the_strategies_that_take_one(h
     assert by[("with", "auto")] == 1.0 > by[("without", "auto")]  # the prior's best first
 
 
+def test_the_benchmark_says_no_learned_prior_where_a_recorded_prior_drove_the_runs(h100):
+    """A dataset given both a recorded prior (--prior) and a learned one runs from the
+    recorded one: the document must not name the learned prior as its prior too."""
+    workload = gemm(512, 256, 1024)
+    space = Space.enumerate(workload, h100)
+    rec = RecordedSpace(space, evaluate(space).T_kernel)
+    ds = Dataset("here", RecordedConfigs.from_recorded_space("here", rec), rec)
+    there = Space.enumerate(workload, get_gpu("h200"))
+    other = RecordedSpace(there, evaluate(there).T_kernel)
+    prior = Dataset("there", RecordedConfigs.from_recorded_space("there", other), other)
+    learned = PriorMean(values=-np.log(rec.latency_s)[::-1].copy(), source="a learned one")
+    both = bench([ds], ["auto"], [8], seeds=1, priors={"here": prior}, learned={"here": learned})
+    recorded_only = bench([ds], ["auto"], [8], seeds=1, priors={"here": prior})
+    assert both["results"] == recorded_only["results"]  # the learned prior was not used
+    assert both["priors"] == {"here": "there"}
+    assert both["learned_priors"] == {}
+
+
 def test_the_benchmark_leaves_the_datasets_own_workload_out_on_every_gpu(tmp_path):
     """`bench_tuner run --learned-prior`: the H200's record of the same operator is not
     learned from (the shape must be unseen), the H200's other operator is."""

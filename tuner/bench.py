@@ -237,7 +237,8 @@ def bench(
     `early`: pipetune's strategies propose each batch while the last `early` trials of the
     batch before it are unmeasured (the service's early proposals, PIPETUNE_PROPOSE_EARLY)."""
     priors = dict(priors or {})
-    learned = dict(learned or {})
+    # A dataset with a recorded prior runs from it: a learned one is neither used nor said.
+    learned = {name: p for name, p in (learned or {}).items() if name not in priors}
     _RUN.update(datasets=list(datasets), priors=priors, learned=learned, budgets=list(budgets))
     _RUN.update(seeds=seeds)
     _RUN.update(batch=batch, first_seed=first_seed, prior_trials=prior_trials, early=early)
