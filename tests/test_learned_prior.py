@@ -3,6 +3,8 @@ tuner benchmark's use of it (a learned prior per dataset, its own workload left 
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pytest
 
@@ -222,3 +224,40 @@ def test_a_model_that_ranks_nothing_is_no_prior(h100):
     space = Space.enumerate(gemm(2048, 768, 3072), h100)
     with pytest.raises(LearnedPriorError, match="ranks no schedule of this space above another"):
         learned_prior(space, corpus)
+
+
+def test_a_dataset_run_from_its_recorded_prior_is_not_said_to_keep_the_analytical_one():
+    """`bench tuner --prior X --learned-prior Y`: a dataset with a recorded prior runs from it;
+    the note said it kept the analytical model's prior, and a learned one was fitted for it."""
+    from pathlib import Path
+
+    from typer.testing import CliRunner
+
+    from pipetune.clients.cli.main import app
+
+    data = Path(__file__).resolve().parent.parent / "benchmarks" / "data"
+    args = [
+        "bench",
+        "tuner",
+        str(data / "h200" / "BMM_BERT_QK.t4.json.gz"),
+        "--prior",
+        str(data / "h100" / "BMM_BERT_QK.t4.json.gz"),
+        "--learned-prior",
+        str(data / "h100" / "BMM_GPT2_QK.t4.json.gz"),
+        "--strategies",
+        "auto",
+        "--seeds",
+        "1",
+        "--budgets",
+        "4",
+        "--json",
+    ]
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 0, result.output
+    doc = json.loads(result.stdout)
+    assert doc["priors"] == {"BMM_BERT_QK": "BMM_BERT_QK"} and doc["learned_priors"] == {}
+    said = " ".join(result.stderr.split())
+    assert "keeps the analytical model's prior" not in said
+    assert "note: --learned-prior: BMM_BERT_QK runs from its --prior: no learned prior there" in (
+        said
+    )

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sys
+from collections.abc import Collection
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, get_args
 
@@ -294,9 +295,10 @@ def _priors(priors: list[Path], loaded: list[Dataset]) -> dict:
     return chosen
 
 
-def _learned(paths: list[Path], loaded: list[Dataset]) -> dict:
+def _learned(paths: list[Path], loaded: list[Dataset], recorded: Collection[str] = ()) -> dict:
     """--learned-prior: measured pipetune datasets (files, or folders of *.t4.json.gz) whose
-    cost model is the prior of each loaded dataset of their family, its own shape left out."""
+    cost model is the prior of each loaded dataset of their family, its own shape left out;
+    none for the datasets named in `recorded` (they run from their --prior)."""
     from pipetune.tuner.learned_prior import unseen_shape_priors
     from pipetune.workers.datasets import DatasetError
 
@@ -327,24 +329,36 @@ def _learned(paths: list[Path], loaded: list[Dataset]) -> dict:
                 2,
             )
     records = [ds.ours for ds in corpus if ds.ours is not None]
-    learned = unseen_shape_priors(loaded, records)
-    for note in _unlearned(loaded, learned, files, records):
+    learned = unseen_shape_priors([ds for ds in loaded if ds.name not in recorded], records)
+    for note in _unlearned(loaded, learned, files, records, recorded):
         stderr_console.print(f"note: --learned-prior: {note}")
     return learned
 
 
-def _unlearned(loaded: list[Dataset], learned: dict, files: list[Path], records: list) -> list[str]:
-    """What --learned-prior was given and does not use, said beside the run: a dataset left
-    with the analytical model's prior (nothing of its family but its own shape), and a file
-    of no benchmarked dataset's family (it teaches nothing here)."""
+def _unlearned(
+    loaded: list[Dataset],
+    learned: dict,
+    files: list[Path],
+    records: list,
+    recorded: Collection[str] = (),
+) -> list[str]:
+    """What --learned-prior was given and does not use, said beside the run: a dataset that
+    runs from its --prior (named in `recorded`), a dataset left with the analytical model's
+    prior (nothing of its family but its own shape), and a file of no benchmarked dataset's
+    family (it teaches nothing here)."""
     from pipetune.model.family import family_of
     from pipetune.tuner.learned_prior import generator_line, newest_revisions
 
     notes = [
+        f"{ds.name} runs from its --prior: no learned prior there"
+        for ds in loaded
+        if ds.name in recorded
+    ]
+    notes += [
         f"nothing of {family_of(ds.ours.space.workload).name} but its own shape for "
         f"{ds.name}: it keeps the analytical model's prior"
         for ds in loaded
-        if ds.ours is not None and ds.name not in learned
+        if ds.ours is not None and ds.name not in learned and ds.name not in recorded
     ]
     families = {family_of(ds.ours.space.workload).name for ds in loaded if ds.ours is not None}
     notes += [
@@ -355,7 +369,9 @@ def _unlearned(loaded: list[Dataset], learned: dict, files: list[Path], records:
     ]
     # Older revisions are left out of the priors of their own line's datasets only
     # (tuner.learned_prior.current_measurements): another line's datasets learn from them.
-    lines = {generator_line(ds.ours) for ds in loaded if ds.ours is not None}
+    lines = {
+        generator_line(ds.ours) for ds in loaded if ds.ours is not None and ds.name not in recorded
+    }
     newest = newest_revisions(records)
     for f, r in zip(files, records, strict=True):
         line = generator_line(r)
@@ -461,7 +477,7 @@ def tuner(
     priors = _priors(prior or [], loaded)
     if prior_trials is not None and not priors:
         raise CliError("--prior-trials: give the --prior dataset the trials are taken from", 2)
-    learned = _learned(learned_prior or [], loaded)
+    learned = _learned(learned_prior or [], loaded, set(priors))
     with console.status("benchmarking") as status:
         try:
             doc = bench(
