@@ -32,6 +32,7 @@ from pipetune.tuner.learned_prior import (
     learned_prior,
     newest_revisions,
     prior_from,
+    unseen_shape_priors,
 )
 from pipetune.tuner.offline import RecordedSpace
 from pipetune.tuner.recorded import RecordedConfigs
@@ -325,3 +326,24 @@ def test_dataset_info_says_which_generator_and_revisions_measured_a_file():
     doc = json.loads(result.stdout)
     assert doc["generator"] == "tensor_gemm.conv"
     assert doc["generator_revisions"] == {"2": doc["configurations"]}
+
+
+def test_a_corpus_that_ranks_nothing_is_not_said_to_be_missing(tmp_path):
+    """Another shape whose schedules all took the same time teaches a cost model that ranks
+    nothing: the dataset keeps the analytical model's prior, and the note says why, rather
+    than that nothing but its own shape was given."""
+    flat = _recorded(bmm(4, 128, 128, 64), "h100", None)
+    flat = RecordedSpace(flat.space, np.full(len(flat.latency_s), 2e-5))
+    target = _recorded(gemm(512, 512, 512), "h200", None)
+    loaded = [_benchmarked("gemm", target)]
+    learned = unseen_shape_priors(loaded, [flat])
+    assert learned == {}
+    notes = _unlearned(loaded, learned, [tmp_path / "flat.t4.json.gz"], [flat])
+    assert notes == [
+        "a cost model of the other tensor_gemm shapes' measurements ranks no schedule of gemm "
+        "above another: it keeps the analytical model's prior"
+    ]
+    alone = _unlearned(loaded, {}, [tmp_path / "own.t4.json.gz"], [target])
+    assert alone == [
+        "nothing of tensor_gemm but its own shape for gemm: it keeps the analytical model's prior"
+    ]

@@ -354,12 +354,24 @@ def _unlearned(
         for ds in loaded
         if ds.name in recorded
     ]
-    notes += [
-        f"nothing of {family_of(ds.ours.space.workload).name} but its own shape for "
-        f"{ds.name}: it keeps the analytical model's prior"
-        for ds in loaded
-        if ds.ours is not None and ds.name not in learned and ds.name not in recorded
-    ]
+    for ds in loaded:
+        if ds.ours is None or ds.name in learned or ds.name in recorded:
+            continue
+        family = family_of(ds.ours.space.workload).name
+        mine = ds.ours.space.workload.workload_hash
+        others = any(
+            family_of(r.space.workload).name == family and r.space.workload.workload_hash != mine
+            for r in records
+        )
+        # (unseen_shape_priors keeps no prior for one of two reasons: no other shape, or a
+        # cost model of the others that ranks no schedule of this space above another.)
+        why = (
+            f"a cost model of the other {family} shapes' measurements ranks no schedule of "
+            f"{ds.name} above another"
+            if others
+            else f"nothing of {family} but its own shape for {ds.name}"
+        )
+        notes.append(f"{why}: it keeps the analytical model's prior")
     families = {family_of(ds.ours.space.workload).name for ds in loaded if ds.ours is not None}
     notes += [
         f"{f.name} ({family_of(r.space.workload).name}) is of no benchmarked dataset's "
