@@ -23,6 +23,7 @@ from sqlalchemy import func, select
 
 from pipetune.model.hardware import gpu_keys
 from pipetune.model.states import OUTSTANDING_JOB_STATES, JobState, TaskState
+from pipetune.model.trials import RunnerKind
 from pipetune.service.db import is_unavailable
 from pipetune.service.orm import JobRow, TaskRow, WorkerRow
 from pipetune.service.thread_cpu import ThreadCpu
@@ -80,13 +81,15 @@ class DatabaseGauges(Collector):
                 ).all()
                 tasks = s.execute(select(TaskRow.state, func.count()).group_by(TaskRow.state)).all()
                 workers = s.execute(
-                    select(WorkerRow.gpu, func.count()).group_by(WorkerRow.gpu)
+                    select(WorkerRow.gpu, WorkerRow.runner, func.count()).group_by(
+                        WorkerRow.gpu, WorkerRow.runner
+                    )
                 ).all()
                 since = self.db.now_plus(-self.live_within_s)
                 live = s.execute(
-                    select(WorkerRow.gpu, func.count())
+                    select(WorkerRow.gpu, WorkerRow.runner, func.count())
                     .where(WorkerRow.last_heartbeat >= since)
-                    .group_by(WorkerRow.gpu)
+                    .group_by(WorkerRow.gpu, WorkerRow.runner)
                 ).all()
         except Exception as exc:
             if not is_unavailable(exc):
@@ -108,17 +111,20 @@ class DatabaseGauges(Collector):
         yield gauge_family("pipetune_queue_depth", "Jobs waiting for a worker", ["gpu"], queued)
         yield gauge_family("pipetune_leases_active", "Jobs leased to a worker", ["gpu"], leased)
         yield gauge_family("pipetune_tasks", "Tasks by state", ["state"], states)
+        # By runner as well as GPU: a simulated worker stands in for a GPU it does not have,
+        # and counted with the real ones it made a fleet of simulations look like GPUs.
         yield gauge_family(
             "pipetune_workers_registered",
-            "Workers ever registered (a restarted worker registers again under a new name)",
-            ["gpu"],
-            _every(gpu_keys(), workers),
+            "Workers ever registered (a restarted worker registers again under a new name), "
+            "by the GPU they answer for and their runner (simulated: no GPU)",
+            ["gpu", "runner"],
+            _every_gpu_and_runner(workers),
         )
         yield gauge_family(
             "pipetune_workers_live",
-            "Workers that sent a heartbeat within the lease TTL",
-            ["gpu"],
-            _every(gpu_keys(), live),
+            "Workers that sent a heartbeat within the lease TTL, by GPU and runner",
+            ["gpu", "runner"],
+            _every_gpu_and_runner(live),
         )
 
     def describe(self) -> Iterator[Metric]:
@@ -137,6 +143,14 @@ def _every(keys: Iterable[str], rows: Iterable[tuple]) -> list[tuple[str, float]
     return [(k, found.pop(k, 0.0)) for k in keys] + sorted(found.items())
 
 
+def _every_gpu_and_runner(rows: Iterable[tuple]) -> list[tuple[str, str, float]]:
+    """(gpu, runner, count) for every GPU and runner, 0 where `rows` has none."""
+    found = {(str(gpu), str(runner)): float(n) for gpu, runner, n in rows}
+    every = [(gpu, str(runner)) for gpu in gpu_keys() for runner in RunnerKind]
+    rest = sorted(set(found) - set(every))
+    return [(gpu, runner, found.get((gpu, runner), 0.0)) for gpu, runner in every + rest]
+
+
 class Metrics:
     """The service's own counters and request latency, and (given a database) its gauges."""
 
@@ -151,8 +165,8 @@ class Metrics:
         self.results = Counter(
             "pipetune_results_total",
             "Results posted by workers (recorded: this report wrote the trial; a repeat of "
-            "one is accepted, not recorded)",
-            ["status", "accepted", "recorded"],
+            "one is accepted, not recorded; simulated: the analytical model's latency, no GPU)",
+            ["status", "accepted", "recorded", "simulated"],
             registry=r,
         )
         self.lease_expiries = Counter(

@@ -28,7 +28,7 @@ from sqlalchemy import exc as sa_exc
 
 from pipetune.model.hardware import get_gpu
 from pipetune.model.states import JobState, TaskState
-from pipetune.model.trials import MeasureResult, RunnerKind
+from pipetune.model.trials import MeasureResult, RunnerKind, is_simulated
 from pipetune.model.wire import (
     ID_MAX,
     HeartbeatAck,
@@ -604,6 +604,9 @@ class Queue:
         self, worker: WorkerRef | None, worker_id: int, report: Report, seen: Seen, settled: dict
     ) -> Judged:
         job_id, status = report.job_id, report.result.status
+        # A result without its runner is recorded as its worker's (queue_pg's coalesce).
+        runner = report.result.runner or (worker.runner if worker is not None else None)
+        simulated = is_simulated(runner)
         if not seen.found:
             return self._refused(job_id, NotFoundError(f"job {job_id} does not exist"))
         if worker is None or seen.lease_worker != worker_id:
@@ -614,12 +617,14 @@ class Queue:
             )
         if seen.applied:
             state = JobState.DONE if report.result.ok else JobState.FAILED
-            return self._answer(job_id, status, True, state, None, recorded=True)
+            return self._answer(job_id, status, True, state, None, simulated, recorded=True)
         state, recorded = settled.get(job_id, (seen.job_state, seen.result_token))
         if recorded is not None and hmac.compare_digest(recorded, report.lease_token):
-            return self._answer(job_id, status, True, state, "duplicate: already recorded")
+            return self._answer(
+                job_id, status, True, state, "duplicate: already recorded", simulated
+            )
         why = "task cancelled" if state == JobState.CANCELLED else "stale lease"
-        return self._answer(job_id, status, False, state, f"{why}: not recorded")
+        return self._answer(job_id, status, False, state, f"{why}: not recorded", simulated)
 
     def _answer(
         self,
@@ -628,11 +633,17 @@ class Queue:
         accepted: bool,
         job_state: str,
         detail: str | None,
+        simulated: bool,
         recorded: bool = False,
     ) -> Judged:
         # `recorded`: this report wrote the trial (a repeat is accepted, not recorded): the
         # recorded ones add up to the database's results.
-        labels = (status, "true" if accepted else "false", "true" if recorded else "false")
+        labels = (
+            status,
+            "true" if accepted else "false",
+            "true" if recorded else "false",
+            "true" if simulated else "false",
+        )
         self.metrics.results.labels(*labels).inc()
         ack = JobResultAck(
             job_id=job_id,

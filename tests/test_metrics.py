@@ -33,7 +33,7 @@ def test_the_exposition_parses_and_its_gauges_follow_the_database(client):
     assert metric_value(text, "pipetune_queue_depth", gpu="h100") == 3.0
     assert metric_value(text, "pipetune_leases_active", gpu="h100") == 1.0
     assert metric_value(text, "pipetune_tasks", state="running") == 1.0  # one job leased
-    assert metric_value(text, "pipetune_workers_registered", gpu="h100") == 1.0
+    assert metric_value(text, "pipetune_workers_registered", gpu="h100", runner="simulated") == 1.0
     assert metric_value(text, "pipetune_jobs_leased_total", gpu="h100") == 1.0
     # Another worker takes the rest: the gauges are read afresh at the next scrape.
     other = register(client, name="w2")
@@ -42,8 +42,8 @@ def test_the_exposition_parses_and_its_gauges_follow_the_database(client):
     # An empty queue reads 0, not "no data" (the series vanished when the queue emptied).
     assert metric_value(text, "pipetune_queue_depth", gpu="h100") == 0.0
     assert metric_value(text, "pipetune_leases_active", gpu="h100") == 4.0
-    assert metric_value(text, "pipetune_workers_registered", gpu="h100") == 2.0
-    assert metric_value(text, "pipetune_workers_live", gpu="h100") == 2.0
+    assert metric_value(text, "pipetune_workers_registered", gpu="h100", runner="simulated") == 2.0
+    assert metric_value(text, "pipetune_workers_live", gpu="h100", runner="simulated") == 2.0
     # Every GPU and task state has a sample.
     assert metric_value(text, "pipetune_queue_depth", gpu="a100") == 0.0
     assert metric_value(text, "pipetune_tasks", state="cancelled") == 0.0
@@ -67,8 +67,10 @@ def test_a_worker_silent_past_the_lease_ttl_is_registered_but_not_live(db_url):
                 .values(last_heartbeat=db.now_plus(-3600.0))
             )
         text = client.get("/metrics").text
-        assert metric_value(text, "pipetune_workers_registered", gpu="h100") == 2.0
-        assert metric_value(text, "pipetune_workers_live", gpu="h100") == 1.0
+        assert (
+            metric_value(text, "pipetune_workers_registered", gpu="h100", runner="simulated") == 2.0
+        )
+        assert metric_value(text, "pipetune_workers_live", gpu="h100", runner="simulated") == 1.0
         assert alive != gone
 
 
@@ -106,3 +108,25 @@ def test_the_cpu_spent_proposing_is_counted_per_strategy(client):
     text = client.get("/metrics").text
     assert metric_value(text, name, strategy="auto") > created
     assert metric_value(text, name, strategy="random") is None
+
+
+def test_simulated_workers_and_results_are_counted_apart_from_gpus(client):
+    """A simulated worker stands in for a GPU it does not have: the worker gauges counted it
+    with the real ones (a fleet of simulations read as GPUs), and results had no label that
+    told the analytical model's latencies from measured ones."""
+    from service_support import post_result
+
+    simulated = register(client, name="sim")
+    gpu = register(client, name="gpu", runner="cupy")
+    create_task(client, budget=4, strategy="grid")
+    post_result(client, simulated, lease(client, simulated)[0], ok(10.0))
+    post_result(client, gpu, lease(client, gpu)[0], {**ok(12.0), "runner": "cupy"})
+    text = client.get("/metrics").text
+    for gauge in ("pipetune_workers_registered", "pipetune_workers_live"):
+        assert metric_value(text, gauge, gpu="h100", runner="simulated") == 1.0
+        assert metric_value(text, gauge, gpu="h100", runner="cupy") == 1.0
+        assert metric_value(text, gauge, gpu="a100", runner="replay") == 0.0  # every pair
+    recorded = {"status": "ok", "accepted": "true", "recorded": "true"}
+    results = "pipetune_results_total"
+    assert metric_value(text, results, **recorded, simulated="true") == 1.0
+    assert metric_value(text, results, **recorded, simulated="false") == 1.0

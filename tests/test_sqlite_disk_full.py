@@ -80,7 +80,10 @@ def test_a_full_disk_is_a_503_naming_it_and_healthz_says_so_until_it_passes(tmp_
         # are still there, read as before.
         scraped = client.get("/metrics").text
         assert metric_value(scraped, "pipetune_database_up") == 0
-        assert metric_value(scraped, "pipetune_workers_registered", gpu="h100") == 1
+        assert (
+            metric_value(scraped, "pipetune_workers_registered", gpu="h100", runner="simulated")
+            == 1
+        )
         # Room again: writes pass, and /healthz is healthy once no write has failed for
         # disk_full_window_s.
         cap.set(None)
