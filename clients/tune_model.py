@@ -13,9 +13,10 @@ end, per family and over all operators: Σ count·baseline / Σ count·tuned ove
 that have both. Each family's share of the network's time is its Σ count·tuned over all
 the layers' Σ count·tuned (the same latencies as the rows).
 
-Whether the latencies are measurements depends on the workers that produced them: the
-service's worker list says which runner each worker uses (cupy measures, simulated is the
-analytical model plus noise, replay answers from a recorded dataset).
+Whether the latencies are measurements depends on the runners that produced them: each
+trial records its runner (cupy measures, simulated is the analytical model plus noise,
+replay answers from a recorded dataset, and a replay of a simulated sweep is simulated);
+a trial that records none is told by its worker's entry in the service's worker list.
 """
 
 from __future__ import annotations
@@ -35,7 +36,7 @@ from pipetune.model.family import KernelFamily, family_names, family_of
 from pipetune.model.hardware import HardwareError, get_gpu, resolve_gpu_key
 from pipetune.model.networks import DistinctShape, Network
 from pipetune.model.states import TaskState
-from pipetune.model.trials import RunnerKind
+from pipetune.model.trials import RunnerKind, runner_kind_shown
 from pipetune.model.wire import DEFAULT_PRIORITY, ScheduleDoc, StrategyName, TaskDoc, TrialDoc
 
 RUNNER_MEANING = {
@@ -274,6 +275,21 @@ def worker_runners(client: Client) -> dict[str, str] | None:
         return None
 
 
+def trial_runner_kinds(trials: list[TrialDoc], runners: dict[str, str] | None) -> set[str]:
+    """The runner kinds that answered a task's finished trials, from each trial's own runner
+    (recorded with its result: a replay of a simulated sweep is simulated), else from its
+    worker's registration (the service's worker list, which may have changed since)."""
+    kinds = set()
+    for t in trials:
+        if t.status is None:
+            continue
+        if t.runner:
+            kinds.add(runner_kind_shown(t.runner) or "unknown")
+        elif t.worker and runners is not None:
+            kinds.add(runners.get(t.worker, "unknown"))
+    return kinds
+
+
 def collect(
     client: Client, shapes: list[DistinctShape], tasks: list[TaskDoc], gpu: str
 ) -> list[LayerResult]:
@@ -281,8 +297,7 @@ def collect(
     results = []
     for shape, task in zip(shapes, tasks, strict=True):
         trials = client.all_trials(task.id)
-        used = {t.worker for t in trials if t.worker and t.status is not None}
-        kinds = {runners.get(name, "unknown") for name in used} if runners is not None else set()
+        kinds = trial_runner_kinds(trials, runners)
         results.append(
             LayerResult(
                 shape=shape,

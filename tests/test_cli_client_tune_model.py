@@ -590,3 +590,46 @@ def test_launch_queues_only_the_shapes_not_resumed():
     started = launch(Fake(), shapes, "h100", 16, "auto", 0, resumed={1: kept})  # type: ignore[arg-type]
     assert [t.id for t in started] == [51, 7, 52]
     assert queued == [shapes[0].workload.canonical(), shapes[2].workload.canonical()]
+
+
+class _RunnerClient:
+    """collect()'s view of a service: a worker list and each task's trials."""
+
+    def __init__(self, workers: list, trials: dict[int, list[TrialDoc]]):
+        self._workers, self._trials = workers, trials
+
+    def workers(self) -> list:
+        return self._workers
+
+    def all_trials(self, task_id: int) -> list[TrialDoc]:
+        return self._trials[task_id]
+
+
+def test_latencies_are_labelled_by_each_trials_own_runner_not_the_worker_list():
+    from pipetune.clients.tune_model import collect
+    from pipetune.model.wire import WorkerDoc
+
+    now = datetime.now(UTC)
+    shape = network("bert-base", seq=128).distinct()[0]
+    task = _task(4.0, PIPELINED)
+
+    def trial(worker: str, runner: str | None) -> TrialDoc:
+        doc = _trial(0, PIPELINED, 4.0)
+        return doc.model_copy(update={"worker": worker, "runner": runner})
+
+    def worker(name: str, runner: str) -> WorkerDoc:
+        return WorkerDoc(id=1, name=name, gpu="h100", arch="sm_90", runner=runner,
+                         last_heartbeat=now)  # fmt: skip
+
+    # A replay worker answering from a simulated sweep: its results say replay:simulated.
+    replayed = _RunnerClient([worker("r", "replay")], {1: [trial("r", "replay:simulated")]})
+    results = collect(replayed, [shape], [task], "h100")  # type: ignore[arg-type]
+    assert results[0].runners == {"simulated"} and latency_kind(results).startswith("simulated")
+    # A worker name that re-registered as a cupy worker after it ran simulated trials.
+    renamed = _RunnerClient([worker("w", "cupy")], {1: [trial("w", "simulated")]})
+    results = collect(renamed, [shape], [task], "h100")  # type: ignore[arg-type]
+    assert latency_kind(results).startswith("simulated")
+    # A trial that records no runner is told by its worker's registration, as before.
+    unrecorded = _RunnerClient([worker("w", "cupy")], {1: [trial("w", None)]})
+    results = collect(unrecorded, [shape], [task], "h100")  # type: ignore[arg-type]
+    assert results[0].runners == {"cupy"}
