@@ -15,7 +15,8 @@ mask and scaling (fused into the softmax's input in practice), dropout (off at i
 and ResNet's pooling, batch-norm and activations. An end-to-end figure built from these
 layers covers the listed operators only.
 
-- bert-base: 12 post-LN encoder layers, hidden 768, 12 heads of 64, FFN 3072. Per layer,
+- bert-base: 12 post-LN encoder layers, hidden 768, 12 heads of 64, FFN 3072, at most 512
+  tokens (its position embeddings; GPT-2: 1024). Per layer,
   with T = batch·seq tokens: fused QKV projection (T×2304×768), attention scores Q·Kᵀ as a
   BMM (b = batch·12, seq×seq×64), the attention softmax (rows = batch·12·seq, cols = seq),
   attention-weighted values (b = batch·12, seq×64×seq), output projection (T×768×768), a
@@ -45,6 +46,9 @@ NETWORKS = ("bert-base", "gpt2", "resnet50")
 # Defaults that match ALCOP's operator shapes (BMM_BERT_QK is 12×512×512×64 at batch 1,
 # BMM_GPT2_QK 12×1024×1024×64; Conv2D_RN50 is batch 64).
 DEFAULT_SEQ = {"bert-base": 512, "gpt2": 1024}
+# The longest sequence each network takes: its learned position table (HF BertConfig's
+# max_position_embeddings, GPT2Config's n_positions). Longer is another network.
+MAX_SEQ = {"bert-base": 512, "gpt2": 1024}
 DEFAULT_BATCH = {"bert-base": 1, "gpt2": 1, "resnet50": 64}
 # Per network: the layer norms' eps and the GELU form (the memops workloads' `approximate`),
 # as the reference implementations (HF BertConfig.layer_norm_eps, GPT2Config's
@@ -209,6 +213,11 @@ def network(name: str, batch: int | None = None, seq: int | None = None) -> Netw
         seq = DEFAULT_SEQ[name] if seq is None else seq
         if seq < 1:
             raise WorkloadError("seq", f"must be at least 1, got {seq}")
+        if seq > MAX_SEQ[name]:
+            raise WorkloadError(
+                "seq",
+                f"{name} takes at most {MAX_SEQ[name]} tokens (its position embeddings), got {seq}",
+            )
     try:
         return _layers(name, batch, seq)
     except WorkloadError as exc:

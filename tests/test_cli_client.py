@@ -79,6 +79,7 @@ BAD = [
     (["curve", "1", "--png", "/no/such/dir/curve.png"], "--png: directory /no/such/dir"),
     (["tune-model", "vgg16"], "network: unknown network 'vgg16'"),
     (["tune-model", "bert-base", "--seq", "100"], "seq: must be a multiple of 8"),
+    (["tune-model", "bert-base", "--seq", "1024"], "seq: bert-base takes at most 512 tokens"),
     (["tune-model", "resnet50", "--seq", "128"], "--seq: resnet50 takes images"),
     (["tune-model", "gpt2", "--batch", "0"], "batch: must be at least 1"),
     (["tune-model", "gpt2", "--batch-size", "0"], "--batch-size: must be within 1..64, got 0"),

@@ -72,6 +72,12 @@ def test_defaults_follow_alcop_and_bad_sizes_name_the_field():
         network("bert-base", seq=100)
     with pytest.raises(WorkloadError, match="unknown network"):
         network("vgg16")
+    # Past its position table the sequence belongs to no BERT-base (GPT-2) there is.
+    with pytest.raises(WorkloadError, match=r"^seq: bert-base takes at most 512 tokens"):
+        network("bert-base", seq=1024)
+    with pytest.raises(WorkloadError, match=r"^seq: gpt2 takes at most 1024 tokens"):
+        network("gpt2", seq=2048)
+    assert network("bert-base", seq=512).seq == 512 and network("gpt2", seq=1024).seq == 1024
     # A layer's own limit named its GEMM's m, a field no user gives.
     with pytest.raises(WorkloadError, match=r"^batch/seq: batch 100000000 x seq 512 is too"):
         network("bert-base", batch=100_000_000)
@@ -185,10 +191,11 @@ def test_transformers_list_softmax_layernorm_and_bias_gelu(
 
 
 def test_memops_match_the_benchmark_suite_shapes():
-    # The same operators as model/operators.py's memops suite (batch 8, seq 1024).
-    for name, tag in (("bert-base", "BERT"), ("gpt2", "GPT2")):
-        hashes = {s.workload.workload_hash for s in network(name, 8, 1024).distinct("memops")}
-        suite = {MEMOPS[f"{op}_{tag}_b8_s1024"].workload_hash
+    # The same operators as model/operators.py's memops suite (batch 8; BERT-base takes at
+    # most 512 tokens, so its suite entries at 128).
+    for name, tag, seq in (("bert-base", "BERT", 128), ("gpt2", "GPT2", 1024)):
+        hashes = {s.workload.workload_hash for s in network(name, 8, seq).distinct("memops")}
+        suite = {MEMOPS[f"{op}_{tag}_b8_s{seq}"].workload_hash
                  for op in ("Softmax", "LayerNorm", "BiasGELU")}  # fmt: skip
         assert hashes == suite
 

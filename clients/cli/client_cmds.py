@@ -604,7 +604,9 @@ def curve(
 def tune_model(
     network: str = typer.Argument(..., help="bert-base, gpt2 or resnet50"),
     batch: int | None = typer.Option(None, "--batch", help="batch (default 1; resnet50: 64)"),
-    seq: int | None = typer.Option(None, "--seq", help="sequence length (bert 512, gpt2 1024)"),
+    seq: int | None = typer.Option(
+        None, "--seq", help="sequence length (default and most: bert-base 512, gpt2 1024)"
+    ),
     gpu: str = typer.Option(DEFAULT_GPU, "--gpu", help=f"GPU: {', '.join(gpu_keys())}"),
     budget: int = typer.Option(16, "--budget", help="trials per distinct layer shape"),
     strategy: str = typer.Option(DEFAULT_STRATEGY, "--strategy", help=", ".join(STRATEGIES)),
