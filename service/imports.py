@@ -35,6 +35,7 @@ from pipetune.workers.datasets import Dataset
 from pipetune.workers.datasets.pipetune import (
     PipetuneInfo,
     parse_t4_timestamp,
+    record_runner,
     result_from_record,
 )
 
@@ -68,7 +69,7 @@ def _trials(data: Dataset, info: PipetuneInfo) -> tuple[list[Any], list[Any]]:
     ["records", i, field]): a register count past int32 failed on PostgreSQL's insert."""
     fam = info.family
     schedules = [fam.parse_schedule(dict(r.configuration)) for r in data.records]
-    results = [result_from_record(r, info.runner) for r in data.records]
+    results = [result_from_record(r, record_runner(r, info.runner)) for r in data.records]
     for i, result in enumerate(results):
         check_storable(result, ["records", i], runner_kind=False)
     return schedules, results

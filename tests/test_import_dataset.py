@@ -255,3 +255,56 @@ def test_a_timestamp_past_what_utc_holds_is_no_timestamp():
     assert parse_t4_timestamp("yesterday") is None
     kept = parse_t4_timestamp("2023-12-22 09:54:05.502007+00:00")
     assert kept is not None and kept.year == 2023
+
+
+def test_a_task_several_runners_measured_exports_a_file_that_reads_back(db_url, tmp_path):
+    """A task measured by a replay worker and a simulated one exported the runner label
+    "replay:cupy,simulated" and nothing per record: every command refused the file it wrote
+    (each record's runner was taken to be that label, longer than a trial's runner). Each
+    record keeps its own runner now, and an import gives each trial its own back."""
+    from service_support import fake_latency, lease, ok, post_result
+
+    with client_for(db_url) as client:
+        ids = []
+        for name, kind in (("replayer", "replay"), ("simulator", "simulated")):
+            body = {"name": name, "gpu": "h100", "arch": "sm_90", "runner": kind}
+            ids.append(client.post("/v1/workers", json=body, headers=WORKER_HEADERS).json()["id"])
+        body = {"workload": WORKLOAD.canonical(), "gpu": "h100", "budget": 8, "batch_size": 8}
+        task = client.post("/v1/tasks", json=body).json()
+        for job in lease(client, ids[0], max_jobs=4):
+            result = {**ok(fake_latency(job["schedule"])), "runner": "replay:cupy"}
+            assert post_result(client, ids[0], job, result).status_code == 200
+        assert drain(client, ids[1]) == 4
+        trials = client.get(f"/v1/tasks/{task['id']}/trials").json()["trials"]
+    runners = {json.dumps(t["schedule"], sort_keys=True): t["runner"] for t in trials}
+    assert sorted(set(runners.values())) == ["replay:cupy", "simulated"]
+
+    out = tmp_path / "mixed.t4.json"
+    args = ["export", "--task", str(task["id"]), "--format", "t4", "--out", str(out)]
+    assert runner.invoke(app, [*args, "--db", db_url]).exit_code == 0
+    info = runner.invoke(app, ["dataset", "info", str(out), "--json"])
+    assert info.exit_code == 0, info.output
+    assert json.loads(info.stdout)["runner"] == "replay:cupy,simulated"
+
+    other = f"sqlite:///{tmp_path / 'other.db'}"
+    doc = _import(out, other)
+    with client_for(other) as client:
+        back = client.get(f"/v1/tasks/{doc['id']}/trials").json()["trials"]
+    assert {json.dumps(t["schedule"], sort_keys=True): t["runner"] for t in back} == runners
+
+
+def test_a_records_own_runner_pipetune_never_writes_is_refused(a100_sweep, tmp_path):
+    """A record's own runner is checked as the file's label is: "Simulated" would be read
+    as measured."""
+    data = load_dataset(a100_sweep)
+    records = list(data.records)
+    records[3] = replace(
+        records[3], measurements={**records[3].measurements, "runner": "Simulated"}
+    )
+    path = tmp_path / "odd.t4.json"
+    write_t4(Dataset(records, knobs=data.knobs, metadata=data.metadata), path)
+    result = runner.invoke(
+        app, ["db", "import-dataset", str(path), "--db", f"sqlite:///{tmp_path / 'x.db'}"]
+    )
+    assert result.exit_code == 2, result.output
+    assert "'Simulated'" in result.stderr

@@ -28,6 +28,7 @@ from pipetune.workers.datasets.pipetune import (
     now_timestamp,
     record_from_result,
     record_revision,
+    record_runner,
     result_from_record,
 )
 from pipetune.workers.datasets.records import (
@@ -56,6 +57,7 @@ __all__ = [
     "read_t4",
     "record_from_result",
     "record_revision",
+    "record_runner",
     "result_from_record",
     "summary",
     "to_t4_document",

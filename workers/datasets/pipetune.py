@@ -48,6 +48,11 @@ MEASUREMENT_FIELDS = (
     "max_abs_error",
     "generator_revision",
 )
+# A record's own runner, kept where it is not the dataset's label: the label of a task that
+# workers of several runners measured names them all ("replay:cupy,simulated"), which is no
+# trial's runner (and longer than a trial row's runner holds: the file could not be read).
+RUNNER_FIELD = "runner"
+UNKNOWN_RUNNER = "unknown"
 
 
 def _as_utc(when: dt.datetime) -> dt.datetime:
@@ -79,8 +84,24 @@ def now_timestamp() -> str:
 
 
 def record_from_result(
-    schedule: Any, result: MeasureResult, timestamp: str | None = None
+    schedule: Any,
+    result: MeasureResult,
+    timestamp: str | None = None,
+    dataset_runner: str | None = None,
 ) -> Record:
+    """The record of one result. `dataset_runner`: the runner label of the dataset it goes
+    into; a result of another runner keeps its own as the measurement "runner" (one that
+    names none is the dataset's runner's, unknown where the label names several)."""
+    measurements = {
+        name: getattr(result, name)
+        for name in MEASUREMENT_FIELDS
+        if getattr(result, name) is not None
+    }
+    own = result.runner
+    if own is None and dataset_runner is not None and "," in dataset_runner:
+        own = UNKNOWN_RUNNER  # (not the dataset's: it names several runners)
+    if own is not None and dataset_runner is not None and own != dataset_runner:
+        measurements[RUNNER_FIELD] = own
     return Record(
         configuration=schedule.as_dict(),
         invalidity=INVALIDITY_OF_STATUS[result.status],  # type: ignore[arg-type]
@@ -89,13 +110,17 @@ def record_from_result(
         compile_ms=result.compile_ms,
         status=result.status,
         error=result.error,
-        measurements={
-            name: getattr(result, name)
-            for name in MEASUREMENT_FIELDS
-            if getattr(result, name) is not None
-        },
+        measurements=measurements,
         timestamp=timestamp,
     )
+
+
+def record_runner(record: Record, runner: str | None) -> str | None:
+    """The runner that measured a record: its own where it names one (a dataset of several
+    runners' results, an export of a task that workers of each measured), else `runner`,
+    the dataset's (metadata "runner")."""
+    own = record.measurements.get(RUNNER_FIELD)
+    return runner if own is None else own
 
 
 def record_revision(record: Record) -> int:
@@ -182,7 +207,8 @@ def dataset_from_results(
     if timestamps is None or isinstance(timestamps, str):
         timestamps = [timestamps or now_timestamp()] * len(schedules)
     records = [
-        record_from_result(s, r, t) for s, r, t in zip(schedules, results, timestamps, strict=True)
+        record_from_result(s, r, t, runner)
+        for s, r, t in zip(schedules, results, timestamps, strict=True)
     ]
     metadata = {
         "pipetune": pipetune_metadata(
@@ -257,6 +283,16 @@ class PipetuneInfo:
         self.metadata = meta
 
 
+def _own_runner_problem(record: Record) -> str | None:
+    """What is wrong with a record's own runner (None: nothing, or it names none)."""
+    own = record.measurements.get(RUNNER_FIELD)
+    if own is None:
+        return None
+    if not isinstance(own, str):
+        return f"runner {shown(own)} is not a name"
+    return runner_label_problem(own)
+
+
 def check_pipetune(dataset: Dataset) -> PipetuneInfo:
     """Check that a dataset is a usable pipetune dataset: provenance parses, every
     configuration is a schedule, every record converts to a MeasureResult."""
@@ -266,8 +302,12 @@ def check_pipetune(dataset: Dataset) -> PipetuneInfo:
             info.family.parse_schedule(dict(record.configuration))
         except ScheduleError as exc:
             raise DatasetError(f"{dataset.name}: {clipped(str(exc))}") from None
+        if problem := _own_runner_problem(record):
+            raise DatasetError(
+                f"{dataset.name}: record {shown(dict(record.configuration))}: {clipped(problem)}"
+            )
         try:
-            result_from_record(record, info.runner)
+            result_from_record(record, record_runner(record, info.runner))
         except DatasetError as exc:
             raise DatasetError(f"{dataset.name}: {exc}") from None
     return info

@@ -25,7 +25,8 @@ pipetune adds, all allowed by the schema: its provenance under ``metadata["pipet
 (workload, GPU key and name, device name, runner, measurement settings) and, per result,
 the measurements "status" (pipetune's trial status, finer than T4's invalidity: a launch
 error and a runtime error are both "runtime" to T4), "error" (the failure message),
-"spread", "registers", "spill_bytes", "smem_bytes" and "max_abs_error" when known. The time
+"spread", "registers", "spill_bytes", "smem_bytes" and "max_abs_error" when known, and
+"runner" where the record's runner is not the metadata's (a task several runners measured). The time
 measurement is the median of the repeats (Kernel Tuner writes the mean).
 """
 
