@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from pipetune.model.hardware import get_gpu
@@ -87,3 +89,39 @@ def test_a_foreign_dataset_is_refused():
 def test_unknown_runner_name():
     with pytest.raises(RunnerError, match="known: cupy, replay, simulated"):
         make_runner("magic")
+
+
+@pytest.mark.parametrize(
+    ("label", "runners", "replayed"),
+    [
+        # An export of a task replay workers measured: replayed once, not "replay:replay:cupy".
+        ("replay:cupy", ["replay:cupy"] * 4, ["replay:cupy"] * 4),
+        # Several runners' export: each record names its own.
+        ("cupy,replay:simulated", ["cupy", "cupy", "replay:simulated", None], None),
+        # Several runners' label and no runner per record (an export made before records
+        # kept theirs): the kind the label is shown as.
+        ("cupy,simulated", None, ["replay:simulated"] * 4),
+    ],
+)
+def test_a_replayed_runner_label_is_one_a_result_holds(
+    tmp_path, schedules, label, runners, replayed
+):
+    """Replaying an export of a task that replay workers (or several runners) measured
+    failed on every schedule: the result's runner, "replay:" before the file's label, was
+    longer than a result's runner may be."""
+    results = [
+        MeasureResult(status="ok", latency_us=10.0 + i, samples_us=[10.0 + i], runner=r)
+        for i, r in enumerate(runners or [None] * 4)
+    ]
+    dataset = dataset_from_results(WORKLOAD, GPU, schedules, results, runner=label)
+    if runners is None:
+        records = [
+            replace(r, measurements={k: v for k, v in r.measurements.items() if k != "runner"})
+            for r in dataset.records
+        ]
+        dataset = Dataset(records, knobs=dataset.knobs, metadata=dataset.metadata)
+    path = write_t4(dataset, tmp_path / "export.t4.json")
+    with ReplayRunner(path) as runner:
+        got = [r.runner for r in runner.measure(WORKLOAD, schedules)]
+    expected = replayed or ["replay:cupy", "replay:cupy", "replay:simulated", "replay:unknown"]
+    assert got == expected

@@ -13,8 +13,16 @@ from pathlib import Path
 from typing import Any
 
 from pipetune.model.hardware import GPUSpec, resolve_gpu_key
-from pipetune.model.trials import MeasureResult
-from pipetune.workers.datasets import Dataset, check_pipetune, load_dataset, result_from_record
+from pipetune.model.trials import RUNNER_MAX_CHARS, MeasureResult, runner_kind_shown
+from pipetune.workers.datasets import (
+    Dataset,
+    Record,
+    check_pipetune,
+    load_dataset,
+    record_runner,
+    result_from_record,
+)
+from pipetune.workers.datasets.pipetune import UNKNOWN_RUNNER
 from pipetune.workers.runners.base import AnyWorkload, Runner, RunnerError, Schedule
 
 
@@ -88,4 +96,17 @@ class ReplayRunner(Runner):
             if record is None:
                 raise ScheduleNotInDatasetError(schedule, self.dataset.name)
             records.append(record)
-        return [result_from_record(r, self.label) for r in records]
+        return [result_from_record(r, self.replayed(r)) for r in records]
+
+    def replayed(self, record: Record) -> str:
+        """The runner a replayed record's result names: `replay:<the runner that measured
+        it>`, once (a replay of a replay's recording replays the same measurement: it said
+        "replay:replay:cupy", longer than a result's runner, and every trial failed to
+        replay), and where its runner is several runners' label too long to prefix (a file
+        that names no runner per record), the kind that label is shown as."""
+        recorded = record_runner(record, self.info.runner) or UNKNOWN_RUNNER
+        prefix = f"{self.name}:"
+        recorded = recorded.removeprefix(prefix)
+        if len(prefix) + len(recorded) > RUNNER_MAX_CHARS:
+            recorded = runner_kind_shown(recorded) or UNKNOWN_RUNNER
+        return prefix + recorded
