@@ -19,10 +19,11 @@ workload on its GPU (what `pipetune db import-optimum` needs for the optimum it 
 
 from __future__ import annotations
 
+import hashlib
 from typing import Any
 
 import numpy as np
-from sqlalchemy import insert, select
+from sqlalchemy import func, insert, select
 from sqlalchemy.orm import Session
 
 from pipetune.model.hardware import get_gpu
@@ -103,12 +104,25 @@ def _imported_task(
     return None
 
 
+def _one_import_at_a_time(session: Session, info: PipetuneInfo) -> None:
+    """On PostgreSQL, wait for any other import of the workload on the GPU to commit before
+    looking for its task (a lock held to the end of this transaction). Each of two imports
+    of one file at once found no task and wrote its own; SQLite's writers already queue
+    (BEGIN IMMEDIATE), and a statement here reads what the one before it committed."""
+    if session.get_bind().dialect.name != "postgresql":
+        return
+    name = f"pipetune import {info.workload.workload_hash} {info.gpu}".encode()
+    key = int.from_bytes(hashlib.sha256(name).digest()[:8], "big", signed=True)
+    session.execute(select(func.pg_advisory_xact_lock(key)))
+
+
 def import_once(
     session: Session, data: Dataset, info: PipetuneInfo, source: str, now: Any
 ) -> tuple[int, bool]:
     """`import_dataset`, unless the same trials were imported already: (the task's id,
     whether this call wrote it)."""
     schedules, results = _trials(data, info)
+    _one_import_at_a_time(session, info)
     found = _imported_task(session, info, schedules, results)
     if found is not None:
         return found, False

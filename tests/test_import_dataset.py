@@ -308,3 +308,36 @@ def test_a_records_own_runner_pipetune_never_writes_is_refused(a100_sweep, tmp_p
     )
     assert result.exit_code == 2, result.output
     assert "'Simulated'" in result.stderr
+
+
+def test_two_imports_of_one_dataset_at_once_make_one_task(a100_sweep, db_url):
+    """Two imports of one file at the same time on PostgreSQL each found no task and each
+    wrote one (an import script run twice at once doubled the workload's trials); the
+    second waits for the first now and answers with its task, as on SQLite."""
+    import threading
+
+    from pipetune.service.db import Database
+    from pipetune.service.imports import import_once
+    from pipetune.workers.datasets import check_pipetune
+
+    data = load_dataset(a100_sweep)
+    info = check_pipetune(data)
+    database = Database(db_url, pool_size=2)
+    outcome: dict[str, tuple[int, bool]] = {}
+
+    def second() -> None:
+        with database.write() as s:
+            outcome["second"] = import_once(s, data, info, "copy.t4.json", database.now())
+
+    try:
+        with database.write() as s:
+            outcome["first"] = import_once(s, data, info, str(a100_sweep), database.now())
+            thread = threading.Thread(target=second)
+            thread.start()
+            thread.join(timeout=1.0)  # (it waits for this transaction to commit)
+        thread.join(timeout=60)
+    finally:
+        database.dispose()
+    task, written = outcome["first"]
+    assert written
+    assert outcome["second"] == (task, False)
