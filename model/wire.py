@@ -394,6 +394,10 @@ class TaskDoc(_Body):
     learned_from: list[int] | None = None
     # The recorded dataset an imported task's trials came from (not tuned by the service).
     imported_from: str | None = None
+    # What that dataset said of its measurement: the device its records were measured on
+    # and its settings (an export of the task writes them back); null for a tuned task.
+    imported_device_name: str | None = None
+    imported_settings: dict[str, Any] | None = None
     # Only workers of this runner measure its trials (TaskCreate.runner); null: any.
     runner: str | None = None
     priority: int = DEFAULT_PRIORITY  # its share of its GPU's workers (TaskCreate.priority)

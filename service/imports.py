@@ -143,6 +143,19 @@ def _finished(data: Dataset) -> list[Any]:
     return [parse_t4_timestamp(r.timestamp) for r in data.records]
 
 
+def _device_name(info: PipetuneInfo) -> str | None:
+    """The device the dataset's records were measured on, as its file names it."""
+    name = info.device_name
+    return name[:256] if isinstance(name, str) and name else None
+
+
+def _settings(info: PipetuneInfo) -> dict[str, Any] | None:
+    """The dataset's measurement settings (a sweep's warm-up and repeats; an exported task's
+    strategy and seed), as its file states them."""
+    settings = info.metadata.get("settings")
+    return dict(settings) if isinstance(settings, dict) and settings else None
+
+
 def _write_task(
     session: Session,
     info: PipetuneInfo,
@@ -171,6 +184,9 @@ def _write_task(
         seed=0,
         batch_size=len(results),
         imported_from=source[:512],
+        # What the file said of its measurement, for an export to write back.
+        imported_device_name=_device_name(info),
+        imported_settings=_settings(info),
         state=TaskState.DONE,
         batches=1,
         trials_target=len(results),

@@ -85,6 +85,10 @@ class TaskRow(Base):
     # The dataset file an imported task's trials came from (`pipetune db import-dataset`): its
     # trials were measured elsewhere, not tuned here; None for a task the service ran.
     imported_from: Mapped[str | None] = mapped_column(String(512))
+    # What the imported dataset said of its measurement, written back by an export of the
+    # task: the device its records were measured on and its measurement settings.
+    imported_device_name: Mapped[str | None] = mapped_column(String(256))
+    imported_settings: Mapped[dict[str, Any] | None] = mapped_column(JSON)
     # Only workers of this runner kind measure its trials (TaskCreate.runner); None: any.
     only_runner: Mapped[str | None] = mapped_column(String(16))
     state: Mapped[str] = mapped_column(String(16))

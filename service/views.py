@@ -86,6 +86,8 @@ def task_doc(
         runner=task.only_runner,
         priority=task.priority,
         imported_from=task.imported_from,
+        imported_device_name=task.imported_device_name,
+        imported_settings=task.imported_settings,
         trials_done=task.trials_done,
         trials_failed=task.trials_failed,
         trials_target=task.trials_target,

@@ -341,3 +341,34 @@ def test_two_imports_of_one_dataset_at_once_make_one_task(a100_sweep, db_url):
     task, written = outcome["first"]
     assert written
     assert outcome["second"] == (task, False)
+
+
+def test_an_imported_datasets_device_and_settings_are_exported_back(a100_sweep, db_url, tmp_path):
+    """An export of an imported task wrote device_name null (it named only the GPUs of the
+    workers that measured its trials, and an imported task has none) and replaced the file's
+    measurement settings (a sweep's warm-up and repeats) with the task's own."""
+    data = load_dataset(a100_sweep)
+    meta = json.loads(json.dumps(data.metadata))
+    meta["pipetune"]["device_name"] = "NVIDIA A100-SXM4-40GB"
+    meta["pipetune"]["settings"] = {"warmup": 3, "repeats": 30, "l2_flush": True}
+    path = tmp_path / "a100_named.t4.json.gz"
+    write_t4(Dataset(data.records, knobs=data.knobs, metadata=meta), path)
+    doc = _import(path, db_url)
+    with client_for(db_url) as client:
+        task = client.get(f"/v1/tasks/{doc['id']}").json()
+    assert task["imported_device_name"] == "NVIDIA A100-SXM4-40GB"
+    assert task["imported_settings"] == {"warmup": 3, "repeats": 30, "l2_flush": True}
+
+    out = tmp_path / "back.t4.json.gz"
+    args = ["export", "--task", str(doc["id"]), "--format", "t4", "--out", str(out)]
+    exported = runner.invoke(app, [*args, "--db", db_url])
+    assert exported.exit_code == 0, exported.output
+    back = load_dataset(out).metadata["pipetune"]
+    assert back["device_name"] == "NVIDIA A100-SXM4-40GB"
+    assert back["settings"] == {"warmup": 3, "repeats": 30, "l2_flush": True}
+    # A tuned task's export still describes the task (no import behind it).
+    with client_for(db_url) as client:
+        tuned = client.post(
+            "/v1/tasks", json={"workload": WORKLOAD.canonical(), "gpu": "a100", "budget": 4}
+        ).json()
+    assert tuned["imported_device_name"] is None and tuned["imported_settings"] is None

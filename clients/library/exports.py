@@ -361,28 +361,35 @@ def task_dataset(reader: Reader, task_id: int) -> Dataset:
         ended = f" (it ended {state.value})" if state.is_final() else " yet"
         raise NothingToExportError(f"task {task_id} has no finished trial to export{ended}")
     runners = sorted({t.runner for t, _ in pairs if t.runner})
-    # The GPUs its workers registered (a T4 file's device_name; none for simulated workers).
+    # The GPUs its workers registered (a T4 file's device_name; none for simulated workers);
+    # an imported task's trials had no worker here: the device its file named.
     devices = sorted({t.worker_device for t, _ in pairs if t.worker_device})
-    return dataset_from_results(
-        parse_any_workload(task.workload),
-        get_gpu(task.gpu),
-        [t.schedule.to_schedule() for t, _ in pairs],
-        [r for _, r in pairs],
-        runner=",".join(runners) or "unknown",
-        device_name=", ".join(devices) or None,
-        # When each outcome was recorded, not when the file is written; a trial without a
-        # time (imported from a file without one) has none in the file either.
-        timestamps=[
-            None if t.finished_at is None else t4_timestamp(t.finished_at) for t, _ in pairs
-        ],
-        settings={
+    device_name = ", ".join(devices) or task.imported_device_name
+    # An imported task's settings are its file's (a sweep's warm-up and repeats): the task
+    # only holds those trials, and an export of it writes back what was imported.
+    settings = task.imported_settings
+    if settings is None:
+        settings = {
             "task_id": task.id,
             "strategy": task.strategy,
             "seed": task.seed,
             "budget": task.budget,
             "order": "proposal order of the task's trials",
             "source": source_of(reader),
-        },
+        }
+    return dataset_from_results(
+        parse_any_workload(task.workload),
+        get_gpu(task.gpu),
+        [t.schedule.to_schedule() for t, _ in pairs],
+        [r for _, r in pairs],
+        runner=",".join(runners) or "unknown",
+        device_name=device_name,
+        # When each outcome was recorded, not when the file is written; a trial without a
+        # time (imported from a file without one) has none in the file either.
+        timestamps=[
+            None if t.finished_at is None else t4_timestamp(t.finished_at) for t, _ in pairs
+        ],
+        settings=settings,
     )
 
 
