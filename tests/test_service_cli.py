@@ -366,6 +366,33 @@ def test_an_open_service_on_loopback_answers_only_requests_for_its_loopback_name
             server.wait(timeout=30)
 
 
+def test_an_open_service_on_another_loopback_address_answers_requests_for_it(tmp_path):
+    """`serve --host 127.0.0.2` (a loopback address, so no API keys are needed) refused every
+    request addressed to that address, its local workers' registration too, as a foreign
+    Host (400), and warned that anyone who reaches 127.0.0.2 could create tasks."""
+    url = f"sqlite:///{tmp_path / 'srv.db'}"
+    command = [sys.executable, "-m", "pipetune.clients.cli", "serve", "--db", url]
+    environ = {k: v for k, v in os.environ.items() if not k.startswith("PIPETUNE_")}
+    server = subprocess.Popen(
+        [*command, "--host", "127.0.0.2", "--port", "0", "--log-level", "warning"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**environ, "XDG_DATA_HOME": str(tmp_path)},
+    )
+    try:
+        lines = iter(server.stdout.readline, "")
+        base = next(line for line in lines if line.startswith("pipetune service on")).split()[3]
+        assert base.startswith("http://127.0.0.2:"), base
+        with httpx.Client(base_url=base, timeout=30) as client:
+            assert client.get("/v1/tasks").status_code == 200
+            assert client.get("/v1/tasks", headers={"Host": "rebound.example"}).status_code == 400
+    finally:
+        server.terminate()
+        server.wait(timeout=30)
+    assert "no API keys" not in server.stderr.read()
+
+
 def test_a_sqlite_folder_that_cannot_be_made_is_one_line_naming_the_database(tmp_path):
     """A path under a file: db upgrade and serve printed the crash handler's line
     (NotADirectoryError ... set PIPETUNE_DEBUG=1 for the traceback), naming no database.

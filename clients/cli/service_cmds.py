@@ -314,8 +314,10 @@ def serve(
     settings = _settings(db, create_empty_schema=True)
     if not settings.allowed_hosts and not settings.api_keys and _is_loopback(host):
         # Open routes on a laptop: only requests addressed to its loopback names (a page the
-        # user opens could reach them through DNS rebinding, and read the answers).
-        settings.allowed_hosts = list(LOOPBACK_NAMES)
+        # user opens could reach them through DNS rebinding, and read the answers), and to
+        # the loopback address it listens on (--host 127.0.0.2: its own address, its local
+        # workers' too, was refused as a foreign Host).
+        settings.allowed_hosts = list(dict.fromkeys([*LOOPBACK_NAMES, host.strip("[]")]))
     # Before create_app: nothing (no database file, no token) is made for a serve that exits.
     replay_gpu = _check_local_workers(local_workers, runner, dataset)
     _check_address(host, port)
@@ -372,7 +374,7 @@ def serve(
 
     _launch_when_started(server, started)
     print(f"database: {redact(settings.database_url)}", flush=True)
-    if not settings.api_keys and host not in ("127.0.0.1", "localhost", "::1"):
+    if not settings.api_keys and not _is_loopback(host):
         # The user routes are open without keys (README, "Tokens"): fine on a laptop, not on
         # an address others reach, where anyone could create and cancel tasks.
         print(
