@@ -393,6 +393,35 @@ def test_an_open_service_on_another_loopback_address_answers_requests_for_it(tmp
     assert "no API keys" not in server.stderr.read()
 
 
+def test_serve_on_an_ipv6_loopback_address_gives_its_url_and_local_workers_join(tmp_path):
+    """`serve --host ::1` printed http://::1:PORT, which is no URL, and handed it to its
+    local workers, which each exited at once: "--server: not an http(s) URL"."""
+    url = f"sqlite:///{tmp_path / 'srv.db'}"
+    command = [sys.executable, "-m", "pipetune.clients.cli", "serve", "--db", url]
+    environ = {k: v for k, v in os.environ.items() if not k.startswith("PIPETUNE_")}
+    server = subprocess.Popen(
+        [*command, "--host", "::1", "--port", "0", "--local-workers", "1"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**environ, "XDG_DATA_HOME": str(tmp_path)},
+    )
+    try:
+        lines = iter(server.stdout.readline, "")
+        base = next(line for line in lines if line.startswith("pipetune service on")).split()[3]
+        assert base.startswith("http://[::1]:"), base
+        with httpx.Client(base_url=base, timeout=30) as client:
+            deadline = time.monotonic() + 60
+            while not client.get("/v1/workers").json()["workers"]:
+                assert time.monotonic() < deadline, "the local worker never registered"
+                assert server.poll() is None
+                time.sleep(0.2)
+    finally:
+        server.terminate()
+        server.wait(timeout=30)
+    assert "not an http(s) URL" not in server.stderr.read()
+
+
 def test_a_sqlite_folder_that_cannot_be_made_is_one_line_naming_the_database(tmp_path):
     """A path under a file: db upgrade and serve printed the crash handler's line
     (NotADirectoryError ... set PIPETUNE_DEBUG=1 for the traceback), naming no database.

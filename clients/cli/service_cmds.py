@@ -194,6 +194,12 @@ def _is_loopback(host: str) -> bool:
         return False
 
 
+def _url_host(host: str) -> str:
+    """--host as a URL writes it: an IPv6 address in brackets (http://::1:8000 is no URL;
+    the local workers refused it)."""
+    return f"[{host}]" if ":" in host and not host.startswith("[") else host
+
+
 def _check_address(host: str, port: int) -> None:
     """Bind --host and --port as uvicorn will (asyncio's create_server: every address the
     host resolves to) and let go. uvicorn logs a bind failure among its start and shutdown
@@ -362,11 +368,14 @@ def serve(
         http=_http_protocol(settings.request_read_timeout_s),
     )
     server = _server_class(processes, app.state.service.queue.stop_polling)(config)
-    local_host = "127.0.0.1" if host in ("0.0.0.0", "::", "") else host
+    local_host = "127.0.0.1" if host in ("0.0.0.0", "::", "") else _url_host(host)
 
     def started() -> None:
         bound = server.servers[0].sockets[0].getsockname()[1]  # the real one for --port 0
-        print(f"pipetune service on http://{host}:{bound} (dashboard: /dashboard)", flush=True)
+        print(
+            f"pipetune service on http://{_url_host(host)}:{bound} (dashboard: /dashboard)",
+            flush=True,
+        )
         if local_workers:
             url = f"http://{local_host}:{bound}"
             token = settings.worker_tokens[0]
