@@ -237,6 +237,27 @@ def test_a_worker_on_the_serving_machine_finds_the_generated_token(tmp_path: Pat
     assert token not in found.output
 
 
+def test_a_worker_of_another_machines_service_is_not_given_the_generated_token(
+    tmp_path: Path,
+):
+    """The token `serve` generated is this machine's service's: a worker pointed at another
+    --server without a token sent it there (Authorization: Bearer), handing that server a
+    token that lets it act as a worker of the local service."""
+    from typer.testing import CliRunner
+
+    from pipetune.clients.cli.main import app
+    from pipetune.service.worker_token import generated_worker_token
+
+    generated_worker_token(tmp_path / "pipetune" / "worker-token")
+    env = {"XDG_DATA_HOME": str(tmp_path), "PIPETUNE_WORKER_TOKEN": ""}
+    for server in ("http://tuner.example:8000", "http://192.0.2.7:8000"):
+        command = ["worker", "--server", server, "--runner", "simulated"]
+        command += ["--gpu", "h100", "--register-timeout", "0"]
+        result = CliRunner().invoke(app, command, env=env)
+        assert result.exit_code == 2, (server, result.output)
+        assert "--token: give the worker token" in result.output
+
+
 def test_serve_says_whether_its_worker_token_is_new_or_kept(tmp_path: Path):
     # A restart reuses the token file; the line said "generated" at every start.
     from pipetune.service.worker_token import announcement, generated_worker_token

@@ -21,10 +21,28 @@ from pipetune.workers.datasets import DatasetError
 from pipetune.workers.runners import DatasetMismatchError, RunnerError
 
 
-def _generated_token() -> str:
-    """The token `pipetune serve` generated on this machine (same user), or ""."""
+def _on_this_machine(server: str) -> bool:
+    """Whether the --server URL names this machine (localhost or a loopback address)."""
+    import ipaddress
+    from urllib.parse import urlsplit
+
+    host = urlsplit(server).hostname or ""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def _generated_token(server: str) -> str:
+    """The token `pipetune serve` generated on this machine (same user), or "": only for
+    a service on this machine, whose token it is (sent to another --server, it gave that
+    server a token of the local service's)."""
     from pipetune.service.worker_token import read_generated_token
 
+    if not _on_this_machine(server):
+        return ""
     try:
         return read_generated_token() or ""
     except OSError:
@@ -38,7 +56,8 @@ def worker(
         None,
         "--token",
         envvar=TOKEN_ENV,
-        help="worker token (default: the one `pipetune serve` generated on this machine, if any)",
+        help="worker token (default, for a --server on this machine: the one `pipetune serve` "
+        "generated here, if any)",
     ),
     runner: str = typer.Option(
         "cupy",
@@ -111,7 +130,7 @@ def worker(
     try:
         config = WorkerConfig(
             server=server,
-            token=token or _generated_token(),
+            token=token or _generated_token(server),
             runner=runner,
             gpu=gpu,
             dataset=dataset,
