@@ -4,7 +4,8 @@ PIPETUNE_DATABASE_URL    sqlite:///path.db (default: a file under the user data 
                          or postgresql+psycopg://user@host/db
 PIPETUNE_WORKER_TOKENS   comma-separated tokens workers authenticate with
 PIPETUNE_API_KEYS        comma-separated keys for the user routes (unset: open)
-PIPETUNE_CORS_ORIGINS    comma-separated browser origins allowed to call the API
+PIPETUNE_CORS_ORIGINS    comma-separated browser origins allowed to call the API, each
+                         as a browser sends it (https://host[:port], no path)
                          (unset: none; CORS stays off)
 PIPETUNE_ALLOWED_HOSTS   comma-separated Host names to answer ("*": any; unset: any, but
                          only localhost, 127.0.0.1 and ::1 on loopback without API keys)
@@ -172,6 +173,24 @@ def load_settings(db: str | None = None, **overrides: object) -> Settings:
     return settings
 
 
+def origin_problem(origin: str) -> str | None:
+    """Why `origin` is not a browser origin as CORS matches it (exactly, as the browser's
+    Origin header writes it: scheme://host[:port], lowercase, no path); None if it is, or
+    is "*". One with a trailing slash, a path or no scheme matched no request, silently."""
+    if origin == "*":
+        return None
+    parts = urlsplit(origin)
+    written = f"{parts.scheme}://{parts.netloc}".lower()
+    if parts.scheme.lower() in ("http", "https") and parts.netloc and origin == written:
+        return None
+    web = parts.scheme.lower() in ("http", "https") and parts.netloc
+    hint = f" ({written!r}?)" if web else ""
+    return (
+        f"{origin!r} is not an origin as a browser sends it: scheme://host[:port], lowercase, "
+        f"no path{hint}"
+    )
+
+
 def _split(value: object) -> object:
     if isinstance(value, str):
         return [part.strip() for part in value.split(",") if part.strip()]
@@ -243,6 +262,14 @@ class Settings(BaseSettings):
     @classmethod
     def _comma_separated(cls, value: object) -> object:
         return _split(value)
+
+    @field_validator("cors_origins")
+    @classmethod
+    def _origins(cls, value: list[str]) -> list[str]:
+        for origin in value:
+            if problem := origin_problem(origin):
+                raise ValueError(problem)
+        return value
 
     @property
     def worker_token_hashes(self) -> list[str]:

@@ -122,6 +122,21 @@ def test_cors_origins_come_from_the_environment(monkeypatch):
     assert Settings().cors_origins == ["https://a.example", "https://b.example"]
 
 
+@pytest.mark.parametrize(
+    "origin", ["https://dashboard.example/", "dashboard.example", "https://Dashboard.example"]
+)
+def test_an_origin_no_browser_sends_is_refused_naming_the_variable(monkeypatch, origin):
+    """CORS matches a request's Origin header exactly (scheme://host[:port], lowercase, no
+    path): an origin written with a trailing slash, no scheme or capitals was taken and
+    matched no browser's request, so the page it was meant for was refused without a word."""
+    from pipetune.service.settings import SettingsError, load_settings
+
+    monkeypatch.setenv("PIPETUNE_CORS_ORIGINS", f"https://a.example, {origin}")
+    with pytest.raises(SettingsError) as refused:
+        load_settings()
+    assert str(refused.value).startswith(f"PIPETUNE_CORS_ORIGINS: {origin!r} is not an origin")
+
+
 def test_settings_never_show_their_secrets():
     shown = repr(settings("sqlite:///x.db", worker_tokens=["tok-secret"], api_keys=["key-secret"]))
     assert "tok-secret" not in shown and "key-secret" not in shown
