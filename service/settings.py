@@ -29,6 +29,7 @@ Every duration is at most a week (model.wire.MAX_SECONDS).
 from __future__ import annotations
 
 import hashlib
+import re
 from pathlib import Path
 from typing import Annotated
 from urllib.parse import unquote, urlsplit
@@ -191,6 +192,24 @@ def origin_problem(origin: str) -> str | None:
     )
 
 
+# A Host header's value: a name or IPv4 address, or an IPv6 one (bracketed or bare), with an
+# optional port.
+_HOST = re.compile(r"(\[[0-9A-Fa-f:.]+\]|[0-9A-Fa-f:.]*:[0-9A-Fa-f:.]*|[A-Za-z0-9._-]+)(:[0-9]+)?")
+
+
+def host_problem(host: str) -> str | None:
+    """Why `host` is not a Host name PIPETUNE_ALLOWED_HOSTS can match ("*" is any); None
+    if it is. http://tuner.lan was read as the name "http", and every request refused."""
+    if host == "*" or _HOST.fullmatch(host):
+        return None
+    name = urlsplit(host if "//" in host else f"//{host}").hostname
+    hint = f" ({name!r}?)" if name and _HOST.fullmatch(name) else ""
+    return (
+        f"{host!r} is not a host name as a request's Host writes it: a name or address, "
+        f"with an optional port, no scheme, path or wildcard (* alone: any){hint}"
+    )
+
+
 def _split(value: object) -> object:
     if isinstance(value, str):
         return [part.strip() for part in value.split(",") if part.strip()]
@@ -262,6 +281,14 @@ class Settings(BaseSettings):
     @classmethod
     def _comma_separated(cls, value: object) -> object:
         return _split(value)
+
+    @field_validator("allowed_hosts")
+    @classmethod
+    def _hosts(cls, value: list[str]) -> list[str]:
+        for host in value:
+            if problem := host_problem(host):
+                raise ValueError(problem)
+        return value
 
     @field_validator("cors_origins")
     @classmethod

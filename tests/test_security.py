@@ -137,6 +137,21 @@ def test_an_origin_no_browser_sends_is_refused_naming_the_variable(monkeypatch, 
     assert str(refused.value).startswith(f"PIPETUNE_CORS_ORIGINS: {origin!r} is not an origin")
 
 
+@pytest.mark.parametrize("host", ["http://tuner.lan", "tuner.lan/", "*.lan"])
+def test_an_allowed_host_no_request_can_name_is_refused_naming_the_variable(monkeypatch, host):
+    """PIPETUNE_ALLOWED_HOSTS=http://tuner.lan was read as the name "http": every request,
+    /healthz too, was refused 400 ("PIPETUNE_ALLOWED_HOSTS: http"), and a wildcard name
+    matched nothing."""
+    from pipetune.service.settings import SettingsError, load_settings
+
+    monkeypatch.setenv("PIPETUNE_ALLOWED_HOSTS", f"localhost, {host}")
+    with pytest.raises(SettingsError) as refused:
+        load_settings()
+    assert str(refused.value).startswith(f"PIPETUNE_ALLOWED_HOSTS: {host!r} is not a host name")
+    monkeypatch.setenv("PIPETUNE_ALLOWED_HOSTS", "tuner.lan:8000, [::1], 10.0.0.7, fe80::1, *")
+    assert len(load_settings().allowed_hosts) == 5
+
+
 def test_settings_never_show_their_secrets():
     shown = repr(settings("sqlite:///x.db", worker_tokens=["tok-secret"], api_keys=["key-secret"]))
     assert "tok-secret" not in shown and "key-secret" not in shown
