@@ -35,7 +35,7 @@ from typing import Annotated
 from urllib.parse import unquote, urlsplit
 
 import platformdirs
-from pydantic import Field, ValidationError, field_validator
+from pydantic import Field, ValidationError, ValidationInfo, field_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from pipetune.model.errors import PipetuneError
@@ -210,6 +210,18 @@ def host_problem(host: str) -> str | None:
     )
 
 
+def secret_problem(secret: str) -> str | None:
+    """Why a worker token or API key cannot be sent in an HTTP header as pipetune's workers,
+    CLI and SDK send it (visible ASCII, no space: clients.sdk.http.header_value_problem);
+    None if it can. Never quotes the secret."""
+    if all("!" <= char <= "~" for char in secret):
+        return None
+    return (
+        "holds a space, a control or a non-ASCII character: no worker or client sends such a "
+        "secret (visible ASCII only)"
+    )
+
+
 def _split(value: object) -> object:
     if isinstance(value, str):
         return [part.strip() for part in value.split(",") if part.strip()]
@@ -281,6 +293,15 @@ class Settings(BaseSettings):
     @classmethod
     def _comma_separated(cls, value: object) -> object:
         return _split(value)
+
+    @field_validator("worker_tokens", "api_keys")
+    @classmethod
+    def _secrets(cls, value: list[str], info: ValidationInfo) -> list[str]:
+        what = "token" if info.field_name == "worker_tokens" else "key"
+        for i, secret in enumerate(value, 1):
+            if problem := secret_problem(secret):
+                raise ValueError(f"{what} {i} (of {len(value)}) {problem}")
+        return value
 
     @field_validator("allowed_hosts")
     @classmethod

@@ -152,6 +152,21 @@ def test_an_allowed_host_no_request_can_name_is_refused_naming_the_variable(monk
     assert len(load_settings().allowed_hosts) == 5
 
 
+@pytest.mark.parametrize("variable", ["PIPETUNE_WORKER_TOKENS", "PIPETUNE_API_KEYS"])
+def test_a_secret_no_client_can_send_is_refused_without_quoting_it(monkeypatch, variable):
+    """A token or key with a space or a non-ASCII character was taken, and the service then
+    served with credentials that its workers and CLI refuse to send (exit 2 at each)."""
+    from pipetune.service.settings import SettingsError, load_settings
+
+    for secret in ("two words", "s\u00e9same"):
+        monkeypatch.setenv(variable, f"fine-one, {secret}")
+        with pytest.raises(SettingsError) as refused:
+            load_settings()
+        message = str(refused.value)
+        assert message.startswith(f"{variable}: ") and "2 (of 2)" in message
+        assert secret not in message and "fine-one" not in message
+
+
 def test_settings_never_show_their_secrets():
     shown = repr(settings("sqlite:///x.db", worker_tokens=["tok-secret"], api_keys=["key-secret"]))
     assert "tok-secret" not in shown and "key-secret" not in shown
