@@ -422,6 +422,36 @@ def test_serve_on_an_ipv6_loopback_address_gives_its_url_and_local_workers_join(
     assert "not an http(s) URL" not in server.stderr.read()
 
 
+def test_local_workers_of_a_service_answering_only_named_hosts_are_answered(tmp_path):
+    """With PIPETUNE_ALLOWED_HOSTS naming a proxy's host, `serve --local-workers` refused its
+    own workers (they reach it at 127.0.0.1: a foreign Host, 400), which exited at once."""
+    url = f"sqlite:///{tmp_path / 'srv.db'}"
+    command = [sys.executable, "-m", "pipetune.clients.cli", "serve", "--db", url]
+    environ = {k: v for k, v in os.environ.items() if not k.startswith("PIPETUNE_")}
+    server = subprocess.Popen(
+        [*command, "--port", "0", "--local-workers", "1"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**environ, "XDG_DATA_HOME": str(tmp_path), "PIPETUNE_ALLOWED_HOSTS": "tuner.lan"},
+    )
+    try:
+        lines = iter(server.stdout.readline, "")
+        base = next(line for line in lines if line.startswith("pipetune service on")).split()[3]
+        proxied = {"Host": "tuner.lan"}
+        with httpx.Client(base_url=base, timeout=30) as client:
+            deadline = time.monotonic() + 60
+            while not client.get("/v1/workers", headers=proxied).json()["workers"]:
+                assert time.monotonic() < deadline, "the local worker never registered"
+                assert server.poll() is None
+                time.sleep(0.2)
+            assert client.get("/v1/tasks", headers={"Host": "rebound.example"}).status_code == 400
+    finally:
+        server.terminate()
+        server.wait(timeout=30)
+    assert "is not one this service answers" not in server.stderr.read()
+
+
 def test_a_sqlite_folder_that_cannot_be_made_is_one_line_naming_the_database(tmp_path):
     """A path under a file: db upgrade and serve printed the crash handler's line
     (NotADirectoryError ... set PIPETUNE_DEBUG=1 for the traceback), naming no database.

@@ -324,6 +324,11 @@ def serve(
         # the loopback address it listens on (--host 127.0.0.2: its own address, its local
         # workers' too, was refused as a foreign Host).
         settings.allowed_hosts = list(dict.fromkeys([*LOOPBACK_NAMES, host.strip("[]")]))
+    # Where the local workers reach the service (a loopback address when it listens on all).
+    local_host = "127.0.0.1" if host in ("0.0.0.0", "::", "") else _url_host(host)
+    if local_workers and settings.allowed_hosts and "*" not in settings.allowed_hosts:
+        # (With PIPETUNE_ALLOWED_HOSTS naming a proxy's host, they were refused, 400.)
+        settings.allowed_hosts = [*settings.allowed_hosts, local_host]
     # Before create_app: nothing (no database file, no token) is made for a serve that exits.
     replay_gpu = _check_local_workers(local_workers, runner, dataset)
     _check_address(host, port)
@@ -368,7 +373,6 @@ def serve(
         http=_http_protocol(settings.request_read_timeout_s),
     )
     server = _server_class(processes, app.state.service.queue.stop_polling)(config)
-    local_host = "127.0.0.1" if host in ("0.0.0.0", "::", "") else _url_host(host)
 
     def started() -> None:
         bound = server.servers[0].sockets[0].getsockname()[1]  # the real one for --port 0
