@@ -29,6 +29,8 @@ from pipetune.model.trials import RunnerKind
 RUNNERS: tuple[str, ...] = (RunnerKind.SIMULATED, RunnerKind.REPLAY, RunnerKind.CUPY)
 # The environment variable `pipetune worker` reads its token from (its documented option).
 TOKEN_ENV = "PIPETUNE_WORKER_TOKEN"
+# `pipetune worker --simulate-faults`'s environment variable.
+FAULTS_ENV = "PIPETUNE_SIMULATED_FAULTS"
 
 
 def assign_gpus(n: int, gpus: list[str] | None = None) -> list[str]:
@@ -54,7 +56,9 @@ def preflight(runner: str, dataset: Path | None = None) -> str | None:
     """Check that local workers of this runner can start here; for replay, the GPU the
     dataset was recorded on. Raises what the worker would fail with: DatasetError or
     OSError for a dataset that does not read (a usage mistake), DetectionError where CuPy
-    finds no GPU the model knows (the machine, not the command line)."""
+    finds no GPU the model knows (the machine, not the command line), RunnerSettingError for
+    a variable of the environment the workers would refuse."""
+    _check_worker_environment(runner)
     if runner == RunnerKind.REPLAY:
         from pipetune.workers.datasets import check_pipetune, load_dataset
 
@@ -66,6 +70,26 @@ def preflight(runner: str, dataset: Path | None = None) -> str | None:
 
         detect_cupy(0)  # the device local cupy workers measure on (they get no --device)
     return None
+
+
+def _check_worker_environment(runner: str) -> None:
+    """The settings the workers read from the environment they inherit: RunnerSettingError
+    naming the variable (each worker exited at once on it, the service serving with none)."""
+    from pipetune.workers.runners.base import RunnerSettingError
+    from pipetune.workers.runners.faults import FaultPlan
+    from pipetune.workers.runners.simulated import time_scale_from_env
+
+    if runner == RunnerKind.SIMULATED:
+        time_scale_from_env()
+    faults = os.environ.get(FAULTS_ENV)
+    if faults is None:
+        return
+    if runner != RunnerKind.SIMULATED:
+        raise RunnerSettingError(f"{FAULTS_ENV}: only a simulated worker rehearses faults")
+    try:
+        FaultPlan.parse(faults)
+    except ValueError as exc:
+        raise RunnerSettingError(f"{FAULTS_ENV}: {exc}") from None
 
 
 def worker_command(

@@ -452,6 +452,46 @@ def test_local_workers_of_a_service_answering_only_named_hosts_are_answered(tmp_
     assert "is not one this service answers" not in server.stderr.read()
 
 
+@pytest.mark.parametrize(
+    ("variable", "value", "runner"),
+    [
+        ("PIPETUNE_SIMULATED_TIME_SCALE", "fast", "simulated"),
+        ("PIPETUNE_SIMULATED_FAULTS", "crash=often", "simulated"),
+        ("PIPETUNE_SIMULATED_FAULTS", "crash=0.1", "replay"),
+    ],
+)
+def test_serve_refuses_local_workers_an_environment_they_would_refuse(
+    tmp_path, variable, value, runner
+):
+    """The local workers inherit serve's environment: with a variable they refuse, each
+    exited at once and serve went on serving with no worker, where it is to check what its
+    workers need before it starts."""
+    url = f"sqlite:///{tmp_path / 'srv.db'}"
+    environ = {k: v for k, v in os.environ.items() if not k.startswith("PIPETUNE_")}
+    command = [sys.executable, "-m", "pipetune.clients.cli", "serve", "--db", url]
+    command += ["--port", "0", "--local-workers", "1", "--runner", runner]
+    if runner == "replay":
+        workload = parse_workload({"op": "gemm", "m": 256, "n": 256, "k": 256})
+        gpu = get_gpu("a100")
+        space = list(Space.enumerate(workload, gpu))[:4]
+        results = [MeasureResult(status="ok", latency_us=10.0 + i) for i in range(len(space))]
+        dataset = dataset_from_results(workload, gpu, space, results, runner="simulated")
+        command += ["--dataset", str(write_t4(dataset, tmp_path / "replay.t4.json.gz"))]
+    try:
+        done = subprocess.run(
+            command,
+            capture_output=True,
+            text=True,
+            timeout=30,
+            env={**environ, "XDG_DATA_HOME": str(tmp_path), variable: value},
+        )
+    except subprocess.TimeoutExpired:
+        pytest.fail("serve started with local workers that refuse their environment")
+    assert done.returncode == 2, done.stderr
+    assert done.stderr.strip().splitlines()[-1].startswith(f"error: {variable}"), done.stderr
+    assert not (tmp_path / "srv.db").exists()
+
+
 def test_a_sqlite_folder_that_cannot_be_made_is_one_line_naming_the_database(tmp_path):
     """A path under a file: db upgrade and serve printed the crash handler's line
     (NotADirectoryError ... set PIPETUNE_DEBUG=1 for the traceback), naming no database.

@@ -130,11 +130,14 @@ def _check_local_workers(n: int, runner: str, dataset: Path | None) -> str | Non
         return None
     from pipetune.workers.daemon.gpu import DetectionError
     from pipetune.workers.datasets import DatasetError
+    from pipetune.workers.runners.base import RunnerSettingError
 
     try:
         return preflight(runner, dataset)
     except (DatasetError, OSError) as exc:
         raise CliError(f"--dataset: {one_line(exc)}", 2) from None
+    except RunnerSettingError as exc:  # (a variable the workers read: it names itself)
+        raise CliError(one_line(exc), 2) from None
     except DetectionError as exc:
         raise CliError(f"--runner {runner}: {one_line(exc)}", 1) from None
 
