@@ -45,9 +45,13 @@ async def worker_token(
     header: Annotated[str | None, Depends(_worker_header)],
     service: ServiceDep,
 ) -> str:
-    """The digest of a valid worker token (Authorization: Bearer or X-Worker-Token)."""
-    secret = bearer.credentials if bearer is not None else header
-    digest = _known(secret, service.settings.worker_token_hashes)
+    """The digest of a valid worker token (X-Worker-Token or Authorization: Bearer). The
+    dedicated header first, as user_access takes X-API-Key first: where a proxy on the way
+    sets an Authorization of its own, a valid X-Worker-Token was refused for it."""
+    digests = service.settings.worker_token_hashes
+    digest = _known(header, digests)
+    if digest is None and bearer is not None:
+        digest = _known(bearer.credentials, digests)
     if digest is None:
         raise _unauthorised("a valid worker token")
     return digest

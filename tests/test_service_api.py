@@ -560,6 +560,20 @@ def test_worker_routes_need_a_worker_token(client):
     assert client.get("/v1/tasks").status_code == 200
 
 
+def test_a_worker_token_header_counts_beside_a_proxys_authorization(client):
+    """A proxy on the way that sets an Authorization of its own (its Bearer, or Basic) left
+    the worker's valid X-Worker-Token unread: 401 for every worker route."""
+    body = {"name": "w", "gpu": "h100", "arch": "sm_90", "runner": "simulated"}
+    for proxy in ("Bearer the-proxys-own", "Basic dXNlcjpwYXNz"):
+        headers = {"Authorization": proxy, "X-Worker-Token": TOKEN}
+        assert client.post("/v1/workers", json=body, headers=headers).status_code in (200, 201)
+    both_wrong = {"Authorization": "Bearer the-proxys-own", "X-Worker-Token": "not-it"}
+    assert client.post("/v1/workers", json=body, headers=both_wrong).status_code == 401
+    # The token as a Bearer still counts beside a wrong header.
+    bearer = {"Authorization": f"Bearer {TOKEN}", "X-Worker-Token": "not-it"}
+    assert client.post("/v1/workers", json=body, headers=bearer).status_code == 200
+
+
 def test_api_keys_guard_the_user_routes(db_url):
     with client_for(db_url, api_keys=["k1", "k2"]) as c:
         assert c.get("/v1/tasks").status_code == 401
