@@ -120,6 +120,9 @@ def host_name(value: str) -> str:
     return value.rsplit(":", 1)[0] if value.count(":") == 1 else value
 
 
+HEALTH_PATH = "/healthz"
+
+
 class HostGuard:
     """Requests addressed to a Host not in `allowed` are answered 400, as JSON like every
     other error of the API. `serve` on a loopback address without API keys allows only the
@@ -133,7 +136,12 @@ class HostGuard:
         self.allowed = {host_name(h) for h in allowed}
 
     async def __call__(self, scope: Scope, receive: Any, send: Any) -> None:
-        if scope["type"] != "http" or "*" in self.allowed:
+        # /healthz answers whatever the Host: health checks address the service by its IP
+        # (compose's and the image's check ask 127.0.0.1, a load balancer its own view), and
+        # refused there a service with PIPETUNE_ALLOWED_HOSTS read as down and its workers,
+        # waiting on its health, never started. What it says is no secret a rebinding
+        # page could use.
+        if scope["type"] != "http" or "*" in self.allowed or scope["path"] == HEALTH_PATH:
             await self.app(scope, receive, send)
             return
         host = next((v.decode("latin-1") for k, v in scope["headers"] if k == b"host"), "")

@@ -460,3 +460,16 @@ def test_a_password_in_the_server_url_is_sent_but_never_shown(tmp_path: Path):
     for result in outputs:
         assert result.exit_code in (1, 2) and "user:***@" in result.output, result.output
         assert secret not in result.output
+
+
+def test_the_health_check_answers_whatever_host_it_is_addressed_to(db_url):
+    """With PIPETUNE_ALLOWED_HOSTS set, /healthz asked at 127.0.0.1 (compose's check, the
+    image's HEALTHCHECK, a load balancer's probe) was refused 400: the service read as down
+    and compose never started its workers. The API stays behind the guard."""
+    with client_for(db_url, allowed_hosts=["tuner.lan"]) as client:
+        health = client.get("/healthz", headers={"Host": "127.0.0.1:8000"})
+        assert health.status_code == 200, health.text
+        refused = client.get("/v1/tasks", headers={"Host": "127.0.0.1:8000"})
+        assert refused.status_code == 400
+        assert "is not one this service answers" in refused.json()["detail"]
+        assert client.get("/v1/tasks", headers={"Host": "tuner.lan:8000"}).status_code == 200
