@@ -56,7 +56,8 @@ After the run the services are stopped and the database is audited read-only:
 `--max-jobs` jobs, 8 by default, and their results go back in one POST /v1/jobs/results;
 `--single --batched` runs both protocols). `--idle-seconds`:
 after the tasks, every worker polls the empty queue that long (10 s long polls, the worker
-daemon's default) and the run reports what that costs per second. `--json` prints one JSON
+daemon's default) and the run reports what that costs per second (a run that ended at
+--seconds with tasks unfinished has no idle phase: `idle_skipped` says why). `--json` prints one JSON
 object: the run's figures (with several runs, {"runs": [...]} and the totals of duplicate
 leases and lost jobs).
 
@@ -206,6 +207,7 @@ def run_load(admin_url: str, config: LoadConfig) -> dict[str, Any]:
         idle_polls=tally.idle_polls,
         idle_heartbeats=tally.idle_heartbeats,
         idle_jobs=tally.idle_jobs,
+        idle_skipped=tally.idle_skipped,
         # What an idle fleet costs: CPU milliseconds per second of polling an empty queue.
         empty_poll_cpu_ms_per_s=per_idle_second("idle_service_cpu_s") if idle_s else nan,
         idle_postgres_cpu_ms_per_s=per_idle_second("idle_postgres_cpu_s") if idle_s else nan,
@@ -231,6 +233,8 @@ JSON_KEYS = (
     "idle_s",
     "idle_polls",
     "idle_heartbeats",
+    "idle_jobs",
+    "idle_skipped",
     "heartbeats",
     "leases_per_s",
     "window_s",
@@ -419,6 +423,8 @@ def main() -> int:
                 say(summary(report), flush=True)
                 if report["http_errors"]:
                     say("  HTTP errors:", report["http_errors"], flush=True)
+                if report["idle_skipped"]:
+                    say("  no idle phase:", report["idle_skipped"], flush=True)
                 for error in report["service_errors"]:
                     say("  service error:", error, flush=True)
                 reports.append(report)

@@ -16,7 +16,8 @@ one GPU, whose reporter posts what was measured since its last post (one result 
 
 With `idle_s`, once every task is done the workers go on polling the empty queue for that
 long (lease requests waiting `idle_wait_s`, the worker daemon's default): what an idle fleet
-costs the service. While it holds a job longer than `heartbeat_s` a worker heartbeats every
+costs the service (a run that ended at its time limit, tasks unfinished, has no idle phase:
+its queue is not empty). While it holds a job longer than `heartbeat_s` a worker heartbeats every
 `heartbeat_s`; with `daemon_heartbeat_s`, instead, each worker heartbeats the whole run long as
 the worker daemon given that `--heartbeat` does (workers/daemon/heartbeats.py). With churn, a worker dies on receiving a job with
 probability `churn` (one seeded RNG, drawn once per job received in arrival order) and a
@@ -155,6 +156,8 @@ class Tally:
     idle_heartbeats: int = 0  # of those, in the idle phase
     idle_phase: bool = False  # the idle phase has begun
     idle_jobs: int = 0  # jobs leased in the idle phase (there are none to lease)
+    # Why the idle phase asked for did not run (None: it ran, or none was asked for).
+    idle_skipped: str | None = None
 
 
 def workload(i: int) -> dict:
@@ -687,7 +690,12 @@ async def drive(
             figures[f"{name}_cpu_s"] = value - before.get(name, 0.0)
         await run.finish_heartbeats()
         if config.idle_s > 0:
-            figures.update(await _idle_phase(run, workers, cpu))
+            if run.tally.all_done_after_s is None and await run._any_task_active():
+                # The queue is not empty: polling it would lease and answer the rest of the
+                # tasks' jobs, neither an idle fleet's cost nor results of the load's window.
+                run.tally.idle_skipped = "not every task was done when the run ended"
+            else:
+                figures.update(await _idle_phase(run, workers, cpu))
     finally:
         for task in beating:
             task.cancel()

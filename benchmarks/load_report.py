@@ -114,6 +114,7 @@ def section(reports: list[dict], args: argparse.Namespace) -> str:
                 if r["idle_s"]
                 else ""
             )
+            + (f" No idle phase: {r['idle_skipped']}." if r.get("idle_skipped") else "")
         )
     churn_text = []
     if churned:
