@@ -3,6 +3,7 @@ PostgreSQL database per run, simulated workers' requests, and a few measurement 
 
 from __future__ import annotations
 
+import math
 import os
 import threading
 import uuid
@@ -158,7 +159,9 @@ class PostgresCpu:
     processes whose title is `postgres: ... <user> <database> ...`, sampled every
     `every_s` by a thread, so a backend that exits between samples loses at most that much.
     The server's shared processes (checkpointer, WAL writer) serve every database on the
-    server, other people's included, and are not counted."""
+    server, other people's included, and are not counted. A server whose processes this
+    machine's /proc does not show (another host, another container) is not measured: NaN,
+    not 0."""
 
     def __init__(self, database: str, every_s: float = 0.2):
         self.database = database
@@ -205,7 +208,11 @@ class PostgresCpu:
         self._thread.join()
 
     def seconds(self) -> float:
-        """CPU seconds of the database's backends since the start."""
+        """CPU seconds of the database's backends since the start; NaN while no backend of
+        it has been seen (the run's services hold connections to it, so none seen means its
+        server's processes are out of sight: nothing measured)."""
         self._sample()
         with self._lock:
+            if not self._seen:
+                return math.nan
             return sum(last - first for first, last in self._seen.values())

@@ -14,6 +14,8 @@ run would prove nothing)."""
 from __future__ import annotations
 
 import datetime as dt
+import math
+import os
 import time
 from types import SimpleNamespace
 
@@ -21,6 +23,7 @@ import pytest
 from service_support import require_pg
 
 from benchmarks.bench_load import run_load
+from benchmarks.harness import PostgresCpu
 from benchmarks.load_audit import find_churn, find_duplicates, find_lost
 from benchmarks.load_driver import Held, LoadConfig
 
@@ -371,3 +374,17 @@ def test_the_replicas_let_a_lease_request_wait_as_long_as_the_run_asks() -> None
     assert float(replica_settings(LoadConfig())["PIPETUNE_LEASE_WAIT_CAP_S"]) == 10.0
     longer = replica_settings(LoadConfig(wait_s=30.0))
     assert float(longer["PIPETUNE_LEASE_WAIT_CAP_S"]) == 30.0
+
+
+def test_postgres_cpu_of_a_server_out_of_sight_is_not_measured(monkeypatch) -> None:
+    # A database whose server's processes /proc does not show (another host, another
+    # container): nothing is measured, and the figure must not read 0 ms per result.
+    with PostgresCpu("no_such_database_here") as unseen:
+        assert math.isnan(unseen.seconds())
+    # A backend in sight (this process standing in for one) is counted from the start.
+    monkeypatch.setattr(PostgresCpu, "_backends", lambda self: [str(os.getpid())])
+    with PostgresCpu("any") as seen:
+        spent = time.process_time()
+        while time.process_time() - spent < 0.05:
+            pass
+        assert seen.seconds() >= 0.0
