@@ -64,7 +64,8 @@ leases and lost jobs).
 CPU: the replicas' (each `pipetune serve` process: the proposer thread and the rest are
 in it), the PostgreSQL backends' of the run's database (benchmarks/harness.PostgresCpu),
 and the load generator's own (this process: on this machine it shares the cores), each per
-result accepted; and for the idle phase, per second.
+result accepted, counted from the tasks' creation (each builds its session and proposes its
+first batches) to the workers' end; and for the idle phase, per second.
 
 Exits 1 when any run has a duplicate lease or a lost job.
 

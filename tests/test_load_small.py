@@ -388,3 +388,47 @@ def test_postgres_cpu_of_a_server_out_of_sight_is_not_measured(monkeypatch) -> N
         while time.process_time() - spent < 0.05:
             pass
         assert seen.seconds() >= 0.0
+
+
+def test_the_cpu_counted_includes_creating_the_tasks(monkeypatch) -> None:
+    """Creating a task builds its session and proposes its first batches (about 11 ms of a
+    replica's CPU per task): the replicas' CPU per result counts it, as it counts the later
+    proposals; the workers' registration (once per worker daemon) stays out."""
+    import asyncio
+
+    from benchmarks.load_driver import LoadRun, SimulatedWorker, drive
+
+    events: list[str] = []
+
+    async def create_tasks(self) -> list[int]:
+        events.append("create tasks")
+        return [1]
+
+    async def register(self, client, name: str) -> int:
+        events.append("register")
+        return len(events)
+
+    async def watch(self, task_ids: list[int]) -> None:
+        self.tally.all_done_after_s = 0.0
+        self.stop.set()
+
+    async def work(self) -> None:
+        events.append("work")
+
+    monkeypatch.setattr(LoadRun, "create_tasks", create_tasks)
+    monkeypatch.setattr(LoadRun, "register", register)
+    monkeypatch.setattr(LoadRun, "watch", watch)
+    monkeypatch.setattr(SimulatedWorker, "work", work)
+
+    def cpu() -> dict[str, float]:
+        events.append("cpu")
+        return {"service": float(len(events))}
+
+    config = LoadConfig(workers=2, tasks=1)
+    asyncio.run(drive(["http://127.0.0.1:9"], config, cpu))
+    first_cpu = events.index("cpu")
+    assert (
+        events.index("create tasks")
+        > first_cpu
+        > max(i for i, e in enumerate(events) if e == "register")
+    )
