@@ -63,7 +63,8 @@ leases and lost jobs).
 
 CPU: the replicas' (each `pipetune serve` process: the proposer thread and the rest are
 in it), the PostgreSQL backends' of the run's database (benchmarks/harness.PostgresCpu),
-and the load generator's own (this process: on this machine it shares the cores), each per
+and the load generator's own (this process, less the thread that samples PostgreSQL's
+backends: on this machine it shares the cores), each per
 result accepted, counted from the tasks' creation (each builds its session and proposes its
 first batches) to the workers' end; and for the idle phase, per second.
 
@@ -98,7 +99,7 @@ from benchmarks.harness import (
     service_cpu_counters,
 )
 from benchmarks.load_audit import audit
-from benchmarks.load_driver import CHURN_TTL_S, LoadConfig, drive, serve
+from benchmarks.load_driver import CHURN_TTL_S, MEASURING, LoadConfig, drive, serve
 from benchmarks.load_report import DEFAULT_CHURN, section, summary
 from benchmarks.results import write_section
 
@@ -139,6 +140,8 @@ def run_load(admin_url: str, config: LoadConfig) -> dict[str, Any]:
                 figures = {
                     "service": sum(cpu_s(pid) for pid in pids),
                     "postgres": postgres.seconds(),
+                    # This process's measuring thread: not the load generator's CPU.
+                    MEASURING: postgres.own_seconds(),
                 }
                 # Of the service's: the tuner's proposals, and each thread role's, as the
                 # replicas count them (summed over the replicas).

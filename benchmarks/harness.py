@@ -6,6 +6,7 @@ from __future__ import annotations
 import math
 import os
 import threading
+import time
 import uuid
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -171,6 +172,7 @@ class PostgresCpu:
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="pg-cpu", daemon=True)
         self._started = False
+        self._own_s = 0.0  # CPU seconds the sampling thread has used (this process's)
 
     def _backends(self) -> list[str]:
         marker = f" {self.database} "
@@ -196,6 +198,14 @@ class PostgresCpu:
     def _run(self) -> None:
         while not self._stop.wait(self.every_s):
             self._sample()
+            with self._lock:
+                self._own_s = time.thread_time()
+
+    def own_seconds(self) -> float:
+        """CPU seconds the sampling thread has used so far: the measurement's, in the process
+        that measures (walking /proc every `every_s`), not the work it measures."""
+        with self._lock:
+            return self._own_s
 
     def __enter__(self) -> PostgresCpu:
         self._sample()

@@ -117,6 +117,19 @@ class LoadConfig:
             self.heartbeat_s = self.lease_ttl_s / 4
 
 
+# The name under which `drive`'s `cpu()` may give the CPU seconds of this process's own
+# measuring threads (benchmarks/harness.PostgresCpu's sampler): taken out of the load
+# generator's CPU, which is this process's.
+MEASURING = "measuring"
+
+
+def _generator_cpu_s(since: float, before: dict[str, float], after: dict[str, float]) -> float:
+    """This process's CPU seconds since `since` (time.process_time), less its measuring
+    threads' between the `cpu()` readings `before` and `after`."""
+    measuring = after.get(MEASURING, 0.0) - before.get(MEASURING, 0.0)
+    return time.process_time() - since - measuring
+
+
 # How often the run's watcher checks the workers' tally, and how often it reads the task
 # list before every trial has an accepted result (LoadRun.watch).
 WATCH_TICK_S = 0.1
@@ -689,7 +702,7 @@ async def drive(
         # (after every task finished) is not load.
         answered = [h.answered for h in run.tally.held if h.answered is not None]
         window = (max(answered) if answered else time.monotonic()) - run.began
-        figures["generator_cpu_s"] = time.process_time() - mine
+        figures["generator_cpu_s"] = _generator_cpu_s(mine, before, after)
         figures["machine_busy"] = (busy[0] - machine[0]) / max(1, busy[1] - machine[1])
         for name, value in after.items():
             figures[f"{name}_cpu_s"] = value - before.get(name, 0.0)
@@ -719,7 +732,7 @@ async def _idle_phase(
     until = began + run.config.idle_s
     await asyncio.gather(*(w.idle(until) for w in workers))
     after, seconds = cpu(), time.monotonic() - began
-    figures = {"idle_s": seconds, "idle_generator_cpu_s": time.process_time() - mine}
+    figures = {"idle_s": seconds, "idle_generator_cpu_s": _generator_cpu_s(mine, before, after)}
     for name, value in after.items():
         figures[f"idle_{name}_cpu_s"] = value - before.get(name, 0.0)
     return figures
