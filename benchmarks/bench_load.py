@@ -169,7 +169,8 @@ def run_load(admin_url: str, config: LoadConfig) -> dict[str, Any]:
     idle_s = cpu_figures.get("idle_s", 0.0)
 
     def per_result(key: str) -> float:
-        return 1e3 * cpu_figures[key] / max(1, results)
+        # No result: no figure per result (the run's whole CPU in ms is not one).
+        return 1e3 * cpu_figures[key] / results if results else nan
 
     def per_idle_second(key: str) -> float:
         return 1e3 * cpu_figures[key] / idle_s if idle_s else nan
@@ -268,10 +269,15 @@ JSON_KEYS = (
 
 def as_json(report: dict[str, Any]) -> dict[str, Any]:
     """A run's figures and its settings, JSON-ready (NaN as null)."""
+
+    def plain(value: Any) -> Any:
+        if isinstance(value, dict):
+            return {k: plain(v) for k, v in value.items()}
+        return None if isinstance(value, float) and math.isnan(value) else value
+
     out: dict[str, Any] = {}
     for key in JSON_KEYS:
-        value = report[key]
-        out[key] = None if isinstance(value, float) and math.isnan(value) else value
+        out[key] = plain(report[key])
     out["config"] = dataclasses.asdict(report["config"])
     return out
 

@@ -14,6 +14,7 @@ run would prove nothing)."""
 from __future__ import annotations
 
 import datetime as dt
+import json
 import math
 import os
 import time
@@ -22,7 +23,7 @@ from types import SimpleNamespace
 import pytest
 from service_support import require_pg
 
-from benchmarks.bench_load import run_load
+from benchmarks.bench_load import as_json, run_load
 from benchmarks.harness import PostgresCpu
 from benchmarks.load_audit import find_churn, find_duplicates, find_lost
 from benchmarks.load_driver import Held, LoadConfig
@@ -481,3 +482,18 @@ def test_the_load_generators_cpu_leaves_out_its_measuring_thread(monkeypatch) ->
     with PostgresCpu("no_such_database_here", every_s=0.01) as sampler:
         time.sleep(0.3)
         assert sampler.own_seconds() > 0
+
+
+def test_a_run_without_results_gives_no_figure_per_result(pg_admin_url: str) -> None:
+    # No worker leased anything: the replicas' CPU over the run is not a cost per result
+    # (it read as 50 ms "per result", the run's whole CPU divided by 1).
+    config = LoadConfig(replicas=1, workers=0, tasks=1, budget=8, seconds=1.0)
+    report = run_load(pg_admin_url, config)
+    assert report["results_accepted"] == report["results_db"] == 0
+    for key in ("service_cpu_ms_per_result", "proposal_cpu_ms_per_result"):
+        assert math.isnan(report[key]), key
+    assert math.isnan(report["generator_cpu_ms_per_result"])
+    assert all(math.isnan(v) for v in report["service_cpu_ms_per_result_by_thread"].values())
+    figures = json.loads(json.dumps(as_json(report), allow_nan=False))
+    assert figures["service_cpu_ms_per_result"] is None
+    assert set(figures["service_cpu_ms_per_result_by_thread"].values()) == {None}
