@@ -392,6 +392,28 @@ def main() -> int:
         parser.error("--report-each: with --batched, and without --separate-leases")
     if args.daemon_heartbeat is not None and not args.daemon_heartbeat > 0:
         parser.error("--daemon-heartbeat: a number of seconds above 0")
+    for option, values in (
+        ("--replicas", args.replicas or []),
+        ("--workers", [args.workers]),
+        ("--tasks", [args.tasks]),
+        ("--budget", [args.budget]),
+        ("--batch-size", [args.batch_size]),
+        ("--max-jobs", [] if args.max_jobs is None else [args.max_jobs]),
+    ):
+        if any(v < 1 for v in values):
+            parser.error(f"{option}: at least 1")
+    if any(not 0 <= c < 1 for c in args.churn or []):
+        parser.error("--churn: a probability in [0, 1)")
+    if not args.seconds > 0:
+        parser.error("--seconds: a number of seconds above 0")
+    for option, value in (
+        ("--idle-seconds", args.idle_seconds),
+        ("--measure-ms", args.measure_ms),
+        ("--measure-spread", args.measure_spread),
+        ("--wait-s", args.wait_s),
+    ):
+        if not value >= 0:
+            parser.error(f"{option}: 0 or more")
     say = (lambda *a, **k: print(*a, file=sys.stderr, **k)) if args.json else print
 
     # --batched alone: the batched protocol; with --single too: both, one after the other.

@@ -17,6 +17,7 @@ import datetime as dt
 import json
 import math
 import os
+import sys
 import time
 from types import SimpleNamespace
 
@@ -497,3 +498,34 @@ def test_a_run_without_results_gives_no_figure_per_result(pg_admin_url: str) -> 
     figures = json.loads(json.dumps(as_json(report), allow_nan=False))
     assert figures["service_cpu_ms_per_result"] is None
     assert set(figures["service_cpu_ms_per_result_by_thread"].values()) == {None}
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["--replicas", "0"],
+        ["--workers", "0"],
+        ["--tasks", "0"],
+        ["--budget", "0"],
+        ["--batched", "--max-jobs", "0"],
+        ["--churn", "1"],
+        ["--churn", "-0.1"],
+        ["--seconds", "0"],
+        ["--idle-seconds", "-1"],
+        ["--measure-ms", "nan"],
+    ],
+)
+def test_the_command_refuses_settings_a_run_cannot_have(argv, monkeypatch, capsys) -> None:
+    # Refused by name before any run, where --replicas 0 divided by zero, --churn 1 and
+    # --budget 0 ended in a traceback, and --max-jobs 0 ran with 8.
+    from benchmarks import bench_load
+
+    def no_run(*args, **kwargs):
+        raise AssertionError("a run started")
+
+    monkeypatch.setattr(bench_load, "run_load", no_run)
+    monkeypatch.setattr(sys, "argv", ["bench_load", "--json", *argv])
+    with pytest.raises(SystemExit) as exc:
+        bench_load.main()
+    assert exc.value.code == 2
+    assert argv[-2] in capsys.readouterr().err
