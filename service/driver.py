@@ -116,6 +116,8 @@ PROPOSE_AHEAD = frozenset({"grid", "random", "analytical"})
 # each such meeting needs a batch committed in that instant, so a second try all but always
 # does; the last try waits for its locks like any transaction.
 CANCEL_ATTEMPTS = 3
+# Errors of a plan that say nothing of the task: the advance is left to be tried again.
+UNLIKE_THE_SESSION = (sa_exc.SQLAlchemyError, psycopg.Error, MemoryError)
 NOT_SEEN = -1  # jobs.seen_at of a job that the proposal the rule gives it did not see
 
 
@@ -981,7 +983,12 @@ class Driver:
                     return None  # (the session saw what no batch records: not kept)
                 rest = self._read_jobs(task_id, live.observed, task.version, fam)
                 self._observe(live, rest, task.version)
-        except (SessionError, ValueError) as exc:
+        except Exception as exc:
+            if isinstance(exc, UNLIKE_THE_SESSION):
+                raise  # the database's or the process's: the next advance tries again
+            # Whatever the session raised (a strategy's bug as much as a record that does not
+            # replay) fails the task: let through, it left the task running with nothing
+            # queued, and every sweep planned it again and raised again.
             log.exception("task %s cannot advance", task_id)
             return _Plan(task_id, task.version, 0, [], [], {}, error=_cannot(exc))
         plan.curve = live.curve.doc()

@@ -658,3 +658,28 @@ def test_a_cancel_during_an_advance_leaves_no_session_behind(db_url):
         assert c.get(f"/v1/tasks/{task_id}").json()["state"] == "cancelled"
         assert task_id not in driver._live and not driver.holds(task_id)
         assert driver._ended == set()
+
+
+@pytest.mark.parametrize("error", [RuntimeError, IndexError])
+def test_a_task_whose_strategy_raises_fails_with_the_reason(db_url, error, monkeypatch):
+    """A strategy that raised anything but a ValueError while proposing (a bug of its own,
+    say) left its task running with nothing queued: the advance raised, and so did every
+    sweep after it (the other tasks it would have advanced next waited on the proposer)."""
+    from pipetune.tuner.bo import BayesianStrategy
+
+    propose = BayesianStrategy.next_batch
+
+    def raises_once_measured(self, n, exclude, history):  # type: ignore[no-untyped-def]
+        if history:
+            raise error("the strategy broke")
+        return propose(self, n, exclude, history)
+
+    monkeypatch.setattr(BayesianStrategy, "next_batch", raises_once_measured)
+    with client_for(db_url, batch_size=4) as c:
+        worker = register(c)
+        task_id = create_task(c, budget=12, strategy="analytical+xgb")["id"]
+        assert drain(c, worker) == 4
+        task = c.get(f"/v1/tasks/{task_id}").json()
+        assert task["state"] == "failed" and "the strategy broke" in task["error"]
+        assert task["trials_done"] == 4 and lease(c, worker, max_jobs=8) == []
+        assert service_of(c).driver.advance_ready() == 0
