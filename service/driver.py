@@ -53,6 +53,7 @@ import psycopg
 from sqlalchemy import Connection, case, func, insert, literal, select, update
 from sqlalchemy import exc as sa_exc
 
+from pipetune.model.errors import PipetuneError
 from pipetune.model.family import (
     FamilySpace,
     KernelFamily,
@@ -945,6 +946,7 @@ class Driver:
             self._keep_live(task_id, None)
             return BEHIND
         views, rebuild = self._completed(task_id, task, live, waits_on, fam)
+        doing = "rebuild the tuning session"  # what a failure names (_cannot)
         try:
             if rebuild:
                 live = self._new_live(
@@ -958,6 +960,7 @@ class Driver:
                 )
             assert live is not None
             self._roll_forward(task_id, live, views, task)
+            doing = "propose the next batch"
             if live.session.remaining == 0:
                 if outstanding:  # nothing more to propose: finish once every batch is in
                     self._keep_live(task_id, live)
@@ -990,7 +993,7 @@ class Driver:
             # replay) fails the task: let through, it left the task running with nothing
             # queued, and every sweep planned it again and raised again.
             log.exception("task %s cannot advance", task_id)
-            return _Plan(task_id, task.version, 0, [], [], {}, error=_cannot(exc))
+            return _Plan(task_id, task.version, 0, [], [], {}, error=_cannot(doing, exc))
         plan.curve = live.curve.doc()
         return plan
 
@@ -1376,5 +1379,8 @@ def _lock_outstanding(conn: Connection, task_id: int, wait: bool = True) -> None
     ).all()
 
 
-def _cannot(exc: Exception) -> str:
-    return f"cannot rebuild the tuning session: {exc}"
+def _cannot(doing: str, exc: Exception) -> str:
+    """A failed task's error: what the advance could not do, and why (an error pipetune did
+    not raise on purpose with its class: "list index out of range" alone says little)."""
+    why = str(exc) if isinstance(exc, PipetuneError) else f"{type(exc).__name__}: {exc}"
+    return f"cannot {doing}: {why}"

@@ -683,3 +683,36 @@ def test_a_task_whose_strategy_raises_fails_with_the_reason(db_url, error, monke
         assert task["state"] == "failed" and "the strategy broke" in task["error"]
         assert task["trials_done"] == 4 and lease(c, worker, max_jobs=8) == []
         assert service_of(c).driver.advance_ready() == 0
+
+
+def test_a_failed_tasks_error_says_what_failed(client, monkeypatch):
+    """A proposal that raised in the session this replica held said "cannot rebuild the
+    tuning session", of a session nobody rebuilt, and without the error's class ("list
+    index out of range" and nothing else); a record that does not replay still says so."""
+    from pipetune.tuner.bo import BayesianStrategy
+
+    propose = BayesianStrategy.next_batch
+
+    def raises_once_measured(self, n, exclude, history):  # type: ignore[no-untyped-def]
+        if history:
+            raise IndexError("list index out of range")
+        return propose(self, n, exclude, history)
+
+    monkeypatch.setattr(BayesianStrategy, "next_batch", raises_once_measured)
+    worker = register(client)
+    task_id = create_task(client, budget=12, strategy="analytical+xgb", batch_size=4)["id"]
+    drain(client, worker)
+    error = client.get(f"/v1/tasks/{task_id}").json()["error"]
+    assert error == "cannot propose the next batch: IndexError: list index out of range"
+
+    monkeypatch.undo()
+    task_id = create_task(client, budget=12, strategy="analytical+xgb", batch_size=4)["id"]
+    driver = service_of(client).driver
+    driver._live.pop(task_id)  # the next advance rebuilds the session
+    monkeypatch.setattr(
+        "pipetune.service.driver.TuningSession.propose",
+        lambda self, n: (_ for _ in ()).throw(ValueError("no replay")),
+    )
+    drain(client, worker)
+    error = client.get(f"/v1/tasks/{task_id}").json()["error"]
+    assert error == "cannot rebuild the tuning session: ValueError: no replay"
