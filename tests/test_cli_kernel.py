@@ -8,8 +8,9 @@ import pytest
 import typer
 from typer.testing import CliRunner
 
+import pipetune
 from pipetune.clients.cli.kernel_cmds import kernel_app
-from pipetune.workers.compile import clear_memory
+from pipetune.workers.compile import check_arch, clear_memory, nvrtc_version
 
 app = typer.Typer()
 app.add_typer(kernel_app, name="kernel")
@@ -149,6 +150,26 @@ def test_a_target_older_than_sm_80_is_refused_before_compiling(shape):
         "error: --arch: pipetune's kernels need sm_80 or newer (cp.async, mma.sync m16n8k16, "
         "cvt.rn.f16x2.f32), not sm_75"
     )
+
+
+@pytest.mark.parametrize(("arch", "kind"), [("sm_80a", "arch"), ("sm_90f", "family")])
+def test_an_arch_or_family_target_nvrtc_does_not_have_is_refused_before_compiling(arch, kind):
+    """sm_80a and sm_90f passed the arch check (an SM number NVRTC knows, a suffix) and every
+    schedule failed to compile on its own ("invalid or no value specified with --nv_arch
+    flag"), exit 1; sm_90a and sm_100f are targets NVRTC has."""
+    args = ["kernel", "compile", *GEMM, "--arch", arch, "--sample", "2", "--json"]
+    result = runner.invoke(app, args)
+    assert result.exit_code == 2, result.output
+    assert result.stdout == ""
+    major_minor = ".".join(map(str, nvrtc_version()))
+    assert result.stderr.strip() == (
+        f"error: --arch: NVRTC {major_minor} has no {kind}-specific target {arch}; use {arch[:-1]}"
+    )
+    with pytest.raises(pipetune.InvalidArgumentError) as info:
+        check_arch(arch)
+    assert info.value.argument == "arch"
+    for good in ("sm_90a", "sm_100f"):
+        assert check_arch(good) == good
 
 
 # ---- without a shape: the kernel takes its shape as arguments -------------------------

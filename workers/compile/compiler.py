@@ -98,6 +98,15 @@ def check_arch(arch: str) -> str:
             "arch",
             f"pipetune's kernels need sm_{MIN_SM} or newer ({SM80_INSTRUCTIONS}), not {arch}",
         )
+    if arch != f"sm_{number}" and not nvrtc.accepts_arch(arch):
+        # (Each kernel's compile failed on its own before: "invalid or no value specified
+        # with --nv_arch flag".)
+        major, minor = nvrtc.version()
+        kind = "arch-specific" if arch.endswith("a") else "family-specific"
+        raise InvalidArgumentError(
+            "arch",
+            f"NVRTC {major}.{minor} has no {kind} target {arch}; use sm_{number}",
+        )
     return arch
 
 

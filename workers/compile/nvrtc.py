@@ -51,6 +51,22 @@ def supported_archs() -> tuple[int, ...]:
     return tuple(int(a) for a in archs)
 
 
+@cache
+def accepts_arch(arch: str) -> bool:
+    """Whether the loaded libnvrtc builds a cubin for ``arch`` (an empty program, once per
+    arch): an arch-specific or family target ("a", "f") exists for some SM numbers only
+    (sm_90a, sm_100f; no sm_80a, no sm_90f), which nvrtcGetSupportedArchs does not say."""
+    try:
+        cubin, _ = compile_to_cubin(
+            'extern "C" __global__ void pipetune_arch_probe() {}',
+            "pipetune_arch_probe.cu",
+            [f"-arch={arch}"],
+        )
+    except NvrtcError:
+        return False
+    return cubin is not None
+
+
 def compile_to_cubin(code: str, filename: str, options: list[str]) -> tuple[bytes | None, str]:
     """(cubin or None when the source does not compile, program log)."""
     nvrtc = _nvrtc()
