@@ -103,6 +103,30 @@ def test_a_corrupt_cache_entry_is_a_miss(fresh_cache):
     assert not compile_kernel(kernel, "sm_80").cached
 
 
+def test_a_cache_entry_damaged_in_place_or_without_its_fields_is_rebuilt(fresh_cache):
+    """A cubin of the right length but other bytes (zeros where a crash left them) was
+    loaded as the kernel, for good; a json without a report field raised KeyError."""
+    import json
+
+    kernel = generate("gemm_nk", SMALL)
+    first = compile_kernel(kernel, "sm_80")
+    (cubin_path,) = cache_dir().rglob("*.cubin")
+    (meta_path,) = cache_dir().rglob("*.json")
+    cubin_path.write_bytes(b"\0" * len(first.cubin))
+    clear_memory()
+    again = compile_kernel(kernel, "sm_80")
+    assert not again.cached and again.cubin[:4] == b"\x7fELF"
+    assert cubin_path.read_bytes() == again.cubin  # the entry is written anew
+    clear_memory()
+    assert compile_kernel(kernel, "sm_80").cached
+    meta = json.loads(meta_path.read_text())
+    del meta["stack_bytes"]
+    meta_path.write_text(json.dumps(meta))
+    clear_memory()
+    rebuilt = compile_kernel(kernel, "sm_80")
+    assert not rebuilt.cached and rebuilt.stack_bytes == first.stack_bytes
+
+
 def test_broken_source_raises_compile_error_with_the_log(fresh_cache):
     with pytest.raises(CompileError) as info:
         compile_source('extern "C" __global__ void k(int* p) { p[0] = undefined_name; }', "sm_80")

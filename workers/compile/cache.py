@@ -5,7 +5,8 @@ option set never answers from a stale entry. Directory: ``$PIPETUNE_CACHE_DIR`` 
 the platform's user cache dir (``platformdirs``), under ``cubins/``. Each entry is
 ``<key>.cubin`` plus ``<key>.json`` (resources, compile time, log); files are written to a
 temporary name and renamed, so concurrent writers and readers never see half an entry.
-A missing or unreadable entry is a miss, never an error.
+A missing, unreadable or damaged entry (its cubin's length or sha256 not the json's) is a
+miss, never an error.
 
 The in-process layer keeps the most recently used entries up to MEMORY_LIMIT_BYTES: a worker
 compiles a new kernel for nearly every trial (15-30 KB of cubin each), so a dict of every
@@ -95,6 +96,8 @@ def load(key: str) -> tuple[bytes, dict[str, Any]] | None:
         return None
     if not isinstance(meta, dict) or len(cubin) != meta.get("cubin_bytes"):
         return None
+    if hashlib.sha256(cubin).hexdigest() != meta.get("cubin_sha256"):
+        return None  # damaged in place (same length), or written without its checksum
     with _lock:
         _remember(key, (cubin, meta))
     return cubin, meta
@@ -113,7 +116,7 @@ def _atomic_write(path: Path, data: bytes) -> None:
 
 
 def store(key: str, cubin: bytes, meta: dict[str, Any]) -> None:
-    meta = {**meta, "cubin_bytes": len(cubin)}
+    meta = {**meta, "cubin_bytes": len(cubin), "cubin_sha256": hashlib.sha256(cubin).hexdigest()}
     with _lock:
         _remember(key, (cubin, meta))
     cubin_path, meta_path = _paths(key)

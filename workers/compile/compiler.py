@@ -149,7 +149,10 @@ def compile_source(
     version = nvrtc.version()
     key = cache.cache_key(code + f"\n//entry:{entry}", arch, opts, version)
     if use_cache and (hit := cache.load(key)) is not None:
-        return _result(*hit, cached=True)
+        try:
+            return _result(*hit, cached=True)
+        except (KeyError, TypeError, ValueError):
+            pass  # an entry without the report's fields (another writer's): compile again
 
     global _nvrtc_calls
     with _stats_lock:
