@@ -94,6 +94,20 @@ def test_cache_hit_returns_the_same_report_without_nvrtc(fresh_cache):
     assert nvrtc_calls() == calls + 1
 
 
+def test_another_patch_release_of_nvrtc_does_not_answer_from_the_cache(fresh_cache, monkeypatch):
+    """The key had only nvrtcVersion's (major, minor): a cache kept across an upgrade from
+    one 13.x.y wheel to the next (the compose volume) gave the older ptxas's cubins."""
+    from pipetune.workers.compile import nvrtc
+
+    major, minor = nvrtc_version()
+    assert f"release {major}.{minor}, V{major}.{minor}." in nvrtc.build()
+    kernel = generate("gemm_kn", SMALL)
+    assert not compile_kernel(kernel, "sm_80").cached
+    assert compile_kernel(kernel, "sm_80").cached
+    monkeypatch.setattr(nvrtc, "build", lambda: f"release {major}.{minor}, V{major}.{minor}.999")
+    assert not compile_kernel(kernel, "sm_80").cached
+
+
 def test_a_corrupt_cache_entry_is_a_miss(fresh_cache):
     kernel = generate("bmm", SMALL)
     compile_kernel(kernel, "sm_80")

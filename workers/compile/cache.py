@@ -1,7 +1,8 @@
 """Cubin cache: an in-process dict in front of a directory of cubins and their reports.
 
-Key: sha256 of (source sha256, arch, options, NVRTC version), so a different compiler or
-option set never answers from a stale entry. Directory: ``$PIPETUNE_CACHE_DIR`` if set, else
+Key: sha256 of (source sha256, arch, options, NVRTC version and exact build: a patch
+release of the same major.minor is another ptxas), so a different compiler or option set
+never answers from a stale entry. Directory: ``$PIPETUNE_CACHE_DIR`` if set, else
 the platform's user cache dir (``platformdirs``), under ``cubins/``. Each entry is
 ``<key>.cubin`` plus ``<key>.json`` (resources, compile time, log); files are written to a
 temporary name and renamed, so concurrent writers and readers never see half an entry.
@@ -66,13 +67,21 @@ def cache_dir() -> Path:
     return Path(platformdirs.user_cache_dir("pipetune")) / "cubins"
 
 
-def cache_key(code: str, arch: str, options: list[str], nvrtc_version: tuple[int, int]) -> str:
+def cache_key(
+    code: str,
+    arch: str,
+    options: list[str],
+    nvrtc_version: tuple[int, int],
+    nvrtc_build: str = "",
+) -> str:
     doc = {
         "source": hashlib.sha256(code.encode()).hexdigest(),
         "arch": arch,
         "options": options,
         "nvrtc": list(nvrtc_version),
     }
+    if nvrtc_build:
+        doc["nvrtc_build"] = nvrtc_build
     return hashlib.sha256(json.dumps(doc, sort_keys=True).encode()).hexdigest()
 
 

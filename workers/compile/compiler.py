@@ -147,7 +147,7 @@ def compile_source(
     """
     opts = options_for(arch, options)
     version = nvrtc.version()
-    key = cache.cache_key(code + f"\n//entry:{entry}", arch, opts, version)
+    key = cache.cache_key(code + f"\n//entry:{entry}", arch, opts, version, nvrtc.build())
     if use_cache and (hit := cache.load(key)) is not None:
         try:
             return _result(*hit, cached=True)

@@ -45,6 +45,39 @@ def version() -> tuple[int, int]:
 
 
 @cache
+def build() -> str:
+    """The loaded libnvrtc's exact build, as its PTX header names it ("Cuda compilation
+    tools, release 13.5, V13.5.37" and the compiler's build ID): nvrtcVersion says only
+    (major, minor), the same for every patch release of a minor version, whose ptxas
+    differ. One empty program compiled to PTX, once per process; "" if that fails."""
+    nvrtc = _nvrtc()
+    try:
+        prog = _check(
+            nvrtc.nvrtcCreateProgram(b'extern "C" __global__ void k() {}', b"build.cu", 0, [], []),
+            "nvrtcCreateProgram",
+        )
+    except NvrtcError:
+        return ""
+    try:
+        (err,) = nvrtc.nvrtcCompileProgram(prog, 1, [b"-arch=compute_80"])
+        if err != nvrtc.nvrtcResult.NVRTC_SUCCESS:
+            return ""
+        size = _check(nvrtc.nvrtcGetPTXSize(prog), "nvrtcGetPTXSize")
+        ptx = b" " * size
+        _check(nvrtc.nvrtcGetPTX(prog, ptx), "nvrtcGetPTX")
+    except NvrtcError:
+        return ""
+    finally:
+        nvrtc.nvrtcDestroyProgram(prog)
+    lines = ptx.rstrip(b"\x00").decode(errors="replace").splitlines()
+    return "; ".join(
+        ln.removeprefix("//").strip()
+        for ln in lines
+        if ln.startswith(("// Compiler Build ID", "// Cuda compilation tools"))
+    )
+
+
+@cache
 def supported_archs() -> tuple[int, ...]:
     """The SM numbers the loaded libnvrtc compiles for (75, 80, ..., 121 for NVRTC 13)."""
     archs = _check(_nvrtc().nvrtcGetSupportedArchs(), "nvrtcGetSupportedArchs")
