@@ -132,6 +132,18 @@ def test_an_arch_specific_family_compiled_for_another_arch_is_refused():
     assert "--arch: hopper_gemm kernels use sm_90a-only instructions on h100" in result.stderr
 
 
+@pytest.mark.parametrize("arch", [[], ["--arch", "sm_90"]])
+def test_an_arch_specific_familys_compile_names_the_target_it_built_for(arch):
+    """The wgmma kernels are built for sm_90a, but the document and the table said sm_90."""
+    shape = ["hopper_gemm", "--m", "1024", "--n", "768", "--k", "3072", "--gpu", "h100"]
+    args = ["kernel", "compile", *shape, *arch, "--sample", "1", "--workers", "1"]
+    result = runner.invoke(app, [*args, "--json"])
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.stdout)["arch"] == "sm_90a"
+    table = runner.invoke(app, args)
+    assert table.exit_code == 0 and "schedules, sm_90a" in table.stdout
+
+
 @pytest.mark.parametrize(
     "shape",
     [

@@ -149,11 +149,12 @@ def compile_document(
         raise CliError(f"no valid schedule for {label or w.label()} on {spec.key}", code=2)
     schedules = codegen.stratified_sample(space, sample, seed)
     kernels = [codegen.generate(w, s) for s in schedules]
+    target = arch
     for kernel in kernels:
         # Arch-specific instructions (wgmma) run on that one arch: every kernel would fail.
         # (kernel_arch is the one rule of which target a kernel builds for.)
         try:
-            kernel_arch(kernel, arch)
+            target = kernel_arch(kernel, arch)
         except ValueError:
             raise CliError(
                 f"--arch: {family.name} kernels use {spec.arch}{kernel.arch_suffix}-only "
@@ -193,7 +194,9 @@ def compile_document(
         "variant": codegen.kernel_kind(w),
         "space_workload": w.canonical(),
         "gpu": spec.key,
-        "arch": arch,
+        # The target the cubins are built for (sm_90 -> sm_90a for wgmma), as the launch
+        # document says.
+        "arch": target,
         "space_size": len(space),
         "sampled": len(schedules),
         "results": results,
