@@ -588,6 +588,23 @@ def test_the_deadline_keeps_a_reserve():
     assert deadline.elapsed() == 90 and not deadline.allows(11)
 
 
+def test_a_call_that_stops_before_the_sweeps_still_counts_the_parts_it_holds(tmp_path):
+    """An operator an earlier call left in parts is partial in the summary of a call that
+    paused before the sweeps phase (it was in none of done, partial and left)."""
+    from pipetune.workers.campaign.run import Campaign, CampaignOptions
+
+    options = CampaignOptions(
+        out_dir=tmp_path, operators="MM_RN50_FC,MM_Square_4k", runner="simulated"
+    )
+    campaign = Campaign(options, log=lambda line: None)
+    (tmp_path / layout.SWEEPS_DIR).mkdir()
+    layout.part_path(tmp_path, "MM_Square_4k", 0).write_bytes(b"")
+    layout.part_path(tmp_path, "MM_Square_4k", 1).write_bytes(b"")
+    sweeps = campaign.summary()["sweeps"]
+    assert sweeps["partial"] == {"MM_Square_4k": {"parts": 2}}
+    assert sweeps["left"] == ["MM_RN50_FC"] and sweeps["done"] == []
+
+
 # --- the time plan ---------------------------------------------------------------------
 
 

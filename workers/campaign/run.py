@@ -285,9 +285,17 @@ class Campaign:
     def summary(self) -> dict[str, Any]:
         wanted = self.to_sweep()
         phases = self.overall(wanted)
+        # The sweeps phase's own counts; an operator an earlier call left in parts that this
+        # call has not reached (it paused or stopped before the sweeps) is partial too, by
+        # its parts, or it would be in none of done, partial and left.
+        partial = dict((self.sweeps or {}).get("partial", {}))
+        for op in wanted:
+            present = layout.parts_present(self.out, op)
+            if op not in partial and present and not layout.sweep_path(self.out, op).exists():
+                partial[op] = {"parts": len(present)}
         sweeps = {
             "done": [op for op in self.operators if layout.sweep_path(self.out, op).exists()],
-            "partial": (self.sweeps or {}).get("partial", {}),
+            "partial": partial,
             "left": [
                 op
                 for op in wanted
