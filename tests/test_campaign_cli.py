@@ -81,6 +81,20 @@ def test_without_a_gpu_the_cupy_campaign_exits_1_and_still_writes_its_summary(tm
         assert tar.getnames() == ["campaign.json"]
 
 
+def test_a_complete_call_names_its_quarantine_on_its_last_line(tmp_path, monkeypatch):
+    """README: a quarantine is named on the call's last line, complete or paused."""
+    import pipetune.workers.campaign as campaign_package
+    from pipetune.workers.campaign import CampaignOutcome
+
+    note = "correctness: quarantined hopper_gemm tile_loop=2 (40 of 40 checked failed)"
+    summary = {"state": "complete", "quarantine": note, "calls": [{"phases": []}]}
+    outcome = CampaignOutcome(0, "complete", f"complete; {note}", summary)
+    monkeypatch.setattr(campaign_package, "run_campaign", lambda options: outcome)
+    result = cli.invoke(campaign_app, ["--out-dir", str(tmp_path / "out"), "--runner", "simulated"])
+    assert result.exit_code == 0, result.output
+    assert result.output.strip().splitlines()[-1] == f"complete; {note}"
+
+
 def _every(chosen, step: int) -> tuple[str, ...]:
     """Every ``step``-th schedule of a correctness selection, over all its cases, as the
     simulated runner names a (workload, schedule): failures that no knob value or kind of

@@ -162,6 +162,8 @@ def campaign_main(
         raise CliError(outcome.message, outcome.exit_code)
     if outcome.state == "paused":
         console.print(f"paused: {outcome.message}; continue with --have {pack or out_dir}")
+    elif outcome.summary.get("quarantine"):  # complete, without what correctness left out
+        console.print(outcome.message)
 
 
 @campaign_app.command("plan")
