@@ -45,6 +45,8 @@ pytestmark = pytest.mark.usefixtures("campaign_caches")
             "--operators: unknown operator or suite 'Softmax_BERT_b1_s12' (did you mean "
             "Softmax_BERT_b1_s128",
         ),
+        # an empty value (an unset variable in a script) ran the whole default campaign
+        (["--operators", ""], "--operators: no operator named"),
         (["--minutes", "0"], "--minutes: must be positive"),
         # inf crashed after the probe, writing a summary JSON cannot hold; nan said "positive"
         (["--minutes", "inf", *SIM], "--minutes: must be positive and finite, got inf"),
@@ -178,6 +180,11 @@ def test_unpack_keeps_simulated_archives_out_unless_asked(stopped, tmp_path):
     assert (tmp_path / "data" / "h100" / "campaign" / "correctness.json").exists()
     again = cli.invoke(campaign_app, ["unpack", archive, *where, "--allow-simulated"])
     assert again.exit_code == 2 and "would overwrite" in again.stderr
+
+
+def test_the_plan_refuses_an_empty_operators_value():
+    result = cli.invoke(campaign_app, ["plan", "--operators", ""])
+    assert result.exit_code == 2 and "--operators: no operator named" in result.stderr
 
 
 def test_the_plan_command_prints_the_calls():

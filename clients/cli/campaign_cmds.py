@@ -139,7 +139,9 @@ def campaign_main(
         gpu=gpu,
         minutes=minutes,
         have=have,
-        operators=operators or DEFAULT_OPERATORS,
+        # (None: the option not given; an empty value names no operator and is refused,
+        # not read as the default's whole campaign)
+        operators=DEFAULT_OPERATORS if operators is None else operators,
         runner=runner,
         pack=pack,
         command=tuple(sys.argv),
@@ -182,7 +184,7 @@ def campaign_plan(
     if calls < 1 or not 0 < minutes < math.inf:  # (inf made a budget JSON cannot hold)
         raise CliError("--calls must be at least 1 and --minutes positive and finite", 2)
     try:
-        chosen = resolve_operators(operators or DEFAULT_OPERATORS)
+        chosen = resolve_operators(DEFAULT_OPERATORS if operators is None else operators)
     except ValueError as exc:
         raise CliError(f"--operators: {exc}", 2) from None
     spec = get_gpu(gpu, calibrated=False)
