@@ -64,6 +64,15 @@ def test_usage_mistakes_exit_2_with_one_line(tmp_path, args, reason):
     assert not (tmp_path / "out").exists()
 
 
+def test_a_bad_simulated_time_scale_is_a_usage_mistake(tmp_path, monkeypatch):
+    monkeypatch.setenv("PIPETUNE_SIMULATED_TIME_SCALE", "fast")
+    result = cli.invoke(campaign_app, ["--out-dir", str(tmp_path / "out"), *SIM])
+    assert result.exit_code == 2, result.output
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and "PIPETUNE_SIMULATED_TIME_SCALE must be" in lines[0], lines
+    assert "CUDA" not in lines[0] and not (tmp_path / "out").exists()
+
+
 def test_an_out_dir_in_use_is_refused(tmp_path):
     (tmp_path / "out").mkdir()
     (tmp_path / "out" / "probe.json").write_text("{}")

@@ -46,7 +46,7 @@ from pipetune.workers.campaign.deadline import Deadline
 from pipetune.workers.campaign.operators import DEFAULT_OPERATORS, families_of, resolve_operators
 from pipetune.workers.campaign.packer import Packer
 from pipetune.workers.campaign.plan import CAMPAIGN_SETTINGS, GpuSideCosts
-from pipetune.workers.runners.base import RunnerError
+from pipetune.workers.runners.base import RunnerError, RunnerSettingError
 from pipetune.workers.runners.isolation import IsolatedWorker, WorkerStartError
 from pipetune.workers.runners.kernel_runner import KernelRunner
 
@@ -94,6 +94,13 @@ def check_options(options: CampaignOptions) -> None:
     """Everything that can be refused before any machine work (CampaignUsageError)."""
     if options.runner not in RUNNERS:
         raise CampaignUsageError(f"--runner: one of {', '.join(RUNNERS)}, got {options.runner!r}")
+    if options.runner == RunnerKind.SIMULATED.value:
+        from pipetune.workers.runners.simulated import time_scale_from_env
+
+        try:  # (else read in the library child, and refused as "no usable CUDA GPU", exit 1)
+            time_scale_from_env()
+        except RunnerSettingError as exc:
+            raise CampaignUsageError(str(exc)) from None
     if not 0 < options.minutes < math.inf:  # (inf made a summary JSON cannot hold)
         raise CampaignUsageError(f"--minutes: must be positive and finite, got {options.minutes:g}")
     if options.gpu is not None:
