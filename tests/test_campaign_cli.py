@@ -73,6 +73,19 @@ def test_a_bad_simulated_time_scale_is_a_usage_mistake(tmp_path, monkeypatch):
     assert "CUDA" not in lines[0] and not (tmp_path / "out").exists()
 
 
+@pytest.mark.parametrize("where", [".", "sub"])
+def test_an_archive_in_the_out_dir_s_own_place_is_refused(tmp_path, where):
+    """--pack naming the out-dir (or a folder it is in) ran the whole call, then could not
+    write the archive over the folder (exit 1, nothing to bring back)."""
+    archive = tmp_path / "c.tar.gz"
+    out = archive / where
+    result = cli.invoke(campaign_app, ["--out-dir", str(out), "--pack", str(archive), *SIM])
+    assert result.exit_code == 2, result.output
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and "the --out-dir's own path" in lines[0], lines
+    assert not archive.exists()
+
+
 def test_an_out_dir_in_use_is_refused(tmp_path):
     (tmp_path / "out").mkdir()
     (tmp_path / "out" / "probe.json").write_text("{}")

@@ -115,6 +115,11 @@ def check_options(options: CampaignOptions) -> None:
     if options.pack is not None and not options.pack.name.endswith((".tar.gz", ".tgz", ".tar")):
         raise CampaignUsageError(f"--pack: a .tar.gz or .tar file name, got {options.pack}")
     out = options.out_dir
+    if options.pack is not None and _same_or_above(options.pack, out):
+        # (else the whole call ran, and only then the archive could not replace the folder)
+        raise CampaignUsageError(
+            f"--pack {options.pack}: the --out-dir's own path; name a file beside it"
+        )
     if out.exists() and not out.is_dir():
         raise CampaignUsageError(f"--out-dir {out}: exists and is not a folder")
     same = options.have is not None and options.have.is_dir() and _same(options.have, out)
@@ -125,6 +130,15 @@ def check_options(options: CampaignOptions) -> None:
         )
     if options.have is not None and not options.have.exists():
         raise CampaignUsageError(f"--have {options.have}: no such folder or archive")
+
+
+def _same_or_above(a: Path, b: Path) -> bool:
+    """Whether ``a`` is the folder ``b`` or one of the folders it is in."""
+    try:
+        resolved, below = a.resolve(), b.resolve()
+    except OSError:
+        return False
+    return resolved == below or resolved in below.parents
 
 
 def _same(a: Path, b: Path) -> bool:
