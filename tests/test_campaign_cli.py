@@ -463,6 +463,24 @@ def test_unpack_leaves_a_simulated_profile_out_of_the_users_folder(
     assert (tmp_path / "sim-profiles" / "h100.json").exists()
 
 
+def test_unpack_leaves_a_simulated_profile_out_of_the_users_folder_named_explicitly(
+    continued, tmp_path, monkeypatch
+):
+    # --profile-dir naming the user's own profile folder calibrated the model with the spec
+    # sheet's noise ("calibrated(user):h100.json"), as the default folder would have.
+    from pipetune.model import hardware
+
+    folder, _ = continued
+    own = tmp_path / "own"
+    monkeypatch.setenv(hardware.USER_PROFILE_DIR_ENV, str(own))
+    archive = str(folder / "c1.tar.gz")
+    args = ["unpack", archive, "--data-dir", str(tmp_path / "data"), "--allow-simulated"]
+    result = cli.invoke(campaign_app, [*args, "--profile-dir", str(own)])
+    assert result.exit_code == 0, result.output
+    assert "profile not written: its profile is simulated" in result.stderr
+    assert not (own / "h100.json").exists()
+
+
 def test_unpack_refuses_a_simulated_profile_in_a_measured_campaign(tmp_path, monkeypatch):
     # profile_phase marks a simulated profile so that unpack never installs it as measured;
     # unpack looked at the probe's runner only, and wrote the marked profile where the

@@ -13,8 +13,9 @@ throughput against its latency in its family's unit (TFLOP/s for the GEMMs, GB/s
 memory-intensive operators; a GEMM entry from before there were units gives ``tflops``
 only), before anything is written; each file is written atomically. A
 simulated archive is refused unless ``allow_simulated`` (and then its files say
-simulated, and its profile is written only to a folder named explicitly: in the user's
-profile folder the model would apply the spec sheet's noise as a calibration); existing
+simulated, and its profile is written only to a folder named explicitly, never the user's
+profile folder or the shipped one: there the model would apply the spec sheet's noise as a
+calibration); existing
 files are kept unless ``force``.
 """
 
@@ -163,6 +164,18 @@ def check_sweep(path: Path, folder: Path, gpu: str, simulated: bool) -> None:
         )
 
 
+def _applied_from(folder: Path) -> bool:
+    """Whether the model applies profiles from ``folder`` (the user's profile folder, or the
+    profiles shipped with the model)."""
+    from pipetune.model.hardware import PROFILE_DIR
+
+    try:
+        here = folder.resolve()
+        return here in (user_profile_dir().resolve(), PROFILE_DIR.resolve())
+    except OSError:
+        return False
+
+
 def _writable(target: Path) -> bool:
     """Whether target can be written as a file: not a folder, under no file."""
     if target.is_dir():
@@ -212,10 +225,13 @@ def unpack(
         profile, profile_target = folder / PROFILE, None
         if PROFILE in documents:
             check_profile(documents[PROFILE], gpu, simulated)
-            if profile_dir is None and simulated:
+            if simulated and (profile_dir is None or _applied_from(profile_dir)):
+                # (a --profile-dir that names the user's profile folder, or the shipped one,
+                # is where the model applies profiles from, as the default is)
                 result.profile_left_out = (
-                    "its profile is simulated, and the model would apply it from your profile "
-                    "folder as if measured (--profile-dir FOLDER writes it there)"
+                    "its profile is simulated, and the model would apply it from "
+                    f"{profile_dir or 'your profile folder'} as if measured (--profile-dir "
+                    "ANOTHER_FOLDER writes it there)"
                 )
             else:
                 folder_of_profile = user_profile_dir() if profile_dir is None else profile_dir
