@@ -1075,6 +1075,27 @@ def test_leave_one_out_z_scores_are_those_of_refitting_without_each_point():
     assert np.allclose(gp.posterior.loo_z_scores(), expected, rtol=1e-8, atol=1e-10)
 
 
+def test_equal_targets_are_standardised_to_zero_whatever_their_value():
+    """Equal measurements (a recorded dataset's rounded timings) must give the GP the same
+    spread and evidence whatever their common value: np.mean of equal values can miss them
+    by a rounding error, which np.std must not turn into the targets' unit."""
+    from pipetune.tuner.matern_gp import standardise
+    from pipetune.tuner.surrogate import GaussianProcess
+
+    t, mean, std = standardise(np.full(7, 13.7))
+    assert np.array_equal(t, np.zeros(7)) and mean == 13.7 and std == 1.0
+    rng = np.random.default_rng(0)
+    X = rng.random((7, 2))
+    X_c = rng.random((5, 2))
+    fits = []
+    for value in (0.0, 13.7):
+        gp = GaussianProcess(2, seed=0)
+        gp.fit(X, np.full(7, value))
+        fits.append((gp.log_evidence(), gp.predict(X_c)[1]))
+    assert fits[1][0] == pytest.approx(fits[0][0])
+    assert np.allclose(fits[1][1], fits[0][1])
+
+
 def test_the_spread_is_widened_where_the_gp_is_more_confident_than_its_held_out_errors():
     """A smooth function with one point far off it: the fit calls that point's excess noise
     it cannot see elsewhere, and its leave-one-out errors exceed what it predicts. The spread

@@ -178,6 +178,10 @@ def hessian_of_neg_log_posterior(
 
 def standardise(y: np.ndarray) -> tuple[np.ndarray, float, float]:
     """Targets scaled to mean 0 and standard deviation 1 (1 where they are all equal)."""
+    if len(y) and np.all(y == y[0]):
+        # Exactly: np.mean of equal values can miss them by a rounding error, and np.std
+        # then makes that error the unit (1e-15 of them) and every target +-1.
+        return np.zeros(len(y)), float(y[0]), 1.0
     mean = float(np.mean(y))
     std = float(np.std(y))
     std = std if std != 0.0 else 1.0
