@@ -1096,6 +1096,24 @@ def test_equal_targets_are_standardised_to_zero_whatever_their_value():
     assert np.allclose(fits[1][1], fits[0][1])
 
 
+def test_the_log_evidence_is_the_same_whether_the_fit_re_estimated_or_kept_its_kernel():
+    """bo compares two GPs' log evidence while one may have re-estimated its hyperparameters
+    this round and the other kept its last estimate: the same kernel on the same data must
+    report the same evidence either way (the hyperprior's density counted in both), or the
+    GP that skipped its re-estimate gains the hyperprior's nats in the comparison."""
+    from pipetune.tuner.surrogate import GaussianProcess
+
+    rng = np.random.default_rng(0)
+    X = rng.random((12, 6))
+    y = np.sin(5 * X[:, 0]) + np.cos(4 * X[:, 1]) + 0.05 * rng.standard_normal(12)
+    gp = GaussianProcess(6, seed=0)
+    gp.fit(X, y)
+    re_estimated, kernel = gp.log_evidence(), gp.kernel
+    gp.fit(X, y, new_share=1)  # no new data: the last estimate is kept
+    assert gp.kernel is kernel
+    assert gp.log_evidence() == pytest.approx(re_estimated, abs=1e-9)
+
+
 def test_the_spread_is_widened_where_the_gp_is_more_confident_than_its_held_out_errors():
     """A smooth function with one point far off it: the fit calls that point's excess noise
     it cannot see elsewhere, and its leave-one-out errors exceed what it predicts. The spread

@@ -23,6 +23,7 @@ from sklearn.ensemble import ExtraTreesClassifier, ExtraTreesRegressor
 
 from pipetune.tuner.lbfgsb import minimize_bounded
 from pipetune.tuner.matern_gp import (
+    LOG_NOISE_PRIOR_MEAN,
     Kernel,
     Posterior,
     hessian_of_neg_log_posterior,
@@ -133,9 +134,10 @@ class GaussianProcess(Surrogate):
         self._estimated_on = 0  # data size at the last hyperparameter estimate
         self._checked_on = 0  # data size at the last estimate that also ran the rough start
         self.cv_scale = 1.0  # the posterior spread's factor from leave-one-out (see fit)
-        # The log evidence of the last fit: for a re-estimate the MAP objective's optimum (the
-        # log likelihood plus the hyperprior's log density, as scikit-learn's fit reported it
-        # when it ran this optimiser); for a fit with the last estimate, the log likelihood.
+        # The log evidence of the last fit: the log likelihood plus the hyperprior's log
+        # density (constants dropped) at its hyperparameters, the MAP objective's value there,
+        # whether they were re-estimated by this fit or kept from the last one: two fits are
+        # compared on the same footing (bo.py), whichever of them was re-estimated.
         self._log_evidence_std = 0.0
 
     def _bounds(self) -> list[tuple[float, float]]:
@@ -144,6 +146,14 @@ class GaussianProcess(Surrogate):
             + [tuple(np.log(self.LENGTH_SCALE_BOUNDS))] * self.n_features
             + [tuple(np.log(self.NOISE_BOUNDS))]
         )  # type: ignore[list-item]
+
+    def _neg_log_prior(self) -> float:
+        """The hyperprior's -log density at the present kernel, as `neg_log_posterior` adds
+        it to the -log likelihood (constants dropped)."""
+        theta = self.kernel.theta
+        dev = theta[1:-1] - self.log_ls_mean
+        value = float(np.sum(dev**2)) / (2 * self.log_ls_var)
+        return value + (theta[-1] - LOG_NOISE_PRIOR_MEAN) ** 2 / 2
 
     def _rough_start(self) -> np.ndarray:
         """Short length scales (0.3 of every knob's range): a rough function."""
@@ -199,7 +209,10 @@ class GaussianProcess(Surrogate):
                 starts.append(self._rough_start())
             self.kernel, minimum = self._map(X, y, starts)
         self.posterior = Posterior(self.kernel, X, y)
-        self._log_evidence_std = -minimum if optimise else self.posterior.log_likelihood
+        if optimise:
+            self._log_evidence_std = -minimum
+        else:
+            self._log_evidence_std = self.posterior.log_likelihood - self._neg_log_prior()
         self.training_data = (X, y)
         self.cv_scale = _spread_factor(self.posterior)
 
