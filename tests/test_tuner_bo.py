@@ -622,6 +622,35 @@ def test_gp_predictions_over_a_space_are_the_same_in_blocks(monkeypatch):
     assert np.allclose(gp.predict(X_c)[1], one_pass_sd, rtol=1e-12, atol=0)
 
 
+def test_the_gp_mean_over_a_space_is_computed_in_blocks(monkeypatch):
+    """The posterior mean alone (a sampled prior's guess for every row of a space, from up
+    to 1,024 of its trials: tuner/transfer.py) holds a cross covariance of training points x
+    rows as `predict` does, gigabytes over a space of 262,144 rows at once: it must go in
+    blocks too, with the same figures."""
+    import tracemalloc
+
+    from pipetune.tuner import matern_gp
+    from pipetune.tuner.matern_gp import Kernel, Posterior
+
+    rng = np.random.default_rng(4)
+    X, X_c = rng.random((200, 4)), rng.random((20_000, 4))
+    posterior = Posterior(Kernel(1.0, np.full(4, 0.5), 0.01), X, np.cos(4 * X).sum(axis=1))
+    with bo._THREADPOOLS.limit(limits=1):
+        K_cross = posterior.kernel.cross(posterior.X, X_c)
+        one_pass = posterior.y_std * (posterior.alpha @ K_cross) + posterior.y_mean
+        del K_cross
+        monkeypatch.setattr(matern_gp, "PREDICT_BLOCK_ROWS", 1000)  # 20 blocks
+        tracemalloc.start()
+        try:
+            mean = posterior.mean(X_c)
+            peak = tracemalloc.get_traced_memory()[1]
+        finally:
+            tracemalloc.stop()
+    assert np.array_equal(mean, one_pass)
+    one_cross = 200 * 20_000 * 8  # bytes of the whole cross covariance
+    assert peak < one_cross / 2
+
+
 def test_the_gp_explains_new_rows_with_the_inverse_factor_as_a_triangular_solve_would():
     """What the data explain of new rows (V = L^-1 k(X_train, X), the spread's and the
     believer's input) is computed with the Cholesky factor's inverse and a matrix product,

@@ -224,8 +224,13 @@ class Posterior:
 
     def mean(self, X: np.ndarray) -> np.ndarray:
         """The posterior mean at X in the targets' units (without the spread, which costs
-        a triangular solve over every row)."""
-        return self.y_std * (self.alpha @ self.kernel.cross(self.X, X)) + self.y_mean
+        a triangular solve over every row), in blocks of PREDICT_BLOCK_ROWS rows as `predict`
+        (its cross covariance is as large as `predict`'s)."""
+        mean = np.empty(len(X))
+        for start in range(0, len(X), PREDICT_BLOCK_ROWS):
+            block = slice(start, start + PREDICT_BLOCK_ROWS)
+            mean[block] = self.alpha @ self.kernel.cross(self.X, X[block])
+        return self.y_std * mean + self.y_mean
 
     def predict(self, X: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Mean and standard deviation (noise included) at X, in the targets' units, in
