@@ -109,6 +109,18 @@ def test_a_finished_task_says_which_task_warm_started_it(capsys: pytest.CaptureF
     assert "10/10 trials (0 failed), done, prior learned from 3 tasks" in out
 
 
+def test_a_finished_task_says_its_priority_beside_the_strategy(
+    capsys: pytest.CaptureFixture[str],
+):
+    from pipetune.clients.cli.client_cmds import print_task
+
+    print_task(TASK, "http://x")
+    assert "priority" not in capsys.readouterr().out
+    print_task(TASK.model_copy(update={"priority": 3}), "http://x")
+    out = " ".join(capsys.readouterr().out.split())
+    assert "random, priority 3, 10/10 trials (0 failed), done" in out
+
+
 def test_the_strategy_column_names_a_warm_start_and_an_import():
     from pipetune.clients.cli.client_cmds import strategy_label
 

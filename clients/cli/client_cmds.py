@@ -275,8 +275,11 @@ def _tasks(ids: list[int]) -> str:
 
 
 def print_task(doc: TaskDoc, server: str) -> None:
+    strategy = doc.strategy
+    if doc.priority > DEFAULT_PRIORITY:
+        strategy += f", priority {doc.priority}"
     title = (
-        f"task {doc.id}: {_label(doc.workload)} on {doc.gpu}, {doc.strategy}, "
+        f"task {doc.id}: {_label(doc.workload)} on {doc.gpu}, {strategy}, "
         f"{trials_of(doc)} trials ({doc.trials_failed} failed), {doc.state}"
     )
     if doc.prior_task is not None:
