@@ -199,6 +199,17 @@ def test_a_bad_database_url_in_the_environment_names_the_variable(monkeypatch):
         _one_error_line(result, "PIPETUNE_DATABASE_URL: not a database URL")
 
 
+def test_db_current_on_an_empty_database_says_it_has_no_schema(tmp_path):
+    """It printed "revision None" of an empty SQLite file (or a new PostgreSQL database)."""
+    empty = tmp_path / "empty.db"
+    empty.touch()
+    result = runner.invoke(app, ["db", "current", "--db", f"sqlite:///{empty}"])
+    line = " ".join(result.stdout.split())
+    assert result.exit_code == 0, result.output
+    assert "None" not in line and "no pipetune schema (newest" in line
+    assert "behind: run `pipetune db upgrade`" in line
+
+
 def test_db_current_on_a_mistyped_path_creates_nothing(tmp_path):
     missing = tmp_path / "mistyped" / "x.db"
     result = runner.invoke(app, ["db", "current", "--db", f"sqlite:///{missing}", "--json"])

@@ -596,7 +596,9 @@ def _show_current(doc: dict, missing: Any, problem: str | None, as_json: bool) -
         console.print(f"{doc['database']}: {problem}")
         return
     state = "up to date" if doc["up_to_date"] else "behind: run `pipetune db upgrade`"
-    console.print(f"{doc['database']}: revision {doc['current']} (newest {doc['head']}, {state})")
+    # An empty database (a new PostgreSQL database, an empty SQLite file) has no revision.
+    revision = "no pipetune schema" if doc["current"] is None else f"revision {doc['current']}"
+    console.print(f"{doc['database']}: {revision} (newest {doc['head']}, {state})")
 
 
 def _pipetune_dataset(path: Path) -> tuple[Any, Any]:
