@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
+
 import pytest
 
 from pipetune.model.space import Schedule
@@ -188,3 +191,23 @@ def test_the_in_process_layer_keeps_the_recent_entries_within_its_limit(fresh_ca
     hit = cache.load(f"{0:064x}")
     assert hit is not None and hit[0] == cubin and hit[1]["cubin_bytes"] == 3_000
     assert f"{0:064x}" in cache._memory and cache.memory_bytes() <= 10_000
+
+
+def test_compiling_leaves_the_interpreters_one_byte_bytes_alone():
+    """A clean compile's log is empty: NVRTC wrote its NUL terminator into `b" " * 1`, which
+    is CPython's shared one-byte b" ", so every b" " of the process became b"\\x00" after
+    that (a 70 KB request body padded with spaces went to the service as NULs: 422). Run in
+    a child, as the old code broke the interpreter that ran it."""
+    probe = (
+        "from pipetune.workers.compile.nvrtc import build, compile_to_cubin\n"
+        "cubin, log = compile_to_cubin('extern \"C\" __global__ void k() {}', 'k.cu', "
+        "['-arch=sm_90'])\n"
+        "assert log == '' and cubin.startswith(bytes([0x7F]) + b'ELF'), (log, cubin[:4])\n"
+        "build()\n"
+        "print(repr(bytes([32]) * 3))\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", probe], capture_output=True, text=True, timeout=120, check=False
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "b'   '"

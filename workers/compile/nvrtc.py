@@ -37,6 +37,17 @@ def _check(result: Any, what: str) -> Any:
     return rest[0] if len(rest) == 1 else tuple(rest)
 
 
+def _read_out(prog: Any, size: int, get: Any, what: str) -> bytes:
+    """`size` bytes of one of a program's outputs (its log, PTX or cubin), read into a fresh
+    bytearray: the bindings write through the buffer they are given, and a `b" " * size` of
+    size 1 (the empty log of every clean compile) is CPython's shared one-byte b" ", so
+    NVRTC's terminator turned every b" " of the process into b"\x00" (an HTTP body padded
+    with b" " went out as NULs)."""
+    buf = bytearray(size)
+    _check(get(prog, buf), what)
+    return bytes(buf)
+
+
 @cache
 def version() -> tuple[int, int]:
     """(major, minor) of the loaded libnvrtc."""
@@ -63,8 +74,7 @@ def build() -> str:
         if err != nvrtc.nvrtcResult.NVRTC_SUCCESS:
             return ""
         size = _check(nvrtc.nvrtcGetPTXSize(prog), "nvrtcGetPTXSize")
-        ptx = b" " * size
-        _check(nvrtc.nvrtcGetPTX(prog, ptx), "nvrtcGetPTX")
+        ptx = _read_out(prog, size, nvrtc.nvrtcGetPTX, "nvrtcGetPTX")
     except NvrtcError:
         return ""
     finally:
@@ -111,8 +121,7 @@ def compile_to_cubin(code: str, filename: str, options: list[str]) -> tuple[byte
         opts = [o.encode() for o in options]
         (err,) = nvrtc.nvrtcCompileProgram(prog, len(opts), opts)
         size = _check(nvrtc.nvrtcGetProgramLogSize(prog), "nvrtcGetProgramLogSize")
-        buf = b" " * size
-        _check(nvrtc.nvrtcGetProgramLog(prog, buf), "nvrtcGetProgramLog")
+        buf = _read_out(prog, size, nvrtc.nvrtcGetProgramLog, "nvrtcGetProgramLog")
         log = buf.rstrip(b"\x00").decode(errors="replace")
         if err == nvrtc.nvrtcResult.NVRTC_ERROR_COMPILATION:
             return None, log
@@ -120,8 +129,6 @@ def compile_to_cubin(code: str, filename: str, options: list[str]) -> tuple[byte
         size = _check(nvrtc.nvrtcGetCUBINSize(prog), "nvrtcGetCUBINSize")
         if size == 0:
             raise NvrtcError("NVRTC produced no cubin (is the arch a real sm_XX?)")
-        cubin = b" " * size
-        _check(nvrtc.nvrtcGetCUBIN(prog, cubin), "nvrtcGetCUBIN")
-        return cubin, log
+        return _read_out(prog, size, nvrtc.nvrtcGetCUBIN, "nvrtcGetCUBIN"), log
     finally:
         _check(nvrtc.nvrtcDestroyProgram(prog), "nvrtcDestroyProgram")
