@@ -313,13 +313,14 @@ def test_serve_starts_and_stops_cleanly_on_a_signal(tmp_path, stop):
             server.wait()
 
 
-def _serving(tmp_path, env: dict[str, str]):  # type: ignore[no-untyped-def]
-    """`pipetune serve` on loopback, port 0, in the background; (process, its URL)."""
+def _serving(tmp_path, env: dict[str, str], *options: str):  # type: ignore[no-untyped-def]
+    """`pipetune serve --port 0 OPTIONS` in the background, in an environment of no
+    PIPETUNE_ variables but `env`'s; (process, its URL)."""
     url = f"sqlite:///{tmp_path / 'srv.db'}"
     command = [sys.executable, "-m", "pipetune.clients.cli", "serve", "--db", url]
     environ = {k: v for k, v in os.environ.items() if not k.startswith("PIPETUNE_")}
     server = subprocess.Popen(
-        [*command, "--port", "0", "--log-level", "warning"],
+        [*command, "--port", "0", *options],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
@@ -333,7 +334,7 @@ def _serving(tmp_path, env: dict[str, str]):  # type: ignore[no-untyped-def]
 def test_an_open_service_on_loopback_answers_only_requests_for_its_loopback_names(tmp_path):
     """Without API keys a page the user opened could reach the routes through DNS rebinding
     (its own name resolving to 127.0.0.1) and read what they answer: any Host was served."""
-    server, base = _serving(tmp_path, {})
+    server, base = _serving(tmp_path, {}, "--log-level", "warning")
     port = base.rsplit(":", 1)[1]
     try:
         with httpx.Client(base_url=base, timeout=30) as client:
@@ -353,7 +354,7 @@ def test_an_open_service_on_loopback_answers_only_requests_for_its_loopback_name
         ({"PIPETUNE_ALLOWED_HOSTS": "tuner.lan"}, 400),
         ({"PIPETUNE_ALLOWED_HOSTS": "*"}, 200),
     ):
-        server, base = _serving(tmp_path, env)
+        server, base = _serving(tmp_path, env, "--log-level", "warning")
         try:
             with httpx.Client(base_url=base, timeout=30) as client:
                 other = client.get("/v1/tasks", headers={"Host": "rebound.example"})
@@ -370,19 +371,8 @@ def test_an_open_service_on_another_loopback_address_answers_requests_for_it(tmp
     """`serve --host 127.0.0.2` (a loopback address, so no API keys are needed) refused every
     request addressed to that address, its local workers' registration too, as a foreign
     Host (400), and warned that anyone who reaches 127.0.0.2 could create tasks."""
-    url = f"sqlite:///{tmp_path / 'srv.db'}"
-    command = [sys.executable, "-m", "pipetune.clients.cli", "serve", "--db", url]
-    environ = {k: v for k, v in os.environ.items() if not k.startswith("PIPETUNE_")}
-    server = subprocess.Popen(
-        [*command, "--host", "127.0.0.2", "--port", "0", "--log-level", "warning"],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        env={**environ, "XDG_DATA_HOME": str(tmp_path)},
-    )
+    server, base = _serving(tmp_path, {}, "--host", "127.0.0.2", "--log-level", "warning")
     try:
-        lines = iter(server.stdout.readline, "")
-        base = next(line for line in lines if line.startswith("pipetune service on")).split()[3]
         assert base.startswith("http://127.0.0.2:"), base
         with httpx.Client(base_url=base, timeout=30) as client:
             assert client.get("/v1/tasks").status_code == 200
@@ -396,19 +386,8 @@ def test_an_open_service_on_another_loopback_address_answers_requests_for_it(tmp
 def test_serve_on_an_ipv6_loopback_address_gives_its_url_and_local_workers_join(tmp_path):
     """`serve --host ::1` printed http://::1:PORT, which is no URL, and handed it to its
     local workers, which each exited at once: "--server: not an http(s) URL"."""
-    url = f"sqlite:///{tmp_path / 'srv.db'}"
-    command = [sys.executable, "-m", "pipetune.clients.cli", "serve", "--db", url]
-    environ = {k: v for k, v in os.environ.items() if not k.startswith("PIPETUNE_")}
-    server = subprocess.Popen(
-        [*command, "--host", "::1", "--port", "0", "--local-workers", "1"],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        env={**environ, "XDG_DATA_HOME": str(tmp_path)},
-    )
+    server, base = _serving(tmp_path, {}, "--host", "::1", "--local-workers", "1")
     try:
-        lines = iter(server.stdout.readline, "")
-        base = next(line for line in lines if line.startswith("pipetune service on")).split()[3]
         assert base.startswith("http://[::1]:"), base
         with httpx.Client(base_url=base, timeout=30) as client:
             deadline = time.monotonic() + 60
@@ -425,19 +404,9 @@ def test_serve_on_an_ipv6_loopback_address_gives_its_url_and_local_workers_join(
 def test_local_workers_of_a_service_answering_only_named_hosts_are_answered(tmp_path):
     """With PIPETUNE_ALLOWED_HOSTS naming a proxy's host, `serve --local-workers` refused its
     own workers (they reach it at 127.0.0.1: a foreign Host, 400), which exited at once."""
-    url = f"sqlite:///{tmp_path / 'srv.db'}"
-    command = [sys.executable, "-m", "pipetune.clients.cli", "serve", "--db", url]
-    environ = {k: v for k, v in os.environ.items() if not k.startswith("PIPETUNE_")}
-    server = subprocess.Popen(
-        [*command, "--port", "0", "--local-workers", "1"],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        env={**environ, "XDG_DATA_HOME": str(tmp_path), "PIPETUNE_ALLOWED_HOSTS": "tuner.lan"},
-    )
+    env = {"PIPETUNE_ALLOWED_HOSTS": "tuner.lan"}
+    server, base = _serving(tmp_path, env, "--local-workers", "1")
     try:
-        lines = iter(server.stdout.readline, "")
-        base = next(line for line in lines if line.startswith("pipetune service on")).split()[3]
         proxied = {"Host": "tuner.lan"}
         with httpx.Client(base_url=base, timeout=30) as client:
             deadline = time.monotonic() + 60
