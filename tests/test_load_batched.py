@@ -30,6 +30,15 @@ def pg_admin_url() -> str:
     return require_pg()
 
 
+def _run_without_duplicates_or_losses(pg_admin_url: str, config: LoadConfig) -> tuple[dict, dict]:
+    """The load run's report, once no job was leased twice or lost; and the report's figures
+    a failing assertion shows."""
+    report = run_load(pg_admin_url, config)
+    details = {k: report[k] for k in ("duplicates", "lost", "http_errors", "service_errors")}
+    assert report["duplicate_leases"] == 0 and report["lost_jobs"] == 0, details
+    return report, details
+
+
 def test_batched_workers_lease_each_job_once_and_an_idle_fleet_is_measured(pg_admin_url):
     config = LoadConfig(
         replicas=2,
@@ -46,9 +55,7 @@ def test_batched_workers_lease_each_job_once_and_an_idle_fleet_is_measured(pg_ad
         daemon_heartbeat_s=0.2,
         results="simulated",
     )
-    report = run_load(pg_admin_url, config)
-    details = {k: report[k] for k in ("duplicates", "lost", "http_errors", "service_errors")}
-    assert report["duplicate_leases"] == 0 and report["lost_jobs"] == 0, details
+    report, details = _run_without_duplicates_or_losses(pg_admin_url, config)
     assert report["http_errors"] == {} and report["service_tracebacks"] == 0, details
     assert report["tasks_done"] == TASKS, details
     assert report["results_accepted"] == report["results_db"] == TASKS * BUDGET, details
@@ -103,9 +110,7 @@ def test_a_run_stopped_by_its_time_limit_has_no_idle_phase(pg_admin_url):
         idle_s=1.0,
         idle_wait_s=0.5,
     )
-    report = run_load(pg_admin_url, config)
-    details = {k: report[k] for k in ("duplicates", "lost", "http_errors", "service_errors")}
-    assert report["duplicate_leases"] == 0 and report["lost_jobs"] == 0, details
+    report, details = _run_without_duplicates_or_losses(pg_admin_url, config)
     assert report["tasks_done"] == 0 and report["results_db"] < 2000, details
     assert report["idle_polls"] == report["idle_jobs"] == 0, report["idle_jobs"]
     assert math.isnan(report["empty_poll_cpu_ms_per_s"]) and report["idle_skipped"]
@@ -128,9 +133,7 @@ def test_batched_workers_with_churn_re_lease_what_the_dead_held(pg_admin_url):
         churn=0.1,
         lease_ttl_s=2.0,
     )
-    report = run_load(pg_admin_url, config)
-    details = {k: report[k] for k in ("duplicates", "lost", "http_errors", "service_errors")}
-    assert report["duplicate_leases"] == 0 and report["lost_jobs"] == 0, details
+    report, details = _run_without_duplicates_or_losses(pg_admin_url, config)
     assert report["tasks_done"] == TASKS and report["results_counted_once"], details
     assert report["abandoned"] > 0 and report["abandoned_expired"] == report["abandoned"]
     assert report["re_leased_one_result"] == report["re_leased_jobs"], details
@@ -174,9 +177,7 @@ def test_workers_that_report_each_job_as_measured_keep_their_jobs_in_hand(pg_adm
         churn=churn,
         lease_ttl_s=2.0 if churn else LoadConfig.lease_ttl_s,
     )
-    report = run_load(pg_admin_url, config)
-    details = {k: report[k] for k in ("duplicates", "lost", "http_errors", "service_errors")}
-    assert report["duplicate_leases"] == 0 and report["lost_jobs"] == 0, details
+    report, details = _run_without_duplicates_or_losses(pg_admin_url, config)
     assert report["tasks_done"] == TASKS and report["results_counted_once"], details
     assert report["results_accepted"] == report["results_db"] == TASKS * BUDGET, details
     # One results request per job answered: each was reported alone (with churn, a job whose
