@@ -46,6 +46,14 @@ def _import(path: Path, db_url: str) -> dict:
     return json.loads(result.stdout)
 
 
+def _export_t4(task_id: int, out: Path, db_url: str) -> Dataset:
+    """`pipetune export --format t4` of a task, read back."""
+    args = ["export", "--task", str(task_id), "--format", "t4", "--out", str(out)]
+    result = runner.invoke(app, [*args, "--db", db_url])
+    assert result.exit_code == 0, result.output
+    return load_dataset(out)
+
+
 def test_an_imported_dataset_is_a_finished_task_a_warm_start_can_name(a100_sweep, db_url):
     data = load_dataset(a100_sweep)
     times = [r.time_ms for r in data.records if r.time_ms is not None]
@@ -129,10 +137,7 @@ def test_each_records_timestamp_is_kept_and_exported_back(a100_sweep, db_url, tm
     doc = _import(path, db_url)
 
     out = tmp_path / "back.t4.json.gz"
-    args = ["export", "--task", str(doc["id"]), "--format", "t4", "--out", str(out)]
-    exported = runner.invoke(app, [*args, "--db", db_url])
-    assert exported.exit_code == 0, exported.output
-    back = [r.timestamp for r in load_dataset(out).records]
+    back = [r.timestamp for r in _export_t4(doc["id"], out, db_url).records]
     assert back[0] == stamps[0] and back[4:] == stamps[4:]
     assert back[1] == "2024-01-02 03:04:05+00:00"
     assert back[2] is None and back[3] is None
@@ -188,10 +193,7 @@ def test_an_export_names_the_gpus_its_workers_registered(db_url, tmp_path):
         trials = client.get(f"/v1/tasks/{task['id']}/trials").json()["trials"]
     assert {t["worker_device"] for t in trials} == {"NVIDIA H100 80GB HBM3"}
     out = tmp_path / "task.t4.json"
-    args = ["export", "--task", str(task["id"]), "--format", "t4", "--out", str(out)]
-    result = runner.invoke(app, [*args, "--db", db_url])
-    assert result.exit_code == 0, result.output
-    meta = load_dataset(out).metadata["pipetune"]
+    meta = _export_t4(task["id"], out, db_url).metadata["pipetune"]
     assert meta["device_name"] == "NVIDIA H100 80GB HBM3"
 
 
@@ -280,8 +282,7 @@ def test_a_task_several_runners_measured_exports_a_file_that_reads_back(db_url, 
     assert sorted(set(runners.values())) == ["replay:cupy", "simulated"]
 
     out = tmp_path / "mixed.t4.json"
-    args = ["export", "--task", str(task["id"]), "--format", "t4", "--out", str(out)]
-    assert runner.invoke(app, [*args, "--db", db_url]).exit_code == 0
+    _export_t4(task["id"], out, db_url)
     info = runner.invoke(app, ["dataset", "info", str(out), "--json"])
     assert info.exit_code == 0, info.output
     assert json.loads(info.stdout)["runner"] == "replay:cupy,simulated"
@@ -360,10 +361,7 @@ def test_an_imported_datasets_device_and_settings_are_exported_back(a100_sweep, 
     assert task["imported_settings"] == {"warmup": 3, "repeats": 30, "l2_flush": True}
 
     out = tmp_path / "back.t4.json.gz"
-    args = ["export", "--task", str(doc["id"]), "--format", "t4", "--out", str(out)]
-    exported = runner.invoke(app, [*args, "--db", db_url])
-    assert exported.exit_code == 0, exported.output
-    back = load_dataset(out).metadata["pipetune"]
+    back = _export_t4(doc["id"], out, db_url).metadata["pipetune"]
     assert back["device_name"] == "NVIDIA A100-SXM4-40GB"
     assert back["settings"] == {"warmup": 3, "repeats": 30, "l2_flush": True}
     # A tuned task's export still describes the task (no import behind it).
