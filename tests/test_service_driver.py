@@ -660,21 +660,26 @@ def test_a_cancel_during_an_advance_leaves_no_session_behind(db_url):
         assert driver._ended == set()
 
 
-@pytest.mark.parametrize("error", [RuntimeError, IndexError])
-def test_a_task_whose_strategy_raises_fails_with_the_reason(db_url, error, monkeypatch):
-    """A strategy that raised anything but a ValueError while proposing (a bug of its own,
-    say) left its task running with nothing queued: the advance raised, and so did every
-    sweep after it (the other tasks it would have advanced next waited on the proposer)."""
+def _bo_raises_once_measured(monkeypatch, error: Exception) -> None:
+    """The BO strategy raises `error` when it proposes with any trial measured."""
     from pipetune.tuner.bo import BayesianStrategy
 
     propose = BayesianStrategy.next_batch
 
     def raises_once_measured(self, n, exclude, history):  # type: ignore[no-untyped-def]
         if history:
-            raise error("the strategy broke")
+            raise error
         return propose(self, n, exclude, history)
 
     monkeypatch.setattr(BayesianStrategy, "next_batch", raises_once_measured)
+
+
+@pytest.mark.parametrize("error", [RuntimeError, IndexError])
+def test_a_task_whose_strategy_raises_fails_with_the_reason(db_url, error, monkeypatch):
+    """A strategy that raised anything but a ValueError while proposing (a bug of its own,
+    say) left its task running with nothing queued: the advance raised, and so did every
+    sweep after it (the other tasks it would have advanced next waited on the proposer)."""
+    _bo_raises_once_measured(monkeypatch, error("the strategy broke"))
     with client_for(db_url, batch_size=4) as c:
         worker = register(c)
         task_id = create_task(c, budget=12, strategy="analytical+xgb")["id"]
@@ -689,16 +694,7 @@ def test_a_failed_tasks_error_says_what_failed(client, monkeypatch):
     """A proposal that raised in the session this replica held said "cannot rebuild the
     tuning session", of a session nobody rebuilt, and without the error's class ("list
     index out of range" and nothing else); a record that does not replay still says so."""
-    from pipetune.tuner.bo import BayesianStrategy
-
-    propose = BayesianStrategy.next_batch
-
-    def raises_once_measured(self, n, exclude, history):  # type: ignore[no-untyped-def]
-        if history:
-            raise IndexError("list index out of range")
-        return propose(self, n, exclude, history)
-
-    monkeypatch.setattr(BayesianStrategy, "next_batch", raises_once_measured)
+    _bo_raises_once_measured(monkeypatch, IndexError("list index out of range"))
     worker = register(client)
     task_id = create_task(client, budget=12, strategy="analytical+xgb", batch_size=4)["id"]
     drain(client, worker)
