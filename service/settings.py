@@ -303,19 +303,12 @@ class Settings(BaseSettings):
                 raise ValueError(f"{what} {i} (of {len(value)}) {problem}")
         return value
 
-    @field_validator("allowed_hosts")
+    @field_validator("allowed_hosts", "cors_origins")
     @classmethod
-    def _hosts(cls, value: list[str]) -> list[str]:
-        for host in value:
-            if problem := host_problem(host):
-                raise ValueError(problem)
-        return value
-
-    @field_validator("cors_origins")
-    @classmethod
-    def _origins(cls, value: list[str]) -> list[str]:
-        for origin in value:
-            if problem := origin_problem(origin):
+    def _names(cls, value: list[str], info: ValidationInfo) -> list[str]:
+        problem_of = host_problem if info.field_name == "allowed_hosts" else origin_problem
+        for name in value:
+            if problem := problem_of(name):
                 raise ValueError(problem)
         return value
 
