@@ -150,12 +150,19 @@ def neg_log_posterior(
     grad[1:-1] = ((w * (amplitude * (5.0 / 3.0)) * poly * e) @ D2) * inv_ls2
     grad[-1] = 0.5 * noise * trace_w
     dev = theta[1:-1] - log_ls_mean
-    value = -lml + float(np.sum(dev**2)) / (2 * log_ls_var)
-    value += (theta[-1] - LOG_NOISE_PRIOR_MEAN) ** 2 / 2
+    value = -lml + neg_log_hyperprior(theta, log_ls_mean, log_ls_var)
     grad = -grad
     grad[1:-1] += dev / log_ls_var
     grad[-1] += theta[-1] - LOG_NOISE_PRIOR_MEAN
     return float(value), grad
+
+
+def neg_log_hyperprior(theta: np.ndarray, log_ls_mean: float, log_ls_var: float) -> float:
+    """The hyperprior's -log density at theta (constants dropped): normal in each log length
+    scale, and in the log noise about LOG_NOISE_PRIOR_MEAN with unit variance."""
+    dev = theta[1:-1] - log_ls_mean
+    value = float(np.sum(dev**2)) / (2 * log_ls_var)
+    return value + float(theta[-1] - LOG_NOISE_PRIOR_MEAN) ** 2 / 2
 
 
 def hessian_of_neg_log_posterior(

@@ -23,10 +23,10 @@ from sklearn.ensemble import ExtraTreesClassifier, ExtraTreesRegressor
 
 from pipetune.tuner.lbfgsb import minimize_bounded
 from pipetune.tuner.matern_gp import (
-    LOG_NOISE_PRIOR_MEAN,
     Kernel,
     Posterior,
     hessian_of_neg_log_posterior,
+    neg_log_hyperprior,
     neg_log_posterior,
     pair_sq_diffs,
     standardise,
@@ -150,10 +150,7 @@ class GaussianProcess(Surrogate):
     def _neg_log_prior(self) -> float:
         """The hyperprior's -log density at the present kernel, as `neg_log_posterior` adds
         it to the -log likelihood (constants dropped)."""
-        theta = self.kernel.theta
-        dev = theta[1:-1] - self.log_ls_mean
-        value = float(np.sum(dev**2)) / (2 * self.log_ls_var)
-        return value + (theta[-1] - LOG_NOISE_PRIOR_MEAN) ** 2 / 2
+        return neg_log_hyperprior(self.kernel.theta, self.log_ls_mean, self.log_ls_var)
 
     def _rough_start(self) -> np.ndarray:
         """Short length scales (0.3 of every knob's range): a rough function."""
