@@ -10,7 +10,7 @@ CUDA version runs without JIT: the 13.x wheels are pinned for the GPU machines' 
 from __future__ import annotations
 
 from functools import cache
-from typing import Any
+from typing import Any, Literal
 
 from pipetune.model.errors import PipetuneError
 
@@ -61,25 +61,13 @@ def build() -> str:
     tools, release 13.5, V13.5.37" and the compiler's build ID): nvrtcVersion says only
     (major, minor), the same for every patch release of a minor version, whose ptxas
     differ. One empty program compiled to PTX, once per process; "" if that fails."""
-    nvrtc = _nvrtc()
     try:
-        prog = _check(
-            nvrtc.nvrtcCreateProgram(b'extern "C" __global__ void k() {}', b"build.cu", 0, [], []),
-            "nvrtcCreateProgram",
+        ptx, _ = _compile(
+            'extern "C" __global__ void k() {}', "build.cu", ["-arch=compute_80"], "ptx"
         )
     except NvrtcError:
         return ""
-    try:
-        (err,) = nvrtc.nvrtcCompileProgram(prog, 1, [b"-arch=compute_80"])
-        if err != nvrtc.nvrtcResult.NVRTC_SUCCESS:
-            return ""
-        size = _check(nvrtc.nvrtcGetPTXSize(prog), "nvrtcGetPTXSize")
-        ptx = _read_out(prog, size, nvrtc.nvrtcGetPTX, "nvrtcGetPTX")
-    except NvrtcError:
-        return ""
-    finally:
-        nvrtc.nvrtcDestroyProgram(prog)
-    lines = ptx.rstrip(b"\x00").decode(errors="replace").splitlines()
+    lines = (ptx or b"").rstrip(b"\x00").decode(errors="replace").splitlines()
     return "; ".join(
         ln.removeprefix("//").strip()
         for ln in lines
@@ -112,6 +100,13 @@ def accepts_arch(arch: str) -> bool:
 
 def compile_to_cubin(code: str, filename: str, options: list[str]) -> tuple[bytes | None, str]:
     """(cubin or None when the source does not compile, program log)."""
+    return _compile(code, filename, options, "cubin")
+
+
+def _compile(
+    code: str, filename: str, options: list[str], output: Literal["cubin", "ptx"]
+) -> tuple[bytes | None, str]:
+    """(the program's cubin or PTX, or None when the source does not compile; its log)."""
     nvrtc = _nvrtc()
     prog = _check(
         nvrtc.nvrtcCreateProgram(code.encode(), filename.encode(), 0, [], []),
@@ -126,9 +121,12 @@ def compile_to_cubin(code: str, filename: str, options: list[str]) -> tuple[byte
         if err == nvrtc.nvrtcResult.NVRTC_ERROR_COMPILATION:
             return None, log
         _check((err,), "nvrtcCompileProgram")
-        size = _check(nvrtc.nvrtcGetCUBINSize(prog), "nvrtcGetCUBINSize")
-        if size == 0:
-            raise NvrtcError("NVRTC produced no cubin (is the arch a real sm_XX?)")
-        return _read_out(prog, size, nvrtc.nvrtcGetCUBIN, "nvrtcGetCUBIN"), log
+        if output == "cubin":
+            size = _check(nvrtc.nvrtcGetCUBINSize(prog), "nvrtcGetCUBINSize")
+            if size == 0:
+                raise NvrtcError("NVRTC produced no cubin (is the arch a real sm_XX?)")
+            return _read_out(prog, size, nvrtc.nvrtcGetCUBIN, "nvrtcGetCUBIN"), log
+        size = _check(nvrtc.nvrtcGetPTXSize(prog), "nvrtcGetPTXSize")
+        return _read_out(prog, size, nvrtc.nvrtcGetPTX, "nvrtcGetPTX"), log
     finally:
         _check(nvrtc.nvrtcDestroyProgram(prog), "nvrtcDestroyProgram")
