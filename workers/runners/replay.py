@@ -58,7 +58,6 @@ class ReplayRunner(Runner):
         self.dataset = dataset if isinstance(dataset, Dataset) else load_dataset(dataset)
         self.info = check_pipetune(self.dataset)
         self.ignore_mismatch = ignore_mismatch
-        self.label = f"{self.name}:{self.info.runner or 'unknown'}"
         if workload is not None:
             self._check_workload(workload)
         if gpu is not None:
