@@ -101,13 +101,11 @@ class DatabaseGauges(Collector):
         # hid the outage from alerts on the gauge. The gauges are still worth having.
         up = 0 if self.db.full_problem() is not None else 1
         yield gauge_family("pipetune_database_up", DATABASE_UP_HELP, [], [(up,)])
-        queued = _every(
-            gpu_keys(), [(gpu, n) for state, gpu, n in jobs if state == JobState.QUEUED]
-        )
-        leased = _every(
-            gpu_keys(), [(gpu, n) for state, gpu, n in jobs if state == JobState.LEASED]
-        )
-        states = _every([str(state) for state in TaskState], [(str(st), n) for st, n in tasks])
+        gpus = [(gpu,) for gpu in gpu_keys()]
+        queued = _every(gpus, [(gpu, n) for state, gpu, n in jobs if state == JobState.QUEUED])
+        leased = _every(gpus, [(gpu, n) for state, gpu, n in jobs if state == JobState.LEASED])
+        states = _every([(str(state),) for state in TaskState], tasks)
+        gpus_and_runners = [(gpu, str(runner)) for gpu in gpu_keys() for runner in RunnerKind]
         yield gauge_family("pipetune_queue_depth", "Jobs waiting for a worker", ["gpu"], queued)
         yield gauge_family("pipetune_leases_active", "Jobs leased to a worker", ["gpu"], leased)
         yield gauge_family("pipetune_tasks", "Tasks by state", ["state"], states)
@@ -118,13 +116,13 @@ class DatabaseGauges(Collector):
             "Workers ever registered (a restarted worker registers again under a new name), "
             "by the GPU they answer for and their runner (simulated: no GPU)",
             ["gpu", "runner"],
-            _every_gpu_and_runner(workers),
+            _every(gpus_and_runners, workers),
         )
         yield gauge_family(
             "pipetune_workers_live",
             "Workers that sent a heartbeat within the lease TTL, by GPU and runner",
             ["gpu", "runner"],
-            _every_gpu_and_runner(live),
+            _every(gpus_and_runners, live),
         )
 
     def describe(self) -> Iterator[Metric]:
@@ -137,18 +135,13 @@ DATABASE_UP_HELP = (
 )
 
 
-def _every(keys: Iterable[str], rows: Iterable[tuple]) -> list[tuple[str, float]]:
-    """(key, value) for every key, 0 where `rows` has none (and rows of other keys too)."""
-    found = {str(k): float(v) for k, v in rows}
-    return [(k, found.pop(k, 0.0)) for k in keys] + sorted(found.items())
-
-
-def _every_gpu_and_runner(rows: Iterable[tuple]) -> list[tuple[str, str, float]]:
-    """(gpu, runner, count) for every GPU and runner, 0 where `rows` has none."""
-    found = {(str(gpu), str(runner)): float(n) for gpu, runner, n in rows}
-    every = [(gpu, str(runner)) for gpu in gpu_keys() for runner in RunnerKind]
+def _every(keys: Iterable[tuple[str, ...]], rows: Iterable[tuple]) -> list[tuple]:
+    """(*key, value) for every key (a tuple of label values), 0 where `rows` (each a key's
+    label values, then its count) has none; and the rows of other keys, sorted, after."""
+    found = {tuple(str(part) for part in key): float(n) for *key, n in rows}
+    every = list(keys)
     rest = sorted(set(found) - set(every))
-    return [(gpu, runner, found.get((gpu, runner), 0.0)) for gpu, runner in every + rest]
+    return [(*key, found.get(key, 0.0)) for key in every + rest]
 
 
 class Metrics:
