@@ -11,14 +11,16 @@ from pipetune.service.context import ServiceDep
 from pipetune.service.db import is_unavailable
 from pipetune.service.errors import DatabaseFullError, DatabaseGoneError, DatabaseStalledError
 from pipetune.service.metrics import CONTENT_TYPE
+from pipetune.service.middleware import HEALTH_PATH
 from pipetune.service.routers.bounded_json import BoundedJsonRoute
 
 router = APIRouter(route_class=BoundedJsonRoute, tags=["operations"])
 
 
 # HEAD too: load balancers' health checks often send it, and a 405 marked the service down.
-@router.head("/healthz", include_in_schema=False)
-@router.get("/healthz", response_model=Health, responses={503: {"description": "no database"}})
+# (HEALTH_PATH: the Host guard answers it for any Host, for a load balancer's checks.)
+@router.head(HEALTH_PATH, include_in_schema=False)
+@router.get(HEALTH_PATH, response_model=Health, responses={503: {"description": "no database"}})
 def healthz(service: ServiceDep) -> Health:
     problem = service.db.file_problem()
     if problem is not None:
