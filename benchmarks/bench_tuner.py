@@ -69,7 +69,7 @@ def run(args: argparse.Namespace) -> None:
         priors = _priors(args.prior or [], loaded)
     except (CliError, DatasetError) as exc:
         raise SystemExit(f"error: {exc}") from None
-    learned = learned_priors(loaded, args.learned_prior or [])
+    learned = learned_priors(loaded, args.learned_prior or [], priors)
     budgets = budget_list(args.budgets)
     doc = bench(
         loaded,
@@ -117,12 +117,13 @@ def budget_list(text: str) -> list[int]:
     return budgets
 
 
-def learned_priors(loaded: list, corpus_paths: list[Path]) -> dict:
+def learned_priors(loaded: list, corpus_paths: list[Path], priors: dict) -> dict:
     """Each of pipetune's datasets' prior learned from the --learned-prior datasets of its
-    family, its own workload left out on every GPU (`pipetune bench tuner --learned-prior`)."""
+    family, its own workload left out on every GPU, but for the datasets with a --prior
+    (they run from it): `pipetune bench tuner --learned-prior`."""
     from pipetune.clients.cli.bench_cmds import _learned
 
-    learned = _learned(corpus_paths, loaded)
+    learned = _learned(corpus_paths, loaded, set(priors))
     for name, prior in learned.items():
         print(f"{name}: prior {prior.source}", file=sys.stderr, flush=True)
     return learned

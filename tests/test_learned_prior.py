@@ -133,7 +133,7 @@ def test_the_benchmark_leaves_the_datasets_own_workload_out_on_every_gpu(tmp_pat
         shutil.copy(data / "h200" / f"{name}.t4.json.gz", tmp_path)
     target = recorded_dataset(data / "h100" / "BMM_BERT_QK.t4.json.gz")
     memops = recorded_dataset(data / "h100" / "Softmax_BERT_b1_s128.t4.json.gz")
-    priors = learned_priors([target, memops], [tmp_path])
+    priors = learned_priors([target, memops], [tmp_path], {})
     assert priors[target.name].source.endswith("a cost model of 1 measured shapes on h200")
     assert memops.name not in priors  # its own shape is the folder's only memops record
 
@@ -258,6 +258,34 @@ def test_a_dataset_run_from_its_recorded_prior_is_not_said_to_keep_the_analytica
     assert doc["priors"] == {"BMM_BERT_QK": "BMM_BERT_QK"} and doc["learned_priors"] == {}
     said = " ".join(result.stderr.split())
     assert "keeps the analytical model's prior" not in said
+    assert "note: --learned-prior: BMM_BERT_QK runs from its --prior: no learned prior there" in (
+        said
+    )
+
+
+def test_the_benchmark_script_fits_no_learned_prior_where_a_recorded_prior_drives_the_runs(
+    tmp_path, monkeypatch, capsys
+):
+    """`python -m benchmarks.bench_tuner run --prior X --learned-prior Y`, as `bench tuner`:
+    the script fitted a learned prior for the dataset with a --prior too, and named it as
+    that dataset's prior beside the run, while the runs used the recorded one."""
+    import sys
+    from pathlib import Path
+
+    from benchmarks import bench_tuner
+
+    data = Path(__file__).resolve().parent.parent / "benchmarks" / "data"
+    out = tmp_path / "run.json"
+    args = ["run", "--datasets", str(data / "h200" / "BMM_BERT_QK.t4.json.gz")]
+    args += ["--prior", str(data / "h100" / "BMM_BERT_QK.t4.json.gz")]
+    args += ["--learned-prior", str(data / "h100" / "BMM_GPT2_QK.t4.json.gz")]
+    args += ["--strategies", "auto", "--seeds", "1", "--budgets", "4", "--save", str(out)]
+    monkeypatch.setattr(sys, "argv", ["bench_tuner", *args])
+    bench_tuner.main()
+    doc = json.loads(out.read_text())
+    assert doc["priors"] == {"BMM_BERT_QK": "BMM_BERT_QK"} and doc["learned_priors"] == {}
+    said = " ".join(capsys.readouterr().err.split())
+    assert "BMM_BERT_QK: prior " not in said
     assert "note: --learned-prior: BMM_BERT_QK runs from its --prior: no learned prior there" in (
         said
     )
