@@ -123,7 +123,7 @@ def learned_priors(loaded: list, corpus_paths: list[Path], priors: dict) -> dict
     (they run from it): `pipetune bench tuner --learned-prior`."""
     from pipetune.clients.cli.bench_cmds import _learned
 
-    learned = _learned(corpus_paths, loaded, set(priors))
+    learned = _learned(corpus_paths, loaded, priors)
     for name, prior in learned.items():
         print(f"{name}: prior {prior.source}", file=sys.stderr, flush=True)
     return learned

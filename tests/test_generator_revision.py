@@ -187,7 +187,7 @@ def test_the_benchmark_says_which_files_it_left_out_as_older(tmp_path):
     new_conv = _recorded(conv2d(8, 28, 28, 64, 128, 3, 3, 1, 1), "h200", 2)
     files = [tmp_path / "old.t4.json.gz", tmp_path / "new.t4.json.gz"]
     loaded = [_benchmarked("conv", _recorded(CONV, "h200", 2))]
-    notes = _unlearned(loaded, {}, files, [old_conv, new_conv])
+    notes = _unlearned(loaded, loaded, {}, files, [old_conv, new_conv])
     assert [n for n in notes if "revision" in n] == [
         "old.t4.json.gz: all its measurements are of an older revision of tensor_gemm.conv "
         "than the newest given (2): left out of the priors of tensor_gemm.conv's datasets"
@@ -204,7 +204,7 @@ def test_the_benchmark_of_another_line_says_nothing_of_older_revisions_it_learns
     loaded = [_benchmarked("gemm", target)]
     prior = learned_prior(target.space, [old_conv, new_conv])
     assert "older" not in prior.source  # the GEMM's prior learned from both convolutions
-    notes = _unlearned(loaded, {"gemm": prior}, files, [old_conv, new_conv])
+    notes = _unlearned(loaded, loaded, {}, files, [old_conv, new_conv])
     assert not [n for n in notes if "revision" in n], notes
 
 
@@ -336,14 +336,16 @@ def test_a_corpus_that_ranks_nothing_is_not_said_to_be_missing(tmp_path):
     flat = RecordedSpace(flat.space, np.full(len(flat.latency_s), 2e-5))
     target = _recorded(gemm(512, 512, 512), "h200", None)
     loaded = [_benchmarked("gemm", target)]
-    learned = unseen_shape_priors(loaded, [flat])
+    learned, why_not = unseen_shape_priors(loaded, [flat])
     assert learned == {}
-    notes = _unlearned(loaded, learned, [tmp_path / "flat.t4.json.gz"], [flat])
+    notes = _unlearned(loaded, loaded, why_not, [tmp_path / "flat.t4.json.gz"], [flat])
     assert notes == [
-        "a cost model of the other tensor_gemm shapes' measurements ranks no schedule of gemm "
-        "above another: it keeps the analytical model's prior"
+        "gemm: a cost model of 1 measured shapes ranks no schedule of this space above "
+        "another: it keeps the analytical model's prior"
     ]
-    alone = _unlearned(loaded, {}, [tmp_path / "own.t4.json.gz"], [target])
+    _, why_not = unseen_shape_priors(loaded, [target])
+    alone = _unlearned(loaded, loaded, why_not, [tmp_path / "own.t4.json.gz"], [target])
     assert alone == [
-        "nothing of tensor_gemm but its own shape for gemm: it keeps the analytical model's prior"
+        "gemm: no measured space of the tensor_gemm family other than this one to learn from: "
+        "it keeps the analytical model's prior"
     ]

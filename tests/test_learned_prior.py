@@ -192,8 +192,8 @@ def test_a_learned_prior_refuses_simulated_datasets_and_says_what_teaches_nothin
     assert json.loads(result.stdout)["learned_priors"] == {}  # stdout stays the document
     said = " ".join(result.stderr.split())
     assert (
-        "note: --learned-prior: nothing of memops but its own shape for Softmax_BERT_b1_s128: "
-        "it keeps the analytical model's prior" in said
+        "note: --learned-prior: Softmax_BERT_b1_s128: no measured space of the memops family "
+        "other than this one to learn from: it keeps the analytical model's prior" in said
     )
     assert (
         "note: --learned-prior: MM_RN50_FC.t4.json.gz (tensor_gemm) is of no benchmarked "

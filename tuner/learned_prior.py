@@ -211,12 +211,15 @@ def prior_from(space: Any, learned: LearnedModel) -> PriorMean:
 
 def unseen_shape_priors(
     datasets: Sequence[Any], corpus: Sequence[RecordedSpace]
-) -> dict[str, PriorMean]:
+) -> tuple[dict[str, PriorMean], dict[str, str]]:
     """Each of pipetune's datasets' (tuner.bench.Dataset) learned prior, with every record of
     its own workload left out on every GPU: the shape is unseen, so a benchmark says what
-    measurements of other shapes are worth. A dataset with nothing of its family to learn
-    from keeps the analytical model (it is left out of the answer)."""
-    priors = {}
+    measurements of other shapes are worth. A dataset that gets none (nothing of its family
+    to learn from, or a cost model that ranks nothing of its space) keeps the analytical
+    model: it is left out of the priors, and the second mapping says why (for the caller to
+    say beside the run)."""
+    priors: dict[str, PriorMean] = {}
+    why_not: dict[str, str] = {}
     for ds in datasets:
         if ds.ours is None:
             continue
@@ -224,6 +227,6 @@ def unseen_shape_priors(
         unseen = [r for r in corpus if r.space.workload.workload_hash != mine]
         try:
             priors[ds.name] = learned_prior(ds.ours.space, unseen)
-        except LearnedPriorError:
-            continue
-    return priors
+        except LearnedPriorError as exc:
+            why_not[ds.name] = str(exc)
+    return priors, why_not

@@ -295,10 +295,10 @@ def _priors(priors: list[Path], loaded: list[Dataset]) -> dict:
     return chosen
 
 
-def _learned(paths: list[Path], loaded: list[Dataset], recorded: Collection[str] = ()) -> dict:
+def _learned(paths: list[Path], loaded: list[Dataset], priors: Collection[str]) -> dict:
     """--learned-prior: measured pipetune datasets (files, or folders of *.t4.json.gz) whose
     cost model is the prior of each loaded dataset of their family, its own shape left out;
-    none for the datasets named in `recorded` (they run from their --prior)."""
+    none for the datasets named in `priors` (they run from their --prior)."""
     from pipetune.tuner.learned_prior import unseen_shape_priors
     from pipetune.workers.datasets import DatasetError
 
@@ -329,49 +329,39 @@ def _learned(paths: list[Path], loaded: list[Dataset], recorded: Collection[str]
                 2,
             )
     records = [ds.ours for ds in corpus if ds.ours is not None]
-    learned = unseen_shape_priors([ds for ds in loaded if ds.name not in recorded], records)
-    for note in _unlearned(loaded, learned, files, records, recorded):
+    # A dataset with a --prior runs from it (tuner.bench.bench drops a learned one): none is
+    # fitted for it, and nothing said of why it has none.
+    learners = [ds for ds in loaded if ds.name not in priors]
+    learned, why_not = unseen_shape_priors(learners, records)
+    for note in _unlearned(loaded, learners, why_not, files, records):
         stderr_console.print(f"note: --learned-prior: {note}")
     return learned
 
 
 def _unlearned(
     loaded: list[Dataset],
-    learned: dict,
+    learners: list[Dataset],
+    why_not: dict[str, str],
     files: list[Path],
     records: list,
-    recorded: Collection[str] = (),
 ) -> list[str]:
     """What --learned-prior was given and does not use, said beside the run: a dataset that
-    runs from its --prior (named in `recorded`), a dataset left with the analytical model's
-    prior (nothing of its family but its own shape), and a file of no benchmarked dataset's
-    family (it teaches nothing here)."""
+    runs from its --prior (of `loaded`, not of `learners`, the datasets a prior was fitted
+    for), a dataset left with the analytical model's prior (`why_not`, by
+    tuner.learned_prior.unseen_shape_priors), and a file of no benchmarked dataset's family
+    (it teaches nothing here)."""
     from pipetune.model.family import family_of
     from pipetune.tuner.learned_prior import generator_line, newest_revisions
 
+    fitted = {ds.name for ds in learners}
     notes = [
         f"{ds.name} runs from its --prior: no learned prior there"
         for ds in loaded
-        if ds.name in recorded
+        if ds.name not in fitted
     ]
-    for ds in loaded:
-        if ds.ours is None or ds.name in learned or ds.name in recorded:
-            continue
-        family = family_of(ds.ours.space.workload).name
-        mine = ds.ours.space.workload.workload_hash
-        others = any(
-            family_of(r.space.workload).name == family and r.space.workload.workload_hash != mine
-            for r in records
-        )
-        # (unseen_shape_priors keeps no prior for one of two reasons: no other shape, or a
-        # cost model of the others that ranks no schedule of this space above another.)
-        why = (
-            f"a cost model of the other {family} shapes' measurements ranks no schedule of "
-            f"{ds.name} above another"
-            if others
-            else f"nothing of {family} but its own shape for {ds.name}"
-        )
-        notes.append(f"{why}: it keeps the analytical model's prior")
+    notes += [
+        f"{name}: {why}: it keeps the analytical model's prior" for name, why in why_not.items()
+    ]
     families = {family_of(ds.ours.space.workload).name for ds in loaded if ds.ours is not None}
     notes += [
         f"{f.name} ({family_of(r.space.workload).name}) is of no benchmarked dataset's "
@@ -381,9 +371,7 @@ def _unlearned(
     ]
     # Older revisions are left out of the priors of their own line's datasets only
     # (tuner.learned_prior.current_measurements): another line's datasets learn from them.
-    lines = {
-        generator_line(ds.ours) for ds in loaded if ds.ours is not None and ds.name not in recorded
-    }
+    lines = {generator_line(ds.ours) for ds in learners if ds.ours is not None}
     newest = newest_revisions(records)
     for f, r in zip(files, records, strict=True):
         line = generator_line(r)
@@ -489,7 +477,7 @@ def tuner(
     priors = _priors(prior or [], loaded)
     if prior_trials is not None and not priors:
         raise CliError("--prior-trials: give the --prior dataset the trials are taken from", 2)
-    learned = _learned(learned_prior or [], loaded, set(priors))
+    learned = _learned(learned_prior or [], loaded, priors)
     with console.status("benchmarking") as status:
         try:
             doc = bench(
