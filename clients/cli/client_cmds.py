@@ -256,7 +256,12 @@ def wait_for_task(c: Any, task: TaskDoc, show: bool, poll_s: float) -> TaskDoc:
 def strategy_label(doc: TaskDoc) -> str:
     """The strategy column (as the dashboard's): a warm start names its prior task; a
     dataset imported as a task was not tuned here; a priority above 1 is said."""
-    label = _search_label(doc)
+    return _with_priority(_search_label(doc), doc)
+
+
+def _with_priority(label: str, doc: TaskDoc) -> str:
+    """`label`, and the task's priority where it is above the default (a share of its GPU's
+    workers that a reader of a task's line should know of)."""
     return f"{label}, priority {doc.priority}" if doc.priority > DEFAULT_PRIORITY else label
 
 
@@ -275,11 +280,8 @@ def _tasks(ids: list[int]) -> str:
 
 
 def print_task(doc: TaskDoc, server: str) -> None:
-    strategy = doc.strategy
-    if doc.priority > DEFAULT_PRIORITY:
-        strategy += f", priority {doc.priority}"
     title = (
-        f"task {doc.id}: {_label(doc.workload)} on {doc.gpu}, {strategy}, "
+        f"task {doc.id}: {_label(doc.workload)} on {doc.gpu}, {_with_priority(doc.strategy, doc)}, "
         f"{trials_of(doc)} trials ({doc.trials_failed} failed), {doc.state}"
     )
     if doc.prior_task is not None:
