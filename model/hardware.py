@@ -356,17 +356,22 @@ def user_profile_dir() -> Path:
     return Path(platformdirs.user_data_dir("pipetune")) / "profiles"
 
 
+def profile_dirs() -> tuple[tuple[Path, str], ...]:
+    """The folders the model applies a GPU's profile from, the first that holds one winning,
+    each with its label's prefix: the user's own (``calibrated(user)``), then the shipped one
+    (``calibrated``)."""
+    return ((user_profile_dir(), "calibrated(user)"), (PROFILE_DIR, "calibrated"))
+
+
 def applied_profile(key: str) -> tuple[Path, str] | None:
     """The profile :func:`get_gpu` applies to GPU ``key`` and its label: the user's own
     (``calibrated(user):<file>``), else the shipped one (``calibrated:<file>``), else None.
     A user's profile replaces the shipped one rather than stacking on it: it measured the
     same fields on the user's own device."""
-    own = user_profile_dir() / f"{key}.json"
-    if own.is_file():
-        return own, f"calibrated(user):{own.name}"
-    shipped = PROFILE_DIR / f"{key}.json"
-    if shipped.is_file():
-        return shipped, f"calibrated:{shipped.name}"
+    for folder, kind in profile_dirs():
+        path = folder / f"{key}.json"
+        if path.is_file():
+            return path, f"{kind}:{path.name}"
     return None
 
 
@@ -381,19 +386,21 @@ def get_gpu(name: str, *, profile: str | Path | None = None, calibrated: bool = 
     spec = _SPECS[key]
     found = applied_profile(key) if calibrated else None
     if found is not None:
-        path, label = found
-        target, overrides = load_profile(path)
-        # <key>.json is applied by its name alone: one that says it measured another GPU
-        # (a copied or renamed file) would pass that GPU's numbers off as this one's.
-        if target is not None and target != key:
-            raise HardwareError(f"profile {path} is for '{target}', not '{key}'")
-        spec = _applied(spec, overrides, label, path)
+        spec = _with_profile(spec, *found)
     if profile is not None:
-        target, overrides = load_profile(profile)
-        if target is not None and target != key:
-            raise HardwareError(f"profile {profile} is for '{target}', not '{key}'")
-        spec = _applied(spec, overrides, f"profile:{Path(profile).name}", profile)
+        spec = _with_profile(spec, profile, f"profile:{Path(profile).name}")
     return spec
+
+
+def _with_profile(spec: GPUSpec, path: str | Path, label: str) -> GPUSpec:
+    """spec with the profile file at ``path`` applied, labelled ``label``. A profile that
+    says it measured another GPU is refused: <key>.json is applied by its name alone, and a
+    copied or renamed file (or an explicit one of the wrong GPU) would pass that GPU's
+    numbers off as this one's."""
+    target, overrides = load_profile(path)
+    if target is not None and target != spec.key:
+        raise HardwareError(f"profile {path} is for '{target}', not '{spec.key}'")
+    return _applied(spec, overrides, label, path)
 
 
 def _applied(spec: GPUSpec, overrides: dict[str, Any], label: str, path: str | Path) -> GPUSpec:

@@ -33,6 +33,7 @@ from pipetune.model.hardware import (
     HardwareError,
     get_gpu,
     parse_profile,
+    profile_dirs,
     resolve_gpu_key,
     user_profile_dir,
 )
@@ -167,11 +168,9 @@ def check_sweep(path: Path, folder: Path, gpu: str, simulated: bool) -> None:
 def _applied_from(folder: Path) -> bool:
     """Whether the model applies profiles from ``folder`` (the user's profile folder, or the
     profiles shipped with the model)."""
-    from pipetune.model.hardware import PROFILE_DIR
-
     try:
         here = folder.resolve()
-        return here in (user_profile_dir().resolve(), PROFILE_DIR.resolve())
+        return any(here == applied.resolve() for applied, _ in profile_dirs())
     except OSError:
         return False
 
