@@ -21,8 +21,8 @@ import json
 import numpy as np
 from scipy.stats import spearmanr
 
+from benchmarks.campaign_data import campaign_gpu
 from benchmarks.results import write_section
-from pipetune.model.hardware import get_gpu
 from pipetune.model.hopper.analytical import evaluate
 from pipetune.model.hopper.space import KNOB_NAMES, HopperSpace
 from pipetune.model.hopper.workloads import as_hopper
@@ -57,12 +57,14 @@ def probe_measurements(gpu: str) -> dict[str, tuple[dict, dict[tuple[int, ...], 
 
 
 def operator_rows(gpu: str) -> list[tuple[str, int, float, float]]:
-    """(operator, shapes, Spearman, top-1) per operator the probe measured on ``gpu``."""
+    """(operator, shapes, Spearman, top-1) per operator the probe measured on ``gpu``, the
+    model calibrated by the shipped profile (campaign_gpu: the probe's device's, not the
+    user's own)."""
     rows = []
     for operator, (workload, times) in probe_measurements(gpu).items():
         keys = list(times)
         knobs = {k: np.array([key[i] for key in keys]) for i, k in enumerate(KNOB_NAMES)}
-        space = HopperSpace(as_hopper(parse_workload(workload)), get_gpu(gpu), knobs)
+        space = HopperSpace(as_hopper(parse_workload(workload)), campaign_gpu(gpu), knobs)
         predicted = evaluate(space).T_kernel
         measured = np.array([times[key] for key in keys])
         rho = float(spearmanr(predicted, measured).statistic)

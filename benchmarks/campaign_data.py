@@ -10,7 +10,7 @@ model's, evaluated on exactly the schedules that were measured.
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
 from typing import Any
@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 
 from pipetune.model.family import KernelFamily, family_of
-from pipetune.model.hardware import PROFILE_DIR, GPUSpec, get_gpu
+from pipetune.model.hardware import GPUSpec, get_gpu
 
 # The committed campaigns: benchmarks/data/<gpu>/ (the CLIs take --data-dir).
 DATA_DIR = Path(__file__).resolve().parent / "data"
@@ -88,12 +88,7 @@ def campaign_gpu(key: str) -> GPUSpec:
     committed campaign's calibration), never a user's own: get_gpu applies the user's
     profile folder first, whose profile (calibrate, a default unpack) measured another
     device than the committed data's."""
-    spec = get_gpu(key, calibrated=False)
-    shipped = PROFILE_DIR / f"{key}.json"
-    if not shipped.is_file():
-        return spec
-    calibrated = get_gpu(key, calibrated=False, profile=shipped)
-    return replace(calibrated, profile=f"calibrated:{shipped.name}")
+    return get_gpu(key, user_profile=False)
 
 
 def load_operator(path: Path, baselines: dict[str, Any]) -> OperatorData:

@@ -356,35 +356,45 @@ def user_profile_dir() -> Path:
     return Path(platformdirs.user_data_dir("pipetune")) / "profiles"
 
 
-def profile_dirs() -> tuple[tuple[Path, str], ...]:
+def profile_dirs(*, user_profile: bool = True) -> tuple[tuple[Path, str], ...]:
     """The folders the model applies a GPU's profile from, the first that holds one winning,
-    each with its label's prefix: the user's own (``calibrated(user)``), then the shipped one
-    (``calibrated``)."""
-    return ((user_profile_dir(), "calibrated(user)"), (PROFILE_DIR, "calibrated"))
+    each with its label's prefix: the user's own (``calibrated(user)``; left out without
+    ``user_profile``), then the shipped one (``calibrated``)."""
+    shipped = (PROFILE_DIR, "calibrated")
+    return ((user_profile_dir(), "calibrated(user)"), shipped) if user_profile else (shipped,)
 
 
-def applied_profile(key: str) -> tuple[Path, str] | None:
+def applied_profile(key: str, *, user_profile: bool = True) -> tuple[Path, str] | None:
     """The profile :func:`get_gpu` applies to GPU ``key`` and its label: the user's own
-    (``calibrated(user):<file>``), else the shipped one (``calibrated:<file>``), else None.
-    A user's profile replaces the shipped one rather than stacking on it: it measured the
-    same fields on the user's own device."""
-    for folder, kind in profile_dirs():
+    (``calibrated(user):<file>``; not with ``user_profile`` False), else the shipped one
+    (``calibrated:<file>``), else None. A user's profile replaces the shipped one rather
+    than stacking on it: it measured the same fields on the user's own device."""
+    for folder, kind in profile_dirs(user_profile=user_profile):
         path = folder / f"{key}.json"
         if path.is_file():
             return path, f"{kind}:{path.name}"
     return None
 
 
-def get_gpu(name: str, *, profile: str | Path | None = None, calibrated: bool = True) -> GPUSpec:
+def get_gpu(
+    name: str,
+    *,
+    profile: str | Path | None = None,
+    calibrated: bool = True,
+    user_profile: bool = True,
+) -> GPUSpec:
     """The spec of a GPU by name or alias.
 
     With ``calibrated`` (the default) the GPU's profile is applied (:func:`applied_profile`:
     the user's own, else the shipped ``model/profiles/<key>.json``); an explicit
-    ``profile`` path is applied on top of that.
+    ``profile`` path is applied on top of that. ``user_profile=False`` skips the user's own
+    profile: data measured elsewhere (the campaigns committed with pipetune, whose
+    calibration is the shipped profile) is evaluated with the profile of the device that
+    measured it, not with one of the user's device.
     """
     key = resolve_gpu_key(name)
     spec = _SPECS[key]
-    found = applied_profile(key) if calibrated else None
+    found = applied_profile(key, user_profile=user_profile) if calibrated else None
     if found is not None:
         spec = _with_profile(spec, *found)
     if profile is not None:

@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import atexit
+import json
 import os
 import shutil
 import tempfile
@@ -80,6 +81,24 @@ def campaign_caches(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytes
     monkeypatch.setenv("PIPETUNE_CACHE_DIR", str(root / "cubins"))
     monkeypatch.setenv("PIPETUNE_REFERENCE_CACHE", str(root / "references"))
     monkeypatch.setenv("PIPETUNE_SIMULATED_TIME_SCALE", "0")
+
+
+@pytest.fixture
+def users_own_h200(tmp_path, monkeypatch: pytest.MonkeyPatch) -> dict:
+    """A user's own H200 profile (the profile folder of PIPETUNE_PROFILE_DIR) far from the
+    shipped one, as calibrate on another device could write it: 400 GB/s of DRAM bandwidth
+    and 0.2 of mma.sync's peak. Returns the shipped profile's document. Data committed with
+    pipetune was measured on the shipped profile's device and is evaluated with that one."""
+    from pipetune.model import hardware
+
+    shipped = json.loads((hardware.PROFILE_DIR / "h200.json").read_text())
+    distorted = {"dram_bandwidth_gbs": 400.0, "mma_sync_efficiency": 0.2}
+    own = tmp_path / "own-profiles"
+    own.mkdir()
+    other = {**shipped, "overrides": {**shipped["overrides"], **distorted}}
+    (own / "h200.json").write_text(json.dumps(other))
+    monkeypatch.setenv(hardware.USER_PROFILE_DIR_ENV, str(own))
+    return shipped
 
 
 @pytest.fixture(scope="session")

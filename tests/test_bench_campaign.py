@@ -214,7 +214,7 @@ def test_families_checked_by_later_calls_are_named(small_campaign: Path):
 
 
 def test_the_committed_campaign_is_read_with_its_shipped_profile_not_the_users(
-    tmp_path, monkeypatch
+    tmp_path, monkeypatch, users_own_h200
 ):
     # get_gpu applies the user's own profile first (calibrate, a default unpack: another
     # device); the report of the committed H200 campaign took it for the campaign's own,
@@ -222,12 +222,7 @@ def test_the_committed_campaign_is_read_with_its_shipped_profile_not_the_users(
     from benchmarks.campaign_data import load_operator
     from pipetune.model import hardware
 
-    shipped = json.loads((hardware.PROFILE_DIR / "h200.json").read_text())
-    own = tmp_path / "own"
-    own.mkdir()
-    other = {**shipped, "overrides": {**shipped["overrides"], "dram_bandwidth_gbs": 400.0}}
-    (own / "h200.json").write_text(json.dumps(other))
-    monkeypatch.setenv(hardware.USER_PROFILE_DIR_ENV, str(own))
+    shipped = users_own_h200
     assert get_gpu("h200").dram_bandwidth_gbs == 400.0  # the user's, for the user's device
     op = load_operator(DATA / "h200" / "MM_Square_1k.t4.json.gz", {})
     assert op.space.gpu.dram_bandwidth_gbs == shipped["overrides"]["dram_bandwidth_gbs"]

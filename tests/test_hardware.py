@@ -95,6 +95,23 @@ def test_a_users_own_profile_is_applied_before_the_shipped_one(tmp_path, monkeyp
     assert get_gpu("a100", calibrated=False).profile != spec.profile
 
 
+def test_without_the_users_profile_the_shipped_one_is_applied(tmp_path, monkeypatch):
+    # Data committed with pipetune was measured on the shipped profile's device: evaluated
+    # with the user's own profile, the model took the user's device for the one that ran it.
+    shipped, own = tmp_path / "shipped", tmp_path / "own"
+    shipped.mkdir()
+    own.mkdir()
+    for folder, latency in ((shipped, 111), (own, 777)):
+        (folder / "a100.json").write_text(
+            json.dumps({"gpu": "a100", "overrides": {"l2_latency_ns": latency}})
+        )
+    monkeypatch.setattr(hardware, "PROFILE_DIR", shipped)
+    monkeypatch.setenv(hardware.USER_PROFILE_DIR_ENV, str(own))
+    assert get_gpu("a100").l2_latency_ns == 777.0
+    spec = get_gpu("a100", user_profile=False)
+    assert spec.l2_latency_ns == 111.0 and spec.profile == "calibrated:a100.json"
+
+
 def test_the_users_profile_folder_is_beside_the_embedded_database(tmp_path, monkeypatch):
     monkeypatch.delenv(hardware.USER_PROFILE_DIR_ENV, raising=False)
     monkeypatch.setenv("XDG_DATA_HOME", str(tmp_path))

@@ -190,3 +190,16 @@ def test_the_stream_k_shapes_build_without_spills_within_one_blocks_registers():
     for kernel, built in zip(kernels, compile_many(kernels, "sm_90a"), strict=True):
         assert built.spill_bytes == 0, kernel.name
         assert built.registers * kernel.threads <= H100.registers_per_sm, kernel.name
+
+
+def test_the_probe_is_ranked_with_the_shipped_profile_not_the_users(
+    users_own_h200, tmp_path, monkeypatch
+):
+    # The probe measured the campaign's H200, whose calibration is the shipped profile; with
+    # get_gpu's own (the user's folder first), a profile of another device in that folder
+    # turned MM_Square_1k's Spearman from 0.78 to NaN and its top-1 from 0.86 to 0.70.
+    from pipetune.model.hardware import USER_PROFILE_DIR_ENV
+
+    with_users_profile = operator_rows("h200")
+    monkeypatch.setenv(USER_PROFILE_DIR_ENV, str(tmp_path / "none"))
+    assert with_users_profile == operator_rows("h200")
