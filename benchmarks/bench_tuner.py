@@ -50,6 +50,7 @@ def dev_set(folder: Path) -> list[Path]:
 
 
 def run(args: argparse.Namespace) -> None:
+    from benchmarks.campaign_data import committed_gpu_of
     from pipetune.clients.cli.bench_cmds import (
         _priors,
         _strategies,
@@ -62,11 +63,13 @@ def run(args: argparse.Namespace) -> None:
 
     files = [*(dev_set(args.dev_set) if args.dev_set else []), *(args.datasets or [])]
     try:
-        loaded = recorded_datasets(files)
+        # The committed campaigns' datasets with their shipped profile, the user's own files
+        # with the user's (committed_gpu_of); likewise the priors and the learned corpus.
+        loaded = recorded_datasets(files, gpu_of_file=committed_gpu_of)
         # As `pipetune bench tuner` chooses: a group's strategies that need the analytical
         # model are left out on another kernel's recording, named ones refused.
         names, left_out = runnable_strategies(*_strategies(args.strategies), loaded)
-        priors = _priors(args.prior or [], loaded)
+        priors = _priors(args.prior or [], loaded, gpu_of_file=committed_gpu_of)
     except (CliError, DatasetError) as exc:
         raise SystemExit(f"error: {exc}") from None
     learned = learned_priors(loaded, args.learned_prior or [], priors)
@@ -120,10 +123,12 @@ def budget_list(text: str) -> list[int]:
 def learned_priors(loaded: list, corpus_paths: list[Path], priors: dict) -> dict:
     """Each of pipetune's datasets' prior learned from the --learned-prior datasets of its
     family, its own workload left out on every GPU, but for the datasets with a --prior
-    (they run from it): `pipetune bench tuner --learned-prior`."""
+    (they run from it): `pipetune bench tuner --learned-prior`; the corpus read as `run`'s
+    datasets (committed_gpu_of)."""
+    from benchmarks.campaign_data import committed_gpu_of
     from pipetune.clients.cli.bench_cmds import _learned
 
-    learned = _learned(corpus_paths, loaded, priors)
+    learned = _learned(corpus_paths, loaded, priors, gpu_of_file=committed_gpu_of)
     for name, prior in learned.items():
         print(f"{name}: prior {prior.source}", file=sys.stderr, flush=True)
     return learned

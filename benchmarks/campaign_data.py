@@ -13,12 +13,15 @@ import json
 from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from pipetune.model.family import KernelFamily, family_of
 from pipetune.model.hardware import GPUSpec, get_gpu
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
 
 # The committed campaigns: benchmarks/data/<gpu>/ (the CLIs take --data-dir).
 DATA_DIR = Path(__file__).resolve().parent / "data"
@@ -89,6 +92,14 @@ def campaign_gpu(key: str) -> GPUSpec:
     profile folder first, whose profile (calibrate, a default unpack) measured another
     device than the committed data's."""
     return get_gpu(key, user_profile=False)
+
+
+def committed_gpu_of(path: Path) -> Callable[[str], GPUSpec] | None:
+    """The GPU spec to evaluate a dataset file with: campaign_gpu for a file of the
+    committed campaigns (under DATA_DIR: measured on the shipped profile's device), None
+    (get_gpu's, the user's own profile first) for any other, which the user measured or
+    chose, as `pipetune bench tuner` reads it."""
+    return campaign_gpu if path.resolve().is_relative_to(DATA_DIR) else None
 
 
 def load_operator(path: Path, baselines: dict[str, Any]) -> OperatorData:

@@ -357,3 +357,57 @@ def test_a_command_recorded_with_the_files_path_renders_as_one_that_reruns():
     )
     new = "python -m benchmarks.bench_tuner run --datasets a/benchmarks/x.json"
     assert rerunnable(new) == new
+
+
+def _bench_tuner_inputs(monkeypatch, argv: list[str]) -> dict:
+    """What `python -m benchmarks.bench_tuner run ARGV` hands the benchmark (its datasets,
+    priors and learned priors), the benchmark itself not run."""
+    import benchmarks.bench_tuner as bench_tuner
+    import pipetune.tuner.bench
+
+    seen: dict = {}
+
+    def inputs(loaded, *_, **kwargs):
+        seen.update(kwargs, loaded={ds.name: ds for ds in loaded})
+        return {"left_out": {}}
+
+    monkeypatch.setattr(pipetune.tuner.bench, "bench", inputs)
+    monkeypatch.setattr(sys, "argv", ["bench_tuner", "run", *argv, "--strategies", "random"])
+    bench_tuner.main()
+    return seen
+
+
+def test_the_committed_datasets_are_read_with_the_shipped_profile_a_users_with_theirs(
+    users_own_h200, tmp_path, monkeypatch
+):
+    # The committed campaigns (benchmarks/data) were measured on the shipped profiles'
+    # devices: read through get_gpu, a profile of the user's device in the user's folder
+    # stood in for theirs in the model-guided searches, the priors and the learned prior.
+    # A file of the user's own (not committed) is read as `pipetune bench tuner` reads it.
+    import shutil
+
+    from pipetune.model.hardware import USER_PROFILE_DIR_ENV
+
+    data = Path(__file__).resolve().parent.parent / "benchmarks" / "data"
+    users = tmp_path / "MM_BERT_FC1.t4.json.gz"
+    shutil.copy(data / "h200" / "MM_BERT_FC1.t4.json.gz", users)
+    h100, h200 = data / "h100", data / "h200"
+    argv = [
+        "--datasets", str(h200 / "MM_Square_1k.t4.json.gz"),
+        str(h100 / "MM_RN50_FC.t4.json.gz"), str(users),
+        "--prior", str(h100 / "MM_Square_1k.t4.json.gz"), str(h200 / "MM_RN50_FC.t4.json.gz"),
+        str(h100 / "MM_BERT_FC1.t4.json.gz"),
+        "--learned-prior", str(h200 / "MM_Square_2k.t4.json.gz"),
+        "--save", str(tmp_path / "run.json"),
+    ]  # fmt: skip
+    seen = _bench_tuner_inputs(monkeypatch, argv)
+    shipped = users_own_h200["overrides"]["dram_bandwidth_gbs"]
+    for committed in (seen["loaded"]["MM_Square_1k"], seen["priors"]["MM_RN50_FC"]):
+        gpu = committed.ours.space.gpu
+        assert gpu.profile == "calibrated:h200.json" and gpu.dram_bandwidth_gbs == shipped
+    assert seen["loaded"]["MM_BERT_FC1"].ours.space.gpu.profile == "calibrated(user):h200.json"
+    monkeypatch.setenv(USER_PROFILE_DIR_ENV, str(tmp_path / "none"))
+    alone = _bench_tuner_inputs(monkeypatch, argv)
+    np.testing.assert_array_equal(
+        seen["learned"]["MM_Square_1k"].values, alone["learned"]["MM_Square_1k"].values
+    )

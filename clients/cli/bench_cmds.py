@@ -27,6 +27,10 @@ if TYPE_CHECKING:
 
     from pipetune.tuner.bench import Dataset
 
+    # For each dataset file, the spec of its GPU key to evaluate it with (recorded_dataset's
+    # gpu_of), or None for get_gpu's (this user's profile first).
+    GpuOfFile = Callable[[Path], Callable[[str], Any] | None]
+
 # The tuner (XGBoost, SciPy) and the dataset readers load only when a benchmark runs, so
 # every other `pipetune` command starts without them.
 STRATEGIES: tuple[str, ...] = get_args(StrategyName)
@@ -53,13 +57,15 @@ def dataset_names(paths: list[Path]) -> list[str]:
     return names
 
 
-def recorded_datasets(paths: list[Path]) -> list[Dataset]:
+def recorded_datasets(paths: list[Path], *, gpu_of_file: GpuOfFile | None = None) -> list[Dataset]:
     """The datasets of a benchmark run, each under its own name (`dataset_names`). One in
     which nothing ran has no optimum to normalise best-in-k by (its table would be NaN) and
     is refused (DatasetError)."""
     from pipetune.workers.datasets import DatasetError
 
-    loaded = [recorded_dataset(p, n) for p, n in zip(paths, dataset_names(paths), strict=True)]
+    loaded = [
+        _recorded(p, gpu_of_file, n) for p, n in zip(paths, dataset_names(paths), strict=True)
+    ]
     for ds in loaded:
         if not len(ds.configs.configs):
             raise DatasetError(f"{ds.name}: no configuration recorded: nothing to search")
@@ -120,6 +126,12 @@ def recorded_dataset(
     )
     configs = RecordedConfigs.from_recorded_space(name, recorded)
     return Dataset(name, configs, recorded, info.runner)
+
+
+def _recorded(path: Path, gpu_of_file: GpuOfFile | None, name: str | None = None) -> Dataset:
+    """recorded_dataset with the GPU spec `gpu_of_file` chooses for this file (None: get_gpu's,
+    with this user's profile)."""
+    return recorded_dataset(path, name, gpu_of=gpu_of_file(path) if gpu_of_file else None)
 
 
 def _value_order(value: Any) -> tuple:
@@ -258,8 +270,11 @@ def _same_measurements(a: Dataset, b: Dataset) -> bool:
     return bool(np.array_equal(a.configs.objective_ms, b.configs.objective_ms[order]))
 
 
-def _priors(priors: list[Path], loaded: list[Dataset]) -> dict:
-    """Each dataset's prior: the one --prior file with the same knobs that is not itself."""
+def _priors(
+    priors: list[Path], loaded: list[Dataset], *, gpu_of_file: GpuOfFile | None = None
+) -> dict:
+    """Each dataset's prior: the one --prior file with the same knobs that is not itself
+    (each read with the GPU spec `gpu_of_file` chooses, as recorded_datasets)."""
     if not priors:
         return {}
     from pipetune.tuner.bench import prior_for
@@ -267,7 +282,7 @@ def _priors(priors: list[Path], loaded: list[Dataset]) -> dict:
     from pipetune.workers.datasets import DatasetError
 
     try:
-        candidates = [(p, recorded_dataset(p)) for p in priors]
+        candidates = [(p, _recorded(p, gpu_of_file)) for p in priors]
     except DatasetError as exc:
         raise CliError(f"--prior: {exc}", 2) from None
     chosen = {}
@@ -295,10 +310,17 @@ def _priors(priors: list[Path], loaded: list[Dataset]) -> dict:
     return chosen
 
 
-def _learned(paths: list[Path], loaded: list[Dataset], priors: Collection[str]) -> dict:
+def _learned(
+    paths: list[Path],
+    loaded: list[Dataset],
+    priors: Collection[str],
+    *,
+    gpu_of_file: GpuOfFile | None = None,
+) -> dict:
     """--learned-prior: measured pipetune datasets (files, or folders of *.t4.json.gz) whose
     cost model is the prior of each loaded dataset of their family, its own shape left out;
-    none for the datasets named in `priors` (they run from their --prior)."""
+    none for the datasets named in `priors` (they run from their --prior). Each is read
+    with the GPU spec `gpu_of_file` chooses, as recorded_datasets."""
     from pipetune.tuner.learned_prior import unseen_shape_priors
     from pipetune.workers.datasets import DatasetError
 
@@ -310,7 +332,7 @@ def _learned(paths: list[Path], loaded: list[Dataset], priors: Collection[str]) 
             f"--learned-prior: no *.t4.json.gz dataset in {', '.join(map(str, paths))}", 2
         )
     try:
-        corpus = [recorded_dataset(f) for f in files]
+        corpus = [_recorded(f, gpu_of_file) for f in files]
     except DatasetError as exc:
         raise CliError(f"--learned-prior: {exc}", 2) from None
     for f, ds in zip(files, corpus, strict=True):
