@@ -29,8 +29,6 @@ from pipetune.model.trials import RunnerKind
 RUNNERS: tuple[str, ...] = (RunnerKind.SIMULATED, RunnerKind.REPLAY, RunnerKind.CUPY)
 # The environment variable `pipetune worker` reads its token from (its documented option).
 TOKEN_ENV = "PIPETUNE_WORKER_TOKEN"
-# `pipetune worker --simulate-faults`'s environment variable.
-FAULTS_ENV = "PIPETUNE_SIMULATED_FAULTS"
 
 
 def assign_gpus(n: int, gpus: list[str] | None = None) -> list[str]:
@@ -76,20 +74,16 @@ def _check_worker_environment(runner: str) -> None:
     """The settings the workers read from the environment they inherit: RunnerSettingError
     naming the variable (each worker exited at once on it, the service serving with none)."""
     from pipetune.workers.runners.base import RunnerSettingError
-    from pipetune.workers.runners.faults import FaultPlan
+    from pipetune.workers.runners.faults import FAULTS_ENV, fault_plan_problem
     from pipetune.workers.runners.simulated import time_scale_from_env
 
     if runner == RunnerKind.SIMULATED:
         time_scale_from_env()
+    # Empty is unset, as for the worker's --simulate-faults (click ignores an empty
+    # variable): `serve --local-workers` refused to start workers that took it.
     faults = os.environ.get(FAULTS_ENV)
-    if faults is None:
-        return
-    if runner != RunnerKind.SIMULATED:
-        raise RunnerSettingError(f"{FAULTS_ENV}: only a simulated worker rehearses faults")
-    try:
-        FaultPlan.parse(faults)
-    except ValueError as exc:
-        raise RunnerSettingError(f"{FAULTS_ENV}: {exc}") from None
+    if faults and (problem := fault_plan_problem(runner, faults)):
+        raise RunnerSettingError(f"{FAULTS_ENV}: {problem}")
 
 
 def worker_command(

@@ -5,15 +5,19 @@ trials recorded as the cupy runner records them, and the runner goes on measurin
 from __future__ import annotations
 
 from collections import Counter
+from typing import Any
 
 import pytest
+import typer
 from typer.testing import CliRunner
 
 from pipetune.clients.cli.main import app
 from pipetune.model.space import Space
 from pipetune.model.workloads import gemm
-from pipetune.workers.runners import SimulatedRunner
-from pipetune.workers.runners.faults import FaultPlan
+from pipetune.service.local_workers import _check_worker_environment
+from pipetune.workers.daemon import WorkerConfig
+from pipetune.workers.runners import RunnerSettingError, SimulatedRunner
+from pipetune.workers.runners.faults import FAULTS_ENV, FaultPlan
 
 WORKLOAD = gemm(1024, 64, 2048)
 
@@ -77,3 +81,35 @@ def test_the_worker_refuses_bad_fault_options():
     bad = [*common, "--runner", "simulated", "--gpu", "h100", "--simulate-faults", "crash=x"]
     result = cli.invoke(app, bad)
     assert result.exit_code == 2 and "--simulate-faults: crash: not a number" in result.output
+
+
+@pytest.mark.parametrize("value", ["", " ", "crash=0.1"])
+@pytest.mark.parametrize("runner", ["cupy", "simulated"])
+def test_serve_refuses_the_fault_variable_exactly_when_its_workers_do(monkeypatch, runner, value):
+    """`serve --local-workers` checks the variable its workers read --simulate-faults from:
+    it took an empty one for a plan (click reads it as unset) and refused to start cupy
+    workers that would have run."""
+    worker: Any = typer.main.get_command(app).commands["worker"]  # type: ignore[attr-defined]
+    (option,) = [p for p in worker.params if p.name == "simulate_faults"]
+    assert option.envvar == FAULTS_ENV
+    monkeypatch.setenv(FAULTS_ENV, value)
+    faults = option.resolve_envvar_value(worker.context_class(worker))  # as the worker reads it
+    try:
+        WorkerConfig(
+            server="http://127.0.0.1:9",
+            token="t",
+            runner=runner,
+            gpu="h100",
+            simulate_faults=faults,
+        )
+    except ValueError:
+        worker_refuses = True
+    else:
+        worker_refuses = False
+    try:
+        _check_worker_environment(runner)
+    except RunnerSettingError:
+        serve_refuses = True
+    else:
+        serve_refuses = False
+    assert serve_refuses == worker_refuses

@@ -19,6 +19,7 @@ from pipetune.model.hardware import gpu_keys
 from pipetune.workers.daemon import RUNNERS, TOKEN_ENV, DetectionError, WorkerConfig, run_worker
 from pipetune.workers.datasets import DatasetError
 from pipetune.workers.runners import DatasetMismatchError, RunnerError
+from pipetune.workers.runners.faults import FAULTS_ENV
 
 
 def _on_this_machine(server: str) -> bool:
@@ -110,7 +111,7 @@ def worker(
     simulate_faults: str | None = typer.Option(
         None,
         "--simulate-faults",
-        envvar="PIPETUNE_SIMULATED_FAULTS",
+        envvar=FAULTS_ENV,
         help="simulated only: rehearse GPU faults on a CPU, e.g. crash=0.2,hang=0.1 "
         "(that fraction of trials' measuring process dies of SIGSEGV or hangs)",
     ),

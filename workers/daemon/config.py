@@ -17,7 +17,7 @@ from pipetune.model.wire import (
     MAX_SECONDS,
     MAX_WORKER_NAME,
 )
-from pipetune.workers.runners.faults import FaultPlan
+from pipetune.workers.runners.faults import fault_plan_problem
 
 RUNNERS: tuple[str, ...] = tuple(RunnerKind)
 TOKEN_ENV = "PIPETUNE_WORKER_TOKEN"
@@ -91,13 +91,10 @@ class WorkerConfig:
             raise ValueError("--dataset: a replay worker needs the dataset file to answer from")
         if self.runner != RunnerKind.REPLAY and self.dataset is not None:
             raise ValueError("--dataset: only a replay worker reads a dataset")
-        if self.simulate_faults is not None:
-            if self.runner != RunnerKind.SIMULATED:
-                raise ValueError("--simulate-faults: only a simulated worker rehearses faults")
-            try:
-                FaultPlan.parse(self.simulate_faults)
-            except ValueError as exc:
-                raise ValueError(f"--simulate-faults: {exc}") from None
+        if self.simulate_faults is not None and (
+            problem := fault_plan_problem(self.runner, self.simulate_faults)
+        ):
+            raise ValueError(f"--simulate-faults: {problem}")
         # Each duration must be finite: NaN compares false with every bound (a NaN register
         # timeout never gave up), and an infinite heartbeat or timeout stalls the worker.
         _check_seconds("--trial-timeout", self.trial_timeout_s, zero_ok=False)

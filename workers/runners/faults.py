@@ -24,6 +24,12 @@ import time
 from dataclasses import dataclass
 from typing import Literal
 
+from pipetune.model.trials import RunnerKind
+
+# `pipetune worker --simulate-faults`'s environment variable: `serve --local-workers` checks
+# it too, before it starts workers that inherit it.
+FAULTS_ENV = "PIPETUNE_SIMULATED_FAULTS"
+
 FaultKind = Literal["crash", "hang"]
 HANG_S = 3600.0  # "forever": far past any trial timeout
 
@@ -72,6 +78,18 @@ class FaultPlan:
         if u < self.crash + self.hang:
             return "hang"
         return None
+
+
+def fault_plan_problem(runner: str, text: str) -> str | None:
+    """Why a worker of this runner refuses the fault plan `text` (None: it takes it); one
+    rule for the worker's option and `serve --local-workers`' check of the environment."""
+    if runner != RunnerKind.SIMULATED:
+        return "only a simulated worker rehearses faults"
+    try:
+        FaultPlan.parse(text)
+    except ValueError as exc:
+        return str(exc)
+    return None
 
 
 def run_simulated_trial(fault: FaultKind | None, samples_us: list[float]) -> list[float]:
