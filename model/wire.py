@@ -59,6 +59,17 @@ MAX_JOBS_PER_LEASE = 64
 MAX_RESULTS_PER_POST = 256  # results in one POST /v1/jobs/results
 MAX_WORKER_NAME = 128  # characters of a worker's name (WorkerRegister.name)
 
+
+def secret_char_ok(char: str) -> bool:
+    """Whether a secret sent in an HTTP header (a worker token, an API key) may hold `char`:
+    visible ASCII only. httpx encodes header values as ASCII and h11 refuses control
+    characters; a space is legal inside a field value but no bearer token (RFC 6750) or API
+    key holds one, so it means a pasted or misread secret rather than a real one. The one
+    rule of the clients (clients.sdk.http.header_value_problem) and of the service's
+    settings (service.settings.secret_problem)."""
+    return "!" <= char <= "~"
+
+
 # The tuner's registry (tuner.strategies.STRATEGY_MAP) checks itself against this list.
 StrategyName = Literal["grid", "random", "analytical", "xgb", "bo", "analytical+xgb", "auto"]
 DEFAULT_STRATEGY: StrategyName = "auto"

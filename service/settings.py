@@ -39,7 +39,7 @@ from pydantic import Field, ValidationError, ValidationInfo, field_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from pipetune.model.errors import PipetuneError
-from pipetune.model.wire import MAX_BATCH_SIZE, MAX_SECONDS
+from pipetune.model.wire import MAX_BATCH_SIZE, MAX_SECONDS, secret_char_ok
 
 MAX_ATTEMPTS = 1000  # a job's expired leases before it is lost (past it: a crash loop)
 MAX_BODY_BYTES = 1 << 30  # a request body's cap can be raised to a GiB, no further
@@ -212,9 +212,9 @@ def host_problem(host: str) -> str | None:
 
 def secret_problem(secret: str) -> str | None:
     """Why a worker token or API key cannot be sent in an HTTP header as pipetune's workers,
-    CLI and SDK send it (visible ASCII, no space: clients.sdk.http.header_value_problem);
-    None if it can. Never quotes the secret."""
-    if all("!" <= char <= "~" for char in secret):
+    CLI and SDK send it (model.wire.secret_char_ok: visible ASCII, no space); None if it
+    can. Never quotes the secret."""
+    if all(map(secret_char_ok, secret)):
         return None
     return (
         "holds a space, a control or a non-ASCII character: no worker or client sends such a "

@@ -21,7 +21,7 @@ from pipetune.clients.sdk.errors import (
     ServiceUnavailableError,
     error_class,
 )
-from pipetune.model.wire import READING, FieldError, OpName
+from pipetune.model.wire import READING, FieldError, OpName, secret_char_ok
 
 M = TypeVar("M", bound=BaseModel)
 
@@ -131,16 +131,13 @@ def explain(body: Any, fallback: str) -> tuple[str, str | None]:
 
 
 def header_value_problem(value: object) -> str | None:
-    """Why `value` cannot be an HTTP header value, None if it can. The words never quote the
-    value: it is usually a credential, and messages end up in logs and tracebacks.
-
-    Visible ASCII only: httpx encodes header values as ASCII and h11 refuses control
-    characters; a space is legal inside a field value but no bearer token (RFC 6750) or API
-    key holds one, so it means a pasted or misread secret rather than a real one."""
+    """Why `value` cannot be an HTTP header value (model.wire.secret_char_ok: visible ASCII
+    only), None if it can. The words never quote the value: it is usually a credential, and
+    messages end up in logs and tracebacks."""
     if not isinstance(value, str):
         return f"must be a string, not {type(value).__name__}"
     for i, char in enumerate(value):
-        if "!" <= char <= "~":
+        if secret_char_ok(char):
             continue
         if char == "\n":
             kind = "a newline"
