@@ -282,6 +282,26 @@ def test_a_worker_on_the_serving_machine_finds_the_generated_token(tmp_path: Pat
     assert token not in found.output
 
 
+@pytest.mark.parametrize(
+    ("host", "loopback"),
+    [
+        ("localhost", True),
+        ("LOCALHOST", True),
+        ("127.0.0.2", True),
+        ("[::1]", True),
+        ("::1", True),
+        ("10.0.0.1", False),
+        ("tuner.lan", False),
+        ("", False),
+    ],
+)
+def test_one_rule_says_which_hosts_are_this_machine(host: str, loopback: bool):
+    """`serve --host` (no API key needed) and `worker --server` (the generated token) ask it."""
+    from pipetune.clients.cli.hosts import is_loopback_host
+
+    assert is_loopback_host(host) is loopback
+
+
 def test_a_worker_of_another_machines_service_is_not_given_the_generated_token(
     tmp_path: Path,
 ):

@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING, Any
 import typer
 
 from pipetune.clients.cli.errors import CliError, one_line, reported
+from pipetune.clients.cli.hosts import is_loopback_host
 from pipetune.clients.cli.output import console, print_json
 from pipetune.service.local_workers import RUNNERS, preflight, start_workers, stop_workers
 
@@ -185,18 +186,6 @@ def _http_protocol(read_timeout_s: float) -> Any:
 LOOPBACK_NAMES = ("localhost", "127.0.0.1", "::1")
 
 
-def _is_loopback(host: str) -> bool:
-    """Whether --host is a loopback address or name (only this machine can connect)."""
-    import ipaddress
-
-    if host.lower() == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host.strip("[]")).is_loopback
-    except ValueError:
-        return False
-
-
 def _url_host(host: str) -> str:
     """--host as a URL writes it: an IPv6 address in brackets (http://::1:8000 is no URL;
     the local workers refused it)."""
@@ -321,7 +310,7 @@ def serve(
     if log_level not in LOG_LEVELS:
         raise CliError(f"--log-level: must be one of {', '.join(LOG_LEVELS)}, got {log_level!r}", 2)
     settings = _settings(db, create_empty_schema=True)
-    if not settings.allowed_hosts and not settings.api_keys and _is_loopback(host):
+    if not settings.allowed_hosts and not settings.api_keys and is_loopback_host(host):
         # Open routes on a laptop: only requests addressed to its loopback names (a page the
         # user opens could reach them through DNS rebinding, and read the answers), and to
         # the loopback address it listens on (--host 127.0.0.2: its own address, its local
@@ -390,7 +379,7 @@ def serve(
 
     _launch_when_started(server, started)
     print(f"database: {redact(settings.database_url)}", flush=True)
-    if not settings.api_keys and not _is_loopback(host):
+    if not settings.api_keys and not is_loopback_host(host):
         # The user routes are open without keys (README, "Tokens"): fine on a laptop, not on
         # an address others reach, where anyone could create and cancel tasks.
         print(

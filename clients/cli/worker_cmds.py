@@ -9,10 +9,12 @@ pipetune worker --token T --runner replay --gpu a100 --dataset conv.t4.json.gz
 from __future__ import annotations
 
 from pathlib import Path
+from urllib.parse import urlsplit
 
 import typer
 
 from pipetune.clients.cli.errors import USAGE_ERRORS, CliError, one_line, reported, runner_failure
+from pipetune.clients.cli.hosts import is_loopback_host
 from pipetune.clients.cli.remote import SERVER_HELP, check_server, cli_error
 from pipetune.clients.sdk import DEFAULT_SERVER, SERVER_ENV, PipetuneError
 from pipetune.model.hardware import gpu_keys
@@ -22,27 +24,13 @@ from pipetune.workers.runners import DatasetMismatchError, RunnerError
 from pipetune.workers.runners.faults import FAULTS_ENV
 
 
-def _on_this_machine(server: str) -> bool:
-    """Whether the --server URL names this machine (localhost or a loopback address)."""
-    import ipaddress
-    from urllib.parse import urlsplit
-
-    host = urlsplit(server).hostname or ""
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
-
-
 def _generated_token(server: str) -> str:
     """The token `pipetune serve` generated on this machine (same user), or "": only for
     a service on this machine, whose token it is (sent to another --server, it gave that
     server a token of the local service's)."""
     from pipetune.service.worker_token import read_generated_token
 
-    if not _on_this_machine(server):
+    if not is_loopback_host(urlsplit(server).hostname or ""):
         return ""
     try:
         return read_generated_token() or ""
