@@ -392,12 +392,11 @@ def test_the_committed_datasets_are_read_with_the_shipped_profile_a_users_with_t
     users = tmp_path / "MM_BERT_FC1.t4.json.gz"
     shutil.copy(data / "h200" / "MM_BERT_FC1.t4.json.gz", users)
     h100, h200 = data / "h100", data / "h200"
+    datasets = [str(h200 / "MM_Square_1k.t4.json.gz"), str(h100 / "MM_RN50_FC.t4.json.gz")]
     argv = [
-        "--datasets", str(h200 / "MM_Square_1k.t4.json.gz"),
-        str(h100 / "MM_RN50_FC.t4.json.gz"), str(users),
+        "--datasets", *datasets, str(users),
         "--prior", str(h100 / "MM_Square_1k.t4.json.gz"), str(h200 / "MM_RN50_FC.t4.json.gz"),
         str(h100 / "MM_BERT_FC1.t4.json.gz"),
-        "--learned-prior", str(h200 / "MM_Square_2k.t4.json.gz"),
         "--save", str(tmp_path / "run.json"),
     ]  # fmt: skip
     seen = _bench_tuner_inputs(monkeypatch, argv)
@@ -406,6 +405,13 @@ def test_the_committed_datasets_are_read_with_the_shipped_profile_a_users_with_t
         gpu = committed.ours.space.gpu
         assert gpu.profile == "calibrated:h200.json" and gpu.dram_bandwidth_gbs == shipped
     assert seen["loaded"]["MM_BERT_FC1"].ours.space.gpu.profile == "calibrated(user):h200.json"
+    # The learned prior's corpus (without --prior: a dataset with one gets no learned prior).
+    argv = [
+        "--datasets", *datasets,
+        "--learned-prior", str(h200 / "MM_Square_2k.t4.json.gz"),
+        "--save", str(tmp_path / "run.json"),
+    ]  # fmt: skip
+    seen = _bench_tuner_inputs(monkeypatch, argv)
     monkeypatch.setenv(USER_PROFILE_DIR_ENV, str(tmp_path / "none"))
     alone = _bench_tuner_inputs(monkeypatch, argv)
     np.testing.assert_array_equal(
