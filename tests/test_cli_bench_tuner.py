@@ -410,6 +410,20 @@ def test_a_groups_peers_whose_packages_are_missing_are_left_out_and_said(tmp_pat
     assert doc["left_out"]["smac"] == "smac: smac is not installed: pip install pipetune[peers]"
 
 
+def test_peers_whose_packages_are_all_missing_are_refused_with_each_reason_once(
+    tmp_path, monkeypatch
+):
+    # `--strategies peers` without the extra said "kernel_tuner is not installed: ..." once
+    # per Kernel Tuner strategy, 18 times in one line.
+    _without_packages(monkeypatch, "kernel_tuner", "optuna", "smac")
+    path = _one_knob_cache(tmp_path, [1, 2, 3], [5.0, 4.0, 1.0])
+    result = _bench(str(path), "--strategies", "peers")
+    assert result.exit_code == 2, result.output
+    line = " ".join(result.output.split())
+    for module in ("kernel_tuner", "optuna", "smac"):
+        assert line.count(f"{module} is not installed") == 1, line
+
+
 def test_a_prior_whose_first_trials_all_failed_is_refused_with_exit_2(tmp_path):
     # auto's first trials on the prior (a task per seed, made as the run goes) all failed:
     # "error: TransferError: ... (set PIPETUNE_DEBUG=1 for the traceback)", exit 1, after

@@ -206,7 +206,8 @@ def installed_strategies(names: list[str], named: set[str]) -> tuple[list[str], 
         raise CliError(f"--strategies: {refused[0]} cannot run here: {missing[refused[0]]}", 2)
     names = [name for name in names if name not in missing]
     if not names:
-        raise CliError(f"--strategies: {'; '.join(missing.values())}", 2)
+        # Once per reason: `peers` without kernel_tuner said its one reason 18 times over.
+        raise CliError(f"--strategies: {'; '.join(dict.fromkeys(missing.values()))}", 2)
     return names, {name: f"{name}: {why}" for name, why in missing.items()}
 
 
