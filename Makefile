@@ -15,7 +15,8 @@ $(STAMP): pyproject.toml
 	touch $(STAMP)
 
 # The main job: pipetune serve on SQLite with local workers (cupy when a GPU is present,
-# else simulated), one operator tuned through the CLI, then a clean SIGTERM stop.
+# else simulated), a GEMM and a softmax tuned through the CLI (with simulated workers also
+# the GEMM on H200, warm-started from H100), then a clean SIGTERM stop.
 demo: $(STAMP)
 	$(BIN)/python -m pipetune.clients.demo $(DEMO_ARGS)
 
