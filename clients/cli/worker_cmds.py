@@ -111,9 +111,9 @@ def worker(
         "jobs in hand to their leases (`serve --local-workers` passes its own)",
     ),
 ) -> None:
-    """Run a GPU worker: register, lease jobs of this GPU's arch, measure, report; drains and
-    exits 0 on SIGTERM, 3 if results could not be reported (a second SIGTERM stops after the
-    current trial)."""
+    """Run a GPU worker: register, lease this GPU's jobs (of its own model: an H100 takes no
+    H200 task's), measure, report; drains and exits 0 on SIGTERM, 3 if results could not be
+    reported (a second SIGTERM stops after the current trial)."""
     # A malformed URL is refused now, not after --register-timeout of retrying it.
     check_server(server)
     try:

@@ -31,7 +31,8 @@ def register_worker(
     token: WorkerToken,
 ) -> WorkerDoc:
     """Register a worker (201), or update one registered before under the same name
-    with the same token (200). Jobs go to workers of the task GPU's arch."""
+    with the same token (200). Jobs go to workers of the task's GPU (its model, not only its
+    arch: an H100 worker takes no H200 task's jobs)."""
     doc, created = service.queue.register(token, body)
     if not created:
         response.status_code = 200
