@@ -180,3 +180,26 @@ def test_the_readme_has_a_compose_section():
     readme = (ROOT / "README.md").read_text()
     section = readme.split("## Compose", 1)[1].split("\n## ", 1)[0]
     assert "docker compose up" in section and "PIPETUNE_WORKER_TOKEN" in section
+
+
+def _reserves_a_gpu(service: dict) -> bool:
+    devices = service.get("deploy", {}).get("resources", {}).get("reservations", {})
+    return any("gpu" in d.get("capabilities", []) for d in devices.get("devices", []))
+
+
+def test_the_no_gpu_compose_command_starts_no_service_that_needs_a_gpu():
+    """The README gave `docker compose --profile sim up -d` as the way to run without a GPU,
+    but that also starts the GPU worker, whose device reservation fails on such a host. The
+    no-GPU command names its services: each exists, none reserves a GPU, and what they
+    depend on is among them."""
+    readme = (ROOT / "README.md").read_text()
+    line = next(ln for ln in readme.splitlines() if ln.endswith("worker-sim"))
+    words = shlex.split(line)
+    assert words[:2] == ["docker", "compose"] and "up" in words
+    named = {w for w in words[words.index("up") + 1 :] if not w.startswith("-")}
+    assert named and named <= set(SERVICES), named
+    assert _reserves_a_gpu(SERVICES["worker"])  # (the check below can fail)
+    for name in named:
+        assert not _reserves_a_gpu(SERVICES[name]), name
+        assert set(SERVICES[name].get("depends_on", {})) <= named, name
+    assert all("sim" in SERVICES[n].get("profiles", ["sim"]) for n in named)
