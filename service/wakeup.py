@@ -119,10 +119,7 @@ class Wakeup:
         """`count` jobs for (arch, gpu) were enqueued (and committed), for workers of
         `runner` only (None: any)."""
         self.bump()
-        loop = self._loop
-        if loop is not None and not loop.is_closed():
-            with contextlib.suppress(RuntimeError):  # the loop stopped meanwhile
-                loop.call_soon_threadsafe(self._wake, arch, gpu, count, runner)
+        self._call_soon(self._wake, arch, gpu, count, runner)
 
     def bump(self) -> None:
         """Forget every memory of an empty queue."""
@@ -154,13 +151,27 @@ class Wakeup:
         are no others (SQLite)."""
         return not self.shared or self.listening
 
+    def heard_again(self) -> None:
+        """The listener is connected (again): what the other replicas enqueued while it was
+        not is found by claiming again. Forget every memory of an empty queue (before it is
+        trusted again), and wake every waiting request to claim: their jobs' NOTIFY was
+        lost, and they slept on until their fallback poll (5 s)."""
+        self.epoch += 1
+        self.bump()
+        self.listening = True
+        self._call_soon(self._wake_all, True)
+
     def close(self) -> None:
         """Answer every waiting request now, and any later one at once (the service stops)."""
         self._closed = True
+        self._call_soon(self._wake_all, False)
+
+    def _call_soon(self, callback: Callable[..., None], *args: object) -> None:
+        """Run `callback(*args)` on the event loop (from any thread), if it still runs."""
         loop = self._loop
         if loop is not None and not loop.is_closed():
-            with contextlib.suppress(RuntimeError):
-                loop.call_soon_threadsafe(self._wake_all)
+            with contextlib.suppress(RuntimeError):  # the loop stopped meanwhile
+                loop.call_soon_threadsafe(callback, *args)
 
     # ---- waiting (event loop) -----------------------------------------------------------
 
@@ -243,10 +254,11 @@ class Wakeup:
                 self._unspent.clear()  # (what a request then misses waits for its poll)
             self._unspent[(arch, gpu, runner)] = self._wakes
 
-    def _wake_all(self) -> None:
+    def _wake_all(self, signalled: bool) -> None:
+        """Answer every waiting request: `signalled`, to claim again; else, to stop."""
         for future in list(self._waiters):
             if not future.done():
-                future.set_result(False)
+                future.set_result(signalled)
         self._waiters.clear()
 
     # ---- across replicas (PostgreSQL) ---------------------------------------------------
@@ -308,10 +320,7 @@ def listen(
                 conninfo, deadline_s=deadline_s, autocommit=True, **liveness
             ) as conn:
                 conn.execute(LISTEN_SQL)
-                wakeup.epoch += 1
-                wakeup.listening = True
-                # Anything enqueued while it was not listening is found by claiming again.
-                wakeup.bump()
+                wakeup.heard_again()
                 wait_s = RECONNECT_S[0]
                 while not stop.is_set():
                     for note in conn.notifies(timeout=LISTEN_TICK_S):

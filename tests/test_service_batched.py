@@ -209,6 +209,56 @@ def test_another_replicas_jobs_wake_a_waiting_lease_through_notify(pg_url):
         assert len(got[0]) == 2 and time.monotonic() - started < 5
 
 
+def test_jobs_enqueued_while_the_listener_was_down_wake_a_waiting_lease_when_it_is_back(
+    pg_url, monkeypatch
+):
+    """Replica A's LISTEN connection dropped (a PostgreSQL restart; here its backend is
+    terminated) while a lease request waited on A, and replica B enqueued jobs before A
+    listened again: their NOTIFY never reached A. A listened again within a second, but the
+    request slept on until its fallback poll (20 s here, 5 s by default) before it claimed."""
+    from service_fixtures import _truncate
+    from sqlalchemy import create_engine, text
+
+    from pipetune.service import wakeup as wakeup_module
+
+    _truncate(pg_url)
+    with client_for(pg_url, lease_poll_s=60) as a, client_for(pg_url, lease_poll_s=60) as b:
+        wait_until_listening(a)
+        wakeup = service_of(a).wakeup
+        worker = register(a)
+        got: list = []
+        waiting = threading.Thread(target=lambda: got.append(lease(a, worker, 2, wait_s=20)))
+        waiting.start()
+        while wakeup.waiting == 0:
+            time.sleep(0.01)
+        # The listeners reconnect only once B has enqueued (not a race with the reconnect).
+        enqueued = threading.Event()
+        connect = wakeup_module.deadline_connect
+
+        def after_the_jobs(*args, **kwargs):
+            enqueued.wait(20)
+            return connect(*args, **kwargs)
+
+        monkeypatch.setattr(wakeup_module, "deadline_connect", after_the_jobs)
+        admin = create_engine(pg_url, isolation_level="AUTOCOMMIT")
+        with admin.connect() as conn:
+            conn.execute(
+                text(
+                    "SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
+                    " WHERE datname = current_database() AND query = :listen"
+                ),
+                {"listen": wakeup_module.LISTEN_SQL},
+            )
+        admin.dispose()
+        while wakeup.listening:
+            time.sleep(0.01)
+        started = time.monotonic()
+        create_task(b, budget=2, strategy="grid")
+        enqueued.set()
+        waiting.join(25)
+        assert len(got[0]) == 2 and time.monotonic() - started < 5
+
+
 def test_a_message_to_the_other_replicas_reaches_their_hook(pg_url):
     """An advance request (or a holder's answer) is one NOTIFY statement in autocommit
     (Driver.notify_replicas): the other replica's listener hands it to its hook."""
