@@ -30,6 +30,8 @@ import psycopg
 from psycopg.pq import TransactionStatus
 from sqlalchemy import exc as sa_exc
 
+_Idle = tuple[psycopg.Connection, float]  # an idle connection, and when it was opened
+
 
 class DriverConnections:
     def __init__(
@@ -51,7 +53,7 @@ class DriverConnections:
         # lock and a condition in Python: it cost as much as the rest of a checkout).
         self._lock = threading.Condition(threading.Lock())
         self._in_use = 0
-        self._idle: list[tuple[psycopg.Connection, float]] = []  # (connection, opened at)
+        self._idle: list[_Idle] = []
 
     def take(self) -> tuple[psycopg.Connection, float]:
         """A connection in autocommit for the caller alone, and when it was opened (for
@@ -65,20 +67,38 @@ class DriverConnections:
                     f"no free database connection of the driver within {self._timeout_s:g} s"
                 )
             self._in_use += 1
-            if self._idle:
-                return self._idle.pop()  # the most recently used: its statements prepared
+            kept, aged = self._fresh_idle()
         try:
-            return self._connect(), time.monotonic()
+            for conn, _ in aged:
+                conn.close()
+            return kept if kept is not None else (self._connect(), time.monotonic())
         except BaseException:
             self._release(None, 0.0)
             raise
+
+    def _young(self, opened: float) -> bool:
+        """Whether a connection opened at `opened` may still be used (max_age_s)."""
+        return time.monotonic() - opened < self._max_age_s
+
+    def _fresh_idle(self) -> tuple[_Idle | None, list[_Idle]]:
+        """(Under the lock.) The most recently used idle connection still young enough (its
+        statements prepared), and those that aged while idle, to close. Checked when given
+        back only, a connection idle past its age was handed out all the same, to a proxy
+        that may have dropped it (SQLAlchemy's pool_recycle checks at checkout)."""
+        aged: list[_Idle] = []
+        while self._idle:
+            entry = self._idle.pop()
+            if self._young(entry[1]):
+                return entry, aged
+            aged.append(entry)
+        return None, aged
 
     def give_back(self, conn: psycopg.Connection, opened: float) -> None:
         sound = (
             not conn.closed
             and not conn.broken
             and conn.pgconn.transaction_status == TransactionStatus.IDLE
-            and time.monotonic() - opened < self._max_age_s
+            and self._young(opened)
         )
         if not self._release(conn if sound else None, opened):
             conn.close()

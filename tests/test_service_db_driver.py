@@ -91,6 +91,26 @@ def test_the_driver_connections_are_bounded_retired_with_age_and_closed_on_dispo
         db.dispose()
 
 
+def test_a_connection_that_aged_while_idle_is_not_handed_out(pg_url):
+    """max_age_s was checked when a connection was given back only: one kept idle past its
+    age (a quiet night, a proxy that drops idle connections) was handed out all the same."""
+    import time
+
+    db = Database(pg_url, pool_size=1)
+    try:
+        pool = DriverConnections(db._connect_driver, keep=1, limit=1, max_age_s=0.5)
+        conn, opened = pool.take()
+        pool.give_back(conn, opened)
+        assert pool.idle_count() == 1  # young enough to keep
+        time.sleep(0.6)
+        again, reopened = pool.take()
+        assert again is not conn and conn.closed and reopened > opened
+        pool.give_back(again, reopened)
+        pool.close()
+    finally:
+        db.dispose()
+
+
 def test_names_become_sql_literals_and_nothing_else_does():
     """The driver's statements name its states and strategies as literals (a Python list
     bound as a parameter is dumped element by element at every execution)."""
