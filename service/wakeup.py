@@ -286,7 +286,11 @@ class Wakeup:
                 int(message["count"]),
                 None if runner is None else str(runner),
             )
-        except (ValueError, KeyError, TypeError):
+        # Anything may be sent on the channel, by any session of the database: what a bad
+        # message raises must not reach the listener, whose thread it ended (for good: the
+        # replica then heard no other). A number past an integer's range (1e999 is JSON's
+        # infinity) raises OverflowError; nesting too deep to parse, RecursionError.
+        except (ValueError, KeyError, TypeError, ArithmeticError, RecursionError):
             log.warning("ignored a malformed %s notification", CHANNEL)
 
 

@@ -34,6 +34,25 @@ def test_job_signals_still_bump_and_malformed_messages_are_ignored():
     no_hook.deliver(there.advance_payload(1))  # a replica without a proposer ignores it
 
 
+def test_no_message_anyone_may_notify_stops_the_listener():
+    """A message is anything sent on the channel (`NOTIFY pipetune_jobs` from any session
+    of the database). A number too large for an integer (1e999, JSON's infinity) or nesting
+    too deep to parse raised out of `deliver` (OverflowError, RecursionError), and the
+    listener's thread died: every replica then heard no other for good (a lease woken by
+    another replica's jobs waited out its whole wait, measured)."""
+    here = Wakeup(shared=True)
+    asked: list[int] = []
+    here.on_advance = asked.append
+    generation = here.generation
+    for bad in (
+        json.dumps({"origin": "x", "arch": "sm_90", "gpu": "h100", "count": 1e999}),
+        '{"origin": "x", "advance": 1e999}',
+        "[" * 3990 + "]" * 3990,  # (a NOTIFY payload is under 8000 bytes)
+    ):
+        here.deliver(bad)  # logged and dropped
+    assert asked == [] and here.generation == generation
+
+
 def test_a_signal_for_one_runners_jobs_wakes_that_runners_workers_only():
     """A cupy-only task's jobs woke the first waiting requests of the arch and GPU: eight
     simulated workers took the signal's count, found nothing, and the GPU worker waited for
