@@ -431,11 +431,15 @@ class Queue:
                 signalled, new = True, False
                 continue
             wait_s = min(self.settings.lease_poll_s, left)
-            signalled = await self.wakeup.wait(kind, wait_s, body.max_jobs)
-            new = False
+            woken = await self.wakeup.woken(kind, wait_s, body.max_jobs)
+            signalled, new = woken is not None, False
             if gone is not None and await gone():
-                if signalled:  # the jobs it was woken for: to the next request waiting
-                    self.wakeup.signal(kind.arch, kind.gpu, body.max_jobs)
+                if woken is not None and woken.jobs:
+                    # The jobs it was woken for, to the next request waiting for them: for the
+                    # runner they were announced for (a cupy-only task's, passed on to any
+                    # runner, woke a simulated worker, which found nothing, and the GPU
+                    # worker waiting behind it waited out its poll).
+                    self.wakeup.signal(kind.arch, kind.gpu, body.max_jobs, woken.runner)
                 return LeaseResponse(jobs=[])
 
     # ---- expiry --------------------------------------------------------------------

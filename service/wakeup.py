@@ -74,6 +74,19 @@ class WorkerKind:
         return arch == self.arch and gpu == self.gpu and (runner is None or runner == self.runner)
 
 
+@dataclass(frozen=True)
+class Woken:
+    """Why a waiting request was woken: jobs for workers of `runner` (None: any) were
+    enqueued; or, `jobs` False, none were announced, but it should claim again (the listener
+    connected again: what the other replicas enqueued meanwhile was not heard)."""
+
+    runner: str | None = None
+    jobs: bool = True
+
+
+RECHECK = Woken(jobs=False)
+
+
 class Wakeup:
     """Waiting lease requests (futures on the service's event loop) and the signals that
     wake them. `signal` may be called from any thread; `wait` runs on the event loop."""
@@ -92,7 +105,9 @@ class Wakeup:
         self.generation = 0
         self._loop: asyncio.AbstractEventLoop | None = None
         # Each waiting request: its worker's kind and how many jobs it asks for.
-        self._waiters: OrderedDict[asyncio.Future[bool], tuple[WorkerKind, int]] = OrderedDict()
+        self._waiters: OrderedDict[asyncio.Future[Woken | None], tuple[WorkerKind, int]] = (
+            OrderedDict()
+        )
         self._empty: dict[WorkerKind, tuple[int, float]] = {}
         # Signals that woke fewer requests than they had jobs for, by what they announced:
         # (arch, gpu, runner) -> the number of the last such wake-up (`_wakes`). A request
@@ -159,12 +174,12 @@ class Wakeup:
         self.epoch += 1
         self.bump()
         self.listening = True
-        self._call_soon(self._wake_all, True)
+        self._call_soon(self._wake_all, RECHECK)
 
     def close(self) -> None:
         """Answer every waiting request now, and any later one at once (the service stops)."""
         self._closed = True
-        self._call_soon(self._wake_all, False)
+        self._call_soon(self._wake_all, None)
 
     def _call_soon(self, callback: Callable[..., None], *args: object) -> None:
         """Run `callback(*args)` on the event loop (from any thread), if it still runs."""
@@ -201,17 +216,21 @@ class Wakeup:
         self._empty[kind] = (generation, time.monotonic())
 
     async def wait(self, kind: WorkerKind, timeout_s: float, wants: int = 1) -> bool:
-        """Until a signal for this kind of worker, or `timeout_s`; True when signalled.
+        """Until a signal for this kind of worker, or `timeout_s`; True when signalled."""
+        return await self.woken(kind, timeout_s, wants) is not None
+
+    async def woken(self, kind: WorkerKind, timeout_s: float, wants: int = 1) -> Woken | None:
+        """`wait`, answering what woke the request (None: the timeout, or the service stops).
         `wants`: the jobs the request asks for (a signal of n jobs wakes requests that ask
         for n between them, not every waiting one)."""
         if self._closed or timeout_s <= 0:
-            return False
-        future: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
+            return None
+        future: asyncio.Future[Woken | None] = asyncio.get_running_loop().create_future()
         self._waiters[future] = (kind, wants)
         try:
             return await asyncio.wait_for(future, timeout_s)
         except TimeoutError:
-            return False
+            return None
         finally:
             self._waiters.pop(future, None)
 
@@ -241,7 +260,7 @@ class Wakeup:
             if woken >= count:
                 break
             if not future.done() and kind.takes(arch, gpu, runner):
-                future.set_result(True)
+                future.set_result(Woken(runner))
                 del self._waiters[future]
                 # A bound worker (one workload's jobs) is woken by any job of its kind, and
                 # its claim may find none of these: counted, it used up a signal of one job,
@@ -254,11 +273,11 @@ class Wakeup:
                 self._unspent.clear()  # (what a request then misses waits for its poll)
             self._unspent[(arch, gpu, runner)] = self._wakes
 
-    def _wake_all(self, signalled: bool) -> None:
-        """Answer every waiting request: `signalled`, to claim again; else, to stop."""
+    def _wake_all(self, woken: Woken | None) -> None:
+        """Answer every waiting request: `woken`, to claim again; None, to stop."""
         for future in list(self._waiters):
             if not future.done():
-                future.set_result(signalled)
+                future.set_result(woken)
         self._waiters.clear()
 
     # ---- across replicas (PostgreSQL) ---------------------------------------------------

@@ -66,3 +66,57 @@ def test_a_lease_request_whose_worker_died_while_it_waited_takes_no_job(live):
             headers=WORKER_HEADERS,
         ).json()["jobs"]
         assert len(leased) == len(trials)
+
+
+def test_jobs_a_gone_request_was_woken_for_go_to_a_worker_that_may_take_them(tmp_path):
+    """A request whose worker went away passes the jobs it was woken for to the next request
+    waiting. It passed them on for any runner: a cupy-only task's job then woke a simulated
+    worker waiting first (which found nothing), and the cupy worker behind it waited out
+    its poll (here its whole 10 s wait, measured)."""
+    import threading
+
+    from service_support import TOKEN, client_for, create_task, lease, register, service_of
+
+    from pipetune.model.wire import LeaseRequest
+    from pipetune.service.settings import token_hash
+
+    url = f"sqlite:///{tmp_path / 'lease.db'}"
+    upgrade(url)
+    with client_for(url, lease_poll_s=60) as c:
+        queue, wakeup = service_of(c).queue, service_of(c).wakeup
+        simulated = register(c, "simulated", runner="simulated")
+        dead, alive = register(c, "gpu-1", runner="cupy"), register(c, "gpu-2", runner="cupy")
+        got: dict[str, tuple[int, float]] = {}
+
+        def waiting(name: str, worker: int, wait_s: float) -> threading.Thread:
+            def run() -> None:
+                started = time.monotonic()
+                got[name] = (len(lease(c, worker, 1, wait_s)), time.monotonic() - started)
+
+            thread = threading.Thread(target=run)
+            thread.start()
+            return thread
+
+        def until_waiting(n: int) -> None:
+            while wakeup.waiting < n:
+                time.sleep(0.01)
+
+        async def gone() -> bool:
+            return True
+
+        async def dead_lease():
+            body = LeaseRequest(worker_id=dead, max_jobs=1, wait_s=10)
+            return await queue.lease(dead, token_hash(TOKEN), body, gone)
+
+        threads = [waiting("simulated", simulated, 3)]
+        until_waiting(1)
+        answer = c.portal.start_task_soon(dead_lease)
+        until_waiting(2)
+        threads.append(waiting("cupy", alive, 10))
+        until_waiting(3)
+        create_task(c, budget=1, strategy="grid", runner="cupy")
+        assert answer.result().jobs == []  # the dead worker took nothing
+        threads[1].join(15)
+        jobs, waited = got["cupy"]
+        assert jobs == 1 and waited < 5
+        threads[0].join(15)
