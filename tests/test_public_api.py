@@ -395,6 +395,34 @@ def test_an_interrupted_tuning_cancels_its_task(home: Path):
     engine.dispose()
 
 
+def test_a_tuning_stopped_by_sigterm_cancels_its_task(home: Path):
+    """SIGTERM (`kill`, `timeout`, a batch scheduler) ended the process at once: its task
+    stayed `running` for good, its trials leased, and no command cancels a task of the
+    local database. It now cancels the task as Ctrl-C does and exits 143; a tuning that
+    ends leaves SIGTERM's handler as it found it."""
+    code = (
+        "import os, signal, pipetune\n"
+        "pipetune.tune({'op': 'gemm', 'm': 256, 'n': 64, 'k': 256}, 'h100', budget=4, "
+        "runner='simulated')\n"
+        "assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL\n"
+        "def stop_after_three(done, total):\n"
+        "    if done == 3:\n"
+        "        os.kill(os.getpid(), signal.SIGTERM)\n"
+        f"pipetune.tune({FC!r}, 'h100', budget=16, runner='simulated', "
+        "progress=stop_after_three)\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd="/"
+    )
+    assert done.returncode == 128 + 15, done.stderr
+    with LocalStore() as store:
+        finished, stopped = sorted(store.tasks(), key=lambda t: t.id)
+        assert finished.state == "done"
+        assert stopped.state == "cancelled" and stopped.trials_done == 3
+        states = {t.state for t in store.all_trials(stopped.id)}
+    assert states <= {JobState.DONE, JobState.FAILED, JobState.CANCELLED}  # none queued, leased
+
+
 # ---- the CLI's read commands on the local database ----------------------------------------
 
 

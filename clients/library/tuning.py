@@ -19,9 +19,11 @@ import contextlib
 import functools
 import os
 import secrets
+import signal
 import socket
+import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -282,6 +284,31 @@ class _InProcessTask:
             self.driver.cancel(task_id)
 
 
+@contextlib.contextmanager
+def _terminated_as_exit() -> Iterator[None]:
+    """While it runs, SIGTERM raises SystemExit(143) (128 + 15, a shell's status for it), so
+    a tuning stopped by `kill`, `timeout` or a batch scheduler cancels its task as Ctrl-C
+    does: SIGTERM's default action ended the process at once, its task `running` for good
+    with its trials leased. Only from the main thread (the only one Python runs signal
+    handlers in) and where SIGTERM has its default action: a handler the caller installed
+    is the caller's."""
+    if (
+        threading.current_thread() is not threading.main_thread()
+        or signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL
+    ):
+        yield
+        return
+
+    def _exit(signum: int, _frame: object) -> None:
+        raise SystemExit(128 + signum)
+
+    signal.signal(signal.SIGTERM, _exit)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+
+
 def tune(
     workload: WorkloadLike,
     gpu: str,
@@ -314,7 +341,7 @@ def tune(
     service's default, 8; a batch's kernels compile together, one trial at a time each proposal
     sees every result before it).
     progress(done, total) is called after each trial. An interrupted tuning (an exception,
-    Ctrl-C) cancels its task: nothing is left half-run.
+    Ctrl-C, SIGTERM) cancels its task: nothing is left half-run.
     """
     w, key = as_workload(workload), as_gpu(gpu)
     body = _task_body(
@@ -353,7 +380,8 @@ def tune(
             task = _InProcessTask(database, measurer, key)
             task_id = task.create(body)
             try:
-                task.run(task_id, w, progress)
+                with _terminated_as_exit():
+                    task.run(task_id, w, progress)
             except BaseException:
                 task.cancel(task_id)
                 raise
