@@ -405,9 +405,9 @@ def test_a_groups_peers_whose_packages_are_missing_are_left_out_and_said(tmp_pat
     doc = json.loads(result.stdout)
     assert doc["strategies"] == ["random"]
     assert doc["left_out"]["kt_random_sample"] == (
-        "kt_random_sample: kernel_tuner is not installed: pip install pipetune[peers]"
+        "kt_random_sample: kernel_tuner is not installed: pip install 'pipetune[peers]'"
     )
-    assert doc["left_out"]["smac"] == "smac: smac is not installed: pip install pipetune[peers]"
+    assert doc["left_out"]["smac"] == "smac: smac is not installed: pip install 'pipetune[peers]'"
 
 
 def test_peers_whose_packages_are_all_missing_are_refused_with_each_reason_once(

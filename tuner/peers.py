@@ -108,7 +108,7 @@ def unavailable(name: str) -> str | None:
             continue
         if module == "torch":
             return "Optuna's GPSampler needs PyTorch: pip install torch (the CPU build is enough)"
-        return f"{module} is not installed: pip install pipetune[peers]"
+        return f"{module} is not installed: pip install 'pipetune[peers]'"
     return None
 
 
