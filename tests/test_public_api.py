@@ -411,9 +411,7 @@ def test_a_tuning_stopped_by_sigterm_cancels_its_task(home: Path):
         f"pipetune.tune({FC!r}, 'h100', budget=16, runner='simulated', "
         "progress=stop_after_three)\n"
     )
-    done = subprocess.run(
-        [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd="/"
-    )
+    done = _run(code)
     assert done.returncode == 128 + 15, done.stderr
     with LocalStore() as store:
         finished, stopped = sorted(store.tasks(), key=lambda t: t.id)
