@@ -50,6 +50,7 @@ from typing import Any
 
 import numpy as np
 import psycopg
+from psycopg.rows import namedtuple_row
 from sqlalchemy import Connection, case, func, insert, literal, select, update
 from sqlalchemy import exc as sa_exc
 
@@ -90,7 +91,7 @@ from pipetune.service.priors import (
     prior_from_tasks,
     prior_task_on,
 )
-from pipetune.service.records import workload_row
+from pipetune.service.records import workload_id
 from pipetune.service.settings import Settings
 from pipetune.service.wakeup import CHANNEL, NOTIFY_SQL, Wakeup, notify_statement
 from pipetune.tuner.bo import PriorMean
@@ -590,9 +591,8 @@ class Driver:
                 batches.append((batch, predicted))
         enqueued = live.trials
         with self.db.write() as s:
-            workload = workload_row(s, body.workload)
             task = TaskRow(
-                workload_id=workload.id,
+                workload_id=workload_id(s, body.workload),
                 gpu=body.gpu,
                 arch=live.session.gpu.arch,
                 strategy=body.strategy,
@@ -604,9 +604,10 @@ class Driver:
                 priority=body.priority,
                 batch_size=batch_size,
                 state=TaskState.QUEUED,
-                batches=len(batches),
+                # On PostgreSQL each batch's statement counts its batch in (as an advance's).
+                batches=len(batches) if self.db.is_sqlite else 0,
                 trials_target=min(body.budget, len(live.session.space)),
-                trials_enqueued=enqueued,
+                trials_enqueued=enqueued if self.db.is_sqlite else 0,
                 trials_done=0,
                 trials_failed=0,
                 curve=BestCurve().doc(),
@@ -615,7 +616,18 @@ class Driver:
             s.flush()
             first = 0
             for number, (batch, predicted) in enumerate(batches):
-                self._insert_jobs(s.connection(), task, number, first, batch, predicted)
+                if self.db.is_sqlite:
+                    self._insert_jobs(s.connection(), task, number, first, batch, predicted)
+                else:
+                    # The advance's one statement, in this transaction: building and
+                    # compiling the ORM's statements (the fair key's above all) cost three
+                    # times as much (benchmarks/RESULTS.md, "a task's creation").
+                    plan = _Plan(task.id, number, first, batch, predicted, task.curve)
+                    raw = s.connection().connection.driver_connection
+                    with raw.cursor(row_factory=namedtuple_row) as cur:
+                        written = self._batch_statement(cur, plan)
+                    if written is None:  # never: the task is new, its state queued
+                        raise RuntimeError(f"task {task.id}: batch {number} not written")
                 first += len(batch)
             task_id, arch, runner = task.id, task.arch, task.only_runner
         self._announce(arch, body.gpu, enqueued, runner)
@@ -1182,6 +1194,17 @@ class Driver:
     def _commit_batch_pg(self, plan: _Plan) -> bool:
         """A new batch on PostgreSQL: the compare-and-set, the jobs and the NOTIFY in one
         statement, through the driver (an advance per batch is the driver's hot path)."""
+        with self.db.driver_statement() as cur:
+            task = self._batch_statement(cur, plan)
+        if task is None:
+            return False
+        self._announce(task.arch, task.gpu, len(plan.batch), task.only_runner)
+        self.metrics.batches.inc()
+        return True
+
+    def _batch_statement(self, cur: psycopg.Cursor, plan: _Plan) -> Any:
+        """Run the batch's statement (COMMIT_BATCH_SQL) on `cur`; the task's arch, gpu and
+        only_runner, or None where the compare-and-set found the task moved on or ended."""
         jobs = [
             {
                 "trial": plan.first_trial + i,
@@ -1205,15 +1228,8 @@ class Driver:
             "seen": plan.seen,
             "late": plan.late,
         }
-        sql = COMMIT_SEEN_BATCH_SQL if plan.seen or plan.late else COMMIT_BATCH_SQL
-        with self.db.driver_statement() as cur:
-            cur.execute(sql, params)
-            task = cur.fetchone()
-        if task is None:
-            return False
-        self._announce(task.arch, task.gpu, len(plan.batch), task.only_runner)
-        self.metrics.batches.inc()
-        return True
+        cur.execute(COMMIT_SEEN_BATCH_SQL if plan.seen or plan.late else COMMIT_BATCH_SQL, params)
+        return cur.fetchone()
 
     def advance_ready(
         self,

@@ -31,7 +31,7 @@ from pipetune.model.states import TaskState
 from pipetune.service.orm import JobRow, TaskRow, WorkloadRow
 from pipetune.service.queue import check_storable
 from pipetune.service.queue_types import result_columns
-from pipetune.service.records import workload_row
+from pipetune.service.records import workload_id
 from pipetune.workers.datasets import Dataset
 from pipetune.workers.datasets.pipetune import (
     PipetuneInfo,
@@ -174,9 +174,8 @@ def _write_task(
     predicted = fam.evaluate(fam.space_of(info.workload, gpu, knobs)).latency_us
     ok = [(r.latency_us, i) for i, r in enumerate(results) if r.ok and r.latency_us is not None]
     best = min(ok) if ok else None
-    workload = workload_row(session, info.workload)
     task = TaskRow(
-        workload_id=workload.id,
+        workload_id=workload_id(session, info.workload),
         gpu=info.gpu,
         arch=gpu.arch,
         strategy=IMPORTED_STRATEGY,

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 from typing import TYPE_CHECKING, Any
 
-from sqlalchemy import select
+from sqlalchemy import bindparam, select
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.orm import Session
@@ -22,13 +22,17 @@ if TYPE_CHECKING:
     from pipetune.service.priors import LearnedPick
 
 
-def workload_row(session: Session, workload: Any) -> WorkloadRow:
-    """The row of a workload, created if it is new (safe against a concurrent insert).
+# Built once: a task's creation asks it, and building a statement costs more than running it.
+_WORKLOAD_ID = select(WorkloadRow.id).where(WorkloadRow.hash == bindparam("digest"))
+
+
+def workload_id(session: Session, workload: Any) -> int:
+    """The id of a workload's row, created if it is new (safe against a concurrent insert).
     Its ``flops`` column holds the work of one run in the family's unit (FLOPs for the
     tensor-core GEMMs, compulsory bytes for the memory-intensive operators): the column
     predates the second family, and throughput is that work over a latency."""
     digest = workload.workload_hash
-    found = session.scalars(select(WorkloadRow).where(WorkloadRow.hash == digest)).one_or_none()
+    found = session.execute(_WORKLOAD_ID, {"digest": digest}).scalar_one_or_none()
     if found is not None:
         return found
     insert = pg_insert if session.get_bind().dialect.name == "postgresql" else sqlite_insert
@@ -39,8 +43,13 @@ def workload_row(session: Session, workload: Any) -> WorkloadRow:
         "label": workload.label(),
         "flops": int(family_of(workload).work(workload)),
     }
-    session.execute(insert(WorkloadRow).values(**values).on_conflict_do_nothing())
-    return session.scalars(select(WorkloadRow).where(WorkloadRow.hash == digest)).one()
+    made = session.execute(
+        insert(WorkloadRow).values(**values).on_conflict_do_nothing().returning(WorkloadRow.id)
+    ).scalar_one_or_none()
+    if made is not None:
+        return made
+    # Another transaction inserted it first (and committed: the insert waited for it).
+    return session.execute(_WORKLOAD_ID, {"digest": digest}).scalar_one()
 
 
 def _failed_schedules(workload_hash: str, gpu: str) -> Any:
@@ -213,10 +222,10 @@ def set_reference_optimum(
 ) -> None:
     """Record (or replace) the exhaustive-search optimum of a workload on a GPU, and the
     runner that measured it (None: not known)."""
-    workload_id = workload_row(session, workload).id
-    optimum = session.get(ReferenceOptimumRow, (workload_id, gpu))
+    row = workload_id(session, workload)
+    optimum = session.get(ReferenceOptimumRow, (row, gpu))
     if optimum is None:
-        optimum = ReferenceOptimumRow(workload_id=workload_id, gpu=gpu)
+        optimum = ReferenceOptimumRow(workload_id=row, gpu=gpu)
         session.add(optimum)
     optimum.best_latency_us = best_latency_us
     optimum.configurations = configurations

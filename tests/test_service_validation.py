@@ -158,7 +158,9 @@ def test_task_creation_is_all_or_nothing(db_url, monkeypatch):
         raise RuntimeError("disk full while writing the first batch")
 
     with client_for(db_url) as c:
+        # Where each dialect writes a batch (PostgreSQL: the advance's one statement).
         monkeypatch.setattr(Driver, "_insert_jobs", staticmethod(broken_insert))
+        monkeypatch.setattr(Driver, "_batch_statement", staticmethod(broken_insert))
         with pytest.raises(RuntimeError, match="disk full"):
             c.post("/v1/tasks", json={"workload": GEMM, "gpu": "h100", "budget": 10})
         # Neither the task nor its workload row was left behind.

@@ -649,7 +649,7 @@ def db_import_optimum(
     from pipetune.service.db import Database
     from pipetune.service.imports import sweep_coverage
     from pipetune.service.orm import ReferenceOptimumRow
-    from pipetune.service.records import set_reference_optimum, workload_row
+    from pipetune.service.records import set_reference_optimum, workload_id
 
     url = _settings(db).database_url
     data, info = _pipetune_dataset(dataset)
@@ -667,7 +667,7 @@ def db_import_optimum(
     database = Database(url, pool_size=1)
     try:
         with _database_errors(url), database.write() as s:
-            held = s.get(ReferenceOptimumRow, (workload_row(s, info.workload).id, info.gpu))
+            held = s.get(ReferenceOptimumRow, (workload_id(s, info.workload), info.gpu))
             kind = {False: "measured", True: "simulated"}
             held_kind = None if held is None or held.runner is None else is_simulated(held.runner)
             if held_kind is not None and held_kind != is_simulated(info.runner) and not force:
