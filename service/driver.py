@@ -621,7 +621,8 @@ class Driver:
                 else:
                     # The advance's one statement, in this transaction: building and
                     # compiling the ORM's statements (the fair key's above all) cost three
-                    # times as much (benchmarks/RESULTS.md, "a task's creation").
+                    # times as much (benchmarks/RESULTS.md, "a task's creation in one
+                    # statement per batch").
                     plan = _Plan(task.id, number, first, batch, predicted, task.curve)
                     raw = s.connection().connection.driver_connection
                     with raw.cursor(row_factory=namedtuple_row) as cur:
