@@ -59,7 +59,7 @@ from pipetune.service.queue_types import (
 )
 from pipetune.service.settings import Settings
 from pipetune.service.views import worker_doc
-from pipetune.service.wakeup import Wakeup, notify_statement
+from pipetune.service.wakeup import Wakeup, Woken, notify_statement
 
 _T = TypeVar("_T")
 
@@ -418,29 +418,37 @@ class Queue:
         kind = worker.kind
         deadline = time.monotonic() + min(body.wait_s, self.settings.lease_wait_cap_s)
         signalled, new = False, True
-        while True:
-            mark = self.wakeup.wakes
-            jobs = await self.lease_now(worker, body.max_jobs, new=new, signalled=signalled)
-            left = deadline - time.monotonic()
-            if jobs or left <= 0 or self.wakeup.closed:
-                return LeaseResponse(jobs=jobs)
-            if self.wakeup.missed(kind, mark):
-                # Jobs of its kind were announced while it claimed (off the event loop, on
-                # SQLite), when it was not waiting to hear it: its claim may have looked
-                # before they were there. It looks again rather than wait out its poll.
-                signalled, new = True, False
-                continue
-            wait_s = min(self.settings.lease_poll_s, left)
-            woken = await self.wakeup.woken(kind, wait_s, body.max_jobs)
-            signalled, new = woken is not None, False
-            if gone is not None and await gone():
-                if woken is not None and woken.jobs:
-                    # The jobs it was woken for, to the next request waiting for them: for the
-                    # runner they were announced for (a cupy-only task's, passed on to any
-                    # runner, woke a simulated worker, which found nothing, and the GPU
-                    # worker waiting behind it waited out its poll).
-                    self.wakeup.signal(kind.arch, kind.gpu, body.max_jobs, woken.runner)
-                return LeaseResponse(jobs=[])
+        # The wake-up whose jobs its claim has not looked for yet. A request that leaves
+        # before (its worker gone; its claim's database error, a 503) passes them on: the
+        # signal woke no other request for them, which waited out its poll (5 s) with the
+        # jobs queued.
+        unclaimed: Woken | None = None
+        try:
+            while True:
+                mark = self.wakeup.wakes
+                jobs = await self.lease_now(worker, body.max_jobs, new=new, signalled=signalled)
+                unclaimed = None
+                left = deadline - time.monotonic()
+                if jobs or left <= 0 or self.wakeup.closed:
+                    return LeaseResponse(jobs=jobs)
+                if self.wakeup.missed(kind, mark):
+                    # Jobs of its kind were announced while it claimed (off the event loop,
+                    # on SQLite), when it was not waiting to hear it: its claim may have
+                    # looked before they were there. It looks again rather than wait out its
+                    # poll.
+                    signalled, new = True, False
+                    continue
+                wait_s = min(self.settings.lease_poll_s, left)
+                unclaimed = await self.wakeup.woken(kind, wait_s, body.max_jobs)
+                signalled, new = unclaimed is not None, False
+                if gone is not None and await gone():
+                    return LeaseResponse(jobs=[])
+        finally:
+            if unclaimed is not None and unclaimed.count > 0:
+                # For the runner they were announced for (a cupy-only task's, passed on to
+                # any runner, woke a simulated worker, which found nothing, and the GPU
+                # worker waiting behind it waited out its poll).
+                self.wakeup.signal(kind.arch, kind.gpu, unclaimed.count, unclaimed.runner)
 
     # ---- expiry --------------------------------------------------------------------
 

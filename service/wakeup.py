@@ -78,10 +78,14 @@ class WorkerKind:
 class Woken:
     """Why a waiting request was woken: jobs for workers of `runner` (None: any) were
     enqueued; or, `jobs` False, none were announced, but it should claim again (the listener
-    connected again: what the other replicas enqueued meanwhile was not heard)."""
+    connected again: what the other replicas enqueued meanwhile was not heard). `count`: how
+    many of the announced jobs the signal woke it for, which no other waiting request was
+    woken for (none for a bound worker: it uses up none); a request that leaves before it
+    claims passes them on (Queue.lease)."""
 
     runner: str | None = None
     jobs: bool = True
+    count: int = 0
 
 
 RECHECK = Woken(jobs=False)
@@ -260,13 +264,13 @@ class Wakeup:
             if woken >= count:
                 break
             if not future.done() and kind.takes(arch, gpu, runner):
-                future.set_result(Woken(runner))
-                del self._waiters[future]
                 # A bound worker (one workload's jobs) is woken by any job of its kind, and
                 # its claim may find none of these: counted, it used up a signal of one job,
                 # and the unbound worker behind it waited for the fallback poll (4.5 s).
-                if kind.workload_hash is None:
-                    woken += wants
+                counted = min(wants, count - woken) if kind.workload_hash is None else 0
+                future.set_result(Woken(runner, count=counted))
+                del self._waiters[future]
+                woken += counted
         if woken < count:  # jobs for requests that were not waiting (claiming, say)
             self._wakes += 1
             if len(self._unspent) >= MAX_EMPTY_KINDS:

@@ -166,6 +166,48 @@ def test_a_waiting_lease_is_woken_when_jobs_are_enqueued_not_by_polling(db_url):
         assert len(got[0]) == 2 and time.monotonic() - started < 5
 
 
+def test_jobs_a_woken_request_failed_to_claim_wake_the_next_request_waiting(db_url):
+    """Two lease requests wait for one GPU's jobs; a task's two jobs wake the first (it asks
+    for both), whose claim then fails on the database (a 503). The signal was used up: the
+    second request, the jobs queued, waited out its fallback poll (here its whole 10 s
+    wait). A request that leaves before it claims passes on the jobs it was woken for."""
+    from sqlalchemy import exc as sa_exc
+
+    with client_for(db_url, lease_poll_s=60) as c:
+        service = service_of(c)
+        first, second = register(c, "first"), register(c, "second")
+        claim, failing = service.queue.store.claim, threading.Event()
+
+        def fails_for_the_first(worker, *args, **kwargs):
+            if worker.id == first and failing.is_set():
+                raise sa_exc.OperationalError("claim", {}, Exception("connection lost"))
+            return claim(worker, *args, **kwargs)
+
+        service.queue.store.claim = fails_for_the_first  # type: ignore[method-assign]
+        body = {"worker_id": first, "max_jobs": 2, "wait_s": 10}
+        statuses: list[int] = []
+        failed = threading.Thread(
+            target=lambda: statuses.append(
+                c.post("/v1/jobs/lease", json=body, headers=WORKER_HEADERS).status_code
+            )
+        )
+        failed.start()
+        while service.wakeup.waiting < 1:
+            time.sleep(0.01)
+        got: list = []
+        waiting = threading.Thread(target=lambda: got.append(lease(c, second, 2, wait_s=10)))
+        waiting.start()
+        while service.wakeup.waiting < 2:
+            time.sleep(0.01)
+        failing.set()
+        started = time.monotonic()
+        create_task(c, budget=2, strategy="grid")
+        failed.join(15)
+        waiting.join(15)
+        assert statuses == [503]
+        assert len(got[0]) == 2 and time.monotonic() - started < 3
+
+
 def test_jobs_enqueued_while_a_lease_request_claims_are_not_left_to_its_poll(db_url):
     """A task enqueued while a lease request's claim runs, after the claim looked: the
     request was not waiting, so the signal found nobody to wake (on SQLite the claim runs

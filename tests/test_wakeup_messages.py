@@ -111,6 +111,29 @@ def test_a_bound_worker_woken_first_leaves_the_signal_to_the_others():
     assert asyncio.run(woken()) == [True, True, False]
 
 
+def test_a_woken_request_knows_how_many_of_the_signals_jobs_no_other_was_woken_for():
+    """What a request that leaves before it claims passes on (Queue.lease): the jobs it used
+    up of the signal, no more (it passed on all it asked for, and woke requests for jobs
+    that were never announced), and none for a bound worker, which uses up none."""
+    import asyncio
+
+    from pipetune.service.wakeup import WorkerKind
+
+    bound = WorkerKind("sm_90", "h100", "workload-a", "replay")
+    unbound = WorkerKind("sm_90", "h100", None, "replay")
+
+    async def counts() -> list[int | None]:
+        here = Wakeup(shared=False)
+        here.attach(asyncio.get_running_loop())
+        asks = [(bound, 4), (unbound, 2), (unbound, 2), (unbound, 1)]
+        tasks = [asyncio.ensure_future(here.woken(k, 1.0, n)) for k, n in asks]
+        await asyncio.sleep(0.05)
+        here.signal("sm_90", "h100", 3, "replay")
+        return [None if w is None else w.count for w in await asyncio.gather(*tasks)]
+
+    assert asyncio.run(counts()) == [0, 2, 1, None]
+
+
 def test_memories_of_an_empty_queue_stay_bounded(monkeypatch):
     """One memory per kind of worker ever seen (bound replay workers: one per workload) was
     kept for good; only the current generation's can be trusted, and a full set is cleared."""
