@@ -238,6 +238,21 @@ def test_source_cubin_and_launch_of_a_given_schedule():
     assert [op.shape for op in k.operands] == [(1024, 2048), (2048, 64), (1024, 64)]
 
 
+def test_a_kernel_built_directly_takes_what_pipetune_kernel_takes():
+    """pipetune.TunedKernel(...) failed on a schedule dict ("'dict' object has no attribute
+    'as_dict'") and on a workload dict ("unknown operator None"), and kept a GPU alias as its
+    `gpu` (so its launch document named "NVIDIA H100", not "h100")."""
+    k = pipetune.TunedKernel(FC, "NVIDIA H100", S.as_dict())
+    assert (k.workload, k.gpu, k.schedule) == (gemm(1024, 64, 2048), "h100", S)
+    assert k.launch_document() == pipetune.kernel(FC, "h100", schedule=S).launch_document()
+    with pytest.raises(ScheduleError, match="chunk"):
+        pipetune.TunedKernel(FC, "h100", {**S.as_dict(), "chunk": 3})
+    with pytest.raises(ScheduleError, match=r"^a schedule must be a dict of knob values, got int"):
+        pipetune.TunedKernel(FC, "h100", 42)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match=r"^gpu: unknown GPU 'nope'"):
+        pipetune.TunedKernel(FC, "nope", S)
+
+
 @pytest.mark.parametrize("workload", WORKLOADS, ids=lambda w: w.label())
 def test_the_launch_is_the_one_the_cupy_runner_times(workload):
     k = pipetune.kernel(workload, "h100", schedule=S)

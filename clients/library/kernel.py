@@ -68,22 +68,24 @@ class TunedKernel:
 
     def __init__(
         self,
-        workload: AnyWorkload | MemWorkload,
+        workload: WorkloadLike,
         gpu: str,
-        schedule: AnySchedule,
+        schedule: ScheduleLike,
         *,
         origin: str = "given",
         runner: str | None = None,
         latency_us: float | None = None,
         validate: bool = True,
     ):
-        """`validate`: refuse a schedule outside the GPU's valid space (the family's
-        rules); off for a schedule that was measured already (it ran, whatever the rules
-        say now)."""
+        """The arguments as `pipetune.kernel` takes them (a dict or a workload object; a
+        GPU by key or alias; a schedule dict, object or document). `validate`: refuse a
+        schedule outside the GPU's valid space (the family's rules); off for a schedule
+        that was measured already (it ran, whatever the rules say now)."""
+        workload, gpu = as_workload(workload), as_gpu(gpu)
         family = family_of(workload)
         spec = get_gpu(gpu)
         # The family's own schedule type (ScheduleError names a knob of another family's).
-        schedule = cast(AnySchedule, family.parse_schedule(dict(schedule.as_dict())))
+        schedule = cast(AnySchedule, family.parse_schedule(dict(as_schedule(schedule).as_dict())))
         problems = family.schedule_problems(schedule, workload, spec) if validate else []
         if problems:
             raise ScheduleError(
@@ -441,7 +443,7 @@ def kernel(
         if isinstance(schedule, ScheduleResponse):  # pipetune.best_schedule's answer
             _check_answer_is_for(w, key, schedule)
             return _answered_kernel(w, key, schedule)
-        return TunedKernel(w, key, as_schedule(schedule))
+        return TunedKernel(w, key, schedule)
     from pipetune.clients.library.lookup import best_schedule
 
     return _answered_kernel(w, key, best_schedule(w, key, server, db=db, api_key=api_key))
