@@ -42,6 +42,7 @@ from pipetune.tuner.learned_prior import (
     LearnedModel,
     LearnedPriorError,
     fit_learned_model,
+    measured_shapes,
     prior_from,
 )
 from pipetune.tuner.offline import RecordedSpace
@@ -343,9 +344,9 @@ def default_learned_tasks(
     )
     if (shapes or 0) < MIN_DEFAULT_SHAPES:
         raise PriorError(
-            f"{shapes} measured shapes of the {family_of(workload).name} family to learn from: a "
-            f"learned prior is taken by default from {MIN_DEFAULT_SHAPES} or more (ask for one "
-            "to learn from fewer)"
+            f"{measured_shapes(shapes or 0)} of the {family_of(workload).name} family to learn "
+            f"from: a learned prior is taken by default from {MIN_DEFAULT_SHAPES} or more (ask "
+            "for one to learn from fewer)"
         )
     return found
 

@@ -340,7 +340,7 @@ def test_a_corpus_that_ranks_nothing_is_not_said_to_be_missing(tmp_path):
     assert learned == {}
     notes = _unlearned(loaded, loaded, why_not, [tmp_path / "flat.t4.json.gz"], [flat])
     assert notes == [
-        "gemm: a cost model of 1 measured shapes ranks no schedule of this space above "
+        "gemm: a cost model of 1 measured shape ranks no schedule of this space above "
         "another: it keeps the analytical model's prior"
     ]
     _, why_not = unseen_shape_priors(loaded, [target])

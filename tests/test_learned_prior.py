@@ -134,7 +134,7 @@ def test_the_benchmark_leaves_the_datasets_own_workload_out_on_every_gpu(tmp_pat
     target = recorded_dataset(data / "h100" / "BMM_BERT_QK.t4.json.gz")
     memops = recorded_dataset(data / "h100" / "Softmax_BERT_b1_s128.t4.json.gz")
     priors = learned_priors([target, memops], [tmp_path], {})
-    assert priors[target.name].source.endswith("a cost model of 1 measured shapes on h200")
+    assert priors[target.name].source.endswith("a cost model of 1 measured shape on h200")
     assert memops.name not in priors  # its own shape is the folder's only memops record
 
 
@@ -157,7 +157,7 @@ def test_pipetune_bench_tuner_takes_a_learned_prior(tmp_path):
     assert result.exit_code == 0, result.output
     doc = json.loads(result.stdout)
     (source,) = doc["learned_priors"].values()
-    assert source.endswith("a cost model of 1 measured shapes on h200")
+    assert source.endswith("a cost model of 1 measured shape on h200")
     table = CliRunner().invoke(app, [*args, "--budgets", "8", "--learned-prior", str(tmp_path)])
     assert table.exit_code == 0, table.output
     assert "(learned prior: " in table.output  # the table said nothing of it

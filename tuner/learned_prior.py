@@ -50,6 +50,11 @@ class LearnedPriorError(PipetuneError, ValueError):
     """A corpus that cannot teach this space (empty, or another kernel family)."""
 
 
+def measured_shapes(count: int) -> str:
+    """How a prior's description counts its corpus: "1 measured shape", "2 measured shapes"."""
+    return f"{count} measured shape{'' if count == 1 else 's'}"
+
+
 def corpus_for(space: Any, recorded: Sequence[RecordedSpace]) -> list[RecordedSpace]:
     """The recorded spaces that can teach `space`: the same kernel family, another workload
     or another GPU (a record of this very space is its answer, not a prior)."""
@@ -191,7 +196,7 @@ def prior_from(space: Any, learned: LearnedModel) -> PriorMean:
         # Trees fitted to too little (one shape's few trials) can predict one value
         # everywhere: a prior that ranks nothing, which replaced the analytical model's ranking.
         raise LearnedPriorError(
-            f"a cost model of {learned.shapes} measured shapes ranks no schedule of this "
+            f"a cost model of {measured_shapes(learned.shapes)} ranks no schedule of this "
             "space above another"
         )
     level = float(np.median(predicted_log_throughput(space))) + learned.level
@@ -205,7 +210,7 @@ def prior_from(space: Any, learned: LearnedModel) -> PriorMean:
     return PriorMean(
         values=predicted - np.median(predicted) + level,
         source="the analytical model's terms read by a cost model of "
-        f"{shapes} measured shapes on {', '.join(gpus)}{stale}",
+        f"{measured_shapes(shapes)} on {', '.join(gpus)}{stale}",
     )
 
 
