@@ -58,6 +58,9 @@ MAX_SECONDS = 7 * 24 * 3600.0
 MAX_JOBS_PER_LEASE = 64
 MAX_RESULTS_PER_POST = 256  # results in one POST /v1/jobs/results
 MAX_WORKER_NAME = 128  # characters of a worker's name (WorkerRegister.name)
+# The environment variable `pipetune worker` reads its token from (its documented option),
+# which `pipetune serve --local-workers` sets for the workers it starts.
+TOKEN_ENV = "PIPETUNE_WORKER_TOKEN"
 
 
 def secret_char_ok(char: str) -> bool:

@@ -25,10 +25,9 @@ from pathlib import Path
 
 from pipetune.model.hardware import DEFAULT_GPU, gpu_keys
 from pipetune.model.trials import RunnerKind
+from pipetune.model.wire import TOKEN_ENV
 
 RUNNERS: tuple[str, ...] = (RunnerKind.SIMULATED, RunnerKind.REPLAY, RunnerKind.CUPY)
-# The environment variable `pipetune worker` reads its token from (its documented option).
-TOKEN_ENV = "PIPETUNE_WORKER_TOKEN"
 
 
 def assign_gpus(n: int, gpus: list[str] | None = None) -> list[str]:

@@ -10,6 +10,7 @@ import secrets
 import shlex
 from pathlib import Path
 
+from pipetune.model.wire import TOKEN_ENV
 from pipetune.service.settings import generated_token_path
 
 
@@ -64,6 +65,6 @@ def announcement(path: Path, reused: bool) -> str:
     how = "kept from an earlier start" if reused else "generated"
     return (
         f"worker token: {how}, in {path} (readable only by you); workers take it as "
-        f"PIPETUNE_WORKER_TOKEN=$(cat {shlex.quote(str(path))}). Set PIPETUNE_WORKER_TOKENS "
+        f"{TOKEN_ENV}=$(cat {shlex.quote(str(path))}). Set PIPETUNE_WORKER_TOKENS "
         "to choose your own."
     )

@@ -16,11 +16,11 @@ from pipetune.model.wire import (
     MAX_LEASE_WAIT_S,
     MAX_SECONDS,
     MAX_WORKER_NAME,
+    TOKEN_ENV,
 )
 from pipetune.workers.runners.faults import fault_plan_problem
 
 RUNNERS: tuple[str, ...] = tuple(RunnerKind)
-TOKEN_ENV = "PIPETUNE_WORKER_TOKEN"
 
 
 def default_name(runner: str) -> str:
