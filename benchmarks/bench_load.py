@@ -38,7 +38,10 @@ After the run the services are stopped and the database is audited read-only:
   a live worker received whose result was not recorded, abandoned leases whose job was
   not finished by a later lease, accepted results the database does not hold, and tasks
   whose trial counts disagree with their jobs (a finished task must have exactly its
-  target number of trials, 0..target-1, each once);
+  target number of trials, 0..target-1, each once); not lost but `unfinished_jobs`: the
+  jobs of a task the run ended before (--seconds ran out) whose last lease was a dead
+  worker's, still running or expired and queued again: the service would have leased them
+  again had the run gone on;
 * churn: leases abandoned, leases expired (audit table; abandoned ones must all end
   `expired`), re-leases (a lease granted after the job's previous lease expired), and
   whether every re-leased job holds exactly one result.
@@ -232,6 +235,7 @@ JSON_KEYS = (
     "generator_cpu_ms_per_result",
     "duplicate_leases",
     "lost_jobs",
+    "unfinished_jobs",
     "empty_poll_cpu_ms_per_s",
     "idle_postgres_cpu_ms_per_s",
     "idle_generator_cpu_ms_per_s",

@@ -10,7 +10,10 @@ tests/test_load_small.py.
   answered), leases a live worker received whose result was not recorded, abandoned leases
   whose job was not finished by a later lease, accepted results the database does not hold,
   and tasks whose trial counts disagree with their jobs (a finished task must have exactly
-  its target number of trials, 0..target-1, each once).
+  its target number of trials, 0..target-1, each once). Not lost: a job of a task the run
+  ended before (its --seconds ran out) whose last lease was a dead worker's, still running
+  at the end or expired and queued again (`unfinished`): the service would have leased it
+  again, the run did not wait.
 * Churn (`find_churn`): leases abandoned, leases expired (audit table; abandoned ones must
   all end `expired`), re-leases (a lease granted after the job's previous lease expired),
   and whether every re-leased job holds exactly one result.
@@ -73,6 +76,8 @@ class Lost:
     not_in_db: frozenset[int]  # accepted, not in the database
     unmatched: frozenset[int]  # recorded without its lease's result
     bad_tasks: tuple[int, ...]  # tasks whose counts disagree with their jobs
+    # Not lost: a task the run ended before, its job's last lease a dead worker's (not counted)
+    unfinished: frozenset[int] = frozenset()
 
     @property
     def jobs(self) -> frozenset[int]:
@@ -209,6 +214,23 @@ def find_lost(jobs: Sequence, leases: Sequence, tasks: Sequence, held: Sequence[
     recorded = _recorded(jobs)
     live = [h for h in held if not h.abandoned]
     abandoned = [h for h in held if h.abandoned]
+    # The run ended (its time limit) before these tasks did: a job whose last lease a dead
+    # worker abandoned waited for that lease to expire, or, expired and queued again, for a
+    # worker; the service would have given it out again had the run gone on (with churn, a
+    # third of the batched leases are abandoned, and a model-guided task waits out each
+    # one's TTL before its next batch). A job a live worker held at the end is still lost.
+    running = {t.id for t in tasks if not TaskState(t.state).is_final()}
+    dead = {(h.job_id, h.token) for h in abandoned}
+    dead_jobs = {h.job_id for h in abandoned}
+    unfinished = frozenset(
+        j.id
+        for j in jobs
+        if j.task_id in running
+        and (
+            (j.state == JobState.LEASED and (j.id, j.lease_token) in dead)
+            or (j.state == JobState.QUEUED and j.id in dead_jobs)
+        )
+    )
     accepted = [h for h in held if h.accepted]
     result_leases = {(r.job_id, r.token) for r in leases if r.outcome == "result"}
     by_task: dict[int, list] = collections.defaultdict(list)
@@ -226,14 +248,15 @@ def find_lost(jobs: Sequence, leases: Sequence, tasks: Sequence, held: Sequence[
             bad_tasks.append(t.id)
     return Lost(
         state_lost=frozenset(j.id for j in jobs if j.state == JobState.LOST),
-        still_leased=frozenset(j.id for j in jobs if j.state == JobState.LEASED),
+        still_leased=frozenset(j.id for j in jobs if j.state == JobState.LEASED) - unfinished,
         unanswered=frozenset({h.job_id for h in live if h.accepted is None} - recorded),
         refused=frozenset({h.job_id for h in live if h.accepted is False} - recorded),
         abandoned_unfinished=frozenset(
             h.job_id
             for h in abandoned
             if h.job_id not in recorded or job_by_id[h.job_id].result_token == h.token
-        ),
+        )
+        - unfinished,
         not_in_db=frozenset(
             h.job_id
             for h in accepted
@@ -245,6 +268,7 @@ def find_lost(jobs: Sequence, leases: Sequence, tasks: Sequence, held: Sequence[
             j.id for j in jobs if j.id in recorded and (j.id, j.result_token) not in result_leases
         ),
         bad_tasks=tuple(bad_tasks),
+        unfinished=unfinished,
     )
 
 
@@ -320,6 +344,7 @@ def audit_rows(jobs: Sequence, leases: Sequence, tasks: Sequence, tally: Tally) 
         "re_leased_one_result": churn.re_leased_one_result,
         "lost_jobs": lost.count,
         "lost": lost.breakdown(),
+        "unfinished_jobs": len(lost.unfinished),
         "results_counted_once": accepted_once
         == len(accepted)
         == len(recorded)

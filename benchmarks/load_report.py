@@ -19,6 +19,16 @@ def protocol_of(c) -> str:
     return f"batched ({c.max_jobs}{', each reported' if c.report_each else ''})"
 
 
+def _unfinished(r: dict, sentence: bool = False) -> str:
+    """The jobs the run's end left to dead workers' leases (not lost), where there are any."""
+    n = r.get("unfinished_jobs", 0)
+    if not n:
+        return ""
+    jobs = f"{n} job{'s' if n != 1 else ''}"
+    what = f"{jobs} of tasks the run ended before, their last lease a dead worker's"
+    return f" {what[0].upper()}{what[1:]} (not lost)." if sentence else f" ({what})"
+
+
 def summary(r: dict) -> str:
     """One run in one line, for the terminal."""
     c = r["config"]
@@ -31,7 +41,7 @@ def summary(r: dict) -> str:
         f"{r['result_p99_ms']:.1f} ms, empty polls {r['empty_polls']}, "
         f"HTTP errors {sum(r['http_errors'].values())}, service tracebacks "
         f"{r['service_tracebacks']}, duplicate leases {r['duplicate_leases']}, "
-        f"lost jobs {r['lost_jobs']}, results DB/accepted {r['results_db']}/"
+        f"lost jobs {r['lost_jobs']}{_unfinished(r)}, results DB/accepted {r['results_db']}/"
         f"{r['results_accepted']}, CPU per result: service "
         f"{r['service_cpu_ms_per_result']:.2f} ms (proposals "
         f"{r['proposal_cpu_ms_per_result']:.2f} ms; by thread "
@@ -100,7 +110,7 @@ def section(reports: list[dict], args: argparse.Namespace) -> str:
             f"{r['lease_rows']} lease rows, "
             f"{r['results_db']} results in the database = {r['results_accepted']} accepted "
             f"by the workers; job states {r['job_states']}. {churn_line(r)} "
-            f"Duplicates: {dup}. Lost: {lost}. "
+            f"Duplicates: {dup}. Lost: {lost}.{_unfinished(r, sentence=True)} "
             f"HTTP errors: {r['http_errors'] or 'none'}. Service errors logged: "
             f"{'; '.join(f'`{e}`' for e in r['service_errors']) or 'none'}. "
             f"Load average (1 min) before the run: {r['load_before']:.1f}."

@@ -129,13 +129,20 @@ def _at(seconds: float) -> dt.datetime:
     return T0 + dt.timedelta(seconds=seconds)
 
 
-def _job(id: int, trial: int, state: str, result_token: str | None = None, task_id: int = 1):
+def _job(
+    id: int,
+    trial: int,
+    state: str,
+    result_token: str | None = None,
+    task_id: int = 1,
+    lease_token: str | None = None,
+):
     return SimpleNamespace(
         id=id,
         task_id=task_id,
         trial=trial,
         state=state,
-        lease_token=None,
+        lease_token=lease_token,
         result_token=result_token,
     )
 
@@ -224,23 +231,48 @@ def test_audit_accounts_for_abandoned_leases() -> None:
     assert churn.live_leases_expired == 0
     assert churn.re_leased_jobs == churn.re_leased_one_result == 1
 
-    # The same abandoned lease, its job never finished (requeued, the run ended): lost.
+    # The same abandoned lease, its job never finished (requeued) though its task ended:
+    # lost.
     jobs = [_job(1, 0, "queued"), _job(2, 1, "done", "c")]
     leases = [_lease(1, 1, "a", 0, "expired", 5), _lease(3, 2, "c", 1, "result", 2)]
     held = [Held(1, "a", 7, 0.0, abandoned=True), Held(2, "c", 9, 1.0, 2.0, True)]
-    lost = find_lost(jobs, leases, [_task(1, 2, "running", 2)], held)
+    lost = find_lost(jobs, leases, [_task(1, 2, "failed", 2)], held)
     assert lost.abandoned_unfinished == {1}
     assert lost.unanswered == set()
-    assert lost.count == 1
+    assert lost.count == 1 and lost.unfinished == set()
 
     # ... or still leased to the dead worker (its lease never expired): lost twice over.
-    jobs = [_job(1, 0, "leased"), _job(2, 1, "done", "c")]
+    jobs = [_job(1, 0, "leased", lease_token="a"), _job(2, 1, "done", "c")]
     leases = [_lease(1, 1, "a", 0, None), _lease(3, 2, "c", 1, "result", 2)]
-    lost = find_lost(jobs, leases, [_task(1, 2, "running", 2)], held)
+    lost = find_lost(jobs, leases, [_task(1, 2, "failed", 2)], held)
     assert lost.still_leased == {1}
     assert lost.abandoned_unfinished == {1}
     assert find_churn(jobs, leases, held).abandoned_expired == 0
     assert lost.count == 1
+
+
+def test_a_dead_workers_job_of_a_task_the_run_ended_before_is_unfinished_not_lost() -> None:
+    """The run's time limit came before the task's end: the job a dead worker abandoned was
+    waiting for its lease to expire, or, expired and queued again, for a worker. The service
+    would have leased it again; the run did not wait. A model-guided task with churn waits
+    out a TTL for each abandoned lease of each batch, so the default run of
+    `--strategy analytical+xgb --churn 0.05 --batched` ended with 8 such jobs counted lost."""
+    held = [Held(1, "a", 7, 0.0, abandoned=True), Held(2, "c", 9, 1.0, 2.0, True)]
+    running = [_task(1, 2, "running", 2)]
+    for state, token in (("leased", "a"), ("queued", None)):
+        jobs = [_job(1, 0, state, lease_token=token), _job(2, 1, "done", "c")]
+        lease_a = _lease(1, 1, "a", 0, None if state == "leased" else "expired", 5)
+        leases = [lease_a, _lease(3, 2, "c", 1, "result", 2)]
+        lost = find_lost(jobs, leases, running, held)
+        assert lost.count == 0, (state, lost)
+        assert lost.unfinished == {1}
+    # Leased at the end under a live worker's lease: that worker's answer is missing, lost.
+    held = [Held(1, "a", 7, 0.0, abandoned=True), Held(1, "b", 8, 6.0)]
+    jobs = [_job(1, 0, "leased", lease_token="b")]
+    leases = [_lease(1, 1, "a", 0, "expired", 5), _lease(2, 1, "b", 6, None)]
+    lost = find_lost(jobs, leases, [_task(0, 1, "running", 1)], held)
+    assert lost.still_leased == {1} and lost.unanswered == {1}
+    assert lost.unfinished == set() and lost.count == 1
 
 
 def test_audit_counts_lost_and_stranded_jobs_and_short_tasks() -> None:
