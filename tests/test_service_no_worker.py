@@ -8,6 +8,7 @@ from __future__ import annotations
 import datetime as dt
 import io
 
+from rich.console import Console
 from service_support import (
     GEMM,
     SMALL_GEMM,
@@ -22,9 +23,9 @@ from service_support import (
 from sqlalchemy import update
 from typer.testing import CliRunner
 
+from pipetune.clients.cli import client_cmds
 from pipetune.clients.cli.client_cmds import wait_for_task
 from pipetune.clients.cli.main import app
-from pipetune.clients.cli.output import stderr_console
 from pipetune.model.wire import TaskDoc
 from pipetune.service.migrate import upgrade
 from pipetune.service.orm import WorkerRow
@@ -179,6 +180,9 @@ def _progress_of(doc: TaskDoc, monkeypatch) -> str:
             return doc
 
     err = io.StringIO()
-    monkeypatch.setattr(stderr_console, "file", err)
+    # A console of its own for the bar, not the shared one's `file` set: undone, that left
+    # the shared console writing to the stderr of the moment (pytest's capture) for good,
+    # and every later CLI test of the process read an empty stderr from CliRunner.
+    monkeypatch.setattr(client_cmds, "stderr_console", Console(file=err, markup=False))
     wait_for_task(Waiting(), doc, show=True, poll_s=0.1)
     return err.getvalue()
