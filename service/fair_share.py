@@ -16,13 +16,13 @@ between tasks, before and after").
 
 The virtual time is the largest of the smallest key queued for any worker of the GPU (jobs
 of one runner kind only are left out: with no such worker they would hold it back for ever)
-and the largest keys leased and done (how far service has got: jobs that no worker takes,
-another workload's where every worker answers one, stay queued with their first keys), or,
-with none of those, the furthest key of the GPU's active tasks. It is read when a batch is
-enqueued and written nowhere: a lease changes nothing of it, so the hot path gains no row
-that every lease would update. The rule is written once, here, as a SQLAlchemy expression:
-the ORM paths use it as such, and PostgreSQL's one-statement batch commit
-(service/driver.py) embeds its compiled text.
+and the largest keys leased, done and failed (how far service has got: jobs that no worker
+takes, another workload's where every worker answers one, stay queued with their first
+keys), or, with none of those, the furthest key of the GPU's active tasks. It is read when
+a batch is enqueued and written nowhere: a lease changes nothing of it, so the hot path
+gains no row that every lease would update. The rule is written once, here, as a
+SQLAlchemy expression: the ORM paths use it as such, and PostgreSQL's one-statement batch
+commit (service/driver.py) embeds its compiled text.
 """
 
 from __future__ import annotations
@@ -71,11 +71,15 @@ def virtual_time(arch: Any, gpu: Any) -> ColumnElement[int]:
     # The furthest key in service and served: queued jobs no worker takes (another
     # workload's, where every worker answers one) keep their first keys, and taken alone
     # they held the time there, each new task that far back of those being served. One
-    # probe each of the queue index; failed and lost jobs are left out (two more probes
-    # for a frontier that done jobs all but always hold).
+    # probe each of the queue index. A failed trial was served as much as a done one: left
+    # out, a task for GPU workers only (its queued jobs left out above) that failed every
+    # trial (a schedule space that does not compile there, a broken runner) held the time
+    # at the GPU's last done job, an earlier task's, and a task created then took every
+    # trial until it caught up (32 of 32). Lost jobs are left out (one more probe for the
+    # few keys that dying workers leave behind).
     started = [
         select(func.max(JOBS.c.fair_key)).where(JOBS.c.state == s.value, *on_gpu)
-        for s in (JobState.LEASED, JobState.DONE)
+        for s in (JobState.LEASED, JobState.DONE, JobState.FAILED)
     ]
     # The larger of those known (-1: none), alike on both dialects: SQLite's max() of
     # several is null where any is, PostgreSQL's greatest() only where all are.

@@ -101,6 +101,28 @@ def test_jobs_no_worker_can_take_do_not_hold_the_others_back(client):
     assert abs(taken[old] - taken[new]) <= 8, taken
 
 
+def test_failed_trials_move_the_virtual_time_as_done_ones(client):
+    """The GPU's only worker measures on the GPU (cupy), and its task for such workers only
+    fails every trial: its queued jobs (one runner kind's) and its failed ones were both
+    left out of the virtual time, which stayed at the last job done, an earlier task's. A
+    task created then started back there and took every trial (32 of 32, the old task
+    none) until it caught up."""
+    worker = register(client, "gpu", runner="cupy")
+    create_task(client, budget=8, strategy="random", batch_size=8, seed=11)
+    _answer(client, worker, lease(client, worker, max_jobs=8))
+    old = create_task(client, budget=512, strategy="random", batch_size=8, seed=12, runner="cupy")
+    for _ in range(10):
+        _answer(client, worker, lease(client, worker, max_jobs=8), failed=True)
+    new = create_task(client, budget=512, strategy="random", batch_size=8, seed=13)["id"]
+    taken: Counter = Counter()
+    for _ in range(4):
+        jobs = lease(client, worker, max_jobs=8)
+        taken.update(job["task_id"] for job in jobs)
+        for task, failed in ((new, False), (old["id"], True)):
+            _answer(client, worker, [job for job in jobs if job["task_id"] == task], failed)
+    assert abs(taken[old["id"]] - taken[new]) <= 8, taken
+
+
 def test_a_task_of_priority_p_takes_p_trials_to_a_priority_1_tasks_one(client):
     worker = register(client)
     low = create_task(client, budget=512, strategy="random", batch_size=16, seed=8)["id"]
@@ -159,10 +181,10 @@ def test_the_virtual_time_is_each_gpus_own(client):
 def _history(url: str, strategy: str, propose_early: float) -> list[tuple]:
     """One scripted history, the same on any database: tasks on three GPUs (h100 and h200
     share sm_90), one for cupy workers only, a worker of each of two GPUs leasing and
-    answering in turn, part of each lease answered after the next. Every h200 trial fails,
-    so its task's next batch finds nothing queued, leased or done on its GPU (the virtual
-    time is its active tasks' furthest key then). Returns every job's
-    (task, trial, fair_key, seen_at)."""
+    answering in turn, part of each lease answered after the next. The h200 task's first
+    batch finds nothing on its GPU (the virtual time is its active tasks' furthest key
+    then), and every h200 trial fails (the furthest failed key is the time after). Returns
+    every job's (task, trial, fair_key, seen_at)."""
     with client_for(url, propose_early=propose_early) as c:
         create_task(c, budget=256, strategy="random", batch_size=64, seed=1, gpu="a100")
         create_task(c, budget=64, strategy=strategy, batch_size=8, seed=2)
