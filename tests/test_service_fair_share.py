@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import shutil
 from collections import Counter
+from datetime import datetime
 
 import pytest
 from service_support import (
@@ -25,9 +26,10 @@ from service_support import (
     register,
     service_of,
 )
-from sqlalchemy import create_engine, text
+from sqlalchemy import create_engine, text, update
 
 from pipetune.service.fair_share import KEY_UNIT
+from pipetune.service.orm import JobRow
 
 pytest_plugins = ["service_fixtures"]
 
@@ -183,11 +185,13 @@ def _history(url: str, strategy: str, propose_early: float) -> list[tuple]:
     share sm_90), one for cupy workers only, a worker of each of two GPUs leasing and
     answering in turn, part of each lease answered after the next. The h200 task's first
     batch finds nothing on its GPU (the virtual time is its active tasks' furthest key
-    then), and every h200 trial fails (the furthest failed key is the time after). Returns
-    every job's (task, trial, fair_key, seen_at)."""
+    then), and every h200 trial fails (the furthest failed key is the time after). Tasks of
+    priorities 2 and 3; one h100 lease expires (its jobs queued again with their keys),
+    and an h100 task is cancelled with jobs queued and leased. Returns every job's
+    (task, trial, fair_key, seen_at)."""
     with client_for(url, propose_early=propose_early) as c:
         create_task(c, budget=256, strategy="random", batch_size=64, seed=1, gpu="a100")
-        create_task(c, budget=64, strategy=strategy, batch_size=8, seed=2)
+        create_task(c, budget=64, strategy=strategy, batch_size=8, seed=2, priority=2)
         create_task(c, budget=32, strategy="analytical+xgb", batch_size=8, seed=3, gpu="h200")
         create_task(c, budget=32, strategy="random", batch_size=8, seed=4, runner="cupy")
         h100, h200 = register(c, "h100"), register(c, "h200", gpu="h200")
@@ -196,9 +200,15 @@ def _history(url: str, strategy: str, propose_early: float) -> list[tuple]:
                 jobs = lease(c, worker, max_jobs=16)
                 failed = worker == h200
                 _answer(c, worker, jobs[:6], failed)  # the rest after the next lease
+                if round_ == 1 and worker == h100:  # the rest's lease expires instead
+                    _expire(c, jobs[6:])
+                    jobs = jobs[:6]
                 _answer(c, worker, lease(c, worker, max_jobs=4) + jobs[6:], failed)
             if round_ == 2:  # a task created with the h100 queue served up to date
-                create_task(c, budget=64, strategy=strategy, batch_size=4, seed=5)
+                create_task(c, budget=64, strategy=strategy, batch_size=4, seed=5, priority=3)
+            if round_ == 3:
+                held = lease(c, h100, max_jobs=2)
+                assert c.delete(f"/v1/tasks/{held[0]['task_id']}").status_code == 200
     engine = create_engine(url)
     try:
         with engine.connect() as conn:
@@ -206,6 +216,18 @@ def _history(url: str, strategy: str, propose_early: float) -> list[tuple]:
             return [tuple(r) for r in conn.execute(text(sql))]
     finally:
         engine.dispose()
+
+
+def _expire(client, jobs: list[dict]) -> None:
+    """The jobs' leases expired (by the database clock): queued again by the reclaim."""
+    service = service_of(client)
+    with service.db.write_conn() as conn:
+        conn.execute(
+            update(JobRow)
+            .where(JobRow.id.in_([job["job_id"] for job in jobs]))
+            .values(lease_expires_at=datetime(2000, 1, 1))
+        )
+    assert service.queue.reclaim() == set()  # queued again, none lost
 
 
 @pytest.mark.parametrize(("strategy", "propose_early"), [("random", 0.0), ("analytical+xgb", 0.5)])
