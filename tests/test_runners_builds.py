@@ -63,3 +63,22 @@ def test_the_calibration_kernels_compile(arch, tmp_path, monkeypatch):
     assert result.cubin[:4] == b"\x7fELF"
     # The worst kernel is mma_kernel: its 8 chains x 4 fp32 accumulators stay in registers.
     assert result.spill_bytes == 0 and 32 < result.registers <= 64
+
+
+def test_a_cubin_that_cannot_be_written_stops_the_runner_not_the_schedule(builds, monkeypatch):
+    """A full disk: writing the compiled kernel failed with an OSError, which the worker took
+    for the trial's own failure (`runtime_error`), every schedule it measured recorded as
+    failing until the disk had room. It is the runner's failure now, naming the folder."""
+    import errno
+    from pathlib import Path
+
+    def full(self, data):  # type: ignore[no-untyped-def]
+        raise OSError(errno.ENOSPC, "No space left on device", str(self))
+
+    monkeypatch.setattr(Path, "write_bytes", full)
+    builds.submit("gemm_kn", SCHEDULES[:1])
+    with pytest.raises(RunnerUnavailableError, match="No space left on device") as raised:
+        builds.get("gemm_kn", SCHEDULES[0])
+    assert "pipetune-cubins-" in str(raised.value)
+    with pytest.raises(RunnerUnavailableError, match="cannot write compiled kernels"):
+        builds.write_cubin("floor", b"\x7fELF")

@@ -795,3 +795,25 @@ def test_a_gone_lease_does_not_drop_the_job_leased_again_meanwhile():
         worker._hold([_job(4), _job(5)])
     _beat(worker, 1, api)
     assert worker._gone == {4}  # 4's lease is gone; 5 is held under a lease that is not
+
+
+def test_a_runner_that_cannot_build_here_reports_nothing_and_stops_the_worker():
+    """The runner's own failure (here: its compiled kernels cannot be written, a full disk)
+    is not a trial's: nothing is reported for the job it was measuring or for those after
+    it (their leases expire and the jobs go back to the queue), and the worker stops,
+    saying why."""
+    from pipetune.workers.runners.base import RunnerUnavailableError
+
+    worker, log = _worker(FakeApi())
+
+    def measure(workload, schedules):  # type: ignore[no-untyped-def]
+        raise RunnerUnavailableError("cannot write compiled kernels to /tmp/x: No space left")
+
+    worker.runner.measure = measure  # type: ignore[attr-defined]
+    with worker._slots:
+        worker._hold([_job(1), _job(2)])
+    worker._measure_unit([_job(1), _job(2)])
+    assert worker._reports.empty()
+    assert worker.counts["abandoned"] == 2 and worker._busy == 0
+    assert worker._stop.is_set() and "No space left" in str(worker._fatal)
+    assert "abandoned" in log.getvalue()

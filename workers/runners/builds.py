@@ -168,8 +168,7 @@ class KernelBuilds:
             result = self.compiler.compile_kernel(kernel, self.arch)
         except Exception as exc:  # CompileError: the log; anything else: what NVRTC said
             return self._failed(kernel, exc)
-        path = Path(self._folder.name) / f"{key[0]}-{key[1]}.cubin"
-        path.write_bytes(result.cubin)
+        path = self._keep(f"{key[0]}-{key[1]}.cubin", result.cubin)
         return Compiled(
             # The source is no longer needed (the cubin is on disk): thousands of queued
             # builds would otherwise hold hundreds of megabytes of CUDA text.
@@ -189,9 +188,24 @@ class KernelBuilds:
 
     def write_cubin(self, name: str, cubin: bytes) -> str:
         """Keep another cubin (the timing-floor kernel) in the builds' folder."""
-        path = Path(self._folder.name) / f"{name}.cubin"
-        path.write_bytes(cubin)
-        return str(path)
+        return str(self._keep(f"{name}.cubin", cubin))
+
+    def _keep(self, name: str, cubin: bytes) -> Path:
+        """Write a cubin into the builds' folder. A write that fails (a full disk, the folder
+        removed by a cleaner of /tmp) is this machine's fault, not the schedule's: raised as
+        the runner's, it stops the worker saying why, and the job returns to the queue for
+        another worker. Taken for the trial's own failure, it was a `runtime_error` of every
+        schedule the worker measured until its disk had room again, each recorded against the
+        task (and teaching the tuner that the space fails)."""
+        path = Path(self._folder.name) / name
+        try:
+            path.write_bytes(cubin)
+        except OSError as exc:
+            raise RunnerUnavailableError(
+                f"cannot write compiled kernels to {self._folder.name}: "
+                f"{exc.strerror or exc} (free space there, or point TMPDIR elsewhere)"
+            ) from exc
+        return path
 
     def close(self) -> None:
         # Queued builds are dropped; those compiling finish (NVRTC cannot be interrupted).
