@@ -540,6 +540,21 @@ class Database:
             if probing:
                 self._probe.release()
 
+    @contextmanager
+    def session_cursor(self, session: Session) -> Iterator[psycopg.Cursor]:
+        """A cursor of the driver (rows as named tuples) on an ORM session's own connection,
+        in its transaction (PostgreSQL only): for a statement of the driver's (a data-
+        modifying CTE) that must commit or roll back with the session's ORM work. Its errors
+        come out as driver_statement's do: as SQLAlchemy's (a 503 for an outage, a full
+        disk noted for /healthz), not as the driver's, which the service answered 500."""
+        conn = session.connection().connection.driver_connection
+        try:
+            with conn.cursor(row_factory=namedtuple_row) as cursor:
+                yield cursor
+        except psycopg.Error as exc:
+            self.note_error(exc)
+            raise _wrapped(exc, broken=conn.broken or conn.closed) from exc
+
     def _driver_connections(self) -> DriverConnections:
         pool = self._driver_pool
         if pool is None:

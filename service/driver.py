@@ -50,7 +50,6 @@ from typing import Any
 
 import numpy as np
 import psycopg
-from psycopg.rows import namedtuple_row
 from sqlalchemy import Connection, case, func, insert, literal, select, update
 from sqlalchemy import exc as sa_exc
 
@@ -624,8 +623,7 @@ class Driver:
                     # times as much (benchmarks/RESULTS.md, "a task's creation in one
                     # statement per batch").
                     plan = _Plan(task.id, number, first, batch, predicted, task.curve)
-                    raw = s.connection().connection.driver_connection
-                    with raw.cursor(row_factory=namedtuple_row) as cur:
+                    with self.db.session_cursor(s) as cur:
                         written = self._batch_statement(cur, plan)
                     if written is None:  # never: the task is new, its state queued
                         raise RuntimeError(f"task {task.id}: batch {number} not written")

@@ -171,6 +171,34 @@ def test_task_creation_is_all_or_nothing(db_url, monkeypatch):
         assert counts["tasks"] == 1 and counts["workloads"] == 1 and counts["jobs"] == 8
 
 
+def test_a_full_disk_while_a_task_is_created_on_postgresql_is_a_503_and_healthz_says_so(pg):
+    """A task's first batch is written by the driver's statement in the creation's ORM
+    transaction: its error came out as the driver's (psycopg's), which the service answered
+    500 with a traceback, and /healthz went on answering healthy. PostgreSQL's disk_full is
+    raised here by a trigger on the jobs table."""
+    from sqlalchemy import create_engine
+
+    engine = create_engine(pg)
+    with engine.begin() as conn:
+        conn.exec_driver_sql(
+            "CREATE FUNCTION full_disk() RETURNS trigger AS $$ BEGIN RAISE EXCEPTION "
+            "'could not extend file' USING ERRCODE = 'disk_full'; END $$ LANGUAGE plpgsql;"
+            "CREATE TRIGGER full_disk BEFORE INSERT ON jobs FOR EACH ROW "
+            "EXECUTE FUNCTION full_disk();"
+        )
+    try:
+        with client_for(pg) as c:
+            response = c.post("/v1/tasks", json={"workload": GEMM, "gpu": "h100", "budget": 10})
+            assert response.status_code == 503, response.text
+            assert "disk" in response.json()["detail"], response.text
+            assert c.get("/healthz").status_code == 503
+            assert set(_row_counts(c).values()) == {0}  # nothing half-written
+    finally:
+        with engine.begin() as conn:
+            conn.exec_driver_sql("DROP TRIGGER full_disk ON jobs; DROP FUNCTION full_disk();")
+        engine.dispose()
+
+
 def test_results_a_trial_row_cannot_hold_are_refused(client):
     client.post("/v1/tasks", json={"workload": GEMM, "gpu": "h100", "budget": 1})
     worker = register(client)
