@@ -83,6 +83,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import dataclasses
+import datetime as dt
 import json
 import math
 import os
@@ -164,7 +165,7 @@ def run_load(admin_url: str, config: LoadConfig) -> dict[str, Any]:
             for log in logs:
                 (kept / log.name).write_bytes(log.read_bytes())
             print(f"service logs with errors kept in {kept}", flush=True)
-        report = audit(url, tally)
+        report = audit(url, tally, dt.timedelta(seconds=config.lease_ttl_s))
     leases = len(tally.held)
     results = report["results_accepted"]
     all_lease = tally.lease_granted_s + tally.lease_empty_s

@@ -134,6 +134,7 @@ def read_tables(url: str) -> tuple[list, list, list]:
                     JobRow.trial,
                     JobRow.state,
                     JobRow.lease_token,
+                    JobRow.lease_expires_at,
                     JobRow.result_token,
                 )
             ).all()
@@ -205,7 +206,13 @@ def find_duplicates(leases: Sequence, held: Sequence[Held]) -> Duplicates:
     return Duplicates(frozenset(overlapping), frozenset(two_results), frozenset(held_twice))
 
 
-def find_lost(jobs: Sequence, leases: Sequence, tasks: Sequence, held: Sequence[Held]) -> Lost:
+def find_lost(
+    jobs: Sequence,
+    leases: Sequence,
+    tasks: Sequence,
+    held: Sequence[Held],
+    grace: dt.timedelta = dt.timedelta(0),
+) -> Lost:
     # Given up, stranded, or answered without the result being recorded (unless a later
     # lease of the job recorded one: then the job is not lost, the lease expired). An
     # abandoned lease is no loss if a later lease (another token) recorded the job's result;
@@ -218,19 +225,31 @@ def find_lost(jobs: Sequence, leases: Sequence, tasks: Sequence, held: Sequence[
     # worker abandoned waited for that lease to expire, or, expired and queued again, for a
     # worker; the service would have given it out again had the run gone on (with churn, a
     # third of the batched leases are abandoned, and a model-guided task waits out each
-    # one's TTL before its next batch). A job a live worker held at the end is still lost.
+    # one's TTL before its next batch). Only near the run's end (its last lease granted or
+    # ended), within `grace` (the lease TTL): a dead worker's lease expired long before and
+    # still held, or a job queued long before and never leased again, is a service that
+    # does not reclaim or hand out jobs, and lost. A job a live worker held is still lost.
     running = {t.id for t in tasks if not TaskState(t.state).is_final()}
     dead = {(h.job_id, h.token) for h in abandoned}
-    dead_jobs = {h.job_id for h in abandoned}
-    unfinished = frozenset(
-        j.id
-        for j in jobs
-        if j.task_id in running
-        and (
-            (j.state == JobState.LEASED and (j.id, j.lease_token) in dead)
-            or (j.state == JobState.QUEUED and j.id in dead_jobs)
-        )
-    )
+    stamps = [r.leased_at for r in leases] + [r.ended_at for r in leases if r.ended_at]
+    recent = max(stamps) - grace if stamps else None
+    requeued = {  # jobs whose last lease was a dead worker's and expired: when it did
+        r.job_id: r.ended_at
+        for r in sorted(leases, key=lambda r: r.leased_at)
+        if r.outcome == "expired" and (r.job_id, r.token) in dead and r.ended_at is not None
+    }
+
+    def cut_off(j: Any) -> bool:
+        if j.task_id not in running or recent is None:
+            return False
+        if j.state == JobState.LEASED and (j.id, j.lease_token) in dead:
+            expires = getattr(j, "lease_expires_at", None)
+            return expires is not None and expires >= recent
+        if j.state == JobState.QUEUED and j.id in requeued:
+            return requeued[j.id] >= recent
+        return False
+
+    unfinished = frozenset(j.id for j in jobs if cut_off(j))
     accepted = [h for h in held if h.accepted]
     result_leases = {(r.job_id, r.token) for r in leases if r.outcome == "result"}
     by_task: dict[int, list] = collections.defaultdict(list)
@@ -301,16 +320,23 @@ def find_churn(jobs: Sequence, leases: Sequence, held: Sequence[Held]) -> Churn:
     )
 
 
-def audit(url: str, tally: Tally) -> dict[str, Any]:
-    """Read-only checks of the database after the run (the services are stopped)."""
+def audit(url: str, tally: Tally, grace: dt.timedelta = dt.timedelta(0)) -> dict[str, Any]:
+    """Read-only checks of the database after the run (the services are stopped); `grace`:
+    see find_lost (the lease TTL)."""
     jobs, leases, tasks = read_tables(url)
-    return audit_rows(jobs, leases, tasks, tally)
+    return audit_rows(jobs, leases, tasks, tally, grace)
 
 
-def audit_rows(jobs: Sequence, leases: Sequence, tasks: Sequence, tally: Tally) -> dict[str, Any]:
+def audit_rows(
+    jobs: Sequence,
+    leases: Sequence,
+    tasks: Sequence,
+    tally: Tally,
+    grace: dt.timedelta = dt.timedelta(0),
+) -> dict[str, Any]:
     """The audit as the report's figures (flat, JSON-ready)."""
     duplicates = find_duplicates(leases, tally.held)
-    lost = find_lost(jobs, leases, tasks, tally.held)
+    lost = find_lost(jobs, leases, tasks, tally.held, grace)
     churn = find_churn(jobs, leases, tally.held)
     recorded = _recorded(jobs)
     live = [h for h in tally.held if not h.abandoned]

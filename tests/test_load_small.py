@@ -136,6 +136,7 @@ def _job(
     result_token: str | None = None,
     task_id: int = 1,
     lease_token: str | None = None,
+    lease_expires_at: float | None = None,
 ):
     return SimpleNamespace(
         id=id,
@@ -143,6 +144,7 @@ def _job(
         trial=trial,
         state=state,
         lease_token=lease_token,
+        lease_expires_at=None if lease_expires_at is None else _at(lease_expires_at),
         result_token=result_token,
     )
 
@@ -256,21 +258,33 @@ def test_a_dead_workers_job_of_a_task_the_run_ended_before_is_unfinished_not_los
     waiting for its lease to expire, or, expired and queued again, for a worker. The service
     would have leased it again; the run did not wait. A model-guided task with churn waits
     out a TTL for each abandoned lease of each batch, so the default run of
-    `--strategy analytical+xgb --churn 0.05 --batched` ended with 8 such jobs counted lost."""
+    `--strategy analytical+xgb --churn 0.05 --batched` ended with 8 such jobs counted lost.
+    Only near the run's end, within `grace` (the TTL): a dead worker's lease long expired
+    and still held, or a job queued long before and never leased again, is lost."""
+    ttl = dt.timedelta(seconds=5)
     held = [Held(1, "a", 7, 0.0, abandoned=True), Held(2, "c", 9, 1.0, 2.0, True)]
     running = [_task(1, 2, "running", 2)]
-    for state, token in (("leased", "a"), ("queued", None)):
-        jobs = [_job(1, 0, state, lease_token=token), _job(2, 1, "done", "c")]
-        lease_a = _lease(1, 1, "a", 0, None if state == "leased" else "expired", 5)
-        leases = [lease_a, _lease(3, 2, "c", 1, "result", 2)]
-        lost = find_lost(jobs, leases, running, held)
-        assert lost.count == 0, (state, lost)
-        assert lost.unfinished == {1}
+    for state, token, expires, outcome in (
+        ("leased", "a", 5.0, None),  # still held by the dead worker's lease at the end
+        ("queued", None, None, "expired"),  # expired at 5 s and queued again
+    ):
+        jobs = [
+            _job(1, 0, state, lease_token=token, lease_expires_at=expires),
+            _job(2, 1, "done", "c"),
+        ]
+        for last, unfinished in ((2, True), (100, False)):  # the run's last lease activity
+            leases = [
+                _lease(1, 1, "a", 0, outcome, 5 if outcome else None),
+                _lease(3, 2, "c", 1, "result", last),
+            ]
+            lost = find_lost(jobs, leases, running, held, grace=ttl)
+            assert lost.unfinished == ({1} if unfinished else set()), (state, last, lost)
+            assert lost.count == (0 if unfinished else 1), (state, last, lost)
     # Leased at the end under a live worker's lease: that worker's answer is missing, lost.
     held = [Held(1, "a", 7, 0.0, abandoned=True), Held(1, "b", 8, 6.0)]
-    jobs = [_job(1, 0, "leased", lease_token="b")]
+    jobs = [_job(1, 0, "leased", lease_token="b", lease_expires_at=11)]
     leases = [_lease(1, 1, "a", 0, "expired", 5), _lease(2, 1, "b", 6, None)]
-    lost = find_lost(jobs, leases, [_task(0, 1, "running", 1)], held)
+    lost = find_lost(jobs, leases, [_task(0, 1, "running", 1)], held, grace=ttl)
     assert lost.still_leased == {1} and lost.unanswered == {1}
     assert lost.unfinished == set() and lost.count == 1
 
