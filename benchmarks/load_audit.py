@@ -243,8 +243,7 @@ def find_lost(
         if j.task_id not in running or recent is None:
             return False
         if j.state == JobState.LEASED and (j.id, j.lease_token) in dead:
-            expires = getattr(j, "lease_expires_at", None)
-            return expires is not None and expires >= recent
+            return j.lease_expires_at is not None and j.lease_expires_at >= recent
         if j.state == JobState.QUEUED and j.id in requeued:
             return requeued[j.id] >= recent
         return False

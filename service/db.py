@@ -526,14 +526,10 @@ class Database:
             except psycopg.Error as exc:  # it could not connect
                 raise _wrapped(exc, broken=True) from exc
             try:
-                with conn.cursor(row_factory=namedtuple_row) as cursor:
+                with self._cursor(conn) as cursor:
                     yield cursor
                 if probing:
                     self._stalled_since = None  # it answered in time
-            except psycopg.Error as exc:
-                self.note_error(exc)  # (they bypass the engine's handle_error)
-                # (A connection closed at its deadline is broken too.)
-                raise _wrapped(exc, broken=conn.broken or conn.closed) from exc
             finally:
                 pool.give_back(conn, opened)
         finally:
@@ -547,12 +543,19 @@ class Database:
         modifying CTE) that must commit or roll back with the session's ORM work. Its errors
         come out as driver_statement's do: as SQLAlchemy's (a 503 for an outage, a full
         disk noted for /healthz), not as the driver's, which the service answered 500."""
-        conn = session.connection().connection.driver_connection
+        with self._cursor(session.connection().connection.driver_connection) as cursor:
+            yield cursor
+
+    @contextmanager
+    def _cursor(self, conn: psycopg.Connection) -> Iterator[psycopg.Cursor]:
+        """A cursor (rows as named tuples) of a driver connection, its errors raised as
+        SQLAlchemy's: what the service's handlers answer (a 503 for an outage)."""
         try:
             with conn.cursor(row_factory=namedtuple_row) as cursor:
                 yield cursor
         except psycopg.Error as exc:
-            self.note_error(exc)
+            self.note_error(exc)  # (they bypass the engine's handle_error)
+            # (A connection closed at its deadline is broken too.)
             raise _wrapped(exc, broken=conn.broken or conn.closed) from exc
 
     def _driver_connections(self) -> DriverConnections:

@@ -92,7 +92,7 @@ from pipetune.service.priors import (
 )
 from pipetune.service.records import workload_id
 from pipetune.service.settings import Settings
-from pipetune.service.wakeup import CHANNEL, NOTIFY_SQL, Wakeup, notify_statement
+from pipetune.service.wakeup import CHANNEL, NOTIFY_SQL, Wakeup
 from pipetune.tuner.bo import PriorMean
 from pipetune.tuner.learned_prior import LearnedModel
 from pipetune.tuner.offline import late_trials
@@ -716,6 +716,8 @@ class Driver:
         batch: list[Any],
         predicted: list[float],
     ) -> None:
+        """A batch's jobs through the ORM's connection: SQLite's path (PostgreSQL's is one
+        statement, COMMIT_BATCH_SQL, which sends the NOTIFY too)."""
         # The task's fair-queue key moved on by the batch; its jobs take the keys it passed.
         step = fair_share.step(task.priority)
         after = conn.execute(
@@ -750,10 +752,6 @@ class Driver:
                 for i, (schedule, p) in enumerate(zip(batch, predicted, strict=True))
             ],
         )
-        if self.wakeup is not None and not self.db.is_sqlite:
-            # Delivered to the other replicas when this transaction commits.
-            payload = self.wakeup.payload(task.arch, task.gpu, len(batch), task.only_runner)
-            conn.execute(notify_statement(payload))
 
     def _announce(self, arch: str, gpu: str, count: int, runner: str | None) -> None:
         """Wake this replica's lease requests waiting for such jobs (committed by now): for
