@@ -34,7 +34,7 @@ from typing import Any
 from sqlalchemy import create_engine, select
 
 from benchmarks.load_driver import Held, Tally
-from pipetune.model.states import JobState, TaskState
+from pipetune.model.states import JobState, LeaseOutcome, TaskState
 from pipetune.service.orm import JobRow, LeaseRow, TaskRow
 
 FOREVER = dt.datetime.max.replace(tzinfo=dt.UTC)  # the end of a live lease
@@ -188,7 +188,7 @@ def find_duplicates(leases: Sequence, held: Sequence[Held]) -> Duplicates:
             for b in rows[i + 1 :]:
                 if b.leased_at < (a.ended_at or FOREVER) and a.leased_at < (b.ended_at or FOREVER):
                     overlapping.add(job_id)
-        if sum(r.outcome == "result" for r in rows) > 1:
+        if sum(r.outcome == LeaseOutcome.RESULT for r in rows) > 1:
             two_results.add(job_id)
     # By the workers' clocks: one job held by two live workers at once. A worker that died
     # holding a job (churn) holds nothing: its lease must expire before the job goes to
@@ -236,7 +236,9 @@ def find_lost(
     requeued = {  # jobs whose last lease was a dead worker's and expired: when it did
         r.job_id: r.ended_at
         for r in sorted(leases, key=lambda r: r.leased_at)
-        if r.outcome == "expired" and (r.job_id, r.token) in dead and r.ended_at is not None
+        if r.outcome == LeaseOutcome.EXPIRED
+        and (r.job_id, r.token) in dead
+        and r.ended_at is not None
     }
 
     def cut_off(j: Any) -> bool:
@@ -250,7 +252,7 @@ def find_lost(
 
     unfinished = frozenset(j.id for j in jobs if cut_off(j))
     accepted = [h for h in held if h.accepted]
-    result_leases = {(r.job_id, r.token) for r in leases if r.outcome == "result"}
+    result_leases = {(r.job_id, r.token) for r in leases if r.outcome == LeaseOutcome.RESULT}
     by_task: dict[int, list] = collections.defaultdict(list)
     for j in jobs:
         by_task[j.task_id].append(j)
@@ -295,23 +297,26 @@ def find_churn(jobs: Sequence, leases: Sequence, held: Sequence[Held]) -> Churn:
     recorded = _recorded(jobs)
     lease_by_key = {(r.job_id, r.token): r for r in leases}
     abandoned_keys = {(h.job_id, h.token) for h in held if h.abandoned}
-    expired = [r for r in leases if r.outcome == "expired"]
+    expired = [r for r in leases if r.outcome == LeaseOutcome.EXPIRED]
     re_leased = [rows for rows in _leases_by_job(leases).values() if len(rows) > 1]
     return Churn(
         abandoned=len(abandoned_keys),
         abandoned_expired=sum(
-            (r := lease_by_key.get(k)) is not None and r.outcome == "expired"
+            (r := lease_by_key.get(k)) is not None and r.outcome == LeaseOutcome.EXPIRED
             for k in abandoned_keys
         ),
         leases_expired=len(expired),
         live_leases_expired=sum((r.job_id, r.token) not in abandoned_keys for r in expired),
-        re_leases=sum(sum(a.outcome == "expired" for a in rows[:-1]) for rows in re_leased),
+        re_leases=sum(
+            sum(a.outcome == LeaseOutcome.EXPIRED for a in rows[:-1]) for rows in re_leased
+        ),
         re_leased_jobs=len(re_leased),
         re_leased_one_result=sum(
             rows[0].job_id in recorded
-            and sum(r.outcome == "result" for r in rows) == 1
+            and sum(r.outcome == LeaseOutcome.RESULT for r in rows) == 1
             and any(
-                r.outcome == "result" and r.token == job_by_id[r.job_id].result_token for r in rows
+                r.outcome == LeaseOutcome.RESULT and r.token == job_by_id[r.job_id].result_token
+                for r in rows
             )
             for rows in re_leased
             if rows[0].job_id in job_by_id

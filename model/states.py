@@ -4,7 +4,8 @@ schema and the benchmarks derive from.
 On the wire the states are lower-case strings. A task is "queued", then "running", and ends
 "done", "failed" or "cancelled". A job (a trial, as users see it) is "queued", then
 "leased" to a worker, and ends with a result, given up as "lost" after too many expired
-leases, or cancelled with its task.
+leases, or cancelled with its task. Each lease of a job (the audit trail) ends one way: with
+the job's result, expired, cancelled with its task, or released before its worker got it.
 
 `is_final()` follows Optuna's `TrialState.is_finished()`: a final state never changes
 again. The members are `StrEnum`s, so they compare equal to their strings and land in
@@ -49,6 +50,15 @@ class JobState(StrEnum):
     def has_result(self) -> bool:
         """A worker's result is recorded (ok or a failure status)."""
         return self in (JobState.DONE, JobState.FAILED)
+
+
+class LeaseOutcome(StrEnum):
+    """How a lease ended (the `leases` table's `outcome`; NULL while the lease is live)."""
+
+    RESULT = "result"  # its worker's result was recorded
+    EXPIRED = "expired"  # its TTL ran out: the job was queued again (or given up as lost)
+    CANCELLED = "cancelled"  # its task ended (cancelled or failed)
+    RELEASED = "released"  # the service could not hand the jobs over: queued again at once
 
 
 # Module constants, not members: an Enum would turn a class attribute into a member.

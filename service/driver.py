@@ -66,6 +66,7 @@ from pipetune.model.states import (
     ACTIVE_TASK_STATES,
     OUTSTANDING_JOB_STATES,
     JobState,
+    LeaseOutcome,
     TaskState,
 )
 from pipetune.model.trials import MeasureResult, RunnerKind, is_simulated
@@ -1308,7 +1309,7 @@ class Driver:
                     LeaseRow.__table__.c.job_id.in_(jobs),
                     LeaseRow.__table__.c.outcome.is_(None),
                 )
-                .values(outcome="cancelled", ended_at=now)
+                .values(outcome=LeaseOutcome.CANCELLED, ended_at=now)
             )
 
     def cancel(self, task_id: int) -> None:

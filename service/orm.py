@@ -204,7 +204,7 @@ class LeaseRow(Base):
     worker_id: Mapped[int] = mapped_column(ForeignKey("workers.id"))
     token: Mapped[str] = mapped_column(String(64))
     leased_at: Mapped[dt.datetime]
-    # result | expired | cancelled; None while the lease is live.
+    # model.states.LeaseOutcome; None while the lease is live.
     outcome: Mapped[str | None] = mapped_column(String(16))
     ended_at: Mapped[dt.datetime | None]
 

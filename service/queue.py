@@ -27,7 +27,7 @@ from sqlalchemy import case, select, update
 from sqlalchemy import exc as sa_exc
 
 from pipetune.model.hardware import get_gpu
-from pipetune.model.states import JobState, TaskState
+from pipetune.model.states import JobState, LeaseOutcome, TaskState
 from pipetune.model.trials import MeasureResult, RunnerKind, is_simulated
 from pipetune.model.wire import (
     ID_MAX,
@@ -505,7 +505,7 @@ class Queue:
             s.execute(
                 update(LeaseRow)
                 .where(LeaseRow.job_id.in_([r.id for r in rows]), LeaseRow.outcome.is_(None))
-                .values(outcome="expired", ended_at=now)
+                .values(outcome=LeaseOutcome.EXPIRED, ended_at=now)
                 .execution_options(synchronize_session=False)
             )
             lost = collections.Counter(r.task_id for r in rows if r.state == JobState.LOST)

@@ -23,7 +23,7 @@ from __future__ import annotations
 import datetime as dt
 from typing import Any
 
-from pipetune.model.states import JobState, TaskState
+from pipetune.model.states import JobState, LeaseOutcome, TaskState
 from pipetune.service.db import Database, json_param
 from pipetune.service.queue_types import (
     Claimed,
@@ -120,7 +120,7 @@ WITH report AS (
     WHERE jobs.id = seen.job_id AND jobs.state = %(leased)s AND jobs.lease_token = seen.token
     RETURNING jobs.id, jobs.task_id, jobs.trial, seen.i, seen.ok, seen.token, seen.latency_us
 ), ended AS (
-    UPDATE leases SET outcome = 'result', ended_at = statement_timestamp()
+    UPDATE leases SET outcome = %(result_outcome)s, ended_at = statement_timestamp()
     FROM applied WHERE leases.job_id = applied.id AND leases.token = applied.token
 ), per_task AS (
     SELECT task_id, count(*) AS n, count(*) FILTER (WHERE NOT ok) AS failed,
@@ -186,6 +186,7 @@ _STATES = {
     "leased": _LEASED,
     "running": _RUNNING,
     "task_queued": _TASK_QUEUED,
+    "result_outcome": LeaseOutcome.RESULT.value,
 }
 
 

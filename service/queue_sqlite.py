@@ -15,7 +15,7 @@ from dataclasses import replace
 
 from sqlalchemy import bindparam, case, insert, literal, or_, select, tuple_, update
 
-from pipetune.model.states import JobState, TaskState
+from pipetune.model.states import JobState, LeaseOutcome, TaskState
 from pipetune.service.db import Database
 from pipetune.service.orm import JobRow, LeaseRow, TaskRow, WorkerRow, WorkloadRow
 from pipetune.service.queue_types import (
@@ -66,7 +66,7 @@ _APPLY = (
 _END_LEASE = (
     update(LEASES)
     .where(LEASES.c.job_id == bindparam("b_id"), LEASES.c.token == bindparam("b_token"))
-    .values(outcome="result", ended_at=bindparam("b_now"))
+    .values(outcome=LeaseOutcome.RESULT, ended_at=bindparam("b_now"))
 )
 
 

@@ -13,7 +13,7 @@ import json
 from service_support import client_for, create_task, lease, register
 from sqlalchemy import create_engine, text
 
-from pipetune.model.states import JobState, TaskState
+from pipetune.model.states import JobState, LeaseOutcome, TaskState
 from pipetune.service.fair_share import key_after_sql
 from pipetune.service.queue_pg import CLAIM_SQL, RECORD_SQL
 
@@ -74,8 +74,8 @@ def _plan_of_results(url: str, worker_id: int, jobs: list[dict]) -> str:
     params = {
         "reports": json.dumps(reports),
         "worker": worker_id,
-        "worker_runner": "simulated",
         "leased": JobState.LEASED.value,
+        "result_outcome": LeaseOutcome.RESULT.value,
         "task_queued": TaskState.QUEUED.value,
         "running": TaskState.RUNNING.value,
     }
