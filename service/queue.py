@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import collections
 import hmac
+import logging
 import secrets
 import threading
 import time
@@ -62,6 +63,7 @@ from pipetune.service.views import worker_doc
 from pipetune.service.wakeup import Wakeup, Woken, notify_statement
 
 _T = TypeVar("_T")
+log = logging.getLogger(__name__)
 
 __all__ = ["Queue", "Report", "WorkerRef", "check_storable"]
 
@@ -328,7 +330,12 @@ class Queue:
         claimed = self.store.claim(worker, max_jobs, task_id, token, self.settings.lease_ttl_s)
         if not claimed:
             return []
-        canonical = self._canonical({c.workload_id for c in claimed})
+        try:
+            canonical = self._canonical({c.workload_id for c in claimed})
+        except BaseException:
+            # The claim committed, the answer cannot be made: the worker will not get these.
+            self._release([c.id for c in claimed], token)
+            raise
         for c in claimed:
             self.metrics.leases.labels(c.gpu).inc()
         return [
@@ -520,14 +527,8 @@ class Queue:
                     )
                     .execution_options(synchronize_session=False)
                 )
-            requeued = collections.Counter(
-                (r.arch, r.gpu, r.only_runner) for r in rows if r.state == JobState.QUEUED
-            )
-            if not self.db.is_sqlite:
-                for (arch, gpu, runner), n in requeued.items():
-                    s.execute(notify_statement(self.wakeup.payload(arch, gpu, n, runner)))
-        for (arch, gpu, runner), n in requeued.items():
-            self.wakeup.signal(arch, gpu, n, runner)
+            requeued = self._notify_requeued(s, [r for r in rows if r.state == JobState.QUEUED])
+        self._signal_requeued(requeued)
         for r in rows:
             self.metrics.lease_expiries.labels(r.state).inc()
         # A lost job may have been the last its batch waited for: advanced now, not at the
@@ -536,6 +537,68 @@ class Queue:
             for task_id in sorted(lost):
                 self.on_lost(task_id)
         return set(lost)
+
+    def _notify_requeued(self, s: Any, rows: list[Any]) -> collections.Counter:
+        """Jobs queued again (rows with arch, gpu, only_runner) per kind of worker; on
+        PostgreSQL announced to the other replicas by the transaction `s` that queued them."""
+        requeued = collections.Counter((r.arch, r.gpu, r.only_runner) for r in rows)
+        if not self.db.is_sqlite:
+            for (arch, gpu, runner), n in requeued.items():
+                s.execute(notify_statement(self.wakeup.payload(arch, gpu, n, runner)))
+        return requeued
+
+    def _signal_requeued(self, requeued: collections.Counter) -> None:
+        """Wake this replica's lease requests for jobs queued again (after the commit)."""
+        for (arch, gpu, runner), n in requeued.items():
+            self.wakeup.signal(arch, gpu, n, runner)
+
+    def _release(self, job_ids: list[int], token: str) -> None:
+        """Queue again, at once, jobs this replica claimed under `token` and then could not
+        hand over (the answer failed after the claim had committed): their worker never got
+        them, so they are not left leased to it until the TTL, no attempt is counted, and a
+        request waiting for them is woken. Best effort: should the database refuse this too,
+        the leases expire as before."""
+        locked = (
+            select(JobRow.id)
+            .where(
+                JobRow.id.in_(job_ids),
+                JobRow.state == JobState.LEASED,
+                JobRow.lease_token == token,
+            )
+            .order_by(JobRow.id)
+            .with_for_update()
+        )
+        try:
+            with self.db.write() as s:
+                rows = s.execute(
+                    update(JobRow)
+                    .where(JobRow.id.in_(locked.scalar_subquery()))
+                    .values(
+                        state=JobState.QUEUED,
+                        lease_owner=None,
+                        lease_token=None,
+                        lease_expires_at=None,
+                    )
+                    .returning(JobRow.arch, JobRow.gpu, JobRow.only_runner)
+                    .execution_options(synchronize_session=False)
+                ).all()
+                s.execute(
+                    update(LeaseRow)
+                    .where(
+                        LeaseRow.job_id.in_(job_ids),
+                        LeaseRow.token == token,
+                        LeaseRow.outcome.is_(None),
+                    )
+                    .values(outcome=LeaseOutcome.RELEASED, ended_at=self.db.now())
+                    .execution_options(synchronize_session=False)
+                )
+                requeued = self._notify_requeued(s, rows)
+        except sa_exc.SQLAlchemyError as exc:
+            log.warning(
+                "jobs %s stay leased until their TTL: releasing them failed: %s", job_ids, exc
+            )
+            return
+        self._signal_requeued(requeued)
 
     # ---- results -------------------------------------------------------------------
 
