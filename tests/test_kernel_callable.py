@@ -311,6 +311,20 @@ def test_an_answer_for_another_workload_or_gpu_is_refused_and_a_matching_one_kee
     assert "latency_label" in k.launch_document()
 
 
+def test_tuned_kernel_given_an_answer_labels_and_checks_it_as_pipetune_kernel_does(tmp_path):
+    """pipetune.TunedKernel(w, gpu, answer) labelled a measured answer "given" and ran an
+    answer for another workload, where pipetune.kernel keeps "measured" and refuses it."""
+    answer = pipetune.best_schedule(FC, "h100", db=f"sqlite:///{tmp_path / 'none.db'}")
+    measured = answer.model_copy(update={"source": "measured", "runner": "cupy", "latency_us": 9.5})
+    for make in (pipetune.TunedKernel, pipetune.kernel):
+        k = make(FC, "h100", measured)
+        assert (k.origin, k.runner, k.latency_us) == ("measured", "cupy", 9.5)
+        with pytest.raises(ValueError, match=r"^schedule: is the best schedule of gemm 1024x64"):
+            make({**FC, "m": 4096}, "h100", measured)
+    assert pipetune.TunedKernel(FC, "h100", answer).origin == answer.source == "model"
+    assert pipetune.TunedKernel(FC, "h100", answer.schedule).origin == "given"
+
+
 def test_a_schedule_outside_the_gpus_space_is_refused():
     big = Schedule(4, 4, 4, 4, 8, 6, 2)  # 6 stages of 256x256x128 tiles: far over smem
     with pytest.raises(ScheduleError, match="not valid for gemm 1024x64x2048 on h100"):

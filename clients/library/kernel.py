@@ -80,8 +80,14 @@ class TunedKernel:
         """The arguments as `pipetune.kernel` takes them (a dict or a workload object; a
         GPU by key or alias; a schedule dict, object or document). `validate`: refuse a
         schedule outside the GPU's valid space (the family's rules); off for a schedule
-        that was measured already (it ran, whatever the rules say now)."""
+        that was measured already (it ran, whatever the rules say now). A best-schedule
+        answer as `schedule` must be this workload's on this GPU, and the kernel is
+        labelled as the answer is (`origin`, `runner` and `latency_us` are its own)."""
         workload, gpu = as_workload(workload), as_gpu(gpu)
+        if isinstance(schedule, ScheduleResponse):  # pipetune.best_schedule's answer
+            _check_answer_is_for(workload, gpu, schedule)
+            origin, runner, latency_us = schedule.source, schedule.runner, schedule.latency_us
+            validate = validate and schedule.source != "measured"  # it ran (as `export`)
         family = family_of(workload)
         spec = get_gpu(gpu)
         # The family's own schedule type (ScheduleError names a knob of another family's).
@@ -440,29 +446,10 @@ def kernel(
         for name, value in (("server", server), ("db", db), ("api_key", api_key)):
             if value is not None:
                 raise InvalidArgumentError(name, f"give schedule or {name}, not both")
-        if isinstance(schedule, ScheduleResponse):  # pipetune.best_schedule's answer
-            _check_answer_is_for(w, key, schedule)
-            return _answered_kernel(w, key, schedule)
-        return TunedKernel(w, key, schedule)
+        return TunedKernel(w, key, schedule)  # an answer is checked and labelled there
     from pipetune.clients.library.lookup import best_schedule
 
-    return _answered_kernel(w, key, best_schedule(w, key, server, db=db, api_key=api_key))
-
-
-def _answered_kernel(
-    workload: AnyWorkload | MemWorkload, gpu: str, doc: ScheduleResponse
-) -> TunedKernel:
-    """The kernel at a best-schedule answer for `workload` on `gpu`, labelled as the answer
-    is (measured, and by which runner, or the model's pick)."""
-    return TunedKernel(
-        workload,
-        gpu,
-        doc.schedule.to_schedule(),
-        origin=doc.source,
-        runner=doc.runner,
-        latency_us=doc.latency_us,
-        validate=doc.source != "measured",  # it ran (as `pipetune export` takes it)
-    )
+    return TunedKernel(w, key, best_schedule(w, key, server, db=db, api_key=api_key))
 
 
 def _check_answer_is_for(
