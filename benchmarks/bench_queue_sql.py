@@ -74,8 +74,8 @@ class TextStore:
             return conn.execute(self.claim_sql, params).all()
 
     def record(self, worker: WorkerRef, reports: list[Report]) -> list:
-        params = {**_STATES, "worker": worker.id, "worker_runner": worker.runner}
-        params["reports"] = json.dumps([_report_row(i, r) for i, r in enumerate(reports)])
+        params = {**_STATES, "worker": worker.id}
+        params["reports"] = json.dumps([_report_row(i, r, worker) for i, r in enumerate(reports)])
         with self.db.engine.begin() as conn:
             return conn.execute(self.record_sql, params).all()
 

@@ -57,6 +57,7 @@ from pipetune.service.queue_types import (
     Seen,
     TaskProgress,
     WorkerRef,
+    recorded_runner,
 )
 from pipetune.service.settings import Settings
 from pipetune.service.views import worker_doc
@@ -679,9 +680,7 @@ class Queue:
         self, worker: WorkerRef | None, worker_id: int, report: Report, seen: Seen, settled: dict
     ) -> Judged:
         job_id, status = report.job_id, report.result.status
-        # A result without its runner is recorded as its worker's (queue_pg's coalesce).
-        runner = report.result.runner or (worker.runner if worker is not None else None)
-        simulated = is_simulated(runner)
+        simulated = is_simulated(recorded_runner(report.result, worker))
         if not seen.found:
             return self._refused(job_id, NotFoundError(f"job {job_id} does not exist"))
         if worker is None or seen.lease_worker != worker_id:

@@ -32,6 +32,7 @@ from pipetune.service.queue_types import (
     Seen,
     TaskProgress,
     WorkerRef,
+    recorded_runner,
     result_columns,
 )
 
@@ -113,7 +114,7 @@ WITH report AS (
         smem_bytes = seen.smem_bytes, compile_ms = seen.compile_ms,
         max_abs_error = seen.max_abs_error, error = seen.error,
         generator_revision = seen.generator_revision,
-        runner = coalesce(seen.runner, %(worker_runner)s), result_token = seen.token,
+        runner = seen.runner, result_token = seen.token,
         result_worker = %(worker)s, lease_expires_at = NULL,
         finished_at = statement_timestamp()
     FROM once AS seen JOIN locked_jobs ON locked_jobs.id = seen.job_id
@@ -194,13 +195,14 @@ def _utc(value: dt.datetime) -> dt.datetime:
     return value.astimezone(dt.UTC)
 
 
-def _report_row(i: int, report: Report) -> dict[str, Any]:
+def _report_row(i: int, report: Report, worker: WorkerRef | None) -> dict[str, Any]:
     return {
         "i": i,
         "job_id": report.job_id,
         "token": report.lease_token,
         "ok": report.result.ok,
         **result_columns(report.result),
+        "runner": recorded_runner(report.result, worker),
     }
 
 
@@ -243,10 +245,9 @@ class PostgresQueueStore:
     def record(self, worker: WorkerRef | None, reports: list[Report]) -> list[Seen]:
         params = {
             **_STATES,
-            "reports": json_param([_report_row(i, r) for i, r in enumerate(reports)]),
+            "reports": json_param([_report_row(i, r, worker) for i, r in enumerate(reports)]),
             # No worker matches 0: an unauthorised report is looked at, never applied.
             "worker": worker.id if worker is not None else 0,
-            "worker_runner": worker.runner if worker is not None else None,
         }
         with self.db.driver_statement() as cur:
             cur.execute(RECORD_SQL, params)

@@ -25,6 +25,7 @@ from pipetune.service.queue_types import (
     Seen,
     TaskProgress,
     WorkerRef,
+    recorded_runner,
     result_columns,
 )
 
@@ -225,9 +226,10 @@ class SqliteQueueStore:
 
     @staticmethod
     def _apply_params(report: Report, worker: WorkerRef, now: dt.datetime) -> dict:
-        columns = result_columns(report.result)
-        # A result that does not say which runner made it was made by the worker's.
-        columns["runner"] = columns["runner"] or worker.runner
+        columns = {
+            **result_columns(report.result),
+            "runner": recorded_runner(report.result, worker),
+        }
         return {
             "b_id": report.job_id,
             "b_token": report.lease_token,

@@ -35,6 +35,12 @@ def result_columns(r: MeasureResult) -> dict[str, Any]:
     }
 
 
+def recorded_runner(r: MeasureResult, worker: WorkerRef | None) -> str | None:
+    """The runner a result is recorded as: its own, or, where it does not say, its worker's
+    (the one rule of both stores and of the answer's `simulated`)."""
+    return r.runner or (worker.runner if worker is not None else None)
+
+
 @dataclass(frozen=True)
 class WorkerRef:
     id: int
