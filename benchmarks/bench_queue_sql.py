@@ -64,7 +64,7 @@ class TextStore:
         self.db = db
         # The statement for any task (task_id None) of any workload: the one-task variant
         # given no task claimed nothing, and its row measured empty claims.
-        self.claim_sql = _sqlalchemy_text(CLAIM_SQL[False, False])
+        self.claim_sql = _sqlalchemy_text(CLAIM_SQL[False, False, False])
         self.record_sql = _sqlalchemy_text(RECORD_SQL)
 
     def claim(self, worker: WorkerRef, n: int, token: str) -> list:

@@ -42,6 +42,7 @@ import httpx
 
 from benchmarks.harness import HEADERS, register_worker, result_maker, service_process
 from pipetune.model.states import TaskState
+from pipetune.model.wire import new_request_id
 from pipetune.workers.daemon.heartbeats import HeldTerm, heartbeat_due
 
 POST_TRIES = 3
@@ -462,7 +463,12 @@ class SimulatedWorker:
 
     def _lease_request(self, left: float) -> dict:
         wait_s = min(self.run.config.wait_s, left)
-        return {"worker_id": self.worker_id, "max_jobs": self.run.config.max_jobs, "wait_s": wait_s}
+        return {
+            "worker_id": self.worker_id,
+            "max_jobs": self.run.config.max_jobs,
+            "wait_s": wait_s,
+            "request_id": new_request_id(),  # as the worker daemon's (its retries' too)
+        }
 
     async def _lease(self, left: float) -> list[dict] | None:
         """The jobs one lease request got (None: the request failed)."""
@@ -562,7 +568,11 @@ class SimulatedWorker:
         if run.config.lease_with_results and not run.stop.is_set():
             asked = run.config.max_jobs if ask is None else ask
             body["max_jobs"] = asked if time.monotonic() < run.deadline else 0
+            if body["max_jobs"]:
+                body["request_id"] = new_request_id()  # the same for the tries below
         for attempt in range(POST_TRIES):
+            if attempt and "request_id" in body:
+                body["retry"] = True
             started = time.perf_counter()
             try:
                 response = await self.client.post("/v1/jobs/results", json=body, headers=HEADERS)

@@ -15,6 +15,7 @@ model/trials.py.
 from __future__ import annotations
 
 import functools
+import secrets
 from datetime import datetime
 from enum import StrEnum
 from typing import Annotated, Any, Literal, Union
@@ -57,6 +58,15 @@ MAX_LEASE_WAIT_S = 30.0
 MAX_SECONDS = 7 * 24 * 3600.0
 MAX_JOBS_PER_LEASE = 64
 MAX_RESULTS_PER_POST = 256  # results in one POST /v1/jobs/results
+# A request id that makes a lease retry-safe (LeaseRequest.request_id, JobResults.request_id).
+REQUEST_ID_PATTERN = r"^[A-Za-z0-9_-]{8,64}$"
+
+
+def new_request_id() -> str:
+    """A fresh request id (16 URL-safe characters, REQUEST_ID_PATTERN's)."""
+    return secrets.token_urlsafe(12)
+
+
 MAX_WORKER_NAME = 128  # characters of a worker's name (WorkerRegister.name)
 # The environment variable `pipetune worker` reads its token from (its documented option),
 # which `pipetune serve --local-workers` sets for the workers it starts.
@@ -601,7 +611,26 @@ class HeartbeatAck(_Body):
     gone: list[RowRef] = Field(default_factory=list, max_length=MAX_HELD_LEASES)
 
 
-class LeaseRequest(_Request):
+class _RetrySafeLease(_Request):
+    """A request that leases, made safe to send again: sent again with the same
+    `request_id` and `retry`, it is answered with the jobs the first one leased, while they
+    are still leased to the worker, instead of leasing more (an answer lost on the way, then
+    the request retried, left the first jobs leased to a worker that never got them until
+    their TTL). A fresh random id per request (`new_request_id`), the same for its retries;
+    `retry` on the retries only: the service looks for earlier jobs only then, so a first
+    request costs nothing more."""
+
+    request_id: str | None = Field(default=None, pattern=REQUEST_ID_PATTERN)
+    retry: bool = Field(default=False, strict=True)
+
+    @model_validator(mode="after")
+    def _retry_of_a_request_id(self) -> Any:
+        if self.retry and self.request_id is None:
+            raise FieldError("retry", "needs a request_id (the id of the request it repeats)")
+        return self
+
+
+class LeaseRequest(_RetrySafeLease):
     """POST /v1/jobs/lease: long-polls up to wait_s for jobs matching the worker's arch (the
     service answers as soon as jobs are enqueued: it waits on a wake-up, it does not poll)."""
 
@@ -651,7 +680,7 @@ class ReportedResult(_Request):
     result: MeasureResult
 
 
-class JobResults(_Request):
+class JobResults(_RetrySafeLease):
     """POST /v1/jobs/results: many results in one request (a worker's reporter sends what
     it has measured since its last report). Each is judged on its own, as the single-job
     route judges one, and each is idempotent per (job, lease_token): the whole request may

@@ -13,7 +13,9 @@ A lease request that finds nothing waits for a wake-up (service/wakeup.py), not 
 
 from __future__ import annotations
 
+import base64
 import collections
+import hashlib
 import hmac
 import logging
 import secrets
@@ -137,6 +139,16 @@ def may_advance(task: TaskProgress, early_share: float) -> bool:
     # (As if past its first batch: a hint may say yes where the driver then says no.)
     allowed += outstanding_allowed(task.strategy, task.batch_size, early_share, batches=2)
     return task.state == TaskState.RUNNING and outstanding <= allowed
+
+
+def retry_safe_token(worker_id: int, request_id: str) -> str:
+    """The lease token of a request with an id (LeaseRequest.request_id): the same for its
+    retries, so that they find what it leased, and distinct per worker. Derived rather than
+    random, which is safe because a lease token alone grants nothing: a result or a
+    heartbeat is applied only for the worker the lease was granted to, by that worker's
+    own token (the token only tells that worker's leases of one job apart)."""
+    digest = hashlib.sha256(f"{worker_id}:{request_id}".encode()).digest()
+    return base64.urlsafe_b64encode(digest[:24]).decode()
 
 
 class Queue:
@@ -322,13 +334,30 @@ class Queue:
     # ---- leases --------------------------------------------------------------------
 
     def try_lease(
-        self, worker: WorkerRef, max_jobs: int, task_id: int | None = None
+        self,
+        worker: WorkerRef,
+        max_jobs: int,
+        task_id: int | None = None,
+        request_id: str | None = None,
+        retry: bool = False,
     ) -> list[JobLease]:
         """Claim up to max_jobs queued jobs for the worker (none: an empty list); with
-        task_id, only that task's (`pipetune.tune` measures its own task in process)."""
+        task_id, only that task's (`pipetune.tune` measures its own task in process). Under
+        a request id's token (LeaseRequest.request_id); a `retry` gets the jobs the request
+        it repeats leased, while they are still leased to the worker, if there are any."""
         self.maybe_reclaim()
-        token = secrets.token_urlsafe(24)
-        claimed = self.store.claim(worker, max_jobs, task_id, token, self.settings.lease_ttl_s)
+        if request_id is None:
+            token = secrets.token_urlsafe(24)
+        else:
+            token = retry_safe_token(worker.id, request_id)
+        claimed = self.store.claim(
+            worker,
+            max_jobs,
+            task_id,
+            token,
+            self.settings.lease_ttl_s,
+            again=retry and request_id is not None,
+        )
         if not claimed:
             return []
         try:
@@ -368,22 +397,38 @@ class Queue:
         return work(*args)
 
     async def lease_now(
-        self, worker: WorkerRef, max_jobs: int, new: bool = True, signalled: bool = False
+        self,
+        worker: WorkerRef,
+        max_jobs: int,
+        new: bool = True,
+        signalled: bool = False,
+        request_id: str | None = None,
+        retry: bool = False,
     ) -> list[JobLease]:
         """One look at the queue for the worker, without waiting: what a lease request does
         each time it is woken (`signalled`) or polls. No statement is run while the queue is
         known to hold nothing for this kind of worker or, for a `new` request, while other
-        requests of its kind wait (the next jobs' signal wakes them first)."""
+        requests of its kind wait (the next jobs' signal wakes them first), unless it is a
+        `retry`, which looks for the jobs the request it repeats leased (not in the queue)."""
         generation = self.wakeup.generation
-        if not signalled and self.wakeup.known_empty(worker.kind, self.settings.lease_poll_s, new):
+        if (
+            not signalled
+            and not retry
+            and self.wakeup.known_empty(worker.kind, self.settings.lease_poll_s, new)
+        ):
             return []
-        jobs = await self.hot(self.try_lease, worker, max_jobs)
+        jobs = await self.hot(self.try_lease, worker, max_jobs, None, request_id, retry)
         if not jobs:
             self.wakeup.found_empty(worker.kind, generation)
         return jobs
 
     async def lease_after_report(
-        self, worker_id: int, token_hash: str, max_jobs: int
+        self,
+        worker_id: int,
+        token_hash: str,
+        max_jobs: int,
+        request_id: str | None = None,
+        retry: bool = False,
     ) -> list[JobLease]:
         """The jobs a results request leases for its worker (JobResults.max_jobs): one look
         at the queue, no waiting; none for a worker the token does not own (its results were
@@ -392,7 +437,9 @@ class Queue:
         waits on, where leaving them to it would cost this worker a lease request (measured:
         benchmarks/RESULTS.md, "a report leases the next jobs")."""
         worker = self._authorised(worker_id, token_hash) if max_jobs > 0 else None
-        return [] if worker is None else await self.lease_now(worker, max_jobs, new=False)
+        if worker is None:
+            return []
+        return await self.lease_now(worker, max_jobs, new=False, request_id=request_id, retry=retry)
 
     def _canonical(self, ids: set[int]) -> dict[int, dict]:
         """Workload documents by id (rows never change, so they are cached)."""
@@ -426,6 +473,7 @@ class Queue:
         kind = worker.kind
         deadline = time.monotonic() + min(body.wait_s, self.settings.lease_wait_cap_s)
         signalled, new = False, True
+        retry = body.retry  # its first look only: later ones claim (under the same token)
         # The wake-up whose jobs its claim has not looked for yet. A request that leaves
         # before (its worker gone; its claim's database error, a 503) passes them on: the
         # signal woke no other request for them, which waited out its poll (5 s) with the
@@ -434,8 +482,15 @@ class Queue:
         try:
             while True:
                 mark = self.wakeup.wakes
-                jobs = await self.lease_now(worker, body.max_jobs, new=new, signalled=signalled)
-                unclaimed = None
+                jobs = await self.lease_now(
+                    worker,
+                    body.max_jobs,
+                    new=new,
+                    signalled=signalled,
+                    request_id=body.request_id,
+                    retry=retry,
+                )
+                unclaimed, retry = None, False
                 left = deadline - time.monotonic()
                 if jobs or left <= 0 or self.wakeup.closed:
                     return LeaseResponse(jobs=jobs)

@@ -40,9 +40,11 @@ _QUEUED, _LEASED = JobState.QUEUED.value, JobState.LEASED.value
 _RUNNING, _TASK_QUEUED = TaskState.RUNNING.value, TaskState.QUEUED.value
 
 
-def _claim_sql(one_task: bool, one_workload: bool) -> str:
+def _claim_sql(one_task: bool, one_workload: bool, again: bool) -> str:
     """The lease statement: claim, lease audit rows and tasks started, in one. It takes
-    the smallest fair keys first (service/fair_share.py), along the queue index."""
+    the smallest fair keys first (service/fair_share.py), along the queue index. `again`
+    (PostgresQueueStore.claim): the jobs already leased to the worker under the token
+    (along the owner index) are the answer, and none is claimed when there are any."""
     # A worker measures for its own GPU only (WorkerKind): an H100 and an H200 are both
     # sm_90, and one's timings recorded as the other's would be wrong data.
     filters = "state = %(queued)s AND arch = %(arch)s AND gpu = %(gpu)s"
@@ -51,8 +53,16 @@ def _claim_sql(one_task: bool, one_workload: bool) -> str:
     filters += " AND task_id = %(task_id)s" if one_task else ""
     if one_workload:
         filters += " AND workload_id = (SELECT id FROM workloads WHERE hash = %(workload)s)"
+    earlier, answer = "", "FROM claimed ORDER BY id"
+    if again:
+        earlier = """earlier AS MATERIALIZED (
+    SELECT id, task_id, trial, workload_id, gpu, schedule, lease_expires_at FROM jobs
+    WHERE lease_owner = %(worker)s AND state = %(leased)s AND lease_token = %(token)s
+), """
+        filters += " AND NOT EXISTS (SELECT 1 FROM earlier)"
+        answer = "FROM (SELECT * FROM claimed UNION ALL SELECT * FROM earlier) AS j ORDER BY id"
     return f"""
-WITH picked AS MATERIALIZED (
+WITH {earlier}picked AS MATERIALIZED (
     SELECT id FROM jobs WHERE {filters}
     ORDER BY fair_key, id LIMIT %(n)s
     FOR UPDATE SKIP LOCKED
@@ -71,11 +81,16 @@ WITH picked AS MATERIALIZED (
     WHERE id IN (SELECT task_id FROM claimed) AND state = %(task_queued)s
 )
 SELECT id, task_id, trial, workload_id, gpu, schedule, lease_expires_at
-FROM claimed ORDER BY id
+{answer}
 """
 
 
-CLAIM_SQL = {(t, w): _claim_sql(t, w) for t in (False, True) for w in (False, True)}
+CLAIM_SQL = {
+    (t, w, a): _claim_sql(t, w, a)
+    for t in (False, True)
+    for w in (False, True)
+    for a in (False, True)
+}
 
 # Each report is one element of a JSON array (one parameter, whatever the batch size).
 RECORD_SQL = """
@@ -211,7 +226,13 @@ class PostgresQueueStore:
         self.db = db
 
     def claim(
-        self, worker: WorkerRef, n: int, task_id: int | None, token: str, ttl_s: float
+        self,
+        worker: WorkerRef,
+        n: int,
+        task_id: int | None,
+        token: str,
+        ttl_s: float,
+        again: bool = False,
     ) -> list[Claimed]:
         params = {
             **_STATES,
@@ -227,7 +248,7 @@ class PostgresQueueStore:
         }
         with self.db.driver_statement() as cur:
             one_workload = worker.workload_hash is not None
-            cur.execute(CLAIM_SQL[task_id is not None, one_workload], params)
+            cur.execute(CLAIM_SQL[task_id is not None, one_workload, again], params)
             rows = cur.fetchall()
         return [
             Claimed(

@@ -96,8 +96,16 @@ class SqliteQueueStore:
         return conditions
 
     def claim(
-        self, worker: WorkerRef, n: int, task_id: int | None, token: str, ttl_s: float
+        self,
+        worker: WorkerRef,
+        n: int,
+        task_id: int | None,
+        token: str,
+        ttl_s: float,
+        again: bool = False,
     ) -> list[Claimed]:
+        if again and (earlier := self._leased_under(worker, token)):
+            return earlier
         eligible = self._eligible(worker, task_id)
         # A read first: an idle poll must not take SQLite's write lock.
         with self.db.read_conn() as conn:
@@ -153,6 +161,28 @@ class SqliteQueueStore:
             Claimed(r.id, r.task_id, r.trial, r.workload_id, r.gpu, r.schedule, r.lease_expires_at)
             for r in sorted(rows, key=lambda r: r.id)
         ]
+
+    def _leased_under(self, worker: WorkerRef, token: str) -> list[Claimed]:
+        """The jobs leased to the worker under `token` (a retried request's answer)."""
+        with self.db.read_conn() as conn:
+            rows = conn.execute(
+                select(
+                    JOBS.c.id,
+                    JOBS.c.task_id,
+                    JOBS.c.trial,
+                    JOBS.c.workload_id,
+                    JOBS.c.gpu,
+                    JOBS.c.schedule,
+                    JOBS.c.lease_expires_at,
+                )
+                .where(
+                    JOBS.c.lease_owner == worker.id,
+                    JOBS.c.state == JobState.LEASED,
+                    JOBS.c.lease_token == token,
+                )
+                .order_by(JOBS.c.id)
+            ).all()
+        return [Claimed(*r) for r in rows]
 
     def record(self, worker: WorkerRef | None, reports: list[Report]) -> list[Seen]:
         ids = sorted({r.job_id for r in reports})

@@ -115,10 +115,18 @@ class QueueStore(Protocol):
     """The hot paths of one database dialect."""
 
     def claim(
-        self, worker: WorkerRef, n: int, task_id: int | None, token: str, ttl_s: float
+        self,
+        worker: WorkerRef,
+        n: int,
+        task_id: int | None,
+        token: str,
+        ttl_s: float,
+        again: bool = False,
     ) -> list[Claimed]:
         """Lease up to n queued jobs the worker may take: claim, lease audit rows, tasks
-        started, in one transaction."""
+        started, in one transaction. `again`: the request may have been made before under
+        this token (a retried request's, Queue.try_lease): the jobs still leased to the
+        worker under it are the answer, if there are any, and nothing is claimed."""
         ...
 
     def record(self, worker: WorkerRef | None, reports: list[Report]) -> list[Seen]:

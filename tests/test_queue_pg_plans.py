@@ -128,27 +128,30 @@ def test_the_fair_queue_reads_its_index_not_the_jobs_table(pg):
         create_task(c, budget=8, strategy="random", seed=3)
         worker = register(c)
         _grow(pg)
-    claim = _plan(
-        pg,
-        CLAIM_SQL[False, False],
-        {
-            "queued": JobState.QUEUED.value,
-            "leased": JobState.LEASED.value,
-            "running": TaskState.RUNNING.value,
-            "task_queued": TaskState.QUEUED.value,
-            "arch": "sm_90",
-            "gpu": "h100",
-            "runner": "simulated",
-            "task_id": None,
-            "workload": None,
-            "n": 8,
-            "worker": worker,
-            "token": "t",
-            "ttl": 60.0,
-        },
-    )
+    params = {
+        "queued": JobState.QUEUED.value,
+        "leased": JobState.LEASED.value,
+        "running": TaskState.RUNNING.value,
+        "task_queued": TaskState.QUEUED.value,
+        "arch": "sm_90",
+        "gpu": "h100",
+        "runner": "simulated",
+        "task_id": None,
+        "workload": None,
+        "n": 8,
+        "worker": worker,
+        "token": "t",
+        "ttl": 60.0,
+    }
+    claim = _plan(pg, CLAIM_SQL[False, False, False], params)
     # Taken in the index's order: no sort of every queued job by key.
     assert "Index Scan using ix_jobs_queue" in claim and "fair_key" not in claim, claim
+    # A retry (LeaseRequest.retry) looks for the jobs its request leased along an index
+    # (of the leased jobs: the owner's, or the queue's by state), then claims as a first
+    # request does; no scan of every job recorded.
+    retry = _plan(pg, CLAIM_SQL[False, False, True], params)
+    earlier = retry.split("CTE earlier", 1)[1].splitlines()[1]
+    assert "Index" in earlier and "Seq Scan on jobs" not in retry, retry
     # The key a batch's task moves on to, as the batch's statement embeds it: one probe
     # of the queue index each for the smallest key queued and the largest leased, done and
     # failed.

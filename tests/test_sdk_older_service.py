@@ -92,3 +92,50 @@ def test_a_priority_asked_for_is_sent():
     with pytest.raises(Exception, match="priority"):
         client.tune(gemm(256, 64, 512), "h100", budget=3, priority=3)
     assert sent[0]["tune"]["priority"] == 3 and sent[1]["priority"] == 3
+
+
+def test_a_worker_api_leaves_request_ids_out_once_a_service_refuses_them():
+    """A worker daemon of now against a service from before request ids: the request is
+    sent again without the id (and from then on without), not refused forever."""
+    from pipetune.clients.sdk.worker_api import WorkerApi
+    from pipetune.model.wire import new_request_id
+
+    sent: list[dict[str, Any]] = []
+
+    def answer(request: httpx.Request) -> httpx.Response:
+        body = json.loads(request.content)
+        sent.append(body)
+        if "request_id" in body:
+            refused = {**OLD_422, "field": "request_id"}
+            refused["detail"] = [{**OLD_422["detail"][0], "loc": ["body", "request_id"]}]
+            return httpx.Response(422, json=refused)
+        return httpx.Response(200, json={"jobs": []})
+
+    api = WorkerApi("http://old", "t", transport=httpx.MockTransport(answer))
+    assert api.lease(3, max_jobs=2, wait_s=0, request_id=new_request_id()) == []
+    assert api.lease(3, max_jobs=2, wait_s=0, request_id=new_request_id()) == []
+    assert ["request_id" in body for body in sent] == [True, False, False]
+    assert api.lease(3, wait_s=0) == [] and "request_id" not in sent[-1]  # none: never sent
+    rid = new_request_id()
+    assert api.lease(3, wait_s=0, request_id=rid, retry=True) == []
+    assert not {"request_id", "retry"} & set(sent[-1])
+
+
+def test_a_worker_api_sends_retry_only_on_a_retry():
+    from pipetune.clients.sdk.worker_api import WorkerApi
+
+    sent: list[dict[str, Any]] = []
+
+    def answer(request: httpx.Request) -> httpx.Response:
+        sent.append(json.loads(request.content))
+        return httpx.Response(200, json={"jobs": []})
+
+    api = WorkerApi("http://new", "t", transport=httpx.MockTransport(answer))
+    api.lease(3, wait_s=0, request_id="lease-0001")
+    api.lease(3, wait_s=0, request_id="lease-0001", retry=True)
+    api.lease(3, wait_s=0)
+    assert [(b.get("request_id"), b.get("retry")) for b in sent] == [
+        ("lease-0001", None),
+        ("lease-0001", True),
+        (None, None),
+    ]

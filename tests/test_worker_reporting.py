@@ -65,7 +65,12 @@ class FakeApi:
         self.asked: list[int] = []  # max_jobs of each report
 
     def post_results_and_lease(
-        self, worker_id: int, results: list, max_jobs: int = 0
+        self,
+        worker_id: int,
+        results: list,
+        max_jobs: int = 0,
+        request_id: str | None = None,
+        retry: bool = False,
     ) -> JobResultAcks:
         acks = self.post_results(worker_id, results)
         self.asked.append(max_jobs)
@@ -265,7 +270,13 @@ def test_a_service_from_before_reports_leased_gets_reports_without_max_jobs():
     api = FakeApi(queued=10)
     plain = api.post_results_and_lease
 
-    def refusing(worker_id: int, results: list, max_jobs: int = 0) -> JobResultAcks:
+    def refusing(
+        worker_id: int,
+        results: list,
+        max_jobs: int = 0,
+        request_id: str | None = None,
+        retry: bool = False,
+    ) -> JobResultAcks:
         if max_jobs:  # as a service whose JobResults forbids the unknown field
             raise ApiError(422, "Extra inputs are not permitted", field="max_jobs")
         return plain(worker_id, results, max_jobs)
@@ -659,7 +670,9 @@ def test_result_retry_counts_from_the_start_of_the_outage_for_every_report():
             super().__init__()
             self.attempts = 0
 
-        def post_results_and_lease(self, worker_id, results, max_jobs=0):  # type: ignore[no-untyped-def]
+        def post_results_and_lease(
+            self, worker_id, results, max_jobs=0, request_id=None, retry=False
+        ):  # type: ignore[no-untyped-def]
             self.attempts += 1
             raise ServiceUnavailableError("http://fake", "connection refused")
 
@@ -680,7 +693,14 @@ def test_result_retry_counts_from_the_start_of_the_outage_for_every_report():
 class LeasingApi(FakeApi):
     """A FakeApi that also answers lease requests, from the same queue as reports."""
 
-    def lease(self, worker_id: int, max_jobs: int, wait_s: float) -> list[JobLease]:
+    def lease(
+        self,
+        worker_id: int,
+        max_jobs: int,
+        wait_s: float,
+        request_id: str | None = None,
+        retry: bool = False,
+    ) -> list[JobLease]:
         jobs, self.queued = self.queued[:max_jobs], self.queued[max_jobs:]
         return jobs
 
@@ -710,7 +730,13 @@ def test_the_control_thread_does_not_lease_what_a_report_in_flight_asks_for():
     inside, answer = threading.Event(), threading.Event()
     plain = api.post_results_and_lease
 
-    def slow(worker_id: int, results: list, max_jobs: int = 0) -> JobResultAcks:
+    def slow(
+        worker_id: int,
+        results: list,
+        max_jobs: int = 0,
+        request_id: str | None = None,
+        retry: bool = False,
+    ) -> JobResultAcks:
         inside.set()
         assert answer.wait(10)
         return plain(worker_id, results, max_jobs)
@@ -750,7 +776,14 @@ def test_a_worker_that_must_give_up_leases_nothing_with_the_reports_of_its_last_
             super().__init__(queued=10)
             self.leases = 0
 
-        def lease(self, worker_id: int, max_jobs: int, wait_s: float) -> list[JobLease]:
+        def lease(
+            self,
+            worker_id: int,
+            max_jobs: int,
+            wait_s: float,
+            request_id: str | None = None,
+            retry: bool = False,
+        ) -> list[JobLease]:
             self.leases += 1
             if self.leases == 1:
                 return [_job(1)]

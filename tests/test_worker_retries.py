@@ -5,6 +5,7 @@ log what they wait for. No service: a fake API stands in for it."""
 from __future__ import annotations
 
 import io
+import re
 import threading
 import time
 from types import SimpleNamespace
@@ -17,6 +18,7 @@ from pipetune.clients.sdk import (
     ServerError,
     ServiceUnavailableError,
 )
+from pipetune.model.wire import REQUEST_ID_PATTERN
 from pipetune.workers.daemon import EventLog, WorkerConfig
 from pipetune.workers.daemon.gpu import describe_model_gpu
 from pipetune.workers.daemon.worker import Worker
@@ -44,7 +46,14 @@ class FakeApi:
     def register(self, body: object) -> object:
         return self._call("register", DOC)
 
-    def lease(self, worker_id: int, max_jobs: int, wait_s: float) -> object:
+    def lease(
+        self,
+        worker_id: int,
+        max_jobs: int,
+        wait_s: float,
+        request_id: str | None = None,
+        retry: bool = False,
+    ) -> object:
         return self._call("lease", [])
 
 
@@ -148,7 +157,14 @@ class RestartedApi:
         self.registered += 1
         return SimpleNamespace(**{**vars(DOC), "id": 2})
 
-    def lease(self, worker_id: int, max_jobs: int, wait_s: float) -> object:
+    def lease(
+        self,
+        worker_id: int,
+        max_jobs: int,
+        wait_s: float,
+        request_id: str | None = None,
+        retry: bool = False,
+    ) -> object:
         if self.down:
             self.down -= 1
             raise ServiceUnavailableError("http://fake", "connection refused")
@@ -194,7 +210,14 @@ def test_a_report_that_met_an_outage_leases_nothing_until_the_worker_registers_a
     asked: list[tuple[int, int]] = []  # (worker id, max_jobs) of each report sent
 
     class ReportApi(RestartedApi):
-        def post_results_and_lease(self, worker_id: int, results: list, max_jobs: int = 0):
+        def post_results_and_lease(
+            self,
+            worker_id: int,
+            results: list,
+            max_jobs: int = 0,
+            request_id: str | None = None,
+            retry: bool = False,
+        ):
             asked.append((worker_id, max_jobs))
             if len(asked) == 1:
                 raise ServiceUnavailableError("http://fake", "connection refused")
@@ -356,3 +379,82 @@ def test_the_sdk_error_of_an_answer_carries_its_retry_after():
     with pytest.raises(RetryLaterError) as raised:
         api.request("GET", "/v1/tasks")
     assert raised.value.retry_after_s == 12.0
+
+
+def test_a_lease_and_its_retries_carry_one_request_id_and_the_next_lease_another():
+    """The service answers a request sent again with its id with what the first one
+    leased: the worker's retries after a lost answer must be that request again."""
+    ids: list[str | None] = []
+    retries: list[bool] = []
+
+    class FlakyApi(RestartedApi):
+        def lease(
+            self,
+            worker_id: int,
+            max_jobs: int,
+            wait_s: float,
+            request_id: str | None = None,
+            retry: bool = False,
+        ) -> object:
+            ids.append(request_id)
+            retries.append(retry)
+            return super().lease(worker_id, max_jobs, wait_s, request_id)
+
+    api = FlakyApi()
+    api.down = 2
+    worker, _ = _worker(api)
+    worker.worker_id = 2
+    assert worker._lease(api, 1) == []  # type: ignore[arg-type]
+    worker._lease(api, 1)  # type: ignore[arg-type]
+    assert len(ids) == 4 and ids[0] is not None
+    assert ids[0] == ids[1] == ids[2] != ids[3]
+    assert retries == [False, True, True, False]
+    assert re.fullmatch(REQUEST_ID_PATTERN, ids[3] or "")
+
+
+def test_a_report_and_its_retries_carry_one_request_id():
+    import datetime as dt
+
+    from pipetune.model.trials import MeasureResult
+    from pipetune.model.wire import JobLease, JobResultAck, JobResultAcks, ScheduleDoc
+
+    job = JobLease(
+        job_id=1,
+        lease_token="token-0001",
+        lease_expires_at=dt.datetime.now(dt.UTC),
+        task_id=1,
+        trial=0,
+        workload={"op": "gemm", "m": 64, "n": 64, "k": 64},
+        gpu="h100",
+        schedule=ScheduleDoc(
+            block_row_warps=2, block_col_warps=2, warp_row_tiles=2, warp_col_tiles=2,
+            chunk=2, smem_stages=3, reg_stages=2,
+        ),
+    )  # fmt: skip
+    sent: list[str | None] = []
+    retries: list[bool] = []
+
+    class ReportApi(RestartedApi):
+        def post_results_and_lease(
+            self,
+            worker_id: int,
+            results: list,
+            max_jobs: int = 0,
+            request_id: str | None = None,
+            retry: bool = False,
+        ):
+            sent.append(request_id)
+            retries.append(retry)
+            if len(sent) < 3:  # the answer lost on the way, twice
+                raise ServiceUnavailableError("http://fake", "connection reset")
+            ack = JobResultAck(job_id=1, status_code=200, accepted=True, job_state="done")
+            return JobResultAcks(acks=[ack], jobs=[])
+
+    api = ReportApi()
+    api.down = 0
+    worker, _ = _worker(api)
+    worker.worker_id = 2
+    worker._busy = 1
+    worker._report_batch(api, [(job, MeasureResult(status="ok", latency_us=5.0))])  # type: ignore[arg-type]
+    assert len(sent) == 3 and sent[0] is not None and len(set(sent)) == 1
+    assert retries == [False, True, True]

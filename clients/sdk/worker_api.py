@@ -8,13 +8,13 @@ not shared across threads here, so a long-polling lease never queues a heartbeat
 from __future__ import annotations
 
 from types import TracebackType
-from typing import Self
+from typing import Any, Self
 
 import httpx
 
 from pipetune.clients.sdk.client import seconds_argument
-from pipetune.clients.sdk.errors import InvalidArgumentError
-from pipetune.clients.sdk.http import DEFAULT_TIMEOUT_S, Http, header_value_problem
+from pipetune.clients.sdk.errors import ApiError, InvalidArgumentError
+from pipetune.clients.sdk.http import DEFAULT_TIMEOUT_S, Http, M, header_value_problem
 from pipetune.model.wire import (
     Heartbeat,
     HeartbeatAck,
@@ -50,6 +50,9 @@ class WorkerApi:
             raise InvalidArgumentError("token", problem)
         timeout_s = seconds_argument("timeout_s", timeout_s)  # as Client's
         self._http = Http(base_url, {"Authorization": f"Bearer {token}"}, timeout_s, transport)
+        # Whether the service takes request ids (LeaseRequest.request_id): until one from
+        # before them refuses the field (422), when they are left out from then on.
+        self.request_ids = True
 
     @property
     def base_url(self) -> str:
@@ -69,15 +72,53 @@ class WorkerApi:
             HeartbeatAck, "POST", f"/v1/workers/{worker_id}/heartbeat", json=body
         )
 
-    def lease(self, worker_id: int, max_jobs: int = 1, wait_s: float = 10.0) -> list[JobLease]:
-        body = LeaseRequest(worker_id=worker_id, max_jobs=max_jobs, wait_s=wait_s)
-        return self._http.call(
+    def lease(
+        self,
+        worker_id: int,
+        max_jobs: int = 1,
+        wait_s: float = 10.0,
+        request_id: str | None = None,
+        retry: bool = False,
+    ) -> list[JobLease]:
+        """`request_id`: the same for the retries of one request, and `retry` on those (see
+        LeaseRequest), so that a retry gets what a request whose answer was lost leased."""
+        body = LeaseRequest(
+            worker_id=worker_id,
+            max_jobs=max_jobs,
+            wait_s=wait_s,
+            request_id=request_id,
+            retry=retry,
+        )
+        return self._post_with_request_id(
             LeaseResponse,
-            "POST",
             "/v1/jobs/lease",
-            json=body.model_dump(mode="json"),
+            body.model_dump(mode="json"),
             timeout_s=wait_s + LEASE_TIMEOUT_MARGIN_S,
         ).jobs
+
+    def _post_with_request_id(
+        self, model: type[M], path: str, doc: dict[str, Any], timeout_s: float | None = None
+    ) -> M:
+        """POST `doc`, its `request_id` and `retry` left out where they are the defaults or
+        the service does not take request ids (found out here: it refuses the field, and the
+        request is sent again without them). A service from before the fields refuses them
+        even at their defaults."""
+        if doc.get("request_id") is None or not self.request_ids:
+            doc.pop("request_id", None)
+            doc.pop("retry", None)
+        elif not doc.get("retry"):
+            doc.pop("retry", None)
+        try:
+            return self._http.call(model, "POST", path, json=doc, timeout_s=timeout_s)
+        except ApiError as exc:
+            if "request_id" not in doc or exc.status_code != 422:
+                raise
+            if exc.field not in ("request_id", "retry"):
+                raise
+        self.request_ids = False
+        doc.pop("request_id", None)
+        doc.pop("retry", None)
+        return self._http.call(model, "POST", path, json=doc, timeout_s=timeout_s)
 
     def post_result(self, job_id: int, body: JobResult) -> ResultAck:
         return self._http.call(
@@ -90,15 +131,29 @@ class WorkerApi:
         return self.post_results_and_lease(worker_id, results).acks
 
     def post_results_and_lease(
-        self, worker_id: int, results: list[ReportedResult], max_jobs: int = 0
+        self,
+        worker_id: int,
+        results: list[ReportedResult],
+        max_jobs: int = 0,
+        request_id: str | None = None,
+        retry: bool = False,
     ) -> JobResultAcks:
         """`post_results`, and the worker's next lease in the same request: up to `max_jobs`
-        queued jobs (`jobs` of the answer; none when nothing is queued, without waiting)."""
-        body = JobResults(worker_id=worker_id, results=results, max_jobs=max_jobs)
+        queued jobs (`jobs` of the answer; none when nothing is queued, without waiting).
+        `request_id` and `retry`: as `lease`'s, for those jobs."""
+        body = JobResults(
+            worker_id=worker_id,
+            results=results,
+            max_jobs=max_jobs,
+            request_id=request_id if max_jobs else None,
+            retry=retry and bool(max_jobs),
+        )
         doc = body.model_dump(mode="json")
         if not max_jobs:
-            del doc["max_jobs"]  # as before the field existed: a service of then takes it
-        return self._http.call(JobResultAcks, "POST", "/v1/jobs/results", json=doc)
+            # As before the field existed: a service of then takes it (and nothing is
+            # leased for a request id to find again).
+            del doc["max_jobs"], doc["request_id"], doc["retry"]
+        return self._post_with_request_id(JobResultAcks, "/v1/jobs/results", doc)
 
     def close(self) -> None:
         self._http.close()

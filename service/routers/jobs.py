@@ -44,7 +44,10 @@ async def lease_jobs(
 ) -> LeaseResponse:
     """Long-poll for up to `max_jobs` jobs of the worker's GPU (its own only, whatever
     other GPU shares its arch), waiting up to `wait_s` seconds; an empty list when none came.
-    The request is answered as soon as such jobs are enqueued (it waits on a wake-up)."""
+    The request is answered as soon as such jobs are enqueued (it waits on a wake-up). Sent
+    again with the same `request_id` and `retry`, it gets the jobs the first one leased,
+    while they are still leased to the worker (an answer lost on the way is not a lease
+    lost)."""
     return await service.queue.lease(body.worker_id, token, body, request.is_disconnected)
 
 
@@ -89,9 +92,10 @@ async def post_results(
     such job). Idempotent per (job, lease token): the whole request may be sent again.
 
     With `max_jobs`, the worker's next lease comes back in the same answer (`jobs`): up to
-    that many queued jobs, claimed after the results are recorded, without waiting. (Sent
-    again, such a request leases again: the jobs of an answer that was lost return to the
-    queue when their lease expires, as those of a lost lease answer do.)"""
+    that many queued jobs, claimed after the results are recorded, without waiting. Sent
+    again with the same `request_id` and `retry`, the request gets the jobs the first one
+    leased (while they are still leased to the worker); without, it leases again, and the
+    jobs of an answer that was lost return to the queue only when their lease expires."""
     for i, item in enumerate(body.results):
         check_storable(item.result, ["body", "results", i, "result"])
     reports = [Report(r.job_id, r.lease_token, r.result) for r in body.results]
@@ -99,5 +103,7 @@ async def post_results(
         service.queue.submit_many, body.worker_id, token, reports
     )
     _advance(service, ready)
-    jobs = await service.queue.lease_after_report(body.worker_id, token, body.max_jobs)
+    jobs = await service.queue.lease_after_report(
+        body.worker_id, token, body.max_jobs, body.request_id, body.retry
+    )
     return JobResultAcks(acks=[j.ack for j in judged], jobs=jobs)

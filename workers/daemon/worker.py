@@ -54,6 +54,7 @@ from pipetune.model.wire import (
     JobResult,
     ReportedResult,
     WorkerRegister,
+    new_request_id,
 )
 from pipetune.model.workloads import WorkloadError
 from pipetune.workers.daemon.config import WorkerConfig
@@ -408,6 +409,9 @@ class Worker:
         request ends (`_asking`): the reporter leases only what this one does not ask for."""
         assert self.worker_id is not None
         asking = min(free, MAX_JOBS_PER_LEASE)
+        # One id for the request and its retries: a retry after an answer lost on the way
+        # gets the jobs that answer held, not more (they waited out their TTL).
+        request_id, tries = new_request_id(), 0
         with self._slots:
             self._asking = asking
 
@@ -417,6 +421,7 @@ class Worker:
                 self.log.warning("lease_failed", retry_in_s=wait_s, msg=str(exc))
 
         def lease() -> list[JobLease]:
+            nonlocal tries
             if self._reregister.is_set():
                 # (Cleared first: a failure seen by another thread meanwhile sets it again.)
                 self._reregister.clear()
@@ -427,7 +432,14 @@ class Worker:
                     self._reregister.set()
                     raise
             assert self.worker_id is not None
-            return api.lease(self.worker_id, max_jobs=asking, wait_s=self.config.lease_wait_s)
+            tries += 1
+            return api.lease(
+                self.worker_id,
+                max_jobs=asking,
+                wait_s=self.config.lease_wait_s,
+                request_id=request_id,
+                retry=tries > 1,
+            )
 
         jobs: list[JobLease] = []
         try:
@@ -754,8 +766,12 @@ class Worker:
                 )
 
         leased: list[JobLease] = []
+        # The lease's id, the same for every retry (as `_lease`'s).
+        request_id, tries = new_request_id(), 0
 
         def post_all() -> list[Any]:
+            nonlocal tries
+            tries += 1
             acks = []
             for i in range(0, len(results), MAX_RESULTS_PER_POST):
                 last = i + MAX_RESULTS_PER_POST >= len(results)
@@ -765,6 +781,8 @@ class Worker:
                         worker_id,
                         results[i : i + MAX_RESULTS_PER_POST],
                         max_jobs=self._lease_with_report(len(items)) if last else 0,
+                        request_id=request_id,
+                        retry=tries > 1,
                     )
                     jobs = answer.jobs
                 finally:

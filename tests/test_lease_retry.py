@@ -1,0 +1,146 @@
+"""A lease request sent again with its request id, as a retry, gets the jobs the first one
+leased, on both databases: an answer lost on the way (a connection reset, a proxy's
+timeout) followed by the worker's retry left the first jobs leased to a worker that never
+got them until their TTL, and used up one of their attempts."""
+
+from __future__ import annotations
+
+import pytest
+from service_support import (
+    WORKER_HEADERS,
+    client_for,
+    create_task,
+    ok,
+    register,
+    service_of,
+)
+from sqlalchemy import func, select
+
+from pipetune.service.orm import LeaseRow
+
+pytest_plugins = ["service_fixtures"]
+
+
+def _lease(
+    c,
+    worker: int,
+    max_jobs: int,
+    request_id: str | None = None,
+    wait_s: float = 0,
+    retry: bool = False,
+):
+    body = {"worker_id": worker, "max_jobs": max_jobs, "wait_s": wait_s}
+    if request_id is not None:
+        body["request_id"] = request_id
+    if retry:
+        body["retry"] = True
+    r = c.post("/v1/jobs/lease", json=body, headers=WORKER_HEADERS)
+    assert r.status_code == 200, r.text
+    return r.json()["jobs"]
+
+
+def _held(jobs: list[dict]) -> list[tuple[int, str]]:
+    return [(j["job_id"], j["lease_token"]) for j in jobs]
+
+
+def _leases(c) -> int:
+    with service_of(c).db.write() as s:
+        return s.scalar(select(func.count()).select_from(LeaseRow))
+
+
+def test_a_lease_request_sent_again_with_its_id_gets_what_the_first_leased(db_url):
+    with client_for(db_url) as c:
+        worker, other = register(c, "w"), register(c, "other")
+        create_task(c, budget=6, strategy="grid")
+        first = _lease(c, worker, 2, "lease-0001")
+        assert len(first) == 2
+        again = _lease(c, worker, 2, "lease-0001", retry=True)  # the first answer was lost
+        assert _held(again) == _held(first)
+        assert _leases(c) == 2  # nothing more was leased
+        # The same id from another worker is another request.
+        theirs = _lease(c, other, 2, "lease-0001", retry=True)
+        assert len(theirs) == 2 and not {j["job_id"] for j in theirs} & {j["job_id"] for j in first}
+        # A new id leases anew; no id, as before the field, too.
+        assert len(_lease(c, worker, 1, "lease-0002")) == 1
+        assert len(_lease(c, worker, 1)) == 1
+        assert _leases(c) == 6
+        # Once the first jobs are no longer leased to the worker (their results recorded),
+        # the id finds nothing of them, and leases what is queued (nothing here).
+        for job in first:
+            body = {"worker_id": worker, "lease_token": job["lease_token"], "result": ok(10.0)}
+            r = c.post(f"/v1/jobs/{job['job_id']}/result", json=body, headers=WORKER_HEADERS)
+            assert r.status_code == 200 and r.json()["accepted"]
+        assert _lease(c, worker, 2, "lease-0001", retry=True) == []
+
+
+def test_the_same_id_without_retry_is_a_new_request(db_url):
+    """Only a retry looks for earlier jobs (a first request costs no more than before)."""
+    with client_for(db_url) as c:
+        worker = register(c, "w")
+        create_task(c, budget=4, strategy="grid")
+        first = _lease(c, worker, 2, "lease-0001")
+        second = _lease(c, worker, 2, "lease-0001")
+        assert len(second) == 2 and not set(_held(first)) & set(_held(second))
+        # Both are the request's: a retry now gets them all.
+        assert sorted(_held(_lease(c, worker, 2, "lease-0001", retry=True))) == sorted(
+            _held(first) + _held(second)
+        )
+
+
+def test_a_retry_looks_back_even_where_the_queue_is_known_empty(db_url):
+    """The replica remembers that a kind of worker's queue is empty and skips the claim
+    statement then; the jobs a retried request is after are not in the queue."""
+    with client_for(db_url, lease_poll_s=60) as c:
+        worker = register(c, "w")
+        create_task(c, budget=2, strategy="grid")
+        first = _lease(c, worker, 2, "lease-0001")
+        assert _lease(c, worker, 2) == []  # the queue is empty now, and known to be
+        assert _held(_lease(c, worker, 2, "lease-0001", wait_s=5, retry=True)) == _held(first)
+
+
+def test_a_report_sent_again_with_its_id_gets_the_jobs_it_leased(db_url):
+    with client_for(db_url) as c:
+        worker = register(c, "w")
+        create_task(c, budget=4, strategy="grid")
+        (job,) = _lease(c, worker, 1)
+        body = {
+            "worker_id": worker,
+            "results": [
+                {"job_id": job["job_id"], "lease_token": job["lease_token"], "result": ok(9.0)}
+            ],
+            "max_jobs": 2,
+            "request_id": "report-0001",
+        }
+        answers = [
+            c.post("/v1/jobs/results", json=b, headers=WORKER_HEADERS)
+            for b in (body, {**body, "retry": True})
+        ]
+        assert [a.status_code for a in answers] == [200, 200]
+        first, again = (a.json() for a in answers)
+        assert len(first["jobs"]) == 2 and _held(again["jobs"]) == _held(first["jobs"])
+        assert again["acks"][0]["detail"] == "duplicate: already recorded"
+        assert _leases(c) == 3
+
+
+@pytest.mark.parametrize("request_id", ["short", "has space1", "x" * 65, 7])
+def test_a_request_id_of_the_wrong_form_is_a_422_naming_it(client, request_id):
+    worker = register(client, "w")
+    for path, body in (
+        ("/v1/jobs/lease", {"worker_id": worker, "wait_s": 0}),
+        ("/v1/jobs/results", {"worker_id": worker, "results": [], "max_jobs": 1}),
+    ):
+        r = client.post(path, json={**body, "request_id": request_id}, headers=WORKER_HEADERS)
+        assert r.status_code == 422
+        fields = [e["loc"][-1] for e in r.json()["detail"]]
+        assert "request_id" in fields, r.text
+
+
+def test_a_retry_without_a_request_id_is_a_422_naming_retry(client):
+    worker = register(client, "w")
+    result = {"job_id": 1, "lease_token": "token-0001", "result": ok(1.0)}
+    for path, body in (
+        ("/v1/jobs/lease", {"worker_id": worker, "wait_s": 0}),
+        ("/v1/jobs/results", {"worker_id": worker, "results": [result], "max_jobs": 1}),
+    ):
+        r = client.post(path, json={**body, "retry": True}, headers=WORKER_HEADERS)
+        assert r.status_code == 422 and r.json()["field"] == "retry", r.text
