@@ -5,8 +5,10 @@ got them until their TTL, and used up one of their attempts."""
 
 from __future__ import annotations
 
+import httpx
 import pytest
 from service_support import (
+    TOKEN,
     WORKER_HEADERS,
     client_for,
     create_task,
@@ -144,3 +146,59 @@ def test_a_retry_without_a_request_id_is_a_422_naming_retry(client):
     ):
         r = client.post(path, json={**body, "retry": True}, headers=WORKER_HEADERS)
         assert r.status_code == 422 and r.json()["field"] == "retry", r.text
+
+
+class _AnswersLost(httpx.BaseTransport):
+    """The service in process (a TestClient's transport), but the answer of the first
+    request to `path` is lost on the way back: the service did the work, the worker sees a
+    connection reset."""
+
+    def __init__(self, inner: httpx.BaseTransport, path: str):
+        self.inner, self.path, self.lost = inner, path, 0
+
+    def handle_request(self, request: httpx.Request) -> httpx.Response:
+        response = self.inner.handle_request(request)
+        if request.url.path == self.path and not self.lost:
+            self.lost += 1
+            response.read()
+            raise httpx.ReadError("connection reset by peer", request=request)
+        return response
+
+
+def _daemon(api):
+    import io
+    from types import SimpleNamespace
+
+    from pipetune.workers.daemon import EventLog, WorkerConfig
+    from pipetune.workers.daemon.gpu import describe_model_gpu
+    from pipetune.workers.daemon.worker import Worker
+
+    config = {"server": api.base_url, "token": TOKEN, "runner": "simulated", "gpu": "h100"}
+    return Worker(
+        WorkerConfig(**config),  # type: ignore[arg-type]
+        SimpleNamespace(name="simulated", only_workload=None),  # type: ignore[arg-type]
+        describe_model_gpu("h100", "simulated"),
+        EventLog(stream=io.StringIO()),
+        api_factory=lambda: api,
+    )
+
+
+def test_the_worker_daemon_gets_the_jobs_of_a_lease_answer_lost_on_the_way(db_url):
+    """The daemon's lease request claimed two jobs and its answer was lost: its retry gets
+    those two, and they are measured now, not queued again after their TTL (120 s)."""
+    from pipetune.clients.sdk.worker_api import WorkerApi
+
+    with client_for(db_url) as c:
+        create_task(c, budget=4, strategy="grid")
+        transport = _AnswersLost(c._transport, "/v1/jobs/lease")
+        api = WorkerApi(str(c.base_url), TOKEN, transport=transport)
+        worker = _daemon(api)
+        assert worker._register(api)
+        jobs = worker._lease(api, 2)
+        assert transport.lost == 1 and len(jobs) == 2
+        assert _leases(c) == 2  # the retry leased nothing more
+        with service_of(c).db.write() as s:
+            leased = s.execute(
+                select(LeaseRow.job_id, LeaseRow.token).where(LeaseRow.outcome.is_(None))
+            ).all()
+        assert sorted(leased) == sorted((j.job_id, j.lease_token) for j in jobs)
