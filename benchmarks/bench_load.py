@@ -28,6 +28,13 @@ live worker's result can take more than 2 s from its lease's grant to the databa
 its lease expires while it holds the job, and heartbeats, which queue behind the same busy
 replicas, do not save it); at light load (the small test) 2 s is safe.
 
+Lost answers (--lose-answers FRACTION): each answer that leased jobs (a lease, or a report
+that leased) is dropped by the worker with that probability, as if the connection had
+reset on the way back (the service did the work). The worker sends the same request again
+with its request_id as a retry, as the worker daemon does, and must get the same jobs: a
+lease that expired meanwhile (`leases expired` on the terminal line) is a job that waited
+out its TTL for nothing.
+
 After the run the services are stopped and the database is audited read-only:
 
 * duplicate leases: jobs that two leases held at once (the lease audit table's intervals
@@ -189,6 +196,7 @@ def run_load(admin_url: str, config: LoadConfig) -> dict[str, Any]:
         results_per_s=results / window,
         lease_requests=len(all_lease),
         report_leases=tally.report_leases,
+        answers_lost=tally.answers_lost,
         result_requests=tally.result_posts,
         empty_polls=len(tally.lease_empty_s),
         lease_p50_ms=1e3 * pct(tally.lease_granted_s, 0.5) if tally.lease_granted_s else nan,
@@ -254,6 +262,7 @@ JSON_KEYS = (
     "results_db",
     "lease_requests",
     "report_leases",
+    "answers_lost",
     "result_requests",
     "empty_polls",
     "lease_p50_ms",
@@ -323,6 +332,15 @@ def main() -> int:
         metavar="FRACTION",
         help="probability that a worker dies on receiving a job; repeatable "
         f"(default: {' and '.join(f'{c:g}' for c in DEFAULT_CHURN)})",
+    )
+    parser.add_argument(
+        "--lose-answers",
+        type=float,
+        default=LoadConfig.lose_answers,
+        metavar="FRACTION",
+        help="probability that an answer that leased jobs is lost on the way back; the worker "
+        "sends the request again with its request_id as a retry, as the worker daemon does "
+        "(default 0)",
     )
     parser.add_argument(
         "--lease-ttl",
@@ -411,6 +429,8 @@ def main() -> int:
         parser.error("--churn: a probability in [0, 1)")
     if not args.seconds > 0:
         parser.error("--seconds: a number of seconds above 0")
+    if not 0 <= args.lose_answers < 1:
+        parser.error("--lose-answers: a probability in [0, 1)")
     for option, value in (
         ("--idle-seconds", args.idle_seconds),
         ("--measure-ms", args.measure_ms),
@@ -446,6 +466,7 @@ def main() -> int:
                     propose_early=args.propose_early,
                     lease_ttl_s=ttl,
                     churn=churn,
+                    lose_answers=args.lose_answers,
                     seed=args.seed,
                     batched=batched,
                     lease_with_results=not args.separate_leases,

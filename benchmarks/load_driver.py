@@ -95,6 +95,10 @@ class LoadConfig:
     # Each job received kills its worker with this probability (a replacement registers).
     churn: float = 0.0
     seed: int = 0  # of the churn draws
+    # Each answer that leased jobs (a lease, or a report that leased) is lost on the way back
+    # with this probability: the worker sees a failed request, and sends it again with its
+    # request_id and retry (as the worker daemon does), which must give it the same jobs.
+    lose_answers: float = 0.0
     # While a worker holds a job it heartbeats this often (None: a quarter of the TTL).
     heartbeat_s: float | None = None
     # The replicas' PIPETUNE_SWEEP_INTERVAL_S and PIPETUNE_MAX_ATTEMPTS; None: the
@@ -112,6 +116,8 @@ class LoadConfig:
             raise ValueError(f"churn must be in [0, 1), got {self.churn}")
         if self.max_jobs < 1:
             raise ValueError(f"max_jobs must be at least 1, got {self.max_jobs}")
+        if not 0 <= self.lose_answers < 1:
+            raise ValueError(f"lose_answers must be in [0, 1), got {self.lose_answers}")
         if self.churn > 0:
             if self.sweep_interval_s is None:
                 self.sweep_interval_s = CHURN_SWEEP_S
@@ -173,6 +179,7 @@ class Tally:
     idle_heartbeats: int = 0  # of those, in the idle phase
     idle_phase: bool = False  # the idle phase has begun
     idle_jobs: int = 0  # jobs leased in the idle phase (there are none to lease)
+    answers_lost: int = 0  # answers that leased jobs, lost on the way (lose_answers)
     # Why the idle phase asked for did not run (None: it ran, or none was asked for).
     idle_skipped: str | None = None
 
@@ -236,6 +243,7 @@ class LoadRun:
         # the deaths among the first N jobs are the same in every run with the same seed.
         self.rng = random.Random(config.seed)
         self.durations = random.Random(config.seed + 1)  # of the measurements: apart from it
+        self.losses = random.Random(config.seed + 2)  # of the answers lost (lose_answers)
         self.run_id = uuid.uuid4().hex[:6]
         self.stop = asyncio.Event()
         self.began = time.monotonic()
@@ -269,6 +277,12 @@ class LoadRun:
     def dies(self) -> bool:
         """Whether the worker that just received a job dies holding it (churn)."""
         return self.config.churn > 0 and self.rng.random() < self.config.churn
+
+    def loses(self, jobs: list) -> bool:
+        """Whether an answer that leased `jobs` is lost on the way back (lose_answers)."""
+        lost = bool(jobs) and self.losses.random() < self.config.lose_answers
+        self.tally.answers_lost += lost
+        return lost
 
     def start_beating(self, beats: Callable[[], Coroutine[Any, Any, None]]) -> None:
         beat = asyncio.get_running_loop().create_task(beats())
@@ -471,15 +485,19 @@ class SimulatedWorker:
         }
 
     async def _lease(self, left: float) -> list[dict] | None:
-        """The jobs one lease request got (None: the request failed)."""
+        """The jobs one lease request got (None: the request failed). An answer lost on the
+        way (lose_answers) is asked for again, as a retry of the same request."""
         started = time.perf_counter()
-        try:
-            response = await self.client.post(
-                "/v1/jobs/lease", json=self._lease_request(left), headers=HEADERS
-            )
-        except httpx.HTTPError as exc:
-            self.tally.errors[f"lease: {type(exc).__name__}"] += 1
-            return None
+        body = self._lease_request(left)
+        while True:
+            try:
+                response = await self.client.post("/v1/jobs/lease", json=body, headers=HEADERS)
+            except httpx.HTTPError as exc:
+                self.tally.errors[f"lease: {type(exc).__name__}"] += 1
+                return None
+            if response.status_code != 200 or not self.run.loses(response.json()["jobs"]):
+                break
+            body = {**body, "wait_s": 0.0, "retry": True}
         took = time.perf_counter() - started
         if response.status_code != 200:
             self.tally.errors[f"lease: HTTP {response.status_code}"] += 1
@@ -576,6 +594,13 @@ class SimulatedWorker:
             started = time.perf_counter()
             try:
                 response = await self.client.post("/v1/jobs/results", json=body, headers=HEADERS)
+                # An answer lost on the way back is sent again at once, as a retry (not one
+                # of the tries, which are for failed requests).
+                while response.status_code == 200 and run.loses(response.json()["jobs"]):
+                    body["retry"] = True
+                    response = await self.client.post(
+                        "/v1/jobs/results", json=body, headers=HEADERS
+                    )
             except httpx.HTTPError as exc:
                 self.tally.errors[f"results: {type(exc).__name__}"] += 1
             else:

@@ -58,6 +58,12 @@ def summary(r: dict) -> str:
             if c.churn > 0
             else ""
         )
+        + (
+            f"; answers lost {r['answers_lost']} (each retried with its request_id), "
+            f"leases expired {r['leases_expired']}"
+            if c.lose_answers > 0
+            else ""
+        )
     )
 
 

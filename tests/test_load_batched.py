@@ -199,3 +199,32 @@ def test_report_each_needs_the_batched_protocol_with_leases_in_reports():
         LoadConfig(report_each=True)
     with pytest.raises(ValueError, match="report_each"):
         LoadConfig(report_each=True, batched=True, lease_with_results=False)
+
+
+def test_answers_lost_on_the_way_are_retried_into_the_same_jobs(pg_admin_url):
+    """A fifth of the answers that leased jobs are lost on the way back; each request is sent
+    again with its request_id as a retry, and gets the jobs its lost answer held. Without,
+    those jobs stayed leased to a worker that never got them until their TTL: with a 5 s
+    TTL, 40 leases of 160 expired and the run took 18 s instead of 2."""
+    config = LoadConfig(
+        replicas=2,
+        workers=8,
+        tasks=TASKS,
+        budget=BUDGET,
+        batch_size=BATCH,
+        seconds=60,
+        wait_s=0.5,
+        batched=True,
+        max_jobs=3,
+        lease_ttl_s=5.0,
+        lose_answers=0.2,
+    )
+    report, details = _run_without_duplicates_or_losses(pg_admin_url, config)
+    assert report["tasks_done"] == TASKS and report["results_counted_once"], details
+    assert report["answers_lost"] > 0 and report["leases_expired"] == 0, details
+    assert as_json(report)["answers_lost"] == report["answers_lost"]
+
+
+def test_lose_answers_is_a_probability():
+    with pytest.raises(ValueError, match="lose_answers"):
+        LoadConfig(lose_answers=1.0)
