@@ -11,6 +11,7 @@ import json
 import re
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -418,6 +419,41 @@ def test_a_tuning_stopped_by_sigterm_cancels_its_task(home: Path):
         assert finished.state == "done"
         assert stopped.state == "cancelled" and stopped.trials_done == 3
         states = {t.state for t in store.all_trials(stopped.id)}
+    assert states <= {JobState.DONE, JobState.FAILED, JobState.CANCELLED}  # none queued, leased
+
+
+def test_a_tuning_killed_outright_has_its_task_cancelled_by_the_next_one(
+    home: Path, monkeypatch: pytest.MonkeyPatch
+):
+    """SIGKILL cannot be caught: the task of a tuning killed so stayed `running` for good in
+    the local database, its trials leased or queued for a worker that would never come. The
+    next tuning on that database and host finds tasks leased by an in-process worker whose
+    process is gone and silent for a lease TTL, and cancels them (their trials kept)."""
+    code = (
+        "import os, signal, pipetune\n"
+        "def killed_after_three(done, total):\n"
+        "    if done == 3:\n"
+        "        os.kill(os.getpid(), signal.SIGKILL)\n"
+        f"pipetune.tune({FC!r}, 'h100', budget=16, runner='simulated', "
+        "progress=killed_after_three)\n"
+    )
+    killed = _run(code)
+    assert killed.returncode == -9, killed.stderr
+    with LocalStore() as store:
+        (orphan,) = store.tasks()
+        assert orphan.state == "running" and orphan.trials_done == 3
+    # Heard of within a lease TTL (120 s): it may be a process of another pid namespace.
+    pipetune.tune({**FC, "m": 768}, "h100", budget=1, runner="simulated")
+    with LocalStore() as store:
+        assert {t.id: t.state for t in store.tasks()}[orphan.id] == "running"
+    monkeypatch.setenv("PIPETUNE_LEASE_TTL_S", "1")
+    time.sleep(1.5)
+    result = pipetune.tune({**FC, "m": 512}, "h100", budget=2, runner="simulated")
+    with LocalStore() as store:
+        tasks = {t.id: t for t in store.tasks()}
+        assert tasks[result.task_id].state == "done"
+        assert tasks[orphan.id].state == "cancelled" and tasks[orphan.id].trials_done == 3
+        states = {t.state for t in store.all_trials(orphan.id)}
     assert states <= {JobState.DONE, JobState.FAILED, JobState.CANCELLED}  # none queued, leased
 
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import logging
 import os
 import secrets
 import signal
@@ -48,7 +49,7 @@ from pipetune.clients.library.store import LocalStore, database_url, open_databa
 from pipetune.clients.sdk.http import argument_error
 from pipetune.model.errors import InvalidArgumentError, InvalidArgumentTypeError
 from pipetune.model.hardware import get_gpu
-from pipetune.model.states import TaskState
+from pipetune.model.states import ACTIVE_TASK_STATES, TaskState
 from pipetune.model.trials import MeasureResult, RunnerKind
 from pipetune.model.wire import (
     MAX_JOBS_PER_LEASE,
@@ -65,7 +66,7 @@ from pipetune.service.driver import Driver
 from pipetune.service.errors import InputError
 from pipetune.service.metrics import Metrics
 from pipetune.service.migrate import redact
-from pipetune.service.orm import TaskRow
+from pipetune.service.orm import JobRow, LeaseRow, TaskRow, WorkerRow
 from pipetune.service.queue import Queue, WorkerRef
 from pipetune.service.settings import Settings, token_hash
 from pipetune.workers.runners import (
@@ -80,6 +81,8 @@ from pipetune.workers.runners import (
 DEFAULT_BUDGET: int = TaskCreate.model_fields["budget"].default
 DEFAULT_STRATEGY: str = TaskCreate.model_fields["strategy"].default
 IDLE_POLL_S = 0.2  # only when another process holds the task's jobs
+IN_PROCESS_WORKER = "in-process-"  # the name of a tuning process's worker row starts so
+log = logging.getLogger(__name__)
 
 # progress(trials done, trials the task will have)
 TuneProgress = Callable[[int, int], None]
@@ -185,10 +188,30 @@ def _make_runner(
     raise InvalidArgumentError("runner", f"must be one of {known} or a Runner, got {runner!r}")
 
 
+def _host_prefix() -> str:
+    """How the in-process workers of this host are named (then the pid, runner and GPU)."""
+    return f"{IN_PROCESS_WORKER}{socket.gethostname()}-"
+
+
+def _process_gone(worker_name: str) -> bool:
+    """Whether the in-process worker of this host named so is a process that no longer
+    exists (False where its name does not say, or the process is another user's)."""
+    pid_text = worker_name.removeprefix(_host_prefix()).split("-", 1)[0]
+    if not pid_text.isdigit() or int(pid_text) == os.getpid():
+        return False
+    try:
+        os.kill(int(pid_text), 0)  # signal 0: only whether it exists
+    except ProcessLookupError:
+        return True
+    except OSError:  # PermissionError: it exists
+        return False
+    return False
+
+
 def _register(queue: Queue, runner: Runner, gpu: str) -> WorkerRef:
     """This process as a worker of the queue (one row per process, runner and GPU)."""
     spec = get_gpu(gpu)
-    name = f"in-process-{socket.gethostname()}-{os.getpid()}-{runner.name}-{gpu}"[:128]
+    name = f"{_host_prefix()}{os.getpid()}-{runner.name}-{gpu}"[:128]
     try:
         body = WorkerRegister.model_validate(
             {
@@ -231,7 +254,38 @@ class _InProcessTask:
         self.queue = Queue(database, settings, _metrics())
         self.driver = Driver(database, settings, _metrics())
         self.token_hash = token_hash(_worker_token())
+        self.lease_ttl_s = settings.lease_ttl_s
         self.worker = _register(self.queue, runner, gpu)
+        self._cancel_orphans()
+
+    def _cancel_orphans(self) -> None:
+        """Cancel the tasks of tunings of this host killed outright (SIGKILL, which no
+        handler sees): tasks still active whose trials an in-process worker of this host
+        leased, where that worker's process is gone and has not been heard of for a lease
+        TTL (its leases would have expired; a process of the same name in another pid
+        namespace is not taken for dead while it reports). Their trials are kept."""
+        quiet_since = self.database.now_plus(-self.lease_ttl_s)
+        with self.database.read() as s:
+            workers = s.execute(
+                select(WorkerRow.id, WorkerRow.name).where(
+                    WorkerRow.name.startswith(_host_prefix(), autoescape=True),
+                    WorkerRow.last_heartbeat < quiet_since,
+                )
+            ).all()
+            gone = [w.id for w in workers if _process_gone(w.name)]
+            if not gone:
+                return
+            orphans = s.scalars(
+                select(JobRow.task_id)
+                .join(LeaseRow, LeaseRow.job_id == JobRow.id)
+                .join(TaskRow, TaskRow.id == JobRow.task_id)
+                .where(LeaseRow.worker_id.in_(gone), TaskRow.state.in_(ACTIVE_TASK_STATES))
+                .distinct()
+                .order_by(JobRow.task_id)
+            ).all()
+        for task_id in orphans:
+            log.warning("task %d: its tuning process ended without a word; cancelled", task_id)
+            self.cancel(task_id)
 
     def create(self, body: TaskCreate) -> int:
         try:
