@@ -54,6 +54,7 @@ from pipetune.service.orm import JobRow, LeaseRow, TaskRow, WorkerRow, WorkloadR
 from pipetune.service.queue_pg import PostgresQueueStore
 from pipetune.service.queue_sqlite import SqliteQueueStore
 from pipetune.service.queue_types import (
+    LEASE_CLEARED,
     QueueStore,
     Report,
     Seen,
@@ -344,7 +345,9 @@ class Queue:
         """Claim up to max_jobs queued jobs for the worker (none: an empty list); with
         task_id, only that task's (`pipetune.tune` measures its own task in process). Under
         a request id's token (LeaseRequest.request_id); a `retry` gets the jobs the request
-        it repeats leased, while they are still leased to the worker, if there are any."""
+        it repeats leased, while they are still leased to the worker, if there are any
+        (with max_jobs 0 it only looks for those: a report retried by a worker that will
+        register again first, JobResults)."""
         self.maybe_reclaim()
         if request_id is None:
             token = secrets.token_urlsafe(24)
@@ -362,26 +365,29 @@ class Queue:
             return []
         try:
             canonical = self._canonical({c.workload_id for c in claimed})
+            leases = [
+                JobLease(
+                    job_id=c.id,
+                    lease_token=token,
+                    lease_expires_at=c.lease_expires_at,
+                    lease_ttl_s=self.settings.lease_ttl_s,
+                    task_id=c.task_id,
+                    trial=c.trial,
+                    workload=canonical[c.workload_id],
+                    gpu=c.gpu,
+                    schedule=ScheduleDoc.model_construct(**c.schedule),  # stored validated
+                )
+                for c in claimed
+            ]
         except BaseException:
             # The claim committed, the answer cannot be made: the worker will not get these.
-            self._release([c.id for c in claimed], token)
+            # (Jobs found again for a retry stay the worker's: its next retry may get them.)
+            self._release([c.id for c in claimed if not c.earlier], token)
             raise
         for c in claimed:
-            self.metrics.leases.labels(c.gpu).inc()
-        return [
-            JobLease(
-                job_id=c.id,
-                lease_token=token,
-                lease_expires_at=c.lease_expires_at,
-                lease_ttl_s=self.settings.lease_ttl_s,
-                task_id=c.task_id,
-                trial=c.trial,
-                workload=canonical[c.workload_id],
-                gpu=c.gpu,
-                schedule=ScheduleDoc.model_construct(**c.schedule),  # stored validated
-            )
-            for c in claimed
-        ]
+            if not c.earlier:  # (counted when they were claimed)
+                self.metrics.leases.labels(c.gpu).inc()
+        return leases
 
     async def hot(self, work: Callable[..., _T], *args: Any) -> _T:
         """Run a lease's claim or a result's record from the event loop. On PostgreSQL on the
@@ -436,7 +442,10 @@ class Queue:
         wait (not `new`): a woken one that finds the jobs taken costs a claim statement and
         waits on, where leaving them to it would cost this worker a lease request (measured:
         benchmarks/RESULTS.md, "a report leases the next jobs")."""
-        worker = self._authorised(worker_id, token_hash) if max_jobs > 0 else None
+        # A retry looks for the jobs of the report it repeats even with max_jobs 0 (a worker
+        # that will register again first asks for none new: try_lease).
+        asks = max_jobs > 0 or (retry and request_id is not None)
+        worker = self._authorised(worker_id, token_hash) if asks else None
         if worker is None:
             return []
         return await self.lease_now(worker, max_jobs, new=False, request_id=request_id, retry=retry)
@@ -544,9 +553,7 @@ class Queue:
                 .values(
                     state=case((give_up, JobState.LOST), else_=JobState.QUEUED),
                     attempts=JobRow.attempts + 1,
-                    lease_owner=None,
-                    lease_token=None,
-                    lease_expires_at=None,
+                    **LEASE_CLEARED,
                     finished_at=case((give_up, now), else_=None),
                     error=case(
                         (give_up, f"lost: {self.settings.max_attempts} leases expired"),
@@ -613,7 +620,13 @@ class Queue:
         hand over (the answer failed after the claim had committed): their worker never got
         them, so they are not left leased to it until the TTL, no attempt is counted, and a
         request waiting for them is woken. Best effort: should the database refuse this too,
+        or be stalled (a probe would hold the event loop, where PostgreSQL's claims run),
         the leases expire as before."""
+        if not job_ids:
+            return
+        if self.db.stalled:
+            log.warning("jobs %s stay leased until their TTL: the database is stalled", job_ids)
+            return
         locked = (
             select(JobRow.id)
             .where(
@@ -629,12 +642,7 @@ class Queue:
                 rows = s.execute(
                     update(JobRow)
                     .where(JobRow.id.in_(locked.scalar_subquery()))
-                    .values(
-                        state=JobState.QUEUED,
-                        lease_owner=None,
-                        lease_token=None,
-                        lease_expires_at=None,
-                    )
+                    .values(state=JobState.QUEUED, **LEASE_CLEARED)
                     .returning(JobRow.arch, JobRow.gpu, JobRow.only_runner)
                     .execution_options(synchronize_session=False)
                 ).all()

@@ -26,6 +26,7 @@ from typing import Any
 from pipetune.model.states import JobState, LeaseOutcome, TaskState
 from pipetune.service.db import Database, json_param
 from pipetune.service.queue_types import (
+    CLAIMED_COLUMNS,
     Claimed,
     Held,
     Report,
@@ -53,14 +54,19 @@ def _claim_sql(one_task: bool, one_workload: bool, again: bool) -> str:
     filters += " AND task_id = %(task_id)s" if one_task else ""
     if one_workload:
         filters += " AND workload_id = (SELECT id FROM workloads WHERE hash = %(workload)s)"
-    earlier, answer = "", "FROM claimed ORDER BY id"
+    columns = ", ".join(CLAIMED_COLUMNS)
+    earlier, answer = "", f"SELECT {columns}, false AS earlier FROM claimed ORDER BY id"
     if again:
-        earlier = """earlier AS MATERIALIZED (
-    SELECT id, task_id, trial, workload_id, gpu, schedule, lease_expires_at FROM jobs
+        earlier = f"""earlier AS MATERIALIZED (
+    SELECT {columns} FROM jobs
     WHERE lease_owner = %(worker)s AND state = %(leased)s AND lease_token = %(token)s
 ), """
         filters += " AND NOT EXISTS (SELECT 1 FROM earlier)"
-        answer = "FROM (SELECT * FROM claimed UNION ALL SELECT * FROM earlier) AS j ORDER BY id"
+        answer = f"""SELECT * FROM (
+    SELECT {columns}, false AS earlier FROM claimed
+    UNION ALL SELECT {columns}, true FROM earlier
+) AS j ORDER BY id"""
+    returned = ", ".join(f"jobs.{c}" for c in CLAIMED_COLUMNS)
     return f"""
 WITH {earlier}picked AS MATERIALIZED (
     SELECT id FROM jobs WHERE {filters}
@@ -71,8 +77,7 @@ WITH {earlier}picked AS MATERIALIZED (
         lease_expires_at = statement_timestamp() + make_interval(secs => %(ttl)s)
     FROM picked
     WHERE jobs.id = picked.id AND jobs.state = %(queued)s
-    RETURNING jobs.id, jobs.task_id, jobs.trial, jobs.workload_id, jobs.gpu, jobs.schedule,
-        jobs.lease_expires_at
+    RETURNING {returned}
 ), audit AS (
     INSERT INTO leases (job_id, worker_id, token, leased_at)
     SELECT id, %(worker)s, %(token)s, statement_timestamp() FROM claimed
@@ -80,7 +85,6 @@ WITH {earlier}picked AS MATERIALIZED (
     UPDATE tasks SET state = %(running)s, updated_at = statement_timestamp()
     WHERE id IN (SELECT task_id FROM claimed) AND state = %(task_queued)s
 )
-SELECT id, task_id, trial, workload_id, gpu, schedule, lease_expires_at
 {answer}
 """
 
@@ -138,6 +142,7 @@ WITH report AS (
 ), ended AS (
     UPDATE leases SET outcome = %(result_outcome)s, ended_at = statement_timestamp()
     FROM applied WHERE leases.job_id = applied.id AND leases.token = applied.token
+        AND leases.outcome IS NULL  -- (a token's earlier lease of the job, released, stays)
 ), per_task AS (
     SELECT task_id, count(*) AS n, count(*) FILTER (WHERE NOT ok) AS failed,
         min(latency_us) FILTER (WHERE ok) AS best_latency,
@@ -259,6 +264,7 @@ class PostgresQueueStore:
                 gpu=r.gpu,
                 schedule=r.schedule,
                 lease_expires_at=_utc(r.lease_expires_at),
+                earlier=r.earlier,
             )
             for r in rows
         ]

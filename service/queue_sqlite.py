@@ -19,6 +19,7 @@ from pipetune.model.states import JobState, LeaseOutcome, TaskState
 from pipetune.service.db import Database
 from pipetune.service.orm import JobRow, LeaseRow, TaskRow, WorkerRow, WorkloadRow
 from pipetune.service.queue_types import (
+    CLAIMED_COLUMNS,
     Claimed,
     Held,
     Report,
@@ -64,9 +65,14 @@ _APPLY = (
         finished_at=bindparam("b_now"),
     )
 )
+_CLAIMED = [JOBS.c[name] for name in CLAIMED_COLUMNS]
 _END_LEASE = (
     update(LEASES)
-    .where(LEASES.c.job_id == bindparam("b_id"), LEASES.c.token == bindparam("b_token"))
+    .where(
+        LEASES.c.job_id == bindparam("b_id"),
+        LEASES.c.token == bindparam("b_token"),
+        LEASES.c.outcome.is_(None),  # (a token's earlier lease of the job, released, stays)
+    )
     .values(outcome=LeaseOutcome.RESULT, ended_at=bindparam("b_now"))
 )
 
@@ -129,16 +135,7 @@ class SqliteQueueStore:
                     lease_token=token,
                     lease_expires_at=self.db.now_plus(ttl_s),
                 )
-                .returning(
-                    JOBS.c.id,
-                    JOBS.c.task_id,
-                    JOBS.c.trial,
-                    JOBS.c.workload_id,
-                    JOBS.c.gpu,
-                    JOBS.c.schedule,
-                    JOBS.c.lease_expires_at,
-                    self.db.now().label("now"),
-                )
+                .returning(*_CLAIMED, self.db.now().label("now"))
             ).all()
             if not rows:
                 return []
@@ -158,7 +155,7 @@ class SqliteQueueStore:
                 .values(state=TaskState.RUNNING, updated_at=self.db.now())
             )
         return [
-            Claimed(r.id, r.task_id, r.trial, r.workload_id, r.gpu, r.schedule, r.lease_expires_at)
+            Claimed(*(getattr(r, c) for c in CLAIMED_COLUMNS))
             for r in sorted(rows, key=lambda r: r.id)
         ]
 
@@ -166,15 +163,7 @@ class SqliteQueueStore:
         """The jobs leased to the worker under `token` (a retried request's answer)."""
         with self.db.read_conn() as conn:
             rows = conn.execute(
-                select(
-                    JOBS.c.id,
-                    JOBS.c.task_id,
-                    JOBS.c.trial,
-                    JOBS.c.workload_id,
-                    JOBS.c.gpu,
-                    JOBS.c.schedule,
-                    JOBS.c.lease_expires_at,
-                )
+                select(*_CLAIMED)
                 .where(
                     JOBS.c.lease_owner == worker.id,
                     JOBS.c.state == JobState.LEASED,
@@ -182,7 +171,7 @@ class SqliteQueueStore:
                 )
                 .order_by(JOBS.c.id)
             ).all()
-        return [Claimed(*r) for r in rows]
+        return [Claimed(*r, earlier=True) for r in rows]
 
     def record(self, worker: WorkerRef | None, reports: list[Report]) -> list[Seen]:
         ids = sorted({r.job_id for r in reports})

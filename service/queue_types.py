@@ -74,6 +74,27 @@ class Claimed:
     gpu: str
     schedule: dict[str, Any]
     lease_expires_at: dt.datetime
+    # Leased by the request a retry repeats (found again, not claimed now).
+    earlier: bool = False
+
+
+# The job columns a claim returns, in Claimed's order (both stores build their statements
+# from it).
+CLAIMED_COLUMNS: tuple[str, ...] = (
+    "id",
+    "task_id",
+    "trial",
+    "workload_id",
+    "gpu",
+    "schedule",
+    "lease_expires_at",
+)
+# What a job's row holds of a lease it no longer has (requeued: released or expired).
+LEASE_CLEARED: dict[str, None] = {
+    "lease_owner": None,
+    "lease_token": None,
+    "lease_expires_at": None,
+}
 
 
 @dataclass(frozen=True)

@@ -14,6 +14,7 @@ from service_support import (
     client_for,
     create_task,
     lease,
+    ok,
     register,
     service_of,
 )
@@ -116,3 +117,27 @@ def test_released_jobs_wake_a_request_waiting_for_them(db_url):
 @pytest.mark.parametrize("outcome", list(LeaseOutcome))
 def test_every_lease_outcome_fits_its_column(outcome):
     assert len(outcome.value) <= LeaseRow.__table__.c.outcome.type.length
+
+
+def test_a_retry_that_claims_the_released_jobs_again_leaves_their_released_leases_be(db_url):
+    """A request id's token is the same for its retries, so a retry may claim again the
+    jobs its failed answer released, under that token: their results then ended both of
+    the job's leases with that token (`released` overwritten by `result`), and the load
+    audit read two results for one job."""
+    with client_for(db_url) as c:
+        queue = service_of(c).queue
+        worker = register(c, "w")
+        create_task(c, budget=2, strategy="grid")
+        _workload_read_fails(queue)
+        body = {"worker_id": worker, "max_jobs": 2, "wait_s": 0, "request_id": "lease-0001"}
+        assert c.post("/v1/jobs/lease", json=body, headers=WORKER_HEADERS).status_code == 503
+        r = c.post("/v1/jobs/lease", json={**body, "retry": True}, headers=WORKER_HEADERS)
+        jobs = r.json()["jobs"]
+        assert len(jobs) == 2
+        for job in jobs:
+            report = {"worker_id": worker, "lease_token": job["lease_token"], "result": ok(5.0)}
+            answer = c.post(f"/v1/jobs/{job['job_id']}/result", json=report, headers=WORKER_HEADERS)
+            assert answer.json()["accepted"]
+        with service_of(c).db.write() as s:
+            outcomes = s.scalars(select(LeaseRow.outcome).order_by(LeaseRow.id)).all()
+        assert outcomes == [LeaseOutcome.RELEASED] * 2 + [LeaseOutcome.RESULT] * 2

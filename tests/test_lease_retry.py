@@ -5,6 +5,8 @@ got them until their TTL, and used up one of their attempts."""
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import httpx
 import pytest
 from service_support import (
@@ -12,6 +14,7 @@ from service_support import (
     WORKER_HEADERS,
     client_for,
     create_task,
+    metric_value,
     ok,
     register,
     service_of,
@@ -59,6 +62,8 @@ def test_a_lease_request_sent_again_with_its_id_gets_what_the_first_leased(db_ur
         again = _lease(c, worker, 2, "lease-0001", retry=True)  # the first answer was lost
         assert _held(again) == _held(first)
         assert _leases(c) == 2  # nothing more was leased
+        metrics = c.get("/metrics").text  # and counted once
+        assert metric_value(metrics, "pipetune_jobs_leased_total", gpu="h100") == 2.0
         # The same id from another worker is another request.
         theirs = _lease(c, other, 2, "lease-0001", retry=True)
         assert len(theirs) == 2 and not {j["job_id"] for j in theirs} & {j["job_id"] for j in first}
@@ -167,7 +172,6 @@ class _AnswersLost(httpx.BaseTransport):
 
 def _daemon(api):
     import io
-    from types import SimpleNamespace
 
     from pipetune.workers.daemon import EventLog, WorkerConfig
     from pipetune.workers.daemon.gpu import describe_model_gpu
@@ -202,3 +206,53 @@ def test_the_worker_daemon_gets_the_jobs_of_a_lease_answer_lost_on_the_way(db_ur
                 select(LeaseRow.job_id, LeaseRow.token).where(LeaseRow.outcome.is_(None))
             ).all()
         assert sorted(leased) == sorted((j.job_id, j.lease_token) for j in jobs)
+
+
+def test_a_report_retried_for_none_new_gets_what_its_lost_answer_leased(db_url):
+    """A worker that will register again first (after an outage) asks its retried report
+    for no new jobs; it still gets the ones the lost answer held (and nothing more)."""
+    with client_for(db_url) as c:
+        worker = register(c, "w")
+        create_task(c, budget=4, strategy="grid")
+        (job,) = _lease(c, worker, 1)
+        item = {"job_id": job["job_id"], "lease_token": job["lease_token"], "result": ok(9.0)}
+        body = {"worker_id": worker, "results": [item], "request_id": "report-0001"}
+        lost = c.post("/v1/jobs/results", json={**body, "max_jobs": 2}, headers=WORKER_HEADERS)
+        assert len(lost.json()["jobs"]) == 2
+        again = c.post(
+            "/v1/jobs/results", json={**body, "max_jobs": 0, "retry": True}, headers=WORKER_HEADERS
+        )
+        assert _held(again.json()["jobs"]) == _held(lost.json()["jobs"])
+        assert _leases(c) == 3
+        # With nothing earlier, such a retry leases nothing.
+        other = {**body, "request_id": "report-0002", "max_jobs": 0, "retry": True}
+        assert c.post("/v1/jobs/results", json=other, headers=WORKER_HEADERS).json()["jobs"] == []
+        assert _leases(c) == 3
+
+
+def test_the_worker_daemon_gets_the_jobs_of_a_report_answer_lost_on_the_way(db_url):
+    """The daemon's report leased jobs and its answer was lost: the retry (which asks for no
+    new jobs: the worker registers again after a failure) gets those jobs for the worker's
+    pool; they were left leased until their TTL."""
+    from pipetune.clients.sdk.worker_api import WorkerApi
+    from pipetune.model.trials import MeasureResult
+    from pipetune.model.wire import JobLease
+
+    with client_for(db_url) as c:
+        create_task(c, budget=4, strategy="grid")
+        transport = _AnswersLost(c._transport, "/v1/jobs/results")
+        api = WorkerApi(str(c.base_url), TOKEN, transport=transport)
+        worker = _daemon(api)
+        assert worker._register(api)
+        (job,) = api.lease(worker.worker_id, 1, wait_s=0)
+        handed: list[JobLease] = []
+        worker._pool = SimpleNamespace(submit=lambda _fn, unit: handed.extend(unit))
+        worker._busy = 1
+        worker._report_batch(api, [(job, MeasureResult(status="ok", latency_us=5.0))])
+        assert transport.lost == 1 and len(handed) == 3  # what the lost answer leased
+        assert _leases(c) == 4  # the first lease, and those three: nothing more
+        with service_of(c).db.write() as s:
+            live = s.execute(
+                select(LeaseRow.job_id, LeaseRow.token).where(LeaseRow.outcome.is_(None))
+            ).all()
+        assert sorted(live) == sorted((j.job_id, j.lease_token) for j in handed)

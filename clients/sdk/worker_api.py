@@ -140,19 +140,19 @@ class WorkerApi:
     ) -> JobResultAcks:
         """`post_results`, and the worker's next lease in the same request: up to `max_jobs`
         queued jobs (`jobs` of the answer; none when nothing is queued, without waiting).
-        `request_id` and `retry`: as `lease`'s, for those jobs."""
+        `request_id` and `retry`: as `lease`'s, for those jobs; a retry with `max_jobs` 0
+        gets the jobs the report it repeats leased and leases none new."""
+        looks_back = retry and request_id is not None
         body = JobResults(
             worker_id=worker_id,
             results=results,
             max_jobs=max_jobs,
-            request_id=request_id if max_jobs else None,
-            retry=retry and bool(max_jobs),
+            request_id=request_id if max_jobs or looks_back else None,
+            retry=looks_back,
         )
         doc = body.model_dump(mode="json")
         if not max_jobs:
-            # As before the field existed: a service of then takes it (and nothing is
-            # leased for a request id to find again).
-            del doc["max_jobs"], doc["request_id"], doc["retry"]
+            del doc["max_jobs"]  # as before the field existed: a service of then takes it
         return self._post_with_request_id(JobResultAcks, "/v1/jobs/results", doc)
 
     def close(self) -> None:

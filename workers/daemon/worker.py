@@ -781,7 +781,9 @@ class Worker:
                         worker_id,
                         results[i : i + MAX_RESULTS_PER_POST],
                         max_jobs=self._lease_with_report(len(items)) if last else 0,
-                        request_id=request_id,
+                        # A retry looks for what a lost answer leased even where it asks
+                        # for no new jobs (a worker that will register again first).
+                        request_id=request_id if last else None,
                         retry=tries > 1,
                     )
                     jobs = answer.jobs
