@@ -57,6 +57,27 @@ class FakeApi:
         return self._call("lease", [])
 
 
+def _job() -> object:
+    """A leased job to report (job 1)."""
+    import datetime as dt
+
+    from pipetune.model.wire import JobLease, ScheduleDoc
+
+    return JobLease(
+        job_id=1,
+        lease_token="token-0001",
+        lease_expires_at=dt.datetime.now(dt.UTC),
+        task_id=1,
+        trial=0,
+        workload={"op": "gemm", "m": 64, "n": 64, "k": 64},
+        gpu="h100",
+        schedule=ScheduleDoc(
+            block_row_warps=2, block_col_warps=2, warp_row_tiles=2, warp_col_tiles=2,
+            chunk=2, smem_stages=3, reg_stages=2,
+        ),
+    )  # fmt: skip
+
+
 def _worker(api: FakeApi, **config: object) -> tuple[Worker, io.StringIO]:
     settings = {"server": "http://fake", "token": "t", "runner": "simulated", "gpu": "h100"}
     log = io.StringIO()
@@ -189,24 +210,10 @@ def test_after_an_outage_the_worker_registers_again_before_it_leases():
 def test_a_report_that_met_an_outage_leases_nothing_until_the_worker_registers_again():
     """The reporter leases with its reports: retried after an outage under the stale id,
     it too would take another worker's jobs."""
-    import datetime as dt
-
     from pipetune.model.trials import MeasureResult
-    from pipetune.model.wire import JobLease, JobResultAck, JobResultAcks, ScheduleDoc
+    from pipetune.model.wire import JobResultAck, JobResultAcks
 
-    job = JobLease(
-        job_id=1,
-        lease_token="token-0001",
-        lease_expires_at=dt.datetime.now(dt.UTC),
-        task_id=1,
-        trial=0,
-        workload={"op": "gemm", "m": 64, "n": 64, "k": 64},
-        gpu="h100",
-        schedule=ScheduleDoc(
-            block_row_warps=2, block_col_warps=2, warp_row_tiles=2, warp_col_tiles=2,
-            chunk=2, smem_stages=3, reg_stages=2,
-        ),
-    )  # fmt: skip
+    job = _job()
     asked: list[tuple[int, int]] = []  # (worker id, max_jobs) of each report sent
 
     class ReportApi(RestartedApi):
@@ -413,24 +420,10 @@ def test_a_lease_and_its_retries_carry_one_request_id_and_the_next_lease_another
 
 
 def test_a_report_and_its_retries_carry_one_request_id():
-    import datetime as dt
-
     from pipetune.model.trials import MeasureResult
-    from pipetune.model.wire import JobLease, JobResultAck, JobResultAcks, ScheduleDoc
+    from pipetune.model.wire import JobResultAck, JobResultAcks
 
-    job = JobLease(
-        job_id=1,
-        lease_token="token-0001",
-        lease_expires_at=dt.datetime.now(dt.UTC),
-        task_id=1,
-        trial=0,
-        workload={"op": "gemm", "m": 64, "n": 64, "k": 64},
-        gpu="h100",
-        schedule=ScheduleDoc(
-            block_row_warps=2, block_col_warps=2, warp_row_tiles=2, warp_col_tiles=2,
-            chunk=2, smem_stages=3, reg_stages=2,
-        ),
-    )  # fmt: skip
+    job = _job()
     sent: list[str | None] = []
     retries: list[bool] = []
 
