@@ -550,6 +550,11 @@ class Driver:
         # The field a prior's 422 names: the one the request gave (prior_gpu resolves to a
         # prior_task here, which the user never named).
         prior_field = "prior_task" if body.prior_gpu is None else "prior_gpu"
+        # A workload with no valid schedule on the GPU first: a prior for it had "no
+        # configuration in common", a 422 that sent the user to fix the prior.
+        if len(self._space(body.workload, body.gpu)[0]) == 0:
+            reason = family_of(body.workload).no_schedule_reason(body.workload, get_gpu(body.gpu))
+            raise InputError([*where[:1], "workload"], reason)
         if body.prior_gpu is not None:
             body = self._resolve_prior_gpu(body, where)
         if body.prior_task is not None:
@@ -580,9 +585,6 @@ class Driver:
             else:
                 field = prior_field if learned_from is None else "learned_prior"
                 raise InputError([*where, field], str(exc)) from None
-        if len(live.session.space) == 0:
-            reason = family_of(body.workload).no_schedule_reason(body.workload, get_gpu(body.gpu))
-            raise InputError([*where[:1], "workload"], reason)
         batch_size = self.settings.batch_size if body.batch_size is None else body.batch_size
         batches = []
         for _ in range(1 + batches_ahead(body.strategy)):

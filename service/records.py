@@ -52,9 +52,10 @@ def workload_id(session: Session, workload: Any) -> int:
     return session.execute(_WORKLOAD_ID, {"digest": digest}).scalar_one()
 
 
-def _failed_schedules(workload_hash: str, gpu: str) -> Any:
+def _failed_schedules(workload_hash: str, gpu: str, *where: Any) -> Any:
     """The schedule ids of the failed trials of this workload on this GPU, over every task
-    (a compile error, a wrong result, a timeout: a runner's failure status), in SQL."""
+    (a compile error, a wrong result, a timeout: a runner's failure status), in SQL; `where`
+    narrows the trials (to a GPU's measurements)."""
     return (
         select(JobRow.schedule_id)
         .join(WorkloadRow, JobRow.workload_id == WorkloadRow.id)
@@ -62,18 +63,23 @@ def _failed_schedules(workload_hash: str, gpu: str) -> Any:
             WorkloadRow.hash == workload_hash,
             JobRow.gpu == gpu,
             JobRow.status.in_(sorted(FAILED_STATUSES)),
+            *where,
         )
     )
 
 
 def best_measured(session: Session, workload_hash: str, gpu: str) -> JobRow | None:
     """The fastest successful trial of this workload on this GPU, over every task: of those
-    measured on a GPU where there are any. A simulated latency is the model's, not a time to
-    compare with one: an imported simulated sweep's 4.5 us hid the 11.8 us a GPU measured,
-    and `pipetune export` wrote the simulated pick. Without a GPU's, the fastest of any
-    runner (labelled as its runner says) whose schedule never failed on the GPU: a simulated
-    success is the model's guess, and the lookup answered a schedule whose GPU trial had
-    given a wrong result because the simulated runner had timed it fastest."""
+    measured on a GPU where there are any, of a schedule that no GPU trial saw fail there. A
+    simulated latency is the model's, not a time to compare with one: an imported simulated
+    sweep's 4.5 us hid the 11.8 us a GPU measured, and `pipetune export` wrote the simulated
+    pick. A schedule timed fastest in one task and giving a wrong result (or failing to
+    launch, or timing out) in another was answered as the one to run; a failure seen on the
+    GPU outweighs a success there (a race that corrupts its output only sometimes), while a
+    simulated failure, the model's guess, does not. Without a GPU's measurement, the fastest
+    of any runner (labelled as its runner says) whose schedule never failed on the GPU: a
+    simulated success is the model's guess, and the lookup answered a schedule whose GPU
+    trial had given a wrong result because the simulated runner had timed it fastest."""
 
     def fastest(*where: Any) -> JobRow | None:
         return session.scalars(
@@ -85,9 +91,10 @@ def best_measured(session: Session, workload_hash: str, gpu: str) -> JobRow | No
             .limit(1)
         ).first()
 
-    return fastest(JobRow.runner.in_(MEASURED_RUNNERS)) or fastest(
-        JobRow.schedule_id.not_in(_failed_schedules(workload_hash, gpu))
-    )
+    on_gpu = JobRow.runner.in_(MEASURED_RUNNERS)
+    return fastest(
+        on_gpu, JobRow.schedule_id.not_in(_failed_schedules(workload_hash, gpu, on_gpu))
+    ) or fastest(JobRow.schedule_id.not_in(_failed_schedules(workload_hash, gpu)))
 
 
 @dataclass(frozen=True)

@@ -139,6 +139,38 @@ def test_a_simulated_success_is_never_the_answer_for_a_schedule_that_failed_on_t
     assert doc["latency_us"] == 51.0  # the fastest simulated one that never failed
 
 
+def test_a_gpu_measurement_is_never_the_answer_for_a_schedule_that_failed_on_the_gpu(client):
+    """A schedule timed fastest on the GPU in one task and computing a wrong result there in
+    another was answered as the one to run (`source: measured`): the failure filter covered
+    only the simulated fallback. A GPU's failure outweighs its success (a race that corrupts
+    the output only sometimes); the next fastest measured schedule answers. A simulated
+    failure of a schedule the GPU ran is the model's guess and does not."""
+    gpu = register(client, "gpu", runner="cupy")
+    simulated = register(client, "sim", runner="simulated")
+    create_task(client, budget=4, batch_size=4, runner="cupy")
+    jobs = lease(client, gpu, max_jobs=4)
+    for i, job in enumerate(jobs):
+        post_result(client, gpu, job, ok(10.0 if i == 0 else 50.0 + i))
+    fastest = jobs[0]["schedule"]
+    create_task(client, budget=4, batch_size=4, runner="simulated")
+    first = lease(client, simulated, max_jobs=4)[0]
+    assert first["schedule"] == fastest  # (the same seed proposes the same first)
+    wrong = {"status": "wrong_result", "error": "simulated: a made-up failure"}
+    assert post_result(client, simulated, first, wrong).json()["accepted"]
+    doc = client.post("/v1/schedules", json={"workload": GEMM, "gpu": "h100"}).json()
+    assert doc["schedule"] == fastest and doc["latency_us"] == 10.0  # the model's word only
+
+    create_task(client, budget=4, batch_size=4, runner="cupy")
+    again = lease(client, gpu, max_jobs=4)[0]
+    assert again["schedule"] == fastest
+    wrong = {"status": "wrong_result", "error": "max abs error 3.2"}
+    assert post_result(client, gpu, again, wrong).json()["accepted"]
+    doc = client.post("/v1/schedules", json={"workload": GEMM, "gpu": "h100"}).json()
+    assert doc["schedule"] != fastest
+    assert doc["source"] == "measured" and doc["runner"] == "cupy"
+    assert doc["latency_us"] == 51.0  # the fastest GPU measurement that never failed there
+
+
 def test_a_workload_whose_every_schedule_failed_is_a_clear_422(client):
     """When every valid schedule failed on the GPU there is no pick to give: a 422 naming
     the workload and saying so, not a schedule known not to run."""

@@ -261,3 +261,20 @@ def test_a_prior_gpu_with_no_schedule_in_common_is_a_422_naming_prior_gpu(client
     assert response.status_code == 422, response.text
     assert response.json()["field"] == "prior_gpu", response.text
     assert "no configuration of this space ran there" in response.json()["reason"]
+
+
+@pytest.mark.parametrize("prior", ["prior_task", "prior_gpu"])
+def test_a_prior_for_a_workload_the_gpu_cannot_run_names_the_workload(client, prior):
+    """A Hopper-only GEMM on an A100 with a prior from the H100 was a 422 on the prior's field
+    ("no configuration of this space ran there"), sending the user to fix the prior; without
+    the prior the same request named the workload, which is what is wrong."""
+    hopper = {"op": "hopper_gemm", "m": 1024, "n": 768, "k": 3072}
+    first = {"workload": hopper, "gpu": "h100", "budget": 4, "strategy": "random"}
+    task = create_task(client, **first)["id"]
+    assert drain(client, register(client, name="h100", gpu="h100")) == 4
+    body = {"workload": hopper, "gpu": "a100", "budget": 4}
+    body[prior] = task if prior == "prior_task" else "h100"
+    response = client.post("/v1/tasks", json=body)
+    assert response.status_code == 422, response.text
+    assert response.json()["field"] == "workload", response.text
+    assert "needs a Hopper GPU" in response.json()["reason"]
