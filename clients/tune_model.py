@@ -32,6 +32,8 @@ from rich.console import Console
 from rich.table import Table
 
 from pipetune.clients.sdk import ApiError, Client, PipetuneError
+from pipetune.clients.sdk.client import Outage
+from pipetune.clients.sdk.errors import TRANSIENT
 from pipetune.model.family import KernelFamily, family_names, family_of
 from pipetune.model.hardware import HardwareError, get_gpu, resolve_gpu_key
 from pipetune.model.networks import DistinctShape, Network
@@ -252,11 +254,22 @@ def wait_all(
     poll_s: float = 1.0,
     timeout_s: float | None = None,
 ) -> list[TaskDoc]:
-    """Poll every task until each has finished (done, failed or cancelled)."""
+    """Poll every task until each has finished (done, failed or cancelled). A look that fails
+    for the moment (a service restart, a 503 while the database fails over) is retried as
+    `Client.wait` retries it: one such failure ended the command while its tasks went on."""
     deadline = None if timeout_s is None else time.monotonic() + timeout_s
+    outage = Outage(poll_s, deadline)
     current = list(tasks)
     while True:
-        current = [t if t.state.is_final() else client.task(t.id) for t in current]
+        try:
+            current = [t if t.state.is_final() else client.task(t.id) for t in current]
+        except TRANSIENT as exc:
+            pause = outage.pause_after(exc)
+            if pause is None:
+                raise
+            time.sleep(pause)
+            continue
+        outage.over()
         if progress is not None:
             progress(current)
         if all(t.state.is_final() for t in current):

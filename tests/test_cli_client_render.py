@@ -259,6 +259,36 @@ def test_an_interrupted_tune_model_names_the_tasks_that_go_on(monkeypatch: pytes
     assert "DELETE http://svc:8000/v1/tasks/ID" in said
 
 
+class _UnreachableModelService(_InterruptedModelService):
+    """`pipetune tune-model`'s client: each shape's task queued, then the service stays
+    unreachable while it waits."""
+
+    def task(self, task_id: int) -> TaskDoc:
+        from pipetune.clients.sdk import ServiceUnavailableError
+
+        raise ServiceUnavailableError("http://svc:8000", "connection refused")
+
+
+def test_a_tune_model_that_loses_the_service_names_the_tasks_that_go_on(
+    monkeypatch: pytest.MonkeyPatch,
+):
+    """Past the SDK's patience for an unreachable service, the error alone ended the wait:
+    nothing said that the queued tasks go on, or how to follow them again."""
+    from pipetune.clients.cli import client_cmds
+    from pipetune.clients.sdk import client as client_module
+
+    monkeypatch.setattr(client_module, "WAIT_THROUGH_S", 0.0)
+    fake = _UnreachableModelService()
+    monkeypatch.setattr(client_cmds, "client", lambda server, api_key: fake)
+    args = ["tune-model", "bert-base", "--seq", "128", "--server", "http://svc:8000"]
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 1, (result.output, result.exception)
+    said = " ".join(result.stderr.split())
+    ids = ", ".join(str(100 + i) for i in range(1, fake.created + 1))
+    assert f"tasks {ids} go on at the service if it comes back" in said
+    assert "cannot reach the pipetune service" in said and "Traceback" not in said
+
+
 class _QueuedWithPrior(_FakeService):
     def tune(self, *args: object, **kwargs: object) -> TaskDoc:
         return TASK.model_copy(update={"state": TaskState.QUEUED, "prior_task": 3})

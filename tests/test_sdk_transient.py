@@ -159,3 +159,26 @@ def test_error_bodies_of_other_shapes_and_broken_encodings_are_clear_errors():
 
     with pytest.raises(ProtocolError, match="cannot be decoded"):
         _client(broken).task(1)
+
+
+def test_tune_model_waits_through_an_outage_and_a_restart_as_wait_does(monkeypatch):
+    """`pipetune tune-model`'s wait over many tasks (tune_model.wait_all) ended at the first
+    look that failed for the moment (a restart's refused connection, a failover's 503), its
+    tasks going on at the service, where `tune --wait` rode it out. It now retries as
+    Client.wait does, and gives up after WAIT_THROUGH_S of failures in a row."""
+    from pipetune.clients import tune_model
+
+    def answers(look: int):
+        if look in (1, 2):
+            return OUTAGE
+        if look == 3:
+            return httpx.ConnectError("connection refused")
+        return httpx.Response(200, json={**TASK, "state": "done" if look >= 5 else "running"})
+
+    client = _client(answers)
+    first = client.task(1)  # look 0
+    finals = tune_model.wait_all(client, [first], poll_s=0.001)
+    assert [t.state for t in finals] == ["done"]
+    monkeypatch.setattr(client_module, "WAIT_THROUGH_S", 0.05)
+    with pytest.raises(ServerError, match="retry shortly"):  # its patience, then the error
+        tune_model.wait_all(_client(lambda look: OUTAGE), [first], poll_s=0.001)

@@ -53,6 +53,7 @@ from pipetune.clients.library.labels import (
     trials_of,
     trials_to_run,
 )
+from pipetune.clients.sdk.errors import TRANSIENT
 from pipetune.clients.sdk.http import shown_url
 from pipetune.model.family import parse_any_workload
 from pipetune.model.hardware import DEFAULT_GPU, HardwareError, get_gpu, gpu_keys, resolve_gpu_key
@@ -730,6 +731,15 @@ def tune_model(
             try:
                 with sigterm_interrupts():
                     finals = tm.wait_all(c, started, update, poll_s=poll)
+            except TRANSIENT:
+                # Unreachable for longer than a restart takes: the error says why, and this
+                # what became of the tasks.
+                ids = ", ".join(str(t.id) for t in started)
+                stderr_console.print(
+                    f"tasks {ids} go on at the service if it comes back; follow them again "
+                    "by running this command with --resume"
+                )
+                raise
             except KeyboardInterrupt as exc:
                 # The tasks are the service's: they go on without this command (said, where
                 # it used to end without a word, and a second run queued every shape again).

@@ -150,6 +150,30 @@ def _pause(poll_s: float, deadline: float | None, asked_s: float | None = None) 
     return max(0.0, min(pause, deadline - time.monotonic()))
 
 
+class Outage:
+    """Looks at the service that failed for the moment (TRANSIENT) in a row, for a wait that
+    rides them out: a database failover or a service restart, not a service that is gone.
+    `pause_after(exc)` is how long to sleep before looking again, or None to give up (the
+    failures have lasted WAIT_THROUGH_S, or the deadline has passed); `over()` after a look
+    that succeeded."""
+
+    def __init__(self, poll_s: float, deadline: float | None):
+        self.poll_s = poll_s
+        self.deadline = deadline
+        self._since: float | None = None
+
+    def pause_after(self, exc: BaseException) -> float | None:
+        now = time.monotonic()
+        self._since = now if self._since is None else self._since
+        past_deadline = self.deadline is not None and now >= self.deadline
+        if past_deadline or now - self._since >= WAIT_THROUGH_S:
+            return None
+        return _pause(self.poll_s, self.deadline, asked_wait_s(exc))
+
+    def over(self) -> None:
+        self._since = None
+
+
 def _options_body(options: TuneOptions) -> dict[str, Any]:
     """A task's options as sent: those left out (None) are not sent, nor the default
     priority: a service that predates the field refuses any unknown one (422), even at the
@@ -344,7 +368,7 @@ class Client:
             timeout_s = seconds_argument("timeout_s", timeout_s, zero_ok=True)
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
         last: TaskDoc | None = None
-        failing_since: float | None = None
+        outage = Outage(poll_s, deadline)
         while True:
             try:
                 doc = self.task(task_id)
@@ -352,14 +376,12 @@ class Client:
                 # A look that failed for the moment (a database outage is a 503 "retry
                 # shortly", a restart refuses connections): the next look may succeed, within
                 # the deadline and WAIT_THROUGH_S of failures in a row.
-                now = time.monotonic()
-                failing_since = now if failing_since is None else failing_since
-                past_deadline = deadline is not None and now >= deadline
-                if past_deadline or now - failing_since >= WAIT_THROUGH_S:
+                pause = outage.pause_after(exc)
+                if pause is None:
                     raise
-                time.sleep(_pause(poll_s, deadline, asked_wait_s(exc)))
+                time.sleep(pause)
                 continue
-            failing_since = None
+            outage.over()
             if progress is not None and (last is None or doc != last):
                 progress(doc)
             last = doc
