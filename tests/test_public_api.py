@@ -21,7 +21,8 @@ from typer.testing import CliRunner
 
 import pipetune
 from pipetune.clients.cli.main import app
-from pipetune.clients.library.store import LocalDatabaseError, LocalInputError, LocalStore
+from pipetune.clients.library.store import LocalInputError, LocalStore
+from pipetune.model.errors import InvalidArgumentTypeError
 from pipetune.model.hardware import HardwareError
 from pipetune.model.states import JobState
 from pipetune.model.workloads import WorkloadError
@@ -312,9 +313,12 @@ def test_an_api_key_without_a_server_is_refused_not_ignored(home: Path):
         # An AttributeError ('NoneType' object has no attribute 'strip') before.
         ({"gpu": None}, HardwareError, "^gpu: expected a GPU name such as 'h100', got NoneType"),
         # SQLAlchemy's ArgumentError, raised again by the handler that caught it.
-        ({"db": "/tmp/x.db"}, LocalDatabaseError, "^db: not a database URL: '/tmp/x.db'"),
+        # (Then a LocalDatabaseError alone: not the documented ValueError naming `db`.)
+        ({"db": "/tmp/x.db"}, pipetune.InvalidArgumentError, "^db: not a database URL: '/tmp/x"),
         # Read as no db at all: the task went into the default database.
-        ({"db": ""}, LocalDatabaseError, "^db: empty: give a database URL, or leave db out"),
+        ({"db": ""}, pipetune.InvalidArgumentError, "^db: empty: give a database URL, or leave"),
+        ({"db": "sqlite://"}, pipetune.InvalidArgumentError, "^db: an in-memory SQLite database"),
+        ({"db": 5}, InvalidArgumentTypeError, "^db: expected a database URL, got int"),
         # pydantic's "Value error, " was left in the reason.
         ({"prior_gpu": "zz"}, ValueError, "^prior_gpu: unknown GPU 'zz'"),
         ({"prior_task": 5}, WorkloadError, "prior_task: task 5 does not exist"),
@@ -330,8 +334,10 @@ def test_bad_input_is_refused_by_name_and_leaves_no_task(home: Path, kwargs, err
     args = {"workload": FC, "gpu": "h100", "budget": 4, "runner": "simulated", **kwargs}
     if kwargs.get("runner") == "cupy" and importlib.util.find_spec("cupy") is not None:
         pytest.skip("CuPy is installed here")
-    with pytest.raises(error, match=words):
+    with pytest.raises(error, match=words) as refused:
         pipetune.tune(**args)
+    if "db" in kwargs:  # (a LocalDatabaseError alone: no `.argument`, not a ValueError)
+        assert refused.value.argument == "db"
     with LocalStore() as store:
         assert store.tasks() == []
 

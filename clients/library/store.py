@@ -20,6 +20,7 @@ from sqlalchemy.exc import ArgumentError, SQLAlchemyError
 
 from pipetune.clients.library.inputs import as_gpu, as_workload
 from pipetune.clients.sdk import Client, PipetuneError
+from pipetune.model.errors import InvalidArgumentError, InvalidArgumentTypeError
 from pipetune.model.family import family_of, generator_revision_of
 from pipetune.model.hardware import get_gpu
 from pipetune.model.states import TaskState
@@ -48,6 +49,16 @@ class LocalDatabaseError(PipetuneError):
     """The local database cannot be read: unreachable, or its schema is not this version's."""
 
 
+class DatabaseArgumentError(LocalDatabaseError, InvalidArgumentError):
+    """A `db` argument that is not a database URL: bad input, a ValueError naming `db` in
+    `.argument` as every other argument's is (it was a LocalDatabaseError alone, which the
+    documented `except ValueError` missed)."""
+
+
+class DatabaseArgumentTypeError(LocalDatabaseError, InvalidArgumentTypeError):
+    """A `db` argument that is not a string."""
+
+
 class LocalNotFoundError(LocalDatabaseError):
     """No such task in the local database."""
 
@@ -64,31 +75,32 @@ def _check_task_id(task_id: int) -> None:
 
 
 def database_url(db: str | None = None) -> str:
-    """`db`, else the database `pipetune serve` uses by default (LocalDatabaseError when
+    """`db`, else the database `pipetune serve` uses by default (DatabaseArgumentError when
     `db` is not a database URL: a file path was SQLAlchemy's ArgumentError)."""
     if db is None:
         # model_validate: the settings' defaults come from the environment, as `serve` does.
         return Settings.model_validate({}).database_url
     if not isinstance(db, str):
-        raise LocalDatabaseError(f"db: expected a database URL, got {type(db).__name__}")
+        raise DatabaseArgumentTypeError("db", f"expected a database URL, got {type(db).__name__}")
     if not db.strip():
         # Refused, as lookup's server="" is: read as "no db", it named the default database,
         # which a tuning then wrote into while the caller believed it named another.
-        raise LocalDatabaseError(
-            "db: empty: give a database URL, or leave db out for the one `pipetune serve` uses"
+        raise DatabaseArgumentError(
+            "db", "empty: give a database URL, or leave db out for the one `pipetune serve` uses"
         )
     try:
         make_url(db)
     except ArgumentError:
-        raise LocalDatabaseError(
-            f"db: not a database URL: {db!r} (a file is sqlite:///relative/path.db or "
-            "sqlite:////absolute/path.db)"
+        raise DatabaseArgumentError(
+            "db",
+            f"not a database URL: {db!r} (a file is sqlite:///relative/path.db or "
+            "sqlite:////absolute/path.db)",
         ) from None
     # The service's own check (an in-memory SQLite database, an unknown backend): refused
     # here, before a tuning opens it, not as the settings' ValidationError from inside.
     problem = database_url_problem(db)
     if problem is not None:
-        raise LocalDatabaseError(f"db: {problem}")
+        raise DatabaseArgumentError("db", problem)
     return db
 
 
