@@ -99,6 +99,20 @@ def test_bench_pipetune_dataset_json(pipetune_dataset):
     for r in doc["results"]:
         assert 0 < r["best_in_k"] <= 1
         assert set(r["per_dataset"]) == {"small"}
+    assert doc["simulated"] == ["small"]
+
+
+def test_bench_tables_of_a_simulated_dataset_say_so(pipetune_dataset):
+    """A simulated sweep's best-in-k was shown as a GPU's would be (the JSON and the tables
+    said nothing of it), and on it `analytical` is scored against its own predictions."""
+    from pipetune.clients.library.labels import SIMULATED_LABEL
+
+    args = ["bench", "tuner", str(pipetune_dataset), "--strategies", "random"]
+    result = runner.invoke(app, [*args, "--budgets", "5", "--seeds", "2"])
+    assert result.exit_code == 0, result.output
+    shown = " ".join(result.stdout.split())
+    assert f"small: best-in-k ({SIMULATED_LABEL})" in shown
+    assert f"1 of the 1 datasets are {SIMULATED_LABEL}: small." in shown
 
 
 def test_bench_foreign_cache_with_knob_only_strategies():
@@ -120,6 +134,7 @@ def test_bench_foreign_cache_with_knob_only_strategies():
     result = runner.invoke(app, args)
     assert result.exit_code == 0, result.output
     assert len(json.loads(result.stdout)["results"]) == 2
+    assert json.loads(result.stdout)["simulated"] == []  # a GPU's recording
     refused = runner.invoke(
         app, ["bench", "tuner", "--dataset", str(KT_CACHE), "--strategies", "analytical"]
     )

@@ -12,7 +12,8 @@ from rich.table import Table
 
 from pipetune.clients.cli.errors import CliError, reported
 from pipetune.clients.cli.output import console, print_json, stderr_console
-from pipetune.model.trials import is_measured
+from pipetune.clients.library.labels import SIMULATED_LABEL
+from pipetune.model.trials import is_measured, is_simulated
 from pipetune.model.wire import MAX_BATCH_SIZE, StrategyName
 from pipetune.tuner.peers import (
     LIGHT_PEERS,
@@ -528,6 +529,10 @@ def tuner(
                 2,
             ) from None
     doc["left_out"] = {**missing, **model_left_out, **doc["left_out"]}
+    # Datasets whose latencies are the analytical model's (a simulated sweep, an export of a
+    # simulated task): their tables were shown as a GPU's would be, and on them the model's
+    # own strategies are scored against its own predictions.
+    doc["simulated"] = [ds.name for ds in loaded if is_simulated(ds.runner)]
     if as_json:
         print_json(doc)
         return
@@ -561,6 +566,8 @@ def print_tables(doc: dict, names: list[str], ks: list[int]) -> None:
         prior = doc["priors"].get(ds)
         learned = doc.get("learned_priors", {}).get(ds)
         title = f"{ds}: best-in-k" + (f" (prior: {prior})" if prior else "")
+        if ds in doc.get("simulated", ()):
+            title += f" ({SIMULATED_LABEL})"
         size = doc.get("configurations", {}).get(ds)
         if size is not None and max(ks) > size:  # (the cells were capped, said nowhere)
             title += f" ({size} configurations: a budget over that measures them all)"
@@ -577,6 +584,13 @@ def print_tables(doc: dict, names: list[str], ks: list[int]) -> None:
             cells = [results[(name, k)]["per_dataset"][ds] for k in ks]
             table.add_row(name, *[_cell(c["best_in_k"], c["se"]) for c in cells])
         console.print(table)
+    simulated = doc.get("simulated", [])
+    if simulated:
+        note += (
+            f" {len(simulated)} of the {len(doc['datasets'])} datasets are {SIMULATED_LABEL}: "
+            + ", ".join(simulated)
+            + "."
+        )
     table = Table(
         title=f"best-in-k, geomean of {len(doc['datasets'])} datasets; "
         "P score = (strategy - random) / (optimum - random), mean over datasets",
