@@ -8,6 +8,7 @@ database's Alembic revision with the newest one and refuses to start, naming
 from __future__ import annotations
 
 import shlex
+import threading
 from pathlib import Path
 from urllib.parse import quote
 
@@ -137,19 +138,29 @@ def revision_problem(current: str | None, tables: list[str] | None = None) -> st
     return None  # behind: `pipetune db upgrade` brings it to the newest
 
 
+# Alembic's commands install and remove a module-global proxy (`alembic.context`): two at
+# once in one process (two threads' first `pipetune.tune` on a new database) removed it twice,
+# and one of them died with a bare KeyError: 'config'. One at a time; an upgrade that waited
+# finds the schema made and does nothing.
+_ALEMBIC = threading.RLock()  # (check_schema holds it around its look and the upgrade)
+
+
 def upgrade(url: str, revision: str = "head") -> None:
-    command.upgrade(alembic_config(url), revision)
+    with _ALEMBIC:
+        command.upgrade(alembic_config(url), revision)
 
 
 def downgrade(url: str, revision: str) -> None:
-    command.downgrade(alembic_config(url), revision)
+    with _ALEMBIC:
+        command.downgrade(alembic_config(url), revision)
 
 
 def revision(message: str) -> None:
     """Autogenerate a new revision from the ORM (a developer tool; review the file)."""
     from pipetune.service.settings import Settings
 
-    command.revision(alembic_config(Settings().database_url), message, autogenerate=True)
+    with _ALEMBIC:
+        command.revision(alembic_config(Settings().database_url), message, autogenerate=True)
 
 
 def check_schema(url: str, *, create_if_empty: bool = False) -> str:
@@ -157,6 +168,13 @@ def check_schema(url: str, *, create_if_empty: bool = False) -> str:
 
     Raises SchemaError (a one-line message naming the command to run) otherwise.
     """
+    if create_if_empty:
+        with _ALEMBIC:  # (another thread's creation is seen whole: done, or not begun)
+            return _check_schema(url, create_if_empty)
+    return _check_schema(url, create_if_empty)
+
+
+def _check_schema(url: str, create_if_empty: bool) -> str:
     head = head_revision()
     engine = make_engine(url, pool_size=1)
     try:
