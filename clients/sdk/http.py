@@ -187,7 +187,15 @@ def server_problem(server: object) -> str | None:
         return f"not an http(s) URL: {shown!r}"
     if parts.scheme not in ("http", "https") or not parts.hostname:
         return f"not an http(s) URL: {shown!r} (e.g. http://127.0.0.1:8000)"
+    if any(c.isspace() or c in _NOT_IN_A_HOST for c in parts.hostname):
+        # ("http://exa mple:8000" went to the resolver and read as a service that is down.)
+        return f"not an http(s) URL: {shown!r} (its host {parts.hostname!r} cannot be one)"
     return None
+
+
+# Characters no host name or address holds (RFC 3986 excludes them from a URL's host); a
+# non-ASCII name is an IDNA one, which httpx encodes.
+_NOT_IN_A_HOST = frozenset('"<>\\^`{|}')
 
 
 def _one_line(text: str, limit: int = 300) -> str:
