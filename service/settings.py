@@ -153,6 +153,19 @@ def database_file_problem(url: str) -> str | None:
     return None
 
 
+def validated_settings(**overrides: object) -> Settings:
+    """The settings from the environment with `overrides`; SettingsError naming the PIPETUNE_
+    variable that is wrong (pydantic's ValidationError is several lines, none of which names
+    it, and no PipetuneError: the library's calls raised it as it was)."""
+    try:
+        return Settings(**overrides)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        field = str(first["loc"][0]) if first["loc"] else "settings"
+        message = str(first["msg"]).removeprefix("Value error, ")
+        raise SettingsError(f"PIPETUNE_{field.upper()}: {message}") from None
+
+
 def load_settings(db: str | None = None, **overrides: object) -> Settings:
     """The settings, with `db` (a --db option) as the database URL where given; SettingsError
     naming --db or the PIPETUNE_ variable that is wrong."""
@@ -161,13 +174,7 @@ def load_settings(db: str | None = None, **overrides: object) -> Settings:
         if problem:
             raise SettingsError(f"--db: {problem}")
         overrides["database_url"] = db
-    try:
-        settings = Settings(**overrides)
-    except ValidationError as exc:
-        first = exc.errors()[0]
-        field = str(first["loc"][0]) if first["loc"] else "settings"
-        message = str(first["msg"]).removeprefix("Value error, ")
-        raise SettingsError(f"PIPETUNE_{field.upper()}: {message}") from None
+    settings = validated_settings(**overrides)
     problem = database_file_problem(settings.database_url)
     if problem:
         raise SettingsError(f"{'--db' if db is not None else 'PIPETUNE_DATABASE_URL'}: {problem}")

@@ -342,6 +342,26 @@ def test_bad_input_is_refused_by_name_and_leaves_no_task(home: Path, kwargs, err
         assert store.tasks() == []
 
 
+@pytest.mark.parametrize(
+    ("variable", "value", "words"),
+    [
+        ("PIPETUNE_BATCH_SIZE", "0", "^PIPETUNE_BATCH_SIZE: Input should be greater than"),
+        ("PIPETUNE_DATABASE_URL", "/tmp/x.db", "^PIPETUNE_DATABASE_URL: not a database URL"),
+    ],
+)
+def test_a_bad_setting_in_the_environment_is_named(home: Path, monkeypatch, variable, value, words):
+    """pydantic's ValidationError came out of the library as it was: several lines, none
+    naming the variable, and no PipetuneError (the CLI named it in one line)."""
+    monkeypatch.setenv(variable, value)
+    db = None if variable == "PIPETUNE_DATABASE_URL" else f"sqlite:///{home / 'env.db'}"
+    with pytest.raises(pipetune.PipetuneError, match=words):
+        pipetune.tune(FC, "h100", budget=2, runner="simulated", db=db)
+    with pytest.raises(ValueError, match=words):
+        pipetune.best_schedule(FC, "h100", db=db) if db is None else pipetune.tune(
+            FC, "h100", budget=2, runner="simulated", db=db, batch_size=4
+        )
+
+
 def test_a_replay_of_another_workloads_dataset_is_refused_before_any_trial(
     home: Path, tmp_path: Path
 ):

@@ -39,7 +39,12 @@ from pipetune.service.db import Database, unavailable_reason
 from pipetune.service.migrate import SchemaError, check_schema, redact
 from pipetune.service.priors import learned_model_of_tasks, learned_pick, prior_from_tasks
 from pipetune.service.records import measured_or_failures, schedule_response
-from pipetune.service.settings import Settings, database_url_problem, sqlite_path
+from pipetune.service.settings import (
+    Settings,
+    database_url_problem,
+    sqlite_path,
+    validated_settings,
+)
 from pipetune.service.views import get_task_doc, list_task_docs, list_trial_docs, task_work
 
 TASK_STATES: tuple[str, ...] = tuple(state.value for state in TaskState)
@@ -79,7 +84,7 @@ def database_url(db: str | None = None) -> str:
     `db` is not a database URL: a file path was SQLAlchemy's ArgumentError)."""
     if db is None:
         # model_validate: the settings' defaults come from the environment, as `serve` does.
-        return Settings.model_validate({}).database_url
+        return validated_settings().database_url
     if not isinstance(db, str):
         raise DatabaseArgumentTypeError("db", f"expected a database URL, got {type(db).__name__}")
     if not db.strip():
@@ -108,7 +113,7 @@ def _lease_ttl_s() -> float:
     """The lease TTL `pipetune serve` would read (PIPETUNE_LEASE_TTL_S): a worker heard from
     longer ago is not live, in a task's `no_worker` as at the service."""
     try:
-        return Settings.model_validate({}).lease_ttl_s
+        return validated_settings().lease_ttl_s
     except ValueError:  # (another setting refused: the read goes on with the default)
         return float(Settings.model_fields["lease_ttl_s"].default)
 

@@ -68,7 +68,7 @@ from pipetune.service.metrics import Metrics
 from pipetune.service.migrate import redact
 from pipetune.service.orm import JobRow, LeaseRow, TaskRow, WorkerRow
 from pipetune.service.queue import Queue, WorkerRef
-from pipetune.service.settings import Settings, token_hash
+from pipetune.service.settings import token_hash, validated_settings
 from pipetune.workers.runners import (
     RUNNER_NAMES,
     Runner,
@@ -248,7 +248,7 @@ class _InProcessTask:
     """One task measured by this process through the service's driver and queue."""
 
     def __init__(self, database: Database, runner: Runner, gpu: str):
-        settings = Settings.model_validate({"database_url": database.url})
+        settings = validated_settings(database_url=database.url)
         self.database = database
         self.runner = runner
         self.queue = Queue(database, settings, _metrics())
