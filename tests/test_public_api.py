@@ -546,3 +546,17 @@ def test_every_workload_type_the_api_accepts_is_exported_under_the_name_it_gives
     for named in re.findall(r"pipetune\.(\w+)", str(error.value)):
         assert hasattr(pipetune, named), named
     assert pipetune.best_schedule(pipetune.Softmax(rows=4096, cols=768), "h100").schedule_id
+
+
+def test_a_replay_of_a_partial_recording_is_refused_before_any_trial(home: Path, tmp_path: Path):
+    """A sweep of 3 schedules of the space (--limit) was accepted: each schedule it lacks was
+    a failed trial (runtime_error, "not in dataset") spending the budget, recorded as a
+    failure on the GPU."""
+    recorded = tmp_path / "fc.t4.json.gz"
+    sweep = ["sweep", *FC_ARGS, "--runner", "simulated", "--limit", "3", "--out", str(recorded)]
+    assert cli.invoke(app, sweep).exit_code == 0
+    with pytest.raises(pipetune.InvalidArgumentError, match=r"holds 3 of the \d+ schedules") as e:
+        pipetune.tune(FC, "h100", budget=5, runner="replay", dataset=recorded)
+    assert e.value.argument == "dataset"
+    with LocalStore() as store:
+        assert store.tasks() == []

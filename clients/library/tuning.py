@@ -48,6 +48,7 @@ from pipetune.clients.library.labels import (
 from pipetune.clients.library.store import LocalStore, database_url, open_database
 from pipetune.clients.sdk.http import argument_error
 from pipetune.model.errors import InvalidArgumentError, InvalidArgumentTypeError
+from pipetune.model.family import family_of
 from pipetune.model.hardware import get_gpu
 from pipetune.model.states import ACTIVE_TASK_STATES, TaskState
 from pipetune.model.trials import MeasureResult, RunnerKind
@@ -183,9 +184,30 @@ def _make_runner(
             )
         # With the workload: a dataset of another shape is refused here (a ValueError), not
         # answered trial by trial with failures that spend the budget.
-        return make_runner("replay", dataset=dataset, gpu=gpu, workload=workload)
+        replay = make_runner("replay", dataset=dataset, gpu=gpu, workload=workload)
+        if workload is not None:
+            _check_covers(replay, workload, gpu)
+        return replay
     known = ", ".join(RUNNER_NAMES)
     raise InvalidArgumentError("runner", f"must be one of {known} or a Runner, got {runner!r}")
+
+
+def _check_covers(replay: Runner, workload: Any, gpu: str) -> None:
+    """A replayed dataset must hold every schedule the search may propose: one it lacks was
+    a failed trial (runtime_error, "not in dataset"), spending the budget and recorded as a
+    failure on the GPU (29 of 30 trials of a 20-schedule sweep). A partial recording (a sweep
+    with --limit, a task's export) is refused, naming how many it holds."""
+    space = family_of(workload).enumerate(workload, get_gpu(gpu))
+    recorded = replay.dataset  # type: ignore[attr-defined]
+    lacking = sum(recorded.lookup(s.as_dict()) is None for s in space)
+    if lacking:
+        raise InvalidArgumentError(
+            "dataset",
+            f"{recorded.name} holds {len(space) - lacking} of the {len(space)} schedules of "
+            f"{workload.label()} on {gpu}: the replay runner answers from an exhaustive sweep "
+            "(`pipetune sweep` without --limit), and each schedule it lacks would be a failed "
+            "trial",
+        )
 
 
 def _host_prefix() -> str:
