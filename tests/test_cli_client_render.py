@@ -59,6 +59,26 @@ def test_png_is_900_by_540_with_the_curve_drawn(tmp_path: Path):
     assert rows.size > 300 and cols.max() - cols.min() > 500  # across the plot
 
 
+def test_a_png_that_fails_to_render_leaves_the_file_there_as_it_was(tmp_path, monkeypatch):
+    """savefig wrote straight to the path: a drawing that failed part-way (or was
+    interrupted) left a partial PNG over the old one. It is written whole or not at all."""
+    from matplotlib.figure import Figure
+
+    path = tmp_path / "c.png"
+    path.write_bytes(b"the earlier curve")
+    drawn = Figure.savefig
+
+    def fails_after_writing(self, fname, *args, **kwargs):
+        drawn(self, fname, *args, **kwargs)
+        raise OSError("No space left on device")
+
+    monkeypatch.setattr(Figure, "savefig", fails_after_writing)
+    with pytest.raises(OSError, match="No space left"):
+        curve_files.write_curve_png(path, TASK, CURVE, simulated=False)
+    assert path.read_bytes() == b"the earlier curve"
+    assert [p.name for p in tmp_path.iterdir()] == ["c.png"]  # no temporary file left
+
+
 def test_html_inlines_plotly_from_the_installed_package(tmp_path: Path):
     path = tmp_path / "c.html"
     curve_files.write_curve_html(path, TASK, CURVE, simulated=True)

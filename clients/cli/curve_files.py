@@ -9,6 +9,7 @@ A curve of simulated trials says so in its title.
 from __future__ import annotations
 
 import importlib.util
+import io
 from pathlib import Path
 
 from pipetune.clients.cli.errors import CliError
@@ -16,7 +17,7 @@ from pipetune.clients.cli.paths import check_output_file
 from pipetune.clients.library.labels import SIMULATED_LABEL
 from pipetune.model.family import parse_any_workload
 from pipetune.model.wire import Curve, TaskDoc
-from pipetune.workers.datasets.files import write_atomic
+from pipetune.workers.datasets.files import write_atomic, write_bytes_atomic
 
 PNG_INCHES = (9.0, 5.4)
 PNG_DPI = 100  # 900 x 540 pixels
@@ -98,4 +99,8 @@ def write_curve_png(path: Path, task: TaskDoc, curve: Curve, simulated: bool) ->
     ax.set_title(f"{curve_title(task)}\n{_subtitle(simulated)}", fontsize=10)
     ax.grid(True, alpha=0.3)
     fig.tight_layout()
-    fig.savefig(path, format="png", dpi=PNG_DPI)
+    # Rendered in memory, then written whole (as --html and every other output): savefig
+    # straight to the path left a partial PNG where the write failed or was interrupted.
+    png = io.BytesIO()
+    fig.savefig(png, format="png", dpi=PNG_DPI)
+    write_bytes_atomic(path, png.getvalue())
