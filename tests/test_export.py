@@ -220,6 +220,33 @@ def test_an_export_over_another_gpus_replaces_its_kernels_only(tuned: str, tmp_p
     assert json.loads((tmp_path / "out" / "index.json").read_text())["gpu"] == "a100"
 
 
+def test_an_export_whose_compile_fails_leaves_the_earlier_export_whole(
+    tuned: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+):
+    """Each kernel's files were written as its cubin compiled: a compile that failed on the
+    second left the first kernel's new files beside the earlier export's index. Now every
+    file is made first, and all are written or none."""
+    from pipetune.clients.library.kernel import TunedKernel
+
+    out = tmp_path / "out"
+    _export(tuned, out)
+    before = {p.name: p.read_bytes() for p in out.iterdir()}
+    compiled = TunedKernel.cubin
+    calls = []
+
+    def second_fails(self, arch=None):
+        calls.append(arch)
+        if len(calls) == 2:
+            raise RuntimeError("NVRTC: out of memory")
+        return compiled(self, arch)
+
+    monkeypatch.setattr(TunedKernel, "cubin", second_fails)
+    monkeypatch.setattr(TunedKernel, "source", property(lambda self: "// changed\n"))
+    with pytest.raises(RuntimeError, match="NVRTC"):
+        export_tuned(LocalStore(tuned), "h100", out)
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == before
+
+
 def test_a_tasks_trials_as_t4(tuned: str, tmp_path: Path):
     out = tmp_path / "task1.t4.json.gz"
     args = ["export", "--task", "1", "--format", "t4", "--out", str(out), "--db", tuned]

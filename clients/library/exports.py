@@ -54,7 +54,7 @@ from pipetune.model.states import JobState, TaskState
 from pipetune.model.trials import MeasureResult
 from pipetune.model.wire import ScheduleResponse, TrialDoc
 from pipetune.workers.datasets import Dataset, dataset_from_results, write_t4
-from pipetune.workers.datasets.files import write_atomic, write_bytes_atomic
+from pipetune.workers.datasets.files import write_all_atomic
 from pipetune.workers.datasets.pipetune import t4_timestamp
 
 HEADER_NAME = "pipetune_tuned.h"
@@ -288,18 +288,22 @@ def export_tuned(reader: Reader, gpu: str, out_dir: str | Path) -> dict[str, Any
         exported.append(Exported(stem, kernel, best, None if first == stem else first))
     out_dir.mkdir(parents=True, exist_ok=True)
     previous = _previous_export_files(out_dir)
+    # Every file made before any is written, then all written or none (write_all_atomic): a
+    # kernel whose compile failed part-way through left the kernels before it written beside
+    # the earlier export's index, a folder that was neither export.
+    out: list[tuple[Path, bytes]] = []
     for item in exported:
         files = item.entry()["files"]
         if item.kernel_stem is None:
-            write_atomic(out_dir / files["source"], item.kernel.source)
-            write_bytes_atomic(out_dir / files["cubin"], item.kernel.cubin(item.kernel.arch))
+            out.append((out_dir / files["source"], item.kernel.source.encode()))
+            out.append((out_dir / files["cubin"], item.kernel.cubin(item.kernel.arch)))
         launch = item.kernel.launch_document(item.kernel.arch)
-        write_atomic(out_dir / files["launch"], json.dumps(launch, indent=2) + "\n")
+        out.append((out_dir / files["launch"], (json.dumps(launch, indent=2) + "\n").encode()))
         if "tensor_maps" in files:
-            write_atomic(out_dir / files["tensor_maps"], tensor_maps_header(item))
+            out.append((out_dir / files["tensor_maps"], tensor_maps_header(item).encode()))
     source = source_of(reader)
     entries = [item.entry() for item in exported]
-    write_atomic(out_dir / HEADER_NAME, _header(gpu, arch, source, exported))
+    out.append((out_dir / HEADER_NAME, _header(gpu, arch, source, exported).encode()))
     index = {
         "pipetune": pipetune.__version__,
         "gpu": gpu,
@@ -311,7 +315,8 @@ def export_tuned(reader: Reader, gpu: str, out_dir: str | Path) -> dict[str, Any
         "workloads": entries,
         "not_exported": not_exported,
     }
-    write_atomic(out_dir / INDEX_NAME, json.dumps(index, indent=2) + "\n")
+    out.append((out_dir / INDEX_NAME, (json.dumps(index, indent=2) + "\n").encode()))
+    write_all_atomic(out)
     # An export into the folder of an earlier one (another GPU's, or before a workload's
     # tasks were deleted) replaces it: the earlier kernels this one does not write would
     # otherwise stay beside the new index, and a build that globs *.cubin would link them.
