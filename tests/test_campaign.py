@@ -5,6 +5,7 @@ baselines' units, the files and archives, the time plan."""
 from __future__ import annotations
 
 import io
+import os
 import tarfile
 from pathlib import Path
 
@@ -560,6 +561,29 @@ def test_pack_and_extract_keep_only_campaign_files(tmp_path):
     assert size == (tmp_path / "c.tar.gz").stat().st_size
     back = layout.extract(tmp_path / "c.tar.gz", tmp_path / "back")
     assert layout.members(back) == ["probe.json", "sweeps/MM_RN50_FC.part000.t4.json.gz"]
+
+
+def test_the_archive_is_on_disk_before_it_replaces_the_last_one(tmp_path, monkeypatch):
+    """The packed archive was renamed over the last good one unflushed: a device machine
+    taken away in that moment could leave a short file where the good one was."""
+    out = tmp_path / "out"
+    layout.write_json(out / "probe.json", {"gpu": "h100"})
+    steps: list[str] = []
+    synced, replaced = layout.os.fsync, layout.os.replace
+
+    def fsync(fd: int) -> None:
+        steps.append(f"fsync {Path(os.readlink(f'/proc/self/fd/{fd}')).name}")
+        synced(fd)
+
+    def replace(src, dst) -> None:
+        steps.append(f"replace {Path(src).name} -> {Path(dst).name}")
+        replaced(src, dst)
+
+    monkeypatch.setattr(layout.os, "fsync", fsync)
+    monkeypatch.setattr(layout.os, "replace", replace)
+    layout.pack(out, tmp_path / "c.tar.gz")
+    assert len(steps) == 2 and steps[0].startswith("fsync .c.tar.gz.")
+    assert steps[1] == f"replace {steps[0].removeprefix('fsync ')} -> c.tar.gz"
 
 
 def test_an_archive_cannot_write_outside_its_folder(tmp_path):

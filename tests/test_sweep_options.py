@@ -61,12 +61,20 @@ def test_the_option_after_the_operator_name_wins(tmp_path: Path) -> None:
     assert len(load_dataset(tmp_path / "g.t4.json.gz")) == 2  # --limit still came through
 
 
-def test_a_malformed_simulated_time_scale_exits_2(tmp_path: Path, monkeypatch) -> None:
-    monkeypatch.setenv("PIPETUNE_SIMULATED_TIME_SCALE", "-1")
+@pytest.mark.parametrize(
+    ("scale", "words"),
+    [
+        ("-1", "must be a non-negative number"),
+        # Accepted, then every trial's sleep overflowed the platform's clock (exit 1).
+        ("1e12", "must be at most 1000"),
+    ],
+)
+def test_a_malformed_simulated_time_scale_exits_2(tmp_path: Path, monkeypatch, scale, words):
+    monkeypatch.setenv("PIPETUNE_SIMULATED_TIME_SCALE", scale)
     args = [*GEMM, "--runner", "simulated", "--limit", "2", "--out", str(tmp_path / "g.t4.json.gz")]
     result = cli.invoke(sweep_app, args)
     assert result.exit_code == 2, result.output
-    assert "PIPETUNE_SIMULATED_TIME_SCALE must be a non-negative number" in result.stderr
+    assert f"PIPETUNE_SIMULATED_TIME_SCALE {words}" in result.stderr
     assert not (tmp_path / "g.t4.json.gz").exists()
 
 

@@ -127,6 +127,11 @@ def pack(folder: Path, archive: Path) -> int:
             for name in members(folder):
                 tar.add(folder / name, arcname=name, recursive=False)
         os.chmod(tmp, 0o644)
+        # On disk before it replaces the last good archive, as write_all_atomic's files are:
+        # renamed unflushed, a machine taken away in the moment (a device call's end) could
+        # leave an empty or short file where the last good archive was.
+        with open(tmp, "rb") as handle:
+            os.fsync(handle.fileno())
         os.replace(tmp, archive)
     except BaseException:
         with contextlib.suppress(OSError):

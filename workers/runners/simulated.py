@@ -49,6 +49,19 @@ TIME_SCALE_ENV = "PIPETUNE_SIMULATED_TIME_SCALE"
 DEFAULT_SIGMA = 0.03
 DEFAULT_REPEAT_SIGMA = 0.01
 DEFAULT_COMPILE_S = 1.0
+# A simulated second may last this many real ones at most: a trial of a few simulated
+# seconds then sleeps hours, which is surely what was asked; 1e12 slept past the platform's
+# clock (an OverflowError in every trial, each then a failed one).
+MAX_TIME_SCALE = 1000.0
+
+
+def time_scale_problem(value: float) -> str | None:
+    """Why `value` cannot be a time scale (None when it can)."""
+    if not math.isfinite(value) or value < 0:
+        return "must be a non-negative number (1 = real time, 0 = instant)"
+    if value > MAX_TIME_SCALE:
+        return f"must be at most {MAX_TIME_SCALE:g} (1 = real time, 0 = instant)"
+    return None
 
 
 def time_scale_from_env() -> float:
@@ -59,11 +72,8 @@ def time_scale_from_env() -> float:
         value = float(raw)
     except ValueError:
         value = math.nan
-    if not math.isfinite(value) or value < 0:
-        raise RunnerSettingError(
-            f"{TIME_SCALE_ENV} must be a non-negative number (1 = real time, 0 = instant), "
-            f"got {raw!r}"
-        )
+    if problem := time_scale_problem(value):
+        raise RunnerSettingError(f"{TIME_SCALE_ENV} {problem}, got {raw!r}")
     return value
 
 
@@ -98,10 +108,8 @@ class SimulatedRunner(Runner):
         self._settings = settings or MeasureSettings(seed=seed)
         self.compile_s = compile_s
         self.time_scale = time_scale_from_env() if time_scale is None else float(time_scale)
-        if not math.isfinite(self.time_scale) or self.time_scale < 0:
-            raise RunnerSettingError(
-                f"time_scale must be a non-negative number, got {time_scale!r}"
-            )
+        if problem := time_scale_problem(self.time_scale):
+            raise RunnerSettingError(f"time_scale {problem}, got {time_scale!r}")
         if trial_timeout_s <= 0:
             raise ValueError("trial_timeout_s must be positive")
         self.faults = faults
