@@ -30,6 +30,7 @@ the worst log throughput seen minus FAIL_PENALTY (e^-2, about 7x slower).
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -111,6 +112,13 @@ predicted_log_tflops = predicted_log_throughput
 measured_log_tflops = measured_log_throughput
 
 
+_XGB_ESCAPES = re.compile(r"[\[\]<%]")
+
+
+def _escaped(match: re.Match[str]) -> str:
+    return f"%{ord(match.group()):02X}"
+
+
 @dataclass
 class CostModel:
     """Predicts log throughput of schedules (in their family's unit). ``use_analytical`` adds
@@ -158,7 +166,11 @@ class CostModel:
         return self._columns_of(space)[1]
 
     def feature_names(self, space: Any) -> list[str]:
-        return list(self._columns_of(space)[0])
+        """The columns' names as XGBoost takes them: a recorded space's knob names are any
+        string, and XGBoost refuses "[", "]" and "<" in a name (a Kernel Tuner cache's
+        "tile[0]" ended `xgb` with a bare ValueError). Those, and "%", are percent-escaped:
+        the names stay distinct, and those of pipetune's own families are unchanged."""
+        return [_XGB_ESCAPES.sub(_escaped, name) for name in self._columns_of(space)[0]]
 
     def _same_columns(self, names: list[str]) -> None:
         """One booster per family: the columns it was fit on must be the space's."""

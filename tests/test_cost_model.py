@@ -9,6 +9,7 @@ from scipy.stats import spearmanr
 from pipetune.model.analytical import evaluate
 from pipetune.model.cost_model import CostModel, measured_log_tflops, predicted_log_tflops
 from pipetune.model.family import family_of
+from pipetune.model.hardware import get_gpu
 from pipetune.model.memops.space import MemSpace
 from pipetune.model.memops.workloads import softmax
 from pipetune.model.space import Space
@@ -138,3 +139,25 @@ def test_two_subsets_of_one_size_are_two_spaces_to_the_feature_cache(space):
     for part in (first, second):
         own = np.hstack([part.features(), family_of(part.workload).model_features(part)[1]])
         assert np.array_equal(model.features(part), own)
+
+
+def test_knob_names_xgboost_refuses_are_escaped_not_fatal():
+    """A recorded space's knob names are any string; XGBoost refuses "[", "]" and "<" in a
+    feature name, and `xgb` on a Kernel Tuner cache with a knob "tile[0]" ended with a bare
+    ValueError at its first fit. The names are escaped, distinct, and pipetune's own
+    families' unchanged."""
+    import itertools
+
+    from pipetune.model.cost_model import CostModel
+    from pipetune.tuner.bench import Dataset, trial_rows
+    from pipetune.tuner.recorded import ForeignSpace, RecordedConfigs
+
+    knobs = {"tile[0]": [1, 2, 4, 8], "b<c": [16, 32, 64], "tile%5B0]": [1, 2]}
+    configs = [dict(zip(knobs, v, strict=True)) for v in itertools.product(*knobs.values())]
+    recorded = RecordedConfigs("t", knobs, configs, np.random.default_rng(0).random(24) + 0.1)
+    rows = trial_rows(Dataset("t", recorded), "xgb", 0, 20, 4)
+    assert len(set(rows)) == 20
+    names = CostModel(seed=0, use_analytical=False).feature_names(ForeignSpace(recorded))
+    assert len(set(names)) == len(names) and not any(c in n for n in names for c in "[]<")
+    ours = Space.enumerate(gemm(1024, 64, 2048), get_gpu("h100"))
+    assert CostModel(seed=0).feature_names(ours) == list(CostModel(seed=0)._columns_of(ours)[0])
