@@ -314,3 +314,43 @@ def test_analytical_xgb_beats_random_beyond_chance(recorded):
     p_all = _p_random_reaches(norm, k, min(ours)) ** seeds
     assert p_all < 1e-4, (ours, p_all)
     assert np.mean(ours) > random_search_expectation(norm, k)
+
+
+@pytest.mark.parametrize("strategy", ["bo", "analytical+xgb", "auto"])
+def test_a_session_that_proposed_early_replays_in_the_order_it_saw_results(
+    space, recorded, strategy
+):
+    """A batch proposed while 3 results of the one before were out could not be replayed (a
+    model-guided strategy believes the trials still out), and the error blamed the seed. With
+    `seen_by`, the order the proposals saw the results in, it replays exactly."""
+    s = TuningSession(WORKLOAD, space.gpu, strategy, seed=0, budget=32, space=space)
+
+    def measured(schedules):
+        return [(p, recorded.result(space.index(p))) for p in schedules]
+
+    a = measured(s.propose(8))
+    s.observe(a)
+    b = measured(s.propose(8))
+    s.observe(b[:5])
+    c = measured(s.propose(8))  # 3 of b still out
+    s.observe(b[5:] + c)
+    following = s.propose(8)
+    seen_by = [[1] * 8, [2] * 5 + [3] * 3, [3] * 8]
+    rebuilt = TuningSession.replay(
+        WORKLOAD, space.gpu, strategy, 0, 32, [a, b, c], space=space, seen_by=seen_by
+    )
+    assert rebuilt.propose(8) == following
+    assert [o.row for o in rebuilt.history] == [o.row for o in s.history]
+    with pytest.raises(SessionError, match="give seen_by"):
+        TuningSession.replay(WORKLOAD, space.gpu, strategy, 0, 32, [a, b, c], space=space)
+    with pytest.raises(SessionError, match="seen_by: a result of batch 1 cannot be seen"):
+        TuningSession.replay(
+            WORKLOAD,
+            space.gpu,
+            strategy,
+            0,
+            32,
+            [a, b, c],
+            space=space,
+            seen_by=[[1] * 8, [1] * 8, [3] * 8],
+        )

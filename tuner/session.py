@@ -136,15 +136,59 @@ class TuningSession:
         batches: Sequence[Sequence[tuple[Any, MeasureResult]]],
         space: FamilySpace | Any | None = None,
         prior: PriorMean | None = None,
+        *,
+        seen_by: Sequence[Sequence[int | None]] | None = None,
     ) -> TuningSession:
-        """Rebuild a session from its recorded batches, checking each replays identically."""
+        """Rebuild a session from its recorded batches, checking each replays identically.
+
+        `seen_by[i][j]`: the batch whose proposal first saw the result of batch i's j-th
+        trial (None: none did). By default each batch was measured whole before the next was
+        proposed (i + 1). A batch proposed early, while results of the one before were still
+        out (the service's early proposals, `bench tuner --early`), replays only with the
+        order its proposal saw them in: a model-guided strategy believes the trials still
+        out, and its batch depends on which results had come (the service records it per job,
+        `jobs.seen_at`)."""
+        order = [[i + 1] * len(b) for i, b in enumerate(batches)] if seen_by is None else seen_by
+        if len(order) != len(batches) or any(
+            len(o) != len(b) for o, b in zip(order, batches, strict=False)
+        ):
+            raise SessionError("seen_by: one entry per trial of each batch")
+        for i, batch_order in enumerate(order):
+            if any(k is not None and k <= i for k in batch_order):
+                raise SessionError(
+                    f"seen_by: a result of batch {i} cannot be seen by the proposal of batch "
+                    f"{i} or an earlier one"
+                )
         session = cls(workload, gpu, strategy, seed, budget, space=space, prior=prior)
         for i, batch in enumerate(batches):
+            # In trial order, as the service observes them (the history's order matters).
+            due = [
+                trial
+                for j in range(i)
+                for trial, k in zip(batches[j], order[j], strict=True)
+                if k == i
+            ]
+            if due:
+                session.observe(due)
             proposed = session.propose(len(batch))
             recorded = [s for s, _ in batch]
             if proposed != recorded:
-                raise SessionError(
-                    f"batch {i} does not replay: the history was not made by this seed"
+                hint = (
+                    " (or batches were proposed before the one before them was measured "
+                    "whole: give seen_by)"
+                    if seen_by is None and i > 0
+                    else ""
                 )
-            session.observe(batch)
+                raise SessionError(
+                    f"batch {i} does not replay: the history was not made by this strategy and "
+                    f"seed from these results{hint}"
+                )
+        late = [
+            trial
+            for j, batch in enumerate(batches)
+            for trial, k in zip(batch, order[j], strict=True)
+            if k is None or k >= len(batches)
+        ]
+        if late:
+            session.observe(late)
         return session
