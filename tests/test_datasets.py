@@ -446,6 +446,32 @@ def test_benchmark_hub_t4_rewrites_losslessly(tmp_path):
     assert again == original
 
 
+def test_a_foreign_files_units_and_objectives_survive_a_rewrite(tmp_path):
+    """`pipetune dataset convert` of a file with a measurement in GFLOP/s and two objectives
+    wrote the unit as "" and the objectives as ["time"], and said it had written the file."""
+    result = {
+        "configuration": {"x": 1},
+        "times": {"runtimes": [1.0]},
+        "invalidity": "correct",
+        "correctness": 1,
+        "measurements": [
+            {"name": "time", "value": 1.0, "unit": "ms"},
+            {"name": "GFLOP/s", "value": 12.5, "unit": "GFLOP/s"},
+            {"name": "smem_bytes", "value": 4096, "unit": "B"},
+        ],
+        "objectives": ["time", "GFLOP/s"],
+    }
+    source = tmp_path / "u.t4.json"
+    source.write_text(json.dumps({"schema_version": "1.0.0", "results": [result]}))
+    original = read_t4(source)
+    assert original.objectives == ("time", "GFLOP/s")
+    written = json.loads(write_t4(original, tmp_path / "u2.t4.json").read_text())["results"][0]
+    assert written["measurements"] == result["measurements"]
+    assert written["objectives"] == ["time", "GFLOP/s"]
+    assert read_t4(tmp_path / "u2.t4.json") == original
+    assert original.records[0].units == {"GFLOP/s": "GFLOP/s"}  # ("B" is smem_bytes' default)
+
+
 def test_record_from_result_uses_milliseconds():
     schedule = Schedule(1, 1, 1, 1, 1, 1, 1)
     record = record_from_result(schedule, MeasureResult(status="ok", latency_us=1500.0, spread=0.0))

@@ -123,6 +123,9 @@ class Record:
     measurements: Mapping[str, Any] = field(default_factory=dict)
     times: Mapping[str, float] = field(default_factory=dict)
     timestamp: str | None = None
+    # A measurement's unit where the file gave it one other than the one a T4 writer would
+    # give (t4.default_unit): a Kernel Tuner file's "GFLOP/s" or "W" was written back as "".
+    units: Mapping[str, str] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if not isinstance(self.configuration, Mapping) or not self.configuration:
@@ -192,6 +195,7 @@ class Dataset:
     configuration appears twice (a dataset answers "what did this configuration measure").
     ``objective`` is the file's objective name (pipetune and the benchmark hub: "time");
     whatever it is, :meth:`times_ms` and :meth:`best` rank by the recorded time.
+    ``objectives``: every objective the file names, ``objective`` first (kept for writing).
     ``metadata`` is the file's metadata (pipetune's under the "pipetune" key, Kernel Tuner's
     cache header under "kernel_tuner"); ``source`` the path it was read from, if any.
     """
@@ -205,6 +209,7 @@ class Dataset:
         metadata: Mapping[str, Any] | None = None,
         source: str | None = None,
         format: str = "t4",
+        objectives: Sequence[str] | None = None,
     ):
         self.records: tuple[Record, ...] = tuple(records)
         inferred = knobs is None
@@ -212,6 +217,11 @@ class Dataset:
             knobs = list(self.records[0].configuration) if self.records else []
         self.knobs: tuple[str, ...] = tuple(knobs)
         self.objective = objective
+        self.objectives: tuple[str, ...] = tuple(objectives) if objectives else (objective,)
+        if self.objectives[0] != objective:
+            raise DatasetError(
+                f"objectives {list(self.objectives)} must begin with the objective {objective!r}"
+            )
         self.metadata: dict[str, Any] = dict(metadata or {})
         self.source = source
         self.format = format
@@ -252,7 +262,7 @@ class Dataset:
         return (
             self.records == other.records
             and self.knobs == other.knobs
-            and self.objective == other.objective
+            and self.objectives == other.objectives
             and self.metadata == other.metadata
         )
 

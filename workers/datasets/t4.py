@@ -32,6 +32,7 @@ measurement is the median of the repeats (Kernel Tuner writes the mean).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -51,14 +52,15 @@ RUNTIME_MARKER = "RuntimeFailedConfig"
 TIME_UNITS = {"": 1.0, "ms": 1.0, "s": 1e3, "us": 1e-3}
 
 
-def _unit_of(name: str) -> str:
+def default_unit(name: str) -> str:
+    """The unit a measurement of this name is written with where its record names none."""
     return "B" if name.endswith("_bytes") else ""
 
 
 # --- writing -------------------------------------------------------------------------
 
 
-def record_to_t4(record: Record, objective: str = "time") -> dict[str, Any]:
+def record_to_t4(record: Record, objectives: Sequence[str] = ("time",)) -> dict[str, Any]:
     out: dict[str, Any] = {}
     if record.timestamp is not None:
         out["timestamp"] = record.timestamp
@@ -83,9 +85,10 @@ def record_to_t4(record: Record, objective: str = "time") -> dict[str, Any]:
     for name, value in record.measurements.items():
         if isinstance(value, tuple):
             value = list(value)
-        measurements.append({"name": name, "value": value, "unit": _unit_of(name)})
+        unit = record.units.get(name, default_unit(name))
+        measurements.append({"name": name, "value": value, "unit": unit})
     out["measurements"] = measurements
-    out["objectives"] = [objective]
+    out["objectives"] = list(objectives)
     return out
 
 
@@ -94,7 +97,7 @@ def to_t4_document(dataset: Dataset) -> dict[str, Any]:
     metadata.update((k, v) for k, v in dataset.metadata.items() if k != "timeunit")
     return {
         "metadata": metadata,
-        "results": [record_to_t4(r, dataset.objective) for r in dataset.records],
+        "results": [record_to_t4(r, dataset.objectives) for r in dataset.records],
         "schema_version": SCHEMA_VERSION,
     }
 
@@ -151,6 +154,7 @@ def record_from_t4(item: Any, where: str) -> tuple[Record, list[str] | None]:
     time_ms = None
     status = error = None
     measurements: dict[str, Any] = {}
+    units: dict[str, str] = {}
     items = item.get("measurements", [])
     if not isinstance(items, list):
         raise DatasetError(f"{where}: 'measurements' must be a list")
@@ -184,6 +188,10 @@ def record_from_t4(item: Any, where: str) -> tuple[Record, list[str] | None]:
                     f"{where}: measurement {shown(name)} has a {type(value).__name__}"
                 )
             measurements[name] = value
+            if not isinstance(unit, str):
+                raise DatasetError(f"{where}: measurement {shown(name)} has a unit {shown(unit)}")
+            if unit != default_unit(name):  # (kept only where it says more: lossless)
+                units[name] = unit
     objectives = item.get("objectives")
     if objectives is not None and (
         not isinstance(objectives, list) or not all(isinstance(o, str) for o in objectives)
@@ -201,6 +209,7 @@ def record_from_t4(item: Any, where: str) -> tuple[Record, list[str] | None]:
             measurements=measurements,
             times=other_times,
             timestamp=item.get("timestamp"),
+            units=units,
         )
     except DatasetError as exc:
         raise DatasetError(f"{where}: {exc}") from None
@@ -226,21 +235,26 @@ def from_t4_document(document: Any, source: str) -> Dataset:
     if not isinstance(unit, str) or unit not in _MS_UNITS:  # a list would be unhashable
         raise DatasetError(f"{source}: unsupported timeunit {shown(unit)} (reads milliseconds)")
     records = []
-    objective = None
+    named: list[str] | None = None  # the first result's objectives (written back as such)
     for i, item in enumerate(results):
         record, objectives = record_from_t4(item, f"{source}: results[{i}]")
         if objectives:
-            if objective is None:
-                objective = objectives[0]
-            elif objectives[0] != objective:
+            if named is None:
+                named = objectives
+            elif objectives[0] != named[0]:
                 raise DatasetError(
                     f"{source}: results[{i}] has objective {shown(objectives[0])}, "
-                    f"earlier results {shown(objective)}"
+                    f"earlier results {shown(named[0])}"
                 )
         records.append(record)
     try:
         dataset = Dataset(
-            records, objective=objective or "time", metadata=metadata, source=source, format="t4"
+            records,
+            objective=named[0] if named else "time",
+            objectives=named,
+            metadata=metadata,
+            source=source,
+            format="t4",
         )
     except DatasetError as exc:
         raise DatasetError(f"{source}: {exc}") from None
