@@ -1376,3 +1376,29 @@ def test_a_dropped_prior_completes_the_design_it_proposed_not_only_what_was_meas
         assert strategy.last_used_prior is False
         assert sum(r in rows for r in design[:8]) == 8
         assert sum(r in rows for r in design[8:]) <= 1, early
+
+
+@pytest.mark.parametrize("strategy", ["analytical+xgb", "auto"])
+def test_a_dropped_prior_still_fills_the_batch(strategy):
+    """The round that dropped the prior returned only the design rows still missing: 6 of 8
+    on this measured space (seed 0, its fourth batch), with 662 rows unvisited, and the
+    service's workers idled for a round. The rest of the batch now comes from the model,
+    the design rows believed as pending."""
+    from pathlib import Path
+
+    from pipetune.clients.cli.bench_cmds import recorded_dataset
+    from pipetune.tuner.session import TuningSession
+
+    data = Path(__file__).resolve().parents[1] / "benchmarks/data/h100/BMM_BERT_QK.t4.json.gz"
+    rec = recorded_dataset(data).ours
+    assert rec is not None
+    session = TuningSession(rec.space.workload, rec.space.gpu, strategy, 0, 64, space=rec.space)
+    dropped = []
+    while session.remaining:
+        left = session.remaining
+        batch = session.propose(8)
+        assert len(batch) == min(8, left)
+        if session.strategy.last_used_prior is False:
+            dropped.append(len(batch))
+        session.observe([(s, rec.result(rec.space.index(s))) for s in batch])
+    assert len(session.history) == 64 and dropped == [8]  # (the round this is about)

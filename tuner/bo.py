@@ -253,6 +253,7 @@ class BayesianStrategy(Strategy):
             if use_prior:
                 model, offset = self._residual, prior
         self.last_used_prior = use_prior
+        head: list[int] = []  # design rows that complete the initial design (a prior lost)
         if self.prior is not None and not use_prior:
             # The prior lost: its trials cluster where it pointed, which represents the space
             # no better than one corner. Complete the initial design first, as `bo` would
@@ -260,7 +261,13 @@ class BayesianStrategy(Strategy):
             # (Proposed, not measured: a design row still pending is not missing.)
             designed = len(set(self._design_rows(self.n_init, set())) & exclude)
             if designed < self.n_init:
-                return self._design_rows(min(n, self.n_init - designed), exclude)
+                head = self._design_rows(min(n, self.n_init - designed), exclude)
+                if len(head) == n:
+                    return head
+                # The rest of the batch from the model, the design rows believed as pending:
+                # returned alone, they were a short batch (6 of 8, hundreds of rows left),
+                # and the service's workers idled for a round.
+                exclude, n = exclude | set(head), n - len(head)
         if not use_prior:
             y = y_plain
         self._fit_failures(rows, ok)
@@ -270,7 +277,7 @@ class BayesianStrategy(Strategy):
         open_rows[np.fromiter(exclude, dtype=np.int64, count=len(exclude))] = False
         unvisited = np.flatnonzero(open_rows)
         if len(unvisited) == 0:
-            return []
+            return head
         p_ok = self.failures.p_ok(self.features)
         mean_r, sd = model.predict(self.features[unvisited])
         mean = mean_r + offset[unvisited]
@@ -301,7 +308,7 @@ class BayesianStrategy(Strategy):
             len(history),
         )
         self._local_rows.update(r for r, p in zip(picked, pools, strict=False) if p is local_pool)
-        return picked
+        return head + picked
 
     def _batch(
         self,
