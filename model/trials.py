@@ -88,6 +88,8 @@ def runner_label_problem(runner: str) -> str | None:
         if part != "unknown" and RunnerKind.of(part) is None:
             kinds = ", ".join(k.value for k in RunnerKind)
             return f"runner {runner!r}: {part!r} is none of {kinds} (or unknown)"
+        if not RUNNER_PATTERN.fullmatch(part):
+            return f"runner {runner!r}: {part!r} is not a runner's name"
     return None
 
 
@@ -108,6 +110,11 @@ KernelTimeUs = Annotated[
 ]
 MAX_SAMPLES = 10_000  # timed repeats one result may carry
 RUNNER_MAX_CHARS = 16  # "replay:simulated"; the trial row's column (service/orm.py)
+# What a runner string may be: names, joined by a colon (a replay, and what it replays) or a
+# comma (a dataset's label of several runners, which an imported record keeps). It is shown in tables, written into the
+# comments of exported C headers and into file names' metadata: a worker's "cupy:*/\n#if 0"
+# closed the header's comment and put a preprocessor line into every build that included it.
+RUNNER_PATTERN = re.compile(r"[A-Za-z0-9_.+-]+([:,][A-Za-z0-9_.+-]+)*")
 # A generator revision is a small count of code changes; the bound refuses a value no column
 # or dataset should carry (a timestamp or a hash sent by mistake).
 MAX_GENERATOR_REVISION = 10_000
@@ -186,6 +193,11 @@ class MeasureResult(BaseModel):
         # lone surrogates, as "not a valid string").
         if value is not None and "\x00" in value:
             raise ValueError("must not contain NUL characters")
+        if value is not None and not RUNNER_PATTERN.fullmatch(value):
+            raise ValueError(
+                "must be runner names (letters, digits, '_.+-') joined by ':' or ',', "
+                f"got {value!r}"
+            )
         return value
 
     @property

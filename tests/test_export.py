@@ -591,6 +591,25 @@ def test_workloads_tuned_to_one_kernel_share_its_files(tmp_path: Path):
         assert done.returncode == 0, done.stderr
 
 
+def test_nothing_a_header_names_can_end_its_comments(tmp_path: Path, monkeypatch):
+    """The header's comments name the database it was exported from and each result's
+    runner: a runner string with "*/" in it closed the comment, and what followed was C in
+    every build that included the header (the service now refuses such a runner too)."""
+    from pipetune.clients.library.exports import in_comment
+
+    assert in_comment("sqlite:////tmp/x*/t.db") == "sqlite:////tmp/x* /t.db"
+    assert in_comment("cupy:*/\n#if 0//") == "cupy:* / #if 0//"
+    folder = tmp_path / "x*"
+    folder.mkdir()
+    url = f"sqlite:///{folder / 't.db'}"
+    monkeypatch.setenv("PIPETUNE_SIMULATED_TIME_SCALE", "0")
+    pipetune.tune(FC, "h100", budget=2, strategy="random", runner="simulated", db=url)
+    export_tuned(LocalStore(url), "h100", tmp_path / "out")
+    header = (tmp_path / "out" / "pipetune_tuned.h").read_text()
+    code = re.sub(r"/\*.*?\*/", "", header, flags=re.DOTALL)  # as the preprocessor does
+    assert all(line.startswith("#") or not line.strip() for line in code.splitlines()), code
+
+
 def test_an_export_does_not_write_through_a_link_at_a_temporary_name(tuned: str, tmp_path: Path):
     """A cubin went through `.<name>.<pid>.tmp`, a name known in advance: a link left there
     (a shared export folder) had its target overwritten with the cubin, and the cubin became

@@ -34,3 +34,7 @@ def test_the_labels_pipetune_writes_are_known_and_others_are_not():
     for label in ("cupy", "replay:cupy", "cupy,simulated", "unknown", "replay:unknown"):
         assert runner_label_problem(label) is None, label
     assert "'Simulated' is none of" in (runner_label_problem("Simulated") or "")
+    # A dataset's label is written into exported headers' comments and shown in tables: one
+    # that could end a comment or a line is not a runner's name (its kind alone passed).
+    assert "'cupy:*/' is not a runner's name" in (runner_label_problem("cupy:*/,cupy") or "")
+    assert "is not a runner's name" in (runner_label_problem("cupy:a b") or "")

@@ -276,6 +276,10 @@ def _trials_done(client) -> int:
         ({**ok(5.0), "runner": "cupy\ud800"}, "runner", "unicode string"),
         ({**ok(5.0), "runner": "cupy\u0000"}, "runner", "NUL"),
         ({**ok(5.0), "runner": "foo"}, "runner", "unknown runner 'foo'"),
+        # Stored, answered as the measured best's runner, and written by `pipetune export` into
+        # a C header's comment: it closed the comment and put a preprocessor line after it.
+        ({**ok(5.0), "runner": "simulated:*/\n#1"}, "runner", "must be runner names"),
+        ({**ok(5.0), "runner": "simulated x"}, "runner", "must be runner names"),
         # Counts were coerced from 12.0, "12" and true, where every other number is strict.
         ({**ok(5.0), "registers": 12.0}, "registers", "whole number"),
         ({**ok(5.0), "spill_bytes": "12"}, "spill_bytes", "whole number"),

@@ -126,6 +126,13 @@ class Exported:
         return entry
 
 
+def in_comment(text: str) -> str:
+    """Text written inside a generated C comment: one line, and nothing that ends the comment
+    (a source's path or a runner's string is not ours to trust; "*/" there put what followed
+    into every build that included the header)."""
+    return " ".join(text.replace("*/", "* /").split())
+
+
 def tensor_maps_header(item: Exported) -> str:
     """C for the host: a function that encodes the TMA tensor maps the kernel reads its
     operands through (the launch JSON's `tensor_maps`: the shape is the workload's), over the
@@ -140,7 +147,8 @@ def tensor_maps_header(item: Exported) -> str:
     lines = [
         f"/* {item.stem}{TENSOR_MAPS_SUFFIX}: the TMA tensor maps {item.kernel.name} reads "
         f"{', '.join(operands)} through,",
-        f"   for {item.kernel.workload.label()} only (the maps hold the shape). Written by "
+        f"   for {in_comment(item.kernel.workload.label())} only (the maps hold the shape). "
+        "Written by "
         f"pipetune {pipetune.__version__} export.",
         f"   {name}() encodes them over your operands' device addresses; copy each 128-byte",
         "   map to device memory (64-byte aligned, as any cudaMalloc) and pass those pointers",
@@ -176,7 +184,7 @@ def _header(gpu: str, arch: str, source: str, exported: list[Exported]) -> str:
     per workload. PIPETUNE_<STEM>_<KNOB> are defined always, to use several at once."""
     lines = [
         f"/* {HEADER_NAME}: the tuned parameters of every workload tuned on {gpu} ({arch}),",
-        f"   written by pipetune {pipetune.__version__} export from {source}.",
+        f"   written by pipetune {pipetune.__version__} export from {in_comment(source)}.",
         "   Generated: do not modify by hand; run `pipetune export` again instead.",
         "   -DTARGET_<stem> selects one workload's parameters as plain #defines (Kernel",
         "   Tuner's convention); PIPETUNE_<STEM>_<KNOB> are always defined. */",
@@ -187,8 +195,8 @@ def _header(gpu: str, arch: str, source: str, exported: list[Exported]) -> str:
         best = item.best
         how = SIMULATED_LABEL if is_simulated(best.runner) else f"measured: {best.runner}"
         lines.append(
-            f"/* {item.kernel.workload.label()}: {item.kernel.name}, "
-            f"{best.latency_us:.3f} us ({how}) */"
+            f"/* {in_comment(item.kernel.workload.label())}: {item.kernel.name}, "
+            f"{best.latency_us:.3f} us ({in_comment(how)}) */"
         )
         for knob in family_of(item.kernel.workload).knob_names:
             value = getattr(item.kernel.schedule, knob)

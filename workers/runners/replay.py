@@ -13,7 +13,12 @@ from pathlib import Path
 from typing import Any
 
 from pipetune.model.hardware import GPUSpec, resolve_gpu_key
-from pipetune.model.trials import RUNNER_MAX_CHARS, MeasureResult, runner_kind_shown
+from pipetune.model.trials import (
+    RUNNER_MAX_CHARS,
+    RUNNER_PATTERN,
+    MeasureResult,
+    runner_kind_shown,
+)
 from pipetune.workers.datasets import (
     Dataset,
     Record,
@@ -106,6 +111,8 @@ class ReplayRunner(Runner):
         recorded = record_runner(record, self.info.runner) or UNKNOWN_RUNNER
         prefix = f"{self.name}:"
         recorded = recorded.removeprefix(prefix)
-        if len(prefix) + len(recorded) > RUNNER_MAX_CHARS:
+        if len(prefix) + len(recorded) > RUNNER_MAX_CHARS or not RUNNER_PATTERN.fullmatch(
+            prefix + recorded
+        ):  # (a hand-written file's label that is not a runner's name: its kind, as shown)
             recorded = runner_kind_shown(recorded) or UNKNOWN_RUNNER
         return prefix + recorded
