@@ -83,7 +83,8 @@ def test_the_service_migrates_at_start_and_is_healthchecked():
     service = SERVICES["service"]
     commands = pipetune_commands(service["command"])
     assert [c[:2] for c in commands] == [["db", "upgrade"], ["serve", "--host"]]
-    assert "0.0.0.0" in commands[1] and "8000:8000" in service["ports"]
+    # (In its container it listens on every interface; compose publishes it: see below.)
+    assert "0.0.0.0" in commands[1] and service["ports"][0].endswith(":8000:8000")
     assert "/healthz" in " ".join(service["healthcheck"]["test"])
     assert service["build"]["target"] == "service"
 
@@ -131,6 +132,23 @@ def test_a_container_that_serves_nothing_inherits_no_service_healthcheck():
 def test_postgres_is_not_published_on_the_host():
     # Only the service connects; a host's own PostgreSQL on 5432 stopped `up`.
     assert "ports" not in SERVICES["postgres"]
+
+
+def test_the_open_service_is_published_on_loopback_and_answers_its_own_names_only():
+    """The service was published on every interface of the host with its user routes open
+    (no API keys by default) and no Host guard: anyone on the network, or a web page by DNS
+    rebinding, could create, read and cancel tasks."""
+    service = SERVICES["service"]
+    assert service["ports"] == ["${PIPETUNE_PUBLISH:-127.0.0.1}:8000:8000"]
+    allowed = service["environment"]["PIPETUNE_ALLOWED_HOSTS"]
+    default = re.fullmatch(r"\$\{PIPETUNE_ALLOWED_HOSTS:-(.*)\}", allowed)
+    assert default is not None, allowed
+    names = Settings(allowed_hosts=default.group(1), worker_tokens=["t"]).allowed_hosts
+    # The workers' URL inside compose, and the host's own names (its health check asks
+    # 127.0.0.1, which the guard lets by whatever the Host).
+    server = SERVICES["worker"]["environment"]["PIPETUNE_SERVER"]
+    assert server == "http://service:8000" and "service" in names
+    assert {"localhost", "127.0.0.1"} <= set(names) and "*" not in names
 
 
 def test_service_and_workers_share_the_worker_token():
