@@ -132,6 +132,19 @@ class GPUSpec:
                 clean[name] = int(value)
             else:
                 clean[name] = float(value)
+            sheet = getattr(self, name)
+            if (
+                isinstance(sheet, int | float)
+                and sheet > 0
+                and not (sheet / PROFILE_MAX_RATIO <= clean[name] <= sheet * PROFILE_MAX_RATIO)
+            ):
+                # A calibration corrects a spec sheet by a measured factor; "sm_count": 1e20
+                # overflowed the model (a bare OverflowError in every command on the GPU), and
+                # a clock of 1e-300 MHz predicted 7e297 us.
+                raise HardwareError(
+                    f"profile field '{name}' is {value!r}, more than {PROFILE_MAX_RATIO:g} "
+                    f"times off the spec sheet's {sheet!r}: not a calibration of this GPU"
+                )
         return replace(self, **clean, profile=profile)
 
     def as_dict(self) -> dict[str, Any]:
@@ -268,6 +281,9 @@ _ALIASES = {
 
 # The GPU a command or call means when it names none (`pipetune tune`, `pipetune.kernel`, ...).
 DEFAULT_GPU = "h100"
+# How far a profile may move a spec-sheet value (either way): measured values differ from
+# the sheet by tens of percent, a mistake (units, a typo) by orders of magnitude.
+PROFILE_MAX_RATIO = 100.0
 
 
 def gpu_keys() -> list[str]:
@@ -296,7 +312,12 @@ def parse_profile(document: Any, source: str) -> tuple[str | None, dict[str, Any
     gpu = document.get("gpu")
     if gpu is not None and not isinstance(gpu, str):
         raise HardwareError(f"{source}: 'gpu' must be a string")
-    return (resolve_gpu_key(gpu) if gpu else None), overrides
+    if not gpu:
+        return None, overrides
+    try:
+        return resolve_gpu_key(gpu), overrides
+    except HardwareError as exc:  # (named "--gpu: ..." by the CLI, which the user typed right)
+        raise HardwareError(f"{source}: 'gpu': {exc}") from None
 
 
 def load_profile(path: str | Path) -> tuple[str | None, dict[str, Any]]:

@@ -111,8 +111,8 @@ KernelTimeUs = Annotated[
 MAX_SAMPLES = 10_000  # timed repeats one result may carry
 RUNNER_MAX_CHARS = 16  # "replay:simulated"; the trial row's column (service/orm.py)
 # What a runner string may be: names, joined by a colon (a replay, and what it replays) or a
-# comma (a dataset's label of several runners, which an imported record keeps). It is shown in tables, written into the
-# comments of exported C headers and into file names' metadata: a worker's "cupy:*/\n#if 0"
+# comma (a dataset's label of several runners, which an imported record keeps). It is shown
+# in tables and written into the comments of exported C headers: a worker's "cupy:*/\n#if 0"
 # closed the header's comment and put a preprocessor line into every build that included it.
 RUNNER_PATTERN = re.compile(r"[A-Za-z0-9_.+-]+([:,][A-Za-z0-9_.+-]+)*")
 # A generator revision is a small count of code changes; the bound refuses a value no column

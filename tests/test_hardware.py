@@ -45,6 +45,12 @@ def test_profile_overrides_and_validation(tmp_path, h100):
         # Rounded down to 0 SMs: the model divided by zero (an OverflowError, or NaN times).
         ({"overrides": {"sm_count": 0.5}}, "'sm_count' must be a whole number, got 0.5"),
         ({"overrides": {"arch": 1}}, "may not override 'arch'"),
+        # Accepted: the model then overflowed in every command on the GPU (a bare
+        # OverflowError), or predicted 7e297 us.
+        ({"overrides": {"sm_count": 1e20}}, "'sm_count' is 1e\\+20, more than 100 times off"),
+        ({"overrides": {"dram_bandwidth_gbs": 1e-300}}, "more than 100 times off the spec"),
+        # The CLI read "unknown GPU" as its --gpu option's, which the user had typed right.
+        ({"gpu": "h9000", "overrides": {}}, "p.json: 'gpu': unknown GPU 'h9000'"),
         ({"gpu": "a100", "overrides": {}}, "is for 'a100'"),
         ({"gpu": "h100"}, "needs an 'overrides' object"),
     ):
