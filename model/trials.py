@@ -114,6 +114,8 @@ RUNNER_MAX_CHARS = 16  # "replay:simulated"; the trial row's column (service/orm
 # comma (a dataset's label of several runners, which an imported record keeps). It is shown
 # in tables and written into the comments of exported C headers: a worker's "cupy:*/\n#if 0"
 # closed the header's comment and put a preprocessor line into every build that included it.
+# Checked where a runner string comes in (a worker's result, a dataset's label), not on every
+# MeasureResult: a trial stored before the rule is still read back.
 RUNNER_PATTERN = re.compile(r"[A-Za-z0-9_.+-]+([:,][A-Za-z0-9_.+-]+)*")
 # A generator revision is a small count of code changes; the bound refuses a value no column
 # or dataset should carry (a timestamp or a hash sent by mistake).
@@ -193,11 +195,6 @@ class MeasureResult(BaseModel):
         # lone surrogates, as "not a valid string").
         if value is not None and "\x00" in value:
             raise ValueError("must not contain NUL characters")
-        if value is not None and not RUNNER_PATTERN.fullmatch(value):
-            raise ValueError(
-                "must be runner names (letters, digits, '_.+-') joined by ':' or ',', "
-                f"got {value!r}"
-            )
         return value
 
     @property

@@ -142,7 +142,7 @@ def revision_problem(current: str | None, tables: list[str] | None = None) -> st
 # once in one process (two threads' first `pipetune.tune` on a new database) removed it twice,
 # and one of them died with a bare KeyError: 'config'. One at a time; an upgrade that waited
 # finds the schema made and does nothing.
-_ALEMBIC = threading.RLock()  # (check_schema holds it around its look and the upgrade)
+_ALEMBIC = threading.Lock()
 
 
 def upgrade(url: str, revision: str = "head") -> None:
@@ -169,9 +169,20 @@ def check_schema(url: str, *, create_if_empty: bool = False) -> str:
     Raises SchemaError (a one-line message naming the command to run) otherwise.
     """
     if create_if_empty:
-        with _ALEMBIC:  # (another thread's creation is seen whole: done, or not begun)
+        with _creation_lock(url):  # (another thread's creation is seen whole, or not begun)
             return _check_schema(url, create_if_empty)
     return _check_schema(url, create_if_empty)
+
+
+_CREATING: dict[str, threading.Lock] = {}
+_CREATING_GUARD = threading.Lock()
+
+
+def _creation_lock(url: str) -> threading.Lock:
+    """One lock per database for check_schema's look and creation: a database that does not
+    answer (a connect timeout) holds up only the threads creating that one."""
+    with _CREATING_GUARD:
+        return _CREATING.setdefault(url, threading.Lock())
 
 
 def _check_schema(url: str, create_if_empty: bool) -> str:

@@ -31,7 +31,7 @@ from sqlalchemy import exc as sa_exc
 
 from pipetune.model.hardware import get_gpu
 from pipetune.model.states import JobState, LeaseOutcome, TaskState
-from pipetune.model.trials import MeasureResult, RunnerKind, is_simulated
+from pipetune.model.trials import RUNNER_PATTERN, MeasureResult, RunnerKind, is_simulated
 from pipetune.model.wire import (
     ID_MAX,
     HeartbeatAck,
@@ -100,6 +100,12 @@ def check_storable(r: MeasureResult, loc: list[str | int], *, runner_kind: bool 
         value = getattr(r, name)
         if value is not None and value > ID_MAX:
             raise InputError([*loc, name], f"must be at most {ID_MAX}")
+    if r.runner is not None and not RUNNER_PATTERN.fullmatch(r.runner):
+        raise InputError(
+            [*loc, "runner"],
+            "must be runner names (letters, digits, '_.+-') joined by ':' or ',', "
+            f"got {r.runner!r}",
+        )
     if runner_kind and r.runner is not None and RunnerKind.of(r.runner) is None:
         kinds = ", ".join(k.value for k in RunnerKind)
         raise InputError(

@@ -470,6 +470,10 @@ def test_a_foreign_files_units_and_objectives_survive_a_rewrite(tmp_path):
     assert written["objectives"] == ["time", "GFLOP/s"]
     assert read_t4(tmp_path / "u2.t4.json") == original
     assert original.records[0].units == {"GFLOP/s": "GFLOP/s"}  # ("B" is smem_bytes' default)
+    # A unit that is not a string says nothing (it was read so before), not a bad file.
+    result["measurements"][1]["unit"] = None
+    source.write_text(json.dumps({"schema_version": "1.0.0", "results": [result]}))
+    assert read_t4(source).records[0].units == {}
 
 
 def test_record_from_result_uses_milliseconds():
@@ -507,3 +511,37 @@ def test_a_record_with_other_knobs_is_named_beside_record_0():
     ]
     with pytest.raises(DatasetError, match=r"record 1 has knobs \['bx', 'tile'\], record 0 has"):
         Dataset(records)
+
+
+def test_files_written_all_or_none_refuse_a_folder_before_renaming_any(tmp_path):
+    """A folder where one of the files goes was found at its rename: the files renamed
+    before it were replaced and the temporary files after it left behind (an export over a
+    folder holding a directory named index.json)."""
+    from pipetune.workers.datasets.files import write_all_atomic
+
+    (tmp_path / "a.cubin").write_bytes(b"old")
+    (tmp_path / "index.json").mkdir()
+    with pytest.raises(IsADirectoryError):
+        write_all_atomic([(tmp_path / "a.cubin", b"new"), (tmp_path / "index.json", b"{}")])
+    assert (tmp_path / "a.cubin").read_bytes() == b"old"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a.cubin", "index.json"]
+
+
+def test_a_rename_that_fails_leaves_no_temporary_file(tmp_path, monkeypatch):
+    import os
+
+    from pipetune.workers.datasets import files
+
+    renames = []
+
+    def second_fails(src, dst):
+        renames.append(dst)
+        if len(renames) == 2:
+            raise PermissionError("permission denied")
+        os.rename(src, dst)
+
+    monkeypatch.setattr(files.os, "replace", second_fails)
+    out = [(tmp_path / name, b"x") for name in ("a", "b", "c")]
+    with pytest.raises(PermissionError):
+        files.write_all_atomic(out)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a"]

@@ -25,7 +25,7 @@ from pipetune.clients.library.store import LocalInputError, LocalStore
 from pipetune.model.errors import InvalidArgumentTypeError
 from pipetune.model.hardware import HardwareError
 from pipetune.model.states import JobState
-from pipetune.model.workloads import WorkloadError
+from pipetune.model.workloads import WorkloadError, parse_workload
 from pipetune.service.orm import JobRow, LeaseRow, TaskRow, WorkerRow
 from pipetune.workers.runners import RunnerUnavailableError
 
@@ -558,5 +558,10 @@ def test_a_replay_of_a_partial_recording_is_refused_before_any_trial(home: Path,
     with pytest.raises(pipetune.InvalidArgumentError, match=r"holds 3 of the \d+ schedules") as e:
         pipetune.tune(FC, "h100", budget=5, runner="replay", dataset=recorded)
     assert e.value.argument == "dataset"
+    from pipetune.workers.runners.replay import ReplayRunner
+
+    own = ReplayRunner(recorded, workload=parse_workload(FC), gpu="h100")  # (an object)
+    with own, pytest.raises(pipetune.InvalidArgumentError, match=r"holds 3 of the \d+"):
+        pipetune.tune(FC, "h100", budget=5, runner=own)
     with LocalStore() as store:
         assert store.tasks() == []

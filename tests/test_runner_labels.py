@@ -38,3 +38,17 @@ def test_the_labels_pipetune_writes_are_known_and_others_are_not():
     # that could end a comment or a line is not a runner's name (its kind alone passed).
     assert "'cupy:*/' is not a runner's name" in (runner_label_problem("cupy:*/,cupy") or "")
     assert "is not a runner's name" in (runner_label_problem("cupy:a b") or "")
+
+
+def test_a_runner_stored_before_the_names_rule_still_reads_back():
+    """The rule is checked where a runner string comes in (a worker's result, a dataset's
+    label): checked on every MeasureResult, a trial stored before it made `export --task`
+    and the task's own advance fail on reading the row back."""
+    from pipetune.model.trials import MeasureResult
+    from pipetune.service.errors import InputError
+    from pipetune.service.queue import check_storable
+
+    stored = MeasureResult(status="ok", latency_us=10.0, runner="cupy:a b")
+    assert stored.runner == "cupy:a b"
+    with pytest.raises(InputError, match="must be runner names"):
+        check_storable(stored, ["result"])

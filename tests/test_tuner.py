@@ -343,6 +343,18 @@ def test_a_session_that_proposed_early_replays_in_the_order_it_saw_results(
     assert [o.row for o in rebuilt.history] == [o.row for o in s.history]
     with pytest.raises(SessionError, match="give seen_by"):
         TuningSession.replay(WORKLOAD, space.gpu, strategy, 0, 32, [a, b, c], space=space)
+    # A number of another kind was never matched (its results silently left out), a string
+    # or a bare number a TypeError.
+    for bad, words in (
+        ([[1] * 8, [2] * 5 + [1.5] * 3, [3] * 8], "1.5 is not a batch number"),
+        ([[1] * 8, [2] * 5 + ["3"] * 3, [3] * 8], "'3' is not a batch number"),
+        (5, "a list per batch"),
+        (["abc", [2] * 8, [3] * 8], "a list per batch"),
+    ):
+        with pytest.raises(SessionError, match=words):
+            TuningSession.replay(
+                WORKLOAD, space.gpu, strategy, 0, 32, [a, b, c], space=space, seen_by=bad
+            )
     with pytest.raises(SessionError, match="seen_by: a result of batch 1 cannot be seen"):
         TuningSession.replay(
             WORKLOAD,

@@ -147,8 +147,11 @@ class TuningSession:
         out (the service's early proposals, `bench tuner --early`), replays only with the
         order its proposal saw them in: a model-guided strategy believes the trials still
         out, and its batch depends on which results had come (the service records it per job,
-        `jobs.seen_at`)."""
-        order = [[i + 1] * len(b) for i, b in enumerate(batches)] if seen_by is None else seen_by
+        `service.driver.first_seen_by` of `jobs.seen_at`)."""
+        if seen_by is None:
+            order = [[i + 1] * len(b) for i, b in enumerate(batches)]
+        else:
+            order = _seen_by_order(seen_by)
         if len(order) != len(batches) or any(
             len(o) != len(b) for o, b in zip(order, batches, strict=False)
         ):
@@ -192,3 +195,19 @@ class TuningSession:
         if late:
             session.observe(late)
         return session
+
+
+def _seen_by_order(seen_by: Any) -> list[list[int | None]]:
+    """`replay`'s seen_by as lists of batch numbers (None: no proposal saw it); a value of
+    another kind was never matched (1.5: the result silently left out) or a bare TypeError."""
+    if isinstance(seen_by, str | bytes) or not isinstance(seen_by, Sequence):
+        raise SessionError("seen_by: a list per batch of batch numbers (or None)")
+    order: list[list[int | None]] = []
+    for batch in seen_by:
+        if isinstance(batch, str | bytes) or not isinstance(batch, Sequence):
+            raise SessionError("seen_by: a list per batch of batch numbers (or None)")
+        for k in batch:
+            if k is not None and (isinstance(k, bool) or not isinstance(k, int)):
+                raise SessionError(f"seen_by: {k!r} is not a batch number (or None)")
+        order.append(list(batch))
+    return order

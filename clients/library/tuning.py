@@ -77,6 +77,7 @@ from pipetune.workers.runners import (
     RunnerUnavailableError,
     make_runner,
 )
+from pipetune.workers.runners.replay import ReplayRunner
 
 # One definition: the defaults of a task created through the API.
 DEFAULT_BUDGET: int = TaskCreate.model_fields["budget"].default
@@ -184,21 +185,18 @@ def _make_runner(
             )
         # With the workload: a dataset of another shape is refused here (a ValueError), not
         # answered trial by trial with failures that spend the budget.
-        replay = make_runner("replay", dataset=dataset, gpu=gpu, workload=workload)
-        if workload is not None:
-            _check_covers(replay, workload, gpu)
-        return replay
+        return make_runner("replay", dataset=dataset, gpu=gpu, workload=workload)
     known = ", ".join(RUNNER_NAMES)
     raise InvalidArgumentError("runner", f"must be one of {known} or a Runner, got {runner!r}")
 
 
-def _check_covers(replay: Runner, workload: Any, gpu: str) -> None:
+def _check_covers(replay: ReplayRunner, workload: Any, gpu: str) -> None:
     """A replayed dataset must hold every schedule the search may propose: one it lacks was
     a failed trial (runtime_error, "not in dataset"), spending the budget and recorded as a
     failure on the GPU (29 of 30 trials of a 20-schedule sweep). A partial recording (a sweep
     with --limit, a task's export) is refused, naming how many it holds."""
     space = family_of(workload).enumerate(workload, get_gpu(gpu))
-    recorded = replay.dataset  # type: ignore[attr-defined]
+    recorded = replay.dataset
     lacking = sum(recorded.lookup(s.as_dict()) is None for s in space)
     if lacking:
         raise InvalidArgumentError(
@@ -443,6 +441,8 @@ def tune(
             "dataset", f"only the replay runner reads a dataset, not {named!r}"
         )
     measurer = runner if isinstance(runner, Runner) else _make_runner(runner, key, dataset, w)
+    if isinstance(measurer, ReplayRunner):  # (a Runner object of the user's too)
+        _check_covers(measurer, w, key)
     measured_gpu = getattr(getattr(measurer, "gpu", None), "key", key)
     if measured_gpu != key:  # a Runner built for another GPU would answer for the wrong one
         raise InvalidArgumentError("runner", f"measures {measured_gpu}, the task is for {key}")

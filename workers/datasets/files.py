@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import gzip
 import io
 import json
@@ -161,10 +162,22 @@ def write_all_atomic(files: list[tuple[Path, bytes]]) -> list[Path]:
     """Several files written all or none: each is written whole to a temporary file beside
     its path first, and only once every one is on disk are they renamed into place (a
     rename does not run out of space). A write that fails (a full disk) leaves none of them;
-    the folders made for them stay."""
+    the folders made for them stay. A target a file cannot replace (a folder of that name) is
+    refused before any is renamed; a rename that fails all the same (the folder's permissions
+    changed in the moment) leaves the files renamed before it, and no temporary file."""
+    for path, _ in files:
+        if path.is_dir():  # (found at its rename, it left the files renamed before it)
+            raise IsADirectoryError(errno.EISDIR, "a folder, not a file, is there", str(path))
     staged = _staged(files)
-    for target, tmp in staged:
-        os.replace(tmp, target)
+    renamed = 0
+    try:
+        for target, tmp in staged:
+            os.replace(tmp, target)
+            renamed += 1
+    except BaseException:
+        for _, tmp in staged[renamed:]:
+            Path(tmp).unlink(missing_ok=True)
+        raise
     return [target for target, _ in staged]
 
 

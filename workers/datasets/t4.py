@@ -188,9 +188,9 @@ def record_from_t4(item: Any, where: str) -> tuple[Record, list[str] | None]:
                     f"{where}: measurement {shown(name)} has a {type(value).__name__}"
                 )
             measurements[name] = value
-            if not isinstance(unit, str):
-                raise DatasetError(f"{where}: measurement {shown(name)} has a unit {shown(unit)}")
-            if unit != default_unit(name):  # (kept only where it says more: lossless)
+            # Kept only where it says more than the default (lossless); a unit that is not
+            # a string (null) says nothing, as before.
+            if isinstance(unit, str) and unit != default_unit(name):
                 units[name] = unit
     objectives = item.get("objectives")
     if objectives is not None and (
