@@ -77,9 +77,10 @@ def best_measured(session: Session, workload_hash: str, gpu: str) -> JobRow | No
     launch, or timing out) in another was answered as the one to run; a failure seen on the
     GPU outweighs a success there (a race that corrupts its output only sometimes), while a
     simulated failure, the model's guess, does not. Without a GPU's measurement (or where
-    each schedule a GPU timed also failed there), the fastest of any runner (labelled as its runner says) whose schedule never failed on the GPU: a
-    simulated success is the model's guess, and the lookup answered a schedule whose GPU
-    trial had given a wrong result because the simulated runner had timed it fastest."""
+    each schedule a GPU timed also failed there), the fastest of any runner (labelled as its
+    runner says) whose schedule never failed on the GPU: a simulated success is the model's
+    guess, and the lookup answered a schedule whose GPU trial had given a wrong result
+    because the simulated runner had timed it fastest."""
 
     def fastest(*where: Any) -> JobRow | None:
         return session.scalars(
