@@ -139,7 +139,7 @@ def test_the_open_service_is_published_on_loopback_and_answers_its_own_names_onl
     (no API keys by default) and no Host guard: anyone on the network, or a web page by DNS
     rebinding, could create, read and cancel tasks."""
     service = SERVICES["service"]
-    assert service["ports"] == ["${PIPETUNE_PUBLISH:-127.0.0.1}:8000:8000"]
+    assert service["ports"] == ["${PUBLISH_ADDRESS:-127.0.0.1}:8000:8000"]
     allowed = service["environment"]["PIPETUNE_ALLOWED_HOSTS"]
     default = re.fullmatch(r"\$\{PIPETUNE_ALLOWED_HOSTS:-(.*)\}", allowed)
     assert default is not None, allowed
