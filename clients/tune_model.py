@@ -21,6 +21,7 @@ a trial that records none is told by its worker's entry in the service's worker 
 
 from __future__ import annotations
 
+import functools
 import json
 import time
 from collections.abc import Callable
@@ -33,7 +34,6 @@ from rich.table import Table
 
 from pipetune.clients.sdk import ApiError, Client, PipetuneError
 from pipetune.clients.sdk.client import Outage
-from pipetune.clients.sdk.errors import TRANSIENT
 from pipetune.model.family import KernelFamily, family_names, family_of
 from pipetune.model.hardware import HardwareError, get_gpu, resolve_gpu_key
 from pipetune.model.networks import DistinctShape, Network
@@ -261,15 +261,7 @@ def wait_all(
     outage = Outage(poll_s, deadline)
     current = list(tasks)
     while True:
-        try:
-            current = [t if t.state.is_final() else client.task(t.id) for t in current]
-        except TRANSIENT as exc:
-            pause = outage.pause_after(exc)
-            if pause is None:
-                raise
-            time.sleep(pause)
-            continue
-        outage.over()
+        current = outage.look(functools.partial(_looked_again, client, current))
         if progress is not None:
             progress(current)
         if all(t.state.is_final() for t in current):
@@ -278,6 +270,11 @@ def wait_all(
             unfinished = [t.id for t in current if not t.state.is_final()]
             raise PipetuneError(f"tasks {unfinished} did not finish within {timeout_s:g} s")
         time.sleep(poll_s)
+
+
+def _looked_again(client: Client, tasks: list[TaskDoc]) -> list[TaskDoc]:
+    """Each unfinished task's document read again (the finished ones do not change)."""
+    return [t if t.state.is_final() else client.task(t.id) for t in tasks]
 
 
 def worker_runners(client: Client) -> dict[str, str] | None:

@@ -15,7 +15,7 @@ import reprlib
 import time
 from collections.abc import Callable, Mapping
 from types import TracebackType
-from typing import Any, Self
+from typing import Any, Self, TypeVar
 
 import httpx
 from pydantic import BaseModel, ValidationError
@@ -54,6 +54,7 @@ from pipetune.model.wire import (
     WorkerList,
 )
 
+_T = TypeVar("_T")
 DEFAULT_SERVER = "http://127.0.0.1:8000"
 SERVER_ENV = "PIPETUNE_SERVER"
 API_KEY_ENV = "PIPETUNE_API_KEY"
@@ -151,27 +152,28 @@ def _pause(poll_s: float, deadline: float | None, asked_s: float | None = None) 
 
 
 class Outage:
-    """Looks at the service that failed for the moment (TRANSIENT) in a row, for a wait that
-    rides them out: a database failover or a service restart, not a service that is gone.
-    `pause_after(exc)` is how long to sleep before looking again, or None to give up (the
-    failures have lasted WAIT_THROUGH_S, or the deadline has passed); `over()` after a look
-    that succeeded."""
+    """Looks at the service for a wait that rides out failures for the moment (TRANSIENT: a
+    database failover is a 503 "retry shortly", a restart refuses connections), not a
+    service that is gone: `look(call)` calls again, after `poll_s` or the answer's
+    Retry-After, until one succeeds; it raises the last error once failures in a row have
+    lasted WAIT_THROUGH_S, or the deadline has passed."""
 
     def __init__(self, poll_s: float, deadline: float | None):
         self.poll_s = poll_s
         self.deadline = deadline
-        self._since: float | None = None
 
-    def pause_after(self, exc: BaseException) -> float | None:
-        now = time.monotonic()
-        self._since = now if self._since is None else self._since
-        past_deadline = self.deadline is not None and now >= self.deadline
-        if past_deadline or now - self._since >= WAIT_THROUGH_S:
-            return None
-        return _pause(self.poll_s, self.deadline, asked_wait_s(exc))
-
-    def over(self) -> None:
-        self._since = None
+    def look(self, call: Callable[[], _T]) -> _T:
+        since: float | None = None
+        while True:
+            try:
+                return call()
+            except TRANSIENT as exc:
+                now = time.monotonic()
+                since = now if since is None else since
+                past_deadline = self.deadline is not None and now >= self.deadline
+                if past_deadline or now - since >= WAIT_THROUGH_S:
+                    raise
+                time.sleep(_pause(self.poll_s, self.deadline, asked_wait_s(exc)))
 
 
 def _options_body(options: TuneOptions) -> dict[str, Any]:
@@ -370,18 +372,7 @@ class Client:
         last: TaskDoc | None = None
         outage = Outage(poll_s, deadline)
         while True:
-            try:
-                doc = self.task(task_id)
-            except TRANSIENT as exc:
-                # A look that failed for the moment (a database outage is a 503 "retry
-                # shortly", a restart refuses connections): the next look may succeed, within
-                # the deadline and WAIT_THROUGH_S of failures in a row.
-                pause = outage.pause_after(exc)
-                if pause is None:
-                    raise
-                time.sleep(pause)
-                continue
-            outage.over()
+            doc = outage.look(lambda: self.task(task_id))
             if progress is not None and (last is None or doc != last):
                 progress(doc)
             last = doc
