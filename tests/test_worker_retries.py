@@ -78,6 +78,18 @@ def _job() -> object:
     )  # fmt: skip
 
 
+def _report_one(api: FakeApi, job: object, worker_id: int) -> Worker:
+    """A busy worker of `worker_id`, the service up, that has reported `job` as ok once."""
+    from pipetune.model.trials import MeasureResult
+
+    api.down = 0  # type: ignore[attr-defined]
+    worker, _ = _worker(api)
+    worker.worker_id = worker_id
+    worker._busy = 1
+    worker._report_batch(api, [(job, MeasureResult(status="ok", latency_us=5.0))])  # type: ignore[arg-type]
+    return worker
+
+
 def _worker(api: FakeApi, **config: object) -> tuple[Worker, io.StringIO]:
     settings = {"server": "http://fake", "token": "t", "runner": "simulated", "gpu": "h100"}
     log = io.StringIO()
@@ -210,7 +222,6 @@ def test_after_an_outage_the_worker_registers_again_before_it_leases():
 def test_a_report_that_met_an_outage_leases_nothing_until_the_worker_registers_again():
     """The reporter leases with its reports: retried after an outage under the stale id,
     it too would take another worker's jobs."""
-    from pipetune.model.trials import MeasureResult
     from pipetune.model.wire import JobResultAck, JobResultAcks
 
     job = _job()
@@ -232,11 +243,7 @@ def test_a_report_that_met_an_outage_leases_nothing_until_the_worker_registers_a
             return JobResultAcks(acks=[ack], jobs=[])
 
     api = ReportApi()
-    api.down = 0
-    worker, _ = _worker(api)
-    worker.worker_id = 7
-    worker._busy = 1
-    worker._report_batch(api, [(job, MeasureResult(status="ok", latency_us=5.0))])  # type: ignore[arg-type]
+    worker = _report_one(api, job, worker_id=7)
     assert asked[0][1] > 0 and asked[1] == (7, 0)  # sent again, leasing nothing
     assert worker._lease_with_report(1) == 0
     worker._lease(api, 1)  # type: ignore[arg-type]
@@ -420,7 +427,6 @@ def test_a_lease_and_its_retries_carry_one_request_id_and_the_next_lease_another
 
 
 def test_a_report_and_its_retries_carry_one_request_id():
-    from pipetune.model.trials import MeasureResult
     from pipetune.model.wire import JobResultAck, JobResultAcks
 
     job = _job()
@@ -444,10 +450,6 @@ def test_a_report_and_its_retries_carry_one_request_id():
             return JobResultAcks(acks=[ack], jobs=[])
 
     api = ReportApi()
-    api.down = 0
-    worker, _ = _worker(api)
-    worker.worker_id = 2
-    worker._busy = 1
-    worker._report_batch(api, [(job, MeasureResult(status="ok", latency_us=5.0))])  # type: ignore[arg-type]
+    _report_one(api, job, worker_id=2)
     assert len(sent) == 3 and sent[0] is not None and len(set(sent)) == 1
     assert retries == [False, True, True]
