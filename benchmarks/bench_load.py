@@ -78,7 +78,9 @@ backends: on this machine it shares the cores), each per
 result accepted, counted from the tasks' creation (each builds its session and proposes its
 first batches) to the workers' end; and for the idle phase, per second.
 
-Exits 1 when any run has a duplicate lease or a lost job.
+Exits 1 when any run has a duplicate lease or a lost job, and for nothing else: an option
+out of range, a service that does not start and a PostgreSQL that cannot be reached exit 2
+with the reason (each was a traceback and exit 1, the status of a correctness failure).
 
 The pieces: benchmarks/load_driver.py (LoadConfig, the simulated workers), load_audit.py
 (find_duplicates, find_lost, find_churn), load_report.py (the terminal line and the
@@ -98,7 +100,10 @@ import sys
 import tempfile
 from contextlib import ExitStack
 from pathlib import Path
-from typing import Any
+from typing import Any, get_args
+
+from sqlalchemy.engine import make_url
+from sqlalchemy.exc import ArgumentError, OperationalError
 
 from benchmarks.harness import (
     DEFAULT_PG,
@@ -113,6 +118,8 @@ from benchmarks.load_audit import audit
 from benchmarks.load_driver import CHURN_TTL_S, MEASURING, LoadConfig, drive, serve
 from benchmarks.load_report import DEFAULT_CHURN, section, summary
 from benchmarks.results import write_section
+from pipetune.clients.local_service import ServiceStartError
+from pipetune.model.wire import MAX_SECONDS, StrategyName
 
 
 def _errors_logged(log_text: str) -> list[str]:
@@ -296,6 +303,19 @@ def as_json(report: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+def _not_a_pg_url(text: str) -> str | None:
+    """Why --pg-url is no PostgreSQL URL (None: it is one), said before anything starts:
+    `nonsense` ended the run in sqlalchemy's ArgumentError."""
+    try:
+        url = make_url(text)
+        url.get_dialect()  # (a driver sqlalchemy does not know: NoSuchModuleError)
+    except ArgumentError as exc:
+        return str(exc)
+    if url.get_backend_name() != "postgresql":
+        return f"a PostgreSQL URL, not {url.get_backend_name()}'s"
+    return None
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--pg-url", default=DEFAULT_PG, help="admin URL of a PostgreSQL")
@@ -306,7 +326,11 @@ def main() -> int:
     )
     parser.add_argument("--budget", type=int, default=LoadConfig.budget, help="trials per task")
     parser.add_argument("--batch-size", type=int, default=LoadConfig.batch_size)
-    parser.add_argument("--strategy", default=LoadConfig.strategy)
+    parser.add_argument(
+        "--strategy",
+        default=LoadConfig.strategy,
+        choices=get_args(StrategyName),  # (the service answered another name with a 422)
+    )
     parser.add_argument("--measure-ms", type=float, default=0.0, help="simulated measurement")
     parser.add_argument(
         "--measure-spread",
@@ -439,6 +463,13 @@ def main() -> int:
     ):
         if not value >= 0:
             parser.error(f"{option}: 0 or more")
+    # The replicas' own limits (service/settings.py), which they refused only at start.
+    if args.lease_ttl is not None and not 0 < args.lease_ttl <= MAX_SECONDS:
+        parser.error(f"--lease-ttl: a number of seconds above 0, at most {MAX_SECONDS:g}")
+    if args.propose_early is not None and not 0 <= args.propose_early < 1:
+        parser.error("--propose-early: a share in [0, 1)")
+    if why := _not_a_pg_url(args.pg_url):
+        parser.error(f"--pg-url: {why}")
     say = (lambda *a, **k: print(*a, file=sys.stderr, **k)) if args.json else print
 
     # --batched alone: the batched protocol; with --single too: both, one after the other.
@@ -477,7 +508,14 @@ def main() -> int:
                     wait_s=args.wait_s,
                     results=args.results,
                 )
-                report = run_load(args.pg_url, config)
+                try:
+                    report = run_load(args.pg_url, config)
+                except ServiceStartError as exc:
+                    print(f"bench_load: the service did not start: {exc}", file=sys.stderr)
+                    return 2
+                except OperationalError as exc:  # (refused, unknown host or database, auth)
+                    print(f"bench_load: PostgreSQL: {exc.orig or exc}", file=sys.stderr)
+                    return 2
                 say(summary(report), flush=True)
                 if report["http_errors"]:
                     say("  HTTP errors:", report["http_errors"], flush=True)

@@ -25,10 +25,14 @@ two searches share (each seed's design and draws are the same in both):
 
     python -m benchmarks.bench_tuner compare BEFORE.json AFTER.json [--strategy S --against T]
 
-Each rendered document is labelled by its file's stem ("before-b8", "after-b1", ...), so a
-before/after table is the documents of both, rendered together. The development set is the
-Kernel Tuner caches in the shared datasets folder (the T4 copy of the A100 convolution is
-the same space and is left out).
+Each rendered document is labelled by its file's stem ("before-b8", "after-b1", ...), or by
+its folder and stem where two share a stem ("x/run", "y/run"), so a before/after table is the
+documents of both, rendered together. The development set is the Kernel Tuner caches in the
+shared datasets folder (the T4 copy of the A100 convolution is the same space and is left
+out).
+
+Input a mode refuses (an option out of range, a file that is not a run document, runs that
+do not pool or pair) exits 2 with the reason on stderr.
 """
 
 from __future__ import annotations
@@ -38,11 +42,22 @@ import json
 import re
 import shlex
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
 
 from benchmarks.results import write_section
+
+
+class Refused(SystemExit):
+    """Input a mode refuses: `main` says the message on stderr and exits 2, a usage error as
+    argparse's own (`raise SystemExit("message")` exited 1, the status of a failure). A
+    SystemExit, so that a caller of merge or budget_list that catches nothing still stops."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+        self.code = 2
 
 
 def dev_set(folder: Path) -> list[Path]:
@@ -53,42 +68,53 @@ def run(args: argparse.Namespace) -> None:
     from benchmarks.campaign_data import committed_gpu_of
     from pipetune.clients.cli.bench_cmds import (
         _priors,
-        _strategies,
+        asked_strategies,
         recorded_datasets,
         runnable_strategies,
     )
     from pipetune.clients.cli.errors import CliError
     from pipetune.tuner.bench import bench
+    from pipetune.tuner.peers import PeerFailedError
+    from pipetune.tuner.transfer import TransferError
     from pipetune.workers.datasets import DatasetError
 
     files = [*(dev_set(args.dev_set) if args.dev_set else []), *(args.datasets or [])]
+    if not files:
+        raise Refused("--datasets: give at least one dataset file (or a --dev-set of caches)")
+    budgets = budget_list(args.budgets)
     try:
+        # As `pipetune bench tuner` chooses: the strategies whose packages are installed,
+        # then of a group those that can run on the datasets (the ones that need the
+        # analytical model are left out on another kernel's recording), named ones refused.
+        names, named, missing = asked_strategies(args.strategies)
         # The committed campaigns' datasets with their shipped profile, the user's own files
         # with the user's (committed_gpu_of); likewise the priors and the learned corpus.
         loaded = recorded_datasets(files, gpu_of_file=committed_gpu_of)
-        # As `pipetune bench tuner` chooses: a group's strategies that need the analytical
-        # model are left out on another kernel's recording, named ones refused.
-        names, left_out = runnable_strategies(*_strategies(args.strategies), loaded)
+        names, model_left_out = runnable_strategies(names, named, loaded)
         priors = _priors(args.prior or [], loaded, gpu_of_file=committed_gpu_of)
+        learned = learned_priors(loaded, args.learned_prior or [], priors)
     except (CliError, DatasetError) as exc:
-        raise SystemExit(f"error: {exc}") from None
-    learned = learned_priors(loaded, args.learned_prior or [], priors)
-    budgets = budget_list(args.budgets)
-    doc = bench(
-        loaded,
-        names,
-        budgets,
-        args.seeds,
-        progress=lambda m: print(m, file=sys.stderr, flush=True),
-        batch=args.batch,
-        priors=priors,
-        jobs=args.jobs,
-        prior_trials=args.prior_trials,
-        first_seed=args.first_seed,
-        learned=learned,
-        early=args.early,
-    )
-    doc["left_out"] = {**left_out, **doc["left_out"]}
+        raise Refused(str(exc)) from None
+    try:
+        doc = bench(
+            loaded,
+            names,
+            budgets,
+            args.seeds,
+            progress=lambda m: print(m, file=sys.stderr, flush=True),
+            batch=args.batch,
+            priors=priors,
+            jobs=args.jobs,
+            prior_trials=args.prior_trials,
+            first_seed=args.first_seed,
+            learned=learned,
+            early=args.early,
+        )
+    except PeerFailedError as exc:  # every strategy asked for was a peer that failed
+        raise Refused(f"--strategies: {exc}") from None
+    except TransferError as exc:  # (as `pipetune bench tuner`: no task there to start from)
+        raise Refused(f"--prior-trials: {exc}") from None
+    doc["left_out"] = {**missing, **model_left_out, **doc["left_out"]}
     doc["command"] = recorded_command(sys.argv[1:])
     args.save.write_text(json.dumps(doc))
 
@@ -111,20 +137,20 @@ def rerunnable(command: str) -> str:
 def budget_list(text: str) -> list[int]:
     """--budgets as `pipetune bench tuner` takes it: sorted, each once, each at least 1
     (render's columns are the sorted budgets; 0 read the whole run's best)."""
+    from pipetune.clients.cli.bench_cmds import _int_list
+    from pipetune.clients.cli.errors import CliError
+
     try:
-        budgets = sorted({int(k) for k in text.split(",") if k.strip()})
-    except ValueError:
-        raise SystemExit(f"--budgets: expected comma-separated integers, got {text!r}") from None
-    if not budgets or budgets[0] < 1:
-        raise SystemExit(f"--budgets: every value must be at least 1, got {text!r}")
-    return budgets
+        return _int_list(text, "--budgets")
+    except CliError as exc:
+        raise Refused(str(exc)) from None
 
 
 def learned_priors(loaded: list, corpus_paths: list[Path], priors: dict) -> dict:
     """Each of pipetune's datasets' prior learned from the --learned-prior datasets of its
-    family, its own workload left out on every GPU, but for the datasets with a --prior
-    (they run from it): `pipetune bench tuner --learned-prior`; the corpus read as `run`'s
-    datasets (committed_gpu_of)."""
+    family, its own shape (tuner.learned_prior.shape_of) left out on every GPU, but for the
+    datasets with a --prior (they run from it): `pipetune bench tuner --learned-prior`; the
+    corpus read as `run`'s datasets (committed_gpu_of)."""
     from benchmarks.campaign_data import committed_gpu_of
     from pipetune.clients.cli.bench_cmds import _learned
 
@@ -134,20 +160,74 @@ def learned_priors(loaded: list, corpus_paths: list[Path], priors: dict) -> dict
     return learned
 
 
+# What merge, compare and render read of every run document, and of each of its results.
+RUN_FIELDS: dict[str, type] = {"results": list, "datasets": list, "seeds": int}
+RESULT_FIELDS = ("strategy", "budget", "per_dataset")
+
+
+def load_run(path: Path) -> dict:
+    """A saved run (`run --save`, `merge --save`). Refused, naming the file, where it is
+    none: a missing file, a folder, not JSON, or JSON of something else (each was a
+    traceback, exit 1: FileNotFoundError, JSONDecodeError, KeyError)."""
+    try:
+        doc = json.loads(path.read_text())
+    except OSError as exc:
+        why: str | None = exc.strerror or str(exc)
+    except ValueError as exc:  # (JSONDecodeError, UnicodeDecodeError)
+        why = f"not JSON: {exc}"
+    else:
+        why = _not_a_run(doc)
+    if why is not None:
+        raise Refused(f"{path}: not a bench_tuner run document ({why})")
+    return doc
+
+
+def _not_a_run(doc: object) -> str | None:
+    """What a JSON document lacks of a run document (None: nothing)."""
+    if not isinstance(doc, dict):
+        return f"a JSON {type(doc).__name__}, not an object"
+    for field, kind in RUN_FIELDS.items():
+        if not isinstance(doc.get(field), kind):
+            return f"no {kind.__name__} {field!r}"
+    if not all(isinstance(r, dict) and all(f in r for f in RESULT_FIELDS) for r in doc["results"]):
+        return f"a result without {', '.join(RESULT_FIELDS)}"
+    return None
+
+
+def run_labels(paths: list[Path]) -> list[str]:
+    """What each run is called in render's and compare's tables: as a benchmark names its
+    datasets (bench_cmds.dataset_names), its file's stem, or its folder and stem where two
+    files share a stem. By the stem alone, render kept the last of two runs named `run.json`
+    and dropped the other without a word. Refused where two are still one name (the same
+    file given twice)."""
+    from pipetune.clients.cli.bench_cmds import dataset_names
+    from pipetune.clients.cli.errors import CliError
+
+    try:
+        return dataset_names(paths)
+    except CliError as exc:
+        raise Refused(str(exc)) from None
+
+
+def load_runs(paths: list[Path]) -> dict[str, dict]:
+    """Each run (load_run) under its label (run_labels), in the order given."""
+    return dict(zip(run_labels(paths), map(load_run, paths), strict=True))
+
+
 def merge(paths: list[Path]) -> dict:
     """One document from runs of the same settings over consecutive seed ranges: pooled means
     and standard errors per dataset (exact, from each part's mean and standard error), then
     the geomean and P scores as `bench` computes them."""
     from pipetune.tuner.metrics import geomean, mean_p_score, p_score
 
-    parts = sorted((json.loads(p.read_text()) for p in paths), key=lambda d: d.get("first_seed", 0))
+    parts = sorted(map(load_run, paths), key=lambda d: d.get("first_seed", 0))
     base = parts[0]
     for nxt, prev in zip(parts[1:], parts, strict=False):
         if nxt.get("first_seed", 0) != prev.get("first_seed", 0) + prev["seeds"]:
-            raise SystemExit("merge: the seed ranges must be consecutive")
+            raise Refused("the seed ranges must be consecutive")
     for part in parts[1:]:
         if problem := _unlike(base, part):
-            raise SystemExit(f"merge: {problem}: runs of other settings do not pool")
+            raise Refused(f"{problem}: runs of other settings do not pool")
     # Each part's results by (strategy, budget): by position, a strategy that one part lost
     # (a peer that failed there) put another strategy's seeds under its name.
     keyed = [{(r["strategy"], r["budget"]): r for r in d["results"]} for d in parts]
@@ -243,7 +323,7 @@ def compare(paths: list[Path], strategies: tuple[str | None, str | None]) -> str
     differences (the same seed's design and draws on both sides), as markdown."""
     from pipetune.tuner.metrics import paired_difference, paired_geomean_difference
 
-    (label_a, a), (label_b, b) = ((p.name.split(".")[0], json.loads(p.read_text())) for p in paths)
+    (label_a, a), (label_b, b) = load_runs(paths).items()
     for key in ("first_seed", "seeds"):
         if a.get(key, 0) != b.get(key, 0):
             raise CompareError(f"{key}: {a.get(key, 0)} in {label_a}, {b.get(key, 0)} in {label_b}")
@@ -276,11 +356,21 @@ def compare(paths: list[Path], strategies: tuple[str | None, str | None]) -> str
     first = a.get("first_seed", 0)
     lines += [
         "",
-        f"A = `{label_a}` ({name_a}, batch {a.get('batch', 8)}), B = `{label_b}` ({name_b}, "
-        f"batch {b.get('batch', 8)}), seeds {first}..{first + a['seeds'] - 1} in both; "
+        f"A = `{label_a}` ({name_a}, {_batch(a, name_a)}), B = `{label_b}` ({name_b}, "
+        f"{_batch(b, name_b)}), seeds {first}..{first + a['seeds'] - 1} in both; "
         "mean ± standard error of the seeds' paired differences.",
     ]
     return "\n".join(lines)
+
+
+def _batch(doc: dict, strategy: str) -> str:
+    """How a run's strategy proposed its trials: a peer one at a time (the run's `batch` is
+    pipetune's), pipetune's strategies in the run's batches."""
+    from pipetune.tuner.peers import PEERS
+
+    if strategy in PEERS:
+        return f"batch {doc.get('peer_batch', 1)} (peer)"
+    return f"batch {doc.get('batch', 8)}"
 
 
 def _cell(r: dict) -> str:
@@ -297,13 +387,26 @@ def _by_budget(doc: dict, strategy: str, budgets: list[int]) -> list[dict | None
 
 
 def render(paths: list[Path]) -> str:
-    docs = {p.name.split(".")[0]: json.loads(p.read_text()) for p in paths}
+    from pipetune.clients.library.labels import SIMULATED_LABEL
+
+    docs = load_runs(paths)
     first = next((d for d in docs.values() if "random" in d), next(iter(docs.values())))
     budgets = sorted({r["budget"] for r in first["results"]})
     datasets = first["datasets"]
+    # Datasets whose latencies are the analytical model's (tuner.bench's `simulated`): on
+    # them the model's own strategies are scored against its own predictions.
+    simulated = {ds for doc in docs.values() for ds in doc.get("simulated", ())}
     head = "| run | strategy | " + " | ".join(f"k={k}" for k in budgets) + " |"
     rule = "|---|---|" + "---:|" * len(budgets)
-    lines = ["### Geomean over datasets (P score below each row)", "", head, rule]
+    lines = ["### Geomean over datasets (P score below each row)", ""]
+    if simulated_here := [ds for ds in datasets if ds in simulated]:
+        lines += [
+            f"{len(simulated_here)} of the {len(datasets)} datasets are {SIMULATED_LABEL}: "
+            + ", ".join(simulated_here)
+            + ".",
+            "",
+        ]
+    lines += [head, rule]
     for label, doc in docs.items():
         if doc["datasets"] != datasets:
             continue  # a geomean over other datasets does not compare
@@ -326,7 +429,8 @@ def render(paths: list[Path]) -> str:
             )
     for ds in datasets:
         prior = first.get("priors", {}).get(ds)
-        lines += ["", f"### {ds}" + (f" (prior: {prior})" if prior else ""), "", head, rule]
+        title = f"### {ds}" + (f" ({SIMULATED_LABEL})" if ds in simulated else "")
+        lines += ["", title + (f" (prior: {prior})" if prior else ""), "", head, rule]
         lines.append(
             "| | random (exact) | "
             + " | ".join(f"{first['random'][ds][str(k)]:.3f}" for k in budgets)
@@ -356,37 +460,61 @@ def render(paths: list[Path]) -> str:
             + ", peers one trial at a time; "
             f"`{rerunnable(doc.get('command', '?'))}`"
         )
+        # What was asked for and is in no table (a peer that failed, a strategy that needs
+        # the analytical model on another kernel's recording, a package not installed).
+        lines += [f"  - left out: {why}" for why in doc.get("left_out", {}).values()]
     return "\n".join(lines)
 
 
+def _int_in(low: int, high: int | None = None) -> Callable[[str], int]:
+    """An argparse type: an integer from `low` to `high` (None: no bound), the limits that
+    `pipetune bench tuner` declares for the same option (--batch 0 ran no trial and wrote
+    best-in-k 0.0, --seeds 0 a document of NaN)."""
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
+        if value < low or (high is not None and value > high):
+            bound = f"at least {low}" if high is None else f"from {low} to {high}"
+            raise argparse.ArgumentTypeError(f"must be {bound}, got {value}")
+        return value
+
+    return parse
+
+
 def main() -> None:
+    from pipetune.clients.cli.bench_cmds import max_jobs
+    from pipetune.model.wire import MAX_BATCH_SIZE
+
     parser = argparse.ArgumentParser(description=__doc__)
     sub = parser.add_subparsers(dest="mode", required=True)
     r = sub.add_parser("run")
     r.add_argument("--dev-set", type=Path)
     r.add_argument("--datasets", type=Path, nargs="*")
     r.add_argument("--prior", type=Path, nargs="*")
-    r.add_argument("--prior-trials", type=int)
+    r.add_argument("--prior-trials", type=_int_in(1))
     r.add_argument(
         "--learned-prior",
         type=Path,
         nargs="*",
         help="measured datasets (files or folders) whose cost model is the prior of each"
-        " dataset of the same family, its own workload left out",
+        " dataset of the same family, its own shape left out",
     )
     r.add_argument("--strategies", default="auto,peers")
     r.add_argument("--budgets", default="10,20,50,100")
-    r.add_argument("--batch", type=int, default=8)
+    r.add_argument("--batch", type=_int_in(1, MAX_BATCH_SIZE), default=8)
     r.add_argument(
         "--early",
-        type=int,
+        type=_int_in(0),
         default=0,
         help="propose each batch while this many trials of the batch before it are"
         " unmeasured (the service's early proposals: PIPETUNE_PROPOSE_EARLY of the batch)",
     )
-    r.add_argument("--seeds", type=int, default=30)
-    r.add_argument("--jobs", type=int, default=1)
-    r.add_argument("--first-seed", type=int, default=0)
+    r.add_argument("--seeds", type=_int_in(1), default=30)
+    r.add_argument("--jobs", type=_int_in(1, max_jobs()), default=1)
+    r.add_argument("--first-seed", type=_int_in(0), default=0)
     r.add_argument("--save", type=Path, required=True)
     m = sub.add_parser("merge")
     m.add_argument("docs", type=Path, nargs="+")
@@ -402,6 +530,18 @@ def main() -> None:
     w.add_argument("--preamble", default="")
     w.add_argument("--write", action="store_true")
     args = parser.parse_args()
+    if args.mode == "run" and args.prior_trials is not None and not args.prior:
+        # (Recorded, and ignored: a prior of N trials of nothing.)
+        r.error("--prior-trials: give the --prior dataset the trials are taken from")
+    try:
+        _run_mode(args)
+    except (Refused, CompareError) as exc:
+        print(f"{args.mode}: {exc}", file=sys.stderr)
+        raise SystemExit(2) from None
+
+
+def _run_mode(args: argparse.Namespace) -> None:
+    """The mode `main` parsed, run."""
     if args.mode == "run":
         run(args)
         return
@@ -409,11 +549,7 @@ def main() -> None:
         args.save.write_text(json.dumps(merge(args.docs)))
         return
     if args.mode == "compare":
-        try:
-            print(compare(args.docs, (args.strategy, args.against or args.strategy)))
-        except CompareError as exc:
-            print(f"compare: {exc}", file=sys.stderr)
-            raise SystemExit(2) from None
+        print(compare(args.docs, (args.strategy, args.against or args.strategy)))
         return
     body = (args.preamble + "\n\n" if args.preamble else "") + render(args.docs)
     print(body)

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from pipetune.model.trials import is_simulated
 from pipetune.tuner.bo import PriorMean
 from pipetune.tuner.metrics import geomean, mean_p_score, p_score, random_search_expectation
 from pipetune.tuner.offline import RecordedSpace, propose_and_measure, run_offline, throughput_of
@@ -316,4 +317,9 @@ def bench(
             name: dict(zip(map(str, budgets), values, strict=True))
             for name, values in randoms.items()
         },
+        # Datasets whose latencies are the analytical model's (a simulated sweep, an export of
+        # a simulated task): their tables read as a GPU's would, and on them the model's own
+        # strategies are scored against its own predictions. (Last: `pipetune bench tuner
+        # --json` printed it last, after its own keys.)
+        "simulated": [d.name for d in datasets if is_simulated(d.runner)],
     }

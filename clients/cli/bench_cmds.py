@@ -13,7 +13,7 @@ from rich.table import Table
 from pipetune.clients.cli.errors import CliError, reported
 from pipetune.clients.cli.output import console, print_json, stderr_console
 from pipetune.clients.library.labels import SIMULATED_LABEL
-from pipetune.model.trials import is_measured, is_simulated
+from pipetune.model.trials import is_measured
 from pipetune.model.wire import MAX_BATCH_SIZE, StrategyName
 from pipetune.tuner.peers import (
     LIGHT_PEERS,
@@ -210,6 +210,22 @@ def installed_strategies(names: list[str], named: set[str]) -> tuple[list[str], 
         # Once per reason: `peers` without kernel_tuner said its one reason 18 times over.
         raise CliError(f"--strategies: {'; '.join(dict.fromkeys(missing.values()))}", 2)
     return names, {name: f"{name}: {why}" for name, why in missing.items()}
+
+
+def asked_strategies(text: str) -> tuple[list[str], set[str], dict[str, str]]:
+    """--strategies checked before anything runs, for `pipetune bench tuner` and
+    benchmarks/bench_tuner.py alike: the strategies asked for that can run here, those
+    named on their own (`_strategies`), and why each other one was left out
+    (`installed_strategies`); CliError (exit 2) for a name unknown, a peer time limit that is
+    no number of seconds, or a named peer whose package is missing."""
+    names, named = _strategies(text)
+    if any(name in PEERS for name in names):
+        try:
+            peer_time_limit_s()
+        except ValueError as exc:
+            raise CliError(str(exc), 2) from None
+    names, missing = installed_strategies(names, named)
+    return names, named, missing
 
 
 def runnable_strategies(
@@ -486,13 +502,7 @@ def tuner(
     if jobs > max_jobs():  # (each one a process: 100000 of them filled the memory)
         raise CliError(f"--jobs: at most {max_jobs()} here ({JOBS_PER_CPU} per CPU)", 2)
     ks = _int_list(budgets, "--budgets")
-    names, named = _strategies(strategies)
-    if any(name in PEERS for name in names):
-        try:
-            peer_time_limit_s()
-        except ValueError as exc:
-            raise CliError(str(exc), 2) from None
-    names, missing = installed_strategies(names, named)
+    names, named, missing = asked_strategies(strategies)
     try:
         loaded = recorded_datasets(files)
     except DatasetError as exc:
@@ -529,10 +539,6 @@ def tuner(
                 2,
             ) from None
     doc["left_out"] = {**missing, **model_left_out, **doc["left_out"]}
-    # Datasets whose latencies are the analytical model's (a simulated sweep, an export of a
-    # simulated task): their tables were shown as a GPU's would be, and on them the model's
-    # own strategies are scored against its own predictions.
-    doc["simulated"] = [ds.name for ds in loaded if is_simulated(ds.runner)]
     if as_json:
         print_json(doc)
         return
