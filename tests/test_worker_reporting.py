@@ -378,11 +378,12 @@ def test_jobs_the_heartbeat_says_are_gone_are_not_measured():
     with worker._slots:
         worker._hold([_job(4), _job(5)])
     _beat(worker, 1, api)
-    assert worker._gone == {5}
+    assert worker._gone == {(5, "token-0005")}  # (leases are known by job and token)
     worker._measure_unit([_job(4)])
     worker._measure_unit([_job(5)])
     assert len(measured) == 1 and worker.counts["dropped"] == 1
-    assert worker._busy == 1 and set(worker._held) == {4}  # 5's slot is free, 4 awaits its report
+    # 5's slot is free, 4 awaits its report
+    assert worker._busy == 1 and set(worker._held) == {(4, "token-0004")}
     assert worker._gone == set() and "dropped" in log.getvalue()
 
 
@@ -416,7 +417,8 @@ def test_a_result_refused_for_a_cancelled_task_drops_its_other_jobs_held_ahead()
     worker._reports.put(None)
     worker._reporter()
     assert worker.counts["stale"] == 1
-    assert worker._gone == {2, 3}  # task 1's jobs held ahead; task 2's job 9 is not gone
+    # Task 1's jobs held ahead; task 2's job 9 is not gone.
+    assert worker._gone == {(2, "token-0002"), (3, "token-0003")}
     worker._measure_unit([_job(2), _job(3)])
     worker._measure_unit([other_task])
     assert len(measured) == 1 and worker.counts["dropped"] == 2
@@ -827,7 +829,8 @@ def test_a_gone_lease_does_not_drop_the_job_leased_again_meanwhile():
     with worker._slots:
         worker._hold([_job(4), _job(5)])
     _beat(worker, 1, api)
-    assert worker._gone == {4}  # 4's lease is gone; 5 is held under a lease that is not
+    # 4's lease is gone; 5 is held under a lease that is not.
+    assert worker._gone == {(4, "token-0004")}
 
 
 def test_a_runner_that_cannot_build_here_reports_nothing_and_stops_the_worker():

@@ -87,6 +87,12 @@ REQUEST_TOO_LARGE = (413, 431)
 # balancer during a rolling upgrade, or from a proxy, not from every replica for good.
 BATCH_ROUTE_RETRY_S = 600.0
 
+# One copy of a job in the worker's hands: (job id, lease token). A job whose lease expired
+# while held (an outage longer than the TTL) can be leased to the same worker again, a second
+# copy under a new token: known by its job id alone, the old copy's report released the new
+# lease (no heartbeat extended it again) and a `gone` for the old lease dropped the new copy.
+LeaseKey = tuple[int, str]
+
 
 class WorkerError(PipetuneError):
     """The worker cannot go on (refused token, runner gone, service never reachable)."""
@@ -94,6 +100,10 @@ class WorkerError(PipetuneError):
 
 def _workload_key(data: dict[str, Any]) -> str:
     return json.dumps(data, sort_keys=True)
+
+
+def _lease_key(job: JobLease) -> LeaseKey:
+    return (job.job_id, job.lease_token)
 
 
 class Worker:
@@ -118,20 +128,24 @@ class Worker:
         self._abort = threading.Event()  # start no more trials; stop retrying reports
         self._fatal: BaseException | None = None
         self._busy = 0
-        # The leases held (job id -> lease token): leased and not yet reported. Heartbeats
-        # list them, and the service extends only those (wire.Heartbeat says why).
-        self._held: dict[int, HeldTerm] = {}
-        # The task of each held job: a result refused because its task was cancelled drops
+        # The leases held: leased and not yet reported, at most one a job (a newer lease of
+        # a job retires the older copy: _hold). Heartbeats list them, and the service
+        # extends only those (wire.Heartbeat says why).
+        self._held: dict[LeaseKey, HeldTerm] = {}
+        # The task of each held lease: a result refused because its task was cancelled drops
         # the task's other jobs held ahead at once, not at the next heartbeat's `gone`
         # (a busy worker beats about every 30 s, and would measure them meanwhile).
-        self._task_of: dict[int, int] = {}
+        self._task_of: dict[LeaseKey, int] = {}
         # Since when the reporter's requests have failed without a success between (None:
         # the last one went through). --result-retry counts from there for every report: a
         # worker draining several batches through an outage gave each its own 900 s.
         self._reports_failing_since: float | None = None
         # Held jobs whose leases the service says are no longer this worker's (a heartbeat's
         # `gone`: the task cancelled, the lease moved): not measured if not started yet.
-        self._gone: set[int] = set()
+        self._gone: set[LeaseKey] = set()
+        # Copies in hand whose job was leased to this worker again since (_hold): their
+        # leases are no longer current, so they are not measured if not started yet.
+        self._superseded: set[LeaseKey] = set()
         self._told_short_ttl = False  # that a lease's TTL is no longer than --heartbeat
         self._heartbeat_lists_leases = True  # until a service from before it says otherwise
         # Set when a request failed as an outage does (unreachable, 5xx, garbled answer): the
@@ -369,10 +383,11 @@ class Worker:
         """Count jobs just leased as held (the caller holds self._slots)."""
         self._busy += len(jobs)
         now = time.monotonic()
-        self._held.update(
-            (job.job_id, HeldTerm.granted(job.lease_token, job.lease_ttl_s, now)) for job in jobs
-        )
-        self._task_of.update((job.job_id, job.task_id) for job in jobs)
+        for job in jobs:
+            self._retire_older_copies(job)
+            key = _lease_key(job)
+            self._held[key] = HeldTerm.granted(job.lease_token, job.lease_ttl_s, now)
+            self._task_of[key] = job.task_id
         ttls = [j.lease_ttl_s for j in jobs if j.lease_ttl_s is not None]
         if ttls and min(ttls) <= self.config.heartbeat_s and not self._told_short_ttl:
             # No heartbeat rule extends a lease that expires between two wake-ups: said once.
@@ -384,20 +399,37 @@ class Worker:
                 "--heartbeat well below the lease TTL",
             )
 
+    def _retire_older_copies(self, job: JobLease) -> None:
+        """A job leased to this worker again while it still holds an older copy (that
+        copy's lease expired, and the job came back to it): the older lease cannot be
+        current any more. It is no longer held (heartbeats list one lease a job: the
+        service's `gone` names jobs, not leases), and the copy is not measured if it has not
+        started (_is_superseded); one being measured finishes and is reported, and the
+        service refuses its result as stale. (The caller holds self._slots.)"""
+        older = [key for key in self._held if key[0] == job.job_id and key[1] != job.lease_token]
+        for key in older:
+            del self._held[key]
+            self._task_of.pop(key, None)
+            self._gone.discard(key)
+            self._superseded.add(key)
+
     def _release(self, jobs: list[JobLease]) -> None:
         """The jobs are done with (reported, or abandoned): their slots are free, and their
-        leases no longer extended (an abandoned job's lease expires)."""
+        leases no longer extended (an abandoned job's lease expires). Only each job's own
+        lease: a copy superseded by a newer lease of its job leaves that one held."""
         with self._slots:
             self._busy -= len(jobs)
             for job in jobs:
-                self._held.pop(job.job_id, None)
-                self._task_of.pop(job.job_id, None)
-                self._gone.discard(job.job_id)
+                key = _lease_key(job)
+                self._held.pop(key, None)
+                self._task_of.pop(key, None)
+                self._gone.discard(key)
+                self._superseded.discard(key)
             self._slots.notify_all()
 
     def _held_leases(self) -> list[HeldLease]:
         with self._slots:
-            return [HeldLease(job_id=j, lease_token=t.token) for j, t in self._held.items()]
+            return [HeldLease(job_id=j, lease_token=t) for j, t in self._held]
 
     def _count(self, key: str, n: int = 1) -> None:
         with self._counts_lock:
@@ -547,6 +579,8 @@ class Worker:
                     self._abandon(job)
                 elif self._is_gone(job):
                     self._drop(job)
+                elif self._is_superseded(job):
+                    self._retire(job)
                 else:
                     self._finish(job, self._measure_one(workload, schedule))
                 done += 1
@@ -589,7 +623,11 @@ class Worker:
 
     def _is_gone(self, job: JobLease) -> bool:
         with self._slots:
-            return job.job_id in self._gone
+            return _lease_key(job) in self._gone
+
+    def _is_superseded(self, job: JobLease) -> bool:
+        with self._slots:
+            return _lease_key(job) in self._superseded
 
     def _drop(self, job: JobLease) -> None:
         """A job whose lease the service says is no longer this worker's, not measured: its
@@ -600,6 +638,17 @@ class Worker:
             "info",
             "not measured: the service says its lease is no longer this worker's (the task "
             "cancelled, or the lease expired and moved)",
+        )
+
+    def _retire(self, job: JobLease) -> None:
+        """An older copy of a job this worker was leased again, not measured: its lease
+        expired (the service refuses its result), and the newer copy is measured."""
+        self._unmeasured(
+            job,
+            "superseded",
+            "info",
+            "not measured: the job was leased to this worker again after this copy's lease "
+            "expired; the newer copy is measured",
         )
 
     def _abandon(self, job: JobLease) -> None:
@@ -853,7 +902,7 @@ class Worker:
             if job_state == JobState.CANCELLED:
                 # Its task's other jobs held ahead are cancelled too: not measured.
                 with self._slots:
-                    self._gone |= {j for j, t in self._task_of.items() if t == job.task_id}
+                    self._gone |= {k for k, t in self._task_of.items() if t == job.task_id}
 
     # ---- heartbeat ----------------------------------------------------------------------
 
@@ -876,22 +925,18 @@ class Worker:
                     continue
                 leases = None  # (more than a heartbeat lists: all are extended)
                 if self._heartbeat_lists_leases and len(held) <= MAX_HELD_LEASES:
-                    leases = [HeldLease(job_id=j, lease_token=t.token) for j, t in held.items()]
+                    leases = [HeldLease(job_id=j, lease_token=t) for j, t in held]
                 try:
                     ack = api.heartbeat(self.worker_id, busy_jobs=busy, leases=leases)
                     last_active, wakeups = active, 0
                     gone = set(getattr(ack, "gone", None) or ())
                     if gone:
-                        # Only what is still held under the lease listed: a job released
-                        # meanwhile is not, nor one leased again since (its new lease is not
-                        # the one the service says is gone).
+                        # The service names jobs: gone is the lease listed for each (one a
+                        # job, _hold), and only while still held: a job released meanwhile
+                        # is not, nor one leased again since (its new lease is another key).
                         with self._slots:
                             self._gone |= {
-                                j
-                                for j in gone
-                                if j in held
-                                and (now_held := self._held.get(j)) is not None
-                                and now_held.token == held[j].token
+                                key for key in held if key[0] in gone and key in self._held
                             }
                     for term in held.values():
                         term.extended(now)
