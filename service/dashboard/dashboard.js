@@ -19,9 +19,32 @@
   // States and runner names come from the service (model/states.py, model/trials.py).
   const VOCABULARY = JSON.parse(document.getElementById("vocabulary").textContent);
   const FINAL = new Set(VOCABULARY.final_job_states);
+  const ENDED = new Set(VOCABULARY.final_task_states);
   const SIMULATED = VOCABULARY.simulated;
   const MEASURED = VOCABULARY.measured;
   const PLOT_CONFIG = { displaylogo: false, responsive: true };
+  // A request with no answer in a few refresh periods is given up, and said so: without a
+  // limit one that hung (a stopped service, a connection dropped silently on the way) held
+  // the page on its last "updated" time until TCP gave up, minutes later.
+  const TIMEOUT_MS = Math.max(15000, 5 * REFRESH_MS);
+  // A trial's or a task's error is shown up to this long (a compiler's log can be pages).
+  const ERROR_CHARS = 300;
+
+  // The key as typed after #key=: the fragment is not a form (URLSearchParams turned a
+  // base64 key's "+" into a space and cut "p&q=r" at "&"). Only percent-escapes are undone,
+  // as the browser writes a space, `"`, `<`, `>` or a backtick as one; so a "%" followed by
+  // two hex digits is written %25 (README), and a "%" that starts no escape is kept as typed.
+  function keyFromFragment(hash) {
+    const match = /^#key=(.*)$/s.exec(hash);
+    if (!match) return "";
+    return match[1].replace(/(?:%[0-9A-Fa-f]{2})+/g, (run) => {
+      try {
+        return decodeURIComponent(run);
+      } catch {
+        return run;  // escapes that are not UTF-8: kept as typed rather than thrown
+      }
+    });
+  }
 
   // An API key, if the service requires one, comes as #key=... and stays in this tab. Taken
   // out of the address at once: it stayed in the address bar and the history, on screen
@@ -29,7 +52,7 @@
   // Read again when the fragment changes: a key given in a tab that had a wrong one or none
   // was refused until the page was reloaded.
   function takeKeyFromAddress() {
-    const hashKey = new URLSearchParams(location.hash.slice(1)).get("key");
+    const hashKey = keyFromFragment(location.hash);
     if (!hashKey) return false;
     sessionStorage.setItem("pipetune-api-key", hashKey);
     history.replaceState(null, "", location.pathname + location.search);
@@ -42,23 +65,63 @@
 
   // A refusal of the key is not an outage: said as what it is, with what to do.
   class KeyRefused extends Error {}
+  // An error the service answered (a 503 during a database stall, a 404): the service was
+  // reached, and says why (it was worded "cannot reach the service").
+  class ServiceAnswered extends Error {
+    constructor(message, status) {
+      super(message);
+      this.status = status;
+    }
+  }
+  // No answer within TIMEOUT_MS.
+  class NoAnswer extends Error {}
 
   const state = {
-    tasks: [], detail: null, tick: 0, wanted: Number(params.get("task")) || null,
-    curveRunners: [],
+    tasks: [], listed: false, detail: null, tick: 0, aggregateDue: 0,
+    wanted: Number(params.get("task")) || null, curveRunners: [],
   };
+  let lastAnswer = new Date();  // the service's last answer of any kind (or the page's load)
 
   async function get(path) {
     const apiKey = sessionStorage.getItem("pipetune-api-key");
-    const response = await fetch(path, { headers: apiKey ? { "X-API-Key": apiKey } : {} });
-    if (response.status === 401) {
-      throw new KeyRefused(apiKey
-        ? "the service refused this tab's API key: open /dashboard#key=KEY with a valid one"
-        : "this service needs an API key: open /dashboard#key=KEY");
+    try {
+      const response = await fetch(path, {
+        headers: apiKey ? { "X-API-Key": apiKey } : {},
+        signal: AbortSignal.timeout(TIMEOUT_MS),
+      });
+      lastAnswer = new Date();
+      if (response.status === 401) {
+        throw new KeyRefused(apiKey
+          ? "the service refused this tab's API key: open /dashboard#key=KEY with a valid one"
+          : "this service needs an API key: open /dashboard#key=KEY");
+      }
+      if (!response.ok) {
+        const why = await answerDetail(response);
+        throw new ServiceAnswered(
+          `the service answered ${response.status} for ${path}${why ? `: ${why}` : ""}; retrying`,
+          response.status);
+      }
+      return await response.json();  // awaited here: the limit covers the body too
+    } catch (error) {
+      if (error.name !== "TimeoutError") throw error;
+      throw new NoAnswer(`no answer from the service since ${lastAnswer.toLocaleTimeString()}`);
     }
-    if (!response.ok) throw new Error(`${path}: HTTP ${response.status}`);
-    return response.json();
   }
+
+  // The service's reason for an error: its JSON `detail`, or a validation error's `reason`;
+  // "" where the answer has none (a proxy's HTML page: the status code says enough).
+  async function answerDetail(response) {
+    try {
+      const body = await response.json();
+      if (typeof body.detail === "string") return cut(body.detail);
+      if (typeof body.reason === "string") return cut(body.reason);
+    } catch {
+      // not JSON
+    }
+    return "";
+  }
+
+  const cut = (text) => (text.length > ERROR_CHARS ? `${text.slice(0, ERROR_CHARS)}…` : text);
 
   // The task's workload in words (the service's label), else its op.
   function workloadLabel(task) {
@@ -145,62 +208,135 @@
     return task.priority > 1 ? `${label}, priority ${task.priority}` : label;
   }
 
-  function renderTasks() {
-    const body = document.querySelector("#tasks tbody");
-    const rows = document.createDocumentFragment();
-    for (const task of state.tasks) {
-      const tr = document.createElement("tr");
-      tr.dataset.task = task.id;
-      if (state.detail && state.detail.id === task.id) tr.className = "selected";
-      cell(tr, String(task.id));
-      cell(tr, workloadLabel(task));
-      cell(tr, task.gpu);
-      cell(tr, strategyLabel(task));
-      const stateCell = cell(tr, task.state, `state-${task.state}`);
-      // A task no live worker can take says why (the service's no_worker), as text.
-      if (task.no_worker) {
-        const why = document.createElement("div");
-        why.className = "no-worker";
-        why.textContent = `waiting: ${task.no_worker}`;
-        stateCell.appendChild(why);
-      }
-      // Of the trials the task runs: its whole space where that is smaller than its budget
-      // (as the CLI says it); a finished task of a 42-schedule space read 42/50.
-      const wholeSpace = task.trials_target != null && task.trials_target < task.budget;
-      const target = wholeSpace ? task.trials_target : task.budget;
-      const progress = cell(tr, "");
-      const bar = document.createElement("span");
-      bar.className = "bar";
-      const fill = document.createElement("span");
-      fill.style.width = `${Math.min(100, (100 * task.trials_done) / target)}%`;
-      bar.appendChild(fill);
-      progress.append(bar, `${task.trials_done}/${target}`);
-      if (wholeSpace) {
-        const note = document.createElement("div");
-        note.className = "muted";
-        note.textContent = `its whole space; budget ${task.budget}`;
-        progress.appendChild(note);
-      }
-      const bestRunner = task.best && task.best.runner;
-      const best = task.best;
-      latencyCell(tr, best ? rate(best.throughput, best.throughput_unit) : "–", bestRunner);
-      latencyCell(tr, fixed(best && best.latency_us, 2), bestRunner);
-      cell(tr, best ? scheduleLabel(best.schedule, best.schedule_label) : "–");
-      tr.addEventListener("click", () => select(task.id));
-      rows.appendChild(tr);
+  // The trials the task runs: its whole space where that is smaller than its budget (as the
+  // CLI says it); a finished task of a 42-schedule space read 42/50.
+  const wholeSpace = (task) => task.trials_target != null && task.trials_target < task.budget;
+  const target = (task) => (wholeSpace(task) ? task.trials_target : task.budget);
+
+  // An ended task none of whose trials succeeded found nothing: not to be read as a green
+  // "done" (an all-failed task looked like a success with empty plots).
+  const noSuccess = (task) =>
+    ENDED.has(task.state) && task.trials_done > 0 && task.trials_failed >= task.trials_done;
+
+  function stateClass(task) {
+    return noSuccess(task) ? `state-${task.state} no-success` : `state-${task.state}`;
+  }
+
+  function note(parent, className, text) {
+    const div = document.createElement("div");
+    div.className = className;
+    div.textContent = text;
+    parent.appendChild(div);
+  }
+
+  // One task's row, built afresh; renderTasks keeps what of it did not change.
+  function taskRow(task) {
+    const tr = document.createElement("tr");
+    tr.dataset.task = task.id;
+    cell(tr, String(task.id));
+    cell(tr, workloadLabel(task));
+    cell(tr, task.gpu);
+    cell(tr, strategyLabel(task));
+    const stateCell = cell(tr, task.state, stateClass(task));
+    if (noSuccess(task)) note(stateCell, "no-success-note", "no successful trial");
+    // Why a task failed (the service's error, e.g. "cannot propose: ..."), as the CLI says it.
+    if (task.error) note(stateCell, "task-error", cut(task.error));
+    // A task no live worker can take says why (the service's no_worker), as text.
+    if (task.no_worker) note(stateCell, "no-worker", `waiting: ${task.no_worker}`);
+    const progress = cell(tr, "");
+    const bar = document.createElement("span");
+    bar.className = "bar";
+    const fill = document.createElement("span");
+    fill.style.width = `${Math.min(100, (100 * task.trials_done) / target(task))}%`;
+    bar.appendChild(fill);
+    progress.append(bar, `${task.trials_done}/${target(task)}`);
+    // Failed trials count as done: without this, 3 failures of 10 read as a clean 10/10.
+    if (task.trials_failed > 0) {
+      const failed = document.createElement("span");
+      failed.className = "failed-count";
+      failed.textContent = `${task.trials_failed} failed`;
+      progress.append(", ", failed);
     }
-    body.replaceChildren(rows);
+    if (wholeSpace(task)) note(progress, "muted", `its whole space; budget ${task.budget}`);
+    const bestRunner = task.best && task.best.runner;
+    const best = task.best;
+    latencyCell(tr, best ? rate(best.throughput, best.throughput_unit) : "–", bestRunner);
+    latencyCell(tr, fixed(best && best.latency_us, 2), bestRunner);
+    cell(tr, best ? scheduleLabel(best.schedule, best.schedule_label) : "–");
+    return tr;
+  }
+
+  // The row's cells are kept, and their content replaced only where it changed: rebuilt
+  // every refresh, the table dropped a text selection (a schedule could not be copied) and
+  // lost a click whose press and release fell on either side of a refresh.
+  function patchRow(tr, fresh) {
+    [...fresh.cells].forEach((td, i) => {
+      const old = tr.cells[i];
+      if (!old) {
+        tr.appendChild(td);
+      } else if (!old.isEqualNode(td)) {
+        old.className = td.className;
+        old.replaceChildren(...td.childNodes);
+      }
+    });
+    return tr;
+  }
+
+  let shownTasks = null;  // what the table shows now, as JSON: unchanged, nothing is redrawn
+
+  function renderTasks() {
+    const selected = state.detail && state.detail.id;
+    const shown = JSON.stringify([selected, state.tasks]);
+    if (shown === shownTasks) return;
+    shownTasks = shown;
+    const body = document.querySelector("#tasks tbody");
+    const rows = new Map([...body.rows].map((tr) => [tr.dataset.task, tr]));
+    let previous = null;
+    for (const task of state.tasks) {
+      const kept = rows.get(String(task.id));
+      rows.delete(String(task.id));
+      const tr = kept ? patchRow(kept, taskRow(task)) : taskRow(task);
+      tr.classList.toggle("selected", task.id === selected);
+      const place = previous ? previous.nextSibling : body.firstChild;
+      if (place !== tr) body.insertBefore(tr, place);  // moved only where the order changed
+      previous = tr;
+    }
+    for (const tr of rows.values()) tr.remove();
     document.getElementById("no-tasks").hidden = state.tasks.length > 0;
+  }
+
+  // One listener for every row, present or to come. A click that ends a text selection (a
+  // drag over a cell to copy it) is not a choice of task. One inside a selection made before
+  // is (Chrome keeps that selection until after the click).
+  const tbody = document.querySelector("#tasks tbody");
+  let selectedAtPress = "";
+  tbody.addEventListener("mousedown", () => {
+    selectedAtPress = String(getSelection());
+  });
+  tbody.addEventListener("click", (event) => {
+    const tr = event.target.closest("tr[data-task]");
+    const selection = getSelection();
+    if (!tr || (!selection.isCollapsed && String(selection) !== selectedAtPress)) return;
+    select(Number(tr.dataset.task));
+  });
+
+  function newDetail(id, task) {
+    return { id, task, trials: [], cursor: 0, curve: [], unit: null };
   }
 
   function select(taskId) {
     if (state.detail && state.detail.id === taskId) return;
-    state.detail = { id: taskId, trials: [], cursor: 0, curve: [], unit: null };
+    state.detail = newDetail(taskId, state.tasks.find((t) => t.id === taskId));
     renderTasks();
     refresh();
   }
 
   async function refreshDetail(detail) {
+    // The task itself: the list's row, else read on its own (a task older than the 100
+    // listed, or one that dropped out of the list): it had no state, progress or best on the
+    // page, and lost its title.
+    const listed = state.listed && state.tasks.find((t) => t.id === detail.id);
+    detail.task = listed || await get(`/v1/tasks/${detail.id}`);
     let after = detail.cursor - 1;
     for (;;) {
       const page = (await get(`/v1/tasks/${detail.id}/trials?after=${after}&limit=${PAGE}`))
@@ -221,14 +357,63 @@
     for (const p of curve.points) if (p.trial > lastTrial()) detail.curve.push(p);
   }
 
+  // The task's state, progress, best and error above its plots, as its row says them: a
+  // task not in the table had them nowhere on the page.
+  function showSummary(task) {
+    const summary = document.getElementById("task-summary");
+    const error = document.getElementById("task-error");
+    error.textContent = task && task.error ? cut(task.error) : "";
+    error.hidden = !error.textContent;
+    if (!task) {
+      summary.replaceChildren();
+      return;
+    }
+    const word = document.createElement("span");
+    word.className = stateClass(task);
+    word.textContent = task.state;
+    const facts = [`${task.trials_done}/${target(task)} trials`];
+    if (task.trials_failed > 0) facts.push(`${task.trials_failed} failed`);
+    if (noSuccess(task)) facts.push("no successful trial");
+    const best = task.best;
+    if (best) {
+      const label = runnerLabel(best.runner);
+      const tag = label === MEASURED ? "" : ` (${label})`;
+      facts.push(`best ${rate(best.throughput, best.throughput_unit)} at ` +
+        `${fixed(best.latency_us, 2)} µs${tag}`);
+    }
+    if (task.no_worker) facts.push(`waiting: ${task.no_worker}`);
+    summary.replaceChildren(word, `, ${facts.join(", ")}`);
+  }
+
+  // How many of the trials failed and how, and the latest failure's error: the plots draw
+  // successful trials only, so a failed one was nowhere on the page.
+  function showFailures(results) {
+    const line = document.getElementById("task-failures");
+    const failed = results.filter((t) => t.status !== "ok");
+    line.hidden = failed.length === 0;
+    if (!failed.length) {
+      line.textContent = "";
+      return;
+    }
+    const counts = new Map();
+    for (const t of failed) counts.set(t.status, (counts.get(t.status) || 0) + 1);
+    const how = [...counts].map(([status, n]) => `${status} ×${n}`).join(", ");
+    const last = failed[failed.length - 1];
+    const latest = last.error ? `; latest, trial ${last.trial}: ${cut(last.error)}` : "";
+    line.textContent = `${failed.length} of ${results.length} trials failed (${how})${latest}`;
+  }
+
   function drawDetail(detail) {
-    const task = state.tasks.find((t) => t.id === detail.id) || detail.task;
+    const task = detail.task;
     document.getElementById("task-section").hidden = false;
+    // The strategy as the task's row words it (an imported dataset read "grid" here).
     document.getElementById("task-title").textContent = task
-      ? `Task ${task.id}: ${workloadLabel(task)} on ${task.gpu} (${task.strategy})`
+      ? `Task ${task.id}: ${workloadLabel(task)} on ${task.gpu} (${strategyLabel(task)})`
       : `Task ${detail.id}`;
+    showSummary(task);
     const results = detail.trials.filter((t) => t && t.status);
     // "simulated", or e.g. "measured or simulated" when the task's trials mix runners.
+    showFailures(results);
     const words = labelWords(results.map((t) => runnerLabel(t.runner)));
     const qualified = words && words !== MEASURED;
     const found = detail.curve.filter((p) => p.best_throughput != null);
@@ -316,38 +501,71 @@
     try {
       return await get(`/v1/tasks/${id}`);
     } catch (error) {
-      if (error instanceof KeyRefused) throw error;
-      return null;  // no such task (404), or not a task id the service takes (422)
+      // No such task (404), or not a task id the service takes (422); any other failure is
+      // tried again at the next refresh.
+      if (error instanceof ServiceAnswered && [404, 422].includes(error.status)) return null;
+      throw error;
     }
   }
 
-  async function refreshOnce() {
-    const status = document.getElementById("status");
-    try {
-      state.tasks = (await get("/v1/tasks?limit=100")).tasks;
-      if (!state.detail) {
-        // ?task=ID: a task older than the newest listed is read by itself (before, the
-        // page fell back to the newest task); one the service does not have, the newest.
-        const listed = state.tasks.find((t) => t.id === state.wanted);
-        const task = listed || (state.wanted ? await findTask(state.wanted) : null)
-          || state.tasks[0];
-        if (task) state.detail = { id: task.id, task, trials: [], cursor: 0, curve: [], unit: null };
-      }
+  async function refreshList() {
+    state.listed = false;  // (a failed list is not the tasks' current rows)
+    state.tasks = (await get("/v1/tasks?limit=100")).tasks;
+    state.listed = true;
+    renderTasks();
+  }
+
+  async function refreshSelected() {
+    if (!state.detail) {
+      // ?task=ID: a task older than the newest listed is read by itself (before, the
+      // page fell back to the newest task); one the service does not have, the newest.
+      const listed = state.tasks.find((t) => t.id === state.wanted);
+      const task = listed || (state.wanted ? await findTask(state.wanted) : null)
+        || state.tasks[0];
+      if (!task) return;
+      state.detail = newDetail(task.id, task);
       renderTasks();
-      const detail = state.detail;
-      if (detail) {
-        await refreshDetail(detail);
-        if (detail === state.detail) drawDetail(detail);
-      }
-      if (state.tick % 5 === 0) await refreshAggregate();
-      showBanner();
-      state.tick += 1;
-      status.textContent = `updated ${new Date().toLocaleTimeString()}`;
-      document.body.dataset.refreshes = String(state.tick);
-    } catch (error) {
-      status.textContent = error instanceof KeyRefused
-        ? error.message : `cannot reach the service: ${error.message}`;
     }
+    const detail = state.detail;
+    try {
+      await refreshDetail(detail);
+    } finally {
+      if (detail === state.detail) drawDetail(detail);  // what it has, even if a part failed
+    }
+  }
+
+  async function refreshAggregateWhenDue() {
+    if (state.tick < state.aggregateDue) return;
+    await refreshAggregate();
+    state.aggregateDue = state.tick + 5;  // a failed one is tried again at the next refresh
+  }
+
+  function problemText(error) {
+    if (error instanceof KeyRefused || error instanceof ServiceAnswered
+        || error instanceof NoAnswer) return error.message;
+    return `cannot reach the service: ${error.message}`;
+  }
+
+  // The table, the selected task and the aggregate each on its own: one that fails (a 503
+  // of a task's trials during a database stall) kept the others, and the banner, from being
+  // drawn at all. The status says what failed.
+  async function refreshOnce() {
+    const problems = [];
+    for (const part of [refreshList, refreshSelected, refreshAggregateWhenDue]) {
+      try {
+        await part();
+      } catch (error) {
+        problems.push(problemText(error));
+        // A service that does not answer one part would keep the others waiting as long
+        // (the status then said so only after three times the limit).
+        if (error instanceof NoAnswer) break;
+      }
+    }
+    showBanner();
+    state.tick += 1;
+    document.getElementById("status").textContent = problems.length
+      ? [...new Set(problems)].join("; ") : `updated ${new Date().toLocaleTimeString()}`;
+    document.body.dataset.refreshes = String(state.tick);
   }
 
   async function loop() {

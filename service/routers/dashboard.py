@@ -15,7 +15,7 @@ import plotly
 from fastapi import APIRouter
 from fastapi.responses import FileResponse, HTMLResponse
 
-from pipetune.model.states import JobState
+from pipetune.model.states import JobState, TaskState
 from pipetune.model.trials import RunnerKind
 from pipetune.service.errors import NotFoundError
 from pipetune.service.routers.bounded_json import BoundedJsonRoute
@@ -31,6 +31,7 @@ router = APIRouter(route_class=BoundedJsonRoute, include_in_schema=False)
 def vocabulary() -> dict:
     return {
         "final_job_states": [s.value for s in JobState if s.is_final()],
+        "final_task_states": [s.value for s in TaskState if s.is_final()],
         "runner_labels": {k.value: k.adjective for k in RunnerKind},
         "simulated": RunnerKind.SIMULATED.adjective,
         "simulated_kind": RunnerKind.SIMULATED.value,
@@ -61,12 +62,16 @@ PAGE_HEADERS = {
 }
 
 
-@router.get("/dashboard")
+# HEAD answered as GET (headers, no body): an uptime check that asks with HEAD got a 405.
+GET_OR_HEAD = ["GET", "HEAD"]
+
+
+@router.api_route("/dashboard", methods=GET_OR_HEAD)
 def dashboard() -> HTMLResponse:
     return HTMLResponse(_page(), headers=PAGE_HEADERS)
 
 
-@router.get("/dashboard/static/plotly.min.js")
+@router.api_route("/dashboard/static/plotly.min.js", methods=GET_OR_HEAD)
 def plotly_js() -> FileResponse:
     # No CDN: the page must work on a machine with no network.
     return FileResponse(
@@ -76,7 +81,7 @@ def plotly_js() -> FileResponse:
     )
 
 
-@router.get("/dashboard/static/{name}")
+@router.api_route("/dashboard/static/{name}", methods=GET_OR_HEAD)
 def asset(name: str) -> FileResponse:
     if name not in ASSETS:
         raise NotFoundError(f"no dashboard file {name}")
