@@ -8,6 +8,7 @@ On the GPU machine (the GPU kit carried, `make gpu-kit`):
     bash benchmarks/wgmma_probe.sh          # writes $OUT/wgmma-probe.json as it goes
 
     python -m benchmarks.wgmma_probe run --out F.json [--operators A,B] [--configs ID,...]
+                                         [--seconds S]
     python -m benchmarks.wgmma_probe shapes [--loader tma] [--epilogue staged] [--[no-]split]
     python -m benchmarks.wgmma_probe report F.json [--gpu h100] [--write]
 
@@ -15,7 +16,10 @@ On the GPU machine (the GPU kit carried, `make gpu-kit`):
 process of its own (a kernel that faults takes its CUDA context with it), both readings of
 the B descriptor; then times the shapes that passed on every operator, one child per shape,
 each operator checked against an fp32 product before it is timed. The file is rewritten
-after every child, so a call cut short still brings back what it measured. ``report`` sets
+after every child (whole or not at all: a kill mid-write leaves the previous file), so a call
+cut short still brings back what it measured. ``--seconds`` is the time the call gives the
+probe (wgmma_probe.sh passes PROBE_SECONDS): a child that hangs is given up after a share of
+what is left of it (child_timeout), so the shapes after it still run. ``report`` sets
 the best probe shape per operator beside cuBLAS and beside the best mma.sync schedule of the
 committed campaign (benchmarks/data/<gpu>/), on this CPU.
 """
@@ -40,7 +44,20 @@ from pipetune.workers.runners.tensor_maps import encode_tensor_map  # tests repl
 # shape must pass before it is timed.
 CHECK_SHAPE = {"op": "gemm", "m": 200, "n": 328, "k": 200, "b_layout": "kn"}
 TOLERANCE = 1e-2  # max |C - fp32 product| over max |fp32 product|: fp16 output rounding is ~5e-4
-CHILD_TIMEOUT_S = 240.0
+# A child (one shape, checked or timed on every operator) takes about 9 s on an H100. One
+# that hangs is given up after CHILD_SHARE of the probe's time left, between CHILD_FLOOR_S
+# and CHILD_TIMEOUT_S (CHILD_TIMEOUT_S where no time was given): a hang then costs the
+# shapes after it at most that share, never the whole call (PROBE_SECONDS is 150 on an H100).
+CHILD_TIMEOUT_S = 60.0
+CHILD_FLOOR_S = 30.0
+CHILD_SHARE = 0.25
+
+
+def child_timeout(seconds_left: float | None) -> float:
+    """How long one child may take, given the probe's time left (None: no limit given)."""
+    if seconds_left is None:
+        return CHILD_TIMEOUT_S
+    return max(CHILD_FLOOR_S, min(CHILD_TIMEOUT_S, CHILD_SHARE * seconds_left))
 
 
 def _configs(ids: list[str] | None, reading: str = "canonical"):
@@ -257,9 +274,11 @@ def _measure(config_fields: dict[str, Any], workloads: list[dict[str, Any]], tim
     return answers
 
 
-def _in_child(config, workloads: list[dict[str, Any]], timed: bool) -> tuple[str, Any]:
+def _in_child(
+    config, workloads: list[dict[str, Any]], timed: bool, timeout_s: float = CHILD_TIMEOUT_S
+) -> tuple[str, Any]:
     """_measure in a fresh process: ("ok", answers), or ("error", why) for one that raised,
-    died without an answer, or took longer than CHILD_TIMEOUT_S."""
+    died without an answer, or took longer than ``timeout_s`` (killed at once then)."""
     from dataclasses import asdict
     from queue import Empty
 
@@ -267,19 +286,24 @@ def _in_child(config, workloads: list[dict[str, Any]], timed: bool) -> tuple[str
     queue = context.Queue()
     process = context.Process(target=_child, args=(asdict(config), workloads, timed, queue))
     process.start()
-    deadline = time.monotonic() + CHILD_TIMEOUT_S
+    deadline = time.monotonic() + timeout_s
+    answered = False
     try:
         while time.monotonic() < deadline:
             try:
-                return queue.get(timeout=0.5)
+                answer = queue.get(timeout=0.5)
+                answered = True
+                return answer
             except Empty:
                 if not process.is_alive():  # (an answer is flushed before the child exits)
                     return "error", f"the child exited with code {process.exitcode} and no answer"
-        return "error", f"no answer within {CHILD_TIMEOUT_S:.0f} s"
+        return "error", f"no answer within {timeout_s:.0f} s"
     finally:
-        process.join(10)
+        if answered:  # it is exiting: let it, briefly
+            process.join(10)
         if process.is_alive():
             process.kill()
+            process.join()
 
 
 def _vendor(workloads: dict[str, Any]) -> dict[str, Any]:
@@ -298,8 +322,30 @@ def _vendor(workloads: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def run(out: Path, operator_names: list[str] | None, config_ids: list[str] | None) -> dict:
+def save(out: Path, document: dict[str, Any]) -> None:
+    """The probe file, whole: written beside ``out`` and renamed over it, so that a kill
+    mid-write (``timeout`` ends the probe with SIGTERM) leaves the previous file, not a
+    truncated one that `best` and `report` cannot read."""
+    from pipetune.workers.datasets.files import write_atomic
+
+    write_atomic(out, json.dumps(document, indent=1))
+
+
+def run(
+    out: Path,
+    operator_names: list[str] | None,
+    config_ids: list[str] | None,
+    seconds: float | None = None,
+) -> dict:
+    """Check, diagnose and time the shapes (the module doc); ``seconds``: the time the
+    call gives the probe, from now (None: no limit)."""
     from pipetune.workers.campaign import cuda_side
+
+    ends = None if seconds is None else time.monotonic() + seconds
+
+    def in_child(config, workloads: list[dict[str, Any]], timed: bool) -> tuple[str, Any]:
+        left = None if ends is None else ends - time.monotonic()
+        return _in_child(config, workloads, timed, child_timeout(left))
 
     operators = _operators(operator_names)
     cuda_side.init(0)
@@ -311,15 +357,12 @@ def run(out: Path, operator_names: list[str] | None, config_ids: list[str] | Non
         "runs": {},
     }
 
-    def save() -> None:
-        out.write_text(json.dumps(document, indent=1))
-
     def check(configs) -> list:
         for config in configs:
-            status, value = _in_child(config, [CHECK_SHAPE], timed=False)
+            status, value = in_child(config, [CHECK_SHAPE], timed=False)
             document["checks"][config.id] = value[0] if status == "ok" else {"fault": value}
             print(f"check {config.id}: {document['checks'][config.id]}", flush=True)
-            save()
+            save(out, document)
         return [c for c in configs if document["checks"][c.id].get("correct")]
 
     def diagnose() -> None:
@@ -332,31 +375,31 @@ def run(out: Path, operator_names: list[str] | None, config_ids: list[str] | Non
         known = {c.id: c for c in _configs(list(failing.values()))} if failing else {}
         for cid in failing.values():
             jobs = [{**DIAGNOSIS_SHAPE, "pattern": p} for p in PATTERNS]
-            status, value = _in_child(known[cid], jobs, timed=False)
+            status, value = in_child(known[cid], jobs, timed=False)
             document.setdefault("diagnosis", {})[cid] = (
                 value if status == "ok" else {"fault": value}
             )
-            save()
+            save(out, document)
 
-    save()
+    save(out, document)
     passed = check(_configs(config_ids))
     if not passed and not config_ids:
         # Every shape failed as the ISA's table reads the B descriptor: try the other reading.
         passed = check(_configs(None, "swapped"))
     diagnose()
     document["vendor"] = _vendor(operators)
-    save()
+    save(out, document)
     canonicals = [w.canonical() for w in operators.values()]
     for config in passed:
-        status, value = _in_child(config, canonicals, timed=True)
+        status, value = in_child(config, canonicals, timed=True)
         if status == "ok":
             document["runs"][config.id] = dict(zip(operators, value, strict=True))
         else:
             document["runs"][config.id] = {"fault": value}
         print(f"timed {config.id}: {status}", flush=True)
-        save()
+        save(out, document)
     document["finished"] = time.time()
-    save()
+    save(out, document)
     return document
 
 
@@ -516,6 +559,12 @@ def main(argv: list[str] | None = None) -> int:
     p_run.add_argument("--out", type=Path, required=True)
     p_run.add_argument("--operators", type=lambda s: s.split(","), default=None)
     p_run.add_argument("--configs", type=lambda s: s.split(","), default=None)
+    p_run.add_argument(
+        "--seconds",
+        type=float,
+        default=None,
+        help="the time the call gives the probe (PROBE_SECONDS): a hung child gets a share",
+    )
     p_shapes = sub.add_parser("shapes", help="the probe shapes' ids, comma-separated (CONFIGS=)")
     p_shapes.add_argument("--loader", choices=LOADERS, default=None)
     p_shapes.add_argument("--epilogue", choices=EPILOGUES, default=None)
@@ -552,7 +601,7 @@ def main(argv: list[str] | None = None) -> int:
     p_rep.add_argument("--write", action="store_true", help="record in benchmarks/RESULTS.md")
     args = parser.parse_args(argv)
     if args.command == "run":
-        run(args.out, args.operators, args.configs)
+        run(args.out, args.operators, args.configs, args.seconds)
         return 0
     if args.command == "shapes":
         ids = shape_ids(args.loader, args.epilogue, args.split, args.persistent, args.stream_k)

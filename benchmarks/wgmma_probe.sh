@@ -7,7 +7,9 @@ python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upg
 # SHAPES="--loader tma --epilogue staged" picks shapes by kind (CONFIGS= names them one by one).
 if [ -n "${SHAPES:-}" ]; then CONFIGS=$(python3 -m benchmarks.wgmma_probe shapes $SHAPES) || exit; fi
 nvidia-smi --query-gpu=name,clocks.sm,clocks.max.sm --format=csv | tee $OUT/gpu.txt
-timeout ${PROBE_SECONDS:-420} python3 -m benchmarks.wgmma_probe run --out $OUT/wgmma-probe.json ${OPERATORS:+--operators $OPERATORS} ${CONFIGS:+--configs $CONFIGS} 2>&1 | tail -40
+# --seconds: the probe's own budget, so that a child that hangs is given up after a share of
+# what is left and the shapes after it still run (wgmma_probe.child_timeout).
+timeout ${PROBE_SECONDS:-420} python3 -m benchmarks.wgmma_probe run --out $OUT/wgmma-probe.json --seconds ${PROBE_SECONDS:-420} ${OPERATORS:+--operators $OPERATORS} ${CONFIGS:+--configs $CONFIGS} 2>&1 | tail -40
 # Hardware counters of the fastest shape on each of PROFILE_OPERATORS (default the 4k GEMM;
 # skip with PROFILE=0), and with PROFILE_LIBRARY=1 cuBLAS's kernel on the same operator
 # (benchmarks/profile_best.py; its dataset: PROFILE_GPU, default h100). NCU_SECONDS caps

@@ -24,11 +24,17 @@ every knob value and the tails:
   gives the formula). The counts are per op and per mapping stratum (one row per block,
   packed rows, split rows joined by a second kernel or fused; where a row is kept).
 
-Each kernel is launched once on random fp16 inputs. Any other outcome than a verified
-output (a wrong result, a launch or runtime error, a timeout, a compile error) counts as a
-failure; if more than ``FAILURE_LIMIT`` of a family's schedules fail, the campaign stops
-after this phase: sweeping wrong kernels is worthless, and a family's failures are judged
-against its own schedules (a broken generator must not hide among another family's passes).
+Each kernel is launched on random fp16 inputs and checked, then launched a second time on
+the same inputs, its output NaN again and its workspaces as the first run left them (as the
+timed runs of the sweeps find them), and checked again (``KernelRunner.verify``, the check
+the timed runs get after them): a kernel right only on a clean workspace (a stream-K
+arrival counter it does not reset) fails here, ``right on the first run, wrong on a second
+run``, where a quarantine or the stop can act on it, not on every timed trial of the sweeps.
+One launch more per kernel. Any other outcome than a verified output both times (a wrong
+result, a launch or runtime error, a timeout, a compile error) counts as a failure; if more
+than ``FAILURE_LIMIT`` of a family's schedules fail, the campaign stops after this phase:
+sweeping wrong kernels is worthless, and a family's failures are judged against its own
+schedules (a broken generator must not hide among another family's passes).
 
 Where a family's failures are confined to one or two knob values (or one kind of kernel),
 the family is *quarantined* instead of stopping the campaign: those values are left out of

@@ -19,7 +19,10 @@ workers.runners.memops_reference for the memory-intensive operators), then time 
 run as workers.runners.timing says (warm-up, then repeats each after a write of a buffer
 twice the L2's size, so every repeat starts from cold L2 as the kernel would in a network,
 with a CUDA event pair around the run), then check the last timed run's output again and
-that the inputs are unchanged (their checksums as uploaded): a kernel right only on its
+that the inputs are unchanged (their checksums as uploaded). A verify-only trial whose
+policy says ``check_again`` (the correctness phase's) launches once more instead of the
+timed runs, its outputs NaN again and its workspaces as the first run left them, and that
+output is checked the same way. A kernel right only on its
 first run, or one that stores into an input, is a wrong result, and the latter ends the
 trial with ``poisoned=True`` so that the next trials get a new child and pristine inputs.
 A plan whose grid is sized from the resident blocks of one wave (fused cross-block
@@ -52,6 +55,9 @@ from pipetune.workers.runners.timing import RepeatPolicy, time_launches
 
 _STATE: dict[str, Any] = {}
 MIN_FLUSH_BYTES = 64 << 20
+# What a kernel right on its first run and wrong on the second is told (a failure of its
+# own: a workspace the kernel leaves dirty, which every timed trial would have met).
+SECOND_RUN_WRONG = "on a second run on the same inputs (a workspace left dirty?)"
 __all__ = ["CONV_REFERENCES", "CupyClock", "TrialSpec"]  # CONV_REFERENCES: reference.py's
 
 
@@ -324,10 +330,14 @@ def run_trial(spec: TrialSpec) -> dict[str, Any]:
         for fn, grid, block, args, smem in calls:
             fn(grid, block, args, shared_mem=smem)
 
+    def fill_outputs() -> None:
+        for b in plan.buffers:
+            if b.role == "output":
+                _nan_fill(cupy, buffers[b.name])
+
+    fill_outputs()
     for b in plan.buffers:
-        if b.role == "output":
-            _nan_fill(cupy, buffers[b.name])
-        elif b.role == "workspace":
+        if b.role == "workspace":
             buffers[b.name].fill(0)
     try:
         run()
@@ -346,10 +356,18 @@ def run_trial(spec: TrialSpec) -> dict[str, Any]:
         samples = time_launches(run, _flush, CupyClock(cupy), spec.policy)
     except cuda_errors as exc:
         return _failed("runtime_error", f"timed runs: {exc}", poisoned=True)
+    if spec.policy.second_run:  # the same inputs, the workspaces as the first run left them
+        fill_outputs()  # (an element the second run does not write fails, as on the first)
+        try:
+            run()
+            cupy.cuda.get_current_stream().synchronize()
+        except cuda_errors as exc:
+            return _failed("runtime_error", f"the second run: {exc}", poisoned=True)
     # The first run is not the only one that counts: a kernel that leaves its workspace
     # dirty (an arrival counter not reset) is right once and then times something else,
     # and one that stores into an input would fail every later trial of the workload in
-    # its place. So the last timed run's output is checked too, and the inputs are intact.
+    # its place. So the last timed run's output (or the second run's) is checked too, and
+    # the inputs are intact.
     changed = [
         name
         for name, array in prepared.inputs.items()
@@ -359,10 +377,11 @@ def run_trial(spec: TrialSpec) -> dict[str, Any]:
         # The inputs the next trials need are gone: a new child uploads them again.
         error = f"the kernel wrote into its input(s) {', '.join(changed)}"
         return {**_failed("wrong_result", error, poisoned=True), "max_abs_error": max_error}
-    if samples:
+    if samples or spec.policy.second_run:
         passed, last_error, why = prepared.checks.check(cupy, out, prepared.ref, prepared.tol)
         if not passed:
-            error = f"right on the first run, wrong after the timed runs: {why}"
+            after = "after the timed runs" if samples else SECOND_RUN_WRONG
+            error = f"right on the first run, wrong {after}: {why}"
             return {"status": "wrong_result", "max_abs_error": last_error, "error": error}
     return {"status": "ok", "samples_ms": samples, "max_abs_error": max_error, "verified": True}
 

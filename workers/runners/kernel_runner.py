@@ -329,7 +329,7 @@ class KernelRunner(Runner):
         self.last_prepare = outcome.value
 
     def _expected_s(self, spec: TrialSpec) -> float:
-        launches = 1 + spec.policy.warmup + spec.policy.max_repeats
+        launches = 1 + int(spec.policy.second_run) + spec.policy.warmup + spec.policy.max_repeats
         kernel_s = (spec.model_us or UNKNOWN_TRIAL_S * 1e6) / 1e6
         return TRIAL_OVERHEAD_S + launches * kernel_s
 
@@ -337,10 +337,12 @@ class KernelRunner(Runner):
         return self.run_trials(workload, schedules, RepeatPolicy.of(self._settings))
 
     def verify(self, workload: Any, schedules: Sequence[Any]) -> list[MeasureResult]:
-        """Launch and check each schedule's kernel once; no timing (status ok = correct)."""
+        """Launch and check each schedule's kernel, then launch it again on the same inputs
+        (its workspaces as the first run left them, as the timed runs find them) and check
+        that too; no timing (status ok = correct both times)."""
         if self.closed:
             raise RunnerError(f"the {self.name} runner is closed")
-        return self.run_trials(workload, list(schedules), RepeatPolicy.verify_only())
+        return self.run_trials(workload, list(schedules), RepeatPolicy.verify_twice())
 
     def run_trials(
         self, workload: Any, schedules: list[Any], policy: RepeatPolicy

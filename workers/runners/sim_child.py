@@ -168,7 +168,8 @@ def run_trial(spec: TrialSpec) -> dict[str, Any]:
     latency_ms = spec.model_us / 1e3 * math.exp(DEFAULT_SIGMA * float(rng.standard_normal()))
     clock = ModelClock(latency_ms, rng, DEFAULT_REPEAT_SIGMA)
     samples = time_launches(lambda: None, lambda: None, clock, spec.policy)
-    launches = 1 + spec.policy.warmup  # the verification launch and the warm-up
+    # The verification launch, the warm-up and (verify_twice) the second run.
+    launches = 1 + spec.policy.warmup + int(spec.policy.second_run)
     busy_s = (clock.total_ms + launches * latency_ms) / 1e3
     if _STATE["scale"] > 0:
         time.sleep(busy_s * _STATE["scale"])

@@ -40,13 +40,18 @@ class Clock(Protocol):
 class RepeatPolicy:
     """The timing part of MeasureSettings, as the child process receives it (picklable).
 
-    max_repeats = 0 means verify only: no launch is timed.
+    max_repeats = 0 means verify only: no launch is timed. ``check_again`` (verify only):
+    launch the kernel a second time on the same inputs, its output NaN again and its
+    workspaces as the first run left them (as the timed runs find them), and check that
+    output too, so a kernel right only on a clean workspace fails where it is verified and
+    not on every timed trial after (:meth:`verify_twice`; one launch more per kernel).
     """
 
     warmup: int
     min_repeats: int
     max_repeats: int
     settle: float
+    check_again: bool = False
 
     @classmethod
     def of(cls, settings: MeasureSettings) -> RepeatPolicy:
@@ -61,9 +66,20 @@ class RepeatPolicy:
     def verify_only(cls) -> RepeatPolicy:
         return cls(warmup=0, min_repeats=0, max_repeats=0, settle=0.0)
 
+    @classmethod
+    def verify_twice(cls) -> RepeatPolicy:
+        """Verify only, then launch once more and check again (the correctness phase's)."""
+        return cls(warmup=0, min_repeats=0, max_repeats=0, settle=0.0, check_again=True)
+
     @property
     def timed(self) -> bool:
         return self.max_repeats > 0
+
+    @property
+    def second_run(self) -> bool:
+        """Whether a trial launches once more, untimed, to check again (a timed trial's
+        output is checked after its timed runs instead)."""
+        return self.check_again and not self.timed
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
