@@ -186,6 +186,21 @@ def test_cupy_detection_without_a_usable_gpu_says_why():
         assert device.arch.startswith("sm_") and device.sm_count
 
 
+def test_detection_without_cupy_says_what_to_install(monkeypatch):
+    """Without CuPy the probe child's last line was a bare ModuleNotFoundError; the other
+    commands that need CuPy name the package (runners.base.cupy_missing)."""
+    import importlib.util
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(
+        importlib.util, "find_spec", lambda name, *a: None if name == "cupy" else real(name, *a)
+    )
+    with pytest.raises(
+        DetectionError, match=r"CuPy is not installed \(pip install 'pipetune\[gpu\]'\)"
+    ):
+        detect_cupy(0)
+
+
 def test_a_fatal_error_making_the_api_ends_run_with_it():
     """The API was made outside the control thread's try: its error was that thread's
     traceback, and run() returned 0 as after a clean stop."""

@@ -8,7 +8,6 @@ isolated child process with a time limit; turning their timings into a profile
 
 from __future__ import annotations
 
-import importlib.util
 from typing import Any
 
 from pipetune.model.hardware import HardwareError, get_gpu, resolve_gpu_key
@@ -26,6 +25,7 @@ from pipetune.workers.calibrate.profile import (
     validate_profile,
     write_profile,
 )
+from pipetune.workers.runners.base import cupy_missing
 
 __all__ = [
     "METHOD",
@@ -53,11 +53,8 @@ def run_calibration(
     Raises CalibrationUnavailableError without CuPy or a GPU, CalibrationError if a benchmark
     fails or its numbers make no valid profile.
     """
-    if importlib.util.find_spec("cupy") is None:
-        raise CalibrationUnavailableError(
-            "calibrate needs CuPy and an NVIDIA GPU; CuPy is not installed "
-            "(pip install 'pipetune[gpu]')"
-        )
+    if missing := cupy_missing():
+        raise CalibrationUnavailableError(f"calibrate needs CuPy and an NVIDIA GPU; {missing}")
     from pipetune.workers.calibrate import microbench
     from pipetune.workers.runners.isolation import IsolatedWorker
 

@@ -25,7 +25,6 @@ from __future__ import annotations
 import contextlib
 import datetime as dt
 import importlib.metadata
-import importlib.util
 import math
 import os
 import platform
@@ -46,7 +45,7 @@ from pipetune.workers.campaign.deadline import Deadline
 from pipetune.workers.campaign.operators import DEFAULT_OPERATORS, families_of, resolve_operators
 from pipetune.workers.campaign.packer import Packer
 from pipetune.workers.campaign.plan import CAMPAIGN_SETTINGS, GpuSideCosts
-from pipetune.workers.runners.base import RunnerError, RunnerSettingError
+from pipetune.workers.runners.base import RunnerError, RunnerSettingError, cupy_missing
 from pipetune.workers.runners.isolation import IsolatedWorker, WorkerStartError
 from pipetune.workers.runners.kernel_runner import KernelRunner
 
@@ -180,10 +179,8 @@ class LibraryChild:
         from pipetune.workers.campaign import cuda_side, sim_side
 
         self.side: ModuleType = sim_side if runner == "simulated" else cuda_side
-        if runner == "cupy" and importlib.util.find_spec("cupy") is None:
-            raise CampaignError(
-                "the cupy runner needs CuPy and an NVIDIA GPU; CuPy is not installed"
-            )
+        if runner == "cupy" and (missing := cupy_missing()):
+            raise CampaignError(f"the cupy runner needs CuPy and an NVIDIA GPU; {missing}")
         self.worker = IsolatedWorker(
             self.side.init, (device, stand_in), start_timeout_s=180, name="pipetune-campaign"
         )

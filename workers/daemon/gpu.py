@@ -16,6 +16,7 @@ from dataclasses import dataclass
 
 from pipetune.model.errors import PipetuneError
 from pipetune.model.hardware import GPUSpec, HardwareError, get_gpu, resolve_gpu_key
+from pipetune.workers.runners.base import cupy_missing
 
 PROBE_TIMEOUT_S = 120.0
 
@@ -66,6 +67,8 @@ def _nvidia_smi_driver(device: int) -> str | None:
 
 def probe_cupy(device: int = 0, timeout_s: float = PROBE_TIMEOUT_S) -> dict:
     """Run workers.daemon.probe in a child; its JSON answer (or DetectionError)."""
+    if missing := cupy_missing():  # (the child's last line was a bare ModuleNotFoundError)
+        raise DetectionError(f"no usable CUDA GPU through CuPy: {missing}")
     try:
         out = subprocess.run(
             [sys.executable, "-m", "pipetune.workers.daemon.probe", str(device)],

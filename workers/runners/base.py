@@ -7,6 +7,7 @@ of). Every result names the runner that produced it in ``MeasureResult.runner``.
 
 from __future__ import annotations
 
+import importlib.util
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
@@ -33,6 +34,15 @@ class RunnerError(PipetuneError, RuntimeError):
 
 class RunnerUnavailableError(RunnerError):
     """The runner cannot run here (no GPU, no CuPy, no code generator)."""
+
+
+def cupy_missing() -> str | None:
+    """Why CuPy cannot be used here, with what to install (None: it is installed). One
+    wording for every command that needs it: `pipetune worker --runner cupy` said only the
+    probe child's ModuleNotFoundError, where the others named the package to install."""
+    if importlib.util.find_spec("cupy") is None:
+        return "CuPy is not installed (pip install 'pipetune[gpu]')"
+    return None
 
 
 class RunnerSettingError(RunnerError, ValueError):

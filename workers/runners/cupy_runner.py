@@ -7,12 +7,14 @@ workers.runners.cupy_child (load, verify against the fp32 reference, time with C
 
 from __future__ import annotations
 
-import importlib.util
-
 from pipetune.model.hardware import GPUSpec
 from pipetune.model.trials import RunnerKind
 from pipetune.workers.runners import cupy_child
-from pipetune.workers.runners.base import MeasureSettings, RunnerUnavailableError
+from pipetune.workers.runners.base import (
+    MeasureSettings,
+    RunnerUnavailableError,
+    cupy_missing,
+)
 from pipetune.workers.runners.builds import Compiled
 from pipetune.workers.runners.kernel_runner import KernelRunner, compile_failure, trial_result
 
@@ -38,11 +40,8 @@ class CupyRunner(KernelRunner):
         reference_cache: str | None = None,
         conv_reference: str = "cublas",
     ):
-        if importlib.util.find_spec("cupy") is None:
-            raise RunnerUnavailableError(
-                "the cupy runner needs CuPy and an NVIDIA GPU; CuPy is not installed "
-                "(pip install 'pipetune[gpu]')"
-            )
+        if missing := cupy_missing():
+            raise RunnerUnavailableError(f"the cupy runner needs CuPy and an NVIDIA GPU; {missing}")
         super().__init__(
             cupy_child,
             (device,),
