@@ -247,6 +247,43 @@ def test_a_tune_wait_ended_by_sigterm_says_the_task_goes_on(monkeypatch: pytest.
     assert "DELETE http://svc:8000/v1/tasks/7" in said
 
 
+class _TerminatedWhileCreating(_FakeService):
+    """SIGTERM while the task's request is on its way (the service may create it)."""
+
+    def tune(self, *args: object, **kwargs: object) -> TaskDoc:
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(5)  # the handler runs here
+        raise AssertionError("SIGTERM did not end the request")
+
+
+@pytest.mark.parametrize("wait", [True, False])
+def test_a_tune_ended_by_sigterm_before_the_answer_says_the_task_may_exist(
+    monkeypatch: pytest.MonkeyPatch, wait: bool
+):
+    """SIGTERM during the POST ended `pipetune tune` with 143 and no word, though the
+    service may have created the task (seen once by a review, 6 s after the start)."""
+    from pipetune.clients.cli import client_cmds
+
+    def unhandled(signum: int, frame: object) -> None:
+        raise _UnhandledError  # stands in for the default, which would end pytest itself
+
+    previous = signal.signal(signal.SIGTERM, unhandled)
+    try:
+        monkeypatch.setattr(
+            client_cmds, "client", lambda server, api_key: _TerminatedWhileCreating(None)
+        )
+        args = ["tune", "gemm", "--m", "1024", "--n", "64", "--k", "2048", "--gpu", "h100"]
+        args += ["--server", "http://svc:8000", *(["--wait"] if wait else [])]
+        result = CliRunner().invoke(app, args)
+        assert signal.getsignal(signal.SIGTERM) is unhandled
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    assert result.exit_code == 143, (result.output, result.exception)
+    said = " ".join(result.stderr.split())
+    assert "terminated before the service answered: it may have created the task" in said
+    assert "pipetune tasks --server http://svc:8000 --limit 5" in said
+
+
 class _InterruptedModelService(_FakeService):
     """`pipetune tune-model`'s client: each shape's task queued, then Ctrl-C while waiting."""
 

@@ -312,6 +312,24 @@ def print_task(doc: TaskDoc, server: str) -> None:
     console.print(f"dashboard: {dashboard_url(server)}")
 
 
+def _say_created(
+    task: TaskDoc, w: Any, gpu: str, budget: int, strategy: str, server: str, as_json: bool
+) -> None:
+    """What `pipetune tune` without --wait says of the task it created."""
+    if as_json:
+        print_json(task.model_dump(mode="json"))
+        return
+    # The strategy as the task runs it: its prior, which the service chose where the request
+    # left it out (a learned one, or prior_gpu's task), said.
+    console.print(
+        f"task {task.id} {task.state}: {w.label()} on {gpu}, budget {budget}, "
+        f"{strategy_label(task)}; follow it with `pipetune curve {task.id}` or "
+        f"{dashboard_url(server)}"
+    )
+    if task.no_worker:
+        stderr_console.print(f"warning: task {task.id} waits: {task.no_worker}")
+
+
 def _tune(
     workload: dict,
     gpu: str,
@@ -338,45 +356,43 @@ def _tune(
     if runner is not None and runner not in kinds:
         raise CliError(f"--runner: must be one of {', '.join(kinds)}, got {runner!r}", 2)
     with service_errors(), client(server, api_key) as c:
-        task = c.tune(
-            w.canonical(),
-            gpu,
-            budget=budget,
-            strategy=strategy,  # type: ignore[arg-type]
-            seed=seed,
-            prior_task=prior_task,
-            prior_gpu=prior_gpu,
-            learned_prior=learned_prior,
-            batch_size=batch_size,
-            runner=runner,
-            priority=priority,
-        )
-        if not wait:
-            if as_json:
-                print_json(task.model_dump(mode="json"))
-            else:
-                # The strategy as the task runs it: its prior, which the service chose where
-                # the request left it out (a learned one, or prior_gpu's task), said.
-                console.print(
-                    f"task {task.id} {task.state}: {w.label()} on {gpu}, budget {budget}, "
-                    f"{strategy_label(task)}; follow it with `pipetune curve {task.id}` or "
-                    f"{dashboard_url(server)}"
-                )
-                if task.no_worker:
-                    stderr_console.print(f"warning: task {task.id} waits: {task.no_worker}")
-            return
+        task: TaskDoc | None = None
         try:
+            # From the request on: a SIGTERM (or Ctrl-C) while it was on its way ended the
+            # command without a word, though the service may have created the task.
             with sigterm_interrupts():
+                task = c.tune(
+                    w.canonical(),
+                    gpu,
+                    budget=budget,
+                    strategy=strategy,  # type: ignore[arg-type]
+                    seed=seed,
+                    prior_task=prior_task,
+                    prior_gpu=prior_gpu,
+                    learned_prior=learned_prior,
+                    batch_size=batch_size,
+                    runner=runner,
+                    priority=priority,
+                )
+                if not wait:
+                    _say_created(task, w, gpu, budget, strategy, server, as_json)
+                    return
                 final = wait_for_task(c, task, show=not as_json, poll_s=poll)
         except KeyboardInterrupt as exc:
             # The task is the service's: it goes on without this command (said, where the
             # command used to end without a word; on SIGTERM too, a CI job's time limit).
             what, code = interrupted(exc)
-            stderr_console.print(
-                f"{what}: task {task.id} goes on at the service; follow it with "
-                f"`pipetune curve {task.id}`, or cancel it with DELETE "
-                f"{shown_url(server)}/v1/tasks/{task.id}"
-            )
+            if task is None:
+                stderr_console.print(
+                    f"{what} before the service answered: it may have created the task; "
+                    f"`pipetune tasks --server {shown_url(server)} --limit 5` lists the newest"
+                )
+            else:
+                stderr_console.print(
+                    f"{what}: task {task.id} goes on at the service; follow it with "
+                    f"`pipetune curve {task.id}`, or cancel it with DELETE "
+                    f"{shown_url(server)}/v1/tasks/{task.id}"
+                )
             raise typer.Exit(code) from None
     if as_json:
         print_json(final.model_dump(mode="json"))
