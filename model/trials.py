@@ -103,11 +103,16 @@ _ADJECTIVES = {
 # What a kernel's time can be, in µs: from a nanosecond (no launch is shorter) to about
 # three hours (a trial times out after seconds). Outside it a time is a worker's bug, and
 # it would not stay harmless: its throughput overflows to infinity (or rounds to nothing),
-# and a cost model fitted to it fails for every later lookup.
+# and a cost model fitted to it fails for every later lookup. Strict, as every number of the
+# wire: JSON's true and "12" are a worker's mistake, not a time (true was stored as a 1 µs
+# best); a JSON integer is a number and is taken (12 -> 12.0).
 LATENCY_US_RANGE = (1e-3, 1e10)
 KernelTimeUs = Annotated[
-    float, Field(ge=LATENCY_US_RANGE[0], le=LATENCY_US_RANGE[1], allow_inf_nan=False)
+    float,
+    Field(ge=LATENCY_US_RANGE[0], le=LATENCY_US_RANGE[1], allow_inf_nan=False, strict=True),
 ]
+# The other measured numbers of a result (spread, compile time, error): strict the same way.
+Measured = Annotated[float, Field(ge=0, allow_inf_nan=False, strict=True)]
 MAX_SAMPLES = 10_000  # timed repeats one result may carry
 RUNNER_MAX_CHARS = 16  # "replay:simulated"; the trial row's column (service/orm.py)
 # What a runner string may be: names, joined by a colon (a replay, and what it replays) or a
@@ -155,12 +160,12 @@ class MeasureResult(BaseModel):
     latency_us: KernelTimeUs | None = None
     samples_us: list[KernelTimeUs] = Field(default_factory=list, max_length=MAX_SAMPLES)
     # Spread of the repeats: (p90 - p10) / median; None when it was not recorded.
-    spread: float | None = Field(default=None, ge=0, allow_inf_nan=False)
+    spread: Measured | None = None
     registers: ByteCount | None = None
     spill_bytes: ByteCount | None = None
     smem_bytes: ByteCount | None = None
-    compile_ms: float | None = Field(default=None, ge=0, allow_inf_nan=False)
-    max_abs_error: float | None = Field(default=None, ge=0, allow_inf_nan=False)
+    compile_ms: Measured | None = None
+    max_abs_error: Measured | None = None
     error: str | None = None
     runner: str | None = Field(default=None, max_length=RUNNER_MAX_CHARS)
     # The revision of the code generator that made the measured kernel (the workload's

@@ -15,6 +15,13 @@ the same dataset and another sweep written to the same path is not.
 
 `sweep_coverage` says whether a dataset is an exhaustive sweep: every valid schedule of its
 workload on its GPU (what `pipetune db import-optimum` needs for the optimum it records).
+
+A record whose schedule is not in the valid space of the workload on the GPU the file names
+(a sweep of another board, or one labelled with another GPU) refuses the whole file, before
+anything is written: its schedule cannot run there, yet stored it was answered as the
+measured best, `pipetune export` wrote an unlaunchable kernel of it, and its time became the
+optimum the curves normalise to. The file's knobs are checked against their domains when it
+is read (check_pipetune); the space of its GPU is checked here, where the service takes it.
 """
 
 from __future__ import annotations
@@ -27,7 +34,9 @@ from sqlalchemy import func, insert, select
 from sqlalchemy.orm import Session
 
 from pipetune.model.hardware import get_gpu
+from pipetune.model.knobs import ScheduleError
 from pipetune.model.states import TaskState
+from pipetune.service.errors import InputError
 from pipetune.service.orm import JobRow, TaskRow, WorkloadRow
 from pipetune.service.queue import check_storable
 from pipetune.service.queue_types import result_columns
@@ -35,9 +44,11 @@ from pipetune.service.records import workload_id
 from pipetune.workers.datasets import Dataset
 from pipetune.workers.datasets.pipetune import (
     PipetuneInfo,
+    outside_space_reason,
     parse_t4_timestamp,
     record_runner,
     result_from_record,
+    schedules_outside_space,
 )
 
 # The strategy an imported task is filed under: the records were not proposed by a search
@@ -47,10 +58,26 @@ IMPORTED_STRATEGY = "grid"
 
 def sweep_coverage(data: Dataset, info: PipetuneInfo) -> tuple[int, int]:
     """(how many of the valid schedules of the dataset's workload on its GPU the dataset
-    holds a record of, how many valid schedules there are)."""
+    holds a record of, how many valid schedules there are). A record of a schedule outside
+    that space is refused (ScheduleError naming the file and the record): its time is no
+    optimum of the GPU."""
     space = info.family.enumerate(info.workload, get_gpu(info.gpu))
-    recorded = {info.family.parse_schedule(dict(r.configuration)).id for r in data.records}
+    schedules = [info.family.parse_schedule(dict(r.configuration)) for r in data.records]
+    if (outside := _outside_space(info, schedules, space)) is not None:
+        raise ScheduleError(f"{data.name}: record {outside[0]}'s configuration: {outside[1]}")
+    recorded = {s.id for s in schedules}
     return sum(i in recorded for i in space.ids), len(space)
+
+
+def _outside_space(
+    info: PipetuneInfo, schedules: list[Any], space: Any | None = None
+) -> tuple[int, str] | None:
+    """The first record whose schedule the valid space of the dataset's workload on its GPU
+    does not hold: (its index, why, as `pipetune.kernel` says it); None if there is none."""
+    outside = schedules_outside_space(info, schedules, space)
+    if not outside:
+        return None
+    return outside[0], outside_space_reason(info, schedules[outside[0]])
 
 
 def _trial_keys(
@@ -67,9 +94,13 @@ def _trial_keys(
 def _trials(data: Dataset, info: PipetuneInfo) -> tuple[list[Any], list[Any]]:
     """The dataset's records as the family's schedules and measurement results. A result a
     trial row cannot hold is refused as a worker's would be (InputError, located at
-    ["records", i, field]): a register count past int32 failed on PostgreSQL's insert."""
+    ["records", i, field]): a register count past int32 failed on PostgreSQL's insert. So is
+    a schedule outside the valid space of the workload on the file's GPU (located at
+    ["records", i, "configuration"], with the rules it breaks)."""
     fam = info.family
     schedules = [fam.parse_schedule(dict(r.configuration)) for r in data.records]
+    if (outside := _outside_space(info, schedules)) is not None:
+        raise InputError(["records", outside[0], "configuration"], outside[1])
     results = [result_from_record(r, record_runner(r, info.runner)) for r in data.records]
     for i, result in enumerate(results):
         check_storable(result, ["records", i], runner_kind=False)

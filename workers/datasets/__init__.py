@@ -30,6 +30,7 @@ from pipetune.workers.datasets.pipetune import (
     record_revision,
     record_runner,
     result_from_record,
+    schedules_outside_space,
 )
 from pipetune.workers.datasets.records import (
     INVALIDITY_OF_STATUS,
@@ -129,6 +130,15 @@ def summary(dataset: Dataset) -> dict[str, Any]:
             generator=info.generator.line,
             generator_revisions=dict(
                 sorted(Counter(record_revision(r) for r in dataset.records).items())
+            ),
+            # Records of a schedule the GPU's valid space does not hold (a sweep of another
+            # board, or a file labelled with another GPU): however they were timed, that GPU
+            # cannot run them, and `pipetune db import-dataset` refuses the file.
+            outside_space=len(
+                schedules_outside_space(
+                    info,
+                    [info.family.parse_schedule(dict(r.configuration)) for r in dataset.records],
+                )
             ),
         )
     kt = dataset.metadata.get("kernel_tuner")

@@ -283,6 +283,27 @@ class PipetuneInfo:
         self.metadata = meta
 
 
+def schedules_outside_space(
+    info: PipetuneInfo, schedules: Sequence[Any], space: Any | None = None
+) -> list[int]:
+    """Which of a dataset's schedules (their indices, in record order) are not in the valid
+    space of its workload on its GPU: schedules that GPU cannot run (a file measured on
+    another board, or labelled with another GPU). check_pipetune checks each knob against
+    its domain only. `space`: that valid space, where the caller has enumerated it."""
+    if space is None:
+        space = info.family.enumerate(info.workload, get_gpu(info.gpu))
+    valid = set(space.ids)
+    return [i for i, schedule in enumerate(schedules) if schedule.id not in valid]
+
+
+def outside_space_reason(info: PipetuneInfo, schedule: Any) -> str:
+    """Why a schedule is not valid for the dataset's workload on its GPU: the family's rules
+    it breaks, in the words `pipetune.kernel(workload, gpu, schedule=...)` refuses it with."""
+    problems = info.family.schedule_problems(schedule, info.workload, get_gpu(info.gpu))
+    why = "; ".join(problems) or "not in the family's valid space"
+    return f"schedule {schedule.id} is not valid for {info.workload.label()} on {info.gpu}: {why}"
+
+
 def _own_runner_problem(record: Record) -> str | None:
     """What is wrong with a record's own runner (None: nothing, or it names none)."""
     own = record.measurements.get(RUNNER_FIELD)
