@@ -29,6 +29,24 @@ from pipetune.model.wire import TOKEN_ENV
 
 RUNNERS: tuple[str, ...] = (RunnerKind.SIMULATED, RunnerKind.REPLAY, RunnerKind.CUPY)
 
+# Each local worker is a whole Python process: a few per CPU, as `bench tuner --jobs` (more
+# only contend; `--local-workers 100000` started one process after another, a fork bomb).
+WORKERS_PER_CPU = 4
+
+
+def max_local_workers() -> int:
+    """The most worker processes `serve --local-workers` starts here: WORKERS_PER_CPU per
+    CPU."""
+    return WORKERS_PER_CPU * (os.cpu_count() or 1)
+
+
+def local_workers_problem(n: int) -> str | None:
+    """Why `n` cannot be the number of local workers (None when it can)."""
+    most = max_local_workers()
+    if not 0 <= n <= most:
+        return f"must be within 0..{most} here ({WORKERS_PER_CPU} per CPU), got {n}"
+    return None
+
 
 def assign_gpus(n: int, gpus: list[str] | None = None) -> list[str]:
     """Round robin, the default GPU first: with one worker, what `pipetune tune` tunes for
@@ -113,7 +131,10 @@ def start_workers(
     dataset: Path | None = None,
     replay_gpu: str | None = None,
 ) -> list[subprocess.Popen]:
-    """Start n worker processes; replay_gpu: the replay dataset's GPU (from `preflight`)."""
+    """Start n worker processes; replay_gpu: the replay dataset's GPU (from `preflight`).
+    n is checked first (local_workers_problem): nothing starts for one out of bounds."""
+    if problem := local_workers_problem(n):
+        raise ValueError(f"local workers: {problem}")
     gpus = worker_gpus(n, runner, replay_gpu)
     host = os.uname().nodename
     processes = []

@@ -30,7 +30,14 @@ import typer
 from pipetune.clients.cli.errors import CliError, one_line, reported
 from pipetune.clients.cli.hosts import is_loopback_host
 from pipetune.clients.cli.output import console, print_json
-from pipetune.service.local_workers import RUNNERS, preflight, start_workers, stop_workers
+from pipetune.service.local_workers import (
+    RUNNERS,
+    WORKERS_PER_CPU,
+    local_workers_problem,
+    preflight,
+    start_workers,
+    stop_workers,
+)
 
 if TYPE_CHECKING:
     from pipetune.service.settings import Settings
@@ -276,7 +283,8 @@ def serve(
     local_workers: int = typer.Option(
         0,
         "--local-workers",
-        help="start N worker processes (simulated: spread over the GPU kinds, h100 first)",
+        help="start N worker processes (simulated: spread over the GPU kinds, h100 first; "
+        f"at most {WORKERS_PER_CPU} per CPU)",
     ),
     runner: str = typer.Option("simulated", "--runner", help="simulated | replay | cupy"),
     dataset: Path | None = typer.Option(None, "--dataset", help="recorded space (replay)"),
@@ -297,8 +305,8 @@ def serve(
 
     if runner not in RUNNERS:
         raise CliError(f"--runner: must be one of {', '.join(RUNNERS)}, got {runner!r}", 2)
-    if local_workers < 0:
-        raise CliError("--local-workers: must be at least 0", 2)
+    if problem := local_workers_problem(local_workers):  # (each one a process)
+        raise CliError(f"--local-workers: {problem}", 2)
     if runner == "replay" and local_workers and dataset is None:
         raise CliError("--runner replay needs --dataset", 2)
     if dataset is not None and not (runner == "replay" and local_workers):

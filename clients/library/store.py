@@ -20,10 +20,10 @@ from sqlalchemy.exc import ArgumentError, SQLAlchemyError
 
 from pipetune.clients.library.inputs import as_gpu, as_workload
 from pipetune.clients.sdk import Client, PipetuneError
+from pipetune.clients.sdk.client import TASK_STATES
 from pipetune.model.errors import InvalidArgumentError, InvalidArgumentTypeError
 from pipetune.model.family import family_of, generator_revision_of
 from pipetune.model.hardware import get_gpu
-from pipetune.model.states import TaskState
 from pipetune.model.wire import (
     ID_MAX,
     MAX_BUDGET,
@@ -41,13 +41,12 @@ from pipetune.service.priors import learned_model_of_tasks, learned_pick, prior_
 from pipetune.service.records import measured_or_failures, schedule_response
 from pipetune.service.settings import (
     Settings,
+    database_file_problem,
     database_url_problem,
     sqlite_path,
     validated_settings,
 )
 from pipetune.service.views import get_task_doc, list_task_docs, list_trial_docs, task_work
-
-TASK_STATES: tuple[str, ...] = tuple(state.value for state in TaskState)
 
 
 class LocalDatabaseError(PipetuneError):
@@ -104,6 +103,12 @@ def database_url(db: str | None = None) -> str:
     # The service's own check (an in-memory SQLite database, an unknown backend): refused
     # here, before a tuning opens it, not as the settings' ValidationError from inside.
     problem = database_url_problem(db)
+    if problem is not None:
+        raise DatabaseArgumentError("db", problem)
+    # The CLI's check of --db's file (a directory, a file that is no SQLite database): the
+    # caller named the wrong file, not a database that failed (LocalDatabaseError, no
+    # ValueError, from inside the open).
+    problem = database_file_problem(db)
     if problem is not None:
         raise DatabaseArgumentError("db", problem)
     return db

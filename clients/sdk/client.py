@@ -15,7 +15,7 @@ import reprlib
 import time
 from collections.abc import Callable, Mapping
 from types import TracebackType
-from typing import Any, Self, TypeVar
+from typing import Any, Self, TypeVar, get_args
 
 import httpx
 from pydantic import BaseModel, ValidationError
@@ -31,6 +31,7 @@ from pipetune.clients.sdk.http import (
     DEFAULT_TIMEOUT_S,
     Http,
     argument_error,
+    clean_msg,
     header_value_problem,
     server_problem,
     shown_value,
@@ -43,6 +44,7 @@ from pipetune.model.wire import (
     MAX_TASK_PAGE,
     AggregateCurves,
     Curve,
+    OpName,
     ScheduleResponse,
     StrategyName,
     TaskDoc,
@@ -110,6 +112,45 @@ def integer_argument(argument: str, value: object, *, least: int, most: int) -> 
 
 def _optional_integer(argument: str, value: object, *, least: int, most: int) -> int | None:
     return None if value is None else integer_argument(argument, value, least=least, most=most)
+
+
+def choice_argument(argument: str, value: object, choices: tuple[str, ...]) -> str:
+    """`value` if it is one of `choices` (the wire's vocabulary for it), else
+    InvalidArgumentError naming `argument`, before any request (sent, it came back as the
+    service's 422, an ApiError and no ValueError, unlike a bad limit beside it)."""
+    if isinstance(value, str) and value in choices:
+        return str(value)  # (a StrEnum member as its value)
+    raise InvalidArgumentError(
+        argument, f"must be one of {', '.join(choices)}, got {shown_value(value)}"
+    )
+
+
+def gpu_argument(argument: str, value: object) -> str:
+    """The registry key of the GPU `value` names (any of its names), else InvalidArgumentError
+    naming `argument` with the known GPUs. Resolved as the wire contract resolves every GPU
+    name (a task's prior_gpu here: the SDK imports nothing of pipetune's but model.wire)."""
+    if not isinstance(value, str):
+        raise InvalidArgumentError(
+            argument, f"must be a GPU name such as 'h100', not {type(value).__name__}"
+        )
+    try:
+        return str(TuneOptions.model_validate({"prior_gpu": value}).prior_gpu)
+    except ValidationError as exc:
+        raise InvalidArgumentError(argument, clean_msg(exc.errors()[0]["msg"])) from None
+
+
+def _optional(check: Callable[..., str], argument: str, value: object, *args: Any) -> str | None:
+    return None if value is None else check(argument, value, *args)
+
+
+def _values(choices: Any) -> tuple[str, ...]:
+    return tuple(choice.value for choice in choices)
+
+
+# The wire contract's vocabularies: a task's states are the type of TaskDoc.state.
+TASK_STATES: tuple[str, ...] = _values(TaskDoc.model_fields["state"].annotation)
+OP_NAMES: tuple[str, ...] = _values(OpName)
+STRATEGY_NAMES: tuple[str, ...] = get_args(StrategyName)
 
 
 def seconds_problem(value: object, *, zero_ok: bool = False) -> str | None:
@@ -303,7 +344,7 @@ class Client:
         below it (the last id of the page before: the next page, however many tasks were
         created meanwhile)."""
         params = {
-            "state": state,
+            "state": _optional(choice_argument, "state", state, TASK_STATES),
             "limit": _optional_integer("limit", limit, least=1, most=MAX_TASK_PAGE),
             "offset": _optional_integer("offset", offset, least=0, most=ID_MAX),
             "before": _optional_integer("before", before, least=1, most=ID_MAX),
@@ -343,7 +384,12 @@ class Client:
         self, gpu: str | None = None, op: str | None = None, strategy: str | None = None
     ) -> AggregateCurves:
         """Best-in-k-trials per strategy over the finished tasks (ALCOP Fig. 13 view)."""
-        params = {"gpu": gpu, "op": op, "strategy": strategy}
+        # Checked here as limit is: a name the service does not know came back as its 422.
+        params = {
+            "gpu": _optional(gpu_argument, "gpu", gpu),
+            "op": _optional(choice_argument, "op", op, OP_NAMES),
+            "strategy": _optional(choice_argument, "strategy", strategy, STRATEGY_NAMES),
+        }
         return self._http.call(AggregateCurves, "GET", "/v1/curves", params=params)
 
     def wait(

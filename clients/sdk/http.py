@@ -139,22 +139,31 @@ def header_value_problem(value: object) -> str | None:
     for i, char in enumerate(value):
         if secret_char_ok(char):
             continue
-        if char == "\n":
-            kind = "a newline"
-        elif char == "\r":
-            kind = "a carriage return"
-        elif char in " \t":
-            kind = "a space or tab"
-        elif char.isascii():
-            kind = "a control character"
-        else:
-            kind = "a non-ASCII character"
         base = "must be printable ASCII without spaces to go in an HTTP header"
-        if not value[i:].strip():
-            # The usual case: a secret read from a file or pasted with its line ending.
-            return f"{base}, but it ends with {kind} (read from a file? strip it)"
-        return f"{base}, but it contains {kind}"
+        return f"{base}, but it {_where_char(value, i)}"
     return None
+
+
+def _where_char(value: str, i: int) -> str:
+    """What the character at value[i] is, and where, for a message that never quotes
+    `value`: 'ends with a newline (read from a file? strip it)', 'contains a space or tab'."""
+    char = value[i]
+    if char == "\n":
+        kind = "a newline"
+    elif char == "\r":
+        kind = "a carriage return"
+    elif char in " \t":
+        kind = "a space or tab"
+    elif char.isascii():
+        kind = "a control character"
+    elif char.isspace():
+        kind = "a non-ASCII space"
+    else:
+        kind = "a non-ASCII character"
+    if not value[i:].strip():
+        # The usual case: a value read from a file or pasted with its line ending.
+        return f"ends with {kind} (read from a file? strip it)"
+    return f"contains {kind}"
 
 
 def shown_url(url: str) -> str:
@@ -180,6 +189,11 @@ def server_problem(server: object) -> str | None:
     if not isinstance(server, str):
         return f"must be an http(s) URL string, not {type(server).__name__}"
     shown = shown_url(server)  # (a password in it is a credential: not repeated)
+    for i, char in enumerate(server):
+        if char.isspace() or not char.isprintable():
+            # Before urlsplit, which drops tabs and line endings where it finds them
+            # (httpx refused the URL at the first request: InvalidURL, no argument named).
+            return f"not an http(s) URL: {shown!r}: it {_where_char(server, i)}"
     try:
         parts = urlsplit(server)
         parts.port  # noqa: B018 - raises ValueError on a port that is not a number

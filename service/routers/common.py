@@ -44,3 +44,35 @@ ERRORS: dict[int | str, dict[str, Any]] = {
     422: {"model": ValidationErrorBody, "description": "invalid input: field and reason"},
 }
 NOT_FOUND: dict[int | str, dict[str, Any]] = {404: {"description": "no such resource"}}
+
+_SCHEMAS = "#/components/schemas/"
+# FastAPI's own 422 body ({"detail": [{"loc", "msg", "type"}]}), which it documents for every
+# route with parameters that does not declare a 422 of its own: pipetune never answers it
+# (service.errors answers every invalid request with ValidationErrorBody).
+_STOCK_422 = ("HTTPValidationError", "ValidationError")
+
+
+def with_project_errors(schema: dict[str, Any]) -> dict[str, Any]:
+    """The OpenAPI document `schema` (changed in place) with every 422 described as the
+    ValidationErrorBody the service answers, and FastAPI's stock 422 body gone: a route that
+    did not declare ERRORS documented a body it never sends, and a client generated from
+    the schema mis-read its every 422."""
+    components = schema.setdefault("components", {}).setdefault("schemas", {})
+    name = ValidationErrorBody.__name__
+    if name not in components:  # (no route declared ERRORS: the body's schema added here)
+        body = ValidationErrorBody.model_json_schema(ref_template=_SCHEMAS + "{model}")
+        for key, value in body.pop("$defs", {}).items():
+            components.setdefault(key, value)
+        components[name] = body
+    ours = {
+        "description": ERRORS[422]["description"],
+        "content": {"application/json": {"schema": {"$ref": _SCHEMAS + name}}},
+    }
+    for operations in schema.get("paths", {}).values():
+        for operation in operations.values():
+            responses = operation.get("responses") if isinstance(operation, dict) else None
+            if responses and "422" in responses:
+                responses["422"] = ours
+    for stock in _STOCK_422:
+        components.pop(stock, None)
+    return schema

@@ -35,7 +35,11 @@ router = APIRouter(route_class=BoundedJsonRoute, tags=["jobs"])
 FORBIDDEN = {403: {"description": "not this worker's lease or token"}}
 
 
-@router.post("/v1/jobs/lease", response_model=LeaseResponse, responses=ERRORS | FORBIDDEN)
+@router.post(
+    "/v1/jobs/lease",
+    response_model=LeaseResponse,
+    responses=ERRORS | FORBIDDEN | {404: {"description": "the worker is not registered"}},
+)
 async def lease_jobs(
     service: ServiceDep,
     body: LeaseRequest,
