@@ -4,9 +4,18 @@ A lease claims up to n queued jobs of the worker's kind; a report records any nu
 results (`submit_many`; `submit` is one). On PostgreSQL each is one statement, one round
 trip (service/queue_pg.py); on SQLite a few statements in one write transaction
 (service/queue_sqlite.py). Both keep the guarantees: no job leased twice, a result recorded
-only while its lease is the job's current one (so a stale result is refused), each result
-counted once (the lease token that delivered it is kept on the job, so a repeat is
-acknowledged, not counted again), expiry by the database clock.
+only while nobody else may have the job (so a stale result is refused), each result counted
+once (the lease token that delivered it is kept on the job, so a repeat is acknowledged, not
+counted again), expiry by the database clock.
+
+Which result is recorded: one whose lease is the job's current one, and one whose lease
+expired (late) if the job has not been leased since, whether or not a reclaim has queued it
+again meanwhile: its lease is the job's newest, and the job is still leased under it or
+queued with no result. (It was recorded or thrown away, and the trial measured again,
+depending only on whether the sweep had run yet.) Its lease then ends as `result`, and the
+job and its task count it as an on-time result; the attempt its reclaim counted stays (the
+lease did expire). Refused: a result of a job leased again since (even if that lease expired
+too), finished, cancelled, or given up as `lost` (its failure is counted already).
 
 A lease request that finds nothing waits for a wake-up (service/wakeup.py), not a poll.
 """
@@ -430,7 +439,12 @@ class Queue:
         ):
             return []
         jobs = await self.hot(self.try_lease, worker, max_jobs, None, request_id, retry)
-        if not jobs:
+        if not jobs and max_jobs > 0:
+            # Only a claim that looked for new jobs learns that the queue holds none. A retry
+            # asking for none (a report retried by a worker that will register again first)
+            # only looked for the jobs its lost answer held: remembered as "empty", it made
+            # every lease request of its kind on this replica skip its claim and wait for the
+            # fallback poll with jobs queued.
             self.wakeup.found_empty(worker.kind, generation)
         return jobs
 
@@ -711,12 +725,15 @@ class Queue:
             if not s.applied
             and worker is not None
             and s.lease_worker == worker.id
-            and s.job_state == JobState.LEASED
-            and s.lease_token == r.lease_token
+            and (
+                (s.job_state == JobState.LEASED and s.lease_token == r.lease_token)
+                or (s.job_state == JobState.QUEUED and s.result_token is None)
+            )
         ]
-        # A report whose lease was current when the statement began and that still was not
-        # applied lost a race (to the same result posted twice at once, or to an expiry):
-        # look at what was committed since.
+        # A report whose lease was current when the statement began, or that might have been
+        # applied late (its job queued, with no result), and that still was not applied may
+        # have lost a race (to the same result posted twice at once, to an expiry, to a
+        # lease of the job): look at what was committed since.
         settled = self.store.settled(raced) if raced else {}
         # A job this request recorded, reported again in it under another (stale) lease: that
         # report is answered with what the job holds now, as SQLite's store sees it (on

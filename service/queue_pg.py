@@ -8,9 +8,12 @@ Guarantees, and what gives them:
   is MATERIALIZED (it runs exactly once; inlined, PostgreSQL may run a LIMIT ... SKIP LOCKED
   sub-select more than once and claim more than n); the UPDATE re-checks `state = queued`.
 * No result lost or counted twice: a result is applied by a compare-and-set on the job's
-  current lease (`state = leased AND lease_token = presented`), re-evaluated on the newest
-  row version when another transaction changed it meanwhile (READ COMMITTED); the task's
-  counters are incremented by the same statement, so they move only with an applied result.
+  current lease (`state = leased AND lease_token = presented`), or, for a late result (its
+  lease expired and a reclaim queued the job again, nobody leased it since: service/queue.py
+  says the rule), on the job still queued with no result and no expiry since the one the
+  statement read (`attempts`); re-evaluated on the newest row version when another
+  transaction changed it meanwhile (READ COMMITTED); the task's counters are incremented by
+  the same statement, so they move only with an applied result.
 * Expiry by the database clock: every stamp is `statement_timestamp()` (not now(), the
   transaction's start: see Database.now).
 * No deadlock between concurrent statements: rows are locked jobs first, then tasks, each
@@ -110,16 +113,36 @@ WITH report AS (
     -- rows were estimated at jsonb_to_recordset's default of 100 and both tables hashed
     -- whole, a scan of every job and lease ever recorded for each request.
     SELECT report.*, job.id AS found, job.task_id, job.trial, job.state AS job_state,
-        job.lease_token, job.result_token, lease.worker_id AS lease_worker
+        job.lease_token, job.result_token, lease.worker_id AS lease_worker,
+        newest.id AS newest_lease,
+        -- A late result (its lease expired): applicable while its lease is the job's newest
+        -- and the job has not been leased since, i.e. it is still leased under it (no
+        -- reclaim yet: one may commit before this statement gets the row) or was queued
+        -- again by a reclaim and has no result. The job's `attempts` it must then hold (a
+        -- reclaim counts one): any other lease's expiry since this statement's snapshot
+        -- shows as one more, and refuses it. NULL: not applicable late. A job given up as
+        -- `lost` is never: its failure was counted when it was given up.
+        CASE WHEN newest.token = report.token AND job.result_token IS NULL AND (
+                (job.state = %(leased)s AND job.lease_token = report.token
+                    AND newest.outcome IS NULL)
+                OR (job.state = %(queued)s AND newest.outcome = %(expired_outcome)s))
+            THEN job.attempts + CASE WHEN job.state = %(leased)s THEN 1 ELSE 0 END
+        END AS late_attempts
     FROM report
     LEFT JOIN LATERAL (
-        SELECT id, task_id, trial, state, lease_token, result_token FROM jobs
+        SELECT id, task_id, trial, state, attempts, lease_token, result_token FROM jobs
         WHERE jobs.id = report.job_id LIMIT 1
     ) AS job ON true
     LEFT JOIN LATERAL (
         SELECT worker_id FROM leases
         WHERE leases.job_id = report.job_id AND leases.token = report.token LIMIT 1
     ) AS lease ON true
+    LEFT JOIN LATERAL (
+        -- The job's newest lease, along the job's index (`id + 0`: ordered by the primary
+        -- key, the planner may walk every lease ever granted backwards to find the job's).
+        SELECT id, token, outcome FROM leases
+        WHERE leases.job_id = report.job_id ORDER BY leases.id + 0 DESC LIMIT 1
+    ) AS newest ON true
 ), once AS (  -- a report repeated within the request: the first is the one applied
     SELECT DISTINCT ON (job_id, token) * FROM seen ORDER BY job_id, token, i
 ), locked_jobs AS (
@@ -137,12 +160,22 @@ WITH report AS (
         result_worker = %(worker)s, lease_expires_at = NULL,
         finished_at = statement_timestamp()
     FROM once AS seen JOIN locked_jobs ON locked_jobs.id = seen.job_id
-    WHERE jobs.id = seen.job_id AND jobs.state = %(leased)s AND jobs.lease_token = seen.token
-    RETURNING jobs.id, jobs.task_id, jobs.trial, seen.i, seen.ok, seen.token, seen.latency_us
+    WHERE jobs.id = seen.job_id AND (
+        (jobs.state = %(leased)s AND jobs.lease_token = seen.token)
+        -- Late: queued again by a reclaim and leased by nobody since (a lease since changed
+        -- `state`, or, expired too, `attempts`). The reclaim cleared its lease: it stays so.
+        OR (jobs.state = %(queued)s AND jobs.result_token IS NULL
+            AND jobs.attempts = seen.late_attempts))
+    RETURNING jobs.id, jobs.task_id, jobs.trial, seen.i, seen.ok, seen.token, seen.latency_us,
+        seen.newest_lease, jobs.lease_token IS NULL AS late
 ), ended AS (
     UPDATE leases SET outcome = %(result_outcome)s, ended_at = statement_timestamp()
     FROM applied WHERE leases.job_id = applied.id AND leases.token = applied.token
-        AND leases.outcome IS NULL  -- (a token's earlier lease of the job, released, stays)
+        AND (leases.outcome IS NULL  -- (a token's earlier lease of the job, released, stays)
+            -- A late result's lease, ended `expired` by its reclaim (perhaps committed while
+            -- this statement waited for the job: read open, re-checked as `expired`).
+            OR (applied.late AND leases.id = applied.newest_lease
+                AND leases.outcome = %(expired_outcome)s))
 ), per_task AS (
     SELECT task_id, count(*) AS n, count(*) FILTER (WHERE NOT ok) AS failed,
         min(latency_us) FILTER (WHERE ok) AS best_latency,
@@ -208,6 +241,7 @@ _STATES = {
     "running": _RUNNING,
     "task_queued": _TASK_QUEUED,
     "result_outcome": LeaseOutcome.RESULT.value,
+    "expired_outcome": LeaseOutcome.EXPIRED.value,
 }
 
 

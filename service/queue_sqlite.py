@@ -13,7 +13,7 @@ import datetime as dt
 from collections import defaultdict
 from dataclasses import replace
 
-from sqlalchemy import bindparam, case, insert, literal, or_, select, tuple_, update
+from sqlalchemy import bindparam, case, func, insert, literal, or_, select, tuple_, update
 
 from pipetune.model.states import JobState, LeaseOutcome, TaskState
 from pipetune.service.db import Database
@@ -38,6 +38,26 @@ JOBS, LEASES, TASKS, WORKERS = (
 )
 
 # Built once: executemany with bound parameters per report.
+_RESULT_VALUES = dict(
+    state=bindparam("b_state"),
+    status=bindparam("b_status"),
+    latency_us=bindparam("b_latency_us"),
+    samples_us=bindparam("b_samples_us"),
+    spread=bindparam("b_spread"),
+    registers=bindparam("b_registers"),
+    spill_bytes=bindparam("b_spill_bytes"),
+    smem_bytes=bindparam("b_smem_bytes"),
+    compile_ms=bindparam("b_compile_ms"),
+    max_abs_error=bindparam("b_max_abs_error"),
+    error=bindparam("b_error"),
+    runner=bindparam("b_runner"),
+    generator_revision=bindparam("b_generator_revision"),
+    result_token=bindparam("b_token"),
+    result_worker=bindparam("b_worker"),
+    lease_expires_at=None,
+    finished_at=bindparam("b_now"),
+)
+# A result on the job's current lease.
 _APPLY = (
     update(JOBS)
     .where(
@@ -45,25 +65,19 @@ _APPLY = (
         JOBS.c.state == JobState.LEASED,
         JOBS.c.lease_token == bindparam("b_token"),
     )
-    .values(
-        state=bindparam("b_state"),
-        status=bindparam("b_status"),
-        latency_us=bindparam("b_latency_us"),
-        samples_us=bindparam("b_samples_us"),
-        spread=bindparam("b_spread"),
-        registers=bindparam("b_registers"),
-        spill_bytes=bindparam("b_spill_bytes"),
-        smem_bytes=bindparam("b_smem_bytes"),
-        compile_ms=bindparam("b_compile_ms"),
-        max_abs_error=bindparam("b_max_abs_error"),
-        error=bindparam("b_error"),
-        runner=bindparam("b_runner"),
-        generator_revision=bindparam("b_generator_revision"),
-        result_token=bindparam("b_token"),
-        result_worker=bindparam("b_worker"),
-        lease_expires_at=None,
-        finished_at=bindparam("b_now"),
+    .values(**_RESULT_VALUES)
+)
+# A late result (its lease expired, the job queued again and leased by nobody since: the
+# record checks that its lease is the job's newest). The reclaim cleared its lease: it stays
+# cleared.
+_APPLY_LATE = (
+    update(JOBS)
+    .where(
+        JOBS.c.id == bindparam("b_id"),
+        JOBS.c.state == JobState.QUEUED,
+        JOBS.c.result_token.is_(None),
     )
+    .values(**_RESULT_VALUES)
 )
 _CLAIMED = [JOBS.c[name] for name in CLAIMED_COLUMNS]
 _END_LEASE = (
@@ -73,6 +87,12 @@ _END_LEASE = (
         LEASES.c.token == bindparam("b_token"),
         LEASES.c.outcome.is_(None),  # (a token's earlier lease of the job, released, stays)
     )
+    .values(outcome=LeaseOutcome.RESULT, ended_at=bindparam("b_now"))
+)
+# A late result's lease: the job's newest, ended `expired` by its reclaim.
+_END_LATE_LEASE = (
+    update(LEASES)
+    .where(LEASES.c.id == bindparam("b_lease"), LEASES.c.outcome == LeaseOutcome.EXPIRED)
     .values(outcome=LeaseOutcome.RESULT, ended_at=bindparam("b_now"))
 )
 
@@ -199,21 +219,46 @@ class SqliteQueueStore:
                     )
                 )
             }
+            # job -> (id, token, outcome) of its newest lease
+            newest = {
+                lease.job_id: (lease.id, lease.token, lease.outcome)
+                for lease in conn.execute(
+                    select(LEASES.c.job_id, LEASES.c.id, LEASES.c.token, LEASES.c.outcome).where(
+                        LEASES.c.id.in_(
+                            select(func.max(LEASES.c.id))
+                            .where(LEASES.c.job_id.in_(ids))
+                            .group_by(LEASES.c.job_id)
+                        )
+                    )
+                )
+            }
             seen: list[Seen] = []
             applied: list[tuple[int, Report]] = []
+            # report index -> its lease's row, for the results applied late
+            late: dict[int, int] = {}
             # job -> (lease token, state) of the result this batch recorded for it
             taken: dict[int, tuple[str, str]] = {}
             for i, report in enumerate(reports):
                 job = jobs.get(report.job_id)
                 lease_worker = grants.get((report.job_id, report.lease_token))
-                apply = (
+                mine = (
                     job is not None
                     and worker is not None
                     and lease_worker == worker.id
-                    and job.state == JobState.LEASED
-                    and job.lease_token == report.lease_token
                     and job.id not in taken
                 )
+                if mine and job.state == JobState.LEASED:
+                    apply = job.lease_token == report.lease_token
+                elif mine and job.state == JobState.QUEUED and job.result_token is None:
+                    # Late (the rule: service/queue.py): its lease expired, a reclaim queued
+                    # the job again, and nobody leased it since (its lease is the newest). Not
+                    # a `lost` job (another state): its failure was counted when given up.
+                    lease_id, token, outcome = newest.get(job.id, (None, None, None))
+                    apply = token == report.lease_token and outcome == LeaseOutcome.EXPIRED
+                    if apply:
+                        late[i] = lease_id
+                else:
+                    apply = False
                 # A repeat within this batch sees the result recorded before it.
                 before = taken.get(report.job_id)
                 seen.append(
@@ -233,11 +278,21 @@ class SqliteQueueStore:
             if not applied:
                 return seen
             assert worker is not None
-            rows = [self._apply_params(r, worker, now) for _, r in applied]
-            changed = conn.execute(_APPLY, rows).rowcount
-            # Under the write lock nothing else changed these rows since they were read.
-            assert changed == len(rows), (changed, len(rows))
-            conn.execute(_END_LEASE, rows)
+            rows = [self._apply_params(r, worker, now) for i, r in applied if i not in late]
+            later = [
+                {**self._apply_params(r, worker, now), "b_lease": late[i]}
+                for i, r in applied
+                if i in late
+            ]
+            for record, end, params in (
+                (_APPLY, _END_LEASE, rows),
+                (_APPLY_LATE, _END_LATE_LEASE, later),
+            ):
+                if params:
+                    changed = conn.execute(record, params).rowcount
+                    # Under the write lock nothing else changed these rows since they were read.
+                    assert changed == len(params), (changed, len(params))
+                    conn.execute(end, params)
             progress = self._count(conn, [(jobs[r.job_id], r) for _, r in applied], now)
         for i, report in applied:
             seen[i] = replace(seen[i], task=progress[jobs[report.job_id].task_id])

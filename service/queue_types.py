@@ -151,8 +151,9 @@ class QueueStore(Protocol):
         ...
 
     def record(self, worker: WorkerRef | None, reports: list[Report]) -> list[Seen]:
-        """Record the results whose lease is current and was granted to `worker` (None: an
-        unauthorised worker, nothing is recorded), end their leases and count them on their
+        """Record the results whose lease was granted to `worker` (None: an unauthorised
+        worker, nothing is recorded) and is current, or expired with the job leased by
+        nobody since (the rule: service/queue.py), end their leases and count them on their
         tasks, in one transaction; what the database held for each report, in order."""
         ...
 

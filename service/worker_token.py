@@ -41,7 +41,8 @@ def _keep_private(path: Path) -> None:
 
 def generated_worker_token(path: Path | None = None) -> tuple[str, Path]:
     """(token, file): the file's token (the file made 0600 again where others could read
-    it), or a new one written there with mode 0600."""
+    it), or a new one written there with mode 0600. Two processes making it at once (two
+    `serve` starting together) both end with the one token the file holds."""
     path = path or generated_token_path()
     token = read_generated_token(path)
     if token:
@@ -49,14 +50,53 @@ def generated_worker_token(path: Path | None = None) -> tuple[str, Path]:
         return token, path
     path.parent.mkdir(parents=True, exist_ok=True)
     token = secrets.token_urlsafe(32)
-    temporary = path.with_name(f".{path.name}.{os.getpid()}")
-    # Created 0600 from the start (no window in which others could read it), then renamed
-    # into place so a reader never sees a half-written file.
-    fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w") as out:
-        out.write(token + "\n")
-    os.replace(temporary, path)
-    return token, path
+    temporary = path.with_name(f".{path.name}.{os.getpid()}.{secrets.token_hex(4)}")
+    # Created 0600 from the start (no window in which others could read it), and written
+    # whole before it is published, so a reader never sees a half-written file.
+    fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    try:
+        with os.fdopen(fd, "w") as out:
+            out.write(token + "\n")
+        if _publish(temporary, path):
+            return token, path
+        # Another process published its token since this one read "no file": its token is
+        # the file's, the one its workers will read. (Replaced, as os.replace did, this
+        # process's token won the file and the other one accepted a token nobody could read.)
+        theirs = read_generated_token(path)
+        if theirs:
+            _keep_private(path)
+            return theirs, path
+        # An empty file (not another process's: they publish whole files): replaced, as a
+        # missing one is made.
+        os.replace(temporary, path)
+        return token, path
+    finally:
+        temporary.unlink(missing_ok=True)
+
+
+# What os.link raises where the file system has no hard links (FAT, some network mounts).
+_NO_LINKS = {errno.EPERM, errno.EOPNOTSUPP, errno.ENOTSUP, errno.EMLINK, errno.ENOSYS}
+
+
+def _publish(temporary: Path, path: Path) -> bool:
+    """Put the written temporary file in place as `path` unless `path` exists (whole: a
+    hard link, atomic). False where it exists (another process published first)."""
+    try:
+        os.link(temporary, path)
+    except FileExistsError:
+        return False
+    except OSError as exc:
+        if exc.errno not in _NO_LINKS:
+            raise
+        # No hard links here: created exclusively, then the content copied in (a process
+        # reading in between finds an empty file: the narrow window the link closes).
+        try:
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        except FileExistsError:
+            return False
+        with os.fdopen(fd, "w") as out:
+            out.write(temporary.read_text())
+    return True
 
 
 def announcement(path: Path, reused: bool) -> str:

@@ -74,8 +74,10 @@ def _plan_of_results(url: str, worker_id: int, jobs: list[dict]) -> str:
     params = {
         "reports": json.dumps(reports),
         "worker": worker_id,
+        "queued": JobState.QUEUED.value,
         "leased": JobState.LEASED.value,
         "result_outcome": LeaseOutcome.RESULT.value,
+        "expired_outcome": LeaseOutcome.EXPIRED.value,
         "task_queued": TaskState.QUEUED.value,
         "running": TaskState.RUNNING.value,
     }
@@ -103,6 +105,9 @@ def test_a_results_request_reads_its_own_jobs_and_leases_not_the_whole_tables(pg
         plan = _plan_of_results(pg, worker, held)
     assert "Seq Scan on jobs" not in plan, plan
     assert "Seq Scan on leases" not in plan, plan
+    # Each job's newest lease (whether a late result may apply) along the jobs' index, not
+    # the primary key's walked backwards through every lease ever granted.
+    assert "leases_pkey" not in plan, plan
     # The statement did its work in that plan: both results applied (then rolled back).
     assert plan.count("Update on jobs") == 1
 

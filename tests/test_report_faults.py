@@ -1,5 +1,6 @@
-"""Workers that misbehave when they report: twice, late (after their lease expired and the
-job went to someone else), or on a job they never leased. Any interleaving of such reports
+"""Workers that misbehave when they report: twice, late (after their lease expired: applied
+while nobody has leased the job since, refused once someone has), or on a job they never
+leased. Any interleaving of such reports
 with honest work must end with every trial counted exactly once, with the honest answer, and
 the task at exactly its budget. On SQLite and PostgreSQL, through the HTTP API in-process.
 
@@ -41,12 +42,18 @@ class Held:
     job: dict
     stale: bool = False  # its lease was expired by the test: any report of it is late
 
+    @property
+    def token(self) -> str:
+        return self.job["lease_token"]
+
 
 @dataclass
 class Ledger:
     """What the service must have recorded: job id -> (worker, latency) of the one result."""
 
     accepted: dict[int, tuple[int, float]] = field(default_factory=dict)
+    accepted_token: dict[int, str] = field(default_factory=dict)  # the lease it came on
+    newest: dict[int, str] = field(default_factory=dict)  # job id -> its newest lease's token
     held: dict[int, list[Held]] = field(default_factory=dict)
     refused: int = 0
     ignored: int = 0
@@ -57,23 +64,27 @@ def _report(client, ledger: Ledger, worker: int, held: Held, latency: float) -> 
     assert response.status_code == 200, response.text
     ack = response.json()
     job_id = held.job["job_id"]
-    if held.stale:
-        # A late report: never applied, whoever holds or finished the job now.
-        assert ack["accepted"] is False, ack
-        ledger.ignored += 1
-    elif job_id in ledger.accepted:
+    if job_id in ledger.accepted and ledger.accepted_token[job_id] == held.token:
         # A second report on the same lease: acknowledged as a duplicate, not applied.
         assert ack["accepted"] is True and "duplicate" in (ack["detail"] or ""), ack
+    elif held.stale and (job_id in ledger.accepted or ledger.newest[job_id] != held.token):
+        # A late report on a job finished or leased again since: never applied.
+        assert ack["accepted"] is False, ack
+        ledger.ignored += 1
     else:
+        # On time, or late on a job nobody has leased since (its lease is the newest).
         assert ack == {"accepted": True, "job_state": "done", "detail": None}, ack
         ledger.accepted[job_id] = (worker, latency)
+        ledger.accepted_token[job_id] = held.token
 
 
 def _step(client, ledger: Ledger, workers: list[int], action: str, who: int, pick: int) -> None:
     worker = workers[who]
     mine = [h for h in ledger.held[worker] if h.job["job_id"] not in ledger.accepted or h.stale]
     if action == "lease":
-        ledger.held[worker] += [Held(job) for job in lease(client, worker)]
+        for job in lease(client, worker):
+            ledger.held[worker].append(Held(job))
+            ledger.newest[job["job_id"]] = job["lease_token"]
     elif action in ("report", "report_twice") and mine:
         held = mine[pick % len(mine)]
         for _ in range(2 if action == "report_twice" else 1):
@@ -120,6 +131,7 @@ def _drain(client, ledger: Ledger, workers: list[int], task_id: int) -> None:
         if client.get(f"/v1/tasks/{task_id}").json()["state"] == "done":
             return
         for job in lease(client, honest, max_jobs=BUDGET):
+            ledger.newest[job["job_id"]] = job["lease_token"]
             held = Held(job)
             ledger.held[honest].append(held)
             _report(client, ledger, honest, held, 500.0)

@@ -117,23 +117,27 @@ def test_expired_leases_return_to_the_queue_then_are_lost(db_url):
         with service.db.read() as s:
             jobs = s.scalars(select(JobRow).order_by(JobRow.trial)).all()
         assert [(j.state, j.attempts, j.lease_owner) for j in jobs] == [("queued", 1, None)] * 2
-        # A late result from the expired lease is not applied.
+        # A late result from the expired lease is applied: nobody leased its job since
+        # (tests/test_service_queue_late.py).
         late = post_result(c, worker, first[0], ok(5.0))
-        assert late.status_code == 200 and late.json()["accepted"] is False
-        assert late.json()["job_state"] == "queued"
+        assert late.status_code == 200 and late.json()["accepted"] is True
+        assert late.json()["job_state"] == "done"
 
         second = lease(c, worker, max_jobs=2)
-        assert sorted(j["job_id"] for j in second) == sorted(j["job_id"] for j in first)
-        assert all(j["lease_token"] != first[0]["lease_token"] for j in second)
-        assert post_result(c, worker, second[0], ok(7.0)).json()["accepted"] is True
+        assert [j["job_id"] for j in second] == [first[1]["job_id"]]
+        assert second[0]["lease_token"] != first[1]["lease_token"]
+        # Leased again: the first lease's result is refused now.
+        stale = post_result(c, worker, first[1], ok(7.0)).json()
+        assert stale["accepted"] is False and stale["job_state"] == "leased"
         time.sleep(0.4)
         assert service.queue.reclaim() == {task["id"]}  # second expiry: lost
         with service.db.read() as s:
             states = {j.trial: (j.state, j.attempts) for j in s.scalars(select(JobRow))}
             outcomes = Counter(s.scalars(select(LeaseRow.outcome)).all())
-        lost_trial = second[1]["trial"]
+        lost_trial = second[0]["trial"]
         assert states[lost_trial] == ("lost", 2)
-        assert outcomes == {"expired": 3, "result": 1}
+        assert states[first[0]["trial"]] == ("done", 1)  # (its lease did expire once)
+        assert outcomes == {"expired": 2, "result": 1}
         doc = c.get(f"/v1/tasks/{task['id']}").json()
         assert doc["trials_done"] == 2 and doc["trials_failed"] == 1
         trials = c.get(f"/v1/tasks/{task['id']}/trials").json()["trials"]
