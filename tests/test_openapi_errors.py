@@ -115,3 +115,24 @@ def test_no_route_declaring_the_body_still_gets_it():
     assert not set(STOCK) & set(components)
     for ref in set(_refs(schema)):
         assert ref.removeprefix("#/components/schemas/") in components, ref
+
+
+def test_credentials_and_bodies_document_their_401_and_413(client, spec):
+    """Every route that takes a credential answers 401 without a valid one, and every route
+    that reads a body answers 413 for one over the limit: both were answered and documented
+    nowhere."""
+    for method, path, operation in _operations(spec):
+        responses = operation["responses"]
+        assert ("401" in responses) == bool(operation.get("security")), (method, path)
+        assert ("413" in responses) == ("requestBody" in operation), (method, path)
+    worker_routes = [p for _, p, o in _operations(spec) if "401" in o["responses"]]
+    assert "/v1/jobs/lease" in worker_routes and "/v1/tasks" in worker_routes
+    # The service does answer them on such a route.
+    refused = client.post("/v1/jobs/lease", json={"worker_id": 1, "wait_s": 0})
+    assert refused.status_code == 401, refused.text
+    big = client.post(
+        "/v1/jobs/lease",
+        content=b'{"worker_id": 1, "pad": "' + b"x" * (2 << 20) + b'"}',
+        headers={**WORKER_HEADERS, "Content-Type": "application/json"},
+    )
+    assert big.status_code == 413, big.text

@@ -45,6 +45,8 @@ ERRORS: dict[int | str, dict[str, Any]] = {
 }
 NOT_FOUND: dict[int | str, dict[str, Any]] = {404: {"description": "no such resource"}}
 
+UNAUTHORISED = "no valid credential: a worker token, or an API key where the service has keys"
+TOO_LARGE = "the request body is over the service's limit (PIPETUNE_MAX_BODY_BYTES)"
 _SCHEMAS = "#/components/schemas/"
 # FastAPI's own 422 body ({"detail": [{"loc", "msg", "type"}]}), which it documents for every
 # route with parameters that does not declare a 422 of its own: pipetune never answers it
@@ -56,7 +58,8 @@ def with_project_errors(schema: dict[str, Any]) -> dict[str, Any]:
     """The OpenAPI document `schema` (changed in place) with every 422 described as the
     ValidationErrorBody the service answers, and FastAPI's stock 422 body gone: a route that
     did not declare ERRORS documented a body it never sends, and a client generated from
-    the schema mis-read its every 422."""
+    the schema mis-read its every 422. Also 401 where a route takes a credential and 413
+    where it reads a body."""
     components = schema.setdefault("components", {}).setdefault("schemas", {})
     name = ValidationErrorBody.__name__
     if name not in components:  # (no route declared ERRORS: the body's schema added here)
@@ -71,8 +74,18 @@ def with_project_errors(schema: dict[str, Any]) -> dict[str, Any]:
     for operations in schema.get("paths", {}).values():
         for operation in operations.values():
             responses = operation.get("responses") if isinstance(operation, dict) else None
-            if responses and "422" in responses:
+            if not responses:
+                continue
+            if "422" in responses:
                 responses["422"] = ours
+            # Answered on every route they can happen on, and documented nowhere (a client
+            # generated from the schema had no case for them): derived from the route's own
+            # description, a credential it takes (service/auth.py) and a body it reads
+            # (service/middleware.py's limit).
+            if operation.get("security"):
+                responses.setdefault("401", {"description": UNAUTHORISED})
+            if operation.get("requestBody"):
+                responses.setdefault("413", {"description": TOO_LARGE})
     for stock in _STOCK_422:
         components.pop(stock, None)
     return schema
