@@ -1,4 +1,4 @@
-"""Bad arguments the fuzz review found the library sent on or opened: a server URL with a
+"""Bad arguments the library sent on or opened: a server URL with a
 control character (httpx.InvalidURL at the first request), a task state, GPU, operator or
 strategy the service does not know (its 422 came back as an ApiError, no ValueError), and a
 `db=` naming a file that is not a SQLite database or a directory (LocalDatabaseError, no

@@ -1,4 +1,4 @@
-"""Bad input the fuzz review found the CLI took: `serve --local-workers` without an upper
+"""Bad input the CLI took: `serve --local-workers` without an upper
 bound (100000 started 100000 worker processes), and a server URL with a control character
 or a space (a trailing newline from a file), which passed the URL check and failed inside
 httpx (exit 1). Both are usage errors: one line naming the option, exit 2, nothing started
