@@ -67,6 +67,21 @@ def table_names(url: str) -> set[str]:
         engine.dispose()
 
 
+def row_count(url: str, column: Any) -> int:
+    """How many rows the database at `url` holds of `column`'s table (what a refused write
+    must have left as it was)."""
+    from sqlalchemy import func, select
+
+    from pipetune.service.db import Database
+
+    db = Database(url)
+    try:
+        with db.read() as s:
+            return int(s.scalar(select(func.count(column))) or 0)
+    finally:
+        db.dispose()
+
+
 def metric_value(exposition: str, name: str, **labels: str) -> float | None:
     """The value of one sample of a Prometheus text exposition (None when absent); labels
     match whatever order the exposition writes them in."""

@@ -9,7 +9,7 @@ import json
 from pathlib import Path
 
 import pytest
-from sqlalchemy import func, select
+from service_support import row_count
 from typer.testing import CliRunner
 
 from pipetune.clients.cli.main import app
@@ -21,7 +21,6 @@ from pipetune.model.hardware import get_gpu
 from pipetune.model.space import Space
 from pipetune.model.trials import MeasureResult
 from pipetune.model.workloads import gemm
-from pipetune.service.db import Database
 from pipetune.service.orm import ReferenceOptimumRow, TaskRow
 from pipetune.workers.daemon import gpu as daemon_gpu
 from pipetune.workers.datasets import dataset_from_results, write_t4
@@ -55,15 +54,6 @@ def _one_error_line(result, prefix: str) -> None:  # type: ignore[no-untyped-def
     assert len(lines) == 1 and lines[0].startswith(f"error: {prefix}"), result.stderr
 
 
-def _count(url: str, column) -> int:  # type: ignore[no-untyped-def]
-    db = Database(url)
-    try:
-        with db.read() as s:
-            return int(s.scalar(select(func.count(column))) or 0)
-    finally:
-        db.dispose()
-
-
 # ---- 1: import-optimum takes only an exhaustive sweep -----------------------------------
 
 
@@ -72,7 +62,7 @@ def test_import_optimum_refuses_a_partial_sweep(db_url, tmp_path):
     result = runner.invoke(app, ["db", "import-optimum", str(partial), "--db", db_url])
     assert result.exit_code == 2, result.output
     _one_error_line(result, f"{partial}: not an exhaustive sweep: it holds 5 of the ")
-    assert _count(db_url, ReferenceOptimumRow.gpu) == 0  # nothing written
+    assert row_count(db_url, ReferenceOptimumRow.gpu) == 0  # nothing written
 
     full = _sweep(tmp_path / "full.t4.json.gz")
     result = runner.invoke(app, ["db", "import-optimum", str(full), "--db", db_url])
@@ -98,11 +88,11 @@ def test_importing_the_same_trials_again_answers_with_the_first_task(db_url, tmp
     copy = tmp_path / "renamed.t4.json.gz"
     copy.write_bytes(path.read_bytes())
     assert _import(copy, db_url) == first  # the same document: the first import's task
-    assert _count(db_url, TaskRow.id) == 1
+    assert row_count(db_url, TaskRow.id) == 1
 
     other = _sweep(tmp_path / "other.t4.json.gz", limit=40, scale=1.5)  # other latencies
     assert _import(other, db_url)["id"] != first["id"]
-    assert _count(db_url, TaskRow.id) == 2
+    assert row_count(db_url, TaskRow.id) == 2
 
 
 # ---- 3: serve checks its local workers before it starts ----------------------------------

@@ -12,7 +12,7 @@ import warnings
 from pathlib import Path
 
 import pytest
-from sqlalchemy import func, select
+from service_support import row_count
 from typer.testing import CliRunner
 
 import pipetune
@@ -22,7 +22,6 @@ from pipetune.model.hardware import get_gpu
 from pipetune.model.knobs import ScheduleError
 from pipetune.model.trials import MeasureResult
 from pipetune.model.workloads import gemm
-from pipetune.service.db import Database
 from pipetune.service.orm import JobRow, ReferenceOptimumRow, TaskRow
 from pipetune.workers.datasets import dataset_from_results, summary, write_t4
 
@@ -61,15 +60,6 @@ def _write(path: Path, schedules: list) -> Path:  # type: ignore[type-arg]
     return write_t4(data, path)
 
 
-def _count(url: str, column) -> int:  # type: ignore[no-untyped-def]
-    db = Database(url)
-    try:
-        with db.read() as s:
-            return int(s.scalar(select(func.count(column))) or 0)
-    finally:
-        db.dispose()
-
-
 def _kernels_words(schedule) -> str:  # type: ignore[no-untyped-def]
     """How `pipetune.kernel` refuses the schedule on the A100."""
     with pytest.raises(ScheduleError) as refused:
@@ -96,7 +86,7 @@ def test_import_dataset_refuses_a_record_its_gpu_cannot_run(db_url, tmp_path, ou
     assert lines == [f"error: {path}: record {BAD}'s configuration: {_kernels_words(outside)}"]
     assert "shared memory per block over the limit" in lines[0]
     assert not warned
-    assert _count(db_url, TaskRow.id) == 0 and _count(db_url, JobRow.id) == 0  # nothing
+    assert row_count(db_url, TaskRow.id) == 0 and row_count(db_url, JobRow.id) == 0  # nothing
 
     # The same file without it imports as before (and the model warns of nothing).
     good = _write(tmp_path / "a100.t4.json.gz", valid)
@@ -105,7 +95,7 @@ def test_import_dataset_refuses_a_record_its_gpu_cannot_run(db_url, tmp_path, ou
     doc = json.loads(result.stdout)
     assert doc["trials_done"] == len(valid) and doc["state"] == "done"
     assert not warned
-    assert _count(db_url, TaskRow.id) == 1 and _count(db_url, JobRow.id) == len(valid)
+    assert row_count(db_url, TaskRow.id) == 1 and row_count(db_url, JobRow.id) == len(valid)
 
 
 def test_import_optimum_refuses_a_record_its_gpu_cannot_run(db_url, tmp_path, outside):
@@ -118,12 +108,12 @@ def test_import_optimum_refuses_a_record_its_gpu_cannot_run(db_url, tmp_path, ou
     assert result.exit_code == 2, result.output
     lines = result.stderr.strip().splitlines()
     assert lines == [f"error: {path}: record {BAD}'s configuration: {_kernels_words(outside)}"]
-    assert _count(db_url, ReferenceOptimumRow.gpu) == 0  # no 1 µs optimum of the A100
+    assert row_count(db_url, ReferenceOptimumRow.gpu) == 0  # no 1 µs optimum of the A100
 
     good = _write(tmp_path / "sweep_a100.t4.json.gz", space)
     result, _ = _invoke(["db", "import-optimum", str(good), "--db", db_url])
     assert result.exit_code == 0, result.output
-    assert _count(db_url, ReferenceOptimumRow.gpu) == 1
+    assert row_count(db_url, ReferenceOptimumRow.gpu) == 1
 
 
 def test_dataset_info_counts_the_records_outside_the_gpus_space(tmp_path, outside):
