@@ -49,22 +49,34 @@ def known_revisions() -> list[str]:
 
 
 def current_revision(engine: Engine) -> str | None:
+    return schema_snapshot(engine)[0]
+
+
+def schema_snapshot(engine: Engine) -> tuple[str | None, list[str]]:
+    """The database's revision and its table names (sorted), read in one transaction.
+
+    Read apart, a replica building the same empty database (docker-compose runs `pipetune db
+    upgrade` in each) could commit between the two: the revision read first said none, the
+    tables read second were pipetune's, and the second replica exited 1 calling them
+    "tables of something else". One snapshot (REPEATABLE READ on PostgreSQL, one read
+    transaction on SQLite) sees the upgrade whole or not at all; the tables are read first
+    so that, even without it, seeing them means their revision is committed too."""
     # A read-only transaction: on SQLite a plain one is BEGIN IMMEDIATE (service.db), and a
     # command that only asks the revision queued behind any writer for 30 s, then failed.
-    with engine.execution_options(pipetune_readonly=True).connect() as conn:
-        return MigrationContext.configure(conn).get_current_revision()
+    options: dict = {"pipetune_readonly": True}
+    if engine.dialect.name == "postgresql":
+        options["isolation_level"] = "REPEATABLE READ"
+    with engine.execution_options(**options).connect() as conn, conn.begin():
+        names = sorted(inspect(conn).get_table_names())
+        current = MigrationContext.configure(conn).get_current_revision()
+    return current, names
 
 
-def _table_names(engine: Engine) -> list[str]:
-    with engine.execution_options(pipetune_readonly=True).connect() as conn:
-        return sorted(inspect(conn).get_table_names())
-
-
-def other_tables(engine: Engine) -> list[str]:
-    """The tables of a database with no pipetune revision (sorted): another program's, or
-    pipetune's written without its migrations (Alembic's own table, which a downgrade to
-    base leaves, is not counted)."""
-    return [t for t in _table_names(engine) if t != "alembic_version"]
+def other_tables(names: list[str]) -> list[str]:
+    """Of a database's table names, all but Alembic's own (which a downgrade to base
+    leaves): where it has no pipetune revision, another program's tables, or pipetune's
+    written without its migrations."""
+    return [t for t in names if t != "alembic_version"]
 
 
 # Tables every pipetune schema has held since its first revision: a database at an Alembic
@@ -72,15 +84,22 @@ def other_tables(engine: Engine) -> list[str]:
 PIPETUNE_TABLES = frozenset({"workloads", "tasks", "jobs"})
 
 
-def foreign_schema(engine: Engine, current: str | None) -> list[str]:
-    """The tables of a database at an Alembic revision other than this pipetune's newest that
-    holds none of pipetune's tables (another program's schema), else []. Its revision alone
-    read as "a newer pipetune wrote it", or, where it happened to be one of pipetune's, as a
-    schema behind, whose upgrade then failed."""
-    if current is None or current == head_revision():
+def foreign_schema(current: str | None, names: list[str]) -> list[str]:
+    """The tables of a database at an Alembic revision that holds none of pipetune's tables
+    (another program's schema), else []. Its revision alone read as "a newer pipetune wrote
+    it", or, where it happened to be one of pipetune's, as a schema behind, whose upgrade
+    then failed; where it was pipetune's newest (zero-padded ids are common: 0010), as
+    pipetune's schema damaged, to be restored from a backup over the other program's data."""
+    if current is None:
         return []
-    tables = other_tables(engine)
+    tables = other_tables(names)
     return [] if PIPETUNE_TABLES & set(tables) else tables
+
+
+def unowned_tables(current: str | None, names: list[str]) -> list[str]:
+    """What revision_problem takes as `tables`: without a revision, every table the database
+    holds; at a revision, another program's schema (foreign_schema)."""
+    return other_tables(names) if current is None else foreign_schema(current, names)
 
 
 def missing_columns(engine: Engine) -> list[str]:
@@ -121,15 +140,15 @@ def revision_problem(current: str | None, tables: list[str] | None = None) -> st
     the newest); `tables`: what other_tables found, where `current` is None, or
     foreign_schema, where it is not."""
     head = head_revision()
-    if current == head:
-        return None
-    if tables:
+    if tables:  # (first: another program's schema can be at a revision named as pipetune's)
         shown = ", ".join(tables[:5]) + (", ..." if len(tables) > 5 else "")
         whose = "" if current is None else f", at its own Alembic revision {current},"
         return (
             f"the database holds tables of something else ({shown}){whose} and no pipetune "
             "schema: point --db at an empty database or at one pipetune made"
         )
+    if current == head:
+        return None
     if current is not None and current not in known_revisions():
         return (
             f"the database is at revision {current}, which this pipetune does not know (its "
@@ -189,17 +208,12 @@ def _check_schema(url: str, create_if_empty: bool) -> str:
     head = head_revision()
     engine = make_engine(url, pool_size=1)
     try:
-        current = current_revision(engine)
-        if current == head:
+        current, names = schema_snapshot(engine)
+        tables = unowned_tables(current, names)
+        if current == head and not tables:
             if missing := missing_columns(engine):
                 raise SchemaError(columns_problem(missing, url))
             return head
-        names = _table_names(engine) if current is None else []
-        tables = (
-            [t for t in names if t != "alembic_version"]  # (as other_tables)
-            if current is None
-            else foreign_schema(engine, current)
-        )
         if current is None and create_if_empty and not names:
             upgrade(url)
             return head

@@ -188,11 +188,16 @@ def test_serve_refused_for_a_read_only_database_writes_no_worker_token(tmp_path)
     assert not (tmp_path / "data").exists()
 
 
-@pytest.mark.parametrize("revision", ["ae1027a6acf", "0003"], ids=["unknown", "pipetune's"])
+@pytest.mark.parametrize(
+    "revision",
+    ["ae1027a6acf", "0003", head_revision()],
+    ids=["unknown", "pipetune's", "pipetune's newest"],
+)
 def test_another_programs_alembic_database_is_called_so(empty_url, revision):
     """Its revision alone said "a newer pipetune wrote it; upgrade pipetune" (which would not
     help), or, at a revision of pipetune's own name, "behind: run db upgrade", whose upgrade
-    then failed on a table that is not there."""
+    then failed on a table that is not there; at pipetune's newest (zero-padded ids are
+    common), "lacks workers.id, ...: restore it from a backup", over the other's data."""
     from sqlalchemy import text
     from typer.testing import CliRunner
 

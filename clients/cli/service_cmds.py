@@ -515,18 +515,19 @@ def _schema_state(url: str) -> tuple[str | None, list[str], list[str]]:
     newest, the ORM's columns it lacks (migrate.missing_columns)."""
     from pipetune.service.db import make_engine
     from pipetune.service.migrate import (
-        current_revision,
-        foreign_schema,
         head_revision,
         missing_columns,
-        other_tables,
+        schema_snapshot,
+        unowned_tables,
     )
 
     engine = make_engine(url, pool_size=1)
     try:
-        current = current_revision(engine)
-        tables = other_tables(engine) if current is None else foreign_schema(engine, current)
-        lacking = missing_columns(engine) if current == head_revision() else []
+        current, names = schema_snapshot(engine)
+        tables = unowned_tables(current, names)
+        # (Not of another program's schema at a revision that happens to be pipetune's newest.)
+        at_head = current == head_revision() and not tables
+        lacking = missing_columns(engine) if at_head else []
         return current, tables, lacking
     finally:
         engine.dispose()
@@ -558,7 +559,7 @@ def db_current(
     with _database_errors(url):
         current, tables, lacking = (None, [], []) if missing else _schema_state(url)
     doc = {"database": redact(url), "current": current, "head": head_revision()}
-    doc["up_to_date"] = doc["current"] == doc["head"] and not lacking
+    doc["up_to_date"] = doc["current"] == doc["head"] and not lacking and not tables
     problem = revision_problem(current, tables)
     if lacking:
         # At the newest revision without every column: the revision alone said "up to date"
