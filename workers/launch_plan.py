@@ -55,7 +55,10 @@ class KernelLaunch:
     the function's MaxDynamicSharedMemorySize must be raised first), and the parameters in
     order: buffer names, then scalars by name (int32 unless given as a float), then
     ``trailing`` pointers by name (buffers or tensor maps, as the wgmma kernels take their
-    tensor maps and stream-K workspaces after the scalars)."""
+    tensor maps and stream-K workspaces after the scalars). ``cooperative``: the grid's
+    blocks wait for each other, so all must be resident at once: launched with
+    cuLaunchCooperativeKernel, the driver refuses a grid that cannot be, where a plain
+    launch beside other work on the GPU could hang."""
 
     kernel: str
     grid: tuple[int, int, int]
@@ -64,6 +67,7 @@ class KernelLaunch:
     arguments: tuple[str, ...]
     scalars: dict[str, int | float] = field(default_factory=dict)
     trailing: tuple[str, ...] = ()
+    cooperative: bool = False
 
     def __post_init__(self) -> None:
         if not self.trailing:
@@ -125,6 +129,8 @@ class KernelLaunch:
         }
         if self.trailing:
             doc["trailing"] = list(self.trailing)
+        if self.cooperative:
+            doc["cooperative"] = True
         return doc
 
 

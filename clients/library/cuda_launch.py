@@ -253,19 +253,18 @@ def load_function(device: int, cubin: bytes, config: KernelLaunch) -> Any:
 def launch(
     device: int, function: Any, config: KernelLaunch, pointers: Sequence[int], stream: int
 ) -> None:
-    """One launch on `stream` (0: the legacy default stream), asynchronous as any launch."""
+    """One launch on `stream` (0: the legacy default stream), asynchronous as any launch. A
+    cooperative one (its blocks wait for each other) goes through cuLaunchCooperativeKernel:
+    a plain launch of it beside the caller's other work on the GPU could leave some blocks
+    unscheduled and the rest spinning for ever; the driver refuses such a grid instead."""
     cu = _driver()
     params = KernelParams(config, pointers)
+    shape = (*config.grid, *config.block, config.smem_bytes, cu.CUstream(stream), params.address)
     with _current(device):
-        _check(
-            cu.cuLaunchKernel(
-                function,
-                *config.grid,
-                *config.block,
-                config.smem_bytes,
-                cu.CUstream(stream),
-                params.address,
-                0,
-            ),
-            f"cuLaunchKernel({config.kernel})",
-        )
+        if config.cooperative:
+            _check(
+                cu.cuLaunchCooperativeKernel(function, *shape),
+                f"cuLaunchCooperativeKernel({config.kernel})",
+            )
+            return
+        _check(cu.cuLaunchKernel(function, *shape, 0), f"cuLaunchKernel({config.kernel})")

@@ -87,13 +87,18 @@ def build_key(workload: MemWorkload, schedule: MemSchedule) -> str:
     return variant_of(workload, schedule)[0]
 
 
+def blocks_wait_for_each_other(kernel: MemKernelSource) -> bool:
+    """Fused splitting: a row's blocks spin until all of them have added their partials, so
+    every block of the grid must be resident at once (its launch is cooperative)."""
+    s = kernel.schedule
+    return s.blocks_per_row > 1 and s.split_mode == MODE_FUSED
+
+
 def grid_depends_on_occupancy(kernel: MemKernelSource) -> bool:
     """Whether the grid is sized from the resident blocks of one wave (a wave bound, or
     fused splitting whose blocks wait for each other): a runner then passes the driver's
     occupancy of the loaded kernel to launch_plan, not the model's."""
-    s = kernel.schedule
-    fused = s.blocks_per_row > 1 and s.split_mode == MODE_FUSED
-    return s.max_waves > 0 or fused
+    return kernel.schedule.max_waves > 0 or blocks_wait_for_each_other(kernel)
 
 
 def kernel_name(variant: str, schedule: MemSchedule) -> str:
@@ -272,12 +277,13 @@ def shape_notes(kernel: MemKernelSource, workload: MemWorkload) -> list[str]:
             f"ws holds the partials and counters of {workload.rows} rows: more rows need "
             f"rows x {ws // workload.rows} bytes"
         )
-    if grid_depends_on_occupancy(kernel) and s.split_mode == MODE_FUSED and s.blocks_per_row > 1:
+    if blocks_wait_for_each_other(kernel):
         notes.append(
             f"a row's {s.blocks_per_row} blocks wait for each other: grid = min(rows, "
             f"resident blocks // {s.blocks_per_row}) x {s.blocks_per_row}, every block resident "
-            "at once (cuLaunchCooperativeKernel makes the driver refuse a grid that cannot be, "
-            "where a plain launch beside other work on the GPU could wait forever)"
+            'at once; launch it with cuLaunchCooperativeKernel ("cooperative": true, as '
+            "pipetune.kernel does), which makes the driver refuse a grid that cannot be, "
+            "where a plain launch beside other work on the GPU could wait forever"
         )
     return notes
 
@@ -318,7 +324,18 @@ def launch_plan(
     scalars: dict[str, int | float] = {"rows": workload.rows, "cols": workload.cols, "eps": eps}
     arguments = ("x", p0, p1, "y", "ws", "rows", "cols", "eps")
     block = (kernel.threads, 1, 1)
-    launches = [KernelLaunch(kernel.entries[0], (grid, 1, 1), block, smem, arguments, scalars)]
+    cooperative = blocks_wait_for_each_other(kernel)
+    launches = [
+        KernelLaunch(
+            kernel.entries[0],
+            (grid, 1, 1),
+            block,
+            smem,
+            arguments,
+            scalars,
+            cooperative=cooperative,
+        )
+    ]
     if len(kernel.entries) == 2:
         if isinstance(workload, Reduce):
             grid2 = -(-workload.rows // kernel.threads)

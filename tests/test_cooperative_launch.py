@@ -1,0 +1,96 @@
+"""A kernel whose blocks wait for each other (fused split rows) is launched cooperatively.
+
+Its blocks spin until every block of the row has added its partials, so all must be resident
+at once. pipetune.kernel launched it with a plain cuLaunchKernel: beside the caller's own work
+on other streams some blocks may never be scheduled, and the rest spin for ever. With
+cuLaunchCooperativeKernel the driver refuses a grid that cannot be resident instead. The
+launch JSON says so, for a user's own launcher. (The driver is faked: no GPU here.)
+"""
+
+from __future__ import annotations
+
+import contextlib
+import types
+
+import pytest
+
+from pipetune.clients.library import cuda_launch
+from pipetune.model.hardware import get_gpu
+from pipetune.model.memops.space import MemSchedule
+from pipetune.model.memops.workloads import softmax
+from pipetune.model.space import Space
+from pipetune.model.workloads import gemm
+from pipetune.workers.codegen import generate as generate_gemm
+from pipetune.workers.codegen import launch_plan as gemm_launch_plan
+from pipetune.workers.codegen import stratified_sample
+from pipetune.workers.codegen.memops import generate, launch_plan
+from pipetune.workers.codegen.memops.generator import blocks_wait_for_each_other
+
+FUSED_SPLIT = (softmax(3, 4200), MemSchedule(64, 1, 4, 8, 2, 1, 1))  # 4 blocks a row, fused
+ONE_BLOCK_A_ROW = (softmax(37, 200), MemSchedule(32, 1, 1, 1, 0, 0, 0))
+
+
+def _plan(workload, schedule):
+    return launch_plan(generate(workload, schedule), workload, sm_count=132, blocks_per_sm=4)
+
+
+def test_only_a_fused_split_rows_launch_is_cooperative():
+    kernel = generate(*FUSED_SPLIT)
+    assert blocks_wait_for_each_other(kernel)
+    first = _plan(*FUSED_SPLIT).launches[0]
+    assert first.cooperative and first.as_dict()["cooperative"] is True
+    plain = _plan(*ONE_BLOCK_A_ROW).launches[0]
+    assert not blocks_wait_for_each_other(generate(*ONE_BLOCK_A_ROW))
+    assert not plain.cooperative and "cooperative" not in plain.as_dict()
+
+
+class _FakeDriver:
+    """cuda.bindings.driver's launch calls, recorded; every call succeeds."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[str, tuple]] = []
+        self.CUresult = types.SimpleNamespace(CUDA_SUCCESS=0)
+
+    def CUstream(self, handle: int) -> int:
+        return handle
+
+    def cuLaunchKernel(self, *args):
+        self.calls.append(("cuLaunchKernel", args))
+        return (0,)
+
+    def cuLaunchCooperativeKernel(self, *args):
+        self.calls.append(("cuLaunchCooperativeKernel", args))
+        return (0,)
+
+
+@pytest.fixture
+def driver(monkeypatch: pytest.MonkeyPatch) -> _FakeDriver:
+    fake = _FakeDriver()
+    monkeypatch.setattr(cuda_launch, "_driver", lambda: fake)
+    monkeypatch.setattr(cuda_launch, "_current", lambda device: contextlib.nullcontext())
+    return fake
+
+
+def _launch(config) -> None:
+    pointers = [0x1000 * (i + 1) for i in range(len(config.pointer_arguments))]
+    cuda_launch.launch(0, "function", config, pointers, stream=7)
+
+
+def test_the_library_launches_a_cooperative_kernel_cooperatively(driver):
+    config = _plan(*FUSED_SPLIT).launches[0]
+    _launch(config)
+    [(name, args)] = driver.calls
+    assert name == "cuLaunchCooperativeKernel"
+    # (f, grid x3, block x3, dynamic smem, stream, kernelParams): no `extra` argument
+    assert args[:9] == ("function", *config.grid, *config.block, config.smem_bytes, 7)
+    assert len(args) == 10
+
+
+def test_other_kernels_keep_the_plain_launch(driver):
+    workload = gemm(256, 256, 256)
+    schedule = stratified_sample(Space.enumerate(workload, get_gpu("h100", calibrated=False)), 1)[0]
+    gemm_config = gemm_launch_plan(generate_gemm(workload, schedule), workload).launches[0]
+    for config in (_plan(*ONE_BLOCK_A_ROW).launches[0], gemm_config):
+        _launch(config)
+    assert [name for name, _ in driver.calls] == ["cuLaunchKernel", "cuLaunchKernel"]
+    assert all(len(args) == 11 and args[-1] == 0 for _, args in driver.calls)  # extra = NULL
