@@ -12,6 +12,7 @@ PIPETUNE_SERVER) the local database is read directly. See clients/library/export
 
 from __future__ import annotations
 
+import shlex
 from pathlib import Path
 
 import typer
@@ -28,6 +29,7 @@ from pipetune.clients.cli.remote import (
     service_errors,
 )
 from pipetune.clients.library.labels import SIMULATED_LABEL
+from pipetune.model.errors import InvalidArgumentError
 from pipetune.model.hardware import gpu_keys, resolve_gpu_key
 
 FORMATS = ("t4",)
@@ -35,7 +37,7 @@ MODES = "give --gpu and --out-dir (tuned kernels) or --task, --format t4 and --o
 
 
 def _check_modes(
-    gpu: str | None, out_dir: Path | None, task: int | None, fmt: str | None, out: Path | None
+    gpu: str | None, out_dir: str | None, task: int | None, fmt: str | None, out: Path | None
 ) -> None:
     if task is not None:
         if gpu is not None or out_dir is not None:
@@ -50,7 +52,16 @@ def _check_modes(
         raise CliError(f"--out and --format go with --task; {MODES}", 2)
     if gpu is None or out_dir is None:
         raise CliError(MODES, 2)
-    check_output_dir(out_dir, "--out-dir")
+    if not out_dir:
+        # Taken as a Path, "" was "." (an unset shell variable exported into the current
+        # folder and removed the files an index.json there listed).
+        raise CliError("--out-dir: empty: give the folder to export to ('.' for this one)", 2)
+    check_output_dir(Path(out_dir), "--out-dir")
+
+
+def _out_dir_refused(exc: InvalidArgumentError) -> CliError:
+    """The library's refusal of the folder, in the option's name (exit 2, bad input)."""
+    return CliError(f"--out-dir: {exc.reason}", 2)
 
 
 def _files_cell(row: dict) -> str:
@@ -70,9 +81,10 @@ def _print_index(index: dict, out_dir: Path) -> None:
     # Said on screen, not only in index.json: a tuned workload missing from the export
     # without a word reads as one that was never tuned.
     for left in index["not_exported"]:
+        # (no schedule where every trial of the workload failed)
+        schedule = f" ({left['schedule_id']})" if left["schedule_id"] else ""
         stderr_console.print(
-            f"not exported: {left['label']} ({left['schedule_id']}): {left['reason']}",
-            markup=False,
+            f"not exported: {left['label']}{schedule}: {left['reason']}", markup=False
         )
     if not rows:
         what = "no kernel to export" if index["not_exported"] else "no workload tuned"
@@ -99,7 +111,8 @@ def _print_index(index: dict, out_dir: Path) -> None:
         )
     console.print(table)
     console.print(f"header {out_dir / index['header']}, index {out_dir / 'index.json'}")
-    console.print(f"build them: cd {out_dir} && {index['nvcc']}")
+    # Quoted for the shell: pasted, a folder with a space was `cd: too many arguments`.
+    console.print(f"build them: cd {shlex.quote(str(out_dir))} && {index['nvcc']}")
     if index["simulated"]:
         console.print(f"runner simulated: those latencies are {SIMULATED_LABEL}")
 
@@ -109,10 +122,13 @@ def export(
     gpu: str | None = typer.Option(
         None, "--gpu", help=f"export every workload tuned on this GPU: {', '.join(gpu_keys())}"
     ),
-    out_dir: Path | None = typer.Option(
+    # A str, not a Path: Path("") is Path("."), and an empty --out-dir must be refused.
+    out_dir: str | None = typer.Option(
         None,
         "--out-dir",
-        help="where the kernels go (an earlier export there is replaced; other files stay)",
+        metavar="DIR",
+        help="where the kernels go (an earlier export there is replaced, other files stay; "
+        "a folder whose index.json no export wrote is refused)",
     ),
     task: int | None = typer.Option(None, "--task", help="export this task's trials"),
     fmt: str | None = typer.Option(None, "--format", help="the trials' format: t4"),
@@ -126,6 +142,14 @@ def export(
     index.json), or a task's trials as a T4 file."""
     _check_modes(gpu, out_dir, task, fmt, out)
     from pipetune.clients.library import exports  # NVRTC, SQLAlchemy: only when exporting
+
+    if out_dir is not None:
+        # What the folder holds (a foreign index.json, a folder where a file goes), before
+        # the database or the service is read.
+        try:
+            exports.check_export_dir(out_dir)
+        except InvalidArgumentError as exc:
+            raise _out_dir_refused(exc) from None
 
     if task is not None and out is not None:
         with service_errors(), reader(server, api_key, db) as c:
@@ -144,11 +168,16 @@ def export(
     assert gpu is not None and out_dir is not None  # _check_modes
     key = resolve_gpu_key(gpu)
     with service_errors(), reader(server, api_key, db) as c:
-        index = exports.export_tuned(c, key, out_dir)
+        try:
+            index = exports.export_tuned(c, key, out_dir)
+        except InvalidArgumentError as exc:
+            if exc.argument != "out_dir":
+                raise
+            raise _out_dir_refused(exc) from None  # (a kernel's file name: a folder there)
     if as_json:
         print_json(index)
     else:
-        _print_index(index, out_dir)
+        _print_index(index, Path(out_dir))
 
 
 def register(app: typer.Typer) -> None:

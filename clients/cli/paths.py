@@ -16,7 +16,8 @@ from pipetune.clients.cli.errors import CliError, one_line
 
 
 def _nearest_existing(folder: Path) -> Path | None:
-    return next((p for p in (folder, *folder.parents) if p.exists()), None)
+    # A link to nothing is there too (exists() is False for it): mkdir fails on it.
+    return next((p for p in (folder, *folder.parents) if p.exists() or p.is_symlink()), None)
 
 
 def _check_writable(folder: Path, option: str) -> None:
@@ -32,6 +33,13 @@ def _check_creatable(folder: Path, option: str) -> None:
     directory (mkdir under a file fails with NotADirectoryError only after the work) that
     this user may write in."""
     found = _nearest_existing(folder)
+    if found is not None and found.is_symlink() and not found.exists():
+        # mkdir failed with FileExistsError, after the work, through the unexpected-error path.
+        raise CliError(
+            f"{option}: {found} is a broken symbolic link (to {os.readlink(found)}, "
+            "which does not exist)",
+            2,
+        )
     if found is not None and not found.is_dir():
         raise CliError(f"{option}: {found} is not a directory", 2)
     if found is not None:

@@ -24,20 +24,26 @@ into one program (each .cu is a translation unit of its own: two in one file red
 `namespace pt`). Every family's kernels are exported (`pipetune.kernel` wraps them all: the
 tensor-core GEMMs, the memory-intensive operators and the Hopper wgmma GEMMs); a tuned
 workload whose kernel cannot be made any more (its measured schedule no longer plans, e.g.
-after a generator change) is listed in index.json's ``not_exported`` with the reason.
+after a generator change), or whose tasks ended with every trial failed, is listed in
+index.json's ``not_exported`` with the reason (``schedule_id`` null for the latter).
 Exporting into the folder of an earlier export replaces it: the kernel files its index.json
 listed and the new export does not write are removed (the folder's other files are left
-alone). A task's trials (`export_task_t4`, any family): a T4
-results file (workers.datasets), which `pipetune dataset info`, `pipetune bench tuner` and
-Kernel Tuner's T4 tools read. Every file is written whole or not at all (a temporary file
-renamed into place). Latencies of the simulated runner are labelled so in index.json, the
-launch files and the header.
+alone). A folder whose index.json no pipetune export wrote is refused, as is a folder, a
+device or a broken link where the export writes (check_export_dir), before any kernel is
+compiled. Every cubin is compiled before the folder is made and the files written, all of
+them or none (a failed or interrupted export leaves no trace, no new empty folder either).
+A task's trials (`export_task_t4`, any family): a T4 results file (workers.datasets), which
+`pipetune dataset info`, `pipetune bench tuner` and Kernel Tuner's T4 tools read. Every file
+is written whole or not at all (a temporary file renamed into place). Latencies of the
+simulated runner are labelled so in index.json, the launch files and the header.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import re
+import stat
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -47,12 +53,12 @@ from pipetune.clients.library.inputs import as_gpu
 from pipetune.clients.library.kernel import TunedKernel
 from pipetune.clients.library.labels import SIMULATED_LABEL, any_simulated, is_simulated
 from pipetune.clients.library.store import Reader, all_tasks, source_of
-from pipetune.model.errors import PipetuneError
+from pipetune.model.errors import InvalidArgumentError, InvalidArgumentTypeError, PipetuneError
 from pipetune.model.family import family_of, parse_any_workload
 from pipetune.model.hardware import get_gpu
 from pipetune.model.states import JobState, TaskState
 from pipetune.model.trials import MeasureResult
-from pipetune.model.wire import ScheduleResponse, TrialDoc
+from pipetune.model.wire import ScheduleResponse, TaskDoc, TrialDoc
 from pipetune.workers.datasets import Dataset, dataset_from_results, write_t4
 from pipetune.workers.datasets.files import write_all_atomic
 from pipetune.workers.datasets.pipetune import t4_timestamp
@@ -74,14 +80,37 @@ def stem_of(workload: Any) -> str:
     return f"{words}_{workload.workload_hash[:8]}"
 
 
-def tuned_workloads(reader: Reader, gpu: str) -> list[Any]:
-    """Every workload with a successful trial on the GPU (any family), in label order."""
+def tuned_workloads(reader: Reader, gpu: str, tasks: list[TaskDoc] | None = None) -> list[Any]:
+    """Every workload with a successful trial on the GPU (any family), in label order
+    (`tasks`: every task of the reader's, where the caller read them already)."""
     found: dict[str, Any] = {}
-    for task in all_tasks(reader):
+    for task in all_tasks(reader) if tasks is None else tasks:
         if task.gpu == gpu and task.best is not None:
             workload = parse_any_workload(task.workload)
             found.setdefault(workload.workload_hash, workload)
     return sorted(found.values(), key=lambda w: (w.label(), w.workload_hash))
+
+
+def failed_workloads(
+    reader: Reader, gpu: str, tasks: list[TaskDoc] | None = None
+) -> list[tuple[Any, int]]:
+    """Every workload tuned on the GPU whose tasks ended with trials but no successful one
+    (each failed), with its failed trials counted over those tasks, in label order. A task
+    still running may yet succeed, and one that ended before any trial was never tuned."""
+    failed: dict[str, tuple[Any, int]] = {}
+    succeeded: set[str] = set()
+    for task in all_tasks(reader) if tasks is None else tasks:
+        if task.gpu != gpu:
+            continue
+        workload = parse_any_workload(task.workload)
+        key = workload.workload_hash
+        if task.best is not None:
+            succeeded.add(key)
+        elif TaskState(task.state).is_final() and task.trials_failed > 0:
+            _, count = failed.get(key, (workload, 0))
+            failed[key] = (workload, count + task.trials_failed)
+    left = [pair for key, pair in failed.items() if key not in succeeded]
+    return sorted(left, key=lambda pair: (pair[0].label(), pair[0].workload_hash))
 
 
 @dataclass(frozen=True)
@@ -213,22 +242,138 @@ def _header(gpu: str, arch: str, source: str, exported: list[Exported]) -> str:
     return "\n".join(lines)
 
 
-def _previous_export_files(out_dir: Path) -> set[str]:
-    """The kernel files the export already in `out_dir` (its index.json) listed: plain file
-    names in the folder only, so that an index.json edited by hand cannot name a file outside
-    it. Nothing where there is no readable index."""
+def is_export_index(document: Any) -> bool:
+    """An index.json that a pipetune export wrote: the fields every one has had since the
+    first export (the version, the GPU, the header's name, the list of workloads)."""
+    return (
+        isinstance(document, dict)
+        and isinstance(document.get("pipetune"), str)
+        and isinstance(document.get("gpu"), str)
+        and document.get("header") == HEADER_NAME
+        and isinstance(document.get("workloads"), list)
+    )
+
+
+def _out_dir_error(reason: str) -> InvalidArgumentError:
+    return InvalidArgumentError("out_dir", reason)
+
+
+def _as_out_dir(out_dir: str | os.PathLike[str]) -> Path:
+    """The folder argument as a Path. An empty one is refused: Path("") is Path("."), and the
+    export went into the current folder (deleting the files an index.json there listed)."""
+    if not isinstance(out_dir, (str, os.PathLike)):
+        raise InvalidArgumentTypeError(
+            "out_dir", f"expected a folder's path, got {type(out_dir).__name__}"
+        )
+    if not os.fspath(out_dir):
+        raise _out_dir_error("empty: give the folder to export to ('.' for the current one)")
+    return Path(out_dir)  # (a str was an AttributeError at its mkdir)
+
+
+def _check_file_target(path: Path) -> None:
+    """A name the export writes a file at holds a regular file (or a link to one) or
+    nothing: a folder there failed the rename only after every kernel was compiled, and a
+    device or a FIFO would be replaced by a file."""
     try:
-        index = json.loads((out_dir / INDEX_NAME).read_text())
-        entries = index.get("workloads", []) if isinstance(index, dict) else []
-        names = [
-            name
-            for entry in entries
-            if isinstance(entry, dict) and isinstance(entry.get("files"), dict)
-            for name in entry["files"].values()
-        ]
-    except (OSError, ValueError):  # no index, unreadable, not JSON
+        mode = path.stat().st_mode
+    except (FileNotFoundError, NotADirectoryError):
+        return  # nothing there (or a link to nothing: written through, as any write)
+    if stat.S_ISDIR(mode):
+        raise _out_dir_error(f"{path} is a directory, where the export writes a file")
+    if not stat.S_ISREG(mode):
+        raise _out_dir_error(f"{path} is not a regular file, where the export writes one")
+
+
+def _check_folder(out_dir: Path) -> None:
+    """The folder exists as a directory or can be made: the first of it and its parents
+    that is there is a directory. A link to nothing failed mkdir with FileExistsError
+    (exists() is False for it, so nothing had noticed), a file NotADirectoryError, both
+    only after every kernel was compiled."""
+    for path in (out_dir, *out_dir.parents):
+        if path.is_symlink() and not path.exists():
+            raise _out_dir_error(
+                f"{path} is a broken symbolic link (to {os.readlink(path)}, which does not exist)"
+            )
+        if path.exists():
+            if not path.is_dir():
+                raise _out_dir_error(f"{path} is not a directory")
+            return
+
+
+def check_export_dir(out_dir: str | os.PathLike[str]) -> set[str]:
+    """Refuse, before any kernel is compiled, a folder the export cannot write or must not
+    overwrite (InvalidArgumentError naming `out_dir`): empty, a broken link, a file, a
+    folder or a device where index.json or the header goes, or an index.json that no
+    pipetune export wrote (its files would be deleted and it replaced: the folder is someone
+    else's). Returns the kernel files the earlier export there listed (see export_tuned)."""
+    out_dir = _as_out_dir(out_dir)
+    _check_folder(out_dir)
+    _check_file_target(out_dir / HEADER_NAME)
+    index_path = out_dir / INDEX_NAME
+    _check_file_target(index_path)
+    if not index_path.exists():
         return set()
+    try:
+        index = json.loads(index_path.read_bytes())
+    except OSError as exc:
+        raise _out_dir_error(
+            f"{index_path} cannot be read ({exc.strerror or exc}): whether an earlier export "
+            "wrote it is unknown"
+        ) from None
+    except ValueError:  # not JSON (nor a partial index: ours is written whole or not at all)
+        index = None
+    if not is_export_index(index):
+        raise _out_dir_error(
+            f"{index_path} is not a pipetune export's index: the folder is not an earlier "
+            "export's; give another folder, or remove that file"
+        )
+    return _previous_export_files(index)
+
+
+def _previous_export_files(index: dict[str, Any]) -> set[str]:
+    """The kernel files an earlier export's index listed: plain file names in the folder
+    only, so that an index.json edited by hand cannot name a file outside it."""
+    names = [
+        name
+        for entry in index["workloads"]
+        if isinstance(entry, dict) and isinstance(entry.get("files"), dict)
+        for name in entry["files"].values()
+    ]
     return {n for n in names if isinstance(n, str) and n and Path(n).name == n and n[0] != "."}
+
+
+def _share_kernels(
+    candidates: list[tuple[int, Any, ScheduleResponse, TunedKernel]],
+) -> list[Exported]:
+    """Each candidate as exported: a kernel's name is its source (the family's variant and
+    the schedule; the shape is arguments), so two workloads tuned to one kernel share the
+    first one's .cu and cubin and every .cu of an export builds into one program (the same
+    extern "C" kernel defined in two files was a duplicate symbol at link time)."""
+    kernel_stems: dict[tuple[str, str], str] = {}  # (kernel, source) -> the first stem
+    exported: list[Exported] = []
+    for _, workload, best, kernel in candidates:
+        stem = stem_of(workload)
+        first = kernel_stems.setdefault((kernel.name, kernel.source), stem)
+        exported.append(Exported(stem, kernel, best, None if first == stem else first))
+    return exported
+
+
+def _check_kernel_targets(out_dir: Path, exported: list[Exported]) -> None:
+    for item in exported:
+        for name in item.entry()["files"].values():
+            _check_file_target(out_dir / name)
+
+
+def _make_folder(out_dir: Path) -> list[Path]:
+    """mkdir -p, returning the folders it made, deepest first (removed again where the
+    writes fail: a failed export leaves no trace)."""
+    made = []
+    for path in (out_dir, *out_dir.parents):
+        if path.exists():
+            break
+        made.append(path)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    return made
 
 
 def build_command(gpu_arch: str, kernel_arches: list[str]) -> str:
@@ -242,29 +387,30 @@ def build_command(gpu_arch: str, kernel_arches: list[str]) -> str:
     return f"nvcc -c -std=c++17 -arch={target} *.cu"
 
 
-def export_tuned(reader: Reader, gpu: str, out_dir: str | Path) -> dict[str, Any]:
+def export_tuned(reader: Reader, gpu: str, out_dir: str | os.PathLike[str]) -> dict[str, Any]:
     """Write every tuned workload's kernel on `gpu` into `out_dir` (see the module
-    docstring); returns the index document."""
+    docstring); returns the index document. A folder that cannot take the export (see
+    check_export_dir) is refused before anything is compiled; nothing is written, and no
+    folder made, until every kernel has compiled."""
     gpu = as_gpu(gpu)
-    out_dir = Path(out_dir)  # (a str was an AttributeError at its mkdir)
+    previous = check_export_dir(out_dir)
+    out_dir = Path(out_dir)
     arch = get_gpu(gpu).arch
-    exported: list[Exported] = []
-    kernel_stems: dict[tuple[str, str], str] = {}  # (kernel, source) -> the first stem
-    not_exported: list[dict[str, Any]] = []
-    for workload in tuned_workloads(reader, gpu):
+    tasks = all_tasks(reader)
+    # (the workload's place in label order, workload, its best answer, its kernel)
+    candidates: list[tuple[int, Any, ScheduleResponse, TunedKernel]] = []
+    # (the workload's place in label order, its entry): listed in label order at the end.
+    not_exported: list[tuple[int, dict[str, Any]]] = []
+    for place, workload in enumerate(tuned_workloads(reader, gpu, tasks)):
         best = reader.best_schedule(workload, gpu)
         if best.source != "measured":
             # No trial to export: its successes were deleted meanwhile, or each failed on
             # the GPU elsewhere (the service never answers a schedule that failed there).
-            not_exported.append(
-                {
-                    "workload": workload.canonical(),
-                    "label": workload.label(),
-                    "schedule_id": best.schedule_id,
-                    "reason": f"no trial of it to export: the answer is the {best.source}'s "
-                    "pick (every success it had failed on the GPU, or was deleted)",
-                }
+            reason = (
+                f"no trial of it to export: the answer is the {best.source}'s pick (every "
+                "success it had failed on the GPU, or was deleted)"
             )
+            not_exported.append((place, _not_exported(workload, best.schedule_id, reason)))
             continue
         try:
             kernel = TunedKernel(
@@ -276,29 +422,30 @@ def export_tuned(reader: Reader, gpu: str, out_dir: str | Path) -> dict[str, Any
                 latency_us=best.latency_us,
                 validate=False,
             )
-            kernel.size_grid_for_cubin()
         except ValueError as exc:  # ScheduleError, or a plan that no longer fits the GPU
-            not_exported.append(
-                {
-                    "workload": workload.canonical(),
-                    "label": workload.label(),
-                    "schedule_id": best.schedule_id,
-                    "reason": f"{type(exc).__name__}: {exc}",
-                }
-            )
+            reason = f"{type(exc).__name__}: {exc}"
+            not_exported.append((place, _not_exported(workload, best.schedule_id, reason)))
             continue
-        # A kernel's name is its source (the family's variant and the schedule; the shape is
-        # arguments): two workloads tuned to one kernel share its .cu and cubin, so that every
-        # .cu of an export builds into one program (the same extern "C" kernel defined in two
-        # files was a duplicate symbol at link time).
-        stem = stem_of(workload)
-        first = kernel_stems.setdefault((kernel.name, kernel.source), stem)
-        exported.append(Exported(stem, kernel, best, None if first == stem else first))
-    out_dir.mkdir(parents=True, exist_ok=True)
-    previous = _previous_export_files(out_dir)
-    # Every file made before any is written, then all written or none (write_all_atomic): a
-    # kernel whose compile failed part-way through left the kernels before it written beside
-    # the earlier export's index, a folder that was neither export.
+        candidates.append((place, workload, best, kernel))
+    # Every name a kernel's files take, checked before the first compile (a folder at one
+    # of them failed the write after every kernel had compiled).
+    _check_kernel_targets(out_dir, _share_kernels(candidates))
+    kept: list[tuple[int, Any, ScheduleResponse, TunedKernel]] = []
+    for place, workload, best, kernel in candidates:
+        try:
+            kernel.size_grid_for_cubin()  # (compiles the kernel where its grid needs it)
+        except ValueError as exc:  # the cubin's occupancy leaves a row's blocks no wave
+            reason = f"{type(exc).__name__}: {exc}"
+            not_exported.append((place, _not_exported(workload, best.schedule_id, reason)))
+            continue
+        kept.append((place, workload, best, kernel))
+    exported = _share_kernels(kept)
+    if len(kept) < len(candidates):  # a first kernel left out: another workload's files now
+        _check_kernel_targets(out_dir, exported)
+    # Every file made (every cubin compiled) before the folder is made or any file written,
+    # then all written or none (write_all_atomic): a kernel whose compile failed part-way
+    # through left the kernels before it written beside the earlier export's index, a folder
+    # that was neither export, and an interrupted export into a new folder left it empty.
     out: list[tuple[Path, bytes]] = []
     for item in exported:
         files = item.entry()["files"]
@@ -312,6 +459,13 @@ def export_tuned(reader: Reader, gpu: str, out_dir: str | Path) -> dict[str, Any
     source = source_of(reader)
     entries = [item.entry() for item in exported]
     out.append((out_dir / HEADER_NAME, _header(gpu, arch, source, exported).encode()))
+    # A workload whose every trial failed is tuned as much as one with a success: left out
+    # without a word, it read as one never tuned (tuned_workloads keeps successes only).
+    labelled = [entry for _, entry in sorted(not_exported, key=lambda pair: pair[0])]
+    labelled += [
+        _not_exported(workload, None, f"no successful trial ({count} failed)")
+        for workload, count in failed_workloads(reader, gpu, tasks)
+    ]
     index = {
         "pipetune": pipetune.__version__,
         "gpu": gpu,
@@ -321,10 +475,19 @@ def export_tuned(reader: Reader, gpu: str, out_dir: str | Path) -> dict[str, Any
         "header": HEADER_NAME,
         "simulated": any_simulated(item.best.runner for item in exported),
         "workloads": entries,
-        "not_exported": not_exported,
+        "not_exported": labelled,
     }
     out.append((out_dir / INDEX_NAME, (json.dumps(index, indent=2) + "\n").encode()))
-    write_all_atomic(out)
+    made = _make_folder(out_dir)
+    try:
+        write_all_atomic(out)
+    except BaseException:
+        for folder in made:  # deepest first; a folder something else wrote in stays
+            try:
+                folder.rmdir()
+            except OSError:
+                break
+        raise
     # An export into the folder of an earlier one (another GPU's, or before a workload's
     # tasks were deleted) replaces it: the earlier kernels this one does not write would
     # otherwise stay beside the new index, and a build that globs *.cubin would link them.
@@ -334,6 +497,17 @@ def export_tuned(reader: Reader, gpu: str, out_dir: str | Path) -> dict[str, Any
     for name in sorted(previous - written):
         (out_dir / name).unlink(missing_ok=True)
     return index
+
+
+def _not_exported(workload: Any, schedule_id: str | None, reason: str) -> dict[str, Any]:
+    """index.json's entry for a tuned workload left out (schedule_id None: no schedule of
+    it to name, every trial failed)."""
+    return {
+        "workload": workload.canonical(),
+        "label": workload.label(),
+        "schedule_id": schedule_id,
+        "reason": reason,
+    }
 
 
 def _trial_result(trial: TrialDoc) -> MeasureResult | None:

@@ -14,8 +14,9 @@ comes from the workload's family's code generator (workers.families.codegen_for)
 shape, dtype and role, and the launches in order), made with the same arguments as the
 runners' ``trial_spec`` (the GPU's SMs, the model's resident blocks per SM), so what a caller
 launches is what the cupy runner timed. The arrays a call takes are the plan's inputs, then
-its outputs; a workspace (split rows' partials and counters) is the kernel object's own, and
-so is a TMA tensor map (the wgmma kernels'), encoded from the call's operand addresses.
+its outputs; a workspace (split rows' partials and counters, a stream-K GEMM's partial sums
+and tile counters) is the kernel object's own, and so is a TMA tensor map (the wgmma
+kernels'), encoded from the call's operand addresses.
 The cubin is NVRTC's through the compile cache (workers.compile). Only `__call__`'s launch
 needs a GPU.
 """
@@ -47,6 +48,7 @@ from pipetune.model.errors import InvalidArgumentError
 from pipetune.model.family import family_of
 from pipetune.model.hardware import DEFAULT_GPU, get_gpu
 from pipetune.model.knobs import ScheduleError
+from pipetune.model.memops.space import workspace_bytes
 from pipetune.model.memops.workloads import MemWorkload
 from pipetune.model.occupancy import blocks_per_sm
 from pipetune.model.wire import ScheduleResponse
@@ -159,9 +161,10 @@ class TunedKernel:
     @property
     def workspace(self) -> tuple[Buffer, ...]:
         """Device memory the launches need besides the arrays a caller passes: zeroed once
-        before the first launch (the kernels return its row counters to zero; the partial
-        results they leave are written before they are read). A call allocates it itself,
-        one per (device, stream); empty for the GEMMs."""
+        before the first launch (the kernels return its counters to zero, a split row's or a
+        stream-K tile's; the partial results they leave are written before they are read).
+        A call allocates it itself, one per (device, stream); empty for the GEMMs but the
+        stream-K one."""
         return self.plan.of_role("workspace")
 
     @property
@@ -204,6 +207,43 @@ class TunedKernel:
             for name in names
         )
 
+    def _workspace_note(self, ws: Buffer) -> str:
+        """What a workspace holds and what the kernels leave in it, per kernel kind: the
+        note was the split rows' for every workspace, and said of a stream-K GEMM's W (float
+        partial sums, no counter) that the kernels return its row counters to zero."""
+        size = f"{ws.name}: a workspace of {ws.nbytes} bytes ({ws.dtype})"
+        reuse = (
+            "so it is reused as is, by one stream at a time (pipetune.kernel keeps one per stream)"
+        )
+        if isinstance(self.workload, MemWorkload):
+            # workers/codegen/memops: a partial per (row, block), then two counters per row.
+            if not workspace_bytes(self.schedule.knob_arrays(), self.workload).any():
+                return (
+                    f"{size}: not used by this schedule (its rows are not split); any device "
+                    "buffer of that size will do"
+                )
+            return (
+                f"{size}, the caller allocates and zeroes once before the first launch: "
+                "split rows' partial results and two counters per row; the counters are "
+                "back at zero when a run ends and each partial is written before it is read, "
+                + reuse
+            )
+        if ws.name == "arrivals":  # workers/codegen/wgmma: the stream-K GEMM's
+            return (
+                f"{size}, the caller allocates and zeroes once before the first launch: an "
+                "arrival counter per output tile; of the blocks that share a tile, the last "
+                "to arrive sums it and returns its counter to zero, " + reuse
+            )
+        if ws.name == "W":
+            return (
+                f"{size}, the caller allocates once (zeroing it is harmless, not needed): "
+                "the float partial sums of the output tiles several blocks share (two partial "
+                "tiles per block); each block writes its own before the tile's last block "
+                "reads them, and nothing in it is read in a later launch, " + reuse
+            )
+        # A workspace of a kind not described here: the safe use.
+        return f"{size}: zero it before every launch, and give each launch its own"
+
     def _notes(self) -> list[str]:
         """How to launch from the document alone, written from the plan."""
         first = self.launch
@@ -224,14 +264,7 @@ class TunedKernel:
                 "one run is every entry of `launches`, in order on one stream (the top-level "
                 "kernel, grid, block and dynamic_smem_bytes are the first)"
             )
-        for ws in self.workspace:
-            notes.append(
-                f"{ws.name}: a workspace of {ws.nbytes} bytes ({ws.dtype}) the caller "
-                "allocates and zeroes once before the first launch; the kernels return its "
-                "row counters to zero (the partial results left in it are overwritten before "
-                "they are read), so it is reused as is, by one stream at a time (pipetune.kernel "
-                "keeps one per stream)"
-            )
+        notes += [self._workspace_note(ws) for ws in self.workspace]
         for tm in self.plan.tensor_maps:
             notes.append(
                 f"{tm.name}: the 128-byte TMA tensor map of {tm.operand} in device memory, "
@@ -344,8 +377,9 @@ class TunedKernel:
 
     def _workspace_addresses(self, device: int, stream: int, plan: LaunchPlan) -> dict[str, int]:
         """The plan's workspaces on `device` for `stream`, allocated and zeroed on first
-        use. One per stream: the kernels return a workspace's counters to zero when they finish, so
-        launches in order may share it, launches on two streams at once may not."""
+        use. One per stream: the kernels return a workspace's counters to zero when they
+        finish (and write its partials before they read them), so launches in order may
+        share it, launches on two streams at once may not."""
         addresses: dict[str, int] = {}
         for ws in plan.of_role("workspace"):
             key = (device, stream, ws.name, ws.nbytes)
