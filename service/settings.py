@@ -29,7 +29,9 @@ Every duration is at most a week (model.wire.MAX_SECONDS).
 from __future__ import annotations
 
 import hashlib
+import os
 import re
+import sqlite3
 from pathlib import Path
 from typing import Annotated
 from urllib.parse import unquote, urlsplit
@@ -49,8 +51,6 @@ MAX_POOL_SIZE = 1000  # connections per pool (PostgreSQL's max_connections bound
 DATABASE_BACKENDS = ("sqlite", "postgresql")
 DATABASE_URL_FORMS = "sqlite:///PATH or postgresql+psycopg://USER@HOST/DB"
 MAX_PORT = 65535
-# The first bytes of every SQLite 3 database file (sqlite.org/fileformat.html).
-SQLITE_HEADER = b"SQLite format 3\x00"
 
 
 class SettingsError(PipetuneError, ValueError):
@@ -142,15 +142,35 @@ def database_file_problem(url: str) -> str | None:
         return None
     if path.is_dir():
         return f"{path} is a directory, not a database file"
-    try:
-        with path.open("rb") as f:
-            head = f.read(len(SQLITE_HEADER))
-    except OSError as exc:
-        return f"cannot read {path} ({exc.strerror or exc})"
-    # An empty file is what sqlite3 itself leaves on a first connect: an empty database.
-    if head and head != SQLITE_HEADER:
+    if not os.access(path, os.R_OK):
+        return f"cannot read {path} (Permission denied)"
+    if _sqlite_says_not_a_database(path):
         return f"{path} is not a SQLite database file"
     return None
+
+
+def _sqlite_says_not_a_database(path: Path) -> bool:
+    """Whether SQLite finds no database in the file (an empty one is an empty database).
+
+    Asked of SQLite, not read with open(): closing any descriptor of a file drops every
+    POSIX lock this process holds on it, SQLite's for its open connections included (SQLite's
+    "How To Corrupt", 2.2). The library checks the file before every call, so one thread's
+    check dropped another thread's locks, another process took the database as unused, reset
+    its write-ahead log, and committed tunings were lost. SQLite keeps a descriptor of a file
+    its connections lock open until the locks go. Any other failure (busy, no -shm in a
+    read-only folder) is left to the connection that follows, which says what it is."""
+    uri = f"{path.resolve().as_uri()}?mode=ro"
+    try:
+        conn = sqlite3.connect(uri, uri=True, timeout=0)
+    except sqlite3.Error:
+        return False
+    try:
+        conn.execute("PRAGMA schema_version").fetchone()
+    except sqlite3.Error as exc:
+        return getattr(exc, "sqlite_errorcode", None) == sqlite3.SQLITE_NOTADB
+    finally:
+        conn.close()
+    return False
 
 
 def validated_settings(**overrides: object) -> Settings:
