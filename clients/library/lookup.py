@@ -11,9 +11,15 @@ exist (`learned_from` names them), else the analytical model's. The answer says 
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from pipetune.clients.library.inputs import WorkloadLike, as_gpu, as_workload
+from pipetune.lazy import load_module
 from pipetune.model.errors import InvalidArgumentError
 from pipetune.model.wire import ScheduleResponse
+
+if TYPE_CHECKING:
+    from pipetune.clients.library.store import LocalStore
 
 
 def best_schedule(
@@ -51,12 +57,13 @@ def best_schedule(
         with Client(server, api_key=api_key) as client:
             return client.best_schedule(w, key)
     try:
-        from pipetune.clients.library.store import LocalStore
+        # (through load_module: a tuning starting in another thread imports SQLAlchemy too)
+        local_store: type[LocalStore] = load_module("pipetune.clients.library.store").LocalStore
     except ImportError as exc:  # a GPU machine with pipetune's kernel parts only
         raise ImportError(
             f"reading the local database needs pipetune's service dependencies ({exc.name} "
             "is missing): pass server=..., or give the schedule yourself"
         ) from exc
 
-    with LocalStore(db) as store:
+    with local_store(db) as store:
         return store.best_schedule(w, key)

@@ -19,7 +19,6 @@ module on first use.
 
 from __future__ import annotations
 
-import importlib
 from importlib.metadata import version as _version
 from typing import TYPE_CHECKING, Any
 
@@ -90,7 +89,9 @@ def __getattr__(name: str) -> Any:
     module = _EXPORTS.get(name)
     if module is None:
         raise AttributeError(f"module 'pipetune' has no attribute {name!r}")
-    value = getattr(importlib.import_module(module), name)
+    from pipetune.lazy import load_module  # (here: `import pipetune` loads nothing else)
+
+    value = getattr(load_module(module), name)
     globals()[name] = value  # once loaded, an ordinary attribute
     return value
 
