@@ -457,8 +457,13 @@ def render(paths: list[Path]) -> str:
                 if doc.get("early")
                 else ""
             )
-            + ", peers one trial at a time; "
-            f"`{rerunnable(doc.get('command', '?'))}`"
+            + ", peers one trial at a time"
+            + (
+                f" ({', '.join(doc['run_per_budget'])} run once per budget: they plan by it)"
+                if doc.get("run_per_budget")
+                else ""
+            )
+            + f"; `{rerunnable(doc.get('command', '?'))}`"
         )
         # What was asked for and is in no table (a peer that failed, a strategy that needs
         # the analytical model on another kernel's recording, a package not installed).

@@ -1,7 +1,9 @@
 """Offline benchmark of search strategies on recorded spaces (`pipetune bench tuner`).
 
 Each (dataset, strategy, seed) is one run of the largest budget; best-in-k for smaller k is
-read off its first k trials (the best-so-far curve, as ALCOP's Fig. 13). Per dataset and
+read off its first k trials (the best-so-far curve, as ALCOP's Fig. 13). A peer that plans by
+its budget (peers.PLANS_BY_BUDGET: SMAC's initial design, Kernel Tuner's annealing schedule)
+runs once per budget instead, as a user asking for k trials would run it. Per dataset and
 budget: the mean over seeds and its standard error, and the methodology score P against
 random search's exact expectation. Over datasets: the geometric mean of the means (its
 standard error by the delta method: se(g) = g * sqrt(sum_d (se_d / m_d)^2) / D) and the mean
@@ -26,7 +28,7 @@ from pipetune.model.trials import is_simulated
 from pipetune.tuner.bo import PriorMean
 from pipetune.tuner.metrics import geomean, mean_p_score, p_score, random_search_expectation
 from pipetune.tuner.offline import RecordedSpace, propose_and_measure, run_offline, throughput_of
-from pipetune.tuner.peers import PEERS, PeerFailedError, run_peer
+from pipetune.tuner.peers import PEERS, PLANS_BY_BUDGET, PeerFailedError, run_peer
 from pipetune.tuner.recorded import ForeignSpace, RecordedConfigs
 from pipetune.tuner.strategies import DEFAULT_STRATEGY, KNOB_ONLY, STRATEGY_MAP, make_strategy
 from pipetune.tuner.strategy_base import Observation, Strategy
@@ -208,10 +210,19 @@ def _table(ds_index: int, strategy: str) -> np.ndarray:
     for i, seed in enumerate(range(first, first + seeds)):
         if source and prior_trials and uses_prior:
             prior = task_prior(ds, source, seed, prior_trials, batch)
-        throughputs = trial_throughputs(ds, strategy, seed, top, batch, prior, _RUN["early"])
-        curve = np.maximum.accumulate(throughputs) / ds.configs.optimum
-        for j, k in enumerate(budgets):
-            table[i, j] = curve[min(k, len(curve)) - 1] if len(curve) else 0.0
+        # (budget of the run, the budget indices read off it)
+        if strategy in PLANS_BY_BUDGET:
+            runs = [(k, [j]) for j, k in enumerate(budgets)]
+        else:
+            runs = [(top, list(range(len(budgets))))]
+        for run_budget, columns in runs:
+            throughputs = trial_throughputs(
+                ds, strategy, seed, run_budget, batch, prior, _RUN["early"]
+            )
+            curve = np.maximum.accumulate(throughputs) / ds.configs.optimum
+            for j in columns:
+                k = budgets[j]
+                table[i, j] = curve[min(k, len(curve)) - 1] if len(curve) else 0.0
     return table
 
 
@@ -307,6 +318,8 @@ def bench(
         # As run: a batch leaves at most all but one of its trials unmeasured (late_trials).
         "early": min(early, batch - 1),
         "peer_batch": 1,
+        # Run once per budget (they plan by it), not read off the largest budget's run.
+        "run_per_budget": [s for s in strategies if s in PLANS_BY_BUDGET],
         "datasets": [d.name for d in datasets],
         "priors": {name: p.name + sampled(p) for name, p in priors.items()},
         # A budget over a space's size measures all of it (best-in-k is then 1).
