@@ -277,7 +277,16 @@ def merge(paths: list[Path]) -> dict:
 
 
 # What must agree for two runs' seeds to pool: the same searches on the same spaces.
-POOLED_SETTINGS = ("datasets", "batch", "early", "priors", "prior_trials", "learned_priors")
+# (peer_rules: how the peers were run; a run from before them pools only where they are empty)
+POOLED_SETTINGS = (
+    "datasets",
+    "batch",
+    "early",
+    "priors",
+    "prior_trials",
+    "learned_priors",
+    "peer_rules",
+)
 
 
 def _unlike(a: dict, b: dict) -> str | None:

@@ -78,3 +78,33 @@ def test_a_peer_that_plans_by_its_budget_is_run_at_each_budget(monkeypatch):
     assert [found[planner, k] for k in (10, 20, 50)] == [0.1, 0.2, 0.5]
     assert [found[other, k] for k in (10, 20, 50)] == [0.5, 0.5, 0.5]
     assert doc["run_per_budget"] == [planner]
+
+
+def test_runs_of_a_peer_under_other_rules_do_not_merge(monkeypatch, tmp_path):
+    """A run saved before a peer's rules changed measured something else: merging it with a
+    new one pooled seeds of both under the new run's label (and render said every seed was
+    run once per budget). Runs of strategies whose rules did not change still pool."""
+    import json
+
+    from benchmarks.bench_tuner import Refused, merge
+    from pipetune.tuner import bench
+
+    def fake_peer(name, recorded, seed, budget):
+        return np.array([recorded.optimum * (seed + 1) / 10] + [0.0] * (budget - 1))
+
+    monkeypatch.setattr(bench, "run_peer", fake_peer)
+    dataset = [bench.Dataset("toy", _space())]
+
+    def saved(strategy, first, older=False):
+        doc = bench.bench(dataset, [strategy], [10, 20], seeds=2, first_seed=first)
+        if older:  # as saved before the rules were recorded
+            del doc["peer_rules"], doc["run_per_budget"]
+        path = tmp_path / f"{strategy}-{first}-{older}.json"
+        path.write_text(json.dumps(doc))
+        return path
+
+    annealing = "kt_simulated_annealing"
+    with pytest.raises(Refused, match="peer_rules differ"):
+        merge([saved(annealing, 0, older=True), saved(annealing, 2)])
+    assert merge([saved(annealing, 0), saved(annealing, 2)])["seeds"] == 4
+    assert merge([saved("kt_random_sample", 0, older=True), saved("kt_random_sample", 2)])

@@ -28,7 +28,7 @@ from pipetune.model.trials import is_simulated
 from pipetune.tuner.bo import PriorMean
 from pipetune.tuner.metrics import geomean, mean_p_score, p_score, random_search_expectation
 from pipetune.tuner.offline import RecordedSpace, propose_and_measure, run_offline, throughput_of
-from pipetune.tuner.peers import PEERS, PLANS_BY_BUDGET, PeerFailedError, run_peer
+from pipetune.tuner.peers import PEERS, PLANS_BY_BUDGET, PeerFailedError, run_peer, run_rules
 from pipetune.tuner.recorded import ForeignSpace, RecordedConfigs
 from pipetune.tuner.strategies import DEFAULT_STRATEGY, KNOB_ONLY, STRATEGY_MAP, make_strategy
 from pipetune.tuner.strategy_base import Observation, Strategy
@@ -320,6 +320,7 @@ def bench(
         "peer_batch": 1,
         # Run once per budget (they plan by it), not read off the largest budget's run.
         "run_per_budget": [s for s in strategies if s in PLANS_BY_BUDGET],
+        "peer_rules": run_rules(strategies),
         "datasets": [d.name for d in datasets],
         "priors": {name: p.name + sampled(p) for name, p in priors.items()},
         # A budget over a space's size measures all of it (best-in-k is then 1).

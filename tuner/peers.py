@@ -26,7 +26,7 @@ import sys
 import tempfile
 import threading
 import warnings
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -98,7 +98,27 @@ SCIPY_CALLS_PER_TRIAL = {"kt_dual_annealing": 10}
 # a user who asks for k trials: the benchmark runs them once per budget (tuner/bench.py).
 # pipetune's strategies and the other peers do not depend on the budget.
 PLANS_BY_BUDGET = frozenset({SMAC, "kt_simulated_annealing"})
+# Kernel Tuner strategies that draw Latin hypercube samples (seeded: _seeded_latin_hypercubes).
+DRAWS_LATIN_HYPERCUBES = frozenset({"kt_bayes_opt", "kt_diff_evo"})
 FAILED = "RuntimeFailedConfig"
+
+
+def run_rules(strategies: Iterable[str]) -> dict[str, str]:
+    """How each peer among `strategies` is run beyond its library's defaults, for a saved run
+    to say: runs of one peer made under other rules measured something else and do not pool
+    (`benchmarks/bench_tuner.py merge`; a run from before the rules says none)."""
+    rules = {}
+    for name in strategies:
+        said = []
+        if name in SCIPY_CALLS_PER_TRIAL:
+            said.append(f"{SCIPY_CALLS_PER_TRIAL[name]} scipy calls per trial")
+        if name in DRAWS_LATIN_HYPERCUBES:
+            said.append("Latin hypercubes drawn from the run's seed")
+        if name in PLANS_BY_BUDGET:
+            said.append("one run per budget")
+        if said:
+            rules[name] = "; ".join(said)
+    return rules
 
 
 class PeerUnavailableError(PipetuneError, RuntimeError):
