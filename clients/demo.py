@@ -32,6 +32,7 @@ from pathlib import Path
 
 from pipetune.clients.local_service import LocalService, ServiceStartError, pipetune_command
 from pipetune.model.hardware import gpu_keys
+from pipetune.service.settings import sqlite_url
 from pipetune.service.worker_token import generated_worker_token
 
 WORKLOAD = ["gemm", "--m", "1024", "--n", "64", "--k", "2048", "--gpu", "h100"]
@@ -92,7 +93,7 @@ def main(argv: list[str] | None = None) -> int:
         "PIPETUNE_WORKER_TOKENS": token,
     }
     service = LocalService(
-        f"sqlite:///{workdir / 'pipetune.db'}",
+        sqlite_url(workdir / "pipetune.db"),
         workdir / "serve.log",
         extra_args=["--local-workers", str(args.workers), "--runner", runner],
         env=env,

@@ -34,7 +34,7 @@ import re
 import sqlite3
 from pathlib import Path
 from typing import Annotated
-from urllib.parse import unquote, urlsplit
+from urllib.parse import quote, unquote, urlsplit
 
 import platformdirs
 from pydantic import Field, ValidationError, ValidationInfo, field_validator
@@ -59,8 +59,13 @@ class SettingsError(PipetuneError, ValueError):
 
 def default_database_url() -> str:
     """The embedded default: one SQLite file in the user's data directory."""
-    path = Path(platformdirs.user_data_dir("pipetune")) / "pipetune.db"
-    return f"sqlite:///{path}"
+    return sqlite_url(Path(platformdirs.user_data_dir("pipetune")) / "pipetune.db")
+
+
+def sqlite_url(path: Path) -> str:
+    """The SQLite URL of the file at `path`. Quoted: SQLAlchemy reads a URL's `?` as its
+    query and decodes `%XX`, so a path with `?` or `%20` in it named another file."""
+    return f"sqlite:///{quote(str(path), safe='/')}"
 
 
 def generated_token_path() -> Path:
