@@ -382,6 +382,14 @@ def _batch(doc: dict, strategy: str) -> str:
     return f"batch {doc.get('batch', 8)}"
 
 
+def _run_per_budget(doc: dict) -> list[str]:
+    """The run's peers that ran once per budget: those of its peer_rules that plan by their
+    budget (a run saved before the rules ran every peer once, at its largest budget)."""
+    from pipetune.tuner.peers import PLANS_BY_BUDGET
+
+    return [s for s in doc.get("peer_rules", {}) if s in PLANS_BY_BUDGET]
+
+
 def _cell(r: dict) -> str:
     # Documents written before standard errors were reported carry the mean only.
     se = r.get("se")
@@ -468,8 +476,8 @@ def render(paths: list[Path]) -> str:
             )
             + ", peers one trial at a time"
             + (
-                f" ({', '.join(doc['run_per_budget'])} run once per budget: they plan by it)"
-                if doc.get("run_per_budget")
+                f" ({', '.join(per_budget)} run once per budget: they plan by it)"
+                if (per_budget := _run_per_budget(doc))
                 else ""
             )
             + f"; `{rerunnable(doc.get('command', '?'))}`"

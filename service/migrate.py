@@ -84,22 +84,18 @@ def other_tables(names: list[str]) -> list[str]:
 PIPETUNE_TABLES = frozenset({"workloads", "tasks", "jobs"})
 
 
-def foreign_schema(current: str | None, names: list[str]) -> list[str]:
-    """The tables of a database at an Alembic revision that holds none of pipetune's tables
-    (another program's schema), else []. Its revision alone read as "a newer pipetune wrote
-    it", or, where it happened to be one of pipetune's, as a schema behind, whose upgrade
-    then failed; where it was pipetune's newest (zero-padded ids are common: 0010), as
-    pipetune's schema damaged, to be restored from a backup over the other program's data."""
-    if current is None:
-        return []
-    tables = other_tables(names)
-    return [] if PIPETUNE_TABLES & set(tables) else tables
-
-
 def unowned_tables(current: str | None, names: list[str]) -> list[str]:
-    """What revision_problem takes as `tables`: without a revision, every table the database
-    holds; at a revision, another program's schema (foreign_schema)."""
-    return other_tables(names) if current is None else foreign_schema(current, names)
+    """What revision_problem takes as `tables`. Without a revision, every table the database
+    holds. At a revision, another program's schema: the tables of a database whose revision
+    holds none of pipetune's tables, else []. Its revision alone read as "a newer pipetune
+    wrote it", or, where it happened to be one of pipetune's, as a schema behind, whose
+    upgrade then failed; where it was pipetune's newest (zero-padded ids are common: 0010),
+    as pipetune's schema damaged, to be restored from a backup over the other program's
+    data."""
+    tables = other_tables(names)
+    if current is None:
+        return tables
+    return [] if PIPETUNE_TABLES & set(tables) else tables
 
 
 def missing_columns(engine: Engine) -> list[str]:
@@ -137,8 +133,7 @@ def columns_problem(missing: list[str], url: str) -> str:
 
 def revision_problem(current: str | None, tables: list[str] | None = None) -> str | None:
     """What is wrong with a database at revision `current` for this pipetune (None: it is at
-    the newest); `tables`: what other_tables found, where `current` is None, or
-    foreign_schema, where it is not."""
+    the newest); `tables`: what unowned_tables found."""
     head = head_revision()
     if tables:  # (first: another program's schema can be at a revision named as pipetune's)
         shown = ", ".join(tables[:5]) + (", ..." if len(tables) > 5 else "")

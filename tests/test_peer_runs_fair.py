@@ -12,10 +12,12 @@ configurations; a failing region) stands in for the datasets.
 from __future__ import annotations
 
 import itertools
+import json
 
 import numpy as np
 import pytest
 
+from benchmarks.bench_tuner import _run_per_budget, render
 from pipetune.tuner.peers import run_kernel_tuner
 from pipetune.tuner.recorded import RecordedConfigs
 
@@ -54,7 +56,7 @@ def test_a_seed_repeats_its_run_and_another_seed_does_not(peer):
     assert any(not np.array_equal(first, other) for other in others)
 
 
-def test_a_peer_that_plans_by_its_budget_is_run_at_each_budget(monkeypatch):
+def test_a_peer_that_plans_by_its_budget_is_run_at_each_budget(monkeypatch, tmp_path):
     """SMAC's initial design and Kernel Tuner's annealing schedule follow the budget: best-in-k
     read off a 100-trial run is not what they give a user who asks for k. Each budget is its
     own run for them; the other searchers' runs are the largest budget's, read at each k."""
@@ -77,7 +79,12 @@ def test_a_peer_that_plans_by_its_budget_is_run_at_each_budget(monkeypatch):
     found = {(r["strategy"], r["budget"]): round(r["best_in_k"], 6) for r in doc["results"]}
     assert [found[planner, k] for k in (10, 20, 50)] == [0.1, 0.2, 0.5]
     assert [found[other, k] for k in (10, 20, 50)] == [0.5, 0.5, 0.5]
-    assert doc["run_per_budget"] == [planner]
+    assert "one run per budget" in doc["peer_rules"][planner]
+    assert "one run per budget" not in doc["peer_rules"].get(other, "")
+    assert _run_per_budget(doc) == [planner]
+    saved = tmp_path / "run.json"
+    saved.write_text(json.dumps(doc))
+    assert f"({planner} run once per budget: they plan by it)" in render([saved])
 
 
 def test_runs_of_a_peer_under_other_rules_do_not_merge(monkeypatch, tmp_path):
@@ -98,7 +105,7 @@ def test_runs_of_a_peer_under_other_rules_do_not_merge(monkeypatch, tmp_path):
     def saved(strategy, first, older=False):
         doc = bench.bench(dataset, [strategy], [10, 20], seeds=2, first_seed=first)
         if older:  # as saved before the rules were recorded
-            del doc["peer_rules"], doc["run_per_budget"]
+            del doc["peer_rules"]
         path = tmp_path / f"{strategy}-{first}-{older}.json"
         path.write_text(json.dumps(doc))
         return path

@@ -319,7 +319,6 @@ def bench(
         "early": min(early, batch - 1),
         "peer_batch": 1,
         # Run once per budget (they plan by it), not read off the largest budget's run.
-        "run_per_budget": [s for s in strategies if s in PLANS_BY_BUDGET],
         "peer_rules": run_rules(strategies),
         "datasets": [d.name for d in datasets],
         "priors": {name: p.name + sampled(p) for name, p in priors.items()},

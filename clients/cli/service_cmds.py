@@ -511,7 +511,7 @@ def _check_revision(revision: str, current: str | None = None) -> None:
 
 def _schema_state(url: str) -> tuple[str | None, list[str], list[str]]:
     """The database's revision; where it has none, the tables it holds (where it is another
-    program's Alembic revision, its tables: migrate.foreign_schema); where it is the
+    program's Alembic revision, its tables: migrate.unowned_tables); where it is the
     newest, the ORM's columns it lacks (migrate.missing_columns)."""
     from pipetune.service.db import make_engine
     from pipetune.service.migrate import (
