@@ -16,14 +16,14 @@ import pytest
 
 from pipetune.clients.library import cuda_launch
 from pipetune.model.hardware import get_gpu
-from pipetune.model.memops.space import MemSchedule
-from pipetune.model.memops.workloads import softmax
+from pipetune.model.memops.space import MemSchedule, MemSpace
+from pipetune.model.memops.workloads import layernorm, reduce, softmax
 from pipetune.model.space import Space
 from pipetune.model.workloads import gemm
 from pipetune.workers.codegen import generate as generate_gemm
 from pipetune.workers.codegen import launch_plan as gemm_launch_plan
 from pipetune.workers.codegen import stratified_sample
-from pipetune.workers.codegen.memops import generate, launch_plan
+from pipetune.workers.codegen.memops import generate, launch_plan, shape_notes
 from pipetune.workers.codegen.memops.generator import blocks_wait_for_each_other
 
 FUSED_SPLIT = (softmax(3, 4200), MemSchedule(64, 1, 4, 8, 2, 1, 1))  # 4 blocks a row, fused
@@ -94,3 +94,35 @@ def test_other_kernels_keep_the_plain_launch(driver):
         _launch(config)
     assert [name for name, _ in driver.calls] == ["cuLaunchKernel", "cuLaunchKernel"]
     assert all(len(args) == 11 and args[-1] == 0 for _, args in driver.calls)  # extra = NULL
+
+
+@pytest.mark.parametrize(
+    "workload",
+    [softmax(4096, 8192), layernorm(4096, 8192), reduce(4096, 8192), reduce(128, 1048576, "max")],
+    ids=lambda w: w.label(),
+)
+def test_cooperative_exactly_where_a_rows_blocks_wait_and_then_one_wave(workload):
+    """Every valid schedule of the space: cooperative where the space says a row's blocks
+    wait for each other (fused splitting of an op with an output pass), and then a grid the
+    driver can hold at once. A fused reduce was marked cooperative too, with a grid of many
+    waves: the model's own pick for reduce 128x1048576 (16,384 blocks against one wave of
+    3,300) was refused by cuLaunchCooperativeKernel at every call of pipetune.kernel."""
+    space = MemSpace.enumerate(workload, get_gpu("h100"))
+    waits = space.geometry.fused_wait
+    assert waits.any() == workload.has_output_pass
+    cooperative_seen = plain_fused_seen = 0
+    for i in range(len(space)):
+        schedule = space[i]
+        bps = int(space.blocks_per_sm[i])
+        plan = launch_plan(generate(workload, schedule), workload, 132, bps)
+        first = plan.launches[0]
+        assert first.cooperative == bool(waits[i]), schedule.id
+        if first.cooperative:
+            cooperative_seen += 1
+            assert first.grid[0] <= 132 * bps, schedule.id
+        elif schedule.blocks_per_row > 1 and schedule.split_mode == 1:
+            plain_fused_seen += 1
+            notes = " ".join(shape_notes(generate(workload, schedule), workload))
+            assert "wait for each other" not in notes, schedule.id
+    # (Both kinds are in the spaces checked: the check saw what it is about.)
+    assert cooperative_seen if workload.has_output_pass else plain_fused_seen

@@ -44,6 +44,10 @@ class MemKernelSource:
     threads: int
     scratch_bytes: int  # shared memory for reductions (the row cache comes on top)
     reg_vecs: int
+    # A row's blocks spin until all of them have added their partials (the space's
+    # fused_wait: fused splitting of an op with an output pass). Not a fused reduce's: its
+    # last block to arrive finishes the row, and no block waits.
+    blocks_wait: bool = False
 
     @property
     def smem_bytes(self) -> int:
@@ -88,10 +92,11 @@ def build_key(workload: MemWorkload, schedule: MemSchedule) -> str:
 
 
 def blocks_wait_for_each_other(kernel: MemKernelSource) -> bool:
-    """Fused splitting: a row's blocks spin until all of them have added their partials, so
-    every block of the grid must be resident at once (its launch is cooperative)."""
-    s = kernel.schedule
-    return s.blocks_per_row > 1 and s.split_mode == MODE_FUSED
+    """Whether every block of the grid must be resident at once (its launch is cooperative):
+    fused splitting where a row's blocks wait for each other (softmax, layernorm), whose grid
+    is one wave. A fused reduce's grid may be many waves, which a cooperative launch
+    refuses (CUDA_ERROR_COOPERATIVE_LAUNCH_TOO_LARGE)."""
+    return kernel.blocks_wait
 
 
 def grid_depends_on_occupancy(kernel: MemKernelSource) -> bool:
@@ -230,6 +235,7 @@ def generate(workload: MemWorkload, schedule: MemSchedule) -> MemKernelSource:
         threads=schedule.threads,
         scratch_bytes=_one(g.scratch_bytes),
         reg_vecs=reg_vecs,
+        blocks_wait=bool(_one(g.fused_wait)),
     )
 
 
