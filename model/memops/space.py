@@ -133,8 +133,10 @@ def _ceil_div(a: Any, b: Any) -> Any:
 # cache. RMS error 8 registers, under by at most 19 (test_memops_compile holds every
 # compiled kernel to REGISTER_FIT_ERROR). Under __launch_bounds__ ptxas squeezes a kernel
 # into the block's budget, spilling only past a margin that varies by kernel (a fit 14
-# over a 64-register budget spilled on sm_80, others 26 over did not): a schedule is valid
-# when its fit is within REGISTER_HEADROOM of the budget.
+# over a 64-register budget spilled on sm_80, others 26 over did not; a layer norm of 1024
+# threads, 2 blocks a row fused, vector 4, its fit 8 over, spilled 8 bytes on sm_80 and
+# sm_90): a schedule is valid when its fit is within REGISTER_HEADROOM of the budget, under
+# the smallest excess seen to spill (tests/test_memops_compile.py compiles those nearest it).
 REGISTER_FIT: dict[str, tuple[float, float, float, float]] = {
     # op: (base, per streamed vector word, per cached vector, per cached word)
     "reduce-sum": (37.5, 0.0, 0.0, 0.0),
@@ -144,7 +146,7 @@ REGISTER_FIT: dict[str, tuple[float, float, float, float]] = {
     "bias_gelu": (25.5, 16.5, 0.0, 0.0),
 }
 REGISTER_SPLIT = -2.4  # splitting: a split row holds less state
-REGISTER_HEADROOM = 8
+REGISTER_HEADROOM = 7
 REGISTER_FIT_ERROR = 24
 
 
