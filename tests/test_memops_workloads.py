@@ -37,6 +37,8 @@ from pipetune.model.workloads import WorkloadError
         ({"op": "softmax", "cols": 768}, "rows", "required"),
         ({"op": "reduce", "rows": 8, "cols": 8, "reduction": "mean"}, "reduction", "'sum'"),
         ({"op": "layernorm", "rows": 8, "cols": 8, "eps": 0.0}, "eps", "greater than 0"),
+        ({"op": "layernorm", "rows": 8, "cols": 8, "eps": float("nan")}, "eps", "finite number"),
+        ({"op": "layernorm", "rows": 8, "cols": 8, "eps": float("inf")}, "eps", "finite number"),
         # 0 in the kernels' float32, though labelled eps=1e-300
         ({"op": "layernorm", "rows": 8, "cols": 8, "eps": 1e-300}, "eps", "smallest normal"),
         ({"op": "layernorm", "rows": 8, "cols": 8, "eps": 1e-39}, "eps", "smallest normal"),

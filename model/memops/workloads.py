@@ -149,7 +149,12 @@ class LayerNorm(_RowWorkload):
 
     op: Literal["layernorm"] = "layernorm"
     eps: float = Field(
-        default=1e-5, strict=True, gt=0.0, le=1.0, description="added to the variance"
+        default=1e-5,
+        strict=True,
+        allow_inf_nan=False,  # (NaN was refused as "should be <= 1", its first failed bound)
+        gt=0.0,
+        le=1.0,
+        description="added to the variance",
     )
 
     @model_validator(mode="after")
