@@ -10,8 +10,9 @@ normalise to it. It is left out of the per-strategy curves (nothing was tuned he
 Importing the same trials again (the same file, or a copy of it under another name) finds
 the task they became (`import_once`) instead of making a second one: an import script
 that is run twice must not double what the service knows of a workload. The same trials
-means the same workload, GPU and records, compared by content, so a renamed copy is still
-the same dataset and another sweep written to the same path is not.
+means the same workload, GPU, device and measurement settings, and records equal in every
+field a trial row keeps (TRIAL_COLUMNS), so a renamed copy is still the same dataset, and
+another sweep written to the same path, or the same sweep measured again, is not.
 
 `sweep_coverage` says whether a dataset is an exhaustive sweep: every valid schedule of its
 workload on its GPU (what `pipetune db import-optimum` needs for the optimum it records).
@@ -36,6 +37,7 @@ from sqlalchemy.orm import Session
 from pipetune.model.hardware import get_gpu
 from pipetune.model.knobs import ScheduleError
 from pipetune.model.states import TaskState
+from pipetune.model.trials import MeasureResult
 from pipetune.service.errors import InputError
 from pipetune.service.orm import JobRow, TaskRow, WorkloadRow
 from pipetune.service.queue import check_storable
@@ -80,15 +82,20 @@ def _outside_space(
     return outside[0], outside_space_reason(info, schedules[outside[0]])
 
 
-def _trial_keys(
-    schedules: list[Any], results: list[Any]
-) -> list[tuple[int, str, str | None, float | None]]:
-    """What identifies an import's trials, as its job rows keep them: per trial, its
-    schedule, status and latency (result_columns' latency: None unless it succeeded)."""
-    return [
-        (i, s.id, r.status, r.ok_latency_us)
-        for i, (s, r) in enumerate(zip(schedules, results, strict=True))
-    ]
+# What of a trial an import compares with an earlier one's job rows: its schedule and every
+# column of its measurement (result_columns: runner, samples, errors, generator revision...).
+# Schedule, status and latency alone called a re-measured file (another runner, device or
+# repeats) "already imported", and its content was dropped without a word.
+TRIAL_COLUMNS = ("trial", "schedule_id", *result_columns(MeasureResult(status="ok")))
+
+
+def _trial_keys(schedules: list[Any], results: list[Any]) -> list[tuple[Any, ...]]:
+    """What identifies an import's trials, as its job rows keep them (TRIAL_COLUMNS)."""
+    keys = []
+    for i, (s, r) in enumerate(zip(schedules, results, strict=True)):
+        row = {"trial": i, "schedule_id": s.id, **result_columns(r)}
+        keys.append(tuple(row[c] for c in TRIAL_COLUMNS))
+    return keys
 
 
 def _trials(data: Dataset, info: PipetuneInfo) -> tuple[list[Any], list[Any]]:
@@ -111,10 +118,11 @@ def _imported_task(
     session: Session, info: PipetuneInfo, schedules: list[Any], results: list[Any]
 ) -> int | None:
     """The task an earlier import of the same trials became (the oldest, were there several),
-    else None. Only imported tasks of the workload on the GPU with as many trials are read."""
+    else None. Only imported tasks of the workload on the GPU with as many trials, of the
+    same device and measurement settings, are read."""
     wanted = _trial_keys(schedules, results)
-    candidates = session.scalars(
-        select(TaskRow.id)
+    candidates = session.execute(
+        select(TaskRow.id, TaskRow.imported_device_name, TaskRow.imported_settings)
         .join(WorkloadRow, TaskRow.workload_id == WorkloadRow.id)
         .where(
             WorkloadRow.hash == info.workload.workload_hash,
@@ -124,9 +132,12 @@ def _imported_task(
         )
         .order_by(TaskRow.id)
     ).all()
-    for task_id in candidates:
+    described = (_device_name(info), _settings(info))
+    for task_id, device_name, settings in candidates:
+        if (device_name, settings) != described:
+            continue
         rows = session.execute(
-            select(JobRow.trial, JobRow.schedule_id, JobRow.status, JobRow.latency_us)
+            select(*(getattr(JobRow, c) for c in TRIAL_COLUMNS))
             .where(JobRow.task_id == task_id)
             .order_by(JobRow.trial)
         ).all()

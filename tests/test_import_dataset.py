@@ -382,3 +382,32 @@ def test_an_imported_datasets_device_and_settings_are_exported_back(a100_sweep, 
             "/v1/tasks", json={"workload": WORKLOAD.canonical(), "gpu": "a100", "budget": 4}
         ).json()
     assert tuned["imported_device_name"] is None and tuned["imported_settings"] is None
+
+
+def test_a_dataset_that_differs_beyond_its_schedules_and_times_is_not_already_imported(
+    a100_sweep, db_url, tmp_path
+):
+    """The same schedules, statuses and latencies with other repeats, another device or
+    another runner were found "already imported" and their content dropped without a word:
+    each is a task of its own now. A copy of the file under another name still is not."""
+    data = load_dataset(a100_sweep)
+    first = _import(a100_sweep, db_url)
+
+    copy = tmp_path / "renamed.t4.json.gz"
+    copy.write_bytes(a100_sweep.read_bytes())
+    assert _import(copy, db_url)["id"] == first["id"]
+
+    fewer_repeats = tmp_path / "fewer_repeats.t4.json.gz"
+    records = [replace(r, runtimes_ms=r.runtimes_ms[:3]) for r in data.records]
+    write_t4(Dataset(records, knobs=data.knobs, metadata=data.metadata), fewer_repeats)
+    other_device = tmp_path / "other_device.t4.json.gz"
+    meta = json.loads(json.dumps(data.metadata))
+    meta["pipetune"]["device_name"] = "NVIDIA A100-SXM4-80GB"
+    write_t4(Dataset(data.records, knobs=data.knobs, metadata=meta), other_device)
+
+    tasks = {first["id"]}
+    for path in (fewer_repeats, other_device):
+        doc = _import(path, db_url)
+        assert doc["id"] not in tasks and doc["imported_from"] == str(path), path.name
+        tasks.add(doc["id"])
+        assert _import(path, db_url)["id"] == doc["id"]  # and once only
