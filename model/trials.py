@@ -138,6 +138,16 @@ def _utf8(value: str) -> bool:
     return True
 
 
+def storable_text(value: str) -> str:
+    """`value` as any text column can hold it: NUL bytes (which PostgreSQL's text refuses)
+    and lone surrogates (which no UTF-8 column holds) replaced by U+FFFD."""
+    value = value.replace("\x00", "\ufffd")
+    if not _utf8(value):
+        # (UTF-16 carries a lone surrogate through; decoding it back replaces it.)
+        value = value.encode("utf-16", "surrogatepass").decode("utf-16", "replace")
+    return value
+
+
 def _whole_number(value: Any) -> Any:
     """A count as a whole number: JSON's 12.0, "12" and true are a worker's mistake, not a
     count (the rest of the wire is strict the same way); numpy's integers, which a compiler
@@ -184,10 +194,7 @@ class MeasureResult(BaseModel):
         # head, where compilers say what failed first.
         if value is None:
             return None
-        value = value.replace("\x00", "\ufffd")
-        if not _utf8(value):
-            # (UTF-16 carries a lone surrogate through; decoding it back replaces it.)
-            value = value.encode("utf-16", "surrogatepass").decode("utf-16", "replace")
+        value = storable_text(value)
         if len(value) > ERROR_MAX_CHARS:
             cut = len(value) - ERROR_MAX_CHARS
             value = f"{value[:ERROR_MAX_CHARS]}... [{cut} more characters cut]"

@@ -411,3 +411,21 @@ def test_a_dataset_that_differs_beyond_its_schedules_and_times_is_not_already_im
         assert doc["id"] not in tasks and doc["imported_from"] == str(path), path.name
         tasks.add(doc["id"])
         assert _import(path, db_url)["id"] == doc["id"]  # and once only
+
+
+def test_a_file_name_or_device_name_no_text_column_holds_is_stored_readably(
+    a100_sweep, db_url, tmp_path
+):
+    """A file name that is not UTF-8 failed the import with UnicodeEncodeError (exit 1); a NUL
+    or a lone surrogate in the device name did too, and PostgreSQL's refusal of the NUL read
+    as the database failing. Both are stored with what they cannot hold replaced."""
+    import os
+
+    data = load_dataset(a100_sweep)
+    meta = json.loads(json.dumps(data.metadata))
+    meta["pipetune"]["device_name"] = "A100\x00x \ud800 lone"
+    named = Path(os.fsdecode(bytes(tmp_path) + b"/lat\xe9.t4.json.gz"))
+    write_t4(Dataset(data.records, knobs=data.knobs, metadata=meta), named)
+    doc = _import(named, db_url)
+    assert doc["imported_from"].endswith("lat\\xe9.t4.json.gz")
+    assert doc["imported_device_name"] == "A100\ufffdx \ufffd lone"
