@@ -208,7 +208,9 @@ def _settings(info: PipetuneInfo) -> dict[str, Any] | None:
     """The dataset's measurement settings (a sweep's warm-up and repeats; an exported task's
     strategy and seed), as its file states them."""
     settings = info.metadata.get("settings")
-    return dict(settings) if isinstance(settings, dict) and settings else None
+    # ({} is kept as {}: taken for none, an export of the task wrote the task's own strategy,
+    # seed and budget, a tuning run that never happened.)
+    return dict(settings) if isinstance(settings, dict) else None
 
 
 def _write_task(

@@ -429,3 +429,19 @@ def test_a_file_name_or_device_name_no_text_column_holds_is_stored_readably(
     doc = _import(named, db_url)
     assert doc["imported_from"].endswith("lat\\xe9.t4.json.gz")
     assert doc["imported_device_name"] == "A100\ufffdx \ufffd lone"
+
+
+@pytest.mark.parametrize("stated", [{}, [1, 2]], ids=["empty", "not-an-object"])
+def test_an_imported_file_without_settings_is_not_exported_as_a_tuning_run(
+    a100_sweep, db_url, tmp_path, stated
+):
+    """Settings of {} (or none pipetune could keep) were exported as the task's own: strategy
+    grid, seed 0, budget N, a tuning run that never happened."""
+    data = load_dataset(a100_sweep)
+    meta = json.loads(json.dumps(data.metadata))
+    meta["pipetune"]["settings"] = stated
+    path = tmp_path / "no_settings.t4.json.gz"
+    write_t4(Dataset(data.records, knobs=data.knobs, metadata=meta), path)
+    doc = _import(path, db_url)
+    back = _export_t4(doc["id"], tmp_path / "back.t4.json.gz", db_url).metadata["pipetune"]
+    assert back["settings"] == {}

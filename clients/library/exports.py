@@ -555,7 +555,9 @@ def task_dataset(reader: Reader, task_id: int) -> Dataset:
     # An imported task's settings are its file's (a sweep's warm-up and repeats): the task
     # only holds those trials, and an export of it writes back what was imported.
     settings = task.imported_settings
-    if settings is None:
+    if settings is None and task.imported_from is not None:
+        settings = {}  # (its file stated none pipetune could keep: not the task's own)
+    elif settings is None:
         settings = {
             "task_id": task.id,
             "strategy": task.strategy,
