@@ -476,6 +476,31 @@ def test_a_foreign_files_units_and_objectives_survive_a_rewrite(tmp_path):
     assert read_t4(source).records[0].units == {}
 
 
+def test_a_foreign_files_measurements_named_status_and_error_are_measurements(tmp_path):
+    """Another program's T4 file may name a measurement "error" or "status" (the schema
+    allows any name): they were read as pipetune's failure message and trial status, and the
+    file refused ("an error must be a string", "unknown trial status"). Only a file with
+    pipetune's metadata says pipetune's fields so."""
+    result = {
+        "configuration": {"x": 1},
+        "times": {"runtimes": [1.0]},
+        "invalidity": "correct",
+        "correctness": 1,
+        "measurements": [
+            {"name": "time", "value": 1.0, "unit": "ms"},
+            {"name": "error", "value": 0.0012, "unit": ""},
+            {"name": "status", "value": "success", "unit": ""},
+        ],
+    }
+    source = tmp_path / "foreign.t4.json"
+    source.write_text(json.dumps({"schema_version": "1.0.0", "results": [result]}))
+    record = read_t4(source).records[0]
+    assert record.measurements == {"error": 0.0012, "status": "success"}
+    assert record.error is None and record.status is None
+    written = json.loads(write_t4(read_t4(source), tmp_path / "b.t4.json").read_text())
+    assert written["results"][0]["measurements"] == result["measurements"]
+
+
 def test_record_from_result_uses_milliseconds():
     schedule = Schedule(1, 1, 1, 1, 1, 1, 1)
     record = record_from_result(schedule, MeasureResult(status="ok", latency_us=1500.0, spread=0.0))

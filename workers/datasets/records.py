@@ -164,7 +164,10 @@ class Record:
             raise DatasetError(f"an error must be a string, got {shown(self.error)}")
         if self.timestamp is not None and not isinstance(self.timestamp, str):
             raise DatasetError(f"a timestamp must be a string, got {shown(self.timestamp)}")
-        reserved = {"time", "status", "error"} & set(self.measurements)
+        # A foreign file's measurements may be named "status" or "error" (t4.record_from_t4):
+        # only where the record holds pipetune's field of that name would they collide.
+        own = {"time"} | {n for n in ("status", "error") if getattr(self, n) is not None}
+        reserved = own & set(self.measurements)
         if reserved:
             raise DatasetError(f"measurement(s) {sorted(reserved)} have their own fields")
         for name, value in self.measurements.items():

@@ -114,8 +114,12 @@ def _number(value: Any) -> bool:
     return isinstance(value, int | float) and not isinstance(value, bool)
 
 
-def record_from_t4(item: Any, where: str) -> tuple[Record, list[str] | None]:
-    """One result object -> (Record, its objectives list or None)."""
+def record_from_t4(
+    item: Any, where: str, pipetune_fields: bool = True
+) -> tuple[Record, list[str] | None]:
+    """One result object -> (Record, its objectives list or None). `pipetune_fields`: the
+    measurements "status" and "error" are pipetune's trial status and failure message (a
+    file pipetune wrote); else they are measurements like any other."""
     if not isinstance(item, dict):
         raise DatasetError(f"{where}: a result must be an object")
     for required in ("configuration", "times", "invalidity", "correctness"):
@@ -178,9 +182,9 @@ def record_from_t4(item: Any, where: str) -> tuple[Record, list[str] | None]:
                 time_ms = value if TIME_UNITS[unit] == 1.0 else value * TIME_UNITS[unit]
             except OverflowError:  # an int beyond the float range (10**400 is valid JSON)
                 raise DatasetError(f"{where}: time {shown(value)} {unit} is out of range") from None
-        elif name == "status":
+        elif name == "status" and pipetune_fields:
             status = value
-        elif name == "error":
+        elif name == "error" and pipetune_fields:
             error = value
         else:
             if not (_number(value) or isinstance(value, str | list)):
@@ -237,7 +241,12 @@ def from_t4_document(document: Any, source: str) -> Dataset:
     records = []
     named: list[str] | None = None  # the first result's objectives (written back as such)
     for i, item in enumerate(results):
-        record, objectives = record_from_t4(item, f"{source}: results[{i}]")
+        # "status" and "error" are pipetune's fields in pipetune's files only: another
+        # program's T4 file may name a measurement so ("error": 0.0012 was refused as "an
+        # error must be a string").
+        record, objectives = record_from_t4(
+            item, f"{source}: results[{i}]", pipetune_fields="pipetune" in metadata
+        )
         if objectives:
             if named is None:
                 named = objectives
