@@ -342,6 +342,17 @@ def test_kernel_tuner_cache(tmp_path):
     assert read_t4(write_t4(ds, tmp_path / "k.t4.json.gz")).records == ds.records
 
 
+def test_a_caches_objectives_are_all_named_in_its_t4_file(tmp_path):
+    """A cache of "objective": ["time", "energy"] became a T4 file whose every result named
+    ["time"] alone."""
+    path = tmp_path / "k.json"
+    path.write_text(json.dumps({**CACHE, "objective": ["time", "energy"]}))
+    ds = read_kt_cache(path)
+    assert ds.objective == "time" and ds.objectives == ("time", "energy")
+    doc = json.loads(write_t4(ds, tmp_path / "k.t4.json").read_text())
+    assert {tuple(r["objectives"]) for r in doc["results"]} == {("time", "energy")}
+
+
 def test_an_open_kernel_tuner_cache_needs_allow_open(tmp_path):
     text = json.dumps(CACHE, indent="")
     open_text = text[: text.rindex("}", 0, text.rindex("}"))] + ","  # Kernel Tuner's form

@@ -189,9 +189,11 @@ def from_kt_cache_document(document: Any, source: str) -> Dataset:
         raise DatasetError(f"{source}: 'tune_params' must give a list of values for every knob")
     objective = document.get("objective", "time")
     # Kernel Tuner 1.x lists its objectives ("objective": ["time"]); the first is the one a
-    # failure's marker replaces, as a single name was.
+    # failure's marker replaces, as a single name was. All are kept for a T4 file to name
+    # (its "objectives" said ["time"] of a cache of ["time", "energy"]).
+    objectives = None
     if isinstance(objective, list) and objective and all(isinstance(o, str) for o in objective):
-        objective = objective[0]
+        objective, objectives = objective[0], list(dict.fromkeys(objective))
     if not isinstance(objective, str):
         raise DatasetError(f"{source}: 'objective' must be a name or a list of names")
     cache = document["cache"]
@@ -208,6 +210,7 @@ def from_kt_cache_document(document: Any, source: str) -> Dataset:
             records,
             knobs=knobs,
             objective=objective,
+            objectives=objectives,
             metadata=metadata,
             source=source,
             format="kt-cache",
