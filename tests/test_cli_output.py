@@ -4,8 +4,12 @@ its timestamps in two, which a line-by-line reader (grep, awk) cannot put back."
 
 from __future__ import annotations
 
+import gzip
+import json
+import os
 import subprocess
 import sys
+from pathlib import Path
 
 SCRIPT = """
 from rich.table import Table
@@ -29,3 +33,28 @@ def test_a_table_printed_into_a_pipe_keeps_each_row_on_one_line():
     assert len(rows) == 1, shown
     assert "analytical+xgb (prior: task 4)" in rows[0] and "2026-12-02 07:49:21" in rows[0]
     assert len({len(line) for line in shown.splitlines()}) == 1  # (a table, not wrapped text)
+
+
+def _dataset_naming(tmp_path, device_name: str):
+    repo = Path(__file__).resolve().parents[1]
+    with gzip.open(repo / "benchmarks/data/h100/BMM_BERT_QK.t4.json.gz") as f:
+        doc = json.load(f)
+    doc["metadata"]["pipetune"]["device_name"] = device_name
+    # A file name that is not UTF-8 reaches Python as lone surrogates too.
+    path = Path(os.fsdecode(os.fsencode(tmp_path) + b"/\xff.t4.json"))
+    path.write_text(json.dumps(doc))  # (json escapes the surrogate as \\ud800)
+    return path
+
+
+def test_a_table_of_text_no_encoding_holds_is_printed_escaped(tmp_path):
+    # A JSON file may name its device with a lone surrogate: the table printed it strictly
+    # and `pipetune dataset info` failed with UnicodeEncodeError, exit 1.
+    path = _dataset_naming(tmp_path, "H100\ud800")
+    done = subprocess.run(
+        [sys.executable, "-m", "pipetune.clients.cli", "dataset", "info", path],
+        capture_output=True,
+        env={**os.environ, "PYTHONIOENCODING": "utf-8", "LC_ALL": "C.UTF-8"},
+    )
+    assert done.returncode == 0, done.stderr.decode(errors="replace")
+    shown = done.stdout.decode()
+    assert "H100\\ud800" in shown and "\\udcff.t4.json" in shown

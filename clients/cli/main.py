@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import io
+import sys
+
 import typer
 
 import pipetune
@@ -47,5 +50,17 @@ def _main(
     """pipetune: analytical-model-guided autotuning of pipelined GPU tensor kernels."""
 
 
+def _print_what_cannot_be_encoded_escaped() -> None:
+    """Text that no encoding of the terminal holds is printed with backslash escapes.
+
+    A dataset's device name or label may hold a lone surrogate (JSON allows one), and a file
+    name that is not UTF-8 reaches Python as one: printed strictly, a table naming either
+    failed the whole command with UnicodeEncodeError after its work was done."""
+    for stream in (sys.stdout, sys.stderr):
+        if isinstance(stream, io.TextIOWrapper):
+            stream.reconfigure(errors="backslashreplace")
+
+
 def run() -> None:
+    _print_what_cannot_be_encoded_escaped()
     app()
