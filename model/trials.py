@@ -3,7 +3,9 @@ service and the tuner (all of them import it from here)."""
 
 from __future__ import annotations
 
+import contextlib
 import numbers
+import os
 import re
 from enum import StrEnum
 from typing import Annotated, Any, Literal, get_args
@@ -146,6 +148,17 @@ def storable_text(value: str) -> str:
         # (UTF-16 carries a lone surrogate through; decoding it back replaces it.)
         value = value.encode("utf-16", "surrogatepass").decode("utf-16", "replace")
     return value
+
+
+def readable_os_text(value: str) -> str:
+    """Text from the operating system (a file name, a command-line argument) as any text
+    column and terminal can hold it: bytes that are not UTF-8, which Python decodes to lone
+    surrogates, kept as backslash escapes (lat\\xe9.t4.json); the rest as storable_text."""
+    # (A lone surrogate that no bytes decode to is not an escaped byte: storable_text
+    # replaces it.)
+    with contextlib.suppress(UnicodeEncodeError):
+        value = os.fsencode(value).decode("utf-8", "backslashreplace")
+    return storable_text(value)
 
 
 def _whole_number(value: Any) -> Any:

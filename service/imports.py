@@ -27,9 +27,7 @@ is read (check_pipetune); the space of its GPU is checked here, where the servic
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
-import os
 from typing import Any
 
 import numpy as np
@@ -39,7 +37,7 @@ from sqlalchemy.orm import Session
 from pipetune.model.hardware import get_gpu
 from pipetune.model.knobs import ScheduleError
 from pipetune.model.states import TaskState
-from pipetune.model.trials import MeasureResult, storable_text
+from pipetune.model.trials import MeasureResult, readable_os_text, storable_text
 from pipetune.service.errors import InputError
 from pipetune.service.orm import JobRow, TaskRow, WorkloadRow
 from pipetune.service.queue import check_storable
@@ -194,14 +192,10 @@ def _device_name(info: PipetuneInfo) -> str | None:
     return storable_text(name)[:256] if isinstance(name, str) and name else None
 
 
-def _source_name(source: str) -> str:
-    """The file's name as a text column holds it: a name that is not UTF-8 (Python decodes
-    its bytes to lone surrogates) keeps them as backslash escapes, lat\\xe9.t4.json (its
-    import failed with UnicodeEncodeError, exit 1)."""
-    # (A lone surrogate no file name decodes to is left to storable_text, which replaces it.)
-    with contextlib.suppress(UnicodeEncodeError):
-        source = os.fsencode(source).decode("utf-8", "backslashreplace")
-    return storable_text(source)[:512]
+def storable_source_name(source: str) -> str:
+    """The file's name as a text column holds it: a name that is not UTF-8 keeps its bytes as
+    backslash escapes, lat\\xe9.t4.json (its import failed with UnicodeEncodeError, exit 1)."""
+    return readable_os_text(source)[:512]
 
 
 def _settings(info: PipetuneInfo) -> dict[str, Any] | None:
@@ -239,7 +233,7 @@ def _write_task(
         budget=len(results),
         seed=0,
         batch_size=len(results),
-        imported_from=_source_name(source),
+        imported_from=storable_source_name(source),
         # What the file said of its measurement, for an export to write back.
         imported_device_name=_device_name(info),
         imported_settings=_settings(info),

@@ -265,7 +265,11 @@ def redact(url: str) -> str:
     """The URL without its passwords (the user info's and the query's), for messages."""
     from sqlalchemy.engine import make_url
 
-    parsed = make_url(url)
+    from pipetune.model.trials import readable_os_text
+
+    # (A SQLite path that is not UTF-8 failed every command that names its database with
+    # UnicodeEncodeError, exit 1, after `db upgrade` had done its work.)
+    parsed = make_url(readable_os_text(url))
     hidden = {k: HIDDEN for k in parsed.query if k.lower() in SECRET_QUERY_KEYS}
     if not hidden:
         return parsed.render_as_string(hide_password=True)

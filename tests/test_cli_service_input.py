@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 from service_support import row_count
+from sqlalchemy import select
 from typer.testing import CliRunner
 
 from pipetune.clients.cli.main import app
@@ -21,6 +22,7 @@ from pipetune.model.hardware import get_gpu
 from pipetune.model.space import Space
 from pipetune.model.trials import MeasureResult
 from pipetune.model.workloads import gemm
+from pipetune.service.db import Database
 from pipetune.service.orm import ReferenceOptimumRow, TaskRow
 from pipetune.workers.daemon import gpu as daemon_gpu
 from pipetune.workers.datasets import dataset_from_results, write_t4
@@ -68,6 +70,35 @@ def test_import_optimum_refuses_a_partial_sweep(db_url, tmp_path):
     result = runner.invoke(app, ["db", "import-optimum", str(full), "--db", db_url])
     assert result.exit_code == 0, result.output
     assert "(simulated runner)" in result.stdout
+
+
+def test_import_optimum_from_a_file_name_that_is_not_utf8_stores_it_escaped(db_url, tmp_path):
+    """Its source column could not hold the name: UnicodeEncodeError, exit 1, nothing kept."""
+    import os
+
+    named = _sweep(Path(os.fsdecode(bytes(tmp_path) + b"/opt\xe9.t4.json.gz")))
+    result = runner.invoke(app, ["db", "import-optimum", str(named), "--db", db_url])
+    assert result.exit_code == 0, result.output
+    database = Database(db_url)
+    try:
+        with database.read() as s:
+            (source,) = s.scalars(select(ReferenceOptimumRow.source)).all()
+    finally:
+        database.dispose()
+    assert source.endswith("opt\\xe9.t4.json.gz"), source
+
+
+def test_a_sqlite_path_that_is_not_utf8_is_named_escaped(tmp_path):
+    """Every command that names its database (db upgrade's report, db current, tasks' source)
+    failed with UnicodeEncodeError, exit 1: db upgrade after it had done its work."""
+    import os
+
+    url = "sqlite:///" + os.fsdecode(bytes(tmp_path) + b"/lat\xe9.db")
+    for command in (["db", "upgrade"], ["db", "current"], ["tasks"]):
+        result = runner.invoke(app, [*command, "--db", url])
+        assert result.exit_code == 0, (command, result.output)
+    assert (bytes(tmp_path) + b"/lat\xe9.db") in [os.fsencode(p) for p in tmp_path.iterdir()]
+    assert "lat%5Cxe9.db" in runner.invoke(app, ["db", "current", "--db", url]).stdout
 
 
 # ---- 2: import-dataset run again answers with the task it made ---------------------------
@@ -243,6 +274,21 @@ def test_a_poll_that_is_not_positive_exits_2_before_anything_is_sent(command):
     result = runner.invoke(app, [*command, "--server", f"http://127.0.0.1:{free_port()}"])
     assert result.exit_code == 2, result.output
     _one_error_line(result, "--poll: must be a positive number of seconds")
+
+
+@pytest.mark.parametrize(
+    "command",
+    [
+        ["tune", "gemm", *FC, "--budget", "2", "--wait", "--poll", "1e10"],
+        ["tune-model", "bert-base", "--seq", "64", "--budget", "2", "--poll", "1e10"],
+    ],
+    ids=["tune", "tune-model"],
+)
+def test_a_poll_longer_than_a_week_exits_2_before_anything_is_sent(command):
+    # 1e10 s overflowed the sleep (OverflowError, exit 1) after the task had been created.
+    result = runner.invoke(app, [*command, "--server", f"http://127.0.0.1:{free_port()}"])
+    assert result.exit_code == 2, result.output
+    _one_error_line(result, "--poll: at most 604800 s (a week), got 1e+10")
 
 
 # ---- 7: a task id that does not exist, a --server that is not a URL ----------------------

@@ -66,6 +66,7 @@ from pipetune.model.wire import (
     MAX_BATCH_SIZE,
     MAX_BUDGET,
     MAX_PRIORITY,
+    MAX_SECONDS,
     MAX_TASK_PAGE,
     TASK_PAGE,
     ScheduleDoc,
@@ -105,9 +106,12 @@ def _check_tuning(
 
 def _check_poll(poll: float) -> None:
     """--poll before anything is sent: a task created and then left behind by a crash on
-    its first wait is the worst time to find out (and 0 would poll without a pause)."""
+    its first wait is the worst time to find out (0 would poll without a pause, and a pause
+    longer than MAX_SECONDS overflows the sleep)."""
     if not (math.isfinite(poll) and poll > 0):
         raise CliError(f"--poll: must be a positive number of seconds, got {poll:g}", 2)
+    if poll > MAX_SECONDS:
+        raise CliError(f"--poll: at most {MAX_SECONDS:g} s (a week), got {poll:g}", 2)
 
 
 def dashboard_url(server: str) -> str:
@@ -637,7 +641,8 @@ def tune_model(
         None,
         "--prior-gpu",
         help="warm-start each shape from its best-measured finished task on this GPU (not "
-        "--gpu; a strategy that takes a prior); a shape without one there starts cold",
+        "--gpu; a strategy that takes a prior; a task measured on a GPU first, then a "
+        "simulated one); a shape without one there starts cold",
     ),
     learned_prior: bool | None = typer.Option(
         None,

@@ -656,7 +656,7 @@ def db_import_optimum(
     simulated one, or the other way round, needs --force."""
     from pipetune.model.trials import is_simulated
     from pipetune.service.db import Database
-    from pipetune.service.imports import sweep_coverage
+    from pipetune.service.imports import storable_source_name, sweep_coverage
     from pipetune.service.orm import ReferenceOptimumRow
     from pipetune.service.records import set_reference_optimum, workload_id
 
@@ -692,7 +692,8 @@ def db_import_optimum(
                 info.gpu,
                 best.time_ms * 1e3,
                 len(data),
-                str(dataset),
+                # (A file name that is not UTF-8 failed here with UnicodeEncodeError, exit 1.)
+                storable_source_name(str(dataset)),
                 info.runner,
             )
     finally:
