@@ -426,6 +426,29 @@ def test_a_key_written_twice_is_refused_not_silently_dropped(tmp_path):
         load_dataset(path)
 
 
+@pytest.mark.parametrize("time_ms", [1e-310, 1e-7, 1e8], ids=["subnormal", "tiny", "huge"])
+def test_a_time_no_kernel_takes_is_refused(tmp_path, time_ms):
+    """A subnormal time was taken: its throughput overflowed to infinity, and `bench tuner
+    --json` printed NaN for the dataset's scores (JSON has no NaN)."""
+    cache = json.loads(json.dumps(CACHE))
+    cache["cache"]["32,0"]["time"] = time_ms
+    path = tmp_path / "odd_time.json"
+    path.write_text(json.dumps(cache))
+    with pytest.raises(DatasetError, match=r"time must be between 1e-06 and 1e\+07 ms"):
+        load_dataset(path)
+
+
+def test_a_time_of_a_nanosecond_or_three_hours_is_taken(tmp_path):
+    cache = json.loads(json.dumps(CACHE))
+    cache["cache"]["32,0"]["time"] = 1e-6
+    path = tmp_path / "edge.json"
+    path.write_text(json.dumps(cache))
+    assert load_dataset(path).records[0].time_ms == 1e-6
+    cache["cache"]["32,0"]["time"] = 1e7
+    path.write_text(json.dumps(cache))
+    assert load_dataset(path).records[0].time_ms == 1e7
+
+
 # --- the benchmark hub's real files ----------------------------------------------------
 
 

@@ -22,5 +22,7 @@ stderr_console = Console(stderr=True, markup=False)
 
 
 def print_json(document: Any) -> None:
-    # Plain print: rich would wrap long lines and break the document for machines.
-    sys.stdout.write(json.dumps(document, indent=2) + "\n")
+    # Plain print: rich would wrap long lines and break the document for machines. No NaN or
+    # Infinity, which JSON does not have and strict parsers refuse: a number that comes out
+    # so is a fault to fix where it is made, not a document to hand on.
+    sys.stdout.write(json.dumps(document, indent=2, allow_nan=False) + "\n")

@@ -18,7 +18,7 @@ from typing import Any, Literal, get_args
 import numpy as np
 
 from pipetune.model.errors import PipetuneError
-from pipetune.model.trials import TrialStatus
+from pipetune.model.trials import LATENCY_US_RANGE, TrialStatus
 
 Invalidity = Literal["correct", "compile", "runtime", "correctness", "timeout", "constraints"]
 INVALIDITIES: frozenset[str] = frozenset(get_args(Invalidity))
@@ -145,6 +145,14 @@ class Record:
             )
         if self.time_ms is not None:
             _check_number("time", self.time_ms, positive=True)
+            # The range a kernel's time can be in (a subnormal time's throughput overflowed
+            # to infinity, and `bench tuner --json` printed NaN for the dataset's scores).
+            low_ms, high_ms = (us / 1e3 for us in LATENCY_US_RANGE)
+            if not low_ms <= self.time_ms <= high_ms:
+                raise DatasetError(
+                    f"time must be between {low_ms:g} and {high_ms:g} ms (a nanosecond to "
+                    f"about three hours), got {shown(self.time_ms)}"
+                )
         elif self.invalidity == "correct":
             raise DatasetError("a valid ('correct') record needs a time")
         for sample in self.runtimes_ms:
