@@ -155,6 +155,18 @@ def test_curve_html_to_a_directory(tuned: str, folder: Path) -> None:
     _refused(result, f"--html: {folder / 'somedir'} is a directory")
 
 
+def test_curve_png_and_html_to_one_file_are_refused(tuned: str, tmp_path: Path) -> None:
+    """The page was written over the image: exit 0 and the PNG asked for lost."""
+    both = tmp_path / "curve.out"
+    link = tmp_path / "link"
+    link.symlink_to(tmp_path)
+    for html in (both, link / "curve.out"):
+        args = ["curve", "1", "--png", str(both), "--html", str(html)]
+        result = cli.invoke(app, [*args, "--db", tuned])
+        _refused(result, f"--html: {html} is the file --png writes; give each its own")
+        assert not both.exists()
+
+
 def test_curve_html_is_still_written(tuned: str, tmp_path: Path) -> None:
     page = tmp_path / "curve.html"
     result = cli.invoke(app, ["curve", "1", "--html", str(page), "--db", tuned])

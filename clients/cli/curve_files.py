@@ -39,13 +39,27 @@ def _subtitle(simulated: bool) -> str:
 
 def check_curve_outputs(png: Path | None, html: Path | None) -> None:
     """Everything about --png/--html that can be refused before the task is fetched (exit 2):
-    a path that is a directory or whose folder is missing, a PNG without matplotlib."""
+    a path that is a directory or whose folder is missing, both naming one file (the page
+    written second replaced the image), a PNG without matplotlib."""
     if png is not None:
         check_output_file(png, "--png")
     if html is not None:
         check_output_file(html, "--html")
+    if png is not None and html is not None and _same_file(png, html):
+        raise CliError(f"--html: {html} is the file --png writes; give each its own", 2)
     if png is not None:
         require_matplotlib()
+
+
+def _same_file(a: Path, b: Path) -> bool:
+    """Whether two paths name one file: the same path once resolved (links followed), or an
+    existing file reached two ways (a hard link)."""
+    if a.resolve() == b.resolve():
+        return True
+    try:
+        return a.samefile(b)
+    except OSError:  # (one of them does not exist yet, so they are not one file)
+        return False
 
 
 def write_curve_html(path: Path, task: TaskDoc, curve: Curve, simulated: bool) -> None:
