@@ -54,10 +54,14 @@ def test_source_for_a_conv():
     ("schedule", "message"),
     [
         ('{"chunk": 2', "--schedule: not valid JSON"),
-        ("[1, 2]", "a schedule must be an object"),
-        (json.dumps({**KNOBS, "chunk": 3}), "chunk must be one of [1, 2, 4, 8], got 3"),
-        (json.dumps({k: v for k, v in KNOBS.items() if k != "reg_stages"}), "missing knob"),
-        (json.dumps({**KNOBS, "unroll": 2}), "unknown knob(s): unroll"),
+        # What is wrong with the object names the option that held it (it did not).
+        ("[1, 2]", "--schedule: a schedule must be an object"),
+        (json.dumps({**KNOBS, "chunk": 3}), "--schedule: chunk must be one of [1, 2, 4, 8], got 3"),
+        (json.dumps({k: v for k, v in KNOBS.items() if k != "reg_stages"}),
+         "--schedule: missing knob"),
+        (json.dumps({**KNOBS, "unroll": 2}), "--schedule: unknown knob(s): unroll"),
+        # A knob given twice kept the last value without a word.
+        (json.dumps(KNOBS)[:-1] + ', "chunk": 1}', '--schedule: the knob "chunk" is given twice'),
         # 16 warps of 16x16 tiles: A's and B's 64x16 tiles are 128 16-byte chunks each,
         # which 512 threads cannot share evenly.
         (
@@ -113,6 +117,7 @@ def test_compile_defaults_to_the_gpu_arch_and_prints_a_table():
         ["--arch", "sm90"],
         ["--arch", "compute_90"],
         ["--arch", "sm_99"],  # (an NvrtcError "invalid option" and exit 1, after the work)
+        ["--arch", ""],  # (taken as "the GPU's own", which it does not say)
         ["--sample", "0"],
         ["--gpu", "x"],
         ["--seed", "-1"],  # (numpy's "expected non-negative integer", exit 1)

@@ -26,6 +26,7 @@ from pipetune.clients.cli.workload_options import add_workload_commands, option,
 from pipetune.model.errors import InvalidArgumentError
 from pipetune.model.family import family_for_op, family_of, parse_any_workload
 from pipetune.model.hardware import DEFAULT_GPU, get_gpu, gpu_keys
+from pipetune.model.knobs import ScheduleError
 from pipetune.workers.codegen.sample import UNCONSTRAINED_SHAPES, unconstrained_workload
 from pipetune.workers.families import codegen_for
 
@@ -42,12 +43,28 @@ _JSON = option("as_json", bool, False, "--json", help="print one JSON document")
 
 
 def parse_schedule(text: str, op: str = "gemm") -> Any:
-    """A --schedule JSON object of the op's family's knobs (ScheduleError names a bad one)."""
+    """A --schedule JSON object of the op's family's knobs; any fault in it is a usage error
+    that names the option (a knob the family lacks read "unknown knob(s)" without saying
+    which option held it)."""
     try:
-        data = json.loads(text)
+        data = json.loads(text, object_pairs_hook=_knobs_once)
     except json.JSONDecodeError as exc:
         raise CliError(f"--schedule: not valid JSON ({exc.msg})", code=2) from None
-    return family_for_op(op).parse_schedule(data)
+    try:
+        return family_for_op(op).parse_schedule(data)
+    except ScheduleError as exc:
+        raise CliError(f"--schedule: {exc}", code=2) from None
+
+
+def _knobs_once(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    """A JSON object whose keys are distinct: {"chunk": 2, "chunk": 4} kept the last value
+    without a word, and the kernel printed was not the one the user read in their own text."""
+    document = dict(pairs)
+    if len(document) != len(pairs):
+        seen: set[str] = set()
+        repeated = next(k for k, _ in pairs if k in seen or seen.add(k))  # type: ignore[func-returns-value]
+        raise CliError(f"--schedule: the knob {json.dumps(repeated)} is given twice", code=2)
+    return document
 
 
 def resolve_workload(data: dict[str, Any]) -> tuple[Any, str | None]:
@@ -139,7 +156,7 @@ def compile_document(
     family = family_of(w)
     codegen = codegen_for(family)
     spec = get_gpu(gpu)
-    arch = arch or spec.arch
+    arch = spec.arch if arch is None else arch  # (an empty --arch is not "the default")
     try:
         check_arch(arch)
     except InvalidArgumentError as exc:
