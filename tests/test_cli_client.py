@@ -4,12 +4,16 @@ is sent)."""
 
 from __future__ import annotations
 
+import os
+
 import pytest
 from typer.testing import CliRunner
 
 from pipetune.clients.cli.main import app
 from pipetune.clients.local_service import free_port
 from pipetune.model.workloads import OPS
+
+WORKER = ["worker", "--runner", "simulated", "--gpu", "h100", "--token", "t"]
 
 runner = CliRunner()
 FC = ["--m", "1024", "--n", "64", "--k", "2048", "--gpu", "h100"]
@@ -91,6 +95,11 @@ BAD = [
     (
         ["worker", "--runner", "simulated", "--gpu", "h100", "--token", "t", "--parent-pid", "0"],
         "--parent-pid: must be a process id, got 0",
+    ),
+    (
+        # A running process that is not the parent: it stopped at once with exit 0.
+        [*WORKER, "--parent-pid", str(os.getpid())],
+        f"--parent-pid: process {os.getpid()} is not this worker's parent",
     ),
     (["tune", "gemm", *FC[:6], "--gpu", "v100"], "--gpu: unknown GPU 'v100'"),
     (

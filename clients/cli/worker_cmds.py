@@ -8,6 +8,7 @@ pipetune worker --token T --runner replay --gpu a100 --dataset conv.t4.json.gz
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from urllib.parse import urlsplit
 
@@ -138,6 +139,9 @@ def worker(
         )
     except ValueError as exc:
         raise CliError(str(exc), 2) from None
+    if parent_pid is not None and parent_pid != os.getppid() and _process_exists(parent_pid):
+        # (It stopped at once, exit 0, as if its parent had died: a typo looked like success.)
+        raise CliError(f"--parent-pid: process {parent_pid} is not this worker's parent", 2)
     if dataset is not None and not dataset.exists():
         raise CliError(f"--dataset: {dataset} does not exist", 2)
     try:
@@ -157,3 +161,15 @@ def worker(
 def register(app: typer.Typer) -> None:
     """Add `pipetune worker`."""
     app.command("worker")(worker)
+
+
+def _process_exists(pid: int) -> bool:
+    """Whether a process `pid` runs (one of another user's too). A parent that has already
+    ended is what --parent-pid watches for: the worker then stops as it would later."""
+    try:
+        os.kill(pid, 0)
+    except PermissionError:
+        return True
+    except (ProcessLookupError, OverflowError):
+        return False
+    return True
