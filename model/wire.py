@@ -258,6 +258,7 @@ PRIOR_TASK_DESCRIPTION = (
 )
 PRIOR_GPU_DESCRIPTION = (
     "instead of prior_task: warm-start from the finished task of the same workload on this GPU "
+    "measured on a GPU ahead of a simulated one (a cupy task takes measured ones only), then "
     "measured by the newest generator revision, of those the one with the most successful "
     "trials (the newest of those); the task records which one"
 )
