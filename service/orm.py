@@ -24,10 +24,12 @@ from sqlalchemy import (
     UniqueConstraint,
     func,
 )
+from sqlalchemy.ext.compiler import compiles
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+from sqlalchemy.sql.functions import FunctionElement
 
 from pipetune.model.trials import RUNNER_MAX_CHARS
-from pipetune.service.db import UTCDateTime
+from pipetune.service.db import SQLITE_NOW_FORMAT, UTCDateTime
 
 NAMING = {
     "ix": "ix_%(table_name)s_%(column_0_N_name)s",
@@ -42,8 +44,32 @@ class Base(DeclarativeBase):
     type_annotation_map: ClassVar[dict] = {dict[str, Any]: JSON, dt.datetime: UTCDateTime}
 
 
+class _insert_time(FunctionElement):  # noqa: N801 (named as the SQL it stands for)
+    """The database's time when a row is inserted, to the microsecond on both databases:
+    SQLite's CURRENT_TIMESTAMP is whole seconds (a task stamped as created before a worker
+    that registered a moment earlier, since workers are stamped by Database.now)."""
+
+    type = UTCDateTime()
+    inherit_cache = True
+
+
+@compiles(_insert_time)
+def _insert_time_default(element: _insert_time, compiler: Any, **kw: Any) -> str:
+    return "CURRENT_TIMESTAMP"
+
+
+@compiles(_insert_time, "sqlite")
+def _insert_time_sqlite(element: _insert_time, compiler: Any, **kw: Any) -> str:
+    return f"strftime('{SQLITE_NOW_FORMAT}', 'now')"
+
+
 def _created() -> Mapped[dt.datetime]:
-    return mapped_column(UTCDateTime, server_default=func.current_timestamp())
+    # The schema's default (server_default, which migrations/ creates) is for rows written
+    # by hand; the service's inserts through SQLAlchemy take _insert_time. (PostgreSQL's raw
+    # batch insert, driver.COMMIT_BATCH_SQL, takes the schema's, precise there.)
+    return mapped_column(
+        UTCDateTime, default=_insert_time(), server_default=func.current_timestamp()
+    )
 
 
 class WorkloadRow(Base):

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import base64
 import collections
+import functools
 import hashlib
 import hmac
 import logging
@@ -38,6 +39,7 @@ from fastapi.concurrency import run_in_threadpool
 from sqlalchemy import case, select, update
 from sqlalchemy import exc as sa_exc
 
+from pipetune.model.family import family_of
 from pipetune.model.hardware import get_gpu
 from pipetune.model.states import JobState, LeaseOutcome, TaskState
 from pipetune.model.trials import RUNNER_PATTERN, MeasureResult, RunnerKind, is_simulated
@@ -136,6 +138,17 @@ def check_runner(worker: WorkerRef, r: MeasureResult, loc: list[str | int]) -> N
         )
 
 
+@functools.lru_cache(maxsize=256)
+def _no_schedule_reason(workload: Any, gpu: str) -> str | None:
+    """Why no schedule of the workload is valid on the GPU, None when some is (what task
+    creation refuses). Cached: a fleet registers with few workloads, each worker again at
+    every restart, and a space takes milliseconds to enumerate."""
+    family, spec = family_of(workload), get_gpu(gpu)
+    if len(family.enumerate(workload, spec)):
+        return None
+    return family.no_schedule_reason(workload, spec)
+
+
 @dataclass(frozen=True)
 class Judged:
     """One report's answer: the ack, or the HTTP error the single-job route raises."""
@@ -205,6 +218,12 @@ class Queue:
         expected = get_gpu(body.gpu).arch
         if body.arch != expected:  # (the wire model reads sm_90a as sm_90)
             raise InputError(["body", "arch"], f"{body.gpu} is {expected}, got {body.arch}")
+        if body.workload is not None:
+            # A workload with no valid schedule on the GPU has no task there ever (task
+            # creation refuses it): its worker long-polled for ever, and nothing said why.
+            problem = _no_schedule_reason(body.workload, body.gpu)
+            if problem is not None:
+                raise InputError(["body", "workload"], problem)
         try:
             doc, created = self._register(token_hash, body)
         except sa_exc.IntegrityError:

@@ -627,6 +627,41 @@ def test_a_worker_arch_must_match_its_gpu(client):
     assert response.json()["field"] == "arch" and "sm_90" in response.json()["reason"]
 
 
+def test_a_worker_of_a_workload_its_gpu_cannot_run_is_refused(client):
+    """A Hopper-only workload on an A100: task creation refuses the pair, and registration
+    took it (201), leaving a worker that waited for a job that can never exist."""
+    hopper = {"op": "hopper_gemm", "m": 64, "n": 64, "k": 64}
+    body = {"name": "r1", "gpu": "a100", "arch": "sm_80", "runner": "replay", "workload": hopper}
+    response = client.post("/v1/workers", json=body, headers=WORKER_HEADERS)
+    assert response.status_code == 422, response.text
+    answer = response.json()
+    assert answer["field"] == "workload"
+    assert answer["reason"].startswith("no schedule of the Hopper")
+    task = client.post("/v1/tasks", json={"workload": hopper, "gpu": "a100"})
+    assert (task.status_code, task.json()["reason"]) == (422, answer["reason"])
+    on_hopper = {**body, "gpu": "h100", "arch": "sm_90"}
+    assert client.post("/v1/workers", json=on_hopper, headers=WORKER_HEADERS).status_code == 201
+
+
+def test_rows_are_stamped_to_below_a_second_on_both_databases(client):
+    """SQLite's CURRENT_TIMESTAMP is whole seconds: tasks, jobs and workloads were stamped
+    so there (a task looked created before a worker that registered a moment earlier),
+    while workers, and every row on PostgreSQL, carried the fraction."""
+    from sqlalchemy import select
+
+    from pipetune.service.orm import JobRow, TaskRow, WorkloadRow
+
+    for m in (64, 128, 192):
+        create_task(client, budget=2, strategy="random", workload={**SMALL_GEMM, "m": m})
+    with service_of(client).db.read() as s:
+        for column in (TaskRow.created_at, TaskRow.updated_at, JobRow.created_at,
+                       WorkloadRow.created_at):  # fmt: skip
+            stamps = s.scalars(select(column)).all()
+            assert len(stamps) >= 3, column
+            # (Three or more rows all on a whole second: one chance in a billion.)
+            assert any(t.microsecond for t in stamps), (column, stamps)
+
+
 def test_request_bodies_over_the_limit_are_refused_saying_the_limit(db_url):
     """A 413 in JSON like every other error, naming the limit (Starlette's limiter answered
     "Content Too Large" in plain text), whether the body declared its length or not."""
