@@ -223,6 +223,17 @@ def test_a_hopper_kernels_cubin_for_another_arch_is_refused_by_name():
         k.launch_document("sm_80")
 
 
+@pytest.mark.parametrize("arch", ["bogus", "sm_75", ""])
+def test_an_arch_nvrtc_cannot_build_for_is_refused_by_every_method_taking_one(arch):
+    """launch_document wrote any text as its "arch" (sm_75, which cubin() refuses, or
+    "bogus"); cubin("") built for the tuned GPU, as if no arch had been given."""
+    k = pipetune.kernel(FC, "h100", schedule=S.as_dict())
+    for method in (k.launch_document, k.cubin):
+        with pytest.raises(ValueError, match=r"arch"):
+            method(arch)
+    assert k.launch_document("sm_80")["arch"] == "sm_80"
+
+
 def test_source_cubin_and_launch_of_a_given_schedule():
     k = pipetune.kernel(FC, "h100", schedule=S.as_dict())
     assert k.schedule == S and k.origin == "given"

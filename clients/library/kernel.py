@@ -53,7 +53,7 @@ from pipetune.model.memops.workloads import MemWorkload
 from pipetune.model.occupancy import blocks_per_sm
 from pipetune.model.wire import ScheduleResponse
 from pipetune.model.workloads import AnyWorkload
-from pipetune.workers.compile import compile_kernel, kernel_arch
+from pipetune.workers.compile import check_arch, compile_kernel, kernel_arch
 from pipetune.workers.families import codegen_for
 from pipetune.workers.launch_plan import Buffer, KernelLaunch, LaunchPlan
 from pipetune.workers.runners import tensor_maps
@@ -174,7 +174,8 @@ class TunedKernel:
     def cubin(self, arch: str | None = None) -> bytes:
         """The cubin for `arch` (default: the tuned GPU's), compiled by NVRTC through the
         compile cache (no GPU needed); every entry of the run is in it."""
-        return compile_kernel(self._kernel, arch or self.arch).cubin
+        # (None, not any false value: an empty arch is refused, not read as the default.)
+        return compile_kernel(self._kernel, self.arch if arch is None else arch).cubin
 
     def size_grid_for_cubin(self, arch: str | None = None) -> None:
         """Where the grid is sized from one wave of resident blocks, size it from the blocks
@@ -187,7 +188,7 @@ class TunedKernel:
         through `pipetune.kernel` sizes it from the driver's occupancy instead.)"""
         if not self.grid_depends_on_occupancy:
             return
-        compiled = compile_kernel(self._kernel, arch or self.arch)
+        compiled = compile_kernel(self._kernel, self.arch if arch is None else arch)
         first = self.plan.launches[0]
         threads = first.block[0] * first.block[1] * first.block[2]
         smem = first.smem_bytes + compiled.smem_static_bytes
@@ -298,8 +299,10 @@ class TunedKernel:
             "workload": self.workload.canonical(),
             "workload_label": self.workload.label(),
             "gpu": self.gpu,
-            # The target the cubin for `arch` is built for (sm_90 -> sm_90a for wgmma).
-            "arch": self.arch if arch is None else kernel_arch(self._kernel, arch),
+            # The target the cubin for `arch` is built for (sm_90 -> sm_90a for wgmma); one
+            # NVRTC cannot build for is refused here as cubin() refuses it (the document
+            # said "arch": "bogus").
+            "arch": self.arch if arch is None else kernel_arch(self._kernel, check_arch(arch)),
             "schedule": self.schedule.as_dict(),
             "schedule_id": self.schedule.id,
             "schedule_origin": self.origin,
