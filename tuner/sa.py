@@ -114,13 +114,26 @@ class SimulatedAnnealing:
         moved = codec.rows(vi)
         return np.where(moved >= 0, moved, rows)
 
-    def find_maximums(self, scores: np.ndarray, k: int, exclude: set[int]) -> list[int]:
-        """Up to k unvisited rows with the highest scores found by the chains, best first."""
+    def find_maximums(
+        self,
+        scores: np.ndarray,
+        k: int,
+        exclude: set[int],
+        tiebreak: np.ndarray | None = None,
+    ) -> list[int]:
+        """Up to k unvisited rows with the highest scores found by the chains, best first.
+        Equal scores are ordered by `tiebreak` (one random number per row; drawn here when
+        not given), not by row: a tree model's predictions are full of exact ties, and with
+        the lowest row first a model that had learnt nothing (all trials tied, or failed)
+        walked the space from its first row like a grid search."""
         n = len(self.codec)
+        if tiebreak is None:
+            tiebreak = self.rng.random(n)
         if self._chains is None:
             self._chains = self.rng.integers(0, n, size=min(self.n_chains, n))
         chains = self._chains
-        heap: list[tuple[float, int]] = []  # min-heap of (score, row) over unvisited rows
+        # A min-heap of (score, tiebreak, row) over unvisited rows.
+        heap: list[tuple[float, float, int]] = []
         in_heap: set[int] = set()
 
         def offer(rows: np.ndarray) -> bool:
@@ -128,13 +141,13 @@ class SimulatedAnnealing:
             for r in np.unique(rows).tolist():
                 if r in exclude or r in in_heap:
                     continue
-                s = float(scores[r])
+                entry = (float(scores[r]), float(tiebreak[r]), r)
                 if len(heap) < k:
-                    heapq.heappush(heap, (s, r))
+                    heapq.heappush(heap, entry)
                     in_heap.add(r)
                     improved = True
-                elif s > heap[0][0]:
-                    _, dropped = heapq.heapreplace(heap, (s, r))
+                elif entry > heap[0]:
+                    dropped = heapq.heapreplace(heap, entry)[2]
                     in_heap.discard(dropped)
                     in_heap.add(r)
                     improved = True
@@ -155,4 +168,4 @@ class SimulatedAnnealing:
             if since_improved >= self.early_stop and len(heap) >= k:
                 break
         self._chains = chains
-        return [r for _, r in sorted(heap, key=lambda e: (-e[0], e[1]))]
+        return [r for _, _, r in sorted(heap, reverse=True)]

@@ -112,7 +112,8 @@ class XGBStrategy(Strategy):
             return self._random_unvisited(n, exclude)  # TVM: random until the model has data
         self._refit(history)
         scores = self.cost_model.predict(self.space)
-        picks = self.sa.find_maximums(scores, n, exclude)
+        tiebreak = self.rng.random(len(scores))  # (equal scores in a random order: sa.py)
+        picks = self.sa.find_maximums(scores, n, exclude, tiebreak)
         # Epsilon-greedy: each slot is a random unvisited schedule with probability epsilon.
         chosen = set(picks)
         for i in range(len(picks)):
@@ -124,7 +125,7 @@ class XGBStrategy(Strategy):
                     chosen.add(extra[0])
         if len(picks) < n:  # SA found fewer unvisited maxima than asked: top up in score order
             picks += self._in_order(
-                np.argsort(-scores, kind="stable"), n - len(picks), exclude | chosen
+                np.lexsort((-tiebreak, -scores)), n - len(picks), exclude | chosen
             )
         return picks
 
