@@ -13,6 +13,7 @@ from types import SimpleNamespace
 import pytest
 
 from pipetune.clients.sdk import (
+    AuthError,
     ProtocolError,
     RetryLaterError,
     ServerError,
@@ -145,6 +146,24 @@ def test_leasing_stops_retrying_when_the_worker_stops():
     started = time.monotonic()
     assert worker._lease(api, 1) == []  # type: ignore[arg-type]
     assert time.monotonic() - started < 3 and api.calls["lease"] >= 1
+
+
+def test_a_token_refused_mid_run_reaches_the_cli_as_the_refusal_it_is():
+    """A worker token refused while leasing was wrapped in WorkerError, so `pipetune worker`
+    said "the service refused to lease jobs" without naming --token or its variable (at
+    start-up the same refusal did); the whole run, through the CLI's message."""
+    from pipetune.clients.cli.remote import cli_error
+    from pipetune.workers.daemon.config import TOKEN_ENV
+
+    refused = AuthError(401, "a valid worker token required", method="POST", path="/v1/jobs/lease")
+    api = FakeApi(0, refused)
+    api.lease = lambda *args, **kwargs: (_ for _ in ()).throw(refused)  # type: ignore[method-assign]
+    api.close = lambda: None  # type: ignore[attr-defined]
+    worker, _ = _worker(api)
+    with pytest.raises(AuthError) as caught:
+        worker.run()
+    message = str(cli_error(caught.value, credential=f"give --token or set {TOKEN_ENV}"))
+    assert message.endswith(f"give --token or set {TOKEN_ENV}"), message
 
 
 @pytest.mark.parametrize(

@@ -37,6 +37,7 @@ from typing import Any, TypeVar
 
 from pipetune.clients.sdk import (
     ApiError,
+    AuthError,
     InvalidRequestError,
     NotFoundError,
     PipetuneError,
@@ -508,6 +509,10 @@ class Worker:
                 if not self._register(api):
                     return
                 continue
+            except AuthError:
+                # As it is, so the CLI says which credential was refused and where it comes
+                # from (a worker token refused mid-run read as a bare refusal, exit 1).
+                raise
             except ApiError as exc:
                 raise WorkerError(f"the service refused to lease jobs: {exc}") from None
             reregistered = 0
