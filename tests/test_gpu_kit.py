@@ -307,9 +307,15 @@ def test_the_kit_offers_each_gpu_what_its_committed_data_lacks(tmp_path):
         open_calls,
     )
 
-    # The repository's data: campaigns, the current convolution loader and the Hopper family
-    # on the H200, which leaves its persistent probe shapes.
-    h200 = open_calls("h200", ROOT / DATA_DIR)
+    # The repository's data: campaigns, the current convolution loader, the Hopper family and
+    # its persistent probe shapes on the H200 (measured 2026-12-04): nothing left there.
+    assert open_calls("h200", ROOT / DATA_DIR) == []
+    # Without that probe's file, it is offered.
+    mirror = tmp_path / "data"
+    shutil.copytree(ROOT / DATA_DIR / "h200", mirror / "h200")
+    shutil.copytree(ROOT / DATA_DIR / "hopper", mirror / "hopper")
+    (mirror / "h200" / "wgmma-probe-persistent.json").unlink()
+    h200 = open_calls("h200", mirror)
     assert [c.command for c in h200] == [PROBE_CALLS["h200"][2]]
     assert h200[0].run() == {
         "timeout_s": 330, "carry": [".gpu-kit"], "command": PROBE_CALLS["h200"][2],
@@ -329,9 +335,6 @@ def test_the_kit_offers_each_gpu_what_its_committed_data_lacks(tmp_path):
         )
     ]
     # Its probe kept under the name the heading gives: no longer offered.
-    mirror = tmp_path / "data"
-    shutil.copytree(ROOT / DATA_DIR / "h200", mirror / "h200")
-    shutil.copytree(ROOT / DATA_DIR / "hopper", mirror / "hopper")
     (mirror / "h200" / "wgmma-probe-persistent.json").write_text("{}")
     assert open_calls("h200", mirror) == []
 
