@@ -299,10 +299,11 @@ def evaluate(space: Space) -> Prediction:
     Bytes_one_reg_loop = (WM + WN) * MMA_TILE * BYTES_FP16
     reg_stream = Bytes_one_reg_loop * N_warp_per_threadblk / gpu.smem_bandwidth_per_sm
     T_reg_load = gpu.smem_latency_ns * 1e-9 + reg_stream
-    # Rows and columns of a tile past the matrix edge are zero-filled by cp.async (source
-    # size 0) and read nothing, as _wave_working_set counts them: a 128-row tile of a 72-row
-    # GEMM moves 72 rows per K step, not 128.
-    Bytes_one_smem_loop = (np.minimum(BM, view.m) + np.minimum(BN, view.n)) * BK * BYTES_FP16
+    # The whole tile, rows past the matrix edge too: cp.async zero-fills them (source size
+    # 0), which reads no DRAM (_wave_working_set clips them) but still passes each copy
+    # through the load path. Clipped here as well, the model ranked a measured skinny GEMM
+    # worse (H200, 72x12288x4096: top-1 0.902 -> 0.790; tests/test_measured_data.py).
+    Bytes_one_smem_loop = (BM + BN) * BK * BYTES_FP16
     # Warp instructions of one K step of one warp (reading 8).
     step_issue = step_instructions(space).total
     Bytes_output_tile = np.minimum(BM, view.m) * np.minimum(BN, view.n) * BYTES_FP16
