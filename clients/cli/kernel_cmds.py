@@ -28,6 +28,7 @@ from pipetune.model.family import family_for_op, family_of, parse_any_workload
 from pipetune.model.hardware import DEFAULT_GPU, get_gpu, gpu_keys
 from pipetune.model.knobs import ScheduleError
 from pipetune.workers.codegen.sample import UNCONSTRAINED_SHAPES, unconstrained_workload
+from pipetune.workers.datasets.files import repeated_key
 from pipetune.workers.families import codegen_for
 
 kernel_app = typer.Typer(help="The CUDA kernels: source and NVRTC compilation (no GPU needed).")
@@ -59,12 +60,10 @@ def parse_schedule(text: str, op: str = "gemm") -> Any:
 def _knobs_once(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
     """A JSON object whose keys are distinct: {"chunk": 2, "chunk": 4} kept the last value
     without a word, and the kernel printed was not the one the user read in their own text."""
-    document = dict(pairs)
-    if len(document) != len(pairs):
-        seen: set[str] = set()
-        repeated = next(k for k, _ in pairs if k in seen or seen.add(k))  # type: ignore[func-returns-value]
+    repeated = repeated_key(pairs)
+    if repeated is not None:
         raise CliError(f"--schedule: the knob {json.dumps(repeated)} is given twice", code=2)
-    return document
+    return dict(pairs)
 
 
 def resolve_workload(data: dict[str, Any]) -> tuple[Any, str | None]:

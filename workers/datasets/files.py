@@ -87,16 +87,25 @@ def _check_nesting_and_numbers(document: Any) -> None:
                 raise DatasetError("a number is beyond the float range")
 
 
+def repeated_key(pairs: list[tuple[str, Any]]) -> str | None:
+    """The first key a JSON object's pairs (json's object_pairs_hook) give twice, None when
+    they are distinct: json keeps the last of a repeated key without a word."""
+    seen: set[str] = set()
+    for key, _ in pairs:
+        if key in seen:
+            return key
+        seen.add(key)
+    return None
+
+
 def _object_without_duplicate_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
-    """An object whose keys are distinct. json keeps the last of a repeated key: a cache
-    entry written twice (two measurements of one configuration) lost one without a word."""
-    document = dict(pairs)
-    if len(document) != len(pairs):
-        seen: set[str] = set()
-        repeated = next(k for k, _ in pairs if k in seen or seen.add(k))  # type: ignore[func-returns-value]
+    """An object whose keys are distinct: a cache entry written twice (two measurements of
+    one configuration) lost one without a word."""
+    repeated = repeated_key(pairs)
+    if repeated is not None:
         shown = repeated if len(repeated) <= 60 else repeated[:57] + "..."
         raise DatasetError(f"the key {json.dumps(shown)} appears twice in one object")
-    return document
+    return dict(pairs)
 
 
 def parse_json(text: str, source: str) -> Any:
