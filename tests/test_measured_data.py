@@ -218,18 +218,22 @@ def test_the_short_k_operators_are_ranked_with_their_co_resident_blocks_overlapp
     assert np.mean([spearman(op, op.predicted_us) for op in ops]) > 0.35
 
 
-def test_the_model_picks_well_on_a_measured_skinny_gemm():
-    # GEMM 72x12288x4096, every valid schedule swept on the H200 (2026-12-04): taller tiles
-    # than the matrix, whose rows past its edge cp.async zero-fills. Their shared-memory copies
-    # counted only up to the edge (as the wave's DRAM working set counts them) ranked it worse:
-    # the model's pick held 0.790 of the optimum against 0.902 counting the whole tile (0.850
-    # with the lone-block floor of reading 11 as well, 0.902 again without the clipping).
+@pytest.mark.parametrize(
+    ("name", "floor"),
+    [("MM_72x12288x4096", 0.88), ("MM_4096x72x4096", 0.84)],
+)
+def test_the_model_picks_well_on_measured_skinny_gemms(name: str, floor: float):
+    # Two GEMMs with tiles past the matrix edge, every valid schedule swept on the H200
+    # (2026-12-04). The model's pick, as a fraction of the optimum, by what its L2 stream
+    # counts of a tile's copies past the edge: the whole tile 0.902 / 0.739; A's rows and B's
+    # columns clipped 0.790 / 0.859; only B's clipped 0.902 / 0.859 (with the lone-block floor
+    # of reading 11 in every case but the first, which had none: 0.902 / 0.739 there too).
     from benchmarks.bench_campaign import best_in_top_k
     from benchmarks.campaign_data import load_operator
 
-    path = DATA / "h200" / "shapes" / "MM_72x12288x4096.t4.json.gz"
+    path = DATA / "h200" / "shapes" / f"{name}.t4.json.gz"
     info = check_pipetune(load_dataset(path))
     assert info.runner == "cupy" and info.gpu == "h200"
     op = load_operator(path, {})
     assert np.isfinite(op.measured_us).all() and len(op.measured_us) == len(op.space) == 2648
-    assert best_in_top_k(op, op.predicted_us, 1) >= 0.88
+    assert best_in_top_k(op, op.predicted_us, 1) >= floor

@@ -1,7 +1,7 @@
 """The analytical model's review fixes (model/analytical.py): a bigger problem is never
 predicted faster than a smaller one through its lone-block floor, and the issue-bound label is
 taken before the fragment wait of reading 10 is added. (A third, clipping a tile's shared-memory
-copies at the matrix edge, was taken back when a measured skinny GEMM said otherwise:
+copies at the matrix edge, was narrowed to B's columns when two measured skinny GEMMs said so:
 tests/test_measured_data.py.)"""
 
 from __future__ import annotations
