@@ -149,6 +149,70 @@ def test_the_design_is_distinct_seeded_and_covers_every_knob(space):
     assert sorted(design_rows(enc, len(space) + 5, seed=0)) == list(range(len(space)))
 
 
+def test_distances_from_the_compact_columns_are_the_one_hot_features_distances(space):
+    # The design measures configurations apart by the L1 distance of their features; it
+    # reads them from one column per knob (a categorical knob's rank), not from the one-hot
+    # matrix, which is as wide as the knobs have values.
+    from scipy.spatial.distance import cdist
+
+    enc = KnobEncoding.of(space)
+    assert enc.scaled.shape == (len(space), 5) and enc.categories.shape == (len(space), 1)
+    rows, to = np.arange(0, len(space), 3), np.array([0, 7, len(space) - 1])
+    expected = cdist(enc.features[rows], enc.features[to], metric="cityblock")
+    np.testing.assert_allclose(enc.l1_distances(rows, to), expected, rtol=1e-12)
+    whole = cdist(enc.features, enc.features[to], metric="cityblock")
+    np.testing.assert_allclose(enc.l1_distances(slice(None), to), whole, rtol=1e-12)
+
+
+def test_the_design_of_a_many_valued_categorical_knob_stays_small():
+    # 20,000 configurations of a 500-valued text knob: the design used to copy the one-hot
+    # feature matrix (20,000 x 503 doubles, 80 MB) for each pick; from the compact columns
+    # a pick's distances are one per configuration. The picks are those of the herding
+    # computed from the whole features (the reference below), the same distances.
+    import tracemalloc
+
+    rng = np.random.default_rng(1)
+    knobs = {"x": list(range(4)), "y": list(range(4)), "kind": [f"k{i}" for i in range(500)]}
+    configs = [
+        {"x": int(rng.integers(4)), "y": int(rng.integers(4)), "kind": f"k{rng.integers(500)}"}
+        for _ in range(20_000)
+    ]
+    recorded = RecordedConfigs("wide", knobs, configs, np.ones(len(configs)))
+    enc = KnobEncoding.of(ForeignSpace(recorded))
+    assert enc.features.shape[1] > 500 and enc.categories.shape[1] == 1
+    tracemalloc.start()
+    rows = design_rows(enc, 6, seed=0)
+    peak = tracemalloc.get_traced_memory()[1]
+    tracemalloc.stop()
+    assert peak < enc.features.nbytes / 2, peak  # before: a copy of it per pick
+    assert rows == _herding_from_features(enc, 6, seed=0)
+
+
+def _herding_from_features(enc: KnobEncoding, n: int, seed: int) -> list[int]:
+    """design_rows as written before it read the compact columns: every distance from the
+    one-hot feature matrix."""
+    from scipy.spatial.distance import cdist
+
+    from pipetune.tuner.design import REFERENCE_ROWS
+
+    f = enc.features
+    rng = np.random.default_rng(seed)
+    reference = f[rng.permutation(len(enc))[:REFERENCE_ROWS]]
+    pairs = cdist(reference, reference, metric="cityblock")[np.triu_indices(len(reference), 1)]
+    scale = float(np.median(pairs)) or 1.0
+    kernel_mean = np.exp(-cdist(f, reference, metric="cityblock") / scale).mean(axis=1)
+    tie_break = rng.permutation(len(enc)) / len(enc) * 1e-9
+    summed, taken, rows = np.zeros(len(enc)), np.zeros(len(enc), dtype=bool), []
+    for t in range(n):
+        score = kernel_mean - summed / (t + 1) + tie_break
+        score[taken] = -np.inf
+        row = int(np.argmax(score))
+        taken[row] = True
+        rows.append(row)
+        summed += np.exp(-np.abs(f - f[row]).sum(axis=1) / scale)
+    return rows
+
+
 def _knob_distance(enc: KnobEncoding, rows) -> float:
     """How far a sample's knob values are from the space's, summed over the knobs (total
     variation between the two distributions of each knob's values)."""

@@ -26,7 +26,6 @@ little from seed to seed.
 from __future__ import annotations
 
 import numpy as np
-from scipy.spatial.distance import cdist
 
 from pipetune.tuner.encoding import KnobEncoding
 
@@ -36,12 +35,12 @@ REFERENCE_ROWS = 256
 BLOCK_ROWS = 4096
 
 
-def _kernel_mean(features: np.ndarray, reference: np.ndarray, scale: float) -> np.ndarray:
+def _kernel_mean(encoding: KnobEncoding, reference: np.ndarray, scale: float) -> np.ndarray:
     """Each row's mean Laplace kernel value against the reference rows."""
-    out = np.empty(len(features))
-    for start in range(0, len(features), BLOCK_ROWS):
+    out = np.empty(len(encoding))
+    for start in range(0, len(encoding), BLOCK_ROWS):
         block = slice(start, start + BLOCK_ROWS)
-        distances = cdist(features[block], reference, metric="cityblock")
+        distances = encoding.l1_distances(block, reference)
         distances /= -scale
         out[block] = np.exp(distances, out=distances).mean(axis=1)
     return out
@@ -52,13 +51,12 @@ def design_rows(encoding: KnobEncoding, n: int, seed: int) -> list[int]:
     n = min(n, len(encoding))
     if n == 0:
         return []
-    features = encoding.features
     rng = np.random.default_rng(seed)
-    reference = features[rng.permutation(len(encoding))[:REFERENCE_ROWS]]
-    pairs = cdist(reference, reference, metric="cityblock")[np.triu_indices(len(reference), 1)]
+    reference = rng.permutation(len(encoding))[:REFERENCE_ROWS]
+    pairs = encoding.l1_distances(reference, reference)[np.triu_indices(len(reference), 1)]
     scale = float(np.median(pairs)) if len(pairs) else 1.0
     scale = scale or 1.0  # 0 only where most configurations are alike
-    kernel_mean = _kernel_mean(features, reference, scale)
+    kernel_mean = _kernel_mean(encoding, reference, scale)
     tie_break = rng.permutation(len(encoding)) / len(encoding) * 1e-9
     design_kernel_sum = np.zeros(len(encoding))  # sum over the picks of k(row, pick)
     taken = np.zeros(len(encoding), dtype=bool)
@@ -69,5 +67,10 @@ def design_rows(encoding: KnobEncoding, n: int, seed: int) -> list[int]:
         row = int(np.argmax(score))
         taken[row] = True
         rows.append(row)
-        design_kernel_sum += np.exp(-np.abs(features - features[row]).sum(axis=1) / scale)
+        # From the compact columns, not features - features[row]: that difference is a copy
+        # of the whole feature matrix per pick (0.8 GB for 200,000 configurations of a
+        # 500-valued categorical knob, one-hot).
+        distances = encoding.l1_distances(slice(None), np.array([row]))[:, 0]
+        distances /= -scale
+        design_kernel_sum += np.exp(distances, out=distances)
     return rows

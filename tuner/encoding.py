@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+from scipy.spatial.distance import cdist
 
 from pipetune.tuner.sa import codec_for
 
@@ -31,6 +32,10 @@ class KnobEncoding:
     radices: np.ndarray  # values per knob
     ordered: np.ndarray  # bool per knob
     features: np.ndarray  # (N, F) surrogate features in [0, 1]
+    # The same configurations, compact: the ordered columns of `features`, and each
+    # categorical knob's value rank (its one-hot columns differ in two places or none).
+    scaled: np.ndarray  # (N, ordered columns)
+    categories: np.ndarray  # (N, categorical knobs) int
 
     @classmethod
     def of(cls, space: Any) -> KnobEncoding:
@@ -39,7 +44,10 @@ class KnobEncoding:
         ordered = np.asarray(
             getattr(space, "ordered_knobs", None) or [True] * value_index.shape[1], dtype=bool
         )
+        n = len(value_index)
         columns: list[np.ndarray] = []
+        scaled: list[np.ndarray] = []
+        categories: list[np.ndarray] = []
         for j in range(value_index.shape[1]):
             present = np.unique(value_index[:, j])
             if len(present) < 2:
@@ -49,10 +57,30 @@ class KnobEncoding:
             rank = np.searchsorted(present, value_index[:, j])
             if ordered[j] or len(present) == 2:
                 columns.append((rank / (len(present) - 1))[:, None])
+                scaled.append(columns[-1])
             else:
                 columns.append((rank[:, None] == np.arange(len(present))[None, :]).astype(float))
-        features = np.hstack(columns) if columns else np.zeros((len(value_index), 1))
-        return cls(value_index, codec.radices, ordered, features)
+                categories.append(rank[:, None])
+        features = np.hstack(columns) if columns else np.zeros((n, 1))
+        return cls(
+            value_index,
+            codec.radices,
+            ordered,
+            features,
+            np.hstack(scaled) if scaled else np.zeros((n, 0)),
+            np.hstack(categories) if categories else np.zeros((n, 0), dtype=np.int64),
+        )
+
+    def l1_distances(self, rows: slice | np.ndarray, to: np.ndarray) -> np.ndarray:
+        """(len(rows), len(to)) L1 distances between the `features` of configurations `rows`
+        and `to`, from the compact columns: with one-hot columns the feature matrix is as
+        wide as the knobs have values (500 for a 500-valued text knob), the compact one as
+        there are knobs."""
+        distances = cdist(self.scaled[rows], self.scaled[to], metric="cityblock")
+        categories, other = self.categories[rows], self.categories[to]
+        for j in range(categories.shape[1]):
+            np.add(distances, 2.0, out=distances, where=categories[:, j, None] != other[None, :, j])
+        return distances
 
     def __len__(self) -> int:
         return len(self.value_index)
