@@ -132,9 +132,10 @@ def _imported_task(
         )
         .order_by(TaskRow.id)
     ).all()
-    described = (_device_name(info), _settings(info))
+    described = (_device_name(info), _settings(info) or None)
     for task_id, device_name, settings in candidates:
-        if (device_name, settings) != described:
+        # ({} and none both state no settings: imports before {} was kept stored none.)
+        if (device_name, settings or None) != described:
             continue
         rows = session.execute(
             select(*(getattr(JobRow, c) for c in TRIAL_COLUMNS))

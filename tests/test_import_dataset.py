@@ -445,3 +445,27 @@ def test_an_imported_file_without_settings_is_not_exported_as_a_tuning_run(
     doc = _import(path, db_url)
     back = _export_t4(doc["id"], tmp_path / "back.t4.json.gz", db_url).metadata["pipetune"]
     assert back["settings"] == {}
+
+
+def test_a_file_with_empty_settings_imported_before_they_were_kept_is_already_imported(
+    a100_sweep, db_url, tmp_path
+):
+    """Imports before settings of {} were kept as {} stored none for them; the same file
+    imported again compared {} with none and became a second task."""
+    from sqlalchemy import create_engine, update
+
+    from pipetune.service.orm import TaskRow
+
+    data = load_dataset(a100_sweep)
+    meta = json.loads(json.dumps(data.metadata))
+    meta["pipetune"]["settings"] = {}
+    path = tmp_path / "empty_settings.t4.json.gz"
+    write_t4(Dataset(data.records, knobs=data.knobs, metadata=meta), path)
+    first = _import(path, db_url)
+    engine = create_engine(db_url)
+    with engine.begin() as conn:  # as an import before then left it
+        conn.execute(
+            update(TaskRow).where(TaskRow.id == first["id"]).values(imported_settings=None)
+        )
+    engine.dispose()
+    assert _import(path, db_url)["id"] == first["id"]
