@@ -269,8 +269,13 @@ def redact(url: str) -> str:
 
     # (A SQLite path that is not UTF-8 failed every command that names its database with
     # UnicodeEncodeError, exit 1, after `db upgrade` had done its work.)
-    parsed = make_url(readable_os_text(url))
+    given = readable_os_text(url)
+    parsed = make_url(given)
     hidden = {k: HIDDEN for k in parsed.query if k.lower() in SECRET_QUERY_KEYS}
+    if not hidden and parsed.password is None:
+        # Nothing to hide: as given. Rendered, a path's % and \ came back URL-quoted
+        # (a%25b.db), naming a file that does not exist.
+        return given
     if not hidden:
         return parsed.render_as_string(hide_password=True)
     shown = parsed.update_query_dict(hidden).render_as_string(hide_password=True)

@@ -98,7 +98,8 @@ def test_a_sqlite_path_that_is_not_utf8_is_named_escaped(tmp_path):
         result = runner.invoke(app, [*command, "--db", url])
         assert result.exit_code == 0, (command, result.output)
     assert (bytes(tmp_path) + b"/lat\xe9.db") in [os.fsencode(p) for p in tmp_path.iterdir()]
-    assert "lat%5Cxe9.db" in runner.invoke(app, ["db", "current", "--db", url]).stdout
+    # (as the other file names not UTF-8: escaped, not URL-quoted as lat%5Cxe9.db)
+    assert "lat\\xe9.db" in runner.invoke(app, ["db", "current", "--db", url]).stdout
 
 
 # ---- 2: import-dataset run again answers with the task it made ---------------------------

@@ -493,3 +493,19 @@ def test_the_health_check_answers_whatever_host_it_is_addressed_to(db_url):
         assert refused.status_code == 400
         assert "is not one this service answers" in refused.json()["detail"]
         assert client.get("/v1/tasks", headers={"Host": "tuner.lan:8000"}).status_code == 200
+
+
+def test_a_url_with_no_password_is_shown_as_given():
+    """A database path with a percent sign or a byte that is not UTF-8 was shown URL-quoted
+    (a%25b.db, x%5Cxe9.db): a file that does not exist, in the message about the one that
+    does."""
+    from pipetune.service.migrate import redact
+
+    assert redact("sqlite:////tmp/a%b.db") == "sqlite:////tmp/a%b.db"
+    assert redact("sqlite:////tmp/my db.db") == "sqlite:////tmp/my db.db"
+    assert redact(os.fsdecode(b"sqlite:////tmp/x\xe9.db")) == "sqlite:////tmp/x\\xe9.db"
+    assert (
+        redact("postgresql://u@h:5432/db?sslmode=prefer")
+        == "postgresql://u@h:5432/db?sslmode=prefer"
+    )
+    assert redact("postgresql://u:pw@h/db") == "postgresql://u:***@h/db"
