@@ -715,6 +715,20 @@ class JobResultAcks(_Body):
     jobs: list[JobLease] = []  # leased in the same request (JobResults.max_jobs)
 
 
+class LeaseRelease(_Request):
+    """POST /v1/jobs/release: leases the worker hands back unmeasured (it is stopping): the
+    service queues their jobs again at once, without counting an attempt."""
+
+    worker_id: RowRef
+    leases: list[HeldLease] = Field(min_length=1, max_length=MAX_HELD_LEASES)
+
+
+class ReleaseAck(_Body):
+    """The jobs queued again; a lease no longer the worker's is left as it is (not listed)."""
+
+    released: list[int]
+
+
 # ---- added with the service: listings, errors, health ---------------------------------
 
 

@@ -654,54 +654,70 @@ class Queue:
         for (arch, gpu, runner), n in requeued.items():
             self.wakeup.signal(arch, gpu, n, runner)
 
-    def _release(self, job_ids: list[int], token: str) -> None:
+    def release(self, worker_id: int, token_hash: str, leases: list[tuple[int, str]]) -> list[int]:
+        """Queue again, at once, jobs the worker hands back unmeasured (it is stopping:
+        POST /v1/jobs/release), as `_release` does; only those still leased to this worker
+        under the lease given (one since expired, re-leased or finished is left as it is).
+        The ids of the jobs released; 404 for a worker not registered, 403 another token's."""
+        worker = self.worker_ref(worker_id, token_hash)
+        by_token: dict[str, list[int]] = collections.defaultdict(list)
+        for job_id, token in leases:
+            by_token[token].append(job_id)
+        released: list[int] = []
+        for token, job_ids in by_token.items():
+            released += self._release(sorted(set(job_ids)), token, owner=worker.id)
+        return sorted(released)
+
+    def _release(self, job_ids: list[int], token: str, owner: int | None = None) -> list[int]:
         """Queue again, at once, jobs this replica claimed under `token` and then could not
         hand over (the answer failed after the claim had committed): their worker never got
         them, so they are not left leased to it until the TTL, no attempt is counted, and a
-        request waiting for them is woken. Best effort: should the database refuse this too,
-        or be stalled (a probe would hold the event loop, where PostgreSQL's claims run),
-        the leases expire as before."""
+        request waiting for them is woken. With `owner`, only jobs leased to that worker
+        (a worker handing jobs back: `release`). Best effort: should the database refuse
+        this too, or be stalled (a probe would hold the event loop, where PostgreSQL's
+        claims run), the leases expire as before. The ids of the jobs queued again."""
         if not job_ids:
-            return
+            return []
         if self.db.stalled:
             log.warning("jobs %s stay leased until their TTL: the database is stalled", job_ids)
-            return
-        locked = (
-            select(JobRow.id)
-            .where(
-                JobRow.id.in_(job_ids),
-                JobRow.state == JobState.LEASED,
-                JobRow.lease_token == token,
-            )
-            .order_by(JobRow.id)
-            .with_for_update()
-        )
+            return []
+        conditions = [
+            JobRow.id.in_(job_ids),
+            JobRow.state == JobState.LEASED,
+            JobRow.lease_token == token,
+        ]
+        if owner is not None:
+            conditions.append(JobRow.lease_owner == owner)
+        locked = select(JobRow.id).where(*conditions).order_by(JobRow.id).with_for_update()
         try:
             with self.db.write() as s:
                 rows = s.execute(
                     update(JobRow)
                     .where(JobRow.id.in_(locked.scalar_subquery()))
                     .values(state=JobState.QUEUED, **LEASE_CLEARED)
-                    .returning(JobRow.arch, JobRow.gpu, JobRow.only_runner)
+                    .returning(JobRow.id, JobRow.arch, JobRow.gpu, JobRow.only_runner)
                     .execution_options(synchronize_session=False)
                 ).all()
-                s.execute(
-                    update(LeaseRow)
-                    .where(
-                        LeaseRow.job_id.in_(job_ids),
-                        LeaseRow.token == token,
-                        LeaseRow.outcome.is_(None),
+                released = [r.id for r in rows]
+                if released:
+                    s.execute(
+                        update(LeaseRow)
+                        .where(
+                            LeaseRow.job_id.in_(released),
+                            LeaseRow.token == token,
+                            LeaseRow.outcome.is_(None),
+                        )
+                        .values(outcome=LeaseOutcome.RELEASED, ended_at=self.db.now())
+                        .execution_options(synchronize_session=False)
                     )
-                    .values(outcome=LeaseOutcome.RELEASED, ended_at=self.db.now())
-                    .execution_options(synchronize_session=False)
-                )
                 requeued = self._notify_requeued(s, rows)
         except sa_exc.SQLAlchemyError as exc:
             log.warning(
                 "jobs %s stay leased until their TTL: releasing them failed: %s", job_ids, exc
             )
-            return
+            return []
         self._signal_requeued(requeued)
+        return released
 
     # ---- results -------------------------------------------------------------------
 

@@ -257,13 +257,30 @@ def test_a_report_leaves_to_the_lease_in_flight_what_it_asks_for():
     assert api.asked == [0] and stopping._busy == 0
 
 
-def test_jobs_a_report_leases_after_the_pool_closed_are_abandoned_not_lost():
+def test_jobs_a_report_leases_after_the_pool_closed_are_handed_back_not_lost():
+    """They were abandoned: left to their leases, which expired (an attempt used each)."""
     api = FakeApi(queued=10)
+    released: list[list[tuple[int, str]]] = []
+    api.release = lambda worker_id, leases, timeout_s=None: (
+        released.append(  # type: ignore[attr-defined]
+            [(h.job_id, h.lease_token) for h in leases]
+        )
+        or [h.job_id for h in leases]
+    )
     worker, log = _worker(api, concurrency=1, lease_ahead=1)
     assert worker._pool is None  # the worker stopped measuring meanwhile
     _report(worker, [_job(1)])
-    assert api.asked == [2] and worker.counts["abandoned"] == 2
-    assert worker._busy == 0 and "abandoned" in log.getvalue()
+    assert api.asked == [2] and worker.counts["handed_back"] == 2
+    assert released == [[(100, "token-0100"), (101, "token-0101")]]
+    assert worker.counts["released"] == 2 and "abandoned" not in worker.counts
+    assert worker._busy == 0 and not worker._held and "handed_back" in log.getvalue()
+    # A service that cannot take them back (unreachable, or from before the route): their
+    # leases expire, as before, and that is said.
+    api = FakeApi(queued=10)
+    worker, log = _worker(api, concurrency=1, lease_ahead=1)
+    _report(worker, [_job(1)])  # (FakeApi has no release: AttributeError)
+    assert worker.counts["handed_back"] == 2 and "released" not in worker.counts
+    assert worker._busy == 0 and "release_failed" in log.getvalue()
 
 
 def test_a_service_from_before_reports_leased_gets_reports_without_max_jobs():

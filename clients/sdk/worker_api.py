@@ -1,5 +1,5 @@
 """The worker side of the API (worker token): register, heartbeat, lease jobs, post results
-(one at a time, or many in one request).
+(one at a time, or many in one request), hand back jobs it will not measure.
 
 The worker daemon is its only user; it keeps one WorkerApi per thread (httpx clients are
 not shared across threads here, so a long-polling lease never queues a heartbeat).
@@ -24,8 +24,10 @@ from pipetune.model.wire import (
     JobResultAck,
     JobResultAcks,
     JobResults,
+    LeaseRelease,
     LeaseRequest,
     LeaseResponse,
+    ReleaseAck,
     ReportedResult,
     ResultAck,
     WorkerDoc,
@@ -154,6 +156,19 @@ class WorkerApi:
         if not max_jobs:
             del doc["max_jobs"]  # as before the field existed: a service of then takes it
         return self._post_with_request_id(JobResultAcks, "/v1/jobs/results", doc)
+
+    def release(
+        self, worker_id: int, leases: list[HeldLease], timeout_s: float | None = None
+    ) -> list[int]:
+        """Hand back leased jobs the worker will not measure (it is stopping): the service
+        queues them again at once, without counting an attempt. The ids of the jobs it
+        released (a lease no longer the worker's is left as it is). A service from before
+        the route answers 404 (NotFoundError): the leases then expire as before."""
+        body = LeaseRelease(worker_id=worker_id, leases=leases).model_dump(mode="json")
+        answer = self._http.call(
+            ReleaseAck, "POST", "/v1/jobs/release", json=body, timeout_s=timeout_s
+        )
+        return answer.released
 
     def close(self) -> None:
         self._http.close()

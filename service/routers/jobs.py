@@ -21,8 +21,10 @@ from pipetune.model.wire import (
     JobResult,
     JobResultAcks,
     JobResults,
+    LeaseRelease,
     LeaseRequest,
     LeaseResponse,
+    ReleaseAck,
     ResultAck,
 )
 from pipetune.service.auth import WorkerToken
@@ -111,3 +113,20 @@ async def post_results(
         body.worker_id, token, body.max_jobs, body.request_id, body.retry
     )
     return JobResultAcks(acks=[j.ack for j in judged], jobs=jobs)
+
+
+# A rare request (a worker stopping): after the hot routes, which are matched first.
+@router.post(
+    "/v1/jobs/release",
+    response_model=ReleaseAck,
+    responses=ERRORS | FORBIDDEN | {404: {"description": "the worker is not registered"}},
+)
+async def release_jobs(service: ServiceDep, body: LeaseRelease, token: WorkerToken) -> ReleaseAck:
+    """Hand back jobs leased to the worker that it will not measure (it is stopping; a
+    lease request or a report answered after the stop brought them): queued again at once,
+    no attempt counted, a waiting lease request woken, where they waited out their lease
+    TTL and used up one of their attempts. Only jobs still leased to this worker under the
+    lease named (`released` lists them)."""
+    leases = [(lease.job_id, lease.lease_token) for lease in body.leases]
+    released = await service.queue.hot(service.queue.release, body.worker_id, token, leases)
+    return ReleaseAck(released=released)

@@ -3,9 +3,14 @@
 Threads, each with one job:
 - main: waits for the control thread and turns signals into stop requests (a signal handler
   only counts; events and log lines are handled here, outside the handler);
-- control: registers, then long-polls for jobs while it holds fewer than its slots plus
-  `lease_ahead` and hands them to the measuring pool (the jobs beyond the slots wait there:
-  the next trial starts the moment one ends, with no request in between); on stop, drains;
+- control: registers, then, while it holds fewer than its slots plus `lease_ahead`, has the
+  lease thread long-poll for jobs, and waits for its answer or a stop, whichever comes first;
+  on stop, drains;
+- lease: makes the control thread's long-polls (`POST /v1/jobs/lease`), one at a time, on a
+  client of its own, and hands the jobs to the measuring pool (the jobs beyond the slots
+  wait there: the next trial starts the moment one ends, with no request in between). A
+  blocked read cannot be interrupted, so a stop does not wait for the poll in flight: the
+  control thread goes on without it, and the jobs it brings after the stop are handed back;
 - measuring pool: `concurrency` threads for simulated/replay runners; one thread for cupy
   (the GPU runs one trial at a time; a batch is compiled in parallel by runner.prepare);
 - reporter: posts the results measured since its last post in one request
@@ -18,8 +23,29 @@ Threads, each with one job:
 
 Stopping: the first SIGTERM (or SIGINT) stops leasing; the jobs in hand are measured and
 reported, then the worker exits 0 (3 when some results could not be reported). A second one
-stops after the current trial: the jobs not started are left to their leases, which expire
+(or --parent-pid's parent gone) stops after the current trial. Jobs the worker will not
+measure (those not started after a second signal; those a lease request or a report in
+flight when the stop came brings after it) are handed back (`POST /v1/jobs/release`: queued
+again at once, no attempt used), one try of at most RELEASE_TIMEOUT_S; where that fails (the
+service unreachable, or from before the route) they are left to their leases, which expire
 and return them to the queue (heartbeats list only the leases the worker holds).
+
+The window left: an idle worker exits at once, its long-poll still in flight (it may wait
+up to --lease-wait). The process's exit closes the connection, and the service, which looks
+whether its client went away each time the request is woken and before it claims again
+(service.queue.Queue.lease), takes no job for it. Jobs are lost to their TTL (and use up an
+attempt) only where the service claimed them for that request just before the connection
+closed: a claim in progress, or an answer sent and not yet read when the process ended (or
+behind a proxy that keeps the connection to the service open when its client goes away).
+Run in-process (run() returns, the process lives on), the lease thread waits for the poll's
+answer and hands its jobs back.
+
+Reports failing: while the results route fails (the reporter retries; --result-retry counts
+from the outage's start), leasing waits, so that the worker does not take jobs whose results
+it could not deliver: the jobs in hand are measured and their reports queued. With nothing
+left to report, the reporter sends a result again every REPORT_PROBE_S (the last one the
+service acknowledged, which it answers as already recorded; before any, the last one given
+up on, which may yet be recorded); once a report gets through, leasing resumes.
 """
 
 from __future__ import annotations
@@ -87,6 +113,13 @@ REQUEST_TOO_LARGE = (413, 431)
 # route again this long after: the 404 may have come from an older replica behind a load
 # balancer during a rolling upgrade, or from a proxy, not from every replica for good.
 BATCH_ROUTE_RETRY_S = 600.0
+# A stopping worker hands back the jobs it will not measure in one try of at most this long:
+# a service that does not answer by then leaves them to their leases, and the worker exits.
+RELEASE_TIMEOUT_S = 5.0
+# While reports fail and none is left to send, the reporter sends one result again this often
+# (leasing waits meanwhile): how it learns that the results route is back. As the longest
+# backoff of a report's retries (workers.daemon.reporting).
+REPORT_PROBE_S = 5.0
 
 # One copy of a job in the worker's hands: (job id, lease token). A job whose lease expired
 # while held (an outage longer than the TTL) can be leased to the same worker again, a second
@@ -140,7 +173,14 @@ class Worker:
         # Since when the reporter's requests have failed without a success between (None:
         # the last one went through). --result-retry counts from there for every report: a
         # worker draining several batches through an outage gave each its own 900 s.
+        # Leasing waits while it is set (_free_slots): a worker whose results route failed
+        # and whose leases went through measured job after job and lost every result.
         self._reports_failing_since: float | None = None
+        # What the reporter sends again while reports fail and none is left to send (its
+        # probe, _probe_reports): a result the service acknowledged (answered as already
+        # recorded), else the last one given up on; and whether it is the latter.
+        self._probe_with: tuple[JobLease, MeasureResult] | None = None
+        self._probe_given_up = False
         # Held jobs whose leases the service says are no longer this worker's (a heartbeat's
         # `gone`: the task cancelled, the lease moved): not measured if not started yet.
         self._gone: set[LeaseKey] = set()
@@ -165,6 +205,13 @@ class Worker:
         # The measuring pool while it takes jobs (the reporter hands it jobs it leased too).
         self._pool: ThreadPoolExecutor | None = None
         self._pool_lock = threading.Lock()
+        # The control thread's lease requests (free slots; None: no more), made by the lease
+        # thread, and its answer (under self._slots): the jobs it got, or its error.
+        self._poll_requests: Queue[int | None] = Queue()
+        self._poll_answer: int | BaseException | None = None
+        # Jobs let go unmeasured in the measuring pool (a second signal, the runner gone):
+        # handed back together once the pool has stopped (under self._slots).
+        self._to_hand_back: list[JobLease] = []
         self._reports: Queue[tuple[JobLease, MeasureResult] | None] = Queue()
         self._throttle = Throttle()
         self._serial = runner.name == "cupy"
@@ -189,6 +236,11 @@ class Worker:
             return
         self.log.warning("parent_gone", parent=parent, msg="the process that started me ended")
         self._signals += 2
+
+    def _stopping(self) -> bool:
+        """Whether the worker stops: also a signal counted that the main thread has not
+        turned into a stop yet (it looks every 0.2 s)."""
+        return self._stop.is_set() or self._signals > 0
 
     def _handle_signals(self) -> None:
         n = self._signals
@@ -264,6 +316,9 @@ class Worker:
             with self._pool_lock:
                 self._pool = None  # the reporter's leases from now on are abandoned
             pool.shutdown(wait=True)  # the jobs in hand are measured (or abandoned on abort)
+            with self._slots:
+                left, self._to_hand_back = self._to_hand_back, []
+            self._hand_back(api, left)
             self._reports.put(None)
             reporter.join()
             hb_stop.set()
@@ -367,12 +422,15 @@ class Worker:
         return self.config.concurrency + ahead
 
     def _free_slots(self) -> int:
-        """Block until the worker holds, and asks for, fewer jobs than its capacity (or
-        stop); how many more it may lease, reserved for the lease request (`_asking`) in the
-        same lock: a report could otherwise lease them too in between (and a report's lease
-        in flight, `_report_asking`, is theirs already)."""
+        """Block until the worker holds, and asks for, fewer jobs than its capacity, and its
+        reports get through (or stop); how many more it may lease, reserved for the lease
+        request (`_asking`) in the same lock: a report could otherwise lease them too in
+        between (and a report's lease in flight, `_report_asking`, is theirs already)."""
         with self._slots:
-            while self._busy + self._report_asking >= self._capacity() and not self._stop.is_set():
+            while not self._stop.is_set() and (
+                self._busy + self._report_asking >= self._capacity()
+                or self._reports_failing_since is not None  # (woken by _reports_through)
+            ):
                 self._slots.wait(0.5)
             if self._stop.is_set():
                 return 0
@@ -435,6 +493,8 @@ class Worker:
     def _count(self, key: str, n: int = 1) -> None:
         with self._counts_lock:
             self.counts[key] += n
+            if self.counts[key] == 0:
+                del self.counts[key]  # (a result given up on, delivered after all)
 
     def _lease(self, api: WorkerApi, free: int) -> list[JobLease]:
         """One lease request, retried with backoff while the service is unreachable or
@@ -493,47 +553,131 @@ class Worker:
         return jobs
 
     def _lease_loop(self, api: WorkerApi) -> None:
+        poller = threading.Thread(target=self._poller, name="pipetune-lease", daemon=True)
+        poller.start()
+        try:
+            self._lease_until_stopped(api)
+        finally:
+            # The lease thread ends once the poll in flight, if any, is answered.
+            self._poll_requests.put(None)
+
+    def _lease_until_stopped(self, api: WorkerApi) -> None:
         reregistered = 0
         while not self._stop.is_set():
             free = self._free_slots()
             if free == 0:
                 continue
             started = time.monotonic()
-            try:
-                jobs = self._lease(api, free)
-            except NotFoundError as exc:
+            answer = self._poll(free)
+            if answer is None:
+                return  # stopping: the poll in flight hands back what it brings (_hand_over)
+            if isinstance(answer, NotFoundError):
                 reregistered += 1
                 if reregistered > MAX_REREGISTER:
-                    raise WorkerError(f"the service keeps refusing leases: {exc}") from None
-                self.log.warning("unknown_worker", msg=f"{exc}; registering again")
+                    raise WorkerError(f"the service keeps refusing leases: {answer}") from None
+                self.log.warning("unknown_worker", msg=f"{answer}; registering again")
                 if not self._register(api):
                     return
                 continue
-            except AuthError:
+            if isinstance(answer, AuthError):
                 # As it is, so the CLI says which credential was refused and where it comes
                 # from (a worker token refused mid-run read as a bare refusal, exit 1).
-                raise
-            except ApiError as exc:
-                raise WorkerError(f"the service refused to lease jobs: {exc}") from None
+                raise answer
+            if isinstance(answer, ApiError):
+                raise WorkerError(f"the service refused to lease jobs: {answer}") from None
+            if isinstance(answer, BaseException):
+                raise answer
             reregistered = 0
-            if not jobs:
-                if time.monotonic() - started < 0.2:  # a service that does not long-poll
-                    self._stop.wait(1.0)
-                continue
+            if answer == 0 and time.monotonic() - started < 0.2:
+                self._stop.wait(1.0)  # a service that does not long-poll
+
+    def _poll(self, free: int) -> int | BaseException | None:
+        """Have the lease thread lease up to `free` jobs, and wait for its answer: how many
+        it got (it hands them over itself) or its error; None once the worker stops first.
+        The poll then goes on without a waiter, and its jobs are handed back (_hand_over):
+        a stop does not wait out a long-poll (--lease-wait) that cannot be interrupted."""
+        with self._slots:
+            self._poll_answer = None
+        self._poll_requests.put(free)
+        with self._slots:
+            while self._poll_answer is None:
+                if self._stopping():
+                    return None
+                self._slots.wait(0.5)  # (woken by the answer, and by a stop: _handle_signals)
+            answer, self._poll_answer = self._poll_answer, None
+            return answer
+
+    def _poller(self) -> None:
+        """The lease thread: the control thread's lease requests, one at a time. Its own
+        client, not the control thread's: a poll may still be in flight when that one is
+        closed, and its jobs are handed back over it."""
+        api = None
+        try:
+            api = self._api_factory()
+            while (free := self._poll_requests.get()) is not None:
+                self._answer_poll(self._poll_once(api, free))
+        except BaseException as exc:  # (the control thread raises it: run() does)
+            self._answer_poll(exc)
+        finally:
+            if api is not None:
+                api.close()
+
+    def _poll_once(self, api: WorkerApi, free: int) -> int | BaseException:
+        try:
+            jobs = self._lease(api, free)
+        except Exception as exc:  # the control thread's to judge (register again, give up)
+            return exc
+        if jobs:
             self.log.event("leased", "debug", jobs=len(jobs))
             self._count("leased", len(jobs))
-            self._hand_over(jobs)
+            self._hand_over(jobs, api)
+        return len(jobs)
 
-    def _hand_over(self, jobs: list[JobLease]) -> None:
-        """Jobs leased (and counted as held) to the measuring pool; abandoned if it is
-        closed (the worker stopped while a report leased them: their leases expire)."""
+    def _answer_poll(self, answer: int | BaseException) -> None:
+        with self._slots:
+            self._poll_answer = answer
+            self._slots.notify_all()
+
+    def _hand_over(self, jobs: list[JobLease], api: WorkerApi) -> None:
+        """Jobs leased (and counted as held) to the measuring pool; handed back unmeasured
+        if the worker is stopping (a lease request or a report in flight when the stop came
+        brought them after it: a draining worker measured them, one stopping after the
+        current trial left them to their leases) or the pool is closed."""
         with self._pool_lock:
-            if self._pool is not None:
+            if self._pool is not None and not self._stopping():
                 for unit in self._units(jobs):
                     self._pool.submit(self._measure_unit, unit)
                 return
         for job in jobs:
-            self._abandon(job)
+            self._unmeasured(
+                job, "handed_back", "info", "not measured: leased as the worker stopped"
+            )
+        self._hand_back(api, jobs)
+
+    def _hand_back(self, api: WorkerApi, jobs: list[JobLease]) -> None:
+        """Hand jobs this worker lets go unmeasured back to the service (queued again at
+        once, no attempt used): one try, of at most RELEASE_TIMEOUT_S, not to hold up a
+        stop. Where it fails (the service unreachable, or from before the route), their
+        leases expire and return them to the queue, as before."""
+        if not jobs or self.worker_id is None:
+            return
+        released = 0
+        try:
+            for i in range(0, len(jobs), MAX_HELD_LEASES):
+                leases = [
+                    HeldLease(job_id=job.job_id, lease_token=job.lease_token)
+                    for job in jobs[i : i + MAX_HELD_LEASES]
+                ]
+                released += len(api.release(self.worker_id, leases, RELEASE_TIMEOUT_S))
+        except Exception as exc:  # (a stop goes on whatever the answer)
+            self.log.warning(
+                "release_failed",
+                jobs=len(jobs) - released,
+                msg=f"left to their leases, which expire: {type(exc).__name__}: {exc}",
+            )
+        if released:
+            self._count("released", released)
+            self.log.info("released", jobs=released, msg="handed back to the queue")
 
     def _lease_with_report(self, reported: int) -> int:
         """How many jobs a report of `reported` results may lease: what the slots those
@@ -541,7 +685,7 @@ class Worker:
         worker is stopping. Reserved (`_report_asking`) until the report's answer is held
         (_report_batch), so that the control thread does not lease them meanwhile."""
         with self._slots:
-            if self._stop.is_set() or not self._leases_in_reports or self._reregister.is_set():
+            if self._stopping() or not self._leases_in_reports or self._reregister.is_set():
                 self._report_asking = 0
                 return 0
             free = self._capacity() - (self._busy - reported) - self._asking
@@ -581,7 +725,7 @@ class Worker:
                     self.log.warning("prepare_failed", msg=str(exc))
             for job, schedule in zip(jobs, schedules, strict=True):
                 if self._abort.is_set() or self._fatal is not None:
-                    self._abandon(job)
+                    self._set_aside(job)
                 elif self._is_gone(job):
                     self._drop(job)
                 elif self._is_superseded(job):
@@ -591,8 +735,14 @@ class Worker:
                 done += 1
         except BaseException as exc:  # never lose a slot to a bug
             self.log.error("unit_failed", msg=f"{type(exc).__name__}: {exc}")
-            for job in jobs[done:]:
-                self._abandon(job)
+            # The job being measured may be what broke the runner: left to its lease, whose
+            # expiry counts an attempt (a job that breaks every worker is given up on after
+            # max_attempts; handed back, it would not be). The ones not started go back.
+            for i, job in enumerate(jobs[done:]):
+                if i == 0:
+                    self._abandon(job)
+                else:
+                    self._set_aside(job)
 
     def _measure_one(self, workload: Any, schedule: Any) -> MeasureResult:
         started = time.monotonic()
@@ -664,6 +814,20 @@ class Worker:
             "not measured; the lease will expire and the job return to the queue",
         )
 
+    def _set_aside(self, job: JobLease) -> None:
+        """A job not started that the measuring pool lets go (a second signal, the runner
+        gone): handed back with the others once the pool has stopped (_serve), in one
+        request rather than one a job."""
+        self._unmeasured(
+            job,
+            "abandoned",
+            "warning",
+            "not measured; handed back to the queue as the worker stops (where that fails, "
+            "its lease expires and returns it there)",
+        )
+        with self._slots:
+            self._to_hand_back.append(job)
+
     def _unmeasured(self, job: JobLease, event: str, level: str, msg: str) -> None:
         """Let a held job go without measuring it: counted and said as `event`."""
         self._count(event)
@@ -679,7 +843,11 @@ class Worker:
         per_result_until = -math.inf
         try:
             while True:
-                item = self._reports.get()
+                try:
+                    item = self._reports.get(timeout=self._probe_in())
+                except Empty:
+                    self._probe_reports(api, time.monotonic() >= per_result_until)
+                    continue
                 if item is None:
                     return
                 # Everything measured since the last report goes in one request.
@@ -770,6 +938,75 @@ class Worker:
     def _reports_failing(self) -> None:
         if self._reports_failing_since is None:
             self._reports_failing_since = time.monotonic()
+            self.log.warning(
+                "leasing_paused", msg="reports are failing: no jobs leased until one gets through"
+            )
+
+    def _reports_through(self) -> None:
+        """A report went through (or the service answered it): leasing resumes."""
+        if self._reports_failing_since is None:
+            return
+        with self._slots:
+            self._reports_failing_since = None
+            self._slots.notify_all()
+        self.log.info("leasing_resumed", msg="a report got through")
+
+    def _probe_in(self) -> float | None:
+        """How long the reporter waits for results before it probes (_probe_reports): only
+        while reports fail (None: for ever)."""
+        return REPORT_PROBE_S if self._reports_failing_since is not None else None
+
+    def _probe_reports(self, api: WorkerApi, batched: bool) -> None:
+        """Reports fail, leasing waits, and no result is left to send: one result sent
+        again, once, so that the reporter learns when the results route is back. The last
+        result the service acknowledged, which it answers as already recorded (a result of
+        its own could make the service fail: then the outage would never end); before any
+        was, the last one given up on, which the service may yet record."""
+        probe, given_up = self._probe_with, self._probe_given_up
+        if probe is None or self.worker_id is None:
+            self._reports_through()  # (nothing to try with: the next report tells)
+            return
+        job, result = probe
+        try:
+            if batched:
+                reported = ReportedResult(
+                    job_id=job.job_id, lease_token=job.lease_token, result=result
+                )
+                (ack,) = api.post_results_and_lease(self.worker_id, [reported]).acks
+                accepted = ack.status_code == 200 and ack.accepted
+            else:
+                body = JobResult(
+                    worker_id=self.worker_id, lease_token=job.lease_token, result=result
+                )
+                accepted = api.post_result(job.job_id, body).accepted
+        except TRANSIENT_REGISTERED as exc:  # (a 5xx among them) the next probe in a while
+            self._reregister.set()
+            self._probe_failed(job, exc)
+            return
+        except ApiError:
+            accepted = False  # (refused: the service answered, the route is there)
+        except Exception as exc:  # (an answer of the wrong shape: one ack for two results)
+            self._probe_failed(job, exc)
+            return
+        self._reports_through()
+        if accepted and given_up:
+            self._count("unreported", -1)
+            self._count("accepted")
+            self._probe_with, self._probe_given_up = probe, False
+            self.log.info("result_delivered_late", job=job.job_id)
+
+    def _probe_failed(self, job: JobLease, exc: BaseException) -> None:
+        if self._throttle("report", time.monotonic()):
+            self.log.warning("report_probe_failed", job=job.job_id, msg=str(exc))
+
+    def _delivered(self, item: tuple[JobLease, MeasureResult]) -> None:
+        """A result the service acknowledged: what a probe sends again from now on."""
+        self._probe_with, self._probe_given_up = item, False
+
+    def _given_up(self, item: tuple[JobLease, MeasureResult]) -> None:
+        """A result given up on: what a probe sends where no result was acknowledged."""
+        if self._probe_with is None or self._probe_given_up:
+            self._probe_with, self._probe_given_up = item, True
 
     def _through_outage(
         self, call: Callable[[], T], log_retry: Callable[[int, BaseException, float], None]
@@ -796,9 +1033,9 @@ class Worker:
             self._reports_failing()
             raise
         except ApiError:  # (the service answered: it is up)
-            self._reports_failing_since = None
+            self._reports_through()
             raise
-        self._reports_failing_since = None
+        self._reports_through()
         return answer
 
     def _report_batch(self, api: WorkerApi, items: list[tuple[JobLease, MeasureResult]]) -> None:
@@ -859,19 +1096,23 @@ class Worker:
             for job, _ in items:
                 self._count("unreported")
                 self.log.error("report_gave_up", job=job.job_id, msg=str(exc))
+            self._given_up(items[-1])
             return
         finally:
             if leased:  # whatever became of the report, these jobs are the worker's
                 self.log.event("leased", "debug", jobs=len(leased), with_report=True)
                 self._count("leased_with_reports", len(leased))
-                self._hand_over(leased)
-        for (job, _), ack in zip(items, acks, strict=True):
+                self._hand_over(leased, api)
+        for item, ack in zip(items, acks, strict=True):
+            job = item[0]
             if ack.status_code != 200:
                 self._count("refused")
                 self.log.error(
                     "report_refused", job=job.job_id, status=ack.status_code, msg=ack.detail
                 )
             else:
+                if ack.accepted:
+                    self._delivered(item)
                 self._acknowledged(job, ack.accepted, ack.job_state, ack.detail)
 
     def _report(self, api: WorkerApi, job: JobLease, result: MeasureResult) -> None:
@@ -889,11 +1130,14 @@ class Worker:
         except TRANSIENT_REGISTERED as exc:
             self._count("unreported")
             self.log.error("report_gave_up", job=job.job_id, msg=str(exc))
+            self._given_up((job, result))
             return
         except ApiError as exc:
             self._count("refused")
             self.log.error("report_refused", job=job.job_id, status=exc.status_code, msg=exc.reason)
             return
+        if ack.accepted:
+            self._delivered((job, result))
         self._acknowledged(job, ack.accepted, ack.job_state, ack.detail)
 
     def _acknowledged(self, job: JobLease, accepted: bool, job_state: Any, detail: Any) -> None:

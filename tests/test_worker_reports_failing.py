@@ -1,0 +1,189 @@
+"""A worker whose results route fails while its leases go through (a proxy that refuses
+`POST /v1/jobs/results`, a database that takes no writes): it leased, measured and dropped
+job after job, every result lost past --result-retry and every job's lease left to expire.
+Leasing now waits while reports fail; the reporter sends a result again every
+REPORT_PROBE_S to learn when the route is back, and leasing resumes then. No service: a
+fake API stands in for it."""
+
+from __future__ import annotations
+
+import datetime as dt
+import io
+import threading
+import time
+from collections.abc import Callable
+from types import SimpleNamespace
+
+import pytest
+
+from pipetune.clients.sdk import ServerError
+from pipetune.model.trials import MeasureResult
+from pipetune.model.wire import JobLease, JobResultAck, JobResultAcks, ScheduleDoc
+from pipetune.workers.daemon import EventLog, WorkerConfig
+from pipetune.workers.daemon.gpu import describe_model_gpu
+from pipetune.workers.daemon.worker import EXIT_UNREPORTED, Worker
+
+OK = MeasureResult(status="ok", latency_us=5.0)
+DOC = SimpleNamespace(
+    id=7, name="w", gpu="h100", arch="sm_90", runner="simulated", name_in_use=None
+)
+
+
+def _job(i: int) -> JobLease:
+    return JobLease(
+        job_id=i,
+        lease_token=f"token-{i:04d}",
+        lease_expires_at=dt.datetime.now(dt.UTC),
+        lease_ttl_s=120.0,
+        task_id=1,
+        trial=i,
+        workload={"op": "gemm", "m": 64, "n": 64, "k": 64},
+        gpu="h100",
+        schedule=ScheduleDoc(
+            block_row_warps=2, block_col_warps=2, warp_row_tiles=2, warp_col_tiles=2,
+            chunk=2, smem_stages=3, reg_stages=2,
+        ),
+    )  # fmt: skip
+
+
+class ResultsDown:
+    """Leases one job a request, up to `limit` (then none, after a short wait: a long-poll
+    that found nothing); results fail with a 503 while `down`, and are recorded once up (a
+    result sent again is answered as recorded: idempotent)."""
+
+    base_url = "http://fake"
+
+    def __init__(self, down: bool, limit: int = 1000) -> None:
+        self.down = down
+        self.limit = limit
+        self.leased: list[int] = []
+        self.posted: list[list[int]] = []  # the job ids of each report that got through
+        self.failed: list[list[int]] = []  # ... and of each that did not
+
+    def register(self, body: object) -> object:
+        return DOC
+
+    def lease(self, worker_id, max_jobs, wait_s, request_id=None, retry=False):  # type: ignore[no-untyped-def]
+        if len(self.leased) >= self.limit:
+            time.sleep(0.3)
+            return []
+        self.leased.append(len(self.leased) + 1)
+        return [_job(self.leased[-1])]
+
+    def post_results_and_lease(self, worker_id, results, max_jobs=0, request_id=None, retry=False):  # type: ignore[no-untyped-def]
+        ids = [r.job_id for r in results]
+        if self.down:
+            self.failed.append(ids)
+            raise ServerError(503, "results route down")
+        self.posted.append(ids)
+        acks = [
+            JobResultAck(job_id=i, status_code=200, accepted=True, job_state="done") for i in ids
+        ]
+        return JobResultAcks(acks=acks, jobs=[])
+
+    def heartbeat(self, worker_id, busy_jobs=0, leases=None):  # type: ignore[no-untyped-def]
+        return SimpleNamespace(ok=True, gone=[])
+
+    def release(self, worker_id, leases, timeout_s=None):  # type: ignore[no-untyped-def]
+        return [h.job_id for h in leases]
+
+    def close(self) -> None:
+        pass
+
+
+@pytest.fixture(autouse=True)
+def _quick_probes(monkeypatch: pytest.MonkeyPatch) -> None:
+    import pipetune.workers.daemon.worker as worker_module
+
+    monkeypatch.setattr(worker_module, "REPORT_PROBE_S", 0.05)
+
+
+def _worker(api: ResultsDown) -> tuple[Worker, io.StringIO]:
+    """One slot, nothing leased ahead; a result is given up on at its first failure
+    (--result-retry 0); trials recorded, not run."""
+    settings = {"server": "http://fake", "token": "t", "runner": "simulated", "gpu": "h100"}
+    log = io.StringIO()
+    worker = Worker(
+        WorkerConfig(**settings, concurrency=1, lease_ahead=0, result_retry_s=0, heartbeat_s=60),  # type: ignore[arg-type]
+        SimpleNamespace(name="simulated", only_workload=None),  # type: ignore[arg-type]
+        describe_model_gpu("h100", "simulated"),
+        EventLog(stream=log),
+        api_factory=lambda: api,  # type: ignore[arg-type,return-value]
+    )
+    worker._measure_one = lambda workload, schedule: OK  # type: ignore[method-assign]
+    return worker, log
+
+
+def _run(worker: Worker) -> tuple[threading.Thread, list[int]]:
+    status: list[int] = []
+    thread = threading.Thread(target=lambda: status.append(worker.run()), daemon=True)
+    thread.start()
+    return thread, status
+
+
+def _until(condition: Callable[[], bool], timeout_s: float = 5.0) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.01)
+    return True
+
+
+def _stop(worker: Worker, runner: threading.Thread) -> None:
+    worker.request_stop()
+    runner.join(5)
+    assert not runner.is_alive(), "the worker did not stop"
+
+
+def test_leasing_waits_while_reports_fail_and_resumes_when_one_gets_through():
+    api = ResultsDown(down=True)
+    worker, log = _worker(api)
+    runner, status = _run(worker)
+    try:
+        assert _until(lambda: worker.counts["unreported"] >= 1)
+        assert _until(lambda: len(api.failed) >= 3)  # the report, then probes
+        time.sleep(0.2)  # (time for more leases)
+        assert api.leased == [1], "leased on while its results were lost"
+        assert worker._reports_failing_since is not None and "leasing_paused" in log.getvalue()
+        assert set(map(tuple, api.failed)) == {(1,)}  # (the result given up on, again)
+        api.down = False  # the route is back: the next probe gets through
+        assert _until(lambda: worker.counts["accepted"] >= 4)
+        assert "leasing_resumed" in log.getvalue() and len(api.leased) >= 4
+    finally:
+        _stop(worker, runner)
+    # The result given up on, sent again by the probe, was recorded after all.
+    assert api.posted[0] == [1] and "result_delivered_late" in log.getvalue()
+    assert "unreported" not in worker.counts and status == [0]
+
+
+def test_a_probe_sends_again_the_last_result_the_service_acknowledged():
+    """Sent again, a recorded result is answered as already recorded: the probe cannot fail
+    because of a result (one the service cannot take, which would end no outage)."""
+    api = ResultsDown(down=False, limit=1)
+    worker, log = _worker(api)
+    runner, status = _run(worker)
+    try:
+        assert _until(lambda: worker.counts["accepted"] == 1)
+        api.down, api.limit = True, 2
+        assert _until(lambda: worker.counts["unreported"] == 1)  # job 2's
+        assert _until(lambda: len(api.failed) >= 3)  # then probes
+        assert api.leased == [1, 2]
+        assert api.failed[0] == [2] and {tuple(f) for f in api.failed[1:]} == {(1,)}
+        api.down = False
+        assert _until(lambda: "leasing_resumed" in log.getvalue())
+        assert api.posted[1] == [1]  # (job 2's result is not sent again)
+    finally:
+        _stop(worker, runner)
+    assert worker.counts["unreported"] == 1 and status == [EXIT_UNREPORTED]
+
+
+def test_a_worker_waiting_for_its_reports_stops_when_told():
+    api = ResultsDown(down=True)
+    worker, _ = _worker(api)
+    runner, status = _run(worker)
+    assert _until(lambda: worker.counts["unreported"] >= 1)
+    started = time.monotonic()
+    _stop(worker, runner)
+    assert time.monotonic() - started < 2
+    assert status == [EXIT_UNREPORTED] and api.leased == [1]
