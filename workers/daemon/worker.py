@@ -33,12 +33,16 @@ and return them to the queue (heartbeats list only the leases the worker holds).
 The window left: an idle worker exits at once, its long-poll still in flight (it may wait
 up to --lease-wait). The process's exit closes the connection, and the service, which looks
 whether its client went away each time the request is woken and before it claims again
-(service.queue.Queue.lease), takes no job for it. Jobs are lost to their TTL (and use up an
-attempt) only where the service claimed them for that request just before the connection
-closed: a claim in progress, or an answer sent and not yet read when the process ended (or
-behind a proxy that keeps the connection to the service open when its client goes away).
-Run in-process (run() returns, the process lives on), the lease thread waits for the poll's
-answer and hands its jobs back.
+(service.queue.Queue.lease), takes no job for it after that. Until then the connection is
+open: jobs queued between the stop and the process's end (measured against a live service:
+0.1-0.4 s after the `stopped` line, the runner's exit and the interpreter's shutdown) are
+leased into the poll, not read, and wait out their TTL, an attempt used each; so are jobs
+whose answer was on its way as the process ended, or leased behind a proxy that keeps the
+connection to the service open when its client goes away. (Closing the connection at the
+stop would need the poll's socket, which httpx does not expose to another thread; the
+service being told that the worker stops, so that it wakes its polls empty, would close the
+window.) Run in-process (run() returns, the process lives on), the lease thread waits for
+the poll's answer and hands its jobs back.
 
 Reports failing: while the results route fails (the reporter retries; --result-retry counts
 from the outage's start), leasing waits, so that the worker does not take jobs whose results
