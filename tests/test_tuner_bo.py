@@ -7,6 +7,7 @@ knobs whose latency is a known function, so each property can be checked exactly
 
 from __future__ import annotations
 
+import functools
 import itertools
 import typing
 
@@ -164,28 +165,73 @@ def test_distances_from_the_compact_columns_are_the_one_hot_features_distances(s
     np.testing.assert_allclose(enc.l1_distances(slice(None), to), whole, rtol=1e-12)
 
 
-def test_the_design_of_a_many_valued_categorical_knob_stays_small():
-    # 20,000 configurations of a 500-valued text knob: the design used to copy the one-hot
-    # feature matrix (20,000 x 503 doubles, 80 MB) for each pick; from the compact columns
-    # a pick's distances are one per configuration. The picks are those of the herding
-    # computed from the whole features (the reference below), the same distances.
-    import tracemalloc
-
+def _wide_recorded(n: int = 20_000) -> RecordedConfigs:
+    """n configurations of two 4-valued numeric knobs and a 500-valued text knob (one-hot:
+    the features are n x 503 doubles, 80 MB at 20,000), a smooth objective."""
     rng = np.random.default_rng(1)
     knobs = {"x": list(range(4)), "y": list(range(4)), "kind": [f"k{i}" for i in range(500)]}
+    xs, ys, kinds = rng.integers(4, size=n), rng.integers(4, size=n), rng.integers(500, size=n)
     configs = [
-        {"x": int(rng.integers(4)), "y": int(rng.integers(4)), "kind": f"k{rng.integers(500)}"}
-        for _ in range(20_000)
+        {"x": int(x), "y": int(y), "kind": f"k{k}"} for x, y, k in zip(xs, ys, kinds, strict=True)
     ]
-    recorded = RecordedConfigs("wide", knobs, configs, np.ones(len(configs)))
-    enc = KnobEncoding.of(ForeignSpace(recorded))
-    assert enc.features.shape[1] > 500 and enc.categories.shape[1] == 1
+    objective = 1.0 + 0.1 * (xs - 2.0) ** 2 + 0.1 * (ys - 1.0) ** 2 + 0.01 * (kinds % 7)
+    return RecordedConfigs("wide", knobs, configs, objective)
+
+
+def _peak_bytes(call: typing.Callable[[], typing.Any]) -> tuple[typing.Any, int]:
+    """call()'s answer and the most memory it held at once beyond what was held before
+    (numpy reports its arrays to tracemalloc)."""
+    import tracemalloc
+
     tracemalloc.start()
-    rows = design_rows(enc, 6, seed=0)
-    peak = tracemalloc.get_traced_memory()[1]
-    tracemalloc.stop()
+    try:
+        before = tracemalloc.get_traced_memory()[0]
+        answer = call()
+        return answer, tracemalloc.get_traced_memory()[1] - before
+    finally:
+        tracemalloc.stop()
+
+
+def test_the_design_of_a_many_valued_categorical_knob_stays_small():
+    # The design used to copy the one-hot feature matrix for each pick; from the compact
+    # columns a pick's distances are one per configuration. The picks are those of the
+    # herding computed from the whole features (the reference below), the same distances.
+    enc = KnobEncoding.of(ForeignSpace(_wide_recorded()))
+    assert enc.features.shape[1] > 500 and enc.categories.shape[1] == 1
+    rows, peak = _peak_bytes(lambda: design_rows(enc, 6, seed=0))
     assert peak < enc.features.nbytes / 2, peak  # before: a copy of it per pick
     assert rows == _herding_from_features(enc, 6, seed=0)
+
+
+def test_the_one_hot_features_are_built_in_place():
+    # Built as columns and stacked, the one-hot matrix was held twice at once.
+    space = ForeignSpace(_wide_recorded())
+    enc, peak = _peak_bytes(lambda: KnobEncoding.of(space))
+    assert peak < 1.3 * enc.features.nbytes, (peak, enc.features.nbytes)
+    assert np.all(enc.features[:, 2:].sum(axis=1) == 1.0)
+    assert np.array_equal(
+        enc.features[np.arange(len(enc)), 2 + enc.categories[:, 0]], np.ones(len(enc))
+    )
+    assert np.array_equal(enc.scaled, enc.features[:, :2])
+
+
+def test_a_search_round_does_not_copy_the_feature_matrix():
+    # Each round predicted over features[unvisited] (and, with hyperparameters drawn for a
+    # batch's picks, over features[pool]): a copy of the whole one-hot matrix, twice the
+    # memory of the search. Predicted a block of rows at a time, the same predictions.
+    recorded = _wide_recorded(50_000)  # (200 MB of features: several blocks of rows)
+    strategy = make_strategy("auto", ForeignSpace(recorded), seed=0)
+    features = strategy.features.nbytes
+    history: list[Observation] = []
+    peaks = []
+    for _ in range(3):
+        seen = list(history)
+        batch, peak = _peak_bytes(
+            functools.partial(strategy.next_batch, 8, {o.row for o in seen}, seen)
+        )
+        peaks.append(peak)
+        history += _observe(recorded, batch)
+    assert max(peaks) < features / 2, (peaks, features)
 
 
 def _herding_from_features(enc: KnobEncoding, n: int, seed: int) -> list[int]:

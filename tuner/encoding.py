@@ -45,30 +45,37 @@ class KnobEncoding:
             getattr(space, "ordered_knobs", None) or [True] * value_index.shape[1], dtype=bool
         )
         n = len(value_index)
-        columns: list[np.ndarray] = []
-        scaled: list[np.ndarray] = []
-        categories: list[np.ndarray] = []
+        # Each varying knob's ranks among the values present in the space (a knob value that
+        # no valid configuration uses leaves no gap), and how many columns it takes.
+        knobs: list[tuple[np.ndarray, int, bool]] = []
         for j in range(value_index.shape[1]):
             present = np.unique(value_index[:, j])
             if len(present) < 2:
                 continue  # constant in this space
-            # Positions among the values present in the space: a knob value that no valid
-            # configuration uses leaves no gap.
             rank = np.searchsorted(present, value_index[:, j])
-            if ordered[j] or len(present) == 2:
-                columns.append((rank / (len(present) - 1))[:, None])
-                scaled.append(columns[-1])
+            one_column = bool(ordered[j]) or len(present) == 2
+            knobs.append((rank, len(present), one_column))
+        # Filled in place: built as columns and stacked, the one-hot matrix was held twice
+        # (1.6 GB for 200,000 configurations of a 500-valued categorical knob).
+        width = sum(1 if one else levels for _, levels, one in knobs)
+        features = np.zeros((n, max(width, 1)))
+        scaled, categories, at = [], [], 0
+        for rank, levels, one_column in knobs:
+            if one_column:
+                features[:, at] = rank / (levels - 1)
+                scaled.append(at)
+                at += 1
             else:
-                columns.append((rank[:, None] == np.arange(len(present))[None, :]).astype(float))
-                categories.append(rank[:, None])
-        features = np.hstack(columns) if columns else np.zeros((n, 1))
+                features[np.arange(n), at + rank] = 1.0
+                categories.append(rank)
+                at += levels
         return cls(
             value_index,
             codec.radices,
             ordered,
             features,
-            np.hstack(scaled) if scaled else np.zeros((n, 0)),
-            np.hstack(categories) if categories else np.zeros((n, 0), dtype=np.int64),
+            features[:, scaled] if width else np.zeros((n, 0)),
+            np.column_stack(categories) if categories else np.zeros((n, 0), dtype=np.int64),
         )
 
     def l1_distances(self, rows: slice | np.ndarray, to: np.ndarray) -> np.ndarray:
