@@ -47,9 +47,9 @@ def _job(i: int) -> JobLease:
 
 
 class ResultsDown:
-    """Leases one job a request, up to `limit` (then none, after a short wait: a long-poll
-    that found nothing); results fail with a 503 while `down`, and are recorded once up (a
-    result sent again is answered as recorded: idempotent)."""
+    """Leases what a request asks for, up to `limit` in all (then none, after a short wait:
+    a long-poll that found nothing); results fail with a 503 while `down`, and are recorded
+    once up (a result sent again is answered as recorded: idempotent)."""
 
     base_url = "http://fake"
 
@@ -59,6 +59,7 @@ class ResultsDown:
         self.leased: list[int] = []
         self.posted: list[list[int]] = []  # the job ids of each report that got through
         self.failed: list[list[int]] = []  # ... and of each that did not
+        self.lease_asks_with_reports: list[int] = []  # max_jobs of each that got through
 
     def register(self, body: object) -> object:
         return DOC
@@ -67,11 +68,14 @@ class ResultsDown:
         if len(self.leased) >= self.limit:
             time.sleep(0.3)
             return []
-        self.leased.append(len(self.leased) + 1)
-        return [_job(self.leased[-1])]
+        first = len(self.leased) + 1
+        self.leased += list(range(first, min(first + max_jobs, self.limit + 1)))
+        return [_job(i) for i in range(first, len(self.leased) + 1)]
 
     def post_results_and_lease(self, worker_id, results, max_jobs=0, request_id=None, retry=False):  # type: ignore[no-untyped-def]
         ids = [r.job_id for r in results]
+        if not self.down:
+            self.lease_asks_with_reports.append(max_jobs)
         if self.down:
             self.failed.append(ids)
             raise ServerError(503, "results route down")
@@ -98,13 +102,15 @@ def _quick_probes(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(worker_module, "REPORT_PROBE_S", 0.05)
 
 
-def _worker(api: ResultsDown) -> tuple[Worker, io.StringIO]:
-    """One slot, nothing leased ahead; a result is given up on at its first failure
-    (--result-retry 0); trials recorded, not run."""
+def _worker(api: ResultsDown, concurrency: int = 1) -> tuple[Worker, io.StringIO]:
+    """One slot (or `concurrency`), nothing leased ahead; a result is given up on at its
+    first failure (--result-retry 0); trials recorded, not run."""
     settings = {"server": "http://fake", "token": "t", "runner": "simulated", "gpu": "h100"}
     log = io.StringIO()
     worker = Worker(
-        WorkerConfig(**settings, concurrency=1, lease_ahead=0, result_retry_s=0, heartbeat_s=60),  # type: ignore[arg-type]
+        WorkerConfig(
+            **settings, concurrency=concurrency, lease_ahead=0, result_retry_s=0, heartbeat_s=60
+        ),  # type: ignore[arg-type]
         SimpleNamespace(name="simulated", only_workload=None),  # type: ignore[arg-type]
         describe_model_gpu("h100", "simulated"),
         EventLog(stream=log),
@@ -172,10 +178,32 @@ def test_a_probe_sends_again_the_last_result_the_service_acknowledged():
         assert api.failed[0] == [2] and {tuple(f) for f in api.failed[1:]} == {(1,)}
         api.down = False
         assert _until(lambda: "leasing_resumed" in log.getvalue())
-        assert api.posted[1] == [1]  # (job 2's result is not sent again)
+        assert _until(lambda: len(api.posted) >= 3)
+        assert api.posted[1] == [1]  # the probe
     finally:
         _stop(worker, runner)
-    assert worker.counts["unreported"] == 1 and status == [EXIT_UNREPORTED]
+    # Job 2's result, given up on in the outage, is sent again once reports get through (it
+    # was left to its lease, which used up an attempt of its job).
+    assert api.posted[2] == [2] and "resending" in log.getvalue()
+    assert "unreported" not in worker.counts and status == [0]
+
+
+def test_results_given_up_on_are_sent_again_when_reports_get_through():
+    # Three jobs measured and their results given up on while the route is down (the
+    # worker holds three slots); one probe brings the route back, and the three are sent
+    # again in one report that leases nothing (they free no slot).
+    api = ResultsDown(down=True, limit=3)
+    worker, _ = _worker(api, concurrency=3)
+    runner, status = _run(worker)
+    try:
+        assert _until(lambda: worker.counts["unreported"] == 3)
+        api.down = False
+        assert _until(lambda: sorted(i for ids in api.posted for i in ids) == [1, 2, 3])
+        assert _until(lambda: worker.counts["accepted"] == 3)
+    finally:
+        _stop(worker, runner)
+    assert api.lease_asks_with_reports == [0] * len(api.posted)
+    assert "unreported" not in worker.counts and status == [0] and api.leased == [1, 2, 3]
 
 
 def test_a_worker_waiting_for_its_reports_stops_when_told():

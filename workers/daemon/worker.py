@@ -49,7 +49,9 @@ from the outage's start), leasing waits, so that the worker does not take jobs w
 it could not deliver: the jobs in hand are measured and their reports queued. With nothing
 left to report, the reporter sends a result again every REPORT_PROBE_S (the last one the
 service acknowledged, which it answers as already recorded; before any, the last one given
-up on, which may yet be recorded); once a report gets through, leasing resumes.
+up on, which may yet be recorded); once a report gets through, leasing resumes and the
+results given up on in the outage are sent again (their leases may still be live; left to
+them, each job waited out its TTL and used up an attempt).
 """
 
 from __future__ import annotations
@@ -124,6 +126,9 @@ RELEASE_TIMEOUT_S = 5.0
 # (leasing waits meanwhile): how it learns that the results route is back. As the longest
 # backoff of a report's retries (workers.daemon.reporting).
 REPORT_PROBE_S = 5.0
+# The most results given up on that a worker keeps to send again once reports get through
+# (the oldest are dropped beyond: their leases will have expired).
+MAX_UNDELIVERED = 10_000
 
 # One copy of a job in the worker's hands: (job id, lease token). A job whose lease expired
 # while held (an outage longer than the TTL) can be leased to the same worker again, a second
@@ -185,6 +190,10 @@ class Worker:
         # recorded), else the last one given up on; and whether it is the latter.
         self._probe_with: tuple[JobLease, MeasureResult] | None = None
         self._probe_given_up = False
+        # Results given up on in an outage (reporter thread only): sent again once reports
+        # get through (_resend_undelivered), where each was left to its lease, whose expiry
+        # used up one of its job's attempts.
+        self._undelivered: list[tuple[JobLease, MeasureResult]] = []
         # Held jobs whose leases the service says are no longer this worker's (a heartbeat's
         # `gone`: the task cancelled, the lease moved): not measured if not started yet.
         self._gone: set[LeaseKey] = set()
@@ -847,12 +856,14 @@ class Worker:
         per_result_until = -math.inf
         try:
             while True:
+                self._resend_undelivered(api, time.monotonic() >= per_result_until)
                 try:
                     item = self._reports.get(timeout=self._probe_in())
                 except Empty:
                     self._probe_reports(api, time.monotonic() >= per_result_until)
                     continue
                 if item is None:
+                    self._resend_undelivered(api, time.monotonic() >= per_result_until)
                     return
                 # Everything measured since the last report goes in one request.
                 items, last = [item], False
@@ -878,19 +889,24 @@ class Worker:
                 finally:
                     self._release([job for job, _ in items])
                 if last:
+                    self._resend_undelivered(api, time.monotonic() >= per_result_until)
                     return
         finally:
             api.close()
 
     def _report_all(
-        self, api: WorkerApi, items: list[tuple[JobLease, MeasureResult]], batched: bool
+        self,
+        api: WorkerApi,
+        items: list[tuple[JobLease, MeasureResult]],
+        batched: bool,
+        lease: bool = True,
     ) -> bool:
         """Report the results, in one request when the service takes them so; whether it
         does. A result the service refuses as invalid (422) is sent again on its own, so
         that only it is refused; a service without the route gets one request per result."""
         if batched:
             try:
-                self._report_batch(api, items)
+                self._report_batch(api, items, lease)
                 return True
             except NotFoundError:  # an older service: no batch route
                 self.log.info(
@@ -997,6 +1013,7 @@ class Worker:
             self._count("unreported", -1)
             self._count("accepted")
             self._probe_with, self._probe_given_up = probe, False
+            self._undelivered = [item for item in self._undelivered if item is not probe]
             self.log.info("result_delivered_late", job=job.job_id)
 
     def _probe_failed(self, job: JobLease, exc: BaseException) -> None:
@@ -1007,10 +1024,29 @@ class Worker:
         """A result the service acknowledged: what a probe sends again from now on."""
         self._probe_with, self._probe_given_up = item, False
 
-    def _given_up(self, item: tuple[JobLease, MeasureResult]) -> None:
-        """A result given up on: what a probe sends where no result was acknowledged."""
+    def _given_up(self, items: list[tuple[JobLease, MeasureResult]]) -> None:
+        """Results given up on: sent again once reports get through (_resend_undelivered);
+        the last is what a probe sends where no result was acknowledged."""
+        self._undelivered = (self._undelivered + items)[-MAX_UNDELIVERED:]
         if self._probe_with is None or self._probe_given_up:
-            self._probe_with, self._probe_given_up = item, True
+            self._probe_with, self._probe_given_up = items[-1], True
+
+    def _resend_undelivered(self, api: WorkerApi, batched: bool) -> None:
+        """Once reports get through again, the results given up on in the outage are sent
+        once more: their leases may still be live (or the service records a late result by
+        its rule for them); left alone, each job waited out its lease and used up an
+        attempt. Given up on again, they are kept for the next time."""
+        if not self._undelivered or self._reports_failing_since is not None:
+            return
+        items, self._undelivered = self._undelivered, []
+        self._count("unreported", -len(items))
+        self.log.info("resending", results=len(items), msg="results given up on in an outage")
+        try:
+            self._report_all(api, items, batched, lease=False)
+        except Exception as exc:  # one bad answer must not stop the reporting
+            for job, _ in items:
+                self._count("unreported")
+                self.log.error("report_failed", job=job.job_id, msg=f"{type(exc).__name__}: {exc}")
 
     def _through_outage(
         self, call: Callable[[], T], log_retry: Callable[[int, BaseException, float], None]
@@ -1042,7 +1078,12 @@ class Worker:
         self._reports_through()
         return answer
 
-    def _report_batch(self, api: WorkerApi, items: list[tuple[JobLease, MeasureResult]]) -> None:
+    def _report_batch(
+        self, api: WorkerApi, items: list[tuple[JobLease, MeasureResult]], lease: bool = True
+    ) -> None:
+        """Report the results in one request (or one per MAX_RESULTS_PER_POST) and, with
+        `lease`, lease with the last what the slots they free can take (results sent again
+        after an outage free none)."""
         assert self.worker_id is not None
         worker_id = self.worker_id
         results = [
@@ -1075,7 +1116,7 @@ class Worker:
                     answer = api.post_results_and_lease(
                         worker_id,
                         results[i : i + MAX_RESULTS_PER_POST],
-                        max_jobs=self._lease_with_report(len(items)) if last else 0,
+                        max_jobs=self._lease_with_report(len(items)) if last and lease else 0,
                         # A retry looks for what a lost answer leased even where it asks
                         # for no new jobs (a worker that will register again first).
                         request_id=request_id if last else None,
@@ -1100,7 +1141,7 @@ class Worker:
             for job, _ in items:
                 self._count("unreported")
                 self.log.error("report_gave_up", job=job.job_id, msg=str(exc))
-            self._given_up(items[-1])
+            self._given_up(items)
             return
         finally:
             if leased:  # whatever became of the report, these jobs are the worker's
@@ -1134,7 +1175,7 @@ class Worker:
         except TRANSIENT_REGISTERED as exc:
             self._count("unreported")
             self.log.error("report_gave_up", job=job.job_id, msg=str(exc))
-            self._given_up((job, result))
+            self._given_up([(job, result)])
             return
         except ApiError as exc:
             self._count("refused")
