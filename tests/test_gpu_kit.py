@@ -303,24 +303,36 @@ def test_the_kit_offers_each_gpu_what_its_committed_data_lacks(tmp_path):
     from pipetune.workers.campaign.kit import (
         DATA_DIR,
         PROBE_CALLS,
+        PROFILE_DIR,
         DeviceCall,
+        calibrate_device_command,
         open_calls,
     )
 
     # The repository's data: campaigns, the current convolution loader, the Hopper family and
-    # its persistent probe shapes on the H200 (measured 2026-12-04): nothing left there.
-    assert open_calls("h200", ROOT / DATA_DIR) == []
+    # its persistent probe shapes on the H200 (measured 2026-12-04): nothing left there but
+    # a measured K-step cost, which the H200's profile lacks (the H100's has one).
+    profiles = ROOT / PROFILE_DIR
+    h200 = open_calls("h200", ROOT / DATA_DIR, profiles)
+    assert [c.command for c in h200] == [calibrate_device_command("h200")]
+    assert "calibrate --gpu h200 --out $OUT/h200.json" in h200[0].command
+    with_k_step = tmp_path / "profiles"
+    with_k_step.mkdir()
+    doc = json.loads((profiles / "h200.json").read_text())
+    doc["raw"]["k_step_cycles"] = 198.0
+    (with_k_step / "h200.json").write_text(json.dumps(doc))
+    assert open_calls("h200", ROOT / DATA_DIR, with_k_step) == []
     # Without that probe's file, it is offered.
     mirror = tmp_path / "data"
     shutil.copytree(ROOT / DATA_DIR / "h200", mirror / "h200")
     shutil.copytree(ROOT / DATA_DIR / "hopper", mirror / "hopper")
     (mirror / "h200" / "wgmma-probe-persistent.json").unlink()
-    h200 = open_calls("h200", mirror)
+    h200 = open_calls("h200", mirror, with_k_step)
     assert [c.command for c in h200] == [PROBE_CALLS["h200"][2]]
     assert h200[0].run() == {
         "timeout_s": 330, "carry": [".gpu-kit"], "command": PROBE_CALLS["h200"][2],
     }  # fmt: skip
-    h100 = open_calls("h100", ROOT / DATA_DIR)
+    h100 = open_calls("h100", ROOT / DATA_DIR, profiles)
     assert [c.command for c in h100] == [
         conv_device_command(),  # its convolutions measure the loader before 2026-11-28
         hopper_device_command(),
@@ -336,7 +348,7 @@ def test_the_kit_offers_each_gpu_what_its_committed_data_lacks(tmp_path):
     ]
     # Its probe kept under the name the heading gives: no longer offered.
     (mirror / "h200" / "wgmma-probe-persistent.json").write_text("{}")
-    assert open_calls("h200", mirror) == []
+    assert open_calls("h200", mirror, with_k_step) == []
 
 
 def test_the_kit_goes_on_with_a_campaign_an_earlier_call_left_unfinished(tmp_path):

@@ -322,6 +322,7 @@ def conv_device_command(runner: str = "cupy") -> str:
 # --- what is open on each GPU ------------------------------------------------------------
 
 DATA_DIR = Path("benchmarks/data")
+PROFILE_DIR = Path("model/profiles")
 
 
 @dataclass(frozen=True)
@@ -354,6 +355,29 @@ PROBE_CALLS: dict[str, tuple[str, int, str]] = {
         "PROBE_SECONDS=270 SHAPES=--persistent PROFILE=0 bash benchmarks/wgmma_probe.sh",
     ),
 }
+
+
+def calibrate_device_command(gpu: str) -> str:
+    """`pipetune calibrate` on a lent GPU, its profile into $OUT/<gpu>.json: for what the
+    committed profile lacks (profile_lacks_k_step)."""
+    return (
+        f"set -o pipefail; {install_line()}; PYTHONUNBUFFERED=1 python3 -m "
+        f"pipetune.clients.cli calibrate --gpu {gpu} --out $OUT/{gpu}.json 2>&1 "
+        "| tee $OUT/calibrate.log"
+    )
+
+
+def profile_lacks_k_step(gpu: str, profiles: Path) -> bool:
+    """Whether the committed profile of this GPU has no measured K-step cost (its
+    raw.k_step_cycles: the wait and barrier that end each main-loop step, which calibrate
+    records since 2026-11-30): the model's review of the H200's held-out shapes needs it
+    (RESULTS.md, "GPU calls on H200, 2026-12-04 (second session)"). A GPU without a profile
+    gets one from its campaign."""
+    path = profiles / f"{gpu}.json"
+    if not path.is_file():
+        return False
+    raw = json.loads(path.read_text()).get("raw") or {}
+    return raw.get("k_step_cycles") is None
 
 
 def stale_convolutions(folder: Path) -> bool:
@@ -390,7 +414,7 @@ def campaign_state(folder: Path) -> str | None:
     return None if summary is None else str(summary.get("state"))
 
 
-def open_calls(gpu: str, data: Path = DATA_DIR) -> list[DeviceCall]:
+def open_calls(gpu: str, data: Path = DATA_DIR, profiles: Path = PROFILE_DIR) -> list[DeviceCall]:
     """The calls a lent GPU of this kind should make, most needed first, from what the
     repository's data already holds: a campaign, else what README's "GPU work" lists open
     (the convolutions with the current loader, the Hopper family's campaign, the wgmma
@@ -436,6 +460,15 @@ def open_calls(gpu: str, data: Path = DATA_DIR) -> list[DeviceCall]:
                 hopper_device_command(have=str(hopper)),
             )
         )
+    if profile_lacks_k_step(gpu, profiles):
+        calls.append(
+            DeviceCall(
+                f"calibrate again (keep $OUT/{gpu}.json's raw.k_step_cycles in "
+                f"{PROFILE_DIR}/{gpu}.json's raw; its other figures stay as calibrated)",
+                300,
+                calibrate_device_command(gpu),
+            )
+        )
     name, timeout_s, command = PROBE_CALLS[gpu]
     if not any(folder.glob(f"{name}*.json")):
         calls.append(
@@ -453,6 +486,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, default=Path(KIT_DIR))
     parser.add_argument("--python-version", default=GPU_PYTHON)
     parser.add_argument("--data", type=Path, default=DATA_DIR, help="the committed GPU data")
+    parser.add_argument(
+        "--profiles", type=Path, default=PROFILE_DIR, help="the committed hardware profiles"
+    )
     args = parser.parse_args(argv)
     try:
         kit = build_kit(args.out, args.python_version)
@@ -470,7 +506,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     for gpu in ("h200", "h100"):
         try:
-            calls = open_calls(gpu, args.data)
+            calls = open_calls(gpu, args.data, args.profiles)
         except KitError as exc:  # a campaign.json there that is not one
             print(f"error: {exc}", file=sys.stderr)
             return 1
