@@ -300,10 +300,10 @@ def test_the_kit_offers_each_gpu_what_its_committed_data_lacks(tmp_path):
     """`make gpu-kit` offered a whole campaign first, with a machine kind this workplace
     does not lend, on GPUs whose campaigns were committed; the call still open (the H200's
     persistent probe shapes) it did not print at all."""
+    from pipetune.model.hardware import PROFILE_DIR
     from pipetune.workers.campaign.kit import (
         DATA_DIR,
         PROBE_CALLS,
-        PROFILE_DIR,
         DeviceCall,
         calibrate_device_command,
         open_calls,
@@ -312,7 +312,7 @@ def test_the_kit_offers_each_gpu_what_its_committed_data_lacks(tmp_path):
     # The repository's data: campaigns, the current convolution loader, the Hopper family and
     # its persistent probe shapes on the H200 (measured 2026-12-04): nothing left there but
     # a measured K-step cost, which the H200's profile lacks (the H100's has one).
-    profiles = ROOT / PROFILE_DIR
+    profiles = PROFILE_DIR  # (the checkout's model/profiles)
     h200 = open_calls("h200", ROOT / DATA_DIR, profiles)
     assert [c.command for c in h200] == [calibrate_device_command("h200")]
     assert "calibrate --gpu h200 --out $OUT/h200.json" in h200[0].command

@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from pipetune.model.errors import PipetuneError
+from pipetune.model.hardware import PROFILE_DIR
 from pipetune.model.workloads import Conv2d, Conv3d
 from pipetune.workers.campaign import layout
 from pipetune.workers.campaign.operators import DEFAULT_OPERATORS, suite_in_order
@@ -322,7 +323,6 @@ def conv_device_command(runner: str = "cupy") -> str:
 # --- what is open on each GPU ------------------------------------------------------------
 
 DATA_DIR = Path("benchmarks/data")
-PROFILE_DIR = Path("model/profiles")
 
 
 @dataclass(frozen=True)
@@ -464,7 +464,7 @@ def open_calls(gpu: str, data: Path = DATA_DIR, profiles: Path = PROFILE_DIR) ->
         calls.append(
             DeviceCall(
                 f"calibrate again (keep $OUT/{gpu}.json's raw.k_step_cycles in "
-                f"{PROFILE_DIR}/{gpu}.json's raw; its other figures stay as calibrated)",
+                f"model/profiles/{gpu}.json's raw; its other figures stay as calibrated)",
                 300,
                 calibrate_device_command(gpu),
             )
