@@ -7,43 +7,19 @@ fake API stands in for it."""
 
 from __future__ import annotations
 
-import datetime as dt
 import io
 import threading
 import time
-from collections.abc import Callable
 from types import SimpleNamespace
 
 import pytest
+from worker_support import OK, REGISTERED, leased_job, run_in_thread, wait_until
 
 from pipetune.clients.sdk import ServerError
-from pipetune.model.trials import MeasureResult
-from pipetune.model.wire import JobLease, JobResultAck, JobResultAcks, ScheduleDoc
+from pipetune.model.wire import JobResultAck, JobResultAcks
 from pipetune.workers.daemon import EventLog, WorkerConfig
 from pipetune.workers.daemon.gpu import describe_model_gpu
 from pipetune.workers.daemon.worker import EXIT_UNREPORTED, Worker
-
-OK = MeasureResult(status="ok", latency_us=5.0)
-DOC = SimpleNamespace(
-    id=7, name="w", gpu="h100", arch="sm_90", runner="simulated", name_in_use=None
-)
-
-
-def _job(i: int) -> JobLease:
-    return JobLease(
-        job_id=i,
-        lease_token=f"token-{i:04d}",
-        lease_expires_at=dt.datetime.now(dt.UTC),
-        lease_ttl_s=120.0,
-        task_id=1,
-        trial=i,
-        workload={"op": "gemm", "m": 64, "n": 64, "k": 64},
-        gpu="h100",
-        schedule=ScheduleDoc(
-            block_row_warps=2, block_col_warps=2, warp_row_tiles=2, warp_col_tiles=2,
-            chunk=2, smem_stages=3, reg_stages=2,
-        ),
-    )  # fmt: skip
 
 
 class ResultsDown:
@@ -62,7 +38,7 @@ class ResultsDown:
         self.lease_asks_with_reports: list[int] = []  # max_jobs of each that got through
 
     def register(self, body: object) -> object:
-        return DOC
+        return REGISTERED
 
     def lease(self, worker_id, max_jobs, wait_s, request_id=None, retry=False):  # type: ignore[no-untyped-def]
         if len(self.leased) >= self.limit:
@@ -70,7 +46,7 @@ class ResultsDown:
             return []
         first = len(self.leased) + 1
         self.leased += list(range(first, min(first + max_jobs, self.limit + 1)))
-        return [_job(i) for i in range(first, len(self.leased) + 1)]
+        return [leased_job(i) for i in range(first, len(self.leased) + 1)]
 
     def post_results_and_lease(self, worker_id, results, max_jobs=0, request_id=None, retry=False):  # type: ignore[no-untyped-def]
         ids = [r.job_id for r in results]
@@ -120,22 +96,6 @@ def _worker(api: ResultsDown, concurrency: int = 1) -> tuple[Worker, io.StringIO
     return worker, log
 
 
-def _run(worker: Worker) -> tuple[threading.Thread, list[int]]:
-    status: list[int] = []
-    thread = threading.Thread(target=lambda: status.append(worker.run()), daemon=True)
-    thread.start()
-    return thread, status
-
-
-def _until(condition: Callable[[], bool], timeout_s: float = 5.0) -> bool:
-    deadline = time.monotonic() + timeout_s
-    while not condition():
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.01)
-    return True
-
-
 def _stop(worker: Worker, runner: threading.Thread) -> None:
     worker.request_stop()
     runner.join(5)
@@ -145,16 +105,16 @@ def _stop(worker: Worker, runner: threading.Thread) -> None:
 def test_leasing_waits_while_reports_fail_and_resumes_when_one_gets_through():
     api = ResultsDown(down=True)
     worker, log = _worker(api)
-    runner, status = _run(worker)
+    runner, status = run_in_thread(worker)
     try:
-        assert _until(lambda: worker.counts["unreported"] >= 1)
-        assert _until(lambda: len(api.failed) >= 3)  # the report, then probes
+        assert wait_until(lambda: worker.counts["unreported"] >= 1)
+        assert wait_until(lambda: len(api.failed) >= 3)  # the report, then probes
         time.sleep(0.2)  # (time for more leases)
         assert api.leased == [1], "leased on while its results were lost"
         assert worker._reports_failing_since is not None and "leasing_paused" in log.getvalue()
         assert set(map(tuple, api.failed)) == {(1,)}  # (the result given up on, again)
         api.down = False  # the route is back: the next probe gets through
-        assert _until(lambda: worker.counts["accepted"] >= 4)
+        assert wait_until(lambda: worker.counts["accepted"] >= 4)
         assert "leasing_resumed" in log.getvalue() and len(api.leased) >= 4
     finally:
         _stop(worker, runner)
@@ -168,17 +128,17 @@ def test_a_probe_sends_again_the_last_result_the_service_acknowledged():
     because of a result (one the service cannot take, which would end no outage)."""
     api = ResultsDown(down=False, limit=1)
     worker, log = _worker(api)
-    runner, status = _run(worker)
+    runner, status = run_in_thread(worker)
     try:
-        assert _until(lambda: worker.counts["accepted"] == 1)
+        assert wait_until(lambda: worker.counts["accepted"] == 1)
         api.down, api.limit = True, 2
-        assert _until(lambda: worker.counts["unreported"] == 1)  # job 2's
-        assert _until(lambda: len(api.failed) >= 3)  # then probes
+        assert wait_until(lambda: worker.counts["unreported"] == 1)  # job 2's
+        assert wait_until(lambda: len(api.failed) >= 3)  # then probes
         assert api.leased == [1, 2]
         assert api.failed[0] == [2] and {tuple(f) for f in api.failed[1:]} == {(1,)}
         api.down = False
-        assert _until(lambda: "leasing_resumed" in log.getvalue())
-        assert _until(lambda: len(api.posted) >= 3)
+        assert wait_until(lambda: "leasing_resumed" in log.getvalue())
+        assert wait_until(lambda: len(api.posted) >= 3)
         assert api.posted[1] == [1]  # the probe
     finally:
         _stop(worker, runner)
@@ -194,12 +154,12 @@ def test_results_given_up_on_are_sent_again_when_reports_get_through():
     # again in one report that leases nothing (they free no slot).
     api = ResultsDown(down=True, limit=3)
     worker, _ = _worker(api, concurrency=3)
-    runner, status = _run(worker)
+    runner, status = run_in_thread(worker)
     try:
-        assert _until(lambda: worker.counts["unreported"] == 3)
+        assert wait_until(lambda: worker.counts["unreported"] == 3)
         api.down = False
-        assert _until(lambda: sorted(i for ids in api.posted for i in ids) == [1, 2, 3])
-        assert _until(lambda: worker.counts["accepted"] == 3)
+        assert wait_until(lambda: sorted(i for ids in api.posted for i in ids) == [1, 2, 3])
+        assert wait_until(lambda: worker.counts["accepted"] == 3)
     finally:
         _stop(worker, runner)
     assert api.lease_asks_with_reports == [0] * len(api.posted)
@@ -209,8 +169,8 @@ def test_results_given_up_on_are_sent_again_when_reports_get_through():
 def test_a_worker_waiting_for_its_reports_stops_when_told():
     api = ResultsDown(down=True)
     worker, _ = _worker(api)
-    runner, status = _run(worker)
-    assert _until(lambda: worker.counts["unreported"] >= 1)
+    runner, status = run_in_thread(worker)
+    assert wait_until(lambda: worker.counts["unreported"] >= 1)
     started = time.monotonic()
     _stop(worker, runner)
     assert time.monotonic() - started < 2

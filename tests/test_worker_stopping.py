@@ -7,44 +7,21 @@ whose lease request waits until the test answers it."""
 
 from __future__ import annotations
 
-import datetime as dt
 import io
 import threading
 import time
-from collections.abc import Callable
 from types import SimpleNamespace
 
 import pytest
+from worker_support import OK, REGISTERED, leased_job, run_in_thread, wait_until
 
 from pipetune.clients.sdk import ServiceUnavailableError
 from pipetune.model.trials import MeasureResult
-from pipetune.model.wire import JobLease, JobResultAck, JobResultAcks, ScheduleDoc
+from pipetune.model.wire import JobLease, JobResultAck, JobResultAcks
 from pipetune.workers.daemon import EventLog, WorkerConfig
 from pipetune.workers.daemon.gpu import describe_model_gpu
 from pipetune.workers.daemon.worker import Worker, WorkerError
 from pipetune.workers.runners.base import RunnerUnavailableError
-
-OK = MeasureResult(status="ok", latency_us=5.0)
-DOC = SimpleNamespace(
-    id=7, name="w", gpu="h100", arch="sm_90", runner="simulated", name_in_use=None
-)
-
-
-def _job(i: int) -> JobLease:
-    return JobLease(
-        job_id=i,
-        lease_token=f"token-{i:04d}",
-        lease_expires_at=dt.datetime.now(dt.UTC),
-        lease_ttl_s=120.0,
-        task_id=1,
-        trial=i,
-        workload={"op": "gemm", "m": 64, "n": 64, "k": 64},
-        gpu="h100",
-        schedule=ScheduleDoc(
-            block_row_warps=2, block_col_warps=2, warp_row_tiles=2, warp_col_tiles=2,
-            chunk=2, smem_stages=3, reg_stages=2,
-        ),
-    )  # fmt: skip
 
 
 class PollingService:
@@ -64,7 +41,7 @@ class PollingService:
         self.reported: list[int] = []
 
     def register(self, body: object) -> object:
-        return DOC
+        return REGISTERED
 
     def lease(self, worker_id, max_jobs, wait_s, request_id=None, retry=False):  # type: ignore[no-untyped-def]
         self.leases += 1
@@ -74,7 +51,7 @@ class PollingService:
         return self.jobs if first else []
 
     def release(self, worker_id, leases, timeout_s=None):  # type: ignore[no-untyped-def]
-        assert worker_id == DOC.id and timeout_s is not None and timeout_s <= 10
+        assert worker_id == REGISTERED.id and timeout_s is not None and timeout_s <= 10
         self.released += [(h.job_id, h.lease_token) for h in leases]
         self.release_calls.set()
         return [h.job_id for h in leases]
@@ -111,33 +88,16 @@ def _worker(api: PollingService, **config: object) -> tuple[Worker, list[int]]:
     return worker, measured
 
 
-def _run(worker: Worker) -> tuple[threading.Thread, list[int]]:
-    """worker.run() in a thread (as `pipetune worker`'s main thread runs it); its status."""
-    status: list[int] = []
-    thread = threading.Thread(target=lambda: status.append(worker.run()), daemon=True)
-    thread.start()
-    return thread, status
-
-
-def _until(condition: Callable[[], bool], timeout_s: float = 5.0) -> bool:
-    deadline = time.monotonic() + timeout_s
-    while not condition():
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.01)
-    return True
-
-
 def test_jobs_a_poll_brings_after_the_first_signal_are_handed_back_not_measured():
     """(a) Draining, the worker measured the jobs a poll in flight at the SIGTERM brought
     after it: a stop that kept taking work."""
-    api = PollingService([_job(1), _job(2)])
+    api = PollingService([leased_job(1), leased_job(2)])
     worker, measured = _worker(api)
-    runner, status = _run(worker)
+    runner, status = run_in_thread(worker)
     try:
         assert api.polling.wait(5)
         worker.request_stop()
-        assert _until(worker._stop.is_set)  # draining: the main thread saw the signal
+        assert wait_until(worker._stop.is_set)  # draining: the main thread saw the signal
         api.answer.set()  # the poll in flight answers after the stop
         api.release_calls.wait(3)
         runner.join(5)
@@ -154,14 +114,14 @@ def test_jobs_a_poll_brings_after_the_first_signal_are_handed_back_not_measured(
 def test_jobs_a_poll_brings_after_a_second_signal_are_handed_back_not_left_to_expire():
     """(b) After a second signal (or --parent-pid's parent gone, which counts as two) they
     were abandoned: held until their leases expired, an attempt used each."""
-    api = PollingService([_job(1), _job(2)])
+    api = PollingService([leased_job(1), leased_job(2)])
     worker, measured = _worker(api)
-    runner, status = _run(worker)
+    runner, status = run_in_thread(worker)
     try:
         assert api.polling.wait(5)
         worker.request_stop()
         worker.request_stop()
-        assert _until(worker._abort.is_set)
+        assert wait_until(worker._abort.is_set)
         api.answer.set()
         api.release_calls.wait(3)
         runner.join(5)
@@ -179,9 +139,9 @@ def test_an_idle_worker_stops_without_waiting_out_its_long_poll():
     (here 30 s) to exit after SIGTERM. It exits at once; the poll, should it answer before
     the process ends (or in a process that runs the worker in-process), has its jobs
     handed back."""
-    api = PollingService([_job(3)])
+    api = PollingService([leased_job(3)])
     worker, measured = _worker(api, lease_wait_s=30)
-    runner, status = _run(worker)
+    runner, status = run_in_thread(worker)
     try:
         assert api.polling.wait(5)
         started = time.monotonic()
@@ -193,7 +153,7 @@ def test_an_idle_worker_stops_without_waiting_out_its_long_poll():
         api.answer.set()  # the poll answers after run() returned
         assert api.release_calls.wait(3)
         assert api.released == [(3, "token-0003")] and measured == []
-        assert _until(lambda: worker._busy == 0)
+        assert wait_until(lambda: worker._busy == 0)
     finally:
         api.answer.set()
         api.ended.set()
@@ -202,7 +162,7 @@ def test_an_idle_worker_stops_without_waiting_out_its_long_poll():
 def test_jobs_not_started_after_a_second_signal_are_handed_back():
     """A second signal stops after the current trial: the jobs waiting behind it were left
     to their leases. They are handed back in one request once the trial is over."""
-    api = PollingService([_job(1), _job(2), _job(3)])
+    api = PollingService([leased_job(1), leased_job(2), leased_job(3)])
     api.answer.set()  # the first poll answers at once with three jobs
     worker, measured = _worker(api)
     inside, finish = threading.Event(), threading.Event()
@@ -214,12 +174,12 @@ def test_jobs_not_started_after_a_second_signal_are_handed_back():
         return OK
 
     worker._measure_one = slow  # type: ignore[method-assign]
-    runner, status = _run(worker)
+    runner, status = run_in_thread(worker)
     try:
         assert inside.wait(5)  # job 1 is being measured, 2 and 3 wait
         worker.request_stop()
         worker.request_stop()
-        assert _until(worker._abort.is_set)
+        assert wait_until(worker._abort.is_set)
         finish.set()
         runner.join(5)
         assert not runner.is_alive() and status == [0]
@@ -234,7 +194,7 @@ def test_jobs_not_started_after_a_second_signal_are_handed_back():
 def test_a_service_that_cannot_take_jobs_back_does_not_hold_up_the_stop():
     """An unreachable service (--parent-pid: the service that started the worker is gone)
     or one from before the route: one try, then the leases are left to expire, as before."""
-    api = PollingService([_job(1)])
+    api = PollingService([leased_job(1)])
     tries: list[int] = []
 
     def unreachable(worker_id, leases, timeout_s=None):  # type: ignore[no-untyped-def]
@@ -244,17 +204,17 @@ def test_a_service_that_cannot_take_jobs_back_does_not_hold_up_the_stop():
 
     api.release = unreachable  # type: ignore[method-assign]
     worker, measured = _worker(api)
-    runner, _ = _run(worker)
+    runner, _ = run_in_thread(worker)
     try:
         assert api.polling.wait(5)
         worker.request_stop()
         worker.request_stop()
-        assert _until(worker._abort.is_set)
+        assert wait_until(worker._abort.is_set)
         api.answer.set()
         assert api.release_calls.wait(3)
         runner.join(5)
         assert not runner.is_alive() and tries == [1] and measured == []
-        assert _until(lambda: worker._busy == 0) and "released" not in worker.counts
+        assert wait_until(lambda: worker._busy == 0) and "released" not in worker.counts
     finally:
         api.answer.set()
         api.ended.set()
@@ -264,7 +224,7 @@ def test_the_job_that_broke_the_runner_is_left_to_its_lease_and_the_others_hande
     """The runner gone (a GPU fallen off the bus): the jobs not started go back at once; the
     one being measured may be what broke it, and is left to its lease, whose expiry counts
     an attempt (a job that breaks every worker is given up on after max_attempts)."""
-    api = PollingService([_job(1), _job(2), _job(3)])
+    api = PollingService([leased_job(1), leased_job(2), leased_job(3)])
     api.answer.set()
     worker, _ = _worker(api)
     del worker._measure_one  # (the worker's own: it stops the worker on such an error)
