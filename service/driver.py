@@ -93,7 +93,7 @@ from pipetune.service.priors import (
 )
 from pipetune.service.records import workload_id
 from pipetune.service.settings import Settings
-from pipetune.service.wakeup import CHANNEL, NOTIFY_SQL, Wakeup
+from pipetune.service.wakeup import CHANNEL, Wakeup, notify_replicas
 from pipetune.tuner.bo import PriorMean
 from pipetune.tuner.learned_prior import LearnedModel
 from pipetune.tuner.offline import late_trials
@@ -790,10 +790,8 @@ class Driver:
     def notify_replicas(self, payload: str) -> None:
         """Send a message to the other replicas (PostgreSQL NOTIFY; with one process on
         SQLite there is nobody to tell)."""
-        if self.wakeup is None or self.db.is_sqlite:
-            return
-        with self.db.driver_statement() as cur:
-            cur.execute(NOTIFY_SQL, {"channel": CHANNEL, "payload": payload})
+        if self.wakeup is not None:
+            notify_replicas(self.db, payload)
 
     def _advance(self, task_id: int, adopt: bool) -> bool | None:
         with self._task_locks[task_id]:

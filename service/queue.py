@@ -75,7 +75,7 @@ from pipetune.service.queue_types import (
 )
 from pipetune.service.settings import Settings
 from pipetune.service.views import worker_doc
-from pipetune.service.wakeup import Wakeup, Woken, notify_statement
+from pipetune.service.wakeup import Wakeup, Woken, notify_replicas, notify_statement
 
 _T = TypeVar("_T")
 log = logging.getLogger(__name__)
@@ -252,9 +252,21 @@ class Queue:
         self._worker_refs.setdefault(worker_id, {})[token_hash] = entry
 
     def forget_worker(self, worker_id: int) -> None:
-        """Drop what is cached of the worker, under any token (it re-registered)."""
+        """Drop what is cached of the worker, under any token (it re-registered), and that it
+        said it stops: a restart under its name leases again."""
         self._worker_forgets += 1
         self._worker_refs.pop(worker_id, None)
+        self.wakeup.forget_stopping(worker_id)
+
+    async def worker_stopping(self, worker_id: int, token_hash: str) -> None:
+        """The worker stops (POST /v1/workers/{id}/stopping): its waiting lease requests, on
+        every replica, are answered empty now, and its later ones at once (Wakeup.stop_worker)
+        until it registers again. Without it a job enqueued while a stopped worker's process
+        ended was leased into its open long-poll, never read, and waited out its TTL."""
+        if self.cached_worker_ref(worker_id, token_hash) is None:
+            await run_in_threadpool(self.worker_ref, worker_id, token_hash)  # (404, 403)
+        await self.hot(notify_replicas, self.db, self.wakeup.stopping_payload(worker_id))
+        self.wakeup.stop_worker(worker_id)
 
     def _register(self, token_hash: str, body: WorkerRegister) -> tuple[WorkerDoc, bool]:
         values = body.model_dump(exclude={"name", "workload"})
@@ -529,6 +541,9 @@ class Queue:
         unclaimed: Woken | None = None
         try:
             while True:
+                if self.wakeup.stopping(worker.id):
+                    # Its worker said it stops: nothing is leased into a poll it won't read.
+                    return LeaseResponse(jobs=[])
                 mark = self.wakeup.wakes
                 jobs = await self.lease_now(
                     worker,
@@ -550,7 +565,7 @@ class Queue:
                     signalled, new = True, False
                     continue
                 wait_s = min(self.settings.lease_poll_s, left)
-                unclaimed = await self.wakeup.woken(kind, wait_s, body.max_jobs)
+                unclaimed = await self.wakeup.woken(kind, wait_s, body.max_jobs, worker.id)
                 signalled, new = unclaimed is not None, False
                 if gone is not None and await gone():
                     return LeaseResponse(jobs=[])

@@ -16,12 +16,16 @@ which makes an idle fleet's requests cost no database work. It trusts that memor
 while it hears the other replicas (its listener is connected), or when there are none to
 hear (SQLite: one process serves the database).
 
-The same channel carries three more messages. Two are the proposer's (service/proposer.py):
+The same channel carries four more messages. Two are the proposer's (service/proposer.py):
 `advance_payload`, from a replica that took the last result of a batch for a task whose session
 another replica holds, asks that replica to advance it (`on_advance`); `held_payload` is the
 holder's answer, so the asker does not adopt the task (`on_held`). The third,
 `worker_payload`, sent in the transaction that re-registers a worker, tells the other replicas
-to forget what they cached of it (`on_worker`, service/queue.py).
+to forget what they cached of it (`on_worker`, service/queue.py). The fourth,
+`stopping_payload`, says that a worker is stopping (`POST /v1/workers/{id}/stopping`): every
+replica answers that worker's waiting lease requests empty at once, and its later ones for
+STOPPING_MEMORY_S (or until it registers again), so that no job is leased into a poll whose
+worker will not read the answer.
 """
 
 from __future__ import annotations
@@ -42,7 +46,7 @@ import psycopg
 from psycopg.conninfo import conninfo_to_dict
 from sqlalchemy import Select, func, select
 
-from pipetune.service.db import deadline_connect, libpq_defaults
+from pipetune.service.db import Database, deadline_connect, libpq_defaults
 
 log = logging.getLogger(__name__)
 
@@ -51,6 +55,11 @@ LISTEN_SQL = "LISTEN pipetune_jobs"  # of CHANNEL (a literal: no SQL is built fr
 RECONNECT_S = (0.5, 10.0)  # the listener's first and longest wait between connection tries
 LISTEN_TICK_S = 0.5  # how often the listener looks whether it should stop
 MAX_EMPTY_KINDS = 1024  # memories of an empty queue kept, one per kind of worker
+# How long a worker that said it stops is answered no jobs (unless it registers again): longer
+# than any lease request sent before its notice can take to arrive, and bounded so that a
+# client that said so and went on leasing is not refused for good.
+STOPPING_MEMORY_S = 60.0
+MAX_STOPPING = 4096  # stopping workers remembered at once (the oldest are forgotten first)
 
 
 @dataclass(frozen=True)
@@ -108,10 +117,13 @@ class Wakeup:
         self._generations = itertools.count(1)
         self.generation = 0
         self._loop: asyncio.AbstractEventLoop | None = None
-        # Each waiting request: its worker's kind and how many jobs it asks for.
-        self._waiters: OrderedDict[asyncio.Future[Woken | None], tuple[WorkerKind, int]] = (
-            OrderedDict()
-        )
+        # Each waiting request: its worker's kind, how many jobs it asks for, and its worker.
+        self._waiters: OrderedDict[
+            asyncio.Future[Woken | None], tuple[WorkerKind, int, int | None]
+        ] = OrderedDict()
+        # Workers that said they stop: worker id -> when it was heard (time.monotonic()).
+        self._stopping: OrderedDict[int, float] = OrderedDict()
+        self._stopping_lock = threading.Lock()  # (the listener's thread and the loop's write)
         self._empty: dict[WorkerKind, tuple[int, float]] = {}
         # Signals that woke fewer requests than they had jobs for, by what they announced:
         # (arch, gpu, runner) -> the number of the last such wake-up (`_wakes`). A request
@@ -164,6 +176,33 @@ class Wakeup:
         """The NOTIFY payload of a re-registered worker (`on_worker` on the others)."""
         return json.dumps({"origin": self.origin, "worker": worker_id})
 
+    def stopping_payload(self, worker_id: int) -> str:
+        """The NOTIFY payload of a worker that stops (`stop_worker` on the others)."""
+        return json.dumps({"origin": self.origin, "stopping": worker_id})
+
+    # ---- stopping workers (any thread) ---------------------------------------------------
+
+    def stop_worker(self, worker_id: int) -> None:
+        """The worker stops: its waiting lease requests are answered (they claim nothing,
+        Queue.lease), and `stopping` says so for STOPPING_MEMORY_S."""
+        with self._stopping_lock:
+            self._stopping.pop(worker_id, None)
+            self._stopping[worker_id] = time.monotonic()
+            while len(self._stopping) > MAX_STOPPING:
+                self._stopping.popitem(last=False)
+        self._call_soon(self._wake_worker, worker_id)
+
+    def stopping(self, worker_id: int) -> bool:
+        """Whether the worker said it stops, less than STOPPING_MEMORY_S ago, and has not
+        registered again since."""
+        since = self._stopping.get(worker_id)
+        return since is not None and time.monotonic() - since < STOPPING_MEMORY_S
+
+    def forget_stopping(self, worker_id: int) -> None:
+        """The worker registered again (a restart under its name): it leases again."""
+        with self._stopping_lock:
+            self._stopping.pop(worker_id, None)
+
     @property
     def hears_all(self) -> bool:
         """Whether every other replica's message reaches this one: it listens now, or there
@@ -201,7 +240,7 @@ class Wakeup:
         joins them rather than claim what they will)."""
         if not self.hears_all:
             return False
-        if new and any(k == kind for k, _ in self._waiters.values()):
+        if new and any(k == kind for k, _, _ in self._waiters.values()):
             return True
         seen = self._empty.get(kind)
         return (
@@ -223,14 +262,17 @@ class Wakeup:
         """Until a signal for this kind of worker, or `timeout_s`; True when signalled."""
         return await self.woken(kind, timeout_s, wants) is not None
 
-    async def woken(self, kind: WorkerKind, timeout_s: float, wants: int = 1) -> Woken | None:
+    async def woken(
+        self, kind: WorkerKind, timeout_s: float, wants: int = 1, worker_id: int | None = None
+    ) -> Woken | None:
         """`wait`, answering what woke the request (None: the timeout, or the service stops).
         `wants`: the jobs the request asks for (a signal of n jobs wakes requests that ask
-        for n between them, not every waiting one)."""
+        for n between them, not every waiting one). `worker_id`: the worker that waits,
+        whose `stop_worker` wakes it (RECHECK)."""
         if self._closed or timeout_s <= 0:
             return None
         future: asyncio.Future[Woken | None] = asyncio.get_running_loop().create_future()
-        self._waiters[future] = (kind, wants)
+        self._waiters[future] = (kind, wants, worker_id)
         try:
             return await asyncio.wait_for(future, timeout_s)
         except TimeoutError:
@@ -260,7 +302,7 @@ class Wakeup:
 
     def _wake(self, arch: str, gpu: str, count: int, runner: str | None = None) -> None:
         woken = 0  # jobs the woken requests ask for
-        for future, (kind, wants) in list(self._waiters.items()):
+        for future, (kind, wants, _) in list(self._waiters.items()):
             if woken >= count:
                 break
             if not future.done() and kind.takes(arch, gpu, runner):
@@ -276,6 +318,13 @@ class Wakeup:
             if len(self._unspent) >= MAX_EMPTY_KINDS:
                 self._unspent.clear()  # (what a request then misses waits for its poll)
             self._unspent[(arch, gpu, runner)] = self._wakes
+
+    def _wake_worker(self, worker_id: int) -> None:
+        """Wake the worker's waiting requests to look again (and find it stopping)."""
+        for future, (_, _, waiter) in list(self._waiters.items()):
+            if waiter == worker_id and not future.done():
+                future.set_result(RECHECK)
+                del self._waiters[future]
 
     def _wake_all(self, woken: Woken | None) -> None:
         """Answer every waiting request: `woken`, to claim again; None, to stop."""
@@ -297,6 +346,9 @@ class Wakeup:
                 ("held", self.on_held),
                 ("worker", self.on_worker),
             )
+            if "stopping" in message:
+                self.stop_worker(int(message["stopping"]))
+                return
             for key, hook in hooks:
                 if key in message:
                     if hook is not None:
@@ -321,6 +373,15 @@ class Wakeup:
 # enqueues jobs: one statement through the driver in autocommit (Database.driver_statement),
 # one round trip where a transaction of its own takes three (BEGIN, the NOTIFY, COMMIT).
 NOTIFY_SQL = "SELECT pg_notify(%(channel)s, %(payload)s)"
+
+
+def notify_replicas(db: Database, payload: str) -> None:
+    """Send a message to the other replicas on its own (PostgreSQL NOTIFY, one autocommit
+    statement; with one process on SQLite there is nobody to tell)."""
+    if db.is_sqlite:
+        return
+    with db.driver_statement() as cur:
+        cur.execute(NOTIFY_SQL, {"channel": CHANNEL, "payload": payload})
 
 
 def notify_statement(payload: str) -> Select:

@@ -15,7 +15,7 @@ from types import SimpleNamespace
 import pytest
 from worker_support import OK, REGISTERED, leased_job, run_in_thread, wait_until
 
-from pipetune.clients.sdk import ServiceUnavailableError
+from pipetune.clients.sdk import NotFoundError, ServiceUnavailableError
 from pipetune.model.trials import MeasureResult
 from pipetune.model.wire import JobLease, JobResultAck, JobResultAcks
 from pipetune.workers.daemon import EventLog, WorkerConfig
@@ -39,6 +39,8 @@ class PollingService:
         self.released: list[tuple[int, str]] = []
         self.release_calls = threading.Event()
         self.reported: list[int] = []
+        self.hears_stop = False
+        self.stop_notices = 0
 
     def register(self, body: object) -> object:
         return REGISTERED
@@ -49,6 +51,15 @@ class PollingService:
         self.polling.set()
         (self.answer if first else self.ended).wait(10)
         return self.jobs if first else []
+
+    def stopping(self, worker_id, timeout_s=None):  # type: ignore[no-untyped-def]
+        """A service from before `POST /v1/workers/{id}/stopping` (404), unless the test
+        says it hears it (`hears_stop`): then the poll in flight is answered at once."""
+        assert worker_id == REGISTERED.id and timeout_s is not None and timeout_s <= 10
+        self.stop_notices += 1
+        if not self.hears_stop:
+            raise NotFoundError(404, "Not Found", method="POST", path="/v1/workers/7/stopping")
+        self.answer.set()
 
     def release(self, worker_id, leases, timeout_s=None):  # type: ignore[no-untyped-def]
         assert worker_id == REGISTERED.id and timeout_s is not None and timeout_s <= 10
@@ -154,6 +165,31 @@ def test_an_idle_worker_stops_without_waiting_out_its_long_poll():
         assert api.release_calls.wait(3)
         assert api.released == [(3, "token-0003")] and measured == []
         assert wait_until(lambda: worker._busy == 0)
+    finally:
+        api.answer.set()
+        api.ended.set()
+
+
+def test_a_service_told_of_the_stop_answers_the_poll_and_its_jobs_go_back_before_the_exit():
+    """(d) Told that the worker stops (`POST /v1/workers/{id}/stopping`), the service answers
+    the poll in flight at once: the worker waits for that answer and hands back what it
+    brought before run() returns. Before, it exited with the poll open, and the jobs the
+    poll took as the process ended were never read (each waited out its lease TTL)."""
+    api = PollingService([leased_job(4), leased_job(5)])
+    api.hears_stop = True
+    worker, measured = _worker(api, lease_wait_s=30)
+    runner, status = run_in_thread(worker)
+    try:
+        assert api.polling.wait(5)
+        started = time.monotonic()
+        worker.request_stop()
+        runner.join(5)
+        assert not runner.is_alive() and status == [0]
+        assert time.monotonic() - started < 3
+        assert api.stop_notices == 1 and api.leases == 1
+        # Handed back before run() returned, not by a thread left behind.
+        assert sorted(api.released) == [(4, "token-0004"), (5, "token-0005")]
+        assert measured == [] and worker._busy == 0 and not worker._held
     finally:
         api.answer.set()
         api.ended.set()

@@ -170,6 +170,13 @@ class WorkerApi:
         )
         return answer.released
 
+    def stopping(self, worker_id: int, timeout_s: float | None = None) -> None:
+        """Say the worker is stopping: it leases nothing more. Its lease requests waiting
+        on the service are answered empty now (those it sends later, at once, until it
+        registers again). A service from before the route answers 404 (NotFoundError): a
+        long-poll then runs its course, and may lease jobs that nobody reads."""
+        self._http.request("POST", f"/v1/workers/{worker_id}/stopping", timeout_s=timeout_s)
+
     def close(self) -> None:
         self._http.close()
 

@@ -63,6 +63,22 @@ async def heartbeat(
     return await queue.hot(queue.heartbeat, worker_id, token, body.busy_jobs, body.leases)
 
 
+# A rare request (a worker stopping): after the hot routes, which are matched first.
+@router.post(
+    "/v1/workers/{worker_id}/stopping",
+    status_code=204,
+    response_class=Response,
+    responses=NOT_FOUND | {403: {"description": "not this token's worker"}},
+)
+async def worker_stopping(service: ServiceDep, worker_id: RowId, token: WorkerToken) -> None:
+    """The worker is stopping: it leases nothing more. Its lease requests waiting on any
+    replica are answered empty now, and later ones at once, until it registers again (or for
+    a minute): a job enqueued while the worker's process ends is not leased into a poll
+    that nobody will read (it waited out its lease TTL and used up an attempt). Jobs it
+    already holds and will not measure go back with `POST /v1/jobs/release`."""
+    await service.queue.worker_stopping(worker_id, token)
+
+
 @router.get("/v1/workers", response_model=WorkerList, dependencies=[Depends(user_access)])
 def list_workers(
     service: ServiceDep,

@@ -30,19 +30,19 @@ again at once, no attempt used), one try of at most RELEASE_TIMEOUT_S; where tha
 service unreachable, or from before the route) they are left to their leases, which expire
 and return them to the queue (heartbeats list only the leases the worker holds).
 
-The window left: an idle worker exits at once, its long-poll still in flight (it may wait
-up to --lease-wait). The process's exit closes the connection, and the service, which looks
-whether its client went away each time the request is woken and before it claims again
-(service.queue.Queue.lease), takes no job for it after that. Until then the connection is
-open: jobs queued between the stop and the process's end (measured against a live service:
-0.1-0.4 s after the `stopped` line, the runner's exit and the interpreter's shutdown) are
-leased into the poll, not read, and wait out their TTL, an attempt used each; so are jobs
-whose answer was on its way as the process ended, or leased behind a proxy that keeps the
-connection to the service open when its client goes away. (Closing the connection at the
-stop would need the poll's socket, which httpx does not expose to another thread; the
-service being told that the worker stops, so that it wakes its polls empty, would close the
-window.) Run in-process (run() returns, the process lives on), the lease thread waits for
-the poll's answer and hands its jobs back.
+A lease request in flight at the stop (a long-poll may wait up to --lease-wait, and a blocked
+read cannot be interrupted): the worker tells the service that it stops (`POST
+/v1/workers/{id}/stopping`), which answers that request at once, on whichever replica it
+waits, and leases the worker nothing more; the answer (empty, or the jobs it was claiming,
+handed back) comes within a round trip, and the worker then exits. Before, an idle worker
+exited with the poll still open, and jobs queued while its process ended (0.1-0.4 s after the
+`stopped` line, measured against a live service) were leased into it, never read, and waited
+out their TTL, an attempt used each. Where the service cannot be told (unreachable; from
+before the route, a 404), the worker exits at once as before and that window stays: the
+service, which looks whether its client went away each time the request is woken and
+before it claims again (service.queue.Queue.lease), takes no job for it once the process's
+exit has closed the connection. Run in-process (run() returns, the process lives on), the
+lease thread waits for the poll's answer and hands its jobs back.
 
 Reports failing: while the results route fails (the reporter retries; --result-retry counts
 from the outage's start), leasing waits, so that the worker does not take jobs whose results
@@ -122,6 +122,10 @@ BATCH_ROUTE_RETRY_S = 600.0
 # A stopping worker hands back the jobs it will not measure in one try of at most this long:
 # a service that does not answer by then leaves them to their leases, and the worker exits.
 RELEASE_TIMEOUT_S = 5.0
+# How long a stopping worker waits for its lease request in flight to be answered once the
+# service was told it stops (the answer is immediate; handing back what it brought takes up to
+# RELEASE_TIMEOUT_S more).
+STOP_POLL_WAIT_S = 2 * RELEASE_TIMEOUT_S
 # While reports fail and none is left to send, the reporter sends one result again this often
 # (leasing waits meanwhile): how it learns that the results route is back. As the longest
 # backoff of a report's retries (workers.daemon.reporting).
@@ -222,6 +226,7 @@ class Worker:
         # thread, and its answer (under self._slots): the jobs it got, or its error.
         self._poll_requests: Queue[int | None] = Queue()
         self._poll_answer: int | BaseException | None = None
+        self._polling = False  # a lease request in flight (under self._slots)
         # Jobs let go unmeasured in the measuring pool (a second signal, the runner gone):
         # handed back together once the pool has stopped (under self._slots).
         self._to_hand_back: list[JobLease] = []
@@ -573,6 +578,26 @@ class Worker:
         finally:
             # The lease thread ends once the poll in flight, if any, is answered.
             self._poll_requests.put(None)
+            with self._slots:
+                polling = self._polling
+            if polling:
+                self._end_poll(api, poller)
+
+    def _end_poll(self, api: WorkerApi, poller: threading.Thread) -> None:
+        """The worker stops with a lease request in flight: tell the service, which answers
+        the request at once (empty, or with the jobs it was claiming, which the lease thread
+        hands back) and leases this worker nothing more, and wait up to STOP_POLL_WAIT_S for
+        that answer. Until it comes the poll's connection is open: jobs enqueued while the
+        process ended were leased into it, never read, and waited out their TTL. A service
+        that cannot be told (unreachable, or from before the route) leaves the poll to run
+        its course, as before."""
+        assert self.worker_id is not None
+        try:
+            api.stopping(self.worker_id, RELEASE_TIMEOUT_S)
+        except Exception as exc:  # (a stop goes on whatever the answer)
+            self.log.event("stopping_unheard", "debug", msg=f"{type(exc).__name__}: {exc}")
+            return
+        poller.join(STOP_POLL_WAIT_S)
 
     def _lease_until_stopped(self, api: WorkerApi) -> None:
         reregistered = 0
@@ -611,6 +636,7 @@ class Worker:
         a stop does not wait out a long-poll (--lease-wait) that cannot be interrupted."""
         with self._slots:
             self._poll_answer = None
+            self._polling = True
         self._poll_requests.put(free)
         with self._slots:
             while self._poll_answer is None:
@@ -649,6 +675,7 @@ class Worker:
     def _answer_poll(self, answer: int | BaseException) -> None:
         with self._slots:
             self._poll_answer = answer
+            self._polling = False
             self._slots.notify_all()
 
     def _hand_over(self, jobs: list[JobLease], api: WorkerApi) -> None:

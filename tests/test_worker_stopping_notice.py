@@ -1,0 +1,168 @@
+"""`POST /v1/workers/{id}/stopping`: a worker that stops says so, and the service answers its
+waiting lease request empty at once, on whichever replica it waits, and leases it nothing more
+until it registers again. Before, a stopped worker's long-poll stayed open while its process
+ended, and jobs enqueued meanwhile were leased into it, never read, and waited out their
+lease TTL (an attempt used each)."""
+
+from __future__ import annotations
+
+import io
+import json
+import threading
+import time
+from types import SimpleNamespace
+
+import httpx
+import pytest
+from service_support import (
+    TOKEN,
+    WORKER_HEADERS,
+    client_for,
+    create_task,
+    lease,
+    live_server,
+    register,
+    service_of,
+)
+from sqlalchemy import select
+from worker_support import run_in_thread, wait_until
+
+from pipetune.clients.sdk import NotFoundError, WorkerApi
+from pipetune.service import wakeup as wakeup_module
+from pipetune.service.migrate import upgrade
+from pipetune.service.orm import LeaseRow
+from pipetune.service.wakeup import Wakeup
+from pipetune.workers.daemon import EventLog, WorkerConfig
+from pipetune.workers.daemon.gpu import describe_model_gpu
+from pipetune.workers.daemon.worker import Worker
+
+pytest_plugins = ["service_fixtures"]
+
+
+def _poll_in_thread(client, worker_id: int, wait_s: float) -> tuple[threading.Thread, list]:
+    got: list = []
+    thread = threading.Thread(
+        target=lambda: got.append(lease(client, worker_id, 2, wait_s=wait_s)), daemon=True
+    )
+    thread.start()
+    return thread, got
+
+
+def test_a_stopping_worker_s_waiting_poll_is_answered_empty_and_it_leases_nothing_more(db_url):
+    with client_for(db_url, lease_poll_s=60) as c:
+        api = WorkerApi(str(c.base_url), TOKEN, transport=c._transport)
+        stopping, other = register(c, "stopping"), register(c, "other")
+        wakeup = service_of(c).wakeup
+        poll, got = _poll_in_thread(c, stopping, wait_s=20)
+        assert wait_until(lambda: wakeup.waiting == 1)
+        started = time.monotonic()
+        api.stopping(stopping, timeout_s=5)
+        poll.join(5)
+        assert got == [[]] and time.monotonic() - started < 3  # (it waited its whole 20 s)
+        # Jobs enqueued from now on are not leased to it, not even by a request it sends.
+        create_task(c, budget=2, strategy="grid")
+        started = time.monotonic()
+        assert lease(c, stopping, 2, wait_s=5) == []
+        assert time.monotonic() - started < 2  # answered at once, not after its wait
+        assert len(lease(c, other, 2)) == 2  # another worker takes them
+        # Registered again (a restart under its name), it leases again.
+        assert register(c, "stopping") == stopping
+        create_task(c, budget=1, strategy="grid")
+        assert len(lease(c, stopping, 2)) == 1
+        with pytest.raises(NotFoundError):
+            api.stopping(999)
+        api.close()
+
+
+def test_the_notice_reaches_a_poll_waiting_on_another_replica(pg):
+    """The poll waits on replica A, the notice goes to replica B (a load balancer may send
+    each request of one worker to another replica): A answers it through NOTIFY."""
+    from service_support import wait_until_listening
+
+    with client_for(pg, lease_poll_s=60) as a, client_for(pg, lease_poll_s=60) as b:
+        wait_until_listening(a)
+        worker = register(a)
+        poll, got = _poll_in_thread(a, worker, wait_s=20)
+        assert wait_until(lambda: service_of(a).wakeup.waiting == 1)
+        started = time.monotonic()
+        response = b.post(f"/v1/workers/{worker}/stopping", headers=WORKER_HEADERS)
+        assert response.status_code == 204, response.text
+        poll.join(10)
+        assert got == [[]] and time.monotonic() - started < 5
+        # Neither replica leases it the jobs enqueued after.
+        create_task(b, budget=2, strategy="grid")
+        assert lease(a, worker, 2) == [] and lease(b, worker, 2) == []
+
+
+def test_a_stopping_message_from_another_replica_marks_the_worker_until_it_registers():
+    here, there = Wakeup(shared=True), Wakeup(shared=True)
+    here.deliver(there.stopping_payload(5))
+    assert here.stopping(5) and not here.stopping(6)
+    here.forget_stopping(5)  # (its re-registration)
+    assert not here.stopping(5)
+    for bad in (
+        json.dumps({"origin": "x", "stopping": "five"}),
+        '{"origin": "x", "stopping": 1e999}',
+    ):
+        here.deliver(bad)  # logged and dropped, never raised into the listener
+    assert not here.stopping(5)
+
+
+def test_a_stop_is_remembered_for_a_while_only(monkeypatch):
+    """A client that said it stops and then went on leasing without registering again is
+    not refused for good."""
+    wakeup = Wakeup(shared=False)
+    wakeup.stop_worker(3)
+    assert wakeup.stopping(3)
+    monkeypatch.setattr(wakeup_module, "STOPPING_MEMORY_S", 0.0)
+    assert not wakeup.stopping(3)
+    monkeypatch.setattr(wakeup_module, "MAX_STOPPING", 2)
+    for worker_id in (10, 11, 12):
+        wakeup.stop_worker(worker_id)
+    assert set(wakeup._stopping) == {11, 12}  # the oldest forgotten first
+
+
+def test_an_idle_daemon_stopped_mid_poll_has_no_job_leased_into_its_poll(tmp_path):
+    """End to end over HTTP: an idle worker (its long-poll waiting, --lease-wait 30) is
+    stopped; a task created as soon as run() has returned gets no lease for it. Before, the
+    poll stayed open until its wait ended and took the task's jobs (in a process that had
+    exited: never read; here, in-process, its lease thread handed them back, each lease
+    recorded)."""
+    url = f"sqlite:///{tmp_path / 'stop.db'}"
+    upgrade(url)
+    with live_server(url, lease_poll_s=30.0, lease_wait_cap_s=30.0) as base:
+        settings = {"server": base, "token": TOKEN, "runner": "simulated", "gpu": "h100"}
+        worker = Worker(
+            WorkerConfig(**settings, lease_wait_s=30, name="idle"),  # type: ignore[arg-type]
+            SimpleNamespace(name="simulated", only_workload=None),  # type: ignore[arg-type]
+            describe_model_gpu("h100", "simulated"),
+            EventLog(stream=io.StringIO()),
+        )
+        runner, status = run_in_thread(worker)
+        with httpx.Client(base_url=base, timeout=30) as client:
+
+            def registered() -> bool:
+                names = [w["name"] for w in client.get("/v1/workers").json()["workers"]]
+                return "idle" in names
+
+            assert wait_until(registered, timeout_s=10)
+            time.sleep(0.5)  # its first poll waits on the service (the queue is empty)
+            started = time.monotonic()
+            worker.request_stop()
+            runner.join(10)
+            assert not runner.is_alive() and status == [0]
+            assert time.monotonic() - started < 5
+            task = client.post(
+                "/v1/tasks",
+                json={"workload": {"op": "gemm", "m": 64, "n": 64, "k": 64}, "gpu": "h100",
+                      "budget": 2, "strategy": "grid"},
+            ).json()["id"]  # fmt: skip
+            time.sleep(1.0)  # the wake-up would reach a poll still waiting
+            trials = client.get(f"/v1/tasks/{task}/trials").json()["trials"]
+            assert trials and all(t["state"] == "queued" for t in trials), trials
+    from sqlalchemy import create_engine
+
+    engine = create_engine(url)
+    with engine.connect() as conn:
+        assert conn.execute(select(LeaseRow.job_id)).all() == []  # never leased at all
+    engine.dispose()
