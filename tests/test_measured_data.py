@@ -140,26 +140,51 @@ def test_a_second_stage_is_predicted_against_one_schedule_by_schedule(gpu: str):
         predicted.append(np.log(op.predicted_us[two] / op.predicted_us[one]))
     measured_ratio, predicted_ratio = np.array(measured), np.array(predicted)
     assert len(measured_ratio) > 5000
-    assert np.median(np.abs(predicted_ratio - measured_ratio)) < 0.125
+    # With the latency's spread that a multistage load waits out (reading 12): 0.087 / 0.086
+    # and 0.42 / 0.48.
+    assert np.median(np.abs(predicted_ratio - measured_ratio)) < 0.095
     assert spearmanr(measured_ratio, predicted_ratio)[0] > 0.33
 
 
-def _stage_pairs(gpu: str, knob: str) -> Iterator[tuple[Any, int, int]]:
-    """(operator, row with one stage, row with two) for every pair of schedules that differ
-    only in `knob` (1 against 2), at equal occupancy, both measured."""
+@pytest.mark.parametrize("gpu", ["h200", "h100"])
+def test_two_stages_against_three_are_predicted_schedule_by_schedule(gpu: str):
+    # Twins equal but for two shared-memory stages against three, at equal occupancy (5,067
+    # pairs per GPU): the two-stage one measured 0.14 / 0.15 (log, median; H100 / H200)
+    # slower. With loads at their mean time (reading 4) the pairs' ratios were predicted
+    # with a median error of 0.121 / 0.130 and ranked at 0.51 / 0.48; with the latency's
+    # spread (reading 12), 0.110 / 0.111 and 0.56 / 0.52.
+    from scipy.stats import spearmanr
+
+    measured, predicted = [], []
+    for op, two, three in _stage_pairs(gpu, "smem_stages", (2, 3)):
+        measured.append(np.log(op.measured_us[two] / op.measured_us[three]))
+        predicted.append(np.log(op.predicted_us[two] / op.predicted_us[three]))
+    measured_ratio, predicted_ratio = np.array(measured), np.array(predicted)
+    assert len(measured_ratio) > 5000
+    assert np.median(measured_ratio) > 0.1  # what the data say: the third stage pays
+    assert np.median(np.abs(predicted_ratio - measured_ratio)) < 0.115
+    assert spearmanr(measured_ratio, predicted_ratio)[0] > 0.52
+
+
+def _stage_pairs(
+    gpu: str, knob: str, stages: tuple[int, int] = (1, 2)
+) -> Iterator[tuple[Any, int, int]]:
+    """(operator, row with the fewer stages, row with the more) for every pair of schedules
+    that differ only in `knob` (`stages`: 1 against 2 unless said), at equal occupancy, both
+    measured."""
     for op in _alcop_ops(gpu):
         knobs = op.space.knobs
         others = [name for name in knobs if name != knob]
         rows: dict[tuple, dict[int, int]] = {}
-        for i, stages in enumerate(knobs[knob].tolist()):
-            rows.setdefault(tuple(knobs[n][i] for n in others), {})[stages] = i
+        for i, count in enumerate(knobs[knob].tolist()):
+            rows.setdefault(tuple(knobs[n][i] for n in others), {})[count] = i
         blocks = op.space.blocks_per_sm
         for pair in rows.values():
-            one, two = pair.get(1), pair.get(2)
-            if one is None or two is None or blocks[one] != blocks[two]:
+            fewer, more = pair.get(stages[0]), pair.get(stages[1])
+            if fewer is None or more is None or blocks[fewer] != blocks[more]:
                 continue
-            if op.ok[one] and op.ok[two]:
-                yield op, one, two
+            if op.ok[fewer] and op.ok[more]:
+                yield op, fewer, more
 
 
 def _register_stage_pairs(gpu: str) -> list[tuple[int, float, float]]:
