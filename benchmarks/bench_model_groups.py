@@ -59,15 +59,15 @@ def ranking(ops: list[OperatorData]) -> tuple[float, float, float]:
 
 
 def stage_twins(
-    ops: list[OperatorData], fewer: int, more: int
+    ops: list[OperatorData], fewer: int, more: int, knob: str = "smem_stages"
 ) -> Iterator[tuple[int, int, OperatorData]]:
-    """(row with `fewer` shared-memory stages, row with `more`, operator) of every pair of
+    """(row with `fewer` stages of `knob`, row with `more`, operator) of every pair of
     measured schedules equal in every other knob, at equal occupancy."""
     for op in ops:
         knobs = op.space.knobs
-        others = [name for name in knobs if name != "smem_stages"]
+        others = [name for name in knobs if name != knob]
         rows: dict[tuple, dict[int, int]] = {}
-        for i, count in enumerate(knobs["smem_stages"].tolist()):
+        for i, count in enumerate(knobs[knob].tolist()):
             rows.setdefault(tuple(knobs[n][i] for n in others), {})[count] = i
         blocks = op.space.blocks_per_sm
         for pair in rows.values():

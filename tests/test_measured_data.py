@@ -171,20 +171,11 @@ def _stage_pairs(
 ) -> Iterator[tuple[Any, int, int]]:
     """(operator, row with the fewer stages, row with the more) for every pair of schedules
     that differ only in `knob` (`stages`: 1 against 2 unless said), at equal occupancy, both
-    measured."""
-    for op in _alcop_ops(gpu):
-        knobs = op.space.knobs
-        others = [name for name in knobs if name != knob]
-        rows: dict[tuple, dict[int, int]] = {}
-        for i, count in enumerate(knobs[knob].tolist()):
-            rows.setdefault(tuple(knobs[n][i] for n in others), {})[count] = i
-        blocks = op.space.blocks_per_sm
-        for pair in rows.values():
-            fewer, more = pair.get(stages[0]), pair.get(stages[1])
-            if fewer is None or more is None or blocks[fewer] != blocks[more]:
-                continue
-            if op.ok[fewer] and op.ok[more]:
-                yield op, fewer, more
+    measured (benchmarks/bench_model_groups.py pairs them)."""
+    from benchmarks.bench_model_groups import stage_twins
+
+    for fewer, more, op in stage_twins(list(_alcop_ops(gpu)), *stages, knob=knob):
+        yield op, fewer, more
 
 
 def _register_stage_pairs(gpu: str) -> list[tuple[int, float, float]]:

@@ -99,6 +99,19 @@ def _worker(api: PollingService, **config: object) -> tuple[Worker, list[int]]:
     return worker, measured
 
 
+def _stopped_mid_poll(api: PollingService, join_s: float):  # type: ignore[no-untyped-def]
+    """An idle worker (--lease-wait 30) stopped while its first poll waits, and up to
+    `join_s` for run() to return: the worker, what it measured, its thread and status, and
+    when the stop was asked for."""
+    worker, measured = _worker(api, lease_wait_s=30)
+    runner, status = run_in_thread(worker)
+    assert api.polling.wait(5)
+    started = time.monotonic()
+    worker.request_stop()
+    runner.join(join_s)
+    return worker, measured, runner, status, started
+
+
 def test_jobs_a_poll_brings_after_the_first_signal_are_handed_back_not_measured():
     """(a) Draining, the worker measured the jobs a poll in flight at the SIGTERM brought
     after it: a stop that kept taking work."""
@@ -151,13 +164,8 @@ def test_an_idle_worker_stops_without_waiting_out_its_long_poll():
     the process ends (or in a process that runs the worker in-process), has its jobs
     handed back."""
     api = PollingService([leased_job(3)])
-    worker, measured = _worker(api, lease_wait_s=30)
-    runner, status = run_in_thread(worker)
+    worker, measured, runner, status, started = _stopped_mid_poll(api, join_s=3)
     try:
-        assert api.polling.wait(5)
-        started = time.monotonic()
-        worker.request_stop()
-        runner.join(3)
         assert not runner.is_alive(), "still waiting for the long-poll to answer"
         assert status == [0] and time.monotonic() - started < 2
         assert api.leases == 1  # no lease request after the stop
@@ -177,13 +185,8 @@ def test_a_service_told_of_the_stop_answers_the_poll_and_its_jobs_go_back_before
     poll took as the process ended were never read (each waited out its lease TTL)."""
     api = PollingService([leased_job(4), leased_job(5)])
     api.hears_stop = True
-    worker, measured = _worker(api, lease_wait_s=30)
-    runner, status = run_in_thread(worker)
+    worker, measured, runner, status, started = _stopped_mid_poll(api, join_s=5)
     try:
-        assert api.polling.wait(5)
-        started = time.monotonic()
-        worker.request_stop()
-        runner.join(5)
         assert not runner.is_alive() and status == [0]
         assert time.monotonic() - started < 3
         assert api.stop_notices == 1 and api.leases == 1
