@@ -46,6 +46,7 @@ from pipetune.model.hardware import get_gpu
 from pipetune.model.operators import ALCOP
 from pipetune.model.space import Space
 from pipetune.model.trials import MeasureResult
+from pipetune.tuner.allocator import keep_freed_blocks
 from pipetune.tuner.bench import run_strategy_rows
 from pipetune.tuner.recorded import ForeignSpace, RecordedConfigs
 from pipetune.tuner.session import TuningSession
@@ -202,6 +203,7 @@ def main() -> None:
     )
     args = parser.parse_args()
     threadpool_limits(limits=1)  # one core, as the goal states
+    keep_freed_blocks()  # as the service does (tuner/allocator.py)
     if args.space_size > 0:
         configs = synthetic_space(args.space_size)
         print(

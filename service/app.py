@@ -34,6 +34,7 @@ from pipetune.service.routers.common import with_project_errors
 from pipetune.service.settings import Settings
 from pipetune.service.thread_cpu import LISTENER_THREAD
 from pipetune.service.wakeup import Wakeup, listen
+from pipetune.tuner.allocator import keep_freed_blocks
 
 log = logging.getLogger(__name__)
 
@@ -86,6 +87,9 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
         wakeup.attach(asyncio.get_running_loop())
         metrics.thread_cpu.mark_event_loop()
+        # A served app owns its process: proposal rounds reuse their freed temporaries
+        # instead of faulting fresh pages in (tuner/allocator.py).
+        keep_freed_blocks()
         service.proposer.start()
         stop_listening = threading.Event()
         listener = None

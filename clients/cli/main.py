@@ -14,6 +14,7 @@ from pipetune.clients.cli.dataset_cmds import dataset_app
 from pipetune.clients.cli.kernel_cmds import kernel_app
 from pipetune.clients.cli.model_cmds import model_app
 from pipetune.clients.cli.sweep_cmds import calibrate, sweep_app
+from pipetune.tuner.allocator import keep_freed_blocks
 
 app = typer.Typer(
     name="pipetune",
@@ -48,6 +49,7 @@ def _main(
     ),
 ) -> None:
     """pipetune: analytical-model-guided autotuning of pipelined GPU tensor kernels."""
+    keep_freed_blocks()  # the command owns its process (tuner/allocator.py)
 
 
 def _print_what_cannot_be_encoded_escaped() -> None:
