@@ -125,6 +125,31 @@ explicit here because the table leaves them implicit:
    0.962 to 0.937 / 0.954 / 0.938 / 0.973, and its mean Spearman from 0.791 / 0.702 / 0.684
    / 0.800 to 0.803 / 0.716 / 0.696 / 0.804 (benchmarks/RESULTS.md, "a load's latency
    varies").
+13. A K step's MMAs and its other instructions do not overlap. Reading 8 times a step as the
+   longer of its MMAs on the tensor pipe and its instructions at the issue rate, as if a
+   sub-partition issued its ldmatrix, cp.async and address work while its tensor core
+   worked. Taken here (not measured directly): an m16n8k16 mma.sync holds the sub-
+   partition's register-file read ports for its pipe interval (its A, B and C fragments, 10
+   registers per lane, about 6.6 clocks at the measured efficiency), and every other
+   instruction needs those ports for its operands: so the step lasts its MMAs' time plus
+   the issue of the rest,
+   ``T_issue = N_reg_loop x N_warp_per_threadblk x T_compute + (instructions - MMAs) x
+   N_warp_per_threadblk / (issue rate of the SM x Util)``. Nothing is fitted: the MMAs' time
+   is Table 1's T_compute, the rest reading 8's count. Measured on the H100 and the H200 the
+   residual log(measured / predicted) rose with the ratio of a step's MMA time to its issue
+   time, from -0.2 (mostly issue, narrow warp tiles) to +0.24 (mostly MMAs, 4x4 warp tiles),
+   whatever the warps per scheduler, and grew 0.07-0.09 per doubling of the block tile
+   (0.02-0.06 now). Over the measured spaces (shapes / h200 / h100 / conv) top-1 rose from
+   0.892 / 0.909 / 0.861 / 0.880 to 0.916 / 0.912 / 0.897 / 0.937, top-10 from 0.937 / 0.954
+   / 0.938 / 0.973 to 0.945 / 0.951 / 0.943 / 0.974, mean Spearman from 0.803 / 0.716 /
+   0.696 / 0.804 to 0.833 / 0.748 / 0.727 / 0.848; the stage twins' median errors held or
+   fell (1 vs 2: 0.087 / 0.086 -> 0.087 / 0.080; 2 vs 3: 0.110 / 0.111 -> 0.105 / 0.106),
+   but their rank correlation fell (2 vs 3: 0.56 / 0.52 -> 0.47 / 0.46; H100 / H200): the
+   longer step of the MMA-heavy schedules gives their loads more slack (reading 12), and the
+   measured penalty of their second stage does not shrink with the step's length. Measured
+   variants that kept the twins (the added time after the pipeline, or left out of the
+   slack) lost part of the whole-space gain or other twins' ranking (benchmarks/RESULTS.md,
+   "MMAs and the other instructions add up").
 """
 
 from __future__ import annotations
@@ -345,7 +370,9 @@ def evaluate(space: Space) -> Prediction:
     # only A's cost the L2 stream is not established, only measured.
     Bytes_one_smem_loop = (BM + np.minimum(BN, view.n)) * BK * BYTES_FP16
     # Warp instructions of one K step of one warp (reading 8).
-    step_issue = step_instructions(space).total
+    step = step_instructions(space)
+    # Beside its MMAs (reading 13): they hold the tensor pipe, the rest issue after them.
+    step_other = step.total - step.mma
     Bytes_output_tile = np.minimum(BM, view.m) * np.minimum(BN, view.n) * BYTES_FP16
     load_latency = max(gpu.dram_latency_ns, gpu.l2_latency_ns) * 1e-9
     fragment_wait = gpu.smem_latency_ns * 1e-9
@@ -367,8 +394,11 @@ def evaluate(space: Space) -> Prediction:
         )
         T_smem_use = np.maximum(T_smem_use, N_reg_loop * reg_stream)
         # The block's warps issue their K step at the SM's rate, on the sub-partitions they
-        # occupy (Util: one warp per scheduler, as one per tensor core) (reading 8).
-        T_issue = step_issue * N_warp_per_threadblk / (gpu.issue_rate_per_sm * Util)
+        # occupy (Util: one warp per scheduler, as one per tensor core) (reading 8); their
+        # MMAs take the tensor pipe's time, and the other instructions add to it (reading 13).
+        T_issue = N_reg_loop * N_warp_per_threadblk * T_compute + step_other * (
+            N_warp_per_threadblk / (gpu.issue_rate_per_sm * Util)
+        )
         T_smem_use = np.maximum(T_smem_use, T_issue)
         # Judged here: the wait below lengthens an issue-bound step too, and compared after it
         # the issue floor would look hidden where it is what sets the step.
@@ -446,6 +476,11 @@ def evaluate(space: Space) -> Prediction:
     # unit and bandwidth, so it is shorter than a full one (reading 7). With one wave, or a
     # whole number of them, it is a full one.
     last = wave(tiles - (N_threadblk_batch - 1.0) * capacity)
+    # Never longer than a full wave: no SM holds more blocks in it. Reading 6's exposed
+    # prologue, which grows as the blocks per SM fall, made one schedule in 2,840 (4k GEMM,
+    # one warp of 2x4 tiles, two blocks per SM to one) 0.14% longer per block once reading
+    # 13 left its lone warp's step no shorter; no hardware reason supports that.
+    last["T_threadblk"] = np.minimum(last["T_threadblk"], full["T_threadblk"])
     T_kernel = full["T_threadblk"] * (N_threadblk_batch - 1.0) + last["T_threadblk"]
     # A block shares its SM only to its cost: the kernel lasts at least one block's life alone
     # on an SM, in a wave that spreads min(tiles, N_SM) blocks one to an SM (reading 11).

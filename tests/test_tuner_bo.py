@@ -1493,7 +1493,8 @@ def test_a_dropped_prior_still_fills_the_batch(strategy):
     """The round that dropped the prior returned only the design rows still missing: 6 of 8
     on this measured space (seed 0, its fourth batch), with 662 rows unvisited, and the
     service's workers idled for a round. The rest of the batch now comes from the model,
-    the design rows believed as pending."""
+    the design rows believed as pending. (Since reading 13 of the model the prior is
+    dropped in the third batch, where 7 design rows were missing, and twice more later.)"""
     from pathlib import Path
 
     from pipetune.clients.cli.bench_cmds import recorded_dataset
@@ -1509,6 +1510,9 @@ def test_a_dropped_prior_still_fills_the_batch(strategy):
         batch = session.propose(8)
         assert len(batch) == min(8, left)
         if session.strategy.last_used_prior is False:
-            dropped.append(len(batch))
+            design = set(session.strategy._design_rows(8, set()))
+            dropped.append(len(design & {rec.space.index(s) for s in batch}))
         session.observe([(s, rec.result(rec.space.index(s))) for s in batch])
-    assert len(session.history) == 64 and dropped == [8]  # (the round this is about)
+    assert len(session.history) == 64
+    # The round this is about: a full batch of the design rows still missing and the model's.
+    assert any(0 < designed < 8 for designed in dropped), dropped
