@@ -150,6 +150,25 @@ explicit here because the table leaves them implicit:
    variants that kept the twins (the added time after the pipeline, or left out of the
    slack) lost part of the whole-space gain or other twins' ranking (benchmarks/RESULTS.md,
    "MMAs and the other instructions add up").
+14. The next tile leaves part by part. Reading 4 issues a step's copies at its start. The
+   generated loop (workers/codegen/pipeline.py, LOAD_PARTS) issues them in P = max(N_reg_loop
+   - 1, 1) parts, one in each of the step's first P k16 slices, interleaved with the MMAs,
+   so the last part leaves (P - 1) / N_reg_loop of the way through the step and its bytes
+   stream from there: a load's stream ends at ``max(stream, (P - 1) / N_reg_loop x U +
+   stream / P)`` (multistage_latency), and the S - 1 steps leave that much less slack.
+   Nothing fitted. With a short stream, a load lands up to half a step later at BK 64 and
+   three quarters at BK 128; at BK 16-32 (one part) nothing changes. Measured on the H100
+   and the H200 over the stage twins: one against two stages, median error 0.087 / 0.080 ->
+   0.078 / 0.070 and rank correlation 0.50 / 0.49 -> 0.53 / 0.52; two against three, 0.105 /
+   0.106 -> 0.097 / 0.098 and 0.47 / 0.46 -> 0.51 / 0.50 (H100 / H200); whole spaces (shapes
+   / h200 / h100 / conv) mean Spearman 0.833 / 0.748 / 0.727 / 0.848 -> 0.835 / 0.751 /
+   0.730 / 0.848, top-1 and top-10 as before but for shapes' top-10 0.945 -> 0.946. The
+   SASS also shows ptxas placing the step's cp.async wait above the last k16 slice's MMAs
+   (above all of them with one register stage at BK 16-32); charging that wait as well
+   raised mean Spearman by 0.013-0.022 on three groups but predicted two stages against
+   three 0.25-0.31 slower from two blocks per SM up (measured 0.02-0.20: co-resident blocks
+   fill the wait) and halved the one-against-two twins' rank correlation: not taken
+   (benchmarks/RESULTS.md, "the next tile leaves part by part").
 """
 
 from __future__ import annotations
@@ -192,7 +211,13 @@ def pipeline_latency(
 
 
 def multistage_latency(
-    T_load: Any, T_use: Any, N_loop: Any, N_pipe: Any, N_mplx: Any, T_latency: Any = 0.0
+    T_load: Any,
+    T_use: Any,
+    N_loop: Any,
+    N_pipe: Any,
+    N_mplx: Any,
+    T_latency: Any = 0.0,
+    N_reg_loop: Any = 1.0,
 ) -> tuple[np.ndarray, np.ndarray]:
     """The main loop of an N_pipe >= 2 stage shared-memory pipeline synchronised per step
     (readings 4 and 12 above). Returns (T_load_use_loop, load_bound). ``T_latency``: the
@@ -206,25 +231,36 @@ def multistage_latency(
         otherwise:  T_load_use_loop = T_load · N_loop / (N_pipe − 1)
     which meet where the stream alone fills the steps. Without latency it is reading 4's
     ``max(U, T_load / (N_pipe − 1))``. One stage has no step to overlap: Table 1's formula.
+
+    Reading 14: the next tile's copies go out in P = max(N_reg_loop − 1, 1) parts, one in each
+    of the step's first P k16 slices, so its last part leaves ``(P − 1) / N_reg_loop`` of the
+    way through the step and its bytes (``stream / P``) stream from there: the stream in
+    ``slack`` (and in a load-bound step) is ``max(stream, (P − 1)/N_reg_loop·U + stream/P)``.
+    With one or two k16 slices (P = 1) it is the formula above.
     """
-    T_load, T_use, N_loop, N_pipe, N_mplx, T_latency = np.broadcast_arrays(
+    T_load, T_use, N_loop, N_pipe, N_mplx, T_latency, N_reg_loop = np.broadcast_arrays(
         *(
             np.asarray(x, dtype=np.float64)
-            for x in (T_load, T_use, N_loop, N_pipe, N_mplx, T_latency)
+            for x in (T_load, T_use, N_loop, N_pipe, N_mplx, T_latency, N_reg_loop)
         )
     )
     table1, table1_bound = pipeline_latency(T_load, T_use, N_loop, N_pipe, N_mplx)
     in_flight = np.maximum(N_pipe - 1.0, 1.0)  # (unused where N_pipe = 1)
     use = N_mplx * T_use
     latency = np.minimum(T_latency, T_load)
-    slack = in_flight * use - (T_load - latency)
+    stream = T_load - latency
+    # The next tile's copies go out in parts over the step (reading 14; the generated loop's
+    # LOAD_PARTS): the last part leaves (parts - 1) / N_reg_loop of the way through it.
+    parts = np.maximum(N_reg_loop - 1.0, 1.0)
+    arrive = np.maximum(stream, (parts - 1.0) / N_reg_loop * use + stream / parts)
+    slack = in_flight * use - arrive
     # E[(stream + X - (S-1)·U)+] for X exponential about `latency`: latency·exp(-slack /
     # latency) where slack >= 0, all of the mean load beyond the steps' uses where not.
     with np.errstate(over="ignore"):
         overrun = latency * np.exp(
             -np.maximum(slack, 0.0) / np.maximum(latency, np.finfo(np.float64).tiny)
         )
-    step = np.where(slack > 0.0, use + overrun / in_flight, T_load / in_flight)
+    step = np.where(slack > 0.0, use + overrun / in_flight, (latency + arrive) / in_flight)
     load_bound = T_load > in_flight * use
     loop = step * N_loop
     multistage = N_pipe >= 2
@@ -439,6 +475,7 @@ def evaluate(space: Space) -> Prediction:
             N_smem_pipe_stage,
             N_threadblk_per_SM,
             load_latency,
+            N_reg_loop,
         )
         T_main_loop = T_steady + N_threadblk_per_SM * T_smem_use
         T_main_loop = np.maximum(

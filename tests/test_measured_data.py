@@ -141,8 +141,9 @@ def test_a_second_stage_is_predicted_against_one_schedule_by_schedule(gpu: str):
     measured_ratio, predicted_ratio = np.array(measured), np.array(predicted)
     assert len(measured_ratio) > 5000
     # With the latency's spread that a multistage load waits out (reading 12): 0.087 / 0.086
-    # and 0.42 / 0.48.
-    assert np.median(np.abs(predicted_ratio - measured_ratio)) < 0.095
+    # and 0.42 / 0.48; with the next tile's copies leaving part by part through the step
+    # (reading 14), 0.078 / 0.070 and 0.53 / 0.52.
+    assert np.median(np.abs(predicted_ratio - measured_ratio)) < 0.085
     assert spearmanr(measured_ratio, predicted_ratio)[0] > 0.33
 
 
@@ -175,7 +176,9 @@ def test_two_stages_against_three_are_predicted_schedule_by_schedule(gpu: str):
     # MMA-heavy schedules' use step longer, and the model lets a longer step hide more of a
     # load in flight (the slack of reading 12), so it predicts a smaller penalty for their
     # second stage; measured, the penalty does not fall with the step's length (Spearman
-    # -0.03 within each operator). The slack, not the step, misranks these twins: open.
+    # -0.03 within each operator). The slack, not the step, misranks these twins: open. With
+    # the next tile's copies leaving part by part through the step (reading 14), less of the
+    # step is slack: 0.097 / 0.098 and 0.51 / 0.50.
     from scipy.stats import spearmanr
 
     measured, predicted = [], []
@@ -185,8 +188,8 @@ def test_two_stages_against_three_are_predicted_schedule_by_schedule(gpu: str):
     measured_ratio, predicted_ratio = np.array(measured), np.array(predicted)
     assert len(measured_ratio) > 5000
     assert np.median(measured_ratio) > 0.1  # what the data say: the third stage pays
-    assert np.median(np.abs(predicted_ratio - measured_ratio)) < 0.115
-    assert spearmanr(measured_ratio, predicted_ratio)[0] > 0.44
+    assert np.median(np.abs(predicted_ratio - measured_ratio)) < 0.10
+    assert spearmanr(measured_ratio, predicted_ratio)[0] > 0.48
 
 
 def _stage_pairs(

@@ -152,6 +152,48 @@ def test_a_multistage_load_waits_out_its_latency_s_spread_beyond_the_slack():
     assert below == pytest.approx(above, rel=1e-6)
 
 
+def test_a_multistage_load_leaves_as_the_step_issues_its_parts():
+    # Reading 14: the generated loop issues the next tile's copies in P = N_reg_loop - 1 parts,
+    # one in each of the step's first P k16 slices (workers/codegen/pipeline.py); the last
+    # part leaves (P - 1) / N_reg_loop of the way through the step and streams its share of
+    # the bytes from there. Simulated per step: the load lands at the latest of its parts'
+    # departures plus their streams (one after another at the shared bandwidth), plus the
+    # latency (exponential about L), and the step lasts until both its uses and S - 1 steps
+    # for that load are done.
+    rng = np.random.default_rng(14)
+    L = 0.5
+    later = 0
+    for t_load, t_use, n_pipe, n_mplx, n_reg in [
+        (0.8, 1.0, 2, 1, 4),  # a short stream: its last part leaves half-way through
+        (0.9, 1.0, 3, 1, 8),
+        (1.0, 0.5, 2, 2, 4),
+        (4.0, 1.0, 2, 1, 4),  # the stream outlasts the slices that issue it: no change
+    ]:
+        use, stream, parts = n_mplx * t_use, t_load - L, n_reg - 1
+        # The stream's end: each part starts at its slice or when the one before it ends.
+        end = 0.0
+        for j in range(parts):
+            end = max(end, j / n_reg * use) + stream / parts
+        draws = (end + rng.exponential(L, 400_000)) / (n_pipe - 1)
+        expected = np.mean(np.maximum(use, draws)) * 10
+        loop, _ = multistage_latency(t_load, t_use, 10, n_pipe, n_mplx, L, n_reg)
+        assert loop == pytest.approx(expected, rel=0.01)
+        # Later than copies issued all at the step's start, where the stream is shorter
+        # than the slices that issue it.
+        at_start, _ = multistage_latency(t_load, t_use, 10, n_pipe, n_mplx, L)
+        if stream >= (parts - 1) / n_reg * use + stream / parts:
+            assert loop == pytest.approx(at_start)
+        else:
+            assert loop > at_start
+            later += 1
+    assert later == 3
+    # One or two slices: one part, at the step's start (readings 4 and 12).
+    for n_reg in (1, 2):
+        assert multistage_latency(2.5, 1.0, 10, 2, 1, L, n_reg)[0] == pytest.approx(
+            multistage_latency(2.5, 1.0, 10, 2, 1, L)[0]
+        )
+
+
 def test_a_one_stage_load_streams_only_while_it_loads():
     # (T_load, T_latency, T_use): T_load streams T_load - T_latency of the wave's bytes.
     assert one_stage_load(5.0, 2.0, 0.0) == pytest.approx(5.0)  # no use: every block loads
