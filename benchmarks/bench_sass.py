@@ -53,6 +53,7 @@ def sample_counts(operator: str, sample: int, seed: int) -> list[dict]:
                 "copy_parts": float(model.copy_parts[i]),
                 "mma": float(model.mma[i]),
                 "ldmatrix": float(model.ldmatrix[i]),
+                "fragment_copies": float(model.fragment_copies[i]),
                 "model_total": float(total[i]),
             }
         )
@@ -66,9 +67,11 @@ def fit(rows: list[dict]) -> tuple[np.ndarray, float]:
     design = np.array(
         [[r["a_copies"], r["b_copies"], r["ldmatrix"], r["copy_parts"], 1.0] for r in rows]
     )
-    integer = np.array([r["sass"].integer for r in rows], dtype=float)
+    # The fragments' copy (BK 16, two register stages) is counted apart (model/issue.py).
+    copies = np.array([r.get("fragment_copies", 0.0) for r in rows], dtype=float)
+    integer = np.array([r["sass"].integer for r in rows], dtype=float) - copies
     coef, _ = nnls(design, integer)
-    fixed = np.array([r["sass"].total - r["sass"].integer for r in rows], dtype=float)
+    fixed = np.array([r["sass"].total - r["sass"].integer for r in rows], dtype=float) + copies
     total = np.array([r["sass"].total for r in rows], dtype=float)
     return coef, float(np.median(np.abs(design @ coef + fixed - total) / total))
 

@@ -53,6 +53,14 @@ INTEGER_WORK: dict[str, IntegerWork] = {
     "conv3d": IntegerWork(48.8, 9.6, 0.0, 56.2, 0.0),
 }
 
+# With two register stages and a K step of one k16 slice (BK 16), the loop copies the next
+# step's fragments from the second buffer into the first every step (workers/codegen/
+# cuda_text.py, `copy_frags_1_to_0`; reading 15 of model/analytical.py): 4 registers per
+# fragment tile row or column, which ptxas emits as 8 instructions each (counted in the SASS
+# for sm_90: 32, 64 and 47 more than one register stage's loop for 2x2, 4x4 and 4x2 warp
+# tiles; tests/test_issue_model.py).
+FRAGMENT_COPY_PER_TILE = 8.0
+
 
 def operand_kind(workload: AnyWorkload) -> str:
     """Which generated loop a workload runs: the plain GEMM loop (GEMM and batched GEMM) or a
@@ -74,10 +82,19 @@ class StepInstructions:
     b_copies: np.ndarray
     copy_parts: np.ndarray
     integer: np.ndarray
+    # The fragments' copy between register buffers (BK 16 with two register stages; 0 else).
+    fragment_copies: np.ndarray
 
     @property
     def total(self) -> np.ndarray:
-        return self.mma + self.ldmatrix + self.a_copies + self.b_copies + self.integer
+        return (
+            self.mma
+            + self.ldmatrix
+            + self.a_copies
+            + self.b_copies
+            + self.integer
+            + self.fragment_copies
+        )
 
 
 def step_instructions(space: Space) -> StepInstructions:
@@ -106,4 +123,6 @@ def step_instructions(space: Space) -> StepInstructions:
         + work.per_copy_part * copy_parts
         + work.per_step
     )
-    return StepInstructions(mma, ldmatrix, a_copies, b_copies, copy_parts, integer)
+    copied = (slices == 1.0) & (space.knobs["reg_stages"] == 2)
+    fragment_copies = np.where(copied, FRAGMENT_COPY_PER_TILE * (rows + cols), 0.0)
+    return StepInstructions(mma, ldmatrix, a_copies, b_copies, copy_parts, integer, fragment_copies)

@@ -59,6 +59,32 @@ def test_counts_against_the_generated_sass(kind):
     assert operand_kind(workload) == ("gemm" if kind == "bmm" else kind)
 
 
+def test_the_fragments_copy_between_register_buffers_is_counted():
+    # BK 16 with two register stages: every step copies the next fragments from the second
+    # buffer into the first (`copy_frags_1_to_0`); its instructions are the difference between
+    # the SASS of the two- and one-register-stage loops, schedule for schedule (reading 15).
+    from benchmarks.sass_loop import disassemble
+    from pipetune.workers.codegen.generator import generate
+    from pipetune.workers.compile import compile_many
+
+    workload = WORKLOADS["gemm"]
+    space = Space.enumerate(workload, get_gpu("h100", calibrated=False))
+    model = step_instructions(space)
+    pairs = [(Schedule(2, 2, r, c, 1, 3, 1), Schedule(2, 2, r, c, 1, 3, 2)) for r, c in
+             ((2, 2), (4, 4), (4, 2))]  # fmt: skip
+    kernels = compile_many([generate(workload, s) for pair in pairs for s in pair], "sm_90")
+    for k, (one, two) in enumerate(pairs):
+        i, j = space.index(one), space.index(two)
+        sass_one = main_loop_counts(disassemble(kernels[2 * k].cubin)).total
+        sass_two = main_loop_counts(disassemble(kernels[2 * k + 1].cubin)).total
+        assert model.fragment_copies[i] == 0
+        assert model.fragment_copies[j] == pytest.approx(sass_two - sass_one, abs=1.5), two
+        assert model.total[j] - model.total[i] == model.fragment_copies[j]
+    # Wider K steps fill the second buffer a slice ahead: no copy.
+    wide = (space.block_k > 16) & (space.knobs["reg_stages"] == 2)
+    assert wide.any() and (model.fragment_copies[wide] == 0).all()
+
+
 def test_a_k_step_lasts_at_least_its_issue():
     h100 = get_gpu("h100")
     space = Space.enumerate(WORKLOADS["conv3d"], h100)

@@ -247,7 +247,8 @@ def test_a_second_register_stage_buys_nothing_where_a_k_step_is_one_slice(gpu: s
     # that waits for them as one stage's MMAs do (reading 15). Over the register-stage twins
     # at BK 16 (843 per GPU) the second stage measured 0.047 / 0.049 (log, median; H100 /
     # H200) slower; the model, hiding the fragment wait there, predicted it 0.024 / 0.034
-    # faster (median error 0.090 / 0.113); with the wait, 0.000 (0.066 / 0.084).
+    # faster (median error 0.090 / 0.113); with the wait, 0.000 (0.066 / 0.084); with the
+    # copy's instructions counted too (model/issue.py), 0.041 / 0.073 slower (0.038 / 0.049).
     rows = [
         (
             np.log(op.measured_us[two] / op.measured_us[one]),
@@ -259,8 +260,8 @@ def test_a_second_register_stage_buys_nothing_where_a_k_step_is_one_slice(gpu: s
     measured, predicted = np.array(rows).T
     assert len(measured) > 800
     assert np.median(measured) > 0.03  # what the data say: the second stage costs
-    assert np.median(predicted) > -0.005
-    assert np.median(np.abs(predicted - measured)) < 0.095
+    assert np.median(predicted) > 0.02
+    assert np.median(np.abs(predicted - measured)) < 0.06
 
 
 SHORT_K = (
