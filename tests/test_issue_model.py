@@ -70,8 +70,8 @@ def test_the_fragments_copy_between_register_buffers_is_counted():
     workload = WORKLOADS["gemm"]
     space = Space.enumerate(workload, get_gpu("h100", calibrated=False))
     model = step_instructions(space)
-    pairs = [(Schedule(2, 2, r, c, 1, 3, 1), Schedule(2, 2, r, c, 1, 3, 2)) for r, c in
-             ((2, 2), (4, 4), (4, 2))]  # fmt: skip
+    tiles = ((2, 2), (4, 4), (4, 2))
+    pairs = [(Schedule(2, 2, r, c, 1, 3, 1), Schedule(2, 2, r, c, 1, 3, 2)) for r, c in tiles]
     kernels = compile_many([generate(workload, s) for pair in pairs for s in pair], "sm_90")
     for k, (one, two) in enumerate(pairs):
         i, j = space.index(one), space.index(two)
