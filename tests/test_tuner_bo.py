@@ -1493,8 +1493,9 @@ def test_a_dropped_prior_still_fills_the_batch(strategy):
     """The round that dropped the prior returned only the design rows still missing: 6 of 8
     on this measured space (seed 0, its fourth batch), with 662 rows unvisited, and the
     service's workers idled for a round. The rest of the batch now comes from the model,
-    the design rows believed as pending. (Since reading 13 of the model the prior is
-    dropped in the third batch, where 7 design rows were missing, and twice more later.)"""
+    the design rows believed as pending. (Since readings 14 and 15 of the model the prior
+    is dropped, with seed 0, in a round whose design rows are all missing: seed 1 drops it
+    where 6 are, the case this is about.)"""
     from pathlib import Path
 
     from pipetune.clients.cli.bench_cmds import recorded_dataset
@@ -1503,7 +1504,7 @@ def test_a_dropped_prior_still_fills_the_batch(strategy):
     data = Path(__file__).resolve().parents[1] / "benchmarks/data/h100/BMM_BERT_QK.t4.json.gz"
     rec = recorded_dataset(data).ours
     assert rec is not None
-    session = TuningSession(rec.space.workload, rec.space.gpu, strategy, 0, 64, space=rec.space)
+    session = TuningSession(rec.space.workload, rec.space.gpu, strategy, 1, 64, space=rec.space)
     dropped = []
     while session.remaining:
         left = session.remaining
