@@ -184,6 +184,20 @@ explicit here because the table leaves them implicit:
    (shapes / h200 / h100 / conv) top-1 0.916 / 0.912 / 0.897 / 0.937 -> 0.920 / 0.923 /
    0.897 / 0.937, top-10 0.946 -> 0.954 on the shapes (the rest unchanged), mean Spearman
    0.835 / 0.751 / 0.730 / 0.848 -> 0.846 / 0.764 / 0.740 / 0.858.
+16. Co-resident blocks fill the register level's wait too. Where Table 1's register-level
+   pipeline is load-bound (one or few warps a block, one register stage:
+   ``T_reg_load > (N_reg_pipe·N_warp − 1)·T_compute``), its step ``(T_reg_load + T_compute)
+   x N_reg_loop / N_reg_pipe`` is the warps' tensor time ``N_reg_loop x N_warp x T_compute``
+   plus the fragments' latency, and the main loop multiplied all of it by the blocks on the
+   SM (``N_threadblk_per_SM x T_smem_use``), as if a block's wait for its fragments kept
+   the SM's tensor pipes from the others. The others are out of step with it (reading 6)
+   and issue their MMAs meanwhile, as they fill reading 10's wait: the excess counts
+   1/N_threadblk_per_SM, ``T_smem_use = T_tensor + (T_smem_use(Table 1) - T_tensor) /
+   N_threadblk_per_SM``. Nothing fitted. Measured over the register-stage twins with a
+   shared-memory pipeline (smem_stages >= 2, equal occupancy), from five blocks per SM on a
+   second register stage ran 0.012 / 0.012 (log, median; H100 / H200) faster; predicted
+   0.006 / 0.054 before, 0.000 / 0.002 now (median error 0.031 / 0.057 -> 0.025 / 0.030);
+   lone blocks unchanged (benchmarks/RESULTS.md, "the register level's wait shared").
 """
 
 from __future__ import annotations
@@ -443,6 +457,11 @@ def evaluate(space: Space) -> Prediction:
         T_smem_use, reg_load_bound = pipeline_latency(
             T_reg_load, T_compute, N_reg_loop, N_reg_pipe_stage, N_warp_per_threadblk
         )
+        # What Table 1's load-bound register level adds over the warps' tensor time is the
+        # fragments' latency, which co-resident blocks fill as they fill reading 10's wait
+        # (reading 16): the block's warps keep the tensor pipe for their MMAs alone.
+        T_tensor = N_reg_loop * N_warp_per_threadblk * T_compute
+        T_smem_use = T_tensor + (T_smem_use - T_tensor) / N_threadblk_per_SM
         T_smem_use = np.maximum(T_smem_use, N_reg_loop * reg_stream)
         # The block's warps issue their K step at the SM's rate, on the sub-partitions they
         # occupy (Util: one warp per scheduler, as one per tensor core) (reading 8); their
