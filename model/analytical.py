@@ -197,7 +197,8 @@ explicit here because the table leaves them implicit:
    shared-memory pipeline (smem_stages >= 2, equal occupancy), from five blocks per SM on a
    second register stage ran 0.012 / 0.012 (log, median; H100 / H200) faster; predicted
    0.006 / 0.054 before, 0.000 / 0.002 now (median error 0.031 / 0.057 -> 0.025 / 0.030);
-   lone blocks unchanged (benchmarks/RESULTS.md, "the register level's wait shared").
+   lone blocks unchanged (benchmarks/RESULTS.md, "co-resident blocks fill the register level's
+   wait").
 """
 
 from __future__ import annotations
