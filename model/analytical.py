@@ -199,6 +199,24 @@ explicit here because the table leaves them implicit:
    0.006 / 0.054 before, 0.000 / 0.002 now (median error 0.031 / 0.057 -> 0.025 / 0.030);
    lone blocks unchanged (benchmarks/RESULTS.md, "co-resident blocks fill the register level's
    wait").
+17. Warps sharing a sub-partition overlap their instructions. Reading 13 adds a K step's
+   MMAs and its other instructions, as one warp alone on its sub-partition issues them in
+   turn; reading 8 had taken the longer of the two, as if they overlapped fully. Measured
+   over pairs of schedules with the same block tile, K step, stages and occupancy, split
+   over eight warps instead of four (narrower warp tiles: a third more instructions per
+   block), the eight-warp one ran +0.007 / -0.003 (log, median; H100 / H200), where the sum
+   predicted +0.14 / +0.16: with two warps on a scheduler, one issues under the other's MMAs.
+   So with w = resident warps / sub-partitions (at least 1) the lone warp's excess over
+   reading 8's floor counts ``1 / w**ISSUE_OVERLAP_EXPONENT``: ``T_issue = T_overlapped +
+   (T_added - T_overlapped) / w**e``, reading 13 at w = 1 and reading 8 as w grows. The
+   exponent is chosen, not derived: ½, where the whole measured spaces rank best among 0.25
+   to 0.75 and before the convolutions' top picks collapse (0.6 and up). The pairs: +0.06 /
+   +0.09; whole spaces (shapes / h200 / h100 / conv) top-1 0.920 / 0.923 / 0.897 / 0.937 ->
+   0.920 / 0.927 / 0.910 / 0.935, top-10 0.952 / 0.952 / 0.942 / 0.974 -> 0.960 / 0.958 /
+   0.953 / 0.983, mean Spearman 0.845 / 0.767 / 0.742 / 0.858 -> 0.849 / 0.778 / 0.748 /
+   0.860; the stage twins lose (two against three, median error 0.096 / 0.099 -> 0.101 /
+   0.103: shorter steps leave their loads less slack) (benchmarks/RESULTS.md, "warps on a
+   sub-partition overlap").
 """
 
 from __future__ import annotations
@@ -216,6 +234,11 @@ from pipetune.model.space import MMA_TILE, Space
 from pipetune.model.workloads import AnyWorkload, Conv2d, Conv3d
 
 BYTES_FP16 = 2
+# How the overlap of a K step's MMAs and its other instructions grows with the warps on each
+# sub-partition, w: the shorter of the two counts 1 / w**ISSUE_OVERLAP_EXPONENT (reading 17).
+# Chosen, not derived: the measured spaces rank best from 0.25 to 0.5, and the convolutions'
+# top picks collapse from 0.6 on (benchmarks/RESULTS.md, "warps on a sub-partition overlap").
+ISSUE_OVERLAP_EXPONENT = 0.5
 
 
 def pipeline_latency(
@@ -467,8 +490,17 @@ def evaluate(space: Space) -> Prediction:
         # The block's warps issue their K step at the SM's rate, on the sub-partitions they
         # occupy (Util: one warp per scheduler, as one per tensor core) (reading 8); their
         # MMAs take the tensor pipe's time, and the other instructions add to it (reading 13).
-        T_issue = N_reg_loop * N_warp_per_threadblk * T_compute + step_other * (
-            N_warp_per_threadblk / (gpu.issue_rate_per_sm * Util)
+        issue_time = N_warp_per_threadblk / (gpu.issue_rate_per_sm * Util)
+        T_mma = N_reg_loop * N_warp_per_threadblk * T_compute
+        T_added = T_mma + step_other * issue_time  # reading 13: a lone warp's step
+        T_overlapped = np.maximum(T_mma, step.total * issue_time)  # reading 8's floor
+        # With more warps on a sub-partition, one warp's instructions issue under another's
+        # MMAs part of the time (reading 17): the lone warp's excess over the floor shrinks.
+        warps_per_scheduler = np.maximum(
+            N_warp_per_threadblk * N_threadblk_per_SM / gpu.warps_to_saturate_tensor, 1.0
+        )
+        T_issue = T_overlapped + (T_added - T_overlapped) / (
+            warps_per_scheduler**ISSUE_OVERLAP_EXPONENT
         )
         T_smem_use = np.maximum(T_smem_use, T_issue)
         # Judged here: the wait below lengthens an issue-bound step too, and compared after it

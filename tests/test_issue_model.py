@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from benchmarks.sass_loop import main_loop_counts, sample_step_counts
-from pipetune.model.analytical import evaluate
+from pipetune.model.analytical import ISSUE_OVERLAP_EXPONENT, evaluate
 from pipetune.model.hardware import get_gpu
 from pipetune.model.issue import operand_kind, step_instructions
 from pipetune.model.space import Schedule, Space
@@ -94,15 +94,26 @@ def test_a_k_step_lasts_at_least_its_issue():
     assert issue_bound.any()
     # Where issue-bound, the use step is the block's MMAs on the tensor pipe plus its other
     # instructions at the SM's issue rate on the sub-partitions its resident warps occupy:
-    # the two add, they do not overlap (reading 13; reading 8 took the longer of the two).
+    # for a lone warp on its sub-partition the two add, they do not overlap (reading 13;
+    # reading 8 took the longer of the two); with w warps on each, the excess of the sum over
+    # reading 8's floor counts 1 / w**ISSUE_OVERLAP_EXPONENT (reading 17).
     counts = step_instructions(space)
     n_reg_loop = space.block_k / 16
+    per_scheduler = np.maximum(space.warps * p.N_threadblk_per_SM / 4, 1.0)
+    lone_seen = shared_seen = False
     for i in np.flatnonzero(issue_bound)[:: max(1, int(issue_bound.sum()) // 50)]:
         mma_time = n_reg_loop[i] * space.warps[i] * p.T_compute[i]
-        other = (counts.total[i] - counts.mma[i]) * space.warps[i]
-        expected = mma_time + other / (h100.issue_rate_per_sm * p.Util[i])
+        issue = space.warps[i] / (h100.issue_rate_per_sm * p.Util[i])
+        added = mma_time + (counts.total[i] - counts.mma[i]) * issue
+        floor = max(mma_time, counts.total[i] * issue)
+        expected = floor + (added - floor) / per_scheduler[i] ** ISSUE_OVERLAP_EXPONENT
         assert p.T_smem_use[i] == pytest.approx(expected)
         assert p.terms(int(i))["issue_bound"] is True
+        lone_seen |= per_scheduler[i] == 1.0
+        shared_seen |= per_scheduler[i] > 1.0
+        if per_scheduler[i] == 1.0:
+            assert p.T_smem_use[i] == pytest.approx(added)
+    assert lone_seen and shared_seen
     # The floor is never below the MMAs' own time, nor below the old overlapped one (the
     # longer of the MMAs and the whole instruction stream), on any schedule.
     mma_time = n_reg_loop * space.warps * p.T_compute
