@@ -481,17 +481,16 @@ def evaluate(space: Space) -> Prediction:
         T_smem_use, reg_load_bound = pipeline_latency(
             T_reg_load, T_compute, N_reg_loop, N_reg_pipe_stage, N_warp_per_threadblk
         )
-        # What Table 1's load-bound register level adds over the warps' tensor time is the
-        # fragments' latency, which co-resident blocks fill as they fill reading 10's wait
-        # (reading 16): the block's warps keep the tensor pipe for their MMAs alone.
-        T_tensor = N_reg_loop * N_warp_per_threadblk * T_compute
-        T_smem_use = T_tensor + (T_smem_use - T_tensor) / N_threadblk_per_SM
+        # The block's MMAs on the tensor pipe: its warps' k16 slices at the SM's rate.
+        T_mma = N_reg_loop * N_warp_per_threadblk * T_compute
+        # What Table 1's load-bound register level adds over them is the fragments' latency,
+        # which co-resident blocks fill as they fill reading 10's wait (reading 16).
+        T_smem_use = T_mma + (T_smem_use - T_mma) / N_threadblk_per_SM
         T_smem_use = np.maximum(T_smem_use, N_reg_loop * reg_stream)
         # The block's warps issue their K step at the SM's rate, on the sub-partitions they
         # occupy (Util: one warp per scheduler, as one per tensor core) (reading 8); their
         # MMAs take the tensor pipe's time, and the other instructions add to it (reading 13).
         issue_time = N_warp_per_threadblk / (gpu.issue_rate_per_sm * Util)
-        T_mma = N_reg_loop * N_warp_per_threadblk * T_compute
         T_added = T_mma + step_other * issue_time  # reading 13: a lone warp's step
         T_overlapped = np.maximum(T_mma, step.total * issue_time)  # reading 8's floor
         # With more warps on a sub-partition, one warp's instructions issue under another's
