@@ -185,20 +185,19 @@ explicit here because the table leaves them implicit:
    0.897 / 0.937, top-10 0.946 -> 0.954 on the shapes (the rest unchanged), mean Spearman
    0.835 / 0.751 / 0.730 / 0.848 -> 0.846 / 0.764 / 0.740 / 0.858.
 16. Co-resident blocks fill the register level's wait too. Where Table 1's register-level
-   pipeline is load-bound (one or few warps a block, one register stage:
-   ``T_reg_load > (N_reg_pipe·N_warp − 1)·T_compute``), its step ``(T_reg_load + T_compute)
-   x N_reg_loop / N_reg_pipe`` is the warps' tensor time ``N_reg_loop x N_warp x T_compute``
-   plus the fragments' latency, and the main loop multiplied all of it by the blocks on the
-   SM (``N_threadblk_per_SM x T_smem_use``), as if a block's wait for its fragments kept
-   the SM's tensor pipes from the others. The others are out of step with it (reading 6)
-   and issue their MMAs meanwhile, as they fill reading 10's wait: the excess counts
-   1/N_threadblk_per_SM, ``T_smem_use = T_tensor + (T_smem_use(Table 1) - T_tensor) /
-   N_threadblk_per_SM``. Nothing fitted. Measured over the register-stage twins with a
-   shared-memory pipeline (smem_stages >= 2, equal occupancy), from five blocks per SM on a
-   second register stage ran 0.012 / 0.012 (log, median; H100 / H200) faster; predicted
-   0.006 / 0.054 before, 0.000 / 0.002 now (median error 0.031 / 0.057 -> 0.025 / 0.030);
-   lone blocks unchanged (benchmarks/RESULTS.md, "co-resident blocks fill the register level's
-   wait").
+   pipeline is load-bound (one or few warps a block, one register stage: ``T_reg_load >
+   (N_reg_pipe·N_warp − 1)·T_compute``), its step ``(T_reg_load + T_compute) x N_reg_loop /
+   N_reg_pipe`` is the warps' tensor time ``N_reg_loop x N_warp x T_compute`` plus the
+   fragments' latency, and the main loop multiplied all of it by the blocks on the SM
+   (``N_threadblk_per_SM x T_smem_use``), as if a block's wait for its fragments kept the SM's
+   tensor pipes from the others. The others are out of step with it (reading 6) and issue their
+   MMAs meanwhile, as they fill reading 10's wait: the excess counts 1/N_threadblk_per_SM,
+   ``T_smem_use = T_mma + (T_smem_use(Table 1) - T_mma) / N_threadblk_per_SM`` (``T_mma`` the
+   tensor time). Nothing fitted. Measured over the register-stage twins with a shared-memory
+   pipeline (smem_stages >= 2, equal occupancy), from five blocks per SM on a second register
+   stage ran 0.012 / 0.012 (log, median; H100 / H200) faster; predicted 0.006 / 0.054 before,
+   0.000 / 0.002 now (median error 0.031 / 0.057 -> 0.025 / 0.030); lone blocks unchanged
+   (benchmarks/RESULTS.md, "co-resident blocks fill the register level's wait").
 17. Warps sharing a sub-partition overlap their instructions. Reading 13 adds a K step's
    MMAs and its other instructions, as one warp alone on its sub-partition issues them in
    turn; reading 8 had taken the longer of the two, as if they overlapped fully. Measured
@@ -235,7 +234,8 @@ from pipetune.model.workloads import AnyWorkload, Conv2d, Conv3d
 
 BYTES_FP16 = 2
 # How the overlap of a K step's MMAs and its other instructions grows with the warps on each
-# sub-partition, w: the shorter of the two counts 1 / w**ISSUE_OVERLAP_EXPONENT (reading 17).
+# sub-partition, w: their sum's excess over the longer of the two counts
+# 1 / w**ISSUE_OVERLAP_EXPONENT (reading 17).
 # Chosen, not derived: the measured spaces rank best from 0.25 to 0.5, and the convolutions'
 # top picks collapse from 0.6 on (benchmarks/RESULTS.md, "warps on a sub-partition overlap").
 ISSUE_OVERLAP_EXPONENT = 0.5

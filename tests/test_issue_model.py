@@ -99,7 +99,9 @@ def test_a_k_step_lasts_at_least_its_issue():
     # reading 8's floor counts 1 / w**ISSUE_OVERLAP_EXPONENT (reading 17).
     counts = step_instructions(space)
     n_reg_loop = space.block_k / 16
-    per_scheduler = np.maximum(space.warps * p.N_threadblk_per_SM / 4, 1.0)
+    per_scheduler = np.maximum(
+        space.warps * p.N_threadblk_per_SM / h100.warps_to_saturate_tensor, 1.0
+    )
     lone_seen = shared_seen = False
     for i in np.flatnonzero(issue_bound)[:: max(1, int(issue_bound.sum()) // 50)]:
         mma_time = n_reg_loop[i] * space.warps[i] * p.T_compute[i]
