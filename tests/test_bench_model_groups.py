@@ -54,3 +54,37 @@ def test_the_command_prints_both_tables_for_the_groups_it_finds(tmp_path, capsys
     assert "| shapes | 1 |" in out and "| h100 | 1 |" in out and "| conv | 1 |" in out
     assert "| h200 |" not in out.split("\n\n")[0]  # no H200 sweep copied: no row
     assert "| h100 | 2 vs 3 |" in out and "| h200 | 2 vs 3 |" not in out
+    assert "| GPU | arrangement twins |" in out and "| h100 | " in out.split("arrangement")[1]
+
+
+def test_arrangement_twins_share_block_tile_warps_chunk_stages_and_occupancy(gemm):
+    twins = list(bench.arrangement_twins([gemm]))
+    assert len(twins) > 50
+    space, knobs = gemm.space, gemm.space.knobs
+    for a, b, op in twins:
+        assert op is gemm and gemm.ok[a] and gemm.ok[b]
+        for same in (space.block_m, space.block_n, space.warps, space.blocks_per_sm):
+            assert same[a] == same[b]
+        for knob in ("chunk", "smem_stages", "reg_stages"):
+            assert knobs[knob][a] == knobs[knob][b]
+        # b has more warps side by side along N, so fewer stacked along M
+        assert knobs["block_col_warps"][a] < knobs["block_col_warps"][b]
+        assert knobs["block_row_warps"][a] > knobs["block_row_warps"][b]
+    # each pair once (three arrangements of one block at equal occupancy make three pairs)
+    assert len(set((a, b) for a, b, _ in twins)) == len(twins)
+    n, measured, error, _ = bench.pair_errors(twins)
+    ratios = [np.log(gemm.measured_us[a] / gemm.measured_us[b]) for a, b, _ in twins]
+    assert n == len(twins) and measured == pytest.approx(np.median(ratios))
+    assert error >= 0
+
+
+def test_pairs_the_model_predicts_alike_have_no_rank_correlation(gemm):
+    twins = list(bench.arrangement_twins([gemm]))[:5]
+
+    class Alike:  # the operator with every prediction equal
+        measured_us = gemm.measured_us
+        predicted_us = np.ones_like(gemm.predicted_us)
+
+    n, _, error, rho = bench.pair_errors([(a, b, Alike) for a, b, _ in twins])
+    ratios = [abs(np.log(gemm.measured_us[a] / gemm.measured_us[b])) for a, b, _ in twins]
+    assert n == 5 and np.isnan(rho) and error == pytest.approx(np.median(ratios))
