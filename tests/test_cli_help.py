@@ -56,3 +56,34 @@ def test_an_operators_command_help_is_its_whole_first_sentence_as_written():
         text = " ".join(result.stdout.split())
         assert "out[r] = sum or max of x[r, :]" in text, text
         assert "a row holding a NaN gives NaN, as torch.sum and torch.amax do)" in text, text
+
+
+def _groups(command: Any, path: tuple[str, ...] = ()) -> Iterator[tuple[str, ...]]:
+    if hasattr(command, "commands"):
+        yield path
+        for name, sub in command.commands.items():
+            yield from _groups(sub, (*path, name))
+
+
+def test_a_group_lists_each_command_s_summary_on_one_line():
+    # `pipetune --help` broke `curve`'s "(TFLOP/s, GB/s for memory-intensive" / "operators)
+    # found after each trial." where its docstring's source line ended, and five more.
+    from typer.testing import CliRunner
+
+    root = typer.main.get_command(app)
+    groups = list(_groups(root))
+    assert () in groups and ("model",) in groups and len(groups) > 5
+    for path in groups:
+        result = CliRunner().invoke(app, [*path, "--help"], env={"COLUMNS": "1000"})
+        assert result.exit_code == 0, result.output
+        listing = result.stdout.split("Commands")[1].splitlines()[1:]
+        rows = [line.strip("│ ") for line in listing if line.startswith("│")]
+        names = set(root.commands if not path else _subcommands(root, path))
+        assert rows and all(row.split()[0] in names for row in rows), (path, rows)
+
+
+def _subcommands(root: Any, path: tuple[str, ...]) -> list[str]:
+    command = root
+    for name in path:
+        command = command.commands[name]
+    return list(command.commands)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 import io
 import sys
 
@@ -34,6 +35,23 @@ client_cmds.register(app)  # schedule, tune, tasks, curve, tune-model
 worker_cmds.register(app)  # worker
 campaign_cmds.register(app)  # campaign (the GPU campaign)
 export_cmds.register(app)  # export
+
+
+def _one_line_summaries(group: typer.Typer) -> None:
+    """Each command's entry in its group's --help list as its docstring's first paragraph on
+    one line: this typer keeps the docstring's line breaks there, so `pipetune --help` broke
+    summaries mid-sentence ("GB/s for memory-intensive" / "operators) found after each
+    trial.") wherever the source wrapped them. The command's own --help is unchanged."""
+    for command in group.registered_commands:
+        doc = command.help or (command.callback.__doc__ if command.callback else None)
+        if command.short_help is None and doc:
+            command.short_help = " ".join(inspect.cleandoc(doc).split("\n\n")[0].split())
+    for sub in group.registered_groups:
+        if sub.typer_instance is not None:
+            _one_line_summaries(sub.typer_instance)
+
+
+_one_line_summaries(app)
 
 
 def _print_version(value: bool) -> None:
