@@ -341,11 +341,19 @@ def one_stage_load(T_load: Any, T_latency: Any, T_use: Any) -> np.ndarray:
     return step - T_use
 
 
+def warps_per_sub_partition(
+    gpu: GPUSpec, N_warp_per_threadblk: Any, N_threadblk_per_SM: Any
+) -> Any:
+    """The SM's resident warps per sub-partition (one scheduler and tensor core each); below 1
+    some sub-partitions have no warp."""
+    resident = np.asarray(N_warp_per_threadblk) * np.asarray(N_threadblk_per_SM)
+    return resident / gpu.warps_to_saturate_tensor
+
+
 def tensor_utilisation(gpu: GPUSpec, N_warp_per_threadblk: Any, N_threadblk_per_SM: Any) -> Any:
     """Util(N_warp_per_threadblk, N_threadblk_per_SM): share of the SM's tensor throughput
     that its resident warps reach; each sub-partition's tensor core needs a warp to feed it."""
-    resident = np.asarray(N_warp_per_threadblk) * np.asarray(N_threadblk_per_SM)
-    return np.minimum(1.0, resident / gpu.warps_to_saturate_tensor)
+    return np.minimum(1.0, warps_per_sub_partition(gpu, N_warp_per_threadblk, N_threadblk_per_SM))
 
 
 def _a_reuse_factor(workload: AnyWorkload) -> float:
@@ -496,7 +504,7 @@ def evaluate(space: Space) -> Prediction:
         # With more warps on a sub-partition, one warp's instructions issue under another's
         # MMAs part of the time (reading 17): the lone warp's excess over the floor shrinks.
         warps_per_scheduler = np.maximum(
-            N_warp_per_threadblk * N_threadblk_per_SM / gpu.warps_to_saturate_tensor, 1.0
+            warps_per_sub_partition(gpu, N_warp_per_threadblk, N_threadblk_per_SM), 1.0
         )
         T_issue = T_overlapped + (T_added - T_overlapped) / (
             warps_per_scheduler**ISSUE_OVERLAP_EXPONENT
