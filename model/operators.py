@@ -2,6 +2,8 @@
 ``memops``: the memory-intensive operators of BERT-base and GPT-2 (see _transformer_memops);
 ``hopper``: the ALCOP suite's GEMMs and BMMs on the Hopper warpgroup-MMA family ("WG_" before
 the ALCOP name: the same shapes, so the two families' kernels compare operator by operator).
+``rmsnorm``: the RMS norms of LLaMA-2-style decoders (see _llama_norms); not in the
+campaign's default operators (``--operators rmsnorm`` sweeps them).
 
 Shapes follow the ALCOP paper: square GEMMs, BERT-base linear layers at 1024 tokens (N x K
 as in the paper), ResNet-50's FC and 1x1 convolutions as GEMM, BERT and GPT-2 attention
@@ -13,7 +15,7 @@ the stages of a 3D ResNet (R3D-18) at batch 8, chosen to span the same range.
 from __future__ import annotations
 
 from pipetune.model.hopper.workloads import HopperWorkload, as_hopper
-from pipetune.model.memops.workloads import MemWorkload, bias_gelu, layernorm, softmax
+from pipetune.model.memops.workloads import MemWorkload, bias_gelu, layernorm, rmsnorm, softmax
 from pipetune.model.workloads import AnyWorkload, bmm, conv2d, conv3d, gemm
 
 ALCOP: dict[str, AnyWorkload] = {
@@ -63,7 +65,18 @@ def _transformer_memops() -> dict[str, MemWorkload]:
     return out
 
 
+def _llama_norms() -> dict[str, MemWorkload]:
+    """``rmsnorm``: the RMS norms of LLaMA-2-style decoders (eps 1e-5): hidden 4096 (7B) and
+    8192 (70B), over 128, 1024 and 8192 tokens (rows = tokens, cols = hidden)."""
+    out: dict[str, MemWorkload] = {}
+    for size, hidden in (("7B", 4096), ("70B", 8192)):
+        for tokens in (128, 1024, 8192):
+            out[f"RMSNorm_LLaMA2_{size}_t{tokens}"] = rmsnorm(tokens, hidden, 1e-5)
+    return out
+
+
 MEMOPS = _transformer_memops()
+RMSNORMS = _llama_norms()
 HOPPER_PREFIX = "WG_"
 HOPPER: dict[str, HopperWorkload] = {
     HOPPER_PREFIX + name: as_hopper(w) for name, w in ALCOP.items() if w.op in ("gemm", "bmm")
@@ -73,6 +86,7 @@ SUITES: dict[str, dict[str, AnyWorkload | MemWorkload | HopperWorkload]] = {
     "alcop": ALCOP,
     "memops": MEMOPS,
     "hopper": HOPPER,
+    "rmsnorm": RMSNORMS,
 }
 
 

@@ -240,9 +240,9 @@ MIXED = ["--runner", "simulated", "--operators", "MM_RN50_FC,Softmax_BERT_b1_s12
 
 @pytest.fixture(scope="module")
 def memops_stopped(tmp_path_factory):
-    """A simulated campaign over a GEMM and a softmax whose correctness phase meets 6 wrong
-    memory-intensive kernels spread over their cases: 6 of 660 schedules in all (0.9%), but
-    6 of the 336 memops ones (1.8%)."""
+    """A simulated campaign over a GEMM and a softmax whose correctness phase meets 7 wrong
+    memory-intensive kernels spread over their cases: 7 of 716 schedules in all (0.98%), but
+    7 of the 392 memops ones (1.8%)."""
     folder = tmp_path_factory.mktemp("memops-stopped")
     args = ["--out-dir", str(folder / "out"), *MIXED]
     wrong = _every(selection(get_gpu("h100"), ["memops"]), 56)
@@ -253,9 +253,9 @@ def test_a_family_s_failures_stop_the_campaign_though_all_families_pass(memops_s
     folder, result = memops_stopped
     assert result.exit_code == 1, result.output
     last = result.stderr.strip().splitlines()[-1]
-    assert "correctness: 6 of 336 schedules failed (memops)" in last
+    assert "correctness: 7 of 392 schedules failed (memops)" in last
     correctness = json.loads((folder / "out" / "correctness.json").read_text())
-    assert (correctness["schedules"], correctness["failed"]) == (660, 6)
+    assert (correctness["schedules"], correctness["failed"]) == (716, 7)
     assert correctness["verdict"] == "stop"
     assert {m["family"] for m in correctness["mismatches"]} == {"memops"}
     assert correctness["families"]["tensor_gemm"]["verdict"] == "pass"
@@ -294,9 +294,10 @@ def test_a_memops_operator_goes_through_every_phase(continued):
     assert summary["state"] == "complete" and summary["sweeps"]["done"] == ["Softmax_BERT_b1_s128"]
     correctness = json.loads((out / "correctness.json").read_text())
     assert list(correctness["families"]) == ["memops"] and correctness["verdict"] == "pass"
-    assert correctness["schedules"] == 336 and correctness["by_stages"] == {}
+    assert correctness["schedules"] == 392 and correctness["by_stages"] == {}
     assert set(correctness["by_variant"]) == {
-        "reduce-sum", "reduce-max", "softmax", "layernorm", "bias_gelu", "bias_gelu-tanh"
+        "reduce-sum", "reduce-max", "softmax", "layernorm", "rmsnorm", "bias_gelu",
+        "bias_gelu-tanh"
     }  # fmt: skip
     assert all(sum(c.values()) == 56 for c in correctness["by_variant"].values())
     assert len(correctness["by_mapping"]) == 10
@@ -326,7 +327,7 @@ def test_a_later_call_checks_the_family_an_earlier_one_did_not(continued):
     assert phases["correctness"]["schedules"] == 324
     correctness = json.loads((out / "correctness.json").read_text())
     assert list(correctness["families"]) == ["memops", "tensor_gemm"]
-    assert correctness["schedules"] == 660 and len(correctness["by_stages"]) == 12
+    assert correctness["schedules"] == 716 and len(correctness["by_stages"]) == 12
     assert correctness["added_later"][0]["families"] == ["tensor_gemm"]
     baselines = json.loads((out / "baselines.json").read_text())["operators"]
     assert {n: b["unit"] for n, b in baselines.items()} == {

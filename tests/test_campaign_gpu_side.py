@@ -16,8 +16,8 @@ import numpy as np
 import pytest
 
 from pipetune.model.hardware import get_gpu
-from pipetune.model.memops.workloads import bias_gelu, layernorm, reduce, softmax
-from pipetune.model.operators import MEMOPS
+from pipetune.model.memops.workloads import bias_gelu, layernorm, reduce, rmsnorm, softmax
+from pipetune.model.operators import MEMOPS, RMSNORMS
 from pipetune.model.workloads import bmm, conv2d, gemm
 from pipetune.workers.campaign import cuda_side, sim_side
 from pipetune.workers.launch_plan import Buffer, KernelLaunch, LaunchPlan
@@ -257,6 +257,19 @@ class FakeTensor(np.ndarray):
         self[...] = 0
         return self
 
+    # The element-wise maths of the composed RMS norm (PyTorch before rms_norm), computed.
+    def float(self):
+        return np.asarray(self, dtype=np.float32).view(FakeTensor)
+
+    def half(self):
+        return np.asarray(self, dtype=np.float16).view(FakeTensor)
+
+    def pow(self, exponent):
+        return np.power(self, exponent)
+
+    def mean(self, dim, keepdim=False):
+        return np.mean(np.asarray(self), axis=dim, keepdims=keepdim).view(FakeTensor)
+
 
 class FakeTorch(types.ModuleType):
     """PyTorch as the memops baselines use it: seeded device draws, the row operators
@@ -315,11 +328,16 @@ class FakeTorch(types.ModuleType):
                 bias=bias,
             )
 
+        def rms_norm(x, normalized_shape, weight, eps):
+            return self._op(
+                "rms_norm", x, normalized_shape=normalized_shape, eps=eps, weight=weight
+            )
+
         def gelu(z, approximate):
             return self._op("gelu", z, approximate=approximate)
 
         self.nn = types.SimpleNamespace(
-            functional=types.SimpleNamespace(layer_norm=layer_norm, gelu=gelu)
+            functional=types.SimpleNamespace(layer_norm=layer_norm, rms_norm=rms_norm, gelu=gelu)
         )
 
     def _op(self, name, x, **args):
@@ -349,6 +367,9 @@ class FakeTorch(types.ModuleType):
     def sum(self, x, dim):
         return self._op("sum", x, dim=dim)
 
+    def rsqrt(self, x):
+        return 1.0 / np.sqrt(x)
+
     def amax(self, x, dim):
         return self._op("amax", x, dim=dim)
 
@@ -362,7 +383,13 @@ def torch(cupy, monkeypatch):
 
 
 def test_the_device_draws_follow_the_reference_s_distributions():
-    for workload in (reduce(64, 1024), softmax(64, 1024), layernorm(64, 1024), bias_gelu(64, 1024)):
+    for workload in (
+        reduce(64, 1024),
+        softmax(64, 1024),
+        layernorm(64, 1024),
+        rmsnorm(64, 1024),
+        bias_gelu(64, 1024),
+    ):
         host = memops_reference.make_inputs(workload, 0)
         ranges = cuda_side.MEMOPS_INPUT_RANGES[workload.op]
         assert set(ranges) == set(host) == set(memops_reference.input_shapes(workload))
@@ -383,6 +410,11 @@ def test_the_device_draws_follow_the_reference_s_distributions():
             {"normalized_shape": (768,), "eps": 1e-12},
         ),
         (MEMOPS["LayerNorm_GPT2_b1_s128"], "layer_norm", {"normalized_shape": (768,), "eps": 1e-5}),
+        (
+            RMSNORMS["RMSNorm_LLaMA2_7B_t128"],
+            "rms_norm",
+            {"normalized_shape": (4096,), "eps": 1e-5},
+        ),
         (MEMOPS["BiasGELU_BERT_b1_s128"], "gelu", {"approximate": "none"}),
         (MEMOPS["BiasGELU_GPT2_b1_s128"], "gelu", {"approximate": "tanh"}),
         (reduce(96, 1024), "sum", {"dim": -1}),
@@ -400,11 +432,28 @@ def test_a_memops_baseline_is_pytorch_s_op_timed_as_kernels_are(torch, workload,
         assert call["shape"] == (workload.rows, workload.cols) and call["dtype"] == np.float16
     if op == "layer_norm":
         assert all(c["weight"].shape == c["bias"].shape == (768,) for _, c in ops)
+    if op == "rms_norm":
+        assert all(c["weight"].shape == (workload.cols,) for _, c in ops)
     # One untimed first call, the warm-up, then 5 timed launches each after a flush.
     names = [name for name, _ in torch.log]
     assert names == [op, op] + ["flush", op] * 5
     shapes = memops_reference.input_shapes(workload)
     assert torch.drawn == [(shape, 7) for shape in shapes.values()]
+
+
+def test_an_rmsnorm_baseline_before_pytorch_2_4_is_the_norm_in_float32(torch):
+    """PyTorch before 2.4 has no rms_norm: the baseline composes it as LLaMA's reference
+    code does, and it computes the operator (checked as the kernels are)."""
+    del torch.nn.functional.rms_norm
+    workload = rmsnorm(64, 1024)
+    host = memops_reference.make_inputs(workload, 3)
+    inputs = {k: v.view(FakeTensor) for k, v in host.items()}
+    launch, what = cuda_side.memops_launch(torch, workload, inputs)
+    assert "rsqrt(mean(x^2) + 1e-05) * gamma" in what
+    out = np.asarray(launch())
+    assert out.dtype == np.float16 and out.shape == (64, 1024)
+    ref, tol = memops_reference.reference(np, workload, host)
+    assert memops_reference.check(np, out, ref, tol)[0]
 
 
 def test_a_bmm_baseline_is_cublas_batched_through_torch_bmm(torch):

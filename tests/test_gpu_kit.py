@@ -48,7 +48,15 @@ ROOT = Path(__file__).resolve().parents[1]
 REHEARSAL = "--runner simulated --minutes 2 --operators MM_RN50_FC,BMM_GPT2_QK,Softmax_BERT_b1_s128"
 GEMM_OPERATORS = ("MM_RN50_FC", "BMM_GPT2_QK")
 OPERATORS = (*GEMM_OPERATORS, "Softmax_BERT_b1_s128")
-MEMOPS_KINDS = {"reduce-sum", "reduce-max", "softmax", "layernorm", "bias_gelu", "bias_gelu-tanh"}
+MEMOPS_KINDS = {
+    "reduce-sum",
+    "reduce-max",
+    "softmax",
+    "layernorm",
+    "rmsnorm",
+    "bias_gelu",
+    "bias_gelu-tanh",
+}
 NOT_ON_THE_GPU_MACHINE = ("fastapi", "sqlalchemy", "alembic", "xgboost", "uvicorn", "psycopg")
 FROM_THE_KIT = ("pydantic", "pydantic_core", "tenacity", "platformdirs")
 

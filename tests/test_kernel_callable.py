@@ -24,7 +24,7 @@ from pipetune.clients.library.arrays import ArgumentError, data_pointer, describ
 from pipetune.clients.library.cuda_launch import CudaUnavailableError, KernelParams
 from pipetune.model.hardware import get_gpu
 from pipetune.model.memops.space import MemSchedule, workspace_bytes
-from pipetune.model.memops.workloads import bias_gelu, layernorm, reduce, softmax
+from pipetune.model.memops.workloads import bias_gelu, layernorm, reduce, rmsnorm, softmax
 from pipetune.model.space import Schedule, ScheduleError
 from pipetune.model.workloads import bmm, conv2d, conv3d, gemm
 from pipetune.workers.codegen import generate
@@ -580,6 +580,12 @@ def test_a_memops_launch_is_the_one_the_cupy_runner_times(case):
             ("gamma", "beta"),
         ),
         (
+            rmsnorm(512, 1024),
+            ["x", "gamma", "y"],
+            [(512, 1024), (1024,), (512, 1024)],
+            ("gamma", "x"),
+        ),
+        (
             bias_gelu(512, 1024),
             ["x", "bias", "y"],
             [(512, 1024), (1024,), (512, 1024)],
@@ -587,7 +593,7 @@ def test_a_memops_launch_is_the_one_the_cupy_runner_times(case):
         ),
         (reduce(512, 1024, "max"), ["x", "y"], [(512, 1024), (512,)], ("x", "x")),
     ],
-    ids=["softmax", "layernorm", "bias_gelu", "reduce"],
+    ids=["softmax", "layernorm", "rmsnorm", "bias_gelu", "reduce"],
 )
 def test_memops_arguments_are_the_launch_plans_inputs_then_output(workload, names, shapes, p0_p1):
     k = pipetune.kernel(workload, "h100", schedule=ROW)

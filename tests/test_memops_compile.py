@@ -19,7 +19,7 @@ from pipetune.model.memops.space import (
     MemSpace,
     register_budget,
 )
-from pipetune.model.memops.workloads import bias_gelu, layernorm, op_key, reduce, softmax
+from pipetune.model.memops.workloads import bias_gelu, layernorm, op_key, reduce, rmsnorm, softmax
 from pipetune.workers.codegen.memops import generate
 from pipetune.workers.codegen.memops.sample import covering_sample
 from pipetune.workers.compile import CompileError, compile_many
@@ -32,6 +32,7 @@ WORKLOADS = {
     "reduce-max": [reduce(750000, 32, "max"), reduce(8, 65536, "max")],
     "softmax": [softmax(4096, 768), softmax(8, 65536), softmax(49152, 128)],
     "layernorm": [layernorm(4096, 768), layernorm(16, 65536), layernorm(512, 8192)],
+    "rmsnorm": [rmsnorm(4096, 4096), rmsnorm(16, 65536), rmsnorm(512, 8192)],
     "bias_gelu": [bias_gelu(4096, 3072), bias_gelu(64, 30000, "tanh"), bias_gelu(750000, 32)],
 }
 ARCHS = {"sm_80": "a100", "sm_90": "h100"}
@@ -120,7 +121,7 @@ def test_registers_within_budget_and_the_fit(compiled):
 
 
 # The layer norm shapes, with the one where a schedule the space took spilled (64x8192).
-NEAREST_BUDGET_WORKLOADS = [*WORKLOADS["layernorm"], layernorm(64, 8192)]
+NEAREST_BUDGET_WORKLOADS = [*WORKLOADS["layernorm"], layernorm(64, 8192), *WORKLOADS["rmsnorm"]]
 
 
 def test_the_valid_schedules_nearest_the_register_budget_do_not_spill():

@@ -46,6 +46,7 @@ from pipetune.model.memops.workloads import (
     bias_gelu,
     layernorm,
     reduce,
+    rmsnorm,
     softmax,
 )
 from pipetune.workers.codegen.memops import generate, launch_plan, source_parts
@@ -507,6 +508,7 @@ WORKLOADS: dict[str, list[MemWorkload]] = {
     "reduce": [reduce(37, 200), reduce(5, 1032, "max"), reduce(3, 4200), reduce(70, 16, "max")],
     "softmax": [softmax(37, 200), softmax(5, 1032), softmax(3, 4200), softmax(70, 16)],
     "layernorm": [layernorm(37, 200), layernorm(5, 1032), layernorm(3, 4200), layernorm(70, 16)],
+    "rmsnorm": [rmsnorm(37, 200), rmsnorm(5, 1032, 1e-6), rmsnorm(3, 4200), rmsnorm(70, 16)],
     "bias_gelu": [bias_gelu(37, 200), bias_gelu(5, 1032, "tanh"), bias_gelu(3, 4200),
                   bias_gelu(70, 16, "tanh")],
 }  # fmt: skip
@@ -595,6 +597,12 @@ def test_emulated_kernels_match_numpy(tmp_path, op):
         # Layer norm without its epsilon: on rows of variance ~1 it moved no fp16 output.
         (layernorm(5, 1032), MemSchedule(128, 1, 1, 2, 1, 0, 0),
          ("finish(st, eps)", "finish(st, 0.f)"), "wrong result or fault"),
+        # RMS norm without its epsilon, and scaled by x where gamma goes (a split row).
+        (rmsnorm(5, 1032), MemSchedule(128, 1, 1, 2, 1, 0, 0),
+         ("finish(st, eps)", "finish(st, 0.f)"), "wrong result or fault"),
+        (rmsnorm(3, 4200), MemSchedule(64, 1, 4, 8, 2, 1, 1),
+         ("load_vec<VEC>(p0 + u * VEC, gw[j]);", "load_vec<VEC>(xr + u * VEC, gw[j]);"),
+         "wrong result or fault"),
     ],
 )  # fmt: skip
 def test_emulator_catches_broken_kernels(tmp_path, workload, schedule, mutation, symptom):

@@ -13,7 +13,7 @@ from typer.testing import CliRunner
 from pipetune.clients.cli.main import app
 from pipetune.model.memops.analytical import evaluate, mapping_gain, one_row_per_block
 from pipetune.model.memops.space import MemSchedule, MemSpace
-from pipetune.model.memops.workloads import bias_gelu, layernorm, reduce, softmax
+from pipetune.model.memops.workloads import bias_gelu, layernorm, reduce, rmsnorm, softmax
 
 runner = CliRunner()
 
@@ -27,7 +27,7 @@ def _best(space, prediction, mask=None):
 @pytest.mark.parametrize(
     "workload",
     [softmax(4096, 768), layernorm(32768, 768), reduce(750000, 32), bias_gelu(8192, 3072),
-     softmax(8, 65536)],
+     softmax(8, 65536), rmsnorm(8192, 4096), rmsnorm(16, 65536)],
 )  # fmt: skip
 def test_no_schedule_beats_the_dram_roofline(h100, workload):
     """Every run moves at least the compulsory bytes at the peak DRAM bandwidth, plus a
@@ -160,6 +160,7 @@ def test_rank_softmax_json_lists_200_schedules_with_packing_and_splitting():
     [
         ["reduce", "--rows", "64", "--cols", "30000", "--reduction", "max"],
         ["layernorm", "--rows", "16", "--cols", "65536", "--eps", "1e-12"],
+        ["rmsnorm", "--rows", "8192", "--cols", "4096", "--eps", "1e-6"],
         ["bias_gelu", "--rows", "4096", "--cols", "3072", "--approximate", "tanh"],
     ],
 )
@@ -170,6 +171,26 @@ def test_rank_every_new_op(args):
     assert doc["workload"]["op"] == args[0] and doc["schedules"]
     table = runner.invoke(app, ["model", "rank", *args, "--top", "3"])
     assert table.exit_code == 0 and "model predictions" in table.stdout
+
+
+@pytest.mark.parametrize("shape", [(8192, 4096), (128, 8192), (16, 65536)])
+def test_an_rmsnorm_is_predicted_no_slower_than_a_layer_norm_of_its_shape(h100, shape):
+    """The same mapping at the same occupancy moves one parameter vector less (no beta) and
+    does less arithmetic (no mean): never slower. (Their register fits differ, so a mapping
+    may keep fewer blocks resident as one than as the other.)"""
+    rms, ln = (MemSpace.enumerate(op(*shape), h100) for op in (rmsnorm, layernorm))
+    row_rms = {s.id: i for i, s in enumerate(rms)}
+    row_ln = {s.id: i for i, s in enumerate(ln)}
+    t_rms, t_ln = evaluate(rms).T_kernel, evaluate(ln).T_kernel
+    alike = [
+        (row_rms[k], row_ln[k])
+        for k in row_rms.keys() & row_ln.keys()
+        if rms.blocks_per_sm[row_rms[k]] == ln.blocks_per_sm[row_ln[k]]
+    ]
+    assert len(alike) > 0.5 * min(len(rms), len(ln))
+    assert all(t_rms[a] <= t_ln[b] * (1 + 1e-9) for a, b in alike)
+    assert t_rms.min() <= t_ln.min() * (1 + 1e-9)
+    assert any(t_rms[a] < t_ln[b] * (1 - 1e-3) for a, b in alike)  # gamma alone is read
 
 
 def test_suite_memops_reports_every_operator_against_one_row_per_block():

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 from scipy.special import erf
 
-from pipetune.model.memops.workloads import bias_gelu, layernorm, reduce, softmax
+from pipetune.model.memops.workloads import bias_gelu, layernorm, reduce, rmsnorm, softmax
 from pipetune.workers.runners.memops_reference import (
     check,
     input_shapes,
@@ -31,6 +31,9 @@ def _exact(workload, inputs):
         var = x.var(axis=1, keepdims=True)
         g, b = inputs["gamma"].astype(np.float64), inputs["beta"].astype(np.float64)
         y = (x - mean) / np.sqrt(var + workload.eps) * g + b
+    elif workload.op == "rmsnorm":
+        mean_sq = (x * x).mean(axis=1, keepdims=True)
+        y = x / np.sqrt(mean_sq + workload.eps) * inputs["gamma"].astype(np.float64)
     else:
         z = x + inputs["bias"].astype(np.float64)
         if workload.approximate == "tanh":
@@ -47,6 +50,8 @@ WORKLOADS = [
     softmax(16, 65536),
     layernorm(128, 768, 1e-12),
     layernorm(8, 65536),
+    rmsnorm(128, 4096, 1e-6),
+    rmsnorm(8, 65536),
     bias_gelu(64, 3072),
     bias_gelu(64, 3072, "tanh"),
 ]
@@ -73,16 +78,31 @@ def test_exact_results_pass_and_one_wrong_vector_fails(workload):
     assert not check(np, broken, ref, tol)[0], tolerance_text(workload)
 
 
+@pytest.mark.parametrize("norm", [layernorm, rmsnorm])
 @pytest.mark.parametrize("eps", [1e-5, 1e-12])
-def test_a_layernorm_that_leaves_out_eps_fails(eps):
+def test_a_norm_that_leaves_out_eps_fails(norm, eps):
     # On rows of variance ~1.3, eps = 1e-5 moves rstd by ~4e-6 relative: no fp16 output
-    # changes, and a kernel that dropped eps passed. The rows of variance ~eps catch it.
-    w = layernorm(16, 4096, eps)
+    # changes, and a kernel that dropped eps passed. The rows of variance (mean square) ~eps
+    # catch it.
+    w = norm(16, 4096, eps)
     inputs = make_inputs(w, 0)
     ref, tol = reference(np, w, inputs)
     assert check(np, _exact(w, inputs), ref, tol)[0]
-    no_eps = _exact(layernorm(16, 4096, 2e-38), inputs)  # about the smallest eps there is
+    no_eps = _exact(norm(16, 4096, 2e-38), inputs)  # about the smallest eps there is
     assert not check(np, no_eps, ref, tol)[0]
+
+
+def test_an_rmsnorm_that_subtracts_the_mean_fails():
+    """rmsnorm is not a layer norm without beta: the inputs' mean is away from zero (x in
+    [-1.5, 2.5)), so a kernel that centred the row fails."""
+    w = rmsnorm(16, 4096)
+    inputs = make_inputs(w, 0)
+    ref, tol = reference(np, w, inputs)
+    x = inputs["x"].astype(np.float64)
+    centred = x - x.mean(axis=1, keepdims=True)
+    rms = np.sqrt((centred * centred).mean(axis=1, keepdims=True) + w.eps)
+    wrong = (centred / rms * inputs["gamma"].astype(np.float64)).astype(np.float16)
+    assert not check(np, wrong, ref, tol)[0]
 
 
 def test_unwritten_outputs_fail():

@@ -11,12 +11,14 @@ from pipetune.model.memops.workloads import (
     BiasGelu,
     LayerNorm,
     Reduce,
+    RMSNorm,
     Softmax,
     bias_gelu,
     layernorm,
     op_key,
     parse_mem_workload,
     reduce,
+    rmsnorm,
     softmax,
 )
 from pipetune.model.workloads import WorkloadError
@@ -42,6 +44,10 @@ from pipetune.model.workloads import WorkloadError
         # 0 in the kernels' float32, though labelled eps=1e-300
         ({"op": "layernorm", "rows": 8, "cols": 8, "eps": 1e-300}, "eps", "smallest normal"),
         ({"op": "layernorm", "rows": 8, "cols": 8, "eps": 1e-39}, "eps", "smallest normal"),
+        ({"op": "rmsnorm", "rows": 8, "cols": 8, "eps": 0.0}, "eps", "greater than 0"),
+        ({"op": "rmsnorm", "rows": 8, "cols": 8, "eps": 1e-39}, "eps", "smallest normal"),
+        ({"op": "rmsnorm", "rows": 8, "cols": 12}, "cols", "multiple of 8"),
+        ({"op": "rmsnorm", "rows": 8, "cols": 8, "beta": 0.5}, "beta", "Extra inputs"),
         ({"op": "bias_gelu", "rows": 8, "cols": 8, "approximate": "x"}, "approximate", "tanh"),
         ({"op": "softmax", "rows": 8, "cols": 8, "axis": 0}, "axis", "Extra inputs"),
         ({"op": "softmax", "rows": 8, "cols": 8, "dtype": "float32"}, "dtype", "float16"),
@@ -68,6 +74,8 @@ def test_the_ops_their_types_and_keys():
     assert isinstance(softmax(4, 8), Softmax) and op_key(softmax(4, 8)) == "softmax"
     assert isinstance(layernorm(4, 8), LayerNorm) and layernorm(4, 8).eps == 1e-5
     assert isinstance(bias_gelu(4, 8), BiasGelu) and bias_gelu(4, 8).approximate == "none"
+    assert isinstance(rmsnorm(4, 8), RMSNorm) and op_key(rmsnorm(4, 8)) == "rmsnorm"
+    assert rmsnorm(4, 8).eps == 1e-5 and rmsnorm(4, 8).has_output_pass
 
 
 def test_bytes_moved_with_perfect_reuse():
@@ -76,6 +84,7 @@ def test_bytes_moved_with_perfect_reuse():
     assert reduce(4096, 768).compulsory_bytes == 2 * 4096 * 768 + 2 * 4096
     assert layernorm(4096, 768).compulsory_bytes == 2 * (2 * 4096 * 768 + 2 * 768)
     assert bias_gelu(4096, 3072).compulsory_bytes == 2 * (2 * 4096 * 3072 + 3072)
+    assert rmsnorm(4096, 4096).compulsory_bytes == 2 * (2 * 4096 * 4096 + 4096)  # gamma only
 
 
 def test_canonical_form_round_trips_and_hashes_differ_by_op():
@@ -84,6 +93,14 @@ def test_canonical_form_round_trips_and_hashes_differ_by_op():
     assert softmax(4096, 768).workload_hash != layernorm(4096, 768).workload_hash
     assert reduce(8, 8).workload_hash != reduce(8, 8, "max").workload_hash
     assert "layernorm 4096x768" in w.label()
+    assert rmsnorm(4096, 768).workload_hash != layernorm(4096, 768).workload_hash
+    assert rmsnorm(4096, 768, 1e-6).label() == "rmsnorm 4096x768 eps=1e-06"
+
+
+def test_a_layernorm_s_hash_is_what_it_was():
+    """The recorded datasets and the service's rows find a workload by its hash: the norms
+    sharing their eps field must not move layer norm's (the value before rmsnorm existed)."""
+    assert layernorm(4096, 768, 1e-12).workload_hash == "b8cf5667c0399c38"
 
 
 def test_cli_exits_2_with_one_line_naming_the_field():

@@ -19,6 +19,7 @@ pytest_plugins = ["service_fixtures"]
 
 SOFTMAX = {"op": "softmax", "rows": 4096, "cols": 768}
 LAYERNORM = {"op": "layernorm", "rows": 1024, "cols": 768, "eps": 1e-5}
+RMSNORM = {"op": "rmsnorm", "rows": 2048, "cols": 4096, "eps": 1e-5}
 
 
 def _rows(client) -> dict[str, int]:
@@ -84,6 +85,26 @@ def test_a_layernorm_task_runs_to_its_budget_with_memops_schedules(client):
     assert measured["throughput_unit"] == "GB/s"
 
 
+def test_an_rmsnorm_task_tunes_with_the_default_strategy(client):
+    """The default strategy (the analytical model as the prior) proposes RMS norm schedules:
+    valid, distinct, gamma's bytes counted in the throughput."""
+    task = create_task(client, budget=16, workload=RMSNORM)
+    assert "rmsnorm 2048x4096" in task["label"]
+    worker = register(client)
+    assert drain(client, worker) == 16
+    doc = client.get(f"/v1/tasks/{task['id']}").json()
+    assert doc["state"] == "done" and doc["trials_done"] == 16
+    trials = client.get(f"/v1/tasks/{task['id']}/trials").json()["trials"]
+    workload = parse_any_workload(RMSNORM)
+    space = family_of(workload).enumerate(workload, get_gpu("h100"))
+    assert len({tuple(sorted(t["schedule"].items())) for t in trials}) == 16
+    assert all(family_of(workload).parse_schedule(t["schedule"]) in space for t in trials)
+    best = doc["best"]
+    read_and_written = 2 * (2 * 2048 * 4096 + 4096)  # x in, y out, gamma once
+    assert family_of(workload).work(workload) == read_and_written
+    assert math.isclose(best["throughput"], read_and_written / (best["latency_us"] * 1e-6) / 1e9)
+
+
 def test_gemm_results_keep_api_v1_tflops(client):
     task = create_task(client, budget=4, strategy="random")
     worker = register(client)
@@ -102,6 +123,8 @@ BAD_MEMOPS = [
     ({**SOFTMAX, "m": 64}, "m", "Extra inputs are not permitted"),
     ({"op": "softmaxx", "rows": 64, "cols": 64}, "op", "unknown operator"),
     ({**LAYERNORM, "eps": 0}, "eps", "greater than 0"),
+    ({**RMSNORM, "beta": 0.5}, "beta", "Extra inputs are not permitted"),
+    ({**RMSNORM, "eps": 1e-40}, "eps", "smallest normal"),
     ({"op": "bias_gelu", "rows": 8, "cols": 64, "approximate": "fast"}, "approximate", "'tanh'"),
 ]
 

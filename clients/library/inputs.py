@@ -1,6 +1,6 @@
 """What the public functions accept: a workload as a dict or a workload object (of any kernel
 family: the tensor-core GEMMs' Gemm, Bmm, Conv2d, Conv3d; the memory-intensive operators'
-Reduce, Softmax, LayerNorm, BiasGelu; the Hopper family's HopperGemm, HopperBmm: each
+Reduce, Softmax, LayerNorm, RMSNorm, BiasGelu; the Hopper family's HopperGemm, HopperBmm: each
 exported by `pipetune`), a GPU by key or alias, a schedule as a dict, a
 `Schedule` (or another family's schedule object) or a wire `ScheduleDoc`. Bad input raises
 a ValueError subclass whose message names the field (WorkloadError, HardwareError,
@@ -17,13 +17,29 @@ from pipetune.model.hardware import HardwareError, resolve_gpu_key
 from pipetune.model.hopper.space import HopperSchedule
 from pipetune.model.knobs import ScheduleError
 from pipetune.model.memops.space import MemSchedule
-from pipetune.model.memops.workloads import BiasGelu, LayerNorm, MemWorkload, Reduce, Softmax
+from pipetune.model.memops.workloads import (
+    BiasGelu,
+    LayerNorm,
+    MemWorkload,
+    Reduce,
+    RMSNorm,
+    Softmax,
+)
 from pipetune.model.space import Schedule
 from pipetune.model.wire import ScheduleDoc, ScheduleResponse
 from pipetune.model.workloads import AnyWorkload, Bmm, Conv2d, Conv3d, Gemm
 
 WorkloadLike = (
-    Mapping[str, Any] | Gemm | Bmm | Conv2d | Conv3d | Reduce | Softmax | LayerNorm | BiasGelu
+    Mapping[str, Any]
+    | Gemm
+    | Bmm
+    | Conv2d
+    | Conv3d
+    | Reduce
+    | Softmax
+    | LayerNorm
+    | RMSNorm
+    | BiasGelu
 )
 # A schedule object of any kernel family: what a tuning, a lookup or a kernel hands back.
 AnySchedule = Schedule | MemSchedule | HopperSchedule

@@ -32,7 +32,7 @@ if TYPE_CHECKING:
     from pipetune.clients.sdk import Client
     from pipetune.model.errors import InvalidArgumentError, PipetuneError
     from pipetune.model.hopper.workloads import HopperBmm, HopperGemm
-    from pipetune.model.memops.workloads import BiasGelu, LayerNorm, Reduce, Softmax
+    from pipetune.model.memops.workloads import BiasGelu, LayerNorm, Reduce, RMSNorm, Softmax
     from pipetune.model.space import Schedule
     from pipetune.model.workloads import Bmm, Conv2d, Conv3d, Gemm
 
@@ -55,6 +55,7 @@ _EXPORTS: dict[str, str] = {
     "Reduce": "pipetune.model.memops.workloads",
     "Softmax": "pipetune.model.memops.workloads",
     "LayerNorm": "pipetune.model.memops.workloads",
+    "RMSNorm": "pipetune.model.memops.workloads",
     "BiasGelu": "pipetune.model.memops.workloads",
     "HopperGemm": "pipetune.model.hopper.workloads",
     "HopperBmm": "pipetune.model.hopper.workloads",
@@ -73,6 +74,7 @@ __all__ = [
     "InvalidArgumentError",
     "LayerNorm",
     "PipetuneError",
+    "RMSNorm",
     "Reduce",
     "Schedule",
     "Softmax",

@@ -103,6 +103,7 @@ OP_INSTRUCTIONS: dict[str, tuple[float, float]] = {
     "reduce-max": (2.0, 0.0),
     "softmax": (6.0, 6.0),
     "layernorm": (4.0, 7.0),
+    "rmsnorm": (3.0, 5.0),
     "bias_gelu": (16.0, 0.0),
 }
 INSTRUCTIONS_PER_VECTOR = 4.0  # address, load or store, loop test, predicate

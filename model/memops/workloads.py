@@ -8,6 +8,9 @@ last dimension, accumulating in float32:
 - ``softmax``: y[r, :] = exp(x[r, :] − max) / Σ exp(x[r, :] − max).
 - ``layernorm``: y[r, :] = (x[r, :] − mean) / sqrt(var + eps) · gamma + beta, with gamma
   and beta float16 vectors of length cols and the biased variance (as PyTorch).
+- ``rmsnorm``: y[r, :] = x[r, :] / sqrt(mean(x[r, :]²) + eps) · gamma, gamma a float16
+  vector of length cols (the root-mean-square norm of LLaMA-style decoders; as PyTorch's
+  ``nn.functional.rms_norm``, the whole product in float32, rounded once).
 - ``bias_gelu``: y[r, c] = gelu(x[r, c] + bias[c]), a stitched element-wise chain (bias
   add then GELU, one read and one write); ``approximate`` as PyTorch's ``nn.GELU``:
   ``"none"`` is the erf form (BERT), ``"tanh"`` the tanh approximation (GPT-2).
@@ -144,21 +147,21 @@ class Softmax(_RowWorkload):
         return True
 
 
-class LayerNorm(_RowWorkload):
-    """Layer normalisation of each row, with gamma and beta of length cols."""
+class NormWorkload(_RowWorkload):
+    """A normalisation of each row: a statistic pass, then an output pass scaled by
+    1 / sqrt(statistic + eps) and gamma (layernorm, rmsnorm)."""
 
-    op: Literal["layernorm"] = "layernorm"
     eps: float = Field(
         default=1e-5,
         strict=True,
         allow_inf_nan=False,  # (NaN was refused as "should be <= 1", its first failed bound)
         gt=0.0,
         le=1.0,
-        description="added to the variance",
+        description="added to the variance (layernorm) or the mean square (rmsnorm)",
     )
 
     @model_validator(mode="after")
-    def _eps_in_float32(self) -> LayerNorm:
+    def _eps_in_float32(self) -> NormWorkload:
         # The kernels add eps in float32: below its smallest normal number it would become a
         # subnormal or 0 there (1e-300 was accepted, labelled "eps=1e-300", and computed as 0).
         if self.eps < FLOAT32_TINY:
@@ -173,12 +176,29 @@ class LayerNorm(_RowWorkload):
     def has_output_pass(self) -> bool:
         return True
 
+    def label(self) -> str:
+        return f"{self.op} {self.rows}x{self.cols} eps={self.eps:g}"  # type: ignore[attr-defined]
+
+
+class LayerNorm(NormWorkload):
+    """Layer normalisation of each row, with gamma and beta of length cols."""
+
+    op: Literal["layernorm"] = "layernorm"
+
     @property
     def param_vectors(self) -> int:
         return 2
 
-    def label(self) -> str:
-        return f"layernorm {self.rows}x{self.cols} eps={self.eps:g}"
+
+class RMSNorm(NormWorkload):
+    """Root-mean-square normalisation of each row, with gamma of length cols (no mean
+    subtracted, no beta)."""
+
+    op: Literal["rmsnorm"] = "rmsnorm"
+
+    @property
+    def param_vectors(self) -> int:
+        return 1
 
 
 class BiasGelu(_RowWorkload):
@@ -201,16 +221,17 @@ class BiasGelu(_RowWorkload):
         return f"bias_gelu({self.approximate}) {self.rows}x{self.cols}"
 
 
-MemWorkload = Reduce | Softmax | LayerNorm | BiasGelu
+MemWorkload = Reduce | Softmax | LayerNorm | RMSNorm | BiasGelu
 MEM_OPS: dict[str, type[_RowWorkload]] = {
     "reduce": Reduce,
     "softmax": Softmax,
     "layernorm": LayerNorm,
+    "rmsnorm": RMSNorm,
     "bias_gelu": BiasGelu,
 }
 # One integer per operator (and reduction kind) for the kernels and the cost model.
 OP_CODES: dict[str, int] = {"reduce-sum": 0, "reduce-max": 1, "softmax": 2, "layernorm": 3,
-                            "bias_gelu": 4}  # fmt: skip
+                            "bias_gelu": 4, "rmsnorm": 5}  # fmt: skip
 _ADAPTER: TypeAdapter[MemWorkload] = TypeAdapter(Annotated[MemWorkload, Field(discriminator="op")])
 
 
@@ -234,6 +255,10 @@ def softmax(rows: int, cols: int) -> Softmax:
 
 def layernorm(rows: int, cols: int, eps: float = 1e-5) -> LayerNorm:
     return parse_mem_workload({"op": "layernorm", "rows": rows, "cols": cols, "eps": eps})  # type: ignore[return-value]
+
+
+def rmsnorm(rows: int, cols: int, eps: float = 1e-5) -> RMSNorm:
+    return parse_mem_workload({"op": "rmsnorm", "rows": rows, "cols": cols, "eps": eps})  # type: ignore[return-value]
 
 
 def bias_gelu(rows: int, cols: int, approximate: str = "none") -> BiasGelu:

@@ -62,7 +62,7 @@ import numpy as np
 from pipetune.model.family import family, family_of
 from pipetune.model.hardware import GPUSpec
 from pipetune.model.hopper.workloads import as_hopper
-from pipetune.model.memops.workloads import bias_gelu, layernorm, reduce, softmax
+from pipetune.model.memops.workloads import bias_gelu, layernorm, reduce, rmsnorm, softmax
 from pipetune.model.trials import MeasureResult
 from pipetune.model.workloads import bmm, conv2d, conv3d, gemm
 from pipetune.workers.runners.kernel_runner import KernelRunner
@@ -107,6 +107,8 @@ MEMOPS_CASES: tuple[tuple[str, Any], ...] = (
     ("softmax, long rows (split)", softmax(37, 4200)),
     ("layernorm, tails in rows, segments, lanes", layernorm(997, 1032, 1e-5)),
     ("layernorm eps=1e-12, long rows (split)", layernorm(37, 4200, 1e-12)),
+    ("rmsnorm, tails in rows, segments, lanes", rmsnorm(997, 1032, 1e-5)),
+    ("rmsnorm eps=1e-6, long rows (split)", rmsnorm(37, 4200, 1e-6)),
     ("bias_gelu erf, tails in rows, segments, lanes", bias_gelu(997, 1032)),
     ("bias_gelu erf, long rows (split)", bias_gelu(37, 4200)),
     ("bias_gelu tanh, tails in rows, segments, lanes", bias_gelu(997, 1032, "tanh")),

@@ -40,6 +40,7 @@ MEMOPS_INPUT_RANGES: dict[str, dict[str, tuple[float, float]]] = {
     "reduce": {"x": (-4.0, 4.0)},
     "softmax": {"x": (-4.0, 4.0)},
     "layernorm": {"x": (-1.5, 2.5), "gamma": (0.5, 1.5), "beta": (-0.5, 0.5)},
+    "rmsnorm": {"x": (-1.5, 2.5), "gamma": (0.5, 1.5)},
     "bias_gelu": {"x": (-4.0, 4.0), "bias": (-0.5, 0.5)},
 }
 SMI_FIELDS = (
@@ -343,6 +344,20 @@ def memops_launch(
         return (
             lambda: functional.layer_norm(x, (workload.cols,), gamma, beta, eps)
         ), f"torch.nn.functional.layer_norm(x, ({workload.cols},), gamma, beta, eps={eps:g})"
+    if workload.op == "rmsnorm":
+        gamma, eps = inputs["gamma"], workload.eps
+        if hasattr(functional, "rms_norm"):  # PyTorch 2.4 and later
+            return (
+                lambda: functional.rms_norm(x, (workload.cols,), gamma, eps)
+            ), f"torch.nn.functional.rms_norm(x, ({workload.cols},), gamma, eps={eps:g})"
+
+        # Before 2.4, the norm as LLaMA's reference code writes it, in float32 (as rms_norm
+        # does), each step its own PyTorch kernel.
+        def composed() -> Any:
+            f = x.float()
+            return (f * torch.rsqrt(f.pow(2).mean(-1, keepdim=True) + eps) * gamma).half()
+
+        return composed, f"x * rsqrt(mean(x^2) + {eps:g}) * gamma in float32 (PyTorch ops)"
     if workload.op == "bias_gelu":
         bias, form = inputs["bias"], workload.approximate
         return (

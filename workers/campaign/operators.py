@@ -21,6 +21,7 @@ import difflib
 from typing import Any
 
 from pipetune.model.family import family_of
+from pipetune.model.memops.workloads import MEM_OPS
 from pipetune.model.operators import HOPPER, HOPPER_PREFIX, SUITES
 
 # The kernel families a campaign has kernels, references and vendor baselines for. Operators
@@ -132,7 +133,7 @@ def resolve_operators(text: str) -> dict[str, Any]:
         raise ValueError(
             f"{', '.join(map(repr, other))}: the campaign sweeps the kernel families "
             f"{', '.join(CAMPAIGN_FAMILIES)} only (the pipelined GEMMs: GEMM, BMM, Conv2D, "
-            "Conv3D; the memory-intensive operators: reduce, softmax, layernorm, bias_gelu; "
+            f"Conv3D; the memory-intensive operators: {', '.join(MEM_OPS)}; "
             "the Hopper wgmma GEMMs: hopper_gemm, hopper_bmm)"
         )
     if not chosen:

@@ -5,12 +5,12 @@ emulation), as workers/runners/reference.py is for the GEMM family; ``check`` is
 module's (the same verdicts and messages).
 
 Inputs (float16, from numpy's PCG64 with the seed, on the host): x uniform in [-4, 4) for
-reduce, softmax and bias_gelu (logit-sized values); for layernorm x uniform in [-1.5, 2.5)
-(a mean away from zero), gamma in [0.5, 1.5), beta and bias in [-0.5, 0.5). Layernorm's
-rows 1, 5, 9, ... (``LOW_VARIANCE_ROWS``) are instead uniform in ±sqrt(3·eps), a variance
-of about eps: on rows of variance ~1.3 eps changes rstd by ~4e-6 relative, far below fp16's
-rounding, so a kernel that dropped eps (or added it in the wrong place) passed; on these
-rows it is off by a factor of ~sqrt(2).
+reduce, softmax and bias_gelu (logit-sized values); for layernorm and rmsnorm x uniform in
+[-1.5, 2.5) (a mean away from zero), gamma in [0.5, 1.5), beta and bias in [-0.5, 0.5). The
+norms' rows 1, 5, 9, ... (``LOW_VARIANCE_ROWS``) are instead uniform in ±sqrt(3·eps), a
+variance (and mean square) of about eps: on rows of variance ~1.3 eps changes rstd by ~4e-6
+relative, far below fp16's rounding, so a kernel that dropped eps (or added it in the wrong
+place) passed; on these rows it is off by a factor of ~sqrt(2).
 
 The reference computes the same maths in float32 from the same float16 inputs (numpy or
 CuPy reductions, whose summation order differs from the kernels'). Tolerances per output
@@ -32,6 +32,9 @@ sums over C terms in two different orders err by about sqrt(C)·u32 each (Higham
   variance (the one-pass Σx² − n·mean² would lose u32·κ², which the tolerance once allowed
   and which let any output pass on a nearly constant row). The variance is floored at
   2^-48·mean(x²), so κ stays finite (at most 2^24) on a constant row, whose output is β;
+- rmsnorm: (2·u16 + A·u32)·|ref| + 2^-14: the sum of squares has positive terms, so its
+  relative error (about sqrt(C)·u32 for two summation orders) carries over to rstd halved
+  and to every output of the row, as softmax's sum does;
 - bias_gelu: 2·u16·|ref| + A·u32·(|z| + 1) + 2^-14, z = x + bias (exact in fp32): 1 + erf
   or 1 + tanh cancels for negative z, leaving an absolute error of order |z|·u32.
 
@@ -47,7 +50,7 @@ from typing import Any
 
 import numpy as np
 
-from pipetune.model.memops.workloads import MemWorkload, op_key
+from pipetune.model.memops.workloads import MemWorkload, NormWorkload, op_key
 from pipetune.workers.runners.reference import check
 
 U16 = 2.0**-11
@@ -56,7 +59,7 @@ FLOOR = 2.0**-14
 SUBNORMAL_STEP = 2.0**-24
 EXACT = 2.0**-25  # below any difference of two fp16 values (and non-zero: check divides by it)
 ROW_CHUNK_ELEMENTS = 1 << 26  # rows·cols of one reference chunk (bounds the fp32 copies)
-# Layernorm's rows whose variance is about eps (the module doc): start, step.
+# The norms' rows whose variance (mean square) is about eps (the module doc): start, step.
 LOW_VARIANCE_ROWS = slice(1, None, 4)
 
 __all__ = [
@@ -78,6 +81,8 @@ def input_shapes(workload: MemWorkload) -> dict[str, tuple[int, ...]]:
     if workload.op == "layernorm":
         shapes["gamma"] = (workload.cols,)
         shapes["beta"] = (workload.cols,)
+    elif workload.op == "rmsnorm":
+        shapes["gamma"] = (workload.cols,)
     elif workload.op == "bias_gelu":
         shapes["bias"] = (workload.cols,)
     return shapes
@@ -95,12 +100,10 @@ def make_inputs(workload: MemWorkload, seed: int) -> dict[str, np.ndarray]:
         return (low + (high - low) * rng.random(shape, dtype=np.float32)).astype(np.float16)
 
     shapes = input_shapes(workload)
-    if workload.op == "layernorm":
-        inputs = {
-            "x": uniform(shapes["x"], -1.5, 2.5),
-            "gamma": uniform(shapes["gamma"], 0.5, 1.5),
-            "beta": uniform(shapes["beta"], -0.5, 0.5),
-        }
+    if isinstance(workload, NormWorkload):
+        inputs = {"x": uniform(shapes["x"], -1.5, 2.5), "gamma": uniform(shapes["gamma"], 0.5, 1.5)}
+        if "beta" in shapes:
+            inputs["beta"] = uniform(shapes["beta"], -0.5, 0.5)
         # Rows where eps matters (the module doc): uniform in [-h, h) has variance h²/3.
         low = inputs["x"][LOW_VARIANCE_ROWS]
         half_width = math.sqrt(3.0 * workload.eps)
@@ -168,6 +171,11 @@ def reference(xp: Any, workload: MemWorkload, inputs: dict[str, Any]) -> tuple[A
             )
             ref[rows] = r
             tol[rows] = 2 * U16 * xp.abs(r) + accumulation * scale + FLOOR
+        elif key == "rmsnorm":
+            mean_sq = (x * x).mean(axis=1, keepdims=True)
+            r = x * (1.0 / xp.sqrt(mean_sq + f32(workload.eps))) * inputs["gamma"].astype(f32)
+            ref[rows] = r
+            tol[rows] = (2 * U16 + accumulation) * xp.abs(r) + FLOOR
         else:  # bias_gelu
             z = x + inputs["bias"].astype(f32)
             if workload.approximate == "tanh":
@@ -192,6 +200,7 @@ def tolerance_text(workload: MemWorkload) -> str:
         # reference of the inputs before rows of variance eps must not be reused.)
         "layernorm": f"|y-ref| <= 2*2^-11*|ref| + {a}*(|x-mean|*rstd*|g|*(1+sqrt(mean(x^2)/var)) + "
         "|mean|*rstd*|g| + |b|) + 2^-14; rows 1::4 of x have variance eps",
+        "rmsnorm": f"|y-ref| <= (2*2^-11 + {a})*|ref| + 2^-14; rows 1::4 of x have mean square eps",
         "bias_gelu": f"|y-ref| <= 2*2^-11*|ref| + {a}*(|x+bias|+1) + 2^-14",
     }[key]
 

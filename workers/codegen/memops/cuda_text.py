@@ -135,7 +135,7 @@ namespace pt {
 
 // ---- schedule constants ----------------------------------------------------------------
 // Each op's kernel uses some of them: [[maybe_unused]] keeps a warning-free build quiet.
-// OP: 0 reduce-sum, 1 reduce-max, 2 softmax, 3 layernorm, 4 bias_gelu
+// OP: 0 reduce-sum, 1 reduce-max, 2 softmax, 3 layernorm, 4 bias_gelu, 5 rmsnorm
 [[maybe_unused]] constexpr int OP = @OP@;
 [[maybe_unused]] constexpr bool GELU_TANH = @GELU_TANH@;
 [[maybe_unused]] constexpr int TPR = @TPR@;            // threads per row
@@ -157,9 +157,10 @@ namespace pt {
 [[maybe_unused]] constexpr int GROUP = TPR < 32 ? TPR : 32;
 [[maybe_unused]] constexpr int WPR = TPR > 32 ? TPR / 32 : 1;  // warps per row
 [[maybe_unused]] constexpr bool REDUCES = OP != 4;
-[[maybe_unused]] constexpr bool OUTPUT_PASS = OP == 2 || OP == 3;
+[[maybe_unused]] constexpr bool OUTPUT_PASS = OP == 2 || OP == 3 || OP == 5;
 [[maybe_unused]] constexpr bool SPLITS = SPLIT > 1 && REDUCES;
-[[maybe_unused]] constexpr int STATS = OP == 3 ? 3 : (OP == 2 ? 2 : 1);  // floats a statistic uses
+// floats a statistic uses
+[[maybe_unused]] constexpr int STATS = OP == 3 ? 3 : (OP == 2 || OP == 5 ? 2 : 1);
 // floats per partial in the workspace
 [[maybe_unused]] constexpr int PARTIAL_FLOATS = 3;
 // Shared memory, bytes: [one 16-byte slot per warp when a row spans warps]
@@ -174,6 +175,7 @@ static_assert(SPLIT == 1 || RPB == 1, "a split row is the block's only row");
 // ---- statistics: per op, what a pass accumulates, and how two partials combine -------------
 // reduce-sum: a = sum. reduce-max: a = max. softmax: a = max, b = sum of exp(x - a) (online).
 // layernorm: a = count, b = mean, c = M2 (Welford per vector, Chan's pairwise combine).
+// rmsnorm: a = sum of squares, b = count (a split row's segments differ in length).
 struct Stats {
   float a, b, c;
 };
@@ -197,6 +199,8 @@ PT_HD Stats combine(const Stats& x, const Stats& y) {
   } else if constexpr (OP == 2) {
     const float m = fmaxf(x.a, y.a);
     return Stats{m, x.b * expf(x.a - m) + y.b * expf(y.a - m), 0.f};
+  } else if constexpr (OP == 5) {
+    return Stats{x.a + y.a, x.b + y.b, 0.f};
   } else {
     const float n = x.a + y.a;
     if (n == 0.f) return Stats{0.f, 0.f, 0.f};
@@ -245,6 +249,11 @@ PT_HD void accumulate(Stats& s, const float (&f)[VEC]) {
     float m2 = 0.f;
     for (int e = 0; e < VEC; ++e) m2 += (f[e] - mean) * (f[e] - mean);
     s = combine(s, Stats{static_cast<float>(VEC), mean, m2});
+  } else if constexpr (OP == 5) {
+    float t = 0.f;
+    for (int e = 0; e < VEC; ++e) t += f[e] * f[e];
+    s.a += t;
+    s.b += static_cast<float>(VEC);
   }
 }
 
@@ -260,7 +269,7 @@ PT_HD float gelu(float z) {
 }
 
 // Output pass parameters from the row's statistic: softmax (max, 1/sum), layernorm
-// (mean, 1/sqrt(var + eps)).
+// (mean, 1/sqrt(var + eps)), rmsnorm (-, 1/sqrt(mean square + eps)).
 struct Finish {
   float u, v;
 };
@@ -269,6 +278,8 @@ PT_HD Finish finish(const Stats& s, float eps) {
     return Finish{s.a, 1.f / s.b};
   } else if constexpr (OP == 3) {
     return Finish{s.b, 1.f / sqrtf(s.c / s.a + eps)};
+  } else if constexpr (OP == 5) {
+    return Finish{0.f, 1.f / sqrtf(s.a / s.b + eps)};
   }
   return Finish{0.f, 0.f};
 }
@@ -502,7 +513,7 @@ REDUCE_TAIL = r"""
 }
 """
 
-# softmax / layernorm: the row's statistic, joined across split blocks when fused.
+# softmax / layernorm / rmsnorm: the row's statistic, joined across split blocks when fused.
 NORM_JOIN = r"""
     st = row_reduce(st, sm, tid);
     if constexpr (SPLITS && !FUSED) {
@@ -593,6 +604,10 @@ PARAM_DECL = "      unsigned gw[BATCH][WORDS], bw[BATCH][WORDS];"
 PARAM_LOAD = (
     "          load_vec<VEC>(p0 + u * VEC, gw[j]);\n          load_vec<VEC>(p1 + u * VEC, bw[j]);"
 )
+# rmsnorm's one parameter vector, gamma.
+GAMMA_DECL = "      unsigned gw[BATCH][WORDS];"
+GAMMA_LOAD = "          load_vec<VEC>(p0 + u * VEC, gw[j]);"
+
 
 # f holds x of vector u; writes y. (@G@ / @B@ name the gamma / beta words.)
 TRANSFORM_SOFTMAX = r"""        for (int e = 0; e < VEC; ++e) f[e] = expf(f[e] - fin.u) * fin.v;
@@ -609,6 +624,13 @@ TRANSFORM_LAYERNORM = r"""        float g[VEC], b[VEC];
 
 GB_FROM_BATCH = "        unpack(gw[j], g);\n        unpack(bw[j], b);"
 
+TRANSFORM_RMSNORM = r"""        float g[VEC];
+        unpack(gw[j], g);
+        for (int e = 0; e < VEC; ++e) f[e] = f[e] * fin.v * g[e];
+        unsigned out[WORDS];
+        pack(f, out);
+        store_vec<VEC>(y + base + u * VEC, out);"""
+
 NORM_DEPART = r"""
     if constexpr (SPLITS && FUSED) {
       // The last block to leave resets the row's counters (every block has stopped
@@ -622,7 +644,7 @@ NORM_DEPART = r"""
 }
 """
 
-# Two-pass splitting, second kernel of softmax / layernorm: join the partials, then the
+# Two-pass splitting, second kernel of softmax / layernorm / rmsnorm: join the partials, then the
 # output pass re-reads the segment from global memory.
 SECOND_NORM_HEAD = r"""
     Stats st;

@@ -23,7 +23,14 @@ from pipetune.model.memops.space import (
     grid_blocks,
     workspace_bytes,
 )
-from pipetune.model.memops.workloads import OP_CODES, BiasGelu, MemWorkload, Reduce, op_key
+from pipetune.model.memops.workloads import (
+    OP_CODES,
+    BiasGelu,
+    MemWorkload,
+    NormWorkload,
+    Reduce,
+    op_key,
+)
 from pipetune.model.space import ScheduleError
 from pipetune.workers.codegen.memops import cuda_text as t
 from pipetune.workers.launch_plan import Buffer, KernelLaunch, LaunchPlan
@@ -93,7 +100,7 @@ def build_key(workload: MemWorkload, schedule: MemSchedule) -> str:
 
 def blocks_wait_for_each_other(kernel: MemKernelSource) -> bool:
     """Whether every block of the grid must be resident at once (its launch is cooperative):
-    fused splitting where a row's blocks wait for each other (softmax, layernorm), whose grid
+    fused splitting where a row's blocks wait for each other (softmax and the norms), whose grid
     is one wave. A fused reduce's grid may be many waves, which a cooperative launch
     refuses (CUDA_ERROR_COOPERATIVE_LAUNCH_TOO_LARGE)."""
     return kernel.blocks_wait
@@ -138,17 +145,23 @@ def _helpers(workload: MemWorkload, s: MemSchedule, reg_vecs: int) -> str:
 def _transform(workload: MemWorkload) -> str:
     if workload.op == "softmax":
         return t.TRANSFORM_SOFTMAX
+    if workload.op == "rmsnorm":
+        return t.TRANSFORM_RMSNORM
     return t.TRANSFORM_LAYERNORM.replace("@GB_LOAD@", t.GB_FROM_BATCH)
 
 
+# The output pass's parameter vectors, loaded a batch at a time beside x: (declaration, load).
+_PARAMS: dict[str, tuple[str, str]] = {
+    "layernorm": (t.PARAM_DECL, t.PARAM_LOAD),  # gamma and beta
+    "rmsnorm": (t.GAMMA_DECL, t.GAMMA_LOAD),
+}
+
+
 def _output_pass(workload: MemWorkload, cache: int) -> str:
-    """The output pass; layer norm's gamma and beta are loaded a batch at a time beside x."""
-    params = workload.op == "layernorm"
-    values = {
-        "PARAM_DECL": t.PARAM_DECL if params else "",
-        "PARAM_LOAD": t.PARAM_LOAD if params else "",
-        "TRANSFORM": _transform(workload),
-    }
+    """The output pass; a norm's gamma (and layer norm's beta) is loaded a batch at a time
+    beside x."""
+    decl, load = _PARAMS.get(workload.op, ("", ""))
+    values = {"PARAM_DECL": decl, "PARAM_LOAD": load, "TRANSFORM": _transform(workload)}
     if cache == CACHE_REGISTERS:
         return _fill(t.OUT_REGISTERS, values)
     values["RELOAD"] = t.RELOAD_SMEM if cache == CACHE_SMEM else t.RELOAD_GLOBAL
@@ -250,6 +263,8 @@ def _param_names(workload: MemWorkload) -> tuple[str, str, tuple[Buffer, ...]]:
                 Buffer("beta", cols, "float16", "input"),
             ),
         )
+    if workload.op == "rmsnorm":
+        return "gamma", "x", (Buffer("gamma", cols, "float16", "input"),)
     if workload.op == "bias_gelu":
         return "bias", "x", (Buffer("bias", cols, "float16", "input"),)
     return "x", "x", ()
@@ -326,7 +341,7 @@ def launch_plan(
         Buffer("y", out_shape, "float16", "output"),
         Buffer("ws", (ws_floats,), "float32", "workspace"),
     )
-    eps = float(workload.eps) if workload.op == "layernorm" else 0.0
+    eps = float(workload.eps) if isinstance(workload, NormWorkload) else 0.0
     scalars: dict[str, int | float] = {"rows": workload.rows, "cols": workload.cols, "eps": eps}
     arguments = ("x", p0, p1, "y", "ws", "rows", "cols", "eps")
     block = (kernel.threads, 1, 1)
