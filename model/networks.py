@@ -25,6 +25,14 @@ layers covers the listed operators only.
 - gpt2: GPT-2 small, 12 pre-LN decoder layers of the same shapes (ln_1, c_attn, attention,
   c_proj, ln_2, c_fc + tanh GELU, mlp c_proj); its layer norms use eps 1e-5. The causal
   mask does not change the shapes.
+- llama2-7b: LLaMA-2 7B (HF LlamaConfig of Llama-2-7b-hf), 32 pre-norm decoder blocks,
+  hidden 4096, 32 heads of 128, FFN 11008, RMS norms with eps 1e-5, at most 4096 tokens.
+  Per block: an RMS norm (T×4096), the fused QKV projection (T×12288×4096, no biases),
+  Q·Kᵀ and S·V as BMMs (b = batch·32, head dimension 128) around the softmax, the output
+  projection (T×4096×4096), the second RMS norm, the gate and up projections as one GEMM
+  (T×22016×4096) and the down projection (T×4096×11008). Not listed besides the above: the
+  rotary position embedding and the SwiGLU between the MLP's GEMMs (SiLU(gate)·up), and the
+  final norm.
 - resnet50: ResNet-50 v1.5 at 224×224, NHWC, tensor-core layers only. Stride-1 1×1
   convolutions are GEMMs (M = batch·H·W, N = out channels, K = in channels); the stride-2
   1×1 downsampling convolutions and every 3×3 are Conv2D (implicit GEMM); the classifier is
@@ -39,17 +47,18 @@ from dataclasses import dataclass, field
 
 from pipetune.model.family import family_of
 from pipetune.model.hopper.workloads import HopperWorkload, as_hopper
-from pipetune.model.memops.workloads import MemWorkload, bias_gelu, layernorm, softmax
+from pipetune.model.memops.workloads import MemWorkload, bias_gelu, layernorm, rmsnorm, softmax
 from pipetune.model.workloads import AnyWorkload, WorkloadError, bmm, conv2d, gemm
 
-NETWORKS = ("bert-base", "gpt2", "resnet50")
+NETWORKS = ("bert-base", "gpt2", "llama2-7b", "resnet50")
+TRANSFORMERS = ("bert-base", "gpt2", "llama2-7b")  # the networks of sequences (--seq)
 # Defaults that match ALCOP's operator shapes (BMM_BERT_QK is 12×512×512×64 at batch 1,
 # BMM_GPT2_QK 12×1024×1024×64; Conv2D_RN50 is batch 64).
-DEFAULT_SEQ = {"bert-base": 512, "gpt2": 1024}
-# The longest sequence each network takes: its learned position table (HF BertConfig's
-# max_position_embeddings, GPT2Config's n_positions). Longer is another network.
-MAX_SEQ = {"bert-base": 512, "gpt2": 1024}
-DEFAULT_BATCH = {"bert-base": 1, "gpt2": 1, "resnet50": 64}
+DEFAULT_SEQ = {"bert-base": 512, "gpt2": 1024, "llama2-7b": 2048}
+# The longest sequence each network takes: its context length (HF BertConfig's and
+# LlamaConfig's max_position_embeddings, GPT2Config's n_positions). Longer is another network.
+MAX_SEQ = {"bert-base": 512, "gpt2": 1024, "llama2-7b": 4096}
+DEFAULT_BATCH = {"bert-base": 1, "gpt2": 1, "llama2-7b": 1, "resnet50": 64}
 # Per network: the layer norms' eps and the GELU form (the memops workloads' `approximate`),
 # as the reference implementations (HF BertConfig.layer_norm_eps, GPT2Config's
 # layer_norm_epsilon and "gelu_new"), and as model/operators.py's memops suite has them.
@@ -123,12 +132,7 @@ def _transformer(
     gelu: str,
     pre_ln: bool,
 ) -> Network:
-    if seq % 8:
-        raise WorkloadError(
-            "seq",
-            f"must be a multiple of 8 (it is the N of Q·Kᵀ and the K of the attention-values "
-            f"BMM, leading dimensions the 16-byte loads need aligned), got {seq}",
-        )
+    _check_seq(seq)
     tokens = batch * seq
     head_dim = hidden // heads
     qkv = [
@@ -159,6 +163,46 @@ def _transformer(
         f"{blocks} blocks x (QKV, Q·Kᵀ, softmax, S·V, projection, 2 layer norms (eps {eps:g}), "
         f"FC1, bias+GELU ({'erf' if gelu == 'none' else gelu}), FC2); embeddings, residual "
         "adds and the output head are not listed"
+    ]
+    return Network(name, batch, seq, layers, notes)
+
+
+def _check_seq(seq: int) -> None:
+    if seq % 8:
+        raise WorkloadError(
+            "seq",
+            f"must be a multiple of 8 (it is the N of Q·Kᵀ and the K of the attention-values "
+            f"BMM, leading dimensions the 16-byte loads need aligned), got {seq}",
+        )
+
+
+# LLaMA-2 7B's shapes (HF LlamaConfig of meta-llama/Llama-2-7b-hf).
+LLAMA2_7B = {"hidden": 4096, "heads": 32, "ffn": 11008, "blocks": 32, "eps": 1e-5}
+
+
+def _llama(name: str, batch: int, seq: int) -> Network:
+    _check_seq(seq)
+    hidden, heads, ffn = LLAMA2_7B["hidden"], LLAMA2_7B["heads"], LLAMA2_7B["ffn"]
+    blocks, eps = LLAMA2_7B["blocks"], LLAMA2_7B["eps"]
+    tokens = batch * seq
+    head_dim = hidden // heads
+    per_block = [
+        Layer("input_norm", rmsnorm(tokens, hidden, eps)),
+        Layer("qkv", gemm(tokens, 3 * hidden, hidden)),
+        Layer("attn_qk", bmm(batch * heads, seq, seq, head_dim)),
+        Layer("attn_softmax", softmax(batch * heads * seq, seq)),
+        Layer("attn_sv", bmm(batch * heads, seq, head_dim, seq)),
+        Layer("attn_proj", gemm(tokens, hidden, hidden)),
+        Layer("post_attention_norm", rmsnorm(tokens, hidden, eps)),
+        # gate_proj and up_proj read the same input: one GEMM of both weights.
+        Layer("gate_up", gemm(tokens, 2 * ffn, hidden)),
+        Layer("down", gemm(tokens, hidden, ffn)),
+    ]
+    layers = [layer for _ in range(blocks) for layer in per_block]
+    notes = [
+        f"{blocks} blocks x (RMS norm (eps {eps:g}), QKV, Q·Kᵀ, softmax, S·V, projection, RMS "
+        "norm, gate+up (one GEMM), down); the rotary embedding, the SwiGLU (SiLU(gate)·up), "
+        "embeddings, residual adds, the final norm and the LM head are not listed"
     ]
     return Network(name, batch, seq, layers, notes)
 
@@ -209,14 +253,14 @@ def network(name: str, batch: int | None = None, seq: int | None = None) -> Netw
     batch = DEFAULT_BATCH[name] if batch is None else batch
     if batch < 1:
         raise WorkloadError("batch", f"must be at least 1, got {batch}")
-    if name != "resnet50":
+    if name in TRANSFORMERS:
         seq = DEFAULT_SEQ[name] if seq is None else seq
         if seq < 1:
             raise WorkloadError("seq", f"must be at least 1, got {seq}")
         if seq > MAX_SEQ[name]:
             raise WorkloadError(
                 "seq",
-                f"{name} takes at most {MAX_SEQ[name]} tokens (its position embeddings), got {seq}",
+                f"{name} takes at most {MAX_SEQ[name]} tokens (its context length), got {seq}",
             )
     try:
         return _layers(name, batch, seq)
@@ -225,9 +269,9 @@ def network(name: str, batch: int | None = None, seq: int | None = None) -> Netw
             raise
         # A layer's own check speaks of its operator's fields (m, rows, ...), which the
         # user never gave: say which of theirs made it too large.
-        sizes = f"batch {batch}" + (f" x seq {seq}" if name != "resnet50" else "")
+        sizes = f"batch {batch}" + (f" x seq {seq}" if name in TRANSFORMERS else "")
         raise WorkloadError(
-            "batch" if name == "resnet50" else "batch/seq",
+            "batch/seq" if name in TRANSFORMERS else "batch",
             f"{sizes} is too large for {name}: a layer's {exc.field}: {exc.reason}",
         ) from None
 
@@ -236,6 +280,8 @@ def _layers(name: str, batch: int, seq: int | None) -> Network:
     if name == "resnet50":
         return _resnet50(batch)
     assert seq is not None
+    if name == "llama2-7b":
+        return _llama(name, batch, seq)
     return _transformer(
         name,
         batch,

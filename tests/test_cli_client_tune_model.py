@@ -21,7 +21,7 @@ from pipetune.clients.tune_model import (
 from pipetune.model.family import family, family_of
 from pipetune.model.hardware import get_gpu
 from pipetune.model.memops.analytical import one_row_per_block
-from pipetune.model.memops.workloads import BiasGelu, LayerNorm, Softmax, layernorm
+from pipetune.model.memops.workloads import BiasGelu, LayerNorm, RMSNorm, Softmax, layernorm
 from pipetune.model.networks import network
 from pipetune.model.operators import MEMOPS
 from pipetune.model.space import Schedule
@@ -63,6 +63,40 @@ def test_resnet50_layers_stem_padding_and_strided_1x1():
     assert all(isinstance(w, Conv2d) and w.stride == 2 for w in downsample[1:])
     assert net.layers[-1].workload.label() == "gemm 8x1000x2048"
     assert sum(s.count for s in net.distinct()) == 54
+
+
+def test_llama2_7b_lists_its_rms_norms_gemms_and_attention():
+    net = network("llama2-7b", batch=1, seq=512)
+    order = ["input_norm", "qkv", "attn_qk", "attn_softmax", "attn_sv", "attn_proj",
+             "post_attention_norm", "gate_up", "down"]  # fmt: skip
+    assert len(net.layers) == 32 * 9
+    assert (
+        [layer.name for layer in net.layers[:9]]
+        == order
+        == [layer.name for layer in net.layers[-9:]]
+    )
+    labels = {s.workload.label(): s.count for s in net.distinct()}
+    assert labels == {
+        "rmsnorm 512x4096 eps=1e-05": 64,  # both norms of a block are one shape
+        "gemm 512x12288x4096": 32,
+        "bmm 32x512x512x128": 32,
+        "softmax 16384x512": 32,
+        "bmm 32x512x128x512": 32,
+        "gemm 512x4096x4096": 32,
+        "gemm 512x22016x4096": 32,
+        "gemm 512x4096x11008": 32,
+    }
+    (norm,) = net.distinct("memops")[:1]
+    assert isinstance(norm.workload, RMSNorm) and norm.layers == (
+        "input_norm",
+        "post_attention_norm",
+    )
+    assert any("SwiGLU" in note and "not listed" in note for note in net.notes)
+    assert network("llama2-7b").seq == 2048 and network("llama2-7b", seq=4096).seq == 4096
+    with pytest.raises(WorkloadError, match=r"^seq: llama2-7b takes at most 4096 tokens"):
+        network("llama2-7b", seq=8192)
+    with pytest.raises(WorkloadError, match=r"^batch/seq: batch 8 x seq 4096 is too large"):
+        network("llama2-7b", batch=8, seq=4096)  # 256 heads of 4096 x 4096 scores
 
 
 def test_defaults_follow_alcop_and_bad_sizes_name_the_field():
