@@ -17,6 +17,7 @@ not run proves nothing about the first GPU call.
 
 from __future__ import annotations
 
+import fcntl
 import importlib.metadata
 import json
 import shutil
@@ -28,11 +29,13 @@ from pathlib import Path
 
 import pytest
 
+from pipetune.workers.campaign import kit as kit_module
 from pipetune.workers.campaign.kit import (
     GPU_MACHINE_PACKAGES,
     KIT_DIR,
     KIT_LIMIT_BYTES,
     KIT_PACKAGES,
+    WHEEL_LOCK,
     KitError,
     build_kit,
     conv_device_command,
@@ -56,6 +59,7 @@ MEMOPS_KINDS = {
     "rmsnorm",
     "bias_gelu",
     "bias_gelu-tanh",
+    "silu_mul",
 }
 NOT_ON_THE_GPU_MACHINE = ("fastapi", "sqlalchemy", "alembic", "xgboost", "uvicorn", "psycopg")
 FROM_THE_KIT = ("pydantic", "pydantic_core", "tenacity", "platformdirs")
@@ -79,6 +83,34 @@ def test_the_readme_gives_the_kit_s_commands():
     stripped = [line.strip() for line in (ROOT / "README.md").read_text().splitlines()]
     assert hopper_device_command() in stripped  # the Hopper family's campaign call
     assert conv_device_command() in stripped  # the convolutions swept again
+
+
+def test_the_wheel_is_built_under_the_tree_s_lock(tmp_path, monkeypatch):
+    """Two kits built at once from one tree (two test workers) removed and rewrote each
+    other's build/lib, and one of them failed ("Failed building wheel for pipetune"): the
+    wheel is built holding the tree's lock, which another build then waits for."""
+    held = []
+    tree = tmp_path / "tree"  # a tree of its own: other workers' kits take the real one's lock
+    monkeypatch.setattr(kit_module, "repo_root", lambda: tree)
+
+    def fake_run(command, what):
+        if what == "building pipetune's wheel":
+            assert command[-1] == str(tree)
+            with open(tree / WHEEL_LOCK) as other:
+                try:
+                    fcntl.flock(other, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                except BlockingIOError:
+                    held.append(True)
+                else:
+                    held.append(False)
+        raise KitError("stop here")
+
+    monkeypatch.setattr(kit_module, "_run", fake_run)
+    with pytest.raises(KitError, match="stop here"):
+        build_kit(tmp_path / "kit")
+    assert held == [True]
+    with open(tree / WHEEL_LOCK) as after:  # released on the way out
+        fcntl.flock(after, fcntl.LOCK_EX | fcntl.LOCK_NB)
 
 
 def test_the_convolutions_swept_again_are_the_alcop_suite_s_eight():

@@ -16,6 +16,7 @@ into a folder on PYTHONPATH before it runs the campaign (:func:`device_command`)
 from __future__ import annotations
 
 import argparse
+import fcntl
 import hashlib
 import importlib.metadata
 import json
@@ -23,6 +24,8 @@ import re
 import shutil
 import subprocess
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -205,6 +208,21 @@ def check_carry(folder: Path) -> None:
     )
 
 
+WHEEL_LOCK = Path("build") / ".wheel.lock"  # under the tree's root
+
+
+@contextmanager
+def one_wheel_build_at_a_time(root: Path) -> Iterator[None]:
+    """Hold the tree's wheel-build lock. setuptools builds in the tree's build/ folder, and
+    two builds at once (two test workers each building a kit, two `make gpu-kit`) removed
+    and rewrote each other's build/lib: "Failed building wheel for pipetune"."""
+    lock = root / WHEEL_LOCK
+    lock.parent.mkdir(parents=True, exist_ok=True)
+    with open(lock, "w") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)  # released when the file closes
+        yield
+
+
 def build_kit(out: Path, python_version: str = GPU_PYTHON, *, python: str = sys.executable) -> Kit:
     """Fill ``out`` with pipetune's wheel and the kit packages' wheels for
     ``python_version`` (manylinux x86_64); other files there (an archive) are kept."""
@@ -214,22 +232,23 @@ def build_kit(out: Path, python_version: str = GPU_PYTHON, *, python: str = sys.
         old.unlink()
     # setuptools copies the packages into build/lib and reuses what is there: a module since
     # removed from the tree would ship in the wheel (and shadow nothing, or a package).
-    shutil.rmtree(root / "build" / "lib", ignore_errors=True)
-    _run(
-        [
-            python,
-            "-m",
-            "pip",
-            "wheel",
-            "--quiet",
-            "--no-deps",
-            "--no-build-isolation",
-            "--wheel-dir",
-            str(out),
-            str(root),
-        ],
-        "building pipetune's wheel",
-    )
+    with one_wheel_build_at_a_time(root):
+        shutil.rmtree(root / "build" / "lib", ignore_errors=True)
+        _run(
+            [
+                python,
+                "-m",
+                "pip",
+                "wheel",
+                "--quiet",
+                "--no-deps",
+                "--no-build-isolation",
+                "--wheel-dir",
+                str(out),
+                str(root),
+            ],
+            "building pipetune's wheel",
+        )
     platforms = [arg for p in PLATFORMS for arg in ("--platform", p)]
     _run(
         [
