@@ -30,9 +30,9 @@ layers covers the listed operators only.
   Per block: an RMS norm (T×4096), the fused QKV projection (T×12288×4096, no biases),
   Q·Kᵀ and S·V as BMMs (b = batch·32, head dimension 128) around the softmax, the output
   projection (T×4096×4096), the second RMS norm, the gate and up projections as one GEMM
-  (T×22016×4096) and the down projection (T×4096×11008). Not listed besides the above: the
-  rotary position embedding and the SwiGLU between the MLP's GEMMs (SiLU(gate)·up), and the
-  final norm.
+  (T×22016×4096), the SwiGLU between them (SiLU(gate)·up, T×11008) and the down projection
+  (T×4096×11008). Not listed besides the above: the rotary position embedding and the final
+  norm.
 - resnet50: ResNet-50 v1.5 at 224×224, NHWC, tensor-core layers only. Stride-1 1×1
   convolutions are GEMMs (M = batch·H·W, N = out channels, K = in channels); the stride-2
   1×1 downsampling convolutions and every 3×3 are Conv2D (implicit GEMM); the classifier is
@@ -47,7 +47,14 @@ from dataclasses import dataclass, field
 
 from pipetune.model.family import family_of
 from pipetune.model.hopper.workloads import HopperWorkload, as_hopper
-from pipetune.model.memops.workloads import MemWorkload, bias_gelu, layernorm, rmsnorm, softmax
+from pipetune.model.memops.workloads import (
+    MemWorkload,
+    bias_gelu,
+    layernorm,
+    rmsnorm,
+    silu_mul,
+    softmax,
+)
 from pipetune.model.workloads import AnyWorkload, WorkloadError, bmm, conv2d, gemm
 
 NETWORKS = ("bert-base", "gpt2", "llama2-7b", "resnet50")
@@ -196,12 +203,13 @@ def _llama(name: str, batch: int, seq: int) -> Network:
         Layer("post_attention_norm", rmsnorm(tokens, hidden, eps)),
         # gate_proj and up_proj read the same input: one GEMM of both weights.
         Layer("gate_up", gemm(tokens, 2 * ffn, hidden)),
+        Layer("swiglu", silu_mul(tokens, ffn)),
         Layer("down", gemm(tokens, hidden, ffn)),
     ]
     layers = [layer for _ in range(blocks) for layer in per_block]
     notes = [
         f"{blocks} blocks x (RMS norm (eps {eps:g}), QKV, Q·Kᵀ, softmax, S·V, projection, RMS "
-        "norm, gate+up (one GEMM), down); the rotary embedding, the SwiGLU (SiLU(gate)·up), "
+        "norm, gate+up (one GEMM), SwiGLU (SiLU(gate)·up), down); the rotary embedding, "
         "embeddings, residual adds, the final norm and the LM head are not listed"
     ]
     return Network(name, batch, seq, layers, notes)

@@ -2,8 +2,8 @@
 ``memops``: the memory-intensive operators of BERT-base and GPT-2 (see _transformer_memops);
 ``hopper``: the ALCOP suite's GEMMs and BMMs on the Hopper warpgroup-MMA family ("WG_" before
 the ALCOP name: the same shapes, so the two families' kernels compare operator by operator).
-``rmsnorm``: the RMS norms of LLaMA-2-style decoders (see _llama_norms); not in the
-campaign's default operators (``--operators rmsnorm`` sweeps them).
+``llama``: the RMS norms and SwiGLUs of LLaMA-2-style decoders (see _llama_memops); not in
+the campaign's default operators (``--operators llama`` sweeps them).
 
 Shapes follow the ALCOP paper: square GEMMs, BERT-base linear layers at 1024 tokens (N x K
 as in the paper), ResNet-50's FC and 1x1 convolutions as GEMM, BERT and GPT-2 attention
@@ -15,7 +15,14 @@ the stages of a 3D ResNet (R3D-18) at batch 8, chosen to span the same range.
 from __future__ import annotations
 
 from pipetune.model.hopper.workloads import HopperWorkload, as_hopper
-from pipetune.model.memops.workloads import MemWorkload, bias_gelu, layernorm, rmsnorm, softmax
+from pipetune.model.memops.workloads import (
+    MemWorkload,
+    bias_gelu,
+    layernorm,
+    rmsnorm,
+    silu_mul,
+    softmax,
+)
 from pipetune.model.workloads import AnyWorkload, bmm, conv2d, conv3d, gemm
 
 ALCOP: dict[str, AnyWorkload] = {
@@ -65,18 +72,21 @@ def _transformer_memops() -> dict[str, MemWorkload]:
     return out
 
 
-def _llama_norms() -> dict[str, MemWorkload]:
-    """``rmsnorm``: the RMS norms of LLaMA-2-style decoders (eps 1e-5): hidden 4096 (7B) and
-    8192 (70B), over 128, 1024 and 8192 tokens (rows = tokens, cols = hidden)."""
+def _llama_memops() -> dict[str, MemWorkload]:
+    """``llama``: the memory-intensive operators of LLaMA-2-style decoders besides the
+    attention softmax, over 128, 1024 and 8192 tokens: the RMS norm (rows = tokens, cols =
+    hidden: 4096 in 7B, 8192 in 70B; eps 1e-5) and the SwiGLU between the MLP's GEMMs (rows
+    = tokens, cols = FFN: 11008 in 7B, 28672 in 70B)."""
     out: dict[str, MemWorkload] = {}
-    for size, hidden in (("7B", 4096), ("70B", 8192)):
+    for size, hidden, ffn in (("7B", 4096, 11008), ("70B", 8192, 28672)):
         for tokens in (128, 1024, 8192):
             out[f"RMSNorm_LLaMA2_{size}_t{tokens}"] = rmsnorm(tokens, hidden, 1e-5)
+            out[f"SwiGLU_LLaMA2_{size}_t{tokens}"] = silu_mul(tokens, ffn)
     return out
 
 
 MEMOPS = _transformer_memops()
-RMSNORMS = _llama_norms()
+LLAMA = _llama_memops()
 HOPPER_PREFIX = "WG_"
 HOPPER: dict[str, HopperWorkload] = {
     HOPPER_PREFIX + name: as_hopper(w) for name, w in ALCOP.items() if w.op in ("gemm", "bmm")
@@ -86,7 +96,7 @@ SUITES: dict[str, dict[str, AnyWorkload | MemWorkload | HopperWorkload]] = {
     "alcop": ALCOP,
     "memops": MEMOPS,
     "hopper": HOPPER,
-    "rmsnorm": RMSNORMS,
+    "llama": LLAMA,
 }
 
 

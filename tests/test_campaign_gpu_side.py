@@ -16,8 +16,15 @@ import numpy as np
 import pytest
 
 from pipetune.model.hardware import get_gpu
-from pipetune.model.memops.workloads import bias_gelu, layernorm, reduce, rmsnorm, softmax
-from pipetune.model.operators import MEMOPS, RMSNORMS
+from pipetune.model.memops.workloads import (
+    bias_gelu,
+    layernorm,
+    reduce,
+    rmsnorm,
+    silu_mul,
+    softmax,
+)
+from pipetune.model.operators import LLAMA, MEMOPS
 from pipetune.model.workloads import bmm, conv2d, gemm
 from pipetune.workers.campaign import cuda_side, sim_side
 from pipetune.workers.launch_plan import Buffer, KernelLaunch, LaunchPlan
@@ -336,8 +343,13 @@ class FakeTorch(types.ModuleType):
         def gelu(z, approximate):
             return self._op("gelu", z, approximate=approximate)
 
+        def silu(z):
+            return self._op("silu", z)
+
         self.nn = types.SimpleNamespace(
-            functional=types.SimpleNamespace(layer_norm=layer_norm, rms_norm=rms_norm, gelu=gelu)
+            functional=types.SimpleNamespace(
+                layer_norm=layer_norm, rms_norm=rms_norm, gelu=gelu, silu=silu
+            )
         )
 
     def _op(self, name, x, **args):
@@ -389,6 +401,7 @@ def test_the_device_draws_follow_the_reference_s_distributions():
         layernorm(64, 1024),
         rmsnorm(64, 1024),
         bias_gelu(64, 1024),
+        silu_mul(64, 1024),
     ):
         host = memops_reference.make_inputs(workload, 0)
         ranges = cuda_side.MEMOPS_INPUT_RANGES[workload.op]
@@ -411,12 +424,13 @@ def test_the_device_draws_follow_the_reference_s_distributions():
         ),
         (MEMOPS["LayerNorm_GPT2_b1_s128"], "layer_norm", {"normalized_shape": (768,), "eps": 1e-5}),
         (
-            RMSNORMS["RMSNorm_LLaMA2_7B_t128"],
+            LLAMA["RMSNorm_LLaMA2_7B_t128"],
             "rms_norm",
             {"normalized_shape": (4096,), "eps": 1e-5},
         ),
         (MEMOPS["BiasGELU_BERT_b1_s128"], "gelu", {"approximate": "none"}),
         (MEMOPS["BiasGELU_GPT2_b1_s128"], "gelu", {"approximate": "tanh"}),
+        (LLAMA["SwiGLU_LLaMA2_7B_t128"], "silu", {}),  # on the gate: x's first half
         (reduce(96, 1024), "sum", {"dim": -1}),
         (reduce(96, 1024, "max"), "amax", {"dim": -1}),
     ],

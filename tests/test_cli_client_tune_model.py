@@ -68,12 +68,12 @@ def test_resnet50_layers_stem_padding_and_strided_1x1():
 def test_llama2_7b_lists_its_rms_norms_gemms_and_attention():
     net = network("llama2-7b", batch=1, seq=512)
     order = ["input_norm", "qkv", "attn_qk", "attn_softmax", "attn_sv", "attn_proj",
-             "post_attention_norm", "gate_up", "down"]  # fmt: skip
-    assert len(net.layers) == 32 * 9
+             "post_attention_norm", "gate_up", "swiglu", "down"]  # fmt: skip
+    assert len(net.layers) == 32 * 10
     assert (
-        [layer.name for layer in net.layers[:9]]
+        [layer.name for layer in net.layers[:10]]
         == order
-        == [layer.name for layer in net.layers[-9:]]
+        == [layer.name for layer in net.layers[-10:]]
     )
     labels = {s.workload.label(): s.count for s in net.distinct()}
     assert labels == {
@@ -84,6 +84,7 @@ def test_llama2_7b_lists_its_rms_norms_gemms_and_attention():
         "bmm 32x512x128x512": 32,
         "gemm 512x4096x4096": 32,
         "gemm 512x22016x4096": 32,
+        "silu_mul 512x11008": 32,  # gate and up: the halves of gate_up's rows
         "gemm 512x4096x11008": 32,
     }
     (norm,) = net.distinct("memops")[:1]
@@ -91,7 +92,7 @@ def test_llama2_7b_lists_its_rms_norms_gemms_and_attention():
         "input_norm",
         "post_attention_norm",
     )
-    assert any("SwiGLU" in note and "not listed" in note for note in net.notes)
+    assert any("the rotary embedding" in note and "not listed" in note for note in net.notes)
     assert network("llama2-7b").seq == 2048 and network("llama2-7b", seq=4096).seq == 4096
     with pytest.raises(WorkloadError, match=r"^seq: llama2-7b takes at most 4096 tokens"):
         network("llama2-7b", seq=8192)

@@ -24,7 +24,14 @@ from pipetune.clients.library.arrays import ArgumentError, data_pointer, describ
 from pipetune.clients.library.cuda_launch import CudaUnavailableError, KernelParams
 from pipetune.model.hardware import get_gpu
 from pipetune.model.memops.space import MemSchedule, workspace_bytes
-from pipetune.model.memops.workloads import bias_gelu, layernorm, reduce, rmsnorm, softmax
+from pipetune.model.memops.workloads import (
+    bias_gelu,
+    layernorm,
+    reduce,
+    rmsnorm,
+    silu_mul,
+    softmax,
+)
 from pipetune.model.space import Schedule, ScheduleError
 from pipetune.model.workloads import bmm, conv2d, conv3d, gemm
 from pipetune.workers.codegen import generate
@@ -592,8 +599,10 @@ def test_a_memops_launch_is_the_one_the_cupy_runner_times(case):
             ("bias", "x"),
         ),
         (reduce(512, 1024, "max"), ["x", "y"], [(512, 1024), (512,)], ("x", "x")),
+        # gate and up side by side in x's rows
+        (silu_mul(512, 1024), ["x", "y"], [(512, 2048), (512, 1024)], ("x", "x")),
     ],
-    ids=["softmax", "layernorm", "rmsnorm", "bias_gelu", "reduce"],
+    ids=["softmax", "layernorm", "rmsnorm", "bias_gelu", "reduce", "silu_mul"],
 )
 def test_memops_arguments_are_the_launch_plans_inputs_then_output(workload, names, shapes, p0_p1):
     k = pipetune.kernel(workload, "h100", schedule=ROW)

@@ -19,7 +19,15 @@ from pipetune.model.memops.space import (
     MemSpace,
     register_budget,
 )
-from pipetune.model.memops.workloads import bias_gelu, layernorm, op_key, reduce, rmsnorm, softmax
+from pipetune.model.memops.workloads import (
+    bias_gelu,
+    layernorm,
+    op_key,
+    reduce,
+    rmsnorm,
+    silu_mul,
+    softmax,
+)
 from pipetune.workers.codegen.memops import generate
 from pipetune.workers.codegen.memops.sample import covering_sample
 from pipetune.workers.compile import CompileError, compile_many
@@ -33,6 +41,7 @@ WORKLOADS = {
     "softmax": [softmax(4096, 768), softmax(8, 65536), softmax(49152, 128)],
     "layernorm": [layernorm(4096, 768), layernorm(16, 65536), layernorm(512, 8192)],
     "rmsnorm": [rmsnorm(4096, 4096), rmsnorm(16, 65536), rmsnorm(512, 8192)],
+    "silu_mul": [silu_mul(4096, 11008), silu_mul(64, 30000), silu_mul(750000, 32)],
     "bias_gelu": [bias_gelu(4096, 3072), bias_gelu(64, 30000, "tanh"), bias_gelu(750000, 32)],
 }
 ARCHS = {"sm_80": "a100", "sm_90": "h100"}

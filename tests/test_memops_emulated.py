@@ -47,6 +47,7 @@ from pipetune.model.memops.workloads import (
     layernorm,
     reduce,
     rmsnorm,
+    silu_mul,
     softmax,
 )
 from pipetune.workers.codegen.memops import generate, launch_plan, source_parts
@@ -511,6 +512,7 @@ WORKLOADS: dict[str, list[MemWorkload]] = {
     "rmsnorm": [rmsnorm(37, 200), rmsnorm(5, 1032, 1e-6), rmsnorm(3, 4200), rmsnorm(70, 16)],
     "bias_gelu": [bias_gelu(37, 200), bias_gelu(5, 1032, "tanh"), bias_gelu(3, 4200),
                   bias_gelu(70, 16, "tanh")],
+    "silu_mul": [silu_mul(37, 200), silu_mul(5, 1032), silu_mul(3, 4200), silu_mul(70, 16)],
 }  # fmt: skip
 EXTRA_CASES = 2  # random cases beyond the knob coverage, per op
 
@@ -603,6 +605,12 @@ def test_emulated_kernels_match_numpy(tmp_path, op):
         (rmsnorm(3, 4200), MemSchedule(64, 1, 4, 8, 2, 1, 1),
          ("load_vec<VEC>(p0 + u * VEC, gw[j]);", "load_vec<VEC>(xr + u * VEC, gw[j]);"),
          "wrong result or fault"),
+        # SwiGLU's up read from the gate's half of the row, or from the output's row stride.
+        (silu_mul(5, 1032), MemSchedule(32, 1, 4, 8, 0, 0, 0),
+         ("load_vec<VEC>(xr + cols + u * VEC, uw[j]);", "load_vec<VEC>(xr + u * VEC, uw[j]);"),
+         "wrong result or fault"),
+        (silu_mul(5, 1032), MemSchedule(32, 1, 4, 8, 0, 0, 0),
+         ("row * (X_ROW * cols)", "row * cols"), "wrong result or fault"),
     ],
 )  # fmt: skip
 def test_emulator_catches_broken_kernels(tmp_path, workload, schedule, mutation, symptom):

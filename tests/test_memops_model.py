@@ -13,7 +13,14 @@ from typer.testing import CliRunner
 from pipetune.clients.cli.main import app
 from pipetune.model.memops.analytical import evaluate, mapping_gain, one_row_per_block
 from pipetune.model.memops.space import MemSchedule, MemSpace
-from pipetune.model.memops.workloads import bias_gelu, layernorm, reduce, rmsnorm, softmax
+from pipetune.model.memops.workloads import (
+    bias_gelu,
+    layernorm,
+    reduce,
+    rmsnorm,
+    silu_mul,
+    softmax,
+)
 
 runner = CliRunner()
 
@@ -27,7 +34,8 @@ def _best(space, prediction, mask=None):
 @pytest.mark.parametrize(
     "workload",
     [softmax(4096, 768), layernorm(32768, 768), reduce(750000, 32), bias_gelu(8192, 3072),
-     softmax(8, 65536), rmsnorm(8192, 4096), rmsnorm(16, 65536)],
+     softmax(8, 65536), rmsnorm(8192, 4096), rmsnorm(16, 65536), silu_mul(2048, 11008),
+     silu_mul(750000, 32)],
 )  # fmt: skip
 def test_no_schedule_beats_the_dram_roofline(h100, workload):
     """Every run moves at least the compulsory bytes at the peak DRAM bandwidth, plus a
@@ -161,6 +169,7 @@ def test_rank_softmax_json_lists_200_schedules_with_packing_and_splitting():
         ["reduce", "--rows", "64", "--cols", "30000", "--reduction", "max"],
         ["layernorm", "--rows", "16", "--cols", "65536", "--eps", "1e-12"],
         ["rmsnorm", "--rows", "8192", "--cols", "4096", "--eps", "1e-6"],
+        ["silu_mul", "--rows", "2048", "--cols", "11008"],
         ["bias_gelu", "--rows", "4096", "--cols", "3072", "--approximate", "tanh"],
     ],
 )

@@ -7,7 +7,14 @@ import numpy as np
 import pytest
 from scipy.special import erf
 
-from pipetune.model.memops.workloads import bias_gelu, layernorm, reduce, rmsnorm, softmax
+from pipetune.model.memops.workloads import (
+    bias_gelu,
+    layernorm,
+    reduce,
+    rmsnorm,
+    silu_mul,
+    softmax,
+)
 from pipetune.workers.runners.memops_reference import (
     check,
     input_shapes,
@@ -34,6 +41,9 @@ def _exact(workload, inputs):
     elif workload.op == "rmsnorm":
         mean_sq = (x * x).mean(axis=1, keepdims=True)
         y = x / np.sqrt(mean_sq + workload.eps) * inputs["gamma"].astype(np.float64)
+    elif workload.op == "silu_mul":
+        gate, up = x[:, : workload.cols], x[:, workload.cols :]
+        y = gate / (1 + np.exp(-gate)) * up
     else:
         z = x + inputs["bias"].astype(np.float64)
         if workload.approximate == "tanh":
@@ -52,6 +62,8 @@ WORKLOADS = [
     layernorm(8, 65536),
     rmsnorm(128, 4096, 1e-6),
     rmsnorm(8, 65536),
+    silu_mul(64, 11008),
+    silu_mul(4096, 16),
     bias_gelu(64, 3072),
     bias_gelu(64, 3072, "tanh"),
 ]

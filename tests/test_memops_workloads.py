@@ -12,6 +12,7 @@ from pipetune.model.memops.workloads import (
     LayerNorm,
     Reduce,
     RMSNorm,
+    SiluMul,
     Softmax,
     bias_gelu,
     layernorm,
@@ -19,6 +20,7 @@ from pipetune.model.memops.workloads import (
     parse_mem_workload,
     reduce,
     rmsnorm,
+    silu_mul,
     softmax,
 )
 from pipetune.model.workloads import WorkloadError
@@ -48,6 +50,9 @@ from pipetune.model.workloads import WorkloadError
         ({"op": "rmsnorm", "rows": 8, "cols": 8, "eps": 1e-39}, "eps", "smallest normal"),
         ({"op": "rmsnorm", "rows": 8, "cols": 12}, "cols", "multiple of 8"),
         ({"op": "rmsnorm", "rows": 8, "cols": 8, "beta": 0.5}, "beta", "Extra inputs"),
+        # x holds gate and up side by side: twice the elements of the output
+        ({"op": "silu_mul", "rows": 1 << 17, "cols": 1 << 14}, "rows", "rows x 2 x cols"),
+        ({"op": "silu_mul", "rows": 8, "cols": 20}, "cols", "multiple of 8"),
         ({"op": "bias_gelu", "rows": 8, "cols": 8, "approximate": "x"}, "approximate", "tanh"),
         ({"op": "softmax", "rows": 8, "cols": 8, "axis": 0}, "axis", "Extra inputs"),
         ({"op": "softmax", "rows": 8, "cols": 8, "dtype": "float32"}, "dtype", "float16"),
@@ -76,6 +81,9 @@ def test_the_ops_their_types_and_keys():
     assert isinstance(bias_gelu(4, 8), BiasGelu) and bias_gelu(4, 8).approximate == "none"
     assert isinstance(rmsnorm(4, 8), RMSNorm) and op_key(rmsnorm(4, 8)) == "rmsnorm"
     assert rmsnorm(4, 8).eps == 1e-5 and rmsnorm(4, 8).has_output_pass
+    assert isinstance(silu_mul(4, 8), SiluMul) and op_key(silu_mul(4, 8)) == "silu_mul"
+    assert not silu_mul(4, 8).has_reduction and not silu_mul(4, 8).has_output_pass
+    assert silu_mul(1 << 16, (1 << 14) - 8).row_inputs == 2  # under 2^31 elements of x
 
 
 def test_bytes_moved_with_perfect_reuse():
@@ -85,6 +93,8 @@ def test_bytes_moved_with_perfect_reuse():
     assert layernorm(4096, 768).compulsory_bytes == 2 * (2 * 4096 * 768 + 2 * 768)
     assert bias_gelu(4096, 3072).compulsory_bytes == 2 * (2 * 4096 * 3072 + 3072)
     assert rmsnorm(4096, 4096).compulsory_bytes == 2 * (2 * 4096 * 4096 + 4096)  # gamma only
+    assert silu_mul(2048, 11008).input_bytes == 2 * 2048 * 2 * 11008  # gate and up
+    assert silu_mul(2048, 11008).output_bytes == 2 * 2048 * 11008
 
 
 def test_canonical_form_round_trips_and_hashes_differ_by_op():

@@ -1,7 +1,7 @@
 """What the public functions accept: a workload as a dict or a workload object (of any kernel
 family: the tensor-core GEMMs' Gemm, Bmm, Conv2d, Conv3d; the memory-intensive operators'
-Reduce, Softmax, LayerNorm, RMSNorm, BiasGelu; the Hopper family's HopperGemm, HopperBmm: each
-exported by `pipetune`), a GPU by key or alias, a schedule as a dict, a
+Reduce, Softmax, LayerNorm, RMSNorm, BiasGelu, SiluMul; the Hopper family's HopperGemm,
+HopperBmm: each exported by `pipetune`), a GPU by key or alias, a schedule as a dict, a
 `Schedule` (or another family's schedule object) or a wire `ScheduleDoc`. Bad input raises
 a ValueError subclass whose message names the field (WorkloadError, HardwareError,
 ScheduleError), never a bare pydantic error."""
@@ -23,6 +23,7 @@ from pipetune.model.memops.workloads import (
     MemWorkload,
     Reduce,
     RMSNorm,
+    SiluMul,
     Softmax,
 )
 from pipetune.model.space import Schedule
@@ -40,6 +41,7 @@ WorkloadLike = (
     | LayerNorm
     | RMSNorm
     | BiasGelu
+    | SiluMul
 )
 # A schedule object of any kernel family: what a tuning, a lookup or a kernel hands back.
 AnySchedule = Schedule | MemSchedule | HopperSchedule

@@ -32,7 +32,14 @@ if TYPE_CHECKING:
     from pipetune.clients.sdk import Client
     from pipetune.model.errors import InvalidArgumentError, PipetuneError
     from pipetune.model.hopper.workloads import HopperBmm, HopperGemm
-    from pipetune.model.memops.workloads import BiasGelu, LayerNorm, Reduce, RMSNorm, Softmax
+    from pipetune.model.memops.workloads import (
+        BiasGelu,
+        LayerNorm,
+        Reduce,
+        RMSNorm,
+        SiluMul,
+        Softmax,
+    )
     from pipetune.model.space import Schedule
     from pipetune.model.workloads import Bmm, Conv2d, Conv3d, Gemm
 
@@ -56,6 +63,7 @@ _EXPORTS: dict[str, str] = {
     "Softmax": "pipetune.model.memops.workloads",
     "LayerNorm": "pipetune.model.memops.workloads",
     "RMSNorm": "pipetune.model.memops.workloads",
+    "SiluMul": "pipetune.model.memops.workloads",
     "BiasGelu": "pipetune.model.memops.workloads",
     "HopperGemm": "pipetune.model.hopper.workloads",
     "HopperBmm": "pipetune.model.hopper.workloads",
@@ -77,6 +85,7 @@ __all__ = [
     "RMSNorm",
     "Reduce",
     "Schedule",
+    "SiluMul",
     "Softmax",
     "TuneResult",
     "TunedKernel",

@@ -96,8 +96,10 @@ from pipetune.model.memops.workloads import op_key
 # Warp instructions per element in the first (statistics or only) pass and the output pass.
 # reduce: convert + add/max. softmax: convert, max, subtract, exp (ex2 + scale), fma; then
 # convert, subtract, exp, multiply, convert. layernorm: convert, add, subtract, fma (Welford
-# per vector); then convert x, gamma, beta, subtract, multiply, fma, convert. bias_gelu:
-# two converts, add, the GELU (erf or tanh: about ten), multiplies, convert.
+# per vector); then convert x, gamma, beta, subtract, multiply, fma, convert. rmsnorm:
+# convert, fma; then convert x and gamma, two multiplies, convert. bias_gelu: two converts,
+# add, the GELU (erf or tanh: about ten), multiplies, convert. silu_mul: two converts, the
+# SiLU (negate, exp, add, divide: about five), multiply, convert.
 OP_INSTRUCTIONS: dict[str, tuple[float, float]] = {
     "reduce-sum": (2.0, 0.0),
     "reduce-max": (2.0, 0.0),
@@ -105,6 +107,7 @@ OP_INSTRUCTIONS: dict[str, tuple[float, float]] = {
     "layernorm": (4.0, 7.0),
     "rmsnorm": (3.0, 5.0),
     "bias_gelu": (16.0, 0.0),
+    "silu_mul": (10.0, 0.0),
 }
 INSTRUCTIONS_PER_VECTOR = 4.0  # address, load or store, loop test, predicate
 
@@ -218,6 +221,8 @@ def evaluate(space: MemSpace) -> MemPrediction:
 
     # Bytes of one work item.
     seg_bytes = rows_item * (w.cols / spl) * BYTES_FP16  # x of the segment (average)
+    # What the first pass reads of x: silu_mul's gate and up, twice the output's segment.
+    in_bytes = seg_bytes * w.row_inputs
     param_bytes = w.param_vectors * (w.cols / spl) * BYTES_FP16  # bias / gamma+beta, via L2
     partial_bytes = np.where(split, rows_item * PARTIAL_FLOATS * 4.0, 0.0)
     if w.op == "reduce":
@@ -231,7 +236,7 @@ def evaluate(space: MemSpace) -> MemPrediction:
     # Load rounds and latencies of the first pass (x from DRAM).
     depth = np.where(cache == CACHE_REGISTERS, vpt, np.minimum(vpt, LOAD_BATCH))
     R_1 = _ceil_div(vpt, depth)
-    bytes_in_flight_per_sm = space.blocks_per_sm * threads * depth * vec * BYTES_FP16
+    bytes_in_flight_per_sm = space.blocks_per_sm * threads * depth * vec * BYTES_FP16 * w.row_inputs
 
     # The output pass: where it finds the row, and the L2 hit fraction of a re-read.
     reuse_one_kernel = conc * seg_bytes  # read by all concurrent blocks in between
@@ -289,20 +294,19 @@ def evaluate(space: MemSpace) -> MemPrediction:
     def issue(n, instructions):
         return np.ceil(n / gpu.sm_count) * warps * instructions / issue_rate
 
-    per_vector_first = INSTRUCTIONS_PER_VECTOR * (1 + w.param_vectors * (not w.has_output_pass))
+    per_vector_first = INSTRUCTIONS_PER_VECTOR * (
+        w.row_inputs + w.param_vectors * (not w.has_output_pass)
+    )
     per_vector_out = INSTRUCTIONS_PER_VECTOR * (1 + w.param_vectors)
     instr_first_item = vpt * (per_vector_first + vec * instr_first)
     instr_out_item = vpt * (per_vector_out + vec * instr_out) if w.has_output_pass else 0 * vpt
 
     # --- first launch: the whole op, or two-pass splitting's statistics kernel ----------------
     one_kernel_out = w.has_output_pass & ~two_pass
-    first_dram_rd = seg_bytes + np.where(one_kernel_out, reread_dram, 0.0)
+    first_dram_rd = in_bytes + np.where(one_kernel_out, reread_dram, 0.0)
     first_dram_wr = out_first + np.where(one_kernel_out, out_second, 0.0)
     first_port = (
-        seg_bytes
-        + param_bytes
-        + out_first
-        + np.where(one_kernel_out, reread_port + out_second, 0.0)
+        in_bytes + param_bytes + out_first + np.where(one_kernel_out, reread_port + out_second, 0.0)
     )
     first_smem = np.where(one_kernel_out, smem_traffic, 0.0)
     first_lat = R_1 * LAT_DRAM + np.where(one_kernel_out, R_2 * LAT_2, 0.0)

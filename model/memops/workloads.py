@@ -14,13 +14,17 @@ last dimension, accumulating in float32:
 - ``bias_gelu``: y[r, c] = gelu(x[r, c] + bias[c]), a stitched element-wise chain (bias
   add then GELU, one read and one write); ``approximate`` as PyTorch's ``nn.GELU``:
   ``"none"`` is the erf form (BERT), ``"tanh"`` the tanh approximation (GPT-2).
+- ``silu_mul``: y[r, c] = silu(x[r, c]) · x[r, cols + c], the SwiGLU between a LLaMA-style
+  MLP's GEMMs: x is rows × 2·cols, the gate and up projections side by side as one GEMM of
+  both weights writes them (vLLM's ``silu_and_mul`` layout), y is rows × cols.
 
 Limits, and why (a bad field raises WorkloadError naming it, as the GEMM workloads do):
 - rows and cols are strict positive integers (a float or a string is a mistake);
 - cols is a multiple of 8: the widest vector load is 8 float16 (16 bytes) and every row
   must start 16-byte aligned;
 - cols <= 2^20 and rows <= 2^24: no operator of a real network comes near them;
-- rows · cols < 2^31: the kernels index elements with 32-bit ints.
+- rows · cols < 2^31 (silu_mul: rows · 2·cols): the kernels index elements with 32-bit
+  ints.
 """
 
 from __future__ import annotations
@@ -69,11 +73,13 @@ class _RowWorkload(BaseModel):
                 f"must be a multiple of {ROW_ALIGN} for float16 (rows start 16-byte aligned "
                 f"for the 16-byte vector loads), got {self.cols}",
             )
-        if self.rows * self.cols > INDEX_LIMIT:
+        elements = self.rows * self.row_inputs * self.cols
+        if elements > INDEX_LIMIT:
+            width = "cols" if self.row_inputs == 1 else f"{self.row_inputs} x cols"
             raise WorkloadError(
                 "rows",
-                f"rows x cols = {self.rows * self.cols} elements exceed the 2^31-1 limit of "
-                "32-bit kernel indexing",
+                f"rows x {width} = {elements} elements exceed the 2^31-1 limit of 32-bit "
+                "kernel indexing",
             )
         return self
 
@@ -94,12 +100,17 @@ class _RowWorkload(BaseModel):
         return 0
 
     @property
+    def row_inputs(self) -> int:
+        """Values of x an output column reads per row: x is rows x row_inputs·cols."""
+        return 1
+
+    @property
     def output_elements(self) -> int:
         return self.rows * self.cols
 
     @property
     def input_bytes(self) -> int:
-        return BYTES_FP16 * (self.rows * self.cols + self.param_vectors * self.cols)
+        return BYTES_FP16 * self.cols * (self.rows * self.row_inputs + self.param_vectors)
 
     @property
     def output_bytes(self) -> int:
@@ -221,17 +232,33 @@ class BiasGelu(_RowWorkload):
         return f"bias_gelu({self.approximate}) {self.rows}x{self.cols}"
 
 
-MemWorkload = Reduce | Softmax | LayerNorm | RMSNorm | BiasGelu
+class SiluMul(_RowWorkload):
+    """SwiGLU's gating: y = silu(gate) · up, gate and up the two halves of each row of x
+    (rows x 2·cols; y is rows x cols)."""
+
+    op: Literal["silu_mul"] = "silu_mul"
+
+    @property
+    def has_reduction(self) -> bool:
+        return False
+
+    @property
+    def row_inputs(self) -> int:
+        return 2
+
+
+MemWorkload = Reduce | Softmax | LayerNorm | RMSNorm | BiasGelu | SiluMul
 MEM_OPS: dict[str, type[_RowWorkload]] = {
     "reduce": Reduce,
     "softmax": Softmax,
     "layernorm": LayerNorm,
     "rmsnorm": RMSNorm,
     "bias_gelu": BiasGelu,
+    "silu_mul": SiluMul,
 }
 # One integer per operator (and reduction kind) for the kernels and the cost model.
 OP_CODES: dict[str, int] = {"reduce-sum": 0, "reduce-max": 1, "softmax": 2, "layernorm": 3,
-                            "bias_gelu": 4, "rmsnorm": 5}  # fmt: skip
+                            "bias_gelu": 4, "rmsnorm": 5, "silu_mul": 6}  # fmt: skip
 _ADAPTER: TypeAdapter[MemWorkload] = TypeAdapter(Annotated[MemWorkload, Field(discriminator="op")])
 
 
@@ -264,3 +291,7 @@ def rmsnorm(rows: int, cols: int, eps: float = 1e-5) -> RMSNorm:
 def bias_gelu(rows: int, cols: int, approximate: str = "none") -> BiasGelu:
     data = {"op": "bias_gelu", "rows": rows, "cols": cols, "approximate": approximate}
     return parse_mem_workload(data)  # type: ignore[return-value]
+
+
+def silu_mul(rows: int, cols: int) -> SiluMul:
+    return parse_mem_workload({"op": "silu_mul", "rows": rows, "cols": cols})  # type: ignore[return-value]

@@ -62,7 +62,14 @@ import numpy as np
 from pipetune.model.family import family, family_of
 from pipetune.model.hardware import GPUSpec
 from pipetune.model.hopper.workloads import as_hopper
-from pipetune.model.memops.workloads import bias_gelu, layernorm, reduce, rmsnorm, softmax
+from pipetune.model.memops.workloads import (
+    bias_gelu,
+    layernorm,
+    reduce,
+    rmsnorm,
+    silu_mul,
+    softmax,
+)
 from pipetune.model.trials import MeasureResult
 from pipetune.model.workloads import bmm, conv2d, conv3d, gemm
 from pipetune.workers.runners.kernel_runner import KernelRunner
@@ -113,6 +120,8 @@ MEMOPS_CASES: tuple[tuple[str, Any], ...] = (
     ("bias_gelu erf, long rows (split)", bias_gelu(37, 4200)),
     ("bias_gelu tanh, tails in rows, segments, lanes", bias_gelu(997, 1032, "tanh")),
     ("bias_gelu tanh, long rows (split)", bias_gelu(37, 4200, "tanh")),
+    ("silu_mul, tails in rows, segments, lanes", silu_mul(997, 1032)),
+    ("silu_mul, long rows (split)", silu_mul(37, 4200)),
 )
 
 

@@ -42,6 +42,7 @@ MEMOPS_INPUT_RANGES: dict[str, dict[str, tuple[float, float]]] = {
     "layernorm": {"x": (-1.5, 2.5), "gamma": (0.5, 1.5), "beta": (-0.5, 0.5)},
     "rmsnorm": {"x": (-1.5, 2.5), "gamma": (0.5, 1.5)},
     "bias_gelu": {"x": (-4.0, 4.0), "bias": (-0.5, 0.5)},
+    "silu_mul": {"x": (-4.0, 4.0)},
 }
 SMI_FIELDS = (
     "name",
@@ -358,6 +359,11 @@ def memops_launch(
             return (f * torch.rsqrt(f.pow(2).mean(-1, keepdim=True) + eps) * gamma).half()
 
         return composed, f"x * rsqrt(mean(x^2) + {eps:g}) * gamma in float32 (PyTorch ops)"
+    if workload.op == "silu_mul":
+        gate, up = x[:, : workload.cols], x[:, workload.cols :]
+        return (
+            lambda: functional.silu(gate) * up
+        ), "torch.nn.functional.silu(gate) * up (gate, up: the halves of x's rows)"
     if workload.op == "bias_gelu":
         bias, form = inputs["bias"], workload.approximate
         return (

@@ -5,7 +5,8 @@ emulation), as workers/runners/reference.py is for the GEMM family; ``check`` is
 module's (the same verdicts and messages).
 
 Inputs (float16, from numpy's PCG64 with the seed, on the host): x uniform in [-4, 4) for
-reduce, softmax and bias_gelu (logit-sized values); for layernorm and rmsnorm x uniform in
+reduce, softmax, bias_gelu and silu_mul (logit-sized values; silu_mul's x holds gate and up
+side by side, rows x 2·cols); for layernorm and rmsnorm x uniform in
 [-1.5, 2.5) (a mean away from zero), gamma in [0.5, 1.5), beta and bias in [-0.5, 0.5). The
 norms' rows 1, 5, 9, ... (``LOW_VARIANCE_ROWS``) are instead uniform in ±sqrt(3·eps), a
 variance (and mean square) of about eps: on rows of variance ~1.3 eps changes rstd by ~4e-6
@@ -37,6 +38,9 @@ sums over C terms in two different orders err by about sqrt(C)·u32 each (Higham
   and to every output of the row, as softmax's sum does;
 - bias_gelu: 2·u16·|ref| + A·u32·(|z| + 1) + 2^-14, z = x + bias (exact in fp32): 1 + erf
   or 1 + tanh cancels for negative z, leaving an absolute error of order |z|·u32.
+- silu_mul: 2·u16·|ref| + 16·u32·(|g| + 1)·|u| + 2^-14, g the gate and u the up value: the
+  SiLU g / (1 + e^-g) errs by a few ulp of its size (at most |g|), the product by one more;
+  no sum, so no sqrt(C) term.
 
 A kernel that drops or repeats one vector of a row errs far outside these (a softmax row's
 sum off by one element, a layernorm's mean shifted; tests/test_memops_reference.py checks
@@ -77,7 +81,7 @@ __all__ = [
 
 def input_shapes(workload: MemWorkload) -> dict[str, tuple[int, ...]]:
     """Every input buffer the kernels read, by name (as the launch plan names them)."""
-    shapes: dict[str, tuple[int, ...]] = {"x": (workload.rows, workload.cols)}
+    shapes: dict[str, tuple[int, ...]] = {"x": (workload.rows, workload.row_inputs * workload.cols)}
     if workload.op == "layernorm":
         shapes["gamma"] = (workload.cols,)
         shapes["beta"] = (workload.cols,)
@@ -176,6 +180,11 @@ def reference(xp: Any, workload: MemWorkload, inputs: dict[str, Any]) -> tuple[A
             r = x * (1.0 / xp.sqrt(mean_sq + f32(workload.eps))) * inputs["gamma"].astype(f32)
             ref[rows] = r
             tol[rows] = (2 * U16 + accumulation) * xp.abs(r) + FLOOR
+        elif key == "silu_mul":
+            gate, up = x[:, : workload.cols], x[:, workload.cols :]
+            r = gate / (1 + xp.exp(-gate)) * up
+            ref[rows] = r
+            tol[rows] = 2 * U16 * xp.abs(r) + 16 * U32 * (xp.abs(gate) + 1) * xp.abs(up) + FLOOR
         else:  # bias_gelu
             z = x + inputs["bias"].astype(f32)
             if workload.approximate == "tanh":
@@ -202,6 +211,7 @@ def tolerance_text(workload: MemWorkload) -> str:
         "|mean|*rstd*|g| + |b|) + 2^-14; rows 1::4 of x have variance eps",
         "rmsnorm": f"|y-ref| <= (2*2^-11 + {a})*|ref| + 2^-14; rows 1::4 of x have mean square eps",
         "bias_gelu": f"|y-ref| <= 2*2^-11*|ref| + {a}*(|x+bias|+1) + 2^-14",
+        "silu_mul": "|y-ref| <= 2*2^-11*|ref| + 16*2^-24*(|gate|+1)*|up| + 2^-14",
     }[key]
 
 

@@ -135,7 +135,7 @@ namespace pt {
 
 // ---- schedule constants ----------------------------------------------------------------
 // Each op's kernel uses some of them: [[maybe_unused]] keeps a warning-free build quiet.
-// OP: 0 reduce-sum, 1 reduce-max, 2 softmax, 3 layernorm, 4 bias_gelu, 5 rmsnorm
+// OP: 0 reduce-sum, 1 reduce-max, 2 softmax, 3 layernorm, 4 bias_gelu, 5 rmsnorm, 6 silu_mul
 [[maybe_unused]] constexpr int OP = @OP@;
 [[maybe_unused]] constexpr bool GELU_TANH = @GELU_TANH@;
 [[maybe_unused]] constexpr int TPR = @TPR@;            // threads per row
@@ -156,8 +156,12 @@ namespace pt {
 // lanes of one row inside a warp (shuffle width)
 [[maybe_unused]] constexpr int GROUP = TPR < 32 ? TPR : 32;
 [[maybe_unused]] constexpr int WPR = TPR > 32 ? TPR / 32 : 1;  // warps per row
-[[maybe_unused]] constexpr bool REDUCES = OP != 4;
-[[maybe_unused]] constexpr bool OUTPUT_PASS = OP == 2 || OP == 3 || OP == 5;
+// whether the op reduces each row, and writes it in a second pass (the workload's own
+// has_reduction and has_output_pass)
+[[maybe_unused]] constexpr bool REDUCES = @REDUCES@;
+[[maybe_unused]] constexpr bool OUTPUT_PASS = @OUTPUT_PASS@;
+// x's row is X_ROW times the output's (silu_mul: gate and up side by side)
+[[maybe_unused]] constexpr int X_ROW = @X_ROW@;
 [[maybe_unused]] constexpr bool SPLITS = SPLIT > 1 && REDUCES;
 // floats a statistic uses
 [[maybe_unused]] constexpr int STATS = OP == 3 ? 3 : (OP == 2 || OP == 5 ? 2 : 1);
@@ -259,6 +263,8 @@ PT_HD void accumulate(Stats& s, const float (&f)[VEC]) {
 
 // The final value of a reduce.
 PT_HD float reduce_result(const Stats& s) { return s.a; }
+
+PT_HD float silu(float z) { return z / (1.f + expf(-z)); }
 
 PT_HD float gelu(float z) {
   if constexpr (GELU_TANH) {
@@ -402,8 +408,8 @@ extern "C" __global__ void __launch_bounds__(@THREADS@, 1)
     const bool row_ok = row < rows;
     const int v0 = part * seg;
     const int v1 = row_ok ? (v0 + seg < nvec ? v0 + seg : nvec) : v0;  // empty past the end
-    const int base = row_ok ? row * cols : 0;  // < 2^31 by workload validation
-    const unsigned short* xr = x + base;
+    [[maybe_unused]] const int base = row_ok ? row * cols : 0;  // < 2^31 by workload validation
+    const unsigned short* xr = x + (row_ok ? row * (X_ROW * cols) : 0);  // likewise
 """
 
 # bias_gelu: one streaming pass, no reduction.
@@ -428,6 +434,36 @@ BODY_ELEMENTWISE = r"""
           for (int e = 0; e < VEC; ++e) fx[e] = gelu(fx[e] + fb[e]);
           unsigned out[WORDS];
           pack(fx, out);
+          store_vec<VEC>(y + base + u * VEC, out);
+        }
+      }
+    }
+  }
+}
+"""
+
+# silu_mul: one streaming pass, no reduction; gate and up are the two halves of x's row.
+BODY_GATED = r"""
+    for (int v = v0 + lane; v < v1; v += TPR * BATCH) {
+      unsigned gw[BATCH][WORDS], uw[BATCH][WORDS];
+#pragma unroll
+      for (int j = 0; j < BATCH; ++j) {
+        const int u = v + j * TPR;
+        if (u < v1) {
+          load_vec<VEC>(xr + u * VEC, gw[j]);
+          load_vec<VEC>(xr + cols + u * VEC, uw[j]);
+        }
+      }
+#pragma unroll
+      for (int j = 0; j < BATCH; ++j) {
+        const int u = v + j * TPR;
+        if (u < v1) {
+          float fg[VEC], fu[VEC];
+          unpack(gw[j], fg);
+          unpack(uw[j], fu);
+          for (int e = 0; e < VEC; ++e) fg[e] = silu(fg[e]) * fu[e];
+          unsigned out[WORDS];
+          pack(fg, out);
           store_vec<VEC>(y + base + u * VEC, out);
         }
       }

@@ -124,10 +124,17 @@ def _fill(text: str, values: dict[str, object]) -> str:
     return text
 
 
+def _bool(value: bool) -> str:
+    return "true" if value else "false"
+
+
 def _helpers(workload: MemWorkload, s: MemSchedule, reg_vecs: int) -> str:
-    split = s.blocks_per_row > 1 and op_key(workload) != "bias_gelu"
+    split = s.blocks_per_row > 1 and workload.has_reduction
     values = {
         "OP": OP_CODES[op_key(workload)],
+        "REDUCES": _bool(workload.has_reduction),
+        "OUTPUT_PASS": _bool(workload.has_output_pass),
+        "X_ROW": workload.row_inputs,
         "GELU_TANH": "true" if isinstance(workload, BiasGelu) and workload.approximate == "tanh"
         else "false",
         "TPR": s.threads_per_row,
@@ -176,11 +183,12 @@ def _kernels(workload: MemWorkload, s: MemSchedule, name: str) -> tuple[str, tup
     """The entries' text and names."""
     threads = s.threads
     head = _head(name, threads)
-    key = op_key(workload)
-    split = s.blocks_per_row > 1 and key != "bias_gelu"
+    split = s.blocks_per_row > 1 and workload.has_reduction
     two_pass = split and s.split_mode != MODE_FUSED
-    if key == "bias_gelu":
+    if workload.op == "bias_gelu":
         return head + t.BODY_ELEMENTWISE, (name,)
+    if workload.op == "silu_mul":
+        return head + t.BODY_GATED, (name,)
     if s.row_cache == CACHE_REGISTERS:
         stats = t.PASS_STATS_REGISTERS
     else:
@@ -336,7 +344,7 @@ def launch_plan(
     out_shape = (workload.rows,) if isinstance(workload, Reduce) else (workload.rows, workload.cols)
     ws_floats = max(4, _one(workspace_bytes(knobs, workload)) // 4)
     buffers = (
-        Buffer("x", (workload.rows, workload.cols), "float16", "input"),
+        Buffer("x", (workload.rows, workload.row_inputs * workload.cols), "float16", "input"),
         *params,
         Buffer("y", out_shape, "float16", "output"),
         Buffer("ws", (ws_floats,), "float32", "workspace"),
