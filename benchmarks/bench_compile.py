@@ -2,7 +2,7 @@
 the suites' kernel counts: the compile side of the GPU campaign's time plan (README, "GPU
 work").
 
-    python -m benchmarks.bench_compile [--sample 24] [--suites alcop,memops] [--write]
+    python -m benchmarks.bench_compile [--sample 24] [--suites alcop,memops,llama] [--write]
 
 For each kind of kernel of a suite (a GEMM variant; a memory-intensive op and GELU form), a
 uniform seeded sample of one operator's schedule space is compiled for sm_90, one kernel at
@@ -40,6 +40,7 @@ SAMPLED = {
     "memops": {"softmax": "Softmax_BERT_b32_s1024", "layernorm": "LayerNorm_BERT_b32_s1024",
                "bias_gelu": "BiasGELU_BERT_b32_s1024",
                "bias_gelu-tanh": "BiasGELU_GPT2_b32_s1024"},
+    "llama": {"rmsnorm": "RMSNorm_LLaMA2_70B_t8192", "silu_mul": "SwiGLU_LLaMA2_70B_t8192"},
 }  # fmt: skip
 ARCH = "sm_90"
 
@@ -159,7 +160,7 @@ def render(
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sample", type=int, default=24)
-    parser.add_argument("--suites", default="alcop,memops", help="suites, comma-separated")
+    parser.add_argument("--suites", default="alcop,memops,llama", help="suites, comma-separated")
     parser.add_argument("--write", action="store_true", help="update benchmarks/RESULTS.md")
     args = parser.parse_args()
     before = os.getloadavg()[0]

@@ -9,7 +9,8 @@ layer norm and bias+GELU at batch 1, 8, 32 and sequence 128, 1024) on H100.
 
 Predictions: the best schedule's predicted speedup over the best fixed one-row-per-block
 mapping (one block per row, no splitting, no wave bound; thread count, vector width and row
-cache free) on A100, H100 and H200, for the suite and for AStitch's irregular shapes. These
+cache free) on A100, H100 and H200, for the suite, for AStitch's irregular shapes and for
+the ``llama`` suite (RMS norms and SwiGLUs). These
 are the model's predictions, not measurements; what the H100 and H200 measured of these
 kernels is in RESULTS.md's GPU campaign sections.
 """
@@ -29,7 +30,7 @@ from pipetune.model.hardware import get_gpu
 from pipetune.model.memops.analytical import evaluate, mapping_gain
 from pipetune.model.memops.space import KNOBS, MemSpace, static_grid
 from pipetune.model.memops.workloads import MemWorkload, layernorm, reduce, softmax
-from pipetune.model.operators import MEMOPS
+from pipetune.model.operators import LLAMA, MEMOPS
 
 REPEATS = 20
 GPUS = ("a100", "h100", "h200")
@@ -142,6 +143,10 @@ def main() -> None:
         "AStitch's irregular shapes and long/short-row cases (same columns):",
         "",
         *gains_table(IRREGULAR),
+        "",
+        "The `llama` suite's RMS norms and SwiGLUs (same columns; no GPU has measured them yet):",
+        "",
+        *gains_table(LLAMA),
         "",
         "The suite's operators are regular: rows are many and hundreds to thousands of elements",
         "long, so one block per row already fills the GPU and the predicted gains are small,",

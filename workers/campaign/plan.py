@@ -63,10 +63,12 @@ COMPILE_S_PER_KERNEL: dict[str, float] = {
     "conv3d": 0.433,
     "softmax": 0.102,
     "layernorm": 0.134,
-    "rmsnorm": 0.134,  # not measured on its own: layer norm's, the nearest kernel
+    # rmsnorm and silu_mul: measured beside layernorm and bias_gelu on 2026-12-05 and scaled
+    # to those two's figures here (RESULTS.md, "NVRTC compile time per kernel")
+    "rmsnorm": 0.109,
     "bias_gelu": 0.083,
     "bias_gelu-tanh": 0.075,
-    "silu_mul": 0.083,  # not measured on its own: bias_gelu's, the nearest kernel
+    "silu_mul": 0.089,
     "reduce-sum": 0.063,
     "reduce-max": 0.064,
 }
