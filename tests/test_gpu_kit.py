@@ -41,10 +41,11 @@ from pipetune.workers.campaign.kit import (
     conv_device_command,
     device_command,
     hopper_device_command,
+    llama_device_command,
     normalise,
     resweep_convolutions,
 )
-from pipetune.workers.campaign.operators import DEFAULT_OPERATORS, resolve_operators
+from pipetune.workers.campaign.operators import DEFAULT_OPERATORS, resolve_operators, suite_in_order
 from pipetune.workers.datasets import check_pipetune, read_t4
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -83,6 +84,7 @@ def test_the_readme_gives_the_kit_s_commands():
     stripped = [line.strip() for line in (ROOT / "README.md").read_text().splitlines()]
     assert hopper_device_command() in stripped  # the Hopper family's campaign call
     assert conv_device_command() in stripped  # the convolutions swept again
+    assert llama_device_command() in stripped  # the llama suite's first sweeps
 
 
 def test_the_wheel_is_built_under_the_tree_s_lock(tmp_path, monkeypatch):
@@ -318,6 +320,29 @@ def test_the_hopper_campaign_call_runs_in_a_gpu_machine_stand_in(machine):
     assert list(correctness["families"]) == ["hopper_gemm"] and correctness["verdict"] == "pass"
 
 
+def test_the_llama_call_runs_in_a_gpu_machine_stand_in(machine):
+    """The README's call for the llama suite, on one RMS norm and one SwiGLU with simulated
+    launches: the kit carries the two ops' kernels, references and correctness cases."""
+    command = llama_device_command()
+    files = rehearse(
+        machine,
+        command.replace(
+            "--operators llama", "--operators RMSNorm_LLaMA2_7B_t128,SwiGLU_LLaMA2_7B_t128"
+        ),
+        "campaign-llama",
+    )
+    assert {
+        "sweeps/RMSNorm_LLaMA2_7B_t128.t4.json.gz",
+        "sweeps/SwiGLU_LLaMA2_7B_t128.t4.json.gz",
+    } <= set(files)
+    correctness = json.loads(files["correctness.json"])
+    assert list(correctness["families"]) == ["memops"] and correctness["verdict"] == "pass"
+    checked = correctness["families"]["memops"]["by_variant"]
+    assert checked["rmsnorm"]["ok"] > 0 and checked["silu_mul"]["ok"] > 0
+    baselines = json.loads(files["baselines.json"])["operators"]
+    assert set(baselines) == {"RMSNorm_LLaMA2_7B_t128", "SwiGLU_LLaMA2_7B_t128"}
+
+
 def test_the_convolutions_call_runs_in_a_gpu_machine_stand_in(machine):
     """The README's re-sweep of the convolutions, on one Conv2D and one Conv3D with simulated
     launches: the kit carries the convolution loader, its launch constants and cuDNN's stand-
@@ -354,18 +379,24 @@ def test_the_kit_offers_each_gpu_what_its_committed_data_lacks(tmp_path):
     # a measured K-step cost, which the H200's profile lacks (the H100's has one).
     profiles = PROFILE_DIR  # (the checkout's model/profiles)
     h200 = open_calls("h200", ROOT / DATA_DIR, profiles)
-    assert [c.command for c in h200] == [calibrate_device_command("h200")]
-    assert "calibrate --gpu h200 --out $OUT/h200.json" in h200[0].command
+    assert [c.command for c in h200] == [llama_device_command(), calibrate_device_command("h200")]
+    assert "calibrate --gpu h200 --out $OUT/h200.json" in h200[1].command
+    assert h200[0].run()["timeout_s"] == 300
     with_k_step = tmp_path / "profiles"
     with_k_step.mkdir()
     doc = json.loads((profiles / "h200.json").read_text())
     doc["raw"]["k_step_cycles"] = 198.0
     (with_k_step / "h200.json").write_text(json.dumps(doc))
-    assert open_calls("h200", ROOT / DATA_DIR, with_k_step) == []
-    # Without that probe's file, it is offered.
+    assert [c.command for c in open_calls("h200", ROOT / DATA_DIR, with_k_step)] == [
+        llama_device_command()
+    ]
+    # The llama suite measured (stand-in files): not offered again; without the persistent
+    # probe's file, that probe is.
     mirror = tmp_path / "data"
     shutil.copytree(ROOT / DATA_DIR / "h200", mirror / "h200")
     shutil.copytree(ROOT / DATA_DIR / "hopper", mirror / "hopper")
+    for op in suite_in_order("llama"):
+        (mirror / "h200" / f"{op}.t4.json.gz").write_bytes(b"")
     (mirror / "h200" / "wgmma-probe-persistent.json").unlink()
     h200 = open_calls("h200", mirror, with_k_step)
     assert [c.command for c in h200] == [PROBE_CALLS["h200"][2]]
@@ -376,6 +407,7 @@ def test_the_kit_offers_each_gpu_what_its_committed_data_lacks(tmp_path):
     assert [c.command for c in h100] == [
         conv_device_command(),  # its convolutions measure the loader before 2026-11-28
         hopper_device_command(),
+        llama_device_command(),
         PROBE_CALLS["h100"][2],
     ]
     # A GPU with no campaign: the campaign's first call, and nothing else before it.

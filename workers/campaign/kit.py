@@ -339,6 +339,27 @@ def conv_device_command(runner: str = "cupy") -> str:
     )
 
 
+LLAMA_OUT = ".campaign-l"
+LLAMA_ARCHIVE = "campaign-llama.tar.gz"
+LLAMA_MINUTES = 4  # `pipetune campaign plan --operators llama`: one call, 135 of 480 s
+
+
+def llama_device_command(runner: str = "cupy") -> str:
+    """The ``llama`` suite (LLaMA-2's RMS norms and SwiGLUs) in one call: correctness,
+    PyTorch's baselines and every schedule of kernels no GPU has run yet (README, GPU work)."""
+    return (
+        f"set -o pipefail; rm -rf {LLAMA_OUT}; {install_line()}; PYTHONUNBUFFERED=1 "
+        f"python3 -m pipetune.clients.cli campaign --operators llama --runner {runner} "
+        f"--minutes {LLAMA_MINUTES} --out-dir {LLAMA_OUT} --pack $OUT/{LLAMA_ARCHIVE} "
+        "2>&1 | tee $OUT/campaign-llama.log"
+    )
+
+
+def llama_unmeasured(folder: Path) -> bool:
+    """Whether a ``llama`` suite operator has no committed sweep on this GPU."""
+    return any(not (folder / f"{op}.t4.json.gz").exists() for op in suite_in_order("llama"))
+
+
 # --- what is open on each GPU ------------------------------------------------------------
 
 DATA_DIR = Path("benchmarks/data")
@@ -436,9 +457,10 @@ def campaign_state(folder: Path) -> str | None:
 def open_calls(gpu: str, data: Path = DATA_DIR, profiles: Path = PROFILE_DIR) -> list[DeviceCall]:
     """The calls a lent GPU of this kind should make, most needed first, from what the
     repository's data already holds: a campaign, else what README's "GPU work" lists open
-    (the convolutions with the current loader, the Hopper family's campaign, the wgmma
-    probe's shapes). Read from the data, so that a call already made is not offered again
-    (the kit offered a whole campaign first on GPUs whose campaigns were committed)."""
+    (the convolutions with the current loader, the Hopper family's campaign, the llama
+    suite's first sweeps, the wgmma probe's shapes). Read from the data, so that a call
+    already made is not offered again (the kit offered a whole campaign first on GPUs whose
+    campaigns were committed)."""
     folder = data / gpu
     state = campaign_state(folder)
     if state is None:
@@ -477,6 +499,14 @@ def open_calls(gpu: str, data: Path = DATA_DIR, profiles: Path = PROFILE_DIR) ->
                 f"{hopper_state})",
                 420,
                 hopper_device_command(have=str(hopper)),
+            )
+        )
+    if llama_unmeasured(folder):
+        calls.append(
+            DeviceCall(
+                "the llama suite: RMS norms and SwiGLUs (their sweeps beside the memops ones)",
+                300,
+                llama_device_command(),
             )
         )
     if profile_lacks_k_step(gpu, profiles):
