@@ -60,7 +60,7 @@ from pipetune.model.workloads import AnyWorkload, WorkloadError, bmm, conv2d, ge
 NETWORKS = ("bert-base", "gpt2", "llama2-7b", "resnet50")
 TRANSFORMERS = ("bert-base", "gpt2", "llama2-7b")  # the networks of sequences (--seq)
 # Defaults that match ALCOP's operator shapes (BMM_BERT_QK is 12×512×512×64 at batch 1,
-# BMM_GPT2_QK 12×1024×1024×64; Conv2D_RN50 is batch 64).
+# BMM_GPT2_QK 12×1024×1024×64; Conv2D_RN50 is batch 64); LLaMA-2's, half its context.
 DEFAULT_SEQ = {"bert-base": 512, "gpt2": 1024, "llama2-7b": 2048}
 # The longest sequence each network takes: its context length (HF BertConfig's and
 # LlamaConfig's max_position_embeddings, GPT2Config's n_positions). Longer is another network.
@@ -183,14 +183,17 @@ def _check_seq(seq: int) -> None:
         )
 
 
-# LLaMA-2 7B's shapes (HF LlamaConfig of meta-llama/Llama-2-7b-hf).
-LLAMA2_7B = {"hidden": 4096, "heads": 32, "ffn": 11008, "blocks": 32, "eps": 1e-5}
-
-
-def _llama(name: str, batch: int, seq: int) -> Network:
+def _llama(
+    name: str,
+    batch: int,
+    seq: int,
+    hidden: int,
+    heads: int,
+    ffn: int,
+    blocks: int,
+    eps: float,
+) -> Network:
     _check_seq(seq)
-    hidden, heads, ffn = LLAMA2_7B["hidden"], LLAMA2_7B["heads"], LLAMA2_7B["ffn"]
-    blocks, eps = LLAMA2_7B["blocks"], LLAMA2_7B["eps"]
     tokens = batch * seq
     head_dim = hidden // heads
     per_block = [
@@ -288,8 +291,8 @@ def _layers(name: str, batch: int, seq: int | None) -> Network:
     if name == "resnet50":
         return _resnet50(batch)
     assert seq is not None
-    if name == "llama2-7b":
-        return _llama(name, batch, seq)
+    if name == "llama2-7b":  # HF LlamaConfig of meta-llama/Llama-2-7b-hf
+        return _llama(name, batch, seq, hidden=4096, heads=32, ffn=11008, blocks=32, eps=1e-5)
     return _transformer(
         name,
         batch,
