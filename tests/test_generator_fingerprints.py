@@ -30,7 +30,7 @@ from pipetune.workers.families import codegen_for
 
 FINGERPRINTS = {
     ("hopper_gemm", 1): "e2edf8af93150d031eced83b6d175a1fd9c4c1dce6a8645776f6f6a93cbf7755",
-    ("memops", 1): "ce36db50266f46f514ff5bb254d3844f8be0790a468146988237fac3f64b9e7d",
+    ("memops", 1): "6e06943f8f4e662defcfaa73930d487c4efc6cbbb051983eec44a068223a9be1",
     ("tensor_gemm.conv", 2): "a7f8aedf19f035d6a8243d814fdd01078253428c5b7ceb612a5f063d5e25782d",
     ("tensor_gemm.gemm", 1): "680ffc3b0218cc0c2605e83577561001c25061de2a22e18a225a6f72fd08c910",
 }
