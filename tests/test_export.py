@@ -759,3 +759,40 @@ def test_a_fused_splits_grid_fits_the_blocks_the_driver_makes_resident():
     resident = int(blocks_per_sm(h100, threads, smem, compiled.registers, cuda_rules=True))
     assert doc["grid"][0] <= resident * h100.sm_count
     assert doc["occupancy"]["blocks_per_sm"] == resident
+
+
+# ---- the LLaMA operators: an RMS norm and a SwiGLU ------------------------------------------
+
+RMSNORM = {"op": "rmsnorm", "rows": 1024, "cols": 4096, "eps": 1e-5}
+SWIGLU = {"op": "silu_mul", "rows": 1024, "cols": 11008}
+
+
+def test_an_rms_norm_and_a_swiglu_export_with_their_operands(tmp_path: Path):
+    """Tuned (simulated) and exported: each source compiles, and each launch document is the
+    cupy runner's plan, with the RMS norm's gamma and eps and the SwiGLU's x of gate and up
+    side by side (rows x 2·cols)."""
+    url = f"sqlite:///{tmp_path / 'llama.db'}"
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("PIPETUNE_SIMULATED_TIME_SCALE", "0")
+        for workload in (RMSNORM, SWIGLU):
+            pipetune.tune(workload, "h100", budget=4, strategy="random", runner="simulated", db=url)
+    out = tmp_path / "out"
+    index = _export(url, out)
+    rows = {row["workload"]["op"]: row for row in index["workloads"]}
+    assert sorted(rows) == ["rmsnorm", "silu_mul"] and index["not_exported"] == []
+    for op, row in rows.items():
+        source = (out / row["files"]["source"]).read_text()
+        assert cubin_sm(compile_source(source, "sm_90", use_cache=False).cubin) == 90
+        launch = json.loads((out / row["files"]["launch"]).read_text())
+        workload = parse_any_workload(row["workload"])
+        _assert_the_runners_plan(
+            launch, workload, family_of(workload).parse_schedule(row["schedule"])
+        )
+        shapes = {b["name"]: tuple(b["shape"]) for b in launch["buffers"]}
+        operands = [o["name"] for o in launch["operands"]]
+        if op == "rmsnorm":
+            assert operands == ["x", "gamma", "y"] and shapes["gamma"] == (4096,)
+            assert launch["scalars"]["eps"] == pytest.approx(1e-5)
+        else:
+            assert operands == ["x", "y"]
+            assert shapes["x"] == (1024, 2 * 11008) and shapes["y"] == (1024, 11008)
