@@ -33,6 +33,10 @@ layers covers the listed operators only.
   (T×22016×4096), the SwiGLU between them (SiLU(gate)·up, T×11008) and the down projection
   (T×4096×11008). Not listed besides the above: the rotary position embedding and the final
   norm.
+- llama2-70b: LLaMA-2 70B, the same blocks (80 of them) with hidden 8192, 64 query heads of
+  128 sharing 8 key/value heads (grouped-query attention), FFN 28672: the QKV projection is
+  T×10240×8192, and each key/value head's 8 query heads are one BMM's rows (b = batch·8,
+  M = 8·seq), as GQA kernels fold them.
 - resnet50: ResNet-50 v1.5 at 224×224, NHWC, tensor-core layers only. Stride-1 1×1
   convolutions are GEMMs (M = batch·H·W, N = out channels, K = in channels); the stride-2
   1×1 downsampling convolutions and every 3×3 are Conv2D (implicit GEMM); the classifier is
@@ -57,15 +61,15 @@ from pipetune.model.memops.workloads import (
 )
 from pipetune.model.workloads import AnyWorkload, WorkloadError, bmm, conv2d, gemm
 
-NETWORKS = ("bert-base", "gpt2", "llama2-7b", "resnet50")
-TRANSFORMERS = ("bert-base", "gpt2", "llama2-7b")  # the networks of sequences (--seq)
+NETWORKS = ("bert-base", "gpt2", "llama2-7b", "llama2-70b", "resnet50")
+TRANSFORMERS = ("bert-base", "gpt2", "llama2-7b", "llama2-70b")  # networks of sequences (--seq)
 # Defaults that match ALCOP's operator shapes (BMM_BERT_QK is 12×512×512×64 at batch 1,
 # BMM_GPT2_QK 12×1024×1024×64; Conv2D_RN50 is batch 64); LLaMA-2's, half its context.
-DEFAULT_SEQ = {"bert-base": 512, "gpt2": 1024, "llama2-7b": 2048}
+DEFAULT_SEQ = {"bert-base": 512, "gpt2": 1024, "llama2-7b": 2048, "llama2-70b": 2048}
 # The longest sequence each network takes: its context length (HF BertConfig's and
 # LlamaConfig's max_position_embeddings, GPT2Config's n_positions). Longer is another network.
-MAX_SEQ = {"bert-base": 512, "gpt2": 1024, "llama2-7b": 4096}
-DEFAULT_BATCH = {"bert-base": 1, "gpt2": 1, "llama2-7b": 1, "resnet50": 64}
+MAX_SEQ = {"bert-base": 512, "gpt2": 1024, "llama2-7b": 4096, "llama2-70b": 4096}
+DEFAULT_BATCH = {"bert-base": 1, "gpt2": 1, "llama2-7b": 1, "llama2-70b": 1, "resnet50": 64}
 # Per network: the layer norms' eps and the GELU form (the memops workloads' `approximate`),
 # as the reference implementations (HF BertConfig.layer_norm_eps, GPT2Config's
 # layer_norm_epsilon and "gelu_new"), and as model/operators.py's memops suite has them.
@@ -189,6 +193,7 @@ def _llama(
     seq: int,
     hidden: int,
     heads: int,
+    kv_heads: int,
     ffn: int,
     blocks: int,
     eps: float,
@@ -196,12 +201,15 @@ def _llama(
     _check_seq(seq)
     tokens = batch * seq
     head_dim = hidden // heads
+    # Grouped-query attention: each key/value head serves `group` query heads, whose queries
+    # are one BMM's rows against that head's keys (group 1: one BMM per head, as MHA).
+    group = heads // kv_heads
     per_block = [
         Layer("input_norm", rmsnorm(tokens, hidden, eps)),
-        Layer("qkv", gemm(tokens, 3 * hidden, hidden)),
-        Layer("attn_qk", bmm(batch * heads, seq, seq, head_dim)),
+        Layer("qkv", gemm(tokens, hidden + 2 * kv_heads * head_dim, hidden)),
+        Layer("attn_qk", bmm(batch * kv_heads, group * seq, seq, head_dim)),
         Layer("attn_softmax", softmax(batch * heads * seq, seq)),
-        Layer("attn_sv", bmm(batch * heads, seq, head_dim, seq)),
+        Layer("attn_sv", bmm(batch * kv_heads, group * seq, head_dim, seq)),
         Layer("attn_proj", gemm(tokens, hidden, hidden)),
         Layer("post_attention_norm", rmsnorm(tokens, hidden, eps)),
         # gate_proj and up_proj read the same input: one GEMM of both weights.
@@ -215,6 +223,11 @@ def _llama(
         "norm, gate+up (one GEMM), SwiGLU (SiLU(gate)·up), down); the rotary embedding, "
         "embeddings, residual adds, the final norm and the LM head are not listed"
     ]
+    if group > 1:
+        notes.append(
+            f"grouped-query attention: {heads} query heads over {kv_heads} key/value heads; each "
+            f"key/value head's {group} query heads are one BMM's rows (M = {group} x seq)"
+        )
     return Network(name, batch, seq, layers, notes)
 
 
@@ -291,8 +304,11 @@ def _layers(name: str, batch: int, seq: int | None) -> Network:
     if name == "resnet50":
         return _resnet50(batch)
     assert seq is not None
-    if name == "llama2-7b":  # HF LlamaConfig of meta-llama/Llama-2-7b-hf
-        return _llama(name, batch, seq, hidden=4096, heads=32, ffn=11008, blocks=32, eps=1e-5)
+    # HF LlamaConfig of meta-llama/Llama-2-7b-hf and Llama-2-70b-hf.
+    if name == "llama2-7b":
+        return _llama(name, batch, seq, 4096, heads=32, kv_heads=32, ffn=11008, blocks=32, eps=1e-5)
+    if name == "llama2-70b":
+        return _llama(name, batch, seq, 8192, heads=64, kv_heads=8, ffn=28672, blocks=80, eps=1e-5)
     return _transformer(
         name,
         batch,

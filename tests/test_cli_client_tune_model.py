@@ -100,6 +100,29 @@ def test_llama2_7b_lists_its_rms_norms_gemms_and_attention():
         network("llama2-7b", batch=8, seq=4096)  # 256 heads of 4096 x 4096 scores
 
 
+def test_llama2_70b_folds_each_key_value_head_s_query_heads_into_one_bmm():
+    net = network("llama2-70b", batch=2, seq=256)
+    assert len(net.layers) == 80 * 10
+    labels = {s.workload.label(): s.count for s in net.distinct()}
+    tokens = 2 * 256
+    assert labels == {
+        f"rmsnorm {tokens}x8192 eps=1e-05": 160,
+        f"gemm {tokens}x10240x8192": 80,  # Q 8192 + K and V of 8 heads of 128
+        "bmm 16x2048x256x128": 80,  # b = batch x 8 KV heads, M = 8 query heads x seq
+        "softmax 32768x256": 80,  # one row per (sequence, query head, query): 2 x 64 x 256
+        "bmm 16x2048x128x256": 80,
+        f"gemm {tokens}x8192x8192": 80,
+        f"gemm {tokens}x57344x8192": 80,
+        f"silu_mul {tokens}x28672": 80,
+        f"gemm {tokens}x8192x28672": 80,
+    }
+    assert any("grouped-query attention: 64 query heads over 8" in n for n in net.notes)
+    # The folded BMMs do the work of 64 heads' separate ones.
+    qk = next(s.workload for s in net.distinct() if s.layers == ("attn_qk",))
+    assert qk.b * qk.m * qk.n * qk.k == 2 * 64 * 256 * 256 * 128
+    assert not any("grouped-query" in n for n in network("llama2-7b", seq=256).notes)
+
+
 def test_defaults_follow_alcop_and_bad_sizes_name_the_field():
     assert network("bert-base").seq == 512 and network("gpt2").seq == 1024
     assert network("resnet50").batch == 64

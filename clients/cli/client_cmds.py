@@ -4,7 +4,7 @@
     pipetune tune gemm --m 1024 --n 64 --k 2048 --gpu h100 --budget 50 --wait [--json]
     pipetune tasks [--state running] [--json]
     pipetune curve TASK_ID [--png FILE] [--html FILE] [--json]
-    pipetune tune-model bert-base|gpt2|llama2-7b|resnet50 --batch B --seq S --gpu h100 [--budget 16]
+    pipetune tune-model bert-base|gpt2|llama2-7b|llama2-70b|resnet50 --batch B --seq S --gpu h100
 
 Each takes --server (env PIPETUNE_SERVER) and --api-key (env PIPETUNE_API_KEY). Bad input
 exits 2 before anything is sent; see clients.cli.remote for the service's errors.
@@ -628,13 +628,13 @@ def curve(
 
 @reported
 def tune_model(
-    network: str = typer.Argument(..., help="bert-base, gpt2, llama2-7b or resnet50"),
+    network: str = typer.Argument(..., help="bert-base, gpt2, llama2-7b, llama2-70b or resnet50"),
     batch: int | None = typer.Option(None, "--batch", help="batch (default 1; resnet50: 64)"),
     seq: int | None = typer.Option(
         None,
         "--seq",
         help="sequence length (default / most: bert-base 512 / 512, gpt2 1024 / 1024, "
-        "llama2-7b 2048 / 4096)",
+        "llama2-7b and llama2-70b 2048 / 4096)",
     ),
     gpu: str = typer.Option(DEFAULT_GPU, "--gpu", help=f"GPU: {', '.join(gpu_keys())}"),
     budget: int = typer.Option(16, "--budget", help="trials per distinct layer shape"),
