@@ -295,26 +295,32 @@ def build_kit(out: Path, python_version: str = GPU_PYTHON, *, python: str = sys.
     return kit
 
 
-HOPPER_OUT = ".campaign-h"
-HOPPER_ARCHIVE = "campaign-hopper.tar.gz"
+def one_call_command(
+    operators: str, out_dir: str, minutes: int, name: str, runner: str, have: str | None = None
+) -> str:
+    """A campaign of ``operators`` made in one device call (the calls after the campaigns:
+    README, GPU work): its out-dir removed first, as device_command does, its archive
+    ``$OUT/<name>.tar.gz`` and its log ``$OUT/<name>.log``; ``have``: the unpacked data of an
+    earlier call that left it unfinished, to go on from."""
+    return (
+        f"set -o pipefail; rm -rf {out_dir}; {install_line()}; PYTHONUNBUFFERED=1 "
+        f"python3 -m pipetune.clients.cli campaign --operators {operators} --runner {runner} "
+        f"--minutes {minutes} --out-dir {out_dir}{_have_option(have)} --pack $OUT/{name}.tar.gz "
+        f"2>&1 | tee $OUT/{name}.log"
+    )
+
+
 HOPPER_MINUTES = 6  # its sweeps take about two minutes of GPU time after the phases
 
 
 def hopper_device_command(runner: str = "cupy", have: str | None = None) -> str:
     """The Hopper wgmma family's campaign (the ``hopper`` suite) in one call: what a lent GPU
-    runs first once the mma.sync campaigns are complete (README, GPU work); ``have``: the
-    unpacked data of an earlier call that left it unfinished, to go on from."""
-    return (
-        f"set -o pipefail; rm -rf {HOPPER_OUT}; {install_line()}; PYTHONUNBUFFERED=1 "
-        f"python3 -m pipetune.clients.cli campaign --operators hopper --runner {runner} "
-        f"--minutes {HOPPER_MINUTES} --out-dir {HOPPER_OUT}{_have_option(have)} "
-        f"--pack $OUT/{HOPPER_ARCHIVE} "
-        "2>&1 | tee $OUT/campaign-hopper.log"
+    runs first once the mma.sync campaigns are complete (README, GPU work)."""
+    return one_call_command(
+        "hopper", ".campaign-h", HOPPER_MINUTES, "campaign-hopper", runner, have
     )
 
 
-CONV_OUT = ".campaign-c"
-CONV_ARCHIVE = "campaign-conv.tar.gz"
 CONV_MINUTES = 8  # `pipetune campaign plan` for these operators: one call, 439 of 480 s
 
 
@@ -331,28 +337,17 @@ def resweep_convolutions() -> tuple[str, ...]:
 def conv_device_command(runner: str = "cupy") -> str:
     """The ALCOP convolutions swept again in one call (their loader changed after the
     committed sweeps; README, GPU work)."""
-    return (
-        f"set -o pipefail; rm -rf {CONV_OUT}; {install_line()}; PYTHONUNBUFFERED=1 "
-        f"python3 -m pipetune.clients.cli campaign --operators {','.join(resweep_convolutions())} "
-        f"--runner {runner} --minutes {CONV_MINUTES} --out-dir {CONV_OUT} "
-        f"--pack $OUT/{CONV_ARCHIVE} 2>&1 | tee $OUT/campaign-conv.log"
-    )
+    operators = ",".join(resweep_convolutions())
+    return one_call_command(operators, ".campaign-c", CONV_MINUTES, "campaign-conv", runner)
 
 
-LLAMA_OUT = ".campaign-l"
-LLAMA_ARCHIVE = "campaign-llama.tar.gz"
 LLAMA_MINUTES = 4  # `pipetune campaign plan --operators llama`: one call, 135 of 480 s
 
 
 def llama_device_command(runner: str = "cupy") -> str:
     """The ``llama`` suite (LLaMA-2's RMS norms and SwiGLUs) in one call: correctness,
     PyTorch's baselines and every schedule of kernels no GPU has run yet (README, GPU work)."""
-    return (
-        f"set -o pipefail; rm -rf {LLAMA_OUT}; {install_line()}; PYTHONUNBUFFERED=1 "
-        f"python3 -m pipetune.clients.cli campaign --operators llama --runner {runner} "
-        f"--minutes {LLAMA_MINUTES} --out-dir {LLAMA_OUT} --pack $OUT/{LLAMA_ARCHIVE} "
-        "2>&1 | tee $OUT/campaign-llama.log"
-    )
+    return one_call_command("llama", ".campaign-l", LLAMA_MINUTES, "campaign-llama", runner)
 
 
 def llama_unmeasured(folder: Path) -> bool:

@@ -135,14 +135,13 @@ def _helpers(workload: MemWorkload, s: MemSchedule, reg_vecs: int) -> str:
         "REDUCES": _bool(workload.has_reduction),
         "OUTPUT_PASS": _bool(workload.has_output_pass),
         "X_ROW": workload.row_inputs,
-        "GELU_TANH": "true" if isinstance(workload, BiasGelu) and workload.approximate == "tanh"
-        else "false",
+        "GELU_TANH": _bool(isinstance(workload, BiasGelu) and workload.approximate == "tanh"),
         "TPR": s.threads_per_row,
         "RPB": s.rows_per_block,
         "SPLIT": s.blocks_per_row,
         "VEC": s.vector_width,
         "CACHE": s.row_cache,
-        "FUSED": "true" if split and s.split_mode == MODE_FUSED else "false",
+        "FUSED": _bool(split and s.split_mode == MODE_FUSED),
         "REG_VECS": reg_vecs,
         "BATCH": LOAD_BATCH,
     }  # fmt: skip
