@@ -424,6 +424,7 @@ def document(
         "network": network.name,
         "batch": network.batch,
         "seq": network.seq,
+        "phase": "decode" if network.decode else "prefill",
         "gpu": gpu,
         "budget": budget,
         "strategy": strategy,
@@ -486,6 +487,8 @@ def print_report(doc: dict[str, Any], out: Console) -> None:
     """The human-readable report of `document(...)`: one row per distinct shape, then the
     latency source, each family's baseline, its share of the time and its end-to-end gain."""
     seq = f", seq {doc['seq']}" if doc["seq"] else ""
+    if doc["phase"] == "decode":
+        seq = f", one decode step at context {doc['seq']}"
     table = Table(
         title=f"{doc['network']} (batch {doc['batch']}{seq}) on {doc['gpu']}: "
         f"{doc['budget']} trials per shape, {doc['strategy']}"

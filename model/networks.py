@@ -37,6 +37,13 @@ layers covers the listed operators only.
   128 sharing 8 key/value heads (grouped-query attention), FFN 28672: the QKV projection is
   T×10240×8192, and each key/value head's 8 query heads are one BMM's rows (b = batch·8,
   M = 8·seq), as GQA kernels fold them.
+- A decode step (``decode=True``; gpt2 and the LLaMA-2 networks, which generate): each of the
+  batch's sequences adds one token, which attends to ``seq`` positions of its key/value cache
+  (the context, its own included). The same layers with T = batch tokens, and attention
+  with one query row per head: Q·Kᵀ b = batch·heads, 1×seq×head_dim, the softmax's rows
+  batch·heads of seq, S·V 1×head_dim×seq (with GQA, a key/value head's query heads are its
+  BMM's rows: M = group). Appending the new keys and values to the cache is not listed.
+  BERT encodes; it has no decode step.
 - resnet50: ResNet-50 v1.5 at 224×224, NHWC, tensor-core layers only. Stride-1 1×1
   convolutions are GEMMs (M = batch·H·W, N = out channels, K = in channels); the stride-2
   1×1 downsampling convolutions and every 3×3 are Conv2D (implicit GEMM); the classifier is
@@ -63,6 +70,7 @@ from pipetune.model.workloads import AnyWorkload, WorkloadError, bmm, conv2d, ge
 
 NETWORKS = ("bert-base", "gpt2", "llama2-7b", "llama2-70b", "resnet50")
 TRANSFORMERS = ("bert-base", "gpt2", "llama2-7b", "llama2-70b")  # networks of sequences (--seq)
+DECODERS = ("gpt2", "llama2-7b", "llama2-70b")  # networks that generate: a decode step (--decode)
 # Defaults that match ALCOP's operator shapes (BMM_BERT_QK is 12×512×512×64 at batch 1,
 # BMM_GPT2_QK 12×1024×1024×64; Conv2D_RN50 is batch 64); LLaMA-2's, half its context.
 DEFAULT_SEQ = {"bert-base": 512, "gpt2": 1024, "llama2-7b": 2048, "llama2-70b": 2048}
@@ -94,9 +102,10 @@ class DistinctShape:
 class Network:
     name: str
     batch: int
-    seq: int | None
+    seq: int | None  # a decode step's context: the key/value positions its token attends to
     layers: list[Layer]
     notes: list[str] = field(default_factory=list)
+    decode: bool = False  # one generated token per sequence (else the whole sequence at once)
 
     def of_family(self, family: str) -> list[Layer]:
         """The layers of one kernel family ("tensor_gemm", "memops"), in network order."""
@@ -113,7 +122,7 @@ class Network:
             for layer in self.layers
         ]
         note = "GEMMs and BMMs on the Hopper wgmma family (hopper_gemm, hopper_bmm)"
-        return Network(self.name, self.batch, self.seq, layers, [*self.notes, note])
+        return Network(self.name, self.batch, self.seq, layers, [*self.notes, note], self.decode)
 
     def distinct(self, family: str | None = None) -> list[DistinctShape]:
         """Each distinct workload once, with how often it occurs, in first-use order; only
@@ -135,6 +144,7 @@ def _transformer(
     name: str,
     batch: int,
     seq: int,
+    decode: bool,
     hidden: int,
     heads: int,
     ffn: int,
@@ -144,14 +154,15 @@ def _transformer(
     pre_ln: bool,
 ) -> Network:
     _check_seq(seq)
-    tokens = batch * seq
+    queries = _queries(seq, decode)
+    tokens = batch * queries
     head_dim = hidden // heads
     qkv = [
         Layer("qkv", gemm(tokens, 3 * hidden, hidden)),
-        Layer("attn_qk", bmm(batch * heads, seq, seq, head_dim)),
+        Layer("attn_qk", bmm(batch * heads, queries, seq, head_dim)),
         # One softmax row per (sequence, head, query) over the seq keys.
-        Layer("attn_softmax", softmax(batch * heads * seq, seq)),
-        Layer("attn_sv", bmm(batch * heads, seq, head_dim, seq)),
+        Layer("attn_softmax", softmax(batch * heads * queries, seq)),
+        Layer("attn_sv", bmm(batch * heads, queries, head_dim, seq)),
         Layer("attn_proj", gemm(tokens, hidden, hidden)),
     ]
     # FC1's bias is not in the GEMM (gemm() has no epilogue): it is added with the GELU,
@@ -175,7 +186,21 @@ def _transformer(
         f"FC1, bias+GELU ({'erf' if gelu == 'none' else gelu}), FC2); embeddings, residual "
         "adds and the output head are not listed"
     ]
-    return Network(name, batch, seq, layers, notes)
+    return Network(name, batch, seq, layers, [*notes, *_decode_notes(decode, seq)], decode)
+
+
+def _queries(seq: int, decode: bool) -> int:
+    """The query tokens per sequence: the whole sequence, or a decode step's one new token."""
+    return 1 if decode else seq
+
+
+def _decode_notes(decode: bool, seq: int) -> list[str]:
+    if not decode:
+        return []
+    return [
+        f"one decode step: each sequence's new token attends to {seq} cached positions (its "
+        "own included); appending its keys and values to the cache is not listed"
+    ]
 
 
 def _check_seq(seq: int) -> None:
@@ -191,6 +216,7 @@ def _llama(
     name: str,
     batch: int,
     seq: int,
+    decode: bool,
     hidden: int,
     heads: int,
     kv_heads: int,
@@ -199,7 +225,8 @@ def _llama(
     eps: float,
 ) -> Network:
     _check_seq(seq)
-    tokens = batch * seq
+    queries = _queries(seq, decode)
+    tokens = batch * queries
     head_dim = hidden // heads
     # Grouped-query attention: each key/value head serves `group` query heads, whose queries
     # are one BMM's rows against that head's keys (group 1: one BMM per head, as MHA).
@@ -207,9 +234,9 @@ def _llama(
     per_block = [
         Layer("input_norm", rmsnorm(tokens, hidden, eps)),
         Layer("qkv", gemm(tokens, hidden + 2 * kv_heads * head_dim, hidden)),
-        Layer("attn_qk", bmm(batch * kv_heads, group * seq, seq, head_dim)),
-        Layer("attn_softmax", softmax(batch * heads * seq, seq)),
-        Layer("attn_sv", bmm(batch * kv_heads, group * seq, head_dim, seq)),
+        Layer("attn_qk", bmm(batch * kv_heads, group * queries, seq, head_dim)),
+        Layer("attn_softmax", softmax(batch * heads * queries, seq)),
+        Layer("attn_sv", bmm(batch * kv_heads, group * queries, head_dim, seq)),
         Layer("attn_proj", gemm(tokens, hidden, hidden)),
         Layer("post_attention_norm", rmsnorm(tokens, hidden, eps)),
         # gate_proj and up_proj read the same input: one GEMM of both weights.
@@ -226,9 +253,10 @@ def _llama(
     if group > 1:
         notes.append(
             f"grouped-query attention: {heads} query heads over {kv_heads} key/value heads; each "
-            f"key/value head's {group} query heads are one BMM's rows (M = {group} x seq)"
+            f"key/value head's {group} query heads are one BMM's rows (M = {group} x "
+            + ("1 new token)" if decode else "seq)")
         )
-    return Network(name, batch, seq, layers, notes)
+    return Network(name, batch, seq, layers, [*notes, *_decode_notes(decode, seq)], decode)
 
 
 def _bottleneck(layers: list[Layer], stage: str, n: int, hw: int, cin: int, mid: int, stride: int):
@@ -269,11 +297,20 @@ def _resnet50(batch: int) -> Network:
     return Network("resnet50", batch, None, layers, notes)
 
 
-def network(name: str, batch: int | None = None, seq: int | None = None) -> Network:
+def network(
+    name: str, batch: int | None = None, seq: int | None = None, decode: bool = False
+) -> Network:
     """The tuned operators of `name` at this batch (and sequence length): tensor-core
-    layers, and for the transformers their memory-intensive operators too."""
+    layers, and for the transformers their memory-intensive operators too. With `decode`,
+    one generation step of a decoder network, `seq` being its context."""
     if name not in NETWORKS:
         raise WorkloadError("network", f"unknown network {name!r}; known: {', '.join(NETWORKS)}")
+    if decode and name not in DECODERS:
+        what = "an encoder" if name in TRANSFORMERS else "not a network of sequences"
+        raise WorkloadError(
+            "decode",
+            f"{name} is {what}: it has no decode step (decoders: {', '.join(DECODERS)})",
+        )
     batch = DEFAULT_BATCH[name] if batch is None else batch
     if batch < 1:
         raise WorkloadError("batch", f"must be at least 1, got {batch}")
@@ -287,7 +324,7 @@ def network(name: str, batch: int | None = None, seq: int | None = None) -> Netw
                 f"{name} takes at most {MAX_SEQ[name]} tokens (its context length), got {seq}",
             )
     try:
-        return _layers(name, batch, seq)
+        return _layers(name, batch, seq, decode)
     except WorkloadError as exc:
         if exc.field in ("batch", "seq"):
             raise
@@ -300,19 +337,24 @@ def network(name: str, batch: int | None = None, seq: int | None = None) -> Netw
         ) from None
 
 
-def _layers(name: str, batch: int, seq: int | None) -> Network:
+def _layers(name: str, batch: int, seq: int | None, decode: bool) -> Network:
     if name == "resnet50":
         return _resnet50(batch)
     assert seq is not None
     # HF LlamaConfig of meta-llama/Llama-2-7b-hf and Llama-2-70b-hf.
     if name == "llama2-7b":
-        return _llama(name, batch, seq, 4096, heads=32, kv_heads=32, ffn=11008, blocks=32, eps=1e-5)
+        return _llama(
+            name, batch, seq, decode, 4096, heads=32, kv_heads=32, ffn=11008, blocks=32, eps=1e-5
+        )
     if name == "llama2-70b":
-        return _llama(name, batch, seq, 8192, heads=64, kv_heads=8, ffn=28672, blocks=80, eps=1e-5)
+        return _llama(
+            name, batch, seq, decode, 8192, heads=64, kv_heads=8, ffn=28672, blocks=80, eps=1e-5
+        )
     return _transformer(
         name,
         batch,
         seq,
+        decode,
         hidden=768,
         heads=12,
         ffn=3072,

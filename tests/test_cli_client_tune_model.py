@@ -123,6 +123,39 @@ def test_llama2_70b_folds_each_key_value_head_s_query_heads_into_one_bmm():
     assert not any("grouped-query" in n for n in network("llama2-7b", seq=256).notes)
 
 
+def test_a_decode_step_is_one_token_per_sequence_against_the_cached_context():
+    net = network("llama2-7b", batch=16, seq=4096, decode=True)
+    assert net.decode and net.seq == 4096 and len(net.layers) == 32 * 10
+    labels = {s.workload.label(): s.count for s in net.distinct()}
+    assert labels == {
+        "rmsnorm 16x4096 eps=1e-05": 64,
+        "gemm 16x12288x4096": 32,  # the batch's 16 new tokens
+        "bmm 512x1x4096x128": 32,  # one query row per (sequence, head) against 4096 keys
+        "softmax 512x4096": 32,
+        "bmm 512x1x128x4096": 32,
+        "gemm 16x4096x4096": 32,
+        "gemm 16x22016x4096": 32,
+        "silu_mul 16x11008": 32,
+        "gemm 16x4096x11008": 32,
+    }
+    assert any("one decode step" in n and "4096 cached positions" in n for n in net.notes)
+    # Grouped-query attention: a key/value head's query heads are its BMM's rows, M = group.
+    gqa = {s.layers: s.workload.label() for s in network("llama2-70b", 2, 1024, True).distinct()}
+    assert gqa[("attn_qk",)] == "bmm 16x8x1024x128" and gqa[("attn_sv",)] == "bmm 16x8x128x1024"
+    assert gqa[("attn_softmax",)] == "softmax 128x1024"  # 2 sequences x 64 query heads
+    gpt2 = {s.layers: s.workload.label() for s in network("gpt2", 4, 512, True).distinct()}
+    assert gpt2[("qkv",)] == "gemm 4x2304x768" and gpt2[("attn_qk",)] == "bmm 48x1x512x64"
+    # The whole sequence at once (prefill) is unchanged by the option's existence.
+    assert not network("gpt2", 4, 512).decode
+    assert network("gpt2", 4, 512).distinct()[1].workload.label() == "gemm 2048x2304x768"
+    with pytest.raises(WorkloadError, match=r"^decode: bert-base is an encoder"):
+        network("bert-base", decode=True)
+    with pytest.raises(WorkloadError, match=r"^decode: resnet50 is not a network of sequences"):
+        network("resnet50", decode=True)
+    with pytest.raises(WorkloadError, match=r"^seq: must be a multiple of 8"):
+        network("gpt2", seq=1000 + 1, decode=True)  # the context is Q·Kᵀ's N
+
+
 def test_defaults_follow_alcop_and_bad_sizes_name_the_field():
     assert network("bert-base").seq == 512 and network("gpt2").seq == 1024
     assert network("resnet50").batch == 64
@@ -379,6 +412,19 @@ def test_the_report_shows_families_units_and_the_time_split():
     assert "end-to-end (tensor-core GEMM layers)" in text
     assert "end-to-end (memory-intensive layers)" in text
     assert "end-to-end (all listed layers)" in text
+    assert doc["phase"] == "prefill" and "(batch 1, seq 128)" in text
+
+
+def test_the_report_of_a_decode_step_says_so():
+    results, _ = _mixed_results()
+    net = network("gpt2", batch=8, seq=512, decode=True)
+    doc = document(net, "h100", 3, "auto", results)
+    assert doc["phase"] == "decode" and doc["seq"] == 512
+    console = Console(record=True, width=240)
+    print_report(doc, console)
+    text = console.export_text()
+    assert "gpt2 (batch 8, one decode step at context 512) on h100" in text
+    assert "note: one decode step: each sequence's new token attends to 512" in text
 
 
 def test_launch_warm_starts_the_shapes_a_prior_gpu_has_and_the_rest_cold():

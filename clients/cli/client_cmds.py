@@ -634,7 +634,14 @@ def tune_model(
         None,
         "--seq",
         help="sequence length (default / most: bert-base 512 / 512, gpt2 1024 / 1024, "
-        "llama2-7b and llama2-70b 2048 / 4096)",
+        "llama2-7b and llama2-70b 2048 / 4096); with --decode, the context",
+    ),
+    decode: bool = typer.Option(
+        False,
+        "--decode",
+        help="one decode step instead of the whole sequence (gpt2, llama2-7b, llama2-70b): "
+        "each of the batch's sequences adds one token, which attends to --seq cached "
+        "positions, its own included",
     ),
     gpu: str = typer.Option(DEFAULT_GPU, "--gpu", help=f"GPU: {', '.join(gpu_keys())}"),
     budget: int = typer.Option(16, "--budget", help="trials per distinct layer shape"),
@@ -709,7 +716,7 @@ def tune_model(
             prior_gpu = resolve_gpu_key(prior_gpu)
         except HardwareError as exc:
             raise CliError(f"--prior-gpu: {exc}", 2) from None
-    net = build_network(network, batch, seq)
+    net = build_network(network, batch, seq, decode)
     if wgmma:
         if get_gpu(gpu).arch != HOPPER_ARCH:
             raise CliError(f"--wgmma: the Hopper wgmma family runs on H100 and H200, not {gpu}", 2)
