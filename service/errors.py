@@ -135,7 +135,11 @@ def _item(error: dict[str, Any]) -> ErrorItem:
     if "input" in error and kind not in ("missing", "json_invalid", "extra_forbidden"):
         value = error["input"]
         shown = _cut(repr(value), SHOWN_CHARS)
-        if (isinstance(value, int | float | str | bool) or value is None) and shown not in reason:
+        # pydantic's own messages never show the input ("greater than 0" for an eps of 0):
+        # always said; the project's reasons usually do ("..., got 100"): said where not.
+        ours = isinstance(cause, WorkloadError | FieldError)
+        scalar = isinstance(value, int | float | str | bool) or value is None
+        if scalar and not (ours and shown in reason):
             reason = f"{reason} (got {shown})"
     reason = _cut(reason, REASON_CHARS)
     names = [p for p in loc if isinstance(p, str) and p not in ("body", "query", "path")]

@@ -31,6 +31,9 @@ BAD_WORKLOADS = [
     ({"m": 64, "n": 64, "k": 64}, "op", "missing"),
     ({**GEMM, "m": -5}, "m", "greater than or equal to 1 (got -5)"),
     ({**GEMM, "n": 0}, "n", "greater than or equal to 1 (got 0)"),
+    # The value shown although the bound's own digits are in pydantic's message.
+    ({"op": "rmsnorm", "rows": 64, "cols": 64, "eps": 0}, "eps", "greater than 0 (got 0)"),
+    ({"op": "layernorm", "rows": 64, "cols": 64, "eps": 0.0}, "eps", "greater than 0 (got 0.0)"),
     ({**GEMM, "k": 1001}, "k", "must be a multiple of 8"),
     ({**GEMM, "m": "1024"}, "m", "valid integer"),
     ({**GEMM, "m": 1.5}, "m", "valid integer"),

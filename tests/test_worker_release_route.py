@@ -7,7 +7,16 @@ it is."""
 from __future__ import annotations
 
 import pytest
-from service_support import TOKEN, client_for, create_task, lease, register, service_of
+from service_support import (
+    TOKEN,
+    client_for,
+    create_task,
+    lease,
+    ok,
+    post_result,
+    register,
+    service_of,
+)
 from sqlalchemy import select
 
 from pipetune.clients.sdk import NotFoundError, WorkerApi
@@ -57,3 +66,64 @@ def test_a_worker_hands_back_its_leased_jobs(db_url):
         with pytest.raises(NotFoundError):
             api.release(999, [_held(third)])
         api.close()
+
+
+def test_a_release_of_many_lease_tokens_is_one_transaction(db_url, monkeypatch):
+    """A release request of up to 4,096 leases each under its own token ran one write
+    transaction per token (2.2 s on SQLite; on PostgreSQL as many round trips on the event
+    loop): one transaction now, releasing the leases that hold and no other."""
+    with client_for(db_url) as c:
+        api = WorkerApi(str(c.base_url), TOKEN, transport=c._transport)
+        worker = register(c, "stopping")
+        create_task(c, budget=3, strategy="grid")
+        first, second, third = lease(c, worker, 3)
+        db = service_of(c).db
+        writes = []
+        real_write = db.write
+
+        def counted_write(*args, **kwargs):
+            writes.append(1)
+            return real_write(*args, **kwargs)
+
+        monkeypatch.setattr(db, "write", counted_write)
+        stale = [_held(first, token=f"stale-{i:04d}") for i in range(500)]
+        released = api.release(worker, [*stale, _held(first), _held(second)], timeout_s=30)
+        monkeypatch.undo()
+        assert sorted(released) == sorted([first["job_id"], second["job_id"]])
+        assert len(writes) == 1
+        with db.write() as s:
+            states = dict(s.execute(select(JobRow.id, JobRow.state)).all())
+            outcomes = dict(s.execute(select(LeaseRow.job_id, LeaseRow.outcome)).all())
+        assert states[first["job_id"]] == states[second["job_id"]] == JobState.QUEUED
+        assert states[third["job_id"]] == JobState.LEASED and outcomes[third["job_id"]] is None
+        assert outcomes[first["job_id"]] == outcomes[second["job_id"]] == LeaseOutcome.RELEASED
+        api.close()
+
+
+@pytest.mark.parametrize(
+    "changed", [{"runner": "cupy"}, {"gpu": "a100"}], ids=["runner kind", "gpu"]
+)
+def test_a_worker_re_registered_as_another_kind_hands_back_its_leases(db_url, changed):
+    """A simulated lease's result, posted after its worker's name re-registered as a GPU
+    runner, was recorded as a `cupy` measurement (and an H100 job's result accepted from the
+    name re-registered as an A100): the leases of the worker it was are handed back at the
+    re-registration, and a result under one is refused as stale, recording nothing."""
+    with client_for(db_url) as c:
+        worker = register(c, "w1")
+        task = create_task(c, budget=3, strategy="grid")
+        first, second = lease(c, worker, 2)
+        assert register(c, "w1") == worker  # the same kind again: its leases stay
+        with service_of(c).db.write() as s:
+            assert s.get(JobRow, first["job_id"]).state == JobState.LEASED
+        register(c, "w1", **changed)
+        with service_of(c).db.write() as s:
+            rows = {r.id: r for r in s.execute(select(JobRow.id, JobRow.state, JobRow.attempts))}
+            outcomes = dict(s.execute(select(LeaseRow.job_id, LeaseRow.outcome)).all())
+        for job in (first, second):
+            assert rows[job["job_id"]].state == JobState.QUEUED
+            assert outcomes[job["job_id"]] == LeaseOutcome.RELEASED
+        answer = post_result(c, worker, first, ok(12.0))
+        assert answer.status_code in (200, 409), answer.text
+        assert answer.status_code == 409 or not answer.json()["accepted"], answer.text
+        trials = c.get(f"/v1/tasks/{task['id']}/trials").json()["trials"]
+        assert [t for t in trials if t["latency_us"] is not None] == []
