@@ -230,7 +230,7 @@ from pipetune.model.hardware import GPUSpec
 from pipetune.model.issue import step_instructions
 from pipetune.model.knobs import PredictedLatencies
 from pipetune.model.space import MMA_TILE, Space
-from pipetune.model.workloads import AnyWorkload, Conv2d, Conv3d
+from pipetune.model.workloads import AnyWorkload, Conv2d, Conv3d, GemmSwiglu
 
 BYTES_FP16 = 2
 # How the overlap of a K step's MMAs and its other instructions grows with the warps on each
@@ -364,6 +364,12 @@ def _a_reuse_factor(workload: AnyWorkload) -> float:
     return 1.0
 
 
+def _output_share(workload: AnyWorkload) -> float:
+    """Bytes a block writes per element of its GEMM tile: 1 element of C each, but the
+    fused GEMM + SwiGLU writes one output for each gate-and-up pair of columns."""
+    return 0.5 if isinstance(workload, GemmSwiglu) else 1.0
+
+
 @dataclass(frozen=True)
 class Prediction(PredictedLatencies):
     """The model's terms for every schedule of a space (arrays aligned with the space)."""
@@ -470,7 +476,9 @@ def evaluate(space: Space) -> Prediction:
     step = step_instructions(space)
     # Beside its MMAs (reading 13): they hold the tensor pipe, the rest issue after them.
     step_other = step.total - step.mma
-    Bytes_output_tile = np.minimum(BM, view.m) * np.minimum(BN, view.n) * BYTES_FP16
+    Bytes_output_tile = (
+        np.minimum(BM, view.m) * np.minimum(BN, view.n) * BYTES_FP16 * _output_share(workload)
+    )
     load_latency = max(gpu.dram_latency_ns, gpu.l2_latency_ns) * 1e-9
     fragment_wait = gpu.smem_latency_ns * 1e-9
 

@@ -66,11 +66,19 @@ from pipetune.model.memops.workloads import (
     silu_mul,
     softmax,
 )
-from pipetune.model.workloads import AnyWorkload, WorkloadError, bmm, conv2d, gemm
+from pipetune.model.workloads import (
+    AnyWorkload,
+    WorkloadError,
+    bmm,
+    conv2d,
+    gemm,
+    gemm_swiglu,
+)
 
 NETWORKS = ("bert-base", "gpt2", "llama2-7b", "llama2-70b", "resnet50")
 TRANSFORMERS = ("bert-base", "gpt2", "llama2-7b", "llama2-70b")  # networks of sequences (--seq)
 DECODERS = ("gpt2", "llama2-7b", "llama2-70b")  # networks that generate: a decode step (--decode)
+SWIGLU_NETWORKS = ("llama2-7b", "llama2-70b")  # MLPs gated by a SwiGLU (--fuse-swiglu)
 # Defaults that match ALCOP's operator shapes (BMM_BERT_QK is 12×512×512×64 at batch 1,
 # BMM_GPT2_QK 12×1024×1024×64; Conv2D_RN50 is batch 64); LLaMA-2's, half its context.
 DEFAULT_SEQ = {"bert-base": 512, "gpt2": 1024, "llama2-7b": 2048, "llama2-70b": 2048}
@@ -106,6 +114,7 @@ class Network:
     layers: list[Layer]
     notes: list[str] = field(default_factory=list)
     decode: bool = False  # one generated token per sequence (else the whole sequence at once)
+    fuse_swiglu: bool = False  # gate+up and the SwiGLU as one GEMM (gemm_swiglu)
 
     def of_family(self, family: str) -> list[Layer]:
         """The layers of one kernel family ("tensor_gemm", "memops"), in network order."""
@@ -122,7 +131,12 @@ class Network:
             for layer in self.layers
         ]
         note = "GEMMs and BMMs on the Hopper wgmma family (hopper_gemm, hopper_bmm)"
-        return Network(self.name, self.batch, self.seq, layers, [*self.notes, note], self.decode)
+        if self.fuse_swiglu:
+            note += "; the fused gemm_swiglu stays on the mma.sync family (no wgmma epilogue)"
+        return Network(
+            self.name, self.batch, self.seq, layers, [*self.notes, note], self.decode,
+            self.fuse_swiglu,
+        )  # fmt: skip
 
     def distinct(self, family: str | None = None) -> list[DistinctShape]:
         """Each distinct workload once, with how often it occurs, in first-use order; only
@@ -217,6 +231,7 @@ def _llama(
     batch: int,
     seq: int,
     decode: bool,
+    fuse_swiglu: bool,
     hidden: int,
     heads: int,
     kv_heads: int,
@@ -239,16 +254,29 @@ def _llama(
         Layer("attn_sv", bmm(batch * kv_heads, group * queries, head_dim, seq)),
         Layer("attn_proj", gemm(tokens, hidden, hidden)),
         Layer("post_attention_norm", rmsnorm(tokens, hidden, eps)),
-        # gate_proj and up_proj read the same input: one GEMM of both weights.
-        Layer("gate_up", gemm(tokens, 2 * ffn, hidden)),
-        Layer("swiglu", silu_mul(tokens, ffn)),
+        # gate_proj and up_proj read the same input: one GEMM of both weights, and with
+        # fuse_swiglu the SwiGLU in its epilogue (the weights interleaved).
+        *(
+            [Layer("gate_up_swiglu", gemm_swiglu(tokens, ffn, hidden))]
+            if fuse_swiglu
+            else [
+                Layer("gate_up", gemm(tokens, 2 * ffn, hidden)),
+                Layer("swiglu", silu_mul(tokens, ffn)),
+            ]
+        ),
         Layer("down", gemm(tokens, hidden, ffn)),
     ]
     layers = [layer for _ in range(blocks) for layer in per_block]
+    mlp = (
+        "gate+up with the SwiGLU in its epilogue (one GEMM, gemm_swiglu: the weights "
+        "interleaved in groups of 8)"
+        if fuse_swiglu
+        else "gate+up (one GEMM), SwiGLU (SiLU(gate)·up)"
+    )
     notes = [
         f"{blocks} blocks x (RMS norm (eps {eps:g}), QKV, Q·Kᵀ, softmax, S·V, projection, RMS "
-        "norm, gate+up (one GEMM), SwiGLU (SiLU(gate)·up), down); the rotary embedding, "
-        "embeddings, residual adds, the final norm and the LM head are not listed"
+        f"norm, {mlp}, down); the rotary embedding, embeddings, residual adds, the final norm "
+        "and the LM head are not listed"
     ]
     if group > 1:
         notes.append(
@@ -256,7 +284,9 @@ def _llama(
             f"key/value head's {group} query heads are one BMM's rows (M = {group} x "
             + ("1 new token)" if decode else "seq)")
         )
-    return Network(name, batch, seq, layers, [*notes, *_decode_notes(decode, seq)], decode)
+    return Network(
+        name, batch, seq, layers, [*notes, *_decode_notes(decode, seq)], decode, fuse_swiglu
+    )
 
 
 def _bottleneck(layers: list[Layer], stage: str, n: int, hw: int, cin: int, mid: int, stride: int):
@@ -298,13 +328,23 @@ def _resnet50(batch: int) -> Network:
 
 
 def network(
-    name: str, batch: int | None = None, seq: int | None = None, decode: bool = False
+    name: str,
+    batch: int | None = None,
+    seq: int | None = None,
+    decode: bool = False,
+    fuse_swiglu: bool = False,
 ) -> Network:
     """The tuned operators of `name` at this batch (and sequence length): tensor-core
     layers, and for the transformers their memory-intensive operators too. With `decode`,
-    one generation step of a decoder network, `seq` being its context."""
+    one generation step of a decoder network, `seq` being its context; with `fuse_swiglu`,
+    a LLaMA's gate+up GEMM and SwiGLU as one fused GEMM."""
     if name not in NETWORKS:
         raise WorkloadError("network", f"unknown network {name!r}; known: {', '.join(NETWORKS)}")
+    if fuse_swiglu and name not in SWIGLU_NETWORKS:
+        raise WorkloadError(
+            "fuse_swiglu",
+            f"{name} has no SwiGLU to fuse (networks with one: {', '.join(SWIGLU_NETWORKS)})",
+        )
     if decode and name not in DECODERS:
         what = "an encoder" if name in TRANSFORMERS else "not a network of sequences"
         raise WorkloadError(
@@ -324,7 +364,7 @@ def network(
                 f"{name} takes at most {MAX_SEQ[name]} tokens (its context length), got {seq}",
             )
     try:
-        return _layers(name, batch, seq, decode)
+        return _layers(name, batch, seq, decode, fuse_swiglu)
     except WorkloadError as exc:
         if exc.field in ("batch", "seq"):
             raise
@@ -337,19 +377,21 @@ def network(
         ) from None
 
 
-def _layers(name: str, batch: int, seq: int | None, decode: bool) -> Network:
+def _layers(name: str, batch: int, seq: int | None, decode: bool, fuse_swiglu: bool) -> Network:
     if name == "resnet50":
         return _resnet50(batch)
     assert seq is not None
     # HF LlamaConfig of meta-llama/Llama-2-7b-hf and Llama-2-70b-hf.
     if name == "llama2-7b":
         return _llama(
-            name, batch, seq, decode, 4096, heads=32, kv_heads=32, ffn=11008, blocks=32, eps=1e-5
-        )
+            name, batch, seq, decode, fuse_swiglu, 4096, heads=32, kv_heads=32, ffn=11008,
+            blocks=32, eps=1e-5,
+        )  # fmt: skip
     if name == "llama2-70b":
         return _llama(
-            name, batch, seq, decode, 8192, heads=64, kv_heads=8, ffn=28672, blocks=80, eps=1e-5
-        )
+            name, batch, seq, decode, fuse_swiglu, 8192, heads=64, kv_heads=8, ffn=28672,
+            blocks=80, eps=1e-5,
+        )  # fmt: skip
     return _transformer(
         name,
         batch,

@@ -3,7 +3,10 @@
 ``hopper``: the ALCOP suite's GEMMs and BMMs on the Hopper warpgroup-MMA family ("WG_" before
 the ALCOP name: the same shapes, so the two families' kernels compare operator by operator).
 ``llama``: the RMS norms and SwiGLUs of LLaMA-2-style decoders (see _llama_memops); not in
-the campaign's default operators (``--operators llama`` sweeps them).
+the campaign's default operators (``--operators llama`` sweeps them). ``swiglu``: LLaMA-2
+7B's gate and up projections at 1024 tokens, as the fused GEMM + SwiGLU and as the plain
+GEMM that the ``llama`` suite's SwiGLU_LLaMA2_7B_t1024 follows (fused against unfused,
+each tuned); not in the default operators either.
 
 Shapes follow the ALCOP paper: square GEMMs, BERT-base linear layers at 1024 tokens (N x K
 as in the paper), ResNet-50's FC and 1x1 convolutions as GEMM, BERT and GPT-2 attention
@@ -23,7 +26,7 @@ from pipetune.model.memops.workloads import (
     silu_mul,
     softmax,
 )
-from pipetune.model.workloads import AnyWorkload, bmm, conv2d, conv3d, gemm
+from pipetune.model.workloads import AnyWorkload, bmm, conv2d, conv3d, gemm, gemm_swiglu
 
 ALCOP: dict[str, AnyWorkload] = {
     "MM_Square_1k": gemm(1024, 1024, 1024),
@@ -87,6 +90,12 @@ def _llama_memops() -> dict[str, MemWorkload]:
 
 MEMOPS = _transformer_memops()
 LLAMA = _llama_memops()
+# The gate+up GEMM of LLaMA-2 7B's MLP (hidden 4096, FFN 11008) at 1024 tokens, fused with
+# the SwiGLU and not: with LLAMA's SwiGLU_LLaMA2_7B_t1024, what fusing saves once each is tuned.
+SWIGLU: dict[str, AnyWorkload] = {
+    "GateUpSwiGLU_LLaMA2_7B_t1024": gemm_swiglu(1024, 11008, 4096),
+    "GateUp_LLaMA2_7B_t1024": gemm(1024, 22016, 4096),
+}
 HOPPER_PREFIX = "WG_"
 HOPPER: dict[str, HopperWorkload] = {
     HOPPER_PREFIX + name: as_hopper(w) for name, w in ALCOP.items() if w.op in ("gemm", "bmm")
@@ -97,6 +106,7 @@ SUITES: dict[str, dict[str, AnyWorkload | MemWorkload | HopperWorkload]] = {
     "memops": MEMOPS,
     "hopper": HOPPER,
     "llama": LLAMA,
+    "swiglu": SWIGLU,
 }
 
 

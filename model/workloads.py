@@ -163,6 +163,49 @@ class Gemm(_Workload):
         return f"gemm {self.m}x{self.n}x{self.k}{layout}"
 
 
+# The fused GEMM + SwiGLU's weights interleave the gate's and the up projection's columns in
+# groups of this many (one mma.sync n8 tile each): a thread's accumulators then hold a gate
+# value and its up value side by side, and the epilogue gates them without a shuffle.
+SWIGLU_INTERLEAVE = 8
+
+
+class GemmSwiglu(_Workload):
+    """C[M,N] = silu(A @ W_gate) · (A @ W_up): the gate and up projections as one GEMM whose
+    epilogue applies the SwiGLU. B holds both weights, 2N columns (b_layout 'kn', K×2N; or
+    'nk', 2N×K) interleaved in groups of 8: columns 16t..16t+7 are the gate's 8t..8t+7,
+    16t+8..16t+15 the up projection's (pipetune.interleave_gate_up builds it)."""
+
+    op: Literal["gemm_swiglu"] = "gemm_swiglu"
+    m: Annotated[Dim, _about("rows of A and C")]
+    n: Annotated[Dim, _about("columns of C: the width of each projection (B has 2n)")]
+    k: Annotated[Dim, _about("the reduced dimension: columns of A, rows of B")]
+    b_layout: Annotated[
+        Literal["kn", "nk"],
+        _about("B stored K×2N (kn) or 2N×K (nk, transposed weights), gate and up interleaved"),
+    ] = "kn"
+
+    @model_validator(mode="after")
+    def _validate(self) -> GemmSwiglu:
+        _check_index("A", self.m * self.k, m=self.m, k=self.k)
+        _check_index("B", self.k * 2 * self.n, k=self.k, n=self.n)
+        _check_index("C", self.m * self.n, m=self.m, n=self.n)
+        _check_aligned("k", self.k, "K of A")
+        _check_aligned("n", self.n, "N of C")
+        return self
+
+    def gemm_view(self) -> GemmView:
+        # The GEMM the kernel computes: both projections, 2N interleaved columns.
+        return GemmView(batch=1, m=self.m, n=2 * self.n, k=self.k)
+
+    @property
+    def operand_bytes(self) -> tuple[int, int, int]:
+        return 2 * self.m * self.k, 2 * self.k * 2 * self.n, 2 * self.m * self.n
+
+    def label(self) -> str:
+        layout = " nk" if self.b_layout == "nk" else ""
+        return f"gemm_swiglu {self.m}x{self.n}x{self.k}{layout}"
+
+
 class Bmm(_Workload):
     """Batched GEMM: b independent M×K @ K×N products (grid z)."""
 
@@ -336,12 +379,12 @@ class Conv3d(_Workload):
         )
 
 
-Workload = Annotated[Gemm | Bmm | Conv2d | Conv3d, Field(discriminator="op")]
+Workload = Annotated[Gemm | GemmSwiglu | Bmm | Conv2d | Conv3d, Field(discriminator="op")]
 # Operator name -> type, read from each type's `op` tag: the names are declared once, there.
 OPS: dict[str, type[_Workload]] = {
-    str(cls.model_fields["op"].default): cls for cls in (Gemm, Bmm, Conv2d, Conv3d)
+    str(cls.model_fields["op"].default): cls for cls in (Gemm, GemmSwiglu, Bmm, Conv2d, Conv3d)
 }
-_WORKLOAD_ADAPTER: TypeAdapter[Gemm | Bmm | Conv2d | Conv3d] = TypeAdapter(Workload)
+_WORKLOAD_ADAPTER: TypeAdapter[Gemm | GemmSwiglu | Bmm | Conv2d | Conv3d] = TypeAdapter(Workload)
 
 
 def first_error(
@@ -391,13 +434,17 @@ def parse_tagged(
         raise first_error(exc, ops, show) from None
 
 
-def parse_workload(data: dict[str, Any]) -> Gemm | Bmm | Conv2d | Conv3d:
+def parse_workload(data: dict[str, Any]) -> AnyWorkload:
     """Build a workload from a plain dict, raising WorkloadError with the field and reason."""
     return parse_tagged(data, OPS, _WORKLOAD_ADAPTER, "pipetune's kernels", show=repr)  # type: ignore[no-any-return]
 
 
 def gemm(m: int, n: int, k: int, **kw: Any) -> Gemm:
     return parse_workload({"op": "gemm", "m": m, "n": n, "k": k, **kw})  # type: ignore[return-value]
+
+
+def gemm_swiglu(m: int, n: int, k: int, **kw: Any) -> GemmSwiglu:
+    return parse_workload({"op": "gemm_swiglu", "m": m, "n": n, "k": k, **kw})  # type: ignore[return-value]
 
 
 def bmm(b: int, m: int, n: int, k: int, **kw: Any) -> Bmm:
@@ -428,4 +475,4 @@ def conv3d(
     return parse_workload({**data, "t": t, "r": r, "s": s, "stride": stride, "pad": pad})  # type: ignore[return-value]
 
 
-AnyWorkload = Gemm | Bmm | Conv2d | Conv3d
+AnyWorkload = Gemm | GemmSwiglu | Bmm | Conv2d | Conv3d

@@ -25,7 +25,7 @@ from pipetune.model.memops.workloads import (
     softmax,
 )
 from pipetune.model.operators import LLAMA, MEMOPS
-from pipetune.model.workloads import bmm, conv2d, gemm
+from pipetune.model.workloads import bmm, conv2d, gemm, gemm_swiglu
 from pipetune.workers.campaign import cuda_side, sim_side
 from pipetune.workers.launch_plan import Buffer, KernelLaunch, LaunchPlan
 from pipetune.workers.runners import cupy_child, memops_reference, sim_child
@@ -277,6 +277,9 @@ class FakeTensor(np.ndarray):
     def mean(self, dim, keepdim=False):
         return np.mean(np.asarray(self), axis=dim, keepdims=keepdim).view(FakeTensor)
 
+    def t(self):
+        return self.T
+
 
 class FakeTorch(types.ModuleType):
     """PyTorch as the memops baselines use it: seeded device draws, the row operators
@@ -379,6 +382,16 @@ class FakeTorch(types.ModuleType):
     def sum(self, x, dim):
         return self._op("sum", x, dim=dim)
 
+    def matmul(self, a, b, out):
+        self.log.append(("matmul", {"shape": (a.shape, b.shape, out.shape), "dtype": a.dtype}))
+        out[...] = a.astype(np.float32) @ b.astype(np.float32)
+        return out
+
+    def mul(self, x, y, out):
+        self.log.append(("mul", {"shape": (x.shape, y.shape, out.shape)}))
+        out[...] = x * y
+        return out
+
     def rsqrt(self, x):
         return 1.0 / np.sqrt(x)
 
@@ -480,6 +493,24 @@ def test_a_bmm_baseline_is_cublas_batched_through_torch_bmm(torch):
     assert [name for name, _ in torch.log] == ["bmm", "bmm"] + ["flush", "bmm"] * 5
     assert all(call["shape"] == shapes for name, call in torch.log if name == "bmm")
     assert all(call["dtype"] == np.float16 for name, call in torch.log if name == "bmm")
+
+
+@pytest.mark.parametrize("b_layout", ["kn", "nk"])
+def test_a_fused_swiglu_s_baseline_is_the_unfused_gemm_and_silu_mul(torch, b_layout):
+    """What a model runs without the fused kernel: cuBLAS's GEMM of both projections into
+    an M x 2N intermediate, then silu(gate) * up over its halves, each timed launch both."""
+    workload = gemm_swiglu(64, 24, 40, b_layout=b_layout)
+    answer = cuda_side.vendor_time(workload.canonical(), 7, POLICY)
+    assert answer["library"].startswith("cuBLAS through torch.matmul, then ")
+    assert "unfused" in answer["library"] and answer["samples_ms"] == [0.02] * 5
+    names = [name for name, _ in torch.log]
+    assert names == ["matmul", "silu", "mul"] * 2 + ["flush", "matmul", "silu", "mul"] * 5
+    matmul = next(call for name, call in torch.log if name == "matmul")
+    assert matmul["shape"] == ((64, 40), (40, 48), (64, 48)) and matmul["dtype"] == np.float16
+    silu = next(call for name, call in torch.log if name == "silu")
+    assert silu["shape"] == (64, 24)  # the gate's half of the intermediate
+    mul = next(call for name, call in torch.log if name == "mul")
+    assert mul["shape"] == ((64, 24), (64, 24), (64, 24))
 
 
 def _holding(cupy, torch, monkeypatch, works=True):

@@ -89,6 +89,7 @@ BAD = [
     (["tune-model", "bert-base", "--decode"], "decode: bert-base is an encoder"),
     (["tune-model", "resnet50", "--decode"], "decode: resnet50 is not a network of sequences"),
     (["tune-model", "llama2-7b", "--decode", "--seq", "8192"], "seq: llama2-7b takes at most"),
+    (["tune-model", "gpt2", "--fuse-swiglu"], "fuse_swiglu: gpt2 has no SwiGLU to fuse"),
     (["tune-model", "gpt2", "--batch-size", "0"], "--batch-size: must be within 1..64, got 0"),
     (["tune-model", "gpt2", "--priority", "0"], "--priority: must be within 1..10, got 0"),
     (["worker", "--runner", "simulated", "--token", "t"], "--gpu: a simulated worker must"),

@@ -30,7 +30,7 @@ from cuda_emulator import (
 )
 
 from pipetune.model.space import Schedule
-from pipetune.model.workloads import AnyWorkload, bmm, conv2d, conv3d, gemm
+from pipetune.model.workloads import AnyWorkload, bmm, conv2d, conv3d, gemm, gemm_swiglu
 from pipetune.workers.codegen import generate, launch
 from pipetune.workers.codegen.generator import source_parts
 
@@ -145,6 +145,13 @@ CASES = [
         [_s(1, 1, 2, 2, 2, 4, 1), _s(2, 2, 1, 1, 4, 2, 2), _s(1, 2, 1, 1, 1, 5, 2)],
     ),
     (bmm(3, 20, 24, 40), [_s(1, 1, 1, 1, 1, 2, 2), _s(2, 1, 1, 1, 2, 1, 2)]),
+    # The fused GEMM + SwiGLU: 2n = 80 interleaved columns, so N-tile tails, warp tiles of
+    # one and several gate/up pairs, both B layouts.
+    (
+        gemm_swiglu(37, 40, 72),
+        [_s(1, 1, 1, 1, 1, 2, 1), _s(2, 2, 1, 2, 2, 3, 2), _s(1, 1, 2, 4, 2, 4, 2)],
+    ),
+    (gemm_swiglu(20, 24, 40, b_layout="nk"), [_s(1, 2, 1, 1, 1, 2, 2), _s(2, 1, 2, 2, 1, 3, 1)]),
     (
         conv2d(2, 7, 6, 16, 24, 3, 3, stride=2, pad=1),
         [_s(1, 1, 1, 1, 2, 3, 2), _s(2, 1, 1, 2, 4, 2, 1), _s(1, 1, 2, 1, 1, 6, 2)],
@@ -181,3 +188,26 @@ def test_emulator_catches_broken_kernels(tmp_path, mutation, symptom):
     else:
         assert code == 3
         assert symptom in stderr
+
+
+@pytest.mark.parametrize(
+    "mutation",
+    [
+        # Gate and up read from each other's n8 tile.
+        ("const float* g = &acc[i][2 * t][2 * h];", "const float* g = &acc[i][2 * t + 1][2 * h];"),
+        # C's rows taken as wide as the GEMM's (2n), not n.
+        ("const int NC = N / 2;", "const int NC = N;"),
+        # The output column of the gate's, not the pair's.
+        ("const int c = (bn0 + wn0) / 2 + t * 8 + col;", "const int c = bn0 + wn0 + t * 8 + col;"),
+    ],
+)
+def test_emulator_catches_a_broken_swiglu_epilogue(tmp_path, mutation):
+    """The fused epilogue's checks fail kernels that gate the wrong pairs or store them in
+    the wrong place (a wrong result, an element never written, or a store outside C)."""
+    workload, schedule = gemm_swiglu(37, 40, 72), _s(2, 2, 1, 2, 2, 3, 2)
+    code, stderr, c, ref = _emulate(workload, schedule, tmp_path, mutation)
+    if code == 0:
+        tol = (2.0**-11 + 2.0**-18) * np.abs(ref) + 2.0**-24
+        assert np.isnan(c).any() or (np.abs(c.astype(np.float64) - ref) > tol).any()
+    else:
+        assert code == 3 and "store outside C" in stderr, stderr

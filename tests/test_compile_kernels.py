@@ -11,8 +11,8 @@ import pytest
 
 from pipetune.model.hardware import get_gpu
 from pipetune.model.space import Space
-from pipetune.model.workloads import bmm, conv2d, conv3d, gemm
-from pipetune.workers.codegen import generate
+from pipetune.model.workloads import bmm, conv2d, conv3d, gemm, gemm_swiglu
+from pipetune.workers.codegen import VARIANTS, generate
 from pipetune.workers.codegen.sample import stratified_sample
 from pipetune.workers.compile import CompileError, compile_many
 
@@ -20,6 +20,8 @@ PER_PAIR = 24
 WORKLOADS = {
     "gemm_kn": gemm(4096, 4096, 4096),
     "gemm_nk": gemm(4096, 4096, 4096, b_layout="nk"),
+    "gemm_swiglu_kn": gemm_swiglu(4096, 2048, 4096),
+    "gemm_swiglu_nk": gemm_swiglu(4096, 2048, 4096, b_layout="nk"),
     "bmm": bmm(16, 1024, 1024, 1024),
     "conv2d": conv2d(32, 56, 56, 128, 256, 3, 3, pad=1),
     "conv3d": conv3d(4, 16, 28, 28, 64, 128, 3, 3, 3, pad=1),
@@ -45,6 +47,7 @@ def compiled():
 
 
 def test_sample_spans_every_variant_arch_and_200_schedules(compiled):
+    assert set(WORKLOADS) == set(VARIANTS)
     assert set(compiled) == {(v, a) for v in WORKLOADS for a in ARCHS}
     distinct = {s for rows in compiled.values() for s, _ in rows}
     assert len(distinct) >= 200

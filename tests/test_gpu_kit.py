@@ -44,6 +44,7 @@ from pipetune.workers.campaign.kit import (
     llama_device_command,
     normalise,
     resweep_convolutions,
+    swiglu_device_command,
 )
 from pipetune.workers.campaign.operators import DEFAULT_OPERATORS, resolve_operators, suite_in_order
 from pipetune.workers.datasets import check_pipetune, read_t4
@@ -85,6 +86,7 @@ def test_the_readme_gives_the_kit_s_commands():
     assert hopper_device_command() in stripped  # the Hopper family's campaign call
     assert conv_device_command() in stripped  # the convolutions swept again
     assert llama_device_command() in stripped  # the llama suite's first sweeps
+    assert swiglu_device_command() in stripped  # the fused GEMM + SwiGLU against the pair
 
 
 def test_the_wheel_is_built_under_the_tree_s_lock(tmp_path, monkeypatch):
@@ -258,7 +260,8 @@ def check_files(folder: Path, files: dict[str, bytes]) -> None:
     correctness = json.loads(files["correctness.json"])
     assert correctness["schedules"] >= 300 and correctness["verdict"] == "pass"
     assert correctness["simulated"] and not correctness["verified"]
-    assert set(correctness["by_variant"]) == {"gemm_kn", "gemm_nk", "bmm", "conv2d", "conv3d",
+    assert set(correctness["by_variant"]) == {"gemm_kn", "gemm_nk", "gemm_swiglu_kn",
+                                              "gemm_swiglu_nk", "bmm", "conv2d", "conv3d",
                                               *MEMOPS_KINDS}  # fmt: skip
     assert len(correctness["by_stages"]) == 12
     assert all(correctness["tails"][axis] > 0 for axis in "mnk")
@@ -379,23 +382,28 @@ def test_the_kit_offers_each_gpu_what_its_committed_data_lacks(tmp_path):
     # a measured K-step cost, which the H200's profile lacks (the H100's has one).
     profiles = PROFILE_DIR  # (the checkout's model/profiles)
     h200 = open_calls("h200", ROOT / DATA_DIR, profiles)
-    assert [c.command for c in h200] == [llama_device_command(), calibrate_device_command("h200")]
-    assert "calibrate --gpu h200 --out $OUT/h200.json" in h200[1].command
-    assert h200[0].run()["timeout_s"] == 300
+    assert [c.command for c in h200] == [
+        llama_device_command(),
+        swiglu_device_command(),
+        calibrate_device_command("h200"),
+    ]
+    assert "calibrate --gpu h200 --out $OUT/h200.json" in h200[2].command
+    assert h200[0].run()["timeout_s"] == 300 and h200[1].run()["timeout_s"] == 360
     with_k_step = tmp_path / "profiles"
     with_k_step.mkdir()
     doc = json.loads((profiles / "h200.json").read_text())
     doc["raw"]["k_step_cycles"] = 198.0
     (with_k_step / "h200.json").write_text(json.dumps(doc))
     assert [c.command for c in open_calls("h200", ROOT / DATA_DIR, with_k_step)] == [
-        llama_device_command()
+        llama_device_command(),
+        swiglu_device_command(),
     ]
-    # The llama suite measured (stand-in files): not offered again; without the persistent
-    # probe's file, that probe is.
+    # The llama and swiglu suites measured (stand-in files): not offered again; without the
+    # persistent probe's file, that probe is.
     mirror = tmp_path / "data"
     shutil.copytree(ROOT / DATA_DIR / "h200", mirror / "h200")
     shutil.copytree(ROOT / DATA_DIR / "hopper", mirror / "hopper")
-    for op in suite_in_order("llama"):
+    for op in [*suite_in_order("llama"), *suite_in_order("swiglu")]:
         (mirror / "h200" / f"{op}.t4.json.gz").write_bytes(b"")
     (mirror / "h200" / "wgmma-probe-persistent.json").unlink()
     h200 = open_calls("h200", mirror, with_k_step)
@@ -408,6 +416,7 @@ def test_the_kit_offers_each_gpu_what_its_committed_data_lacks(tmp_path):
         conv_device_command(),  # its convolutions measure the loader before 2026-11-28
         hopper_device_command(),
         llama_device_command(),
+        swiglu_device_command(),
         PROBE_CALLS["h100"][2],
     ]
     # A GPU with no campaign: the campaign's first call, and nothing else before it.

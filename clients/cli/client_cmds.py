@@ -643,6 +643,13 @@ def tune_model(
         "each of the batch's sequences adds one token, which attends to --seq cached "
         "positions, its own included",
     ),
+    fuse_swiglu: bool = typer.Option(
+        False,
+        "--fuse-swiglu",
+        help="llama2-7b, llama2-70b: the gate+up GEMM with the SwiGLU in its epilogue "
+        "(gemm_swiglu, one kernel; its weights interleaved by pipetune.interleave_gate_up) "
+        "instead of the GEMM and the silu_mul kernel",
+    ),
     gpu: str = typer.Option(DEFAULT_GPU, "--gpu", help=f"GPU: {', '.join(gpu_keys())}"),
     budget: int = typer.Option(16, "--budget", help="trials per distinct layer shape"),
     strategy: str = typer.Option(DEFAULT_STRATEGY, "--strategy", help=", ".join(STRATEGIES)),
@@ -716,7 +723,7 @@ def tune_model(
             prior_gpu = resolve_gpu_key(prior_gpu)
         except HardwareError as exc:
             raise CliError(f"--prior-gpu: {exc}", 2) from None
-    net = build_network(network, batch, seq, decode)
+    net = build_network(network, batch, seq, decode, fuse_swiglu)
     if wgmma:
         if get_gpu(gpu).arch != HOPPER_ARCH:
             raise CliError(f"--wgmma: the Hopper wgmma family runs on H100 and H200, not {gpu}", 2)

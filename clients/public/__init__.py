@@ -29,6 +29,7 @@ if TYPE_CHECKING:
     from pipetune.clients.library.kernel import TunedKernel, kernel
     from pipetune.clients.library.lookup import best_schedule
     from pipetune.clients.library.tuning import TuneResult, tune
+    from pipetune.clients.library.weights import interleave_gate_up
     from pipetune.clients.sdk import Client
     from pipetune.model.errors import InvalidArgumentError, PipetuneError
     from pipetune.model.hopper.workloads import HopperBmm, HopperGemm
@@ -41,7 +42,7 @@ if TYPE_CHECKING:
         Softmax,
     )
     from pipetune.model.space import Schedule
-    from pipetune.model.workloads import Bmm, Conv2d, Conv3d, Gemm
+    from pipetune.model.workloads import Bmm, Conv2d, Conv3d, Gemm, GemmSwiglu
 
 # name -> the module that defines it
 _EXPORTS: dict[str, str] = {
@@ -56,6 +57,8 @@ _EXPORTS: dict[str, str] = {
     "InvalidArgumentError": "pipetune.model.errors",
     "Schedule": "pipetune.model.space",
     "Gemm": "pipetune.model.workloads",
+    "GemmSwiglu": "pipetune.model.workloads",
+    "interleave_gate_up": "pipetune.clients.library.weights",
     "Bmm": "pipetune.model.workloads",
     "Conv2d": "pipetune.model.workloads",
     "Conv3d": "pipetune.model.workloads",
@@ -77,6 +80,7 @@ __all__ = [
     "Conv2d",
     "Conv3d",
     "Gemm",
+    "GemmSwiglu",
     "HopperBmm",
     "HopperGemm",
     "InvalidArgumentError",
@@ -91,6 +95,7 @@ __all__ = [
     "TunedKernel",
     "__version__",
     "best_schedule",
+    "interleave_gate_up",
     "kernel",
     "tune",
 ]

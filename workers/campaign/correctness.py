@@ -71,7 +71,7 @@ from pipetune.model.memops.workloads import (
     softmax,
 )
 from pipetune.model.trials import MeasureResult
-from pipetune.model.workloads import bmm, conv2d, conv3d, gemm
+from pipetune.model.workloads import bmm, conv2d, conv3d, gemm, gemm_swiglu
 from pipetune.workers.runners.kernel_runner import KernelRunner
 from pipetune.workers.runners.reference import TOLERANCE_TEXT
 
@@ -92,6 +92,8 @@ CASES: tuple[tuple[str, Any], ...] = (
     ("gemm_kn, tails in M, N, K", gemm(997, 200, 328)),
     ("gemm_kn, aligned", gemm(512, 256, 512)),
     ("gemm_nk, tails in M, N, K", gemm(997, 200, 328, b_layout="nk")),
+    ("gemm_swiglu_kn, tails in M, N, K", gemm_swiglu(997, 200, 328)),
+    ("gemm_swiglu_nk, tails in M, N, K", gemm_swiglu(333, 136, 200, b_layout="nk")),
     ("bmm, tails in M, N, K", bmm(3, 333, 136, 200)),
     ("bmm, aligned M and N", bmm(4, 256, 128, 64)),
     ("conv2d, stride 2, pad 1", conv2d(2, 15, 13, 24, 40, 3, 3, stride=2, pad=1)),

@@ -246,6 +246,8 @@ def vendor_time(canonical: dict[str, Any], seed: int, policy: RepeatPolicy) -> d
         return _cublas(workload, seed, policy)
     if op == "bmm":
         timed = _torch_bmm
+    elif op == "gemm_swiglu":
+        timed = _torch_gemm_swiglu
     else:
         timed = _torch_memops if family_of(workload).name == "memops" else _cudnn
     answer = timed(workload, seed, policy)
@@ -274,6 +276,33 @@ def _cublas(workload: Any, seed: int, policy: RepeatPolicy) -> dict[str, Any]:
     )
     library = f"cuBLAS through cupy.matmul (CuPy {cupy.__version__}), fp16 in and out"
     return {"library": library, "samples_ms": samples, "held": held}
+
+
+def _torch_gemm_swiglu(workload: Any, seed: int, policy: RepeatPolicy) -> dict[str, Any]:
+    """What a model runs without the fused kernel: cuBLAS's GEMM of both projections (their
+    weights side by side, not interleaved) and PyTorch's silu(gate) * up over its halves:
+    two launches and the intermediate's round trip through memory."""
+    import torch
+
+    functional = torch.nn.functional
+    a_host, b_host = make_inputs(workload, seed)
+    a, b = torch.from_numpy(a_host).cuda(), torch.from_numpy(b_host).cuda()
+    if workload.b_layout == "nk":
+        b = b.t()  # a transposed view: cuBLAS takes it as an operation, not a copy
+    n = workload.n
+    both = torch.empty((workload.m, 2 * n), dtype=torch.float16, device="cuda")
+    out = torch.empty((workload.m, n), dtype=torch.float16, device="cuda")
+
+    def launch() -> None:
+        with torch.no_grad():
+            torch.matmul(a, b, out=both)
+            torch.mul(functional.silu(both[:, :n]), both[:, n:], out=out)
+
+    library = (
+        f"cuBLAS through torch.matmul, then torch.nn.functional.silu(gate) * up (PyTorch "
+        f"{torch.__version__}), fp16 in and out: two kernels, unfused"
+    )
+    return {"library": library, **_torch_timed(torch, launch, policy)}
 
 
 def _torch_bmm(workload: Any, seed: int, policy: RepeatPolicy) -> dict[str, Any]:

@@ -355,6 +355,21 @@ def llama_unmeasured(folder: Path) -> bool:
     return any(not (folder / f"{op}.t4.json.gz").exists() for op in suite_in_order("llama"))
 
 
+SWIGLU_MINUTES = 5  # `pipetune campaign plan --operators swiglu`: one call, 207 of 480 s
+
+
+def swiglu_device_command(runner: str = "cupy") -> str:
+    """The ``swiglu`` suite (LLaMA-2 7B's gate+up GEMM, fused with the SwiGLU and not) in one
+    call: correctness (the fused kernels among the GEMM variants), the unfused PyTorch
+    baseline and both exhaustive sweeps (README, GPU work)."""
+    return one_call_command("swiglu", ".campaign-s", SWIGLU_MINUTES, "campaign-swiglu", runner)
+
+
+def swiglu_unmeasured(folder: Path) -> bool:
+    """Whether a ``swiglu`` suite operator has no committed sweep on this GPU."""
+    return any(not (folder / f"{op}.t4.json.gz").exists() for op in suite_in_order("swiglu"))
+
+
 # --- what is open on each GPU ------------------------------------------------------------
 
 DATA_DIR = Path("benchmarks/data")
@@ -502,6 +517,14 @@ def open_calls(gpu: str, data: Path = DATA_DIR, profiles: Path = PROFILE_DIR) ->
                 "the llama suite: RMS norms and SwiGLUs (their sweeps beside the memops ones)",
                 300,
                 llama_device_command(),
+            )
+        )
+    if swiglu_unmeasured(folder):
+        calls.append(
+            DeviceCall(
+                "the swiglu suite: the gate+up GEMM fused with the SwiGLU, and not",
+                360,
+                swiglu_device_command(),
             )
         )
     if profile_lacks_k_step(gpu, profiles):

@@ -58,6 +58,9 @@ PART_SECONDS = 20.0  # about how long a checkpointed part takes (what a killed c
 COMPILE_S_PER_KERNEL: dict[str, float] = {
     "gemm_kn": 0.276,
     "gemm_nk": 0.276,
+    # The fused GEMM + SwiGLU: the GEMM's loop and a longer epilogue, taken as gemm_kn.
+    "gemm_swiglu_kn": 0.276,
+    "gemm_swiglu_nk": 0.276,
     "bmm": 0.199,
     "conv2d": 0.407,
     "conv3d": 0.433,
@@ -84,9 +87,11 @@ class GpuSideCosts:
     flush: float = 40e-6  # 2 x 50 MiB memset at ~3 TB/s, plus its launch
     gap: float = 3e-6  # event pair and launch gap per launch (the probe's timing floor)
     setup: float = 45.0  # install, imports, two child processes, describe, checks, floor
-    correctness: float = 20.0  # GEMMs: 324 kernels compiled and verified, 9 references
-    # memops: 336 kernels (~0.1 CPU s each: 2.5 s on 14 threads), 12 small references
-    # (997 x 1032, 37 x 4200), 336 verification launches of microseconds
+    # GEMMs: 396 kernels compiled and verified, 11 references (the estimate made for 324;
+    # the 72 fused GEMM + SwiGLU kernels add ~1.5 s of compile on 14 threads, within it)
+    correctness: float = 20.0
+    # memops: 448 kernels (~0.1 CPU s each: 3.2 s on 14 threads), 16 small references
+    # (997 x 1032, 37 x 4200), 448 verification launches of microseconds
     correctness_memops: float = 10.0
     profile: float = 20.0  # pipetune calibrate's microbenchmarks
     baseline_per_operator: float = 1.5  # inputs, cuDNN's algorithm search, 12 launches

@@ -536,4 +536,45 @@ EPILOGUE = r"""
 }
 """
 
+# The fused GEMM + SwiGLU's epilogue (variants gemm_swiglu_kn / _nk): the weights interleave
+# the gate's and the up projection's columns in groups of 8 (model/workloads.py
+# SWIGLU_INTERLEAVE), so a warp's n8 tiles 2t and 2t+1 hold 8 gate columns and the same 8 up
+# columns, in the same registers of the same thread: each thread gates its own f32
+# accumulators, silu(gate)·up (rounded to f16 once, where the unfused pair rounds gate, up
+# and the product), and stores column pairs of C, whose rows are N/2 wide. A group of 16
+# GEMM columns is inside N or wholly outside (N = 2n, n a multiple of 8).
+EPILOGUE_SWIGLU = r"""
+  {
+    int e_tid = threadIdx.x, e_block = blockIdx.x;
+    opaque(e_tid);
+    opaque(e_block);
+    const int lane = e_tid & 31;
+    const int e_tiles_n = (N + BN - 1) / BN;
+    const int e_tile_m = e_block / e_tiles_n;
+    const int bm0 = e_tile_m * BM, bn0 = (e_block - e_tile_m * e_tiles_n) * BN;
+    const int NC = N / 2;  // C's columns
+    int wm0, wn0;
+    warp_origin(e_tid >> 5, wm0, wn0);
+#pragma unroll
+    for (int i = 0; i < MT; ++i)
+#pragma unroll
+      for (int t = 0; t < NT; ++t)
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          int row, col;
+          acc_position(lane, 2 * h, row, col);
+          row += bm0 + wm0 + i * 16;
+          if (row < M && bn0 + wn0 + t * 16 < N) {
+            const float* g = &acc[i][2 * t][2 * h];
+            const float* u = &acc[i][2 * t + 1][2 * h];
+            const float y0 = g[0] / (1.f + expf(-g[0])) * u[0];
+            const float y1 = g[1] / (1.f + expf(-g[1])) * u[1];
+            const int c = (bn0 + wn0) / 2 + t * 8 + col;
+            *reinterpret_cast<unsigned*>(C + row * NC + c) = pack_half2(y0, y1);
+          }
+        }
+  }
+}
+"""
+
 DEVICE_END = "#endif  // __CUDACC__\n"

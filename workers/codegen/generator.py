@@ -14,6 +14,7 @@ from pipetune.workers.codegen import cuda_text, pipeline
 from pipetune.workers.codegen.layout import TileGeometry, swizzle_period
 from pipetune.workers.codegen.variants import (
     SCALAR_ARGS,
+    SWIGLU_VARIANTS,
     b_is_kn,
     check_variant,
     scalar_args,
@@ -42,6 +43,8 @@ _C_SCALARS: dict[str, tuple[str, ...]] = {
     **SCALAR_ARGS,
     "gemm_kn": ("M_arg", "N_arg", "K_arg"),
     "gemm_nk": ("M_arg", "N_arg", "K_arg"),
+    "gemm_swiglu_kn": ("M_arg", "N_arg", "K_arg"),
+    "gemm_swiglu_nk": ("M_arg", "N_arg", "K_arg"),
     "bmm": ("M_arg", "N_arg", "K_arg"),
 }
 assert all(len(_C_SCALARS[v]) == len(SCALAR_ARGS[v]) for v in SCALAR_ARGS)
@@ -75,6 +78,8 @@ def _header(variant: str, schedule: Schedule, g: TileGeometry) -> str:
 _GRID_TEXT: dict[str, str] = {
     "gemm_kn": "(ceil(M/BM) * ceil(N/BN), 1, 1)",
     "gemm_nk": "(ceil(M/BM) * ceil(N/BN), 1, 1)",
+    "gemm_swiglu_kn": "(ceil(M/BM) * ceil(N/BN), 1, 1)",
+    "gemm_swiglu_nk": "(ceil(M/BM) * ceil(N/BN), 1, 1)",
     "bmm": "(ceil(M/BM) * ceil(N/BN), 1, batch)",
     "conv2d": "(ceil(batch*out_p*out_q/BM) * ceil(out_k/BN), 1, 1)",
     "conv3d": "(ceil(batch*out_o*out_p*out_q/BM) * ceil(out_k/BN), 1, 1)",
@@ -105,7 +110,7 @@ def _helpers(variant: str, g: TileGeometry) -> str:
 
 
 def _setup(variant: str) -> str:
-    if variant in ("gemm_kn", "gemm_nk"):
+    if variant in ("gemm_kn", "gemm_nk", *SWIGLU_VARIANTS):
         return cuda_text.SETUP_GEMM
     if variant == "bmm":
         return cuda_text.SETUP_BMM
@@ -144,7 +149,7 @@ def source_parts(variant: str, schedule: Schedule) -> dict[str, str]:
                 _loaders(variant),
                 cuda_text.MAINLOOP_SETUP,
                 pipeline.mainloop(g),
-                cuda_text.EPILOGUE,
+                cuda_text.EPILOGUE_SWIGLU if variant in SWIGLU_VARIANTS else cuda_text.EPILOGUE,
             ]
         ),
         "end": cuda_text.DEVICE_END,
@@ -255,5 +260,12 @@ def grid_depends_on_occupancy(kernel: KernelSource) -> bool:
 def shape_notes(kernel: KernelSource, workload: AnyWorkload) -> list[str]:
     """What a caller launching the kernel on another shape must know beyond the launch
     document: nothing for these kernels, which take every shape of their variant as
-    arguments (the grid follows the shape as `launch` computes it)."""
+    arguments (the grid follows the shape as `launch` computes it), but the fused
+    GEMM + SwiGLU's N and B."""
+    if kernel.variant in SWIGLU_VARIANTS:
+        return [
+            "N is the GEMM's: 2n, both projections; B holds them interleaved in groups of 8 "
+            "columns (rows with b_layout nk), gate then up (pipetune.interleave_gate_up "
+            "builds it); C is M x n"
+        ]
     return []

@@ -5,6 +5,9 @@ int32 scalars follow in the order of :data:`SCALAR_ARGS`:
 
 - ``gemm_kn``: C[M,N] = A[M,K] @ B[K,N], all row-major. Scalars ``(M, N, K)``.
 - ``gemm_nk``: C[M,N] = A[M,K] @ B[N,K]^T (B row-major N×K). Scalars ``(M, N, K)``.
+- ``gemm_swiglu_kn`` / ``gemm_swiglu_nk``: the GEMM of ``gemm_kn`` / ``gemm_nk`` over B's
+  2n interleaved gate and up columns, C[M, N/2] = silu(gate) · up in the epilogue
+  (model/workloads.py GemmSwiglu). Scalars ``(M, N, K)`` with N = 2n, the GEMM's.
 - ``bmm``: per batch z (grid z), C_z = A_z @ B_z with A, B, C packed contiguously
   (element strides M·K, K·N, M·N between batch entries). Scalars ``(M, N, K)``.
 - ``conv2d``: A = input NHWC, B = filter KRSC, C = output NPQK (row-major
@@ -28,15 +31,21 @@ The grid is ``(tiles_m · tiles_n, 1, batch)``: the M and N tiles are flattened 
 
 from __future__ import annotations
 
-from pipetune.model.workloads import AnyWorkload, Bmm, Conv2d, Conv3d, Gemm
+from pipetune.model.workloads import AnyWorkload, Bmm, Conv2d, Conv3d, Gemm, GemmSwiglu
 from pipetune.workers.codegen.layout import fast_divmod_params
 
-VARIANTS: tuple[str, ...] = ("gemm_kn", "gemm_nk", "bmm", "conv2d", "conv3d")
+VARIANTS: tuple[str, ...] = (
+    "gemm_kn", "gemm_nk", "gemm_swiglu_kn", "gemm_swiglu_nk", "bmm", "conv2d", "conv3d"
+)  # fmt: skip
+# The variants whose epilogue gates interleaved gate and up columns (C is N/2 wide).
+SWIGLU_VARIANTS: tuple[str, ...] = ("gemm_swiglu_kn", "gemm_swiglu_nk")
 
 # The shape scalars of each variant, in order.
 SHAPE_ARGS: dict[str, tuple[str, ...]] = {
     "gemm_kn": ("M", "N", "K"),
     "gemm_nk": ("M", "N", "K"),
+    "gemm_swiglu_kn": ("M", "N", "K"),
+    "gemm_swiglu_nk": ("M", "N", "K"),
     "bmm": ("M", "N", "K"),
     # The kernel's own parameter names (workers/codegen/cuda_text.py's ConvShape): the launch
     # document names each argument so, and the output buffer is C, not the channel count.
@@ -69,6 +78,8 @@ def variant_of(workload: AnyWorkload) -> str:
     """The kernel variant that computes a workload."""
     if isinstance(workload, Gemm):
         return "gemm_kn" if workload.b_layout == "kn" else "gemm_nk"
+    if isinstance(workload, GemmSwiglu):
+        return "gemm_swiglu_kn" if workload.b_layout == "kn" else "gemm_swiglu_nk"
     if isinstance(workload, Bmm):
         return "bmm"
     if isinstance(workload, Conv2d):
@@ -80,7 +91,7 @@ def variant_of(workload: AnyWorkload) -> str:
 
 def b_is_kn(variant: str) -> bool:
     """Whether the variant's B operand is stored K×N (else N×K, as a conv filter is)."""
-    return variant in ("gemm_kn", "bmm")
+    return variant in ("gemm_kn", "gemm_swiglu_kn", "bmm")
 
 
 def check_variant(variant: str) -> str:
@@ -93,6 +104,8 @@ def scalar_args(workload: AnyWorkload) -> tuple[int, ...]:
     """The int32 kernel arguments after the three pointers, in SCALAR_ARGS order."""
     if isinstance(workload, Gemm | Bmm):
         return (workload.m, workload.n, workload.k)
+    if isinstance(workload, GemmSwiglu):
+        return (workload.m, 2 * workload.n, workload.k)  # the GEMM's N: both projections
     w = workload
     if isinstance(w, Conv2d):
         p, q = w.out_hw

@@ -56,7 +56,15 @@ from typing import Any
 
 import numpy as np
 
-from pipetune.model.workloads import AnyWorkload, Bmm, Conv2d, Conv3d, Gemm
+from pipetune.model.workloads import (
+    SWIGLU_INTERLEAVE,
+    AnyWorkload,
+    Bmm,
+    Conv2d,
+    Conv3d,
+    Gemm,
+    GemmSwiglu,
+)
 
 U16 = 2.0**-11
 U32 = 2.0**-24
@@ -85,6 +93,9 @@ def operand_shapes(workload: AnyWorkload) -> tuple[tuple[int, ...], ...]:
     w = workload
     if isinstance(w, Gemm):
         b = (w.k, w.n) if w.b_layout == "kn" else (w.n, w.k)
+        return (w.m, w.k), b, (w.m, w.n)
+    if isinstance(w, GemmSwiglu):  # B holds both projections, interleaved
+        b = (w.k, 2 * w.n) if w.b_layout == "kn" else (2 * w.n, w.k)
         return (w.m, w.k), b, (w.m, w.n)
     if isinstance(w, Bmm):
         return (w.b, w.m, w.k), (w.b, w.k, w.n), (w.b, w.m, w.n)
@@ -132,7 +143,7 @@ def _gemm_chunks(xp: Any, workload: AnyWorkload, a: Any, b: Any):
     """(row slice of C viewed as (rows, N), A chunk (rows, K) fp32, B (K, N) fp32)."""
     w = workload
     f32 = xp.float32
-    if isinstance(w, Gemm):
+    if isinstance(w, Gemm | GemmSwiglu):
         b2 = b.astype(f32) if w.b_layout == "kn" else b.astype(f32).T
         rows = max(1, CHUNK_ELEMENTS // w.k)
         for start in range(0, w.m, rows):
@@ -170,16 +181,53 @@ def reference(xp: Any, workload: AnyWorkload, a: Any, b: Any) -> tuple[Any, Any]
     """(ref, tol): the fp32 reference and the per-element tolerance, both shaped like C."""
     view = workload.gemm_view()
     rows_total = view.batch * view.m
-    ref = xp.empty((rows_total, view.n), dtype=xp.float32)
-    tol = xp.empty((rows_total, view.n), dtype=xp.float32)
+    shape_c = operand_shapes(workload)[2]
+    ref = xp.empty((rows_total, shape_c[-1]), dtype=xp.float32)
+    tol = xp.empty((rows_total, shape_c[-1]), dtype=xp.float32)
     for rows, a2, b2 in _gemm_chunks(xp, workload, a, b):
         product = xp.matmul(a2, b2)
         # A deep reduction's exact sums need no magnitude term (tolerance): not computed.
         magnitude = None if exact_depth(view.k) else xp.matmul(xp.abs(a2), xp.abs(b2))
+        if isinstance(workload, GemmSwiglu):
+            ref[rows], tol[rows] = swiglu_reference(xp, product, magnitude, view.k)
+            continue
         ref[rows] = product
         tol[rows] = tolerance(xp, product, magnitude, view.k)
-    shape_c = operand_shapes(workload)[2]
     return ref.reshape(shape_c), tol.reshape(shape_c)
+
+
+def split_gate_up(xp: Any, columns: Any) -> tuple[Any, Any]:
+    """The gate's and the up projection's halves of a (rows, 2n) array whose columns
+    interleave them in groups of SWIGLU_INTERLEAVE (model/workloads.py GemmSwiglu)."""
+    rows, width = columns.shape
+    groups = columns.reshape(rows, width // (2 * SWIGLU_INTERLEAVE), 2, SWIGLU_INTERLEAVE)
+    return groups[:, :, 0, :].reshape(rows, -1), groups[:, :, 1, :].reshape(rows, -1)
+
+
+def silu(xp: Any, x: Any) -> Any:
+    """x·sigmoid(x) in x's precision, without overflow: exp of -|x| only."""
+    e = xp.exp(-xp.abs(x))
+    return x * xp.where(x >= 0, 1 / (1 + e), e / (1 + e))
+
+
+def swiglu_reference(xp: Any, product: Any, magnitude: Any | None, k: int) -> tuple[Any, Any]:
+    """(ref, tol) of the fused GEMM + SwiGLU from the fp32 product of both projections.
+
+    y = silu(g)·u. The kernel gates its own f32 accumulators, so g and u carry the GEMM's
+    accumulation error e_g, e_u (the tolerance's second term, per column) and y is rounded
+    once. |d silu / dg| = |s(1 + g(1 - s))| <= 1.1 (s the sigmoid), so
+
+        |y - ref| <= 2·u16·|ref| + 1.1·|u|·e_g + |silu(g)|·e_u + 2^-14
+
+    (e = 0 on a deep reduction's integer inputs, whose sums are exact)."""
+    g, u = split_gate_up(xp, product)
+    gated = silu(xp, g)
+    ref = gated * u
+    tol = 2 * U16 * xp.abs(ref) + FLOOR
+    if magnitude is not None and not exact_depth(k):
+        e_g, e_u = split_gate_up(xp, ACCUMULATION_MARGIN * math.sqrt(k) * U32 * magnitude)
+        tol = tol + 1.1 * xp.abs(u) * e_g + xp.abs(gated) * e_u
+    return ref, tol
 
 
 def check(xp: Any, c: Any, ref: Any, tol: Any) -> tuple[bool, float | None, str | None]:
@@ -229,7 +277,15 @@ def input_buffers(workload: AnyWorkload, seed: int) -> dict[str, np.ndarray]:
     return {"A": a, "B": b}
 
 
+SWIGLU_TOLERANCE_TEXT = (
+    "|C-ref| <= 2*2^-11*|ref| + 1.1*|up|*e(gate) + |silu(gate)|*e(up) + 2^-14, e = "
+    "8*sqrt(K)*2^-24*(|A|@|B|) of that column (0 on integer inputs); fp32 reference"
+)
+
+
 def tolerance_text(workload: AnyWorkload) -> str:
+    if isinstance(workload, GemmSwiglu):
+        return SWIGLU_TOLERANCE_TEXT
     return EXACT_TOLERANCE_TEXT if exact_depth(workload.gemm_view().k) else TOLERANCE_TEXT
 
 
