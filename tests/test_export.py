@@ -796,3 +796,31 @@ def test_an_rms_norm_and_a_swiglu_export_with_their_operands(tmp_path: Path):
         else:
             assert operands == ["x", "y"]
             assert shapes["x"] == (1024, 2 * 11008) and shapes["y"] == (1024, 11008)
+
+
+def test_a_fused_gemm_swiglu_exports_with_its_interleaved_weights(tmp_path: Path):
+    """Tuned (simulated) and exported, both B layouts: each source compiles, each launch
+    document is the cupy runner's plan (B of K x 2N or 2N x K, C of M x N, the scalar N the
+    GEMM's 2N) and says how B is laid out."""
+    url = f"sqlite:///{tmp_path / 'swiglu.db'}"
+    kn = {"op": "gemm_swiglu", "m": 256, "n": 128, "k": 512}
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("PIPETUNE_SIMULATED_TIME_SCALE", "0")
+        for workload in (kn, {**kn, "b_layout": "nk"}):
+            pipetune.tune(workload, "h100", budget=3, strategy="random", runner="simulated", db=url)
+    out = tmp_path / "out"
+    index = _export(url, out)
+    assert index["not_exported"] == []
+    rows = {row["workload"]["b_layout"]: row for row in index["workloads"]}
+    for layout, b_shape in (("kn", (512, 256)), ("nk", (256, 512))):
+        row = rows[layout]
+        source = (out / row["files"]["source"]).read_text()
+        assert cubin_sm(compile_source(source, "sm_90", use_cache=False).cubin) == 90
+        launch = json.loads((out / row["files"]["launch"]).read_text())
+        parsed = parse_any_workload(row["workload"])
+        schedule = family_of(parsed).parse_schedule(row["schedule"])
+        _assert_the_runners_plan(launch, parsed, schedule)
+        shapes = {b["name"]: tuple(b["shape"]) for b in launch["buffers"]}
+        assert shapes == {"A": (256, 512), "B": b_shape, "C": (256, 128)}
+        assert launch["scalars"]["N"] == 256
+        assert any("interleaved in groups of 8" in note for note in launch["notes"])

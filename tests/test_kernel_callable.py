@@ -33,7 +33,7 @@ from pipetune.model.memops.workloads import (
     softmax,
 )
 from pipetune.model.space import Schedule, ScheduleError
-from pipetune.model.workloads import bmm, conv2d, conv3d, gemm
+from pipetune.model.workloads import bmm, conv2d, conv3d, gemm, gemm_swiglu
 from pipetune.workers.codegen import generate
 from pipetune.workers.codegen import memops as memops_codegen
 from pipetune.workers.compile import compile_source
@@ -55,6 +55,8 @@ FC = {"op": "gemm", "m": 1024, "n": 64, "k": 2048}
 WORKLOADS = [
     gemm(1024, 64, 2048),
     gemm(256, 128, 256, b_layout="nk"),
+    gemm_swiglu(256, 64, 256),
+    gemm_swiglu(256, 64, 256, b_layout="nk"),
     bmm(4, 128, 64, 128),
     conv2d(2, 14, 14, 64, 64, 3, 3, pad=1),
     conv3d(1, 4, 8, 8, 16, 64, 3, 3, 3, pad=1),
@@ -359,6 +361,21 @@ def _refused(k, args, argument: str, words: str) -> None:
         k(*args)
     assert info.value.argument == argument
     assert str(info.value).startswith(f"{argument}: ") and words in str(info.value)
+
+
+def test_a_fused_swiglu_kernel_takes_the_interleaved_weights_and_writes_n_columns(launches):
+    workload = {"op": "gemm_swiglu", "m": 256, "n": 64, "k": 256}
+    k = pipetune.kernel(workload, "h100", schedule=S)
+    assert [(op.name, op.shape, op.role) for op in k.operands] == [
+        ("A", (256, 256), "M×K"),
+        ("B", (256, 128), "K×2N, gate and up interleaved"),
+        ("C", (256, 64), "M×N output"),
+    ]
+    a, b, c = arrays(workload)
+    _refused(k, [a, StandIn(np.zeros((256, 64), np.float16)), c], "B", "shape must be (256, 128)")
+    k(a, b, c)
+    (launch,) = [entry for entry in launches if "function" in entry]
+    assert "'N': 128" in repr(launch)  # the GEMM's N: both projections
 
 
 def test_a_wrong_shape_dtype_stride_or_device_is_refused_by_name(launches):
