@@ -1,6 +1,6 @@
 """What the public functions accept: a workload as a dict or a workload object (of any kernel
-family: the tensor-core GEMMs' Gemm, Bmm, Conv2d, Conv3d; the memory-intensive operators'
-Reduce, Softmax, LayerNorm, RMSNorm, BiasGelu, SiluMul; the Hopper family's HopperGemm,
+family: the tensor-core GEMMs' Gemm, GemmSwiglu, Bmm, Conv2d, Conv3d; the memory-intensive
+operators' Reduce, Softmax, LayerNorm, RMSNorm, BiasGelu, SiluMul; the Hopper family's HopperGemm,
 HopperBmm: each exported by `pipetune`), a GPU by key or alias, a schedule as a dict, a
 `Schedule` (or another family's schedule object) or a wire `ScheduleDoc`. Bad input raises
 a ValueError subclass whose message names the field (WorkloadError, HardwareError,
@@ -28,11 +28,12 @@ from pipetune.model.memops.workloads import (
 )
 from pipetune.model.space import Schedule
 from pipetune.model.wire import ScheduleDoc, ScheduleResponse
-from pipetune.model.workloads import AnyWorkload, Bmm, Conv2d, Conv3d, Gemm
+from pipetune.model.workloads import AnyWorkload, Bmm, Conv2d, Conv3d, Gemm, GemmSwiglu
 
 WorkloadLike = (
     Mapping[str, Any]
     | Gemm
+    | GemmSwiglu
     | Bmm
     | Conv2d
     | Conv3d
