@@ -362,6 +362,8 @@ def _read_profile(
         raise HardwareError(f"profile {path} cannot be read: {exc}") from exc
     except json.JSONDecodeError as exc:
         raise HardwareError(f"profile {path} is not valid JSON: {exc.msg}") from exc
+    except RecursionError:  # (json's decoder recurses per level: a crash, not a message)
+        raise HardwareError(f"profile {path} is not valid JSON: nested too deeply") from None
     return parse_profile(document, str(path))
 
 

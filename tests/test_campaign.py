@@ -708,6 +708,39 @@ def test_the_packer_keeps_the_archive_current(tmp_path):
     assert idle.size is None
 
 
+def test_the_packer_gives_up_on_an_archive_it_cannot_make(tmp_path, monkeypatch):
+    """A FileNotFoundError was always read as a part merged away under the pack, and packed
+    again: for an archive whose folder takes no file (/proc) that was for ever, at 100% CPU.
+    Now only a vanished part of the campaign's own folder is packed again, a bounded number
+    of times; anything else is the packer's error."""
+    from pipetune.workers.campaign import packer as packer_module
+
+    out, archive = tmp_path / "out", tmp_path / "c.tar.gz"
+    layout.write_json(out / "probe.json", {"gpu": "h100"})
+    calls = []
+
+    def archive_folder_gone(folder, target):
+        calls.append(1)
+        raise FileNotFoundError(2, "No such file or directory", "/proc/.c.tar.gz.x.tmp")
+
+    monkeypatch.setattr(packer_module.layout, "pack", archive_folder_gone)
+    packer = packer_module.Packer(out, archive)
+    packer.flush()  # (returned never)
+    packer.close(final=False)
+    assert len(calls) == 1 and packer.error and "could not write" in packer.error
+
+    def part_vanishes(folder, target):
+        calls.append(1)
+        raise FileNotFoundError(2, "No such file or directory", str(out / "part.json"))
+
+    calls.clear()
+    monkeypatch.setattr(packer_module.layout, "pack", part_vanishes)
+    again = packer_module.Packer(out, archive)
+    again.flush()
+    again.close(final=False)
+    assert len(calls) == packer_module.MAX_REPACKS + 1 and again.error
+
+
 def test_unpack_refuses_a_baseline_timed_on_another_operator_s_shape():
     # Baselines are read by operator name, next to that operator's sweep: an entry whose
     # workload is another shape (its throughput consistent with it) was accepted and filed

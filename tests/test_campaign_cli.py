@@ -47,10 +47,12 @@ pytestmark = pytest.mark.usefixtures("campaign_caches")
         ),
         # an empty value (an unset variable in a script) ran the whole default campaign
         (["--operators", ""], "--operators: no operator named"),
-        (["--minutes", "0"], "--minutes: must be positive"),
+        (["--minutes", "0"], "--minutes: must be more than 0 and at most 10080 (a week), got 0"),
         # inf crashed after the probe, writing a summary JSON cannot hold; nan said "positive"
-        (["--minutes", "inf", *SIM], "--minutes: must be positive and finite, got inf"),
-        (["--minutes", "nan", *SIM], "--minutes: must be positive and finite, got nan"),
+        (["--minutes", "inf", *SIM], "--minutes: must be more than 0 and at most 10080"),
+        (["--minutes", "nan", *SIM], "--minutes: must be more than 0 and at most 10080"),
+        # 1e308 minutes passed as finite and became an infinite budget in seconds
+        (["--minutes", "1e308", *SIM], "--minutes: must be more than 0 and at most 10080"),
         (["--pack", "c.zip"], "--pack: a .tar.gz or .tar file name"),
         (["--have", "no/such/dir"], "--have no/such/dir: no such folder or archive"),
     ],

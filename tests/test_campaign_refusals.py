@@ -136,6 +136,8 @@ def test_unpack_refuses_a_profile_the_model_would_refuse(tmp_path, overrides, re
         ("baselines.json", b"\xff\xfe\x00", "not valid JSON"),
         ("correctness.json", b"[1, 2", "not valid JSON"),
         ("campaign.json", b"[]", "not a JSON object"),
+        # Nested past the decoder's recursion: a RecursionError (exit 1) before.
+        ("probe.json", b"[" * 100_000 + b"]" * 100_000, "not valid JSON (nested too deeply)"),
     ],
 )
 def test_unpack_refuses_a_broken_document_by_its_name_in_the_archive(

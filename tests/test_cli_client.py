@@ -145,10 +145,15 @@ def test_a_worker_with_a_malformed_server_url_is_refused_at_once():
     assert time.monotonic() - started < 10
 
 
-def test_a_campaign_plan_of_infinite_minutes_is_refused():
-    """--minutes inf printed `"budget_s": Infinity`, which is not JSON."""
-    result = runner.invoke(app, ["campaign", "plan", "--minutes", "inf", "--json"])
-    assert result.exit_code == 2 and "--minutes positive and finite" in result.stderr
+@pytest.mark.parametrize("minutes", ["inf", "1e308", "0"])
+def test_a_campaign_plan_of_infinite_minutes_is_refused(minutes):
+    """--minutes inf printed `"budget_s": Infinity`, which is not JSON; 1e308 passed as
+    finite and overflowed to the same (a ValueError, exit 1)."""
+    result = runner.invoke(app, ["campaign", "plan", "--minutes", minutes, "--json"])
+    assert result.exit_code == 2, result.output
+    assert "--minutes: must be more than 0 and at most 10080 (a week)" in result.stderr
+    result = runner.invoke(app, ["campaign", "plan", "--calls", "0"])
+    assert result.exit_code == 2 and "--calls: must be at least 1, got 0" in result.stderr
 
 
 @pytest.mark.parametrize(

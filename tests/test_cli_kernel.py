@@ -54,6 +54,7 @@ def test_source_for_a_conv():
     ("schedule", "message"),
     [
         ('{"chunk": 2', "--schedule: not valid JSON"),
+        ("[" * 50_000 + "]" * 50_000, "--schedule: not valid JSON (nested too deeply)"),
         # What is wrong with the object names the option that held it (it did not).
         ("[1, 2]", "--schedule: a schedule must be an object"),
         (json.dumps({**KNOBS, "chunk": 3}), "--schedule: chunk must be one of [1, 2, 4, 8], got 3"),

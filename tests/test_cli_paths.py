@@ -261,3 +261,34 @@ def test_a_device_or_fifo_is_refused_and_a_link_is_written_through(folder: Path)
     written = cli.invoke(dataset_app, ["convert", str(source), str(link)])
     assert written.exit_code == 0, written.output
     assert link.is_symlink() and json.loads(target.read_text())["results"]
+
+
+def test_a_folder_no_file_can_be_made_in_is_refused_although_access_allows_it(
+    folder: Path,
+) -> None:
+    """os.access says yes to root on any writable mount, /proc included: a sweep measured,
+    then failed with exit 1 (FileNotFoundError of its temporary file), and `campaign --pack`
+    there spun for ever. The check makes (and removes) a file: /proc refuses it."""
+    proc = Path("/proc")
+    result = cli.invoke(sweep_app, [*GEMM, "--out", str(proc / "x.t4.json.gz")])
+    assert result.exit_code == 2, result.output
+    assert result.stderr.startswith("error: --out: cannot write in /proc (")
+    with pytest.raises(CliError, match=r"^--out-dir: cannot write in /proc \("):
+        check_output_dir(proc / "sw", "--out-dir")
+    pack = cli.invoke(
+        campaign_app,
+        ["--out-dir", str(folder / "c"), "--runner", "simulated", "--pack", "/proc/x.tar.gz"],
+    )
+    assert pack.exit_code == 2 and "--pack: cannot write in /proc (" in pack.stderr
+    assert list(folder.glob(".pipetune-check-*")) == []  # the probe leaves nothing
+    check_output_file(folder / "new.json", "--out")
+    assert sorted(p.name for p in folder.iterdir()) == ["afile", "somedir"]
+
+
+def test_a_loop_of_links_is_refused_by_name(folder: Path) -> None:
+    """An output path that is a loop of symbolic links failed with OSError [Errno 40]."""
+    (folder / "loop1").symlink_to(folder / "loop2")
+    (folder / "loop2").symlink_to(folder / "loop1")
+    source = _dataset(folder)
+    result = cli.invoke(dataset_app, ["convert", str(source), str(folder / "loop1")])
+    _refused(result, f"TARGET: {folder / 'loop1'}: Too many levels of symbolic links")

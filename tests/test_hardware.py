@@ -60,6 +60,10 @@ def test_profile_overrides_and_validation(tmp_path, h100):
     path.write_text("{not json")
     with pytest.raises(HardwareError, match="not valid JSON"):
         get_gpu("h100", profile=path)
+    # Nested past the decoder's recursion: a RecursionError (the CLI's exit 1) before.
+    path.write_text("[" * 100_000 + "]" * 100_000)
+    with pytest.raises(HardwareError, match="not valid JSON: nested too deeply"):
+        get_gpu("h100", profile=path)
     # A directory was an IsADirectoryError (the CLI's exit 1), bytes a UnicodeDecodeError.
     with pytest.raises(HardwareError, match="is a directory, not a JSON file"):
         get_gpu("h100", profile=tmp_path)

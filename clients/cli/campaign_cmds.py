@@ -13,7 +13,6 @@ campaign needs.
 
 from __future__ import annotations
 
-import math
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -180,9 +179,12 @@ def campaign_plan(
     """The time plan: trials, kernels, compile and GPU time, and what each call sweeps."""
     from pipetune.workers.campaign.operators import DEFAULT_OPERATORS, resolve_operators
     from pipetune.workers.campaign.plan import plan_document
+    from pipetune.workers.campaign.run import minutes_problem
 
-    if calls < 1 or not 0 < minutes < math.inf:  # (inf made a budget JSON cannot hold)
-        raise CliError("--calls must be at least 1 and --minutes positive and finite", 2)
+    if calls < 1:
+        raise CliError(f"--calls: must be at least 1, got {calls}", 2)
+    if problem := minutes_problem(minutes):
+        raise CliError(f"--minutes: {problem}", 2)
     try:
         chosen = resolve_operators(DEFAULT_OPERATORS if operators is None else operators)
     except ValueError as exc:

@@ -51,6 +51,8 @@ def parse_schedule(text: str, op: str = "gemm") -> Any:
         data = json.loads(text, object_pairs_hook=_knobs_once)
     except json.JSONDecodeError as exc:
         raise CliError(f"--schedule: not valid JSON ({exc.msg})", code=2) from None
+    except RecursionError:  # (json's decoder recurses per level: a crash, not a message)
+        raise CliError("--schedule: not valid JSON (nested too deeply)", code=2) from None
     try:
         return family_for_op(op).parse_schedule(data)
     except ScheduleError as exc:

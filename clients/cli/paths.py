@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import stat
 import tarfile
+import tempfile
 from pathlib import Path
 
 from pipetune.clients.cli.errors import CliError, one_line
@@ -26,6 +27,13 @@ def _check_writable(folder: Path, option: str) -> None:
     (a read-only one failed with a PermissionError naming the temporary file)."""
     if not os.access(folder, os.W_OK | os.X_OK):
         raise CliError(f"{option}: cannot write in {folder} (permission denied)", 2)
+    # os.access says yes to root everywhere on a writable mount, /proc and /sys included
+    # (and cannot know a read-only or full file system): a file made and removed says.
+    try:
+        with tempfile.NamedTemporaryFile(dir=folder, prefix=".pipetune-check-"):
+            pass
+    except OSError as exc:
+        raise CliError(f"{option}: cannot write in {folder} ({exc.strerror or exc})", 2) from None
 
 
 def _check_creatable(folder: Path, option: str) -> None:
@@ -54,6 +62,8 @@ def _check_regular(path: Path, option: str) -> None:
         mode = path.stat().st_mode
     except (FileNotFoundError, NotADirectoryError):
         return  # a new file (or a link to one), or under a file: the folder checks say so
+    except OSError as exc:  # a loop of links, a name too long, ...
+        raise CliError(f"{option}: {path}: {exc.strerror or exc}", 2) from None
     if not stat.S_ISREG(mode):
         raise CliError(f"{option}: {path} is not a regular file", 2)
 

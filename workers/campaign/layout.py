@@ -82,6 +82,8 @@ def read_json(path: Path, label: str | None = None) -> dict[str, Any] | None:
         document = json.loads(text)
     except json.JSONDecodeError as exc:
         raise LayoutError(f"{shown}: not valid JSON ({exc.msg})") from None
+    except RecursionError:  # (json's decoder recurses per level: a crash, not a message)
+        raise LayoutError(f"{shown}: not valid JSON (nested too deeply)") from None
     if not isinstance(document, dict):
         raise LayoutError(f"{shown}: not a JSON object")
     return document

@@ -7,10 +7,24 @@ checkpoint; :meth:`Packer.flush` waits for that.
 
 from __future__ import annotations
 
+import os
 import threading
 from pathlib import Path
 
 from pipetune.workers.campaign import layout
+
+# Packs in a row begun again because a part vanished under them (a sweep's parts merged).
+MAX_REPACKS = 20
+
+
+def _inside(filename: object, folder: Path) -> bool:
+    """Whether an error's file name lies in the campaign's folder (a part of it)."""
+    if not isinstance(filename, str | bytes | Path):
+        return False
+    try:
+        return Path(os.fsdecode(filename)).resolve().is_relative_to(folder.resolve())
+    except (OSError, ValueError):
+        return False
 
 
 class Packer:
@@ -54,6 +68,7 @@ class Packer:
 
     def _loop(self) -> None:
         assert self.archive is not None
+        repacks = 0  # in a row, for parts that vanished
         while True:
             with self._cond:
                 self._cond.wait_for(lambda: self._dirty or self._closed)
@@ -63,9 +78,17 @@ class Packer:
             try:
                 self.size = layout.pack(self.folder, self.archive)
                 self.error = None
-            except FileNotFoundError:
-                with self._cond:  # a part was merged away while packing: pack again
-                    self._dirty = True
+                repacks = 0
+            except FileNotFoundError as exc:
+                # A part merged away while packing: pack again, a few times at most. Not the
+                # archive's own folder gone (or one no file can be made in, as /proc): that
+                # was packed again for ever, at 100% CPU, and the campaign never ended.
+                if _inside(exc.filename, self.folder) and repacks < MAX_REPACKS:
+                    repacks += 1
+                    with self._cond:
+                        self._dirty = True
+                else:
+                    self.error = f"could not write {self.archive}: {exc}"
             except OSError as exc:
                 self.error = f"could not write {self.archive}: {exc}"
             finally:

@@ -25,7 +25,6 @@ from __future__ import annotations
 import contextlib
 import datetime as dt
 import importlib.metadata
-import math
 import os
 import platform
 import sys
@@ -89,6 +88,18 @@ def _now() -> str:
     return dt.datetime.now(dt.UTC).isoformat(timespec="seconds")
 
 
+# The longest a campaign call may be given: a week. A device call lasts minutes; a larger
+# value is a typo, and 1e308 minutes made an infinite budget in seconds (a JSON error).
+MAX_MINUTES = 7 * 24 * 60.0
+
+
+def minutes_problem(minutes: float) -> str | None:
+    """Why a --minutes value cannot be a call's budget, or None."""
+    if not 0 < minutes <= MAX_MINUTES:
+        return f"must be more than 0 and at most {MAX_MINUTES:g} (a week), got {minutes:g}"
+    return None
+
+
 def check_options(options: CampaignOptions) -> None:
     """Everything that can be refused before any machine work (CampaignUsageError)."""
     if options.runner not in RUNNERS:
@@ -100,8 +111,8 @@ def check_options(options: CampaignOptions) -> None:
             time_scale_from_env()
         except RunnerSettingError as exc:
             raise CampaignUsageError(str(exc)) from None
-    if not 0 < options.minutes < math.inf:  # (inf made a summary JSON cannot hold)
-        raise CampaignUsageError(f"--minutes: must be positive and finite, got {options.minutes:g}")
+    if problem := minutes_problem(options.minutes):
+        raise CampaignUsageError(f"--minutes: {problem}")
     if options.gpu is not None:
         try:
             resolve_gpu_key(options.gpu)
