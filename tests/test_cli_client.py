@@ -175,3 +175,24 @@ def test_a_refused_credential_names_where_it_comes_from(
     error = cli_error(exc) if credential is None else cli_error(exc, credential=credential)
     assert error.code == 1
     assert str(error) == f"{reason} (HTTP 401): {hint}"
+
+
+@pytest.mark.parametrize(
+    "command",
+    [["tasks"], ["schedule", "gemm", *FC], ["curve", "1"], ["export", "--gpu", "h100"]],
+    ids=lambda c: c[0],
+)
+def test_a_db_file_that_is_not_there_is_a_mistyped_path(command, tmp_path, monkeypatch):
+    """`tasks --db sqlite:///typo.db` said "no tasks" (and `export` wrote an empty export)
+    with exit 0: a database named on the command line must be there. The default one still
+    reads as empty until something is tuned."""
+    monkeypatch.delenv("PIPETUNE_SERVER", raising=False)
+    missing = tmp_path / "typo.db"
+    extra = ["--out-dir", str(tmp_path / "out")] if command[0] == "export" else []
+    result = runner.invoke(app, [*command, *extra, "--db", f"sqlite:///{missing}"])
+    assert result.exit_code == 2, result.output
+    assert result.stderr.strip() == (
+        f"error: --db: no database file at {missing} (`pipetune serve` or `pipetune db "
+        "upgrade --db ...` makes one)"
+    )
+    assert not missing.exists() and not (tmp_path / "out").exists()

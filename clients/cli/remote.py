@@ -122,6 +122,19 @@ def reader(server: str | None, api_key: str | None, db: str | None) -> Reader:
         url = load_settings(db).database_url
     except SettingsError as exc:
         raise CliError(str(exc), 2) from None
+    if db is not None:
+        from pipetune.service.settings import sqlite_path
+
+        # The default database reads as empty until something is tuned; a file named on
+        # the command line that is not there is a mistyped path, which read as "no tasks"
+        # (and `export` wrote an empty export) with exit 0.
+        path = sqlite_path(url)
+        if path is not None and not path.exists():
+            raise CliError(
+                f"--db: no database file at {path} (`pipetune serve` or `pipetune db upgrade "
+                "--db ...` makes one)",
+                2,
+            )
     return LocalStore(url)
 
 
