@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from pipetune.model.family import family
+from pipetune.model.family import family, family_of
 from pipetune.model.hardware import get_gpu
 from pipetune.model.memops.space import KNOBS as MEMOPS_KNOBS
 from pipetune.model.memops.workloads import MEM_OPS
@@ -216,7 +216,13 @@ def test_an_unknown_name_is_refused_with_the_names_that_would_do():
 
 def test_a_family_the_campaign_does_not_sweep_is_refused_by_name(monkeypatch):
     monkeypatch.setattr(operators, "CAMPAIGN_FAMILIES", ("tensor_gemm",))
-    others = [n for n, ops in SUITES.items() if n != "alcop"]
+    others = [
+        n
+        for n, ops in SUITES.items()
+        if any(family_of(w).name != "tensor_gemm" for w in ops.values())
+    ]
+    assert {"memops", "hopper", "llama"} <= set(others) and "swiglu" not in others
+    resolve_operators("swiglu")  # the fused GEMM + SwiGLU and its GEMM: tensor_gemm's
     for name in others:  # suites of other kernel families (memops, ...)
         with pytest.raises(ValueError, match="sweeps the kernel families tensor_gemm only"):
             resolve_operators(name)
