@@ -19,6 +19,7 @@ from fastapi import FastAPI
 from fastapi.concurrency import run_in_threadpool
 from fastapi.middleware.cors import CORSMiddleware
 from sqlalchemy.engine import make_url
+from starlette.responses import JSONResponse, Response
 
 from pipetune.service.context import Service
 from pipetune.service.db import Database, is_unavailable, unavailable_reason
@@ -58,6 +59,19 @@ async def _upkeep_loop(service: Service, interval: float) -> None:
 def _libpq_url(url: str) -> str:
     """The SQLAlchemy URL as psycopg takes it (for the listener's own connection)."""
     return make_url(url).set(drivername="postgresql").render_as_string(hide_password=False)
+
+
+class JsonCORS(CORSMiddleware):
+    """Starlette's CORS middleware, its refused preflight answered in JSON as every other
+    error of the API is ({"detail": ...}; it was a text/plain 400)."""
+
+    def preflight_response(self, request_headers: Any) -> Response:
+        response = super().preflight_response(request_headers)
+        if response.status_code < 400:
+            return response
+        headers = {k: v for k, v in response.headers.items() if k.lower().startswith("access-")}
+        detail = bytes(response.body).decode()
+        return JSONResponse({"detail": detail}, status_code=response.status_code, headers=headers)
 
 
 def create_app(settings: Settings | None = None) -> FastAPI:
@@ -137,7 +151,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         # Off unless origins are named: a browser page elsewhere must not drive the API
         # with a user's credentials. Never a wildcard together with credentials.
         app.add_middleware(
-            CORSMiddleware,
+            JsonCORS,
             allow_origins=settings.cors_origins,
             allow_methods=["GET", "POST", "DELETE"],
             allow_headers=["Authorization", "X-API-Key", "Content-Type"],

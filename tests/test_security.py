@@ -115,6 +115,10 @@ def test_cors_allows_only_the_named_origins(db_url):
     assert allowed.headers["access-control-allow-origin"] == "https://dashboard.example"
     assert "access-control-allow-origin" not in refused.headers
     assert "access-control-allow-origin" not in simple.headers
+    # Refused in JSON, as every other error of the API (it was text/plain).
+    assert refused.status_code == 400
+    assert refused.headers["content-type"] == "application/json"
+    assert refused.json() == {"detail": "Disallowed CORS origin"}
 
 
 def test_cors_origins_come_from_the_environment(monkeypatch):
