@@ -464,6 +464,12 @@ def learned_pick(
     scale = THROUGHPUT_UNITS[fam.work_unit][1]
     # The prior is log throughput in the family's unit: latency = work / throughput.
     predicted_us = float(space.work / (np.exp(prior.values[best]) * scale) * 1e6)
+    low, high = LATENCY_US_RANGE
+    if not low <= predicted_us <= high:
+        # A prior fitted on implausible measurements (all accepted, at the range's ends)
+        # predicted 7e-10 µs: a time no measurement may have is no answer; the analytical
+        # model's pick stands.
+        return None
     return LearnedPick(space[best], predicted_us, task_ids)
 
 

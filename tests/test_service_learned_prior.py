@@ -379,3 +379,28 @@ def test_finding_the_tasks_to_learn_from_reads_each_finished_tasks_jobs_once(
     finally:
         event.remove(db.engine, "before_cursor_execute", count)
         db.dispose()
+
+
+def test_a_learned_pick_whose_prediction_no_measurement_could_have_is_no_answer(monkeypatch):
+    """A prior fitted on accepted but absurd latencies (1e-3 and 1e10 µs alternating)
+    answered a pick predicted at 7e-10 µs: outside the range a measurement may take, the
+    learned pick is dropped and the analytical model's stands (None here)."""
+    from types import SimpleNamespace
+
+    import numpy as np
+
+    workload = parse_any_workload(GEMM)
+    space = family_of(workload).enumerate(workload, get_gpu("h100"))
+    monkeypatch.setattr(priors, "default_learned_tasks", lambda *args: [1, 2, 3])
+
+    def pick(log_throughput: float):
+        values = np.full(len(space), log_throughput)
+        return priors.learned_pick(
+            None, workload, "h100", lambda: space, lambda ids, s: SimpleNamespace(values=values)
+        )
+
+    plausible = pick(np.log(100.0))  # 100 TFLOP/s
+    assert plausible is not None and 1e-3 < plausible.predicted_us < 1e10
+    assert plausible.learned_from == (1, 2, 3)
+    assert pick(np.log(1e18)) is None  # faster than 1e-3 µs
+    assert pick(np.log(1e-18)) is None  # slower than 1e10 µs
