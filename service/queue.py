@@ -140,13 +140,14 @@ def check_runner(worker: WorkerRef, r: MeasureResult, loc: list[str | int]) -> N
 
 def _another_kind(worker: Any, values: dict[str, Any]) -> bool:
     """Whether a re-registration (`values`, as WorkerRegister gives them) makes the worker
-    row another kind of worker: another GPU or architecture, another runner kind (simulated,
-    replay, GPU), or another workload it answers (WorkerRef.kind's terms)."""
+    row another kind of measurer: another GPU or architecture, or another runner kind
+    (simulated, replay, GPU), which a result under an earlier lease would be recorded as.
+    Not another workload it answers: that says which jobs it leases next, not what its
+    results are (its leases of the old workload stay its own)."""
     return (
         worker.gpu != values["gpu"]
         or worker.arch != values["arch"]
         or RunnerKind.of(worker.runner) != RunnerKind.of(values["runner"])
-        or worker.workload_hash != values["workload_hash"]
     )
 
 
@@ -322,7 +323,7 @@ class Queue:
                     in_use = False
                 if _another_kind(worker, values):
                     # Its leases were granted to the worker it was (that GPU, that kind of
-                    # runner, that workload): a result under one would be recorded as the
+                    # runner): a result under one would be recorded as the
                     # worker it is now (a simulated lease's result as a GPU measurement, an
                     # H100 job's as the A100's). Handed back, so such a result is refused as
                     # stale and the jobs go to workers of their kind at once.
