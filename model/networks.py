@@ -53,6 +53,7 @@ layers covers the listed operators only.
 
 from __future__ import annotations
 
+import dataclasses
 from collections import Counter
 from dataclasses import dataclass, field
 
@@ -133,10 +134,7 @@ class Network:
         note = "GEMMs and BMMs on the Hopper wgmma family (hopper_gemm, hopper_bmm)"
         if self.fuse_swiglu:
             note += "; the fused gemm_swiglu stays on the mma.sync family (no wgmma epilogue)"
-        return Network(
-            self.name, self.batch, self.seq, layers, [*self.notes, note], self.decode,
-            self.fuse_swiglu,
-        )  # fmt: skip
+        return dataclasses.replace(self, layers=layers, notes=[*self.notes, note])
 
     def distinct(self, family: str | None = None) -> list[DistinctShape]:
         """Each distinct workload once, with how often it occurs, in first-use order; only

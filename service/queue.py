@@ -343,9 +343,26 @@ class Queue:
         """Queue again, in the transaction `s`, every job leased to the worker (it
         re-registers as another kind), their leases ended as released; what was queued again,
         per kind of worker (to signal after the commit)."""
+        held = s.execute(
+            select(JobRow.id, JobRow.lease_token)
+            .where(JobRow.lease_owner == worker_id, JobRow.state == JobState.LEASED)
+            .order_by(JobRow.id)
+            .with_for_update()
+        ).all()
+        return self._requeue(s, [(r.id, r.lease_token) for r in held])[1]
+
+    def _requeue(
+        self, s: Any, leases: list[tuple[int, str]]
+    ) -> tuple[list[int], collections.Counter]:
+        """Queue again, in the transaction `s`, the jobs of these current leases (job id,
+        lease token, read under the rows' lock), no attempt counted, and end each lease's
+        record as released (not a stale token's). The ids queued again, and how many per kind
+        of worker (announced to the other replicas by `s`; to signal after the commit)."""
+        if not leases:
+            return [], collections.Counter()
         rows = s.execute(
             update(JobRow)
-            .where(JobRow.lease_owner == worker_id, JobRow.state == JobState.LEASED)
+            .where(JobRow.id.in_([job_id for job_id, _ in leases]))
             .values(state=JobState.QUEUED, **LEASE_CLEARED)
             .returning(JobRow.id, JobRow.arch, JobRow.gpu, JobRow.only_runner)
             .execution_options(synchronize_session=False)
@@ -354,14 +371,13 @@ class Queue:
             s.execute(
                 update(LeaseRow)
                 .where(
-                    LeaseRow.job_id.in_([r.id for r in rows]),
-                    LeaseRow.worker_id == worker_id,
+                    tuple_(LeaseRow.job_id, LeaseRow.token).in_(leases),
                     LeaseRow.outcome.is_(None),
                 )
                 .values(outcome=LeaseOutcome.RELEASED, ended_at=self.db.now())
                 .execution_options(synchronize_session=False)
             )
-        return self._notify_requeued(s, rows)
+        return [r.id for r in rows], self._notify_requeued(s, rows)
 
     def heartbeat(
         self,
@@ -758,32 +774,9 @@ class Queue:
         )
         try:
             with self.db.write() as s:
-                # The leases that still hold (a job's current token), read under the lock:
-                # their lease records end as released, not a stale token's.
+                # The leases that still hold (a job's current token), read under the lock.
                 ended = [(r.id, r.lease_token) for r in s.execute(locked).all()]
-                rows = (
-                    s.execute(
-                        update(JobRow)
-                        .where(JobRow.id.in_([job_id for job_id, _ in ended]))
-                        .values(state=JobState.QUEUED, **LEASE_CLEARED)
-                        .returning(JobRow.id, JobRow.arch, JobRow.gpu, JobRow.only_runner)
-                        .execution_options(synchronize_session=False)
-                    ).all()
-                    if ended
-                    else []
-                )
-                released = [r.id for r in rows]
-                if released:
-                    s.execute(
-                        update(LeaseRow)
-                        .where(
-                            tuple_(LeaseRow.job_id, LeaseRow.token).in_(ended),
-                            LeaseRow.outcome.is_(None),
-                        )
-                        .values(outcome=LeaseOutcome.RELEASED, ended_at=self.db.now())
-                        .execution_options(synchronize_session=False)
-                    )
-                requeued = self._notify_requeued(s, rows)
+                released, requeued = self._requeue(s, ended)
         except sa_exc.SQLAlchemyError as exc:
             log.warning(
                 "jobs %s stay leased until their TTL: releasing them failed: %s", job_ids, exc

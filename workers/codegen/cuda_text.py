@@ -502,11 +502,9 @@ MAINLOOP_SETUP = r"""
 
 """
 
-EPILOGUE = r"""
-  // f32 accumulators -> f16, predicated 4-byte stores of column pairs (N is a multiple of
-  // 8, so a pair is either inside C or wholly outside). The store coordinates are derived
-  // afresh from opaque copies of the thread and block index: otherwise the compiler keeps
-  // values computed before the K loop alive through it, and the largest tiles spill them.
+# Where a block's tile lies in C, the start of every epilogue (why from opaque copies:
+# EPILOGUE's comment). It opens the epilogue's block; each epilogue's stores close it.
+EPILOGUE_ORIGIN = r"""
   {
     int e_tid = threadIdx.x, e_block = blockIdx.x;
     opaque(e_tid);
@@ -515,9 +513,21 @@ EPILOGUE = r"""
     const int e_tiles_n = (N + BN - 1) / BN;
     const int e_tile_m = e_block / e_tiles_n;
     const int bm0 = e_tile_m * BM, bn0 = (e_block - e_tile_m * e_tiles_n) * BN;
-    int wm0, wn0;
+"""
+
+_WARP_ORIGIN = r"""    int wm0, wn0;
     warp_origin(e_tid >> 5, wm0, wn0);
-#pragma unroll
+"""
+
+EPILOGUE = (
+    r"""
+  // f32 accumulators -> f16, predicated 4-byte stores of column pairs (N is a multiple of
+  // 8, so a pair is either inside C or wholly outside). The store coordinates are derived
+  // afresh from opaque copies of the thread and block index: otherwise the compiler keeps
+  // values computed before the K loop alive through it, and the largest tiles spill them."""
+    + EPILOGUE_ORIGIN
+    + _WARP_ORIGIN
+    + r"""#pragma unroll
     for (int i = 0; i < MT; ++i)
 #pragma unroll
       for (int j = 0; j < 2 * NT; ++j)
@@ -535,6 +545,7 @@ EPILOGUE = r"""
   }
 }
 """
+)
 
 # The fused GEMM + SwiGLU's epilogue (variants gemm_swiglu_kn / _nk): the weights interleave
 # the gate's and the up projection's columns in groups of 8 (model/workloads.py
@@ -543,19 +554,11 @@ EPILOGUE = r"""
 # accumulators, silu(gate)·up (rounded to f16 once, where the unfused pair rounds gate, up
 # and the product), and stores column pairs of C, whose rows are N/2 wide. A group of 16
 # GEMM columns is inside N or wholly outside (N = 2n, n a multiple of 8).
-EPILOGUE_SWIGLU = r"""
-  {
-    int e_tid = threadIdx.x, e_block = blockIdx.x;
-    opaque(e_tid);
-    opaque(e_block);
-    const int lane = e_tid & 31;
-    const int e_tiles_n = (N + BN - 1) / BN;
-    const int e_tile_m = e_block / e_tiles_n;
-    const int bm0 = e_tile_m * BM, bn0 = (e_block - e_tile_m * e_tiles_n) * BN;
-    const int NC = N / 2;  // C's columns
-    int wm0, wn0;
-    warp_origin(e_tid >> 5, wm0, wn0);
-#pragma unroll
+EPILOGUE_SWIGLU = (
+    EPILOGUE_ORIGIN
+    + "    const int NC = N / 2;  // C's columns\n"
+    + _WARP_ORIGIN
+    + r"""#pragma unroll
     for (int i = 0; i < MT; ++i)
 #pragma unroll
       for (int t = 0; t < NT; ++t)
@@ -576,5 +579,6 @@ EPILOGUE_SWIGLU = r"""
   }
 }
 """
+)
 
 DEVICE_END = "#endif  // __CUDACC__\n"

@@ -55,7 +55,7 @@ from typing import Any
 import numpy as np
 
 from pipetune.model.memops.workloads import MemWorkload, NormWorkload, op_key
-from pipetune.workers.runners.reference import check
+from pipetune.workers.runners.reference import check, silu
 
 U16 = 2.0**-11
 U32 = 2.0**-24
@@ -182,7 +182,7 @@ def reference(xp: Any, workload: MemWorkload, inputs: dict[str, Any]) -> tuple[A
             tol[rows] = (2 * U16 + accumulation) * xp.abs(r) + FLOOR
         elif key == "silu_mul":
             gate, up = x[:, : workload.cols], x[:, workload.cols :]
-            r = gate / (1 + xp.exp(-gate)) * up
+            r = silu(xp, gate) * up
             ref[rows] = r
             tol[rows] = 2 * U16 * xp.abs(r) + 16 * U32 * (xp.abs(gate) + 1) * xp.abs(up) + FLOOR
         else:  # bias_gelu
