@@ -43,7 +43,12 @@ GRID_Z_LIMIT = 65535
 Dim = Annotated[int, Field(strict=True, ge=1, le=DIM_LIMIT)]
 SmallDim = Annotated[int, Field(strict=True, ge=1, le=64)]
 Pad = Annotated[int, Field(strict=True, ge=0, le=64)]
-DType = Literal["float16"]
+# The tensor-core family's element types: 16-bit storage, fp32 accumulation (mma.sync takes
+# both from sm_80). A workload names its type, and one of another type is another workload
+# (its hash differs; float16's documents are unchanged: the field was always there).
+DType = Literal["float16", "bfloat16"]
+DTYPES: tuple[str, ...] = ("float16", "bfloat16")
+DTYPE_SHORT = {"float16": "fp16", "bfloat16": "bf16"}  # in labels: "gemm 64x64x64 bf16"
 
 
 class WorkloadError(PipetuneError, ValueError):
@@ -73,7 +78,9 @@ def _about(text: str) -> Any:
 class _Workload(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    dtype: Annotated[DType, _about("element type of the operands (fp32 accumulation)")] = "float16"
+    dtype: Annotated[
+        DType, _about("element type of the operands: float16 or bfloat16 (fp32 accumulation)")
+    ] = "float16"
 
     def gemm_view(self) -> GemmView:  # pragma: no cover - every operator overrides it
         raise NotImplementedError
@@ -104,6 +111,11 @@ class _Workload(BaseModel):
     def label(self) -> str:  # pragma: no cover - every operator overrides it
         raise NotImplementedError
 
+    def dtype_suffix(self) -> str:
+        """What a label adds for the element type: nothing for float16 (every label written
+        before bfloat16 existed stays as it was), " bf16" otherwise."""
+        return "" if self.dtype == "float16" else f" {DTYPE_SHORT[self.dtype]}"
+
 
 def _check_index(operand: str, elements: int, **dims: int) -> None:
     """An operand of `elements` elements must be indexable with 32 bits. The error names
@@ -124,7 +136,7 @@ def _check_aligned(field: str, value: int, why: str) -> None:
     if value % ALIGN_ELEMENTS:
         raise WorkloadError(
             field,
-            f"must be a multiple of {ALIGN_ELEMENTS} for float16 ({why} is a leading "
+            f"must be a multiple of {ALIGN_ELEMENTS} for 16-bit elements ({why} is a leading "
             f"dimension; loads are 16-byte cp.async), got {value}",
         )
 
@@ -160,7 +172,7 @@ class Gemm(_Workload):
         # B's layout picks another kernel (gemm_nk): without it a GEMM tuned with both read
         # the same in every table, `pipetune tasks` and export's alike.
         layout = " nk" if self.b_layout == "nk" else ""
-        return f"gemm {self.m}x{self.n}x{self.k}{layout}"
+        return f"gemm {self.m}x{self.n}x{self.k}{layout}{self.dtype_suffix()}"
 
 
 # The fused GEMM + SwiGLU's weights interleave the gate's and the up projection's columns in
@@ -203,7 +215,7 @@ class GemmSwiglu(_Workload):
 
     def label(self) -> str:
         layout = " nk" if self.b_layout == "nk" else ""
-        return f"gemm_swiglu {self.m}x{self.n}x{self.k}{layout}"
+        return f"gemm_swiglu {self.m}x{self.n}x{self.k}{layout}{self.dtype_suffix()}"
 
 
 class Bmm(_Workload):
@@ -240,7 +252,7 @@ class Bmm(_Workload):
         return 2 * b * self.m * self.k, 2 * b * self.k * self.n, 2 * b * self.m * self.n
 
     def label(self) -> str:
-        return f"bmm {self.b}x{self.m}x{self.n}x{self.k}"
+        return f"bmm {self.b}x{self.m}x{self.n}x{self.k}{self.dtype_suffix()}"
 
 
 def _out_size(field: str, size_field: str, size: int, filt: int, stride: int, pad: int) -> int:
@@ -314,7 +326,7 @@ class Conv2d(_Workload):
     def label(self) -> str:
         return (
             f"conv2d n{self.n} {self.h}x{self.w}x{self.c}->{self.k} "
-            f"{self.r}x{self.s} s{self.stride} p{self.pad}"
+            f"{self.r}x{self.s} s{self.stride} p{self.pad}{self.dtype_suffix()}"
         )
 
 
@@ -375,7 +387,7 @@ class Conv3d(_Workload):
     def label(self) -> str:
         return (
             f"conv3d n{self.n} {self.d}x{self.h}x{self.w}x{self.c}->{self.k} "
-            f"{self.t}x{self.r}x{self.s} s{self.stride} p{self.pad}"
+            f"{self.t}x{self.r}x{self.s} s{self.stride} p{self.pad}{self.dtype_suffix()}"
         )
 
 
@@ -412,10 +424,11 @@ def parse_tagged(
     adapter: TypeAdapter[Any],
     kernels: str,
     show: Callable[[Any], str] = reprlib.repr,
+    dtypes: tuple[str, ...] = ("float16",),
 ) -> Any:
     """A workload of one of a family's `ops` (a discriminated union on "op", `adapter`) from
     a plain dict, raising WorkloadError with the field and reason; `kernels` names who takes
-    only float16 inputs, `show` how a bad input is written back."""
+    only the element types `dtypes`, `show` how a bad input is written back."""
     if not isinstance(data, dict):
         raise WorkloadError("workload", "must be an object with an 'op' field")
     op = data.get("op")
@@ -424,9 +437,10 @@ def parse_tagged(
         shown = reprlib.repr(op)  # bounded: the input may be any size
         raise WorkloadError("op", f"unknown operator {shown}; known: {', '.join(ops)}")
     dtype = data.get("dtype", "float16")
-    if dtype != "float16":
+    if not isinstance(dtype, str) or dtype not in dtypes:
         raise WorkloadError(
-            "dtype", f"unsupported dtype {reprlib.repr(dtype)}: {kernels} take float16 inputs"
+            "dtype",
+            f"unsupported dtype {reprlib.repr(dtype)}: {kernels} take {' or '.join(dtypes)} inputs",
         )
     try:
         return adapter.validate_python(data)
@@ -436,7 +450,9 @@ def parse_tagged(
 
 def parse_workload(data: dict[str, Any]) -> AnyWorkload:
     """Build a workload from a plain dict, raising WorkloadError with the field and reason."""
-    return parse_tagged(data, OPS, _WORKLOAD_ADAPTER, "pipetune's kernels", show=repr)  # type: ignore[no-any-return]
+    return parse_tagged(  # type: ignore[no-any-return]
+        data, OPS, _WORKLOAD_ADAPTER, "pipetune's tensor-core kernels", show=repr, dtypes=DTYPES
+    )
 
 
 def gemm(m: int, n: int, k: int, **kw: Any) -> Gemm:

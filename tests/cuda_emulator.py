@@ -12,6 +12,11 @@ The common part (``COMMON_SHIM``, ``MAIN``):
   earlier epoch (read-after-write needs a barrier);
 - every cp.async source lies inside A or B (and is 16-byte aligned), every shared address
   inside the dynamic allocation, and canaries around C catch out-of-bounds stores.
+
+Element types: fp16 unless a harness says otherwise. ``element_defines`` reads a kernel's own
+text for its mma's operand type and its cvt's destination type (``PT_MMA_BF16``,
+``PT_CVT_BF16``), and ``build_and_run`` stores the operands and reads C in the workload's
+dtype (bf16 as uint16 bits, as ``pipetune.workers.runners.elements`` holds them).
 """
 
 from __future__ import annotations
@@ -23,6 +28,7 @@ from pathlib import Path
 import numpy as np
 
 from pipetune.model.workloads import SWIGLU_INTERLEAVE, AnyWorkload
+from pipetune.workers.runners.elements import UNIT_ROUNDOFF, narrow, storage, widen
 
 # fp16 <-> f32 as the hardware converts (round to nearest even), for every emulator's shim.
 HALF_CONVERSIONS = r"""
@@ -32,6 +38,24 @@ static unsigned short f2h(float f) {
   unsigned short b;
   std::memcpy(&b, &h, 2);
   return b;
+}
+"""
+
+# bf16 <-> f32 as the hardware converts: g++ 12 has no bf16 arithmetic, so on the bits. A bf16
+# is a float32's top half; cvt.rn rounds the low half away to nearest even (a carry into the
+# exponent rounds up a binade, or to infinity, as it should) and makes NaN the canonical one.
+BF16_CONVERSIONS = r"""
+static float b2f(unsigned short bits) {
+  const unsigned u = (unsigned)bits << 16;
+  float f;
+  std::memcpy(&f, &u, 4);
+  return f;
+}
+static unsigned short f2b(float f) {
+  if (std::isnan(f)) return 0x7FFF;
+  unsigned u;
+  std::memcpy(&u, &f, 4);
+  return (unsigned short)((u + 0x7FFFu + ((u >> 16) & 1u)) >> 16);
 }
 """
 
@@ -61,6 +85,18 @@ Dim3 gridDim;
 #define __align__(n) __attribute__((aligned(n)))
 
 struct __half { unsigned short bits; };
+struct __nv_bfloat16 { unsigned short bits; };
+
+// The element types the kernel's text declares (element_defines; fp16 where a harness sets
+// none): PT_MMA_BF16, the mma's A and B (how an MMA shim decodes operand bits); PT_CVT_BF16,
+// pack_half2's cvt destination (how results are encoded). Each is read from its own
+// instruction, so a kernel whose parts disagree computes garbage here as it would on hardware.
+#ifndef PT_MMA_BF16
+#define PT_MMA_BF16 0
+#endif
+#ifndef PT_CVT_BF16
+#define PT_CVT_BF16 0
+#endif
 
 alignas(128) unsigned char pt_smem[1 << 18];
 static unsigned g_smem_bytes = 0;
@@ -114,6 +150,7 @@ void __syncthreads() { g_block->wait(); }
 
 """
     + HALF_CONVERSIONS
+    + BF16_CONVERSIONS
     + r"""
 namespace pt {
 inline unsigned smem_u32(const void* p) {
@@ -158,7 +195,11 @@ template <int N> inline void cp_async_wait() {
 }
 
 inline unsigned pack_half2(float lo, float hi) {
+#if PT_CVT_BF16
+  return (unsigned)f2b(lo) | ((unsigned)f2b(hi) << 16);
+#else
   return (unsigned)f2h(lo) | ((unsigned)f2h(hi) << 16);
+#endif
 }
 }  // namespace pt
 """
@@ -192,6 +233,10 @@ MAIN = (
 #ifndef AFTER_LAUNCH
 #define AFTER_LAUNCH
 #endif
+// The NaN that C and shared memory start as, in C's element type (build_and_run sets it).
+#ifndef PT_NAN_BITS
+#define PT_NAN_BITS 0x7E00
+#endif
 // Grid y (split-K's slices): 1 unless a shim says otherwise.
 #ifndef GRID_Y
 #define GRID_Y 1
@@ -201,6 +246,12 @@ MAIN = (
 #ifndef BLOCKS_REVERSED
 #define BLOCKS_REVERSED 0
 #endif
+// A pointer that converts to the kernel's pointer types, whichever element type the kernel
+// declares (__half, __nv_bfloat16): on hardware the type is only a label on an address too.
+struct AnyPtr {
+  void* p;
+  template <class T> operator T*() const { return (T*)p; }
+};
 int main(int argc, char** argv) {
   // argv: a.bin b.bin c.bin c_elems grid_x grid_z smem_bytes scalars...
   if (argc < 8 + NSCALARS) fail("usage", argc, 0);
@@ -222,7 +273,7 @@ int main(int argc, char** argv) {
   unsigned char* cp = c.data() + canary;
   cp += (16 - (uintptr_t)cp % 16) % 16;
   for (long i = 0; i < c_elems; ++i) {  // NaN fill: an element no thread writes shows
-    const unsigned short nan = 0x7E00;
+    const unsigned short nan = PT_NAN_BITS;
     std::memcpy(cp + 2 * i, &nan, 2);
   }
   gridDim = {grid_x, GRID_Y, grid_z};
@@ -233,7 +284,7 @@ int main(int argc, char** argv) {
     for (unsigned xi = 0; xi < grid_x; ++xi) {
       const unsigned x = BLOCKS_REVERSED ? grid_x - 1 - xi : xi;
       for (unsigned i = 0; i < g_smem_bytes / 2; ++i) {  // NaN fill: unwritten reads show
-        const unsigned short nan = 0x7E00;
+        const unsigned short nan = PT_NAN_BITS;
         std::memcpy(pt_smem + 2 * i, &nan, 2);
       }
       g_landed.assign(g_smem_bytes / 16, INT_MIN);
@@ -253,7 +304,7 @@ int main(int argc, char** argv) {
           blockIdx = {x, y, z};
           pt::t_groups.clear();
           pt::t_open.clear();
-          KERNEL((const __half*)ap, (const __half*)bp, (__half*)cp SCALAR_ARGS EXTRA_ARGS);
+          KERNEL(AnyPtr{ap}, AnyPtr{bp}, AnyPtr{cp} SCALAR_ARGS EXTRA_ARGS);
           if (!pt::t_open.empty() || !pt::t_groups.empty()) fail("copies in flight at exit", 0, 0);
         });
       for (auto& th : threads) th.join();
@@ -274,9 +325,56 @@ int main(int argc, char** argv) {
 )
 
 
+# The NaN each element type's C and shared memory start as (MAIN's PT_NAN_BITS): fp16's
+# quiet NaN, and bf16's, 0x7FC0, which is a NaN read as fp16 as well (a kernel that decodes
+# bf16 operands as fp16 still sees unwritten shared memory as NaN).
+NAN_BITS: dict[str, int] = {"float16": 0x7E00, "bfloat16": 0x7FC0}
+# The spacing of each element type's subnormals: the absolute part of a rounding's error.
+SUBNORMAL_SPACING: dict[str, float] = {"float16": 2.0**-24, "bfloat16": 2.0**-133}
+
+# The mma.sync operand types and cvt destinations a kernel's text may declare, and whether
+# each is bf16 (neither string is part of the other).
+_MMA_TYPES: dict[str, int] = {
+    "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32": 0,
+    "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32": 1,
+}
+_CVT_TYPES: dict[str, int] = {"cvt.rn.f16x2.f32": 0, "cvt.rn.bf16x2.f32": 1}
+
+
+def _declared(code: str, types: dict[str, int], what: str) -> int:
+    found = {flag for text, flag in types.items() if text in code}
+    assert len(found) == 1, f"the kernel's {what} is not one of {sorted(types)}"
+    return found.pop()
+
+
+def element_defines(code: str) -> str:
+    """``#define``s for COMMON_SHIM and an MMA shim: the element types that a mma.sync
+    kernel's own device text declares (its PTX wrappers, which the emulator replaces), each
+    read from its own instruction, not from the workload, so that a kernel that decodes its
+    operands as one type and writes C as another fails here as it would on hardware."""
+    mma = _declared(code, _MMA_TYPES, "mma.sync operand type")
+    cvt = _declared(code, _CVT_TYPES, "f32 -> 16-bit conversion")
+    return f"#define PT_MMA_BF16 {mma}\n#define PT_CVT_BF16 {cvt}\n"
+
+
+def values_of(c: np.ndarray) -> np.ndarray:
+    """A 16-bit array's values: fp16 as is, bf16 (uint16 bits) widened to float32, exactly."""
+    return widen(np, c) if c.dtype == np.uint16 else c
+
+
+def rounded(ref: np.ndarray, dtype: str) -> np.ndarray:
+    """The reference rounded to nearest even in ``dtype``, as values (``values_of``)."""
+    if dtype == "float16":
+        return ref.astype(np.float16)
+    # narrow rounds through float32: exact first for the references that are compared exactly
+    # (integers below 2^24, see OPERAND_RANGE), so this is one rounding, as the kernel's.
+    return values_of(narrow(np, ref, dtype))
+
+
 def reference(workload: AnyWorkload, a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    """The operator computed with numpy in float64 (an independent im2col for convs)."""
-    a32, b32 = a.astype(np.float64), b.astype(np.float64)
+    """The operator computed with numpy in float64 (an independent im2col for convs), on
+    operands as ``operands`` stores them (bf16 as uint16 bits)."""
+    a32, b32 = values_of(a).astype(np.float64), values_of(b).astype(np.float64)
     op = workload.op
     if op == "gemm":
         return a32 @ (b32 if workload.b_layout == "kn" else b32.T)
@@ -306,11 +404,14 @@ def reference(workload: AnyWorkload, a: np.ndarray, b: np.ndarray) -> np.ndarray
     return y
 
 
-# Operands are small integers stored as fp16: every product and partial sum is then an
-# integer far below 2^24, exact in fp32 in any order of accumulation (split-K and stream-K
-# included), so the one rounding left is the kernel's final store to fp16 and C must equal
-# the reference rounded to fp16 exactly. With normal draws and a tolerance, a wrong rounding
-# mode in the epilogue, or a lost partial on a small K, could pass.
+# Operands are small integers stored as fp16 (or bf16: its 8 significant bits hold integers
+# up to 256 exactly): every product and partial sum is then an integer far below 2^24, exact
+# in fp32 in any order of accumulation (split-K and stream-K included), so the one rounding
+# left is the kernel's final store to fp16 (bf16) and C must equal the reference rounded to
+# fp16 (bf16) exactly. With normal draws and a tolerance, a wrong rounding mode in the
+# epilogue, or a lost partial on a small K, could pass. bf16's sums, up to about a thousand
+# on a K of 200, need more than its 8 bits: its final rounding is exercised on a good share
+# of the outputs (a quarter of gemm 70x40x200's).
 OPERAND_RANGE = (-8, 8)
 
 
@@ -329,14 +430,17 @@ def operands(workload: AnyWorkload, rng: np.random.Generator) -> tuple[np.ndarra
     else:
         a_shape, b_shape = (w.n, w.d, w.h, w.w, w.c), (w.k, w.t, w.r, w.s, w.c)
     low, high = OPERAND_RANGE
-    a = rng.integers(low, high + 1, a_shape).astype(np.float16)
-    b = rng.integers(low, high + 1, b_shape).astype(np.float16)
+    a = rng.integers(low, high + 1, a_shape)
+    b = rng.integers(low, high + 1, b_shape)
     if w.op == "gemm_swiglu":
         # silu(gate)·up of such sums would overflow fp16 (|y| to 1e5): eighths in [-1/4, 1/4]
         # instead, still exact products and sums, gates of a few units where silu bends.
-        a = (rng.integers(-2, 3, a_shape) / 8).astype(np.float16)
-        b = (rng.integers(-2, 3, b_shape) / 8).astype(np.float16)
-    return a, b
+        a = rng.integers(-2, 3, a_shape) / 8
+        b = rng.integers(-2, 3, b_shape) / 8
+    # Exact in either type: the same draws (and stream of random numbers) for both.
+    if w.dtype == "float16":
+        return a.astype(np.float16), b.astype(np.float16)
+    return narrow(np, a, w.dtype), narrow(np, b, w.dtype)
 
 
 def build_harness(source: str, tmp: Path) -> Path:
@@ -363,7 +467,9 @@ def build_and_run(
     scalars: tuple[int, ...],
 ) -> tuple[int, str, np.ndarray | None, np.ndarray]:
     """Build a harness (``source``: defines, shims, the kernel, MAIN) and run it on seeded
-    random operands of ``workload``: (returncode, stderr, C or None, numpy's reference)."""
+    random operands of ``workload``: (returncode, stderr, C or None, numpy's reference). C is
+    held as the workload's dtype is on the host (bf16 as uint16 bits: ``values_of``)."""
+    source = f"#define PT_NAN_BITS {NAN_BITS[workload.dtype]:#06x}\n" + source
     exe = build_harness(source, tmp)
     a, b = operands(workload, np.random.default_rng(7))
     ref = reference(workload, a, b)
@@ -388,7 +494,7 @@ def build_and_run(
     )
     c = None
     if run.returncode == 0:
-        c = np.fromfile(tmp / "c.bin", dtype=np.float16).reshape(ref.shape)
+        c = np.fromfile(tmp / "c.bin", dtype=storage(np, workload.dtype)).reshape(ref.shape)
     return run.returncode, run.stderr, c, ref
 
 
@@ -408,23 +514,29 @@ def emulate_all(emulate, jobs: list, tmp: Path) -> list:
         return list(pool.map(lambda n: emulate(*jobs[n], tmp / str(n)), range(len(jobs))))
 
 
+def swiglu_tolerance(ref: np.ndarray, dtype: str) -> np.ndarray:
+    """How far a fused SwiGLU output may lie from the float64 reference. The gating is not
+    exact in any precision: the kernel's f32 silu rounded to ``dtype`` once is within its
+    unit roundoff of the reference (fp16 2^-11, bf16 2^-8 relative), plus the f32 silu's own
+    few units of 2^-24, plus the type's subnormal spacing near 0."""
+    return (UNIT_ROUNDOFF[dtype] + 2.0**-18) * np.abs(ref) + SUBNORMAL_SPACING[dtype]
+
+
 def assert_outcomes_match(jobs: list, outcomes: list) -> None:
     """Every job's run ended well, wrote every element, and equals numpy's reference rounded
-    to fp16 (exact: see OPERAND_RANGE)."""
+    to the workload's dtype (exact: see OPERAND_RANGE)."""
     for (workload, schedule), (code, stderr, c, ref) in zip(jobs, outcomes, strict=True):
         where = f"{workload.label()} {schedule.id}"
         assert code == 0, f"{where}: {stderr}"
-        unwritten = int(np.isnan(c).sum())
+        values = values_of(c)
+        unwritten = int(np.isnan(values).sum())
         assert not unwritten, (
             f"{where}: {unwritten} elements NaN (never written, or computed from unwritten "
             "shared memory)"
         )
         if workload.op == "gemm_swiglu":
-            # The gating is not exact in any precision: the kernel's f32 silu rounded to fp16
-            # once is within half an fp16 unit of the float64 reference (2^-11 relative), plus
-            # the f32 silu's own few units of 2^-24, plus fp16's subnormal spacing near 0.
-            tol = (2.0**-11 + 2.0**-18) * np.abs(ref) + 2.0**-24
-            bad = np.abs(c.astype(np.float64) - ref) > tol
+            tol = swiglu_tolerance(ref, workload.dtype)
+            bad = np.abs(values.astype(np.float64) - ref) > tol
             assert not bad.any(), f"{where}: {int(bad.sum())} outputs off the reference"
             continue
-        np.testing.assert_array_equal(c, ref.astype(np.float16), err_msg=where)
+        np.testing.assert_array_equal(values, rounded(ref, workload.dtype), err_msg=where)

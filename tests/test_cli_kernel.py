@@ -222,9 +222,11 @@ def test_source_without_a_shape_still_checks_the_gpu_rules():
         # Without a shape these options were dropped unchecked: float16 kernels compiled for
         # --dtype float32, and a stride of 0 passed.
         (["source", "gemm", "--dtype", "float32", "--schedule", json.dumps(KNOBS)],
-         "error: dtype: unsupported dtype 'float32': pipetune's kernels take float16 inputs"),
-        (["compile", "conv2d", "--dtype", "bfloat16", "--sample", "1"],
-         "error: dtype: unsupported dtype 'bfloat16': pipetune's kernels take float16 inputs"),
+         "error: dtype: unsupported dtype 'float32': pipetune's tensor-core kernels take "
+         "float16 or bfloat16 inputs"),
+        (["compile", "conv2d", "--dtype", "int8", "--sample", "1"],
+         "error: dtype: unsupported dtype 'int8': pipetune's tensor-core kernels take "
+         "float16 or bfloat16 inputs"),
         (["compile", "conv2d", "--stride", "0", "--sample", "1"],
          "error: stride: Input should be greater than or equal to 1 (got 0)"),
         (["source", "conv3d", "--pad", "65", "--schedule", json.dumps(KNOBS)],

@@ -1,7 +1,8 @@
 """Every kernel variant compiles with NVRTC for sm_80 and sm_90 over a stratified sample of
-its valid space, with no register spills and at most 255 registers (no GPU needed).
+its valid space, with no register spills and at most 255 registers (no GPU needed); and so
+does each variant's bfloat16 kernel, on a smaller sample.
 
-About 240 compiles (at least 200 distinct schedules); compile_many runs them in parallel
+About 340 compiles (at least 200 distinct schedules); compile_many runs them in parallel
 and the disk cache (PIPETUNE_CACHE_DIR, else the user cache dir) makes reruns quick.
 """
 
@@ -27,6 +28,9 @@ WORKLOADS = {
     "conv3d": conv3d(4, 16, 28, 28, 64, 128, 3, 3, 3, pad=1),
 }
 ARCHS = {"sm_80": "a100", "sm_90": "h100"}
+# bfloat16 changes only the kernels' type words (tests/test_bfloat16.py): a smaller sample.
+PER_PAIR_BF16 = 6
+BF16 = ".bf16"  # the sample's key: the variant and this
 
 
 @pytest.fixture(scope="module")
@@ -40,6 +44,9 @@ def compiled():
             space = Space.enumerate(workload, gpu)
             for s in stratified_sample(space, PER_PAIR, seed=10 * seed + i):
                 kernels.append((variant, generate(workload, s)))
+            bf16 = workload.model_copy(update={"dtype": "bfloat16"})
+            for s in stratified_sample(space, PER_PAIR_BF16, seed=10 * seed + i + 100):
+                kernels.append((variant + BF16, generate(bf16, s)))
         results = compile_many([k for _, k in kernels], arch, return_exceptions=True)
         for (variant, kernel), result in zip(kernels, results, strict=True):
             out.setdefault((variant, arch), []).append((kernel.schedule, result))
@@ -48,10 +55,13 @@ def compiled():
 
 def test_sample_spans_every_variant_arch_and_200_schedules(compiled):
     assert set(WORKLOADS) == set(VARIANTS)
-    assert set(compiled) == {(v, a) for v in WORKLOADS for a in ARCHS}
+    assert set(compiled) == {(v + t, a) for v in WORKLOADS for t in ("", BF16) for a in ARCHS}
     distinct = {s for rows in compiled.values() for s, _ in rows}
     assert len(distinct) >= 200
-    for rows in compiled.values():
+    for (variant, _), rows in compiled.items():
+        if variant.endswith(BF16):
+            assert len(rows) == PER_PAIR_BF16
+            continue
         assert {s.smem_stages for s, _ in rows} >= {1, 2, 3, 4, 5}
         assert {s.reg_stages for s, _ in rows} == {1, 2}
 

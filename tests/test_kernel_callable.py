@@ -121,6 +121,8 @@ class StandIn:
     """What a CuPy array shows a consumer: shape, dtype, byte strides, DLPack device and a
     DLPack capsule (dlpack.h layout, built here independently of pipetune's reader)."""
 
+    dl_code: int | None = None  # DLPack's type code, where numpy's dtype cannot say it
+
     def __init__(self, host: np.ndarray, device: tuple[int, int] = CUDA):
         self.host = host
         self.shape = host.shape
@@ -143,7 +145,7 @@ class StandIn:
         t.data = self.host.ctypes.data
         t.device = _DLDevice(*self.device)
         t.ndim = ndim
-        code = 2 if self.host.dtype.kind == "f" else 0
+        code = self.dl_code if self.dl_code is not None else 2 if self.host.dtype.kind == "f" else 0
         t.dtype = _DLDataType(code, self.host.dtype.itemsize * 8, 1)
         t.shape, t.strides, t.byte_offset = shape, strides, 0
         self._keep += [managed, shape, strides]
@@ -464,6 +466,41 @@ def test_torch_style_tensors_are_accepted(launches):
     k = pipetune.kernel(conv2d(2, 14, 14, 64, 64, 3, 3, pad=1), "h100", schedule=S)
     a, b, c = arrays(conv2d(2, 14, 14, 64, 64, 3, 3, pad=1), cls=TorchStyle)
     assert k(a, b, c) is c and launches[-1]["pointers"][2] == c.host.ctypes.data
+
+
+class TorchBfloat16(TorchStyle):
+    """A torch.bfloat16 tensor: its bits held as uint16, DLPack's bfloat type code (4)."""
+
+    dl_code = 4
+
+    def __init__(self, host: np.ndarray, device: tuple[int, int] = CUDA):
+        super().__init__(host.astype(np.uint16), device)
+        self.dtype = "torch.bfloat16"
+
+
+BF16_FC = {**FC, "dtype": "bfloat16"}
+
+
+def test_a_bfloat16_kernel_takes_bfloat16_tensors(launches):
+    k = pipetune.kernel(BF16_FC, "h100", schedule=S)
+    assert k.name.endswith("_bf16") and "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32" in (
+        k.source
+    )
+    assert [op.dtype for op in k.operands] == ["bfloat16"] * 3
+    assert cubin_sm(k.cubin()) == 90
+    a, b, c = arrays(BF16_FC, cls=TorchBfloat16)
+    assert k(a, b, c) is c and launches[-1]["pointers"][2] == c.host.ctypes.data
+    assert launches[-1]["config"] == k.launch and launches[-1]["config"].kernel == k.name
+
+
+def test_a_bfloat16_kernel_refuses_float16_arrays_and_says_cupy_has_no_bfloat16(launches):
+    k = pipetune.kernel(BF16_FC, "h100", schedule=S)
+    _refused(k, arrays(BF16_FC), "A", "dtype must be bfloat16, got float16")
+    bits = [StandIn(np.zeros(op.shape, dtype=np.uint16)) for op in k.operands]
+    _refused(k, bits, "A", "CuPy has no bfloat16: pass PyTorch tensors of torch.bfloat16")
+    # And a float16 kernel refuses bfloat16 tensors.
+    fp16 = pipetune.kernel(FC, "h100", schedule=S)
+    _refused(fp16, arrays(FC, cls=TorchBfloat16), "A", "dtype must be float16, got bfloat16")
 
 
 class CupyArray(StandIn):

@@ -65,7 +65,7 @@ def test_hash_is_canonical():
         ({"op": "gemm", "m": 64, "n": 60, "k": 64}, "n", "multiple of 8"),
         ({"op": "gemm", "m": 1 << 20, "n": 1 << 16, "k": 64}, "m", "2^31-1"),
         ({"op": "gemm", "m": 1 << 30, "n": 64, "k": 64}, "m", "less than or equal"),
-        ({"op": "gemm", "m": 64, "n": 64, "k": 64, "dtype": "bfloat16"}, "dtype", "float16"),
+        ({"op": "gemm", "m": 64, "n": 64, "k": 64, "dtype": "float32"}, "dtype", "bfloat16"),
         ({"op": "gemm", "m": 64, "n": 64}, "k", "required"),
         ({"op": "gemm", "m": 64, "n": 64, "k": 64, "q": 1}, "q", "not permitted"),
         ({"op": "softmax", "m": 64}, "op", "unknown operator"),

@@ -14,6 +14,14 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 BufferRole = Literal["input", "output", "workspace"]
+BufferDtype = Literal["float16", "bfloat16", "float32", "uint32"]  # uint32: counters
+ITEMSIZE: dict[str, int] = {"float16": 2, "bfloat16": 2, "float32": 4, "uint32": 4}
+C_TYPES: dict[str, str] = {
+    "float16": "__half",
+    "bfloat16": "__nv_bfloat16",
+    "float32": "float",
+    "uint32": "unsigned",
+}
 
 
 @dataclass(frozen=True)
@@ -24,7 +32,7 @@ class Buffer:
 
     name: str
     shape: tuple[int, ...]
-    dtype: Literal["float16", "float32", "uint32"]  # uint32: counters
+    dtype: BufferDtype
     role: BufferRole
 
     @property
@@ -32,12 +40,12 @@ class Buffer:
         size = 1
         for s in self.shape:
             size *= s
-        return size * (2 if self.dtype == "float16" else 4)
+        return size * ITEMSIZE[self.dtype]
 
     @property
     def c_type(self) -> str:
         """The kernel parameter's C type: only outputs and workspaces are written."""
-        element = {"float16": "__half", "float32": "float", "uint32": "unsigned"}[self.dtype]
+        element = C_TYPES[self.dtype]
         return f"const {element}*" if self.role == "input" else f"{element}*"
 
     def as_dict(self) -> dict[str, Any]:

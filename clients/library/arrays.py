@@ -19,9 +19,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-import numpy as np
-
 from pipetune.model.errors import InvalidArgumentError, InvalidArgumentTypeError
+from pipetune.workers.launch_plan import ITEMSIZE as BUFFER_ITEMSIZE
 from pipetune.workers.launch_plan import LaunchPlan
 
 DTYPE = "float16"
@@ -81,7 +80,7 @@ class Operand:
 
     @property
     def nbytes(self) -> int:
-        return math.prod(self.shape) * np.dtype(self.dtype).itemsize
+        return math.prod(self.shape) * BUFFER_ITEMSIZE[self.dtype]
 
     @property
     def strides(self) -> tuple[int, ...]:
@@ -190,7 +189,12 @@ def check_arguments(specs: Sequence[Operand], arrays: Sequence[Any]) -> list[Arr
                 f"{_device_text(infos[0].device)}: all arrays must be on one GPU",
             )
         if info.dtype != spec.dtype:
-            raise ArgumentError(spec.name, f"dtype must be {spec.dtype}, got {info.dtype}")
+            hint = (
+                " (CuPy has no bfloat16: pass PyTorch tensors of torch.bfloat16)"
+                if spec.dtype == "bfloat16"
+                else ""
+            )
+            raise ArgumentError(spec.name, f"dtype must be {spec.dtype}, got {info.dtype}{hint}")
         if info.shape != spec.shape:
             raise ArgumentError(
                 spec.name, f"shape must be {spec.shape} ({spec.role}), got {info.shape}"

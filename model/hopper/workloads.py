@@ -22,6 +22,11 @@ class HopperGemm(Gemm):
     """C[M,N] = A[M,K] @ B[K,N], row-major, on warpgroup MMA."""
 
     op: Literal["hopper_gemm"] = "hopper_gemm"  # type: ignore[assignment]
+    # The wgmma kernels are generated for float16 only (their instruction and TMA maps).
+    dtype: Literal["float16"] = Field(  # type: ignore[assignment]
+        default="float16",
+        description="element type of the operands: float16 only (fp32 accumulation)",
+    )
     # The TMA loader reads B as K x N row-major tiles (its tensor map's layout).
     b_layout: Literal["kn"] = Field(default="kn", description="B stored K×N (the only layout here)")
 
@@ -38,6 +43,10 @@ class HopperBmm(Bmm):
     tensor-core `bmm` of the same shape is what a Hopper kernel is compared with."""
 
     op: Literal["hopper_bmm"] = "hopper_bmm"  # type: ignore[assignment]
+    dtype: Literal["float16"] = Field(  # type: ignore[assignment]
+        default="float16",
+        description="element type of the operands: float16 only (fp32 accumulation)",
+    )
 
     def label(self) -> str:
         return f"hopper_bmm {self.b}x{self.m}x{self.n}x{self.k}"

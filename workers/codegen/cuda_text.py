@@ -1,8 +1,9 @@
 """The CUDA C++ text of the kernel family, in pieces that generator.py assembles.
 
 The source is header-free: the NVRTC wheel on PyPI ships no cuda_fp16.h (and CI machines
-have no toolkit), and the kernel needs fp16 only as storage plus one f32x2 -> f16x2
-conversion, done in PTX. Skipping cuda_fp16.h also halves NVRTC's front-end time.
+have no toolkit), and the kernel needs fp16 (or bf16) only as storage plus one f32x2 ->
+f16x2 (bf16x2) conversion, done in PTX. Skipping cuda_fp16.h also halves NVRTC's front-end
+time. ``ELEMENTS`` fills the element type's few words (``ElementText``).
 
 Layout of a generated file:
 1. ``HELPERS``: constants and index math in ``namespace pt``, plain C++ (PT_HD), so a host
@@ -16,6 +17,40 @@ Placeholders are ``@NAME@`` (C++ braces make str.format awkward).
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class ElementText:
+    """How an element type is written in the kernel text: its storage struct (and the guard
+    of the CUDA header that would define it), the mma.sync operand type and the f32x2
+    conversion. Only these differ between the float16 and bfloat16 kernels: the loaders move
+    16-bit values without reading them, and the accumulators are f32 either way."""
+
+    c_type: str  # the storage struct, and the kernel's pointer type
+    header_guard: str
+    short: str  # in comments
+    mma: str  # mma.sync's A and B type
+    cvt: str  # cvt.rn's packed destination type
+
+    def fill(self, text: str) -> str:
+        for key, value in (
+            ("ELEM", self.c_type),
+            ("ELEM_GUARD", self.header_guard),
+            ("SHORT", self.short),
+            ("MMA", self.mma),
+            ("CVT", self.cvt),
+        ):
+            text = text.replace(f"@{key}@", value)
+        return text
+
+
+# Per workload dtype (model/workloads.py DTYPES). bf16 needs sm_80, as the family does.
+ELEMENTS: dict[str, ElementText] = {
+    "float16": ElementText("__half", "__CUDA_FP16_H__", "fp16", "f16", "f16x2"),
+    "bfloat16": ElementText("__nv_bfloat16", "__CUDA_BF16_H__", "bf16", "bf16", "bf16x2"),
+}
 
 PREAMBLE = r"""
 #if defined(__CUDACC__)
@@ -233,10 +268,10 @@ PT_HD bool conv_a_src(const ConvShape& cs, int m, const ConvK& kk, int& offset) 
 
 DEVICE = r"""
 #if defined(__CUDACC__)
-#if !defined(__CUDA_FP16_H__)
-// fp16 storage type (no header: see the generator's notes); the kernel never does __half
+#if !defined(@ELEM_GUARD@)
+// @SHORT@ storage type (no header: see the generator's notes); the kernel never does @ELEM@
 // arithmetic, it moves 16-byte chunks and converts the f32 results in PTX.
-struct __align__(2) __half {
+struct __align__(2) @ELEM@ {
   unsigned short bits;
 };
 #endif
@@ -279,20 +314,20 @@ __device__ __forceinline__ void ldmatrix_x4_trans(unsigned (&r)[4], unsigned add
                : "r"(addr));
 }
 
-// D = A(16x16, row) * B(16x8, col) + D, f16 inputs, f32 accumulators.
+// D = A(16x16, row) * B(16x8, col) + D, @MMA@ inputs, f32 accumulators.
 __device__ __forceinline__ void mma_16816(float (&d)[4], const unsigned (&a)[4], unsigned b0,
                                           unsigned b1) {
   asm volatile(
-      "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, "
+      "mma.sync.aligned.m16n8k16.row.col.f32.@MMA@.@MMA@.f32 {%0, %1, %2, %3}, "
       "{%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};\n"
       : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
-// Two f32 -> one f16x2 word, round to nearest even; lo goes to the lower address.
+// Two f32 -> one @CVT@ word, round to nearest even; lo goes to the lower address.
 __device__ __forceinline__ unsigned pack_half2(float lo, float hi) {
   unsigned out;
-  asm("cvt.rn.f16x2.f32 %0, %1, %2;\n" : "=r"(out) : "f"(hi), "f"(lo));
+  asm("cvt.rn.@CVT@.f32 %0, %1, %2;\n" : "=r"(out) : "f"(hi), "f"(lo));
   return out;
 }
 
@@ -304,8 +339,8 @@ KERNEL_HEAD = r"""
 // spilled registers for occupancy on its own; with 1 it may use what the block size allows
 // (65536 / threads, at most 255), and a spill means the schedule truly does not fit.
 extern "C" __global__ void __launch_bounds__(@THREADS@, 1)
-@NAME@(const __half* __restrict__ A_ptr, const __half* __restrict__ B_ptr,
-       __half* __restrict__ C_ptr, @SCALARS@) {
+@NAME@(const @ELEM@* __restrict__ A_ptr, const @ELEM@* __restrict__ B_ptr,
+       @ELEM@* __restrict__ C_ptr, @SCALARS@) {
   using namespace pt;
   extern __shared__ __align__(128) unsigned char pt_smem[];
   const unsigned short* A = reinterpret_cast<const unsigned short*>(A_ptr);

@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from pipetune.model.space import Schedule, knob_value_problems
-from pipetune.model.workloads import GRID_Z_LIMIT, AnyWorkload
+from pipetune.model.workloads import DTYPES, GRID_Z_LIMIT, AnyWorkload
 from pipetune.workers.codegen import cuda_text, pipeline
 from pipetune.workers.codegen.layout import TileGeometry, swizzle_period
 from pipetune.workers.codegen.variants import (
@@ -35,6 +35,7 @@ class KernelSource:
     code: str  # full CUDA C++ source, header-free
     threads: int  # block size (x)
     smem_bytes: int  # dynamic shared memory per block
+    dtype: str = "float16"  # the operands' element type (model/workloads.py DTYPES)
 
 
 # C parameter lists after the three pointers: a GEMM's M, N and K are M_arg, N_arg and K_arg
@@ -50,8 +51,16 @@ _C_SCALARS: dict[str, tuple[str, ...]] = {
 assert all(len(_C_SCALARS[v]) == len(SCALAR_ARGS[v]) for v in SCALAR_ARGS)
 
 
-def kernel_name(variant: str, schedule: Schedule) -> str:
-    return f"pipetune_{variant}_{schedule.id.replace('-', '_')}"
+def kernel_name(variant: str, schedule: Schedule, dtype: str = "float16") -> str:
+    # float16's names are those every cubin and export had before bfloat16 existed.
+    suffix = "" if dtype == "float16" else "_bf16"
+    return f"pipetune_{variant}_{schedule.id.replace('-', '_')}{suffix}"
+
+
+def check_dtype(dtype: str) -> str:
+    if dtype not in DTYPES:
+        raise ValueError(f"unknown element type {dtype!r}; known: {', '.join(DTYPES)}")
+    return dtype
 
 
 def _check_schedule(schedule: Schedule) -> None:
@@ -60,15 +69,17 @@ def _check_schedule(schedule: Schedule) -> None:
         raise ValueError(problems[0])
 
 
-def _header(variant: str, schedule: Schedule, g: TileGeometry) -> str:
+def _header(variant: str, schedule: Schedule, g: TileGeometry, dtype: str) -> str:
     knobs = ", ".join(f"{k}={v}" for k, v in schedule.as_dict().items())
     args = ", ".join(SCALAR_ARGS[variant])
+    element = cuda_text.ELEMENTS[dtype].c_type
+    of_type = "" if dtype == "float16" else f", {dtype}"
     return (
-        f"// pipetune generated kernel: variant {variant}, schedule {schedule.id}\n"
+        f"// pipetune generated kernel: variant {variant}{of_type}, schedule {schedule.id}\n"
         f"// {knobs}\n"
         f"// block tile {g.bm}x{g.bn}x{g.bk}, {g.threads} threads, "
         f"{g.smem_bytes} B dynamic shared memory\n"
-        f"// params: (const __half* A, const __half* B, __half* C, int {args})\n"
+        f"// params: (const {element}* A, const {element}* B, {element}* C, int {args})\n"
         f"// grid: {_GRID_TEXT[variant]}\n"
     )
 
@@ -127,20 +138,25 @@ def _loaders(variant: str) -> str:
     return a + b
 
 
-def source_parts(variant: str, schedule: Schedule) -> dict[str, str]:
+def source_parts(variant: str, schedule: Schedule, dtype: str = "float16") -> dict[str, str]:
     """The pieces of a kernel's source, in order: "header", "helpers" (constants and index
     math, plain C++ that a host compiler builds), "device" (PTX wrappers), "kernel", "end"
-    (device and kernel sit inside one ``#if defined(__CUDACC__)``)."""
+    (device and kernel sit inside one ``#if defined(__CUDACC__)``). ``dtype`` is the
+    operands' element type: it changes only the storage type's name, the mma.sync operand
+    type and the output conversion (cuda_text.ELEMENTS)."""
     check_variant(variant)
+    check_dtype(dtype)
     _check_schedule(schedule)
     g = TileGeometry.of(schedule)
+    element = cuda_text.ELEMENTS[dtype]
     scalars = ", ".join(f"int {p}" for p in _C_SCALARS[variant])
-    head = cuda_text.KERNEL_HEAD.replace("@THREADS@", str(g.threads))
-    head = head.replace("@NAME@", kernel_name(variant, schedule)).replace("@SCALARS@", scalars)
+    head = element.fill(cuda_text.KERNEL_HEAD).replace("@THREADS@", str(g.threads))
+    name = kernel_name(variant, schedule, dtype)
+    head = head.replace("@NAME@", name).replace("@SCALARS@", scalars)
     return {
-        "header": _header(variant, schedule, g),
+        "header": _header(variant, schedule, g, dtype),
         "helpers": cuda_text.PREAMBLE + _helpers(variant, g),
-        "device": cuda_text.DEVICE,
+        "device": element.fill(cuda_text.DEVICE),
         "kernel": "".join(
             [
                 head,
@@ -156,8 +172,11 @@ def source_parts(variant: str, schedule: Schedule) -> dict[str, str]:
     }
 
 
-def generate(workload_or_variant: AnyWorkload | str, schedule: Schedule) -> KernelSource:
-    """The kernel of a variant (or of the variant a workload maps to) for a schedule.
+def generate(
+    workload_or_variant: AnyWorkload | str, schedule: Schedule, dtype: str = "float16"
+) -> KernelSource:
+    """The kernel of a variant (or of the variant a workload maps to) for a schedule, on
+    operands of ``dtype`` (a workload's own dtype when a workload is given).
 
     Any knob values within model.space.KNOBS generate; whether a schedule is *valid* for a
     workload on a GPU (shared memory, registers, loader divisibility) is the space's call.
@@ -166,14 +185,16 @@ def generate(workload_or_variant: AnyWorkload | str, schedule: Schedule) -> Kern
         variant = check_variant(workload_or_variant)
     else:
         variant = variant_of(workload_or_variant)
-    code = "".join(source_parts(variant, schedule).values())
+        dtype = workload_or_variant.dtype
+    code = "".join(source_parts(variant, schedule, dtype).values())
     return KernelSource(
         variant=variant,
         schedule=schedule,
-        name=kernel_name(variant, schedule),
+        name=kernel_name(variant, schedule, dtype),
         code=code,
         threads=schedule.threads,
         smem_bytes=TileGeometry.of(schedule).smem_bytes,
+        dtype=dtype,
     )
 
 
@@ -189,6 +210,10 @@ def launch(
     variant = variant_of(workload)
     if variant != kernel.variant:
         raise ValueError(f"kernel {kernel.name} is {kernel.variant}; the workload needs {variant}")
+    if workload.dtype != kernel.dtype:
+        raise ValueError(
+            f"kernel {kernel.name} takes {kernel.dtype}; the workload is {workload.dtype}"
+        )
     view = workload.gemm_view()
     s = kernel.schedule
     tiles = -(-view.m // s.block_m) * -(-view.n // s.block_n)
@@ -206,7 +231,8 @@ POINTER_ARGS: tuple[str, ...] = ("A", "B", "C")
 def launch_config(kernel: KernelSource, workload: AnyWorkload) -> KernelLaunch:
     """The launch of ``kernel`` on ``workload``: the one description that the cupy runner
     times and that `pipetune.kernel` and `pipetune export` hand to users. Parameters in
-    ``arguments`` order: the fp16 pointers A, B, C (row-major, 16-byte aligned), then the
+    ``arguments`` order: the pointers A, B, C of the workload's dtype (row-major, 16-byte
+    aligned), then the
     int32 scalars of SCALAR_ARGS; block = (threads, 1, 1)."""
     grid, scalars = launch(kernel, workload)
     names = SCALAR_ARGS[kernel.variant]
@@ -226,16 +252,19 @@ def kernel_kind(workload: AnyWorkload) -> str:
 
 
 def build_key(workload: AnyWorkload, schedule: Schedule) -> str:
-    """What a kernel's source depends on besides its schedule: the variant (the shape is
-    launch arguments), so one cubin per (variant, schedule) serves every shape."""
-    return variant_of(workload)
+    """What a kernel's source depends on besides its schedule: the variant and the element
+    type (the shape is launch arguments), so one cubin per (variant, dtype, schedule) serves
+    every shape. float16's key is the variant alone, as it was before bfloat16."""
+    variant = variant_of(workload)
+    return variant if workload.dtype == "float16" else f"{variant}.{workload.dtype}"
 
 
 def launch_plan(
     kernel: KernelSource, workload: AnyWorkload, sm_count: int = 1, blocks_per_sm: int = 1
 ) -> LaunchPlan:
     """The run of ``kernel`` on ``workload`` as the runners take every family's: one launch
-    (``launch_config``'s) over the fp16 inputs A and B and the output C, shaped as the
+    (``launch_config``'s) over the inputs A and B and the output C (of the workload's
+    dtype), shaped as the
     kernels take them. The grid covers the output tiles whatever the occupancy
     (``sm_count`` and ``blocks_per_sm`` are the plan interface's; a GEMM ignores them)."""
     from pipetune.workers.runners.reference import operand_shapes
@@ -243,9 +272,9 @@ def launch_plan(
     a, b, c = operand_shapes(workload)
     return LaunchPlan(
         buffers=(
-            Buffer("A", a, "float16", "input"),
-            Buffer("B", b, "float16", "input"),
-            Buffer("C", c, "float16", "output"),
+            Buffer("A", a, workload.dtype, "input"),
+            Buffer("B", b, workload.dtype, "input"),
+            Buffer("C", c, workload.dtype, "output"),
         ),
         launches=(launch_config(kernel, workload),),
         output="C",

@@ -49,7 +49,7 @@ from typing import Any
 import numpy as np
 
 from pipetune.workers.launch_plan import LaunchPlan
-from pipetune.workers.runners import reference_cache, tensor_maps
+from pipetune.workers.runners import elements, reference_cache, tensor_maps
 from pipetune.workers.runners.reference import CONV_REFERENCES
 from pipetune.workers.runners.timing import RepeatPolicy, time_launches
 
@@ -231,7 +231,7 @@ class Prepared:
         self.scratch = self.scratch if self.scratch is not None else {}
         key = (name, tuple(shape), dtype)
         if key not in self.scratch:
-            self.scratch[key] = cupy.empty(shape, dtype=getattr(cupy, dtype))
+            self.scratch[key] = cupy.empty(shape, dtype=elements.storage(cupy, dtype))
         return self.scratch[key]
 
 
@@ -242,8 +242,9 @@ def _fingerprint(cupy: Any, array: Any) -> int:
 
 
 def _nan_fill(cupy: Any, array: Any) -> None:
-    """NaN everywhere (an output element the kernel never writes then fails the check)."""
-    if array.dtype == cupy.float16:
+    """NaN everywhere (an output element the kernel never writes then fails the check);
+    0xFFFF is a NaN of float16 and of bfloat16 (held as uint16) alike."""
+    if array.dtype in (cupy.float16, cupy.uint16):
         array.view(cupy.uint16).fill(0xFFFF)
     else:
         array.fill(float("nan"))

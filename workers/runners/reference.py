@@ -1,5 +1,9 @@
-"""Inputs, reference results and the fp16 tolerance for verifying a tensor-core GEMM
+"""Inputs, reference results and the fp16 (bf16) tolerance for verifying a tensor-core GEMM
 family kernel's output (the family's reference check, model/gemm_family.py).
+
+A bfloat16 workload's inputs and outputs are held as the uint16 of their bits (numpy and
+CuPy have no bfloat16: workers/runners/elements.py); everything below holds for it with
+bf16's unit roundoff 2^-8 in place of u16 (its outputs are rounded to 8 significant bits).
 
 Written against an array module ``xp`` (CuPy on the GPU, numpy in the tests) so that the
 same code that checks kernels on the GPU is tested here on the CPU.
@@ -65,6 +69,7 @@ from pipetune.model.workloads import (
     Gemm,
     GemmSwiglu,
 )
+from pipetune.workers.runners.elements import UNIT_ROUNDOFF, narrow, widen
 
 U16 = 2.0**-11
 U32 = 2.0**-24
@@ -109,18 +114,20 @@ def operand_shapes(workload: AnyWorkload) -> tuple[tuple[int, ...], ...]:
 
 
 def make_inputs(workload: AnyWorkload, seed: int) -> tuple[np.ndarray, np.ndarray]:
-    """A and B: fp16, uniform in [-1, 1) (integers in {-1, 0, 1} for a deep reduction:
-    exact_depth), from numpy's PCG64 with this seed (host arrays, so the inputs are the same
-    whatever the GPU or CuPy version)."""
+    """A and B in the workload's dtype, uniform in [-1, 1) (integers in {-1, 0, 1} for a
+    deep reduction: exact_depth), from numpy's PCG64 with this seed (host arrays, so the
+    inputs are the same whatever the GPU or CuPy version). float16 as numpy's float16;
+    bfloat16 as the uint16 of its bits (workers/runners/elements.py), the same draws rounded
+    to bfloat16."""
     rng = np.random.default_rng(seed)
     shape_a, shape_b, _ = operand_shapes(workload)
     if exact_depth(workload.gemm_view().k):
-        a = rng.integers(-1, 2, shape_a, dtype=np.int8).astype(np.float16)
-        b = rng.integers(-1, 2, shape_b, dtype=np.int8).astype(np.float16)
-        return a, b
-    a = (rng.random(shape_a, dtype=np.float32) * 2 - 1).astype(np.float16)
-    b = (rng.random(shape_b, dtype=np.float32) * 2 - 1).astype(np.float16)
-    return a, b
+        a32 = rng.integers(-1, 2, shape_a, dtype=np.int8).astype(np.float32)
+        b32 = rng.integers(-1, 2, shape_b, dtype=np.int8).astype(np.float32)
+    else:
+        a32 = rng.random(shape_a, dtype=np.float32) * 2 - 1
+        b32 = rng.random(shape_b, dtype=np.float32) * 2 - 1
+    return narrow(np, a32, workload.dtype), narrow(np, b32, workload.dtype)
 
 
 def _windows(xp: Any, x: Any, filt: tuple[int, ...], out: tuple[int, ...], stride: int, pad: int):
@@ -166,20 +173,24 @@ def _gemm_chunks(xp: Any, workload: AnyWorkload, a: Any, b: Any):
         raise TypeError(f"unsupported workload {type(w).__name__}")
 
 
-def tolerance(xp: Any, product: Any, magnitude: Any | None, k: int) -> Any:
+def tolerance(xp: Any, product: Any, magnitude: Any | None, k: int, unit: float = U16) -> Any:
     """The per-element tolerance (see the module doc) of a product computed in fp32 over a
-    reduction of depth ``k``, given ``magnitude`` = |A|·|B| over the same terms. A deep
+    reduction of depth ``k``, given ``magnitude`` = |A|·|B| over the same terms, for an
+    output rounded to a type of unit roundoff ``unit`` (2^-11 fp16, 2^-8 bf16). A deep
     reduction's inputs are integers (make_inputs): its sums are exact, only C's rounding
-    to fp16 is allowed."""
+    is allowed."""
     if exact_depth(k):
-        return 2 * U16 * xp.abs(product) + FLOOR
+        return 2 * unit * xp.abs(product) + FLOOR
     accumulation = ACCUMULATION_MARGIN * math.sqrt(k) * U32
-    return 2 * U16 * xp.abs(product) + accumulation * magnitude + FLOOR
+    return 2 * unit * xp.abs(product) + accumulation * magnitude + FLOOR
 
 
 def reference(xp: Any, workload: AnyWorkload, a: Any, b: Any) -> tuple[Any, Any]:
-    """(ref, tol): the fp32 reference and the per-element tolerance, both shaped like C."""
+    """(ref, tol): the fp32 reference and the per-element tolerance, both shaped like C.
+    ``a`` and ``b`` as make_inputs stores them (bfloat16 as its bits), or already float32."""
     view = workload.gemm_view()
+    unit = UNIT_ROUNDOFF[workload.dtype]
+    a, b = widen(xp, a), widen(xp, b)
     rows_total = view.batch * view.m
     shape_c = operand_shapes(workload)[2]
     ref = xp.empty((rows_total, shape_c[-1]), dtype=xp.float32)
@@ -189,10 +200,10 @@ def reference(xp: Any, workload: AnyWorkload, a: Any, b: Any) -> tuple[Any, Any]
         # A deep reduction's exact sums need no magnitude term (tolerance): not computed.
         magnitude = None if exact_depth(view.k) else xp.matmul(xp.abs(a2), xp.abs(b2))
         if isinstance(workload, GemmSwiglu):
-            ref[rows], tol[rows] = swiglu_reference(xp, product, magnitude, view.k)
+            ref[rows], tol[rows] = swiglu_reference(xp, product, magnitude, view.k, unit)
             continue
         ref[rows] = product
-        tol[rows] = tolerance(xp, product, magnitude, view.k)
+        tol[rows] = tolerance(xp, product, magnitude, view.k, unit)
     return ref.reshape(shape_c), tol.reshape(shape_c)
 
 
@@ -210,7 +221,9 @@ def silu(xp: Any, x: Any) -> Any:
     return x * xp.where(x >= 0, 1 / (1 + e), e / (1 + e))
 
 
-def swiglu_reference(xp: Any, product: Any, magnitude: Any | None, k: int) -> tuple[Any, Any]:
+def swiglu_reference(
+    xp: Any, product: Any, magnitude: Any | None, k: int, unit: float = U16
+) -> tuple[Any, Any]:
     """(ref, tol) of the fused GEMM + SwiGLU from the fp32 product of both projections.
 
     y = silu(g)·u. The kernel gates its own f32 accumulators, so g and u carry the GEMM's
@@ -219,11 +232,12 @@ def swiglu_reference(xp: Any, product: Any, magnitude: Any | None, k: int) -> tu
 
         |y - ref| <= 2·u16·|ref| + 1.1·|u|·e_g + |silu(g)|·e_u + 2^-14
 
-    (e = 0 on a deep reduction's integer inputs, whose sums are exact)."""
+    (e = 0 on a deep reduction's integer inputs, whose sums are exact; ``unit`` in place of
+    u16 for bfloat16)."""
     g, u = split_gate_up(xp, product)
     gated = silu(xp, g)
     ref = gated * u
-    tol = 2 * U16 * xp.abs(ref) + FLOOR
+    tol = 2 * unit * xp.abs(ref) + FLOOR
     if magnitude is not None and not exact_depth(k):
         e_g, e_u = split_gate_up(xp, ACCUMULATION_MARGIN * math.sqrt(k) * U32 * magnitude)
         tol = tol + 1.1 * xp.abs(u) * e_g + xp.abs(gated) * e_u
@@ -231,8 +245,10 @@ def swiglu_reference(xp: Any, product: Any, magnitude: Any | None, k: int) -> tu
 
 
 def check(xp: Any, c: Any, ref: Any, tol: Any) -> tuple[bool, float | None, str | None]:
-    """(passed, max |C - ref| or None if C has non-finite values, why it failed)."""
-    values = c.astype(xp.float32)
+    """(passed, max |C - ref| or None if C has non-finite values, why it failed). ``c`` as
+    the kernel stored it: float16, or bfloat16's bits as uint16."""
+    values = widen(xp, c)
+    kind = "bf16" if c.dtype == xp.uint16 else "fp16"
     finite = xp.isfinite(values)
     bad_values = int(values.size - int(xp.count_nonzero(finite)))
     if bad_values:
@@ -260,7 +276,7 @@ def check(xp: Any, c: Any, ref: Any, tol: Any) -> tuple[bool, float | None, str 
         return (
             False,
             max_error,
-            f"{over} of {values.size} outputs outside the fp16 tolerance; worst at {where}: "
+            f"{over} of {values.size} outputs outside the {kind} tolerance; worst at {where}: "
             f"|C - ref| = {float(diff.ravel()[worst]):.4g} (ref {float(ref.ravel()[worst]):.4g}, "
             f"tolerance {float(tol.ravel()[worst]):.4g})",
         )
@@ -285,8 +301,11 @@ SWIGLU_TOLERANCE_TEXT = (
 
 def tolerance_text(workload: AnyWorkload) -> str:
     if isinstance(workload, GemmSwiglu):
-        return SWIGLU_TOLERANCE_TEXT
-    return EXACT_TOLERANCE_TEXT if exact_depth(workload.gemm_view().k) else TOLERANCE_TEXT
+        text = SWIGLU_TOLERANCE_TEXT
+    else:
+        text = EXACT_TOLERANCE_TEXT if exact_depth(workload.gemm_view().k) else TOLERANCE_TEXT
+    # The rounding term's unit roundoff is the output type's (every text writes fp16's).
+    return text if workload.dtype == "float16" else text.replace("2*2^-11*", "2*2^-8*", 1)
 
 
 def reference_method(workload: AnyWorkload, preferred: str = "cublas") -> str:
@@ -322,7 +341,8 @@ def cudnn_reference(cupy: Any, workload: Any, a: Any, b: Any) -> tuple[Any, Any]
     magnitude = magnitude.permute(*channels_last).contiguous()
     torch.cuda.synchronize()
     ref = cupy.array(cupy.from_dlpack(product), copy=True)
-    tol = tolerance(cupy, ref, cupy.from_dlpack(magnitude), workload.gemm_view().k)
+    unit = UNIT_ROUNDOFF[workload.dtype]
+    tol = tolerance(cupy, ref, cupy.from_dlpack(magnitude), workload.gemm_view().k, unit)
     cupy.cuda.Device().synchronize()
     del x, w, x32, w32, product, magnitude
     torch.cuda.empty_cache()
@@ -336,6 +356,8 @@ def compute_reference(
     it can run, else the fp32 product through ``xp.matmul``."""
     method = reference_method(workload, preferred)
     a, b = inputs["A"], inputs["B"]
+    if workload.dtype != "float16":  # bfloat16's bits: cuDNN and the product take float32
+        a, b = widen(xp, a), widen(xp, b)
     why = None
     if method == "cudnn":
         try:

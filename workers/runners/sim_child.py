@@ -30,7 +30,7 @@ from typing import Any
 
 import numpy as np
 
-from pipetune.workers.runners import reference_cache
+from pipetune.workers.runners import elements, reference_cache
 from pipetune.workers.runners.cupy_child import TrialSpec
 from pipetune.workers.runners.faults import FaultPlan, run_simulated_trial
 from pipetune.workers.runners.reference import CONV_REFERENCES
@@ -134,7 +134,8 @@ def prepare_workload(
             compute,
             formula=checks.tolerance_text(workload),
         )
-        rehearsed, _, _ = checks.check(np, ref.astype(np.float16), ref, tol)
+        # The reference as the kernel stores it (rounded to the workload's element type).
+        rehearsed, _, _ = checks.check(np, elements.narrow(np, ref, workload.dtype), ref, tol)
     return {
         "workload_hash": workload.workload_hash,
         "reference": "none (simulated launch)",

@@ -91,7 +91,7 @@ def source_parts(variant: str, config: WgmmaConfig) -> dict[str, str]:
         "helpers": family_text.PREAMBLE + helpers,
         # family_text.DEVICE opens `#if defined(__CUDACC__)` with the family's cp.async,
         # smem_u32 and pack_half2 wrappers; "end" closes it after the kernel.
-        "device": family_text.DEVICE
+        "device": family_text.ELEMENTS["float16"].fill(family_text.DEVICE)
         + DEVICE_HEAD
         + DEVICE_WGMMA
         + wgmma_wrapper(config.block_n)
