@@ -6,7 +6,9 @@ the ALCOP name: the same shapes, so the two families' kernels compare operator b
 the campaign's default operators (``--operators llama`` sweeps them). ``swiglu``: LLaMA-2
 7B's gate and up projections at 1024 tokens, as the fused GEMM + SwiGLU and as the plain
 GEMM that the ``llama`` suite's SwiGLU_LLaMA2_7B_t1024 follows (fused against unfused,
-each tuned); not in the default operators either.
+each tuned); not in the default operators either. ``bf16``: the ``swiglu`` suite's two GEMMs
+with bfloat16 operands (as LLaMA's weights ship), against cuBLAS in bfloat16; not in the
+default operators.
 
 Shapes follow the ALCOP paper: square GEMMs, BERT-base linear layers at 1024 tokens (N x K
 as in the paper), ResNet-50's FC and 1x1 convolutions as GEMM, BERT and GPT-2 attention
@@ -96,6 +98,12 @@ SWIGLU: dict[str, AnyWorkload] = {
     "GateUpSwiGLU_LLaMA2_7B_t1024": gemm_swiglu(1024, 11008, 4096),
     "GateUp_LLaMA2_7B_t1024": gemm(1024, 22016, 4096),
 }
+# The swiglu suite's GEMMs in bfloat16: the same kernels but for their type words, so the
+# sweeps say what bf16 costs against fp16 on one shape, and how far from cuBLAS's bf16 GEMM.
+BF16_PREFIX = "BF16_"
+BF16: dict[str, AnyWorkload] = {
+    BF16_PREFIX + name: w.model_copy(update={"dtype": "bfloat16"}) for name, w in SWIGLU.items()
+}
 HOPPER_PREFIX = "WG_"
 HOPPER: dict[str, HopperWorkload] = {
     HOPPER_PREFIX + name: as_hopper(w) for name, w in ALCOP.items() if w.op in ("gemm", "bmm")
@@ -107,6 +115,7 @@ SUITES: dict[str, dict[str, AnyWorkload | MemWorkload | HopperWorkload]] = {
     "hopper": HOPPER,
     "llama": LLAMA,
     "swiglu": SWIGLU,
+    "bf16": BF16,
 }
 
 

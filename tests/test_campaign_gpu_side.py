@@ -12,6 +12,7 @@ import types
 from contextlib import nullcontext
 
 import fake_cupy
+import ml_dtypes
 import numpy as np
 import pytest
 
@@ -290,6 +291,7 @@ class FakeTorch(types.ModuleType):
         self.__version__ = "2.9.fake"
         self.version = types.SimpleNamespace(cuda="13.0")
         self.float32, self.float16, self.uint8 = np.float32, np.float16, np.uint8
+        self.bfloat16 = ml_dtypes.bfloat16
         self.log: list[tuple[str, dict]] = []  # ops and flushes, in order
         self.drawn: list[tuple[tuple[int, ...], int]] = []  # (shape, seed) of device draws
         torch = self
@@ -493,6 +495,34 @@ def test_a_bmm_baseline_is_cublas_batched_through_torch_bmm(torch):
     assert [name for name, _ in torch.log] == ["bmm", "bmm"] + ["flush", "bmm"] * 5
     assert all(call["shape"] == shapes for name, call in torch.log if name == "bmm")
     assert all(call["dtype"] == np.float16 for name, call in torch.log if name == "bmm")
+
+
+BF16 = np.dtype(ml_dtypes.bfloat16)
+
+
+@pytest.mark.parametrize("b_layout", ["kn", "nk"])
+def test_a_bfloat16_gemm_baseline_is_cublas_through_torch_in_bfloat16(torch, b_layout):
+    """CuPy has no bfloat16: a bf16 GEMM's baseline is torch.matmul on torch.bfloat16
+    tensors holding make_inputs's draws (their bits), into a bf16 output."""
+    workload = gemm(64, 24, 40, b_layout=b_layout, dtype="bfloat16")
+    answer = cuda_side.vendor_time(workload.canonical(), 7, POLICY)
+    assert answer["library"].startswith("cuBLAS through torch.matmul (PyTorch 2.9.fake)")
+    assert answer["library"].endswith("bf16 in and out") and answer["samples_ms"] == [0.02] * 5
+    assert [name for name, _ in torch.log] == ["matmul", "matmul"] + ["flush", "matmul"] * 5
+    calls = [call for name, call in torch.log if name == "matmul"]
+    assert all(c["shape"] == ((64, 40), (40, 24), (64, 24)) for c in calls)
+    assert all(c["dtype"] == BF16 for c in calls)
+
+
+def test_bfloat16_bmm_and_swiglu_baselines_run_in_bfloat16(torch):
+    answer = cuda_side.vendor_time(bmm(2, 64, 32, 48, dtype="bfloat16").canonical(), 7, POLICY)
+    assert answer["library"].endswith("bf16 in and out")
+    assert {c["dtype"] for name, c in torch.log if name == "bmm"} == {BF16}
+    torch.log.clear()
+    workload = gemm_swiglu(64, 24, 40, dtype="bfloat16")
+    answer = cuda_side.vendor_time(workload.canonical(), 7, POLICY)
+    assert "bf16 in and out: two kernels, unfused" in answer["library"]
+    assert {c["dtype"] for name, c in torch.log if name == "matmul"} == {BF16}
 
 
 @pytest.mark.parametrize("b_layout", ["kn", "nk"])

@@ -37,6 +37,7 @@ from pipetune.workers.campaign.kit import (
     KIT_PACKAGES,
     WHEEL_LOCK,
     KitError,
+    bf16_device_command,
     build_kit,
     conv_device_command,
     device_command,
@@ -87,6 +88,7 @@ def test_the_readme_gives_the_kit_s_commands():
     assert conv_device_command() in stripped  # the convolutions swept again
     assert llama_device_command() in stripped  # the llama suite's first sweeps
     assert swiglu_device_command() in stripped  # the fused GEMM + SwiGLU against the pair
+    assert bf16_device_command() in stripped  # the swiglu suite's GEMMs in bfloat16
 
 
 def test_the_wheel_is_built_under_the_tree_s_lock(tmp_path, monkeypatch):
@@ -386,10 +388,12 @@ def test_the_kit_offers_each_gpu_what_its_committed_data_lacks(tmp_path):
     assert [c.command for c in h200] == [
         llama_device_command(),
         swiglu_device_command(),
+        bf16_device_command(),
         calibrate_device_command("h200"),
     ]
-    assert "calibrate --gpu h200 --out $OUT/h200.json" in h200[2].command
+    assert "calibrate --gpu h200 --out $OUT/h200.json" in h200[3].command
     assert h200[0].run()["timeout_s"] == 300 and h200[1].run()["timeout_s"] == 360
+    assert h200[2].run()["timeout_s"] == 360
     with_k_step = tmp_path / "profiles"
     with_k_step.mkdir()
     doc = json.loads((profiles / "h200.json").read_text())
@@ -398,13 +402,14 @@ def test_the_kit_offers_each_gpu_what_its_committed_data_lacks(tmp_path):
     assert [c.command for c in open_calls("h200", ROOT / DATA_DIR, with_k_step)] == [
         llama_device_command(),
         swiglu_device_command(),
+        bf16_device_command(),
     ]
-    # The llama and swiglu suites measured (stand-in files): not offered again; without the
-    # persistent probe's file, that probe is.
+    # The llama, swiglu and bf16 suites measured (stand-in files): not offered again; without
+    # the persistent probe's file, that probe is.
     mirror = tmp_path / "data"
     shutil.copytree(ROOT / DATA_DIR / "h200", mirror / "h200")
     shutil.copytree(ROOT / DATA_DIR / "hopper", mirror / "hopper")
-    for op in [*suite_in_order("llama"), *suite_in_order("swiglu")]:
+    for op in [*suite_in_order("llama"), *suite_in_order("swiglu"), *suite_in_order("bf16")]:
         (mirror / "h200" / f"{op}.t4.json.gz").write_bytes(b"")
     (mirror / "h200" / "wgmma-probe-persistent.json").unlink()
     h200 = open_calls("h200", mirror, with_k_step)
@@ -418,6 +423,7 @@ def test_the_kit_offers_each_gpu_what_its_committed_data_lacks(tmp_path):
         hopper_device_command(),
         llama_device_command(),
         swiglu_device_command(),
+        bf16_device_command(),
         PROBE_CALLS["h100"][2],
     ]
     # A GPU with no campaign: the campaign's first call, and nothing else before it.

@@ -28,6 +28,7 @@ from typing import Any
 
 import numpy as np
 
+from pipetune.model.workloads import DTYPE_SHORT
 from pipetune.workers.campaign.checks import conv_check, matmul_checks
 from pipetune.workers.runners.cupy_child import MIN_FLUSH_BYTES, CupyClock
 from pipetune.workers.runners.reference import make_inputs, operand_shapes
@@ -242,9 +243,11 @@ def vendor_time(canonical: dict[str, Any], seed: int, policy: RepeatPolicy) -> d
     workload = parse_any_workload(canonical)
     # The Hopper family's shapes are the tensor-core GEMM and BMM: the same library call.
     op = TENSOR_OP.get(workload.op, workload.op)
-    if op == "gemm":
+    if op == "gemm" and workload.dtype == "float16":
         return _cublas(workload, seed, policy)
-    if op == "bmm":
+    if op == "gemm":  # CuPy has no bfloat16: cuBLAS through PyTorch
+        timed = _torch_gemm
+    elif op == "bmm":
         timed = _torch_bmm
     elif op == "gemm_swiglu":
         timed = _torch_gemm_swiglu
@@ -278,6 +281,40 @@ def _cublas(workload: Any, seed: int, policy: RepeatPolicy) -> dict[str, Any]:
     return {"library": library, "samples_ms": samples, "held": held}
 
 
+def _torch_operands(torch: Any, workload: Any, seed: int) -> tuple[Any, Any]:
+    """A and B, make_inputs's draws, as CUDA tensors of the workload's dtype (bfloat16's
+    bits, uint16 on the host, viewed as torch.bfloat16 on the device)."""
+    a_host, b_host = make_inputs(workload, seed)
+    if workload.dtype == "float16":
+        return torch.from_numpy(a_host).cuda(), torch.from_numpy(b_host).cuda()
+    bf16 = torch.bfloat16
+    a = torch.from_numpy(a_host.view(np.int16)).cuda().view(bf16)
+    return a, torch.from_numpy(b_host.view(np.int16)).cuda().view(bf16)
+
+
+def _in_and_out(workload: Any) -> str:
+    """The element type a baseline runs in, as its library text says it."""
+    return f"{DTYPE_SHORT[workload.dtype]} in and out"
+
+
+def _torch_gemm(workload: Any, seed: int, policy: RepeatPolicy) -> dict[str, Any]:
+    """cuBLAS's GEMM through ``torch.matmul``, for the element types CuPy has not
+    (bfloat16); float16 GEMMs are timed through ``cupy.matmul`` (_cublas)."""
+    import torch
+
+    a, b = _torch_operands(torch, workload, seed)
+    if workload.b_layout == "nk":
+        b = b.t()  # a transposed view: cuBLAS takes it as an operation, not a copy
+    dtype = getattr(torch, workload.dtype)
+    out = torch.empty(operand_shapes(workload)[2], dtype=dtype, device="cuda")
+
+    def launch() -> None:
+        torch.matmul(a, b, out=out)
+
+    library = f"cuBLAS through torch.matmul (PyTorch {torch.__version__}), {_in_and_out(workload)}"
+    return {"library": library, **_torch_timed(torch, launch, policy)}
+
+
 def _torch_gemm_swiglu(workload: Any, seed: int, policy: RepeatPolicy) -> dict[str, Any]:
     """What a model runs without the fused kernel: cuBLAS's GEMM of both projections (their
     weights side by side, not interleaved) and PyTorch's silu(gate) * up over its halves:
@@ -285,13 +322,13 @@ def _torch_gemm_swiglu(workload: Any, seed: int, policy: RepeatPolicy) -> dict[s
     import torch
 
     functional = torch.nn.functional
-    a_host, b_host = make_inputs(workload, seed)
-    a, b = torch.from_numpy(a_host).cuda(), torch.from_numpy(b_host).cuda()
+    a, b = _torch_operands(torch, workload, seed)
     if workload.b_layout == "nk":
         b = b.t()  # a transposed view: cuBLAS takes it as an operation, not a copy
     n = workload.n
-    both = torch.empty((workload.m, 2 * n), dtype=torch.float16, device="cuda")
-    out = torch.empty((workload.m, n), dtype=torch.float16, device="cuda")
+    dtype = getattr(torch, workload.dtype)
+    both = torch.empty((workload.m, 2 * n), dtype=dtype, device="cuda")
+    out = torch.empty((workload.m, n), dtype=dtype, device="cuda")
 
     def launch() -> None:
         with torch.no_grad():
@@ -300,7 +337,7 @@ def _torch_gemm_swiglu(workload: Any, seed: int, policy: RepeatPolicy) -> dict[s
 
     library = (
         f"cuBLAS through torch.matmul, then torch.nn.functional.silu(gate) * up (PyTorch "
-        f"{torch.__version__}), fp16 in and out: two kernels, unfused"
+        f"{torch.__version__}), {_in_and_out(workload)}: two kernels, unfused"
     )
     return {"library": library, **_torch_timed(torch, launch, policy)}
 
@@ -311,15 +348,16 @@ def _torch_bmm(workload: Any, seed: int, policy: RepeatPolicy) -> dict[str, Any]
     cuBLAS's batched GEMM does, which made every BMM look several times faster than cuBLAS."""
     import torch
 
-    a_host, b_host = make_inputs(workload, seed)
-    a, b = torch.from_numpy(a_host).cuda(), torch.from_numpy(b_host).cuda()
-    out = torch.empty(operand_shapes(workload)[2], dtype=torch.float16, device="cuda")
+    a, b = _torch_operands(torch, workload, seed)
+    dtype = getattr(torch, workload.dtype)
+    out = torch.empty(operand_shapes(workload)[2], dtype=dtype, device="cuda")
 
     def launch() -> None:
         torch.bmm(a, b, out=out)
 
     library = (
-        f"cuBLAS (strided batched) through torch.bmm (PyTorch {torch.__version__}), fp16 in and out"
+        f"cuBLAS (strided batched) through torch.bmm (PyTorch {torch.__version__}), "
+        f"{_in_and_out(workload)}"
     )
     return {"library": library, **_torch_timed(torch, launch, policy)}
 
@@ -328,12 +366,12 @@ def _cudnn(workload: Any, seed: int, policy: RepeatPolicy) -> dict[str, Any]:
     import torch
     import torch.nn.functional as functional
 
-    a_host, b_host = make_inputs(workload, seed)
+    a, b = _torch_operands(torch, workload, seed)
     torch.backends.cudnn.benchmark = True
-    spatial = a_host.ndim - 2
+    spatial = a.ndim - 2
     channels_first = (0, spatial + 1, *range(1, spatial + 1))
-    x = torch.from_numpy(a_host).cuda().permute(*channels_first)
-    w = torch.from_numpy(b_host).cuda().permute(*channels_first)
+    x = a.permute(*channels_first)
+    w = b.permute(*channels_first)
     conv = functional.conv2d if spatial == 2 else functional.conv3d
 
     def launch() -> None:
@@ -342,7 +380,7 @@ def _cudnn(workload: Any, seed: int, policy: RepeatPolicy) -> dict[str, Any]:
 
     library = (
         f"cuDNN {torch.backends.cudnn.version()} through PyTorch {torch.__version__}, "
-        "fp16 channels-last, cudnn.benchmark on"
+        f"{DTYPE_SHORT[workload.dtype]} channels-last, cudnn.benchmark on"
     )
     return {"library": library, **_torch_timed(torch, launch, policy)}
 

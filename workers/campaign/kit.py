@@ -355,7 +355,7 @@ def llama_unmeasured(folder: Path) -> bool:
     return any(not (folder / f"{op}.t4.json.gz").exists() for op in suite_in_order("llama"))
 
 
-SWIGLU_MINUTES = 5  # `pipetune campaign plan --operators swiglu`: one call, 207 of 480 s
+SWIGLU_MINUTES = 5  # `pipetune campaign plan --operators swiglu`: one call, 210 of 480 s
 
 
 def swiglu_device_command(runner: str = "cupy") -> str:
@@ -368,6 +368,21 @@ def swiglu_device_command(runner: str = "cupy") -> str:
 def swiglu_unmeasured(folder: Path) -> bool:
     """Whether a ``swiglu`` suite operator has no committed sweep on this GPU."""
     return any(not (folder / f"{op}.t4.json.gz").exists() for op in suite_in_order("swiglu"))
+
+
+BF16_MINUTES = 5  # `pipetune campaign plan --operators bf16`: one call, 210 of 480 s
+
+
+def bf16_device_command(runner: str = "cupy") -> str:
+    """The ``bf16`` suite (the swiglu suite's GEMMs with bfloat16 operands) in one call:
+    correctness (the bf16 cases among the GEMM family's), cuBLAS's bf16 baselines through
+    PyTorch and both exhaustive sweeps (README, GPU work)."""
+    return one_call_command("bf16", ".campaign-b", BF16_MINUTES, "campaign-bf16", runner)
+
+
+def bf16_unmeasured(folder: Path) -> bool:
+    """Whether a ``bf16`` suite operator has no committed sweep on this GPU."""
+    return any(not (folder / f"{op}.t4.json.gz").exists() for op in suite_in_order("bf16"))
 
 
 # --- what is open on each GPU ------------------------------------------------------------
@@ -525,6 +540,14 @@ def open_calls(gpu: str, data: Path = DATA_DIR, profiles: Path = PROFILE_DIR) ->
                 "the swiglu suite: the gate+up GEMM fused with the SwiGLU, and not",
                 360,
                 swiglu_device_command(),
+            )
+        )
+    if bf16_unmeasured(folder):
+        calls.append(
+            DeviceCall(
+                "the bf16 suite: the swiglu suite's GEMMs with bfloat16 operands",
+                360,
+                bf16_device_command(),
             )
         )
     if profile_lacks_k_step(gpu, profiles):
