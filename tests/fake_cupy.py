@@ -151,8 +151,8 @@ def make() -> types.ModuleType:
     cupy = types.ModuleType("cupy")
     for name in (
         "abs", "argmax", "array", "asarray", "count_nonzero", "empty", "float16", "float32",
-        "int64", "isfinite", "matmul", "pad", "stack", "uint8", "uint16", "uint32", "uint64",
-        "zeros",
+        "int64", "isfinite", "isnan", "matmul", "pad", "stack", "uint8", "uint16", "uint32",
+        "uint64", "where", "zeros",
     ):  # fmt: skip
         setattr(cupy, name, getattr(np, name))
     cupy.asnumpy = np.asarray

@@ -215,7 +215,7 @@ def test_library_child_checks_and_baseline(cupy, monkeypatch):
     monkeypatch.setitem(sys.modules, "torch", None)
     cuda_side.init(0)
     checks = cuda_side.library_checks()
-    for name in ("matmul_fp32", "matmul_fp16", "fp16_cast"):
+    for name in ("matmul_fp32", "matmul_fp16", "fp16_cast", "bf16_bits"):
         assert checks[name]["ok"], checks[name]
     assert not checks["conv_fp16_cudnn"]["ok"] and "torch" in checks["conv_fp16_cudnn"]["error"]
     described = cuda_side.describe()
@@ -223,6 +223,21 @@ def test_library_child_checks_and_baseline(cupy, monkeypatch):
     assert described["clock_mhz"] == 1980 and described["memory_bus_bits"] == 5120
     answer = cuda_side.vendor_time(WORKLOAD.canonical(), 0, POLICY)
     assert answer["library"].startswith("cuBLAS") and answer["samples_ms"] == [0.01] * 5
+
+
+def test_the_bf16_bits_check_fails_a_device_whose_conversions_differ():
+    from pipetune.workers.campaign.checks import matmul_checks
+
+    def off_by_one_bit(array):  # what a device whose shifts or rounding differ would give
+        out = np.array(array, copy=True)
+        out.view(np.uint8)[::4] ^= 1
+        return out
+
+    check = matmul_checks(np, off_by_one_bit)["bf16_bits"]
+    assert not check["ok"] and check["mismatches"] > 1000
+    assert matmul_checks(np, np.asarray)["bf16_bits"] == {
+        "ok": True, "mismatches": 0, "values": check["values"],
+    }  # fmt: skip
 
 
 def _public_functions(module) -> dict[str, list[str]]:

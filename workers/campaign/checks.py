@@ -5,6 +5,10 @@ rehearsal and the tests run the same comparisons with numpy.
 - ``matmul_fp32``, ``matmul_fp16``: a small product through ``xp.matmul`` (cuBLAS on the
   GPU) against numpy's float64 product of the same values;
 - ``fp16_cast``: float32 -> float16 on the device equals numpy's rounding, bit for bit;
+- ``bf16_bits``: the runners' bfloat16 conversions (workers/runners/elements.py, integer
+  arithmetic on uint16 bits, as CuPy has no bfloat16) give on the device what they give on
+  the host, bit for bit: every bf16 pattern widened, and float32s narrowed (ties, overflow,
+  subnormals, NaN). Not required: only the bfloat16 kernels' checks depend on it;
 - ``conv_fp16`` (when a convolution is given): a small channels-last fp16 convolution
   against a direct float64 one.
 
@@ -18,6 +22,8 @@ from collections.abc import Callable
 from typing import Any
 
 import numpy as np
+
+from pipetune.workers.runners import elements
 
 FP32_BOUND = 1e-5  # relative error of a K=48 fp32 product (cuBLAS may use other orders)
 FP16_BOUND = 2e-2  # fp16 inputs and output, fp32 or fp16 accumulation: about 2^-8 relative
@@ -62,10 +68,26 @@ def matmul_checks(xp: Any, to_host: Callable[[Any], np.ndarray]) -> dict[str, di
         differ = int(np.count_nonzero(got.view(np.uint16) != expected.view(np.uint16)))
         return {"ok": differ == 0, "mismatches": differ, "values": int(values.size)}
 
+    def bf16_bits() -> dict[str, Any]:
+        patterns = np.arange(1 << 16, dtype=np.uint32).astype(np.uint16)
+        wide = to_host(elements.widen(xp, xp.asarray(patterns)))
+        expected = elements.widen(np, patterns)
+        differ = int(np.count_nonzero(wide.view(np.uint32) != expected.view(np.uint32)))
+        # Ties both ways (low half 0x8000), values beside them, and the edges of the range.
+        ties = (np.arange(0x3F800000, 0x3F800000 + (256 << 16), 1 << 15, dtype=np.uint32)).view(
+            np.float32
+        )
+        edges = np.float32([3.3895e38, 3.4e38, -3.4e38, 1e-40, -0.0, np.inf, -np.inf, np.nan])
+        values = np.concatenate([a.ravel(), ties, edges])
+        narrow = to_host(elements.narrow(xp, xp.asarray(values), "bfloat16"))
+        differ += int(np.count_nonzero(narrow != elements.narrow(np, values, "bfloat16")))
+        return {"ok": differ == 0, "mismatches": differ, "values": int(patterns.size + values.size)}
+
     return {
         "matmul_fp32": _guarded(fp32),
         "matmul_fp16": _guarded(fp16),
         "fp16_cast": _guarded(cast),
+        "bf16_bits": _guarded(bf16_bits),
     }
 
 
