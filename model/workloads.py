@@ -51,6 +51,12 @@ DTYPES: tuple[str, ...] = ("float16", "bfloat16")
 DTYPE_SHORT = {"float16": "fp16", "bfloat16": "bf16"}  # in labels: "gemm 64x64x64 bf16"
 
 
+def dtype_suffix(dtype: str) -> str:
+    """What a workload's label adds for its element type: nothing for float16 (every label
+    written before bfloat16 existed stays as it was), " bf16" otherwise."""
+    return "" if dtype == "float16" else f" {DTYPE_SHORT[dtype]}"
+
+
 class WorkloadError(PipetuneError, ValueError):
     """A workload that pipetune cannot run, with the offending field."""
 
@@ -112,9 +118,7 @@ class _Workload(BaseModel):
         raise NotImplementedError
 
     def dtype_suffix(self) -> str:
-        """What a label adds for the element type: nothing for float16 (every label written
-        before bfloat16 existed stays as it was), " bf16" otherwise."""
-        return "" if self.dtype == "float16" else f" {DTYPE_SHORT[self.dtype]}"
+        return dtype_suffix(self.dtype)
 
 
 def _check_index(operand: str, elements: int, **dims: int) -> None:

@@ -12,7 +12,6 @@ import pytest
 
 from pipetune.model.hardware import get_gpu
 from pipetune.model.hopper.workloads import as_hopper
-from pipetune.model.memops.workloads import parse_mem_workload
 from pipetune.model.space import Space
 from pipetune.model.workloads import WorkloadError, bmm, conv2d, gemm, gemm_swiglu
 from pipetune.workers.codegen import generate
@@ -42,15 +41,11 @@ def test_a_bfloat16_workload_is_another_workload_and_says_so():
     assert bf16.operand_bytes == fp16.operand_bytes and bf16.flops == fp16.flops
 
 
-def test_the_families_that_take_only_float16_refuse_bfloat16_by_field():
+def test_the_family_that_takes_only_float16_refuses_bfloat16_by_field():
+    # (The memory-intensive family takes bfloat16 too: tests/test_memops_bfloat16.py.)
     with pytest.raises(WorkloadError) as refused:
         as_hopper(gemm(128, 64, 256, dtype="bfloat16"))
     assert refused.value.field == "dtype" and "the wgmma kernels take float16" in str(refused.value)
-    with pytest.raises(WorkloadError) as refused:
-        parse_mem_workload({"op": "softmax", "rows": 64, "cols": 64, "dtype": "bfloat16"})
-    assert refused.value.field == "dtype" and "memory-intensive kernels take float16" in str(
-        refused.value
-    )
 
 
 # ---- the kernel text -------------------------------------------------------------------

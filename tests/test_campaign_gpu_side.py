@@ -485,6 +485,14 @@ def test_a_memops_baseline_is_pytorch_s_op_timed_as_kernels_are(torch, workload,
     assert torch.drawn == [(shape, 7) for shape in shapes.values()]
 
 
+def test_a_bfloat16_memops_baseline_runs_pytorch_s_op_in_bfloat16(torch):
+    workload = rmsnorm(64, 1024).model_copy(update={"dtype": "bfloat16"})
+    answer = cuda_side.vendor_time(workload.canonical(), 7, POLICY)
+    assert answer["library"].endswith("bf16 in and out")
+    calls = [call for name, call in torch.log if name == "rms_norm"]
+    assert calls and all(c["dtype"] == BF16 and c["weight"].dtype == BF16 for c in calls)
+
+
 def test_an_rmsnorm_baseline_before_pytorch_2_4_is_the_norm_in_float32(torch):
     """PyTorch before 2.4 has no rms_norm: the baseline composes it as LLaMA's reference
     code does, and it computes the operator (checked as the kernels are)."""

@@ -265,6 +265,7 @@ def check_files(folder: Path, files: dict[str, bytes]) -> None:
     assert set(correctness["by_variant"]) == {"gemm_kn", "gemm_nk", "gemm_swiglu_kn",
                                               "gemm_swiglu_nk", "bmm", "conv2d", "conv3d",
                                               "gemm_kn.bfloat16", "gemm_swiglu_nk.bfloat16",
+                                              "rmsnorm.bfloat16", "softmax.bfloat16",
                                               *MEMOPS_KINDS}  # fmt: skip
     assert len(correctness["by_stages"]) == 12
     assert all(correctness["tails"][axis] > 0 for axis in "mnk")

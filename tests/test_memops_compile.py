@@ -1,5 +1,6 @@
 """Every knob value of every memory-intensive op compiles with NVRTC for sm_80 and sm_90,
-without register spills or stack, within the block's register budget (no GPU needed).
+without register spills or stack, within the block's register budget (no GPU needed); a
+smaller sample of every op's bfloat16 kernels too.
 
 The spaces hold hundreds to a thousand schedules per workload, so the test compiles a
 sample that reaches every knob value of each op's spaces on each GPU (a greedy cover,
@@ -23,6 +24,7 @@ from pipetune.model.memops.workloads import (
     bias_gelu,
     layernorm,
     op_key,
+    parse_mem_workload,
     reduce,
     rmsnorm,
     silu_mul,
@@ -161,3 +163,49 @@ def test_the_valid_schedules_nearest_the_register_budget_do_not_spill():
             if r.spill_bytes or r.stack_bytes:
                 spills.append(f"{arch} {w.label()} {s.id}: {r.spill_bytes} B spilled")
     assert not spills, "\n".join(spills)
+
+
+# bfloat16 changes only the kernels' storage type and conversions (tests/test_memops_bfloat16.py):
+# a smaller sample, every knob value of one workload per kernel kind (the tanh GELU its own).
+BF16_WORKLOADS = {
+    "reduce-sum": reduce(4096, 4096),
+    "reduce-max": reduce(8, 65536, "max"),
+    "softmax": softmax(4096, 768),
+    "layernorm": layernorm(512, 8192),
+    "rmsnorm": rmsnorm(512, 8192),
+    "silu_mul": silu_mul(4096, 11008),
+    "bias_gelu": bias_gelu(4096, 3072),
+    "bias_gelu-tanh": bias_gelu(64, 30000, "tanh"),
+}
+
+
+def test_a_bfloat16_sample_of_every_kind_compiles_without_spills():
+    """bf16's conversions are sm_80's (cvt.rn.bf16.f32, cvt.rn.bf16x2.f32; the widening is
+    a shift, where cvt.f32.bf16 would need sm_90): every sampled kernel compiles for both
+    archs, without spills or stack, within the block's register budget and the fit."""
+    problems = []
+    for arch, gpu_key in ARCHS.items():
+        gpu = get_gpu(gpu_key, calibrated=False)
+        jobs = []
+        for kind, fp16 in BF16_WORKLOADS.items():
+            workload = parse_mem_workload({**fp16.model_dump(), "dtype": "bfloat16"})
+            space = MemSpace.enumerate(workload, gpu)
+            rows = covering_sample(range(len(space)), lambda i, space=space: space[i], seed=1)
+            jobs += [(kind, workload, space, i) for i in rows]
+        kernels = [generate(w, space[i]) for _, w, space, i in jobs]
+        assert all(k.name.endswith("_bf16") and "cvt.rn.bf16x2.f32" in k.code for k in kernels)
+        results = compile_many([k.code for k in kernels], arch, return_exceptions=True)
+        for (_, w, space, i), k, r in zip(jobs, kernels, results, strict=True):
+            s, where = space[i], f"{arch} {w.label()} {space[i].id}"
+            if isinstance(r, CompileError):
+                problems.append(f"{where}: {r}")
+            elif r.spill_bytes or r.stack_bytes:
+                problems.append(f"{where}: {r.spill_bytes} B spilled, {r.stack_bytes} B stack")
+            elif not 0 < r.registers <= int(register_budget(gpu, s.threads)):
+                problems.append(f"{where}: {r.registers} registers over the budget")
+            elif r.registers > int(space.registers[i]) + REGISTER_FIT_ERROR:
+                problems.append(f"{where}: ptxas {r.registers}, fit {int(space.registers[i])}")
+            elif set(parse_ptxas_report(r.log)) != set(k.entries):
+                problems.append(f"{where}: entries {sorted(parse_ptxas_report(r.log))}")
+        assert {kind for kind, *_ in jobs} == set(BF16_WORKLOADS)
+    assert not problems, "\n".join(problems[:10])

@@ -21,6 +21,12 @@ What the emulator checks (no GPU needed; skipped where no g++ is installed):
   produces NaN); after the run every counter must be zero again, which is all a second run
   on the same workspace needs.
 
+Element types: a kernel's h2f, f2h and pack2 are emulated as its own PTX wrappers declare
+them (``conversion_defines``: fp16's cvt, or bf16's shift and cvt), each read from its own
+instruction, and the operands are stored and the output read in the workload's dtype (bf16
+as uint16 bits, as workers/runners/elements.py holds them): a bf16 kernel with one of fp16's
+conversions computes garbage here, as it would on hardware.
+
 What it cannot check: timing, real memory ordering (the emulator's atomics and fences are
 sequentially consistent), and the PTX encodings (NVRTC compiles those in
 test_memops_compile.py).
@@ -37,7 +43,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from cuda_emulator import HALF_CONVERSIONS, READ_FILE, build_harness
+from cuda_emulator import BF16_CONVERSIONS, HALF_CONVERSIONS, NAN_BITS, READ_FILE, build_harness
 
 from pipetune.model.hardware import get_gpu
 from pipetune.model.memops.space import KNOBS, MemSchedule, MemSpace, schedule_problems
@@ -45,13 +51,16 @@ from pipetune.model.memops.workloads import (
     MemWorkload,
     bias_gelu,
     layernorm,
+    parse_mem_workload,
     reduce,
     rmsnorm,
     silu_mul,
     softmax,
 )
+from pipetune.workers.codegen.cuda_text import ELEMENTS
 from pipetune.workers.codegen.memops import generate, launch_plan, source_parts
 from pipetune.workers.codegen.memops.sample import covering_sample
+from pipetune.workers.runners.elements import storage, widen
 from pipetune.workers.runners.memops_reference import check, make_inputs, reference
 
 pytestmark = pytest.mark.skipif(shutil.which("g++") is None, reason="needs a host C++ compiler")
@@ -71,6 +80,7 @@ SHIM = (
     r"""
 #include <math.h>
 #include <pthread.h>
+#include <cmath>
 #include <sched.h>
 #include <climits>
 #include <condition_variable>
@@ -89,6 +99,25 @@ struct Dim3 { unsigned x = 0, y = 0, z = 0; };
 #define __launch_bounds__(...)
 #define __restrict__
 struct __half { unsigned short bits; };
+struct __nv_bfloat16 { unsigned short bits; };
+// The conversions the kernel's own PTX wrappers declare (conversion_defines): 1 for bf16's.
+#ifndef PT_H2F_BF16
+#define PT_H2F_BF16 0
+#endif
+#ifndef PT_F2H_BF16
+#define PT_F2H_BF16 0
+#endif
+#ifndef PT_PACK2_BF16
+#define PT_PACK2_BF16 0
+#endif
+// The kernel's pointer type (its storage struct) and the NaN that y and shared memory start
+// as, in the workload's element type (emulate sets both).
+#ifndef PT_ELEM
+#define PT_ELEM __half
+#endif
+#ifndef PT_NAN_BITS
+#define PT_NAN_BITS 0x7E00
+#endif
 
 [[noreturn]] static void fail(const char* what, long a, long b);
 
@@ -162,10 +191,19 @@ static void check_access(const void* p, int bytes, bool write) {
 }
 
 """
+    + "namespace host {\n"  # both types' conversions, out of the kernel's (pt's) way
     + HALF_CONVERSIONS
-    + r"""
+    + BF16_CONVERSIONS
+    + r"""}  // namespace host
 namespace pt {
-inline unsigned pack2(float lo, float hi) { return (unsigned)f2h(lo) | ((unsigned)f2h(hi) << 16); }
+// The kernel's conversions, each as its PTX wrapper declares it (conversion_defines).
+inline float h2f(unsigned short bits) { return PT_H2F_BF16 ? host::b2f(bits) : host::h2f(bits); }
+inline unsigned short f2h(float f) { return PT_F2H_BF16 ? host::f2b(f) : host::f2h(f); }
+inline unsigned pack2(float lo, float hi) {
+  const unsigned short l = PT_PACK2_BF16 ? host::f2b(lo) : host::f2h(lo);
+  const unsigned short h = PT_PACK2_BF16 ? host::f2b(hi) : host::f2h(hi);
+  return (unsigned)l | ((unsigned)h << 16);
+}
 
 template <int V> inline void load_vec(const unsigned short* p, unsigned (&w)[(V + 1) / 2]) {
   check_access(p, 2 * V, false);
@@ -300,8 +338,8 @@ struct Guarded {
   }
 };
 
-typedef void (*Entry)(const __half*, const __half*, const __half*, __half*, float*, int, int,
-                      float);
+typedef void (*Entry)(const PT_ELEM*, const PT_ELEM*, const PT_ELEM*, PT_ELEM*, float*, int,
+                      int, float);
 
 // One launch: `wave` block slots of `threads` OS threads each (created once per launch);
 // slot b runs blocks b, b + wave, ... in turn, all of its threads together.
@@ -311,7 +349,7 @@ struct Slot {
   int smem_bytes = 0;
 };
 struct ThreadArg { Slot* slot; unsigned first; unsigned wave; int tid; Entry entry;
-                   const __half *x, *p0, *p1; __half* y; float* ws; int rows, cols; float eps; };
+                   const PT_ELEM *x, *p0, *p1; PT_ELEM* y; float* ws; int rows, cols; float eps; };
 
 static void reset_block(BlockCtx& c, unsigned block, int smem_bytes) {
   c.block = block;
@@ -319,8 +357,8 @@ static void reset_block(BlockCtx& c, unsigned block, int smem_bytes) {
   c.smem.assign(smem_bytes > 0 ? smem_bytes : 16, 0);
   c.smem_bytes = smem_bytes;
   for (size_t i = 0; i + 1 < c.smem.size(); i += 2) {  // NaN halves: unwritten reads show
-    c.smem[i] = 0x00;
-    c.smem[i + 1] = 0x7E;
+    c.smem[i] = PT_NAN_BITS & 0xFF;
+    c.smem[i + 1] = PT_NAN_BITS >> 8;
   }
   c.track.assign(c.smem.size() / 2 + 1, WordTrack{});
 }
@@ -339,8 +377,8 @@ static void* thread_main(void* a) {
 }
 
 static void run_launch(Entry entry, unsigned grid, int threads, int smem_bytes, unsigned wave,
-                       const __half* x, const __half* p0, const __half* p1, __half* y, float* ws,
-                       int rows, int cols, float eps) {
+                       const PT_ELEM* x, const PT_ELEM* p0, const PT_ELEM* p1, PT_ELEM* y,
+                       float* ws, int rows, int cols, float eps) {
   g_grid = grid;
   const unsigned slots = grid < wave ? grid : wave;
   std::vector<Slot> slot(slots);
@@ -398,7 +436,10 @@ int main(int argc, char** argv) {
                {ws.p, ws.p + ws.bytes, true, "ws"}};
   Entry entries[2] = {KERNEL0, KERNEL1};
   for (int rep = 0; rep < runs; ++rep) {
-    for (long i = 0; i < y_elems; ++i) { y.p[2 * i] = 0x00; y.p[2 * i + 1] = 0x7E; }
+    for (long i = 0; i < y_elems; ++i) {
+      y.p[2 * i] = PT_NAN_BITS & 0xFF;
+      y.p[2 * i + 1] = PT_NAN_BITS >> 8;
+    }
     // Partials are scratch (only the counters must stay zero): poison them, so a block
     // that reads a partial before its writer published it reads NaN.
     for (long i = 0; i < counters && i < ws_floats; ++i) ((float*)ws.p)[i] = NAN;
@@ -406,8 +447,8 @@ int main(int argc, char** argv) {
       const char** a = (const char**)argv + 14 + 4 * l;
       run_launch(entries[std::atoi(a[0])], (unsigned)std::atol(a[1]), std::atoi(a[2]),
                  std::atoi(a[3]), wave,
-                 (const __half*)x.p, (const __half*)p0.p, (const __half*)p1.p, (__half*)y.p,
-                 (float*)ws.p, rows, cols, eps);
+                 (const PT_ELEM*)x.p, (const PT_ELEM*)p0.p, (const PT_ELEM*)p1.p,
+                 (PT_ELEM*)y.p, (float*)ws.p, rows, cols, eps);
     }
   }
   x.canaries("store around x");
@@ -426,16 +467,47 @@ int main(int argc, char** argv) {
 )
 
 
+# The conversions a kernel's PTX wrappers may declare, each read from its own instruction (no
+# text is part of another), and whether it is bf16's: the shim converts as the kernel says.
+_CONVERSIONS: dict[str, dict[str, int]] = {
+    "PT_H2F_BF16": {'asm("cvt.f32.f16 ': 0, "__uint_as_float(": 1},
+    "PT_F2H_BF16": {'asm("cvt.rn.f16.f32 ': 0, 'asm("cvt.rn.bf16.f32 ': 1},
+    "PT_PACK2_BF16": {'asm("cvt.rn.f16x2.f32 ': 0, 'asm("cvt.rn.bf16x2.f32 ': 1},
+}
+
+
+def conversion_defines(device: str) -> str:
+    """``#define``s for SHIM: the conversions that a kernel's own device text (its PTX
+    wrappers, which the shim replaces) declares, not the workload's type, so that a kernel
+    whose conversions disagree with its data fails here as it would on hardware."""
+    defines = ""
+    for name, declared in _CONVERSIONS.items():
+        found = {flag for text, flag in declared.items() if text in device}
+        assert len(found) == 1, f"the kernel's {name} is not one of {sorted(declared)}"
+        defines += f"#define {name} {found.pop()}\n"
+    return defines
+
+
 def _harness_source(workload: MemWorkload, schedule: MemSchedule, mutate=None) -> str:
+    """The harness of a kernel; ``mutate`` replaces a text of its entries (or reductions), or
+    else of its PTX wrappers ("device": the shim replaces them, but reads their conversions)."""
     parts = source_parts(workload, schedule)
     kernel = parts["common"] + parts["kernel"]
+    device = parts["device"]
     if mutate is not None:
         old, new = mutate
-        assert old in kernel, old
-        kernel = kernel.replace(old, new)
+        if old in kernel:
+            kernel = kernel.replace(old, new)
+        else:
+            assert old in device, old
+            device = device.replace(old, new)
     k = generate(workload, schedule)
     second = k.entries[1] if len(k.entries) > 1 else k.entries[0]
-    defines = f"#define KERNEL0 {k.entries[0]}\n#define KERNEL1 {second}\n"
+    defines = (
+        f"#define KERNEL0 {k.entries[0]}\n#define KERNEL1 {second}\n"
+        f"#define PT_ELEM {ELEMENTS[workload.dtype].c_type}\n"
+        f"#define PT_NAN_BITS {NAN_BITS[workload.dtype]:#06x}\n" + conversion_defines(device)
+    )
     return defines + parts["preamble"] + SHIM + parts["helpers"] + kernel + MAIN
 
 
@@ -497,7 +569,7 @@ def emulate(
     )
     out = None
     if run.returncode == 0:
-        out = np.fromfile(tmp / "y.bin", dtype=np.float16).reshape(ref.shape)
+        out = np.fromfile(tmp / "y.bin", dtype=storage(np, workload.dtype)).reshape(ref.shape)
     return run.returncode, run.stderr, out, ref, tol
 
 
@@ -629,7 +701,7 @@ def test_emulator_catches_broken_kernels(tmp_path, workload, schedule, mutation,
         MemSchedule(32, 1, 1, 8, 0, 0, 0),  # a warp per row
         MemSchedule(128, 1, 1, 2, 0, 0, 0),  # a row over several warps
         MemSchedule(8, 4, 1, 2, 0, 0, 0),  # rows packed in a block
-        MemSchedule(64, 1, 4, 8, 0, 1, 0),  # a row split over blocks, two passes
+        MemSchedule(64, 1, 4, 8, 0, 0, 0),  # a row split over blocks, two passes
         MemSchedule(64, 1, 4, 8, 0, 1, 1),  # split, fused
     ],
     ids=lambda s: s.id,
@@ -677,3 +749,80 @@ def test_a_row_longer_than_the_kernel_holds_traps_instead_of_a_wrong_result(
     )
     assert code == 0, stderr
     assert check(np, out, ref, tol)[0]
+
+
+# ---- bfloat16 ----------------------------------------------------------------------------
+
+
+def _bf16(workload: MemWorkload) -> MemWorkload:
+    """The workload on bfloat16 elements (the constructors take no dtype)."""
+    return parse_mem_workload({**workload.model_dump(), "dtype": "bfloat16"})
+
+
+# bfloat16 changes only the kernels' storage type and conversions (tests/test_memops_bfloat16.py),
+# so every op on two mappings covers what differs: a row per block (vectors of 2: pack2 on
+# one word), and a row split over 4 blocks with a second kernel (vectors of 8, a last
+# segment shorter than the others, idle lanes); the reductions' outputs through f2h.
+BF16_WORKLOADS = [reduce(5, 1032), reduce(5, 1032, "max"), softmax(5, 1032), layernorm(5, 1032),
+                  rmsnorm(5, 1032, 1e-6), bias_gelu(5, 1032), bias_gelu(5, 1032, "tanh"),
+                  silu_mul(5, 1032)]  # fmt: skip
+BF16_MAPPINGS = {"one-row": MemSchedule(128, 1, 1, 2, 0, 0, 0),
+                 "split-two_pass": MemSchedule(32, 1, 4, 8, 0, 0, 0)}  # fmt: skip
+
+
+@pytest.mark.parametrize("mapping", list(BF16_MAPPINGS))
+def test_emulated_bf16_kernels_match_numpy(tmp_path, mapping):
+    schedule = BF16_MAPPINGS[mapping]
+    jobs = [_bf16(w) for w in BF16_WORKLOADS]
+    assert all(_valid(w, schedule) for w in jobs)
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        outcomes = list(
+            pool.map(lambda n: emulate(jobs[n], schedule, tmp_path / str(n)), range(len(jobs)))
+        )
+    for workload, (code, stderr, out, ref, tol) in zip(jobs, outcomes, strict=True):
+        where = f"{workload.label()} {schedule.id}"
+        assert code == 0, f"{where}: {stderr}"
+        assert out.dtype == np.uint16  # bf16's bits, as the runners hold them
+        passed, _, why = check(np, out, ref, tol)
+        assert passed, f"{where}: {why}"
+        if workload.op == "reduce" and workload.reduction == "max":
+            continue  # exact in either type
+        # Not vacuous: the outputs carry bf16's rounding, outside fp16's tolerance.
+        _, fp16_tol = reference(np, workload.model_copy(update={"dtype": "float16"}),
+                                make_inputs(workload, 7))  # fmt: skip
+        assert (np.abs(widen(np, out) - ref) > fp16_tol).any(), where
+
+
+# The h2f bodies of the two element types (the only conversion that is not a cvt's type).
+H2F_FP16 = r"""  float f;
+  asm("cvt.f32.f16 %0, %1;\n" : "=f"(f) : "h"(h));
+  return f;"""
+H2F_BF16 = "  return __uint_as_float((unsigned)h << 16);"
+
+
+@pytest.mark.parametrize(
+    ("workload", "mapping", "mutation"),
+    [
+        # A bf16 kernel that packs its outputs as fp16 (two a word).
+        (_bf16(softmax(5, 1032)), "one-row", ("cvt.rn.bf16x2.f32", "cvt.rn.f16x2.f32")),
+        # A bf16 reduce whose one output a row is converted as fp16.
+        (_bf16(reduce(5, 1032)), "split-two_pass", ("cvt.rn.bf16.f32", "cvt.rn.f16.f32")),
+        # A bf16 kernel that reads its inputs (x and gamma) as fp16.
+        (_bf16(rmsnorm(5, 1032)), "one-row", (H2F_BF16, H2F_FP16)),
+        # And a fp16 kernel that packs its outputs as bf16.
+        (softmax(5, 1032), "split-two_pass", ("cvt.rn.f16x2.f32", "cvt.rn.bf16x2.f32")),
+    ],
+    ids=["bf16-pack2", "bf16-f2h", "bf16-h2f", "fp16-pack2"],
+)
+def test_emulator_catches_a_kernel_with_the_other_types_conversion(
+    tmp_path, workload, mapping, mutation
+):
+    """The shim converts as the kernel's own PTX wrappers say, not as the workload says: a
+    kernel whose conversion is the other type's computes garbage, and the check that passes
+    the consistent kernels fails it."""
+    code, stderr, out, ref, tol = emulate(workload, BF16_MAPPINGS[mapping], tmp_path, mutation)
+    assert code == 0, stderr
+    passed, _, why = check(np, out, ref, tol)
+    assert not passed
+    # Most of the outputs are wrong, not one: the type alone is.
+    assert (np.abs(widen(np, out) - ref) > tol).mean() > 0.5, why

@@ -15,6 +15,7 @@ from pipetune.model.memops.workloads import (
     silu_mul,
     softmax,
 )
+from pipetune.workers.runners.elements import narrow, widen
 from pipetune.workers.runners.memops_reference import (
     check,
     input_shapes,
@@ -25,9 +26,15 @@ from pipetune.workers.runners.memops_reference import (
 )
 
 
+def _values(array):
+    """A 16-bit input's values in float64 (bfloat16 as its bits: workers/runners/elements.py)."""
+    return widen(np, array).astype(np.float64)
+
+
 def _exact(workload, inputs):
-    """The op in float64, rounded to fp16 once: what a perfect kernel writes."""
-    x = inputs["x"].astype(np.float64)
+    """The op in float64, rounded once to the workload's dtype: what a perfect kernel writes
+    (float16, or bfloat16's bits as uint16)."""
+    x = _values(inputs["x"])
     if workload.op == "reduce":
         y = x.sum(axis=1) if workload.reduction == "sum" else x.max(axis=1)
     elif workload.op == "softmax":
@@ -36,21 +43,23 @@ def _exact(workload, inputs):
     elif workload.op == "layernorm":
         mean = x.mean(axis=1, keepdims=True)
         var = x.var(axis=1, keepdims=True)
-        g, b = inputs["gamma"].astype(np.float64), inputs["beta"].astype(np.float64)
+        g, b = _values(inputs["gamma"]), _values(inputs["beta"])
         y = (x - mean) / np.sqrt(var + workload.eps) * g + b
     elif workload.op == "rmsnorm":
         mean_sq = (x * x).mean(axis=1, keepdims=True)
-        y = x / np.sqrt(mean_sq + workload.eps) * inputs["gamma"].astype(np.float64)
+        y = x / np.sqrt(mean_sq + workload.eps) * _values(inputs["gamma"])
     elif workload.op == "silu_mul":
         gate, up = x[:, : workload.cols], x[:, workload.cols :]
         y = gate / (1 + np.exp(-gate)) * up
     else:
-        z = x + inputs["bias"].astype(np.float64)
+        z = x + _values(inputs["bias"])
         if workload.approximate == "tanh":
             y = 0.5 * z * (1 + np.tanh(np.sqrt(2 / np.pi) * (z + 0.044715 * z**3)))
         else:
             y = 0.5 * z * (1 + erf(z / np.sqrt(2)))
-    return y.astype(np.float16)
+    # float16 straight from float64, as before bfloat16; bfloat16 through float32 (narrow),
+    # which a tie of float64's bits could round twice: within the check's twice-unit margin.
+    return y.astype(np.float16) if workload.dtype == "float16" else narrow(np, y, workload.dtype)
 
 
 WORKLOADS = [

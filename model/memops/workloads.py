@@ -1,15 +1,16 @@
 """Memory-intensive operators on the rows of a 2-D tensor (the AStitch family's workloads).
 
-Every operator reads ``x`` of shape rows × cols (float16, row-major) and works along the
-last dimension, accumulating in float32:
+Every operator reads ``x`` of shape rows × cols (row-major, of the workload's ``dtype``:
+float16, the default, or bfloat16; the output and the parameter vectors are of the same type)
+and works along the last dimension, accumulating in float32:
 
 - ``reduce``: out[r] = Σ_c x[r, c] (``reduction="sum"``) or max_c x[r, c] (``"max"``);
-  the output has one float16 value per row.
+  the output has one value per row.
 - ``softmax``: y[r, :] = exp(x[r, :] − max) / Σ exp(x[r, :] − max).
 - ``layernorm``: y[r, :] = (x[r, :] − mean) / sqrt(var + eps) · gamma + beta, with gamma
-  and beta float16 vectors of length cols and the biased variance (as PyTorch).
-- ``rmsnorm``: y[r, :] = x[r, :] / sqrt(mean(x[r, :]²) + eps) · gamma, gamma a float16
-  vector of length cols (the root-mean-square norm of LLaMA-style decoders; as PyTorch's
+  and beta vectors of length cols and the biased variance (as PyTorch).
+- ``rmsnorm``: y[r, :] = x[r, :] / sqrt(mean(x[r, :]²) + eps) · gamma, gamma a vector
+  of length cols (the root-mean-square norm of LLaMA-style decoders; as PyTorch's
   ``nn.functional.rms_norm``, the whole product in float32, rounded once).
 - ``bias_gelu``: y[r, c] = gelu(x[r, c] + bias[c]), a stitched element-wise chain (bias
   add then GELU, one read and one write); ``approximate`` as PyTorch's ``nn.GELU``:
@@ -20,8 +21,8 @@ last dimension, accumulating in float32:
 
 Limits, and why (a bad field raises WorkloadError naming it, as the GEMM workloads do):
 - rows and cols are strict positive integers (a float or a string is a mistake);
-- cols is a multiple of 8: the widest vector load is 8 float16 (16 bytes) and every row
-  must start 16-byte aligned;
+- cols is a multiple of 8: the widest vector load is 8 16-bit elements (16 bytes) and every
+  row must start 16-byte aligned;
 - cols <= 2^20 and rows <= 2^24: no operator of a real network comes near them;
 - rows · cols < 2^31 (silu_mul: rows · 2·cols): the kernels index elements with 32-bit
   ints.
@@ -35,14 +36,21 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, model_validator
 
-from pipetune.model.workloads import INDEX_LIMIT, WorkloadError, parse_tagged
+from pipetune.model.workloads import (
+    DTYPES,
+    INDEX_LIMIT,
+    DType,
+    WorkloadError,
+    dtype_suffix,
+    parse_tagged,
+)
 
 FLOAT32_TINY = 2.0**-126  # float32's smallest normal number
 
-ROW_ALIGN = 8  # float16 elements per 16-byte vector: rows start 16-byte aligned
+ROW_ALIGN = 8  # 16-bit elements per 16-byte vector: rows start 16-byte aligned
 MAX_ROWS = 1 << 24
 MAX_COLS = 1 << 20
-BYTES_FP16 = 2
+BYTES_FP16 = 2  # per element, float16 and bfloat16 alike
 
 Rows = Annotated[int, Field(strict=True, ge=1, le=MAX_ROWS, description="rows (independent tasks)")]
 Cols = Annotated[
@@ -59,8 +67,11 @@ Cols = Annotated[
 class _RowWorkload(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    dtype: Literal["float16"] = Field(
-        default="float16", description="element type of input and output"
+    # The tensor-core family's element types (model/workloads.py DType): a bfloat16 workload
+    # is another workload (its hash and label differ), float16's documents are unchanged.
+    dtype: DType = Field(
+        default="float16",
+        description="element type of input and output: float16 or bfloat16 (float32 arithmetic)",
     )
     rows: Rows
     cols: Cols
@@ -70,8 +81,8 @@ class _RowWorkload(BaseModel):
         if self.cols % ROW_ALIGN:
             raise WorkloadError(
                 "cols",
-                f"must be a multiple of {ROW_ALIGN} for float16 (rows start 16-byte aligned "
-                f"for the 16-byte vector loads), got {self.cols}",
+                f"must be a multiple of {ROW_ALIGN} for 16-bit elements (rows start 16-byte "
+                f"aligned for the 16-byte vector loads), got {self.cols}",
             )
         elements = self.rows * self.row_inputs * self.cols
         if elements > INDEX_LIMIT:
@@ -96,7 +107,7 @@ class _RowWorkload(BaseModel):
 
     @property
     def param_vectors(self) -> int:
-        """float16 vectors of length cols the operator reads besides x (bias, gamma, beta)."""
+        """Vectors of length cols the operator reads besides x (bias, gamma, beta)."""
         return 0
 
     @property
@@ -129,12 +140,16 @@ class _RowWorkload(BaseModel):
         text = json.dumps(self.canonical(), sort_keys=True, separators=(",", ":"))
         return hashlib.sha256(text.encode()).hexdigest()[:16]
 
+    def dtype_suffix(self) -> str:
+        """What a label adds for the element type (model/workloads.py's rule)."""
+        return dtype_suffix(self.dtype)
+
     def label(self) -> str:
-        return f"{self.op} {self.rows}x{self.cols}"  # type: ignore[attr-defined]
+        return f"{self.op} {self.rows}x{self.cols}{self.dtype_suffix()}"  # type: ignore[attr-defined]
 
 
 class Reduce(_RowWorkload):
-    """Row reduction: out[r] = sum or max of x[r, :] (one float16 per row; a row holding a
+    """Row reduction: out[r] = sum or max of x[r, :] (one value per row; a row holding a
     NaN gives NaN, as torch.sum and torch.amax do)."""
 
     op: Literal["reduce"] = "reduce"
@@ -145,7 +160,7 @@ class Reduce(_RowWorkload):
         return self.rows
 
     def label(self) -> str:
-        return f"reduce-{self.reduction} {self.rows}x{self.cols}"
+        return f"reduce-{self.reduction} {self.rows}x{self.cols}{self.dtype_suffix()}"
 
 
 class Softmax(_RowWorkload):
@@ -188,7 +203,8 @@ class NormWorkload(_RowWorkload):
         return True
 
     def label(self) -> str:
-        return f"{self.op} {self.rows}x{self.cols} eps={self.eps:g}"  # type: ignore[attr-defined]
+        suffix = self.dtype_suffix()
+        return f"{self.op} {self.rows}x{self.cols} eps={self.eps:g}{suffix}"  # type: ignore[attr-defined]
 
 
 class LayerNorm(NormWorkload):
@@ -229,7 +245,7 @@ class BiasGelu(_RowWorkload):
         return 1
 
     def label(self) -> str:
-        return f"bias_gelu({self.approximate}) {self.rows}x{self.cols}"
+        return f"bias_gelu({self.approximate}) {self.rows}x{self.cols}{self.dtype_suffix()}"
 
 
 class SiluMul(_RowWorkload):
@@ -269,7 +285,9 @@ def op_key(workload: MemWorkload) -> str:
 
 def parse_mem_workload(data: dict[str, Any]) -> MemWorkload:
     """A memory-intensive workload from a plain dict; WorkloadError names the bad field."""
-    return parse_tagged(data, MEM_OPS, _ADAPTER, "the memory-intensive kernels")  # type: ignore[no-any-return]
+    return parse_tagged(  # type: ignore[no-any-return]
+        data, MEM_OPS, _ADAPTER, "the memory-intensive kernels", dtypes=DTYPES
+    )
 
 
 def reduce(rows: int, cols: int, reduction: str = "sum") -> Reduce:

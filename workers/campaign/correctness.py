@@ -131,6 +131,16 @@ MEMOPS_CASES: tuple[tuple[str, Any], ...] = (
     ("bias_gelu tanh, long rows (split)", bias_gelu(37, 4200, "tanh")),
     ("silu_mul, tails in rows, segments, lanes", silu_mul(997, 1032)),
     ("silu_mul, long rows (split)", silu_mul(37, 4200)),
+    # bfloat16: the same kernels with other conversions (bf16 widened by a shift, rounded by
+    # cvt.rn.bf16): a norm on the tails and a split softmax's two passes.
+    (
+        "rmsnorm bfloat16, tails in rows, segments, lanes",
+        rmsnorm(997, 1032, 1e-5).model_copy(update={"dtype": "bfloat16"}),
+    ),
+    (
+        "softmax bfloat16, long rows (split)",
+        softmax(37, 4200).model_copy(update={"dtype": "bfloat16"}),
+    ),
 )
 
 

@@ -386,7 +386,8 @@ def _cudnn(workload: Any, seed: int, policy: RepeatPolicy) -> dict[str, Any]:
 
 
 def memops_inputs(torch: Any, workload: Any, seed: int) -> dict[str, Any]:
-    """The operator's fp16 inputs by name, drawn on the device (MEMOPS_INPUT_RANGES)."""
+    """The operator's inputs by name, of the workload's dtype, drawn on the device
+    (MEMOPS_INPUT_RANGES)."""
     from pipetune.workers.runners.memops_reference import input_shapes
 
     generator = torch.Generator(device="cuda")
@@ -395,14 +396,15 @@ def memops_inputs(torch: Any, workload: Any, seed: int) -> dict[str, Any]:
     for name, shape in input_shapes(workload).items():
         low, high = MEMOPS_INPUT_RANGES[workload.op][name]
         uniform = torch.rand(shape, generator=generator, device="cuda", dtype=torch.float32)
-        inputs[name] = (low + (high - low) * uniform).to(torch.float16)
+        inputs[name] = (low + (high - low) * uniform).to(getattr(torch, workload.dtype))
     return inputs
 
 
 def memops_launch(
     torch: Any, workload: Any, inputs: dict[str, Any]
 ) -> tuple[Callable[[], Any], str]:
-    """(launch, what it calls): the operator as PyTorch computes it, fp16 in and out."""
+    """(launch, what it calls): the operator as PyTorch computes it, in and out in the
+    workload's dtype."""
     functional = torch.nn.functional
     x = inputs["x"]
     if workload.op == "softmax":
@@ -423,7 +425,8 @@ def memops_launch(
         # does), each step its own PyTorch kernel.
         def composed() -> Any:
             f = x.float()
-            return (f * torch.rsqrt(f.pow(2).mean(-1, keepdim=True) + eps) * gamma).half()
+            norm = f * torch.rsqrt(f.pow(2).mean(-1, keepdim=True) + eps) * gamma
+            return norm.to(x.dtype)
 
         return composed, f"x * rsqrt(mean(x^2) + {eps:g}) * gamma in float32 (PyTorch ops)"
     if workload.op == "silu_mul":
@@ -452,6 +455,7 @@ def _torch_memops(workload: Any, seed: int, policy: RepeatPolicy) -> dict[str, A
             op()
 
     library = (
-        f"PyTorch {torch.__version__} (CUDA {torch.version.cuda}) kernels: {what}, fp16 in and out"
+        f"PyTorch {torch.__version__} (CUDA {torch.version.cuda}) kernels: {what}, "
+        f"{_in_and_out(workload)}"
     )
     return {"library": library, **_torch_timed(torch, launch, policy)}

@@ -91,8 +91,8 @@ class GpuSideCosts:
     # the 72 fused GEMM + SwiGLU kernels add ~1.5 s of compile on 14 threads, and the 72
     # bfloat16 kernels about as much: 23 s)
     correctness: float = 23.0
-    # memops: 448 kernels (~0.1 CPU s each: 3.2 s on 14 threads), 16 small references
-    # (997 x 1032, 37 x 4200), 448 verification launches of microseconds
+    # memops: 504 kernels (~0.1 CPU s each: 3.6 s on 14 threads), 18 small references
+    # (997 x 1032, 37 x 4200), 504 verification launches of microseconds
     correctness_memops: float = 10.0
     profile: float = 20.0  # pipetune calibrate's microbenchmarks
     baseline_per_operator: float = 1.5  # inputs, cuDNN's algorithm search, 12 launches

@@ -1,30 +1,34 @@
-"""Inputs, reference results and the fp16 tolerance for the memory-intensive kernels.
+"""Inputs, reference results and the fp16 (bf16) tolerance for the memory-intensive kernels.
 
 Written against an array module ``xp`` (CuPy on the GPU, numpy in the tests and the CPU
 emulation), as workers/runners/reference.py is for the GEMM family; ``check`` is that
 module's (the same verdicts and messages).
 
-Inputs (float16, from numpy's PCG64 with the seed, on the host): x uniform in [-4, 4) for
-reduce, softmax, bias_gelu and silu_mul (logit-sized values; silu_mul's x holds gate and up
-side by side, rows x 2·cols); for layernorm and rmsnorm x uniform in
-[-1.5, 2.5) (a mean away from zero), gamma in [0.5, 1.5), beta and bias in [-0.5, 0.5). The
-norms' rows 1, 5, 9, ... (``LOW_VARIANCE_ROWS``) are instead uniform in ±sqrt(3·eps), a
-variance (and mean square) of about eps: on rows of variance ~1.3 eps changes rstd by ~4e-6
-relative, far below fp16's rounding, so a kernel that dropped eps (or added it in the wrong
-place) passed; on these rows it is off by a factor of ~sqrt(2).
+Inputs (of the workload's dtype, from numpy's PCG64 with the seed, on the host; bfloat16 as
+the uint16 of its bits, workers/runners/elements.py: the same float32 draws as float16's,
+rounded to bfloat16 instead): x uniform in [-4, 4) for reduce, softmax, bias_gelu and
+silu_mul (logit-sized values; silu_mul's x holds gate and up side by side, rows x 2·cols);
+for layernorm and rmsnorm x uniform in [-1.5, 2.5) (a mean away from zero), gamma in
+[0.5, 1.5), beta and bias in [-0.5, 0.5). The norms' rows 1, 5, 9, ...
+(``LOW_VARIANCE_ROWS``) are instead uniform in ±sqrt(3·eps), a variance (and mean square)
+of about eps: on rows of variance ~1.3 eps changes rstd by ~4e-6 relative, far below fp16's
+rounding, so a kernel that dropped eps (or added it in the wrong place) passed; on these
+rows it is off by a factor of ~sqrt(2).
 
-The reference computes the same maths in float32 from the same float16 inputs (numpy or
-CuPy reductions, whose summation order differs from the kernels'). Tolerances per output
-element (u16 = 2^-11, u32 = 2^-24 the unit roundoffs, C = cols, A = 8·sqrt(C) + 16: fp32
-sums over C terms in two different orders err by about sqrt(C)·u32 each (Higham & Mary,
-2019), 8 is the margin, 16 covers a few-ulp expf/erff/tanhf on either side):
+The reference computes the same maths in float32 from the same 16-bit inputs, widened
+exactly (numpy or CuPy reductions, whose summation order differs from the kernels').
+Tolerances per output element (u16 = 2^-11, u32 = 2^-24 the unit roundoffs, C = cols,
+A = 8·sqrt(C) + 16: fp32 sums over C terms in two different orders err by about sqrt(C)·u32
+each (Higham & Mary, 2019), 8 is the margin, 16 covers a few-ulp expf/erff/tanhf on either
+side):
 
 - reduce sum: 2·u16·|ref| + A·u32·‖x‖₂ + 2^-14 (the output rounds to fp16 once, twice
   that leaves room for the reference's own rounding; the inputs have random signs, so the
   partial sums, and the rounding errors they carry, grow as ‖x‖₂ rather than Σ|x|: the
   Σ|x| form would let a dropped vector of a 30000-element row pass);
 - reduce max: exact (the max of fp16 values is an fp16 value): 2^-25, less than the
-  smallest difference between two fp16 values;
+  smallest difference between two fp16 values (and between two bf16 values of magnitude
+  2^-17 or more, as the largest of a row of these inputs is);
 - softmax: 2·u16·|ref| + A·u32·|ref| + 2^-24 (the sum's relative error scales every output;
   2^-24 is fp16's subnormal step, for outputs that round to almost nothing);
 - layernorm: 2·u16·|ref| + A·u32·(|x − mean|·rstd·|γ|·(1 + κ) + |mean|·rstd·|γ| + |β|) +
@@ -42,6 +46,12 @@ sums over C terms in two different orders err by about sqrt(C)·u32 each (Higham
   SiLU g / (1 + e^-g) errs by a few ulp of its size (at most |g|), the product by one more;
   no sum, so no sqrt(C) term.
 
+For a bfloat16 workload every u16 above is bf16's unit roundoff 2^-8, and softmax's 2^-24
+bf16's subnormal step 2^-133: they bound the rounding of the output, the only value the
+kernels round to 16 bits (every intermediate is float32; the inputs are exact in the
+reference too), and a bf16 output keeps 8 significant bits down to 2^-126. The floor 2^-14
+stays: an absolute allowance for outputs near zero, not a rounding of either type.
+
 A kernel that drops or repeats one vector of a row errs far outside these (a softmax row's
 sum off by one element, a layernorm's mean shifted; tests/test_memops_reference.py checks
 that a single wrong vector fails while the exact values pass).
@@ -55,12 +65,14 @@ from typing import Any
 import numpy as np
 
 from pipetune.model.memops.workloads import MemWorkload, NormWorkload, op_key
+from pipetune.workers.runners.elements import UNIT_ROUNDOFF, narrow, widen
 from pipetune.workers.runners.reference import check, silu
 
-U16 = 2.0**-11
 U32 = 2.0**-24
 FLOOR = 2.0**-14
-SUBNORMAL_STEP = 2.0**-24
+# The spacing of each output type's subnormals: the absolute part of an output's rounding (a
+# softmax's smallest outputs; a bf16 output that small rounds relative to its value).
+SUBNORMAL_STEP: dict[str, float] = {"float16": 2.0**-24, "bfloat16": 2.0**-133}
 EXACT = 2.0**-25  # below any difference of two fp16 values (and non-zero: check divides by it)
 ROW_CHUNK_ELEMENTS = 1 << 26  # rows·cols of one reference chunk (bounds the fp32 copies)
 # The norms' rows whose variance (mean square) is about eps (the module doc): start, step.
@@ -97,11 +109,13 @@ def output_shape(workload: MemWorkload) -> tuple[int, ...]:
 
 
 def make_inputs(workload: MemWorkload, seed: int) -> dict[str, np.ndarray]:
-    """The inputs as float16 host arrays (the same whatever the GPU or CuPy version)."""
+    """The inputs as host arrays of the workload's dtype (the same whatever the GPU or CuPy
+    version): float16, or bfloat16's bits as uint16, the same draws rounded to bfloat16."""
     rng = np.random.default_rng(seed)
 
     def uniform(shape: tuple[int, ...], low: float, high: float) -> np.ndarray:
-        return (low + (high - low) * rng.random(shape, dtype=np.float32)).astype(np.float16)
+        values = low + (high - low) * rng.random(shape, dtype=np.float32)
+        return narrow(np, values, workload.dtype)  # type: ignore[no-any-return]
 
     shapes = input_shapes(workload)
     if isinstance(workload, NormWorkload):
@@ -134,21 +148,24 @@ def _chunk_rows(workload: MemWorkload) -> int:
 
 
 def reference(xp: Any, workload: MemWorkload, inputs: dict[str, Any]) -> tuple[Any, Any]:
-    """(ref, tol): the float32 reference and the per-element tolerance, shaped as the output."""
+    """(ref, tol): the float32 reference and the per-element tolerance, shaped as the output.
+    ``inputs`` as make_inputs stores them (bfloat16 as its bits), or already float32."""
     key = op_key(workload)
     f32 = xp.float32
+    unit = UNIT_ROUNDOFF[workload.dtype]  # the output's rounding (the module doc)
+    subnormal = SUBNORMAL_STEP[workload.dtype]
     accumulation = (8.0 * math.sqrt(workload.cols) + 16.0) * U32
     ref = xp.empty(output_shape(workload), dtype=f32)
     tol = xp.empty(output_shape(workload), dtype=f32)
     step = _chunk_rows(workload)
     for start in range(0, workload.rows, step):
         rows = slice(start, min(workload.rows, start + step))
-        x = inputs["x"][rows].astype(f32)
+        x = widen(xp, inputs["x"][rows])
         if key == "reduce-sum":
             r = x.sum(axis=1)
             ref[rows] = r
             norm = xp.sqrt((x * x).sum(axis=1))
-            tol[rows] = 2 * U16 * xp.abs(r) + accumulation * norm + FLOOR
+            tol[rows] = 2 * unit * xp.abs(r) + accumulation * norm + FLOOR
         elif key == "reduce-max":
             ref[rows] = x.max(axis=1)
             tol[rows] = EXACT
@@ -156,10 +173,10 @@ def reference(xp: Any, workload: MemWorkload, inputs: dict[str, Any]) -> tuple[A
             e = xp.exp(x - x.max(axis=1, keepdims=True))
             r = e / e.sum(axis=1, keepdims=True)
             ref[rows] = r
-            tol[rows] = (2 * U16 + accumulation) * xp.abs(r) + SUBNORMAL_STEP
+            tol[rows] = (2 * unit + accumulation) * xp.abs(r) + subnormal
         elif key == "layernorm":
-            gamma = inputs["gamma"].astype(f32)
-            beta = inputs["beta"].astype(f32)
+            gamma = widen(xp, inputs["gamma"])
+            beta = widen(xp, inputs["beta"])
             mean = x.mean(axis=1, keepdims=True)
             centred = x - mean
             var = (centred * centred).mean(axis=1, keepdims=True)
@@ -174,26 +191,26 @@ def reference(xp: Any, workload: MemWorkload, inputs: dict[str, Any]) -> tuple[A
                 + xp.abs(beta)
             )
             ref[rows] = r
-            tol[rows] = 2 * U16 * xp.abs(r) + accumulation * scale + FLOOR
+            tol[rows] = 2 * unit * xp.abs(r) + accumulation * scale + FLOOR
         elif key == "rmsnorm":
             mean_sq = (x * x).mean(axis=1, keepdims=True)
-            r = x * (1.0 / xp.sqrt(mean_sq + f32(workload.eps))) * inputs["gamma"].astype(f32)
+            r = x * (1.0 / xp.sqrt(mean_sq + f32(workload.eps))) * widen(xp, inputs["gamma"])
             ref[rows] = r
-            tol[rows] = (2 * U16 + accumulation) * xp.abs(r) + FLOOR
+            tol[rows] = (2 * unit + accumulation) * xp.abs(r) + FLOOR
         elif key == "silu_mul":
             gate, up = x[:, : workload.cols], x[:, workload.cols :]
             r = silu(xp, gate) * up
             ref[rows] = r
-            tol[rows] = 2 * U16 * xp.abs(r) + 16 * U32 * (xp.abs(gate) + 1) * xp.abs(up) + FLOOR
+            tol[rows] = 2 * unit * xp.abs(r) + 16 * U32 * (xp.abs(gate) + 1) * xp.abs(up) + FLOOR
         else:  # bias_gelu
-            z = x + inputs["bias"].astype(f32)
+            z = x + widen(xp, inputs["bias"])
             if workload.approximate == "tanh":
                 inner = f32(0.7978845608028654) * (z + f32(0.044715) * z * z * z)
                 r = 0.5 * z * (1 + xp.tanh(inner))
             else:
                 r = 0.5 * z * (1 + _erf(xp, z * f32(0.7071067811865476)))
             ref[rows] = r
-            tol[rows] = 2 * U16 * xp.abs(r) + accumulation * (xp.abs(z) + 1) + FLOOR
+            tol[rows] = 2 * unit * xp.abs(r) + accumulation * (xp.abs(z) + 1) + FLOOR
     return ref, tol
 
 
@@ -201,18 +218,29 @@ def tolerance_text(workload: MemWorkload) -> str:
     """The tolerance of this workload's check, in one line (for logs and reports)."""
     key = op_key(workload)
     a = "(8*sqrt(C)+16)*2^-24"
+    # The output type's unit roundoff and subnormal step, as reference() takes them: 2^-11
+    # and 2^-24 for fp16 (every text as it was before bfloat16), 2^-8 and 2^-133 for bf16.
+    u = _power_of_two(UNIT_ROUNDOFF[workload.dtype])
+    step = _power_of_two(SUBNORMAL_STEP[workload.dtype])
     return {
-        "reduce-sum": f"|y-ref| <= 2*2^-11*|ref| + {a}*||x||_2 + 2^-14",
+        "reduce-sum": f"|y-ref| <= 2*{u}*|ref| + {a}*||x||_2 + 2^-14",
         "reduce-max": "exact",
-        "softmax": f"|y-ref| <= (2*2^-11 + {a})*|ref| + 2^-24",
+        "softmax": f"|y-ref| <= (2*{u} + {a})*|ref| + {step}",
         # (The inputs are named too: the reference cache's key holds this text, and a
         # reference of the inputs before rows of variance eps must not be reused.)
-        "layernorm": f"|y-ref| <= 2*2^-11*|ref| + {a}*(|x-mean|*rstd*|g|*(1+sqrt(mean(x^2)/var)) + "
-        "|mean|*rstd*|g| + |b|) + 2^-14; rows 1::4 of x have variance eps",
-        "rmsnorm": f"|y-ref| <= (2*2^-11 + {a})*|ref| + 2^-14; rows 1::4 of x have mean square eps",
-        "bias_gelu": f"|y-ref| <= 2*2^-11*|ref| + {a}*(|x+bias|+1) + 2^-14",
-        "silu_mul": "|y-ref| <= 2*2^-11*|ref| + 16*2^-24*(|gate|+1)*|up| + 2^-14",
+        "layernorm": f"|y-ref| <= 2*{u}*|ref| + {a}*(|x-mean|*rstd*|g|*(1+sqrt(mean(x^2)/var))"
+        " + |mean|*rstd*|g| + |b|) + 2^-14; rows 1::4 of x have variance eps",
+        "rmsnorm": f"|y-ref| <= (2*{u} + {a})*|ref| + 2^-14; rows 1::4 of x have mean square eps",
+        "bias_gelu": f"|y-ref| <= 2*{u}*|ref| + {a}*(|x+bias|+1) + 2^-14",
+        "silu_mul": f"|y-ref| <= 2*{u}*|ref| + 16*2^-24*(|gate|+1)*|up| + 2^-14",
     }[key]
+
+
+def _power_of_two(value: float) -> str:
+    """A power of two as the tolerance texts write it: 2^-11."""
+    exponent = math.log2(value)
+    assert exponent == int(exponent), value
+    return f"2^{int(exponent)}"
 
 
 # The runners' interface to a family's reference check (workers/runners/reference.py says

@@ -1,12 +1,13 @@
 """The CUDA C++ text of the memory-intensive family, in pieces that generator.py assembles.
 
-Header-free, as the GEMM family's (the NVRTC wheel ships no cuda_fp16.h): fp16 is storage
-only, converted in PTX. Layout of a generated file:
+Header-free, as the GEMM family's (the NVRTC wheel ships no cuda_fp16.h): fp16 (or bf16) is
+storage only, converted in PTX (bf16's widening is a shift). ``CONVERSIONS`` fills the element
+type's few words and conversions (``ElementConversions``). Layout of a generated file:
 
 1. ``PREAMBLE``: the PT_HD macro (host-and-device inline, so a host compiler builds the
    helpers too: tests/test_memops_emulated.py runs them with the device part emulated);
 2. ``DEVICE``: what only a GPU has, behind small functions in ``namespace pt``: fp16
-   conversions, vector loads and stores, shared memory, warp shuffles, barriers, fences,
+   (bf16) conversions, vector loads and stores, shared memory, warp shuffles, barriers, fences,
    atomics. The emulator supplies the same functions;
 3. ``HELPERS``: constants of the schedule, the statistics of each op and how two partial
    statistics combine (symmetric, so every lane of a butterfly agrees), the element math;
@@ -16,6 +17,43 @@ Placeholders are ``@NAME@``.
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
+
+from pipetune.workers.codegen.cuda_text import ELEMENTS, ElementText
+
+
+@dataclass(frozen=True)
+class ElementConversions:
+    """How an element type is written in a memory-intensive kernel: the tensor-core family's
+    words for it (``ElementText``: the storage struct and its header guard, the packed cvt
+    type) and h2f's body. Only these differ between the float16 and bfloat16 kernels: the
+    loads, stores and caches move 16-bit words without reading them, and every value in
+    between is float32 (nothing but the outputs is rounded to 16 bits)."""
+
+    words: ElementText
+    h2f: str  # h2f's body: 16 bits (the low half of the argument) to f32, exactly
+
+    def fill(self, text: str) -> str:
+        # cvt.rn's destination for one value is the packed type's element: f16x2 -> f16.
+        one = self.words.cvt.removesuffix("x2")
+        return self.words.fill(text.replace("@H2F@", self.h2f).replace("@CVT_ONE@", one))
+
+
+# Per workload dtype (model/workloads.py DTYPES). The conversions need sm_80, as the family's
+# kernels do: cvt.rn.bf16.f32 and cvt.rn.bf16x2.f32 are sm_80's, but cvt.f32.bf16 is sm_90's,
+# so bf16 widens by a shift instead (a bf16 is a float32's top half: exact either way).
+CONVERSIONS: dict[str, ElementConversions] = {
+    "float16": ElementConversions(
+        ELEMENTS["float16"],
+        r"""  float f;
+  asm("cvt.f32.f16 %0, %1;\n" : "=f"(f) : "h"(h));
+  return f;""",
+    ),
+    "bfloat16": ElementConversions(
+        ELEMENTS["bfloat16"], "  return __uint_as_float((unsigned)h << 16);"
+    ),
+}
 
 PREAMBLE = r"""
 #if defined(__CUDACC__)
@@ -29,27 +67,25 @@ PREAMBLE = r"""
 
 DEVICE = r"""
 #if defined(__CUDACC__)
-#if !defined(__CUDA_FP16_H__)
-struct __align__(2) __half {
+#if !defined(@ELEM_GUARD@)
+struct __align__(2) @ELEM@ {
   unsigned short bits;
 };
 #endif
 namespace pt {
 
 __device__ __forceinline__ float h2f(unsigned short h) {
-  float f;
-  asm("cvt.f32.f16 %0, %1;\n" : "=f"(f) : "h"(h));
-  return f;
+@H2F@
 }
 __device__ __forceinline__ unsigned short f2h(float f) {
   unsigned short h;
-  asm("cvt.rn.f16.f32 %0, %1;\n" : "=h"(h) : "f"(f));
+  asm("cvt.rn.@CVT_ONE@.f32 %0, %1;\n" : "=h"(h) : "f"(f));
   return h;
 }
-// Two f32 -> one f16x2 word, round to nearest even; lo goes to the lower address.
+// Two f32 -> one @CVT@ word, round to nearest even; lo goes to the lower address.
 __device__ __forceinline__ unsigned pack2(float lo, float hi) {
   unsigned out;
-  asm("cvt.rn.f16x2.f32 %0, %1, %2;\n" : "=r"(out) : "f"(hi), "f"(lo));
+  asm("cvt.rn.@CVT@.f32 %0, %1, %2;\n" : "=r"(out) : "f"(hi), "f"(lo));
   return out;
 }
 
@@ -376,8 +412,8 @@ KERNEL_HEAD = r"""
 // registers for occupancy on its own; with 1 it uses what the code needs (the space's
 // register estimate in model/memops/space.py is fitted to it), and a spill is a bug.
 extern "C" __global__ void __launch_bounds__(@THREADS@, 1)
-@NAME@(const __half* __restrict__ x_ptr, const __half* __restrict__ p0_ptr,
-       const __half* __restrict__ p1_ptr, __half* __restrict__ y_ptr, float* __restrict__ ws,
+@NAME@(const @ELEM@* __restrict__ x_ptr, const @ELEM@* __restrict__ p0_ptr,
+       const @ELEM@* __restrict__ p1_ptr, @ELEM@* __restrict__ y_ptr, float* __restrict__ ws,
        int rows, int cols, float eps) {
   using namespace pt;
   const unsigned short* x = reinterpret_cast<const unsigned short*>(x_ptr);
@@ -703,8 +739,8 @@ SECOND_NORM_TAIL = r"""
 SECOND_REDUCE = r"""
 // __launch_bounds__ as the first kernel: the same block size.
 extern "C" __global__ void __launch_bounds__(@THREADS@, 1)
-@NAME@(const __half* __restrict__ x_ptr, const __half* __restrict__ p0_ptr,
-       const __half* __restrict__ p1_ptr, __half* __restrict__ y_ptr, float* __restrict__ ws,
+@NAME@(const @ELEM@* __restrict__ x_ptr, const @ELEM@* __restrict__ p0_ptr,
+       const @ELEM@* __restrict__ p1_ptr, @ELEM@* __restrict__ y_ptr, float* __restrict__ ws,
        int rows, int cols, float eps) {
   using namespace pt;
   (void)x_ptr; (void)p0_ptr; (void)p1_ptr; (void)cols; (void)eps;

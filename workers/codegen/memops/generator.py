@@ -1,8 +1,10 @@
 """CUDA C++ for the memory-intensive family (AStitch's adaptive thread mapping).
 
-One kernel per (op, schedule), plus, for a register-cached row, the number of vectors a
-thread keeps (a compile-time array size: the only shape dependence of the source). Rows,
-cols and eps are kernel arguments. Two-pass splitting adds a second entry, ``<name>_out``.
+One kernel per (op, element type, schedule), plus, for a register-cached row, the number of
+vectors a thread keeps (a compile-time array size: the only shape dependence of the source).
+Rows, cols and eps are kernel arguments. The element type (the workload's dtype, float16 or
+bfloat16) changes only the storage type's name and the conversions (cuda_text.CONVERSIONS);
+a bfloat16 kernel's names end in ``_bf16``. Two-pass splitting adds a second entry, ``<name>_out``.
 
 Whether a schedule is *valid* for a workload on a GPU is the space's call
 (model/memops/space.py); this module generates any schedule of the knob domains.
@@ -32,6 +34,7 @@ from pipetune.model.memops.workloads import (
     op_key,
 )
 from pipetune.model.space import ScheduleError
+from pipetune.model.workloads import DTYPE_SHORT
 from pipetune.workers.codegen.memops import cuda_text as t
 from pipetune.workers.launch_plan import Buffer, KernelLaunch, LaunchPlan
 
@@ -55,6 +58,7 @@ class MemKernelSource:
     # fused_wait: fused splitting of an op with an output pass). Not a fused reduce's: its
     # last block to arrive finishes the row, and no block waits.
     blocks_wait: bool = False
+    dtype: str = "float16"  # of x, the parameter vectors and y (model/workloads.py DTYPES)
 
     @property
     def smem_bytes(self) -> int:
@@ -93,9 +97,11 @@ def kernel_kind(workload: MemWorkload) -> str:
 
 
 def build_key(workload: MemWorkload, schedule: MemSchedule) -> str:
-    """What a kernel's source depends on besides its schedule: the op (and GELU form) and,
-    for a register-cached row, the vectors a thread keeps; rows and cols are arguments."""
-    return variant_of(workload, schedule)[0]
+    """What a kernel's source depends on besides its schedule: the op (and GELU form), for a
+    register-cached row the vectors a thread keeps, and the element type; rows and cols are
+    arguments. float16's key is the variant alone, as it was before bfloat16."""
+    variant = variant_of(workload, schedule)[0]
+    return variant if workload.dtype == "float16" else f"{variant}.{workload.dtype}"
 
 
 def blocks_wait_for_each_other(kernel: MemKernelSource) -> bool:
@@ -113,9 +119,11 @@ def grid_depends_on_occupancy(kernel: MemKernelSource) -> bool:
     return kernel.schedule.max_waves > 0 or blocks_wait_for_each_other(kernel)
 
 
-def kernel_name(variant: str, schedule: MemSchedule) -> str:
+def kernel_name(variant: str, schedule: MemSchedule, dtype: str = "float16") -> str:
+    # float16's names are those every cubin and export had before bfloat16 existed.
     clean = variant.replace("-", "_")
-    return f"pipetune_mem_{clean}_{schedule.id.replace('-', '_')}"
+    suffix = "" if dtype == "float16" else f"_{DTYPE_SHORT[dtype]}"
+    return f"pipetune_mem_{clean}_{schedule.id.replace('-', '_')}{suffix}"
 
 
 def _fill(text: str, values: dict[str, object]) -> str:
@@ -216,26 +224,33 @@ def _kernels(workload: MemWorkload, s: MemSchedule, name: str) -> tuple[str, tup
 def source_parts(workload: MemWorkload, schedule: MemSchedule) -> dict[str, str]:
     """The pieces of a kernel's source, in order: "header", "preamble", "device" (CUDA
     only: conversions, memory, shuffles, atomics), "helpers" (constants and the op's
-    maths, plain C++), "common" (the reductions) and "kernel" (the entries)."""
+    maths, plain C++), "common" (the reductions) and "kernel" (the entries). The
+    workload's dtype changes only the storage type's name (the entries' pointer types) and
+    the conversions in "device" (cuda_text.CONVERSIONS)."""
     _check(schedule)
     variant, reg_vecs = variant_of(workload, schedule)
-    name = kernel_name(variant, schedule)
+    dtype = workload.dtype
+    conversions = t.CONVERSIONS[dtype]
+    name = kernel_name(variant, schedule, dtype)
     kernels, entries = _kernels(workload, schedule, name)
     knobs = ", ".join(f"{k}={v}" for k, v in schedule.as_dict().items())
+    element = conversions.words.c_type
+    of_type = "" if dtype == "float16" else f", {dtype}"
     header = (
-        f"// pipetune generated kernel: memory-intensive {variant}, schedule {schedule.id}\n"
+        f"// pipetune generated kernel: memory-intensive {variant}{of_type}, "
+        f"schedule {schedule.id}\n"
         f"// {knobs}\n"
         f"// entries: {', '.join(entries)}; {schedule.threads} threads per block\n"
-        "// params: (const __half* x, const __half* p0, const __half* p1, __half* y, "
-        "float* ws, int rows, int cols, float eps)\n"
+        f"// params: (const {element}* x, const {element}* p0, const {element}* p1, "
+        f"{element}* y, float* ws, int rows, int cols, float eps)\n"
     )
     return {
         "header": header,
         "preamble": t.PREAMBLE,
-        "device": t.DEVICE + t.DEVICE_SMEM,
+        "device": conversions.fill(t.DEVICE) + t.DEVICE_SMEM,
         "helpers": _helpers(workload, schedule, reg_vecs),
         "common": t.KERNEL_COMMON,
-        "kernel": kernels,
+        "kernel": conversions.fill(kernels),
     }
 
 
@@ -243,7 +258,7 @@ def generate(workload: MemWorkload, schedule: MemSchedule) -> MemKernelSource:
     """The kernel of a workload's op for a schedule."""
     parts = source_parts(workload, schedule)
     variant, reg_vecs = variant_of(workload, schedule)
-    name = kernel_name(variant, schedule)
+    name = kernel_name(variant, schedule, workload.dtype)
     g = geometry(schedule.knob_arrays(), workload)
     entries = (name, f"{name}_out") if _one(g.launches) == 2 else (name,)
     return MemKernelSource(
@@ -256,24 +271,22 @@ def generate(workload: MemWorkload, schedule: MemSchedule) -> MemKernelSource:
         scratch_bytes=_one(g.scratch_bytes),
         reg_vecs=reg_vecs,
         blocks_wait=bool(_one(g.fused_wait)),
+        dtype=workload.dtype,
     )
 
 
 def _param_names(workload: MemWorkload) -> tuple[str, str, tuple[Buffer, ...]]:
-    cols = (workload.cols,)
+    cols, dtype = (workload.cols,), workload.dtype
     if workload.op == "layernorm":
         return (
             "gamma",
             "beta",
-            (
-                Buffer("gamma", cols, "float16", "input"),
-                Buffer("beta", cols, "float16", "input"),
-            ),
+            (Buffer("gamma", cols, dtype, "input"), Buffer("beta", cols, dtype, "input")),
         )
     if workload.op == "rmsnorm":
-        return "gamma", "x", (Buffer("gamma", cols, "float16", "input"),)
+        return "gamma", "x", (Buffer("gamma", cols, dtype, "input"),)
     if workload.op == "bias_gelu":
-        return "bias", "x", (Buffer("bias", cols, "float16", "input"),)
+        return "bias", "x", (Buffer("bias", cols, dtype, "input"),)
     return "x", "x", ()
 
 
@@ -329,6 +342,10 @@ def launch_plan(
     expected, _ = variant_of(workload, s)
     if expected != kernel.variant:
         raise ValueError(f"kernel {kernel.name} is {kernel.variant}; the workload needs {expected}")
+    if workload.dtype != kernel.dtype:
+        raise ValueError(
+            f"kernel {kernel.name} takes {kernel.dtype}; the workload is {workload.dtype}"
+        )
     if sm_count < 1 or blocks_per_sm < 1:
         raise ValueError("sm_count and blocks_per_sm must be at least 1")
     knobs = s.knob_arrays()
@@ -342,10 +359,11 @@ def launch_plan(
     p0, p1, params = _param_names(workload)
     out_shape = (workload.rows,) if isinstance(workload, Reduce) else (workload.rows, workload.cols)
     ws_floats = max(4, _one(workspace_bytes(knobs, workload)) // 4)
-    buffers = (
-        Buffer("x", (workload.rows, workload.row_inputs * workload.cols), "float16", "input"),
+    x_shape = (workload.rows, workload.row_inputs * workload.cols)
+    buffers = (  # x, the parameter vectors and y of the workload's dtype; partials in float32
+        Buffer("x", x_shape, workload.dtype, "input"),
         *params,
-        Buffer("y", out_shape, "float16", "output"),
+        Buffer("y", out_shape, workload.dtype, "output"),
         Buffer("ws", (ws_floats,), "float32", "workspace"),
     )
     eps = float(workload.eps) if isinstance(workload, NormWorkload) else 0.0
