@@ -40,6 +40,7 @@ from pipetune.model.networks import DistinctShape, Network
 from pipetune.model.states import TaskState
 from pipetune.model.trials import RunnerKind, runner_kind_shown
 from pipetune.model.wire import DEFAULT_PRIORITY, ScheduleDoc, StrategyName, TaskDoc, TrialDoc
+from pipetune.model.workloads import DTYPE_SHORT
 
 RUNNER_MEANING = {
     RunnerKind.CUPY: "measured on GPUs (cupy workers)",
@@ -425,6 +426,7 @@ def document(
         "batch": network.batch,
         "seq": network.seq,
         "phase": "decode" if network.decode else "prefill",
+        "dtype": network.dtype,
         "gpu": gpu,
         "budget": budget,
         "strategy": strategy,
@@ -489,6 +491,9 @@ def print_report(doc: dict[str, Any], out: Console) -> None:
     seq = f", seq {doc['seq']}" if doc["seq"] else ""
     if doc["phase"] == "decode":
         seq = f", one decode step at context {doc['seq']}"
+    dtype = doc.get("dtype", "float16")
+    if dtype != "float16":
+        seq += f", {DTYPE_SHORT[dtype]}"
     table = Table(
         title=f"{doc['network']} (batch {doc['batch']}{seq}) on {doc['gpu']}: "
         f"{doc['budget']} trials per shape, {doc['strategy']}"

@@ -49,6 +49,8 @@ layers covers the listed operators only.
   1×1 downsampling convolutions and every 3×3 are Conv2D (implicit GEMM); the classifier is
   a GEMM (batch×1000×2048). The 7×7/2 stem has C = 3 input channels, which the 16-byte
   loads cannot take: its input is zero-padded to C = 8 (listed in `notes`).
+- Element types (``dtype``): every operator float16, or every one bfloat16 (as LLaMA-2's
+  weights ship); both the tensor-core and the memory-intensive families take either.
 """
 
 from __future__ import annotations
@@ -57,7 +59,7 @@ import dataclasses
 from collections import Counter
 from dataclasses import dataclass, field
 
-from pipetune.model.family import family_of
+from pipetune.model.family import family_of, parse_any_workload
 from pipetune.model.hopper.workloads import HopperWorkload, as_hopper
 from pipetune.model.memops.workloads import (
     MemWorkload,
@@ -68,6 +70,7 @@ from pipetune.model.memops.workloads import (
     softmax,
 )
 from pipetune.model.workloads import (
+    DTYPES,
     AnyWorkload,
     WorkloadError,
     bmm,
@@ -116,6 +119,7 @@ class Network:
     notes: list[str] = field(default_factory=list)
     decode: bool = False  # one generated token per sequence (else the whole sequence at once)
     fuse_swiglu: bool = False  # gate+up and the SwiGLU as one GEMM (gemm_swiglu)
+    dtype: str = "float16"  # every operator's element type
 
     def of_family(self, family: str) -> list[Layer]:
         """The layers of one kernel family ("tensor_gemm", "memops"), in network order."""
@@ -125,6 +129,13 @@ class Network:
         """The same network with its GEMMs and BMMs computed by the Hopper warpgroup-MMA
         family (model/hopper/: H100, H200) instead of the mma.sync one; convolutions and the
         memory-intensive operators as they were."""
+        if self.dtype != "float16":
+            # The wgmma kernels are generated for float16 only: nothing moves.
+            note = (
+                f"GEMMs and BMMs stay on the mma.sync family: the Hopper wgmma family takes "
+                f"float16 only, not {self.dtype}"
+            )
+            return dataclasses.replace(self, notes=[*self.notes, note])
         layers = [
             Layer(layer.name, as_hopper(layer.workload))
             if getattr(layer.workload, "op", None) in ("gemm", "bmm")
@@ -135,6 +146,19 @@ class Network:
         if self.fuse_swiglu:
             note += "; the fused gemm_swiglu stays on the mma.sync family (no wgmma epilogue)"
         return dataclasses.replace(self, layers=layers, notes=[*self.notes, note])
+
+    def in_dtype(self, dtype: str) -> Network:
+        """The same network with every operator's element type ``dtype`` (float16 or
+        bfloat16): each layer's workload again, validated, of that type."""
+        if dtype not in DTYPES:
+            raise WorkloadError("dtype", f"must be one of {', '.join(DTYPES)}, got {dtype!r}")
+        if dtype == self.dtype:
+            return self
+        layers = [
+            Layer(layer.name, parse_any_workload({**layer.workload.canonical(), "dtype": dtype}))
+            for layer in self.layers
+        ]
+        return dataclasses.replace(self, layers=layers, dtype=dtype)
 
     def distinct(self, family: str | None = None) -> list[DistinctShape]:
         """Each distinct workload once, with how often it occurs, in first-use order; only
@@ -331,11 +355,14 @@ def network(
     seq: int | None = None,
     decode: bool = False,
     fuse_swiglu: bool = False,
+    dtype: str = "float16",
 ) -> Network:
     """The tuned operators of `name` at this batch (and sequence length): tensor-core
     layers, and for the transformers their memory-intensive operators too. With `decode`,
     one generation step of a decoder network, `seq` being its context; with `fuse_swiglu`,
-    a LLaMA's gate+up GEMM and SwiGLU as one fused GEMM."""
+    a LLaMA's gate+up GEMM and SwiGLU as one fused GEMM; every operator of `dtype`."""
+    if dtype not in DTYPES:
+        raise WorkloadError("dtype", f"must be one of {', '.join(DTYPES)}, got {dtype!r}")
     if name not in NETWORKS:
         raise WorkloadError("network", f"unknown network {name!r}; known: {', '.join(NETWORKS)}")
     if fuse_swiglu and name not in SWIGLU_NETWORKS:
@@ -362,7 +389,7 @@ def network(
                 f"{name} takes at most {MAX_SEQ[name]} tokens (its context length), got {seq}",
             )
     try:
-        return _layers(name, batch, seq, decode, fuse_swiglu)
+        return _layers(name, batch, seq, decode, fuse_swiglu).in_dtype(dtype)
     except WorkloadError as exc:
         if exc.field in ("batch", "seq"):
             raise

@@ -744,3 +744,36 @@ def test_latencies_are_labelled_by_each_trials_own_runner_not_the_worker_list():
     unrecorded = _RunnerClient([worker("w", "cupy")], {1: [trial("w", None)]})
     results = collect(unrecorded, [shape], [task], "h100")  # type: ignore[arg-type]
     assert results[0].runners == {"cupy"}
+
+
+def test_a_bfloat16_network_is_every_operator_in_bfloat16():
+    fp16, bf16 = network("llama2-7b", 1, 256), network("llama2-7b", 1, 256, dtype="bfloat16")
+    assert bf16.dtype == "bfloat16" and fp16.dtype == "float16"
+    assert [layer.name for layer in bf16.layers] == [layer.name for layer in fp16.layers]
+    for before, after in zip(fp16.layers, bf16.layers, strict=True):
+        assert after.workload.dtype == "bfloat16" and before.workload.dtype == "float16"
+        assert after.workload.canonical() == {**before.workload.canonical(), "dtype": "bfloat16"}
+        assert family_of(after.workload) is family_of(before.workload)
+        assert after.workload.label() == before.workload.label() + " bf16"
+    assert len(bf16.distinct()) == len(fp16.distinct())
+    # The wgmma kernels take float16 only: with --wgmma a bf16 network's GEMMs stay put.
+    hopper = bf16.on_hopper()
+    assert hopper.layers == bf16.layers
+    assert "the Hopper wgmma family takes float16 only, not bfloat16" in hopper.notes[-1]
+    with pytest.raises(WorkloadError, match=r"^dtype: must be one of float16, bfloat16"):
+        network("gpt2", dtype="float32")
+
+
+def test_the_report_of_a_bfloat16_network_says_so():
+    results, _ = _mixed_results()
+    doc = document(network("gpt2", batch=1, seq=128, dtype="bfloat16"), "h100", 3, "auto", results)
+    assert doc["dtype"] == "bfloat16"
+    console = Console(record=True, width=240)
+    print_report(doc, console)
+    assert "gpt2 (batch 1, seq 128, bf16) on h100" in console.export_text()
+
+
+def test_tune_model_refuses_an_element_type_by_its_option():
+    result = CliRunner().invoke(app, ["tune-model", "gpt2", "--dtype", "float32"])
+    assert result.exit_code == 2
+    assert "--dtype: must be one of float16, bfloat16, got 'float32'" in result.stderr

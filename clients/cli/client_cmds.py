@@ -73,6 +73,7 @@ from pipetune.model.wire import (
     StrategyName,
     TaskDoc,
 )
+from pipetune.model.workloads import DTYPES
 
 STRATEGIES: tuple[str, ...] = typing.get_args(StrategyName)
 # Progress goes to stderr so that --json documents on stdout stay machine-readable.
@@ -650,6 +651,12 @@ def tune_model(
         "(gemm_swiglu, one kernel; its weights interleaved by pipetune.interleave_gate_up) "
         "instead of the GEMM and the silu_mul kernel",
     ),
+    dtype: str = typer.Option(
+        "float16",
+        "--dtype",
+        help="every operator's element type: float16 or bfloat16 (with --wgmma, bfloat16 GEMMs "
+        "stay on the mma.sync family: the wgmma kernels take float16 only)",
+    ),
     gpu: str = typer.Option(DEFAULT_GPU, "--gpu", help=f"GPU: {', '.join(gpu_keys())}"),
     budget: int = typer.Option(16, "--budget", help="trials per distinct layer shape"),
     strategy: str = typer.Option(DEFAULT_STRATEGY, "--strategy", help=", ".join(STRATEGIES)),
@@ -723,7 +730,9 @@ def tune_model(
             prior_gpu = resolve_gpu_key(prior_gpu)
         except HardwareError as exc:
             raise CliError(f"--prior-gpu: {exc}", 2) from None
-    net = build_network(network, batch, seq, decode, fuse_swiglu)
+    if dtype not in DTYPES:
+        raise CliError(f"--dtype: must be one of {', '.join(DTYPES)}, got {dtype!r}", 2)
+    net = build_network(network, batch, seq, decode, fuse_swiglu, dtype)
     if wgmma:
         if get_gpu(gpu).arch != HOPPER_ARCH:
             raise CliError(f"--wgmma: the Hopper wgmma family runs on H100 and H200, not {gpu}", 2)
