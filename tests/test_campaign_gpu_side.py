@@ -29,7 +29,7 @@ from pipetune.model.operators import LLAMA, MEMOPS
 from pipetune.model.workloads import bmm, conv2d, gemm, gemm_swiglu
 from pipetune.workers.campaign import cuda_side, sim_side
 from pipetune.workers.launch_plan import Buffer, KernelLaunch, LaunchPlan
-from pipetune.workers.runners import cupy_child, memops_reference, sim_child
+from pipetune.workers.runners import cupy_child, elements, memops_reference, sim_child
 from pipetune.workers.runners.cupy_child import TrialSpec
 from pipetune.workers.runners.timing import RepeatPolicy
 
@@ -84,6 +84,44 @@ def test_a_correct_kernel_is_verified_then_timed_with_adaptive_repeats(cupy, tmp
     assert answer["samples_ms"] == [0.01] * 5  # the samples agree: 5 repeats, not 10
     assert answer["max_abs_error"] < 0.05
     assert cupy.state.launches == 1 + 1 + 5  # verification, warm-up, repeats
+
+
+def _bf16_gemm(grid, block, args, shared_mem=0):
+    """A correct bfloat16 kernel: its operands and output are bf16 bits (uint16)."""
+    a, b, c = args[:3]
+    product = elements.widen(np, a) @ elements.widen(np, b)
+    c[...] = elements.narrow(np, product, "bfloat16")
+
+
+def _bf16_as_fp16(grid, block, args, shared_mem=0):
+    """A bfloat16 kernel that stores fp16 bits: its output read as bf16 is wrong."""
+    a, b, c = args[:3]
+    c[...] = (elements.widen(np, a) @ elements.widen(np, b)).astype(np.float16).view(np.uint16)
+
+
+def test_a_bfloat16_trial_runs_on_bf16_bits_and_is_checked_with_bf16_s_tolerance(
+    cupy, tmp_path, monkeypatch
+):
+    workload = gemm(64, 32, 48, dtype="bfloat16")
+    monkeypatch.setitem(fake_cupy.KERNELS, b"bf16", _bf16_gemm)
+    monkeypatch.setitem(fake_cupy.KERNELS, b"bf16-as-fp16", _bf16_as_fp16)
+    prepared = cupy_child.prepare_workload(workload.canonical(), 0, None)
+    assert "2*2^-8*|ref|" in prepared["tolerance"]
+    plan = spec(cubin(tmp_path, "bf16"), workload=workload).plan
+    bf16_plan = LaunchPlan(
+        tuple(Buffer(b.name, b.shape, "bfloat16", b.role) for b in plan.buffers),
+        plan.launches,
+        output="C",
+    )
+
+    def bf16_spec(behaviour: str) -> TrialSpec:
+        base = spec(cubin(tmp_path, behaviour), workload=workload)
+        return TrialSpec(base.workload_hash, base.schedule_id, base.cubin_path, bf16_plan, POLICY)
+
+    answer = cupy_child.run_trial(bf16_spec("bf16"))
+    assert answer["status"] == "ok" and answer["verified"], answer
+    wrong = cupy_child.run_trial(bf16_spec("bf16-as-fp16"))
+    assert wrong["status"] == "wrong_result" and "outside the bf16 tolerance" in wrong["error"]
 
 
 def test_verify_only_launches_once(cupy, tmp_path):
