@@ -129,13 +129,6 @@ class Network:
         """The same network with its GEMMs and BMMs computed by the Hopper warpgroup-MMA
         family (model/hopper/: H100, H200) instead of the mma.sync one; convolutions and the
         memory-intensive operators as they were."""
-        if self.dtype != "float16":
-            # The wgmma kernels are generated for float16 only: nothing moves.
-            note = (
-                f"GEMMs and BMMs stay on the mma.sync family: the Hopper wgmma family takes "
-                f"float16 only, not {self.dtype}"
-            )
-            return dataclasses.replace(self, notes=[*self.notes, note])
         layers = [
             Layer(layer.name, as_hopper(layer.workload))
             if getattr(layer.workload, "op", None) in ("gemm", "bmm")

@@ -15,12 +15,14 @@ The common part (``COMMON_SHIM``, ``MAIN``):
 
 Element types: fp16 unless a harness says otherwise. ``element_defines`` reads a kernel's own
 text for its mma's operand type and its cvt's destination type (``PT_MMA_BF16``,
-``PT_CVT_BF16``), and ``build_and_run`` stores the operands and reads C in the workload's
-dtype (bf16 as uint16 bits, as ``pipetune.workers.runners.elements`` holds them).
+``PT_CVT_BF16``; a wgmma kernel's wgmma operand type too, ``PT_WGMMA_BF16``), and
+``build_and_run`` stores the operands and reads C in the workload's dtype (bf16 as uint16
+bits, as ``pipetune.workers.runners.elements`` holds them).
 """
 
 from __future__ import annotations
 
+import re
 import subprocess
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -339,6 +341,9 @@ _MMA_TYPES: dict[str, int] = {
     "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32": 1,
 }
 _CVT_TYPES: dict[str, int] = {"cvt.rn.f16x2.f32": 0, "cvt.rn.bf16x2.f32": 1}
+# The wgmma kernels' operand types (m64nNk16, f32 accumulators; any N): A's and B's the same.
+_WGMMA_TYPES: dict[str, int] = {".f32.f16.f16 ": 0, ".f32.bf16.bf16 ": 1}
+_WGMMA = re.compile(r"wgmma\.mma_async\.sync\.aligned\.m64n\d+k16(\.f32\.\w+\.\w+ )")
 
 
 def _declared(code: str, types: dict[str, int], what: str) -> int:
@@ -354,7 +359,13 @@ def element_defines(code: str) -> str:
     operands as one type and writes C as another fails here as it would on hardware."""
     mma = _declared(code, _MMA_TYPES, "mma.sync operand type")
     cvt = _declared(code, _CVT_TYPES, "f32 -> 16-bit conversion")
-    return f"#define PT_MMA_BF16 {mma}\n#define PT_CVT_BF16 {cvt}\n"
+    defines = f"#define PT_MMA_BF16 {mma}\n#define PT_CVT_BF16 {cvt}\n"
+    # A wgmma kernel's own MMA (its device text holds the mma.sync wrapper too, unused): its
+    # instruction's operand type, PT_WGMMA_BF16, for the wgmma shim (tests/test_wgmma_emulated.py).
+    if "wgmma.mma_async" in code:
+        wgmma = _declared("".join(_WGMMA.findall(code)), _WGMMA_TYPES, "wgmma operand type")
+        defines += f"#define PT_WGMMA_BF16 {wgmma}\n"
+    return defines
 
 
 def values_of(c: np.ndarray) -> np.ndarray:

@@ -13,7 +13,7 @@ import pytest
 from pipetune.model.hardware import get_gpu
 from pipetune.model.hopper.workloads import as_hopper
 from pipetune.model.space import Space
-from pipetune.model.workloads import WorkloadError, bmm, conv2d, gemm, gemm_swiglu
+from pipetune.model.workloads import bmm, conv2d, gemm, gemm_swiglu
 from pipetune.workers.codegen import generate
 from pipetune.workers.codegen.generator import build_key, launch_config, launch_plan
 from pipetune.workers.runners import elements, reference
@@ -41,11 +41,12 @@ def test_a_bfloat16_workload_is_another_workload_and_says_so():
     assert bf16.operand_bytes == fp16.operand_bytes and bf16.flops == fp16.flops
 
 
-def test_the_family_that_takes_only_float16_refuses_bfloat16_by_field():
-    # (The memory-intensive family takes bfloat16 too: tests/test_memops_bfloat16.py.)
-    with pytest.raises(WorkloadError) as refused:
-        as_hopper(gemm(128, 64, 256, dtype="bfloat16"))
-    assert refused.value.field == "dtype" and "the wgmma kernels take float16" in str(refused.value)
+def test_a_bfloat16_gemm_on_the_hopper_family_is_a_bfloat16_hopper_gemm():
+    # Every family takes bfloat16 (the memory-intensive one: tests/test_memops_bfloat16.py; the
+    # Hopper wgmma one: tests/test_hopper_bfloat16.py).
+    hopper = as_hopper(gemm(128, 64, 256, dtype="bfloat16"))
+    assert (hopper.op, hopper.dtype) == ("hopper_gemm", "bfloat16")
+    assert hopper.label() == "hopper_gemm 128x64x256 bf16"
 
 
 # ---- the kernel text -------------------------------------------------------------------

@@ -756,10 +756,11 @@ def test_a_bfloat16_network_is_every_operator_in_bfloat16():
         assert family_of(after.workload) is family_of(before.workload)
         assert after.workload.label() == before.workload.label() + " bf16"
     assert len(bf16.distinct()) == len(fp16.distinct())
-    # The wgmma kernels take float16 only: with --wgmma a bf16 network's GEMMs stay put.
+    # With --wgmma a bf16 network's GEMMs and BMMs move to the wgmma family in bfloat16.
     hopper = bf16.on_hopper()
-    assert hopper.layers == bf16.layers
-    assert "the Hopper wgmma family takes float16 only, not bfloat16" in hopper.notes[-1]
+    moved = [layer.workload for layer in hopper.layers if layer.workload.op.startswith("hopper")]
+    assert moved and all(w.dtype == "bfloat16" for w in moved)
+    assert all(layer.workload.dtype == "bfloat16" for layer in hopper.layers)
     with pytest.raises(WorkloadError, match=r"^dtype: must be one of float16, bfloat16"):
         network("gpt2", dtype="float32")
 

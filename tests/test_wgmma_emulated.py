@@ -19,6 +19,11 @@ waits on it, and lands the data only when a wait sees the phase complete: a cons
 skips or mistimes its wait reads NaN or a stale tile, and a byte total the copies never reach
 never completes.
 
+bfloat16 kernels run too: the wgmma shim decodes the operands as the kernel's own wgmma
+instruction declares them (``.f16.f16`` or ``.bf16.bf16``, read by cuda_emulator's
+``element_defines`` as ``PT_WGMMA_BF16``) and ``pack_half2`` encodes as its cvt says, so a
+kernel whose type words disagree with its operands computes garbage here as on hardware.
+
 What it cannot check: the proxy fences (``fence.proxy.async``, the tensor-map acquire, the
 mbarrier-init fence) and the real hardware's reading of the descriptors and tensor maps; a
 GPU settles those (benchmarks/wgmma_probe.py).
@@ -35,8 +40,11 @@ from cuda_emulator import (
     COMMON_SHIM,
     assert_outcomes_match,
     build_and_run,
+    element_defines,
     emulate_all,
     harness_source,
+    rounded,
+    values_of,
 )
 
 from pipetune.model.workloads import bmm, gemm
@@ -59,7 +67,8 @@ inline Descriptor decode(unsigned long long d) {
           (unsigned)((d >> 32) & 0x3FFF) << 4};
 }
 inline unsigned swizzled(unsigned a) { return a ^ (((a >> 7) & 7u) << 4); }
-// Element (row, k) of a K-major operand; element (mn, k) of an MN-major one (fp16, T = 8).
+// Element (row, k) of a K-major operand; element (mn, k) of an MN-major one (2-byte elements,
+// fp16 or bf16: T = 8).
 inline unsigned k_major(const Descriptor& d, int row, int k) {
   return swizzled(d.start + (row % 8) * 128 + (row / 8) * d.stride + (k % 8) * 2 + (k / 8) * 16);
 }
@@ -67,9 +76,19 @@ inline unsigned mn_major(const Descriptor& d, int mn, int k) {
   return swizzled(d.start + (mn % 64) * 2 + (mn / 64) * d.leading + (k % 8) * 128 +
                   (k / 8) * d.stride);
 }
+// The operands as the kernel's own wgmma instruction declares them (element_defines): a kernel
+// whose instruction names another type than its operands hold computes garbage, as on hardware.
+#ifndef PT_WGMMA_BF16
+#error "PT_WGMMA_BF16: the harness reads the wgmma operand type from the kernel (element_defines)"
+#endif
 inline float smem_f(unsigned addr) {
   if (addr + 2 > g_smem_bytes) fail("wgmma reads past shared memory", addr, g_smem_bytes);
-  unsigned short v; std::memcpy(&v, pt_smem + addr, 2); return h2f(v);
+  unsigned short v; std::memcpy(&v, pt_smem + addr, 2);
+#if PT_WGMMA_BF16
+  return b2f(v);
+#else
+  return h2f(v);
+#endif
 }
 // The m64nNk16 f32 accumulator fragment: thread t of the warpgroup, register i.
 inline void fragment(int t, int i, int& row, int& col) {
@@ -271,7 +290,7 @@ def _tma_defines(workload, config: WgmmaConfig, sms: int = 3, reversed_blocks: b
     """The emulated tensor maps, filled from the specs the probe hands the driver (and for
     stream-K, its workspace and counters, the blocks run in reverse with `reversed_blocks`)."""
     view = workload.gemm_view()
-    specs = wgmma.tensor_map_specs(view.m, view.n, view.k, view.batch, config)
+    specs = wgmma.tensor_map_specs(view.m, view.n, view.k, view.batch, config, workload.dtype)
     fills = []
     for i, (spec, pointer, size) in enumerate(
         zip(specs, ("ap", "bp"), ("a.size()", "b.size()"), strict=True)
@@ -288,13 +307,13 @@ def _tma_defines(workload, config: WgmmaConfig, sms: int = 3, reversed_blocks: b
         )
         extra += ", g_w.data()"
         threads = wgmma.REDUCE_THREADS
-        reduce = wgmma.reduce_kernel_name(workload_variant(workload), config)
+        reduce = wgmma.reduce_kernel_name(workload_variant(workload), config, workload.dtype)
         blocks = f"(c_elems / 2 + {threads - 1}) / {threads}"
         defines = (
             f"#define GRID_Y {config.splits}\n"
             f"#define AFTER_LAUNCH for (unsigned bx = 0; bx < {blocks}; ++bx) "
             f"for (unsigned t = 0; t < {threads}; ++t) {{ blockIdx = {{bx, 0, 0}}; "
-            f"threadIdx = {{t, 0, 0}}; {reduce}(g_w.data(), (__half*)cp, (int)c_elems); }}\n"
+            f"threadIdx = {{t, 0, 0}}; {reduce}(g_w.data(), AnyPtr{{cp}}, (int)c_elems); }}\n"
         )
     if config.stream_k:
         # The workspace starts as NaN (a partial read before it was stored shows); the
@@ -321,17 +340,18 @@ def _emulate(
     """Build and run one kernel (``sms``: the SMs a persistent kernel's grid is sized for,
     few, so that each block walks several tiles; ``reverse``: stream-K's blocks run last to
     first; ``wait_s``: how long an mbarrier wait may take before the run fails as hung, 20 s
-    unless given)."""
+    unless given). ``mutate`` (old, new) edits the kernel's body or its device text (the PTX
+    wrappers, which the emulator replaces but reads its element types from)."""
     kernel = wgmma.generate(workload, config)
-    parts = wgmma.source_parts(kernel.variant, config)
-    body = parts["kernel"]
+    parts = wgmma.source_parts(kernel.variant, config, kernel.dtype)
+    body, device = parts["kernel"], parts["device"]
     if mutate is not None:
         old, new = mutate
-        assert old in body
-        body = body.replace(old, new)
+        assert old in body or old in device
+        body, device = body.replace(old, new), device.replace(old, new)
     grid, scalars = wgmma.launch(kernel, workload, sms)
     tma = config.loader == "tma"
-    shims = "#include <algorithm>\n" + COMMON_SHIM + WGMMA_SHIM
+    shims = element_defines(device) + "#include <algorithm>\n" + COMMON_SHIM + WGMMA_SHIM
     if wait_s is not None:
         shims = f"#define PT_MBARRIER_WAIT_S {wait_s}\n" + shims
     if tma:
@@ -664,3 +684,48 @@ FAMILY_CASES = [
 def test_emulated_family_only_shapes_match_numpy(tmp_path):
     outcomes = emulate_all(_emulate_shared, FAMILY_CASES, tmp_path)
     assert_outcomes_match([(w, c) for w, c, _, _ in FAMILY_CASES], outcomes)
+
+
+# ---- bfloat16 --------------------------------------------------------------------------------
+
+# bfloat16 kernels of every kind (workload, config, SMs, blocks run last to first): the cp.async
+# loader with the direct epilogue, the TMA loader with either epilogue, split-K (its reduction
+# kernel rounds to bf16), persistent and stream-K. Their operands are bf16 bits, decoded as the
+# kernel's own wgmma instruction says, and C must be the reference rounded to bf16 exactly (a
+# fifth to two fifths of each case's sums lie past bf16's 8 bits: the final rounding is
+# exercised, see cuda_emulator.OPERAND_RANGE).
+BF16 = {"dtype": "bfloat16"}
+BF16_CASES = [
+    (gemm(130, 136, 200, **BF16), WgmmaConfig(128, 128, 3), 3, False),
+    (bmm(2, 72, 64, 136, **BF16), WgmmaConfig(64, 128, 3, loader="tma"), 3, False),
+    (gemm(70, 200, 136, **BF16), WgmmaConfig(64, 256, 3, "canonical", "tma", "staged"), 3, False),
+    (gemm(70, 72, 328, **BF16), WgmmaConfig(64, 64, 6, loader="tma", splits=4), 3, False),
+    (bmm(3, 72, 64, 136, **BF16), WgmmaConfig(64, 128, 4, **PERSISTENT), 3, False),
+    (gemm(130, 136, 520, **BF16), WgmmaConfig(64, 128, 4, **STREAM_K), 4, True),
+]
+
+
+def test_emulated_bfloat16_wgmma_kernels_match_numpy(tmp_path):
+    outcomes = emulate_all(_emulate_shared, BF16_CASES, tmp_path)
+    assert_outcomes_match([(w, c) for w, c, _, _ in BF16_CASES], outcomes)
+
+
+@pytest.mark.parametrize(
+    "mutation",
+    [
+        # The instruction reads the bf16 operands as fp16.
+        (".f32.bf16.bf16 ", ".f32.f16.f16 "),
+        # The results rounded to fp16 and stored in C's bf16 slots.
+        ("cvt.rn.bf16x2.f32", "cvt.rn.f16x2.f32"),
+    ],
+    ids=["wgmma-f16", "cvt-f16"],
+)
+def test_a_bfloat16_kernel_with_a_float16_type_word_is_caught(tmp_path, mutation):
+    """The emulator decodes operands and encodes results as the kernel's own instructions say
+    (cuda_emulator.element_defines), not as the workload says: one float16 word left in a
+    bfloat16 kernel computes garbage here, as it would on hardware."""
+    workload = gemm(130, 136, 200, **BF16)
+    config = WgmmaConfig(64, 128, 4, loader="tma", epilogue="staged")
+    code, stderr, c, ref = _emulate(workload, config, tmp_path, mutation)
+    assert code == 0, stderr
+    assert not np.array_equal(values_of(c), rounded(ref, "bfloat16"))

@@ -145,16 +145,19 @@ class KernelLaunch:
 @dataclass(frozen=True)
 class TensorMap:
     """A TMA tensor map over buffer ``operand`` of the plan: cuTensorMapEncodeTiled's 128
-    bytes (fp16, the 128-byte swizzle, no interleave, zeros past the edges, 256-byte L2
-    promotion), encoded on the host from the operand's device address and passed in device
-    memory (workers.runners.tensor_maps). Sizes and box innermost first, byte strides of
-    the outer dimensions (wgmma.tensor_map_specs makes the wgmma kernels')."""
+    bytes (elements of ``dtype``, the 128-byte swizzle, no interleave, zeros past the edges,
+    256-byte L2 promotion), encoded on the host from the operand's device address and passed
+    in device memory (workers.runners.tensor_maps). Sizes and box innermost first, byte
+    strides of the outer dimensions (wgmma.tensor_map_specs makes the wgmma kernels')."""
 
     name: str
     operand: str
     dims: tuple[int, ...]
     strides: tuple[int, ...]
     box: tuple[int, ...]
+    # The operand's element type, which the driver's encoding names (the operand buffer's
+    # dtype; float16 unless said, as every map was before bfloat16).
+    dtype: Literal["float16", "bfloat16"] = "float16"
 
     def __post_init__(self) -> None:
         # cuTensorMapEncodeTiled takes ranks 1 to 5, a box extent per dimension and a stride
@@ -168,13 +171,15 @@ class TensorMap:
             )
 
     def as_dict(self) -> dict[str, Any]:
-        return {
+        doc: dict[str, Any] = {
             "name": self.name,
             "operand": self.operand,
             "dims": list(self.dims),
             "strides": list(self.strides),
             "box": list(self.box),
         }
+        # float16's documents are those written before bfloat16 (no "dtype": float16 then).
+        return doc if self.dtype == "float16" else {**doc, "dtype": self.dtype}
 
 
 @dataclass(frozen=True)

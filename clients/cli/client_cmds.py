@@ -654,8 +654,7 @@ def tune_model(
     dtype: str = typer.Option(
         "float16",
         "--dtype",
-        help="every operator's element type: float16 or bfloat16 (with --wgmma, bfloat16 GEMMs "
-        "stay on the mma.sync family: the wgmma kernels take float16 only)",
+        help="every operator's element type: float16 or bfloat16",
     ),
     gpu: str = typer.Option(DEFAULT_GPU, "--gpu", help=f"GPU: {', '.join(gpu_keys())}"),
     budget: int = typer.Option(16, "--budget", help="trials per distinct layer shape"),

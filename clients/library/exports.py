@@ -65,6 +65,11 @@ from pipetune.workers.datasets.pipetune import t4_timestamp
 
 HEADER_NAME = "pipetune_tuned.h"
 TENSOR_MAPS_SUFFIX = ".tensor_maps.h"
+# The driver's names of each operand type a tensor map may hold (cuda.h CUtensorMapDataType).
+TENSOR_MAP_DATA_TYPES = {
+    "float16": "CU_TENSOR_MAP_DATA_TYPE_FLOAT16",
+    "bfloat16": "CU_TENSOR_MAP_DATA_TYPE_BFLOAT16",
+}
 INDEX_NAME = "index.json"
 
 
@@ -196,7 +201,7 @@ def tensor_maps_header(item: Exported) -> str:
             f"    static const cuuint64_t strides[{max(1, len(m.strides))}] = "
             f"{{{', '.join(map(str, m.strides)) or '0'}}};",
             f"    static const cuuint32_t box[{len(m.box)}] = {{{', '.join(map(str, m.box))}}};",
-            f"    status = cuTensorMapEncodeTiled(&maps[{i}], CU_TENSOR_MAP_DATA_TYPE_FLOAT16, "
+            f"    status = cuTensorMapEncodeTiled(&maps[{i}], {TENSOR_MAP_DATA_TYPES[m.dtype]}, "
             f"{len(m.dims)}, (void*){m.operand}, dims, strides, box, element_strides,",
             "        CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,",
             "        CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);",

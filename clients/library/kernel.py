@@ -52,7 +52,7 @@ from pipetune.model.memops.space import workspace_bytes
 from pipetune.model.memops.workloads import MemWorkload
 from pipetune.model.occupancy import blocks_per_sm
 from pipetune.model.wire import ScheduleResponse
-from pipetune.model.workloads import AnyWorkload
+from pipetune.model.workloads import DTYPE_SHORT, AnyWorkload
 from pipetune.workers.compile import check_arch, compile_kernel, kernel_arch
 from pipetune.workers.families import codegen_for
 from pipetune.workers.launch_plan import Buffer, KernelLaunch, LaunchPlan
@@ -269,8 +269,9 @@ class TunedKernel:
         for tm in self.plan.tensor_maps:
             notes.append(
                 f"{tm.name}: the 128-byte TMA tensor map of {tm.operand} in device memory, "
-                "64-byte aligned: cuTensorMapEncodeTiled over its address (fp16, rank "
-                f"{len(tm.dims)}, `tensor_maps` gives dims, byte strides and box), 128-byte "
+                "64-byte aligned: cuTensorMapEncodeTiled over its address "
+                f"({DTYPE_SHORT[tm.dtype]}, rank {len(tm.dims)}, `tensor_maps` gives dims, "
+                "byte strides and box), 128-byte "
                 "swizzle, no interleave, zero fill, 256-byte L2 promotion, element strides 1"
             )
         notes += self._codegen.shape_notes(self._kernel, self.workload)

@@ -5,8 +5,8 @@ GPUs (sm_90) run.
 They are the tensor-core family's `Gemm` (B stored K x N) and `Bmm` under op names of their own:
 an op name picks its kernel family (model/family.py), and these shapes are computed by another
 kernel, with other knobs and another model. Everything else (operand layout, alignment, the
-reference check, FLOPs) is the same, so the two families' kernels on one shape are compared by
-the same numbers.
+element type: float16 or bfloat16 with fp32 accumulation, the reference check, FLOPs) is the
+same, so the two families' kernels on one shape are compared by the same numbers.
 """
 
 from __future__ import annotations
@@ -15,23 +15,18 @@ from typing import Annotated, Any, Literal
 
 from pydantic import Field, TypeAdapter
 
-from pipetune.model.workloads import Bmm, Gemm, WorkloadError, parse_tagged
+from pipetune.model.workloads import DTYPES, Bmm, Gemm, WorkloadError, parse_tagged
 
 
 class HopperGemm(Gemm):
     """C[M,N] = A[M,K] @ B[K,N], row-major, on warpgroup MMA."""
 
     op: Literal["hopper_gemm"] = "hopper_gemm"  # type: ignore[assignment]
-    # The wgmma kernels are generated for float16 only (their instruction and TMA maps).
-    dtype: Literal["float16"] = Field(  # type: ignore[assignment]
-        default="float16",
-        description="element type of the operands: float16 only (fp32 accumulation)",
-    )
     # The TMA loader reads B as K x N row-major tiles (its tensor map's layout).
     b_layout: Literal["kn"] = Field(default="kn", description="B stored K×N (the only layout here)")
 
     def label(self) -> str:
-        return f"hopper_gemm {self.m}x{self.n}x{self.k}"
+        return f"hopper_gemm {self.m}x{self.n}x{self.k}{self.dtype_suffix()}"
 
 
 class HopperBmm(Bmm):
@@ -43,13 +38,9 @@ class HopperBmm(Bmm):
     tensor-core `bmm` of the same shape is what a Hopper kernel is compared with."""
 
     op: Literal["hopper_bmm"] = "hopper_bmm"  # type: ignore[assignment]
-    dtype: Literal["float16"] = Field(  # type: ignore[assignment]
-        default="float16",
-        description="element type of the operands: float16 only (fp32 accumulation)",
-    )
 
     def label(self) -> str:
-        return f"hopper_bmm {self.b}x{self.m}x{self.n}x{self.k}"
+        return f"hopper_bmm {self.b}x{self.m}x{self.n}x{self.k}{self.dtype_suffix()}"
 
 
 HopperWorkload = HopperGemm | HopperBmm
@@ -66,11 +57,14 @@ _ADAPTER: TypeAdapter[HopperWorkload] = TypeAdapter(
 
 def parse_hopper_workload(data: dict[str, Any]) -> HopperWorkload:
     """A Hopper workload from a plain dict; WorkloadError names the bad field."""
-    return parse_tagged(data, HOPPER_OPS, _ADAPTER, "the wgmma kernels")  # type: ignore[no-any-return]
+    return parse_tagged(  # type: ignore[no-any-return]
+        data, HOPPER_OPS, _ADAPTER, "the wgmma kernels", dtypes=DTYPES
+    )
 
 
 def as_hopper(workload: Gemm | Bmm) -> HopperWorkload:
-    """The Hopper family's workload of a tensor-core GEMM (B stored K x N) or BMM."""
+    """The Hopper family's workload of a tensor-core GEMM (B stored K x N) or BMM, of the
+    same element type."""
     data = workload.canonical()
     if data["op"] == "gemm" and data.get("b_layout") != "kn":
         raise WorkloadError("b_layout", "the wgmma kernels read B stored K x N ('kn')")

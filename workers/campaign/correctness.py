@@ -203,6 +203,11 @@ HOPPER_CASES: tuple[tuple[str, Any], ...] = (
     ("hopper gemm_kn, aligned, long K", as_hopper(gemm(512, 256, 2048))),
     ("hopper bmm, tails in M, N, K", as_hopper(bmm(3, 333, 136, 200))),
     ("hopper bmm, aligned M and N", as_hopper(bmm(4, 256, 128, 64))),
+    # bfloat16: wgmma's .bf16 operands and BFLOAT16 tensor maps, on the tails and long K.
+    (
+        "hopper gemm_kn bfloat16, aligned, long K",
+        as_hopper(gemm(512, 256, 2048, dtype="bfloat16")),
+    ),
 )
 PER_HOPPER_CASE = 40
 

@@ -15,8 +15,17 @@ from typing import Any
 
 TENSOR_MAP_BYTES = 128
 
-# The driver's enumerators (cuda.h).
+# The driver's enumerators (cuda.h). The data types are enum CUtensorMapDataType's (cuda.h
+# of CUDA 12.0 on, e.g. /usr/local/cuda-13.0/include/cuda.h: UINT8 = 0, UINT16, UINT32, INT32,
+# UINT64, INT64, FLOAT16 = 6, FLOAT32, FLOAT64, BFLOAT16 = 9, ...; cuda-bindings'
+# cuda.bindings.driver.CUtensorMapDataType says the same).
 CU_TENSOR_MAP_DATA_TYPE_FLOAT16 = 6
+CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 = 9
+# A map's data type by its operand's element type (workers/launch_plan.py TensorMap.dtype).
+CU_TENSOR_MAP_DATA_TYPES: dict[str, int] = {
+    "float16": CU_TENSOR_MAP_DATA_TYPE_FLOAT16,
+    "bfloat16": CU_TENSOR_MAP_DATA_TYPE_BFLOAT16,
+}
 CU_TENSOR_MAP_INTERLEAVE_NONE = 0
 CU_TENSOR_MAP_SWIZZLE_128B = 3
 CU_TENSOR_MAP_L2_PROMOTION_L2_256B = 3
@@ -25,9 +34,10 @@ CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE = 0  # zeros past the edges
 
 def encode_tensor_map(spec: Any, address: int) -> bytes:
     """The driver's 128-byte tensor map (cuTensorMapEncodeTiled) of ``spec`` (anything with
-    ``dims``, ``strides`` and ``box``: sizes and box innermost first, byte strides of the
-    outer dimensions) over the fp16 operand at device ``address``. RuntimeError where the
-    driver is missing or refuses."""
+    ``dims``, ``strides``, ``box`` and ``dtype``: sizes and box innermost first, byte strides
+    of the outer dimensions, the element type) over the operand at device ``address``.
+    RuntimeError where the driver is missing or refuses."""
+    data_type = CU_TENSOR_MAP_DATA_TYPES[spec.dtype]
     try:
         encode = ctypes.CDLL("libcuda.so.1").cuTensorMapEncodeTiled
     except (OSError, AttributeError) as exc:  # no driver, or one older than CUDA 12
@@ -44,7 +54,7 @@ def encode_tensor_map(spec: Any, address: int) -> bytes:
     offset = -ctypes.addressof(raw) % 64
     status = encode(
         ctypes.addressof(raw) + offset,
-        CU_TENSOR_MAP_DATA_TYPE_FLOAT16,
+        data_type,
         rank,
         address,
         (u64 * rank)(*spec.dims),

@@ -34,7 +34,7 @@ global-memory addresses after the scalars.
 
 With ``splits`` > 1 (split-K, TMA loader only) grid y cuts each output tile's K tiles into
 slices; each block stores its f32 partial sums to a workspace, and a second kernel in the same
-module (``reduce_kernel_name``) adds the slices and rounds to fp16: for products with few output
+module (``reduce_kernel_name``) adds the slices and rounds to 16 bits: for products with few output
 tiles and a long K, whose single block per tile leaves most SMs idle.
 
 With ``persistent`` (TMA loader, staged epilogue) the grid is one block per SM (``launch``
@@ -52,6 +52,11 @@ counter per tile), in block order, so the result does not depend on which finish
 the products with fewer tiles than SMs and a long K (BERT FC2: 48 tiles on 132 SMs), where a
 block per tile leaves most SMs idle and split-K pays a second kernel and a C-sized workspace
 per slice.
+
+Element types: float16 or bfloat16 operands (``generate``'s ``dtype``, a workload's own), f32
+accumulation either way. Only the type words differ (the pointers' storage type, wgmma's
+``.f16``/``.bf16`` operand type, the output conversion, the tensor maps' data type), filled by
+the mma.sync family's ``cuda_text.ELEMENTS``; a bf16 kernel's name ends in ``_bf16``.
 
 Modules: config.py (the knobs, the probe's shapes, the tensor maps), cuda_text.py (the CUDA
 text), generator.py (a configuration's source and launch).

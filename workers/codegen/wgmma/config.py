@@ -6,9 +6,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from pipetune.model.workloads import DType
 from pipetune.workers.launch_plan import TensorMap
 
-BK = 64  # halves per K tile: one 128-byte swizzle line per row of A
+BK = 64  # 16-bit elements per K tile: one 128-byte swizzle line per row of A
 SMEM_LIMIT = 227 * 1024  # Hopper's dynamic shared memory per block
 ALIGN_SLACK = 1024  # the stages start at a 1024-byte boundary (the swizzle reads bits 7-9)
 VARIANTS = ("gemm_kn", "bmm")  # B stored K x N, row-major
@@ -74,7 +75,8 @@ class WgmmaConfig:
 
     @property
     def c_tile_bytes(self) -> int:
-        """The staged epilogue's BM x BN tile of f16 (rows padded by 16 bytes: cuda_text)."""
+        """The staged epilogue's BM x BN tile of 16-bit elements (rows padded by 16 bytes:
+        cuda_text)."""
         return self.block_m * (self.block_n * 2 + 16)
 
     @property
@@ -232,13 +234,15 @@ def stream_k_buffers(config: WgmmaConfig, blocks: int, tiles: int) -> tuple[int,
 
 
 def tensor_map_specs(
-    m: int, n: int, k: int, batch: int, config: WgmmaConfig
+    m: int, n: int, k: int, batch: int, config: WgmmaConfig, dtype: DType = "float16"
 ) -> tuple[TensorMap, TensorMap]:
-    """The tensor maps of A (batch x M x K) and B (batch x K x N), row-major: A's box is one K
-    tile of the block's rows (BM lines of 128 bytes), B's one 64-column slab of a K tile."""
+    """The tensor maps of A (batch x M x K) and B (batch x K x N), row-major, of ``dtype``:
+    A's box is one K tile of the block's rows (BM lines of 128 bytes), B's one 64-column slab
+    of a K tile. Both element types are 2 bytes (BK of them fill one 128-byte swizzle line):
+    the dtype changes only the map's data type, not a size or stride."""
     if k % 8 or n % 8:
         # The TMA unit needs every row to start on a 16-byte boundary.
         raise ValueError(f"the TMA loader needs K and N to be multiples of 8, got K={k} N={n}")
-    a = TensorMap("tmap_a", "A", (k, m, batch), (k * 2, m * k * 2), (BK, config.block_m, 1))
-    b = TensorMap("tmap_b", "B", (n, k, batch), (n * 2, k * n * 2), (64, BK, 1))
+    a = TensorMap("tmap_a", "A", (k, m, batch), (k * 2, m * k * 2), (BK, config.block_m, 1), dtype)
+    b = TensorMap("tmap_b", "B", (n, k, batch), (n * 2, k * n * 2), (64, BK, 1), dtype)
     return a, b

@@ -1,7 +1,11 @@
 """The wgmma probe kernel's CUDA C++ text: the plain C++ index math (``HELPERS``, shared with
 the CPU emulator), the PTX wrappers (wgmma, and the TMA loader's mbarriers and tensor copies),
 the two main loops (cp.async, TMA), the epilogues and split-K's reduction kernel. Placeholders
-(``@NAME@``) are filled by generator.py."""
+(``@NAME@``) are filled by generator.py; the element type's few words (``@ELEM@``, the
+pointers' storage type, and ``@MMA@``, wgmma's operand type, also in the comments that say what
+the results are rounded to) by the mma.sync family's ``cuda_text.ELEMENTS``, as there: nothing
+else differs between the float16 and bfloat16 kernels (the loaders, TMA boxes and swizzles move
+2-byte elements without reading them, the accumulators are f32)."""
 
 from __future__ import annotations
 
@@ -222,7 +226,7 @@ def wgmma_wrapper(block_n: int) -> str:
         "  asm volatile(\n"
         '      "{\\n.reg .pred p;\\n"\n'
         f'      "setp.ne.b32 p, %{acc + 2}, 0;\\n"\n'
-        f'      "wgmma.mma_async.sync.aligned.m64n{block_n}k16.f32.f16.f16 "\n'
+        f'      "wgmma.mma_async.sync.aligned.m64n{block_n}k16.f32.@MMA@.@MMA@ "\n'
         f'      "{{{regs}}}, "\n'
         f'      "%{acc}, %{acc + 1}, p, 1, 1, 0, 1;\\n}}\\n"\n'
         f"      : {outputs}\n"
@@ -255,8 +259,8 @@ MMA_STEP = r"""
 
 KERNEL = r"""
 extern "C" __global__ void __launch_bounds__(@THREADS@, 1)
-@NAME@(const __half* __restrict__ A_ptr, const __half* __restrict__ B_ptr,
-       __half* __restrict__ C_ptr, int M_arg, int N_arg, int K_arg) {
+@NAME@(const @ELEM@* __restrict__ A_ptr, const @ELEM@* __restrict__ B_ptr,
+       @ELEM@* __restrict__ C_ptr, int M_arg, int N_arg, int K_arg) {
   using namespace pt;
   extern __shared__ __align__(128) unsigned char pt_smem[];
   const unsigned short* A = reinterpret_cast<const unsigned short*>(A_ptr);
@@ -333,9 +337,9 @@ PAIR_STORES = r"""
 }
 """
 
-# f32 -> f16 stores of the accumulators: the same for either loader.
+# f32 -> 16-bit stores of the accumulators: the same for either loader.
 EPILOGUE = (
-    "\n  // f32 -> f16, predicated 4-byte stores of column pairs (N is a multiple of 8).\n"
+    "\n  // f32 -> @MMA@, predicated 4-byte stores of column pairs (N is a multiple of 8).\n"
     + PAIR_STORES.lstrip("\n").replace(
         "@STORE@",
         "      *reinterpret_cast<unsigned*>(C + static_cast<long long>(row) * N + col) =\n"
@@ -345,7 +349,7 @@ EPILOGUE = (
 
 PARTIAL_EPILOGUE = r"""
   // Split-K: this slice's f32 partial sums into the workspace, [slice][batch][M][N]; the
-  // reduction kernel adds the slices up and rounds them to f16.
+  // reduction kernel adds the slices up and rounds them to @MMA@.
   float* P = W + (static_cast<long long>(blockIdx.y) * gridDim.z + z) * M * N;
 """ + PAIR_STORES.lstrip("\n").replace(
     "@STORE@",
@@ -353,11 +357,11 @@ PARTIAL_EPILOGUE = r"""
     "          Float2{acc[i], acc[i + 1]};\n",
 )
 
-# Split-K's second kernel: C = f16(sum over slices of W), two elements per thread, `count` =
+# Split-K's second kernel: C = 16-bit(sum over slices of W), two elements per thread, `count` =
 # batch * M * N (even: N is a multiple of 8).
 REDUCE_KERNEL = r"""
 extern "C" __global__ void __launch_bounds__(@REDUCE_THREADS@)
-@NAME@_reduce(const float* __restrict__ W, __half* __restrict__ C_ptr, int count) {
+@NAME@_reduce(const float* __restrict__ W, @ELEM@* __restrict__ C_ptr, int count) {
   using namespace pt;
   unsigned* C = reinterpret_cast<unsigned*>(C_ptr);
   const long long i = static_cast<long long>(blockIdx.x) * @REDUCE_THREADS@ + threadIdx.x;
@@ -394,8 +398,8 @@ TMA_ISSUE = r"""
       tma_load_3d(sb + s * B_SLAB_BYTES, tmap_b, min(bn0 + 64 * s, last_slab), kt * BK, z, bar);
     }
 """.lstrip("\n")
-# The staged epilogue's two steps: the accumulators as f16 into the C tile in shared memory
-# (`tile`), then 16-byte row chunks of it to C (N is a multiple of 8).
+# The staged epilogue's two steps: the accumulators rounded to 16 bits into the C tile in shared
+# memory (`tile`), then 16-byte row chunks of it to C (N is a multiple of 8).
 C_TILE_OUT = r"""#pragma unroll
   for (int i = 0; i < ACC; i += 2) {
     int row, col;
@@ -454,7 +458,7 @@ TILE_OUT = r"""    int z, bm0, bn0;
 
 
 STAGED_EPILOGUE = r"""
-  // f32 -> f16 into a BM x BN tile in shared memory (the stages are free: every warpgroup's
+  // f32 -> @MMA@ into a BM x BN tile in shared memory (the stages are free: every warpgroup's
   // MMAs retired before the barrier), then 16-byte row chunks to C (N is a multiple of 8).
   __syncthreads();
   unsigned char* tile = pt_smem + (base - smem_u32(pt_smem));
@@ -463,8 +467,8 @@ STAGED_EPILOGUE = r"""
 
 TMA_KERNEL = r"""
 extern "C" __global__ void __launch_bounds__(@THREADS@, 1)
-@NAME@(const __half* __restrict__ A_ptr, const __half* __restrict__ B_ptr,
-       __half* __restrict__ C_ptr, int M_arg, int N_arg, int K_arg,
+@NAME@(const @ELEM@* __restrict__ A_ptr, const @ELEM@* __restrict__ B_ptr,
+       @ELEM@* __restrict__ C_ptr, int M_arg, int N_arg, int K_arg,
        const void* __restrict__ tmap_a, const void* __restrict__ tmap_b@WORKSPACE_PARAM@) {
   using namespace pt;
   extern __shared__ __align__(128) unsigned char pt_smem[];
@@ -524,8 +528,8 @@ extern "C" __global__ void __launch_bounds__(@THREADS@, 1)
 # tile's, landing while this tile's C goes out through its own shared-memory tile.
 PERSISTENT_KERNEL = r"""
 extern "C" __global__ void __launch_bounds__(@THREADS@, 1)
-@NAME@(const __half* __restrict__ A_ptr, const __half* __restrict__ B_ptr,
-       __half* __restrict__ C_ptr, int M_arg, int N_arg, int K_arg, int tiles_arg,
+@NAME@(const @ELEM@* __restrict__ A_ptr, const @ELEM@* __restrict__ B_ptr,
+       @ELEM@* __restrict__ C_ptr, int M_arg, int N_arg, int K_arg, int tiles_arg,
        const void* __restrict__ tmap_a, const void* __restrict__ tmap_b) {
   using namespace pt;
   extern __shared__ __align__(128) unsigned char pt_smem[];
@@ -578,8 +582,8 @@ extern "C" __global__ void __launch_bounds__(@THREADS@, 1)
 # came last) and writes C. No block waits for another: the shares need not run at once.
 STREAM_K_KERNEL = r"""
 extern "C" __global__ void __launch_bounds__(@THREADS@, 1)
-@NAME@(const __half* __restrict__ A_ptr, const __half* __restrict__ B_ptr,
-       __half* __restrict__ C_ptr, int M_arg, int N_arg, int K_arg, int tiles_arg,
+@NAME@(const @ELEM@* __restrict__ A_ptr, const @ELEM@* __restrict__ B_ptr,
+       @ELEM@* __restrict__ C_ptr, int M_arg, int N_arg, int K_arg, int tiles_arg,
        const void* __restrict__ tmap_a, const void* __restrict__ tmap_b,
        float* __restrict__ W, unsigned* __restrict__ arrivals) {
   using namespace pt;

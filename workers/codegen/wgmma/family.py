@@ -6,11 +6,14 @@ What every family's generator module gives the workers: ``generate(workload, sch
 ``kernel_kind``, ``build_key``, ``launch_plan``, ``grid_depends_on_occupancy``, and for the
 checks ``compile_sample``, ``stratified_sample``, ``stratum`` and ``tails``.
 
-The run (``launch_plan``): A, B and C as the tensor-core family's GEMM and BMM take them, the two
-tensor maps the TMA unit reads A and B through (encoded by the runner from A's and B's device
-addresses), and for stream-K the f32 partial-sum workspace and the tiles' arrival counters
-(zeroed once; the kernel leaves them zeroed). The persistent kinds size their grid from the SM
-count, so a runner plans the run again with the device's (``grid_depends_on_occupancy``).
+The run (``launch_plan``): A, B and C as the tensor-core family's GEMM and BMM take them, of the
+workload's element type (float16 or bfloat16: the kernel's pointer types, wgmma's operand type,
+the output conversion and the tensor maps' data type follow it; a bf16 kernel is named
+``..._bf16`` and built apart, as the mma.sync family's are), the two tensor maps the TMA unit
+reads A and B through (encoded by the runner from A's and B's device addresses), and for
+stream-K the f32 partial-sum workspace and the tiles' arrival counters (zeroed once; the
+kernel leaves them zeroed). The persistent kinds size their grid from the SM count, so a runner
+plans the run again with the device's (``grid_depends_on_occupancy``).
 """
 
 from __future__ import annotations
@@ -68,6 +71,7 @@ class HopperKernelSource:
     code: str
     threads: int
     smem_bytes: int
+    dtype: str = "float16"  # the operands' element type (model/workloads.py DTYPES)
     # wgmma and the TMA copies exist only in the arch-specific target (sm_90a), which the
     # compiler appends to the device's arch (workers/compile): that device's only.
     arch_suffix: str = "a"
@@ -88,19 +92,26 @@ def config_of(schedule: HopperSchedule) -> WgmmaConfig:
 
 
 def generate(
-    workload_or_variant: HopperWorkload | str, schedule: HopperSchedule
+    workload_or_variant: HopperWorkload | str, schedule: HopperSchedule, dtype: str = "float16"
 ) -> HopperKernelSource:
+    """A schedule's kernel for a workload (of its dtype), or for a variant on operands of
+    ``dtype``."""
     w = workload_or_variant
-    variant = w if isinstance(w, str) else variant_of(w)
+    if isinstance(w, str):
+        variant = w
+    else:
+        variant, dtype = variant_of(w), w.dtype
     config = config_of(schedule)
+    code = "".join(source_parts(variant, config, dtype).values())  # (checks the dtype)
     return HopperKernelSource(
         variant=variant,
         schedule=schedule,
         config=config,
-        name=kernel_name(variant, config),
-        code="".join(source_parts(variant, config).values()),
+        name=kernel_name(variant, config, dtype),
+        code=code,
         threads=config.threads,
         smem_bytes=config.smem_bytes,
+        dtype=dtype,
     )
 
 
@@ -109,8 +120,11 @@ def kernel_kind(workload: HopperWorkload) -> str:
 
 
 def build_key(workload: HopperWorkload, schedule: HopperSchedule) -> str:
-    """The variant: the shape is launch arguments, so one cubin per (variant, schedule)."""
-    return variant_of(workload)
+    """The variant and the element type: the shape is launch arguments, so one cubin per
+    (variant, dtype, schedule). float16's key is the variant alone, as it was before
+    bfloat16 (the mma.sync family's rule)."""
+    variant = variant_of(workload)
+    return variant if workload.dtype == "float16" else f"{variant}.{workload.dtype}"
 
 
 def grid_depends_on_occupancy(kernel: HopperKernelSource) -> bool:
@@ -144,22 +158,23 @@ def launch_plan(
     # The probe's launch reads its kernels' configuration as their schedule.
     probe_kernel = KernelSource(
         kernel.variant,
-        config,
+        config,  # type: ignore[arg-type]
         kernel.name,
         "",
         kernel.threads,
-        kernel.smem_bytes,  # type: ignore[arg-type]
+        kernel.smem_bytes,
+        kernel.dtype,
     )
     grid, scalars = launch(probe_kernel, workload, sm_count)
     names = list(SCALAR_ARGS[kernel.variant])
     if config.persistent:
         names.append("tiles")
-    maps = tensor_map_specs(view.m, view.n, view.k, view.batch, config)
+    maps = tensor_map_specs(view.m, view.n, view.k, view.batch, config, workload.dtype)
     a, b, c = operand_shapes(workload)
     buffers = [
-        Buffer("A", a, "float16", "input"),
-        Buffer("B", b, "float16", "input"),
-        Buffer("C", c, "float16", "output"),
+        Buffer("A", a, workload.dtype, "input"),
+        Buffer("B", b, workload.dtype, "input"),
+        Buffer("C", c, workload.dtype, "output"),
     ]
     trailing = [m.name for m in maps]
     if config.stream_k:

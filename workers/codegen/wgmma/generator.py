@@ -1,7 +1,9 @@
-"""The wgmma probe kernel's source for one configuration and variant, and its launch."""
+"""The wgmma probe kernel's source for one configuration, variant and element type, and its
+launch."""
 
 from __future__ import annotations
 
+from pipetune.model.workloads import DTYPE_SHORT, AnyWorkload
 from pipetune.workers.codegen import cuda_text as family_text
 from pipetune.workers.codegen import generator as family
 from pipetune.workers.codegen.generator import KernelSource
@@ -35,16 +37,22 @@ BUILD_NOTE = (
 )
 
 
-def kernel_name(variant: str, config: WgmmaConfig) -> str:
-    return f"pipetune_{variant}_{config.id}"
+def kernel_name(variant: str, config: WgmmaConfig, dtype: str = "float16") -> str:
+    # float16's names are those every cubin and export had before bfloat16 existed.
+    suffix = "" if dtype == "float16" else f"_{DTYPE_SHORT[dtype]}"
+    return f"pipetune_{variant}_{config.id}{suffix}"
 
 
-def source_parts(variant: str, config: WgmmaConfig) -> dict[str, str]:
-    """The kernel's source in pieces: "helpers" (plain C++), "device" (PTX wrappers: the
-    mma.sync family's cp.async and conversion ones, wgmma's, and the TMA loader's mbarrier and
-    tensor-copy ones), "kernel", "end"."""
+def source_parts(variant: str, config: WgmmaConfig, dtype: str = "float16") -> dict[str, str]:
+    """The kernel's source in pieces: "header", "helpers" (plain C++), "device" (PTX wrappers:
+    the mma.sync family's cp.async and conversion ones, wgmma's, and the TMA loader's mbarrier
+    and tensor-copy ones), "kernel", "end". ``dtype`` is the operands' element type: it changes
+    only the pointers' storage type, wgmma's operand type and the output conversion
+    (``family_text.ELEMENTS``)."""
     if variant not in VARIANTS:
         raise ValueError(f"the wgmma probe computes {VARIANTS}, not {variant!r}")
+    element = family_text.ELEMENTS[family.check_dtype(dtype)]
+    name = kernel_name(variant, config, dtype)
     helpers = HELPERS
     for key, value in {
         "BM": config.block_m,
@@ -72,15 +80,16 @@ def source_parts(variant: str, config: WgmmaConfig) -> dict[str, str]:
         .replace("@EPILOGUE@", epilogue)
         .replace("@WORKSPACE_PARAM@", ",\n       float* __restrict__ W" if split else "")
         .replace("@THREADS@", str(config.threads))
-        .replace("@NAME@", kernel_name(variant, config))
+        .replace("@NAME@", name)
         .replace("@BATCH@", BATCH_OFFSETS if variant == "bmm" else "")
     )
     if split:
-        kernel += REDUCE_KERNEL.replace("@NAME@", kernel_name(variant, config)).replace(
+        kernel += REDUCE_KERNEL.replace("@NAME@", name).replace(
             "@REDUCE_THREADS@", str(REDUCE_THREADS)
         )
+    of_type = "" if dtype == "float16" else f", {dtype}"
     header = (
-        f"// pipetune wgmma probe kernel: variant {variant}, block {config.block_m}x"
+        f"// pipetune wgmma probe kernel: variant {variant}{of_type}, block {config.block_m}x"
         f"{config.block_n}x{BK}, {config.stages} stages, B descriptor {config.b_descriptor}, "
         f"{config.loader} loader\n"
         f"// {config.threads} threads, {config.smem_bytes} B dynamic shared memory\n"
@@ -90,21 +99,24 @@ def source_parts(variant: str, config: WgmmaConfig) -> dict[str, str]:
         "header": header,
         "helpers": family_text.PREAMBLE + helpers,
         # family_text.DEVICE opens `#if defined(__CUDACC__)` with the family's cp.async,
-        # smem_u32 and pack_half2 wrappers; "end" closes it after the kernel.
-        "device": family_text.ELEMENTS["float16"].fill(family_text.DEVICE)
-        + DEVICE_HEAD
-        + DEVICE_WGMMA
-        + wgmma_wrapper(config.block_n)
-        + (DEVICE_TMA if tma else "")
-        + DEVICE_TAIL,
-        "kernel": kernel,
+        # smem_u32 and pack_half2 wrappers (the storage type and the conversion of `dtype`);
+        # "end" closes it after the kernel.
+        "device": element.fill(
+            family_text.DEVICE
+            + DEVICE_HEAD
+            + DEVICE_WGMMA
+            + wgmma_wrapper(config.block_n)
+            + (DEVICE_TMA if tma else "")
+            + DEVICE_TAIL
+        ),
+        "kernel": element.fill(kernel),
         "end": family_text.DEVICE_END,
     }
 
 
-def reduce_kernel_name(variant: str, config: WgmmaConfig) -> str:
+def reduce_kernel_name(variant: str, config: WgmmaConfig, dtype: str = "float16") -> str:
     """Split-K's second kernel, in the same module."""
-    return kernel_name(variant, config) + "_reduce"
+    return kernel_name(variant, config, dtype) + "_reduce"
 
 
 def launch(
@@ -130,16 +142,24 @@ def launch(
     return (tiles, config.splits, batch), scalars
 
 
-def generate(workload_or_variant, config: WgmmaConfig) -> KernelSource:
+def generate(
+    workload_or_variant: AnyWorkload | str, config: WgmmaConfig, dtype: str = "float16"
+) -> KernelSource:
     """The kernel, described as the mma.sync family describes its own (the config stands in
-    for the schedule: the launch reads its block shape), so `launch` wraps that family's."""
+    for the schedule: the launch reads its block shape), so `launch` wraps that family's. Its
+    operands are of ``dtype`` (a workload's own dtype when a workload is given)."""
     w = workload_or_variant
-    variant = w if isinstance(w, str) else variant_of(w)
+    if isinstance(w, str):
+        variant = w
+    else:
+        variant, dtype = variant_of(w), w.dtype
+    code = "".join(source_parts(variant, config, dtype).values())  # (checks the dtype)
     return KernelSource(
         variant=variant,
         schedule=config,  # type: ignore[arg-type]
-        name=kernel_name(variant, config),
-        code="".join(source_parts(variant, config).values()),
+        name=kernel_name(variant, config, dtype),
+        code=code,
         threads=config.threads,
         smem_bytes=config.smem_bytes,
+        dtype=dtype,
     )
