@@ -257,11 +257,11 @@ def kind_of(workload: Any) -> str:
     memory-intensive op (its generator's kernel_kind, as the compile-time table has it),
     with the element type where it is not float16 ("gemm_kn.bfloat16"): a bf16 kernel
     that fails is counted, and quarantined, apart from the float16 kernels the sweeps time."""
+    from pipetune.workers.codegen.cuda_text import typed_key
     from pipetune.workers.runners.builds import generator_of
 
     kind = str(generator_of(workload).kernel_kind(workload))
-    dtype = getattr(workload, "dtype", "float16")
-    return kind if dtype == "float16" else f"{kind}.{dtype}"
+    return typed_key(kind, getattr(workload, "dtype", "float16"))
 
 
 def selection(

@@ -20,6 +20,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from pipetune.model.workloads import DTYPE_SHORT
+
 
 @dataclass(frozen=True)
 class ElementText:
@@ -44,6 +46,18 @@ class ElementText:
         ):
             text = text.replace(f"@{key}@", value)
         return text
+
+
+def name_suffix(dtype: str) -> str:
+    """What a kernel's name adds for its element type, in every family: nothing for float16
+    (the names every cubin and export had before bfloat16), "_bf16" otherwise."""
+    return "" if dtype == "float16" else f"_{DTYPE_SHORT[dtype]}"
+
+
+def typed_key(key: str, dtype: str) -> str:
+    """A kind of kernel or build key with its element type where that is not float16
+    ("gemm_kn.bfloat16"), in every family: float16's keys are those made before bfloat16."""
+    return key if dtype == "float16" else f"{key}.{dtype}"
 
 
 # Per workload dtype (model/workloads.py DTYPES). bf16 needs sm_80, as the family does.

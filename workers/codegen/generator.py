@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from pipetune.model.space import Schedule, knob_value_problems
-from pipetune.model.workloads import DTYPE_SHORT, DTYPES, GRID_Z_LIMIT, AnyWorkload
+from pipetune.model.workloads import DTYPES, GRID_Z_LIMIT, AnyWorkload
 from pipetune.workers.codegen import cuda_text, pipeline
 from pipetune.workers.codegen.layout import TileGeometry, swizzle_period
 from pipetune.workers.codegen.variants import (
@@ -53,8 +53,7 @@ assert all(len(_C_SCALARS[v]) == len(SCALAR_ARGS[v]) for v in SCALAR_ARGS)
 
 def kernel_name(variant: str, schedule: Schedule, dtype: str = "float16") -> str:
     # float16's names are those every cubin and export had before bfloat16 existed.
-    suffix = "" if dtype == "float16" else f"_{DTYPE_SHORT[dtype]}"
-    return f"pipetune_{variant}_{schedule.id.replace('-', '_')}{suffix}"
+    return f"pipetune_{variant}_{schedule.id.replace('-', '_')}{cuda_text.name_suffix(dtype)}"
 
 
 def check_dtype(dtype: str) -> str:
@@ -256,7 +255,7 @@ def build_key(workload: AnyWorkload, schedule: Schedule) -> str:
     type (the shape is launch arguments), so one cubin per (variant, dtype, schedule) serves
     every shape. float16's key is the variant alone, as it was before bfloat16."""
     variant = variant_of(workload)
-    return variant if workload.dtype == "float16" else f"{variant}.{workload.dtype}"
+    return cuda_text.typed_key(variant, workload.dtype)
 
 
 def launch_plan(

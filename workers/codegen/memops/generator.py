@@ -34,7 +34,7 @@ from pipetune.model.memops.workloads import (
     op_key,
 )
 from pipetune.model.space import ScheduleError
-from pipetune.model.workloads import DTYPE_SHORT
+from pipetune.workers.codegen.cuda_text import name_suffix, typed_key
 from pipetune.workers.codegen.memops import cuda_text as t
 from pipetune.workers.launch_plan import Buffer, KernelLaunch, LaunchPlan
 
@@ -101,7 +101,7 @@ def build_key(workload: MemWorkload, schedule: MemSchedule) -> str:
     register-cached row the vectors a thread keeps, and the element type; rows and cols are
     arguments. float16's key is the variant alone, as it was before bfloat16."""
     variant = variant_of(workload, schedule)[0]
-    return variant if workload.dtype == "float16" else f"{variant}.{workload.dtype}"
+    return typed_key(variant, workload.dtype)
 
 
 def blocks_wait_for_each_other(kernel: MemKernelSource) -> bool:
@@ -122,7 +122,7 @@ def grid_depends_on_occupancy(kernel: MemKernelSource) -> bool:
 def kernel_name(variant: str, schedule: MemSchedule, dtype: str = "float16") -> str:
     # float16's names are those every cubin and export had before bfloat16 existed.
     clean = variant.replace("-", "_")
-    suffix = "" if dtype == "float16" else f"_{DTYPE_SHORT[dtype]}"
+    suffix = name_suffix(dtype)
     return f"pipetune_mem_{clean}_{schedule.id.replace('-', '_')}{suffix}"
 
 

@@ -30,6 +30,7 @@ from pipetune.model.hopper.space import (
 from pipetune.model.hopper.workloads import HopperWorkload
 from pipetune.workers.codegen import generator as gemm_generator
 from pipetune.workers.codegen.cover import compile_sample, stratified_sample
+from pipetune.workers.codegen.cuda_text import typed_key
 from pipetune.workers.codegen.generator import KernelSource
 from pipetune.workers.codegen.variants import SCALAR_ARGS, variant_of
 from pipetune.workers.codegen.wgmma.config import (
@@ -124,7 +125,7 @@ def build_key(workload: HopperWorkload, schedule: HopperSchedule) -> str:
     (variant, dtype, schedule). float16's key is the variant alone, as it was before
     bfloat16 (the mma.sync family's rule)."""
     variant = variant_of(workload)
-    return variant if workload.dtype == "float16" else f"{variant}.{workload.dtype}"
+    return typed_key(variant, workload.dtype)
 
 
 def grid_depends_on_occupancy(kernel: HopperKernelSource) -> bool:

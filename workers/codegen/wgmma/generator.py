@@ -3,7 +3,7 @@ launch."""
 
 from __future__ import annotations
 
-from pipetune.model.workloads import DTYPE_SHORT, AnyWorkload
+from pipetune.model.workloads import AnyWorkload
 from pipetune.workers.codegen import cuda_text as family_text
 from pipetune.workers.codegen import generator as family
 from pipetune.workers.codegen.generator import KernelSource
@@ -39,8 +39,7 @@ BUILD_NOTE = (
 
 def kernel_name(variant: str, config: WgmmaConfig, dtype: str = "float16") -> str:
     # float16's names are those every cubin and export had before bfloat16 existed.
-    suffix = "" if dtype == "float16" else f"_{DTYPE_SHORT[dtype]}"
-    return f"pipetune_{variant}_{config.id}{suffix}"
+    return f"pipetune_{variant}_{config.id}{family_text.name_suffix(dtype)}"
 
 
 def source_parts(variant: str, config: WgmmaConfig, dtype: str = "float16") -> dict[str, str]:
