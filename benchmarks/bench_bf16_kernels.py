@@ -7,7 +7,8 @@ output conversion; the memory-intensive kernels widen bf16 by a shift). The sche
 do not depend on the element type: their register estimates, and so which schedules are
 valid, are float16's. This compiles the same stratified sample of each kind of kernel in
 both types with NVRTC (no GPU) and compares what ptxas says of each pair: registers per
-thread, spills, and the compile time. A bf16 kernel that needs more registers than its
+thread, spills, and the compile time (the Hopper wgmma family's kernels on sm_90 only, as
+sm_90a). A bf16 kernel that needs more registers than its
 float16 twin could spill where the space says it fits, or lose occupancy the models do not
 see. Measured here: compiles, not run times (README "GPU work" 9. times bf16 kernels).
 """
@@ -23,6 +24,7 @@ from typing import Any
 from benchmarks.results import write_section
 from pipetune.model.family import family_of
 from pipetune.model.hardware import get_gpu
+from pipetune.model.hopper.workloads import as_hopper
 from pipetune.model.memops.workloads import parse_mem_workload
 from pipetune.model.workloads import bmm, conv2d, conv3d, gemm, gemm_swiglu
 from pipetune.workers.compile import CompileError, compile_many
@@ -40,6 +42,16 @@ WORKLOADS: dict[str, Any] = {
     "rmsnorm": parse_mem_workload({"op": "rmsnorm", "rows": 8192, "cols": 4096, "eps": 1e-5}),
     "silu_mul": parse_mem_workload({"op": "silu_mul", "rows": 8192, "cols": 11008}),
 }
+# The Hopper wgmma family's kernels build for sm_90a only: compiled when --arch is sm_90.
+HOPPER_WORKLOADS: dict[str, Any] = {
+    "hopper_gemm": as_hopper(gemm(4096, 4096, 4096)),
+    "hopper_bmm": as_hopper(bmm(16, 1024, 1024, 1024)),
+}
+
+
+def workloads(arch: str) -> dict[str, Any]:
+    """The kinds of kernel compiled for ``arch``: the Hopper family's on sm_90 (as sm_90a)."""
+    return {**WORKLOADS, **(HOPPER_WORKLOADS if arch == "sm_90" else {})}
 
 
 @dataclass(frozen=True)
@@ -64,7 +76,7 @@ def sample(workload: Any, per_kind: int, seed: int) -> list[Any]:
 def compile_pairs(per_kind: int, arch: str, seed: int = 0) -> list[Pair]:
     """Every kind's sample compiled as float16 and as bfloat16 (no disk cache: cold times)."""
     jobs: list[tuple[str, Any, Any, Any]] = []
-    for kind, fp16 in WORKLOADS.items():
+    for kind, fp16 in workloads(arch).items():
         bf16 = fp16.model_copy(update={"dtype": "bfloat16"})
         codegen = codegen_for(family_of(fp16))
         for schedule in sample(fp16, per_kind, seed):
@@ -94,7 +106,7 @@ def compile_pairs(per_kind: int, arch: str, seed: int = 0) -> list[Pair]:
 def summary(pairs: list[Pair]) -> list[dict[str, Any]]:
     """Per kind: schedules, bf16 - fp16 registers (mean, min, max), spills, compile ms."""
     rows = []
-    for kind in WORKLOADS:
+    for kind in dict.fromkeys(p.kind for p in pairs):
         mine = [p for p in pairs if p.kind == kind]
         delta = [p.registers[1] - p.registers[0] for p in mine]
         rows.append(
