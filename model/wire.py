@@ -253,8 +253,10 @@ class _Throughput(_Body):
 # A finished task of the same workload on another GPU whose trials warm-start the search
 # (tuner/transfer.py): its measurements are the prior mean where it has them.
 PRIOR_TASK_DESCRIPTION = (
-    "a finished task of the same workload on another GPU: its trials warm-start the search "
-    "(for the strategies that take a prior; any other is refused, naming them)"
+    "a finished task of the same workload on another GPU, or of the same shape in the other "
+    "element type (float16 for a bfloat16 workload, and back) on any GPU: its trials "
+    "warm-start the search (for the strategies that take a prior; any other is refused, "
+    "naming them)"
 )
 PRIOR_GPU_DESCRIPTION = (
     "instead of prior_task: warm-start from the finished task of the same workload on this GPU "

@@ -687,7 +687,7 @@ class Driver:
         measured_only = _measured_only(body)
 
         def check(conn: Connection, workload: Any, gpu: str) -> None:
-            check_prior_task(conn, prior_task, workload.workload_hash, gpu, measured_only)
+            check_prior_task(conn, prior_task, workload, gpu, measured_only)
 
         self._read_prior(body, where, "prior_task", check)
 

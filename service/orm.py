@@ -101,7 +101,8 @@ class TaskRow(Base):
     budget: Mapped[int] = mapped_column(Integer)
     seed: Mapped[int] = mapped_column(BigInteger)
     batch_size: Mapped[int] = mapped_column(Integer)
-    # A finished task of the same workload on another GPU whose trials are this task's prior
+    # A finished task of the same workload on another GPU (or of its element-type twin on any
+    # GPU) whose trials are this task's prior
     # (model.wire.TaskCreate.prior_task); immutable once finished, so every replay is exact.
     prior_task: Mapped[int | None] = mapped_column(ForeignKey("tasks.id"))
     # The finished, measured tasks whose cost model is this task's prior mean, in id order

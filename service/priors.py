@@ -83,15 +83,34 @@ def _simulated_results(task: Any) -> Any:
     )
 
 
+def element_twins(a: dict[str, Any], b: dict[str, Any]) -> bool:
+    """Whether two workload documents are one operator shape in two element types (float16
+    and bfloat16): their kernels are the same but for the type words, and run at one rate on
+    the tensor cores and the memory system alike, so one's measurements are the other's best
+    prior on the same GPU too."""
+
+    def shape(doc: dict[str, Any]) -> dict[str, Any]:
+        return {k: v for k, v in doc.items() if k != "dtype"}
+
+    return shape(a) == shape(b) and a.get("dtype", "float16") != b.get("dtype", "float16")
+
+
 def check_prior_task(
-    conn: Connection, prior_task: int, workload_hash: str, gpu: str, measured_only: bool = False
+    conn: Connection,
+    prior_task: int,
+    workload: Any,
+    gpu: str,
+    measured_only: bool = False,
 ) -> None:
-    """Raise PriorError unless `prior_task` is a finished task of this workload on another
-    GPU with at least one successful trial; with `measured_only` (a task that takes GPU
-    measurements only), all of them measured on a GPU: a prior of simulated trials would
-    steer a measured search by the analytical model's own numbers, unsaid."""
+    """Raise PriorError unless `prior_task` is a finished task with at least one successful
+    trial, of this workload on another GPU or of its element-type twin (element_twins) on any
+    GPU; with `measured_only` (a task that takes GPU measurements only), all of them measured
+    on a GPU: a prior of simulated trials would steer a measured search by the analytical
+    model's own numbers, unsaid."""
     row = conn.execute(
-        select(TaskRow.state, TaskRow.gpu, WorkloadRow.hash, WorkloadRow.label)
+        select(
+            TaskRow.state, TaskRow.gpu, WorkloadRow.hash, WorkloadRow.label, WorkloadRow.canonical
+        )
         .join(WorkloadRow, TaskRow.workload_id == WorkloadRow.id)
         .where(TaskRow.id == prior_task)
     ).first()
@@ -102,12 +121,14 @@ def check_prior_task(
             f"task {prior_task} is {row.state}: a prior must be a finished task "
             "(its trials must not change while this one replays them)"
         )
-    if row.hash != workload_hash:
+    twin = element_twins(dict(row.canonical), workload.canonical())
+    if row.hash != workload.workload_hash and not twin:
         raise PriorError(f"task {prior_task} tuned another workload ({row.label})")
-    if row.gpu == gpu:
+    if row.gpu == gpu and not twin:
         raise PriorError(
             f"task {prior_task} ran on {gpu} too: a prior is the same workload measured on "
-            "another GPU (to search further on this one, give a larger budget)"
+            "another GPU, or its twin in the other element type (to search further on this "
+            "one, give a larger budget)"
         )
     succeeded = conn.scalar(
         select(JobRow.id).where(JobRow.task_id == prior_task, JobRow.status == "ok").limit(1)

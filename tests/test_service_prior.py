@@ -68,6 +68,26 @@ def test_the_prior_tasks_best_schedule_is_the_first_trial_on_the_new_gpu(client)
     assert any(s not in prior_schedules for s in warm)
 
 
+def test_a_bfloat16_task_warm_starts_from_its_float16_twin_on_the_same_gpu(client):
+    """One shape in two element types: the same kernels but for their type words, at one
+    rate, so the float16 task's measurements are the bfloat16 task's prior on that GPU too
+    (a same-workload prior must come from another GPU)."""
+    prior, surprise = _finished_prior(client, gpu="h100")
+    bf16 = {**GEMM, "dtype": "bfloat16"}
+    doc = create_task(client, budget=16, strategy="auto", seed=3, prior_task=prior, workload=bf16)
+    assert doc["prior_task"] == prior and doc["gpu"] == "h100"
+    assert _trials(client, doc["id"])[0] == surprise
+    # And back: a float16 task from a finished bfloat16 one.
+    back, back_surprise = _finished_prior(client, gpu="h200", workload=bf16)
+    again = create_task(client, budget=8, gpu="h200", strategy="auto", prior_task=back)
+    assert _trials(client, again["id"])[0] == back_surprise
+    # Another shape in bfloat16 is another workload, as before.
+    other = {**SMALL_GEMM, "dtype": "bfloat16"}
+    body = {"workload": other, "gpu": "h100", "budget": 8, "prior_task": prior}
+    response = client.post("/v1/tasks", json=body)
+    assert response.status_code == 422 and "tuned another workload" in response.text
+
+
 def test_a_task_with_a_prior_replays_exactly_on_a_replica_with_empty_caches(db_url):
     with client_for(db_url) as a:
         prior, _ = _finished_prior(a)
@@ -89,6 +109,7 @@ def test_a_task_with_a_prior_replays_exactly_on_a_replica_with_empty_caches(db_u
         ({"prior_task": "unfinished"}, "prior_task", "a prior must be a finished task"),
         ({"prior_task": "other workload"}, "prior_task", "tuned another workload (gemm 256x"),
         ({"prior_task": "same gpu"}, "prior_task", "ran on a100 too: a prior is the same"),
+        ({"prior_task": "same gpu"}, "prior_task", "or its twin in the other element type"),
         ({"prior_task": "all failed"}, "prior_task", "has no successful trial"),
         ({"strategy": "random"}, "strategy", "strategy 'random' takes no prior (these do: bo,"),
         ({"prior_task": 0}, "prior_task", "greater than or equal to 1"),

@@ -424,8 +424,8 @@ add_workload_commands(
             "prior_task",
             int | None,  # type: ignore[arg-type]
             None,
-            help="a finished task of the same workload on another GPU: its trials "
-            "warm-start the search",
+            help="a finished task of the same workload on another GPU, or of its twin in the "
+            "other element type (float16, bfloat16) on any GPU: its trials warm-start the search",
         ),
         option(
             "prior_gpu",

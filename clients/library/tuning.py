@@ -406,8 +406,9 @@ def tune(
     "simulated" (the analytical model plus noise: for demos and tests, never measurements),
     "replay" (answers from `dataset`, a recorded exhaustive sweep), or a Runner you built
     (you close it). db: the database URL (default: the one `pipetune serve` uses).
-    prior_task: a finished task of the same workload on another GPU, in that database, whose trials
-    warm-start the search; prior_gpu: instead, such a task on that GPU (one of the newest generator
+    prior_task: a finished task of the same workload on another GPU (or of its twin in the other
+    element type, float16 or bfloat16, on any GPU), in that database, whose trials warm-start the
+    search; prior_gpu: instead, such a task on that GPU (one of the newest generator
     revision, the most successful trials of those); learned_prior: instead, a cost model of every
     finished task of the kernel family measured on a GPU in that database (None, the default: the
     family's choice, tensor-core GEMMs and memory-intensive operators learning where such tasks of 8

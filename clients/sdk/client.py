@@ -296,10 +296,12 @@ class Client:
         priority: int = DEFAULT_PRIORITY,
     ) -> TaskDoc:
         """Start a tuning task (POST /v1/tasks); returns at once with the queued task.
-        prior_task: a finished task of the same workload on another GPU whose trials warm-start the
-        search; prior_gpu: instead, such a task on that GPU (one of the newest generator revision,
-        the most successful trials of those); learned_prior: instead, a cost model of every finished
-        task of the kernel family measured on a GPU (the task's learned_from says which); None: the
+        prior_task: a finished task of the same workload on another GPU (or of its twin in the
+        other element type, float16 or bfloat16, on any GPU) whose trials warm-start the search;
+        prior_gpu: instead, such a task of this workload on that GPU (one of the newest generator
+        revision, the most successful trials of those); learned_prior: instead, a cost model of
+        every finished task of the kernel family measured on a GPU (the task's learned_from says
+        which); None: the
         kernel family's choice (tensor-core GEMMs and memory-intensive operators learn where such
         tasks of 8 or more shapes exist), False: never.
         batch_size: trials per proposal round (None: the service's; 1 where one GPU serves the
