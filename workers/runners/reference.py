@@ -147,27 +147,27 @@ def _windows(xp: Any, x: Any, filt: tuple[int, ...], out: tuple[int, ...], strid
 
 
 def _gemm_chunks(xp: Any, workload: AnyWorkload, a: Any, b: Any):
-    """(row slice of C viewed as (rows, N), A chunk (rows, K) fp32, B (K, N) fp32)."""
+    """(row slice of C viewed as (rows, N), A chunk (rows, K) fp32, B (K, N) fp32), each
+    widened from the inputs as stored (float16, or bfloat16's bits) one chunk at a time."""
     w = workload
-    f32 = xp.float32
     if isinstance(w, Gemm | GemmSwiglu):
-        b2 = b.astype(f32) if w.b_layout == "kn" else b.astype(f32).T
+        b2 = widen(xp, b) if w.b_layout == "kn" else widen(xp, b).T
         rows = max(1, CHUNK_ELEMENTS // w.k)
         for start in range(0, w.m, rows):
-            yield slice(start, min(w.m, start + rows)), a[start : start + rows].astype(f32), b2
+            yield slice(start, min(w.m, start + rows)), widen(xp, a[start : start + rows]), b2
     elif isinstance(w, Bmm):
         for i in range(w.b):
             rows = slice(i * w.m, (i + 1) * w.m)
-            yield rows, a[i].astype(f32), b[i].astype(f32)
+            yield rows, widen(xp, a[i]), widen(xp, b[i])
     elif isinstance(w, Conv2d | Conv3d):
         filt = (w.r, w.s) if isinstance(w, Conv2d) else (w.t, w.r, w.s)
         out = w.out_hw if isinstance(w, Conv2d) else w.out_dhw
-        b2 = b.reshape(w.k, -1).astype(f32).T
+        b2 = widen(xp, b.reshape(w.k, -1)).T
         per_image = math.prod(out)
         images = max(1, CHUNK_ELEMENTS // (per_image * b2.shape[0]))
         for start in range(0, w.n, images):
             stop = min(w.n, start + images)
-            cols = _windows(xp, a[start:stop].astype(f32), filt, out, w.stride, w.pad)
+            cols = _windows(xp, widen(xp, a[start:stop]), filt, out, w.stride, w.pad)
             yield slice(start * per_image, stop * per_image), cols, b2
     else:
         raise TypeError(f"unsupported workload {type(w).__name__}")
@@ -190,7 +190,6 @@ def reference(xp: Any, workload: AnyWorkload, a: Any, b: Any) -> tuple[Any, Any]
     ``a`` and ``b`` as make_inputs stores them (bfloat16 as its bits), or already float32."""
     view = workload.gemm_view()
     unit = UNIT_ROUNDOFF[workload.dtype]
-    a, b = widen(xp, a), widen(xp, b)
     rows_total = view.batch * view.m
     shape_c = operand_shapes(workload)[2]
     ref = xp.empty((rows_total, shape_c[-1]), dtype=xp.float32)
@@ -356,12 +355,12 @@ def compute_reference(
     it can run, else the fp32 product through ``xp.matmul``."""
     method = reference_method(workload, preferred)
     a, b = inputs["A"], inputs["B"]
-    if workload.dtype != "float16":  # bfloat16's bits: cuDNN and the product take float32
-        a, b = widen(xp, a), widen(xp, b)
     why = None
     if method == "cudnn":
         try:
-            ref, tol = cudnn_reference(xp, workload, a, b)
+            # bfloat16's bits widened for PyTorch; float16 as it is (converted there).
+            x, w = (a, b) if workload.dtype == "float16" else (widen(xp, a), widen(xp, b))
+            ref, tol = cudnn_reference(xp, workload, x, w)
             return ref, tol, method, None
         except Exception as exc:  # no PyTorch or no cuDNN here: the cuBLAS reference stands in
             why = f"cuDNN reference unavailable ({type(exc).__name__}: {exc})"
