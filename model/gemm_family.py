@@ -78,7 +78,8 @@ class TensorGemmFamily(KernelFamily):
     def op_generator_revision(self, op: str) -> GeneratorRevision:
         """GEMMs and batched GEMMs share one generator line, convolutions (an implicit GEMM
         with its own loader of the input's K dimension) another, the GEMM with the SwiGLU
-        in its epilogue a third. Convolutions, revision 2:
+        in its epilogue a third, the GEMM with bias + GELU in its epilogue a fourth.
+        Convolutions, revision 2:
         the loader splits K into filter tap and channel by multiplication (6b6c2e1,
         2026-11-28), every schedule 0.80x its time with the loader that divided (measured on
         an H200, benchmarks/RESULTS.md "GPU calls on H200, 2026-11-30")."""
@@ -86,6 +87,8 @@ class TensorGemmFamily(KernelFamily):
             return GeneratorRevision(f"{self.name}.conv", 2)
         if op == "gemm_swiglu":  # the GEMM's loop with its own epilogue
             return GeneratorRevision(f"{self.name}.swiglu", FIRST_REVISION)
+        if op == "gemm_bias_gelu":
+            return GeneratorRevision(f"{self.name}.bias_gelu", FIRST_REVISION)
         return GeneratorRevision(f"{self.name}.gemm", FIRST_REVISION)
 
     def parse_workload(self, data: dict[str, Any]) -> AnyWorkload:

@@ -49,6 +49,12 @@ Pad = Annotated[int, Field(strict=True, ge=0, le=64)]
 DType = Literal["float16", "bfloat16"]
 DTYPES: tuple[str, ...] = ("float16", "bfloat16")
 DTYPE_SHORT = {"float16": "fp16", "bfloat16": "bf16"}  # in labels: "gemm 64x64x64 bf16"
+# GELU's two forms, as PyTorch's ``approximate``: "none" (erf; BERT) and "tanh" (GPT-2's
+# gelu_new). The stitched bias_gelu operator and the GEMM with bias + GELU in its epilogue
+# take the same field.
+GeluForm = Annotated[
+    Literal["none", "tanh"], Field(description="GELU form: none (erf, BERT) or tanh (GPT-2)")
+]
 
 
 def dtype_suffix(dtype: str) -> str:
@@ -220,6 +226,49 @@ class GemmSwiglu(_Workload):
     def label(self) -> str:
         layout = " nk" if self.b_layout == "nk" else ""
         return f"gemm_swiglu {self.m}x{self.n}x{self.k}{layout}{self.dtype_suffix()}"
+
+
+class GemmBiasGelu(_Workload):
+    """C[M,N] = gelu(A @ B + bias): a linear layer's GEMM with its bias and GELU in the
+    epilogue (BERT's and GPT-2's FC1), one kernel where the unfused pair is a GEMM and the
+    stitched bias_gelu operator. bias has N elements; B is K×N (b_layout 'kn') or N×K ('nk',
+    as torch.nn.Linear stores its weight)."""
+
+    op: Literal["gemm_bias_gelu"] = "gemm_bias_gelu"
+    m: Annotated[Dim, _about("rows of A and C")]
+    n: Annotated[Dim, _about("columns of B and C, and the bias's length")]
+    k: Annotated[Dim, _about("the reduced dimension: columns of A, rows of B")]
+    b_layout: Annotated[
+        Literal["kn", "nk"], _about("B stored K×N (kn) or N×K (nk, a transposed weight)")
+    ] = "kn"
+    approximate: GeluForm = "none"
+
+    @model_validator(mode="after")
+    def _validate(self) -> GemmBiasGelu:
+        _check_index("A", self.m * self.k, m=self.m, k=self.k)
+        _check_index("B", self.k * self.n, k=self.k, n=self.n)
+        _check_index("C", self.m * self.n, m=self.m, n=self.n)
+        _check_aligned("k", self.k, "K of A")
+        _check_aligned("n", self.n, "N of C")
+        return self
+
+    def gemm_view(self) -> GemmView:
+        return GemmView(batch=1, m=self.m, n=self.n, k=self.k)
+
+    @property
+    def operand_bytes(self) -> tuple[int, int, int]:
+        return 2 * self.m * self.k, 2 * self.k * self.n, 2 * self.m * self.n
+
+    @property
+    def compulsory_bytes(self) -> int:
+        return sum(self.operand_bytes) + 2 * self.n  # and the bias, read once
+
+    def label(self) -> str:
+        layout = " nk" if self.b_layout == "nk" else ""
+        return (
+            f"gemm_bias_gelu({self.approximate}) {self.m}x{self.n}x{self.k}{layout}"
+            f"{self.dtype_suffix()}"
+        )
 
 
 class Bmm(_Workload):
@@ -395,12 +444,17 @@ class Conv3d(_Workload):
         )
 
 
-Workload = Annotated[Gemm | GemmSwiglu | Bmm | Conv2d | Conv3d, Field(discriminator="op")]
+Workload = Annotated[
+    Gemm | GemmSwiglu | GemmBiasGelu | Bmm | Conv2d | Conv3d, Field(discriminator="op")
+]
 # Operator name -> type, read from each type's `op` tag: the names are declared once, there.
 OPS: dict[str, type[_Workload]] = {
-    str(cls.model_fields["op"].default): cls for cls in (Gemm, GemmSwiglu, Bmm, Conv2d, Conv3d)
+    str(cls.model_fields["op"].default): cls
+    for cls in (Gemm, GemmSwiglu, GemmBiasGelu, Bmm, Conv2d, Conv3d)
 }
-_WORKLOAD_ADAPTER: TypeAdapter[Gemm | GemmSwiglu | Bmm | Conv2d | Conv3d] = TypeAdapter(Workload)
+_WORKLOAD_ADAPTER: TypeAdapter[Gemm | GemmSwiglu | GemmBiasGelu | Bmm | Conv2d | Conv3d] = (
+    TypeAdapter(Workload)
+)
 
 
 def first_error(
@@ -467,6 +521,10 @@ def gemm_swiglu(m: int, n: int, k: int, **kw: Any) -> GemmSwiglu:
     return parse_workload({"op": "gemm_swiglu", "m": m, "n": n, "k": k, **kw})  # type: ignore[return-value]
 
 
+def gemm_bias_gelu(m: int, n: int, k: int, **kw: Any) -> GemmBiasGelu:
+    return parse_workload({"op": "gemm_bias_gelu", "m": m, "n": n, "k": k, **kw})  # type: ignore[return-value]
+
+
 def bmm(b: int, m: int, n: int, k: int, **kw: Any) -> Bmm:
     return parse_workload({"op": "bmm", "b": b, "m": m, "n": n, "k": k, **kw})  # type: ignore[return-value]
 
@@ -495,4 +553,4 @@ def conv3d(
     return parse_workload({**data, "t": t, "r": r, "s": s, "stride": stride, "pad": pad})  # type: ignore[return-value]
 
 
-AnyWorkload = Gemm | GemmSwiglu | Bmm | Conv2d | Conv3d
+AnyWorkload = Gemm | GemmSwiglu | GemmBiasGelu | Bmm | Conv2d | Conv3d

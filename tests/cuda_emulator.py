@@ -28,6 +28,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
+from scipy.special import erf as scipy_erf
 
 from pipetune.model.workloads import SWIGLU_INTERLEAVE, AnyWorkload
 from pipetune.workers.runners.elements import UNIT_ROUNDOFF, narrow, storage, widen
@@ -71,6 +72,7 @@ COMMON_SHIM = (
 #include <cstdlib>
 #include <cstring>
 #include <mutex>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -228,6 +230,10 @@ MAIN = (
 #ifndef EXTRA_ARGS
 #define EXTRA_ARGS
 #endif
+// Pointers after C (a bias variant's bias; BIAS_SHIM): empty unless a shim defines them.
+#ifndef EXTRA_POINTERS
+#define EXTRA_POINTERS
+#endif
 #ifndef BEFORE_LAUNCH
 #define BEFORE_LAUNCH
 #endif
@@ -306,7 +312,7 @@ int main(int argc, char** argv) {
           blockIdx = {x, y, z};
           pt::t_groups.clear();
           pt::t_open.clear();
-          KERNEL(AnyPtr{ap}, AnyPtr{bp}, AnyPtr{cp} SCALAR_ARGS EXTRA_ARGS);
+          KERNEL(AnyPtr{ap}, AnyPtr{bp}, AnyPtr{cp} EXTRA_POINTERS SCALAR_ARGS EXTRA_ARGS);
           if (!pt::t_open.empty() || !pt::t_groups.empty()) fail("copies in flight at exit", 0, 0);
         });
       for (auto& th : threads) th.join();
@@ -352,6 +358,36 @@ def _declared(code: str, types: dict[str, int], what: str) -> int:
     return found.pop()
 
 
+# How a bias variant's device text widens a 16-bit bias element (its ``widen_elem``): fp16's
+# cvt, or bf16's shift (workers/codegen/memops/cuda_text.py CONVERSIONS).
+_WIDEN_TYPES: dict[str, int] = {"cvt.f32.f16": 0, "(unsigned)h << 16": 1}
+
+# A bias variant's bias (workers/codegen/variants.py BIAS_GELU_VARIANTS), passed after C: read
+# from bias.bin beside the operands (build_and_run writes it) and widened as the kernel's own
+# text declares (PT_WIDEN_BF16), so a kernel whose bias loads disagree with its type fails.
+BIAS_SHIM = r"""
+static std::vector<unsigned short> g_bias;
+namespace pt {
+inline float widen_elem(unsigned short h) {
+#if PT_WIDEN_BF16
+  return b2f(h);
+#else
+  return h2f(h);
+#endif
+}
+}  // namespace pt
+#define EXTRA_POINTERS , AnyPtr{g_bias.data()}
+#define BEFORE_LAUNCH                                                              \
+  {                                                                                \
+    std::string path(argv[1]);                                                     \
+    std::vector<unsigned char> raw = read_file(                                    \
+        (path.substr(0, path.rfind('/') + 1) + "bias.bin").c_str());               \
+    g_bias.resize(raw.size() / 2);                                                 \
+    std::memcpy(g_bias.data(), raw.data(), raw.size());                            \
+  }
+"""
+
+
 def element_defines(code: str) -> str:
     """``#define``s for COMMON_SHIM and an MMA shim: the element types that a mma.sync
     kernel's own device text declares (its PTX wrappers, which the emulator replaces), each
@@ -360,6 +396,9 @@ def element_defines(code: str) -> str:
     mma = _declared(code, _MMA_TYPES, "mma.sync operand type")
     cvt = _declared(code, _CVT_TYPES, "f32 -> 16-bit conversion")
     defines = f"#define PT_MMA_BF16 {mma}\n#define PT_CVT_BF16 {cvt}\n"
+    if "widen_elem" in code:  # a bias variant: how it widens its bias
+        widen = _declared(code, _WIDEN_TYPES, "16-bit -> f32 conversion")
+        defines += f"#define PT_WIDEN_BF16 {widen}\n"
     # A wgmma kernel's own MMA (its device text holds the mma.sync wrapper too, unused): its
     # instruction's operand type, PT_WGMMA_BF16, for the wgmma shim (tests/test_wgmma_emulated.py).
     if "wgmma.mma_async" in code:
@@ -382,13 +421,21 @@ def rounded(ref: np.ndarray, dtype: str) -> np.ndarray:
     return values_of(narrow(np, ref, dtype))
 
 
-def reference(workload: AnyWorkload, a: np.ndarray, b: np.ndarray) -> np.ndarray:
+def reference(
+    workload: AnyWorkload, a: np.ndarray, b: np.ndarray, bias: np.ndarray | None = None
+) -> np.ndarray:
     """The operator computed with numpy in float64 (an independent im2col for convs), on
-    operands as ``operands`` stores them (bf16 as uint16 bits)."""
+    operands as ``operands`` (and ``bias_of``) store them (bf16 as uint16 bits)."""
     a32, b32 = values_of(a).astype(np.float64), values_of(b).astype(np.float64)
     op = workload.op
     if op == "gemm":
         return a32 @ (b32 if workload.b_layout == "kn" else b32.T)
+    if op == "gemm_bias_gelu":
+        assert bias is not None
+        z = a32 @ (b32 if workload.b_layout == "kn" else b32.T) + values_of(bias)
+        if workload.approximate == "tanh":
+            return 0.5 * z * (1 + np.tanh(np.sqrt(2 / np.pi) * (z + 0.044715 * z**3)))
+        return 0.5 * z * (1 + scipy_erf(z / np.sqrt(2)))
     if op == "gemm_swiglu":
         # Both projections, then the gate's and up's columns out of their groups of 8.
         product = a32 @ (b32 if workload.b_layout == "kn" else b32.T)
@@ -428,7 +475,7 @@ OPERAND_RANGE = (-8, 8)
 
 def operands(workload: AnyWorkload, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
     w = workload
-    if w.op == "gemm":
+    if w.op in ("gemm", "gemm_bias_gelu"):
         a_shape = (w.m, w.k)
         b_shape = (w.k, w.n) if w.b_layout == "kn" else (w.n, w.k)
     elif w.op == "gemm_swiglu":
@@ -443,15 +490,27 @@ def operands(workload: AnyWorkload, rng: np.random.Generator) -> tuple[np.ndarra
     low, high = OPERAND_RANGE
     a = rng.integers(low, high + 1, a_shape)
     b = rng.integers(low, high + 1, b_shape)
-    if w.op == "gemm_swiglu":
-        # silu(gate)·up of such sums would overflow fp16 (|y| to 1e5): eighths in [-1/4, 1/4]
-        # instead, still exact products and sums, gates of a few units where silu bends.
+    if w.op in ("gemm_swiglu", "gemm_bias_gelu"):
+        # silu(gate)·up of such sums would overflow fp16 (|y| to 1e5), and GELU of them would
+        # be the identity or 0: eighths in [-1/4, 1/4] instead, still exact products and sums,
+        # gates (GELU's z) of a few units where silu (GELU) bends.
         a = rng.integers(-2, 3, a_shape) / 8
         b = rng.integers(-2, 3, b_shape) / 8
     # Exact in either type: the same draws (and stream of random numbers) for both.
     if w.dtype == "float16":
         return a.astype(np.float16), b.astype(np.float16)
     return narrow(np, a, w.dtype), narrow(np, b, w.dtype)
+
+
+def bias_of(workload: AnyWorkload, rng: np.random.Generator) -> np.ndarray | None:
+    """A bias variant's bias (eighths in [-1, 1]: exact in either type, z = A·B + bias exact
+    in f32), drawn after the operands; None for every other op."""
+    if workload.op != "gemm_bias_gelu":
+        return None
+    bias = rng.integers(-8, 9, workload.n) / 8
+    if workload.dtype == "float16":
+        return bias.astype(np.float16)
+    return narrow(np, bias, workload.dtype)
 
 
 def build_harness(source: str, tmp: Path) -> Path:
@@ -482,10 +541,14 @@ def build_and_run(
     held as the workload's dtype is on the host (bf16 as uint16 bits: ``values_of``)."""
     source = f"#define PT_NAN_BITS {NAN_BITS[workload.dtype]:#06x}\n" + source
     exe = build_harness(source, tmp)
-    a, b = operands(workload, np.random.default_rng(7))
-    ref = reference(workload, a, b)
+    rng = np.random.default_rng(7)
+    a, b = operands(workload, rng)
+    bias = bias_of(workload, rng)
+    ref = reference(workload, a, b, bias)
     a.tofile(tmp / "a.bin")
     b.tofile(tmp / "b.bin")
+    if bias is not None:
+        bias.tofile(tmp / "bias.bin")
     run = subprocess.run(
         [
             str(exe),
@@ -533,6 +596,17 @@ def swiglu_tolerance(ref: np.ndarray, dtype: str) -> np.ndarray:
     return (UNIT_ROUNDOFF[dtype] + 2.0**-18) * np.abs(ref) + SUBNORMAL_SPACING[dtype]
 
 
+def gelu_tolerance(ref: np.ndarray, z: np.ndarray, dtype: str) -> np.ndarray:
+    """How far a fused bias + GELU output may lie from the float64 reference: the f32 GELU
+    rounded to ``dtype`` once (its unit roundoff, relative), f32's erff/tanhf a few ulp of
+    1 scaled by |z| where 1 + erf (tanh) cancels, and the type's subnormal spacing near 0."""
+    return (
+        (UNIT_ROUNDOFF[dtype] + 2.0**-18) * np.abs(ref)
+        + 2.0**-20 * (np.abs(z) + 1)
+        + (SUBNORMAL_SPACING[dtype])
+    )
+
+
 def assert_outcomes_match(jobs: list, outcomes: list) -> None:
     """Every job's run ended well, wrote every element, and equals numpy's reference rounded
     to the workload's dtype (exact: see OPERAND_RANGE)."""
@@ -545,6 +619,12 @@ def assert_outcomes_match(jobs: list, outcomes: list) -> None:
             f"{where}: {unwritten} elements NaN (never written, or computed from unwritten "
             "shared memory)"
         )
+        if workload.op == "gemm_bias_gelu":
+            # GELU's z is within a few units here (operands): |z| <= |ref| + 1 bounds it.
+            tol = gelu_tolerance(ref, np.abs(ref) + 1, workload.dtype)
+            bad = np.abs(values.astype(np.float64) - ref) > tol
+            assert not bad.any(), f"{where}: {int(bad.sum())} outputs off the reference"
+            continue
         if workload.op == "gemm_swiglu":
             tol = swiglu_tolerance(ref, workload.dtype)
             bad = np.abs(values.astype(np.float64) - ref) > tol

@@ -26,7 +26,7 @@ from pipetune.model.memops.workloads import (
     softmax,
 )
 from pipetune.model.operators import LLAMA, MEMOPS
-from pipetune.model.workloads import bmm, conv2d, gemm, gemm_swiglu
+from pipetune.model.workloads import bmm, conv2d, gemm, gemm_bias_gelu, gemm_swiglu
 from pipetune.workers.campaign import cuda_side, sim_side
 from pipetune.workers.launch_plan import Buffer, KernelLaunch, LaunchPlan
 from pipetune.workers.runners import cupy_child, elements, memops_reference, sim_child
@@ -410,6 +410,16 @@ class FakeTorch(types.ModuleType):
             )
         )
 
+        def gelu_out(z, approximate, out):
+            self.log.append(
+                ("gelu.out", {"shape": (z.shape, out.shape), "approximate": approximate})
+            )
+            return out
+
+        self.ops = types.SimpleNamespace(
+            aten=types.SimpleNamespace(gelu=types.SimpleNamespace(out=gelu_out))
+        )
+
     def _op(self, name, x, **args):
         self.log.append((name, {"shape": x.shape, "dtype": x.dtype, **args}))
         return x
@@ -440,6 +450,12 @@ class FakeTorch(types.ModuleType):
     def matmul(self, a, b, out):
         self.log.append(("matmul", {"shape": (a.shape, b.shape, out.shape), "dtype": a.dtype}))
         out[...] = a.astype(np.float32) @ b.astype(np.float32)
+        return out
+
+    def addmm(self, bias, a, b, out):
+        shapes = (bias.shape, a.shape, b.shape, out.shape)
+        self.log.append(("addmm", {"shape": shapes, "dtype": a.dtype}))
+        out[...] = a.astype(np.float32) @ b.astype(np.float32) + bias.astype(np.float32)
         return out
 
     def mul(self, x, y, out):
@@ -602,6 +618,28 @@ def test_a_fused_swiglu_s_baseline_is_the_unfused_gemm_and_silu_mul(torch, b_lay
     assert silu["shape"] == (64, 24)  # the gate's half of the intermediate
     mul = next(call for name, call in torch.log if name == "mul")
     assert mul["shape"] == ((64, 24), (64, 24), (64, 24))
+
+
+@pytest.mark.parametrize(
+    ("b_layout", "approximate", "dtype"),
+    [("kn", "none", "float16"), ("nk", "tanh", "float16"), ("nk", "none", "bfloat16")],
+)
+def test_a_fused_bias_gelu_s_baseline_is_linear_then_gelu(torch, b_layout, approximate, dtype):
+    """What a model runs without the fused kernel: cuBLAS's GEMM with the bias (addmm) into
+    an M x N intermediate, then GELU of the workload's form into C, each timed launch both,
+    in the workload's element type, over the bias the runners check the kernel with."""
+    workload = gemm_bias_gelu(64, 24, 40, b_layout=b_layout, approximate=approximate, dtype=dtype)
+    answer = cuda_side.vendor_time(workload.canonical(), 7, POLICY)
+    assert answer["library"].startswith("cuBLAS through torch.addmm(bias, A, B), then ")
+    assert f"gelu(approximate='{approximate}')" in answer["library"]
+    assert "two kernels, unfused" in answer["library"] and answer["samples_ms"] == [0.02] * 5
+    names = [name for name, _ in torch.log]
+    assert names == ["addmm", "gelu.out"] * 2 + ["flush", "addmm", "gelu.out"] * 5
+    addmm = next(call for name, call in torch.log if name == "addmm")
+    assert addmm["shape"] == ((24,), (64, 40), (40, 24), (64, 24))
+    assert addmm["dtype"] == (BF16 if dtype == "bfloat16" else np.float16)
+    gelu = next(call for name, call in torch.log if name == "gelu.out")
+    assert gelu == {"shape": ((64, 24), (64, 24)), "approximate": approximate}
 
 
 def _holding(cupy, torch, monkeypatch, works=True):

@@ -45,7 +45,7 @@ def test_source_has_the_kernel_entry_and_the_tensor_core_path(variant):
     assert "cp.async.cg.shared.global [%0], [%1], 16, %2;" in k.code
     assert "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32" in k.code
     # .trans exactly where B is stored K x N (n contiguous in shared memory).
-    b_kn = variant in ("gemm_kn", "gemm_swiglu_kn", "bmm")
+    b_kn = variant in ("gemm_kn", "gemm_swiglu_kn", "gemm_bias_gelu_kn", "bmm")
     assert f"constexpr bool B_KN = {str(b_kn).lower()};" in k.code
     assert "ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16" in k.code
     params = re.search(rf"{k.name}\(([^)]*)\)", k.code).group(1)

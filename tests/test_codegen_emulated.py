@@ -25,6 +25,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from cuda_emulator import (
+    BIAS_SHIM,
     COMMON_SHIM,
     READ_FILE,
     assert_outcomes_match,
@@ -32,6 +33,7 @@ from cuda_emulator import (
     build_harness,
     element_defines,
     emulate_all,
+    gelu_tolerance,
     harness_source,
     rounded,
     swiglu_tolerance,
@@ -45,11 +47,13 @@ from pipetune.model.workloads import (
     conv2d,
     conv3d,
     gemm,
+    gemm_bias_gelu,
     gemm_swiglu,
     parse_workload,
 )
 from pipetune.workers.codegen import generate, launch
 from pipetune.workers.codegen.generator import source_parts
+from pipetune.workers.codegen.variants import BIAS_GELU_VARIANTS
 from pipetune.workers.runners.elements import narrow, widen
 
 pytestmark = pytest.mark.skipif(shutil.which("g++") is None, reason="needs a host C++ compiler")
@@ -153,8 +157,9 @@ def _emulate(
         assert old in parts[part]
         parts[part] = parts[part].replace(old, new)
     grid, scalars = launch(kernel, workload)
+    bias = BIAS_SHIM if kernel.variant in BIAS_GELU_VARIANTS else ""
     source = harness_source(
-        element_defines(parts["device"]) + COMMON_SHIM + MMA_SYNC_SHIM,
+        element_defines(parts["device"]) + COMMON_SHIM + MMA_SYNC_SHIM + bias,
         parts["helpers"] + parts["kernel"], kernel.name, kernel.threads, len(scalars),
     )  # fmt: skip
     return build_and_run(source, tmp, workload, grid, kernel.smem_bytes, scalars)
@@ -189,6 +194,16 @@ CASES = [
         [_s(1, 1, 1, 1, 1, 2, 1), _s(2, 2, 1, 2, 2, 3, 2), _s(1, 1, 2, 4, 2, 4, 2)],
     ),
     (gemm_swiglu(20, 24, 40, b_layout="nk"), [_s(1, 2, 1, 1, 1, 2, 2), _s(2, 1, 2, 2, 1, 3, 1)]),
+    # The GEMM with bias + GELU in its epilogue: both forms, both layouts, N-tile tails (N =
+    # 40 and 24 against 32- and 64-wide tiles) and M tails.
+    (
+        gemm_bias_gelu(37, 40, 72),
+        [_s(1, 1, 1, 1, 1, 2, 1), _s(2, 2, 1, 2, 2, 3, 2), _s(1, 1, 2, 4, 2, 4, 2)],
+    ),
+    (
+        gemm_bias_gelu(20, 24, 40, b_layout="nk", approximate="tanh"),
+        [_s(1, 2, 1, 1, 1, 2, 2), _s(2, 1, 2, 2, 1, 3, 1)],
+    ),
     (
         conv2d(2, 7, 6, 16, 24, 3, 3, stride=2, pad=1),
         [_s(1, 1, 1, 1, 2, 3, 2), _s(2, 1, 1, 2, 4, 2, 1), _s(1, 1, 2, 1, 1, 6, 2)],
@@ -250,6 +265,34 @@ def test_emulator_catches_a_broken_swiglu_epilogue(tmp_path, mutation):
         assert code == 3 and "store outside C" in stderr, stderr
 
 
+@pytest.mark.parametrize(
+    ("dtype", "mutation"),
+    [
+        # The bias left out.
+        ("float16", ("acc[i][j][2 * h] + b0, tanh_form", "acc[i][j][2 * h], tanh_form")),
+        # The next column pair's bias.
+        ("float16", ("(bias + col)", "(bias + col + 2)")),
+        # The two values of a bias pair swapped.
+        ("float16", ("(pair & 0xFFFFu)", "(pair >> 16)")),
+        # GELU's other form (the tanh form's argument ignored).
+        ("float16", ("const bool tanh_form = gelu_tanh != 0;", "const bool tanh_form = true;")),
+        # A bf16 kernel that widens its bias as fp16.
+        ("bfloat16", ("return __uint_as_float((unsigned)h << 16);", "return 0.f;  // cvt.f32.f16")),
+    ],
+)
+def test_emulator_catches_a_broken_bias_gelu_epilogue(tmp_path, dtype, mutation):
+    """The bias + GELU epilogue's check fails a kernel that adds no bias, another column's,
+    applies GELU's other form, or widens a bf16 bias as fp16."""
+    workload = gemm_bias_gelu(37, 40, 72, dtype=dtype)
+    code, stderr, c, ref = _emulate(workload, _s(2, 2, 1, 2, 2, 3, 2), tmp_path, mutation)
+    if code == 0:
+        tol = gelu_tolerance(ref, np.abs(ref) + 1, dtype)
+        values = values_of(c).astype(np.float64)
+        assert np.isnan(values).any() or (np.abs(values - ref) > tol).any()
+    else:
+        assert code == 3 and "outside" in stderr, stderr
+
+
 def _bf16(workload: AnyWorkload) -> AnyWorkload:
     """The workload on bfloat16 operands (conv2d() and conv3d() take no dtype)."""
     return parse_workload({**workload.model_dump(), "dtype": "bfloat16"})
@@ -266,6 +309,11 @@ BF16_CASES = [
     (_bf16(conv3d(1, 4, 5, 5, 8, 16, 3, 3, 3, pad=1)), [_s(2, 1, 1, 1, 2, 4, 2)]),
     (gemm_swiglu(37, 40, 72, dtype="bfloat16"), [_s(2, 2, 1, 2, 2, 3, 2)]),
     (gemm_swiglu(20, 24, 40, b_layout="nk", dtype="bfloat16"), [_s(1, 2, 1, 1, 1, 2, 2)]),
+    (gemm_bias_gelu(37, 40, 72, dtype="bfloat16"), [_s(2, 2, 1, 2, 2, 3, 2)]),
+    (
+        gemm_bias_gelu(20, 24, 40, b_layout="nk", approximate="tanh", dtype="bfloat16"),
+        [_s(1, 2, 1, 1, 1, 2, 2)],
+    ),
 ]
 
 

@@ -12,7 +12,7 @@ import pytest
 
 from pipetune.model.hardware import get_gpu
 from pipetune.model.space import Space
-from pipetune.model.workloads import bmm, conv2d, conv3d, gemm, gemm_swiglu
+from pipetune.model.workloads import bmm, conv2d, conv3d, gemm, gemm_bias_gelu, gemm_swiglu
 from pipetune.workers.codegen import VARIANTS, generate
 from pipetune.workers.codegen.sample import stratified_sample
 from pipetune.workers.compile import CompileError, compile_many
@@ -23,6 +23,8 @@ WORKLOADS = {
     "gemm_nk": gemm(4096, 4096, 4096, b_layout="nk"),
     "gemm_swiglu_kn": gemm_swiglu(4096, 2048, 4096),
     "gemm_swiglu_nk": gemm_swiglu(4096, 2048, 4096, b_layout="nk"),
+    "gemm_bias_gelu_kn": gemm_bias_gelu(4096, 3072, 1024),
+    "gemm_bias_gelu_nk": gemm_bias_gelu(4096, 3072, 1024, b_layout="nk", approximate="tanh"),
     "bmm": bmm(16, 1024, 1024, 1024),
     "conv2d": conv2d(32, 56, 56, 128, 256, 3, 3, pad=1),
     "conv3d": conv3d(4, 16, 28, 28, 64, 128, 3, 3, 3, pad=1),

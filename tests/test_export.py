@@ -798,6 +798,35 @@ def test_an_rms_norm_and_a_swiglu_export_with_their_operands(tmp_path: Path):
             assert shapes["x"] == (1024, 2 * 11008) and shapes["y"] == (1024, 11008)
 
 
+def test_a_gemm_with_bias_and_gelu_exports_with_its_bias(tmp_path: Path):
+    """Tuned (simulated) and exported, both GELU forms: each source compiles, each launch
+    document is the cupy runner's plan (A, B, the bias of N and C; the scalar gelu_tanh 1
+    for the tanh form) and its arguments put the bias after C."""
+    url = f"sqlite:///{tmp_path / 'bias_gelu.db'}"
+    erf = {"op": "gemm_bias_gelu", "m": 256, "n": 128, "k": 512}
+    tanh = {**erf, "b_layout": "nk", "approximate": "tanh"}
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("PIPETUNE_SIMULATED_TIME_SCALE", "0")
+        for workload in (erf, tanh):
+            pipetune.tune(workload, "h100", budget=3, strategy="random", runner="simulated", db=url)
+    out = tmp_path / "out"
+    index = _export(url, out)
+    assert index["not_exported"] == []
+    rows = {row["workload"]["approximate"]: row for row in index["workloads"]}
+    for form, flag in (("none", 0), ("tanh", 1)):
+        row = rows[form]
+        source = (out / row["files"]["source"]).read_text()
+        assert cubin_sm(compile_source(source, "sm_90", use_cache=False).cubin) == 90
+        launch = json.loads((out / row["files"]["launch"]).read_text())
+        parsed = parse_any_workload(row["workload"])
+        schedule = family_of(parsed).parse_schedule(row["schedule"])
+        _assert_the_runners_plan(launch, parsed, schedule)
+        shapes = {b["name"]: tuple(b["shape"]) for b in launch["buffers"]}
+        assert shapes["bias"] == (128,) and shapes["C"] == (256, 128)
+        assert launch["arguments"][:4] == ["A", "B", "C", "bias"]
+        assert launch["scalars"]["gelu_tanh"] == flag
+
+
 def test_a_fused_gemm_swiglu_exports_with_its_interleaved_weights(tmp_path: Path):
     """Tuned (simulated) and exported, both B layouts: each source compiles, each launch
     document is the cupy runner's plan (B of K x 2N or 2N x K, C of M x N, the scalar N the

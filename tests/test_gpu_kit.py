@@ -263,8 +263,10 @@ def check_files(folder: Path, files: dict[str, bytes]) -> None:
     assert correctness["schedules"] >= 300 and correctness["verdict"] == "pass"
     assert correctness["simulated"] and not correctness["verified"]
     assert set(correctness["by_variant"]) == {"gemm_kn", "gemm_nk", "gemm_swiglu_kn",
-                                              "gemm_swiglu_nk", "bmm", "conv2d", "conv3d",
+                                              "gemm_swiglu_nk", "gemm_bias_gelu_kn",
+                                              "gemm_bias_gelu_nk", "bmm", "conv2d", "conv3d",
                                               "gemm_kn.bfloat16", "gemm_swiglu_nk.bfloat16",
+                                              "gemm_bias_gelu_kn.bfloat16",
                                               "rmsnorm.bfloat16", "softmax.bfloat16",
                                               *MEMOPS_KINDS}  # fmt: skip
     assert len(correctness["by_stages"]) == 12

@@ -33,7 +33,7 @@ from pipetune.model.memops.workloads import (
     softmax,
 )
 from pipetune.model.space import Schedule, ScheduleError
-from pipetune.model.workloads import bmm, conv2d, conv3d, gemm, gemm_swiglu
+from pipetune.model.workloads import bmm, conv2d, conv3d, gemm, gemm_bias_gelu, gemm_swiglu
 from pipetune.workers.codegen import generate
 from pipetune.workers.codegen import memops as memops_codegen
 from pipetune.workers.compile import compile_source
@@ -57,6 +57,8 @@ WORKLOADS = [
     gemm(256, 128, 256, b_layout="nk"),
     gemm_swiglu(256, 64, 256),
     gemm_swiglu(256, 64, 256, b_layout="nk"),
+    gemm_bias_gelu(256, 64, 256),
+    gemm_bias_gelu(256, 64, 256, b_layout="nk", approximate="tanh"),
     bmm(4, 128, 64, 128),
     conv2d(2, 14, 14, 64, 64, 3, 3, pad=1),
     conv3d(1, 4, 8, 8, 16, 64, 3, 3, 3, pad=1),
@@ -378,6 +380,22 @@ def test_a_fused_swiglu_kernel_takes_the_interleaved_weights_and_writes_n_column
     k(a, b, c)
     (launch,) = [entry for entry in launches if "function" in entry]
     assert "'N': 128" in repr(launch)  # the GEMM's N: both projections
+
+
+def test_a_bias_gelu_kernel_takes_the_bias_after_b_and_passes_the_gelu_form(launches):
+    workload = {"op": "gemm_bias_gelu", "m": 256, "n": 64, "k": 256, "approximate": "tanh"}
+    k = pipetune.kernel(workload, "h100", schedule=S)
+    assert [(op.name, op.shape, op.role) for op in k.operands] == [
+        ("A", (256, 256), "M×K"),
+        ("B", (256, 64), "K×N"),
+        ("bias", (64,), "N"),
+        ("C", (256, 64), "M×N output"),
+    ]
+    a, b, bias, c = arrays(workload)
+    _refused(k, [a, b, StandIn(np.zeros(63, np.float16)), c], "bias", "shape must be (64,)")
+    k(a, b, bias, c)
+    (launch,) = [entry for entry in launches if "function" in entry]
+    assert "'gelu_tanh': 1" in repr(launch)
 
 
 def test_a_wrong_shape_dtype_stride_or_device_is_refused_by_name(launches):

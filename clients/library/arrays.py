@@ -56,6 +56,8 @@ ROLES: dict[str, dict[str, str]] = {
     # N: the width of each projection; B's 2N columns (rows) interleave gate and up by 8.
     "gemm_swiglu_kn": {"A": "M×K", "B": "K×2N, gate and up interleaved", "C": "M×N output"},
     "gemm_swiglu_nk": {"A": "M×K", "B": "2N×K, gate and up interleaved", "C": "M×N output"},
+    "gemm_bias_gelu_kn": {"A": "M×K", "B": "K×N", "bias": "N", "C": "M×N output"},
+    "gemm_bias_gelu_nk": {"A": "M×K", "B": "N×K", "bias": "N", "C": "M×N output"},
     "bmm": {"A": "batch×M×K", "B": "batch×K×N", "C": "batch×M×N output"},
     "conv2d": {"A": "input, NHWC", "B": "filter, KRSC", "C": "output, NPQK"},
     "conv3d": {"A": "input, NDHWC", "B": "filter, KTRSC", "C": "output, NOPQK"},

@@ -1,10 +1,10 @@
 """What the public functions accept: a workload as a dict or a workload object (of any kernel
-family: the tensor-core GEMMs' Gemm, GemmSwiglu, Bmm, Conv2d, Conv3d; the memory-intensive
-operators' Reduce, Softmax, LayerNorm, RMSNorm, BiasGelu, SiluMul; the Hopper family's HopperGemm,
-HopperBmm: each exported by `pipetune`), a GPU by key or alias, a schedule as a dict, a
-`Schedule` (or another family's schedule object) or a wire `ScheduleDoc`. Bad input raises
-a ValueError subclass whose message names the field (WorkloadError, HardwareError,
-ScheduleError), never a bare pydantic error."""
+family: the tensor-core GEMMs' Gemm, GemmSwiglu, GemmBiasGelu, Bmm, Conv2d, Conv3d; the
+memory-intensive operators' Reduce, Softmax, LayerNorm, RMSNorm, BiasGelu, SiluMul; the Hopper
+family's HopperGemm, HopperBmm: each exported by `pipetune`), a GPU by key or alias, a
+schedule as a dict, a `Schedule` (or another family's schedule object) or a wire
+`ScheduleDoc`. Bad input raises a ValueError subclass whose message names the field
+(WorkloadError, HardwareError, ScheduleError), never a bare pydantic error."""
 
 from __future__ import annotations
 
@@ -28,12 +28,21 @@ from pipetune.model.memops.workloads import (
 )
 from pipetune.model.space import Schedule
 from pipetune.model.wire import ScheduleDoc, ScheduleResponse
-from pipetune.model.workloads import AnyWorkload, Bmm, Conv2d, Conv3d, Gemm, GemmSwiglu
+from pipetune.model.workloads import (
+    AnyWorkload,
+    Bmm,
+    Conv2d,
+    Conv3d,
+    Gemm,
+    GemmBiasGelu,
+    GemmSwiglu,
+)
 
 WorkloadLike = (
     Mapping[str, Any]
     | Gemm
     | GemmSwiglu
+    | GemmBiasGelu
     | Bmm
     | Conv2d
     | Conv3d

@@ -42,7 +42,7 @@ if TYPE_CHECKING:
         Softmax,
     )
     from pipetune.model.space import Schedule
-    from pipetune.model.workloads import Bmm, Conv2d, Conv3d, Gemm, GemmSwiglu
+    from pipetune.model.workloads import Bmm, Conv2d, Conv3d, Gemm, GemmBiasGelu, GemmSwiglu
 
 # name -> the module that defines it
 _EXPORTS: dict[str, str] = {
@@ -58,6 +58,7 @@ _EXPORTS: dict[str, str] = {
     "Schedule": "pipetune.model.space",
     "Gemm": "pipetune.model.workloads",
     "GemmSwiglu": "pipetune.model.workloads",
+    "GemmBiasGelu": "pipetune.model.workloads",
     "interleave_gate_up": "pipetune.clients.library.weights",
     "Bmm": "pipetune.model.workloads",
     "Conv2d": "pipetune.model.workloads",
@@ -80,6 +81,7 @@ __all__ = [
     "Conv2d",
     "Conv3d",
     "Gemm",
+    "GemmBiasGelu",
     "GemmSwiglu",
     "HopperBmm",
     "HopperGemm",

@@ -40,6 +40,7 @@ from pipetune.model.workloads import (
     DTYPES,
     INDEX_LIMIT,
     DType,
+    GeluForm,
     WorkloadError,
     dtype_suffix,
     parse_tagged,
@@ -232,9 +233,7 @@ class BiasGelu(_RowWorkload):
     """Stitched element-wise chain: y = gelu(x + bias), bias of length cols."""
 
     op: Literal["bias_gelu"] = "bias_gelu"
-    approximate: Literal["none", "tanh"] = Field(
-        default="none", description="GELU form: none (erf, BERT) or tanh (GPT-2)"
-    )
+    approximate: GeluForm = "none"
 
     @property
     def has_reduction(self) -> bool:

@@ -71,7 +71,7 @@ from pipetune.model.memops.workloads import (
     softmax,
 )
 from pipetune.model.trials import MeasureResult
-from pipetune.model.workloads import bmm, conv2d, conv3d, gemm, gemm_swiglu
+from pipetune.model.workloads import bmm, conv2d, conv3d, gemm, gemm_bias_gelu, gemm_swiglu
 from pipetune.workers.runners.kernel_runner import KernelRunner
 from pipetune.workers.runners.reference import TOLERANCE_TEXT
 
@@ -94,6 +94,11 @@ CASES: tuple[tuple[str, Any], ...] = (
     ("gemm_nk, tails in M, N, K", gemm(997, 200, 328, b_layout="nk")),
     ("gemm_swiglu_kn, tails in M, N, K", gemm_swiglu(997, 200, 328)),
     ("gemm_swiglu_nk, tails in M, N, K", gemm_swiglu(333, 136, 200, b_layout="nk")),
+    ("gemm_bias_gelu_kn, tails in M, N, K", gemm_bias_gelu(997, 200, 328)),
+    (
+        "gemm_bias_gelu_nk tanh, tails in M, N, K",
+        gemm_bias_gelu(333, 136, 200, b_layout="nk", approximate="tanh"),
+    ),
     ("bmm, tails in M, N, K", bmm(3, 333, 136, 200)),
     ("bmm, aligned M and N", bmm(4, 256, 128, 64)),
     ("conv2d, stride 2, pad 1", conv2d(2, 15, 13, 24, 40, 3, 3, stride=2, pad=1)),
@@ -106,6 +111,10 @@ CASES: tuple[tuple[str, Any], ...] = (
     (
         "gemm_swiglu_nk bfloat16, tails in M, N, K",
         gemm_swiglu(333, 136, 200, b_layout="nk", dtype="bfloat16"),
+    ),
+    (
+        "gemm_bias_gelu_kn bfloat16, tails in M, N, K",
+        gemm_bias_gelu(997, 200, 328, dtype="bfloat16"),
     ),
 )
 

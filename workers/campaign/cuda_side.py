@@ -31,7 +31,7 @@ import numpy as np
 from pipetune.model.workloads import DTYPE_SHORT
 from pipetune.workers.campaign.checks import conv_check, matmul_checks
 from pipetune.workers.runners.cupy_child import MIN_FLUSH_BYTES, CupyClock
-from pipetune.workers.runners.reference import make_inputs, operand_shapes
+from pipetune.workers.runners.reference import make_bias, make_inputs, operand_shapes
 from pipetune.workers.runners.timing import RepeatPolicy, time_launches
 
 _STATE: dict[str, Any] = {}
@@ -251,6 +251,8 @@ def vendor_time(canonical: dict[str, Any], seed: int, policy: RepeatPolicy) -> d
         timed = _torch_bmm
     elif op == "gemm_swiglu":
         timed = _torch_gemm_swiglu
+    elif op == "gemm_bias_gelu":
+        timed = _torch_gemm_bias_gelu
     else:
         timed = _torch_memops if family_of(workload).name == "memops" else _cudnn
     answer = timed(workload, seed, policy)
@@ -290,6 +292,13 @@ def _torch_operands(torch: Any, workload: Any, seed: int) -> tuple[Any, Any]:
     bf16 = torch.bfloat16
     a = torch.from_numpy(a_host.view(np.int16)).cuda().view(bf16)
     return a, torch.from_numpy(b_host.view(np.int16)).cuda().view(bf16)
+
+
+def _torch_vector(torch: Any, host: np.ndarray, dtype: str) -> Any:
+    """A host array of the workload's dtype as a CUDA tensor (bfloat16's bits viewed)."""
+    if dtype == "float16":
+        return torch.from_numpy(host).cuda()
+    return torch.from_numpy(host.view(np.int16)).cuda().view(torch.bfloat16)
 
 
 def _in_and_out(workload: Any) -> str:
@@ -338,6 +347,34 @@ def _torch_gemm_swiglu(workload: Any, seed: int, policy: RepeatPolicy) -> dict[s
     library = (
         f"cuBLAS through torch.matmul, then torch.nn.functional.silu(gate) * up (PyTorch "
         f"{torch.__version__}), {_in_and_out(workload)}: two kernels, unfused"
+    )
+    return {"library": library, **_torch_timed(torch, launch, policy)}
+
+
+def _torch_gemm_bias_gelu(workload: Any, seed: int, policy: RepeatPolicy) -> dict[str, Any]:
+    """What a model runs without the fused kernel (torch.nn.Linear, then GELU): cuBLAS's GEMM
+    with the bias through ``torch.addmm`` and PyTorch's GELU of the same form: two launches
+    and the intermediate's round trip through memory. (cuBLASLt's own GELU_BIAS epilogue,
+    tanh form only, is not what nn.Linear + nn.GELU calls, and is not timed.)"""
+    import torch
+
+    a, b = _torch_operands(torch, workload, seed)
+    bias = _torch_vector(torch, make_bias(workload, seed), workload.dtype)
+    if workload.b_layout == "nk":
+        b = b.t()  # a transposed view: cuBLAS takes it as an operation, not a copy
+    dtype = getattr(torch, workload.dtype)
+    z = torch.empty((workload.m, workload.n), dtype=dtype, device="cuda")
+    out = torch.empty((workload.m, workload.n), dtype=dtype, device="cuda")
+
+    def launch() -> None:
+        with torch.no_grad():
+            torch.addmm(bias, a, b, out=z)
+            torch.ops.aten.gelu.out(z, approximate=workload.approximate, out=out)
+
+    library = (
+        f"cuBLAS through torch.addmm(bias, A, B), then torch.nn.functional.gelu(approximate="
+        f"'{workload.approximate}') (PyTorch {torch.__version__}), {_in_and_out(workload)}: "
+        "two kernels, unfused"
     )
     return {"library": library, **_torch_timed(torch, launch, policy)}
 

@@ -61,6 +61,9 @@ COMPILE_S_PER_KERNEL: dict[str, float] = {
     # The fused GEMM + SwiGLU: the GEMM's loop and a longer epilogue, taken as gemm_kn.
     "gemm_swiglu_kn": 0.276,
     "gemm_swiglu_nk": 0.276,
+    # The GEMM with bias + GELU in its epilogue: the GEMM's loop, an epilogue of erff/tanhf.
+    "gemm_bias_gelu_kn": 0.276,
+    "gemm_bias_gelu_nk": 0.276,
     "bmm": 0.199,
     "conv2d": 0.407,
     "conv3d": 0.433,
@@ -87,10 +90,10 @@ class GpuSideCosts:
     flush: float = 40e-6  # 2 x 50 MiB memset at ~3 TB/s, plus its launch
     gap: float = 3e-6  # event pair and launch gap per launch (the probe's timing floor)
     setup: float = 45.0  # install, imports, two child processes, describe, checks, floor
-    # GEMMs: 468 kernels compiled and verified, 13 references (the estimate made for 324;
-    # the 72 fused GEMM + SwiGLU kernels add ~1.5 s of compile on 14 threads, and the 72
-    # bfloat16 kernels about as much: 23 s)
-    correctness: float = 23.0
+    # GEMMs: 576 kernels compiled and verified, 16 references (the estimate made for 324;
+    # the 72 fused GEMM + SwiGLU kernels add ~1.5 s of compile on 14 threads, the 72
+    # bfloat16 kernels about as much, and the 108 GEMM + bias + GELU kernels ~2 s: 25 s)
+    correctness: float = 25.0
     # memops: 504 kernels (~0.1 CPU s each: 3.6 s on 14 threads), 18 small references
     # (997 x 1032, 37 x 4200), 504 verification launches of microseconds
     correctness_memops: float = 10.0

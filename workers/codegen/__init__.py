@@ -7,7 +7,6 @@ for the checks
 ``compile_sample``, ``stratified_sample``, ``stratum`` and ``tails``."""
 
 from pipetune.workers.codegen.generator import (
-    POINTER_ARGS,
     KernelSource,
     build_key,
     generate,
@@ -20,10 +19,15 @@ from pipetune.workers.codegen.generator import (
     shape_notes,
 )
 from pipetune.workers.codegen.sample import compile_sample, stratified_sample, stratum, tails
-from pipetune.workers.codegen.variants import SCALAR_ARGS, VARIANTS, scalar_args, variant_of
+from pipetune.workers.codegen.variants import (
+    SCALAR_ARGS,
+    VARIANTS,
+    pointer_args,
+    scalar_args,
+    variant_of,
+)
 
 __all__ = [
-    "POINTER_ARGS",
     "SCALAR_ARGS",
     "VARIANTS",
     "KernelSource",
@@ -36,6 +40,7 @@ __all__ = [
     "launch",
     "launch_config",
     "launch_plan",
+    "pointer_args",
     "scalar_args",
     "shape_notes",
     "stratified_sample",

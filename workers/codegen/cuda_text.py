@@ -66,6 +66,14 @@ ELEMENTS: dict[str, ElementText] = {
     "bfloat16": ElementText("__nv_bfloat16", "__CUDA_BF16_H__", "bf16", "bf16", "bf16x2"),
 }
 
+# GELU's two forms on an f32 z (model/workloads.py GeluForm), as placeholders' values: one
+# text for every kernel that applies GELU (the memops family's bias_gelu, and this family's
+# GEMM with bias + GELU in its epilogue), so the fused and the unfused pair compute alike.
+GELU_FORMULAS: dict[str, str] = {
+    "GELU_ERF_EXPR": "0.5f * z * (1.f + erff(z * 0.7071067811865476f))",
+    "GELU_TANH_EXPR": "0.5f * z * (1.f + tanhf(0.7978845608028654f * (z + 0.044715f * z * z * z)))",
+}
+
 PREAMBLE = r"""
 #if defined(__CUDACC__)
 #define PT_HD __host__ __device__ __forceinline__
@@ -367,6 +375,11 @@ SETUP_GEMM = r"""
   const int M = M_arg, N = N_arg, K = K_arg;
 """
 
+# The bias variants' bias, read as 16-bit storage as A, B and C are.
+SETUP_BIAS = r"""
+  const unsigned short* bias = reinterpret_cast<const unsigned short*>(bias_ptr);
+"""
+
 SETUP_BMM = r"""
   const int M = M_arg, N = N_arg, K = K_arg;
   const int z = blockIdx.z;  // batch entry; M*K etc. < 2^31 by workload validation
@@ -625,6 +638,61 @@ EPILOGUE_SWIGLU = (
             *reinterpret_cast<unsigned*>(C + row * NC + c) = pack_half2(y0, y1);
           }
         }
+  }
+}
+"""
+)
+
+# The bias + GELU epilogue's plain C++ part (variants gemm_bias_gelu_kn / _nk), after HELPERS:
+# GELU of the biased f32 accumulator in the form the gelu_tanh argument picks.
+HELPERS_BIAS_GELU = r"""
+namespace pt {
+PT_HD float gelu(float z, bool tanh_form) {
+  return tanh_form ? @GELU_TANH_EXPR@ : @GELU_ERF_EXPR@;
+}
+}  // namespace pt
+"""
+
+# Its device part, after DEVICE: one 16-bit @SHORT@ value (a bias element) to f32, exactly
+# (@H2F@: the memops family's conversion, workers/codegen/memops/cuda_text.py CONVERSIONS).
+DEVICE_BIAS = r"""
+namespace pt {
+__device__ __forceinline__ float widen_elem(unsigned short h) {
+@H2F@
+}
+}  // namespace pt
+"""
+
+# The epilogue of C = gelu(A @ B + bias) (variants gemm_bias_gelu_kn / _nk): EPILOGUE's
+# stores, each column pair's accumulators first offset by its two bias values (one 4-byte
+# load: N is a multiple of 8 and the column even) and passed through GELU in f32, so C is
+# rounded once, where the unfused GEMM and bias_gelu round the product and then the result.
+EPILOGUE_BIAS_GELU = (
+    EPILOGUE_ORIGIN
+    + _WARP_ORIGIN
+    + r"""    const bool tanh_form = gelu_tanh != 0;
+#pragma unroll
+    for (int j = 0; j < 2 * NT; ++j) {
+      int row0, col;
+      acc_position(lane, 0, row0, col);
+      col += bn0 + wn0 + j * 8;
+      if (col < N) {
+        const unsigned pair = *reinterpret_cast<const unsigned*>(bias + col);
+        const float b0 = widen_elem(static_cast<unsigned short>(pair & 0xFFFFu));
+        const float b1 = widen_elem(static_cast<unsigned short>(pair >> 16));
+#pragma unroll
+        for (int i = 0; i < MT; ++i)
+#pragma unroll
+          for (int h = 0; h < 2; ++h) {
+            const int row = row0 + 8 * h + bm0 + wm0 + i * 16;
+            if (row < M) {
+              const float y0 = gelu(acc[i][j][2 * h] + b0, tanh_form);
+              const float y1 = gelu(acc[i][j][2 * h + 1] + b1, tanh_form);
+              *reinterpret_cast<unsigned*>(C + row * N + col) = pack_half2(y0, y1);
+            }
+          }
+      }
+    }
   }
 }
 """

@@ -12,11 +12,15 @@ from pipetune.model.space import Schedule, knob_value_problems
 from pipetune.model.workloads import DTYPES, GRID_Z_LIMIT, AnyWorkload
 from pipetune.workers.codegen import cuda_text, pipeline
 from pipetune.workers.codegen.layout import TileGeometry, swizzle_period
+from pipetune.workers.codegen.memops.cuda_text import CONVERSIONS
 from pipetune.workers.codegen.variants import (
+    BIAS_GELU_VARIANTS,
+    GEMM_LOOP_VARIANTS,
     SCALAR_ARGS,
     SWIGLU_VARIANTS,
     b_is_kn,
     check_variant,
+    pointer_args,
     scalar_args,
     variant_of,
 )
@@ -46,6 +50,8 @@ _C_SCALARS: dict[str, tuple[str, ...]] = {
     "gemm_nk": ("M_arg", "N_arg", "K_arg"),
     "gemm_swiglu_kn": ("M_arg", "N_arg", "K_arg"),
     "gemm_swiglu_nk": ("M_arg", "N_arg", "K_arg"),
+    "gemm_bias_gelu_kn": ("M_arg", "N_arg", "K_arg", "gelu_tanh"),
+    "gemm_bias_gelu_nk": ("M_arg", "N_arg", "K_arg", "gelu_tanh"),
     "bmm": ("M_arg", "N_arg", "K_arg"),
 }
 assert all(len(_C_SCALARS[v]) == len(SCALAR_ARGS[v]) for v in SCALAR_ARGS)
@@ -73,12 +79,13 @@ def _header(variant: str, schedule: Schedule, g: TileGeometry, dtype: str) -> st
     args = ", ".join(SCALAR_ARGS[variant])
     element = cuda_text.ELEMENTS[dtype].c_type
     of_type = "" if dtype == "float16" else f", {dtype}"
+    bias = f"const {element}* bias, " if variant in BIAS_GELU_VARIANTS else ""
     return (
         f"// pipetune generated kernel: variant {variant}{of_type}, schedule {schedule.id}\n"
         f"// {knobs}\n"
         f"// block tile {g.bm}x{g.bn}x{g.bk}, {g.threads} threads, "
         f"{g.smem_bytes} B dynamic shared memory\n"
-        f"// params: (const {element}* A, const {element}* B, {element}* C, int {args})\n"
+        f"// params: (const {element}* A, const {element}* B, {element}* C, {bias}int {args})\n"
         f"// grid: {_GRID_TEXT[variant]}\n"
     )
 
@@ -90,6 +97,8 @@ _GRID_TEXT: dict[str, str] = {
     "gemm_nk": "(ceil(M/BM) * ceil(N/BN), 1, 1)",
     "gemm_swiglu_kn": "(ceil(M/BM) * ceil(N/BN), 1, 1)",
     "gemm_swiglu_nk": "(ceil(M/BM) * ceil(N/BN), 1, 1)",
+    "gemm_bias_gelu_kn": "(ceil(M/BM) * ceil(N/BN), 1, 1)",
+    "gemm_bias_gelu_nk": "(ceil(M/BM) * ceil(N/BN), 1, 1)",
     "bmm": "(ceil(M/BM) * ceil(N/BN), 1, batch)",
     "conv2d": "(ceil(batch*out_p*out_q/BM) * ceil(out_k/BN), 1, 1)",
     "conv3d": "(ceil(batch*out_o*out_p*out_q/BM) * ceil(out_k/BN), 1, 1)",
@@ -120,7 +129,9 @@ def _helpers(variant: str, g: TileGeometry) -> str:
 
 
 def _setup(variant: str) -> str:
-    if variant in ("gemm_kn", "gemm_nk", *SWIGLU_VARIANTS):
+    if variant in BIAS_GELU_VARIANTS:
+        return cuda_text.SETUP_GEMM + cuda_text.SETUP_BIAS
+    if variant in GEMM_LOOP_VARIANTS:
         return cuda_text.SETUP_GEMM
     if variant == "bmm":
         return cuda_text.SETUP_BMM
@@ -137,6 +148,20 @@ def _loaders(variant: str) -> str:
     return a + b
 
 
+def _fill(text: str, values: dict[str, str]) -> str:
+    for key, value in values.items():
+        text = text.replace(f"@{key}@", value)
+    return text
+
+
+def _epilogue(variant: str) -> str:
+    if variant in SWIGLU_VARIANTS:
+        return cuda_text.EPILOGUE_SWIGLU
+    if variant in BIAS_GELU_VARIANTS:
+        return cuda_text.EPILOGUE_BIAS_GELU
+    return cuda_text.EPILOGUE
+
+
 def source_parts(variant: str, schedule: Schedule, dtype: str = "float16") -> dict[str, str]:
     """The pieces of a kernel's source, in order: "header", "helpers" (constants and index
     math, plain C++ that a host compiler builds), "device" (PTX wrappers), "kernel", "end"
@@ -149,13 +174,21 @@ def source_parts(variant: str, schedule: Schedule, dtype: str = "float16") -> di
     g = TileGeometry.of(schedule)
     element = cuda_text.ELEMENTS[dtype]
     scalars = ", ".join(f"int {p}" for p in _C_SCALARS[variant])
+    if variant in BIAS_GELU_VARIANTS:  # the bias pointer between C and the scalars
+        scalars = f"const {element.c_type}* __restrict__ bias_ptr, {scalars}"
+    bias_gelu = variant in BIAS_GELU_VARIANTS
     head = element.fill(cuda_text.KERNEL_HEAD).replace("@THREADS@", str(g.threads))
     name = kernel_name(variant, schedule, dtype)
     head = head.replace("@NAME@", name).replace("@SCALARS@", scalars)
+    helpers = cuda_text.PREAMBLE + _helpers(variant, g)
+    device = element.fill(cuda_text.DEVICE)
+    if bias_gelu:
+        helpers += _fill(cuda_text.HELPERS_BIAS_GELU, cuda_text.GELU_FORMULAS)
+        device += element.fill(cuda_text.DEVICE_BIAS.replace("@H2F@", CONVERSIONS[dtype].h2f))
     return {
         "header": _header(variant, schedule, g, dtype),
-        "helpers": cuda_text.PREAMBLE + _helpers(variant, g),
-        "device": element.fill(cuda_text.DEVICE),
+        "helpers": helpers,
+        "device": device,
         "kernel": "".join(
             [
                 head,
@@ -164,7 +197,7 @@ def source_parts(variant: str, schedule: Schedule, dtype: str = "float16") -> di
                 _loaders(variant),
                 cuda_text.MAINLOOP_SETUP,
                 pipeline.mainloop(g),
-                cuda_text.EPILOGUE_SWIGLU if variant in SWIGLU_VARIANTS else cuda_text.EPILOGUE,
+                _epilogue(variant),
             ]
         ),
         "end": cuda_text.DEVICE_END,
@@ -223,16 +256,12 @@ def launch(
     return (tiles, 1, view.batch), scalar_args(workload)
 
 
-# The kernel's pointer parameters, in order, before the int32 scalars of SCALAR_ARGS.
-POINTER_ARGS: tuple[str, ...] = ("A", "B", "C")
-
-
 def launch_config(kernel: KernelSource, workload: AnyWorkload) -> KernelLaunch:
     """The launch of ``kernel`` on ``workload``: the one description that the cupy runner
     times and that `pipetune.kernel` and `pipetune export` hand to users. Parameters in
-    ``arguments`` order: the pointers A, B, C of the workload's dtype (row-major, 16-byte
-    aligned), then the
-    int32 scalars of SCALAR_ARGS; block = (threads, 1, 1)."""
+    ``arguments`` order: the pointers A, B, C (and a bias variant's bias) of the workload's
+    dtype (row-major, 16-byte aligned), then the int32 scalars of SCALAR_ARGS; block =
+    (threads, 1, 1)."""
     grid, scalars = launch(kernel, workload)
     names = SCALAR_ARGS[kernel.variant]
     return KernelLaunch(
@@ -240,7 +269,7 @@ def launch_config(kernel: KernelSource, workload: AnyWorkload) -> KernelLaunch:
         grid=grid,
         block=(kernel.threads, 1, 1),
         smem_bytes=kernel.smem_bytes,
-        arguments=(*POINTER_ARGS, *names),
+        arguments=(*pointer_args(kernel.variant), *names),
         scalars=dict(zip(names, scalars, strict=True)),
     )
 
@@ -262,17 +291,19 @@ def launch_plan(
     kernel: KernelSource, workload: AnyWorkload, sm_count: int = 1, blocks_per_sm: int = 1
 ) -> LaunchPlan:
     """The run of ``kernel`` on ``workload`` as the runners take every family's: one launch
-    (``launch_config``'s) over the inputs A and B and the output C (of the workload's
-    dtype), shaped as the
+    (``launch_config``'s) over the inputs A and B (and a bias variant's bias of N elements)
+    and the output C (of the workload's dtype), shaped as the
     kernels take them. The grid covers the output tiles whatever the occupancy
     (``sm_count`` and ``blocks_per_sm`` are the plan interface's; a GEMM ignores them)."""
     from pipetune.workers.runners.reference import operand_shapes
 
     a, b, c = operand_shapes(workload)
+    bias = (Buffer("bias", (c[-1],), workload.dtype, "input"),)
     return LaunchPlan(
         buffers=(
             Buffer("A", a, workload.dtype, "input"),
             Buffer("B", b, workload.dtype, "input"),
+            *(bias if kernel.variant in BIAS_GELU_VARIANTS else ()),
             Buffer("C", c, workload.dtype, "output"),
         ),
         launches=(launch_config(kernel, workload),),

@@ -1,13 +1,19 @@
 """Kernel variants: which workloads map to which kernel, and the launch arguments of each.
 
-Every variant's kernel takes ``(const __half* A, const __half* B, __half* C, int...)``; the
-int32 scalars follow in the order of :data:`SCALAR_ARGS`:
+Every variant's kernel takes ``(const __half* A, const __half* B, __half* C, int...)`` (the
+bias variants a bias pointer after C); the int32 scalars follow in the order of
+:data:`SCALAR_ARGS`:
 
 - ``gemm_kn``: C[M,N] = A[M,K] @ B[K,N], all row-major. Scalars ``(M, N, K)``.
 - ``gemm_nk``: C[M,N] = A[M,K] @ B[N,K]^T (B row-major N×K). Scalars ``(M, N, K)``.
 - ``gemm_swiglu_kn`` / ``gemm_swiglu_nk``: the GEMM of ``gemm_kn`` / ``gemm_nk`` over B's
   2n interleaved gate and up columns, C[M, N/2] = silu(gate) · up in the epilogue
   (model/workloads.py GemmSwiglu). Scalars ``(M, N, K)`` with N = 2n, the GEMM's.
+- ``gemm_bias_gelu_kn`` / ``gemm_bias_gelu_nk``: the GEMM of ``gemm_kn`` / ``gemm_nk`` with
+  C = gelu(A @ B + bias) in the epilogue (model/workloads.py GemmBiasGelu). A fourth pointer,
+  ``bias`` (N elements), follows C (``pointer_args``); scalars ``(M, N, K, gelu_tanh)``, the
+  last 1 for GELU's tanh form and 0 for erf's (an argument, not a constant of the source, so
+  one cubin serves both forms).
 - ``bmm``: per batch z (grid z), C_z = A_z @ B_z with A, B, C packed contiguously
   (element strides M·K, K·N, M·N between batch entries). Scalars ``(M, N, K)``.
 - ``conv2d``: A = input NHWC, B = filter KRSC, C = output NPQK (row-major
@@ -31,14 +37,33 @@ The grid is ``(tiles_m · tiles_n, 1, batch)``: the M and N tiles are flattened 
 
 from __future__ import annotations
 
-from pipetune.model.workloads import AnyWorkload, Bmm, Conv2d, Conv3d, Gemm, GemmSwiglu
+from pipetune.model.workloads import (
+    AnyWorkload,
+    Bmm,
+    Conv2d,
+    Conv3d,
+    Gemm,
+    GemmBiasGelu,
+    GemmSwiglu,
+)
 from pipetune.workers.codegen.layout import fast_divmod_params
 
 VARIANTS: tuple[str, ...] = (
-    "gemm_kn", "gemm_nk", "gemm_swiglu_kn", "gemm_swiglu_nk", "bmm", "conv2d", "conv3d"
+    "gemm_kn", "gemm_nk", "gemm_swiglu_kn", "gemm_swiglu_nk", "gemm_bias_gelu_kn",
+    "gemm_bias_gelu_nk", "bmm", "conv2d", "conv3d"
 )  # fmt: skip
 # The variants whose epilogue gates interleaved gate and up columns (C is N/2 wide).
 SWIGLU_VARIANTS: tuple[str, ...] = ("gemm_swiglu_kn", "gemm_swiglu_nk")
+# The variants whose epilogue adds a bias of N elements and applies GELU.
+BIAS_GELU_VARIANTS: tuple[str, ...] = ("gemm_bias_gelu_kn", "gemm_bias_gelu_nk")
+# Every variant of a plain (unbatched, unconvolved) GEMM's loop, whatever its epilogue.
+GEMM_LOOP_VARIANTS: tuple[str, ...] = ("gemm_kn", "gemm_nk", *SWIGLU_VARIANTS, *BIAS_GELU_VARIANTS)
+
+
+def pointer_args(variant: str) -> tuple[str, ...]:
+    """A variant's pointer parameters, in order, before its int32 scalars."""
+    return ("A", "B", "C", "bias") if variant in BIAS_GELU_VARIANTS else ("A", "B", "C")
+
 
 # The shape scalars of each variant, in order.
 SHAPE_ARGS: dict[str, tuple[str, ...]] = {
@@ -46,6 +71,8 @@ SHAPE_ARGS: dict[str, tuple[str, ...]] = {
     "gemm_nk": ("M", "N", "K"),
     "gemm_swiglu_kn": ("M", "N", "K"),
     "gemm_swiglu_nk": ("M", "N", "K"),
+    "gemm_bias_gelu_kn": ("M", "N", "K"),
+    "gemm_bias_gelu_nk": ("M", "N", "K"),
     "bmm": ("M", "N", "K"),
     # The kernel's own parameter names (workers/codegen/cuda_text.py's ConvShape): the launch
     # document names each argument so, and the output buffer is C, not the channel count.
@@ -69,8 +96,12 @@ def divisor_args(variant: str) -> tuple[str, ...]:
     return tuple(f"{d}_{part}" for d in CONV_DIVISORS.get(variant, {}) for part in ("mul", "shift"))
 
 
+# Scalars after the shape's that choose what an epilogue computes: GELU's form (1 tanh, 0 erf).
+EPILOGUE_ARGS: dict[str, tuple[str, ...]] = {v: ("gelu_tanh",) for v in BIAS_GELU_VARIANTS}
+
 SCALAR_ARGS: dict[str, tuple[str, ...]] = {
-    variant: names + divisor_args(variant) for variant, names in SHAPE_ARGS.items()
+    variant: names + divisor_args(variant) + EPILOGUE_ARGS.get(variant, ())
+    for variant, names in SHAPE_ARGS.items()
 }
 
 
@@ -80,6 +111,8 @@ def variant_of(workload: AnyWorkload) -> str:
         return "gemm_kn" if workload.b_layout == "kn" else "gemm_nk"
     if isinstance(workload, GemmSwiglu):
         return "gemm_swiglu_kn" if workload.b_layout == "kn" else "gemm_swiglu_nk"
+    if isinstance(workload, GemmBiasGelu):
+        return "gemm_bias_gelu_kn" if workload.b_layout == "kn" else "gemm_bias_gelu_nk"
     if isinstance(workload, Bmm):
         return "bmm"
     if isinstance(workload, Conv2d):
@@ -91,7 +124,7 @@ def variant_of(workload: AnyWorkload) -> str:
 
 def b_is_kn(variant: str) -> bool:
     """Whether the variant's B operand is stored K×N (else N×K, as a conv filter is)."""
-    return variant in ("gemm_kn", "gemm_swiglu_kn", "bmm")
+    return variant in ("gemm_kn", "gemm_swiglu_kn", "gemm_bias_gelu_kn", "bmm")
 
 
 def check_variant(variant: str) -> str:
@@ -101,11 +134,13 @@ def check_variant(variant: str) -> str:
 
 
 def scalar_args(workload: AnyWorkload) -> tuple[int, ...]:
-    """The int32 kernel arguments after the three pointers, in SCALAR_ARGS order."""
+    """The int32 kernel arguments after the pointers, in SCALAR_ARGS order."""
     if isinstance(workload, Gemm | Bmm):
         return (workload.m, workload.n, workload.k)
     if isinstance(workload, GemmSwiglu):
         return (workload.m, 2 * workload.n, workload.k)  # the GEMM's N: both projections
+    if isinstance(workload, GemmBiasGelu):
+        return (workload.m, workload.n, workload.k, int(workload.approximate == "tanh"))
     w = workload
     if isinstance(w, Conv2d):
         p, q = w.out_hw

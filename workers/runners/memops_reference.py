@@ -66,7 +66,7 @@ import numpy as np
 
 from pipetune.model.memops.workloads import MemWorkload, NormWorkload, op_key
 from pipetune.workers.runners.elements import UNIT_ROUNDOFF, narrow, widen
-from pipetune.workers.runners.reference import check, silu
+from pipetune.workers.runners.reference import check, gelu, silu
 
 U32 = 2.0**-24
 FLOOR = 2.0**-14
@@ -133,16 +133,6 @@ def make_inputs(workload: MemWorkload, seed: int) -> dict[str, np.ndarray]:
     return inputs
 
 
-def _erf(xp: Any, z: Any) -> Any:
-    if xp is np:
-        from scipy.special import erf
-
-        return erf(z).astype(np.float32)
-    from cupyx.scipy.special import erf  # CuPy's, on the device
-
-    return erf(z)
-
-
 def _chunk_rows(workload: MemWorkload) -> int:
     return max(1, ROW_CHUNK_ELEMENTS // workload.cols)
 
@@ -204,11 +194,7 @@ def reference(xp: Any, workload: MemWorkload, inputs: dict[str, Any]) -> tuple[A
             tol[rows] = 2 * unit * xp.abs(r) + 16 * U32 * (xp.abs(gate) + 1) * xp.abs(up) + FLOOR
         else:  # bias_gelu
             z = x + widen(xp, inputs["bias"])
-            if workload.approximate == "tanh":
-                inner = f32(0.7978845608028654) * (z + f32(0.044715) * z * z * z)
-                r = 0.5 * z * (1 + xp.tanh(inner))
-            else:
-                r = 0.5 * z * (1 + _erf(xp, z * f32(0.7071067811865476)))
+            r = gelu(xp, z, workload.approximate)
             ref[rows] = r
             tol[rows] = 2 * unit * xp.abs(r) + accumulation * (xp.abs(z) + 1) + FLOOR
     return ref, tol

@@ -67,6 +67,7 @@ from pipetune.model.workloads import (
     Conv2d,
     Conv3d,
     Gemm,
+    GemmBiasGelu,
     GemmSwiglu,
 )
 from pipetune.workers.runners.elements import UNIT_ROUNDOFF, narrow, widen
@@ -96,7 +97,7 @@ def exact_depth(k: int) -> bool:
 def operand_shapes(workload: AnyWorkload) -> tuple[tuple[int, ...], ...]:
     """Shapes of A, B and C as the kernels take them (row-major)."""
     w = workload
-    if isinstance(w, Gemm):
+    if isinstance(w, Gemm | GemmBiasGelu):  # the bias: N elements (bias_shape)
         b = (w.k, w.n) if w.b_layout == "kn" else (w.n, w.k)
         return (w.m, w.k), b, (w.m, w.n)
     if isinstance(w, GemmSwiglu):  # B holds both projections, interleaved
@@ -150,7 +151,7 @@ def _gemm_chunks(xp: Any, workload: AnyWorkload, a: Any, b: Any):
     """(row slice of C viewed as (rows, N), A chunk (rows, K) fp32, B (K, N) fp32), each
     widened from the inputs as stored (float16, or bfloat16's bits) one chunk at a time."""
     w = workload
-    if isinstance(w, Gemm | GemmSwiglu):
+    if isinstance(w, Gemm | GemmSwiglu | GemmBiasGelu):
         b2 = widen(xp, b) if w.b_layout == "kn" else widen(xp, b).T
         rows = max(1, CHUNK_ELEMENTS // w.k)
         for start in range(0, w.m, rows):
@@ -185,9 +186,14 @@ def tolerance(xp: Any, product: Any, magnitude: Any | None, k: int, unit: float 
     return 2 * unit * xp.abs(product) + accumulation * magnitude + FLOOR
 
 
-def reference(xp: Any, workload: AnyWorkload, a: Any, b: Any) -> tuple[Any, Any]:
+def reference(
+    xp: Any, workload: AnyWorkload, a: Any, b: Any, bias: Any | None = None
+) -> tuple[Any, Any]:
     """(ref, tol): the fp32 reference and the per-element tolerance, both shaped like C.
-    ``a`` and ``b`` as make_inputs stores them (bfloat16 as its bits), or already float32."""
+    ``a`` and ``b`` (and a GemmBiasGelu's ``bias``) as make_inputs and make_bias store them
+    (bfloat16 as its bits), or already float32."""
+    if isinstance(workload, GemmBiasGelu) and bias is None:
+        raise ValueError(f"{workload.label()} needs its bias")
     view = workload.gemm_view()
     unit = UNIT_ROUNDOFF[workload.dtype]
     rows_total = view.batch * view.m
@@ -200,6 +206,11 @@ def reference(xp: Any, workload: AnyWorkload, a: Any, b: Any) -> tuple[Any, Any]
         magnitude = None if exact_depth(view.k) else xp.matmul(xp.abs(a2), xp.abs(b2))
         if isinstance(workload, GemmSwiglu):
             ref[rows], tol[rows] = swiglu_reference(xp, product, magnitude, view.k, unit)
+            continue
+        if isinstance(workload, GemmBiasGelu):
+            ref[rows], tol[rows] = bias_gelu_reference(
+                xp, product, magnitude, widen(xp, bias), workload.approximate, view.k, unit
+            )
             continue
         ref[rows] = product
         tol[rows] = tolerance(xp, product, magnitude, view.k, unit)
@@ -240,6 +251,60 @@ def swiglu_reference(
     if magnitude is not None and not exact_depth(k):
         e_g, e_u = split_gate_up(xp, ACCUMULATION_MARGIN * math.sqrt(k) * U32 * magnitude)
         tol = tol + 1.1 * xp.abs(u) * e_g + xp.abs(gated) * e_u
+    return ref, tol
+
+
+# GELU's largest slope, max |d gelu / dz| over z (erf form 1.1289 at z = 1.4142, tanh form
+# 1.1297 at z = 1.4335): how much of the GEMM's accumulation error reaches its output.
+GELU_SLOPE = 1.13
+# What f32 GELU's own evaluation may err by, as a share of |z| (erff's and tanhf's few ulps,
+# scaled by 0.5·|z|, and the tanh form's cube): a small multiple of f32's unit roundoff.
+GELU_F32_ERROR = 2.0**-20
+
+
+def gelu(xp: Any, z: Any, approximate: str) -> Any:
+    """GELU of a float32 array in float32, as torch.nn.functional.gelu(z, approximate=...)
+    defines it: erf's form ("none") or tanh's. Every family's reference uses this one."""
+    f32 = xp.float32
+    if approximate == "tanh":
+        inner = f32(0.7978845608028654) * (z + f32(0.044715) * z * z * z)
+        return 0.5 * z * (1 + xp.tanh(inner))
+    return 0.5 * z * (1 + _erf(xp, z * f32(0.7071067811865476)))
+
+
+def _erf(xp: Any, z: Any) -> Any:
+    if xp is np:
+        from scipy.special import erf
+
+        return erf(z).astype(np.float32)
+    from cupyx.scipy.special import erf  # CuPy's, on the device
+
+    return erf(z)
+
+
+def bias_gelu_reference(
+    xp: Any,
+    product: Any,
+    magnitude: Any | None,
+    bias: Any,
+    approximate: str,
+    k: int,
+    unit: float = U16,
+) -> tuple[Any, Any]:
+    """(ref, tol) of C = gelu(A·B + bias) from the fp32 product and the bias in f32.
+
+    The kernel adds the bias to its own f32 accumulators (error e, the tolerance's second
+    term; 0 on a deep reduction's integer inputs) and rounds GELU's f32 value once, so
+
+        |y - ref| <= 2·u16·|ref| + 1.13·e + 2^-20·|z| + 2^-14
+
+    with z = A·B + bias (1.13: GELU_SLOPE; 2^-20·|z|: GELU_F32_ERROR; ``unit`` in place of
+    u16 for bfloat16)."""
+    z = product + bias[None, :]
+    ref = gelu(xp, z, approximate)
+    tol = 2 * unit * xp.abs(ref) + GELU_F32_ERROR * xp.abs(z) + FLOOR
+    if magnitude is not None and not exact_depth(k):
+        tol = tol + GELU_SLOPE * ACCUMULATION_MARGIN * math.sqrt(k) * U32 * magnitude
     return ref, tol
 
 
@@ -286,9 +351,24 @@ def check(xp: Any, c: Any, ref: Any, tol: Any) -> tuple[bool, float | None, str 
 CONV_REFERENCES = ("cublas", "cudnn")
 
 
+def make_bias(workload: GemmBiasGelu, seed: int) -> np.ndarray:
+    """A GemmBiasGelu's bias in its dtype, from a stream of its own (A's and B's draws stay
+    those of the plain GEMM with this seed): uniform in [-1, 1), or integers in {-1, 0, 1}
+    where A and B are (exact_depth)."""
+    rng = np.random.default_rng([seed, 1])
+    if exact_depth(workload.k):
+        bias32 = rng.integers(-1, 2, workload.n, dtype=np.int8).astype(np.float32)
+    else:
+        bias32 = rng.random(workload.n, dtype=np.float32) * 2 - 1
+    return narrow(np, bias32, workload.dtype)
+
+
 def input_buffers(workload: AnyWorkload, seed: int) -> dict[str, np.ndarray]:
-    """The inputs by the launch plan's buffer names (A, B): make_inputs's arrays."""
+    """The inputs by the launch plan's buffer names (A, B; and a GemmBiasGelu's bias):
+    make_inputs's arrays, and make_bias's."""
     a, b = make_inputs(workload, seed)
+    if isinstance(workload, GemmBiasGelu):
+        return {"A": a, "B": b, "bias": make_bias(workload, seed)}
     return {"A": a, "B": b}
 
 
@@ -298,9 +378,17 @@ SWIGLU_TOLERANCE_TEXT = (
 )
 
 
+BIAS_GELU_TOLERANCE_TEXT = (
+    "|C-ref| <= 2*2^-11*|ref| + 1.13*8*sqrt(K)*2^-24*(|A|@|B|) + 2^-20*|A@B+bias| + 2^-14 "
+    "(the accumulation term 0 on integer inputs); fp32 reference"
+)
+
+
 def tolerance_text(workload: AnyWorkload) -> str:
     if isinstance(workload, GemmSwiglu):
         text = SWIGLU_TOLERANCE_TEXT
+    elif isinstance(workload, GemmBiasGelu):
+        text = BIAS_GELU_TOLERANCE_TEXT
     else:
         text = EXACT_TOLERANCE_TEXT if exact_depth(workload.gemm_view().k) else TOLERANCE_TEXT
     # The rounding term's unit roundoff is the output type's (every text writes fp16's).
@@ -364,5 +452,5 @@ def compute_reference(
             return ref, tol, method, None
         except Exception as exc:  # no PyTorch or no cuDNN here: the cuBLAS reference stands in
             why = f"cuDNN reference unavailable ({type(exc).__name__}: {exc})"
-    ref, tol = reference(xp, workload, a, b)
+    ref, tol = reference(xp, workload, a, b, inputs.get("bias"))
     return ref, tol, reference_method(workload, "cublas"), why

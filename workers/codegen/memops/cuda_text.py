@@ -304,9 +304,9 @@ PT_HD float silu(float z) { return z / (1.f + expf(-z)); }
 
 PT_HD float gelu(float z) {
   if constexpr (GELU_TANH) {
-    return 0.5f * z * (1.f + tanhf(0.7978845608028654f * (z + 0.044715f * z * z * z)));
+    return @GELU_TANH_EXPR@;
   } else {
-    return 0.5f * z * (1.f + erff(z * 0.7071067811865476f));
+    return @GELU_ERF_EXPR@;
   }
 }
 

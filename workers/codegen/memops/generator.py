@@ -34,7 +34,7 @@ from pipetune.model.memops.workloads import (
     op_key,
 )
 from pipetune.model.space import ScheduleError
-from pipetune.workers.codegen.cuda_text import name_suffix, typed_key
+from pipetune.workers.codegen.cuda_text import GELU_FORMULAS, name_suffix, typed_key
 from pipetune.workers.codegen.memops import cuda_text as t
 from pipetune.workers.launch_plan import Buffer, KernelLaunch, LaunchPlan
 
@@ -153,7 +153,7 @@ def _helpers(workload: MemWorkload, s: MemSchedule, reg_vecs: int) -> str:
         "REG_VECS": reg_vecs,
         "BATCH": LOAD_BATCH,
     }  # fmt: skip
-    return _fill(t.HELPERS, values)
+    return _fill(t.HELPERS, {**values, **GELU_FORMULAS})
 
 
 def _transform(workload: MemWorkload) -> str:

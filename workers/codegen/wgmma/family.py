@@ -28,11 +28,10 @@ from pipetune.model.hopper.space import (
     HopperSchedule,
 )
 from pipetune.model.hopper.workloads import HopperWorkload
-from pipetune.workers.codegen import generator as gemm_generator
 from pipetune.workers.codegen.cover import compile_sample, stratified_sample
 from pipetune.workers.codegen.cuda_text import typed_key
 from pipetune.workers.codegen.generator import KernelSource
-from pipetune.workers.codegen.variants import SCALAR_ARGS, variant_of
+from pipetune.workers.codegen.variants import SCALAR_ARGS, pointer_args, variant_of
 from pipetune.workers.codegen.wgmma.config import (
     BK,
     WgmmaConfig,
@@ -191,7 +190,7 @@ def launch_plan(
         grid=grid,
         block=(kernel.threads, 1, 1),
         smem_bytes=kernel.smem_bytes,
-        arguments=(*gemm_generator.POINTER_ARGS, *names, *trailing),
+        arguments=(*pointer_args(kernel.variant), *names, *trailing),
         scalars=dict(zip(names, scalars, strict=True)),
         trailing=tuple(trailing),
     )
