@@ -114,10 +114,12 @@ def _reason(error: dict[str, Any]) -> str:
 
 def _item(error: dict[str, Any]) -> ErrorItem:
     ops = all_ops()  # every family's: the workload union puts the op tag in the location
-    loc: list[str | int] = [
-        p for p in error.get("loc", ()) if not (isinstance(p, str) and p in ops)
-    ]
     kind = str(error.get("type", "value_error"))
+    raw = list(error.get("loc", ()))
+    # The tag is never the last part of an extra key's location: that is the key the caller
+    # sent, whatever its name ("gemm" where "workload" belongs), and the reason is about it.
+    key = [raw.pop()] if kind == "extra_forbidden" and raw else []
+    loc: list[str | int] = [p for p in raw if not (isinstance(p, str) and p in ops)] + key
     reason = _reason(error)
     cause = (error.get("ctx") or {}).get("error")
     if isinstance(cause, WorkloadError | FieldError):

@@ -39,6 +39,9 @@ BAD_WORKLOADS = [
     ({**GEMM, "m": 1.5}, "m", "valid integer"),
     ({**GEMM, "dtype": "float32"}, "dtype", "float16"),
     ({**GEMM, "alpha": 2}, "alpha", "Extra inputs are not permitted"),
+    # An extra key named like an operator is still the key the error names (it was dropped
+    # with the union's tag, and the 422 named no field).
+    ({**GEMM, "bmm": 1}, "bmm", "Extra inputs are not permitted"),
     (
         {"op": "conv2d", "n": 1, "h": 8, "w": 8, "c": 8, "k": 8, "r": 3, "s": 3, "pad": 3},
         "pad",
@@ -106,6 +109,8 @@ def test_misaligned_k_points_at_k(client):
         ({"batch_size": 0}, "batch_size", "greater than or equal to 1"),
         ({"batch_size": 65}, "batch_size", "less than or equal to 64"),
         ({"urgency": 1}, "urgency", "Extra inputs"),
+        ({"gemm": {"m": 64}}, "gemm", "Extra inputs"),
+        ({"softmax": 1}, "softmax", "Extra inputs"),
         ({"priority": 0}, "priority", "greater than or equal to 1"),
         ({"priority": 11}, "priority", "less than or equal to 10"),
     ],
