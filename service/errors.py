@@ -5,6 +5,7 @@ the SDK retry, not a 500."""
 
 from __future__ import annotations
 
+import json
 import logging
 import math
 from typing import Any
@@ -130,23 +131,42 @@ def _item(error: dict[str, Any]) -> ErrorItem:
     elif kind in ("union_tag_invalid", "union_tag_not_found"):
         loc = [*loc, "op"]
         known = ", ".join(ops)
-        tag = (error.get("ctx") or {}).get("tag")
-        reason = f"unknown operator {tag!r}; known: {known}" if tag else f"missing; one of: {known}"
+        sent = error.get("input")
+        if kind == "union_tag_invalid" and isinstance(sent, dict) and "op" in sent:
+            # The value as the caller sent it (pydantic's tag is its str(): null read 'None').
+            reason = f"unknown operator {_json_text(sent['op'])}; known: {known}"
+        else:
+            reason = f"missing; one of: {known}"
     elif kind == "json_invalid":
         loc = ["body"]
     if "input" in error and kind not in ("missing", "json_invalid", "extra_forbidden"):
         value = error["input"]
-        shown = _cut(repr(value), SHOWN_CHARS)
+        shown = _cut(_json_text(value), SHOWN_CHARS)
         # pydantic's own messages never show the input ("greater than 0" for an eps of 0):
-        # always said; the project's reasons usually do ("..., got 100"): said where not.
-        ours = isinstance(cause, WorkloadError | FieldError)
+        # always said; the project's reasons usually do ("..., got 100", in Python's words
+        # or JSON's): said where not.
+        said = (f"got {shown}", f"got {_cut(repr(value), SHOWN_CHARS)}")
         scalar = isinstance(value, int | float | str | bool) or value is None
-        if scalar and not (ours and shown in reason):
+        if scalar and not any(text in reason for text in said):
             reason = f"{reason} (got {shown})"
     reason = _cut(reason, REASON_CHARS)
     names = [p for p in loc if isinstance(p, str) and p not in ("body", "query", "path")]
     field = names[-1] if names else "body"
     return ErrorItem(loc=loc, field=field, reason=reason, type=kind)
+
+
+def _json_text(value: Any) -> str:
+    """A value as the caller wrote it in JSON (null, true, 5, "abc", NaN), not as Python
+    prints it (None, True, '5')."""
+    try:
+        text = json.dumps(value, ensure_ascii=False)
+    except (TypeError, ValueError):  # not JSON's (a query string's bytes): Python's words
+        return repr(value)
+    try:
+        text.encode()
+    except UnicodeEncodeError:  # a lone surrogate cannot be sent back as itself: escaped
+        return json.dumps(value)
+    return text
 
 
 def _cut(text: str, limit: int) -> str:

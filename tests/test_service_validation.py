@@ -485,6 +485,24 @@ def test_a_path_id_is_its_digits_alone(client):
         assert client.get(route.format(task["id"])).status_code == 200
 
 
+@pytest.mark.parametrize(
+    ("workload", "field", "shown"),
+    [
+        ({"op": None, "m": 1, "n": 64, "k": 64}, "op", "unknown operator null;"),
+        ({"op": 5, "m": 1, "n": 64, "k": 64}, "op", "unknown operator 5;"),
+        ({"op": "transpose", "m": 1}, "op", 'unknown operator "transpose";'),
+        ({"op": "gemm", "m": True, "n": 64, "k": 64}, "m", "(got true)"),
+        ({"op": "gemm", "m": "64", "n": 64, "k": 64}, "m", '(got "64")'),
+        ({"op": "gemm", "m": None, "n": 64, "k": 64}, "m", "(got null)"),
+    ],
+)
+def test_a_422_shows_the_value_as_json_wrote_it(client, workload, field, shown):
+    """A JSON client sent null, true, 5 or "64": the reason says so, not Python's None, True,
+    '5' or '64' (an operator of 5 read as the string '5')."""
+    body = {"workload": workload, "gpu": "h100", "budget": 10}
+    _assert_422(client.post("/v1/tasks", json=body), field, shown)
+
+
 def test_a_count_in_a_query_is_written_as_one(client):
     """?limit=1.0 and ?limit=%201 were read as 1 (pydantic's lax integers), where a body
     refuses such values; -1 stays a value where a parameter allows it."""
@@ -501,7 +519,9 @@ def test_a_count_in_a_query_is_written_as_one(client):
     ):
         response = client.get(url)
         assert response.status_code == 422, (url, response.text)
-        assert "a whole number written in digits" in response.json()["reason"], url
+        reason = response.json()["reason"]
+        assert "a whole number written in digits" in reason, url
+        assert reason.count("got ") == 1, reason  # the value once, not again as "(got ...)"
     assert client.get(f"/v1/tasks/{task['id']}/trials?after=-1&limit=5").status_code == 200
     assert client.get("/v1/tasks?limit=1&offset=0").status_code == 200
 
