@@ -214,8 +214,12 @@ def test_the_campaigns_correctness_phase_checks_bfloat16_kernels_as_a_kind_of_th
     from pipetune.workers.campaign.correctness import PER_CASE, kind_of, selection
 
     chosen = [(w, s) for _, w, s in selection(H100, ["tensor_gemm"]) if w.dtype == "bfloat16"]
-    assert {w.op for w, _ in chosen} == {"gemm", "gemm_swiglu"}
+    assert {w.op for w, _ in chosen} == {"gemm", "gemm_swiglu", "gemm_bias_gelu"}
     assert all(len(s) == PER_CASE for _, s in chosen)
     # Counted (and quarantined) apart from the float16 kernels the sweeps time.
-    assert [kind_of(w) for w, _ in chosen] == ["gemm_kn.bfloat16", "gemm_swiglu_nk.bfloat16"]
+    assert [kind_of(w) for w, _ in chosen] == [
+        "gemm_kn.bfloat16",
+        "gemm_swiglu_nk.bfloat16",
+        "gemm_bias_gelu_kn.bfloat16",
+    ]
     assert kind_of(gemm(64, 64, 64)) == "gemm_kn"
