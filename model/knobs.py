@@ -25,6 +25,7 @@ import numpy as np
 
 from pipetune.model.errors import PipetuneError
 from pipetune.model.hardware import GPUSpec
+from pipetune.model.plain_numbers import plain_integer
 
 
 class ScheduleError(PipetuneError, ValueError):
@@ -146,7 +147,9 @@ class KnobSchedule:
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> Any:
         """A schedule from a knob dict (ScheduleError names a bad or missing knob)."""
-        return cls(**check_knob_dict(cls.declaration, data, ScheduleError))
+        # A NumPy integer (a value read from a knob array) is the int it holds.
+        plain_data = {name: plain_integer(value) for name, value in data.items()}
+        return cls(**check_knob_dict(cls.declaration, plain_data, ScheduleError))
 
     def as_dict(self) -> dict[str, int]:
         # Not dataclasses.asdict, which deep-copies field by field (18 µs against 1 µs for a

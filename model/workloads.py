@@ -31,6 +31,7 @@ from pydantic import (
 )
 
 from pipetune.model.errors import PipetuneError
+from pipetune.model.plain_numbers import PLAIN_INTEGER
 
 INDEX_LIMIT = 2**31 - 1  # int32 element indexing in the generated kernels
 DIM_LIMIT = 1 << 24  # no single dimension of a real operator comes near this
@@ -40,9 +41,10 @@ ALIGN_ELEMENTS = 8  # 16-byte cp.async of float16
 # same number the validation refuses a batch with.
 GRID_Z_LIMIT = 65535
 
-Dim = Annotated[int, Field(strict=True, ge=1, le=DIM_LIMIT)]
-SmallDim = Annotated[int, Field(strict=True, ge=1, le=64)]
-Pad = Annotated[int, Field(strict=True, ge=0, le=64)]
+# Strict (a "64" or a 64.0 is a mistake), but a NumPy integer is the int it holds.
+Dim = Annotated[int, PLAIN_INTEGER, Field(strict=True, ge=1, le=DIM_LIMIT)]
+SmallDim = Annotated[int, PLAIN_INTEGER, Field(strict=True, ge=1, le=64)]
+Pad = Annotated[int, PLAIN_INTEGER, Field(strict=True, ge=0, le=64)]
 # The tensor-core family's element types: 16-bit storage, fp32 accumulation (mma.sync takes
 # both from sm_80). A workload names its type, and one of another type is another workload
 # (its hash differs; float16's documents are unchanged: the field was always there).

@@ -165,3 +165,65 @@ def test_db_that_is_not_a_sqlite_file_is_an_argument_error(not_databases):
                 call(db)
             assert isinstance(info.value, ValueError)
             assert info.value.argument == "db"
+
+
+# ---- NumPy numbers, where a caller computed a size or a budget with NumPy ---------------
+
+
+def test_numpy_integers_are_the_numbers_they_hold():
+    """np.int64 sizes, knob values and budgets were refused with "Input should be a valid
+    integer (got np.int64(4096))", and reached the SDK's JSON encoder as a TypeError; a bool,
+    a string or a float stays refused."""
+    np = pytest.importorskip("numpy")
+    assert pipetune.Gemm(m=np.int64(1024), n=np.int32(64), k=2048) == pipetune.Gemm(
+        m=1024, n=64, k=2048
+    )
+    assert pipetune.Softmax(rows=np.int64(8), cols=np.uint16(64)).rows == 8
+    knobs = {"block_row_warps": 2, "block_col_warps": 2, "warp_row_tiles": 2,
+             "warp_col_tiles": 2, "chunk": 2, "smem_stages": 3, "reg_stages": 2}  # fmt: skip
+    plain = pipetune.kernel(FC, "h100", schedule=knobs)
+    numpy_made = pipetune.kernel(
+        {k: np.int64(v) if k != "op" else v for k, v in FC.items()},
+        "h100",
+        schedule={k: np.int64(v) for k, v in knobs.items()},
+    )
+    assert numpy_made.source == plain.source and numpy_made.launch == plain.launch
+    for bad in (True, "64", 64.0):
+        with pytest.raises(pipetune.PipetuneError, match=r"^m: "):
+            pipetune.best_schedule({**FC, "m": bad}, "h100")
+    client, recorder = _client({"detail": "stop here"})
+    with pytest.raises(pipetune.PipetuneError):  # the stand-in's answer is no schedule
+        client.best_schedule({**FC, "m": np.int64(1024)}, "h100")
+    sent = recorder.requests[0].read()
+    assert b'"m":1024' in sent.replace(b" ", b"")
+
+
+def test_schedule_and_tune_takes_its_options_as_a_dict():
+    """It took only a TuneOptions (which pipetune does not export): a dict was an
+    AttributeError from inside; a bad option is named before any request."""
+    client, recorder = _client({"detail": "stop here"})
+    with pytest.raises(pipetune.PipetuneError):
+        client.schedule_and_tune(FC, "h100", {"budget": 4, "strategy": "random"})
+    (request,) = recorder.requests
+    assert b'"tune":{"budget":4,"strategy":"random"' in request.read().replace(b" ", b"")
+    client, recorder = _client()
+    with pytest.raises(InvalidArgumentError) as info:
+        client.schedule_and_tune(FC, "h100", {"budget": 0})
+    assert info.value.argument == "budget" and recorder.requests == []
+    with pytest.raises(TypeError, match=r"^tune: must be a dict") as refused:
+        client.schedule_and_tune(FC, "h100", [("budget", 4)])
+    assert isinstance(refused.value, pipetune.PipetuneError)
+
+
+def test_db_naming_a_file_that_is_not_there_is_an_argument_error(tmp_path):
+    """A mistyped db= path read as an empty database: best_schedule and kernel handed back
+    the model's untuned pick without a word (the CLI's --db refuses the same path)."""
+    missing = f"sqlite:///{tmp_path / 'tuned.db'}"
+    for call in (
+        lambda: pipetune.best_schedule(FC, "h100", db=missing),
+        lambda: pipetune.kernel(FC, "h100", db=missing),
+    ):
+        with pytest.raises(DatabaseArgumentError, match=r"^db: no database file at ") as info:
+            call()
+        assert info.value.argument == "db"
+    assert not (tmp_path / "tuned.db").exists()

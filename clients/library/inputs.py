@@ -26,6 +26,7 @@ from pipetune.model.memops.workloads import (
     SiluMul,
     Softmax,
 )
+from pipetune.model.plain_numbers import plain
 from pipetune.model.space import Schedule
 from pipetune.model.wire import ScheduleDoc, ScheduleResponse
 from pipetune.model.workloads import (
@@ -69,7 +70,7 @@ def as_workload(workload: WorkloadLike) -> AnyWorkload | MemWorkload:
     if isinstance(workload, WORKLOAD_TYPES):  # (a tuple built at import: no narrowing)
         return cast("AnyWorkload | MemWorkload", workload)
     if isinstance(workload, Mapping):
-        parsed: AnyWorkload | MemWorkload = parse_any_workload(dict(workload))
+        parsed: AnyWorkload | MemWorkload = parse_any_workload(plain(dict(workload)))
         return parsed
     raise InvalidArgumentTypeError(
         "workload",
@@ -97,7 +98,7 @@ def as_schedule(schedule: ScheduleLike) -> AnySchedule:
     if isinstance(schedule, ScheduleResponse):  # pipetune.best_schedule's answer, as is
         return cast("AnySchedule", schedule.schedule.to_schedule())
     if isinstance(schedule, Mapping):
-        data = dict(schedule)
+        data = plain(dict(schedule))
         return cast("AnySchedule", family_for_knobs(data).parse_schedule(data))
     if hasattr(schedule, "as_dict") and hasattr(schedule, "id"):
         return schedule  # a family's schedule object (or one built like it)

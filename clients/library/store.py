@@ -149,6 +149,15 @@ class LocalStore:
         self.url = database_url(db)
         self._db: Database | None = None
         self._empty = _sqlite_file_missing(self.url)
+        if db is not None and self._empty:
+            # The default database reads as empty until something is tuned; a file the
+            # caller named that is not there is a mistyped path, which read as "nothing
+            # measured" and handed back the model's untuned pick (the CLI's --db refuses it).
+            raise DatabaseArgumentError(
+                "db",
+                f"no database file at {sqlite_path(self.url)} (pipetune.tune(..., db=...), "
+                "`pipetune serve` or `pipetune db upgrade --db ...` makes one)",
+            )
 
     @property
     def where(self) -> str:

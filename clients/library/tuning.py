@@ -50,6 +50,7 @@ from pipetune.clients.sdk.http import argument_error
 from pipetune.model.errors import InvalidArgumentError, InvalidArgumentTypeError
 from pipetune.model.family import family_of
 from pipetune.model.hardware import get_gpu
+from pipetune.model.plain_numbers import plain
 from pipetune.model.states import ACTIVE_TASK_STATES, TaskState
 from pipetune.model.trials import MeasureResult, RunnerKind
 from pipetune.model.wire import (
@@ -166,7 +167,8 @@ def _task_body(
 ) -> TaskCreate:
     body = {"workload": workload, "gpu": gpu, "budget": budget, "strategy": strategy}
     try:
-        return TaskCreate.model_validate({**body, "seed": seed, **prior})
+        # NumPy numbers (a budget computed with NumPy) as the Python ones they hold.
+        return TaskCreate.model_validate(plain({**body, "seed": seed, **prior}))
     except ValidationError as exc:
         raise argument_error(exc) from None
 

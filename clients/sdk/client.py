@@ -37,6 +37,7 @@ from pipetune.clients.sdk.http import (
     shown_value,
 )
 from pipetune.model.errors import InvalidArgumentTypeError
+from pipetune.model.plain_numbers import plain
 from pipetune.model.wire import (
     DEFAULT_PRIORITY,
     DEFAULT_STRATEGY,
@@ -82,7 +83,8 @@ def workload_body(workload: WorkloadLike) -> dict[str, Any]:
             'must be a dict like {"op": "gemm", "m": 1024, "n": 64, "k": 2048} or a workload '
             f"object such as pipetune.Gemm(...), not {type(workload).__name__}",
         )
-    return dict(workload)
+    body: dict[str, Any] = plain(dict(workload))  # NumPy sizes as numbers (JSON has no int64)
+    return body
 
 
 def task_id_path(task_id: int) -> int:
@@ -217,10 +219,20 @@ class Outage:
                 time.sleep(_pause(self.poll_s, self.deadline, asked_wait_s(exc)))
 
 
-def _options_body(options: TuneOptions) -> dict[str, Any]:
+def _options_body(options: TuneOptions | Mapping[str, Any]) -> dict[str, Any]:
     """A task's options as sent: those left out (None) are not sent, nor the default
     priority: a service that predates the field refuses any unknown one (422), even at the
-    value it would have used."""
+    value it would have used. A dict is validated first (ArgumentError names the field)."""
+    if not isinstance(options, TuneOptions):
+        if not isinstance(options, Mapping):
+            raise InvalidArgumentTypeError(
+                "tune",
+                f"must be a dict of task options or a TuneOptions, not {type(options).__name__}",
+            )
+        try:
+            options = TuneOptions.model_validate(plain(dict(options)))
+        except ValidationError as exc:
+            raise argument_error(exc) from None
     body = options.model_dump(mode="json", exclude_none=True)
     if body.get("priority") == DEFAULT_PRIORITY:
         del body["priority"]
@@ -275,7 +287,7 @@ class Client:
         return self._http.call(ScheduleResponse, "POST", "/v1/schedules", json=body)
 
     def schedule_and_tune(
-        self, workload: WorkloadLike, gpu: str, tune: TuneOptions
+        self, workload: WorkloadLike, gpu: str, tune: TuneOptions | Mapping[str, Any]
     ) -> ScheduleResponse:
         """The best known schedule now, and a tuning task started (task_id, url)."""
         body = {"workload": workload_body(workload), "gpu": gpu, "tune": _options_body(tune)}

@@ -36,6 +36,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, model_validator
 
+from pipetune.model.plain_numbers import PLAIN_INTEGER
 from pipetune.model.workloads import (
     DTYPES,
     INDEX_LIMIT,
@@ -53,9 +54,14 @@ MAX_ROWS = 1 << 24
 MAX_COLS = 1 << 20
 BYTES_FP16 = 2  # per element, float16 and bfloat16 alike
 
-Rows = Annotated[int, Field(strict=True, ge=1, le=MAX_ROWS, description="rows (independent tasks)")]
+Rows = Annotated[
+    int,
+    PLAIN_INTEGER,
+    Field(strict=True, ge=1, le=MAX_ROWS, description="rows (independent tasks)"),
+]
 Cols = Annotated[
     int,
+    PLAIN_INTEGER,
     Field(
         strict=True,
         ge=ROW_ALIGN,
