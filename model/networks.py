@@ -76,6 +76,7 @@ from pipetune.model.workloads import (
     bmm,
     conv2d,
     gemm,
+    gemm_bias_gelu,
     gemm_swiglu,
 )
 
@@ -83,6 +84,7 @@ NETWORKS = ("bert-base", "gpt2", "llama2-7b", "llama2-70b", "resnet50")
 TRANSFORMERS = ("bert-base", "gpt2", "llama2-7b", "llama2-70b")  # networks of sequences (--seq)
 DECODERS = ("gpt2", "llama2-7b", "llama2-70b")  # networks that generate: a decode step (--decode)
 SWIGLU_NETWORKS = ("llama2-7b", "llama2-70b")  # MLPs gated by a SwiGLU (--fuse-swiglu)
+BIAS_GELU_NETWORKS = ("bert-base", "gpt2")  # FC1 + bias + GELU (--fuse-bias-gelu)
 # Defaults that match ALCOP's operator shapes (BMM_BERT_QK is 12×512×512×64 at batch 1,
 # BMM_GPT2_QK 12×1024×1024×64; Conv2D_RN50 is batch 64); LLaMA-2's, half its context.
 DEFAULT_SEQ = {"bert-base": 512, "gpt2": 1024, "llama2-7b": 2048, "llama2-70b": 2048}
@@ -119,6 +121,7 @@ class Network:
     notes: list[str] = field(default_factory=list)
     decode: bool = False  # one generated token per sequence (else the whole sequence at once)
     fuse_swiglu: bool = False  # gate+up and the SwiGLU as one GEMM (gemm_swiglu)
+    fuse_bias_gelu: bool = False  # FC1 with its bias and GELU as one GEMM (gemm_bias_gelu)
     dtype: str = "float16"  # every operator's element type
 
     def of_family(self, family: str) -> list[Layer]:
@@ -138,6 +141,8 @@ class Network:
         note = "GEMMs and BMMs on the Hopper wgmma family (hopper_gemm, hopper_bmm)"
         if self.fuse_swiglu:
             note += "; the fused gemm_swiglu stays on the mma.sync family (no wgmma epilogue)"
+        if self.fuse_bias_gelu:
+            note += "; the fused gemm_bias_gelu stays on the mma.sync family (no wgmma epilogue)"
         return dataclasses.replace(self, layers=layers, notes=[*self.notes, note])
 
     def in_dtype(self, dtype: str) -> Network:
@@ -181,6 +186,7 @@ def _transformer(
     eps: float,
     gelu: str,
     pre_ln: bool,
+    fuse_bias_gelu: bool = False,
 ) -> Network:
     _check_seq(seq)
     queries = _queries(seq, decode)
@@ -194,13 +200,18 @@ def _transformer(
         Layer("attn_sv", bmm(batch * heads, queries, head_dim, seq)),
         Layer("attn_proj", gemm(tokens, hidden, hidden)),
     ]
-    # FC1's bias is not in the GEMM (gemm() has no epilogue): it is added with the GELU,
-    # as the stitched bias_gelu operator does.
-    mlp = [
-        Layer("fc1", gemm(tokens, ffn, hidden)),
-        Layer("fc1_bias_gelu", bias_gelu(tokens, ffn, gelu)),
-        Layer("fc2", gemm(tokens, hidden, ffn)),
-    ]
+    # FC1's bias is added with the GELU, by the stitched bias_gelu operator after the plain
+    # GEMM, or with fuse_bias_gelu in the GEMM's epilogue (gemm_bias_gelu). The other linear
+    # layers' biases are not listed.
+    fc1 = (
+        [Layer("fc1_bias_gelu", gemm_bias_gelu(tokens, ffn, hidden, approximate=gelu))]
+        if fuse_bias_gelu
+        else [
+            Layer("fc1", gemm(tokens, ffn, hidden)),
+            Layer("fc1_bias_gelu", bias_gelu(tokens, ffn, gelu)),
+        ]
+    )
+    mlp = [*fc1, Layer("fc2", gemm(tokens, hidden, ffn))]
     if pre_ln:  # GPT-2: a layer norm before the attention and before the MLP
         ln_1 = Layer("ln_1", layernorm(tokens, hidden, eps))
         ln_2 = Layer("ln_2", layernorm(tokens, hidden, eps))
@@ -210,12 +221,20 @@ def _transformer(
         ln_ffn = Layer("ln_ffn", layernorm(tokens, hidden, eps))
         per_block = [*qkv, ln_attn, *mlp, ln_ffn]
     layers = [layer for _ in range(blocks) for layer in per_block]
+    form = "erf" if gelu == "none" else gelu
+    fc1_text = (
+        f"FC1 with its bias and GELU ({form}) in its epilogue (one GEMM, gemm_bias_gelu)"
+        if fuse_bias_gelu
+        else f"FC1, bias+GELU ({form})"
+    )
     notes = [
         f"{blocks} blocks x (QKV, Q·Kᵀ, softmax, S·V, projection, 2 layer norms (eps {eps:g}), "
-        f"FC1, bias+GELU ({'erf' if gelu == 'none' else gelu}), FC2); embeddings, residual "
-        "adds and the output head are not listed"
+        f"{fc1_text}, FC2); embeddings, residual adds and the output head are not listed"
     ]
-    return Network(name, batch, seq, layers, [*notes, *_decode_notes(decode, seq)], decode)
+    return Network(
+        name, batch, seq, layers, [*notes, *_decode_notes(decode, seq)], decode,
+        fuse_bias_gelu=fuse_bias_gelu,
+    )  # fmt: skip
 
 
 def _queries(seq: int, decode: bool) -> int:
@@ -349,11 +368,13 @@ def network(
     decode: bool = False,
     fuse_swiglu: bool = False,
     dtype: str = "float16",
+    fuse_bias_gelu: bool = False,
 ) -> Network:
     """The tuned operators of `name` at this batch (and sequence length): tensor-core
     layers, and for the transformers their memory-intensive operators too. With `decode`,
     one generation step of a decoder network, `seq` being its context; with `fuse_swiglu`,
-    a LLaMA's gate+up GEMM and SwiGLU as one fused GEMM; every operator of `dtype`."""
+    a LLaMA's gate+up GEMM and SwiGLU as one fused GEMM; with `fuse_bias_gelu`, BERT's or
+    GPT-2's FC1 with its bias and GELU as one; every operator of `dtype`."""
     if dtype not in DTYPES:
         raise WorkloadError("dtype", f"must be one of {', '.join(DTYPES)}, got {dtype!r}")
     if name not in NETWORKS:
@@ -362,6 +383,12 @@ def network(
         raise WorkloadError(
             "fuse_swiglu",
             f"{name} has no SwiGLU to fuse (networks with one: {', '.join(SWIGLU_NETWORKS)})",
+        )
+    if fuse_bias_gelu and name not in BIAS_GELU_NETWORKS:
+        raise WorkloadError(
+            "fuse_bias_gelu",
+            f"{name} has no bias + GELU after a GEMM to fuse (networks with one: "
+            f"{', '.join(BIAS_GELU_NETWORKS)})",
         )
     if decode and name not in DECODERS:
         what = "an encoder" if name in TRANSFORMERS else "not a network of sequences"
@@ -382,7 +409,7 @@ def network(
                 f"{name} takes at most {MAX_SEQ[name]} tokens (its context length), got {seq}",
             )
     try:
-        return _layers(name, batch, seq, decode, fuse_swiglu).in_dtype(dtype)
+        return _layers(name, batch, seq, decode, fuse_swiglu, fuse_bias_gelu).in_dtype(dtype)
     except WorkloadError as exc:
         if exc.field in ("batch", "seq"):
             raise
@@ -395,7 +422,9 @@ def network(
         ) from None
 
 
-def _layers(name: str, batch: int, seq: int | None, decode: bool, fuse_swiglu: bool) -> Network:
+def _layers(
+    name: str, batch: int, seq: int | None, decode: bool, fuse_swiglu: bool, fuse_bias_gelu: bool
+) -> Network:
     if name == "resnet50":
         return _resnet50(batch)
     assert seq is not None
@@ -422,4 +451,5 @@ def _layers(name: str, batch: int, seq: int | None, decode: bool, fuse_swiglu: b
         eps=LAYERNORM_EPS[name],
         gelu=GELU[name],
         pre_ln=name == "gpt2",
+        fuse_bias_gelu=fuse_bias_gelu,
     )

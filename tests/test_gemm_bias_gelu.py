@@ -14,6 +14,7 @@ from pipetune.model.analytical import evaluate
 from pipetune.model.family import family_of, parse_any_workload
 from pipetune.model.hardware import get_gpu
 from pipetune.model.memops.workloads import bias_gelu
+from pipetune.model.networks import network
 from pipetune.model.space import Space
 from pipetune.model.workloads import WorkloadError, gemm, gemm_bias_gelu
 from pipetune.workers.runners import reference as ref_module
@@ -115,3 +116,23 @@ def test_a_deep_reduction_s_bias_is_integer_as_its_operands_are():
     bias = ref_module.make_bias(w, 3)
     assert set(np.unique(bias.astype(np.float32))) <= {-1.0, 0.0, 1.0}
     assert "1.13*8*sqrt(K)" in ref_module.tolerance_text(w)
+
+
+@pytest.mark.parametrize(("name", "form"), [("bert-base", "none"), ("gpt2", "tanh")])
+def test_a_fused_network_s_fc1_is_one_gemm_bias_gelu_per_block(name, form):
+    plain = network(name, batch=2, seq=128)
+    fused = network(name, batch=2, seq=128, fuse_bias_gelu=True)
+    assert len(fused.layers) == len(plain.layers) - 12  # one kernel fewer per block
+    fc1 = [layer.workload for layer in fused.layers if layer.name == "fc1_bias_gelu"]
+    assert len(fc1) == 12 and fc1[0] == gemm_bias_gelu(256, 3072, 768, approximate=form)
+    assert not any(layer.workload.op == "bias_gelu" for layer in fused.layers)
+    plain_ops = [layer.name for layer in plain.layers]
+    assert "fc1" in plain_ops and "fc1" not in [layer.name for layer in fused.layers]
+    assert "gemm_bias_gelu" in fused.notes[0]
+    assert "stays on the mma.sync family" in fused.on_hopper().notes[-1]
+    assert fused.in_dtype("bfloat16").layers[0].workload.dtype == "bfloat16"
+
+
+def test_only_bert_and_gpt2_have_a_bias_gelu_to_fuse():
+    with pytest.raises(WorkloadError, match=r"^fuse_bias_gelu: llama2-7b has no bias"):
+        network("llama2-7b", fuse_bias_gelu=True)

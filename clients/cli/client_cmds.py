@@ -73,7 +73,7 @@ from pipetune.model.wire import (
     StrategyName,
     TaskDoc,
 )
-from pipetune.model.workloads import DTYPES
+from pipetune.model.workloads import DTYPES, WorkloadError
 
 STRATEGIES: tuple[str, ...] = typing.get_args(StrategyName)
 # Progress goes to stderr so that --json documents on stdout stay machine-readable.
@@ -83,6 +83,19 @@ tune_app = typer.Typer(help="Start a tuning task for a workload on the service's
 
 _GPU = option("gpu", str, DEFAULT_GPU, help=f"GPU: {', '.join(gpu_keys())}")
 _JSON = option("as_json", bool, False, "--json", help="print one JSON document")
+
+# tune-model's options by the name pipetune.model.networks.network gives its argument in a
+# WorkloadError: an error names what the user typed.
+NETWORK_OPTIONS = {
+    "network": "NETWORK",
+    "batch": "--batch",
+    "seq": "--seq",
+    "batch/seq": "--batch/--seq",
+    "decode": "--decode",
+    "fuse_swiglu": "--fuse-swiglu",
+    "fuse_bias_gelu": "--fuse-bias-gelu",
+    "dtype": "--dtype",
+}
 
 
 # ---- helpers ---------------------------------------------------------------------------
@@ -651,6 +664,12 @@ def tune_model(
         "(gemm_swiglu, one kernel; its weights interleaved by pipetune.interleave_gate_up) "
         "instead of the GEMM and the silu_mul kernel",
     ),
+    fuse_bias_gelu: bool = typer.Option(
+        False,
+        "--fuse-bias-gelu",
+        help="bert-base, gpt2: FC1 with its bias and GELU in its epilogue (gemm_bias_gelu, one "
+        "kernel) instead of the GEMM and the bias_gelu kernel",
+    ),
     dtype: str = typer.Option(
         "float16",
         "--dtype",
@@ -731,7 +750,10 @@ def tune_model(
             raise CliError(f"--prior-gpu: {exc}", 2) from None
     if dtype not in DTYPES:
         raise CliError(f"--dtype: must be one of {', '.join(DTYPES)}, got {dtype!r}", 2)
-    net = build_network(network, batch, seq, decode, fuse_swiglu, dtype)
+    try:
+        net = build_network(network, batch, seq, decode, fuse_swiglu, dtype, fuse_bias_gelu)
+    except WorkloadError as exc:  # named as the command line names it, not as the function
+        raise CliError(f"{NETWORK_OPTIONS.get(exc.field, exc.field)}: {exc.reason}", 2) from None
     if wgmma:
         if get_gpu(gpu).arch != HOPPER_ARCH:
             raise CliError(f"--wgmma: the Hopper wgmma family runs on H100 and H200, not {gpu}", 2)
