@@ -8,7 +8,9 @@ the campaign's default operators (``--operators llama`` sweeps them). ``swiglu``
 GEMM that the ``llama`` suite's SwiGLU_LLaMA2_7B_t1024 follows (fused against unfused,
 each tuned); not in the default operators either. ``bf16``: the ``swiglu`` suite's two GEMMs
 with bfloat16 operands (as LLaMA's weights ship), against cuBLAS in bfloat16; not in the
-default operators.
+default operators. ``bias_gelu``: GPT-2's FC1 with its bias and GELU in the GEMM's epilogue,
+against the alcop suite's MM_BERT_FC1 and the memops suite's BiasGELU_GPT2_b1_s1024 (fused
+against unfused, each tuned); not in the default operators.
 
 Shapes follow the ALCOP paper: square GEMMs, BERT-base linear layers at 1024 tokens (N x K
 as in the paper), ResNet-50's FC and 1x1 convolutions as GEMM, BERT and GPT-2 attention
@@ -28,7 +30,15 @@ from pipetune.model.memops.workloads import (
     silu_mul,
     softmax,
 )
-from pipetune.model.workloads import AnyWorkload, bmm, conv2d, conv3d, gemm, gemm_swiglu
+from pipetune.model.workloads import (
+    AnyWorkload,
+    bmm,
+    conv2d,
+    conv3d,
+    gemm,
+    gemm_bias_gelu,
+    gemm_swiglu,
+)
 
 ALCOP: dict[str, AnyWorkload] = {
     "MM_Square_1k": gemm(1024, 1024, 1024),
@@ -104,6 +114,12 @@ BF16_PREFIX = "BF16_"
 BF16: dict[str, AnyWorkload] = {
     BF16_PREFIX + name: w.model_copy(update={"dtype": "bfloat16"}) for name, w in SWIGLU.items()
 }
+# GPT-2's FC1 at 1024 tokens with its bias and tanh GELU in the GEMM's epilogue: with the
+# alcop suite's MM_BERT_FC1 (the same GEMM) and the memops suite's BiasGELU_GPT2_b1_s1024
+# (the same bias + GELU), what fusing saves once each is tuned.
+BIAS_GELU: dict[str, AnyWorkload] = {
+    "FC1BiasGELU_GPT2_b1_s1024": gemm_bias_gelu(1024, 3072, 768, approximate="tanh"),
+}
 HOPPER_PREFIX = "WG_"
 HOPPER: dict[str, HopperWorkload] = {
     HOPPER_PREFIX + name: as_hopper(w) for name, w in ALCOP.items() if w.op in ("gemm", "bmm")
@@ -116,6 +132,7 @@ SUITES: dict[str, dict[str, AnyWorkload | MemWorkload | HopperWorkload]] = {
     "llama": LLAMA,
     "swiglu": SWIGLU,
     "bf16": BF16,
+    "bias_gelu": BIAS_GELU,
 }
 
 

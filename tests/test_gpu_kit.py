@@ -38,6 +38,7 @@ from pipetune.workers.campaign.kit import (
     WHEEL_LOCK,
     KitError,
     bf16_device_command,
+    bias_gelu_device_command,
     build_kit,
     conv_device_command,
     device_command,
@@ -89,6 +90,7 @@ def test_the_readme_gives_the_kit_s_commands():
     assert llama_device_command() in stripped  # the llama suite's first sweeps
     assert swiglu_device_command() in stripped  # the fused GEMM + SwiGLU against the pair
     assert bf16_device_command() in stripped  # the swiglu suite's GEMMs in bfloat16
+    assert bias_gelu_device_command() in stripped  # FC1 with its bias and GELU fused
 
 
 def test_the_wheel_is_built_under_the_tree_s_lock(tmp_path, monkeypatch):
@@ -392,11 +394,12 @@ def test_the_kit_offers_each_gpu_what_its_committed_data_lacks(tmp_path):
         llama_device_command(),
         swiglu_device_command(),
         bf16_device_command(),
+        bias_gelu_device_command(),
         calibrate_device_command("h200"),
     ]
-    assert "calibrate --gpu h200 --out $OUT/h200.json" in h200[3].command
+    assert "calibrate --gpu h200 --out $OUT/h200.json" in h200[4].command
     assert h200[0].run()["timeout_s"] == 300 and h200[1].run()["timeout_s"] == 360
-    assert h200[2].run()["timeout_s"] == 360
+    assert h200[2].run()["timeout_s"] == 360 and h200[3].run()["timeout_s"] == 300
     with_k_step = tmp_path / "profiles"
     with_k_step.mkdir()
     doc = json.loads((profiles / "h200.json").read_text())
@@ -406,13 +409,15 @@ def test_the_kit_offers_each_gpu_what_its_committed_data_lacks(tmp_path):
         llama_device_command(),
         swiglu_device_command(),
         bf16_device_command(),
+        bias_gelu_device_command(),
     ]
-    # The llama, swiglu and bf16 suites measured (stand-in files): not offered again; without
-    # the persistent probe's file, that probe is.
+    # The llama, swiglu, bf16 and bias_gelu suites measured (stand-in files): not offered
+    # again; without the persistent probe's file, that probe is.
     mirror = tmp_path / "data"
     shutil.copytree(ROOT / DATA_DIR / "h200", mirror / "h200")
     shutil.copytree(ROOT / DATA_DIR / "hopper", mirror / "hopper")
-    for op in [*suite_in_order("llama"), *suite_in_order("swiglu"), *suite_in_order("bf16")]:
+    suites = ("llama", "swiglu", "bf16", "bias_gelu")
+    for op in [name for suite in suites for name in suite_in_order(suite)]:
         (mirror / "h200" / f"{op}.t4.json.gz").write_bytes(b"")
     (mirror / "h200" / "wgmma-probe-persistent.json").unlink()
     h200 = open_calls("h200", mirror, with_k_step)
@@ -427,6 +432,7 @@ def test_the_kit_offers_each_gpu_what_its_committed_data_lacks(tmp_path):
         llama_device_command(),
         swiglu_device_command(),
         bf16_device_command(),
+        bias_gelu_device_command(),
         PROBE_CALLS["h100"][2],
     ]
     # A GPU with no campaign: the campaign's first call, and nothing else before it.

@@ -385,6 +385,23 @@ def bf16_unmeasured(folder: Path) -> bool:
     return any(not (folder / f"{op}.t4.json.gz").exists() for op in suite_in_order("bf16"))
 
 
+BIAS_GELU_MINUTES = 4  # `pipetune campaign plan --operators bias_gelu`: one call, 147 of 240 s
+
+
+def bias_gelu_device_command(runner: str = "cupy") -> str:
+    """The ``bias_gelu`` suite (GPT-2's FC1 with its bias and GELU in the GEMM's epilogue) in
+    one call: correctness (the fused kernels among the GEMM family's), the unfused PyTorch
+    baseline and the exhaustive sweep (README, GPU work)."""
+    return one_call_command(
+        "bias_gelu", ".campaign-g", BIAS_GELU_MINUTES, "campaign-bias-gelu", runner
+    )
+
+
+def bias_gelu_unmeasured(folder: Path) -> bool:
+    """Whether the ``bias_gelu`` suite's operator has no committed sweep on this GPU."""
+    return any(not (folder / f"{op}.t4.json.gz").exists() for op in suite_in_order("bias_gelu"))
+
+
 # --- what is open on each GPU ------------------------------------------------------------
 
 DATA_DIR = Path("benchmarks/data")
@@ -548,6 +565,14 @@ def open_calls(gpu: str, data: Path = DATA_DIR, profiles: Path = PROFILE_DIR) ->
                 "the bf16 suite: the swiglu suite's GEMMs with bfloat16 operands",
                 360,
                 bf16_device_command(),
+            )
+        )
+    if bias_gelu_unmeasured(folder):
+        calls.append(
+            DeviceCall(
+                "the bias_gelu suite: GPT-2's FC1 with its bias and GELU in the epilogue",
+                300,
+                bias_gelu_device_command(),
             )
         )
     if profile_lacks_k_step(gpu, profiles):
