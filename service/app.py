@@ -26,7 +26,12 @@ from pipetune.service.db import Database, is_unavailable, unavailable_reason
 from pipetune.service.driver import Driver
 from pipetune.service.errors import install as install_error_handlers
 from pipetune.service.metrics import Metrics
-from pipetune.service.middleware import BodyLimit, HostGuard, RequestMetrics
+from pipetune.service.middleware import (
+    BodyLimit,
+    ContentEncodingGuard,
+    HostGuard,
+    RequestMetrics,
+)
 from pipetune.service.migrate import check_schema, check_writable
 from pipetune.service.proposer import Proposer
 from pipetune.service.queue import Queue
@@ -157,6 +162,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             allow_headers=["Authorization", "X-API-Key", "Content-Type"],
         )
     app.add_middleware(BodyLimit, limit=settings.max_body_bytes)
+    app.add_middleware(ContentEncodingGuard)
     app.add_middleware(RequestMetrics, metrics=metrics)
     if settings.allowed_hosts:
         app.add_middleware(HostGuard, allowed=settings.allowed_hosts)  # outermost: first

@@ -91,6 +91,28 @@ class BodyLimit:
         await self.app(scope, limited_receive, send)
 
 
+class ContentEncodingGuard:
+    """A request body sent compressed (a Content-Encoding other than identity) is answered
+    415, saying so: the service reads JSON as sent, and a gzip body was a 422 that called
+    its bytes undecodable UTF-8."""
+
+    def __init__(self, app: Any):
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Any, send: Any) -> None:
+        if scope["type"] == "http":
+            for name, value in scope["headers"]:
+                encoding = value.decode("latin-1").strip().lower()
+                if name == b"content-encoding" and encoding not in ("", "identity"):
+                    detail = (
+                        f"Content-Encoding {encoding!r} is not supported: send the JSON body "
+                        "uncompressed"
+                    )
+                    await _send_error(send, 415, detail, close=True)
+                    return
+        await self.app(scope, receive, send)
+
+
 async def _send_error(send: Any, status: int, detail: str, close: bool = False) -> None:
     """An error answered by a middleware, before the app runs: JSON like every other error
     of the API ({"detail": ...})."""

@@ -136,3 +136,24 @@ def test_credentials_and_bodies_document_their_401_and_413(client, spec):
         headers={**WORKER_HEADERS, "Content-Type": "application/json"},
     )
     assert big.status_code == 413, big.text
+
+
+def test_bodies_document_415_the_api_503_and_registration_409(client, spec):
+    """A compressed body is answered 415 (it was a 422 calling gzip's bytes undecodable
+    UTF-8); every /v1 route may answer 503 when the database is unavailable, and a
+    registration 409 for a name another token holds: all three were answered and documented
+    nowhere."""
+    for method, path, operation in _operations(spec):
+        responses = operation["responses"]
+        assert ("415" in responses) == ("requestBody" in operation), (method, path)
+        assert ("503" in responses) == (path.startswith("/v1/") or path == "/healthz"), path
+    assert "409" in spec["paths"]["/v1/workers"]["post"]["responses"]
+    import gzip
+
+    body = gzip.compress(json.dumps({"gpu": "h100", "workload": {"op": "gemm"}}).encode())
+    headers = {"Content-Type": "application/json", "Content-Encoding": "gzip"}
+    refused = client.post("/v1/tasks", content=body, headers=headers)
+    assert refused.status_code == 415, refused.text
+    assert refused.json()["detail"].startswith("Content-Encoding 'gzip' is not supported")
+    plain = client.post("/v1/tasks", json={}, headers={"Content-Encoding": "identity"})
+    assert plain.status_code == 422  # identity is no encoding: the body is read as ever

@@ -47,6 +47,11 @@ NOT_FOUND: dict[int | str, dict[str, Any]] = {404: {"description": "no such reso
 
 UNAUTHORISED = "no valid credential: a worker token, or an API key where the service has keys"
 TOO_LARGE = "the request body is over the service's limit (PIPETUNE_MAX_BODY_BYTES)"
+ENCODED = "the request body is compressed (Content-Encoding): send the JSON uncompressed"
+UNAVAILABLE = (
+    "the database is unavailable or locked past its deadline; retry after the Retry-After "
+    "header's seconds"
+)
 _SCHEMAS = "#/components/schemas/"
 # FastAPI's own 422 body ({"detail": [{"loc", "msg", "type"}]}), which it documents for every
 # route with parameters that does not declare a 422 of its own: pipetune never answers it
@@ -58,8 +63,9 @@ def with_project_errors(schema: dict[str, Any]) -> dict[str, Any]:
     """The OpenAPI document `schema` (changed in place) with every 422 described as the
     ValidationErrorBody the service answers, and FastAPI's stock 422 body gone: a route that
     did not declare ERRORS documented a body it never sends, and a client generated from
-    the schema mis-read its every 422. Also 401 where a route takes a credential and 413
-    where it reads a body."""
+    the schema mis-read its every 422. Also 401 where a route takes a credential, 413 and
+    415 where it reads a body, and 503 on the API's routes (each reads or writes the
+    database)."""
     components = schema.setdefault("components", {}).setdefault("schemas", {})
     name = ValidationErrorBody.__name__
     if name not in components:  # (no route declared ERRORS: the body's schema added here)
@@ -71,7 +77,7 @@ def with_project_errors(schema: dict[str, Any]) -> dict[str, Any]:
         "description": ERRORS[422]["description"],
         "content": {"application/json": {"schema": {"$ref": _SCHEMAS + name}}},
     }
-    for operations in schema.get("paths", {}).values():
+    for path, operations in schema.get("paths", {}).items():
         for operation in operations.values():
             responses = operation.get("responses") if isinstance(operation, dict) else None
             if not responses:
@@ -86,6 +92,9 @@ def with_project_errors(schema: dict[str, Any]) -> dict[str, Any]:
                 responses.setdefault("401", {"description": UNAUTHORISED})
             if operation.get("requestBody"):
                 responses.setdefault("413", {"description": TOO_LARGE})
+                responses.setdefault("415", {"description": ENCODED})
+            if path.startswith("/v1/"):
+                responses.setdefault("503", {"description": UNAVAILABLE})
     for stock in _STOCK_422:
         components.pop(stock, None)
     return schema

@@ -22,7 +22,14 @@ router = APIRouter(route_class=BoundedJsonRoute, tags=["workers"])
     "/v1/workers",
     status_code=201,
     response_model=WorkerDoc,
-    responses=ERRORS | {200: {"model": WorkerDoc, "description": "re-registered"}},
+    responses=ERRORS
+    | {
+        200: {"model": WorkerDoc, "description": "re-registered"},
+        409: {
+            "description": "the name is registered with another token and was heard from "
+            "within the lease TTL"
+        },
+    },
 )
 def register_worker(
     service: ServiceDep,
