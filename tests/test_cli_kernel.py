@@ -253,9 +253,28 @@ def test_compile_help_does_not_promise_a_shapeless_compile_where_a_shape_is_need
     # command then refused these without a shape.
     helptext = " ".join(runner.invoke(app, ["kernel", "compile", op, "--help"]).stdout.split())
     assert "of every shape when none is given" not in helptext
-    assert "the shape is optional for gemm, bmm, conv2d and conv3d" in helptext
+    optional = "gemm, gemm_swiglu, gemm_bias_gelu, bmm, conv2d, conv3d"
+    assert f"the shape is optional for {optional}: without one" in helptext
     result = runner.invoke(app, ["kernel", "compile", op, "--sample", "1"])
     assert result.exit_code == 2 and "give the shape" in result.stderr
+
+
+@pytest.mark.parametrize(
+    ("op", "options", "variant"),
+    [
+        ("gemm_swiglu", [], "gemm_swiglu_kn"),
+        ("gemm_bias_gelu", ["--approximate", "tanh", "--b-layout", "nk"], "gemm_bias_gelu_nk"),
+    ],
+)
+def test_the_fused_gemms_print_a_source_without_a_shape(op, options, variant):
+    """The help promised a shapeless source for the whole GEMM family; the fused GEMMs asked
+    for their shape (and an --approximate without a shape was a TypeError)."""
+    args = ["kernel", "source", op, *options, "--schedule", json.dumps(KNOBS)]
+    result = runner.invoke(app, args)
+    assert result.exit_code == 0, result.output
+    assert result.stdout.startswith(f"// pipetune generated kernel: variant {variant}, ")
+    bad = runner.invoke(app, ["kernel", "source", op, "--approximate", "x"])
+    assert bad.exit_code == 2
 
 
 def test_part_of_a_shape_is_refused_naming_what_is_missing():

@@ -136,3 +136,32 @@ def test_a_fused_network_s_fc1_is_one_gemm_bias_gelu_per_block(name, form):
 def test_only_bert_and_gpt2_have_a_bias_gelu_to_fuse():
     with pytest.raises(WorkloadError, match=r"^fuse_bias_gelu: llama2-7b has no bias"):
         network("llama2-7b", fuse_bias_gelu=True)
+
+
+def test_the_kernel_takes_the_bias_after_c_and_the_gelu_form_last():
+    import re
+
+    from pipetune.model.space import Schedule
+    from pipetune.workers.codegen import generate, launch_config
+
+    workload = gemm_bias_gelu(64, 64, 64, approximate="tanh")
+    kernel = generate(workload, Schedule(2, 2, 1, 1, 2, 3, 2))
+    launch = launch_config(kernel, workload)
+    assert launch.arguments == ("A", "B", "C", "bias", "M", "N", "K", "gelu_tanh")
+    assert launch.scalars == {"M": 64, "N": 64, "K": 64, "gelu_tanh": 1}
+    signature = re.search(rf"{kernel.name}\(([^)]*)\)", kernel.code).group(1)
+    declared = [p.split()[-1] for p in signature.split(",")]
+    assert declared == [
+        "A_ptr",
+        "B_ptr",
+        "C_ptr",
+        "bias_ptr",
+        "M_arg",
+        "N_arg",
+        "K_arg",
+        "gelu_tanh",
+    ]
+    # One source for both forms: the form is an argument.
+    erf = gemm_bias_gelu(64, 64, 64)
+    assert generate(erf, kernel.schedule).code == kernel.code
+    assert launch_config(kernel, erf).scalars["gelu_tanh"] == 0

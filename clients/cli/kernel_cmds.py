@@ -288,7 +288,7 @@ add_workload_commands(
     ],
     # Only the tensor-core GEMM family compiles without a shape (UNCONSTRAINED_SHAPES): the
     # others' valid schedules depend on it, and resolve_workload asks for it.
-    "Compile a sample of the valid schedules (the shape is optional for gemm, bmm, conv2d "
-    "and conv3d: without one, of every shape) of:",
+    "Compile a sample of the valid schedules (the shape is optional for "
+    f"{', '.join(UNCONSTRAINED_SHAPES)}: without one, of every shape) of:",
     shape_optional=True,
 )

@@ -23,6 +23,8 @@ from pipetune.model.workloads import OPS, AnyWorkload, WorkloadError, parse_work
 # these stand for "any shape" when a command is given none.
 UNCONSTRAINED_SHAPES: dict[str, dict[str, int]] = {
     "gemm": {"m": 1024, "n": 1024, "k": 1024},
+    "gemm_swiglu": {"m": 1024, "n": 512, "k": 1024},  # the GEMM's N is 2n: 1024
+    "gemm_bias_gelu": {"m": 1024, "n": 1024, "k": 1024},
     "bmm": {"b": 4, "m": 1024, "n": 1024, "k": 1024},
     "conv2d": {"n": 8, "h": 28, "w": 28, "c": 128, "k": 256, "r": 3, "s": 3, "pad": 1},
     "conv3d": {
@@ -44,12 +46,18 @@ VARIANT_OPTIONS = ("b_layout", "dtype")
 
 
 def _check_option(op: str, name: str, value: Any) -> None:
-    """An argument-only option (a convolution's stride, pad) on its own: its type and range.
+    """An argument-only option (a convolution's stride, pad; GELU's form) on its own: its type
+    and range.
     Not with the operator's cross-field rules (pad < filter size): they need the shape the
     caller left out, and the kernel takes any such value as an argument."""
     field = OPS[op].model_fields[name]
     try:
-        TypeAdapter(Annotated[field.annotation, *field.metadata]).validate_python(value)
+        # (a field without constraints, a Literal such as GELU's form, has no metadata, and
+        # Annotated takes at least one)
+        checked = (
+            Annotated[field.annotation, *field.metadata] if field.metadata else field.annotation
+        )
+        TypeAdapter(checked).validate_python(value)
     except ValidationError as exc:
         err = exc.errors()[0]
         raise WorkloadError(name, f"{err['msg']} (got {value!r})") from None
