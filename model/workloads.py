@@ -30,7 +30,7 @@ from pydantic import (
     model_validator,
 )
 
-from pipetune.model.errors import PipetuneError
+from pipetune.model.errors import InvalidArgumentError
 from pipetune.model.plain_numbers import PLAIN_INTEGER
 
 INDEX_LIMIT = 2**31 - 1  # int32 element indexing in the generated kernels
@@ -65,13 +65,13 @@ def dtype_suffix(dtype: str) -> str:
     return "" if dtype == "float16" else f" {DTYPE_SHORT[dtype]}"
 
 
-class WorkloadError(PipetuneError, ValueError):
-    """A workload that pipetune cannot run, with the offending field."""
+class WorkloadError(InvalidArgumentError):
+    """A workload that pipetune cannot run, with the offending field (its `argument` too:
+    `except pipetune.InvalidArgumentError` catches a bad workload as every bad argument)."""
 
     def __init__(self, field: str, reason: str):
-        super().__init__(f"{field}: {reason}")
+        super().__init__(field, reason)
         self.field = field
-        self.reason = reason
 
 
 class GemmView(BaseModel):

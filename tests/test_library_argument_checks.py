@@ -227,3 +227,12 @@ def test_db_naming_a_file_that_is_not_there_is_an_argument_error(tmp_path):
             call()
         assert info.value.argument == "db"
     assert not (tmp_path / "tuned.db").exists()
+
+
+def test_a_bad_workload_is_an_invalid_argument_naming_its_field():
+    """WorkloadError had no `argument` and was not an InvalidArgumentError: `except
+    pipetune.InvalidArgumentError` let a bad workload through."""
+    with pytest.raises(pipetune.InvalidArgumentError) as info:
+        pipetune.best_schedule({**FC, "n": 60}, "h100")
+    assert info.value.argument == info.value.field == "n"
+    assert str(info.value).startswith("n: must be a multiple of 8")

@@ -135,7 +135,7 @@ def reader(server: str | None, api_key: str | None, db: str | None) -> Reader:
                 "--db ...` makes one)",
                 2,
             )
-    return LocalStore(url)
+    return LocalStore(url, named=db is not None)
 
 
 ROUTE_NOT_FOUND = "Not Found"  # Starlette's detail for a path without a route

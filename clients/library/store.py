@@ -145,11 +145,13 @@ def open_database(url: str, *, create: bool = False) -> Database:
 class LocalStore:
     """Read the local database as the service would answer (see the module docstring)."""
 
-    def __init__(self, db: str | None = None):
+    def __init__(self, db: str | None = None, *, named: bool | None = None):
+        """`named`: whether the caller named `db` (default: whether it was given); a named
+        SQLite file must exist, the default database reads as empty until it does."""
         self.url = database_url(db)
         self._db: Database | None = None
         self._empty = _sqlite_file_missing(self.url)
-        if db is not None and self._empty:
+        if (db is not None if named is None else named) and self._empty:
             # The default database reads as empty until something is tuned; a file the
             # caller named that is not there is a mistyped path, which read as "nothing
             # measured" and handed back the model's untuned pick (the CLI's --db refuses it).
