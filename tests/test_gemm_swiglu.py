@@ -146,6 +146,11 @@ def test_interleave_gate_up_builds_what_the_kernel_reads():
         ((np.zeros((8, 16)), np.zeros((8, 24))), r"up: must have gate's shape \(8, 16\)"),
         ((np.zeros((8, 12)), np.zeros((8, 12))), r"gate: its 12 output features"),
         ((np.zeros(16), np.zeros(16)), r"gate: must be a 2-D array"),
+        # Promoted together to float32 by the concatenation, which the kernel refused later.
+        (
+            (np.zeros((8, 16), np.float16), np.zeros((8, 16), np.float32)),
+            r"up: must have gate's dtype float16, got float32",
+        ),
     ],
 )
 def test_interleave_gate_up_refuses_what_it_cannot_interleave(args, message):

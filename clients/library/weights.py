@@ -27,6 +27,12 @@ def interleave_gate_up(gate: Any, up: Any, b_layout: str = "kn") -> Any:
     for name, array in (("gate", gate), ("up", up)):
         if getattr(array, "ndim", None) != 2:
             raise InvalidArgumentError(name, "must be a 2-D array of weights")
+    if str(gate.dtype) != str(up.dtype):
+        # Concatenated, the two were promoted to a type the kernel does not take (fp16 and
+        # fp32 made fp32), and the mistake surfaced only at the kernel's call.
+        raise InvalidArgumentError(
+            "up", f"must have gate's dtype {gate.dtype}, got {up.dtype}: convert one first"
+        )
     if tuple(gate.shape) != tuple(up.shape):
         raise InvalidArgumentError(
             "up", f"must have gate's shape {tuple(gate.shape)}, got {tuple(up.shape)}"
