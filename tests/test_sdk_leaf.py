@@ -1,6 +1,8 @@
-"""The SDK is a leaf: it imports the wire contract (model/wire.py) and the error root
-(model/errors.py) and nothing else of pipetune's, so a program that only talks to a service
-loads no tuner, service or worker code (docs/architecture.md, "Dependency direction")."""
+"""The SDK is a leaf: it imports the wire contract (model/wire.py), the error root
+(model/errors.py) and NumPy's scalars made plain numbers for JSON (model/plain_numbers.py,
+itself importing nothing of pipetune's) and nothing else of pipetune's, so a program that
+only talks to a service loads no tuner, service or worker code (docs/architecture.md,
+"Dependency direction")."""
 
 from __future__ import annotations
 
@@ -10,7 +12,12 @@ import sys
 from pathlib import Path
 
 SDK = Path(__file__).resolve().parents[1] / "clients" / "sdk"
-ALLOWED = ("pipetune.clients.sdk", "pipetune.model.wire", "pipetune.model.errors")
+ALLOWED = (
+    "pipetune.clients.sdk",
+    "pipetune.model.wire",
+    "pipetune.model.errors",
+    "pipetune.model.plain_numbers",
+)
 
 
 def _pipetune_imports(path: Path) -> set[str]:

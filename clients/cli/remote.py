@@ -37,6 +37,7 @@ from pipetune.clients.sdk import (
     Client,
     InvalidRequestError,
     NotFoundError,
+    NotPipetuneError,
     PipetuneError,
     ServiceUnavailableError,
 )
@@ -160,6 +161,13 @@ def cli_error(exc: PipetuneError, credential: str = API_KEY_SOURCE) -> CliError:
     if isinstance(exc, AuthError):
         # "a valid API key required (HTTP 401)" named neither the option nor the variable.
         return CliError(f"{_api_message(exc)}: {credential}", 1)
+    if isinstance(exc, NotPipetuneError) or (
+        isinstance(exc, ApiError) and exc.from_a_page and 400 <= exc.status_code < 500
+    ):
+        # A web page where the API's JSON belongs (a 4xx page: a 5xx page is a proxy in
+        # front of a service that is down, and says so as any server error): --server (or
+        # PIPETUNE_SERVER) names something else. The user's setting: exit 2, whatever the page.
+        return CliError(f"--server: {_not_pipetune(exc)}", 2)
     if isinstance(exc, InvalidRequestError):
         return CliError(exc.reason, 2)
     if isinstance(exc, NotFoundError) and exc.reason == ROUTE_NOT_FOUND:
@@ -180,6 +188,16 @@ def cli_error(exc: PipetuneError, credential: str = API_KEY_SOURCE) -> CliError:
     if isinstance(exc, ApiError):
         return CliError(_api_message(exc), 1)
     return CliError(str(exc), 1)
+
+
+def _not_pipetune(exc: PipetuneError) -> str:
+    if isinstance(exc, ApiError):
+        return (
+            f"{exc.method} {exc.path} answered HTTP {exc.status_code} with a page, not the "
+            f"pipetune API's JSON ({exc.reason.removeprefix('not a pipetune answer: ')}): is "
+            f"--server (or {SERVER_ENV}) the pipetune service's base URL?"
+        )
+    return f"{exc}: is --server (or {SERVER_ENV}) the pipetune service's base URL?"
 
 
 def _api_message(exc: ApiError) -> str:

@@ -35,6 +35,11 @@ class ProtocolError(PipetuneError):
     """A 2xx answer that does not parse as the wire contract says it should."""
 
 
+class NotPipetuneError(ProtocolError):
+    """A 2xx answer that is no JSON at all: a web page, not a pipetune service (the base URL
+    names something else: another application, a proxy's page, a wrong port)."""
+
+
 class WaitTimeoutError(PipetuneError):
     def __init__(self, task_id: int, timeout_s: float, state: str):
         super().__init__(f"task {task_id} is still {state} after {timeout_s:g} s")
@@ -81,6 +86,12 @@ class ApiError(PipetuneError):
     def __str__(self) -> str:
         where = f" from {self.method} {self.path}" if self.method else ""
         return f"{self.reason} (HTTP {self.status_code}{where})"
+
+    @property
+    def from_a_page(self) -> bool:
+        """Whether the answer was no JSON (a web page's text): every pipetune answer, errors
+        included, is JSON, so a page is a proxy's or another application's."""
+        return isinstance(self.body, str)
 
 
 class InvalidRequestError(ApiError):

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import datetime as dt
 import email.utils
+import html
+import re
 import reprlib
 from typing import Any, TypeVar
 from urllib.parse import urlsplit
@@ -16,6 +18,7 @@ from pipetune.clients.sdk.errors import (
     ApiError,
     ClientClosedError,
     InvalidArgumentError,
+    NotPipetuneError,
     ProtocolError,
     RequestBuildError,
     ServiceUnavailableError,
@@ -212,6 +215,14 @@ def server_problem(server: object) -> str | None:
 _NOT_IN_A_HOST = frozenset('"<>\\^`{|}')
 
 
+_TAG = re.compile(r"<(script|style)\b.*?</\1\s*>|<[^>]*>", re.IGNORECASE | re.DOTALL)
+
+
+def page_summary(text: str, limit: int = 100) -> str:
+    """A web page's text in one short line: tags (and scripts and styles) gone."""
+    return _one_line(html.unescape(_TAG.sub(" ", text)), limit)
+
+
 def _one_line(text: str, limit: int = 300) -> str:
     line = " ".join(text.split())
     return line if len(line) <= limit else line[: limit - 1] + "…"
@@ -292,7 +303,12 @@ class Http:
             body: Any = response.json()
         except ValueError:
             body = response.text
-        fallback = _one_line(body) if isinstance(body, str) and body else response.reason_phrase
+        # A page (HTML) said in a few words, not dumped whole: its tags gone, its text cut.
+        fallback = (
+            f"not a pipetune answer: {page_summary(body)}"
+            if isinstance(body, str) and body.strip()
+            else response.reason_phrase
+        )
         reason, field = explain(body, fallback or f"HTTP {response.status_code}")
         cls = error_class(response.status_code)
         return cls(
@@ -320,8 +336,17 @@ class Http:
         """One request whose 2xx body is `model`."""
         response = self.request(method, path, json=json, params=params, timeout_s=timeout_s)
         try:
+            body = response.json()
+        except ValueError:
+            kind = response.headers.get("content-type") or "no content type"
+            raise NotPipetuneError(
+                f"{self.base_url} does not answer as a pipetune service: {method} {path} "
+                f"answered HTTP {response.status_code} with {kind.split(';')[0]}, not JSON "
+                f"({page_summary(response.text) or 'an empty body'})"
+            ) from None
+        try:
             # Leniently: a newer service's answers may carry fields this client predates.
-            return model.model_validate(response.json(), context=READING)
+            return model.model_validate(body, context=READING)
         except (ValueError, ValidationError) as exc:
             raise ProtocolError(
                 f"{method} {path}: the answer is not a {model.__name__}: {_one_line(str(exc))}"
