@@ -392,3 +392,37 @@ def test_data_in_brackets_is_printed_as_it_is(monkeypatch: pytest.MonkeyPatch):
     result = CliRunner().invoke(app, ["tasks", "--server", "http://svc:8000"])
     assert result.exit_code == 0, result.output
     assert "cupy:[/]" in result.stdout
+
+
+def test_a_second_signal_does_not_cut_off_what_the_first_one_says():
+    """`timeout` sends SIGTERM to the command and again to its process group: the second,
+    arriving while the first one's message was said, killed the command without a word (the
+    handler was already the default again), and a second Ctrl-C raised while it was said.
+    Only the first signal interrupts now; the handlers come back when the block ends."""
+    from pipetune.clients.cli.errors import Terminated, sigterm_interrupts
+
+    def unhandled(signum: int, frame: object) -> None:
+        raise _UnhandledError  # stands in for the default, which would end pytest itself
+
+    previous = signal.signal(signal.SIGTERM, unhandled)
+    said = []
+    try:
+        with sigterm_interrupts():
+            try:
+                os.kill(os.getpid(), signal.SIGTERM)
+                time.sleep(5)  # the handler runs here
+            except Terminated:
+                os.kill(os.getpid(), signal.SIGTERM)  # the process group's copy
+                os.kill(os.getpid(), signal.SIGINT)  # and an impatient Ctrl-C
+                time.sleep(0.1)
+                said.append("terminated: the tasks go on")
+        assert said == ["terminated: the tasks go on"]
+        assert signal.getsignal(signal.SIGTERM) is unhandled
+        assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+        with sigterm_interrupts():
+            pass  # a block that ends unsignalled restores the handler as well
+        with pytest.raises(_UnhandledError):
+            os.kill(os.getpid(), signal.SIGTERM)
+            time.sleep(5)
+    finally:
+        signal.signal(signal.SIGTERM, previous)

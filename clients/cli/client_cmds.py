@@ -373,29 +373,29 @@ def _tune(
     kinds = [k.value for k in RunnerKind]
     if runner is not None and runner not in kinds:
         raise CliError(f"--runner: must be one of {', '.join(kinds)}, got {runner!r}", 2)
-    with service_errors(), client(server, api_key) as c:
+    # From the request on: a SIGTERM (or Ctrl-C) while it was on its way ended the command
+    # without a word, though the service may have created the task. The message is said
+    # inside sigterm_interrupts, where a second signal cannot cut it off.
+    with service_errors(), client(server, api_key) as c, sigterm_interrupts():
         task: TaskDoc | None = None
         try:
-            # From the request on: a SIGTERM (or Ctrl-C) while it was on its way ended the
-            # command without a word, though the service may have created the task.
-            with sigterm_interrupts():
-                task = c.tune(
-                    w.canonical(),
-                    gpu,
-                    budget=budget,
-                    strategy=strategy,  # type: ignore[arg-type]
-                    seed=seed,
-                    prior_task=prior_task,
-                    prior_gpu=prior_gpu,
-                    learned_prior=learned_prior,
-                    batch_size=batch_size,
-                    runner=runner,
-                    priority=priority,
-                )
-                if not wait:
-                    _say_created(task, w, gpu, budget, strategy, server, as_json)
-                    return
-                final = wait_for_task(c, task, show=not as_json, poll_s=poll)
+            task = c.tune(
+                w.canonical(),
+                gpu,
+                budget=budget,
+                strategy=strategy,  # type: ignore[arg-type]
+                seed=seed,
+                prior_task=prior_task,
+                prior_gpu=prior_gpu,
+                learned_prior=learned_prior,
+                batch_size=batch_size,
+                runner=runner,
+                priority=priority,
+            )
+            if not wait:
+                _say_created(task, w, gpu, budget, strategy, server, as_json)
+                return
+            final = wait_for_task(c, task, show=not as_json, poll_s=poll)
         except KeyboardInterrupt as exc:
             # The task is the service's: it goes on without this command (said, where the
             # command used to end without a word; on SIGTERM too, a CI job's time limit).
@@ -796,29 +796,30 @@ def tune_model(
                         description=f"{net.name}: {finished}/{len(docs)} shapes tuned",
                     )
 
-            try:
-                with sigterm_interrupts():
+            # The message is said inside sigterm_interrupts: a second signal cannot cut it off.
+            with sigterm_interrupts():
+                try:
                     finals = tm.wait_all(c, started, update, poll_s=poll)
-            except TRANSIENT:
-                # Unreachable for longer than a restart takes: the error says why, and this
-                # what became of the tasks.
-                ids = ", ".join(str(t.id) for t in started)
-                stderr_console.print(
-                    f"tasks {ids} go on at the service if it comes back; follow them again "
-                    "by running this command with --resume"
-                )
-                raise
-            except KeyboardInterrupt as exc:
-                # The tasks are the service's: they go on without this command (said, where
-                # it used to end without a word, and a second run queued every shape again).
-                what, code = interrupted(exc)
-                ids = ", ".join(str(t.id) for t in started)
-                stderr_console.print(
-                    f"{what}: tasks {ids} go on at the service; follow them again by "
-                    "running this command with --resume, or cancel each with DELETE "
-                    f"{shown_url(server)}/v1/tasks/ID"
-                )
-                raise typer.Exit(code) from None
+                except TRANSIENT:
+                    # Unreachable for longer than a restart takes: the error says why, and this
+                    # what became of the tasks.
+                    ids = ", ".join(str(t.id) for t in started)
+                    stderr_console.print(
+                        f"tasks {ids} go on at the service if it comes back; follow them again "
+                        "by running this command with --resume"
+                    )
+                    raise
+                except KeyboardInterrupt as exc:
+                    # The tasks are the service's: they go on without this command (said, where
+                    # it used to end without a word, and a second run queued every shape again).
+                    what, code = interrupted(exc)
+                    ids = ", ".join(str(t.id) for t in started)
+                    stderr_console.print(
+                        f"{what}: tasks {ids} go on at the service; follow them again by "
+                        "running this command with --resume, or cancel each with DELETE "
+                        f"{shown_url(server)}/v1/tasks/ID"
+                    )
+                    raise typer.Exit(code) from None
         results = tm.collect(c, shapes, finals, gpu)
     doc = tm.document(net, gpu, budget, strategy, results)
     if as_json:

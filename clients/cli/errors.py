@@ -56,19 +56,29 @@ SIGTERM_EXIT = 128 + signal.SIGTERM  # 143, as a shell reports a process SIGTERM
 def sigterm_interrupts() -> Iterator[None]:
     """While the block runs, SIGTERM raises Terminated, a KeyboardInterrupt: a wait that says
     on Ctrl-C what goes on without it says so on SIGTERM too (it ended without a word, killed
-    by the signal). The main thread only, where Python runs signal handlers."""
+    by the signal). Only the first signal (SIGTERM or Ctrl-C) interrupts: later ones, until
+    the block ends, are ignored, so the message the block's own handler says is said whole
+    (`timeout` sends SIGTERM to the process and again to its group; the second signal killed
+    the command silently, or a second Ctrl-C cut the message off). The caller says it inside
+    the block. The main thread only, where Python runs signal handlers."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
+    fired = False
 
-    def terminate(signum: int, frame: object) -> None:
-        raise Terminated
+    def interrupt(signum: int, frame: object) -> None:
+        nonlocal fired
+        if fired:
+            return
+        fired = True
+        raise Terminated if signum == signal.SIGTERM else KeyboardInterrupt
 
-    previous = signal.signal(signal.SIGTERM, terminate)
+    previous = {sig: signal.signal(sig, interrupt) for sig in (signal.SIGTERM, signal.SIGINT)}
     try:
         yield
     finally:
-        signal.signal(signal.SIGTERM, previous)
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
 
 
 def interrupted(exc: KeyboardInterrupt) -> tuple[str, int]:
