@@ -507,7 +507,7 @@ def _int_in(low: int, high: int | None = None) -> Callable[[str], int]:
 
 
 def main() -> None:
-    from pipetune.clients.cli.bench_cmds import max_jobs
+    from pipetune.clients.cli.bench_cmds import MAX_SEEDS, max_jobs
     from pipetune.model.wire import MAX_BATCH_SIZE
 
     parser = argparse.ArgumentParser(description=__doc__)
@@ -534,7 +534,7 @@ def main() -> None:
         help="propose each batch while this many trials of the batch before it are"
         " unmeasured (the service's early proposals: PIPETUNE_PROPOSE_EARLY of the batch)",
     )
-    r.add_argument("--seeds", type=_int_in(1), default=30)
+    r.add_argument("--seeds", type=_int_in(1, MAX_SEEDS), default=30)
     r.add_argument("--jobs", type=_int_in(1, max_jobs()), default=1)
     r.add_argument("--first-seed", type=_int_in(0), default=0)
     r.add_argument("--save", type=Path, required=True)
@@ -552,6 +552,8 @@ def main() -> None:
     w.add_argument("--preamble", default="")
     w.add_argument("--write", action="store_true")
     args = parser.parse_args()
+    if args.mode == "run" and args.early > args.batch - 1:  # (as `pipetune bench tuner`)
+        r.error(f"--early: at most --batch - 1 ({args.batch - 1}), got {args.early}")
     if args.mode == "run" and args.prior_trials is not None and not args.prior:
         # (Recorded, and ignored: a prior of N trials of nothing.)
         r.error("--prior-trials: give the --prior dataset the trials are taken from")

@@ -104,6 +104,8 @@ def test_the_script_records_which_datasets_are_simulated(tmp_path, monkeypatch):
         ("--batch", ["--batch", str(MAX_BATCH_SIZE + 1)]),
         ("--seeds", ["--seeds", "0"]),
         ("--early", ["--early", "-3"]),
+        ("--early", ["--batch", "4", "--early", "4"]),  # was cut to 3 without a word
+        ("--seeds", ["--seeds", "10001"]),  # was a MemoryError at 10^20
         ("--first-seed", ["--first-seed", "-1"]),
         ("--jobs", ["--jobs", "0"]),
         ("--prior-trials", ["--prior-trials", "5"]),

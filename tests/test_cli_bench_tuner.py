@@ -94,9 +94,13 @@ def test_early_proposals_are_run_and_said_beside_the_table():
     )
     assert doc["early"] == 2 and json.loads(whole.output)["early"] == 0
     assert _bench(str(CONV_TITAN), "--early", "-1").exit_code == 2
-    # One trial a round leaves none unmeasured, whatever --early says: the caption said 2.
+    # More than a batch but one: it was cut to batch - 1 without a word (one trial a round,
+    # none unmeasured, whatever --early said: the caption once said 2).
     single = _bench(str(CONV_TITAN), "--strategies", "auto", "--batch", "1", "--early", "2")
-    assert single.exit_code == 0 and "unmeasured" not in single.output
+    assert single.exit_code == 2
+    assert "--early: at most --batch - 1 (0)" in " ".join(single.output.split())
+    many = _bench(str(CONV_TITAN), "--seeds", "99999999999999999999")
+    assert many.exit_code == 2 and "--seeds" in many.output
 
 
 MEASURED = Path(__file__).resolve().parents[1] / "benchmarks" / "data"

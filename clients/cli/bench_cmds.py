@@ -41,6 +41,10 @@ bench_app = typer.Typer(help="Offline benchmarks on recorded datasets (no GPU ne
 
 GROUPS = {"ours": STRATEGIES, "peers": LIGHT_PEERS, "all": (*STRATEGIES, *LIGHT_PEERS)}
 
+# Runs per strategy and dataset: more than enough for any standard error (the benchmark's
+# result arrays are seeds x budgets; an unbounded count was a MemoryError, exit 1).
+MAX_SEEDS = 10_000
+
 
 def dataset_names(paths: list[Path]) -> list[str]:
     """What each dataset is called in a benchmark's tables and JSON: its file's stem, or,
@@ -452,7 +456,9 @@ def tuner(
     budgets: str = typer.Option(
         "10,20,50,100", "--budgets", help="comma-separated k of the best-in-k columns"
     ),
-    seeds: int = typer.Option(20, "--seeds", min=1, help="runs per strategy and dataset"),
+    seeds: int = typer.Option(
+        20, "--seeds", min=1, max=MAX_SEEDS, help="runs per strategy and dataset"
+    ),
     batch: int = typer.Option(
         8,
         "--batch",
@@ -499,6 +505,12 @@ def tuner(
     files = [*(dataset or []), *(paths or [])]
     if not files:
         raise CliError("--dataset: give at least one dataset file", 2)
+    if early > batch - 1:  # (was cut to batch - 1 without a word)
+        raise CliError(
+            f"--early: at most --batch - 1 ({batch - 1}): a batch is proposed while part of "
+            f"the one before is unmeasured, not all of it; got {early}",
+            2,
+        )
     if jobs > max_jobs():  # (each one a process: 100000 of them filled the memory)
         raise CliError(f"--jobs: at most {max_jobs()} here ({JOBS_PER_CPU} per CPU)", 2)
     ks = _int_list(budgets, "--budgets")

@@ -24,6 +24,7 @@ from pipetune.clients.cli.errors import CliError, reported
 from pipetune.clients.cli.output import console, print_json
 from pipetune.clients.cli.paths import check_output_dir, check_output_file, check_tar_archive
 from pipetune.model.hardware import DEFAULT_GPU, GPUSpec, get_gpu, gpu_keys
+from pipetune.model.operators import SUITES
 
 if TYPE_CHECKING:
     from pipetune.workers.campaign import CampaignOptions
@@ -69,7 +70,7 @@ def _print_outcome(outcome: object) -> None:
 # The default lives with the campaign (workers/campaign/operators.DEFAULT_OPERATORS), which
 # loads only inside the commands: an unset option means it.
 _OPERATORS_HELP = (
-    "suites (alcop, memops, hopper) and operators, comma-separated (alcop,MM_RN50_FC); "
+    f"suites ({', '.join(SUITES)}) and operators, comma-separated (alcop,MM_RN50_FC); "
     "default: the ALCOP suite, then the memops suite (hopper: the ALCOP GEMMs and BMMs on "
     "the Hopper wgmma family, H100 and H200 only)"
 )

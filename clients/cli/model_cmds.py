@@ -15,6 +15,7 @@ from pipetune.clients.cli.workload_options import add_workload_commands, option
 from pipetune.model.family import KernelFamily, family_for_op, family_of
 from pipetune.model.hardware import DEFAULT_GPU, get_gpu, gpu_keys
 from pipetune.model.memops.space import KNOBS as MEM_KNOBS
+from pipetune.model.operators import SUITES
 from pipetune.model.operators import suite as operator_suite
 from pipetune.model.space import Schedule
 
@@ -218,7 +219,7 @@ def suite_document(name: str, gpu_name: str, profile: Path | None) -> dict:
 @model_app.command("suite")
 @reported
 def suite(
-    name: str = typer.Argument("alcop", help="operator suite: alcop, memops or hopper"),
+    name: str = typer.Argument("alcop", help=f"operator suite: {', '.join(SUITES)}"),
     gpu: str = typer.Option(DEFAULT_GPU, "--gpu", help="GPU the model predicts for"),
     profile: Path | None = typer.Option(None, "--profile", help="hardware profile JSON"),
     as_json: bool = typer.Option(False, "--json", help="print one JSON document"),
