@@ -145,9 +145,14 @@ def _item(error: dict[str, Any]) -> ErrorItem:
         # pydantic's own messages never show the input ("greater than 0" for an eps of 0):
         # always said; the project's reasons usually do ("..., got 100", in Python's words
         # or JSON's): said where not.
-        said = (f"got {shown}", f"got {_cut(repr(value), SHOWN_CHARS)}")
+        python = _cut(repr(value), SHOWN_CHARS)
+        said = any(f"got {text}" in reason for text in (shown, python))
+        # The project's own reasons (a model validator's) may quote the value otherwise
+        # ("unknown GPU 'v100'; known: ..."): said there too.
+        ours = isinstance(cause, WorkloadError | FieldError) or kind == "value_error"
+        quoted = ours and any(text in reason for text in (shown, python))
         scalar = isinstance(value, int | float | str | bool) or value is None
-        if scalar and not any(text in reason for text in said):
+        if scalar and not (said or quoted):
             reason = f"{reason} (got {shown})"
     reason = _cut(reason, REASON_CHARS)
     names = [p for p in loc if isinstance(p, str) and p not in ("body", "query", "path")]

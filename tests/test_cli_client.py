@@ -199,3 +199,20 @@ def test_a_db_file_that_is_not_there_is_a_mistyped_path(command, tmp_path, monke
         "upgrade --db ...` makes one)"
     )
     assert not missing.exists() and not (tmp_path / "out").exists()
+
+
+def test_a_request_field_the_service_refuses_is_named_as_the_option_typed():
+    """`tune --seed -1` said "seed: ...", `--prior-task 0` "prior_task: ...", `tasks --state
+    bogus` "state: ...": the request's field names, not the options the user typed. A
+    workload field keeps its name (every local check of it says it so)."""
+    from pipetune.clients.cli.remote import cli_error
+    from pipetune.clients.library.store import LocalInputError
+    from pipetune.clients.sdk import InvalidRequestError
+
+    refused = InvalidRequestError(422, "prior_task: must be at least 1", field="prior_task")
+    assert str(cli_error(refused)) == "--prior-task: must be at least 1"
+    assert cli_error(refused).code == 2
+    local = LocalInputError("state", "must be one of queued, running")
+    assert str(cli_error(local)) == "--state: must be one of queued, running"
+    workload = InvalidRequestError(422, "n: must be a multiple of 8", field="n")
+    assert str(cli_error(workload)) == "n: must be a multiple of 8"

@@ -150,7 +150,7 @@ def test_tune_with_a_prior_task_from_another_gpu(cli, worker):  # type: ignore[n
 
     missing = cli("tune", "gemm", *on_a100, "--prior-task", "987654")
     assert missing.exit_code == 2
-    assert missing.stderr.strip() == "error: prior_task: task 987654 does not exist"
+    assert missing.stderr.strip() == "error: --prior-task: task 987654 does not exist"
     same_gpu = cli("tune", "gemm", *FC, "--prior-task", str(prior))
     assert same_gpu.exit_code == 2 and "ran on h100 too" in same_gpu.stderr
 
@@ -160,7 +160,7 @@ def test_tune_with_a_learned_prior(cli, service):  # type: ignore[no-untyped-def
     nothing = cli("tune", "gemm", *on_h200)
     assert nothing.exit_code == 2
     assert nothing.stderr.startswith(
-        "error: learned_prior: no finished task of the tensor_gemm family measured on a GPU"
+        "error: --learned-prior: no finished task of the tensor_gemm family measured on a GPU"
     )
     measured = Path(__file__).resolve().parents[1] / "benchmarks/data/h100/BMM_BERT_QK.t4.json.gz"
     imported = runner.invoke(
@@ -222,11 +222,13 @@ def test_server_errors_are_one_line_with_the_servers_reason(cli, service):  # ty
     assert missing.stderr.strip() == "error: task 987654 does not exist (HTTP 404)"
 
     state = cli("tasks", "--state", "bogus")  # only the service checks the state
-    assert state.exit_code == 2 and state.stderr.startswith("error: state: ")
+    assert state.exit_code == 2 and state.stderr.startswith("error: --state: ")
 
     seed = cli("tune", "gemm", *FC, "--seed", "-1")  # likewise the seed
     assert seed.exit_code == 2
-    assert seed.stderr.strip() == "error: seed: Input should be greater than or equal to 0 (got -1)"
+    assert (
+        seed.stderr.strip() == "error: --seed: Input should be greater than or equal to 0 (got -1)"
+    )
 
     denied = runner.invoke(app, ["tasks", "--server", service.url, "--api-key", "wrong"])
     assert denied.exit_code == 1 and "(HTTP 401)" in denied.stderr

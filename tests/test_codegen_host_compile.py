@@ -96,7 +96,10 @@ KEEP = "hopper_gemm.keep"  # nvcc's intermediates of the Hopper build with the s
 @pytest.fixture(scope="module")
 def kernels(tmp_path_factory: pytest.TempPathFactory) -> dict[str, pipetune.TunedKernel]:
     """The model's pick of each workload (an empty database: no measured schedule)."""
-    db = f"sqlite:///{tmp_path_factory.mktemp('host-compile') / 'none.db'}"
+    from pipetune.service.migrate import upgrade
+
+    db = f"sqlite:///{tmp_path_factory.mktemp('host-compile') / 'empty.db'}"
+    upgrade(db)  # (a named file that is not there is refused: a mistyped path)
     picks = {case: pipetune.kernel(w, GPU, db=db) for case, w in WORKLOADS.items()}
     chosen = {
         case: pipetune.kernel(w, GPU, s) if s else pipetune.kernel(w, GPU, db=db)

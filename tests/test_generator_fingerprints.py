@@ -31,6 +31,11 @@ from pipetune.workers.families import codegen_for
 FINGERPRINTS = {
     ("hopper_gemm", 1): "e2edf8af93150d031eced83b6d175a1fd9c4c1dce6a8645776f6f6a93cbf7755",
     ("memops", 1): "6e06943f8f4e662defcfaa73930d487c4efc6cbbb051983eec44a068223a9be1",
+    # The GEMM with bias + GELU in its epilogue (2026-12-05): its first sources.
+    (
+        "tensor_gemm.bias_gelu",
+        1,
+    ): "cf64a9415840ab19056144de8e56c4cdb054fa7dc865cadec5fa5ac85653ce87",
     ("tensor_gemm.conv", 2): "a7f8aedf19f035d6a8243d814fdd01078253428c5b7ceb612a5f063d5e25782d",
     ("tensor_gemm.gemm", 1): "680ffc3b0218cc0c2605e83577561001c25061de2a22e18a225a6f72fd08c910",
     ("tensor_gemm.swiglu", 1): "e54ad426ac8eb5d5a4e623b40cd1fdaf9fb789d13685b6c6a0a068c8831078fb",

@@ -297,16 +297,28 @@ def _assert_same_launch(spec: Any, k: Any) -> None:
     assert spec.scalars == tuple(k.launch.scalars.values())
 
 
+def _empty_database(tmp_path) -> str:
+    """A database with the schema and nothing measured (a named file that is not there is
+    refused: a mistyped path)."""
+    from pipetune.service.migrate import upgrade
+
+    url = f"sqlite:///{tmp_path / 'empty.db'}"
+    upgrade(url)
+    return url
+
+
 def test_the_schedule_comes_from_the_local_database_else_the_model(tmp_path):
-    k = pipetune.kernel(FC, "h100", db=f"sqlite:///{tmp_path / 'none.db'}")
+    k = pipetune.kernel(FC, "h100", db=_empty_database(tmp_path))
     assert k.origin == "model" and k.runner is None
+    with pytest.raises(ValueError, match=r"^db: no database file at "):
+        pipetune.kernel(FC, "h100", db=f"sqlite:///{tmp_path / 'none.db'}")
     assert not (tmp_path / "none.db").exists()  # a lookup creates nothing
 
 
 def test_the_answer_of_best_schedule_is_a_schedule_and_a_lookup_beside_one_is_refused(tmp_path):
     """kernel(w, gpu, schedule=pipetune.best_schedule(w, gpu)) was refused ("got
     ScheduleResponse"), and kernel(..., schedule=..., server=...) ignored the server."""
-    db = f"sqlite:///{tmp_path / 'none.db'}"
+    db = _empty_database(tmp_path)
     answer = pipetune.best_schedule(FC, "h100", db=db)
     k = pipetune.kernel(FC, "h100", schedule=answer)
     assert k.schedule.id == answer.schedule_id
@@ -322,7 +334,7 @@ def test_an_answer_for_another_workload_or_gpu_is_refused_and_a_matching_one_kee
     """best_schedule's answer for a 1024x64x2048 GEMM on an H100 was run, silently, as the
     schedule of any other GEMM on any GPU; and the answer for this one lost its origin (a
     simulated runner's pick was shown as "given", without the simulated label)."""
-    answer = pipetune.best_schedule(FC, "h100", db=f"sqlite:///{tmp_path / 'none.db'}")
+    answer = pipetune.best_schedule(FC, "h100", db=_empty_database(tmp_path))
     for workload, gpu in (({**FC, "m": 4096}, "h100"), (FC, "a100")):
         with pytest.raises(ValueError, match=r"^schedule: is the best schedule of gemm 1024x64"):
             pipetune.kernel(workload, gpu, schedule=answer)
@@ -338,7 +350,7 @@ def test_an_answer_for_another_workload_or_gpu_is_refused_and_a_matching_one_kee
 def test_tuned_kernel_given_an_answer_labels_and_checks_it_as_pipetune_kernel_does(tmp_path):
     """pipetune.TunedKernel(w, gpu, answer) labelled a measured answer "given" and ran an
     answer for another workload, where pipetune.kernel keeps "measured" and refuses it."""
-    answer = pipetune.best_schedule(FC, "h100", db=f"sqlite:///{tmp_path / 'none.db'}")
+    answer = pipetune.best_schedule(FC, "h100", db=_empty_database(tmp_path))
     measured = answer.model_copy(update={"source": "measured", "runner": "cupy", "latency_us": 9.5})
     for make in (pipetune.TunedKernel, pipetune.kernel):
         k = make(FC, "h100", measured)
@@ -697,7 +709,7 @@ def test_a_memops_schedule_is_checked_against_its_family():
 
 
 def test_a_memops_kernel_defaults_to_the_models_pick(tmp_path):
-    k = pipetune.kernel(LAYERNORM, "h100", db=f"sqlite:///{tmp_path / 'none.db'}")
+    k = pipetune.kernel(LAYERNORM, "h100", db=_empty_database(tmp_path))
     assert k.origin == "model" and isinstance(k.schedule, MemSchedule)
     assert cubin_sm(k.cubin()) == 90
 

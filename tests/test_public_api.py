@@ -502,7 +502,7 @@ def test_tasks_and_curve_read_the_local_database(home: Path, tmp_path: Path):
     missing = cli.invoke(app, ["curve", "987"])
     assert missing.exit_code == 2 and "task 987 does not exist in sqlite:///" in missing.stderr
     bad_state = cli.invoke(app, ["tasks", "--state", "bogus"])
-    assert bad_state.exit_code == 2 and bad_state.stderr.startswith("error: state: must be")
+    assert bad_state.exit_code == 2 and bad_state.stderr.startswith("error: --state: must be")
     both = cli.invoke(app, ["tasks", "--server", "http://127.0.0.1:9", "--db", "sqlite://"])
     assert both.exit_code == 2 and "not both" in both.stderr
 

@@ -545,3 +545,16 @@ def test_a_body_object_of_too_many_fields_is_refused_before_validation(db_url, p
         assert doc["field"] == "body" and f"than {MAX_FIELDS}" in doc["reason"]
         at_limit = {f"k{i}": 0 for i in range(MAX_FIELDS)}  # decoded, then refused as unknown
         assert c.post(path, json=at_limit, headers=headers).json()["field"] != "body"
+
+
+def test_a_reason_that_quotes_the_value_does_not_say_it_again(client):
+    """ "unknown GPU 'v100'; known: a100, h100, h200 (got 'v100')": the project's own reasons
+    quote the value, and the (got ...) suffix is for pydantic's, which never do."""
+    for change in ({"gpu": "v100"}, {"prior_gpu": "v100"}):
+        body = {"workload": GEMM, "gpu": "h100", "budget": 10, **change}
+        error = _assert_422(client.post("/v1/tasks", json=body), next(iter(change)), "v100")
+        assert "(got" not in error["reason"], error["reason"]
+    seed = _assert_422(
+        client.post("/v1/tasks", json={"workload": GEMM, "gpu": "h100", "seed": -1}), "seed", ""
+    )
+    assert seed["reason"].endswith("greater than or equal to 0 (got -1)")

@@ -169,7 +169,7 @@ def cli_error(exc: PipetuneError, credential: str = API_KEY_SOURCE) -> CliError:
         # PIPETUNE_SERVER) names something else. The user's setting: exit 2, whatever the page.
         return CliError(f"--server: {_not_pipetune(exc)}", 2)
     if isinstance(exc, InvalidRequestError):
-        return CliError(exc.reason, 2)
+        return CliError(_as_typed(exc), 2)
     if isinstance(exc, NotFoundError) and exc.reason == ROUTE_NOT_FOUND:
         # pipetune's own 404s say what is missing ("task 7 does not exist"); the bare one is
         # the web framework's for a path it has no route for: the URL, not an id, is wrong.
@@ -184,10 +184,42 @@ def cli_error(exc: PipetuneError, credential: str = API_KEY_SOURCE) -> CliError:
         # Where the URL was not checked up front (the worker): still the user's mistake.
         return CliError(f"--server: {server_problem(exc.base_url)}", 2)
     if isinstance(exc, ValueError):  # an argument refused (the local database's LocalInputError)
-        return CliError(str(exc), 2)
+        return CliError(_as_typed(exc), 2)
     if isinstance(exc, ApiError):
         return CliError(_api_message(exc), 1)
     return CliError(str(exc), 1)
+
+
+# The service's request fields that the client commands take as options of other names: a
+# 422 the service answers names the option the user typed ("--seed: ...", not "seed: ...").
+# Workload fields keep their names, as every local check of them says them.
+SERVICE_FIELD_OPTIONS = {
+    "seed": "--seed",
+    "prior_task": "--prior-task",
+    "prior_gpu": "--prior-gpu",
+    "learned_prior": "--learned-prior",
+    "batch_size": "--batch-size",
+    "priority": "--priority",
+    "runner": "--runner",
+    "strategy": "--strategy",
+    "budget": "--budget",
+    "gpu": "--gpu",
+    "state": "--state",
+    "offset": "--offset",
+    "limit": "--limit",
+    "before": "--before",
+}
+
+
+def _as_typed(exc: PipetuneError) -> str:
+    """The error's text with the request field it names (a 422's field, or the SDK's own
+    check's argument) as the option the user typed."""
+    text = exc.reason if isinstance(exc, ApiError) else str(exc)
+    field = getattr(exc, "field", None) or getattr(exc, "argument", None) or ""
+    option = SERVICE_FIELD_OPTIONS.get(field)
+    if option is None or not text.startswith(f"{field}: "):
+        return text
+    return f"{option}: {text.removeprefix(f'{field}: ')}"
 
 
 def _not_pipetune(exc: PipetuneError) -> str:

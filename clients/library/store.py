@@ -67,15 +67,16 @@ class LocalNotFoundError(LocalDatabaseError):
     """No such task in the local database."""
 
 
-class LocalInputError(PipetuneError, ValueError):
-    """An argument the service would have refused with a 422 (e.g. an unknown task state)."""
+class LocalInputError(InvalidArgumentError):
+    """An argument the service would have refused with a 422 (e.g. an unknown task state);
+    `argument` names it."""
 
 
 def _check_task_id(task_id: int) -> None:
     """The service's bound on an id (a 422 there): past it, the database's driver raised
     an OverflowError (SQLite) or a DataError with the statement (PostgreSQL)."""
     if not 1 <= task_id <= ID_MAX:
-        raise LocalInputError(f"task_id: must be within 1..{ID_MAX}, got {task_id}")
+        raise LocalInputError("task_id", f"must be within 1..{ID_MAX}, got {task_id}")
 
 
 def database_url(db: str | None = None) -> str:
@@ -222,14 +223,16 @@ class LocalStore:
     ) -> list[TaskDoc]:
         """Tasks, newest first, one page (as GET /v1/tasks)."""
         if state is not None and state not in TASK_STATES:
-            raise LocalInputError(f"state: must be one of {', '.join(TASK_STATES)}, got {state!r}")
+            raise LocalInputError(
+                "state", f"must be one of {', '.join(TASK_STATES)}, got {state!r}"
+            )
         # The service's bounds (GET /v1/tasks answers a 422); 0 and -1 read every task.
         if limit is not None and not 1 <= limit <= MAX_TASK_PAGE:
-            raise LocalInputError(f"limit: must be within 1..{MAX_TASK_PAGE}, got {limit}")
+            raise LocalInputError("limit", f"must be within 1..{MAX_TASK_PAGE}, got {limit}")
         if offset is not None and not 0 <= offset <= ID_MAX:
-            raise LocalInputError(f"offset: must be within 0..{ID_MAX}, got {offset}")
+            raise LocalInputError("offset", f"must be within 0..{ID_MAX}, got {offset}")
         if before is not None and not 1 <= before <= ID_MAX:
-            raise LocalInputError(f"before: must be within 1..{ID_MAX}, got {before}")
+            raise LocalInputError("before", f"must be within 1..{ID_MAX}, got {before}")
         database = self._database()
         if database is None:
             return []
