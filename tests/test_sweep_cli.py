@@ -19,6 +19,7 @@ from pipetune.model.memops.workloads import softmax
 from pipetune.model.operators import ALCOP
 from pipetune.model.space import Schedule
 from pipetune.model.workloads import gemm
+from pipetune.workers.campaign.operators import suite_in_order
 from pipetune.workers.datasets import load_dataset
 from pipetune.workers.runners import make_runner
 
@@ -63,12 +64,26 @@ def test_simulated_sweep_then_replay_gives_the_same_latencies(tmp_path):
     assert row["best_us"] == pytest.approx(best.latency_us, rel=1e-15)
 
 
+def test_sweep_operators_by_name_as_the_campaign_takes_them(tmp_path):
+    """`--operators MM_RN50_FC` was "unknown operator suite" where `campaign --operators`
+    takes suites and operator names alike."""
+    args = ["--operators", "MM_RN50_FC,swiglu", "--runner", "simulated", "--gpu", "h100"]
+    result = cli.invoke(sweep_app, [*args, "--out-dir", str(tmp_path), "--limit", "1", "--json"])
+    assert result.exit_code == 0, result.output
+    rows = json.loads(result.stdout)["datasets"]
+    assert [r["operator"] for r in rows] == [
+        "MM_RN50_FC", "GateUpSwiGLU_LLaMA2_7B_t1024", "GateUp_LLaMA2_7B_t1024",
+    ]  # fmt: skip
+
+
 def test_sweep_the_alcop_suite_one_file_per_operator(tmp_path):
     args = ["--operators", "alcop", "--runner", "simulated", "--gpu", "a100"]
     result = cli.invoke(sweep_app, [*args, "--out-dir", str(tmp_path), "--limit", "2", "--json"])
     assert result.exit_code == 0, result.output
     rows = json.loads(result.stdout)["datasets"]
-    assert [r["operator"] for r in rows] == list(ALCOP)
+    # In the campaign's order (its --operators and this one read the same way).
+    assert [r["operator"] for r in rows] == list(suite_in_order("alcop"))
+    assert sorted(suite_in_order("alcop")) == sorted(ALCOP)
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted(
         f"{name}.t4.json.gz" for name in ALCOP
     )
@@ -83,6 +98,11 @@ def test_sweep_the_alcop_suite_one_file_per_operator(tmp_path):
         ([], "name an operator"),
         (["--operators", "alcop", "--runner", "simulated"], "--out-dir"),
         (["--operators", "nope", "--runner", "simulated", "--out-dir", "x"], "unknown operator"),
+        # Not "no valid schedule for hopper_gemm ... on a100" after a blank line: the options.
+        (
+            ["--operators", "hopper", "--runner", "simulated", "--out-dir", "x", "--gpu", "a100"],
+            "--gpu a100: cannot run WG_MM_Square_1k",
+        ),
         ([*GEMM, "--runner", "replay", "--out", "x.t4.json.gz"], "--runner"),
         ([*GEMM, "--runner", "simulated", "--out", "x.t4.json.gz", "--limit", "0"], "--limit"),
         ([*GEMM, "--runner", "simulated", "--gpu", "v100", "--out", "x.gz"], "unknown GPU"),

@@ -47,7 +47,6 @@ from pipetune.model.hardware import (
     user_profile_dir,
 )
 from pipetune.model.operators import SUITES
-from pipetune.model.operators import suite as operator_suite
 from pipetune.model.trials import MAX_SAMPLES, RunnerKind
 from pipetune.workers.datasets import summary, write_t4
 from pipetune.workers.runners import MeasureSettings, Runner, RunnerError, make_runner
@@ -243,13 +242,23 @@ def sweep_suite(
     profile: Path | None,
     as_json: bool,
 ) -> None:
+    from pipetune.clients.cli.campaign_cmds import unrunnable_reason
+    from pipetune.workers.campaign.operators import resolve_operators
+
     _check_common(runner, limit, seed, repeats, warmup)
     try:
-        operators = operator_suite(suite_name)
-    except KeyError as exc:
-        raise CliError(str(exc.args[0]), 2) from None
+        # Suites and operator names, comma-separated, as `pipetune campaign --operators`
+        # takes them (an operator's name was refused as "unknown operator suite").
+        operators = resolve_operators(suite_name)
+    except ValueError as exc:
+        raise CliError(f"--operators: {exc}", 2) from None
+    if not operators:
+        raise CliError("--operators: name at least one suite or operator", 2)
     _check_suite_outputs(out_dir, operators)
     spec = get_gpu(gpu, profile=profile)
+    reason = unrunnable_reason(operators, spec)
+    if reason is not None:  # (said after an empty progress line, naming neither option)
+        raise CliError(f"--gpu {gpu}: cannot run {reason}", 2)
     rows = []
     with _open_runner(runner, spec, seed, repeats, warmup) as measuring, _progress() as bar:
         plan = {}
@@ -321,7 +330,10 @@ def _pass_on_shared_options(ctx: typer.Context) -> None:
 def sweep_main(
     ctx: typer.Context,
     operators: str | None = typer.Option(
-        None, "--operators", help=f"sweep every operator of a benchmark suite ({', '.join(SUITES)})"
+        None,
+        "--operators",
+        help=f"sweep benchmark suites ({', '.join(SUITES)}) and operators by name, "
+        "comma-separated (alcop,MM_RN50_FC)",
     ),
     runner: str = typer.Option("cupy", "--runner", help=_RUNNER_HELP),
     gpu: str = typer.Option(DEFAULT_GPU, "--gpu", help=f"GPU: {', '.join(gpu_keys())}"),
