@@ -341,6 +341,10 @@ def load_profile(path: str | Path) -> tuple[str | None, dict[str, Any]]:
     return target, dict(overrides)  # a copy: the cached one is shared by every caller
 
 
+# A profile is a few kilobytes of JSON: a file past this is something else (read whole, an
+# endless device such as /dev/zero took all the memory).
+MAX_PROFILE_BYTES = 16 * 2**20
+
 # Enough for every GPU's profile plus a few explicit ones; each entry is a few hundred bytes.
 # A rewritten file leaves its old entry behind until it is pushed out.
 _PROFILE_CACHE_SIZE = 64
@@ -353,7 +357,14 @@ def _read_profile(
     """load_profile's read and parse; the stat fields are only the cache key (a failure
     raises, and lru_cache keeps no exception, so a file fixed since is read again)."""
     try:
-        document = json.loads(path.read_text())
+        with path.open("rb") as file:  # (a device such as /dev/zero has no end: capped)
+            raw = file.read(MAX_PROFILE_BYTES + 1)
+        if len(raw) > MAX_PROFILE_BYTES:
+            raise HardwareError(
+                f"profile {path} holds more than {MAX_PROFILE_BYTES // 2**20} MiB: not a "
+                "hardware profile (a few kilobytes of JSON)"
+            )
+        document = json.loads(raw.decode())
     except FileNotFoundError as exc:  # removed between the stat and the read
         raise HardwareError(f"profile {path} does not exist") from exc
     except IsADirectoryError as exc:

@@ -70,6 +70,12 @@ def test_profile_overrides_and_validation(tmp_path, h100):
     path.write_bytes(b"\xff\xfe{")
     with pytest.raises(HardwareError, match="cannot be read"):
         get_gpu("h100", profile=path)
+    # An endless device was read whole: a MemoryError (exit 1) after all the memory was taken.
+    import os
+
+    if os.path.exists("/dev/zero"):
+        with pytest.raises(HardwareError, match="holds more than 16 MiB: not a hardware"):
+            get_gpu("h100", profile="/dev/zero")
 
 
 def test_committed_profile_is_applied_automatically(tmp_path, monkeypatch):
