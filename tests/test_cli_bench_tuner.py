@@ -448,3 +448,13 @@ def test_a_prior_whose_first_trials_all_failed_is_refused_with_exit_2(tmp_path):
         result.output
     )
     assert "TransferError" not in result.output
+
+
+def test_one_seed_shows_no_standard_error():
+    """Over one seed every cell read "± 0.000", as if the figure were exact: a standard
+    error of one run is undefined, so none is shown, and the caption says why."""
+    from pipetune.clients.cli.bench_cmds import _cell
+
+    assert _cell(0.8214, 0.0, 1) == "0.821"
+    assert _cell(0.8214, 0.0123, 2) == "0.821 ± 0.012"
+    assert _cell(-0.061, 0.02, 1, 2, "+") == "-0.06"

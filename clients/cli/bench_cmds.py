@@ -441,8 +441,11 @@ def max_jobs() -> int:
     return JOBS_PER_CPU * (os.cpu_count() or 1)
 
 
-def _cell(value: float, se: float) -> str:
-    return f"{value:.3f} ± {se:.3f}"
+def _cell(value: float, se: float, seeds: int, digits: int = 3, sign: str = "") -> str:
+    """A mean with its standard error; over one seed the value alone (a standard error of
+    one run is undefined: it showed "± 0.000", as if the figure were exact)."""
+    shown = f"{value:{sign}.{digits}f}"
+    return shown if seeds < 2 else f"{shown} ± {se:.{digits}f}"
 
 
 @bench_app.command("tuner")
@@ -570,9 +573,13 @@ def print_tables(doc: dict, names: list[str], ks: list[int]) -> None:
             if doc["early"]
             else ""
         )
-        + "; "
-        + ("the peers propose one at a time. " if peers_present else "")
-        + f"Mean ± standard error over {doc['seeds']} seeds."
+        + ". "
+        + ("The peers propose one at a time. " if peers_present else "")
+        + (
+            f"Mean ± standard error over {doc['seeds']} seeds."
+            if doc["seeds"] > 1
+            else "One seed: one run each, no standard error."
+        )
     )
     if doc["seeds"] > 1 and any(
         cell["se"] == 0 for r in doc["results"] for cell in r["per_dataset"].values()
@@ -600,7 +607,7 @@ def print_tables(doc: dict, names: list[str], ks: list[int]) -> None:
         )
         for name in names:
             cells = [results[(name, k)]["per_dataset"][ds] for k in ks]
-            table.add_row(name, *[_cell(c["best_in_k"], c["se"]) for c in cells])
+            table.add_row(name, *[_cell(c["best_in_k"], c["se"], doc["seeds"]) for c in cells])
         console.print(table)
     simulated = doc.get("simulated", [])
     if simulated:
@@ -619,8 +626,7 @@ def print_tables(doc: dict, names: list[str], ks: list[int]) -> None:
         table.add_column(f"k={k}", justify="right")
     for name in names:
         rows = [results[(name, k)] for k in ks]
-        table.add_row(name, *[_cell(r["best_in_k"], r["se"]) for r in rows])
-        table.add_row(
-            "  P score", *[f"{r['p_score']:+.2f} ± {r['p_se']:.2f}" for r in rows], style="dim"
-        )
+        table.add_row(name, *[_cell(r["best_in_k"], r["se"], doc["seeds"]) for r in rows])
+        p_scores = [_cell(r["p_score"], r["p_se"], doc["seeds"], 2, "+") for r in rows]
+        table.add_row("  P score", *p_scores, style="dim")
     console.print(table)
