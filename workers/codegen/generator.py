@@ -174,9 +174,9 @@ def source_parts(variant: str, schedule: Schedule, dtype: str = "float16") -> di
     g = TileGeometry.of(schedule)
     element = cuda_text.ELEMENTS[dtype]
     scalars = ", ".join(f"int {p}" for p in _C_SCALARS[variant])
-    if variant in BIAS_GELU_VARIANTS:  # the bias pointer between C and the scalars
-        scalars = f"const {element.c_type}* __restrict__ bias_ptr, {scalars}"
     bias_gelu = variant in BIAS_GELU_VARIANTS
+    if bias_gelu:  # the bias pointer between C and the scalars
+        scalars = f"const {element.c_type}* __restrict__ bias_ptr, {scalars}"
     head = element.fill(cuda_text.KERNEL_HEAD).replace("@THREADS@", str(g.threads))
     name = kernel_name(variant, schedule, dtype)
     head = head.replace("@NAME@", name).replace("@SCALARS@", scalars)
