@@ -153,6 +153,15 @@ def _check_aligned(field: str, value: int, why: str) -> None:
         )
 
 
+def _check_gemm_operands(m: int, n: int, k: int) -> None:
+    """An M x K by K x N product's operands: indexable with 32 bits, K and N 16-byte rows."""
+    _check_index("A", m * k, m=m, k=k)
+    _check_index("B", k * n, k=k, n=n)
+    _check_index("C", m * n, m=m, n=n)
+    _check_aligned("k", k, "K of A")
+    _check_aligned("n", n, "N of C")
+
+
 class Gemm(_Workload):
     """C[M,N] = A[M,K] @ B, row-major; B is K×N (b_layout 'kn') or N×K ('nk')."""
 
@@ -166,11 +175,7 @@ class Gemm(_Workload):
 
     @model_validator(mode="after")
     def _validate(self) -> Gemm:
-        _check_index("A", self.m * self.k, m=self.m, k=self.k)
-        _check_index("B", self.k * self.n, k=self.k, n=self.n)
-        _check_index("C", self.m * self.n, m=self.m, n=self.n)
-        _check_aligned("k", self.k, "K of A")
-        _check_aligned("n", self.n, "N of C")
+        _check_gemm_operands(self.m, self.n, self.k)
         return self
 
     def gemm_view(self) -> GemmView:
@@ -247,11 +252,7 @@ class GemmBiasGelu(_Workload):
 
     @model_validator(mode="after")
     def _validate(self) -> GemmBiasGelu:
-        _check_index("A", self.m * self.k, m=self.m, k=self.k)
-        _check_index("B", self.k * self.n, k=self.k, n=self.n)
-        _check_index("C", self.m * self.n, m=self.m, n=self.n)
-        _check_aligned("k", self.k, "K of A")
-        _check_aligned("n", self.n, "N of C")
+        _check_gemm_operands(self.m, self.n, self.k)
         return self
 
     def gemm_view(self) -> GemmView:

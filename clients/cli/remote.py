@@ -190,25 +190,13 @@ def cli_error(exc: PipetuneError, credential: str = API_KEY_SOURCE) -> CliError:
     return CliError(str(exc), 1)
 
 
-# The service's request fields that the client commands take as options of other names: a
+# The service's request fields that the client commands take as options (--seed for seed): a
 # 422 the service answers names the option the user typed ("--seed: ...", not "seed: ...").
 # Workload fields keep their names, as every local check of them says them.
-SERVICE_FIELD_OPTIONS = {
-    "seed": "--seed",
-    "prior_task": "--prior-task",
-    "prior_gpu": "--prior-gpu",
-    "learned_prior": "--learned-prior",
-    "batch_size": "--batch-size",
-    "priority": "--priority",
-    "runner": "--runner",
-    "strategy": "--strategy",
-    "budget": "--budget",
-    "gpu": "--gpu",
-    "state": "--state",
-    "offset": "--offset",
-    "limit": "--limit",
-    "before": "--before",
-}
+SERVICE_FIELDS = frozenset(
+    {"seed", "prior_task", "prior_gpu", "learned_prior", "batch_size", "priority", "runner",
+     "strategy", "budget", "gpu", "state", "offset", "limit", "before"}
+)  # fmt: skip
 
 
 def _as_typed(exc: PipetuneError) -> str:
@@ -216,10 +204,9 @@ def _as_typed(exc: PipetuneError) -> str:
     check's argument) as the option the user typed."""
     text = exc.reason if isinstance(exc, ApiError) else str(exc)
     field = getattr(exc, "field", None) or getattr(exc, "argument", None) or ""
-    option = SERVICE_FIELD_OPTIONS.get(field)
-    if option is None or not text.startswith(f"{field}: "):
+    if field not in SERVICE_FIELDS or not text.startswith(f"{field}: "):
         return text
-    return f"{option}: {text.removeprefix(f'{field}: ')}"
+    return f"--{field.replace('_', '-')}: {text.removeprefix(f'{field}: ')}"
 
 
 def _not_pipetune(exc: PipetuneError) -> str:

@@ -98,7 +98,8 @@ def as_schedule(schedule: ScheduleLike) -> AnySchedule:
     if isinstance(schedule, ScheduleResponse):  # pipetune.best_schedule's answer, as is
         return cast("AnySchedule", schedule.schedule.to_schedule())
     if isinstance(schedule, Mapping):
-        data = plain(dict(schedule))
+        # (NumPy knob values: the schedule types' from_dict makes them ints)
+        data = dict(schedule)
         return cast("AnySchedule", family_for_knobs(data).parse_schedule(data))
     if hasattr(schedule, "as_dict") and hasattr(schedule, "id"):
         return schedule  # a family's schedule object (or one built like it)

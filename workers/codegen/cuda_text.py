@@ -18,6 +18,7 @@ Placeholders are ``@NAME@`` (C++ braces make str.format awkward).
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 from pipetune.model.workloads import DTYPE_SHORT
@@ -46,6 +47,13 @@ class ElementText:
         ):
             text = text.replace(f"@{key}@", value)
         return text
+
+
+def fill_placeholders(text: str, values: Mapping[str, object]) -> str:
+    """``text`` with each ``@KEY@`` replaced by ``str(values[KEY])``, for every family's text."""
+    for key, value in values.items():
+        text = text.replace(f"@{key}@", str(value))
+    return text
 
 
 def name_suffix(dtype: str) -> str:

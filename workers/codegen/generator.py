@@ -122,10 +122,7 @@ def _helpers(variant: str, g: TileGeometry) -> str:
         "A_PERIOD": swizzle_period(g.bm, g.a_cpr, g.threads),
         "B_PERIOD": swizzle_period(g.b_rows(b_kn), g.b_cpr(b_kn), g.threads),
     }
-    text = cuda_text.HELPERS
-    for key, value in values.items():
-        text = text.replace(f"@{key}@", str(value))
-    return text
+    return cuda_text.fill_placeholders(cuda_text.HELPERS, values)
 
 
 def _setup(variant: str) -> str:
@@ -146,12 +143,6 @@ def _loaders(variant: str) -> str:
     a = cuda_text.LOAD_A_CONV if variant.startswith("conv") else cuda_text.LOAD_A_GEMM
     b = cuda_text.LOAD_B_KN if b_is_kn(variant) else cuda_text.LOAD_B_NK
     return a + b
-
-
-def _fill(text: str, values: dict[str, str]) -> str:
-    for key, value in values.items():
-        text = text.replace(f"@{key}@", value)
-    return text
 
 
 def _epilogue(variant: str) -> str:
@@ -183,7 +174,7 @@ def source_parts(variant: str, schedule: Schedule, dtype: str = "float16") -> di
     helpers = cuda_text.PREAMBLE + _helpers(variant, g)
     device = element.fill(cuda_text.DEVICE)
     if bias_gelu:
-        helpers += _fill(cuda_text.HELPERS_BIAS_GELU, cuda_text.GELU_FORMULAS)
+        helpers += cuda_text.fill_placeholders(cuda_text.HELPERS_BIAS_GELU, cuda_text.GELU_FORMULAS)
         device += element.fill(cuda_text.DEVICE_BIAS.replace("@H2F@", CONVERSIONS[dtype].h2f))
     return {
         "header": _header(variant, schedule, g, dtype),

@@ -34,7 +34,12 @@ from pipetune.model.memops.workloads import (
     op_key,
 )
 from pipetune.model.space import ScheduleError
-from pipetune.workers.codegen.cuda_text import GELU_FORMULAS, name_suffix, typed_key
+from pipetune.workers.codegen.cuda_text import (
+    GELU_FORMULAS,
+    fill_placeholders,
+    name_suffix,
+    typed_key,
+)
 from pipetune.workers.codegen.memops import cuda_text as t
 from pipetune.workers.launch_plan import Buffer, KernelLaunch, LaunchPlan
 
@@ -126,12 +131,6 @@ def kernel_name(variant: str, schedule: MemSchedule, dtype: str = "float16") -> 
     return f"pipetune_mem_{clean}_{schedule.id.replace('-', '_')}{suffix}"
 
 
-def _fill(text: str, values: dict[str, object]) -> str:
-    for key, value in values.items():
-        text = text.replace(f"@{key}@", str(value))
-    return text
-
-
 def _bool(value: bool) -> str:
     return "true" if value else "false"
 
@@ -153,7 +152,7 @@ def _helpers(workload: MemWorkload, s: MemSchedule, reg_vecs: int) -> str:
         "REG_VECS": reg_vecs,
         "BATCH": LOAD_BATCH,
     }  # fmt: skip
-    return _fill(t.HELPERS, {**values, **GELU_FORMULAS})
+    return fill_placeholders(t.HELPERS, {**values, **GELU_FORMULAS})
 
 
 def _transform(workload: MemWorkload) -> str:
@@ -177,13 +176,13 @@ def _output_pass(workload: MemWorkload, cache: int) -> str:
     decl, load = _PARAMS.get(workload.op, ("", ""))
     values = {"PARAM_DECL": decl, "PARAM_LOAD": load, "TRANSFORM": _transform(workload)}
     if cache == CACHE_REGISTERS:
-        return _fill(t.OUT_REGISTERS, values)
+        return fill_placeholders(t.OUT_REGISTERS, values)
     values["RELOAD"] = t.RELOAD_SMEM if cache == CACHE_SMEM else t.RELOAD_GLOBAL
-    return _fill(t.OUT_STREAMING, values)
+    return fill_placeholders(t.OUT_STREAMING, values)
 
 
 def _head(name: str, threads: int) -> str:
-    return _fill(t.KERNEL_HEAD, {"NAME": name, "THREADS": threads})
+    return fill_placeholders(t.KERNEL_HEAD, {"NAME": name, "THREADS": threads})
 
 
 def _kernels(workload: MemWorkload, s: MemSchedule, name: str) -> tuple[str, tuple[str, ...]]:
@@ -205,7 +204,7 @@ def _kernels(workload: MemWorkload, s: MemSchedule, name: str) -> tuple[str, tup
         text = head + stats + t.REDUCE_TAIL
         if two_pass:
             second = f"{name}_out"
-            text += _fill(t.SECOND_REDUCE, {"NAME": second, "THREADS": threads})
+            text += fill_placeholders(t.SECOND_REDUCE, {"NAME": second, "THREADS": threads})
             return text, (name, second)
         return text, (name,)
     text = head + stats + t.NORM_JOIN + _output_pass(workload, s.row_cache) + t.NORM_DEPART
