@@ -163,11 +163,13 @@ def tensor_maps(cupy, config, workload, a, b) -> tuple:
     import numpy as np
 
     from pipetune.workers.codegen import wgmma
+    from pipetune.workers.codegen.variants import b_layout_of, variant_of
 
     if config.loader != "tma":
         return ()
     view = workload.gemm_view()
-    specs = wgmma.tensor_map_specs(view.m, view.n, view.k, view.batch, config)
+    b_layout = b_layout_of(variant_of(workload))
+    specs = wgmma.tensor_map_specs(view.m, view.n, view.k, view.batch, config, b_layout=b_layout)
     return tuple(
         cupy.asarray(np.frombuffer(encode_tensor_map(spec, _device_address(x)), dtype=np.uint8))
         for spec, x in zip(specs, (a, b), strict=True)

@@ -350,6 +350,9 @@ _CVT_TYPES: dict[str, int] = {"cvt.rn.f16x2.f32": 0, "cvt.rn.bf16x2.f32": 1}
 # The wgmma kernels' operand types (m64nNk16, f32 accumulators; any N): A's and B's the same.
 _WGMMA_TYPES: dict[str, int] = {".f32.f16.f16 ": 0, ".f32.bf16.bf16 ": 1}
 _WGMMA = re.compile(r"wgmma\.mma_async\.sync\.aligned\.m64n\d+k16(\.f32\.\w+\.\w+ )")
+# Its immediates after the scale-d predicate: scale-a, scale-b, trans-a, trans-b. trans-b 1 reads
+# B MN-major (B stored K x N), 0 K-major (N x K).
+_WGMMA_IMMEDIATES = re.compile(r"p, 1, 1, 0, ([01]);")
 
 
 def _declared(code: str, types: dict[str, int], what: str) -> int:
@@ -400,10 +403,14 @@ def element_defines(code: str) -> str:
         widen = _declared(code, _WIDEN_TYPES, "16-bit -> f32 conversion")
         defines += f"#define PT_WIDEN_BF16 {widen}\n"
     # A wgmma kernel's own MMA (its device text holds the mma.sync wrapper too, unused): its
-    # instruction's operand type, PT_WGMMA_BF16, for the wgmma shim (tests/test_wgmma_emulated.py).
+    # instruction's operand type, PT_WGMMA_BF16, and how it reads B (its trans-b immediate,
+    # PT_WGMMA_B_K_MAJOR), for the wgmma shim (tests/test_wgmma_emulated.py).
     if "wgmma.mma_async" in code:
         wgmma = _declared("".join(_WGMMA.findall(code)), _WGMMA_TYPES, "wgmma operand type")
         defines += f"#define PT_WGMMA_BF16 {wgmma}\n"
+        trans_b = set(_WGMMA_IMMEDIATES.findall(code))
+        assert len(trans_b) == 1, f"the kernel's wgmma trans-b immediates: {trans_b}"
+        defines += f"#define PT_WGMMA_B_K_MAJOR {int(trans_b.pop() == '0')}\n"
     return defines
 
 

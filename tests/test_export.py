@@ -483,6 +483,29 @@ def test_a_hopper_kernel_exports_its_arch_specific_cubin_and_tensor_maps(
     assert launch["trailing"][:2] == ["tmap_a", "tmap_b"]
 
 
+def test_a_hopper_gemm_of_b_stored_n_by_k_exports_its_k_major_b_map(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+):
+    """A PyTorch Linear weight (B stored N x K) on the wgmma kernels: the exported kernel is
+    the gemm_nk variant, built for sm_90a, and its launch document's B map is N rows of K
+    (dims K, N), each box one K tile of the block's columns' rows."""
+    url = f"sqlite:///{tmp_path / 'hopper.db'}"
+    monkeypatch.setenv("PIPETUNE_SIMULATED_TIME_SCALE", "0")
+    fc1 = {"op": "hopper_gemm", "m": 1024, "n": 3072, "k": 768, "b_layout": "nk"}
+    pipetune.tune(fc1, "h100", budget=2, strategy="random", runner="simulated", db=url)
+    out = tmp_path / "out"
+    result = cli.invoke(app, ["export", "--gpu", "h100", "--out-dir", str(out), "--db", url])
+    assert result.exit_code == 0, result.output
+    (entry,) = json.loads((out / "index.json").read_text())["workloads"]
+    assert entry["arch"] == "sm_90a" and "gemm_nk" in entry["kernel"]
+    launch = json.loads((out / entry["files"]["launch"]).read_text())
+    _, b_map = launch["tensor_maps"]
+    assert b_map["operand"] == "B" and b_map["dims"] == [768, 3072, 1]
+    assert b_map["box"] == [64, entry["schedule"]["tile_n"], 1]
+    b_buffer = next(b for b in launch["buffers"] if b["name"] == "B")
+    assert b_buffer["shape"] == [3072, 768]
+
+
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="no nvcc here")
 def test_a_hopper_kernels_tensor_map_header_compiles_into_a_host_program(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch

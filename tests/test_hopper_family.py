@@ -49,7 +49,7 @@ def test_the_ops_belong_to_the_family_and_parse_as_the_tensor_core_shapes():
     ("data", "field"),
     [
         ({"op": "hopper_gemm", "m": 64, "n": 60, "k": 64}, "n"),
-        ({"op": "hopper_gemm", "m": 64, "n": 64, "k": 64, "b_layout": "nk"}, "b_layout"),
+        ({"op": "hopper_gemm", "m": 64, "n": 64, "k": 64, "b_layout": "kk"}, "b_layout"),
         ({"op": "hopper_bmm", "m": 64, "n": 64, "k": 64}, "b"),
         ({"op": "hopper_gemm", "m": 64, "n": 64, "k": 64, "dtype": "float32"}, "dtype"),
     ],
@@ -60,9 +60,16 @@ def test_a_bad_workload_names_its_field(data, field):
     assert err.value.field == field
 
 
-def test_a_b_stored_n_by_k_has_no_hopper_kernel():
-    with pytest.raises(WorkloadError, match="K x N"):
-        as_hopper(parse_workload({"op": "gemm", "m": 64, "n": 64, "k": 64, "b_layout": "nk"}))
+def test_a_b_stored_n_by_k_is_a_hopper_gemm_of_its_own():
+    """A PyTorch Linear weight (B stored N x K) runs on the wgmma kernels too: the K-major
+    B variant, another task than the same shape with B stored K x N."""
+    nk = as_hopper(parse_workload({"op": "gemm", "m": 64, "n": 64, "k": 64, "b_layout": "nk"}))
+    assert nk == parse_any_workload(
+        {"op": "hopper_gemm", "m": 64, "n": 64, "k": 64, "b_layout": "nk"}
+    )
+    assert nk.label() == "hopper_gemm 64x64x64 nk"
+    assert nk.workload_hash != as_hopper(gemm(64, 64, 64)).workload_hash
+    assert codegen.generate(nk, HopperSchedule(64, 64, 6, 0)).variant == "gemm_nk"
 
 
 def _config(values):

@@ -49,6 +49,7 @@ from cuda_emulator import (
 
 from pipetune.model.workloads import bmm, gemm
 from pipetune.workers.codegen import wgmma
+from pipetune.workers.codegen.variants import b_layout_of
 from pipetune.workers.codegen.variants import variant_of as workload_variant
 from pipetune.workers.codegen.wgmma import WgmmaConfig
 from pipetune.workers.compile import compile_source
@@ -75,6 +76,18 @@ inline unsigned k_major(const Descriptor& d, int row, int k) {
 inline unsigned mn_major(const Descriptor& d, int mn, int k) {
   return swizzled(d.start + (mn % 64) * 2 + (mn / 64) * d.leading + (k % 8) * 128 +
                   (k / 8) * d.stride);
+}
+// B as the kernel's own instruction reads it (its trans-b immediate, element_defines): K-major
+// (B stored N x K) or MN-major (K x N).
+#ifndef PT_WGMMA_B_K_MAJOR
+#error "PT_WGMMA_B_K_MAJOR: the harness reads trans-b from the kernel (element_defines)"
+#endif
+inline unsigned b_at(const Descriptor& d, int n, int k) {
+#if PT_WGMMA_B_K_MAJOR
+  return k_major(d, n, k);
+#else
+  return mn_major(d, n, k);
+#endif
 }
 // The operands as the kernel's own wgmma instruction declares them (element_defines): a kernel
 // whose instruction names another type than its operands hold computes garbage, as on hardware.
@@ -109,7 +122,7 @@ inline void wgmma_tile(float (&d)[NACC], unsigned long long da, unsigned long lo
     fragment(t, i, row, col);
     for (int k = 0; k < 16; ++k) {
       op.chunks.push_back(k_major(op.a, row, k) / 16);
-      op.chunks.push_back(mn_major(op.b, col, k) / 16);
+      op.chunks.push_back(b_at(op.b, col, k) / 16);
     }
   }
   std::sort(op.chunks.begin(), op.chunks.end());
@@ -134,7 +147,7 @@ template <int N> inline void wgmma_wait() {
         fragment(t, i, row, col);
         float sum = 0.f;
         for (int k = 0; k < 16; ++k)
-          sum += smem_f(k_major(op.a, row, k)) * smem_f(mn_major(op.b, col, k));
+          sum += smem_f(k_major(op.a, row, k)) * smem_f(b_at(op.b, col, k));
         op.d[i] += sum;
       }
       for (unsigned c : op.chunks) {
@@ -290,7 +303,10 @@ def _tma_defines(workload, config: WgmmaConfig, sms: int = 3, reversed_blocks: b
     """The emulated tensor maps, filled from the specs the probe hands the driver (and for
     stream-K, its workspace and counters, the blocks run in reverse with `reversed_blocks`)."""
     view = workload.gemm_view()
-    specs = wgmma.tensor_map_specs(view.m, view.n, view.k, view.batch, config, workload.dtype)
+    b_layout = b_layout_of(workload_variant(workload))
+    specs = wgmma.tensor_map_specs(
+        view.m, view.n, view.k, view.batch, config, workload.dtype, b_layout
+    )
     fills = []
     for i, (spec, pointer, size) in enumerate(
         zip(specs, ("ap", "bp"), ("a.size()", "b.size()"), strict=True)
@@ -340,15 +356,16 @@ def _emulate(
     """Build and run one kernel (``sms``: the SMs a persistent kernel's grid is sized for,
     few, so that each block walks several tiles; ``reverse``: stream-K's blocks run last to
     first; ``wait_s``: how long an mbarrier wait may take before the run fails as hung, 20 s
-    unless given). ``mutate`` (old, new) edits the kernel's body or its device text (the PTX
-    wrappers, which the emulator replaces but reads its element types from)."""
+    unless given). ``mutate`` (old, new) edits the kernel's helpers, its body or its device text
+    (the PTX wrappers, which the emulator replaces but reads its element types from)."""
     kernel = wgmma.generate(workload, config)
     parts = wgmma.source_parts(kernel.variant, config, kernel.dtype)
-    body, device = parts["kernel"], parts["device"]
+    helpers, body, device = parts["helpers"], parts["kernel"], parts["device"]
     if mutate is not None:
         old, new = mutate
-        assert old in body or old in device
-        body, device = body.replace(old, new), device.replace(old, new)
+        assert old in helpers or old in body or old in device
+        helpers, body = helpers.replace(old, new), body.replace(old, new)
+        device = device.replace(old, new)
     grid, scalars = wgmma.launch(kernel, workload, sms)
     tma = config.loader == "tma"
     shims = element_defines(device) + "#include <algorithm>\n" + COMMON_SHIM + WGMMA_SHIM
@@ -358,7 +375,7 @@ def _emulate(
         shims = _tma_defines(workload, config, sms, reverse) + shims + TMA_SHIM
     source = harness_source(
         shims,
-        parts["helpers"] + body,
+        helpers + body,
         kernel.name,
         kernel.threads,
         len(scalars),
@@ -729,3 +746,80 @@ def test_a_bfloat16_kernel_with_a_float16_type_word_is_caught(tmp_path, mutation
     code, stderr, c, ref = _emulate(workload, config, tmp_path, mutation)
     assert code == 0, stderr
     assert not np.array_equal(values_of(c), rounded(ref, "bfloat16"))
+
+
+# ---- B stored N x K (gemm_nk) ----------------------------------------------------------------
+
+# B K-major in shared memory, as A (workload, config, SMs, blocks run last to first): the cp.async
+# loader, the TMA loader with either epilogue (rows of B past N land as zeros), split-K,
+# persistent and stream-K; one to four warpgroups, 64 to 256 columns; tails in M, N and K; and
+# bfloat16. The emulated wgmma reads B as the kernel's own instruction says (its trans-b
+# immediate), so a kernel that lays B out one way and tells wgmma the other fails here.
+NK = {"b_layout": "nk"}
+NK_CASES = [
+    (gemm(130, 136, 200, **NK), WgmmaConfig(128, 128, 3), 3, False),
+    (gemm(264, 72, 136, **NK), WgmmaConfig(256, 64, 3), 3, False),
+    (gemm(70, 200, 520, **NK), WgmmaConfig(64, 256, 4, loader="tma"), 3, False),
+    (
+        gemm(130, 200, 136, **NK),
+        WgmmaConfig(128, 128, 4, loader="tma", epilogue="staged"),
+        3,
+        False,
+    ),
+    (gemm(70, 72, 328, **NK), WgmmaConfig(64, 64, 6, loader="tma", splits=4), 3, False),
+    (gemm(200, 136, 200, **NK), WgmmaConfig(192, 128, 3, **PERSISTENT), 3, False),
+    (gemm(130, 136, 520, **NK), WgmmaConfig(64, 128, 4, **STREAM_K), 4, True),
+    (
+        gemm(130, 136, 200, **NK, **BF16),
+        WgmmaConfig(64, 128, 4, loader="tma", epilogue="staged"),
+        3,
+        False,
+    ),
+]
+
+
+def test_emulated_wgmma_kernels_of_b_stored_n_by_k_match_numpy(tmp_path):
+    outcomes = emulate_all(_emulate_shared, NK_CASES, tmp_path)
+    assert_outcomes_match([(w, c) for w, c, _, _ in NK_CASES], outcomes)
+
+
+@pytest.mark.parametrize(
+    ("config", "mutation"),
+    [
+        # wgmma told to transpose a K-major B.
+        (WgmmaConfig(64, 128, 4, loader="tma"), ("p, 1, 1, 0, 0;", "p, 1, 1, 0, 1;")),
+        # The k16 steps walking B's K as an N-major B's (16 lines on instead of 32 bytes).
+        (WgmmaConfig(64, 128, 4, loader="tma"),
+         ("smem_descriptor(stage_b + static_cast<unsigned>(ks * 32), 16u, 1024u)",
+          "smem_descriptor(stage_b + static_cast<unsigned>(ks * 16 * 128), 16u, 1024u)")),
+        # The cp.async loader reading B as if stored K x N.
+        (WgmmaConfig(64, 128, 4),
+         ("B + static_cast<long long>(gn) * K + gk", "B + static_cast<long long>(gk) * N + gn")),
+    ],
+    ids=["trans-b", "k-step", "copy-source"],
+)  # fmt: skip
+def test_broken_n_by_k_kernels_are_caught(tmp_path, config, mutation):
+    """Each is caught by a fault (a read of a chunk no copy filled, a misaligned copy) or by
+    the numbers."""
+    code, stderr, c, ref = _emulate(gemm(130, 136, 200, **NK), config, tmp_path, mutation)
+    assert code in (0, 3), stderr
+    if code == 3:
+        assert "EMULATOR:" in stderr
+    else:
+        assert not np.allclose(c.astype(np.float32), ref, rtol=2e-3, atol=2e-2)
+
+
+def test_tensor_map_of_b_stored_n_by_k_is_one_box_of_the_blocks_rows():
+    config = WgmmaConfig(128, 256, 4, loader="tma")
+    _, b = wgmma.tensor_map_specs(200, 328, 96, 3, config, b_layout="nk")
+    assert (b.dims, b.strides, b.box) == ((96, 328, 3), (192, 96 * 328 * 2), (64, 256, 1))
+    # One A box and one B box: the bytes the kernel expects per stage.
+    a, _ = wgmma.tensor_map_specs(200, 328, 96, 3, config, b_layout="nk")
+    assert (math.prod(a.box) + math.prod(b.box)) * 2 == config.stage_bytes
+    with pytest.raises(ValueError, match="b_layout"):
+        wgmma.tensor_map_specs(200, 328, 96, 3, config, b_layout="kk")
+
+
+def test_the_swapped_b_descriptor_reading_is_refused_for_a_k_major_b():
+    with pytest.raises(ValueError, match="swapped B descriptor"):
+        wgmma.generate("gemm_nk", WgmmaConfig(64, 128, 3, "swapped"))

@@ -2,7 +2,8 @@
 by a warpgroup-MMA kernel (``wgmma.mma_async``, tiles loaded by the TMA unit) that only Hopper
 GPUs (sm_90) run.
 
-They are the tensor-core family's `Gemm` (B stored K x N) and `Bmm` under op names of their own:
+They are the tensor-core family's `Gemm` (B stored K x N, or N x K as a PyTorch Linear weight
+is) and `Bmm` under op names of their own:
 an op name picks its kernel family (model/family.py), and these shapes are computed by another
 kernel, with other knobs and another model. Everything else (operand layout, alignment, the
 element type: float16 or bfloat16 with fp32 accumulation, the reference check, FLOPs) is the
@@ -22,11 +23,10 @@ class HopperGemm(Gemm):
     """C[M,N] = A[M,K] @ B[K,N], row-major, on warpgroup MMA."""
 
     op: Literal["hopper_gemm"] = "hopper_gemm"  # type: ignore[assignment]
-    # The TMA loader reads B as K x N row-major tiles (its tensor map's layout).
-    b_layout: Literal["kn"] = Field(default="kn", description="B stored K×N (the only layout here)")
 
     def label(self) -> str:
-        return f"hopper_gemm {self.m}x{self.n}x{self.k}{self.dtype_suffix()}"
+        layout = " nk" if self.b_layout == "nk" else ""
+        return f"hopper_gemm {self.m}x{self.n}x{self.k}{layout}{self.dtype_suffix()}"
 
 
 class HopperBmm(Bmm):
@@ -63,11 +63,9 @@ def parse_hopper_workload(data: dict[str, Any]) -> HopperWorkload:
 
 
 def as_hopper(workload: Gemm | Bmm) -> HopperWorkload:
-    """The Hopper family's workload of a tensor-core GEMM (B stored K x N) or BMM, of the
+    """The Hopper family's workload of a tensor-core GEMM (either layout of B) or BMM, of the
     same element type."""
     data = workload.canonical()
-    if data["op"] == "gemm" and data.get("b_layout") != "kn":
-        raise WorkloadError("b_layout", "the wgmma kernels read B stored K x N ('kn')")
     ops = {v: k for k, v in TENSOR_OP.items()}
     if data["op"] not in ops:
         raise WorkloadError("op", f"the wgmma kernels compute gemm and bmm, not {data['op']!r}")

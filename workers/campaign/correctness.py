@@ -212,6 +212,10 @@ HOPPER_CASES: tuple[tuple[str, Any], ...] = (
     ("hopper gemm_kn, aligned, long K", as_hopper(gemm(512, 256, 2048))),
     ("hopper bmm, tails in M, N, K", as_hopper(bmm(3, 333, 136, 200))),
     ("hopper bmm, aligned M and N", as_hopper(bmm(4, 256, 128, 64))),
+    # B stored N x K (a PyTorch Linear weight): K-major in shared memory, one TMA box of the
+    # block's rows per K tile (rows past N land as zeros), wgmma's trans-b 0.
+    ("hopper gemm_nk, tails in M, N, K", as_hopper(gemm(997, 200, 328, b_layout="nk"))),
+    ("hopper gemm_nk, aligned, long K", as_hopper(gemm(512, 256, 2048, b_layout="nk"))),
     # bfloat16: wgmma's .bf16 operands and BFLOAT16 tensor maps, on the tails and long K.
     (
         "hopper gemm_kn bfloat16, aligned, long K",

@@ -127,6 +127,11 @@ def b_is_kn(variant: str) -> bool:
     return variant in ("gemm_kn", "gemm_swiglu_kn", "gemm_bias_gelu_kn", "bmm")
 
 
+def b_layout_of(variant: str) -> str:
+    """How the variant's B operand is stored, as the workloads' ``b_layout`` says it."""
+    return "kn" if b_is_kn(variant) else "nk"
+
+
 def check_variant(variant: str) -> str:
     if variant not in VARIANTS:
         raise ValueError(f"unknown kernel variant {variant!r}; known: {', '.join(VARIANTS)}")

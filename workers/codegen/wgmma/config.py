@@ -12,7 +12,7 @@ from pipetune.workers.launch_plan import TensorMap
 BK = 64  # 16-bit elements per K tile: one 128-byte swizzle line per row of A
 SMEM_LIMIT = 227 * 1024  # Hopper's dynamic shared memory per block
 ALIGN_SLACK = 1024  # the stages start at a 1024-byte boundary (the swizzle reads bits 7-9)
-VARIANTS = ("gemm_kn", "bmm")  # B stored K x N, row-major
+VARIANTS = ("gemm_kn", "gemm_nk", "bmm")  # B stored K x N (gemm_kn, bmm) or N x K (gemm_nk)
 # How the B descriptor's two byte offsets are read for an N-major operand: "canonical" as the
 # PTX ISA's canonical-layout table gives them (leading = between 64-column slabs, stride =
 # between 8-row groups of K), "swapped" the other way round. The probe compiles both so that
@@ -234,15 +234,28 @@ def stream_k_buffers(config: WgmmaConfig, blocks: int, tiles: int) -> tuple[int,
 
 
 def tensor_map_specs(
-    m: int, n: int, k: int, batch: int, config: WgmmaConfig, dtype: DType = "float16"
+    m: int,
+    n: int,
+    k: int,
+    batch: int,
+    config: WgmmaConfig,
+    dtype: DType = "float16",
+    b_layout: str = "kn",
 ) -> tuple[TensorMap, TensorMap]:
-    """The tensor maps of A (batch x M x K) and B (batch x K x N), row-major, of ``dtype``:
-    A's box is one K tile of the block's rows (BM lines of 128 bytes), B's one 64-column slab
-    of a K tile. Both element types are 2 bytes (BK of them fill one 128-byte swizzle line):
-    the dtype changes only the map's data type, not a size or stride."""
+    """The tensor maps of A (batch x M x K) and B (batch x K x N, or with ``b_layout`` "nk"
+    batch x N x K), row-major, of ``dtype``: A's box is one K tile of the block's rows (BM lines
+    of 128 bytes); B's one 64-column slab of a K tile, or for "nk" one K tile of the block's
+    BN rows, as A's. Both element types are 2 bytes (BK of them fill one 128-byte swizzle
+    line): the dtype changes only the map's data type, not a size or stride."""
     if k % 8 or n % 8:
         # The TMA unit needs every row to start on a 16-byte boundary.
         raise ValueError(f"the TMA loader needs K and N to be multiples of 8, got K={k} N={n}")
     a = TensorMap("tmap_a", "A", (k, m, batch), (k * 2, m * k * 2), (BK, config.block_m, 1), dtype)
-    b = TensorMap("tmap_b", "B", (n, k, batch), (n * 2, k * n * 2), (64, BK, 1), dtype)
+    if b_layout == "nk":
+        box = (BK, config.block_n, 1)
+        b = TensorMap("tmap_b", "B", (k, n, batch), (k * 2, n * k * 2), box, dtype)
+    elif b_layout == "kn":
+        b = TensorMap("tmap_b", "B", (n, k, batch), (n * 2, k * n * 2), (64, BK, 1), dtype)
+    else:
+        raise ValueError(f"b_layout must be 'kn' or 'nk', got {b_layout!r}")
     return a, b

@@ -42,12 +42,7 @@ PT_HD unsigned swizzle128(unsigned offset) { return offset ^ (((offset >> 7) & 7
 PT_HD unsigned a_chunk_offset(int row, int unit) {
   return swizzle128(static_cast<unsigned>(row * 128 + unit * 16));
 }
-// B: line `k` of 64-column slab unit / 8 (N-major).
-PT_HD unsigned b_chunk_offset(int k, int unit) {
-  return static_cast<unsigned>((unit / 8) * B_SLAB_BYTES) +
-         swizzle128(static_cast<unsigned>(k * 128 + (unit % 8) * 16));
-}
-
+@B_CHUNK_OFFSET@
 // A wgmma shared-memory matrix descriptor: start address, leading and stride byte offsets
 // (all in 16-byte units), layout type 1 = 128-byte swizzle in bits 62-63, base offset 0.
 PT_HD unsigned long long smem_descriptor(unsigned addr, unsigned leading, unsigned stride) {
@@ -60,14 +55,7 @@ PT_HD unsigned long long smem_descriptor(unsigned addr, unsigned leading, unsign
 PT_HD unsigned long long a_descriptor(unsigned stage_a, int wg, int ks) {
   return smem_descriptor(stage_a + static_cast<unsigned>(wg * 64 * 128 + ks * 32), 16u, 1024u);
 }
-// B, k16 step ks: N-major; 64-column slabs B_SLAB_BYTES apart, 8-line groups of K 1024
-// bytes apart; a k16 step is 16 lines (2048 bytes) on.
-PT_HD unsigned long long b_descriptor(unsigned stage_b, int ks) {
-  const unsigned slabs = static_cast<unsigned>(B_SLAB_BYTES), groups = 1024u;
-  return smem_descriptor(stage_b + static_cast<unsigned>(ks * 16 * 128),
-                         B_SWAPPED ? groups : slabs, B_SWAPPED ? slabs : groups);
-}
-
+@B_DESCRIPTOR@
 // Accumulator i of thread t (0..127 within its warpgroup) of an m64nNk16 f32 result: warp
 // t/32 holds rows 16(t/32)..+15; in each 8-column block j = i/4, as mma.m16n8's C fragment.
 PT_HD void acc_position(int t, int i, int& row, int& col) {
@@ -214,9 +202,11 @@ __device__ __forceinline__ void tma_load_3d(unsigned dst, const void* map, int c
 DEVICE_TAIL = "}  // namespace pt\n"
 
 
-def wgmma_wrapper(block_n: int) -> str:
-    """D(64 x BN, f32) += A(64 x 16, smem, K-major) * B(16 x BN, smem, N-major)."""
+def wgmma_wrapper(block_n: int, b_layout: str = "kn") -> str:
+    """D(64 x BN, f32) += A(64 x 16, smem, K-major) * B(16 x BN, smem): B N-major for B stored
+    K x N ("kn", transposed by the instruction: imm-trans-b 1), K-major for N x K ("nk", 0)."""
     acc = block_n // 2
+    trans_b = {"kn": 1, "nk": 0}[b_layout]
     regs = ", ".join(f"%{i}" for i in range(acc))
     outputs = ", ".join(f'"+f"(d[{i}])' for i in range(acc))
     return (
@@ -228,7 +218,7 @@ def wgmma_wrapper(block_n: int) -> str:
         f'      "setp.ne.b32 p, %{acc + 2}, 0;\\n"\n'
         f'      "wgmma.mma_async.sync.aligned.m64n{block_n}k16.f32.@MMA@.@MMA@ "\n'
         f'      "{{{regs}}}, "\n'
-        f'      "%{acc}, %{acc + 1}, p, 1, 1, 0, 1;\\n}}\\n"\n'
+        f'      "%{acc}, %{acc + 1}, p, 1, 1, 0, {trans_b};\\n}}\\n"\n'
         f"      : {outputs}\n"
         '      : "l"(da), "l"(db), "r"(1));\n'
         "#else\n"
@@ -285,15 +275,7 @@ extern "C" __global__ void __launch_bounds__(@THREADS@, 1)
       cp_async16(sa + a_chunk_offset(row, unit), ok ? A + static_cast<long long>(gm) * K + gk : A,
                  ok);
     }
-#pragma unroll
-    for (int it = 0; it < B_ITERS; ++it) {
-      const int c = tid + it * THREADS, k = c / (BN / 8), unit = c % (BN / 8);
-      const int gk = kt * BK + k, gn = bn0 + unit * 8;
-      const bool ok = gk < K && gn < N;
-      cp_async16(sb + b_chunk_offset(k, unit), ok ? B + static_cast<long long>(gk) * N + gn : B,
-                 ok);
-    }
-  };
+@B_COPIES@  };
 
   float acc[ACC];
 #pragma unroll
@@ -393,11 +375,7 @@ TMA_ISSUE = r"""
     const unsigned sa = base + stage * STAGE_BYTES, sb = sa + A_STAGE_BYTES, bar = bars + stage * 8;
     mbarrier_expect_tx(bar, static_cast<unsigned>(STAGE_BYTES));
     tma_load_3d(sa, tmap_a, kt * BK, bm0, z, bar);
-#pragma unroll
-    for (int s = 0; s < BN / 64; ++s) {
-      tma_load_3d(sb + s * B_SLAB_BYTES, tmap_b, min(bn0 + 64 * s, last_slab), kt * BK, z, bar);
-    }
-""".lstrip("\n")
+@B_BOXES@""".lstrip("\n")
 # The staged epilogue's two steps: the accumulators rounded to 16 bits into the C tile in shared
 # memory (`tile`), then 16-byte row chunks of it to C (N is a multiple of 8).
 C_TILE_OUT = r"""#pragma unroll
@@ -487,11 +465,7 @@ extern "C" __global__ void __launch_bounds__(@THREADS@, 1)
   const int k_tiles = max(0, min(per_slice, k_tiles_all - kt0));
   const unsigned base = (smem_u32(pt_smem) + 1023u) & ~1023u;
   const unsigned bars = base + STAGES * STAGE_BYTES;  // one 8-byte mbarrier per stage
-  // A 64-column slab of B wholly past N copies the last slab that starts inside N instead of
-  // a box wholly out of bounds: no stored C column reads it, and every stage counts the same
-  // STAGE_BYTES.
-  const int last_slab = (N - 1) / 64 * 64;
-
+@LAST_SLAB@
 @TMA_SETUP@
   // Thread 0 only: the block's tile kt (kt0 + kt of K) into `stage`, its bytes counted on the
   // stage's mbarrier.
@@ -543,8 +517,7 @@ extern "C" __global__ void __launch_bounds__(@THREADS@, 1)
   const unsigned base = (smem_u32(pt_smem) + 1023u) & ~1023u;
   const unsigned bars = base + STAGES * STAGE_BYTES;  // one 8-byte mbarrier per stage
   unsigned char* tile = pt_smem + (base - smem_u32(pt_smem)) + C_TILE_AT;
-  const int last_slab = (N - 1) / 64 * 64;  // (as in the TMA kernel: a slab past N)
-
+@LAST_SLAB_AGAIN@
 @TILE_AT@
 @TMA_SETUP@
   // Thread 0 only: the block's load j (K tile j % k_tiles of its tile j / k_tiles) into
@@ -600,8 +573,7 @@ extern "C" __global__ void __launch_bounds__(@THREADS@, 1)
   const unsigned bars = base + STAGES * STAGE_BYTES;  // one 8-byte mbarrier per stage
   unsigned char* tile = pt_smem + (base - smem_u32(pt_smem)) + C_TILE_AT;
   volatile int* sums_tile = reinterpret_cast<volatile int*>(tile + (FLAG_AT - C_TILE_AT));
-  const int last_slab = (N - 1) / 64 * 64;  // (as in the TMA kernel: a slab past N)
-
+@LAST_SLAB_AGAIN@
 @TILE_AT@
 @TMA_SETUP@
   // Thread 0 only: the block's load j (K step begin + j) into `stage`, its bytes counted on
@@ -681,3 +653,94 @@ STAGED_EPILOGUE = _fill(STAGED_EPILOGUE)
 TMA_KERNEL = _fill(TMA_KERNEL)
 PERSISTENT_KERNEL = _fill(PERSISTENT_KERNEL)
 STREAM_K_KERNEL = _fill(STREAM_K_KERNEL)
+
+
+# ---- B's layout -------------------------------------------------------------------------------
+# The text that depends on how B is stored, by the workloads' `b_layout` (placeholders of HELPERS
+# and the kernels; each text's first newline is not part of it). "kn" (B stored K x N, the
+# gemm_kn and bmm variants): shared memory holds B N-major, in 64-column slabs of BK lines, each
+# slab one TMA box, and wgmma transposes it (imm-trans-b 1). "nk" (B stored N x K, as a PyTorch
+# Linear weight: the gemm_nk variant): B is K-major as A is, BN lines of 64 halves, one TMA box
+# per K tile, and wgmma reads it as it is (imm-trans-b 0), the layout CUTLASS's Hopper GEMMs
+# prefer.
+B_LAYOUT_TEXT: dict[str, dict[str, str]] = {
+    "kn": {
+        "B_CHUNK_OFFSET": r"""
+// B: line `k` of 64-column slab unit / 8 (N-major).
+PT_HD unsigned b_chunk_offset(int k, int unit) {
+  return static_cast<unsigned>((unit / 8) * B_SLAB_BYTES) +
+         swizzle128(static_cast<unsigned>(k * 128 + (unit % 8) * 16));
+}
+""",
+        "B_DESCRIPTOR": r"""
+// B, k16 step ks: N-major; 64-column slabs B_SLAB_BYTES apart, 8-line groups of K 1024
+// bytes apart; a k16 step is 16 lines (2048 bytes) on.
+PT_HD unsigned long long b_descriptor(unsigned stage_b, int ks) {
+  const unsigned slabs = static_cast<unsigned>(B_SLAB_BYTES), groups = 1024u;
+  return smem_descriptor(stage_b + static_cast<unsigned>(ks * 16 * 128),
+                         B_SWAPPED ? groups : slabs, B_SWAPPED ? slabs : groups);
+}
+""",
+        "B_COPIES": r"""
+#pragma unroll
+    for (int it = 0; it < B_ITERS; ++it) {
+      const int c = tid + it * THREADS, k = c / (BN / 8), unit = c % (BN / 8);
+      const int gk = kt * BK + k, gn = bn0 + unit * 8;
+      const bool ok = gk < K && gn < N;
+      cp_async16(sb + b_chunk_offset(k, unit), ok ? B + static_cast<long long>(gk) * N + gn : B,
+                 ok);
+    }
+""",
+        "B_BOXES": r"""
+#pragma unroll
+    for (int s = 0; s < BN / 64; ++s) {
+      tma_load_3d(sb + s * B_SLAB_BYTES, tmap_b, min(bn0 + 64 * s, last_slab), kt * BK, z, bar);
+    }
+""",
+        "LAST_SLAB": r"""
+  // A 64-column slab of B wholly past N copies the last slab that starts inside N instead of
+  // a box wholly out of bounds: no stored C column reads it, and every stage counts the same
+  // STAGE_BYTES.
+  const int last_slab = (N - 1) / 64 * 64;
+""",
+        "LAST_SLAB_AGAIN": (
+            "  const int last_slab = (N - 1) / 64 * 64;  // (as in the TMA kernel: a slab past N)\n"
+        ),
+    },
+    "nk": {
+        "B_CHUNK_OFFSET": r"""
+// B: row `n` of the tile (K-major, as A: 64 halves = 8 units).
+PT_HD unsigned b_chunk_offset(int n, int unit) {
+  return swizzle128(static_cast<unsigned>(n * 128 + unit * 16));
+}
+""",
+        "B_DESCRIPTOR": r"""
+// B, k16 step ks: K-major, as A; 8-line groups of N 1024 bytes apart, the leading offset
+// unused (1); a k16 step is 32 bytes on.
+PT_HD unsigned long long b_descriptor(unsigned stage_b, int ks) {
+  return smem_descriptor(stage_b + static_cast<unsigned>(ks * 32), 16u, 1024u);
+}
+""",
+        "B_COPIES": r"""
+#pragma unroll
+    for (int it = 0; it < B_ITERS; ++it) {
+      const int c = tid + it * THREADS, n = c / 8, unit = c % 8;
+      const int gn = bn0 + n, gk = kt * BK + unit * 8;
+      const bool ok = gn < N && gk < K;
+      cp_async16(sb + b_chunk_offset(n, unit), ok ? B + static_cast<long long>(gn) * K + gk : B,
+                 ok);
+    }
+""",
+        # One box of the tile's BN rows (rows past N land as zeros; the box starts inside N).
+        "B_BOXES": "    tma_load_3d(sb, tmap_b, kt * BK, bn0, z, bar);\n",
+        "LAST_SLAB": "",
+        "LAST_SLAB_AGAIN": "",
+    },
+}
+
+
+def fill_b_layout(text: str, b_layout: str) -> str:
+    """``text`` with B's layout-dependent placeholders filled for ``b_layout`` ("kn", "nk")."""
+    for key, value in B_LAYOUT_TEXT[b_layout].items():
+        text = text.replace(f"@{key}@", value.removeprefix("\n"))
+    return text

@@ -31,7 +31,7 @@ from pipetune.model.hopper.workloads import HopperWorkload
 from pipetune.workers.codegen.cover import compile_sample, stratified_sample
 from pipetune.workers.codegen.cuda_text import typed_key
 from pipetune.workers.codegen.generator import KernelSource
-from pipetune.workers.codegen.variants import SCALAR_ARGS, pointer_args, variant_of
+from pipetune.workers.codegen.variants import SCALAR_ARGS, b_layout_of, pointer_args, variant_of
 from pipetune.workers.codegen.wgmma.config import (
     BK,
     WgmmaConfig,
@@ -64,7 +64,7 @@ class HopperKernelSource:
     """One generated kernel: the family's schedule and the wgmma configuration that computes
     it (what the launch reads: the block tile, persistent, stream-K)."""
 
-    variant: str  # "gemm_kn" | "bmm"
+    variant: str  # "gemm_kn" | "gemm_nk" | "bmm"
     schedule: HopperSchedule
     config: WgmmaConfig
     name: str
@@ -169,7 +169,8 @@ def launch_plan(
     names = list(SCALAR_ARGS[kernel.variant])
     if config.persistent:
         names.append("tiles")
-    maps = tensor_map_specs(view.m, view.n, view.k, view.batch, config, workload.dtype)
+    b_layout = b_layout_of(kernel.variant)
+    maps = tensor_map_specs(view.m, view.n, view.k, view.batch, config, workload.dtype, b_layout)
     a, b, c = operand_shapes(workload)
     buffers = [
         Buffer("A", a, workload.dtype, "input"),

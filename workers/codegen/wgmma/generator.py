@@ -7,7 +7,7 @@ from pipetune.model.workloads import AnyWorkload
 from pipetune.workers.codegen import cuda_text as family_text
 from pipetune.workers.codegen import generator as family
 from pipetune.workers.codegen.generator import KernelSource
-from pipetune.workers.codegen.variants import variant_of
+from pipetune.workers.codegen.variants import b_layout_of, variant_of
 from pipetune.workers.codegen.wgmma.config import BK, REDUCE_THREADS, VARIANTS, WgmmaConfig
 from pipetune.workers.codegen.wgmma.cuda_text import (
     BATCH_OFFSETS,
@@ -25,6 +25,7 @@ from pipetune.workers.codegen.wgmma.cuda_text import (
     STAGED_EPILOGUE,
     STREAM_K_KERNEL,
     TMA_KERNEL,
+    fill_b_layout,
     wgmma_wrapper,
 )
 
@@ -50,6 +51,10 @@ def source_parts(variant: str, config: WgmmaConfig, dtype: str = "float16") -> d
     (``family_text.ELEMENTS``)."""
     if variant not in VARIANTS:
         raise ValueError(f"the wgmma probe computes {VARIANTS}, not {variant!r}")
+    b_layout = b_layout_of(variant)
+    if b_layout == "nk" and config.b_descriptor != "canonical":
+        # The swapped reading is of an N-major B's two offsets; a K-major B has one.
+        raise ValueError("the swapped B descriptor is for B stored K x N (gemm_kn, bmm)")
     element = family_text.ELEMENTS[family.check_dtype(dtype)]
     name = kernel_name(variant, config, dtype)
     helpers = HELPERS
@@ -64,6 +69,7 @@ def source_parts(variant: str, config: WgmmaConfig, dtype: str = "float16") -> d
         "STREAM_K": "true" if config.stream_k else "false",
     }.items():
         helpers = helpers.replace(f"@{key}@", str(value))
+    helpers = fill_b_layout(helpers, b_layout)
     tma = config.loader == "tma"
     split = config.splits > 1
     if split:
@@ -82,14 +88,16 @@ def source_parts(variant: str, config: WgmmaConfig, dtype: str = "float16") -> d
         .replace("@NAME@", name)
         .replace("@BATCH@", BATCH_OFFSETS if variant == "bmm" else "")
     )
+    kernel = fill_b_layout(kernel, b_layout)
     if split:
         kernel += REDUCE_KERNEL.replace("@NAME@", name).replace(
             "@REDUCE_THREADS@", str(REDUCE_THREADS)
         )
     of_type = "" if dtype == "float16" else f", {dtype}"
+    b_reading = f"B descriptor {config.b_descriptor}" if b_layout == "kn" else "B K-major"
     header = (
         f"// pipetune wgmma probe kernel: variant {variant}{of_type}, block {config.block_m}x"
-        f"{config.block_n}x{BK}, {config.stages} stages, B descriptor {config.b_descriptor}, "
+        f"{config.block_n}x{BK}, {config.stages} stages, {b_reading}, "
         f"{config.loader} loader\n"
         f"// {config.threads} threads, {config.smem_bytes} B dynamic shared memory\n"
         f"{BUILD_NOTE}"
@@ -104,7 +112,7 @@ def source_parts(variant: str, config: WgmmaConfig, dtype: str = "float16") -> d
             family_text.DEVICE
             + DEVICE_HEAD
             + DEVICE_WGMMA
-            + wgmma_wrapper(config.block_n)
+            + wgmma_wrapper(config.block_n, b_layout)
             + (DEVICE_TMA if tma else "")
             + DEVICE_TAIL
         ),
