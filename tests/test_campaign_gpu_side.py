@@ -690,3 +690,23 @@ def test_the_simulated_memops_baseline_moves_the_compulsory_bytes_at_the_spec_s_
     assert answer["simulated"] and "DRAM bandwidth" in answer["library"]
     expected_ms = workload.compulsory_bytes / (get_gpu("h100").dram_bandwidth_gbs * 1e9) * 1e3
     assert np.median(answer["samples_ms"]) == pytest.approx(expected_ms, rel=0.1)
+
+
+@pytest.mark.parametrize("op", ["gemm", "hopper_gemm"])
+def test_an_fp16_gemm_baseline_of_b_stored_n_by_k_multiplies_by_b_transposed(cupy, monkeypatch, op):
+    """cuBLAS through cupy.matmul on B stored N x K takes B's transposed view, for the Hopper
+    family's GEMM as for the tensor-core one (its op name is another, its B the same)."""
+    monkeypatch.setitem(sys.modules, "torch", None)
+    cuda_side.init(0)
+    calls = []
+    real = cupy.matmul
+
+    def matmul(a, b, out=None):
+        calls.append((a.shape, b.shape))
+        return real(a, b, out=out)
+
+    monkeypatch.setattr(cupy, "matmul", matmul)
+    workload = {**gemm(64, 24, 40, b_layout="nk").canonical(), "op": op}
+    answer = cuda_side.vendor_time(workload, 7, POLICY)
+    assert answer["library"].startswith("cuBLAS") and len(answer["samples_ms"]) == 5
+    assert calls and all(shapes == ((64, 40), (40, 24)) for shapes in calls)

@@ -267,7 +267,8 @@ def _cublas(workload: Any, seed: int, policy: RepeatPolicy) -> dict[str, Any]:
 
     a_host, b_host = make_inputs(workload, seed)
     a, b = cupy.asarray(a_host), cupy.asarray(b_host)
-    if workload.op == "gemm" and workload.b_layout == "nk":
+    # (A Hopper GEMM's op is another; its B is stored as a tensor-core GEMM's.)
+    if getattr(workload, "b_layout", "kn") == "nk":
         b = b.T  # a transposed view: cuBLAS takes it as an operation, not a copy
     out = cupy.empty(operand_shapes(workload)[2], dtype=cupy.float16)
 
