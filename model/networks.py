@@ -60,7 +60,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 
 from pipetune.model.family import family_of, parse_any_workload
-from pipetune.model.hopper.workloads import HopperWorkload, as_hopper
+from pipetune.model.hopper.workloads import TENSOR_OP, HopperWorkload, as_hopper
 from pipetune.model.memops.workloads import (
     MemWorkload,
     bias_gelu,
@@ -134,7 +134,7 @@ class Network:
         memory-intensive operators as they were."""
         layers = [
             Layer(layer.name, as_hopper(layer.workload))
-            if getattr(layer.workload, "op", None) in ("gemm", "bmm")
+            if getattr(layer.workload, "op", None) in TENSOR_OP.values()
             else layer
             for layer in self.layers
         ]
@@ -142,7 +142,7 @@ class Network:
         if self.fuse_swiglu:
             note += "; the fused gemm_swiglu stays on the mma.sync family (no wgmma epilogue)"
         if self.fuse_bias_gelu:
-            note += "; the fused gemm_bias_gelu stays on the mma.sync family (no wgmma epilogue)"
+            note += "; FC1 with its bias and GELU too (hopper_gemm_bias_gelu)"
         return dataclasses.replace(self, layers=layers, notes=[*self.notes, note])
 
     def in_dtype(self, dtype: str) -> Network:

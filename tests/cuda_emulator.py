@@ -237,6 +237,10 @@ MAIN = (
 #ifndef BEFORE_LAUNCH
 #define BEFORE_LAUNCH
 #endif
+// Inputs beside A and B, read before BEFORE_LAUNCH (a bias variant's bias; BIAS_SHIM).
+#ifndef LOAD_EXTRA_INPUTS
+#define LOAD_EXTRA_INPUTS
+#endif
 // Run after every block of the kernel (a second kernel: split-K's reduction).
 #ifndef AFTER_LAUNCH
 #define AFTER_LAUNCH
@@ -285,6 +289,7 @@ int main(int argc, char** argv) {
     std::memcpy(cp + 2 * i, &nan, 2);
   }
   gridDim = {grid_x, GRID_Y, grid_z};
+  LOAD_EXTRA_INPUTS
   BEFORE_LAUNCH
   g_last_read.assign(g_smem_bytes / 16, INT_MIN);
   for (unsigned z = 0; z < grid_z; ++z)
@@ -380,7 +385,7 @@ inline float widen_elem(unsigned short h) {
 }
 }  // namespace pt
 #define EXTRA_POINTERS , AnyPtr{g_bias.data()}
-#define BEFORE_LAUNCH                                                              \
+#define LOAD_EXTRA_INPUTS                                                          \
   {                                                                                \
     std::string path(argv[1]);                                                     \
     std::vector<unsigned char> raw = read_file(                                    \

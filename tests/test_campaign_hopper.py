@@ -38,7 +38,13 @@ def test_the_hopper_selection_covers_every_knob_value_tile_loop_and_tail(gpu):
     chosen = selection(spec, ["hopper_gemm"])
     checks = FAMILY_CHECKS["hopper_gemm"]
     assert sum(len(s) for _, _, s in chosen) == len(checks.cases) * checks.per_case
-    assert {w.op for _, w, _ in chosen} == {"hopper_gemm", "hopper_bmm"}
+    assert {w.op for _, w, _ in chosen} == {"hopper_gemm", "hopper_bmm", "hopper_gemm_bias_gelu"}
+    # Both layouts of B, both forms of GELU.
+    assert {w.b_layout for _, w, _ in chosen if w.op != "hopper_bmm"} == {"kn", "nk"}
+    assert {w.approximate for _, w, _ in chosen if w.op == "hopper_gemm_bias_gelu"} == {
+        "none",
+        "tanh",
+    }
     fam = family("hopper_gemm")
     allowed = {
         (k, getattr(x, k)) for _, w, _ in chosen for x in fam.enumerate(w, spec) for k in KNOB_NAMES

@@ -506,6 +506,28 @@ def test_a_hopper_gemm_of_b_stored_n_by_k_exports_its_k_major_b_map(
     assert b_buffer["shape"] == [3072, 768]
 
 
+def test_a_hopper_gemm_with_bias_and_gelu_exports_its_bias_and_form(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+):
+    """FC1 with its bias and GELU on the wgmma kernels: built for sm_90a, its launch document
+    takes the bias after C and the GELU form after K, as the mma.sync family's does."""
+    url = f"sqlite:///{tmp_path / 'hopper.db'}"
+    monkeypatch.setenv("PIPETUNE_SIMULATED_TIME_SCALE", "0")
+    fc1 = {"op": "hopper_gemm_bias_gelu", "m": 1024, "n": 3072, "k": 768, "approximate": "tanh"}
+    pipetune.tune(fc1, "h100", budget=2, strategy="random", runner="simulated", db=url)
+    out = tmp_path / "out"
+    result = cli.invoke(app, ["export", "--gpu", "h100", "--out-dir", str(out), "--db", url])
+    assert result.exit_code == 0, result.output
+    (entry,) = json.loads((out / "index.json").read_text())["workloads"]
+    assert entry["arch"] == "sm_90a" and "gemm_bias_gelu_kn" in entry["kernel"]
+    launch = json.loads((out / entry["files"]["launch"]).read_text())
+    (run,) = launch["launches"]
+    assert run["arguments"][:8] == ["A", "B", "C", "bias", "M", "N", "K", "gelu_tanh"]
+    assert run["scalars"]["gelu_tanh"] == 1
+    bias = next(b for b in launch["buffers"] if b["name"] == "bias")
+    assert bias["shape"] == [3072] and bias["role"] == "input"
+
+
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="no nvcc here")
 def test_a_hopper_kernels_tensor_map_header_compiles_into_a_host_program(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch

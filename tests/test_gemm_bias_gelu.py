@@ -129,7 +129,10 @@ def test_a_fused_network_s_fc1_is_one_gemm_bias_gelu_per_block(name, form):
     plain_ops = [layer.name for layer in plain.layers]
     assert "fc1" in plain_ops and "fc1" not in [layer.name for layer in fused.layers]
     assert "gemm_bias_gelu" in fused.notes[0]
-    assert "stays on the mma.sync family" in fused.on_hopper().notes[-1]
+    on_hopper = fused.on_hopper()
+    assert "hopper_gemm_bias_gelu" in on_hopper.notes[-1]
+    hopper_fc1 = [layer.workload for layer in on_hopper.layers if layer.name == "fc1_bias_gelu"]
+    assert hopper_fc1[0].op == "hopper_gemm_bias_gelu" and hopper_fc1[0].approximate == form
     assert fused.in_dtype("bfloat16").layers[0].workload.dtype == "bfloat16"
 
 

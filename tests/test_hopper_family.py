@@ -72,6 +72,36 @@ def test_a_b_stored_n_by_k_is_a_hopper_gemm_of_its_own():
     assert codegen.generate(nk, HopperSchedule(64, 64, 6, 0)).variant == "gemm_nk"
 
 
+def test_a_gemm_with_bias_and_gelu_is_a_hopper_op_of_its_own():
+    """FC1 with its bias and GELU on the wgmma kernels: the tensor-core gemm_bias_gelu's
+    fields under an op of its own; its run takes the bias after C and the GELU form after K
+    (before a persistent kernel's tile count), and its kernels are a generator line apart."""
+    from pipetune.model.family import generator_revision_of
+    from pipetune.model.workloads import gemm_bias_gelu
+
+    fc1 = as_hopper(gemm_bias_gelu(1024, 3072, 768, b_layout="nk", approximate="tanh"))
+    assert fc1 == parse_any_workload(
+        {
+            "op": "hopper_gemm_bias_gelu",
+            **{"m": 1024, "n": 3072, "k": 768, "b_layout": "nk", "approximate": "tanh"},
+        }
+    )
+    assert fc1.label() == "hopper_gemm_bias_gelu(tanh) 1024x3072x768 nk"
+    assert family_for_op(fc1.op).name == "hopper_gemm"
+    assert generator_revision_of(fc1).line == "hopper_gemm.bias_gelu"
+    kernel = codegen.generate(fc1, HopperSchedule(128, 128, 4, PERSISTENT))
+    assert kernel.variant == "gemm_bias_gelu_nk"
+    plan = codegen.launch_plan(kernel, fc1, sm_count=132)
+    assert [b.name for b in plan.buffers] == ["A", "B", "bias", "C"]
+    (run,) = plan.launches
+    assert run.arguments[:9] == ("A", "B", "C", "bias", "M", "N", "K", "gelu_tanh", "tiles")
+    assert run.scalars["gelu_tanh"] == 1
+    with pytest.raises(WorkloadError, match="approximate"):
+        parse_any_workload(
+            {"op": "hopper_gemm_bias_gelu", "m": 64, "n": 64, "k": 64, "approximate": "fast"}
+        )
+
+
 def _config(values):
     return codegen.config_of(HopperSchedule(*values))
 
@@ -194,6 +224,22 @@ def test_the_stream_k_shapes_build_without_spills_within_one_blocks_registers():
     schedules = [s for s in space if s.tile_loop == STREAM_K]
     assert len(schedules) > 30
     kernels = [codegen.generate(w, s) for s in schedules]
+    for kernel, built in zip(kernels, compile_many(kernels, "sm_90a"), strict=True):
+        assert built.spill_bytes == 0, kernel.name
+        assert built.registers * kernel.threads <= H100.registers_per_sm, kernel.name
+
+
+def test_the_widest_stream_k_shapes_build_without_spills_with_bias_and_gelu_too():
+    """The bias + GELU epilogue adds its GELU and bias loads to the stream-K kernels' summing
+    pass: the widest tiles (the most accumulators) must still fit without spilling."""
+    from pipetune.workers.compile import compile_many
+
+    w = parse_any_workload({"op": "hopper_gemm_bias_gelu", "m": 4096, "n": 4096, "k": 4096})
+    space = HopperSpace.enumerate(w, H100)
+    schedules = [s for s in space if s.tile_loop == STREAM_K and s.tile_n >= 192]
+    assert len(schedules) >= 8
+    kernels = [codegen.generate(w, s) for s in schedules]
+    assert all(k.variant == "gemm_bias_gelu_kn" for k in kernels)
     for kernel, built in zip(kernels, compile_many(kernels, "sm_90a"), strict=True):
         assert built.spill_bytes == 0, kernel.name
         assert built.registers * kernel.threads <= H100.registers_per_sm, kernel.name

@@ -37,19 +37,21 @@ import shutil
 import numpy as np
 import pytest
 from cuda_emulator import (
+    BIAS_SHIM,
     COMMON_SHIM,
     assert_outcomes_match,
     build_and_run,
     element_defines,
     emulate_all,
+    gelu_tolerance,
     harness_source,
     rounded,
     values_of,
 )
 
-from pipetune.model.workloads import bmm, gemm
+from pipetune.model.workloads import bmm, gemm, gemm_bias_gelu
 from pipetune.workers.codegen import wgmma
-from pipetune.workers.codegen.variants import b_layout_of
+from pipetune.workers.codegen.variants import BIAS_GELU_VARIANTS, b_layout_of
 from pipetune.workers.codegen.variants import variant_of as workload_variant
 from pipetune.workers.codegen.wgmma import WgmmaConfig
 from pipetune.workers.compile import compile_source
@@ -369,6 +371,8 @@ def _emulate(
     grid, scalars = wgmma.launch(kernel, workload, sms)
     tma = config.loader == "tma"
     shims = element_defines(device) + "#include <algorithm>\n" + COMMON_SHIM + WGMMA_SHIM
+    if kernel.variant in BIAS_GELU_VARIANTS:
+        shims += BIAS_SHIM
     if wait_s is not None:
         shims = f"#define PT_MBARRIER_WAIT_S {wait_s}\n" + shims
     if tma:
@@ -625,7 +629,9 @@ def test_the_two_readings_of_the_b_descriptor_differ(tmp_path):
 def test_probe_shapes_compile_for_hopper(config):
     """NVRTC (no GPU) builds every probe shape for sm_90a: no spills, and ptxas did not
     serialise the MMAs (it warns when the accumulators are touched while one is in flight)."""
-    for variant in wgmma.VARIANTS:
+    # The bias + GELU epilogue is the staged one's (its B loads are gemm_kn's and gemm_nk's).
+    staged = config.epilogue == "staged" and config.splits == 1
+    for variant in ("gemm_kn", "gemm_nk", "bmm", *(("gemm_bias_gelu_kn",) if staged else ())):
         kernel = wgmma.generate(variant, config)
         result = compile_source(kernel.code, "sm_90a", entry=kernel.name)
         assert result.spill_stores_bytes == 0 and result.spill_loads_bytes == 0, result.log
@@ -823,3 +829,75 @@ def test_tensor_map_of_b_stored_n_by_k_is_one_box_of_the_blocks_rows():
 def test_the_swapped_b_descriptor_reading_is_refused_for_a_k_major_b():
     with pytest.raises(ValueError, match="swapped B descriptor"):
         wgmma.generate("gemm_nk", WgmmaConfig(64, 128, 3, "swapped"))
+
+
+# ---- bias + GELU in the staged epilogue ------------------------------------------------------
+
+# C = gelu(A @ B + bias) (workload, config, SMs, blocks run last to first): either loader, one
+# block per tile, persistent and stream-K (shares summed before the epilogue); both layouts of
+# B, both forms of GELU; tails in M, N (bias columns past N) and K; several column tiles (the
+# bias read at the tile's own columns); and bfloat16 (its bias widened as bf16).
+STAGED = {"epilogue": "staged"}
+BIAS_CASES = [
+    (gemm_bias_gelu(130, 200, 136), WgmmaConfig(64, 128, 4, **STAGED), 3, False),
+    (
+        gemm_bias_gelu(130, 200, 136, b_layout="nk", approximate="tanh"),
+        WgmmaConfig(128, 128, 4, loader="tma", **STAGED),
+        3,
+        False,
+    ),
+    (
+        gemm_bias_gelu(200, 136, 200, approximate="tanh"),
+        WgmmaConfig(64, 64, 6, **PERSISTENT),
+        3,
+        False,
+    ),
+    (gemm_bias_gelu(130, 136, 520, b_layout="nk"), WgmmaConfig(64, 128, 4, **STREAM_K), 4, True),
+    (
+        gemm_bias_gelu(130, 200, 136, b_layout="nk", dtype="bfloat16"),
+        WgmmaConfig(64, 128, 4, loader="tma", **STAGED),
+        3,
+        False,
+    ),
+]
+
+
+def test_emulated_bias_gelu_wgmma_kernels_match_the_reference(tmp_path):
+    outcomes = emulate_all(_emulate_shared, BIAS_CASES, tmp_path)
+    assert_outcomes_match([(w, c) for w, c, _, _ in BIAS_CASES], outcomes)
+
+
+def _off_gelu_reference(workload, c, ref) -> bool:
+    """Whether some output lies outside the bias + GELU check's tolerance."""
+    tol = gelu_tolerance(ref, np.abs(ref) + 1, workload.dtype)
+    return bool((np.abs(values_of(c).astype(np.float64) - ref) > tol).any())
+
+
+@pytest.mark.parametrize(
+    ("dtype", "mutation"),
+    [
+        # The bias left out.
+        ("float16", ("return col < N ? widen_elem(bias[col]) : 0.f;", "return 0.f;")),
+        # The next column pair's bias.
+        ("float16", ("bias_at(bn0 + col)", "bias_at(bn0 + col + 2)")),
+        # The bias of the tile's column instead of C's (the same in the first column tile).
+        ("float16", ("bias_at(bn0 + col)", "bias_at(col)")),
+        # GELU's other form whatever the argument says.
+        ("float16", ("const bool tanh_form = gelu_tanh != 0;", "const bool tanh_form = true;")),
+        # A bf16 kernel that widens its bias as fp16.
+        ("bfloat16", ("return __uint_as_float((unsigned)h << 16);", "return 0.f;  // cvt.f32.f16")),
+    ],
+    ids=["no-bias", "next-column", "tile-column", "one-form", "bf16-as-fp16"],
+)
+def test_emulator_catches_a_broken_wgmma_bias_gelu_epilogue(tmp_path, dtype, mutation):
+    workload = gemm_bias_gelu(130, 200, 136, dtype=dtype)
+    config = WgmmaConfig(64, 128, 4, loader="tma", **STAGED)
+    code, stderr, c, ref = _emulate(workload, config, tmp_path, mutation)
+    assert code == 0, stderr
+    assert _off_gelu_reference(workload, c, ref)
+
+
+def test_the_bias_gelu_epilogue_is_the_staged_ones():
+    for config in (WgmmaConfig(64, 128, 4), WgmmaConfig(64, 128, 4, loader="tma", splits=2)):
+        with pytest.raises(ValueError, match="staged epilogue"):
+            wgmma.generate("gemm_bias_gelu_kn", config)

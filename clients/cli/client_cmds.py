@@ -710,8 +710,9 @@ def tune_model(
     wgmma: bool = typer.Option(
         False,
         "--wgmma",
-        help="the GEMMs and BMMs on the Hopper warpgroup-MMA family (hopper_gemm, hopper_bmm; "
-        "H100 and H200) instead of the mma.sync family",
+        help="the GEMMs and BMMs on the Hopper warpgroup-MMA family (hopper_gemm, hopper_bmm, "
+        "and with --fuse-bias-gelu hopper_gemm_bias_gelu; H100 and H200) instead of the mma.sync "
+        "family",
     ),
     resume: bool = typer.Option(
         False,

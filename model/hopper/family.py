@@ -7,7 +7,7 @@ from typing import Any
 
 import numpy as np
 
-from pipetune.model.family import KernelFamily, Knob
+from pipetune.model.family import FIRST_REVISION, GeneratorRevision, KernelFamily, Knob
 from pipetune.model.hardware import GPUSpec
 from pipetune.model.hopper.analytical import HopperPrediction, evaluate, per_tile_blocks
 from pipetune.model.hopper.space import (
@@ -50,6 +50,14 @@ class HopperFamily(KernelFamily):
 
     def work(self, workload: HopperWorkload) -> float:
         return float(workload.flops)
+
+    def op_generator_revision(self, op: str) -> GeneratorRevision:
+        """The GEMM and BMM kernels are one line; the GEMM with bias + GELU in its epilogue
+        another (its epilogue's loads and GELUs move its times apart), as in the tensor-core
+        family."""
+        if op == "hopper_gemm_bias_gelu":
+            return GeneratorRevision(f"{self.name}.bias_gelu", FIRST_REVISION)
+        return GeneratorRevision(self.name, FIRST_REVISION)
 
     def schedule_label(self, schedule: Mapping[str, int], workload: Any = None) -> str:
         """The tile, the ring depth and the tile loop: "128x256 s3 persistent"."""

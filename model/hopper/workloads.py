@@ -1,12 +1,12 @@
-"""The Hopper family's workloads: the GEMM and batched GEMM of the tensor-core family, computed
-by a warpgroup-MMA kernel (``wgmma.mma_async``, tiles loaded by the TMA unit) that only Hopper
-GPUs (sm_90) run.
+"""The Hopper family's workloads: the GEMM, batched GEMM and GEMM with bias + GELU of the
+tensor-core family, computed by a warpgroup-MMA kernel (``wgmma.mma_async``, tiles loaded by
+the TMA unit) that only Hopper GPUs (sm_90) run.
 
 They are the tensor-core family's `Gemm` (B stored K x N, or N x K as a PyTorch Linear weight
-is) and `Bmm` under op names of their own:
-an op name picks its kernel family (model/family.py), and these shapes are computed by another
-kernel, with other knobs and another model. Everything else (operand layout, alignment, the
-element type: float16 or bfloat16 with fp32 accumulation, the reference check, FLOPs) is the
+is), `Bmm` and `GemmBiasGelu` under op names of their own: an op name picks its kernel family
+(model/family.py), and these shapes are computed by another kernel, with other knobs and
+another model. Everything else (operand layout, alignment, the element type: float16 or
+bfloat16 with fp32 accumulation, the bias and GELU form, the reference check, FLOPs) is the
 same, so the two families' kernels on one shape are compared by the same numbers.
 """
 
@@ -16,7 +16,14 @@ from typing import Annotated, Any, Literal
 
 from pydantic import Field, TypeAdapter
 
-from pipetune.model.workloads import DTYPES, Bmm, Gemm, WorkloadError, parse_tagged
+from pipetune.model.workloads import (
+    DTYPES,
+    Bmm,
+    Gemm,
+    GemmBiasGelu,
+    WorkloadError,
+    parse_tagged,
+)
 
 
 class HopperGemm(Gemm):
@@ -27,6 +34,20 @@ class HopperGemm(Gemm):
     def label(self) -> str:
         layout = " nk" if self.b_layout == "nk" else ""
         return f"hopper_gemm {self.m}x{self.n}x{self.k}{layout}{self.dtype_suffix()}"
+
+
+class HopperGemmBiasGelu(GemmBiasGelu):
+    """C[M,N] = gelu(A @ B + bias) on warpgroup MMA: the GEMM with the bias and GELU applied
+    to the f32 accumulators in its staged epilogue (BERT's and GPT-2's FC1 in one kernel)."""
+
+    op: Literal["hopper_gemm_bias_gelu"] = "hopper_gemm_bias_gelu"  # type: ignore[assignment]
+
+    def label(self) -> str:
+        layout = " nk" if self.b_layout == "nk" else ""
+        return (
+            f"hopper_gemm_bias_gelu({self.approximate}) {self.m}x{self.n}x{self.k}{layout}"
+            f"{self.dtype_suffix()}"
+        )
 
 
 class HopperBmm(Bmm):
@@ -43,15 +64,15 @@ class HopperBmm(Bmm):
         return f"hopper_bmm {self.b}x{self.m}x{self.n}x{self.k}{self.dtype_suffix()}"
 
 
-HopperWorkload = HopperGemm | HopperBmm
-HOPPER_OPS: dict[str, type[HopperGemm] | type[HopperBmm]] = {
-    str(cls.model_fields["op"].default): cls for cls in (HopperGemm, HopperBmm)
+HopperWorkload = HopperGemm | HopperBmm | HopperGemmBiasGelu
+HOPPER_OPS: dict[str, type[HopperGemm] | type[HopperBmm] | type[HopperGemmBiasGelu]] = {
+    str(cls.model_fields["op"].default): cls for cls in (HopperGemm, HopperBmm, HopperGemmBiasGelu)
 }
 # The tensor-core family's op each one computes, and back (what a kernel of either family on
 # one shape is compared on).
-TENSOR_OP = {"hopper_gemm": "gemm", "hopper_bmm": "bmm"}
+TENSOR_OP = {"hopper_gemm": "gemm", "hopper_bmm": "bmm", "hopper_gemm_bias_gelu": "gemm_bias_gelu"}
 _ADAPTER: TypeAdapter[HopperWorkload] = TypeAdapter(
-    Annotated[HopperGemm | HopperBmm, Field(discriminator="op")]
+    Annotated[HopperGemm | HopperBmm | HopperGemmBiasGelu, Field(discriminator="op")]
 )
 
 
@@ -62,11 +83,11 @@ def parse_hopper_workload(data: dict[str, Any]) -> HopperWorkload:
     )
 
 
-def as_hopper(workload: Gemm | Bmm) -> HopperWorkload:
-    """The Hopper family's workload of a tensor-core GEMM (either layout of B) or BMM, of the
-    same element type."""
+def as_hopper(workload: Gemm | Bmm | GemmBiasGelu) -> HopperWorkload:
+    """The Hopper family's workload of a tensor-core GEMM (either layout of B), BMM or GEMM
+    with bias + GELU, of the same element type."""
     data = workload.canonical()
     ops = {v: k for k, v in TENSOR_OP.items()}
     if data["op"] not in ops:
-        raise WorkloadError("op", f"the wgmma kernels compute gemm and bmm, not {data['op']!r}")
+        raise WorkloadError("op", f"the wgmma kernels compute {', '.join(ops)}, not {data['op']!r}")
     return parse_hopper_workload({**data, "op": ops[data["op"]]})

@@ -216,6 +216,12 @@ HOPPER_CASES: tuple[tuple[str, Any], ...] = (
     # block's rows per K tile (rows past N land as zeros), wgmma's trans-b 0.
     ("hopper gemm_nk, tails in M, N, K", as_hopper(gemm(997, 200, 328, b_layout="nk"))),
     ("hopper gemm_nk, aligned, long K", as_hopper(gemm(512, 256, 2048, b_layout="nk"))),
+    # The bias + GELU epilogue (after the staged epilogue's C tile): both forms, both layouts.
+    ("hopper gemm_bias_gelu_kn, tails in M, N, K", as_hopper(gemm_bias_gelu(997, 200, 328))),
+    (
+        "hopper gemm_bias_gelu_nk tanh, aligned, long K",
+        as_hopper(gemm_bias_gelu(512, 256, 2048, b_layout="nk", approximate="tanh")),
+    ),
     # bfloat16: wgmma's .bf16 operands and BFLOAT16 tensor maps, on the tails and long K.
     (
         "hopper gemm_kn bfloat16, aligned, long K",

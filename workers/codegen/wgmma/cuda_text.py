@@ -250,13 +250,13 @@ MMA_STEP = r"""
 KERNEL = r"""
 extern "C" __global__ void __launch_bounds__(@THREADS@, 1)
 @NAME@(const @ELEM@* __restrict__ A_ptr, const @ELEM@* __restrict__ B_ptr,
-       @ELEM@* __restrict__ C_ptr, int M_arg, int N_arg, int K_arg) {
+       @ELEM@* __restrict__ C_ptr,@BIAS@ int M_arg, int N_arg, int K_arg@GELU@) {
   using namespace pt;
   extern __shared__ __align__(128) unsigned char pt_smem[];
   const unsigned short* A = reinterpret_cast<const unsigned short*>(A_ptr);
   const unsigned short* B = reinterpret_cast<const unsigned short*>(B_ptr);
   unsigned short* C = reinterpret_cast<unsigned short*>(C_ptr);
-  const int M = M_arg, N = N_arg, K = K_arg;
+  const int M = M_arg, N = N_arg, K = K_arg;@SETUP@
 @BATCH@
   const int tid = threadIdx.x, wg = tid / 128, t = tid % 128;
   const int tiles_n = (N + BN - 1) / BN;
@@ -383,7 +383,7 @@ C_TILE_OUT = r"""#pragma unroll
     int row, col;
     acc_position(t, i, row, col);
     *reinterpret_cast<unsigned*>(tile + c_tile_offset(wg * 64 + row, col)) =
-        pack_half2(acc[i], acc[i + 1]);
+        pack_half2(@C_PAIR@);
   }
   __syncthreads();
   for (int c = tid; c < BM * BN / 8; c += THREADS) {
@@ -446,12 +446,12 @@ STAGED_EPILOGUE = r"""
 TMA_KERNEL = r"""
 extern "C" __global__ void __launch_bounds__(@THREADS@, 1)
 @NAME@(const @ELEM@* __restrict__ A_ptr, const @ELEM@* __restrict__ B_ptr,
-       @ELEM@* __restrict__ C_ptr, int M_arg, int N_arg, int K_arg,
+       @ELEM@* __restrict__ C_ptr,@BIAS@ int M_arg, int N_arg, int K_arg@GELU@,
        const void* __restrict__ tmap_a, const void* __restrict__ tmap_b@WORKSPACE_PARAM@) {
   using namespace pt;
   extern __shared__ __align__(128) unsigned char pt_smem[];
   unsigned short* C = reinterpret_cast<unsigned short*>(C_ptr);
-  const int M = M_arg, N = N_arg, K = K_arg;
+  const int M = M_arg, N = N_arg, K = K_arg;@SETUP@
   // A and B are read through the tensor maps (3-D: the batch is the outermost coordinate).
   const int z = blockIdx.z;
   C += static_cast<long long>(z) * M * N;
@@ -503,11 +503,11 @@ extern "C" __global__ void __launch_bounds__(@THREADS@, 1)
 PERSISTENT_KERNEL = r"""
 extern "C" __global__ void __launch_bounds__(@THREADS@, 1)
 @NAME@(const @ELEM@* __restrict__ A_ptr, const @ELEM@* __restrict__ B_ptr,
-       @ELEM@* __restrict__ C_ptr, int M_arg, int N_arg, int K_arg, int tiles_arg,
+       @ELEM@* __restrict__ C_ptr,@BIAS@ int M_arg, int N_arg, int K_arg@GELU@, int tiles_arg,
        const void* __restrict__ tmap_a, const void* __restrict__ tmap_b) {
   using namespace pt;
   extern __shared__ __align__(128) unsigned char pt_smem[];
-  const int M = M_arg, N = N_arg, K = K_arg, tiles = tiles_arg;
+  const int M = M_arg, N = N_arg, K = K_arg, tiles = tiles_arg;@SETUP@
   const int tid = threadIdx.x, wg = tid / 128, t = tid % 128;
   const int tiles_n = (N + BN - 1) / BN, tiles_mn = ((M + BM - 1) / BM) * tiles_n;
   const int k_tiles = (K + BK - 1) / BK;
@@ -556,12 +556,12 @@ extern "C" __global__ void __launch_bounds__(@THREADS@, 1)
 STREAM_K_KERNEL = r"""
 extern "C" __global__ void __launch_bounds__(@THREADS@, 1)
 @NAME@(const @ELEM@* __restrict__ A_ptr, const @ELEM@* __restrict__ B_ptr,
-       @ELEM@* __restrict__ C_ptr, int M_arg, int N_arg, int K_arg, int tiles_arg,
+       @ELEM@* __restrict__ C_ptr,@BIAS@ int M_arg, int N_arg, int K_arg@GELU@, int tiles_arg,
        const void* __restrict__ tmap_a, const void* __restrict__ tmap_b,
        float* __restrict__ W, unsigned* __restrict__ arrivals) {
   using namespace pt;
   extern __shared__ __align__(128) unsigned char pt_smem[];
-  const int M = M_arg, N = N_arg, K = K_arg, tiles = tiles_arg;
+  const int M = M_arg, N = N_arg, K = K_arg, tiles = tiles_arg;@SETUP@
   const int tid = threadIdx.x, wg = tid / 128, t = tid % 128;
   const int tiles_n = (N + BN - 1) / BN, tiles_mn = ((M + BM - 1) / BM) * tiles_n;
   const int k_tiles = (K + BK - 1) / BK;
@@ -743,4 +743,39 @@ def fill_b_layout(text: str, b_layout: str) -> str:
     """``text`` with B's layout-dependent placeholders filled for ``b_layout`` ("kn", "nk")."""
     for key, value in B_LAYOUT_TEXT[b_layout].items():
         text = text.replace(f"@{key}@", value.removeprefix("\n"))
+    return text
+
+
+# ---- the epilogue ----------------------------------------------------------------------------
+# What the staged epilogue computes of each accumulator pair before it rounds it to 16 bits
+# (placeholders of the kernels and C_TILE_OUT), by whether the variant applies a bias and GELU
+# (variants.BIAS_GELU_VARIANTS). "plain": the pair as it is. "bias_gelu": C = gelu(A @ B +
+# bias), as the mma.sync family's gemm_bias_gelu: the bias (N elements, a pointer after C)
+# added to the f32 accumulators and GELU applied in the form the gelu_tanh argument picks (one
+# cubin for both), so C is rounded once. The bias of a column past N reads as 0 (its column is
+# never stored, and the bias has no element there).
+EPILOGUE_TEXT: dict[str, dict[str, str]] = {
+    "plain": {"BIAS": "", "GELU": "", "SETUP": "", "C_PAIR": "acc[i], acc[i + 1]"},
+    "bias_gelu": {
+        "BIAS": " const @ELEM@* __restrict__ bias_ptr,",
+        "GELU": ", int gelu_tanh",
+        "SETUP": (
+            "\n  const unsigned short* bias = reinterpret_cast<const unsigned short*>(bias_ptr);"
+            "\n  const bool tanh_form = gelu_tanh != 0;"
+            "\n  // Bias element `col`, widened to f32 (0 past N)."
+            "\n  auto bias_at = [&](int col) { return col < N ? widen_elem(bias[col]) : 0.f; };"
+        ),
+        "C_PAIR": (
+            "gelu(acc[i] + bias_at(bn0 + col), tanh_form),\n"
+            "                   gelu(acc[i + 1] + bias_at(bn0 + col + 1), tanh_form)"
+        ),
+    },
+}
+
+
+def fill_epilogue(text: str, epilogue: str) -> str:
+    """``text`` with the epilogue's placeholders filled for ``epilogue`` ("plain",
+    "bias_gelu")."""
+    for key, value in EPILOGUE_TEXT[epilogue].items():
+        text = text.replace(f"@{key}@", value)
     return text

@@ -6,7 +6,8 @@ What every family's generator module gives the workers: ``generate(workload, sch
 ``kernel_kind``, ``build_key``, ``launch_plan``, ``grid_depends_on_occupancy``, and for the
 checks ``compile_sample``, ``stratified_sample``, ``stratum`` and ``tails``.
 
-The run (``launch_plan``): A, B and C as the tensor-core family's GEMM and BMM take them, of the
+The run (``launch_plan``): A, B and C (and the bias of a GEMM with bias + GELU, a pointer after
+C, its GELU form an argument after K) as the tensor-core family's kernels take them, of the
 workload's element type (float16 or bfloat16: the kernel's pointer types, wgmma's operand type,
 the output conversion and the tensor maps' data type follow it; a bf16 kernel is named
 ``..._bf16`` and built apart, as the mma.sync family's are), the two tensor maps the TMA unit
@@ -31,7 +32,13 @@ from pipetune.model.hopper.workloads import HopperWorkload
 from pipetune.workers.codegen.cover import compile_sample, stratified_sample
 from pipetune.workers.codegen.cuda_text import typed_key
 from pipetune.workers.codegen.generator import KernelSource
-from pipetune.workers.codegen.variants import SCALAR_ARGS, b_layout_of, pointer_args, variant_of
+from pipetune.workers.codegen.variants import (
+    BIAS_GELU_VARIANTS,
+    SCALAR_ARGS,
+    b_layout_of,
+    pointer_args,
+    variant_of,
+)
 from pipetune.workers.codegen.wgmma.config import (
     BK,
     WgmmaConfig,
@@ -64,7 +71,7 @@ class HopperKernelSource:
     """One generated kernel: the family's schedule and the wgmma configuration that computes
     it (what the launch reads: the block tile, persistent, stream-K)."""
 
-    variant: str  # "gemm_kn" | "gemm_nk" | "bmm"
+    variant: str  # "gemm_kn" | "gemm_nk" | "bmm" | "gemm_bias_gelu_kn" | "gemm_bias_gelu_nk"
     schedule: HopperSchedule
     config: WgmmaConfig
     name: str
@@ -172,9 +179,11 @@ def launch_plan(
     b_layout = b_layout_of(kernel.variant)
     maps = tensor_map_specs(view.m, view.n, view.k, view.batch, config, workload.dtype, b_layout)
     a, b, c = operand_shapes(workload)
+    bias = [Buffer("bias", (c[-1],), workload.dtype, "input")]  # (bias + GELU: N elements)
     buffers = [
         Buffer("A", a, workload.dtype, "input"),
         Buffer("B", b, workload.dtype, "input"),
+        *(bias if kernel.variant in BIAS_GELU_VARIANTS else ()),
         Buffer("C", c, workload.dtype, "output"),
     ]
     trailing = [m.name for m in maps]

@@ -7,7 +7,8 @@ from pipetune.model.workloads import AnyWorkload
 from pipetune.workers.codegen import cuda_text as family_text
 from pipetune.workers.codegen import generator as family
 from pipetune.workers.codegen.generator import KernelSource
-from pipetune.workers.codegen.variants import b_layout_of, variant_of
+from pipetune.workers.codegen.memops.cuda_text import CONVERSIONS
+from pipetune.workers.codegen.variants import BIAS_GELU_VARIANTS, b_layout_of, variant_of
 from pipetune.workers.codegen.wgmma.config import BK, REDUCE_THREADS, VARIANTS, WgmmaConfig
 from pipetune.workers.codegen.wgmma.cuda_text import (
     BATCH_OFFSETS,
@@ -26,6 +27,7 @@ from pipetune.workers.codegen.wgmma.cuda_text import (
     STREAM_K_KERNEL,
     TMA_KERNEL,
     fill_b_layout,
+    fill_epilogue,
     wgmma_wrapper,
 )
 
@@ -55,6 +57,12 @@ def source_parts(variant: str, config: WgmmaConfig, dtype: str = "float16") -> d
     if b_layout == "nk" and config.b_descriptor != "canonical":
         # The swapped reading is of an N-major B's two offsets; a K-major B has one.
         raise ValueError("the swapped B descriptor is for B stored K x N (gemm_kn, bmm)")
+    bias_gelu = variant in BIAS_GELU_VARIANTS
+    if bias_gelu and (config.epilogue != "staged" or config.splits > 1):
+        # (The direct and split-K epilogues store C, or its partial sums, from the registers.)
+        raise ValueError(
+            "the bias + GELU epilogue is built on the staged epilogue, without split-K"
+        )
     element = family_text.ELEMENTS[family.check_dtype(dtype)]
     name = kernel_name(variant, config, dtype)
     helpers = HELPERS
@@ -70,6 +78,19 @@ def source_parts(variant: str, config: WgmmaConfig, dtype: str = "float16") -> d
     }.items():
         helpers = helpers.replace(f"@{key}@", str(value))
     helpers = fill_b_layout(helpers, b_layout)
+    device = (
+        family_text.DEVICE
+        + DEVICE_HEAD
+        + DEVICE_WGMMA
+        + wgmma_wrapper(config.block_n, b_layout)
+        + (DEVICE_TMA if config.loader == "tma" else "")
+        + DEVICE_TAIL
+    )
+    if bias_gelu:  # GELU (plain C++) and the bias's widening (device), as the mma.sync family's
+        helpers += family_text.fill_placeholders(
+            family_text.HELPERS_BIAS_GELU, family_text.GELU_FORMULAS
+        )
+        device += family_text.DEVICE_BIAS.replace("@H2F@", CONVERSIONS[dtype].h2f)
     tma = config.loader == "tma"
     split = config.splits > 1
     if split:
@@ -88,7 +109,7 @@ def source_parts(variant: str, config: WgmmaConfig, dtype: str = "float16") -> d
         .replace("@NAME@", name)
         .replace("@BATCH@", BATCH_OFFSETS if variant == "bmm" else "")
     )
-    kernel = fill_b_layout(kernel, b_layout)
+    kernel = fill_epilogue(fill_b_layout(kernel, b_layout), "bias_gelu" if bias_gelu else "plain")
     if split:
         kernel += REDUCE_KERNEL.replace("@NAME@", name).replace(
             "@REDUCE_THREADS@", str(REDUCE_THREADS)
@@ -108,14 +129,7 @@ def source_parts(variant: str, config: WgmmaConfig, dtype: str = "float16") -> d
         # family_text.DEVICE opens `#if defined(__CUDACC__)` with the family's cp.async,
         # smem_u32 and pack_half2 wrappers (the storage type and the conversion of `dtype`);
         # "end" closes it after the kernel.
-        "device": element.fill(
-            family_text.DEVICE
-            + DEVICE_HEAD
-            + DEVICE_WGMMA
-            + wgmma_wrapper(config.block_n, b_layout)
-            + (DEVICE_TMA if tma else "")
-            + DEVICE_TAIL
-        ),
+        "device": element.fill(device),
         "kernel": element.fill(kernel),
         "end": family_text.DEVICE_END,
     }
