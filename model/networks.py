@@ -129,9 +129,9 @@ class Network:
         return [layer for layer in self.layers if family_of(layer.workload).name == family]
 
     def on_hopper(self) -> Network:
-        """The same network with its GEMMs and BMMs computed by the Hopper warpgroup-MMA
-        family (model/hopper/: H100, H200) instead of the mma.sync one; convolutions and the
-        memory-intensive operators as they were."""
+        """The same network with its GEMMs and BMMs (and the fused GEMMs with bias + GELU or
+        SwiGLU) computed by the Hopper warpgroup-MMA family (model/hopper/: H100, H200) instead
+        of the mma.sync one; convolutions and the memory-intensive operators as they were."""
         layers = [
             Layer(layer.name, as_hopper(layer.workload))
             if getattr(layer.workload, "op", None) in TENSOR_OP.values()
@@ -140,7 +140,7 @@ class Network:
         ]
         note = "GEMMs and BMMs on the Hopper wgmma family (hopper_gemm, hopper_bmm)"
         if self.fuse_swiglu:
-            note += "; the fused gemm_swiglu stays on the mma.sync family (no wgmma epilogue)"
+            note += "; the gate+up GEMM with its SwiGLU too (hopper_gemm_swiglu)"
         if self.fuse_bias_gelu:
             note += "; FC1 with its bias and GELU too (hopper_gemm_bias_gelu)"
         return dataclasses.replace(self, layers=layers, notes=[*self.notes, note])

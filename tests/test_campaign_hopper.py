@@ -13,6 +13,7 @@ from pipetune.clients.cli.campaign_cmds import campaign_app
 from pipetune.model.family import family, family_of
 from pipetune.model.hardware import get_gpu
 from pipetune.model.hopper.space import KNOB_NAMES, TILE_LOOP_LABELS
+from pipetune.model.hopper.workloads import HOPPER_OPS
 from pipetune.model.operators import ALCOP, HOPPER
 from pipetune.workers.campaign.correctness import FAMILY_CHECKS, selection
 from pipetune.workers.campaign.operators import FIGURE_13_ORDER, resolve_operators
@@ -38,7 +39,7 @@ def test_the_hopper_selection_covers_every_knob_value_tile_loop_and_tail(gpu):
     chosen = selection(spec, ["hopper_gemm"])
     checks = FAMILY_CHECKS["hopper_gemm"]
     assert sum(len(s) for _, _, s in chosen) == len(checks.cases) * checks.per_case
-    assert {w.op for _, w, _ in chosen} == {"hopper_gemm", "hopper_bmm", "hopper_gemm_bias_gelu"}
+    assert {w.op for _, w, _ in chosen} == set(HOPPER_OPS)
     # Both layouts of B, both forms of GELU.
     assert {w.b_layout for _, w, _ in chosen if w.op != "hopper_bmm"} == {"kn", "nk"}
     assert {w.approximate for _, w, _ in chosen if w.op == "hopper_gemm_bias_gelu"} == {

@@ -177,6 +177,8 @@ def test_llama_s_fused_mlp_is_one_gemm_swiglu_per_block():
     decode = network("llama2-70b", batch=8, seq=1024, decode=True, fuse_swiglu=True)
     assert any(s.workload.label() == "gemm_swiglu 8x28672x8192" for s in decode.distinct())
     hopper = net.on_hopper()
-    assert hopper.fuse_swiglu and "stays on the mma.sync family" in hopper.notes[-1]
+    assert hopper.fuse_swiglu and "hopper_gemm_swiglu" in hopper.notes[-1]
+    fused = [layer.workload for layer in hopper.layers if "swiglu" in layer.workload.op]
+    assert fused and {w.op for w in fused} == {"hopper_gemm_swiglu"}
     with pytest.raises(WorkloadError, match=r"^fuse_swiglu: gpt2 has no SwiGLU to fuse"):
         network("gpt2", fuse_swiglu=True)

@@ -102,6 +102,26 @@ def test_a_gemm_with_bias_and_gelu_is_a_hopper_op_of_its_own():
         )
 
 
+def test_a_gemm_with_its_swiglu_is_a_hopper_op_of_its_own():
+    """LLaMA's gate and up projections with the SwiGLU on the wgmma kernels: the tensor-core
+    gemm_swiglu's fields (B's 2n columns interleaved) under an op of its own; its kernel is the
+    GEMM of 2n columns, C n wide, and a generator line apart."""
+    from pipetune.model.family import generator_revision_of
+    from pipetune.model.workloads import gemm_swiglu
+
+    mlp = as_hopper(gemm_swiglu(2048, 11008, 4096, b_layout="nk"))
+    assert mlp.op == "hopper_gemm_swiglu" and mlp.label() == "hopper_gemm_swiglu 2048x11008x4096 nk"
+    assert generator_revision_of(mlp).line == "hopper_gemm.swiglu"
+    kernel = codegen.generate(mlp, HopperSchedule(128, 256, 3, PER_TILE))
+    assert kernel.variant == "gemm_swiglu_nk"
+    plan = codegen.launch_plan(kernel, mlp, sm_count=132)
+    shapes = {b.name: b.shape for b in plan.buffers}
+    assert shapes == {"A": (2048, 4096), "B": (22016, 4096), "C": (2048, 11008)}
+    (run,) = plan.launches
+    assert run.scalars == {"M": 2048, "N": 22016, "K": 4096}  # the GEMM's N: both projections
+    assert plan.tensor_maps[1].dims == (4096, 22016, 1)
+
+
 def _config(values):
     return codegen.config_of(HopperSchedule(*values))
 
@@ -229,17 +249,18 @@ def test_the_stream_k_shapes_build_without_spills_within_one_blocks_registers():
         assert built.registers * kernel.threads <= H100.registers_per_sm, kernel.name
 
 
-def test_the_widest_stream_k_shapes_build_without_spills_with_bias_and_gelu_too():
-    """The bias + GELU epilogue adds its GELU and bias loads to the stream-K kernels' summing
+@pytest.mark.parametrize("op", ["hopper_gemm_bias_gelu", "hopper_gemm_swiglu"])
+def test_the_widest_stream_k_shapes_build_without_spills_with_a_fused_epilogue(op):
+    """A fused epilogue (bias + GELU, SwiGLU) adds its work to the stream-K kernels' summing
     pass: the widest tiles (the most accumulators) must still fit without spilling."""
     from pipetune.workers.compile import compile_many
 
-    w = parse_any_workload({"op": "hopper_gemm_bias_gelu", "m": 4096, "n": 4096, "k": 4096})
+    w = parse_any_workload({"op": op, "m": 4096, "n": 4096, "k": 4096})
     space = HopperSpace.enumerate(w, H100)
     schedules = [s for s in space if s.tile_loop == STREAM_K and s.tile_n >= 192]
     assert len(schedules) >= 8
     kernels = [codegen.generate(w, s) for s in schedules]
-    assert all(k.variant == "gemm_bias_gelu_kn" for k in kernels)
+    assert all(k.variant == f"{op.removeprefix('hopper_')}_kn" for k in kernels)
     for kernel, built in zip(kernels, compile_many(kernels, "sm_90a"), strict=True):
         assert built.spill_bytes == 0, kernel.name
         assert built.registers * kernel.threads <= H100.registers_per_sm, kernel.name

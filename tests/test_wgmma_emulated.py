@@ -46,10 +46,11 @@ from cuda_emulator import (
     gelu_tolerance,
     harness_source,
     rounded,
+    swiglu_tolerance,
     values_of,
 )
 
-from pipetune.model.workloads import bmm, gemm, gemm_bias_gelu
+from pipetune.model.workloads import bmm, gemm, gemm_bias_gelu, gemm_swiglu
 from pipetune.workers.codegen import wgmma
 from pipetune.workers.codegen.variants import BIAS_GELU_VARIANTS, b_layout_of
 from pipetune.workers.codegen.variants import variant_of as workload_variant
@@ -901,3 +902,57 @@ def test_the_bias_gelu_epilogue_is_the_staged_ones():
     for config in (WgmmaConfig(64, 128, 4), WgmmaConfig(64, 128, 4, loader="tma", splits=2)):
         with pytest.raises(ValueError, match="staged epilogue"):
             wgmma.generate("gemm_bias_gelu_kn", config)
+
+
+# ---- the SwiGLU in the staged epilogue -------------------------------------------------------
+
+# C = silu(A @ W_gate) · (A @ W_up), B's 2n columns interleaving gate and up in groups of 8
+# (workload, config, SMs, blocks run last to first): either loader, one block per tile,
+# persistent and stream-K, both layouts of B; tails in M, in the GEMM's 2n columns (a 16-column
+# group wholly past them) and in K; several column tiles (C's columns from bn0 / 2); bfloat16.
+SWIGLU_CASES = [
+    (gemm_swiglu(130, 104, 136), WgmmaConfig(64, 128, 4, **STAGED), 3, False),
+    (
+        gemm_swiglu(130, 104, 200, b_layout="nk"),
+        WgmmaConfig(128, 128, 4, loader="tma", **STAGED),
+        3,
+        False,
+    ),
+    (gemm_swiglu(200, 72, 200), WgmmaConfig(64, 64, 6, **PERSISTENT), 3, False),
+    (gemm_swiglu(130, 72, 520, b_layout="nk"), WgmmaConfig(64, 128, 4, **STREAM_K), 4, True),
+    (
+        gemm_swiglu(130, 104, 136, dtype="bfloat16"),
+        WgmmaConfig(64, 256, 3, loader="tma", **STAGED),
+        3,
+        False,
+    ),
+]
+
+
+def test_emulated_swiglu_wgmma_kernels_match_the_reference(tmp_path):
+    outcomes = emulate_all(_emulate_shared, SWIGLU_CASES, tmp_path)
+    assert_outcomes_match([(w, c) for w, c, _, _ in SWIGLU_CASES], outcomes)
+
+
+@pytest.mark.parametrize(
+    "mutation",
+    [
+        # Gate and up taken the other way round.
+        ("g0 = acc[i + h], g1 = acc[i + h + 1], u0 = acc[i + h + 4], u1 = acc[i + h + 5];",
+         "u0 = acc[i + h], u1 = acc[i + h + 1], g0 = acc[i + h + 4], g1 = acc[i + h + 5];"),
+        # C's columns from the tile's own instead of bn0 / 2 on.
+        ("* NC + bn0 / 2 + col)", "* NC + col)"),
+        # A C column per GEMM column pair, not per gate column.
+        ("col / 16 * 8 + col % 8", "col / 2"),
+    ],
+    ids=["gate-up-swapped", "tile-columns", "column-map"],
+)  # fmt: skip
+def test_emulator_catches_a_broken_wgmma_swiglu_epilogue(tmp_path, mutation):
+    workload = gemm_swiglu(130, 104, 136)
+    config = WgmmaConfig(64, 128, 4, loader="tma", **STAGED)
+    code, stderr, c, ref = _emulate(workload, config, tmp_path, mutation)
+    assert code in (0, 3), stderr
+    if code == 0:
+        tol = swiglu_tolerance(ref, workload.dtype)
+        values = values_of(c).astype(np.float64)
+        assert np.isnan(values).any() or (np.abs(values - ref) > tol).any()

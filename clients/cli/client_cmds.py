@@ -711,8 +711,8 @@ def tune_model(
         False,
         "--wgmma",
         help="the GEMMs and BMMs on the Hopper warpgroup-MMA family (hopper_gemm, hopper_bmm, "
-        "and with --fuse-bias-gelu hopper_gemm_bias_gelu; H100 and H200) instead of the mma.sync "
-        "family",
+        "and the fused hopper_gemm_swiglu and hopper_gemm_bias_gelu; H100 and H200) instead of "
+        "the mma.sync family",
     ),
     resume: bool = typer.Option(
         False,

@@ -52,11 +52,13 @@ class HopperFamily(KernelFamily):
         return float(workload.flops)
 
     def op_generator_revision(self, op: str) -> GeneratorRevision:
-        """The GEMM and BMM kernels are one line; the GEMM with bias + GELU in its epilogue
-        another (its epilogue's loads and GELUs move its times apart), as in the tensor-core
+        """The GEMM and BMM kernels are one line; each GEMM with its own epilogue (bias +
+        GELU, SwiGLU) another, whose epilogue moves its times apart, as in the tensor-core
         family."""
         if op == "hopper_gemm_bias_gelu":
             return GeneratorRevision(f"{self.name}.bias_gelu", FIRST_REVISION)
+        if op == "hopper_gemm_swiglu":
+            return GeneratorRevision(f"{self.name}.swiglu", FIRST_REVISION)
         return GeneratorRevision(self.name, FIRST_REVISION)
 
     def schedule_label(self, schedule: Mapping[str, int], workload: Any = None) -> str:

@@ -1,13 +1,14 @@
-"""The Hopper family's workloads: the GEMM, batched GEMM and GEMM with bias + GELU of the
-tensor-core family, computed by a warpgroup-MMA kernel (``wgmma.mma_async``, tiles loaded by
-the TMA unit) that only Hopper GPUs (sm_90) run.
+"""The Hopper family's workloads: the GEMM, batched GEMM and GEMMs with bias + GELU or SwiGLU of
+the tensor-core family, computed by a warpgroup-MMA kernel (``wgmma.mma_async``, tiles loaded
+by the TMA unit) that only Hopper GPUs (sm_90) run.
 
 They are the tensor-core family's `Gemm` (B stored K x N, or N x K as a PyTorch Linear weight
-is), `Bmm` and `GemmBiasGelu` under op names of their own: an op name picks its kernel family
-(model/family.py), and these shapes are computed by another kernel, with other knobs and
-another model. Everything else (operand layout, alignment, the element type: float16 or
-bfloat16 with fp32 accumulation, the bias and GELU form, the reference check, FLOPs) is the
-same, so the two families' kernels on one shape are compared by the same numbers.
+is), `Bmm`, `GemmBiasGelu` and `GemmSwiglu` under op names of their own: an op name picks its
+kernel family (model/family.py), and these shapes are computed by another kernel, with other
+knobs and another model. Everything else (operand layout, alignment, the element type: float16
+or bfloat16 with fp32 accumulation, the bias and GELU form, the interleaved gate and up
+columns, the reference check, FLOPs) is the same, so the two families' kernels on one shape are
+compared by the same numbers.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from pipetune.model.workloads import (
     Bmm,
     Gemm,
     GemmBiasGelu,
+    GemmSwiglu,
     WorkloadError,
     parse_tagged,
 )
@@ -50,6 +52,18 @@ class HopperGemmBiasGelu(GemmBiasGelu):
         )
 
 
+class HopperGemmSwiglu(GemmSwiglu):
+    """C[M,N] = silu(A @ W_gate) · (A @ W_up) on warpgroup MMA: the gate and up projections as
+    one GEMM (B's 2N columns interleaved in groups of 8) whose staged epilogue gates the f32
+    accumulators (LLaMA's MLP in one kernel)."""
+
+    op: Literal["hopper_gemm_swiglu"] = "hopper_gemm_swiglu"  # type: ignore[assignment]
+
+    def label(self) -> str:
+        layout = " nk" if self.b_layout == "nk" else ""
+        return f"hopper_gemm_swiglu {self.m}x{self.n}x{self.k}{layout}{self.dtype_suffix()}"
+
+
 class HopperBmm(Bmm):
     """b independent M x K @ K x N products on warpgroup MMA.
 
@@ -64,15 +78,23 @@ class HopperBmm(Bmm):
         return f"hopper_bmm {self.b}x{self.m}x{self.n}x{self.k}{self.dtype_suffix()}"
 
 
-HopperWorkload = HopperGemm | HopperBmm | HopperGemmBiasGelu
-HOPPER_OPS: dict[str, type[HopperGemm] | type[HopperBmm] | type[HopperGemmBiasGelu]] = {
-    str(cls.model_fields["op"].default): cls for cls in (HopperGemm, HopperBmm, HopperGemmBiasGelu)
+HopperWorkload = HopperGemm | HopperBmm | HopperGemmBiasGelu | HopperGemmSwiglu
+HOPPER_OPS: dict[str, type[HopperWorkload]] = {
+    str(cls.model_fields["op"].default): cls
+    for cls in (HopperGemm, HopperBmm, HopperGemmBiasGelu, HopperGemmSwiglu)
 }
 # The tensor-core family's op each one computes, and back (what a kernel of either family on
 # one shape is compared on).
-TENSOR_OP = {"hopper_gemm": "gemm", "hopper_bmm": "bmm", "hopper_gemm_bias_gelu": "gemm_bias_gelu"}
+TENSOR_OP = {
+    "hopper_gemm": "gemm",
+    "hopper_bmm": "bmm",
+    "hopper_gemm_bias_gelu": "gemm_bias_gelu",
+    "hopper_gemm_swiglu": "gemm_swiglu",
+}
 _ADAPTER: TypeAdapter[HopperWorkload] = TypeAdapter(
-    Annotated[HopperGemm | HopperBmm | HopperGemmBiasGelu, Field(discriminator="op")]
+    Annotated[
+        HopperGemm | HopperBmm | HopperGemmBiasGelu | HopperGemmSwiglu, Field(discriminator="op")
+    ]
 )
 
 
@@ -83,9 +105,9 @@ def parse_hopper_workload(data: dict[str, Any]) -> HopperWorkload:
     )
 
 
-def as_hopper(workload: Gemm | Bmm | GemmBiasGelu) -> HopperWorkload:
-    """The Hopper family's workload of a tensor-core GEMM (either layout of B), BMM or GEMM
-    with bias + GELU, of the same element type."""
+def as_hopper(workload: Gemm | Bmm | GemmBiasGelu | GemmSwiglu) -> HopperWorkload:
+    """The Hopper family's workload of a tensor-core GEMM (either layout of B), BMM, or GEMM
+    with bias + GELU or SwiGLU, of the same element type."""
     data = workload.canonical()
     ops = {v: k for k, v in TENSOR_OP.items()}
     if data["op"] not in ops:

@@ -222,6 +222,12 @@ HOPPER_CASES: tuple[tuple[str, Any], ...] = (
         "hopper gemm_bias_gelu_nk tanh, aligned, long K",
         as_hopper(gemm_bias_gelu(512, 256, 2048, b_layout="nk", approximate="tanh")),
     ),
+    # The SwiGLU epilogue: gate and up interleaved, C half as wide; tails, both layouts.
+    ("hopper gemm_swiglu_kn, tails in M, N, K", as_hopper(gemm_swiglu(997, 104, 328))),
+    (
+        "hopper gemm_swiglu_nk, aligned, long K",
+        as_hopper(gemm_swiglu(512, 128, 2048, b_layout="nk")),
+    ),
     # bfloat16: wgmma's .bf16 operands and BFLOAT16 tensor maps, on the tails and long K.
     (
         "hopper gemm_kn bfloat16, aligned, long K",

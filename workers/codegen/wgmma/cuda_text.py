@@ -428,11 +428,13 @@ def _nested(text: str) -> str:
     )
 
 
-TILE_OUT = r"""    int z, bm0, bn0;
+# The persistent kernels' output tile `index`: its position, then the C tile out (@TILE_OUT@ is
+# this and the epilogue's C tile text, nested: fill_epilogue).
+TILE_OUT_HEAD = r"""    int z, bm0, bn0;
     tile_at(index, z, bm0, bn0);
     unsigned short* C =
         reinterpret_cast<unsigned short*>(C_ptr) + static_cast<long long>(z) * M * N;
-""" + _nested(C_TILE_OUT)
+"""
 
 
 STAGED_EPILOGUE = r"""
@@ -642,14 +644,11 @@ def _fill(text: str) -> str:
         text.replace("@TILE_AT@", TILE_AT)
         .replace("@LOAD_STEP@", LOAD_STEP)
         .replace("@RETIRE@", RETIRE)
-        .replace("@TILE_OUT@", TILE_OUT)
         .replace("@TMA_SETUP@", TMA_SETUP)
         .replace("@TMA_ISSUE@", TMA_ISSUE)
-        .replace("@C_TILE_OUT@", C_TILE_OUT)
     )
 
 
-STAGED_EPILOGUE = _fill(STAGED_EPILOGUE)
 TMA_KERNEL = _fill(TMA_KERNEL)
 PERSISTENT_KERNEL = _fill(PERSISTENT_KERNEL)
 STREAM_K_KERNEL = _fill(STREAM_K_KERNEL)
@@ -756,6 +755,8 @@ def fill_b_layout(text: str, b_layout: str) -> str:
 # never stored, and the bias has no element there).
 EPILOGUE_TEXT: dict[str, dict[str, str]] = {
     "plain": {"BIAS": "", "GELU": "", "SETUP": "", "C_PAIR": "acc[i], acc[i + 1]"},
+    # (C_TILE_OUT_SWIGLU has no pair of its own to fill.)
+    "swiglu": {"BIAS": "", "GELU": "", "SETUP": "", "C_PAIR": ""},
     "bias_gelu": {
         "BIAS": " const @ELEM@* __restrict__ bias_ptr,",
         "GELU": ", int gelu_tanh",
@@ -773,9 +774,45 @@ EPILOGUE_TEXT: dict[str, dict[str, str]] = {
 }
 
 
+# The fused GEMM + SwiGLU's C tile (variants gemm_swiglu_kn / _nk): the weights interleave the
+# gate's and the up projection's columns in groups of 8 (model/workloads.py SWIGLU_INTERLEAVE),
+# so of an m64nNk16 result's 8-column blocks, block 2g holds 8 gate columns and block 2g + 1 the
+# same 8 up columns, in registers four apart of the same thread: each thread gates its own f32
+# accumulators, silu(gate)·up, rounded to 16 bits once, into a C tile of BN / 2 columns; C's
+# rows are N / 2 wide (N = 2n, the GEMM's: a 16-column group lies inside N or wholly past it).
+C_TILE_OUT_SWIGLU = r"""#pragma unroll
+  for (int i = 0; i < ACC; i += 8) {
+#pragma unroll
+    for (int h = 0; h < 4; h += 2) {
+      int row, col;
+      acc_position(t, i + h, row, col);  // the gate pair's; the up pair's is 8 columns on
+      const float g0 = acc[i + h], g1 = acc[i + h + 1], u0 = acc[i + h + 4], u1 = acc[i + h + 5];
+      const float y0 = g0 / (1.f + expf(-g0)) * u0, y1 = g1 / (1.f + expf(-g1)) * u1;
+      *reinterpret_cast<unsigned*>(tile + c_tile_offset(wg * 64 + row, col / 16 * 8 + col % 8)) =
+          pack_half2(y0, y1);
+    }
+  }
+  __syncthreads();
+  const int NC = N / 2;  // C's columns: the tile's BN / 2 from column bn0 / 2
+  for (int c = tid; c < BM * BN / 16; c += THREADS) {
+    const int row = c / (BN / 16), col = c % (BN / 16) * 8;
+    if (bm0 + row < M && bn0 / 2 + col < NC) {
+      *reinterpret_cast<Chunk16*>(C + static_cast<long long>(bm0 + row) * NC + bn0 / 2 + col) =
+          *reinterpret_cast<const Chunk16*>(tile + c_tile_offset(row, col));
+    }
+  }
+"""
+# The staged epilogue's C tile text, by epilogue.
+C_TILE_OUT_TEXT = {"plain": C_TILE_OUT, "bias_gelu": C_TILE_OUT, "swiglu": C_TILE_OUT_SWIGLU}
+
+
 def fill_epilogue(text: str, epilogue: str) -> str:
     """``text`` with the epilogue's placeholders filled for ``epilogue`` ("plain",
-    "bias_gelu")."""
+    "bias_gelu", "swiglu"): its C tile text (@C_TILE_OUT@, and nested in a persistent kernel's
+    @TILE_OUT@), then the texts of EPILOGUE_TEXT."""
+    c_tile = C_TILE_OUT_TEXT[epilogue]
+    text = text.replace("@TILE_OUT@", TILE_OUT_HEAD + _nested(c_tile))
+    text = text.replace("@C_TILE_OUT@", c_tile)
     for key, value in EPILOGUE_TEXT[epilogue].items():
         text = text.replace(f"@{key}@", value)
     return text

@@ -8,7 +8,12 @@ from pipetune.workers.codegen import cuda_text as family_text
 from pipetune.workers.codegen import generator as family
 from pipetune.workers.codegen.generator import KernelSource
 from pipetune.workers.codegen.memops.cuda_text import CONVERSIONS
-from pipetune.workers.codegen.variants import BIAS_GELU_VARIANTS, b_layout_of, variant_of
+from pipetune.workers.codegen.variants import (
+    BIAS_GELU_VARIANTS,
+    SWIGLU_VARIANTS,
+    b_layout_of,
+    variant_of,
+)
 from pipetune.workers.codegen.wgmma.config import BK, REDUCE_THREADS, VARIANTS, WgmmaConfig
 from pipetune.workers.codegen.wgmma.cuda_text import (
     BATCH_OFFSETS,
@@ -58,11 +63,11 @@ def source_parts(variant: str, config: WgmmaConfig, dtype: str = "float16") -> d
         # The swapped reading is of an N-major B's two offsets; a K-major B has one.
         raise ValueError("the swapped B descriptor is for B stored K x N (gemm_kn, bmm)")
     bias_gelu = variant in BIAS_GELU_VARIANTS
-    if bias_gelu and (config.epilogue != "staged" or config.splits > 1):
+    fused = "bias_gelu" if bias_gelu else "swiglu" if variant in SWIGLU_VARIANTS else "plain"
+    if fused != "plain" and (config.epilogue != "staged" or config.splits > 1):
         # (The direct and split-K epilogues store C, or its partial sums, from the registers.)
-        raise ValueError(
-            "the bias + GELU epilogue is built on the staged epilogue, without split-K"
-        )
+        what = "bias + GELU" if bias_gelu else "SwiGLU"
+        raise ValueError(f"the {what} epilogue is built on the staged epilogue, without split-K")
     element = family_text.ELEMENTS[family.check_dtype(dtype)]
     name = kernel_name(variant, config, dtype)
     helpers = HELPERS
@@ -109,7 +114,7 @@ def source_parts(variant: str, config: WgmmaConfig, dtype: str = "float16") -> d
         .replace("@NAME@", name)
         .replace("@BATCH@", BATCH_OFFSETS if variant == "bmm" else "")
     )
-    kernel = fill_epilogue(fill_b_layout(kernel, b_layout), "bias_gelu" if bias_gelu else "plain")
+    kernel = fill_epilogue(fill_b_layout(kernel, b_layout), fused)
     if split:
         kernel += REDUCE_KERNEL.replace("@NAME@", name).replace(
             "@REDUCE_THREADS@", str(REDUCE_THREADS)
