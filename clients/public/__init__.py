@@ -32,7 +32,12 @@ if TYPE_CHECKING:
     from pipetune.clients.library.weights import interleave_gate_up
     from pipetune.clients.sdk import Client
     from pipetune.model.errors import InvalidArgumentError, PipetuneError
-    from pipetune.model.hopper.workloads import HopperBmm, HopperGemm
+    from pipetune.model.hopper.workloads import (
+        HopperBmm,
+        HopperGemm,
+        HopperGemmBiasGelu,
+        HopperGemmSwiglu,
+    )
     from pipetune.model.memops.workloads import (
         BiasGelu,
         LayerNorm,
@@ -71,6 +76,8 @@ _EXPORTS: dict[str, str] = {
     "BiasGelu": "pipetune.model.memops.workloads",
     "HopperGemm": "pipetune.model.hopper.workloads",
     "HopperBmm": "pipetune.model.hopper.workloads",
+    "HopperGemmBiasGelu": "pipetune.model.hopper.workloads",
+    "HopperGemmSwiglu": "pipetune.model.hopper.workloads",
 }
 
 __all__ = [
@@ -85,6 +92,8 @@ __all__ = [
     "GemmSwiglu",
     "HopperBmm",
     "HopperGemm",
+    "HopperGemmBiasGelu",
+    "HopperGemmSwiglu",
     "InvalidArgumentError",
     "LayerNorm",
     "PipetuneError",
