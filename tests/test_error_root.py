@@ -120,6 +120,39 @@ def test_an_in_memory_database_is_refused_before_tuning_as_the_db_argument():
         pipetune.tune(FC, "h100", budget=2, runner="simulated", db="sqlite://")
 
 
+def test_tuning_into_a_database_that_cannot_be_written_says_so(tmp_path):
+    """It raised SQLAlchemy's OperationalError from its first write, the SQL in its text
+    (a read-only URI stands in for a file without write permission, which the tests' root
+    user would write anyway)."""
+    from pipetune.service.migrate import upgrade
+
+    upgrade(f"sqlite:///{tmp_path / 'ro.db'}")
+    read_only = f"sqlite:///file:{tmp_path / 'ro.db'}?mode=ro&uri=true"
+    with pytest.raises(pipetune.PipetuneError, match="cannot be written") as caught:
+        pipetune.tune(FC, "h100", budget=2, runner="simulated", db=read_only)
+    assert "INSERT" not in str(caught.value) and "-wal and -shm" in str(caught.value)
+
+
+def test_a_tuning_whose_database_fails_midway_is_a_pipetune_error(tmp_path, monkeypatch):
+    """A database error after the start (a lock another process held past the busy timeout,
+    a disk that filled): a PipetuneError that says which database and why, no SQL."""
+    import sqlite3
+
+    from sqlalchemy.exc import OperationalError
+
+    from pipetune.clients.library import tuning
+
+    def locked(*args, **kwargs):
+        raise OperationalError(
+            "BEGIN IMMEDIATE", {}, sqlite3.OperationalError("database is locked")
+        )
+
+    monkeypatch.setattr(tuning._InProcessTask, "run", locked)
+    with pytest.raises(pipetune.PipetuneError, match="database is locked") as caught:
+        pipetune.tune(FC, "h100", budget=2, runner="simulated", db=f"sqlite:///{tmp_path}/t.db")
+    assert "BEGIN IMMEDIATE" not in str(caught.value) and "t.db" in str(caught.value)
+
+
 def test_a_cubin_for_an_arch_nvrtc_cannot_target_is_a_pipetune_error_naming_arch():
     # (it was a plain ValueError from the compiler, outside `except pipetune.PipetuneError`)
     k = pipetune.kernel(FC, "h100", schedule=pipetune.best_schedule(FC, "h100").schedule)

@@ -36,7 +36,7 @@ from pipetune.model.wire import (
 )
 from pipetune.service.curves import task_curve
 from pipetune.service.db import Database, unavailable_reason
-from pipetune.service.migrate import SchemaError, check_schema, redact
+from pipetune.service.migrate import SchemaError, check_schema, check_writable, redact
 from pipetune.service.priors import learned_model_of_tasks, learned_pick, prior_from_tasks
 from pipetune.service.records import measured_or_failures, schedule_response
 from pipetune.service.settings import (
@@ -129,11 +129,15 @@ def _sqlite_file_missing(url: str) -> bool:
     return path is not None and not path.exists()
 
 
-def open_database(url: str, *, create: bool = False) -> Database:
+def open_database(url: str, *, create: bool = False, write: bool = False) -> Database:
     """The database at `url`, checked to have this version's schema; with `create`, an empty
-    one gets the schema first (as `pipetune serve` does on a fresh install)."""
+    one gets the schema first (as `pipetune serve` does on a fresh install); with `write`,
+    checked to be writable (a tuning writes its task and trials: a read-only file refused
+    its first write with SQLAlchemy's error)."""
     try:
         check_schema(url, create_if_empty=create)
+        if write:
+            check_writable(url)
         return Database(url, pool_size=1)
     except SchemaError as exc:
         raise LocalDatabaseError(str(exc)) from None

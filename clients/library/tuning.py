@@ -31,6 +31,7 @@ from typing import Any
 
 from pydantic import ValidationError
 from sqlalchemy import select
+from sqlalchemy.exc import SQLAlchemyError
 
 from pipetune.clients.library.inputs import (
     AnySchedule,
@@ -45,7 +46,12 @@ from pipetune.clients.library.labels import (
     is_simulated,
     trials_of,
 )
-from pipetune.clients.library.store import LocalStore, database_url, open_database
+from pipetune.clients.library.store import (
+    LocalDatabaseError,
+    LocalStore,
+    database_url,
+    open_database,
+)
 from pipetune.clients.sdk.http import argument_error
 from pipetune.model.errors import InvalidArgumentError, InvalidArgumentTypeError
 from pipetune.model.family import family_of
@@ -63,7 +69,7 @@ from pipetune.model.wire import (
     WorkerRegister,
 )
 from pipetune.model.workloads import WorkloadError
-from pipetune.service.db import Database
+from pipetune.service.db import Database, unavailable_reason
 from pipetune.service.driver import Driver
 from pipetune.service.errors import InputError
 from pipetune.service.metrics import Metrics
@@ -454,16 +460,28 @@ def tune(
     body = body.model_copy(update={"runner": RunnerKind.of(measurer.name)})
     try:
         url = database_url(db)
-        database = open_database(url, create=True)
+        database = open_database(url, create=True, write=True)
         try:
             task = _InProcessTask(database, measurer, key)
             task_id = task.create(body)
             try:
                 with _terminated_as_exit():
                     task.run(task_id, w, progress)
-            except BaseException:
-                task.cancel(task_id)
+            except BaseException as exc:
+                try:
+                    task.cancel(task_id)
+                except SQLAlchemyError:
+                    if not isinstance(exc, SQLAlchemyError):
+                        raise
+                    # (The database that failed the run refuses the cancel too: its error
+                    # is the one to report.)
                 raise
+        except SQLAlchemyError as exc:
+            # A lock held past the busy timeout by another process, a disk that filled: said
+            # as the database's failure, without the SQL and its parameters.
+            raise LocalDatabaseError(
+                f"the database {redact(url)} failed during the tuning: {unavailable_reason(exc)}"
+            ) from None
         finally:
             database.dispose()
         with LocalStore(url) as store:
