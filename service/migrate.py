@@ -254,6 +254,22 @@ def check_writable(url: str) -> None:
         engine.dispose()
 
 
+# What SQLite says of a file it may not open or write, whatever the cause (permissions, a
+# read-only mount, a folder it may not write its journal into).
+_SQLITE_ACCESS_ERRORS = ("unable to open database file", "attempt to write a readonly database")
+
+
+def sqlite_access_hint(url: str, reason: str) -> str:
+    """For SQLite's access errors, what to check (its own words name no cause)."""
+    if not url.startswith("sqlite") or not any(e in reason for e in _SQLITE_ACCESS_ERRORS):
+        return ""
+    return (
+        " (SQLite needs to read the file and, to write it, to write the file and its folder, "
+        "where it keeps its journal, and its -wal and -shm files where they are there: check "
+        "them, and that they are not on a read-only mount)"
+    )
+
+
 # libpq takes a password in the query too (postgresql://user@host/db?password=...), which
 # SQLAlchemy hands to the driver as it does the one in the URL's user info, and which
 # render_as_string(hide_password=True) shows as it shows every query parameter.

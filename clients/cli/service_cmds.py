@@ -75,7 +75,7 @@ def _database_errors(url: str) -> Iterator[None]:
     from sqlalchemy.exc import SQLAlchemyError
 
     from pipetune.service.db import unavailable_reason
-    from pipetune.service.migrate import SchemaError, redact
+    from pipetune.service.migrate import SchemaError, redact, sqlite_access_hint
 
     try:
         yield
@@ -90,22 +90,6 @@ def _database_errors(url: str) -> Iterator[None]:
         raise CliError(
             f"the database {redact(url)} failed: {exc.strerror or exc}{where}", 1
         ) from None
-
-
-# What SQLite says of a file it may not open or write, whatever the cause (permissions, a
-# read-only mount, a folder it may not write its journal into).
-_SQLITE_ACCESS_ERRORS = ("unable to open database file", "attempt to write a readonly database")
-
-
-def sqlite_access_hint(url: str, reason: str) -> str:
-    """For SQLite's access errors, what to check (its own words name no cause)."""
-    if not url.startswith("sqlite") or not any(e in reason for e in _SQLITE_ACCESS_ERRORS):
-        return ""
-    return (
-        " (SQLite needs to read the file and, to write it, to write the file and its folder, "
-        "where it keeps its journal, and its -wal and -shm files where they are there: check "
-        "them, and that they are not on a read-only mount)"
-    )
 
 
 def lock_timeout_hint(reason: str) -> str:

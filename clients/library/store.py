@@ -36,7 +36,13 @@ from pipetune.model.wire import (
 )
 from pipetune.service.curves import task_curve
 from pipetune.service.db import Database, unavailable_reason
-from pipetune.service.migrate import SchemaError, check_schema, check_writable, redact
+from pipetune.service.migrate import (
+    SchemaError,
+    check_schema,
+    check_writable,
+    redact,
+    sqlite_access_hint,
+)
 from pipetune.service.priors import learned_model_of_tasks, learned_pick, prior_from_tasks
 from pipetune.service.records import measured_or_failures, schedule_response
 from pipetune.service.settings import (
@@ -142,9 +148,36 @@ def open_database(url: str, *, create: bool = False, write: bool = False) -> Dat
     except SchemaError as exc:
         raise LocalDatabaseError(str(exc)) from None
     except SQLAlchemyError as exc:
+        reason = unavailable_reason(exc)
+        read_only = None if create or write else read_only_sqlite_url(url, reason)
+        if read_only is not None:
+            return open_database(read_only)
         raise LocalDatabaseError(
-            f"cannot open the database {redact(url)}: {unavailable_reason(exc)}"
+            f"cannot open the database {redact(url)}: {reason}{sqlite_access_hint(url, reason)}"
         ) from None
+
+
+def read_only_sqlite_url(url: str, reason: str) -> str | None:
+    """The SQLite URL to read a database through that SQLite could not open (`reason`) in a
+    folder it may not write: it keeps a WAL database's -shm file beside it, even to read, so a
+    colleague's results on a read-only mount or share could not be read at all. Where no -wal
+    file is there (the last writer checkpointed it and closed: every change is in the file),
+    the file read as immutable (no -shm, no locks); where -wal and -shm both are, read-only
+    (SQLite reads through them). None where neither applies, or `url` is no plain file's."""
+    path = sqlite_path(url)
+    if (
+        "unable to open database file" not in reason
+        or path is None
+        or not path.is_file()
+        or "?" in url  # (a URI or options of the caller's own: not second-guessed)
+    ):
+        return None
+    wal, shm = (path.with_name(path.name + suffix) for suffix in ("-wal", "-shm"))
+    if not wal.exists():
+        return f"sqlite:///file:{path}?immutable=1&uri=true"
+    if shm.exists():
+        return f"sqlite:///file:{path}?mode=ro&uri=true"
+    return None
 
 
 class LocalStore:
