@@ -292,6 +292,12 @@ class KernelFamily(ABC):
         """A schedule from a knob dict (ScheduleError names a bad or missing knob)."""
 
     @abstractmethod
+    def parse_schedule_id(self, text: str) -> FamilySchedule | None:
+        """The schedule whose `id` is `text` (what tables and exports show); None where
+        `text` is no id of this family's (ScheduleError where it is one with a value a knob
+        does not take)."""
+
+    @abstractmethod
     def enumerate(self, workload: Any, gpu: GPUSpec) -> FamilySpace:
         """Every schedule valid for the workload on the GPU."""
 
@@ -388,6 +394,16 @@ def family(name: str) -> KernelFamily:
 
 def families() -> list[KernelFamily]:
     return [family(name) for name in _REGISTERED]
+
+
+def schedule_of_id(text: str) -> FamilySchedule | None:
+    """The schedule of whichever family whose `id` is `text` ("s-2-2-1-1-8-6-2", "m-...",
+    "wg128x256s3_p"); None where it is no family's (the families' ids do not overlap)."""
+    for fam in families():
+        schedule = fam.parse_schedule_id(text)
+        if schedule is not None:
+            return schedule
+    return None
 
 
 _OP_OWNERS: dict[str, KernelFamily] = {}

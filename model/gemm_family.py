@@ -97,6 +97,9 @@ class TensorGemmFamily(KernelFamily):
     def parse_schedule(self, data: dict[str, Any]) -> Schedule:
         return Schedule.from_dict(data)
 
+    def parse_schedule_id(self, text: str) -> Schedule | None:
+        return Schedule.from_id(text)
+
     def enumerate(self, workload: AnyWorkload, gpu: GPUSpec) -> Space:
         return Space.enumerate(workload, gpu)
 

@@ -19,7 +19,7 @@ import json
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import cache, cached_property
-from typing import Any, Self
+from typing import Any, ClassVar, Self
 
 import numpy as np
 
@@ -143,6 +143,22 @@ class KnobSchedule:
     declaration's order) does the same way; a subclass sets ``declaration`` (a ClassVar)."""
 
     declaration: tuple[Knob, ...] = ()
+    # What `id` writes before the knob values, joined by "-" in the declaration's order ("s-",
+    # "m-"); a type whose id reads otherwise overrides `from_id` instead.
+    id_prefix: ClassVar[str] = ""
+
+    @classmethod
+    def from_id(cls, text: str) -> Any | None:
+        """The schedule whose `id` is `text` (what tables, exports and `pipetune tasks` show,
+        which users copy); None where `text` is no id of this type; ScheduleError where it
+        is one but names a value a knob does not take."""
+        if not cls.id_prefix or not text.startswith(cls.id_prefix):
+            return None
+        values = text.removeprefix(cls.id_prefix).split("-")
+        names = [knob.name for knob in cls.declaration]
+        if len(values) != len(names) or not all(v.isdigit() for v in values):
+            return None
+        return cls.from_dict(dict(zip(names, map(int, values), strict=True)))
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> Any:

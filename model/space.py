@@ -66,6 +66,7 @@ class Schedule(KnobSchedule):
     """One value per knob (KNOB_DECLARATION's, in its order)."""
 
     declaration: ClassVar[tuple[Knob, ...]] = KNOB_DECLARATION
+    id_prefix: ClassVar[str] = "s-"
     block_row_warps: int
     block_col_warps: int
     warp_row_tiles: int
@@ -77,7 +78,7 @@ class Schedule(KnobSchedule):
     @property
     def id(self) -> str:
         """Stable, readable id: the knob values in KNOB_NAMES order."""
-        return "s-" + "-".join(str(getattr(self, k)) for k in KNOB_NAMES)
+        return self.id_prefix + "-".join(str(getattr(self, k)) for k in KNOB_NAMES)
 
     @property
     def block_m(self) -> int:

@@ -50,10 +50,27 @@ def test_source_for_a_conv():
     assert "constexpr int CONV_DIMS = 2;" in result.stdout
 
 
+def test_source_takes_the_schedule_ids_that_tables_and_exports_show():
+    """`pipetune tasks`, `schedule` and export show schedules by id: given back to
+    --schedule, one printed "not valid JSON"."""
+    by_json = runner.invoke(app, ["kernel", "source", *GEMM, "--schedule", json.dumps(KNOBS)])
+    schedule_id = "s-" + "-".join(str(v) for v in KNOBS.values())
+    by_id = runner.invoke(app, ["kernel", "source", *GEMM, "--schedule", schedule_id])
+    assert by_json.exit_code == 0 and by_id.exit_code == 0, by_id.output
+    assert by_id.stdout == by_json.stdout
+    hopper = ["kernel", "source", "hopper_gemm", "--m", "512", "--n", "512", "--k", "512"]
+    result = runner.invoke(app, [*hopper, "--schedule", "wg128x256s3_p"])
+    assert result.exit_code == 0, result.output
+    assert "pipetune_gemm_kn_wg128x256s3_tma_st_p" in result.stdout
+
+
 @pytest.mark.parametrize(
     ("schedule", "message"),
     [
-        ('{"chunk": 2', "--schedule: not valid JSON"),
+        ('{"chunk": 2', "--schedule: neither a JSON object of knob values nor a schedule id"),
+        # A schedule id of another family's; an id of the family's with a value out of range.
+        ("wg128x256s3_p", "--schedule: 'wg128x256s3_p' is a schedule of another kernel family"),
+        ("s-2-2-2-2-3-3-2", "--schedule: chunk must be one of [1, 2, 4, 8], got 3"),
         ("[" * 50_000 + "]" * 50_000, "--schedule: not valid JSON (nested too deeply)"),
         # What is wrong with the object names the option that held it (it did not).
         ("[1, 2]", "--schedule: a schedule must be an object"),

@@ -112,6 +112,33 @@ def test_each_family_gives_what_the_tuner_needs(h100, workload):
     assert space.cache_key[0] == workload.workload_hash
 
 
+@pytest.mark.parametrize(
+    "workload",
+    [
+        gemm(1024, 768, 768),
+        softmax(4096, 768),
+        {"op": "hopper_gemm", "m": 1024, "n": 768, "k": 768},
+    ],
+    ids=["tensor_gemm", "memops", "hopper_gemm"],
+)
+def test_every_schedule_id_reads_back_as_its_schedule_in_its_family_only(h100, workload):
+    """Ids are what tables and exports show, and what users give back: each family reads
+    its own, and no other family reads it."""
+    from pipetune.model.family import families as all_families
+    from pipetune.model.family import parse_any_workload, schedule_of_id
+
+    w = parse_any_workload(workload) if isinstance(workload, dict) else workload
+    fam = family_of(w)
+    space = fam.enumerate(w, h100)
+    for schedule in space:
+        assert fam.parse_schedule_id(schedule.id) == schedule
+        assert schedule_of_id(schedule.id) == schedule
+    others = [f for f in all_families() if f.name != fam.name]
+    assert all(f.parse_schedule_id(space[0].id) is None for f in others)
+    assert fam.parse_schedule_id(space[0].id + "-1") is None
+    assert fam.parse_schedule_id(space[0].id[:-1] + "x") is None
+
+
 def test_workers_resolve_each_familys_generator_and_reference():
     mem_codegen = codegen_for("memops")
     assert mem_codegen.__name__ == "pipetune.workers.codegen.memops"

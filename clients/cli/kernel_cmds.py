@@ -24,7 +24,7 @@ from pipetune.clients.cli.errors import CliError
 from pipetune.clients.cli.output import console, print_json
 from pipetune.clients.cli.workload_options import add_workload_commands, option, shape_fields
 from pipetune.model.errors import InvalidArgumentError
-from pipetune.model.family import family_for_op, family_of, parse_any_workload
+from pipetune.model.family import family_for_op, family_of, parse_any_workload, schedule_of_id
 from pipetune.model.hardware import DEFAULT_GPU, get_gpu, gpu_keys
 from pipetune.model.knobs import ScheduleError
 from pipetune.workers.codegen.sample import UNCONSTRAINED_SHAPES, unconstrained_workload
@@ -44,17 +44,34 @@ _JSON = option("as_json", bool, False, "--json", help="print one JSON document")
 
 
 def parse_schedule(text: str, op: str = "gemm") -> Any:
-    """A --schedule JSON object of the op's family's knobs; any fault in it is a usage error
-    that names the option (a knob the family lacks read "unknown knob(s)" without saying
-    which option held it)."""
+    """A --schedule JSON object of the op's family's knobs, or a schedule id of the family's
+    (what `pipetune tasks`, `schedule` and export show: "s-2-2-1-1-8-6-2"); any fault in it is
+    a usage error that names the option (a knob the family lacks read "unknown knob(s)"
+    without saying which option held it)."""
+    fam = family_for_op(op)
+    try:
+        by_id = fam.parse_schedule_id(text.strip())
+        if by_id is not None:
+            return by_id
+        if schedule_of_id(text.strip()) is not None:  # another family's id
+            raise CliError(
+                f"--schedule: {text.strip()!r} is a schedule of another kernel family than "
+                f"{op}'s ({fam.name})",
+                code=2,
+            )
+    except ScheduleError as exc:
+        raise CliError(f"--schedule: {exc}", code=2) from None
     try:
         data = json.loads(text, object_pairs_hook=_knobs_once)
     except json.JSONDecodeError as exc:
-        raise CliError(f"--schedule: not valid JSON ({exc.msg})", code=2) from None
+        raise CliError(
+            f"--schedule: neither a JSON object of knob values nor a schedule id ({exc.msg})",
+            code=2,
+        ) from None
     except RecursionError:  # (json's decoder recurses per level: a crash, not a message)
         raise CliError("--schedule: not valid JSON (nested too deeply)", code=2) from None
     try:
-        return family_for_op(op).parse_schedule(data)
+        return fam.parse_schedule(data)
     except ScheduleError as exc:
         raise CliError(f"--schedule: {exc}", code=2) from None
 

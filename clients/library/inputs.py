@@ -12,7 +12,12 @@ from collections.abc import Mapping
 from typing import Any, cast
 
 from pipetune.model.errors import InvalidArgumentTypeError
-from pipetune.model.family import family_for_knobs, op_families, parse_any_workload
+from pipetune.model.family import (
+    family_for_knobs,
+    op_families,
+    parse_any_workload,
+    schedule_of_id,
+)
 from pipetune.model.hardware import HardwareError, resolve_gpu_key
 from pipetune.model.hopper.space import HopperSchedule
 from pipetune.model.knobs import ScheduleError
@@ -57,8 +62,9 @@ WorkloadLike = (
 # A schedule object of any kernel family: what a tuning, a lookup or a kernel hands back.
 AnySchedule = Schedule | MemSchedule | HopperSchedule
 # What a schedule argument takes: knob values, a family's schedule object, a wire document,
-# or pipetune.best_schedule's answer as is.
-ScheduleLike = Mapping[str, Any] | AnySchedule | ScheduleDoc | ScheduleResponse
+# pipetune.best_schedule's answer as is, or a schedule's id ("s-2-2-1-1-8-6-2": what tables,
+# exports and `pipetune tasks` show).
+ScheduleLike = Mapping[str, Any] | AnySchedule | ScheduleDoc | ScheduleResponse | str
 # Every kernel family's workload types, from the families' registry (one per operator).
 WORKLOAD_TYPES: tuple[type, ...] = tuple(
     dict.fromkeys(fam.ops[op] for op, fam in op_families().items())
@@ -91,8 +97,8 @@ def as_gpu(gpu: str) -> str:
 
 
 def as_schedule(schedule: ScheduleLike) -> AnySchedule:
-    """The schedule object of the family whose knobs it names (a dict is validated:
-    ScheduleError names the bad knob)."""
+    """The schedule object of the family whose knobs it names, or whose id it is (a dict is
+    validated: ScheduleError names the bad knob)."""
     if isinstance(schedule, ScheduleDoc):
         return cast("AnySchedule", schedule.to_schedule())
     if isinstance(schedule, ScheduleResponse):  # pipetune.best_schedule's answer, as is
@@ -101,6 +107,16 @@ def as_schedule(schedule: ScheduleLike) -> AnySchedule:
         # (NumPy knob values: the schedule types' from_dict makes them ints)
         data = dict(schedule)
         return cast("AnySchedule", family_for_knobs(data).parse_schedule(data))
+    if isinstance(schedule, str):
+        by_id = schedule_of_id(schedule.strip())
+        if by_id is None:
+            raise ScheduleError(
+                f"{schedule!r} is no schedule id (ids read as 's-2-2-1-1-8-6-2', "
+                "'m-32-1-1-4-2-0-0' or 'wg128x256s3_p'); give the knob values as a dict"
+            )
+        return cast("AnySchedule", by_id)
     if hasattr(schedule, "as_dict") and hasattr(schedule, "id"):
         return schedule  # a family's schedule object (or one built like it)
-    raise ScheduleError(f"a schedule must be a dict of knob values, got {type(schedule).__name__}")
+    raise ScheduleError(
+        f"a schedule must be a dict of knob values or a schedule id, got {type(schedule).__name__}"
+    )

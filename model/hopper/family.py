@@ -82,6 +82,9 @@ class HopperFamily(KernelFamily):
     def parse_schedule(self, data: dict[str, Any]) -> HopperSchedule:
         return HopperSchedule.from_dict(data)
 
+    def parse_schedule_id(self, text: str) -> HopperSchedule | None:
+        return HopperSchedule.from_id(text)
+
     def enumerate(self, workload: HopperWorkload, gpu: GPUSpec) -> HopperSpace:
         return HopperSpace.enumerate(workload, gpu)
 

@@ -12,6 +12,7 @@ H100 ..."); its shared memory is computed here as that module's ``WgmmaConfig.sm
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from functools import cache, cached_property
 from typing import Any, ClassVar
@@ -77,8 +78,23 @@ class HopperSchedule(KnobSchedule):
     @property
     def id(self) -> str:
         """Stable, readable id, as the wgmma probe names its shapes: "wg128x256s3_p"."""
-        loop = {PER_TILE: "", PERSISTENT: "_p", STREAM_K: "_sk"}[self.tile_loop]
-        return f"wg{self.tile_m}x{self.tile_n}s{self.stages}{loop}"
+        return f"wg{self.tile_m}x{self.tile_n}s{self.stages}{_LOOP_SUFFIX[self.tile_loop]}"
+
+    @classmethod
+    def from_id(cls, text: str) -> HopperSchedule | None:
+        """The schedule whose `id` is `text`; None where `text` is no such id."""
+        match = _ID.fullmatch(text)
+        if match is None:
+            return None
+        tile_m, tile_n, stages, suffix = match.groups()
+        loop = {v: k for k, v in _LOOP_SUFFIX.items()}[suffix]
+        return cls.from_dict(
+            {"tile_m": int(tile_m), "tile_n": int(tile_n), "stages": int(stages), "tile_loop": loop}
+        )
+
+
+_LOOP_SUFFIX = {PER_TILE: "", PERSISTENT: "_p", STREAM_K: "_sk"}
+_ID = re.compile(r"wg(\d+)x(\d+)s(\d+)(|_p|_sk)")
 
 
 check_schedule_type(HopperSchedule, KNOBS)

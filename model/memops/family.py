@@ -93,6 +93,9 @@ class MemoryFamily(KernelFamily):
     def parse_schedule(self, data: dict[str, Any]) -> MemSchedule:
         return MemSchedule.from_dict(data)
 
+    def parse_schedule_id(self, text: str) -> MemSchedule | None:
+        return MemSchedule.from_id(text)
+
     def enumerate(self, workload: MemWorkload, gpu: GPUSpec) -> MemSpace:
         return MemSpace.enumerate(workload, gpu)
 

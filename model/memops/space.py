@@ -100,6 +100,7 @@ BYTES_FP16 = 2
 @dataclass(frozen=True, order=True)
 class MemSchedule(KnobSchedule):
     declaration: ClassVar[tuple[Knob, ...]] = KNOBS
+    id_prefix: ClassVar[str] = "m-"
     threads_per_row: int
     rows_per_block: int
     blocks_per_row: int
@@ -111,7 +112,7 @@ class MemSchedule(KnobSchedule):
     @property
     def id(self) -> str:
         """Stable, readable id: "m-" and the knob values in KNOB_NAMES order."""
-        return "m-" + "-".join(str(getattr(self, k)) for k in KNOB_NAMES)
+        return self.id_prefix + "-".join(str(getattr(self, k)) for k in KNOB_NAMES)
 
     @property
     def threads(self) -> int:
