@@ -21,6 +21,11 @@ TrialStatus = Literal[
     "timeout",
 ]
 FAILED_STATUSES: frozenset[str] = frozenset(get_args(TrialStatus)) - {"ok"}
+# The failures a simulated runner records only when it rehearses a GPU's faults (its measuring
+# child crashed or hung: workers/runners/faults.py): the rehearsal's, no evidence against the
+# schedule (its launch errors, the model's rules, and a wrong result or compile error a worker
+# reports are).
+REHEARSED_STATUSES: frozenset[str] = frozenset({"runtime_error", "timeout"})
 
 
 class RunnerKind(StrEnum):
@@ -76,6 +81,11 @@ def runner_kind_shown(runner: str | None) -> str | None:
 # recording. Anything else (simulated, several runners, none or an unknown one) cannot say
 # that every latency it labels was measured, and teaches no learned prior.
 MEASURED_RUNNERS = (RunnerKind.CUPY.value, f"{RunnerKind.REPLAY.value}:{RunnerKind.CUPY.value}")
+# The runner strings of the simulated runner's own results: its own, or a replay of them.
+SIMULATED_RUNNERS = (
+    RunnerKind.SIMULATED.value,
+    f"{RunnerKind.REPLAY.value}:{RunnerKind.SIMULATED.value}",
+)
 
 
 def is_measured(runner: str | None) -> bool:

@@ -6,14 +6,19 @@ from dataclasses import dataclass
 from functools import lru_cache
 from typing import TYPE_CHECKING, Any
 
-from sqlalchemy import bindparam, select
+from sqlalchemy import and_, bindparam, or_, select
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.orm import Session
 
 from pipetune.model.family import family_for_op, family_of
 from pipetune.model.hardware import get_gpu
-from pipetune.model.trials import FAILED_STATUSES, MEASURED_RUNNERS
+from pipetune.model.trials import (
+    FAILED_STATUSES,
+    MEASURED_RUNNERS,
+    REHEARSED_STATUSES,
+    SIMULATED_RUNNERS,
+)
 from pipetune.model.wire import ScheduleDoc, ScheduleResponse
 from pipetune.model.workloads import WorkloadError
 from pipetune.service.orm import JobRow, ReferenceOptimumRow, WorkloadRow
@@ -54,8 +59,13 @@ def workload_id(session: Session, workload: Any) -> int:
 
 def _failed_schedules(workload_hash: str, gpu: str, *where: Any) -> Any:
     """The schedule ids of the failed trials of this workload on this GPU, over every task
-    (a compile error, a wrong result, a timeout: a runner's failure status), in SQL; `where`
-    narrows the trials (to a GPU's measurements)."""
+    (a compile error, a wrong result, a timeout: a runner's failure status), in SQL, less a
+    simulated runner's rehearsed faults (REHEARSED_STATUSES: a rehearsed crash excluded the
+    schedule another simulated task had timed fastest); `where` narrows the trials (to a GPU's
+    measurements)."""
+    rehearsed = and_(
+        JobRow.runner.in_(SIMULATED_RUNNERS), JobRow.status.in_(sorted(REHEARSED_STATUSES))
+    )
     return (
         select(JobRow.schedule_id)
         .join(WorkloadRow, JobRow.workload_id == WorkloadRow.id)
@@ -63,6 +73,7 @@ def _failed_schedules(workload_hash: str, gpu: str, *where: Any) -> Any:
             WorkloadRow.hash == workload_hash,
             JobRow.gpu == gpu,
             JobRow.status.in_(sorted(FAILED_STATUSES)),
+            or_(JobRow.runner.is_(None), ~rehearsed),
             *where,
         )
     )

@@ -139,6 +139,32 @@ def test_a_simulated_success_is_never_the_answer_for_a_schedule_that_failed_on_t
     assert doc["latency_us"] == 51.0  # the fastest simulated one that never failed
 
 
+def test_a_rehearsed_fault_is_no_evidence_against_a_schedule(client):
+    """A simulated worker rehearsing a GPU's faults (PIPETUNE_SIMULATED_FAULTS: its measuring
+    child crashed or hung) records runtime_error and timeout trials: they excluded the
+    schedule that another simulated task had timed fastest, and export left the workload out
+    ("every success it had failed on the GPU"). A crash or hang is the rehearsal's, not the
+    schedule's; a compile error or a wrong result of the simulated runner still counts."""
+    simulated = register(client, "sim", runner="simulated")
+    create_task(client, budget=4, batch_size=4, runner="simulated")
+    jobs = lease(client, simulated, max_jobs=4)
+    for i, job in enumerate(jobs):
+        post_result(client, simulated, job, ok(5.0 if i == 0 else 50.0 + i))
+    for status in ("runtime_error", "timeout"):
+        create_task(client, budget=4, batch_size=4, runner="simulated")
+        first = lease(client, simulated, max_jobs=4)[0]
+        assert first["schedule"] == jobs[0]["schedule"]  # (the same seed proposes the same)
+        crashed = {"status": status, "error": "the measuring child died (SIGSEGV)"}
+        assert post_result(client, simulated, first, crashed).json()["accepted"]
+        doc = client.post("/v1/schedules", json={"workload": GEMM, "gpu": "h100"}).json()
+        assert doc["schedule"] == jobs[0]["schedule"] and doc["latency_us"] == 5.0, status
+    create_task(client, budget=4, batch_size=4, runner="simulated")
+    first = lease(client, simulated, max_jobs=4)[0]
+    assert post_result(client, simulated, first, _fail(first)).json()["accepted"]
+    doc = client.post("/v1/schedules", json={"workload": GEMM, "gpu": "h100"}).json()
+    assert doc["schedule"] != jobs[0]["schedule"] and doc["latency_us"] == 51.0
+
+
 def test_a_gpu_measurement_is_never_the_answer_for_a_schedule_that_failed_on_the_gpu(client):
     """A schedule timed fastest on the GPU in one task and computing a wrong result there in
     another was answered as the one to run (`source: measured`): the failure filter covered
