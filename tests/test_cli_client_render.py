@@ -91,8 +91,18 @@ def test_html_inlines_plotly_from_the_installed_package(tmp_path: Path):
 
 
 def test_titles_say_when_the_trials_are_simulated():
-    assert curve_files._subtitle(True) == "simulated: analytical model + noise, not measurements"
-    assert "simulated" not in curve_files._subtitle(False)
+    simulated = curve_files._subtitle(True, CURVE)
+    assert simulated == "simulated: analytical model + noise, not measurements"
+    assert "simulated" not in curve_files._subtitle(False, CURVE)
+
+
+def test_an_empty_curve_is_not_called_measured(tmp_path: Path):
+    """A queued task's curve (no trial finished) read "best-so-far over the measured
+    trials"."""
+    path = tmp_path / "c.html"
+    curve_files.write_curve_html(path, TASK, Curve(points=[]), simulated=False)
+    page = path.read_text()
+    assert "no trial has finished yet" in page and "measured trials" not in page
 
 
 def test_png_without_matplotlib_says_how_to_get_it(monkeypatch: pytest.MonkeyPatch, tmp_path):

@@ -328,6 +328,26 @@ def test_a_simulated_task_whose_every_trial_failed_is_not_called_measured(live_u
         browser.close()
 
 
+def test_a_task_that_never_ran_is_not_called_measured(live_url, chromium):
+    """A task cancelled before any trial (no runner asked for) drew "Measured vs predicted"
+    and "measured µs": it has no latencies of any kind."""
+    with httpx.Client(base_url=live_url, timeout=30) as client:
+        body = {"workload": GEMM, "gpu": "h100", "budget": 4, "strategy": "random"}
+        task = client.post("/v1/tasks", json=body).json()["id"]
+        assert client.delete(f"/v1/tasks/{task}").status_code == 200
+
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=chromium, args=CHROMIUM_ARGS)
+        page = browser.new_page(viewport={"width": 1400, "height": 1000})
+        page.goto(f"{live_url}/dashboard?refresh=300&task={task}")
+        page.wait_for_function("() => Number(document.body.dataset.refreshes) >= 1", timeout=20000)
+        assert page.locator("#scatter-title").inner_text() == "Latency vs predicted"
+        assert _axis_title(page, "scatter-plot", "yaxis") == "latency µs"
+        browser.close()
+
+
 def test_a_softmax_task_draws_its_curve_in_gb_per_s(live_url, chromium):
     """The memory-intensive family on the dashboard: its row, its curve and its axis in the
     family's unit (GB/s), labelled simulated, beside a GEMM task in TFLOP/s."""

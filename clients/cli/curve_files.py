@@ -33,7 +33,9 @@ def curve_title(task: TaskDoc) -> str:
     return f"task {task.id}: {label} on {task.gpu} ({task.strategy})"
 
 
-def _subtitle(simulated: bool) -> str:
+def _subtitle(simulated: bool, curve: Curve) -> str:
+    if not curve.points:  # (a queued task's empty curve read "over the measured trials")
+        return "no trial has finished yet"
     return SIMULATED_LABEL if simulated else "best-so-far over the measured trials"
 
 
@@ -79,7 +81,7 @@ def write_curve_html(path: Path, task: TaskDoc, curve: Curve, simulated: bool) -
             hovertemplate=f"trial %{{x}}<br>%{{y:.1f}} {unit}<br>%{{customdata:.2f}} µs",
         )
     )
-    title = f"{curve_title(task)}<br><sup>{_subtitle(simulated)}</sup>"
+    title = f"{curve_title(task)}<br><sup>{_subtitle(simulated, curve)}</sup>"
     fig.update_layout(title=title, xaxis_title="trials", yaxis_title=unit)
     # include_plotlyjs=True inlines plotly.min.js from the installed package (no CDN).
     # Written atomically: an interrupted write never leaves half a page.
@@ -110,7 +112,7 @@ def write_curve_png(path: Path, task: TaskDoc, curve: Curve, simulated: bool) ->
         ax.step(xs, ys, where="post", color=LINE_COLOR, marker="o", markersize=3)
     ax.set_xlabel("trials")
     ax.set_ylabel(f"best {curve.throughput_unit}")
-    ax.set_title(f"{curve_title(task)}\n{_subtitle(simulated)}", fontsize=10)
+    ax.set_title(f"{curve_title(task)}\n{_subtitle(simulated, curve)}", fontsize=10)
     ax.grid(True, alpha=0.3)
     fig.tight_layout()
     # Rendered in memory, then written whole (as --html and every other output): savefig

@@ -440,8 +440,11 @@
     const lo = all.length ? Math.min(...all) : 1;
     const hi = all.length ? Math.max(...all) : 10;
     // With no successful trial, the task's results say what its latencies would have been
-    // (an all-failed simulated task read "Measured vs predicted").
-    const latency = labelWords([...groups.keys()]) || words || MEASURED;
+    // (an all-failed simulated task read "Measured vs predicted"); with no result at all,
+    // the runner the task asked for, else plain latency (a cancelled task that never ran
+    // read "Measured vs predicted").
+    const asked = task && task.runner ? runnerLabel(task.runner) : "latency";
+    const latency = labelWords([...groups.keys()]) || words || asked;
     document.getElementById("scatter-title").textContent =
       `${latency[0].toUpperCase()}${latency.slice(1)} vs predicted`;
     Plotly.react("scatter-plot", [
