@@ -44,7 +44,7 @@ from scipy.stats import spearmanr
 from benchmarks.campaign_data import Campaign, OperatorData, campaign
 from benchmarks.results import write_section
 from pipetune.model.hardware import GPUSpec
-from pipetune.model.operators import ALCOP, HOPPER, HOPPER_PREFIX, MEMOPS
+from pipetune.model.operators import ALCOP, HOPPER, HOPPER_FUSED, HOPPER_PREFIX, MEMOPS
 from pipetune.model.pipelining import double_buffer_only, non_pipelined
 from pipetune.tuner import metrics
 from pipetune.workers.campaign.correctness import quarantine_note
@@ -392,7 +392,8 @@ def hopper_table(
 
 def hopper_report(c: Campaign, mma_sync: Campaign | None) -> list[str]:
     """The Hopper wgmma family's part of a report (empty without its operators)."""
-    ops = [op for op in c.operators(list(HOPPER)) if op.name in HOPPER]
+    names = [*HOPPER, *HOPPER_FUSED]  # (the fused GEMMs' sweeps beside the hopper suite's)
+    ops = [op for op in c.operators(names) if op.name in names]
     if not ops:
         return []
     table, r = hopper_table(ops, mma_sync)
@@ -402,13 +403,14 @@ def hopper_report(c: Campaign, mma_sync: Campaign | None) -> list[str]:
         "### Hopper wgmma operators: tuned against one block per tile, the mma.sync family and"
         " the library",
         "",
-        f"(the mma.sync family's best from the ALCOP operator of the same shape in {where},"
+        f"(the mma.sync family's best from its operator of the same shape (the name without"
+        f" {HOPPER_PREFIX!r}) in {where},"
         " measured in another call: compare the ratios, each against its own call's library)",
         "",
         *table,
         "",
         f"Geomean: best / one block per tile {geomean(r['per_tile']):.2f}x; best / library"
-        f" {geomean(r['lib']):.2f} over {len(r['lib'])} GEMM and BMM operators; the mma.sync"
+        f" {geomean(r['lib']):.2f} over {len(r['lib'])} operators; the mma.sync"
         f" family's {geomean(r['mma_lib']):.2f} and the better of the two"
         f" {geomean(r['both_lib']):.2f} over the {len(r['both_lib'])} operators both measured.",
         "",

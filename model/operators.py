@@ -125,6 +125,15 @@ HOPPER: dict[str, HopperWorkload] = {
     HOPPER_PREFIX + name: as_hopper(w) for name, w in ALCOP.items() if w.op in ("gemm", "bmm")
 }
 
+# The fused GEMMs of the swiglu and bias_gelu suites on the Hopper wgmma family (their
+# epilogues in its staged one): with those suites' mma.sync sweeps and their PyTorch baselines,
+# what each family's fused kernel reaches on one shape.
+HOPPER_FUSED: dict[str, HopperWorkload] = {
+    HOPPER_PREFIX + name: as_hopper(w)
+    for name, w in {**SWIGLU, **BIAS_GELU}.items()
+    if w.op in ("gemm_swiglu", "gemm_bias_gelu")
+}
+
 SUITES: dict[str, dict[str, AnyWorkload | MemWorkload | HopperWorkload]] = {
     "alcop": ALCOP,
     "memops": MEMOPS,
@@ -133,6 +142,7 @@ SUITES: dict[str, dict[str, AnyWorkload | MemWorkload | HopperWorkload]] = {
     "swiglu": SWIGLU,
     "bf16": BF16,
     "bias_gelu": BIAS_GELU,
+    "hopper_fused": HOPPER_FUSED,
 }
 
 

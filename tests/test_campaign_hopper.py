@@ -237,3 +237,33 @@ def test_kernels_that_keep_timing_out_are_not_run_again_and_are_quarantined():
     not_run = [m for m in doc["mismatches"] if m["error"].startswith("not run: ")]
     assert len(not_run) == len(stream_k) - len(ran_stream_k)
     assert "with tile_loop=2 timed out before it" in not_run[0]["error"]
+
+
+def test_the_hopper_fused_suite_is_swept_and_reported_beside_the_hopper_suite(
+    tmp_path, monkeypatch
+):
+    """The swiglu and bias_gelu suites' fused GEMMs on the wgmma family: a campaign of their
+    own (simulated here), each swept whole, with its PyTorch baseline, in the wgmma report."""
+    from benchmarks import bench_campaign
+    from benchmarks.campaign_data import campaign
+    from pipetune.model.operators import HOPPER_FUSED
+    from pipetune.workers.campaign.unpack import unpack
+
+    assert {w.op for w in HOPPER_FUSED.values()} == {"hopper_gemm_swiglu", "hopper_gemm_bias_gelu"}
+    monkeypatch.setenv("PIPETUNE_CACHE_DIR", str(tmp_path / "cubins"))
+    monkeypatch.setenv("PIPETUNE_REFERENCE_CACHE", str(tmp_path / "references"))
+    monkeypatch.setenv("PIPETUNE_SIMULATED_TIME_SCALE", "0")
+    archive = tmp_path / "c.tar.gz"
+    args = ["--out-dir", str(tmp_path / "out"), "--pack", str(archive), "--runner", "simulated"]
+    result = cli.invoke(campaign_app, [*args, "--operators", "hopper_fused"])
+    assert result.exit_code == 0, result.output
+    summary = json.loads((tmp_path / "out" / "campaign.json").read_text())
+    assert summary["state"] == "complete" and set(summary["sweeps"]["done"]) == set(HOPPER_FUSED)
+    baselines = json.loads((tmp_path / "out" / "baselines.json").read_text())["operators"]
+    assert set(baselines) == set(HOPPER_FUSED)
+    unpack(archive, tmp_path / "hopper", tmp_path / "profiles", allow_simulated=True)
+    body = bench_campaign.report(campaign("h100", tmp_path / "hopper"), mma_sync=None)
+    rows = [line for line in body.splitlines() if line.startswith("| WG_")]
+    assert {row.split(" | ")[0].lstrip("| ") for row in rows} >= set(HOPPER_FUSED)
+    assert "hopper_gemm_swiglu 1024x11008x4096" in body
+    assert "hopper_gemm_bias_gelu(tanh) 1024x3072x768" in body

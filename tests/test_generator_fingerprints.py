@@ -30,6 +30,16 @@ from pipetune.workers.families import codegen_for
 
 FINGERPRINTS = {
     ("hopper_gemm", 1): "e2edf8af93150d031eced83b6d175a1fd9c4c1dce6a8645776f6f6a93cbf7755",
+    # The wgmma GEMMs with bias + GELU and with the SwiGLU in their epilogues (2026-12-05):
+    # their first sources.
+    (
+        "hopper_gemm.bias_gelu",
+        1,
+    ): "2af4df63edaa19fcbd1023ea77d5fd607cf8e62df96b2795df488b0bbd1bc52e",
+    (
+        "hopper_gemm.swiglu",
+        1,
+    ): "3ab907247d4ba3904ea722556007077fb34ee2ca8a768d553e87252386f81813",
     ("memops", 1): "6e06943f8f4e662defcfaa73930d487c4efc6cbbb051983eec44a068223a9be1",
     # The GEMM with bias + GELU in its epilogue (2026-12-05): its first sources.
     (

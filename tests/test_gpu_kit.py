@@ -43,6 +43,7 @@ from pipetune.workers.campaign.kit import (
     conv_device_command,
     device_command,
     hopper_device_command,
+    hopper_fused_device_command,
     llama_device_command,
     normalise,
     resweep_convolutions,
@@ -91,6 +92,7 @@ def test_the_readme_gives_the_kit_s_commands():
     assert swiglu_device_command() in stripped  # the fused GEMM + SwiGLU against the pair
     assert bf16_device_command() in stripped  # the swiglu suite's GEMMs in bfloat16
     assert bias_gelu_device_command() in stripped  # FC1 with its bias and GELU fused
+    assert hopper_fused_device_command() in stripped  # the fused GEMMs on the wgmma family
 
 
 def test_the_wheel_is_built_under_the_tree_s_lock(tmp_path, monkeypatch):
@@ -391,34 +393,40 @@ def test_the_kit_offers_each_gpu_what_its_committed_data_lacks(tmp_path):
     profiles = PROFILE_DIR  # (the checkout's model/profiles)
     h200 = open_calls("h200", ROOT / DATA_DIR, profiles)
     assert [c.command for c in h200] == [
+        hopper_fused_device_command(),
         llama_device_command(),
         swiglu_device_command(),
         bf16_device_command(),
         bias_gelu_device_command(),
         calibrate_device_command("h200"),
     ]
-    assert "calibrate --gpu h200 --out $OUT/h200.json" in h200[4].command
-    assert h200[0].run()["timeout_s"] == 300 and h200[1].run()["timeout_s"] == 360
-    assert h200[2].run()["timeout_s"] == 360 and h200[3].run()["timeout_s"] == 300
+    assert "calibrate --gpu h200 --out $OUT/h200.json" in h200[5].command
+    assert h200[0].run()["timeout_s"] == 300 and h200[1].run()["timeout_s"] == 300
+    assert h200[2].run()["timeout_s"] == 360 and h200[3].run()["timeout_s"] == 360
+    assert h200[4].run()["timeout_s"] == 300
     with_k_step = tmp_path / "profiles"
     with_k_step.mkdir()
     doc = json.loads((profiles / "h200.json").read_text())
     doc["raw"]["k_step_cycles"] = 198.0
     (with_k_step / "h200.json").write_text(json.dumps(doc))
     assert [c.command for c in open_calls("h200", ROOT / DATA_DIR, with_k_step)] == [
+        hopper_fused_device_command(),
         llama_device_command(),
         swiglu_device_command(),
         bf16_device_command(),
         bias_gelu_device_command(),
     ]
-    # The llama, swiglu, bf16 and bias_gelu suites measured (stand-in files): not offered
-    # again; without the persistent probe's file, that probe is.
+    # The llama, swiglu, bf16 and bias_gelu suites measured, and the hopper_fused one in the
+    # Hopper family's folder (stand-in files): not offered again; without the persistent
+    # probe's file, that probe is.
     mirror = tmp_path / "data"
     shutil.copytree(ROOT / DATA_DIR / "h200", mirror / "h200")
     shutil.copytree(ROOT / DATA_DIR / "hopper", mirror / "hopper")
     suites = ("llama", "swiglu", "bf16", "bias_gelu")
     for op in [name for suite in suites for name in suite_in_order(suite)]:
         (mirror / "h200" / f"{op}.t4.json.gz").write_bytes(b"")
+    for op in suite_in_order("hopper_fused"):
+        (mirror / "hopper" / "h200" / f"{op}.t4.json.gz").write_bytes(b"")
     (mirror / "h200" / "wgmma-probe-persistent.json").unlink()
     h200 = open_calls("h200", mirror, with_k_step)
     assert [c.command for c in h200] == [PROBE_CALLS["h200"][2]]
@@ -429,6 +437,7 @@ def test_the_kit_offers_each_gpu_what_its_committed_data_lacks(tmp_path):
     assert [c.command for c in h100] == [
         conv_device_command(),  # its convolutions measure the loader before 2026-11-28
         hopper_device_command(),
+        hopper_fused_device_command(),
         llama_device_command(),
         swiglu_device_command(),
         bf16_device_command(),
@@ -469,7 +478,7 @@ def test_the_kit_goes_on_with_a_campaign_an_earlier_call_left_unfinished(tmp_pat
     assert f"--have {hopper} " in hopper_device_command(have=str(hopper))
     for state in ("complete", "stopped"):  # then the family's campaign is not offered again
         (hopper / "campaign" / "campaign.json").write_text(json.dumps({"state": state}))
-        assert not any("--operators hopper" in c.command for c in open_calls("h100", data))
+        assert not any("--operators hopper " in c.command for c in open_calls("h100", data))
     # The mma.sync campaign left unfinished: its next call, from the committed data, first.
     (data / "h100" / "campaign" / "campaign.json").write_text('{"state": "paused"}')
     (call,) = open_calls("h100", data)

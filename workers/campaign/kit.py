@@ -402,6 +402,24 @@ def bias_gelu_unmeasured(folder: Path) -> bool:
     return any(not (folder / f"{op}.t4.json.gz").exists() for op in suite_in_order("bias_gelu"))
 
 
+HOPPER_FUSED_MINUTES = 4  # `pipetune campaign plan --operators hopper_fused`: one call, 98 s
+
+
+def hopper_fused_device_command(runner: str = "cupy") -> str:
+    """The ``hopper_fused`` suite (the swiglu and bias_gelu suites' fused GEMMs on the Hopper
+    wgmma family) in one call: correctness (the fused kernels among the family's cases), the
+    unfused PyTorch baselines and both exhaustive sweeps (README, GPU work)."""
+    return one_call_command(
+        "hopper_fused", ".campaign-hf", HOPPER_FUSED_MINUTES, "campaign-hopper-fused", runner
+    )
+
+
+def hopper_fused_unmeasured(folder: Path) -> bool:
+    """Whether a ``hopper_fused`` suite operator has no committed sweep in this GPU's Hopper
+    family folder."""
+    return any(not (folder / f"{op}.t4.json.gz").exists() for op in suite_in_order("hopper_fused"))
+
+
 # --- what is open on each GPU ------------------------------------------------------------
 
 DATA_DIR = Path("benchmarks/data")
@@ -541,6 +559,14 @@ def open_calls(gpu: str, data: Path = DATA_DIR, profiles: Path = PROFILE_DIR) ->
                 f"{hopper_state})",
                 420,
                 hopper_device_command(have=str(hopper)),
+            )
+        )
+    if hopper_fused_unmeasured(hopper):
+        calls.append(
+            DeviceCall(
+                "the hopper_fused suite: the fused GEMMs (SwiGLU, bias + GELU) on the wgmma family",
+                300,
+                hopper_fused_device_command(),
             )
         )
     if llama_unmeasured(folder):
