@@ -72,7 +72,8 @@ def _print_outcome(outcome: object) -> None:
 _OPERATORS_HELP = (
     f"suites ({', '.join(SUITES)}) and operators, comma-separated (alcop,MM_RN50_FC); "
     "default: the ALCOP suite, then the memops suite (hopper: the ALCOP GEMMs and BMMs on "
-    "the Hopper wgmma family, H100 and H200 only)"
+    "the Hopper wgmma family, and hopper_fused: the swiglu and bias_gelu suites' fused GEMMs "
+    "on it; H100 and H200 only)"
 )
 
 
