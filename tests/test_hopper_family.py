@@ -120,6 +120,7 @@ def test_a_gemm_with_its_swiglu_is_a_hopper_op_of_its_own():
     (run,) = plan.launches
     assert run.scalars == {"M": 2048, "N": 22016, "K": 4096}  # the GEMM's N: both projections
     assert plan.tensor_maps[1].dims == (4096, 22016, 1)
+    assert any("interleaved in groups of 8" in note for note in codegen.shape_notes(kernel, mlp))
 
 
 def _config(values):

@@ -313,9 +313,13 @@ def shape_notes(kernel: KernelSource, workload: AnyWorkload) -> list[str]:
     arguments (the grid follows the shape as `launch` computes it), but the fused
     GEMM + SwiGLU's N and B."""
     if kernel.variant in SWIGLU_VARIANTS:
-        return [
-            "N is the GEMM's: 2n, both projections; B holds them interleaved in groups of 8 "
-            "columns (rows with b_layout nk), gate then up (pipetune.interleave_gate_up "
-            "builds it); C is M x n"
-        ]
+        return [SWIGLU_SHAPE_NOTE]
     return []
+
+
+# What a fused GEMM + SwiGLU's caller must know of its N and B (either family's kernel).
+SWIGLU_SHAPE_NOTE = (
+    "N is the GEMM's: 2n, both projections; B holds them interleaved in groups of 8 "
+    "columns (rows with b_layout nk), gate then up (pipetune.interleave_gate_up "
+    "builds it); C is M x n"
+)

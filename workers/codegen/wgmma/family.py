@@ -31,10 +31,11 @@ from pipetune.model.hopper.space import (
 from pipetune.model.hopper.workloads import HopperWorkload
 from pipetune.workers.codegen.cover import compile_sample, stratified_sample
 from pipetune.workers.codegen.cuda_text import typed_key
-from pipetune.workers.codegen.generator import KernelSource
+from pipetune.workers.codegen.generator import SWIGLU_SHAPE_NOTE, KernelSource
 from pipetune.workers.codegen.variants import (
     BIAS_GELU_VARIANTS,
     SCALAR_ARGS,
+    SWIGLU_VARIANTS,
     b_layout_of,
     pointer_args,
     variant_of,
@@ -141,14 +142,16 @@ def grid_depends_on_occupancy(kernel: HopperKernelSource) -> bool:
 
 def shape_notes(kernel: HopperKernelSource, workload: HopperWorkload) -> list[str]:
     """What a caller launching the kernel on another shape must know: the shape is launch
-    arguments, but the TMA tensor maps hold it too, and a stream-K workspace is sized for
-    the shape's tiles."""
+    arguments, but the TMA tensor maps hold it too, a stream-K workspace is sized for the
+    shape's tiles, and a fused GEMM + SwiGLU's N and B are the GEMM's."""
     notes = [
         "shape: M, N, K (and the batch) are arguments, but the tensor maps hold the shape as "
         "well: on another shape encode them with that shape's dims and strides"
     ]
     if kernel.config.stream_k:
         notes.append("W and arrivals are sized for this shape's tiles and grid")
+    if kernel.variant in SWIGLU_VARIANTS:
+        notes.append(SWIGLU_SHAPE_NOTE)
     return notes
 
 
