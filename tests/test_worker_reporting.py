@@ -217,6 +217,26 @@ def test_a_worker_holds_its_slots_plus_the_jobs_it_leases_ahead():
     assert none_ahead._capacity() == 1
 
 
+def test_an_idle_worker_asks_for_its_slots_only_and_leases_ahead_once_it_has_work():
+    """An idle worker asked for its slots plus its lease-ahead: the first of a fleet's idle
+    workers that the service woke took a whole batch (8 jobs on 3 of 8 workers, the batch
+    2-3x slower) while the others waited. Idle, it asks for its slots; holding work, for the
+    jobs ahead too; and a report that leaves it holding nothing asks for its slots only."""
+    worker, _ = _worker(FakeApi(), concurrency=2, lease_ahead=3)
+    assert worker._free_slots() == 2  # idle: its slots
+    worker._busy = 1
+    assert worker._free_slots() == 4  # working: the rest of its capacity (5)
+    api = FakeApi(queued=10)
+    worker, _ = _worker(api, concurrency=2, lease_ahead=3)
+    worker._pool = FakePool()  # type: ignore[assignment]
+    worker._busy = 3
+    for job in (_job(1), _job(2), _job(3)):  # every job it held, reported at once
+        worker._reports.put((job, OK))
+    worker._reports.put(None)
+    worker._reporter()
+    assert api.asked == [2]  # its slots, not the 3 it reported
+
+
 class FakePool:
     def __init__(self) -> None:
         self.units: list[list[int]] = []
@@ -267,7 +287,7 @@ def test_jobs_a_report_leases_after_the_pool_closed_are_handed_back_not_lost():
         )
         or [h.job_id for h in leases]
     )
-    worker, log = _worker(api, concurrency=1, lease_ahead=1)
+    worker, log = _worker(api, concurrency=2, lease_ahead=1)
     assert worker._pool is None  # the worker stopped measuring meanwhile
     _report(worker, [_job(1)])
     assert api.asked == [2] and worker.counts["handed_back"] == 2
@@ -277,7 +297,7 @@ def test_jobs_a_report_leases_after_the_pool_closed_are_handed_back_not_lost():
     # A service that cannot take them back (unreachable, or from before the route): their
     # leases expire, as before, and that is said.
     api = FakeApi(queued=10)
-    worker, log = _worker(api, concurrency=1, lease_ahead=1)
+    worker, log = _worker(api, concurrency=2, lease_ahead=1)
     _report(worker, [_job(1)])  # (FakeApi has no release: AttributeError)
     assert worker.counts["handed_back"] == 2 and "released" not in worker.counts
     assert worker._busy == 0 and "release_failed" in log.getvalue()
