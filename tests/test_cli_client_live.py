@@ -109,6 +109,18 @@ def test_tune_without_wait_returns_the_queued_task(cli):  # type: ignore[no-unty
     assert table.exit_code == 0 and "gemm 1024x64x2048" in table.stdout
 
 
+def test_tune_names_the_service_in_the_command_it_suggests(cli, service):  # type: ignore[no-untyped-def]
+    """`pipetune curve N` without --server reads the local database: it said the task does not
+    exist, or showed another task of that number there."""
+    result = cli("tune", "gemm", *FC[:6], "--gpu", "a100", "--budget", "4")
+    assert result.exit_code == 0, result.output
+    task_id = result.stdout.split()[1]
+    suggested = f"`pipetune curve {task_id} --server {service.url}`"
+    assert suggested in " ".join(result.stdout.split())
+    shown = cli("curve", task_id, "--server", service.url)
+    assert shown.exit_code == 0 and f"task {task_id}:" in shown.stdout
+
+
 def test_tune_for_gpu_measurements_only_waits_for_a_cupy_worker(cli, worker, service):  # type: ignore[no-untyped-def]
     """--runner cupy: the simulated worker of the GPU leaves the task queued; cancelled here
     (no GPU worker will come)."""

@@ -330,6 +330,12 @@ def print_task(doc: TaskDoc, server: str) -> None:
     console.print(f"dashboard: {dashboard_url(server)}")
 
 
+def _curve_command(task_id: int, server: str) -> str:
+    """The command that shows a task's curve at `server` (without --server, `curve` read the
+    local database, and showed another task of the same number there, or none)."""
+    return f"`pipetune curve {task_id} --server {shown_url(server)}`"
+
+
 def _say_created(
     task: TaskDoc, w: Any, gpu: str, budget: int, strategy: str, server: str, as_json: bool
 ) -> None:
@@ -341,7 +347,7 @@ def _say_created(
     # left it out (a learned one, or prior_gpu's task), said.
     console.print(
         f"task {task.id} {task.state}: {w.label()} on {gpu}, budget {budget}, "
-        f"{strategy_label(task)}; follow it with `pipetune curve {task.id}` or "
+        f"{strategy_label(task)}; see its progress with {_curve_command(task.id, server)} or "
         f"{dashboard_url(server)}"
     )
     if task.no_worker:
@@ -407,8 +413,8 @@ def _tune(
                 )
             else:
                 stderr_console.print(
-                    f"{what}: task {task.id} goes on at the service; follow it with "
-                    f"`pipetune curve {task.id}`, or cancel it with DELETE "
+                    f"{what}: task {task.id} goes on at the service; see its progress with "
+                    f"{_curve_command(task.id, server)}, or cancel it with DELETE "
                     f"{shown_url(server)}/v1/tasks/{task.id}"
                 )
             raise typer.Exit(code) from None
