@@ -15,7 +15,7 @@ from types import SimpleNamespace
 import pytest
 from worker_support import OK, REGISTERED, leased_job, run_in_thread, wait_until
 
-from pipetune.clients.sdk import ServerError
+from pipetune.clients.sdk import AuthError, ServerError
 from pipetune.model.wire import JobResultAck, JobResultAcks
 from pipetune.workers.daemon import EventLog, WorkerConfig
 from pipetune.workers.daemon.gpu import describe_model_gpu
@@ -175,3 +175,33 @@ def test_a_worker_waiting_for_its_reports_stops_when_told():
     _stop(worker, runner)
     assert time.monotonic() - started < 2
     assert status == [EXIT_UNREPORTED] and api.leased == [1]
+
+
+def test_a_worker_whose_token_a_report_finds_refused_stops_with_the_refusal():
+    """The service came back without the worker's token: the 401 on a report read as "a
+    report got through", leasing resumed and the worker measured another trial before its
+    next lease was refused. It now stops leasing at once, and run() raises the refusal (the
+    CLI says which credential was refused, exit 1)."""
+    api = ResultsDown(down=True)
+    worker, log = _worker(api)
+    raised: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            worker.run()
+        except AuthError as exc:
+            raised.append(exc)
+
+    runner = threading.Thread(target=run, daemon=True)
+    runner.start()
+    assert wait_until(lambda: len(api.failed) >= 2)  # reports fail: leasing waits
+
+    def refused(*args: object, **kwargs: object) -> None:
+        raise AuthError(401, "a valid worker token required")
+
+    api.post_results_and_lease = refused  # type: ignore[method-assign]
+    runner.join(5)
+    assert not runner.is_alive(), "the worker did not stop"
+    assert len(raised) == 1 and raised[0].status_code == 401  # type: ignore[attr-defined]
+    assert "token_refused" in log.getvalue() and "leasing_resumed" not in log.getvalue()
+    assert api.leased == [1]  # nothing leased after the refusal

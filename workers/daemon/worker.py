@@ -1040,6 +1040,11 @@ class Worker:
             self._reregister.set()
             self._probe_failed(job, exc)
             return
+        except AuthError as exc:
+            if exc.status_code == 401:  # (the worker's token refused: no report can go)
+                self._token_refused(exc)
+                return
+            accepted = False
         except ApiError:
             accepted = False  # (refused: the service answered, the route is there)
         except Exception as exc:  # (an answer of the wrong shape: one ack for two results)
@@ -1109,11 +1114,30 @@ class Worker:
         except TRANSIENT_REGISTERED:
             self._reports_failing()
             raise
+        except AuthError as exc:
+            if exc.status_code == 401:
+                self._token_refused(exc)
+            else:
+                self._reports_through()
+            raise
         except ApiError:  # (the service answered: it is up)
             self._reports_through()
             raise
         self._reports_through()
         return answer
+
+    def _token_refused(self, exc: AuthError) -> None:
+        """A report's answer refused the worker's token (the service restarted without it):
+        nothing the worker measures can be reported any more, so it stops after the current
+        trial, with the refusal as its error. It took the answer for a report that got
+        through, leased on and measured the jobs it held before its next lease was refused."""
+        if self._fatal is None:
+            self._fatal = exc
+        self.log.error("token_refused", msg=f"{exc}: stopping after the current trial")
+        self._stop.set()
+        self._abort.set()
+        with self._slots:
+            self._slots.notify_all()
 
     def _report_batch(
         self, api: WorkerApi, items: list[tuple[JobLease, MeasureResult]], lease: bool = True
