@@ -205,6 +205,7 @@ class Worker:
         # leases are no longer current, so they are not measured if not started yet.
         self._superseded: set[LeaseKey] = set()
         self._told_short_ttl = False  # that a lease's TTL is no longer than --heartbeat
+        self._shortest_ttl_s: float | None = None  # of the leases granted (heartbeat interval)
         self._heartbeat_lists_leases = True  # until a service from before it says otherwise
         # Set when a request failed as an outage does (unreachable, 5xx, garbled answer): the
         # service may have come back on another database, where this worker's id names
@@ -475,15 +476,28 @@ class Worker:
             self._held[key] = HeldTerm.granted(job.lease_token, job.lease_ttl_s, now)
             self._task_of[key] = job.task_id
         ttls = [j.lease_ttl_s for j in jobs if j.lease_ttl_s is not None]
+        if ttls:
+            self._shortest_ttl_s = min(self._shortest_ttl_s or math.inf, *ttls)
         if ttls and min(ttls) <= self.config.heartbeat_s and not self._told_short_ttl:
-            # No heartbeat rule extends a lease that expires between two wake-ups: said once.
+            # No heartbeat rule extends a lease that expires between two wake-ups: the
+            # wake-ups come more often (they were only warned of, and a trial measured well
+            # three times was recorded lost, its leases expired each time). Said once.
             self._told_short_ttl = True
             self.log.warning(
                 "lease_ttl_below_heartbeat",
                 msg=f"the service leases for {min(ttls):g} s, no longer than --heartbeat "
-                f"{self.config.heartbeat_s:g} s: leases may expire while held; set "
-                "--heartbeat well below the lease TTL",
+                f"{self.config.heartbeat_s:g} s: the heartbeat wakes every "
+                f"{self._heartbeat_interval_s():g} s instead",
             )
+
+    def _heartbeat_interval_s(self) -> float:
+        """Seconds between the heartbeat thread's wake-ups: --heartbeat, or a quarter of the
+        shortest lease TTL the service granted where that is shorter (heartbeats.HeldTerm
+        extends a lease with half its TTL to spare, which wake-ups longer than the TTL
+        cannot do)."""
+        if self._shortest_ttl_s is None:
+            return self.config.heartbeat_s
+        return min(self.config.heartbeat_s, self._shortest_ttl_s / 4)
 
     def _retire_older_copies(self, job: JobLease) -> None:
         """A job leased to this worker again while it still holds an older copy (that
@@ -1266,7 +1280,7 @@ class Worker:
         last_active: bool | None = None  # what the last heartbeat the service took said
         wakeups = 0  # since then
         try:
-            while not stop.wait(self.config.heartbeat_s):
+            while not stop.wait(self._heartbeat_interval_s()):
                 if self.worker_id is None:
                     continue
                 wakeups += 1
@@ -1275,7 +1289,8 @@ class Worker:
                     held = dict(self._held)
                     busy = max(self._busy, 0)
                 active = bool(held) or busy > 0
-                expiring = any(term.due(now, self.config.heartbeat_s) for term in held.values())
+                interval = self._heartbeat_interval_s()
+                expiring = any(term.due(now, interval) for term in held.values())
                 if not heartbeat_due(active, last_active, wakeups, expiring):
                     continue
                 leases = None  # (more than a heartbeat lists: all are extended)
