@@ -141,6 +141,14 @@ def _no_worker(
     last, now = max(w.last for w in fit), fit[0].now
     if (now - last).total_seconds() <= live_s:
         return None
+    if any((w.now - w.last).total_seconds() <= live_s for w in of_kind):
+        # Live workers that cannot take it (replay workers of other workloads): "no worker
+        # is live" of a working fleet sent its operator looking for a fault that was none.
+        return (
+            f"no {_worker_label(gpu, runner)} that takes this workload is live: the live ones "
+            "replay other workloads' datasets; the last that could, "
+            f"{(now - last).total_seconds():.0f} s ago (the lease TTL is {live_s:.0f} s)"
+        )
     return (
         f"no {_worker_label(gpu, runner)} is live: none heard from within the lease TTL "
         f"({live_s:.0f} s); the last, {(now - last).total_seconds():.0f} s ago"

@@ -114,6 +114,31 @@ def test_a_task_whose_workers_went_silent_says_when_one_was_last_heard(client):
     assert _why(client, task["id"]) is None
 
 
+def test_a_task_whose_fitting_workers_went_silent_beside_live_replay_workers_says_both(client):
+    """A live replay worker of another workload beside silent workers that could take the
+    task: it read "no h100 worker is live" of a GPU whose fleet was working."""
+    task = _task(client, "h100")
+    silent = register(client, "sim-h100", "h100")
+    body = {
+        "name": "replay-h100", "gpu": "h100", "arch": "sm_90", "runner": "replay",
+        "workload": SMALL_GEMM,
+    }  # fmt: skip
+    response = client.post("/v1/workers", json=body, headers=WORKER_HEADERS)
+    assert response.status_code == 201, response.text
+    service = service_of(client)
+    ttl = service.settings.lease_ttl_s
+    with service.db.write() as s:
+        s.execute(
+            update(WorkerRow)
+            .where(WorkerRow.id == silent)
+            .values(last_heartbeat=service.db.now_plus(-2 * ttl))
+        )
+    why = _why(client, task["id"])
+    assert why is not None and why.startswith("no h100 worker that takes this workload is live")
+    assert "the live ones replay other workloads' datasets" in why
+    assert f"the last that could, {2 * ttl:.0f} s ago" in why
+
+
 def test_an_ended_task_says_nothing_of_workers(client):
     task = _task(client, "a100", budget=1)
     assert task["no_worker"] is not None
