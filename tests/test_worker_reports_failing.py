@@ -168,13 +168,16 @@ def test_results_given_up_on_are_sent_again_when_reports_get_through():
 
 def test_a_worker_waiting_for_its_reports_stops_when_told():
     api = ResultsDown(down=True)
-    worker, _ = _worker(api)
+    worker, log = _worker(api)
     runner, status = run_in_thread(worker)
     assert wait_until(lambda: worker.counts["unreported"] >= 1)
     started = time.monotonic()
     _stop(worker, runner)
     assert time.monotonic() - started < 2
     assert status == [EXIT_UNREPORTED] and api.leased == [1]
+    # Its line says that the results are retried, and that a second signal stops without
+    # them (a supervisor's kill came first, without a word of why it had not stopped).
+    assert "a second signal stops without them" in log.getvalue()
 
 
 def test_a_worker_whose_token_a_report_finds_refused_stops_with_the_refusal():

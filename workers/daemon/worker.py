@@ -268,9 +268,15 @@ class Worker:
         self._seen_signals = n
         if not self._stop.is_set():
             self._stop.set()
-            self.log.info(
-                "draining", busy=self._busy, msg="no more leases; finishing the jobs in hand"
-            )
+            msg = "no more leases; finishing the jobs in hand"
+            if self._reports_failing_since is not None:
+                # (Its reports may be retried for --result-retry: a supervisor's kill would
+                # come first, without a word of why the worker did not stop.)
+                msg += (
+                    f" and reporting them, retried for up to {self._result_retry_left():.0f} s "
+                    "while the service does not answer; a second signal stops without them"
+                )
+            self.log.info("draining", busy=self._busy, msg=msg)
         if n >= 2 and not self._abort.is_set():
             self._abort.set()
             self.log.warning("aborting", msg="stopping after the current trial")
