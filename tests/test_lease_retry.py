@@ -247,10 +247,10 @@ def test_the_worker_daemon_gets_the_jobs_of_a_report_answer_lost_on_the_way(db_u
         (job,) = api.lease(worker.worker_id, 1, wait_s=0)
         handed: list[JobLease] = []
         worker._pool = SimpleNamespace(submit=lambda _fn, unit: handed.extend(unit))
-        worker._busy = 1
+        worker._busy = 2  # (another job in hand: the report leases ahead, capacity 3)
         worker._report_batch(api, [(job, MeasureResult(status="ok", latency_us=5.0))])
-        assert transport.lost == 1 and len(handed) == 3  # what the lost answer leased
-        assert _leases(c) == 4  # the first lease, and those three: nothing more
+        assert transport.lost == 1 and len(handed) == 2  # what the lost answer leased
+        assert _leases(c) == 3  # the first lease, and those two: nothing more
         with service_of(c).db.write() as s:
             live = s.execute(
                 select(LeaseRow.job_id, LeaseRow.token).where(LeaseRow.outcome.is_(None))
