@@ -9,6 +9,8 @@ else differs between the float16 and bfloat16 kernels (the loaders, TMA boxes an
 
 from __future__ import annotations
 
+from pipetune.workers.codegen.cuda_text import fill_placeholders
+
 HELPERS = r"""
 namespace pt {
 
@@ -740,9 +742,8 @@ PT_HD unsigned long long b_descriptor(unsigned stage_b, int ks) {
 
 def fill_b_layout(text: str, b_layout: str) -> str:
     """``text`` with B's layout-dependent placeholders filled for ``b_layout`` ("kn", "nk")."""
-    for key, value in B_LAYOUT_TEXT[b_layout].items():
-        text = text.replace(f"@{key}@", value.removeprefix("\n"))
-    return text
+    texts = {key: value.removeprefix("\n") for key, value in B_LAYOUT_TEXT[b_layout].items()}
+    return fill_placeholders(text, texts)
 
 
 # ---- the epilogue ----------------------------------------------------------------------------
@@ -813,6 +814,4 @@ def fill_epilogue(text: str, epilogue: str) -> str:
     c_tile = C_TILE_OUT_TEXT[epilogue]
     text = text.replace("@TILE_OUT@", TILE_OUT_HEAD + _nested(c_tile))
     text = text.replace("@C_TILE_OUT@", c_tile)
-    for key, value in EPILOGUE_TEXT[epilogue].items():
-        text = text.replace(f"@{key}@", value)
-    return text
+    return fill_placeholders(text, EPILOGUE_TEXT[epilogue])
