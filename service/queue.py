@@ -628,6 +628,11 @@ class Queue:
                     # poll.
                     signalled, new = True, False
                     continue
+                if self.wakeup.stopping(worker.id):
+                    # Said while it claimed (off the loop): the notice's wake-up found no
+                    # request of its waiting, and this one would wait out its whole poll.
+                    # (From here to its waiter's registration nothing yields to the loop.)
+                    return LeaseResponse(jobs=[])
                 wait_s = min(self.settings.lease_poll_s, left)
                 unclaimed = await self.wakeup.woken(kind, wait_s, body.max_jobs, worker.id)
                 signalled, new = unclaimed is not None, False

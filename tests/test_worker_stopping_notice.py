@@ -6,6 +6,7 @@ lease TTL (an attempt used each)."""
 
 from __future__ import annotations
 
+import asyncio
 import io
 import json
 import threading
@@ -72,6 +73,28 @@ def test_a_stopping_worker_s_waiting_poll_is_answered_empty_and_it_leases_nothin
         with pytest.raises(NotFoundError):
             api.stopping(999)
         api.close()
+
+
+def test_a_notice_that_comes_while_the_poll_claims_is_not_missed(db_url):
+    """The notice arrives while the worker's lease request claims (its claim runs off the
+    event loop: the request is not yet waiting, so the notice's wake-up finds nothing to
+    wake). Before, the request then waited out its whole poll (60 s here, --lease-wait 30 on
+    a daemon, whose stop waited 10 s for it and then left it open for jobs enqueued after)."""
+    with client_for(db_url, lease_poll_s=60) as c:
+        worker = register(c, "claiming")
+        service = service_of(c)
+        claim = service.queue.lease_now
+
+        async def claim_then_stop(*args, **kwargs):
+            jobs = await claim(*args, **kwargs)
+            service.wakeup.stop_worker(worker)  # (as the stopping route does)
+            await asyncio.sleep(0.05)  # its wake-up runs on the loop: no request waits yet
+            return jobs
+
+        service.queue.lease_now = claim_then_stop
+        started = time.monotonic()
+        assert lease(c, worker, 2, wait_s=20) == []
+        assert time.monotonic() - started < 3  # answered at once, not after its 20 s
 
 
 def test_the_notice_reaches_a_poll_waiting_on_another_replica(pg):
