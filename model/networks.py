@@ -194,7 +194,9 @@ def _transformer(
     head_dim = hidden // heads
     qkv = [
         Layer("qkv", gemm(tokens, 3 * hidden, hidden)),
-        Layer("attn_qk", bmm(batch * heads, queries, seq, head_dim)),
+        # Q·Kᵀ over the keys as frameworks hold them (and a KV cache does): sequence-major,
+        # each head's B N x K (b_layout nk), not a transposed copy. V is K x N as it is.
+        Layer("attn_qk", bmm(batch * heads, queries, seq, head_dim, b_layout="nk")),
         # One softmax row per (sequence, head, query) over the seq keys.
         Layer("attn_softmax", softmax(batch * heads * queries, seq)),
         Layer("attn_sv", bmm(batch * heads, queries, head_dim, seq)),
@@ -283,7 +285,7 @@ def _llama(
     per_block = [
         Layer("input_norm", rmsnorm(tokens, hidden, eps)),
         Layer("qkv", gemm(tokens, hidden + 2 * kv_heads * head_dim, hidden)),
-        Layer("attn_qk", bmm(batch * kv_heads, group * queries, seq, head_dim)),
+        Layer("attn_qk", bmm(batch * kv_heads, group * queries, seq, head_dim, b_layout="nk")),
         Layer("attn_softmax", softmax(batch * heads * queries, seq)),
         Layer("attn_sv", bmm(batch * kv_heads, group * queries, head_dim, seq)),
         Layer("attn_proj", gemm(tokens, hidden, hidden)),

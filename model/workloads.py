@@ -275,13 +275,26 @@ class GemmBiasGelu(_Workload):
 
 
 class Bmm(_Workload):
-    """Batched GEMM: b independent M×K @ K×N products (grid z)."""
+    """Batched GEMM: b independent M×K @ B products (grid z); each B is K×N (b_layout 'kn')
+    or N×K ('nk': attention's Q·Kᵀ over keys stored sequence-major, as frameworks hold them)."""
 
     op: Literal["bmm"] = "bmm"
     b: Annotated[Dim, _about("batch: independent products")]
     m: Annotated[Dim, _about("rows of each A and C")]
     n: Annotated[Dim, _about("columns of each B and C")]
     k: Annotated[Dim, _about("the reduced dimension: columns of A, rows of B")]
+    b_layout: Annotated[
+        Literal["kn", "nk"],
+        _about("each B stored K×N (kn) or N×K (nk, e.g. attention's keys for Q·Kᵀ)"),
+    ] = "kn"
+
+    def canonical(self) -> dict[str, Any]:
+        data = super().canonical()
+        if self.b_layout == "kn":
+            # The document (so the hash) of a kn BMM is the one written before BMMs had the
+            # field: every recorded BMM, task and trial keeps its identity.
+            del data["b_layout"]
+        return data
 
     @model_validator(mode="after")
     def _validate(self) -> Bmm:
@@ -295,8 +308,8 @@ class Bmm(_Workload):
         _check_index("A", b * m * k, b=b, m=m, k=k)
         _check_index("B", b * k * n, b=b, k=k, n=n)
         _check_index("C", b * m * n, b=b, m=m, n=n)
-        _check_aligned("k", self.k, "K of A")
-        _check_aligned("n", self.n, "N of B and C")
+        _check_aligned("k", self.k, "K of A" if self.b_layout == "kn" else "K of A and B")
+        _check_aligned("n", self.n, "N of B and C" if self.b_layout == "kn" else "N of C")
         return self
 
     def gemm_view(self) -> GemmView:
@@ -308,7 +321,8 @@ class Bmm(_Workload):
         return 2 * b * self.m * self.k, 2 * b * self.k * self.n, 2 * b * self.m * self.n
 
     def label(self) -> str:
-        return f"bmm {self.b}x{self.m}x{self.n}x{self.k}{self.dtype_suffix()}"
+        layout = " nk" if self.b_layout == "nk" else ""
+        return f"bmm {self.b}x{self.m}x{self.n}x{self.k}{layout}{self.dtype_suffix()}"
 
 
 def _out_size(field: str, size_field: str, size: int, filt: int, stride: int, pad: int) -> int:

@@ -457,7 +457,7 @@ def reference(
         e = np.exp(-np.abs(gate))  # no overflow: exp of -|gate| only
         return gate * np.where(gate >= 0, 1 / (1 + e), e / (1 + e)) * up
     if op == "bmm":
-        return a32 @ b32
+        return a32 @ (b32 if workload.b_layout == "kn" else b32.transpose(0, 2, 1))
     w = workload
     spatial = 2 if op == "conv2d" else 3
     pad = [(0, 0), *[(w.pad, w.pad)] * spatial, (0, 0)]
@@ -494,7 +494,8 @@ def operands(workload: AnyWorkload, rng: np.random.Generator) -> tuple[np.ndarra
         a_shape = (w.m, w.k)
         b_shape = (w.k, 2 * w.n) if w.b_layout == "kn" else (2 * w.n, w.k)
     elif w.op == "bmm":
-        a_shape, b_shape = (w.b, w.m, w.k), (w.b, w.k, w.n)
+        a_shape = (w.b, w.m, w.k)
+        b_shape = (w.b, w.k, w.n) if w.b_layout == "kn" else (w.b, w.n, w.k)
     elif w.op == "conv2d":
         a_shape, b_shape = (w.n, w.h, w.w, w.c), (w.k, w.r, w.s, w.c)
     else:

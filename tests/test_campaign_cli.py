@@ -146,7 +146,7 @@ def _with_wrong_kernels(tmp_path_factory, wrong: tuple[str, ...], args: list[str
 
 @pytest.fixture(scope="module")
 def stopped(tmp_path_factory):
-    """A simulated campaign whose correctness phase meets 57 wrong kernels of 576 (10%),
+    """A simulated campaign whose correctness phase meets 61 wrong kernels of 612 (10%),
     spread over every case and knob value."""
     folder = tmp_path_factory.mktemp("stopped")
     wrong = _every(selection(get_gpu("h100"), ["tensor_gemm"]), 10)
@@ -157,9 +157,9 @@ def stopped(tmp_path_factory):
 def test_a_correctness_failure_stops_the_campaign_before_any_sweep(stopped):
     folder, result = stopped
     assert result.exit_code == 1
-    assert "correctness: 57 of 576 schedules failed" in result.stderr.strip().splitlines()[-1]
+    assert "correctness: 61 of 612 schedules failed" in result.stderr.strip().splitlines()[-1]
     correctness = json.loads((folder / "out" / "correctness.json").read_text())
-    assert correctness["verdict"] == "stop" and len(correctness["mismatches"]) == 57
+    assert correctness["verdict"] == "stop" and len(correctness["mismatches"]) == 61
     assert correctness["quarantined"] == {}
     assert all(m["status"] == "wrong_result" for m in correctness["mismatches"])
     summary = json.loads((folder / "out" / "campaign.json").read_text())
@@ -188,7 +188,7 @@ def test_a_stopped_campaign_stays_stopped(stopped, tmp_path):
     folder, _ = stopped
     have = ["--have", str(folder / "c.tar.gz")]
     result = cli.invoke(campaign_app, ["--out-dir", str(tmp_path / "o"), *have, *SIM])
-    assert result.exit_code == 1 and "correctness: 57 of 576" in result.stderr
+    assert result.exit_code == 1 and "correctness: 61 of 612" in result.stderr
     assert not (tmp_path / "o" / "profile.json").exists()
 
 
@@ -243,7 +243,7 @@ MIXED = ["--runner", "simulated", "--operators", "MM_RN50_FC,Softmax_BERT_b1_s12
 @pytest.fixture(scope="module")
 def memops_stopped(tmp_path_factory):
     """A simulated campaign over a GEMM and a softmax whose correctness phase meets 7 wrong
-    memory-intensive kernels spread over their cases: 7 of 1080 schedules in all (0.6%), but
+    memory-intensive kernels spread over their cases: 7 of 1116 schedules in all (0.6%), but
     7 of the 504 memops ones (1.4%)."""
     folder = tmp_path_factory.mktemp("memops-stopped")
     args = ["--out-dir", str(folder / "out"), *MIXED]
@@ -257,7 +257,7 @@ def test_a_family_s_failures_stop_the_campaign_though_all_families_pass(memops_s
     last = result.stderr.strip().splitlines()[-1]
     assert "correctness: 7 of 504 schedules failed (memops)" in last
     correctness = json.loads((folder / "out" / "correctness.json").read_text())
-    assert (correctness["schedules"], correctness["failed"]) == (1080, 7)
+    assert (correctness["schedules"], correctness["failed"]) == (1116, 7)
     assert correctness["verdict"] == "stop"
     assert {m["family"] for m in correctness["mismatches"]} == {"memops"}
     assert correctness["families"]["tensor_gemm"]["verdict"] == "pass"
@@ -327,10 +327,10 @@ def test_a_later_call_checks_the_family_an_earlier_one_did_not(continued):
     assert summary["sweeps"]["done"] == ["MM_RN50_FC", "Softmax_BERT_b1_s128"]
     phases = {p["phase"]: p for p in summary["calls"][1]["phases"]}
     assert phases["correctness"]["families"] == ["tensor_gemm"]
-    assert phases["correctness"]["schedules"] == 576
+    assert phases["correctness"]["schedules"] == 612
     correctness = json.loads((out / "correctness.json").read_text())
     assert list(correctness["families"]) == ["memops", "tensor_gemm"]
-    assert correctness["schedules"] == 1080 and len(correctness["by_stages"]) == 12
+    assert correctness["schedules"] == 1116 and len(correctness["by_stages"]) == 12
     assert correctness["added_later"][0]["families"] == ["tensor_gemm"]
     baselines = json.loads((out / "baselines.json").read_text())["operators"]
     assert {n: b["unit"] for n, b in baselines.items()} == {

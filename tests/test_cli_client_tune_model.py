@@ -36,7 +36,7 @@ def test_bert_base_has_six_distinct_shapes_twelve_times_each():
     labels = [s.workload.label() for s in shapes]
     assert labels == [
         "gemm 256x2304x768",
-        "bmm 24x128x128x64",
+        "bmm 24x128x128x64 nk",  # Q·Kᵀ over the keys as stored (sequence-major)
         "bmm 24x128x64x128",
         "gemm 256x768x768",
         "gemm 256x3072x768",
@@ -45,11 +45,14 @@ def test_bert_base_has_six_distinct_shapes_twelve_times_each():
 
 
 def test_equal_shapes_are_counted_once():
-    # At seq 64 the two attention BMMs are the same 64x64x64 product.
+    # At seq 64 the two attention BMMs are 64x64x64 products, but of two kernels: Q·Kᵀ reads
+    # the keys N x K as stored, S·V the values K x N. Each is counted once per block.
     shapes = network("gpt2", batch=1, seq=64).distinct()
     attention = [s for s in shapes if isinstance(s.workload, Bmm)]
-    assert len(attention) == 1 and attention[0].count == 24
-    assert attention[0].layers == ("attn_qk", "attn_sv")
+    assert [(s.layers, s.count) for s in attention] == [(("attn_qk",), 12), (("attn_sv",), 12)]
+    assert [s.workload.b_layout for s in attention] == ["nk", "kn"]
+    # The 12 blocks' equal layers are one shape each.
+    assert all(s.count % 12 == 0 for s in shapes)
 
 
 def test_resnet50_layers_stem_padding_and_strided_1x1():
@@ -79,7 +82,7 @@ def test_llama2_7b_lists_its_rms_norms_gemms_and_attention():
     assert labels == {
         "rmsnorm 512x4096 eps=1e-05": 64,  # both norms of a block are one shape
         "gemm 512x12288x4096": 32,
-        "bmm 32x512x512x128": 32,
+        "bmm 32x512x512x128 nk": 32,
         "softmax 16384x512": 32,
         "bmm 32x512x128x512": 32,
         "gemm 512x4096x4096": 32,
@@ -108,7 +111,7 @@ def test_llama2_70b_folds_each_key_value_head_s_query_heads_into_one_bmm():
     assert labels == {
         f"rmsnorm {tokens}x8192 eps=1e-05": 160,
         f"gemm {tokens}x10240x8192": 80,  # Q 8192 + K and V of 8 heads of 128
-        "bmm 16x2048x256x128": 80,  # b = batch x 8 KV heads, M = 8 query heads x seq
+        "bmm 16x2048x256x128 nk": 80,  # b = batch x 8 KV heads, M = 8 query heads x seq
         "softmax 32768x256": 80,  # one row per (sequence, query head, query): 2 x 64 x 256
         "bmm 16x2048x128x256": 80,
         f"gemm {tokens}x8192x8192": 80,
@@ -130,7 +133,7 @@ def test_a_decode_step_is_one_token_per_sequence_against_the_cached_context():
     assert labels == {
         "rmsnorm 16x4096 eps=1e-05": 64,
         "gemm 16x12288x4096": 32,  # the batch's 16 new tokens
-        "bmm 512x1x4096x128": 32,  # one query row per (sequence, head) against 4096 keys
+        "bmm 512x1x4096x128 nk": 32,  # one query row per (sequence, head), 4096 cached keys
         "softmax 512x4096": 32,
         "bmm 512x1x128x4096": 32,
         "gemm 16x4096x4096": 32,
@@ -141,10 +144,10 @@ def test_a_decode_step_is_one_token_per_sequence_against_the_cached_context():
     assert any("one decode step" in n and "4096 cached positions" in n for n in net.notes)
     # Grouped-query attention: a key/value head's query heads are its BMM's rows, M = group.
     gqa = {s.layers: s.workload.label() for s in network("llama2-70b", 2, 1024, True).distinct()}
-    assert gqa[("attn_qk",)] == "bmm 16x8x1024x128" and gqa[("attn_sv",)] == "bmm 16x8x128x1024"
+    assert gqa[("attn_qk",)] == "bmm 16x8x1024x128 nk" and gqa[("attn_sv",)] == "bmm 16x8x128x1024"
     assert gqa[("attn_softmax",)] == "softmax 128x1024"  # 2 sequences x 64 query heads
     gpt2 = {s.layers: s.workload.label() for s in network("gpt2", 4, 512, True).distinct()}
-    assert gpt2[("qkv",)] == "gemm 4x2304x768" and gpt2[("attn_qk",)] == "bmm 48x1x512x64"
+    assert gpt2[("qkv",)] == "gemm 4x2304x768" and gpt2[("attn_qk",)] == "bmm 48x1x512x64 nk"
     # The whole sequence at once (prefill) is unchanged by the option's existence.
     assert not network("gpt2", 4, 512).decode
     assert network("gpt2", 4, 512).distinct()[1].workload.label() == "gemm 2048x2304x768"

@@ -187,6 +187,8 @@ CASES = [
         [_s(1, 1, 2, 2, 2, 4, 1), _s(2, 2, 1, 1, 4, 2, 2), _s(1, 2, 1, 1, 1, 5, 2)],
     ),
     (bmm(3, 20, 24, 40), [_s(1, 1, 1, 1, 1, 2, 2), _s(2, 1, 1, 1, 2, 1, 2)]),
+    # Each B stored N x K (attention's Q·Kᵀ): each batch entry's B rows at its own offset.
+    (bmm(3, 20, 24, 40, b_layout="nk"), [_s(1, 1, 1, 1, 1, 2, 2), _s(2, 2, 1, 1, 2, 3, 1)]),
     # The fused GEMM + SwiGLU: 2n = 80 interleaved columns, so N-tile tails, warp tiles of
     # one and several gate/up pairs, both B layouts.
     (

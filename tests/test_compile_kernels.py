@@ -26,6 +26,7 @@ WORKLOADS = {
     "gemm_bias_gelu_kn": gemm_bias_gelu(4096, 3072, 1024),
     "gemm_bias_gelu_nk": gemm_bias_gelu(4096, 3072, 1024, b_layout="nk", approximate="tanh"),
     "bmm": bmm(16, 1024, 1024, 1024),
+    "bmm_nk": bmm(16, 1024, 1024, 1024, b_layout="nk"),
     "conv2d": conv2d(32, 56, 56, 128, 256, 3, 3, pad=1),
     "conv3d": conv3d(4, 16, 28, 28, 64, 128, 3, 3, 3, pad=1),
 }

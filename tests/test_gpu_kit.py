@@ -268,7 +268,8 @@ def check_files(folder: Path, files: dict[str, bytes]) -> None:
     assert correctness["simulated"] and not correctness["verified"]
     assert set(correctness["by_variant"]) == {"gemm_kn", "gemm_nk", "gemm_swiglu_kn",
                                               "gemm_swiglu_nk", "gemm_bias_gelu_kn",
-                                              "gemm_bias_gelu_nk", "bmm", "conv2d", "conv3d",
+                                              "gemm_bias_gelu_nk", "bmm", "bmm_nk", "conv2d",
+                                              "conv3d",
                                               "gemm_kn.bfloat16", "gemm_swiglu_nk.bfloat16",
                                               "gemm_bias_gelu_kn.bfloat16",
                                               "rmsnorm.bfloat16", "softmax.bfloat16",

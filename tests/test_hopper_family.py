@@ -72,6 +72,19 @@ def test_a_b_stored_n_by_k_is_a_hopper_gemm_of_its_own():
     assert codegen.generate(nk, HopperSchedule(64, 64, 6, 0)).variant == "gemm_nk"
 
 
+def test_a_bmm_of_b_stored_n_by_k_runs_on_the_k_major_b_kernels():
+    """Attention's Q·Kᵀ on the wgmma kernels: hopper_bmm with each B N x K, variant bmm_nk (B
+    K-major in shared memory, wgmma's trans-b 0); a kn hopper_bmm keeps its hash."""
+    nk = as_hopper(bmm(4, 256, 128, 64, b_layout="nk"))
+    assert nk == parse_any_workload(
+        {"op": "hopper_bmm", "b": 4, "m": 256, "n": 128, "k": 64, "b_layout": "nk"}
+    )
+    assert nk.label() == "hopper_bmm 4x256x128x64 nk"
+    assert as_hopper(bmm(4, 256, 128, 64)).workload_hash == "232c73f51b2c8802"
+    kernel = codegen.generate(nk, HopperSchedule(64, 64, 6, 0))
+    assert kernel.variant == "bmm_nk" and "p, 1, 1, 0, 0;" in kernel.code
+
+
 def test_a_gemm_with_bias_and_gelu_is_a_hopper_op_of_its_own():
     """FC1 with its bias and GELU on the wgmma kernels: the tensor-core gemm_bias_gelu's
     fields under an op of its own; its run takes the bias after C and the GELU form after K

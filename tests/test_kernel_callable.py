@@ -60,6 +60,7 @@ WORKLOADS = [
     gemm_bias_gelu(256, 64, 256),
     gemm_bias_gelu(256, 64, 256, b_layout="nk", approximate="tanh"),
     bmm(4, 128, 64, 128),
+    bmm(4, 128, 64, 128, b_layout="nk"),
     conv2d(2, 14, 14, 64, 64, 3, 3, pad=1),
     conv3d(1, 4, 8, 8, 16, 64, 3, 3, 3, pad=1),
 ]

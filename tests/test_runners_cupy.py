@@ -48,7 +48,7 @@ def exact_product(workload, a, b) -> np.ndarray:
     if workload.op == "gemm":
         return a64 @ (b64 if workload.b_layout == "kn" else b64.T)
     if workload.op == "bmm":
-        return a64 @ b64
+        return a64 @ (b64 if workload.b_layout == "kn" else b64.transpose(0, 2, 1))
     return direct_conv(a, b, workload.stride, workload.pad)
 
 
@@ -56,6 +56,7 @@ WORKLOADS = [
     gemm(48, 40, 64),
     gemm(48, 40, 64, b_layout="nk"),
     bmm(3, 20, 16, 24),
+    bmm(3, 20, 16, 24, b_layout="nk"),
     conv2d(2, 7, 6, 8, 16, 3, 3, stride=2, pad=1),
     conv3d(2, 4, 5, 5, 8, 8, 3, 3, 3, stride=1, pad=1),
 ]

@@ -755,7 +755,7 @@ def test_a_bfloat16_kernel_with_a_float16_type_word_is_caught(tmp_path, mutation
     assert not np.array_equal(values_of(c), rounded(ref, "bfloat16"))
 
 
-# ---- B stored N x K (gemm_nk) ----------------------------------------------------------------
+# ---- B stored N x K (gemm_nk, bmm_nk) ---------------------------------------------------------
 
 # B K-major in shared memory, as A (workload, config, SMs, blocks run last to first): the cp.async
 # loader, the TMA loader with either epilogue (rows of B past N land as zeros), split-K,
@@ -782,6 +782,17 @@ NK_CASES = [
         3,
         False,
     ),
+    # Batched (bmm_nk, attention's Q·Kᵀ): each entry's B at its own offset (cp.async) or
+    # batch coordinate (TMA), the one block per tile kind and the persistent ones.
+    (bmm(2, 72, 64, 136, **NK), WgmmaConfig(64, 128, 4), 3, False),
+    (
+        bmm(2, 136, 200, 72, **NK),
+        WgmmaConfig(128, 128, 4, loader="tma", epilogue="staged"),
+        3,
+        True,
+    ),
+    (bmm(3, 72, 64, 136, **NK), WgmmaConfig(64, 128, 4, **PERSISTENT), 3, False),
+    (bmm(3, 72, 64, 136, **NK), WgmmaConfig(64, 128, 4, **STREAM_K), 4, False),
 ]
 
 

@@ -24,6 +24,29 @@ def test_a_gemm_label_tells_the_two_b_layouts_apart():
     assert gemm(1000, 504, 328, b_layout="nk").label() == "gemm 1000x504x328 nk"
 
 
+def test_a_bmm_of_b_stored_n_by_k_is_another_workload_and_a_kn_bmm_keeps_its_hash():
+    """Attention's Q·Kᵀ over keys stored sequence-major: each B is N x K. The field came after
+    BMMs were recorded: a kn BMM's hash is the one it had without it (computed then), so its
+    tasks, trials and recorded sweeps keep their identity."""
+    assert bmm(12, 512, 64, 512).workload_hash == "6546d50b44e045da"
+    assert bmm(12, 512, 64, 512, dtype="bfloat16").workload_hash == "add915a38a827193"
+    assert "b_layout" not in bmm(12, 512, 64, 512).canonical()
+    nk = bmm(12, 512, 64, 512, b_layout="nk")
+    assert (
+        nk.canonical()["b_layout"] == "nk"
+        and nk.workload_hash != bmm(12, 512, 64, 512).workload_hash
+    )
+    assert nk.label() == "bmm 12x512x64x512 nk"
+    assert parse_workload(nk.canonical()) == nk
+    assert parse_workload(bmm(2, 8, 8, 8).model_dump()) == bmm(2, 8, 8, 8)
+    with pytest.raises(WorkloadError) as err:
+        bmm(2, 64, 60, 64, b_layout="nk")
+    assert err.value.field == "n" and "N of C" in str(err.value)
+    with pytest.raises(WorkloadError) as err:
+        bmm(2, 64, 64, 60, b_layout="nk")
+    assert err.value.field == "k" and "K of A and B" in str(err.value)
+
+
 def test_bmm_view():
     v = bmm(12, 512, 64, 512).gemm_view()
     assert (v.batch, v.m, v.n, v.k) == (12, 512, 64, 512)

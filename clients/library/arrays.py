@@ -59,6 +59,7 @@ ROLES: dict[str, dict[str, str]] = {
     "gemm_bias_gelu_kn": {"A": "M×K", "B": "K×N", "bias": "N", "C": "M×N output"},
     "gemm_bias_gelu_nk": {"A": "M×K", "B": "N×K", "bias": "N", "C": "M×N output"},
     "bmm": {"A": "batch×M×K", "B": "batch×K×N", "C": "batch×M×N output"},
+    "bmm_nk": {"A": "batch×M×K", "B": "batch×N×K", "C": "batch×M×N output"},
     "conv2d": {"A": "input, NHWC", "B": "filter, KRSC", "C": "output, NPQK"},
     "conv3d": {"A": "input, NDHWC", "B": "filter, KTRSC", "C": "output, NOPQK"},
 }

@@ -65,7 +65,7 @@ class HopperGemmSwiglu(GemmSwiglu):
 
 
 class HopperBmm(Bmm):
-    """b independent M x K @ K x N products on warpgroup MMA.
+    """b independent M x K @ B products on warpgroup MMA, each B K x N or N x K (b_layout).
 
     Bmm's validation holds here too, the batch's limit of GRID_Z_LIMIT included: the persistent
     and stream-K kinds walk the batch's tiles in grid x and do not need it, but the one block
@@ -75,7 +75,8 @@ class HopperBmm(Bmm):
     op: Literal["hopper_bmm"] = "hopper_bmm"  # type: ignore[assignment]
 
     def label(self) -> str:
-        return f"hopper_bmm {self.b}x{self.m}x{self.n}x{self.k}{self.dtype_suffix()}"
+        layout = " nk" if self.b_layout == "nk" else ""
+        return f"hopper_bmm {self.b}x{self.m}x{self.n}x{self.k}{layout}{self.dtype_suffix()}"
 
 
 HopperWorkload = HopperGemm | HopperBmm | HopperGemmBiasGelu | HopperGemmSwiglu

@@ -101,6 +101,7 @@ CASES: tuple[tuple[str, Any], ...] = (
     ),
     ("bmm, tails in M, N, K", bmm(3, 333, 136, 200)),
     ("bmm, aligned M and N", bmm(4, 256, 128, 64)),
+    ("bmm_nk, tails in M, N, K", bmm(3, 333, 136, 200, b_layout="nk")),
     ("conv2d, stride 2, pad 1", conv2d(2, 15, 13, 24, 40, 3, 3, stride=2, pad=1)),
     ("conv2d, stride 1, pad 0", conv2d(3, 9, 9, 16, 24, 3, 3, stride=1, pad=0)),
     ("conv3d, stride 2, pad 1", conv3d(2, 5, 6, 7, 16, 24, 3, 3, 3, stride=2, pad=1)),
@@ -216,6 +217,8 @@ HOPPER_CASES: tuple[tuple[str, Any], ...] = (
     # block's rows per K tile (rows past N land as zeros), wgmma's trans-b 0.
     ("hopper gemm_nk, tails in M, N, K", as_hopper(gemm(997, 200, 328, b_layout="nk"))),
     ("hopper gemm_nk, aligned, long K", as_hopper(gemm(512, 256, 2048, b_layout="nk"))),
+    # Batched (attention's Q·Kᵀ): each entry's B at its own batch coordinate or offset.
+    ("hopper bmm_nk, tails in M, N, K", as_hopper(bmm(3, 333, 136, 200, b_layout="nk"))),
     # The bias + GELU epilogue (after the staged epilogue's C tile): both forms, both layouts.
     ("hopper gemm_bias_gelu_kn, tails in M, N, K", as_hopper(gemm_bias_gelu(997, 200, 328))),
     (

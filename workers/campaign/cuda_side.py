@@ -387,6 +387,8 @@ def _torch_bmm(workload: Any, seed: int, policy: RepeatPolicy) -> dict[str, Any]
     import torch
 
     a, b = _torch_operands(torch, workload, seed)
+    if workload.b_layout == "nk":
+        b = b.transpose(1, 2)  # a transposed view: cuBLAS takes it as an operation, not a copy
     dtype = getattr(torch, workload.dtype)
     out = torch.empty(operand_shapes(workload)[2], dtype=dtype, device="cuda")
 

@@ -65,6 +65,7 @@ COMPILE_S_PER_KERNEL: dict[str, float] = {
     "gemm_bias_gelu_kn": 0.276,
     "gemm_bias_gelu_nk": 0.276,
     "bmm": 0.199,
+    "bmm_nk": 0.199,  # (bmm's loop with gemm_nk's B loader: taken as bmm)
     "conv2d": 0.407,
     "conv3d": 0.433,
     "softmax": 0.102,
@@ -90,7 +91,7 @@ class GpuSideCosts:
     flush: float = 40e-6  # 2 x 50 MiB memset at ~3 TB/s, plus its launch
     gap: float = 3e-6  # event pair and launch gap per launch (the probe's timing floor)
     setup: float = 45.0  # install, imports, two child processes, describe, checks, floor
-    # GEMMs: 576 kernels compiled and verified, 16 references (the estimate made for 324;
+    # GEMMs: 612 kernels compiled and verified, 17 references (the estimate made for 324;
     # the 72 fused GEMM + SwiGLU kernels add ~1.5 s of compile on 14 threads, the 72
     # bfloat16 kernels about as much, and the 108 GEMM + bias + GELU kernels ~2 s: 25 s)
     correctness: float = 25.0

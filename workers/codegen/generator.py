@@ -15,6 +15,7 @@ from pipetune.workers.codegen.layout import TileGeometry, swizzle_period
 from pipetune.workers.codegen.memops.cuda_text import CONVERSIONS
 from pipetune.workers.codegen.variants import (
     BIAS_GELU_VARIANTS,
+    BMM_VARIANTS,
     GEMM_LOOP_VARIANTS,
     SCALAR_ARGS,
     SWIGLU_VARIANTS,
@@ -33,7 +34,7 @@ class KernelSource:
     ``smem_bytes`` of dynamic shared memory (above 48 KiB the runner must raise the
     function's MaxDynamicSharedMemorySize attribute first)."""
 
-    variant: str  # "gemm_kn" | "gemm_nk" | "bmm" | "conv2d" | "conv3d"
+    variant: str  # one of variants.VARIANTS
     schedule: Schedule
     name: str  # the extern "C" kernel name
     code: str  # full CUDA C++ source, header-free
@@ -53,6 +54,7 @@ _C_SCALARS: dict[str, tuple[str, ...]] = {
     "gemm_bias_gelu_kn": ("M_arg", "N_arg", "K_arg", "gelu_tanh"),
     "gemm_bias_gelu_nk": ("M_arg", "N_arg", "K_arg", "gelu_tanh"),
     "bmm": ("M_arg", "N_arg", "K_arg"),
+    "bmm_nk": ("M_arg", "N_arg", "K_arg"),
 }
 assert all(len(_C_SCALARS[v]) == len(SCALAR_ARGS[v]) for v in SCALAR_ARGS)
 
@@ -100,6 +102,7 @@ _GRID_TEXT: dict[str, str] = {
     "gemm_bias_gelu_kn": "(ceil(M/BM) * ceil(N/BN), 1, 1)",
     "gemm_bias_gelu_nk": "(ceil(M/BM) * ceil(N/BN), 1, 1)",
     "bmm": "(ceil(M/BM) * ceil(N/BN), 1, batch)",
+    "bmm_nk": "(ceil(M/BM) * ceil(N/BN), 1, batch)",
     "conv2d": "(ceil(batch*out_p*out_q/BM) * ceil(out_k/BN), 1, 1)",
     "conv3d": "(ceil(batch*out_o*out_p*out_q/BM) * ceil(out_k/BN), 1, 1)",
 }
@@ -130,7 +133,7 @@ def _setup(variant: str) -> str:
         return cuda_text.SETUP_GEMM + cuda_text.SETUP_BIAS
     if variant in GEMM_LOOP_VARIANTS:
         return cuda_text.SETUP_GEMM
-    if variant == "bmm":
+    if variant in BMM_VARIANTS:
         return cuda_text.SETUP_BMM
     fixed = (
         "  const int in_d = 1, f_t = 1, out_o = 1;  // 2-D: one depth slice\n"

@@ -16,6 +16,7 @@ bias variants a bias pointer after C); the int32 scalars follow in the order of
   one cubin serves both forms).
 - ``bmm``: per batch z (grid z), C_z = A_z @ B_z with A, B, C packed contiguously
   (element strides M·K, K·N, M·N between batch entries). Scalars ``(M, N, K)``.
+- ``bmm_nk``: ``bmm`` with each B_z stored N×K (C_z = A_z @ B_zᵀ; the same strides).
 - ``conv2d``: A = input NHWC, B = filter KRSC, C = output NPQK (row-major
   (N·P·Q)×K). Scalars ``(batch, in_h, in_w, chan, out_k, f_r, f_s, out_p, out_q, stride,
   pad)``: the sizes N, H, W, C, K, R, S, P and Q under the kernel's own parameter names,
@@ -50,8 +51,10 @@ from pipetune.workers.codegen.layout import fast_divmod_params
 
 VARIANTS: tuple[str, ...] = (
     "gemm_kn", "gemm_nk", "gemm_swiglu_kn", "gemm_swiglu_nk", "gemm_bias_gelu_kn",
-    "gemm_bias_gelu_nk", "bmm", "conv2d", "conv3d"
+    "gemm_bias_gelu_nk", "bmm", "bmm_nk", "conv2d", "conv3d"
 )  # fmt: skip
+# The batched variants: B's layouts of one loop whose grid z walks the batch.
+BMM_VARIANTS: tuple[str, ...] = ("bmm", "bmm_nk")
 # The variants whose epilogue gates interleaved gate and up columns (C is N/2 wide).
 SWIGLU_VARIANTS: tuple[str, ...] = ("gemm_swiglu_kn", "gemm_swiglu_nk")
 # The variants whose epilogue adds a bias of N elements and applies GELU.
@@ -74,6 +77,7 @@ SHAPE_ARGS: dict[str, tuple[str, ...]] = {
     "gemm_bias_gelu_kn": ("M", "N", "K"),
     "gemm_bias_gelu_nk": ("M", "N", "K"),
     "bmm": ("M", "N", "K"),
+    "bmm_nk": ("M", "N", "K"),
     # The kernel's own parameter names (workers/codegen/cuda_text.py's ConvShape): the launch
     # document names each argument so, and the output buffer is C, not the channel count.
     "conv2d": ("batch", "in_h", "in_w", "chan", "out_k", "f_r", "f_s", "out_p", "out_q",
@@ -114,7 +118,8 @@ def variant_of(workload: AnyWorkload) -> str:
     if isinstance(workload, GemmBiasGelu):
         return "gemm_bias_gelu_kn" if workload.b_layout == "kn" else "gemm_bias_gelu_nk"
     if isinstance(workload, Bmm):
-        return "bmm"
+        # "bmm" for K x N: the name every kn BMM's kernel, cubin and export had before nk.
+        return "bmm" if workload.b_layout == "kn" else "bmm_nk"
     if isinstance(workload, Conv2d):
         return "conv2d"
     if isinstance(workload, Conv3d):

@@ -104,7 +104,8 @@ def operand_shapes(workload: AnyWorkload) -> tuple[tuple[int, ...], ...]:
         b = (w.k, 2 * w.n) if w.b_layout == "kn" else (2 * w.n, w.k)
         return (w.m, w.k), b, (w.m, w.n)
     if isinstance(w, Bmm):
-        return (w.b, w.m, w.k), (w.b, w.k, w.n), (w.b, w.m, w.n)
+        b = (w.b, w.k, w.n) if w.b_layout == "kn" else (w.b, w.n, w.k)
+        return (w.b, w.m, w.k), b, (w.b, w.m, w.n)
     if isinstance(w, Conv2d):
         p, q = w.out_hw
         return (w.n, w.h, w.w, w.c), (w.k, w.r, w.s, w.c), (w.n, p, q, w.k)
@@ -148,7 +149,8 @@ def _windows(xp: Any, x: Any, filt: tuple[int, ...], out: tuple[int, ...], strid
 
 
 def _gemm_chunks(xp: Any, workload: AnyWorkload, a: Any, b: Any):
-    """(row slice of C viewed as (rows, N), A chunk (rows, K) fp32, B (K, N) fp32), each
+    """(row slice of C viewed as (rows, N), A chunk (rows, K) fp32, B (K, N) fp32, a view of
+    an N x K B transposed), each
     widened from the inputs as stored (float16, or bfloat16's bits) one chunk at a time."""
     w = workload
     if isinstance(w, Gemm | GemmSwiglu | GemmBiasGelu):
@@ -159,7 +161,8 @@ def _gemm_chunks(xp: Any, workload: AnyWorkload, a: Any, b: Any):
     elif isinstance(w, Bmm):
         for i in range(w.b):
             rows = slice(i * w.m, (i + 1) * w.m)
-            yield rows, widen(xp, a[i]), widen(xp, b[i])
+            b2 = widen(xp, b[i]) if w.b_layout == "kn" else widen(xp, b[i]).T
+            yield rows, widen(xp, a[i]), b2
     elif isinstance(w, Conv2d | Conv3d):
         filt = (w.r, w.s) if isinstance(w, Conv2d) else (w.t, w.r, w.s)
         out = w.out_hw if isinstance(w, Conv2d) else w.out_dhw

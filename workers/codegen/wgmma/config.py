@@ -12,12 +12,13 @@ from pipetune.workers.launch_plan import TensorMap
 BK = 64  # 16-bit elements per K tile: one 128-byte swizzle line per row of A
 SMEM_LIMIT = 227 * 1024  # Hopper's dynamic shared memory per block
 ALIGN_SLACK = 1024  # the stages start at a 1024-byte boundary (the swizzle reads bits 7-9)
-# B stored K x N (gemm_kn, bmm) or N x K (gemm_nk); and the GEMM with bias + GELU or with the
-# SwiGLU in its (staged) epilogue, of either layout.
+# B stored K x N (gemm_kn, bmm) or N x K (gemm_nk, bmm_nk); and the GEMM with bias + GELU or
+# with the SwiGLU in its (staged) epilogue, of either layout.
 VARIANTS = (
     "gemm_kn",
     "gemm_nk",
     "bmm",
+    "bmm_nk",
     "gemm_bias_gelu_kn",
     "gemm_bias_gelu_nk",
     "gemm_swiglu_kn",

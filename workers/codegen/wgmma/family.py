@@ -72,7 +72,7 @@ class HopperKernelSource:
     """One generated kernel: the family's schedule and the wgmma configuration that computes
     it (what the launch reads: the block tile, persistent, stream-K)."""
 
-    variant: str  # "gemm_kn" | "gemm_nk" | "bmm" | "gemm_bias_gelu_kn" | "gemm_bias_gelu_nk"
+    variant: str  # one of config.VARIANTS
     schedule: HopperSchedule
     config: WgmmaConfig
     name: str

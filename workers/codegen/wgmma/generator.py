@@ -10,6 +10,7 @@ from pipetune.workers.codegen.generator import KernelSource
 from pipetune.workers.codegen.memops.cuda_text import CONVERSIONS
 from pipetune.workers.codegen.variants import (
     BIAS_GELU_VARIANTS,
+    BMM_VARIANTS,
     SWIGLU_VARIANTS,
     b_layout_of,
     variant_of,
@@ -112,7 +113,7 @@ def source_parts(variant: str, config: WgmmaConfig, dtype: str = "float16") -> d
         .replace("@WORKSPACE_PARAM@", ",\n       float* __restrict__ W" if split else "")
         .replace("@THREADS@", str(config.threads))
         .replace("@NAME@", name)
-        .replace("@BATCH@", BATCH_OFFSETS if variant == "bmm" else "")
+        .replace("@BATCH@", BATCH_OFFSETS if variant in BMM_VARIANTS else "")
     )
     kernel = fill_epilogue(fill_b_layout(kernel, b_layout), fused)
     if split:
