@@ -44,7 +44,14 @@ from scipy.stats import spearmanr
 from benchmarks.campaign_data import Campaign, OperatorData, campaign
 from benchmarks.results import write_section
 from pipetune.model.hardware import GPUSpec
-from pipetune.model.operators import ALCOP, HOPPER, HOPPER_FUSED, HOPPER_PREFIX, MEMOPS
+from pipetune.model.operators import (
+    ALCOP,
+    ATTENTION,
+    HOPPER,
+    HOPPER_FUSED,
+    HOPPER_PREFIX,
+    MEMOPS,
+)
 from pipetune.model.pipelining import double_buffer_only, non_pipelined
 from pipetune.tuner import metrics
 from pipetune.workers.campaign.correctness import quarantine_note
@@ -392,7 +399,8 @@ def hopper_table(
 
 def hopper_report(c: Campaign, mma_sync: Campaign | None) -> list[str]:
     """The Hopper wgmma family's part of a report (empty without its operators)."""
-    names = [*HOPPER, *HOPPER_FUSED]  # (the fused GEMMs' sweeps beside the hopper suite's)
+    # (the fused GEMMs' and the attention suite's sweeps beside the hopper suite's)
+    names = [*HOPPER, *HOPPER_FUSED, *(n for n in ATTENTION if n.startswith(HOPPER_PREFIX))]
     ops = [op for op in c.operators(names) if op.name in names]
     if not ops:
         return []

@@ -134,6 +134,16 @@ HOPPER_FUSED: dict[str, HopperWorkload] = {
     if w.op in ("gemm_swiglu", "gemm_bias_gelu")
 }
 
+# Attention's Q·Kᵀ over the keys as frameworks store them (sequence-major: each B N x K),
+# GPT-2's 12 heads at 1024 tokens, on both GEMM families: beside the alcop and hopper suites'
+# BMM_GPT2_QK (the same product over a transposed copy of the keys, B K x N), what each
+# layout reaches once tuned, against cuBLAS's strided-batched GEMM on the keys as stored.
+_ATTENTION = {"BMM_GPT2_QK_NK": bmm(12, 1024, 1024, 64, b_layout="nk")}
+ATTENTION: dict[str, AnyWorkload | HopperWorkload] = {
+    **_ATTENTION,
+    **{HOPPER_PREFIX + name: as_hopper(w) for name, w in _ATTENTION.items()},
+}
+
 SUITES: dict[str, dict[str, AnyWorkload | MemWorkload | HopperWorkload]] = {
     "alcop": ALCOP,
     "memops": MEMOPS,
@@ -143,6 +153,7 @@ SUITES: dict[str, dict[str, AnyWorkload | MemWorkload | HopperWorkload]] = {
     "bf16": BF16,
     "bias_gelu": BIAS_GELU,
     "hopper_fused": HOPPER_FUSED,
+    "attention": ATTENTION,
 }
 
 

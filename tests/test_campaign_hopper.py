@@ -267,3 +267,22 @@ def test_the_hopper_fused_suite_is_swept_and_reported_beside_the_hopper_suite(
     assert {row.split(" | ")[0].lstrip("| ") for row in rows} >= set(HOPPER_FUSED)
     assert "hopper_gemm_swiglu 1024x11008x4096" in body
     assert "hopper_gemm_bias_gelu(tanh) 1024x3072x768" in body
+
+
+def test_the_attention_suite_plans_q_k_over_keys_as_stored_on_both_families_in_one_call():
+    """GPT-2's Q·Kᵀ with each B N x K (bmm_nk) on the mma.sync and the wgmma family: one call
+    of the kit's minutes on a Hopper GPU; refused on an A100, whose wgmma half cannot run."""
+    from pipetune.model.operators import ATTENTION
+    from pipetune.workers.campaign.kit import ATTENTION_MINUTES
+
+    assert {w.op for w in ATTENTION.values()} == {"bmm", "hopper_bmm"}
+    assert {w.b_layout for w in ATTENTION.values()} == {"nk"}
+    args = ["plan", "--operators", "attention", "--gpu", "h100", "--json"]
+    result = cli.invoke(campaign_app, [*args, "--minutes", str(ATTENTION_MINUTES)])
+    assert result.exit_code == 0, result.output
+    document = json.loads(result.stdout)
+    rows = {r["operator"]: r for r in document["operators"]}
+    assert set(rows) == set(ATTENTION) and document["fits"]
+    assert {rows[name]["family"] for name in ATTENTION} == {"tensor_gemm", "hopper_gemm"}
+    refused = cli.invoke(campaign_app, ["plan", "--operators", "attention", "--gpu", "a100"])
+    assert refused.exit_code == 2 and "WG_BMM_GPT2_QK_NK" in refused.stderr

@@ -37,6 +37,7 @@ from pipetune.workers.campaign.kit import (
     KIT_PACKAGES,
     WHEEL_LOCK,
     KitError,
+    attention_device_command,
     bf16_device_command,
     bias_gelu_device_command,
     build_kit,
@@ -93,6 +94,7 @@ def test_the_readme_gives_the_kit_s_commands():
     assert bf16_device_command() in stripped  # the swiglu suite's GEMMs in bfloat16
     assert bias_gelu_device_command() in stripped  # FC1 with its bias and GELU fused
     assert hopper_fused_device_command() in stripped  # the fused GEMMs on the wgmma family
+    assert attention_device_command() in stripped  # Q·Kᵀ over keys stored N x K, both families
 
 
 def test_the_wheel_is_built_under_the_tree_s_lock(tmp_path, monkeypatch):
@@ -399,12 +401,13 @@ def test_the_kit_offers_each_gpu_what_its_committed_data_lacks(tmp_path):
         swiglu_device_command(),
         bf16_device_command(),
         bias_gelu_device_command(),
+        attention_device_command(),
         calibrate_device_command("h200"),
     ]
-    assert "calibrate --gpu h200 --out $OUT/h200.json" in h200[5].command
+    assert "calibrate --gpu h200 --out $OUT/h200.json" in h200[6].command
     assert h200[0].run()["timeout_s"] == 300 and h200[1].run()["timeout_s"] == 300
     assert h200[2].run()["timeout_s"] == 360 and h200[3].run()["timeout_s"] == 360
-    assert h200[4].run()["timeout_s"] == 300
+    assert h200[4].run()["timeout_s"] == 300 and h200[5].run()["timeout_s"] == 300
     with_k_step = tmp_path / "profiles"
     with_k_step.mkdir()
     doc = json.loads((profiles / "h200.json").read_text())
@@ -416,10 +419,11 @@ def test_the_kit_offers_each_gpu_what_its_committed_data_lacks(tmp_path):
         swiglu_device_command(),
         bf16_device_command(),
         bias_gelu_device_command(),
+        attention_device_command(),
     ]
-    # The llama, swiglu, bf16 and bias_gelu suites measured, and the hopper_fused one in the
-    # Hopper family's folder (stand-in files): not offered again; without the persistent
-    # probe's file, that probe is.
+    # The llama, swiglu, bf16 and bias_gelu suites measured, the hopper_fused one in the
+    # Hopper family's folder and the attention one in both (stand-in files): not offered
+    # again; without the persistent probe's file, that probe is.
     mirror = tmp_path / "data"
     shutil.copytree(ROOT / DATA_DIR / "h200", mirror / "h200")
     shutil.copytree(ROOT / DATA_DIR / "hopper", mirror / "hopper")
@@ -428,6 +432,9 @@ def test_the_kit_offers_each_gpu_what_its_committed_data_lacks(tmp_path):
         (mirror / "h200" / f"{op}.t4.json.gz").write_bytes(b"")
     for op in suite_in_order("hopper_fused"):
         (mirror / "hopper" / "h200" / f"{op}.t4.json.gz").write_bytes(b"")
+    for op in suite_in_order("attention"):
+        family = "hopper/h200" if op.startswith("WG_") else "h200"
+        (mirror / family / f"{op}.t4.json.gz").write_bytes(b"")
     (mirror / "h200" / "wgmma-probe-persistent.json").unlink()
     h200 = open_calls("h200", mirror, with_k_step)
     assert [c.command for c in h200] == [PROBE_CALLS["h200"][2]]
@@ -443,6 +450,7 @@ def test_the_kit_offers_each_gpu_what_its_committed_data_lacks(tmp_path):
         swiglu_device_command(),
         bf16_device_command(),
         bias_gelu_device_command(),
+        attention_device_command(),
         PROBE_CALLS["h100"][2],
     ]
     # A GPU with no campaign: the campaign's first call, and nothing else before it.

@@ -30,6 +30,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from pipetune.model.errors import PipetuneError
+from pipetune.model.family import family_of
 from pipetune.model.hardware import PROFILE_DIR
 from pipetune.model.workloads import Conv2d, Conv3d
 from pipetune.workers.campaign import layout
@@ -514,6 +515,29 @@ def campaign_state(folder: Path) -> str | None:
     return None if summary is None else str(summary.get("state"))
 
 
+ATTENTION_MINUTES = 4  # `pipetune campaign plan --operators attention --gpu h100`: one call, 130 s
+
+
+def attention_device_command(runner: str = "cupy") -> str:
+    """The ``attention`` suite (GPT-2's Q·Kᵀ over keys stored N x K, on both GEMM families) in
+    one call: correctness (the bmm_nk kernels among each family's cases), cuBLAS's
+    strided-batched baseline on the keys as stored and both sweeps (README, GPU work)."""
+    return one_call_command(
+        "attention", ".campaign-at", ATTENTION_MINUTES, "campaign-attention", runner
+    )
+
+
+def attention_unmeasured(folder: Path, hopper: Path) -> bool:
+    """Whether an ``attention`` suite operator has no committed sweep: the mma.sync one in this
+    GPU's folder, the wgmma one in the Hopper family's."""
+    return any(
+        not (
+            (hopper if family_of(w).name == "hopper_gemm" else folder) / f"{op}.t4.json.gz"
+        ).exists()
+        for op, w in suite_in_order("attention").items()
+    )
+
+
 def open_calls(gpu: str, data: Path = DATA_DIR, profiles: Path = PROFILE_DIR) -> list[DeviceCall]:
     """The calls a lent GPU of this kind should make, most needed first, from what the
     repository's data already holds: a campaign, else what README's "GPU work" lists open
@@ -599,6 +623,14 @@ def open_calls(gpu: str, data: Path = DATA_DIR, profiles: Path = PROFILE_DIR) ->
                 "the bias_gelu suite: GPT-2's FC1 with its bias and GELU in the epilogue",
                 300,
                 bias_gelu_device_command(),
+            )
+        )
+    if attention_unmeasured(folder, hopper):
+        calls.append(
+            DeviceCall(
+                "the attention suite: Q·Kᵀ over keys stored N x K, on both GEMM families",
+                300,
+                attention_device_command(),
             )
         )
     if profile_lacks_k_step(gpu, profiles):
