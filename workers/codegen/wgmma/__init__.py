@@ -6,12 +6,13 @@ Two users: the Hopper wgmma family (model/hopper/; its generator module is ``fam
 here), whose schedules are this kernel with the TMA loader and the staged epilogue, one block
 per tile, persistent or stream-K; and `benchmarks/wgmma_probe.py`, which compiles, checks
 against cuBLAS and times every kind (``PROBE_CONFIGS``, the cp.async loader, the direct
-epilogue and split-K included) on a lent GPU. It computes what the `gemm_kn`, `gemm_nk` and
-`bmm` variants compute, with their parameters ``(A, B, C, M, N, K)`` and grid
+epilogue and split-K included) on a lent GPU. It computes what the `gemm_kn`, `gemm_nk`,
+`bmm` and `bmm_nk` variants compute, with their parameters ``(A, B, C, M, N, K)`` and grid
 ``(tiles_m * tiles_n, 1, batch)`` (``launch`` says what the TMA loader and split-K add).
 B stored K x N (`gemm_kn`, `bmm`) lands N-major in 64-column slabs and wgmma transposes it;
-B stored N x K (`gemm_nk`, a PyTorch Linear weight) lands K-major as A does and wgmma reads
-it as it is (cuda_text.B_LAYOUT_TEXT holds the text that differs).
+B stored N x K (`gemm_nk`, a PyTorch Linear weight; `bmm_nk`, attention's keys) lands
+K-major as A does and wgmma reads it as it is (cuda_text.B_LAYOUT_TEXT holds the text that
+differs).
 
 How it works (CUTLASS's sm90 "cp.async + GMMA" mainloop, without warp specialisation):
 - one warpgroup (128 threads) per 64 rows of the block tile; each issues

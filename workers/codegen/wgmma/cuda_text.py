@@ -661,9 +661,9 @@ STREAM_K_KERNEL = _fill(STREAM_K_KERNEL)
 # and the kernels; each text's first newline is not part of it). "kn" (B stored K x N, the
 # gemm_kn and bmm variants): shared memory holds B N-major, in 64-column slabs of BK lines, each
 # slab one TMA box, and wgmma transposes it (imm-trans-b 1). "nk" (B stored N x K, as a PyTorch
-# Linear weight: the gemm_nk variant): B is K-major as A is, BN lines of 64 halves, one TMA box
-# per K tile, and wgmma reads it as it is (imm-trans-b 0), the layout CUTLASS's Hopper GEMMs
-# prefer.
+# Linear weight or attention's keys: gemm_nk, bmm_nk): B is K-major as A is, BN lines of 64
+# halves, one TMA box per K tile, and wgmma reads it as it is (imm-trans-b 0), the layout
+# CUTLASS's Hopper GEMMs prefer.
 B_LAYOUT_TEXT: dict[str, dict[str, str]] = {
     "kn": {
         "B_CHUNK_OFFSET": r"""
