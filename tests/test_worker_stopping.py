@@ -8,6 +8,7 @@ whose lease request waits until the test answers it."""
 from __future__ import annotations
 
 import io
+import json
 import threading
 import time
 from types import SimpleNamespace
@@ -156,6 +157,26 @@ def test_jobs_a_poll_brings_after_a_second_signal_are_handed_back_not_left_to_ex
     finally:
         api.answer.set()
         api.ended.set()
+
+
+def test_a_signal_the_lease_thread_sees_first_is_still_said_as_draining():
+    """The lease thread turns a counted signal into a stop (`_stopping`) and the worker's
+    serve loop then sets the stop itself, often before the main thread looks (every 0.2 s):
+    the "draining" event was then never logged, though the worker drained (seen in CI: a
+    SIGTERM 0.1 s after registering, jobs finished, no word of it)."""
+    worker, _ = _worker(PollingService([]))
+    stream = io.StringIO()
+    worker.log = EventLog(json_lines=True, stream=stream)
+    worker.request_stop()
+    worker._stop.set()  # (as _serve's finally does once the lease loop ends)
+    worker._handle_signals()
+    worker._handle_signals()  # (the same signal: said once)
+    events = [json.loads(line)["event"] for line in stream.getvalue().splitlines()]
+    assert events == ["draining"]
+    worker.request_stop()
+    worker._handle_signals()
+    events = [json.loads(line)["event"] for line in stream.getvalue().splitlines()]
+    assert events == ["draining", "aborting"]
 
 
 def test_an_idle_worker_stops_without_waiting_out_its_long_poll():

@@ -101,8 +101,11 @@ def resolve_operators(text: str) -> dict[str, Any]:
             continue
         if token.lower() in SUITES:
             operators = suite_in_order(token.lower())
-            if not operators:
+            if any(not swept(w) for w in SUITES[token.lower()].values()):
+                # Refused whole: a suite of two families (attention's) swept in part would
+                # measure half of what it is for without a word.
                 other.append(token)
+                continue
             for op, workload in operators.items():
                 chosen.setdefault(op, workload)
         elif token.lower() in by_lower:

@@ -265,9 +265,12 @@ class Worker:
         n = self._signals
         if n == self._seen_signals:
             return
-        self._seen_signals = n
-        if not self._stop.is_set():
-            self._stop.set()
+        first, self._seen_signals = self._seen_signals == 0, n
+        self._stop.set()
+        # Said on the first signal even where the lease thread saw it first (`_stopping`) and
+        # the stop was set before this thread looked: the operator's word that the worker
+        # drains was missing then, though it drained.
+        if first:
             msg = "no more leases; finishing the jobs in hand"
             if self._reports_failing_since is not None:
                 # (Its reports may be retried for --result-retry: a supervisor's kill would
@@ -295,6 +298,7 @@ class Worker:
             control.join(0.2)
             self._watch_parent()
             self._handle_signals()
+        self._handle_signals()  # (a signal the control thread's end came before)
         if self._fatal is not None:
             raise self._fatal
         if self.counts["unreported"]:
