@@ -46,6 +46,29 @@ def _why(client, task_id: int) -> str | None:
     return response.json()["no_worker"]
 
 
+def _register_replay(client) -> None:
+    """A replay worker of SMALL_GEMM's dataset on an H100: it takes no other workload."""
+    body = {
+        "name": "replay-h100", "gpu": "h100", "arch": "sm_90", "runner": "replay",
+        "workload": SMALL_GEMM,
+    }  # fmt: skip
+    response = client.post("/v1/workers", json=body, headers=WORKER_HEADERS)
+    assert response.status_code == 201, response.text
+
+
+def _silence(client, worker: int) -> float:
+    """The worker silent for twice the lease TTL, by the database's clock; the TTL."""
+    service = service_of(client)
+    ttl = service.settings.lease_ttl_s
+    with service.db.write() as s:
+        s.execute(
+            update(WorkerRow)
+            .where(WorkerRow.id == worker)
+            .values(last_heartbeat=service.db.now_plus(-2 * ttl))
+        )
+    return ttl
+
+
 def _listed(client) -> dict[int, str | None]:
     return {t["id"]: t["no_worker"] for t in client.get("/v1/tasks").json()["tasks"]}
 
@@ -77,12 +100,7 @@ def test_a_task_for_a_runner_kind_no_worker_has_names_the_kinds_there_are(client
 
 def test_a_task_only_replay_workers_of_other_workloads_could_take_says_so(client):
     task = _task(client, "h100")
-    body = {
-        "name": "replay-h100", "gpu": "h100", "arch": "sm_90", "runner": "replay",
-        "workload": SMALL_GEMM,
-    }  # fmt: skip
-    response = client.post("/v1/workers", json=body, headers=WORKER_HEADERS)
-    assert response.status_code == 201, response.text
+    _register_replay(client)
     why = _why(client, task["id"])
     assert why is not None and "replay other workloads' datasets" in why, why
     # A replay worker of its own workload takes it.
@@ -95,14 +113,7 @@ def test_a_task_whose_workers_went_silent_says_when_one_was_last_heard(client):
     task = _task(client, "h100")
     worker = register(client, "sim-h100", "h100")
     assert _why(client, task["id"]) is None
-    service = service_of(client)
-    ttl = service.settings.lease_ttl_s
-    with service.db.write() as s:  # silent for twice the TTL, by the database's clock
-        s.execute(
-            update(WorkerRow)
-            .where(WorkerRow.id == worker)
-            .values(last_heartbeat=service.db.now_plus(-2 * ttl))
-        )
+    ttl = _silence(client, worker)
     why = _why(client, task["id"])
     assert why is not None and why.startswith("no h100 worker is live"), why
     assert f"the last, {2 * ttl:.0f} s ago" in why
@@ -119,20 +130,8 @@ def test_a_task_whose_fitting_workers_went_silent_beside_live_replay_workers_say
     task: it read "no h100 worker is live" of a GPU whose fleet was working."""
     task = _task(client, "h100")
     silent = register(client, "sim-h100", "h100")
-    body = {
-        "name": "replay-h100", "gpu": "h100", "arch": "sm_90", "runner": "replay",
-        "workload": SMALL_GEMM,
-    }  # fmt: skip
-    response = client.post("/v1/workers", json=body, headers=WORKER_HEADERS)
-    assert response.status_code == 201, response.text
-    service = service_of(client)
-    ttl = service.settings.lease_ttl_s
-    with service.db.write() as s:
-        s.execute(
-            update(WorkerRow)
-            .where(WorkerRow.id == silent)
-            .values(last_heartbeat=service.db.now_plus(-2 * ttl))
-        )
+    _register_replay(client)
+    ttl = _silence(client, silent)
     why = _why(client, task["id"])
     assert why is not None and why.startswith("no h100 worker that takes this workload is live")
     assert "the live ones replay other workloads' datasets" in why
