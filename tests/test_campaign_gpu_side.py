@@ -334,6 +334,12 @@ class FakeTensor(np.ndarray):
     def t(self):
         return self.T
 
+    # The causal mask of the attention softmax's baseline.
+    device = "cuda"
+
+    def tril(self, diagonal):
+        return np.tril(self, diagonal).view(FakeTensor)
+
 
 class FakeTorch(types.ModuleType):
     """PyTorch as the memops baselines use it: seeded device draws, the row operators
@@ -344,6 +350,7 @@ class FakeTorch(types.ModuleType):
         self.__version__ = "2.9.fake"
         self.version = types.SimpleNamespace(cuda="13.0")
         self.float32, self.float16, self.uint8 = np.float32, np.float16, np.uint8
+        self.bool = np.bool_
         self.bfloat16 = ml_dtypes.bfloat16
         self.log: list[tuple[str, dict]] = []  # ops and flushes, in order
         self.drawn: list[tuple[tuple[int, ...], int]] = []  # (shape, seed) of device draws
@@ -435,6 +442,18 @@ class FakeTorch(types.ModuleType):
 
     def softmax(self, x, dim):
         return self._op("softmax", x, dim=dim)
+
+    def ones(self, *size, dtype, device):
+        assert device == "cuda"
+        return np.ones(size, dtype).view(FakeTensor)
+
+    def tensor(self, value, dtype, device):
+        assert device == "cuda"
+        return np.asarray(value, dtype).view(FakeTensor)
+
+    def where(self, condition, x, y):
+        self.log.append(("where", {"shape": (condition.shape, x.shape)}))
+        return np.where(condition, x, y).astype(x.dtype).view(FakeTensor)
 
     def from_numpy(self, array):
         return array.view(FakeTensor)
@@ -560,6 +579,49 @@ def test_an_rmsnorm_baseline_before_pytorch_2_4_is_the_norm_in_float32(torch):
     assert out.dtype == np.float16 and out.shape == (64, 1024)
     ref, tol = memops_reference.reference(np, workload, host)
     assert memops_reference.check(np, out, ref, tol)[0]
+
+
+@pytest.mark.parametrize(
+    ("workload", "what"),
+    [
+        (
+            softmax(12, 64, 0.125, causal=True, queries=3),
+            "torch.softmax(torch.where(mask, x * 0.125, -inf), dim=-1), mask = ones(3, 64)"
+            ".tril(61) over each attention matrix",
+        ),
+        (
+            softmax(128, 64, causal=True),
+            "torch.softmax(torch.where(mask, x, -inf), dim=-1), mask = ones(64, 64).tril(0) "
+            "over each attention matrix",
+        ),
+        (softmax(12, 64, 0.25), "torch.softmax(x * 0.25, dim=-1)"),
+    ],
+    ids=["causal-chunk", "causal-square", "scaled"],
+)
+def test_an_attention_softmax_baseline_scales_and_masks_as_the_kernels_do(
+    torch, monkeypatch, workload, what
+):
+    """Eager attention's kernels (a multiply, torch.where, torch.softmax) compute the operator
+    the kernels do: the same mask alignment (the last key), checked as a kernel is."""
+
+    def computed(x, dim):  # as torch.softmax of a float16 tensor: float32 inside
+        z = np.asarray(x, dtype=np.float32)
+        e = np.exp(z - z.max(axis=dim, keepdims=True))
+        return (e / e.sum(axis=dim, keepdims=True)).astype(x.dtype).view(FakeTensor)
+
+    monkeypatch.setattr(torch, "softmax", computed)
+    host = memops_reference.make_inputs(workload, 3)
+    inputs = {k: v.view(FakeTensor) for k, v in host.items()}
+    launch, text = cuda_side.memops_launch(torch, workload, inputs)
+    assert text == what
+    out = np.asarray(launch())
+    assert out.dtype == np.float16 and out.shape == (workload.rows, 64)
+    ref, tol = memops_reference.reference(np, workload, host)
+    assert memops_reference.check(np, out, ref, tol)[0]
+    # The multiply by a power of two is exact in fp16: the baseline is the operator itself.
+    if workload.causal:
+        first_hidden = 64 - workload.mask_queries + 1  # of each matrix's first query
+        assert (out[0, :first_hidden] > 0).all() and (out[0, first_hidden:] == 0).all()
 
 
 def test_a_bmm_baseline_is_cublas_batched_through_torch_bmm(torch):

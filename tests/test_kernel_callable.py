@@ -79,7 +79,7 @@ MEM_CASES = [(w, s) for w in (SOFTMAX, LAYERNORM) for s in (ROW, TWO_PASS, FUSED
     (bias_gelu(512, 1024, "tanh"), TWO_PASS),
 ]
 H100_SMS = get_gpu("h100").sm_count
-SCALARS = ("rows", "cols", "eps")
+SCALARS = ("rows", "cols", "eps", "scale", "queries")
 
 
 # ---- stand-in arrays: CPU memory that says it is on a CUDA device ----------------------
@@ -709,8 +709,9 @@ def test_memops_arguments_are_the_launch_plans_inputs_then_output(workload, name
     assert [op.shape for op in k.operands] == shapes
     assert all(op.dtype == "float16" for op in k.operands)
     assert [op.output for op in k.operands] == [False] * (len(names) - 1) + [True]
-    # The generator's parameters (x, p0, p1, y, ws, rows, cols, eps): p0 and p1 carry the
-    # buffer that fills them (an op without parameter vectors passes x, never read).
+    # The generator's parameters (x, p0, p1, y, ws, rows, cols, eps, scale, queries): p0 and
+    # p1 carry the buffer that fills them (an op without parameter vectors passes x, never
+    # read).
     assert len(memops_codegen.ARGUMENTS) == len(k.launch.arguments)
     assert k.launch.arguments == ("x", *p0_p1, "y", "ws", *SCALARS)
     assert [w.name for w in k.workspace] == ["ws"]

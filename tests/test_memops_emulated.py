@@ -339,7 +339,7 @@ struct Guarded {
 };
 
 typedef void (*Entry)(const PT_ELEM*, const PT_ELEM*, const PT_ELEM*, PT_ELEM*, float*, int,
-                      int, float);
+                      int, float, float, int);
 
 // One launch: `wave` block slots of `threads` OS threads each (created once per launch);
 // slot b runs blocks b, b + wave, ... in turn, all of its threads together.
@@ -349,7 +349,8 @@ struct Slot {
   int smem_bytes = 0;
 };
 struct ThreadArg { Slot* slot; unsigned first; unsigned wave; int tid; Entry entry;
-                   const PT_ELEM *x, *p0, *p1; PT_ELEM* y; float* ws; int rows, cols; float eps; };
+                   const PT_ELEM *x, *p0, *p1; PT_ELEM* y; float* ws; int rows, cols; float eps;
+                   float scale; int queries; };
 
 static void reset_block(BlockCtx& c, unsigned block, int smem_bytes) {
   c.block = block;
@@ -371,14 +372,14 @@ static void* thread_main(void* a) {
     t->slot->turn->wait();
     if (t->tid == 0) reset_block(t->slot->ctx, block, t->slot->smem_bytes);
     t->slot->turn->wait();
-    t->entry(t->x, t->p0, t->p1, t->y, t->ws, t->rows, t->cols, t->eps);
+    t->entry(t->x, t->p0, t->p1, t->y, t->ws, t->rows, t->cols, t->eps, t->scale, t->queries);
   }
   return nullptr;
 }
 
 static void run_launch(Entry entry, unsigned grid, int threads, int smem_bytes, unsigned wave,
                        const PT_ELEM* x, const PT_ELEM* p0, const PT_ELEM* p1, PT_ELEM* y,
-                       float* ws, int rows, int cols, float eps) {
+                       float* ws, int rows, int cols, float eps, float scale, int queries) {
   g_grid = grid;
   const unsigned slots = grid < wave ? grid : wave;
   std::vector<Slot> slot(slots);
@@ -398,7 +399,8 @@ static void run_launch(Entry entry, unsigned grid, int threads, int smem_bytes, 
   for (unsigned b = 0; b < slots; ++b)
     for (int t = 0; t < threads; ++t) {
       ThreadArg& a = args[b * threads + t];
-      a = ThreadArg{&slot[b], b, wave, t, entry, x, p0, p1, y, ws, rows, cols, eps};
+      a = ThreadArg{&slot[b], b, wave, t, entry, x, p0, p1, y, ws, rows, cols, eps, scale,
+                    queries};
       if (pthread_create(&ids[b * threads + t], &attr, thread_main, &a))
         fail("pthread_create", b, t);
     }
@@ -412,8 +414,8 @@ static void run_launch(Entry entry, unsigned grid, int threads, int smem_bytes, 
 
 int main(int argc, char** argv) {
   // argv: x.bin p0.bin p1.bin y.bin y_elems ws_floats counters_offset wave rows cols eps
-  //       runs n_launches, then per launch: entry grid threads smem
-  if (argc < 14) fail("usage", argc, 0);
+  //       scale queries runs n_launches, then per launch: entry grid threads smem
+  if (argc < 16) fail("usage", argc, 0);
   std::vector<unsigned char> xin = read_file(argv[1]), p0in = read_file(argv[2]),
                              p1in = read_file(argv[3]);
   const long y_elems = std::atol(argv[5]);
@@ -422,8 +424,10 @@ int main(int argc, char** argv) {
   const unsigned wave = (unsigned)std::atol(argv[8]);
   const int rows = std::atoi(argv[9]), cols = std::atoi(argv[10]);
   const float eps = (float)std::atof(argv[11]);
-  const int runs = std::atoi(argv[12]);
-  const int n_launch = std::atoi(argv[13]);
+  const float scale = (float)std::atof(argv[12]);
+  const int queries = std::atoi(argv[13]);
+  const int runs = std::atoi(argv[14]);
+  const int n_launch = std::atoi(argv[15]);
   Guarded x, p0, p1, y, ws;
   x.init(xin.size()); std::memcpy(x.p, xin.data(), xin.size());
   p0.init(p0in.size()); std::memcpy(p0.p, p0in.data(), p0in.size());
@@ -444,11 +448,11 @@ int main(int argc, char** argv) {
     // that reads a partial before its writer published it reads NaN.
     for (long i = 0; i < counters && i < ws_floats; ++i) ((float*)ws.p)[i] = NAN;
     for (int l = 0; l < n_launch; ++l) {
-      const char** a = (const char**)argv + 14 + 4 * l;
+      const char** a = (const char**)argv + 16 + 4 * l;
       run_launch(entries[std::atoi(a[0])], (unsigned)std::atol(a[1]), std::atoi(a[2]),
                  std::atoi(a[3]), wave,
                  (const PT_ELEM*)x.p, (const PT_ELEM*)p0.p, (const PT_ELEM*)p1.p,
-                 (PT_ELEM*)y.p, (float*)ws.p, rows, cols, eps);
+                 (PT_ELEM*)y.p, (float*)ws.p, rows, cols, eps, scale, queries);
     }
   }
   x.canaries("store around x");
@@ -554,6 +558,8 @@ def emulate(
         str(workload.rows),
         str(workload.cols),
         repr(float(first.scalars["eps"])),
+        repr(float(first.scalars["scale"])),
+        str(int(first.scalars["queries"])),
         "1",
         str(len(plan.launches)),
     ]
@@ -654,7 +660,7 @@ def test_emulated_kernels_match_numpy(tmp_path, op):
     [
         # The last batch's bound dropped: loads run past the segment into the next row.
         (softmax(5, 200), MemSchedule(32, 1, 1, 1, 0, 0, 0),
-         ("if (u < v1) load_vec<VEC>(xr + u * VEC, xw[j]);",
+         ("if (u < vfull) load_vec<VEC>(xr + u * VEC, xw[j]);",
           "load_vec<VEC>(xr + u * VEC, xw[j]);"), "wrong result or fault"),
         # A split row's blocks stop waiting for each other (the fused join without its wait).
         (softmax(3, 4200), MemSchedule(64, 1, 4, 8, 2, 1, 1),
@@ -749,6 +755,96 @@ def test_a_row_longer_than_the_kernel_holds_traps_instead_of_a_wrong_result(
     )
     assert code == 0, stderr
     assert check(np, out, ref, tol)[0]
+
+
+# ---- attention's softmax: scaled, causally masked -----------------------------------------
+
+# Every place a softmax reads x: the statistics pass from each cache level (registers,
+# shared memory, global), the output pass after a fused split's join, and a two-pass split's
+# second kernel; rows packed in a block, a row over several warps.
+ATTENTION_MAPPINGS = {
+    "registers": MemSchedule(32, 1, 1, 8, 2, 0, 0),
+    "smem-packed": MemSchedule(8, 4, 1, 2, 1, 0, 0),
+    "global-warps": MemSchedule(128, 1, 1, 2, 0, 0, 0),
+    "split-two_pass": MemSchedule(32, 1, 4, 8, 0, 0, 0),
+    "split-fused": MemSchedule(32, 1, 4, 8, 0, 1, 1),
+}
+# A square mask (prefill; its rows too short for a split), and 3 queries against 1032 keys (a
+# chunk of queries after 1029 cached keys: each row's last visible key falls inside a
+# vector); scaled as attention's 1/sqrt(64).
+ATTENTION_WORKLOADS = [
+    softmax(264, 264, scale=0.125, causal=True),
+    softmax(12, 1032, scale=0.125, causal=True, queries=3),
+]
+
+
+@pytest.mark.parametrize("mapping", list(ATTENTION_MAPPINGS))
+def test_emulated_attention_softmax_matches_numpy(tmp_path, mapping):
+    schedule = ATTENTION_MAPPINGS[mapping]
+    jobs = [w for w in ATTENTION_WORKLOADS if _valid(w, schedule)]
+    assert ATTENTION_WORKLOADS[1] in jobs and (len(jobs) == 2 or schedule.blocks_per_row > 1)
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        outcomes = list(
+            pool.map(lambda n: emulate(jobs[n], schedule, tmp_path / str(n)), range(len(jobs)))
+        )
+    for workload, (code, stderr, out, ref, tol) in zip(jobs, outcomes, strict=True):
+        where = f"{workload.label()} {schedule.id}"
+        assert code == 0, f"{where}: {stderr}"
+        passed, _, why = check(np, out, ref, tol)
+        assert passed, f"{where}: {why}"
+        y = widen(np, out)
+        q, cols = workload.mask_queries, workload.cols
+        hidden = np.arange(cols)[None, :] > np.arange(workload.rows)[:, None] % q + (cols - q)
+        assert (y[hidden] == 0).all() and (y[~hidden] > 0).all(), where
+        np.testing.assert_allclose(y.sum(axis=1), 1.0, rtol=0.02)
+
+
+def test_an_attention_softmax_is_a_plain_one_of_scaled_masked_inputs(tmp_path):
+    """The mask and the scale change the values, not the kernel: a plain softmax of x·scale
+    with the hidden keys at -inf gives the same outputs."""
+    schedule = ATTENTION_MAPPINGS["split-fused"]
+    attention = ATTENTION_WORKLOADS[1]
+    inputs = make_inputs(attention, 5)
+    code, stderr, masked, _, _ = emulate(attention, schedule, tmp_path / "a", inputs=inputs)
+    assert code == 0, stderr
+    z = widen(np, inputs["x"]) * np.float32(0.125)
+    hidden = np.arange(1032)[None, :] > np.arange(12)[:, None] % 3 + 1029
+    z[hidden] = -np.inf
+    plain = {"x": z.astype(np.float16)}  # x·0.125 is exact in fp16 (a power of two)
+    code, stderr, out, _, _ = emulate(softmax(12, 1032), schedule, tmp_path / "p", inputs=plain)
+    assert code == 0, stderr
+    np.testing.assert_array_equal(masked, out)
+
+
+CUT_MASK = "      mask_input(f, vfull * VEC, limit, scale);"
+
+
+@pytest.mark.parametrize(
+    ("mapping", "mutation"),
+    [
+        # The cut vector's output left unmasked (the statistics still see the mask).
+        ("split-two_pass", (CUT_MASK + "\n      for (int e = 0;",
+                            "      scale_input(f, scale);\n      for (int e = 0;")),
+        # The hidden keys' outputs left unwritten (the harness fills y with NaN first).
+        ("registers", ("store_vec<VEC>(y + base + u * VEC, zero);", "")),
+        # The mask aligned to the first key (torch's is_causal) rather than the last.
+        ("smem-packed", ("row % queries + (cols - queries)", "row % queries")),
+        # The scale left out of the statistics pass, or the cut vector left out of it.
+        ("global-warps", ("          scale_input(f, scale);\n", "")),
+        ("split-fused", ("      accumulate(st, f);\n    }\n", "    }\n")),
+    ],
+    ids=["cut-unmasked", "hidden-unwritten", "top-left", "unscaled-statistics", "cut-uncounted"],
+)  # fmt: skip
+def test_emulator_catches_a_wrong_attention_softmax(tmp_path, mapping, mutation):
+    schedule = ATTENTION_MAPPINGS[mapping]
+    # The square mask hides whole vectors (its alignment cannot show); the 3 queries' rows hide
+    # only parts of their last.
+    square = mapping == "registers"
+    workload = ATTENTION_WORKLOADS[0 if square else 1]
+    assert _valid(workload, schedule)
+    code, stderr, out, ref, tol = emulate(workload, schedule, tmp_path, mutation)
+    assert code == 0, stderr
+    assert not check(np, out, ref, tol)[0], "a broken kernel passed"
 
 
 # ---- bfloat16 ----------------------------------------------------------------------------

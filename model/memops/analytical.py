@@ -221,8 +221,10 @@ def evaluate(space: MemSpace) -> MemPrediction:
 
     # Bytes of one work item.
     seg_bytes = rows_item * (w.cols / spl) * BYTES_FP16  # x of the segment (average)
-    # What the first pass reads of x: silu_mul's gate and up, twice the output's segment.
-    in_bytes = seg_bytes * w.row_inputs
+    # What the passes read of x: silu_mul's gate and up, twice the output's segment; a causal
+    # softmax only the keys it shows (on average: a split row's later segments show fewer).
+    read_bytes = seg_bytes * w.read_fraction
+    in_bytes = read_bytes * w.row_inputs
     param_bytes = w.param_vectors * (w.cols / spl) * BYTES_FP16  # bias / gamma+beta, via L2
     partial_bytes = np.where(split, rows_item * PARTIAL_FLOATS * 4.0, 0.0)
     if w.op == "reduce":
@@ -239,8 +241,8 @@ def evaluate(space: MemSpace) -> MemPrediction:
     bytes_in_flight_per_sm = space.blocks_per_sm * threads * depth * vec * BYTES_FP16 * w.row_inputs
 
     # The output pass: where it finds the row, and the L2 hit fraction of a re-read.
-    reuse_one_kernel = conc * seg_bytes  # read by all concurrent blocks in between
-    reuse = np.where(two_pass, float(w.rows * w.cols * BYTES_FP16), reuse_one_kernel)
+    reuse_one_kernel = conc * read_bytes  # read by all concurrent blocks in between
+    reuse = np.where(two_pass, w.read_fraction * w.rows * w.cols * BYTES_FP16, reuse_one_kernel)
     l2_hit = np.minimum(1.0, gpu.l2_bytes / np.maximum(reuse, 1.0))
     if w.has_output_pass:
         streaming = _ceil_div(vpt, np.minimum(vpt, LOAD_BATCH))
@@ -257,9 +259,9 @@ def evaluate(space: MemSpace) -> MemPrediction:
             [LAT_param, np.maximum(LAT_smem, LAT_param)],
             np.maximum(LAT_reread, LAT_param),
         )
-        reread_dram = np.where(cache == CACHE_GLOBAL, (1 - l2_hit) * seg_bytes, 0.0)
-        reread_port = np.where(cache == CACHE_GLOBAL, seg_bytes, 0.0)
-        smem_traffic = np.where(cache == CACHE_SMEM, 2.0 * seg_bytes, 0.0)
+        reread_dram = np.where(cache == CACHE_GLOBAL, (1 - l2_hit) * read_bytes, 0.0)
+        reread_port = np.where(cache == CACHE_GLOBAL, read_bytes, 0.0)
+        smem_traffic = np.where(cache == CACHE_SMEM, 2.0 * read_bytes, 0.0)
     else:
         R_2 = np.zeros_like(vpt)
         LAT_2 = np.zeros_like(vpt)
@@ -298,8 +300,12 @@ def evaluate(space: MemSpace) -> MemPrediction:
         w.row_inputs + w.param_vectors * (not w.has_output_pass)
     )
     per_vector_out = INSTRUCTIONS_PER_VECTOR * (1 + w.param_vectors)
-    instr_first_item = vpt * (per_vector_first + vec * instr_first)
-    instr_out_item = vpt * (per_vector_out + vec * instr_out) if w.has_output_pass else 0 * vpt
+    # (A causal softmax's hidden keys: neither read nor computed, only stored as 0.)
+    shown = w.read_fraction
+    instr_first_item = vpt * shown * (per_vector_first + vec * instr_first)
+    instr_out_item = (
+        vpt * (per_vector_out + shown * vec * instr_out) if w.has_output_pass else 0 * vpt
+    )
 
     # --- first launch: the whole op, or two-pass splitting's statistics kernel ----------------
     one_kernel_out = w.has_output_pass & ~two_pass
@@ -336,14 +342,14 @@ def evaluate(space: MemSpace) -> MemPrediction:
     T_second = np.zeros_like(T_item)
     if w.has_output_pass:
         lat2 = LAT_L2 + streaming * np.maximum(LAT_reread, LAT_param)
-        port2 = seg_bytes + param_bytes + out_second + spl * PARTIAL_FLOATS * 4.0
+        port2 = read_bytes + param_bytes + out_second + spl * PARTIAL_FLOATS * 4.0
         fixed2 = combine + 2 * T_bar
         second = item_time(
-            conc, lat2, (1 - l2_hit) * seg_bytes, out_second, port2, 0.0, fixed2,
+            conc, lat2, (1 - l2_hit) * read_bytes, out_second, port2, 0.0, fixed2,
             instr_out_item,
         )[0]  # fmt: skip
         second_tail = item_time(
-            tail, lat2, (1 - l2_hit) * seg_bytes, out_second, port2, 0.0, fixed2,
+            tail, lat2, (1 - l2_hit) * read_bytes, out_second, port2, 0.0, fixed2,
             instr_out_item,
         )[0]  # fmt: skip
         T_item_second = np.where(two_pass, second, 0.0)
@@ -362,7 +368,7 @@ def evaluate(space: MemSpace) -> MemPrediction:
     # DRAM bytes of the whole run, and which term bounds a full round of items.
     # Only an operator with an output pass re-reads its input in the second launch; a
     # reduce's second launch combines partials in L2 (its time is `finish` above).
-    second_dram = (1 - l2_hit) * seg_bytes + out_second if w.has_output_pass else 0.0
+    second_dram = (1 - l2_hit) * read_bytes + out_second if w.has_output_pass else 0.0
     bytes_dram = items * (first_dram_rd + first_dram_wr) + np.where(
         two_pass, items * second_dram, 0.0
     )

@@ -6,7 +6,12 @@ and works along the last dimension, accumulating in float32:
 
 - ``reduce``: out[r] = Σ_c x[r, c] (``reduction="sum"``) or max_c x[r, c] (``"max"``);
   the output has one value per row.
-- ``softmax``: y[r, :] = exp(x[r, :] − max) / Σ exp(x[r, :] − max).
+- ``softmax``: y[r, :] = exp(z[r, :] − max) / Σ exp(z[r, :] − max), z = ``scale``·x (default 1;
+  attention's 1/sqrt(head_dim)). ``causal`` masks each query's later keys, as attention in a
+  decoder does: with ``queries`` = L (rows of one attention matrix, default cols), row r is
+  query i = r mod L and sees columns c <= i + cols − L (aligned to the last key, as
+  FlashAttention's causal mask and a KV-cache decode are); a masked element counts as −inf
+  (y = 0 there). The kernels read every element either way (the same bytes).
 - ``layernorm``: y[r, :] = (x[r, :] − mean) / sqrt(var + eps) · gamma + beta, with gamma
   and beta vectors of length cols and the biased variance (as PyTorch).
 - ``rmsnorm``: y[r, :] = x[r, :] / sqrt(mean(x[r, :]²) + eps) · gamma, gamma a vector
@@ -127,8 +132,14 @@ class _RowWorkload(BaseModel):
         return self.rows * self.cols
 
     @property
+    def read_fraction(self) -> float:
+        """The share of x the kernels read (a causal softmax skips the keys it hides)."""
+        return 1.0
+
+    @property
     def input_bytes(self) -> int:
-        return BYTES_FP16 * self.cols * (self.rows * self.row_inputs + self.param_vectors)
+        x_bytes = BYTES_FP16 * self.cols * self.rows * self.row_inputs
+        return round(x_bytes * self.read_fraction) + BYTES_FP16 * self.cols * self.param_vectors
 
     @property
     def output_bytes(self) -> int:
@@ -171,13 +182,91 @@ class Reduce(_RowWorkload):
 
 
 class Softmax(_RowWorkload):
-    """Row softmax: y = exp(x - max) / sum(exp(x - max)) along the last dimension."""
+    """Row softmax: y = exp(z - max) / sum(exp(z - max)) along the last dimension, z = scale·x
+    (attention's 1/sqrt(head_dim)), with keys after each query masked out when causal."""
 
     op: Literal["softmax"] = "softmax"
+    scale: float = Field(
+        default=1.0,
+        strict=True,
+        allow_inf_nan=False,
+        gt=0.0,
+        description="multiplies x before the softmax (attention: 1/sqrt(head_dim))",
+    )
+    causal: bool = Field(
+        default=False,
+        strict=True,
+        description="mask each query's later keys: x[r, c] is left out (y = 0) for c > r mod "
+        "queries + cols - queries (bottom-right aligned, as a KV-cache decode needs)",
+    )
+    queries: Annotated[int, PLAIN_INTEGER, Field(strict=True, ge=1)] | None = Field(
+        default=None,
+        description="rows of one attention matrix, the query length (causal only; default "
+        "cols, a square mask)",
+    )
+
+    @model_validator(mode="after")
+    def _check_mask(self) -> Softmax:
+        if self.queries is None:
+            return self
+        if not self.causal:
+            # Only the mask reads it: accepting it would make two documents of one operator.
+            raise WorkloadError("queries", "is the causal mask's query length: set causal too")
+        if self.queries > self.cols:
+            raise WorkloadError(
+                "queries",
+                f"must be at most cols ({self.cols}), got {self.queries}: the mask is aligned to "
+                "the last key, so a query before the first key would see none",
+            )
+        if self.rows % self.queries:
+            raise WorkloadError(
+                "queries",
+                f"must divide rows ({self.rows}), got {self.queries}: rows are whole "
+                "attention matrices of queries rows each",
+            )
+        return self
+
+    @property
+    def read_fraction(self) -> float:
+        """Keys the mask leaves, over all: query i of L sees cols - L + 1 + i keys, so an
+        attention matrix L·(2·cols - L + 1)/2 of its L·cols (about half when square)."""
+        q = self.mask_queries
+        if not q:
+            return 1.0
+        return (2 * self.cols - q + 1) / (2 * self.cols)
+
+    @property
+    def mask_queries(self) -> int:
+        """The causal mask's query length (rows of one attention matrix), 0 without a mask:
+        the kernels' ``queries`` argument."""
+        if not self.causal:
+            return 0
+        return self.cols if self.queries is None else self.queries
+
+    def canonical(self) -> dict[str, Any]:
+        data = super().canonical()
+        # A plain softmax's document (so its hash) is the one written before the fields
+        # existed; a causal one names its query length whichever way it was given.
+        if self.scale == 1.0:
+            del data["scale"]
+        if self.causal:
+            data["queries"] = self.mask_queries
+        else:
+            del data["causal"], data["queries"]
+        return data
 
     @property
     def has_output_pass(self) -> bool:
         return True
+
+    def label(self) -> str:
+        text = f"softmax {self.rows}x{self.cols}"
+        if self.scale != 1.0:
+            text += f" scale={self.scale:g}"
+        if self.causal:
+            q = self.mask_queries
+            text += " causal" if q == self.cols else f" causal q={q}"
+        return text + self.dtype_suffix()
 
 
 class NormWorkload(_RowWorkload):
@@ -299,8 +388,11 @@ def reduce(rows: int, cols: int, reduction: str = "sum") -> Reduce:
     return parse_mem_workload({"op": "reduce", "rows": rows, "cols": cols, "reduction": reduction})  # type: ignore[return-value]
 
 
-def softmax(rows: int, cols: int) -> Softmax:
-    return parse_mem_workload({"op": "softmax", "rows": rows, "cols": cols})  # type: ignore[return-value]
+def softmax(
+    rows: int, cols: int, scale: float = 1.0, causal: bool = False, queries: int | None = None
+) -> Softmax:
+    data = {"op": "softmax", "rows": rows, "cols": cols, "scale": scale, "causal": causal}
+    return parse_mem_workload({**data, "queries": queries})  # type: ignore[return-value]
 
 
 def layernorm(rows: int, cols: int, eps: float = 1e-5) -> LayerNorm:

@@ -30,7 +30,9 @@ side):
   smallest difference between two fp16 values (and between two bf16 values of magnitude
   2^-17 or more, as the largest of a row of these inputs is);
 - softmax: 2·u16·|ref| + A·u32·|ref| + 2^-24 (the sum's relative error scales every output;
-  2^-24 is fp16's subnormal step, for outputs that round to almost nothing);
+  2^-24 is fp16's subnormal step, for outputs that round to almost nothing); with a scale,
+  z = scale·x rounds in float32, which moves each exp by up to |z|·u32 relative and the max's
+  as much: 2·u32·max|z| more relative. A causal softmax's hidden keys are 0 in the reference;
 - layernorm: 2·u16·|ref| + A·u32·(|x − mean|·rstd·|γ|·(1 + κ) + |mean|·rstd·|γ| + |β|) +
   2^-14, with κ = sqrt(mean(x²) / var) the variance's condition number (Chan, Golub and
   LeVeque): the kernel's Welford updates and Chan's pairwise combine lose about u32·κ of the
@@ -160,10 +162,20 @@ def reference(xp: Any, workload: MemWorkload, inputs: dict[str, Any]) -> tuple[A
             ref[rows] = x.max(axis=1)
             tol[rows] = EXACT
         elif key == "softmax":
-            e = xp.exp(x - x.max(axis=1, keepdims=True))
+            z = x * f32(workload.scale)  # as the kernels: the float32 product, rounded once
+            hidden = _masked(xp, workload, rows)
+            if hidden is not None:
+                z = xp.where(hidden, f32(-xp.inf), z)
+            e = xp.exp(z - z.max(axis=1, keepdims=True))
             r = e / e.sum(axis=1, keepdims=True)
             ref[rows] = r
-            tol[rows] = (2 * unit + accumulation) * xp.abs(r) + subnormal
+            relative = 2 * unit + accumulation
+            if workload.scale != 1.0:
+                # The product's rounding moves z by up to |z|·u32, and an output by twice
+                # that relative: e^(z - max) with both z and the max so moved.
+                visible = xp.where(xp.isinf(z), f32(0), z)
+                relative = relative + 2 * U32 * xp.abs(visible).max(axis=1, keepdims=True)
+            tol[rows] = relative * xp.abs(r) + subnormal
         elif key == "layernorm":
             gamma = widen(xp, inputs["gamma"])
             beta = widen(xp, inputs["beta"])
@@ -200,6 +212,16 @@ def reference(xp: Any, workload: MemWorkload, inputs: dict[str, Any]) -> tuple[A
     return ref, tol
 
 
+def _masked(xp: Any, workload: Any, rows: slice) -> Any:
+    """Which elements of ``rows`` a causal softmax hides (True), or None without a mask: row
+    r is query r mod L, which sees columns up to r mod L + cols - L (model/memops/workloads.py)."""
+    queries = workload.mask_queries
+    if not queries:
+        return None
+    query = xp.arange(rows.start, rows.stop)[:, None] % queries
+    return xp.arange(workload.cols)[None, :] > query + (workload.cols - queries)
+
+
 def tolerance_text(workload: MemWorkload) -> str:
     """The tolerance of this workload's check, in one line (for logs and reports)."""
     key = op_key(workload)
@@ -208,10 +230,11 @@ def tolerance_text(workload: MemWorkload) -> str:
     # and 2^-24 for fp16 (every text as it was before bfloat16), 2^-8 and 2^-133 for bf16.
     u = _power_of_two(UNIT_ROUNDOFF[workload.dtype])
     step = _power_of_two(SUBNORMAL_STEP[workload.dtype])
+    if key == "softmax":
+        return _softmax_text(workload, u, a, step)
     return {
         "reduce-sum": f"|y-ref| <= 2*{u}*|ref| + {a}*||x||_2 + 2^-14",
         "reduce-max": "exact",
-        "softmax": f"|y-ref| <= (2*{u} + {a})*|ref| + {step}",
         # (The inputs are named too: the reference cache's key holds this text, and a
         # reference of the inputs before rows of variance eps must not be reused.)
         "layernorm": f"|y-ref| <= 2*{u}*|ref| + {a}*(|x-mean|*rstd*|g|*(1+sqrt(mean(x^2)/var))"
@@ -220,6 +243,17 @@ def tolerance_text(workload: MemWorkload) -> str:
         "bias_gelu": f"|y-ref| <= 2*{u}*|ref| + {a}*(|x+bias|+1) + 2^-14",
         "silu_mul": f"|y-ref| <= 2*{u}*|ref| + 16*2^-24*(|gate|+1)*|up| + 2^-14",
     }[key]
+
+
+def _softmax_text(workload: Any, u: str, a: str, step: str) -> str:
+    """A plain softmax's text is the one it had before scale and the mask existed."""
+    if workload.scale == 1.0:
+        text = f"|y-ref| <= (2*{u} + {a})*|ref| + {step}"
+    else:
+        text = f"|y-ref| <= (2*{u} + {a} + 2*2^-24*max|z|)*|ref| + {step}, z = {workload.scale!r}*x"
+    if workload.mask_queries:
+        text += f"; causal, {workload.mask_queries} queries"
+    return text
 
 
 def _power_of_two(value: float) -> str:

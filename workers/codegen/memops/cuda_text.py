@@ -174,6 +174,8 @@ namespace pt {
 // OP: 0 reduce-sum, 1 reduce-max, 2 softmax, 3 layernorm, 4 bias_gelu, 5 rmsnorm, 6 silu_mul
 [[maybe_unused]] constexpr int OP = @OP@;
 [[maybe_unused]] constexpr bool GELU_TANH = @GELU_TANH@;
+// softmax with a causal mask (its own kernel: the cut vector's code costs registers)
+[[maybe_unused]] constexpr bool CAUSAL = @CAUSAL@;
 [[maybe_unused]] constexpr int TPR = @TPR@;            // threads per row
 [[maybe_unused]] constexpr int RPB = @RPB@;            // rows per block (horizontal packing)
 [[maybe_unused]] constexpr int SPLIT = @SPLIT@;        // blocks per row (task splitting)
@@ -209,6 +211,15 @@ namespace pt {
 [[maybe_unused]] constexpr int BCAST_OFFSET = (TPR > 32 ? WARPS : 0) * SLOT;
 [[maybe_unused]] constexpr int CACHE_OFFSET = BCAST_OFFSET + (SPLITS ? SLOT : 0);
 [[maybe_unused]] constexpr float LOWEST = -3.0e38f;  // the max of nothing (finite: no inf - inf)
+// A masked key's value: -inf, without a header (NVRTC has no __builtin_huge_valf; a host
+// compiler, the emulator's or nvcc's host pass, has no __int_as_float).
+PT_HD float neg_inf() {
+#if defined(__CUDA_ARCH__)
+  return __int_as_float(static_cast<int>(0xff800000u));
+#else
+  return -__builtin_huge_valf();
+#endif
+}
 static_assert(TPR <= 32 || TPR % 32 == 0, "a row spans whole warps or lies in one");
 static_assert(SPLIT == 1 || RPB == 1, "a split row is the block's only row");
 
@@ -296,6 +307,22 @@ PT_HD void accumulate(Stats& s, const float (&f)[VEC]) {
     s.b += static_cast<float>(VEC);
   }
 }
+
+// Softmax's input (a no-op for the other ops): z = scale·x.
+PT_HD void scale_input(float (&f)[VEC], float scale) {
+  if constexpr (OP == 2) {
+    for (int e = 0; e < VEC; ++e) f[e] *= scale;
+  }
+}
+// The vector at column `col` that the causal mask cuts (its keys after `limit`, the row's last
+// visible key, hidden): z = scale·x, a hidden key -inf, which exp makes 0 in the row's sum and
+// output and the max never takes (the running max starts at the finite LOWEST: no -inf -
+// -inf). Only that one vector a row compares columns: a compare per element in the passes'
+// unrolled loops cost 40 registers (ptxas, sm_80: 114 where the plain softmax has 72).
+PT_HD void mask_input(float (&f)[VEC], int col, int limit, float scale) {
+  for (int e = 0; e < VEC; ++e) f[e] = col + e <= limit ? f[e] * scale : neg_inf();
+}
+PT_HD int clamp_int(int v, int lo, int hi) { return v < lo ? lo : (v > hi ? hi : v); }
 
 // The final value of a reduce.
 PT_HD float reduce_result(const Stats& s) { return s.a; }
@@ -414,7 +441,7 @@ KERNEL_HEAD = r"""
 extern "C" __global__ void __launch_bounds__(@THREADS@, 1)
 @NAME@(const @ELEM@* __restrict__ x_ptr, const @ELEM@* __restrict__ p0_ptr,
        const @ELEM@* __restrict__ p1_ptr, @ELEM@* __restrict__ y_ptr, float* __restrict__ ws,
-       int rows, int cols, float eps) {
+       int rows, int cols, float eps, float scale, int queries) {
   using namespace pt;
   const unsigned short* x = reinterpret_cast<const unsigned short*>(x_ptr);
   [[maybe_unused]] const unsigned short* p0 = reinterpret_cast<const unsigned short*>(p0_ptr);
@@ -429,13 +456,16 @@ extern "C" __global__ void __launch_bounds__(@THREADS@, 1)
   // A launch with a row this kernel cannot hold fails (an error at the next
   // synchronisation) instead of writing part of each row: see row_fits.
   if (!row_fits(cols, seg)) trap();
+  // A mask's query length for the masked kernel only (a plain one would ignore it, and the
+  // masked one divide by 0), and never longer than the row (a query would see no key).
+  if (OP == 2 && (CAUSAL ? queries < 1 || queries > cols : queries != 0)) trap();
   const int groups = (rows + RPB - 1) / RPB;
   const int items = groups * SPLIT;
   // Split rows: a partial per (row, segment), then the rows' arrival and departure counters.
   [[maybe_unused]] int* arrive =
       SPLITS ? reinterpret_cast<int*>(ws + rows * SPLIT * PARTIAL_FLOATS) : nullptr;
   [[maybe_unused]] int* depart = SPLITS ? arrive + rows : nullptr;
-  (void)ws; (void)eps;
+  (void)ws; (void)eps; (void)scale;
   // Every thread runs the same item loop (uniform trip count), so the barriers and
   // shuffles below are always reached by the whole block.
   for (int item = block_index(); item < items; item += grid_size()) {
@@ -446,6 +476,14 @@ extern "C" __global__ void __launch_bounds__(@THREADS@, 1)
     const int v1 = row_ok ? (v0 + seg < nvec ? v0 + seg : nvec) : v0;  // empty past the end
     [[maybe_unused]] const int base = row_ok ? row * cols : 0;  // < 2^31 by workload validation
     const unsigned short* xr = x + (row_ok ? row * (X_ROW * cols) : 0);  // likewise
+    // Softmax's last visible key: query row % queries of its attention matrix sees the keys
+    // up to its own position counted from the last key (queries 0: no mask, every key).
+    [[maybe_unused]] const int limit = CAUSAL ? row % queries + (cols - queries) : cols - 1;
+    // The segment's vectors [v0, vfull) are wholly visible, vector vfull partly when
+    // vfull < vvis, and [vvis, v1) hidden: the passes read [v0, vfull), one lane the cut vector,
+    // and the hidden keys are written 0 without being read. Without a mask all is visible.
+    [[maybe_unused]] const int vfull = CAUSAL ? clamp_int((limit + 1) / VEC, v0, v1) : v1;
+    [[maybe_unused]] const int vvis = CAUSAL ? clamp_int((limit + VEC) / VEC, v0, v1) : v1;
 """
 
 # bias_gelu: one streaming pass, no reduction.
@@ -515,14 +553,15 @@ PASS_STATS_REGISTERS = r"""
 #pragma unroll
     for (int j = 0; j < REG_VECS; ++j) {
       const int u = v0 + lane + j * TPR;
-      if (u < v1) load_vec<VEC>(xr + u * VEC, rc[j]);
+      if (u < vfull) load_vec<VEC>(xr + u * VEC, rc[j]);
     }
 #pragma unroll
     for (int j = 0; j < REG_VECS; ++j) {
       const int u = v0 + lane + j * TPR;
-      if (u < v1) {
+      if (u < vfull) {
         float f[VEC];
         unpack(rc[j], f);
+        scale_input(f, scale);
         accumulate(st, f);
       }
     }
@@ -530,19 +569,20 @@ PASS_STATS_REGISTERS = r"""
 
 PASS_STATS_STREAMING = r"""
     Stats st = stats_empty();
-    for (int v = v0 + lane; v < v1; v += TPR * BATCH) {
+    for (int v = v0 + lane; v < vfull; v += TPR * BATCH) {
       unsigned xw[BATCH][WORDS];
 #pragma unroll
       for (int j = 0; j < BATCH; ++j) {
         const int u = v + j * TPR;
-        if (u < v1) load_vec<VEC>(xr + u * VEC, xw[j]);
+        if (u < vfull) load_vec<VEC>(xr + u * VEC, xw[j]);
       }
 #pragma unroll
       for (int j = 0; j < BATCH; ++j) {
         const int u = v + j * TPR;
-        if (u < v1) {
+        if (u < vfull) {
           float f[VEC];
           unpack(xw[j], f);
+          scale_input(f, scale);
           accumulate(st, f);
 @SMEM_STORE@
         }
@@ -626,14 +666,14 @@ OUT_REGISTERS = r"""
 #pragma unroll
       for (int j = 0; j < BATCH && c + j < REG_VECS; ++j) {
         const int u = v0 + lane + (c + j) * TPR;
-        if (u < v1) {
+        if (u < vfull) {
 @PARAM_LOAD@
         }
       }
 #pragma unroll
       for (int j = 0; j < BATCH && c + j < REG_VECS; ++j) {
         const int u = v0 + lane + (c + j) * TPR;
-        if (u < v1) {
+        if (u < vfull) {
           float f[VEC];
           opaque(rc[c + j]);  // convert again: the first pass's floats are not kept alive
           unpack(rc[c + j], f);
@@ -645,13 +685,13 @@ OUT_REGISTERS = r"""
 """
 
 OUT_STREAMING = r"""
-    for (int v = v0 + lane; v < v1; v += TPR * BATCH) {
+    for (int v = v0 + lane; v < vfull; v += TPR * BATCH) {
       unsigned xw[BATCH][WORDS];
 @PARAM_DECL@
 #pragma unroll
       for (int j = 0; j < BATCH; ++j) {
         const int u = v + j * TPR;
-        if (u < v1) {
+        if (u < vfull) {
 @RELOAD@
 @PARAM_LOAD@
         }
@@ -659,7 +699,7 @@ OUT_STREAMING = r"""
 #pragma unroll
       for (int j = 0; j < BATCH; ++j) {
         const int u = v + j * TPR;
-        if (u < v1) {
+        if (u < vfull) {
           float f[VEC];
           unpack(xw[j], f);
 @TRANSFORM@
@@ -682,10 +722,43 @@ GAMMA_LOAD = "          load_vec<VEC>(p0 + u * VEC, gw[j]);"
 
 
 # f holds x of vector u; writes y. (@G@ / @B@ name the gamma / beta words.)
-TRANSFORM_SOFTMAX = r"""        for (int e = 0; e < VEC; ++e) f[e] = expf(f[e] - fin.u) * fin.v;
+TRANSFORM_SOFTMAX = r"""        scale_input(f, scale);
+        for (int e = 0; e < VEC; ++e) f[e] = expf(f[e] - fin.u) * fin.v;
         unsigned out[WORDS];
         pack(f, out);
         store_vec<VEC>(y + base + u * VEC, out);"""
+
+# Softmax's vector that the causal mask cuts, read from x by the lane whose turn it would be
+# (wherever the row waits: a register cache could only index it dynamically, through local
+# memory), into the statistic and then the output; the hidden keys' outputs are 0.
+CUT_STATS = r"""
+    if (vfull < vvis && lane == (vfull - v0) % TPR) {
+      unsigned w[WORDS];
+      load_vec<VEC>(xr + vfull * VEC, w);
+      float f[VEC];
+      unpack(w, f);
+      mask_input(f, vfull * VEC, limit, scale);
+      accumulate(st, f);
+    }
+"""
+
+CUT_OUTPUT = r"""
+    if (vfull < vvis && lane == (vfull - v0) % TPR) {
+      unsigned w[WORDS];
+      load_vec<VEC>(xr + vfull * VEC, w);
+      float f[VEC];
+      unpack(w, f);
+      mask_input(f, vfull * VEC, limit, scale);
+      for (int e = 0; e < VEC; ++e) f[e] = expf(f[e] - fin.u) * fin.v;
+      unsigned out[WORDS];
+      pack(f, out);
+      store_vec<VEC>(y + base + vfull * VEC, out);
+    }
+    for (int u = vvis + lane; u < v1; u += TPR) {
+      const unsigned zero[WORDS] = {};
+      store_vec<VEC>(y + base + u * VEC, zero);
+    }
+"""
 
 TRANSFORM_LAYERNORM = r"""        float g[VEC], b[VEC];
 @GB_LOAD@
@@ -741,9 +814,9 @@ SECOND_REDUCE = r"""
 extern "C" __global__ void __launch_bounds__(@THREADS@, 1)
 @NAME@(const @ELEM@* __restrict__ x_ptr, const @ELEM@* __restrict__ p0_ptr,
        const @ELEM@* __restrict__ p1_ptr, @ELEM@* __restrict__ y_ptr, float* __restrict__ ws,
-       int rows, int cols, float eps) {
+       int rows, int cols, float eps, float scale, int queries) {
   using namespace pt;
-  (void)x_ptr; (void)p0_ptr; (void)p1_ptr; (void)cols; (void)eps;
+  (void)x_ptr; (void)p0_ptr; (void)p1_ptr; (void)cols; (void)eps; (void)scale; (void)queries;
   unsigned short* y = reinterpret_cast<unsigned short*>(y_ptr);
   for (int row = block_index() * THREADS + thread_index(); row < rows;
        row += grid_size() * THREADS) {

@@ -1,10 +1,12 @@
 """CUDA C++ for the memory-intensive family (AStitch's adaptive thread mapping).
 
 One kernel per (op, element type, schedule), plus, for a register-cached row, the number of
-vectors a thread keeps (a compile-time array size: the only shape dependence of the source).
-Rows, cols and eps are kernel arguments. The element type (the workload's dtype, float16 or
-bfloat16) changes only the storage type's name and the conversions (cuda_text.CONVERSIONS);
-a bfloat16 kernel's names end in ``_bf16``. Two-pass splitting adds a second entry, ``<name>_out``.
+vectors a thread keeps (a compile-time array size: the only shape dependence of the source);
+a causally masked softmax has kernels of its own. Rows, cols, eps and softmax's scale and
+mask length (queries) are kernel arguments. The element type (the workload's dtype, float16
+or bfloat16) changes only the storage type's name and the conversions
+(cuda_text.CONVERSIONS); a bfloat16 kernel's names end in ``_bf16``. Two-pass splitting adds
+a second entry, ``<name>_out``.
 
 Whether a schedule is *valid* for a workload on a GPU is the space's call
 (model/memops/space.py); this module generates any schedule of the knob domains.
@@ -31,6 +33,7 @@ from pipetune.model.memops.workloads import (
     MemWorkload,
     NormWorkload,
     Reduce,
+    Softmax,
     op_key,
 )
 from pipetune.model.space import ScheduleError
@@ -43,7 +46,11 @@ from pipetune.workers.codegen.cuda_text import (
 from pipetune.workers.codegen.memops import cuda_text as t
 from pipetune.workers.launch_plan import Buffer, KernelLaunch, LaunchPlan
 
-ARGUMENTS: tuple[str, ...] = ("x", "p0", "p1", "y", "ws", "rows", "cols", "eps")
+# The kernels' parameters, in order; eps is the norms', scale and queries softmax's (the
+# others take them and read nothing).
+ARGUMENTS: tuple[str, ...] = (
+    "x", "p0", "p1", "y", "ws", "rows", "cols", "eps", "scale", "queries"
+)  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -94,11 +101,18 @@ def variant_of(workload: MemWorkload, schedule: MemSchedule) -> tuple[str, int]:
 
 def kernel_kind(workload: MemWorkload) -> str:
     """The kind of kernel a workload needs: the op (reduce-sum, reduce-max, ...), with
-    "-tanh" for the tanh GELU (a register-cached row adds its length per schedule)."""
+    "-tanh" for the tanh GELU and "-causal" for a masked softmax (a register-cached row adds
+    its length per schedule). A softmax's scale is an argument: every scale shares a kernel."""
     key = op_key(workload)
     if isinstance(workload, BiasGelu) and workload.approximate == "tanh":
         key += "-tanh"
+    if _causal(workload):
+        key += "-causal"
     return key
+
+
+def _causal(workload: MemWorkload) -> bool:
+    return isinstance(workload, Softmax) and workload.causal
 
 
 def build_key(workload: MemWorkload, schedule: MemSchedule) -> str:
@@ -143,6 +157,7 @@ def _helpers(workload: MemWorkload, s: MemSchedule, reg_vecs: int) -> str:
         "OUTPUT_PASS": _bool(workload.has_output_pass),
         "X_ROW": workload.row_inputs,
         "GELU_TANH": _bool(isinstance(workload, BiasGelu) and workload.approximate == "tanh"),
+        "CAUSAL": _bool(_causal(workload)),
         "TPR": s.threads_per_row,
         "RPB": s.rows_per_block,
         "SPLIT": s.blocks_per_row,
@@ -175,10 +190,11 @@ def _output_pass(workload: MemWorkload, cache: int) -> str:
     beside x."""
     decl, load = _PARAMS.get(workload.op, ("", ""))
     values = {"PARAM_DECL": decl, "PARAM_LOAD": load, "TRANSFORM": _transform(workload)}
+    cut = t.CUT_OUTPUT if _causal(workload) else ""
     if cache == CACHE_REGISTERS:
-        return fill_placeholders(t.OUT_REGISTERS, values)
+        return fill_placeholders(t.OUT_REGISTERS, values) + cut
     values["RELOAD"] = t.RELOAD_SMEM if cache == CACHE_SMEM else t.RELOAD_GLOBAL
-    return fill_placeholders(t.OUT_STREAMING, values)
+    return fill_placeholders(t.OUT_STREAMING, values) + cut
 
 
 def _head(name: str, threads: int) -> str:
@@ -207,6 +223,8 @@ def _kernels(workload: MemWorkload, s: MemSchedule, name: str) -> tuple[str, tup
             text += fill_placeholders(t.SECOND_REDUCE, {"NAME": second, "THREADS": threads})
             return text, (name, second)
         return text, (name,)
+    if _causal(workload):
+        stats += t.CUT_STATS
     text = head + stats + t.NORM_JOIN + _output_pass(workload, s.row_cache) + t.NORM_DEPART
     if two_pass:
         second = f"{name}_out"
@@ -241,7 +259,7 @@ def source_parts(workload: MemWorkload, schedule: MemSchedule) -> dict[str, str]
         f"// {knobs}\n"
         f"// entries: {', '.join(entries)}; {schedule.threads} threads per block\n"
         f"// params: (const {element}* x, const {element}* p0, const {element}* p1, "
-        f"{element}* y, float* ws, int rows, int cols, float eps)\n"
+        f"{element}* y, float* ws, int rows, int cols, float eps, float scale, int queries)\n"
     )
     return {
         "header": header,
@@ -366,8 +384,15 @@ def launch_plan(
         Buffer("ws", (ws_floats,), "float32", "workspace"),
     )
     eps = float(workload.eps) if isinstance(workload, NormWorkload) else 0.0
-    scalars: dict[str, int | float] = {"rows": workload.rows, "cols": workload.cols, "eps": eps}
-    arguments = ("x", p0, p1, "y", "ws", "rows", "cols", "eps")
+    softmax = workload if isinstance(workload, Softmax) else None
+    scalars: dict[str, int | float] = {
+        "rows": workload.rows,
+        "cols": workload.cols,
+        "eps": eps,
+        "scale": float(softmax.scale) if softmax else 1.0,
+        "queries": softmax.mask_queries if softmax else 0,
+    }
+    arguments = ("x", p0, p1, "y", "ws", *ARGUMENTS[5:])
     block = (kernel.threads, 1, 1)
     cooperative = blocks_wait_for_each_other(kernel)
     launches = [
