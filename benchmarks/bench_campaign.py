@@ -43,6 +43,7 @@ from scipy.stats import spearmanr
 
 from benchmarks.campaign_data import Campaign, OperatorData, campaign
 from benchmarks.results import write_section
+from pipetune.model.family import family_of
 from pipetune.model.hardware import GPUSpec
 from pipetune.model.operators import (
     ALCOP,
@@ -462,8 +463,10 @@ def report(
 ) -> str:
     overrides = model_set or {}
     alcop = [with_model_gpu(op, overrides) for op in c.operators(list(ALCOP)) if op.name in ALCOP]
+    # (the attention suite's causal softmax beside the memops suite's plain ones)
+    mem_names = [*MEMOPS, *(n for n, w in ATTENTION.items() if family_of(w).name == "memops")]
     memops = [
-        with_model_gpu(op, overrides) for op in c.operators(list(MEMOPS)) if op.name in MEMOPS
+        with_model_gpu(op, overrides) for op in c.operators(mem_names) if op.name in mem_names
     ]
     hopper_lines = hopper_report(c, mma_sync)
     if hopper_lines and not alcop and not memops:

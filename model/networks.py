@@ -9,11 +9,15 @@ Hopper wgmma family):
 - memory-intensive (AStitch): the transformers' attention softmax, layer norms and the FC1
   bias + GELU, with the shapes of the ``memops`` benchmark suite (model/operators.py).
 
+The attention softmax is attention's: its input scaled by 1/sqrt(head dimension) and, in
+the decoders (gpt2, the LLaMA-2 networks), causally masked (a query sees the keys up to its
+own position), as fused attention computes it; a decode step's one query sees every key, and
+its softmax has no mask. BERT's padding mask is left out (it depends on the batch's lengths).
+
 Left out everywhere: embeddings (BERT's embedding layer norm with them), the output head
-(BERT's pooler, GPT-2's final layer norm ln_f and LM head), residual adds, the attention
-mask and scaling (fused into the softmax's input in practice), dropout (off at inference)
-and ResNet's pooling, batch-norm and activations. An end-to-end figure built from these
-layers covers the listed operators only.
+(BERT's pooler, GPT-2's final layer norm ln_f and LM head), residual adds, dropout (off at
+inference) and ResNet's pooling, batch-norm and activations. An end-to-end figure built
+from these layers covers the listed operators only.
 
 - bert-base: 12 post-LN encoder layers, hidden 768, 12 heads of 64, FFN 3072, at most 512
   tokens (its position embeddings; GPT-2: 1024). Per layer,
@@ -23,8 +27,8 @@ layers covers the listed operators only.
   layer norm (T×768, eps 1e-12), FC1 (T×3072×768) with its bias + erf GELU (T×3072), FC2
   (T×768×3072) and the second layer norm (T×768, eps 1e-12).
 - gpt2: GPT-2 small, 12 pre-LN decoder layers of the same shapes (ln_1, c_attn, attention,
-  c_proj, ln_2, c_fc + tanh GELU, mlp c_proj); its layer norms use eps 1e-5. The causal
-  mask does not change the shapes.
+  c_proj, ln_2, c_fc + tanh GELU, mlp c_proj); its layer norms use eps 1e-5, and its
+  softmax is causal.
 - llama2-7b: LLaMA-2 7B (HF LlamaConfig of Llama-2-7b-hf), 32 pre-norm decoder blocks,
   hidden 4096, 32 heads of 128, FFN 11008, RMS norms with eps 1e-5, at most 4096 tokens.
   Per block: an RMS norm (T×4096), the fused QKV projection (T×12288×4096, no biases),
@@ -56,6 +60,7 @@ layers covers the listed operators only.
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections import Counter
 from dataclasses import dataclass, field
 
@@ -63,6 +68,7 @@ from pipetune.model.family import family_of, parse_any_workload
 from pipetune.model.hopper.workloads import TENSOR_OP, HopperWorkload, as_hopper
 from pipetune.model.memops.workloads import (
     MemWorkload,
+    Softmax,
     bias_gelu,
     layernorm,
     rmsnorm,
@@ -186,6 +192,7 @@ def _transformer(
     eps: float,
     gelu: str,
     pre_ln: bool,
+    causal: bool,
     fuse_bias_gelu: bool = False,
 ) -> Network:
     _check_seq(seq)
@@ -198,7 +205,7 @@ def _transformer(
         # each head's B N x K (b_layout nk), not a transposed copy. V is K x N as it is.
         Layer("attn_qk", bmm(batch * heads, queries, seq, head_dim, b_layout="nk")),
         # One softmax row per (sequence, head, query) over the seq keys.
-        Layer("attn_softmax", softmax(batch * heads * queries, seq)),
+        Layer("attn_softmax", _attention_softmax(batch * heads, queries, seq, head_dim, causal)),
         Layer("attn_sv", bmm(batch * heads, queries, head_dim, seq)),
         Layer("attn_proj", gemm(tokens, hidden, hidden)),
     ]
@@ -237,6 +244,17 @@ def _transformer(
         name, batch, seq, layers, [*notes, *_decode_notes(decode, seq)], decode,
         fuse_bias_gelu=fuse_bias_gelu,
     )  # fmt: skip
+
+
+def _attention_softmax(
+    matrices: int, queries: int, seq: int, head_dim: int, causal: bool
+) -> Softmax:
+    """The softmax of `matrices` attention matrices of queries x seq scores, scaled by
+    1/sqrt(head_dim) as the models do (in the softmax's input, as fused attention does), and
+    in a decoder causal: a query sees the keys up to its own position. A decode step's one
+    query sees every cached key, so its mask hides nothing and is left out."""
+    mask = causal and queries > 1
+    return softmax(matrices * queries, seq, 1.0 / math.sqrt(head_dim), causal=mask)
 
 
 def _queries(seq: int, decode: bool) -> int:
@@ -286,7 +304,7 @@ def _llama(
         Layer("input_norm", rmsnorm(tokens, hidden, eps)),
         Layer("qkv", gemm(tokens, hidden + 2 * kv_heads * head_dim, hidden)),
         Layer("attn_qk", bmm(batch * kv_heads, group * queries, seq, head_dim, b_layout="nk")),
-        Layer("attn_softmax", softmax(batch * heads * queries, seq)),
+        Layer("attn_softmax", _attention_softmax(batch * heads, queries, seq, head_dim, True)),
         Layer("attn_sv", bmm(batch * kv_heads, group * queries, head_dim, seq)),
         Layer("attn_proj", gemm(tokens, hidden, hidden)),
         Layer("post_attention_norm", rmsnorm(tokens, hidden, eps)),
@@ -453,5 +471,6 @@ def _layers(
         eps=LAYERNORM_EPS[name],
         gelu=GELU[name],
         pre_ln=name == "gpt2",
+        causal=name in DECODERS,  # GPT-2 attends to earlier tokens only; BERT to all
         fuse_bias_gelu=fuse_bias_gelu,
     )

@@ -138,10 +138,15 @@ HOPPER_FUSED: dict[str, HopperWorkload] = {
 # GPT-2's 12 heads at 1024 tokens, on both GEMM families: beside the alcop and hopper suites'
 # BMM_GPT2_QK (the same product over a transposed copy of the keys, B K x N), what each
 # layout reaches once tuned, against cuBLAS's strided-batched GEMM on the keys as stored.
+# Then the softmax between Q·Kᵀ and S·V as GPT-2 computes it: scaled by 1/sqrt(64), causal
+# (the masked kernels read only the keys a query sees), beside the memops suite's plain
+# Softmax_GPT2_b1_s1024 of the same shape, against eager PyTorch's multiply, torch.where and
+# softmax.
 _ATTENTION = {"BMM_GPT2_QK_NK": bmm(12, 1024, 1024, 64, b_layout="nk")}
-ATTENTION: dict[str, AnyWorkload | HopperWorkload] = {
+ATTENTION: dict[str, AnyWorkload | MemWorkload | HopperWorkload] = {
     **_ATTENTION,
     **{HOPPER_PREFIX + name: as_hopper(w) for name, w in _ATTENTION.items()},
+    "Softmax_GPT2_causal_b1_s1024": softmax(12 * 1024, 1024, 0.125, causal=True),
 }
 
 SUITES: dict[str, dict[str, AnyWorkload | MemWorkload | HopperWorkload]] = {

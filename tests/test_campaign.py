@@ -286,8 +286,8 @@ def test_the_memops_selection_covers_every_op_knob_value_stratum_and_tail(gpu):
     assert sum(len(s) for _, _, s in chosen) >= 300
     assert {w.op for _, w, _ in chosen} == set(MEM_OPS)
     assert {kind_of(w) for _, w, _ in chosen} == {
-        "reduce-sum", "reduce-max", "softmax", "layernorm", "rmsnorm", "bias_gelu",
-        "bias_gelu-tanh", "silu_mul", "rmsnorm.bfloat16", "softmax.bfloat16",
+        "reduce-sum", "reduce-max", "softmax", "softmax-causal", "layernorm", "rmsnorm",
+        "bias_gelu", "bias_gelu-tanh", "silu_mul", "rmsnorm.bfloat16", "softmax.bfloat16",
     }  # fmt: skip
     fam = family("memops")
     # The float16 kinds, two cases each (bfloat16's cases check its conversions on one each).
@@ -367,20 +367,20 @@ def _checked_every(case_workloads, step):
 def test_each_family_is_held_to_the_limit_on_its_own_schedules():
     gpu = get_gpu("h100")
     gemm_cases = _checked(selection(gpu, ["tensor_gemm"]))
-    memops_cases = _checked_every(selection(gpu, ["memops"]), step=20)  # 25 of 504, spread
+    memops_cases = _checked_every(selection(gpu, ["memops"]), step=20)  # 28 of 560, spread
     doc = summarise(gemm_cases + memops_cases, {}, runner="cupy", simulated=False)
-    assert (doc["schedules"], doc["failed"]) == (1116, 25)
+    assert (doc["schedules"], doc["failed"]) == (1172, 28)
     assert doc["verdict"] == "stop"
     assert doc["families"]["memops"]["verdict"] == "stop"
     assert doc["families"]["tensor_gemm"]["verdict"] == "pass"
     assert doc["quarantined"] == {} and quarantine_note(doc) is None
-    assert stop_reason(doc).startswith("correctness: 25 of 504 schedules failed (memops)")
-    assert [m["family"] for m in doc["mismatches"]] == ["memops"] * 25
+    assert stop_reason(doc).startswith("correctness: 28 of 560 schedules failed (memops)")
+    assert [m["family"] for m in doc["mismatches"]] == ["memops"] * 28
     assert sum(doc["by_variant"]["reduce-sum"].values()) == 56
     assert doc["by_variant"]["reduce-sum"]["wrong_result"] == 2
     assert (
         len(doc["by_stages"]) == 12
-        and sum(sum(c.values()) for c in doc["by_mapping"].values()) == 504
+        and sum(sum(c.values()) for c in doc["by_mapping"].values()) == 560
     )
     assert set(doc["tails"]) == {"m", "n", "k", "rows", "segment", "lanes"}
     fine = summarise(
@@ -391,8 +391,8 @@ def test_each_family_is_held_to_the_limit_on_its_own_schedules():
 
 
 def test_failures_of_one_kind_of_kernel_quarantine_it_and_the_rest_goes_on():
-    """Six failing reduce-sum kernels of 504: the family is held to the limit without the
-    reduce-sum kernels (448 checked, none failed), so only those are left out."""
+    """Six failing reduce-sum kernels of 560: the family is held to the limit without the
+    reduce-sum kernels (504 checked, none failed), so only those are left out."""
     gpu = get_gpu("h100")
     gemm_cases = _checked(selection(gpu, ["tensor_gemm"]))
     memops_cases = _checked(selection(gpu, ["memops"]), failing=6)  # all in the first case
@@ -402,7 +402,7 @@ def test_failures_of_one_kind_of_kernel_quarantine_it_and_the_rest_goes_on():
     assert memops["quarantined"] == [
         {"knob": "variant", "value": "reduce-sum", "schedules": 56, "failed": 6}
     ]
-    assert memops["kept"] == {"schedules": 448, "failed": 0}
+    assert memops["kept"] == {"schedules": 504, "failed": 0}
     assert doc["families"]["tensor_gemm"]["quarantined"] == []
     assert quarantined_features(doc) == {"memops": [("variant", "reduce-sum")]}
     assert "memops variant=reduce-sum (6 of 56 checked failed)" in quarantine_note(doc)
@@ -472,7 +472,7 @@ def test_a_later_call_merges_a_family_into_the_document():
     # A document written before the families were kept apart checked the GEMMs only.
     old = {k: v for k, v in gemm.items() if k != "families"}
     assert checked_families(old) == ["tensor_gemm"]
-    assert merge(old, memops)["schedules"] == 1116
+    assert merge(old, memops)["schedules"] == 1172
 
 
 # --- baselines -------------------------------------------------------------------------

@@ -243,8 +243,8 @@ MIXED = ["--runner", "simulated", "--operators", "MM_RN50_FC,Softmax_BERT_b1_s12
 @pytest.fixture(scope="module")
 def memops_stopped(tmp_path_factory):
     """A simulated campaign over a GEMM and a softmax whose correctness phase meets 7 wrong
-    memory-intensive kernels spread over their cases: 7 of 1116 schedules in all (0.6%), but
-    7 of the 504 memops ones (1.4%)."""
+    memory-intensive kernels spread over their cases: 8 of 1172 schedules in all (0.7%), but
+    8 of the 560 memops ones (1.4%)."""
     folder = tmp_path_factory.mktemp("memops-stopped")
     args = ["--out-dir", str(folder / "out"), *MIXED]
     wrong = _every(selection(get_gpu("h100"), ["memops"]), 64)
@@ -255,9 +255,9 @@ def test_a_family_s_failures_stop_the_campaign_though_all_families_pass(memops_s
     folder, result = memops_stopped
     assert result.exit_code == 1, result.output
     last = result.stderr.strip().splitlines()[-1]
-    assert "correctness: 7 of 504 schedules failed (memops)" in last
+    assert "correctness: 8 of 560 schedules failed (memops)" in last
     correctness = json.loads((folder / "out" / "correctness.json").read_text())
-    assert (correctness["schedules"], correctness["failed"]) == (1116, 7)
+    assert (correctness["schedules"], correctness["failed"]) == (1172, 8)
     assert correctness["verdict"] == "stop"
     assert {m["family"] for m in correctness["mismatches"]} == {"memops"}
     assert correctness["families"]["tensor_gemm"]["verdict"] == "pass"
@@ -296,10 +296,10 @@ def test_a_memops_operator_goes_through_every_phase(continued):
     assert summary["state"] == "complete" and summary["sweeps"]["done"] == ["Softmax_BERT_b1_s128"]
     correctness = json.loads((out / "correctness.json").read_text())
     assert list(correctness["families"]) == ["memops"] and correctness["verdict"] == "pass"
-    assert correctness["schedules"] == 504 and correctness["by_stages"] == {}
+    assert correctness["schedules"] == 560 and correctness["by_stages"] == {}
     assert set(correctness["by_variant"]) == {
-        "reduce-sum", "reduce-max", "softmax", "layernorm", "rmsnorm", "bias_gelu",
-        "bias_gelu-tanh", "silu_mul", "rmsnorm.bfloat16", "softmax.bfloat16",
+        "reduce-sum", "reduce-max", "softmax", "softmax-causal", "layernorm", "rmsnorm",
+        "bias_gelu", "bias_gelu-tanh", "silu_mul", "rmsnorm.bfloat16", "softmax.bfloat16",
     }  # fmt: skip
     counts = {kind: sum(c.values()) for kind, c in correctness["by_variant"].items()}
     assert all(n == (28 if kind.endswith(".bfloat16") else 56) for kind, n in counts.items())
@@ -330,7 +330,7 @@ def test_a_later_call_checks_the_family_an_earlier_one_did_not(continued):
     assert phases["correctness"]["schedules"] == 612
     correctness = json.loads((out / "correctness.json").read_text())
     assert list(correctness["families"]) == ["memops", "tensor_gemm"]
-    assert correctness["schedules"] == 1116 and len(correctness["by_stages"]) == 12
+    assert correctness["schedules"] == 1172 and len(correctness["by_stages"]) == 12
     assert correctness["added_later"][0]["families"] == ["tensor_gemm"]
     baselines = json.loads((out / "baselines.json").read_text())["operators"]
     assert {n: b["unit"] for n, b in baselines.items()} == {

@@ -270,19 +270,48 @@ def test_the_hopper_fused_suite_is_swept_and_reported_beside_the_hopper_suite(
 
 
 def test_the_attention_suite_plans_q_k_over_keys_as_stored_on_both_families_in_one_call():
-    """GPT-2's Q·Kᵀ with each B N x K (bmm_nk) on the mma.sync and the wgmma family: one call
-    of the kit's minutes on a Hopper GPU; refused on an A100, whose wgmma half cannot run."""
+    """GPT-2's Q·Kᵀ with each B N x K (bmm_nk) on the mma.sync and the wgmma family, and its
+    scaled causal softmax: one call of the kit's minutes on a Hopper GPU; refused on an A100,
+    whose wgmma half cannot run."""
     from pipetune.model.operators import ATTENTION
     from pipetune.workers.campaign.kit import ATTENTION_MINUTES
 
-    assert {w.op for w in ATTENTION.values()} == {"bmm", "hopper_bmm"}
-    assert {w.b_layout for w in ATTENTION.values()} == {"nk"}
+    assert {w.op for w in ATTENTION.values()} == {"bmm", "hopper_bmm", "softmax"}
+    assert {w.b_layout for w in ATTENTION.values() if w.op != "softmax"} == {"nk"}
+    (causal,) = [w for w in ATTENTION.values() if w.op == "softmax"]
+    assert causal.causal and causal.mask_queries == 1024 and causal.scale == 0.125
     args = ["plan", "--operators", "attention", "--gpu", "h100", "--json"]
     result = cli.invoke(campaign_app, [*args, "--minutes", str(ATTENTION_MINUTES)])
     assert result.exit_code == 0, result.output
     document = json.loads(result.stdout)
     rows = {r["operator"]: r for r in document["operators"]}
     assert set(rows) == set(ATTENTION) and document["fits"]
-    assert {rows[name]["family"] for name in ATTENTION} == {"tensor_gemm", "hopper_gemm"}
+    assert {rows[name]["family"] for name in ATTENTION} == {"tensor_gemm", "hopper_gemm", "memops"}
     refused = cli.invoke(campaign_app, ["plan", "--operators", "attention", "--gpu", "a100"])
     assert refused.exit_code == 2 and "WG_BMM_GPT2_QK_NK" in refused.stderr
+
+
+def test_the_attention_suite_s_causal_softmax_is_reported_beside_the_plain_ones(
+    tmp_path, monkeypatch
+):
+    """The attention suite's masked softmax (simulated here) is swept with a baseline and
+    lands in the report's memory-intensive table, where the memops suite's operators are
+    (the GPU's baseline, eager PyTorch, is tests/test_campaign_gpu_side.py's)."""
+    from benchmarks import bench_campaign
+    from benchmarks.campaign_data import campaign
+    from pipetune.workers.campaign.unpack import unpack
+
+    monkeypatch.setenv("PIPETUNE_CACHE_DIR", str(tmp_path / "cubins"))
+    monkeypatch.setenv("PIPETUNE_REFERENCE_CACHE", str(tmp_path / "references"))
+    monkeypatch.setenv("PIPETUNE_SIMULATED_TIME_SCALE", "0")
+    archive = tmp_path / "c.tar.gz"
+    args = ["--out-dir", str(tmp_path / "out"), "--pack", str(archive), "--runner", "simulated"]
+    result = cli.invoke(campaign_app, [*args, "--operators", "Softmax_GPT2_causal_b1_s1024"])
+    assert result.exit_code == 0, result.output
+    baselines = json.loads((tmp_path / "out" / "baselines.json").read_text())["operators"]
+    assert baselines["Softmax_GPT2_causal_b1_s1024"]["simulated"]
+    unpack(archive, tmp_path / "data", tmp_path / "profiles", allow_simulated=True)
+    body = bench_campaign.report(campaign("h100", tmp_path / "data"))
+    rows = [line for line in body.splitlines() if "Softmax_GPT2_causal_b1_s1024" in line]
+    # In the memory-intensive table (its row, then the model's row of the same operator).
+    assert rows[0].startswith("| Softmax_GPT2_causal_b1_s1024 | 12288x1024 | ") and len(rows) == 2

@@ -21,7 +21,14 @@ from pipetune.clients.tune_model import (
 from pipetune.model.family import family, family_of
 from pipetune.model.hardware import get_gpu
 from pipetune.model.memops.analytical import one_row_per_block
-from pipetune.model.memops.workloads import BiasGelu, LayerNorm, RMSNorm, Softmax, layernorm
+from pipetune.model.memops.workloads import (
+    BiasGelu,
+    LayerNorm,
+    RMSNorm,
+    Softmax,
+    layernorm,
+    softmax,
+)
 from pipetune.model.networks import network
 from pipetune.model.operators import MEMOPS
 from pipetune.model.space import Schedule
@@ -83,7 +90,7 @@ def test_llama2_7b_lists_its_rms_norms_gemms_and_attention():
         "rmsnorm 512x4096 eps=1e-05": 64,  # both norms of a block are one shape
         "gemm 512x12288x4096": 32,
         "bmm 32x512x512x128 nk": 32,
-        "softmax 16384x512": 32,
+        "softmax 16384x512 scale=0.0883883 causal": 32,  # 1/sqrt(128), a decoder's mask
         "bmm 32x512x128x512": 32,
         "gemm 512x4096x4096": 32,
         "gemm 512x22016x4096": 32,
@@ -112,7 +119,8 @@ def test_llama2_70b_folds_each_key_value_head_s_query_heads_into_one_bmm():
         f"rmsnorm {tokens}x8192 eps=1e-05": 160,
         f"gemm {tokens}x10240x8192": 80,  # Q 8192 + K and V of 8 heads of 128
         "bmm 16x2048x256x128 nk": 80,  # b = batch x 8 KV heads, M = 8 query heads x seq
-        "softmax 32768x256": 80,  # one row per (sequence, query head, query): 2 x 64 x 256
+        # one row per (sequence, query head, query): 2 x 64 x 256
+        "softmax 32768x256 scale=0.0883883 causal": 80,
         "bmm 16x2048x128x256": 80,
         f"gemm {tokens}x8192x8192": 80,
         f"gemm {tokens}x57344x8192": 80,
@@ -134,7 +142,7 @@ def test_a_decode_step_is_one_token_per_sequence_against_the_cached_context():
         "rmsnorm 16x4096 eps=1e-05": 64,
         "gemm 16x12288x4096": 32,  # the batch's 16 new tokens
         "bmm 512x1x4096x128 nk": 32,  # one query row per (sequence, head), 4096 cached keys
-        "softmax 512x4096": 32,
+        "softmax 512x4096 scale=0.0883883": 32,  # one query sees every key: no mask
         "bmm 512x1x128x4096": 32,
         "gemm 16x4096x4096": 32,
         "gemm 16x22016x4096": 32,
@@ -145,7 +153,8 @@ def test_a_decode_step_is_one_token_per_sequence_against_the_cached_context():
     # Grouped-query attention: a key/value head's query heads are its BMM's rows, M = group.
     gqa = {s.layers: s.workload.label() for s in network("llama2-70b", 2, 1024, True).distinct()}
     assert gqa[("attn_qk",)] == "bmm 16x8x1024x128 nk" and gqa[("attn_sv",)] == "bmm 16x8x128x1024"
-    assert gqa[("attn_softmax",)] == "softmax 128x1024"  # 2 sequences x 64 query heads
+    # 2 sequences x 64 query heads
+    assert gqa[("attn_softmax",)] == "softmax 128x1024 scale=0.0883883"
     gpt2 = {s.layers: s.workload.label() for s in network("gpt2", 4, 512, True).distinct()}
     assert gpt2[("qkv",)] == "gemm 4x2304x768" and gpt2[("attn_qk",)] == "bmm 48x1x512x64 nk"
     # The whole sequence at once (prefill) is unchanged by the option's existence.
@@ -271,6 +280,9 @@ def test_transformers_list_softmax_layernorm_and_bias_gelu(
         128,
     )
     assert sm.count == 12 and sm.layers == ("attn_softmax",)
+    # attention's: scaled by 1/sqrt(64), and masked in the decoder (GPT-2) only
+    assert sm.workload.scale == 0.125 and sm.workload.causal == (name == "gpt2")
+    assert sm.workload.mask_queries == (128 if name == "gpt2" else 0)
 
     ln = memops["layernorm"]  # both norms of a block are one shape: 24 runs
     assert isinstance(ln.workload, LayerNorm)
@@ -287,11 +299,14 @@ def test_transformers_list_softmax_layernorm_and_bias_gelu(
 def test_memops_match_the_benchmark_suite_shapes():
     # The same operators as model/operators.py's memops suite (batch 8; BERT-base takes at
     # most 512 tokens, so its suite entries at 128).
+    # The suite's softmax is the plain one (its recorded sweeps keep their identity): the
+    # network's is the same shape with attention's scale, and GPT-2's causal mask.
     for name, tag, seq in (("bert-base", "BERT", 128), ("gpt2", "GPT2", 1024)):
         hashes = {s.workload.workload_hash for s in network(name, 8, seq).distinct("memops")}
-        suite = {MEMOPS[f"{op}_{tag}_b8_s{seq}"].workload_hash
-                 for op in ("Softmax", "LayerNorm", "BiasGELU")}  # fmt: skip
-        assert hashes == suite
+        plain = MEMOPS[f"Softmax_{tag}_b8_s{seq}"]
+        attention = softmax(plain.rows, plain.cols, 0.125, causal=name == "gpt2")
+        suite = {MEMOPS[f"{op}_{tag}_b8_s{seq}"].workload_hash for op in ("LayerNorm", "BiasGELU")}
+        assert hashes == suite | {attention.workload_hash}
 
 
 def test_resnet50_stays_tensor_core_only():

@@ -216,3 +216,22 @@ def test_a_json_document_into_a_closed_pipe_ends_without_a_word():
         os.close(write_end)
     assert proc.returncode == 1
     assert proc.stderr == ""
+
+
+def test_rank_takes_attention_s_softmax_and_refuses_a_mask_it_cannot_have():
+    base = ["model", "rank", "softmax", "--rows", "12288", "--cols", "1024", "--gpu", "h100"]
+    result = runner.invoke(app, [*base, "--scale", "0.125", "--causal", "--queries", "8", "--json"])
+    assert result.exit_code == 0, result.output
+    doc = json.loads(result.stdout)
+    assert doc["workload"] == {"op": "softmax", "rows": 12288, "cols": 1024, "dtype": "float16",
+                               "scale": 0.125, "causal": True, "queries": 8}  # fmt: skip
+    plain = json.loads(runner.invoke(app, [*base, "--json"]).stdout)
+    # The mask hides part of each row, which the kernels do not read: less to move.
+    assert doc["schedules"][0]["predicted_us"] < plain["schedules"][0]["predicted_us"]
+    for extra, message in (
+        (["--queries", "8"], "error: queries: is the causal mask's query length: set causal too"),
+        (["--causal", "--queries", "5"], "error: queries: must divide rows (12288), got 5"),
+        (["--scale", "0"], "error: scale: Input should be greater than 0 (got 0.0)"),
+    ):
+        bad = runner.invoke(app, [*base, *extra])
+        assert bad.exit_code == 2 and bad.stderr.startswith(message), bad.output

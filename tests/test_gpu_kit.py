@@ -61,6 +61,7 @@ MEMOPS_KINDS = {
     "reduce-sum",
     "reduce-max",
     "softmax",
+    "softmax-causal",
     "layernorm",
     "rmsnorm",
     "bias_gelu",

@@ -848,3 +848,17 @@ def test_a_memops_output_is_allocated_by_the_callers_library(launches, monkeypat
 def test_a_memops_repr_counts_its_launches():
     assert "then 1 more launch" in repr(pipetune.kernel(SOFTMAX, "h100", schedule=TWO_PASS))
     assert "more launch" not in repr(pipetune.kernel(SOFTMAX, "h100", schedule=ROW))
+
+
+def test_an_attention_softmax_kernel_takes_its_scale_and_mask_as_arguments():
+    """A masked softmax is a kernel of its own; its scale and query length are arguments of
+    the launch (so one cubin serves every scale), and a plain softmax passes no mask."""
+    attention = pipetune.kernel(softmax(512, 1024, 0.125, causal=True, queries=8), "h100",
+                                schedule=ROW)  # fmt: skip
+    assert attention.name == "pipetune_mem_softmax_causal_m_128_1_1_8_0_0_0"
+    assert attention.launch.scalars["scale"] == 0.125 and attention.launch.scalars["queries"] == 8
+    plain = pipetune.kernel(SOFTMAX, "h100", schedule=ROW)
+    assert plain.name == "pipetune_mem_softmax_m_128_1_1_8_0_0_0"
+    assert plain.launch.scalars["scale"] == 1.0 and plain.launch.scalars["queries"] == 0
+    scaled = pipetune.kernel(softmax(512, 1024, 0.5), "h100", schedule=ROW)
+    assert scaled.name == plain.name and scaled.launch.scalars["scale"] == 0.5

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 
@@ -128,3 +129,41 @@ def test_cli_exits_2_with_one_line_naming_the_field():
 
 def test_the_smallest_eps_float32_holds_is_accepted():
     assert layernorm(8, 8, 2.0**-126).eps == 2.0**-126
+
+
+def test_attention_s_softmax_scales_masks_and_keeps_the_plain_one_s_identity():
+    plain = softmax(8, 16)
+    # The hash every recorded softmax has (computed before scale and causal existed).
+    assert plain.workload_hash == "13751882da5f8600" and plain.canonical() == {
+        "op": "softmax", "rows": 8, "cols": 16, "dtype": "float16"}  # fmt: skip
+    assert softmax(8, 16, scale=1.0, causal=False).workload_hash == plain.workload_hash
+    square = softmax(32, 16, 0.125, causal=True)
+    # The default query length is written out: two spellings, one workload.
+    assert square == softmax(32, 16, 0.125, causal=True, queries=16) and square.queries == 16
+    assert square.canonical() == {"op": "softmax", "rows": 32, "cols": 16, "dtype": "float16",
+                                  "scale": 0.125, "causal": True, "queries": 16}  # fmt: skip
+    assert square.label() == "softmax 32x16 scale=0.125 causal"
+    assert softmax(32, 16, causal=True, queries=4).label() == "softmax 32x16 causal q=4"
+    # What the kernels read: query i of L sees 16 - L + 1 + i keys.
+    assert square.read_fraction == sum(range(1, 17)) / (16 * 16)
+    assert square.input_bytes == 2 * 2 * sum(range(1, 17)) and square.output_bytes == 2 * 32 * 16
+    assert softmax(4, 16, causal=True, queries=1).read_fraction == 1.0
+    assert plain.read_fraction == 1.0 and plain.mask_queries == 0
+
+
+@pytest.mark.parametrize(
+    ("fields", "field", "reason"),
+    [
+        ({"queries": 4}, "queries", "set causal too"),
+        ({"causal": True, "queries": 32}, "queries", "at most cols (16)"),
+        ({"causal": True, "queries": 5}, "queries", "must divide rows (12)"),
+        ({"causal": True, "queries": 0}, "queries", "greater than or equal to 1"),
+        ({"scale": 0.0}, "scale", "greater than 0"),
+        ({"scale": float("nan")}, "scale", "finite number"),
+        ({"causal": 1}, "causal", "valid boolean"),
+    ],
+)
+def test_a_mask_or_scale_a_softmax_cannot_have_is_refused_naming_the_field(fields, field, reason):
+    with pytest.raises(WorkloadError, match=re.escape(reason)) as caught:
+        parse_mem_workload({"op": "softmax", "rows": 12, "cols": 16, **fields})
+    assert caught.value.field == field

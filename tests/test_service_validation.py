@@ -26,6 +26,7 @@ from pipetune.service.orm import Base
 pytest_plugins = ["service_fixtures"]
 JSON_WORKER = {**WORKER_HEADERS, "Content-Type": "application/json"}
 
+SOFTMAX = {"op": "softmax", "rows": 64, "cols": 64}
 BAD_WORKLOADS = [
     ({"op": "transpose", "m": 64}, "op", "unknown operator"),
     ({"m": 64, "n": 64, "k": 64}, "op", "missing"),
@@ -55,6 +56,14 @@ BAD_WORKLOADS = [
         "B has 2147483648 elements (b=1, k=131072, n=16384), over the 2^31-1 limit",
     ),
     ({**GEMM, "m": 2**21, "k": 2048}, "m", "A has 4294967296 elements"),
+    # Attention's softmax: a mask's query length without the mask, or one the rows or keys
+    # cannot hold; a scale that is not a positive number.
+    ({**SOFTMAX, "queries": 8}, "queries", "set causal too"),
+    ({**SOFTMAX, "causal": True, "queries": 5}, "queries", "must divide rows (64)"),
+    ({**SOFTMAX, "rows": 128, "causal": True, "queries": 128}, "queries", "at most cols (64)"),
+    ({**SOFTMAX, "causal": "yes"}, "causal", "valid boolean"),
+    ({**SOFTMAX, "scale": 0}, "scale", "greater than 0 (got 0)"),
+    ({**SOFTMAX, "scale": "0.125"}, "scale", "valid number"),
 ]
 
 
@@ -85,6 +94,27 @@ def test_bad_workloads_name_the_field(client, workload, field, reason):
     ):
         _assert_422(client.post(path, json=body), field, reason)
     assert set(_row_counts(client).values()) == {0}
+
+
+def test_an_attention_softmax_is_a_task_of_its_own_and_a_plain_one_keeps_its_identity(client):
+    """The mask's query length defaults to cols and is written out, so both spellings are one
+    task; a plain softmax given its defaults is the task it was before the fields existed."""
+    plain = client.post("/v1/tasks", json={"workload": SOFTMAX, "gpu": "h100", "budget": 4})
+    spelled = {**SOFTMAX, "scale": 1.0, "causal": False, "queries": None}
+    again = client.post("/v1/tasks", json={"workload": spelled, "gpu": "h100", "budget": 4})
+    assert plain.status_code == again.status_code == 201, again.text
+    assert plain.json()["workload"] == again.json()["workload"] == {**SOFTMAX, "dtype": "float16"}
+    causal = {**SOFTMAX, "scale": 0.125, "causal": True}
+    square = {**causal, "queries": 64}
+    first = client.post("/v1/tasks", json={"workload": causal, "gpu": "h100", "budget": 4})
+    second = client.post("/v1/tasks", json={"workload": square, "gpu": "h100", "budget": 4})
+    assert first.status_code == second.status_code == 201, second.text
+    assert first.json()["workload"] == second.json()["workload"] == {**square, "dtype": "float16"}
+    assert first.json()["label"] == "softmax 64x64 scale=0.125 causal"
+    # The schedule answer (the model's pick, nothing measured yet) is the masked workload's.
+    found = client.post("/v1/schedules", json={"workload": causal, "gpu": "h100"})
+    assert found.status_code == 200, found.text
+    assert found.json()["workload"] == {**square, "dtype": "float16"}
 
 
 def test_misaligned_k_points_at_k(client):

@@ -73,8 +73,8 @@ _OPERATORS_HELP = (
     f"suites ({', '.join(SUITES)}) and operators, comma-separated (alcop,MM_RN50_FC); "
     "default: the ALCOP suite, then the memops suite (hopper: the ALCOP GEMMs and BMMs on "
     "the Hopper wgmma family, hopper_fused: the swiglu and bias_gelu suites' fused GEMMs "
-    "on it, and attention: Q·Kᵀ over keys stored N x K on both GEMM families; H100 and "
-    "H200 only)"
+    "on it, and attention: Q·Kᵀ over keys stored N x K on both GEMM families and the causal "
+    "softmax; H100 and H200 only)"
 )
 
 

@@ -7,7 +7,10 @@ match the kernel families' workload types (every family's operators, model/famil
 
 from __future__ import annotations
 
+import functools
 import inspect
+import operator
+import types
 import typing
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -21,8 +24,19 @@ from pipetune.model.family import op_families
 _KW = inspect.Parameter.KEYWORD_ONLY
 
 
-def _cli_type(annotation: Any) -> type:
-    return str if typing.get_origin(annotation) is typing.Literal else annotation
+def _cli_type(annotation: Any) -> Any:
+    """The type typer parses an option as: a Literal's values as text (the workload refuses
+    the others, naming them), and an optional field's type without its pydantic metadata
+    (typer does not look inside `Annotated[int, ...] | None`: softmax's `--queries 5`
+    arrived as the text "5", which the strict integer refused)."""
+    origin = typing.get_origin(annotation)
+    if origin is typing.Literal:
+        return str
+    if origin is typing.Annotated:
+        return _cli_type(typing.get_args(annotation)[0])
+    if origin in (types.UnionType, typing.Union):
+        return functools.reduce(operator.or_, map(_cli_type, typing.get_args(annotation)))
+    return annotation
 
 
 def _summary(model_cls: type, op: str) -> str:

@@ -196,14 +196,30 @@ class Softmax(_RowWorkload):
     causal: bool = Field(
         default=False,
         strict=True,
-        description="mask each query's later keys: x[r, c] is left out (y = 0) for c > r mod "
-        "queries + cols - queries (bottom-right aligned, as a KV-cache decode needs)",
+        description="mask each query's later keys: column c of row r is left out (y = 0) when "
+        "c > r mod queries + cols - queries (aligned to the last key, as a KV-cache decode "
+        "needs)",
     )
     queries: Annotated[int, PLAIN_INTEGER, Field(strict=True, ge=1)] | None = Field(
         default=None,
         description="rows of one attention matrix, the query length (causal only; default "
         "cols, a square mask)",
     )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _square_by_default(cls, data: Any) -> Any:
+        # A causal mask's query length written out when left to its default (cols), so the two
+        # spellings of one workload are one value: equal, of one document and hash (a sweep's
+        # dataset, written out, was refused as "a dataset of" the operator it is).
+        if (
+            isinstance(data, dict)
+            and data.get("causal") is True
+            and data.get("queries") is None
+            and isinstance(data.get("cols"), int)
+        ):
+            return {**data, "queries": data["cols"]}
+        return data
 
     @model_validator(mode="after")
     def _check_mask(self) -> Softmax:
@@ -239,19 +255,15 @@ class Softmax(_RowWorkload):
     def mask_queries(self) -> int:
         """The causal mask's query length (rows of one attention matrix), 0 without a mask:
         the kernels' ``queries`` argument."""
-        if not self.causal:
-            return 0
-        return self.cols if self.queries is None else self.queries
+        return self.queries if self.causal and self.queries is not None else 0
 
     def canonical(self) -> dict[str, Any]:
         data = super().canonical()
         # A plain softmax's document (so its hash) is the one written before the fields
-        # existed; a causal one names its query length whichever way it was given.
+        # existed.
         if self.scale == 1.0:
             del data["scale"]
-        if self.causal:
-            data["queries"] = self.mask_queries
-        else:
+        if not self.causal:
             del data["causal"], data["queries"]
         return data
 

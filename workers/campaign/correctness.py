@@ -16,10 +16,10 @@ every knob value and the tails:
 - memory-intensive ops: ``PER_MEMOPS_CASE`` schedules of each of ``MEMOPS_CASES`` (>= 300
   in all): a cover of every knob value the case's space holds (workers.codegen.memops'
   covering sample), one member of each mapping stratum it missed, then random others.
-  Every kind of kernel (reduce sum and max, softmax, layernorm, bias + GELU in its erf and
-  tanh forms) on two shapes: many rows that leave tails everywhere, and long rows that
-  split over up to 128 blocks; together they reach every knob value and mapping stratum
-  the op's spaces allow. Checked against the fp32 reference of
+  Every kind of kernel (reduce sum and max, softmax plain and causal, layernorm, bias + GELU
+  in its erf and tanh forms) on two shapes: many rows that leave tails everywhere, and long
+  rows that split over up to 128 blocks; together they reach every knob value and mapping
+  stratum the op's spaces allow. Checked against the fp32 reference of
   workers.runners.memops_reference with its per-op tolerance (each case's reference
   gives the formula). The counts are per op and per mapping stratum (one row per block,
   packed rows, split rows joined by a second kernel or fused; where a row is kept).
@@ -131,6 +131,14 @@ MEMOPS_CASES: tuple[tuple[str, Any], ...] = (
     ("reduce-max, long rows (split)", reduce(37, 4200, "max")),
     ("softmax, tails in rows, segments, lanes", softmax(997, 1032)),
     ("softmax, long rows (split)", softmax(37, 4200)),
+    # Attention's softmax (its own kernels): scaled, causal over square matrices (whole
+    # vectors hidden, the cut one at every offset), and 3 queries against 4200 keys (long
+    # rows, split: only the last segment cut).
+    ("softmax causal, scaled, tails in segments, lanes", softmax(2064, 1032, 0.125, causal=True)),
+    (
+        "softmax causal q=3, scaled, long rows (split)",
+        softmax(36, 4200, 1 / 128**0.5, causal=True, queries=3),
+    ),
     ("layernorm, tails in rows, segments, lanes", layernorm(997, 1032, 1e-5)),
     ("layernorm eps=1e-12, long rows (split)", layernorm(37, 4200, 1e-12)),
     ("rmsnorm, tails in rows, segments, lanes", rmsnorm(997, 1032, 1e-5)),

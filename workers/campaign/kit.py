@@ -515,13 +515,16 @@ def campaign_state(folder: Path) -> str | None:
     return None if summary is None else str(summary.get("state"))
 
 
-ATTENTION_MINUTES = 4  # `pipetune campaign plan --operators attention --gpu h100`: one call, 130 s
+# `pipetune campaign plan --operators attention --gpu h100`: one call, ends 150 s of 240
+ATTENTION_MINUTES = 4
 
 
 def attention_device_command(runner: str = "cupy") -> str:
-    """The ``attention`` suite (GPT-2's Q·Kᵀ over keys stored N x K, on both GEMM families) in
-    one call: correctness (the bmm_nk kernels among each family's cases), cuBLAS's
-    strided-batched baseline on the keys as stored and both sweeps (README, GPU work)."""
+    """The ``attention`` suite (GPT-2's Q·Kᵀ over keys stored N x K, on both GEMM families,
+    and its scaled causal softmax) in one call: correctness (the bmm_nk kernels among each
+    GEMM family's cases, the causal softmax among the memops family's), cuBLAS's
+    strided-batched baseline on the keys as stored, eager PyTorch's for the softmax, and the
+    sweeps (README, GPU work)."""
     return one_call_command(
         "attention", ".campaign-at", ATTENTION_MINUTES, "campaign-attention", runner
     )
@@ -628,7 +631,8 @@ def open_calls(gpu: str, data: Path = DATA_DIR, profiles: Path = PROFILE_DIR) ->
     if attention_unmeasured(folder, hopper):
         calls.append(
             DeviceCall(
-                "the attention suite: Q·Kᵀ over keys stored N x K, on both GEMM families",
+                "the attention suite: Q·Kᵀ over keys stored N x K, on both GEMM families, "
+                "and the causal softmax",
                 300,
                 attention_device_command(),
             )

@@ -69,6 +69,7 @@ COMPILE_S_PER_KERNEL: dict[str, float] = {
     "conv2d": 0.407,
     "conv3d": 0.433,
     "softmax": 0.102,
+    "softmax-causal": 0.102,  # (softmax's passes and one masked vector: taken as softmax)
     "layernorm": 0.134,
     # rmsnorm and silu_mul: measured beside layernorm and bias_gelu on 2026-12-05 and scaled
     # to those two's figures here (RESULTS.md, "NVRTC compile time per kernel")
@@ -95,8 +96,9 @@ class GpuSideCosts:
     # the 72 fused GEMM + SwiGLU kernels add ~1.5 s of compile on 14 threads, the 72
     # bfloat16 kernels about as much, and the 108 GEMM + bias + GELU kernels ~2 s: 25 s)
     correctness: float = 25.0
-    # memops: 504 kernels (~0.1 CPU s each: 3.6 s on 14 threads), 18 small references
-    # (997 x 1032, 37 x 4200), 504 verification launches of microseconds
+    # memops: 560 kernels (~0.1 CPU s each: 4 s on 14 threads), 20 small references
+    # (997 x 1032, 37 x 4200, the causal softmax's 2064 x 1032 and 36 x 4200), 560
+    # verification launches of microseconds
     correctness_memops: float = 10.0
     profile: float = 20.0  # pipetune calibrate's microbenchmarks
     baseline_per_operator: float = 1.5  # inputs, cuDNN's algorithm search, 12 launches
