@@ -413,8 +413,10 @@ def test_every_familys_launch_json_is_the_cupy_runners_plan(tuned_mixed: str, tm
         operands = [op["name"] for op in launch["operands"]]
         if workload.op == "softmax":
             assert operands == ["x", "y"] and launch["workspace"] == ["ws"]
-            assert launch["arguments"] == ["x", "x", "x", "y", "ws", "rows", "cols", "eps"]
-            assert launch["scalars"] == {"rows": 4096, "cols": 1024, "eps": 0.0}
+            assert launch["arguments"] == ["x", "x", "x", "y", "ws", "rows", "cols", "eps",
+                                           "scale", "queries"]  # fmt: skip
+            assert launch["scalars"] == {"rows": 4096, "cols": 1024, "eps": 0.0, "scale": 1.0,
+                                         "queries": 0}  # fmt: skip
             assert any("ws: a workspace of" in note for note in launch["notes"])
         else:
             assert operands == ["A", "B", "C"] and launch["workspace"] == []

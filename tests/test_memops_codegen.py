@@ -59,9 +59,13 @@ def test_launch_plan_of_a_fused_split_layernorm():
     assert launch.block == (64, 1, 1)
     # two warp slots, the broadcast slot, the row cache (a segment: 64 vectors of 8 halves)
     assert launch.smem_bytes == 2 * 16 + 16 + 64 * 8 * 2
-    assert launch.arguments == ("x", "gamma", "beta", "y", "ws", "rows", "cols", "eps")
-    assert launch.scalars == {"rows": 100, "cols": 4096, "eps": 1e-12}
-    assert [kind for _, kind in launch.parameters()][-3:] == ["int32", "int32", "float32"]
+    assert launch.arguments == (
+        "x", "gamma", "beta", "y", "ws", "rows", "cols", "eps", "scale", "queries"
+    )  # fmt: skip
+    # (softmax's scale and mask length: a layer norm passes the plain softmax's, unread)
+    assert launch.scalars == {"rows": 100, "cols": 4096, "eps": 1e-12, "scale": 1.0, "queries": 0}
+    parameters = [kind for _, kind in launch.parameters()][-5:]
+    assert parameters == ["int32", "int32", "float32", "float32", "int32"]
     assert plan.as_dict()["launches"][0]["kernel"] == k.name
     with pytest.raises(ValueError, match="one wave"):
         launch_plan(k, w, sm_count=1, blocks_per_sm=4)
@@ -139,3 +143,12 @@ def test_shape_notes_state_the_bounds_the_kernel_checks(workload, h100):
             assert workspace_bytes(s.knob_arrays(), more)[()] == 3 * workload.rows * per_row
             seen.add("ws")
     assert {"registers", "smem"} <= seen
+
+
+def test_a_causal_kernel_s_notes_say_its_mask_is_an_argument(h100):
+    causal = softmax(64, 1024, 0.125, causal=True, queries=8)
+    schedule = MemSpace.enumerate(causal, h100)[0]
+    notes = " ".join(shape_notes(generate(causal, schedule), causal))
+    assert "queries: the causal mask's query length" in notes and "traps on 0" in notes
+    plain = softmax(64, 1024, 0.125)
+    assert "queries" not in " ".join(shape_notes(generate(plain, schedule), plain))

@@ -329,6 +329,12 @@ def shape_notes(kernel: MemKernelSource, workload: MemWorkload) -> list[str]:
             f"{s.rows_per_block} x ceil(cols / {per_segment}) x {s.vector_width} x 2 bytes, "
             "and the kernel traps (the launch fails) when it is given less"
         )
+    if _causal(workload):
+        notes.append(
+            "queries: the causal mask's query length (rows of one attention matrix, 1 to cols; "
+            "query r mod queries sees the keys up to r mod queries + cols - queries) is an "
+            "argument, as the scale is; the kernel traps on 0 or more than cols"
+        )
     ws = _one(workspace_bytes(s.knob_arrays(), workload))
     if ws:
         notes.append(
