@@ -6,6 +6,7 @@ import re
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 
 from pipetune.model.memops.workloads import (
@@ -140,6 +141,8 @@ def test_attention_s_softmax_scales_masks_and_keeps_the_plain_one_s_identity():
     square = softmax(32, 16, 0.125, causal=True)
     # The default query length is written out: two spellings, one workload.
     assert square == softmax(32, 16, 0.125, causal=True, queries=16) and square.queries == 16
+    # NumPy's integers too (a library caller's shapes): the default was left unset for them.
+    assert softmax(np.int64(32), np.int64(16), 0.125, causal=True) == square
     assert square.canonical() == {"op": "softmax", "rows": 32, "cols": 16, "dtype": "float16",
                                   "scale": 0.125, "causal": True, "queries": 16}  # fmt: skip
     assert square.label() == "softmax 32x16 scale=0.125 causal"

@@ -11,7 +11,7 @@ and works along the last dimension, accumulating in float32:
   decoder does: with ``queries`` = L (rows of one attention matrix, default cols), row r is
   query i = r mod L and sees columns c <= i + cols − L (aligned to the last key, as
   FlashAttention's causal mask and a KV-cache decode are); a masked element counts as −inf
-  (y = 0 there). The kernels read every element either way (the same bytes).
+  (y = 0 there), and the masked kernels do not read it.
 - ``layernorm``: y[r, :] = (x[r, :] − mean) / sqrt(var + eps) · gamma + beta, with gamma
   and beta vectors of length cols and the biased variance (as PyTorch).
 - ``rmsnorm``: y[r, :] = x[r, :] / sqrt(mean(x[r, :]²) + eps) · gamma, gamma a vector
@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import numbers
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, model_validator
@@ -216,7 +217,8 @@ class Softmax(_RowWorkload):
             isinstance(data, dict)
             and data.get("causal") is True
             and data.get("queries") is None
-            and isinstance(data.get("cols"), int)
+            and isinstance(data.get("cols"), numbers.Integral)
+            and not isinstance(data.get("cols"), bool)
         ):
             return {**data, "queries": data["cols"]}
         return data
@@ -255,7 +257,9 @@ class Softmax(_RowWorkload):
     def mask_queries(self) -> int:
         """The causal mask's query length (rows of one attention matrix), 0 without a mask:
         the kernels' ``queries`` argument."""
-        return self.queries if self.causal and self.queries is not None else 0
+        if not self.causal:
+            return 0
+        return self.cols if self.queries is None else self.queries
 
     def canonical(self) -> dict[str, Any]:
         data = super().canonical()
