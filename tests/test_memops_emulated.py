@@ -586,6 +586,11 @@ def emulate(
 WORKLOADS: dict[str, list[MemWorkload]] = {
     "reduce": [reduce(37, 200), reduce(5, 1032, "max"), reduce(3, 4200), reduce(70, 16, "max")],
     "softmax": [softmax(37, 200), softmax(5, 1032), softmax(3, 4200), softmax(70, 16)],
+    # attention's (a kernel kind of its own): each row's cut at its own offset
+    "softmax-causal": [softmax(36, 200, 0.125, causal=True, queries=3),
+                       softmax(6, 1032, 0.125, causal=True, queries=3),
+                       softmax(3, 4200, 0.125, causal=True, queries=3),
+                       softmax(70, 16, 0.125, causal=True, queries=14)],
     "layernorm": [layernorm(37, 200), layernorm(5, 1032), layernorm(3, 4200), layernorm(70, 16)],
     "rmsnorm": [rmsnorm(37, 200), rmsnorm(5, 1032, 1e-6), rmsnorm(3, 4200), rmsnorm(70, 16)],
     "bias_gelu": [bias_gelu(37, 200), bias_gelu(5, 1032, "tanh"), bias_gelu(3, 4200),
