@@ -58,10 +58,29 @@ def test_the_hopper_selection_covers_every_knob_value_tile_loop_and_tail(gpu):
     assert axes == {"m", "n", "k"}
 
 
-def test_a_hopper_operator_goes_through_every_phase(tmp_path, monkeypatch):
+def _simulated(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A simulated campaign's own cubin and reference caches, and no simulated waits."""
     monkeypatch.setenv("PIPETUNE_CACHE_DIR", str(tmp_path / "cubins"))
     monkeypatch.setenv("PIPETUNE_REFERENCE_CACHE", str(tmp_path / "references"))
     monkeypatch.setenv("PIPETUNE_SIMULATED_TIME_SCALE", "0")
+
+
+def _packed_campaign(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, operators: str) -> Path:
+    """A simulated campaign of ``operators`` (its files in tmp_path/out), packed as a GPU call
+    packs it and unpacked as its archive is here: the folder it unpacked into."""
+    from pipetune.workers.campaign.unpack import unpack
+
+    _simulated(tmp_path, monkeypatch)
+    archive = tmp_path / "c.tar.gz"
+    args = ["--out-dir", str(tmp_path / "out"), "--pack", str(archive), "--runner", "simulated"]
+    result = cli.invoke(campaign_app, [*args, "--operators", operators])
+    assert result.exit_code == 0, result.output
+    unpack(archive, tmp_path / "data", tmp_path / "profiles", allow_simulated=True)
+    return tmp_path / "data"
+
+
+def test_a_hopper_operator_goes_through_every_phase(tmp_path, monkeypatch):
+    _simulated(tmp_path, monkeypatch)
     out = tmp_path / "out"
     args = ["--out-dir", str(out), "--runner", "simulated", "--operators", "WG_BMM_BERT_SV"]
     result = cli.invoke(campaign_app, args)
@@ -88,23 +107,15 @@ def test_the_report_sets_the_wgmma_family_beside_the_mma_sync_family(tmp_path, m
 
     from benchmarks import bench_campaign
     from benchmarks.campaign_data import campaign
-    from pipetune.workers.campaign.unpack import unpack
 
-    monkeypatch.setenv("PIPETUNE_CACHE_DIR", str(tmp_path / "cubins"))
-    monkeypatch.setenv("PIPETUNE_REFERENCE_CACHE", str(tmp_path / "references"))
-    monkeypatch.setenv("PIPETUNE_SIMULATED_TIME_SCALE", "0")
-    archive = tmp_path / "c.tar.gz"
-    args = ["--out-dir", str(tmp_path / "out"), "--pack", str(archive), "--runner", "simulated"]
-    result = cli.invoke(campaign_app, [*args, "--operators", "WG_MM_RN50_FC,WG_BMM_BERT_SV"])
-    assert result.exit_code == 0, result.output
-    unpack(archive, tmp_path / "hopper", tmp_path / "profiles", allow_simulated=True)
+    data = _packed_campaign(tmp_path, monkeypatch, "WG_MM_RN50_FC,WG_BMM_BERT_SV")
     committed = Path("benchmarks/data/h100")
     compare = tmp_path / "mma" / "h100"
     shutil.copytree(committed / "campaign", compare / "campaign")
     shutil.copy(committed / "MM_RN50_FC.t4.json.gz", compare)
 
     body = bench_campaign.report(
-        campaign("h100", tmp_path / "hopper"), mma_sync=campaign("h100", tmp_path / "mma")
+        campaign("h100", data), mma_sync=campaign("h100", tmp_path / "mma")
     )
     rows = {  # the wgmma table's rows (the model table's rows come after them)
         line.split(" | ")[0].lstrip("| "): line
@@ -131,9 +142,7 @@ def test_stream_k_failing_its_checks_is_quarantined_and_the_rest_is_swept(tmp_pa
     from pipetune.workers.campaign.plan import CAMPAIGN_SETTINGS
     from pipetune.workers.runners.sim_runner import SimulatedLaunchRunner
 
-    monkeypatch.setenv("PIPETUNE_CACHE_DIR", str(tmp_path / "cubins"))
-    monkeypatch.setenv("PIPETUNE_REFERENCE_CACHE", str(tmp_path / "references"))
-    monkeypatch.setenv("PIPETUNE_SIMULATED_TIME_SCALE", "0")
+    _simulated(tmp_path, monkeypatch)
     gpu = get_gpu("h100")
     stream_k = sorted(
         {x.id for _, _, s in selection(gpu, ["hopper_gemm"]) for x in s if x.tile_loop == STREAM_K}
@@ -247,22 +256,14 @@ def test_the_hopper_fused_suite_is_swept_and_reported_beside_the_hopper_suite(
     from benchmarks import bench_campaign
     from benchmarks.campaign_data import campaign
     from pipetune.model.operators import HOPPER_FUSED
-    from pipetune.workers.campaign.unpack import unpack
 
     assert {w.op for w in HOPPER_FUSED.values()} == {"hopper_gemm_swiglu", "hopper_gemm_bias_gelu"}
-    monkeypatch.setenv("PIPETUNE_CACHE_DIR", str(tmp_path / "cubins"))
-    monkeypatch.setenv("PIPETUNE_REFERENCE_CACHE", str(tmp_path / "references"))
-    monkeypatch.setenv("PIPETUNE_SIMULATED_TIME_SCALE", "0")
-    archive = tmp_path / "c.tar.gz"
-    args = ["--out-dir", str(tmp_path / "out"), "--pack", str(archive), "--runner", "simulated"]
-    result = cli.invoke(campaign_app, [*args, "--operators", "hopper_fused"])
-    assert result.exit_code == 0, result.output
+    data = _packed_campaign(tmp_path, monkeypatch, "hopper_fused")
     summary = json.loads((tmp_path / "out" / "campaign.json").read_text())
     assert summary["state"] == "complete" and set(summary["sweeps"]["done"]) == set(HOPPER_FUSED)
     baselines = json.loads((tmp_path / "out" / "baselines.json").read_text())["operators"]
     assert set(baselines) == set(HOPPER_FUSED)
-    unpack(archive, tmp_path / "hopper", tmp_path / "profiles", allow_simulated=True)
-    body = bench_campaign.report(campaign("h100", tmp_path / "hopper"), mma_sync=None)
+    body = bench_campaign.report(campaign("h100", data), mma_sync=None)
     rows = [line for line in body.splitlines() if line.startswith("| WG_")]
     assert {row.split(" | ")[0].lstrip("| ") for row in rows} >= set(HOPPER_FUSED)
     assert "hopper_gemm_swiglu 1024x11008x4096" in body
@@ -299,19 +300,11 @@ def test_the_attention_suite_s_causal_softmax_is_reported_beside_the_plain_ones(
     (the GPU's baseline, eager PyTorch, is tests/test_campaign_gpu_side.py's)."""
     from benchmarks import bench_campaign
     from benchmarks.campaign_data import campaign
-    from pipetune.workers.campaign.unpack import unpack
 
-    monkeypatch.setenv("PIPETUNE_CACHE_DIR", str(tmp_path / "cubins"))
-    monkeypatch.setenv("PIPETUNE_REFERENCE_CACHE", str(tmp_path / "references"))
-    monkeypatch.setenv("PIPETUNE_SIMULATED_TIME_SCALE", "0")
-    archive = tmp_path / "c.tar.gz"
-    args = ["--out-dir", str(tmp_path / "out"), "--pack", str(archive), "--runner", "simulated"]
-    result = cli.invoke(campaign_app, [*args, "--operators", "Softmax_GPT2_causal_b1_s1024"])
-    assert result.exit_code == 0, result.output
+    data = _packed_campaign(tmp_path, monkeypatch, "Softmax_GPT2_causal_b1_s1024")
     baselines = json.loads((tmp_path / "out" / "baselines.json").read_text())["operators"]
     assert baselines["Softmax_GPT2_causal_b1_s1024"]["simulated"]
-    unpack(archive, tmp_path / "data", tmp_path / "profiles", allow_simulated=True)
-    body = bench_campaign.report(campaign("h100", tmp_path / "data"))
+    body = bench_campaign.report(campaign("h100", data))
     rows = [line for line in body.splitlines() if "Softmax_GPT2_causal_b1_s1024" in line]
     # In the memory-intensive table (its row, then the model's row of the same operator).
     assert rows[0].startswith("| Softmax_GPT2_causal_b1_s1024 | 12288x1024 | ") and len(rows) == 2

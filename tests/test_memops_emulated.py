@@ -40,6 +40,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 from functools import cache
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -646,13 +647,17 @@ def test_cases_reach_every_knob_value_of_every_op():
         assert {s.rows_per_block for _, s in cases} >= {1, 2, 64}
 
 
+def _emulate_each(jobs: list[tuple[MemWorkload, MemSchedule]], tmp: Path) -> list[Any]:
+    """``emulate`` of each (workload, schedule), two at a time, in order (each in its own
+    folder under ``tmp``)."""
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        return list(pool.map(lambda n: emulate(*jobs[n], tmp / str(n)), range(len(jobs))))
+
+
 @pytest.mark.parametrize("op", list(WORKLOADS))
 def test_emulated_kernels_match_numpy(tmp_path, op):
     cases = stratified_cases(op)
-    with ThreadPoolExecutor(max_workers=2) as pool:
-        outcomes = list(
-            pool.map(lambda job: emulate(*job[1], tmp_path / str(job[0])), enumerate(cases))
-        )
+    outcomes = _emulate_each(cases, tmp_path)
     for (workload, schedule), (code, stderr, out, ref, tol) in zip(cases, outcomes, strict=True):
         where = f"{workload.label()} {schedule.id}"
         assert code == 0, f"{where}: {stderr}"
@@ -788,10 +793,7 @@ def test_emulated_attention_softmax_matches_numpy(tmp_path, mapping):
     schedule = ATTENTION_MAPPINGS[mapping]
     jobs = [w for w in ATTENTION_WORKLOADS if _valid(w, schedule)]
     assert ATTENTION_WORKLOADS[1] in jobs and (len(jobs) == 2 or schedule.blocks_per_row > 1)
-    with ThreadPoolExecutor(max_workers=2) as pool:
-        outcomes = list(
-            pool.map(lambda n: emulate(jobs[n], schedule, tmp_path / str(n)), range(len(jobs)))
-        )
+    outcomes = _emulate_each([(w, schedule) for w in jobs], tmp_path)
     for workload, (code, stderr, out, ref, tol) in zip(jobs, outcomes, strict=True):
         where = f"{workload.label()} {schedule.id}"
         assert code == 0, f"{where}: {stderr}"
@@ -821,15 +823,15 @@ def test_an_attention_softmax_is_a_plain_one_of_scaled_masked_inputs(tmp_path):
     np.testing.assert_array_equal(masked, out)
 
 
-CUT_MASK = "      mask_input(f, vfull * VEC, limit, scale);"
+CUT_LOAD = "      load_cut(xr, vfull, limit, scale, f);"
 
 
 @pytest.mark.parametrize(
     ("mapping", "mutation"),
     [
         # The cut vector's output left unmasked (the statistics still see the mask).
-        ("split-two_pass", (CUT_MASK + "\n      for (int e = 0;",
-                            "      scale_input(f, scale);\n      for (int e = 0;")),
+        ("split-two_pass", (CUT_LOAD + "\n      for (int e = 0;",
+                            CUT_LOAD.replace("limit", "cols") + "\n      for (int e = 0;")),
         # The hidden keys' outputs left unwritten (the harness fills y with NaN first).
         ("registers", ("store_vec<VEC>(y + base + u * VEC, zero);", "")),
         # The mask aligned to the first key (torch's is_causal) rather than the last.
@@ -876,10 +878,7 @@ def test_emulated_bf16_kernels_match_numpy(tmp_path, mapping):
     schedule = BF16_MAPPINGS[mapping]
     jobs = [_bf16(w) for w in BF16_WORKLOADS]
     assert all(_valid(w, schedule) for w in jobs)
-    with ThreadPoolExecutor(max_workers=2) as pool:
-        outcomes = list(
-            pool.map(lambda n: emulate(jobs[n], schedule, tmp_path / str(n)), range(len(jobs)))
-        )
+    outcomes = _emulate_each([(w, schedule) for w in jobs], tmp_path)
     for workload, (code, stderr, out, ref, tol) in zip(jobs, outcomes, strict=True):
         where = f"{workload.label()} {schedule.id}"
         assert code == 0, f"{where}: {stderr}"

@@ -730,25 +730,34 @@ TRANSFORM_SOFTMAX = r"""        scale_input(f, scale);
 
 # Softmax's vector that the causal mask cuts, read from x by the lane whose turn it would be
 # (wherever the row waits: a register cache could only index it dynamically, through local
-# memory), into the statistic and then the output; the hidden keys' outputs are 0.
+# memory), into the statistic and then the output; the hidden keys' outputs are 0. The
+# masked kernels' common part adds CUT_COMMON, the read both passes make.
+CUT_COMMON = r"""
+namespace pt {
+
+// Vector v of a row, z = scale·x with the keys after `limit` at -inf (mask_input).
+PT_DEV void load_cut(const unsigned short* xr, int v, int limit, float scale, float (&f)[VEC]) {
+  unsigned w[WORDS];
+  load_vec<VEC>(xr + v * VEC, w);
+  unpack(w, f);
+  mask_input(f, v * VEC, limit, scale);
+}
+
+}  // namespace pt
+"""
+
 CUT_STATS = r"""
     if (vfull < vvis && lane == (vfull - v0) % TPR) {
-      unsigned w[WORDS];
-      load_vec<VEC>(xr + vfull * VEC, w);
       float f[VEC];
-      unpack(w, f);
-      mask_input(f, vfull * VEC, limit, scale);
+      load_cut(xr, vfull, limit, scale, f);
       accumulate(st, f);
     }
 """
 
 CUT_OUTPUT = r"""
     if (vfull < vvis && lane == (vfull - v0) % TPR) {
-      unsigned w[WORDS];
-      load_vec<VEC>(xr + vfull * VEC, w);
       float f[VEC];
-      unpack(w, f);
-      mask_input(f, vfull * VEC, limit, scale);
+      load_cut(xr, vfull, limit, scale, f);
       for (int e = 0; e < VEC; ++e) f[e] = expf(f[e] - fin.u) * fin.v;
       unsigned out[WORDS];
       pack(f, out);

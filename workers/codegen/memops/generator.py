@@ -266,7 +266,8 @@ def source_parts(workload: MemWorkload, schedule: MemSchedule) -> dict[str, str]
         "preamble": t.PREAMBLE,
         "device": conversions.fill(t.DEVICE) + t.DEVICE_SMEM,
         "helpers": _helpers(workload, schedule, reg_vecs),
-        "common": t.KERNEL_COMMON,
+        # (a plain kernel's text is the one it had before the mask existed)
+        "common": t.KERNEL_COMMON + (t.CUT_COMMON if _causal(workload) else ""),
         "kernel": conversions.fill(kernels),
     }
 
