@@ -571,6 +571,9 @@ class WorkerDoc(_Body):
     arch: str
     runner: str
     last_heartbeat: datetime
+    # When it said its process ended (POST /v1/workers/{id}/exit): not live since, and its
+    # name free to another token. Null: it has not, or was heard from again since.
+    exited_at: datetime | None = None
     # The hash of the one workload it answers (WorkerRegister.workload); null: any.
     workload_hash: str | None = None
     # POST /v1/workers' answer to a re-registration: the name's last heartbeat was within a

@@ -340,6 +340,14 @@ def database_now(is_sqlite: bool) -> ColumnElement[dt.datetime]:
     return type_coerce(func.statement_timestamp(), UTCDateTime)
 
 
+def database_now_plus(is_sqlite: bool, seconds: float) -> ColumnElement[dt.datetime]:
+    """Database.now_plus's expression, for code that holds a session (as database_now)."""
+    if is_sqlite:
+        modifier = f"{float(seconds):+.3f} seconds"  # a bound parameter, not SQL text
+        return type_coerce(func.strftime(SQLITE_NOW_FORMAT, "now", modifier), UTCDateTime)
+    return type_coerce(func.statement_timestamp() + dt.timedelta(seconds=seconds), UTCDateTime)
+
+
 class Database:
     """An engine plus the two kinds of transaction the service uses."""
 
@@ -596,10 +604,7 @@ class Database:
 
     def now_plus(self, seconds: float) -> ColumnElement[dt.datetime]:
         """The database's time plus a number of seconds, as a SQL expression."""
-        if self.is_sqlite:
-            modifier = f"{float(seconds):+.3f} seconds"  # a bound parameter, not SQL text
-            return type_coerce(func.strftime(SQLITE_NOW_FORMAT, "now", modifier), UTCDateTime)
-        return type_coerce(func.statement_timestamp() + dt.timedelta(seconds=seconds), UTCDateTime)
+        return database_now_plus(self.is_sqlite, seconds)
 
     def dispose(self) -> None:
         if self._driver_pool is not None:

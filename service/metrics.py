@@ -25,7 +25,7 @@ from pipetune.model.hardware import gpu_keys
 from pipetune.model.states import OUTSTANDING_JOB_STATES, JobState, TaskState
 from pipetune.model.trials import RunnerKind
 from pipetune.service.db import is_unavailable
-from pipetune.service.orm import JobRow, TaskRow, WorkerRow
+from pipetune.service.orm import JobRow, TaskRow, WorkerRow, heard_from
 from pipetune.service.thread_cpu import ThreadCpu
 
 if TYPE_CHECKING:
@@ -62,7 +62,8 @@ class DatabaseGauges(Collector):
 
     def __init__(self, db: Database, live_within_s: float = 120.0):
         """`live_within_s`: a worker whose last heartbeat is older is not live (the lease
-        TTL: its leases would have expired)."""
+        TTL: its leases would have expired); nor is one that said it exited since
+        (orm.heard_from)."""
         self.db = db
         self.live_within_s = live_within_s
 
@@ -88,7 +89,7 @@ class DatabaseGauges(Collector):
                 since = self.db.now_plus(-self.live_within_s)
                 live = s.execute(
                     select(WorkerRow.gpu, WorkerRow.runner, func.count())
-                    .where(WorkerRow.last_heartbeat >= since)
+                    .where(heard_from(since))
                     .group_by(WorkerRow.gpu, WorkerRow.runner)
                 ).all()
         except Exception as exc:
@@ -120,7 +121,8 @@ class DatabaseGauges(Collector):
         )
         yield gauge_family(
             "pipetune_workers_live",
-            "Workers that sent a heartbeat within the lease TTL, by GPU and runner",
+            "Workers that sent a heartbeat within the lease TTL and have not exited since, "
+            "by GPU and runner",
             ["gpu", "runner"],
             _every(gpus_and_runners, live),
         )

@@ -22,10 +22,12 @@ from sqlalchemy import (
     String,
     Text,
     UniqueConstraint,
+    and_,
     func,
 )
 from sqlalchemy.ext.compiler import compiles
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+from sqlalchemy.sql.elements import ColumnElement
 from sqlalchemy.sql.functions import FunctionElement
 
 from pipetune.model.trials import RUNNER_MAX_CHARS
@@ -161,6 +163,21 @@ class WorkerRow(Base):
     busy_jobs: Mapped[int] = mapped_column(Integer, default=0)
     registered_at: Mapped[dt.datetime] = _created()
     last_heartbeat: Mapped[dt.datetime] = _created()
+    # When the worker said its process ended (POST /v1/workers/{id}/exit); NULL again once
+    # it is heard from (a heartbeat, a registration). See `heard_from`.
+    exited_at: Mapped[dt.datetime | None]
+
+    def is_live(self, now: dt.datetime, live_within_s: float) -> bool:
+        """`heard_from` of this row, at the database's time `now`."""
+        silent_s = (now - self.last_heartbeat).total_seconds()
+        return silent_s <= live_within_s and self.exited_at is None
+
+
+def heard_from(since: Any) -> ColumnElement[bool]:
+    """The workers that are live: heard from at `since` (the database's clock less the lease
+    TTL) or later, and not exited since. The one definition, for every count of live
+    workers and every name in use."""
+    return and_(WorkerRow.last_heartbeat >= since, WorkerRow.exited_at.is_(None))
 
 
 class JobRow(Base):

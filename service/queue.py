@@ -282,6 +282,25 @@ class Queue:
         await self.hot(notify_replicas, self.db, self.wakeup.stopping_payload(worker_id))
         self.wakeup.stop_worker(worker_id)
 
+    def worker_exited(self, worker_id: int, token_hash: str) -> None:
+        """The worker's process ends (POST /v1/workers/{id}/exit): it is not live from now on
+        (`orm.heard_from`), so its name is free to another token's worker at once and no
+        count of live workers includes it, until it is heard from again. Its lease requests
+        are answered as a stopping worker's are (`worker_stopping`), on every replica. Its
+        leases are left as they are: the worker hands back what it will not measure first
+        (POST /v1/jobs/release), and what it could not report expires. 404 for a worker not
+        registered, 403 another token's."""
+        self.worker_ref(worker_id, token_hash)
+        with self.db.write() as s:
+            s.execute(
+                update(WorkerRow)
+                .where(WorkerRow.id == worker_id)
+                .values(exited_at=self.db.now(), busy_jobs=0)
+            )
+            if not self.db.is_sqlite:  # (delivered when the exit commits)
+                s.execute(notify_statement(self.wakeup.stopping_payload(worker_id)))
+        self.wakeup.stop_worker(worker_id)
+
     def _register(
         self, token_hash: str, body: WorkerRegister
     ) -> tuple[WorkerDoc, bool, collections.Counter]:
@@ -305,9 +324,10 @@ class Queue:
                 now = s.scalar(select(self.db.now()))
                 # A restart re-registers after its heartbeats stopped; within a lease TTL of
                 # the last one, another process may be running under the name.
+                # A worker that said it exited is not running under it (whatever the TTL).
                 since = (now - worker.last_heartbeat).total_seconds()
                 ttl = self.settings.lease_ttl_s
-                in_use = since < ttl
+                in_use = worker.is_live(now, ttl)
                 if not hmac.compare_digest(worker.token_hash, token_hash):
                     # Another token's name: refused while that token is still configured and
                     # the name may be in use. Past that (a token rotated out, or a worker
@@ -317,7 +337,8 @@ class Queue:
                         raise ConflictError(
                             f"worker name {body.name!r} is registered with another token and "
                             f"was heard from {since:.0f} s ago: the name moves to this token "
-                            f"once it has been silent for the lease TTL ({ttl:.0f} s)"
+                            f"once it has been silent for the lease TTL ({ttl:.0f} s), or at "
+                            "once when its worker stops cleanly (it says it exited)"
                         )
                     worker.token_hash = token_hash
                     in_use = False
@@ -331,6 +352,7 @@ class Queue:
                 for key, value in values.items():
                     setattr(worker, key, value)
                 worker.last_heartbeat = now
+                worker.exited_at = None
                 if not self.db.is_sqlite:  # the other replicas forget it when this commits
                     s.execute(notify_statement(self.wakeup.worker_payload(worker.id)))
             s.flush()

@@ -214,7 +214,8 @@ SETTLED_SQL = "SELECT id, state, result_token FROM jobs WHERE id = ANY(%(ids)s)"
 
 HEARTBEAT_SQL = """
 WITH beat AS (
-    UPDATE workers SET last_heartbeat = statement_timestamp(), busy_jobs = %(busy)s
+    UPDATE workers SET last_heartbeat = statement_timestamp(), busy_jobs = %(busy)s,
+        exited_at = NULL
     WHERE id = %(worker)s
 ), live AS (
     SELECT id FROM jobs

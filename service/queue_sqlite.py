@@ -381,7 +381,7 @@ class SqliteQueueStore:
             conn.execute(
                 update(WORKERS)
                 .where(WORKERS.c.id == worker_id)
-                .values(last_heartbeat=now, busy_jobs=busy_jobs)
+                .values(last_heartbeat=now, busy_jobs=busy_jobs, exited_at=None)
             )
             conn.execute(update(JOBS).where(*live).values(lease_expires_at=self.db.now_plus(ttl_s)))
             gone: list[int] = []

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from sqlalchemy import and_, func, select
+from sqlalchemy import and_, case, func, select
 from sqlalchemy.orm import Session, aliased, defer
 
 from pipetune.model.family import family_for_op, parse_any_workload
@@ -12,8 +12,8 @@ from pipetune.model.states import ACTIVE_TASK_STATES
 from pipetune.model.trials import RunnerKind
 from pipetune.model.wire import BestTrial, ScheduleDoc, TaskDoc, TrialDoc, WorkerDoc
 from pipetune.model.workloads import WorkloadError
-from pipetune.service.db import database_now
-from pipetune.service.orm import JobRow, TaskRow, WorkerRow, WorkloadRow
+from pipetune.service.db import database_now, database_now_plus
+from pipetune.service.orm import JobRow, TaskRow, WorkerRow, WorkloadRow, heard_from
 from pipetune.service.records import throughput
 
 _WORKLOADS: dict[str, Any] = {}  # workload hash -> parsed (rows never change)
@@ -118,10 +118,10 @@ def _no_worker(
     task: TaskRow, workload: WorkloadRow, workers: list[Any], live_s: float
 ) -> str | None:
     """Why no live worker can take the task's trials (None: one can). `workers`: the
-    workers of its GPU, grouped by (runner, workload_hash) with their last heartbeat and
-    the database's clock (`now`) when they were read. The
-    rules are the lease's (service/queue_pg.py's claim): the task's GPU, its runner kind
-    where it names one, and a replay worker's workload."""
+    workers of its GPU, grouped by (runner, workload_hash) with how many of them are live
+    (orm.heard_from), their last heartbeat, their last exit and the database's clock
+    (`now`) when they were read. The rules are the lease's (service/queue_pg.py's claim):
+    the task's GPU, its runner kind where it names one, and a replay worker's workload."""
     gpu, runner = task.gpu, task.only_runner
     if not workers:
         return f"no {gpu} worker has registered"
@@ -138,20 +138,30 @@ def _no_worker(
             f"no {_worker_label(gpu, runner)} takes this workload: those registered replay "
             "other workloads' datasets"
         )
-    last, now = max(w.last for w in fit), fit[0].now
-    if (now - last).total_seconds() <= live_s:
+    if any(w.live for w in fit):
         return None
-    if any((w.now - w.last).total_seconds() <= live_s for w in of_kind):
+    now = fit[0].now
+    last = (now - max(w.last for w in fit)).total_seconds()
+    if any(w.live for w in of_kind):
         # Live workers that cannot take it (replay workers of other workloads): "no worker
         # is live" of a working fleet sent its operator looking for a fault that was none.
         return (
             f"no {_worker_label(gpu, runner)} that takes this workload is live: the live ones "
-            "replay other workloads' datasets; the last that could, "
-            f"{(now - last).total_seconds():.0f} s ago (the lease TTL is {live_s:.0f} s)"
+            f"replay other workloads' datasets; the last that could, {last:.0f} s ago "
+            f"(the lease TTL is {live_s:.0f} s)"
+        )
+    exits = [w.exited for w in fit if w.exited is not None]
+    if exits and last <= live_s:
+        # None live, yet heard from within the TTL: each such one said it exited (a fleet
+        # stopped cleanly, scaled down). Said at once, not a TTL later.
+        return (
+            f"no {_worker_label(gpu, runner)} is live: those heard from within the lease TTL "
+            f"({live_s:.0f} s) have exited, the last {(now - max(exits)).total_seconds():.0f} "
+            "s ago"
         )
     return (
         f"no {_worker_label(gpu, runner)} is live: none heard from within the lease TTL "
-        f"({live_s:.0f} s); the last, {(now - last).total_seconds():.0f} s ago"
+        f"({live_s:.0f} s); the last, {last:.0f} s ago"
     )
 
 
@@ -173,7 +183,11 @@ def no_worker_reasons(
             WorkerRow.gpu,
             WorkerRow.runner,
             WorkerRow.workload_hash,
+            func.count(case((heard_from(database_now_plus(is_sqlite, -live_within_s)), 1))).label(
+                "live"
+            ),
             func.max(WorkerRow.last_heartbeat).label("last"),
+            func.max(WorkerRow.exited_at).label("exited"),
             database_now(is_sqlite).label("now"),  # (in the same round trip)
         )
         .where(WorkerRow.gpu.in_(gpus))
@@ -270,5 +284,6 @@ def worker_doc(worker: WorkerRow) -> WorkerDoc:
         arch=worker.arch,
         runner=worker.runner,
         last_heartbeat=worker.last_heartbeat,
+        exited_at=worker.exited_at,
         workload_hash=worker.workload_hash,
     )

@@ -36,6 +36,7 @@ class ResultsDown:
         self.posted: list[list[int]] = []  # the job ids of each report that got through
         self.failed: list[list[int]] = []  # ... and of each that did not
         self.lease_asks_with_reports: list[int] = []  # max_jobs of each that got through
+        self.exits = 0  # POST /v1/workers/{id}/exit
 
     def register(self, body: object) -> object:
         return REGISTERED
@@ -66,6 +67,9 @@ class ResultsDown:
 
     def release(self, worker_id, leases, timeout_s=None):  # type: ignore[no-untyped-def]
         return [h.job_id for h in leases]
+
+    def exiting(self, worker_id, timeout_s=None):  # type: ignore[no-untyped-def]
+        self.exits += 1
 
     def close(self) -> None:
         pass
@@ -175,6 +179,9 @@ def test_a_worker_waiting_for_its_reports_stops_when_told():
     _stop(worker, runner)
     assert time.monotonic() - started < 2
     assert status == [EXIT_UNREPORTED] and api.leased == [1]
+    # Nor does it say its exit to a service whose results route does not answer (one more
+    # request that would fail; the worker stays live for a TTL there, as before).
+    assert api.exits == 0
     # Its line says that the results are retried, and that a second signal stops without
     # them (a supervisor's kill came first, without a word of why it had not stopped).
     assert "a second signal stops without them" in log.getvalue()

@@ -177,6 +177,13 @@ class WorkerApi:
         long-poll then runs its course, and may lease jobs that nobody reads."""
         self._http.request("POST", f"/v1/workers/{worker_id}/stopping", timeout_s=timeout_s)
 
+    def exiting(self, worker_id: int, timeout_s: float | None = None) -> None:
+        """Say the worker's process ends (after its last report and release): the service
+        counts it live no more, and its name is free to a worker on another token at once,
+        until it is heard from again. A service from before the route answers 404
+        (NotFoundError): the worker is then live until its lease TTL has passed, as before."""
+        self._http.request("POST", f"/v1/workers/{worker_id}/exit", timeout_s=timeout_s)
+
     def close(self) -> None:
         self._http.close()
 

@@ -27,7 +27,7 @@ router = APIRouter(route_class=BoundedJsonRoute, tags=["workers"])
         200: {"model": WorkerDoc, "description": "re-registered"},
         409: {
             "description": "the name is registered with another token and was heard from "
-            "within the lease TTL"
+            "within the lease TTL (and has not said it exited since)"
         },
     },
 )
@@ -84,6 +84,24 @@ async def worker_stopping(service: ServiceDep, worker_id: RowId, token: WorkerTo
     that nobody will read (it waited out its lease TTL and used up an attempt). Jobs it
     already holds and will not measure go back with `POST /v1/jobs/release`."""
     await service.queue.worker_stopping(worker_id, token)
+
+
+# As rare: once per worker process.
+@router.post(
+    "/v1/workers/{worker_id}/exit",
+    status_code=204,
+    response_class=Response,
+    responses=NOT_FOUND | {403: {"description": "not this token's worker"}},
+)
+def worker_exit(service: ServiceDep, worker_id: RowId, token: WorkerToken) -> None:
+    """The worker's process ends, cleanly: it has reported what it measured and handed back
+    (`POST /v1/jobs/release`) what it will not measure. It is not live from now on: its
+    name is free at once to a worker on another token (a restart after a token rotation
+    waited out the lease TTL, refused with 409), and the live-worker gauges and a task's
+    `no_worker` stop counting it, until it is heard from again (a heartbeat or a
+    registration clears `exited_at`). Its lease requests are answered as a stopping
+    worker's are. Leases it still holds are left to expire."""
+    service.queue.worker_exited(worker_id, token)
 
 
 @router.get("/v1/workers", response_model=WorkerList, dependencies=[Depends(user_access)])

@@ -28,7 +28,9 @@ measure (those not started after a second signal; those a lease request or a rep
 flight when the stop came brings after it) are handed back (`POST /v1/jobs/release`: queued
 again at once, no attempt used), one try of at most RELEASE_TIMEOUT_S; where that fails (the
 service unreachable, or from before the route) they are left to their leases, which expire
-and return them to the queue (heartbeats list only the leases the worker holds).
+and return them to the queue (heartbeats list only the leases the worker holds). Last, the
+worker says that its process ends (`POST /v1/workers/{id}/exit`): the service counts it live
+no more, and a restart under its name on another token is not refused for a lease TTL.
 
 A lease request in flight at the stop (a long-poll may wait up to --lease-wait, and a blocked
 read cannot be interrupted): the worker tells the service that it stops (`POST
@@ -352,6 +354,21 @@ class Worker:
             reporter.join()
             hb_stop.set()
             heartbeat.join()
+            self._say_exit(api)
+
+    def _say_exit(self, api: WorkerApi) -> None:
+        """Tell the service that this process ends (`POST /v1/workers/{id}/exit`), after the
+        last report and heartbeat: it counts the worker live no more, and a restart on
+        another token (a rotation) may take the name at once, where it was refused for a
+        lease TTL. One try of at most RELEASE_TIMEOUT_S, skipped where the reports were
+        failing (the service is unreachable: the stop would wait for nothing); where it is
+        not heard, the worker stays live for a TTL, as before."""
+        if self.worker_id is None or self._reports_failing_since is not None:
+            return
+        try:
+            api.exiting(self.worker_id, RELEASE_TIMEOUT_S)
+        except Exception as exc:  # (an exit goes on whatever the answer)
+            self.log.event("exit_unheard", "debug", msg=f"{type(exc).__name__}: {exc}")
 
     # ---- registration -------------------------------------------------------------------
 
