@@ -1,4 +1,4 @@
-"""The states of tasks and jobs: the one definition the service, the clients, the wire
+"""The states of tasks, jobs and workers: the one definition the service, the clients, the wire
 schema and the benchmarks derive from.
 
 On the wire the states are lower-case strings. A task is "queued", then "running", and ends
@@ -59,6 +59,18 @@ class LeaseOutcome(StrEnum):
     EXPIRED = "expired"  # its TTL ran out: the job was queued again (or given up as lost)
     CANCELLED = "cancelled"  # its task ended (cancelled or failed)
     RELEASED = "released"  # the service could not hand the jobs over: queued again at once
+
+
+class WorkerState(StrEnum):
+    """A registered worker as the service sees it, by the database's clock: "live" (heard
+    from within the lease TTL: its leases hold), "silent" (not for longer: its process died
+    or its host is cut off, and its leases expire) or "exited" (it said its process ended,
+    POST /v1/workers/{id}/exit). A worker heard from again, by a heartbeat or a
+    registration, is live again."""
+
+    LIVE = "live"
+    SILENT = "silent"
+    EXITED = "exited"
 
 
 # Module constants, not members: an Enum would turn a class attribute into a member.

@@ -39,7 +39,7 @@ from pipetune.model.family import (
     op_families,
 )
 from pipetune.model.hardware import HardwareError, resolve_gpu_key
-from pipetune.model.states import JobState, TaskState
+from pipetune.model.states import JobState, TaskState, WorkerState
 from pipetune.model.trials import MeasureResult, RunnerKind, TrialStatus
 
 MAX_BUDGET = 5000  # trials per task; larger spaces are swept, not tuned
@@ -50,6 +50,9 @@ ID_MAX = 2**31 - 1  # ids and counts are 32-bit integer columns (service/orm.py)
 # Tasks per page of GET /v1/tasks (and of the local store, which answers as it does).
 TASK_PAGE = 100
 MAX_TASK_PAGE = 1000
+# Workers per answer of GET /v1/workers.
+WORKER_PAGE = 200
+MAX_WORKER_PAGE = 1000
 MAX_LEASE_WAIT_S = 30.0
 # The longest duration any setting or option of the service or a worker takes (a week): past
 # threading.TIMEOUT_MAX a wait overflows, past a few centuries a database's date arithmetic
@@ -574,6 +577,11 @@ class WorkerDoc(_Body):
     # When it said its process ended (POST /v1/workers/{id}/exit): not live since, and its
     # name free to another token. Null: it has not, or was heard from again since.
     exited_at: datetime | None = None
+    # Live, silent past the lease TTL, or exited, when the answer was made (by the
+    # database's clock: a client's may differ). Null from a service before the field.
+    state: WorkerState | None = None
+    # The jobs it was measuring at its last heartbeat.
+    busy_jobs: int = 0
     # The hash of the one workload it answers (WorkerRegister.workload); null: any.
     workload_hash: str | None = None
     # POST /v1/workers' answer to a re-registration: the name's last heartbeat was within a
@@ -738,9 +746,12 @@ class ReleaseAck(_Body):
 
 
 class WorkerList(_Body):
-    """GET /v1/workers: registered workers, most recent heartbeat first."""
+    """GET /v1/workers: registered workers (of the state asked for), most recent heartbeat
+    first, up to the limit asked for; `counts`: how many registered workers are in each
+    state, all of them."""
 
     workers: list[WorkerDoc]
+    counts: dict[WorkerState, int] = Field(default_factory=dict)
 
 
 class ErrorItem(_Body):

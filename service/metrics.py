@@ -22,10 +22,10 @@ from prometheus_client.registry import Collector
 from sqlalchemy import func, select
 
 from pipetune.model.hardware import gpu_keys
-from pipetune.model.states import OUTSTANDING_JOB_STATES, JobState, TaskState
+from pipetune.model.states import OUTSTANDING_JOB_STATES, JobState, TaskState, WorkerState
 from pipetune.model.trials import RunnerKind
 from pipetune.service.db import is_unavailable
-from pipetune.service.orm import JobRow, TaskRow, WorkerRow, heard_from
+from pipetune.service.orm import JobRow, TaskRow, WorkerRow, in_state
 from pipetune.service.thread_cpu import ThreadCpu
 
 if TYPE_CHECKING:
@@ -63,7 +63,7 @@ class DatabaseGauges(Collector):
     def __init__(self, db: Database, live_within_s: float = 120.0):
         """`live_within_s`: a worker whose last heartbeat is older is not live (the lease
         TTL: its leases would have expired); nor is one that said it exited since
-        (orm.heard_from)."""
+        (orm.in_state)."""
         self.db = db
         self.live_within_s = live_within_s
 
@@ -89,7 +89,7 @@ class DatabaseGauges(Collector):
                 since = self.db.now_plus(-self.live_within_s)
                 live = s.execute(
                     select(WorkerRow.gpu, WorkerRow.runner, func.count())
-                    .where(heard_from(since))
+                    .where(in_state(WorkerState.LIVE, since))
                     .group_by(WorkerRow.gpu, WorkerRow.runner)
                 ).all()
         except Exception as exc:

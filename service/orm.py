@@ -30,6 +30,7 @@ from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 from sqlalchemy.sql.elements import ColumnElement
 from sqlalchemy.sql.functions import FunctionElement
 
+from pipetune.model.states import WorkerState
 from pipetune.model.trials import RUNNER_MAX_CHARS
 from pipetune.service.db import SQLITE_NOW_FORMAT, UTCDateTime
 
@@ -164,20 +165,28 @@ class WorkerRow(Base):
     registered_at: Mapped[dt.datetime] = _created()
     last_heartbeat: Mapped[dt.datetime] = _created()
     # When the worker said its process ended (POST /v1/workers/{id}/exit); NULL again once
-    # it is heard from (a heartbeat, a registration). See `heard_from`.
+    # it is heard from (a heartbeat, a registration). See `in_state`.
     exited_at: Mapped[dt.datetime | None]
 
-    def is_live(self, now: dt.datetime, live_within_s: float) -> bool:
-        """`heard_from` of this row, at the database's time `now`."""
-        silent_s = (now - self.last_heartbeat).total_seconds()
-        return silent_s <= live_within_s and self.exited_at is None
+    def state(self, now: dt.datetime, live_within_s: float) -> WorkerState:
+        """The worker's state at the database's time `now` (`in_state`, in Python)."""
+        if self.exited_at is not None:
+            return WorkerState.EXITED
+        if (now - self.last_heartbeat).total_seconds() <= live_within_s:
+            return WorkerState.LIVE
+        return WorkerState.SILENT
 
 
-def heard_from(since: Any) -> ColumnElement[bool]:
-    """The workers that are live: heard from at `since` (the database's clock less the lease
-    TTL) or later, and not exited since. The one definition, for every count of live
-    workers and every name in use."""
-    return and_(WorkerRow.last_heartbeat >= since, WorkerRow.exited_at.is_(None))
+def in_state(state: WorkerState, since: Any) -> ColumnElement[bool]:
+    """The workers in `state` (model.states.WorkerState), where `since` is the database's
+    clock less the lease TTL: a worker heard from at `since` or later, and not exited since,
+    is live. The one definition, for every count of live workers, every name in use and
+    every list of workers (WorkerRow.state is its twin in Python)."""
+    exited = WorkerRow.exited_at.is_not(None)
+    if state is WorkerState.EXITED:
+        return exited
+    heard = WorkerRow.last_heartbeat >= since
+    return and_(~exited, heard if state is WorkerState.LIVE else ~heard)
 
 
 class JobRow(Base):

@@ -41,7 +41,7 @@ from sqlalchemy import exc as sa_exc
 
 from pipetune.model.family import family_of
 from pipetune.model.hardware import get_gpu
-from pipetune.model.states import JobState, LeaseOutcome, TaskState
+from pipetune.model.states import JobState, LeaseOutcome, TaskState, WorkerState
 from pipetune.model.trials import RUNNER_PATTERN, MeasureResult, RunnerKind, is_simulated
 from pipetune.model.wire import (
     ID_MAX,
@@ -284,7 +284,7 @@ class Queue:
 
     def worker_exited(self, worker_id: int, token_hash: str) -> None:
         """The worker's process ends (POST /v1/workers/{id}/exit): it is not live from now on
-        (`orm.heard_from`), so its name is free to another token's worker at once and no
+        (`orm.in_state`), so its name is free to another token's worker at once and no
         count of live workers includes it, until it is heard from again. Its lease requests
         are answered as a stopping worker's are (`worker_stopping`), on every replica. Its
         leases are left as they are: the worker hands back what it will not measure first
@@ -327,7 +327,7 @@ class Queue:
                 # A worker that said it exited is not running under it (whatever the TTL).
                 since = (now - worker.last_heartbeat).total_seconds()
                 ttl = self.settings.lease_ttl_s
-                in_use = worker.is_live(now, ttl)
+                in_use = worker.state(now, ttl) is WorkerState.LIVE
                 if not hmac.compare_digest(worker.token_hash, token_hash):
                     # Another token's name: refused while that token is still configured and
                     # the name may be in use. Past that (a token rotated out, or a worker
@@ -357,7 +357,7 @@ class Queue:
                     s.execute(notify_statement(self.wakeup.worker_payload(worker.id)))
             s.flush()
             s.refresh(worker)
-            doc = worker_doc(worker)
+            doc = worker_doc(worker, WorkerState.LIVE)  # (heard from just now)
             doc.name_in_use = in_use
             return doc, created, requeued
 

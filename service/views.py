@@ -8,12 +8,12 @@ from sqlalchemy import and_, case, func, select
 from sqlalchemy.orm import Session, aliased, defer
 
 from pipetune.model.family import family_for_op, parse_any_workload
-from pipetune.model.states import ACTIVE_TASK_STATES
+from pipetune.model.states import ACTIVE_TASK_STATES, WorkerState
 from pipetune.model.trials import RunnerKind
-from pipetune.model.wire import BestTrial, ScheduleDoc, TaskDoc, TrialDoc, WorkerDoc
+from pipetune.model.wire import BestTrial, ScheduleDoc, TaskDoc, TrialDoc, WorkerDoc, WorkerList
 from pipetune.model.workloads import WorkloadError
 from pipetune.service.db import database_now, database_now_plus
-from pipetune.service.orm import JobRow, TaskRow, WorkerRow, WorkloadRow, heard_from
+from pipetune.service.orm import JobRow, TaskRow, WorkerRow, WorkloadRow, in_state
 from pipetune.service.records import throughput
 
 _WORKLOADS: dict[str, Any] = {}  # workload hash -> parsed (rows never change)
@@ -119,7 +119,7 @@ def _no_worker(
 ) -> str | None:
     """Why no live worker can take the task's trials (None: one can). `workers`: the
     workers of its GPU, grouped by (runner, workload_hash) with how many of them are live
-    (orm.heard_from), their last heartbeat, their last exit and the database's clock
+    (orm.in_state), their last heartbeat, their last exit and the database's clock
     (`now`) when they were read. The rules are the lease's (service/queue_pg.py's claim):
     the task's GPU, its runner kind where it names one, and a replay worker's workload."""
     gpu, runner = task.gpu, task.only_runner
@@ -178,14 +178,13 @@ def no_worker_reasons(
     gpus = sorted({task.gpu for task, _ in active})
     is_sqlite = session.get_bind().dialect.name == "sqlite"
     by_gpu: dict[str, list[Any]] = {gpu: [] for gpu in gpus}
+    since = database_now_plus(is_sqlite, -live_within_s)
     for w in session.execute(
         select(
             WorkerRow.gpu,
             WorkerRow.runner,
             WorkerRow.workload_hash,
-            func.count(case((heard_from(database_now_plus(is_sqlite, -live_within_s)), 1))).label(
-                "live"
-            ),
+            func.count(case((in_state(WorkerState.LIVE, since), 1))).label("live"),
             func.max(WorkerRow.last_heartbeat).label("last"),
             func.max(WorkerRow.exited_at).label("exited"),
             database_now(is_sqlite).label("now"),  # (in the same round trip)
@@ -276,7 +275,7 @@ def list_trial_docs(
     ]
 
 
-def worker_doc(worker: WorkerRow) -> WorkerDoc:
+def worker_doc(worker: WorkerRow, state: WorkerState | None) -> WorkerDoc:
     return WorkerDoc(
         id=worker.id,
         name=worker.name,
@@ -285,5 +284,30 @@ def worker_doc(worker: WorkerRow) -> WorkerDoc:
         runner=worker.runner,
         last_heartbeat=worker.last_heartbeat,
         exited_at=worker.exited_at,
+        state=state,
+        busy_jobs=worker.busy_jobs,
         workload_hash=worker.workload_hash,
     )
+
+
+def list_worker_docs(
+    session: Session, state: WorkerState | None, limit: int, live_within_s: float
+) -> WorkerList:
+    """GET /v1/workers: up to `limit` workers in `state` (any: None), most recent heartbeat
+    first, each with its state by the database's clock, and how many are in each state.
+    `live_within_s`: the lease TTL."""
+    is_sqlite = session.get_bind().dialect.name == "sqlite"
+    since = database_now_plus(is_sqlite, -live_within_s)
+    query = select(WorkerRow, database_now(is_sqlite)).order_by(
+        WorkerRow.last_heartbeat.desc(), WorkerRow.id.desc()
+    )
+    if state is not None:
+        query = query.where(in_state(state, since))
+    docs = [
+        worker_doc(worker, worker.state(now, live_within_s))
+        for worker, now in session.execute(query.limit(limit))
+    ]
+    counted = session.execute(
+        select(*(func.count(case((in_state(s, since), 1))) for s in WorkerState))
+    ).one()
+    return WorkerList(workers=docs, counts=dict(zip(WorkerState, counted, strict=True)))

@@ -34,6 +34,7 @@ from pipetune.clients.cli.curve_files import (
 from pipetune.clients.cli.errors import CliError, interrupted, reported, sigterm_interrupts
 from pipetune.clients.cli.output import console, print_json, stderr_console
 from pipetune.clients.cli.remote import (
+    answered_by,
     api_key_option,
     client,
     connection_parameters,
@@ -162,15 +163,6 @@ def _label(workload: dict[str, Any]) -> str:
         return str(workload)
 
 
-def _where(server: str | None, c: Any) -> str:
-    """Where the answers came from: the service, or the local database."""
-    if server:
-        return shown_url(server)
-    from pipetune.clients.library.store import source_of  # loaded: c is a LocalStore
-
-    return source_of(c)
-
-
 # ---- schedule --------------------------------------------------------------------------
 
 
@@ -186,7 +178,7 @@ def _schedule(
     gpu = _check_gpu(gpu)
     with service_errors(), reader(server, api_key, db) as c:
         doc = c.best_schedule(w, gpu)
-        where = "" if server else f" ({_where(server, c)})"
+        where = "" if server else f" ({answered_by(server, c)})"
     if as_json:
         print_json(doc.model_dump(mode="json"))
         return
@@ -521,7 +513,7 @@ def tasks(
         raise CliError(f"--before: must be within 1..{ID_MAX}, got {before}", 2)
     with service_errors(), reader(server, api_key, db) as c:
         docs = c.tasks(state=state, limit=limit, offset=offset, before=before)
-        where = _where(server, c)
+        where = answered_by(server, c)
     # A full page may not be all: said, where the list was silently the newest 100.
     more = len(docs) == limit
     if as_json:

@@ -9,7 +9,14 @@ import sys
 import typer
 
 import pipetune
-from pipetune.clients.cli import campaign_cmds, client_cmds, export_cmds, service_cmds, worker_cmds
+from pipetune.clients.cli import (
+    campaign_cmds,
+    client_cmds,
+    export_cmds,
+    fleet_cmds,
+    service_cmds,
+    worker_cmds,
+)
 from pipetune.clients.cli.bench_cmds import bench_app
 from pipetune.clients.cli.dataset_cmds import dataset_app
 from pipetune.clients.cli.kernel_cmds import kernel_app
@@ -33,6 +40,7 @@ app.add_typer(kernel_app, name="kernel")
 service_cmds.register(app)  # serve, db
 client_cmds.register(app)  # schedule, tune, tasks, curve, tune-model
 worker_cmds.register(app)  # worker
+fleet_cmds.register(app)  # workers
 campaign_cmds.register(app)  # campaign (the GPU campaign)
 export_cmds.register(app)  # export
 

@@ -41,7 +41,7 @@ from pipetune.clients.sdk import (
     PipetuneError,
     ServiceUnavailableError,
 )
-from pipetune.clients.sdk.http import server_problem
+from pipetune.clients.sdk.http import server_problem, shown_url
 
 if TYPE_CHECKING:
     from pipetune.clients.library.store import Reader
@@ -102,6 +102,15 @@ def check_server(server: str) -> None:
 def client(server: str, api_key: str | None) -> Client:
     check_server(server)
     return Client(server, api_key=api_key)
+
+
+def answered_by(server: str | None, c: Reader) -> str:
+    """Where a reader's answers came from, for titles: the service, or the local database."""
+    if server:
+        return shown_url(server)
+    from pipetune.clients.library.store import source_of  # loaded: c is a LocalStore
+
+    return source_of(c)
 
 
 def reader(server: str | None, api_key: str | None, db: str | None) -> Reader:

@@ -4,10 +4,10 @@ library call gets from the database file exactly what `pipetune serve` on that f
 have answered.
 
 `LocalStore` has the reading methods of the SDK's `Client` (best_schedule, task, tasks,
-all_trials, curve), so callers can take either. The database is the one `pipetune serve`
-uses by default (PIPETUNE_DATABASE_URL, else a SQLite file under the user data dir) unless a
-URL is given. Reading never creates anything: a database file that does not exist yet reads
-as empty (no tasks; schedules come from the model).
+all_trials, curve, workers, worker_list), so callers can take either. The database is the one
+`pipetune serve` uses by default (PIPETUNE_DATABASE_URL, else a SQLite file under the user
+data dir) unless a URL is given. Reading never creates anything: a database file that does not
+exist yet reads as empty (no tasks, no workers; schedules come from the model).
 """
 
 from __future__ import annotations
@@ -20,19 +20,24 @@ from sqlalchemy.exc import ArgumentError, SQLAlchemyError
 
 from pipetune.clients.library.inputs import as_gpu, as_workload
 from pipetune.clients.sdk import Client, PipetuneError
-from pipetune.clients.sdk.client import TASK_STATES
+from pipetune.clients.sdk.client import TASK_STATES, WORKER_STATES
 from pipetune.model.errors import InvalidArgumentError, InvalidArgumentTypeError
 from pipetune.model.family import family_of, generator_revision_of
 from pipetune.model.hardware import get_gpu
+from pipetune.model.states import WorkerState
 from pipetune.model.wire import (
     ID_MAX,
     MAX_BUDGET,
     MAX_TASK_PAGE,
+    MAX_WORKER_PAGE,
     TASK_PAGE,
+    WORKER_PAGE,
     Curve,
     ScheduleResponse,
     TaskDoc,
     TrialDoc,
+    WorkerDoc,
+    WorkerList,
 )
 from pipetune.service.curves import task_curve
 from pipetune.service.db import Database, unavailable_reason
@@ -52,7 +57,13 @@ from pipetune.service.settings import (
     sqlite_path,
     validated_settings,
 )
-from pipetune.service.views import get_task_doc, list_task_docs, list_trial_docs, task_work
+from pipetune.service.views import (
+    get_task_doc,
+    list_task_docs,
+    list_trial_docs,
+    list_worker_docs,
+    task_work,
+)
 
 
 class LocalDatabaseError(PipetuneError):
@@ -296,6 +307,27 @@ class LocalStore:
                 if work is not None:
                     return task_curve(s, task_id, *work, -1)
         raise LocalNotFoundError(f"task {task_id} does not exist in {self.where}")
+
+    def worker_list(self, state: str | None = None, *, limit: int | None = None) -> WorkerList:
+        """The registered workers, as GET /v1/workers (the workers that tuned into this
+        database: in-process ones and a service's fleet), with their states by the lease TTL
+        the settings give `pipetune serve`."""
+        if state is not None and state not in WORKER_STATES:
+            raise LocalInputError(
+                "state", f"must be one of {', '.join(WORKER_STATES)}, got {state!r}"
+            )
+        if limit is not None and not 1 <= limit <= MAX_WORKER_PAGE:
+            raise LocalInputError("limit", f"must be within 1..{MAX_WORKER_PAGE}, got {limit}")
+        database = self._database()
+        if database is None:
+            return WorkerList(workers=[], counts=dict.fromkeys(WorkerState, 0))
+        with database.read() as s:
+            chosen = None if state is None else WorkerState(state)
+            return list_worker_docs(s, chosen, limit or WORKER_PAGE, _lease_ttl_s())
+
+    def workers(self, state: str | None = None, *, limit: int | None = None) -> list[WorkerDoc]:
+        """`worker_list`'s workers (as Client.workers)."""
+        return self.worker_list(state, limit=limit).workers
 
     def close(self) -> None:
         if self._db is not None:

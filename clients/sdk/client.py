@@ -43,6 +43,7 @@ from pipetune.model.wire import (
     DEFAULT_STRATEGY,
     ID_MAX,
     MAX_TASK_PAGE,
+    MAX_WORKER_PAGE,
     AggregateCurves,
     Curve,
     OpName,
@@ -151,6 +152,8 @@ def _values(choices: Any) -> tuple[str, ...]:
 
 # The wire contract's vocabularies: a task's states are the type of TaskDoc.state.
 TASK_STATES: tuple[str, ...] = _values(TaskDoc.model_fields["state"].annotation)
+# ... a worker's, the type of WorkerDoc.state (null only from a service before the field).
+WORKER_STATES: tuple[str, ...] = _values(get_args(WorkerDoc.model_fields["state"].annotation)[0])
 OP_NAMES: tuple[str, ...] = _values(OpName)
 STRATEGY_NAMES: tuple[str, ...] = get_args(StrategyName)
 
@@ -442,9 +445,19 @@ class Client:
                 raise WaitTimeoutError(task_id, timeout_s or 0.0, doc.state)
             time.sleep(_pause(poll_s, deadline))
 
-    def workers(self) -> list[WorkerDoc]:
-        """The registered workers (name, GPU, arch, runner, last heartbeat)."""
-        return self._http.call(WorkerList, "GET", "/v1/workers").workers
+    def workers(self, state: str | None = None, *, limit: int | None = None) -> list[WorkerDoc]:
+        """The registered workers (name, GPU, arch, runner, last heartbeat, state), most
+        recent heartbeat first: those in `state` only (live, silent or exited), up to
+        `limit` (the service's default 200)."""
+        return self.worker_list(state, limit=limit).workers
+
+    def worker_list(self, state: str | None = None, *, limit: int | None = None) -> WorkerList:
+        """`workers`, with how many registered workers are in each state (`counts`)."""
+        params = {
+            "state": _optional(choice_argument, "state", state, WORKER_STATES),
+            "limit": _optional_integer("limit", limit, least=1, most=MAX_WORKER_PAGE),
+        }
+        return self._http.call(WorkerList, "GET", "/v1/workers", params=params)
 
     def healthz(self) -> dict[str, Any]:
         response = self._http.request("GET", "/healthz")

@@ -5,15 +5,22 @@ from __future__ import annotations
 from typing import Annotated
 
 from fastapi import APIRouter, Depends, Query, Response
-from sqlalchemy import select
 
-from pipetune.model.wire import Heartbeat, HeartbeatAck, WorkerDoc, WorkerList, WorkerRegister
+from pipetune.model.states import WorkerState
+from pipetune.model.wire import (
+    MAX_WORKER_PAGE,
+    WORKER_PAGE,
+    Heartbeat,
+    HeartbeatAck,
+    WorkerDoc,
+    WorkerList,
+    WorkerRegister,
+)
 from pipetune.service.auth import WorkerToken, user_access
 from pipetune.service.context import ServiceDep
-from pipetune.service.orm import WorkerRow
 from pipetune.service.routers.bounded_json import BoundedJsonRoute
 from pipetune.service.routers.common import ERRORS, NOT_FOUND, QUERY_INT, RowId
-from pipetune.service.views import worker_doc
+from pipetune.service.views import list_worker_docs
 
 router = APIRouter(route_class=BoundedJsonRoute, tags=["workers"])
 
@@ -107,10 +114,11 @@ def worker_exit(service: ServiceDep, worker_id: RowId, token: WorkerToken) -> No
 @router.get("/v1/workers", response_model=WorkerList, dependencies=[Depends(user_access)])
 def list_workers(
     service: ServiceDep,
-    limit: Annotated[int, Query(ge=1, le=1000), QUERY_INT] = 200,
+    state: Annotated[WorkerState | None, Query()] = None,
+    limit: Annotated[int, Query(ge=1, le=MAX_WORKER_PAGE), QUERY_INT] = WORKER_PAGE,
 ) -> WorkerList:
+    """Registered workers, most recent heartbeat first (those in `state` only, where given:
+    live, silent past the lease TTL, or exited), each with its state, and `counts`: how many
+    registered workers are in each state."""
     with service.db.read() as s:
-        rows = s.scalars(
-            select(WorkerRow).order_by(WorkerRow.last_heartbeat.desc()).limit(limit)
-        ).all()
-        return WorkerList(workers=[worker_doc(w) for w in rows])
+        return list_worker_docs(s, state, limit, service.settings.lease_ttl_s)
