@@ -9,6 +9,7 @@ save its screenshot there too (the one in docs/ was taken that way)."""
 
 from __future__ import annotations
 
+import datetime as dt
 import os
 import shutil
 import time
@@ -19,8 +20,10 @@ from urllib.parse import parse_qs, urlparse
 import httpx
 import pytest
 from service_support import GEMM, TOKEN, fake_latency, live_server
+from sqlalchemy import create_engine, update
 
 from pipetune.service.migrate import upgrade
+from pipetune.service.orm import WorkerRow
 
 CHROMIUM = "/usr/bin/chromium"
 CHROMIUM_ARGS = [
@@ -725,3 +728,51 @@ def test_a_task_asked_for_by_address_is_shown_when_it_is_older_than_the_list(liv
             assert page.locator(f'#tasks tbody tr[data-task="{old}"]').count() == 0
         browser.close()
     assert errors == []
+
+
+def test_the_workers_are_shown_in_their_states(live_url, chromium, tmp_path):
+    """The fleet on the page: each worker's state (live, silent past the lease TTL, exited)
+    and jobs in hand, and how many are in each state. The page showed no worker at all: a
+    task's "waiting" note was the only sign that the fleet was gone."""
+    with httpx.Client(base_url=live_url, timeout=30) as client:
+        live = _register(client, "node-live", "simulated")
+        silent = _register(client, "node-silent", "simulated")
+        gone = _register(client, "node-gone", "simulated")
+        beat = client.post(f"/v1/workers/{live}/heartbeat", json={"busy_jobs": 3}, headers=HEADERS)
+        assert beat.status_code == 200
+        assert client.post(f"/v1/workers/{gone}/exit", headers=HEADERS).status_code == 204
+    engine = create_engine(f"sqlite:///{tmp_path / 'dashboard.db'}")
+    with engine.begin() as conn:  # an hour silent (the service's TTL is 120 s)
+        conn.execute(
+            update(WorkerRow)
+            .where(WorkerRow.id == silent)
+            .values(last_heartbeat=dt.datetime.now(dt.UTC) - dt.timedelta(hours=1))
+        )
+    engine.dispose()
+
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=chromium, args=CHROMIUM_ARGS)
+        page = browser.new_page(viewport={"width": 1400, "height": 1000})
+        errors: list[str] = []
+        page.on("console", lambda m: errors.append(m.text) if m.type == "error" else None)
+        page.on("pageerror", lambda e: errors.append(str(e)))
+        page.goto(f"{live_url}/dashboard?refresh=300")
+        page.wait_for_function(
+            "() => document.querySelectorAll('#workers tbody tr').length === 3", timeout=20000
+        )
+        assert page.locator("#worker-counts").inner_text() == "1 live, 1 silent, 1 exited"
+        rows = {
+            cells[0]: cells
+            for cells in (
+                page.locator("#workers tbody tr").nth(i).locator("td").all_inner_texts()
+                for i in range(3)
+            )
+        }
+        assert rows["node-live"][1:5] == ["h100", "simulated", "live", "3"]
+        assert rows["node-silent"][3] == "silent" and rows["node-gone"][3] == "exited"
+        state_cell = page.locator(f"#workers tbody tr[data-worker='{silent}'] td").nth(3)
+        assert state_cell.get_attribute("class") == "worker-silent"
+        assert errors == []
+        browser.close()

@@ -119,6 +119,8 @@ class FakeService:
         parts = path.strip("/").split("/")  # v1, tasks, ID, trials
         if parts == ["v1", "tasks"]:
             return 200, {"tasks": self.listed}
+        if parts == ["v1", "workers"]:  # (no worker: the tests here are about tasks)
+            return 200, {"workers": [], "counts": {"live": 0, "silent": 0, "exited": 0}}
         if parts == ["v1", "curves"]:
             curve = [{"k": k, "best_in_k": 0.5 + k / 20, "tasks": 1} for k in range(1, 7)]
             return 200, {"curves": {"random": curve}, "runners": ["simulated"]}

@@ -1,12 +1,12 @@
 // pipetune dashboard: tasks, the selected task's best-so-far curve and measured-vs-predicted
-// scatter, and the best-in-k curves per strategy. Refreshes incrementally: a task's trials
-// are fetched from the first one not yet final (`after=`), its curve from the last point
-// drawn, so a refresh costs the new rows only, however many trials the database holds.
-// Latencies are labelled by the runner that produced them (measured, simulated, replayed),
-// as the CLI does; a banner says so when every trial on screen is simulated. Workloads and
-// schedules of every kernel family are shown by the labels the service gives (the family's
-// own: a GEMM tile, a memory-intensive thread mapping), throughput in the unit it gives
-// (TFLOP/s for GEMMs, GB/s for memory-intensive operators).
+// scatter, the best-in-k curves per strategy, and the workers. Refreshes incrementally: a
+// task's trials are fetched from the first one not yet final (`after=`), its curve from the
+// last point drawn, so a refresh costs the new rows only, however many trials the database
+// holds. Latencies are labelled by the runner that produced them (measured, simulated,
+// replayed), as the CLI does; a banner says so when every trial on screen is simulated.
+// Workloads and schedules of every kernel family are shown by the labels the service gives
+// (the family's own: a GEMM tile, a memory-intensive thread mapping), throughput in the unit
+// it gives (TFLOP/s for GEMMs, GB/s for memory-intensive operators).
 "use strict";
 
 (() => {
@@ -77,7 +77,7 @@
   class NoAnswer extends Error {}
 
   const state = {
-    tasks: [], listed: false, detail: null, tick: 0, aggregateDue: 0,
+    tasks: [], listed: false, detail: null, tick: 0, aggregateDue: 0, workersDue: 0,
     wanted: Number(params.get("task")) || null, curveRunners: [],
   };
   let lastAnswer = new Date();  // the service's last answer of any kind (or the page's load)
@@ -537,6 +537,54 @@
     }
   }
 
+  // The workers, as GET /v1/workers answers: the most recently heard from first, each in
+  // its state by the service's clock (the states and their order are the service's).
+  const WORKER_ROWS = 100;
+
+  function workerRow(worker) {
+    const tr = document.createElement("tr");
+    tr.dataset.worker = worker.id;
+    cell(tr, worker.name);
+    cell(tr, worker.gpu);
+    cell(tr, worker.runner);
+    cell(tr, worker.state || "–", worker.state ? `worker-${worker.state}` : "");
+    cell(tr, String(worker.busy_jobs));
+    cell(tr, new Date(worker.last_heartbeat).toLocaleString());
+    return tr;
+  }
+
+  async function refreshWorkers() {
+    const doc = await get(`/v1/workers?limit=${WORKER_ROWS}`);
+    const counts = Object.entries(doc.counts || {});
+    const total = counts.reduce((sum, [, n]) => sum + n, 0);
+    let words = counts.map(([s, n]) => `${n} ${s}`).join(", ");
+    if (total === 0) {
+      words = "No worker has registered: run pipetune worker on each GPU node.";
+    } else if (total > doc.workers.length) {
+      words += ` (below, the ${doc.workers.length} most recently heard from)`;
+    }
+    document.getElementById("worker-counts").textContent = words;
+    // Kept rows patched in place, as the tasks' (a name can be selected and copied).
+    const body = document.querySelector("#workers tbody");
+    const rows = new Map([...body.rows].map((tr) => [tr.dataset.worker, tr]));
+    let previous = null;
+    for (const worker of doc.workers) {
+      const kept = rows.get(String(worker.id));
+      rows.delete(String(worker.id));
+      const tr = kept ? patchRow(kept, workerRow(worker)) : workerRow(worker);
+      const place = previous ? previous.nextSibling : body.firstChild;
+      if (place !== tr) body.insertBefore(tr, place);
+      previous = tr;
+    }
+    for (const tr of rows.values()) tr.remove();
+  }
+
+  async function refreshWorkersWhenDue() {
+    if (state.tick < state.workersDue) return;
+    await refreshWorkers();
+    state.workersDue = state.tick + 3;  // a failed one is tried again at the next refresh
+  }
+
   async function refreshAggregateWhenDue() {
     if (state.tick < state.aggregateDue) return;
     await refreshAggregate();
@@ -554,7 +602,8 @@
   // drawn at all. The status says what failed.
   async function refreshOnce() {
     const problems = [];
-    for (const part of [refreshList, refreshSelected, refreshAggregateWhenDue]) {
+    for (const part of [refreshList, refreshSelected, refreshAggregateWhenDue,
+      refreshWorkersWhenDue]) {
       try {
         await part();
       } catch (error) {
