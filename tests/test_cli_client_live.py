@@ -325,3 +325,17 @@ def test_tune_model_with_wgmma_tunes_the_gemms_on_the_hopper_family(cli, worker)
     hopper = [row for row in doc["layers"] if row["family"] == "hopper_gemm"]
     assert {row["workload"]["op"] for row in hopper} == {"hopper_gemm", "hopper_bmm"}
     assert {row["baseline"] for row in hopper} == {"one block per tile"}
+
+
+def test_workers_lists_the_live_worker_from_the_service(cli, worker):  # type: ignore[no-untyped-def]
+    """`pipetune workers --server` (from the environment, with the API key the service
+    requires): the daemon of this module, live, with the service's counts."""
+    deadline = time.monotonic() + 10
+    while worker.worker_id is None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    doc = json.loads(cli("workers", "--state", "live", "--json").stdout)
+    assert [w["name"] for w in doc["workers"]] == ["cli-worker"]
+    assert doc["workers"][0]["state"] == "live" and doc["counts"]["live"] == 1
+    table = cli("workers")
+    assert table.exit_code == 0, table.output
+    assert "cli-worker" in table.stdout and "1 live, 0 silent, 0 exited" in table.stdout

@@ -79,7 +79,8 @@ def workers(
 
 
 def _counts_line(counts: dict, state: str | None, listed: list[WorkerDoc]) -> str:
-    """ "3 live, 1 silent, 12 exited" (every registered worker, whatever was listed)."""
+    """How many registered workers are in each state, e.g. `3 live, 1 silent, 12 exited`
+    (all of them, whatever was listed)."""
     if not counts:  # (a service from before the counts)
         return f"{len(listed)} workers listed" + (f" ({state})" if state else "")
     if not any(counts.values()):
