@@ -66,6 +66,13 @@ def geomean(values: Iterable[float]) -> float:
     return metrics.geomean(v) if v else float("nan")
 
 
+def mean(values: Iterable[float]) -> float:
+    """The arithmetic mean, nan over no values (as geomean): a campaign without operators of
+    a kind (the memops suite alone) reported numpy's "mean of empty slice" warning."""
+    v = list(values)
+    return float(np.mean(v)) if v else float("nan")
+
+
 def best_in_top_k(op: OperatorData, predicted_us: np.ndarray, k: int) -> float:
     """Fastest measured among the model's k best-ranked schedules over the fastest measured
     (1.0: the model's top k hold the optimum). A failed schedule counts as a slot."""
@@ -429,7 +436,7 @@ def hopper_report(c: Campaign, mma_sync: Campaign | None) -> list[str]:
         "",
         "Geomean of top-k: "
         + ", ".join(f"top-{k} {geomean(a[f'top{k}']):.3f}" for k in TOP_K)
-        + f"; mean Spearman {np.mean(a['rho_spec']):.3f} spec, {np.mean(a['rho_cal']):.3f}"
+        + f"; mean Spearman {mean(a['rho_spec']):.3f} spec, {mean(a['rho_cal']):.3f}"
         " calibrated.",
     ]
 
@@ -513,7 +520,7 @@ def report(
         "Tensor-core operators, geomean of top-k: "
         + ", ".join(f"top-{k} {geomean(ag[f'top{k}']):.3f}" for k in TOP_K)
         + f" (spec profile top-10 {geomean(ag['top10_spec']):.3f}); mean Spearman"
-        f" {np.mean(ag['rho_spec']):.3f} spec, {np.mean(ag['rho_cal']):.3f} calibrated.",
+        f" {mean(ag['rho_spec']):.3f} spec, {mean(ag['rho_cal']):.3f} calibrated.",
         "",
         "By pipelining class (tensor-core operators):",
         "",
@@ -532,7 +539,7 @@ def report(
         "Memory-intensive operators, geomean of top-k: "
         + ", ".join(f"top-{k} {geomean(am[f'top{k}']):.3f}" for k in TOP_K)
         + f" (spec profile top-10 {geomean(am['top10_spec']):.3f}); mean Spearman"
-        f" {np.mean(am['rho_spec']):.3f} spec, {np.mean(am['rho_cal']):.3f} calibrated.",
+        f" {mean(am['rho_spec']):.3f} spec, {mean(am['rho_cal']):.3f} calibrated.",
     ]
     if hopper_lines:
         lines += ["", *hopper_lines]
