@@ -130,6 +130,9 @@ def main(argv: list[str] | None = None) -> int:
         if run_cli(tune, service.url) != 0:
             print(service.log_tail(), file=sys.stderr)
             return 1
+        say("the workers that measured them (live; `exited` once stopped)")
+        if run_cli(["workers"], service.url) != 0:
+            return 1
         say(f"dashboard: {service.url}/dashboard")
         if args.keep:
             print("serving until Ctrl-C", flush=True)

@@ -32,6 +32,8 @@ def test_the_demo_tunes_both_families_and_stops_cleanly(tmp_path: Path):
     # simulated numbers are never called measured (the model's pick has no measurement)
     assert all(m == "-" for m in re.findall(r"measured µs\s*│\s*(\S+)", out)), out
     assert "simulated µs" in out
+    # The fleet that measured them: the three local workers, live.
+    assert "$ pipetune workers" in out and "3 live, 0 silent, 0 exited" in out
     assert out.rstrip().endswith("stopped cleanly")
     assert not list(tmp_path.glob("pipetune-demo-*"))  # a clean stop removes its work dir
     # Nothing left in the user's data dir (serve generated a worker token there).
