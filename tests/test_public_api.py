@@ -190,6 +190,10 @@ def test_a_service_reads_the_tuned_task_as_its_own(db_url: str, monkeypatch):
     engine.dispose()
     assert leases == 8 and {(j.state, j.runner) for j in jobs} == {("done", "simulated")}
     assert worker.name.startswith("in-process-") and worker.runner == "simulated"
+    # Its worker stopped with the tuning, as a daemon's does: listed as exited, not live for
+    # a lease TTL after the call returned.
+    with LocalStore(db_url) as store:
+        assert [w.state for w in store.workers()] == ["exited"]
 
 
 def test_a_service_worker_of_another_runner_leaves_an_in_process_task_alone(

@@ -365,6 +365,13 @@ class _InProcessTask:
         with contextlib.suppress(Exception):  # already finished: nothing to cancel
             self.driver.cancel(task_id)
 
+    def exit(self) -> None:
+        """This process's worker stops measuring, as a worker daemon says it on a clean stop
+        (`pipetune workers` lists it as exited, not live for a lease TTL, until this process
+        tunes again). Best effort: the tuning's own outcome stands whatever this answers."""
+        with contextlib.suppress(Exception):
+            self.queue.worker_exited(self.worker.id, self.token_hash)
+
 
 @contextlib.contextmanager
 def _terminated_as_exit() -> Iterator[None]:
@@ -476,6 +483,8 @@ def tune(
                     # (The database that failed the run refuses the cancel too: its error
                     # is the one to report.)
                 raise
+            finally:
+                task.exit()
         except SQLAlchemyError as exc:
             # A lock held past the busy timeout by another process, a disk that filled: said
             # as the database's failure, without the SQL and its parameters.
