@@ -6,7 +6,6 @@ worker that was gone. On SQLite and PostgreSQL."""
 
 from __future__ import annotations
 
-import io
 import time
 from types import SimpleNamespace
 
@@ -24,14 +23,11 @@ from service_support import (
     service_of,
 )
 from sqlalchemy import select
-from worker_support import REGISTERED, run_in_thread, wait_until
+from worker_support import REGISTERED, run_in_thread, simulated_daemon, wait_until
 
 from pipetune.clients.sdk import WorkerApi
 from pipetune.service.migrate import upgrade
 from pipetune.service.orm import WorkerRow
-from pipetune.workers.daemon import EventLog, WorkerConfig
-from pipetune.workers.daemon.gpu import describe_model_gpu
-from pipetune.workers.daemon.worker import Worker
 
 pytest_plugins = ["service_fixtures"]
 
@@ -192,20 +188,9 @@ class _Recording:
         self.calls.append("close")
 
 
-def _daemon(api: object, **config: object) -> Worker:
-    settings = {"server": "http://fake", "token": "t", "runner": "simulated", "gpu": "h100"}
-    return Worker(
-        WorkerConfig(**{**settings, **config}),  # type: ignore[arg-type]
-        SimpleNamespace(name="simulated", only_workload=None),  # type: ignore[arg-type]
-        describe_model_gpu("h100", "simulated"),
-        EventLog(stream=io.StringIO()),
-        api_factory=lambda: api,  # type: ignore[arg-type,return-value]
-    )
-
-
 def test_the_daemon_says_its_exit_once_last_of_all():
     api = _Recording()
-    worker = _daemon(api, lease_wait_s=1)
+    worker = simulated_daemon("http://fake", api, lease_wait_s=1)
     runner, status = run_in_thread(worker)
     assert wait_until(lambda: "lease" in api.calls)
     worker.request_stop()
@@ -223,13 +208,7 @@ def test_a_daemon_stopped_over_http_frees_its_name_at_once(db_url):
     lease TTL)."""
     upgrade(db_url)
     with live_server(db_url, worker_tokens=[TOKEN, "token-b"], lease_ttl_s=600) as base:
-        config = {"server": base, "token": TOKEN, "runner": "simulated", "gpu": "h100"}
-        worker = Worker(
-            WorkerConfig(**config, lease_wait_s=1, name="box"),  # type: ignore[arg-type]
-            SimpleNamespace(name="simulated", only_workload=None),  # type: ignore[arg-type]
-            describe_model_gpu("h100", "simulated"),
-            EventLog(stream=io.StringIO()),
-        )
+        worker = simulated_daemon(base, lease_wait_s=1, name="box")
         runner, status = run_in_thread(worker)
         with httpx.Client(base_url=base, timeout=30) as client:
 

@@ -7,11 +7,9 @@ lease TTL (an attempt used each)."""
 from __future__ import annotations
 
 import asyncio
-import io
 import json
 import threading
 import time
-from types import SimpleNamespace
 
 import httpx
 import pytest
@@ -26,16 +24,13 @@ from service_support import (
     service_of,
 )
 from sqlalchemy import select
-from worker_support import run_in_thread, wait_until
+from worker_support import run_in_thread, simulated_daemon, wait_until
 
 from pipetune.clients.sdk import NotFoundError, WorkerApi
 from pipetune.service import wakeup as wakeup_module
 from pipetune.service.migrate import upgrade
 from pipetune.service.orm import LeaseRow
 from pipetune.service.wakeup import Wakeup
-from pipetune.workers.daemon import EventLog, WorkerConfig
-from pipetune.workers.daemon.gpu import describe_model_gpu
-from pipetune.workers.daemon.worker import Worker
 
 pytest_plugins = ["service_fixtures"]
 
@@ -154,13 +149,7 @@ def test_an_idle_daemon_stopped_mid_poll_has_no_job_leased_into_its_poll(tmp_pat
     url = f"sqlite:///{tmp_path / 'stop.db'}"
     upgrade(url)
     with live_server(url, lease_poll_s=30.0, lease_wait_cap_s=30.0) as base:
-        settings = {"server": base, "token": TOKEN, "runner": "simulated", "gpu": "h100"}
-        worker = Worker(
-            WorkerConfig(**settings, lease_wait_s=30, name="idle"),  # type: ignore[arg-type]
-            SimpleNamespace(name="simulated", only_workload=None),  # type: ignore[arg-type]
-            describe_model_gpu("h100", "simulated"),
-            EventLog(stream=io.StringIO()),
-        )
+        worker = simulated_daemon(base, lease_wait_s=30, name="idle")
         runner, status = run_in_thread(worker)
         with httpx.Client(base_url=base, timeout=30) as client:
 

@@ -4,6 +4,7 @@ job, a trial's result, the worker run in a thread and a bounded wait."""
 from __future__ import annotations
 
 import datetime as dt
+import io
 import threading
 import time
 from collections.abc import Callable
@@ -11,6 +12,8 @@ from types import SimpleNamespace
 
 from pipetune.model.trials import MeasureResult
 from pipetune.model.wire import JobLease, ScheduleDoc
+from pipetune.workers.daemon import EventLog, WorkerConfig
+from pipetune.workers.daemon.gpu import describe_model_gpu
 from pipetune.workers.daemon.worker import Worker
 
 OK = MeasureResult(status="ok", latency_us=5.0)
@@ -54,3 +57,19 @@ def wait_until(condition: Callable[[], bool], timeout_s: float = 5.0) -> bool:
             return False
         time.sleep(0.01)
     return True
+
+
+def simulated_daemon(server: str, api: object | None = None, **config: object) -> Worker:
+    """A worker daemon of an H100 with a stand-in simulated runner (its trials are the test's
+    to answer), on `server` with the tests' token, or on the fake `api` where given; `config`:
+    WorkerConfig's other fields."""
+    from service_support import TOKEN
+
+    settings = {"server": server, "token": TOKEN, "runner": "simulated", "gpu": "h100"}
+    return Worker(
+        WorkerConfig(**{**settings, **config}),  # type: ignore[arg-type]
+        SimpleNamespace(name="simulated", only_workload=None),  # type: ignore[arg-type]
+        describe_model_gpu("h100", "simulated"),
+        EventLog(stream=io.StringIO()),
+        api_factory=None if api is None else (lambda: api),  # type: ignore[arg-type,return-value]
+    )
