@@ -212,7 +212,7 @@ def test_a_worker_holds_its_slots_plus_the_jobs_it_leases_ahead():
     worker._trial_s = LEASE_AHEAD_S * 4  # longer still: none ahead
     assert worker._capacity() == 2
     worker._busy = 1
-    assert worker._free_slots() == 1
+    assert worker._free_slots().jobs == 1  # the free slot (the jobs ahead: once it is busy)
     none_ahead, _ = _worker(FakeApi(), lease_ahead=0)
     assert none_ahead._capacity() == 1
 
@@ -223,9 +223,9 @@ def test_an_idle_worker_asks_for_its_slots_only_and_leases_ahead_once_it_has_wor
     2-3x slower) while the others waited. Idle, it asks for its slots; holding work, for the
     jobs ahead too; and a report that leaves it holding nothing asks for its slots only."""
     worker, _ = _worker(FakeApi(), concurrency=2, lease_ahead=3)
-    assert worker._free_slots() == 2  # idle: its slots
-    worker._busy = 1
-    assert worker._free_slots() == 4  # working: the rest of its capacity (5)
+    assert worker._free_slots().jobs == 2  # idle: its slots
+    worker._asking, worker._busy = 0, 2
+    assert worker._free_slots().jobs == 3  # working: the rest of its capacity (5)
     api = FakeApi(queued=10)
     worker, _ = _worker(api, concurrency=2, lease_ahead=3)
     worker._pool = FakePool()  # type: ignore[assignment]
@@ -756,7 +756,7 @@ def test_a_report_does_not_lease_the_slots_the_control_thread_has_just_found_fre
     worker, _ = _worker(api, concurrency=1, lease_ahead=3)  # capacity 4
     worker._pool = FakePool()  # type: ignore[assignment]
     worker._busy = 2
-    free = worker._free_slots()
+    free = worker._free_slots().jobs
     assert free == 2
     # The reporter reports one result before the lease request goes out.
     worker._reports.put((_job(1), OK))
@@ -795,7 +795,7 @@ def test_the_control_thread_does_not_lease_what_a_report_in_flight_asks_for():
     reporter.start()
     assert inside.wait(10)
     found: list[int] = []
-    control = threading.Thread(target=lambda: found.append(worker._free_slots()))
+    control = threading.Thread(target=lambda: found.append(worker._free_slots().jobs))
     control.start()
     control.join(0.3)
     answer.set()

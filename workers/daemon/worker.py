@@ -4,9 +4,10 @@ Threads, each with one job:
 - main: waits for the control thread and turns signals into stop requests (a signal handler
   only counts; events and log lines are handled here, outside the handler);
 - control: registers, then, while it holds fewer than its slots plus `lease_ahead`, has the
-  lease thread long-poll for jobs, and waits for its answer or a stop, whichever comes first;
-  on stop, drains;
-- lease: makes the control thread's long-polls (`POST /v1/jobs/lease`), one at a time, on a
+  lease thread ask for jobs, and waits for its answer or a stop, whichever comes first; on
+  stop, drains. A free slot's request long-polls; a request for jobs ahead (every slot busy)
+  takes only what is queued, without waiting (LeaseAsk says why);
+- lease: makes the control thread's requests (`POST /v1/jobs/lease`), one at a time, on a
   client of its own, and hands the jobs to the measuring pool (the jobs beyond the slots
   wait there: the next trial starts the moment one ends, with no request in between). A
   blocked read cannot be interrupted, so a stop does not wait for the poll in flight: the
@@ -66,6 +67,7 @@ import time
 from collections import Counter
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from queue import Empty, Queue
 from typing import Any, TypeVar
 
@@ -112,6 +114,15 @@ MAX_REREGISTER = 3
 # default lease TTL, so a worker that dies holding them delays them little (the measured
 # trial time sets how many that is).
 LEASE_AHEAD_S = 30.0
+# A worker whose request for jobs ahead found none asks again when what it holds changes (a
+# trial reported), or after this long with its slots still busy (jobs queued since: a task
+# created while it measures a long trial).
+AHEAD_RECHECK_S = 5.0
+# A worker that has just leased jobs asks for jobs ahead this long after (at most half its
+# measured trial time), not at once: the idle workers woken by the same batch claim theirs
+# meanwhile. Asked at once, it reached the service before some of them and took three of a
+# batch's eight jobs (benchmarks/RESULTS.md, "lease-ahead after the idle workers").
+AHEAD_DEFER_S = 0.25
 REPORT_BATCH = 64  # results in one report at most
 EXIT_UNREPORTED = 3  # the exit status of a worker that stopped with results it could not report
 # Answers about a request's size (the body; the head): a batch refused so is sent again one
@@ -145,6 +156,30 @@ LeaseKey = tuple[int, str]
 
 class WorkerError(PipetuneError):
     """The worker cannot go on (refused token, runner gone, service never reachable)."""
+
+
+@dataclass(frozen=True)
+class LeaseAsk:
+    """One lease request of the control thread: `jobs` to ask for, and whether the request
+    long-polls for them (`wait`); `holding`: the jobs the worker held when it asked.
+
+    A worker with a free slot asks for its free slots and waits. One whose slots are all busy
+    asks for the jobs it leases ahead, and does not wait: it takes only jobs already queued,
+    and asks AHEAD_DEFER_S after the lease that brought its work (_ahead_wait_s). Both
+    because idle workers are to get a batch's jobs before busy ones take more (8 workers, a
+    model-guided task of batches of 8: each batch was measured on 4-7 of them, and the task
+    took 1.7-2.8x as long as without leasing ahead, benchmarks/RESULTS.md "lease-ahead after
+    the idle workers"):
+    - a request is sized when it is sent and answered when jobs come, and trials end
+      meanwhile: a long-poll for jobs ahead, sent while the worker measured the last trial of
+      a batch, was answered by the next batch with the worker idle by then, and took two of
+      its jobs where an idle worker takes one;
+    - asked the moment its lease came back, it reached the service before some of the idle
+      workers woken by the same batch."""
+
+    jobs: int
+    wait: bool
+    holding: int
 
 
 def _workload_key(data: dict[str, Any]) -> str:
@@ -227,9 +262,13 @@ class Worker:
         self._pool_lock = threading.Lock()
         # The control thread's lease requests (free slots; None: no more), made by the lease
         # thread, and its answer (under self._slots): the jobs it got, or its error.
-        self._poll_requests: Queue[int | None] = Queue()
+        self._poll_requests: Queue[LeaseAsk | None] = Queue()
         self._poll_answer: int | BaseException | None = None
         self._polling = False  # a lease request in flight (under self._slots)
+        # The last request for jobs ahead that found none: (jobs held then, when), and when a
+        # lease last brought jobs (time.monotonic()): when to ask ahead next (_ahead_wait_s).
+        self._found_none_ahead: tuple[int, float] | None = None
+        self._leased_at = -math.inf
         # Jobs let go unmeasured in the measuring pool (a second signal, the runner gone):
         # handed back together once the pool has stopped (under self._slots).
         self._to_hand_back: list[JobLease] = []
@@ -468,33 +507,60 @@ class Worker:
         return self.config.concurrency + ahead
 
     def _wanted(self, holding: int) -> int:
-        """How many jobs to hold, holding `holding`: the capacity once the worker has work in
-        hand, only its slots while it holds none. An idle worker that asked for its slots plus
-        its lease-ahead took a whole batch while the idle workers beside it waited (8 jobs of
-        a batch on 3 of 8 workers, the batch 2x slower): it leases ahead once it has work, from
-        the jobs no idle worker's request took."""
+        """How many jobs a report's lease may bring the worker to, holding `holding`: the
+        capacity once the worker has work in hand, only its slots while it holds none. An idle
+        worker that asked for its slots plus its lease-ahead took a whole batch while the idle
+        workers beside it waited (8 jobs of a batch on 3 of 8 workers, the batch 2x slower): it
+        leases ahead once it has work, from the jobs no idle worker's request took. (A report
+        claims at once and never waits: the control thread's requests follow LeaseAsk.)"""
         return self._capacity() if holding > 0 else self.config.concurrency
 
-    def _free_slots(self) -> int:
-        """Block until the worker holds, and asks for, fewer jobs than its capacity, and its
-        reports get through (or stop); how many more it may lease, reserved for the lease
-        request (`_asking`) in the same lock: a report could otherwise lease them too in
-        between (and a report's lease in flight, `_report_asking`, is theirs already)."""
+    def _free_slots(self) -> LeaseAsk:
+        """Block until the worker holds, and asks for, fewer jobs than its capacity, its
+        reports get through (or stop), and, with every slot busy, a request for jobs ahead is
+        due (_ahead_wait_s); then the request to make (LeaseAsk), its jobs reserved for it
+        (`_asking`) in the same lock: a report could otherwise lease them too in between (and
+        a report's lease in flight, `_report_asking`, is theirs already)."""
         with self._slots:
-            while not self._stop.is_set() and (
-                self._busy + self._report_asking >= self._capacity()
-                or self._reports_failing_since is not None  # (woken by _reports_through)
-            ):
-                self._slots.wait(0.5)
-            if self._stop.is_set():
-                return 0
+            while not self._stop.is_set():
+                if (
+                    self._busy + self._report_asking >= self._capacity()
+                    or self._reports_failing_since is not None  # (woken by _reports_through)
+                ):
+                    self._slots.wait(0.5)
+                elif (not_yet := self._ahead_wait_s(self._busy + self._report_asking)) > 0:
+                    self._slots.wait(min(0.5, not_yet))
+                else:
+                    break
             holding = self._busy + self._report_asking
-            free = self._wanted(holding) - holding
+            if self._stop.is_set():
+                return LeaseAsk(0, True, holding)
+            idle_slots = self.config.concurrency - holding
+            wait = idle_slots > 0
+            free = idle_slots if wait else self._capacity() - holding
             self._asking = max(0, min(free, MAX_JOBS_PER_LEASE))
-            return self._asking
+            return LeaseAsk(self._asking, wait, holding)
+
+    def _ahead_wait_s(self, holding: int) -> float:
+        """How long the control thread's next request waits yet before it is sent, holding
+        `holding` (0: now). A free slot's goes at once. One for jobs ahead goes AHEAD_DEFER_S
+        after the worker's last lease that brought jobs (half a trial where trials are
+        shorter), and AHEAD_RECHECK_S after the last one that found none where the worker
+        holds what it held then. (The caller holds self._slots.)"""
+        if holding < self.config.concurrency:
+            return 0.0
+        defer_s = AHEAD_DEFER_S if self._trial_s is None else min(AHEAD_DEFER_S, self._trial_s / 2)
+        due = self._leased_at + defer_s
+        dry = self._found_none_ahead
+        if dry is not None and dry[0] == holding:
+            due = max(due, dry[1] + AHEAD_RECHECK_S)
+        return due - time.monotonic()
 
     def _hold(self, jobs: list[JobLease]) -> None:
         """Count jobs just leased as held (the caller holds self._slots)."""
+        if jobs:
+            self._found_none_ahead = None  # (what it holds changed: _ahead_wait_s)
+            self._leased_at = time.monotonic()
         self._busy += len(jobs)
         now = time.monotonic()
         for job in jobs:
@@ -546,6 +612,7 @@ class Worker:
         lease: a copy superseded by a newer lease of its job leaves that one held."""
         with self._slots:
             self._busy -= len(jobs)
+            self._found_none_ahead = None  # (what it holds changed: _ahead_wait_s)
             for job in jobs:
                 key = _lease_key(job)
                 self._held.pop(key, None)
@@ -564,10 +631,11 @@ class Worker:
             if self.counts[key] == 0:
                 del self.counts[key]  # (a result given up on, delivered after all)
 
-    def _lease(self, api: WorkerApi, free: int) -> list[JobLease]:
+    def _lease(self, api: WorkerApi, free: int, wait: bool = True) -> list[JobLease]:
         """One lease request, retried with backoff while the service is unreachable or
         answers 5xx; [] once the worker is stopping. The jobs count as held before the
-        request ends (`_asking`): the reporter leases only what this one does not ask for."""
+        request ends (`_asking`): the reporter leases only what this one does not ask for.
+        `wait`: long-poll for them (--lease-wait); else take only what is queued now."""
         assert self.worker_id is not None
         asking = min(free, MAX_JOBS_PER_LEASE)
         # One id for the request and its retries: a retry after an answer lost on the way
@@ -597,7 +665,7 @@ class Worker:
             return api.lease(
                 self.worker_id,
                 max_jobs=asking,
-                wait_s=self.config.lease_wait_s,
+                wait_s=self.config.lease_wait_s if wait else 0.0,
                 request_id=request_id,
                 retry=tries > 1,
             )
@@ -652,11 +720,11 @@ class Worker:
     def _lease_until_stopped(self, api: WorkerApi) -> None:
         reregistered = 0
         while not self._stop.is_set():
-            free = self._free_slots()
-            if free == 0:
+            ask = self._free_slots()
+            if ask.jobs == 0:
                 continue
             started = time.monotonic()
-            answer = self._poll(free)
+            answer = self._poll(ask)
             if answer is None:
                 return  # stopping: the poll in flight hands back what it brings (_hand_over)
             if isinstance(answer, NotFoundError):
@@ -676,18 +744,23 @@ class Worker:
             if isinstance(answer, BaseException):
                 raise answer
             reregistered = 0
-            if answer == 0 and time.monotonic() - started < 0.2:
+            if not ask.wait:
+                if answer == 0:  # (jobs found cleared it: _hold)
+                    with self._slots:
+                        self._found_none_ahead = (ask.holding, time.monotonic())
+            elif answer == 0 and time.monotonic() - started < 0.2:
                 self._stop.wait(1.0)  # a service that does not long-poll
 
-    def _poll(self, free: int) -> int | BaseException | None:
-        """Have the lease thread lease up to `free` jobs, and wait for its answer: how many
-        it got (it hands them over itself) or its error; None once the worker stops first.
+    def _poll(self, ask: LeaseAsk) -> int | BaseException | None:
+        """Have the lease thread make the request (up to `ask.jobs` jobs), and wait for its
+        answer: how many it got (it hands them over itself) or its error; None once the
+        worker stops first.
         The poll then goes on without a waiter, and its jobs are handed back (_hand_over):
         a stop does not wait out a long-poll (--lease-wait) that cannot be interrupted."""
         with self._slots:
             self._poll_answer = None
             self._polling = True
-        self._poll_requests.put(free)
+        self._poll_requests.put(ask)
         with self._slots:
             while self._poll_answer is None:
                 if self._stopping():
@@ -703,17 +776,17 @@ class Worker:
         api = None
         try:
             api = self._api_factory()
-            while (free := self._poll_requests.get()) is not None:
-                self._answer_poll(self._poll_once(api, free))
+            while (ask := self._poll_requests.get()) is not None:
+                self._answer_poll(self._poll_once(api, ask))
         except BaseException as exc:  # (the control thread raises it: run() does)
             self._answer_poll(exc)
         finally:
             if api is not None:
                 api.close()
 
-    def _poll_once(self, api: WorkerApi, free: int) -> int | BaseException:
+    def _poll_once(self, api: WorkerApi, ask: LeaseAsk) -> int | BaseException:
         try:
-            jobs = self._lease(api, free)
+            jobs = self._lease(api, ask.jobs, ask.wait)
         except Exception as exc:  # the control thread's to judge (register again, give up)
             return exc
         if jobs:
