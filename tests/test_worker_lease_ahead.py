@@ -1,9 +1,9 @@
 """The worker daemon's lease requests and its lease-ahead, without a service (a fake API
 stands in): a request for a free slot long-polls for the free slots only; a request for jobs
-ahead (every slot busy) takes only what is queued, never waits, and goes out a moment after
-the lease that brought the worker its work, so that the idle workers woken by the same batch
-claim theirs first; one that found nothing is not repeated until what the worker holds
-changes (or AHEAD_RECHECK_S)."""
+ahead (every slot busy) asks for one, takes only what is queued, never waits, and goes out a
+moment after the lease that brought the worker its work, so that the idle workers woken by
+the same batch claim theirs first and the busy ones take the rest in turns; one that found
+nothing is not repeated until what the worker holds changes (or AHEAD_RECHECK_S)."""
 
 from __future__ import annotations
 
@@ -91,7 +91,7 @@ def test_a_busy_worker_asks_ahead_without_waiting_and_after_the_idle_workers():
         assert wait_until(lambda: len(api.requests) >= 2)
         (first_jobs, first_wait, first_at), (ahead_jobs, ahead_wait, ahead_at) = api.requests[:2]
         assert (first_jobs, first_wait) == (1, LEASE_WAIT_S)  # idle: its slot, long-polled
-        assert (ahead_jobs, ahead_wait) == (2, 0.0)  # busy: the jobs ahead, queued ones only
+        assert (ahead_jobs, ahead_wait) == (1, 0.0)  # busy: a job ahead, a queued one only
         assert ahead_at - first_at >= AHEAD_DEFER_S * 0.9  # (the answer came back at once)
         # It found none: it does not ask again while it holds what it held.
         time.sleep(0.5)
@@ -119,8 +119,28 @@ def test_a_free_slot_is_long_polled_for_alone_and_the_jobs_ahead_asked_for_after
         worker._hold([leased_job(98)])
     started = time.monotonic()
     ask = worker._free_slots()  # (after AHEAD_DEFER_S: it just leased)
-    assert ask == LeaseAsk(jobs=3, wait=False, holding=2)
+    assert ask == LeaseAsk(jobs=1, wait=False, holding=2)
     assert time.monotonic() - started >= AHEAD_DEFER_S * 0.9
+
+
+def test_jobs_ahead_come_one_a_request_until_the_worker_holds_its_capacity():
+    """Its request for jobs ahead asked for all of them (`lease_ahead`): the first busy worker
+    to ask took them while the one beside it got none, and the batch waited on the first (4
+    workers, batches of 8: 12.3 s a task, 8.4 s without leasing ahead). One a request, the
+    busy workers take the jobs left in turns."""
+    api = QueueApi([leased_job(i) for i in range(1, 10)])
+    worker = _worker(api, concurrency=1, lease_ahead=2)  # capacity 3
+    thread = _lease_in_thread(worker, api)
+    try:
+        assert wait_until(lambda: len(api.requests) >= 3)
+        time.sleep(AHEAD_DEFER_S * 2)  # (no fourth: it holds its capacity)
+        asked = [(jobs, wait_s) for jobs, wait_s, _ in api.requests]
+        assert asked == [(1, LEASE_WAIT_S), (1, 0.0), (1, 0.0)]
+        gaps = [b[2] - a[2] for a, b in zip(api.requests, api.requests[1:], strict=False)]
+        assert all(gap >= AHEAD_DEFER_S * 0.9 for gap in gaps)
+        assert worker._busy == 3 and worker._pool.jobs == [1, 2, 3]  # type: ignore[union-attr]
+    finally:
+        _stop(worker, thread)
 
 
 @pytest.mark.parametrize("trial_s", [None, 0.1, 10.0])

@@ -225,7 +225,7 @@ def test_an_idle_worker_asks_for_its_slots_only_and_leases_ahead_once_it_has_wor
     worker, _ = _worker(FakeApi(), concurrency=2, lease_ahead=3)
     assert worker._free_slots().jobs == 2  # idle: its slots
     worker._asking, worker._busy = 0, 2
-    assert worker._free_slots().jobs == 3  # working: the rest of its capacity (5)
+    assert worker._free_slots().jobs == 1  # working: a job ahead (one a request)
     api = FakeApi(queued=10)
     worker, _ = _worker(api, concurrency=2, lease_ahead=3)
     worker._pool = FakePool()  # type: ignore[assignment]
@@ -757,14 +757,14 @@ def test_a_report_does_not_lease_the_slots_the_control_thread_has_just_found_fre
     worker._pool = FakePool()  # type: ignore[assignment]
     worker._busy = 2
     free = worker._free_slots().jobs
-    assert free == 2
+    assert free == 1  # a job ahead (one a request)
     # The reporter reports one result before the lease request goes out.
     worker._reports.put((_job(1), OK))
     worker._reports.put(None)
     worker._reporter()
     worker._lease(api, free)  # type: ignore[arg-type]
     assert worker._busy <= worker._capacity() == 4
-    assert api.asked == [1]  # the slot its result frees, not the two reserved
+    assert api.asked == [2]  # the slot its result frees and the room not reserved, not more
 
 
 def test_the_control_thread_does_not_lease_what_a_report_in_flight_asks_for():

@@ -70,9 +70,9 @@ def worker(
         2,
         "--lease-ahead",
         help="jobs leased ahead of the ones being measured, so the GPU never waits on the "
-        "network; an idle worker leases only its slots, and a busy one takes jobs ahead only "
-        "from those queued, after the idle workers, so a batch spreads over idle workers "
-        "(0: lease only for free slots)",
+        "network; an idle worker leases only its slots, and a busy one takes jobs ahead one "
+        "at a time, only from those queued, after the idle workers, so a batch spreads over "
+        "the fleet (0: lease only for free slots)",
     ),
     name: str | None = typer.Option(None, "--name", help="worker name (default host-runner-pid)"),
     device: int = typer.Option(0, "--device", help="cupy: CUDA device index"),

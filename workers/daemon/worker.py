@@ -5,7 +5,7 @@ Threads, each with one job:
   only counts; events and log lines are handled here, outside the handler);
 - control: registers, then, while it holds fewer than its slots plus `lease_ahead`, has the
   lease thread ask for jobs, and waits for its answer or a stop, whichever comes first; on
-  stop, drains. A free slot's request long-polls; a request for jobs ahead (every slot busy)
+  stop, drains. A free slot's request long-polls; a request for a job ahead (every slot busy)
   takes only what is queued, without waiting (LeaseAsk says why);
 - lease: makes the control thread's requests (`POST /v1/jobs/lease`), one at a time, on a
   client of its own, and hands the jobs to the measuring pool (the jobs beyond the slots
@@ -118,10 +118,10 @@ LEASE_AHEAD_S = 30.0
 # trial reported), or after this long with its slots still busy (jobs queued since: a task
 # created while it measures a long trial).
 AHEAD_RECHECK_S = 5.0
-# A worker that has just leased jobs asks for jobs ahead this long after (at most half its
+# A worker that has just leased jobs asks for a job ahead this long after (at most half its
 # measured trial time), not at once: the idle workers woken by the same batch claim theirs
-# meanwhile. Asked at once, it reached the service before some of them and took three of a
-# batch's eight jobs (benchmarks/RESULTS.md, "lease-ahead after the idle workers").
+# meanwhile. Asked at once, it reached the service before some of them and took jobs of the
+# batch they waited for (benchmarks/RESULTS.md, "lease-ahead after the idle workers").
 AHEAD_DEFER_S = 0.25
 REPORT_BATCH = 64  # results in one report at most
 EXIT_UNREPORTED = 3  # the exit status of a worker that stopped with results it could not report
@@ -164,18 +164,22 @@ class LeaseAsk:
     long-polls for them (`wait`); `holding`: the jobs the worker held when it asked.
 
     A worker with a free slot asks for its free slots and waits. One whose slots are all busy
-    asks for the jobs it leases ahead, and does not wait: it takes only jobs already queued,
-    and asks AHEAD_DEFER_S after the lease that brought its work (_ahead_wait_s). Both
-    because idle workers are to get a batch's jobs before busy ones take more (8 workers, a
-    model-guided task of batches of 8: each batch was measured on 4-7 of them, and the task
-    took 1.7-2.8x as long as without leasing ahead, benchmarks/RESULTS.md "lease-ahead after
-    the idle workers"):
+    asks for one job ahead, and does not wait: it takes only a job already queued, and asks
+    AHEAD_DEFER_S after the lease that brought its work (_ahead_wait_s). All three because
+    idle workers are to get a batch's jobs before busy ones take more, and busy ones to share
+    what is left (benchmarks/RESULTS.md, "lease-ahead after the idle workers"):
     - a request is sized when it is sent and answered when jobs come, and trials end
       meanwhile: a long-poll for jobs ahead, sent while the worker measured the last trial of
       a batch, was answered by the next batch with the worker idle by then, and took two of
       its jobs where an idle worker takes one;
     - asked the moment its lease came back, it reached the service before some of the idle
-      workers woken by the same batch."""
+      workers woken by the same batch (with the two, 8 workers and a model-guided task of
+      batches of 8: each batch was measured on 4-7 of them, the task 1.7-2.8x as long as
+      without leasing ahead);
+    - asking for all its jobs ahead at once, the first busy worker took them while another
+      got none, and the batch waited on it (4 workers, batches of 8: 12.3 s a task against
+      8.4 s without leasing ahead). One a request, the busy workers take the jobs left in
+      turns, and each reaches its `lease_ahead` over several requests."""
 
     jobs: int
     wait: bool
@@ -537,7 +541,7 @@ class Worker:
                 return LeaseAsk(0, True, holding)
             idle_slots = self.config.concurrency - holding
             wait = idle_slots > 0
-            free = idle_slots if wait else self._capacity() - holding
+            free = idle_slots if wait else min(1, self._capacity() - holding)  # (one ahead)
             self._asking = max(0, min(free, MAX_JOBS_PER_LEASE))
             return LeaseAsk(self._asking, wait, holding)
 
