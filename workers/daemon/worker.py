@@ -264,7 +264,7 @@ class Worker:
         # The measuring pool while it takes jobs (the reporter hands it jobs it leased too).
         self._pool: ThreadPoolExecutor | None = None
         self._pool_lock = threading.Lock()
-        # The control thread's lease requests (free slots; None: no more), made by the lease
+        # The control thread's lease requests (LeaseAsk; None: no more), made by the lease
         # thread, and its answer (under self._slots): the jobs it got, or its error.
         self._poll_requests: Queue[LeaseAsk | None] = Queue()
         self._poll_answer: int | BaseException | None = None
@@ -758,9 +758,9 @@ class Worker:
     def _poll(self, ask: LeaseAsk) -> int | BaseException | None:
         """Have the lease thread make the request (up to `ask.jobs` jobs), and wait for its
         answer: how many it got (it hands them over itself) or its error; None once the
-        worker stops first.
-        The poll then goes on without a waiter, and its jobs are handed back (_hand_over):
-        a stop does not wait out a long-poll (--lease-wait) that cannot be interrupted."""
+        worker stops first. The poll then goes on without a waiter, and its jobs are handed
+        back (_hand_over): a stop does not wait out a long-poll (--lease-wait) that cannot be
+        interrupted."""
         with self._slots:
             self._poll_answer = None
             self._polling = True
