@@ -13,7 +13,8 @@ simulated --gpu h200 --lease-ahead N`, spread over the replicas; a trial takes
 PIPETUNE_SIMULATED_TIME_SCALE=`--time-scale` times what a real one would, about a second), and
 runs one task of `--budget` trials on a GEMM, once per lease-ahead value per repeat (the values
 taking turns). Per run: the task's wall time from its creation until it is done, and for each
-batch (trials in proposal order, `batch_size` a batch) how many workers measured it.
+batch (trials in proposal order, `batch_size` a batch) how many workers measured it and the
+most of its trials one worker measured.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -126,9 +128,9 @@ def run_once(
         wall_s = time.monotonic() - started
         trials = client.all_trials(task.id)
     batch = done.batch_size or budget
-    spread: dict[int, set[str]] = {}
+    spread: dict[int, Counter[str]] = {}
     for trial in trials:
-        spread.setdefault(trial.trial // batch, set()).add(trial.worker or "?")
+        spread.setdefault(trial.trial // batch, Counter())[trial.worker or "?"] += 1
     return {
         "strategy": strategy,
         "lease_ahead": lease_ahead,
@@ -140,6 +142,9 @@ def run_once(
         "batch_size": batch,
         "wall_s": round(wall_s, 3),
         "workers_per_batch": [len(spread[b]) for b in sorted(spread)],
+        # The most trials of each batch that one worker measured: the batch lasts as long as
+        # that worker's trials take.
+        "most_per_worker": [max(spread[b].values()) for b in sorted(spread)],
         "simulated": True,
     }
 
@@ -199,7 +204,8 @@ def main(argv: list[str] | None = None) -> None:
                 print(
                     f"SIMULATED {run['strategy']}, {run['workers']} workers, "
                     f"{run['replicas']} replica(s), lease-ahead {run['lease_ahead']}: "
-                    f"{run['wall_s']:.2f} s, workers per batch {run['workers_per_batch']} "
+                    f"{run['wall_s']:.2f} s, workers per batch {run['workers_per_batch']}, "
+                    f"the most trials of a batch on one worker {run['most_per_worker']} "
                     f"({run['trials_done']} trials, {run['state']})",
                     flush=True,
                 )

@@ -17,6 +17,11 @@ def test_a_task_runs_to_its_budget_and_each_batch_names_its_workers():
     batches = run["workers_per_batch"]
     assert isinstance(batches, list) and len(batches) == -(-6 // run["batch_size"])
     assert all(1 <= n <= 2 for n in batches)
+    most, size = run["most_per_worker"], run["batch_size"]
+    assert isinstance(most, list) and len(most) == len(batches)
+    for b, (workers, m) in enumerate(zip(batches, most, strict=True)):
+        trials = min(size, 6 - b * size)
+        assert m <= trials <= m * workers  # (a batch's trials, one worker's at most m)
     assert run["wall_s"] > 0
 
 
@@ -26,6 +31,7 @@ def test_json_prints_one_object_per_run(capsys):
     (line,) = capsys.readouterr().out.splitlines()
     run = json.loads(line)
     assert run["lease_ahead"] == 0 and run["workers_per_batch"] == [1]
+    assert run["most_per_worker"] == [2]  # (one worker: both trials)
 
 
 @pytest.mark.parametrize(
