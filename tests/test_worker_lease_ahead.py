@@ -172,3 +172,23 @@ def test_an_empty_answer_ahead_holds_until_what_the_worker_holds_changes():
     worker._release([leased_job(2)])  # one trial reported: it holds one
     with worker._slots:
         assert worker._found_none_ahead is None and worker._ahead_wait_s(1) <= 0
+
+
+def test_a_stop_while_a_request_ahead_waits_its_turn_asks_for_nothing():
+    worker = _worker(QueueApi([]), concurrency=1, lease_ahead=2)
+    worker._trial_s = 100.0  # (AHEAD_DEFER_S, not shortened)
+    with worker._slots:
+        worker._hold([leased_job(1)])
+        worker._found_none_ahead = (1, time.monotonic())  # (and AHEAD_RECHECK_S on top)
+    asked: list[LeaseAsk] = []
+    control = threading.Thread(target=lambda: asked.append(worker._free_slots()), daemon=True)
+    control.start()
+    time.sleep(0.1)
+    assert control.is_alive()  # waiting for its turn to ask ahead
+    started = time.monotonic()
+    worker._stop.set()
+    with worker._slots:
+        worker._slots.notify_all()
+    control.join(5)
+    assert not control.is_alive() and time.monotonic() - started < 1.0
+    assert asked == [LeaseAsk(jobs=0, wait=True, holding=1)] and worker._asking == 0
