@@ -23,6 +23,7 @@ import argparse
 import contextlib
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -44,7 +45,10 @@ REGISTER_TIMEOUT_S = 60.0
 TASK_TIMEOUT_S = 600.0
 
 
-def _worker(server: str, name: str, lease_ahead: int, time_scale: float, log: Path):
+def _worker(
+    server: str, name: str, lease_ahead: int, time_scale: float, log: Path
+) -> subprocess.Popen[bytes]:
+    """One simulated worker daemon, its output in `log`."""
     command = [
         *pipetune_command(),
         "worker",
@@ -97,7 +101,8 @@ def run_once(
     time_scale: float,
     pg_admin_url: str = DEFAULT_PG,
 ) -> dict[str, object]:
-    """One task on a fresh service and fleet: its wall time and each batch's spread."""
+    """One task on a fresh service and fleet: its wall time and each batch's spread. The
+    run's folder (the database, the logs) is removed once it succeeded, kept where not."""
     directory = Path(tempfile.mkdtemp(prefix="bench-lease-ahead-"))
     with contextlib.ExitStack() as stack:
         url = stack.enter_context(_database(replicas, pg_admin_url, directory))
@@ -127,6 +132,7 @@ def run_once(
         done = client.wait(task.id, poll_s=0.05, timeout_s=TASK_TIMEOUT_S)
         wall_s = time.monotonic() - started
         trials = client.all_trials(task.id)
+    shutil.rmtree(directory, ignore_errors=True)
     batch = done.batch_size or budget
     spread: dict[int, Counter[str]] = {}
     for trial in trials:
