@@ -33,11 +33,13 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from benchmarks.harness import DEFAULT_PG, TOKEN, pg_database, service_process
-from pipetune.clients.local_service import pipetune_command
 from pipetune.clients.sdk import Client
+from pipetune.model.wire import TOKEN_ENV
 from pipetune.model.workloads import Gemm
+from pipetune.service.local_workers import stop_workers, worker_command
 from pipetune.service.migrate import upgrade
 from pipetune.tuner.strategies import STRATEGIES
+from pipetune.workers.runners import TIME_SCALE_ENV
 
 GPU = "h200"
 WORKLOAD = Gemm(m=1024, n=64, k=1152)
@@ -48,31 +50,17 @@ TASK_TIMEOUT_S = 600.0
 def _worker(
     server: str, name: str, lease_ahead: int, time_scale: float, log: Path
 ) -> subprocess.Popen[bytes]:
-    """One simulated worker daemon, its output in `log`."""
-    command = [
-        *pipetune_command(),
-        "worker",
-        "--server",
-        server,
-        "--token",
-        TOKEN,
-        "--runner",
-        "simulated",
-        "--gpu",
-        GPU,
-        "--lease-ahead",
-        str(lease_ahead),
-        "--name",
-        name,
-    ]
-    env = {"PIPETUNE_SIMULATED_TIME_SCALE": f"{time_scale:g}"}
+    """One simulated worker daemon, its output in `log`: the command `serve --local-workers`
+    runs (service/local_workers.py), with the lease-ahead asked for."""
+    command = worker_command(server, "simulated", GPU, name)
+    command += ["--lease-ahead", str(lease_ahead)]
+    env = {
+        **_base_env(),
+        TOKEN_ENV: TOKEN,  # (in the environment: a command line is shown to everyone)
+        TIME_SCALE_ENV: f"{time_scale:g}",
+    }
     with log.open("wb") as out:
-        return subprocess.Popen(
-            command,
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            env={**_base_env(), **env},
-        )
+        return subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, env=env)
 
 
 def _base_env() -> dict[str, str]:
@@ -120,7 +108,7 @@ def run_once(
             )
             for i in range(workers)
         ]
-        stack.callback(_stop_all, procs)
+        stack.callback(stop_workers, procs)
         client = stack.enter_context(Client(services[0].url))
         deadline = time.monotonic() + REGISTER_TIMEOUT_S
         while len(client.workers("live")) < workers:
@@ -153,17 +141,6 @@ def run_once(
         "most_per_worker": [max(spread[b].values()) for b in sorted(spread)],
         "simulated": True,
     }
-
-
-def _stop_all(procs: list[subprocess.Popen[bytes]]) -> None:
-    for proc in procs:
-        proc.terminate()
-    for proc in procs:
-        try:
-            proc.wait(30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
 
 
 def _counts(option: str, text: str) -> list[int]:
