@@ -51,6 +51,12 @@ from pipetune.model.workloads import WorkloadError
         ({"op": "rmsnorm", "rows": 8, "cols": 8, "eps": 0.0}, "eps", "greater than 0"),
         ({"op": "rmsnorm", "rows": 8, "cols": 8, "eps": 1e-39}, "eps", "smallest normal"),
         ({"op": "rmsnorm", "rows": 8, "cols": 12}, "cols", "multiple of 8"),
+        # inf and 0 in the kernels' float32, though labelled scale=1e+308 and scale=1e-300
+        ({"op": "softmax", "rows": 8, "cols": 8, "scale": 1e308}, "scale", "float32's normal"),
+        ({"op": "softmax", "rows": 8, "cols": 8, "scale": 3.5e38}, "scale", "float32's normal"),
+        ({"op": "softmax", "rows": 8, "cols": 8, "scale": 1e-300}, "scale", "float32's normal"),
+        ({"op": "softmax", "rows": 8, "cols": 8, "scale": 5e-324}, "scale", "float32's normal"),
+        ({"op": "softmax", "rows": 8, "cols": 8, "scale": 0.0}, "scale", "greater than 0"),
         ({"op": "rmsnorm", "rows": 8, "cols": 8, "beta": 0.5}, "beta", "Extra inputs"),
         # x holds gate and up side by side: twice the elements of the output
         ({"op": "silu_mul", "rows": 1 << 17, "cols": 1 << 14}, "rows", "rows x 2 x cols"),
@@ -130,6 +136,12 @@ def test_cli_exits_2_with_one_line_naming_the_field():
 
 def test_the_smallest_eps_float32_holds_is_accepted():
     assert layernorm(8, 8, 2.0**-126).eps == 2.0**-126
+
+
+def test_the_scales_at_float32_s_normal_range_s_ends_are_accepted():
+    assert softmax(8, 8, scale=2.0**-126).scale == 2.0**-126
+    largest = float.fromhex("0x1.fffffep+127")
+    assert softmax(8, 8, scale=largest).scale == largest
 
 
 def test_attention_s_softmax_scales_masks_and_keeps_the_plain_one_s_identity():

@@ -54,6 +54,7 @@ from pipetune.model.workloads import (
 )
 
 FLOAT32_TINY = 2.0**-126  # float32's smallest normal number
+FLOAT32_MAX = float.fromhex("0x1.fffffep+127")  # float32's largest finite number
 
 ROW_ALIGN = 8  # 16-bit elements per 16-byte vector: rows start 16-byte aligned
 MAX_ROWS = 1 << 24
@@ -222,6 +223,19 @@ class Softmax(_RowWorkload):
         ):
             return {**data, "queries": data["cols"]}
         return data
+
+    @model_validator(mode="after")
+    def _scale_in_float32(self) -> Softmax:
+        # The kernels and the reference multiply by scale in float32: past its largest finite
+        # number it becomes inf (every row NaN), below its smallest normal one a subnormal or 0
+        # (1e308 and 1e-300 were accepted, labelled as given, and computed as inf and 0).
+        if not FLOAT32_TINY <= self.scale <= FLOAT32_MAX:
+            raise WorkloadError(
+                "scale",
+                f"must be within float32's normal range, {FLOAT32_TINY:.9g} to "
+                f"{FLOAT32_MAX:.9g} (the kernels compute in float32), got {self.scale:g}",
+            )
+        return self
 
     @model_validator(mode="after")
     def _check_mask(self) -> Softmax:
