@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import functools
 import secrets
+import unicodedata
 from datetime import datetime
 from enum import StrEnum
 from typing import Annotated, Any, Literal, Union
@@ -558,6 +559,20 @@ class WorkerRegister(_GpuField):
     def _named(cls, value: str) -> str:
         if not value.strip():
             raise ValueError("must not be blank")
+        return value
+
+    @field_validator("name", "device_name", "driver")
+    @classmethod
+    def _one_line(cls, value: str | None) -> str | None:
+        # Shown in the CLI's tables, the dashboard and the service's log lines: a name
+        # holding a newline or an escape sequence ("a\nb\tc" was registered) split a row of
+        # `pipetune workers` and could forge a log line or recolour a terminal.
+        if value is not None:
+            bad = next((c for c in value if unicodedata.category(c) == "Cc"), None)
+            if bad is not None:
+                raise ValueError(
+                    f"must not contain control characters, got {bad!r} at {value.index(bad)}"
+                )
         return value
 
     @field_validator("arch")

@@ -110,7 +110,7 @@ def _trials(data: Dataset, info: PipetuneInfo) -> tuple[list[Any], list[Any]]:
         raise InputError(["records", outside[0], "configuration"], outside[1])
     results = [result_from_record(r, record_runner(r, info.runner)) for r in data.records]
     for i, result in enumerate(results):
-        check_storable(result, ["records", i], runner_kind=False)
+        check_storable(result, ["records", i], from_worker=False)
     return schedules, results
 
 

@@ -92,13 +92,30 @@ MAX_CACHED_WORKERS = 10_000
 WORKLOAD_CACHE_SIZE = 10_000
 
 
-def check_storable(r: MeasureResult, loc: list[str | int], *, runner_kind: bool = True) -> None:
+# How far a worker's latency may lie outside its timed repeats: rounding, not a measurement.
+SAMPLE_RANGE_SLACK = 1e-9
+
+
+def check_storable(r: MeasureResult, loc: list[str | int], *, from_worker: bool = True) -> None:
     """What the wire model allows but a trial row cannot hold; `loc` is where the result is
     in the request body. (Times and other numbers are bounded and finite by the model
-    itself, model/trials.py.) `runner_kind`: the runner must name one kind, as a worker's
-    does (an imported dataset's may name several, "cupy,simulated", or none: "unknown")."""
+    itself, model/trials.py.) `from_worker`: a worker's result, whose runner names one kind
+    and whose latency is the median of its timed repeats; not an imported dataset's, which
+    may name several runners, "cupy,simulated", or none, "unknown", and summarise its
+    repeats its own way."""
     if r.ok and r.latency_us is None:
         raise InputError([*loc, "latency_us"], "required when status is ok")
+    if from_worker and r.ok and r.latency_us is not None and r.samples_us:
+        # The median of the repeats lies among them: a latency far below every repeat (0.001
+        # us with repeats of 1e10) was stored as the schedule's best, 4,194 TFLOP/s on an
+        # A100, and led the task's curve and every lookup of the workload's best.
+        low, high = min(r.samples_us), max(r.samples_us)
+        if not low * (1 - SAMPLE_RANGE_SLACK) <= r.latency_us <= high * (1 + SAMPLE_RANGE_SLACK):
+            raise InputError(
+                [*loc, "latency_us"],
+                f"must lie within the timed repeats (samples_us, {low:g} to {high:g} us) as "
+                f"their median, got {r.latency_us:g}",
+            )
     # A trial row holds one story: a failure's timings (dropped or kept half) and an ok
     # result's error would contradict its status wherever it is shown.
     if not r.ok and r.latency_us is not None:
@@ -117,7 +134,7 @@ def check_storable(r: MeasureResult, loc: list[str | int], *, runner_kind: bool 
             "must be runner names (letters, digits, '_.+-') joined by ':' or ',', "
             f"got {r.runner!r}",
         )
-    if runner_kind and r.runner is not None and RunnerKind.of(r.runner) is None:
+    if from_worker and r.runner is not None and RunnerKind.of(r.runner) is None:
         kinds = ", ".join(k.value for k in RunnerKind)
         raise InputError(
             [*loc, "runner"],

@@ -99,6 +99,20 @@ def test_the_lease_route_documents_its_404(client, spec):
     assert answer.status_code == 404, answer.text
 
 
+def test_the_batched_result_route_documents_no_403_it_never_sends(client, spec):
+    """A token that does not own the worker is answered item by item (each result's
+    `status_code`), in a 200: the route documented a request-level 403 it never sent, and a
+    client generated from the schema waited for it."""
+    responses = spec["paths"]["/v1/jobs/results"]["post"]["responses"]
+    assert "403" not in responses and "404" not in responses
+    assert "403" in responses["200"]["description"]
+    body = {"worker_id": 999, "results": [{"job_id": 1, "lease_token": "x" * 32,
+            "result": {"status": "ok", "latency_us": 3.0}}], "max_jobs": 1}  # fmt: skip
+    answer = client.post("/v1/jobs/results", json=body, headers=WORKER_HEADERS)
+    assert answer.status_code == 200, answer.text
+    assert [a["status_code"] for a in answer.json()["acks"]] == [404]
+
+
 def test_no_route_declaring_the_body_still_gets_it():
     """Where no route declares ERRORS, the body's schema is added with the 422s."""
     app = FastAPI()

@@ -12,12 +12,10 @@ from pipetune.service.auth import user_access
 from pipetune.service.context import ServiceDep
 from pipetune.service.curves import aggregate
 from pipetune.service.errors import InputError
-from pipetune.service.routers.bounded_json import BoundedJsonRoute
+from pipetune.service.routers.api_route import ApiRoute
 from pipetune.service.routers.common import ERRORS, QUERY_INT
 
-router = APIRouter(
-    route_class=BoundedJsonRoute, tags=["curves"], dependencies=[Depends(user_access)]
-)
+router = APIRouter(route_class=ApiRoute, tags=["curves"], dependencies=[Depends(user_access)])
 
 
 @router.get("/v1/curves", response_model=AggregateCurves, responses=ERRORS)

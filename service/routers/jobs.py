@@ -30,10 +30,10 @@ from pipetune.model.wire import (
 from pipetune.service.auth import WorkerToken
 from pipetune.service.context import Service, ServiceDep
 from pipetune.service.queue import Report, check_storable
-from pipetune.service.routers.bounded_json import BoundedJsonRoute
+from pipetune.service.routers.api_route import ApiRoute
 from pipetune.service.routers.common import ERRORS, NOT_FOUND, RowId
 
-router = APIRouter(route_class=BoundedJsonRoute, tags=["jobs"])
+router = APIRouter(route_class=ApiRoute, tags=["jobs"])
 FORBIDDEN = {403: {"description": "not this worker's lease or token"}}
 
 
@@ -85,7 +85,10 @@ async def post_result(
 @router.post(
     "/v1/jobs/results",
     response_model=JobResultAcks,
-    responses=ERRORS | {403: {"description": "not this worker's token"}},
+    # A result the token may not report is answered in its own ack (403, 404), in a 200:
+    # the others of the request are recorded. No request-level 403 or 404.
+    responses=ERRORS
+    | {200: {"description": "each result's ack in order (status_code 200, 403 or 404)"}},
 )
 async def post_results(
     service: ServiceDep,

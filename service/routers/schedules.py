@@ -10,12 +10,10 @@ from pipetune.service.auth import user_access
 from pipetune.service.context import ServiceDep
 from pipetune.service.errors import InputError
 from pipetune.service.records import measured_or_failures, schedule_response
-from pipetune.service.routers.bounded_json import BoundedJsonRoute
+from pipetune.service.routers.api_route import ApiRoute
 from pipetune.service.routers.common import ERRORS
 
-router = APIRouter(
-    route_class=BoundedJsonRoute, tags=["schedules"], dependencies=[Depends(user_access)]
-)
+router = APIRouter(route_class=ApiRoute, tags=["schedules"], dependencies=[Depends(user_access)])
 
 
 @router.post(

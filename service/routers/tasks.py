@@ -21,13 +21,11 @@ from pipetune.service.auth import user_access
 from pipetune.service.context import Service, ServiceDep
 from pipetune.service.curves import task_curve
 from pipetune.service.errors import NotFoundError
-from pipetune.service.routers.bounded_json import BoundedJsonRoute
+from pipetune.service.routers.api_route import ApiRoute
 from pipetune.service.routers.common import ERRORS, ID_MAX, NOT_FOUND, QUERY_INT, RowId
 from pipetune.service.views import get_task_doc, list_task_docs, list_trial_docs, task_work
 
-router = APIRouter(
-    route_class=BoundedJsonRoute, tags=["tasks"], dependencies=[Depends(user_access)]
-)
+router = APIRouter(route_class=ApiRoute, tags=["tasks"], dependencies=[Depends(user_access)])
 
 
 def _task_doc(service: Service, task_id: int) -> TaskDoc:

@@ -18,11 +18,11 @@ from pipetune.model.wire import (
 )
 from pipetune.service.auth import WorkerToken, user_access
 from pipetune.service.context import ServiceDep
-from pipetune.service.routers.bounded_json import BoundedJsonRoute
+from pipetune.service.routers.api_route import ApiRoute
 from pipetune.service.routers.common import ERRORS, NOT_FOUND, QUERY_INT, RowId
 from pipetune.service.views import list_worker_docs
 
-router = APIRouter(route_class=BoundedJsonRoute, tags=["workers"])
+router = APIRouter(route_class=ApiRoute, tags=["workers"])
 
 
 @router.post(
