@@ -339,3 +339,54 @@ def test_workers_lists_the_live_worker_from_the_service(cli, worker):  # type: i
     table = cli("workers")
     assert table.exit_code == 0, table.output
     assert "cli-worker" in table.stdout and "1 live, 0 silent, 0 exited" in table.stdout
+
+
+class _CancelWaiting:
+    """Cancels the service's unfinished tasks for `gpu` once each has waited `after_s` (no
+    worker of that GPU will come): the command that follows them then ends."""
+
+    def __init__(self, service: LocalService, gpu: str, after_s: float = 1.5) -> None:
+        self.service, self.gpu, self.after_s = service, gpu, after_s
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        from pipetune.clients.sdk import Client
+
+        seen: dict[int, float] = {}
+        with Client(self.service.url, api_key=API_KEY) as c:
+            while not self.stop.wait(0.2):
+                for t in c.tasks(limit=100):
+                    if t.gpu != self.gpu or t.state.is_final():
+                        continue
+                    first = seen.setdefault(t.id, time.monotonic())
+                    if time.monotonic() - first > self.after_s:
+                        c.cancel(t.id)
+
+    def __enter__(self) -> _CancelWaiting:
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop.set()
+        self.thread.join(10)
+
+
+def test_waits_without_a_progress_bar_say_why_on_stderr(cli, worker, service):  # type: ignore[no-untyped-def]
+    """With --json there is no progress bar: `tune --wait` and `tune-model` for a GPU no
+    worker serves printed nothing until killed. Each reason is said once on stderr."""
+    fc = ["--m", "1024", "--n", "64", "--k", "2048", "--gpu", "h200"]
+    with _CancelWaiting(service, "h200"):
+        tuned = cli("tune", "gemm", *fc, "--budget", "2", "--wait", "--poll", "0.1", "--json")
+    assert tuned.exit_code == 1, tuned.output  # cancelled
+    assert tuned.stderr.count("waits: no h200 worker has registered") == 1, tuned.stderr
+    assert json.loads(tuned.stdout)["state"] == "cancelled"
+
+    args = ["tune-model", "gpt2", "--seq", "64", "--gpu", "h200", "--budget", "1", "--json"]
+    with _CancelWaiting(service, "h200"):
+        model = cli(*args, "--poll", "0.1")
+    assert model.exit_code == 1, model.output
+    (line,) = [x for x in model.stderr.splitlines() if "no h200 worker" in x]
+    assert line.startswith("warning: tasks ") and line.endswith(
+        " wait: no h200 worker has registered"
+    )

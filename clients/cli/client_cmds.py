@@ -45,6 +45,7 @@ from pipetune.clients.cli.remote import (
     server_option,
     service_errors,
 )
+from pipetune.clients.cli.wait_notes import WaitNotes, waiting_words
 from pipetune.clients.cli.workload_options import add_workload_commands, option
 from pipetune.clients.library.labels import (
     SIMULATED_LABEL,
@@ -237,12 +238,15 @@ def task_progress(enabled: bool) -> Iterator[Progress | None]:
 
 
 def wait_for_task(c: Any, task: TaskDoc, show: bool, poll_s: float) -> TaskDoc:
-    """Client.wait with a progress bar of trials done out of the budget."""
+    """Client.wait with a progress bar of trials done out of the budget (without one, why the
+    task waits, where it does, on stderr)."""
+    notes = WaitNotes(stderr_console)
     with task_progress(show) as bar:
         handle = bar.add_task(f"task {task.id}", total=trials_to_run(task)) if bar else None
 
         def update(doc: TaskDoc) -> None:
             if bar is None or handle is None:
+                notes.see([doc])
                 return
             best = (
                 f"best {_rate(doc.best.throughput, doc.best.throughput_unit)}"
@@ -251,8 +255,7 @@ def wait_for_task(c: Any, task: TaskDoc, show: bool, poll_s: float) -> TaskDoc:
             )
             # Why it does not move, where no live worker can take its trials (a task for a
             # GPU no worker has waited with "no result yet" and nothing else).
-            if doc.no_worker:
-                best += f"; waiting: {doc.no_worker}"
+            best += waiting_words([doc])
             total = doc.trials_done if doc.state in ("done",) else trials_to_run(doc)
             bar.update(
                 handle,
@@ -786,14 +789,21 @@ def tune_model(
             total = sum(trials_to_run(t) for t in started)
             handle = bar.add_task(f"{net.name}: {len(shapes)} shapes", total=total) if bar else None
 
+            notes = WaitNotes(stderr_console)
+
             def update(docs: list[TaskDoc]) -> None:
-                if bar is not None and handle is not None:
-                    finished = sum(d.state.is_final() for d in docs)
-                    bar.update(
-                        handle,
-                        completed=sum(d.trials_done for d in docs),
-                        description=f"{net.name}: {finished}/{len(docs)} shapes tuned",
-                    )
+                # Why the shapes do not move, where no worker can take their trials (a GPU no
+                # worker serves showed "0/9 shapes tuned" and nothing else until killed).
+                if bar is None or handle is None:
+                    notes.see(docs)
+                    return
+                finished = sum(d.state.is_final() for d in docs)
+                bar.update(
+                    handle,
+                    completed=sum(d.trials_done for d in docs),
+                    description=f"{net.name}: {finished}/{len(docs)} shapes tuned"
+                    + waiting_words(docs),
+                )
 
             # The message is said inside sigterm_interrupts: a second signal cannot cut it off.
             with sigterm_interrupts():
