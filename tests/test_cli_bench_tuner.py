@@ -74,6 +74,19 @@ def test_a_prior_of_another_kernel_is_refused_with_exit_2():
 
 
 @needs_files
+def test_a_prior_no_strategy_of_the_run_takes_is_refused_with_exit_2(tmp_path):
+    """`--strategies random --prior F` ran without a word, as if the prior were compared."""
+    result = _bench(str(CONV_TITAN), "--strategies", "random", "--prior", str(CONV_3090))
+    assert result.exit_code == 2
+    assert result.stderr.strip() == (
+        "error: --prior: none of the strategies run (random) takes a prior; bo, "
+        "analytical+xgb, auto do"
+    )
+    learned = _bench(str(CONV_TITAN), "--strategies", "random", "--learned-prior", str(tmp_path))
+    assert learned.exit_code == 2 and "error: --learned-prior: none of the" in learned.stderr
+
+
+@needs_files
 def test_batch_must_be_positive():
     result = _bench(str(CONV_TITAN), "--batch", "0")
     assert result.exit_code == 2

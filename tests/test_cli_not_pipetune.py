@@ -87,3 +87,11 @@ def test_the_sdk_tells_a_page_from_an_answer_that_does_not_parse():
         with pytest.raises(ProtocolError) as other:  # JSON of another shape: not a page
             client.task(1)
         assert not isinstance(other.value, NotPipetuneError)
+        # One line saying the first problem, where pydantic's text ran over several lines
+        # and ended in a link to its documentation.
+        text = str(other.value)
+        assert text.startswith("GET /v1/tasks/1: the answer is not a TaskDoc (id: Field required;")
+        assert text.endswith(
+            "more): is http://pages a pipetune service of a version this client reads?"
+        )
+        assert "\n" not in text and "errors.pydantic.dev" not in text

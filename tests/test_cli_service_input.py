@@ -72,6 +72,16 @@ def test_import_optimum_refuses_a_partial_sweep(db_url, tmp_path):
     assert "(simulated runner)" in result.stdout
 
 
+def test_import_optimum_into_a_file_that_is_not_there_says_so_and_creates_nothing(tmp_path):
+    """It said "the database has no pipetune schema" of a mistyped --db."""
+    full = _sweep(tmp_path / "full.t4.json.gz")
+    missing = tmp_path / "typo.db"
+    result = runner.invoke(app, ["db", "import-optimum", str(full), "--db", f"sqlite:///{missing}"])
+    assert result.exit_code == 1, result.output
+    _one_error_line(result, f"no database file at {missing} (this pipetune needs revision ")
+    assert result.stderr.rstrip().endswith("creates it") and not missing.exists()
+
+
 def test_import_optimum_from_a_file_name_that_is_not_utf8_stores_it_escaped(db_url, tmp_path):
     """Its source column could not hold the name: UnicodeEncodeError, exit 1, nothing kept."""
     import os
@@ -355,3 +365,36 @@ def test_a_setting_past_what_it_can_mean_is_refused_at_start(
     assert result.exit_code == 2, result.output
     assert f"error: {variable}: Input should be less than or equal to" in result.output
     assert not (tmp_path / "x.db").exists()
+
+
+@pytest.mark.parametrize(
+    ("args", "line"),
+    [
+        # The reasons named the request's fields where the user typed options.
+        (
+            ["--prior-task", "1", "--prior-gpu", "h200"],
+            "--prior-gpu: give --prior-task or --prior-gpu, not both",
+        ),
+        (
+            ["--learned-prior", "--prior-task", "1"],
+            "--learned-prior: give --prior-task or --learned-prior, not both",
+        ),
+        # The value was said twice: "unknown GPU 'x'; known: ... (got 'x')".
+        (["--prior-gpu", "x"], "--prior-gpu: unknown GPU 'x'; known: a100, h100, h200"),
+    ],
+)
+def test_a_refused_tuning_option_is_named_as_typed(args, line):
+    result = runner.invoke(app, ["tune", "gemm", *FC, *args, "--server", "http://127.0.0.1:9"])
+    assert result.exit_code == 2, result.output
+    assert result.stderr.strip() == f"error: {line}" or result.stderr.strip().startswith(
+        f"error: {line} ("
+    ), result.stderr
+
+
+def test_an_export_task_out_of_range_names_the_option(tmp_path):
+    out = tmp_path / "x.t4.json.gz"
+    export = ["export", "--task", "0", "--format", "t4", "--out", str(out)]
+    result = runner.invoke(app, [*export, "--db", f"sqlite:///{tmp_path / 'none.db'}"])
+    assert result.exit_code == 2, result.output
+    _one_error_line(result, "--task: must be within 1..2147483647, got 0")
+    assert not out.exists()

@@ -121,15 +121,16 @@ def test_serve_rejects_bad_options():
     replay = runner.invoke(app, ["serve", "--local-workers", "2", "--runner", "replay"])
     assert replay.exit_code == 2
     # A dataset only replay workers read: it was ignored, and the service started without them.
-    for ignored in (
-        ["--dataset", "x.t4.json.gz"],
-        ["--dataset", "x.t4.json.gz", "--runner", "replay"],
+    # What is missing is said: replay was asked for, but no local worker (it blamed --runner).
+    for ignored, why in (
+        (["--dataset", "x.t4.json.gz"], "--runner is simulated"),
+        (["--dataset", "x.t4.json.gz", "--runner", "replay"], "--local-workers is 0"),
     ):
         refused = runner.invoke(app, ["serve", *ignored])
         assert (
             refused.exit_code == 2
-            and "only for the local workers of --runner replay" in refused.output
-        )
+            and f"only for the local workers of --runner replay ({why})" in refused.output
+        ), refused.output
 
 
 def test_local_workers_cover_every_gpu_of_the_registry():

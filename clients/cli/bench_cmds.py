@@ -292,6 +292,23 @@ def _same_measurements(a: Dataset, b: Dataset) -> bool:
     return bool(np.array_equal(a.configs.objective_ms, b.configs.objective_ms[order]))
 
 
+def _check_a_strategy_takes_the_prior(names: list[str], prior: bool, learned: bool) -> None:
+    """A prior that no strategy of the run takes is refused: `--strategies random --prior F`
+    ran without a word, as if the prior had been compared."""
+    from pipetune.tuner.strategies import STRATEGY_MAP
+
+    if not (prior or learned) or any(
+        name in STRATEGY_MAP and STRATEGY_MAP[name].uses_prior for name in names
+    ):
+        return
+    option = "--prior" if prior else "--learned-prior"
+    takes = ", ".join(n for n, spec in STRATEGY_MAP.items() if spec.uses_prior)
+    raise CliError(
+        f"{option}: none of the strategies run ({', '.join(names)}) takes a prior; {takes} do",
+        2,
+    )
+
+
 def _priors(
     priors: list[Path], loaded: list[Dataset], *, gpu_of_file: GpuOfFile | None = None
 ) -> dict:
@@ -523,6 +540,7 @@ def tuner(
     except DatasetError as exc:
         raise CliError(str(exc), 2) from None
     names, model_left_out = runnable_strategies(names, named, loaded)
+    _check_a_strategy_takes_the_prior(names, bool(prior), bool(learned_prior))
     priors = _priors(prior or [], loaded)
     if prior_trials is not None and not priors:
         raise CliError("--prior-trials: give the --prior dataset the trials are taken from", 2)

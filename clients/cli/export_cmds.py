@@ -31,6 +31,7 @@ from pipetune.clients.cli.remote import (
 from pipetune.clients.library.labels import SIMULATED_LABEL
 from pipetune.model.errors import InvalidArgumentError
 from pipetune.model.hardware import gpu_keys, resolve_gpu_key
+from pipetune.model.wire import ID_MAX
 
 FORMATS = ("t4",)
 MODES = "give --gpu and --out-dir (tuned kernels) or --task, --format t4 and --out (trials)"
@@ -40,6 +41,8 @@ def _check_modes(
     gpu: str | None, out_dir: str | None, task: int | None, fmt: str | None, out: Path | None
 ) -> None:
     if task is not None:
+        if not 1 <= task <= ID_MAX:  # (the library's check says task_id, not the option)
+            raise CliError(f"--task: must be within 1..{ID_MAX}, got {task}", 2)
         if gpu is not None or out_dir is not None:
             raise CliError(f"--task: exports one task's trials, not a GPU's kernels; {MODES}", 2)
         if out is None:

@@ -64,8 +64,12 @@ def parse_schedule(text: str, op: str = "gemm") -> Any:
     try:
         data = json.loads(text, object_pairs_hook=_knobs_once)
     except json.JSONDecodeError as exc:
+        if text.lstrip().startswith("{"):  # meant as JSON: where the JSON breaks
+            raise CliError(f"--schedule: not valid JSON ({exc.msg})", code=2) from None
+        # Meant as an id (a JSON parser's "Expecting value" said nothing of that).
         raise CliError(
-            f"--schedule: neither a JSON object of knob values nor a schedule id ({exc.msg})",
+            f"--schedule: {text.strip()!r} is no schedule id of {op}'s family ({fam.name}; "
+            "the ids `pipetune tasks` and `schedule` show) nor a JSON object of knob values",
             code=2,
         ) from None
     except RecursionError:  # (json's decoder recurses per level: a crash, not a message)
@@ -117,7 +121,7 @@ def _source(workload: dict, schedule: str, gpu: str, launch: bool = False) -> No
     if problems:
         where = label or f"{codegen.kernel_kind(w)} kernels (any shape)"
         raise CliError(
-            f"schedule {s.id} is outside the valid space of {where} on {spec.key}: "
+            f"--schedule: {s.id} is outside the valid space of {where} on {spec.key}: "
             + "; ".join(problems),
             code=2,
         )

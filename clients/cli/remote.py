@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import contextlib
 import inspect
+import re
 import sys
 from collections.abc import Iterator
 from typing import TYPE_CHECKING
@@ -208,14 +209,26 @@ SERVICE_FIELDS = frozenset(
 )  # fmt: skip
 
 
+# The fields whose names are identifiers no prose uses (prior_task): where a reason names
+# them ("give prior_task or prior_gpu, not both") it names the options the user typed.
+_NAMED_IN_REASONS = re.compile(
+    r"\b(" + "|".join(sorted(f for f in SERVICE_FIELDS if "_" in f)) + r")\b"
+)
+
+
+def _option(field: str) -> str:
+    return f"--{field.replace('_', '-')}"
+
+
 def _as_typed(exc: PipetuneError) -> str:
     """The error's text with the request field it names (a 422's field, or the SDK's own
-    check's argument) as the option the user typed."""
+    check's argument) as the option the user typed, and the other fields its reason names."""
     text = exc.reason if isinstance(exc, ApiError) else str(exc)
     field = getattr(exc, "field", None) or getattr(exc, "argument", None) or ""
     if field not in SERVICE_FIELDS or not text.startswith(f"{field}: "):
         return text
-    return f"--{field.replace('_', '-')}: {text.removeprefix(f'{field}: ')}"
+    reason = _NAMED_IN_REASONS.sub(lambda m: _option(m.group(1)), text.removeprefix(f"{field}: "))
+    return f"{_option(field)}: {reason}"
 
 
 def _not_pipetune(exc: PipetuneError) -> str:

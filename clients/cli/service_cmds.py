@@ -295,7 +295,8 @@ def serve(
         raise CliError("--runner replay needs --dataset", 2)
     if dataset is not None and not (runner == "replay" and local_workers):
         # (It was ignored without a word: a user who meant replay workers got none.)
-        raise CliError("--dataset: only for the local workers of --runner replay", 2)
+        why = "--local-workers is 0" if runner == "replay" else f"--runner is {runner}"
+        raise CliError(f"--dataset: only for the local workers of --runner replay ({why})", 2)
     if not 0 <= port <= 65535:
         raise CliError(f"--port: must be 0..65535, got {port}", 2)
     log_level = log_level.lower()  # uvicorn's own spelling; it looks the name up lowercased
@@ -607,10 +608,13 @@ def _check_schema(url: str, *, create_if_empty: bool = False, writable: bool = F
         redact,
     )
 
-    if not create_if_empty and _missing_sqlite_file(url):
+    if not create_if_empty and (missing := _missing_sqlite_file(url)) is not None:
+        # (It said "the database has no pipetune schema" of a file that is not there: a
+        # mistyped --db looked like a database to upgrade.)
         raise CliError(
-            f"the database has no pipetune schema, this pipetune needs {head_revision()}: "
-            f"run `pipetune db upgrade --db {shlex.quote(redact(url))}`",
+            f"no database file at {missing} (this pipetune needs "
+            f"revision {head_revision()}): `pipetune db upgrade --db "
+            f"{shlex.quote(redact(url))}` creates it",
             1,
         )
     with _database_errors(url):

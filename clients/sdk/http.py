@@ -89,7 +89,10 @@ def argument_error(exc: ValidationError) -> InvalidArgumentError:
         return InvalidArgumentError(cause.field, cause.reason)
     field = ".".join(str(p) for p in first["loc"]) or "argument"
     reason = clean_msg(first["msg"])
-    return InvalidArgumentError(field, f"{reason} (got {shown_value(first.get('input'))})")
+    shown = shown_value(first.get("input"))
+    # A validator's own reason may quote the value ("unknown GPU 'x'; known: ..."): said
+    # once, not again as "(got 'x')".
+    return InvalidArgumentError(field, reason if shown in reason else f"{reason} (got {shown})")
 
 
 def shown_value(value: Any) -> str:
@@ -223,6 +226,18 @@ def page_summary(text: str, limit: int = 100) -> str:
     return _one_line(html.unescape(_TAG.sub(" ", text)), limit)
 
 
+def _what_is_wrong(exc: Exception) -> str:
+    """A refused answer's first problem as one clause ("tasks: Field required", and how many
+    more): pydantic's own text ran over several lines and ended in a link to its docs."""
+    if not isinstance(exc, ValidationError):
+        return _one_line(str(exc))
+    errors = exc.errors()
+    first = errors[0]
+    where = ".".join(str(p) for p in first["loc"]) or "the body"
+    more = f"; {len(errors) - 1} more" if len(errors) > 1 else ""
+    return _one_line(f"{where}: {first['msg']}{more}")
+
+
 def _one_line(text: str, limit: int = 300) -> str:
     line = " ".join(text.split())
     return line if len(line) <= limit else line[: limit - 1] + "…"
@@ -349,7 +364,9 @@ class Http:
             return model.model_validate(body, context=READING)
         except (ValueError, ValidationError) as exc:
             raise ProtocolError(
-                f"{method} {path}: the answer is not a {model.__name__}: {_one_line(str(exc))}"
+                f"{method} {path}: the answer is not a {model.__name__} "
+                f"({_what_is_wrong(exc)}): is {self.base_url} a pipetune service of a version "
+                "this client reads?"
             ) from None
 
     def close(self) -> None:
