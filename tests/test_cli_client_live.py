@@ -184,7 +184,7 @@ def test_tune_with_a_learned_prior(cli, service):  # type: ignore[no-untyped-def
     doc = json.loads(result.stdout)
     assert doc["learned_from"] == [json.loads(imported.stdout)["id"]] and doc["gpu"] == "h200"
     both = cli("tune", "gemm", *on_h200, "--prior-gpu", "h100")
-    assert both.exit_code == 2 and "give prior_gpu or learned_prior, not both" in both.stderr
+    assert both.exit_code == 2 and "give --prior-gpu or --learned-prior, not both" in both.stderr
     # Left out, the tensor GEMM family learns only from enough measured shapes (one is too
     # few: MIN_DEFAULT_SHAPES), and --no-learned-prior never does.
     plain = [*FC[:6], "--gpu", "h200", "--budget", "4", "--json"]

@@ -43,7 +43,7 @@ def test_a_bar_line_says_the_first_reason_and_how_many_others():
 
 def test_each_reason_is_said_once_and_again_only_after_it_cleared():
     err = io.StringIO()
-    notes = WaitNotes(Console(file=err, markup=False, width=200))
+    notes = WaitNotes(Console(file=err, markup=False, width=40))  # each note one line anyway
     notes.see([_doc(1, NO_H200)])
     notes.see([_doc(1, NO_H200)])
     assert err.getvalue() == f"warning: task 1 waits: {NO_H200}\n"

@@ -405,7 +405,7 @@ def test_the_local_store_answers_as_the_service_would(home: Path):
         assert result.exit_code == 2 and "must be within" in result.output, result.output
     export = ["export", "--task", str(too_large), "--format", "t4", "--out", "x.t4.json"]
     result = cli.invoke(app, export)
-    assert result.exit_code == 2 and "task_id: must be within" in result.output, result.output
+    assert result.exit_code == 2 and "--task: must be within" in result.output, result.output
 
 
 def test_an_interrupted_tuning_cancels_its_task(home: Path):

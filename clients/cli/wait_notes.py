@@ -50,7 +50,8 @@ class WaitNotes:
         for reason, ids in reasons.items():
             if reason not in self._said:
                 tasks = f"task {ids[0]} waits" if len(ids) == 1 else f"tasks {_ids(ids)} wait"
-                self.console.print(f"warning: {tasks}: {reason}")
+                # One line whatever the terminal's width: a log's reader greps for it.
+                self.console.print(f"warning: {tasks}: {reason}", soft_wrap=True)
         self._said = set(reasons)
 
 
