@@ -271,9 +271,13 @@ def make_engine(
     pool_size: int = 10,
     deadline_s: float | None = None,
     on_deadline: Any = None,
+    *,
+    wal: bool = True,
 ) -> Engine:
     """`deadline_s`: every statement's client-side deadline (DeadlineConnection), PostgreSQL
-    only; None (migrations, tools): none, a long CREATE INDEX must not be cut short."""
+    only; None (migrations, tools): none, a long CREATE INDEX must not be cut short. `wal`:
+    SQLite connections put the file in WAL mode (see _configure); False for a look at a file
+    that may not be pipetune's."""
     parsed = make_url(url)
     if parsed.get_backend_name() != "sqlite":
         # No pre-ping: it costs a round trip per transaction on the hot paths. A connection
@@ -318,7 +322,11 @@ def make_engine(
     def _configure(dbapi_connection: Any, _record: Any) -> None:
         dbapi_connection.isolation_level = None  # we emit BEGIN ourselves (see below)
         cursor = dbapi_connection.cursor()
-        cursor.execute("PRAGMA journal_mode=WAL")
+        if wal:
+            # Persistent, in the file: set only where pipetune's database is meant. A look
+            # before a refusal switched another program's database to WAL (and made an empty
+            # file a 4 KiB database).
+            cursor.execute("PRAGMA journal_mode=WAL")
         cursor.execute("PRAGMA busy_timeout=30000")
         cursor.execute("PRAGMA foreign_keys=ON")
         cursor.execute("PRAGMA synchronous=NORMAL")

@@ -201,7 +201,7 @@ def _creation_lock(url: str) -> threading.Lock:
 
 def _check_schema(url: str, create_if_empty: bool) -> str:
     head = head_revision()
-    engine = make_engine(url, pool_size=1)
+    engine = make_engine(url, pool_size=1, wal=False)  # (a look: it may not be pipetune's)
     try:
         current, names = schema_snapshot(engine)
         tables = unowned_tables(current, names)

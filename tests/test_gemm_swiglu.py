@@ -151,6 +151,10 @@ def test_interleave_gate_up_builds_what_the_kernel_reads():
             (np.zeros((8, 16), np.float16), np.zeros((8, 16), np.float32)),
             r"up: must have gate's dtype float16, got float32",
         ),
+        # Two-dimensional whatever it is reshaped to: NumPy's AxisError, no PipetuneError.
+        # (A view: building one says that the class is deprecated.)
+        ((np.zeros((8, 16)).view(np.matrix), np.zeros((8, 16))), r"gate: must be an array, not"),
+        ((np.zeros((8, 16)), np.zeros((8, 16)).view(np.matrix)), r"up: must be an array, not a"),
     ],
 )
 def test_interleave_gate_up_refuses_what_it_cannot_interleave(args, message):

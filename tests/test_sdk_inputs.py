@@ -5,6 +5,7 @@ request; the credential never appears in a message."""
 
 from __future__ import annotations
 
+import json
 import socket
 import types
 from collections.abc import Callable, Iterator
@@ -424,3 +425,42 @@ def test_wait_refuses_a_progress_that_cannot_be_called_before_any_request():
     assert isinstance(info.value, PipetuneError)
     assert str(info.value).startswith("progress: ")
     assert recorder.requests == []
+
+
+FC = {"op": "gemm", "m": 1024, "n": 64, "k": 2048}
+UNSENDABLE: dict[str, tuple[Callable[[pipetune.Client], Any], str, str]] = {
+    # JSON's encoder raised a bare ValueError ("Out of range float values are not JSON
+    # compliant") or TypeError, naming no field, no PipetuneError.
+    "a NaN size": (lambda c: c.best_schedule({**FC, "m": float("nan")}, "h100"), "m", "finite"),
+    "an object": (lambda c: c.best_schedule({**FC, "k": object()}, "h100"), "k", "(a object)"),
+    "an array": (lambda c: c.tune({**FC, "n": np.array([1])}, "h100"), "n", "(a ndarray)"),
+    "a bytes key": (lambda c: c.best_schedule({b"op": "gemm"}, "h100"), "workload", "b'op'"),
+    "a gpu object": (lambda c: c.best_schedule(FC, object()), "gpu", "not object"),
+    "a gpu None": (lambda c: c.schedule_and_tune(FC, None, {"budget": 2}), "gpu", "not NoneType"),
+}
+
+
+@pytest.mark.parametrize(("call", "argument", "words"), UNSENDABLE.values(), ids=UNSENDABLE.keys())
+def test_what_json_cannot_carry_is_refused_naming_it_before_any_request(call, argument, words):
+    client, recorder = _client()
+    with pytest.raises(InvalidArgumentError) as info:
+        call(client)
+    assert info.value.argument == argument and words in str(info.value), info.value
+    assert recorder.requests == []
+
+
+def test_tune_options_take_numpy_integers_as_the_numbers_they_hold():
+    """`Client.tune(budget=np.int64(2))` was refused: "budget: Input should be a valid integer
+    (got np.int64(2))", where the workload's sizes and schedule_and_tune's options took them."""
+    task = {
+        "id": 1, "state": "queued", "workload": FC, "gpu": "a100", "strategy": "auto",
+        "budget": 2, "seed": 3, "trials_done": 0, "trials_failed": 0,
+        "created_at": "2026-01-01T00:00:00Z", "updated_at": "2026-01-01T00:00:00Z",
+    }  # fmt: skip
+    client, recorder = _client(task)
+    client.tune(FC, "a100", budget=np.int64(2), seed=np.int32(3), batch_size=np.int16(4),
+                priority=np.int64(2), prior_task=np.uint8(9))  # fmt: skip
+    (request,) = recorder.requests
+    sent = json.loads(request.content)
+    assert (sent["budget"], sent["seed"], sent["batch_size"], sent["priority"]) == (2, 3, 4, 2)
+    assert sent["prior_task"] == 9

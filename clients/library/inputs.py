@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any, cast
 
-from pipetune.model.errors import InvalidArgumentTypeError
+from pipetune.model.errors import InvalidArgumentError, InvalidArgumentTypeError
 from pipetune.model.family import (
     family_for_knobs,
     op_families,
@@ -86,14 +86,23 @@ def as_workload(workload: WorkloadLike) -> AnyWorkload | MemWorkload:
     )
 
 
+class GpuArgumentError(HardwareError, InvalidArgumentError):
+    """A `gpu` argument that names no GPU: a HardwareError, as the registry's refusals are,
+    and an InvalidArgumentError naming the argument, as every other refused argument is
+    (`except pipetune.InvalidArgumentError` let it through)."""
+
+    def __init__(self, reason: str):
+        InvalidArgumentError.__init__(self, "gpu", reason)
+
+
 def as_gpu(gpu: str) -> str:
-    """The GPU's key (HardwareError lists the known GPUs)."""
+    """The GPU's key (GpuArgumentError lists the known GPUs)."""
     if not isinstance(gpu, str):  # (None was an AttributeError from deep inside)
-        raise HardwareError(f"gpu: expected a GPU name such as 'h100', got {type(gpu).__name__}")
+        raise GpuArgumentError(f"expected a GPU name such as 'h100', got {type(gpu).__name__}")
     try:
         return resolve_gpu_key(gpu)
     except HardwareError as exc:  # name the argument, as every other bad input does
-        raise HardwareError(f"gpu: {exc}") from None
+        raise GpuArgumentError(str(exc)) from None
 
 
 def as_schedule(schedule: ScheduleLike) -> AnySchedule:

@@ -77,6 +77,7 @@ from pipetune.service.migrate import redact
 from pipetune.service.orm import JobRow, LeaseRow, TaskRow, WorkerRow
 from pipetune.service.queue import Queue, WorkerRef
 from pipetune.service.settings import token_hash, validated_settings
+from pipetune.workers.datasets import DatasetError
 from pipetune.workers.runners import (
     RUNNER_NAMES,
     Runner,
@@ -84,7 +85,7 @@ from pipetune.workers.runners import (
     RunnerUnavailableError,
     make_runner,
 )
-from pipetune.workers.runners.replay import ReplayRunner
+from pipetune.workers.runners.replay import DatasetMismatchError, ReplayRunner
 
 # One definition: the defaults of a task created through the API.
 DEFAULT_BUDGET: int = TaskCreate.model_fields["budget"].default
@@ -179,6 +180,15 @@ def _task_body(
         raise argument_error(exc) from None
 
 
+class DatasetArgumentError(DatasetError, InvalidArgumentError):
+    """A replay `dataset` that does not read, or records another workload or GPU: a
+    DatasetError, as the file layer's refusals are, and an InvalidArgumentError naming the
+    argument (its messages named the file, not the argument)."""
+
+    def __init__(self, reason: str):
+        InvalidArgumentError.__init__(self, "dataset", reason)
+
+
 def _make_runner(
     runner: str | Runner, gpu: str, dataset: str | Path | None, workload: Any = None
 ) -> Runner:
@@ -191,9 +201,21 @@ def _make_runner(
             raise InvalidArgumentError(
                 "dataset", "the replay runner answers from a recorded dataset file"
             )
+        if not isinstance(dataset, str | os.PathLike) or isinstance(dataset, bytes):
+            # (5, [path] and b"path" were bare TypeErrors from the file layer)
+            raise InvalidArgumentTypeError(
+                "dataset",
+                f"expected a dataset file's path (str or Path), got {type(dataset).__name__}",
+            )
+        if not str(dataset):  # ("" read the current folder: ".: cannot read (Is a directory)")
+            raise InvalidArgumentError("dataset", "empty: give the recorded dataset's file")
         # With the workload: a dataset of another shape is refused here (a ValueError), not
-        # answered trial by trial with failures that spend the budget.
-        return make_runner("replay", dataset=dataset, gpu=gpu, workload=workload)
+        # answered trial by trial with failures that spend the budget. A file that does not
+        # read, or records another workload or GPU, is the argument's fault: named.
+        try:
+            return make_runner("replay", dataset=dataset, gpu=gpu, workload=workload)
+        except (DatasetError, DatasetMismatchError) as exc:
+            raise DatasetArgumentError(str(exc)) from None
     known = ", ".join(RUNNER_NAMES)
     raise InvalidArgumentError("runner", f"must be one of {known} or a Runner, got {runner!r}")
 

@@ -24,9 +24,17 @@ def interleave_gate_up(gate: Any, up: Any, b_layout: str = "kn") -> Any:
     N must be a multiple of 8 (the workload's ``n``)."""
     if b_layout not in LAYOUTS:
         raise InvalidArgumentError("b_layout", f"must be 'kn' or 'nk', got {b_layout!r}")
+    import numpy
+
     for name, array in (("gate", gate), ("up", up)):
         if getattr(array, "ndim", None) != 2:
             raise InvalidArgumentError(name, "must be a 2-D array of weights")
+        if isinstance(array, numpy.matrix):
+            # Two-dimensional whatever it is reshaped to: the interleaving's 4-D reshape
+            # failed with NumPy's AxisError.
+            raise InvalidArgumentError(
+                name, "must be an array, not a numpy.matrix (numpy.asarray makes one of it)"
+            )
     if str(gate.dtype) != str(up.dtype):
         # Concatenated, the two were promoted to a type the kernel does not take (fp16 and
         # fp32 made fp32), and the mistake surfaced only at the kernel's call.

@@ -8,6 +8,7 @@
 
 from __future__ import annotations
 
+import json
 import math
 import numbers
 import os
@@ -85,7 +86,39 @@ def workload_body(workload: WorkloadLike) -> dict[str, Any]:
             f"object such as pipetune.Gemm(...), not {type(workload).__name__}",
         )
     body: dict[str, Any] = plain(dict(workload))  # NumPy sizes as numbers (JSON has no int64)
+    for key, value in body.items():
+        # What JSON cannot carry is the caller's mistake, named here: the request's encoder
+        # raised a bare ValueError or TypeError ("Out of range float values are not JSON
+        # compliant") that named no field and was no PipetuneError.
+        if not isinstance(key, str):
+            raise InvalidArgumentError(
+                "workload", f"its keys are field names (text), got {shown_value(key)}"
+            )
+        if problem := _json_problem(value):
+            raise InvalidArgumentError(key, problem)
     return body
+
+
+def _json_problem(value: Any) -> str | None:
+    """Why a workload field's value cannot be sent as JSON (None: it can)."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return f"must be a finite number, got {value}"
+    try:
+        json.dumps(value, allow_nan=False)
+    except (TypeError, ValueError):
+        kind = type(value).__name__
+        return f"must be a number, text or true/false, got {shown_value(value)} (a {kind})"
+    return None
+
+
+def gpu_text(argument: str, value: object) -> str:
+    """A GPU name as the text a request carries, which the service judges; anything else is
+    refused naming `argument` (JSON's encoder failed on it with a bare TypeError)."""
+    if not isinstance(value, str):
+        raise InvalidArgumentError(
+            argument, f"must be a GPU name such as 'h100', not {type(value).__name__}"
+        )
+    return value
 
 
 def task_id_path(task_id: int) -> int:
@@ -132,10 +165,7 @@ def gpu_argument(argument: str, value: object) -> str:
     """The registry key of the GPU `value` names (any of its names), else InvalidArgumentError
     naming `argument` with the known GPUs. Resolved as the wire contract resolves every GPU
     name (a task's prior_gpu here: the SDK imports nothing of pipetune's but model.wire)."""
-    if not isinstance(value, str):
-        raise InvalidArgumentError(
-            argument, f"must be a GPU name such as 'h100', not {type(value).__name__}"
-        )
+    value = gpu_text(argument, value)
     try:
         return str(TuneOptions.model_validate({"prior_gpu": value}).prior_gpu)
     except ValidationError as exc:
@@ -286,14 +316,18 @@ class Client:
 
     def best_schedule(self, workload: WorkloadLike, gpu: str) -> ScheduleResponse:
         """The best measured schedule of this workload on this GPU, else the model's pick."""
-        body = {"workload": workload_body(workload), "gpu": gpu}
+        body = {"workload": workload_body(workload), "gpu": gpu_text("gpu", gpu)}
         return self._http.call(ScheduleResponse, "POST", "/v1/schedules", json=body)
 
     def schedule_and_tune(
         self, workload: WorkloadLike, gpu: str, tune: TuneOptions | Mapping[str, Any]
     ) -> ScheduleResponse:
         """The best known schedule now, and a tuning task started (task_id, url)."""
-        body = {"workload": workload_body(workload), "gpu": gpu, "tune": _options_body(tune)}
+        body = {
+            "workload": workload_body(workload),
+            "gpu": gpu_text("gpu", gpu),
+            "tune": _options_body(tune),
+        }
         return self._http.call(ScheduleResponse, "POST", "/v1/schedules", json=body)
 
     def tune(
@@ -328,21 +362,27 @@ class Client:
         # service can be reached. The workload and the GPU are the service's to judge.
         try:
             options = TuneOptions.model_validate(
-                {
-                    "budget": budget,
-                    "strategy": strategy,
-                    "seed": seed,
-                    "prior_task": prior_task,
-                    "prior_gpu": prior_gpu,
-                    "learned_prior": learned_prior,
-                    "batch_size": batch_size,
-                    "runner": runner,
-                    "priority": priority,
-                }
+                plain(  # NumPy integers are the numbers they hold, as the workload's sizes
+                    {
+                        "budget": budget,
+                        "strategy": strategy,
+                        "seed": seed,
+                        "prior_task": prior_task,
+                        "prior_gpu": prior_gpu,
+                        "learned_prior": learned_prior,
+                        "batch_size": batch_size,
+                        "runner": runner,
+                        "priority": priority,
+                    }
+                )
             )
         except ValidationError as exc:
             raise argument_error(exc) from None
-        body = {"workload": workload_body(workload), "gpu": gpu, **_options_body(options)}
+        body = {
+            "workload": workload_body(workload),
+            "gpu": gpu_text("gpu", gpu),
+            **_options_body(options),
+        }
         return self._http.call(TaskDoc, "POST", "/v1/tasks", json=body)
 
     def task(self, task_id: int) -> TaskDoc:
