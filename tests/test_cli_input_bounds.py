@@ -126,6 +126,21 @@ def test_a_trailing_newline_says_to_strip_it():
     assert "ends with a newline (read from a file? strip it)" in result.stderr
 
 
+@pytest.mark.parametrize(
+    ("server", "why"),
+    [
+        ("http://127.0.0.1:99999", "(port out of range 0-65535)"),
+        ("http://127.0.0.1:80a", "(port could not be cast to integer value)"),
+        ("http://[::1:8000", "(invalid ipv6 url)"),
+    ],
+)
+def test_a_server_whose_port_cannot_be_says_why(server, why):
+    """It said only "not an http(s) URL" of a port past 65535."""
+    result = runner.invoke(app, ["tasks", "--server", server])
+    assert result.exit_code == 2, result.output
+    _one_error_line(result, f"--server: not an http(s) URL: {server!r} {why}")
+
+
 def test_a_worker_server_with_a_trailing_newline_exits_2():
     worker = ["worker", "--runner", "simulated", "--gpu", "h100", "--token", "t"]
     result = runner.invoke(app, [*worker, "--register-timeout", "0", "--server", URL + "\n"])

@@ -203,8 +203,10 @@ def server_problem(server: object) -> str | None:
     try:
         parts = urlsplit(server)
         parts.port  # noqa: B018 - raises ValueError on a port that is not a number
-    except ValueError:
-        return f"not an http(s) URL: {shown!r}"
+    except ValueError as exc:
+        # Python's reason ("Port out of range 0-65535", "Port could not be cast to integer
+        # value as 'x'"): the URL alone did not say what was wrong with it.
+        return f"not an http(s) URL: {shown!r} ({str(exc).split(' as ')[0].lower()})"
     if parts.scheme not in ("http", "https") or not parts.hostname:
         return f"not an http(s) URL: {shown!r} (e.g. http://127.0.0.1:8000)"
     if any(c.isspace() or c in _NOT_IN_A_HOST for c in parts.hostname):
