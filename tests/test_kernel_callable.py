@@ -272,7 +272,7 @@ def test_a_kernel_built_directly_takes_what_pipetune_kernel_takes():
     assert k.launch_document() == pipetune.kernel(FC, "h100", schedule=S).launch_document()
     with pytest.raises(ScheduleError, match="chunk"):
         pipetune.TunedKernel(FC, "h100", {**S.as_dict(), "chunk": 3})
-    with pytest.raises(ScheduleError, match=r"^a schedule must be a dict of knob values or a"):
+    with pytest.raises(ScheduleError, match=r"^schedule: a schedule must be a dict of knob"):
         pipetune.TunedKernel(FC, "h100", 42)  # type: ignore[arg-type]
 
 
@@ -281,8 +281,11 @@ def test_a_kernel_takes_the_schedule_id_that_tables_and_exports_show():
     refused as "a schedule must be a dict of knob values, got str"."""
     assert pipetune.kernel(FC, "h100", schedule=S.id).schedule == S
     assert pipetune.kernel(FC, "h100", schedule=f" {S.id}\n").schedule == S  # (copied)
-    with pytest.raises(ScheduleError, match=r"^'s-2-2' is no schedule id"):
+    # Named as every other refused argument is (it had no `.argument`).
+    with pytest.raises(ScheduleError, match=r"^schedule: 's-2-2' is no schedule id") as info:
         pipetune.kernel(FC, "h100", schedule="s-2-2")
+    assert isinstance(info.value, pipetune.InvalidArgumentError)
+    assert info.value.argument == "schedule"
     with pytest.raises(ScheduleError, match="chunk must be one of"):
         pipetune.kernel(FC, "h100", schedule="s-2-2-2-2-3-3-2")
     # Another family's id: refused as another family's knobs are.

@@ -105,6 +105,14 @@ def as_gpu(gpu: str) -> str:
         raise GpuArgumentError(str(exc)) from None
 
 
+class ScheduleArgumentError(ScheduleError, InvalidArgumentError):
+    """A `schedule` argument that is none of the workload's: a ScheduleError, as a schedule
+    document's refusals are, and an InvalidArgumentError naming the argument."""
+
+    def __init__(self, reason: str):
+        InvalidArgumentError.__init__(self, "schedule", reason)
+
+
 def as_schedule(schedule: ScheduleLike) -> AnySchedule:
     """The schedule object of the family whose knobs it names, or whose id it is (a dict is
     validated: ScheduleError names the bad knob)."""

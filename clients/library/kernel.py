@@ -37,6 +37,7 @@ from pipetune.clients.library.arrays import (
 )
 from pipetune.clients.library.inputs import (
     AnySchedule,
+    ScheduleArgumentError,
     ScheduleLike,
     WorkloadLike,
     as_gpu,
@@ -92,12 +93,18 @@ class TunedKernel:
             validate = validate and schedule.source != "measured"  # it ran (as `export`)
         family = family_of(workload)
         spec = get_gpu(gpu)
-        # The family's own schedule type (ScheduleError names a knob of another family's).
-        schedule = cast(AnySchedule, family.parse_schedule(dict(as_schedule(schedule).as_dict())))
+        # The family's own schedule type (ScheduleError names a knob of another family's),
+        # refused naming the argument, as every other refused argument is.
+        try:
+            schedule = cast(
+                AnySchedule, family.parse_schedule(dict(as_schedule(schedule).as_dict()))
+            )
+        except ScheduleError as exc:
+            raise ScheduleArgumentError(str(exc)) from None
         problems = family.schedule_problems(schedule, workload, spec) if validate else []
         if problems:
-            raise ScheduleError(
-                f"schedule {schedule.id} is not valid for {workload.label()} on {gpu}: "
+            raise ScheduleArgumentError(
+                f"{schedule.id} is not valid for {workload.label()} on {gpu}: "
                 + "; ".join(problems)
             )
         self.workload = workload
