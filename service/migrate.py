@@ -201,7 +201,11 @@ def _creation_lock(url: str) -> threading.Lock:
 
 def _check_schema(url: str, create_if_empty: bool) -> str:
     head = head_revision()
-    engine = make_engine(url, pool_size=1, wal=False)  # (a look: it may not be pipetune's)
+    # A look that may not create: the file may not be pipetune's, and WAL mode, persistent,
+    # is left unset (a lookup switched another program's database to WAL, then refused it).
+    # One that may create is where pipetune's database is meant to be: WAL from the first
+    # connection, so that another replica's upgrade can commit while this check reads.
+    engine = make_engine(url, pool_size=1, wal=create_if_empty)
     try:
         current, names = schema_snapshot(engine)
         tables = unowned_tables(current, names)

@@ -15,7 +15,9 @@ from pipetune.model.trials import MeasureResult
 
 pytest_plugins = ["service_fixtures"]
 JSON_WORKER = {**WORKER_HEADERS, "Content-Type": "application/json"}
-BASE = {"status": "ok", "latency_us": 5.0, "samples_us": [5.0], "spread": 0.0}
+# Repeats that span the latencies sent below (5 and 12): a latency outside its repeats is
+# refused on its own account (service/queue.check_storable).
+BASE = {"status": "ok", "latency_us": 5.0, "samples_us": [5.0, 12.0], "spread": 0.0}
 FIELDS = ["latency_us", "samples_us", "spread", "compile_ms", "max_abs_error"]
 
 
