@@ -61,10 +61,14 @@ def _write(path: Path, schedules: list) -> Path:  # type: ignore[type-arg]
 
 
 def _kernels_words(schedule) -> str:  # type: ignore[no-untyped-def]
-    """How `pipetune.kernel` refuses the schedule on the A100."""
+    """How `pipetune.kernel` refuses the schedule on the A100: its reason, which it gives of
+    its argument ("schedule: s-... is not valid ...") and an import of the record's schedule
+    ("record 3's configuration: schedule s-... is not valid ...")."""
     with pytest.raises(ScheduleError) as refused:
         pipetune.kernel(WORKLOAD, "a100", schedule=schedule.as_dict())
-    return str(refused.value)
+    assert isinstance(refused.value, pipetune.InvalidArgumentError)
+    assert str(refused.value) == f"schedule: {refused.value.reason}"
+    return f"schedule {refused.value.reason}"
 
 
 def _invoke(args: list[str]):  # type: ignore[no-untyped-def]
