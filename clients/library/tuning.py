@@ -201,7 +201,7 @@ def _make_runner(
             raise InvalidArgumentError(
                 "dataset", "the replay runner answers from a recorded dataset file"
             )
-        if not isinstance(dataset, str | os.PathLike) or isinstance(dataset, bytes):
+        if not isinstance(dataset, str | os.PathLike):
             # (5, [path] and b"path" were bare TypeErrors from the file layer)
             raise InvalidArgumentTypeError(
                 "dataset",
