@@ -534,6 +534,11 @@ class AggregateCurves(_Body):
 # ---- workers: registration, leases, results -------------------------------------------
 
 
+# Unicode categories a worker's name, device name or driver may not hold (`_one_line`):
+# controls, format characters, line and paragraph separators.
+_NOT_IN_A_NAME = frozenset({"Cc", "Cf", "Zl", "Zp"})
+
+
 class WorkerRegister(_GpuField):
     """POST /v1/workers (worker token required)."""
 
@@ -566,12 +571,16 @@ class WorkerRegister(_GpuField):
     def _one_line(cls, value: str | None) -> str | None:
         # Shown in the CLI's tables, the dashboard and the service's log lines: a name
         # holding a newline or an escape sequence ("a\nb\tc" was registered) split a row of
-        # `pipetune workers` and could forge a log line or recolour a terminal.
+        # `pipetune workers` and could forge a log line or recolour a terminal. Invisible
+        # format characters too: a right-to-left override made "node-\u202e10\u202c" read
+        # as "node-01", another worker's name, and a zero-width space hides in one; Unicode's
+        # line and paragraph separators break a line where a terminal honours them.
         if value is not None:
-            bad = next((c for c in value if unicodedata.category(c) == "Cc"), None)
+            bad = next((c for c in value if unicodedata.category(c) in _NOT_IN_A_NAME), None)
             if bad is not None:
                 raise ValueError(
-                    f"must not contain control characters, got {bad!r} at {value.index(bad)}"
+                    "must not contain control, format (invisible or reordering) or line "
+                    f"separator characters, got {bad!r} at {value.index(bad)}"
                 )
         return value
 

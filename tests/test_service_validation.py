@@ -454,12 +454,16 @@ def test_an_arch_specific_target_registers_as_its_device_and_gets_jobs(client):
         ({"name": "gpu-0\x1b[31m"}, "name", "'\\x1b' at 5"),
         ({"device_name": "NVIDIA H100\r"}, "device_name", "'\\r' at 11"),
         ({"driver": "\x07"}, "driver", "'\\x07' at 0"),
+        # A right-to-left override: "node-\u202e10\u202c" is shown as "node-01".
+        ({"name": "node-\u202e10\u202c"}, "name", "'\\u202e' at 5"),
+        ({"name": "node\u200b-01"}, "name", "'\\u200b' at 4"),  # a zero-width space
+        ({"device_name": "H100\u2028forged"}, "device_name", "'\\u2028' at 4"),  # a line break
     ],
 )
 def test_worker_names_are_one_line_of_text(client, change, field, shown):
     body = {"name": "w", "gpu": "h100", "arch": "sm_90", "runner": "simulated", **change}
     response = client.post("/v1/workers", json=body, headers=WORKER_HEADERS)
-    _assert_422(response, field, f"must not contain control characters, got {shown}")
+    _assert_422(response, field, f"line separator characters, got {shown}")
     assert client.get("/v1/workers").json()["workers"] == []
     # Letters of any script, and spaces, are a name.
     named = {**body, field: "gpu 0 · Ångström"}
