@@ -178,6 +178,27 @@ def test_a_value_no_trial_row_holds_is_refused_naming_the_record(
         assert client.get("/v1/tasks").json()["tasks"] == []
 
 
+def test_settings_too_large_to_keep_are_refused_before_the_database(a100_sweep, db_url, tmp_path):
+    """100 kB of settings were stored with the imported task and sent with every listing of
+    the service's tasks (the dashboard's, every 2 s). Refused now, exit 2, nothing written;
+    settings up to the limit are kept whole."""
+    data = load_dataset(a100_sweep)
+    meta = json.loads(json.dumps(data.metadata))
+    meta["pipetune"]["settings"] = {"warmup": 3, "notes": "B" * 100_000}
+    path = tmp_path / "big_settings.t4.json.gz"
+    write_t4(Dataset(data.records, knobs=data.knobs, metadata=meta), path)
+    result = runner.invoke(app, ["db", "import-dataset", str(path), "--db", db_url])
+    assert result.exit_code == 2, result.output
+    assert "settings: 100,023 characters of JSON, over the 8,192" in result.stderr
+    with client_for(db_url) as client:
+        assert client.get("/v1/tasks").json()["tasks"] == []
+
+    fits = {"warmup": 3, "notes": "B" * (8192 - 23)}  # 8,192 characters as compact JSON
+    meta["pipetune"]["settings"] = fits
+    write_t4(Dataset(data.records, knobs=data.knobs, metadata=meta), path)
+    assert _import(path, db_url)["imported_settings"] == fits
+
+
 def test_an_export_names_the_gpus_its_workers_registered(db_url, tmp_path):
     """A task measured by a worker that registered its device exported device_name null:
     the T4 file did not say which GPU measured it. Its trials name their worker's device

@@ -12,6 +12,7 @@ place; a *dataset* written and read back is identical.
 from __future__ import annotations
 
 import datetime as dt
+import json
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -37,6 +38,7 @@ from pipetune.workers.datasets.records import (
 )
 
 FORMAT_VERSION = 1
+MAX_SETTINGS_CHARS = 8192  # the metadata's `settings`, as compact JSON (`_settings_problem`)
 # MeasureResult fields kept as named T4 measurements (when not None). A record's
 # generator_revision is the revision of the generator line the metadata names ("generator")
 # that made its kernel; a record without one was made by revision 1 (record_revision).
@@ -243,6 +245,22 @@ def _provenance_problem(meta: Mapping[str, Any], family: str, gpu: str, line: st
     return None
 
 
+def _settings_problem(settings: Any) -> str | None:
+    """What is wrong with the metadata's measurement settings (None: nothing). They travel
+    with what the dataset becomes: an imported task keeps them and every task listing
+    returns them; a replay worker reports them with each trial. 100 kB of them was stored,
+    and every listing of the service's tasks carried it."""
+    if settings is None:
+        return None
+    size = len(json.dumps(settings, separators=(",", ":"), default=str))
+    if size > MAX_SETTINGS_CHARS:
+        return (
+            f"settings: {size:,} characters of JSON, over the {MAX_SETTINGS_CHARS:,} a "
+            "dataset's settings may take (a sweep's or a tuning run's are a few numbers)"
+        )
+    return None
+
+
 class PipetuneInfo:
     """The validated pipetune provenance of a dataset."""
 
@@ -278,6 +296,8 @@ class PipetuneInfo:
         if isinstance(self.runner, str) and (problem := runner_label_problem(self.runner)):
             # (An unknown label such as "Simulated" was stored, and read as measured.)
             raise DatasetError(f"{where}: pipetune metadata: {clipped(problem)}")
+        if problem := _settings_problem(meta.get("settings")):
+            raise DatasetError(f"{where}: pipetune metadata: {problem}")
         self.device_name = meta.get("device_name")
         self.gpu_name = meta.get("gpu_name")
         self.metadata = meta
