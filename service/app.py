@@ -30,6 +30,7 @@ from pipetune.service.middleware import (
     BodyLimit,
     ContentEncodingGuard,
     HostGuard,
+    NoStore,
     RequestMetrics,
 )
 from pipetune.service.migrate import check_schema, check_writable
@@ -163,6 +164,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         )
     app.add_middleware(BodyLimit, limit=settings.max_body_bytes)
     app.add_middleware(ContentEncodingGuard)
+    app.add_middleware(NoStore)  # (outside the guards above: their refusals carry it too)
     app.add_middleware(RequestMetrics, metrics=metrics)
     if settings.allowed_hosts:
         app.add_middleware(HostGuard, allowed=settings.allowed_hosts)  # outermost: first

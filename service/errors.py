@@ -141,11 +141,11 @@ def _item(error: dict[str, Any]) -> ErrorItem:
         loc = ["body"]
     if "input" in error and kind not in ("missing", "json_invalid", "extra_forbidden"):
         value = error["input"]
-        shown = _cut(_json_text(value), SHOWN_CHARS)
+        shown = cut_text(_json_text(value), SHOWN_CHARS)
         # pydantic's own messages never show the input ("greater than 0" for an eps of 0):
         # always said; the project's reasons usually do ("..., got 100", in Python's words
         # or JSON's): said where not.
-        python = _cut(repr(value), SHOWN_CHARS)
+        python = cut_text(repr(value), SHOWN_CHARS)
         said = any(f"got {text}" in reason for text in (shown, python))
         # The project's own reasons (a model validator's) may quote the value otherwise
         # ("unknown GPU 'v100'; known: ..."): said there too.
@@ -154,7 +154,7 @@ def _item(error: dict[str, Any]) -> ErrorItem:
         scalar = isinstance(value, int | float | str | bool) or value is None
         if scalar and not (said or quoted):
             reason = f"{reason} (got {shown})"
-    reason = _cut(reason, REASON_CHARS)
+    reason = cut_text(reason, REASON_CHARS)
     names = [p for p in loc if isinstance(p, str) and p not in ("body", "query", "path")]
     field = names[-1] if names else "body"
     return ErrorItem(loc=loc, field=field, reason=reason, type=kind)
@@ -174,7 +174,8 @@ def _json_text(value: Any) -> str:
     return text
 
 
-def _cut(text: str, limit: int) -> str:
+def cut_text(text: str, limit: int) -> str:
+    """`text` up to `limit` characters, saying how many more it had."""
     if len(text) <= limit:
         return text
     return f"{text[:limit]}... ({len(text) - limit} more characters)"
@@ -190,7 +191,9 @@ def _content_type_hint(request: Request, items: list[ErrorItem]) -> None:
     # validation undecoded).
     if maintype == "application" and (subtype == "json" or subtype.endswith("+json")):
         return
-    sent = f"not {_cut(content_type, SHOWN_CHARS)}" if content_type else "no Content-Type was sent"
+    sent = (
+        f"not {cut_text(content_type, SHOWN_CHARS)}" if content_type else "no Content-Type was sent"
+    )
     for item in items:
         if item.loc == ["body"]:
             item.reason = f"send the body as JSON (Content-Type: application/json); {sent}"

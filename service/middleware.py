@@ -113,6 +113,38 @@ class ContentEncodingGuard:
         await self.app(scope, receive, send)
 
 
+API_PREFIX = "/v1/"
+NO_STORE = (b"cache-control", b"no-store")
+
+
+class NoStore:
+    """The API's answers (/v1/...) carry `Cache-Control: no-store`: they hold what a key or a
+    worker token was needed to read (tasks, trials, workers, leases), and a caching proxy
+    in front of the service that keys its cache on the address alone (nginx's
+    `proxy_cache_valid 200 ...`) served one key-holder's answer to the next request without
+    a key. Nothing in the API is worth caching: its answers change with every result. The
+    dashboard's page and files, /healthz and /metrics are not under /v1/ and keep their own
+    headers."""
+
+    def __init__(self, app: Any):
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Any, send: Any) -> None:
+        if scope["type"] != "http" or not scope["path"].startswith(API_PREFIX):
+            await self.app(scope, receive, send)
+            return
+
+        async def send_no_store(message: dict) -> None:
+            if message["type"] == "http.response.start":
+                headers = list(message.get("headers", ()))
+                if not any(name.lower() == b"cache-control" for name, _ in headers):
+                    headers.append(NO_STORE)
+                message = {**message, "headers": headers}
+            await send(message)
+
+        await self.app(scope, receive, send_no_store)
+
+
 async def _send_error(send: Any, status: int, detail: str, close: bool = False) -> None:
     """An error answered by a middleware, before the app runs: JSON like every other error
     of the API ({"detail": ...})."""

@@ -13,6 +13,7 @@ from pipetune.model.trials import RunnerKind
 from pipetune.model.wire import BestTrial, ScheduleDoc, TaskDoc, TrialDoc, WorkerDoc, WorkerList
 from pipetune.model.workloads import WorkloadError
 from pipetune.service.db import database_now, database_now_plus
+from pipetune.service.errors import cut_text
 from pipetune.service.orm import JobRow, TaskRow, WorkerRow, WorkloadRow, in_state
 from pipetune.service.records import throughput
 
@@ -232,10 +233,16 @@ def list_task_docs(
 
 
 def list_trial_docs(
-    session: Session, task_id: int, after: int, limit: int, samples: bool = False
+    session: Session,
+    task_id: int,
+    after: int,
+    limit: int,
+    samples: bool = False,
+    error_chars: int | None = None,
 ) -> list[TrialDoc]:
     """A page of the task's trials after trial `after`; `samples`: with each trial's timed
-    repeats (the caller bounds the page: SAMPLES_PAGE)."""
+    repeats (the caller bounds the page: SAMPLES_PAGE); `error_chars`: each error cut to so
+    many characters, saying how many more it had."""
     workload = session.scalars(
         select(WorkloadRow)
         .join(TaskRow, TaskRow.workload_id == WorkloadRow.id)
@@ -259,7 +266,9 @@ def list_trial_docs(
             predicted_us=job.predicted_us,
             worker=worker,
             worker_device=device,
-            error=job.error,
+            error=job.error
+            if job.error is None or error_chars is None
+            else cut_text(job.error, error_chars),
             runner=job.runner,
             samples_us=list(job.samples_us or ()) if samples else None,
             spread=job.spread,

@@ -177,6 +177,9 @@ def test_dashboard_draws_the_curves_without_console_errors(live_url, chromium):
             if f"/v1/tasks/{running}/trials" in u
         ]
         assert afters[0] == -1 and max(afters) >= 7  # later refreshes start past what it has
+        # Errors come cut to the 300 characters the page shows, not as whole compiler logs.
+        cuts = [parse_qs(urlparse(u).query).get("error_chars") for u in requested if "/trials" in u]
+        assert cuts and all(cut == ["300"] for cut in cuts), cuts
 
         # Selecting another task draws its curve.
         page.locator("#tasks tbody tr").nth(2).click()
@@ -575,6 +578,47 @@ def test_a_warm_started_task_names_its_prior_an_import_says_so_and_a_priority_sh
             in page.locator(f'#tasks tbody tr[data-task="{imported}"]').inner_text()
         )
         browser.close()
+
+
+def test_the_aggregate_is_asked_again_only_when_a_listed_task_moved(live_url, chromium):
+    """GET /v1/curves reads every task in the database; the page asked for it every fifth
+    refresh whether or not anything had run (an idle tab at 6,000 tasks kept 6% of a core
+    busy). Now: when a listed task moved, or after thirty refreshes."""
+    from playwright.sync_api import sync_playwright
+
+    client = httpx.Client(base_url=live_url, timeout=30)
+    worker = _two_finished_tasks(client)
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=chromium, args=CHROMIUM_ARGS)
+        page = browser.new_page()
+        curves: list[str] = []
+        page.on("request", lambda r: curves.append(r.url) if "/v1/curves" in r.url else None)
+
+        def refreshes() -> int:
+            return int(page.evaluate("Number(document.body.dataset.refreshes)"))
+
+        def wait_past(n: int) -> None:
+            page.wait_for_function(
+                f"() => Number(document.body.dataset.refreshes) >= {n}", timeout=30000
+            )
+
+        page.goto(f"{live_url}/dashboard?refresh=250")
+        wait_past(16)
+        assert len(curves) == 1, curves  # nothing ran: the first answer stands
+        body = {"workload": GEMM, "gpu": "h100", "budget": 8, "strategy": "random"}
+        _finish(client, worker, [client.post("/v1/tasks", json=body).json()["id"]])
+        page.wait_for_function(
+            "() => document.getElementById('aggregate-plot').data.length === 3", timeout=20000
+        )
+        wait_past(refreshes() + 6)  # (a move seen after the ask is asked for once more)
+        asked, now = len(curves), refreshes()
+        assert asked >= 2
+        wait_past(now + 12)
+        assert len(curves) == asked, curves  # nothing moved since
+        wait_past(now + 33)  # thirty refreshes after the last ask, whatever the list says
+        assert len(curves) > asked, curves
+        browser.close()
+    client.close()
 
 
 @pytest.mark.parametrize("refresh", ["x", "-5", "Infinity"])

@@ -506,9 +506,8 @@ def test_a_failing_part_keeps_nothing_else_from_drawing_and_is_worded_as_an_answ
     assert page.locator("#task-section").is_visible()
     assert page.locator("#task-title").inner_text().startswith("Task 8: gemm")
     status = page.locator("#status").inner_text()
-    assert status == (
-        f"the service answered 503 for /v1/tasks/8/trials?after=-1&limit=2000: {stalled}; retrying"
-    )
+    asked = "/v1/tasks/8/trials?after=-1&limit=2000&error_chars=300"
+    assert status == f"the service answered 503 for {asked}: {stalled}; retrying"
 
     # The aggregate's route failing (a 500 with no JSON): the rest draws, it is tried again.
     del fake.errors["/v1/tasks/8/trials"]

@@ -393,6 +393,34 @@ def test_task_lifecycle_list_get_cancel(client):
     assert client.delete("/v1/tasks/999999").status_code == 404
 
 
+def test_trials_errors_are_cut_to_what_the_reader_asks(client):
+    """The dashboard shows 300 characters of an error; a task of failed compiles sent every
+    compiler log whole (8.8 MB for 2,000 trials) at each refresh."""
+    task = create_task(client, budget=8)
+    worker = register(client)
+    log = "ptxas error: " + "x" * 5000
+    short = "ptxas: too many resources"
+
+    def answer(job):
+        error = log if job["trial"] % 2 else short
+        return {"status": "compile_error", "error": error}
+
+    assert drain(client, worker, answer) == 8
+    url = f"/v1/tasks/{task['id']}/trials"
+    whole = client.get(url).json()["trials"]
+    assert [t["error"] for t in whole] == [short, log] * 4
+    cut = client.get(f"{url}?error_chars=300").json()["trials"]
+    assert [t["error"] for t in cut] == [short, f"{log[:300]}... (4713 more characters)"] * 4
+    assert client.get(f"{url}?error_chars=0").json()["trials"][0]["error"].startswith("...")
+    # Everything else about a trial is as without the cut.
+    assert [{**t, "error": None} for t in cut] == [{**t, "error": None} for t in whole]
+    response = client.get(f"{url}?error_chars=-1")
+    assert response.status_code == 422 and response.json()["detail"][0]["loc"] == [
+        "query",
+        "error_chars",
+    ]
+
+
 def test_task_runs_to_exactly_its_budget_and_reports_trials_and_curve(client):
     task = create_task(client, budget=20)
     worker = register(client)
@@ -644,6 +672,37 @@ def test_api_keys_guard_the_user_routes(db_url):
         assert c.get("/healthz").status_code == 200
         assert c.get("/metrics").status_code == 200
         assert c.get("/dashboard").status_code == 200
+
+
+def test_the_apis_answers_are_never_stored_by_a_cache_on_the_way(db_url):
+    """A caching proxy that keys on the address alone served one key-holder's tasks to a
+    request without a key: every /v1 answer, refusals included, says no-store."""
+    with client_for(db_url, api_keys=["k1"]) as c:
+        key = {"X-API-Key": "k1"}
+        worker_id = register(c)
+        answers = [
+            c.get("/v1/tasks", headers=key),
+            c.post(
+                "/v1/tasks", json={"workload": SMALL_GEMM, "gpu": "h100", "budget": 8}, headers=key
+            ),
+            c.get("/v1/tasks/1/trials", headers=key),
+            c.get("/v1/curves", headers=key),
+            c.get("/v1/workers", headers=key),
+            c.post(
+                "/v1/jobs/lease",
+                json={"worker_id": worker_id, "max_jobs": 1, "wait_s": 0},
+                headers=WORKER_HEADERS,
+            ),
+            c.get("/v1/tasks"),  # 401
+            c.get("/v1/tasks/99", headers=key),  # 404
+            c.get("/v1/tasks?limt=1", headers=key),  # 422
+        ]
+        assert [a.status_code for a in answers] == [200, 201, 200, 200, 200, 200, 401, 404, 422]
+        for answer in answers:
+            assert answer.headers.get_list("cache-control") == ["no-store"], answer.request.url
+        # The page, its health check and the metrics are not the API's answers.
+        for path in ("/healthz", "/metrics"):
+            assert "no-store" not in c.get(path).headers.get("cache-control", "")
 
 
 def test_a_worker_arch_must_match_its_gpu(client):

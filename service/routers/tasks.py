@@ -97,6 +97,16 @@ def list_trials(
             f"at most {SAMPLES_PAGE} trials"
         ),
     ] = False,
+    error_chars: Annotated[
+        int | None,
+        Query(
+            ge=0,
+            le=ID_MAX,
+            description="each trial's error cut to its first error_chars characters, "
+            "saying how many more it had (a compiler's log can run to pages)",
+        ),
+        QUERY_INT,
+    ] = None,
 ) -> TrialList:
     """The task's trials in proposal order (incremental with `after`)."""
     if samples:  # each trial may carry MAX_SAMPLES: keep a page's size bounded
@@ -104,7 +114,8 @@ def list_trials(
     with service.db.read() as s:
         if task_work(s, task_id) is None:
             raise NotFoundError(f"task {task_id} does not exist")
-        return TrialList(trials=list_trial_docs(s, task_id, after, limit, samples))
+        docs = list_trial_docs(s, task_id, after, limit, samples, error_chars)
+        return TrialList(trials=docs)
 
 
 @router.get("/v1/tasks/{task_id}/curve", response_model=Curve, responses=NOT_FOUND)
