@@ -382,6 +382,13 @@ class ScheduleResponse(_Throughput):
     # source "model": how many trials of the workload on the GPU failed (a compile error, a
     # wrong result, a timeout); the pick is none of their schedules. Null when measured.
     failed_trials: int | None = None
+    # source "measured", a GPU's measurement: the revision of the workload's kernel generator
+    # whose kernel was timed (model.family.GeneratorRevision; 1 where its trial recorded
+    # none), and the revision `pipetune.kernel` and `pipetune export` make now. Where they
+    # differ, the latency is an older kernel's (the convolution loader of 2026-11-28 made
+    # every convolution 0.80x its time), and the schedule was picked by it. Null otherwise.
+    measured_generator_revision: int | None = None
+    generator_revision: int | None = None
     task_id: int | None = None
     url: str | None = None
 

@@ -11,13 +11,14 @@ from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.orm import Session
 
-from pipetune.model.family import family_for_op, family_of
+from pipetune.model.family import FIRST_REVISION, family_for_op, family_of
 from pipetune.model.hardware import get_gpu
 from pipetune.model.trials import (
     FAILED_STATUSES,
     MEASURED_RUNNERS,
     REHEARSED_STATUSES,
     SIMULATED_RUNNERS,
+    is_simulated,
 )
 from pipetune.model.wire import ScheduleDoc, ScheduleResponse
 from pipetune.model.workloads import WorkloadError
@@ -198,6 +199,10 @@ def schedule_response(
         predicted = job.predicted_us
         if predicted is None:
             predicted = model_pick(workload, gpu).predicted_us
+        measured = now = None
+        if not is_simulated(job.runner):  # (the model's figure: no kernel was timed)
+            measured = job.generator_revision or FIRST_REVISION
+            now = fam.generator_revision(workload).revision
         return ScheduleResponse(
             source="measured",
             workload=workload.canonical(),
@@ -209,6 +214,8 @@ def schedule_response(
             predicted_us=predicted,
             throughput=fam.throughput_of(workload, job.latency_us),
             throughput_unit=fam.throughput_unit,
+            measured_generator_revision=measured,
+            generator_revision=now,
         )
     if learned is not None:
         schedule, predicted = learned.schedule, learned.predicted_us

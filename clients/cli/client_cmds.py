@@ -51,6 +51,7 @@ from pipetune.clients.library.labels import (
     SIMULATED_LABEL,
     any_simulated,
     is_simulated,
+    older_kernel_label,
     runs_whole_space,
     trials_of,
     trials_to_run,
@@ -194,6 +195,10 @@ def _schedule(
     else:
         source = "measured trials"
     console.print(f"{w.label()} on {doc.gpu}: best schedule, from the {source}{where}")
+    if doc.source == "measured" and (
+        older := older_kernel_label(w, doc.measured_generator_revision)
+    ):
+        console.print(f"note: the µs below is an older kernel's: {older}", soft_wrap=True)
     if doc.failed_trials:
         failed = "1 trial" if doc.failed_trials == 1 else f"{doc.failed_trials} trials"
         console.print(f"{failed} failed on {doc.gpu}: their schedules are not picked")

@@ -104,15 +104,21 @@ def _print_index(index: dict, out_dir: Path) -> None:
     # Folded, not cut short with an ellipsis, where the terminal is narrow: a file name with
     # its end missing names no file.
     table.add_column("files", overflow="fold")
+    # Times of kernels an older generator revision made (index.json's latency_label says
+    # so): they were shown as this export's kernels' own.
+    older = [row for row in rows if "latency_label" in row and not row["simulated"]]
     for row in rows:
         table.add_row(
             row["label"],
             row["schedule_id"],
-            f"{row['latency_us']:.2f}",
+            f"{row['latency_us']:.2f}" + ("*" if row in older else ""),
             row["runner"] or "-",
             _files_cell(row),
         )
     console.print(table)
+    if older:
+        more = f" (and {len(older) - 1} more: index.json's latency_label)" if older[1:] else ""
+        console.print(f"* {older[0]['latency_label']}{more}", soft_wrap=True)
     console.print(f"header {out_dir / index['header']}, index {out_dir / 'index.json'}")
     # Quoted for the shell: pasted, a folder with a space was `cd: too many arguments`.
     console.print(f"build them: cd {shlex.quote(str(out_dir))} && {index['nvcc']}")

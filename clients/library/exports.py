@@ -35,7 +35,8 @@ them or none (a failed or interrupted export leaves no trace, no new empty folde
 A task's trials (`export_task_t4`, any family): a T4 results file (workers.datasets), which
 `pipetune dataset info`, `pipetune bench tuner` and Kernel Tuner's T4 tools read. Every file
 is written whole or not at all (a temporary file renamed into place). Latencies of the
-simulated runner are labelled so in index.json, the launch files and the header.
+simulated runner are labelled so in index.json, the launch files and the header, as are times
+measured on a kernel that an older revision of its generator made (`latency_label`).
 """
 
 from __future__ import annotations
@@ -145,6 +146,10 @@ class Exported:
             "throughput_unit": self.best.throughput_unit,
             "runner": self.best.runner,
             "simulated": is_simulated(self.best.runner),
+            # The generator line and revision of the exported kernel, and the revision whose
+            # kernel the latency was measured on (absent for a simulated one).
+            "generator": self.kernel.generator.line,
+            "generator_revision": self.kernel.generator.revision,
             "files": {
                 "source": f"{code}.cu",
                 "cubin": f"{code}.{arch}.cubin",
@@ -155,8 +160,14 @@ class Exported:
             entry["shares_kernel_with"] = self.kernel_stem
         if self.kernel.plan.tensor_maps:
             entry["files"]["tensor_maps"] = f"{self.stem}{TENSOR_MAPS_SUFFIX}"
+        if self.kernel.measured_generator_revision is not None:
+            entry["measured_generator_revision"] = self.kernel.measured_generator_revision
         if entry["simulated"]:
             entry["latency_label"] = SIMULATED_LABEL
+        elif self.kernel.older_kernel:
+            # (It said "measured" of a time an older kernel took: the convolutions' imported
+            # sweeps timed revision 1, 1.25x this kernel's time.)
+            entry["latency_label"] = self.kernel.older_kernel
         return entry
 
 
@@ -228,6 +239,8 @@ def _header(gpu: str, arch: str, source: str, exported: list[Exported]) -> str:
     for item in exported:
         best = item.best
         how = SIMULATED_LABEL if is_simulated(best.runner) else f"measured: {best.runner}"
+        if item.kernel.older_kernel:
+            how += f"; {item.kernel.older_kernel}"
         lines.append(
             f"/* {in_comment(item.kernel.workload.label())}: {item.kernel.name}, "
             f"{best.latency_us:.3f} us ({in_comment(how)}) */"
@@ -425,6 +438,7 @@ def export_tuned(reader: Reader, gpu: str, out_dir: str | os.PathLike[str]) -> d
                 origin="measured",
                 runner=best.runner,
                 latency_us=best.latency_us,
+                measured_generator_revision=best.measured_generator_revision,
                 validate=False,
             )
         except ValueError as exc:  # ScheduleError, or a plan that no longer fits the GPU

@@ -44,9 +44,9 @@ from pipetune.clients.library.inputs import (
     as_schedule,
     as_workload,
 )
-from pipetune.clients.library.labels import SIMULATED_LABEL, is_simulated
+from pipetune.clients.library.labels import SIMULATED_LABEL, is_simulated, older_kernel_label
 from pipetune.model.errors import InvalidArgumentError
-from pipetune.model.family import family_of
+from pipetune.model.family import GeneratorRevision, family_of, generator_revision_of
 from pipetune.model.hardware import DEFAULT_GPU, get_gpu
 from pipetune.model.knobs import ScheduleError
 from pipetune.model.memops.space import workspace_bytes
@@ -78,6 +78,7 @@ class TunedKernel:
         origin: str = "given",
         runner: str | None = None,
         latency_us: float | None = None,
+        measured_generator_revision: int | None = None,
         validate: bool = True,
     ):
         """The arguments as `pipetune.kernel` takes them (a dict or a workload object; a
@@ -85,11 +86,13 @@ class TunedKernel:
         schedule outside the GPU's valid space (the family's rules); off for a schedule
         that was measured already (it ran, whatever the rules say now). A best-schedule
         answer as `schedule` must be this workload's on this GPU, and the kernel is
-        labelled as the answer is (`origin`, `runner` and `latency_us` are its own)."""
+        labelled as the answer is (`origin`, `runner`, `latency_us` and the generator
+        revision that made the timed kernel are its own)."""
         workload, gpu = as_workload(workload), as_gpu(gpu)
         if isinstance(schedule, ScheduleResponse):  # pipetune.best_schedule's answer
             _check_answer_is_for(workload, gpu, schedule)
             origin, runner, latency_us = schedule.source, schedule.runner, schedule.latency_us
+            measured_generator_revision = schedule.measured_generator_revision
             validate = validate and schedule.source != "measured"  # it ran (as `export`)
         family = family_of(workload)
         spec = get_gpu(gpu)
@@ -113,6 +116,9 @@ class TunedKernel:
         self.origin = origin  # "measured" or "model" (the best known), or "given"
         self.runner = runner  # of a measured schedule ("simulated": the model plus noise)
         self.latency_us = latency_us
+        # The generator revision whose kernel the latency is of (a GPU's measurement); where
+        # it is not this code's, the time is an older kernel's (`older_kernel`).
+        self.measured_generator_revision = measured_generator_revision
         self._codegen = codegen_for(family)
         self._kernel: Any = self._codegen.generate(workload, schedule)
         # One wave of resident blocks as the runners plan it before a launch (trial_spec):
@@ -147,6 +153,11 @@ class TunedKernel:
         return str(self._kernel.code)
 
     @property
+    def generator(self) -> GeneratorRevision:
+        """The code generator line that makes this kernel, at this code's revision."""
+        return generator_revision_of(self.workload)
+
+    @property
     def arch(self) -> str:
         """The architecture the kernel is built for: the tuned GPU's (sm_90 for an H100),
         its arch-specific target where the kernel needs one (sm_90a for wgmma)."""
@@ -177,6 +188,14 @@ class TunedKernel:
     @property
     def simulated(self) -> bool:
         return self.origin == "measured" and is_simulated(self.runner)
+
+    @property
+    def older_kernel(self) -> str | None:
+        """Where the latency was measured on an older revision of this kernel's generator,
+        the words that say so (None: it is this kernel's time, or none was measured)."""
+        if self.origin != "measured":
+            return None
+        return older_kernel_label(self.workload, self.measured_generator_revision)
 
     def cubin(self, arch: str | None = None) -> bytes:
         """The cubin for `arch` (default: the tuned GPU's), compiled by NVRTC through the
@@ -333,8 +352,14 @@ class TunedKernel:
         if self.origin == "measured":
             doc["latency_us"] = self.latency_us
             doc["runner"] = self.runner
+            if self.measured_generator_revision is not None:
+                doc["measured_generator_revision"] = self.measured_generator_revision
             if self.simulated:
                 doc["latency_label"] = SIMULATED_LABEL
+            elif self.older_kernel:
+                doc["latency_label"] = self.older_kernel
+        doc["generator"] = self.generator.line
+        doc["generator_revision"] = self.generator.revision
         return doc
 
     # ---- the call ------------------------------------------------------------------------
@@ -461,6 +486,8 @@ class TunedKernel:
         where = self.origin
         if self.simulated:
             where += f" ({SIMULATED_LABEL})"
+        elif self.older_kernel:
+            where += f" ({self.older_kernel})"
         more = f", then {len(self.launches) - 1} more launch" if len(self.launches) > 1 else ""
         return (
             f"<pipetune kernel {self.name}: {self.workload.label()} on {self.gpu}, "

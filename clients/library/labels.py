@@ -5,7 +5,9 @@ trials are counted against what it runs."""
 from __future__ import annotations
 
 from collections.abc import Iterable
+from typing import Any
 
+from pipetune.model.family import generator_revision_of
 from pipetune.model.trials import is_simulated
 from pipetune.model.wire import TaskDoc
 
@@ -13,6 +15,7 @@ __all__ = [
     "SIMULATED_LABEL",
     "any_simulated",
     "is_simulated",
+    "older_kernel_label",
     "runs_whole_space",
     "trials_of",
     "trials_to_run",
@@ -23,6 +26,21 @@ SIMULATED_LABEL = "simulated: analytical model + noise, not measurements"
 
 def any_simulated(runners: Iterable[str | None]) -> bool:
     return any(is_simulated(r) for r in runners)
+
+
+def older_kernel_label(workload: Any, measured_revision: int | None) -> str | None:
+    """Where a measured latency is an older kernel's (its trial's generator revision is not
+    the one this code makes, model.family.GeneratorRevision): the words shown beside it.
+    None where the time is this kernel's, or no kernel was timed."""
+    if measured_revision is None:
+        return None
+    now = generator_revision_of(workload)
+    if measured_revision == now.revision:
+        return None
+    return (
+        f"measured on revision {measured_revision} of the {now.line} kernel generator; this "
+        f"kernel is its revision {now.revision}, whose times differ"
+    )
 
 
 def runs_whole_space(doc: TaskDoc) -> bool:
