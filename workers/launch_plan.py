@@ -177,9 +177,12 @@ class TensorMap:
             "dims": list(self.dims),
             "strides": list(self.strides),
             "box": list(self.box),
+            # Always said, float16 too: a float16 map's document named none (as before
+            # bfloat16), and code encoding the maps from the launch JSON alone had to know
+            # that its absence meant float16.
+            "dtype": self.dtype,
         }
-        # float16's documents are those written before bfloat16 (no "dtype": float16 then).
-        return doc if self.dtype == "float16" else {**doc, "dtype": self.dtype}
+        return doc
 
 
 @dataclass(frozen=True)
