@@ -168,6 +168,12 @@ class KnobSchedule:
             data = {name: plain_integer(value) for name, value in data.items()}
         return cls(**check_knob_dict(cls.declaration, data, ScheduleError))
 
+    @property
+    def id(self) -> str:
+        """Stable, readable id: ``id_prefix`` and the knob values in the declaration's order,
+        joined by "-" (what `from_id` reads back)."""
+        return self.id_prefix + "-".join(str(getattr(self, knob.name)) for knob in self.declaration)
+
     def as_dict(self) -> dict[str, int]:
         # Not dataclasses.asdict, which deep-copies field by field (18 µs against 1 µs for a
         # GEMM schedule): the service makes a batch of these per advance.

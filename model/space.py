@@ -76,11 +76,6 @@ class Schedule(KnobSchedule):
     reg_stages: int
 
     @property
-    def id(self) -> str:
-        """Stable, readable id: the knob values in KNOB_NAMES order."""
-        return self.id_prefix + "-".join(str(getattr(self, k)) for k in KNOB_NAMES)
-
-    @property
     def block_m(self) -> int:
         return MMA_TILE * self.warp_row_tiles * self.block_row_warps
 

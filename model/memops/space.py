@@ -110,11 +110,6 @@ class MemSchedule(KnobSchedule):
     max_waves: int
 
     @property
-    def id(self) -> str:
-        """Stable, readable id: "m-" and the knob values in KNOB_NAMES order."""
-        return self.id_prefix + "-".join(str(getattr(self, k)) for k in KNOB_NAMES)
-
-    @property
     def threads(self) -> int:
         return self.threads_per_row * self.rows_per_block
 
