@@ -58,7 +58,7 @@ def workload_id(session: Session, workload: Any) -> int:
     return session.execute(_WORKLOAD_ID, {"digest": digest}).scalar_one()
 
 
-def _failed_schedules(workload_hash: str, gpu: str, *where: Any) -> Any:
+def _failed_schedules(workload_id: int, gpu: str, *where: Any) -> Any:
     """The schedule ids of the failed trials of this workload on this GPU, over every task
     (a compile error, a wrong result, a timeout: a runner's failure status), in SQL, less a
     simulated runner's rehearsed faults (REHEARSED_STATUSES: a rehearsed crash excluded the
@@ -67,20 +67,16 @@ def _failed_schedules(workload_hash: str, gpu: str, *where: Any) -> Any:
     rehearsed = and_(
         JobRow.runner.in_(SIMULATED_RUNNERS), JobRow.status.in_(sorted(REHEARSED_STATUSES))
     )
-    return (
-        select(JobRow.schedule_id)
-        .join(WorkloadRow, JobRow.workload_id == WorkloadRow.id)
-        .where(
-            WorkloadRow.hash == workload_hash,
-            JobRow.gpu == gpu,
-            JobRow.status.in_(sorted(FAILED_STATUSES)),
-            or_(JobRow.runner.is_(None), ~rehearsed),
-            *where,
-        )
+    return select(JobRow.schedule_id).where(
+        JobRow.workload_id == workload_id,
+        JobRow.gpu == gpu,
+        JobRow.status.in_(sorted(FAILED_STATUSES)),
+        or_(JobRow.runner.is_(None), ~rehearsed),
+        *where,
     )
 
 
-def best_measured(session: Session, workload_hash: str, gpu: str) -> JobRow | None:
+def best_measured(session: Session, workload_id: int, gpu: str) -> JobRow | None:
     """The fastest successful trial of this workload on this GPU, over every task: of those
     measured on a GPU where there are any, of a schedule that no GPU trial saw fail there. A
     simulated latency is the model's, not a time to compare with one: an imported simulated
@@ -92,13 +88,16 @@ def best_measured(session: Session, workload_hash: str, gpu: str) -> JobRow | No
     each schedule a GPU timed also failed there), the fastest of any runner (labelled as its
     runner says) whose schedule never failed on the GPU: a simulated success is the model's
     guess, and the lookup answered a schedule whose GPU trial had given a wrong result
-    because the simulated runner had timed it fastest."""
+    because the simulated runner had timed it fastest.
+
+    By the workload's id, not through a join with the workloads table: the join hid the id
+    from PostgreSQL's planner, which then read every successful trial of the workload to
+    answer one (benchmarks/bench_lookup.py), where ix_jobs_best walks them fastest first."""
 
     def fastest(*where: Any) -> JobRow | None:
         return session.scalars(
             select(JobRow)
-            .join(WorkloadRow, JobRow.workload_id == WorkloadRow.id)
-            .where(WorkloadRow.hash == workload_hash, JobRow.gpu == gpu, JobRow.status == "ok")
+            .where(JobRow.workload_id == workload_id, JobRow.gpu == gpu, JobRow.status == "ok")
             .where(*where)
             .order_by(JobRow.latency_us, JobRow.id)
             .limit(1)
@@ -106,8 +105,8 @@ def best_measured(session: Session, workload_hash: str, gpu: str) -> JobRow | No
 
     on_gpu = JobRow.runner.in_(MEASURED_RUNNERS)
     return fastest(
-        on_gpu, JobRow.schedule_id.not_in(_failed_schedules(workload_hash, gpu, on_gpu))
-    ) or fastest(JobRow.schedule_id.not_in(_failed_schedules(workload_hash, gpu)))
+        on_gpu, JobRow.schedule_id.not_in(_failed_schedules(workload_id, gpu, on_gpu))
+    ) or fastest(JobRow.schedule_id.not_in(_failed_schedules(workload_id, gpu)))
 
 
 @dataclass(frozen=True)
@@ -122,10 +121,10 @@ class FailedTrials:
 NO_FAILURES = FailedTrials(0, frozenset())
 
 
-def failed_trials(session: Session, workload_hash: str, gpu: str) -> FailedTrials:
+def failed_trials(session: Session, workload_id: int, gpu: str) -> FailedTrials:
     """The failed trials of this workload on this GPU, over every task (a compile error, a
     wrong result, a timeout: a runner's failure status)."""
-    ids = list(session.execute(_failed_schedules(workload_hash, gpu)).scalars())
+    ids = list(session.execute(_failed_schedules(workload_id, gpu)).scalars())
     return FailedTrials(len(ids), frozenset(ids)) if ids else NO_FAILURES
 
 
@@ -134,10 +133,13 @@ def measured_or_failures(
 ) -> tuple[JobRow | None, FailedTrials]:
     """What a schedule lookup reads: the best measured trial (best_measured's) and, where
     there is none, the failed trials whose schedules a pick must skip (failed_trials')."""
-    job = best_measured(session, workload_hash, gpu)
+    found = session.execute(_WORKLOAD_ID, {"digest": workload_hash}).scalar_one_or_none()
+    if found is None:  # never tuned anywhere
+        return None, NO_FAILURES
+    job = best_measured(session, found, gpu)
     if job is not None:
         return job, NO_FAILURES
-    return None, failed_trials(session, workload_hash, gpu)
+    return None, failed_trials(session, found, gpu)
 
 
 @dataclass(frozen=True)

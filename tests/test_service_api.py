@@ -520,6 +520,13 @@ def test_aggregate_curves_per_strategy(client):
     assert max(doc["curves"][s][-1]["best_in_k"] for s in tasks) == 1.0
     only = client.get("/v1/curves?strategy=grid&op=gemm&max_k=4").json()["curves"]
     assert set(only) == {"grid"} and len(only["grid"]) == 4
+    # A filter narrows the tasks drawn, not their yardstick: grid's curve alone is normalised
+    # to the best any strategy found, as beside analytical's.
+    unfiltered = client.get("/v1/curves").json()["curves"]
+    assert doc["curves"] == unfiltered
+    for strategy in tasks:
+        alone = client.get(f"/v1/curves?strategy={strategy}&gpu=h100&op=gemm").json()
+        assert alone["curves"] == {strategy: unfiltered[strategy]}
     assert client.get("/v1/curves?gpu=a100").json()["curves"] == {}
     assert client.get("/v1/curves?op=conv2d").json()["curves"] == {}
 
