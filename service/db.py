@@ -26,6 +26,7 @@ import datetime as dt
 import math
 import os
 import re
+import sqlite3
 import threading
 import time
 from collections.abc import Iterable, Iterator
@@ -266,6 +267,27 @@ def deadline_connect(
     return conn
 
 
+# How long a SQLite connection waits for another's lock before it gives up.
+SQLITE_BUSY_S = 30
+
+
+def switch_to_wal(cursor: Any, busy_s: float = SQLITE_BUSY_S) -> None:
+    """Put a SQLite file in WAL mode, waiting out other connections' locks. SQLite answers a
+    switch that would deadlock with another connection (both hold the file's shared lock,
+    as two replicas starting together on a new file do) "database is locked" at once,
+    without waiting: one of two `serve`s exited 1 in most such starts. Tried again until the
+    busy timeout has passed."""
+    deadline = time.monotonic() + busy_s
+    while True:
+        try:
+            cursor.execute("PRAGMA journal_mode=WAL")
+            return
+        except sqlite3.OperationalError as exc:
+            if "locked" not in str(exc) or time.monotonic() >= deadline:
+                raise
+            time.sleep(0.02)
+
+
 def make_engine(
     url: str,
     pool_size: int = 10,
@@ -315,19 +337,21 @@ def make_engine(
             # (settings.sqlite_path, `db current`, Database.file_problem) read the home's.
             parsed = parsed.set(database=str(path))
     engine = create_engine(
-        parsed, connect_args={"timeout": 30, "check_same_thread": False}, pool_size=pool_size
+        parsed,
+        connect_args={"timeout": SQLITE_BUSY_S, "check_same_thread": False},
+        pool_size=pool_size,
     )
 
     @event.listens_for(engine, "connect")
     def _configure(dbapi_connection: Any, _record: Any) -> None:
         dbapi_connection.isolation_level = None  # we emit BEGIN ourselves (see below)
         cursor = dbapi_connection.cursor()
+        cursor.execute(f"PRAGMA busy_timeout={SQLITE_BUSY_S * 1000}")
         if wal:
             # Persistent, in the file: set only where pipetune's database is meant. A look
             # before a refusal switched another program's database to WAL (and made an empty
             # file a 4 KiB database).
-            cursor.execute("PRAGMA journal_mode=WAL")
-        cursor.execute("PRAGMA busy_timeout=30000")
+            switch_to_wal(cursor)
         cursor.execute("PRAGMA foreign_keys=ON")
         cursor.execute("PRAGMA synchronous=NORMAL")
         cursor.close()

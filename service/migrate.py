@@ -201,11 +201,13 @@ def _creation_lock(url: str) -> threading.Lock:
 
 def _check_schema(url: str, create_if_empty: bool) -> str:
     head = head_revision()
-    # A look that may not create: the file may not be pipetune's, and WAL mode, persistent,
-    # is left unset (a lookup switched another program's database to WAL, then refused it).
-    # One that may create is where pipetune's database is meant to be: WAL from the first
-    # connection, so that another replica's upgrade can commit while this check reads.
-    engine = make_engine(url, pool_size=1, wal=create_if_empty)
+    # WAL mode, persistent in the file, is set only where pipetune's database is about to be
+    # made: a check that may create it, of a SQLite file not there yet or empty (WAL from the
+    # first connection, so that another replica's upgrade can commit while this check
+    # reads). Anywhere else the file may not be pipetune's: `serve` and `import-dataset` on
+    # another program's database switched it to WAL, then refused it. (A pipetune database
+    # is in WAL mode already, from its making.)
+    engine = make_engine(url, pool_size=1, wal=create_if_empty and not_made_yet(url))
     try:
         current, names = schema_snapshot(engine)
         tables = unowned_tables(current, names)
@@ -225,6 +227,14 @@ def _check_schema(url: str, create_if_empty: bool) -> str:
         f"the database {where}, this pipetune needs {head}: "
         f"run `pipetune db upgrade --db {shlex.quote(redact(url))}`"
     )
+
+
+def not_made_yet(url: str) -> bool:
+    """Whether the URL's SQLite file is missing or empty (False for any other database)."""
+    from pipetune.service.db import sqlite_path
+
+    path = sqlite_path(url)
+    return path is not None and (not path.exists() or path.stat().st_size == 0)
 
 
 def check_writable(url: str) -> None:

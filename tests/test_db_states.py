@@ -16,7 +16,7 @@ from sqlalchemy import create_engine, text
 from typer.testing import CliRunner
 
 from pipetune.clients.cli.main import app
-from pipetune.service.db import make_engine
+from pipetune.service.db import make_engine, switch_to_wal
 from pipetune.service.migrate import SchemaError, check_schema, head_revision, upgrade
 
 pytest_plugins = ["service_fixtures"]
@@ -265,3 +265,60 @@ def test_a_sqlite_uri_is_read_as_the_file_it_names(tmp_path, monkeypatch):
         assert current.exit_code == 0, current.output
         assert "up to date" in current.stdout
     assert not (tmp_path / "file:").exists()
+
+
+def test_a_look_at_another_programs_sqlite_file_leaves_its_journal_mode(tmp_path):
+    """`db current`, `db upgrade` and the schema check of `serve` and `db import-dataset`
+    put another program's database in WAL mode (a change its file keeps) before refusing it;
+    `db current` made an empty file a 4 KiB WAL database."""
+    foreign = tmp_path / "app.db"
+    with sqlite3.connect(foreign) as conn:
+        conn.execute("CREATE TABLE users (id INTEGER PRIMARY KEY)")
+    before = foreign.read_bytes()
+    url = f"sqlite:///{foreign}"
+    looked = runner.invoke(app, ["db", "current", "--db", url])
+    assert looked.exit_code == 0 and "something else (users)" in looked.stdout, looked.output
+    assert runner.invoke(app, ["db", "upgrade", "--db", url]).exit_code == 1
+    with pytest.raises(SchemaError, match="something else"):
+        check_schema(url, create_if_empty=True)
+    assert foreign.read_bytes() == before
+    with sqlite3.connect(foreign) as conn:
+        assert conn.execute("PRAGMA journal_mode").fetchone() == ("delete",)
+    empty = tmp_path / "empty.db"
+    empty.touch()
+    assert runner.invoke(app, ["db", "current", "--db", f"sqlite:///{empty}"]).exit_code == 0
+    assert empty.stat().st_size == 0
+    # Where pipetune's database is to be made (a file not there yet, or empty), WAL from the
+    # first connection, as before.
+    made = tmp_path / "made.db"
+    assert check_schema(f"sqlite:///{made}", create_if_empty=True) == head_revision()
+    with sqlite3.connect(made) as conn:
+        assert conn.execute("PRAGMA journal_mode").fetchone() == ("wal",)
+
+
+class _LockedCursor:
+    """A cursor whose journal-mode switch meets another connection's lock `times` times."""
+
+    def __init__(self, times: int):
+        self.times = times
+        self.tries = 0
+
+    def execute(self, sql: str) -> None:
+        assert sql == "PRAGMA journal_mode=WAL"
+        self.tries += 1
+        if self.tries <= self.times:
+            raise sqlite3.OperationalError("database is locked")
+
+
+def test_a_wal_switch_that_meets_a_lock_is_tried_again_within_the_busy_timeout():
+    """SQLite answers a journal-mode switch that would deadlock with another connection
+    "database is locked" at once, without waiting: one of two `serve`s starting together on
+    a new file exited 1 in most such starts."""
+    cursor = _LockedCursor(times=3)
+    switch_to_wal(cursor)
+    assert cursor.tries == 4
+    stuck = _LockedCursor(times=10**6)
+    began = time.monotonic()
+    with pytest.raises(sqlite3.OperationalError, match="locked"):
+        switch_to_wal(stuck, busy_s=0.2)
+    assert 0.2 <= time.monotonic() - began < 2

@@ -422,7 +422,7 @@ def db_upgrade(
     _check_revision(revision)  # before the database is touched (a SQLite file created)
     missing = _missing_sqlite_file(url)
     with _database_errors(url):
-        current, tables, _ = (None, [], []) if missing else _schema_state(url)
+        current, tables, _ = (None, [], []) if missing else _schema_state(url, making=True)
         # (Only beside tables of no Alembic history: another program's alembic_version is
         # not pipetune's to write.)
         if tables and into_existing and current is None:
@@ -494,19 +494,23 @@ def _check_revision(revision: str, current: str | None = None) -> None:
         ) from None
 
 
-def _schema_state(url: str) -> tuple[str | None, list[str], list[str]]:
+def _schema_state(url: str, *, making: bool = False) -> tuple[str | None, list[str], list[str]]:
     """The database's revision; where it has none, the tables it holds (where it is another
     program's Alembic revision, its tables: migrate.unowned_tables); where it is the
-    newest, the ORM's columns it lacks (migrate.missing_columns)."""
+    newest, the ORM's columns it lacks (migrate.missing_columns). `making`: a look before
+    the database is made or upgraded (`db upgrade`)."""
     from pipetune.service.db import make_engine
     from pipetune.service.migrate import (
         head_revision,
         missing_columns,
+        not_made_yet,
         schema_snapshot,
         unowned_tables,
     )
 
-    engine = make_engine(url, pool_size=1)
+    # WAL mode (kept in the file) only where pipetune's database is about to be made, as
+    # migrate.check_schema sets it: a look switched another program's database to WAL.
+    engine = make_engine(url, pool_size=1, wal=making and not_made_yet(url))
     try:
         current, names = schema_snapshot(engine)
         tables = unowned_tables(current, names)
