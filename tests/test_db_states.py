@@ -322,3 +322,16 @@ def test_a_wal_switch_that_meets_a_lock_is_tried_again_within_the_busy_timeout()
     with pytest.raises(sqlite3.OperationalError, match="locked"):
         switch_to_wal(stuck, busy_s=0.2)
     assert 0.2 <= time.monotonic() - began < 2
+
+
+def test_two_revisions_in_alembic_version_are_named_not_alembics_advice(empty_url):
+    """A newer pipetune with branched migrations (or a hand edit) leaves two rows; every
+    command said Alembic's "please use get_current_heads()", exit 1."""
+    upgrade(empty_url)
+    _execute(empty_url, "INSERT INTO alembic_version VALUES ('0999')")
+    words = f"holds 2 revisions ({head_revision()}, 0999) where pipetune's history is one line"
+    result = runner.invoke(app, ["db", "current", "--db", empty_url])
+    assert result.exit_code == 1 and words in result.stderr, result.output
+    assert "get_current_heads" not in result.output
+    with pytest.raises(SchemaError, match=re.escape(words)):
+        check_schema(empty_url)
