@@ -346,7 +346,7 @@ def make_engine(
     def _configure(dbapi_connection: Any, _record: Any) -> None:
         dbapi_connection.isolation_level = None  # we emit BEGIN ourselves (see below)
         cursor = dbapi_connection.cursor()
-        cursor.execute(f"PRAGMA busy_timeout={SQLITE_BUSY_S * 1000}")
+        cursor.execute("PRAGMA busy_timeout=30000")  # SQLITE_BUSY_S, in milliseconds
         if wal:
             # Persistent, in the file: set only where pipetune's database is meant. A look
             # before a refusal switched another program's database to WAL (and made an empty
