@@ -389,6 +389,9 @@ class ScheduleResponse(_Throughput):
     # every convolution 0.80x its time), and the schedule was picked by it. Null otherwise.
     measured_generator_revision: int | None = None
     generator_revision: int | None = None
+    # source "measured": the device that measured it, as its worker registered it (an
+    # imported task's: as its dataset named it); null where none was said (a simulated one).
+    device_name: str | None = None
     task_id: int | None = None
     url: str | None = None
 

@@ -22,7 +22,7 @@ from pipetune.model.trials import (
 )
 from pipetune.model.wire import ScheduleDoc, ScheduleResponse
 from pipetune.model.workloads import WorkloadError
-from pipetune.service.orm import JobRow, ReferenceOptimumRow, WorkloadRow
+from pipetune.service.orm import JobRow, ReferenceOptimumRow, TaskRow, WorkerRow, WorkloadRow
 
 if TYPE_CHECKING:
     from pipetune.service.priors import LearnedPick
@@ -183,12 +183,27 @@ def throughput(op: str, work: float, latency_us: float) -> dict[str, Any]:
     return {"throughput": fam.rate(work, latency_us), "throughput_unit": fam.throughput_unit}
 
 
+def measuring_device(session: Session, job: JobRow | None) -> str | None:
+    """The device that measured a trial: its worker's, as registered, else its task's
+    imported dataset's (an imported trial has no worker); None where neither says."""
+    if job is None:
+        return None
+    if job.result_worker is not None:
+        name = session.scalar(
+            select(WorkerRow.device_name).where(WorkerRow.id == job.result_worker)
+        )
+        if name:
+            return name
+    return session.scalar(select(TaskRow.imported_device_name).where(TaskRow.id == job.task_id))
+
+
 def schedule_response(
     workload: Any,
     gpu: str,
     job: JobRow | None,
     learned: LearnedPick | None = None,
     failed: FailedTrials = NO_FAILURES,
+    device_name: str | None = None,
 ) -> ScheduleResponse:
     """POST /v1/schedules' answer: the best measured trial `job` (best_measured's), else the
     pick of a learned prior (`learned`, where there is one: priors.learned_pick), else the
@@ -218,6 +233,7 @@ def schedule_response(
             throughput_unit=fam.throughput_unit,
             measured_generator_revision=measured,
             generator_revision=now,
+            device_name=device_name,
         )
     if learned is not None:
         schedule, predicted = learned.schedule, learned.predicted_us

@@ -78,6 +78,7 @@ def test_a_lookup_names_the_revision_it_measured_and_the_one_made_now(conv, olde
     _, workload, now = conv
     old = pipetune.best_schedule(workload, "h100", db=older)
     assert old.source == "measured" and old.runner == "cupy"
+    assert old.device_name == "NVIDIA H100 80GB HBM3"  # as the imported dataset names it
     assert (old.measured_generator_revision, old.generator_revision) == (1, now)
     same = pipetune.best_schedule(workload, "h100", db=current)
     assert (same.measured_generator_revision, same.generator_revision) == (now, now)
@@ -116,6 +117,7 @@ def test_an_export_labels_an_older_kernels_time_everywhere_it_shows_it(
     result = runner.invoke(app, ["export", "--gpu", "h100", "--out-dir", str(out), "--db", older])
     assert result.exit_code == 0, result.output
     (entry,) = json.loads((out / "index.json").read_text())["workloads"]
+    assert entry["device_name"] == "NVIDIA H100 80GB HBM3"  # the device that measured it
     assert entry["generator"] == "tensor_gemm.conv"
     assert (entry["measured_generator_revision"], entry["generator_revision"]) == (1, now)
     label = entry["latency_label"]
@@ -144,4 +146,5 @@ def test_a_simulated_time_names_no_revision(tmp_path: Path):
     answer = pipetune.best_schedule(workload, "a100", db=url)
     assert answer.source == "measured" and answer.runner == "simulated"
     assert answer.measured_generator_revision is None and answer.generator_revision is None
+    assert answer.device_name is None  # (a simulated sweep names no device)
     assert pipetune.kernel(workload, "a100", db=url).older_kernel is None

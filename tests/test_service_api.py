@@ -46,6 +46,21 @@ def test_schedule_of_an_untuned_workload_is_the_models_pick(client):
     assert doc["gpu"] == "h100" and doc["workload"]["m"] == 1024
 
 
+def test_a_measured_answer_names_the_device_its_worker_registered(client):
+    """`pipetune export`'s index.json named the GPU by its key only: which board measured the
+    time was in a T4 export and nowhere else."""
+    body = {"name": "w1", "gpu": "h100", "arch": "sm_90", "runner": "cupy"}
+    body["device_name"] = "NVIDIA H100 80GB HBM3"
+    worker = client.post("/v1/workers", json=body, headers=WORKER_HEADERS).json()["id"]
+    create_task(client, budget=8, strategy="random")
+    drain(client, worker)
+    doc = client.post("/v1/schedules", json={"workload": GEMM, "gpu": "h100"}).json()
+    assert doc["source"] == "measured" and doc["runner"] == "cupy"
+    assert doc["device_name"] == "NVIDIA H100 80GB HBM3"
+    model = client.post("/v1/schedules", json={"workload": SMALL_GEMM, "gpu": "h100"}).json()
+    assert model["source"] == "model" and model["device_name"] is None
+
+
 def test_schedule_with_tune_creates_a_task_and_then_answers_measured(client):
     body = {"workload": SMALL_GEMM, "gpu": "H100", "tune": {"budget": 8, "strategy": "random"}}
     response = client.post("/v1/schedules", json=body)

@@ -145,6 +145,8 @@ class Exported:
             "throughput": self.best.throughput,
             "throughput_unit": self.best.throughput_unit,
             "runner": self.best.runner,
+            # The device that measured it, as its worker registered it (or its dataset said).
+            "device_name": self.best.device_name,
             "simulated": is_simulated(self.best.runner),
             # The generator line and revision of the exported kernel, and the revision whose
             # kernel the latency was measured on (absent for a simulated one).

@@ -49,7 +49,7 @@ from pipetune.service.migrate import (
     sqlite_access_hint,
 )
 from pipetune.service.priors import learned_model_of_tasks, learned_pick, prior_from_tasks
-from pipetune.service.records import measured_or_failures, schedule_response
+from pipetune.service.records import measured_or_failures, measuring_device, schedule_response
 from pipetune.service.settings import (
     Settings,
     database_file_problem,
@@ -230,6 +230,7 @@ class LocalStore:
             return schedule_response(workload, gpu, None)
         with database.read() as s:
             job, failed = measured_or_failures(s, workload.workload_hash, gpu)
+            device = measuring_device(s, job)
         learned = None
         if job is None or job.latency_us is None:
             # As the service picks (a fit per call here: no cache outlives the store).
@@ -248,7 +249,7 @@ class LocalStore:
                     ),
                     failed.schedule_ids,
                 )
-        return schedule_response(workload, gpu, job, learned, failed)
+        return schedule_response(workload, gpu, job, learned, failed, device)
 
     def task(self, task_id: int) -> TaskDoc:
         _check_task_id(task_id)

@@ -9,7 +9,7 @@ from pipetune.model.workloads import WorkloadError
 from pipetune.service.auth import user_access
 from pipetune.service.context import ServiceDep
 from pipetune.service.errors import InputError
-from pipetune.service.records import measured_or_failures, schedule_response
+from pipetune.service.records import measured_or_failures, measuring_device, schedule_response
 from pipetune.service.routers.api_route import ApiRoute
 from pipetune.service.routers.common import ERRORS
 
@@ -37,11 +37,12 @@ def best_schedule(
     workload = body.workload
     with service.db.read() as s:
         job, failed = measured_or_failures(s, workload.workload_hash, body.gpu)
+        device = measuring_device(s, job)
     try:
         learned = None
         if job is None or job.latency_us is None:  # nothing measured: a learned pick?
             learned = service.driver.learned_pick(workload, body.gpu, failed.schedule_ids)
-        doc = schedule_response(workload, body.gpu, job, learned, failed)
+        doc = schedule_response(workload, body.gpu, job, learned, failed, device)
     except WorkloadError as exc:
         raise InputError(["body", "workload"], exc.reason) from None
     if body.tune is not None:
