@@ -338,6 +338,7 @@ def make_engine(
             parsed = parsed.set(database=str(path))
     engine = create_engine(
         parsed,
+        # (sqlite3's timeout is SQLite's busy timeout: no PRAGMA busy_timeout besides.)
         connect_args={"timeout": SQLITE_BUSY_S, "check_same_thread": False},
         pool_size=pool_size,
     )
@@ -346,7 +347,6 @@ def make_engine(
     def _configure(dbapi_connection: Any, _record: Any) -> None:
         dbapi_connection.isolation_level = None  # we emit BEGIN ourselves (see below)
         cursor = dbapi_connection.cursor()
-        cursor.execute("PRAGMA busy_timeout=30000")  # SQLITE_BUSY_S, in milliseconds
         if wal:
             # Persistent, in the file: set only where pipetune's database is meant. A look
             # before a refusal switched another program's database to WAL (and made an empty

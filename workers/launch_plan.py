@@ -171,7 +171,7 @@ class TensorMap:
             )
 
     def as_dict(self) -> dict[str, Any]:
-        doc: dict[str, Any] = {
+        return {
             "name": self.name,
             "operand": self.operand,
             "dims": list(self.dims),
@@ -182,7 +182,6 @@ class TensorMap:
             # that its absence meant float16.
             "dtype": self.dtype,
         }
-        return doc
 
 
 @dataclass(frozen=True)
