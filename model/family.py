@@ -425,10 +425,23 @@ def _claims(
     return owner
 
 
+# The longest op name a family may declare: the service stores it in a column this wide
+# (service/orm.py's WorkloadRow.op), and PostgreSQL refuses a longer value where SQLite
+# would keep it, so the limit is checked here, for every registry, not at the first insert.
+OP_MAX_CHARS = 32
+
+
 def op_families() -> dict[str, KernelFamily]:
-    """Every op name with its family; an op claimed by two families is an error."""
+    """Every op name with its family; an op claimed by two families, or longer than
+    OP_MAX_CHARS, is an error."""
     if not _OP_OWNERS:  # computed once per registry (register() clears it)
-        _OP_OWNERS.update(_claims(lambda fam: fam.ops, "op"))
+        owners = _claims(lambda fam: fam.ops, "op")
+        for name, fam in owners.items():
+            if len(name) > OP_MAX_CHARS:
+                raise ValueError(
+                    f"op {name!r} of {fam.name} is longer than {OP_MAX_CHARS} characters"
+                )
+        _OP_OWNERS.update(owners)
     return dict(_OP_OWNERS)
 
 

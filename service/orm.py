@@ -30,6 +30,7 @@ from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 from sqlalchemy.sql.elements import ColumnElement
 from sqlalchemy.sql.functions import FunctionElement
 
+from pipetune.model.family import OP_MAX_CHARS
 from pipetune.model.states import WorkerState
 from pipetune.model.trials import RUNNER_MAX_CHARS
 from pipetune.service.db import SQLITE_NOW_FORMAT, UTCDateTime
@@ -82,7 +83,7 @@ class WorkloadRow(Base):
 
     id: Mapped[int] = mapped_column(Integer, primary_key=True)
     hash: Mapped[str] = mapped_column(String(32), unique=True)
-    op: Mapped[str] = mapped_column(String(16))
+    op: Mapped[str] = mapped_column(String(OP_MAX_CHARS))
     canonical: Mapped[dict[str, Any]]
     label: Mapped[str] = mapped_column(String(200))
     flops: Mapped[int] = mapped_column(BigInteger)

@@ -411,6 +411,7 @@ RELEASED = {
     "0009": "0341ce11a51212fb968b636c8dd5fdf282cfb90c0f40d2f5d5d39d2c4db6286e",
     "0010": "777889c2d1ed98496c56edfe43df35a369190cba3e5bbe9298c6afc1011ccd31",
     "0011": "3bd47d3344d48dfe056a7a6d9a660ee8eae9419dedd1e442a44dbe756e74155c",
+    "0012": "1e241af14b1770c05157de5a5455e8e40996bd7f710e46f7aa15d429bcfd1a4c",
 }
 
 
@@ -582,3 +583,26 @@ def test_two_threads_creating_one_new_database_both_get_its_schema(tmp_path: Pat
         for t in threads:
             t.join()
         assert answers == [head_revision()] * 4
+
+
+def test_going_below_0012_with_a_long_op_is_refused_naming_it_and_changes_nothing(empty_url):
+    """0012 widened workloads.op for the fused Hopper GEMMs; going back would cut their op
+    (SQLite) or fail midway (PostgreSQL), so the downgrade names them and stops."""
+    upgrade(empty_url)
+    engine = make_engine(empty_url, pool_size=1)
+    try:
+        with engine.begin() as conn:
+            conn.execute(
+                text(
+                    "INSERT INTO workloads (id, hash, op, canonical, label, flops) "
+                    "VALUES (1, 'h', 'hopper_gemm_bias_gelu', '{}', 'x', 1)"
+                )
+            )
+        with pytest.raises(RuntimeError, match="hopper_gemm_bias_gelu need more than 16"):
+            downgrade(empty_url, "0011")
+        assert current_revision(engine) == head_revision()
+        with engine.connect() as conn:
+            ops = conn.execute(text("SELECT op FROM workloads")).scalars().all()
+        assert ops == ["hopper_gemm_bias_gelu"]
+    finally:
+        engine.dispose()

@@ -61,3 +61,19 @@ def test_a_hopper_shape_on_a_gpu_without_wgmma_is_refused_naming_why(client, pat
             s.scalar(select(func.count()).select_from(t)) for t in Base.metadata.sorted_tables
         ]
     assert set(counts) == {0}
+
+
+@pytest.mark.parametrize(
+    "workload",
+    [
+        {"op": "hopper_gemm_bias_gelu", "m": 1024, "n": 3072, "k": 768},
+        {"op": "hopper_gemm_swiglu", "m": 1024, "n": 4096, "k": 4096},
+    ],
+)
+def test_a_task_of_a_fused_hopper_gemm_is_stored(client, workload):
+    """Their op names (21 and 18 characters) did not fit the workloads table's 16:
+    PostgreSQL refused every such task with a 500, SQLite kept it."""
+    response = client.post("/v1/tasks", json={"workload": workload, "gpu": "h100", "budget": 2})
+    assert response.status_code == 201, response.text
+    task = client.get(f"/v1/tasks/{response.json()['id']}").json()
+    assert task["workload"]["op"] == workload["op"]

@@ -8,7 +8,7 @@ import dataclasses
 import pytest
 from service_support import client_for
 
-from pipetune.model.family import all_ops, families, family
+from pipetune.model.family import OP_MAX_CHARS, all_ops, families, family
 from pipetune.model.space import KNOB_DECLARATION, KNOB_NAMES, KNOB_SPECS, KNOBS, Schedule
 from pipetune.model.states import (
     ACTIVE_TASK_STATES,
@@ -20,6 +20,7 @@ from pipetune.model.states import (
 )
 from pipetune.model.trials import RunnerKind, is_simulated
 from pipetune.model.wire import ScheduleDoc, TaskDoc
+from pipetune.service.orm import WorkloadRow
 from pipetune.workers.codegen import generate
 from pipetune.workers.daemon import RUNNERS
 from pipetune.workers.runners import RUNNER_NAMES
@@ -122,3 +123,10 @@ def test_the_api_schema_derives_its_enums(tmp_path):
     tasks = spec["paths"]["/v1/tasks"]["get"]["parameters"]
     (state,) = [p for p in tasks if p["name"] == "state"]
     assert enum(state["schema"]) == [s.value for s in TaskState]
+
+
+def test_every_op_name_fits_the_workloads_column():
+    """PostgreSQL refuses a value longer than its VARCHAR (SQLite keeps it): an op name
+    longer than the column made every task of that op a 500 on PostgreSQL only."""
+    assert WorkloadRow.__table__.c.op.type.length == OP_MAX_CHARS
+    assert max(map(len, all_ops())) <= OP_MAX_CHARS
