@@ -598,6 +598,11 @@ class Queue:
         benchmarks/RESULTS.md, "a report leases the next jobs")."""
         # A retry looks for the jobs of the report it repeats even with max_jobs 0 (a worker
         # that will register again first asks for none new: try_lease).
+        if self.wakeup.stopping(worker_id):
+            # Its worker said it stops (or exited): nothing new is leased to it, here as on
+            # the lease route; a retry still gets back what the report it repeats leased,
+            # for the worker to hand back.
+            max_jobs = 0
         asks = max_jobs > 0 or (retry and request_id is not None)
         worker = self._authorised(worker_id, token_hash) if asks else None
         if worker is None:

@@ -20,6 +20,7 @@ from service_support import (
     create_task,
     lease,
     live_server,
+    ok,
     register,
     service_of,
 )
@@ -178,3 +179,34 @@ def test_an_idle_daemon_stopped_mid_poll_has_no_job_leased_into_its_poll(tmp_pat
     with engine.connect() as conn:
         assert conn.execute(select(LeaseRow.job_id)).all() == []  # never leased at all
     engine.dispose()
+
+
+@pytest.mark.parametrize("notice", ["stopping", "exit"])
+def test_a_report_from_a_stopping_or_exited_worker_leases_nothing_new(db_url, notice):
+    """A results request leases the worker's next jobs (`max_jobs`); from a worker that said
+    it stops, or exited, it leased them all the same, and they waited out their lease TTL.
+    A retry of a report sent before the notice still gets back what that report leased."""
+    with client_for(db_url) as c:
+        worker = register(c, "w")
+        create_task(c, budget=6, strategy="grid")
+        first, second = lease(c, worker, 1), lease(c, worker, 1)
+
+        def report(job: dict, request_id: str, retry: bool = False) -> dict:
+            item = {"job_id": job["job_id"], "lease_token": job["lease_token"], "result": ok(9.0)}
+            body = {"worker_id": worker, "results": [item], "max_jobs": 2}
+            body |= {"request_id": request_id, "retry": retry}
+            response = c.post("/v1/jobs/results", json=body, headers=WORKER_HEADERS)
+            assert response.status_code == 200, response.text
+            return response.json()
+
+        before = report(first[0], "report-0001")
+        assert len(before["jobs"]) == 2  # (before the notice: it tops the worker up)
+        response = c.post(f"/v1/workers/{worker}/{notice}", headers=WORKER_HEADERS)
+        assert response.status_code == 204, response.text
+        after = report(second[0], "report-0002")
+        assert after["acks"][0]["accepted"] and after["jobs"] == []
+        again = report(first[0], "report-0001", retry=True)
+        assert {j["job_id"] for j in again["jobs"]} == {j["job_id"] for j in before["jobs"]}
+        with service_of(c).db.read() as s:
+            leased = s.scalars(select(LeaseRow).where(LeaseRow.worker_id == worker)).all()
+        assert len(leased) == 4  # two by lease requests, two by the first report
