@@ -32,6 +32,19 @@ def _known(secret: str | None, digests: list[str]) -> str | None:
     return digest if found else None
 
 
+def _either_known(
+    header: str | None, bearer: HTTPAuthorizationCredentials | None, digests: list[str]
+) -> str | None:
+    """The digest of whichever secret is known: the route's own header first, then
+    Authorization: Bearer. One rule for worker tokens and API keys (the API key's header
+    alone was read where both came, so a stale X-API-Key beside a valid bearer key was
+    refused, where a stale X-Worker-Token beside a valid bearer token was not)."""
+    digest = _known(header, digests)
+    if digest is None and bearer is not None:
+        digest = _known(bearer.credentials, digests)
+    return digest
+
+
 def _unauthorised(what: str) -> HTTPException:
     return HTTPException(401, f"{what} required", headers={"WWW-Authenticate": "Bearer"})
 
@@ -48,10 +61,7 @@ async def worker_token(
     """The digest of a valid worker token (X-Worker-Token or Authorization: Bearer). The
     dedicated header first, as user_access takes X-API-Key first: where a proxy on the way
     sets an Authorization of its own, a valid X-Worker-Token was refused for it."""
-    digests = service.settings.worker_token_hashes
-    digest = _known(header, digests)
-    if digest is None and bearer is not None:
-        digest = _known(bearer.credentials, digests)
+    digest = _either_known(header, bearer, service.settings.worker_token_hashes)
     if digest is None:
         raise _unauthorised("a valid worker token")
     return digest
@@ -65,8 +75,7 @@ async def user_access(
     digests = service.settings.api_key_hashes
     if not digests:
         return
-    secret = header if header is not None else (bearer.credentials if bearer else None)
-    if _known(secret, digests) is None:
+    if _either_known(header, bearer, digests) is None:
         raise _unauthorised("a valid API key")
 
 

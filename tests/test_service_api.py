@@ -688,6 +688,12 @@ def test_api_keys_guard_the_user_routes(db_url):
         assert c.get("/v1/tasks", headers={"X-API-Key": "nope"}).status_code == 401
         assert c.get("/v1/tasks", headers={"X-API-Key": "k2"}).status_code == 200
         assert c.get("/v1/tasks", headers={"Authorization": "Bearer k1"}).status_code == 200
+        # The key as a Bearer counts beside a stale X-API-Key, as a worker token does beside
+        # a stale X-Worker-Token; two wrong ones are refused.
+        stale = {"Authorization": "Bearer k1", "X-API-Key": "an-old-key"}
+        assert c.get("/v1/tasks", headers=stale).status_code == 200
+        both_wrong = {"Authorization": "Bearer nope", "X-API-Key": "an-old-key"}
+        assert c.get("/v1/tasks", headers=both_wrong).status_code == 401
         schedules = c.post("/v1/schedules", json={"workload": GEMM, "gpu": "h100"})
         assert schedules.status_code == 401
         # Health, metrics and the dashboard page need no key.
