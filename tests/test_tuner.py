@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import itertools
 import math
+import re
 
 import numpy as np
 import pytest
@@ -207,9 +208,73 @@ def test_a_look_alike_of_a_schedule_is_no_member_of_the_space(space):
         space.index(look_alike)
     s = TuningSession(WORKLOAD, space.gpu, "random", seed=0, budget=10, space=space)
     s.propose(10)
-    for stranger in (look_alike, "s-not-a-schedule"):
-        with pytest.raises(SessionError, match="not in this session's space"):
-            s.observe([(stranger, _ok())])
+    with pytest.raises(SessionError, match="not in this session's space"):
+        s.observe([(look_alike, _ok())])
+    with pytest.raises(SessionError, match="is not a schedule: give the schedules that propose"):
+        s.observe([("s-not-a-schedule", _ok())])
+
+
+def test_a_bad_pair_in_observe_leaves_the_session_as_it_was(h100):
+    """A result of the wrong kind midway (a dict, None) had dropped the proposals before it
+    from pending and recorded none of them: they could never be observed, and the budget
+    was overrun by the schedules proposed in their place."""
+    s = TuningSession(WORKLOAD, h100, "random", seed=0, budget=4)
+    batch = s.propose(4)
+    for bad in ({"status": "ok", "latency_us": 6.0}, None):
+        pairs = [(batch[0], _ok()), (batch[1], bad), (batch[2], _ok())]
+        with pytest.raises(SessionError, match=r"results\[1\]: a MeasureResult"):
+            s.observe(pairs)
+        assert s.pending == [s.space.index(b) for b in batch] and s.history == []
+    with pytest.raises(SessionError, match=r"results\[0\]: a \(schedule, MeasureResult\) pair"):
+        s.observe([batch[0]])
+    s.observe([(b, _ok()) for b in batch])
+    assert s.done and s.propose(4) == [] and len(s.history) == 4
+
+
+@pytest.mark.parametrize(
+    "arguments, message",
+    [
+        ({"budget": 2.5}, "budget must be a whole number, got 2.5"),
+        ({"budget": None}, "budget must be a whole number, got None"),
+        ({"budget": "5"}, "budget must be a whole number, got '5'"),
+        ({"budget": True}, "budget must be a whole number, got True"),
+        ({"budget": 0}, "budget must be at least 1, got 0"),
+        ({"seed": -1}, "seed must be at least 0, got -1"),
+        ({"seed": "x"}, "seed must be a whole number, got 'x'"),
+        ({"gpu": 100}, "gpu must be a GPU's name or a GPUSpec, got int"),
+    ],
+)
+def test_a_session_s_arguments_are_checked_where_they_are_given(h100, arguments, message):
+    """They failed deep inside (numpy's seeding, a slice, the GPU's attributes) with
+    messages that named none of them."""
+    given = {"workload": WORKLOAD, "gpu": h100, "strategy": "random"} | arguments
+    with pytest.raises(SessionError, match=re.escape(message)):
+        TuningSession(**given)
+    s = TuningSession(WORKLOAD, h100, "random", seed=0, budget=4)
+    for n in (2.5, True, 0):
+        with pytest.raises(SessionError, match="propose's n must be"):
+            s.propose(n)
+
+
+def test_a_session_takes_a_gpu_s_name_and_a_workload_document():
+    document = {"op": "gemm", "m": WORKLOAD.m, "n": WORKLOAD.n, "k": WORKLOAD.k}
+    s = TuningSession(document, "h100", "random", seed=3, budget=4)
+    assert s.gpu == get_gpu("h100") and s.workload == WORKLOAD
+    same = TuningSession(WORKLOAD, get_gpu("h100"), "random", seed=3, budget=4)
+    assert s.propose(4) == same.propose(4)
+
+
+def test_adopting_a_batch_past_the_budget_is_refused(h100):
+    s = TuningSession(WORKLOAD, h100, "random", seed=0, budget=6)
+    mine = s.propose(4)
+    others = [x for x in s.space if x not in mine][:7]
+    with pytest.raises(SessionError, match="exceeds the budget: 4 proposed and 2 more allowed"):
+        s.adopt(mine, others)
+    s.adopt(mine, others[:6])
+    assert s.remaining == 0 and len(s.pending) == 6
+    batches = [[(x, _ok()) for x in others[:6]]]
+    with pytest.raises(SessionError, match="6 recorded trials exceed the session's budget of 4"):
+        TuningSession.replay(WORKLOAD, h100, "random", 0, 4, batches)
 
 
 def test_session_ends_when_the_space_is_exhausted(h100):

@@ -9,12 +9,15 @@ service was upgraded while the task ran), a rebuilt session adopts the recorded 
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import reprlib
+from collections.abc import Mapping, Sequence
 from typing import Any
 
+import numpy as np
+
 from pipetune.model.errors import PipetuneError
-from pipetune.model.family import FamilySpace, family_of
-from pipetune.model.hardware import GPUSpec
+from pipetune.model.family import FamilySpace, family_of, parse_any_workload
+from pipetune.model.hardware import GPUSpec, get_gpu
 from pipetune.model.trials import MeasureResult
 from pipetune.tuner.bo import PriorMean
 from pipetune.tuner.strategies import DEFAULT_STRATEGY, Observation, make_strategy
@@ -35,8 +38,14 @@ class TuningSession:
         space: FamilySpace | Any | None = None,
         prior: PriorMean | None = None,
     ):
-        if budget < 1:
-            raise SessionError(f"budget must be at least 1, got {budget}")
+        budget = _whole_number("budget", budget, least=1)
+        seed = _whole_number("seed", seed, least=0)
+        if isinstance(gpu, str):  # a GPU's name, as the rest of the API takes it
+            gpu = get_gpu(gpu)
+        elif not isinstance(gpu, GPUSpec):
+            raise SessionError(f"gpu must be a GPU's name or a GPUSpec, got {type(gpu).__name__}")
+        if isinstance(workload, Mapping):  # a workload document, {"op": "gemm", ...}
+            workload = parse_any_workload(dict(workload))
         self.workload = workload
         self.gpu = gpu
         # The workload's family enumerates its space (a recorded space may be given instead).
@@ -62,8 +71,7 @@ class TuningSession:
         return not self.pending and self.remaining == 0
 
     def propose(self, n: int) -> list[Any]:
-        if n < 1:
-            raise SessionError(f"propose needs n >= 1, got {n}")
+        n = _whole_number("propose's n", n, least=1)
         n = min(n, self.remaining)
         if n == 0:
             return []
@@ -78,9 +86,12 @@ class TuningSession:
         try:
             return self.space.index(schedule)
         except (KeyError, AttributeError):  # (AttributeError: not a schedule at all)
-            raise SessionError(
-                f"schedule {getattr(schedule, 'id', schedule)} is not in this session's space"
-            ) from None
+            if not hasattr(schedule, "id"):
+                raise SessionError(
+                    f"{reprlib.repr(schedule)} is not a schedule: give the schedules that "
+                    "propose returned"
+                ) from None
+            raise SessionError(f"schedule {schedule.id} is not in this session's space") from None
 
     def adopt(self, proposed: Sequence[Any], recorded: Sequence[Any]) -> None:
         """Take a recorded batch in place of the one this session just proposed: its
@@ -95,6 +106,11 @@ class TuningSession:
         distinct = set(rows)
         if len(distinct) != len(rows) or (self._proposed - set(mine)) & distinct:
             raise SessionError("the recorded batch repeats a schedule already proposed")
+        if len(rows) > len(mine) + self.remaining:
+            raise SessionError(
+                f"the recorded batch of {len(rows)} exceeds the budget: {len(mine)} proposed "
+                f"and {self.remaining} more allowed"
+            )
         del self.pending[len(self.pending) - len(mine) :]
         self._proposed -= set(mine)
         self.strategy.forget()
@@ -102,9 +118,21 @@ class TuningSession:
         self._proposed.update(rows)
 
     def observe(self, results: Sequence[tuple[Any, MeasureResult]]) -> None:
-        """Record measurements of proposed schedules; failures count against the budget."""
+        """Record measurements of proposed schedules; failures count against the budget.
+        Every pair is checked before any is recorded: a bad one leaves the session as it was
+        (a result of the wrong kind midway had dropped the proposals before it from pending
+        and recorded none of them, and the budget was overrun by the schedules proposed in
+        their place)."""
         rows = []
-        for schedule, _ in results:
+        for i, pair in enumerate(results):
+            if not isinstance(pair, tuple | list) or len(pair) != 2:
+                raise SessionError(f"results[{i}]: a (schedule, MeasureResult) pair")
+            schedule, result = pair
+            if not isinstance(result, MeasureResult):
+                raise SessionError(
+                    f"results[{i}]: a MeasureResult, got {type(result).__name__} "
+                    "(MeasureResult.model_validate makes one of a dict)"
+                )
             row = self._row(schedule)
             if row not in self.pending or row in rows:
                 raise SessionError(
@@ -163,6 +191,11 @@ class TuningSession:
                     f"{i} or an earlier one"
                 )
         session = cls(workload, gpu, strategy, seed, budget, space=space, prior=prior)
+        recorded_trials = sum(map(len, batches))
+        if recorded_trials > min(session.budget, len(session.space)):
+            raise SessionError(
+                f"{recorded_trials} recorded trials exceed the session's budget of {session.budget}"
+            )
         for i, batch in enumerate(batches):
             # In trial order, as the service observes them (the history's order matters).
             due = [
@@ -195,6 +228,16 @@ class TuningSession:
         if late:
             session.observe(late)
         return session
+
+
+def _whole_number(name: str, value: Any, least: int) -> int:
+    """An int argument checked where it is given: a float, a string or None failed deep
+    inside (a slice, numpy's seeding) with a message that named neither."""
+    if isinstance(value, bool) or not isinstance(value, int | np.integer):
+        raise SessionError(f"{name} must be a whole number, got {reprlib.repr(value)}")
+    if value < least:
+        raise SessionError(f"{name} must be at least {least}, got {value}")
+    return int(value)
 
 
 def _seen_by_order(seen_by: Any) -> list[list[int | None]]:
