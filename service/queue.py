@@ -359,6 +359,20 @@ class Queue:
                         )
                     worker.token_hash = token_hash
                     in_use = False
+                if in_use and _another_kind(worker, values):
+                    # Another process may be running under the name as the kind the row
+                    # says: re-kinded under it, that process leased the new kind's jobs and
+                    # its results were recorded as the new kind's (an H100's timings as an
+                    # A100's). A restart as another kind waits for the name to fall silent,
+                    # or registers after its last process said it exited.
+                    raise ConflictError(
+                        f"worker name {body.name!r} is live, registered for gpu {worker.gpu} "
+                        f"and runner {worker.runner} (heard from {since:.0f} s ago): it "
+                        f"registers for gpu {values['gpu']} and runner {values['runner']} "
+                        "once it has been silent "
+                        f"for the lease TTL ({ttl:.0f} s), or at once after its worker stops "
+                        "cleanly; give each worker its own --name"
+                    )
                 if _another_kind(worker, values):
                     # Its leases were granted to the worker it was (that GPU, that kind of
                     # runner): a result under one would be recorded as the

@@ -9,6 +9,7 @@ from __future__ import annotations
 import pytest
 from service_support import (
     TOKEN,
+    WORKER_HEADERS,
     client_for,
     create_task,
     lease,
@@ -115,6 +116,9 @@ def test_a_worker_re_registered_as_another_kind_hands_back_its_leases(db_url, ch
         assert register(c, "w1") == worker  # the same kind again: its leases stay
         with service_of(c).db.write() as s:
             assert s.get(JobRow, first["job_id"]).state == JobState.LEASED
+        # (Its process said it exited: a live name is not registered as another kind.)
+        exited = c.post(f"/v1/workers/{worker}/exit", headers=WORKER_HEADERS)
+        assert exited.status_code == 204, exited.text
         register(c, "w1", **changed)
         with service_of(c).db.write() as s:
             rows = {r.id: r for r in s.execute(select(JobRow.id, JobRow.state, JobRow.attempts))}
@@ -127,3 +131,30 @@ def test_a_worker_re_registered_as_another_kind_hands_back_its_leases(db_url, ch
         assert answer.status_code == 409 or not answer.json()["accepted"], answer.text
         trials = c.get(f"/v1/tasks/{task['id']}/trials").json()["trials"]
         assert [t for t in trials if t["latency_us"] is not None] == []
+
+
+@pytest.mark.parametrize(
+    "changed", [{"runner": "cupy"}, {"gpu": "a100"}], ids=["runner kind", "gpu"]
+)
+def test_a_live_name_is_not_registered_as_another_kind(db_url, changed):
+    """Two processes under one --name: the second registered the worker as an A100 while
+    the first, an H100's, still ran, and the first leased the A100 task's jobs under the
+    shared id and had its timings recorded as the A100's. Refused while the name is live
+    (409, saying when it can be), as another token's registration of it is."""
+    with client_for(db_url) as c:
+        worker = register(c, "w1")
+        create_task(c, budget=3, strategy="grid")
+        held = lease(c, worker, 2)
+        body = {"name": "w1", "gpu": "h100", "arch": "sm_90", "runner": "simulated"} | changed
+        if changed.get("gpu") == "a100":
+            body["arch"] = "sm_80"
+        refused = c.post("/v1/workers", json=body, headers=WORKER_HEADERS)
+        assert refused.status_code == 409, refused.text
+        detail = refused.json()["detail"]
+        assert "'w1' is live, registered for gpu h100 and runner simulated" in detail
+        assert "once it has been silent for the lease TTL" in detail and "--name" in detail
+        listed = c.get("/v1/workers").json()["workers"]
+        assert [(w["gpu"], w["runner"]) for w in listed] == [("h100", "simulated")]
+        with service_of(c).db.write() as s:
+            states = {s.get(JobRow, j["job_id"]).state for j in held}
+        assert states == {JobState.LEASED}  # its leases are its own still

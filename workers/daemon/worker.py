@@ -810,6 +810,22 @@ class Worker:
         if the worker is stopping (a lease request or a report in flight when the stop came
         brought them after it: a draining worker measured them, one stopping after the
         current trial left them to their leases) or the pool is closed."""
+        foreign = [job for job in jobs if job.gpu != self.device.gpu]
+        if foreign:
+            # Not this GPU's jobs: the service leased them to this worker's id as another
+            # GPU's worker (its name re-registered as another kind while this process was
+            # silent). Measured here they would be recorded as that GPU's timings.
+            for job in foreign:
+                self._unmeasured(
+                    job,
+                    "another_gpus_job",
+                    "error",
+                    f"not measured: a job of the {job.gpu}, and this worker measures the "
+                    f"{self.device.gpu} "
+                    "(did another process register this worker's --name as another GPU?)",
+                )
+            self._hand_back(api, foreign)
+            jobs = [job for job in jobs if job.gpu == self.device.gpu]
         with self._pool_lock:
             if self._pool is not None and not self._stopping():
                 for unit in self._units(jobs):
