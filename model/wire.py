@@ -614,13 +614,18 @@ class WorkerDoc(_Body):
     # Live, silent past the lease TTL, or exited, when the answer was made (by the
     # database's clock: a client's may differ). Null from a service before the field.
     state: WorkerState | None = None
-    # The jobs it was measuring at its last heartbeat.
+    # The jobs it was measuring at its last heartbeat; 0 once it is silent or exited (its
+    # leases have expired, or it handed them back).
     busy_jobs: int = 0
     # The hash of the one workload it answers (WorkerRegister.workload); null: any.
     workload_hash: str | None = None
     # POST /v1/workers' answer to a re-registration: the name's last heartbeat was within a
     # lease TTL, so another process may be running under it (each should have its own).
     name_in_use: bool | None = None
+    # POST /v1/workers' answer: the service's lease TTL, the window within which a worker
+    # must be heard from to count as live (an idle daemon heartbeats within half of it).
+    # Null elsewhere, and from a service before the field.
+    lease_ttl_s: float | None = None
 
 
 # The most leases one heartbeat lists (a worker holding more sends none: all are extended).

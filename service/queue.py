@@ -390,6 +390,7 @@ class Queue:
             s.refresh(worker)
             doc = worker_doc(worker, WorkerState.LIVE)  # (heard from just now)
             doc.name_in_use = in_use
+            doc.lease_ttl_s = self.settings.lease_ttl_s
             return doc, created, requeued
 
     def _hand_back_leases(self, s: Any, worker_id: int) -> collections.Counter:

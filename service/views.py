@@ -294,7 +294,9 @@ def worker_doc(worker: WorkerRow, state: WorkerState | None) -> WorkerDoc:
         last_heartbeat=worker.last_heartbeat,
         exited_at=worker.exited_at,
         state=state,
-        busy_jobs=worker.busy_jobs,
+        # A silent worker's leases have expired (not heard from within their TTL): what its
+        # last heartbeat said it held, shown for ever, read as jobs still in its hands.
+        busy_jobs=worker.busy_jobs if state in (WorkerState.LIVE, None) else 0,
         workload_hash=worker.workload_hash,
     )
 

@@ -268,6 +268,8 @@ def test_a_name_registered_again_while_heartbeating_says_it_may_be_in_use(db_url
         body = {"name": "twin", "gpu": "h100", "arch": "sm_90", "runner": "simulated"}
         first = c.post("/v1/workers", json=body, headers=WORKER_HEADERS)
         assert first.status_code == 201 and first.json()["name_in_use"] is None
+        # (The TTL within which it must be heard from to count as live: its idle heartbeats.)
+        assert first.json()["lease_ttl_s"] == 60
         second = c.post("/v1/workers", json=body, headers=WORKER_HEADERS)
         assert second.status_code == 200 and second.json()["name_in_use"] is True
         assert second.json()["id"] == first.json()["id"]

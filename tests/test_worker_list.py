@@ -25,12 +25,14 @@ runner = CliRunner()
 
 
 def _fleet(client) -> dict[str, int]:
-    """Three workers: one live with two jobs in hand, one silent for an hour, one exited."""
+    """Three workers: one live with two jobs in hand, one silent for an hour (its last
+    heartbeat said it held three), one exited."""
     ids = {name: register(client, name) for name in ("live", "silent", "exited")}
-    beat = client.post(
-        f"/v1/workers/{ids['live']}/heartbeat", json={"busy_jobs": 2}, headers=WORKER_HEADERS
-    )
-    assert beat.status_code == 200
+    for name, busy in (("live", 2), ("silent", 3)):
+        beat = client.post(
+            f"/v1/workers/{ids[name]}/heartbeat", json={"busy_jobs": busy}, headers=WORKER_HEADERS
+        )
+        assert beat.status_code == 200
     db = service_of(client).db
     with db.write() as s:
         s.execute(
@@ -54,6 +56,9 @@ def test_the_list_says_each_worker_s_state_and_counts_them(db_url):
             "live": "live", "silent": "silent", "exited": "exited",
         }  # fmt: skip
         assert by_name["live"]["busy_jobs"] == 2 and by_name["exited"]["busy_jobs"] == 0
+        # Silent past the TTL, its leases have expired: shown as holding three for ever
+        # before, as if the jobs were still in its hands.
+        assert by_name["silent"]["busy_jobs"] == 0
         # The most recently heard from first: the silent one last.
         assert [w["name"] for w in answer["workers"]][-1] == "silent"
         for state in ("live", "silent", "exited"):

@@ -497,6 +497,31 @@ def test_an_idle_worker_heartbeats_once_then_every_sixth_wake_up():
     assert len(api.beats) == 3  # the first wake-up (nothing said yet), the 7th, the 13th
 
 
+def test_an_idle_worker_is_heard_from_within_half_of_a_short_lease_ttl():
+    """With the service's lease TTL at 10 s, an idle worker heartbeating every sixth wake-up
+    (30 s) was listed silent, and `tune` said no worker was live. The registration answer
+    gives the TTL: the wake-ups come every quarter of it, an idle word every other one."""
+    from pipetune.workers.daemon.heartbeats import IDLE_EVERY, idle_every
+
+    api = BeatingApi()
+    worker, _ = _worker(api, heartbeat_s=5.0)
+    doc = SimpleNamespace(
+        id=7, name="w", gpu="h100", arch="sm_90", runner="simulated", name_in_use=None
+    )
+    worker._registered(doc, worker._registration(), api)  # type: ignore[arg-type]
+    assert worker._heartbeat_interval_s() == 5.0  # a service that says no TTL: as before
+    worker._registered(  # type: ignore[arg-type]
+        SimpleNamespace(**vars(doc), lease_ttl_s=10.0), worker._registration(), api
+    )
+    interval = worker._heartbeat_interval_s()
+    assert interval == 2.5 and idle_every(interval, 10.0) == 2
+    worker._heartbeat(Wakeups(9))  # type: ignore[arg-type]
+    assert len(api.beats) == 5  # wake-ups 1, 3, 5, 7, 9: 5 s apart, half the TTL
+    # The default TTL (120 s) keeps the fleet's rate: a word every 30 s.
+    assert idle_every(5.0, 120.0) == IDLE_EVERY and idle_every(5.0, None) == IDLE_EVERY
+    assert idle_every(5.0, 1.0) == 1
+
+
 def _granted(i: int, ttl_s: float | None) -> JobLease:
     return _job(i).model_copy(update={"lease_ttl_s": ttl_s})
 

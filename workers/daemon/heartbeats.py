@@ -15,7 +15,9 @@ seconds (5 by default) and sends one only when it has something to say:
   busy jobs follows at once), or nothing was sent yet;
 - otherwise, once every IDLE_EVERY wake-ups (30 s at the default), well within the service's
   default lease TTL of 120 s: a worker heard from within a TTL is one whose name a second
-  process is told may be in use when it registers under it.
+  process is told may be in use when it registers under it. Where the service's TTL is
+  shorter (its registration answer says it), within half of it (`idle_every`): at 10 s, an
+  idle worker heartbeating every 30 s was listed silent, and `tune` said no worker was live.
 A fleet of a thousand daemons that sent one at every wake-up sent two hundred heartbeats a
 second, busy or idle, each about as dear to the service as a result: with trials of a few
 seconds, more than its results (benchmarks/RESULTS.md, "heartbeats of a fleet").
@@ -56,9 +58,19 @@ class HeldTerm:
             self.renew_at = at + RENEW_AT * self.ttl_s
 
 
-def heartbeat_due(active: bool, last_active: bool | None, wakeups: int, expiring: bool) -> bool:
+def idle_every(interval_s: float, live_ttl_s: float | None) -> int:
+    """Wake-ups (`interval_s` apart) between heartbeats that only say the worker lives:
+    IDLE_EVERY, or as many as fit in half the service's lease TTL where that is fewer."""
+    if live_ttl_s is None:
+        return IDLE_EVERY
+    return max(1, min(IDLE_EVERY, int(live_ttl_s / 2 / interval_s)))
+
+
+def heartbeat_due(
+    active: bool, last_active: bool | None, wakeups: int, expiring: bool, every: int = IDLE_EVERY
+) -> bool:
     """Whether to send a heartbeat at this wake-up. `active`: the worker holds a lease or
     measures a job now; `last_active`: whether it did at the last heartbeat the service took
     (None: none yet); `wakeups`: wake-ups since that heartbeat, this one included;
-    `expiring`: a lease it holds is due to be extended (HeldTerm.due)."""
-    return expiring or active != last_active or wakeups >= IDLE_EVERY
+    `expiring`: a lease it holds is due to be extended (HeldTerm.due); `every`: idle_every."""
+    return expiring or active != last_active or wakeups >= every

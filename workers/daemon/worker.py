@@ -96,7 +96,7 @@ from pipetune.model.wire import (
 from pipetune.model.workloads import WorkloadError
 from pipetune.workers.daemon.config import WorkerConfig
 from pipetune.workers.daemon.gpu import DeviceInfo
-from pipetune.workers.daemon.heartbeats import HeldTerm, heartbeat_due
+from pipetune.workers.daemon.heartbeats import HeldTerm, heartbeat_due, idle_every
 from pipetune.workers.daemon.logs import EventLog, Throttle
 from pipetune.workers.daemon.reporting import (
     TRANSIENT,
@@ -247,6 +247,7 @@ class Worker:
         self._superseded: set[LeaseKey] = set()
         self._told_short_ttl = False  # that a lease's TTL is no longer than --heartbeat
         self._shortest_ttl_s: float | None = None  # of the leases granted (heartbeat interval)
+        self._service_ttl_s: float | None = None  # the lease TTL its registration answer gave
         self._heartbeat_lists_leases = True  # until a service from before it says otherwise
         # Set when a request failed as an outage does (unreachable, 5xx, garbled answer): the
         # service may have come back on another database, where this worker's id names
@@ -466,6 +467,7 @@ class Worker:
         self, doc: Any, body: WorkerRegister, api: WorkerApi, again: bool = False
     ) -> None:
         before, self.worker_id = self.worker_id, doc.id
+        self._service_ttl_s = getattr(doc, "lease_ttl_s", None)
         if again:  # registered again after an outage (_lease)
             if doc.id != before:
                 self.log.warning(
@@ -589,12 +591,13 @@ class Worker:
 
     def _heartbeat_interval_s(self) -> float:
         """Seconds between the heartbeat thread's wake-ups: --heartbeat, or a quarter of the
-        shortest lease TTL the service granted where that is shorter (heartbeats.HeldTerm
-        extends a lease with half its TTL to spare, which wake-ups longer than the TTL
-        cannot do)."""
-        if self._shortest_ttl_s is None:
+        shortest lease TTL the service granted or said where that is shorter
+        (heartbeats.HeldTerm extends a lease with half its TTL to spare, which wake-ups
+        longer than the TTL cannot do)."""
+        ttls = [t for t in (self._shortest_ttl_s, self._service_ttl_s) if t is not None]
+        if not ttls:
             return self.config.heartbeat_s
-        return min(self.config.heartbeat_s, self._shortest_ttl_s / 4)
+        return min(self.config.heartbeat_s, min(ttls) / 4)
 
     def _retire_older_copies(self, job: JobLease) -> None:
         """A job leased to this worker again while it still holds an older copy (that
@@ -1411,7 +1414,8 @@ class Worker:
                 active = bool(held) or busy > 0
                 interval = self._heartbeat_interval_s()
                 expiring = any(term.due(now, interval) for term in held.values())
-                if not heartbeat_due(active, last_active, wakeups, expiring):
+                every = idle_every(interval, self._service_ttl_s)
+                if not heartbeat_due(active, last_active, wakeups, expiring, every):
                     continue
                 leases = None  # (more than a heartbeat lists: all are extended)
                 if self._heartbeat_lists_leases and len(held) <= MAX_HELD_LEASES:
