@@ -33,6 +33,7 @@ from pipetune.clients.cli.curve_files import (
 )
 from pipetune.clients.cli.errors import CliError, interrupted, reported, sigterm_interrupts
 from pipetune.clients.cli.output import console, print_json, stderr_console
+from pipetune.clients.cli.progress_lines import ProgressLines
 from pipetune.clients.cli.remote import (
     answered_by,
     api_key_option,
@@ -242,16 +243,26 @@ def task_progress(enabled: bool) -> Iterator[Progress | None]:
         yield bar
 
 
+def _progress_line(doc: TaskDoc) -> str:
+    best = f", best {_rate(doc.best.throughput, doc.best.throughput_unit)}" if doc.best else ""
+    return f"task {doc.id} {doc.state}, {doc.trials_done}/{trials_to_run(doc)} trials{best}"
+
+
 def wait_for_task(c: Any, task: TaskDoc, show: bool, poll_s: float) -> TaskDoc:
-    """Client.wait with a progress bar of trials done out of the budget (without one, why the
-    task waits, where it does, on stderr)."""
+    """Client.wait with a progress bar of trials done out of the budget on a terminal; into
+    a log, a line when the task moves (ProgressLines) and at its end; without either
+    (`--json`), only why the task waits, where it does, on stderr."""
     notes = WaitNotes(stderr_console)
-    with task_progress(show) as bar:
+    lines = ProgressLines(stderr_console) if show and not stderr_console.is_terminal else None
+    with task_progress(show and lines is None) as bar:
         handle = bar.add_task(f"task {task.id}", total=trials_to_run(task)) if bar else None
 
         def update(doc: TaskDoc) -> None:
             if bar is None or handle is None:
                 notes.see([doc])
+                if lines is not None:
+                    final = doc.state.is_final()
+                    lines.see((doc.trials_done, final), _progress_line(doc), final)
                 return
             best = (
                 f"best {_rate(doc.best.throughput, doc.best.throughput_unit)}"
@@ -790,7 +801,9 @@ def tune_model(
             resumed,
             priority,
         )
-        with task_progress(not as_json) as bar:
+        log = not as_json and not stderr_console.is_terminal
+        lines = ProgressLines(stderr_console) if log else None
+        with task_progress(not as_json and not log) as bar:
             total = sum(trials_to_run(t) for t in started)
             handle = bar.add_task(f"{net.name}: {len(shapes)} shapes", total=total) if bar else None
 
@@ -801,6 +814,15 @@ def tune_model(
                 # worker serves showed "0/9 shapes tuned" and nothing else until killed).
                 if bar is None or handle is None:
                     notes.see(docs)
+                    if lines is not None:
+                        finished = sum(d.state.is_final() for d in docs)
+                        done = sum(d.trials_done for d in docs)
+                        lines.see(
+                            (done, finished),
+                            f"{net.name}: {finished}/{len(docs)} shapes tuned, "
+                            f"{done}/{sum(trials_to_run(d) for d in docs)} trials",
+                            finished == len(docs),
+                        )
                     return
                 finished = sum(d.state.is_final() for d in docs)
                 bar.update(
