@@ -161,3 +161,29 @@ def test_bench_needs_a_readable_dataset(tmp_path):
     bad = tmp_path / "bad.t4.json.gz"
     bad.write_bytes(b"not gzip at all")
     assert runner.invoke(app, ["bench", "tuner", "--dataset", str(bad)]).exit_code == 2
+
+
+def _partial(folder: Path, quarantined: bool) -> Path:
+    """The first 6 schedules of a small GEMM's space (a task's export, a sweep with --limit);
+    `quarantined`: a campaign's cut, which says which knob values it left out."""
+    gpu = get_gpu("h100")
+    workload = gemm(256, 128, 512)
+    with make_runner("simulated", gpu=gpu, seed=0, time_scale=0) as sim:
+        dataset = sweep(sim, workload, gpu, list(Space.enumerate(workload, gpu))[:6], progress=None)
+    if quarantined:
+        dataset.metadata["pipetune"]["quarantined"] = {"smem_stages": [1]}
+    path = folder / f"cut{int(quarantined)}.t4.json.gz"
+    write_t4(dataset, path)
+    return path
+
+
+def test_a_partial_recording_is_refused_with_exit_2_not_scored_against_its_own_best(tmp_path):
+    """A task's export of 6 trials was benchmarked as the whole space: every strategy found
+    "the optimum" (the best of the six), 1.000 at k=2, P score +1.00."""
+    args = ["bench", "tuner", "--strategies", "random", "--budgets", "2", "--seeds", "1"]
+    result = runner.invoke(app, [*args, str(_partial(tmp_path, quarantined=False))])
+    assert result.exit_code == 2, result.output
+    assert "cut0 holds 6 of the " in result.stderr
+    assert "scored against the optimum of an exhaustive sweep" in result.stderr
+    cut = runner.invoke(app, [*args, str(_partial(tmp_path, quarantined=True)), "--json"])
+    assert cut.exit_code == 0, cut.output  # (a campaign's quarantine says what it lacks)

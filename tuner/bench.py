@@ -47,6 +47,10 @@ class Dataset:
     # pipetune's datasets: the runner its results came from (model.trials' runner strings):
     # only GPU measurements may teach a learned prior.
     runner: str | None = None
+    # pipetune's datasets: the schedules of the workload's valid space it does not hold, and
+    # whether it says it left some out by design (a campaign's quarantined knob values).
+    lacking: int = 0
+    quarantined: bool = False
 
 
 def run_strategy_rows(

@@ -72,6 +72,16 @@ def recorded_datasets(paths: list[Path], *, gpu_of_file: GpuOfFile | None = None
         _recorded(p, gpu_of_file, n) for p, n in zip(paths, dataset_names(paths), strict=True)
     ]
     for ds in loaded:
+        if ds.lacking and not ds.quarantined:
+            # Best-in-k is measured against the space's optimum: over a partial recording (a
+            # task's export, a sweep with --limit) a search of its few schedules scored 1.000
+            # against the best of what it holds. (The replay runner refuses one the same way.)
+            raise DatasetError(
+                f"{ds.name} holds {len(ds.configs.configs)} of the "
+                f"{len(ds.configs.configs) + ds.lacking} schedules of its workload's valid "
+                "space: a search is scored against the optimum of an exhaustive sweep "
+                "(`pipetune sweep` without --limit), which a partial recording does not know"
+            )
         if not len(ds.configs.configs):
             raise DatasetError(f"{ds.name}: no configuration recorded: nothing to search")
         if not (ds.configs.throughput > 0).any():
@@ -130,7 +140,11 @@ def recorded_dataset(
         full.subset(np.array(rows)[order]), np.array(latency)[order], np.array(revisions)[order]
     )
     configs = RecordedConfigs.from_recorded_space(name, recorded)
-    return Dataset(name, configs, recorded, info.runner)
+    # The valid schedules it lacks (a campaign's sweep lacks those of quarantined knob
+    # values by design, and says which: `quarantined`).
+    lacking = len(full) - len(set(rows))
+    quarantined = bool(ds.metadata["pipetune"].get("quarantined"))
+    return Dataset(name, configs, recorded, info.runner, lacking=lacking, quarantined=quarantined)
 
 
 def _recorded(path: Path, gpu_of_file: GpuOfFile | None, name: str | None = None) -> Dataset:
