@@ -103,3 +103,16 @@ def test_metadata_that_contradicts_its_workload_or_is_newer_is_refused(tmp_path,
     result = cli.invoke(dataset_app, ["info", str(path)])
     assert result.exit_code == 2, result.output
     assert reason in result.stderr and "Traceback" not in result.output
+
+
+@needs_hub
+def test_convert_onto_its_own_source_is_refused_and_keeps_it(tmp_path):
+    """It wrote the T4 over the Kernel Tuner cache it read: the cache was gone."""
+    source = tmp_path / "conv.kt-cache.json.gz"
+    source.write_bytes(HUB_CACHE.read_bytes())
+    (tmp_path / "link.json.gz").symlink_to(source)
+    for target in (source, tmp_path / "link.json.gz", tmp_path / "." / source.name):
+        result = cli.invoke(dataset_app, ["convert", str(source), str(target)])
+        assert result.exit_code == 2, result.output
+        assert "is the SOURCE file; give another path to write" in result.stderr
+    assert source.read_bytes() == HUB_CACHE.read_bytes()

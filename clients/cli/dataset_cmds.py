@@ -67,6 +67,9 @@ def convert(
     """Write any readable dataset as a T4 results file (atomically)."""
     # A missing parent folder is made (write_t4 does), as convert always did.
     check_output_file(target, "TARGET", create_parent=True)
+    if target.exists() and source.exists() and source.samefile(target):
+        # (It wrote the T4 over the Kernel Tuner cache it read, which was gone.)
+        raise CliError(f"TARGET: {target} is the SOURCE file; give another path to write", 2)
     dataset = _load(source, allow_open)
     write_t4(dataset, target)
     console.print(f"wrote {len(dataset)} configurations to {target}")
