@@ -174,6 +174,9 @@ def test_a_422_names_the_field_and_the_reason(client: Client):
         client.best_schedule({"op": "gemm", "m": 1024, "n": 63, "k": 2048}, "h100")
     err = info.value
     assert err.status_code == 422 and err.field == "n"
+    # Bad input, as the README's contract has it: a ValueError naming the field (it was
+    # neither, and `except ValueError` missed a workload the service refused).
+    assert isinstance(err, ValueError) and err.argument == "n"
     assert err.reason.startswith("n: must be a multiple of 8")
     with pytest.raises(InvalidRequestError) as info:
         client.tune(RN50_FC, "v100", budget=4)

@@ -94,8 +94,15 @@ class ApiError(PipetuneError):
         return isinstance(self.body, str)
 
 
-class InvalidRequestError(ApiError):
-    """400 or 422: the request itself is wrong (bad workload, unknown GPU, bad budget)."""
+class InvalidRequestError(ApiError, ValueError):
+    """400 or 422: the request itself is wrong (bad workload, unknown GPU, bad budget). A
+    ValueError, as bad input found before the request is (the README's contract: a bad
+    workload the service refused was no ValueError, and `except ValueError` missed it)."""
+
+    @property
+    def argument(self) -> str | None:
+        """The field the service named, as InvalidArgumentError's `argument` names one."""
+        return self.field
 
 
 class AuthError(ApiError):
