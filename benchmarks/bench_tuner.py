@@ -218,7 +218,7 @@ def merge(paths: list[Path]) -> dict:
     """One document from runs of the same settings over consecutive seed ranges: pooled means
     and standard errors per dataset (exact, from each part's mean and standard error), then
     the geomean and P scores as `bench` computes them."""
-    from pipetune.tuner.metrics import geomean, mean_p_score, p_score
+    from pipetune.tuner.metrics import geomean, mean_p_score, p_score, p_score_se
 
     parts = sorted(map(load_run, paths), key=lambda d: d.get("first_seed", 0))
     base = parts[0]
@@ -246,12 +246,11 @@ def merge(paths: list[Path]) -> dict:
             ss += sum(k * (c["best_in_k"] - mean) ** 2 for k, c in cells)
             se = float(np.sqrt(ss / (n - 1) / n))
             rnd = cells[0][1]["random"]
-            gap = 1.0 - rnd
             per[ds] = {
                 "best_in_k": mean,
                 "se": se,
                 "p_score": p_score(mean, rnd),
-                "p_se": se / gap if gap > 1e-12 else 0.0,
+                "p_se": p_score_se(se, rnd),
                 "random": rnd,
             }
             if all("per_seed" in c for _, c in cells):  # (older runs do not have them)
@@ -439,6 +438,8 @@ def render(paths: list[Path]) -> str:
                 + " | ".join(
                     ""
                     if r is None
+                    else "n/a"  # (random search reaches the optimum on every dataset)
+                    if r["p_score"] is None
                     else f"{r['p_score']:+.2f}" + (f" ± {r['p_se']:.2f}" if "p_se" in r else "")
                     for r in rows
                 )

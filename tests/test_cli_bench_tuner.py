@@ -471,3 +471,18 @@ def test_one_seed_shows_no_standard_error():
     assert _cell(0.8214, 0.0, 1) == "0.821"
     assert _cell(0.8214, 0.0123, 2) == "0.821 ± 0.012"
     assert _cell(-0.061, 0.02, 1, 2, "+") == "-0.06"
+
+
+def test_a_p_score_where_random_search_reaches_every_optimum_is_undefined(tmp_path):
+    """Two configurations and budgets of 2: random search finds each optimum, so (strategy -
+    random) / (optimum - random) is 0/0. It read "+0.00 ± 0.00", exactly as good as random."""
+    cache = _kt_cache(tmp_path, [1.0, 2.0])
+    args = ["--strategies", "random,grid", "--budgets", "2", "--seeds", "2"]
+    doc = json.loads(_bench(str(cache), *args, "--json").stdout)
+    for row in doc["results"]:
+        assert (row["p_score"], row["p_se"]) == (None, None)
+        assert row["per_dataset"]["k"]["p_score"] is None
+    table = _bench(str(cache), *args)
+    assert table.exit_code == 0, table.output
+    p_lines = [line for line in table.stdout.splitlines() if "  P score " in line]
+    assert len(p_lines) == 2 and all("n/a" in line and "0.00" not in line for line in p_lines)

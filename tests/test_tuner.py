@@ -364,7 +364,7 @@ def test_random_expectation_is_exact():
 def test_best_in_k_and_p_score():
     assert best_in_k([0.0, 0.5, 0.25, 1.0], optimum=1.0, k=3) == 0.5
     assert p_score(0.9, 0.6) == pytest.approx(0.75)
-    assert p_score(1.0, 1.0) == 0.0
+    assert p_score(1.0, 1.0) is None  # undefined (0/0): it read 0, "as good as random"
 
 
 def test_the_mean_p_score_leaves_out_datasets_random_search_already_solves():
@@ -375,12 +375,13 @@ def test_the_mean_p_score_leaves_out_datasets_random_search_already_solves():
 
     tables = {"small": np.ones((4, 1)), "big": np.full((4, 1), 0.75)}
     summary = _summary(tables, {"small": [1.0], "big": [0.5]}, 0)
-    assert summary["per_dataset"]["small"]["p_score"] == 0.0
+    assert summary["per_dataset"]["small"]["p_score"] is None
     assert summary["per_dataset"]["big"]["p_score"] == pytest.approx(0.5)
     assert summary["p_score"] == pytest.approx(0.5)  # (was 0.25)
     assert summary["p_se"] == summary["per_dataset"]["big"]["p_se"]
     only_solved = _summary({"small": np.ones((4, 1))}, {"small": [1.0]}, 0)
-    assert (only_solved["p_score"], only_solved["p_se"]) == (0.0, 0.0)
+    # Undefined where no dataset has a gap left: it read +0.00 ± 0.00.
+    assert (only_solved["p_score"], only_solved["p_se"]) == (None, None)
 
 
 def _p_random_reaches(norm: np.ndarray, k: int, x: float) -> float:

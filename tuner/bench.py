@@ -26,7 +26,13 @@ import numpy as np
 
 from pipetune.model.trials import is_simulated
 from pipetune.tuner.bo import PriorMean
-from pipetune.tuner.metrics import geomean, mean_p_score, p_score, random_search_expectation
+from pipetune.tuner.metrics import (
+    geomean,
+    mean_p_score,
+    p_score,
+    p_score_se,
+    random_search_expectation,
+)
 from pipetune.tuner.offline import RecordedSpace, propose_and_measure, run_offline, throughput_of
 from pipetune.tuner.peers import PEERS, PLANS_BY_BUDGET, PeerFailedError, run_peer, run_rules
 from pipetune.tuner.recorded import ForeignSpace, RecordedConfigs
@@ -167,12 +173,11 @@ def _summary(tables: Mapping[str, np.ndarray], randoms: Mapping[str, list[float]
         mean = float(column.mean())
         se = float(column.std(ddof=1) / np.sqrt(len(column))) if len(column) > 1 else 0.0
         rnd = randoms[name][j]
-        gap = 1.0 - rnd
         per[name] = {
             "best_in_k": mean,
             "se": se,
             "p_score": p_score(mean, rnd),
-            "p_se": se / gap if gap > 1e-12 else 0.0,
+            "p_se": p_score_se(se, rnd),
             "random": rnd,
             # Each seed's figure, in seed order: runs on the same seeds compare pairwise
             # (benchmarks/bench_tuner.py compare), more precisely than by their means.

@@ -12,6 +12,7 @@ t_1 >= ... >= t_N, P(best = t_i) = C(N-i, k-1) / C(N, k).
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from typing import Any
 
 import numpy as np
 from scipy.special import gammaln
@@ -51,21 +52,37 @@ def random_search_expectation(normalised: Sequence[float], k: int) -> float:
     return float(np.sum(np.exp(log_p) * t))
 
 
-def p_score(strategy: float, random: float, optimum: float = 1.0) -> float:
-    """(strategy - random) / (optimum - random); 0 when random already reaches the optimum."""
+# Below this gap between random search and the optimum, random already reaches it: a P
+# score there is undefined (0/0), not 0.
+NO_GAP = 1e-12
+
+
+def p_score(strategy: float, random: float, optimum: float = 1.0) -> float | None:
+    """(strategy - random) / (optimum - random); None where random already reaches the
+    optimum (it read 0 there, as if the search were exactly as good as random)."""
     gap = optimum - random
-    return float((strategy - random) / gap) if gap > 1e-12 else 0.0
+    return float((strategy - random) / gap) if gap > NO_GAP else None
 
 
-def mean_p_score(per_dataset: Mapping[str, Mapping[str, float]]) -> tuple[float, float]:
+def p_score_se(se: float, random: float, optimum: float = 1.0) -> float | None:
+    """The standard error of p_score for a strategy's standard error `se` (None where the
+    P score is undefined)."""
+    gap = optimum - random
+    return float(se / gap) if gap > NO_GAP else None
+
+
+def mean_p_score(
+    per_dataset: Mapping[str, Mapping[str, Any]],
+) -> tuple[float | None, float | None]:
     """The P score over datasets (each a mapping with `p_score`, `p_se` and `random`) and its
     standard error: the mean over the datasets where random search does not already reach
-    the optimum at that budget. There every search reaches it too and its P score (0) says
-    nothing of the search, but counted in the mean it pulled the mean towards 0 (a space
-    smaller than the budget). 0 where no dataset has a gap left."""
-    scored = [v for v in per_dataset.values() if 1.0 - v["random"] > 1e-12]
+    the optimum at that budget. There every search reaches it too and its P score says
+    nothing of the search (counted as 0 in the mean, it pulled the mean towards 0: a space
+    smaller than the budget). None where no dataset has a gap left: undefined, where it read
+    0.00 as if every search were exactly as good as random."""
+    scored = [v for v in per_dataset.values() if 1.0 - v["random"] > NO_GAP]
     if not scored:
-        return 0.0, 0.0
+        return None, None
     d = len(scored)
     mean = float(np.mean([v["p_score"] for v in scored]))
     return mean, float(np.sqrt(np.sum(np.square([v["p_se"] for v in scored]))) / d)

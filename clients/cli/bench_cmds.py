@@ -472,9 +472,14 @@ def max_jobs() -> int:
     return JOBS_PER_CPU * (os.cpu_count() or 1)
 
 
-def _cell(value: float, se: float, seeds: int, digits: int = 3, sign: str = "") -> str:
+def _cell(
+    value: float | None, se: float | None, seeds: int, digits: int = 3, sign: str = ""
+) -> str:
     """A mean with its standard error; over one seed the value alone (a standard error of
-    one run is undefined: it showed "± 0.000", as if the figure were exact)."""
+    one run is undefined: it showed "± 0.000", as if the figure were exact); "n/a" for an
+    undefined P score (random search reaches the optimum on every dataset)."""
+    if value is None:
+        return "n/a"
     shown = f"{value:{sign}.{digits}f}"
     return shown if seeds < 2 else f"{shown} ± {se:.{digits}f}"
 
