@@ -169,6 +169,10 @@ hopper = [pipetune.HopperGemm(m=1024, n=768, k=3072), pipetune.HopperBmm(b=4, m=
 options = TuneOptions(budget=4)
 doc = pipetune.best_schedule(fc, "h100")
 kernel = pipetune.kernel(fc, "h100", schedule=doc.schedule)
+# (The Hopper family's workloads were not in the API's argument types: an error to mypy.)
+fused = pipetune.HopperGemmSwiglu(m=1024, n=4096, k=4096)
+hopper_doc = pipetune.best_schedule(pipetune.HopperGemm(m=1024, n=64, k=2048), "h100")
+hopper_kernel = pipetune.kernel(fused, "h100")
 """
 
 

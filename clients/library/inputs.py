@@ -1,7 +1,8 @@
 """What the public functions accept: a workload as a dict or a workload object (of any kernel
 family: the tensor-core GEMMs' Gemm, GemmSwiglu, GemmBiasGelu, Bmm, Conv2d, Conv3d; the
 memory-intensive operators' Reduce, Softmax, LayerNorm, RMSNorm, BiasGelu, SiluMul; the Hopper
-family's HopperGemm, HopperBmm: each exported by `pipetune`), a GPU by key or alias, a
+family's HopperGemm, HopperBmm, HopperGemmBiasGelu, HopperGemmSwiglu, subclasses of the GEMMs'
+and BMM's types: each exported by `pipetune`), a GPU by key or alias, a
 schedule as a dict, a `Schedule` (or another family's schedule object) or a wire
 `ScheduleDoc`. Bad input raises a ValueError subclass whose message names the field
 (WorkloadError, HardwareError, ScheduleError), never a bare pydantic error."""

@@ -506,8 +506,9 @@ def kernel(
     api_key: str | None = None,
 ) -> TunedKernel:
     """The kernel of `workload` (any family: gemm, gemm_swiglu, gemm_bias_gelu, bmm, conv2d,
-    conv3d, reduce, softmax, layernorm, rmsnorm, bias_gelu, silu_mul, hopper_gemm, hopper_bmm;
-    a gemm_bias_gelu kernel is called with A, B and the bias) tuned for `gpu`: at
+    conv3d, reduce, softmax, layernorm, rmsnorm, bias_gelu, silu_mul, hopper_gemm, hopper_bmm,
+    hopper_gemm_bias_gelu, hopper_gemm_swiglu; a gemm_bias_gelu kernel, either family's, is
+    called with A, B and the bias) tuned for `gpu`: at
     `schedule` if given, else at the best known one (pipetune.best_schedule: the local
     database or, with `server`, the service; the model's pick when nothing was measured).
     `schedule` may be pipetune.best_schedule's answer for this workload on this GPU
