@@ -146,6 +146,9 @@ def test_interleave_gate_up_builds_what_the_kernel_reads():
         ((np.zeros((8, 16)), np.zeros((8, 24))), r"up: must have gate's shape \(8, 16\)"),
         ((np.zeros((8, 12)), np.zeros((8, 12))), r"gate: its 12 output features"),
         ((np.zeros(16), np.zeros(16)), r"gate: must be a 2-D array"),
+        # An empty B came back, which no gemm_swiglu workload takes.
+        ((np.zeros((4, 0)), np.zeros((4, 0))), r"gate: must not be empty, got shape \(4, 0\)"),
+        ((np.zeros((0, 32)), np.zeros((0, 32))), r"gate: must not be empty, got shape \(0, 32\)"),
         # Promoted together to float32 by the concatenation, which the kernel refused later.
         (
             (np.zeros((8, 16), np.float16), np.zeros((8, 16), np.float32)),

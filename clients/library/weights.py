@@ -47,6 +47,9 @@ def interleave_gate_up(gate: Any, up: Any, b_layout: str = "kn") -> Any:
         )
     feature_axis = 1 if b_layout == "kn" else 0
     n = int(gate.shape[feature_axis])
+    if 0 in tuple(gate.shape):
+        # (An empty B came back, which no gemm_swiglu workload takes: n >= 8, k >= 1.)
+        raise InvalidArgumentError("gate", f"must not be empty, got shape {tuple(gate.shape)}")
     if n % SWIGLU_INTERLEAVE:
         raise InvalidArgumentError(
             "gate",
