@@ -287,6 +287,11 @@ def test_serve_on_an_address_it_cannot_bind_is_one_line_and_exit_2(tmp_path):
     assert _error_line(result).startswith(
         "error: --host: cannot bind 999.1.1.1:8000: the host name does not resolve ("
     )
+    # An empty host: asyncio bound it to every interface, open to anyone without API keys.
+    for empty in ("", " "):
+        result = runner.invoke(app, ["serve", "--db", url, "--host", empty])
+        assert result.exit_code == 2, result.output
+        assert _error_line(result).startswith("error: --host: must be an address or name;")
     assert not (tmp_path / "srv.db").exists()
 
 

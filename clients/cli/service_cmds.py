@@ -297,6 +297,13 @@ def serve(
         # (It was ignored without a word: a user who meant replay workers got none.)
         why = "--local-workers is 0" if runner == "replay" else f"--runner is {runner}"
         raise CliError(f"--dataset: only for the local workers of --runner replay ({why})", 2)
+    if not host.strip():
+        # (asyncio binds an empty host to every interface: the service listened on all of
+        # them, open to anyone without API keys, and named itself http://:PORT.)
+        raise CliError(
+            "--host: must be an address or name; 0.0.0.0 (or ::) listens on every interface",
+            2,
+        )
     if not 0 <= port <= 65535:
         raise CliError(f"--port: must be 0..65535, got {port}", 2)
     log_level = log_level.lower()  # uvicorn's own spelling; it looks the name up lowercased
@@ -310,7 +317,7 @@ def serve(
         # workers' too, was refused as a foreign Host).
         settings.allowed_hosts = list(dict.fromkeys([*LOOPBACK_NAMES, host.strip("[]")]))
     # Where the local workers reach the service (a loopback address when it listens on all).
-    local_host = "127.0.0.1" if host in ("0.0.0.0", "::", "") else _url_host(host)
+    local_host = "127.0.0.1" if host in ("0.0.0.0", "::") else _url_host(host)
     if local_workers and settings.allowed_hosts and "*" not in settings.allowed_hosts:
         # (With PIPETUNE_ALLOWED_HOSTS naming a proxy's host, they were refused, 400.)
         settings.allowed_hosts = [*settings.allowed_hosts, local_host]
