@@ -203,6 +203,18 @@ def test_a_task_prior_is_what_auto_measured_on_the_prior_and_leads_the_first_bat
     assert doc["prior_trials"] == 24
 
 
+def test_a_task_prior_of_more_trials_than_its_dataset_holds_is_the_whole_dataset():
+    """--prior-trials 1000000000 ran for minutes: the task it stands for has measured every
+    configuration once it has as many trials as the dataset holds."""
+    from pipetune.tuner.bench import task_prior
+
+    space = Dataset("small", _small({"a": [1, 2, 3, 4], "b": [1, 2, 3, 4, 5]}))
+    whole = task_prior(space, space, seed=0, trials=20, batch=8)
+    huge = task_prior(space, space, seed=0, trials=10**9, batch=8)
+    assert huge.source == whole.source == "small (20 trials of auto)"
+    assert huge.recorded.all() and np.array_equal(huge.values, whole.values)
+
+
 def test_runs_over_consecutive_seed_ranges_merge_into_the_whole_run(tmp_path, conv):
     from benchmarks.bench_tuner import merge
 

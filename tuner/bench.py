@@ -99,7 +99,9 @@ def prior_for(dataset: Dataset, prior: RecordedConfigs, sampled: bool = False) -
 
 def task_prior(dataset: Dataset, prior: Dataset, seed: int, trials: int, batch: int) -> PriorMean:
     """What a finished task on the prior's GPU would give (the service's `prior_task`): the
-    first `trials` trials of `auto` on the prior dataset, as a sampled prior."""
+    first `trials` trials of `auto` on the prior dataset, as a sampled prior. No more than
+    the dataset holds (a billion ran for minutes for the prior a whole sweep gives)."""
+    trials = min(trials, len(prior.configs.configs))
     rows = trial_rows(prior, DEFAULT_STRATEGY, seed + PRIOR_TASK_SEED, trials, batch)
     configs = prior.configs
     sample = RecordedConfigs(
