@@ -188,9 +188,15 @@ def sweep_workload(
     check_output_file(out, "--out", create_parent=True)
     workload = parse_any_workload(workload_data)
     spec = get_gpu(gpu, profile=profile)
+    family = family_of(workload)
+    if not len(family.enumerate(workload, spec)):
+        # Refused before the progress display opens (said after an empty progress line,
+        # naming no option), as --operators does.
+        why = family.no_schedule_reason(workload, spec) or "no schedule of its space is valid"
+        raise CliError(f"--gpu {gpu}: cannot run {workload.label()}: {why}", 2)
     with _open_runner(runner, spec, seed, repeats, warmup) as measuring, _progress() as bar:
         if _has_compile_step(measuring):
-            space = family_of(workload).enumerate(workload, spec)
+            space = family.enumerate(workload, spec)
             task = bar.add_task("compile", total=len(space))
             try:
                 measuring.prepare(
