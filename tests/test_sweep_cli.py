@@ -105,8 +105,10 @@ def test_sweep_the_alcop_suite_one_file_per_operator(tmp_path):
         ),
         # The same for one operator: its error came after an empty line, naming no option.
         (
-            ["hopper_gemm", "--m", "64", "--n", "64", "--k", "64", "--gpu", "a100"]
-            + ["--runner", "simulated", "--out", "x.t4.json.gz"],
+            [
+                *("hopper_gemm", "--m", "64", "--n", "64", "--k", "64", "--gpu", "a100"),
+                *("--runner", "simulated", "--out", "x.t4.json.gz"),
+            ],
             "--gpu a100: cannot run hopper_gemm 64x64x64: no schedule of the Hopper",
         ),
         ([*GEMM, "--runner", "replay", "--out", "x.t4.json.gz"], "--runner"),
