@@ -194,6 +194,20 @@ def test_a_broken_link_as_out_dir_is_refused_before_compiling(
     assert no_compiling == [] and link.is_symlink() and not (tmp_path / "nowhere").exists()
 
 
+@pytest.mark.parametrize("name", ["index.json", "pipetune_tuned.h"])
+def test_a_broken_link_where_the_export_writes_a_file_is_refused(
+    tuned: str, tmp_path: Path, no_compiling: list[Any], name: str
+):
+    """Written through: a link left in the folder made the export create its target,
+    outside the folder (/nonexistent) as anywhere else."""
+    out, outside = tmp_path / "out", tmp_path / "outside.json"
+    out.mkdir()
+    (out / name).symlink_to(outside)
+    line = _one_line_usage_error(_export(tuned, str(out)))
+    assert f"{out / name} is a broken symbolic link (to {outside}" in line
+    assert no_compiling == [] and not outside.exists()
+
+
 # ---- B5: all or nothing, the new folder included -----------------------------------------------
 
 

@@ -294,10 +294,16 @@ def _check_file_target(path: Path) -> None:
     """A name the export writes a file at holds a regular file (or a link to one) or
     nothing: a folder there failed the rename only after every kernel was compiled, and a
     device or a FIFO would be replaced by a file."""
+    if path.is_symlink() and not path.exists():
+        # (Written through: a link left in the folder made the export create its target,
+        # wherever it pointed, outside the folder too.)
+        raise _out_dir_error(
+            f"{path} is a broken symbolic link (to {os.readlink(path)}, which does not exist)"
+        )
     try:
         mode = path.stat().st_mode
     except (FileNotFoundError, NotADirectoryError):
-        return  # nothing there (or a link to nothing: written through, as any write)
+        return  # nothing there
     if stat.S_ISDIR(mode):
         raise _out_dir_error(f"{path} is a directory, where the export writes a file")
     if not stat.S_ISREG(mode):
