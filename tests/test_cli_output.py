@@ -35,6 +35,28 @@ def test_a_table_printed_into_a_pipe_keeps_each_row_on_one_line():
     assert len({len(line) for line in shown.splitlines()}) == 1  # (a table, not wrapped text)
 
 
+NOTE = """
+from pipetune.clients.cli.output import stderr_console
+stderr_console.print("interrupted: task 27 goes on at the service; see its progress with "
+                     "`pipetune curve 27 --server http://127.0.0.1:18100`")
+"""
+
+
+def test_a_note_on_stderr_into_a_log_keeps_its_command_on_one_line():
+    """At 80 columns the suggested command broke across two lines of a log."""
+    shown = subprocess.run(
+        [sys.executable, "-c", NOTE],
+        capture_output=True,
+        text=True,
+        check=True,
+        env={"COLUMNS": "40", "PATH": "/usr/bin:/bin"},
+    ).stderr
+    assert shown.splitlines() == [
+        "interrupted: task 27 goes on at the service; see its progress with "
+        "`pipetune curve 27 --server http://127.0.0.1:18100`"
+    ]
+
+
 def _dataset_naming(tmp_path, device_name: str):
     repo = Path(__file__).resolve().parents[1]
     with gzip.open(repo / "benchmarks/data/h100/BMM_BERT_QK.t4.json.gz") as f:

@@ -17,8 +17,13 @@ from rich.console import Console
 PIPED_WIDTH = 100_000
 _probe = Console()
 console = Console(width=max(_probe.width, 140) if _probe.is_terminal else PIPED_WIDTH, markup=False)
-# Progress and notes beside a result: stderr, so that --json keeps stdout a document.
-stderr_console = Console(stderr=True, markup=False)
+# Progress and notes beside a result: stderr, so that --json keeps stdout a document. Into
+# a file or a pipe, each line as long as it is, as on stdout: at 80 columns a note's
+# suggested command (`pipetune curve 27 --server ...`) broke across two lines of a log.
+_stderr_probe = Console(stderr=True)
+stderr_console = Console(
+    stderr=True, markup=False, width=None if _stderr_probe.is_terminal else PIPED_WIDTH
+)
 
 
 def print_json(document: Any) -> None:
