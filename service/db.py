@@ -194,6 +194,20 @@ def unavailable_reason(exc: BaseException) -> str:
     return f"{name}: {' '.join(str(message).split())[:200]}"
 
 
+def refuses_url_options(exc: BaseException) -> bool:
+    """Whether the driver refused the URL's own connection options before reaching any
+    server (psycopg's ProgrammingError with no SQLSTATE: `?connect_timeout=abc`,
+    `?bogus=1`): bad input in the URL, not a database that failed. Errors from a server
+    (a missing privilege, a missing table) carry a SQLSTATE."""
+    orig = getattr(exc, "orig", None)
+    return (
+        orig is not None
+        and type(orig).__module__.startswith("psycopg")
+        and type(orig).__name__ == "ProgrammingError"
+        and getattr(orig, "sqlstate", None) is None
+    )
+
+
 class UTCDateTime(TypeDecorator):
     """Timezone-aware UTC datetimes on both dialects (SQLite stores naive UTC text)."""
 

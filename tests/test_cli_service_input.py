@@ -9,7 +9,7 @@ import json
 from pathlib import Path
 
 import pytest
-from service_support import row_count
+from service_support import require_pg, row_count
 from sqlalchemy import select
 from typer.testing import CliRunner
 
@@ -201,6 +201,9 @@ BAD_URLS = {
     "under a file": "notes.db is not a folder",
     # In memory: each connection had an empty database of its own ("no such table: tasks").
     "sqlite://": "an in-memory SQLite database lasts only as long as one connection",
+    # Refused by the driver before it reached the server: "the database ... failed", exit 1.
+    "pg?connect_timeout=abc": "ProgrammingError: bad value for connect_timeout: 'abc'",
+    "pg?bogus=1": 'ProgrammingError: invalid connection option "bogus"',
 }
 COMMANDS = {
     "serve": ["serve"],
@@ -217,6 +220,8 @@ COMMANDS = {
 @pytest.mark.parametrize("bad", list(BAD_URLS), ids=str)
 def test_a_bad_db_is_one_line_naming_the_option_and_exit_2(command, bad, not_a_database):
     url = {"file": not_a_database, "under a file": f"{not_a_database}/sub/x.db"}.get(bad, bad)
+    if bad.startswith("pg?"):
+        url = require_pg() + bad.removeprefix("pg")
     result = runner.invoke(app, [*COMMANDS[command], "--db", url])
     assert result.exit_code == 2, result.output
     _one_error_line(result, "--db: ")

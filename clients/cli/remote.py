@@ -205,7 +205,8 @@ def cli_error(exc: PipetuneError, credential: str = API_KEY_SOURCE) -> CliError:
 # Workload fields keep their names, as every local check of them says them.
 SERVICE_FIELDS = frozenset(
     {"seed", "prior_task", "prior_gpu", "learned_prior", "batch_size", "priority", "runner",
-     "strategy", "budget", "gpu", "state", "offset", "limit", "before"}
+     "strategy", "budget", "gpu", "state", "offset", "limit", "before",
+     "db"}  # (the local database's argument: the commands' --db)
 )  # fmt: skip
 
 

@@ -74,7 +74,7 @@ def _database_errors(url: str) -> Iterator[None]:
     checked already; what is left is the server or the file, not the command line)."""
     from sqlalchemy.exc import SQLAlchemyError
 
-    from pipetune.service.db import unavailable_reason
+    from pipetune.service.db import refuses_url_options, unavailable_reason
     from pipetune.service.migrate import SchemaError, redact, sqlite_access_hint
 
     try:
@@ -83,6 +83,8 @@ def _database_errors(url: str) -> Iterator[None]:
         raise CliError(str(exc), 1) from None
     except SQLAlchemyError as exc:
         reason = unavailable_reason(exc)
+        if refuses_url_options(exc):  # (the URL's own options: bad input, not the server)
+            raise CliError(f"--db: {redact(url)}: {reason}", 2) from None
         hint = sqlite_access_hint(url, reason) or lock_timeout_hint(reason)
         raise CliError(f"the database {redact(url)} failed: {reason}{hint}", 1) from None
     except OSError as exc:  # a SQLite file's folder that cannot be made (the crash line, it was)

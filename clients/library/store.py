@@ -40,7 +40,7 @@ from pipetune.model.wire import (
     WorkerList,
 )
 from pipetune.service.curves import task_curve
-from pipetune.service.db import Database, unavailable_reason
+from pipetune.service.db import Database, refuses_url_options, unavailable_reason
 from pipetune.service.migrate import (
     SchemaError,
     check_schema,
@@ -160,6 +160,8 @@ def open_database(url: str, *, create: bool = False, write: bool = False) -> Dat
         raise LocalDatabaseError(str(exc)) from None
     except SQLAlchemyError as exc:
         reason = unavailable_reason(exc)
+        if refuses_url_options(exc):  # (the URL's own options: bad input, not the server)
+            raise DatabaseArgumentError("db", f"{redact(url)}: {reason}") from None
         read_only = None if create or write else read_only_sqlite_url(url, reason)
         if read_only is not None:
             return open_database(read_only)
