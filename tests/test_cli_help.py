@@ -87,3 +87,18 @@ def _subcommands(root: Any, path: tuple[str, ...]) -> list[str]:
     for name in path:
         command = command.commands[name]
     return list(command.commands)
+
+
+def test_a_command_s_help_wraps_its_paragraphs_at_the_terminal_not_at_the_source():
+    """`serve --help` kept its docstring's line breaks: "... the command exits instead of
+    serving with no" / "worker." at any terminal width."""
+    from typer.testing import CliRunner
+
+    result = CliRunner().invoke(app, ["serve", "--help"], env={"COLUMNS": "200"})
+    assert result.exit_code == 0, result.output
+    lines = [line.strip() for line in result.stdout.splitlines()]
+    assert (
+        "With --local-workers, what the workers need (the --dataset of replay, a GPU for cupy) "
+        "is checked before the service starts: the command exits instead of serving with no "
+        "worker."
+    ) in lines

@@ -47,13 +47,20 @@ export_cmds.register(app)  # export
 
 def _one_line_summaries(group: typer.Typer) -> None:
     """Each command's entry in its group's --help list as its docstring's first paragraph on
-    one line: this typer keeps the docstring's line breaks there, so `pipetune --help` broke
-    summaries mid-sentence ("GB/s for memory-intensive" / "operators) found after each
-    trial.") wherever the source wrapped them. The command's own --help is unchanged."""
+    one line, and its own --help with each paragraph as one: this typer keeps the
+    docstring's line breaks, so `pipetune --help` broke summaries mid-sentence ("GB/s for
+    memory-intensive" / "operators) found after each trial.") wherever the source wrapped
+    them, and `pipetune serve --help` its description ("... the command exits instead of
+    serving with no" / "worker."). The terminal wraps each paragraph to its width."""
     for command in group.registered_commands:
         doc = command.help or (command.callback.__doc__ if command.callback else None)
-        if command.short_help is None and doc:
-            command.short_help = " ".join(inspect.cleandoc(doc).split("\n\n")[0].split())
+        if not doc:
+            continue
+        paragraphs = [" ".join(p.split()) for p in inspect.cleandoc(doc).split("\n\n")]
+        if command.short_help is None:
+            command.short_help = paragraphs[0]
+        if command.help is None:
+            command.help = "\n\n".join(paragraphs)
     for sub in group.registered_groups:
         if sub.typer_instance is not None:
             _one_line_summaries(sub.typer_instance)
