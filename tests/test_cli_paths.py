@@ -126,6 +126,33 @@ def test_export_task_to_a_directory(folder: Path) -> None:
     assert not (folder / "none.db").exists()  # refused before the database was opened
 
 
+@pytest.mark.parametrize(
+    ("command", "named"),
+    [
+        (["sweep", *GEMM, "--limit", "1", "--out", "{new}/"], "'--out'"),
+        (["dataset", "convert", "{source}", "{new}/"], "'target'"),
+        (["export", "--task", "1", "--format", "t4", "--out", "{new}/"], "'--out'"),
+        (["curve", "1", "--html", "{new}/"], "'--html'"),
+        (["curve", "1", "--png", "{new}/"], "'--png'"),
+        (
+            ["campaign", "--runner", "simulated", "--out-dir", "{new}x", "--pack", "{new}/"],
+            "--pack",
+        ),
+    ],
+    ids=lambda v: v[0] if isinstance(v, list) else "",
+)
+def test_an_output_file_that_ends_in_a_slash_is_refused(folder: Path, command, named) -> None:
+    """Made a Path, `--out newd/` lost its slash: exit 0, and a file named newd."""
+    source = _dataset(folder)
+    args = [a.format(new=folder / "newd", source=source) for a in command]
+    db = ["--db", f"sqlite:///{folder / 'none.db'}"] if args[0] in ("export", "curve") else []
+    result = cli.invoke(app, [*args, *db], terminal_width=400)
+    assert result.exit_code == 2, result.output
+    said = " ".join(result.output.replace("│", " ").split())
+    assert named in said and "names a folder (it ends in /): give the file's path" in said
+    assert not (folder / "newd").exists() and not (folder / "none.db").exists()
+
+
 def test_export_out_dir_under_a_file(folder: Path) -> None:
     db = f"sqlite:///{folder / 'none.db'}"
     out_dir = folder / "afile" / "kernels"

@@ -158,7 +158,7 @@ def test_calibrate_without_a_gpu_is_one_line_exit_1(tmp_path):
 @pytest.mark.parametrize(
     ("args", "reason"),
     [
-        (["--out", "/"], "--out: / is a directory"),
+        (["--out", "/usr"], "--out: /usr is a directory"),
         (["--out", "no/such/folder/h100.json"], "does not exist"),
         (["--device", "-1"], "--device: must be at least 0"),
     ],

@@ -22,7 +22,12 @@ from rich.table import Table
 
 from pipetune.clients.cli.errors import CliError, reported
 from pipetune.clients.cli.output import console, print_json
-from pipetune.clients.cli.paths import check_output_dir, check_output_file, check_tar_archive
+from pipetune.clients.cli.paths import (
+    check_output_dir,
+    check_output_file,
+    check_tar_archive,
+    output_file,
+)
 from pipetune.model.hardware import DEFAULT_GPU, GPUSpec, get_gpu, gpu_keys
 from pipetune.model.operators import SUITES
 
@@ -124,7 +129,10 @@ def campaign_main(
     operators: str | None = typer.Option(None, "--operators", help=_OPERATORS_HELP),
     runner: str = typer.Option("cupy", "--runner", help=_RUNNER_HELP),
     pack: Path | None = typer.Option(
-        None, "--pack", help="write everything into this .tar.gz (kept current after each part)"
+        None,
+        "--pack",
+        parser=output_file,
+        help="write everything into this .tar.gz (kept current after each part)",
     ),
 ) -> None:
     """Run the GPU campaign (`pipetune campaign --out-dir DIR ...`)."""

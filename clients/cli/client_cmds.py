@@ -33,6 +33,7 @@ from pipetune.clients.cli.curve_files import (
 )
 from pipetune.clients.cli.errors import CliError, interrupted, reported, sigterm_interrupts
 from pipetune.clients.cli.output import console, print_json, stderr_console
+from pipetune.clients.cli.paths import output_file
 from pipetune.clients.cli.progress_lines import ProgressLines
 from pipetune.clients.cli.remote import (
     answered_by,
@@ -609,10 +610,16 @@ def milestones(n: int) -> list[int]:
 def curve(
     task_id: int = typer.Argument(..., help="the task's id"),
     png: Path | None = typer.Option(
-        None, "--png", help="write the curve as a PNG image (matplotlib: the `plot` extra)"
+        None,
+        "--png",
+        parser=output_file,
+        help="write the curve as a PNG image (matplotlib: the `plot` extra)",
     ),
     html: Path | None = typer.Option(
-        None, "--html", help="write an interactive plotly page (self-contained, no CDN)"
+        None,
+        "--html",
+        parser=output_file,
+        help="write an interactive plotly page (self-contained, no CDN)",
     ),
     as_json: bool = typer.Option(False, "--json", help="print the curve as JSON"),
     server: str | None = read_server_option(),

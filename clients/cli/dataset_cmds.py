@@ -11,7 +11,7 @@ from rich.table import Table
 
 from pipetune.clients.cli.errors import CliError, one_line, reported
 from pipetune.clients.cli.output import console, print_json
-from pipetune.clients.cli.paths import check_output_file
+from pipetune.clients.cli.paths import check_output_file, output_file
 from pipetune.workers.datasets import Dataset, DatasetError, load_dataset, summary, write_t4
 
 dataset_app = typer.Typer(help="Recorded search spaces: T4 results files, Kernel Tuner caches.")
@@ -61,7 +61,9 @@ def info(
 @reported
 def convert(
     source: Path = typer.Argument(..., help="a T4 file or a Kernel Tuner cache"),
-    target: Path = typer.Argument(..., help="the T4 file to write (.t4.json.gz)"),
+    target: Path = typer.Argument(
+        ..., parser=output_file, help="the T4 file to write (.t4.json.gz)"
+    ),
     allow_open: bool = _ALLOW_OPEN,
 ) -> None:
     """Write any readable dataset as a T4 results file (atomically)."""

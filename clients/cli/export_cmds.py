@@ -20,7 +20,7 @@ from rich.table import Table
 
 from pipetune.clients.cli.errors import CliError, reported
 from pipetune.clients.cli.output import console, print_json, stderr_console
-from pipetune.clients.cli.paths import check_output_dir, check_output_file
+from pipetune.clients.cli.paths import check_output_dir, check_output_file, output_file
 from pipetune.clients.cli.remote import (
     api_key_option,
     db_option,
@@ -141,7 +141,9 @@ def export(
     ),
     task: int | None = typer.Option(None, "--task", help="export this task's trials"),
     fmt: str | None = typer.Option(None, "--format", help="the trials' format: t4"),
-    out: Path | None = typer.Option(None, "--out", help="the T4 file (.t4.json[.gz])"),
+    out: Path | None = typer.Option(
+        None, "--out", parser=output_file, help="the T4 file (.t4.json[.gz])"
+    ),
     as_json: bool = typer.Option(False, "--json", help="print what was written as JSON"),
     server: str | None = read_server_option(),
     api_key: str | None = api_key_option(),

@@ -13,6 +13,8 @@ import tarfile
 import tempfile
 from pathlib import Path
 
+import typer
+
 from pipetune.clients.cli.errors import CliError, one_line
 
 
@@ -66,6 +68,15 @@ def _check_regular(path: Path, option: str) -> None:
         raise CliError(f"{option}: {path}: {exc.strerror or exc}", 2) from None
     if not stat.S_ISREG(mode):
         raise CliError(f"{option}: {path} is not a regular file", 2)
+
+
+def output_file(text: str) -> Path:
+    """An output file option's value (typer's `parser`): refused where it ends in a path
+    separator, which names a folder. Made a Path, the separator was dropped, and `--out
+    newd/` wrote a file named newd."""
+    if text.endswith(("/", os.sep)):
+        raise typer.BadParameter(f"{text!r} names a folder (it ends in /): give the file's path")
+    return Path(text)
 
 
 def check_output_file(path: Path, option: str, *, create_parent: bool = False) -> None:

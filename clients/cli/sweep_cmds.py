@@ -35,7 +35,7 @@ from rich.table import Table
 
 from pipetune.clients.cli.errors import CliError, one_line, reported, runner_failure
 from pipetune.clients.cli.output import console, print_json, stderr_console
-from pipetune.clients.cli.paths import check_output_dir, check_output_file
+from pipetune.clients.cli.paths import check_output_dir, check_output_file, output_file
 from pipetune.clients.cli.workload_options import add_workload_commands, option
 from pipetune.model.family import all_ops, family_of, parse_any_workload
 from pipetune.model.hardware import (
@@ -216,7 +216,13 @@ add_workload_commands(
     [
         option("runner", str, "cupy", help=_RUNNER_HELP),
         option("gpu", str, DEFAULT_GPU, help=f"GPU: {', '.join(gpu_keys())}"),
-        option("out", Path, ..., help="T4 file to write, e.g. benchmarks/data/NAME.t4.json.gz"),
+        option(
+            "out",
+            Path,
+            ...,
+            parser=output_file,
+            help="T4 file to write, e.g. benchmarks/data/NAME.t4.json.gz",
+        ),
         option("limit", int | None, None, help="measure a seeded random sample of N schedules"),
         option("seed", int, 0, help="seed of the inputs, the sample and the simulated noise"),
         option("repeats", int, 30, help="timed repeats per schedule"),
@@ -381,6 +387,7 @@ def calibrate(
     out: Path | None = typer.Option(
         None,
         "--out",
+        parser=output_file,
         help="profile to write (default: <gpu>.json in your profile folder, "
         "$PIPETUNE_PROFILE_DIR or the user data dir's profiles/, which the model reads first)",
     ),

@@ -78,11 +78,22 @@ def workload_parameters(
     return params
 
 
-def option(name: str, annotation: type, default: Any, *flags: str, help: str) -> inspect.Parameter:
-    """An extra (non-workload) option for generated commands."""
+def option(
+    name: str,
+    annotation: type,
+    default: Any,
+    *flags: str,
+    help: str,
+    parser: Callable[[str], Any] | None = None,
+) -> inspect.Parameter:
+    """An extra (non-workload) option for generated commands (`parser`: typer's, a value's
+    own reading of its text)."""
     flags = flags or (f"--{name.replace('_', '-')}",)
     return inspect.Parameter(
-        name, _KW, default=typer.Option(default, *flags, help=help), annotation=annotation
+        name,
+        _KW,
+        default=typer.Option(default, *flags, help=help, parser=parser),
+        annotation=annotation,
     )
 
 
