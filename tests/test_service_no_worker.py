@@ -177,6 +177,12 @@ def test_the_cli_says_why_a_task_waits(tmp_path, monkeypatch):
 
     shown = _progress_of(doc, monkeypatch)
     assert "waiting: no a100 worker has registered" in shown
+    # Into a log (no bar there): the reason as a warning line, and a progress line.
+    logged = _progress_of(doc, monkeypatch, terminal=False).splitlines()
+    assert logged == [
+        f"warning: task {task['id']} waits: no a100 worker has registered",
+        f"task {task['id']} queued, 0/4 trials",
+    ]
 
 
 def test_the_tune_progress_bar_counts_the_trials_the_task_runs(monkeypatch):
@@ -195,8 +201,9 @@ def test_the_tune_progress_bar_counts_the_trials_the_task_runs(monkeypatch):
     assert "1/2" in shown and "1/50" not in shown
 
 
-def _progress_of(doc: TaskDoc, monkeypatch) -> str:
-    """What `tune --wait`'s progress bar shows (on stderr) of a wait that sees `doc` once."""
+def _progress_of(doc: TaskDoc, monkeypatch, terminal: bool = True) -> str:
+    """What `tune --wait`'s progress bar shows (on stderr, a terminal) of a wait that sees
+    `doc` once; with `terminal` False, what it prints into a log instead."""
 
     class Waiting:  # the SDK's Client.wait, as far as the progress bar reads it
         def wait(self, task_id, progress, poll_s):
@@ -207,6 +214,7 @@ def _progress_of(doc: TaskDoc, monkeypatch) -> str:
     # A console of its own for the bar, not the shared one's `file` set: undone, that left
     # the shared console writing to the stderr of the moment (pytest's capture) for good,
     # and every later CLI test of the process read an empty stderr from CliRunner.
-    monkeypatch.setattr(client_cmds, "stderr_console", Console(file=err, markup=False))
+    console = Console(file=err, markup=False, force_terminal=terminal, width=200, no_color=True)
+    monkeypatch.setattr(client_cmds, "stderr_console", console)
     wait_for_task(Waiting(), doc, show=True, poll_s=0.1)
     return err.getvalue()
