@@ -514,11 +514,43 @@ def test_a_kit_folder_over_the_device_s_carry_is_refused_naming_what_fills_it(tm
     check_carry(folder)  # under the limit: fine
     with (folder / "campaign-old.tar.gz").open("wb") as archive:
         archive.truncate(CARRY_LIMIT_BYTES // 2)
-    with pytest.raises(KitError, match=r"over the device's 64 MiB carry") as refused:
+    with pytest.raises(KitError, match=r"over the device.s 64 MiB a call") as refused:
         check_carry(folder)
     assert "campaign-3.tar.gz (32.0 MiB)" in str(refused.value)
     assert "campaign-old.tar.gz (32.0 MiB)" in str(refused.value)
     assert ".whl" not in str(refused.value)
+
+
+def test_the_carry_counts_the_working_tree_that_travels_with_the_kit(tmp_path):
+    """The device's 64 MiB hold the working tree too (tracked and untracked-not-ignored
+    files): with two campaign archives in the kit the folder alone passed while the call,
+    with the tree's 28 MiB, was over and would be refused once the GPU had started."""
+    import subprocess
+
+    from pipetune.workers.campaign.kit import (
+        CARRY_LIMIT_BYTES,
+        check_carry,
+        travelling_tree_bytes,
+    )
+
+    root = tmp_path / "repo"
+    root.mkdir()
+    subprocess.run(["git", "init", "-q", str(root)], check=True)
+    (root / ".gitignore").write_text(f"/{KIT_DIR}/\n/ignored.bin\n")
+    (root / "tracked.bin").write_bytes(b"t" * 3000)
+    subprocess.run(["git", "-C", str(root), "add", "tracked.bin", ".gitignore"], check=True)
+    (root / "untracked.bin").write_bytes(b"u" * 2000)  # travels too
+    (root / "ignored.bin").write_bytes(b"i" * 5000)  # does not
+    folder = root / KIT_DIR
+    folder.mkdir()
+    (folder / "campaign-1.tar.gz").write_bytes(b"a" * 7000)  # counted with the kit
+    tree = travelling_tree_bytes(root, folder)
+    assert tree == 3000 + 2000 + len(f"/{KIT_DIR}/\n/ignored.bin\n")
+    with (folder / "campaign-2.tar.gz").open("wb") as archive:
+        archive.truncate(CARRY_LIMIT_BYTES - 7000 - tree // 2)
+    check_carry(folder)  # the folder alone fits
+    with pytest.raises(KitError, match=r"with the working tree's 0\.0 MiB, over the device's"):
+        check_carry(folder, tree)
 
 
 @pytest.mark.parametrize("gpu", ["h100", "h200"])

@@ -40,9 +40,9 @@ KIT_DIR = ".gpu-kit"
 SITE_DIR = ".gpu-site"  # where the device command installs the kit (under the working tree)
 GPU_PYTHON = "3.12"
 KIT_LIMIT_BYTES = 40 * 2**20
-# What the device tool carries with a call, all carried paths together: the whole kit folder
-# travels (its wheels, and an archive put there for `--have`), and a call whose carry is over
-# this is refused, costing a GPU session's start.
+# What travels with a device call, the working tree and the carried paths together: the
+# whole kit folder travels (its wheels, and an archive put there for `--have`), and a call
+# over this is refused, costing a GPU session's start.
 CARRY_LIMIT_BYTES = 64 * 2**20
 PLATFORMS = (
     "manylinux_2_28_x86_64",
@@ -192,20 +192,55 @@ def _run(command: list[str], what: str) -> None:
         raise KitError(f"{what} failed: {' / '.join(tail)}")
 
 
-def check_carry(folder: Path) -> None:
-    """KitError unless the whole folder fits the device tool's carry, naming what besides
-    the wheels takes the room (archives left there by earlier sessions pile up)."""
+def travelling_tree_bytes(root: Path, carried: Path) -> int:
+    """What else travels with a call from the checkout at `root`: its tracked and
+    untracked-not-ignored files (git's view), less those under the carried folder (counted
+    with it). 0 where git cannot say (no git, not a checkout)."""
+    try:
+        listed = subprocess.run(
+            [
+                "git",
+                "-C",
+                str(root),
+                "ls-files",
+                "-z",
+                "--cached",
+                "--others",
+                "--exclude-standard",
+            ],
+            capture_output=True,
+            check=True,
+        ).stdout
+    except (OSError, subprocess.CalledProcessError):
+        return 0
+    total = 0
+    carried = carried.resolve()
+    for name in filter(None, listed.decode(errors="surrogateescape").split("\0")):
+        path = root / name
+        if path.is_file() and not path.resolve().is_relative_to(carried):
+            total += path.stat().st_size
+    return total
+
+
+def check_carry(folder: Path, tree_bytes: int = 0) -> None:
+    """KitError unless the whole folder, with the `tree_bytes` of the working tree that
+    travel beside it, fits the device tool's 64 MiB, naming what besides the wheels takes
+    the room (archives left there by earlier sessions pile up). The folder alone was
+    checked: after two campaign calls' archives it passed while the call, with the tree's
+    28 MiB, was over the limit and would be refused."""
     files = [f for f in folder.rglob("*") if f.is_file()]
-    total = sum(f.stat().st_size for f in files)
+    total = sum(f.stat().st_size for f in files) + tree_bytes
     if total <= CARRY_LIMIT_BYTES:
         return
     others = sorted((f for f in files if f.suffix != ".whl"), key=lambda f: -f.stat().st_size)
     named = ", ".join(
         f"{f.relative_to(folder)} ({f.stat().st_size / 2**20:.1f} MiB)" for f in others
     )
+    tree = f" with the working tree's {tree_bytes / 2**20:.1f} MiB" if tree_bytes else ""
     raise KitError(
-        f"{folder} holds {total / 2**20:.1f} MiB, over the device's {CARRY_LIMIT_BYTES >> 20} MiB "
-        f"carry: remove what no call needs from it ({named or 'only wheels'})"
+        f"{folder} holds {(total - tree_bytes) / 2**20:.1f} MiB{tree}, over the device's "
+        f"{CARRY_LIMIT_BYTES >> 20} MiB a call: remove what no call needs from it "
+        f"({named or 'only wheels'})"
     )
 
 
@@ -279,7 +314,7 @@ def build_kit(out: Path, python_version: str = GPU_PYTHON, *, python: str = sys.
         raise KitError(f"the kit lacks {sorted(missing | ({'pipetune'} - names))}")
     if kit.bytes > KIT_LIMIT_BYTES:
         raise KitError(f"the kit is {kit.bytes / 2**20:.1f} MiB, over {KIT_LIMIT_BYTES >> 20} MiB")
-    check_carry(out)
+    check_carry(out, travelling_tree_bytes(root, out))
     manifest = {
         "python_version": python_version,
         "wheels": [
