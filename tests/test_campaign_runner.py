@@ -100,6 +100,9 @@ def test_sweeps_stop_at_the_deadline_and_go_on_from_their_parts(tmp_path, monkey
     with runner() as measuring:
         first = run_sweeps(measuring, GPU, operators, tmp_path, Budget(1), checkpoints.append)
     assert first.stopped and first.parts_measured == 1 and checkpoints
+    # The part it stopped before, numbered as the log numbers the parts (it said "part 1",
+    # the log's "part 2/3").
+    assert "BMM_GPT2_QK part 2/3 needs" in first.stopped
     assert first.partial == {"BMM_GPT2_QK": {"measured": 256, "of": 686, "parts": 1, "of_parts": 3}}
     assert list(layout.parts_present(tmp_path, "BMM_GPT2_QK")) == [0]
     with runner() as measuring:

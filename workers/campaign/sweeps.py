@@ -237,8 +237,9 @@ def run_sweeps(
             if not deadline.allows(expected):
                 stopped_at = name
                 progress.stopped = (
-                    f"deadline: {deadline.left():.0f} s left, {name} part {k} needs "
-                    f"~{expected:.0f} s"
+                    # (Numbered from 1, as the log numbers the parts it measured.)
+                    f"deadline: {deadline.left():.0f} s left, {name} part {k + 1}/{len(parts)} "
+                    f"needs ~{expected:.0f} s"
                 )
                 break
             started = time.perf_counter()
