@@ -396,30 +396,32 @@ def test_the_kit_offers_each_gpu_what_its_committed_data_lacks(tmp_path):
     # a measured K-step cost, which the H200's profile lacks (the H100's has one).
     profiles = PROFILE_DIR  # (the checkout's model/profiles)
     h200 = open_calls("h200", ROOT / DATA_DIR, profiles)
+    # In README's order (GPU work, "in this order"): its item 5, the K step's calibration,
+    # before the suites (items 7 to 12); it came last, where a session never reached it.
     assert [c.command for c in h200] == [
-        hopper_fused_device_command(),
+        calibrate_device_command("h200"),
         llama_device_command(),
         swiglu_device_command(),
         bf16_device_command(),
         bias_gelu_device_command(),
+        hopper_fused_device_command(),
         attention_device_command(),
-        calibrate_device_command("h200"),
     ]
-    assert "calibrate --gpu h200 --out $OUT/h200.json" in h200[6].command
-    assert h200[0].run()["timeout_s"] == 300 and h200[1].run()["timeout_s"] == 300
+    assert "calibrate --gpu h200 --out $OUT/h200.json" in h200[0].command
+    assert h200[1].run()["timeout_s"] == 300 and h200[5].run()["timeout_s"] == 300
     assert h200[2].run()["timeout_s"] == 360 and h200[3].run()["timeout_s"] == 360
-    assert h200[4].run()["timeout_s"] == 300 and h200[5].run()["timeout_s"] == 300
+    assert h200[4].run()["timeout_s"] == 300 and h200[6].run()["timeout_s"] == 300
     with_k_step = tmp_path / "profiles"
     with_k_step.mkdir()
     doc = json.loads((profiles / "h200.json").read_text())
     doc["raw"]["k_step_cycles"] = 198.0
     (with_k_step / "h200.json").write_text(json.dumps(doc))
     assert [c.command for c in open_calls("h200", ROOT / DATA_DIR, with_k_step)] == [
-        hopper_fused_device_command(),
         llama_device_command(),
         swiglu_device_command(),
         bf16_device_command(),
         bias_gelu_device_command(),
+        hopper_fused_device_command(),
         attention_device_command(),
     ]
     # The llama, swiglu, bf16 and bias_gelu suites measured, the hopper_fused one in the
@@ -446,13 +448,13 @@ def test_the_kit_offers_each_gpu_what_its_committed_data_lacks(tmp_path):
     assert [c.command for c in h100] == [
         conv_device_command(),  # its convolutions measure the loader before 2026-11-28
         hopper_device_command(),
-        hopper_fused_device_command(),
+        PROBE_CALLS["h100"][2],  # (README's item 3: it came last, after six suites)
         llama_device_command(),
         swiglu_device_command(),
         bf16_device_command(),
         bias_gelu_device_command(),
+        hopper_fused_device_command(),
         attention_device_command(),
-        PROBE_CALLS["h100"][2],
     ]
     # A GPU with no campaign: the campaign's first call, and nothing else before it.
     assert open_calls("h100", tmp_path) == [

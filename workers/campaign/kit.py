@@ -578,11 +578,13 @@ def attention_unmeasured(folder: Path, hopper: Path) -> bool:
 
 def open_calls(gpu: str, data: Path = DATA_DIR, profiles: Path = PROFILE_DIR) -> list[DeviceCall]:
     """The calls a lent GPU of this kind should make, most needed first, from what the
-    repository's data already holds: a campaign, else what README's "GPU work" lists open
-    (the convolutions with the current loader, the Hopper family's campaign, the llama
-    suite's first sweeps, the wgmma probe's shapes). Read from the data, so that a call
-    already made is not offered again (the kit offered a whole campaign first on GPUs whose
-    campaigns were committed)."""
+    repository's data already holds: a campaign, else what README's "GPU work" lists open,
+    in its order (the convolutions with the current loader, the Hopper family's campaign,
+    the wgmma probe's shapes, the K step's calibration, then the suites: llama, swiglu,
+    bf16, bias_gelu, hopper_fused, attention). A session has time for a call or two: the
+    suites came before the probe and the calibration, which were never reached. Read from
+    the data, so that a call already made is not offered again (the kit offered a whole
+    campaign first on GPUs whose campaigns were committed)."""
     folder = data / gpu
     state = campaign_state(folder)
     if state is None:
@@ -623,12 +625,23 @@ def open_calls(gpu: str, data: Path = DATA_DIR, profiles: Path = PROFILE_DIR) ->
                 hopper_device_command(have=str(hopper)),
             )
         )
-    if hopper_fused_unmeasured(hopper):
+    # README, GPU work, "in this order": its items 3 and 5 before the suites (7 to 12).
+    name, timeout_s, command = PROBE_CALLS[gpu]
+    if not any(folder.glob(f"{name}*.json")):
         calls.append(
             DeviceCall(
-                "the hopper_fused suite: the fused GEMMs (SwiGLU, bias + GELU) on the wgmma family",
+                f"the wgmma probe's shapes (keep $OUT/wgmma-probe.json as {name}.json)",
+                timeout_s,
+                command,
+            )
+        )
+    if profile_lacks_k_step(gpu, profiles):
+        calls.append(
+            DeviceCall(
+                f"calibrate again (keep $OUT/{gpu}.json's raw.k_step_cycles in "
+                f"model/profiles/{gpu}.json's raw; its other figures stay as calibrated)",
                 300,
-                hopper_fused_device_command(),
+                calibrate_device_command(gpu),
             )
         )
     if llama_unmeasured(folder):
@@ -663,6 +676,14 @@ def open_calls(gpu: str, data: Path = DATA_DIR, profiles: Path = PROFILE_DIR) ->
                 bias_gelu_device_command(),
             )
         )
+    if hopper_fused_unmeasured(hopper):
+        calls.append(
+            DeviceCall(
+                "the hopper_fused suite: the fused GEMMs (SwiGLU, bias + GELU) on the wgmma family",
+                300,
+                hopper_fused_device_command(),
+            )
+        )
     if attention_unmeasured(folder, hopper):
         calls.append(
             DeviceCall(
@@ -670,24 +691,6 @@ def open_calls(gpu: str, data: Path = DATA_DIR, profiles: Path = PROFILE_DIR) ->
                 "and the causal softmax",
                 300,
                 attention_device_command(),
-            )
-        )
-    if profile_lacks_k_step(gpu, profiles):
-        calls.append(
-            DeviceCall(
-                f"calibrate again (keep $OUT/{gpu}.json's raw.k_step_cycles in "
-                f"model/profiles/{gpu}.json's raw; its other figures stay as calibrated)",
-                300,
-                calibrate_device_command(gpu),
-            )
-        )
-    name, timeout_s, command = PROBE_CALLS[gpu]
-    if not any(folder.glob(f"{name}*.json")):
-        calls.append(
-            DeviceCall(
-                f"the wgmma probe's shapes (keep $OUT/wgmma-probe.json as {name}.json)",
-                timeout_s,
-                command,
             )
         )
     return calls
