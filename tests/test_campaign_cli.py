@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import shutil
 import subprocess
 import sys
 import tarfile
@@ -506,3 +507,25 @@ def test_unpack_refuses_a_simulated_profile_in_a_measured_campaign(tmp_path, mon
     assert result.exit_code == 2, result.output
     assert "profile.json is simulated, in a measured campaign" in result.stderr
     assert not (tmp_path / "own").exists() and not (tmp_path / "data").exists()
+
+
+def test_a_later_call_naming_fewer_operators_goes_on_with_the_campaign_s_others(
+    continued, tmp_path, monkeypatch
+):
+    """A --have call naming only some of the campaign's operators summed up only those: it
+    said "complete" of a campaign whose other operators were unswept, and the kit offered
+    no call to finish them. The campaign goes on whole: its earlier operators first."""
+    folder, (_, second) = continued
+    assert second.exit_code == 0, second.output
+    have = tmp_path / "have"
+    shutil.copytree(folder / "out2", have)
+    (have / "sweeps" / "MM_RN50_FC.t4.json.gz").unlink()  # (as if a call had paused there)
+    monkeypatch.setenv("PIPETUNE_SIMULATED_TIME_SCALE", "0")
+    args = ["--runner", "simulated", "--operators", "Softmax_BERT_b1_s128", "--have", str(have)]
+    result = cli.invoke(campaign_app, [*args, "--out-dir", str(tmp_path / "out3")])
+    assert result.exit_code == 0, result.output
+    summary = json.loads((tmp_path / "out3" / "campaign.json").read_text())
+    assert summary["operators"] == ["MM_RN50_FC", "Softmax_BERT_b1_s128"]
+    assert summary["state"] == "complete"
+    assert summary["sweeps"]["done"] == ["MM_RN50_FC", "Softmax_BERT_b1_s128"]
+    assert (tmp_path / "out3" / "sweeps" / "MM_RN50_FC.t4.json.gz").exists()

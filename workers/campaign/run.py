@@ -382,6 +382,7 @@ class Campaign:
             raise CampaignUsageError(f"--have: {exc}") from None
         self.have, self.previous = have, documents.get(layout.SUMMARY_FILE, {})
         self.have_probe = documents.get(layout.PHASE_FILES["probe"])
+        self.continue_earlier_operators()
         probe = self.have_probe
         if probe is not None and probe.get("runner") != self.options.runner:
             raise CampaignUsageError(
@@ -391,6 +392,28 @@ class Campaign:
         if self.options.gpu is not None:
             key = resolve_gpu_key(self.options.gpu)
             self.check_have_gpu(key, f"--gpu names {key}")
+
+    def continue_earlier_operators(self) -> None:
+        """The --have's campaign goes on whole: the operators its calls named come first, in
+        their order, then this call's new ones. A call naming fewer left the earlier ones
+        out of its summary and said "complete" of a campaign with unswept operators (and
+        the kit then offered no call to finish them)."""
+        earlier = self.previous.get("operators") or []
+        if not isinstance(earlier, list) or not all(isinstance(op, str) for op in earlier):
+            raise CampaignUsageError(
+                "--have: its campaign.json's operators are not a list of names"
+            )
+        if not earlier:
+            return
+        try:
+            merged = resolve_operators(",".join(earlier))
+        except ValueError as exc:
+            raise CampaignUsageError(f"--have: its campaign's operators: {exc}") from None
+        if set(merged) <= set(self.operators):
+            return
+        merged.update(self.operators)
+        self.operators = merged
+        self.families = families_of(self.operators)
 
     def check_have_gpu(self, key: str, this: str) -> None:
         """CampaignUsageError where the --have was measured on another GPU model than ``key``
