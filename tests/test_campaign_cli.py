@@ -404,6 +404,10 @@ def test_a_campaign_goes_on_from_the_unpacked_repository_data(continued, tmp_pat
     assert summary["sweeps"]["done"] == ["MM_RN50_FC", "Softmax_BERT_b1_s128"]
     phases = {p["phase"]: p["status"] for p in summary["calls"][-1]["phases"]}
     assert phases["probe"] == "skipped (--have)" and phases["baselines"] == "done"
+    # A simulated campaign's profile is its own simulated one: it took the profile the model
+    # applies to the H100 (measured, runner cupy) into the simulated archive.
+    profile = json.loads((tmp_path / "out" / "profile.json").read_text())
+    assert profile["simulated"] is True and phases["profile"] == "done"
     committed = (have / "Softmax_BERT_b1_s128.t4.json.gz").read_bytes()
     swept = tmp_path / "out" / "sweeps"
     assert (swept / "Softmax_BERT_b1_s128.t4.json.gz").read_bytes() == committed

@@ -204,7 +204,12 @@ def open_have(have: Path, scratch: Path) -> Path:
         from pipetune.model.hardware import applied_profile
 
         probe = read_json(have / UNPACKED_DOCS / PHASE_FILES["probe"]) or {}
-        found = applied_profile(probe["gpu"]) if isinstance(probe.get("gpu"), str) else None
+        # A simulated campaign's unpacked data is continued with its own (simulated) profile,
+        # made again: the applied profile is a measured one, and a simulated archive took it
+        # (simulated and measured data never mix).
+        measured = probe.get("runner") != "simulated"
+        gpu = probe.get("gpu")
+        found = applied_profile(gpu) if measured and isinstance(gpu, str) else None
         return from_unpacked(have, scratch, found[0] if found else None)
     if have.is_dir():
         if not members(have):
