@@ -514,7 +514,7 @@ def test_unpack_refuses_a_simulated_profile_in_a_measured_campaign(tmp_path, mon
 
 
 def test_a_later_call_naming_fewer_operators_goes_on_with_the_campaign_s_others(
-    continued, tmp_path, monkeypatch
+    continued, tmp_path, monkeypatch, tmp_path_factory
 ):
     """A --have call naming only some of the campaign's operators summed up only those: it
     said "complete" of a campaign whose other operators were unswept, and the kit offered
@@ -524,6 +524,9 @@ def test_a_later_call_naming_fewer_operators_goes_on_with_the_campaign_s_others(
     have = tmp_path / "have"
     shutil.copytree(folder / "out2", have)
     (have / "sweeps" / "MM_RN50_FC.t4.json.gz").unlink()  # (as if a call had paused there)
+    root = tmp_path_factory.getbasetemp()  # (the fixture's caches: its kernels compiled once)
+    monkeypatch.setenv("PIPETUNE_CACHE_DIR", str(root / "cubins"))
+    monkeypatch.setenv("PIPETUNE_REFERENCE_CACHE", str(root / "references"))
     monkeypatch.setenv("PIPETUNE_SIMULATED_TIME_SCALE", "0")
     args = ["--runner", "simulated", "--operators", "Softmax_BERT_b1_s128", "--have", str(have)]
     result = cli.invoke(campaign_app, [*args, "--out-dir", str(tmp_path / "out3")])
