@@ -21,14 +21,19 @@ console.print(table)
 """
 
 
-def test_a_table_printed_into_a_pipe_keeps_each_row_on_one_line():
-    shown = subprocess.run(
-        [sys.executable, "-c", SCRIPT],
+def _piped(script: str) -> subprocess.CompletedProcess[str]:
+    """`script` run with stdout and stderr into pipes, on a 40-column terminal's setting."""
+    return subprocess.run(
+        [sys.executable, "-c", script],
         capture_output=True,
         text=True,
         check=True,
         env={"COLUMNS": "40", "PATH": "/usr/bin:/bin"},
-    ).stdout
+    )
+
+
+def test_a_table_printed_into_a_pipe_keeps_each_row_on_one_line():
+    shown = _piped(SCRIPT).stdout
     rows = [line for line in shown.splitlines() if "conv2d" in line]
     assert len(rows) == 1, shown
     assert "analytical+xgb (prior: task 4)" in rows[0] and "2026-12-02 07:49:21" in rows[0]
@@ -44,13 +49,7 @@ stderr_console.print("interrupted: task 27 goes on at the service; see its progr
 
 def test_a_note_on_stderr_into_a_log_keeps_its_command_on_one_line():
     """At 80 columns the suggested command broke across two lines of a log."""
-    shown = subprocess.run(
-        [sys.executable, "-c", NOTE],
-        capture_output=True,
-        text=True,
-        check=True,
-        env={"COLUMNS": "40", "PATH": "/usr/bin:/bin"},
-    ).stderr
+    shown = _piped(NOTE).stderr
     assert shown.splitlines() == [
         "interrupted: task 27 goes on at the service; see its progress with "
         "`pipetune curve 27 --server http://127.0.0.1:18100`"

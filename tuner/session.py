@@ -13,11 +13,10 @@ import reprlib
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-import numpy as np
-
 from pipetune.model.errors import PipetuneError
 from pipetune.model.family import FamilySpace, family_of, parse_any_workload
 from pipetune.model.hardware import GPUSpec, get_gpu
+from pipetune.model.plain_numbers import plain_integer
 from pipetune.model.trials import MeasureResult
 from pipetune.tuner.bo import PriorMean
 from pipetune.tuner.strategies import DEFAULT_STRATEGY, Observation, make_strategy
@@ -233,11 +232,12 @@ class TuningSession:
 def _whole_number(name: str, value: Any, least: int) -> int:
     """An int argument checked where it is given: a float, a string or None failed deep
     inside (a slice, numpy's seeding) with a message that named neither."""
-    if isinstance(value, bool) or not isinstance(value, int | np.integer):
+    number = plain_integer(value)  # (NumPy's integers are the ints they hold)
+    if isinstance(number, bool) or not isinstance(number, int):
         raise SessionError(f"{name} must be a whole number, got {reprlib.repr(value)}")
-    if value < least:
-        raise SessionError(f"{name} must be at least {least}, got {value}")
-    return int(value)
+    if number < least:
+        raise SessionError(f"{name} must be at least {least}, got {number}")
+    return number
 
 
 def _seen_by_order(seen_by: Any) -> list[list[int | None]]:
