@@ -337,6 +337,20 @@ def test_a_server_that_is_not_an_http_url_exits_2(server):
     _one_error_line(result, "--server: not an http(s) URL")
 
 
+def test_a_server_from_the_environment_is_named_as_the_variable():
+    """A bad PIPETUNE_SERVER read "--server: ...", an option the user had not typed."""
+    env = {"PIPETUNE_SERVER": "notaurl"}
+    worker = ["worker", "--runner", "simulated", "--gpu", "h100", "--token", "t"]
+    for command in (["tasks"], ["tune", "gemm", *FC, "--budget", "2"], worker):
+        result = runner.invoke(app, command, env=env)
+        assert result.exit_code == 2, result.output
+        _one_error_line(result, "PIPETUNE_SERVER: not an http(s) URL: 'notaurl'")
+    # The option given as well: it is the one used, and the one named.
+    result = runner.invoke(app, ["tasks", "--server", "other"], env=env)
+    assert result.exit_code == 2, result.output
+    _one_error_line(result, "--server: not an http(s) URL: 'other'")
+
+
 @pytest.mark.parametrize("command", [["db", "upgrade"], ["serve", "--port", "18998"]])
 def test_a_sqlite_file_that_cannot_be_opened_says_what_to_check(command):
     """SQLite's "unable to open database file" names no cause (a read-only mount, a folder

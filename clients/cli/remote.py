@@ -94,10 +94,29 @@ def reader_parameters() -> list[inspect.Parameter]:
     ]
 
 
+def server_named() -> str:
+    """How the user gave the service's address, for messages: --server, or PIPETUNE_SERVER
+    when the value came from the environment (a bad variable reported as "--server: ..."
+    sent the user looking for an option they had not typed)."""
+    ctx = _current_context()
+    source = ctx.get_parameter_source("server") if ctx is not None else None
+    return SERVER_ENV if source is not None and source.name == "ENVIRONMENT" else "--server"
+
+
+def _current_context() -> typer.Context | None:
+    """The running command's context: typer's own copy of click holds it (typer 0.2x
+    vendors click), click itself before that."""
+    try:
+        from typer._click.globals import get_current_context
+    except ImportError:
+        from click import get_current_context
+    return get_current_context(silent=True)
+
+
 def check_server(server: str) -> None:
     problem = server_problem(server)
     if problem:
-        raise CliError(f"--server: {problem}", 2)
+        raise CliError(f"{server_named()}: {problem}", 2)
 
 
 def client(server: str, api_key: str | None) -> Client:
@@ -177,14 +196,14 @@ def cli_error(exc: PipetuneError, credential: str = API_KEY_SOURCE) -> CliError:
         # A web page where the API's JSON belongs (a 4xx page: a 5xx page is a proxy in
         # front of a service that is down, and says so as any server error): --server (or
         # PIPETUNE_SERVER) names something else. The user's setting: exit 2, whatever the page.
-        return CliError(f"--server: {_not_pipetune(exc)}", 2)
+        return CliError(f"{server_named()}: {_not_pipetune(exc)}", 2)
     if isinstance(exc, InvalidRequestError):
         return CliError(_as_typed(exc), 2)
     if isinstance(exc, NotFoundError) and exc.reason == ROUTE_NOT_FOUND:
         # pipetune's own 404s say what is missing ("task 7 does not exist"); the bare one is
         # the web framework's for a path it has no route for: the URL, not an id, is wrong.
         return CliError(
-            f"--server: the server has no route {exc.method} {exc.path} (HTTP 404 "
+            f"{server_named()}: the server has no route {exc.method} {exc.path} (HTTP 404 "
             f"{ROUTE_NOT_FOUND}): is --server the pipetune service's base URL?",
             2,
         )
@@ -192,7 +211,7 @@ def cli_error(exc: PipetuneError, credential: str = API_KEY_SOURCE) -> CliError:
         return CliError(_api_message(exc) if isinstance(exc, ApiError) else str(exc), 2)
     if isinstance(exc, ServiceUnavailableError) and server_problem(exc.base_url):
         # Where the URL was not checked up front (the worker): still the user's mistake.
-        return CliError(f"--server: {server_problem(exc.base_url)}", 2)
+        return CliError(f"{server_named()}: {server_problem(exc.base_url)}", 2)
     if isinstance(exc, ValueError):  # an argument refused (the local database's LocalInputError)
         return CliError(_as_typed(exc), 2)
     if isinstance(exc, ApiError):
