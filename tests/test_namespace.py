@@ -120,6 +120,18 @@ def test_the_wheel_holds_only_the_pipetune_package(wheel):
         assert needed in names
 
 
+def test_the_wheel_ships_the_licence_it_declares(wheel):
+    """The metadata said Apache-2.0 and no file held its text, which the licence asks to be
+    given with every copy."""
+    with zipfile.ZipFile(wheel) as archive:
+        dist_info = f"pipetune-{pipetune.__version__}.dist-info"
+        metadata = archive.read(f"{dist_info}/METADATA").decode()
+        text = archive.read(f"{dist_info}/licenses/docs/LICENSE").decode()
+    assert "License-Expression: Apache-2.0" in metadata
+    assert "License-File: docs/LICENSE" in metadata
+    assert "Apache License" in text and "Version 2.0, January 2004" in text
+
+
 def test_a_users_model_and_service_modules_do_not_shadow_pipetune(wheel, tmp_path):
     site = tmp_path / "site"
     subprocess.run(
