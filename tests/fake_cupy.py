@@ -46,6 +46,7 @@ class _State:
     handles: ClassVar[dict[int, Any]] = {}  # driver handle -> function, for the driver's queries
     occupancy_queries: ClassVar[list[tuple[int, int, int]]] = []
     blocks_per_sm = 3  # what the fake driver's occupancy query answers
+    cooperative: ClassVar[list[bool]] = []  # each launch: made cooperatively or not
 
 
 def _occupancy(func: int, block_size: int, dynamic_smem: int) -> int:
@@ -77,21 +78,41 @@ KERNELS = {
 
 class _LoadedFunction:
     """What CuPy's ``RawKernel.kernel`` gives: the loaded function, whose ``ptr`` is the
-    driver's handle (a RawKernel itself has no ``ptr``)."""
+    driver's handle (a RawKernel itself has no ``ptr``), and whose call takes
+    ``enable_cooperative_groups`` (cuLaunchCooperativeKernel) per launch."""
 
-    def __init__(self, ptr: int):
+    def __init__(self, ptr: int, owner: _Function):
         self.ptr = ptr
+        self.owner = owner
+
+    def __call__(
+        self,
+        grid: Any,
+        block: Any,
+        args: tuple,
+        shared_mem: int = 0,
+        stream: Any = None,
+        enable_cooperative_groups: bool = False,
+    ) -> None:
+        self.owner.launch(grid, block, args, shared_mem, enable_cooperative_groups)
 
 
 class _Function:
     def __init__(self, behaviour: Any):
         self.behaviour = behaviour
         self.max_dynamic_shared_size_bytes = 0
-        self.kernel = _LoadedFunction(0x7F00 + len(_State.handles))
+        self.kernel = _LoadedFunction(0x7F00 + len(_State.handles), self)
         _State.handles[self.kernel.ptr] = self
 
     def __call__(self, grid: Any, block: Any, args: tuple, shared_mem: int = 0) -> None:
+        # (A RawKernel's call: cooperative only where its module was loaded so, never here.)
+        self.launch(grid, block, args, shared_mem, cooperative=False)
+
+    def launch(
+        self, grid: Any, block: Any, args: tuple, shared_mem: int, cooperative: bool
+    ) -> None:
         _State.launches += 1
+        _State.cooperative.append(cooperative)
         if shared_mem > max(self.max_dynamic_shared_size_bytes, 48 * 1024):
             raise CUDADriverError("CUDA_ERROR_INVALID_VALUE: too much shared memory")
         self.behaviour(grid, block, args, shared_mem)
@@ -147,7 +168,7 @@ ATTRIBUTES = {13: 1980000, 36: 2619000, 37: 5120}
 def make() -> types.ModuleType:
     """A fresh fake ``cupy`` module (put it in sys.modules["cupy"])."""
     _State.faulted, _State.launches = False, 0
-    _State.handles, _State.occupancy_queries = {}, []
+    _State.handles, _State.occupancy_queries, _State.cooperative = {}, [], []
     cupy = types.ModuleType("cupy")
     for name in (
         "abs", "argmax", "array", "asarray", "count_nonzero", "empty", "float16", "float32",

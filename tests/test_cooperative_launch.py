@@ -126,3 +126,46 @@ def test_cooperative_exactly_where_a_rows_blocks_wait_and_then_one_wave(workload
             assert "wait for each other" not in notes, schedule.id
     # (Both kinds are in the spaces checked: the check saw what it is about.)
     assert cooperative_seen if workload.has_output_pass else plain_fused_seen
+
+
+# ---- the cupy runner's child (the workers' and the campaign's launches) ---------------------
+
+
+@pytest.mark.parametrize("cooperative", [True, False])
+def test_the_worker_launches_a_cooperative_kernel_cooperatively(cooperative, monkeypatch, tmp_path):
+    """The cupy runner's child made every launch through the RawKernel's call, a plain
+    cuLaunchKernel, where pipetune.kernel launches a kernel whose blocks wait for each other
+    cooperatively: on a GPU shared with other work its trial could spin until its timeout
+    instead of being refused. (CuPy's stand-in, tests/fake_cupy.py: its loaded function
+    records how each launch was made; a GEMM's plan marked cooperative stands for one.)"""
+    import sys
+    from dataclasses import replace
+
+    import fake_cupy
+
+    from pipetune.workers.runners import cupy_child
+    from pipetune.workers.runners.timing import RepeatPolicy
+
+    fake = fake_cupy.make()
+    monkeypatch.setitem(sys.modules, "cupy", fake)
+    monkeypatch.setattr(cupy_child, "MIN_FLUSH_BYTES", 1 << 16)
+    workload = gemm(64, 32, 48)
+    cupy_child.init_device(0)
+    cupy_child.prepare_workload(workload.canonical(), 0, None)
+    schedule = stratified_sample(Space.enumerate(workload, get_gpu("h100", calibrated=False)), 1)[0]
+    plan = gemm_launch_plan(generate_gemm(workload, schedule), workload)
+    plan = replace(plan, launches=(replace(plan.launches[0], cooperative=cooperative),))
+    cubin = tmp_path / "k.cubin"
+    cubin.write_bytes(b"ok\n")
+    spec = cupy_child.TrialSpec(
+        workload_hash=workload.workload_hash,
+        schedule_id=schedule.id,
+        cubin_path=str(cubin),
+        plan=plan,
+        policy=RepeatPolicy(warmup=1, min_repeats=5, max_repeats=10, settle=0.03),
+    )
+    answer = cupy_child.run_trial(spec)
+    assert answer["status"] == "ok", answer
+    launches = fake.state.cooperative
+    assert len(launches) >= 6  # the checked run, the warm-up and the timed ones
+    assert set(launches) == {cooperative}

@@ -40,15 +40,17 @@ shares nothing with pipetune's, used by the campaign's correctness phase.
 
 from __future__ import annotations
 
+import functools
 import importlib
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from pipetune.workers.launch_plan import LaunchPlan
+from pipetune.workers.launch_plan import KernelLaunch, LaunchPlan
 from pipetune.workers.runners import elements, reference_cache, tensor_maps
 from pipetune.workers.runners.reference import CONV_REFERENCES
 from pipetune.workers.runners.timing import RepeatPolicy, time_launches
@@ -266,6 +268,17 @@ def _device_plan(cupy: Any, spec: TrialSpec, workload: Any, functions: dict[str,
     return codegen.launch_plan(spec.kernel, workload, sm_count, max(1, int(occupancy)))
 
 
+def _launcher(fn: Any, launch: KernelLaunch) -> Callable[..., None]:
+    """How the launch is made: a cooperative one (its blocks wait for each other, a fused
+    split row's) through cuLaunchCooperativeKernel, as pipetune.kernel launches it, so that a
+    grid that cannot be resident at once is a launch error, not a trial that spins until its
+    timeout on a GPU that other work shares. CuPy sets cooperation per module (a RawModule's
+    enable_cooperative_groups, every function of it); its loaded Function takes it per call."""
+    if launch.cooperative:
+        return functools.partial(fn.kernel, enable_cooperative_groups=True)
+    return fn
+
+
 def _device_address(array: Any) -> int:
     """A CuPy array's device address (a function of its own: the tests' CuPy stand-in has
     numpy arrays, whose address is elsewhere)."""
@@ -325,11 +338,19 @@ def run_trial(spec: TrialSpec) -> dict[str, Any]:
             else (np.float32 if kind == "float32" else np.int32)(launch.scalars[name])
             for name, kind in launch.parameters()
         )
-        calls.append((functions[launch.kernel], launch.grid, launch.block, args, launch.smem_bytes))
+        calls.append(
+            (
+                _launcher(functions[launch.kernel], launch),
+                launch.grid,
+                launch.block,
+                args,
+                launch.smem_bytes,
+            )
+        )
 
     def run() -> None:
-        for fn, grid, block, args, smem in calls:
-            fn(grid, block, args, shared_mem=smem)
+        for launch_fn, grid, block, args, smem in calls:
+            launch_fn(grid, block, args, shared_mem=smem)
 
     def fill_outputs() -> None:
         for b in plan.buffers:
