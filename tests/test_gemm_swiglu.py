@@ -116,6 +116,34 @@ def test_the_tolerance_carries_each_projection_s_accumulation_error():
     assert "silu(gate)" in ref_module.tolerance_text(w)
 
 
+def test_a_deep_swiglu_s_correct_output_stays_in_fp16_and_a_dropped_tile_fails():
+    """Its integer inputs made gate and up spread as sqrt(4K/9): at K = 2^16 silu(gate)·up
+    passed fp16's 65,504 on a share of the outputs (98 of 4,096 here), so a correct kernel's
+    output held inf and failed the check. Scaled by a power of two, the sums stay exact."""
+    deep = gemm_swiglu(64, 64, 1 << 16)
+    a, b = ref_module.make_inputs(deep, 0)
+    scale = ref_module.integer_input_scale(deep)
+    assert scale == 2.0**-2
+    assert set(np.unique(a.astype(np.float32))) == {-scale, 0.0, scale}
+    ref, tol = ref_module.reference(np, deep, a, b)
+    stored = ref.astype(np.float16)
+    assert np.isfinite(stored).all()
+    assert ref_module.check(np, stored, ref, tol)[0]
+    # A kernel that drops its last 64-deep K tile: every output's sums lose their share.
+    k = deep.k - 64
+    product = a[:, :k].astype(np.float32) @ b[:k].astype(np.float32)
+    gate, up = ref_module.split_gate_up(np, product)
+    dropped = (ref_module.silu(np, gate) * up).astype(np.float16)
+    assert not ref_module.check(np, dropped, ref, tol)[0]
+    # The deepest reduction on integer inputs, and a plain GEMM's (one sum, in range): as
+    # before. The text names the scaling (and so keys the cached reference apart).
+    assert ref_module.integer_input_scale(gemm_swiglu(8, 8, 1 << 24)) == 2.0**-4
+    assert ref_module.integer_input_scale(gemm_swiglu(8, 8, 4096)) == 1.0
+    assert ref_module.integer_input_scale(gemm(8, 8, 1 << 16)) == 1.0
+    assert "2^-s" in ref_module.tolerance_text(deep)
+    assert "2^-s" not in ref_module.tolerance_text(gemm_swiglu(8, 8, 4096))
+
+
 def test_silu_does_not_overflow_on_large_negative_gates():
     x = np.array([-1e4, -100.0, 0.0, 3.0, 1e4], dtype=np.float32)
     with np.errstate(over="raise"):

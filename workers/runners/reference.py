@@ -48,9 +48,11 @@ tolerance drops its accumulation term::
     |C - ref| <= 2·u16·|ref|  +  2^-14          (K from 2^16 to 2^24)
 
 and only C's own rounding to fp16 is allowed: a dropped tile (an integer off by ~sqrt(BK))
-fails. Below 2^16 the inputs stay uniform, as every measurement the project holds was
-timed with (its operators have K <= 13824); beyond 2^24 (only a convolution's C·R·S gets
-there) the uniform inputs and the first bound apply.
+fails. A fused SwiGLU multiplies two such sums, which passed fp16's range: its integers are
+scaled by a power of two (integer_input_scale), exact still. Below 2^16 the inputs stay
+uniform, as every measurement the project holds was timed with (its operators have K <=
+13824); beyond 2^24 (only a convolution's C·R·S gets there) the uniform inputs and the
+first bound apply.
 """
 
 from __future__ import annotations
@@ -94,6 +96,27 @@ def exact_depth(k: int) -> bool:
     return EXACT_DEPTH <= k <= EXACT_DEPTH_LIMIT
 
 
+# The spread of a SwiGLU's gate and up projections on integer inputs (exact_depth), once
+# scaled by integer_input_scale: silu(gate)·up of a few spreads stays far inside fp16.
+SWIGLU_GATE_SPREAD = 32.0
+
+
+def integer_input_scale(workload: AnyWorkload) -> float:
+    """What a deep reduction's integer inputs are multiplied by: 1, or for a fused SwiGLU a
+    power of two 2^-s. Unscaled, its gate and up each spread as sqrt(4K/9) (a term is
+    non-zero with odds 4/9), so silu(gate)·up reached ~4K/9 >= 29,127 at K = 2^16, past
+    fp16's 65,504 on a share of the outputs: a correct kernel stored inf and failed the
+    check. A power of two keeps every product and partial sum exact in fp32 (an integer
+    below 2^24 times 2^-2s) and both halves of float16 and bfloat16 inputs exact, and it
+    scales a dropped K tile's error as it scales the sums: the check catches what it did."""
+    k = workload.gemm_view().k
+    if not isinstance(workload, GemmSwiglu) or not exact_depth(k):
+        return 1.0
+    spread = math.sqrt(4 * k / 9)
+    s = max(0, math.ceil(math.log2(spread / SWIGLU_GATE_SPREAD) / 2))
+    return 2.0**-s
+
+
 def operand_shapes(workload: AnyWorkload) -> tuple[tuple[int, ...], ...]:
     """Shapes of A, B and C as the kernels take them (row-major)."""
     w = workload
@@ -117,15 +140,17 @@ def operand_shapes(workload: AnyWorkload) -> tuple[tuple[int, ...], ...]:
 
 def make_inputs(workload: AnyWorkload, seed: int) -> tuple[np.ndarray, np.ndarray]:
     """A and B in the workload's dtype, uniform in [-1, 1) (integers in {-1, 0, 1} for a
-    deep reduction: exact_depth), from numpy's PCG64 with this seed (host arrays, so the
-    inputs are the same whatever the GPU or CuPy version). float16 as numpy's float16;
-    bfloat16 as the uint16 of its bits (workers/runners/elements.py), the same draws rounded
-    to bfloat16."""
+    deep reduction: exact_depth, times integer_input_scale), from numpy's PCG64 with this
+    seed (host arrays, so the inputs are the same whatever the GPU or CuPy version).
+    float16 as numpy's float16; bfloat16 as the uint16 of its bits
+    (workers/runners/elements.py), the same draws rounded to bfloat16."""
     rng = np.random.default_rng(seed)
     shape_a, shape_b, _ = operand_shapes(workload)
-    if exact_depth(workload.gemm_view().k):
-        a32 = rng.integers(-1, 2, shape_a, dtype=np.int8).astype(np.float32)
-        b32 = rng.integers(-1, 2, shape_b, dtype=np.int8).astype(np.float32)
+    k = workload.gemm_view().k
+    if exact_depth(k):
+        scale = np.float32(integer_input_scale(workload))
+        a32 = rng.integers(-1, 2, shape_a, dtype=np.int8).astype(np.float32) * scale
+        b32 = rng.integers(-1, 2, shape_b, dtype=np.int8).astype(np.float32) * scale
     else:
         a32 = rng.random(shape_a, dtype=np.float32) * 2 - 1
         b32 = rng.random(shape_b, dtype=np.float32) * 2 - 1
@@ -379,6 +404,9 @@ SWIGLU_TOLERANCE_TEXT = (
     "|C-ref| <= 2*2^-11*|ref| + 1.1*|up|*e(gate) + |silu(gate)|*e(up) + 2^-14, e = "
     "8*sqrt(K)*2^-24*(|A|@|B|) of that column (0 on integer inputs); fp32 reference"
 )
+# (Said of a deep reduction: its inputs are scaled (integer_input_scale), and the text is
+# part of the cached reference's key, so no reference of the unscaled inputs is read back.)
+SWIGLU_SCALED_TEXT = " (integer inputs times 2^-s: gate and up spread about 32)"
 
 
 BIAS_GELU_TOLERANCE_TEXT = (
@@ -390,6 +418,8 @@ BIAS_GELU_TOLERANCE_TEXT = (
 def tolerance_text(workload: AnyWorkload) -> str:
     if isinstance(workload, GemmSwiglu):
         text = SWIGLU_TOLERANCE_TEXT
+        if exact_depth(workload.gemm_view().k):
+            text += SWIGLU_SCALED_TEXT
     elif isinstance(workload, GemmBiasGelu):
         text = BIAS_GELU_TOLERANCE_TEXT
     else:
