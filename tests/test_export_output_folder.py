@@ -306,3 +306,37 @@ def test_the_stream_k_workspace_notes_say_what_it_holds():
     )  # fmt: skip
     (ws,) = [n for n in softmax.launch_document()["notes"] if n.startswith("ws: a workspace")]
     assert "two counters per row" in ws and "counters are back at zero" in ws
+
+
+def test_a_persistent_grid_is_said_to_be_one_block_per_sm_with_its_workspace():
+    """The note said a stream-K GEMM's grid was sized from the occupancy and to size it
+    again from cuOccupancyMaxActiveBlocksPerMultiprocessor: at 3 blocks per SM a user
+    launched 396 blocks on an H100, writing past the end of W, which holds 132 blocks'
+    partials. Its grid is one block per SM, and the note gives W's size for a grid."""
+    workload = {"op": "hopper_gemm", "m": 512, "n": 512, "k": 8192, "b_layout": "nk"}
+    schedule = {"tile_m": 64, "tile_n": 64, "stages": 3, "tile_loop": STREAM_K}
+    kernel = pipetune.kernel(workload, "h100", schedule=schedule)
+    document = kernel.launch_document()
+    (grid,) = [n for n in document["notes"] if n.startswith("the grid is")]
+    assert "one block per SM" in grid and "132 SMs on h100" in grid
+    assert "cuOccupancyMaxActiveBlocksPerMultiprocessor" not in grid
+    # W's size as the note gives it is the plan's, on this grid and on another SM count.
+    threads = kernel.plan.launches[0].block[0]
+    assert f"W of grid x 2 x {threads} x 32 floats" in grid
+    codegen = kernel_module.codegen_for("hopper_gemm")
+    for sms, blocks_per_sm in ((132, 1), (132, 3), (114, 2)):
+        plan = codegen.launch_plan(kernel._kernel, kernel.workload, sms, blocks_per_sm)
+        (w,) = [b for b in plan.buffers if b.name == "W"]
+        assert plan.launches[0].grid[0] == sms
+        assert w.shape == (sms * 2 * threads * 32,)
+    (shape,) = [n for n in document["notes"] if n.startswith("shape:")]
+    assert "ceil(M / tile_m) x ceil(N / tile_n) x batch" in shape
+    # A memory-bound operator's grid is one wave of the occupancy's blocks, still.
+    softmax = pipetune.kernel(
+        {"op": "softmax", "rows": 4096, "cols": 1024},
+        "h100",
+        schedule={"threads_per_row": 32, "rows_per_block": 1, "vector_width": 8, "row_cache": 0,
+                  "blocks_per_row": 4, "split_mode": 1, "max_waves": 1},
+    )  # fmt: skip
+    (wave,) = [n for n in softmax.launch_document()["notes"] if n.startswith("the grid is")]
+    assert "cuOccupancyMaxActiveBlocksPerMultiprocessor" in wave

@@ -307,14 +307,17 @@ class TunedKernel:
                 if self.occupancy_source == "cubin"
                 else "the model's occupancy"
             )
+            # (The family's own account: a persistent GEMM's grid is one block per SM
+            # whatever the occupancy, a memory-bound operator's one wave of it.)
             notes.append(
-                f"the grid is sized from one wave of {self.sm_count} SMs x "
-                f"{self.blocks_per_sm} resident blocks per SM ({occupancy_from} on "
-                f"{self.gpu}); pipetune.kernel and the cupy runner size it again from the "
-                "driver's (cuOccupancyMaxActiveBlocksPerMultiprocessor of the loaded first "
-                "entry) and the device's SM count: do the same where either differs "
-                "(split rows whose blocks wait for each other deadlock unless all are "
-                "resident; a persistent grid is one block per SM)"
+                self._codegen.grid_note(
+                    self._kernel,
+                    self.workload,
+                    self.gpu,
+                    self.sm_count,
+                    self.blocks_per_sm,
+                    occupancy_from,
+                )
             )
         return notes
 

@@ -2,8 +2,8 @@
 "Kernel families").
 
 What every family's generator module gives the workers: ``generate(workload, schedule)``,
-``kernel_kind``, ``build_key``, ``launch_plan``, ``grid_depends_on_occupancy``, ``shape_notes``, and
-for the checks
+``kernel_kind``, ``build_key``, ``launch_plan``, ``grid_depends_on_occupancy``, ``grid_note``
+(how such a grid is sized, for a caller's own launch), ``shape_notes``, and for the checks
 ``compile_sample``, ``stratified_sample``, ``stratum`` and ``tails``."""
 
 from pipetune.workers.codegen.generator import (
@@ -11,6 +11,7 @@ from pipetune.workers.codegen.generator import (
     build_key,
     generate,
     grid_depends_on_occupancy,
+    grid_note,
     kernel_kind,
     kernel_name,
     launch,
@@ -35,6 +36,7 @@ __all__ = [
     "compile_sample",
     "generate",
     "grid_depends_on_occupancy",
+    "grid_note",
     "kernel_kind",
     "kernel_name",
     "launch",

@@ -131,6 +131,25 @@ def blocks_wait_for_each_other(kernel: MemKernelSource) -> bool:
     return kernel.blocks_wait
 
 
+def grid_note(
+    kernel: MemKernelSource,
+    workload: MemWorkload,
+    gpu: str,
+    sm_count: int,
+    blocks_per_sm: int,
+    occupancy_from: str,
+) -> str:
+    """How a grid sized from one wave (grid_depends_on_occupancy) is sized again where the
+    device differs."""
+    return (
+        f"the grid is sized from one wave of {sm_count} SMs x {blocks_per_sm} resident blocks "
+        f"per SM ({occupancy_from} on {gpu}); pipetune.kernel and the cupy runner size it "
+        "again from the driver's (cuOccupancyMaxActiveBlocksPerMultiprocessor of the loaded "
+        "first entry) and the device's SM count: do the same where either differs (split "
+        "rows whose blocks wait for each other deadlock unless all are resident)"
+    )
+
+
 def grid_depends_on_occupancy(kernel: MemKernelSource) -> bool:
     """Whether the grid is sized from the resident blocks of one wave (a wave bound, or
     fused splitting whose blocks wait for each other): a runner then passes the driver's

@@ -144,8 +144,14 @@ def shape_notes(kernel: HopperKernelSource, workload: HopperWorkload) -> list[st
     """What a caller launching the kernel on another shape must know: the shape is launch
     arguments, but the TMA tensor maps hold it too, a stream-K workspace is sized for the
     shape's tiles, and a fused GEMM + SwiGLU's N and B are the GEMM's."""
+    batch = (
+        "`tiles` (the output tiles with the batch's: ceil(M / tile_m) x ceil(N / tile_n) x "
+        "batch) is one too"
+        if kernel.config.persistent
+        else "the batch is the grid's z"
+    )
     notes = [
-        "shape: M, N, K (and the batch) are arguments, but the tensor maps hold the shape as "
+        f"shape: M, N and K are arguments and {batch}, but the tensor maps hold the shape as "
         "well: on another shape encode them with that shape's dims and strides"
     ]
     if kernel.config.stream_k:
@@ -153,6 +159,36 @@ def shape_notes(kernel: HopperKernelSource, workload: HopperWorkload) -> list[st
     if kernel.variant in SWIGLU_VARIANTS:
         notes.append(SWIGLU_SHAPE_NOTE)
     return notes
+
+
+def grid_note(
+    kernel: HopperKernelSource,
+    workload: HopperWorkload,
+    gpu: str,
+    sm_count: int,
+    blocks_per_sm: int,
+    occupancy_from: str,
+) -> str:
+    """How a persistent grid is sized (grid_depends_on_occupancy): one block per SM, never
+    the occupancy's blocks per SM. The note said it was sized from the occupancy and to size
+    it again from cuOccupancyMaxActiveBlocksPerMultiprocessor: 3 blocks per SM of a stream-K
+    kernel launched 396 blocks on an H100, writing past the end of W, sized for 132."""
+    config = kernel.config
+    work = "output tiles (`tiles`)"
+    if config.stream_k:
+        work = f"K steps of every output tile (`tiles` x ceil(K / {BK}))"
+    note = (
+        f"the grid is one block per SM: min({work}, SMs) blocks ({sm_count} SMs on {gpu}); "
+        "pipetune.kernel and the cupy runner take the device's SM count "
+        "(CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT), not its occupancy: on a device with "
+        "another SM count launch that many"
+    )
+    if config.stream_k:
+        note += (
+            f", with W of grid x 2 x {config.threads} x {config.block_n // 2} floats (two "
+            "partial tiles of each block's accumulators) and arrivals of one counter per tile"
+        )
+    return note
 
 
 def launch_plan(
