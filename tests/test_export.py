@@ -99,6 +99,14 @@ def test_every_tuned_workload_is_written(tuned: str, tmp_path: Path):
 
 def test_sources_compile_and_cubins_are_for_sm_90(tuned: str, tmp_path: Path):
     index = _export(tuned, tmp_path)
+    # Which NVRTC built the cubins and which driver loads them (a user loading them with
+    # the driver API could not tell).
+    from pipetune.workers.compile import nvrtc
+
+    major, minor = nvrtc.version()
+    assert index["cubins"]["nvrtc"] == f"{major}.{minor}"
+    assert index["cubins"]["nvrtc_build"] == nvrtc.build()
+    assert index["cubins"]["driver"].startswith(f"a CUDA {major} driver")
     for row in index["workloads"]:
         source = (tmp_path / row["files"]["source"]).read_text()
         compiled = compile_source(source, "sm_90", entry=row["kernel"], use_cache=False)

@@ -60,6 +60,7 @@ from pipetune.model.hardware import get_gpu
 from pipetune.model.states import JobState, TaskState
 from pipetune.model.trials import MeasureResult
 from pipetune.model.wire import ScheduleResponse, TaskDoc, TrialDoc
+from pipetune.workers.compile.nvrtc import cubin_compiler
 from pipetune.workers.datasets import Dataset, dataset_from_results, write_t4
 from pipetune.workers.datasets.files import write_all_atomic
 from pipetune.workers.datasets.pipetune import t4_timestamp
@@ -498,6 +499,8 @@ def export_tuned(reader: Reader, gpu: str, out_dir: str | os.PathLike[str]) -> d
         "gpu": gpu,
         "arch": arch,
         "nvcc": build_command(arch, [item.kernel.arch for item in exported]),
+        # What built the cubins (NVRTC's version and build) and the driver that loads them.
+        "cubins": cubin_compiler(),
         "source": source,
         "header": HEADER_NAME,
         "simulated": any_simulated(item.best.runner for item in exported),

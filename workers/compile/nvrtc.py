@@ -75,6 +75,20 @@ def build() -> str:
     )
 
 
+# The oldest Linux driver of each CUDA major version: a cubin NVRTC of that major version
+# built runs on it and on every newer one (CUDA's minor version compatibility), without JIT.
+DRIVER_OF_MAJOR = {12: "525.60.13", 13: "580.65.06"}
+
+
+def cubin_compiler() -> dict[str, str]:
+    """What built the cubins and what runs them, for a user who loads them with the driver
+    API on their own machine (an export said neither)."""
+    major, minor = version()
+    driver = DRIVER_OF_MAJOR.get(major)
+    runs_on = f"a CUDA {major} driver" + (f" ({driver} or newer on Linux)" if driver else "")
+    return {"nvrtc": f"{major}.{minor}", "nvrtc_build": build(), "driver": runs_on}
+
+
 @cache
 def supported_archs() -> tuple[int, ...]:
     """The SM numbers the loaded libnvrtc compiles for (75, 80, ..., 121 for NVRTC 13)."""
