@@ -117,7 +117,8 @@ def test_a_server_option_with_a_control_character_exits_2(server, command):
 def test_a_server_variable_with_a_control_character_exits_2(server, command):
     result = runner.invoke(app, command, env={"PIPETUNE_SERVER": server})
     assert result.exit_code == 2, (result.output, result.exception)
-    _one_error_line(result, "--server: not an http(s) URL: ")
+    # (Named as the variable the value came from: no --server was typed.)
+    _one_error_line(result, "PIPETUNE_SERVER: not an http(s) URL: ")
 
 
 def test_a_trailing_newline_says_to_strip_it():
