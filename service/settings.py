@@ -191,6 +191,13 @@ def validated_settings(**overrides: object) -> Settings:
         raise SettingsError(f"PIPETUNE_{field.upper()}: {message}") from None
 
 
+def settings_variables() -> frozenset[str]:
+    """The environment variables the settings read (PIPETUNE_ and each field's name, but
+    create_empty_schema's, which `serve` passes itself)."""
+    fields = [name for name in Settings.model_fields if name != "create_empty_schema"]
+    return frozenset(f"PIPETUNE_{name.upper()}" for name in fields)
+
+
 def load_settings(db: str | None = None, **overrides: object) -> Settings:
     """The settings, with `db` (a --db option) as the database URL where given; SettingsError
     naming --db or the PIPETUNE_ variable that is wrong."""

@@ -351,6 +351,18 @@ def test_a_server_from_the_environment_is_named_as_the_variable():
     _one_error_line(result, "--server: not an http(s) URL: 'other'")
 
 
+def test_a_worker_names_a_misspelt_variable():
+    """PIPETUNE_SIMULATED_FAULT (for _FAULTS) injected no fault, and nothing said so."""
+    worker = ["worker", "--runner", "simulated", "--gpu", "h100", "--token", "t"]
+    server = f"http://127.0.0.1:{free_port()}"
+    env = {"PIPETUNE_SIMULATED_FAULT": "crash=1"}
+    result = runner.invoke(app, [*worker, "--register-timeout", "0", "--server", server], env=env)
+    assert (
+        "warning: PIPETUNE_SIMULATED_FAULT is set, but pipetune reads no such variable "
+        "(did you mean PIPETUNE_SIMULATED_FAULTS?)"
+    ) in result.stderr
+
+
 @pytest.mark.parametrize("command", [["db", "upgrade"], ["serve", "--port", "18998"]])
 def test_a_sqlite_file_that_cannot_be_opened_says_what_to_check(command):
     """SQLite's "unable to open database file" names no cause (a read-only mount, a folder

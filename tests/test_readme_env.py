@@ -9,6 +9,12 @@ import ast
 import re
 from pathlib import Path
 
+from pipetune.clients.cli.environment import (
+    TESTS_ONLY,
+    TESTS_PREFIX,
+    known_variables,
+    unknown_variable_warnings,
+)
 from pipetune.service.settings import Settings
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -22,7 +28,8 @@ README_ONLY = {"PIPETUNE_TEST_PG_ADMIN_URL"}
 
 def read_by_pipetune() -> set[str]:
     """The settings' variables, and every string constant that is a variable's whole name
-    (os.environ.get("PIPETUNE_X"), ENV = "PIPETUNE_X", typer's envvar="PIPETUNE_X")."""
+    (os.environ.get("PIPETUNE_X"), ENV = "PIPETUNE_X", typer's envvar="PIPETUNE_X"), but
+    the tests' own, which clients/cli/environment.py names to leave them unwarned."""
     names = {f"PIPETUNE_{f.upper()}" for f in Settings.model_fields if f not in NOT_SETTINGS}
     for package in PACKAGES:
         for path in (ROOT / package).rglob("*.py"):
@@ -30,7 +37,32 @@ def read_by_pipetune() -> set[str]:
                 value = node.value if isinstance(node, ast.Constant) else None
                 if isinstance(value, str) and NAME.fullmatch(value):
                     names.add(value)
-    return names
+    return {n for n in names if not n.startswith(TESTS_PREFIX) and n not in TESTS_ONLY}
+
+
+def test_the_warning_s_list_is_every_variable_pipetune_reads():
+    """`serve` and `worker` warn of a PIPETUNE_ variable nothing reads: a variable read
+    somewhere and missing from that list would be warned of wrongly."""
+    assert known_variables() == read_by_pipetune()
+
+
+def test_a_misspelt_variable_is_warned_of_with_the_name_it_meant():
+    """PIPETUNE_DATABASE_URI left a replica on its own SQLite file, without a word."""
+    environ = {
+        "PIPETUNE_DATABASE_URI": "postgresql+psycopg://db/fleet",
+        "PIPETUNE_DB_POOLSIZE": "2",
+        "PIPETUNE_ENTIRELY_ELSE": "1",
+        "PIPETUNE_DATABASE_URL": "sqlite:///x.db",  # read: no warning
+        "PIPETUNE_TEST_PG_ADMIN_URL": "postgresql://t",  # the tests': no warning
+        "HOME": "/root",
+    }
+    assert unknown_variable_warnings(environ) == [
+        "warning: PIPETUNE_DATABASE_URI is set, but pipetune reads no such variable "
+        "(did you mean PIPETUNE_DATABASE_URL?)",
+        "warning: PIPETUNE_DB_POOLSIZE is set, but pipetune reads no such variable "
+        "(did you mean PIPETUNE_DB_POOL_SIZE?)",
+        "warning: PIPETUNE_ENTIRELY_ELSE is set, but pipetune reads no such variable",
+    ]
 
 
 def named_in_readme() -> set[str]:

@@ -389,6 +389,40 @@ def test_an_open_service_on_another_loopback_address_answers_requests_for_it(tmp
     assert "no API keys" not in server.stderr.read()
 
 
+def test_serve_names_a_misspelt_variable_and_the_built_in_database_beyond_loopback(tmp_path):
+    """A replica with PIPETUNE_DATABASE_URI (for _URL) ran on its own SQLite file beside the
+    fleet's PostgreSQL, its tasks unseen by the others, and said nothing of either."""
+    env = {"PIPETUNE_DATABASE_URI": "postgresql+psycopg://db/fleet"}
+    url = f"sqlite:///{tmp_path / 'default' / 'pipetune' / 'pipetune.db'}"
+    command = [sys.executable, "-m", "pipetune.clients.cli", "serve", "--host", "0.0.0.0"]
+    environ = {k: v for k, v in os.environ.items() if not k.startswith("PIPETUNE_")}
+    server = subprocess.Popen(
+        [*command, "--port", "0", "--log-level", "warning"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**environ, "XDG_DATA_HOME": str(tmp_path / "default"), **env},
+    )
+    try:
+        lines = iter(server.stdout.readline, "")
+        assert any(line.startswith("pipetune service on") for line in lines)
+    finally:
+        server.terminate()
+        server.wait(timeout=30)
+    said = server.stderr.read()
+    assert (
+        "warning: PIPETUNE_DATABASE_URI is set, but pipetune reads no such variable "
+        "(did you mean PIPETUNE_DATABASE_URL?)"
+    ) in said
+    assert "warning: the built-in SQLite database" in said
+    assert (tmp_path / "default" / "pipetune" / "pipetune.db").exists(), url
+    # On loopback, or with a database named, neither warning is given.
+    quiet, _ = _serving(tmp_path, {}, "--log-level", "warning")
+    quiet.terminate()
+    quiet.wait(timeout=30)
+    assert "warning" not in quiet.stderr.read()
+
+
 def test_serve_on_an_ipv6_loopback_address_gives_its_url_and_local_workers_join(tmp_path):
     """`serve --host ::1` printed http://::1:PORT, which is no URL, and handed it to its
     local workers, which each exited at once: "--server: not an http(s) URL"."""

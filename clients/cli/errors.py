@@ -18,6 +18,7 @@ from typing import Any, NoReturn
 
 import typer
 
+from pipetune.clients.cli.environment import DEBUG_ENV
 from pipetune.model.hardware import UNKNOWN_GPU, HardwareError
 from pipetune.model.space import ScheduleError
 from pipetune.model.workloads import WorkloadError
@@ -114,8 +115,8 @@ def reported(func: Callable[..., Any]) -> Callable[..., Any]:
             # without a word, exit 1, as where rich met it first; not "error: BrokenPipeError".
             raise
         except Exception as exc:
-            if os.environ.get("PIPETUNE_DEBUG"):
+            if os.environ.get(DEBUG_ENV):
                 traceback.print_exc()
-            fail(f"{type(exc).__name__}: {exc} (set PIPETUNE_DEBUG=1 for the traceback)", 1)
+            fail(f"{type(exc).__name__}: {exc} (set {DEBUG_ENV}=1 for the traceback)", 1)
 
     return wrapper

@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any
 
 import typer
 
+from pipetune.clients.cli.environment import unknown_variable_warnings
 from pipetune.clients.cli.errors import CliError, one_line, reported
 from pipetune.clients.cli.hosts import is_loopback_host
 from pipetune.clients.cli.output import console, print_json
@@ -381,6 +382,19 @@ def serve(
 
     _launch_when_started(server, started)
     print(f"database: {redact(settings.database_url)}", flush=True)
+    for line in unknown_variable_warnings():
+        print(line, file=sys.stderr, flush=True)
+    from pipetune.service.settings import default_database_url
+
+    if settings.database_url == default_database_url() and not is_loopback_host(host):
+        # A replica beside others on the built-in file (no --db, no PIPETUNE_DATABASE_URL, or
+        # a misspelt one) holds tasks and workers the fleet's database never sees.
+        print(
+            "warning: the built-in SQLite database (no --db or PIPETUNE_DATABASE_URL): "
+            "replicas of one fleet need one database they share, e.g. PostgreSQL",
+            file=sys.stderr,
+            flush=True,
+        )
     if not settings.api_keys and not is_loopback_host(host):
         # The user routes are open without keys (README, "Tokens"): fine on a laptop, not on
         # an address others reach, where anyone could create and cancel tasks.

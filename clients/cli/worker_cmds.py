@@ -9,11 +9,13 @@ pipetune worker --token T --runner replay --gpu a100 --dataset conv.t4.json.gz
 from __future__ import annotations
 
 import os
+import sys
 from pathlib import Path
 from urllib.parse import urlsplit
 
 import typer
 
+from pipetune.clients.cli.environment import unknown_variable_warnings
 from pipetune.clients.cli.errors import USAGE_ERRORS, CliError, one_line, reported, runner_failure
 from pipetune.clients.cli.hosts import is_loopback_host
 from pipetune.clients.cli.remote import SERVER_HELP, check_server, cli_error
@@ -119,6 +121,8 @@ def worker(
     reported (a second SIGTERM stops after the current trial)."""
     # A malformed URL is refused now, not after --register-timeout of retrying it.
     check_server(server)
+    for line in unknown_variable_warnings():  # (a misspelt PIPETUNE_SIMULATED_FAULTS, say)
+        print(line, file=sys.stderr, flush=True)
     try:
         config = WorkerConfig(
             server=server,
