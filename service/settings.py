@@ -44,6 +44,7 @@ from pipetune.model.errors import PipetuneError
 from pipetune.model.wire import MAX_BATCH_SIZE, MAX_SECONDS, secret_char_ok
 
 MAX_ATTEMPTS = 1000  # a job's expired leases before it is lost (past it: a crash loop)
+MIN_STATEMENT_DEADLINE_S = 1.0  # the shortest wait for a statement that is not a stall
 MAX_BODY_BYTES = 1 << 30  # a request body's cap can be raised to a GiB, no further
 MAX_POOL_SIZE = 1000  # connections per pool (PostgreSQL's max_connections bounds it anyway)
 
@@ -319,6 +320,19 @@ class Settings(BaseSettings):
     # DeadlineConnection): a server that is up and never answers (stopped, storage hung)
     # held a replica's every request. Longer than any statement the service sends.
     db_statement_deadline_s: float = Field(30.0, gt=0, le=MAX_SECONDS)
+
+    @field_validator("db_statement_deadline_s")
+    @classmethod
+    def _deadline(cls, value: float) -> float:
+        # 0.0001 s was taken: the replica started, gave up on every statement and answered
+        # 503 for ever, /healthz blaming a stopped database or hung storage.
+        if value < MIN_STATEMENT_DEADLINE_S:
+            raise ValueError(
+                f"at least {MIN_STATEMENT_DEADLINE_S:g} s, got {value:g}: shorter, the "
+                "service gives up on a loaded database's ordinary statements and answers 503 "
+                "as if it had stopped"
+            )
+        return value
 
     @field_validator("database_url")
     @classmethod
