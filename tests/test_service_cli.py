@@ -257,7 +257,12 @@ def test_db_upgrade_takes_relative_revisions_from_the_databases_own(tmp_path):
     assert "at revision 0001" in upgrade("+1").stdout
     assert "at revision 0003" in upgrade("0002+1").stdout
     assert "at revision 0004" in upgrade("+1").stdout
-    assert "at revision 0004" in upgrade("0003").stdout  # already past it: nothing to do
+    # Already past it: nothing to do, and said so (a user who meant to go back took the
+    # revision line alone as done).
+    past = upgrade("0003")
+    assert past.exit_code == 0 and "at revision 0004" in past.stdout
+    assert "note: '0003' is below it: an upgrade never goes down" in past.stdout
+    assert "never goes down" not in upgrade("0004").stdout
     assert f"at revision {head}" in upgrade("head").stdout
     # At the newest revision +1 goes nowhere: said so, naming where the database is.
     result = upgrade("+1")

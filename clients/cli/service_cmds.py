@@ -458,6 +458,7 @@ def db_upgrade(
             raise CliError(problem + hint, 1)
         # Again from the database's revision, which relative targets (+1) count from.
         _check_revision(revision, current)
+        passed = _below(revision, current)
         try:
             upgrade(url, revision)
         except CommandError as exc:  # e.g. a database at a revision this pipetune lacks
@@ -466,6 +467,31 @@ def db_upgrade(
     if lacking:  # at the newest revision, and still not the schema the service needs
         raise CliError(columns_problem(lacking, url), 1)
     console.print(f"database {redact(url)} is at revision {current}")
+    if passed:
+        # Nothing to do, as for a target reached (scripts that pin one run it again); but a
+        # user who meant to go back read only the revision, and took it as done.
+        console.print(
+            f"note: {revision!r} is below it: an upgrade never goes down (restore the backup "
+            "taken before the upgrade to undo one)"
+        )
+
+
+def _below(revision: str, current: str | None) -> bool:
+    """Whether `revision` names one below the database's `current` (0005, base, head-2 at
+    0012): an upgrade to it does nothing."""
+    from alembic.script import ScriptDirectory
+    from alembic.script.revision import RevisionError
+
+    from pipetune.service.migrate import alembic_config
+
+    if current is None:
+        return False
+    script = ScriptDirectory.from_config(alembic_config("sqlite://"))
+    try:
+        # What a downgrade to it would undo: nothing where it is the current one or above.
+        return bool(list(script.iterate_revisions(current, revision, select_for_downgrade=True)))
+    except (RevisionError, AssertionError):
+        return False
 
 
 # +N or -N (after an optional branch@): steps from the database's revision, not from a named
