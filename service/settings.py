@@ -22,7 +22,7 @@ PIPETUNE_REQUEST_READ_TIMEOUT_S  seconds a request may take to arrive whole (def
 PIPETUNE_DB_POOL_SIZE    connections per pool (a replica opens up to 3 x this + 1)
 PIPETUNE_DB_STATEMENT_DEADLINE_S  seconds the service waits for the database to answer a
                          statement before it gives up, closes that connection and answers
-                         503 (PostgreSQL; default 30)
+                         503 (PostgreSQL; default 30, at least 1)
 Every duration is at most a week (model.wire.MAX_SECONDS).
 """
 
@@ -319,7 +319,7 @@ class Settings(BaseSettings):
     # Seconds the service waits for PostgreSQL to answer one statement (service/db.py,
     # DeadlineConnection): a server that is up and never answers (stopped, storage hung)
     # held a replica's every request. Longer than any statement the service sends.
-    db_statement_deadline_s: float = Field(30.0, gt=0, le=MAX_SECONDS)
+    db_statement_deadline_s: float = Field(30.0, le=MAX_SECONDS)  # (its floor: _deadline)
 
     @field_validator("db_statement_deadline_s")
     @classmethod

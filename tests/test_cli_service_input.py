@@ -402,10 +402,15 @@ def test_a_statement_deadline_too_short_for_any_database_is_refused_at_start(mon
     """0.0001 s was taken: the replica started, gave up on every statement, and answered
     503 for ever while /healthz blamed a stopped database or hung storage."""
     monkeypatch.setenv("PIPETUNE_DB_STATEMENT_DEADLINE_S", "0.0001")
-    result = runner.invoke(app, ["serve", "--db", f"sqlite:///{tmp_path / 'x.db'}"])
+    serve = ["serve", "--port", str(free_port()), "--db", f"sqlite:///{tmp_path / 'x.db'}"]
+    result = runner.invoke(app, serve)
     assert result.exit_code == 2, result.output
     _one_error_line(result, "PIPETUNE_DB_STATEMENT_DEADLINE_S: at least 1 s, got 0.0001")
     assert not (tmp_path / "x.db").exists()
+    monkeypatch.setenv("PIPETUNE_DB_STATEMENT_DEADLINE_S", "0")  # the same rule, one message
+    result = runner.invoke(app, serve)
+    assert result.exit_code == 2, result.output
+    _one_error_line(result, "PIPETUNE_DB_STATEMENT_DEADLINE_S: at least 1 s, got 0")
 
 
 @pytest.mark.parametrize(

@@ -54,6 +54,7 @@ def test_a_misspelt_variable_is_warned_of_with_the_name_it_meant():
         "PIPETUNE_ENTIRELY_ELSE": "1",
         "PIPETUNE_DATABASE_URL": "sqlite:///x.db",  # read: no warning
         "PIPETUNE_TEST_PG_ADMIN_URL": "postgresql://t",  # the tests': no warning
+        "PIPETUNE_db_pool_size": "7",  # read: pydantic-settings takes any case
         "HOME": "/root",
     }
     assert unknown_variable_warnings(environ) == [

@@ -52,11 +52,16 @@ def known_variables() -> frozenset[str]:
 def unknown_variable_warnings(environ: Mapping[str, str] | None = None) -> list[str]:
     """One line per PIPETUNE_* variable in the environment that nothing reads, naming the
     closest one that is read where there is one."""
+    from pipetune.service.settings import settings_variables
+
     environ = os.environ if environ is None else environ
     known = known_variables()
+    # (The settings' names are read in any case, as pydantic-settings reads them; the other
+    # variables as they are spelt.)
+    settings = settings_variables()
     lines = []
     for name in sorted(environ):
-        if not name.startswith(PREFIX) or name in known:
+        if not name.upper().startswith(PREFIX) or name in known or name.upper() in settings:
             continue
         if name.startswith(TESTS_PREFIX) or name in TESTS_ONLY:
             continue

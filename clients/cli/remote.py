@@ -204,7 +204,7 @@ def cli_error(exc: PipetuneError, credential: str = API_KEY_SOURCE) -> CliError:
         # the web framework's for a path it has no route for: the URL, not an id, is wrong.
         return CliError(
             f"{server_named()}: the server has no route {exc.method} {exc.path} (HTTP 404 "
-            f"{ROUTE_NOT_FOUND}): is --server the pipetune service's base URL?",
+            f"{ROUTE_NOT_FOUND}): is {server_named()} the pipetune service's base URL?",
             2,
         )
     if _no_such_task(exc):

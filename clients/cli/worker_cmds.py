@@ -121,8 +121,9 @@ def worker(
     reported (a second SIGTERM stops after the current trial)."""
     # A malformed URL is refused now, not after --register-timeout of retrying it.
     check_server(server)
-    for line in unknown_variable_warnings():  # (a misspelt PIPETUNE_SIMULATED_FAULTS, say)
-        print(line, file=sys.stderr, flush=True)
+    if parent_pid is None:  # (serve's local workers: serve has said it, once)
+        for line in unknown_variable_warnings():  # (a misspelt PIPETUNE_SIMULATED_FAULTS)
+            print(line, file=sys.stderr, flush=True)
     try:
         config = WorkerConfig(
             server=server,

@@ -270,10 +270,14 @@ def _device_plan(cupy: Any, spec: TrialSpec, workload: Any, functions: dict[str,
 
 def _launcher(fn: Any, launch: KernelLaunch) -> Callable[..., None]:
     """How the launch is made: a cooperative one (its blocks wait for each other, a fused
-    split row's) through cuLaunchCooperativeKernel, as pipetune.kernel launches it, so that a
-    grid that cannot be resident at once is a launch error, not a trial that spins until its
-    timeout on a GPU that other work shares. CuPy sets cooperation per module (a RawModule's
-    enable_cooperative_groups, every function of it); its loaded Function takes it per call."""
+    split row's) through cuLaunchCooperativeKernel, as pipetune.kernel launches it, so that
+    the driver makes every block resident at once, where a plain launch beside other work on
+    the GPU could leave some unscheduled and the rest spinning until the trial's timeout.
+    (CuPy cuts a one-dimensional cooperative grid larger than fits down to what fits, with a
+    warning, where the driver would refuse it: the grid here is planned from the same
+    occupancy query, and blocks cut off would leave outputs unwritten, a wrong result.) CuPy
+    sets cooperation per module (a RawModule's enable_cooperative_groups, every function of
+    it); its loaded Function takes it per call."""
     if launch.cooperative:
         return functools.partial(fn.kernel, enable_cooperative_groups=True)
     return fn

@@ -96,9 +96,9 @@ def exact_depth(k: int) -> bool:
     return EXACT_DEPTH <= k <= EXACT_DEPTH_LIMIT
 
 
-# The spread of a SwiGLU's gate and up projections on integer inputs (exact_depth), once
-# scaled by integer_input_scale: silu(gate)·up of a few spreads stays far inside fp16.
-SWIGLU_GATE_SPREAD = 32.0
+# The most a SwiGLU's gate and up projections spread on integer inputs (exact_depth) once
+# scaled by integer_input_scale (8 to 32): silu(gate)·up of a few spreads stays far inside fp16.
+SWIGLU_MAX_SPREAD = 32.0
 
 
 def integer_input_scale(workload: AnyWorkload) -> float:
@@ -113,7 +113,7 @@ def integer_input_scale(workload: AnyWorkload) -> float:
     if not isinstance(workload, GemmSwiglu) or not exact_depth(k):
         return 1.0
     spread = math.sqrt(4 * k / 9)
-    s = max(0, math.ceil(math.log2(spread / SWIGLU_GATE_SPREAD) / 2))
+    s = max(0, math.ceil(math.log2(spread / SWIGLU_MAX_SPREAD) / 2))
     return 2.0**-s
 
 
@@ -406,7 +406,7 @@ SWIGLU_TOLERANCE_TEXT = (
 )
 # (Said of a deep reduction: its inputs are scaled (integer_input_scale), and the text is
 # part of the cached reference's key, so no reference of the unscaled inputs is read back.)
-SWIGLU_SCALED_TEXT = " (integer inputs times 2^-s: gate and up spread about 32)"
+SWIGLU_SCALED_TEXT = " (integer inputs times 2^-s: gate and up spread at most 32)"
 
 
 BIAS_GELU_TOLERANCE_TEXT = (
