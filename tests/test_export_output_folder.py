@@ -283,6 +283,16 @@ def test_the_printed_build_command_quotes_the_folder(
 # ---- the stream-K workspace's notes ------------------------------------------------------------
 
 
+def _split_rows_softmax() -> TunedKernel:
+    """A softmax whose rows are split over 4 blocks, fused: its grid is one wave."""
+    return pipetune.kernel(
+        {"op": "softmax", "rows": 4096, "cols": 1024},
+        "h100",
+        schedule={"threads_per_row": 32, "rows_per_block": 1, "vector_width": 8, "row_cache": 0,
+                  "blocks_per_row": 4, "split_mode": 1, "max_waves": 1},
+    )  # fmt: skip
+
+
 def test_the_stream_k_workspace_notes_say_what_it_holds():
     """The note written for the split rows' workspace ("the kernels return its row counters
     to zero") was given to the Hopper stream-K GEMM's W (float partial sums, no counter) and
@@ -298,12 +308,7 @@ def test_the_stream_k_workspace_notes_say_what_it_holds():
     assert "an arrival counter per output tile" in arrivals
     assert "returns its counter to zero" in arrivals
     # The split rows' workspace keeps its own account.
-    softmax = pipetune.kernel(
-        {"op": "softmax", "rows": 4096, "cols": 1024},
-        "h100",
-        schedule={"threads_per_row": 32, "rows_per_block": 1, "vector_width": 8, "row_cache": 0,
-                  "blocks_per_row": 4, "split_mode": 1, "max_waves": 1},
-    )  # fmt: skip
+    softmax = _split_rows_softmax()
     (ws,) = [n for n in softmax.launch_document()["notes"] if n.startswith("ws: a workspace")]
     assert "two counters per row" in ws and "counters are back at zero" in ws
 
@@ -332,11 +337,6 @@ def test_a_persistent_grid_is_said_to_be_one_block_per_sm_with_its_workspace():
     (shape,) = [n for n in document["notes"] if n.startswith("shape:")]
     assert "ceil(M / tile_m) x ceil(N / tile_n) x batch" in shape
     # A memory-bound operator's grid is one wave of the occupancy's blocks, still.
-    softmax = pipetune.kernel(
-        {"op": "softmax", "rows": 4096, "cols": 1024},
-        "h100",
-        schedule={"threads_per_row": 32, "rows_per_block": 1, "vector_width": 8, "row_cache": 0,
-                  "blocks_per_row": 4, "split_mode": 1, "max_waves": 1},
-    )  # fmt: skip
+    softmax = _split_rows_softmax()
     (wave,) = [n for n in softmax.launch_document()["notes"] if n.startswith("the grid is")]
     assert "cuOccupancyMaxActiveBlocksPerMultiprocessor" in wave

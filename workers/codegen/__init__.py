@@ -2,16 +2,16 @@
 "Kernel families").
 
 What every family's generator module gives the workers: ``generate(workload, schedule)``,
-``kernel_kind``, ``build_key``, ``launch_plan``, ``grid_depends_on_occupancy``, ``grid_note``
-(how such a grid is sized, for a caller's own launch), ``shape_notes``, and for the checks
-``compile_sample``, ``stratified_sample``, ``stratum`` and ``tails``."""
+``kernel_kind``, ``build_key``, ``launch_plan``, ``grid_depends_on_occupancy`` (and, where
+it can be true, ``grid_note``: how such a grid is sized, for a caller's own launch; never for
+these GEMMs), ``shape_notes``, and for the checks ``compile_sample``, ``stratified_sample``,
+``stratum`` and ``tails``."""
 
 from pipetune.workers.codegen.generator import (
     KernelSource,
     build_key,
     generate,
     grid_depends_on_occupancy,
-    grid_note,
     kernel_kind,
     kernel_name,
     launch,
@@ -36,7 +36,6 @@ __all__ = [
     "compile_sample",
     "generate",
     "grid_depends_on_occupancy",
-    "grid_note",
     "kernel_kind",
     "kernel_name",
     "launch",

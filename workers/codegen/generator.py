@@ -310,19 +310,6 @@ def grid_depends_on_occupancy(kernel: KernelSource) -> bool:
     return False
 
 
-def grid_note(
-    kernel: KernelSource,
-    workload: AnyWorkload,
-    gpu: str,
-    sm_count: int,
-    blocks_per_sm: int,
-    occupancy_from: str,
-) -> str:
-    """How the grid is sized: from the shape alone (grid_depends_on_occupancy is never true
-    here, so no launch document says it; the interface's, as the other families')."""
-    return "the grid follows the shape (output tiles, split-K slices, batch), not the device"
-
-
 def shape_notes(kernel: KernelSource, workload: AnyWorkload) -> list[str]:
     """What a caller launching the kernel on another shape must know beyond the launch
     document: nothing for these kernels, which take every shape of their variant as
