@@ -160,7 +160,10 @@ WITH report AS (
         result_worker = %(worker)s, lease_expires_at = NULL,
         finished_at = statement_timestamp()
     FROM once AS seen JOIN locked_jobs ON locked_jobs.id = seen.job_id
-    WHERE jobs.id = seen.job_id AND (
+    -- The report's own lease must be this worker's: locked_jobs holds a job where any of
+    -- the request's reports of it is (an old lease of the job let another worker's
+    -- current lease, named beside it, end with this worker's result).
+    WHERE jobs.id = seen.job_id AND seen.lease_worker = %(worker)s AND (
         (jobs.state = %(leased)s AND jobs.lease_token = seen.token)
         -- Late: queued again by a reclaim and leased by nobody since (a lease since changed
         -- `state`, or, expired too, `attempts`). The reclaim cleared its lease: it stays so.

@@ -138,6 +138,33 @@ def test_a_stale_report_beside_its_jobs_result_in_one_request_says_the_job_is_do
         assert "stale lease" in acks[0]["detail"] and "stale lease" in acks[2]["detail"]
 
 
+def test_another_workers_lease_named_in_a_batch_beside_an_old_one_of_the_job_is_refused(db_url):
+    """A worker that once leased a job (expired, leased again to another) and reports the
+    job under its old lease and under the other worker's lease in one request: the second
+    is that worker's lease, refused (403) and not applied. On PostgreSQL the request's old
+    lease of the job let every report of the job through to the update: the other worker's
+    lease ended with this one's result, and its own result was answered "duplicate"."""
+    with client_for(db_url, lease_ttl_s=0.2) as c:
+        create_task(c, budget=1, strategy="grid")
+        first, second = register(c, "first"), register(c, "second")
+        (old,) = lease(c, first)
+        time.sleep(0.4)
+        service_of(c).queue.reclaim()
+        (current,) = lease(c, second)
+        assert current["job_id"] == old["job_id"]
+        items = [_item(old, ok(1.0)), _item(current, ok(1.0))]
+        acks = post_results(c, first, items).json()["acks"]
+        assert [(a["status_code"], a["accepted"]) for a in acks] == [(200, False), (403, False)]
+        with service_of(c).db.write() as s:
+            job = s.get(JobRow, current["job_id"])
+            assert (job.state, job.result_token) == ("leased", None)
+        (ack,) = post_results(c, second, [_item(current, ok(50.0))]).json()["acks"]
+        assert (ack["accepted"], ack["detail"]) == (True, None)
+        with service_of(c).db.write() as s:
+            job = s.get(JobRow, current["job_id"])
+            assert (job.state, job.latency_us, job.result_worker) == ("done", 50.0, second)
+
+
 def test_a_result_the_database_cannot_hold_refuses_the_request_naming_it(client):
     create_task(client, budget=2, strategy="grid")
     worker = register(client)
