@@ -271,7 +271,10 @@ def _rewrite(tmp_path: Path, good_file: Path, change) -> Path:
         (lambda d: d["results"][0]["times"].update(runtimes="fast"), "runtimes"),
         (lambda d: d["results"][0]["measurements"][0].update(value="RuntimeFailedConfig"), "time"),
         (lambda d: d["results"][1]["configuration"].update(chunk=3), "chunk"),
-        (lambda d: d["results"][1].update(configuration=d["results"][0]["configuration"]), "twice"),
+        (
+            lambda d: d["results"][1].update(configuration=d["results"][0]["configuration"]),
+            "two different results",
+        ),
         (lambda d: d["metadata"].update(timeunit="seconds"), "timeunit"),
         (lambda d: d["metadata"]["pipetune"]["workload"].update(m=-1), "pipetune metadata: m"),
         (lambda d: _measurement(d, "registers").update(value=-1), "registers"),

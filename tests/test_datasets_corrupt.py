@@ -516,7 +516,8 @@ def _required_paths(kind: str) -> list[tuple]:
     document = good_document(kind)
     if kind == "kt":
         found: list[tuple] = [(k,) for k in ("tune_params_keys", "tune_params", "cache")]
-        found += [("device_name",), ("kernel_name",), ("problem_size",)]
+        # (problem_size is optional: Kernel Tuner before 0.4 wrote none.)
+        found += [("device_name",), ("kernel_name",)]
         for key in document["cache"]:
             found += [("cache", key, knob) for knob in document["tune_params_keys"]]
             found.append(("cache", key, "time"))

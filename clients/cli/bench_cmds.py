@@ -46,19 +46,37 @@ GROUPS = {"ours": STRATEGIES, "peers": LIGHT_PEERS, "all": (*STRATEGIES, *LIGHT_
 MAX_SEEDS = 10_000
 
 
+def _name_levels(path: Path) -> tuple[str, ...]:
+    """A file's names, shortest first: its stem; its folder and stem; its name without
+    the .json and .gz endings (convolution_A100.t4 beside convolution_A100.kt-cache, the
+    same space in two formats); its folder and that; its whole path."""
+    stem = path.name.split(".")[0]
+    name = path.name
+    for ending in (".gz", ".json"):
+        name = name.removesuffix(ending)
+    folder = path.resolve().parent.name
+    return stem, f"{folder}/{stem}", name, f"{folder}/{name}", str(path.resolve())
+
+
 def dataset_names(paths: list[Path]) -> list[str]:
     """What each dataset is called in a benchmark's tables and JSON: its file's stem, or,
-    where two files share a stem (benchmarks/data/h100/X and .../h200/X), its folder and
-    stem. Results are kept per name, so two datasets under one name would be merged into
-    one (the last file's figures reported for both)."""
-    stems = [p.name.split(".")[0] for p in paths]
-    names = [
-        f"{p.resolve().parent.name}/{stem}" if stems.count(stem) > 1 else stem
-        for p, stem in zip(paths, stems, strict=True)
-    ]
+    where another file shares it, the shortest of its longer names that no other file
+    shares (`_name_levels`: h100/MM_RN50_FC beside h200/MM_RN50_FC). Results are kept per
+    name, so two datasets under one name would be merged into one (the last file's
+    figures reported for both): the same file given twice is refused."""
+    levels = [_name_levels(p) for p in paths]
+    names = []
+    for i, own in enumerate(levels):
+        others = [other for j, other in enumerate(levels) if j != i]
+        names.append(
+            next(
+                (name for n, name in enumerate(own) if all(o[n] != name for o in others)),
+                own[-1],
+            )
+        )
     for i, name in enumerate(names):
         if name in names[:i]:
-            raise CliError(f"{paths[i]}: given twice (or as another file of the same name)", 2)
+            raise CliError(f"{paths[i]}: given twice", 2)
     return names
 
 

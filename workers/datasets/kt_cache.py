@@ -23,6 +23,12 @@ run lists one) and marks a failure with an ``"__error__"`` entry holding the mar
 versions put the marker into the objective): both are read. pipetune ranks configurations
 by ``time`` whatever the objective (it tunes latency); the objective is kept as metadata.
 
+Kernel Tuner before 0.4 wrote no ``problem_size`` (it is metadata here: optional) and
+recorded a configuration that failed to compile or run as ``"time": 1e20`` (FAILED_TIME_MS),
+read as a failure; its knob values are filed under ``str(value)`` as Python writes them, and
+a numpy float32 knob's under numpy's shorter text ("0.1") while the value is written as the
+float64 it widens to (0.10000000149011612): both keys are the configuration's.
+
 Kernel Tuner appends to a cache while it tunes and leaves it "open" (no closing brackets,
 a trailing comma) if the session ends early; ``allow_open=True`` reads such a file the way
 Kernel Tuner does. By default an open cache is an error, like any other truncated file.
@@ -30,8 +36,11 @@ Kernel Tuner does. By default an open cache is an error, like any other truncate
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from typing import Any
+
+import numpy as np
 
 from pipetune.workers.datasets.files import parse_json, read_text
 from pipetune.workers.datasets.records import Dataset, DatasetError, Record, shown
@@ -47,8 +56,13 @@ TIMINGS = {
     "strategy_time": "search_algorithm",
     "verification_time": "validation",
 }
-HEADER = ("device_name", "kernel_name", "problem_size", "tune_params_keys", "tune_params")
+# What a cache must hold (problem_size, which Kernel Tuner 0.4 added, is optional metadata).
+HEADER = ("device_name", "kernel_name", "tune_params_keys", "tune_params")
 ERROR_KEY = "__error__"
+# Kernel Tuner before 1.0 stored a configuration that failed to compile or to run with this
+# time (runners/sequential.py: `params.update({"time": 1e20})`), without saying which.
+FAILED_TIME_MS = 1e20
+FAILED_TIME_INVALIDITY = "runtime"
 
 
 def _number(value: Any) -> bool:
@@ -80,6 +94,25 @@ def cache_key(configuration: dict[str, Any], knobs: list[str]) -> str:
     """The key Kernel Tuner files a configuration under: its values in knob order, as
     Python writes them, joined by commas."""
     return ",".join(str(configuration[k]) for k in knobs)
+
+
+def _float32_text(value: Any) -> str:
+    """A value as numpy writes it where it is a float32 (the shortest text that reads back
+    as the same float32); any other value as Python writes it."""
+    if isinstance(value, float) and math.isfinite(value):
+        single = np.float32(value)
+        if float(single) == value:  # (a float32 widened to float64: exactly one)
+            return str(single)
+    return str(value)
+
+
+def is_key_of(key: str, configuration: dict[str, Any], knobs: list[str]) -> bool:
+    """Whether Kernel Tuner files the configuration under `key`: its cache_key, or the key
+    of the same values where float ones were numpy float32s (Kernel Tuner writes the key
+    with str() of the float32, "0.1", and the value as the float64 it widens to)."""
+    if key == cache_key(configuration, knobs):
+        return True
+    return key == ",".join(_float32_text(configuration[k]) for k in knobs)
 
 
 def _entry_record(
@@ -114,7 +147,7 @@ def _entry_record(
     # Kernel Tuner looks an entry up by its key (its simulation mode answers a configuration
     # with the entry under that configuration's key): an entry whose values name another
     # configuration would mean one thing there and another here.
-    if key != cache_key(configuration, knobs):
+    if not is_key_of(key, configuration, knobs):
         raise DatasetError(
             f"{where}: the entry's knob values are those of configuration "
             f"{shown(cache_key(configuration, knobs))}, not of its key"
@@ -137,6 +170,9 @@ def _entry_record(
         if name == "time":
             if not _number(value):
                 raise DatasetError(f"{where}: time must be a number or a failure marker")
+            if value == FAILED_TIME_MS and objective == "time" and error is None:
+                invalidity = FAILED_TIME_INVALIDITY  # (an old Kernel Tuner's failure)
+                continue
             time_ms = value
         elif name == "times":
             if not isinstance(value, list) or not all(_number(v) for v in value):

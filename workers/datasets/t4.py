@@ -220,6 +220,45 @@ def record_from_t4(
     return record, objectives
 
 
+def _configuration_key(record: Record) -> tuple:
+    # As Dataset keys them: by type as well as value (1, True and 1.0 are other values).
+    return tuple(sorted((k, type(v).__name__, v) for k, v in record.configuration.items()))
+
+
+def _same_measurement(a: Record, b: Record) -> bool:
+    """Whether two results are one measurement: a search that visits a configuration again
+    is answered from its cache (the same times; only the framework's own timings differ)."""
+    return (a.invalidity, a.time_ms, a.runtimes_ms, a.measurements, a.status) == (
+        b.invalidity,
+        b.time_ms,
+        b.runtimes_ms,
+        b.measurements,
+        b.status,
+    )
+
+
+def _without_revisits(records: list[Record], source: str) -> list[Record]:
+    """The results with each configuration once. Kernel Tuner's T4 writer lists every
+    result of a search, a configuration it visited again too (answered from its cache: the
+    same times); such a repeat is the first result again and is dropped. A configuration
+    with two different measurements is refused: a dataset says what a configuration
+    measured, and which of the two is not for the reader to pick."""
+    first: dict[tuple, int] = {}
+    kept: list[Record] = []
+    for i, record in enumerate(records):
+        key = _configuration_key(record)  # (knob values are scalars: Record checks)
+        if key not in first:
+            first[key] = i
+            kept.append(record)
+        elif not _same_measurement(records[first[key]], record):
+            raise DatasetError(
+                f"{source}: configuration {shown(dict(record.configuration))} has two "
+                f"different results (results[{first[key]}] and results[{i}]): a dataset "
+                "holds one measurement per configuration"
+            )
+    return kept
+
+
 def from_t4_document(document: Any, source: str) -> Dataset:
     if not isinstance(document, dict):
         raise DatasetError(f"{source}: a T4 document must be a JSON object")
@@ -256,6 +295,7 @@ def from_t4_document(document: Any, source: str) -> Dataset:
                     f"earlier results {shown(named[0])}"
                 )
         records.append(record)
+    records = _without_revisits(records, source)
     try:
         dataset = Dataset(
             records,
