@@ -68,7 +68,7 @@ def test_pipetune_priors_pair_by_workload_and_gpu(tmp_path):
     same_gpu = runner.invoke(app, [*args[:2], str(h100[0]), "--prior", str(h100[0])])
     assert same_gpu.exit_code == 2, same_gpu.output
     # (It said "no --prior file has the knobs of gemm256": the knobs were the same.)
-    assert f"for gemm256, no file is ({h100[0].name}: the same GPU (h100))" in same_gpu.output
+    assert f"for gemm256, no file fits ({h100[0].name}: the same GPU (h100))" in same_gpu.output
     nothing = runner.invoke(app, [*args[:2], str(h100[0]), "--strategies", " , "])
     assert nothing.exit_code == 2 and "--strategies: name at least one" in nothing.output
 

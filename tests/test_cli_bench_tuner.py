@@ -68,7 +68,7 @@ def test_a_prior_of_another_kernel_is_refused_with_exit_2():
     result = _bench(str(CONV_TITAN), "--strategies", "auto", "--prior", str(PNPOLY_3090))
     assert result.exit_code == 2
     assert (
-        f"--prior: for convolution_RTX_Titan, no file is ({PNPOLY_3090.name}: other knobs)"
+        f"--prior: for convolution_RTX_Titan, no file fits ({PNPOLY_3090.name}: other knobs)"
         in result.output
     )
 

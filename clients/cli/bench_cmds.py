@@ -365,7 +365,7 @@ def _priors(
                 found = "several files are"
             else:
                 reasons = ", ".join(f"{p.name}: {why}" for p, why in why_not.items())
-                found = f"no file is ({reasons})"
+                found = f"no file fits ({reasons})"
             raise CliError(
                 f"--prior: for {ds.name}, {found}; give one recorded dataset of the same kernel "
                 "on another GPU per dataset",
