@@ -18,7 +18,6 @@ from typing import Any
 from fastapi import FastAPI
 from fastapi.concurrency import run_in_threadpool
 from fastapi.middleware.cors import CORSMiddleware
-from sqlalchemy.engine import make_url
 from starlette.responses import JSONResponse, Response
 
 from pipetune.service.context import Service
@@ -60,11 +59,6 @@ async def _upkeep_loop(service: Service, interval: float) -> None:
                 log.warning("upkeep skipped: database unavailable: %s", unavailable_reason(exc))
             else:
                 log.exception("upkeep failed")
-
-
-def _libpq_url(url: str) -> str:
-    """The SQLAlchemy URL as psycopg takes it (for the listener's own connection)."""
-    return make_url(url).set(drivername="postgresql").render_as_string(hide_password=False)
 
 
 class JsonCORS(CORSMiddleware):
@@ -119,7 +113,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
                 target=listen,
                 args=(
                     wakeup,
-                    _libpq_url(settings.database_url),
+                    db.listener_conninfo(),
                     stop_listening,
                     settings.db_statement_deadline_s,
                 ),

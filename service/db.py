@@ -36,6 +36,7 @@ from typing import Any
 
 import psycopg
 import pydantic_core
+from psycopg.conninfo import make_conninfo
 from psycopg.rows import namedtuple_row
 from sqlalchemy import Connection, DateTime, Engine, create_engine, event, func, type_coerce
 from sqlalchemy import exc as sa_exc
@@ -624,6 +625,18 @@ class Database:
                     )
                 pool = self._driver_pool
         return pool
+
+    def listener_conninfo(self) -> str:
+        """The engine's connection parameters (the dialect's, as `_connect_driver` takes
+        them) as one libpq conninfo string, for the LISTEN connection (service/wakeup.py).
+        The URL re-rendered was not the same connection: a password or database name with a
+        space made a conninfo libpq refuses (the listener thread died, printing the
+        password), and %20 in a query value came back as +."""
+        cargs, cparams = self.engine.dialect.create_connect_args(self.engine.url)
+        # (Less the dialect's psycopg arguments that are no libpq parameter: `context`, its
+        # adapters; the listener reads notifications' text only.)
+        libpq = {k: v for k, v in cparams.items() if isinstance(v, str | int)}
+        return make_conninfo(*cargs, **libpq)
 
     def _connect_driver(self) -> psycopg.Connection:
         """A connection as the engine's (the dialect's arguments: its adapters too), in

@@ -328,6 +328,24 @@ def test_jobs_enqueued_while_the_listener_was_down_wake_a_waiting_lease_when_it_
         assert len(got[0]) == 2 and time.monotonic() - started < 5
 
 
+def test_the_listener_connects_as_the_engine_does_with_spaces_in_the_url(pg_url):
+    """A password (percent-encoded in the URL) and a query value with spaces: the listener's
+    conninfo was the URL rendered again, which libpq refused ("unexpected spaces found"),
+    killing the listener thread with the password in its traceback; %20 in a query value
+    came back as + (another connection setting than the engine's)."""
+    from psycopg.conninfo import conninfo_to_dict
+    from sqlalchemy.engine import make_url
+
+    url = make_url(pg_url).set(password="MY SECRET PW")
+    url = url.update_query_dict({"application_name": "pipetune replica 1"})
+    with client_for(url.render_as_string(hide_password=False)) as c:
+        service = service_of(c)
+        listener = conninfo_to_dict(service.db.listener_conninfo())
+        assert listener["password"] == "MY SECRET PW"
+        assert listener["application_name"] == "pipetune replica 1"
+        wait_until_listening(c)
+
+
 def test_a_message_to_the_other_replicas_reaches_their_hook(pg_url):
     """An advance request (or a holder's answer) is one NOTIFY statement in autocommit
     (Driver.notify_replicas): the other replica's listener hands it to its hook."""
