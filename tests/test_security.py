@@ -294,7 +294,9 @@ def test_a_worker_on_the_serving_machine_finds_the_generated_token(tmp_path: Pat
         ("127.0.0.2", True),
         ("[::1]", True),
         ("::1", True),
+        ("127.1", True),  # (inet_aton's shorthand: the bind resolves it to 127.0.0.1)
         ("10.0.0.1", False),
+        ("10.1", False),
         ("tuner.lan", False),
         ("", False),
     ],

@@ -394,6 +394,21 @@ def test_an_open_service_on_another_loopback_address_answers_requests_for_it(tmp
     assert "no API keys" not in server.stderr.read()
 
 
+def test_an_open_service_on_a_loopback_address_given_in_short_is_guarded_too(tmp_path):
+    """`serve --host 127.1` (127.0.0.1, as the bind resolves it) was taken for an address
+    others reach by its text: its open routes answered any Host, so a page the user opened
+    could reach them through DNS rebinding, and it warned of the wrong danger."""
+    server, base = _serving(tmp_path, {}, "--host", "127.1", "--log-level", "warning")
+    try:
+        with httpx.Client(base_url=base, timeout=30) as client:
+            assert client.get("/v1/tasks").status_code == 200
+            assert client.get("/v1/tasks", headers={"Host": "rebound.example"}).status_code == 400
+    finally:
+        server.terminate()
+        server.wait(timeout=30)
+    assert "no API keys" not in server.stderr.read()
+
+
 def test_serve_names_a_misspelt_variable_and_the_built_in_database_beyond_loopback(tmp_path):
     """A replica with PIPETUNE_DATABASE_URI (for _URL) ran on its own SQLite file beside the
     fleet's PostgreSQL, its tasks unseen by the others, and said nothing of either."""
