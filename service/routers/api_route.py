@@ -1,5 +1,6 @@
-"""The API's routes: bounded JSON bodies (bounded_json.py), and query strings that hold only
-the parameters the route takes.
+"""The API's routes: the credential checked first (service/auth.py: a request without it is
+refused before its query and body are read), bounded JSON bodies (bounded_json.py), and query
+strings that hold only the parameters the route takes.
 
 A request body's unknown field is refused (422; model/wire.py: "a misspelt option must not
 pass silently"), but FastAPI ignores a query parameter it was not told of: `GET
@@ -24,6 +25,7 @@ from fastapi import Request, Response
 from fastapi.dependencies.models import Dependant
 from fastapi.exceptions import RequestValidationError
 
+from pipetune.service.auth import check_credential, credential_of
 from pipetune.service.routers.bounded_json import BoundedJsonRoute
 
 
@@ -34,9 +36,12 @@ class ApiRoute(BoundedJsonRoute):
         # (APIRoute builds its handler while it is constructed, its dependant known by then.)
         self.query_names = _query_names(self.dependant)
         known = frozenset(self.query_names)
+        credential = credential_of(self.dependant)
         handler = super().get_route_handler()
 
         async def strict_query(request: Request) -> Response:
+            if credential is not None:  # before the query and the body are read (auth.py)
+                check_credential(request, credential)
             if request.scope.get("query_string"):
                 unknown = [name for name in request.query_params if name not in known]
                 if unknown:
