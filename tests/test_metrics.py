@@ -130,3 +130,14 @@ def test_simulated_workers_and_results_are_counted_apart_from_gpus(client):
     results = "pipetune_results_total"
     assert metric_value(text, results, **recorded, simulated="true") == 1.0
     assert metric_value(text, results, **recorded, simulated="false") == 1.0
+
+
+def test_a_request_of_any_other_method_is_counted_as_other(client):
+    """Each method the HTTP parser takes (some thirty: PROPFIND, MKCOL, ...) x route x status
+    was a series of its own, kept for good: anyone could grow /metrics without a credential."""
+    for method in ("PROPFIND", "MKCOL", "PURGE"):
+        assert client.request(method, "/v1/tasks").status_code == 405
+    text = client.get("/metrics").text
+    assert 'method="PROPFIND"' not in text and 'method="MKCOL"' not in text
+    count = "pipetune_http_request_duration_seconds_count"
+    assert metric_value(text, count, method="other", route="/v1/tasks", status="405") == 3.0
