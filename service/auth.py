@@ -94,7 +94,7 @@ WorkerToken = Annotated[str, Depends(worker_token)]
 
 # The credential a route's dependencies ask for, checked again from the headers alone before
 # the request's body and query are read (ApiRoute): FastAPI decodes and validates the body
-# before it runs any dependency, and a 1 MB body of empty objects cost 55 ms of the event
+# before it runs any dependency, and a 1 MB body of empty objects cost 35-55 ms of the event
 # loop's CPU before its 401, so four clients without a credential held every other request
 # (/healthz, the workers' leases) near 0.5 s.
 CREDENTIALS = {worker_token: "worker", user_access: "user"}
