@@ -521,6 +521,9 @@ class CurvePoint(_Body):
 class Curve(_Body):
     points: list[CurvePoint]
     throughput_unit: ThroughputUnit = TFLOPS
+    # The runner kinds of the trials behind the points, as AggregateCurves says them
+    # ("simulated": the analytical model plus noise, not measurements).
+    runners: list[str] = Field(default_factory=list)
 
 
 class AggregatePoint(_Body):

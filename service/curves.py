@@ -2,17 +2,24 @@
 
 A task's curve covers the prefix of its trials that are all final (a trial still running
 would change the points after it); failed and lost trials count as trials that found
-nothing, and a cancelled one ends the curve (it is no trial).
+nothing, and a cancelled job is no trial: it is left out, and the trials after it are counted
+on (a cancelled task's jobs that were measured before the cancel are its trials, as its
+`trials_done` and best count them; its curve stopped at the first cancelled job, its best
+trial left out). A point's `trial` is its place among the counted trials (0-based): the
+trial's number wherever no job was cancelled before it.
 
 The aggregate reads each task's stored curve (written at every batch boundary, and when the
-task is cancelled: up to its first cancelled trial), not its
-trials, so it costs O(tasks) rows however many trials the database holds. best-in-k of a
-task = best-known latency of the workload / best latency of the task's first k trials (a
-throughput ratio, 0 before a success); the best known latency is the exhaustive sweep's
-(reference_optima) where one was imported, else the best any task measured. Mean over the
-tasks of a workload (seeds), geometric mean over workloads, per strategy; at each k only
-tasks that reached k trials count. Simulated and measured tasks are normalised apart, each to
-the best known of its own kind (`_best_known`).
+task ends), not its trials, so it costs O(tasks) rows however many trials the database
+holds. best-in-k of a task = best-known latency of the workload / best latency of the task's
+first k trials (a throughput ratio, 0 before a success); the best known latency is the
+exhaustive sweep's (reference_optima) where one was imported, else the best any task
+measured. Mean over the tasks of a workload (seeds), geometric mean over workloads, per
+strategy. A task that ended before k trials (its budget, its whole space, or cancelled)
+counts at k as it ended, as `pipetune bench tuner` counts a shorter run; a running task
+counts up to the trials it has. (Counting only the tasks that reached k, the curve fell
+where a task with a smaller budget stopped counting, though nobody's best got worse.)
+Simulated and measured tasks are normalised apart, each to the best known of its own kind
+(`_best_known`).
 """
 
 from __future__ import annotations
@@ -25,7 +32,7 @@ from sqlalchemy import and_, select
 from sqlalchemy.orm import Session, aliased
 
 from pipetune.model.family import family_for_op
-from pipetune.model.states import JobState
+from pipetune.model.states import JobState, TaskState
 from pipetune.model.trials import RunnerKind, is_simulated, runner_kind_shown
 from pipetune.model.wire import TFLOPS, AggregatePoint, Curve, CurvePoint
 from pipetune.service.best_curve import best_latencies
@@ -37,15 +44,22 @@ def task_curve(session: Session, task_id: int, op: str, work: int, after: int) -
     is its workload row's) per trial index, over the trials that are final."""
     fam = family_for_op(op)
     rows = session.execute(
-        select(JobRow.trial, JobRow.state, JobRow.latency_us)
+        select(JobRow.state, JobRow.latency_us, JobRow.runner)
         .where(JobRow.task_id == task_id)
         .order_by(JobRow.trial)
     ).all()
     points: list[CurvePoint] = []
     best: float | None = None
-    for trial, state, latency in rows:
+    runners: set[str] = set()
+    trial = -1  # the place among the counted trials
+    for state, latency, runner in rows:
+        if state == JobState.CANCELLED:
+            continue
         if not JobState(state).is_trial():
             break
+        trial += 1
+        if (kind := runner_kind_shown(runner)) is not None:
+            runners.add(kind)
         if state == JobState.DONE and latency is not None and (best is None or latency < best):
             best = latency
         if trial > after:
@@ -58,7 +72,7 @@ def task_curve(session: Session, task_id: int, op: str, work: int, after: int) -
                     best_tflops=rate if fam.throughput_unit == TFLOPS else None,
                 )
             )
-    return Curve(points=points, throughput_unit=fam.throughput_unit)
+    return Curve(points=points, throughput_unit=fam.throughput_unit, runners=sorted(runners))
 
 
 _BestJob = aliased(JobRow, name="best_job")
@@ -136,7 +150,14 @@ def aggregate(
     """(strategy -> best-in-k points, the runner kinds of the tasks' best trials, and
     "simulated" where a simulated runner answered any trial of a task)."""
     query = (
-        select(TaskRow.strategy, TaskRow.workload_id, TaskRow.gpu, TaskRow.curve, _BestJob.runner)
+        select(
+            TaskRow.strategy,
+            TaskRow.workload_id,
+            TaskRow.gpu,
+            TaskRow.curve,
+            _BestJob.runner,
+            TaskRow.state,
+        )
         .join(WorkloadRow, WorkloadRow.id == TaskRow.workload_id)
         # One indexed row per task (jobs by task and trial): the aggregate stays O(tasks).
         .outerjoin(
@@ -151,12 +172,12 @@ def aggregate(
     if strategy is not None:
         query = query.where(TaskRow.strategy == strategy)
     best = _best_known(session, gpu, op, strategy)
-    # strategy -> (workload, gpu) -> [normalised best-in-k arrays, one per task]
-    groups: dict[str, dict[tuple[int, str], list[np.ndarray]]] = defaultdict(
+    # strategy -> (workload, gpu) -> [(normalised best-in-k array, ended), one per task]
+    groups: dict[str, dict[tuple[int, str], list[tuple[np.ndarray, bool]]]] = defaultdict(
         lambda: defaultdict(list)
     )
     runners: set[str] = set()
-    for name, workload_id, task_gpu, curve, runner in session.execute(query):
+    for name, workload_id, task_gpu, curve, runner, state in session.execute(query):
         optimum = best.get((workload_id, task_gpu, is_simulated(runner)))
         latency = best_latencies(curve, max_k)
         if optimum is None and not np.isfinite(latency).any():
@@ -172,16 +193,19 @@ def aggregate(
         if isinstance(curve, dict) and curve.get("simulated"):
             # Its best trial measured, earlier bests of its curve simulated: said too.
             runners.add(RunnerKind.SIMULATED.value)
-        groups[name][(workload_id, task_gpu)].append(optimum / latency)
+        ended = TaskState(state).is_final()
+        groups[name][(workload_id, task_gpu)].append((optimum / latency, ended))
     curves: dict[str, list[AggregatePoint]] = {}
     for name, by_workload in sorted(groups.items()):
-        length = max(len(a) for arrays in by_workload.values() for a in arrays)
+        length = max(len(a) for arrays in by_workload.values() for a, _ in arrays)
         per_workload = np.full((len(by_workload), length), np.nan)
         tasks = np.zeros(length, dtype=int)
         for row, arrays in enumerate(by_workload.values()):
             padded = np.full((len(arrays), length), np.nan)
-            for i, a in enumerate(arrays):
+            for i, (a, ended) in enumerate(arrays):
                 padded[i, : len(a)] = a
+                if ended:  # as it ended, at every k past its last trial
+                    padded[i, len(a) :] = a[-1]
             reached = (~np.isnan(padded)).sum(axis=0)
             tasks += reached
             mean = np.nansum(padded, axis=0) / np.maximum(reached, 1)

@@ -1356,10 +1356,10 @@ class Driver:
 
 
 def _final_curve(conn: Connection, task_id: int) -> dict[str, Any]:
-    """The stored curve of a task that ends now: over its trials up to the first that is no
-    trial (a cancelled job), as its own curve reads (service/curves.task_curve). The driver
-    writes the curve at batch boundaries only, and a cancelled task's last partial batch was
-    left out of the aggregate (79 trials shown, 72 counted)."""
+    """The stored curve of a task that ends now: over its trials, its cancelled jobs left out
+    (no trial), as its own curve reads (service/curves.task_curve). The driver writes the
+    curve at batch boundaries only, and a cancelled task's last partial batch was left out of
+    the aggregate (79 trials shown, 72 counted)."""
     curve = BestCurve()
     rows = conn.execute(
         select(JOBS.c.state, JOBS.c.latency_us, JOBS.c.runner)
@@ -1367,6 +1367,8 @@ def _final_curve(conn: Connection, task_id: int) -> dict[str, Any]:
         .order_by(JOBS.c.trial)
     )
     for state, latency, runner in rows:
+        if state == JobState.CANCELLED:
+            continue
         if not JobState(state).is_trial():
             break
         curve.extend([latency if state == JobState.DONE else None])

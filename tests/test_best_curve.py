@@ -143,3 +143,50 @@ def test_trials_observed_out_of_order_wait_for_the_ones_before_them():
     assert curve.doc() == {"n": 1, "steps": [[0, 9.0]]}  # trial 1 not observed yet
     curve.observe([(1, 7.0), (4, 8.0)])
     assert curve.doc() == {"n": 5, "steps": [[0, 9.0], [1, 7.0], [2, 3.0]]}
+
+
+def test_a_cancelled_tasks_curve_counts_the_trials_measured_after_a_cancelled_job(db_url):
+    """A cancelled task whose first job was still out when it was cancelled, and whose later
+    jobs had been measured: its row counted them (trials_done, its best), while its curve,
+    its stored curve and the aggregate stopped at the cancelled job: no point at all, the
+    task's best left out."""
+    with client_for(db_url) as client:
+        worker = register(client)
+        task_id = create_task(client, budget=3, strategy="grid", batch_size=3)["id"]
+        jobs = sorted(lease(client, worker, max_jobs=3), key=lambda j: j["trial"])
+        for job, latency in zip(jobs[1:], (20.0, 10.0), strict=True):
+            post_result(client, worker, job, ok(latency))
+        assert client.delete(f"/v1/tasks/{task_id}").status_code in (200, 204)
+        task = client.get(f"/v1/tasks/{task_id}").json()
+        assert (task["state"], task["trials_done"], task["best"]["trial"]) == ("cancelled", 2, 2)
+        curve = client.get(f"/v1/tasks/{task_id}/curve").json()
+        assert [(p["trial"], p["best_latency_us"]) for p in curve["points"]] == [
+            (0, 20.0),
+            (1, 10.0),
+        ]
+        assert curve["runners"] == ["simulated"]
+        with service_of(client).db.read() as s:
+            stored = s.scalar(select(TaskRow.curve).where(TaskRow.id == task_id))
+        assert best_latencies(stored, 100).tolist() == [20.0, 10.0]
+        aggregate = client.get("/v1/curves").json()["curves"]["grid"]
+        assert [(p["k"], p["best_in_k"]) for p in aggregate] == [(1, 0.5), (2, 1.0)]
+
+
+def test_a_task_that_ended_before_k_counts_at_k_as_it_ended(client):
+    """best-in-k over tasks of one strategy and workload, one with a smaller budget: it
+    stopped counting past its budget, and the curve fell (0.84 at k=3, 0.69 at k=4) though
+    nobody's best got worse. It counts as it ended, as `bench tuner` counts a shorter run;
+    a task still running counts up to the trials it has."""
+    worker = register(client)
+    short = create_task(client, budget=2, strategy="random", batch_size=2)["id"]
+    drain(client, worker, lambda job: ok(10.0))  # found the best known at once
+    longer = create_task(client, budget=4, strategy="random", batch_size=4)["id"]
+    drain(client, worker, lambda job: ok(40.0 - 5 * job["trial"]))  # 40, 35, 30, 25
+    states = [client.get(f"/v1/tasks/{t}").json()["state"] for t in (short, longer)]
+    assert states == ["done", "done"]
+    aggregate = client.get("/v1/curves").json()["curves"]["random"]
+    # Mean over the two tasks of best-known / best-so-far (10 us is the best known).
+    expected = [(1.0 + 10 / 40) / 2, (1.0 + 10 / 35) / 2, (1.0 + 10 / 30) / 2, (1.0 + 10 / 25) / 2]
+    assert [p["k"] for p in aggregate] == [1, 2, 3, 4]
+    assert [p["tasks"] for p in aggregate] == [2, 2, 2, 2]
+    assert np.allclose([p["best_in_k"] for p in aggregate], expected)

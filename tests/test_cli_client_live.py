@@ -89,11 +89,15 @@ def test_tune_wait_prints_the_best_schedule_and_json_the_final_task(cli, worker,
 
     human = cli("tune", "gemm", *FC, "--budget", "4", "--seed", "3", "--wait", "--poll", "0.1")
     assert human.exit_code == 0, human.output
-    assert "4/4 trials (0 failed), done" in human.stdout and "best trial" in human.stdout
+    assert "4/4 trials (0 failed), done" in human.stdout
+    assert "best trial" in human.stdout and "(numbered from 0)" in human.stdout
     # Into a log (CliRunner's stderr is no terminal) rich draws no bar: plain progress lines,
     # the last at the end. Before, nothing at all until the command ended.
     task_id = json.loads(cli("tasks", "--json").stdout)["tasks"][0]["id"]
     assert f"task {task_id} done, 4/4 trials, best " in human.stderr, human.stderr
+    # The simulated worker's figure is said to be simulated while it runs too.
+    progress = next(line for line in human.stderr.splitlines() if "4/4 trials, best" in line)
+    assert progress.endswith(" (simulated)"), progress
     assert f"dashboard: {service.url}/dashboard" in human.stdout
 
     after = json.loads(cli("schedule", "gemm", *FC, "--json").stdout)

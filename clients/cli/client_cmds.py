@@ -244,8 +244,15 @@ def task_progress(enabled: bool) -> Iterator[Progress | None]:
         yield bar
 
 
+def _best_words(best: Any) -> str:
+    """The best throughput so far, said to be simulated where it is (the progress shown
+    while a task runs was the only figure without the label)."""
+    words = f"best {_rate(best.throughput, best.throughput_unit)}"
+    return words + " (simulated)" if is_simulated(best.runner) else words
+
+
 def _progress_line(doc: TaskDoc) -> str:
-    best = f", best {_rate(doc.best.throughput, doc.best.throughput_unit)}" if doc.best else ""
+    best = f", {_best_words(doc.best)}" if doc.best else ""
     return f"task {doc.id} {doc.state}, {doc.trials_done}/{trials_to_run(doc)} trials{best}"
 
 
@@ -265,11 +272,7 @@ def wait_for_task(c: Any, task: TaskDoc, show: bool, poll_s: float) -> TaskDoc:
                     final = doc.state.is_final()
                     lines.see((doc.trials_done, final), _progress_line(doc), final)
                 return
-            best = (
-                f"best {_rate(doc.best.throughput, doc.best.throughput_unit)}"
-                if doc.best
-                else "no result yet"
-            )
+            best = _best_words(doc.best) if doc.best else "no result yet"
             # Why it does not move, where no live worker can take its trials (a task for a
             # GPU no worker has waited with "no result yet" and nothing else).
             best += waiting_words([doc])
@@ -330,7 +333,8 @@ def print_task(doc: TaskDoc, server: str) -> None:
         table.add_column("key")
         table.add_column("value")
         for key, value in (
-            ("best trial", str(doc.best.trial)),
+            # (Trials are numbered from 0, as the API and the dashboard number them.)
+            ("best trial", f"{doc.best.trial} (numbered from 0)"),
             *_schedule_rows(doc.best.schedule, doc.workload),
             ("simulated µs" if simulated else "latency µs", f"{doc.best.latency_us:.2f}"),
             ("throughput", _rate(doc.best.throughput, doc.best.throughput_unit)),
