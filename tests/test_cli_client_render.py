@@ -17,7 +17,7 @@ from matplotlib.image import imread
 from typer.testing import CliRunner
 
 from pipetune.clients.cli import curve_files
-from pipetune.clients.cli.client_cmds import milestones, sparkline
+from pipetune.clients.cli.client_cmds import _rate, milestones, sparkline
 from pipetune.clients.cli.main import app
 from pipetune.model.states import TaskState
 from pipetune.model.wire import Curve, CurvePoint, TaskDoc
@@ -436,3 +436,11 @@ def test_a_second_signal_does_not_cut_off_what_the_first_one_says():
             time.sleep(5)
     finally:
         signal.signal(signal.SIGTERM, previous)
+
+
+def test_a_throughput_too_small_for_its_decimals_keeps_two_significant_digits():
+    """A tiny GEMM's 0.0052 TFLOP/s read "0.0 TFLOP/s" (and 0.3 GB/s "0 GB/s")."""
+    assert _rate(0.0052, "TFLOP/s") == "0.0052 TFLOP/s"
+    assert _rate(0.3, "GB/s") == "0.3 GB/s"
+    assert _rate(41.26, "TFLOP/s") == "41.3 TFLOP/s" and _rate(812.4, "GB/s") == "812 GB/s"
+    assert _rate(0.0, "TFLOP/s") == "0.0 TFLOP/s" and _rate(None, "GB/s") == "-"
