@@ -439,9 +439,15 @@ def document(
 
 
 def format_rate(value: float | None, unit: str) -> str:
-    """A throughput with its unit (GB/s without decimals, TFLOP/s with one), as the other
-    commands show it."""
-    return "-" if value is None else f"{value:.{0 if unit == 'GB/s' else 1}f} {unit}"
+    """A throughput with its unit, as every command shows it: GB/s without decimals,
+    TFLOP/s with one, and two significant digits where those would show 0 (a tiny GEMM's
+    0.0052 TFLOP/s read "0.0 TFLOP/s"; the dashboard's rate() keeps the same rule)."""
+    if value is None:
+        return "-"
+    decimals = 0 if unit == "GB/s" else 1
+    if 0 < value < 0.5 * 10**-decimals:
+        return f"{value:.2g} {unit}"
+    return f"{value:.{decimals}f} {unit}"
 
 
 def _us(value: float | None) -> str:

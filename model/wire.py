@@ -503,7 +503,7 @@ class TrialList(_Body):
 
 
 class CurvePoint(_Body):
-    trial: int
+    trial: int  # the place among the task's trials (0-based; a cancelled job is none)
     best_latency_us: float | None  # None until a trial has succeeded
     # In the curve's throughput_unit; best_tflops is API v1's (None unless in TFLOP/s).
     best_tflops: float | None = None

@@ -8,6 +8,7 @@ key configured the user routes are open (the embedded single-user default).
 from __future__ import annotations
 
 import hmac
+from collections.abc import Callable
 from typing import Annotated
 
 from fastapi import Depends, HTTPException, Request
@@ -16,7 +17,7 @@ from fastapi.security import APIKeyHeader, HTTPAuthorizationCredentials, HTTPBea
 from fastapi.security.utils import get_authorization_scheme_param
 
 from pipetune.service.context import ServiceDep
-from pipetune.service.settings import token_hash
+from pipetune.service.settings import Settings, token_hash
 
 _bearer = HTTPBearer(auto_error=False, description="worker token or API key")
 _worker_header = APIKeyHeader(name="X-Worker-Token", auto_error=False)
@@ -63,6 +64,26 @@ def _unauthorised(what: str) -> HTTPException:
 # thread, one hand-off per dependency per request.
 
 
+def _worker_digest(
+    header: str | None, bearer: HTTPAuthorizationCredentials | None, settings: Settings
+) -> str:
+    """The digest of a valid worker token, else 401: the one rule of the worker routes."""
+    digest = _either_known(header, bearer, settings.worker_token_hashes)
+    if digest is None:
+        raise _unauthorised("a valid worker token")
+    return digest
+
+
+def _user_allowed(
+    header: str | None, bearer: HTTPAuthorizationCredentials | None, settings: Settings
+) -> None:
+    """401 unless an API key is known, where any is configured: the one rule of the user
+    routes (open without keys)."""
+    digests = settings.api_key_hashes
+    if digests and _either_known(header, bearer, digests) is None:
+        raise _unauthorised("a valid API key")
+
+
 async def worker_token(
     bearer: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)],
     header: Annotated[str | None, Depends(_worker_header)],
@@ -71,10 +92,7 @@ async def worker_token(
     """The digest of a valid worker token (X-Worker-Token or Authorization: Bearer). The
     dedicated header first, as user_access takes X-API-Key first: where a proxy on the way
     sets an Authorization of its own, a valid X-Worker-Token was refused for it."""
-    digest = _either_known(header, bearer, service.settings.worker_token_hashes)
-    if digest is None:
-        raise _unauthorised("a valid worker token")
-    return digest
+    return _worker_digest(header, bearer, service.settings)
 
 
 async def user_access(
@@ -82,11 +100,7 @@ async def user_access(
     header: Annotated[str | None, Depends(_api_key_header)],
     service: ServiceDep,
 ) -> None:
-    digests = service.settings.api_key_hashes
-    if not digests:
-        return
-    if _either_known(header, bearer, digests) is None:
-        raise _unauthorised("a valid API key")
+    _user_allowed(header, bearer, service.settings)
 
 
 WorkerToken = Annotated[str, Depends(worker_token)]
@@ -96,12 +110,17 @@ WorkerToken = Annotated[str, Depends(worker_token)]
 # the request's body and query are read (ApiRoute): FastAPI decodes and validates the body
 # before it runs any dependency, and a 1 MB body of empty objects cost 35-55 ms of the event
 # loop's CPU before its 401, so four clients without a credential held every other request
-# (/healthz, the workers' leases) near 0.5 s.
-CREDENTIALS = {worker_token: "worker", user_access: "user"}
+# (/healthz, the workers' leases) near 0.5 s. Each dependency's header and rule, as it reads
+# and applies them.
+Credential = tuple[APIKeyHeader, Callable[..., object]]
+CREDENTIALS: dict[Callable[..., object], Credential] = {
+    worker_token: (_worker_header, _worker_digest),
+    user_access: (_api_key_header, _user_allowed),
+}
 
 
-def credential_of(dependant: Dependant) -> str | None:
-    """Which credential a route's dependencies check (CREDENTIALS), if any."""
+def credential_of(dependant: Dependant) -> Credential | None:
+    """The credential a route's dependencies check (CREDENTIALS), if any."""
     for sub in dependant.dependencies:
         found = CREDENTIALS.get(sub.call) or credential_of(sub)  # type: ignore[arg-type]
         if found:
@@ -109,15 +128,12 @@ def credential_of(dependant: Dependant) -> str | None:
     return None
 
 
-def check_credential(request: Request, credential: str) -> None:
-    """Refuse (401) a request without the credential `credential_of` named, as the route's
-    dependency would, from its headers alone."""
-    settings = request.app.state.service.settings
-    if credential == "worker":
-        header, digests, what = "x-worker-token", settings.worker_token_hashes, "worker token"
-    else:
-        header, digests, what = "x-api-key", settings.api_key_hashes, "API key"
-        if not digests:
-            return  # open user routes
-    if _either_known(request.headers.get(header), _bearer_of(request), digests) is None:
-        raise _unauthorised(f"a valid {what}")
+def check_credential(request: Request, credential: Credential) -> None:
+    """Refuse (401) a request without the credential `credential_of` found, by the route's
+    own dependency's rule, from the request's headers alone."""
+    header, rule = credential
+    rule(request.headers.get(header.model.name), _bearer_of(request), _settings_of(request))
+
+
+def _settings_of(request: Request) -> Settings:
+    return request.app.state.service.settings

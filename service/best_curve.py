@@ -13,9 +13,10 @@ are short:
 
 ("simulated": true beside them where a simulated runner answered any of its trials.)
 
-n trials observed; from trial index i (0-based, in trial order: the task's proposal order,
-as its own curve and its trials are numbered) the best is the step's latency, until the next
-step; before the first step no trial had succeeded. Rows
+n trials observed; from trial i (0-based, in trial order: the task's proposal order, its
+place among the trials as its own curve numbers them, a job cancelled with the task left
+out) the best is the step's latency, until the next step; before the first step no trial had
+succeeded. Rows
 written before this format hold the plain list (a latency or null per trial), which
 `best_latencies` reads too.
 """

@@ -14,10 +14,11 @@ holds. best-in-k of a task = best-known latency of the workload / best latency o
 first k trials (a throughput ratio, 0 before a success); the best known latency is the
 exhaustive sweep's (reference_optima) where one was imported, else the best any task
 measured. Mean over the tasks of a workload (seeds), geometric mean over workloads, per
-strategy. A task that ended before k trials (its budget, its whole space, or cancelled)
-counts at k as it ended, as `pipetune bench tuner` counts a shorter run; a running task
-counts up to the trials it has. (Counting only the tasks that reached k, the curve fell
-where a task with a smaller budget stopped counting, though nobody's best got worse.)
+strategy. A task done before k trials (its budget, its whole space, its target) counts at
+k as it ended, as `pipetune bench tuner` counts a shorter run; a running, cancelled or
+failed task counts up to the trials it has. (Counting only the tasks that reached k, the
+curve fell where a task with a smaller budget stopped counting, though nobody's best got
+worse.)
 Simulated and measured tasks are normalised apart, each to the best known of its own kind
 (`_best_known`).
 """
@@ -193,7 +194,11 @@ def aggregate(
         if isinstance(curve, dict) and curve.get("simulated"):
             # Its best trial measured, earlier bests of its curve simulated: said too.
             runners.add(RunnerKind.SIMULATED.value)
-        ended = TaskState(state).is_final()
+        # A task done before k (its budget, its whole space, its target) ran as far as it
+        # was to: it counts at k as it ended. Not a cancelled or failed one: a user's cancel
+        # or a failure is no result of the strategy's past the trials it ran (a task
+        # cancelled after one failed trial made its strategy's curve 0 at every k).
+        ended = state == TaskState.DONE
         groups[name][(workload_id, task_gpu)].append((optimum / latency, ended))
     curves: dict[str, list[AggregatePoint]] = {}
     for name, by_workload in sorted(groups.items()):

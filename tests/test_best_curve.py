@@ -7,6 +7,7 @@ import random
 
 import numpy as np
 from service_support import (
+    SMALL_GEMM,
     client_for,
     create_task,
     drain,
@@ -190,3 +191,23 @@ def test_a_task_that_ended_before_k_counts_at_k_as_it_ended(client):
     assert [p["k"] for p in aggregate] == [1, 2, 3, 4]
     assert [p["tasks"] for p in aggregate] == [2, 2, 2, 2]
     assert np.allclose([p["best_in_k"] for p in aggregate], expected)
+
+
+def test_a_cancelled_task_counts_only_up_to_the_trials_it_ran(client):
+    """Counted as it ended past its trials, a task cancelled after one failed trial made its
+    strategy's best-in-k 0 at every k (a workload's 0 makes the geometric mean 0): a
+    user's cancel is no result of the strategy's beyond what it ran."""
+    worker = register(client)
+    create_task(client, budget=4, strategy="random", batch_size=4)
+    drain(client, worker, lambda job: ok(40.0 - 5 * job["trial"]))  # 40, 35, 30, 25
+    create_task(client, budget=2, strategy="grid", batch_size=2, workload=SMALL_GEMM)
+    drain(client, worker, lambda job: ok(10.0))
+    cancelled = create_task(client, budget=4, strategy="random", batch_size=1, workload=SMALL_GEMM)[
+        "id"
+    ]
+    (job,) = lease(client, worker)
+    post_result(client, worker, job, {"status": "compile_error", "error": "nvrtc: no"})
+    client.delete(f"/v1/tasks/{cancelled}")
+    aggregate = client.get("/v1/curves").json()["curves"]["random"]
+    assert [p["tasks"] for p in aggregate] == [2, 1, 1, 1]
+    assert np.allclose([p["best_in_k"] for p in aggregate], [0.0, 25 / 35, 25 / 30, 1.0])

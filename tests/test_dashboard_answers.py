@@ -557,3 +557,15 @@ def test_the_vocabulary_names_the_final_task_states(page_url):
     start = page.index('type="application/json">') + len('type="application/json">')
     vocabulary = json.loads(page[start : page.index("</script>", start)])
     assert sorted(vocabulary["final_task_states"]) == ["cancelled", "done", "failed"]
+
+
+def test_a_throughput_too_small_for_its_decimals_keeps_two_significant_digits(open_page):
+    """A tiny GEMM's 0.0052 TFLOP/s read "best 0.0 TFLOP/s", as the CLI's did."""
+    fake = FakeService(
+        [task_doc(3, best=best_doc(throughput=0.0052, latency_us=1.6))],
+        {3: [ok_trial(i) for i in range(6)]},
+    )
+    page = open_page(fake, "refresh=250&task=3")
+    page.wait_for_function("() => Number(document.body.dataset.refreshes || 0) >= 1")
+    summary = page.locator("#task-summary").inner_text()
+    assert summary == "done, 6/6 trials, best 0.0052 TFLOP/s at 1.60 µs (simulated)", summary

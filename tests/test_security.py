@@ -294,9 +294,8 @@ def test_a_worker_on_the_serving_machine_finds_the_generated_token(tmp_path: Pat
         ("127.0.0.2", True),
         ("[::1]", True),
         ("::1", True),
-        ("127.1", True),  # (inet_aton's shorthand: the bind resolves it to 127.0.0.1)
+        ("127.1", False),  # (a shorthand: only `serve` resolves it, see below)
         ("10.0.0.1", False),
-        ("10.1", False),
         ("tuner.lan", False),
         ("", False),
     ],
@@ -306,6 +305,22 @@ def test_one_rule_says_which_hosts_are_this_machine(host: str, loopback: bool):
     from pipetune.clients.cli.hosts import is_loopback_host
 
     assert is_loopback_host(host) is loopback
+
+
+@pytest.mark.parametrize(
+    ("host", "loopback"),
+    [("127.1", True), ("127.0.1", True), ("10.1", False), ("localhost", True), ("", False)],
+)
+def test_serve_takes_a_host_that_resolves_to_loopback_only_for_this_machine(
+    host: str, loopback: bool
+):
+    """`serve --host 127.1` binds 127.0.0.1 (inet_aton's shorthand, as the bind resolves it)
+    and was taken for an address others reach. A worker does not resolve: it would send the
+    generated token to a name that answers 127.0.0.1 when asked and another address when it
+    connects."""
+    from pipetune.clients.cli.hosts import is_loopback_host
+
+    assert is_loopback_host(host, resolve=True) is loopback
 
 
 def test_a_worker_of_another_machines_service_is_not_given_the_generated_token(

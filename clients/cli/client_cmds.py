@@ -156,14 +156,9 @@ def _fmt(value: float | None, spec: str = ".2f") -> str:
 
 
 def _rate(value: float | None, unit: str) -> str:
-    """A throughput with its unit (GB/s without decimals, TFLOP/s with one; two significant
-    digits where those would show 0: a tiny GEMM's 0.0052 TFLOP/s read "0.0 TFLOP/s")."""
-    if value is None:
-        return "-"
-    decimals = 0 if unit == "GB/s" else 1
-    if 0 < value < 0.5 * 10**-decimals:
-        return f"{value:.2g} {unit}"
-    return f"{value:.{decimals}f} {unit}"
+    from pipetune.clients.tune_model import format_rate
+
+    return format_rate(value, unit)
 
 
 def _label(workload: dict[str, Any]) -> str:

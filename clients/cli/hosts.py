@@ -20,16 +20,18 @@ def _resolved_loopback(name: str) -> bool:
     )
 
 
-def is_loopback_host(host: str) -> bool:
+def is_loopback_host(host: str, *, resolve: bool = False) -> bool:
     """Whether `host` (a name or address, an IPv6 one bracketed or bare) is localhost or a
-    loopback address, or a name or shorthand that resolves to loopback addresses only: only
-    this machine can reach it. (By its text alone, `--host 127.1` or a name for 127.0.0.1
-    was taken for an address others reach: its open routes went without the guard against
-    DNS rebinding.)"""
+    loopback address: only this machine can reach it. `resolve`: also a name or shorthand
+    that resolves to loopback addresses only, for `serve --host`, which binds what it
+    resolves to (by its text alone, `--host 127.1` or a name for 127.0.0.1 was taken for an
+    address others reach: its open routes went without the guard against DNS rebinding).
+    Not for a client deciding where to send a secret: it connects to what the name resolves
+    to when it connects, which may no longer be this machine."""
     if host.lower() == "localhost":
         return True
     bare = host.strip("[]")
     try:
         return ipaddress.ip_address(bare).is_loopback
     except ValueError:
-        return bool(bare) and _resolved_loopback(bare)
+        return resolve and bool(bare) and _resolved_loopback(bare)

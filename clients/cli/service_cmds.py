@@ -313,7 +313,8 @@ def serve(
     if log_level not in LOG_LEVELS:
         raise CliError(f"--log-level: must be one of {', '.join(LOG_LEVELS)}, got {log_level!r}", 2)
     settings = _settings(db, create_empty_schema=True)
-    if not settings.allowed_hosts and not settings.api_keys and is_loopback_host(host):
+    loopback = is_loopback_host(host, resolve=True)  # (127.1 or a name: what the bind takes)
+    if not settings.allowed_hosts and not settings.api_keys and loopback:
         # Open routes on a laptop: only requests addressed to its loopback names (a page the
         # user opens could reach them through DNS rebinding, and read the answers), and to
         # the loopback address it listens on (--host 127.0.0.2: its own address, its local
@@ -386,7 +387,7 @@ def serve(
         print(line, file=sys.stderr, flush=True)
     from pipetune.service.settings import default_database_url
 
-    if settings.database_url == default_database_url() and not is_loopback_host(host):
+    if settings.database_url == default_database_url() and not loopback:
         # A replica beside others on the built-in file (no --db, no PIPETUNE_DATABASE_URL, or
         # a misspelt one) holds tasks and workers the fleet's database never sees.
         print(
@@ -395,7 +396,7 @@ def serve(
             file=sys.stderr,
             flush=True,
         )
-    if not settings.api_keys and not is_loopback_host(host):
+    if not settings.api_keys and not loopback:
         # The user routes are open without keys (README, "Tokens"): fine on a laptop, not on
         # an address others reach, where anyone could create and cancel tasks.
         print(

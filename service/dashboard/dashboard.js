@@ -137,10 +137,14 @@
 
   const fixed = (x, digits) => (x == null ? "–" : Number(x).toFixed(digits));
 
-  // A throughput with its unit: GB/s without decimals, TFLOP/s with one.
+  // A throughput with its unit: GB/s without decimals, TFLOP/s with one, two significant
+  // digits where those would show 0 (as the CLI's format_rate: 0.0052 TFLOP/s read 0.0).
   function rate(value, unit) {
     if (value == null) return "–";
-    return `${fixed(value, unit === "GB/s" ? 0 : 1)} ${unit}`;
+    const digits = unit === "GB/s" ? 0 : 1;
+    const x = Number(value);
+    if (x > 0 && x < 0.5 * 10 ** -digits) return `${x.toPrecision(2)} ${unit}`;
+    return `${fixed(value, digits)} ${unit}`;
   }
 
   // "measured", "simulated" or "replayed": how a runner's latencies are labelled. Simulated

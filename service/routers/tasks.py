@@ -124,12 +124,14 @@ def get_curve(
     task_id: RowId,
     after: Annotated[
         int,
-        Query(ge=-1, le=ID_MAX, description="only points with a larger trial index"),
+        Query(ge=-1, le=ID_MAX, description="only points with a larger `trial` (place)"),
         QUERY_INT,
     ] = -1,
 ) -> Curve:
     """Best-so-far latency and throughput (TFLOP/s for GEMMs, GB/s for memory-intensive
-    operators: `throughput_unit`) per trial index, over the trials that are final."""
+    operators: `throughput_unit`) after each trial, over the trials that are final. A point's
+    `trial` is its place among the task's trials, 0-based: the trial's number, except after a
+    job cancelled with its task (no trial: left out, the trials after it counted on)."""
     with service.db.read() as s:
         work = task_work(s, task_id)
         if work is None:

@@ -199,6 +199,12 @@ class Record:
         return self.status or STATUS_OF_INVALIDITY[self.invalidity]
 
 
+def configuration_key(configuration: Mapping[str, Any], knobs: Sequence[str]) -> tuple:
+    """What tells one configuration from another, its values in `knobs` order: by type as
+    well as value (1, True and 1.0 are other configurations)."""
+    return tuple((type(configuration[k]).__name__, configuration[k]) for k in knobs)
+
+
 class Dataset:
     """Records of one search space (one kernel/workload on one device), one per configuration.
 
@@ -255,8 +261,7 @@ class Dataset:
             self._index[key] = i
 
     def _key(self, configuration: Mapping[str, Any]) -> tuple:
-        # Knob values are hashed by type as well as value: 1 and True and 1.0 differ here.
-        return tuple((type(configuration[k]).__name__, configuration[k]) for k in self.knobs)
+        return configuration_key(configuration, self.knobs)
 
     def __len__(self) -> int:
         return len(self.records)

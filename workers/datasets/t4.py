@@ -33,12 +33,20 @@ measurement is the median of the repeats (Kernel Tuner writes the mean).
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 from pipetune.workers.datasets.files import dumps, parse_json, read_text, write_atomic
 from pipetune.workers.datasets.pipetune import check_pipetune
-from pipetune.workers.datasets.records import INVALIDITIES, Dataset, DatasetError, Record, shown
+from pipetune.workers.datasets.records import (
+    INVALIDITIES,
+    Dataset,
+    DatasetError,
+    Record,
+    configuration_key,
+    shown,
+)
 
 SCHEMA_VERSION = "1.0.0"
 TIMEUNIT = "miliseconds"  # the benchmark hub's spelling, kept for byte-level compatibility
@@ -220,21 +228,12 @@ def record_from_t4(
     return record, objectives
 
 
-def _configuration_key(record: Record) -> tuple:
-    # As Dataset keys them: by type as well as value (1, True and 1.0 are other values).
-    return tuple(sorted((k, type(v).__name__, v) for k, v in record.configuration.items()))
-
-
 def _same_measurement(a: Record, b: Record) -> bool:
     """Whether two results are one measurement: a search that visits a configuration again
-    is answered from its cache (the same times; only the framework's own timings differ)."""
-    return (a.invalidity, a.time_ms, a.runtimes_ms, a.measurements, a.status) == (
-        b.invalidity,
-        b.time_ms,
-        b.runtimes_ms,
-        b.measurements,
-        b.status,
-    )
+    is answered from its cache (everything the same but when it was asked, and the compile
+    and framework timings of that visit)."""
+    visit = {"compile_ms": None, "times": {}, "timestamp": None}
+    return replace(a, **visit) == replace(b, **visit)
 
 
 def _without_revisits(records: list[Record], source: str) -> list[Record]:
@@ -246,7 +245,7 @@ def _without_revisits(records: list[Record], source: str) -> list[Record]:
     first: dict[tuple, int] = {}
     kept: list[Record] = []
     for i, record in enumerate(records):
-        key = _configuration_key(record)  # (knob values are scalars: Record checks)
+        key = configuration_key(record.configuration, sorted(record.configuration))
         if key not in first:
             first[key] = i
             kept.append(record)
