@@ -60,10 +60,6 @@ def _unauthorised(what: str) -> HTTPException:
     return HTTPException(401, f"{what} required", headers={"WWW-Authenticate": "Bearer"})
 
 
-# The dependencies are async (they do no I/O): FastAPI would run plain functions in a worker
-# thread, one hand-off per dependency per request.
-
-
 def _worker_digest(
     header: str | None, bearer: HTTPAuthorizationCredentials | None, settings: Settings
 ) -> str:
@@ -82,6 +78,10 @@ def _user_allowed(
     digests = settings.api_key_hashes
     if digests and _either_known(header, bearer, digests) is None:
         raise _unauthorised("a valid API key")
+
+
+# The dependencies are async (they do no I/O): FastAPI would run plain functions in a worker
+# thread, one hand-off per dependency per request.
 
 
 async def worker_token(
