@@ -202,6 +202,8 @@ def launch(
     batch_size: int | None = None,
     resumed: dict[int, TaskDoc] | None = None,
     priority: int = DEFAULT_PRIORITY,
+    started: list[TaskDoc] | None = None,
+    cold: list[str] | None = None,
 ) -> list[TaskDoc]:
     """One tuning task per distinct shape, all queued at once so the workers share them;
     a shape in `resumed` (its index: `resumable_tasks`) keeps that task instead.
@@ -211,7 +213,10 @@ def launch(
     without starts cold (the service says which by a 422 on the prior's field). A prior_gpu no shape
     could use (unknown, the tuned GPU, a strategy without a prior) raises ValueError before any task
     is created. batch_size: each task's trials per proposal round (None: the service's);
-    priority: each task's share of the GPU's workers (TaskCreate.priority)."""
+    priority: each task's share of the GPU's workers (TaskCreate.priority). `started`: the list
+    each task is appended to as it is created (the caller's: a signal part-way through leaves
+    it holding the tasks that exist); `cold`: where given, the service's reason for each shape
+    that started cold though a prior was asked for."""
     prior: dict[str, Any] = {}
     if learned_prior and prior_gpu is not None:
         raise ValueError("give prior_gpu or learned_prior, not both")
@@ -231,8 +236,8 @@ def launch(
     }
     # A shape without a task on prior_gpu starts cold, but as asked of the learned prior
     # (--no-learned-prior beside --prior-gpu was dropped there, and the shape learned one).
-    cold = {"learned_prior": False} if prior_gpu is not None and learned_prior is False else {}
-    started = []
+    without = {"learned_prior": False} if prior_gpu is not None and learned_prior is False else {}
+    started = [] if started is None else started
     for i, s in enumerate(shapes):
         if resumed and i in resumed:
             started.append(resumed[i])
@@ -243,7 +248,9 @@ def launch(
         except ApiError as exc:
             if not prior or exc.status_code != 422 or exc.field not in prior:
                 raise
-            task = client.tune(workload, gpu, **args, **cold)
+            task = client.tune(workload, gpu, **args, **without)
+            if cold is not None:
+                cold.append(f"{s.workload.label()}: {exc}")
         started.append(task)
     return started
 

@@ -669,6 +669,22 @@ def curve(
 # ---- tune-model ------------------------------------------------------------------------
 
 
+def _interrupted_tune_model(exc: KeyboardInterrupt, started: list[TaskDoc], server: str) -> None:
+    """Ctrl-C or SIGTERM in tune-model: the tasks created are the service's and go on without
+    this command (said, where it used to end without a word, and a second run queued every
+    shape again); exit 130 or 143."""
+    what, code = interrupted(exc)
+    if started:
+        ids = ", ".join(str(t.id) for t in started)
+        stderr_console.print(
+            f"{what}: tasks {ids} go on at the service; follow them again by running this "
+            f"command with --resume, or cancel each with DELETE {shown_url(server)}/v1/tasks/ID"
+        )
+    else:
+        stderr_console.print(f"{what}: no task was created")
+    raise typer.Exit(code) from None
+
+
 @reported
 def tune_model(
     network: str = typer.Argument(..., help="bert-base, gpt2, llama2-7b, llama2-70b or resnet50"),
@@ -800,19 +816,36 @@ def tune_model(
                 + (f" (tasks {ids})" if resumed else "")
                 + (f"; queuing {len(shapes) - len(resumed)}" if len(resumed) < len(shapes) else "")
             )
-        started = tm.launch(
-            c,
-            shapes,
-            gpu,
-            budget,
-            strategy,  # type: ignore[arg-type]
-            seed,
-            prior_gpu,
-            learned_prior,
-            batch_size,
-            resumed,
-            priority,
-        )
+        # Filled as each task is created: a signal while they are queued says which exist
+        # (it ended without a word, the tasks running on).
+        started: list[TaskDoc] = []
+        cold: list[str] = []
+        with sigterm_interrupts():
+            try:
+                tm.launch(
+                    c,
+                    shapes,
+                    gpu,
+                    budget,
+                    strategy,  # type: ignore[arg-type]
+                    seed,
+                    prior_gpu,
+                    learned_prior,
+                    batch_size,
+                    resumed,
+                    priority,
+                    started=started,
+                    cold=cold,
+                )
+            except KeyboardInterrupt as exc:
+                _interrupted_tune_model(exc, started, server)
+        if cold:
+            # (A prior asked for and given to none, or to some: it said nothing, exit 0.)
+            asked = "--prior-gpu" if prior_gpu is not None else "--learned-prior"
+            stderr_console.print(
+                f"note: {asked}: {len(cold)} of {len(shapes) - len(resumed)} shapes start cold: "
+                + "; ".join(cold)
+            )
         log = not as_json and not stderr_console.is_terminal
         lines = ProgressLines(stderr_console) if log else None
         with task_progress(not as_json and not log) as bar:
@@ -858,16 +891,7 @@ def tune_model(
                     )
                     raise
                 except KeyboardInterrupt as exc:
-                    # The tasks are the service's: they go on without this command (said, where
-                    # it used to end without a word, and a second run queued every shape again).
-                    what, code = interrupted(exc)
-                    ids = ", ".join(str(t.id) for t in started)
-                    stderr_console.print(
-                        f"{what}: tasks {ids} go on at the service; follow them again by "
-                        "running this command with --resume, or cancel each with DELETE "
-                        f"{shown_url(server)}/v1/tasks/ID"
-                    )
-                    raise typer.Exit(code) from None
+                    _interrupted_tune_model(exc, started, server)
         results = tm.collect(c, shapes, finals, gpu)
     doc = tm.document(net, gpu, budget, strategy, results)
     if as_json:
