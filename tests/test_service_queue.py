@@ -235,10 +235,12 @@ def test_cancelling_a_task_cancels_its_jobs_and_refuses_their_results(client):
     assert client.delete(f"/v1/tasks/{finished['id']}").status_code == 409
 
 
-def test_a_cancelled_task_counts_in_the_aggregate_up_to_its_last_final_trial(client):
+def test_a_cancelled_task_counts_in_the_aggregate_every_trial_it_finished(client):
     """The stored curve (what GET /v1/curves reads) was written at batch boundaries only: a
     task cancelled 3 trials into its second batch counted to k=8 there, while its own curve
-    showed 11 trials and a better best."""
+    showed 11 trials and a better best. A job cancelled with the task is no trial: the
+    trials finished after it count on (both curves ended at it, leaving out trial 12's
+    best, which the task's row counted)."""
     task = create_task(client, budget=16, strategy="grid", batch_size=8)
     worker = register(client)
     first = lease(client, worker, max_jobs=8)
@@ -246,20 +248,21 @@ def test_a_cancelled_task_counts_in_the_aggregate_up_to_its_last_final_trial(cli
         assert post_result(client, worker, job, ok(10.0)).json()["accepted"] is True
     second = sorted(lease(client, worker, max_jobs=8), key=lambda j: j["trial"])
     assert [j["trial"] for j in second] == list(range(8, 16))
-    # Trials 8 and 10 answered, 9 failed, 12 answered: the curve ends before 11, unanswered.
+    # Trials 8 and 10 answered, 9 failed, 12 answered; 11, 13-15 cancelled (no trials).
     post_result(client, worker, second[0], ok(12.0))
     post_result(client, worker, second[1], {"status": "runtime_error", "error": "crash"})
     post_result(client, worker, second[2], ok(4.0))
     post_result(client, worker, second[4], ok(1.0))
     assert client.delete(f"/v1/tasks/{task['id']}").json()["state"] == "cancelled"
     points = client.get(f"/v1/tasks/{task['id']}/curve").json()["points"]
-    assert [p["best_latency_us"] for p in points] == [10.0] * 10 + [4.0]
+    assert [p["best_latency_us"] for p in points] == [10.0] * 10 + [4.0, 1.0]
+    assert client.get(f"/v1/tasks/{task['id']}").json()["trials_done"] == len(points)
     from pipetune.service.orm import TaskRow
 
     with service_of(client).db.read() as s:
         stored = s.scalar(select(TaskRow.curve).where(TaskRow.id == task["id"]))
     # (its worker is simulated: the curve says so, for the aggregate view)
-    assert stored == {"n": 11, "steps": [[0, 10.0], [10, 4.0]], "simulated": True}
+    assert stored == {"n": 12, "steps": [[0, 10.0], [10, 4.0], [11, 1.0]], "simulated": True}
 
 
 def test_reregistering_a_name_with_another_token_is_refused(db_url):
