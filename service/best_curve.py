@@ -23,11 +23,25 @@ written before this format hold the plain list (a latency or null per trial), wh
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
+
+from pipetune.model.states import JobState
+
+
+def counted_trials(jobs: Iterable[tuple[Any, ...]]) -> Iterator[tuple[Any, ...]]:
+    """The rows (state first) of a task's jobs in trial order that its curve counts: every
+    final trial up to the first job still out (it would change the points after it), a job
+    cancelled with the task left out (no trial; the trials after it count on)."""
+    for job in jobs:
+        if job[0] == JobState.CANCELLED:
+            continue
+        if not JobState(job[0]).is_trial():
+            return
+        yield job
 
 
 @dataclass

@@ -36,7 +36,7 @@ from pipetune.model.family import family_for_op
 from pipetune.model.states import JobState, TaskState
 from pipetune.model.trials import RunnerKind, is_simulated, runner_kind_shown
 from pipetune.model.wire import TFLOPS, AggregatePoint, Curve, CurvePoint
-from pipetune.service.best_curve import best_latencies
+from pipetune.service.best_curve import best_latencies, counted_trials
 from pipetune.service.orm import JobRow, ReferenceOptimumRow, TaskRow, WorkloadRow
 
 
@@ -53,11 +53,7 @@ def task_curve(session: Session, task_id: int, op: str, work: int, after: int) -
     best: float | None = None
     runners: set[str] = set()
     trial = -1  # the place among the counted trials
-    for state, latency, runner in rows:
-        if state == JobState.CANCELLED:
-            continue
-        if not JobState(state).is_trial():
-            break
+    for state, latency, runner in counted_trials(rows):
         trial += 1
         if (kind := runner_kind_shown(runner)) is not None:
             runners.add(kind)

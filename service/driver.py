@@ -72,7 +72,7 @@ from pipetune.model.states import (
 from pipetune.model.trials import MeasureResult, RunnerKind, is_simulated
 from pipetune.model.wire import TaskCreate
 from pipetune.service import fair_share
-from pipetune.service.best_curve import BestCurve
+from pipetune.service.best_curve import BestCurve, counted_trials
 from pipetune.service.db import Database, json_param, sql_names
 from pipetune.service.errors import ConflictError, InputError, NotFoundError
 from pipetune.service.metrics import Metrics
@@ -1366,11 +1366,7 @@ def _final_curve(conn: Connection, task_id: int) -> dict[str, Any]:
         .where(JOBS.c.task_id == task_id)
         .order_by(JOBS.c.trial)
     )
-    for state, latency, runner in rows:
-        if state == JobState.CANCELLED:
-            continue
-        if not JobState(state).is_trial():
-            break
+    for state, latency, runner in counted_trials(rows):
         curve.extend([latency if state == JobState.DONE else None])
         curve.simulated = curve.simulated or is_simulated(runner)
     return curve.doc()

@@ -54,8 +54,9 @@ def _name_levels(path: Path) -> tuple[str, ...]:
     name = path.name
     for ending in (".gz", ".json"):
         name = name.removesuffix(ending)
-    folder = path.resolve().parent.name
-    return stem, f"{folder}/{stem}", name, f"{folder}/{name}", str(path.resolve())
+    resolved = path.resolve()
+    folder = resolved.parent.name
+    return stem, f"{folder}/{stem}", name, f"{folder}/{name}", str(resolved)
 
 
 def dataset_names(paths: list[Path]) -> list[str]:
