@@ -262,9 +262,43 @@ def secret_problem(secret: str) -> str | None:
     )
 
 
+# A secret shorter than this is a password someone picked, guessed by trying (16 random
+# characters of the 94 a secret may hold are over 100 bits; `secrets.token_urlsafe(16)` is 22).
+MIN_SECRET_CHARS = 16
+
+
+def short_secret_warnings(settings: Settings) -> list[str]:
+    """A warning for each API key and worker token shorter than MIN_SECRET_CHARS (counted,
+    never quoted). Warned, not refused: on a loopback address, or behind a proxy that checks
+    its own credentials, a short one is the user's choice."""
+    warnings = []
+    for variable, secrets in (
+        ("PIPETUNE_API_KEYS", settings.api_keys),
+        ("PIPETUNE_WORKER_TOKENS", settings.worker_tokens),
+    ):
+        what = "key" if variable == "PIPETUNE_API_KEYS" else "token"
+        for i, secret in enumerate(secrets, 1):
+            if len(secret) < MIN_SECRET_CHARS:
+                warnings.append(
+                    f"warning: {variable}: {what} {i} (of {len(secrets)}) has {len(secret)} "
+                    f"characters, few enough to be guessed by trying; use {MIN_SECRET_CHARS} or "
+                    "more random ones (python -c "
+                    "'import secrets; print(secrets.token_urlsafe(24))')"
+                )
+    return warnings
+
+
 def _split(value: object) -> object:
     if isinstance(value, str):
-        return [part.strip() for part in value.split(",") if part.strip()]
+        parts = [part.strip() for part in value.split(",") if part.strip()]
+        if value.strip() and not parts:
+            # (" , " was read as no key at all: the user routes open, or any Host answered,
+            # where a template that lost its values meant to close them.) Empty is unset.
+            raise ValueError(
+                f"{value!r} names nothing (only commas and spaces); leave it unset or empty "
+                "for none"
+            )
+        return parts
     return value
 
 

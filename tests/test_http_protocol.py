@@ -156,6 +156,11 @@ def test_serve_on_a_reachable_address_without_api_keys_warns(tmp_path: Path, hos
     finally:
         svc.stop()
     assert ("warning: no API keys" in log) == warned, log
+    # A short key is warned of where others reach the service (here "k1"; the worker token
+    # serve generates is long).
+    short = "warning: PIPETUNE_API_KEYS: key 1 (of 1) has 2 characters"
+    assert (short in log) == (keys == "k1" and host == "0.0.0.0"), log
+    assert "PIPETUNE_WORKER_TOKENS" not in log, log
 
 
 def test_the_head_is_counted_to_its_blank_line_even_across_reads():

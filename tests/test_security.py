@@ -171,6 +171,45 @@ def test_a_secret_no_client_can_send_is_refused_without_quoting_it(monkeypatch, 
         assert secret not in message and "fine-one" not in message
 
 
+@pytest.mark.parametrize(
+    "variable",
+    [
+        "PIPETUNE_WORKER_TOKENS",
+        "PIPETUNE_API_KEYS",
+        "PIPETUNE_ALLOWED_HOSTS",
+        "PIPETUNE_CORS_ORIGINS",
+    ],
+)
+def test_a_list_of_only_commas_is_refused_and_an_empty_one_is_none(monkeypatch, variable):
+    """PIPETUNE_API_KEYS=" , " (a template that lost its values) was read as no key: the
+    user routes served open, as PIPETUNE_ALLOWED_HOSTS=" , " answered any Host."""
+    from pipetune.service.settings import SettingsError, load_settings
+
+    for value in (" , ", ",", " ,, "):
+        monkeypatch.setenv(variable, value)
+        with pytest.raises(SettingsError) as refused:
+            load_settings()
+        assert str(refused.value).startswith(f"{variable}: {value!r} names nothing"), refused
+    field = variable.removeprefix("PIPETUNE_").lower()
+    for value in ("", "   "):  # compose's way of saying none
+        monkeypatch.setenv(variable, value)
+        assert getattr(load_settings(), field) == []
+
+
+def test_short_secrets_are_warned_of_without_quoting_them():
+    from pipetune.service.settings import MIN_SECRET_CHARS, short_secret_warnings
+
+    strong = "s" * MIN_SECRET_CHARS
+    warned = short_secret_warnings(
+        settings("sqlite:///x.db", api_keys=[strong, "k1"], worker_tokens=["tok-short", strong])
+    )
+    assert len(warned) == 2, warned
+    assert warned[0].startswith("warning: PIPETUNE_API_KEYS: key 2 (of 2) has 2 characters")
+    assert warned[1].startswith("warning: PIPETUNE_WORKER_TOKENS: token 1 (of 2) has 9 ")
+    assert not any("k1" in line.split("has")[1] or "tok-short" in line for line in warned)
+    assert short_secret_warnings(settings("sqlite:///x.db", api_keys=[strong])) == []
+
+
 def test_settings_never_show_their_secrets():
     shown = repr(settings("sqlite:///x.db", worker_tokens=["tok-secret"], api_keys=["key-secret"]))
     assert "tok-secret" not in shown and "key-secret" not in shown

@@ -385,7 +385,7 @@ def serve(
     print(f"database: {redact(settings.database_url)}", flush=True)
     for line in unknown_variable_warnings():
         print(line, file=sys.stderr, flush=True)
-    from pipetune.service.settings import default_database_url
+    from pipetune.service.settings import default_database_url, short_secret_warnings
 
     if settings.database_url == default_database_url() and not loopback:
         # A replica beside others on the built-in file (no --db, no PIPETUNE_DATABASE_URL, or
@@ -396,6 +396,10 @@ def serve(
             file=sys.stderr,
             flush=True,
         )
+    if not loopback:
+        # (A 1-character key was taken without a word on a public address.)
+        for line in short_secret_warnings(settings):
+            print(line, file=sys.stderr, flush=True)
     if not settings.api_keys and not loopback:
         # The user routes are open without keys (README, "Tokens"): fine on a laptop, not on
         # an address others reach, where anyone could create and cancel tasks.
