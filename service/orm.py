@@ -230,6 +230,10 @@ class JobRow(Base):
     # The lease whose result was applied: a repeat of it is acknowledged, not counted again.
     result_token: Mapped[str | None] = mapped_column(String(64))
     result_worker: Mapped[int | None] = mapped_column(ForeignKey("workers.id"))
+    # The device the result's worker had registered, kept here once that worker registers
+    # another under its name ("" where it had named none); NULL: the worker's own row says
+    # it (records.measured_device_name).
+    result_device_name: Mapped[str | None] = mapped_column(String(256))
     status: Mapped[str | None] = mapped_column(String(24))
     latency_us: Mapped[float | None] = mapped_column(Float)
     samples_us: Mapped[list[float] | None] = mapped_column(JSON)

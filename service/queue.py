@@ -380,6 +380,18 @@ class Queue:
                     # H100 job's as the A100's). Handed back, so such a result is refused as
                     # stale and the jobs go to workers of their kind at once.
                     requeued = self._hand_back_leases(s, worker.id)
+                if worker.device_name != values["device_name"]:
+                    # Its trials named their device through this row, which is about to
+                    # name another: each keeps the one that measured it ("" for none named;
+                    # an A100's trials read as the H200's that took the name over).
+                    s.execute(
+                        update(JobRow)
+                        .where(
+                            JobRow.result_worker == worker.id,
+                            JobRow.result_device_name.is_(None),
+                        )
+                        .values(result_device_name=worker.device_name or "")
+                    )
                 for key, value in values.items():
                     setattr(worker, key, value)
                 worker.last_heartbeat = now

@@ -183,14 +183,24 @@ def throughput(op: str, work: float, latency_us: float) -> dict[str, Any]:
     return {"throughput": fam.rate(work, latency_us), "throughput_unit": fam.throughput_unit}
 
 
+def measured_device_name(kept: str | None, worker_device: str | None) -> str | None:
+    """The device a worker's trial was measured on: the one kept with the trial (its worker
+    has registered another since; "" where it had named none), else the worker's own."""
+    if kept is not None:
+        return kept or None
+    return worker_device
+
+
 def measuring_device(session: Session, job: JobRow | None) -> str | None:
-    """The device that measured a trial: its worker's, as registered, else its task's
-    imported dataset's (an imported trial has no worker); None where neither says."""
+    """The device that measured a trial: its worker's, as registered when it measured (see
+    measured_device_name), else its task's imported dataset's (an imported trial has no
+    worker); None where neither says."""
     if job is None:
         return None
     if job.result_worker is not None:
-        name = session.scalar(
-            select(WorkerRow.device_name).where(WorkerRow.id == job.result_worker)
+        name = measured_device_name(
+            job.result_device_name,
+            session.scalar(select(WorkerRow.device_name).where(WorkerRow.id == job.result_worker)),
         )
         if name:
             return name

@@ -15,7 +15,7 @@ from pipetune.model.workloads import WorkloadError
 from pipetune.service.db import database_now, database_now_plus
 from pipetune.service.errors import cut_text
 from pipetune.service.orm import JobRow, TaskRow, WorkerRow, WorkloadRow, in_state
-from pipetune.service.records import throughput
+from pipetune.service.records import measured_device_name, throughput
 
 _WORKLOADS: dict[str, Any] = {}  # workload hash -> parsed (rows never change)
 _WORKLOAD_CACHE_SIZE = 4096
@@ -265,7 +265,7 @@ def list_trial_docs(
             latency_us=job.latency_us,
             predicted_us=job.predicted_us,
             worker=worker,
-            worker_device=device,
+            worker_device=measured_device_name(job.result_device_name, device),
             error=job.error
             if job.error is None or error_chars is None
             else cut_text(job.error, error_chars),

@@ -16,6 +16,7 @@ from service_support import (
     WORKER_HEADERS,
     client_for,
     create_task,
+    drain,
     lease,
     live_server,
     metric_value,
@@ -226,3 +227,40 @@ def test_a_daemon_stopped_over_http_frees_its_name_at_once(db_url):
             moved = client.post("/v1/workers", json=body, headers=B_HEADERS)
             assert moved.status_code == 200, moved.text
             assert moved.json()["id"] == stopped["id"]
+
+
+def test_a_name_taken_over_by_another_gpu_leaves_the_trials_it_measured_their_device(db_url):
+    """A trial named its device through its worker's row, which a re-registration under the
+    same name as another GPU rewrote: after an A100 worker exited and an H200 took its name,
+    the A100's trials, its best schedule's answer and its exports said H200."""
+    a100 = BOX | {"gpu": "a100", "arch": "sm_80", "runner": "simulated", "device_name": "A100"}
+    with client_for(db_url, lease_ttl_s=600) as c:
+        created = c.post("/v1/workers", json=a100, headers=WORKER_HEADERS)
+        worker_id = created.json()["id"]
+        task = create_task(c, budget=2, gpu="a100", batch_size=2)
+        assert drain(c, worker_id) == 2
+        assert _exit(c, worker_id).status_code == 204
+        h200 = a100 | {"gpu": "h200", "arch": "sm_90", "device_name": "H200"}
+        moved = c.post("/v1/workers", json=h200, headers=WORKER_HEADERS)
+        assert moved.status_code == 200 and moved.json()["id"] == worker_id, moved.text
+        trials = c.get(f"/v1/tasks/{task['id']}/trials").json()["trials"]
+        assert [t["worker_device"] for t in trials] == ["A100", "A100"], trials
+        best = c.post("/v1/schedules", json={"workload": GEMM, "gpu": "a100"}).json()
+        assert best["source"] == "measured" and best["device_name"] == "A100", best
+        # Its trials from now on are the H200's; a second take-over keeps each one's own.
+        h200_task = create_task(c, budget=2, gpu="h200", batch_size=2)
+        assert drain(c, worker_id) == 2
+        assert _exit(c, worker_id).status_code == 204
+        unnamed = h200 | {"gpu": "a100", "arch": "sm_80", "device_name": None}
+        assert c.post("/v1/workers", json=unnamed, headers=WORKER_HEADERS).status_code == 200
+        trials = c.get(f"/v1/tasks/{h200_task['id']}/trials").json()["trials"]
+        assert [t["worker_device"] for t in trials] == ["H200", "H200"], trials
+        trials = c.get(f"/v1/tasks/{task['id']}/trials").json()["trials"]
+        assert [t["worker_device"] for t in trials] == ["A100", "A100"], trials
+        # Trials measured under a registration that named no device stay unnamed.
+        unnamed_task = create_task(c, budget=2, gpu="a100", batch_size=2)
+        assert drain(c, worker_id) == 2
+        assert _exit(c, worker_id).status_code == 204
+        assert c.post("/v1/workers", json=a100, headers=WORKER_HEADERS).status_code == 200
+        trials = c.get(f"/v1/tasks/{unnamed_task['id']}/trials").json()["trials"]
+        assert [t["worker_device"] for t in trials] == [None, None], trials
