@@ -32,6 +32,7 @@ import numpy as np
 from rich.console import Console
 from rich.table import Table
 
+from pipetune.clients.cli.output import format_rate
 from pipetune.clients.sdk import ApiError, Client, PipetuneError
 from pipetune.clients.sdk.client import Outage
 from pipetune.model.family import KernelFamily, family_names, family_of
@@ -351,7 +352,22 @@ def _totals(rows: list[dict[str, Any]]) -> dict[str, Any]:
         "baseline_us": base,
         "speedup": base / tuned if tuned > 0 else None,
         "complete": len(both) == len(rows),
+        # What the end-to-end gain leaves out, and why: a layer with no tuned latency, or a
+        # tuned one whose space has none of its family's baseline schedules (a softmax over 8
+        # keys has no one-row-per-block schedule), which the line called "without a result".
+        "untuned_layers": len(rows) - len(timed),
+        "layers_without_baseline": len(timed) - len(both),
     }
+
+
+def left_out_note(scope: dict[str, Any]) -> str:
+    """The end-to-end line's note on the layers its gain leaves out ("" for none)."""
+    parts = []
+    if untuned := scope["untuned_layers"]:
+        parts.append(f"{untuned} without a tuned latency")
+    if unbased := scope["layers_without_baseline"]:
+        parts.append(f"{unbased} whose space has no baseline schedule")
+    return f" (layers left out: {'; '.join(parts)})" if parts else ""
 
 
 def family_summary(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -443,18 +459,6 @@ def document(
         "families": family_summary(layers),
         "end_to_end": overall,  # over every listed operator
     }
-
-
-def format_rate(value: float | None, unit: str) -> str:
-    """A throughput with its unit, as every command shows it: GB/s without decimals,
-    TFLOP/s with one, and two significant digits where those would show 0 (a tiny GEMM's
-    0.0052 TFLOP/s read "0.0 TFLOP/s"; the dashboard's rate() keeps the same rule)."""
-    if value is None:
-        return "-"
-    decimals = 0 if unit == "GB/s" else 1
-    if 0 < value < 0.5 * 10**-decimals:
-        return f"{value:.2g} {unit}"
-    return f"{value:.{decimals}f} {unit}"
 
 
 def _us(value: float | None) -> str:
@@ -556,7 +560,7 @@ def print_report(doc: dict[str, Any], out: Console) -> None:
         if scope["speedup"] is None:
             out.print(f"end-to-end ({scope['label']} layers): no layer has both latencies")
             continue
-        partial = "" if scope["complete"] else " (layers without a result left out)"
+        partial = left_out_note(scope)
         out.print(
             f"end-to-end ({scope['label']} layers): Σ count·{scope['baseline']} "
             f"{scope['baseline_us']:.1f} µs / Σ count·tuned {scope['tuned_us']:.1f} µs = "

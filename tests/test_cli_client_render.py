@@ -4,6 +4,7 @@ rows, and the one-line exit 2 when matplotlib is missing."""
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 import os
 import signal
@@ -17,8 +18,10 @@ from matplotlib.image import imread
 from typer.testing import CliRunner
 
 from pipetune.clients.cli import curve_files
-from pipetune.clients.cli.client_cmds import _rate, milestones, sparkline
+from pipetune.clients.cli.client_cmds import milestones, sparkline
 from pipetune.clients.cli.main import app
+from pipetune.clients.cli.output import format_rate as _rate
+from pipetune.clients.cli.output import rate_figure
 from pipetune.model.states import TaskState
 from pipetune.model.wire import Curve, CurvePoint, TaskDoc
 
@@ -444,3 +447,42 @@ def test_a_throughput_too_small_for_its_decimals_keeps_two_significant_digits():
     assert _rate(0.3, "GB/s") == "0.3 GB/s"
     assert _rate(41.26, "TFLOP/s") == "41.3 TFLOP/s" and _rate(812.4, "GB/s") == "812 GB/s"
     assert _rate(0.0, "TFLOP/s") == "0.0 TFLOP/s" and _rate(None, "GB/s") == "-"
+    # A table's cell, its unit in the column's name: the same figure.
+    assert rate_figure(0.0052, "TFLOP/s") == "0.0052" and rate_figure(1570.8, "GB/s") == "1571"
+    assert rate_figure(None, "GB/s") == "-"
+
+
+def test_a_curve_table_shows_a_tiny_throughput_by_the_same_rule(monkeypatch):
+    """`pipetune curve` printed a tiny softmax's 0.0034 GB/s as "0.0" (one decimal, where
+    every other command shows GB/s without and two significant digits where 0 would show),
+    and a fast one's 1570.8 GB/s where the others said 1571."""
+    from pipetune.clients.cli import client_cmds
+
+    curve = Curve(
+        throughput_unit="GB/s",
+        points=[
+            CurvePoint(trial=0, best_latency_us=9.6, best_throughput=0.0034),
+            CurvePoint(trial=1, best_latency_us=0.02, best_throughput=1570.8),
+        ],
+    )
+
+    class FakeReader:
+        def task(self, task_id):
+            return TASK
+
+        def curve(self, task_id):
+            return curve
+
+        def all_trials(self, task_id):
+            return []
+
+    @contextlib.contextmanager
+    def fake_reader(*args):
+        yield FakeReader()
+
+    monkeypatch.setattr(client_cmds, "reader", fake_reader)
+    shown = CliRunner().invoke(app, ["curve", "7", "--server", "http://127.0.0.1:9"])
+    assert shown.exit_code == 0, shown.output
+    rows = [line.split() for line in shown.stdout.splitlines() if "│" in line]
+    assert ["│", "1", "│", "9.60", "│", "0.0034", "│"] in rows, shown.stdout
+    assert ["│", "2", "│", "0.02", "│", "1571", "│"] in rows, shown.stdout

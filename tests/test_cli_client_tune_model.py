@@ -632,6 +632,32 @@ def test_a_shape_with_no_successful_trial_or_not_done_is_a_problem_the_exit_says
     assert doc["end_to_end"]["complete"] is False
 
 
+def test_the_end_to_end_line_says_why_a_tuned_layer_is_left_out():
+    """A softmax over 8 keys (tune-model --seq 8) has no one-row-per-block schedule: tuned,
+    it was left out of the gain "without a result", and its 80 layers' time counted."""
+    results, parts = _mixed_results()
+    mem = results[1]
+    # Tuned (1.0 µs), but neither a baseline trial nor a baseline in the model's space.
+    mem.trials = mem.trials[:1]
+    mem.model_baseline_us = None
+    doc, text = _report(results, parts)
+    memops = next(f for f in doc["families"] if f["family"] == "memops")
+    assert memops["layers_without_baseline"] == 1 and memops["untuned_layers"] == 0
+    assert doc["end_to_end"]["layers_without_baseline"] == 1
+    assert "without a result" not in text
+    lines = [line for line in text.splitlines() if line.startswith("end-to-end (all listed")]
+    assert lines and lines[0].endswith(
+        "(layers left out: 1 whose space has no baseline schedule)"
+    ), text
+    # A layer with no tuned latency is said as such.
+    results, parts = _mixed_results()
+    results[0].task = results[0].task.model_copy(update={"best": None, "trials_failed": 3})
+    doc, text = _report(results, parts)
+    assert doc["end_to_end"]["untuned_layers"] == 1
+    lines = [line for line in text.splitlines() if line.startswith("end-to-end (all listed")]
+    assert lines and lines[0].endswith("(layers left out: 1 without a tuned latency)"), text
+
+
 def _listed_task(task_id: int, workload: dict, **changes: object) -> TaskDoc:
     now = datetime.now(UTC)
     fields = {

@@ -7,6 +7,7 @@ import os
 import subprocess
 import sys
 
+import pytest
 from typer.testing import CliRunner
 
 from pipetune.clients.cli.main import app
@@ -169,6 +170,31 @@ def test_rank_a_hopper_gemm_in_its_familys_terms():
     first = doc["schedules"][0]["schedule"]
     label = f"{first['tile_m']}x{first['tile_n']} s{first['stages']}"
     assert label in table.output and "TFLOP/s" in table.output
+    # Its JSON says the TFLOP/s its table shows, as the mma.sync family's does.
+    best = doc["schedules"][0]
+    flops = 2 * 1024 * 768 * 3072
+    assert best["predicted_tflops"] == pytest.approx(flops / best["predicted_us"] / 1e6)
+    assert f"{best['predicted_tflops']:.1f}" in table.output
+
+
+@pytest.mark.parametrize(
+    ("args", "unit"),
+    [
+        (["gemm", "--m", "1", "--n", "8", "--k", "8"], "predicted_tflops"),
+        (["softmax", "--rows", "1", "--cols", "8"], "predicted_gbs"),
+        (["hopper_gemm", "--m", "1", "--n", "8", "--k", "8"], "predicted_tflops"),
+    ],
+)
+def test_rank_tables_show_a_tiny_throughput_with_two_significant_digits(args, unit):
+    """A 1x8x8 GEMM's TFLOP/s and a 1x8 softmax's GB/s read "0.0" and "0": every other
+    command shows two significant digits where the unit's decimals would show 0."""
+    rank = ["model", "rank", *args, "--gpu", "h100", "--top", "1"]
+    doc = json.loads(runner.invoke(app, [*rank, "--json"]).stdout)
+    value = doc["schedules"][0][unit]
+    assert 0 < value < 0.05
+    table = runner.invoke(app, rank)
+    assert table.exit_code == 0, table.output
+    assert f"{value:.2g}" in table.output, table.output
 
 
 def test_a_hopper_shape_on_an_a100_exits_2_saying_why():

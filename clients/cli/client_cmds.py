@@ -32,7 +32,13 @@ from pipetune.clients.cli.curve_files import (
     write_curve_png,
 )
 from pipetune.clients.cli.errors import CliError, interrupted, reported, sigterm_interrupts
-from pipetune.clients.cli.output import console, print_json, stderr_console
+from pipetune.clients.cli.output import (
+    console,
+    format_rate,
+    print_json,
+    rate_figure,
+    stderr_console,
+)
 from pipetune.clients.cli.paths import output_file
 from pipetune.clients.cli.progress_lines import ProgressLines
 from pipetune.clients.cli.remote import (
@@ -155,12 +161,6 @@ def _fmt(value: float | None, spec: str = ".2f") -> str:
     return "-" if value is None else format(value, spec)
 
 
-def _rate(value: float | None, unit: str) -> str:
-    from pipetune.clients.tune_model import format_rate
-
-    return format_rate(value, unit)
-
-
 def _label(workload: dict[str, Any]) -> str:
     try:
         return parse_any_workload(workload).label()
@@ -212,7 +212,7 @@ def _schedule(
         *_schedule_rows(doc.schedule, doc.workload),
         ("simulated µs" if simulated else "measured µs", _fmt(doc.latency_us)),
         ("predicted µs", _fmt(doc.predicted_us)),
-        ("throughput", _rate(doc.throughput, doc.throughput_unit)),
+        ("throughput", format_rate(doc.throughput, doc.throughput_unit)),
     ]
     for key, value in rows:
         table.add_row(key, value)
@@ -248,7 +248,7 @@ def task_progress(enabled: bool) -> Iterator[Progress | None]:
 def _best_words(best: Any) -> str:
     """The best throughput so far, said to be simulated where it is (the progress shown
     while a task runs was the only figure without the label)."""
-    words = f"best {_rate(best.throughput, best.throughput_unit)}"
+    words = f"best {format_rate(best.throughput, best.throughput_unit)}"
     return words + " (simulated)" if is_simulated(best.runner) else words
 
 
@@ -338,7 +338,7 @@ def print_task(doc: TaskDoc, server: str) -> None:
             ("best trial", f"{doc.best.trial} (numbered from 0)"),
             *_schedule_rows(doc.best.schedule, doc.workload),
             ("simulated µs" if simulated else "latency µs", f"{doc.best.latency_us:.2f}"),
-            ("throughput", _rate(doc.best.throughput, doc.best.throughput_unit)),
+            ("throughput", format_rate(doc.best.throughput, doc.best.throughput_unit)),
         ):
             table.add_row(key, value)
         console.print(table)
@@ -562,7 +562,7 @@ def tasks(
             else f"{d.trials_done}/{d.budget}",
             str(d.trials_failed),
             _fmt(d.best.latency_us if d.best else None),
-            _rate(d.best.throughput, d.best.throughput_unit) if d.best else "-",
+            format_rate(d.best.throughput, d.best.throughput_unit) if d.best else "-",
             (d.best.runner if d.best else None) or "-",
             d.updated_at.strftime("%Y-%m-%d %H:%M:%S"),
         )
@@ -662,7 +662,7 @@ def curve(
         table.add_column(col, justify="right")
     for k in milestones(len(doc.points)):
         p = doc.points[k - 1]
-        table.add_row(str(k), _fmt(p.best_latency_us), _fmt(p.best_throughput, ".1f"))
+        table.add_row(str(k), _fmt(p.best_latency_us), rate_figure(p.best_throughput, unit))
     console.print(table)
 
 

@@ -10,7 +10,7 @@ import typer
 from rich.table import Table
 
 from pipetune.clients.cli.errors import CliError, reported
-from pipetune.clients.cli.output import console, print_json
+from pipetune.clients.cli.output import console, print_json, rate_figure
 from pipetune.clients.cli.workload_options import add_workload_commands, option
 from pipetune.model.family import KernelFamily, family_for_op, family_of
 from pipetune.model.hardware import DEFAULT_GPU, get_gpu, gpu_keys
@@ -105,7 +105,7 @@ def _rank(workload: dict, gpu: str, top: int, profile: Path | None, as_json: boo
             f"{k['block_row_warps']}x{k['block_col_warps']}",
             f"{k['smem_stages']}/{k['reg_stages']}",
             f"{s['predicted_us']:.2f}",
-            f"{s['predicted_tflops']:.1f}",
+            rate_figure(s["predicted_tflops"], "TFLOP/s"),
             s["bottleneck"],
             str(s["waves"]),
             str(s["blocks_per_sm"]),
@@ -126,7 +126,7 @@ def _print_family_rank(doc: dict[str, Any], title: str, family: KernelFamily) ->
             str(s["rank"]),
             family.schedule_label(s["schedule"], workload),
             f"{s['predicted_us']:.2f}",
-            f"{family.throughput_of(workload, s['predicted_us']):,.1f}",
+            rate_figure(family.throughput_of(workload, s["predicted_us"]), unit),
             str(s.get("bottleneck", "-")),
             str(s.get("blocks_per_sm", "-")),
         )
@@ -153,7 +153,7 @@ def _print_memops_rank(doc: dict[str, Any], title: str) -> None:
             _MEM_LABELS["split_mode"].label(k["split_mode"]) if split else "-",
             _MEM_LABELS["max_waves"].label(k["max_waves"]),
             f"{s['predicted_us']:.2f}",
-            f"{s['predicted_gbs']:.0f}",
+            rate_figure(s["predicted_gbs"], "GB/s"),
             s["bottleneck"],
             str(s["waves"]),
             str(s["blocks_per_sm"]),
@@ -257,7 +257,7 @@ def suite(
             tile,
             f"{k['smem_stages']}/{k['reg_stages']}",
             f"{row['best']['predicted_us']:.1f}",
-            f"{row['best']['predicted_tflops']:.1f}",
+            rate_figure(row["best"]["predicted_tflops"], "TFLOP/s"),
             row["best"]["bottleneck"],
             "-" if speedup is None else f"{speedup:.2f}x",
         )
@@ -284,7 +284,9 @@ def _print_family_suite(doc: dict[str, Any], name: str) -> None:
             str(row["space_size"]),
             family.schedule_label(best["schedule"], workload),
             f"{best['predicted_us']:.1f}",
-            f"{family.throughput_of(workload, best['predicted_us']):,.1f}",
+            rate_figure(
+                family.throughput_of(workload, best["predicted_us"]), family.throughput_unit
+            ),
             str(best.get("bottleneck", "-")),
             "-" if speedup is None else f"{speedup:.2f}x",
         )
@@ -307,7 +309,7 @@ def _print_memops_suite(doc: dict[str, Any], name: str) -> None:
             str(row["space_size"]),
             family_for_op(w["op"]).schedule_label(best["schedule"], _workload(w)),
             f"{best['predicted_us']:.1f}",
-            f"{best['predicted_gbs']:.0f}",
+            rate_figure(best["predicted_gbs"], "GB/s"),
             best["bottleneck"],
             "-" if speedup is None else f"{speedup:.2f}x",
         )

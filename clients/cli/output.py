@@ -31,3 +31,21 @@ def print_json(document: Any) -> None:
     # Infinity, which JSON does not have and strict parsers refuse: a number that comes out
     # so is a fault to fix where it is made, not a document to hand on.
     sys.stdout.write(json.dumps(document, indent=2, allow_nan=False) + "\n")
+
+
+def rate_figure(value: float | None, unit: str) -> str:
+    """A throughput's figure as every command shows it, its unit aside (a table's column
+    names it): GB/s without decimals, TFLOP/s with one, and two significant digits where
+    those would show 0 (a tiny GEMM's 0.0052 TFLOP/s read "0.0"; the dashboard's rate()
+    keeps the same rule); "-" for none."""
+    if value is None:
+        return "-"
+    decimals = 0 if unit == "GB/s" else 1
+    if 0 < value < 0.5 * 10**-decimals:
+        return f"{value:.2g}"
+    return f"{value:.{decimals}f}"
+
+
+def format_rate(value: float | None, unit: str) -> str:
+    """A throughput with its unit (rate_figure's figure)."""
+    return "-" if value is None else f"{rate_figure(value, unit)} {unit}"

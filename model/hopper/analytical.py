@@ -83,6 +83,9 @@ class HopperPrediction(PredictedLatencies):
         us = 1e6
         return {
             "predicted_us": float(self.T_kernel[i] * us),
+            # (as the mma.sync family's terms say it: `model rank --json` had no TFLOP/s for
+            # these kernels while its table showed one)
+            "predicted_tflops": float(self.space.workload.flops / self.T_kernel[i] / 1e12),
             "tile_loop": TILE_LOOP_LABELS[int(self.space.knobs["tile_loop"][i])],
             "tiles": int(self.space.tiles[i]),
             "steps_per_sm": int(self.steps_per_sm[i]),
