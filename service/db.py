@@ -31,6 +31,7 @@ import threading
 import time
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
+from contextvars import ContextVar
 from pathlib import Path
 from typing import Any
 
@@ -38,7 +39,16 @@ import psycopg
 import pydantic_core
 from psycopg.conninfo import make_conninfo
 from psycopg.rows import namedtuple_row
-from sqlalchemy import Connection, DateTime, Engine, create_engine, event, func, type_coerce
+from sqlalchemy import (
+    Connection,
+    DateTime,
+    Engine,
+    create_engine,
+    event,
+    func,
+    text,
+    type_coerce,
+)
 from sqlalchemy import exc as sa_exc
 from sqlalchemy.engine import make_url
 from sqlalchemy.orm import Session, sessionmaker
@@ -252,6 +262,32 @@ def json_param(value: Any) -> str:
     return pydantic_core.to_json(value).decode()
 
 
+# The hot paths' statements run on the event loop (Queue.hot), where a wait stops every
+# request of the replica, /healthz and the dashboard's page too: there a statement waits for
+# a row or table lock another session holds (an open admin transaction, CREATE INDEX, a
+# migration) at most this long, then fails, and Queue.hot runs it again in a thread.
+# Longer than the queue's own statements hold their rows (a few ms).
+LOOP_LOCK_TIMEOUT_MS = 100
+_ON_LOOP: ContextVar[bool] = ContextVar("pipetune_statement_on_loop", default=False)
+# SET (LOCAL, for the transaction alone, where `local`), as a function that takes parameters.
+_SET_LOCK_TIMEOUT = text("SELECT set_config('lock_timeout', :ms, :local)")
+
+
+@contextmanager
+def on_event_loop() -> Iterator[None]:
+    """Mark the statements run inside as the event loop's own (LOOP_LOCK_TIMEOUT_MS)."""
+    token = _ON_LOOP.set(True)
+    try:
+        yield
+    finally:
+        _ON_LOOP.reset(token)
+
+
+def is_lock_timeout(exc: BaseException) -> bool:
+    """Whether a database error is a lock wait given up (PostgreSQL's lock_timeout)."""
+    return isinstance(getattr(exc, "orig", exc), psycopg.errors.LockNotAvailable)
+
+
 def _wrapped(exc: psycopg.Error, broken: bool) -> sa_exc.DBAPIError:
     """A driver's error as SQLAlchemy's (what the service's error handling reads)."""
     return sa_exc.DBAPIError.instance(None, None, exc, psycopg.Error, connection_invalidated=broken)
@@ -414,8 +450,10 @@ class Database:
         self._stalled_since: float | None = None
         self._probe = threading.Lock()  # held by the one probe in flight
         self.engine = make_engine(url, pool_size, statement_deadline_s, self._missed_deadline)
-        # The hot paths' connections (PostgreSQL), opened at their first use.
+        # The hot paths' connections (PostgreSQL), opened at their first use; the event
+        # loop's own wait for a lock at most LOOP_LOCK_TIMEOUT_MS.
         self._driver_pool: DriverConnections | None = None
+        self._loop_pool: DriverConnections | None = None
         self._driver_pool_lock = threading.Lock()
         self.dialect = self.engine.dialect.name
         self._write = sessionmaker(self.engine, expire_on_commit=False)
@@ -500,7 +538,8 @@ class Database:
         return (
             f"the database has not answered within {self.deadline_s:g} s "
             f"(PIPETUNE_DB_STATEMENT_DEADLINE_S), {time.monotonic() - since:.0f} s since the "
-            "first statement that waited; it may be stopped or its storage hung"
+            "first statement that waited; it may be stopped or its storage hung, or another "
+            "session may hold a lock that long (an open transaction, a migration)"
         )
 
     def probe(self) -> None:
@@ -526,11 +565,19 @@ class Database:
         if self._stalled_since is not None:  # (one attribute read when it is not)
             self.probe()
 
+    def _bound_loop_lock_waits(self, target: Session | Connection) -> None:
+        """On the event loop (on_event_loop), this transaction's lock waits are bounded as
+        the loop's driver connections' are (an upkeep or a worker look-up the hot paths
+        run there). One more round trip, where the loop runs ORM work: rarely."""
+        if _ON_LOOP.get() and not self.is_sqlite:
+            target.execute(_SET_LOCK_TIMEOUT, {"ms": str(LOOP_LOCK_TIMEOUT_MS), "local": True})
+
     @contextmanager
     def write(self) -> Iterator[Session]:
         """One transaction that may write: committed on success, rolled back on error."""
         self._probe_if_stalled()
         with self._write.begin() as session:
+            self._bound_loop_lock_waits(session)
             yield session
 
     @contextmanager
@@ -538,6 +585,7 @@ class Database:
         """A read-only transaction (never committed)."""
         self._probe_if_stalled()
         with self._read() as session:
+            self._bound_loop_lock_waits(session)
             yield session
 
     @contextmanager
@@ -545,12 +593,14 @@ class Database:
         """A Core connection in one write transaction (the queue's hot paths: no ORM)."""
         self._probe_if_stalled()
         with self.engine.begin() as conn:
+            self._bound_loop_lock_waits(conn)
             yield conn
 
     @contextmanager
     def read_conn(self) -> Iterator[Connection]:
         self._probe_if_stalled()
         with self._reader.connect() as conn:
+            self._bound_loop_lock_waits(conn)
             yield conn
 
     @contextmanager
@@ -575,7 +625,7 @@ class Database:
                 raise _wrapped(stall, broken=False)
             probing = True
         try:
-            pool = self._driver_connections()
+            pool = self._loop_connections() if _ON_LOOP.get() else self._driver_connections()
             try:
                 conn, opened = pool.take()
             except psycopg.Error as exc:  # it could not connect
@@ -626,6 +676,31 @@ class Database:
                 pool = self._driver_pool
         return pool
 
+    def _loop_connections(self) -> DriverConnections:
+        """The event loop's own driver connections (LOOP_LOCK_TIMEOUT_MS): it runs one
+        statement at a time, so one is kept, and a second allowed (never waited for on the
+        loop, should a statement ever be run inside another's)."""
+        pool = self._loop_pool
+        if pool is None:
+            with self._driver_pool_lock:
+                if self._loop_pool is None:
+                    self._loop_pool = DriverConnections(
+                        self._connect_loop_driver, keep=1, limit=2
+                    )
+                pool = self._loop_pool
+        return pool
+
+    def _connect_loop_driver(self) -> psycopg.Connection:
+        conn = self._connect_driver()
+        try:
+            conn.execute(
+                "SELECT set_config('lock_timeout', %s, false)", [str(LOOP_LOCK_TIMEOUT_MS)]
+            )
+        except BaseException:
+            conn.close()
+            raise
+        return conn
+
     def listener_conninfo(self) -> str:
         """The engine's connection parameters (the dialect's, as `_connect_driver` takes
         them) as one libpq conninfo string, for the LISTEN connection (service/wakeup.py).
@@ -666,6 +741,7 @@ class Database:
         return database_now_plus(self.is_sqlite, seconds)
 
     def dispose(self) -> None:
-        if self._driver_pool is not None:
-            self._driver_pool.close()
+        for pool in (self._driver_pool, self._loop_pool):
+            if pool is not None:
+                pool.close()
         self.engine.dispose()

@@ -35,6 +35,8 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
+import anyio
+import anyio.to_thread
 from fastapi.concurrency import run_in_threadpool
 from sqlalchemy import case, select, tuple_, update
 from sqlalchemy import exc as sa_exc
@@ -57,7 +59,7 @@ from pipetune.model.wire import (
     WorkerDoc,
     WorkerRegister,
 )
-from pipetune.service.db import Database
+from pipetune.service.db import Database, is_lock_timeout, on_event_loop
 from pipetune.service.driver import all_enqueued_some_out, batches_ahead, outstanding_allowed
 from pipetune.service.errors import ConflictError, ForbiddenError, InputError, NotFoundError
 from pipetune.service.metrics import Metrics
@@ -83,6 +85,11 @@ log = logging.getLogger(__name__)
 __all__ = ["Queue", "Report", "WorkerRef", "check_storable"]
 
 RECLAIM_EVERY_S = 1.0
+# After a hot path's statement on the event loop gave up waiting for a lock held elsewhere,
+# the hot paths run in threads this long (they try the loop again after it), at most
+# HOT_THREADS at once.
+CONTENDED_S = 10.0
+HOT_THREADS = 16
 # A worker's arch, GPU and token change only when it re-registers. The replica it re-registers
 # on forgets what it cached at once, the others when its NOTIFY arrives (service/wakeup.py):
 # a replica that hears every message keeps a worker cached until then. One that may have missed
@@ -231,6 +238,8 @@ class Queue:
         # forgetting one scanned every entry; and cleared when MAX_CACHED_WORKERS hold one
         # (it kept an entry for every worker the replica had ever seen).
         self._worker_refs: dict[int, dict[str, tuple[WorkerRef, float, int | None]]] = {}
+        self._contended_until = 0.0  # (monotonic: Queue.hot)
+        self._hot_limiter: anyio.CapacityLimiter | None = None  # made on the event loop
         self._worker_forgets = 0  # forget_worker calls so far (a check racing one is not kept)
         self.wakeup.on_worker = self.forget_worker
         # Told of each task that lost a job at reclaim (the service's proposer.request).
@@ -576,7 +585,27 @@ class Queue:
         must not hold the loop meanwhile."""
         if self.db.is_sqlite or self.db.stalled:
             return await run_in_threadpool(work, *args)
-        return work(*args)
+        if time.monotonic() >= self._contended_until:
+            try:
+                with on_event_loop():  # (a lock wait bounded: LOOP_LOCK_TIMEOUT_MS)
+                    return work(*args)
+            except sa_exc.DBAPIError as exc:
+                if not is_lock_timeout(exc):
+                    raise
+                # Another session holds a lock this work waits for (an open transaction,
+                # CREATE INDEX, a migration): on the loop the wait stopped every request of
+                # the replica, /healthz and the dashboard's page too. The work failed whole
+                # (each statement is its own transaction): run again where it may wait, as
+                # is the rest for a while, and the loop answers the other requests.
+                log.warning("a lock held elsewhere: the hot paths wait for it in threads")
+                self._contended_until = time.monotonic() + CONTENDED_S
+        # Threads of their own (HOT_THREADS): waiting there, they must not take every thread
+        # of the pool that /healthz and the other routes run in.
+        if self._hot_limiter is None:
+            self._hot_limiter = anyio.CapacityLimiter(HOT_THREADS)
+        return await anyio.to_thread.run_sync(
+            functools.partial(work, *args), limiter=self._hot_limiter
+        )
 
     async def lease_now(
         self,
@@ -854,6 +883,8 @@ class Queue:
                 ended = [(r.id, r.lease_token) for r in s.execute(locked).all()]
                 released, requeued = self._requeue(s, ended)
         except sa_exc.SQLAlchemyError as exc:
+            if is_lock_timeout(exc):  # (on the event loop: Queue.hot runs it again)
+                raise
             log.warning(
                 "jobs %s stay leased until their TTL: releasing them failed: %s", job_ids, exc
             )

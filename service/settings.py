@@ -19,7 +19,7 @@ PIPETUNE_SWEEP_INTERVAL_S  seconds between upkeep sweeps (expired leases; 0: off
 PIPETUNE_PROPOSE_EARLY   share of a batch still out when the next is proposed (0: off)
 PIPETUNE_MAX_BODY_BYTES  a request body's cap (default 1 MB)
 PIPETUNE_REQUEST_READ_TIMEOUT_S  seconds a request may take to arrive whole (default 60)
-PIPETUNE_DB_POOL_SIZE    connections per pool (a replica opens up to 3 x this + 1)
+PIPETUNE_DB_POOL_SIZE    connections per pool (a replica opens up to 3 x this + 3)
 PIPETUNE_DB_STATEMENT_DEADLINE_S  seconds the service waits for the database to answer a
                          statement before it gives up, closes that connection and answers
                          503 (PostgreSQL; default 30, at least 1)

@@ -37,6 +37,12 @@ def healthz(service: ServiceDep) -> Health:
         else:
             with db.read() as s:
                 s.execute(text("SELECT 1"))
+            if not db.is_sqlite:
+                # The hot paths' own connections too (Database.driver_statement): with the
+                # server's slots taken, this replica's leases and heartbeats answered 503
+                # while the ORM's pooled connection answered /healthz 200.
+                with db.driver_statement() as cur:
+                    cur.execute("SELECT 1")
     except Exception as exc:
         stall = db.stall_problem()
         if stall is None or not is_unavailable(exc):
