@@ -684,9 +684,7 @@ class Database:
         if pool is None:
             with self._driver_pool_lock:
                 if self._loop_pool is None:
-                    self._loop_pool = DriverConnections(
-                        self._connect_loop_driver, keep=1, limit=2
-                    )
+                    self._loop_pool = DriverConnections(self._connect_loop_driver, keep=1, limit=2)
                 pool = self._loop_pool
         return pool
 
