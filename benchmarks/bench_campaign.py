@@ -540,10 +540,45 @@ def report(
         + ", ".join(f"top-{k} {geomean(am[f'top{k}']):.3f}" for k in TOP_K)
         + f" (spec profile top-10 {geomean(am['top10_spec']):.3f}); mean Spearman"
         f" {mean(am['rho_spec']):.3f} spec, {mean(am['rho_cal']):.3f} calibrated.",
+        "",
+        absolute_error_line(memops),
     ]
     if hopper_lines:
         lines += ["", *hopper_lines]
     return "\n".join(lines)
+
+
+def absolute_error_line(operators: list[OperatorData]) -> str:
+    """How far the calibrated model's latency is from the measured one, where users read it:
+    at each operator's fastest measured schedule (`model rank`'s pick is near it), and at its
+    family's baseline (tune-model's "model" baseline: the fastest baseline schedule, e.g. one
+    row per block). Ratios predicted / measured: their median over the operators, and the
+    median and largest |log| of them."""
+    at_best, at_baseline = [], []
+    for op in operators:
+        if op.best is None:
+            continue
+        measured, row = op.best
+        at_best.append(math.log(op.predicted_us[row] / measured))
+        _, mask = op.family.baseline(op.space)
+        fixed = op.best_in(mask)
+        if fixed is not None:
+            at_baseline.append(math.log(float(op.predicted_us[mask].min()) / fixed[0]))
+
+    def said(logs: list[float]) -> str:
+        if not logs:
+            return "none measured"
+        magnitude = np.abs(logs)
+        return (
+            f"median {math.exp(float(np.median(logs))):.3f}, median |log| "
+            f"{float(np.median(magnitude)):.3f}, largest |log| {float(magnitude.max()):.3f}"
+        )
+
+    return (
+        "Predicted / measured latency (calibrated profile), at the fastest measured schedule: "
+        f"{said(at_best)}; at the fastest baseline schedule: {said(at_baseline)} "
+        f"({len(at_best)} operators)."
+    )
 
 
 def operator_kinds(names: list[str]) -> str:

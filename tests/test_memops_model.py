@@ -71,7 +71,9 @@ def test_splitting_wins_for_few_very_long_rows(h100):
         best, t_best = _best(space, p)
         assert best.blocks_per_row > 1, (w.label(), best.id)
         _, t_whole = _best(space, p, space.knobs["blocks_per_row"] == 1)
-        assert t_whole / t_best > 1.5, (w.label(), t_whole / t_best)
+        # (Both pay a launch, 3.2 us with the spec's measured timing floor: 1.49x for the
+        # reduce, 1.65x at the 2 us the spec said before.)
+        assert t_whole / t_best > 1.4, (w.label(), t_whole / t_best)
 
 
 def test_many_long_rows_need_neither(h100):

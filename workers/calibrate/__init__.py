@@ -8,6 +8,7 @@ isolated child process with a time limit; turning their timings into a profile
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 from pipetune.model.hardware import HardwareError, get_gpu, resolve_gpu_key
@@ -45,9 +46,15 @@ __all__ = [
 
 
 def run_calibration(
-    gpu: str | None = None, *, device: int = 0, timeout_s: float = 600.0
+    gpu: str | None = None,
+    *,
+    device: int = 0,
+    timeout_s: float = 600.0,
+    timing_floor_us: float | None = None,
 ) -> dict[str, Any]:
     """Run the microbenchmarks on CUDA device ``device`` and return the profile document.
+    ``timing_floor_us``: the runner's timing floor on the device, where it was measured (the
+    campaign's probe), for kernel_launch_ns (RawMeasurements.timing_floor_seconds).
 
     ``gpu`` names the spec to calibrate (default: the one the device's name resolves to).
     Raises CalibrationUnavailableError without CuPy or a GPU, CalibrationError if a benchmark
@@ -84,4 +91,7 @@ def run_calibration(
         outcome = worker.call(microbench.run_microbenchmarks, device, spec, timeout_s=timeout_s)
         if not outcome.ok:
             raise CalibrationError(f"microbenchmarks failed: {outcome.error}")
-    return build_profile(outcome.value, spec)
+    raw = outcome.value
+    if timing_floor_us is not None:
+        raw = dataclasses.replace(raw, timing_floor_seconds=(timing_floor_us * 1e-6,))
+    return build_profile(raw, spec)

@@ -36,8 +36,9 @@ METHOD = (
     "empty launch; includes TLB effects); "
     "shared-memory latency = pointer chase in shared memory timed with clock64; "
     "SM clock = clock64 cycles / event time of a spinning kernel on every SM; "
-    "kernel_launch_ns = the chases' empty launch (one thread, no loads) between two events, "
-    "median over both chases' runs; "
+    "kernel_launch_ns = the timing floor where it was measured (an empty kernel, 1 block of 32 "
+    "threads, timed as every trial is: the campaign's probe), else the chases' empty launch "
+    "(one thread, no loads) between two events, median over both chases' runs; "
     "mma_sync_efficiency = back-to-back mma.sync.m16n8k16 f32.f16.f16.f32 on registers "
     "(8 independent chains per warp, 32 warps per SM) / "
     "(tensor_fp16_flops_per_clk_per_sm x clock x SMs), clock = the measured one if any; "
@@ -108,6 +109,12 @@ class RawMeasurements:
     # sweeps best (model/hardware.py); this measures the barrier-and-wait part of it, to be
     # compared with that fit before it may replace it.
     k_step_cycles: float | None = None
+    # An empty kernel timed as every trial is (the runner's timing floor: the campaign's
+    # probe measures it), in seconds: what one launch adds to a measured latency, which
+    # kernel_launch_ns is to the memory-intensive model. The chases' lone empty launch between
+    # two events took 9.8 us on the H100, where the floor is 3.4 us and the fastest measured
+    # memops kernels 4.5 us: the model then predicted them at 1.5x their measured times.
+    timing_floor_seconds: tuple[float, ...] | None = None
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -172,9 +179,13 @@ def build_profile(
     overrides["dram_latency_ns"] = latency_ns("DRAM chase", raw.dram_chase)
     overrides["l2_latency_ns"] = latency_ns("L2 chase", raw.l2_chase)
     empty = raw.dram_chase.baseline_seconds + raw.l2_chase.baseline_seconds
-    if empty:
-        # What one launch costs a stream (the memory-intensive model's T_launch): the empty
-        # launch the chases time to subtract from their own runs.
+    if raw.timing_floor_seconds:
+        # What one launch adds to a latency measured as trials are (the memory-intensive
+        # model's T_launch): the runner's timing floor.
+        overrides["kernel_launch_ns"] = _median_s("timing floor", raw.timing_floor_seconds) * 1e9
+    elif empty:
+        # Else the empty launch the chases time to subtract from their own runs (a lone launch
+        # between two events: an overestimate, see RawMeasurements.timing_floor_seconds).
         overrides["kernel_launch_ns"] = _median_s("empty launch", empty) * 1e9
     if raw.smem_chase_cycles_per_load is not None:
         if not raw.smem_chase_cycles_per_load > 0:

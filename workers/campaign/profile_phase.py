@@ -52,12 +52,16 @@ def simulated_raw(gpu_key: str, seed: int = 0) -> RawMeasurements:
     )
 
 
-def run_profile(gpu_key: str, *, simulated: bool, device: int = 0) -> dict[str, Any]:
-    """The profile document (CalibrationError when the microbenchmarks fail)."""
+def run_profile(
+    gpu_key: str, *, simulated: bool, device: int = 0, timing_floor_us: float | None = None
+) -> dict[str, Any]:
+    """The profile document (CalibrationError when the microbenchmarks fail);
+    ``timing_floor_us``: the probe's, for kernel_launch_ns (run_calibration)."""
     if simulated:
         spec = get_gpu(gpu_key, calibrated=False)
         document = build_profile(simulated_raw(gpu_key), spec, method=SIMULATED_METHOD)
         return {**document, "runner": "simulated", "simulated": True}
     from pipetune.workers.calibrate import run_calibration
 
-    return {**run_calibration(gpu_key, device=device), "runner": "cupy", "simulated": False}
+    document = run_calibration(gpu_key, device=device, timing_floor_us=timing_floor_us)
+    return {**document, "runner": "cupy", "simulated": False}

@@ -573,7 +573,12 @@ class Campaign:
             if not self.deadline.allows(self.costs.profile):
                 return self.pause("deadline before the profile phase")
             try:
-                profile = run_profile(gpu.key, simulated=self.simulated, device=self.options.device)
+                profile = run_profile(
+                    gpu.key,
+                    simulated=self.simulated,
+                    device=self.options.device,
+                    timing_floor_us=self.call.get("timing_floor_us"),
+                )
                 layout.write_json(self.path("profile"), profile)
                 self.phase_record("profile", "done", started, file="profile.json")
             except CalibrationError as exc:  # the sweeps do not need it: record and go on
