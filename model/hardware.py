@@ -388,7 +388,12 @@ def user_profile_dir() -> Path:
     `pipetune campaign unpack` write there by default, and :func:`get_gpu` looks there first."""
     explicit = os.environ.get(USER_PROFILE_DIR_ENV)
     if explicit:
-        return Path(explicit).expanduser()
+        folder = Path(explicit).expanduser()
+        if folder.exists() and not folder.is_dir():
+            # (Ignored, the shipped profiles applied: replicas and workers told to share one
+            # folder modelled their GPUs apart, without a word.)
+            raise HardwareError(f"{USER_PROFILE_DIR_ENV}: {folder} is not a directory")
+        return folder
     import platformdirs  # imported here: the model's other users never need it
 
     return Path(platformdirs.user_data_dir("pipetune")) / "profiles"

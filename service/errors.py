@@ -18,6 +18,7 @@ from sqlalchemy import exc as sa_exc
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from pipetune.model.family import all_ops
+from pipetune.model.hardware import HardwareError
 from pipetune.model.wire import ErrorItem, FieldError, ValidationErrorBody
 from pipetune.model.workloads import WorkloadError
 from pipetune.service.db import (
@@ -250,6 +251,16 @@ def install(app: FastAPI) -> None:
 
     app.add_exception_handler(sa_exc.DBAPIError, _database)
     app.add_exception_handler(sa_exc.TimeoutError, _database)
+
+    @app.exception_handler(HardwareError)
+    async def _hardware(_request: Request, exc: HardwareError) -> JSONResponse:
+        # A GPU's profile the service reads (its user's or PIPETUNE_PROFILE_DIR's, edited or
+        # written half since it started) that no longer parses: the service's own fault, said
+        # in one line; a bare 500 read "not a pipetune answer" at the CLI.
+        log.error("hardware model: %s", exc)
+        return JSONResponse(
+            {"detail": f"the service's hardware model cannot be used: {exc}"}, status_code=500
+        )
 
     @app.exception_handler(ServiceError)
     async def _service(_request: Request, exc: ServiceError) -> JSONResponse:

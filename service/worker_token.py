@@ -11,7 +11,7 @@ import shlex
 from pathlib import Path
 
 from pipetune.model.wire import TOKEN_ENV
-from pipetune.service.settings import generated_token_path
+from pipetune.service.settings import generated_token_path, secret_problem
 
 
 def read_generated_token(path: Path | None = None) -> str | None:
@@ -46,6 +46,14 @@ def generated_worker_token(path: Path | None = None) -> tuple[str, Path]:
     path = path or generated_token_path()
     token = read_generated_token(path)
     if token:
+        if problem := secret_problem(token):
+            # (Kept and announced, it left `serve --local-workers` serving with no worker:
+            # each refused to send it.)
+            raise OSError(
+                errno.EINVAL,
+                f"{path} holds a token that {problem.replace('holds', 'has', 1)}; remove the "
+                "file to make a new one",
+            )
         _keep_private(path)
         return token, path
     path.parent.mkdir(parents=True, exist_ok=True)

@@ -348,3 +348,57 @@ def test_the_cold_chase_starts_with_l2_written_over_after_the_chain_s_copy(hot):
         assert written_over == 0
     else:
         assert written_over >= 2 * l2
+
+
+def test_a_malformed_profile_is_refused_when_serve_starts_and_answered_in_one_line(
+    tmp_path, monkeypatch
+):
+    """A user's h100.json that did not parse let `serve` start; every schedule and task
+    request of the H100 then answered a bare 500 with a traceback in the log ("not a pipetune
+    answer" at the CLI)."""
+    from typer.testing import CliRunner
+
+    from pipetune.clients.cli.main import app
+    from pipetune.model import hardware
+
+    folder = tmp_path / "profiles"
+    folder.mkdir()
+    (folder / "h100.json").write_text("{bad")
+    env = {hardware.USER_PROFILE_DIR_ENV: str(folder), "PIPETUNE_WORKER_TOKENS": "t" * 16}
+    command = ["serve", "--db", f"sqlite:///{tmp_path / 'serve.db'}", "--port", "0"]
+    result = CliRunner().invoke(app, command, env=env)
+    assert result.exit_code == 2, result.output
+    assert "h100: profile" in result.output and "is not valid JSON" in result.output
+    assert not (tmp_path / "serve.db").exists()
+    # One broken while the service runs: the reason, in one line.
+    from service_support import GEMM, client_for
+
+    from pipetune.service.migrate import upgrade
+
+    (folder / "h100.json").unlink()
+    upgrade(f"sqlite:///{tmp_path / 'live.db'}")
+    with client_for(f"sqlite:///{tmp_path / 'live.db'}") as client:
+        monkeypatch.setenv(hardware.USER_PROFILE_DIR_ENV, str(folder))
+        (folder / "h100.json").write_text("{bad")
+        answer = client.post("/v1/schedules", json={"workload": GEMM, "gpu": "h100"})
+    assert answer.status_code == 500, answer.text
+    assert answer.json()["detail"].startswith("the service's hardware model cannot be used: ")
+
+
+def test_a_profile_folder_that_is_a_file_is_refused_not_ignored(tmp_path, monkeypatch):
+    """PIPETUNE_PROFILE_DIR naming a file was ignored, the shipped profiles applied: replicas
+    and workers told to share one folder modelled their GPUs apart without a word."""
+    from typer.testing import CliRunner
+
+    from pipetune.clients.cli.main import app
+    from pipetune.model import hardware
+
+    not_a_folder = tmp_path / "profiles"
+    not_a_folder.write_text("")
+    monkeypatch.setenv(hardware.USER_PROFILE_DIR_ENV, str(not_a_folder))
+    result = CliRunner().invoke(app, ["model", "gpus"])
+    assert result.exit_code == 2, result.output
+    assert f"PIPETUNE_PROFILE_DIR: {not_a_folder} is not a directory" in result.output
+    # A folder not made yet is where calibrate will write: the shipped profiles apply.
+    monkeypatch.setenv(hardware.USER_PROFILE_DIR_ENV, str(tmp_path / "later"))
+    assert get_gpu("h100").profile == "calibrated:h100.json"

@@ -447,6 +447,54 @@ def test_serve_without_a_writable_data_directory_for_its_token_is_one_line_and_e
     assert result.exit_code == 2, result.output
     assert "cannot keep a generated worker token in" in result.output
     assert "PIPETUNE_WORKER_TOKENS" in result.output and "Traceback" not in result.output
+    # The database it would have served is not left behind (it was, schema and all).
+    assert not list(tmp_path.glob("serve.db*")), list(tmp_path.iterdir())
+    # An existing one is left as it was.
+    (tmp_path / "kept.db").touch()
+    command = ["serve", "--db", f"sqlite:///{tmp_path / 'kept.db'}", "--port", "0"]
+    assert CliRunner().invoke(app, command, env=env).exit_code == 2
+    assert (tmp_path / "kept.db").exists()
+
+
+def test_serve_says_a_workers_token_variable_is_not_its_own(tmp_path: Path):
+    """PIPETUNE_WORKER_TOKEN exported for the fleet (as compose's section has users do) was
+    ignored by `serve` without a word: it served its generated token, and the workers'
+    401 told them to set the variable they had set."""
+    env = {
+        "XDG_DATA_HOME": str(tmp_path / "data"),
+        "PIPETUNE_WORKER_TOKENS": "",
+        "PIPETUNE_WORKER_TOKEN": "fleet-token-0123456789",
+    }
+    svc = start_service(tmp_path, env=env)
+    try:
+        log = svc.log_path.read_text()
+    finally:
+        svc.stop()
+    assert "warning: PIPETUNE_WORKER_TOKEN is set (what a worker sends) but not" in log, log
+    assert "fleet-token-0123456789" not in log
+    (tmp_path / "quiet").mkdir()
+    quiet = start_service(tmp_path / "quiet", env={"XDG_DATA_HOME": str(tmp_path / "q")})
+    try:
+        assert "warning: PIPETUNE_WORKER_TOKEN" not in quiet.log_path.read_text()
+    finally:
+        quiet.stop()
+
+
+def test_a_kept_token_no_worker_can_send_is_refused_not_served_with(tmp_path: Path):
+    """A worker-token file holding "abc def" was kept and announced, and `serve
+    --local-workers` served on with no worker: each refused to send it."""
+    from typer.testing import CliRunner
+
+    from pipetune.clients.cli.main import app
+
+    (tmp_path / "pipetune").mkdir()
+    (tmp_path / "pipetune" / "worker-token").write_text("abc def\n")
+    env = {"XDG_DATA_HOME": str(tmp_path), "PIPETUNE_WORKER_TOKENS": ""}
+    command = ["serve", "--db", f"sqlite:///{tmp_path / 'serve.db'}", "--port", "0"]
+    result = CliRunner().invoke(app, [*command, "--local-workers", "1"], env=env)
+    assert result.exit_code == 2, result.output
+    assert "holds a token that has a space" in result.output and "remove the file" in result.output
+    assert "abc def" not in result.output
 
 
 def test_a_password_in_the_database_url_query_is_not_shown(pg_url: str):

@@ -16,6 +16,7 @@ file under the user data directory). A brand-new empty database gets the schema 
 from __future__ import annotations
 
 import contextlib
+import os
 import re
 import shlex
 import sys
@@ -31,6 +32,7 @@ from pipetune.clients.cli.environment import unknown_variable_warnings
 from pipetune.clients.cli.errors import CliError, one_line, reported
 from pipetune.clients.cli.hosts import is_loopback_host
 from pipetune.clients.cli.output import console, print_json
+from pipetune.model.wire import TOKEN_ENV
 from pipetune.service.local_workers import (
     RUNNERS,
     WORKERS_PER_CPU,
@@ -116,6 +118,19 @@ def _missing_sqlite_file(url: str) -> Path | None:
 
     path = sqlite_path(url)
     return path if path is not None and not path.exists() else None
+
+
+def _check_profiles() -> None:
+    """Every GPU's hardware profile the service will read (the user's own, PIPETUNE_PROFILE_DIR's
+    or the shipped one) parses, before it serves: one that did not answered every schedule and
+    task request of that GPU 500, found at the first request."""
+    from pipetune.model.hardware import HardwareError, get_gpu, gpu_keys
+
+    for key in gpu_keys():
+        try:
+            get_gpu(key)
+        except HardwareError as exc:
+            raise CliError(f"{key}: {exc}", 2) from None
 
 
 def _check_local_workers(n: int, runner: str, dataset: Path | None) -> str | None:
@@ -327,8 +342,14 @@ def serve(
         settings.allowed_hosts = [*settings.allowed_hosts, local_host]
     # Before create_app: nothing (no database file, no token) is made for a serve that exits.
     replay_gpu = _check_local_workers(local_workers, runner, dataset)
+    _check_profiles()
     _check_address(host, port)
     # The schema before the token: a serve refused for its database wrote the secret file.
+    from pipetune.service.settings import sqlite_path
+
+    new_file = sqlite_path(settings.database_url)
+    if new_file is not None and new_file.exists():
+        new_file = None
     _check_schema(
         settings.database_url, create_if_empty=settings.create_empty_schema, writable=True
     )
@@ -344,6 +365,9 @@ def serve(
             reused = read_generated_token() is not None  # ("generated" at every start, it said)
             token, token_file = generated_worker_token()
         except OSError as exc:  # a read-only or unreadable data directory: one line, exit 2
+            if new_file is not None:  # (made by this serve: it exits as if it had not started)
+                for leftover in (new_file, *(Path(f"{new_file}{s}") for s in ("-wal", "-shm"))):
+                    leftover.unlink(missing_ok=True)
             raise CliError(
                 f"cannot keep a generated worker token in {generated_token_path()}: "
                 f"{exc.strerror or exc}; set PIPETUNE_WORKER_TOKENS to tokens of your own",
@@ -351,6 +375,17 @@ def serve(
             ) from None
         settings.worker_tokens = [token]
         print(announcement(token_file, reused), flush=True)
+        if os.environ.get(TOKEN_ENV):
+            # (A worker's variable, set for the fleet: workers sent it and were refused, 401,
+            # told to set the variable they had set.)
+            print(
+                f"warning: {TOKEN_ENV} is set (what a worker sends) but not "
+                "PIPETUNE_WORKER_TOKENS (what the service takes): the service takes only the "
+                f"token above; set PIPETUNE_WORKER_TOKENS to the value of {TOKEN_ENV} for "
+                "workers that send it",
+                file=sys.stderr,
+                flush=True,
+            )
     if raised := raise_open_file_limit():
         print(
             f"open files: soft limit raised from {raised[0]} to {raised[1]} (the hard limit; "
