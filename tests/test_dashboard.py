@@ -621,6 +621,40 @@ def test_the_aggregate_is_asked_again_only_when_a_listed_task_moved(live_url, ch
     client.close()
 
 
+def test_the_aggregate_pools_every_gpu_or_draws_the_one_chosen(live_url, chromium):
+    """The best-in-k chart asked /v1/curves for every GPU's tasks at once, with no word of it
+    and no way to pick one GPU."""
+    from playwright.sync_api import sync_playwright
+
+    client = httpx.Client(base_url=live_url, timeout=30)
+    worker = _two_finished_tasks(client)  # grid and analytical, on the H100
+    a100 = _register(client, "sim-a100", "simulated", gpu="a100")
+    body = {"workload": GEMM, "gpu": "a100", "budget": 8, "strategy": "random"}
+    _finish(client, a100, [client.post("/v1/tasks", json=body).json()["id"]])
+    del worker
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=chromium, args=CHROMIUM_ARGS)
+        page = browser.new_page()
+        curves: list[str] = []
+        page.on("request", lambda r: curves.append(r.url) if "/v1/curves" in r.url else None)
+        page.goto(f"{live_url}/dashboard?refresh=300")
+        _wait_for_aggregate(page, 3)
+        title = page.locator("#aggregate-title")
+        assert title.inner_text().startswith("Best-in-k, every GPU's tasks"), title.inner_text()
+        options = page.locator("#aggregate-gpu option").all_inner_texts()
+        assert options == ["every GPU", "a100", "h100"], options
+        page.select_option("#aggregate-gpu", "a100")
+        _wait_for_aggregate(page, 1)
+        assert title.inner_text().startswith("Best-in-k on a100"), title.inner_text()
+        names = page.evaluate("document.getElementById('aggregate-plot').data.map(t => t.name)")
+        assert names == ["random"]
+        assert curves[-1].endswith("/v1/curves?gpu=a100"), curves
+        page.select_option("#aggregate-gpu", "")
+        _wait_for_aggregate(page, 3)
+        browser.close()
+    client.close()
+
+
 @pytest.mark.parametrize("refresh", ["x", "-5", "Infinity"])
 def test_a_refresh_that_is_not_a_positive_number_is_the_default(live_url, chromium, refresh):
     """?refresh=x made the interval NaN, and setTimeout(loop, NaN) runs at once: 161 task

@@ -78,7 +78,7 @@
 
   const state = {
     tasks: [], listed: false, detail: null, tick: 0, aggregateDue: 0, workersDue: 0,
-    aggregateSeen: null, aggregateStale: 0,
+    aggregateSeen: null, aggregateStale: 0, aggregateGpu: "",
     wanted: Number(params.get("task")) || null, curveRunners: [],
   };
   let lastAnswer = new Date();  // the service's last answer of any kind (or the page's load)
@@ -470,12 +470,41 @@
     }, PLOT_CONFIG);
   }
 
+  // The GPUs of the listed tasks (and the one chosen) as the aggregate's choices: it pooled
+  // every GPU's tasks and said nothing of it.
+  const gpuSelect = document.getElementById("aggregate-gpu");
+  function listGpuChoices() {
+    const gpus = [...new Set(state.tasks.map((t) => t.gpu))];
+    if (state.aggregateGpu && !gpus.includes(state.aggregateGpu)) gpus.push(state.aggregateGpu);
+    const wanted = ["", ...gpus.sort()];
+    if (JSON.stringify([...gpuSelect.options].map((o) => o.value)) === JSON.stringify(wanted)) {
+      return;
+    }
+    gpuSelect.replaceChildren(...wanted.map((gpu) => {
+      const option = document.createElement("option");
+      option.value = gpu;
+      option.textContent = gpu || "every GPU";
+      return option;
+    }));
+    gpuSelect.value = state.aggregateGpu;
+  }
+  gpuSelect.addEventListener("change", () => {
+    state.aggregateGpu = gpuSelect.value;
+    state.aggregateSeen = null;  // (asked again now, whatever the tasks did)
+    state.aggregateDue = 0;
+    refresh();
+  });
+
   async function refreshAggregate() {
-    const doc = await get("/v1/curves");
+    const gpu = state.aggregateGpu;
+    const doc = await get(gpu ? `/v1/curves?gpu=${encodeURIComponent(gpu)}` : "/v1/curves");
+    if (gpu !== state.aggregateGpu) return;  // another GPU chosen meanwhile: its own call
     state.curveRunners = doc.runners || [];
     const words = labelWords(state.curveRunners.map(runnerLabel));
     const suffix = words && words !== MEASURED ? ` (${words} trials)` : "";
-    document.getElementById("aggregate-title").textContent = `Best-in-k${suffix}`;
+    const pooled = new Set(state.tasks.map((t) => t.gpu)).size > 1 ? ", every GPU's tasks" : "";
+    document.getElementById("aggregate-title").textContent =
+      `Best-in-k${gpu ? ` on ${gpu}` : pooled}${suffix}`;
     const traces = Object.entries(doc.curves).map(([strategy, points]) => ({
       x: points.map((p) => p.k), y: points.map((p) => p.best_in_k),
       mode: "lines", name: strategy,
@@ -523,6 +552,7 @@
     state.tasks = (await get("/v1/tasks?limit=100")).tasks;
     state.listed = true;
     renderTasks();
+    listGpuChoices();
   }
 
   async function refreshSelected() {
