@@ -7,6 +7,8 @@ autogenerate and the migration test compare against exactly what the service use
 
 from __future__ import annotations
 
+import sys
+
 from alembic import context
 
 from pipetune.service.db import make_engine
@@ -22,6 +24,9 @@ SET_LOCK_TIMEOUT = "SET LOCAL lock_timeout = '10s'"
 # Taken before the revision is read (run_migrations) and before the lock timeout is set, so
 # the second waits for the first to commit and then finds nothing to do.
 MIGRATION_LOCK = "SELECT pg_advisory_xact_lock(7370616964)"  # (the key: "pipetune" in digits)
+# The same lock if free now (true), else false: a migration that must wait says so first (it
+# waited without a word, with no time limit, while another session held the lock).
+MIGRATION_LOCK_NOW = "SELECT pg_try_advisory_xact_lock(7370616964)"
 
 
 def _configure(connection) -> None:
@@ -89,7 +94,15 @@ def _migrate(connection) -> None:
             # else) are not the migration's doing: only new ones fail it.
             before = _dangling(connection) if sqlite else set()
             if connection.dialect.name == "postgresql":
-                connection.exec_driver_sql(MIGRATION_LOCK)
+                if not connection.exec_driver_sql(MIGRATION_LOCK_NOW).scalar():
+                    print(
+                        "waiting for another migration of this database (a `pipetune db "
+                        "upgrade` or a starting service) to finish; Ctrl-C stops waiting, "
+                        "changing nothing",
+                        file=sys.stderr,
+                        flush=True,
+                    )
+                    connection.exec_driver_sql(MIGRATION_LOCK)
                 # A migration's ALTER TABLE waits for every open transaction on the table,
                 # and every query of the service then queues behind it: give up instead,
                 # and let `pipetune db upgrade` say so (it can be run again).

@@ -86,6 +86,10 @@ PROBE_SQL = "SELECT txid_current()"
 # SQLite's "database or disk is full" (its primary result code) and PostgreSQL's disk_full.
 SQLITE_FULL = 13
 PG_DISK_FULL = "53100"
+# SQLite's "attempt to write a readonly database" (a file or mount made read-only while it
+# served) and PostgreSQL's read_only_sql_transaction (a standby, or default_transaction_read_only).
+SQLITE_READONLY = 8
+PG_READ_ONLY = "25006"
 # How long after a write failed for a full disk /healthz still says so (Database.full_problem).
 DISK_FULL_WINDOW_S = 30.0
 
@@ -163,8 +167,8 @@ def is_unavailable(exc: BaseException) -> bool:
     """Whether an error means the database cannot be reached right now (restarting, failing
     over, out of connections, busy) rather than a bug: OperationalError and InterfaceError
     are the DB-API's classes for those, and any error that cut the connection counts too."""
-    if isinstance(exc, sa_exc.TimeoutError):  # no free connection in the pool
-        return True
+    if isinstance(exc, sa_exc.TimeoutError | DatabaseGoneError):  # (no free connection;
+        return True  # a SQLite file gone: the upkeep and proposer say so in one line)
     if isinstance(exc, sa_exc.OperationalError | sa_exc.InterfaceError):
         return True
     return isinstance(exc, sa_exc.DBAPIError) and exc.connection_invalidated
@@ -179,6 +183,17 @@ def is_disk_full(exc: BaseException) -> bool:
     if isinstance(code, int) and code & 0xFF == SQLITE_FULL:  # (extended codes keep it low)
         return True
     return getattr(error, "sqlstate", None) == PG_DISK_FULL
+
+
+def is_read_only(exc: BaseException) -> bool:
+    """Whether a database error says that the database takes no writes at all (a read-only
+    SQLite file or mount, a PostgreSQL standby): it answers reads, and refuses every write."""
+    orig = getattr(exc, "orig", None)
+    error = orig if orig is not None else exc
+    code = getattr(error, "sqlite_errorcode", None)
+    if isinstance(code, int) and code & 0xFF == SQLITE_READONLY:
+        return True
+    return getattr(error, "sqlstate", None) == PG_READ_ONLY
 
 
 def unavailable_reason(exc: BaseException) -> str:
@@ -200,6 +215,8 @@ def unavailable_reason(exc: BaseException) -> str:
         # (refused, no such database, authentication), with no SQL or value in it.
         lines = str(error.args[0]).strip().splitlines()
         message = lines[0] if lines else None
+    if message is None and isinstance(error, DatabaseGoneError):
+        message = error.detail
     if not message:
         return name
     return f"{name}: {' '.join(str(message).split())[:200]}"
@@ -281,6 +298,18 @@ def on_event_loop() -> Iterator[None]:
         yield
     finally:
         _ON_LOOP.reset(token)
+
+
+class DatabaseGoneError(Exception):
+    """The database the service opened is not the one at its address any more (a SQLite
+    file deleted or replaced while serving): what it would read or write there is not its
+    database's, so every transaction is refused (a 503) until a restart."""
+
+    status_code = 503
+
+    def __init__(self, detail: str):
+        super().__init__(detail)
+        self.detail = detail
 
 
 def is_lock_timeout(exc: BaseException) -> bool:
@@ -472,6 +501,8 @@ class Database:
         # result cannot, and /healthz flapped with them.
         self._disk_full_at: float | None = None
         self._disk_full_reason = ""
+        self._read_only_at: float | None = None
+        self._read_only_reason = ""
         self.disk_full_window_s = DISK_FULL_WINDOW_S
         event.listen(self.engine, "handle_error", self._seen_error)
 
@@ -507,6 +538,28 @@ class Database:
         if is_disk_full(exc):
             self._disk_full_reason = unavailable_reason(exc)
             self._disk_full_at = time.monotonic()
+        elif is_read_only(exc):
+            self._read_only_reason = unavailable_reason(exc)
+            self._read_only_at = time.monotonic()
+
+    def write_problem(self) -> str | None:
+        """Why writes fail (a full disk, a read-only database), where one did within
+        disk_full_window_s, in one line (None otherwise): /healthz answers 503 with it and
+        `pipetune_database_up` reads 0 while reads still answer."""
+        full = self.full_problem()
+        if full is not None:
+            return full
+        at = self._read_only_at
+        if at is None or time.monotonic() - at > self.disk_full_window_s:
+            return None
+        where = f" ({self._file})" if self._file is not None else ""
+        # (It answered 503 "unavailable; retry shortly" of each write, /healthz 200, a task
+        # stopped half-way with no word of why.)
+        return (
+            f"the database is read-only{where}: writes fail ({self._read_only_reason}), the "
+            f"last {time.monotonic() - at:.0f} s ago; make it writable (a read-only mount or "
+            "file, a standby after a failover)"
+        )
 
     def full_problem(self) -> str | None:
         """Why writes fail for a full disk, where one did within disk_full_window_s, in one
@@ -554,6 +607,14 @@ class Database:
         with self.driver_statement() as cur:
             cur.execute(PROBE_SQL)
 
+    def _check_file(self) -> None:
+        """Before a transaction on SQLite: refused where the file was deleted or replaced
+        (file_problem). Only /healthz said so: writes answered 201 into the old file or a
+        new one, new connections opened the file at the path beside the old one's WAL,
+        ids were handed out twice, tasks were lost and the restored file was corrupted."""
+        if self._file_id is not None and (problem := self.file_problem()) is not None:
+            raise DatabaseGoneError(problem)
+
     def _probe_if_stalled(self) -> None:
         """Before an ORM session's or a Core connection's first statement: while the
         database is stalled, the engine's statements take their turn as the probe, as the
@@ -575,6 +636,7 @@ class Database:
     @contextmanager
     def write(self) -> Iterator[Session]:
         """One transaction that may write: committed on success, rolled back on error."""
+        self._check_file()
         self._probe_if_stalled()
         with self._write.begin() as session:
             self._bound_loop_lock_waits(session)
@@ -583,6 +645,7 @@ class Database:
     @contextmanager
     def read(self) -> Iterator[Session]:
         """A read-only transaction (never committed)."""
+        self._check_file()
         self._probe_if_stalled()
         with self._read() as session:
             self._bound_loop_lock_waits(session)
@@ -591,6 +654,7 @@ class Database:
     @contextmanager
     def write_conn(self) -> Iterator[Connection]:
         """A Core connection in one write transaction (the queue's hot paths: no ORM)."""
+        self._check_file()
         self._probe_if_stalled()
         with self.engine.begin() as conn:
             self._bound_loop_lock_waits(conn)
@@ -598,6 +662,7 @@ class Database:
 
     @contextmanager
     def read_conn(self) -> Iterator[Connection]:
+        self._check_file()
         self._probe_if_stalled()
         with self._reader.connect() as conn:
             self._bound_loop_lock_waits(conn)

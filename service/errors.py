@@ -23,7 +23,9 @@ from pipetune.model.wire import ErrorItem, FieldError, ValidationErrorBody
 from pipetune.model.workloads import WorkloadError
 from pipetune.service.db import (
     DISK_FULL_WINDOW_S,
+    DatabaseGoneError,
     is_disk_full,
+    is_read_only,
     is_unavailable,
     unavailable_reason,
 )
@@ -36,6 +38,10 @@ DATABASE_UNAVAILABLE = "the database is unavailable; retry shortly"
 # A full disk is a 503 too (workers and the SDK retry it, and the service resumes by itself
 # once there is room), but named: the database answers, so "unavailable" misled.
 DATABASE_FULL = "the database's disk is full: writes fail until space is freed; retry later"
+DATABASE_READ_ONLY = (
+    "the database is read-only: writes fail until it is writable again (a read-only mount or "
+    "file, a standby after a failover); retry later"
+)
 # A full disk does not clear in a second, as a restart or a failover may: a retry a second
 # later only fails again (and keeps /healthz unhealthy). Clients are told to come back after
 # the window /healthz reports it for, when it is healthy again if no write has failed since.
@@ -70,15 +76,9 @@ class ConflictError(ServiceError):
     status_code = 409
 
 
-class DatabaseGoneError(ServiceError):
-    """The database the service opened is not the one at its address any more (a SQLite
-    file deleted or replaced while serving)."""
-
-    status_code = 503
-
-
 class DatabaseFullError(ServiceError):
-    """Writes failed for a full disk within the last while (Database.full_problem)."""
+    """Writes failed for a full disk or a read-only database within the last while
+    (Database.write_problem)."""
 
     status_code = 503
 
@@ -243,14 +243,21 @@ def install(app: FastAPI) -> None:
         # One line, no traceback, no SQL or parameters: the cause is outside the service.
         log.warning("database unavailable: %s", unavailable_reason(exc))
         full = is_disk_full(exc)
+        read_only = not full and is_read_only(exc)
+        detail = DATABASE_FULL if full else DATABASE_READ_ONLY if read_only else None
         return JSONResponse(
-            {"detail": DATABASE_FULL if full else DATABASE_UNAVAILABLE},
+            {"detail": detail or DATABASE_UNAVAILABLE},
             status_code=503,
-            headers={"Retry-After": str(RETRY_AFTER_FULL_S if full else RETRY_AFTER_S)},
+            headers={"Retry-After": str(RETRY_AFTER_FULL_S if detail else RETRY_AFTER_S)},
         )
 
     app.add_exception_handler(sa_exc.DBAPIError, _database)
     app.add_exception_handler(sa_exc.TimeoutError, _database)
+
+    @app.exception_handler(DatabaseGoneError)
+    async def _gone(_request: Request, exc: DatabaseGoneError) -> JSONResponse:
+        # No Retry-After: the replica serves its old file or none until it is restarted.
+        return JSONResponse({"detail": exc.detail}, status_code=exc.status_code)
 
     @app.exception_handler(HardwareError)
     async def _hardware(_request: Request, exc: HardwareError) -> JSONResponse:

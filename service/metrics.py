@@ -97,10 +97,11 @@ class DatabaseGauges(Collector):
                 raise
             yield gauge_family("pipetune_database_up", DATABASE_UP_HELP, [], [(0,)])
             return
-        # A full disk: reads (these gauges) still answer, but every write fails, and /healthz
-        # says so (Database.full_problem); a database_up of 1 then contradicted /healthz and
-        # hid the outage from alerts on the gauge. The gauges are still worth having.
-        up = 0 if self.db.full_problem() is not None else 1
+        # A full disk or a read-only database: reads (these gauges) still answer, but every
+        # write fails, and /healthz says so (Database.write_problem); a database_up of 1
+        # then contradicted /healthz and hid the outage from alerts on the gauge. The gauges
+        # are still worth having.
+        up = 0 if self.db.write_problem() is not None else 1
         yield gauge_family("pipetune_database_up", DATABASE_UP_HELP, [], [(up,)])
         gpus = [(gpu,) for gpu in gpu_keys()]
         queued = _every(gpus, [(gpu, n) for state, gpu, n in jobs if state == JobState.QUEUED])

@@ -320,10 +320,11 @@ class Settings(BaseSettings):
     # on a loopback address without API keys answers only localhost, 127.0.0.1 and ::1
     # (service/middleware.HostGuard: DNS rebinding).
     allowed_hosts: Annotated[list[str], NoDecode] = Field(default_factory=list)
-    # Upper bounds on every number: each is refused at start with the variable named, where
+    # Upper bounds on every number (and no NaN or infinity, which were told "less than or
+    # equal to 604800"): each is refused at start with the variable named, where
     # one past what anything means (inf, 1e12) was taken and broke later (a lease with no
     # expiry, an upkeep that overflowed a SQLite integer at every sweep).
-    lease_ttl_s: float = Field(120.0, gt=0, le=MAX_SECONDS)
+    lease_ttl_s: float = Field(120.0, gt=0, le=MAX_SECONDS, allow_inf_nan=False)
     max_attempts: int = Field(3, ge=1, le=MAX_ATTEMPTS)
     # A task's batch size unless it asks for its own (TaskCreate.batch_size).
     batch_size: int = Field(8, ge=1, le=MAX_BATCH_SIZE)
@@ -333,27 +334,28 @@ class Settings(BaseSettings):
     # trials it costs about 0.005 of best-in-k; where trials take different times and the
     # fleet sets the pace it gave 17-53% more results/s (benchmarks/RESULTS.md, "early
     # proposals"). 0: whole batches.
-    propose_early: float = Field(0.0, ge=0, lt=1)
+    propose_early: float = Field(0.0, ge=0, lt=1, allow_inf_nan=False)
     # A lease request that found nothing waits for a wake-up (jobs of its kind enqueued, in
     # this replica or, on PostgreSQL, another: service/wakeup.py); this is the fallback, how
     # long it waits before it looks at the queue again without one. Then the longest a
     # lease request is held (below a proxy's idle timeout; short in tests: workers drain
     # when their poll returns).
-    lease_poll_s: float = Field(5.0, gt=0, le=MAX_SECONDS)
-    lease_wait_cap_s: float = Field(30.0, ge=0, le=MAX_SECONDS)
+    lease_poll_s: float = Field(5.0, gt=0, le=MAX_SECONDS, allow_inf_nan=False)
+    lease_wait_cap_s: float = Field(30.0, ge=0, le=MAX_SECONDS, allow_inf_nan=False)
     # Background upkeep (expired leases, tasks whose batch completed): seconds, 0 = off.
-    sweep_interval_s: float = Field(2.0, ge=0, le=MAX_SECONDS)
+    sweep_interval_s: float = Field(2.0, ge=0, le=MAX_SECONDS, allow_inf_nan=False)
     max_body_bytes: int = Field(1_000_000, ge=1024, le=MAX_BODY_BYTES)
     # Seconds a request may take to arrive whole (head and body) from its first byte, or a
     # new connection to send one: then the connection is closed (service/http_protocol.py).
-    request_read_timeout_s: float = Field(60.0, gt=0, le=MAX_SECONDS)
+    request_read_timeout_s: float = Field(60.0, gt=0, le=MAX_SECONDS, allow_inf_nan=False)
     # Build the schema when the database is empty (`serve` on a fresh install).
     create_empty_schema: bool = False
     db_pool_size: int = Field(10, ge=1, le=MAX_POOL_SIZE)
     # Seconds the service waits for PostgreSQL to answer one statement (service/db.py,
     # DeadlineConnection): a server that is up and never answers (stopped, storage hung)
-    # held a replica's every request. Longer than any statement the service sends.
-    db_statement_deadline_s: float = Field(30.0, le=MAX_SECONDS)  # (its floor: _deadline)
+    # held a replica's every request. Longer than any statement the service sends (its
+    # floor: _deadline).
+    db_statement_deadline_s: float = Field(30.0, le=MAX_SECONDS, allow_inf_nan=False)
 
     @field_validator("db_statement_deadline_s")
     @classmethod

@@ -394,8 +394,30 @@ def test_a_setting_past_what_it_can_mean_is_refused_at_start(
     monkeypatch.setenv(variable, value)
     result = runner.invoke(app, ["serve", "--db", f"sqlite:///{tmp_path / 'x.db'}"])
     assert result.exit_code == 2, result.output
-    assert f"error: {variable}: Input should be less than or equal to" in result.output
+    # (inf and nan were told "less than or equal to 604800": not the reason)
+    reason = "a finite number" if value == "inf" else "less than or equal to"
+    assert f"error: {variable}: Input should be {reason}" in result.output
     assert not (tmp_path / "x.db").exists()
+
+
+@pytest.mark.parametrize(
+    "variable",
+    [
+        "PIPETUNE_LEASE_TTL_S",
+        "PIPETUNE_PROPOSE_EARLY",
+        "PIPETUNE_LEASE_POLL_S",
+        "PIPETUNE_LEASE_WAIT_CAP_S",
+        "PIPETUNE_SWEEP_INTERVAL_S",
+        "PIPETUNE_REQUEST_READ_TIMEOUT_S",
+        "PIPETUNE_DB_STATEMENT_DEADLINE_S",
+    ],
+)
+def test_a_duration_that_is_not_a_number_says_so(monkeypatch, tmp_path, variable):
+    for value in ("nan", "-inf"):
+        monkeypatch.setenv(variable, value)
+        result = runner.invoke(app, ["serve", "--db", f"sqlite:///{tmp_path / 'x.db'}"])
+        assert result.exit_code == 2, result.output
+        assert f"error: {variable}: Input should be a finite number" in result.output
 
 
 def test_a_statement_deadline_too_short_for_any_database_is_refused_at_start(monkeypatch, tmp_path):

@@ -528,6 +528,38 @@ def test_replicas_that_upgrade_at_once_both_succeed(start):
                 engine.dispose()
 
 
+def test_an_upgrade_that_waits_for_another_migration_says_so():
+    """With another session holding the migration lock, `db upgrade` waited without a word
+    and with no time limit: a deploy hung, saying nothing."""
+    import psycopg
+    from service_support import PG_ADMIN_URL, require_pg
+    from sqlalchemy.engine import make_url
+
+    from benchmarks.harness import pg_database
+
+    require_pg()
+    with pg_database(PG_ADMIN_URL) as url:
+        libpq = make_url(url).set(drivername="postgresql").render_as_string(hide_password=False)
+        command = [sys.executable, "-m", "pipetune.clients.cli", "db", "upgrade", "--db", url]
+        with psycopg.connect(libpq) as holder:
+            holder.execute("SELECT pg_advisory_xact_lock(7370616964)")
+            run = subprocess.Popen(command, stderr=subprocess.PIPE, text=True)
+            try:
+                assert run.stderr is not None
+                line = run.stderr.readline()  # (blocks until the note: the lock is held)
+                assert line.startswith("waiting for another migration of this database"), line
+                assert run.poll() is None  # still waiting
+            finally:
+                holder.rollback()  # the lock goes with the transaction
+            _, rest = run.communicate(timeout=120)
+        assert run.returncode == 0, rest
+        engine = make_engine(url, pool_size=1)
+        try:
+            assert current_revision(engine) == head_revision()
+        finally:
+            engine.dispose()
+
+
 def test_an_upgrade_that_times_out_on_a_lock_says_who_holds_it_and_what_to_do():
     """A table the upgrade alters, locked by another session (a running service): after the
     migration's lock timeout the command said only "LockNotAvailable: canceling statement

@@ -97,3 +97,38 @@ def test_a_full_disk_is_a_503_naming_it_and_healthz_says_so_until_it_passes(tmp_
             "/v1/jobs/lease", json={"worker_id": worker, "wait_s": 0}, headers=WORKER_HEADERS
         )
         assert leased.status_code == 200 and leased.json()["jobs"], leased.text
+
+
+def test_a_database_made_read_only_is_a_503_naming_it_and_healthz_says_so(tmp_path: Path):
+    """A SQLite file (its mount) made read-only while serving: each write answered 503 "the
+    database is unavailable; retry shortly", /healthz 200 and `pipetune_database_up` 1, and a
+    task stopped half-way with no word of why. PRAGMA query_only gives the very error."""
+    url = f"sqlite:///{tmp_path / 'pipetune.db'}"
+    upgrade(url)
+    with client_for(url) as client:
+        db = service_of(client).db
+        db.disk_full_window_s = 0.5
+        read_only = {"on": False}
+
+        def query_only(dbapi_connection, _record) -> None:  # type: ignore[no-untyped-def]
+            if read_only["on"]:
+                dbapi_connection.execute("PRAGMA query_only=1")
+
+        event.listen(db.engine, "connect", query_only)
+        read_only["on"] = True
+        db.engine.dispose()
+        body = {"workload": GEMM, "gpu": "h100", "budget": 8, "strategy": "random"}
+        refused = client.post("/v1/tasks", json=body)
+        assert refused.status_code == 503, refused.text
+        assert refused.json()["detail"].startswith("the database is read-only"), refused.text
+        assert refused.headers["Retry-After"] == "30"
+        health = client.get("/healthz")
+        assert health.status_code == 503, health.text
+        assert health.json()["detail"].startswith("the database is read-only"), health.text
+        assert metric_value(client.get("/metrics").text, "pipetune_database_up") == 0
+        # Writable again: healthy once no write has failed for the window.
+        read_only["on"] = False
+        db.engine.dispose()
+        assert client.post("/v1/tasks", json=body).status_code == 201
+        time.sleep(0.6)
+        assert client.get("/healthz").status_code == 200

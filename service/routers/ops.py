@@ -8,8 +8,8 @@ from sqlalchemy import text
 
 from pipetune.model.wire import Health
 from pipetune.service.context import ServiceDep
-from pipetune.service.db import is_unavailable
-from pipetune.service.errors import DatabaseFullError, DatabaseGoneError, DatabaseStalledError
+from pipetune.service.db import DatabaseGoneError, is_unavailable
+from pipetune.service.errors import DatabaseFullError, DatabaseStalledError
 from pipetune.service.metrics import CONTENT_TYPE
 from pipetune.service.middleware import HEALTH_PATH
 from pipetune.service.routers.bounded_json import BoundedJsonRoute
@@ -26,8 +26,8 @@ def healthz(service: ServiceDep) -> Health:
     if problem is not None:
         # The open connections still answer from the old file: what is written now is lost.
         raise DatabaseGoneError(problem)
-    if (full := service.db.full_problem()) is not None:
-        raise DatabaseFullError(full)
+    if (refused := service.db.write_problem()) is not None:
+        raise DatabaseFullError(refused)
     db = service.db
     try:
         if db.stalled:
