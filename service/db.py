@@ -23,6 +23,7 @@ workers may disagree about the time, the database is the one clock they share.
 from __future__ import annotations
 
 import datetime as dt
+import functools
 import math
 import os
 import re
@@ -171,6 +172,9 @@ def is_unavailable(exc: BaseException) -> bool:
         return True  # a SQLite file gone: the upkeep and proposer say so in one line)
     if isinstance(exc, sa_exc.OperationalError | sa_exc.InterfaceError):
         return True
+    if isinstance(exc, sa_exc.DBAPIError) and is_read_only(exc):
+        # (A standby's ReadOnlySqlTransaction is an InternalError: each write answered 500.)
+        return True
     return isinstance(exc, sa_exc.DBAPIError) and exc.connection_invalidated
 
 
@@ -283,21 +287,40 @@ def json_param(value: Any) -> str:
 # request of the replica, /healthz and the dashboard's page too: there a statement waits for
 # a row or table lock another session holds (an open admin transaction, CREATE INDEX, a
 # migration) at most this long, then fails, and Queue.hot runs it again in a thread.
-# Longer than the queue's own statements hold their rows (a few ms).
+# Longer than the queue's own statements hold their rows (a few ms). Once one has given up,
+# the loop's statements wait BRIEF_LOCK_TIMEOUT_MS for a while (Queue.hot): those that need
+# the lock go to threads at once, the others (a heartbeat, another task's lease) are answered
+# on the loop as before, and a flood of results for a locked task costs the loop little.
 LOOP_LOCK_TIMEOUT_MS = 100
-_ON_LOOP: ContextVar[bool] = ContextVar("pipetune_statement_on_loop", default=False)
+BRIEF_LOCK_TIMEOUT_MS = 5
+# The lock timeout of the statements run now, in ms, where they are the event loop's own
+# (on_event_loop); 0: they are not.
+_ON_LOOP: ContextVar[int] = ContextVar("pipetune_loop_lock_timeout_ms", default=0)
+# The statements of the loop's current work that finished (on_event_loop's list): a work that
+# gives up on a lock after one of them may have committed part of itself, and is not run again.
+_LOOP_DONE: ContextVar[list[int] | None] = ContextVar("pipetune_loop_done", default=None)
 # SET (LOCAL, for the transaction alone, where `local`), as a function that takes parameters.
 _SET_LOCK_TIMEOUT = text("SELECT set_config('lock_timeout', :ms, :local)")
 
 
 @contextmanager
-def on_event_loop() -> Iterator[None]:
-    """Mark the statements run inside as the event loop's own (LOOP_LOCK_TIMEOUT_MS)."""
-    token = _ON_LOOP.set(True)
+def on_event_loop(lock_timeout_ms: int = LOOP_LOCK_TIMEOUT_MS) -> Iterator[list[int]]:
+    """Mark the statements run inside as the event loop's own, each waiting for a lock at
+    most `lock_timeout_ms` (LOOP_LOCK_TIMEOUT_MS or BRIEF_LOCK_TIMEOUT_MS); yields a list
+    whose length counts the transactions that finished inside (see _LOOP_DONE)."""
+    done: list[int] = []
+    token, counter = _ON_LOOP.set(lock_timeout_ms), _LOOP_DONE.set(done)
     try:
-        yield
+        yield done
     finally:
+        _LOOP_DONE.reset(counter)
         _ON_LOOP.reset(token)
+
+
+def _finished_on_loop() -> None:
+    done = _LOOP_DONE.get()
+    if done is not None:
+        done.append(1)
 
 
 class DatabaseGoneError(Exception):
@@ -480,9 +503,9 @@ class Database:
         self._probe = threading.Lock()  # held by the one probe in flight
         self.engine = make_engine(url, pool_size, statement_deadline_s, self._missed_deadline)
         # The hot paths' connections (PostgreSQL), opened at their first use; the event
-        # loop's own wait for a lock at most LOOP_LOCK_TIMEOUT_MS.
+        # loop's own, per lock timeout (on_event_loop), wait for a lock at most that long.
         self._driver_pool: DriverConnections | None = None
-        self._loop_pool: DriverConnections | None = None
+        self._loop_pools: dict[int, DriverConnections] = {}
         self._driver_pool_lock = threading.Lock()
         self.dialect = self.engine.dialect.name
         self._write = sessionmaker(self.engine, expire_on_commit=False)
@@ -512,7 +535,10 @@ class Database:
         name = self.engine.url.database
         if not name or name == ":memory:" or name.startswith("file:"):
             return None
-        return Path(name).expanduser().resolve()
+        # The URL's own path, not resolved: SQLite opens it through a symlink at each new
+        # connection, and os.stat follows it the same way (resolved at start, a symlink moved
+        # to another file went unseen, and one whose file was renamed under it refused all).
+        return Path(name).expanduser().absolute()
 
     def file_problem(self) -> str | None:
         """Why the SQLite file the service opened is no longer the one at its path (deleted,
@@ -521,9 +547,9 @@ class Database:
             return None
         now = _file_id(self._file)
         if now is None:
-            return f"the database file {self._file} was deleted while the service ran"
+            return f"the database file {self._file} was deleted while it was open"
         if now != self._file_id:
-            return f"the database file {self._file} was replaced while the service ran"
+            return f"the database file {self._file} was replaced while it was open"
         return None
 
     @property
@@ -630,8 +656,8 @@ class Database:
         """On the event loop (on_event_loop), this transaction's lock waits are bounded as
         the loop's driver connections' are (an upkeep or a worker look-up the hot paths
         run there). One more round trip, where the loop runs ORM work: rarely."""
-        if _ON_LOOP.get() and not self.is_sqlite:
-            target.execute(_SET_LOCK_TIMEOUT, {"ms": str(LOOP_LOCK_TIMEOUT_MS), "local": True})
+        if (ms := _ON_LOOP.get()) and not self.is_sqlite:
+            target.execute(_SET_LOCK_TIMEOUT, {"ms": str(ms), "local": True})
 
     @contextmanager
     def write(self) -> Iterator[Session]:
@@ -641,6 +667,7 @@ class Database:
         with self._write.begin() as session:
             self._bound_loop_lock_waits(session)
             yield session
+        _finished_on_loop()
 
     @contextmanager
     def read(self) -> Iterator[Session]:
@@ -650,6 +677,7 @@ class Database:
         with self._read() as session:
             self._bound_loop_lock_waits(session)
             yield session
+        _finished_on_loop()
 
     @contextmanager
     def write_conn(self) -> Iterator[Connection]:
@@ -659,6 +687,7 @@ class Database:
         with self.engine.begin() as conn:
             self._bound_loop_lock_waits(conn)
             yield conn
+        _finished_on_loop()
 
     @contextmanager
     def read_conn(self) -> Iterator[Connection]:
@@ -667,6 +696,7 @@ class Database:
         with self._reader.connect() as conn:
             self._bound_loop_lock_waits(conn)
             yield conn
+        _finished_on_loop()
 
     @contextmanager
     def driver_statement(self) -> Iterator[psycopg.Cursor]:
@@ -690,7 +720,8 @@ class Database:
                 raise _wrapped(stall, broken=False)
             probing = True
         try:
-            pool = self._loop_connections() if _ON_LOOP.get() else self._driver_connections()
+            ms = _ON_LOOP.get()
+            pool = self._loop_connections(ms) if ms else self._driver_connections()
             try:
                 conn, opened = pool.take()
             except psycopg.Error as exc:  # it could not connect
@@ -698,6 +729,7 @@ class Database:
             try:
                 with self._cursor(conn) as cursor:
                     yield cursor
+                _finished_on_loop()
                 if probing:
                     self._stalled_since = None  # it answered in time
             finally:
@@ -741,24 +773,26 @@ class Database:
                 pool = self._driver_pool
         return pool
 
-    def _loop_connections(self) -> DriverConnections:
-        """The event loop's own driver connections (LOOP_LOCK_TIMEOUT_MS): it runs one
-        statement at a time, so one is kept, and a second allowed (never waited for on the
-        loop, should a statement ever be run inside another's)."""
-        pool = self._loop_pool
+    def _loop_connections(self, lock_timeout_ms: int) -> DriverConnections:
+        """The event loop's own driver connection whose statements wait for a lock at most
+        `lock_timeout_ms`: it runs one statement at a time, so one is kept, and none more
+        (never waited for: should a statement ever run inside another's, a TimeoutError, a
+        503, rather than the loop held)."""
+        pool = self._loop_pools.get(lock_timeout_ms)
         if pool is None:
             with self._driver_pool_lock:
-                if self._loop_pool is None:
-                    self._loop_pool = DriverConnections(self._connect_loop_driver, keep=1, limit=2)
-                pool = self._loop_pool
+                pool = self._loop_pools.get(lock_timeout_ms)
+                if pool is None:
+                    connect = functools.partial(self._connect_loop_driver, lock_timeout_ms)
+                    pool = self._loop_pools[lock_timeout_ms] = DriverConnections(
+                        connect, keep=1, limit=1, timeout_s=0.0
+                    )
         return pool
 
-    def _connect_loop_driver(self) -> psycopg.Connection:
+    def _connect_loop_driver(self, lock_timeout_ms: int) -> psycopg.Connection:
         conn = self._connect_driver()
         try:
-            conn.execute(
-                "SELECT set_config('lock_timeout', %s, false)", [str(LOOP_LOCK_TIMEOUT_MS)]
-            )
+            conn.execute("SELECT set_config('lock_timeout', %s, false)", [str(lock_timeout_ms)])
         except BaseException:
             conn.close()
             raise
@@ -804,7 +838,7 @@ class Database:
         return database_now_plus(self.is_sqlite, seconds)
 
     def dispose(self) -> None:
-        for pool in (self._driver_pool, self._loop_pool):
+        for pool in (self._driver_pool, *self._loop_pools.values()):
             if pool is not None:
                 pool.close()
         self.engine.dispose()

@@ -59,7 +59,13 @@ from pipetune.model.wire import (
     WorkerDoc,
     WorkerRegister,
 )
-from pipetune.service.db import Database, is_lock_timeout, on_event_loop
+from pipetune.service.db import (
+    BRIEF_LOCK_TIMEOUT_MS,
+    LOOP_LOCK_TIMEOUT_MS,
+    Database,
+    is_lock_timeout,
+    on_event_loop,
+)
 from pipetune.service.driver import all_enqueued_some_out, batches_ahead, outstanding_allowed
 from pipetune.service.errors import ConflictError, ForbiddenError, InputError, NotFoundError
 from pipetune.service.metrics import Metrics
@@ -86,8 +92,8 @@ __all__ = ["Queue", "Report", "WorkerRef", "check_storable"]
 
 RECLAIM_EVERY_S = 1.0
 # After a hot path's statement on the event loop gave up waiting for a lock held elsewhere,
-# the hot paths run in threads this long (they try the loop again after it), at most
-# HOT_THREADS at once.
+# the loop's statements give up sooner this long (BRIEF_LOCK_TIMEOUT_MS), those that must wait
+# doing so in threads, at most HOT_THREADS (and half the driver's connections) at once.
 CONTENDED_S = 10.0
 HOT_THREADS = 16
 # A worker's arch, GPU and token change only when it re-registers. The replica it re-registers
@@ -585,24 +591,35 @@ class Queue:
         must not hold the loop meanwhile."""
         if self.db.is_sqlite or self.db.stalled:
             return await run_in_threadpool(work, *args)
-        if time.monotonic() >= self._contended_until:
-            try:
-                with on_event_loop():  # (a lock wait bounded: LOOP_LOCK_TIMEOUT_MS)
-                    return work(*args)
-            except sa_exc.DBAPIError as exc:
-                if not is_lock_timeout(exc):
-                    raise
-                # Another session holds a lock this work waits for (an open transaction,
-                # CREATE INDEX, a migration): on the loop the wait stopped every request of
-                # the replica, /healthz and the dashboard's page too. The work failed whole
-                # (each statement is its own transaction): run again where it may wait, as
-                # is the rest for a while, and the loop answers the other requests.
-                log.warning("a lock held elsewhere: the hot paths wait for it in threads")
-                self._contended_until = time.monotonic() + CONTENDED_S
-        # Threads of their own (HOT_THREADS): waiting there, they must not take every thread
-        # of the pool that /healthz and the other routes run in.
+        contended = time.monotonic() < self._contended_until
+        done: list[int] = []
+        wait_ms = BRIEF_LOCK_TIMEOUT_MS if contended else LOOP_LOCK_TIMEOUT_MS
+        try:
+            with on_event_loop(wait_ms) as done:  # (a lock wait bounded: wait_ms)
+                return work(*args)
+        except sa_exc.DBAPIError as exc:
+            if not is_lock_timeout(exc):
+                raise
+            # Another session holds a lock this work waits for (an open transaction, CREATE
+            # INDEX, a migration): on the loop the wait stopped every request of the replica,
+            # /healthz and the dashboard's page too. This work waits in a thread; for a while
+            # the loop's statements give up on a lock sooner, and the loop answers the rest.
+            if not contended:
+                log.warning("a lock held elsewhere: the hot paths that need it wait in threads")
+            self._contended_until = time.monotonic() + CONTENDED_S
+            if done:
+                # Part of the work finished (a result recorded, a claim committed): run again,
+                # it would answer as another request (a duplicate, new jobs). The client's
+                # retry is answered as a retry is (per lease, per request id).
+                raise
+        # Threads of their own (at most half the driver's connections, HOT_THREADS at most):
+        # waiting there, they must not take every thread of the pool that /healthz and the
+        # other routes run in, nor every connection that /healthz, the proposer and the upkeep
+        # need (/healthz waited out the lock with 10 results waiting on it).
         if self._hot_limiter is None:
-            self._hot_limiter = anyio.CapacityLimiter(HOT_THREADS)
+            self._hot_limiter = anyio.CapacityLimiter(
+                max(1, min(HOT_THREADS, self.db.pool_size // 2))
+            )
         return await anyio.to_thread.run_sync(
             functools.partial(work, *args), limiter=self._hot_limiter
         )

@@ -51,8 +51,8 @@ def generated_worker_token(path: Path | None = None) -> tuple[str, Path]:
             # each refused to send it.)
             raise OSError(
                 errno.EINVAL,
-                f"{path} holds a token that {problem.replace('holds', 'has', 1)}; remove the "
-                "file to make a new one",
+                f"the token it holds {problem.replace('holds', 'has', 1)}; remove the file "
+                "to make a new one",
             )
         _keep_private(path)
         return token, path

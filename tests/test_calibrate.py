@@ -110,6 +110,36 @@ def test_the_launch_time_is_the_timing_floor_where_it_was_measured(h100, monkeyp
     assert seen == {"floor": 3.44}
 
 
+def test_calibrate_measures_the_timing_floor_as_the_campaign_does(h100, monkeypatch):
+    """`pipetune calibrate` (no campaign to hand it the floor) wrote the chases' lone launch:
+    a user's own profile replaced the shipped one and brought the 1.5x overprediction back.
+    It times the empty kernel through the cupy runner, as the campaign's probe does."""
+    from pipetune.workers import calibrate
+    from pipetune.workers.runners import cupy_runner
+
+    closed = []
+
+    class FloorRunner:
+        def __init__(self, spec, **kwargs):
+            self.spec = spec
+
+        def measure_floor(self):
+            return 3.3
+
+        def close(self):
+            closed.append(True)
+
+    monkeypatch.setattr(cupy_runner, "CupyRunner", FloorRunner)
+    assert calibrate.measured_timing_floor(h100, 0) == 3.3 and closed == [True]
+
+    class Unavailable(FloorRunner):
+        def measure_floor(self):
+            raise RuntimeError("no device")
+
+    monkeypatch.setattr(cupy_runner, "CupyRunner", Unavailable)
+    assert calibrate.measured_timing_floor(h100, 0) is None and closed == [True, True]
+
+
 def test_a_device_unlike_the_spec_overrides_its_counts(h100):
     doc = build_profile(synthetic(h100, sm_count=114, l2_bytes=50 << 20), h100)
     assert doc["overrides"]["sm_count"] == 114
@@ -380,7 +410,9 @@ def test_a_malformed_profile_is_refused_when_serve_starts_and_answered_in_one_li
     with client_for(f"sqlite:///{tmp_path / 'live.db'}") as client:
         monkeypatch.setenv(hardware.USER_PROFILE_DIR_ENV, str(folder))
         (folder / "h100.json").write_text("{bad")
-        answer = client.post("/v1/schedules", json={"workload": GEMM, "gpu": "h100"})
+        # (A shape no other test asks for: the model's picks are cached per process.)
+        shape = {**GEMM, "m": 776, "n": 328, "k": 552}
+        answer = client.post("/v1/schedules", json={"workload": shape, "gpu": "h100"})
     assert answer.status_code == 500, answer.text
     assert answer.json()["detail"].startswith("the service's hardware model cannot be used: ")
 

@@ -7,6 +7,7 @@ import hashlib
 import os
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -546,8 +547,13 @@ def test_an_upgrade_that_waits_for_another_migration_says_so():
             run = subprocess.Popen(command, stderr=subprocess.PIPE, text=True)
             try:
                 assert run.stderr is not None
-                line = run.stderr.readline()  # (blocks until the note: the lock is held)
-                assert line.startswith("waiting for another migration of this database"), line
+                lines: list[str] = []
+                reader = threading.Thread(target=lambda: lines.append(run.stderr.readline()))
+                reader.start()
+                reader.join(timeout=60)  # (the note comes while the lock is held)
+                assert lines and lines[0].startswith(
+                    "waiting for another migration of this database"
+                ), lines
                 assert run.poll() is None  # still waiting
             finally:
                 holder.rollback()  # the lock goes with the transaction

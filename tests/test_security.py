@@ -493,7 +493,7 @@ def test_a_kept_token_no_worker_can_send_is_refused_not_served_with(tmp_path: Pa
     command = ["serve", "--db", f"sqlite:///{tmp_path / 'serve.db'}", "--port", "0"]
     result = CliRunner().invoke(app, [*command, "--local-workers", "1"], env=env)
     assert result.exit_code == 2, result.output
-    assert "holds a token that has a space" in result.output and "remove the file" in result.output
+    assert "the token it holds has a space" in result.output and "remove the file" in result.output
     assert "abc def" not in result.output
 
 

@@ -240,6 +240,32 @@ def test_a_full_disk_while_a_task_is_created_on_postgresql_is_a_503_and_healthz_
         engine.dispose()
 
 
+def test_a_read_only_postgresql_is_a_503_saying_so_and_healthz_says_so(pg):
+    """A standby after a failover (or default_transaction_read_only): each write raised
+    ReadOnlySqlTransaction, an InternalError, which the service answered 500 with a
+    traceback while /healthz answered healthy."""
+    from sqlalchemy import create_engine
+    from sqlalchemy.engine import make_url
+
+    database = make_url(pg).database
+    engine = create_engine(pg)
+    with engine.begin() as conn:
+        conn.exec_driver_sql(f'ALTER DATABASE "{database}" SET default_transaction_read_only = on')
+    try:
+        with client_for(pg) as c:
+            response = c.post("/v1/tasks", json={"workload": GEMM, "gpu": "h100", "budget": 10})
+            assert response.status_code == 503, response.text
+            assert response.json()["detail"].startswith("the database is read-only"), response.text
+            health = c.get("/healthz")
+            assert health.status_code == 503, health.text
+            assert health.json()["detail"].startswith("the database is read-only")
+    finally:
+        with engine.begin() as conn:
+            conn.exec_driver_sql("SET default_transaction_read_only = off")
+            conn.exec_driver_sql(f'ALTER DATABASE "{database}" RESET default_transaction_read_only')
+        engine.dispose()
+
+
 def test_results_a_trial_row_cannot_hold_are_refused(client):
     client.post("/v1/tasks", json={"workload": GEMM, "gpu": "h100", "budget": 1})
     worker = register(client)

@@ -107,7 +107,7 @@ def test_a_database_made_read_only_is_a_503_naming_it_and_healthz_says_so(tmp_pa
     upgrade(url)
     with client_for(url) as client:
         db = service_of(client).db
-        db.disk_full_window_s = 0.5
+        db.disk_full_window_s = 3.0  # (what follows the refused write answers within it)
         read_only = {"on": False}
 
         def query_only(dbapi_connection, _record) -> None:  # type: ignore[no-untyped-def]
@@ -130,5 +130,5 @@ def test_a_database_made_read_only_is_a_503_naming_it_and_healthz_says_so(tmp_pa
         read_only["on"] = False
         db.engine.dispose()
         assert client.post("/v1/tasks", json=body).status_code == 201
-        time.sleep(0.6)
+        time.sleep(3.1)
         assert client.get("/healthz").status_code == 200

@@ -77,13 +77,15 @@ def _database_errors(url: str) -> Iterator[None]:
     checked already; what is left is the server or the file, not the command line)."""
     from sqlalchemy.exc import SQLAlchemyError
 
-    from pipetune.service.db import refuses_url_options, unavailable_reason
+    from pipetune.service.db import DatabaseGoneError, refuses_url_options, unavailable_reason
     from pipetune.service.migrate import SchemaError, redact, sqlite_access_hint
 
     try:
         yield
     except SchemaError as exc:
         raise CliError(str(exc), 1) from None
+    except DatabaseGoneError as exc:  # (its class name and a traceback's hint, it printed)
+        raise CliError(exc.detail, 1) from None
     except SQLAlchemyError as exc:
         reason = unavailable_reason(exc)
         if refuses_url_options(exc):  # (the URL's own options: bad input, not the server)
@@ -130,7 +132,9 @@ def _check_profiles() -> None:
         try:
             get_gpu(key)
         except HardwareError as exc:
-            raise CliError(f"{key}: {exc}", 2) from None
+            # (A profile's own problem names its file; the folder's is every GPU's.)
+            said = f"{key}: {exc}" if str(exc).startswith("profile") else str(exc)
+            raise CliError(said, 2) from None
 
 
 def _check_local_workers(n: int, runner: str, dataset: Path | None) -> str | None:
@@ -345,11 +349,7 @@ def serve(
     _check_profiles()
     _check_address(host, port)
     # The schema before the token: a serve refused for its database wrote the secret file.
-    from pipetune.service.settings import sqlite_path
-
-    new_file = sqlite_path(settings.database_url)
-    if new_file is not None and new_file.exists():
-        new_file = None
+    new_file = _missing_sqlite_file(settings.database_url)
     _check_schema(
         settings.database_url, create_if_empty=settings.create_empty_schema, writable=True
     )

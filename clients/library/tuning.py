@@ -69,7 +69,7 @@ from pipetune.model.wire import (
     WorkerRegister,
 )
 from pipetune.model.workloads import WorkloadError
-from pipetune.service.db import Database, unavailable_reason
+from pipetune.service.db import Database, DatabaseGoneError, unavailable_reason
 from pipetune.service.driver import Driver
 from pipetune.service.errors import InputError
 from pipetune.service.metrics import Metrics
@@ -507,9 +507,10 @@ def tune(
                 raise
             finally:
                 task.exit()
-        except SQLAlchemyError as exc:
-            # A lock held past the busy timeout by another process, a disk that filled: said
-            # as the database's failure, without the SQL and its parameters.
+        except (SQLAlchemyError, DatabaseGoneError) as exc:
+            # A lock held past the busy timeout by another process, a disk that filled, the
+            # file deleted or replaced: said as the database's failure, without the SQL and
+            # its parameters.
             raise LocalDatabaseError(
                 f"the database {redact(url)} failed during the tuning: {unavailable_reason(exc)}"
             ) from None

@@ -498,7 +498,7 @@
   async function refreshAggregate() {
     const gpu = state.aggregateGpu;
     const doc = await get(gpu ? `/v1/curves?gpu=${encodeURIComponent(gpu)}` : "/v1/curves");
-    if (gpu !== state.aggregateGpu) return;  // another GPU chosen meanwhile: its own call
+    if (gpu !== state.aggregateGpu) return false;  // another GPU chosen meanwhile: asked next
     state.curveRunners = doc.runners || [];
     const words = labelWords(state.curveRunners.map(runnerLabel));
     const suffix = words && words !== MEASURED ? ` (${words} trials)` : "";
@@ -515,6 +515,7 @@
       xaxis: { title: { text: "k (trials)" } },
       yaxis: { title: { text: `best-in-k${suffix}` }, range: [0, 1.05] },
     }, PLOT_CONFIG);
+    return true;
   }
 
   // One refresh at a time: a click during a refresh asks for one more after it, instead of
@@ -638,7 +639,9 @@
       state.aggregateDue = state.tick + 5;
       return;
     }
-    await refreshAggregate();
+    // (A GPU chosen while the answer was on its way: still due, asked at the next refresh;
+    // marked seen, the choice waited up to a minute.)
+    if (!(await refreshAggregate())) return;
     state.aggregateSeen = signature;
     state.aggregateDue = state.tick + 5;  // a failed one is tried again at the next refresh
     state.aggregateStale = state.tick + 30;

@@ -45,6 +45,26 @@ __all__ = [
 ]
 
 
+def measured_timing_floor(spec: Any, device: int) -> float | None:
+    """The cupy runner's timing floor on the device (µs: an empty kernel timed as a worker
+    times its trials, as the campaign's probe measures it), or None where it cannot be had
+    (the profile then takes the chases' empty launch). `pipetune calibrate` wrote that lone
+    launch's 9.8 µs where the campaign's profile had the floor's 3.4: a user's own profile
+    replaced the shipped one and brought the memory-intensive model's 1.5x back."""
+    from pipetune.workers.runners.cupy_runner import CupyRunner
+
+    try:
+        runner = CupyRunner(spec, device=device, trial_timeout_s=15.0, compile_workers=1)
+    except Exception:  # (the microbenchmarks ran: a runner that cannot start is not fatal)
+        return None
+    try:
+        return float(runner.measure_floor())
+    except Exception:
+        return None
+    finally:
+        runner.close()
+
+
 def run_calibration(
     gpu: str | None = None,
     *,
@@ -92,6 +112,8 @@ def run_calibration(
         if not outcome.ok:
             raise CalibrationError(f"microbenchmarks failed: {outcome.error}")
     raw = outcome.value
+    if timing_floor_us is None:
+        timing_floor_us = measured_timing_floor(spec, device)
     if timing_floor_us is not None:
         raw = dataclasses.replace(raw, timing_floor_seconds=(timing_floor_us * 1e-6,))
     return build_profile(raw, spec)
