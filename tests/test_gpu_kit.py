@@ -49,6 +49,7 @@ from pipetune.workers.campaign.kit import (
     normalise,
     resweep_convolutions,
     swiglu_device_command,
+    warps_along_n_command,
 )
 from pipetune.workers.campaign.operators import DEFAULT_OPERATORS, resolve_operators, suite_in_order
 from pipetune.workers.datasets import check_pipetune, read_t4
@@ -96,6 +97,7 @@ def test_the_readme_gives_the_kit_s_commands():
     assert bias_gelu_device_command() in stripped  # FC1 with its bias and GELU fused
     assert hopper_fused_device_command() in stripped  # the fused GEMMs on the wgmma family
     assert attention_device_command() in stripped  # Q·Kᵀ over keys stored N x K, both families
+    assert warps_along_n_command("h100") in stripped  # README's item 6, the kit's call
 
 
 def test_the_wheel_is_built_under_the_tree_s_lock(tmp_path, monkeypatch):
@@ -400,6 +402,7 @@ def test_the_kit_offers_each_gpu_what_its_committed_data_lacks(tmp_path):
     # before the suites (items 7 to 12); it came last, where a session never reached it.
     assert [c.command for c in h200] == [
         calibrate_device_command("h200"),
+        warps_along_n_command("h200"),  # (README's item 6: never offered before)
         llama_device_command(),
         swiglu_device_command(),
         bf16_device_command(),
@@ -408,6 +411,8 @@ def test_the_kit_offers_each_gpu_what_its_committed_data_lacks(tmp_path):
         attention_device_command(),
     ]
     assert "calibrate --gpu h200 --out $OUT/h200.json" in h200[0].command
+    assert h200[1].run()["timeout_s"] == 420
+    h200 = [h200[0], *h200[2:]]
     assert h200[1].run()["timeout_s"] == 300 and h200[5].run()["timeout_s"] == 300
     assert h200[2].run()["timeout_s"] == 360 and h200[3].run()["timeout_s"] == 360
     assert h200[4].run()["timeout_s"] == 300 and h200[6].run()["timeout_s"] == 300
@@ -417,6 +422,7 @@ def test_the_kit_offers_each_gpu_what_its_committed_data_lacks(tmp_path):
     doc["raw"]["k_step_cycles"] = 198.0
     (with_k_step / "h200.json").write_text(json.dumps(doc))
     assert [c.command for c in open_calls("h200", ROOT / DATA_DIR, with_k_step)] == [
+        warps_along_n_command("h200"),
         llama_device_command(),
         swiglu_device_command(),
         bf16_device_command(),
@@ -439,6 +445,8 @@ def test_the_kit_offers_each_gpu_what_its_committed_data_lacks(tmp_path):
         family = "hopper/h200" if op.startswith("WG_") else "h200"
         (mirror / family / f"{op}.t4.json.gz").write_bytes(b"")
     (mirror / "h200" / "wgmma-probe-persistent.json").unlink()
+    (mirror / "h200" / "profile").mkdir(exist_ok=True)
+    (mirror / "h200" / "profile" / "ncu-BMM_GPT2_QK-where.txt").write_text("")
     h200 = open_calls("h200", mirror, with_k_step)
     assert [c.command for c in h200] == [PROBE_CALLS["h200"][2]]
     assert h200[0].run() == {
@@ -449,6 +457,7 @@ def test_the_kit_offers_each_gpu_what_its_committed_data_lacks(tmp_path):
         conv_device_command(),  # its convolutions measure the loader before 2026-11-28
         hopper_device_command(),
         PROBE_CALLS["h100"][2],  # (README's item 3: it came last, after six suites)
+        warps_along_n_command("h100"),
         llama_device_command(),
         swiglu_device_command(),
         bf16_device_command(),

@@ -503,6 +503,29 @@ def calibrate_device_command(gpu: str) -> str:
     )
 
 
+# README, GPU work, item 6: the 4 x 1 warp arrangement of BMM_GPT2_QK's 64 x 64 block (32.0 µs
+# on the H100, its 1 x 4 twin 23.1), profiled beside the fastest schedule and the library.
+WARPS_ALONG_N_WHERE = (
+    "block_row_warps=4,block_col_warps=1,warp_row_tiles=1,warp_col_tiles=4,chunk=4,"
+    "smem_stages=1,reg_stages=2"
+)
+WARPS_ALONG_N_REPORT = "ncu-BMM_GPT2_QK-where.txt"
+
+
+def warps_along_n_command(gpu: str) -> str:
+    """README, GPU work, item 6 (why warps side by side along N write C faster): Nsight
+    Compute reports into $OUT, kept under benchmarks/data/<gpu>/profile/. The kit never
+    offered it, and a session following the kit's list never reached it."""
+    return (
+        f"GPU={gpu} OPERATORS=BMM_GPT2_QK WHERE={WARPS_ALONG_N_WHERE} "
+        "bash benchmarks/profile_best.sh"
+    )
+
+
+def warps_along_n_unprofiled(folder: Path) -> bool:
+    return not (folder / "profile" / WARPS_ALONG_N_REPORT).exists()
+
+
 def profile_lacks_k_step(gpu: str, profiles: Path) -> bool:
     """Whether the committed profile of this GPU has no measured K-step cost (its
     raw.k_step_cycles: the wait and barrier that end each main-loop step, which calibrate
@@ -642,6 +665,15 @@ def open_calls(gpu: str, data: Path = DATA_DIR, profiles: Path = PROFILE_DIR) ->
                 f"model/profiles/{gpu}.json's raw; its other figures stay as calibrated)",
                 300,
                 calibrate_device_command(gpu),
+            )
+        )
+    if warps_along_n_unprofiled(folder):
+        calls.append(
+            DeviceCall(
+                "why warps side by side along N write C faster: BMM_GPT2_QK's 4 x 1 schedule "
+                f"profiled (keep $OUT's ncu-*.txt in {folder}/profile/)",
+                420,
+                warps_along_n_command(gpu),
             )
         )
     if llama_unmeasured(folder):
