@@ -91,7 +91,8 @@ PG_DISK_FULL = "53100"
 # served) and PostgreSQL's read_only_sql_transaction (a standby, or default_transaction_read_only).
 SQLITE_READONLY = 8
 PG_READ_ONLY = "25006"
-# How long after a write failed for a full disk /healthz still says so (Database.full_problem).
+# How long after a write failed for a full disk (or a read-only database) /healthz still says
+# so (Database.write_problem).
 DISK_FULL_WINDOW_S = 30.0
 
 
@@ -187,6 +188,18 @@ def is_disk_full(exc: BaseException) -> bool:
     if isinstance(code, int) and code & 0xFF == SQLITE_FULL:  # (extended codes keep it low)
         return True
     return getattr(error, "sqlstate", None) == PG_DISK_FULL
+
+
+# Each cause of refused writes (Database.write_problem), in the order said: what the database
+# is, whether the SQLite file's folder (its disk) or the file itself is named, what to do.
+_WRITE_REFUSALS = {
+    "full": ("the database's disk is full", True, "free space on it"),
+    "read-only": (
+        "the database is read-only",
+        False,
+        "make it writable (a read-only mount or file, a standby after a failover)",
+    ),
+}
 
 
 def is_read_only(exc: BaseException) -> bool:
@@ -517,15 +530,12 @@ class Database:
         # was lost at the next start.
         self._file = self._sqlite_file()
         self._file_id = _file_id(self._file) if self._file is not None else None
-        # When a write last failed for a full disk (monotonic; None: never), and why. Reads
-        # go on working then, so /healthz's SELECT 1 answered healthy while every task,
-        # result and lease was refused (reproduced on a full tmpfs). Not cleared by the next
-        # write that succeeds: a small one can, in pages the WAL already holds, while a
-        # result cannot, and /healthz flapped with them.
-        self._disk_full_at: float | None = None
-        self._disk_full_reason = ""
-        self._read_only_at: float | None = None
-        self._read_only_reason = ""
+        # Per cause of refused writes (_WRITE_REFUSALS), when a write last failed for it
+        # (monotonic) and why. Reads go on working then, so /healthz's SELECT 1 answered
+        # healthy while every task, result and lease was refused (reproduced on a full
+        # tmpfs). Not cleared by the next write that succeeds: a small one can, in pages the
+        # WAL already holds, while a result cannot, and /healthz flapped with them.
+        self._writes_refused: dict[str, tuple[float, str]] = {}
         self.disk_full_window_s = DISK_FULL_WINDOW_S
         event.listen(self.engine, "handle_error", self._seen_error)
 
@@ -561,43 +571,27 @@ class Database:
         self.note_error(context.original_exception)
 
     def note_error(self, exc: BaseException) -> None:
-        if is_disk_full(exc):
-            self._disk_full_reason = unavailable_reason(exc)
-            self._disk_full_at = time.monotonic()
-        elif is_read_only(exc):
-            self._read_only_reason = unavailable_reason(exc)
-            self._read_only_at = time.monotonic()
+        cause = "full" if is_disk_full(exc) else "read-only" if is_read_only(exc) else None
+        if cause is not None:
+            self._writes_refused[cause] = (time.monotonic(), unavailable_reason(exc))
 
     def write_problem(self) -> str | None:
         """Why writes fail (a full disk, a read-only database), where one did within
         disk_full_window_s, in one line (None otherwise): /healthz answers 503 with it and
-        `pipetune_database_up` reads 0 while reads still answer."""
-        full = self.full_problem()
-        if full is not None:
-            return full
-        at = self._read_only_at
-        if at is None or time.monotonic() - at > self.disk_full_window_s:
-            return None
-        where = f" ({self._file})" if self._file is not None else ""
-        # (It answered 503 "unavailable; retry shortly" of each write, /healthz 200, a task
-        # stopped half-way with no word of why.)
-        return (
-            f"the database is read-only{where}: writes fail ({self._read_only_reason}), the "
-            f"last {time.monotonic() - at:.0f} s ago; make it writable (a read-only mount or "
-            "file, a standby after a failover)"
-        )
-
-    def full_problem(self) -> str | None:
-        """Why writes fail for a full disk, where one did within disk_full_window_s, in one
-        line (None otherwise)."""
-        at = self._disk_full_at
-        if at is None or time.monotonic() - at > self.disk_full_window_s:
-            return None
-        where = f" ({self._file.parent})" if self._file is not None else ""
-        return (
-            f"the database's disk is full{where}: writes fail ({self._disk_full_reason}), "
-            f"the last {time.monotonic() - at:.0f} s ago; free space on it"
-        )
+        `pipetune_database_up` reads 0 while reads still answer. (A read-only database
+        answered 503 "unavailable; retry shortly" of each write beside a healthy /healthz.)"""
+        now = time.monotonic()
+        for cause, (words, at_folder, remedy) in _WRITE_REFUSALS.items():
+            noted = self._writes_refused.get(cause)
+            if noted is None or now - noted[0] > self.disk_full_window_s:
+                continue
+            at, reason = noted
+            place = self._file.parent if at_folder and self._file is not None else self._file
+            where = f" ({place})" if place is not None else ""
+            return (
+                f"{words}{where}: writes fail ({reason}), the last {now - at:.0f} s ago; {remedy}"
+            )
+        return None
 
     def _missed_deadline(self) -> None:
         """A statement found no answer within the deadline (from the thread that waited)."""
@@ -633,22 +627,23 @@ class Database:
         with self.driver_statement() as cur:
             cur.execute(PROBE_SQL)
 
-    def _check_file(self) -> None:
-        """Before a transaction on SQLite: refused where the file was deleted or replaced
-        (file_problem). Only /healthz said so: writes answered 201 into the old file or a
-        new one, new connections opened the file at the path beside the old one's WAL,
-        ids were handed out twice, tasks were lost and the restored file was corrupted."""
+    def _before_transaction(self) -> None:
+        """Before an ORM session's or a Core connection's first statement.
+
+        On SQLite, refused where the file was deleted or replaced (file_problem). Only
+        /healthz said so: writes answered 201 into the old file or a new one, new
+        connections opened the file at the path beside the old one's WAL, ids were handed
+        out twice, tasks were lost and the restored file was corrupted.
+
+        While the database is stalled, the engine's statements take their turn as the
+        probe, as the driver's do (driver_statement): one at a time, the others a 503 at
+        once. Each waited a deadline of its own in a worker thread, and a burst of reads (a
+        dashboard's, the task list's) held the thread pool that the stall's hot paths and
+        /healthz run in. The probe, where it answers, ends the stall, and the session goes
+        on as usual: a replica with only these requests still finds its database answering
+        again."""
         if self._file_id is not None and (problem := self.file_problem()) is not None:
             raise DatabaseGoneError(problem)
-
-    def _probe_if_stalled(self) -> None:
-        """Before an ORM session's or a Core connection's first statement: while the
-        database is stalled, the engine's statements take their turn as the probe, as the
-        driver's do (driver_statement): one at a time, the others a 503 at once. Each waited
-        a deadline of its own in a worker thread, and a burst of reads (a dashboard's, the
-        task list's) held the thread pool that the stall's hot paths and /healthz run in.
-        The probe, where it answers, ends the stall, and the session goes on as usual: a
-        replica with only these requests still finds its database answering again."""
         if self._stalled_since is not None:  # (one attribute read when it is not)
             self.probe()
 
@@ -662,8 +657,7 @@ class Database:
     @contextmanager
     def write(self) -> Iterator[Session]:
         """One transaction that may write: committed on success, rolled back on error."""
-        self._check_file()
-        self._probe_if_stalled()
+        self._before_transaction()
         with self._write.begin() as session:
             self._bound_loop_lock_waits(session)
             yield session
@@ -672,8 +666,7 @@ class Database:
     @contextmanager
     def read(self) -> Iterator[Session]:
         """A read-only transaction (never committed)."""
-        self._check_file()
-        self._probe_if_stalled()
+        self._before_transaction()
         with self._read() as session:
             self._bound_loop_lock_waits(session)
             yield session
@@ -682,8 +675,7 @@ class Database:
     @contextmanager
     def write_conn(self) -> Iterator[Connection]:
         """A Core connection in one write transaction (the queue's hot paths: no ORM)."""
-        self._check_file()
-        self._probe_if_stalled()
+        self._before_transaction()
         with self.engine.begin() as conn:
             self._bound_loop_lock_waits(conn)
             yield conn
@@ -691,8 +683,7 @@ class Database:
 
     @contextmanager
     def read_conn(self) -> Iterator[Connection]:
-        self._check_file()
-        self._probe_if_stalled()
+        self._before_transaction()
         with self._reader.connect() as conn:
             self._bound_loop_lock_waits(conn)
             yield conn

@@ -58,7 +58,8 @@ class DatabaseGauges(Collector):
     queue emptied read as "no data" rather than 0. While the database cannot be reached the
     scrape still answers, with `pipetune_database_up 0` and without these gauges (it failed
     whole, so a replica whose database was down looked down itself). While its disk is full
-    (Database.full_problem) it reads 0 too, with these gauges: reads still answer then."""
+    or it is read-only (Database.write_problem) it reads 0 too, with these gauges: reads still
+    answer then."""
 
     def __init__(self, db: Database, live_within_s: float = 120.0):
         """`live_within_s`: a worker whose last heartbeat is older is not live (the lease

@@ -92,6 +92,14 @@ def metric_value(exposition: str, name: str, **labels: str) -> float | None:
     return None
 
 
+def libpq_url(url: str) -> str:
+    """A PostgreSQL SQLAlchemy URL as psycopg connects to it (a test's own session beside the
+    service's: one holding a lock, say)."""
+    from sqlalchemy.engine import make_url
+
+    return make_url(url).set(drivername="postgresql").render_as_string(hide_password=False)
+
+
 def settings(url: str, **overrides: Any) -> Settings:
     values: dict[str, Any] = {
         "database_url": url,

@@ -491,6 +491,14 @@ def test_rows_dangling_before_the_upgrade_do_not_stop_it(tmp_path, table, row):
         engine.dispose()
 
 
+def _revision_of(url: str) -> str | None:
+    engine = make_engine(url, pool_size=1)
+    try:
+        return current_revision(engine)
+    finally:
+        engine.dispose()
+
+
 _UPGRADE_AT = """
 import sys, time
 from pipetune.service.migrate import upgrade
@@ -522,27 +530,21 @@ def test_replicas_that_upgrade_at_once_both_succeed(start):
             for run in runs:
                 _, err = run.communicate(timeout=120)
                 assert run.returncode == 0, err
-            engine = make_engine(url, pool_size=1)
-            try:
-                assert current_revision(engine) == head_revision()
-            finally:
-                engine.dispose()
+            assert _revision_of(url) == head_revision()
 
 
 def test_an_upgrade_that_waits_for_another_migration_says_so():
     """With another session holding the migration lock, `db upgrade` waited without a word
     and with no time limit: a deploy hung, saying nothing."""
     import psycopg
-    from service_support import PG_ADMIN_URL, require_pg
-    from sqlalchemy.engine import make_url
+    from service_support import PG_ADMIN_URL, libpq_url, require_pg
 
     from benchmarks.harness import pg_database
 
     require_pg()
     with pg_database(PG_ADMIN_URL) as url:
-        libpq = make_url(url).set(drivername="postgresql").render_as_string(hide_password=False)
         command = [sys.executable, "-m", "pipetune.clients.cli", "db", "upgrade", "--db", url]
-        with psycopg.connect(libpq) as holder:
+        with psycopg.connect(libpq_url(url)) as holder:
             holder.execute("SELECT pg_advisory_xact_lock(7370616964)")
             run = subprocess.Popen(command, stderr=subprocess.PIPE, text=True)
             try:
@@ -559,11 +561,7 @@ def test_an_upgrade_that_waits_for_another_migration_says_so():
                 holder.rollback()  # the lock goes with the transaction
             _, rest = run.communicate(timeout=120)
         assert run.returncode == 0, rest
-        engine = make_engine(url, pool_size=1)
-        try:
-            assert current_revision(engine) == head_revision()
-        finally:
-            engine.dispose()
+        assert _revision_of(url) == head_revision()
 
 
 def test_an_upgrade_that_times_out_on_a_lock_says_who_holds_it_and_what_to_do():

@@ -14,17 +14,12 @@ import time
 
 import httpx
 import psycopg
-from service_support import GEMM, WORKER_HEADERS, live_server
-from sqlalchemy.engine import make_url
+from service_support import GEMM, WORKER_HEADERS, libpq_url, live_server
 
 pytest_plugins = ["service_fixtures"]
 
 HOLD_S = 10.0
 QUICK_S = 5.0  # an answer not held by the lock, on a busy 2-core machine (held: 30 s before)
-
-
-def _libpq(url: str) -> str:
-    return make_url(url).set(drivername="postgresql").render_as_string(hide_password=False)
 
 
 def _timed_get(http: httpx.Client, path: str) -> tuple[int, float]:
@@ -65,7 +60,7 @@ def test_a_lock_held_elsewhere_holds_only_the_work_that_needs_it(pg_url: str):
                 headers=WORKER_HEADERS,
             )
 
-        with psycopg.connect(_libpq(pg_url)) as admin:
+        with psycopg.connect(libpq_url(pg_url)) as admin:
             admin.execute("SELECT id FROM tasks WHERE id = %s FOR UPDATE", [task_id])
             held_at = time.monotonic()
             reporters = [threading.Thread(target=report, args=(job,)) for job in jobs]
