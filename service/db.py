@@ -91,6 +91,11 @@ PG_DISK_FULL = "53100"
 # served) and PostgreSQL's read_only_sql_transaction (a standby, or default_transaction_read_only).
 SQLITE_READONLY = 8
 PG_READ_ONLY = "25006"
+# SQLite's "database disk image is malformed" and "file is not a database" (a file damaged on
+# disk, or overwritten while it served), and PostgreSQL's data_corrupted and index_corrupted.
+SQLITE_CORRUPT = 11
+SQLITE_NOTADB = 26
+PG_CORRUPT = ("XX001", "XX002")
 # How long after a write failed for a full disk (or a read-only database) /healthz still says
 # so (Database.write_problem).
 DISK_FULL_WINDOW_S = 30.0
@@ -173,8 +178,9 @@ def is_unavailable(exc: BaseException) -> bool:
         return True  # a SQLite file gone: the upkeep and proposer say so in one line)
     if isinstance(exc, sa_exc.OperationalError | sa_exc.InterfaceError):
         return True
-    if isinstance(exc, sa_exc.DBAPIError) and is_read_only(exc):
-        # (A standby's ReadOnlySqlTransaction is an InternalError: each write answered 500.)
+    if isinstance(exc, sa_exc.DBAPIError) and (is_read_only(exc) or is_corrupt(exc)):
+        # (A standby's ReadOnlySqlTransaction is an InternalError: each write answered 500;
+        # a corrupt SQLite file's DatabaseError a 500 "Internal Server Error" and a traceback.)
         return True
     return isinstance(exc, sa_exc.DBAPIError) and exc.connection_invalidated
 
@@ -190,13 +196,33 @@ def is_disk_full(exc: BaseException) -> bool:
     return getattr(error, "sqlstate", None) == PG_DISK_FULL
 
 
-# Each cause of refused writes (Database.write_problem), in the order said: what the database
-# is, whether the SQLite file's folder (its disk) or the file itself is named, what to do.
+def is_corrupt(exc: BaseException) -> bool:
+    """Whether a database error says that the database's own files are damaged (a SQLite file
+    malformed or overwritten, PostgreSQL's data or index corrupted): what reads them fails
+    until it is restored, so no retry helps."""
+    orig = getattr(exc, "orig", None)
+    error = orig if orig is not None else exc
+    code = getattr(error, "sqlite_errorcode", None)
+    if isinstance(code, int) and code & 0xFF in (SQLITE_CORRUPT, SQLITE_NOTADB):
+        return True
+    return getattr(error, "sqlstate", None) in PG_CORRUPT
+
+
+# Each cause of refused work (Database.write_problem), in the order said: what the database
+# is, whether the SQLite file's folder (its disk) or the file itself is named, what fails,
+# what to do.
 _WRITE_REFUSALS = {
-    "full": ("the database's disk is full", True, "free space on it"),
+    "corrupt": (
+        "the database is corrupt",
+        False,
+        "statements",
+        "stop the service and restore the database from a backup",
+    ),
+    "full": ("the database's disk is full", True, "writes", "free space on it"),
     "read-only": (
         "the database is read-only",
         False,
+        "writes",
         "make it writable (a read-only mount or file, a standby after a failover)",
     ),
 }
@@ -571,17 +597,26 @@ class Database:
         self.note_error(context.original_exception)
 
     def note_error(self, exc: BaseException) -> None:
-        cause = "full" if is_disk_full(exc) else "read-only" if is_read_only(exc) else None
+        cause = (
+            "corrupt"
+            if is_corrupt(exc)
+            else "full"
+            if is_disk_full(exc)
+            else "read-only"
+            if is_read_only(exc)
+            else None
+        )
         if cause is not None:
             self._writes_refused[cause] = (time.monotonic(), unavailable_reason(exc))
 
     def write_problem(self) -> str | None:
-        """Why writes fail (a full disk, a read-only database), where one did within
-        disk_full_window_s, in one line (None otherwise): /healthz answers 503 with it and
-        `pipetune_database_up` reads 0 while reads still answer. (A read-only database
-        answered 503 "unavailable; retry shortly" of each write beside a healthy /healthz.)"""
+        """Why writes fail (a full disk, a read-only database; statements of a corrupt one),
+        where one did within disk_full_window_s, in one line (None otherwise): /healthz
+        answers 503 with it and `pipetune_database_up` reads 0 while reads still answer. (A
+        read-only database answered 503 "unavailable; retry shortly" of each write beside a
+        healthy /healthz; a corrupt one 500 and a traceback beside it.)"""
         now = time.monotonic()
-        for cause, (words, at_folder, remedy) in _WRITE_REFUSALS.items():
+        for cause, (words, at_folder, what, remedy) in _WRITE_REFUSALS.items():
             noted = self._writes_refused.get(cause)
             if noted is None or now - noted[0] > self.disk_full_window_s:
                 continue
@@ -589,7 +624,7 @@ class Database:
             place = self._file.parent if at_folder and self._file is not None else self._file
             where = f" ({place})" if place is not None else ""
             return (
-                f"{words}{where}: writes fail ({reason}), the last {now - at:.0f} s ago; {remedy}"
+                f"{words}{where}: {what} fail ({reason}), the last {now - at:.0f} s ago; {remedy}"
             )
         return None
 

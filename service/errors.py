@@ -24,6 +24,7 @@ from pipetune.model.workloads import WorkloadError
 from pipetune.service.db import (
     DISK_FULL_WINDOW_S,
     DatabaseGoneError,
+    is_corrupt,
     is_disk_full,
     is_read_only,
     is_unavailable,
@@ -38,6 +39,10 @@ DATABASE_UNAVAILABLE = "the database is unavailable; retry shortly"
 # A full disk is a 503 too (workers and the SDK retry it, and the service resumes by itself
 # once there is room), but named: the database answers, so "unavailable" misled.
 DATABASE_FULL = "the database's disk is full: writes fail until space is freed; retry later"
+DATABASE_CORRUPT = (
+    "the database is corrupt: what reads its damaged part fails until it is restored from a "
+    "backup; retry later"
+)
 DATABASE_READ_ONLY = (
     "the database is read-only: writes fail until it is writable again (a read-only mount or "
     "file, a standby after a failover); retry later"
@@ -242,9 +247,15 @@ def install(app: FastAPI) -> None:
             raise exc  # an integrity error, a bad statement: a bug, a 500 with its traceback
         # One line, no traceback, no SQL or parameters: the cause is outside the service.
         log.warning("database unavailable: %s", unavailable_reason(exc))
-        full = is_disk_full(exc)
-        read_only = not full and is_read_only(exc)
-        detail = DATABASE_FULL if full else DATABASE_READ_ONLY if read_only else None
+        detail = (
+            DATABASE_CORRUPT
+            if is_corrupt(exc)
+            else DATABASE_FULL
+            if is_disk_full(exc)
+            else DATABASE_READ_ONLY
+            if is_read_only(exc)
+            else None
+        )
         return JSONResponse(
             {"detail": detail or DATABASE_UNAVAILABLE},
             status_code=503,

@@ -117,6 +117,20 @@ def reported(func: Callable[..., Any]) -> Callable[..., Any]:
         except Exception as exc:
             if os.environ.get(DEBUG_ENV):
                 traceback.print_exc()
-            fail(f"{type(exc).__name__}: {exc} (set {DEBUG_ENV}=1 for the traceback)", 1)
+            fail(f"{_in_words(exc)} (set {DEBUG_ENV}=1 for the traceback)", 1)
 
     return wrapper
+
+
+def _in_words(exc: Exception) -> str:
+    """An unexpected error in one line. A database's error without its statement and
+    parameters (SQLAlchemy's str() has both: a screenful of SQL, and values such as a
+    worker's token hash), and a corrupt database named as such with what to do."""
+    if not type(exc).__module__.startswith("sqlalchemy"):
+        return f"{type(exc).__name__}: {exc}"
+    from pipetune.service.db import is_corrupt, unavailable_reason  # (only where one failed)
+
+    reason = unavailable_reason(exc)
+    if is_corrupt(exc):
+        return f"the database is corrupt ({reason}): restore it from a backup"
+    return f"the database failed: {reason}"

@@ -77,7 +77,12 @@ def _database_errors(url: str) -> Iterator[None]:
     checked already; what is left is the server or the file, not the command line)."""
     from sqlalchemy.exc import SQLAlchemyError
 
-    from pipetune.service.db import DatabaseGoneError, refuses_url_options, unavailable_reason
+    from pipetune.service.db import (
+        DatabaseGoneError,
+        is_corrupt,
+        refuses_url_options,
+        unavailable_reason,
+    )
     from pipetune.service.migrate import SchemaError, redact, sqlite_access_hint
 
     try:
@@ -90,7 +95,11 @@ def _database_errors(url: str) -> Iterator[None]:
         reason = unavailable_reason(exc)
         if refuses_url_options(exc):  # (the URL's own options: bad input, not the server)
             raise CliError(f"--db: {redact(url)}: {reason}", 2) from None
-        hint = sqlite_access_hint(url, reason) or lock_timeout_hint(reason)
+        hint = (
+            sqlite_access_hint(url, reason)
+            or lock_timeout_hint(reason)
+            or (" (the database is corrupt: restore it from a backup)" if is_corrupt(exc) else "")
+        )
         raise CliError(f"the database {redact(url)} failed: {reason}{hint}", 1) from None
     except OSError as exc:  # a SQLite file's folder that cannot be made (the crash line, it was)
         where = f" ({exc.filename})" if exc.filename else ""
