@@ -388,12 +388,13 @@ class Queue:
                         f"for the lease TTL ({ttl:.0f} s), or at once after its worker stops "
                         "cleanly; give each worker its own --name"
                     )
-                if _another_kind(worker, values):
+                if _another_kind(worker, values) or worker.device_name != values["device_name"]:
                     # Its leases were granted to the worker it was (that GPU, that kind of
-                    # runner): a result under one would be recorded as the
+                    # runner, that device): a result under one would be recorded as the
                     # worker it is now (a simulated lease's result as a GPU measurement, an
-                    # H100 job's as the A100's). Handed back, so such a result is refused as
-                    # stale and the jobs go to workers of their kind at once.
+                    # H100 job's as the A100's, a PCIe card's as the SXM's that took the name).
+                    # Handed back, so such a result is refused as stale and the jobs go to
+                    # workers of their kind at once.
                     requeued = self._hand_back_leases(s, worker.id)
                 if worker.device_name != values["device_name"]:
                     # Its trials named their device through this row, which is about to

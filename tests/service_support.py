@@ -123,9 +123,17 @@ def service_of(client: TestClient):
     return client.app.state.service
 
 
-def register(client: TestClient, name: str = "w1", gpu: str = "h100", runner: str = "simulated"):
+def register(
+    client: TestClient,
+    name: str = "w1",
+    gpu: str = "h100",
+    runner: str = "simulated",
+    device_name: str | None = None,
+):
     arch = {"a100": "sm_80", "h100": "sm_90", "h200": "sm_90"}[gpu]
     body = {"name": name, "gpu": gpu, "arch": arch, "runner": runner}
+    if device_name is not None:
+        body["device_name"] = device_name
     response = client.post("/v1/workers", json=body, headers=WORKER_HEADERS)
     assert response.status_code in (200, 201), response.text
     return response.json()["id"]

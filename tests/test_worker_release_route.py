@@ -102,12 +102,15 @@ def test_a_release_of_many_lease_tokens_is_one_transaction(db_url, monkeypatch):
 
 
 @pytest.mark.parametrize(
-    "changed", [{"runner": "cupy"}, {"gpu": "a100"}], ids=["runner kind", "gpu"]
+    "changed",
+    [{"runner": "cupy"}, {"gpu": "a100"}, {"device_name": "NVIDIA H100 PCIe"}],
+    ids=["runner kind", "gpu", "device"],
 )
 def test_a_worker_re_registered_as_another_kind_hands_back_its_leases(db_url, changed):
     """A simulated lease's result, posted after its worker's name re-registered as a GPU
     runner, was recorded as a `cupy` measurement (and an H100 job's result accepted from the
-    name re-registered as an A100): the leases of the worker it was are handed back at the
+    name re-registered as an A100, a late result of the old process recorded as the device
+    that took the name over): the leases of the worker it was are handed back at the
     re-registration, and a result under one is refused as stale, recording nothing."""
     with client_for(db_url) as c:
         worker = register(c, "w1")
