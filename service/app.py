@@ -18,6 +18,7 @@ from typing import Any
 from fastapi import FastAPI
 from fastapi.concurrency import run_in_threadpool
 from fastapi.middleware.cors import CORSMiddleware
+from fastapi_offline import FastAPIOffline
 from starlette.responses import JSONResponse, Response
 
 from pipetune.service.context import Service
@@ -139,7 +140,9 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             await asyncio.to_thread(service.proposer.stop)
             db.dispose()
 
-    app = FastAPI(
+    # /docs and /redoc with Swagger UI's and ReDoc's scripts served by the service itself
+    # (FastAPI's own pages load them from a CDN: blank on a fleet's machine with no network).
+    app = FastAPIOffline(
         title="pipetune",
         version="1",
         description=DESCRIPTION,

@@ -519,7 +519,12 @@ def database_now_plus(is_sqlite: bool, seconds: float) -> ColumnElement[dt.datet
     if is_sqlite:
         modifier = f"{float(seconds):+.3f} seconds"  # a bound parameter, not SQL text
         return type_coerce(func.strftime(SQLITE_NOW_FORMAT, "now", modifier), UTCDateTime)
-    return type_coerce(func.statement_timestamp() + dt.timedelta(seconds=seconds), UTCDateTime)
+    # make_interval's seconds, not a timedelta: psycopg sends -120 s as '-1 day +23:58:00',
+    # whose day PostgreSQL takes as a calendar day of the session's time zone, 23 or 25 hours
+    # across a daylight-saving change (for a day after each, every worker read silent, or a
+    # dead one live an hour longer). (Positional: years .. mins, then secs.)
+    interval = func.make_interval(0, 0, 0, 0, 0, 0, float(seconds))
+    return type_coerce(func.statement_timestamp() + interval, UTCDateTime)
 
 
 class Database:

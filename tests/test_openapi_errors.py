@@ -6,6 +6,7 @@ registered."""
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Iterator
 from typing import Annotated, Any
 
@@ -171,3 +172,21 @@ def test_bodies_document_415_the_api_503_and_registration_409(client, spec):
     assert refused.json()["detail"].startswith("Content-Encoding 'gzip' is not supported")
     plain = client.post("/v1/tasks", json={}, headers={"Content-Encoding": "identity"})
     assert plain.status_code == 422  # identity is no encoding: the body is read as ever
+
+
+@pytest.mark.parametrize("page", ["/docs", "/redoc"])
+def test_the_api_pages_load_their_scripts_from_the_service_not_a_cdn(client, page):
+    """FastAPI's own /docs and /redoc load Swagger UI and ReDoc from a CDN: a blank page on a
+    fleet's machine with no network. Every script and style they name is the service's."""
+    answer = client.get(page)
+    assert answer.status_code == 200, answer.text
+    html = answer.text
+    assert "/openapi.json" in html
+    scripts = [
+        u for u in re.findall(r'(?:src|href)="([^"]+)"', html) if u.endswith((".js", ".css"))
+    ]
+    assert scripts, html
+    for url in scripts:
+        assert url.startswith("/"), f"{page} loads {url} from elsewhere"
+        assert client.get(url).status_code == 200, url
+    assert "cdn." not in html and "https://" not in html.replace("https://fonts", "")
