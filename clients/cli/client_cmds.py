@@ -44,6 +44,7 @@ from pipetune.clients.cli.progress_lines import ProgressLines
 from pipetune.clients.cli.remote import (
     answered_by,
     api_key_option,
+    cli_error,
     client,
     connection_parameters,
     db_option,
@@ -64,7 +65,7 @@ from pipetune.clients.library.labels import (
     trials_of,
     trials_to_run,
 )
-from pipetune.clients.sdk.errors import TRANSIENT
+from pipetune.clients.sdk.errors import TRANSIENT, PipetuneError, ServiceUnavailableError
 from pipetune.clients.sdk.http import shown_url
 from pipetune.model.family import parse_any_workload
 from pipetune.model.hardware import DEFAULT_GPU, HardwareError, get_gpu, gpu_keys, resolve_gpu_key
@@ -425,16 +426,23 @@ def _tune(
             what, code = interrupted(exc)
             if task is None:
                 stderr_console.print(
-                    f"{what} before the service answered: it may have created the task; "
-                    f"`pipetune tasks --server {shown_url(server)} --limit 5` lists the newest"
+                    f"{what} before the service answered: {_maybe_created(server)}"
                 )
             else:
-                stderr_console.print(
-                    f"{what}: task {task.id} goes on at the service; see its progress with "
-                    f"{_curve_command(task.id, server)}, or cancel it with DELETE "
-                    f"{shown_url(server)}/v1/tasks/{task.id}"
-                )
+                stderr_console.print(f"{what}: {_goes_on(task.id, server)}")
             raise typer.Exit(code) from None
+        except PipetuneError as exc:
+            # The answer lost (a proxy's timeout, a connection cut) or the wait given up: the
+            # task may exist, or does and goes on. Said as on a signal; the line named neither,
+            # and a script that ran the command again made a second task.
+            if task is not None:
+                note = _goes_on(task.id, server)
+            elif isinstance(exc, ServiceUnavailableError) and exc.maybe_acted:
+                note = _maybe_created(server)
+            else:
+                raise
+            error = cli_error(exc)
+            raise CliError(f"{error}; {note}", error.code) from None
     if as_json:
         print_json(final.model_dump(mode="json"))
     else:
@@ -446,6 +454,21 @@ def _tune(
     if final.best is None:  # (a script's `tune --wait && ...` carried on)
         trials = final.trials_done
         raise CliError(f"task {final.id} done, but none of its {trials} trials succeeded")
+
+
+def _maybe_created(server: str) -> str:
+    return (
+        f"it may have created the task; `pipetune tasks --server {shown_url(server)} --limit 5` "
+        "lists the newest"
+    )
+
+
+def _goes_on(task_id: int, server: str) -> str:
+    return (
+        f"task {task_id} goes on at the service; see its progress with "
+        f"{_curve_command(task_id, server)}, or cancel it with DELETE "
+        f"{shown_url(server)}/v1/tasks/{task_id}"
+    )
 
 
 add_workload_commands(

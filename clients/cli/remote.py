@@ -40,6 +40,7 @@ from pipetune.clients.sdk import (
     NotFoundError,
     NotPipetuneError,
     PipetuneError,
+    RetryLaterError,
     ServiceUnavailableError,
 )
 from pipetune.clients.sdk.http import server_problem, shown_url
@@ -191,10 +192,14 @@ def cli_error(exc: PipetuneError, credential: str = API_KEY_SOURCE) -> CliError:
         # "a valid API key required (HTTP 401)" named neither the option nor the variable.
         return CliError(f"{_api_message(exc)}: {credential}", 1)
     if isinstance(exc, NotPipetuneError) or (
-        isinstance(exc, ApiError) and exc.from_a_page and 400 <= exc.status_code < 500
+        isinstance(exc, ApiError)
+        and not isinstance(exc, RetryLaterError)
+        and exc.from_a_page
+        and 400 <= exc.status_code < 500
     ):
         # A web page where the API's JSON belongs (a 4xx page: a 5xx page is a proxy in
-        # front of a service that is down, and says so as any server error): --server (or
+        # front of a service that is down, and says so as any server error; a 408 or 429
+        # page is a proxy's "later", which scripts retry on exit 1): --server (or
         # PIPETUNE_SERVER) names something else. The user's setting: exit 2, whatever the page.
         return CliError(f"{server_named()}: {_not_pipetune(exc)}", 2)
     if isinstance(exc, InvalidRequestError):

@@ -383,7 +383,8 @@ class Client:
             "gpu": gpu_text("gpu", gpu),
             **_options_body(options),
         }
-        return self._http.call(TaskDoc, "POST", "/v1/tasks", json=body)
+        # (Sent again, it makes another task: an answer lost on its way back says so.)
+        return self._http.call(TaskDoc, "POST", "/v1/tasks", json=body, acts_anew=True)
 
     def task(self, task_id: int) -> TaskDoc:
         return self._http.call(TaskDoc, "GET", f"/v1/tasks/{task_id_path(task_id)}")

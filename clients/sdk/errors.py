@@ -25,10 +25,20 @@ from pipetune.model.errors import PipetuneError as PipetuneError
 
 
 class ServiceUnavailableError(PipetuneError):
-    def __init__(self, base_url: str, reason: str):
-        super().__init__(f"cannot reach the pipetune service at {base_url} ({reason})")
+    """No answer (or no whole one). `maybe_acted`: the request may have reached the service
+    (it was sent, and its answer was lost, timed out or cut off) and it changes something (a
+    POST, a DELETE): sent again, it may act twice (`Client.tune` would make a second task)."""
+
+    def __init__(self, base_url: str, reason: str, maybe_acted: str | None = None):
+        said = f"cannot reach the pipetune service at {base_url} ({reason})"
+        if maybe_acted:
+            said += f"; {maybe_acted} may have reached it: look before sending it again"
+        super().__init__(said)
         self.base_url = base_url
         self.reason = reason
+        # "POST /v1/tasks" where the request may have acted; None where it was not sent
+        # (no connection) or only reads.
+        self.maybe_acted = maybe_acted
 
 
 class ProtocolError(PipetuneError):

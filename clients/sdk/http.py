@@ -275,7 +275,11 @@ class Http:
         json: Any = None,
         params: dict[str, Any] | None = None,
         timeout_s: float | None = None,
+        acts_anew: bool = False,
     ) -> httpx.Response:
+        """`acts_anew`: the request acts again each time it is sent (creating a task), so an
+        answer lost after it was sent is said to have maybe acted (ServiceUnavailableError's
+        maybe_acted); the rest (a result per lease, a lease per request id) are idempotent."""
         if self._client.is_closed:  # (httpx's RuntimeError is no PipetuneError)
             raise ClientClosedError(
                 f"{method} {path}: this client of {self.base_url} is closed (close() or the "
@@ -300,11 +304,15 @@ class Http:
             ) from None
         except httpx.TimeoutException as exc:
             raise ServiceUnavailableError(
-                self.base_url, f"timed out: {type(exc).__name__}"
+                self.base_url,
+                f"timed out: {type(exc).__name__}",
+                _maybe_acted(exc, method, path) if acts_anew else None,
             ) from None
         except httpx.TransportError as exc:
             raise ServiceUnavailableError(
-                self.base_url, _one_line(str(exc) or type(exc).__name__)
+                self.base_url,
+                _one_line(str(exc) or type(exc).__name__),
+                _maybe_acted(exc, method, path) if acts_anew else None,
             ) from None
         except httpx.DecodingError as exc:  # (a body whose Content-Encoding is not its own)
             raise ProtocolError(
@@ -349,13 +357,25 @@ class Http:
         json: Any = None,
         params: dict[str, Any] | None = None,
         timeout_s: float | None = None,
+        acts_anew: bool = False,
     ) -> M:
-        """One request whose 2xx body is `model`."""
-        response = self.request(method, path, json=json, params=params, timeout_s=timeout_s)
+        """One request whose 2xx body is `model` (`acts_anew`: as request's)."""
+        response = self.request(
+            method, path, json=json, params=params, timeout_s=timeout_s, acts_anew=acts_anew
+        )
         try:
             body = response.json()
         except ValueError:
             kind = response.headers.get("content-type") or "no content type"
+            if _cut_off_json(response):
+                # JSON that ends early (a connection closed mid-body by a proxy): an answer
+                # lost on its way, not a web page where the API belongs.
+                raise ServiceUnavailableError(
+                    self.base_url,
+                    f"its answer to {method} {path} (HTTP {response.status_code}) was cut "
+                    f"off after {len(response.content)} bytes",
+                    f"{method} {path}" if acts_anew else None,
+                ) from None
             raise NotPipetuneError(
                 f"{self.base_url} does not answer as a pipetune service: {method} {path} "
                 f"answered HTTP {response.status_code} with {kind.split(';')[0]}, not JSON "
@@ -373,3 +393,23 @@ class Http:
 
     def close(self) -> None:
         self._client.close()
+
+
+def _maybe_acted(exc: httpx.TransportError, method: str, path: str) -> str | None:
+    """ "METHOD path" where the request may have reached the service before `exc` ended it
+    (its answer lost, timed out, cut off); None where it cannot have (no connection made)."""
+    never_sent = (
+        httpx.ConnectError,
+        httpx.ConnectTimeout,
+        httpx.PoolTimeout,
+        httpx.UnsupportedProtocol,
+        httpx.ProxyError,
+    )
+    return None if isinstance(exc, never_sent) else f"{method} {path}"
+
+
+def _cut_off_json(response: httpx.Response) -> bool:
+    """Whether a body that does not parse is JSON that ends early: the answer says JSON and
+    begins as an object or a list does."""
+    kind = response.headers.get("content-type", "").split(";")[0].strip().lower()
+    return kind == "application/json" and response.content.lstrip()[:1] in (b"{", b"[")

@@ -1,0 +1,110 @@
+"""Answers lost on their way back (a proxy's timeout, a connection cut mid-body) and a proxy's
+"later" pages. A task POSTed whose answer was lost said only "cannot reach the pipetune
+service", though the service had made the task: a script that ran `pipetune tune` again
+made a second one. A JSON body cut short was "not a pipetune service" (exit 2, blaming
+--server), and a proxy's 429 page likewise; both are moments, not the user's setting."""
+
+from __future__ import annotations
+
+import http.server
+import threading
+from collections.abc import Iterator
+
+import pytest
+from typer.testing import CliRunner
+
+from pipetune.clients.cli.main import app
+from pipetune.clients.sdk import TRANSIENT, Client, ServiceUnavailableError
+
+GEMM = {"op": "gemm", "m": 64, "n": 64, "k": 64, "dtype": "float16"}
+TUNE = ["tune", "gemm", "--m", "64", "--n", "64", "--k", "64"]
+CUT_TASK = b'{"id": 19, "state": "queued", "workload": {"op": "ge'
+runner = CliRunner()
+
+
+def _server(behaviour: str) -> tuple[http.server.ThreadingHTTPServer, str]:
+    class Faulty(http.server.BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.0"  # (a body to the connection's close: cut where it ends)
+
+        def do_POST(self) -> None:
+            self.rfile.read(int(self.headers.get("Content-Length") or 0))
+            if behaviour == "lost":  # read whole, then no answer at all
+                self.close_connection = True
+                return
+            if behaviour == "cut":
+                self.send_response(201)
+                self.send_header("Content-Type", "application/json")
+                self.end_headers()
+                self.wfile.write(CUT_TASK)
+                return
+            page = b"<html><body><h1>429 Too Many Requests</h1></body></html>"
+            self.send_response(429)
+            self.send_header("Content-Type", "text/html")
+            self.send_header("Content-Length", str(len(page)))
+            self.end_headers()
+            self.wfile.write(page)
+
+        do_GET = do_DELETE = do_POST
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Faulty)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    return server, f"http://127.0.0.1:{server.server_address[1]}"
+
+
+@pytest.fixture
+def faulty(request: pytest.FixtureRequest) -> Iterator[str]:
+    server, url = _server(request.param)
+    yield url
+    server.shutdown()
+    server.server_close()
+
+
+@pytest.mark.parametrize("faulty", ["lost", "cut"], indirect=True)
+def test_a_post_whose_answer_was_lost_says_it_may_have_acted(faulty):
+    with Client(faulty, timeout_s=5) as c:
+        with pytest.raises(ServiceUnavailableError) as raised:
+            c.tune(GEMM, "h100", budget=4)
+        assert raised.value.maybe_acted == "POST /v1/tasks"
+        assert "POST /v1/tasks may have reached it: look before sending it again" in str(
+            raised.value
+        )
+        assert isinstance(raised.value, TRANSIENT)  # (a wait goes on through it)
+        with pytest.raises(ServiceUnavailableError) as read:
+            c.tasks()
+        assert read.value.maybe_acted is None  # a read acts on nothing
+        with pytest.raises(ServiceUnavailableError) as cancel:
+            c.cancel(7)
+        assert cancel.value.maybe_acted is None  # (cancelling twice cancels once)
+
+
+def test_a_post_that_could_not_connect_acted_on_nothing():
+    server, url = _server("lost")
+    server.shutdown()
+    server.server_close()  # (the port refuses now)
+    with Client(url, timeout_s=5) as c, pytest.raises(ServiceUnavailableError) as raised:
+        c.tune(GEMM, "h100", budget=4)
+    assert raised.value.maybe_acted is None
+    assert "may have reached it" not in str(raised.value)
+
+
+@pytest.mark.parametrize("faulty", ["lost", "cut"], indirect=True)
+def test_tune_whose_answer_was_lost_says_the_task_may_exist(faulty, monkeypatch):
+    monkeypatch.delenv("PIPETUNE_SERVER", raising=False)
+    result = runner.invoke(app, [*TUNE, "--server", faulty])
+    assert result.exit_code == 1, result.output
+    (line,) = result.stderr.strip().splitlines()
+    assert line.startswith("error: cannot reach the pipetune service"), line
+    assert "it may have created the task; `pipetune tasks --server" in line, line
+    assert "--limit 5` lists the newest" in line and "base URL" not in line, line
+
+
+@pytest.mark.parametrize("faulty", ["later"], indirect=True)
+def test_a_proxys_429_page_is_a_retry_later_not_a_wrong_server(faulty, monkeypatch):
+    monkeypatch.delenv("PIPETUNE_SERVER", raising=False)
+    for args in (["tasks"], TUNE):
+        result = runner.invoke(app, [*args, "--server", faulty])
+        assert result.exit_code == 1, result.output
+        assert "429" in result.stderr and "--server" not in result.stderr, result.stderr
