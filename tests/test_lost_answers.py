@@ -108,3 +108,47 @@ def test_a_proxys_429_page_is_a_retry_later_not_a_wrong_server(faulty, monkeypat
         result = runner.invoke(app, [*args, "--server", faulty])
         assert result.exit_code == 1, result.output
         assert "429" in result.stderr and "--server" not in result.stderr, result.stderr
+
+
+TASK = (
+    b'{"id":42,"state":"queued","workload":{"dtype":"float16","op":"gemm","m":64,"n":64,"k":64,'
+    b'"b_layout":"kn"},"label":"gemm 64x64x64","gpu":"h100","strategy":"auto","budget":50,'
+    b'"seed":0,"batch_size":8,"priority":1,"trials_done":0,"trials_failed":0,"trials_target":50,'
+    b'"created_at":"2026-12-07T01:18:12Z","updated_at":"2026-12-07T01:18:12Z"}'
+)
+
+
+def test_tune_wait_that_fails_names_the_task_that_goes_on(monkeypatch):
+    """The task made, its wait ended by an answer this client cannot read: the line named
+    no task, though it goes on at the service."""
+
+    class Made(http.server.BaseHTTPRequestHandler):
+        def do_POST(self) -> None:
+            self.rfile.read(int(self.headers.get("Content-Length") or 0))
+            self._json(201, TASK)
+
+        def do_GET(self) -> None:
+            self._json(200, b"{}")  # (not a TaskDoc: a ProtocolError, which ends a wait)
+
+        def _json(self, status: int, body: bytes) -> None:
+            self.send_response(status)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Made)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        monkeypatch.delenv("PIPETUNE_SERVER", raising=False)
+        url = f"http://127.0.0.1:{server.server_address[1]}"
+        result = runner.invoke(app, [*TUNE, "--wait", "--json", "--server", url])
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert result.exit_code == 1, result.output
+    line = result.stderr.strip().splitlines()[-1]
+    assert "task 42 goes on at the service" in line and "/v1/tasks/42" in line, line
