@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import datetime as dt
 import functools
+import logging
 import math
 import os
 import re
@@ -99,6 +100,8 @@ PG_CORRUPT = ("XX001", "XX002")
 # How long after a write failed for a full disk (or a read-only database) /healthz still says
 # so (Database.write_problem).
 DISK_FULL_WINDOW_S = 30.0
+
+log = logging.getLogger(__name__)
 
 
 class StatementDeadlineError(psycopg.OperationalError):
@@ -762,7 +765,12 @@ class Database:
                     yield cursor
                 _finished_on_loop()
                 if probing:
-                    self._stalled_since = None  # it answered in time
+                    since, self._stalled_since = self._stalled_since, None  # answered in time
+                    if since is not None:
+                        log.warning(
+                            "the database answers again, after %.0f s stalled",
+                            time.monotonic() - since,
+                        )
             finally:
                 pool.give_back(conn, opened)
         finally:

@@ -1187,6 +1187,7 @@ class Driver:
             self.metrics.batches.inc()
         else:
             self.metrics.tasks_finished.labels(values["state"]).inc()
+            log.info("task %d %s", plan.task_id, values["state"])
         return True
 
     def _commit_batch_pg(self, plan: _Plan) -> bool:
@@ -1353,6 +1354,7 @@ class Driver:
             )
         self._forget(task_id)
         self.metrics.tasks_finished.labels(TaskState.CANCELLED).inc()
+        log.info("task %d cancelled", task_id)
 
 
 def _final_curve(conn: Connection, task_id: int) -> dict[str, Any]:

@@ -134,8 +134,8 @@ class DatabaseGauges(Collector):
 
 
 DATABASE_UP_HELP = (
-    "1 while this replica reads and writes its database, 0 while it cannot reach it "
-    "or its disk is full"
+    "1 while this replica reads and writes its database, 0 while it cannot reach it, "
+    "its disk is full, it is read-only or it is corrupt"
 )
 
 
@@ -164,6 +164,16 @@ class Metrics:
             "Results posted by workers (recorded: this report wrote the trial; a repeat of "
             "one is accepted, not recorded; simulated: the analytical model's latency, no GPU)",
             ["status", "accepted", "recorded", "simulated"],
+            registry=r,
+        )
+        # Reports refused whole (a batch's item answered 403 or 404 in a 200): a worker whose
+        # every report is refused showed nowhere on the service's side.
+        self.results_refused = Counter(
+            "pipetune_results_refused_total",
+            "Results refused without a look at their measurement (no_such_job: the job does "
+            "not exist; not_its_lease: the reporting worker holds no lease of the job with "
+            "that token)",
+            ["reason"],
             registry=r,
         )
         self.lease_expiries = Counter(

@@ -835,6 +835,13 @@ class Queue:
         self._signal_requeued(requeued)
         for r in rows:
             self.metrics.lease_expiries.labels(r.state).inc()
+        expired = collections.Counter(r.state for r in rows)
+        log.info(
+            "leases expired: %d job(s) queued again, %d given up as lost (%s)",
+            expired[JobState.QUEUED],
+            expired[JobState.LOST],
+            ", ".join(f"task {t}: {n}" for t, n in sorted(lost.items())) or "none lost",
+        )
         # A lost job may have been the last its batch waited for: advanced now, not at the
         # second periodic sweep after (2-4 s of a stalled task with nothing to lease).
         if self.on_lost is not None:
@@ -994,12 +1001,15 @@ class Queue:
         job_id, status = report.job_id, report.result.status
         simulated = is_simulated(recorded_runner(report.result, worker))
         if not seen.found:
-            return self._refused(job_id, NotFoundError(f"job {job_id} does not exist"))
+            return self._refused(
+                job_id, NotFoundError(f"job {job_id} does not exist"), "no_such_job"
+            )
         if worker is None or seen.lease_worker != worker_id:
             return self._refused(
                 # (No lease of the job has this token, or its lease is another worker's.)
                 job_id,
                 ForbiddenError(f"job {job_id} has no lease with this token for worker {worker_id}"),
+                "not_its_lease",
             )
         if seen.applied:
             state = JobState.DONE if report.result.ok else JobState.FAILED
@@ -1040,8 +1050,8 @@ class Queue:
         )
         return Judged(ack)
 
-    @staticmethod
-    def _refused(job_id: int, error: NotFoundError | ForbiddenError) -> Judged:
+    def _refused(self, job_id: int, error: NotFoundError | ForbiddenError, reason: str) -> Judged:
+        self.metrics.results_refused.labels(reason).inc()
         ack = JobResultAck(
             job_id=job_id, status_code=error.status_code, accepted=False, detail=error.detail
         )

@@ -141,3 +141,30 @@ def test_a_request_of_any_other_method_is_counted_as_other(client):
     assert 'method="PROPFIND"' not in text and 'method="MKCOL"' not in text
     count = "pipetune_http_request_duration_seconds_count"
     assert metric_value(text, count, method="other", route="/v1/tasks", status="405") == 3.0
+
+
+def test_results_refused_in_a_batch_are_counted(client):
+    """A batch's reports refused item by item (a job that does not exist, a lease token the
+    worker does not hold) answer 200 with a 404 or 403 ack: nothing on the service's side
+    counted them, so a worker whose every report was refused showed nowhere."""
+    from service_support import WORKER_HEADERS
+
+    worker = register(client)
+    create_task(client, budget=4, strategy="grid")
+    (job,) = lease(client, worker)
+    result = {"status": "ok", "latency_us": 5.0}
+    body = {
+        "worker_id": worker,
+        "results": [
+            {"job_id": job["job_id"], "lease_token": "not-its-token", "result": result},
+            {"job_id": 999_999, "lease_token": "not-its-token", "result": result},
+        ],
+    }
+    answer = client.post("/v1/jobs/results", json=body, headers=WORKER_HEADERS)
+    assert answer.status_code == 200, answer.text
+    assert [a["status_code"] for a in answer.json()["acks"]] == [403, 404]
+    text = client.get("/metrics").text
+    refused = "pipetune_results_refused_total"
+    assert metric_value(text, refused, reason="not_its_lease") == 1.0
+    assert metric_value(text, refused, reason="no_such_job") == 1.0
+    assert metric_value(text, "pipetune_results_total", status="ok", accepted="false") is None

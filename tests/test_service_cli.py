@@ -596,3 +596,33 @@ def test_the_open_file_limit_is_never_lowered(monkeypatch):
     monkeypatch.setattr(resource, "getrlimit", lambda kind: (256, resource.RLIM_INFINITY))
     assert service_cmds.raise_open_file_limit() == (256, service_cmds.UNLIMITED_FILES_CAP)
     assert set_to == [(service_cmds.UNLIMITED_FILES_CAP, resource.RLIM_INFINITY)]
+
+
+def test_the_services_own_log_lines_follow_log_level_and_say_their_level():
+    """pipetune.* loggers were left unconfigured under `serve`: their lines fell through to
+    Python's last-resort handler, bare (no level) and at WARNING and above whatever
+    --log-level said, and no INFO line of theirs (a task ended, leases expired) was shown."""
+    import subprocess
+    import sys
+
+    script = (
+        "import logging.config\n"
+        "from pipetune.clients.cli.service_cmds import _log_config\n"
+        "import sys\n"
+        "logging.config.dictConfig(_log_config(sys.argv[1]))\n"
+        "log = logging.getLogger('pipetune.service.driver')\n"
+        "log.info('task 1 done')\n"
+        "logging.getLogger('pipetune.service.errors').warning('database unavailable: x')\n"
+    )
+    shown = {}
+    for level in ("info", "critical"):
+        run = subprocess.run(
+            [sys.executable, "-c", script, level], capture_output=True, text=True, timeout=60
+        )
+        assert run.returncode == 0, run.stderr
+        shown[level] = run.stderr.splitlines()
+    assert [line.split() for line in shown["info"]] == [
+        ["INFO:", "task", "1", "done"],
+        ["WARNING:", "database", "unavailable:", "x"],
+    ]
+    assert shown["critical"] == []

@@ -16,6 +16,7 @@ file under the user data directory). A brand-new empty database gets the schema 
 from __future__ import annotations
 
 import contextlib
+import copy
 import os
 import re
 import shlex
@@ -193,6 +194,22 @@ def _server_class(processes: list, on_stop):  # type: ignore[no-untyped-def]
             threading.Thread(target=stop_then_exit, name="stop-local-workers").start()
 
     return Server
+
+
+def _log_config(log_level: str) -> dict[str, Any]:
+    """uvicorn's logging, with the service's own loggers (pipetune.*) beside its: at
+    --log-level, each line with its level. Unconfigured, they fell through to Python's
+    last-resort handler: bare messages without a level, WARNING and above whatever the
+    level, none of the service's INFO lines (a task ended, leases expired)."""
+    from uvicorn.config import LOGGING_CONFIG
+
+    config = copy.deepcopy(LOGGING_CONFIG)
+    config["loggers"]["pipetune"] = {
+        "handlers": ["default"],
+        "level": log_level.upper(),
+        "propagate": False,
+    }
+    return config
 
 
 def _http_protocol(read_timeout_s: float) -> Any:
@@ -409,6 +426,7 @@ def serve(
         host=host,
         port=port,
         log_level=log_level,
+        log_config=_log_config(log_level),
         timeout_keep_alive=KEEP_ALIVE_S,
         http=_http_protocol(settings.request_read_timeout_s),
     )
