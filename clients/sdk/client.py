@@ -302,7 +302,11 @@ class Client:
         if problem := server_problem(server):
             raise InvalidArgumentError("base_url" if base_url else SERVER_ENV, problem)
         headers: dict[str, str] = {}
-        if token:
+        if token and httpx.URL(server).userinfo and not api_key:
+            # (httpx sends a URL's user and password, a proxy's basic auth, as Authorization:
+            # the bearer token was replaced, and the service answered 401.)
+            headers["X-API-Key"] = token
+        elif token:
             headers["Authorization"] = f"Bearer {token}"
         if api_key:
             headers["X-API-Key"] = api_key

@@ -51,7 +51,15 @@ class WorkerApi:
         if problem := header_value_problem(token):
             raise InvalidArgumentError("token", problem)
         timeout_s = seconds_argument("timeout_s", timeout_s)  # as Client's
-        self._http = Http(base_url, {"Authorization": f"Bearer {token}"}, timeout_s, transport)
+        # A URL with a user and password (a proxy's basic auth in front of the service):
+        # httpx sends them as the Authorization header, which replaced the bearer token (a
+        # 401 "give --token", the token given); the service's own header carries it then.
+        header = (
+            {"X-Worker-Token": token}
+            if httpx.URL(base_url).userinfo
+            else {"Authorization": f"Bearer {token}"}
+        )
+        self._http = Http(base_url, header, timeout_s, transport)
         # Whether the service takes request ids (LeaseRequest.request_id): until one from
         # before them refuses the field (422), when they are left out from then on.
         self.request_ids = True
