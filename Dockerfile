@@ -11,6 +11,7 @@ FROM ${PYTHON_IMAGE} AS service
 ENV PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1 PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1
 WORKDIR /app
 COPY pyproject.toml README.md ./
+COPY docs/LICENSE docs/LICENSE
 COPY model model
 COPY tuner tuner
 COPY workers workers
@@ -34,6 +35,7 @@ RUN apt-get update \
     && python3 -m venv /opt/venv
 WORKDIR /app
 COPY pyproject.toml README.md ./
+COPY docs/LICENSE docs/LICENSE
 COPY model model
 COPY tuner tuner
 COPY workers workers

@@ -40,5 +40,6 @@ def plain(value: Any) -> Any:
     return value
 
 
-# For a strict integer field that library callers fill: Annotated[int, PLAIN_INTEGER, ...].
+# For a strict integer field that library callers fill: Annotated[int, Field(...), PLAIN_INTEGER]
+# (the Field first, or /openapi.json publishes its bounds as "ge"/"le", not JSON Schema's).
 PLAIN_INTEGER = BeforeValidator(plain_integer)

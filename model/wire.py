@@ -689,7 +689,7 @@ class _RetrySafeLease(_Request):
 
 
 class LeaseRequest(_RetrySafeLease):
-    """POST /v1/jobs/lease: long-polls up to wait_s for jobs matching the worker's arch (the
+    """POST /v1/jobs/lease: long-polls up to wait_s for jobs of the worker's own GPU model (the
     service answers as soon as jobs are enqueued: it waits on a wake-up, it does not poll)."""
 
     worker_id: RowRef

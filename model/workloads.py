@@ -42,9 +42,11 @@ ALIGN_ELEMENTS = 8  # 16-byte cp.async of float16
 GRID_Z_LIMIT = 65535
 
 # Strict (a "64" or a 64.0 is a mistake), but a NumPy integer is the int it holds.
-Dim = Annotated[int, PLAIN_INTEGER, Field(strict=True, ge=1, le=DIM_LIMIT)]
-SmallDim = Annotated[int, PLAIN_INTEGER, Field(strict=True, ge=1, le=64)]
-Pad = Annotated[int, PLAIN_INTEGER, Field(strict=True, ge=0, le=64)]
+# (The Field first: after a validator, pydantic publishes its bounds as "ge"/"le", which
+# JSON Schema does not have, and /openapi.json's readers saw no bounds at all.)
+Dim = Annotated[int, Field(strict=True, ge=1, le=DIM_LIMIT), PLAIN_INTEGER]
+SmallDim = Annotated[int, Field(strict=True, ge=1, le=64), PLAIN_INTEGER]
+Pad = Annotated[int, Field(strict=True, ge=0, le=64), PLAIN_INTEGER]
 # The tensor-core family's element types: 16-bit storage, fp32 accumulation (mma.sync takes
 # both from sm_80). A workload names its type, and one of another type is another workload
 # (its hash differs; float16's documents are unchanged: the field was always there).

@@ -20,8 +20,14 @@ from pipetune.service.context import ServiceDep
 from pipetune.service.settings import Settings, token_hash
 
 _bearer = HTTPBearer(auto_error=False, description="worker token or API key")
-_worker_header = APIKeyHeader(name="X-Worker-Token", auto_error=False)
-_api_key_header = APIKeyHeader(name="X-API-Key", auto_error=False)
+# Each header its own scheme name: under the default one (the class's name) the two were one
+# scheme in /openapi.json, X-API-Key, listed on the worker routes that refuse an API key.
+_worker_header = APIKeyHeader(
+    name="X-Worker-Token", scheme_name="WorkerToken", auto_error=False, description="worker token"
+)
+_api_key_header = APIKeyHeader(
+    name="X-API-Key", scheme_name="ApiKey", auto_error=False, description="API key"
+)
 
 
 def _known(secret: str | None, digests: list[str]) -> str | None:

@@ -221,3 +221,26 @@ def test_the_no_gpu_compose_command_starts_no_service_that_needs_a_gpu():
         assert not _reserves_a_gpu(SERVICES[name]), name
         assert set(SERVICES[name].get("depends_on", {})) <= named, name
     assert all("sim" in SERVICES[n].get("profiles", ["sim"]) for n in named)
+
+
+def test_each_stage_copies_every_file_the_package_build_names():
+    """The build reads pyproject's readme and license files: the Dockerfile copied no docs/,
+    so the images' wheels lacked the licence (setuptools warns now, refuses from 2027)."""
+    import tomllib
+
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    needed = [project["readme"], *project["license-files"]]
+    stages = re.split(r"^FROM ", DOCKERFILE, flags=re.M)[1:]
+    installing = [s for s in stages if "pip install" in s]
+    assert installing
+    for stage in installing:
+        copied = [
+            word
+            for line in stage.splitlines()
+            if line.startswith("COPY ")
+            for word in shlex.split(line)[1:-1]
+        ]
+        for path in needed:
+            assert any(path == c or path.startswith(c.rstrip("/") + "/") for c in copied), (
+                f"{stage.splitlines()[0]}: {path} is not copied"
+            )

@@ -190,3 +190,42 @@ def test_the_api_pages_load_their_scripts_from_the_service_not_a_cdn(client, pag
         assert url.startswith("/"), f"{page} loads {url} from elsewhere"
         assert client.get(url).status_code == 200, url
     assert "cdn." not in html and "https://" not in html.replace("https://fonts", "")
+
+
+def test_bounds_are_published_in_json_schemas_words(spec):
+    """A bound written after a validator came out as pydantic's "ge"/"le" (59 fields: every
+    workload dimension), which JSON Schema does not have: generated clients and validators
+    saw no bounds, and schema-driven tests sent negative sizes as valid."""
+    foreign = {"ge", "le", "gt", "lt", "multiple_of", "min_length", "max_length"}
+
+    def walk(node: Any, where: str) -> Iterator[str]:
+        if isinstance(node, dict):
+            if node.get("type") in ("integer", "number", "string", "array"):
+                for key in foreign & node.keys():
+                    yield f"{where}: {key}"
+            for key, child in node.items():
+                yield from walk(child, f"{where}/{key}")
+        elif isinstance(node, list):
+            for i, child in enumerate(node):
+                yield from walk(child, f"{where}/{i}")
+
+    assert list(walk(spec, "#")) == []
+    m = spec["components"]["schemas"]["Gemm"]["properties"]["m"]
+    assert (m["minimum"], m["maximum"]) == (1, 1 << 24)
+
+
+def test_worker_routes_name_the_worker_tokens_header_and_user_routes_the_api_keys(spec):
+    """Both headers were one scheme (the default name, APIKeyHeader): every route listed
+    X-API-Key, which the worker routes refuse, and X-Worker-Token, which they take, nowhere."""
+    schemes = spec["components"]["securitySchemes"]
+    headers = {name: s.get("name") for name, s in schemes.items() if s["type"] == "apiKey"}
+    assert sorted(headers.values()) == ["X-API-Key", "X-Worker-Token"]
+    by_header = {header: name for name, header in headers.items()}
+
+    def schemes_of(method: str, path: str) -> set[str]:
+        return {k for s in spec["paths"][path][method].get("security", []) for k in s}
+
+    assert by_header["X-Worker-Token"] in schemes_of("post", "/v1/workers")
+    assert by_header["X-API-Key"] not in schemes_of("post", "/v1/workers")
+    assert by_header["X-API-Key"] in schemes_of("post", "/v1/tasks")
+    assert by_header["X-Worker-Token"] not in schemes_of("post", "/v1/tasks")

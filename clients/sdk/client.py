@@ -439,7 +439,8 @@ class Client:
             trials.extend(page)
 
     def curve(self, task_id: int) -> Curve:
-        """Best-so-far latency and TFLOP/s after each trial of one task."""
+        """Best-so-far latency and throughput (TFLOP/s; GB/s for memory-intensive operators)
+        after each trial of one task."""
         return self._http.call(Curve, "GET", f"/v1/tasks/{task_id_path(task_id)}/curve")
 
     def curves(

@@ -29,7 +29,8 @@ from pipetune.model.workloads import (
 
 
 class HopperGemm(Gemm):
-    """C[M,N] = A[M,K] @ B[K,N], row-major, on warpgroup MMA."""
+    """C[M,N] = A[M,K] @ B, row-major, on warpgroup MMA; B is K×N (b_layout 'kn') or N×K
+    ('nk', a transposed weight)."""
 
     op: Literal["hopper_gemm"] = "hopper_gemm"  # type: ignore[assignment]
 

@@ -61,20 +61,21 @@ MAX_ROWS = 1 << 24
 MAX_COLS = 1 << 20
 BYTES_FP16 = 2  # per element, float16 and bfloat16 alike
 
+# (The Field before the validator, as model/workloads.py's Dim: JSON Schema's bounds.)
 Rows = Annotated[
     int,
-    PLAIN_INTEGER,
     Field(strict=True, ge=1, le=MAX_ROWS, description="rows (independent tasks)"),
+    PLAIN_INTEGER,
 ]
 Cols = Annotated[
     int,
-    PLAIN_INTEGER,
     Field(
         strict=True,
         ge=ROW_ALIGN,
         le=MAX_COLS,
         description="columns: the reduced (last) dimension, a multiple of 8",
     ),
+    PLAIN_INTEGER,
 ]
 
 
@@ -202,7 +203,7 @@ class Softmax(_RowWorkload):
         "c > r mod queries + cols - queries (aligned to the last key, as a KV-cache decode "
         "needs)",
     )
-    queries: Annotated[int, PLAIN_INTEGER, Field(strict=True, ge=1)] | None = Field(
+    queries: Annotated[int, Field(strict=True, ge=1), PLAIN_INTEGER] | None = Field(
         default=None,
         description="rows of one attention matrix, the query length (causal only; default "
         "cols, a square mask)",

@@ -67,12 +67,11 @@ async def heartbeat(
     """Liveness; also extends by one lease TTL the worker's unexpired leases: those listed in
     `leases` where the worker lists them (the others are left to expire), else all.
 
-    One statement on the event loop, as a lease or a result is (service/routers/jobs.py
-    says why): a fleet's daemons send one every few seconds each, and the thread hand-off
-    cost more than the statement; on SQLite in a worker thread (Queue.hot).
-
     The answer's `gone` names the listed leases that are no longer the worker's (a cancelled
     task's, say): the worker drops those of its jobs it has not started."""
+    # One statement on the event loop, as a lease or a result is (service/routers/jobs.py
+    # says why): a fleet's daemons send one every few seconds each, and the thread hand-off
+    # cost more than the statement; on SQLite in a worker thread (Queue.hot).
     queue = service.queue
     return await queue.hot(queue.heartbeat, worker_id, token, body.busy_jobs, body.leases)
 
