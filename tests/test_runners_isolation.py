@@ -76,6 +76,27 @@ def test_a_stop_signal_to_the_process_group_does_not_kill_the_call_in_flight(wor
     assert worker.call(child_pid, timeout_s=30).value == pid
 
 
+@pytest.mark.parametrize("sig", ["SIGINT", "SIGTERM"])
+def test_a_stop_signal_while_the_child_starts_does_not_kill_it(monkeypatch, sig):
+    """The child ignored stop signals only once its own code ran: spawn re-imports the main
+    module first (the pipetune CLI, about a second), and a Ctrl-C or a SIGTERM to the process
+    group then killed it, the trial it was to run reported as a runtime error. A signal sent
+    the moment the child exists finds it blocked, then ignored."""
+    import multiprocessing.context
+    import signal
+
+    original = multiprocessing.context.SpawnProcess.start
+
+    def start_then_signal(self) -> None:  # type: ignore[no-untyped-def]
+        original(self)
+        os.kill(self.pid, getattr(signal, sig))  # (the child is still starting Python)
+
+    monkeypatch.setattr(multiprocessing.context.SpawnProcess, "start", start_then_signal)
+    with IsolatedWorker(initializer=describe_child, name="pipetune-test-signal") as w:
+        w.start()
+        assert w.call(add, 1, 2, timeout_s=30).value == 3
+
+
 def test_an_exception_is_reported_and_the_child_lives_on(worker):
     pid = worker.call(child_pid, timeout_s=30).value
     outcome = worker.call(raise_value_error, timeout_s=30)

@@ -86,6 +86,10 @@ def _exit_with_parent() -> None:
     os._exit(PARENT_GONE_EXIT)
 
 
+# What a terminal's Ctrl-C and a service manager's stop send to a whole process group.
+STOP_SIGNALS = frozenset({signal.SIGINT, signal.SIGTERM})
+
+
 def _child_main(
     conn: Connection, initializer: Callable[..., Any] | None, initargs: tuple[Any, ...]
 ) -> None:
@@ -96,6 +100,9 @@ def _child_main(
     # the parent drained its jobs in hand.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    # Blocked by the parent from before the spawn (IsolatedWorker.start): one that came
+    # while the interpreter started is discarded now that it is ignored.
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, STOP_SIGNALS)
     try:
         info = initializer(*initargs) if initializer is not None else None
     except BaseException as exc:
@@ -164,7 +171,16 @@ class IsolatedWorker:
             name=self.name,
             daemon=True,  # never outlive the parent
         )
-        process.start()
+        # The child ignores Ctrl-C and SIGTERM once _child_main runs, but spawn re-imports
+        # the main module first (the pipetune CLI: about a second): a signal to the process
+        # group then killed it, and a good schedule was reported as a runtime error. Blocked
+        # in this thread around the spawn, they stay blocked in the child (a signal mask
+        # survives fork and exec) until it ignores them; here they are delivered after.
+        blocked = signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
+        try:
+            process.start()
+        finally:
+            signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
         child_end.close()  # the parent keeps one end, so EOF means the child is gone
         self._process, self._conn = process, parent_end
         self.generation += 1
