@@ -17,7 +17,21 @@ def _human(value: Any) -> str:
     if isinstance(value, float):
         return f"{value:.4g}" if abs(value) < 1e4 else f"{value:.0f}"
     text = str(value)
-    return f'"{text}"' if (" " in text or not text) else text
+    if not text or any(c in text for c in ' "\\') or _has_control(text):
+        # Quoted as a JSON string: a compiler's log (NVRTC's, many lines) kept the trial's
+        # line one line, and a quote in it cannot end the value early.
+        return json.dumps(text, ensure_ascii=False)
+    return text
+
+
+def _has_control(text: str) -> bool:
+    return any(ord(c) < 32 or ord(c) == 127 for c in text)
+
+
+def _message(text: str) -> str:
+    """A free-text message on the line's end, its newlines and other control characters
+    escaped (the line stays one line)."""
+    return json.dumps(text, ensure_ascii=False)[1:-1] if _has_control(text) else text
 
 
 class EventLog:
@@ -46,7 +60,7 @@ class EventLog:
             parts = [now.strftime("%H:%M:%S"), f"{level.upper():7}", event]
             parts += [f"{k}={_human(v)}" for k, v in fields.items()]
             if message:
-                parts.append(f"- {message}")
+                parts.append(f"- {_message(str(message))}")
             line = " ".join(parts)
         stream = self._stream or sys.stdout
         with self._lock:
