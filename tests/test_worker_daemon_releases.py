@@ -189,3 +189,41 @@ def test_an_unmeasured_old_copy_is_retired_when_the_new_lease_comes():
     assert measured == ["trial", "trial"]
     assert api.posted == [(530, "token-of-another-job"), (529, NEW)]
     assert worker._busy == 0 and not worker._held and not worker._task_of
+
+
+class FailingBeats(FakeService):
+    """A service whose heartbeat route fails (a proxy's 503 on it, say)."""
+
+    def heartbeat(self, worker_id, busy_jobs=0, leases=None):  # type: ignore[no-untyped-def]
+        self.beats.append([(h.job_id, h.lease_token) for h in leases or ()])
+        raise RuntimeError("heartbeat refused")
+
+
+def test_a_job_whose_lease_expired_while_it_waited_is_not_measured():
+    """Heartbeats failing, a job held ahead outlived its lease in the worker's queue: it was
+    measured anyway (refused as stale) and came back to the worker, again and again, until
+    the service gave it up as lost. It is let go unmeasured, and while no heartbeat gets
+    through the worker leases no job ahead."""
+    api = FailingBeats()
+    worker, measured = _worker(api)
+    job = _copy(NEW)
+    _lease(worker, job)
+    assert worker._capacity() > worker.config.concurrency  # (leasing ahead)
+    _beat(worker, api)  # fails
+    assert worker._capacity() == worker.config.concurrency
+    with worker._slots:
+        term = worker._held[(job.job_id, job.lease_token)]
+        term.last_at -= 2 * (term.ttl_s or 0) + 10  # its TTL and more since it was extended
+    worker._measure_unit([job])
+    assert measured == [] and worker.counts["expired"] == 1
+    assert worker._busy == 0 and not worker._held
+
+
+def test_a_lease_within_its_ttl_is_measured_though_heartbeats_fail():
+    api = FailingBeats()
+    worker, measured = _worker(api)
+    job = _copy(NEW)
+    _lease(worker, job)
+    _beat(worker, api)  # fails; the lease was granted just now
+    worker._measure_unit([job])
+    assert measured == ["trial"] and worker.counts["expired"] == 0

@@ -29,6 +29,11 @@ from dataclasses import dataclass
 
 IDLE_EVERY = 6  # wake-ups between heartbeats that only say the worker lives
 RENEW_AT = 0.5  # of a lease's TTL: from then on, a heartbeat extends it
+# How far past its TTL, since the last time it was granted or extended, a lease is taken to
+# have expired at the service for certain: the service's clock ran from a little after the
+# worker's (an answer's way back), so a lease's end is known only to within that.
+EXPIRED_MARGIN = 0.1  # of its TTL
+EXPIRED_MARGIN_S = 2.0  # and this much more
 
 
 @dataclass
@@ -39,6 +44,7 @@ class HeldTerm:
     token: str
     ttl_s: float | None  # None: the service did not say
     renew_at: float
+    last_at: float = 0.0  # when it was granted or last extended (the worker's clock)
 
     @classmethod
     def granted(cls, token: str, ttl_s: float | None, now: float) -> HeldTerm:
@@ -54,8 +60,16 @@ class HeldTerm:
 
     def extended(self, at: float) -> None:
         """A heartbeat sent at `at` extended it (the service's clock ran from no earlier)."""
+        self.last_at = at
         if self.ttl_s is not None:
             self.renew_at = at + RENEW_AT * self.ttl_s
+
+    def expired(self, now: float) -> bool:
+        """Whether the lease has expired at the service for certain (its heartbeats failed
+        for longer than its TTL): measured, its result is refused as stale."""
+        if self.ttl_s is None:
+            return False
+        return now > self.last_at + self.ttl_s * (1 + EXPIRED_MARGIN) + EXPIRED_MARGIN_S
 
 
 def idle_every(interval_s: float, live_ttl_s: float | None) -> int:

@@ -220,6 +220,9 @@ class Worker:
         # a job retires the older copy: _hold). Heartbeats list them, and the service
         # extends only those (wire.Heartbeat says why).
         self._held: dict[LeaseKey, HeldTerm] = {}
+        # Whether the last heartbeat failed: no lease is extended meanwhile, and none is
+        # leased ahead (_capacity).
+        self._heartbeats_failing = False
         # The task of each held lease: a result refused because its task was cancelled drops
         # the task's other jobs held ahead at once, not at the next heartbeat's `gone`
         # (a busy worker beats about every 30 s, and would measure them meanwhile).
@@ -507,6 +510,11 @@ class Worker:
         """Jobs to hold: the slots, plus the ones leased ahead that fit in LEASE_AHEAD_S at
         the measured trial time (all of `lease_ahead` until a trial was timed)."""
         ahead = self.config.lease_ahead
+        if self._heartbeats_failing:
+            # Jobs held ahead wait on heartbeats to extend their leases: while none gets
+            # through, they expired in the queue, were measured for nothing and came back
+            # to this worker until the service gave them up as lost.
+            ahead = 0
         if self._trial_s is not None and self._trial_s > 0:
             slots = 1 if self._serial else self.config.concurrency
             ahead = min(ahead, int(LEASE_AHEAD_S * slots / self._trial_s))
@@ -917,6 +925,8 @@ class Worker:
                     self._drop(job)
                 elif self._is_superseded(job):
                     self._retire(job)
+                elif self._has_expired(job):
+                    self._expired(job)
                 else:
                     self._finish(job, self._measure_one(workload, schedule))
                 done += 1
@@ -970,6 +980,23 @@ class Worker:
     def _is_superseded(self, job: JobLease) -> bool:
         with self._slots:
             return _lease_key(job) in self._superseded
+
+    def _has_expired(self, job: JobLease) -> bool:
+        with self._slots:
+            term = self._held.get(_lease_key(job))
+        return term is not None and term.expired(time.monotonic())
+
+    def _expired(self, job: JobLease) -> None:
+        """A job held ahead whose lease expired while it waited (heartbeats failed for its
+        TTL), not measured: its result would be refused as stale, and the job is leased
+        again (to this worker too, as a newer copy)."""
+        self._unmeasured(
+            job,
+            "expired",
+            "warning",
+            "not measured: its lease expired while it waited (no heartbeat got through to "
+            "extend it); the service leases the job again",
+        )
 
     def _drop(self, job: JobLease) -> None:
         """A job whose lease the service says is no longer this worker's, not measured: its
@@ -1434,6 +1461,7 @@ class Worker:
                             }
                     for term in held.values():
                         term.extended(now)
+                    self._heartbeats_failing = False
                 except InvalidRequestError as exc:
                     if leases is not None and exc.field == "leases":
                         # A service from before heartbeats listed leases: as it takes them.
@@ -1442,6 +1470,7 @@ class Worker:
                     elif self._throttle("heartbeat", time.monotonic()):
                         self.log.warning("heartbeat_failed", msg=f"{type(exc).__name__}: {exc}")
                 except Exception as exc:  # keep beating: the next one may get through
+                    self._heartbeats_failing = True
                     if isinstance(exc, TRANSIENT_REGISTERED):
                         self._reregister.set()
                     if self._throttle("heartbeat", time.monotonic()):
