@@ -331,6 +331,18 @@ def test_a_bad_peer_time_limit_names_the_variable(monkeypatch, value):
         peer_time_limit_s()
 
 
+def test_a_peer_time_limit_past_a_week_is_refused_naming_the_variable(monkeypatch):
+    """1e12 was taken, and every peer run then failed in the timer ("timestamp out of range
+    for platform time_t"), blamed on the peer, the SIGALRM handler left installed."""
+    from pipetune.tuner.peers import peer_time_limit_s
+
+    monkeypatch.setenv("PIPETUNE_PEER_TIME_LIMIT_S", "1e12")
+    with pytest.raises(ValueError, match="PIPETUNE_PEER_TIME_LIMIT_S must be at most 604800 s"):
+        peer_time_limit_s()
+    monkeypatch.setenv("PIPETUNE_PEER_TIME_LIMIT_S", "604800")
+    assert peer_time_limit_s() == 604800
+
+
 def test_the_benchmark_script_runs_and_records_a_command_anyone_can_rerun(tmp_path):
     """`python -m benchmarks.bench_tuner run ...` failed at every call (TypeError: unhashable
     type: 'list': the strategies came as a (names, named) pair), and the command it recorded

@@ -172,6 +172,9 @@ def test_the_cli_says_why_a_task_waits(tmp_path, monkeypatch):
     result = CliRunner().invoke(app, ["tasks", "--db", url])
     assert result.exit_code == 0, result.output
     assert f"task {task['id']} waits: no a100 worker has registered" in result.output
+    # (Its times are UTC, as `pipetune workers` says of its own: unlabelled, they read as
+    # hours old or ahead in any other zone.)
+    assert "(UTC)" in result.output
 
     doc = TaskDoc.model_validate(task)
 

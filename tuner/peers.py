@@ -168,6 +168,7 @@ class PeerTimeoutError(PipetuneError, RuntimeError):
 # space; PIPETUNE_PEER_TIME_LIMIT_S sets another limit.
 PEER_TIME_LIMIT_S = 600.0
 PEER_TIME_LIMIT_ENV = "PIPETUNE_PEER_TIME_LIMIT_S"
+PEER_TIME_LIMIT_MAX_S = 7 * 24 * 3600.0  # as every other duration setting
 
 
 def peer_time_limit_s() -> float:
@@ -181,6 +182,12 @@ def peer_time_limit_s() -> float:
         value = math.nan
     if not math.isfinite(value) or value <= 0:
         raise ValueError(f"{PEER_TIME_LIMIT_ENV} must be a positive number of seconds, got {raw!r}")
+    if value > PEER_TIME_LIMIT_MAX_S:
+        # (The timer signal takes no more: 1e12 failed every peer run, blamed on the peer.)
+        raise ValueError(
+            f"{PEER_TIME_LIMIT_ENV} must be at most {PEER_TIME_LIMIT_MAX_S:g} s (a week), "
+            f"got {raw!r}"
+        )
     return value
 
 
@@ -204,8 +211,8 @@ def _wall_clock_limit(seconds: float) -> Iterator[None]:
         )
 
     previous = signal.signal(signal.SIGALRM, expired)
-    signal.setitimer(signal.ITIMER_REAL, seconds)
     try:
+        signal.setitimer(signal.ITIMER_REAL, seconds)  # (inside: the handler restored if not)
         yield
     finally:
         signal.setitimer(signal.ITIMER_REAL, 0)

@@ -571,7 +571,7 @@ def tasks(
     table = Table(title=f"tasks at {where}")
     for col in ("id", "state", "workload", "gpu", "strategy", "trials", "failed"):
         table.add_column(col, justify="right" if col in ("id", "trials", "failed") else None)
-    for col in ("best µs", "throughput", "runner", "updated"):
+    for col in ("best µs", "throughput", "runner", "updated (UTC)"):
         table.add_column(col, justify="right")
     for d in docs:
         table.add_row(
