@@ -286,11 +286,13 @@ def _looked_again(client: Client, tasks: list[TaskDoc]) -> list[TaskDoc]:
     return [t if t.state.is_final() else client.task(t.id) for t in tasks]
 
 
-def worker_runners(client: Client) -> dict[str, str] | None:
-    """Worker name -> runner kind (cupy, simulated, replay), or None if not listed."""
+def worker_runners(client: Client, outage: Outage | None = None) -> dict[str, str] | None:
+    """Worker name -> runner kind (cupy, simulated, replay), or None if not listed (the
+    list refused, unreadable, or out of reach past what `outage` rides out)."""
+    look = outage.look if outage is not None else (lambda call: call())
     try:
-        return {w.name: w.runner.split(":")[0] for w in client.workers()}
-    except ApiError:
+        return {w.name: w.runner.split(":")[0] for w in look(client.workers)}
+    except PipetuneError:  # (ApiError only: a lost answer ended the whole report)
         return None
 
 
@@ -310,12 +312,20 @@ def trial_runner_kinds(trials: list[TrialDoc], runners: dict[str, str] | None) -
 
 
 def collect(
-    client: Client, shapes: list[DistinctShape], tasks: list[TaskDoc], gpu: str
+    client: Client,
+    shapes: list[DistinctShape],
+    tasks: list[TaskDoc],
+    gpu: str,
+    poll_s: float = 1.0,
 ) -> list[LayerResult]:
-    runners = worker_runners(client)
+    """Each shape's trials and what measured them, read as the wait reads (a moment's
+    failure, a restart or a proxy's 502, ridden out: one ended the report of a network whose
+    every task had finished)."""
+    outage = Outage(poll_s, None)
+    runners = worker_runners(client, outage)
     results = []
     for shape, task in zip(shapes, tasks, strict=True):
-        trials = client.all_trials(task.id)
+        trials = outage.look(functools.partial(client.all_trials, task.id))
         kinds = trial_runner_kinds(trials, runners)
         results.append(
             LayerResult(

@@ -790,6 +790,39 @@ def test_latencies_are_labelled_by_each_trials_own_runner_not_the_worker_list():
     assert results[0].runners == {"cupy"}
 
 
+def test_collect_rides_out_a_moments_failure_and_a_worker_list_out_of_reach(monkeypatch):
+    """All tasks done, one reset on the worker list or a 502 on a task's trials ended the
+    whole report ("cannot reach the pipetune service"), though worker_runners promised None
+    for a list it could not read."""
+    from pipetune.clients.sdk import ServerError, ServiceUnavailableError
+    from pipetune.clients.tune_model import collect
+
+    shape = network("bert-base", seq=128).distinct()[0]
+    task = _task(4.0, PIPELINED)
+
+    class Flaky(_RunnerClient):
+        def __init__(self) -> None:
+            super().__init__([], {1: [_trial(0, PIPELINED, 4.0)]})
+            self.failed = 0
+
+        def workers(self) -> list:
+            raise ServiceUnavailableError("http://fake", "Server disconnected")
+
+        def all_trials(self, task_id: int) -> list[TrialDoc]:
+            if not self.failed:
+                self.failed += 1
+                raise ServerError(502, "not a pipetune answer: 502 Bad Gateway")
+            return super().all_trials(task_id)
+
+    import pipetune.clients.sdk.client as sdk_client
+
+    flaky = Flaky()
+    monkeypatch.setattr(sdk_client, "WAIT_THROUGH_S", 0.5)  # (the list given up on soon)
+    results = collect(flaky, [shape], [task], "h100", poll_s=0.01)  # type: ignore[arg-type]
+    assert flaky.failed == 1 and len(results[0].trials) == 1
+    assert results[0].runners == {"unknown"}  # (no runner recorded, no worker list)
+
+
 def test_a_bfloat16_network_is_every_operator_in_bfloat16():
     fp16, bf16 = network("llama2-7b", 1, 256), network("llama2-7b", 1, 256, dtype="bfloat16")
     assert bf16.dtype == "bfloat16" and fp16.dtype == "float16"

@@ -915,7 +915,7 @@ def tune_model(
                     raise
                 except KeyboardInterrupt as exc:
                     _interrupted_tune_model(exc, started, server)
-        results = tm.collect(c, shapes, finals, gpu)
+        results = tm.collect(c, shapes, finals, gpu, poll_s=poll)
     doc = tm.document(net, gpu, budget, strategy, results)
     if as_json:
         print_json(doc)
