@@ -152,3 +152,35 @@ def test_tune_wait_that_fails_names_the_task_that_goes_on(monkeypatch):
     assert result.exit_code == 1, result.output
     line = result.stderr.strip().splitlines()[-1]
     assert "task 42 goes on at the service" in line and "/v1/tasks/42" in line, line
+
+
+def test_a_wait_gives_up_at_its_own_timeout_on_a_service_that_does_not_answer():
+    """Client.wait(timeout_s=2) on a client of timeout_s=20, the service's answer never
+    coming: its one look took the client's 20 s (a proxy trickling an answer held it for
+    minutes); it gives up at its own deadline, saying why (the look timed out)."""
+    import time
+
+    answer = threading.Event()
+
+    class Silent(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            answer.wait(30)
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Silent)
+    server.daemon_threads = True
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        with Client(f"http://127.0.0.1:{server.server_address[1]}", timeout_s=20) as c:
+            started = time.monotonic()
+            with pytest.raises(ServiceUnavailableError) as raised:
+                c.wait(42, timeout_s=2, poll_s=0.1)
+            took = time.monotonic() - started
+    finally:
+        answer.set()
+        server.shutdown()
+        server.server_close()
+    assert took < 10, took
+    assert "timed out" in str(raised.value)

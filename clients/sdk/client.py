@@ -66,6 +66,9 @@ API_KEY_ENV = "PIPETUNE_API_KEY"
 # Client.wait looks again after a failed look (TRANSIENT) until failures in a row have lasted
 # this long: a database failover or a service restart, not a service that is gone.
 WAIT_THROUGH_S = 60.0
+# The shortest time a look of Client.wait is given near its deadline (a request cut at a few
+# milliseconds fails where the service answers at once).
+MIN_LOOK_S = 1.0
 
 WorkloadLike = Mapping[str, Any] | BaseModel
 
@@ -311,6 +314,7 @@ class Client:
         if api_key:
             headers["X-API-Key"] = api_key
         self._http = Http(server, headers, timeout_s, transport)
+        self._timeout_s = timeout_s
 
     @property
     def base_url(self) -> str:
@@ -391,7 +395,11 @@ class Client:
         return self._http.call(TaskDoc, "POST", "/v1/tasks", json=body, acts_anew=True)
 
     def task(self, task_id: int) -> TaskDoc:
-        return self._http.call(TaskDoc, "GET", f"/v1/tasks/{task_id_path(task_id)}")
+        return self._task(task_id)
+
+    def _task(self, task_id: int, timeout_s: float | None = None) -> TaskDoc:
+        path = f"/v1/tasks/{task_id_path(task_id)}"
+        return self._http.call(TaskDoc, "GET", path, timeout_s=timeout_s)
 
     def tasks(
         self,
@@ -467,7 +475,9 @@ class Client:
         document that differs from the last one (and with the final one). `timeout_s`: give
         up (WaitTimeoutError) after that long, 0 after one look; None: never. A look that
         fails for the moment (TRANSIENT) is retried, after the answer's Retry-After where it
-        asks for longer than `poll_s` (up to MAX_RETRY_AFTER_S)."""
+        asks for longer than `poll_s` (up to MAX_RETRY_AFTER_S); one that still fails at the
+        deadline raises its own error (the service out of reach says why, not "still
+        running"). No look outlasts the deadline by more than MIN_LOOK_S."""
         # Checked before the first request: later, a bad poll_s fails in time.sleep with
         # its own words (or 0 polls the service flat out), and a NaN timeout never expires.
         poll_s = seconds_argument("poll_s", poll_s)
@@ -480,8 +490,17 @@ class Client:
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
         last: TaskDoc | None = None
         outage = Outage(poll_s, deadline)
+
+        def look() -> TaskDoc:
+            # No look outlasts the deadline (a service or proxy that trickles its answer held
+            # a 5 s wait for the client's whole timeout, and more), but the first is whole.
+            left = None if deadline is None else deadline - time.monotonic()
+            if left is None or (left <= 0 and last is None):
+                return self._task(task_id)
+            return self._task(task_id, timeout_s=min(self._timeout_s, max(left, MIN_LOOK_S)))
+
         while True:
-            doc = outage.look(lambda: self.task(task_id))
+            doc = outage.look(look)  # (past the deadline, the last look's error says why)
             if progress is not None and (last is None or doc != last):
                 progress(doc)
             last = doc
