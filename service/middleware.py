@@ -8,9 +8,11 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Sequence
 from typing import Any
 
 from starlette.exceptions import HTTPException
+from starlette.routing import Match
 
 from pipetune.service.metrics import Metrics
 
@@ -27,9 +29,12 @@ LABELLED_METHODS = frozenset({"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "
 class RequestMetrics:
     """Latency histogram per (method, route template, status)."""
 
-    def __init__(self, app: Any, metrics: Metrics):
+    def __init__(self, app: Any, metrics: Metrics, routes: Sequence[Any] = ()):
+        """`routes`: the service's routes, to label a request refused before routing (a
+        body too large, an encoding or a Host refused) with the one it was for."""
         self.app = app
         self.metrics = metrics
+        self.routes = routes
 
     async def __call__(self, scope: Scope, receive: Any, send: Any) -> None:
         if scope["type"] != "http":
@@ -47,13 +52,24 @@ class RequestMetrics:
         try:
             await self.app(scope, receive, recording_send)
         finally:
-            route = scope.get("route")
+            route = scope.get("route") or _route_of(scope, self.routes)
             # Route templates, never raw paths: ids in paths would explode the label set.
             path = getattr(route, "path", None) or "unmatched"
             method = scope["method"] if scope["method"] in LABELLED_METHODS else "other"
             self.metrics.request_seconds.labels(method, path, str(status)).observe(
                 time.perf_counter() - start
             )
+
+
+def _route_of(scope: Scope, routes: Sequence[Any]) -> Any:
+    """The route a request refused before routing would have gone to (a body too large, an
+    encoding refused, a Host refused: set by the router only, they read "unmatched", as a
+    request for a path the service does not have); None where no route matches its path."""
+    for route in routes:
+        match, _ = route.matches(scope)
+        if match is not Match.NONE:
+            return route
+    return None
 
 
 class BodyTooLarge(HTTPException):

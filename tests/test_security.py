@@ -20,7 +20,7 @@ from pathlib import Path
 import httpx
 import pytest
 from live_support import start_service, start_worker, stop
-from service_support import GEMM, client_for, register, settings
+from service_support import GEMM, client_for, metric_value, register, settings
 from sqlalchemy import exc as sa_exc
 
 from pipetune.clients.sdk import Client
@@ -601,6 +601,10 @@ def test_the_health_check_answers_whatever_host_it_is_addressed_to(db_url):
         assert refused.status_code == 400
         assert "is not one this service answers" in refused.json()["detail"]
         assert client.get("/v1/tasks", headers={"Host": "tuner.lan:8000"}).status_code == 200
+        # The refusal counted, under its route (it was in no series).
+        count = "pipetune_http_request_duration_seconds_count"
+        text = client.get("/metrics", headers={"Host": "tuner.lan"}).text
+        assert metric_value(text, count, method="GET", route="/v1/tasks", status="400") == 1.0
 
 
 def test_a_url_with_no_password_is_shown_as_given():

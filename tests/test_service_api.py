@@ -823,6 +823,10 @@ def test_request_bodies_over_the_limit_are_refused_saying_the_limit(db_url):
         small = {"workload": GEMM, "gpu": "h100", "budget": 8}
         assert c.post("/v1/tasks", content=iter([json.dumps(small).encode()]),
                       headers={"content-type": "application/json"}).status_code == 201  # fmt: skip
+        # Counted under the route they were for (they read "unmatched": a path with none).
+        count = "pipetune_http_request_duration_seconds_count"
+        text = c.get("/metrics").text
+        assert metric_value(text, count, method="POST", route="/v1/tasks", status="413") == 2.0
 
 
 def test_health_metrics_and_openapi(client):
