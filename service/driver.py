@@ -1076,7 +1076,8 @@ class Driver:
             due = [v for v in views if first_seen_by(v.batch, v.seen_at, task.strategy) == b]
             self._observe(live, due, b)
             recorded = [v.schedule for v in batches.get(b, [])]
-            proposed = live.session.propose(len(recorded)) if recorded else []
+            # As it was proposed: a whole batch asked for, cut to the budget (propose).
+            proposed = live.session.propose(task.batch_size) if recorded else []
             if proposed != recorded:
                 # Made by another version of the tuner (an upgrade while the task ran), or
                 # edited: the measurements stand, so the session takes the record as its

@@ -72,6 +72,19 @@ def test_every_searcher_spends_exactly_the_budget_on_distinct_configs(conv, stra
     assert np.all(throughputs <= conv.configs.optimum)
 
 
+@pytest.mark.parametrize("strategy", ["random", "xgb", "bo", "auto"])
+def test_a_runs_first_k_trials_do_not_depend_on_its_budget(conv, strategy):
+    """`bench tuner` reads a smaller budget's best-in-k off its run of the largest budget,
+    which holds where a strategy's first k trials are what a run of budget k measures: xgb's
+    last batch, cut to the budget, was another batch (its annealing stopped by the batch's
+    size), and its figures at such k were not what a user asking for k trials got."""
+    from pipetune.tuner.bench import trial_rows
+
+    whole = trial_rows(conv, strategy, seed=1, budget=40)
+    for k in (5, 10, 13, 21):
+        assert trial_rows(conv, strategy, seed=1, budget=k) == whole[:k], k
+
+
 def test_smac_sees_ordered_knobs_as_ordinals_and_gets_back_every_value():
     pytest.importorskip("smac")
     from ConfigSpace import CategoricalHyperparameter, Constant, OrdinalHyperparameter

@@ -72,8 +72,12 @@ def run_strategy_rows(
     # (XGBoost refused its labels, the GP fitted NaN).
     ran = throughput_of(objective_ms) > 0
 
+    cap = min(budget, len(objective_ms))
+
     def propose(n: int) -> list[int]:
-        rows = strategy.next_batch(n, exclude, history)
+        # (Asked whole, cut to the budget: as TuningSession.propose.)
+        rows = strategy.next_batch(min(n, len(objective_ms) - len(exclude)), exclude, history)
+        rows = rows[: cap - len(exclude)]
         exclude.update(rows)
         return rows
 
@@ -83,7 +87,7 @@ def run_strategy_rows(
             ms = float(objective_ms[r])
             history.append(Observation(row=r, latency_s=ms * 1e-3 if ok else None, failed=not ok))
 
-    propose_and_measure(propose, measure, min(budget, len(objective_ms)), batch, early)
+    propose_and_measure(propose, measure, cap, batch, early)
     return [o.row for o in history]
 
 

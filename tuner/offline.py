@@ -36,7 +36,10 @@ def propose_and_measure(
     one before are unmeasured (late_trials; the service's early proposals)."""
     proposed, late = 0, []
     while proposed < total:
-        trials = propose(min(batch, total - proposed))
+        # A whole batch asked for, cut to what the budget has left (the service's way: a
+        # strategy's batch may depend on its size, and a run's first k trials must be what
+        # a run of budget k measures, which `bench tuner` reads off its longest run).
+        trials = propose(batch)[: total - proposed]
         if not trials:
             break
         first, proposed = proposed == 0, proposed + len(trials)

@@ -70,11 +70,16 @@ class TuningSession:
         return not self.pending and self.remaining == 0
 
     def propose(self, n: int) -> list[Any]:
-        n = _whole_number("propose's n", n, least=1)
-        n = min(n, self.remaining)
+        asked = _whole_number("propose's n", n, least=1)
+        n = min(asked, self.remaining)
         if n == 0:
             return []
-        rows = self.strategy.next_batch(n, self._proposed, self.history)
+        # The batch asked for, cut to the budget: a strategy's batch may depend on its size
+        # (annealing stops early by it, an epsilon-greedy pick draws once a pick), and a
+        # task's first k trials then depended on its budget (xgb's read off a longer run,
+        # as `bench tuner` reads a smaller budget, were not what a run of k trials measured).
+        whole = min(asked, len(self.space) - len(self._proposed))
+        rows = self.strategy.next_batch(whole, self._proposed, self.history)[:n]
         self.pending.extend(rows)
         self._proposed.update(rows)
         return [self.space[r] for r in rows]
@@ -165,6 +170,7 @@ class TuningSession:
         prior: PriorMean | None = None,
         *,
         seen_by: Sequence[Sequence[int | None]] | None = None,
+        batch_size: int | None = None,
     ) -> TuningSession:
         """Rebuild a session from its recorded batches, checking each replays identically.
 
@@ -174,7 +180,9 @@ class TuningSession:
         out (the service's early proposals, `bench tuner --early`), replays only with the
         order its proposal saw them in: a model-guided strategy believes the trials still
         out, and its batch depends on which results had come (the service records it per job,
-        `service.driver.first_seen_by` of `jobs.seen_at`)."""
+        `service.driver.first_seen_by` of `jobs.seen_at`). `batch_size`: the batch each
+        proposal was asked for (default: the longest recorded; give it where the budget cut
+        every batch, the one of a budget under it)."""
         if seen_by is None:
             order = [[i + 1] * len(b) for i, b in enumerate(batches)]
         else:
@@ -190,6 +198,7 @@ class TuningSession:
                     f"{i} or an earlier one"
                 )
         session = cls(workload, gpu, strategy, seed, budget, space=space, prior=prior)
+        whole = batch_size if batch_size is not None else max(map(len, batches), default=1)
         recorded_trials = sum(map(len, batches))
         if recorded_trials > min(session.budget, len(session.space)):
             raise SessionError(
@@ -205,7 +214,8 @@ class TuningSession:
             ]
             if due:
                 session.observe(due)
-            proposed = session.propose(len(batch))
+            # Each batch as it was proposed: asked whole, cut to the budget (propose).
+            proposed = session.propose(whole)
             recorded = [s for s, _ in batch]
             if proposed != recorded:
                 hint = (
