@@ -22,6 +22,7 @@ from pipetune.tuner.peers import (
     PeerFailedError,
     PeerUnavailableError,
     _smac_space,
+    run_peer,
     run_smac,
     write_kt_cache,
 )
@@ -454,3 +455,13 @@ def test_the_committed_datasets_are_read_with_the_shipped_profile_a_users_with_t
     np.testing.assert_array_equal(
         seen["learned"]["MM_Square_1k"].values, alone["learned"]["MM_Square_1k"].values
     )
+
+
+@pytest.mark.parametrize("name", ["kt_simulated_annealing", "kt_greedy_ils"])
+def test_a_kernel_tuner_peer_at_budget_one_gives_its_first_trial(name):
+    """At max_fevals 1 Kernel Tuner raised StopCriterionReached out of tune_kernel (the
+    start point is evaluated outside the strategy's stop handling): `--budgets 1,10,50`
+    left the peer out of every column, blamed on the dataset."""
+    pytest.importorskip("kernel_tuner")
+    recorded = _small({"a": [1, 2, 3, 4, 5], "b": [1, 2, 3, 4]})
+    assert len(run_peer(name, recorded, 0, 1)) == 1

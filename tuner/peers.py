@@ -92,6 +92,7 @@ STOPS_EARLY = frozenset({"kt_minimize", "kt_dual_annealing"})
 # calls per trial, and the run is still cut at the budget's distinct trials; its annealing
 # schedule does not depend on maxfun, so those are the trials of any larger limit.
 SCIPY_CALLS_PER_TRIAL = {"kt_dual_annealing": 10}
+KT_LEAST_FEVALS = 2  # (run_kernel_tuner)
 # Peers that plan by the budget they are given: SMAC sizes its initial design from n_trials
 # (2, 5, 12 and 25 configurations at 10, 20, 50 and 100), Kernel Tuner's simulated annealing
 # cools over max_fevals. best-in-k read off a run of the largest budget is not what they give
@@ -336,7 +337,13 @@ def run_kernel_tuner(name: str, recorded: RecordedConfigs, seed: int, budget: in
                 cache=str(cache),
                 strategy=strategy,
                 strategy_options={
-                    "max_fevals": budget * SCIPY_CALLS_PER_TRIAL.get(name, 1),
+                    # At least KT_LEAST_FEVALS: at 1, simulated annealing's start point (and
+                    # greedy ILS's on a one-configuration space) is evaluated outside the
+                    # strategy's own stop handling, and Kernel Tuner raised
+                    # StopCriterionReached out of tune_kernel: the peer was left out of the
+                    # whole benchmark, every budget, as failing on the space. The run is cut
+                    # at the budget's distinct trials below.
+                    "max_fevals": max(budget, KT_LEAST_FEVALS) * SCIPY_CALLS_PER_TRIAL.get(name, 1),
                     **options,
                 },
                 verbose=False,
