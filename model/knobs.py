@@ -59,6 +59,16 @@ class Knob:
     def label(self, value: int) -> str:
         return self.labels.get(value, str(value))
 
+    def values_said(self) -> str:
+        """The domain in words: "[1, 2, 4]", or each code with its label, "0 (global),
+        1 (smem), 2 (registers)", where the values are categories (docs name the labels: a
+        user who sent "registers" was told only "one of [0, 1, 2]")."""
+        if not self.labels:
+            return str(list(self.values))
+        return ", ".join(
+            f"{v} ({self.labels[v]})" if v in self.labels else str(v) for v in self.values
+        )
+
 
 def knob_value_problems(knobs: Sequence[Knob], values: Mapping[str, Any]) -> list[str]:
     """Why knob values are outside their declared domains (empty when none is); an int only,
@@ -67,7 +77,7 @@ def knob_value_problems(knobs: Sequence[Knob], values: Mapping[str, Any]) -> lis
     for knob in knobs:
         value = values[knob.name]
         if isinstance(value, bool) or not isinstance(value, int) or value not in knob.values:
-            problems.append(f"{knob.name} must be one of {list(knob.values)}, got {value!r}")
+            problems.append(f"{knob.name} must be one of {knob.values_said()}, got {value!r}")
     return problems
 
 

@@ -176,7 +176,8 @@ def _schedule_schema(schema: dict[str, Any]) -> None:
             properties[knob.name] = {
                 "type": "integer",
                 "enum": list(knob.values),
-                "description": knob.doc,
+                "description": knob.doc
+                + (f" (codes: {knob.values_said()})" if knob.labels else ""),
             }
     schema.update(
         properties=properties,

@@ -361,3 +361,14 @@ def test_source_launch_needs_the_shape():
     )
     assert result.exit_code == 2
     assert "--launch: give the shape" in result.output
+
+
+def test_a_categorical_knob_refused_says_what_each_code_means():
+    """architecture.md names row_cache's values global, smem, registers; a schedule that
+    said "registers" was told only "must be one of [0, 1, 2]"."""
+    from pipetune.model.knobs import knob_value_problems
+    from pipetune.model.memops.space import KNOBS as MEMOPS_KNOBS
+
+    row_cache = next(k for k in MEMOPS_KNOBS if k.name == "row_cache")
+    (problem,) = knob_value_problems([row_cache], {"row_cache": "registers"})
+    assert problem == "row_cache must be one of 0 (global), 1 (smem), 2 (registers), got 'registers'"
