@@ -371,4 +371,5 @@ def test_a_categorical_knob_refused_says_what_each_code_means():
 
     row_cache = next(k for k in MEMOPS_KNOBS if k.name == "row_cache")
     (problem,) = knob_value_problems([row_cache], {"row_cache": "registers"})
-    assert problem == "row_cache must be one of 0 (global), 1 (smem), 2 (registers), got 'registers'"
+    codes = "0 (global), 1 (smem), 2 (registers)"
+    assert problem == f"row_cache must be one of {codes}, got 'registers'"
