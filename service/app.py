@@ -174,7 +174,9 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         app.include_router(router)
     # Outermost: every answer counted, the guards' refusals too (a Host refused was in no
     # series), each under the route it was for (a body too large read "unmatched").
-    routes = [route for router in routers for route in router.routes]
+    # (The app's own routes too, /openapi.json and /docs: those with a path of their own.)
+    own = [route for route in app.routes if getattr(route, "path", None)]
+    routes = own + [route for router in routers for route in router.routes]
     app.add_middleware(RequestMetrics, metrics=metrics, routes=routes)
     _document_project_errors(app)
     return app

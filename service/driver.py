@@ -506,9 +506,9 @@ class Driver:
 
     def _propose(self, live: _Live, n: int) -> tuple[list[Any], list[float]]:
         session = live.session
-        n = min(n, session.remaining)
         began = time.thread_time()  # (a proposal runs on the calling thread, BLAS on one)
-        batch = session.propose(n) if n > 0 else []
+        # The whole batch asked for: the session cuts it to the budget (a replay asks the same).
+        batch = session.propose(n) if n > 0 and session.remaining > 0 else []
         self.metrics.proposal_cpu.labels(session.strategy_name).inc(time.thread_time() - began)
         if not batch:
             return [], []

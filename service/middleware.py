@@ -65,11 +65,14 @@ def _route_of(scope: Scope, routes: Sequence[Any]) -> Any:
     """The route a request refused before routing would have gone to (a body too large, an
     encoding refused, a Host refused: set by the router only, they read "unmatched", as a
     request for a path the service does not have); None where no route matches its path."""
-    for route in routes:
+    partial = None
+    for route in routes:  # (as Starlette's router: the first full match, else a partial one)
         match, _ = route.matches(scope)
-        if match is not Match.NONE:
+        if match is Match.FULL:
             return route
-    return None
+        if match is Match.PARTIAL and partial is None:
+            partial = route
+    return partial
 
 
 class BodyTooLarge(HTTPException):

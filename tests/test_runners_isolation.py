@@ -76,6 +76,34 @@ def test_a_stop_signal_to_the_process_group_does_not_kill_the_call_in_flight(wor
     assert worker.call(child_pid, timeout_s=30).value == pid
 
 
+def test_a_stop_signal_while_the_first_child_of_a_process_starts_does_not_kill_it():
+    """The same in a fresh process (the worker daemon's first measuring child): starting
+    multiprocessing's resource tracker inside the guarded spawn unblocked the signals again,
+    and the first child of a process died of a Ctrl-C as before."""
+    import subprocess
+    import sys
+
+    script = (
+        "import multiprocessing.context, os, signal, sys\n"
+        "sys.path.insert(0, sys.argv[1])\n"
+        "from test_runners_isolation import add, describe_child\n"
+        "from pipetune.workers.runners.isolation import IsolatedWorker\n"
+        "original = multiprocessing.context.SpawnProcess.start\n"
+        "def start(self):\n"
+        "    original(self)\n"
+        "    os.kill(self.pid, signal.SIGINT)\n"
+        "multiprocessing.context.SpawnProcess.start = start\n"
+        "with IsolatedWorker(initializer=describe_child, name='first') as w:\n"
+        "    w.start()\n"
+        "    print(w.call(add, 1, 2, timeout_s=30).value)\n"
+    )
+    tests = os.path.dirname(os.path.abspath(__file__))
+    run = subprocess.run(
+        [sys.executable, "-c", script, tests], capture_output=True, text=True, timeout=120
+    )
+    assert run.returncode == 0 and run.stdout.strip() == "3", run.stderr[-2000:]
+
+
 @pytest.mark.parametrize("sig", ["SIGINT", "SIGTERM"])
 def test_a_stop_signal_while_the_child_starts_does_not_kill_it(monkeypatch, sig):
     """The child ignored stop signals only once its own code ran: spawn re-imports the main

@@ -602,9 +602,12 @@ def test_the_health_check_answers_whatever_host_it_is_addressed_to(db_url):
         assert "is not one this service answers" in refused.json()["detail"]
         assert client.get("/v1/tasks", headers={"Host": "tuner.lan:8000"}).status_code == 200
         # The refusal counted, under its route (it was in no series).
+        refused_docs = client.get("/docs", headers={"Host": "127.0.0.1:8000"})
+        assert refused_docs.status_code == 400
         count = "pipetune_http_request_duration_seconds_count"
         text = client.get("/metrics", headers={"Host": "tuner.lan"}).text
         assert metric_value(text, count, method="GET", route="/v1/tasks", status="400") == 1.0
+        assert metric_value(text, count, method="GET", route="/docs", status="400") == 1.0
 
 
 def test_a_url_with_no_password_is_shown_as_given():

@@ -15,6 +15,7 @@ from service_support import (
     client_for,
     create_task,
     drain,
+    drain_rebuilding,
     fake_latency,
     lease,
     metric_value,
@@ -78,11 +79,12 @@ def _assert_reproduces_a_local_session(client, task_id, strategy, seed, budget, 
     each observed before the proposal that the record says saw it first."""
     session = TuningSession(parse_workload(GEMM), get_gpu(gpu), strategy, seed, budget)
     batches = _batches(client, task_id)
+    batch_size = client.get(f"/v1/tasks/{task_id}").json()["batch_size"]
     every = sorted((t for b in batches for t in b), key=lambda t: t["trial"])
     for number, batch in enumerate(batches):
         seen = [t for t in every if t["seen_by"] == number]
         session.observe([(Schedule(**t["schedule"]), _as_measure(t)) for t in seen])
-        proposed = session.propose(len(batch))
+        proposed = session.propose(batch_size)  # (the whole batch, cut to the budget)
         assert proposed == [Schedule(**t["schedule"]) for t in batch]
     rest = [t for t in every if t["seen_by"] is None]
     session.observe([(Schedule(**t["schedule"]), _as_measure(t)) for t in rest])
@@ -135,6 +137,21 @@ def test_proposals_are_those_of_the_tuner_session(db_url, strategy):
         task = create_task(c, budget=20, strategy=strategy, seed=11)
         drain(c, register(c), _result_of, max_jobs=4)
         _assert_reproduces_a_local_session(c, task["id"], strategy, 11, 20)
+
+
+@pytest.mark.parametrize("budget", [13, 21])
+def test_a_rebuilt_xgb_session_replays_a_last_batch_cut_to_the_budget(db_url, budget):
+    """A batch is asked of the strategy whole and cut to the budget, in the service as in a
+    replay: the service asked for the cut batch while its replay asked for the whole one, and
+    every xgb task whose budget is no multiple of its batch adopted its own last batch after
+    a restart, warning of "another tuner version"."""
+    with client_for(db_url, batch_size=8) as c:
+        task = create_task(c, budget=budget, strategy="xgb", seed=2)
+        drain_rebuilding(c, register(c), task["id"])
+        assert c.get(f"/v1/tasks/{task['id']}").json()["state"] == "done"
+        exposition = c.get("/metrics").text
+        assert metric_value(exposition, "pipetune_batches_adopted_total") == 0
+        _assert_reproduces_a_local_session(c, task["id"], "xgb", 2, budget)
 
 
 def _drive_in_turn(replicas, task_id: int, worker: int, *, max_jobs: int, drop_every: int):

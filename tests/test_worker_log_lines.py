@@ -26,3 +26,13 @@ def test_plain_values_are_written_as_they_were():
     EventLog(stream=stream).event("trial", job=1, schedule="s-1-2", runner="simulated", label="a b")
     line = stream.getvalue()
     assert 'job=1 schedule=s-1-2 runner=simulated label="a b"' in line
+
+
+def test_unicode_line_separators_are_escaped_too():
+    """U+2028, U+2029 and NEL end a line for str.splitlines (and journald's readers): a
+    compiler message holding one split its event in two."""
+    stream = io.StringIO()
+    EventLog(stream=stream).event("trial", error="a\u2028b\x85c", msg="d\u2029e")
+    (line,) = stream.getvalue().splitlines()
+    assert "\\u2028" in line and "\\u0085" in line and "\\u2029" in line
+    assert json.loads(line.split("error=", 1)[1].split(" - ", 1)[0]) == "a\u2028b\x85c"

@@ -276,8 +276,10 @@ def _options_body(options: TuneOptions | Mapping[str, Any]) -> dict[str, Any]:
 
 
 class Client:
-    """A pipetune service. `token` is sent as `Authorization: Bearer`, `api_key` as
-    `X-API-Key` (either satisfies a service started with PIPETUNE_API_KEYS).
+    """A pipetune service. `token` is sent as `Authorization: Bearer` (as `X-API-Key` where
+    the URL holds a user and password, a proxy's basic auth, which httpx sends as the
+    Authorization header), `api_key` as `X-API-Key` (either satisfies a service started with
+    PIPETUNE_API_KEYS).
 
     One Client may be shared between threads: it is an httpx.Client (whose connection pool
     is thread-safe) and settings that never change. Close it once, after the last call."""
@@ -336,7 +338,8 @@ class Client:
             "gpu": gpu_text("gpu", gpu),
             "tune": _options_body(tune),
         }
-        return self._http.call(ScheduleResponse, "POST", "/v1/schedules", json=body)
+        # (It starts a task: sent again, another one, as tune.)
+        return self._http.call(ScheduleResponse, "POST", "/v1/schedules", json=body, acts_anew=True)
 
     def tune(
         self,
@@ -477,7 +480,9 @@ class Client:
         fails for the moment (TRANSIENT) is retried, after the answer's Retry-After where it
         asks for longer than `poll_s` (up to MAX_RETRY_AFTER_S); one that still fails at the
         deadline raises its own error (the service out of reach says why, not "still
-        running"). No look outlasts the deadline by more than MIN_LOOK_S."""
+        running"). A look is given no more than the time left (at least MIN_LOOK_S) to
+        connect and for each read: a service that does not answer gives up at the deadline,
+        though one that trickles its answer a byte at a time can hold a look longer."""
         # Checked before the first request: later, a bad poll_s fails in time.sleep with
         # its own words (or 0 polls the service flat out), and a NaN timeout never expires.
         poll_s = seconds_argument("poll_s", poll_s)
@@ -492,7 +497,7 @@ class Client:
         outage = Outage(poll_s, deadline)
 
         def look() -> TaskDoc:
-            # No look outlasts the deadline (a service or proxy that trickles its answer held
+            # No look waits past the deadline for a read (a service that does not answer held
             # a 5 s wait for the client's whole timeout, and more), but the first is whole.
             left = None if deadline is None else deadline - time.monotonic()
             if left is None or (left <= 0 and last is None):

@@ -20,18 +20,29 @@ def _human(value: Any) -> str:
     if not text or any(c in text for c in ' "\\') or _has_control(text):
         # Quoted as a JSON string: a compiler's log (NVRTC's, many lines) kept the trial's
         # line one line, and a quote in it cannot end the value early.
-        return json.dumps(text, ensure_ascii=False)
+        return _quoted(text)
     return text
 
 
+def _quoted(text: str) -> str:
+    """`text` as a JSON string, the line breaks JSON leaves as they are escaped too."""
+    quoted = json.dumps(text, ensure_ascii=False)
+    return quoted.translate({ord(c): f"\\u{ord(c):04x}" for c in _LINE_BREAKS})
+
+
+# What ends a line to a reader besides the C0 controls: NEL and Unicode's line and paragraph
+# separators (str.splitlines splits at them).
+_LINE_BREAKS = frozenset("\x85\u2028\u2029")
+
+
 def _has_control(text: str) -> bool:
-    return any(ord(c) < 32 or ord(c) == 127 for c in text)
+    return any(ord(c) < 32 or ord(c) == 127 or c in _LINE_BREAKS for c in text)
 
 
 def _message(text: str) -> str:
     """A free-text message on the line's end, its newlines and other control characters
     escaped (the line stays one line)."""
-    return json.dumps(text, ensure_ascii=False)[1:-1] if _has_control(text) else text
+    return _quoted(text)[1:-1] if _has_control(text) else text
 
 
 class EventLog:

@@ -28,6 +28,7 @@ import time
 import traceback
 from collections.abc import Callable
 from dataclasses import dataclass
+from multiprocessing import resource_tracker
 from multiprocessing.connection import Connection, wait
 from types import TracebackType
 from typing import Any, Literal, Self
@@ -176,6 +177,9 @@ class IsolatedWorker:
         # group then killed it, and a good schedule was reported as a runtime error. Blocked
         # in this thread around the spawn, they stay blocked in the child (a signal mask
         # survives fork and exec) until it ignores them; here they are delivered after.
+        # (The resource tracker first: started inside, it unblocks them itself before the
+        # spawn, in this thread, and the first child of a process was left unguarded.)
+        resource_tracker.ensure_running()
         blocked = signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
         try:
             process.start()
