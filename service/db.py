@@ -181,48 +181,49 @@ def is_unavailable(exc: BaseException) -> bool:
         return True  # a SQLite file gone: the upkeep and proposer say so in one line)
     if isinstance(exc, sa_exc.OperationalError | sa_exc.InterfaceError):
         return True
-    if isinstance(exc, sa_exc.DBAPIError) and (is_read_only(exc) or is_corrupt(exc)):
+    if isinstance(exc, sa_exc.DBAPIError) and refusal_cause(exc) in ("read-only", "corrupt"):
         # (A standby's ReadOnlySqlTransaction is an InternalError: each write answered 500;
         # a corrupt SQLite file's DatabaseError a 500 "Internal Server Error" and a traceback.)
         return True
     return isinstance(exc, sa_exc.DBAPIError) and exc.connection_invalidated
 
 
-def is_disk_full(exc: BaseException) -> bool:
-    """Whether a database error says that the database's disk is full (SQLite's SQLITE_FULL,
-    PostgreSQL's disk_full): the database answers, and refuses what would grow it."""
+def _error_codes(exc: BaseException) -> tuple[int | None, str | None]:
+    """A database error's SQLite primary result code (the extended codes keep it in the low
+    byte) and PostgreSQL SQLSTATE, None where the driver gave none."""
     orig = getattr(exc, "orig", None)
     error = orig if orig is not None else exc
     code = getattr(error, "sqlite_errorcode", None)
-    if isinstance(code, int) and code & 0xFF == SQLITE_FULL:  # (extended codes keep it low)
-        return True
-    return getattr(error, "sqlstate", None) == PG_DISK_FULL
+    return (code & 0xFF if isinstance(code, int) else None), getattr(error, "sqlstate", None)
 
 
-def is_corrupt(exc: BaseException) -> bool:
-    """Whether a database error says that the database's own files are damaged (a SQLite file
-    malformed or overwritten, PostgreSQL's data or index corrupted): what reads them fails
-    until it is restored, so no retry helps."""
-    orig = getattr(exc, "orig", None)
-    error = orig if orig is not None else exc
-    code = getattr(error, "sqlite_errorcode", None)
-    if isinstance(code, int) and code & 0xFF in (SQLITE_CORRUPT, SQLITE_NOTADB):
-        return True
-    return getattr(error, "sqlstate", None) in PG_CORRUPT
-
-
-# Each cause of refused work (Database.write_problem), in the order said: what the database
-# is, whether the SQLite file's folder (its disk) or the file itself is named, what fails,
-# what to do.
+# Each cause of refused work (Database.write_problem, the service's 503s): the SQLite result
+# codes and PostgreSQL SQLSTATEs that say it, in the order they are told apart, what the
+# database is, whether the SQLite file's folder (its disk) or the file itself is named, what
+# fails, what to do. corrupt: a file damaged or overwritten, data or index corrupted (what
+# reads them fails until restored: no retry helps); full: the database answers, and refuses
+# what would grow it; read-only: a read-only SQLite file or mount, a PostgreSQL standby (it
+# answers reads, and refuses every write).
 _WRITE_REFUSALS = {
     "corrupt": (
+        (SQLITE_CORRUPT, SQLITE_NOTADB),
+        PG_CORRUPT,
         "the database is corrupt",
         False,
         "statements",
         "stop the service and restore the database from a backup",
     ),
-    "full": ("the database's disk is full", True, "writes", "free space on it"),
+    "full": (
+        (SQLITE_FULL,),
+        (PG_DISK_FULL,),
+        "the database's disk is full",
+        True,
+        "writes",
+        "free space on it",
+    ),
     "read-only": (
+        (SQLITE_READONLY,),
+        (PG_READ_ONLY,),
         "the database is read-only",
         False,
         "writes",
@@ -231,15 +232,18 @@ _WRITE_REFUSALS = {
 }
 
 
-def is_read_only(exc: BaseException) -> bool:
-    """Whether a database error says that the database takes no writes at all (a read-only
-    SQLite file or mount, a PostgreSQL standby): it answers reads, and refuses every write."""
-    orig = getattr(exc, "orig", None)
-    error = orig if orig is not None else exc
-    code = getattr(error, "sqlite_errorcode", None)
-    if isinstance(code, int) and code & 0xFF == SQLITE_READONLY:
-        return True
-    return getattr(error, "sqlstate", None) == PG_READ_ONLY
+def refusal_cause(exc: BaseException) -> str | None:
+    """Which cause of refused work (_WRITE_REFUSALS: corrupt, full, read-only) a database
+    error says, None for any other error."""
+    sqlite_code, sqlstate = _error_codes(exc)
+    for cause, (codes, states, *_) in _WRITE_REFUSALS.items():
+        if sqlite_code in codes or sqlstate in states:
+            return cause
+    return None
+
+
+def is_corrupt(exc: BaseException) -> bool:
+    return refusal_cause(exc) == "corrupt"
 
 
 def unavailable_reason(exc: BaseException) -> str:
@@ -605,16 +609,7 @@ class Database:
         self.note_error(context.original_exception)
 
     def note_error(self, exc: BaseException) -> None:
-        cause = (
-            "corrupt"
-            if is_corrupt(exc)
-            else "full"
-            if is_disk_full(exc)
-            else "read-only"
-            if is_read_only(exc)
-            else None
-        )
-        if cause is not None:
+        if (cause := refusal_cause(exc)) is not None:
             self._writes_refused[cause] = (time.monotonic(), unavailable_reason(exc))
 
     def write_problem(self) -> str | None:
@@ -624,7 +619,7 @@ class Database:
         read-only database answered 503 "unavailable; retry shortly" of each write beside a
         healthy /healthz; a corrupt one 500 and a traceback beside it.)"""
         now = time.monotonic()
-        for cause, (words, at_folder, what, remedy) in _WRITE_REFUSALS.items():
+        for cause, (_, _, words, at_folder, what, remedy) in _WRITE_REFUSALS.items():
             noted = self._writes_refused.get(cause)
             if noted is None or now - noted[0] > self.disk_full_window_s:
                 continue

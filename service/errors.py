@@ -24,10 +24,8 @@ from pipetune.model.workloads import WorkloadError
 from pipetune.service.db import (
     DISK_FULL_WINDOW_S,
     DatabaseGoneError,
-    is_corrupt,
-    is_disk_full,
-    is_read_only,
     is_unavailable,
+    refusal_cause,
     unavailable_reason,
 )
 from pipetune.service.routers.bounded_json import TooManyFieldsError
@@ -47,6 +45,12 @@ DATABASE_READ_ONLY = (
     "the database is read-only: writes fail until it is writable again (a read-only mount or "
     "file, a standby after a failover); retry later"
 )
+# Each cause of refused work's answer (service.db.refusal_cause).
+_REFUSED = {
+    "corrupt": DATABASE_CORRUPT,
+    "full": DATABASE_FULL,
+    "read-only": DATABASE_READ_ONLY,
+}
 # A full disk does not clear in a second, as a restart or a failover may: a retry a second
 # later only fails again (and keeps /healthz unhealthy). Clients are told to come back after
 # the window /healthz reports it for, when it is healthy again if no write has failed since.
@@ -247,15 +251,7 @@ def install(app: FastAPI) -> None:
             raise exc  # an integrity error, a bad statement: a bug, a 500 with its traceback
         # One line, no traceback, no SQL or parameters: the cause is outside the service.
         log.warning("database unavailable: %s", unavailable_reason(exc))
-        detail = (
-            DATABASE_CORRUPT
-            if is_corrupt(exc)
-            else DATABASE_FULL
-            if is_disk_full(exc)
-            else DATABASE_READ_ONLY
-            if is_read_only(exc)
-            else None
-        )
+        detail = _REFUSED.get(refusal_cause(exc))
         return JSONResponse(
             {"detail": detail or DATABASE_UNAVAILABLE},
             status_code=503,

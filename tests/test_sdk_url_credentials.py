@@ -20,28 +20,29 @@ def _seen(requests: list[httpx.Request]) -> httpx.MockTransport:
     return httpx.MockTransport(answer)
 
 
-def test_a_worker_sends_its_token_beside_a_urls_basic_auth():
+def _worker_request(url: str) -> httpx.Request:
+    """The request a WorkerApi of `url` (token "worker-token") sends."""
     requests: list[httpx.Request] = []
-    api = WorkerApi("http://alice:pw@127.0.0.1:9", "worker-token", transport=_seen(requests))
+    api = WorkerApi(url, "worker-token", transport=_seen(requests))
     try:
         api._http.request("GET", "/v1/tasks")
     finally:
         api._http.close()
     (request,) = requests
+    return request
+
+
+def test_a_worker_sends_its_token_beside_a_urls_basic_auth():
+    request = _worker_request("http://alice:pw@127.0.0.1:9")
     basic = base64.b64encode(b"alice:pw").decode()
     assert request.headers["Authorization"] == f"Basic {basic}"
     assert request.headers["X-Worker-Token"] == "worker-token"
 
 
 def test_a_worker_without_url_credentials_sends_a_bearer_token():
-    requests: list[httpx.Request] = []
-    api = WorkerApi("http://127.0.0.1:9", "worker-token", transport=_seen(requests))
-    try:
-        api._http.request("GET", "/v1/tasks")
-    finally:
-        api._http.close()
-    assert requests[0].headers["Authorization"] == "Bearer worker-token"
-    assert "X-Worker-Token" not in requests[0].headers
+    request = _worker_request("http://127.0.0.1:9")
+    assert request.headers["Authorization"] == "Bearer worker-token"
+    assert "X-Worker-Token" not in request.headers
 
 
 def test_a_clients_token_goes_beside_a_urls_basic_auth():

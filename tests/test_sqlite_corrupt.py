@@ -29,13 +29,15 @@ def damage_table(path: Path, table: str) -> None:
         f.write(b"\xff" * page_size)
 
 
+BODY = {"workload": GEMM, "gpu": "h100", "budget": 8, "strategy": "random"}
+
+
 def test_a_corrupt_sqlite_file_is_a_503_naming_it_and_healthz_says_so(tmp_path: Path, caplog):
     path = tmp_path / "pipetune.db"
     url = f"sqlite:///{path}"
     upgrade(url)
     with client_for(url) as client:
-        body = {"workload": GEMM, "gpu": "h100", "budget": 8, "strategy": "random"}
-        assert client.post("/v1/tasks", json=body).status_code == 201
+        assert client.post("/v1/tasks", json=BODY).status_code == 201
         assert client.get("/healthz").status_code == 200
         damage_table(path, "tasks")
         service_of(client).db.engine.dispose()  # (no connection's page cache hides it)
@@ -56,8 +58,7 @@ def test_the_cli_says_a_local_database_is_corrupt_without_its_sql(tmp_path: Path
     url = f"sqlite:///{path}"
     upgrade(url)
     with client_for(url) as client:
-        body = {"workload": GEMM, "gpu": "h100", "budget": 8, "strategy": "random"}
-        assert client.post("/v1/tasks", json=body).status_code == 201
+        assert client.post("/v1/tasks", json=BODY).status_code == 201
     damage_table(path, "tasks")
     result = CliRunner().invoke(app, ["tasks", "--db", url], env={"PIPETUNE_SERVER": ""})
     assert result.exit_code == 1, result.output

@@ -26,8 +26,8 @@ from pipetune.model.errors import PipetuneError as PipetuneError
 
 class ServiceUnavailableError(PipetuneError):
     """No answer (or no whole one). `maybe_acted`: the request may have reached the service
-    (it was sent, and its answer was lost, timed out or cut off) and it changes something (a
-    POST, a DELETE): sent again, it may act twice (`Client.tune` would make a second task)."""
+    (it was sent, and its answer was lost, timed out or cut off) and acts anew each time it
+    is sent: sent again, it may act twice (`Client.tune` would make a second task)."""
 
     def __init__(self, base_url: str, reason: str, maybe_acted: str | None = None):
         said = f"cannot reach the pipetune service at {base_url} ({reason})"
