@@ -91,7 +91,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         metrics=metrics,
         schema_revision=revision,
         wakeup=wakeup,
-        proposer=Proposer(driver, shared=not db.is_sqlite),
+        proposer=Proposer(driver, shared=not db.is_sqlite, threads=settings.proposer_threads),
     )
     # The other replicas ask for the one holding a task's session, which answers.
     wakeup.on_advance = service.proposer.request_if_held

@@ -1,10 +1,16 @@
-"""The proposer loop: tasks are advanced (their next batch proposed) by one thread of their
-own, outside the event loop and outside request handling.
+"""The proposer loop: tasks are advanced (their next batch proposed) by a few threads of
+their own, outside the event loop and outside request handling.
 
 A result that may have made its task ready asks for an advance (`request`, which returns at
 once); the loop takes the tasks in the order they were asked for, each once however often
 it was asked meanwhile, and runs the driver's advance. A request the loop never gets to
 (the replica stops) is not lost: every replica's upkeep advances whatever tasks are ready.
+
+Several threads advance tasks at once (PIPETUNE_PROPOSER_THREADS), never one task in two of
+them: with one, a slow advance (a session rebuilt by replaying a long task's batches, about
+a minute at 1,650 trials) held every other task of the replica, its workers idle, until it
+was done. The proposals are numpy and LAPACK work, which releases the GIL, so on a host with
+the cores the threads also propose side by side.
 
 With several replicas on one PostgreSQL, a task of a model-guided strategy is advanced by
 the replica that holds its session (the one that made its newest batch). Another replica
@@ -26,6 +32,7 @@ from collections import OrderedDict
 from pipetune.service.db import is_unavailable, unavailable_reason
 from pipetune.service.driver import Driver
 from pipetune.service.thread_cpu import PROPOSER_THREAD
+from pipetune.tuner.bo import one_blas_thread_per_caller
 
 log = logging.getLogger(__name__)
 
@@ -35,33 +42,50 @@ ADOPT_AFTER_S = 1.0
 
 
 class Proposer:
-    def __init__(self, driver: Driver, shared: bool = False, adopt_after_s: float = ADOPT_AFTER_S):
+    def __init__(
+        self,
+        driver: Driver,
+        shared: bool = False,
+        adopt_after_s: float = ADOPT_AFTER_S,
+        threads: int = 1,
+    ):
         """`shared`: other replicas serve the same database (PostgreSQL), so a task may be
-        held by another one."""
+        held by another one. `threads`: how many tasks are advanced at once."""
+        if threads < 1:
+            raise ValueError(f"a proposer needs at least one thread, got {threads}")
         self.driver = driver
         self.shared = shared
         self.adopt_after_s = adopt_after_s
+        self.threads = threads
         self._asked: OrderedDict[int, bool] = OrderedDict()  # task -> adopt if held elsewhere
         self._adopt_at: dict[int, float] = {}  # task -> when to adopt it, unless a holder answers
         self._cv = threading.Condition()
         self._stopping = False
-        self._busy = False
-        self._current: int | None = None  # the task being advanced
-        self._thread: threading.Thread | None = None
+        self._current: set[int] = set()  # the tasks being advanced
+        self._threads: list[threading.Thread] = []
 
     def start(self) -> None:
+        # The advances' linear algebra runs on one BLAS thread each (a session's own limit
+        # saved and restored the process-wide count: two sessions overlapping, one left the
+        # other with every core's threads, and sums that are not reproducible).
+        one_blas_thread_per_caller()
         self._stopping = False
-        self._thread = threading.Thread(target=self._run, name=PROPOSER_THREAD, daemon=True)
-        self._thread.start()
+        self._threads = [
+            threading.Thread(target=self._run, name=f"{PROPOSER_THREAD}-{i}", daemon=True)
+            for i in range(self.threads)
+        ]
+        for thread in self._threads:
+            thread.start()
 
     def stop(self, timeout_s: float = 30.0) -> None:
-        """Stop after the advance in progress (the ones asked for are left to upkeep)."""
+        """Stop after the advances in progress (the ones asked for are left to upkeep)."""
         with self._cv:
             self._stopping = True
             self._cv.notify_all()
-        if self._thread is not None:
-            self._thread.join(timeout_s)
-            self._thread = None
+        deadline = time.monotonic() + timeout_s
+        for thread in self._threads:
+            thread.join(max(0.0, deadline - time.monotonic()))
+        self._threads = []
 
     def request(self, task_id: int) -> None:
         """Ask for the task to be advanced (if it is ready by the time its turn comes)."""
@@ -91,36 +115,42 @@ class Proposer:
         this loop will see to it, and upkeep need not (at 400 tasks upkeep advanced, in the
         thread pool, the tasks this loop had yet to reach: each advance made twice)."""
         with self._cv:
-            return task_id in self._asked or task_id in self._adopt_at or task_id == self._current
+            return task_id in self._asked or task_id in self._adopt_at or task_id in self._current
 
     def idle(self) -> bool:
         """Nothing asked for, nothing in progress, no adoption due later."""
         with self._cv:
-            return not self._asked and not self._busy and not self._adopt_at
+            return not self._asked and not self._current and not self._adopt_at
 
-    def _next(self) -> tuple[int, bool] | None:
-        """The next task to advance, and whether to adopt it; None to stop. Waits for a
-        request or for the first adoption that falls due."""
+    def _next(self, done: int | None) -> tuple[int, bool] | None:
+        """The next task to advance, and whether to adopt it; None to stop. `done`: the task
+        this thread has just advanced. Waits for a request, for the first adoption that
+        falls due, or for a task asked for again while it was being advanced to be free."""
         with self._cv:
+            if done is not None:
+                self._current.discard(done)
+                if done in self._asked:  # asked for again meanwhile: another thread may take it
+                    self._cv.notify()
             while True:
                 if self._stopping:
-                    self._busy, self._current = False, None
                     return None
                 now = time.monotonic()
                 for task_id, when in list(self._adopt_at.items()):
                     if when <= now:
                         del self._adopt_at[task_id]
                         self._asked[task_id] = True
-                if self._asked:
-                    self._busy = True
-                    item = self._asked.popitem(last=False)
-                    self._current = item[0]
-                    return item
-                self._busy, self._current = False, None
+                # The first task asked for that no other thread is advancing (one asked for
+                # again meanwhile waits for that advance: the driver would only wait on its
+                # lock, a thread held idle).
+                task_id = next((t for t in self._asked if t not in self._current), None)
+                if task_id is not None:
+                    self._current.add(task_id)
+                    return task_id, self._asked.pop(task_id)
                 self._cv.wait(min(self._adopt_at.values()) - now if self._adopt_at else None)
 
     def _run(self) -> None:
-        while (item := self._next()) is not None:
+        task_id: int | None = None
+        while (item := self._next(task_id)) is not None:
             task_id, adopt = item
             try:
                 if adopt:
@@ -129,6 +159,7 @@ class Proposer:
                     # Perhaps held by another replica: ask; adopt the task if none answers.
                     with self._cv:
                         self._adopt_at.setdefault(task_id, time.monotonic() + self.adopt_after_s)
+                        self._cv.notify_all()  # (the idle threads wait for the earliest due)
                     if self.driver.wakeup is not None:
                         self.driver.notify_replicas(self.driver.wakeup.advance_payload(task_id))
             except Exception as exc:  # the next request, or upkeep, tries again

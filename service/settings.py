@@ -17,6 +17,7 @@ PIPETUNE_LEASE_POLL_S    how long a waiting lease request goes without looking a
 PIPETUNE_LEASE_WAIT_CAP_S  the longest a lease request is held waiting (default 30 s)
 PIPETUNE_SWEEP_INTERVAL_S  seconds between upkeep sweeps (expired leases; 0: off)
 PIPETUNE_PROPOSE_EARLY   share of a batch still out when the next is proposed (0: off)
+PIPETUNE_PROPOSER_THREADS  tasks a replica proposes for at once (default 4)
 PIPETUNE_MAX_BODY_BYTES  a request body's cap (default 1 MB)
 PIPETUNE_REQUEST_READ_TIMEOUT_S  seconds a request may take to arrive whole (default 60)
 PIPETUNE_DB_POOL_SIZE    connections per pool (a replica opens up to 3 x this + 3)
@@ -47,6 +48,7 @@ MAX_ATTEMPTS = 1000  # a job's expired leases before it is lost (past it: a cras
 MIN_STATEMENT_DEADLINE_S = 1.0  # the shortest wait for a statement that is not a stall
 MAX_BODY_BYTES = 1 << 30  # a request body's cap can be raised to a GiB, no further
 MAX_POOL_SIZE = 1000  # connections per pool (PostgreSQL's max_connections bounds it anyway)
+MAX_PROPOSER_THREADS = 64
 
 # The database backends the service runs on (service/db.py, the two queue stores).
 DATABASE_BACKENDS = ("sqlite", "postgresql")
@@ -335,6 +337,10 @@ class Settings(BaseSettings):
     # fleet sets the pace it gave 17-53% more results/s (benchmarks/RESULTS.md, "early
     # proposals"). 0: whole batches.
     propose_early: float = Field(0.0, ge=0, lt=1, allow_inf_nan=False)
+    # Tasks whose next batch a replica proposes at once (service/proposer.py): one slow
+    # proposal (a long task's session rebuilt) holds only its own thread. An advance holds a
+    # database connection only for its short reads and its write, not while it proposes.
+    proposer_threads: int = Field(4, ge=1, le=MAX_PROPOSER_THREADS)
     # A lease request that found nothing waits for a wake-up (jobs of its kind enqueued, in
     # this replica or, on PostgreSQL, another: service/wakeup.py); this is the fallback, how
     # long it waits before it looks at the queue again without one. Then the longest a

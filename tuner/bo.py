@@ -89,6 +89,15 @@ _THREADPOOLS = ThreadpoolController()
 PREDICT_ROWS = 8192
 
 
+def one_blas_thread_per_caller() -> None:
+    """BLAS on one thread for the rest of the process. Each round's own limit (next_batch)
+    saves the process-wide count and restores it: with sessions proposing in several threads
+    at once (the service's proposer), the first to finish restored every core's threads under
+    another still proposing, whose sums then depended on the timing."""
+    _THREADPOOLS.limit(limits=1)
+
+
+
 def _predict_rows(model: Surrogate, features: np.ndarray, rows: np.ndarray) -> tuple[Any, Any]:
     """model.predict(features[rows]), a block of rows at a time: indexing them all at once
     copied the feature matrix each round (0.8 GB for 200,000 configurations of a 500-valued

@@ -1,0 +1,140 @@
+"""A replica proposes for several tasks at once (service/proposer.py), never for one task in
+two threads. With one proposer thread, a slow advance (a long task's session rebuilt by
+replaying its batches: about a minute at 1,650 trials) held the next batch of every other
+task of the replica, and their workers idle, until it was done."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import Counter
+
+import pytest
+import threadpoolctl
+from pydantic import ValidationError
+
+from pipetune.service.proposer import Proposer
+from pipetune.service.settings import Settings
+from pipetune.service.thread_cpu import PROPOSER_THREAD
+
+WAIT_S = 10.0  # generous: the machine running the tests may be loaded
+
+
+class SlowDriver:
+    """Stands in for the driver: advancing a task in `slow` waits until it is released."""
+
+    wakeup = None
+
+    def __init__(self, slow: set[int]):
+        self.slow = slow
+        self.release = threading.Event()
+        self.advanced: list[int] = []
+        self.running: Counter[int] = Counter()
+        self.most_at_once: Counter[int] = Counter()
+        self.started = {t: threading.Event() for t in slow}
+        self._lock = threading.Lock()
+
+    def advance(self, task_id: int) -> bool:
+        with self._lock:
+            self.running[task_id] += 1
+            self.most_at_once[task_id] = max(self.most_at_once[task_id], self.running[task_id])
+        try:
+            if task_id in self.slow:
+                self.started[task_id].set()
+                assert self.release.wait(WAIT_S)
+            with self._lock:
+                self.advanced.append(task_id)
+            return True
+        finally:
+            with self._lock:
+                self.running[task_id] -= 1
+
+    def advance_if_current(self, task_id: int) -> bool:
+        return self.advance(task_id)
+
+
+def _until(condition, timeout_s: float = WAIT_S) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if condition():
+            return True
+        time.sleep(0.01)
+    return condition()
+
+
+@pytest.fixture
+def slow_driver():
+    driver = SlowDriver(slow={1})
+    yield driver
+    driver.release.set()
+
+
+def test_a_slow_advance_holds_only_its_own_thread(slow_driver):
+    proposer = Proposer(slow_driver, threads=2)
+    proposer.start()
+    try:
+        proposer.request(1)
+        assert slow_driver.started[1].wait(WAIT_S)
+        proposer.request(2)
+        proposer.request(3)
+        # Tasks 2 and 3 are proposed for while task 1's advance still runs.
+        assert _until(lambda: sorted(slow_driver.advanced) == [2, 3])
+        assert proposer.has(1) and not proposer.idle()
+        slow_driver.release.set()
+        assert _until(proposer.idle)
+        assert sorted(slow_driver.advanced) == [1, 2, 3]
+    finally:
+        proposer.stop()
+
+
+def test_a_task_asked_for_again_while_advanced_waits_for_that_advance(slow_driver):
+    """Asked for again meanwhile (a late result of its batch), the task is advanced once
+    more after the advance in progress, not beside it in another thread."""
+    proposer = Proposer(slow_driver, threads=3)
+    proposer.start()
+    try:
+        proposer.request(1)
+        assert slow_driver.started[1].wait(WAIT_S)
+        proposer.request(1)
+        proposer.request(2)
+        assert _until(lambda: slow_driver.advanced == [2])
+        time.sleep(0.2)  # (another thread free to take task 1 again has had its chance)
+        assert slow_driver.running[1] == 1 and proposer.has(1)
+        slow_driver.release.set()
+        assert _until(lambda: slow_driver.advanced.count(1) == 2)
+        assert _until(proposer.idle)
+        assert slow_driver.most_at_once[1] == 1
+    finally:
+        proposer.stop()
+
+
+def test_the_threads_are_named_for_the_proposer_and_stop_together(slow_driver):
+    """Named so that `pipetune_thread_cpu_seconds_total` counts them as the proposer's."""
+    proposer = Proposer(slow_driver, threads=3)
+    proposer.start()
+    names = [t.name for t in threading.enumerate() if t.name.startswith(PROPOSER_THREAD)]
+    assert len(names) == 3
+    proposer.stop()
+    assert not [t for t in threading.enumerate() if t.name.startswith(PROPOSER_THREAD)]
+
+
+def test_the_proposals_run_on_one_blas_thread_each(slow_driver):
+    """A round's own limit saved and restored BLAS's process-wide thread count: two rounds
+    overlapping, the first to finish gave the other every core's threads back."""
+    proposer = Proposer(slow_driver, threads=2)
+    proposer.start()
+    try:
+        blas = [p for p in threadpoolctl.threadpool_info() if p["user_api"] == "blas"]
+        assert blas and all(p["num_threads"] == 1 for p in blas)
+    finally:
+        proposer.stop()
+
+
+def test_the_number_of_threads_is_a_setting_with_bounds():
+    assert Settings(proposer_threads=8).proposer_threads == 8
+    assert Settings().proposer_threads == 4
+    for bad in (0, 65):
+        with pytest.raises(ValidationError, match="proposer_threads"):
+            Settings(proposer_threads=bad)
+    with pytest.raises(ValueError, match="at least one thread"):
+        Proposer(SlowDriver(slow=set()), threads=0)
