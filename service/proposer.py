@@ -9,8 +9,8 @@ it was asked meanwhile, and runs the driver's advance. A request the loop never 
 Several threads advance tasks at once (PIPETUNE_PROPOSER_THREADS), never one task in two of
 them: with one, a slow advance (a session rebuilt by replaying a long task's batches, about
 a minute at 1,650 trials) held every other task of the replica, its workers idle, until it
-was done. The proposals are numpy and LAPACK work, which releases the GIL, so on a host with
-the cores the threads also propose side by side.
+was done. (Whether the threads also propose side by side on a host with more cores depends
+on how much of a proposal holds the GIL: not measured.)
 
 With several replicas on one PostgreSQL, a task of a model-guided strategy is advanced by
 the replica that holds its session (the one that made its newest batch). Another replica
