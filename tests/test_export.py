@@ -24,7 +24,7 @@ from typer.testing import CliRunner
 import pipetune
 from pipetune.clients.cli.main import app
 from pipetune.clients.cli.output import console
-from pipetune.clients.library.exports import export_tuned
+from pipetune.clients.library.exports import defined_kernels, export_tuned, symbol_of
 from pipetune.clients.library.store import LocalStore
 from pipetune.clients.sdk import Client
 from pipetune.model.family import family_of, parse_any_workload
@@ -151,7 +151,8 @@ def test_launch_json_is_the_cupy_runners_launch(tuned: str, tmp_path: Path):
         schedule = Schedule.from_dict(row["schedule"])
         compiled = Compiled(kernel=generate(workload, schedule), cubin_path="/x.cubin")
         spec = trial_spec(compiled, workload, schedule, RepeatPolicy.of(MeasureSettings()))
-        assert launch["kernel"] == spec.kernel_name == row["kernel"]
+        # (the runner's kernel, named with the GPU in the export)
+        assert launch["kernel"] == symbol_of(spec.kernel_name, "h100") == row["kernel"]
         assert tuple(launch["grid"]) == spec.grid
         assert tuple(launch["block"]) == (spec.threads, 1, 1)
         assert launch["dynamic_smem_bytes"] == spec.smem_bytes
@@ -234,22 +235,21 @@ def test_an_export_whose_compile_fails_leaves_the_earlier_export_whole(
     """Each kernel's files were written as its cubin compiled: a compile that failed on the
     second left the first kernel's new files beside the earlier export's index. Now every
     file is made first, and all are written or none."""
-    from pipetune.clients.library.kernel import TunedKernel
+    from pipetune.clients.library.exports import Exported
 
     out = tmp_path / "out"
     _export(tuned, out)
     before = {p.name: p.read_bytes() for p in out.iterdir()}
-    compiled = TunedKernel.cubin
     calls = []
 
-    def second_fails(self, arch=None):
-        calls.append(arch)
+    def second_fails(self):
+        calls.append(self.stem)
         if len(calls) == 2:
             raise RuntimeError("NVRTC: out of memory")
-        return compiled(self, arch)
+        return b"changed\n"  # (a file unlike the earlier export's, if it were written)
 
-    monkeypatch.setattr(TunedKernel, "cubin", second_fails)
-    monkeypatch.setattr(TunedKernel, "source", property(lambda self: "// changed\n"))
+    monkeypatch.setattr(Exported, "cubin", second_fails)
+    monkeypatch.setattr(Exported, "source", lambda self: "// changed\n")
     with pytest.raises(RuntimeError, match="NVRTC"):
         export_tuned(LocalStore(tuned), "h100", out)
     assert {p.name: p.read_bytes() for p in out.iterdir()} == before
@@ -382,17 +382,24 @@ def test_a_gemm_and_a_softmax_are_both_exported(tuned_mixed: str, tmp_path: Path
     assert {p.name for p in tmp_path.iterdir()} == names
 
 
-def _assert_the_runners_plan(launch: dict[str, Any], workload: Any, schedule: Any) -> None:
+def _assert_the_runners_plan(
+    launch: dict[str, Any], workload: Any, schedule: Any, *, exported: bool = True
+) -> None:
     """The launch document is the plan KernelRunner.run_trials sends the cupy child for
-    this schedule: the device's SMs, the model's occupancy."""
+    this schedule: the device's SMs, the model's occupancy; an export's (`exported`) names
+    the runner's kernels with the GPU (h100) after them."""
     spec, occupancy = runner_spec(workload, schedule)
     plan = spec.plan.as_dict()
+    kernel_name = symbol_of(spec.kernel_name, "h100") if exported else spec.kernel_name
+    if exported:
+        for entry in plan["launches"]:
+            entry["kernel"] = symbol_of(entry["kernel"], "h100")
     assert launch["launches"] == plan["launches"]
     assert [{k: v for k, v in b.items() if k != "nbytes"} for b in launch["buffers"]] == (
         plan["buffers"]
     )
     assert launch["output"] == plan["output"]
-    assert launch["kernel"] == spec.kernel_name
+    assert launch["kernel"] == kernel_name
     assert tuple(launch["grid"]) == spec.grid
     assert tuple(launch["block"]) == (spec.threads, 1, 1)
     assert launch["dynamic_smem_bytes"] == spec.smem_bytes
@@ -447,7 +454,7 @@ def test_a_split_softmaxs_launch_json_is_the_runners_plan(knobs: dict[str, int],
     )
     kernel = pipetune.kernel(workload, "h100", schedule=schedule)
     launch = json.loads(json.dumps(kernel.launch_document()))  # as export writes it
-    _assert_the_runners_plan(launch, workload, schedule)
+    _assert_the_runners_plan(launch, workload, schedule, exported=False)
     assert len(launch["launches"]) == launches
     (ws,) = [b for b in launch["buffers"] if b["role"] == "workspace"]
     # A partial (3 floats) per (row, block) and two counters per row.
@@ -604,12 +611,6 @@ def test_the_table_names_each_kernels_own_files(tmp_path: Path, monkeypatch: pyt
         assert all((out / name).is_file() for name in row["files"].values())
 
 
-def _defined_kernels(source: str) -> list[str]:
-    return re.findall(
-        r'extern "C" __global__ void(?: __launch_bounds__\([^)]*\))?\s+(\w+)\(', source
-    )
-
-
 def test_workloads_tuned_to_one_kernel_share_its_files(tmp_path: Path):
     """Two softmax shapes of one row length, tuned to the same schedule, were exported as two
     .cu files defining the same extern "C" kernel: `nvcc *.cu` failed with a multiple
@@ -633,7 +634,7 @@ def test_workloads_tuned_to_one_kernel_share_its_files(tmp_path: Path):
     assert second["files"]["launch"] == f"{second['stem']}.launch.json" != first["files"]["launch"]
     launch = json.loads((out / second["files"]["launch"]).read_text())
     assert launch["scalars"]["rows"] == 8192 and launch["kernel"] == second["kernel"]
-    defined = [k for cu in sorted(out.glob("*.cu")) for k in _defined_kernels(cu.read_text())]
+    defined = [k for cu in sorted(out.glob("*.cu")) for k in defined_kernels(cu.read_text())]
     assert defined == [first["kernel"]]
     if shutil.which("nvcc"):  # the build a user runs: every .cu of the export, one program
         (tmp_path / "main.cu").write_text("int main() { return 0; }\n")

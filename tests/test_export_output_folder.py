@@ -78,6 +78,7 @@ def no_compiling(monkeypatch: pytest.MonkeyPatch) -> list[Any]:
         raise AssertionError("a kernel was compiled before the folder was refused")
 
     monkeypatch.setattr(kernel_module, "compile_kernel", refuse)
+    monkeypatch.setattr(exports, "compile_source", refuse)  # (the exported source's cubin)
     return calls
 
 
@@ -165,7 +166,7 @@ def test_a_folder_where_the_index_or_header_goes_is_refused_before_compiling(
 def test_a_folder_where_a_kernels_file_goes_is_refused_before_compiling(
     tuned: str, tmp_path: Path, suffix: str, no_compiling: list[Any]
 ):
-    name = stem_of(parse_any_workload(FC)) + suffix
+    name = stem_of(parse_any_workload(FC), "h100") + suffix
     (tmp_path / name).mkdir()
     line = _one_line_usage_error(_export(tuned, str(tmp_path)))
     assert f"{tmp_path / name} is a directory" in line
@@ -217,10 +218,10 @@ def test_an_interrupted_export_leaves_no_new_folder(
     """The folder was made before the kernels compiled: Ctrl-C (or SIGTERM) while they did
     left it behind, empty."""
 
-    def interrupted(self: TunedKernel, arch: str | None = None) -> bytes:
+    def interrupted(self: exports.Exported) -> bytes:
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(TunedKernel, "cubin", interrupted)
+    monkeypatch.setattr(exports.Exported, "cubin", interrupted)
     out = tmp_path / "new" / "export"
     with LocalStore(tuned) as store, pytest.raises(KeyboardInterrupt):
         export_tuned(store, "h100", out)

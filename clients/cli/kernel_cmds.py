@@ -126,8 +126,9 @@ def _source(workload: dict, schedule: str, gpu: str, launch: bool = False) -> No
             code=2,
         )
     if launch:
-        # What `pipetune export` writes beside a tuned kernel (<stem>.launch.json), for any
-        # schedule: the launch of a model pick or of one's own, without tuning it first.
+        # What `pipetune export` writes beside a tuned kernel (<stem>.launch.json, where the
+        # kernels' names end in the GPU), for any schedule: the launch of a model pick or of
+        # one's own, without tuning it first; its kernel names are this source's.
         from pipetune.clients.library.kernel import TunedKernel
 
         print_json(TunedKernel(w, spec.key, s).launch_document())
@@ -153,7 +154,7 @@ add_workload_commands(
             "--launch",
             help="print the launch document instead (grid, block, dynamic shared memory, "
             "arguments in order, buffers, notes: what `pipetune export` writes as "
-            "<stem>.launch.json); needs the shape",
+            "<stem>.launch.json, whose kernel names add the GPU); needs the shape",
         ),
     ],
     "CUDA source (the shape is optional for the GEMM family: its kernels take it as "

@@ -15,17 +15,23 @@ best measured schedule:
     pipetune_tuned.h      every workload's tuned parameters as #defines (its family's knobs)
     index.json            the list: workload, schedule, latency, runner, file names
 
-`<stem>` is the workload's label made an identifier plus 8 hex digits of its hash. Workloads
-tuned to the same kernel (a GEMM kernel takes its shape as arguments) share the first one's
-.cu and cubin: their index.json entries name those files and `shares_kernel_with` its stem,
-so each kernel is defined once and index.json's `nvcc` command (`nvcc -c -std=c++17
--arch=<arch> *.cu`: without -arch nvcc targets an arch none of them compiles for) builds them
-into one program (each .cu is a translation unit of its own: two in one file redefine
-`namespace pt`). Every family's kernels are exported (`pipetune.kernel` wraps them all: the
-tensor-core GEMMs, the memory-intensive operators and the Hopper wgmma GEMMs); a tuned
-workload whose kernel cannot be made any more (its measured schedule no longer plans, e.g.
-after a generator change), or whose tasks ended with every trial failed, is listed in
-index.json's ``not_exported`` with the reason (``schedule_id`` null for the latter).
+`<stem>` is the workload's label made an identifier, 8 hex digits of its hash and the GPU's
+key (`gemm_1024x64x2048_d4779d91_h100`), and each kernel's extern "C" name is its
+generator's with the GPU's key after it: two GPUs' exports of one workload build into one
+program (each GPU's .cu for its own -arch, the program choosing by device at run time), and
+one translation unit includes both GPUs' headers, without a name defined twice
+(`one_gpu_aliases`: the names a one-GPU export had, kept where they are not ambiguous).
+Workloads tuned to the same kernel (a GEMM kernel takes its shape as arguments) share the
+first one's .cu and cubin: their index.json entries name those files and
+`shares_kernel_with` its stem, so each kernel is defined once and index.json's `nvcc`
+command (`nvcc -c -std=c++17 -arch=<arch> *.cu`: without -arch nvcc targets an arch none of
+them compiles for) builds them into one program (each .cu is a translation unit of its own:
+two in one file redefine `namespace pt`). Every family's kernels are exported
+(`pipetune.kernel` wraps them all: the tensor-core GEMMs, the memory-intensive operators and
+the Hopper wgmma GEMMs); a tuned workload whose kernel cannot be made any more (its measured
+schedule no longer plans, e.g. after a generator change), or whose tasks ended with every
+trial failed, is listed in index.json's ``not_exported`` with the reason (``schedule_id``
+null for the latter).
 Exporting into the folder of an earlier export replaces it: the kernel files its index.json
 listed and the new export does not write are removed (the folder's other files are left
 alone). A folder whose index.json no pipetune export wrote is refused, as is a folder, a
@@ -60,6 +66,7 @@ from pipetune.model.hardware import get_gpu
 from pipetune.model.states import JobState, TaskState
 from pipetune.model.trials import MeasureResult
 from pipetune.model.wire import ScheduleResponse, TaskDoc, TrialDoc
+from pipetune.workers.compile import compile_source
 from pipetune.workers.compile.nvrtc import cubin_compiler
 from pipetune.workers.datasets import Dataset, dataset_from_results, write_t4
 from pipetune.workers.datasets.files import write_all_atomic
@@ -80,11 +87,41 @@ class NothingToExportError(PipetuneError, ValueError):
     (the CLI's exit 1, where a refused argument is 2)."""
 
 
-def stem_of(workload: Any) -> str:
-    """A file-name and macro-safe name: the label's words and the hash (labels alone can
-    coincide, e.g. a GEMM's two B layouts)."""
-    words = re.sub(r"[^a-z0-9]+", "_", workload.label().lower()).strip("_")
-    return f"{words}_{workload.workload_hash[:8]}"
+def _identifier(text: str) -> str:
+    """Text as a lowercase file-name and C identifier part: its words joined by "_"."""
+    return re.sub(r"[^a-z0-9]+", "_", text.lower()).strip("_")
+
+
+def workload_stem(workload: Any) -> str:
+    """A file-name and macro-safe name of the workload: the label's words and the hash
+    (labels alone can coincide, e.g. a GEMM's two B layouts). An export's stem before the
+    GPU was part of it (`stem_of`), whose names `one_gpu_aliases` keeps."""
+    return f"{_identifier(workload.label())}_{workload.workload_hash[:8]}"
+
+
+def stem_of(workload: Any, gpu: str) -> str:
+    """The workload's files' and macros' stem in an export for `gpu`: `workload_stem` and the
+    GPU (two GPUs' exports of one workload go into one program)."""
+    return f"{workload_stem(workload)}_{_identifier(gpu)}"
+
+
+def symbol_of(kernel_name: str, gpu: str) -> str:
+    """An exported kernel's extern "C" name: its generator's (the variant and the schedule,
+    which two GPUs can share) and the GPU it was tuned for; two objects defining one name
+    do not link into one program."""
+    return f"{kernel_name}_{_identifier(gpu)}"
+
+
+# A kernel's definition in a generated source (every family's: `extern "C" __global__ void
+# __launch_bounds__(...)` and the name on its next line).
+_KERNEL_DEFINITION = re.compile(
+    r'extern "C" __global__ void(?: __launch_bounds__\([^)]*\))?\s+(\w+)\('
+)
+
+
+def defined_kernels(source: str) -> list[str]:
+    """The extern "C" kernels a generated source defines, in order."""
+    return _KERNEL_DEFINITION.findall(source)
 
 
 def tuned_workloads(reader: Reader, gpu: str, tasks: list[TaskDoc] | None = None) -> list[Any]:
@@ -129,6 +166,36 @@ class Exported:
     # was tuned to the same kernel (None: its own): see export_tuned.
     kernel_stem: str | None = None
 
+    @property
+    def symbol(self) -> str:
+        """The kernel's (first) extern "C" name in the export (`symbol_of`)."""
+        return symbol_of(self.kernel.name, self.kernel.gpu)
+
+    def source(self) -> str:
+        """The kernel's source with each kernel it defines under its exported name (its
+        generator's name and the GPU): the generator's kernel otherwise, byte for byte."""
+        defined = defined_kernels(self.kernel.source)
+        launched = {launch.kernel for launch in self.kernel.launches}
+        if not defined or not launched <= set(defined):  # (a generator the pattern misses)
+            raise RuntimeError(
+                f"{self.kernel.name}: the kernels its source defines ({', '.join(defined)}) "
+                f"are not the ones it launches ({', '.join(sorted(launched))})"
+            )
+        names = re.compile(r"\b(" + "|".join(map(re.escape, defined)) + r")\b")
+        return names.sub(lambda m: symbol_of(m[1], self.kernel.gpu), self.kernel.source)
+
+    def cubin(self) -> bytes:
+        """The exported source's cubin for the kernel's architecture (NVRTC, cached)."""
+        code = self.kernel_stem or self.stem
+        return compile_source(self.source(), self.kernel.arch, filename=f"{code}.cu").cubin
+
+    def launch_document(self) -> dict[str, Any]:
+        """The kernel's launch document, its launches naming the exported kernels."""
+        doc = self.kernel.launch_document(self.kernel.arch)
+        for launch in (doc, *doc["launches"]):
+            launch["kernel"] = symbol_of(launch["kernel"], self.kernel.gpu)
+        return doc
+
     def entry(self) -> dict[str, Any]:
         # The kernel's own architecture: the GPU's, or its arch-specific target (sm_90a).
         arch = self.kernel.arch
@@ -137,7 +204,7 @@ class Exported:
             "stem": self.stem,
             "workload": self.kernel.workload.canonical(),
             "label": self.kernel.workload.label(),
-            "kernel": self.kernel.name,
+            "kernel": self.symbol,
             "schedule": self.kernel.schedule.as_dict(),
             "schedule_id": self.kernel.schedule.id,
             "arch": arch,
@@ -181,6 +248,34 @@ def in_comment(text: str) -> str:
     return " ".join(text.replace("*/", "* /").split())
 
 
+def one_gpu_aliases(
+    old_key: str,
+    new_key: str,
+    aliases: list[tuple[str, str]],
+    first: tuple[str, ...] = (),
+    later: tuple[str, ...] = (),
+) -> list[str]:
+    """Preprocessor lines that keep, for code written against a one-GPU export, the names it
+    gave a workload before the GPU was part of them: `aliases`, (old name, this GPU's name).
+    The first GPU's header of the workload in a translation unit defines them (and adds
+    `first`); another GPU's undefines them (and adds `later`): they are ambiguous then, an
+    error where used (each GPU's header defining them was a redefinition, only a warning,
+    and the first one's values silently used). <old_key>_ALIASED says that some GPU's
+    header defined them, <new_key>_ALIASED that this GPU's did (its second copy, from
+    another folder, changes nothing)."""
+    return [
+        f"#if !defined({old_key}_ALIASED)  /* no other GPU's names for it yet */",
+        f"#define {old_key}_ALIASED 1",
+        f"#define {new_key}_ALIASED 1",
+        *(f"#define {old} {new}" for old, new in aliases),
+        *first,
+        f"#elif !defined({new_key}_ALIASED)  /* another GPU's came first: ambiguous */",
+        *(f"#undef {old}" for old, _ in aliases),
+        *later,
+        "#endif",
+    ]
+
+
 def tensor_maps_header(item: Exported) -> str:
     """C for the host: a function that encodes the TMA tensor maps the kernel reads its
     operands through (the launch JSON's `tensor_maps`: the shape is the workload's), over the
@@ -190,17 +285,20 @@ def tensor_maps_header(item: Exported) -> str:
     operands = list(dict.fromkeys(m.operand for m in maps))
     rank = max(len(m.dims) for m in maps)
     name = f"pipetune_{item.stem}_tensor_maps"
+    old = workload_stem(item.kernel.workload)
     params = ", ".join(f"const void* {op}" for op in operands)
     names = ", ".join(m.name for m in maps)
     lines = [
-        f"/* {item.stem}{TENSOR_MAPS_SUFFIX}: the TMA tensor maps {item.kernel.name} reads "
+        f"/* {item.stem}{TENSOR_MAPS_SUFFIX}: the TMA tensor maps {item.symbol} reads "
         f"{', '.join(operands)} through,",
         f"   for {in_comment(item.kernel.workload.label())} only (the maps hold the shape). "
         "Written by "
         f"pipetune {pipetune.__version__} export.",
         f"   {name}() encodes them over your operands' device addresses; copy each 128-byte",
         "   map to device memory (64-byte aligned, as any cudaMalloc) and pass those pointers",
-        f"   where the launch JSON's arguments name {names}. Link with -lcuda. */",
+        f"   where the launch JSON's arguments name {names}. Link with -lcuda.",
+        f"   pipetune_{old}_tensor_maps, its name in a one-GPU export, is this function",
+        "   while no other GPU's header of the workload is included. */",
         "#pragma once",
         "#include <cuda.h>",
         "",
@@ -223,19 +321,33 @@ def tensor_maps_header(item: Exported) -> str:
             "  }",
         ]
     lines += ["  return CUDA_SUCCESS;", "}", ""]
+    lines += one_gpu_aliases(
+        f"PIPETUNE_{old.upper()}_TENSOR_MAPS",
+        f"PIPETUNE_{item.stem.upper()}_TENSOR_MAPS",
+        [(f"pipetune_{old}_tensor_maps", name)],
+    )
+    lines.append("")
     return "\n".join(lines)
 
 
 def _header(gpu: str, arch: str, source: str, exported: list[Exported]) -> str:
     """Kernel Tuner's convention (integration.create_device_targets): the tuned parameters
     as plain #defines under a TARGET_ guard, outside `kernel_tuner` builds; here one target
-    per workload. PIPETUNE_<STEM>_<KNOB> are defined always, to use several at once."""
+    per workload and GPU. PIPETUNE_<STEM>_<KNOB> are defined always, to use several at once;
+    the stem ends in the GPU, so that two GPUs' headers can be included together. A one-GPU
+    export's names (the stem without the GPU) are kept as `one_gpu_aliases`, TARGET_ of the
+    old stem selecting the first GPU's parameters, and an error after another GPU's header."""
+    suffix = f"_{_identifier(gpu)}"
     lines = [
         f"/* {HEADER_NAME}: the tuned parameters of every workload tuned on {gpu} ({arch}),",
         f"   written by pipetune {pipetune.__version__} export from {in_comment(source)}.",
         "   Generated: do not modify by hand; run `pipetune export` again instead.",
         "   -DTARGET_<stem> selects one workload's parameters as plain #defines (Kernel",
-        "   Tuner's convention); PIPETUNE_<STEM>_<KNOB> are always defined. */",
+        "   Tuner's convention); PIPETUNE_<STEM>_<KNOB> are always defined. Each <stem> ends",
+        f"   in {suffix}: another GPU's header can be included beside this one. A workload's",
+        f"   names without {suffix} (a one-GPU export's) stand for this header's while no",
+        "   other GPU's header of the workload is included; after one they are undefined",
+        "   (and TARGET_ of such a stem is an error): they would be ambiguous. */",
         "#pragma once",
         "",
     ]
@@ -245,12 +357,31 @@ def _header(gpu: str, arch: str, source: str, exported: list[Exported]) -> str:
         if item.kernel.older_kernel:
             how += f"; {item.kernel.older_kernel}"
         lines.append(
-            f"/* {in_comment(item.kernel.workload.label())}: {item.kernel.name}, "
+            f"/* {in_comment(item.kernel.workload.label())}: {item.symbol}, "
             f"{best.latency_us:.3f} us ({in_comment(how)}) */"
         )
-        for knob in family_of(item.kernel.workload).knob_names:
+        knobs = family_of(item.kernel.workload).knob_names
+        new, old = item.stem, workload_stem(item.kernel.workload)
+        for knob in knobs:
             value = getattr(item.kernel.schedule, knob)
-            lines.append(f"#define PIPETUNE_{item.stem.upper()}_{knob.upper()} {value}")
+            lines.append(f"#define PIPETUNE_{new.upper()}_{knob.upper()} {value}")
+        lines += one_gpu_aliases(
+            f"PIPETUNE_{old.upper()}",
+            f"PIPETUNE_{new.upper()}",
+            [(f"PIPETUNE_{old.upper()}_{k.upper()}", f"PIPETUNE_{new.upper()}_{k.upper()}")
+             for k in knobs],
+            first=(
+                f"#if defined(TARGET_{old}) && !defined(TARGET_{new})",
+                f"#define TARGET_{new}",
+                "#endif",
+            ),
+            later=(
+                f"#if defined(TARGET_{old})",
+                f'#error "TARGET_{old} is ambiguous: the workload is tuned for two GPUs here; '
+                f'define TARGET_{new} or the other GPU stem"',
+                "#endif",
+            ),
+        )  # fmt: skip
         lines.append("")
     lines.append("#ifndef kernel_tuner /* only use these when not tuning */")
     for i, item in enumerate(exported):
@@ -379,7 +510,7 @@ def _share_kernels(
     kernel_stems: dict[tuple[str, str], str] = {}  # (kernel, source) -> the first stem
     exported: list[Exported] = []
     for _, workload, best, kernel in candidates:
-        stem = stem_of(workload)
+        stem = stem_of(workload, kernel.gpu)
         first = kernel_stems.setdefault((kernel.name, kernel.source), stem)
         exported.append(Exported(stem, kernel, best, None if first == stem else first))
     return exported
@@ -478,9 +609,9 @@ def export_tuned(reader: Reader, gpu: str, out_dir: str | os.PathLike[str]) -> d
     for item in exported:
         files = item.entry()["files"]
         if item.kernel_stem is None:
-            out.append((out_dir / files["source"], item.kernel.source.encode()))
-            out.append((out_dir / files["cubin"], item.kernel.cubin(item.kernel.arch)))
-        launch = item.kernel.launch_document(item.kernel.arch)
+            out.append((out_dir / files["source"], item.source().encode()))
+            out.append((out_dir / files["cubin"], item.cubin()))
+        launch = item.launch_document()
         out.append((out_dir / files["launch"], (json.dumps(launch, indent=2) + "\n").encode()))
         if "tensor_maps" in files:
             out.append((out_dir / files["tensor_maps"], tensor_maps_header(item).encode()))
