@@ -73,6 +73,37 @@ def mean(values: Iterable[float]) -> float:
     return float(np.mean(v)) if v else float("nan")
 
 
+def operators_count(n: int) -> str:
+    return f"{n} operator" if n == 1 else f"{n} operators"
+
+
+def geomean_text(
+    values: Iterable[float], fmt: str = ".2f", unit: str = "", largest: bool = False
+) -> str:
+    """A geomean as the report prints it, with how many operators it is over (``largest``:
+    and the largest value), or "none measured" where no operator gave a value: a paused
+    campaign's report, or one without operators of a kind, printed nan."""
+    v = list(values)
+    if not v:
+        return "none measured"
+    most = f"; max {max(v):{fmt}}{unit}" if largest else ""
+    return f"{geomean(v):{fmt}}{unit} ({operators_count(len(v))}{most})"
+
+
+def model_line(what: str, agg: dict[str, list[float]], spec_top10: bool = True) -> str:
+    """The model's top-k geomeans and mean Spearman over the operators of ``agg``
+    (model_table's), with how many they are; where none was measured, that said."""
+    if not agg["top1"]:
+        return f"{what}: none measured, so no top-k or Spearman."
+    spec = f" (spec profile top-10 {geomean(agg['top10_spec']):.3f})" if spec_top10 else ""
+    return (
+        f"{what}, geomean of top-k over {operators_count(len(agg['top1']))}: "
+        + ", ".join(f"top-{k} {geomean(agg[f'top{k}']):.3f}" for k in TOP_K)
+        + f"{spec}; mean Spearman {mean(agg['rho_spec']):.3f} spec,"
+        f" {mean(agg['rho_cal']):.3f} calibrated."
+    )
+
+
 def best_in_top_k(op: OperatorData, predicted_us: np.ndarray, k: int) -> float:
     """Fastest measured among the model's k best-ranked schedules over the fastest measured
     (1.0: the model's top k hold the optimum). A failed schedule counts as a slot."""
@@ -318,9 +349,9 @@ def memops_table(ops: list[OperatorData]) -> tuple[list[str], dict[str, list[flo
         lines.append(
             f"| {op.name} | {op.workload.rows}x{op.workload.cols} | {_cell(op, best)} "
             f"| {mapping} | {_cell(op, fixed)} "
-            f"| {op.throughput(lib_us) if lib_us else float('nan'):,.1f} "
-            f"| {fixed[0] / best[0] if fixed else float('nan'):.2f}x "
-            f"| {lib_us / best[0] if lib_us else float('nan'):.2f}x |"
+            f"| {f'{op.throughput(lib_us):,.1f}' if lib_us else '-'} "
+            f"| {f'{fixed[0] / best[0]:.2f}x' if fixed else '-'} "
+            f"| {f'{lib_us / best[0]:.2f}x' if lib_us else '-'} |"
         )
     return lines, ratios
 
@@ -425,19 +456,16 @@ def hopper_report(c: Campaign, mma_sync: Campaign | None) -> list[str]:
         "",
         *table,
         "",
-        f"Geomean: best / one block per tile {geomean(r['per_tile']):.2f}x; best / library"
-        f" {geomean(r['lib']):.2f} over {len(r['lib'])} operators; the mma.sync"
-        f" family's {geomean(r['mma_lib']):.2f} and the better of the two"
-        f" {geomean(r['both_lib']):.2f} over the {len(r['both_lib'])} operators both measured.",
+        f"Geomean: best / one block per tile {geomean_text(r['per_tile'], unit='x')}; best /"
+        f" library {geomean_text(r['lib'])}; the mma.sync family's"
+        f" {geomean_text(r['mma_lib'])} and the better of the two"
+        f" {geomean_text(r['both_lib'])}, over the operators both measured.",
         "",
         "The analytical model of the wgmma family against the measurements:",
         "",
         *model_lines,
         "",
-        "Geomean of top-k: "
-        + ", ".join(f"top-{k} {geomean(a[f'top{k}']):.3f}" for k in TOP_K)
-        + f"; mean Spearman {mean(a['rho_spec']):.3f} spec, {mean(a['rho_cal']):.3f}"
-        " calibrated.",
+        model_line("The wgmma family", a, spec_top10=False),
     ]
 
 
@@ -495,18 +523,19 @@ def report(
         "",
         *gemm_lines,
         "",
-        f"Geomean: best / non-pipelined {geomean(r['np']):.2f}x (max {max(r['np'], default=float('nan')):.2f}x),"
-        f" best / double-buffer only {geomean(r['db']):.2f}x; best / library over the GEMM and"
-        f" BMM operators {geomean(r['lib_gemm']):.2f} (GEMM {geomean(r['lib_gemm_only']):.2f},"
-        f" BMM {geomean(r['lib_bmm']):.2f}, convolutions {geomean(r['lib_conv']):.2f}),"
-        f" over all {geomean(r['lib']):.2f}.",
+        f"Geomean: best / non-pipelined {geomean_text(r['np'], unit='x', largest=True)},"
+        f" best / double-buffer only {geomean_text(r['db'], unit='x')}; best / library over"
+        f" the GEMM and BMM operators {geomean_text(r['lib_gemm'])}: GEMM"
+        f" {geomean_text(r['lib_gemm_only'])}, BMM {geomean_text(r['lib_bmm'])}, convolutions"
+        f" {geomean_text(r['lib_conv'])}; over all {geomean_text(r['lib'])}.",
         "",
         "### Memory-intensive operators: tuned mapping against one row per block and PyTorch",
         "",
         *mem_lines,
         "",
-        f"Geomean: best / one-row-per-block {geomean(rm['fixed']):.2f}x, best / PyTorch"
-        f" {geomean(rm['lib']):.2f}x." + (f" Not swept: {', '.join(missing)}." if missing else ""),
+        f"Geomean: best / one-row-per-block {geomean_text(rm['fixed'], unit='x')}, best /"
+        f" PyTorch {geomean_text(rm['lib'], unit='x')}."
+        + (f" Not swept: {', '.join(missing)}." if missing else ""),
         "",
         "### The analytical model against the measurements",
         "",
@@ -517,10 +546,7 @@ def report(
         "",
         *model_gemm,
         "",
-        "Tensor-core operators, geomean of top-k: "
-        + ", ".join(f"top-{k} {geomean(ag[f'top{k}']):.3f}" for k in TOP_K)
-        + f" (spec profile top-10 {geomean(ag['top10_spec']):.3f}); mean Spearman"
-        f" {mean(ag['rho_spec']):.3f} spec, {mean(ag['rho_cal']):.3f} calibrated.",
+        model_line("Tensor-core operators", ag),
         "",
         "By pipelining class (tensor-core operators):",
         "",
@@ -536,10 +562,7 @@ def report(
         "",
         *model_mem,
         "",
-        "Memory-intensive operators, geomean of top-k: "
-        + ", ".join(f"top-{k} {geomean(am[f'top{k}']):.3f}" for k in TOP_K)
-        + f" (spec profile top-10 {geomean(am['top10_spec']):.3f}); mean Spearman"
-        f" {mean(am['rho_spec']):.3f} spec, {mean(am['rho_cal']):.3f} calibrated.",
+        model_line("Memory-intensive operators", am),
         "",
         absolute_error_line(memops),
     ]
@@ -603,6 +626,25 @@ def sweep_dates_line(c: Campaign) -> str:
     )
 
 
+def unfinished_line(c: Campaign) -> str:
+    """What a campaign that is not complete (paused at a call's deadline, stopped, cut off)
+    has swept, so that no figure below passes for the whole campaign's."""
+    summary = c.summary
+    state = summary.get("state")
+    if state == "complete":
+        return ""
+    operators = [op for op in summary.get("operators") or [] if isinstance(op, str)]
+    swept = {path.name.split(".")[0] for path in c.dataset_paths()}
+    left = [op for op in operators if op not in swept]
+    reason = f" ({summary['reason']})" if summary.get("reason") else ""
+    return (
+        f"The campaign is {state}{reason}: {len(operators) - len(left)} of"
+        f" {operators_count(len(operators))} swept. Every figure below is over the operators"
+        " measured, their count beside it"
+        + (f"; not swept yet: {', '.join(left)}." if left else ".")
+    )
+
+
 def header(c: Campaign) -> list[str]:
     """Where the figures come from: the command, the device, the timing floor and the
     days the sweeps were measured."""
@@ -621,6 +663,7 @@ def header(c: Campaign) -> list[str]:
         if floor
         else "",
         sweep_dates_line(c),
+        *filter(None, [unfinished_line(c)]),
         "",
     ]
 

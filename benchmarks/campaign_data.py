@@ -143,6 +143,11 @@ class Campaign:
     def baselines(self) -> dict[str, Any]:
         return read_json(self.folder / "campaign" / "baselines.json")
 
+    @cached_property
+    def summary(self) -> dict[str, Any]:
+        """campaign.json: its state (complete, or paused with operators left) and operators."""
+        return read_json(self.folder / "campaign" / "campaign.json")
+
     def dataset_paths(self) -> list[Path]:
         return sorted(self.folder.glob("*.t4.json.gz"))
 

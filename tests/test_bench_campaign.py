@@ -6,6 +6,7 @@ from __future__ import annotations
 import gzip
 import json
 import math
+import re
 import shutil
 from pathlib import Path
 
@@ -231,3 +232,48 @@ def test_the_committed_campaign_is_read_with_its_shipped_profile_not_the_users(
     monkeypatch.setenv("XDG_DATA_HOME", str(tmp_path / "none"))
     alone = load_operator(DATA / "h200" / "MM_Square_1k.t4.json.gz", {})
     np.testing.assert_array_equal(op.predicted_us, alone.predicted_us)
+
+
+def _paused(folder: Path, reason: str) -> list[str]:
+    """Mark the copied campaign paused, as a call out of minutes leaves it; its operators."""
+    path = folder / "campaign" / "campaign.json"
+    summary = json.loads(path.read_text())
+    summary.update(state="paused", reason=reason)
+    path.write_text(json.dumps(summary))
+    return summary["operators"]
+
+
+@pytest.mark.filterwarnings("error::RuntimeWarning")
+def test_a_paused_campaign_is_reported_over_what_it_measured_and_never_as_nan(
+    small_campaign: Path,
+):
+    # A paused campaign (one GEMM and one softmax swept, no BMM, convolution or other
+    # memory-intensive operator yet) printed nan for every geomean of a kind it lacked.
+    folder = small_campaign / "h200"
+    operators = _paused(folder, "deadline: 12 s left, MM_RN50_Conv1x1_2 part 1/1 needs ~30 s")
+    body = bench_campaign.report(campaign("h200", small_campaign))
+    assert not re.search(r"\bnan", body, re.IGNORECASE), body
+    lines = body.splitlines()
+    state = next(line for line in lines if line.startswith("The campaign is paused"))
+    assert f"2 of {len(operators)} operators swept" in state and "MM_RN50_Conv1x1_2" in state
+    gemm = next(line for line in lines if line.startswith("Geomean: best / non-pipelined"))
+    assert "BMM none measured" in gemm and "convolutions none measured" in gemm
+    best_ms, _ = _best_ms(folder / "MM_RN50_Conv1x1_1.t4.json.gz")
+    lib_us = json.loads((folder / "campaign" / "baselines.json").read_text())["operators"][
+        "MM_RN50_Conv1x1_1"
+    ]["latency_us"]
+    assert f"GEMM {lib_us / (best_ms * 1e3):.2f} (1 operator)" in gemm  # its one operator
+    assert "geomean of top-k over 1 operator:" in body
+    # Without its softmax, no memory-intensive figure: said, not nan.
+    (folder / "Softmax_BERT_b1_s128.t4.json.gz").unlink()
+    body = bench_campaign.report(campaign("h200", small_campaign))
+    assert not re.search(r"\bnan", body, re.IGNORECASE), body
+    assert "best / one-row-per-block none measured, best / PyTorch none measured." in body
+    assert "Memory-intensive operators: none measured, so no top-k or Spearman." in body
+
+
+def test_a_geomean_says_how_many_operators_it_is_over():
+    assert bench_campaign.geomean_text([]) == "none measured"
+    assert bench_campaign.geomean_text([2.0, 8.0], unit="x") == "4.00x (2 operators)"
+    assert bench_campaign.geomean_text([1.5], largest=True) == "1.50 (1 operator; max 1.50)"
+    assert math.isnan(bench_campaign.geomean([]))  # (the other benchmarks' helper, unchanged)

@@ -97,7 +97,6 @@ def one_blas_thread_per_caller() -> None:
     _THREADPOOLS.limit(limits=1)
 
 
-
 def _predict_rows(model: Surrogate, features: np.ndarray, rows: np.ndarray) -> tuple[Any, Any]:
     """model.predict(features[rows]), a block of rows at a time: indexing them all at once
     copied the feature matrix each round (0.8 GB for 200,000 configurations of a 500-valued

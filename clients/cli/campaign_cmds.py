@@ -281,8 +281,10 @@ def campaign_unpack(
     print(
         f"unpacked {len(result.datasets)} datasets of {result.gpu} ({result.runner})"
         + (
-            f"; unfinished parts left out: {len(result.skipped_parts)}"
-            if result.skipped_parts
+            f"; parts of unfinished operators kept: {len(result.parts)}, in "
+            f"{result.parts[0].parent} (a call with --have {data_dir / result.gpu} goes on "
+            "from them)"
+            if result.parts
             else ""
         ),
         file=sys.stderr,

@@ -24,13 +24,14 @@ import re
 import shutil
 import subprocess
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from pipetune.model.errors import PipetuneError
-from pipetune.model.family import family_of
+from pipetune.model.family import FIRST_REVISION, family_of, generator_revision_of
 from pipetune.model.hardware import PROFILE_DIR
 from pipetune.model.workloads import Conv2d, Conv3d
 from pipetune.workers.campaign import layout
@@ -370,90 +371,104 @@ def resweep_convolutions() -> tuple[str, ...]:
     )
 
 
-def conv_device_command(runner: str = "cupy") -> str:
+def conv_device_command(runner: str = "cupy", operators: Sequence[str] | None = None) -> str:
     """The ALCOP convolutions swept again in one call (their loader changed after the
-    committed sweeps; README, GPU work)."""
-    operators = ",".join(resweep_convolutions())
-    return one_call_command(operators, ".campaign-c", CONV_MINUTES, "campaign-conv", runner)
+    committed sweeps; README, GPU work); ``operators``: only those of them (the ones the
+    committed data lacks: open_operators), None: all eight."""
+    names = ",".join(_in_order(resweep_convolutions(), operators))
+    return one_call_command(names, ".campaign-c", CONV_MINUTES, "campaign-conv", runner)
+
+
+def _in_order(whole: Sequence[str], operators: Sequence[str] | None) -> list[str]:
+    """``operators`` (None: all of ``whole``) in ``whole``'s sweep order; KitError for a name
+    that is not one of them."""
+    if operators is None:
+        return list(whole)
+    if unknown := sorted(set(operators) - set(whole)):
+        raise KitError(f"{', '.join(unknown)}: not among {', '.join(whole)}")
+    return [op for op in whole if op in set(operators)]
+
+
+def suite_option(suite: str, operators: Sequence[str] | None = None) -> str:
+    """The ``--operators`` value of a call that measures ``operators`` of ``suite`` (None:
+    all of them): the suite's name where they are the whole suite, else their names in the
+    suite's order. A call names only what the committed data lacks: the device's minutes
+    are few, and a suite measured whole again for one missing operator spent them on sweeps
+    already committed. No suite needs its operators from one call: each sweep is an
+    operator's own dataset beside its own call's library baseline (the report sets
+    operators of different calls side by side and says which day each was measured)."""
+    whole = tuple(suite_in_order(suite))
+    chosen = _in_order(whole, operators)
+    return suite if len(chosen) == len(whole) else ",".join(chosen)
 
 
 LLAMA_MINUTES = 4  # `pipetune campaign plan --operators llama`: one call, 135 of 480 s
 
 
-def llama_device_command(runner: str = "cupy") -> str:
+def llama_device_command(runner: str = "cupy", operators: Sequence[str] | None = None) -> str:
     """The ``llama`` suite (LLaMA-2's RMS norms and SwiGLUs) in one call: correctness,
     PyTorch's baselines and every schedule of kernels no GPU has run yet (README, GPU work)."""
-    return one_call_command("llama", ".campaign-l", LLAMA_MINUTES, "campaign-llama", runner)
-
-
-def llama_unmeasured(folder: Path) -> bool:
-    """Whether a ``llama`` suite operator has no committed sweep on this GPU."""
-    return any(not (folder / f"{op}.t4.json.gz").exists() for op in suite_in_order("llama"))
+    return one_call_command(
+        suite_option("llama", operators), ".campaign-l", LLAMA_MINUTES, "campaign-llama", runner
+    )
 
 
 SWIGLU_MINUTES = 5  # `pipetune campaign plan --operators swiglu`: one call, 210 of 480 s
 
 
-def swiglu_device_command(runner: str = "cupy") -> str:
+def swiglu_device_command(runner: str = "cupy", operators: Sequence[str] | None = None) -> str:
     """The ``swiglu`` suite (LLaMA-2 7B's gate+up GEMM, fused with the SwiGLU and not) in one
     call: correctness (the fused kernels among the GEMM variants), the unfused PyTorch
     baseline and both exhaustive sweeps (README, GPU work)."""
-    return one_call_command("swiglu", ".campaign-s", SWIGLU_MINUTES, "campaign-swiglu", runner)
-
-
-def swiglu_unmeasured(folder: Path) -> bool:
-    """Whether a ``swiglu`` suite operator has no committed sweep on this GPU."""
-    return any(not (folder / f"{op}.t4.json.gz").exists() for op in suite_in_order("swiglu"))
+    return one_call_command(
+        suite_option("swiglu", operators), ".campaign-s", SWIGLU_MINUTES, "campaign-swiglu", runner
+    )
 
 
 BF16_MINUTES = 5  # `pipetune campaign plan --operators bf16`: one call, 210 of 480 s
 
 
-def bf16_device_command(runner: str = "cupy") -> str:
+def bf16_device_command(runner: str = "cupy", operators: Sequence[str] | None = None) -> str:
     """The ``bf16`` suite (the swiglu suite's GEMMs with bfloat16 operands) in one call:
     correctness (the bf16 cases among the GEMM family's), cuBLAS's bf16 baselines through
     PyTorch and both exhaustive sweeps (README, GPU work)."""
-    return one_call_command("bf16", ".campaign-b", BF16_MINUTES, "campaign-bf16", runner)
-
-
-def bf16_unmeasured(folder: Path) -> bool:
-    """Whether a ``bf16`` suite operator has no committed sweep on this GPU."""
-    return any(not (folder / f"{op}.t4.json.gz").exists() for op in suite_in_order("bf16"))
+    return one_call_command(
+        suite_option("bf16", operators), ".campaign-b", BF16_MINUTES, "campaign-bf16", runner
+    )
 
 
 BIAS_GELU_MINUTES = 4  # `pipetune campaign plan --operators bias_gelu`: one call, 147 of 240 s
 
 
-def bias_gelu_device_command(runner: str = "cupy") -> str:
+def bias_gelu_device_command(runner: str = "cupy", operators: Sequence[str] | None = None) -> str:
     """The ``bias_gelu`` suite (GPT-2's FC1 with its bias and GELU in the GEMM's epilogue) in
     one call: correctness (the fused kernels among the GEMM family's), the unfused PyTorch
     baseline and the exhaustive sweep (README, GPU work)."""
     return one_call_command(
-        "bias_gelu", ".campaign-g", BIAS_GELU_MINUTES, "campaign-bias-gelu", runner
+        suite_option("bias_gelu", operators),
+        ".campaign-g",
+        BIAS_GELU_MINUTES,
+        "campaign-bias-gelu",
+        runner,
     )
-
-
-def bias_gelu_unmeasured(folder: Path) -> bool:
-    """Whether the ``bias_gelu`` suite's operator has no committed sweep on this GPU."""
-    return any(not (folder / f"{op}.t4.json.gz").exists() for op in suite_in_order("bias_gelu"))
 
 
 HOPPER_FUSED_MINUTES = 4  # `pipetune campaign plan --operators hopper_fused`: one call, 98 s
 
 
-def hopper_fused_device_command(runner: str = "cupy") -> str:
+def hopper_fused_device_command(
+    runner: str = "cupy", operators: Sequence[str] | None = None
+) -> str:
     """The ``hopper_fused`` suite (the swiglu and bias_gelu suites' fused GEMMs on the Hopper
     wgmma family) in one call: correctness (the fused kernels among the family's cases), the
     unfused PyTorch baselines and both exhaustive sweeps (README, GPU work)."""
     return one_call_command(
-        "hopper_fused", ".campaign-hf", HOPPER_FUSED_MINUTES, "campaign-hopper-fused", runner
+        suite_option("hopper_fused", operators),
+        ".campaign-hf",
+        HOPPER_FUSED_MINUTES,
+        "campaign-hopper-fused",
+        runner,
     )
-
-
-def hopper_fused_unmeasured(folder: Path) -> bool:
-    """Whether a ``hopper_fused`` suite operator has no committed sweep in this GPU's Hopper
-    family folder."""
-    return any(not (folder / f"{op}.t4.json.gz").exists() for op in suite_in_order("hopper_fused"))
 
 
 # --- what is open on each GPU ------------------------------------------------------------
@@ -539,21 +554,45 @@ def profile_lacks_k_step(gpu: str, profiles: Path) -> bool:
     return raw.get("k_step_cycles") is None
 
 
-def stale_convolutions(folder: Path) -> bool:
-    """Whether a committed convolution sweep of this GPU is missing or measured kernels of an
-    older revision of their generator than this code makes (README, GPU work, item 1)."""
-    from pipetune.workers.datasets import load_dataset
-    from pipetune.workers.datasets.pipetune import PipetuneInfo, record_revision
+def sweep_folder(data: Path, gpu: str, workload: Any) -> Path:
+    """Where the committed sweep of an operator lies: the Hopper wgmma family's in its own
+    folder (data/hopper/<gpu>), the others' in the GPU's (data/<gpu>)."""
+    hopper = family_of(workload).name == "hopper_gemm"
+    return data / "hopper" / gpu if hopper else data / gpu
 
-    for op in resweep_convolutions():
-        path = folder / f"{op}.t4.json.gz"
-        if not path.exists():
-            return True
-        dataset = load_dataset(path)
-        current = PipetuneInfo(dataset).generator.revision
-        if any(record_revision(r) < current for r in dataset.records):
-            return True
-    return False
+
+def sweep_is_open(path: Path, workload: Any) -> bool:
+    """Whether the committed sweep at ``path`` is missing, or holds kernels of an older
+    revision of their generator line than this code makes (the convolutions before their
+    loader multiplied: README, GPU work, item 1). Read only where the line has a revision
+    after its first: no record can be older than that one."""
+    if not path.exists():
+        return True
+    current = generator_revision_of(workload).revision
+    if current == FIRST_REVISION:
+        return False
+    from pipetune.workers.datasets import load_dataset
+    from pipetune.workers.datasets.pipetune import record_revision
+
+    return any(record_revision(r) < current for r in load_dataset(path).records)
+
+
+def open_operators(data: Path, gpu: str, operators: dict[str, Any]) -> list[str]:
+    """The operators, in their order, whose committed sweep on this GPU is missing or stale
+    (sweep_is_open): what a call still has to measure of them."""
+    return [
+        op
+        for op, workload in operators.items()
+        if sweep_is_open(sweep_folder(data, gpu, workload) / f"{op}.t4.json.gz", workload)
+    ]
+
+
+def _only(open_ops: list[str], of: int) -> str:
+    """A heading's note where a call measures some of a set's operators."""
+    if len(open_ops) == of:
+        return ""
+    others = of - len(open_ops)
+    return f" ({', '.join(open_ops)} only: the other {others} are committed and current)"
 
 
 # campaign.json's states after which a campaign has nothing left to measure ("stopped": its
@@ -577,26 +616,71 @@ def campaign_state(folder: Path) -> str | None:
 ATTENTION_MINUTES = 4
 
 
-def attention_device_command(runner: str = "cupy") -> str:
+def attention_device_command(runner: str = "cupy", operators: Sequence[str] | None = None) -> str:
     """The ``attention`` suite (GPT-2's Q·Kᵀ over keys stored N x K, on both GEMM families,
     and its scaled causal softmax) in one call: correctness (the bmm_nk kernels among each
     GEMM family's cases, the causal softmax among the memops family's), cuBLAS's
     strided-batched baseline on the keys as stored, eager PyTorch's for the softmax, and the
     sweeps (README, GPU work)."""
     return one_call_command(
-        "attention", ".campaign-at", ATTENTION_MINUTES, "campaign-attention", runner
+        suite_option("attention", operators),
+        ".campaign-at",
+        ATTENTION_MINUTES,
+        "campaign-attention",
+        runner,
     )
 
 
-def attention_unmeasured(folder: Path, hopper: Path) -> bool:
-    """Whether an ``attention`` suite operator has no committed sweep: the mma.sync one in this
-    GPU's folder, the wgmma one in the Hopper family's."""
-    return any(
-        not (
-            (hopper if family_of(w).name == "hopper_gemm" else folder) / f"{op}.t4.json.gz"
-        ).exists()
-        for op, w in suite_in_order("attention").items()
-    )
+@dataclass(frozen=True)
+class SuiteCall:
+    """A suite measured in one call of its own (README, GPU work, items 7 to 12)."""
+
+    suite: str
+    heading: str
+    timeout_s: int
+    command: Callable[..., str]  # (runner, operators) -> the device command
+
+
+# In README's order (GPU work, items 7 to 12).
+SUITE_CALLS: tuple[SuiteCall, ...] = (
+    SuiteCall(
+        "llama",
+        "the llama suite: RMS norms and SwiGLUs (their sweeps beside the memops ones)",
+        300,
+        llama_device_command,
+    ),
+    SuiteCall(
+        "swiglu",
+        "the swiglu suite: the gate+up GEMM fused with the SwiGLU, and not",
+        360,
+        swiglu_device_command,
+    ),
+    SuiteCall(
+        "bf16",
+        "the bf16 suite: the swiglu suite's GEMMs with bfloat16 operands",
+        360,
+        bf16_device_command,
+    ),
+    SuiteCall(
+        "bias_gelu",
+        "the bias_gelu suite: GPT-2's FC1 with its bias and GELU in the epilogue",
+        300,
+        bias_gelu_device_command,
+    ),
+    SuiteCall(
+        "hopper_fused",
+        "the hopper_fused suite: the fused GEMMs (SwiGLU, bias + GELU) on the wgmma family",
+        300,
+        hopper_fused_device_command,
+    ),
+    SuiteCall(
+        "attention",
+        "the attention suite: Q·Kᵀ over keys stored N x K, on both GEMM families, "
+        "and the causal softmax",
+        300,
+        attention_device_command,
+    ),
+)
 
 
 def open_calls(gpu: str, data: Path = DATA_DIR, profiles: Path = PROFILE_DIR) -> list[DeviceCall]:
@@ -627,12 +711,14 @@ def open_calls(gpu: str, data: Path = DATA_DIR, profiles: Path = PROFILE_DIR) ->
             )
         ]
     calls = []
-    if stale_convolutions(folder):
+    convolutions = {op: suite_in_order("alcop")[op] for op in resweep_convolutions()}
+    if stale := open_operators(data, gpu, convolutions):
         calls.append(
             DeviceCall(
-                "the convolutions again (their sweeps here measure an older loader)",
+                "the convolutions again (their sweeps here measure an older loader or are "
+                f"missing){_only(stale, len(convolutions))}",
                 600,
-                conv_device_command(),
+                conv_device_command(operators=stale),
             )
         )
     hopper = data / "hopper" / gpu
@@ -676,55 +762,16 @@ def open_calls(gpu: str, data: Path = DATA_DIR, profiles: Path = PROFILE_DIR) ->
                 warps_along_n_command(gpu),
             )
         )
-    if llama_unmeasured(folder):
-        calls.append(
-            DeviceCall(
-                "the llama suite: RMS norms and SwiGLUs (their sweeps beside the memops ones)",
-                300,
-                llama_device_command(),
+    for suite in SUITE_CALLS:
+        operators = suite_in_order(suite.suite)
+        if missing := open_operators(data, gpu, operators):
+            calls.append(
+                DeviceCall(
+                    suite.heading + _only(missing, len(operators)),
+                    suite.timeout_s,
+                    suite.command(operators=missing),
+                )
             )
-        )
-    if swiglu_unmeasured(folder):
-        calls.append(
-            DeviceCall(
-                "the swiglu suite: the gate+up GEMM fused with the SwiGLU, and not",
-                360,
-                swiglu_device_command(),
-            )
-        )
-    if bf16_unmeasured(folder):
-        calls.append(
-            DeviceCall(
-                "the bf16 suite: the swiglu suite's GEMMs with bfloat16 operands",
-                360,
-                bf16_device_command(),
-            )
-        )
-    if bias_gelu_unmeasured(folder):
-        calls.append(
-            DeviceCall(
-                "the bias_gelu suite: GPT-2's FC1 with its bias and GELU in the epilogue",
-                300,
-                bias_gelu_device_command(),
-            )
-        )
-    if hopper_fused_unmeasured(hopper):
-        calls.append(
-            DeviceCall(
-                "the hopper_fused suite: the fused GEMMs (SwiGLU, bias + GELU) on the wgmma family",
-                300,
-                hopper_fused_device_command(),
-            )
-        )
-    if attention_unmeasured(folder, hopper):
-        calls.append(
-            DeviceCall(
-                "the attention suite: Q·Kᵀ over keys stored N x K, on both GEMM families, "
-                "and the causal softmax",
-                300,
-                attention_device_command(),
-            )
-        )
     return calls
 
 

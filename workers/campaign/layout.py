@@ -59,6 +59,18 @@ def part_path(folder: Path, operator: str, part: int) -> Path:
     return folder / SWEEPS_DIR / f"{operator}.part{part:03d}.t4.json.gz"
 
 
+def sweep_operator(name: str) -> str:
+    """The operator a sweep file's name names, whole (``Op.t4.json.gz``) or one part of it
+    (``Op.part003.t4.json.gz``)."""
+    match = _PART.match(name)
+    return match["op"] if match else name.removesuffix(".t4.json.gz")
+
+
+def is_part(name: str) -> bool:
+    """Whether a sweep file's name is a part's (a checkpoint of an unfinished operator)."""
+    return _PART.match(name) is not None
+
+
 def parts_present(folder: Path, operator: str) -> dict[int, Path]:
     found = {}
     for path in (folder / SWEEPS_DIR).glob(f"{operator}.part*.t4.json.gz"):
@@ -166,8 +178,12 @@ def extract(archive: Path, into: Path) -> Path:
     return into
 
 
-# Where `pipetune campaign unpack` puts the phase documents inside benchmarks/data/<gpu>/.
+# Where `pipetune campaign unpack` puts the phase documents inside benchmarks/data/<gpu>/,
+# and, below them, the parts of an operator the campaign left unfinished: kept out of the
+# datasets' folder (a part is not a dataset), and kept, so that the call that continues the
+# campaign from the committed data measures only the parts that are not there.
 UNPACKED_DOCS = "campaign"
+UNPACKED_PARTS = f"{UNPACKED_DOCS}/parts"
 
 
 def is_unpacked(folder: Path) -> bool:
@@ -181,7 +197,8 @@ def is_unpacked(folder: Path) -> bool:
 def from_unpacked(folder: Path, into: Path, profile: Path | None) -> Path:
     """The campaign layout of an unpacked campaign and its GPU's profile, so that a later
     campaign goes on from the committed data (--have benchmarks/data/<gpu>): what they hold
-    is skipped, the rest is measured, and `campaign unpack --force` writes the whole."""
+    is skipped, an unfinished operator goes on from its committed parts, the rest is
+    measured, and `campaign unpack --force` writes the whole."""
     into.mkdir(parents=True, exist_ok=True)
     for name in (*PHASE_FILES.values(), SUMMARY_FILE):
         source = folder / UNPACKED_DOCS / name
@@ -192,6 +209,11 @@ def from_unpacked(folder: Path, into: Path, profile: Path | None) -> Path:
     (into / SWEEPS_DIR).mkdir(exist_ok=True)
     for path in sorted(folder.glob("*.t4.json.gz")):
         if _MEMBER.match(f"{SWEEPS_DIR}/{path.name}"):
+            shutil.copyfile(path, into / SWEEPS_DIR / path.name)
+    for path in sorted((folder / UNPACKED_PARTS).glob("*.t4.json.gz")):
+        # (a part of an operator whose whole sweep is committed since is no checkpoint)
+        whole = sweep_path(into, sweep_operator(path.name))
+        if is_part(path.name) and not whole.exists():
             shutil.copyfile(path, into / SWEEPS_DIR / path.name)
     return into
 

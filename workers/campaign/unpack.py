@@ -4,9 +4,15 @@
     profile.json             -> PROFILE_DIR/<gpu>.json (model.hardware applies it; by default
                                 the user's profile folder, hardware.user_profile_dir())
     probe, correctness, baselines and campaign .json -> DATA_DIR/<gpu>/campaign/
+    sweeps/<op>.partNNN.t4.json.gz -> DATA_DIR/<gpu>/campaign/parts/ (an unfinished operator)
 
-Only finished operators are unpacked (parts of an unfinished one are not a dataset), of
-any kernel family. Every JSON document is read, every dataset read back and checked as a
+Finished operators become datasets, of any kernel family. The parts of an operator a paused
+campaign left unfinished are not a dataset: they are kept below the phase documents, where
+nothing that reads datasets looks, and a later call with ``--have DATA_DIR/<gpu>`` goes on
+from them (layout.from_unpacked) rather than measuring them again; committed parts of an
+operator the archive holds whole (merged since) are removed.
+
+Every JSON document is read, every dataset and part read back and checked as a
 pipetune dataset of the operator its file names, measured on the probe's GPU by the probe's
 kind of runner, the profile as model.hardware checks one it loads, and every baseline's
 throughput against its latency in its family's unit (TFLOP/s for the GEMMs, GB/s for the
@@ -21,6 +27,7 @@ files are kept unless ``force``.
 
 from __future__ import annotations
 
+import contextlib
 import math
 import tempfile
 from dataclasses import dataclass, field
@@ -60,7 +67,8 @@ class Unpacked:
     # Why the archive's profile was not written, where it was left out.
     profile_left_out: str | None = None
     documents: list[Path] = field(default_factory=list)
-    skipped_parts: list[str] = field(default_factory=list)
+    # the parts of unfinished operators, kept for the call that continues the campaign
+    parts: list[Path] = field(default_factory=list)
     # operator -> (latency µs, throughput, its family's unit) of each timed baseline
     baselines: dict[str, tuple[float, float, str]] = field(default_factory=dict)
 
@@ -134,9 +142,10 @@ def check_profile(document: dict[str, Any], gpu: str, simulated: bool = False) -
 
 
 def check_sweep(path: Path, folder: Path, gpu: str, simulated: bool) -> None:
-    """UnpackError unless the finished sweep at ``path`` is a pipetune dataset of the
-    operator its name names, measured on the probe's GPU by the probe's kind of runner: it is
-    filed under DATA_DIR/<gpu>/<operator>, where another's would pass for that one's."""
+    """UnpackError unless the sweep at ``path`` (an operator's whole, or one part of it) is a
+    pipetune dataset of the operator its name names, measured on the probe's GPU by the
+    probe's kind of runner: it is filed under DATA_DIR/<gpu>/<operator>, where another's
+    would pass for that one's."""
     member = path.relative_to(folder).as_posix()
     try:
         info = check_pipetune(read_t4(path))
@@ -145,7 +154,7 @@ def check_sweep(path: Path, folder: Path, gpu: str, simulated: bool) -> None:
         message = str(exc).replace(str(path), member)
         shown = message if message.startswith(member) else f"{member}: {message}"
         raise UnpackError(shown) from None
-    operator = path.name.removesuffix(".t4.json.gz")
+    operator = layout.sweep_operator(path.name)
     expected = operator_workload(operator)
     if expected is None:
         raise UnpackError(f"{member}: {operator} is not an operator pipetune knows")
@@ -215,12 +224,11 @@ def unpack(
             )
         result = Unpacked(gpu=gpu, runner=runner)
         plan: list[tuple[Path, Path]] = []
+        parts = data_dir / gpu / layout.UNPACKED_PARTS
         for path in sorted((folder / layout.SWEEPS_DIR).glob("*.t4.json.gz")):
-            if ".part" in path.name:
-                result.skipped_parts.append(path.name)
-                continue
             check_sweep(path, folder, gpu, simulated)
-            plan.append((path, data_dir / gpu / path.name))
+            where = parts if layout.is_part(path.name) else data_dir / gpu
+            plan.append((path, where / path.name))
         profile, profile_target = folder / PROFILE, None
         if PROFILE in documents:
             check_profile(documents[PROFILE], gpu, simulated)
@@ -252,11 +260,27 @@ def unpack(
         # least of all its profile, which the model would apply, and whose files would then
         # refuse the unpack's retry as an overwrite.
         write_all_atomic([(target, source.read_bytes()) for source, target in plan])
+        _remove_merged_parts(data_dir / gpu, {target for _, target in plan})
         for _, target in plan:
-            if target.name.endswith(".t4.json.gz"):
+            if target.parent == parts:
+                result.parts.append(target)
+            elif target.name.endswith(".t4.json.gz"):
                 result.datasets.append(target)
             elif target == profile_target:
                 result.profile = target
             else:
                 result.documents.append(target)
     return result
+
+
+def _remove_merged_parts(folder: Path, written: set[Path]) -> None:
+    """Remove the committed parts (under ``folder``, a GPU's data) of the operators whose
+    whole dataset was just written: merged since they were unpacked, they would be taken for
+    a checkpoint again."""
+    parts = folder / layout.UNPACKED_PARTS
+    whole = {p.name.removesuffix(".t4.json.gz") for p in written if p.parent == folder}
+    for path in parts.glob("*.t4.json.gz"):
+        if path not in written and layout.sweep_operator(path.name) in whole:
+            path.unlink()
+    with contextlib.suppress(OSError):  # (only where it is empty)
+        parts.rmdir()
