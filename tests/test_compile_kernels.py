@@ -1,9 +1,16 @@
 """Every kernel variant compiles with NVRTC for sm_80 and sm_90 over a stratified sample of
 its valid space, with no register spills and at most 255 registers (no GPU needed); and so
-does each variant's bfloat16 kernel, on a smaller sample.
+does each variant's bfloat16 kernel, at the space's corners.
 
-About 340 compiles (at least 200 distinct schedules); compile_many runs them in parallel
-and the disk cache (PIPETUNE_CACHE_DIR, else the user cache dir) makes reruns quick.
+The sample of each (variant, arch) covers the space's extremes (largest and smallest tile,
+most registers, most shared memory: where a kernel spills or fails first; the largest tile
+is also the most register-hungry here, so three schedules), then one random schedule of
+every (smem_stages, reg_stages) stratum of the space (smem_stages 1..6 x reg_stages 1, 2)
+and one more. bfloat16 changes only the kernels' type words (tests/test_bfloat16.py), which
+the pipeline depths do not touch: its sample is the same extremes and one schedule more.
+400 compiles, each a distinct source (over 200 distinct schedules); compile_many runs them
+in parallel and the disk cache (PIPETUNE_CACHE_DIR, else the user cache dir) makes reruns
+quick.
 """
 
 from __future__ import annotations
@@ -17,7 +24,9 @@ from pipetune.workers.codegen import VARIANTS, generate
 from pipetune.workers.codegen.sample import stratified_sample
 from pipetune.workers.compile import CompileError, compile_many
 
-PER_PAIR = 24
+# stratified_sample's order: the extremes, then the strata round-robin, so 16 reach every
+# one of the 12 strata.
+PER_PAIR = 16
 WORKLOADS = {
     "gemm_kn": gemm(4096, 4096, 4096),
     "gemm_nk": gemm(4096, 4096, 4096, b_layout="nk"),
@@ -31,8 +40,9 @@ WORKLOADS = {
     "conv3d": conv3d(4, 16, 28, 28, 64, 128, 3, 3, 3, pad=1),
 }
 ARCHS = {"sm_80": "a100", "sm_90": "h100"}
-# bfloat16 changes only the kernels' type words (tests/test_bfloat16.py): a smaller sample.
-PER_PAIR_BF16 = 6
+# bfloat16 changes only the kernels' type words (tests/test_bfloat16.py): the extremes and
+# one schedule more.
+PER_PAIR_BF16 = 4
 BF16 = ".bf16"  # the sample's key: the variant and this
 
 
@@ -56,17 +66,31 @@ def compiled():
     return out
 
 
-def test_sample_spans_every_variant_arch_and_200_schedules(compiled):
+@pytest.fixture(scope="module")
+def space_strata():
+    """{(variant, arch): the (smem_stages, reg_stages) pairs its space holds}"""
+    strata = {}
+    for arch, gpu_key in ARCHS.items():
+        gpu = get_gpu(gpu_key, calibrated=False)
+        for variant, workload in WORKLOADS.items():
+            knobs = Space.enumerate(workload, gpu).knobs
+            pairs = zip(knobs["smem_stages"].tolist(), knobs["reg_stages"].tolist(), strict=True)
+            strata[(variant, arch)] = set(pairs)
+    return strata
+
+
+def test_sample_spans_every_variant_arch_stratum_and_200_schedules(compiled, space_strata):
     assert set(WORKLOADS) == set(VARIANTS)
     assert set(compiled) == {(v + t, a) for v in WORKLOADS for t in ("", BF16) for a in ARCHS}
     distinct = {s for rows in compiled.values() for s, _ in rows}
     assert len(distinct) >= 200
-    for (variant, _), rows in compiled.items():
+    for (variant, arch), rows in compiled.items():
         if variant.endswith(BF16):
             assert len(rows) == PER_PAIR_BF16
             continue
         assert {s.smem_stages for s, _ in rows} >= {1, 2, 3, 4, 5}
         assert {s.reg_stages for s, _ in rows} == {1, 2}
+        assert {(s.smem_stages, s.reg_stages) for s, _ in rows} == space_strata[(variant, arch)]
 
 
 def test_every_sampled_schedule_compiles(compiled):
