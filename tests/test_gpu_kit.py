@@ -18,8 +18,10 @@ not run proves nothing about the first GPU call.
 from __future__ import annotations
 
 import fcntl
+import hashlib
 import importlib.metadata
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -163,19 +165,27 @@ def test_the_gpu_kit_is_complete_for_the_gpu_machine_and_small(tmp_path):
 def link_gpu_machine_packages(site: Path) -> list[str]:
     """Symlink into ``site`` every file of the installed distributions the GPU machine also
     has (its own pip and setuptools stay the virtual environment's)."""
+    # Some 15,000 files: os.path, not pathlib, whose per-path objects cost the module's setup
+    # seconds; each folder made once.
     linked = []
+    made: set[str] = set()
     for dist in importlib.metadata.distributions():
         name = normalise(dist.metadata["Name"])
         if name not in GPU_MACHINE_PACKAGES or name in ("pip", "setuptools", "wheel"):
             continue
+        base = str(dist.locate_file(""))
         for file in dist.files or []:
-            if file.parts[0] == "..":
+            relative = str(file)
+            if relative.split("/", 1)[0] == "..":
                 continue  # scripts outside site-packages
-            source = Path(dist.locate_file(file))
-            target = site / file
-            if source.is_file() and not target.exists():
-                target.parent.mkdir(parents=True, exist_ok=True)
-                target.symlink_to(source)
+            source = os.path.join(base, relative)
+            target = os.path.join(site, relative)
+            if os.path.isfile(source) and not os.path.lexists(target):
+                folder = os.path.dirname(target)
+                if folder not in made:
+                    os.makedirs(folder, exist_ok=True)
+                    made.add(folder)
+                os.symlink(source, target)
         linked.append(name)
     return linked
 
@@ -380,7 +390,25 @@ def test_the_convolutions_call_runs_in_a_gpu_machine_stand_in(machine):
     assert set(baselines) == {"Conv2D_RN50_1", "Conv3D_4"}
 
 
-def test_the_kit_offers_each_gpu_what_its_committed_data_lacks(tmp_path):
+def parse_each_sweep_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    """open_calls reads every convolution sweep it checks for stale kernels (seconds each):
+    a test asking it about the same committed files, and copies of them, again and again
+    has each content parsed once. Keyed by the bytes, so a changed file is read anew."""
+    from pipetune.workers import datasets
+
+    load = datasets.load_dataset
+    parsed: dict[tuple[str, bool], datasets.Dataset] = {}
+
+    def load_once(path: str | Path, *, allow_open: bool = False) -> datasets.Dataset:
+        key = (hashlib.sha256(Path(path).read_bytes()).hexdigest(), allow_open)
+        if key not in parsed:
+            parsed[key] = load(path, allow_open=allow_open)
+        return parsed[key]
+
+    monkeypatch.setattr(datasets, "load_dataset", load_once)
+
+
+def test_the_kit_offers_each_gpu_what_its_committed_data_lacks(tmp_path, monkeypatch):
     """`make gpu-kit` offered a whole campaign first, with a machine kind this workplace
     does not lend, on GPUs whose campaigns were committed; the call still open (the H200's
     persistent probe shapes) it did not print at all."""
@@ -393,6 +421,7 @@ def test_the_kit_offers_each_gpu_what_its_committed_data_lacks(tmp_path):
         open_calls,
     )
 
+    parse_each_sweep_once(monkeypatch)
     # The repository's data: campaigns, the current convolution loader, the Hopper family and
     # its persistent probe shapes on the H200 (measured 2026-12-04): nothing left there but
     # a measured K-step cost, which the H200's profile lacks (the H100's has one).
