@@ -78,6 +78,10 @@ def campaign_caches(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytes
     """A campaign test's compile and reference caches, shared by the run's tests (kernels
     compiled once), and the simulated runner without its pretend measuring time."""
     root = tmp_path_factory.getbasetemp()
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        # The run's folder, not this worker's: every worker compiled each kernel itself.
+        # (Both caches write each entry under a temporary name and rename it.)
+        root = root.parent
     monkeypatch.setenv("PIPETUNE_CACHE_DIR", str(root / "cubins"))
     monkeypatch.setenv("PIPETUNE_REFERENCE_CACHE", str(root / "references"))
     monkeypatch.setenv("PIPETUNE_SIMULATED_TIME_SCALE", "0")
