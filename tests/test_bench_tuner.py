@@ -65,11 +65,14 @@ def test_every_searcher_spends_exactly_the_budget_on_distinct_configs(conv, stra
         with pytest.raises(PeerUnavailableError, match="needs PyTorch: pip install torch"):
             trial_throughputs(conv, strategy, seed=0, budget=30)
         return
-    throughputs = trial_throughputs(conv, strategy, seed=0, budget=30)
+    # SMAC, the slowest by far, on 12: its Sobol start is a quarter of the budget, so 9 of
+    # the 12 trials are its model's proposals, where a repeated configuration would show.
+    budget = 12 if strategy == "smac" else 30
+    throughputs = trial_throughputs(conv, strategy, seed=0, budget=budget)
     if strategy in STOPS_EARLY:
-        assert 0 < len(throughputs) <= 30
+        assert 0 < len(throughputs) <= budget
     else:
-        assert len(throughputs) == 30
+        assert len(throughputs) == budget
     assert np.all(throughputs <= conv.configs.optimum)
 
 
@@ -124,8 +127,11 @@ def test_a_smac_run_repeats_whatever_the_callers_string_hash_seed():
         "from pipetune.clients.cli.bench_cmds import recorded_dataset\n"
         "from pipetune.tuner.peers import run_smac\n"
         "space = recorded_dataset(Path(sys.argv[1])).configs\n"
-        "print(run_smac(space, 0, 30).tolist())\n"
+        "print(run_smac(space, 0, 10).tolist())\n"
     )
+    # 10 trials: SMAC's Sobol start is a quarter of the budget (2 here), and the ties come in
+    # its model-guided trials after it: run in the callers' processes, hash seeds 1 and 2
+    # already differ at the third trial of a 10-trial run.
     trials = [
         subprocess.run(
             [sys.executable, "-c", script, str(pnpoly)],
@@ -136,7 +142,7 @@ def test_a_smac_run_repeats_whatever_the_callers_string_hash_seed():
         ).stdout
         for hash_seed in ("1", "2")
     ]
-    assert len(json.loads(trials[0])) == 30
+    assert len(json.loads(trials[0])) == 10
     assert trials[0] == trials[1]
 
 
