@@ -22,8 +22,13 @@ bits, as ``pipetune.workers.runners.elements`` holds them).
 
 from __future__ import annotations
 
+import atexit
+import hashlib
 import re
+import shutil
 import subprocess
+import tempfile
+import threading
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -60,6 +65,41 @@ static unsigned short f2b(float f) {
   std::memcpy(&u, &f, 4);
   return (unsigned short)((u + 0x7FFFu + ((u >> 16) & 1u)) >> 16);
 }
+"""
+
+# The barrier every shim's threads meet at (a block's __syncthreads, a warp's collective),
+# for COMMON_SHIM and tests/test_memops_emulated.py's shim. A futex word per barrier: waiters
+# sleep on its generation and the last arrival wakes them all at once (a condition
+# variable's waiters would each take its mutex again on waking, hundreds of threads one after
+# another at every barrier, most of an emulation's time). ``epoch``, where set, counts the
+# barrier's releases, for a race detector's epochs.
+BARRIER = r"""
+#include <linux/futex.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <climits>
+
+struct Barrier {
+  std::atomic<int> waiting{0};
+  std::atomic<unsigned> gen{0};
+  int count;
+  int* epoch = nullptr;
+  explicit Barrier(int n, int* e = nullptr) : count(n), epoch(e) {}
+  void wait() {
+    const unsigned g = gen.load();
+    if (waiting.fetch_add(1) + 1 == count) {
+      waiting.store(0);
+      if (epoch) __atomic_add_fetch(epoch, 1, __ATOMIC_SEQ_CST);
+      gen.store(g + 1);
+      syscall(SYS_futex, &gen, FUTEX_WAKE_PRIVATE, INT_MAX, nullptr, nullptr, 0);
+    } else {
+      while (gen.load() == g)
+        syscall(SYS_futex, &gen, FUTEX_WAIT_PRIVATE, g, nullptr, nullptr, 0);
+    }
+  }
+};
 """
 
 COMMON_SHIM = (
@@ -116,34 +156,15 @@ static size_t g_a_bytes = 0, g_b_bytes = 0;
   std::_Exit(3);
 }
 
-struct Barrier {
-  std::mutex m;
-  std::condition_variable cv;
-  int count, waiting = 0;
-  unsigned long gen = 0;
-  void (*on_release)() = nullptr;
-  explicit Barrier(int n) : count(n) {}
-  void wait() {
-    std::unique_lock<std::mutex> lk(m);
-    unsigned long g = gen;
-    if (++waiting == count) {
-      waiting = 0;
-      if (on_release) on_release();
-      ++gen;
-      cv.notify_all();
-    } else {
-      cv.wait(lk, [&] { return gen != g; });
-    }
-  }
-};
-
+"""
+    + BARRIER
+    + r"""
 // Race detector state, per 16-byte shared-memory chunk.
 static std::mutex g_track;
 static int g_epoch = 0;
 static std::vector<int> g_last_read, g_landed;
 // Asynchronous reads in flight per chunk (wgmma issued, not yet retired by its wait_group).
 static std::vector<int> g_pending;
-static void next_epoch() { ++g_epoch; }
 
 static Barrier* g_block = nullptr;
 static std::vector<Barrier*> g_warps;
@@ -304,8 +325,7 @@ int main(int argc, char** argv) {
       g_last_read.assign(g_smem_bytes / 16, INT_MIN);
       g_pending.assign(g_smem_bytes / 16, 0);
       g_epoch = 0;
-      Barrier block(THREADS_);
-      block.on_release = next_epoch;
+      Barrier block(THREADS_, &g_epoch);
       g_block = &block;
       g_warps.clear();
       for (int w = 0; w < THREADS_ / 32; ++w) g_warps.push_back(new Barrier(32));
@@ -526,18 +546,66 @@ def bias_of(workload: AnyWorkload, rng: np.random.Generator) -> np.ndarray | Non
     return narrow(np, bias, workload.dtype)
 
 
+# Every harness is compiled with these flags (a precompiled header is valid only for them).
+_GXX_FLAGS = ("-std=c++17", "-O1", "-pthread", "-w")
+# The standard headers the shims include: parsed once per process into a precompiled header
+# that g++ reads before each harness (-include), instead of parsing them in every build (a
+# third of a build's time). A header the harness includes again is skipped by its guard.
+_STANDARD_HEADERS = (
+    "math.h", "pthread.h", "sched.h", "linux/futex.h", "sys/syscall.h", "unistd.h", "algorithm",
+    "atomic", "chrono", "climits", "cmath",
+    "condition_variable", "cstdint", "cstdio", "cstdlib", "cstring", "limits", "map", "mutex",
+    "string", "thread", "vector",
+)  # fmt: skip
+_build_lock = threading.Lock()
+_build_dir: Path | None = None
+# Executables already built in this process, by the hash of their source: a harness built
+# for one test (or case) and needed again, unchanged, is run again rather than rebuilt.
+_built: dict[str, Path] = {}
+
+
+def _shared_build_dir() -> Path:
+    """This process's folder of precompiled standard headers (made once, removed at exit);
+    the caller holds ``_build_lock``."""
+    global _build_dir
+    if _build_dir is None:
+        folder = Path(tempfile.mkdtemp(prefix="pipetune-emulator-"))
+        atexit.register(shutil.rmtree, folder, ignore_errors=True)
+        header = folder / "pt_std.h"
+        header.write_text("".join(f"#include <{name}>\n" for name in _STANDARD_HEADERS))
+        # Without the .gch (a failed build), -include still reads the header itself: slower,
+        # the same program.
+        subprocess.run(
+            ["g++", *_GXX_FLAGS, "-x", "c++-header", str(header), "-o", f"{header}.gch"],
+            capture_output=True,
+            check=False,
+        )
+        _build_dir = folder
+    return _build_dir
+
+
 def build_harness(source: str, tmp: Path) -> Path:
-    """Compile a harness program with g++ in ``tmp``; the executable's path."""
+    """Compile a harness program with g++ (its source kept in ``tmp``); the executable's
+    path, shared by every caller in this process with the same source."""
     tmp.mkdir(parents=True, exist_ok=True)
-    src, exe = tmp / "harness.cpp", tmp / "harness"
+    src = tmp / "harness.cpp"
     src.write_text(source)
+    key = hashlib.sha256(source.encode()).hexdigest()
+    with _build_lock:
+        folder = _shared_build_dir()
+        if key in _built:
+            return _built[key]
+    # In the caller's folder: two threads that build one source at once each write their own.
+    exe = tmp / "harness"
     build = subprocess.run(
-        ["g++", "-std=c++17", "-O1", "-pthread", "-w", str(src), "-o", str(exe)],
+        ["g++", *_GXX_FLAGS, "-include", str(folder / "pt_std.h"), str(src), "-o", str(exe)],
         capture_output=True,
         text=True,
         check=False,
     )
     assert build.returncode == 0, build.stderr[:4000]
+    with _build_lock:
+        _built[key] = exe
     return exe
 
 

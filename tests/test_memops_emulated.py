@@ -44,7 +44,14 @@ from typing import Any
 
 import numpy as np
 import pytest
-from cuda_emulator import BF16_CONVERSIONS, HALF_CONVERSIONS, NAN_BITS, READ_FILE, build_harness
+from cuda_emulator import (
+    BARRIER,
+    BF16_CONVERSIONS,
+    HALF_CONVERSIONS,
+    NAN_BITS,
+    READ_FILE,
+    build_harness,
+)
 
 from pipetune.model.hardware import get_gpu
 from pipetune.model.memops.space import KNOBS, MemSchedule, MemSpace, schedule_problems
@@ -122,27 +129,9 @@ struct __nv_bfloat16 { unsigned short bits; };
 
 [[noreturn]] static void fail(const char* what, long a, long b);
 
-struct Barrier {
-  std::mutex m;
-  std::condition_variable cv;
-  int count, waiting = 0;
-  unsigned long gen = 0;
-  int* epoch = nullptr;  // a block barrier starts a new epoch for the race detector
-  explicit Barrier(int n, int* e = nullptr) : count(n), epoch(e) {}
-  void wait() {
-    std::unique_lock<std::mutex> lk(m);
-    unsigned long g = gen;
-    if (++waiting == count) {
-      waiting = 0;
-      if (epoch) __atomic_add_fetch(epoch, 1, __ATOMIC_SEQ_CST);
-      ++gen;
-      cv.notify_all();
-    } else {
-      cv.wait(lk, [&] { return gen != g; });
-    }
-  }
-};
-
+"""
+    + BARRIER
+    + r"""
 struct WarpSlots { float f[32]; int i[32]; };
 // Race detector, per 2-byte unit of shared memory: the epoch (barrier interval) and thread
 // of the last write and of the last read (-1: several readers).
