@@ -381,6 +381,10 @@ class Driver:
         # once per space, shared by every session of that workload on that GPU.
         self._spaces: OrderedDict[tuple[str, str], tuple[FamilySpace, np.ndarray]] = OrderedDict()
         self._spaces_lock = threading.Lock()  # guards _priors too (Driver._cached)
+        # One build at a time of each missing entry (Driver._cached): the proposer's threads
+        # starting tasks of one workload on one GPU at once each enumerated the space (up to
+        # about 0.8 GB for the largest), and kept one copy.
+        self._building: dict[tuple[int, Any], threading.Lock] = {}
         # Priors by (where from, workload hash, GPU): a task id, or the learned-from ids.
         self._priors: OrderedDict[tuple[Any, str, str], PriorMean] = OrderedDict()
         # A learned prior's cost model by the tasks it learned from: the tasks created while
@@ -399,18 +403,32 @@ class Driver:
     # ---- sessions ------------------------------------------------------------------
 
     def _cached(self, cache: OrderedDict, key: Any, build: Callable[[], Any]) -> Any:
-        """cache[key], built outside the lock when missing; the cache keeps the MAX_SPACES
-        most recently used entries."""
+        """cache[key], built outside the lock when missing, once however many threads ask
+        for it meanwhile (they wait for that build); the cache keeps the MAX_SPACES most
+        recently used entries."""
         with self._spaces_lock:
             found = cache.get(key)
             if found is not None:
                 cache.move_to_end(key)
                 return found
-        found = build()
-        with self._spaces_lock:
-            cache[key] = found
-            while len(cache) > MAX_SPACES:
-                cache.popitem(last=False)
+            building = self._building.setdefault((id(cache), key), threading.Lock())
+        with building:
+            with self._spaces_lock:
+                found = cache.get(key)  # (built while this thread waited)
+                if found is not None:
+                    cache.move_to_end(key)
+                    return found
+            try:
+                found = build()
+            except BaseException:
+                with self._spaces_lock:
+                    self._building.pop((id(cache), key), None)
+                raise
+            with self._spaces_lock:  # (cached before its lock goes: no second build)
+                cache[key] = found
+                while len(cache) > MAX_SPACES:
+                    cache.popitem(last=False)
+                self._building.pop((id(cache), key), None)
         return found
 
     def _space(self, workload: Any, gpu: str) -> tuple[FamilySpace, np.ndarray]:

@@ -339,7 +339,8 @@ class Settings(BaseSettings):
     propose_early: float = Field(0.0, ge=0, lt=1, allow_inf_nan=False)
     # Tasks whose next batch a replica proposes at once (service/proposer.py): one slow
     # proposal (a long task's session rebuilt) holds only its own thread. An advance holds a
-    # database connection only for its short reads and its write, not while it proposes.
+    # database connection for its reads and its write, and while it builds a task's prior
+    # from recorded trials (its first advance), not while it proposes.
     proposer_threads: int = Field(4, ge=1, le=MAX_PROPOSER_THREADS)
     # A lease request that found nothing waits for a wake-up (jobs of its kind enqueued, in
     # this replica or, on PostgreSQL, another: service/wakeup.py); this is the fallback, how

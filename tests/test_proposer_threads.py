@@ -7,11 +7,12 @@ from __future__ import annotations
 
 import threading
 import time
-from collections import Counter
+from collections import Counter, OrderedDict
 
 import pytest
 import threadpoolctl
 from pydantic import ValidationError
+from service_support import client_for, service_of
 
 from pipetune.service.proposer import Proposer
 from pipetune.service.settings import Settings
@@ -112,15 +113,17 @@ def test_the_threads_are_named_for_the_proposer_and_stop_together(slow_driver):
     """Named so that `pipetune_thread_cpu_seconds_total` counts them as the proposer's."""
     proposer = Proposer(slow_driver, threads=3)
     proposer.start()
-    names = [t.name for t in threading.enumerate() if t.name.startswith(PROPOSER_THREAD)]
-    assert len(names) == 3
+    threads = list(proposer._threads)
+    assert len(threads) == 3 and all(t.is_alive() for t in threads)
+    assert all(t.name.startswith(PROPOSER_THREAD) for t in threads)
     proposer.stop()
-    assert not [t for t in threading.enumerate() if t.name.startswith(PROPOSER_THREAD)]
+    assert not any(t.is_alive() for t in threads)
 
 
 def test_the_proposals_run_on_one_blas_thread_each(slow_driver):
     """A round's own limit saved and restored BLAS's process-wide thread count: two rounds
     overlapping, the first to finish gave the other every core's threads back."""
+    threadpoolctl.threadpool_limits(limits=2, user_api="blas")  # (as a process starts)
     proposer = Proposer(slow_driver, threads=2)
     proposer.start()
     try:
@@ -138,3 +141,33 @@ def test_the_number_of_threads_is_a_setting_with_bounds():
             Settings(proposer_threads=bad)
     with pytest.raises(ValueError, match="at least one thread"):
         Proposer(SlowDriver(slow=set()), threads=0)
+
+
+def test_a_space_asked_for_by_several_threads_at_once_is_built_once(tmp_path):
+    """The proposer's threads starting tasks of one workload on one GPU at once each built
+    its space (enumerated and evaluated: up to about 0.8 GB for the largest) and kept one."""
+    url = f"sqlite:///{tmp_path / 'pipetune.db'}"
+    with client_for(url, create_empty_schema=True) as client:
+        driver = service_of(client).driver
+        builds, release = [], threading.Event()
+
+        def build() -> object:
+            builds.append(1)
+            assert release.wait(WAIT_S)
+            return object()
+
+        cache: OrderedDict = OrderedDict()
+        got: list[object] = []
+        threads = [
+            threading.Thread(target=lambda: got.append(driver._cached(cache, "key", build)))
+            for _ in range(4)
+        ]
+        for thread in threads:
+            thread.start()
+        assert _until(lambda: len(builds) >= 1)
+        time.sleep(0.2)  # (the other threads have asked meanwhile)
+        release.set()
+        for thread in threads:
+            thread.join(WAIT_S)
+        assert len(builds) == 1 and len(got) == 4 and len({id(g) for g in got}) == 1
+        assert list(cache) == ["key"] and not driver._building
