@@ -40,11 +40,12 @@ typecheck: $(STAMP)
 test-env:
 	$(PYTHON) tests/provision.py
 
-# Two pytest workers (pytest-xdist): the suite is a long tail of short tests, many waiting on
-# subprocesses and sockets, and takes half the time on a 2-core machine (16 -> 8.6 min).
-# Every test holds its own databases, ports and data directory, so the workers share nothing.
+# Three pytest workers (pytest-xdist) on a 2-core machine: the suite is a long tail of short
+# tests, many waiting on subprocesses and sockets: even three keep about 1.4 of the 2 cores
+# busy (benchmarks/RESULTS.md, "The test suite's time"). Every test holds its own databases, ports
+# and data directory, so the workers share nothing.
 test: test-env lint typecheck
-	$(BIN)/python -m pytest -q -n 2
+	$(BIN)/python -m pytest -q -n 3
 
 bench: $(STAMP)
 	$(BIN)/python -m benchmarks.bench_model --write
