@@ -120,6 +120,7 @@ from benchmarks.load_report import DEFAULT_CHURN, section, summary
 from benchmarks.results import write_section
 from pipetune.clients.local_service import ServiceStartError
 from pipetune.model.wire import MAX_SECONDS, StrategyName
+from pipetune.service.settings import MAX_PROPOSER_THREADS
 
 
 def _errors_logged(log_text: str) -> list[str]:
@@ -347,6 +348,12 @@ def main() -> int:
         help="the replicas' PIPETUNE_PROPOSE_EARLY (default: the service's)",
     )
     parser.add_argument(
+        "--proposer-threads",
+        type=int,
+        metavar="N",
+        help="the replicas' PIPETUNE_PROPOSER_THREADS (default: the service's)",
+    )
+    parser.add_argument(
         "--replicas", type=int, action="append", help="replica counts (default: 1 and 2)"
     )
     parser.add_argument(
@@ -468,6 +475,10 @@ def main() -> int:
         parser.error(f"--lease-ttl: a number of seconds above 0, at most {MAX_SECONDS:g}")
     if args.propose_early is not None and not 0 <= args.propose_early < 1:
         parser.error("--propose-early: a share in [0, 1)")
+    if args.proposer_threads is not None and not (
+        1 <= args.proposer_threads <= MAX_PROPOSER_THREADS
+    ):
+        parser.error(f"--proposer-threads: within 1..{MAX_PROPOSER_THREADS}")
     if why := _not_a_pg_url(args.pg_url):
         parser.error(f"--pg-url: {why}")
     say = (lambda *a, **k: print(*a, file=sys.stderr, **k)) if args.json else print
@@ -495,6 +506,7 @@ def main() -> int:
                     measure_ms=args.measure_ms,
                     measure_spread=args.measure_spread,
                     propose_early=args.propose_early,
+                    proposer_threads=args.proposer_threads,
                     lease_ttl_s=ttl,
                     churn=churn,
                     lose_answers=args.lose_answers,

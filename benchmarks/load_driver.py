@@ -72,6 +72,8 @@ class LoadConfig:
     measure_spread: float = 0.0
     # The replicas' PIPETUNE_PROPOSE_EARLY (None: the service's default).
     propose_early: float | None = None
+    # The replicas' PIPETUNE_PROPOSER_THREADS (None: the service's default).
+    proposer_threads: int | None = None
     wait_s: float = 1.0
     lease_ttl_s: float = 120.0
     keep_logs: bool = True
@@ -203,6 +205,8 @@ def replica_settings(config: LoadConfig) -> dict[str, str]:
         settings["PIPETUNE_MAX_ATTEMPTS"] = str(config.max_attempts)
     if config.propose_early is not None:
         settings["PIPETUNE_PROPOSE_EARLY"] = str(config.propose_early)
+    if config.proposer_threads is not None:
+        settings["PIPETUNE_PROPOSER_THREADS"] = str(config.proposer_threads)
     return settings
 
 

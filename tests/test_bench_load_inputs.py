@@ -28,6 +28,8 @@ def _argv(monkeypatch, *argv: str) -> None:
         ["--propose-early", "7"],
         ["--propose-early", "1"],
         ["--propose-early", "-0.5"],
+        ["--proposer-threads", "0"],
+        ["--proposer-threads", "65"],
         ["--pg-url", "nonsense"],
         ["--pg-url", "sqlite:///bench.db"],
     ],

@@ -322,10 +322,12 @@ def test_measurements_spread_log_normally_around_their_mean_and_replay_by_seed()
     assert max(first) > 1.0 and min(first) < 0.01  # a spread of 1: tenfold either way
 
 
-def test_a_run_sets_the_replicas_early_proposals_only_when_asked() -> None:
+def test_a_run_sets_the_replicas_early_proposals_and_proposer_threads_only_when_asked() -> None:
     from benchmarks.load_driver import replica_settings
 
     assert "PIPETUNE_PROPOSE_EARLY" not in replica_settings(LoadConfig())
+    assert "PIPETUNE_PROPOSER_THREADS" not in replica_settings(LoadConfig())
+    assert replica_settings(LoadConfig(proposer_threads=2))["PIPETUNE_PROPOSER_THREADS"] == "2"
     early = replica_settings(LoadConfig(propose_early=0.25))
     assert early["PIPETUNE_PROPOSE_EARLY"] == "0.25"
 
