@@ -56,6 +56,7 @@ from pipetune.model.operators import (
 from pipetune.model.pipelining import double_buffer_only, non_pipelined
 from pipetune.tuner import metrics
 from pipetune.workers.campaign.correctness import quarantine_note
+from pipetune.workers.campaign.layout import sweep_operator
 
 TOP_K = (1, 10, 50)
 
@@ -634,7 +635,7 @@ def unfinished_line(c: Campaign) -> str:
     if state == "complete":
         return ""
     operators = [op for op in summary.get("operators") or [] if isinstance(op, str)]
-    swept = {path.name.split(".")[0] for path in c.dataset_paths()}
+    swept = {sweep_operator(path.name) for path in c.dataset_paths()}
     left = [op for op in operators if op not in swept]
     reason = f" ({summary['reason']})" if summary.get("reason") else ""
     return (

@@ -8,11 +8,14 @@ from __future__ import annotations
 import threading
 import time
 from collections import Counter, OrderedDict
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 import pytest
 import threadpoolctl
 from pydantic import ValidationError
 from service_support import client_for, service_of
+from worker_support import wait_until
 
 from pipetune.service.proposer import Proposer
 from pipetune.service.settings import Settings
@@ -54,13 +57,8 @@ class SlowDriver:
         return self.advance(task_id)
 
 
-def _until(condition, timeout_s: float = WAIT_S) -> bool:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if condition():
-            return True
-        time.sleep(0.01)
-    return condition()
+def _until(condition) -> bool:
+    return wait_until(condition, WAIT_S)
 
 
 @pytest.fixture
@@ -70,12 +68,21 @@ def slow_driver():
     driver.release.set()
 
 
-def test_a_slow_advance_holds_only_its_own_thread(slow_driver):
-    proposer = Proposer(slow_driver, threads=2)
+@contextmanager
+def advancing_task_1(driver: SlowDriver, threads: int) -> Iterator[Proposer]:
+    """A started proposer of `threads` threads, one of them in task 1's (slow) advance."""
+    proposer = Proposer(driver, threads=threads)
     proposer.start()
     try:
         proposer.request(1)
-        assert slow_driver.started[1].wait(WAIT_S)
+        assert driver.started[1].wait(WAIT_S)
+        yield proposer
+    finally:
+        proposer.stop()
+
+
+def test_a_slow_advance_holds_only_its_own_thread(slow_driver):
+    with advancing_task_1(slow_driver, threads=2) as proposer:
         proposer.request(2)
         proposer.request(3)
         # Tasks 2 and 3 are proposed for while task 1's advance still runs.
@@ -84,18 +91,12 @@ def test_a_slow_advance_holds_only_its_own_thread(slow_driver):
         slow_driver.release.set()
         assert _until(proposer.idle)
         assert sorted(slow_driver.advanced) == [1, 2, 3]
-    finally:
-        proposer.stop()
 
 
 def test_a_task_asked_for_again_while_advanced_waits_for_that_advance(slow_driver):
     """Asked for again meanwhile (a late result of its batch), the task is advanced once
     more after the advance in progress, not beside it in another thread."""
-    proposer = Proposer(slow_driver, threads=3)
-    proposer.start()
-    try:
-        proposer.request(1)
-        assert slow_driver.started[1].wait(WAIT_S)
+    with advancing_task_1(slow_driver, threads=3) as proposer:
         proposer.request(1)
         proposer.request(2)
         assert _until(lambda: slow_driver.advanced == [2])
@@ -105,8 +106,6 @@ def test_a_task_asked_for_again_while_advanced_waits_for_that_advance(slow_drive
         assert _until(lambda: slow_driver.advanced.count(1) == 2)
         assert _until(proposer.idle)
         assert slow_driver.most_at_once[1] == 1
-    finally:
-        proposer.stop()
 
 
 def test_the_threads_are_named_for_the_proposer_and_stop_together(slow_driver):
