@@ -62,30 +62,44 @@ class Proposer:
         self._cv = threading.Condition()
         self._stopping = False
         self._current: set[int] = set()  # the tasks being advanced
+        # The threads that have not left the loop (under _cv): those started and not yet
+        # stopped, and a straggler that stop() gave up waiting for, still in its advance.
         self._threads: list[threading.Thread] = []
+        self._started = 0  # threads ever started (their names' numbers)
 
     def start(self) -> None:
+        """Start the threads, as many as `threads` with any straggler of the last stop():
+        one still in its advance goes on as one of them once the advance ends (it takes the
+        next task asked for). stop() forgot such a thread and start() made a full set beside
+        it, so more than `threads` advances ran at once."""
         # The advances' linear algebra runs on one BLAS thread each (a session's own limit
         # saved and restored the process-wide count: two sessions overlapping, one left the
         # other with every core's threads, and sums that are not reproducible).
         one_blas_thread_per_caller()
-        self._stopping = False
-        self._threads = [
-            threading.Thread(target=self._run, name=f"{PROPOSER_THREAD}-{i}", daemon=True)
-            for i in range(self.threads)
-        ]
-        for thread in self._threads:
+        with self._cv:
+            self._stopping = False
+            new = [
+                threading.Thread(
+                    target=self._run, name=f"{PROPOSER_THREAD}-{self._started + i}", daemon=True
+                )
+                for i in range(self.threads - len(self._threads))
+            ]
+            self._started += len(new)
+            self._threads.extend(new)
+        for thread in new:
             thread.start()
 
     def stop(self, timeout_s: float = 30.0) -> None:
-        """Stop after the advances in progress (the ones asked for are left to upkeep)."""
+        """Stop after the advances in progress (the ones asked for are left to upkeep). A
+        thread whose advance outlasts `timeout_s` stays known: it leaves once the advance
+        ends, unless start() came first, which counts it as one of its threads."""
         with self._cv:
             self._stopping = True
             self._cv.notify_all()
+            threads = list(self._threads)
         deadline = time.monotonic() + timeout_s
-        for thread in self._threads:
+        for thread in threads:
             thread.join(max(0.0, deadline - time.monotonic()))
-        self._threads = []
 
     def request(self, task_id: int) -> None:
         """Ask for the task to be advanced (if it is ready by the time its turn comes)."""
@@ -133,6 +147,8 @@ class Proposer:
                     self._cv.notify()
             while True:
                 if self._stopping:
+                    # Leaves the loop: decided under the lock start() counts the threads by.
+                    self._threads.remove(threading.current_thread())
                     return None
                 now = time.monotonic()
                 for task_id, when in list(self._adopt_at.items()):
@@ -149,6 +165,14 @@ class Proposer:
                 self._cv.wait(min(self._adopt_at.values()) - now if self._adopt_at else None)
 
     def _run(self) -> None:
+        try:
+            self._advance_in_turn()
+        finally:  # (left by an error of the loop's own: start() makes another in its place)
+            with self._cv:
+                if threading.current_thread() in self._threads:
+                    self._threads.remove(threading.current_thread())
+
+    def _advance_in_turn(self) -> None:
         task_id: int | None = None
         while (item := self._next(task_id)) is not None:
             task_id, adopt = item
