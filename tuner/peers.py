@@ -303,8 +303,10 @@ def _seeded_latin_hypercubes(seed: int) -> Iterator[None]:
 def run_kernel_tuner(name: str, recorded: RecordedConfigs, seed: int, budget: int) -> np.ndarray:
     _require(name)
     import kernel_tuner
+    from kernel_tuner.util import StopCriterionReached
 
     strategy, options = KT_STRATEGIES[name]
+    calls_per_trial = SCIPY_CALLS_PER_TRIAL.get(name, 1)
     present = set(recorded.row_of())
     names = recorded.knob_names
     throughput = recorded.throughput
@@ -326,30 +328,39 @@ def run_kernel_tuner(name: str, recorded: RecordedConfigs, seed: int, budget: in
             _seeded_latin_hypercubes(seed),
         ):
             warnings.simplefilter("ignore")
-            results, _ = kernel_tuner.tune_kernel(
-                recorded.name,
-                "__global__ void k() {}",
-                [1],
-                [],
-                recorded.tune_params,
-                restrictions=member,
-                simulation_mode=True,
-                cache=str(cache),
-                strategy=strategy,
-                strategy_options={
-                    # At least KT_LEAST_FEVALS: at 1, simulated annealing's start point (and
-                    # greedy ILS's on a one-configuration space) is evaluated outside the
-                    # strategy's own stop handling, and Kernel Tuner raised
-                    # StopCriterionReached out of tune_kernel: the peer was left out of the
-                    # whole benchmark, every budget, as failing on the space. The run is cut
-                    # at the budget's distinct trials below.
-                    "max_fevals": max(budget, KT_LEAST_FEVALS) * SCIPY_CALLS_PER_TRIAL.get(name, 1),
-                    **options,
-                },
-                verbose=False,
-                quiet=True,
-                lang="CUDA",
-            )
+            try:
+                results, _ = kernel_tuner.tune_kernel(
+                    recorded.name,
+                    "__global__ void k() {}",
+                    [1],
+                    [],
+                    recorded.tune_params,
+                    restrictions=member,
+                    simulation_mode=True,
+                    cache=str(cache),
+                    strategy=strategy,
+                    strategy_options={
+                        # At least KT_LEAST_FEVALS: at 1, simulated annealing's start point is
+                        # evaluated outside the strategy's own stop handling, and Kernel Tuner
+                        # raised StopCriterionReached out of tune_kernel: the peer was left out
+                        # of the whole benchmark, every budget, as failing on the space. The
+                        # run is cut at the budget's distinct trials below.
+                        "max_fevals": max(budget, KT_LEAST_FEVALS) * calls_per_trial,
+                        **options,
+                    },
+                    verbose=False,
+                    quiet=True,
+                    lang="CUDA",
+                )
+            except StopCriterionReached:
+                # Kernel Tuner cuts max_fevals to the space's size (KT_LEAST_FEVALS cannot
+                # lift it), so on a space of one configuration simulated annealing and greedy
+                # ILS raised the stop out of tune_kernel after their start point, evaluated
+                # outside their own stop handling, and the peer was left out of the whole
+                # benchmark. That one configuration, evaluated, was the whole run.
+                if len(present) != 1:
+                    raise
+                results = list(recorded.configs)
     keys = [tuple(r[k] for k in names) for r in results]
     return _first_distinct(keys, [throughput[rows[k]] for k in keys], budget)
 
