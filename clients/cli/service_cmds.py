@@ -17,9 +17,11 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import functools
 import os
 import re
 import shlex
+import signal
 import sys
 import threading
 import time
@@ -30,7 +32,7 @@ from typing import TYPE_CHECKING, Any
 import typer
 
 from pipetune.clients.cli.environment import unknown_variable_warnings
-from pipetune.clients.cli.errors import CliError, one_line, reported
+from pipetune.clients.cli.errors import CliError, Terminated, interrupted, one_line, reported
 from pipetune.clients.cli.hosts import is_loopback_host
 from pipetune.clients.cli.output import console, print_json
 from pipetune.model.wire import TOKEN_ENV
@@ -175,8 +177,11 @@ def _server_class(processes: list, on_stop):  # type: ignore[no-untyped-def]
 
     class Server(uvicorn.Server):
         stopping = False
+        signalled: int | None = None  # the first signal, SIGINT or SIGTERM
 
         def handle_exit(self, sig: int, frame: object) -> None:
+            if self.signalled is None:
+                self.signalled = sig
             if self.stopping:  # a second signal: stop now, without waiting for requests
                 self.force_exit = self.should_exit
                 self.should_exit = True
@@ -194,6 +199,56 @@ def _server_class(processes: list, on_stop):  # type: ignore[no-untyped-def]
             threading.Thread(target=stop_then_exit, name="stop-local-workers").start()
 
     return Server
+
+
+def _signal_words(sig: int) -> tuple[str, int]:
+    """A signal's word and exit code (errors.interrupted): SIGINT's "interrupted" and 130,
+    SIGTERM's "terminated" and 143."""
+    return interrupted(Terminated() if sig == signal.SIGTERM else KeyboardInterrupt())
+
+
+def _end_before_serving(sig: int, frame: object) -> None:
+    """SIGINT or SIGTERM while serve prepares (its imports, the schema, the app), before
+    uvicorn takes the signals: one line, and the exit at once (130; 143). Not by raising
+    KeyboardInterrupt: raised where CPython was running a weakref callback or a finalizer
+    (SQLAlchemy's pools and engines make many), it was printed as "Exception ignored" and
+    lost, and the service started anyway; raised in an import, it was a screen of traceback.
+    Nothing is served yet and no local worker started: nothing is left to stop, and what
+    serve wrote (the schema, the token) is whole or rolled back by its database."""
+    what, code = _signal_words(sig)
+    with contextlib.suppress(Exception):  # (a write the signal cut into cannot be flushed)
+        sys.stdout.flush()
+    os.write(2, f"{what}: the service did not start\n".encode())
+    os._exit(code)
+
+
+def _signals_end_startup(func):  # type: ignore[no-untyped-def]
+    """`serve` with _end_before_serving for SIGINT and SIGTERM until uvicorn takes them (it
+    puts these back when it stops: serve then hands them back to Python's own), and the
+    process's own handlers again when it returns (in-process callers: the tests)."""
+
+    @functools.wraps(func)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        if threading.current_thread() is not threading.main_thread():
+            return func(*args, **kwargs)
+        handled = (signal.SIGINT, signal.SIGTERM)
+        previous = {sig: signal.signal(sig, _end_before_serving) for sig in handled}
+        try:
+            return func(*args, **kwargs)
+        finally:
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
+
+    return wrapper
+
+
+def _signals_raise_again() -> None:
+    """Python's own handlers (Ctrl-C a KeyboardInterrupt, SIGTERM the default) once uvicorn
+    has stopped: what is left (stopping the local workers) is not "the service did not
+    start"."""
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
 
 
 def _log_config(log_level: str) -> dict[str, Any]:
@@ -308,6 +363,7 @@ def _launch_when_started(server, start) -> threading.Thread:  # type: ignore[no-
 
 
 @reported
+@_signals_end_startup
 def serve(
     db: str | None = _DB,
     host: str = typer.Option("127.0.0.1", "--host", help="address to listen on"),
@@ -431,6 +487,7 @@ def serve(
         http=_http_protocol(settings.request_read_timeout_s),
     )
     server = _server_class(processes, app.state.service.queue.stop_polling)(config)
+    announced = threading.Event()  # the "pipetune service on" line was printed
 
     def started() -> None:
         bound = server.servers[0].sockets[0].getsockname()[1]  # the real one for --port 0
@@ -438,12 +495,13 @@ def serve(
             f"pipetune service on http://{_url_host(host)}:{bound} (dashboard: /dashboard)",
             flush=True,
         )
+        announced.set()
         if local_workers:
             url = f"http://{local_host}:{bound}"
             token = settings.worker_tokens[0]
             processes.extend(start_workers(local_workers, url, token, runner, dataset, replay_gpu))
 
-    _launch_when_started(server, started)
+    launcher = _launch_when_started(server, started)
     print(f"database: {redact(settings.database_url)}", flush=True)
     for line in unknown_variable_warnings():
         print(line, file=sys.stderr, flush=True)
@@ -479,7 +537,16 @@ def serve(
         if server.started:
             raise
     finally:
+        _signals_raise_again()
+        server.should_exit = True  # (a start that failed: the launcher waits for either)
+        launcher.join()
         stop_workers(processes)
+    if server.signalled is not None and not announced.is_set():
+        # A signal in uvicorn's own start (its lifespan, the bind): it stopped without a
+        # word and exit 0, as though it had served and been stopped.
+        what, code = _signal_words(server.signalled)
+        print(f"{what}: the service stopped before it started serving", file=sys.stderr)
+        raise typer.Exit(code)
     if not server.started:
         raise CliError(f"the server did not start on {host}:{port}", 1)
 
