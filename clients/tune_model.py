@@ -35,13 +35,13 @@ from rich.table import Table
 from pipetune.clients.cli.output import format_rate
 from pipetune.clients.sdk import ApiError, Client, PipetuneError
 from pipetune.clients.sdk.client import Outage
-from pipetune.model.family import KernelFamily, family_names, family_of
+from pipetune.model.family import KernelFamily, family_for_op, family_names, family_of
 from pipetune.model.hardware import HardwareError, get_gpu, resolve_gpu_key
 from pipetune.model.networks import DistinctShape, Network
 from pipetune.model.states import TaskState
-from pipetune.model.trials import RunnerKind, runner_kind_shown
+from pipetune.model.trials import RunnerKind, is_measured, runner_kind_shown
 from pipetune.model.wire import DEFAULT_PRIORITY, ScheduleDoc, StrategyName, TaskDoc, TrialDoc
-from pipetune.model.workloads import DTYPE_SHORT
+from pipetune.model.workloads import DTYPE_SHORT, WorkloadError
 
 RUNNER_MEANING = {
     RunnerKind.CUPY: "measured on GPUs (cupy workers)",
@@ -153,6 +153,65 @@ def _workload_key(workload: dict[str, Any]) -> str:
     return json.dumps(workload, sort_keys=True)
 
 
+@dataclass(frozen=True)
+class PriorAsked:
+    """The prior a run of tune-model asks for (`prior_gpu`, a GPU key, and `learned_prior`, as
+    `launch` takes them), and whether a task was made with it: --resume follows a task tuned
+    from another prior (another GPU's task, a learned model, none where one is asked for) no
+    more than one of another budget: it is another run's, and this run queues its own."""
+
+    prior_gpu: str | None = None
+    learned_prior: bool | None = None
+
+    @property
+    def explicit(self) -> bool:
+        return self.prior_gpu is not None or self.learned_prior is True
+
+    def fits(self, task: TaskDoc, prior_task_gpu: str | None) -> bool | None:
+        """Whether `task` was made with this prior (`prior_task_gpu`: the GPU of its prior
+        task, where it has one). None for a task that started cold though this run asks for
+        a prior: this run's where the shape has no prior to start from now (`warm_starts`),
+        as the run would then start it cold too."""
+        learned = task.learned_from is not None
+        if task.prior_task is not None:
+            return self.prior_gpu is not None and prior_task_gpu == self.prior_gpu
+        if self.prior_gpu is not None:
+            # Cold there, learning or not as the learned prior was asked (launch's `without`).
+            return None if not (learned and self.learned_prior is False) else False
+        if self.learned_prior is True:
+            return True if learned else None
+        if self.learned_prior is False:
+            return not learned
+        return True  # (each family's choice: learned or not)
+
+    def warm_starts(self, listed: TaskDoc, shapes: list[DistinctShape], gpu: str) -> set[int]:
+        """The shapes (their indices) a listed task gives the prior asked for, as the service
+        picks it: with prior_gpu, a finished task of the shape on that GPU with a successful
+        trial; with learned_prior, such a task of the shape's family measured on a GPU (its
+        best trial; the service reads every one), other than the shape itself on `gpu`."""
+        if not self.explicit or not listed.state.is_final():
+            return set()
+        if listed.trials_done - listed.trials_failed <= 0:
+            return set()
+        key = _workload_key(listed.workload)
+        if self.prior_gpu is not None:
+            if listed.gpu != self.prior_gpu:
+                return set()
+            return {i for i, s in enumerate(shapes) if _workload_key(s.workload.canonical()) == key}
+        if listed.best is None or not is_measured(listed.best.runner):
+            return set()
+        try:
+            family = family_for_op(listed.workload.get("op"))
+        except WorkloadError:  # (an operator this client does not know)
+            return set()
+        return {
+            i
+            for i, s in enumerate(shapes)
+            if family_of(s.workload) is family
+            and not (listed.gpu == gpu and _workload_key(s.workload.canonical()) == key)
+        }
+
+
 def resumable_tasks(
     client: Client,
     shapes: list[DistinctShape],
@@ -161,21 +220,31 @@ def resumable_tasks(
     strategy: str,
     seed: int,
     batch_size: int | None = None,
+    prior_gpu: str | None = None,
+    learned_prior: bool | None = None,
 ) -> dict[int, TaskDoc]:
     """`--resume`: per shape (by its index in `shapes`), the newest task an earlier run left
     at the service for the same workload, GPU, strategy, budget and seed (and batch size, where
-    one is given), queued, running or done. Imported tasks were never tuned and are not
-    followed. The service's task list is read newest first, page by page, until every shape
-    has its task or the list ends."""
+    one is given), queued, running or done, made with the prior this run asks for (`prior_gpu`,
+    `learned_prior` as `launch` takes them: `PriorAsked`). Imported tasks were never tuned and
+    are not followed. The service's task list is read newest first, page by page, until every
+    shape has its task or the list ends: to its end where a task that started cold though a
+    prior is asked for waits on whether the list holds a prior for its shape."""
+    tuned_gpu = resolve_gpu_key(gpu)
+    asked = PriorAsked(None if prior_gpu is None else resolve_gpu_key(prior_gpu), learned_prior)
     want = {_workload_key(s.workload.canonical()): i for i, s in enumerate(shapes)}
-    run = (resolve_gpu_key(gpu), strategy, budget, seed)
+    run = (tuned_gpu, strategy, budget, seed)
     found: dict[int, TaskDoc] = {}
+    cold: dict[int, TaskDoc] = {}  # per shape, its newest task that started cold
+    warm: set[int] = set()  # the shapes this run would give a prior (cold tasks not theirs)
+    prior_gpus: dict[int, str | None] = {}  # a prior task's GPU, read once
     before: int | None = None
     while len(found) < len(shapes):
         page = client.tasks(before=before)
         if not page:
             break
         for task in page:
+            warm |= asked.warm_starts(task, shapes, tuned_gpu)
             index = want.get(_workload_key(task.workload))
             if (
                 index is None
@@ -186,9 +255,31 @@ def resumable_tasks(
                 or (batch_size is not None and task.batch_size != batch_size)
             ):
                 continue
-            found[index] = task
+            prior_task_gpu = None
+            if task.prior_task is not None:
+                if task.prior_task not in prior_gpus:
+                    prior_gpus[task.prior_task] = _gpu_of_task(client, task.prior_task)
+                prior_task_gpu = prior_gpus[task.prior_task]
+            fits = asked.fits(task, prior_task_gpu)
+            if fits is None:
+                cold.setdefault(index, task)
+            elif fits:
+                found[index] = task
         before = min(t.id for t in page)
+    for index, task in cold.items():
+        if index not in found and index not in warm:
+            found[index] = task
     return found
+
+
+def _gpu_of_task(client: Client, task_id: int) -> str | None:
+    """A task's GPU; None where the service no longer has it."""
+    try:
+        return client.task(task_id).gpu
+    except ApiError as exc:
+        if exc.status_code == 404:
+            return None
+        raise
 
 
 def launch(
