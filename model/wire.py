@@ -19,16 +19,21 @@ import secrets
 import unicodedata
 from datetime import datetime
 from enum import StrEnum
-from typing import Annotated, Any, Literal, Union
+from typing import TYPE_CHECKING, Annotated, Any, Literal, TypeVar, Union
 
 from pydantic import (
     BaseModel,
     ConfigDict,
     Field,
+    GetCoreSchemaHandler,
+    SerializerFunctionWrapHandler,
+    ValidationError,
     ValidationInfo,
+    ValidatorFunctionWrapHandler,
     field_validator,
     model_validator,
 )
+from pydantic_core import CoreSchema, core_schema
 
 from pipetune.model.errors import PipetuneError
 from pipetune.model.family import (
@@ -40,7 +45,12 @@ from pipetune.model.family import (
     op_families,
 )
 from pipetune.model.hardware import HardwareError, resolve_gpu_key
-from pipetune.model.states import JobState, TaskState, WorkerState
+
+# (Re-exported, `as`: the SDK reads the states through the wire contract alone.)
+from pipetune.model.states import FINAL_TASK_STATES as FINAL_TASK_STATES
+from pipetune.model.states import JobState as JobState
+from pipetune.model.states import TaskState as TaskState
+from pipetune.model.states import WorkerState as WorkerState
 from pipetune.model.trials import MeasureResult, RunnerKind, TrialStatus
 
 MAX_BUDGET = 5000  # trials per task; larger spaces are swept, not tuned
@@ -106,10 +116,70 @@ RowRef = Annotated[int, Field(strict=True, ge=1, le=ID_MAX)]
 
 
 # The validation context a client reads the service's answers with (the SDK): fields it does
-# not know are ignored there, so that a service which adds a field to an answer (an additive
-# change of API v1) does not break the clients already deployed. What a client sends the
-# service is still refused with an unknown field (a misspelt option must not pass silently).
+# not know are ignored there, and values it does not know are kept as their text (`Open`), so
+# that a service which adds a field to an answer, or a value to one of its vocabularies (a
+# state, a strategy, an operator: additive changes of API v1), does not break the clients
+# already deployed. What a client sends the service is still refused with an unknown field or
+# value (a misspelt option must not pass silently).
 READING = {"reading": True}
+
+
+def _reading(info: ValidationInfo) -> bool:
+    return info.context is not None and bool(info.context.get("reading"))
+
+
+def _unknown_value_kept(
+    value: Any, handler: ValidatorFunctionWrapHandler, info: ValidationInfo
+) -> Any:
+    try:
+        return handler(value)
+    except ValidationError:
+        # Only text, only when reading an answer: a value of another type is no newer
+        # vocabulary's but a broken answer, and the service checks its own answers strictly.
+        if isinstance(value, str) and _reading(info):
+            return value
+        raise
+
+
+def _unknown_value_as_text(value: Any, handler: SerializerFunctionWrapHandler) -> Any:
+    # A value the vocabulary knows is its member (an enum) or its literal; one it does not
+    # is the plain text it was read as, written back as such (the enum's serializer warned
+    # "Expected `enum`" at every model_dump of a row holding one).
+    return value if type(value) is str else handler(value)
+
+
+class _OpenWhenReading:
+    """Annotated metadata of `Open`: validates as the vocabulary, and when reading (READING)
+    keeps text outside it as that text. The JSON schema stays the vocabulary's, for both
+    requests and answers (no serialization return type is declared, so the answer's schema
+    is the inner one too)."""
+
+    def __get_pydantic_core_schema__(
+        self, source: Any, handler: GetCoreSchemaHandler
+    ) -> CoreSchema:
+        inner = handler(source)
+        return core_schema.with_info_wrap_validator_function(
+            _unknown_value_kept,
+            inner,
+            serialization=core_schema.wrap_serializer_function_ser_schema(
+                _unknown_value_as_text, schema=inner
+            ),
+        )
+
+
+_V = TypeVar("_V")
+if TYPE_CHECKING:
+    # A value of an answer's vocabulary (an enum, a Literal), or, read from a newer service
+    # that added to the vocabulary, that value as its text: code that acts on the value says
+    # what it does with one it does not know (`state in FINAL_TASK_STATES` is False for it).
+    Open = Union[_V, str]  # noqa: UP007 - a generic alias of a TypeVar
+else:
+
+    class Open:
+        """`Open[T]`: T on the wire and in the schema; text outside T read from an answer."""
+
+        def __class_getitem__(cls, vocabulary: Any) -> Any:
+            return Annotated[vocabulary, _OpenWhenReading()]
 
 
 @functools.cache
@@ -130,7 +200,7 @@ class _Body(BaseModel):
     @model_validator(mode="before")
     @classmethod
     def _unknown_fields_ignored_when_reading(cls, data: Any, info: ValidationInfo) -> Any:
-        if info.context is None or not info.context.get("reading") or not isinstance(data, dict):
+        if not _reading(info) or not isinstance(data, dict):
             return data
         known = _known_keys(cls)
         return {k: v for k, v in data.items() if k in known}
@@ -196,12 +266,21 @@ class ScheduleDoc(BaseModel):
 
     @model_validator(mode="before")
     @classmethod
-    def _family_knobs(cls, data: Any) -> Any:
+    def _family_knobs(cls, data: Any, info: ValidationInfo) -> Any:
         if isinstance(data, ScheduleDoc):
             return data.model_dump()
         if not isinstance(data, dict):
             raise ValueError("a schedule must be an object of knob values")
-        return check_knob_dict(family_for_knobs(data).knobs, data, ValueError)
+        try:
+            return check_knob_dict(family_for_knobs(data).knobs, data, ValueError)
+        except ValueError:
+            # A newer service's schedule, read: of an operator (a family) or with a knob value
+            # this client predates. Kept as sent, so that the task or trial it belongs to is
+            # still read (a task list failed whole on one such task's best schedule);
+            # `family` and `to_schedule()` then say what this client does not know.
+            if _reading(info) and _plain_knobs(data):
+                return dict(data)
+            raise
 
     @classmethod
     def model_construct(cls, _fields_set: set[str] | None = None, **values: Any) -> ScheduleDoc:
@@ -227,13 +306,21 @@ class ScheduleDoc(BaseModel):
         return cls(**schedule.as_dict())
 
 
+def _plain_knobs(data: dict[Any, Any]) -> bool:
+    """Whether `data` is a schedule document of some family: knob names with int values."""
+    return bool(data) and all(
+        isinstance(k, str) and isinstance(v, int) and not isinstance(v, bool)
+        for k, v in data.items()
+    )
+
+
 class _Throughput(_Body):
     """Throughput in the workload family's unit (TFLOP/s for the tensor-core GEMMs, GB/s of
     compulsory traffic for the memory-intensive operators). ``tflops`` is API v1's field,
     kept for its clients: the same number when the unit is TFLOP/s, else None."""
 
     throughput: float
-    throughput_unit: ThroughputUnit = TFLOPS
+    throughput_unit: Open[ThroughputUnit] = TFLOPS
     tflops: float | None = None
 
     @model_validator(mode="before")
@@ -366,7 +453,7 @@ class ScheduleRequest(_GpuField):
 
 
 class ScheduleResponse(_Throughput):
-    source: Literal["measured", "model"]
+    source: Open[Literal["measured", "model"]]
     workload: dict[str, Any]
     gpu: str
     schedule: ScheduleDoc
@@ -422,11 +509,11 @@ class BestTrial(_Throughput):
 
 class TaskDoc(_Body):
     id: int
-    state: TaskState
+    state: Open[TaskState]
     workload: dict[str, Any]
     label: str | None = None  # the workload in words ("softmax 4096x768")
     gpu: str
-    strategy: StrategyName
+    strategy: Open[StrategyName]
     budget: int
     seed: int
     # Trials per proposal round (an imported task: its trials, as one batch).
@@ -465,7 +552,9 @@ class TaskList(_Body):
 
 class TrialDoc(_Body):
     trial: int  # 0-based index in the task's proposal order
-    state: JobState
+    state: Open[JobState]
+    # Closed still: a newer status would be read as its text, but a trial's status goes
+    # whole into the measurement an export writes (clients/library/exports.py _trial_result).
     status: TrialStatus | None = None
     schedule: ScheduleDoc
     schedule_label: str | None = None  # as BestTrial's
@@ -521,7 +610,7 @@ class CurvePoint(_Body):
 
 class Curve(_Body):
     points: list[CurvePoint]
-    throughput_unit: ThroughputUnit = TFLOPS
+    throughput_unit: Open[ThroughputUnit] = TFLOPS
     # The runner kinds of the trials behind the points, as AggregateCurves says them
     # ("simulated": the analytical model plus noise, not measurements).
     runners: list[str] = Field(default_factory=list)
@@ -617,7 +706,7 @@ class WorkerDoc(_Body):
     exited_at: datetime | None = None
     # Live, silent past the lease TTL, or exited, when the answer was made (by the
     # database's clock: a client's may differ). Null from a service before the field.
-    state: WorkerState | None = None
+    state: Open[WorkerState] | None = None
     # The jobs it was measuring at its last heartbeat; 0 once it is silent or exited (its
     # leases have expired, or it handed them back).
     busy_jobs: int = 0
@@ -727,7 +816,7 @@ class JobResult(_Request):
 
 class ResultAck(_Body):
     accepted: bool  # False: stale lease (expired and re-leased, or cancelled); not counted
-    job_state: JobState
+    job_state: Open[JobState]
     detail: str | None = None
 
 
@@ -762,7 +851,7 @@ class JobResultAck(_Body):
     job_id: int
     status_code: Literal[200, 403, 404]
     accepted: bool
-    job_state: JobState | None = None  # None when refused (403, 404)
+    job_state: Open[JobState] | None = None  # None when refused (403, 404)
     detail: str | None = None
 
 
@@ -794,7 +883,7 @@ class WorkerList(_Body):
     state, all of them."""
 
     workers: list[WorkerDoc]
-    counts: dict[WorkerState, int] = Field(default_factory=dict)
+    counts: dict[Open[WorkerState], int] = Field(default_factory=dict)
 
 
 class ErrorItem(_Body):

@@ -70,6 +70,7 @@ from pipetune.clients.sdk.http import shown_url
 from pipetune.model.family import parse_any_workload
 from pipetune.model.hardware import DEFAULT_GPU, HardwareError, get_gpu, gpu_keys, resolve_gpu_key
 from pipetune.model.hopper.space import ARCH as HOPPER_ARCH
+from pipetune.model.states import FINAL_TASK_STATES
 from pipetune.model.trials import RunnerKind
 from pipetune.model.wire import (
     DEFAULT_PRIORITY,
@@ -146,14 +147,19 @@ def dashboard_url(server: str) -> str:
 
 def _schedule_rows(schedule: ScheduleDoc, workload: dict[str, Any]) -> list[tuple[str, str]]:
     """The schedule's id and its family's one-cell summary (a GEMM tile, warps and pipeline
-    depths; a memory-intensive operator's thread mapping)."""
-    family = schedule.family
+    depths; a memory-intensive operator's thread mapping). A schedule of a family, or with a
+    knob value, that a newer service added and this client does not know: its knobs as sent."""
+    try:
+        family = schedule.family
+        schedule_id = schedule.to_schedule().id
+    except ValueError:
+        return [("schedule", ", ".join(f"{k}={v}" for k, v in schedule.knobs().items()))]
     try:
         parsed = parse_any_workload(workload)
     except ValueError:
         parsed = None
     return [
-        ("schedule", schedule.to_schedule().id),
+        ("schedule", schedule_id),
         (family.schedule_heading, family.schedule_label(schedule.knobs(), parsed)),
     ]
 
@@ -196,8 +202,10 @@ def _schedule(
         source = f"analytical model ({untuned})"
     elif simulated:
         source = f"simulated trials ({SIMULATED_LABEL.removeprefix('simulated: ')})"
-    else:
+    elif doc.source == "measured":
         source = "measured trials"
+    else:  # a source a newer service added: said as it is, not as measured trials
+        source = f"service's {doc.source!r} source"
     console.print(f"{w.label()} on {doc.gpu}: best schedule, from the {source}{where}")
     if doc.source == "measured" and (
         older := older_kernel_label(w, doc.measured_generator_revision)
@@ -271,7 +279,7 @@ def wait_for_task(c: Any, task: TaskDoc, show: bool, poll_s: float) -> TaskDoc:
             if bar is None or handle is None:
                 notes.see([doc])
                 if lines is not None:
-                    final = doc.state.is_final()
+                    final = doc.state in FINAL_TASK_STATES  # (a newer service's state: not)
                     lines.see((doc.trials_done, final), _progress_line(doc), final)
                 return
             best = _best_words(doc.best) if doc.best else "no result yet"
@@ -883,7 +891,7 @@ def tune_model(
                 if bar is None or handle is None:
                     notes.see(docs)
                     if lines is not None:
-                        finished = sum(d.state.is_final() for d in docs)
+                        finished = sum(d.state in FINAL_TASK_STATES for d in docs)
                         done = sum(d.trials_done for d in docs)
                         lines.see(
                             (done, finished),
@@ -892,7 +900,7 @@ def tune_model(
                             finished == len(docs),
                         )
                     return
-                finished = sum(d.state.is_final() for d in docs)
+                finished = sum(d.state in FINAL_TASK_STATES for d in docs)
                 bar.update(
                     handle,
                     completed=sum(d.trials_done for d in docs),

@@ -42,6 +42,7 @@ from pipetune.model.plain_numbers import plain
 from pipetune.model.wire import (
     DEFAULT_PRIORITY,
     DEFAULT_STRATEGY,
+    FINAL_TASK_STATES,
     ID_MAX,
     MAX_TASK_PAGE,
     MAX_WORKER_PAGE,
@@ -52,11 +53,13 @@ from pipetune.model.wire import (
     StrategyName,
     TaskDoc,
     TaskList,
+    TaskState,
     TrialDoc,
     TrialList,
     TuneOptions,
     WorkerDoc,
     WorkerList,
+    WorkerState,
 )
 
 _T = TypeVar("_T")
@@ -183,10 +186,10 @@ def _values(choices: Any) -> tuple[str, ...]:
     return tuple(choice.value for choice in choices)
 
 
-# The wire contract's vocabularies: a task's states are the type of TaskDoc.state.
-TASK_STATES: tuple[str, ...] = _values(TaskDoc.model_fields["state"].annotation)
-# ... a worker's, the type of WorkerDoc.state (null only from a service before the field).
-WORKER_STATES: tuple[str, ...] = _values(get_args(WorkerDoc.model_fields["state"].annotation)[0])
+# The wire contract's vocabularies (those of TaskDoc.state and WorkerDoc.state, which read a
+# newer service's further states as their text: model.wire.Open).
+TASK_STATES: tuple[str, ...] = _values(TaskState)
+WORKER_STATES: tuple[str, ...] = _values(WorkerState)
 OP_NAMES: tuple[str, ...] = _values(OpName)
 STRATEGY_NAMES: tuple[str, ...] = get_args(StrategyName)
 
@@ -474,7 +477,8 @@ class Client:
         poll_s: float = 1.0,
         timeout_s: float | None = None,
     ) -> TaskDoc:
-        """Poll a task until it is done, failed or cancelled; call `progress` with every
+        """Poll a task until it is done, failed or cancelled (a state a newer service added,
+        read as its text, is waited through as a running task's); call `progress` with every
         document that differs from the last one (and with the final one). `timeout_s`: give
         up (WaitTimeoutError) after that long, 0 after one look; None: never. A look that
         fails for the moment (TRANSIENT) is retried, after the answer's Retry-After where it
@@ -509,7 +513,9 @@ class Client:
             if progress is not None and (last is None or doc != last):
                 progress(doc)
             last = doc
-            if doc.state.is_final():
+            # (A state a newer service added, which this client does not know, is not one
+            # it knows to be final: the wait goes on, its progress showing the state.)
+            if doc.state in FINAL_TASK_STATES:
                 return doc
             if deadline is not None and time.monotonic() >= deadline:
                 raise WaitTimeoutError(task_id, timeout_s or 0.0, doc.state)
