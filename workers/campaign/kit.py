@@ -21,6 +21,7 @@ import hashlib
 import importlib.metadata
 import json
 import re
+import shlex
 import shutil
 import subprocess
 import sys
@@ -332,17 +333,74 @@ def build_kit(out: Path, python_version: str = GPU_PYTHON, *, python: str = sys.
     return kit
 
 
+@dataclass(frozen=True)
+class KeptParts:
+    """The committed parts of operators an earlier call left unfinished on one GPU (`campaign
+    unpack` keeps them in <gpu>/campaign/parts/, the Hopper family's in
+    hopper/<gpu>/campaign/parts/), for the call that measures those operators next: copied
+    into its out-dir, which it is given as --have, so that it goes on from the next part
+    (sweeps: layout.parts_present) as a campaign continued with --have benchmarks/data/<gpu>
+    does, instead of measuring them again. Not that folder as the --have: its campaign's
+    documents would skip a suite's correctness of the families they checked (the suites'
+    fused kernels are new variants of those) and its datasets would fill the call's archive.
+    The call names its GPU (--gpu): with no probe beside them, nothing else would stop the
+    parts of one GPU model going on on another."""
+
+    gpu: str
+    operators: tuple[str, ...]
+    files: tuple[str, ...]  # a shell glob per operator: its parts' files
+
+    def copy_line(self, out_dir: str) -> str:
+        """The shell that puts the parts where the call's sweeps look (or stops the call)."""
+        sweeps = f"{out_dir}/{layout.SWEEPS_DIR}"
+        return f"mkdir -p {sweeps} && cp {' '.join(self.files)} {sweeps}/ || exit"
+
+
+def kept_parts(data: Path, gpu: str, operators: dict[str, Any]) -> KeptParts | None:
+    """The parts kept in the committed data of ``operators`` on this GPU (None: none). An
+    operator with a part of an older generator revision than this code makes has none kept:
+    merged with the new ones, that part would leave its sweep stale (sweep_is_open), to be
+    offered again; it is measured whole."""
+    found: dict[str, str] = {}
+    for op, workload in operators.items():
+        folder = sweep_folder(data, gpu, workload) / layout.UNPACKED_PARTS
+        parts = [
+            p
+            for p in folder.glob(f"{op}.part*.t4.json.gz")
+            if layout.is_part(p.name) and layout.sweep_operator(p.name) == op
+        ]
+        if parts and not any(sweep_is_open(p, workload) for p in parts):
+            # (the folder quoted, the glob left to the shell; operator names are [A-Za-z0-9_])
+            found[op] = f"{shlex.quote(str(folder))}/{op}.part*.t4.json.gz"
+    if not found:
+        return None
+    return KeptParts(gpu, tuple(found), tuple(found.values()))
+
+
 def one_call_command(
-    operators: str, out_dir: str, minutes: int, name: str, runner: str, have: str | None = None
+    operators: str,
+    out_dir: str,
+    minutes: int,
+    name: str,
+    runner: str,
+    have: str | None = None,
+    kept: KeptParts | None = None,
 ) -> str:
     """A campaign of ``operators`` made in one device call (the calls after the campaigns:
     README, GPU work): its out-dir removed first, as device_command does, its archive
     ``$OUT/<name>.tar.gz`` and its log ``$OUT/<name>.log``; ``have``: the unpacked data of an
-    earlier call that left it unfinished, to go on from."""
+    earlier call that left it unfinished, to go on from; ``kept``: instead, the committed
+    parts of its unfinished operators, to go on from (KeptParts)."""
+    start, options = f"rm -rf {out_dir}", _have_option(have)
+    if kept is not None:
+        if have is not None:
+            raise KitError("a call goes on from a --have or from kept parts, not both")
+        start += f"; {kept.copy_line(out_dir)}"
+        options = f" --gpu {kept.gpu}{_have_option(out_dir)}"
     return (
-        f"set -o pipefail; rm -rf {out_dir}; {install_line()}; PYTHONUNBUFFERED=1 "
+        f"set -o pipefail; {start}; {install_line()}; PYTHONUNBUFFERED=1 "
         f"python3 -m pipetune.clients.cli campaign --operators {operators} --runner {runner} "
-        f"--minutes {minutes} --out-dir {out_dir}{_have_option(have)} --pack $OUT/{name}.tar.gz "
+        f"--minutes {minutes} --out-dir {out_dir}{options} --pack $OUT/{name}.tar.gz "
         f"2>&1 | tee $OUT/{name}.log"
     )
 
@@ -371,12 +429,15 @@ def resweep_convolutions() -> tuple[str, ...]:
     )
 
 
-def conv_device_command(runner: str = "cupy", operators: Sequence[str] | None = None) -> str:
+def conv_device_command(
+    runner: str = "cupy", operators: Sequence[str] | None = None, kept: KeptParts | None = None
+) -> str:
     """The ALCOP convolutions swept again in one call (their loader changed after the
     committed sweeps; README, GPU work); ``operators``: only those of them (the ones the
-    committed data lacks: open_operators), None: all eight."""
+    committed data lacks: open_operators), None: all eight; ``kept``: the committed parts of
+    those an earlier call left unfinished, to go on from."""
     names = ",".join(_in_order(resweep_convolutions(), operators))
-    return one_call_command(names, ".campaign-c", CONV_MINUTES, "campaign-conv", runner)
+    return one_call_command(names, ".campaign-c", CONV_MINUTES, "campaign-conv", runner, kept=kept)
 
 
 def _in_order(whole: Sequence[str], operators: Sequence[str] | None) -> list[str]:
@@ -405,42 +466,65 @@ def suite_option(suite: str, operators: Sequence[str] | None = None) -> str:
 LLAMA_MINUTES = 4  # `pipetune campaign plan --operators llama`: one call, 135 of 480 s
 
 
-def llama_device_command(runner: str = "cupy", operators: Sequence[str] | None = None) -> str:
+def llama_device_command(
+    runner: str = "cupy", operators: Sequence[str] | None = None, kept: KeptParts | None = None
+) -> str:
     """The ``llama`` suite (LLaMA-2's RMS norms and SwiGLUs) in one call: correctness,
     PyTorch's baselines and every schedule of kernels no GPU has run yet (README, GPU work)."""
     return one_call_command(
-        suite_option("llama", operators), ".campaign-l", LLAMA_MINUTES, "campaign-llama", runner
+        suite_option("llama", operators),
+        ".campaign-l",
+        LLAMA_MINUTES,
+        "campaign-llama",
+        runner,
+        kept=kept,
     )
 
 
 SWIGLU_MINUTES = 5  # `pipetune campaign plan --operators swiglu`: one call, 210 of 480 s
 
 
-def swiglu_device_command(runner: str = "cupy", operators: Sequence[str] | None = None) -> str:
+def swiglu_device_command(
+    runner: str = "cupy", operators: Sequence[str] | None = None, kept: KeptParts | None = None
+) -> str:
     """The ``swiglu`` suite (LLaMA-2 7B's gate+up GEMM, fused with the SwiGLU and not) in one
     call: correctness (the fused kernels among the GEMM variants), the unfused PyTorch
     baseline and both exhaustive sweeps (README, GPU work)."""
     return one_call_command(
-        suite_option("swiglu", operators), ".campaign-s", SWIGLU_MINUTES, "campaign-swiglu", runner
+        suite_option("swiglu", operators),
+        ".campaign-s",
+        SWIGLU_MINUTES,
+        "campaign-swiglu",
+        runner,
+        kept=kept,
     )
 
 
 BF16_MINUTES = 5  # `pipetune campaign plan --operators bf16`: one call, 210 of 480 s
 
 
-def bf16_device_command(runner: str = "cupy", operators: Sequence[str] | None = None) -> str:
+def bf16_device_command(
+    runner: str = "cupy", operators: Sequence[str] | None = None, kept: KeptParts | None = None
+) -> str:
     """The ``bf16`` suite (the swiglu suite's GEMMs with bfloat16 operands) in one call:
     correctness (the bf16 cases among the GEMM family's), cuBLAS's bf16 baselines through
     PyTorch and both exhaustive sweeps (README, GPU work)."""
     return one_call_command(
-        suite_option("bf16", operators), ".campaign-b", BF16_MINUTES, "campaign-bf16", runner
+        suite_option("bf16", operators),
+        ".campaign-b",
+        BF16_MINUTES,
+        "campaign-bf16",
+        runner,
+        kept=kept,
     )
 
 
 BIAS_GELU_MINUTES = 4  # `pipetune campaign plan --operators bias_gelu`: one call, 147 of 240 s
 
 
-def bias_gelu_device_command(runner: str = "cupy", operators: Sequence[str] | None = None) -> str:
+def bias_gelu_device_command(
+    runner: str = "cupy", operators: Sequence[str] | None = None, kept: KeptParts | None = None
+) -> str:
     """The ``bias_gelu`` suite (GPT-2's FC1 with its bias and GELU in the GEMM's epilogue) in
     one call: correctness (the fused kernels among the GEMM family's), the unfused PyTorch
     baseline and the exhaustive sweep (README, GPU work)."""
@@ -450,6 +534,7 @@ def bias_gelu_device_command(runner: str = "cupy", operators: Sequence[str] | No
         BIAS_GELU_MINUTES,
         "campaign-bias-gelu",
         runner,
+        kept=kept,
     )
 
 
@@ -457,7 +542,7 @@ HOPPER_FUSED_MINUTES = 4  # `pipetune campaign plan --operators hopper_fused`: o
 
 
 def hopper_fused_device_command(
-    runner: str = "cupy", operators: Sequence[str] | None = None
+    runner: str = "cupy", operators: Sequence[str] | None = None, kept: KeptParts | None = None
 ) -> str:
     """The ``hopper_fused`` suite (the swiglu and bias_gelu suites' fused GEMMs on the Hopper
     wgmma family) in one call: correctness (the fused kernels among the family's cases), the
@@ -468,6 +553,7 @@ def hopper_fused_device_command(
         HOPPER_FUSED_MINUTES,
         "campaign-hopper-fused",
         runner,
+        kept=kept,
     )
 
 
@@ -595,6 +681,13 @@ def _only(open_ops: list[str], of: int) -> str:
     return f" ({', '.join(open_ops)} only: the other {others} are committed and current)"
 
 
+def _going_on(kept: KeptParts | None) -> str:
+    """A heading's note where a call goes on from committed parts."""
+    if kept is None:
+        return ""
+    return f", going on from the parts of {', '.join(kept.operators)} kept in the data"
+
+
 # campaign.json's states after which a campaign has nothing left to measure ("stopped": its
 # correctness phase stopped it, and a stopped campaign stays stopped); any other (paused at
 # the deadline, a call killed while "running", "failed") leaves operators to sweep.
@@ -616,7 +709,9 @@ def campaign_state(folder: Path) -> str | None:
 ATTENTION_MINUTES = 4
 
 
-def attention_device_command(runner: str = "cupy", operators: Sequence[str] | None = None) -> str:
+def attention_device_command(
+    runner: str = "cupy", operators: Sequence[str] | None = None, kept: KeptParts | None = None
+) -> str:
     """The ``attention`` suite (GPT-2's Q·Kᵀ over keys stored N x K, on both GEMM families,
     and its scaled causal softmax) in one call: correctness (the bmm_nk kernels among each
     GEMM family's cases, the causal softmax among the memops family's), cuBLAS's
@@ -628,6 +723,7 @@ def attention_device_command(runner: str = "cupy", operators: Sequence[str] | No
         ATTENTION_MINUTES,
         "campaign-attention",
         runner,
+        kept=kept,
     )
 
 
@@ -638,7 +734,7 @@ class SuiteCall:
     suite: str
     heading: str
     timeout_s: int
-    command: Callable[..., str]  # (runner, operators) -> the device command
+    command: Callable[..., str]  # (runner, operators, kept) -> the device command
 
 
 # In README's order (GPU work, items 7 to 12).
@@ -713,12 +809,13 @@ def open_calls(gpu: str, data: Path = DATA_DIR, profiles: Path = PROFILE_DIR) ->
     calls = []
     convolutions = {op: suite_in_order("alcop")[op] for op in resweep_convolutions()}
     if stale := open_operators(data, gpu, convolutions):
+        kept = kept_parts(data, gpu, {op: convolutions[op] for op in stale})
         calls.append(
             DeviceCall(
                 "the convolutions again (their sweeps here measure an older loader or are "
-                f"missing){_only(stale, len(convolutions))}",
+                f"missing){_only(stale, len(convolutions))}{_going_on(kept)}",
                 600,
-                conv_device_command(operators=stale),
+                conv_device_command(operators=stale, kept=kept),
             )
         )
     hopper = data / "hopper" / gpu
@@ -765,11 +862,12 @@ def open_calls(gpu: str, data: Path = DATA_DIR, profiles: Path = PROFILE_DIR) ->
     for suite in SUITE_CALLS:
         operators = suite_in_order(suite.suite)
         if missing := open_operators(data, gpu, operators):
+            kept = kept_parts(data, gpu, {op: operators[op] for op in missing})
             calls.append(
                 DeviceCall(
-                    suite.heading + _only(missing, len(operators)),
+                    suite.heading + _only(missing, len(operators)) + _going_on(kept),
                     suite.timeout_s,
-                    suite.command(operators=missing),
+                    suite.command(operators=missing, kept=kept),
                 )
             )
     return calls
