@@ -248,3 +248,47 @@ def test_the_cli_shows_a_schedule_of_a_newer_source_and_family(service: str, cap
     client_cmds.print_task(TaskDoc.model_validate(NEWER_TASK, context=READING), service)
     shown = capsys.readouterr().out
     assert "tile_q=64, kv_stages=3" in shown and "paused" in shown
+
+
+def test_the_cli_counts_workers_in_a_newer_state(service: str):
+    workers = cli.invoke(app, ["workers", "--server", service])
+    assert workers.exit_code == 0, workers.output
+    # (The counts line listed the states this client knows only: "1 draining" was dropped.)
+    assert "1 live, 0 silent, 0 exited, 1 draining" in workers.stdout
+
+
+def test_waiting_notes_and_tune_models_wait_take_a_newer_state_as_unfinished(client: Client):
+    from pipetune.clients import tune_model
+    from pipetune.clients.cli.wait_notes import waiting_reasons
+    from pipetune.model.errors import PipetuneError
+
+    newer = TaskDoc.model_validate({**NEWER_TASK, "no_worker": "no live worker"}, context=READING)
+    # (Both called `.is_final()` on the state: an AttributeError on the text of a newer one.)
+    assert waiting_reasons([newer]) == {"no live worker": [2]}
+    with pytest.raises(PipetuneError, match=r"tasks \[2\] did not finish"):
+        tune_model.wait_all(client, [newer], poll_s=0.01, timeout_s=0)
+
+
+def test_an_export_leaves_out_a_trial_in_a_newer_state():
+    from pipetune.clients.library.exports import _trial_result
+
+    done, newer = (TrialDoc.model_validate(t, context=READING) for t in TRIALS["trials"])
+    assert _trial_result(done) is not None
+    assert _trial_result(newer) is None  # (JobState("retrying") raised ValueError)
+
+
+def test_tune_model_resume_asks_for_the_tasks_of_its_own_prior(monkeypatch: pytest.MonkeyPatch):
+    from pipetune.clients import tune_model
+
+    asked: list[tuple[Any, ...]] = []
+
+    def resumable(*args: Any) -> dict:
+        asked.append(args)
+        raise tune_model.PipetuneError("stopped here: the test reads the arguments only")
+
+    monkeypatch.setattr(tune_model, "resumable_tasks", resumable)
+    args = ["tune-model", "bert-base", "--resume", "--prior-gpu", "h100", "--gpu", "h200"]
+    result = cli.invoke(app, [*args, "--server", "http://service"])
+    assert result.exit_code != 0 and "stopped here" in result.output
+    # (The CLI asked for the tasks of any prior: a resume took another prior's tasks.)
+    assert [a[-2:] for a in asked] == [("h100", None)]

@@ -794,7 +794,7 @@ def tune_model(
         False,
         "--resume",
         help="follow the tasks an earlier run of this command left at the service (the same "
-        "shape, --gpu, --strategy, --budget and --seed; queued, running or done) instead of "
+        "shape, --gpu, --strategy, --budget, --seed and prior; queued, running or done) instead of "
         "queuing those shapes again; the others are queued",
     ),
     poll: float = typer.Option(1.0, "--poll", help="seconds between checks"),
@@ -838,7 +838,11 @@ def tune_model(
     shapes = net.distinct()
     with service_errors(), client(server, api_key) as c:
         resumed = (
-            tm.resumable_tasks(c, shapes, gpu, budget, strategy, seed, batch_size) if resume else {}
+            tm.resumable_tasks(
+                c, shapes, gpu, budget, strategy, seed, batch_size, prior_gpu, learned_prior
+            )
+            if resume
+            else {}
         )
         if resume:
             ids = ", ".join(str(t.id) for t in resumed.values())

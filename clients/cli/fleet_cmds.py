@@ -85,7 +85,9 @@ def _counts_line(counts: dict, state: str | None, listed: list[WorkerDoc]) -> st
         return f"{len(listed)} workers listed" + (f" ({state})" if state else "")
     if not any(counts.values()):
         return "no worker has registered"
-    return ", ".join(f"{counts.get(s, 0)} {s}" for s in WORKER_STATES)
+    # A state this client does not know (a newer service's) is counted too, after the others.
+    newer = [s for s in counts if s not in WORKER_STATES]
+    return ", ".join(f"{counts.get(s, 0)} {s}" for s in [*WORKER_STATES, *newer])
 
 
 def register(app: typer.Typer) -> None:

@@ -63,7 +63,7 @@ from pipetune.clients.library.store import Reader, all_tasks, source_of
 from pipetune.model.errors import InvalidArgumentError, InvalidArgumentTypeError, PipetuneError
 from pipetune.model.family import family_of, parse_any_workload
 from pipetune.model.hardware import get_gpu
-from pipetune.model.states import JobState, TaskState
+from pipetune.model.states import FINAL_TASK_STATES, JobState
 from pipetune.model.trials import MeasureResult
 from pipetune.model.wire import ScheduleResponse, TaskDoc, TrialDoc
 from pipetune.workers.compile import compile_source
@@ -150,7 +150,7 @@ def failed_workloads(
         key = workload.workload_hash
         if task.best is not None:
             succeeded.add(key)
-        elif TaskState(task.state).is_final() and task.trials_failed > 0:
+        elif task.state in FINAL_TASK_STATES and task.trials_failed > 0:
             _, count = failed.get(key, (workload, 0))
             failed[key] = (workload, count + task.trials_failed)
     left = [pair for key, pair in failed.items() if key not in succeeded]
@@ -673,7 +673,10 @@ def _not_exported(workload: Any, schedule_id: str | None, reason: str) -> dict[s
 
 def _trial_result(trial: TrialDoc) -> MeasureResult | None:
     """A trial as a measurement (None: no outcome yet, or cancelled before it had one).
-    A lost trial is a timeout, as the tuner saw it."""
+    A lost trial is a timeout, as the tuner saw it; one in a state this client does not know
+    (a newer service's) is left out, as one without an outcome is."""
+    if trial.state not in set(JobState):
+        return None
     state = JobState(trial.state)
     if state is JobState.LOST:
         return MeasureResult(status="timeout", error=trial.error or "lost", runner=trial.runner)
@@ -705,8 +708,7 @@ def task_dataset(reader: Reader, task_id: int) -> Dataset:
     pairs = [(t, r) for t in trials if (r := _trial_result(t)) is not None]
     if not pairs:
         # "yet" only while the task can still finish one (not once it was cancelled or ended).
-        state = TaskState(task.state)
-        ended = f" (it ended {state.value})" if state.is_final() else " yet"
+        ended = f" (it ended {task.state})" if task.state in FINAL_TASK_STATES else " yet"
         raise NothingToExportError(f"task {task_id} has no finished trial to export{ended}")
     runners = sorted({t.runner for t, _ in pairs if t.runner})
     # The GPUs its workers registered (a T4 file's device_name; none for simulated workers);
