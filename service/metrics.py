@@ -176,6 +176,20 @@ class Metrics:
             ["reason"],
             registry=r,
         )
+        # Results that are no honest measurement of their trial, apart from the stale ones
+        # (both also counted in pipetune_results_total): a worker sending either is broken.
+        self.results_conflicting = Counter(
+            "pipetune_results_conflicting_total",
+            "Results sent again for a lease whose result is recorded, but different from it "
+            "(not recorded: the first one stays)",
+            registry=r,
+        )
+        self.results_implausible = Counter(
+            "pipetune_results_implausible_total",
+            "Ok results faster than their task's workload can run on its GPU (below the task's "
+            "latency floor), recorded as failed trials",
+            registry=r,
+        )
         self.lease_expiries = Counter(
             "pipetune_lease_expiries_total",
             "Leases that expired without a result",

@@ -23,16 +23,20 @@ from sqlalchemy import (
     Text,
     UniqueConstraint,
     and_,
+    event,
     func,
+    select,
 )
 from sqlalchemy.ext.compiler import compiles
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 from sqlalchemy.sql.elements import ColumnElement
 from sqlalchemy.sql.functions import FunctionElement
 
-from pipetune.model.family import OP_MAX_CHARS
+from pipetune.model.family import OP_MAX_CHARS, family_for_op
+from pipetune.model.hardware import HardwareError, get_gpu
 from pipetune.model.states import WorkerState
 from pipetune.model.trials import RUNNER_MAX_CHARS
+from pipetune.model.workloads import WorkloadError
 from pipetune.service.db import SQLITE_NOW_FORMAT, UTCDateTime
 
 NAMING = {
@@ -140,9 +144,47 @@ class TaskRow(Base):
     # batch boundary: the aggregated curves read these instead of every trial.
     curve: Mapped[list[float | None] | None] = mapped_column(JSON)
     error: Mapped[str | None] = mapped_column(Text)
+    # The least latency a trial of its workload can take on its GPU (`latency_floor_us`, set
+    # when the row is inserted): a worker's ok result below it is recorded as failed (the
+    # result path reads it with the job, service/queue.py). NULL: no bound (a GPU or a kind
+    # of work the model has no peak for, or a task from before revision 0014).
+    latency_floor_us: Mapped[float | None] = mapped_column(Float)
     created_at: Mapped[dt.datetime] = _created()
     updated_at: Mapped[dt.datetime] = _created()
     finished_at: Mapped[dt.datetime | None]
+
+
+# How many times its GPU's peak dense tensor throughput a trial may seem to run at before its
+# latency is no measurement. Generous: a bound must never refuse a real one. 2x is the rate
+# of 2:4 sparse operands, which the family's dense kernels never reach; 2x more covers a
+# board clocked above the model's numbers and a timer's granularity. The fastest trial of
+# the GPU campaigns committed (benchmarks/data, 86 sweeps) lies 5.8x above its floor; a
+# latency that is no measurement at all (0.001 us for a 1024^3 GEMM: 2,000 times the peak)
+# far below.
+LATENCY_FLOOR_PEAK_FACTOR = 4.0
+
+
+def latency_floor_us(op: str, work: float, gpu: str) -> float | None:
+    """The least latency (us) one run of a workload (its op and its work, as its workload
+    row holds them) can take on a GPU: its FLOPs at LATENCY_FLOOR_PEAK_FACTOR times the
+    GPU's peak tensor throughput, the higher of the spec sheet's and the shipped profile's
+    (a clock measured above the sheet's boost). None where the model bounds nothing: a GPU
+    it does not know, an op of no family, work counted in bytes (a memory-bound operator:
+    caches can beat DRAM's bandwidth, so its bytes bound no latency)."""
+    try:
+        if family_for_op(op).work_unit != "flop":
+            return None
+        sheet = get_gpu(gpu, calibrated=False)
+    except (WorkloadError, HardwareError):
+        return None
+    try:
+        # (Not the user's own profile: every replica bounds a task alike.)
+        peak_tflops = max(
+            sheet.peak_tensor_tflops, get_gpu(gpu, user_profile=False).peak_tensor_tflops
+        )
+    except HardwareError:  # (a malformed shipped profile: the sheet's numbers)
+        peak_tflops = sheet.peak_tensor_tflops
+    return work / (LATENCY_FLOOR_PEAK_FACTOR * peak_tflops * 1e12) * 1e6
 
 
 class WorkerRow(Base):
@@ -249,6 +291,19 @@ class JobRow(Base):
     generator_revision: Mapped[int | None] = mapped_column(Integer)
     created_at: Mapped[dt.datetime] = _created()
     finished_at: Mapped[dt.datetime | None]
+
+
+@event.listens_for(TaskRow, "before_insert")
+def _bound_latency(mapper: Any, connection: Any, task: TaskRow) -> None:
+    """A task's latency floor, computed once as the row is inserted, wherever it is made
+    (service/driver.py, service/imports.py): from its workload's row and its GPU."""
+    if task.latency_floor_us is not None or task.workload_id is None:
+        return
+    workload = connection.execute(
+        select(WorkloadRow.op, WorkloadRow.flops).where(WorkloadRow.id == task.workload_id)
+    ).one_or_none()
+    if workload is not None:
+        task.latency_floor_us = latency_floor_us(workload.op, workload.flops, task.gpu)
 
 
 class LeaseRow(Base):

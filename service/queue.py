@@ -32,7 +32,7 @@ import secrets
 import threading
 import time
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, TypeVar
 
 import anyio
@@ -69,7 +69,14 @@ from pipetune.service.db import (
 from pipetune.service.driver import all_enqueued_some_out, batches_ahead, outstanding_allowed
 from pipetune.service.errors import ConflictError, ForbiddenError, InputError, NotFoundError
 from pipetune.service.metrics import Metrics
-from pipetune.service.orm import JobRow, LeaseRow, TaskRow, WorkerRow, WorkloadRow
+from pipetune.service.orm import (
+    LATENCY_FLOOR_PEAK_FACTOR,
+    JobRow,
+    LeaseRow,
+    TaskRow,
+    WorkerRow,
+    WorkloadRow,
+)
 from pipetune.service.queue_pg import PostgresQueueStore
 from pipetune.service.queue_sqlite import SqliteQueueStore
 from pipetune.service.queue_types import (
@@ -80,6 +87,7 @@ from pipetune.service.queue_types import (
     TaskProgress,
     WorkerRef,
     recorded_runner,
+    result_columns,
 )
 from pipetune.service.settings import Settings
 from pipetune.service.views import worker_doc
@@ -166,6 +174,52 @@ def check_runner(worker: WorkerRef, r: MeasureResult, loc: list[str | int]) -> N
             [*loc, "runner"],
             f"a {kind.value} result from worker {worker.id}, which registered as {worker.runner}",
         )
+
+
+def _implausible(result: MeasureResult, floor_us: float) -> MeasureResult:
+    """What an ok result whose latency is below its task's floor (TaskRow.latency_floor_us)
+    is recorded as: a failed trial that says why, `runtime_error` (its measurement failed,
+    as a worker's own failures to measure are recorded), its timings quoted in its error
+    and dropped from its columns (a failure holds none: check_storable). The same result
+    gives the same failure, so that a repeat of it is answered a duplicate."""
+    samples = ""
+    if result.samples_us:
+        low, high = min(result.samples_us), max(result.samples_us)
+        samples = f" (samples_us {low:g} to {high:g})"
+    error = (
+        f"implausible latency: latency_us {result.latency_us:g}{samples} is below "
+        f"{floor_us:.4g} us, the least this task's workload can take on its GPU (its FLOPs "
+        f"at {LATENCY_FLOOR_PEAK_FACTOR:g}x the GPU's peak tensor throughput): no "
+        "measurement, recorded as failed"
+    )
+    changes = {"status": "runtime_error", "latency_us": None, "samples_us": [], "spread": None}
+    return MeasureResult.model_validate({**result.model_dump(), **changes, "error": error})
+
+
+def _repeated(
+    worker: WorkerRef | None, worker_id: int, report: Report, seen: Seen, settled: dict
+) -> bool:
+    """Whether a report not recorded now was sent under the lease whose result the job
+    holds (a repeat: the same result, or a conflicting one), by the worker that holds it."""
+    if not seen.found or seen.applied or worker is None or seen.lease_worker != worker_id:
+        return False
+    token = settled.get(report.job_id, (seen.job_state, seen.result_token))[1]
+    return token is not None and hmac.compare_digest(token, report.lease_token)
+
+
+def _differences(result: MeasureResult, worker: WorkerRef | None, row: dict[str, Any]) -> list[str]:
+    """The result columns in which a repeated result differs from the recorded one (`row`,
+    QueueStore.recorded). Not `state` (its status says it), nor the runner where the result
+    names none (then its worker's registration says it, not the result)."""
+    sent = {**result_columns(result), "runner": recorded_runner(result, worker)}
+    skip = {"state"} if result.runner is not None else {"state", "runner"}
+    return [name for name, value in sent.items() if name not in skip and row.get(name) != value]
+
+
+def _described(columns: dict[str, Any]) -> str:
+    """A result in a few words: its status, and its latency where it has one."""
+    latency = columns.get("latency_us")
+    return str(columns["status"]) if latency is None else f"{columns['status']} {latency:g} us"
 
 
 def _another_kind(worker: Any, values: dict[str, Any]) -> bool:
@@ -951,7 +1005,9 @@ class Queue:
         if worker is not None:
             for i, report in enumerate(reports):
                 check_runner(worker, report.result, where(i))
+        sent = [r.result for r in reports]  # (as the worker sent them, for the answers)
         seen = self.store.record(worker, reports)
+        reports, seen = self._record_implausible(worker, reports, seen)
         raced = [
             r.job_id
             for r, s in zip(reports, seen, strict=True)
@@ -975,9 +1031,19 @@ class Queue:
             if s.applied:
                 state = JobState.DONE if r.result.ok else JobState.FAILED
                 settled.setdefault(r.job_id, (state, r.lease_token))
+        # A repeat of a recorded result (the lease that delivered it): compared with what
+        # was recorded, read only now (the common report is no repeat and reads nothing).
+        repeats = sorted(
+            {
+                r.job_id
+                for r, s in zip(reports, seen, strict=True)
+                if _repeated(worker, worker_id, r, s, settled)
+            }
+        )
+        recorded = self.store.recorded(repeats) if repeats else {}
         judged = [
-            self._judge(worker, worker_id, r, s, settled)
-            for r, s in zip(reports, seen, strict=True)
+            self._judge(worker, worker_id, r, s, settled, recorded, sent[i])
+            for i, (r, s) in enumerate(zip(reports, seen, strict=True))
         ]
         ready = {
             s.task.id
@@ -985,6 +1051,42 @@ class Queue:
             if s.task is not None and may_advance(s.task, self.settings.propose_early)
         }
         return judged, ready
+
+    def _record_implausible(
+        self, worker: WorkerRef | None, reports: list[Report], seen: list[Seen]
+    ) -> tuple[list[Report], list[Seen]]:
+        """The reports whose ok latency is below their task's floor (not recorded by the
+        store) recorded as failed trials under their lease, in a second transaction (a rare
+        report's: the common request has none and runs no statement more); the reports as
+        judged and what the store saw of each. Recorded rather than refused: refused, the
+        job stayed leased until its lease expired, was measured again (by the same worker,
+        perhaps, as wrongly) and given up as `lost` with no word of why; recorded, the trial
+        is finished with its reason, the task goes on, and the worker is answered accepted
+        (it neither retries nor measures again). Its repeat is recorded the same way, so
+        that a worker sending it again is answered a duplicate."""
+        again = [
+            i
+            for i, s in enumerate(seen)
+            if s.below_floor_us is not None and worker is not None and s.lease_worker == worker.id
+        ]
+        if not again:
+            return reports, seen
+        assert worker is not None
+        reports, seen = list(reports), list(seen)
+        floors = {i: seen[i].below_floor_us for i in again}
+        for i, floor in floors.items():
+            assert floor is not None
+            reports[i] = replace(reports[i], result=_implausible(reports[i].result, floor))
+            self.metrics.results_implausible.inc()
+            log.warning(
+                "job %d: worker %d sent %s",
+                reports[i].job_id,
+                worker.id,
+                reports[i].result.error,
+            )
+        for i, s in zip(again, self.store.record(worker, [reports[i] for i in again]), strict=True):
+            seen[i] = replace(s, below_floor_us=floors[i])  # (what its answer says)
+        return reports, seen
 
     def _authorised(self, worker_id: int, token_hash: str) -> WorkerRef | None:
         """The worker, if it exists and the token is its own (else no report applies)."""
@@ -996,8 +1098,17 @@ class Queue:
             return None
 
     def _judge(
-        self, worker: WorkerRef | None, worker_id: int, report: Report, seen: Seen, settled: dict
+        self,
+        worker: WorkerRef | None,
+        worker_id: int,
+        report: Report,
+        seen: Seen,
+        settled: dict,
+        recorded: dict[int, dict[str, Any]],
+        sent: MeasureResult,
     ) -> Judged:
+        """The answer to one report (`sent`: its result as the worker sent it, which
+        `report` holds as recorded: another where its latency is implausible)."""
         job_id, status = report.job_id, report.result.status
         simulated = is_simulated(recorded_runner(report.result, worker))
         if not seen.found:
@@ -1013,12 +1124,31 @@ class Queue:
             )
         if seen.applied:
             state = JobState.DONE if report.result.ok else JobState.FAILED
-            return self._answer(job_id, status, True, state, None, simulated, recorded=True)
-        state, recorded = settled.get(job_id, (seen.job_state, seen.result_token))
-        if recorded is not None and hmac.compare_digest(recorded, report.lease_token):
-            return self._answer(
-                job_id, status, True, state, "duplicate: already recorded", simulated
+            # (An implausible latency's failure says why: the worker sent an ok result.)
+            note = report.result.error if seen.below_floor_us is not None else None
+            return self._answer(job_id, status, True, state, note, simulated, recorded=True)
+        if _repeated(worker, worker_id, report, seen, settled):
+            state = settled.get(job_id, (seen.job_state,))[0]
+            row = recorded.get(job_id)
+            differ = [] if row is None else _differences(report.result, worker, row)
+            if not differ:
+                return self._answer(
+                    job_id, status, True, state, "duplicate: already recorded", simulated
+                )
+            # The same lease's result, not the same result: the first one stays (never two
+            # stories of one trial, nor one counted twice), and the sender is told plainly.
+            # accepted=false: this result was not recorded (a worker logs it, and neither
+            # retries nor measures again: workers/daemon/worker.py, _acknowledged).
+            assert row is not None
+            detail = (
+                "conflict: a different result is already recorded for this lease (recorded "
+                f"{_described(row)}, sent {_described(result_columns(sent))}; they "
+                f"differ in {', '.join(differ)}): not recorded"
             )
+            log.warning("job %d: worker %d %s", job_id, worker_id, detail)
+            self.metrics.results_conflicting.inc()
+            return self._answer(job_id, status, False, state, detail, simulated)
+        state = settled.get(job_id, (seen.job_state,))[0]
         why = "task cancelled" if state == JobState.CANCELLED else "stale lease"
         return self._answer(job_id, status, False, state, f"{why}: not recorded", simulated)
 

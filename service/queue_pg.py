@@ -30,6 +30,7 @@ from pipetune.model.states import JobState, LeaseOutcome, TaskState
 from pipetune.service.db import Database, json_param
 from pipetune.service.queue_types import (
     CLAIMED_COLUMNS,
+    RESULT_COLUMNS,
     Claimed,
     Held,
     Report,
@@ -127,10 +128,18 @@ WITH report AS (
                     AND newest.outcome IS NULL)
                 OR (job.state = %(queued)s AND newest.outcome = %(expired_outcome)s))
             THEN job.attempts + CASE WHEN job.state = %(leased)s THEN 1 ELSE 0 END
-        END AS late_attempts
+        END AS late_attempts,
+        -- An ok latency below the task's floor is no measurement: not applied here, but
+        -- answered with the floor (Queue.submit_many records it as a failed trial).
+        CASE WHEN report.ok AND report.latency_us < job.latency_floor_us
+            THEN job.latency_floor_us END AS below_floor
     FROM report
     LEFT JOIN LATERAL (
-        SELECT id, task_id, trial, state, attempts, lease_token, result_token FROM jobs
+        -- (With its task's latency floor, along the tasks' primary key: the row that an
+        -- applied result updates anyway.)
+        SELECT jobs.id, jobs.task_id, jobs.trial, jobs.state, jobs.attempts,
+            jobs.lease_token, jobs.result_token, tasks.latency_floor_us
+        FROM jobs JOIN tasks ON tasks.id = jobs.task_id
         WHERE jobs.id = report.job_id LIMIT 1
     ) AS job ON true
     LEFT JOIN LATERAL (
@@ -144,7 +153,8 @@ WITH report AS (
         WHERE leases.job_id = report.job_id ORDER BY leases.id + 0 DESC LIMIT 1
     ) AS newest ON true
 ), once AS (  -- a report repeated within the request: the first is the one applied
-    SELECT DISTINCT ON (job_id, token) * FROM seen ORDER BY job_id, token, i
+    SELECT DISTINCT ON (job_id, token) * FROM seen WHERE below_floor IS NULL
+    ORDER BY job_id, token, i
 ), locked_jobs AS (
     SELECT jobs.id FROM jobs JOIN seen ON jobs.id = seen.job_id
     WHERE seen.lease_worker = %(worker)s
@@ -204,7 +214,8 @@ WITH report AS (
         tasks.batch_size, tasks.strategy, tasks.trials_target
 )
 SELECT seen.i, seen.found, seen.job_state, seen.lease_token, seen.result_token,
-    seen.lease_worker, applied.i IS NOT NULL AS applied, counted.id AS task,
+    seen.lease_worker, seen.below_floor, applied.i IS NOT NULL AS applied,
+    counted.id AS task,
     counted.trials_done, counted.trials_enqueued, counted.state AS task_state,
     counted.batch_size, counted.strategy, counted.trials_target
 FROM seen
@@ -214,6 +225,7 @@ ORDER BY seen.i
 """
 
 SETTLED_SQL = "SELECT id, state, result_token FROM jobs WHERE id = ANY(%(ids)s)"
+RECORDED_SQL = f"SELECT id, {', '.join(RESULT_COLUMNS)} FROM jobs WHERE id = ANY(%(ids)s)"
 
 HEARTBEAT_SQL = """
 WITH beat AS (
@@ -325,6 +337,7 @@ class PostgresQueueStore:
                 result_token=r.result_token,
                 lease_worker=r.lease_worker,
                 applied=r.applied,
+                below_floor_us=r.below_floor,
                 task=TaskProgress(
                     r.task,
                     r.trials_done,
@@ -344,6 +357,11 @@ class PostgresQueueStore:
         with self.db.driver_statement() as cur:
             cur.execute(SETTLED_SQL, {"ids": job_ids})
             return {r.id: (r.state, r.result_token) for r in cur.fetchall()}
+
+    def recorded(self, job_ids: list[int]) -> dict[int, dict[str, Any]]:
+        with self.db.driver_statement() as cur:
+            cur.execute(RECORDED_SQL, {"ids": job_ids})
+            return {r.id: r._asdict() for r in cur.fetchall()}
 
     def heartbeat(
         self, worker_id: int, busy_jobs: int, ttl_s: float, held: Held = None

@@ -12,6 +12,7 @@ from __future__ import annotations
 import datetime as dt
 from collections import defaultdict
 from dataclasses import replace
+from typing import Any
 
 from sqlalchemy import bindparam, case, func, insert, literal, or_, select, tuple_, update
 
@@ -20,6 +21,7 @@ from pipetune.service.db import Database
 from pipetune.service.orm import JobRow, LeaseRow, TaskRow, WorkerRow, WorkloadRow
 from pipetune.service.queue_types import (
     CLAIMED_COLUMNS,
+    RESULT_COLUMNS,
     Claimed,
     Held,
     Report,
@@ -80,6 +82,7 @@ _APPLY_LATE = (
     .values(**_RESULT_VALUES)
 )
 _CLAIMED = [JOBS.c[name] for name in CLAIMED_COLUMNS]
+_RESULT_COLUMNS = [JOBS.c[name] for name in RESULT_COLUMNS]
 _END_LEASE = (
     update(LEASES)
     .where(
@@ -207,7 +210,10 @@ class SqliteQueueStore:
                         JOBS.c.state,
                         JOBS.c.lease_token,
                         JOBS.c.result_token,
-                    ).where(JOBS.c.id.in_(ids))
+                        TASKS.c.latency_floor_us,
+                    )
+                    .join(TASKS, TASKS.c.id == JOBS.c.task_id)
+                    .where(JOBS.c.id.in_(ids))
                 )
             }
             grants = {
@@ -241,11 +247,20 @@ class SqliteQueueStore:
             for i, report in enumerate(reports):
                 job = jobs.get(report.job_id)
                 lease_worker = grants.get((report.job_id, report.lease_token))
+                # An ok latency below the task's floor is no measurement: not applied here,
+                # but answered with the floor (Queue.submit_many records it as failed).
+                floor = None if job is None else job.latency_floor_us
+                below = (
+                    floor
+                    if floor is not None and report.result.ok and report.result.latency_us < floor
+                    else None
+                )
                 mine = (
                     job is not None
                     and worker is not None
                     and lease_worker == worker.id
                     and job.id not in taken
+                    and below is None
                 )
                 if mine and job.state == JobState.LEASED:
                     apply = job.lease_token == report.lease_token
@@ -269,6 +284,7 @@ class SqliteQueueStore:
                         result_token=before[0] if before else (job.result_token if job else None),
                         lease_worker=lease_worker,
                         applied=apply,
+                        below_floor_us=below,
                     )
                 )
                 if apply:
@@ -364,6 +380,11 @@ class SqliteQueueStore:
                 select(JOBS.c.id, JOBS.c.state, JOBS.c.result_token).where(JOBS.c.id.in_(job_ids))
             )
             return {r.id: (r.state, r.result_token) for r in rows}
+
+    def recorded(self, job_ids: list[int]) -> dict[int, dict[str, Any]]:
+        with self.db.read_conn() as conn:
+            rows = conn.execute(select(JOBS.c.id, *_RESULT_COLUMNS).where(JOBS.c.id.in_(job_ids)))
+            return {r.id: dict(r._mapping) for r in rows}
 
     def heartbeat(
         self, worker_id: int, busy_jobs: int, ttl_s: float, held: Held = None

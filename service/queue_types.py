@@ -35,6 +35,10 @@ def result_columns(r: MeasureResult) -> dict[str, Any]:
     }
 
 
+# The job columns a result writes, in result_columns' order (what a repeat is compared on).
+RESULT_COLUMNS: tuple[str, ...] = tuple(result_columns(MeasureResult(status="ok", latency_us=1.0)))
+
+
 def recorded_runner(r: MeasureResult, worker: WorkerRef | None) -> str | None:
     """The runner a result is recorded as: its own, or, where it does not say, its worker's
     (the one rule of both stores and of the answer's `simulated`)."""
@@ -130,6 +134,9 @@ class Seen:
     lease_worker: int | None  # the worker the presented lease was granted to
     applied: bool  # this report's result was recorded now
     task: TaskProgress | None = None  # when applied
+    # Its task's latency floor (TaskRow.latency_floor_us), where the report's ok latency is
+    # below it: then it was not recorded as sent (Queue.submit_many records it as failed).
+    below_floor_us: float | None = None
 
 
 class QueueStore(Protocol):
@@ -154,11 +161,18 @@ class QueueStore(Protocol):
         """Record the results whose lease was granted to `worker` (None: an unauthorised
         worker, nothing is recorded) and is current, or expired with the job leased by
         nobody since (the rule: service/queue.py), end their leases and count them on their
-        tasks, in one transaction; what the database held for each report, in order."""
+        tasks, in one transaction; what the database held for each report, in order. An ok
+        result whose latency is below its task's floor is not recorded (Seen.below_floor_us),
+        nor does it keep a later report of the same lease in the request from being."""
         ...
 
     def settled(self, job_ids: list[int]) -> dict[int, tuple[str, str | None]]:
         """(state, result_token) of jobs as committed now."""
+        ...
+
+    def recorded(self, job_ids: list[int]) -> dict[int, dict[str, Any]]:
+        """The result columns (RESULT_COLUMNS) of jobs as committed now, by job id: what
+        a repeat of a recorded result is compared with."""
         ...
 
     def heartbeat(
