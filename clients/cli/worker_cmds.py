@@ -21,7 +21,14 @@ from pipetune.clients.cli.hosts import is_loopback_host
 from pipetune.clients.cli.remote import SERVER_HELP, check_server, cli_error
 from pipetune.clients.sdk import DEFAULT_SERVER, SERVER_ENV, PipetuneError
 from pipetune.model.hardware import gpu_keys
+from pipetune.model.wire import MAX_LEASE_WAIT_S
 from pipetune.workers.daemon import RUNNERS, TOKEN_ENV, DetectionError, WorkerConfig, run_worker
+from pipetune.workers.daemon.config import (
+    MAX_HEARTBEAT_S,
+    MIN_HEARTBEAT_S,
+    MIN_LEASE_WAIT_S,
+    check_operator_intervals,
+)
 from pipetune.workers.datasets import DatasetError
 from pipetune.workers.runners import DatasetMismatchError, RunnerError
 from pipetune.workers.runners.faults import FAULTS_ENV
@@ -83,9 +90,13 @@ def worker(
         "--heartbeat",
         help="seconds between the heartbeat thread's wake-ups: it sends one when a lease "
         "will have lived half its TTL by the next, when the worker goes busy or idle, and "
-        "else every sixth; below the lease TTL",
+        f"else every sixth; {MIN_HEARTBEAT_S:g} to {MAX_HEARTBEAT_S:g}, below the lease TTL",
     ),
-    lease_wait_s: float = typer.Option(10.0, "--lease-wait", help="long-poll seconds per lease"),
+    lease_wait_s: float = typer.Option(
+        10.0,
+        "--lease-wait",
+        help=f"long-poll seconds per lease request ({MIN_LEASE_WAIT_S:g} to {MAX_LEASE_WAIT_S:g})",
+    ),
     register_timeout_s: float = typer.Option(
         60.0, "--register-timeout", help="seconds to keep trying to reach the service at start"
     ),
@@ -125,6 +136,7 @@ def worker(
         for line in unknown_variable_warnings():  # (a misspelt PIPETUNE_SIMULATED_FAULTS)
             print(line, file=sys.stderr, flush=True)
     try:
+        check_operator_intervals(heartbeat_s, lease_wait_s)
         config = WorkerConfig(
             server=server,
             token=token or _generated_token(server),

@@ -49,6 +49,48 @@ def _check_seconds(flag: str, value: float, *, zero_ok: bool) -> None:
         raise ValueError(f"{flag}: at most {MAX_SECONDS:g} s (a week), got {value:g}")
 
 
+# The operator's bounds on the intervals (`pipetune worker` options), checked where an
+# operator gives them (check_operator_intervals, the CLI): WorkerConfig itself takes any
+# positive value, so that tests run the daemon in-process at a hundredth of a second.
+# --heartbeat: the heartbeat thread's wake-ups. Each may send one (an idle worker's every
+# sixth, a busy one's whenever a lease is due, every one to a service that does not say its
+# TTLs): at 1e-9 s the thread spun and sent them flat out. At most half the service's default
+# lease TTL (120 s): leases are extended, and a cancelled task's jobs learned of, at wake-ups;
+# the worker wakes every quarter of a shorter TTL the service says of itself anyway.
+MIN_HEARTBEAT_S = 0.5
+MAX_HEARTBEAT_S = 60.0
+# --lease-wait: how long an idle worker's lease request waits for jobs at the service before
+# it asks again: at a few milliseconds, one request after another (at most MAX_LEASE_WAIT_S,
+# the longest the service holds one).
+MIN_LEASE_WAIT_S = 1.0
+
+
+def check_operator_intervals(heartbeat_s: float, lease_wait_s: float) -> None:
+    """A ValueError naming the option where --heartbeat or --lease-wait is out of the
+    operator's bounds (above). A non-finite --heartbeat is left to WorkerConfig's message."""
+    if math.isfinite(heartbeat_s) and not MIN_HEARTBEAT_S <= heartbeat_s <= MAX_HEARTBEAT_S:
+        why = (
+            "the heartbeat thread wakes that often, and a wake-up may send one"
+            if heartbeat_s < MIN_HEARTBEAT_S
+            else "half the service's default lease TTL of 120 s: leases are extended at wake-ups"
+        )
+        raise ValueError(
+            f"--heartbeat: must be within {MIN_HEARTBEAT_S:g}..{MAX_HEARTBEAT_S:g} s ({why}), "
+            f"got {heartbeat_s:g}"
+        )
+    if not MIN_LEASE_WAIT_S <= lease_wait_s <= MAX_LEASE_WAIT_S:
+        if not math.isfinite(lease_wait_s):
+            why = "a finite number of seconds"
+        elif lease_wait_s < MIN_LEASE_WAIT_S:
+            why = "an idle worker sends a lease request that often"
+        else:
+            why = "the longest the service holds a lease request"
+        raise ValueError(
+            f"--lease-wait: must be within {MIN_LEASE_WAIT_S:g}..{MAX_LEASE_WAIT_S:g} s "
+            f"({why}), got {lease_wait_s:g}"
+        )
+
+
 @dataclass(frozen=True)
 class WorkerConfig:
     server: str

@@ -25,6 +25,7 @@ seconds, more than its results (benchmarks/RESULTS.md, "heartbeats of a fleet").
 
 from __future__ import annotations
 
+import threading
 from dataclasses import dataclass
 
 IDLE_EVERY = 6  # wake-ups between heartbeats that only say the worker lives
@@ -70,6 +71,33 @@ class HeldTerm:
         if self.ttl_s is None:
             return False
         return now > self.last_at + self.ttl_s * (1 + EXPIRED_MARGIN) + EXPIRED_MARGIN_S
+
+
+class Doorbell:
+    """The heartbeat thread's wait between wake-ups: `wait` returns True once `set` (stop),
+    and ends early, returning False, when `ring` asks for a heartbeat now (a measuring thread
+    that must know whether a held job's task was cancelled before it starts it)."""
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition()
+        self._stopped = self._rung = False
+
+    def wait(self, timeout: float) -> bool:
+        with self._cond:
+            if not (self._stopped or self._rung):
+                self._cond.wait(timeout)
+            self._rung = False
+            return self._stopped
+
+    def ring(self) -> None:
+        with self._cond:
+            self._rung = True
+            self._cond.notify_all()
+
+    def set(self) -> None:
+        with self._cond:
+            self._stopped = True
+            self._cond.notify_all()
 
 
 def idle_every(interval_s: float, live_ttl_s: float | None) -> int:

@@ -13,14 +13,18 @@ Threads, each with one job:
   blocked read cannot be interrupted, so a stop does not wait for the poll in flight: the
   control thread goes on without it, and the jobs it brings after the stop are handed back;
 - measuring pool: `concurrency` threads for simulated/replay runners; one thread for cupy
-  (the GPU runs one trial at a time; a batch is compiled in parallel by runner.prepare);
+  (the GPU runs one trial at a time; a batch is compiled in parallel by runner.prepare); a
+  held job whose task was not heard of within CONFIRM_AFTER_S (it waited behind a long
+  trial) starts once word of the task has come (the report of the trial that ended, or a
+  heartbeat asked for): a cancelled task's held jobs are dropped unmeasured;
 - reporter: posts the results measured since its last post in one request
   (`POST /v1/jobs/results`), with retries (workers.daemon.reporting), and leases in the same
   request the jobs the slots they free can take (`max_jobs`): a worker that keeps finding work
   that way makes one request per batch of trials instead of two (the control thread's
   long-poll is then for the jobs that request did not find);
 - heartbeat: tells the service every few seconds that the worker lives and how busy it is,
-  and extends its leases; idle, it tells it less often (workers.daemon.heartbeats).
+  and extends its leases; idle, it tells it less often (workers.daemon.heartbeats); at once
+  when a measuring thread asks (its answer's `gone` names a cancelled task's held jobs).
 
 Stopping: the first SIGTERM (or SIGINT) stops leasing; the jobs in hand are measured and
 reported, then the worker exits 0 (3 when some results could not be reported). A second one
@@ -46,6 +50,10 @@ service, which looks whether its client went away each time the request is woken
 before it claims again (service.queue.Queue.lease), takes no job for it once the process's
 exit has closed the connection. Run in-process (run() returns, the process lives on), the
 lease thread waits for the poll's answer and hands its jobs back.
+
+A result the service refuses as invalid (a value it cannot store: 400, 422) is reported
+again, once, as a failed trial saying why, so that its job ends recorded (left to its lease,
+it was measured and refused again after each TTL until recorded `lost`).
 
 Reports failing: while the results route fails (the reporter retries; --result-retry counts
 from the outage's start), leasing waits, so that the worker does not take jobs whose results
@@ -96,7 +104,7 @@ from pipetune.model.wire import (
 from pipetune.model.workloads import WorkloadError
 from pipetune.workers.daemon.config import WorkerConfig
 from pipetune.workers.daemon.gpu import DeviceInfo
-from pipetune.workers.daemon.heartbeats import HeldTerm, heartbeat_due, idle_every
+from pipetune.workers.daemon.heartbeats import Doorbell, HeldTerm, heartbeat_due, idle_every
 from pipetune.workers.daemon.logs import EventLog, Throttle
 from pipetune.workers.daemon.reporting import (
     TRANSIENT,
@@ -123,6 +131,16 @@ AHEAD_RECHECK_S = 5.0
 # meanwhile. Asked at once, it reached the service before some of them and took jobs of the
 # batch they waited for (benchmarks/RESULTS.md, "lease-ahead after the idle workers").
 AHEAD_DEFER_S = 0.25
+# A held job whose task the worker has not heard of as live for longer than this (it waited
+# behind a long trial, or a compile) starts only once word of its task has come: the answer to
+# the report of the task's last result, on its way already, or else a heartbeat sent for it;
+# a task cancelled meanwhile names the job gone, and it is dropped unmeasured. Started at once,
+# the first job held of a cancelled task was measured for nothing, its result then refused as
+# "task cancelled". Shorter trials are not held up (a cancellation costs at most about this
+# much of a slot's time); a longer one waits one round trip at most, a small part of it.
+CONFIRM_AFTER_S = 1.0
+# The longest a job waits for that word: an answer slow to come, the job is measured.
+CONFIRM_WAIT_S = 2.0
 REPORT_BATCH = 64  # results in one report at most
 EXIT_UNREPORTED = 3  # the exit status of a worker that stopped with results it could not report
 # Answers about a request's size (the body; the head): a batch refused so is sent again one
@@ -152,6 +170,15 @@ MAX_UNDELIVERED = 10_000
 # copy under a new token: known by its job id alone, the old copy's report released the new
 # lease (no heartbeat extended it again) and a `gone` for the old lease dropped the new copy.
 LeaseKey = tuple[int, str]
+
+
+def _unknown_field(exc: ApiError) -> bool:
+    """Whether a 422 refuses a field the service does not know (pydantic's extra_forbidden),
+    rather than a value it judged."""
+    detail = exc.body.get("detail") if isinstance(exc.body, dict) else None
+    return isinstance(detail, list) and any(
+        isinstance(d, dict) and d.get("type") == "extra_forbidden" for d in detail
+    )
 
 
 class WorkerError(PipetuneError):
@@ -227,6 +254,18 @@ class Worker:
         # the task's other jobs held ahead at once, not at the next heartbeat's `gone`
         # (a busy worker beats about every 30 s, and would measure them meanwhile).
         self._task_of: dict[LeaseKey, int] = {}
+        # When each held job's task was last heard of as live (time.monotonic()): a lease of
+        # it granted, a result of it accepted, a heartbeat listing a lease of it and not naming
+        # it gone; and the tasks of the results queued or being reported (how many of each).
+        # A held job's task not heard of lately is asked about before it starts
+        # (_await_word_of_task).
+        self._task_heard: dict[int, float] = {}
+        self._reporting: Counter[int] = Counter()
+        # A heartbeat a measuring thread asked for (_await_word_of_task), how many of those
+        # the heartbeat thread has answered (sent, or failed), and how to wake it (_serve).
+        self._beat_asked = False
+        self._asked_beats = 0
+        self._ring_heartbeat: Callable[[], None] | None = None
         # Since when the reporter's requests have failed without a success between (None:
         # the last one went through). --result-retry counts from there for every report: a
         # worker draining several batches through an outage gave each its own 900 s.
@@ -376,7 +415,8 @@ class Worker:
 
     def _serve(self, api: WorkerApi) -> None:
         workers = 1 if self._serial else self.config.concurrency
-        hb_stop = threading.Event()
+        hb_stop = Doorbell()
+        self._ring_heartbeat = hb_stop.ring
         heartbeat = threading.Thread(
             target=self._heartbeat, args=(hb_stop,), name="pipetune-heartbeat", daemon=True
         )
@@ -582,6 +622,7 @@ class Worker:
             key = _lease_key(job)
             self._held[key] = HeldTerm.granted(job.lease_token, job.lease_ttl_s, now)
             self._task_of[key] = job.task_id
+            self._task_heard[job.task_id] = now  # (leased: its task is live)
         ttls = [j.lease_ttl_s for j in jobs if j.lease_ttl_s is not None]
         if ttls:
             self._shortest_ttl_s = min(self._shortest_ttl_s or math.inf, *ttls)
@@ -621,10 +662,11 @@ class Worker:
             self._gone.discard(key)
             self._superseded.add(key)
 
-    def _release(self, jobs: list[JobLease]) -> None:
+    def _release(self, jobs: list[JobLease], reported: bool = False) -> None:
         """The jobs are done with (reported, or abandoned): their slots are free, and their
         leases no longer extended (an abandoned job's lease expires). Only each job's own
-        lease: a copy superseded by a newer lease of its job leaves that one held."""
+        lease: a copy superseded by a newer lease of its job leaves that one held.
+        `reported`: the reporter is done with their results (_reporting)."""
         with self._slots:
             self._busy -= len(jobs)
             self._found_none_ahead = None  # (what it holds changed: _ahead_wait_s)
@@ -634,6 +676,13 @@ class Worker:
                 self._task_of.pop(key, None)
                 self._gone.discard(key)
                 self._superseded.discard(key)
+                if reported:
+                    self._reporting[job.task_id] -= 1
+                    if self._reporting[job.task_id] <= 0:
+                        del self._reporting[job.task_id]
+            held_tasks = set(self._task_of.values())
+            for task_id in [t for t in self._task_heard if t not in held_tasks]:
+                del self._task_heard[task_id]  # (no job of it held: nothing to ask about)
             self._slots.notify_all()
 
     def _held_leases(self) -> list[HeldLease]:
@@ -919,6 +968,8 @@ class Worker:
                 except Exception as exc:  # measure() reports what could not be built
                     self.log.warning("prepare_failed", msg=str(exc))
             for job, schedule in zip(jobs, schedules, strict=True):
+                if not (self._abort.is_set() or self._fatal is not None):
+                    self._await_word_of_task(job)
                 if self._abort.is_set() or self._fatal is not None:
                     self._set_aside(job)
                 elif self._is_gone(job):
@@ -958,7 +1009,42 @@ class Worker:
             # dataset): a failed trial, so the task goes on.
             return self._failure(f"{self.runner.name} runner: {type(exc).__name__}: {exc}")
 
+    def _await_word_of_task(self, job: JobLease) -> None:
+        """Before a held job starts: where its task was last heard of as live more than
+        CONFIRM_AFTER_S ago, wait up to CONFIRM_WAIT_S for word of it. The answer to a report
+        of the task's results in flight tells (a result refused as "task cancelled" names the
+        task's held jobs gone: _acknowledged); with none in flight, a heartbeat asked for now
+        does (its `gone`). Not where no word can come: reports failing, heartbeats failing or
+        not listing leases (a service from before), no heartbeat thread."""
+        key = _lease_key(job)
+        deadline = time.monotonic() + CONFIRM_WAIT_S
+        asked: int | None = None  # the asked-for heartbeats answered when this one was asked
+        with self._slots:
+            while key in self._held and key not in self._gone and not self._abort.is_set():
+                now = time.monotonic()
+                heard = self._task_heard.get(job.task_id, -math.inf)
+                if now - heard <= CONFIRM_AFTER_S or now >= deadline:
+                    return
+                if self._reports_failing_since is not None:
+                    return
+                if not self._reporting[job.task_id]:
+                    if asked is None:
+                        if (
+                            self._ring_heartbeat is None
+                            or self._heartbeats_failing
+                            or not self._heartbeat_lists_leases
+                        ):
+                            return
+                        asked, self._beat_asked = self._asked_beats, True
+                        self._ring_heartbeat()
+                        continue
+                    if self._asked_beats != asked:
+                        return  # (it was sent, or failed, and did not name the job gone)
+                self._slots.wait(min(0.5, deadline - now))
+
     def _finish(self, job: JobLease, result: MeasureResult) -> None:
+        with self._slots:
+            self._reporting[job.task_id] += 1  # (until its report is done: _release)
         self._count("measured")
         self.log.info(
             "trial",
@@ -1088,7 +1174,7 @@ class Worker:
                             "report_failed", job=job.job_id, msg=f"{type(exc).__name__}: {exc}"
                         )
                 finally:
-                    self._release([job for job, _ in items])
+                    self._release([job for job, _ in items], reported=True)
                 if last:
                     self._resend_undelivered(api, time.monotonic() >= per_result_until)
                     return
@@ -1385,7 +1471,11 @@ class Worker:
                     self._delivered(item)
                 self._acknowledged(job, ack.accepted, ack.job_state, ack.detail)
 
-    def _report(self, api: WorkerApi, job: JobLease, result: MeasureResult) -> None:
+    def _report(
+        self, api: WorkerApi, job: JobLease, result: MeasureResult, refusable: bool = True
+    ) -> None:
+        """Report one result. One the service refuses as invalid (400, 422) is reported
+        again, once, as a failed trial saying why (`refusable`: not that one again)."""
         assert self.worker_id is not None
         body = JobResult(worker_id=self.worker_id, lease_token=job.lease_token, result=result)
 
@@ -1405,14 +1495,44 @@ class Worker:
         except ApiError as exc:
             self._count("refused")
             self.log.error("report_refused", job=job.job_id, status=exc.status_code, msg=exc.reason)
+            if not isinstance(exc, InvalidRequestError):
+                return
+            if _unknown_field(exc):
+                # Not a judgement of the measurement: a service older than this worker (the
+                # README: upgrade the service first). Left to its lease, the job is measured
+                # again, and recorded once the service is upgraded, not failed now.
+                self.log.warning(
+                    "result_field_unknown",
+                    job=job.job_id,
+                    msg=f"the service does not know {exc.field!r}: upgrade it",
+                )
+            elif refusable:
+                self._report(api, job, self._refused_result(result, exc), refusable=False)
             return
         if ack.accepted:
             self._delivered((job, result))
         self._acknowledged(job, ack.accepted, ack.job_state, ack.detail)
 
+    def _refused_result(self, result: MeasureResult, exc: InvalidRequestError) -> MeasureResult:
+        """The failed trial reported in place of a result the service refused as invalid (a
+        runner's answer it cannot store): the job ends, failed with the reason, and the lease
+        with it. Dropped, it stayed leased until its TTL ran out, was leased again (to this
+        worker, as often as not), measured and refused again, and recorded `lost` after
+        max_attempts TTLs, the reason nowhere. Handed back instead (a release, no attempt
+        counted), it came straight back to be measured and refused, without end."""
+        measured = result.status
+        if result.latency_us is not None:
+            measured += f", {result.latency_us:g} us"
+        return self._failure(
+            f"worker: the service refused the result measured ({measured}): {exc.reason}"
+        )
+
     def _acknowledged(self, job: JobLease, accepted: bool, job_state: Any, detail: Any) -> None:
         if accepted:
             self._count("accepted")
+            with self._slots:  # (recorded: its task is live)
+                self._task_heard[job.task_id] = time.monotonic()
+                self._slots.notify_all()
         else:
             # The lease expired and the job went to another worker, or the task was
             # cancelled: the service keeps the other answer, which is fine.
@@ -1425,55 +1545,77 @@ class Worker:
 
     # ---- heartbeat ----------------------------------------------------------------------
 
-    def _heartbeat(self, stop: threading.Event) -> None:
+    def _heartbeat(self, stop: Doorbell | threading.Event) -> None:
         api = self._api_factory()
         last_active: bool | None = None  # what the last heartbeat the service took said
         wakeups = 0  # since then
         try:
             while not stop.wait(self._heartbeat_interval_s()):
-                if self.worker_id is None:
-                    continue
-                wakeups += 1
-                now = time.monotonic()
+                # A measuring thread's ask (_await_word_of_task): a heartbeat now, due or not.
                 with self._slots:
-                    held = dict(self._held)
-                    busy = max(self._busy, 0)
-                active = bool(held) or busy > 0
-                interval = self._heartbeat_interval_s()
-                expiring = any(term.due(now, interval) for term in held.values())
-                every = idle_every(interval, self._service_ttl_s)
-                if not heartbeat_due(active, last_active, wakeups, expiring, every):
-                    continue
-                leases = None  # (more than a heartbeat lists: all are extended)
-                if self._heartbeat_lists_leases and len(held) <= MAX_HELD_LEASES:
-                    leases = [HeldLease(job_id=j, lease_token=t) for j, t in held]
+                    asked, self._beat_asked = self._beat_asked, False
                 try:
-                    ack = api.heartbeat(self.worker_id, busy_jobs=busy, leases=leases)
-                    last_active, wakeups = active, 0
-                    gone = set(getattr(ack, "gone", None) or ())
-                    if gone:
-                        # The service names jobs: gone is the lease listed for each (one a
-                        # job, _hold), and only while still held: a job released meanwhile
-                        # is not, nor one leased again since (its new lease is another key).
+                    if self.worker_id is None:
+                        continue
+                    wakeups += 1
+                    now = time.monotonic()
+                    with self._slots:
+                        held = dict(self._held)
+                        busy = max(self._busy, 0)
+                    active = bool(held) or busy > 0
+                    interval = self._heartbeat_interval_s()
+                    expiring = any(term.due(now, interval) for term in held.values())
+                    every = idle_every(interval, self._service_ttl_s)
+                    if not asked and not heartbeat_due(
+                        active, last_active, wakeups, expiring, every
+                    ):
+                        continue
+                    if self._beat(api, held, busy, now):
+                        last_active, wakeups = active, 0
+                finally:
+                    if asked:
                         with self._slots:
-                            self._gone |= {
-                                key for key in held if key[0] in gone and key in self._held
-                            }
-                    for term in held.values():
-                        term.extended(now)
-                    self._heartbeats_failing = False
-                except InvalidRequestError as exc:
-                    if leases is not None and exc.field == "leases":
-                        # A service from before heartbeats listed leases: as it takes them.
-                        self._heartbeat_lists_leases = False
-                        self.log.info("heartbeat_leases_unsupported", msg="all leases extended")
-                    elif self._throttle("heartbeat", time.monotonic()):
-                        self.log.warning("heartbeat_failed", msg=f"{type(exc).__name__}: {exc}")
-                except Exception as exc:  # keep beating: the next one may get through
-                    self._heartbeats_failing = True
-                    if isinstance(exc, TRANSIENT_REGISTERED):
-                        self._reregister.set()
-                    if self._throttle("heartbeat", time.monotonic()):
-                        self.log.warning("heartbeat_failed", msg=f"{type(exc).__name__}: {exc}")
+                            self._asked_beats += 1
+                            self._slots.notify_all()
         finally:
             api.close()
+
+    def _beat(self, api: WorkerApi, held: dict[LeaseKey, HeldTerm], busy: int, now: float) -> bool:
+        """Send one heartbeat listing the leases `held` (as of `now`) and take its answer;
+        whether the service took it (a failure is said here; the next may get through)."""
+        assert self.worker_id is not None
+        leases = None  # (more than a heartbeat lists: all are extended)
+        if self._heartbeat_lists_leases and len(held) <= MAX_HELD_LEASES:
+            leases = [HeldLease(job_id=j, lease_token=t) for j, t in held]
+        try:
+            ack = api.heartbeat(self.worker_id, busy_jobs=busy, leases=leases)
+        except InvalidRequestError as exc:
+            if leases is not None and exc.field == "leases":
+                # A service from before heartbeats listed leases: as it takes them.
+                self._heartbeat_lists_leases = False
+                self.log.info("heartbeat_leases_unsupported", msg="all leases extended")
+            elif self._throttle("heartbeat", time.monotonic()):
+                self.log.warning("heartbeat_failed", msg=f"{type(exc).__name__}: {exc}")
+            return False
+        except Exception as exc:  # keep beating: the next one may get through
+            self._heartbeats_failing = True
+            if isinstance(exc, TRANSIENT_REGISTERED):
+                self._reregister.set()
+            if self._throttle("heartbeat", time.monotonic()):
+                self.log.warning("heartbeat_failed", msg=f"{type(exc).__name__}: {exc}")
+            return False
+        gone = set(getattr(ack, "gone", None) or ())
+        with self._slots:
+            # The service names jobs: gone is the lease listed for each (one a job, _hold),
+            # and only while still held: a job released meanwhile is not, nor one leased again
+            # since (its new lease is another key).
+            self._gone |= {key for key in held if key[0] in gone and key in self._held}
+            if leases is not None:  # (the others' tasks are live: _await_word_of_task)
+                for key in held:
+                    if key[0] not in gone and key in self._task_of:
+                        self._task_heard[self._task_of[key]] = now
+            self._slots.notify_all()
+        for term in held.values():
+            term.extended(now)
+        self._heartbeats_failing = False
+        return True
