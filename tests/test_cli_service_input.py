@@ -295,6 +295,21 @@ def test_a_poll_that_is_not_positive_exits_2_before_anything_is_sent(command):
 @pytest.mark.parametrize(
     "command",
     [
+        ["tune", "gemm", *FC, "--budget", "2", "--wait", "--poll", "1e-9"],
+        ["tune-model", "bert-base", "--seq", "64", "--budget", "2", "--poll", "0.05"],
+    ],
+    ids=["tune 1e-9", "tune-model 0.05"],
+)
+def test_a_poll_shorter_than_a_tenth_of_a_second_exits_2_before_anything_is_sent(command):
+    # (It polled the service flat out.) Nothing listens at the server, as above.
+    result = runner.invoke(app, [*command, "--server", f"http://127.0.0.1:{free_port()}"])
+    assert result.exit_code == 2, result.output
+    _one_error_line(result, "--poll: at least 0.1 s")
+
+
+@pytest.mark.parametrize(
+    "command",
+    [
         ["tune", "gemm", *FC, "--budget", "2", "--wait", "--poll", "1e10"],
         ["tune-model", "bert-base", "--seq", "64", "--budget", "2", "--poll", "1e10"],
     ],

@@ -131,12 +131,23 @@ def _check_tuning(
         raise CliError(f"--strategy: unknown {strategy!r}; known: {', '.join(STRATEGIES)}", 2)
 
 
+# The shortest --poll: each look is a request to the service (a task's document, or every
+# task's for tune-model), and 1e-9 s sent them one after another, a busy loop on both sides.
+MIN_POLL_S = 0.1
+
+
 def _check_poll(poll: float) -> None:
     """--poll before anything is sent: a task created and then left behind by a crash on
     its first wait is the worst time to find out (0 would poll without a pause, and a pause
     longer than MAX_SECONDS overflows the sleep)."""
     if not (math.isfinite(poll) and poll > 0):
         raise CliError(f"--poll: must be a positive number of seconds, got {poll:g}", 2)
+    if poll < MIN_POLL_S:
+        raise CliError(
+            f"--poll: at least {MIN_POLL_S:g} s (each look is a request to the service), "
+            f"got {poll:g}",
+            2,
+        )
     if poll > MAX_SECONDS:
         raise CliError(f"--poll: at most {MAX_SECONDS:g} s (a week), got {poll:g}", 2)
 
