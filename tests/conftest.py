@@ -6,6 +6,7 @@ import os
 import shutil
 import tempfile
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 from hypothesis import settings
@@ -73,17 +74,25 @@ def private_postgres() -> Iterator[PostgresInstance]:
         pg.destroy()
 
 
-@pytest.fixture
-def campaign_caches(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch):
-    """A campaign test's compile and reference caches, shared by the run's tests (kernels
-    compiled once), and the simulated runner without its pretend measuring time."""
+@pytest.fixture(scope="session")
+def campaign_cache_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The folder of the campaign tests' compile and reference caches (cubins/, references/),
+    shared by the run's tests: each kernel compiled once. For a module-scoped fixture's
+    campaign; a test's own takes campaign_caches."""
     root = tmp_path_factory.getbasetemp()
     if os.environ.get("PYTEST_XDIST_WORKER"):
         # The run's folder, not this worker's: every worker compiled each kernel itself.
         # (Both caches write each entry under a temporary name and rename it.)
         root = root.parent
-    monkeypatch.setenv("PIPETUNE_CACHE_DIR", str(root / "cubins"))
-    monkeypatch.setenv("PIPETUNE_REFERENCE_CACHE", str(root / "references"))
+    return root
+
+
+@pytest.fixture
+def campaign_caches(campaign_cache_root: Path, monkeypatch: pytest.MonkeyPatch):
+    """A campaign test's compile and reference caches, shared by the run's tests (kernels
+    compiled once), and the simulated runner without its pretend measuring time."""
+    monkeypatch.setenv("PIPETUNE_CACHE_DIR", str(campaign_cache_root / "cubins"))
+    monkeypatch.setenv("PIPETUNE_REFERENCE_CACHE", str(campaign_cache_root / "references"))
     monkeypatch.setenv("PIPETUNE_SIMULATED_TIME_SCALE", "0")
 
 

@@ -13,6 +13,7 @@ import shutil
 import subprocess
 import sys
 import tarfile
+from pathlib import Path
 
 import pytest
 from typer.testing import CliRunner
@@ -130,29 +131,30 @@ def _every(chosen, step: int) -> tuple[str, ...]:
     return tuple(f"{w.workload_hash}/{x.id}" for w, x in pairs[step - 1 :: step])
 
 
-def _with_wrong_kernels(tmp_path_factory, wrong: tuple[str, ...], args: list[str]):
+def _with_wrong_kernels(cache_root: Path, wrong: tuple[str, ...], args: list[str]):
     """`pipetune campaign ARGS` on the simulated launch runner, with the given (workload
-    hash/schedule id) computing wrong results in the correctness phase."""
+    hash/schedule id) computing wrong results in the correctness phase; the run's shared
+    caches in `cache_root` (conftest.campaign_cache_root)."""
 
     def open_runner(options, gpu):
         return SimulatedLaunchRunner(gpu, settings=CAMPAIGN_SETTINGS, wrong=wrong)
 
     with pytest.MonkeyPatch.context() as patch:
-        root = tmp_path_factory.getbasetemp()
-        patch.setenv("PIPETUNE_CACHE_DIR", str(root / "cubins"))
+        patch.setenv("PIPETUNE_CACHE_DIR", str(cache_root / "cubins"))
+        patch.setenv("PIPETUNE_REFERENCE_CACHE", str(cache_root / "references"))
         patch.setenv("PIPETUNE_SIMULATED_TIME_SCALE", "0")
         patch.setattr(campaign_run, "open_runner", open_runner)
         return cli.invoke(campaign_app, args)
 
 
 @pytest.fixture(scope="module")
-def stopped(tmp_path_factory):
+def stopped(tmp_path_factory, campaign_cache_root):
     """A simulated campaign whose correctness phase meets 61 wrong kernels of 612 (10%),
     spread over every case and knob value."""
     folder = tmp_path_factory.mktemp("stopped")
     wrong = _every(selection(get_gpu("h100"), ["tensor_gemm"]), 10)
     args = ["--out-dir", str(folder / "out"), "--pack", str(folder / "c.tar.gz"), *SIM]
-    return folder, _with_wrong_kernels(tmp_path_factory, wrong, args)
+    return folder, _with_wrong_kernels(campaign_cache_root, wrong, args)
 
 
 def test_a_correctness_failure_stops_the_campaign_before_any_sweep(stopped):
@@ -242,14 +244,14 @@ MIXED = ["--runner", "simulated", "--operators", "MM_RN50_FC,Softmax_BERT_b1_s12
 
 
 @pytest.fixture(scope="module")
-def memops_stopped(tmp_path_factory):
+def memops_stopped(tmp_path_factory, campaign_cache_root):
     """A simulated campaign over a GEMM and a softmax whose correctness phase meets 7 wrong
     memory-intensive kernels spread over their cases: 8 of 1172 schedules in all (0.7%), but
     8 of the 560 memops ones (1.4%)."""
     folder = tmp_path_factory.mktemp("memops-stopped")
     args = ["--out-dir", str(folder / "out"), *MIXED]
     wrong = _every(selection(get_gpu("h100"), ["memops"]), 64)
-    return folder, _with_wrong_kernels(tmp_path_factory, wrong, args)
+    return folder, _with_wrong_kernels(campaign_cache_root, wrong, args)
 
 
 def test_a_family_s_failures_stop_the_campaign_though_all_families_pass(memops_stopped):
@@ -268,14 +270,13 @@ def test_a_family_s_failures_stop_the_campaign_though_all_families_pass(memops_s
 
 
 @pytest.fixture(scope="module")
-def continued(tmp_path_factory):
+def continued(tmp_path_factory, campaign_cache_root):
     """Two simulated calls: a softmax alone, then (``--have``) the softmax and a GEMM."""
     folder = tmp_path_factory.mktemp("continued")
     results = []
     with pytest.MonkeyPatch.context() as patch:
-        root = tmp_path_factory.getbasetemp()
-        patch.setenv("PIPETUNE_CACHE_DIR", str(root / "cubins"))
-        patch.setenv("PIPETUNE_REFERENCE_CACHE", str(root / "references"))
+        patch.setenv("PIPETUNE_CACHE_DIR", str(campaign_cache_root / "cubins"))
+        patch.setenv("PIPETUNE_REFERENCE_CACHE", str(campaign_cache_root / "references"))
         patch.setenv("PIPETUNE_SIMULATED_TIME_SCALE", "0")
         first = ["--runner", "simulated", "--operators", "Softmax_BERT_b1_s128"]
         for call, args in ((1, first), (2, ["--have", str(folder / "c1.tar.gz"), *MIXED])):
@@ -514,7 +515,7 @@ def test_unpack_refuses_a_simulated_profile_in_a_measured_campaign(tmp_path, mon
 
 
 def test_a_later_call_naming_fewer_operators_goes_on_with_the_campaign_s_others(
-    continued, tmp_path, monkeypatch, tmp_path_factory
+    continued, tmp_path
 ):
     """A --have call naming only some of the campaign's operators summed up only those: it
     said "complete" of a campaign whose other operators were unswept, and the kit offered
@@ -524,10 +525,7 @@ def test_a_later_call_naming_fewer_operators_goes_on_with_the_campaign_s_others(
     have = tmp_path / "have"
     shutil.copytree(folder / "out2", have)
     (have / "sweeps" / "MM_RN50_FC.t4.json.gz").unlink()  # (as if a call had paused there)
-    root = tmp_path_factory.getbasetemp()  # (the fixture's caches: its kernels compiled once)
-    monkeypatch.setenv("PIPETUNE_CACHE_DIR", str(root / "cubins"))
-    monkeypatch.setenv("PIPETUNE_REFERENCE_CACHE", str(root / "references"))
-    monkeypatch.setenv("PIPETUNE_SIMULATED_TIME_SCALE", "0")
+    # (campaign_caches, the module's: the fixture's caches, its kernels compiled once)
     args = ["--runner", "simulated", "--operators", "Softmax_BERT_b1_s128", "--have", str(have)]
     result = cli.invoke(campaign_app, [*args, "--out-dir", str(tmp_path / "out3")])
     assert result.exit_code == 0, result.output

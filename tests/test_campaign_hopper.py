@@ -58,19 +58,18 @@ def test_the_hopper_selection_covers_every_knob_value_tile_loop_and_tail(gpu):
     assert axes == {"m", "n", "k"}
 
 
-def _simulated(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """A simulated campaign's own cubin and reference caches, and no simulated waits."""
-    monkeypatch.setenv("PIPETUNE_CACHE_DIR", str(tmp_path / "cubins"))
-    monkeypatch.setenv("PIPETUNE_REFERENCE_CACHE", str(tmp_path / "references"))
-    monkeypatch.setenv("PIPETUNE_SIMULATED_TIME_SCALE", "0")
+# The simulated campaigns below use the run's shared compile and reference caches
+# (conftest.campaign_caches): every campaign compiles its families' whole correctness
+# selection, the same kernels for each test (and for tests/test_campaign_cli.py's memops
+# ones), about 30 CPU seconds a family where no other test compiled them first.
+simulated_campaign = pytest.mark.usefixtures("campaign_caches")
 
 
-def _packed_campaign(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, operators: str) -> Path:
+def _packed_campaign(tmp_path: Path, operators: str) -> Path:
     """A simulated campaign of ``operators`` (its files in tmp_path/out), packed as a GPU call
     packs it and unpacked as its archive is here: the folder it unpacked into."""
     from pipetune.workers.campaign.unpack import unpack
 
-    _simulated(tmp_path, monkeypatch)
     archive = tmp_path / "c.tar.gz"
     args = ["--out-dir", str(tmp_path / "out"), "--pack", str(archive), "--runner", "simulated"]
     result = cli.invoke(campaign_app, [*args, "--operators", operators])
@@ -79,8 +78,8 @@ def _packed_campaign(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, operators:
     return tmp_path / "data"
 
 
-def test_a_hopper_operator_goes_through_every_phase(tmp_path, monkeypatch):
-    _simulated(tmp_path, monkeypatch)
+@simulated_campaign
+def test_a_hopper_operator_goes_through_every_phase(tmp_path):
     out = tmp_path / "out"
     args = ["--out-dir", str(out), "--runner", "simulated", "--operators", "WG_BMM_BERT_SV"]
     result = cli.invoke(campaign_app, args)
@@ -99,7 +98,8 @@ def test_a_hopper_operator_goes_through_every_phase(tmp_path, monkeypatch):
     assert set(dataset.records[0].configuration) == set(KNOB_NAMES)
 
 
-def test_the_report_sets_the_wgmma_family_beside_the_mma_sync_family(tmp_path, monkeypatch):
+@simulated_campaign
+def test_the_report_sets_the_wgmma_family_beside_the_mma_sync_family(tmp_path):
     """A simulated wgmma campaign of two operators, unpacked into a folder of its own, reported
     beside the committed H100 mma.sync measurement of one of the two shapes."""
     import gzip
@@ -108,7 +108,7 @@ def test_the_report_sets_the_wgmma_family_beside_the_mma_sync_family(tmp_path, m
     from benchmarks import bench_campaign
     from benchmarks.campaign_data import campaign
 
-    data = _packed_campaign(tmp_path, monkeypatch, "WG_MM_RN50_FC,WG_BMM_BERT_SV")
+    data = _packed_campaign(tmp_path, "WG_MM_RN50_FC,WG_BMM_BERT_SV")
     committed = Path("benchmarks/data/h100")
     compare = tmp_path / "mma" / "h100"
     shutil.copytree(committed / "campaign", compare / "campaign")
@@ -136,6 +136,7 @@ def test_the_report_sets_the_wgmma_family_beside_the_mma_sync_family(tmp_path, m
     assert "Tensor-core operators" not in body  # no empty tables of the other families
 
 
+@simulated_campaign
 def test_stream_k_failing_its_checks_is_quarantined_and_the_rest_is_swept(tmp_path, monkeypatch):
     """The stream-K kernels have never run on hardware: if they fail their checks, the call
     still sweeps the other tile loops (and says so everywhere) instead of stopping."""
@@ -144,7 +145,6 @@ def test_stream_k_failing_its_checks_is_quarantined_and_the_rest_is_swept(tmp_pa
     from pipetune.workers.campaign.plan import CAMPAIGN_SETTINGS
     from pipetune.workers.runners.sim_runner import SimulatedLaunchRunner
 
-    _simulated(tmp_path, monkeypatch)
     gpu = get_gpu("h100")
     stream_k = sorted(
         {x.id for _, _, s in selection(gpu, ["hopper_gemm"]) for x in s if x.tile_loop == STREAM_K}
@@ -250,9 +250,8 @@ def test_kernels_that_keep_timing_out_are_not_run_again_and_are_quarantined():
     assert "with tile_loop=2 timed out before it" in not_run[0]["error"]
 
 
-def test_the_hopper_fused_suite_is_swept_and_reported_beside_the_hopper_suite(
-    tmp_path, monkeypatch
-):
+@simulated_campaign
+def test_the_hopper_fused_suite_is_swept_and_reported_beside_the_hopper_suite(tmp_path):
     """The swiglu and bias_gelu suites' fused GEMMs on the wgmma family: a campaign of their
     own (simulated here), each swept whole, with its PyTorch baseline, in the wgmma report."""
     from benchmarks import bench_campaign
@@ -260,7 +259,7 @@ def test_the_hopper_fused_suite_is_swept_and_reported_beside_the_hopper_suite(
     from pipetune.model.operators import HOPPER_FUSED
 
     assert {w.op for w in HOPPER_FUSED.values()} == {"hopper_gemm_swiglu", "hopper_gemm_bias_gelu"}
-    data = _packed_campaign(tmp_path, monkeypatch, "hopper_fused")
+    data = _packed_campaign(tmp_path, "hopper_fused")
     summary = json.loads((tmp_path / "out" / "campaign.json").read_text())
     assert summary["state"] == "complete" and set(summary["sweeps"]["done"]) == set(HOPPER_FUSED)
     baselines = json.loads((tmp_path / "out" / "baselines.json").read_text())["operators"]
@@ -294,10 +293,9 @@ def test_the_attention_suite_plans_q_k_over_keys_as_stored_on_both_families_in_o
     assert refused.exit_code == 2 and "WG_BMM_GPT2_QK_NK" in refused.stderr
 
 
+@simulated_campaign
 @pytest.mark.filterwarnings("error::RuntimeWarning")
-def test_the_attention_suite_s_causal_softmax_is_reported_beside_the_plain_ones(
-    tmp_path, monkeypatch
-):
+def test_the_attention_suite_s_causal_softmax_is_reported_beside_the_plain_ones(tmp_path):
     """The attention suite's masked softmax (simulated here) is swept with a baseline and
     lands in the report's memory-intensive table, where the memops suite's operators are
     (the GPU's baseline, eager PyTorch, is tests/test_campaign_gpu_side.py's). A campaign
@@ -305,7 +303,7 @@ def test_the_attention_suite_s_causal_softmax_is_reported_beside_the_plain_ones(
     from benchmarks import bench_campaign
     from benchmarks.campaign_data import campaign
 
-    data = _packed_campaign(tmp_path, monkeypatch, "Softmax_GPT2_causal_b1_s1024")
+    data = _packed_campaign(tmp_path, "Softmax_GPT2_causal_b1_s1024")
     baselines = json.loads((tmp_path / "out" / "baselines.json").read_text())["operators"]
     assert baselines["Softmax_GPT2_causal_b1_s1024"]["simulated"]
     body = bench_campaign.report(campaign("h100", data))

@@ -15,6 +15,7 @@ import shutil
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 from urllib.parse import parse_qs, urlparse
 
 import httpx
@@ -24,6 +25,9 @@ from sqlalchemy import create_engine, update
 
 from pipetune.service.migrate import upgrade
 from pipetune.service.orm import WorkerRow
+
+if TYPE_CHECKING:
+    from playwright.sync_api import Browser
 
 CHROMIUM = "/usr/bin/chromium"
 CHROMIUM_ARGS = [
@@ -51,6 +55,30 @@ def chromium() -> str:
             pytrace=False,
         )
     return found
+
+
+@pytest.fixture(scope="module")
+def chromium_browser(chromium: str) -> Iterator[Browser]:
+    """One Chromium for the module's tests: a launch (with Playwright's driver) costs about
+    1.5 CPU seconds, a context of its own 0.2."""
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=chromium, args=CHROMIUM_ARGS)
+        try:
+            yield browser
+        finally:
+            browser.close()
+
+
+@pytest.fixture
+def browser(chromium_browser: Browser) -> Iterator[Browser]:
+    """The module's Chromium. Each of its new_page() opens a context of its own (cookies,
+    storage and cache as a freshly launched browser's), as each did when every test
+    launched one; the test's contexts are closed after it."""
+    yield chromium_browser
+    for context in chromium_browser.contexts:
+        context.close()
 
 
 @pytest.fixture
@@ -122,8 +150,7 @@ def test_the_page_runs_only_its_own_scripts_and_is_not_framed(live_url):
     assert page.headers["x-frame-options"] == "DENY"
 
 
-def test_dashboard_draws_the_curves_without_console_errors(live_url, chromium):
-    from playwright.sync_api import sync_playwright
+def test_dashboard_draws_the_curves_without_console_errors(live_url, browser):
 
     client = httpx.Client(base_url=live_url, timeout=30)
     worker = _two_finished_tasks(client)
@@ -132,120 +159,114 @@ def test_dashboard_draws_the_curves_without_console_errors(live_url, chromium):
     ).json()["id"]
     _answer(client, worker, 8)  # 8 of its 24 trials measured
 
-    with sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=chromium, args=CHROMIUM_ARGS)
-        page = browser.new_page()
-        errors: list[str] = []
-        page.on("console", lambda m: errors.append(m.text) if m.type == "error" else None)
-        page.on("pageerror", lambda e: errors.append(str(e)))
-        requested: list[str] = []
-        page.on("request", lambda r: requested.append(r.url))
+    page = browser.new_page()
+    errors: list[str] = []
+    page.on("console", lambda m: errors.append(m.text) if m.type == "error" else None)
+    page.on("pageerror", lambda e: errors.append(str(e)))
+    requested: list[str] = []
+    page.on("request", lambda r: requested.append(r.url))
 
-        page.goto(f"{live_url}/dashboard?refresh=300")
-        # The newest task is selected first: 8 trials measured so far.
-        page.wait_for_function(
-            "() => { const d = document.getElementById('curve-plot').data;"
-            " return d && d[0].x.length === 8; }",
-            timeout=20000,
-        )
-        assert page.locator("#tasks tbody tr").count() == 3
-        assert "running" in page.locator("#tasks tbody tr").first.inner_text()
-        assert page.locator("#curve-plot .scatterlayer .trace").count() == 1
-        scatter = page.evaluate("document.getElementById('scatter-plot').data[0].x.length")
-        assert scatter == 8
-        page.wait_for_function(
-            "() => { const d = document.getElementById('aggregate-plot').data;"
-            " return d && d.length === 3; }",
-            timeout=20000,
-        )
-        strategies = page.evaluate(
-            "document.getElementById('aggregate-plot').data.map(t => t.name).sort()"
-        )
-        assert strategies == ["analytical", "grid", "random"]
-        assert page.locator("#aggregate-plot .scatterlayer .trace").count() == 3
+    page.goto(f"{live_url}/dashboard?refresh=300")
+    # The newest task is selected first: 8 trials measured so far.
+    page.wait_for_function(
+        "() => { const d = document.getElementById('curve-plot').data;"
+        " return d && d[0].x.length === 8; }",
+        timeout=20000,
+    )
+    assert page.locator("#tasks tbody tr").count() == 3
+    assert "running" in page.locator("#tasks tbody tr").first.inner_text()
+    assert page.locator("#curve-plot .scatterlayer .trace").count() == 1
+    scatter = page.evaluate("document.getElementById('scatter-plot').data[0].x.length")
+    assert scatter == 8
+    page.wait_for_function(
+        "() => { const d = document.getElementById('aggregate-plot').data;"
+        " return d && d.length === 3; }",
+        timeout=20000,
+    )
+    strategies = page.evaluate(
+        "document.getElementById('aggregate-plot').data.map(t => t.name).sort()"
+    )
+    assert strategies == ["analytical", "grid", "random"]
+    assert page.locator("#aggregate-plot .scatterlayer .trace").count() == 3
 
-        # More trials arrive: the page extends its plots, asking only for what is new.
-        _finish(client, worker, [running])
-        page.wait_for_function(
-            "() => document.getElementById('curve-plot').data[0].x.length === 24",
-            timeout=20000,
-        )
-        assert page.evaluate("document.getElementById('scatter-plot').data[0].x.length") == 24
-        afters = [
-            int(parse_qs(urlparse(u).query)["after"][0])
-            for u in requested
-            if f"/v1/tasks/{running}/trials" in u
-        ]
-        assert afters[0] == -1 and max(afters) >= 7  # later refreshes start past what it has
-        # Errors come cut to the 300 characters the page shows, not as whole compiler logs.
-        cuts = [parse_qs(urlparse(u).query).get("error_chars") for u in requested if "/trials" in u]
-        assert cuts and all(cut == ["300"] for cut in cuts), cuts
+    # More trials arrive: the page extends its plots, asking only for what is new.
+    _finish(client, worker, [running])
+    page.wait_for_function(
+        "() => document.getElementById('curve-plot').data[0].x.length === 24",
+        timeout=20000,
+    )
+    assert page.evaluate("document.getElementById('scatter-plot').data[0].x.length") == 24
+    afters = [
+        int(parse_qs(urlparse(u).query)["after"][0])
+        for u in requested
+        if f"/v1/tasks/{running}/trials" in u
+    ]
+    assert afters[0] == -1 and max(afters) >= 7  # later refreshes start past what it has
+    # Errors come cut to the 300 characters the page shows, not as whole compiler logs.
+    cuts = [parse_qs(urlparse(u).query).get("error_chars") for u in requested if "/trials" in u]
+    assert cuts and all(cut == ["300"] for cut in cuts), cuts
 
-        # Selecting another task draws its curve.
-        page.locator("#tasks tbody tr").nth(2).click()
-        page.wait_for_function(
-            "() => document.getElementById('task-title').textContent.includes('grid')",
-            timeout=20000,
-        )
-        page.wait_for_function(
-            "() => document.getElementById('curve-plot').data[0].x.length === 16",
-            timeout=20000,
-        )
-        browser.close()
+    # Selecting another task draws its curve.
+    page.locator("#tasks tbody tr").nth(2).click()
+    page.wait_for_function(
+        "() => document.getElementById('task-title').textContent.includes('grid')",
+        timeout=20000,
+    )
+    page.wait_for_function(
+        "() => document.getElementById('curve-plot').data[0].x.length === 16",
+        timeout=20000,
+    )
+    page.close()
     client.close()
     assert errors == []
     assert all(urlparse(u).netloc == urlparse(live_url).netloc for u in requested), requested
     assert any(u.endswith("/dashboard/static/plotly.min.js") for u in requested)
 
 
-def test_a_click_during_a_refresh_draws_each_curve_point_once(live_url, chromium):
+def test_a_click_during_a_refresh_draws_each_curve_point_once(live_url, browser):
     """A refresh in flight when another task is selected used to run beside the click's
     refresh: both fetched the curve from the same point and appended it twice (32 points
     for 16 trials; seen as a flaky timeout in CI). The page's /v1/tasks requests are held
     here so the two refreshes overlap every time."""
-    from playwright.sync_api import sync_playwright
-
     with httpx.Client(base_url=live_url, timeout=30) as client:
         _two_finished_tasks(client)
 
-    with sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=chromium, args=CHROMIUM_ARGS)
-        page = browser.new_page()
-        page.goto(f"{live_url}/dashboard?refresh=250")
-        page.wait_for_function(
-            "() => { const d = document.getElementById('curve-plot').data;"
-            " return d && d[0].x.length === 16; }",
-            timeout=20000,
-        )
-        held: list = []
-        holding = [True]
+    page = browser.new_page()
+    page.goto(f"{live_url}/dashboard?refresh=250")
+    page.wait_for_function(
+        "() => { const d = document.getElementById('curve-plot').data;"
+        " return d && d[0].x.length === 16; }",
+        timeout=20000,
+    )
+    held: list = []
+    holding = [True]
 
-        def hold(route) -> None:  # type: ignore[no-untyped-def]
-            if holding[0]:
-                held.append(route)
-            else:
-                route.continue_()
-
-        page.route("**/v1/tasks?limit=100", hold)
-        deadline = time.monotonic() + 20
-        while not held:  # the loop's next refresh now waits for its task list
-            assert time.monotonic() < deadline
-            page.wait_for_timeout(50)
-        page.locator("#tasks tbody tr").nth(1).click()  # the grid task
-        page.wait_for_timeout(300)  # the click's refresh starts (and waits too, unfixed)
-        holding[0] = False
-        for route in held:
+    def hold(route) -> None:  # type: ignore[no-untyped-def]
+        if holding[0]:
+            held.append(route)
+        else:
             route.continue_()
-        page.wait_for_function(
-            "() => document.getElementById('task-title').textContent.includes('grid')",
-            timeout=20000,
-        )
-        seen = int(page.evaluate("document.body.dataset.refreshes"))
-        page.wait_for_function(
-            f"() => Number(document.body.dataset.refreshes) >= {seen + 3}", timeout=20000
-        )
-        points = page.evaluate("document.getElementById('curve-plot').data[0].x")
-        browser.close()
+
+    page.route("**/v1/tasks?limit=100", hold)
+    deadline = time.monotonic() + 20
+    while not held:  # the loop's next refresh now waits for its task list
+        assert time.monotonic() < deadline
+        page.wait_for_timeout(50)
+    page.locator("#tasks tbody tr").nth(1).click()  # the grid task
+    page.wait_for_timeout(300)  # the click's refresh starts (and waits too, unfixed)
+    holding[0] = False
+    for route in held:
+        route.continue_()
+    page.wait_for_function(
+        "() => document.getElementById('task-title').textContent.includes('grid')",
+        timeout=20000,
+    )
+    seen = int(page.evaluate("document.body.dataset.refreshes"))
+    page.wait_for_function(
+        f"() => Number(document.body.dataset.refreshes) >= {seen + 3}", timeout=20000
+    )
+    points = page.evaluate("document.getElementById('curve-plot').data[0].x")
+    page.close()
     assert points == list(range(1, 17))
 
 
@@ -261,49 +282,45 @@ def _wait_for_aggregate(page, traces: int) -> None:
     )
 
 
-def test_simulated_trials_are_labelled_simulated_wherever_drawn(live_url, chromium, tmp_path):
+def test_simulated_trials_are_labelled_simulated_wherever_drawn(live_url, browser, tmp_path):
     with httpx.Client(base_url=live_url, timeout=30) as client:
         _two_finished_tasks(client)  # a simulated worker's: every trial on screen simulated
 
-    from playwright.sync_api import sync_playwright
-
-    with sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=chromium, args=CHROMIUM_ARGS)
-        page = browser.new_page(viewport={"width": 1400, "height": 1000})
-        page.goto(f"{live_url}/dashboard?refresh=300")
-        page.wait_for_function(
-            "() => { const d = document.getElementById('curve-plot').data;"
-            " return d && d[0].x.length === 16; }",
-            timeout=20000,
-        )
-        _wait_for_aggregate(page, 2)
-        page.wait_for_selector("#simulated-banner:not([hidden])", timeout=20000)
-        banner = page.locator("#simulated-banner").inner_text()
-        assert "simulated" in banner and "not a measurement" in banner
-        # The task table: both best latencies (and throughputs) tagged simulated.
-        for row in range(2):
-            cells = page.locator("#tasks tbody tr").nth(row).locator("td")
-            for column in (6, 7):  # best TFLOP/s, best µs
-                text = cells.nth(column).inner_text()
-                assert text.split()[-1] == "simulated", text
-        # The axis titles and the plot titles.
-        assert _axis_title(page, "scatter-plot", "yaxis") == "simulated µs"
-        assert _axis_title(page, "curve-plot", "yaxis") == "simulated TFLOP/s"
-        assert _axis_title(page, "aggregate-plot", "yaxis") == "best-in-k (simulated trials)"
-        assert page.locator("#scatter-title").inner_text() == "Simulated vs predicted"
-        assert page.locator("#curve-title").inner_text() == "Best so far (simulated trials)"
-        assert page.evaluate("document.getElementById('scatter-plot').data[0].name") == (
-            "simulated trials"
-        )
-        shot = tmp_path / "dashboard-simulated.png"
-        page.screenshot(path=str(shot), full_page=True)
-        browser.close()
+    page = browser.new_page(viewport={"width": 1400, "height": 1000})
+    page.goto(f"{live_url}/dashboard?refresh=300")
+    page.wait_for_function(
+        "() => { const d = document.getElementById('curve-plot').data;"
+        " return d && d[0].x.length === 16; }",
+        timeout=20000,
+    )
+    _wait_for_aggregate(page, 2)
+    page.wait_for_selector("#simulated-banner:not([hidden])", timeout=20000)
+    banner = page.locator("#simulated-banner").inner_text()
+    assert "simulated" in banner and "not a measurement" in banner
+    # The task table: both best latencies (and throughputs) tagged simulated.
+    for row in range(2):
+        cells = page.locator("#tasks tbody tr").nth(row).locator("td")
+        for column in (6, 7):  # best TFLOP/s, best µs
+            text = cells.nth(column).inner_text()
+            assert text.split()[-1] == "simulated", text
+    # The axis titles and the plot titles.
+    assert _axis_title(page, "scatter-plot", "yaxis") == "simulated µs"
+    assert _axis_title(page, "curve-plot", "yaxis") == "simulated TFLOP/s"
+    assert _axis_title(page, "aggregate-plot", "yaxis") == "best-in-k (simulated trials)"
+    assert page.locator("#scatter-title").inner_text() == "Simulated vs predicted"
+    assert page.locator("#curve-title").inner_text() == "Best so far (simulated trials)"
+    assert page.evaluate("document.getElementById('scatter-plot').data[0].name") == (
+        "simulated trials"
+    )
+    shot = tmp_path / "dashboard-simulated.png"
+    page.screenshot(path=str(shot), full_page=True)
+    page.close()
     assert shot.stat().st_size > 10_000
     if os.environ.get(SCREENSHOT_ENV):
         shutil.copyfile(shot, os.environ[SCREENSHOT_ENV])
 
 
-def test_a_simulated_task_whose_every_trial_failed_is_not_called_measured(live_url, chromium):
+def test_a_simulated_task_whose_every_trial_failed_is_not_called_measured(live_url, browser):
     """With no successful trial the scatter plot fell back to "Measured vs predicted" beside
     "Best so far (simulated trials)"."""
     with httpx.Client(base_url=live_url, timeout=30) as client:
@@ -320,21 +337,17 @@ def test_a_simulated_task_whose_every_trial_failed_is_not_called_measured(live_u
                 assert client.post(url, json=answer, headers=HEADERS).json()["accepted"]
         assert client.get(f"/v1/tasks/{task}").json()["trials_failed"] == 4
 
-    from playwright.sync_api import sync_playwright
-
-    with sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=chromium, args=CHROMIUM_ARGS)
-        page = browser.new_page(viewport={"width": 1400, "height": 1000})
-        page.goto(f"{live_url}/dashboard?refresh=300&task={task}")
-        # Once the first refresh has drawn the task (the page's own "Measured vs predicted"
-        # placeholder matched a wait for "predicted" before any data came: a race CI lost).
-        page.wait_for_function("() => Number(document.body.dataset.refreshes) >= 1", timeout=20000)
-        assert page.locator("#scatter-title").inner_text() == "Simulated vs predicted"
-        assert _axis_title(page, "scatter-plot", "yaxis") == "simulated µs"
-        browser.close()
+    page = browser.new_page(viewport={"width": 1400, "height": 1000})
+    page.goto(f"{live_url}/dashboard?refresh=300&task={task}")
+    # Once the first refresh has drawn the task (the page's own "Measured vs predicted"
+    # placeholder matched a wait for "predicted" before any data came: a race CI lost).
+    page.wait_for_function("() => Number(document.body.dataset.refreshes) >= 1", timeout=20000)
+    assert page.locator("#scatter-title").inner_text() == "Simulated vs predicted"
+    assert _axis_title(page, "scatter-plot", "yaxis") == "simulated µs"
+    page.close()
 
 
-def test_a_task_that_never_ran_is_not_called_measured(live_url, chromium):
+def test_a_task_that_never_ran_is_not_called_measured(live_url, browser):
     """A task cancelled before any trial (no runner asked for) drew "Measured vs predicted"
     and "measured µs": it has no latencies of any kind."""
     with httpx.Client(base_url=live_url, timeout=30) as client:
@@ -342,19 +355,15 @@ def test_a_task_that_never_ran_is_not_called_measured(live_url, chromium):
         task = client.post("/v1/tasks", json=body).json()["id"]
         assert client.delete(f"/v1/tasks/{task}").status_code == 200
 
-    from playwright.sync_api import sync_playwright
-
-    with sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=chromium, args=CHROMIUM_ARGS)
-        page = browser.new_page(viewport={"width": 1400, "height": 1000})
-        page.goto(f"{live_url}/dashboard?refresh=300&task={task}")
-        page.wait_for_function("() => Number(document.body.dataset.refreshes) >= 1", timeout=20000)
-        assert page.locator("#scatter-title").inner_text() == "Latency vs predicted"
-        assert _axis_title(page, "scatter-plot", "yaxis") == "latency µs"
-        browser.close()
+    page = browser.new_page(viewport={"width": 1400, "height": 1000})
+    page.goto(f"{live_url}/dashboard?refresh=300&task={task}")
+    page.wait_for_function("() => Number(document.body.dataset.refreshes) >= 1", timeout=20000)
+    assert page.locator("#scatter-title").inner_text() == "Latency vs predicted"
+    assert _axis_title(page, "scatter-plot", "yaxis") == "latency µs"
+    page.close()
 
 
-def test_a_softmax_task_draws_its_curve_in_gb_per_s(live_url, chromium):
+def test_a_softmax_task_draws_its_curve_in_gb_per_s(live_url, browser):
     """The memory-intensive family on the dashboard: its row, its curve and its axis in the
     family's unit (GB/s), labelled simulated, beside a GEMM task in TFLOP/s."""
     softmax = {"op": "softmax", "rows": 4096, "cols": 768}
@@ -366,42 +375,38 @@ def test_a_softmax_task_draws_its_curve_in_gb_per_s(live_url, chromium):
             tasks.append(client.post("/v1/tasks", json=body).json()["id"])
         _finish(client, worker, tasks)
 
-    from playwright.sync_api import sync_playwright
-
-    with sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=chromium, args=CHROMIUM_ARGS)
-        page = browser.new_page(viewport={"width": 1400, "height": 1000})
-        errors: list[str] = []
-        page.on("pageerror", lambda e: errors.append(str(e)))
-        page.goto(f"{live_url}/dashboard?refresh=300")
-        page.wait_for_function(
-            "() => { const d = document.getElementById('curve-plot').data;"
-            " return d && d[0].x.length === 16; }",
-            timeout=20000,
-        )
-        assert "softmax 4096x768" in page.locator("#task-title").inner_text()
-        assert _axis_title(page, "curve-plot", "yaxis") == "simulated GB/s"
-        rows = [page.locator("#tasks tbody tr").nth(i).inner_text() for i in range(2)]
-        assert "softmax 4096x768" in rows[0] and "GB/s" in rows[0], rows[0]
-        assert "TFLOP/s" in rows[1] and "GB/s" not in rows[1], rows[1]
-        # The curve's values are the task's best throughputs in GB/s, not TFLOP/s.
-        best = page.evaluate("Math.max(...document.getElementById('curve-plot').data[0].y)")
-        assert best > 100  # a softmax on an H100 moves hundreds of GB/s, not ~1 TFLOP/s
-        page.locator("#tasks tbody tr").nth(1).click()
-        page.wait_for_function(
-            "() => document.getElementById('task-title').textContent.includes('gemm')",
-            timeout=20000,
-        )
-        page.wait_for_function(
-            "() => document.getElementById('curve-plot').layout.yaxis.title.text"
-            " === 'simulated TFLOP/s'",
-            timeout=20000,
-        )
-        browser.close()
+    page = browser.new_page(viewport={"width": 1400, "height": 1000})
+    errors: list[str] = []
+    page.on("pageerror", lambda e: errors.append(str(e)))
+    page.goto(f"{live_url}/dashboard?refresh=300")
+    page.wait_for_function(
+        "() => { const d = document.getElementById('curve-plot').data;"
+        " return d && d[0].x.length === 16; }",
+        timeout=20000,
+    )
+    assert "softmax 4096x768" in page.locator("#task-title").inner_text()
+    assert _axis_title(page, "curve-plot", "yaxis") == "simulated GB/s"
+    rows = [page.locator("#tasks tbody tr").nth(i).inner_text() for i in range(2)]
+    assert "softmax 4096x768" in rows[0] and "GB/s" in rows[0], rows[0]
+    assert "TFLOP/s" in rows[1] and "GB/s" not in rows[1], rows[1]
+    # The curve's values are the task's best throughputs in GB/s, not TFLOP/s.
+    best = page.evaluate("Math.max(...document.getElementById('curve-plot').data[0].y)")
+    assert best > 100  # a softmax on an H100 moves hundreds of GB/s, not ~1 TFLOP/s
+    page.locator("#tasks tbody tr").nth(1).click()
+    page.wait_for_function(
+        "() => document.getElementById('task-title').textContent.includes('gemm')",
+        timeout=20000,
+    )
+    page.wait_for_function(
+        "() => document.getElementById('curve-plot').layout.yaxis.title.text"
+        " === 'simulated TFLOP/s'",
+        timeout=20000,
+    )
+    page.close()
     assert errors == []
 
 
-def test_measured_trials_beside_simulated_ones_are_told_apart(live_url, chromium):
+def test_measured_trials_beside_simulated_ones_are_told_apart(live_url, browser):
     """A task measured by a cupy worker: no banner (not every trial on screen is
     simulated), its latencies untagged and called measured; the simulated task's tagged."""
     with httpx.Client(base_url=live_url, timeout=30) as client:
@@ -411,33 +416,29 @@ def test_measured_trials_beside_simulated_ones_are_told_apart(live_url, chromium
         measured = client.post("/v1/tasks", json=body).json()["id"]
         _finish(client, gpu_worker, [measured])
 
-    from playwright.sync_api import sync_playwright
-
-    with sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=chromium, args=CHROMIUM_ARGS)
-        page = browser.new_page(viewport={"width": 1400, "height": 1000})
-        page.goto(f"{live_url}/dashboard?refresh=300&task={measured}")
-        page.wait_for_function(
-            "() => { const d = document.getElementById('curve-plot').data;"
-            " return d && d[0].x.length === 8; }",
-            timeout=20000,
-        )
-        _wait_for_aggregate(page, 3)
-        page.wait_for_function("() => Number(document.body.dataset.refreshes) >= 2", timeout=20000)
-        assert page.locator("#simulated-banner").is_hidden()
-        rows = page.locator("#tasks tbody tr")
-        assert "simulated" not in rows.nth(0).inner_text()  # the newest: the measured task
-        assert rows.nth(1).locator("td").nth(7).inner_text().endswith("simulated")
-        assert _axis_title(page, "scatter-plot", "yaxis") == "measured µs"
-        assert _axis_title(page, "curve-plot", "yaxis") == "TFLOP/s"
-        # The aggregate mixes a measured and simulated tasks, and says so.
-        assert _axis_title(page, "aggregate-plot", "yaxis") == (
-            "best-in-k (measured or simulated trials)"
-        )
-        browser.close()
+    page = browser.new_page(viewport={"width": 1400, "height": 1000})
+    page.goto(f"{live_url}/dashboard?refresh=300&task={measured}")
+    page.wait_for_function(
+        "() => { const d = document.getElementById('curve-plot').data;"
+        " return d && d[0].x.length === 8; }",
+        timeout=20000,
+    )
+    _wait_for_aggregate(page, 3)
+    page.wait_for_function("() => Number(document.body.dataset.refreshes) >= 2", timeout=20000)
+    assert page.locator("#simulated-banner").is_hidden()
+    rows = page.locator("#tasks tbody tr")
+    assert "simulated" not in rows.nth(0).inner_text()  # the newest: the measured task
+    assert rows.nth(1).locator("td").nth(7).inner_text().endswith("simulated")
+    assert _axis_title(page, "scatter-plot", "yaxis") == "measured µs"
+    assert _axis_title(page, "curve-plot", "yaxis") == "TFLOP/s"
+    # The aggregate mixes a measured and simulated tasks, and says so.
+    assert _axis_title(page, "aggregate-plot", "yaxis") == (
+        "best-in-k (measured or simulated trials)"
+    )
+    page.close()
 
 
-def test_a_replay_of_a_simulated_sweep_is_labelled_simulated(live_url, chromium):
+def test_a_replay_of_a_simulated_sweep_is_labelled_simulated(live_url, browser):
     """A replay worker replaying a simulated sweep ("replay:simulated"): its latencies are the
     analytical model's, and the page says so (they were tagged "replayed", the banner hidden,
     and /v1/curves called their kind "replay")."""
@@ -449,17 +450,13 @@ def test_a_replay_of_a_simulated_sweep_is_labelled_simulated(live_url, chromium)
         assert client.get("/v1/tasks/" + str(task)).json()["best"]["runner"] == "replay:simulated"
         assert client.get("/v1/curves").json()["runners"] == ["simulated"]
 
-    from playwright.sync_api import sync_playwright
-
-    with sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=chromium, args=CHROMIUM_ARGS)
-        page = browser.new_page(viewport={"width": 1400, "height": 1000})
-        page.goto(f"{live_url}/dashboard?refresh=300&task={task}")
-        page.wait_for_selector("#simulated-banner:not([hidden])", timeout=20000)
-        cells = page.locator("#tasks tbody tr").nth(0).locator("td")
-        assert cells.nth(7).inner_text().split()[-1] == "simulated"
-        assert _axis_title(page, "scatter-plot", "yaxis") == "simulated µs"
-        browser.close()
+    page = browser.new_page(viewport={"width": 1400, "height": 1000})
+    page.goto(f"{live_url}/dashboard?refresh=300&task={task}")
+    page.wait_for_selector("#simulated-banner:not([hidden])", timeout=20000)
+    cells = page.locator("#tasks tbody tr").nth(0).locator("td")
+    assert cells.nth(7).inner_text().split()[-1] == "simulated"
+    assert _axis_title(page, "scatter-plot", "yaxis") == "simulated µs"
+    page.close()
 
 
 def _overlap(a: dict, b: dict) -> bool:
@@ -471,38 +468,35 @@ def _overlap(a: dict, b: dict) -> bool:
     )
 
 
-def test_plot_titles_are_clear_of_the_mode_bar_at_1400_px(live_url, chromium):
+def test_plot_titles_are_clear_of_the_mode_bar_at_1400_px(live_url, browser):
     with httpx.Client(base_url=live_url, timeout=30) as client:
         _two_finished_tasks(client)
 
-    from playwright.sync_api import sync_playwright
-
-    with sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=chromium, args=CHROMIUM_ARGS)
-        page = browser.new_page(viewport={"width": 1400, "height": 1000})
-        page.goto(f"{live_url}/dashboard?refresh=300")
-        page.wait_for_function(
-            "() => { const d = document.getElementById('curve-plot').data;"
-            " return d && d[0].x.length === 16; }",
-            timeout=20000,
-        )
-        _wait_for_aggregate(page, 2)
-        for plot in ("curve-plot", "scatter-plot", "aggregate-plot"):
-            page.hover(f"#{plot}")  # the mode bar shows on hover
-            bar = page.locator(f"#{plot} .modebar").bounding_box()
-            assert bar is not None and bar["width"] > 0, plot
-            # Every title of the plot: its caption, and any title drawn inside it.
-            titles = page.locator(f"#{plot} .gtitle").all()
-            titles.append(page.locator(f"#{plot}").locator("xpath=../figcaption"))
-            for title in titles:
-                box = title.bounding_box()
-                assert box is not None, plot
-                assert not _overlap(box, bar), (plot, title.inner_text(), box, bar)
-        browser.close()
+    page = browser.new_page(viewport={"width": 1400, "height": 1000})
+    page.goto(f"{live_url}/dashboard?refresh=300")
+    page.wait_for_function(
+        "() => { const d = document.getElementById('curve-plot').data;"
+        " return d && d[0].x.length === 16; }",
+        timeout=20000,
+    )
+    _wait_for_aggregate(page, 2)
+    for plot in ("curve-plot", "scatter-plot", "aggregate-plot"):
+        page.hover(f"#{plot}")  # the mode bar shows on hover
+        bar = page.locator(f"#{plot} .modebar").bounding_box()
+        assert bar is not None and bar["width"] > 0, plot
+        # Every title of the plot: its caption, and any title drawn inside it.
+        titles = page.locator(f"#{plot} .gtitle").all()
+        titles.append(page.locator(f"#{plot}").locator("xpath=../figcaption"))
+        for title in titles:
+            box = title.bounding_box()
+            assert box is not None, plot
+            assert not _overlap(box, bar), (plot, title.inner_text(), box, bar)
+    page.close()
 
 
 def _import_small_sweep(db_url: str) -> int:
-    """A simulated A100 sweep of a small GEMM imported as a task (plumbing only)."""
+    """A simulated A100 sweep of a small GEMM imported as a task (plumbing only): every 8th
+    schedule of its space, as the page shows any import alike (the whole space cost seconds)."""
     from pipetune.model.hardware import get_gpu
     from pipetune.model.space import Space
     from pipetune.model.workloads import gemm
@@ -514,7 +508,7 @@ def _import_small_sweep(db_url: str) -> int:
 
     gpu, workload = get_gpu("a100"), gemm(256, 128, 512)
     with make_runner("simulated", gpu=gpu, seed=0, time_scale=0) as sim:
-        data = sweep(sim, workload, gpu, list(Space.enumerate(workload, gpu)), progress=None)
+        data = sweep(sim, workload, gpu, list(Space.enumerate(workload, gpu))[::8], progress=None)
     database = Database(db_url, pool_size=1)
     try:
         with database.write() as s:
@@ -541,7 +535,7 @@ def _import_measured(db_url: str) -> int:
 
 
 def test_a_warm_started_task_names_its_prior_an_import_says_so_and_a_priority_shows(
-    live_url, chromium, tmp_path
+    live_url, browser, tmp_path
 ):
     imported = _import_small_sweep(f"sqlite:///{tmp_path / 'dashboard.db'}")
     measured = _import_measured(f"sqlite:///{tmp_path / 'dashboard.db'}")
@@ -558,117 +552,100 @@ def test_a_warm_started_task_names_its_prior_an_import_says_so_and_a_priority_sh
         body = {"workload": GEMM, "gpu": "h100", "budget": 8, "strategy": "random"}
         urgent = client.post("/v1/tasks", json={**body, "priority": 3}).json()["id"]
 
-    from playwright.sync_api import sync_playwright
-
-    with sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=chromium, args=CHROMIUM_ARGS)
-        page = browser.new_page()
-        page.goto(f"{live_url}/dashboard?refresh=300")
-        row = page.locator(f'#tasks tbody tr[data-task="{warm}"]')
-        row.wait_for(timeout=20000)
-        assert f"auto (prior: task {prior})" in row.inner_text()
-        learned_row = page.locator(f'#tasks tbody tr[data-task="{learned["id"]}"]')
-        assert f"auto (prior: learned from task {measured})" in learned_row.inner_text()
-        other = page.locator(f'#tasks tbody tr[data-task="{prior}"]').inner_text()
-        assert "prior:" not in other and "priority" not in other
-        urgent_row = page.locator(f'#tasks tbody tr[data-task="{urgent}"]').inner_text()
-        assert "random, priority 3" in urgent_row
-        assert (
-            "imported dataset"
-            in page.locator(f'#tasks tbody tr[data-task="{imported}"]').inner_text()
-        )
-        browser.close()
+    page = browser.new_page()
+    page.goto(f"{live_url}/dashboard?refresh=300")
+    row = page.locator(f'#tasks tbody tr[data-task="{warm}"]')
+    row.wait_for(timeout=20000)
+    assert f"auto (prior: task {prior})" in row.inner_text()
+    learned_row = page.locator(f'#tasks tbody tr[data-task="{learned["id"]}"]')
+    assert f"auto (prior: learned from task {measured})" in learned_row.inner_text()
+    other = page.locator(f'#tasks tbody tr[data-task="{prior}"]').inner_text()
+    assert "prior:" not in other and "priority" not in other
+    urgent_row = page.locator(f'#tasks tbody tr[data-task="{urgent}"]').inner_text()
+    assert "random, priority 3" in urgent_row
+    assert (
+        "imported dataset" in page.locator(f'#tasks tbody tr[data-task="{imported}"]').inner_text()
+    )
+    page.close()
 
 
-def test_the_aggregate_is_asked_again_only_when_a_listed_task_moved(live_url, chromium):
+def test_the_aggregate_is_asked_again_only_when_a_listed_task_moved(live_url, browser):
     """GET /v1/curves reads every task in the database; the page asked for it every fifth
     refresh whether or not anything had run (an idle tab at 6,000 tasks kept 6% of a core
     busy). Now: when a listed task moved, or after thirty refreshes."""
-    from playwright.sync_api import sync_playwright
-
     client = httpx.Client(base_url=live_url, timeout=30)
     worker = _two_finished_tasks(client)
-    with sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=chromium, args=CHROMIUM_ARGS)
-        page = browser.new_page()
-        curves: list[str] = []
-        page.on("request", lambda r: curves.append(r.url) if "/v1/curves" in r.url else None)
+    page = browser.new_page()
+    curves: list[str] = []
+    page.on("request", lambda r: curves.append(r.url) if "/v1/curves" in r.url else None)
 
-        def refreshes() -> int:
-            return int(page.evaluate("Number(document.body.dataset.refreshes)"))
+    def refreshes() -> int:
+        return int(page.evaluate("Number(document.body.dataset.refreshes)"))
 
-        def wait_past(n: int) -> None:
-            page.wait_for_function(
-                f"() => Number(document.body.dataset.refreshes) >= {n}", timeout=30000
-            )
-
-        page.goto(f"{live_url}/dashboard?refresh=250")
-        wait_past(16)
-        assert len(curves) == 1, curves  # nothing ran: the first answer stands
-        body = {"workload": GEMM, "gpu": "h100", "budget": 8, "strategy": "random"}
-        _finish(client, worker, [client.post("/v1/tasks", json=body).json()["id"]])
+    def wait_past(n: int) -> None:
         page.wait_for_function(
-            "() => document.getElementById('aggregate-plot').data.length === 3", timeout=20000
+            f"() => Number(document.body.dataset.refreshes) >= {n}", timeout=30000
         )
-        wait_past(refreshes() + 6)  # (a move seen after the ask is asked for once more)
-        asked, now = len(curves), refreshes()
-        assert asked >= 2
-        wait_past(now + 12)
-        assert len(curves) == asked, curves  # nothing moved since
-        wait_past(now + 33)  # thirty refreshes after the last ask, whatever the list says
-        assert len(curves) > asked, curves
-        browser.close()
+
+    page.goto(f"{live_url}/dashboard?refresh=250")
+    wait_past(16)
+    assert len(curves) == 1, curves  # nothing ran: the first answer stands
+    body = {"workload": GEMM, "gpu": "h100", "budget": 8, "strategy": "random"}
+    _finish(client, worker, [client.post("/v1/tasks", json=body).json()["id"]])
+    page.wait_for_function(
+        "() => document.getElementById('aggregate-plot').data.length === 3", timeout=20000
+    )
+    wait_past(refreshes() + 6)  # (a move seen after the ask is asked for once more)
+    asked, now = len(curves), refreshes()
+    assert asked >= 2
+    wait_past(now + 12)
+    assert len(curves) == asked, curves  # nothing moved since
+    wait_past(now + 33)  # thirty refreshes after the last ask, whatever the list says
+    assert len(curves) > asked, curves
+    page.close()
     client.close()
 
 
-def test_the_aggregate_pools_every_gpu_or_draws_the_one_chosen(live_url, chromium):
+def test_the_aggregate_pools_every_gpu_or_draws_the_one_chosen(live_url, browser):
     """The best-in-k chart asked /v1/curves for every GPU's tasks at once, with no word of it
     and no way to pick one GPU."""
-    from playwright.sync_api import sync_playwright
-
     client = httpx.Client(base_url=live_url, timeout=30)
     worker = _two_finished_tasks(client)  # grid and analytical, on the H100
     a100 = _register(client, "sim-a100", "simulated", gpu="a100")
     body = {"workload": GEMM, "gpu": "a100", "budget": 8, "strategy": "random"}
     _finish(client, a100, [client.post("/v1/tasks", json=body).json()["id"]])
     del worker
-    with sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=chromium, args=CHROMIUM_ARGS)
-        page = browser.new_page()
-        curves: list[str] = []
-        page.on("request", lambda r: curves.append(r.url) if "/v1/curves" in r.url else None)
-        page.goto(f"{live_url}/dashboard?refresh=300")
-        _wait_for_aggregate(page, 3)
-        title = page.locator("#aggregate-title")
-        assert title.inner_text().startswith("Best-in-k, every GPU's tasks"), title.inner_text()
-        options = page.locator("#aggregate-gpu option").all_inner_texts()
-        assert options == ["every GPU", "a100", "h100"], options
-        page.select_option("#aggregate-gpu", "a100")
-        _wait_for_aggregate(page, 1)
-        assert title.inner_text().startswith("Best-in-k on a100"), title.inner_text()
-        names = page.evaluate("document.getElementById('aggregate-plot').data.map(t => t.name)")
-        assert names == ["random"]
-        assert curves[-1].endswith("/v1/curves?gpu=a100"), curves
-        page.select_option("#aggregate-gpu", "")
-        _wait_for_aggregate(page, 3)
-        browser.close()
+    page = browser.new_page()
+    curves: list[str] = []
+    page.on("request", lambda r: curves.append(r.url) if "/v1/curves" in r.url else None)
+    page.goto(f"{live_url}/dashboard?refresh=300")
+    _wait_for_aggregate(page, 3)
+    title = page.locator("#aggregate-title")
+    assert title.inner_text().startswith("Best-in-k, every GPU's tasks"), title.inner_text()
+    options = page.locator("#aggregate-gpu option").all_inner_texts()
+    assert options == ["every GPU", "a100", "h100"], options
+    page.select_option("#aggregate-gpu", "a100")
+    _wait_for_aggregate(page, 1)
+    assert title.inner_text().startswith("Best-in-k on a100"), title.inner_text()
+    names = page.evaluate("document.getElementById('aggregate-plot').data.map(t => t.name)")
+    assert names == ["random"]
+    assert curves[-1].endswith("/v1/curves?gpu=a100"), curves
+    page.select_option("#aggregate-gpu", "")
+    _wait_for_aggregate(page, 3)
+    page.close()
     client.close()
 
 
 @pytest.mark.parametrize("refresh", ["x", "-5", "Infinity"])
-def test_a_refresh_that_is_not_a_positive_number_is_the_default(live_url, chromium, refresh):
+def test_a_refresh_that_is_not_a_positive_number_is_the_default(live_url, browser, refresh):
     """?refresh=x made the interval NaN, and setTimeout(loop, NaN) runs at once: 161 task
     lists in 12 s where the default asks for 6."""
-    from playwright.sync_api import sync_playwright
-
-    with sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=chromium, args=CHROMIUM_ARGS)
-        page = browser.new_page()
-        lists: list[str] = []
-        page.on("request", lambda r: lists.append(r.url) if "/v1/tasks?" in r.url else None)
-        page.goto(f"{live_url}/dashboard?refresh={refresh}")
-        page.wait_for_timeout(3000)
-        browser.close()
+    page = browser.new_page()
+    lists: list[str] = []
+    page.on("request", lambda r: lists.append(r.url) if "/v1/tasks?" in r.url else None)
+    page.goto(f"{live_url}/dashboard?refresh={refresh}")
+    page.wait_for_timeout(3000)
+    page.close()
     assert 1 <= len(lists) <= 3, lists  # one at load, then one each 2 s
 
 
@@ -687,7 +664,7 @@ def _task_list_statuses(page) -> list[int]:  # type: ignore[no-untyped-def]
     return statuses
 
 
-def test_with_api_keys_the_dashboard_reads_its_key_from_the_fragment(keyed_url, chromium):
+def test_with_api_keys_the_dashboard_reads_its_key_from_the_fragment(keyed_url, browser):
     """Where PIPETUNE_API_KEYS guards the user routes, /dashboard#key=KEY sends the key with
     the page's data requests (as the README says); without it they are refused."""
     with httpx.Client(base_url=keyed_url, timeout=30) as client:
@@ -697,56 +674,53 @@ def test_with_api_keys_the_dashboard_reads_its_key_from_the_fragment(keyed_url, 
         assert created.status_code == 201, created.text
         assert client.get("/v1/tasks").status_code == 401  # guarded indeed
 
-    from playwright.sync_api import sync_playwright
-
-    with sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=chromium, args=CHROMIUM_ARGS)
-        page = browser.new_page()
-        statuses = _task_list_statuses(page)
-        page.goto(f"{keyed_url}/dashboard?refresh=300#key={API_KEY}")
-        page.wait_for_function(
-            "() => document.querySelectorAll('#tasks tbody tr').length === 1", timeout=20000
-        )
-        assert "gemm 1024x1024x1024" in page.locator("#tasks tbody tr").nth(0).inner_text()
-        assert statuses and all(s == 200 for s in statuses), statuses
-        # The key is out of the address bar (and so of the history), the rest kept.
-        assert page.url == f"{keyed_url}/dashboard?refresh=300"
-        page.reload()  # the tab keeps it for its session
-        page.wait_for_function(
-            "() => document.querySelectorAll('#tasks tbody tr').length === 1", timeout=20000
-        )
-        assert all(s == 200 for s in statuses), statuses
-        keyless = browser.new_page()  # a tab of its own: no key kept
-        refused = _task_list_statuses(keyless)
-        keyless.goto(f"{keyed_url}/dashboard?refresh=300")
-        deadline = time.monotonic() + 20
-        while not refused and time.monotonic() < deadline:
-            keyless.wait_for_timeout(100)
-        assert refused and refused[0] == 401, refused
-        # Said as a key refused, not as a service out of reach.
-        keyless.wait_for_function(
-            "() => document.getElementById('status').textContent.includes('API key')",
-            timeout=20000,
-        )
-        assert keyless.locator("#status").inner_text() == (
-            "this service needs an API key: open /dashboard#key=KEY"
-        )
-        wrong = browser.new_page()
-        wrong.goto(f"{keyed_url}/dashboard?refresh=300#key=wrong")
-        wrong.wait_for_function(
-            "() => document.getElementById('status').textContent.includes('refused')",
-            timeout=20000,
-        )
-        # The right key given in the same tab is taken at once, without a reload.
-        wrong.evaluate(f"location.hash = 'key={API_KEY}'")
-        wrong.wait_for_function(
-            "() => document.querySelectorAll('#tasks tbody tr').length === 1", timeout=20000
-        )
-        assert wrong.url == f"{keyed_url}/dashboard?refresh=300"
-        browser.close()
+    page = browser.new_page()
+    statuses = _task_list_statuses(page)
+    page.goto(f"{keyed_url}/dashboard?refresh=300#key={API_KEY}")
+    page.wait_for_function(
+        "() => document.querySelectorAll('#tasks tbody tr').length === 1", timeout=20000
+    )
+    assert "gemm 1024x1024x1024" in page.locator("#tasks tbody tr").nth(0).inner_text()
+    assert statuses and all(s == 200 for s in statuses), statuses
+    # The key is out of the address bar (and so of the history), the rest kept.
+    assert page.url == f"{keyed_url}/dashboard?refresh=300"
+    page.reload()  # the tab keeps it for its session
+    page.wait_for_function(
+        "() => document.querySelectorAll('#tasks tbody tr').length === 1", timeout=20000
+    )
+    assert all(s == 200 for s in statuses), statuses
+    keyless = browser.new_page()  # a tab of its own: no key kept
+    refused = _task_list_statuses(keyless)
+    keyless.goto(f"{keyed_url}/dashboard?refresh=300")
+    deadline = time.monotonic() + 20
+    while not refused and time.monotonic() < deadline:
+        keyless.wait_for_timeout(100)
+    assert refused and refused[0] == 401, refused
+    # Said as a key refused, not as a service out of reach.
+    keyless.wait_for_function(
+        "() => document.getElementById('status').textContent.includes('API key')",
+        timeout=20000,
+    )
+    assert keyless.locator("#status").inner_text() == (
+        "this service needs an API key: open /dashboard#key=KEY"
+    )
+    wrong = browser.new_page()
+    wrong.goto(f"{keyed_url}/dashboard?refresh=300#key=wrong")
+    wrong.wait_for_function(
+        "() => document.getElementById('status').textContent.includes('refused')",
+        timeout=20000,
+    )
+    # The right key given in the same tab is taken at once, without a reload.
+    wrong.evaluate(f"location.hash = 'key={API_KEY}'")
+    wrong.wait_for_function(
+        "() => document.querySelectorAll('#tasks tbody tr').length === 1", timeout=20000
+    )
+    assert wrong.url == f"{keyed_url}/dashboard?refresh=300"
+    for tab in (page, keyless, wrong):
+        tab.close()
 
 
-def test_a_task_whose_space_is_smaller_than_its_budget_shows_its_whole_space(live_url, chromium):
+def test_a_task_whose_space_is_smaller_than_its_budget_shows_its_whole_space(live_url, browser):
     """A task that runs its whole space (42 schedules, budget 50) ends at 42 of 42 with the
     bar full, as the CLI says it (`42/42*`), not at 42 of 50."""
     small = {"op": "gemm", "m": 32, "n": 32, "k": 32, "dtype": "float16"}
@@ -758,28 +732,24 @@ def test_a_task_whose_space_is_smaller_than_its_budget_shows_its_whole_space(liv
         doc = client.get(f"/v1/tasks/{task['id']}").json()
     assert (doc["trials_done"], doc["trials_target"], doc["budget"]) == (42, 42, 50)
 
-    from playwright.sync_api import sync_playwright
-
-    with sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=chromium, args=CHROMIUM_ARGS)
-        page = browser.new_page(viewport={"width": 1400, "height": 1000})
-        errors: list[str] = []
-        page.on("pageerror", lambda e: errors.append(str(e)))
-        page.goto(f"{live_url}/dashboard?refresh=300")
-        page.wait_for_function(
-            "() => document.querySelectorAll('#tasks tbody tr').length === 1", timeout=20000
-        )
-        progress = page.locator("#tasks tbody tr td").nth(5)
-        assert " ".join(progress.inner_text().split()) == "42/42 its whole space; budget 50"
-        width = page.evaluate(
-            "document.querySelector('#tasks tbody tr td:nth-child(6) .bar span').style.width"
-        )
-        assert width == "100%"
-        browser.close()
+    page = browser.new_page(viewport={"width": 1400, "height": 1000})
+    errors: list[str] = []
+    page.on("pageerror", lambda e: errors.append(str(e)))
+    page.goto(f"{live_url}/dashboard?refresh=300")
+    page.wait_for_function(
+        "() => document.querySelectorAll('#tasks tbody tr').length === 1", timeout=20000
+    )
+    progress = page.locator("#tasks tbody tr td").nth(5)
+    assert " ".join(progress.inner_text().split()) == "42/42 its whole space; budget 50"
+    width = page.evaluate(
+        "document.querySelector('#tasks tbody tr td:nth-child(6) .bar span').style.width"
+    )
+    assert width == "100%"
+    page.close()
     assert errors == []
 
 
-def test_a_task_asked_for_by_address_is_shown_when_it_is_older_than_the_list(live_url, chromium):
+def test_a_task_asked_for_by_address_is_shown_when_it_is_older_than_the_list(live_url, browser):
     """/dashboard?task=ID of a task older than the newest 100 the page lists showed the
     newest task instead; one the service does not have still falls back to the newest."""
     with httpx.Client(base_url=live_url, timeout=30) as client:
@@ -789,26 +759,22 @@ def test_a_task_asked_for_by_address_is_shown_when_it_is_older_than_the_list(liv
         _finish(client, worker, [old])
         newest = [client.post("/v1/tasks", json=body).json()["id"] for _ in range(100)][-1]
 
-    from playwright.sync_api import sync_playwright
-
-    with sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=chromium, args=CHROMIUM_ARGS)
-        page = browser.new_page()
-        errors: list[str] = []
-        page.on("pageerror", lambda e: errors.append(str(e)))
-        for wanted, shown in ((old, old), (newest + 1000, newest)):
-            page.goto(f"{live_url}/dashboard?task={wanted}&refresh=300")
-            page.wait_for_function(
-                "() => Number(document.body.dataset.refreshes || 0) >= 1", timeout=20000
-            )
-            title = page.locator("#task-title").inner_text()
-            assert title.startswith(f"Task {shown}: "), title
-            assert page.locator(f'#tasks tbody tr[data-task="{old}"]').count() == 0
-        browser.close()
+    page = browser.new_page()
+    errors: list[str] = []
+    page.on("pageerror", lambda e: errors.append(str(e)))
+    for wanted, shown in ((old, old), (newest + 1000, newest)):
+        page.goto(f"{live_url}/dashboard?task={wanted}&refresh=300")
+        page.wait_for_function(
+            "() => Number(document.body.dataset.refreshes || 0) >= 1", timeout=20000
+        )
+        title = page.locator("#task-title").inner_text()
+        assert title.startswith(f"Task {shown}: "), title
+        assert page.locator(f'#tasks tbody tr[data-task="{old}"]').count() == 0
+    page.close()
     assert errors == []
 
 
-def test_the_workers_are_shown_in_their_states(live_url, chromium, tmp_path):
+def test_the_workers_are_shown_in_their_states(live_url, browser, tmp_path):
     """The fleet on the page: each worker's state (live, silent past the lease TTL, exited)
     and jobs in hand, and how many are in each state. The page showed no worker at all: a
     task's "waiting" note was the only sign that the fleet was gone."""
@@ -828,29 +794,25 @@ def test_the_workers_are_shown_in_their_states(live_url, chromium, tmp_path):
         )
     engine.dispose()
 
-    from playwright.sync_api import sync_playwright
-
-    with sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=chromium, args=CHROMIUM_ARGS)
-        page = browser.new_page(viewport={"width": 1400, "height": 1000})
-        errors: list[str] = []
-        page.on("console", lambda m: errors.append(m.text) if m.type == "error" else None)
-        page.on("pageerror", lambda e: errors.append(str(e)))
-        page.goto(f"{live_url}/dashboard?refresh=300")
-        page.wait_for_function(
-            "() => document.querySelectorAll('#workers tbody tr').length === 3", timeout=20000
+    page = browser.new_page(viewport={"width": 1400, "height": 1000})
+    errors: list[str] = []
+    page.on("console", lambda m: errors.append(m.text) if m.type == "error" else None)
+    page.on("pageerror", lambda e: errors.append(str(e)))
+    page.goto(f"{live_url}/dashboard?refresh=300")
+    page.wait_for_function(
+        "() => document.querySelectorAll('#workers tbody tr').length === 3", timeout=20000
+    )
+    assert page.locator("#worker-counts").inner_text() == "1 live, 1 silent, 1 exited"
+    rows = {
+        cells[0]: cells
+        for cells in (
+            page.locator("#workers tbody tr").nth(i).locator("td").all_inner_texts()
+            for i in range(3)
         )
-        assert page.locator("#worker-counts").inner_text() == "1 live, 1 silent, 1 exited"
-        rows = {
-            cells[0]: cells
-            for cells in (
-                page.locator("#workers tbody tr").nth(i).locator("td").all_inner_texts()
-                for i in range(3)
-            )
-        }
-        assert rows["node-live"][1:5] == ["h100", "simulated", "live", "3"]
-        assert rows["node-silent"][3] == "silent" and rows["node-gone"][3] == "exited"
-        state_cell = page.locator(f"#workers tbody tr[data-worker='{silent}'] td").nth(3)
-        assert state_cell.get_attribute("class") == "worker-silent"
-        assert errors == []
-        browser.close()
+    }
+    assert rows["node-live"][1:5] == ["h100", "simulated", "live", "3"]
+    assert rows["node-silent"][3] == "silent" and rows["node-gone"][3] == "exited"
+    state_cell = page.locator(f"#workers tbody tr[data-worker='{silent}'] td").nth(3)
+    assert state_cell.get_attribute("class") == "worker-silent"
+    assert errors == []
+    page.close()
