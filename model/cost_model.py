@@ -34,14 +34,25 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import xgboost as xgb
 
 from pipetune.model.analytical import evaluate
 from pipetune.model.family import THROUGHPUT_UNITS, family_of
 from pipetune.model.space import Space
+
+if TYPE_CHECKING:
+    import xgboost as xgb
+
+
+def _xgb() -> Any:
+    """xgboost, imported when a model is first trained or loaded: its import is a third of
+    the service's start (about 1 s), which trains none until a task asks for one."""
+    import xgboost
+
+    return xgboost
+
 
 FAIL_PENALTY = 2.0
 ANALYTICAL_FEATURES: tuple[str, ...] = (
@@ -196,8 +207,8 @@ class CostModel:
             parts.append(self.features(s))
         X = np.vstack(parts)
         y = np.concatenate([predicted_log_throughput(s) for s in spaces])
-        dtrain = xgb.DMatrix(X, label=y, feature_names=names)
-        self._prior = xgb.train(self._params(), dtrain, num_boost_round=self.pretrain_rounds)
+        dtrain = _xgb().DMatrix(X, label=y, feature_names=names)
+        self._prior = _xgb().train(self._params(), dtrain, num_boost_round=self.pretrain_rounds)
         self._booster = self._prior
 
     def fit(self, space: Any, index: np.ndarray, latency_s: np.ndarray, failed: np.ndarray) -> None:
@@ -235,9 +246,9 @@ class CostModel:
 
     def _refit(self, X: np.ndarray, y: np.ndarray, names: list[str]) -> None:
         """Boost on measurements: on top of the prior (its residual) or from scratch."""
-        dtrain = xgb.DMatrix(X, label=y, feature_names=names)
+        dtrain = _xgb().DMatrix(X, label=y, feature_names=names)
         rounds = self.refit_rounds if self._prior is not None else self.pretrain_rounds
-        self._booster = xgb.train(
+        self._booster = _xgb().train(
             self._params(), dtrain, num_boost_round=rounds, xgb_model=self._prior
         )
 
@@ -245,7 +256,7 @@ class CostModel:
         """Predicted log throughput for every schedule of the space (higher is better)."""
         if self._booster is None:
             raise RuntimeError("the cost model is neither pretrained nor fitted")
-        dmat = xgb.DMatrix(self.features(space), feature_names=self.feature_names(space))
+        dmat = _xgb().DMatrix(self.features(space), feature_names=self.feature_names(space))
         return self._booster.predict(dmat)
 
     def save(self, path: str | Path) -> None:
@@ -263,7 +274,7 @@ class CostModel:
         path = Path(path)
         meta = json.loads(path.with_suffix(".meta.json").read_text())
         model = cls(seed=meta["seed"], use_analytical=meta["use_analytical"], params=meta["params"])
-        booster = xgb.Booster()
+        booster = _xgb().Booster()
         booster.load_model(path)
         model._prior = model._booster = booster
         return model

@@ -17,9 +17,9 @@ from __future__ import annotations
 
 import copy
 from abc import ABC, abstractmethod
+from typing import TYPE_CHECKING
 
 import numpy as np
-from sklearn.ensemble import ExtraTreesClassifier, ExtraTreesRegressor
 
 from pipetune.tuner.lbfgsb import minimize_bounded
 from pipetune.tuner.matern_gp import (
@@ -31,6 +31,11 @@ from pipetune.tuner.matern_gp import (
     pair_sq_diffs,
     standardise,
 )
+
+if TYPE_CHECKING:
+    # (Imported where a forest is made: scikit-learn's import was half of the service's
+    # start, which fits no forest until a task's strategy asks for one.)
+    from sklearn.ensemble import ExtraTreesClassifier, ExtraTreesRegressor
 
 
 class Fantasies:
@@ -366,6 +371,8 @@ class ExtraTrees(Surrogate):
         self.training_data = (np.zeros((0, n_features)), np.zeros(0))
 
     def fit(self, X, y):
+        from sklearn.ensemble import ExtraTreesRegressor
+
         self.training_data = (np.asarray(X, dtype=np.float64), np.asarray(y, dtype=np.float64))
         self.forest = ExtraTreesRegressor(
             n_estimators=self.n_trees, bootstrap=True, random_state=self.seed, n_jobs=1
@@ -400,6 +407,8 @@ class FailureModel:
             # keeps exploring); all succeeded means no failure region is known yet.
             self.classifier = None
             return
+        from sklearn.ensemble import ExtraTreesClassifier
+
         self.classifier = ExtraTreesClassifier(
             n_estimators=self.n_trees, random_state=self.seed, n_jobs=1
         ).fit(X, ok, sample_weight=weight)
