@@ -38,7 +38,7 @@ from pipetune.clients.sdk.client import Outage
 from pipetune.model.family import KernelFamily, family_for_op, family_names, family_of
 from pipetune.model.hardware import HardwareError, get_gpu, resolve_gpu_key
 from pipetune.model.networks import DistinctShape, Network
-from pipetune.model.states import FINAL_TASK_STATES, TaskState
+from pipetune.model.states import TaskState
 from pipetune.model.trials import RunnerKind, is_measured, runner_kind_shown
 from pipetune.model.wire import DEFAULT_PRIORITY, ScheduleDoc, StrategyName, TaskDoc, TrialDoc
 from pipetune.model.workloads import DTYPE_SHORT, WorkloadError
@@ -189,7 +189,7 @@ class PriorAsked:
         picks it: with prior_gpu, a finished task of the shape on that GPU with a successful
         trial; with learned_prior, such a task of the shape's family measured on a GPU (its
         best trial; the service reads every one), other than the shape itself on `gpu`."""
-        if not self.explicit or listed.state not in FINAL_TASK_STATES:
+        if not self.explicit or not listed.is_finished():
             return set()
         if listed.trials_done - listed.trials_failed <= 0:
             return set()
@@ -364,17 +364,17 @@ def wait_all(
         current = outage.look(functools.partial(_looked_again, client, current))
         if progress is not None:
             progress(current)
-        if all(t.state in FINAL_TASK_STATES for t in current):
+        if all(t.is_finished() for t in current):
             return current
         if deadline is not None and time.monotonic() > deadline:
-            unfinished = [t.id for t in current if t.state not in FINAL_TASK_STATES]
+            unfinished = [t.id for t in current if not t.is_finished()]
             raise PipetuneError(f"tasks {unfinished} did not finish within {timeout_s:g} s")
         time.sleep(poll_s)
 
 
 def _looked_again(client: Client, tasks: list[TaskDoc]) -> list[TaskDoc]:
     """Each unfinished task's document read again (the finished ones do not change)."""
-    return [t if t.state in FINAL_TASK_STATES else client.task(t.id) for t in tasks]
+    return [t if t.is_finished() else client.task(t.id) for t in tasks]
 
 
 def worker_runners(client: Client, outage: Outage | None = None) -> dict[str, str] | None:

@@ -544,6 +544,17 @@ class TaskDoc(_Body):
     no_worker: str | None = None
     created_at: datetime
     updated_at: datetime
+    # When it ended (done, failed or cancelled); null while it runs, and from a service before
+    # the field. What tells a client a state it does not know is a final one (is_finished).
+    finished_at: datetime | None = None
+
+    def is_finished(self) -> bool:
+        """Whether the task has ended: a final state, or a state a newer service added (read
+        as its text) with an end time. Waiting on such a state by its name alone never
+        ended."""
+        if self.state in FINAL_TASK_STATES:
+            return True
+        return self.state not in set(TaskState) and self.finished_at is not None
 
 
 class TaskList(_Body):

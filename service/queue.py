@@ -1077,7 +1077,6 @@ class Queue:
         for i, floor in floors.items():
             assert floor is not None
             reports[i] = replace(reports[i], result=_implausible(reports[i].result, floor))
-            self.metrics.results_implausible.inc()
             log.warning(
                 "job %d: worker %d sent %s",
                 reports[i].job_id,
@@ -1086,6 +1085,8 @@ class Queue:
             )
         for i, s in zip(again, self.store.record(worker, [reports[i] for i in again]), strict=True):
             seen[i] = replace(s, below_floor_us=floors[i])  # (what its answer says)
+            if s.applied:  # (not a repeat's, nor a stale lease's: recorded as failed now)
+                self.metrics.results_implausible.inc()
         return reports, seen
 
     def _authorised(self, worker_id: int, token_hash: str) -> WorkerRef | None:

@@ -97,6 +97,7 @@ def task_doc(
         no_worker=no_worker,
         created_at=task.created_at,
         updated_at=task.updated_at,
+        finished_at=task.finished_at,
     )
 
 

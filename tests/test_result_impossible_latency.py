@@ -124,6 +124,7 @@ def test_an_impossible_latency_is_recorded_as_a_failed_trial_never_the_best(clie
         "failed",
         "duplicate: already recorded",
     )
+    assert implausible._value.get() == before + 1  # (a repeat is recorded by nobody: not counted)
     # Another result on that lease conflicts with the failure recorded.
     other = post_result(client, worker, jobs[0], ok(30.0)).json()
     assert other["accepted"] is False

@@ -153,6 +153,39 @@ def test_wait_does_not_take_a_newer_state_for_a_final_one(client: Client):
     assert caught.value.state == "paused"
 
 
+def test_a_newer_state_with_an_end_time_is_a_final_one(monkeypatch: pytest.MonkeyPatch):
+    """A state a newer service added that ends tasks ("archived"): the task's end time says
+    so, and waits end (by the state's name alone they never did, timeout_s=None)."""
+    from pipetune.clients import tune_model
+    from pipetune.clients.cli.wait_notes import waiting_reasons
+
+    ended = {**NEWER_TASK, "state": "archived", "finished_at": NOW.isoformat()}
+    monkeypatch.setitem(ANSWERS, "/v1/tasks/2", ended)
+    client = Client("http://service", transport=httpx.MockTransport(_answer))
+    doc = client.wait(2, poll_s=0.01, timeout_s=5)
+    assert (doc.state, doc.is_finished()) == ("archived", True)
+    assert tune_model.wait_all(client, [doc], poll_s=0.01, timeout_s=5) == [doc]
+    assert waiting_reasons([doc.model_copy(update={"no_worker": "no live worker"})]) == {}
+    # A state this client knows is read by its name whatever the time says; one it does not
+    # know, without an end time, is a running task's.
+    running = TaskDoc.model_validate({**KNOWN_TASK, "state": "running", "finished_at": NOW})
+    assert not running.is_finished()
+    assert not TaskDoc.model_validate(NEWER_TASK, context=READING).is_finished()
+    assert TaskDoc.model_validate(KNOWN_TASK).is_finished()
+
+
+def test_the_service_says_when_a_task_ended(tmp_path):
+    from service_support import client_for, create_task, drain, register
+
+    with client_for(f"sqlite:///{tmp_path / 'ended.db'}", create_empty_schema=True) as service:
+        task = create_task(service, budget=2, strategy="grid")
+        assert task["finished_at"] is None
+        assert drain(service, register(service)) == 2
+        doc = service.get(f"/v1/tasks/{task['id']}").json()
+        assert doc["state"] == "done" and doc["finished_at"] is not None
+        assert TaskDoc.model_validate(doc, context=READING).is_finished()
+
+
 @pytest.mark.parametrize(
     ("model", "doc", "field"),
     [

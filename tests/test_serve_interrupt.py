@@ -92,3 +92,32 @@ def test_a_signal_in_uvicorns_start_is_said_and_not_exit_0(tmp_path, monkeypatch
     assert "pipetune service on" not in result.stdout
     # The process's own handlers are back.
     assert {s: signal.getsignal(s) for s in handlers} == handlers
+
+
+def test_once_uvicorn_lets_the_signals_go_they_are_pythons_own(tmp_path, monkeypatch):
+    """After uvicorn's serve (asyncio's teardown, the local workers stopped), a Ctrl-C is a
+    KeyboardInterrupt: uvicorn put back serve's "did not start" handler, which exited at once
+    with the wrong words and left the local workers running."""
+    serve = uvicorn.Server.serve
+    after_serve: list[object] = []
+
+    async def serve_then_look(self, sockets=None):  # type: ignore[no-untyped-def]
+        await serve(self, sockets)
+        after_serve.append(signal.getsignal(signal.SIGINT))
+
+    async def signalled_start(self, sockets=None):  # type: ignore[no-untyped-def]
+        signal.raise_signal(signal.SIGINT)  # (the quickest way to a stopped server)
+        await startup(self, sockets)
+
+    startup = uvicorn.Server.startup
+    monkeypatch.setattr(uvicorn.Server, "serve", serve_then_look)
+    monkeypatch.setattr(uvicorn.Server, "startup", signalled_start)
+    for name in [n for n in os.environ if n.startswith("PIPETUNE_")]:
+        monkeypatch.delenv(name)
+    monkeypatch.setenv("XDG_DATA_HOME", str(tmp_path))
+    url = f"sqlite:///{tmp_path / 'srv.db'}"
+    result = CliRunner().invoke(
+        app, ["serve", "--db", url, "--port", "0", "--log-level", "warning"]
+    )
+    assert result.exit_code == 130, result.output
+    assert after_serve == [signal.default_int_handler]

@@ -31,8 +31,8 @@ def ask_always(monkeypatch: pytest.MonkeyPatch) -> None:
     """Every held job asks about its task before it starts (not only those that waited past
     CONFIRM_AFTER_S), and waits for the answer as long as it takes: what a trial longer than
     CONFIRM_AFTER_S gets, without a test that takes that long or depends on the clock."""
-    monkeypatch.setattr(worker_module, "CONFIRM_AFTER_S", 0.0, raising=False)
-    monkeypatch.setattr(worker_module, "CONFIRM_WAIT_S", 30.0, raising=False)
+    monkeypatch.setattr(worker_module, "CONFIRM_AFTER_S", 0.0)
+    monkeypatch.setattr(worker_module, "CONFIRM_WAIT_S", 30.0)
 
 
 class GatedTrials:

@@ -70,7 +70,6 @@ from pipetune.clients.sdk.http import shown_url
 from pipetune.model.family import parse_any_workload
 from pipetune.model.hardware import DEFAULT_GPU, HardwareError, get_gpu, gpu_keys, resolve_gpu_key
 from pipetune.model.hopper.space import ARCH as HOPPER_ARCH
-from pipetune.model.states import FINAL_TASK_STATES
 from pipetune.model.trials import RunnerKind
 from pipetune.model.wire import (
     DEFAULT_PRIORITY,
@@ -290,7 +289,7 @@ def wait_for_task(c: Any, task: TaskDoc, show: bool, poll_s: float) -> TaskDoc:
             if bar is None or handle is None:
                 notes.see([doc])
                 if lines is not None:
-                    final = doc.state in FINAL_TASK_STATES  # (a newer service's state: not)
+                    final = doc.is_finished()  # (a newer service's state: not)
                     lines.see((doc.trials_done, final), _progress_line(doc), final)
                 return
             best = _best_words(doc.best) if doc.best else "no result yet"
@@ -906,7 +905,7 @@ def tune_model(
                 if bar is None or handle is None:
                     notes.see(docs)
                     if lines is not None:
-                        finished = sum(d.state in FINAL_TASK_STATES for d in docs)
+                        finished = sum(d.is_finished() for d in docs)
                         done = sum(d.trials_done for d in docs)
                         lines.see(
                             (done, finished),
@@ -915,7 +914,7 @@ def tune_model(
                             finished == len(docs),
                         )
                     return
-                finished = sum(d.state in FINAL_TASK_STATES for d in docs)
+                finished = sum(d.is_finished() for d in docs)
                 bar.update(
                     handle,
                     completed=sum(d.trials_done for d in docs),

@@ -198,6 +198,15 @@ def _server_class(processes: list, on_stop):  # type: ignore[no-untyped-def]
 
             threading.Thread(target=stop_then_exit, name="stop-local-workers").start()
 
+        @contextlib.contextmanager
+        def capture_signals(self):  # type: ignore[no-untyped-def]
+            with super().capture_signals():
+                yield
+            # uvicorn put back the handlers from before it, serve's _end_before_serving: a
+            # Ctrl-C in asyncio's teardown said "the service did not start" and exited at
+            # once, the local workers left running. The service has run: Python's own now.
+            _signals_raise_again()
+
     return Server
 
 

@@ -13,7 +13,7 @@ from collections.abc import Sequence
 
 from rich.console import Console
 
-from pipetune.model.wire import FINAL_TASK_STATES, TaskDoc
+from pipetune.model.wire import TaskDoc
 
 
 def waiting_reasons(docs: Sequence[TaskDoc]) -> dict[str, list[int]]:
@@ -21,7 +21,7 @@ def waiting_reasons(docs: Sequence[TaskDoc]) -> dict[str, list[int]]:
     it (a finished task waits for nothing)."""
     reasons: dict[str, list[int]] = {}
     for doc in docs:
-        if doc.no_worker and doc.state not in FINAL_TASK_STATES:
+        if doc.no_worker and not doc.is_finished():
             reasons.setdefault(doc.no_worker, []).append(doc.id)
     return reasons
 

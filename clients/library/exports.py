@@ -63,7 +63,7 @@ from pipetune.clients.library.store import Reader, all_tasks, source_of
 from pipetune.model.errors import InvalidArgumentError, InvalidArgumentTypeError, PipetuneError
 from pipetune.model.family import family_of, parse_any_workload
 from pipetune.model.hardware import get_gpu
-from pipetune.model.states import FINAL_TASK_STATES, JobState
+from pipetune.model.states import JobState
 from pipetune.model.trials import MeasureResult
 from pipetune.model.wire import ScheduleResponse, TaskDoc, TrialDoc
 from pipetune.workers.compile import compile_source
@@ -150,7 +150,7 @@ def failed_workloads(
         key = workload.workload_hash
         if task.best is not None:
             succeeded.add(key)
-        elif task.state in FINAL_TASK_STATES and task.trials_failed > 0:
+        elif task.is_finished() and task.trials_failed > 0:
             _, count = failed.get(key, (workload, 0))
             failed[key] = (workload, count + task.trials_failed)
     left = [pair for key, pair in failed.items() if key not in succeeded]
@@ -708,7 +708,7 @@ def task_dataset(reader: Reader, task_id: int) -> Dataset:
     pairs = [(t, r) for t in trials if (r := _trial_result(t)) is not None]
     if not pairs:
         # "yet" only while the task can still finish one (not once it was cancelled or ended).
-        ended = f" (it ended {task.state})" if task.state in FINAL_TASK_STATES else " yet"
+        ended = f" (it ended {task.state})" if task.is_finished() else " yet"
         raise NothingToExportError(f"task {task_id} has no finished trial to export{ended}")
     runners = sorted({t.runner for t, _ in pairs if t.runner})
     # The GPUs its workers registered (a T4 file's device_name; none for simulated workers);

@@ -42,7 +42,6 @@ from pipetune.model.plain_numbers import plain
 from pipetune.model.wire import (
     DEFAULT_PRIORITY,
     DEFAULT_STRATEGY,
-    FINAL_TASK_STATES,
     ID_MAX,
     MAX_TASK_PAGE,
     MAX_WORKER_PAGE,
@@ -515,7 +514,7 @@ class Client:
             last = doc
             # (A state a newer service added, which this client does not know, is not one
             # it knows to be final: the wait goes on, its progress showing the state.)
-            if doc.state in FINAL_TASK_STATES:
+            if doc.is_finished():
                 return doc
             if deadline is not None and time.monotonic() >= deadline:
                 raise WaitTimeoutError(task_id, timeout_s or 0.0, doc.state)

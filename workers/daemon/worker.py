@@ -136,9 +136,14 @@ AHEAD_DEFER_S = 0.25
 # the report of the task's last result, on its way already, or else a heartbeat sent for it;
 # a task cancelled meanwhile names the job gone, and it is dropped unmeasured. Started at once,
 # the first job held of a cancelled task was measured for nothing, its result then refused as
-# "task cancelled". Shorter trials are not held up (a cancellation costs at most about this
-# much of a slot's time); a longer one waits one round trip at most, a small part of it.
-CONFIRM_AFTER_S = 1.0
+# "task cancelled". Ten seconds, not less: a worker measuring several tasks' jobs in turn (as
+# tasks sharing a GPU take them) finds the next job of another task than the trial that
+# ended, with no report of it on its way, and asks a heartbeat for it; at 1 s that was a
+# heartbeat per trial of a second or more (a busy worker's own come about every 30 s, and a
+# fleet's heartbeats are a service's load: workers/daemon/heartbeats.py). Jobs held less
+# long start at once (a cancellation then costs at most one such trial); one held longer
+# waits one round trip, a small part of what it waited already.
+CONFIRM_AFTER_S = 10.0
 # The longest a job waits for that word: an answer slow to come, the job is measured.
 CONFIRM_WAIT_S = 2.0
 REPORT_BATCH = 64  # results in one report at most
