@@ -65,8 +65,14 @@ def _report(client, ledger: Ledger, worker: int, held: Held, latency: float) -> 
     ack = response.json()
     job_id = held.job["job_id"]
     if job_id in ledger.accepted and ledger.accepted_token[job_id] == held.token:
-        # A second report on the same lease: acknowledged as a duplicate, not applied.
-        assert ack["accepted"] is True and "duplicate" in (ack["detail"] or ""), ack
+        if ledger.accepted[job_id][1] == latency:
+            # The same result again on its lease: acknowledged as a duplicate, not applied.
+            assert ack["accepted"] is True and "duplicate" in (ack["detail"] or ""), ack
+        else:
+            # Another result on the recorded one's lease: a conflict, not applied.
+            assert ack["accepted"] is False, ack
+            assert (ack["detail"] or "").startswith("conflict: "), ack
+            ledger.ignored += 1
     elif held.stale and (job_id in ledger.accepted or ledger.newest[job_id] != held.token):
         # A late report on a job finished or leased again since: never applied.
         assert ack["accepted"] is False, ack
