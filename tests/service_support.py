@@ -17,6 +17,7 @@ from pg_instance import UNAVAILABLE_ENV, admin_url, connection_problem
 from prometheus_client.parser import text_string_to_metric_families
 
 from pipetune.service.app import create_app
+from pipetune.service.orm import JobRow
 from pipetune.service.settings import Settings
 
 with warnings.catch_warnings():
@@ -169,6 +170,28 @@ def post_result(client: TestClient, worker_id: int, job: dict, result: dict):
     response = client.post(f"/v1/jobs/{job['job_id']}/result", json=body, headers=WORKER_HEADERS)
     settle(client)
     return response
+
+
+def result_item(job: dict, result: dict) -> dict:
+    """One item of a batched report (`POST /v1/jobs/results`) of `job`'s lease."""
+    return {"job_id": job["job_id"], "lease_token": job["lease_token"], "result": result}
+
+
+def post_results(client: TestClient, worker_id: int, items: list[dict]) -> list[dict]:
+    """Post a batched report (result_item's), let the proposer settle; its acks."""
+    body = {"worker_id": worker_id, "results": items}
+    response = client.post("/v1/jobs/results", json=body, headers=WORKER_HEADERS)
+    settle(client)
+    assert response.status_code == 200, response.text
+    return response.json()["acks"]
+
+
+def job_row(client: TestClient, job_id: int) -> Any:
+    """A job's row (JobRow) as committed now, detached from its session."""
+    with service_of(client).db.read() as s:
+        job = s.get(JobRow, job_id)
+        s.expunge(job)
+        return job
 
 
 def fake_latency(schedule: dict) -> float:

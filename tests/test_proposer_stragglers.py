@@ -7,45 +7,10 @@ from __future__ import annotations
 
 import threading
 
+from test_proposer_threads import WAIT_S, SlowDriver
 from worker_support import wait_until
 
 from pipetune.service.proposer import Proposer
-
-WAIT_S = 10.0  # generous: the machine running the tests may be loaded
-
-
-class BlockingDriver:
-    """Stands in for the driver: advancing a task in `blocked` waits until it is released;
-    counts the advances running at once, over every task."""
-
-    wakeup = None
-
-    def __init__(self, blocked: set[int]) -> None:
-        self.blocked = blocked
-        self.release = threading.Event()
-        self.started = {t: threading.Event() for t in blocked}
-        self.advanced: list[int] = []
-        self.running = 0
-        self.most_at_once = 0
-        self._lock = threading.Lock()
-
-    def advance(self, task_id: int) -> bool:
-        with self._lock:
-            self.running += 1
-            self.most_at_once = max(self.most_at_once, self.running)
-        try:
-            if task_id in self.blocked:
-                self.started[task_id].set()
-                assert self.release.wait(WAIT_S)
-            with self._lock:
-                self.advanced.append(task_id)
-            return True
-        finally:
-            with self._lock:
-                self.running -= 1
-
-    def advance_if_current(self, task_id: int) -> bool:
-        return self.advance(task_id)
 
 
 def _proposer_threads(proposer: Proposer, *known: threading.Thread) -> set[threading.Thread]:
@@ -53,7 +18,7 @@ def _proposer_threads(proposer: Proposer, *known: threading.Thread) -> set[threa
 
 
 def test_a_start_after_a_stop_that_gave_up_on_a_thread_counts_it_as_one_of_its_own():
-    driver = BlockingDriver(blocked={1})
+    driver = SlowDriver(slow={1})
     proposer = Proposer(driver, threads=1)
     proposer.start()
     try:
@@ -70,7 +35,7 @@ def test_a_start_after_a_stop_that_gave_up_on_a_thread_counts_it_as_one_of_its_o
         driver.release.set()
         # Its advance over, the straggler takes the next task, as the started thread would.
         assert wait_until(lambda: driver.advanced == [1, 2], WAIT_S)
-        assert driver.most_at_once == 1
+        assert driver.most_at_once_overall == 1
         assert straggler.is_alive()
     finally:
         driver.release.set()
@@ -79,7 +44,7 @@ def test_a_start_after_a_stop_that_gave_up_on_a_thread_counts_it_as_one_of_its_o
 
 
 def test_a_straggler_leaves_once_its_advance_ends_and_start_then_makes_its_place_anew():
-    driver = BlockingDriver(blocked={1})
+    driver = SlowDriver(slow={1})
     proposer = Proposer(driver, threads=2)
     proposer.start()
     try:

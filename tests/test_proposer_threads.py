@@ -25,7 +25,8 @@ WAIT_S = 10.0  # generous: the machine running the tests may be loaded
 
 
 class SlowDriver:
-    """Stands in for the driver: advancing a task in `slow` waits until it is released."""
+    """Stands in for the driver: advancing a task in `slow` waits until it is released;
+    counts the advances running at once, of each task and over all (`most_at_once_overall`)."""
 
     wakeup = None
 
@@ -35,6 +36,7 @@ class SlowDriver:
         self.advanced: list[int] = []
         self.running: Counter[int] = Counter()
         self.most_at_once: Counter[int] = Counter()
+        self.most_at_once_overall = 0
         self.started = {t: threading.Event() for t in slow}
         self._lock = threading.Lock()
 
@@ -42,6 +44,8 @@ class SlowDriver:
         with self._lock:
             self.running[task_id] += 1
             self.most_at_once[task_id] = max(self.most_at_once[task_id], self.running[task_id])
+            overall = sum(self.running.values())
+            self.most_at_once_overall = max(self.most_at_once_overall, overall)
         try:
             if task_id in self.slow:
                 self.started[task_id].set()

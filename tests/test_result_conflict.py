@@ -9,41 +9,21 @@ from __future__ import annotations
 
 import pytest
 from service_support import (
-    WORKER_HEADERS,
     create_task,
+    job_row,
     lease,
     ok,
     post_result,
+    post_results,
     register,
+    result_item,
     service_of,
-    settle,
 )
-
-from pipetune.service.orm import JobRow
 
 pytest_plugins = ["service_fixtures"]
 
 DUPLICATE = "duplicate: already recorded"
 CONFLICT = "conflict: a different result is already recorded for this lease"
-
-
-def _item(job: dict, result: dict) -> dict:
-    return {"job_id": job["job_id"], "lease_token": job["lease_token"], "result": result}
-
-
-def _post_results(client, worker_id: int, items: list[dict]) -> list[dict]:
-    body = {"worker_id": worker_id, "results": items}
-    response = client.post("/v1/jobs/results", json=body, headers=WORKER_HEADERS)
-    settle(client)
-    assert response.status_code == 200, response.text
-    return response.json()["acks"]
-
-
-def _job(client, job_id: int) -> JobRow:
-    with service_of(client).db.read() as s:
-        job = s.get(JobRow, job_id)
-        s.expunge(job)
-        return job
 
 
 @pytest.mark.parametrize(
@@ -82,7 +62,7 @@ def test_a_different_result_on_a_recorded_lease_is_a_conflict_and_the_first_stay
         f"{CONFLICT} (recorded ok 30 us, sent {sent}; they differ in {fields}): not recorded"
     )
     # First write wins, counted once.
-    recorded = _job(client, job["job_id"])
+    recorded = job_row(client, job["job_id"])
     assert (recorded.status, recorded.latency_us, recorded.samples_us) == ("ok", 30.0, [30.0])
     doc = client.get(f"/v1/tasks/{task['id']}").json()
     assert (doc["trials_done"], doc["trials_failed"]) == (1, 0)
@@ -99,7 +79,7 @@ def test_a_recorded_failure_sent_again_is_a_duplicate_and_an_ok_one_a_conflict(c
     answer = post_result(client, worker, job, ok(9.0)).json()
     assert (answer["accepted"], answer["job_state"]) == (False, "failed")
     assert answer["detail"].startswith(f"{CONFLICT} (recorded runtime_error, sent ok 9 us;")
-    assert _job(client, job["job_id"]).status == "runtime_error"
+    assert job_row(client, job["job_id"]).status == "runtime_error"
 
 
 def test_every_field_of_a_result_sent_again_reads_back_equal_on_both_databases(client):
@@ -125,7 +105,7 @@ def test_every_field_of_a_result_sent_again_reads_back_equal_on_both_databases(c
     assert post_result(client, worker, job, result).json()["detail"] is None
     again = post_result(client, worker, job, result).json()
     assert (again["accepted"], again["detail"]) == (True, DUPLICATE)
-    (ack,) = _post_results(client, worker, [_item(job, result)])
+    (ack,) = post_results(client, worker, [result_item(job, result)])
     assert (ack["accepted"], ack["detail"]) == (True, DUPLICATE)
     changed = post_result(client, worker, job, {**result, "registers": 170}).json()
     assert changed["accepted"] is False
@@ -137,11 +117,15 @@ def test_the_batched_route_answers_each_repeat_as_a_duplicate_or_a_conflict(clie
     worker = register(client)
     jobs = lease(client, worker, max_jobs=4)
     assert len(jobs) == 4
-    acks = _post_results(client, worker, [_item(jobs[0], ok(30.0)), _item(jobs[1], ok(40.0))])
+    acks = post_results(
+        client, worker, [result_item(jobs[0], ok(30.0)), result_item(jobs[1], ok(40.0))]
+    )
     assert [(a["accepted"], a["detail"]) for a in acks] == [(True, None), (True, None)]
 
     # The request sent again, one result changed: the other is a duplicate.
-    acks = _post_results(client, worker, [_item(jobs[0], ok(30.0)), _item(jobs[1], ok(35.0))])
+    acks = post_results(
+        client, worker, [result_item(jobs[0], ok(30.0)), result_item(jobs[1], ok(35.0))]
+    )
     assert [a["status_code"] for a in acks] == [200, 200]
     assert [a["accepted"] for a in acks] == [True, False]
     assert acks[0]["detail"] == DUPLICATE
@@ -149,13 +133,15 @@ def test_the_batched_route_answers_each_repeat_as_a_duplicate_or_a_conflict(clie
     assert acks[1]["job_state"] == "done"
 
     # Two results of one lease in one request: the first is recorded, the second conflicts.
-    acks = _post_results(client, worker, [_item(jobs[2], ok(50.0)), _item(jobs[2], ok(45.0))])
+    acks = post_results(
+        client, worker, [result_item(jobs[2], ok(50.0)), result_item(jobs[2], ok(45.0))]
+    )
     assert [a["accepted"] for a in acks] == [True, False]
     assert acks[0]["detail"] is None
     assert acks[1]["detail"].startswith(f"{CONFLICT} (recorded ok 50 us, sent ok 45 us;")
 
     for job, latency in ((jobs[0], 30.0), (jobs[1], 40.0), (jobs[2], 50.0)):
-        assert _job(client, job["job_id"]).latency_us == latency
+        assert job_row(client, job["job_id"]).latency_us == latency
     doc = client.get(f"/v1/tasks/{task['id']}").json()
     assert (doc["trials_done"], doc["best"]["latency_us"]) == (3, 30.0)
 

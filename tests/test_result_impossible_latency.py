@@ -11,21 +11,21 @@ from __future__ import annotations
 import pytest
 from service_support import (
     GEMM,
-    WORKER_HEADERS,
     create_task,
+    job_row,
     lease,
     ok,
     post_result,
+    post_results,
     register,
+    result_item,
     service_of,
-    settle,
 )
 from sqlalchemy import update
 
 from pipetune.model.hardware import get_gpu
 from pipetune.service.orm import (
     LATENCY_FLOOR_PEAK_FACTOR,
-    JobRow,
     TaskRow,
     latency_floor_us,
 )
@@ -44,25 +44,6 @@ def _h100_peak_flops() -> float:
 
 
 FLOOR_US = GEMM_FLOPS / (LATENCY_FLOOR_PEAK_FACTOR * _h100_peak_flops()) * 1e6
-
-
-def _item(job: dict, result: dict) -> dict:
-    return {"job_id": job["job_id"], "lease_token": job["lease_token"], "result": result}
-
-
-def _post_results(client, worker_id: int, items: list[dict]) -> list[dict]:
-    body = {"worker_id": worker_id, "results": items}
-    response = client.post("/v1/jobs/results", json=body, headers=WORKER_HEADERS)
-    settle(client)
-    assert response.status_code == 200, response.text
-    return response.json()["acks"]
-
-
-def _job(client, job_id: int) -> JobRow:
-    with service_of(client).db.read() as s:
-        job = s.get(JobRow, job_id)
-        s.expunge(job)
-        return job
 
 
 def _implausible(detail: str) -> None:
@@ -106,7 +87,7 @@ def test_an_impossible_latency_is_recorded_as_a_failed_trial_never_the_best(clie
     assert (answer["accepted"], answer["job_state"]) == (True, "failed")
     _implausible(answer["detail"])
 
-    job = _job(client, jobs[0]["job_id"])
+    job = job_row(client, jobs[0]["job_id"])
     assert (job.state, job.status, job.latency_us, job.samples_us) == (
         "failed",
         "runtime_error",
@@ -147,8 +128,8 @@ def test_the_batched_route_records_the_impossible_one_as_failed_and_the_rest_as_
     task = create_task(client, budget=4, strategy="grid", batch_size=4)
     worker = register(client)
     jobs = lease(client, worker, max_jobs=4)
-    items = [_item(jobs[0], IMPOSSIBLE), _item(jobs[1], ok(30.0))]
-    acks = _post_results(client, worker, items)
+    items = [result_item(jobs[0], IMPOSSIBLE), result_item(jobs[1], ok(30.0))]
+    acks = post_results(client, worker, items)
     assert [(a["accepted"], a["job_state"]) for a in acks] == [(True, "failed"), (True, "done")]
     _implausible(acks[0]["detail"])
     assert acks[1]["detail"] is None
@@ -157,20 +138,22 @@ def test_the_batched_route_records_the_impossible_one_as_failed_and_the_rest_as_
     assert doc["best"]["latency_us"] == 30.0
 
     # The whole request again: duplicates both.
-    again = _post_results(client, worker, items)
+    again = post_results(client, worker, items)
     assert [(a["accepted"], a["detail"]) for a in again] == [
         (True, "duplicate: already recorded"),
         (True, "duplicate: already recorded"),
     ]
     # An impossible result and a real one for the same lease in one request: the real one
     # is recorded (the first that may be), the impossible one conflicts with it.
-    acks = _post_results(client, worker, [_item(jobs[2], IMPOSSIBLE), _item(jobs[2], ok(40.0))])
+    acks = post_results(
+        client, worker, [result_item(jobs[2], IMPOSSIBLE), result_item(jobs[2], ok(40.0))]
+    )
     assert [a["accepted"] for a in acks] == [False, True]
     assert acks[0]["detail"].startswith(
         "conflict: a different result is already recorded for this lease "
         "(recorded ok 40 us, sent ok 0.001 us;"
     )
-    assert _job(client, jobs[2]["job_id"]).latency_us == 40.0
+    assert job_row(client, jobs[2]["job_id"]).latency_us == 40.0
     doc = client.get(f"/v1/tasks/{task['id']}").json()
     assert (doc["trials_done"], doc["trials_failed"]) == (3, 1)
 
@@ -187,7 +170,7 @@ def test_a_latency_at_the_floor_or_twice_the_peak_is_a_measurement(client):
     for job, latency in zip(jobs, (floor, at_twice_the_peak), strict=True):
         answer = post_result(client, worker, job, ok(latency)).json()
         assert (answer["accepted"], answer["job_state"]) == (True, "done"), answer
-        assert _job(client, job["job_id"]).latency_us == latency
+        assert job_row(client, job["job_id"]).latency_us == latency
 
 
 def test_a_task_without_a_floor_takes_any_latency(client):
@@ -200,4 +183,4 @@ def test_a_task_without_a_floor_takes_any_latency(client):
     (job,) = lease(client, worker)
     answer = post_result(client, worker, job, IMPOSSIBLE).json()
     assert (answer["accepted"], answer["job_state"], answer["detail"]) == (True, "done", None)
-    assert _job(client, job["job_id"]).latency_us == 0.001
+    assert job_row(client, job["job_id"]).latency_us == 0.001

@@ -5,7 +5,7 @@ task, or learned, or cold where a prior was asked for and is there now."""
 
 from __future__ import annotations
 
-from datetime import UTC, datetime
+from test_cli_client_tune_model import _listed_task
 
 from pipetune.clients.tune_model import resumable_tasks
 from pipetune.model.family import family_of
@@ -24,22 +24,8 @@ MEASURED = {"trial": 0, "schedule": GEMM_SCHEDULE, "latency_us": 1.0, "throughpu
 
 
 def _task(task_id: int, workload: dict, **changes: object) -> TaskDoc:
-    now = datetime.now(UTC)
-    fields = {
-        "id": task_id,
-        "state": "running",
-        "workload": workload,
-        "gpu": "h200",
-        "strategy": "auto",
-        "budget": 16,
-        "seed": 0,
-        "batch_size": 8,
-        "trials_done": 0,
-        "trials_failed": 0,
-        "created_at": now,
-        "updated_at": now,
-    }
-    return TaskDoc.model_validate(fields | changes)
+    """A listed task of this run's kind (test_cli_client_tune_model's), on the H200."""
+    return _listed_task(task_id, workload, **({"gpu": "h200"} | changes))
 
 
 def _finished(task_id: int, workload: dict, gpu: str, **changes: object) -> TaskDoc:
