@@ -107,9 +107,11 @@ def test_a_lease_the_worker_lost_track_of_returns_to_the_queue(client):
     create_task(client, budget=2, strategy="grid")
     worker = register(client)
     held, lost = lease(client, worker, max_jobs=2)
-    _age(client, [held, lost], 119)  # a second of the TTL left
+    # A heartbeat extends only leases not yet expired: leave 20 s of the TTL (a second was
+    # too little on a loaded CI box), then move both back past the unextended one's expiry.
+    _age(client, [held, lost], 100)
     _beat(client, worker, [held])
-    _age(client, [held, lost], 5)
+    _age(client, [held, lost], 30)
     service_of(client).queue.reclaim()
     again = lease(client, register(client, "w2"), max_jobs=2)
     assert [j["job_id"] for j in again] == [lost["job_id"]]
