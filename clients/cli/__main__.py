@@ -1,5 +1,6 @@
-"""`python -m pipetune.clients.cli ...` runs the `pipetune` command (spawns local workers)."""
+"""`python -m pipetune.clients.cli ...` runs the `pipetune` command (spawns local workers),
+through the console script's own entry point."""
 
-from pipetune.clients.cli.main import run
+from pipetune._cli_entry import run
 
 run()
