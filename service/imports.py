@@ -23,26 +23,33 @@ anything is written: its schedule cannot run there, yet stored it was answered a
 measured best, `pipetune export` wrote an unlaunchable kernel of it, and its time became the
 optimum the curves normalise to. The file's knobs are checked against their domains when it
 is read (check_pipetune); the space of its GPU is checked here, where the service takes it.
+
+A record whose ok latency is below the task's latency floor (TaskRow.latency_floor_us: its
+workload's FLOPs at a few times its GPU's peak) is no measurement: it is recorded as a
+failed trial that says why, as a worker's result below it is (records.implausible_failure),
+never the task's best nor the workload's answer to a schedule lookup.
 """
 
 from __future__ import annotations
 
 import hashlib
+import logging
 from typing import Any
 
 import numpy as np
 from sqlalchemy import func, insert, select
 from sqlalchemy.orm import Session
 
+from pipetune.model.family import family_of
 from pipetune.model.hardware import get_gpu
 from pipetune.model.knobs import ScheduleError
 from pipetune.model.states import TaskState
 from pipetune.model.trials import MeasureResult, readable_os_text, storable_text
 from pipetune.service.errors import InputError
-from pipetune.service.orm import JobRow, TaskRow, WorkloadRow
+from pipetune.service.orm import JobRow, TaskRow, WorkloadRow, latency_floor_us
 from pipetune.service.queue import check_storable
 from pipetune.service.queue_types import result_columns
-from pipetune.service.records import workload_id
+from pipetune.service.records import below_latency_floor, implausible_failure, workload_id
 from pipetune.workers.datasets import Dataset
 from pipetune.workers.datasets.pipetune import (
     PipetuneInfo,
@@ -52,6 +59,8 @@ from pipetune.workers.datasets.pipetune import (
     result_from_record,
     schedules_outside_space,
 )
+
+log = logging.getLogger(__name__)
 
 # The strategy an imported task is filed under: the records were not proposed by a search
 # here; a sweep of the space in its own order is what `grid` names.
@@ -111,7 +120,39 @@ def _trials(data: Dataset, info: PipetuneInfo) -> tuple[list[Any], list[Any]]:
     results = [result_from_record(r, record_runner(r, info.runner)) for r in data.records]
     for i, result in enumerate(results):
         check_storable(result, ["records", i], from_worker=False)
-    return schedules, results
+    return schedules, _below_floor_failed(data, info, results)
+
+
+def task_latency_floor(info: PipetuneInfo) -> float | None:
+    """The latency floor of the task a dataset becomes (TaskRow.latency_floor_us), from its
+    workload's work as its workload row holds it (records.workload_id) and its GPU."""
+    work = int(family_of(info.workload).work(info.workload))
+    return latency_floor_us(info.workload.op, work, info.gpu)
+
+
+def _below_floor_failed(data: Dataset, info: PipetuneInfo, results: list[Any]) -> list[Any]:
+    """The results with each ok latency below the task's floor recorded as failed, as a
+    worker's would be (records.implausible_failure): an import bypassed that rule, and an
+    impossible latency in a file became the workload's best and its schedule's answer."""
+    floor = task_latency_floor(info)
+    below = [i for i, r in enumerate(results) if below_latency_floor(r, floor)]
+    if not below:
+        return results
+    assert floor is not None
+    results = list(results)
+    for i in below:
+        results[i] = implausible_failure(results[i], floor)
+    # (Said once per file, with the first record's reason: a file may hold thousands.)
+    shown = ", ".join(map(str, below[:10])) + (", ..." if len(below) > 10 else "")
+    log.warning(
+        "%s: record %s (%d of %d): %s",
+        data.name,
+        shown,
+        len(below),
+        len(results),
+        results[below[0]].error,
+    )
+    return results
 
 
 def _imported_task(
@@ -238,6 +279,8 @@ def _write_task(
         # What the file said of its measurement, for an export to write back.
         imported_device_name=_device_name(info),
         imported_settings=_settings(info),
+        # (The floor its records were judged by: set here, the insert's hook keeps it.)
+        latency_floor_us=task_latency_floor(info),
         state=TaskState.DONE,
         batches=1,
         trials_target=len(results),

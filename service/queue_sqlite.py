@@ -31,6 +31,7 @@ from pipetune.service.queue_types import (
     recorded_runner,
     result_columns,
 )
+from pipetune.service.records import below_latency_floor
 
 JOBS, LEASES, TASKS, WORKERS = (
     JobRow.__table__,
@@ -183,18 +184,25 @@ class SqliteQueueStore:
         ]
 
     def _leased_under(self, worker: WorkerRef, token: str) -> list[Claimed]:
-        """The jobs leased to the worker under `token` (a retried request's answer)."""
+        """The jobs leased to the worker under `token` by the newest request that leased
+        under it (a retried request's answer): its jobs' live leases share one stamp, the
+        claim's. A request id used again for a new request leased more jobs under the same
+        token, and a retry got the old request's with the new one's (more than max_jobs)."""
         with self.db.read_conn() as conn:
             rows = conn.execute(
-                select(*_CLAIMED)
+                select(*_CLAIMED, LEASES.c.leased_at)
+                .join(LEASES, LEASES.c.job_id == JOBS.c.id)
                 .where(
                     JOBS.c.lease_owner == worker.id,
                     JOBS.c.state == JobState.LEASED,
                     JOBS.c.lease_token == token,
+                    LEASES.c.token == token,
+                    LEASES.c.outcome.is_(None),  # (its live lease, not a released earlier one)
                 )
                 .order_by(JOBS.c.id)
             ).all()
-        return [Claimed(*r, earlier=True) for r in rows]
+        newest = max((r.leased_at for r in rows), default=None)
+        return [Claimed(*r[:-1], earlier=True) for r in rows if r.leased_at == newest]
 
     def record(self, worker: WorkerRef | None, reports: list[Report]) -> list[Seen]:
         ids = sorted({r.job_id for r in reports})
@@ -250,11 +258,7 @@ class SqliteQueueStore:
                 # An ok latency below the task's floor is no measurement: not applied here,
                 # but answered with the floor (Queue.submit_many records it as failed).
                 floor = None if job is None else job.latency_floor_us
-                below = (
-                    floor
-                    if floor is not None and report.result.ok and report.result.latency_us < floor
-                    else None
-                )
+                below = floor if below_latency_floor(report.result, floor) else None
                 mine = (
                     job is not None
                     and worker is not None

@@ -18,11 +18,19 @@ from pipetune.model.trials import (
     MEASURED_RUNNERS,
     REHEARSED_STATUSES,
     SIMULATED_RUNNERS,
+    MeasureResult,
     is_simulated,
 )
 from pipetune.model.wire import ScheduleDoc, ScheduleResponse
 from pipetune.model.workloads import WorkloadError
-from pipetune.service.orm import JobRow, ReferenceOptimumRow, TaskRow, WorkerRow, WorkloadRow
+from pipetune.service.orm import (
+    LATENCY_FLOOR_PEAK_FACTOR,
+    JobRow,
+    ReferenceOptimumRow,
+    TaskRow,
+    WorkerRow,
+    WorkloadRow,
+)
 
 if TYPE_CHECKING:
     from pipetune.service.priors import LearnedPick
@@ -56,6 +64,41 @@ def workload_id(session: Session, workload: Any) -> int:
         return made
     # Another transaction inserted it first (and committed: the insert waited for it).
     return session.execute(_WORKLOAD_ID, {"digest": digest}).scalar_one()
+
+
+# How the error of a trial recorded as failed for a latency below its floor begins.
+IMPLAUSIBLE_ERROR_PREFIX = "implausible latency:"
+
+
+def below_latency_floor(result: MeasureResult, floor_us: float | None) -> bool:
+    """Whether a result is an ok latency below its task's floor (TaskRow.latency_floor_us,
+    None: no bound), which no GPU can reach: no measurement, and never a best. A worker's is
+    judged so as it is recorded (service/queue_sqlite.py; on PostgreSQL the same comparison
+    in the results statement, service/queue_pg.py), an imported dataset's record as it is
+    read (service/imports.py); either is then recorded as implausible_failure says."""
+    latency = result.latency_us  # (an ok result's is never None: check_storable)
+    return floor_us is not None and result.ok and latency is not None and latency < floor_us
+
+
+def implausible_failure(result: MeasureResult, floor_us: float) -> MeasureResult:
+    """What an ok result whose latency is below its task's floor (TaskRow.latency_floor_us)
+    is recorded as: a failed trial that says why, `runtime_error` (its measurement failed,
+    as a worker's own failures to measure are recorded), its timings quoted in its error
+    and dropped from its columns (a failure holds none: check_storable). The same result
+    gives the same failure, so that a repeat of it is answered a duplicate (and an import
+    of the same file finds the task it became)."""
+    samples = ""
+    if result.samples_us:
+        low, high = min(result.samples_us), max(result.samples_us)
+        samples = f" (samples_us {low:g} to {high:g})"
+    error = (
+        f"{IMPLAUSIBLE_ERROR_PREFIX} latency_us {result.latency_us:g}{samples} is below "
+        f"{floor_us:.4g} us, the least this task's workload can take on its GPU (its FLOPs "
+        f"at {LATENCY_FLOOR_PEAK_FACTOR:g}x the GPU's peak tensor throughput): no "
+        "measurement, recorded as failed"
+    )
+    changes = {"status": "runtime_error", "latency_us": None, "samples_us": [], "spread": None}
+    return MeasureResult.model_validate({**result.model_dump(), **changes, "error": error})
 
 
 def _failed_schedules(workload_id: int, gpu: str, *where: Any) -> Any:
