@@ -70,7 +70,6 @@ from pipetune.service.driver import all_enqueued_some_out, batches_ahead, outsta
 from pipetune.service.errors import ConflictError, ForbiddenError, InputError, NotFoundError
 from pipetune.service.metrics import Metrics
 from pipetune.service.orm import (
-    LATENCY_FLOOR_PEAK_FACTOR,
     JobRow,
     LeaseRow,
     TaskRow,
@@ -89,6 +88,7 @@ from pipetune.service.queue_types import (
     recorded_runner,
     result_columns,
 )
+from pipetune.service.records import implausible_failure
 from pipetune.service.settings import Settings
 from pipetune.service.views import worker_doc
 from pipetune.service.wakeup import Wakeup, Woken, notify_replicas, notify_statement
@@ -176,26 +176,6 @@ def check_runner(worker: WorkerRef, r: MeasureResult, loc: list[str | int]) -> N
         )
 
 
-def _implausible(result: MeasureResult, floor_us: float) -> MeasureResult:
-    """What an ok result whose latency is below its task's floor (TaskRow.latency_floor_us)
-    is recorded as: a failed trial that says why, `runtime_error` (its measurement failed,
-    as a worker's own failures to measure are recorded), its timings quoted in its error
-    and dropped from its columns (a failure holds none: check_storable). The same result
-    gives the same failure, so that a repeat of it is answered a duplicate."""
-    samples = ""
-    if result.samples_us:
-        low, high = min(result.samples_us), max(result.samples_us)
-        samples = f" (samples_us {low:g} to {high:g})"
-    error = (
-        f"implausible latency: latency_us {result.latency_us:g}{samples} is below "
-        f"{floor_us:.4g} us, the least this task's workload can take on its GPU (its FLOPs "
-        f"at {LATENCY_FLOOR_PEAK_FACTOR:g}x the GPU's peak tensor throughput): no "
-        "measurement, recorded as failed"
-    )
-    changes = {"status": "runtime_error", "latency_us": None, "samples_us": [], "spread": None}
-    return MeasureResult.model_validate({**result.model_dump(), **changes, "error": error})
-
-
 def _repeated(
     worker: WorkerRef | None, worker_id: int, report: Report, seen: Seen, settled: dict
 ) -> bool:
@@ -275,6 +255,21 @@ def retry_safe_token(worker_id: int, request_id: str) -> str:
     own token (the token only tells that worker's leases of one job apart)."""
     digest = hashlib.sha256(f"{worker_id}:{request_id}".encode()).digest()
     return base64.urlsafe_b64encode(digest[:24]).decode()
+
+
+def _refuse_fewer_than_repeated(body: LeaseRequest, repeated: int) -> None:
+    """Refuse a retry asking for fewer jobs than the request it repeats leased (`repeated`,
+    what its claim found again, leasing nothing): answered all of them it held more than
+    its max_jobs; answered some, the others stayed leased to a worker that never got them
+    until their TTL. A 422 naming max_jobs, not request_id: a client takes a request_id
+    refused as a service that knows no request ids, and leases anew without one."""
+    raise InputError(
+        ["body", "max_jobs"],
+        f"{body.max_jobs} is fewer than the {repeated} jobs that the request this retry "
+        f"repeats (request_id {body.request_id!r}) leased: a retry repeats its request, "
+        f"max_jobs included (send max_jobs {repeated} to get them; a new request takes a "
+        "new request_id)",
+    )
 
 
 class Queue:
@@ -790,6 +785,8 @@ class Queue:
                     retry=retry,
                 )
                 unclaimed, retry = None, False
+                if len(jobs) > body.max_jobs:
+                    _refuse_fewer_than_repeated(body, len(jobs))
                 left = deadline - time.monotonic()
                 if jobs or left <= 0 or self.wakeup.closed:
                     return LeaseResponse(jobs=jobs)
@@ -1076,7 +1073,7 @@ class Queue:
         floors = {i: seen[i].below_floor_us for i in again}
         for i, floor in floors.items():
             assert floor is not None
-            reports[i] = replace(reports[i], result=_implausible(reports[i].result, floor))
+            reports[i] = replace(reports[i], result=implausible_failure(reports[i].result, floor))
             log.warning(
                 "job %d: worker %d sent %s",
                 reports[i].job_id,

@@ -49,7 +49,8 @@ def _claim_sql(one_task: bool, one_workload: bool, again: bool) -> str:
     """The lease statement: claim, lease audit rows and tasks started, in one. It takes
     the smallest fair keys first (service/fair_share.py), along the queue index. `again`
     (PostgresQueueStore.claim): the jobs already leased to the worker under the token
-    (along the owner index) are the answer, and none is claimed when there are any."""
+    (along the owner index) by the newest request that leased under it are the answer,
+    and none is claimed when there are any."""
     # A worker measures for its own GPU only (WorkerKind): an H100 and an H200 are both
     # sm_90, and one's timings recorded as the other's would be wrong data.
     filters = "state = %(queued)s AND arch = %(arch)s AND gpu = %(gpu)s"
@@ -66,9 +67,16 @@ def _claim_sql(one_task: bool, one_workload: bool, again: bool) -> str:
     WHERE lease_owner = %(worker)s AND state = %(leased)s AND lease_token = %(token)s
 ), """
         filters += " AND NOT EXISTS (SELECT 1 FROM earlier)"
+        # Of those, the newest request's: one claim's leases share its statement's stamp. A
+        # request id used again for a new request leased more jobs under the same token, and
+        # a retry got the old request's with the new one's (more than its max_jobs).
+        live = "leases.job_id = repeated.id AND leases.token = %(token)s AND leases.outcome IS NULL"
         answer = f"""SELECT * FROM (
     SELECT {columns}, false AS earlier FROM claimed
-    UNION ALL SELECT {columns}, true FROM earlier
+    UNION ALL SELECT {columns}, true FROM (
+        SELECT repeated.*, leases.leased_at, max(leases.leased_at) OVER () AS newest
+        FROM earlier AS repeated JOIN leases ON {live}
+    ) AS repeated WHERE leased_at = newest
 ) AS j ORDER BY id"""
     returned = ", ".join(f"jobs.{c}" for c in CLAIMED_COLUMNS)
     return f"""

@@ -53,7 +53,8 @@ async def lease_jobs(
     The request is answered as soon as such jobs are enqueued (it waits on a wake-up). Sent
     again with the same `request_id` and `retry`, it gets the jobs the first one leased,
     while they are still leased to the worker (an answer lost on the way is not a lease
-    lost)."""
+    lost): those of the newest request under that id, and a 422 naming `max_jobs` where
+    they are more than the retry's `max_jobs`."""
     return await service.queue.lease(body.worker_id, token, body, request.is_disconnected)
 
 
