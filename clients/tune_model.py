@@ -170,8 +170,8 @@ class PriorAsked:
     def fits(self, task: TaskDoc, prior_task_gpu: str | None) -> bool | None:
         """Whether `task` was made with this prior (`prior_task_gpu`: the GPU of its prior
         task, where it has one). None for a task that started cold though this run asks for
-        a prior: this run's where the shape has no prior to start from now (`warm_starts`),
-        as the run would then start it cold too."""
+        a prior: this run's where the shape has no prior to start from now, as the run would
+        then start it cold too (the service says: `resumable_tasks`)."""
         learned = task.learned_from is not None
         if task.prior_task is not None:
             return self.prior_gpu is not None and prior_task_gpu == self.prior_gpu
@@ -186,9 +186,12 @@ class PriorAsked:
 
     def warm_starts(self, listed: TaskDoc, shapes: list[DistinctShape], gpu: str) -> set[int]:
         """The shapes (their indices) a listed task gives the prior asked for, as the service
-        picks it: with prior_gpu, a finished task of the shape on that GPU with a successful
-        trial; with learned_prior, such a task of the shape's family measured on a GPU (its
-        best trial; the service reads every one), other than the shape itself on `gpu`."""
+        picks it, roughly: with prior_gpu, a finished task of the shape on that GPU with a
+        successful trial; with learned_prior, such a task of the shape's family measured on a
+        GPU (its best trial; the service reads every one), other than the shape itself on
+        `gpu`. Only for a service that predates POST /v1/tasks/prior (`service_prior`), which
+        answers exactly: where this guess and the service's choice differ, a resume queued a
+        task the service then started cold again, beside the cold one it left."""
         if not self.explicit or not listed.is_finished():
             return set()
         if listed.trials_done - listed.trials_failed <= 0:
@@ -229,14 +232,16 @@ def resumable_tasks(
     `learned_prior` as `launch` takes them: `PriorAsked`). Imported tasks were never tuned and
     are not followed. The service's task list is read newest first, page by page, until every
     shape has its task or the list ends: to its end where a task that started cold though a
-    prior is asked for waits on whether the list holds a prior for its shape."""
+    prior is asked for waits on whether its shape has a prior now, which the service says
+    (`service_prior`; from the list itself, `PriorAsked.warm_starts`, where it predates
+    that)."""
     tuned_gpu = resolve_gpu_key(gpu)
     asked = PriorAsked(None if prior_gpu is None else resolve_gpu_key(prior_gpu), learned_prior)
     want = {_workload_key(s.workload.canonical()): i for i, s in enumerate(shapes)}
     run = (tuned_gpu, strategy, budget, seed)
     found: dict[int, TaskDoc] = {}
     cold: dict[int, TaskDoc] = {}  # per shape, its newest task that started cold
-    warm: set[int] = set()  # the shapes this run would give a prior (cold tasks not theirs)
+    finished: list[TaskDoc] = []  # the listed tasks that may be a prior (warm_starts')
     prior_gpus: dict[int, str | None] = {}  # a prior task's GPU, read once
     before: int | None = None
     while len(found) < len(shapes):
@@ -244,7 +249,8 @@ def resumable_tasks(
         if not page:
             break
         for task in page:
-            warm |= asked.warm_starts(task, shapes, tuned_gpu)
+            if asked.explicit and task.is_finished():
+                finished.append(task)
             index = want.get(_workload_key(task.workload))
             if (
                 index is None
@@ -266,10 +272,56 @@ def resumable_tasks(
             elif fits:
                 found[index] = task
         before = min(t.id for t in page)
+    # Is a shape whose only task started cold given a prior now? The service says; one that
+    # predates saying it is guessed at from the tasks listed (warm_starts).
+    args = {"budget": budget, "strategy": strategy, "seed": seed, "batch_size": batch_size}
+    prior = _prior_args(prior_gpu, learned_prior)
+    guess: set[int] | None = None  # set once the service could not say
     for index, task in cold.items():
-        if index not in found and index not in warm:
+        if index in found:
+            continue
+        warm = None if guess is not None else service_prior(client, shapes[index], gpu, args, prior)
+        if warm is None:
+            if guess is None:
+                guess = {i for t in finished for i in asked.warm_starts(t, shapes, tuned_gpu)}
+            warm = index in guess
+        if not warm:
             found[index] = task
     return found
+
+
+def service_prior(
+    client: Client,
+    shape: DistinctShape,
+    gpu: str,
+    args: dict[str, Any],
+    prior: dict[str, Any],
+) -> bool | None:
+    """Whether the service would start the shape's task (`Client.tune`'s `args` and the
+    `prior` asked for, as `launch` sends them) from a prior now, as it says (POST
+    /v1/tasks/prior): False where the prior asked for cannot be one (the 422 naming its
+    field, on which `launch` starts the shape cold). None for a service that predates the
+    route (404, 405)."""
+    try:
+        answer = client.task_prior(shape.workload.canonical(), gpu, **args, **prior)
+    except ApiError as exc:
+        if exc.status_code in (404, 405):
+            return None
+        if exc.status_code == 422 and exc.field in prior:
+            return False
+        raise
+    return answer.prior_task is not None or answer.learned_from is not None
+
+
+def _prior_args(prior_gpu: str | None, learned_prior: bool | None) -> dict[str, Any]:
+    """The prior a run's tasks are asked for (`launch`'s `prior_gpu`, `learned_prior`), as
+    Client.tune takes it: prior_gpu, else learned_prior where given (None: each family's
+    choice)."""
+    if prior_gpu is not None:
+        return {"prior_gpu": prior_gpu}
+    if learned_prior is not None:
+        return {"learned_prior": learned_prior}
+    return {}
 
 
 def _gpu_of_task(client: Client, task_id: int) -> str | None:
@@ -309,16 +361,13 @@ def launch(
     each task is appended to as it is created (the caller's: a signal part-way through leaves
     it holding the tasks that exist); `cold`: where given, the service's reason for each shape
     that started cold though a prior was asked for."""
-    prior: dict[str, Any] = {}
     if learned_prior and prior_gpu is not None:
         raise ValueError("give prior_gpu or learned_prior, not both")
     if prior_gpu is not None:
         problem = prior_gpu_problem(prior_gpu, gpu, strategy)
         if problem:
             raise ValueError(problem)
-        prior = {"prior_gpu": prior_gpu}
-    elif learned_prior is not None:  # (None: each family's choice)
-        prior = {"learned_prior": learned_prior}
+    prior = _prior_args(prior_gpu, learned_prior)
     args = {
         "budget": budget,
         "strategy": strategy,

@@ -496,6 +496,16 @@ class TaskCreate(_GpuField, _PriorFields):
     priority: Priority = DEFAULT_PRIORITY
 
 
+class TaskPrior(_Body):
+    """POST /v1/tasks/prior: the prior a task of that TaskCreate would start from now, as
+    the created task would record it (both null: cold, the strategy's own prior)."""
+
+    # The finished task of the workload whose trials warm-start it (prior_gpu resolved).
+    prior_task: int | None = None
+    # The finished, measured tasks whose cost model is its prior (asked for, or by default).
+    learned_from: list[int] | None = None
+
+
 class BestTrial(_Throughput):
     trial: int
     schedule: ScheduleDoc

@@ -562,47 +562,55 @@ class Driver:
 
     # ---- create --------------------------------------------------------------------
 
-    def create(self, body: TaskCreate, where: tuple[str, ...] = ("body",)) -> int:
-        """Write the task and its first batch (two, proposing ahead) in one transaction;
-        returns the task id. `where`: the request's path to the task's fields (for a 422)."""
+    def prior_for(
+        self, body: TaskCreate, where: tuple[str, ...] = ("body",)
+    ) -> tuple[int | None, tuple[int, ...] | None]:
+        """The prior a task of `body` starts from, as (prior_task, learned_from): another
+        GPU's task (prior_gpu resolved to it), the tasks a learned prior reads, or neither
+        (the strategy's own prior). What cannot be one raises the 422 creating the task
+        would (`where`: the request's path to the task's fields). The prior is built here:
+        only building it shows a prior with no schedule in common with this space (a 422, or
+        a default learned prior dropped); it stays in the cache, and the creation that
+        follows (`create`, or one after POST /v1/tasks/prior) builds nothing again."""
         # The field a prior's 422 names: the one the request gave (prior_gpu resolves to a
         # prior_task here, which the user never named).
         prior_field = "prior_task" if body.prior_gpu is None else "prior_gpu"
         # A workload with no valid schedule on the GPU first: a prior for it had "no
         # configuration in common", a 422 that sent the user to fix the prior.
-        if len(self._space(body.workload, body.gpu)[0]) == 0:
+        space = self._space(body.workload, body.gpu)[0]
+        if len(space) == 0:
             reason = family_of(body.workload).no_schedule_reason(body.workload, get_gpu(body.gpu))
             raise InputError([*where[:1], "workload"], reason)
         if body.prior_gpu is not None:
             body = self._resolve_prior_gpu(body, where)
         if body.prior_task is not None:
             self._check_prior(body, where)
+        learned_from: tuple[int, ...] | None = None
         if body.learned_prior:
             learned_from = self._learned_from(body, where)
         elif body.learned_prior is None and body.prior_task is None:
             learned_from = self._learned_by_default(body)
-        else:
-            learned_from = None
         try:
-            live = self._new_live(
-                body.workload,
-                body.gpu,
-                body.strategy,
-                body.seed,
-                body.budget,
-                body.prior_task,
-                learned_from,
-            )
+            if body.prior_task is not None:
+                self._prior(body.prior_task, body.workload, body.gpu, space)
+            elif learned_from is not None:
+                self._learned_prior(learned_from, body.workload, body.gpu, space)
         except PriorError as exc:  # no schedule in common with the prior's
             if learned_from is not None and not body.learned_prior:
                 # A default that cannot be: the task starts from the analytical model.
-                learned_from = None
-                live = self._new_live(
-                    body.workload, body.gpu, body.strategy, body.seed, body.budget
-                )
-            else:
-                field = prior_field if learned_from is None else "learned_prior"
-                raise InputError([*where, field], str(exc)) from None
+                return None, None
+            field = prior_field if learned_from is None else "learned_prior"
+            raise InputError([*where, field], str(exc)) from None
+        return body.prior_task, learned_from
+
+    def create(self, body: TaskCreate, where: tuple[str, ...] = ("body",)) -> int:
+        """Write the task and its first batch (two, proposing ahead) in one transaction;
+        returns the task id. `where`: the request's path to the task's fields (for a 422)."""
+        prior_task, learned_from = self.prior_for(body, where)
+        # (The prior prior_for built comes from the cache.)
+        live = self._new_live(
+            body.workload, body.gpu, body.strategy, body.seed, body.budget, prior_task, learned_from
+        )
         batch_size = self.settings.batch_size if body.batch_size is None else body.batch_size
         batches = []
         for _ in range(1 + batches_ahead(body.strategy)):
@@ -618,7 +626,7 @@ class Driver:
                 strategy=body.strategy,
                 budget=body.budget,
                 seed=body.seed,
-                prior_task=body.prior_task,
+                prior_task=prior_task,
                 learned_from=None if learned_from is None else list(learned_from),
                 only_runner=None if body.runner is None else body.runner.value,
                 priority=body.priority,

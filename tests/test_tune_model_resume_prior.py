@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from test_cli_client_tune_model import _listed_task
 
+from pipetune.clients.sdk import ApiError
 from pipetune.clients.tune_model import resumable_tasks
 from pipetune.model.family import family_of
 from pipetune.model.networks import network
@@ -47,6 +48,10 @@ class Service:
 
     def task(self, task_id: int) -> TaskDoc:
         return self.by_id[task_id]
+
+    def task_prior(self, *args: object, **kwargs: object) -> None:
+        """A service from before POST /v1/tasks/prior: the prior is judged from the list."""
+        raise ApiError(405, "Method Not Allowed")
 
 
 def _resumed(service: Service, **prior: object) -> dict[int, int]:

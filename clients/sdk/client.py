@@ -52,6 +52,7 @@ from pipetune.model.wire import (
     StrategyName,
     TaskDoc,
     TaskList,
+    TaskPrior,
     TaskState,
     TrialDoc,
     TrialList,
@@ -277,6 +278,48 @@ def _options_body(options: TuneOptions | Mapping[str, Any]) -> dict[str, Any]:
     return body
 
 
+def _task_body(
+    workload: WorkloadLike,
+    gpu: str,
+    budget: int,
+    strategy: StrategyName,
+    seed: int,
+    prior_task: int | None,
+    prior_gpu: str | None,
+    learned_prior: bool | None,
+    batch_size: int | None,
+    runner: str | None,
+    priority: int,
+) -> dict[str, Any]:
+    """A task's body (TaskCreate) as `Client.tune` sends it."""
+    # Checked here, before any request (TuneOptions is the options' wire model, as in
+    # schedule_and_tune): a budget of 0 is the caller's mistake whether or not the
+    # service can be reached. The workload and the GPU are the service's to judge.
+    try:
+        options = TuneOptions.model_validate(
+            plain(  # NumPy integers are the numbers they hold, as the workload's sizes
+                {
+                    "budget": budget,
+                    "strategy": strategy,
+                    "seed": seed,
+                    "prior_task": prior_task,
+                    "prior_gpu": prior_gpu,
+                    "learned_prior": learned_prior,
+                    "batch_size": batch_size,
+                    "runner": runner,
+                    "priority": priority,
+                }
+            )
+        )
+    except ValidationError as exc:
+        raise argument_error(exc) from None
+    return {
+        "workload": workload_body(workload),
+        "gpu": gpu_text("gpu", gpu),
+        **_options_body(options),
+    }
+
+
 class Client:
     """A pipetune service. `token` is sent as `Authorization: Bearer` (as `X-API-Key` where
     the URL holds a user and password, a proxy's basic auth, which httpx sends as the
@@ -370,34 +413,55 @@ class Client:
         task). runner: only workers of that runner measure it ("cupy": GPU measurements only;
         None: any worker of the GPU). priority: its share of the GPU's workers while other
         tasks wait for them too (1..10: p trials to a priority-1 task's one)."""
-        # Checked here, before any request (TuneOptions is the options' wire model, as in
-        # schedule_and_tune): a budget of 0 is the caller's mistake whether or not the
-        # service can be reached. The workload and the GPU are the service's to judge.
-        try:
-            options = TuneOptions.model_validate(
-                plain(  # NumPy integers are the numbers they hold, as the workload's sizes
-                    {
-                        "budget": budget,
-                        "strategy": strategy,
-                        "seed": seed,
-                        "prior_task": prior_task,
-                        "prior_gpu": prior_gpu,
-                        "learned_prior": learned_prior,
-                        "batch_size": batch_size,
-                        "runner": runner,
-                        "priority": priority,
-                    }
-                )
-            )
-        except ValidationError as exc:
-            raise argument_error(exc) from None
-        body = {
-            "workload": workload_body(workload),
-            "gpu": gpu_text("gpu", gpu),
-            **_options_body(options),
-        }
+        body = _task_body(
+            workload,
+            gpu,
+            budget,
+            strategy,
+            seed,
+            prior_task,
+            prior_gpu,
+            learned_prior,
+            batch_size,
+            runner,
+            priority,
+        )
         # (Sent again, it makes another task: an answer lost on its way back says so.)
         return self._http.call(TaskDoc, "POST", "/v1/tasks", json=body, acts_anew=True)
+
+    def task_prior(
+        self,
+        workload: WorkloadLike,
+        gpu: str,
+        budget: int = 50,
+        strategy: StrategyName = DEFAULT_STRATEGY,
+        seed: int = 0,
+        prior_task: int | None = None,
+        prior_gpu: str | None = None,
+        learned_prior: bool | None = None,
+        batch_size: int | None = None,
+        runner: str | None = None,
+        priority: int = DEFAULT_PRIORITY,
+    ) -> TaskPrior:
+        """The prior `tune` with these arguments would start its task from now, creating
+        nothing (POST /v1/tasks/prior): its `prior_task` (prior_gpu resolved to the task it
+        names) or the tasks it would learn from (`learned_from`); both None: cold. A prior
+        that cannot be one is the InvalidRequestError (422) `tune` would raise, naming the
+        prior's field. A service that predates the route answers 404 or 405 (ApiError)."""
+        body = _task_body(
+            workload,
+            gpu,
+            budget,
+            strategy,
+            seed,
+            prior_task,
+            prior_gpu,
+            learned_prior,
+            batch_size,
+            runner,
+            priority,
+        )
+        return self._http.call(TaskPrior, "POST", "/v1/tasks/prior", json=body)
 
     def task(self, task_id: int) -> TaskDoc:
         return self._task(task_id)

@@ -14,6 +14,7 @@ from pipetune.model.wire import (
     TaskCreate,
     TaskDoc,
     TaskList,
+    TaskPrior,
     TaskState,
     TrialList,
 )
@@ -43,6 +44,25 @@ def create_task(
 ) -> TaskDoc:
     """Create a tuning task; its first batch of trials is queued at once."""
     return _task_doc(service, service.driver.create(body))
+
+
+@router.post("/v1/tasks/prior", response_model=TaskPrior, responses=ERRORS)
+def task_prior(
+    service: ServiceDep,
+    body: TaskCreate,
+) -> TaskPrior:
+    """The prior a task of this body (POST /v1/tasks's) would start from now, creating
+    nothing: `prior_task`, the finished task of the workload whose trials warm-start it
+    (`prior_gpu` resolved to it); `learned_from`, the measured tasks whose cost model is its
+    prior (asked for with `learned_prior`, or the kernel family's default); both null: it
+    starts cold, from its strategy's own prior. A body task creation refuses is refused
+    here with the same 422 (a prior that cannot be one names `prior_task`, `prior_gpu` or
+    `learned_prior`). A client resuming earlier tasks asks this to know whether a task that
+    started cold would start cold again, rather than copying the service's choice."""
+    prior_task, learned_from = service.driver.prior_for(body)
+    return TaskPrior(
+        prior_task=prior_task, learned_from=None if learned_from is None else list(learned_from)
+    )
 
 
 @router.get("/v1/tasks", response_model=TaskList)
