@@ -11,9 +11,10 @@ One round:
    the prior where they are and the prior ranks elsewhere.
 3. A classifier of the failing region, fit to every trial (failed or not).
 4. Expected improvement times P(runs) over every unvisited configuration (the spaces are a
-   few thousand to tens of thousands of rows: exact, no annealing needed), and a diverse
-   batch by the kriging believer (tuner/acquisition.py), every pick of it the best of its
-   whole pool given the picks before it. Picks come from the whole space and from the
+   few thousand to tens of thousands of rows: exact, no annealing needed; past CANDIDATE_POOL
+   unvisited rows, over a seeded sample of them and the whole trust region, `_scored_rows`),
+   and a diverse batch by the kriging believer (tuner/acquisition.py), every pick of it the
+   best of its whole pool given the picks before it. Picks come from the whole space and from the
    configurations within a few knob changes of the best one measured (a trust region, as in
    local-search BO such as TuRBO and BaCO's local acquisition search), alternately one trial
    at a time and one in three from the whole space in a batch (`_pools`): the global picks
@@ -86,6 +87,11 @@ OBSERVED_WEIGHT = 10.0  # a trial on this GPU outweighs a recorded failure on an
 _THREADPOOLS = ThreadpoolController()
 # Rows of the feature matrix one prediction over the unvisited space indexes at once.
 PREDICT_ROWS = 8192
+# The most unvisited rows a round scores whole; past it, a sample of this many and the trust
+# region (`BayesianStrategy._scored_rows`). Above the largest space of the development set
+# (17,956 configurations) and pipetune's own schedule spaces (a few thousand schedules), whose
+# rounds are therefore the same as before it.
+CANDIDATE_POOL = 1 << 16
 
 
 def one_blas_thread_per_caller() -> None:
@@ -298,24 +304,27 @@ class BayesianStrategy(Strategy):
         unvisited = np.flatnonzero(open_rows)
         if len(unvisited) == 0:
             return head
-        p_ok = self.failures.p_ok(self.features)
-        mean_r, sd = _predict_rows(model, self.features, unvisited)
-        mean = mean_r + offset[unvisited]
-        best = float(y.max()) if n_ok else float(mean.max())
-        score = constrained_score(mean, sd, best, p_ok[unvisited])
-        global_pool = unvisited[np.argsort(-score, kind="stable")]
-        local_pool = np.array([], dtype=np.int64)
-        if n_ok:
-            incumbent = int(ok_rows[np.argmax(y)])
-            near = self.encoding.knob_changes(incumbent)[unvisited] <= self.radius
-            local = np.flatnonzero(near)
-            local_pool = unvisited[local[np.argsort(-score[local], kind="stable")]]
-        pools = self._pools(min(n, len(unvisited)), len(history), global_pool, local_pool)
-        first_score = np.full(len(self.encoding), -np.inf)
-        first_score[unvisited] = score
         pending = np.setdiff1d(
             np.fromiter(exclude, dtype=np.int64, count=len(exclude)), rows, assume_unique=True
         )
+        in_region = None  # the trust region around the best measurement, over every row
+        if n_ok:
+            incumbent = int(ok_rows[np.argmax(y)])
+            in_region = self.encoding.knob_changes(incumbent) <= self.radius
+        scored = self._scored_rows(unvisited, in_region, len(history), len(exclude))
+        p_ok = self._p_ok(scored, pending, whole=len(scored) == len(unvisited))
+        mean_r, sd = _predict_rows(model, self.features, scored)
+        mean = mean_r + offset[scored]
+        best = float(y.max()) if n_ok else float(mean.max())
+        score = constrained_score(mean, sd, best, p_ok[scored])
+        global_pool = scored[np.argsort(-score, kind="stable")]
+        local_pool = np.array([], dtype=np.int64)
+        if in_region is not None:
+            local = np.flatnonzero(in_region[scored])
+            local_pool = scored[local[np.argsort(-score[local], kind="stable")]]
+        pools = self._pools(min(n, len(unvisited)), len(history), global_pool, local_pool)
+        first_score = np.full(len(self.encoding), -np.inf)
+        first_score[scored] = score
         picked = self._batch(
             model,
             best,
@@ -329,6 +338,50 @@ class BayesianStrategy(Strategy):
         )
         self._local_rows.update(r for r, p in zip(picked, pools, strict=False) if p is local_pool)
         return head + picked
+
+    def _scored_rows(
+        self, unvisited: np.ndarray, in_region: np.ndarray | None, n_history: int, n_exclude: int
+    ) -> np.ndarray:
+        """The unvisited rows a round scores: all of them, up to CANDIDATE_POOL; past it, a
+        seeded uniform sample of CANDIDATE_POOL of them together with the unvisited rows of
+        the trust region (a sample of CANDIDATE_POOL of those too, where it is larger), in
+        row order.
+
+        Why a sample is enough: the global pick is the best of its pool, and the best of
+        65,536 rows drawn at random is in the acquisition's top 0.01% of any space with
+        probability 1 - (1 - 1e-4)^65536 = 0.9986; the trust region, where the local picks
+        refine the best measurement, is scored whole (it is the rows within a few knob
+        changes of one configuration). What it saves: scoring every row of a space of a
+        million configurations took 5-7 s a round on one core, the GP's predictions, the
+        failure classifier's and the sort of every score (benchmarks/RESULTS.md, "spaces
+        of a million configurations"). The development set's spaces (at most 17,956 rows)
+        and pipetune's own are below the threshold: scored whole, as before.
+
+        Seeded by the session's seed, history and proposals, so a replay draws the same."""
+        if len(unvisited) <= CANDIDATE_POOL:
+            return unvisited
+        rng = np.random.default_rng([self.seed, n_history, n_exclude, 11])
+        sample = rng.choice(unvisited, size=CANDIDATE_POOL, replace=False)
+        if in_region is not None:
+            region = unvisited[in_region[unvisited]]
+            if len(region) > CANDIDATE_POOL:
+                region = rng.choice(region, size=CANDIDATE_POOL, replace=False)
+            sample = np.concatenate([sample, region])
+        return np.unique(sample)
+
+    def _p_ok(self, scored: np.ndarray, pending: np.ndarray, whole: bool) -> np.ndarray:
+        """P(runs) per row, where a round reads it: the scored rows and the pending ones
+        (the believer conditions on them). Over the whole space where every unvisited row
+        is scored (`whole`); else only there (0 elsewhere, never read), a block of rows at a
+        time, as `_predict_rows`."""
+        if whole:
+            return self.failures.p_ok(self.features)
+        needed = np.union1d(scored, pending)
+        p_ok = np.zeros(len(self.encoding))
+        for start in range(0, len(needed), PREDICT_ROWS):
+            block = needed[start : start + PREDICT_ROWS]
+            p_ok[block] = self.failures.p_ok(self.features[block])
+        return p_ok
 
     def _batch(
         self,

@@ -39,12 +39,12 @@ class KnobCodec:
         # value index of each knob for each row: shape (N, n_knobs)
         self.value_index = np.column_stack(
             [np.searchsorted(np.array(v), matrix[:, j]) for j, v in enumerate(values)]
-        ).astype(np.int64)
+        ).astype(np.int64, copy=False)
         grid = math.prod(len(v) for v in values)  # (Python's ints: no overflow)
         rows = np.arange(len(matrix), dtype=np.int64)
         self._row_of_code: np.ndarray | None = None
         self._sorted_codes: np.ndarray | None = None
-        self._row_of_tuple: dict[tuple[int, ...], int] | None = None
+        self._groups: list[list[int]] | None = None  # knobs per code, past int64
         if grid < 1 << 62:  # codes fit in int64
             self._strides = np.array(
                 [math.prod(len(v) for v in values[j + 1 :]) for j in range(len(values))],
@@ -57,8 +57,14 @@ class KnobCodec:
             else:
                 order = np.argsort(codes, kind="stable")
                 self._sorted_codes, self._sorted_rows = codes[order], rows[order]
-        else:  # a grid past int64: the rows by their value indices
-            self._row_of_tuple = {tuple(vi): i for i, vi in enumerate(self.value_index.tolist())}
+        else:
+            # A grid past int64 (a foreign space of many knobs): one code per group of knobs
+            # whose values fit in int64, the rows sorted by their codes. A dict of each row's
+            # tuple of value indices held a million configurations of 32 knobs in 1.2 GB.
+            self._groups = _code_groups([len(v) for v in values])
+            codes = self._group_codes(self.value_index)
+            order = np.lexsort(codes.T[::-1])  # by the first group's code, then the next...
+            self._sorted_codes, self._sorted_rows = self._as_keys(codes[order]), rows[order]
 
     @classmethod
     def for_space(cls, space: FamilySpace) -> KnobCodec:
@@ -74,16 +80,44 @@ class KnobCodec:
         """Row of each value-index vector, -1 where it is not a member of the space."""
         if self._row_of_code is not None:
             return self._row_of_code[value_index @ self._strides]
-        if self._sorted_codes is not None:
+        assert self._sorted_codes is not None
+        if self._groups is None:
             codes = value_index @ self._strides
-            at = np.minimum(np.searchsorted(self._sorted_codes, codes), len(self) - 1)
-            found = self._sorted_codes[at] == codes
-            return np.where(found, self._sorted_rows[at], -1)
-        assert self._row_of_tuple is not None
-        return np.array(
-            [self._row_of_tuple.get(tuple(vi), -1) for vi in value_index.tolist()],
-            dtype=np.int64,
-        ).reshape(value_index.shape[:-1])
+        else:
+            flat = value_index.reshape(-1, value_index.shape[-1])
+            codes = self._as_keys(self._group_codes(flat)).reshape(value_index.shape[:-1])
+        at = np.minimum(np.searchsorted(self._sorted_codes, codes), len(self) - 1)
+        found = self._sorted_codes[at] == codes
+        return np.where(found, self._sorted_rows[at], -1)
+
+    def _group_codes(self, value_index: np.ndarray) -> np.ndarray:
+        """(rows, groups) int64: each group's mixed-radix code of the rows' value indices."""
+        assert self._groups is not None
+        codes = np.zeros((len(value_index), len(self._groups)), dtype=np.int64)
+        for g, knobs in enumerate(self._groups):
+            for j in knobs:
+                codes[:, g] = codes[:, g] * self.radices[j] + value_index[:, j]
+        return codes
+
+    def _as_keys(self, codes: np.ndarray) -> np.ndarray:
+        """The rows of a (rows, groups) code matrix as one record each, compared group by
+        group (numpy orders records field by field), for searchsorted."""
+        record = np.dtype([(f"g{g}", np.int64) for g in range(codes.shape[1])])
+        return np.ascontiguousarray(codes).view(record)[:, 0]
+
+
+def _code_groups(radices: list[int]) -> list[list[int]]:
+    """The knobs, in order, cut into runs whose grids (the product of their value counts)
+    fit in int64."""
+    groups: list[list[int]] = [[]]
+    grid = 1
+    for j, radix in enumerate(radices):
+        if groups[-1] and grid * radix >= 1 << 62:
+            groups.append([])
+            grid = 1
+        groups[-1].append(j)
+        grid *= radix
+    return groups
 
 
 def codec_for(space: Any) -> KnobCodec:
