@@ -127,7 +127,9 @@ struct __nv_bfloat16 { unsigned short bits; };
 #define PT_NAN_BITS 0x7E00
 #endif
 
-[[noreturn]] static void fail(const char* what, long a, long b);
+// The state and checks that the kernel (its translation unit) and MAIN (the runtime's, built
+// once per element type: build_harness's ``runtime``) share: inline, one entity in both.
+[[noreturn]] inline void fail(const char* what, long a, long b);
 
 """
     + BARRIER
@@ -147,9 +149,9 @@ struct BlockCtx {
   std::vector<WordTrack> track;
   std::mutex track_m;
 };
-thread_local BlockCtx* t_ctx = nullptr;
-thread_local int t_tid = 0;
-static unsigned g_grid = 0;
+inline thread_local BlockCtx* t_ctx = nullptr;
+inline thread_local int t_tid = 0;
+inline unsigned g_grid = 0;
 
 // Buffers the kernels may touch: [begin, end), writable or not.
 struct Region {
@@ -158,16 +160,16 @@ struct Region {
   bool writable;
   const char* name;
 };
-static std::vector<Region> g_regions;
+inline std::vector<Region> g_regions;
 
-[[noreturn]] static void fail(const char* what, long a, long b) {
+[[noreturn]] inline void fail(const char* what, long a, long b) {
   std::fprintf(stderr, "EMULATOR: %s (%ld, %ld) block %u thread %d\n", what, a, b,
                t_ctx ? t_ctx->block : 0u, t_tid);
   std::fflush(stderr);
   std::_Exit(3);  // the other threads are running: no destructors under them
 }
 
-static void check_access(const void* p, int bytes, bool write) {
+inline void check_access(const void* p, int bytes, bool write) {
   const unsigned char* c = (const unsigned char*)p;
   if ((uintptr_t)c % bytes)
     fail("global access not aligned to its vector", (long)((uintptr_t)c % bytes), bytes);
@@ -302,6 +304,9 @@ inline int thread_index() { return t_tid; }
 inline int block_index() { return (int)t_ctx->block; }
 inline int grid_size() { return (int)g_grid; }
 }  // namespace pt
+
+typedef void (*Entry)(const PT_ELEM*, const PT_ELEM*, const PT_ELEM*, PT_ELEM*, float*, int,
+                      int, float, float, int);
 """
 )
 
@@ -328,8 +333,8 @@ struct Guarded {
   }
 };
 
-typedef void (*Entry)(const PT_ELEM*, const PT_ELEM*, const PT_ELEM*, PT_ELEM*, float*, int,
-                      int, float, float, int);
+// The kernel's entries, KERNEL0 and KERNEL1, as its translation unit lists them (ENTRIES).
+extern const Entry pt_entries[2];
 
 // One launch: `wave` block slots of `threads` OS threads each (created once per launch);
 // slot b runs blocks b, b + wave, ... in turn, all of its threads together.
@@ -428,7 +433,7 @@ int main(int argc, char** argv) {
   g_regions = {{x.p, x.p + x.bytes, false, "x"}, {p0.p, p0.p + p0.bytes, false, "p0"},
                {p1.p, p1.p + p1.bytes, false, "p1"}, {y.p, y.p + y.bytes, true, "y"},
                {ws.p, ws.p + ws.bytes, true, "ws"}};
-  Entry entries[2] = {KERNEL0, KERNEL1};
+  const Entry* entries = pt_entries;
   for (int rep = 0; rep < runs; ++rep) {
     for (long i = 0; i < y_elems; ++i) {
       y.p[2 * i] = PT_NAN_BITS & 0xFF;
@@ -482,9 +487,15 @@ def conversion_defines(device: str) -> str:
     return defines
 
 
-def _harness_source(workload: MemWorkload, schedule: MemSchedule, mutate=None) -> str:
-    """The harness of a kernel; ``mutate`` replaces a text of its entries (or reductions), or
-    else of its PTX wrappers ("device": the shim replaces them, but reads their conversions)."""
+# The kernel's translation unit lists its entries for MAIN's (the runtime's).
+ENTRIES = "extern const Entry pt_entries[2];\nconst Entry pt_entries[2] = {KERNEL0, KERNEL1};\n"
+
+
+def _harness_source(workload: MemWorkload, schedule: MemSchedule, mutate=None) -> tuple[str, str]:
+    """The harness of a kernel, as two translation units: (the kernel's, the runtime's:
+    MAIN, the same for every kernel of an element type and conversions, so built once).
+    ``mutate`` replaces a text of its entries (or reductions), or else of its PTX wrappers
+    ("device": the shim replaces them, but reads their conversions)."""
     parts = source_parts(workload, schedule)
     kernel = parts["common"] + parts["kernel"]
     device = parts["device"]
@@ -497,12 +508,15 @@ def _harness_source(workload: MemWorkload, schedule: MemSchedule, mutate=None) -
             device = device.replace(old, new)
     k = generate(workload, schedule)
     second = k.entries[1] if len(k.entries) > 1 else k.entries[0]
-    defines = (
-        f"#define KERNEL0 {k.entries[0]}\n#define KERNEL1 {second}\n"
+    shared = (
         f"#define PT_ELEM {ELEMENTS[workload.dtype].c_type}\n"
-        f"#define PT_NAN_BITS {NAN_BITS[workload.dtype]:#06x}\n" + conversion_defines(device)
+        f"#define PT_NAN_BITS {NAN_BITS[workload.dtype]:#06x}\n"
+        + conversion_defines(device)
+        + parts["preamble"]
+        + SHIM
     )
-    return defines + parts["preamble"] + SHIM + parts["helpers"] + kernel + MAIN
+    entries = f"#define KERNEL0 {k.entries[0]}\n#define KERNEL1 {second}\n"
+    return entries + shared + parts["helpers"] + kernel + ENTRIES, shared + MAIN
 
 
 def emulate(
@@ -521,7 +535,8 @@ def emulate(
     kernel = generate(workload, schedule)
     blocks_per_sm = int(MemSpace(workload, EMU_GPU, schedule.knob_arrays()).blocks_per_sm[0])
     plan = launch_plan(kernel, workload, EMU_GPU.sm_count, blocks_per_sm)
-    exe = build_harness(_harness_source(workload, schedule, mutate), tmp)
+    kernel_unit, runtime_unit = _harness_source(workload, schedule, mutate)
+    exe = build_harness(kernel_unit, tmp, runtime=runtime_unit)
     if run_as is not None:
         assert run_as.rows == workload.rows  # the workspace is sized for the rows
         workload = run_as
