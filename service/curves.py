@@ -28,7 +28,6 @@ from __future__ import annotations
 from collections import defaultdict
 
 import numpy as np
-from scipy.stats import gmean
 from sqlalchemy import and_, select
 from sqlalchemy.orm import Session, aliased
 
@@ -135,6 +134,10 @@ def _best_known(
 
 def _geomean_rows(matrix: np.ndarray) -> np.ndarray:
     """Geometric mean of each column over the rows that are not NaN (0 if any is 0)."""
+    # (Imported here: scipy.stats is half a second of every service start, and only the
+    # aggregate curves use it.)
+    from scipy.stats import gmean
+
     present = ~np.isnan(matrix)
     # A missing row weighs nothing; a 0 (no success yet) makes the mean 0, as it should.
     with np.errstate(divide="ignore"):

@@ -7,6 +7,7 @@ database's Alembic revision with the newest one and refuses to start, naming
 
 from __future__ import annotations
 
+import functools
 import shlex
 import threading
 from pathlib import Path
@@ -36,7 +37,10 @@ def alembic_config(url: str) -> Config:
     return config
 
 
+@functools.cache  # (the installed migrations do not change while the process runs)
 def head_revision() -> str:
+    """The newest revision of the installed migrations: read once per process (reading the
+    scripts cost each service start and each schema check some milliseconds)."""
     head = ScriptDirectory.from_config(alembic_config("sqlite://")).get_current_head()
     assert head is not None, "migrations/versions holds no revision"
     return head
