@@ -788,8 +788,9 @@ class _RetrySafeLease(_Request):
     request costs nothing more. A retry of a report with `max_jobs` 0 only looks for them.
     An id sent again without `retry` is a new request: a retry then repeats the newest
     request under the id, and one asking fewer jobs than that request leased is a 422
-    naming `max_jobs` (an answer never holds more than its `max_jobs`). (A retry sent while the request it repeats is still being answered cannot see that
-    one's jobs: those wait out their TTL, as every lost answer's did before.)"""
+    naming `max_jobs` (an answer never holds more than its `max_jobs`). (A retry sent while
+    the request it repeats is still being answered cannot see that one's jobs: those wait
+    out their TTL, as every lost answer's did before.)"""
 
     request_id: str | None = Field(default=None, pattern=REQUEST_ID_PATTERN)
     retry: bool = Field(default=False, strict=True)

@@ -18,6 +18,7 @@ import signal
 import subprocess
 import sys
 import threading
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -54,10 +55,17 @@ def _one_page_pipe() -> tuple[int, int]:
     return read_end, write_end
 
 
-def _signal_while_loading(argv: list[str], sig: int, loading: str) -> tuple[int, str, list[str]]:
-    """Start the command, send `sig` once the module `loading` is imported (the command a page
-    of stderr further at most), and return its exit code, stdout, and stderr without the
-    profiler's lines."""
+def _ignoring(sig: int) -> Callable[[], None]:
+    """A child's set-up that starts it with `sig` ignored (as `cmd &` in a script does)."""
+    return lambda: signal.signal(sig, signal.SIG_IGN)
+
+
+def _signal_while_loading(
+    argv: list[str], sig: int, loading: str, ignored: int | None = None
+) -> tuple[int, str, list[str]]:
+    """Start the command (with the signal `ignored` ignored, where given), send `sig` once the
+    module `loading` is imported (the command a page of stderr further at most), and return
+    its exit code, stdout, and stderr without the profiler's lines."""
     environ = {k: v for k, v in os.environ.items() if not k.startswith("PIPETUNE_")}
     read_end, write_end = _one_page_pipe()
     command = subprocess.Popen(
@@ -65,6 +73,7 @@ def _signal_while_loading(argv: list[str], sig: int, loading: str) -> tuple[int,
         stdout=subprocess.PIPE,
         stderr=write_end,
         env={**environ, "PYTHONPROFILEIMPORTTIME": "1"},
+        preexec_fn=None if ignored is None else _ignoring(ignored),
     )
     os.close(write_end)
     watchdog = threading.Timer(LIMIT_S, command.kill)
@@ -113,3 +122,29 @@ def test_the_command_runs_with_the_handlers_from_before(monkeypatch):
     _cli_entry.run()
     assert running_with == before
     assert [signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)] == before
+
+
+@SIGNALS
+def test_a_signal_ignored_where_the_command_started_stays_ignored(sig, code, line):
+    """`pipetune worker &` in a script starts with SIGINT ignored: a Ctrl-C at the terminal
+    never ended it, nor does one while it loads (the loading handler is not installed)."""
+    returncode, out, said = _signal_while_loading(CONSOLE_SCRIPT, sig, "httpx", ignored=sig)
+    assert (returncode, said) == (0, []) and out.startswith("pipetune "), (returncode, out, said)
+
+
+def test_ctrl_c_before_the_commands_own_handling_says_one_line(monkeypatch, capfd):
+    """Typer builds the command (a tenth of a second) before its own handling of Ctrl-C
+    begins: a KeyboardInterrupt there is said as one during the imports is."""
+
+    def interrupted_while_building() -> None:
+        raise KeyboardInterrupt
+
+    def exit_code(code: int) -> None:
+        raise SystemExit(code)
+
+    monkeypatch.setattr(main, "run", interrupted_while_building)
+    monkeypatch.setattr(_cli_entry.os, "_exit", exit_code)
+    with pytest.raises(SystemExit) as ended:
+        _cli_entry.run()
+    assert ended.value.code == 130
+    assert capfd.readouterr().err == "interrupted: the command did not start\n"

@@ -17,6 +17,7 @@ import os
 import signal
 import threading
 from collections.abc import Iterator
+from typing import NoReturn
 
 _HANDLED = (signal.SIGINT, signal.SIGTERM)
 # What errors.interrupted says for each (that module is among the imports this guards).
@@ -30,7 +31,14 @@ def _end_while_loading(signum: int, frame: object) -> None:
     Nothing has run yet, so there is nothing to stop or flush."""
     for sig in _HANDLED:  # a second signal does not say the line again
         signal.signal(sig, signal.SIG_IGN)
-    os.write(2, f"{_WORDS[signal.Signals(signum)]}: the command did not start\n".encode())
+    _say_and_exit(signum)
+
+
+def _say_and_exit(signum: int) -> NoReturn:
+    """The one line (where stderr can take it: a closed pipe is no reason for a traceback)
+    and the exit, 128 + the signal."""
+    with contextlib.suppress(OSError):
+        os.write(2, f"{_WORDS[signal.Signals(signum)]}: the command did not start\n".encode())
     os._exit(128 + signum)
 
 
@@ -42,7 +50,13 @@ def _signals_end_loading() -> Iterator[None]:
     if threading.current_thread() is not threading.main_thread():
         yield
         return
-    previous = {sig: signal.signal(sig, _end_while_loading) for sig in _HANDLED}
+    # A signal ignored where the command was started (`cmd &` in a script, a supervisor's
+    # choice) stays ignored: the command did not end on it before either.
+    previous = {
+        sig: signal.signal(sig, _end_while_loading)
+        for sig in _HANDLED
+        if signal.getsignal(sig) is not signal.SIG_IGN
+    }
     try:
         yield
     finally:
@@ -54,4 +68,9 @@ def run() -> None:
     """Load the command, a signal meanwhile said in one line, then run it."""
     with _signals_end_loading():
         from pipetune.clients.cli import main
-    main.run()
+    try:
+        main.run()
+    except KeyboardInterrupt:
+        # Raised before typer's own handling begins (it builds the command first, a tenth of
+        # a second); once the command runs, a Ctrl-C is its own to say and end (exit 130).
+        _say_and_exit(signal.SIGINT)
