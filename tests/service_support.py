@@ -15,9 +15,10 @@ from typing import Any
 import pytest
 from pg_instance import UNAVAILABLE_ENV, admin_url, connection_problem
 from prometheus_client.parser import text_string_to_metric_families
+from sqlalchemy import func, select
 
 from pipetune.service.app import create_app
-from pipetune.service.orm import JobRow
+from pipetune.service.orm import JobRow, LeaseRow
 from pipetune.service.settings import Settings
 
 with warnings.catch_warnings():
@@ -184,6 +185,23 @@ def post_results(client: TestClient, worker_id: int, items: list[dict]) -> list[
     settle(client)
     assert response.status_code == 200, response.text
     return response.json()["acks"]
+
+
+def after_the_newest_lease(client: TestClient, timeout_s: float = 60.0) -> None:
+    """Wait until the database's clock has moved past the newest lease's stamp: SQLite's
+    counts milliseconds, and the leases of one request are told from the next one's by it
+    (two requests of one worker under one request id within a millisecond are not told
+    apart: a retry then repeats both)."""
+    db = service_of(client).db
+    deadline = time.monotonic() + timeout_s
+    while True:
+        with db.read() as s:
+            newest = s.scalar(select(func.max(LeaseRow.leased_at)))
+            now = s.scalar(select(db.now()))
+        if newest is None or now > newest:
+            return
+        assert time.monotonic() < deadline, "the database's clock did not move"
+        time.sleep(0.001)
 
 
 def job_row(client: TestClient, job_id: int) -> Any:

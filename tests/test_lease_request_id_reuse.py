@@ -11,9 +11,13 @@ those is refused (422 naming max_jobs and the request id), leasing nothing."""
 
 from __future__ import annotations
 
-import time
-
-from service_support import WORKER_HEADERS, create_task, register, service_of
+from service_support import (
+    WORKER_HEADERS,
+    after_the_newest_lease,
+    create_task,
+    register,
+    service_of,
+)
 from sqlalchemy import func, select
 
 from pipetune.service.orm import LeaseRow
@@ -41,27 +45,11 @@ def _leases(c) -> int:  # type: ignore[no-untyped-def]
         return s.scalar(select(func.count()).select_from(LeaseRow))
 
 
-def _after_the_newest_lease(c) -> None:  # type: ignore[no-untyped-def]
-    """Wait until the database's clock has moved past the newest lease's stamp: SQLite's
-    counts milliseconds, and the leases of one request are told from the next one's by it
-    (two requests of one worker under one id within a millisecond are not told apart)."""
-    db = service_of(c).db
-    deadline = time.monotonic() + 60
-    while True:
-        with db.read() as s:
-            newest = s.scalar(select(func.max(LeaseRow.leased_at)))
-            now = s.scalar(select(db.now()))
-        if now > newest:
-            return
-        assert time.monotonic() < deadline, "the database's clock did not move"
-        time.sleep(0.001)
-
-
 def test_a_reused_request_id_does_not_merge_the_old_requests_jobs_into_a_retry(client):
     worker = register(client, "w")
     create_task(client, budget=6, strategy="grid", batch_size=6)
     first = _jobs(client, worker, 2)
-    _after_the_newest_lease(client)
+    after_the_newest_lease(client)
     second = _jobs(client, worker, 2)  # the id used again, for a new request
     assert len(first) == len(second) == 2 and not set(first) & set(second)
     # Its answer lost, the second request is retried: it gets what it leased, no more.
