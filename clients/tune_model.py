@@ -241,7 +241,9 @@ def resumable_tasks(
     run = (tuned_gpu, strategy, budget, seed)
     found: dict[int, TaskDoc] = {}
     cold: dict[int, TaskDoc] = {}  # per shape, its newest task that started cold
-    finished: list[TaskDoc] = []  # the listed tasks that may be a prior (warm_starts')
+    # The shapes the listed tasks would give the prior asked for, as guessed from the list
+    # (warm_starts: only where the service cannot say), kept as indices, not the tasks.
+    guessed: set[int] = set()
     prior_gpus: dict[int, str | None] = {}  # a prior task's GPU, read once
     before: int | None = None
     while len(found) < len(shapes):
@@ -249,8 +251,7 @@ def resumable_tasks(
         if not page:
             break
         for task in page:
-            if asked.explicit and task.is_finished():
-                finished.append(task)
+            guessed |= asked.warm_starts(task, shapes, tuned_gpu)
             index = want.get(_workload_key(task.workload))
             if (
                 index is None
@@ -276,15 +277,14 @@ def resumable_tasks(
     # predates saying it is guessed at from the tasks listed (warm_starts).
     args = {"budget": budget, "strategy": strategy, "seed": seed, "batch_size": batch_size}
     prior = _prior_args(prior_gpu, learned_prior)
-    guess: set[int] | None = None  # set once the service could not say
+    service_says = True  # until it answers that it cannot (404, 405)
     for index, task in cold.items():
         if index in found:
             continue
-        warm = None if guess is not None else service_prior(client, shapes[index], gpu, args, prior)
+        warm = service_prior(client, shapes[index], gpu, args, prior) if service_says else None
         if warm is None:
-            if guess is None:
-                guess = {i for t in finished for i in asked.warm_starts(t, shapes, tuned_gpu)}
-            warm = index in guess
+            service_says = False
+            warm = index in guessed
         if not warm:
             found[index] = task
     return found

@@ -33,7 +33,7 @@ import threading
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, replace
-from typing import Any, TypeVar
+from typing import Any, NoReturn, TypeVar
 
 import anyio
 import anyio.to_thread
@@ -257,7 +257,7 @@ def retry_safe_token(worker_id: int, request_id: str) -> str:
     return base64.urlsafe_b64encode(digest[:24]).decode()
 
 
-def _refuse_fewer_than_repeated(body: LeaseRequest, repeated: int) -> None:
+def _refuse_fewer_than_repeated(body: LeaseRequest, repeated: int) -> NoReturn:
     """Refuse a retry asking for fewer jobs than the request it repeats leased (`repeated`,
     what its claim found again, leasing nothing): answered all of them it held more than
     its max_jobs; answered some, the others stayed leased to a worker that never got them

@@ -67,7 +67,9 @@ def _claim_sql(one_task: bool, one_workload: bool, again: bool) -> str:
     WHERE lease_owner = %(worker)s AND state = %(leased)s AND lease_token = %(token)s
 ), """
         filters += " AND NOT EXISTS (SELECT 1 FROM earlier)"
-        # Of those, the newest request's: one claim's leases share its statement's stamp. A
+        # Of those, the newest request's: one claim's leases share its statement's stamp (and
+        # every job leased under the token has its live lease under it: the claim writes both,
+        # and they end together). A
         # request id used again for a new request leased more jobs under the same token, and
         # a retry got the old request's with the new one's (more than its max_jobs).
         live = "leases.job_id = repeated.id AND leases.token = %(token)s AND leases.outcome IS NULL"

@@ -201,6 +201,8 @@ class SqliteQueueStore:
                 )
                 .order_by(JOBS.c.id)
             ).all()
+        # (Every job leased under the token has its live lease under it: both are written by
+        # the claim and ended together, so the join loses none.)
         newest = max((r.leased_at for r in rows), default=None)
         return [Claimed(*r[:-1], earlier=True) for r in rows if r.leased_at == newest]
 

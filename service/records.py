@@ -66,10 +66,6 @@ def workload_id(session: Session, workload: Any) -> int:
     return session.execute(_WORKLOAD_ID, {"digest": digest}).scalar_one()
 
 
-# How the error of a trial recorded as failed for a latency below its floor begins.
-IMPLAUSIBLE_ERROR_PREFIX = "implausible latency:"
-
-
 def below_latency_floor(result: MeasureResult, floor_us: float | None) -> bool:
     """Whether a result is an ok latency below its task's floor (TaskRow.latency_floor_us,
     None: no bound), which no GPU can reach: no measurement, and never a best. A worker's is
@@ -92,12 +88,17 @@ def implausible_failure(result: MeasureResult, floor_us: float) -> MeasureResult
         low, high = min(result.samples_us), max(result.samples_us)
         samples = f" (samples_us {low:g} to {high:g})"
     error = (
-        f"{IMPLAUSIBLE_ERROR_PREFIX} latency_us {result.latency_us:g}{samples} is below "
+        f"implausible latency: latency_us {result.latency_us:g}{samples} is below "
         f"{floor_us:.4g} us, the least this task's workload can take on its GPU (its FLOPs "
         f"at {LATENCY_FLOOR_PEAK_FACTOR:g}x the GPU's peak tensor throughput): no "
         "measurement, recorded as failed"
     )
-    changes = {"status": "runtime_error", "latency_us": None, "samples_us": [], "spread": None}
+    changes: dict[str, Any] = {
+        "status": "runtime_error",
+        "latency_us": None,
+        "samples_us": [],
+        "spread": None,
+    }
     return MeasureResult.model_validate({**result.model_dump(), **changes, "error": error})
 
 

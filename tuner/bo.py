@@ -12,7 +12,7 @@ One round:
 3. A classifier of the failing region, fit to every trial (failed or not).
 4. Expected improvement times P(runs) over every unvisited configuration (the spaces are a
    few thousand to tens of thousands of rows: exact, no annealing needed; past CANDIDATE_POOL
-   unvisited rows, over a seeded sample of them and the whole trust region, `_scored_rows`),
+   unvisited rows, over a seeded sample of them and the trust region's rows, `_scored_rows`),
    and a diverse batch by the kriging believer (tuner/acquisition.py), every pick of it the
    best of its whole pool given the picks before it. Picks come from the whole space and from the
    configurations within a few knob changes of the best one measured (a trust region, as in
@@ -350,12 +350,13 @@ class BayesianStrategy(Strategy):
         Why a sample is enough: the global pick is the best of its pool, and the best of
         65,536 rows drawn at random is in the acquisition's top 0.01% of any space with
         probability 1 - (1 - 1e-4)^65536 = 0.9986; the trust region, where the local picks
-        refine the best measurement, is scored whole (it is the rows within a few knob
-        changes of one configuration). What it saves: scoring every row of a space of a
-        million configurations took 5-7 s a round on one core, the GP's predictions, the
-        failure classifier's and the sort of every score (benchmarks/RESULTS.md, "spaces
-        of a million configurations"). The development set's spaces (at most 17,956 rows)
-        and pipetune's own are below the threshold: scored whole, as before.
+        refine the best measurement, is scored whole up to CANDIDATE_POOL rows (it is the
+        rows within a few knob changes of one configuration; sampled alike past that). What
+        it saves: scoring every row of a space of a million configurations took 5-7 s a
+        round on one core, the GP's predictions, the failure classifier's and the sort of
+        every score (benchmarks/RESULTS.md, "spaces of a million configurations"). The
+        development set's spaces (at most 17,956 rows) and pipetune's own are below the
+        threshold: scored whole, as before.
 
         Seeded by the session's seed, history and proposals, so a replay draws the same."""
         if len(unvisited) <= CANDIDATE_POOL:

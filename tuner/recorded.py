@@ -96,14 +96,14 @@ class ForeignSpace:
         return self.codec.value_index.astype(np.float64)
 
 
-def _value_indices(recorded: RecordedConfigs, values: list[tuple]) -> np.ndarray:
+def _value_indices(recorded: RecordedConfigs, values: list[tuple[Any, ...]]) -> np.ndarray:
     """(configurations, knobs): the index of each configuration's value of each knob among
     `values` (its first equal one, as `tuple.index` finds it). Looked up in a table per
     knob, one column at a time: `tuple.index` per cell, in a Python loop, scanned a knob's
     values (4.3 s of one core for a million configurations of 17 knobs; 2.9 s now)."""
     index = np.empty((len(values), len(recorded.configs)), dtype=np.int64)  # a knob a row
     for j, knob in enumerate(recorded.knob_names):
-        position: dict = {}
+        position: dict[Any, int] = {}
         for i, value in enumerate(values[j]):
             position.setdefault(value, i)
         # (map over C callables: no Python frame per configuration)

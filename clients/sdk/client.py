@@ -281,6 +281,7 @@ def _options_body(options: TuneOptions | Mapping[str, Any]) -> dict[str, Any]:
 def _task_body(
     workload: WorkloadLike,
     gpu: str,
+    *,
     budget: int,
     strategy: StrategyName,
     seed: int,
@@ -416,15 +417,15 @@ class Client:
         body = _task_body(
             workload,
             gpu,
-            budget,
-            strategy,
-            seed,
-            prior_task,
-            prior_gpu,
-            learned_prior,
-            batch_size,
-            runner,
-            priority,
+            budget=budget,
+            strategy=strategy,
+            seed=seed,
+            prior_task=prior_task,
+            prior_gpu=prior_gpu,
+            learned_prior=learned_prior,
+            batch_size=batch_size,
+            runner=runner,
+            priority=priority,
         )
         # (Sent again, it makes another task: an answer lost on its way back says so.)
         return self._http.call(TaskDoc, "POST", "/v1/tasks", json=body, acts_anew=True)
@@ -451,15 +452,15 @@ class Client:
         body = _task_body(
             workload,
             gpu,
-            budget,
-            strategy,
-            seed,
-            prior_task,
-            prior_gpu,
-            learned_prior,
-            batch_size,
-            runner,
-            priority,
+            budget=budget,
+            strategy=strategy,
+            seed=seed,
+            prior_task=prior_task,
+            prior_gpu=prior_gpu,
+            learned_prior=learned_prior,
+            batch_size=batch_size,
+            runner=runner,
+            priority=priority,
         )
         return self._http.call(TaskPrior, "POST", "/v1/tasks/prior", json=body)
 
