@@ -7,7 +7,9 @@ command without a word, where later the command says one line and exits 130 or 1
 that exit code; the command then runs with the handlers from before. This module lives in
 the top `pipetune` package, not under clients/, because importing anything under
 pipetune.clients loads the SDK first; stdlib only, so nothing precedes the handlers but the
-interpreter's start and `import pipetune` (the version).
+interpreter's start and `import pipetune` (the version). (`python -m pipetune.clients.cli`
+imports that package, and so the SDK, before its `__main__` comes here: a signal then, the
+first half second, is Python's to report.)
 """
 
 from __future__ import annotations
