@@ -2,7 +2,8 @@
 its PTX wrappers swapped for emulations of their ISA semantics (tests/test_codegen_emulated.py
 for the mma.sync family, tests/test_wgmma_emulated.py for the wgmma probe).
 
-The common part (``COMMON_SHIM``, ``MAIN``):
+The common part (``COMMON_SHIM`` and ``KERNEL_LAUNCH`` in the kernel's translation unit,
+``RUNTIME``'s main in its own, compiled once per process and linked in):
 - one OS thread per CUDA thread; ``__syncthreads`` is a block barrier;
 - cp.async is deferred: a copy lands only when its thread's ``cp.async.wait_group`` retires
   its group (the latest moment hardware may deliver it); shared memory starts as NaN;
@@ -102,7 +103,7 @@ struct Barrier {
 };
 """
 
-COMMON_SHIM = (
+COMMON_STATE = (
     r"""
 #include <climits>
 #include <cmath>
@@ -116,10 +117,65 @@ COMMON_SHIM = (
 #include <thread>
 #include <vector>
 
+// The state and checks that the kernel's translation unit and MAIN's (the runtime, built once
+// per process: build_harness's ``runtime``) share: inline, one entity in the program. Nothing
+// here depends on a harness's defines (the two units would otherwise disagree on it).
 struct Dim3 { unsigned x = 0, y = 0, z = 0; };
-thread_local Dim3 threadIdx, blockIdx;
-Dim3 gridDim;
+inline thread_local Dim3 threadIdx, blockIdx;
+inline Dim3 gridDim;
 
+alignas(128) inline unsigned char pt_smem[1 << 18];
+inline unsigned g_smem_bytes = 0;
+inline const unsigned char *g_a = nullptr, *g_b = nullptr;
+inline size_t g_a_bytes = 0, g_b_bytes = 0;
+
+[[noreturn]] inline void fail(const char* what, long a, long b) {
+  std::fprintf(stderr, "EMULATOR: %s (%ld, %ld) block (%u,%u) thread %u\n", what, a, b,
+               blockIdx.x, blockIdx.z, threadIdx.x);
+  std::fflush(stderr);
+  // _Exit, not exit: the other threads are still running, and exit() would destroy the
+  // globals they use under them (a segfault instead of the verdict, now and then).
+  std::_Exit(3);
+}
+
+"""
+    + BARRIER
+    + r"""
+// Race detector state, per 16-byte shared-memory chunk.
+inline std::mutex g_track;
+inline int g_epoch = 0;
+inline std::vector<int> g_last_read, g_landed;
+// Asynchronous reads in flight per chunk (wgmma issued, not yet retired by its wait_group).
+inline std::vector<int> g_pending;
+
+inline Barrier* g_block = nullptr;
+inline std::vector<Barrier*> g_warps;
+struct WarpShared { unsigned addr[32]; unsigned a[32][4]; unsigned b[32][2]; };
+inline std::vector<WarpShared> g_ws;
+namespace pt {
+struct Copy { unsigned dst; unsigned char data[16]; };  // 16 bytes bound for shared memory
+}
+
+// What MAIN hands the kernel's translation unit (KERNEL_LAUNCH): the operands, the arguments.
+struct LaunchContext {
+  char** argv;
+  unsigned char *ap, *bp, *cp;  // A, B and C, 16-byte aligned
+  size_t a_bytes, b_bytes;
+  long c_elems;
+  const int* s;  // the scalars
+};
+// The kernel's launch, as its translation unit describes it (KERNEL_LAUNCH).
+struct KernelShape { int nscalars, threads, grid_y, blocks_reversed; unsigned short nan_bits; };
+extern const KernelShape pt_kernel;
+void pt_prepare(const LaunchContext& ctx);  // inputs beside A and B, then set-up
+void pt_run_thread(const LaunchContext& ctx);  // one thread of one block (threadIdx, blockIdx set)
+void pt_finish(const LaunchContext& ctx);  // after every block (a second kernel)
+"""
+)
+
+COMMON_SHIM = (
+    COMMON_STATE
+    + r"""
 #define __global__
 #define __device__
 #define __host__
@@ -142,36 +198,7 @@ struct __nv_bfloat16 { unsigned short bits; };
 #define PT_CVT_BF16 0
 #endif
 
-alignas(128) unsigned char pt_smem[1 << 18];
-static unsigned g_smem_bytes = 0;
-static const unsigned char *g_a = nullptr, *g_b = nullptr;
-static size_t g_a_bytes = 0, g_b_bytes = 0;
-
-[[noreturn]] static void fail(const char* what, long a, long b) {
-  std::fprintf(stderr, "EMULATOR: %s (%ld, %ld) block (%u,%u) thread %u\n", what, a, b,
-               blockIdx.x, blockIdx.z, threadIdx.x);
-  std::fflush(stderr);
-  // _Exit, not exit: the other threads are still running, and exit() would destroy the
-  // globals they use under them (a segfault instead of the verdict, now and then).
-  std::_Exit(3);
-}
-
-"""
-    + BARRIER
-    + r"""
-// Race detector state, per 16-byte shared-memory chunk.
-static std::mutex g_track;
-static int g_epoch = 0;
-static std::vector<int> g_last_read, g_landed;
-// Asynchronous reads in flight per chunk (wgmma issued, not yet retired by its wait_group).
-static std::vector<int> g_pending;
-
-static Barrier* g_block = nullptr;
-static std::vector<Barrier*> g_warps;
-struct WarpShared { unsigned addr[32]; unsigned a[32][4]; unsigned b[32][2]; };
-static std::vector<WarpShared> g_ws;
-
-void __syncthreads() { g_block->wait(); }
+inline void __syncthreads() { g_block->wait(); }
 
 """
     + HALF_CONVERSIONS
@@ -183,7 +210,6 @@ inline unsigned smem_u32(const void* p) {
 }
 inline void opaque(int&) {}
 
-struct Copy { unsigned dst; unsigned char data[16]; };
 thread_local std::vector<std::vector<Copy>> t_groups;
 thread_local std::vector<Copy> t_open;
 
@@ -243,7 +269,10 @@ static std::vector<unsigned char> read_file(const char* path) {
 }
 """
 
-MAIN = (
+# The kernel's side of MAIN (after the shims and the kernel, in its translation unit): the
+# harness's defines expanded into the functions MAIN calls (LaunchContext), so MAIN itself
+# depends on none of them and is compiled once per process (``RUNTIME``).
+KERNEL_LAUNCH = (
     READ_FILE
     + r"""
 // Kernel arguments after the scalars (the TMA loader's tensor maps), and set-up that needs
@@ -285,9 +314,43 @@ struct AnyPtr {
   void* p;
   template <class T> operator T*() const { return (T*)p; }
 };
+const KernelShape pt_kernel = {NSCALARS, THREADS_, GRID_Y, BLOCKS_REVERSED, PT_NAN_BITS};
+// MAIN's variables, by the names the defines above use.
+#define PT_MAIN_VARIABLES                                                          \
+  char** argv = ctx.argv;                                                          \
+  unsigned char *ap = ctx.ap, *bp = ctx.bp, *cp = ctx.cp;                          \
+  const size_t a_bytes = ctx.a_bytes, b_bytes = ctx.b_bytes;                       \
+  const long c_elems = ctx.c_elems;                                                \
+  const int* s = ctx.s;
+void pt_prepare(const LaunchContext& ctx) {
+  PT_MAIN_VARIABLES
+  LOAD_EXTRA_INPUTS
+  BEFORE_LAUNCH
+}
+void pt_run_thread(const LaunchContext& ctx) {
+  PT_MAIN_VARIABLES
+  pt::t_groups.clear();
+  pt::t_open.clear();
+  KERNEL(AnyPtr{ap}, AnyPtr{bp}, AnyPtr{cp} EXTRA_POINTERS SCALAR_ARGS EXTRA_ARGS);
+  if (!pt::t_open.empty() || !pt::t_groups.empty()) fail("copies in flight at exit", 0, 0);
+}
+void pt_finish(const LaunchContext& ctx) {
+  PT_MAIN_VARIABLES
+  AFTER_LAUNCH
+}
+"""
+)
+
+# The host program's main, the same for every kernel: its own translation unit, compiled
+# once per process and linked into each harness (build_harness's ``runtime``).
+RUNTIME = (
+    COMMON_STATE
+    + READ_FILE
+    + r"""
 int main(int argc, char** argv) {
   // argv: a.bin b.bin c.bin c_elems grid_x grid_z smem_bytes scalars...
-  if (argc < 8 + NSCALARS) fail("usage", argc, 0);
+  const int threads_per_block = pt_kernel.threads, grid_y = pt_kernel.grid_y;
+  if (argc < 8 + pt_kernel.nscalars) fail("usage", argc, 0);
   std::vector<unsigned char> a = read_file(argv[1]), b = read_file(argv[2]);
   // 16-byte aligned copies (cudaMalloc gives 256-byte alignment).
   std::vector<unsigned char> a16(a.size() + 16), b16(b.size() + 16);
@@ -299,51 +362,45 @@ int main(int argc, char** argv) {
   const long c_elems = std::atol(argv[4]);
   const unsigned grid_x = std::atoi(argv[5]), grid_z = std::atoi(argv[6]);
   g_smem_bytes = std::atoi(argv[7]);
-  int s[NSCALARS];
-  for (int i = 0; i < NSCALARS; ++i) s[i] = std::atoi(argv[8 + i]);
+  std::vector<int> s(pt_kernel.nscalars + 1);
+  for (int i = 0; i < pt_kernel.nscalars; ++i) s[i] = std::atoi(argv[8 + i]);
   const size_t canary = 4096;
   std::vector<unsigned char> c(2 * canary + 2 * c_elems + 16, 0xAB);
   unsigned char* cp = c.data() + canary;
   cp += (16 - (uintptr_t)cp % 16) % 16;
-  for (long i = 0; i < c_elems; ++i) {  // NaN fill: an element no thread writes shows
-    const unsigned short nan = PT_NAN_BITS;
+  const unsigned short nan = pt_kernel.nan_bits;
+  for (long i = 0; i < c_elems; ++i)  // NaN fill: an element no thread writes shows
     std::memcpy(cp + 2 * i, &nan, 2);
-  }
-  gridDim = {grid_x, GRID_Y, grid_z};
-  LOAD_EXTRA_INPUTS
-  BEFORE_LAUNCH
+  const LaunchContext ctx{argv, ap, bp, cp, a.size(), b.size(), c_elems, s.data()};
+  gridDim = {grid_x, (unsigned)grid_y, grid_z};
+  pt_prepare(ctx);
   g_last_read.assign(g_smem_bytes / 16, INT_MIN);
   for (unsigned z = 0; z < grid_z; ++z)
-   for (unsigned y = 0; y < GRID_Y; ++y)
+   for (unsigned y = 0; y < (unsigned)grid_y; ++y)
     for (unsigned xi = 0; xi < grid_x; ++xi) {
-      const unsigned x = BLOCKS_REVERSED ? grid_x - 1 - xi : xi;
-      for (unsigned i = 0; i < g_smem_bytes / 2; ++i) {  // NaN fill: unwritten reads show
-        const unsigned short nan = PT_NAN_BITS;
+      const unsigned x = pt_kernel.blocks_reversed ? grid_x - 1 - xi : xi;
+      for (unsigned i = 0; i < g_smem_bytes / 2; ++i)  // NaN fill: unwritten reads show
         std::memcpy(pt_smem + 2 * i, &nan, 2);
-      }
       g_landed.assign(g_smem_bytes / 16, INT_MIN);
       g_last_read.assign(g_smem_bytes / 16, INT_MIN);
       g_pending.assign(g_smem_bytes / 16, 0);
       g_epoch = 0;
-      Barrier block(THREADS_, &g_epoch);
+      Barrier block(threads_per_block, &g_epoch);
       g_block = &block;
       g_warps.clear();
-      for (int w = 0; w < THREADS_ / 32; ++w) g_warps.push_back(new Barrier(32));
-      g_ws.assign(THREADS_ / 32, WarpShared{});
+      for (int w = 0; w < threads_per_block / 32; ++w) g_warps.push_back(new Barrier(32));
+      g_ws.assign(threads_per_block / 32, WarpShared{});
       std::vector<std::thread> threads;
-      for (int t = 0; t < THREADS_; ++t)
+      for (int t = 0; t < threads_per_block; ++t)
         threads.emplace_back([&, t] {
           threadIdx = {(unsigned)t, 0, 0};
           blockIdx = {x, y, z};
-          pt::t_groups.clear();
-          pt::t_open.clear();
-          KERNEL(AnyPtr{ap}, AnyPtr{bp}, AnyPtr{cp} EXTRA_POINTERS SCALAR_ARGS EXTRA_ARGS);
-          if (!pt::t_open.empty() || !pt::t_groups.empty()) fail("copies in flight at exit", 0, 0);
+          pt_run_thread(ctx);
         });
       for (auto& th : threads) th.join();
       for (Barrier* w : g_warps) delete w;
     }
-  AFTER_LAUNCH
+  pt_finish(ctx);
   for (size_t i = 0; i < c.size(); ++i) {
     const unsigned char* p = c.data() + i;
     if ((p < cp || p >= cp + 2 * c_elems) && *p != 0xAB) fail("store outside C", (long)(p - cp), 0);
@@ -358,7 +415,7 @@ int main(int argc, char** argv) {
 )
 
 
-# The NaN each element type's C and shared memory start as (MAIN's PT_NAN_BITS): fp16's
+# The NaN each element type's C and shared memory start as (KERNEL_LAUNCH's PT_NAN_BITS): fp16's
 # quiet NaN, and bf16's, 0x7FC0, which is a NaN read as fp16 as well (a kernel that decodes
 # bf16 operands as fp16 still sees unwritten shared memory as NaN).
 NAN_BITS: dict[str, int] = {"float16": 0x7E00, "bfloat16": 0x7FC0}
@@ -644,12 +701,14 @@ def build_and_run(
     grid: tuple[int, int, int],
     smem_bytes: int,
     scalars: tuple[int, ...],
+    runtime: str = RUNTIME,
 ) -> tuple[int, str, np.ndarray | None, np.ndarray]:
-    """Build a harness (``source``: defines, shims, the kernel, MAIN) and run it on seeded
+    """Build a harness (``source``: ``harness_source``'s kernel unit; ``runtime``: RUNTIME,
+    or RUNTIME with a shim's kernel-independent functions, linked in) and run it on seeded
     random operands of ``workload``: (returncode, stderr, C or None, numpy's reference). C is
     held as the workload's dtype is on the host (bf16 as uint16 bits: ``values_of``)."""
     source = f"#define PT_NAN_BITS {NAN_BITS[workload.dtype]:#06x}\n" + source
-    exe = build_harness(source, tmp)
+    exe = build_harness(source, tmp, runtime=runtime)
     rng = np.random.default_rng(7)
     a, b = operands(workload, rng)
     bias = bias_of(workload, rng)
@@ -682,13 +741,14 @@ def build_and_run(
 
 
 def harness_source(shims: str, body: str, kernel_name: str, threads: int, nscalars: int) -> str:
-    """A complete host program: the defines MAIN needs, the shims, the kernel, MAIN."""
+    """The kernel's translation unit of a host program: the defines KERNEL_LAUNCH needs, the
+    shims, the kernel, KERNEL_LAUNCH (RUNTIME's main, linked in, calls it)."""
     scalar_args = "".join(f", s[{i}]" for i in range(nscalars))
     defines = (
         f"#define NSCALARS {nscalars}\n#define THREADS_ {threads}\n"
         f"#define KERNEL {kernel_name}\n#define SCALAR_ARGS {scalar_args}\n"
     )
-    return defines + shims + body + MAIN
+    return defines + shims + body + KERNEL_LAUNCH
 
 
 def emulate_all(emulate, jobs: list, tmp: Path) -> list:

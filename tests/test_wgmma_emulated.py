@@ -11,13 +11,13 @@ is asynchronous: it checks at issue that its chunks landed before a barrier, rea
 its ``wgmma.wait_group`` retires it (the latest moment), and until then any cp.async into them
 is a race.
 
-The TMA loader's shim (``TMA_SHIM``) reads the box of a tensor map described by the specs
-that ``wgmma.tensor_map_specs`` gives the driver (zeros past the edges, 128-byte lines
-swizzled by their shared-memory address, the source kept inside its operand), counts its
-bytes on an emulated mbarrier (arrivals, expected transactions, phases) only when a thread
-waits on it, and lands the data only when a wait sees the phase complete: a consumer that
-skips or mistimes its wait reads NaN or a stale tile, and a byte total the copies never reach
-never completes.
+The TMA loader's shim (``TMA_SHIM``, its functions in ``TMA_RUNTIME``) reads the box of a
+tensor map described by the specs that ``wgmma.tensor_map_specs`` gives the driver (zeros
+past the edges, 128-byte lines swizzled by their shared-memory address, the source kept
+inside its operand), counts its bytes on an emulated mbarrier (arrivals, expected
+transactions, phases) only when a thread waits on it, and lands the data only when a wait
+sees the phase complete: a consumer that skips or mistimes its wait reads NaN or a stale
+tile, and a byte total the copies never reach never completes.
 
 bfloat16 kernels run too: the wgmma shim decodes the operands as the kernel's own wgmma
 instruction declares them (``.f16.f16`` or ``.bf16.bf16``, read by cuda_emulator's
@@ -39,6 +39,7 @@ import pytest
 from cuda_emulator import (
     BIAS_SHIM,
     COMMON_SHIM,
+    RUNTIME,
     assert_outcomes_match,
     build_and_run,
     element_defines,
@@ -57,7 +58,17 @@ from pipetune.workers.codegen.variants import variant_of as workload_variant
 from pipetune.workers.codegen.wgmma import WgmmaConfig
 from pipetune.workers.compile import compile_source
 
-WGMMA_SHIM = r"""
+# The 128-byte swizzle: address bits 4-6 XORed with bits 7-9 (the wgmma shim's descriptors and
+# the TMA runtime's boxes: one definition in both translation units).
+SWIZZLE = r"""
+namespace pt {
+inline unsigned swizzled(unsigned a) { return a ^ (((a >> 7) & 7u) << 4); }
+}  // namespace pt
+"""
+
+WGMMA_SHIM = (
+    SWIZZLE
+    + r"""
 namespace pt {
 inline void wgmma_fence() {}
 inline void fence_proxy_async() {}  // proxies are not emulated
@@ -70,7 +81,6 @@ inline Descriptor decode(unsigned long long d) {
   return {(unsigned)(d & 0x3FFF) << 4, (unsigned)((d >> 16) & 0x3FFF) << 4,
           (unsigned)((d >> 32) & 0x3FFF) << 4};
 }
-inline unsigned swizzled(unsigned a) { return a ^ (((a >> 7) & 7u) << 4); }
 // Element (row, k) of a K-major operand; element (mn, k) of an MN-major one (2-byte elements,
 // fp16 or bf16: T = 8).
 inline unsigned k_major(const Descriptor& d, int row, int k) {
@@ -163,11 +173,33 @@ template <int N> inline void wgmma_wait() {
 }
 }  // namespace pt
 """
+)
 
-TMA_SHIM = r"""
+# The TMA loader's types and functions, as both translation units see them: the kernel's
+# unit calls them, TMA_RUNTIME (linked in: the same for every kernel, built once) defines them.
+TMA_DECLARATIONS = r"""
 #include <chrono>
-#include <limits>
 #include <map>
+// A tensor map as the emulator reads it (the real one is the driver's opaque 128 bytes).
+struct FakeTensorMap {
+  const unsigned char* base; size_t bytes;
+  long dims[3], strides[2]; int box[3];
+};
+// How long an mbarrier wait may take before it is a hang (the kernel's unit: PT_MBARRIER_WAIT_S).
+extern const int pt_mbarrier_wait_s;
+namespace pt {
+void mbarrier_init(unsigned bar, unsigned count);
+void mbarrier_expect_tx(unsigned bar, unsigned bytes);
+bool mbarrier_try_wait(unsigned bar, unsigned parity);
+void mbarrier_wait(unsigned bar, unsigned parity);
+void tma_load_3d(unsigned dst, const void* map, int c0, int c1, int c2, unsigned bar);
+}  // namespace pt
+"""
+
+TMA_SHIM = (
+    TMA_DECLARATIONS
+    + r"""
+#include <limits>
 using std::max;
 using std::min;
 static std::vector<float> g_w;  // split-K's (stream-K's) workspace of f32 partial sums
@@ -180,16 +212,29 @@ inline unsigned atomicAdd(unsigned* p, unsigned v) {
   return old;
 }
 inline float __ldcg(const float* p) { return *p; }
-// A tensor map as the emulator reads it (the real one is the driver's opaque 128 bytes).
-struct FakeTensorMap {
-  const unsigned char* base; size_t bytes;
-  long dims[3], strides[2]; int box[3];
-};
 static FakeTensorMap g_tmaps[2];
 static void set_tmap(FakeTensorMap& m, const unsigned char* base, size_t bytes, long d0, long d1,
                      long d2, long s1, long s2, int b0, int b1, int b2) {
   m = {base, bytes, {d0, d1, d2}, {s1, s2}, {b0, b1, b2}};
 }
+#ifndef PT_MBARRIER_WAIT_S  // how long a wait may take before it is a hang
+#define PT_MBARRIER_WAIT_S 20
+#endif
+const int pt_mbarrier_wait_s = PT_MBARRIER_WAIT_S;
+namespace pt {
+inline void tensormap_acquire(const void*) {}
+inline void fence_mbarrier_init() {}
+}  // namespace pt
+"""
+)
+
+# The TMA unit and its mbarriers: the same for every kernel, so in the runtime's translation
+# unit (RUNTIME's main beside them), compiled once per process.
+TMA_RUNTIME = (
+    RUNTIME
+    + SWIZZLE
+    + TMA_DECLARATIONS
+    + r"""
 namespace pt {
 struct Mbarrier {
   int expected = 0, pending = 0;
@@ -200,9 +245,7 @@ struct Mbarrier {
 };
 static std::map<unsigned, Mbarrier> g_mbar;  // by shared address; guarded by g_track
 
-inline void tensormap_acquire(const void*) {}
-inline void fence_mbarrier_init() {}
-inline void mbarrier_init(unsigned bar, unsigned count) {
+void mbarrier_init(unsigned bar, unsigned count) {
   std::lock_guard<std::mutex> lk(g_track);
   if (bar % 8 || bar + 8 > g_smem_bytes) fail("mbarrier address", bar, g_smem_bytes);
   Mbarrier m;
@@ -224,14 +267,14 @@ static void complete_if_due(Mbarrier& m) {
     m.pending = m.expected;
   }
 }
-inline void mbarrier_expect_tx(unsigned bar, unsigned bytes) {
+void mbarrier_expect_tx(unsigned bar, unsigned bytes) {
   std::lock_guard<std::mutex> lk(g_track);
   Mbarrier& m = mbar(bar);
   m.tx += bytes;
   --m.pending;
   complete_if_due(m);
 }
-inline bool mbarrier_try_wait(unsigned bar, unsigned parity) {
+bool mbarrier_try_wait(unsigned bar, unsigned parity) {
   std::lock_guard<std::mutex> lk(g_track);
   Mbarrier& m = mbar(bar);
   if ((m.completed & 1u) == (parity & 1u)) {  // that phase is still running
@@ -251,12 +294,9 @@ inline bool mbarrier_try_wait(unsigned bar, unsigned parity) {
   m.done.clear();
   return true;
 }
-#ifndef PT_MBARRIER_WAIT_S  // how long a wait may take before it is a hang
-#define PT_MBARRIER_WAIT_S 20
-#endif
-inline void mbarrier_wait(unsigned bar, unsigned parity) {
+void mbarrier_wait(unsigned bar, unsigned parity) {
   const auto deadline =
-      std::chrono::steady_clock::now() + std::chrono::seconds(PT_MBARRIER_WAIT_S);
+      std::chrono::steady_clock::now() + std::chrono::seconds(pt_mbarrier_wait_s);
   while (!mbarrier_try_wait(bar, parity)) {
     if (std::chrono::steady_clock::now() > deadline)
       fail("an mbarrier phase never completes", bar, parity);
@@ -265,7 +305,7 @@ inline void mbarrier_wait(unsigned bar, unsigned parity) {
 }
 // The box at (c0, c1, c2): element (i0, i1, i2) of the box lands at byte 2 * i0 of line
 // (i2 * box1 + i1), lines 128 bytes long, each 16-byte unit swizzled by its address.
-inline void tma_load_3d(unsigned dst, const void* map, int c0, int c1, int c2, unsigned bar) {
+void tma_load_3d(unsigned dst, const void* map, int c0, int c1, int c2, unsigned bar) {
   const FakeTensorMap& t = *(const FakeTensorMap*)map;
   if (dst % 128) fail("TMA destination not 128-byte aligned", dst, 0);
   if (t.box[0] * 2 != 128) fail("TMA box: the 128-byte swizzle needs 128-byte lines", t.box[0], 0);
@@ -300,6 +340,7 @@ inline void tma_load_3d(unsigned dst, const void* map, int c0, int c1, int c2, u
 }
 }  // namespace pt
 """
+)
 
 
 def _tma_defines(workload, config: WgmmaConfig, sms: int = 3, reversed_blocks: bool = False) -> str:
@@ -312,7 +353,7 @@ def _tma_defines(workload, config: WgmmaConfig, sms: int = 3, reversed_blocks: b
     )
     fills = []
     for i, (spec, pointer, size) in enumerate(
-        zip(specs, ("ap", "bp"), ("a.size()", "b.size()"), strict=True)
+        zip(specs, ("ap", "bp"), ("a_bytes", "b_bytes"), strict=True)
     ):
         numbers = ", ".join(map(str, (*spec.dims, *spec.strides, *spec.box)))
         fills.append(f"set_tmap(g_tmaps[{i}], {pointer}, {size}, {numbers});")
@@ -385,7 +426,8 @@ def _emulate(
         kernel.threads,
         len(scalars),
     )
-    return build_and_run(source, tmp, workload, grid, kernel.smem_bytes, scalars)
+    runtime = TMA_RUNTIME if tma else RUNTIME
+    return build_and_run(source, tmp, workload, grid, kernel.smem_bytes, scalars, runtime)
 
 
 # Tails in M, N and K; one, two and four warpgroups; three to five stages (the ring wraps).
