@@ -17,7 +17,7 @@ from typing import Any
 from pipetune.workers.datasets.files import parse_json, read_text
 from pipetune.workers.datasets.kt_cache import (
     close_open_cache,
-    from_kt_cache_document,
+    dataset_of_own_document,
     parse_maybe_open,
     read_kt_cache,
 )
@@ -70,9 +70,20 @@ def load_dataset(path: str | Path, *, allow_open: bool = False) -> Dataset:
     """Read a T4 file or a Kernel Tuner cache, whichever the content is (a T4 file with
     pipetune metadata is checked as a pipetune dataset as well, see read_t4)."""
     source = str(path)
-    text = read_text(path)
+    document = _document(read_text(path), source, allow_open)
+    if isinstance(document, dict) and "results" in document and "schema_version" in document:
+        return from_t4_document(document, source)
+    if isinstance(document, dict) and "cache" in document and "tune_params_keys" in document:
+        # (The document is no one else's: its entries are let go of as they are read.)
+        return dataset_of_own_document(document, source)
+    raise DatasetError(f"{source}: neither a T4 results file nor a Kernel Tuner cache")
+
+
+def _document(text: str, source: str, allow_open: bool) -> Any:
+    """The parsed file (its text is let go of when this returns: a large cache's text was
+    held while its records were made)."""
     try:
-        document = parse_maybe_open(text, source) if allow_open else parse_json(text, source)
+        return parse_maybe_open(text, source) if allow_open else parse_json(text, source)
     except DatasetError as exc:
         if allow_open or not _open_cache(text):
             raise
@@ -82,11 +93,6 @@ def load_dataset(path: str | Path, *, allow_open: bool = False) -> Dataset:
             "`dataset convert` take --allow-open: `pipetune dataset convert --allow-open FILE "
             "OUT.t4.json` writes a file every command reads"
         ) from None
-    if isinstance(document, dict) and "results" in document and "schema_version" in document:
-        return from_t4_document(document, source)
-    if isinstance(document, dict) and "cache" in document and "tune_params_keys" in document:
-        return from_kt_cache_document(document, source)
-    raise DatasetError(f"{source}: neither a T4 results file nor a Kernel Tuner cache")
 
 
 def _open_cache(text: str) -> bool:

@@ -20,38 +20,82 @@ GZIP_MAGIC = b"\x1f\x8b"
 
 # The most text a dataset file may hold, gunzipped: the largest recorded space here (17,956
 # configurations, a Kernel Tuner cache) is 16.6 MB of text; a file past this is not a
-# dataset but a gzip bomb or a device (/dev/zero), either read until memory ran out.
+# dataset but a gzip bomb or a device (/dev/zero), either read until memory ran out. It is
+# also what loads in sensible time and memory: a synthetic Kernel Tuner cache of a million
+# configurations (benchmarks/bench_large_spaces.py) is 464 MB of text, and `bench tuner` on
+# it takes about 43 s of CPU and 2.5 GB (benchmarks/RESULTS.md, kt-cache-loading); one of
+# ten million (4.6 GB) would need ten times that.
 MAX_TEXT_BYTES = 512 * 2**20
+# What is inflated or read at a time: the refusal of a file past the limit holds no more
+# than the limit's worth of text (a single read of it held that twice over).
+CHUNK_BYTES = 16 * 2**20
 
 
 def read_text(path: str | Path) -> str:
     """The file's text, gunzipped when it is gzip (by content, not by name); DatasetError
     past MAX_TEXT_BYTES, read or gunzipped (only that much is ever read)."""
     path = Path(path)
-    too_large = f"{path}: more than {MAX_TEXT_BYTES // 2**20} MiB of text: not a dataset file"
     try:
         with path.open("rb") as file:
-            raw = file.read(MAX_TEXT_BYTES + 1)
+            gzipped = file.peek(len(GZIP_MAGIC))[: len(GZIP_MAGIC)] == GZIP_MAGIC
+            raw = _gunzipped(path, file) if gzipped else _bounded_read(path, file, gzipped=False)
     except FileNotFoundError:
         raise DatasetError(f"{path}: no such file") from None
     except OSError as exc:
         raise DatasetError(f"{path}: cannot read ({exc.strerror or exc})") from None
-    if len(raw) > MAX_TEXT_BYTES:
-        raise DatasetError(too_large)
-    if raw.startswith(GZIP_MAGIC):
-        try:
-            with gzip.GzipFile(fileobj=io.BytesIO(raw)) as stream:
-                raw = stream.read(MAX_TEXT_BYTES + 1)
-        except EOFError:
-            raise DatasetError(f"{path}: truncated gzip stream") from None
-        except (gzip.BadGzipFile, zlib.error, OSError) as exc:
-            raise DatasetError(f"{path}: corrupt gzip data ({exc})") from None
-        if len(raw) > MAX_TEXT_BYTES:
-            raise DatasetError(too_large)
     try:
         return raw.decode("utf-8")
     except UnicodeDecodeError as exc:
         raise DatasetError(f"{path}: not UTF-8 text ({exc.reason} at byte {exc.start})") from None
+
+
+def _gunzipped(path: Path, file: io.BufferedReader) -> bytearray:
+    if os.fstat(file.fileno()).st_size > MAX_TEXT_BYTES:  # (its text is at least as long)
+        raise DatasetError(_too_large(path, gzipped=True))
+    try:
+        with gzip.GzipFile(fileobj=file) as stream:
+            return _bounded_read(path, stream, gzipped=True)
+    except EOFError:
+        raise DatasetError(f"{path}: truncated gzip stream") from None
+    except (gzip.BadGzipFile, zlib.error) as exc:
+        raise DatasetError(f"{path}: corrupt gzip data ({exc})") from None
+    except OSError as exc:
+        if exc.errno is not None:  # the file itself could not be read (not its content)
+            raise
+        raise DatasetError(f"{path}: corrupt gzip data ({exc})") from None
+
+
+def _bounded_read(path: Path, stream: Any, *, gzipped: bool) -> bytearray:
+    """The stream's bytes, read CHUNK_BYTES at a time; DatasetError as soon as they pass
+    MAX_TEXT_BYTES (what was read is let go of: the refusal costs no more than that)."""
+    data = bytearray()
+    while chunk := stream.read(min(CHUNK_BYTES, MAX_TEXT_BYTES + 1 - len(data))):
+        data += chunk
+        if len(data) > MAX_TEXT_BYTES:
+            del data
+            raise DatasetError(_too_large(path, gzipped))
+    return data  # (not copied to bytes: it is decoded at once, and is let go of then)
+
+
+def _size_text(size: int) -> str:
+    return f"{size / 2**20:,.1f} MiB" if size >= 2**20 else f"{size / 2**10:,.1f} KiB"
+
+
+def _too_large(path: Path, gzipped: bool) -> str:
+    """The refusal of a file past MAX_TEXT_BYTES: its size on disk and the limit."""
+    limit = f"{MAX_TEXT_BYTES // 2**20} MiB"
+    try:
+        size = f"{_size_text(path.stat().st_size)} on disk" + (", gzip'd" if gzipped else "")
+    except OSError:
+        size = "size unknown"
+    if not path.is_file():
+        size = "not a regular file"
+    return (
+        f"{path}: more than {limit} of text: not a dataset file ({size}; a dataset file "
+        f"holds at most {limit} of text{' gunzipped' if gzipped else ''}, about a million "
+        "Kernel Tuner cache entries: more is refused before it is parsed, which would "
+        "take more memory than a machine has)"
+    )
 
 
 # Dataset files nest a few levels (T4: document, results, result, times, runtimes); deeper
@@ -79,12 +123,14 @@ def _check_nesting_and_numbers(document: Any) -> None:
             continue
         if depth > MAX_DEPTH:
             raise DatasetError(f"JSON nested deeper than {MAX_DEPTH} levels")
-        for item in value.values() if type(value) is dict else value:
-            kind = type(item)
-            if kind is dict or kind is list:
-                stack.append((item, depth + 1))
-            elif kind is float and math.isinf(item):
-                raise DatasetError("a number is beyond the float range")
+        items = value.values() if type(value) is dict else value
+        # The types present, and the items compared with infinity, in C: a Python step per
+        # item was a second of CPU for a cache of 200,000 entries.
+        kinds = set(map(type, items))
+        if float in kinds and (math.inf in items or -math.inf in items):
+            raise DatasetError("a number is beyond the float range")
+        if dict in kinds or list in kinds:
+            stack.extend((item, depth + 1) for item in items if type(item) in (dict, list))
 
 
 def repeated_key(pairs: list[tuple[str, Any]]) -> str | None:
@@ -100,12 +146,15 @@ def repeated_key(pairs: list[tuple[str, Any]]) -> str | None:
 
 def _object_without_duplicate_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
     """An object whose keys are distinct: a cache entry written twice (two measurements of
-    one configuration) lost one without a word."""
-    repeated = repeated_key(pairs)
-    if repeated is not None:
+    one configuration) lost one without a word. (The dict is made first and the pairs
+    searched only where it came out shorter: the search cost more than the parse.)"""
+    document = dict(pairs)
+    if len(document) != len(pairs):
+        repeated = repeated_key(pairs)
+        assert repeated is not None
         shown = repeated if len(repeated) <= 60 else repeated[:57] + "..."
         raise DatasetError(f"the key {json.dumps(shown)} appears twice in one object")
-    return dict(pairs)
+    return document
 
 
 def parse_json(text: str, source: str) -> Any:

@@ -207,7 +207,46 @@ def _entry_record(
         raise DatasetError(f"{where}: {exc}") from None
 
 
+def _records(
+    items: list[tuple[str, Any] | None],
+    knobs: list[str],
+    tune_params: dict[str, list],
+    objective: str,
+    source: str,
+) -> list[Record]:
+    """Each entry's record in file order, the first bad entry refused with its message. Each
+    item is dropped from `items` once read (a caller that passes its own list keeps only
+    records): a large cache was held as entries and records at once."""
+    records = []
+    for i, item in enumerate(items):
+        assert item is not None
+        items[i] = None
+        key, entry = item
+        try:
+            record = _entry_record(key, entry, knobs, tune_params, objective, "")
+        except DatasetError:
+            # Read again to be refused with where it is: the entry's key quoted (reprlib)
+            # only for a message, not for each of a million entries that pass.
+            where = f"{source}: cache[{shown(key)}]"
+            _entry_record(key, entry, knobs, tune_params, objective, where)
+            raise
+        records.append(record)
+    return records
+
+
 def from_kt_cache_document(document: Any, source: str) -> Dataset:
+    """The dataset of a parsed cache (the document is left as it is)."""
+    return _dataset_of_document(document, source, consume=False)
+
+
+def dataset_of_own_document(document: Any, source: str) -> Dataset:
+    """The dataset of a cache document its caller parsed for this and keeps no use of: its
+    entries are taken out of it as they are read, so that a large cache is not held twice
+    (entries and records) at once."""
+    return _dataset_of_document(document, source, consume=True)
+
+
+def _dataset_of_document(document: Any, source: str, *, consume: bool) -> Dataset:
     if not isinstance(document, dict):
         raise DatasetError(f"{source}: a Kernel Tuner cache must be a JSON object")
     missing = [k for k in (*HEADER, "cache") if k not in document]
@@ -235,10 +274,11 @@ def from_kt_cache_document(document: Any, source: str) -> Dataset:
     cache = document["cache"]
     if not isinstance(cache, dict):
         raise DatasetError(f"{source}: 'cache' must be an object")
-    records = [
-        _entry_record(key, entry, knobs, tune_params, objective, f"{source}: cache[{shown(key)}]")
-        for key, entry in cache.items()
-    ]
+    items: list[tuple[str, Any] | None] = list(cache.items())
+    if consume:
+        cache.clear()
+    records = _records(items, knobs, tune_params, objective, source)
+    del items
     header = {k: document[k] for k in document if k != "cache"}
     metadata = {"device_name": document["device_name"], "kernel_tuner": header}
     try:
@@ -260,4 +300,5 @@ def read_kt_cache(path: str | Path, *, allow_open: bool = False) -> Dataset:
     source = str(path)
     text = read_text(path)
     document = parse_maybe_open(text, source) if allow_open else parse_json(text, source)
-    return from_kt_cache_document(document, source)
+    del text  # (the document is read, its text is not needed while the records are made)
+    return dataset_of_own_document(document, source)

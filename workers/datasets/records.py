@@ -9,9 +9,10 @@ unit of the files, so that a dataset written and read back is identical bit for 
 from __future__ import annotations
 
 import math
+import operator
 import reprlib
 from collections import Counter
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, get_args
 
@@ -85,13 +86,18 @@ def _finite(value: Any) -> bool:
         return False
 
 
-def _check_number(what: str, value: Any, *, positive: bool = False) -> None:
+def _check_number(what: str | Callable[[], str], value: Any, *, positive: bool = False) -> None:
+    """DatasetError naming `what` unless value is a finite number (positive, or else not
+    negative). `what` may be a function giving the name: a name that quotes file content
+    (reprlib) is made only for a message, not for each of a million values that pass."""
+    if _finite(value) and (value > 0 if positive else value >= 0):
+        return
+    name = what() if callable(what) else what
     if not _finite(value):
-        raise DatasetError(f"{what} must be a finite number, got {shown(value)}")
-    if positive and value <= 0:
-        raise DatasetError(f"{what} must be positive, got {shown(value)}")
-    if not positive and value < 0:
-        raise DatasetError(f"{what} must not be negative, got {shown(value)}")
+        raise DatasetError(f"{name} must be a finite number, got {shown(value)}")
+    if positive:
+        raise DatasetError(f"{name} must be positive, got {shown(value)}")
+    raise DatasetError(f"{name} must not be negative, got {shown(value)}")
 
 
 def _freeze(value: Any) -> Any:
@@ -101,7 +107,9 @@ def _freeze(value: Any) -> Any:
     return value
 
 
-@dataclass(frozen=True)
+# slots: a loaded space holds a record per configuration (a million of them for the largest
+# Kernel Tuner caches read), and an instance dict per record was a third of their memory.
+@dataclass(frozen=True, slots=True)
 class Record:
     """One configuration's measurement.
 
@@ -160,7 +168,7 @@ class Record:
         if self.compile_ms is not None:
             _check_number("compile time", self.compile_ms)
         for name, value in self.times.items():
-            _check_number(f"time {shown(name)}", value)
+            _check_number(lambda name=name: f"time {shown(name)}", value)
         if self.status is not None:
             if not isinstance(self.status, str) or self.status not in TRIAL_STATUSES:
                 raise DatasetError(f"unknown trial status {shown(self.status)}")
@@ -242,23 +250,45 @@ class Dataset:
         self.metadata: dict[str, Any] = dict(metadata or {})
         self.source = source
         self.format = format
-        self._index: dict[tuple, int] = {}
         expected = set(self.knobs)
         for i, record in enumerate(self.records):
-            if set(record.configuration) != expected:
+            if record.configuration.keys() != expected:
                 # Knobs taken from record 0 are only record 0's: name it, it may be the odd one.
                 raise DatasetError(
                     f"record {i} has knobs {sorted(record.configuration)}, "
                     + ("record 0 has" if inferred else "the dataset has")
                     + f" {sorted(expected)}"
                 )
+        # Built on the first lookup: a benchmark of a million configurations never looks one
+        # up, and the index was a fifth of their memory.
+        self._index: dict[tuple, int] | None = None
+        if not self._values_distinct():
+            self._index = self._indexed()
+
+    def _values_distinct(self) -> bool:
+        """Whether no two configurations have equal values (hashed in bulk, in C): then none
+        appears twice. Where two do (or their hashes meet), `_indexed` decides, by type as
+        well as value, and names the records of a configuration given twice."""
+        if not self.knobs or not self.records:
+            return True
+        values = operator.itemgetter(*self.knobs)
+        try:
+            hashes = {hash(values(r.configuration)) for r in self.records}
+        except TypeError:  # (an unhashable value: not a record's)
+            return False
+        return len(hashes) == len(self.records)
+
+    def _indexed(self) -> dict[tuple, int]:
+        index: dict[tuple, int] = {}
+        for i, record in enumerate(self.records):
             key = self._key(record.configuration)
-            if key in self._index:
+            if key in index:
                 raise DatasetError(
                     f"configuration {shown(dict(record.configuration))} appears twice "
-                    f"(records {self._index[key]} and {i})"
+                    f"(records {index[key]} and {i})"
                 )
-            self._index[key] = i
+            index[key] = i
+        return index
 
     def _key(self, configuration: Mapping[str, Any]) -> tuple:
         return configuration_key(configuration, self.knobs)
@@ -296,6 +326,8 @@ class Dataset:
         """The record of a configuration, or None if it was not recorded."""
         if set(configuration) != set(self.knobs):
             return None
+        if self._index is None:
+            self._index = self._indexed()
         i = self._index.get(self._key(configuration))
         return None if i is None else self.records[i]
 
