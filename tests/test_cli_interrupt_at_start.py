@@ -12,13 +12,14 @@ and the command meets the signal in the middle of loading.
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import os
 import signal
 import subprocess
 import sys
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -134,7 +135,8 @@ def test_a_signal_ignored_where_the_command_started_stays_ignored(sig, code, lin
 
 def test_ctrl_c_before_the_commands_own_handling_says_one_line(monkeypatch, capfd):
     """Typer builds the command (a tenth of a second) before its own handling of Ctrl-C
-    begins: a KeyboardInterrupt there is said as one during the imports is."""
+    begins: a KeyboardInterrupt there is said in one line, its word alone (a second signal
+    while a command ends reaches the same place, after the command ran)."""
 
     def interrupted_while_building() -> None:
         raise KeyboardInterrupt
@@ -147,4 +149,24 @@ def test_ctrl_c_before_the_commands_own_handling_says_one_line(monkeypatch, capf
     with pytest.raises(SystemExit) as ended:
         _cli_entry.run()
     assert ended.value.code == 130
-    assert capfd.readouterr().err == "interrupted: the command did not start\n"
+    assert capfd.readouterr().err == "interrupted\n"
+
+
+def test_ctrl_c_as_the_loading_handler_gives_way_says_one_line(monkeypatch, capfd):
+    """A SIGINT just after Python's handler is back, as the loading block ends, is raised
+    there, before the command runs: it was a traceback."""
+
+    @contextlib.contextmanager
+    def interrupted_as_it_ends() -> Iterator[None]:
+        yield
+        raise KeyboardInterrupt
+
+    def exit_code(code: int) -> None:
+        raise SystemExit(code)
+
+    monkeypatch.setattr(_cli_entry, "_signals_end_loading", interrupted_as_it_ends)
+    monkeypatch.setattr(_cli_entry.os, "_exit", exit_code)
+    with pytest.raises(SystemExit) as ended:
+        _cli_entry.run()
+    assert ended.value.code == 130
+    assert capfd.readouterr().err == "interrupted\n"

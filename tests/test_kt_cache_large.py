@@ -172,7 +172,8 @@ def test_the_development_files_load_as_before(name):
 
 def test_odd_but_valid_entries_make_the_records_of_the_per_entry_reader(tmp_path):
     """Failures of every kind, a numpy float32 knob's key, int timings, list measurements,
-    no timestamp, a second objective: the records _entry_record makes of each entry."""
+    no timestamp, a second objective: each entry's record, in file order as the entries are
+    let go of, and found by the lookup index built on first use (True and 1 apart)."""
     f32 = 0.10000000149011612  # (np.float32(0.1) widened: Kernel Tuner keys it "0.1")
     knobs = {"x": [1, 2, 4, f32], "y": ["a", "b", True]}
     entries = [

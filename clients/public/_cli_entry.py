@@ -36,11 +36,11 @@ def _end_while_loading(signum: int, frame: object) -> None:
     _say_and_exit(signum)
 
 
-def _say_and_exit(signum: int) -> NoReturn:
+def _say_and_exit(signum: int, what: str = ": the command did not start") -> NoReturn:
     """The one line (where stderr can take it: a closed pipe is no reason for a traceback)
     and the exit, 128 + the signal."""
     with contextlib.suppress(OSError):
-        os.write(2, f"{_WORDS[signal.Signals(signum)]}: the command did not start\n".encode())
+        os.write(2, f"{_WORDS[signal.Signals(signum)]}{what}\n".encode())
     os._exit(128 + signum)
 
 
@@ -68,11 +68,13 @@ def _signals_end_loading() -> Iterator[None]:
 
 def run() -> None:
     """Load the command, a signal meanwhile said in one line, then run it."""
-    with _signals_end_loading():
-        from pipetune.clients.cli import main
     try:
+        with _signals_end_loading():
+            from pipetune.clients.cli import main
         main.run()
-    except KeyboardInterrupt:
-        # Raised before typer's own handling begins (it builds the command first, a tenth of
-        # a second); once the command runs, a Ctrl-C is its own to say and end (exit 130).
-        _say_and_exit(signal.SIGINT)
+    except KeyboardInterrupt as exc:
+        # Outside typer's own handling: as the loading handler gives way to Python's, while
+        # typer builds the command (a tenth of a second), or a second signal while a command
+        # ends. Said in its word alone: the command may have run.
+        signum = signal.SIGTERM if type(exc).__name__ == "Terminated" else signal.SIGINT
+        _say_and_exit(signum, "")

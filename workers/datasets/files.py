@@ -50,7 +50,9 @@ def read_text(path: str | Path) -> str:
 
 
 def _gunzipped(path: Path, file: io.BufferedReader) -> bytearray:
-    if os.fstat(file.fileno()).st_size > MAX_TEXT_BYTES:  # (its text is at least as long)
+    # (Its text is longer but for padding or empty members, which no dataset writer makes:
+    # a file past the limit on disk was refused before it was inflated before, too.)
+    if os.fstat(file.fileno()).st_size > MAX_TEXT_BYTES:
         raise DatasetError(_too_large(path, gzipped=True))
     try:
         with gzip.GzipFile(fileobj=file) as stream:
