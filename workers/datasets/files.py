@@ -50,8 +50,8 @@ def read_text(path: str | Path) -> str:
 
 
 def _gunzipped(path: Path, file: io.BufferedReader) -> bytearray:
-    # (Its text is longer but for padding or empty members, which no dataset writer makes:
-    # a file past the limit on disk was refused before it was inflated before, too.)
+    # (Its text is longer but for padding or empty members, which no dataset writer makes;
+    # a file past the limit on disk was refused uninflated by the earlier reading as well.)
     if os.fstat(file.fileno()).st_size > MAX_TEXT_BYTES:
         raise DatasetError(_too_large(path, gzipped=True))
     try:
