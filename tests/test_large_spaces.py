@@ -171,3 +171,32 @@ def test_the_benchmarks_space_is_read_as_a_kernel_tuner_cache(tmp_path):
     assert 0 < failed.sum() < len(failed) / 2
     assert np.array_equal(~np.isfinite(loaded.objective_ms), failed)
     np.testing.assert_allclose(loaded.objective_ms[~failed], expected.objective_ms[~failed], 1e-5)
+
+
+def test_a_benchmark_builds_a_foreign_space_once_for_every_strategy_and_seed(monkeypatch):
+    """Every strategy and seed of `bench tuner` searches the same space, built once (a
+    million configurations took seconds a build): their proposals are what a fresh space
+    per run gives."""
+    from pipetune.tuner import recorded as recorded_module
+    from pipetune.tuner.bench import Dataset, bench, trial_rows
+
+    small = grid_space((4, 3, 3, 2))
+    fresh = Dataset("fresh", grid_space((4, 3, 3, 2)))
+    expected = {
+        (s, seed): trial_rows(fresh, s, seed, 12) for s in ("random", "bo") for seed in (0, 1)
+    }
+    built = []
+    original_init = recorded_module.ForeignSpace.__init__
+
+    def counting_init(self, recorded):
+        built.append(recorded.name)
+        original_init(self, recorded)
+
+    monkeypatch.setattr(recorded_module.ForeignSpace, "__init__", counting_init)
+    dataset = Dataset("grid", small)
+    bench([dataset], ["random", "bo"], [4, 12], seeds=2)
+    rows = {
+        (s, seed): trial_rows(dataset, s, seed, 12) for s in ("random", "bo") for seed in (0, 1)
+    }
+    assert built == ["grid"]
+    assert rows == expected

@@ -35,7 +35,7 @@ from pipetune.tuner.metrics import (
 )
 from pipetune.tuner.offline import RecordedSpace, propose_and_measure, run_offline, throughput_of
 from pipetune.tuner.peers import PEERS, PLANS_BY_BUDGET, PeerFailedError, run_peer, run_rules
-from pipetune.tuner.recorded import ForeignSpace, RecordedConfigs
+from pipetune.tuner.recorded import RecordedConfigs
 from pipetune.tuner.strategies import DEFAULT_STRATEGY, KNOB_ONLY, STRATEGY_MAP, make_strategy
 from pipetune.tuner.strategy_base import Observation, Strategy
 from pipetune.tuner.transfer import recorded_prior
@@ -144,9 +144,8 @@ def trial_rows(
             f"strategy '{strategy}' needs pipetune's analytical model; "
             f"dataset '{dataset.name}' is a foreign space (use {', '.join(KNOB_ONLY)})"
         )
-    space = ForeignSpace(dataset.configs)
     return run_strategy_rows(
-        make_strategy(strategy, space, seed, prior=prior),
+        make_strategy(strategy, dataset.configs.search_space, seed, prior=prior),
         dataset.configs.objective_ms,
         budget,
         batch,
