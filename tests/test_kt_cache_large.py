@@ -8,6 +8,9 @@ from __future__ import annotations
 import gzip
 import hashlib
 import json
+import os
+import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -112,6 +115,28 @@ def test_import_dataset_refuses_it_before_opening_the_database(past_the_limit, t
     assert result.exit_code == 2, result.output
     _refusal_says_file_size_and_limit(result.output, past_the_limit)
     assert not database.exists()
+
+
+def test_a_gzip_stream_from_a_pipe_that_hands_over_one_byte_first_is_gunzipped(tmp_path):
+    """A pipe (`<(curl ...)`) may give its first byte alone: a peek at the gzip magic then
+    saw one byte and read the stream as text ("not UTF-8 text")."""
+    fifo = tmp_path / "cache.kt-cache.json.gz"
+    os.mkfifo(fifo)
+    text = json.dumps(_cache([("1,a", _entry(1, "a"))]))
+    packed = gzip.compress(text.encode())
+
+    def write_one_byte_then_the_rest() -> None:
+        with open(fifo, "wb", buffering=0) as pipe:  # (waits for the reader to open it)
+            pipe.write(packed[:1])
+            time.sleep(1.0)  # the reader meets the one byte first (on a loaded machine too)
+            pipe.write(packed[1:])
+
+    writer = threading.Thread(target=write_one_byte_then_the_rest)
+    writer.start()
+    try:
+        assert files.read_text(fifo) == text
+    finally:
+        writer.join(timeout=60)
 
 
 def test_a_plain_file_past_the_limit_names_its_size(tmp_path, monkeypatch):

@@ -37,8 +37,15 @@ def read_text(path: str | Path) -> str:
     path = Path(path)
     try:
         with path.open("rb") as file:
-            gzipped = file.peek(len(GZIP_MAGIC))[: len(GZIP_MAGIC)] == GZIP_MAGIC
-            raw = _gunzipped(path, file) if gzipped else _bounded_read(path, file, gzipped=False)
+            # Read, not peeked: a pipe may hand over its first byte alone, and a peek of it
+            # took a gzip stream for text. Put back in front of the rest for the reading.
+            head = file.read(len(GZIP_MAGIC))
+            size = os.fstat(file.fileno()).st_size
+            stream = _Rejoined(head, file)
+            if head == GZIP_MAGIC:
+                raw = _gunzipped(path, stream, size)
+            else:
+                raw = _bounded_read(path, stream, gzipped=False)
     except FileNotFoundError:
         raise DatasetError(f"{path}: no such file") from None
     except OSError as exc:
@@ -49,10 +56,28 @@ def read_text(path: str | Path) -> str:
         raise DatasetError(f"{path}: not UTF-8 text ({exc.reason} at byte {exc.start})") from None
 
 
-def _gunzipped(path: Path, file: io.BufferedReader) -> bytearray:
+class _Rejoined:
+    """A stream's first bytes, read already, put back in front of the rest (a pipe cannot
+    be sought back to them)."""
+
+    def __init__(self, head: bytes, rest: io.BufferedReader) -> None:
+        self.head = head
+        self.rest = rest
+
+    def read(self, size: int = -1) -> bytes:
+        if not self.head:
+            return self.rest.read(size)
+        if size < 0:
+            data, self.head = self.head + self.rest.read(), b""
+            return data
+        data, self.head = self.head[:size], self.head[size:]
+        return data + self.rest.read(size - len(data)) if len(data) < size else data
+
+
+def _gunzipped(path: Path, file: _Rejoined, size_on_disk: int) -> bytearray:
     # (Its text is longer but for padding or empty members, which no dataset writer makes;
     # a file past the limit on disk was refused uninflated by the earlier reading as well.)
-    if os.fstat(file.fileno()).st_size > MAX_TEXT_BYTES:
+    if size_on_disk > MAX_TEXT_BYTES:
         raise DatasetError(_too_large(path, gzipped=True))
     try:
         with gzip.GzipFile(fileobj=file) as stream:
