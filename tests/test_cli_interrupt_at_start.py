@@ -133,7 +133,17 @@ def test_a_signal_ignored_where_the_command_started_stays_ignored(sig, code, lin
     assert (returncode, said) == (0, []) and out.startswith("pipetune "), (returncode, out, said)
 
 
-def test_ctrl_c_before_the_commands_own_handling_says_one_line(monkeypatch, capfd):
+@pytest.fixture
+def exits(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The entry's os._exit as a SystemExit with its code, in this process."""
+
+    def exit_code(code: int) -> None:
+        raise SystemExit(code)
+
+    monkeypatch.setattr(_cli_entry.os, "_exit", exit_code)
+
+
+def test_ctrl_c_before_the_commands_own_handling_says_one_line(monkeypatch, capfd, exits):
     """Typer builds the command (a tenth of a second) before its own handling of Ctrl-C
     begins: a KeyboardInterrupt there is said in one line, its word alone (a second signal
     while a command ends reaches the same place, after the command ran)."""
@@ -141,18 +151,14 @@ def test_ctrl_c_before_the_commands_own_handling_says_one_line(monkeypatch, capf
     def interrupted_while_building() -> None:
         raise KeyboardInterrupt
 
-    def exit_code(code: int) -> None:
-        raise SystemExit(code)
-
     monkeypatch.setattr(main, "run", interrupted_while_building)
-    monkeypatch.setattr(_cli_entry.os, "_exit", exit_code)
     with pytest.raises(SystemExit) as ended:
         _cli_entry.run()
     assert ended.value.code == 130
     assert capfd.readouterr().err == "interrupted\n"
 
 
-def test_ctrl_c_as_the_loading_handler_gives_way_says_one_line(monkeypatch, capfd):
+def test_ctrl_c_as_the_loading_handler_gives_way_says_one_line(monkeypatch, capfd, exits):
     """A SIGINT just after Python's handler is back, as the loading block ends, is raised
     there, before the command runs: it was a traceback."""
 
@@ -161,11 +167,7 @@ def test_ctrl_c_as_the_loading_handler_gives_way_says_one_line(monkeypatch, capf
         yield
         raise KeyboardInterrupt
 
-    def exit_code(code: int) -> None:
-        raise SystemExit(code)
-
     monkeypatch.setattr(_cli_entry, "_signals_end_loading", interrupted_as_it_ends)
-    monkeypatch.setattr(_cli_entry.os, "_exit", exit_code)
     with pytest.raises(SystemExit) as ended:
         _cli_entry.run()
     assert ended.value.code == 130

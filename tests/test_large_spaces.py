@@ -13,6 +13,7 @@ import tracemalloc
 
 import numpy as np
 import pytest
+from test_tuner_bo import _observe
 
 from pipetune.tuner import bo, design
 from pipetune.tuner.encoding import KnobEncoding
@@ -43,13 +44,17 @@ def large() -> RecordedConfigs:
     return grid_space()
 
 
-def _observe(recorded: RecordedConfigs, rows: list[int]) -> list[Observation]:
-    out = []
-    for r in rows:
-        ms = float(recorded.objective_ms[r])
-        ok = bool(np.isfinite(ms))
-        out.append(Observation(row=r, latency_s=ms * 1e-3 if ok else None, failed=not ok))
-    return out
+def _counting_predictions(patch: pytest.MonkeyPatch) -> list[int]:
+    """How many rows each prediction of a round scores (bo._predict_rows counted)."""
+    predicted: list[int] = []
+    real_predict = bo._predict_rows
+
+    def counted(model, features, rows):  # type: ignore[no-untyped-def]
+        predicted.append(len(rows))
+        return real_predict(model, features, rows)
+
+    patch.setattr(bo, "_predict_rows", counted)
+    return predicted
 
 
 def _first_trials(recorded: RecordedConfigs, count: int = 16) -> list[Observation]:
@@ -66,14 +71,7 @@ def test_a_round_on_a_large_space_scores_a_pool_not_the_whole_space(large, monke
     space = ForeignSpace(large)
     strategy = make_strategy("bo", space, seed=0)
     history = _first_trials(large)
-    predicted: list[int] = []
-    real_predict = bo._predict_rows
-
-    def counted(model, features, rows):
-        predicted.append(len(rows))
-        return real_predict(model, features, rows)
-
-    monkeypatch.setattr(bo, "_predict_rows", counted)
+    predicted = _counting_predictions(monkeypatch)
     batch = strategy.next_batch(8, {o.row for o in history}, history)
 
     assert len(batch) == len(set(batch)) == 8
@@ -90,15 +88,8 @@ def test_a_small_space_is_still_scored_whole():
     recorded = grid_space((4, 4, 4, 4, 3, 3))  # 2,304 configurations
     strategy = make_strategy("bo", ForeignSpace(recorded), seed=0)
     history = _first_trials(recorded)
-    predicted: list[int] = []
-    real_predict = bo._predict_rows
-
-    def counted(model, features, rows):
-        predicted.append(len(rows))
-        return real_predict(model, features, rows)
-
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(bo, "_predict_rows", counted)
+        predicted = _counting_predictions(patch)
         strategy.next_batch(8, {o.row for o in history}, history)
     assert predicted[0] == len(recorded.configs) - len(history)
 
