@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import atexit
 import json
+import logging
 import os
 import shutil
 import tempfile
@@ -57,6 +58,22 @@ def pytest_report_header(config: pytest.Config) -> str:
         return f"PostgreSQL: none ({os.environ[UNAVAILABLE_ENV]})"
     where = " (a private server for this run)" if _private_postgres else ""
     return f"PostgreSQL: {os.environ.get(ADMIN_URL_ENV, DEFAULT_ADMIN_URL)}{where}"
+
+
+@pytest.fixture(autouse=True)
+def _pipetune_logger_restored() -> Iterator[None]:
+    """The `pipetune` logger as each test found it. `pipetune serve` run in this process
+    (tests/test_serve_interrupt.py) configures logging for the whole process: the logger
+    stopped propagating to the root logger, where caplog listens, and a later test in the
+    same pytest worker saw none of the service's records (test_service_driver's "does not
+    replay" failed or passed by how the workers happened to share out the tests)."""
+    logger = logging.getLogger("pipetune")
+    propagate, handlers, level, disabled = (
+        logger.propagate, list(logger.handlers), logger.level, logger.disabled,
+    )  # fmt: skip
+    yield
+    logger.propagate, logger.handlers[:], logger.disabled = propagate, handlers, disabled
+    logger.setLevel(level)
 
 
 @pytest.fixture
