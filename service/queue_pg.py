@@ -69,9 +69,9 @@ def _claim_sql(one_task: bool, one_workload: bool, again: bool) -> str:
         filters += " AND NOT EXISTS (SELECT 1 FROM earlier)"
         # Of those, the newest request's: one claim's leases share its statement's stamp (and
         # every job leased under the token has its live lease under it: the claim writes both,
-        # and they end together). A
-        # request id used again for a new request leased more jobs under the same token, and
-        # a retry got the old request's with the new one's (more than its max_jobs).
+        # and they end together). A request id used again for a new request leased more jobs
+        # under the same token, and a retry got the old request's with the new one's (more
+        # than its max_jobs).
         live = "leases.job_id = repeated.id AND leases.token = %(token)s AND leases.outcome IS NULL"
         answer = f"""SELECT * FROM (
     SELECT {columns}, false AS earlier FROM claimed
