@@ -68,13 +68,16 @@ def test_the_package_list_names_every_package_folder():
     listed = set(setuptools_cfg["packages"])
     top_of = {folder: name for name, folder in package_dir.items()}
     found = {"pipetune"}
-    for folder in FOLDERS:
-        for init in (ROOT / folder).rglob("__init__.py"):
-            relative = init.parent.relative_to(ROOT)
-            if relative == Path(package_dir["pipetune"]):
-                continue
-            parts = relative.parts
-            found.add(".".join([top_of[parts[0]], *parts[1:]]))
+    # Every folder that ships a file, code or data (the profiles, the dashboard): a data
+    # folder under a parent's package-data is what setuptools warns of and will stop shipping.
+    tracked = subprocess.run(
+        ["git", "ls-files", *FOLDERS], cwd=ROOT, capture_output=True, text=True, check=True
+    ).stdout.split()
+    for relative in {Path(name).parent for name in tracked}:
+        if relative == Path(package_dir["pipetune"]):
+            continue
+        parts = relative.parts
+        found.add(".".join([top_of[parts[0]], *parts[1:]]))
     assert listed == found
 
 
@@ -118,6 +121,21 @@ def test_the_wheel_holds_only_the_pipetune_package(wheel):
         "pipetune/service/dashboard/index.html",
     ):
         assert needed in names
+
+
+def test_every_folder_the_wheel_ships_is_a_listed_package(wheel):
+    """The profiles and the dashboard were data under a parent package's package-data, which
+    setuptools warns of at every build and says it will stop shipping: each folder of the
+    wheel must be a package that `packages` names."""
+    listed = set(_pyproject()["tool"]["setuptools"]["packages"])
+    with zipfile.ZipFile(wheel) as archive:
+        folders = {
+            name.rsplit("/", 1)[0].replace("/", ".")
+            for name in archive.namelist()
+            if name.startswith("pipetune/")
+        }
+    assert {"pipetune.model.profiles", "pipetune.service.dashboard"} <= folders
+    assert folders - listed == set()
 
 
 def test_the_wheel_ships_the_licence_it_declares(wheel):
