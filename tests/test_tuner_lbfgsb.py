@@ -71,9 +71,9 @@ def test_a_start_outside_the_bounds_is_clipped_as_minimize_clips_it():
 
 
 def test_the_loop_is_used_on_the_scipy_releases_it_was_written_for():
-    """scipy 1.15 to 1.17 have the routine's present arguments: there the fits take the loop
+    """scipy 1.15 to 1.18 have the routine's present arguments: there the fits take the loop
     (a later release is checked at first use and may fall back)."""
-    if not (1, 15) <= SCIPY <= (1, 17):
+    if not (1, 15) <= SCIPY <= (1, 18):
         pytest.skip(f"scipy {scipy.__version__} is not one the loop was checked against")
     lbfgsb._direct_loop_matches.cache_clear()
     assert lbfgsb._direct_loop_matches()
