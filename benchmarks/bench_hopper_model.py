@@ -39,7 +39,7 @@ def probe_measurements(gpu: str) -> dict[str, tuple[dict, dict[tuple[int, ...], 
     correct."""
     out: dict[str, tuple[dict, dict[tuple[int, ...], float]]] = {}
     for path in sorted(glob.glob(f"benchmarks/data/{gpu}/wgmma-probe-*.json")):
-        with open(path) as f:
+        with open(path, encoding="utf-8") as f:
             runs = json.load(f)["runs"]
         for shape, per_operator in runs.items():
             head, staged, loop = shape.partition("_tma_st")

@@ -170,7 +170,7 @@ def load_run(path: Path) -> dict:
     none: a missing file, a folder, not JSON, or JSON of something else (each was a
     traceback, exit 1: FileNotFoundError, JSONDecodeError, KeyError)."""
     try:
-        doc = json.loads(path.read_text())
+        doc = json.loads(path.read_text(encoding="utf-8"))
     except OSError as exc:
         why: str | None = exc.strerror or str(exc)
     except ValueError as exc:  # (JSONDecodeError, UnicodeDecodeError)

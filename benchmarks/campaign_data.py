@@ -83,7 +83,7 @@ class OperatorData:
 
 
 def read_json(path: Path) -> dict[str, Any]:
-    return json.loads(path.read_text())
+    return json.loads(path.read_text(encoding="utf-8"))
 
 
 def campaign_gpu(key: str) -> GPUSpec:

@@ -28,7 +28,7 @@ DEFAULT_PG = "postgresql+psycopg://postgres@127.0.0.1:5432/test"
 
 def cpu_s(pid: int) -> float:
     """User + system CPU seconds of a process (Linux /proc)."""
-    return stat_cpu_s(Path(f"/proc/{pid}/stat").read_text())
+    return stat_cpu_s(Path(f"/proc/{pid}/stat").read_text(encoding="utf-8"))
 
 
 def service_cpu_counters(base_url: str) -> dict[str, float]:

@@ -706,7 +706,9 @@ class SimulatedWorker:
 
 def machine_cpu() -> tuple[float, float]:
     """(busy, total) jiffies of the whole machine (Linux /proc/stat)."""
-    fields = [int(v) for v in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+    fields = [
+        int(v) for v in Path("/proc/stat").read_text(encoding="utf-8").split("\n", 1)[0].split()[1:]
+    ]
     idle = fields[3] + fields[4]  # idle + iowait
     return sum(fields) - idle, sum(fields)
 

@@ -51,9 +51,8 @@ def task_curve(session: Session, task_id: int, op: str, work: int, after: int) -
     points: list[CurvePoint] = []
     best: float | None = None
     runners: set[str] = set()
-    trial = -1  # the place among the counted trials
-    for state, latency, runner in counted_trials(rows):
-        trial += 1
+    # trial: the place among the counted trials
+    for trial, (state, latency, runner) in enumerate(counted_trials(rows)):
         if (kind := runner_kind_shown(runner)) is not None:
             runners.add(kind)
         if state == JobState.DONE and latency is not None and (best is None or latency < best):

@@ -63,7 +63,7 @@ def generated_worker_token(path: Path | None = None) -> tuple[str, Path]:
     # whole before it is published, so a reader never sees a half-written file.
     fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
     try:
-        with os.fdopen(fd, "w") as out:
+        with os.fdopen(fd, "w", encoding="utf-8") as out:
             out.write(token + "\n")
         if _publish(temporary, path):
             return token, path
@@ -102,8 +102,8 @@ def _publish(temporary: Path, path: Path) -> bool:
             fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
         except FileExistsError:
             return False
-        with os.fdopen(fd, "w") as out:
-            out.write(temporary.read_text())
+        with os.fdopen(fd, "w", encoding="utf-8") as out:
+            out.write(temporary.read_text(encoding="utf-8"))
     return True
 
 

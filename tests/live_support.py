@@ -64,7 +64,11 @@ def start_worker(
 
 
 def events(log: Path) -> list[dict]:
-    return [json.loads(line) for line in log.read_text().splitlines() if line.startswith("{")]
+    return [
+        json.loads(line)
+        for line in log.read_text(encoding="utf-8").splitlines()
+        if line.startswith("{")
+    ]
 
 
 def named(events_: list[dict], name: str) -> list[dict]:
@@ -96,7 +100,7 @@ def stop(proc: subprocess.Popen[bytes], log: Path, timeout_s: float = 30.0) -> i
         proc.wait()
         return None
     finally:
-        print(f"--- {log.name}\n{log.read_text()[-8000:]}")
+        print(f"--- {log.name}\n{log.read_text(encoding='utf-8')[-8000:]}")
 
 
 def leased_by(trials: list[TrialDoc]) -> list[TrialDoc]:

@@ -34,7 +34,7 @@ def _doc(strategies: tuple[str, ...] = ("random",), **kwargs) -> dict:
 
 def _save(path: Path, doc: dict) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(doc))
+    path.write_text(json.dumps(doc), encoding="utf-8")
     return path
 
 

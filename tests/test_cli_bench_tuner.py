@@ -223,7 +223,7 @@ def _cache(path: Path, device: str, time_of) -> Path:
         "objective": "time", "cache": cache,
     }  # fmt: skip
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(document))
+    path.write_text(json.dumps(document), encoding="utf-8")
     return path
 
 

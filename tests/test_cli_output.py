@@ -63,7 +63,7 @@ def _dataset_naming(tmp_path, device_name: str):
     doc["metadata"]["pipetune"]["device_name"] = device_name
     # A file name that is not UTF-8 reaches Python as lone surrogates too.
     path = Path(os.fsdecode(os.fsencode(tmp_path) + b"/\xff.t4.json"))
-    path.write_text(json.dumps(doc))  # (json escapes the surrogate as \\ud800)
+    path.write_text(json.dumps(doc), encoding="utf-8")  # (json escapes the surrogate as \\ud800)
     return path
 
 

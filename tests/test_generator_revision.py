@@ -150,7 +150,7 @@ def test_datasets_keep_each_records_revision_and_name_the_line(tmp_path):
 def test_a_file_whose_revision_or_line_cannot_be_is_refused_by_name(tmp_path, edit, message):
     space = Space.enumerate(CONV, get_gpu("h100", calibrated=False)).subset(np.arange(3))
     data = dataset_from_results(CONV, space.gpu, list(space), _results(space, None), runner="cupy")
-    document = json.loads(Path(write_t4(data, tmp_path / "a.t4.json")).read_text())
+    document = json.loads(Path(write_t4(data, tmp_path / "a.t4.json")).read_text(encoding="utf-8"))
     edit(document)
     path = tmp_path / "b.t4.json"
     path.write_text(json.dumps(document))

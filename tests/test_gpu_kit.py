@@ -117,7 +117,7 @@ def test_the_wheel_is_built_under_the_tree_s_lock(tmp_path, monkeypatch):
     def fake_run(command, what):
         if what == "building pipetune's wheel":
             assert command[-1] == str(tree)
-            with open(tree / WHEEL_LOCK) as other:
+            with open(tree / WHEEL_LOCK, encoding="utf-8") as other:
                 try:
                     fcntl.flock(other, fcntl.LOCK_EX | fcntl.LOCK_NB)
                 except BlockingIOError:
@@ -130,7 +130,7 @@ def test_the_wheel_is_built_under_the_tree_s_lock(tmp_path, monkeypatch):
     with pytest.raises(KitError, match="stop here"):
         build_kit(tmp_path / "kit")
     assert held == [True]
-    with open(tree / WHEEL_LOCK) as after:  # released on the way out
+    with open(tree / WHEEL_LOCK, encoding="utf-8") as after:  # released on the way out
         fcntl.flock(after, fcntl.LOCK_EX | fcntl.LOCK_NB)
 
 

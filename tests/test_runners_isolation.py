@@ -195,7 +195,7 @@ w.call(time.sleep, 600, timeout_s=600)
 
 def _running(pid: int) -> bool:
     try:
-        with open(f"/proc/{pid}/stat") as f:
+        with open(f"/proc/{pid}/stat", encoding="utf-8") as f:
             return f.read().rsplit(")", 1)[1].split()[0] != "Z"
     except FileNotFoundError:
         return False

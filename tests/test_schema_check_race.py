@@ -24,7 +24,7 @@ def _other_replica_upgrades_after_the_first_read(monkeypatch: pytest.MonkeyPatch
     """The first engine the schema check makes runs the other replica's upgrade (to its
     commit) as soon as its first read (not its BEGIN) has been answered."""
     if url.startswith("sqlite:///"):  # an empty file: `db upgrade` skips a missing one's check
-        open(url.removeprefix("sqlite:///"), "x").close()
+        open(url.removeprefix("sqlite:///"), "x", encoding="utf-8").close()
     done: list[bool] = []
     made: list[bool] = []
 

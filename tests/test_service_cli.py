@@ -188,7 +188,7 @@ def _alive(pid: int) -> bool:
     """Whether process `pid` runs (a zombie counts as ended: its parent is gone, and init
     reaps it)."""
     try:
-        with open(f"/proc/{pid}/stat") as f:
+        with open(f"/proc/{pid}/stat", encoding="utf-8") as f:
             return f.read().rsplit(")", 1)[1].split()[0] != "Z"
     except FileNotFoundError:
         return False

@@ -252,7 +252,7 @@ def write_kt_cache(recorded: RecordedConfigs, path: Path) -> None:
         "objective": "time",
         "cache": cache,
     }
-    path.write_text(json.dumps(document))
+    path.write_text(json.dumps(document), encoding="utf-8")
 
 
 def _first_distinct(keys: list[tuple], values: list[float], budget: int) -> np.ndarray:

@@ -256,7 +256,7 @@ def one_wheel_build_at_a_time(root: Path) -> Iterator[None]:
     and rewrote each other's build/lib: "Failed building wheel for pipetune"."""
     lock = root / WHEEL_LOCK
     lock.parent.mkdir(parents=True, exist_ok=True)
-    with open(lock, "w") as handle:
+    with open(lock, "w", encoding="utf-8") as handle:
         fcntl.flock(handle, fcntl.LOCK_EX)  # released when the file closes
         yield
 

@@ -85,7 +85,7 @@ def read_json(path: Path, label: str | None = None) -> dict[str, Any] | None:
     ``label``: a file unpacked into a temporary folder is named as its archive names it)."""
     shown = label or str(path)
     try:
-        text = path.read_text()
+        text = path.read_text(encoding="utf-8")
     except FileNotFoundError:
         return None
     except UnicodeDecodeError:
