@@ -32,6 +32,7 @@ from pipetune.service.middleware import (
     HostGuard,
     NoStore,
     RequestMetrics,
+    RootPath,
 )
 from pipetune.service.migrate import check_schema, check_writable
 from pipetune.service.proposer import Proposer
@@ -178,6 +179,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     own = [route for route in app.routes if getattr(route, "path", None)]
     routes = own + [route for router in routers for route in router.routes]
     app.add_middleware(RequestMetrics, metrics=metrics, routes=routes)
+    if settings.root_path:  # (outside everything that reads the path)
+        app.add_middleware(RootPath, root_path=settings.root_path)
     _document_project_errors(app)
     return app
 

@@ -141,6 +141,42 @@ class ContentEncodingGuard:
 
 
 API_PREFIX = "/v1/"
+
+
+class RootPath:
+    """The service behind a proxy that serves it under a path prefix (PIPETUNE_ROOT_PATH):
+    each request's `root_path` is the prefix and its path starts with it, as ASGI has it,
+    whether the proxy stripped the prefix or passed it on (uvicorn's --root-path assumes a
+    stripping proxy: one that passed it on was answered 404; FastAPI's own parameter is
+    deprecated). Routes then match the path without it, and /docs and the OpenAPI
+    document name it."""
+
+    def __init__(self, app: Any, root_path: str):
+        self.app = app
+        self.root = root_path
+        self.raw_root = root_path.encode("ascii")  # (settings.root_path_problem: ASCII)
+
+    async def __call__(self, scope: Scope, receive: Any, send: Any) -> None:
+        if scope["type"] in ("http", "websocket"):
+            scope = {**scope, "root_path": self.root}
+            path = scope["path"]
+            if not (path == self.root or path.startswith(self.root + "/")):
+                scope["path"] = self.root + path
+                if scope.get("raw_path") is not None:
+                    scope["raw_path"] = self.raw_root + scope["raw_path"]
+        await self.app(scope, receive, send)
+
+
+def route_path(scope: Scope) -> str:
+    """The request's path as the routes read it: without the root path where a proxy
+    passed its prefix on (PIPETUNE_ROOT_PATH; as Starlette's router matches it)."""
+    path: str = scope["path"]
+    root = scope.get("root_path", "")
+    if root and path.startswith(root) and path[len(root) : len(root) + 1] in ("", "/"):
+        return path[len(root) :]
+    return path
+
+
 NO_STORE = (b"cache-control", b"no-store")
 
 
@@ -157,7 +193,7 @@ class NoStore:
         self.app = app
 
     async def __call__(self, scope: Scope, receive: Any, send: Any) -> None:
-        if scope["type"] != "http" or not scope["path"].startswith(API_PREFIX):
+        if scope["type"] != "http" or not route_path(scope).startswith(API_PREFIX):
             await self.app(scope, receive, send)
             return
 
@@ -222,7 +258,8 @@ class HostGuard:
         # refused there a service with PIPETUNE_ALLOWED_HOSTS read as down and its workers,
         # waiting on its health, never started. What it says is no secret a rebinding
         # page could use.
-        if scope["type"] != "http" or "*" in self.allowed or scope["path"] == HEALTH_PATH:
+        # (The path without the root path: a proxy may pass its prefix on, PIPETUNE_ROOT_PATH.)
+        if scope["type"] != "http" or "*" in self.allowed or route_path(scope) == HEALTH_PATH:
             await self.app(scope, receive, send)
             return
         host = next((v.decode("latin-1") for k, v in scope["headers"] if k == b"host"), "")

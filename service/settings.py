@@ -252,6 +252,30 @@ def host_problem(host: str) -> str | None:
     )
 
 
+# A path prefix as a proxy writes it: segments of unreserved and sub-delimiter characters
+# (no query, fragment, percent-escape or empty segment).
+_PATH_SEGMENT = re.compile(r"[A-Za-z0-9._~!$&'()*+,;=:@-]+")
+
+
+def root_path_problem(root_path: str) -> str | None:
+    """Why `root_path` is not the path prefix a reverse proxy serves the service under
+    (e.g. /pipetune); None if it is, or is empty (served at the root)."""
+    if root_path == "":
+        return None
+    segments = root_path.split("/")
+    if (
+        segments[0] == ""
+        and len(segments) > 1
+        and all(_PATH_SEGMENT.fullmatch(seg) and seg not in (".", "..") for seg in segments[1:])
+    ):
+        return None
+    hint = f" ({'/' + root_path.strip('/')!r}?)" if root_path.strip("/") else ""
+    return (
+        f"{root_path!r} is not a path prefix: /name[/name...], no trailing slash, query or "
+        f"escape; empty for none{hint}"
+    )
+
+
 def secret_problem(secret: str) -> str | None:
     """Why a worker token or API key cannot be sent in an HTTP header as pipetune's workers,
     CLI and SDK send it (model.wire.secret_char_ok: visible ASCII, no space); None if it
@@ -322,6 +346,11 @@ class Settings(BaseSettings):
     # on a loopback address without API keys answers only localhost, 127.0.0.1 and ::1
     # (service/middleware.HostGuard: DNS rebinding).
     allowed_hosts: Annotated[list[str], NoDecode] = Field(default_factory=list)
+    # The path prefix a reverse proxy serves the service under (/pipetune: the proxy's
+    # https://host/pipetune/v1/... is the service's /v1/...), whether the proxy strips it
+    # or passes it on; /docs and the OpenAPI document name it. Empty: served at the root.
+    # (The dashboard's links are relative to its page: it needs no prefix of its own.)
+    root_path: str = ""
     # Upper bounds on every number (and no NaN or infinity, which were told "less than or
     # equal to 604800"): each is refused at start with the variable named, where
     # one past what anything means (inf, 1e12) was taken and broke later (a lease with no
@@ -382,6 +411,13 @@ class Settings(BaseSettings):
     def _database_url(cls, value: str) -> str:
         problem = database_url_problem(value)
         if problem:
+            raise ValueError(problem)
+        return value
+
+    @field_validator("root_path")
+    @classmethod
+    def _root_path(cls, value: str) -> str:
+        if problem := root_path_problem(value):
             raise ValueError(problem)
         return value
 

@@ -223,6 +223,48 @@ def test_dashboard_draws_the_curves_without_console_errors(live_url, browser):
     assert any(u.endswith("/dashboard/static/plotly.min.js") for u in requested)
 
 
+def test_the_dashboard_works_behind_a_proxy_that_serves_it_under_a_prefix(live_url, browser):
+    """A proxy at https://host/pipetune/ that strips its prefix (emulated in the browser: a
+    request under /pipetune/ goes to the service without it, any other answers 404). The
+    page asked for its files and its data at the host's root (/dashboard/static/...,
+    /v1/...), outside the proxy's prefix: it drew nothing. Its links are relative now, and
+    the service needs no setting for it."""
+    client = httpx.Client(base_url=live_url, timeout=30)
+    _two_finished_tasks(client)
+    client.close()
+    prefix = "/pipetune"
+    outside: list[str] = []
+
+    def proxy(route) -> None:  # type: ignore[no-untyped-def]
+        url = urlparse(route.request.url)
+        if not url.path.startswith(f"{prefix}/"):
+            outside.append(route.request.url)
+            route.fulfill(status=404, body="not behind this proxy")
+            return
+        inner = url._replace(path=url.path.removeprefix(prefix)).geturl()
+        route.fulfill(response=route.fetch(url=inner))
+
+    page = browser.new_page()
+    errors: list[str] = []
+    page.on("console", lambda m: errors.append(m.text) if m.type == "error" else None)
+    page.on("pageerror", lambda e: errors.append(str(e)))
+    page.route("**/*", proxy)
+    page.goto(f"{live_url}{prefix}/dashboard?refresh=300")
+    page.wait_for_function(
+        "() => { const d = document.getElementById('curve-plot').data;"
+        " return d && d[0].x.length === 16; }",
+        timeout=20000,
+    )
+    assert page.locator("#tasks tbody tr").count() == 2
+    page.wait_for_function(
+        "() => { const d = document.getElementById('aggregate-plot').data;"
+        " return d && d.length === 2; }",
+        timeout=20000,
+    )
+    page.close()
+    assert outside == [] and errors == [], (outside, errors)
+
+
 def test_a_click_during_a_refresh_draws_each_curve_point_once(live_url, browser):
     """A refresh in flight when another task is selected used to run beside the click's
     refresh: both fetched the curve from the same point and appended it twice (32 points

@@ -388,6 +388,12 @@ def serve(
     log_level: str = typer.Option(
         "info", "--log-level", help="critical | error | warning | info | debug | trace"
     ),
+    root_path: str | None = typer.Option(
+        None,
+        "--root-path",
+        help="the path prefix a reverse proxy serves the service under, e.g. /pipetune "
+        "(PIPETUNE_ROOT_PATH)",
+    ),
 ) -> None:
     """Run the tuning service (API v1, dashboard at /dashboard, metrics at /metrics).
 
@@ -399,6 +405,7 @@ def serve(
 
     from pipetune.service.app import create_app
     from pipetune.service.migrate import redact
+    from pipetune.service.settings import root_path_problem
 
     if runner not in RUNNERS:
         raise CliError(f"--runner: must be one of {', '.join(RUNNERS)}, got {runner!r}", 2)
@@ -422,7 +429,12 @@ def serve(
     log_level = log_level.lower()  # uvicorn's own spelling; it looks the name up lowercased
     if log_level not in LOG_LEVELS:
         raise CliError(f"--log-level: must be one of {', '.join(LOG_LEVELS)}, got {log_level!r}", 2)
-    settings = _settings(db, create_empty_schema=True)
+    overrides: dict[str, object] = {"create_empty_schema": True}
+    if root_path is not None:
+        if problem := root_path_problem(root_path):
+            raise CliError(f"--root-path: {problem}", 2)
+        overrides["root_path"] = root_path
+    settings = _settings(db, **overrides)
     loopback = is_loopback_host(host, resolve=True)  # (127.1 or a name: what the bind takes)
     if not settings.allowed_hosts and not settings.api_keys and loopback:
         # Open routes on a laptop: only requests addressed to its loopback names (a page the

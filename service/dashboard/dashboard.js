@@ -16,6 +16,9 @@
   const askedMs = Number(params.get("refresh"));
   const REFRESH_MS = Number.isFinite(askedMs) && askedMs > 0 ? Math.max(250, askedMs) : 2000;
   const PAGE = 2000;
+  // The service's root as this page was reached: its links are relative to it, so the page
+  // works behind a proxy that serves the service under a path prefix (/pipetune/dashboard).
+  const ROOT = location.pathname.replace(/dashboard\/?$/, "");
   // States and runner names come from the service (model/states.py, model/trials.py).
   const VOCABULARY = JSON.parse(document.getElementById("vocabulary").textContent);
   const FINAL = new Set(VOCABULARY.final_job_states);
@@ -86,7 +89,7 @@
   async function get(path) {
     const apiKey = sessionStorage.getItem("pipetune-api-key");
     try {
-      const response = await fetch(path, {
+      const response = await fetch(ROOT + path.replace(/^\//, ""), {
         headers: apiKey ? { "X-API-Key": apiKey } : {},
         signal: AbortSignal.timeout(TIMEOUT_MS),
       });

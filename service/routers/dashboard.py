@@ -12,8 +12,8 @@ from functools import cache
 from pathlib import Path
 
 import plotly
-from fastapi import APIRouter
-from fastapi.responses import FileResponse, HTMLResponse
+from fastapi import APIRouter, Request
+from fastapi.responses import FileResponse, HTMLResponse, RedirectResponse
 
 from pipetune.model.states import JobState, TaskState
 from pipetune.model.trials import RunnerKind
@@ -69,6 +69,14 @@ GET_OR_HEAD = ["GET", "HEAD"]
 @router.api_route("/dashboard", methods=GET_OR_HEAD)
 def dashboard() -> HTMLResponse:
     return HTMLResponse(_page(), headers=PAGE_HEADERS)
+
+
+@router.api_route("/dashboard/", methods=GET_OR_HEAD)
+def dashboard_slash(request: Request) -> RedirectResponse:
+    """To the page, by a relative address: Starlette's own redirect names the path the
+    service saw, without the prefix of a proxy that strips it (PIPETUNE_ROOT_PATH)."""
+    query = request.url.query
+    return RedirectResponse(f"../dashboard{'?' + query if query else ''}", status_code=308)
 
 
 @router.api_route("/dashboard/static/plotly.min.js", methods=GET_OR_HEAD)
