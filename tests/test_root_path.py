@@ -71,6 +71,11 @@ def test_the_api_and_its_guards_answer_whether_the_proxy_strips_the_prefix_or_no
         assert health.status_code == 200, health.text
         refused = http.get(f"{root}/v1/tasks", headers={"Host": "probe.internal"})
         assert refused.status_code == 400
+        tuned = http.post(
+            f"{root}/v1/schedules", json={"workload": GEMM, "gpu": "h100", "tune": {"budget": 8}}
+        )
+        assert tuned.status_code == 202, tuned.text
+        assert tuned.json()["url"] == f"{served}{PREFIX}/v1/tasks/{tuned.json()['task_id']}"
         docs = http.get(f"{root}/docs")
         assert docs.status_code == 200
         assert f"'{PREFIX}/openapi.json'" in docs.text or f'"{PREFIX}/openapi.json"' in docs.text
