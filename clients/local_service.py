@@ -136,7 +136,9 @@ class LocalService:
                     + self.log_tail()
                 )
             try:
-                if httpx.get(f"{self.url}/healthz", timeout=2.0).status_code == 200:
+                # (Not through a proxy the environment names: it cannot reach this loopback.)
+                health = httpx.get(f"{self.url}/healthz", timeout=2.0, trust_env=False)
+                if health.status_code == 200:
                     return
             except httpx.TransportError:
                 pass

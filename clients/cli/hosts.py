@@ -6,6 +6,8 @@ from __future__ import annotations
 import ipaddress
 import socket
 
+from pipetune.clients.sdk.http import is_loopback_name
+
 
 def _resolved_loopback(name: str) -> bool:
     """Whether every address the name resolves to (as the listener's bind resolves it) is a
@@ -28,10 +30,7 @@ def is_loopback_host(host: str, *, resolve: bool = False) -> bool:
     address others reach: its open routes went without the guard against DNS rebinding).
     Not for a client deciding where to send a secret: it connects to what the name resolves
     to when it connects, which may no longer be this machine."""
-    if host.lower() == "localhost":
+    if is_loopback_name(host):
         return True
     bare = host.strip("[]")
-    try:
-        return ipaddress.ip_address(bare).is_loopback
-    except ValueError:
-        return resolve and bool(bare) and _resolved_loopback(bare)
+    return resolve and bool(bare) and _resolved_loopback(bare)

@@ -6,8 +6,10 @@ from __future__ import annotations
 import datetime as dt
 import email.utils
 import html
+import ipaddress
 import re
 import reprlib
+import urllib.request
 from typing import Any, TypeVar
 from urllib.parse import urlsplit
 
@@ -245,6 +247,28 @@ def _one_line(text: str, limit: int = 300) -> str:
     return line if len(line) <= limit else line[: limit - 1] + "…"
 
 
+def is_loopback_name(host: str) -> bool:
+    """Whether `host` (a name or address, an IPv6 one bracketed or bare) is localhost or a
+    loopback address, by its text: only this machine can be reached there."""
+    if host.lower() == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
+
+
+def environment_proxy(url: str) -> str | None:
+    """The proxy the environment names for `url` (HTTP_PROXY, HTTPS_PROXY, ALL_PROXY, less
+    the hosts NO_PROXY lists: what httpx reads), None for none."""
+    parts = urlsplit(url)
+    proxies = urllib.request.getproxies()
+    proxy = proxies.get(parts.scheme) or proxies.get("all")
+    if not proxy or urllib.request.proxy_bypass_environment(parts.netloc, proxies):
+        return None
+    return proxy
+
+
 class Http:
     """A base URL, default headers and the error mapping. Safe to share between threads:
     nothing here changes after __init__ but httpx's pool, which is."""
@@ -260,6 +284,17 @@ class Http:
         # What messages, logs and exported files name (ServiceUnavailableError's text, the
         # worker's "waiting_for_service server=..."): the password stays with httpx.
         self.base_url = shown_url(base_url)
+        # Where the service's address is this machine's own, directly: a proxy the
+        # environment names (HTTP_PROXY on a cluster or behind a company's firewall) reaches
+        # its own loopback, never this one, and every request was refused there, told the
+        # service could not be reached (`serve --local-workers` and `make demo` included).
+        # (An explicit transport is what makes httpx leave the environment's proxies.)
+        self._proxy: str | None = None
+        if transport is None:
+            if is_loopback_name(urlsplit(base_url).hostname or ""):
+                transport = httpx.HTTPTransport()
+            else:
+                self._proxy = environment_proxy(base_url)
         self._client = httpx.Client(
             base_url=base_url,
             headers={"User-Agent": "pipetune-sdk/1", **headers},
@@ -309,10 +344,14 @@ class Http:
                 _maybe_acted(exc, method, path) if acts_anew else None,
             ) from None
         except httpx.TransportError as exc:
+            reason = _one_line(str(exc) or type(exc).__name__)
+            if self._proxy is not None:  # (the refusal may be the proxy's, not the service's)
+                reason += (
+                    f"; through the proxy the environment names, {shown_url(self._proxy)} "
+                    "(NO_PROXY lists the hosts reached directly)"
+                )
             raise ServiceUnavailableError(
-                self.base_url,
-                _one_line(str(exc) or type(exc).__name__),
-                _maybe_acted(exc, method, path) if acts_anew else None,
+                self.base_url, reason, _maybe_acted(exc, method, path) if acts_anew else None
             ) from None
         except httpx.DecodingError as exc:  # (a body whose Content-Encoding is not its own)
             raise ProtocolError(
