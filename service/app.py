@@ -41,7 +41,7 @@ from pipetune.service.routers import curves, dashboard, jobs, ops, schedules, ta
 from pipetune.service.routers.common import with_project_errors
 from pipetune.service.settings import Settings
 from pipetune.service.thread_cpu import LISTENER_THREAD
-from pipetune.service.wakeup import Wakeup, listen
+from pipetune.service.wakeup import Wakeup, listen, service_channel
 from pipetune.tuner.allocator import keep_freed_blocks
 
 log = logging.getLogger(__name__)
@@ -82,7 +82,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     check_writable(settings.database_url)
     db = Database(settings.database_url, settings.db_pool_size, settings.db_statement_deadline_s)
     metrics = Metrics(db, settings.lease_ttl_s)  # its database gauges are read at each scrape
-    wakeup = Wakeup(shared=not db.is_sqlite)
+    wakeup = Wakeup(shared=not db.is_sqlite, channel=service_channel(db))
     driver = Driver(db, settings, metrics, wakeup)
     service = Service(
         settings=settings,

@@ -817,7 +817,7 @@ class Driver:
         """Send a message to the other replicas (PostgreSQL NOTIFY; with one process on
         SQLite there is nobody to tell)."""
         if self.wakeup is not None:
-            notify_replicas(self.db, payload)
+            notify_replicas(self.db, self.wakeup.channel, payload)
 
     def _advance(self, task_id: int, adopt: bool) -> bool | None:
         with self._task_locks[task_id]:
@@ -1247,7 +1247,7 @@ class Driver:
             "curve": json_param(plan.curve),
             "jobs": json_param(jobs),
             "queued": JobState.QUEUED.value,
-            "channel": CHANNEL,
+            "channel": self.wakeup.channel if self.wakeup is not None else CHANNEL,
             "origin": self.wakeup.origin if self.wakeup is not None else "",
             "count": len(jobs),
             "first": plan.first_trial,

@@ -91,7 +91,13 @@ from pipetune.service.queue_types import (
 from pipetune.service.records import implausible_failure
 from pipetune.service.settings import Settings
 from pipetune.service.views import worker_doc
-from pipetune.service.wakeup import Wakeup, Woken, notify_replicas, notify_statement
+from pipetune.service.wakeup import (
+    Wakeup,
+    Woken,
+    notify_replicas,
+    notify_statement,
+    service_channel,
+)
 
 _T = TypeVar("_T")
 log = logging.getLogger(__name__)
@@ -283,7 +289,7 @@ class Queue:
         self.db = db
         self.settings = settings
         self.metrics = metrics
-        self.wakeup = wakeup or Wakeup(shared=not db.is_sqlite)
+        self.wakeup = wakeup or Wakeup(shared=not db.is_sqlite, channel=service_channel(db))
         self.store: QueueStore = SqliteQueueStore(db) if db.is_sqlite else PostgresQueueStore(db)
         self._reclaimed_at = 0.0
         self._reclaim_lock = threading.Lock()
@@ -360,7 +366,9 @@ class Queue:
         ended was leased into its open long-poll, never read, and waited out its TTL."""
         if self.cached_worker_ref(worker_id, token_hash) is None:
             await run_in_threadpool(self.worker_ref, worker_id, token_hash)  # (404, 403)
-        await self.hot(notify_replicas, self.db, self.wakeup.stopping_payload(worker_id))
+        await self.hot(
+            notify_replicas, self.db, self.wakeup.channel, self.wakeup.stopping_payload(worker_id)
+        )
         self.wakeup.stop_worker(worker_id)
 
     def worker_exited(self, worker_id: int, token_hash: str) -> None:
@@ -379,7 +387,9 @@ class Queue:
                 .values(exited_at=self.db.now(), busy_jobs=0)
             )
             if not self.db.is_sqlite:  # (delivered when the exit commits)
-                s.execute(notify_statement(self.wakeup.stopping_payload(worker_id)))
+                s.execute(
+                    notify_statement(self.wakeup.channel, self.wakeup.stopping_payload(worker_id))
+                )
         self.wakeup.stop_worker(worker_id)
 
     def _register(
@@ -462,7 +472,9 @@ class Queue:
                 worker.last_heartbeat = now
                 worker.exited_at = None
                 if not self.db.is_sqlite:  # the other replicas forget it when this commits
-                    s.execute(notify_statement(self.wakeup.worker_payload(worker.id)))
+                    s.execute(
+                        notify_statement(self.wakeup.channel, self.wakeup.worker_payload(worker.id))
+                    )
             s.flush()
             s.refresh(worker)
             doc = worker_doc(worker, WorkerState.LIVE)  # (heard from just now)
@@ -906,7 +918,9 @@ class Queue:
         requeued = collections.Counter((r.arch, r.gpu, r.only_runner) for r in rows)
         if not self.db.is_sqlite:
             for (arch, gpu, runner), n in requeued.items():
-                s.execute(notify_statement(self.wakeup.payload(arch, gpu, n, runner)))
+                s.execute(
+                    notify_statement(self.wakeup.channel, self.wakeup.payload(arch, gpu, n, runner))
+                )
         return requeued
 
     def _signal_requeued(self, requeued: collections.Counter) -> None:

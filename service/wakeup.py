@@ -8,7 +8,8 @@ most that many waiting requests, and only those whose worker may take them (its 
 GPU: a worker measures for its own GPU only).
 
 Within one replica the driver and the queue signal directly. Across replicas the signal
-travels as a PostgreSQL NOTIFY on `CHANNEL`, sent in the transaction that enqueued the jobs
+travels as a PostgreSQL NOTIFY on the service's channel (`channel_of` its schema), sent in
+the transaction that enqueued the jobs
 (delivered when it commits), and every replica LISTENs (`listen`). A replica also remembers,
 per kind of worker, that the queue was empty and that no signal came since: the next
 request of that kind skips the claim until then (or until the fallback interval passes),
@@ -32,6 +33,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
 import itertools
 import json
 import logging
@@ -43,6 +45,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import psycopg
+from psycopg import sql
 from psycopg.conninfo import conninfo_to_dict
 from sqlalchemy import Select, func, select
 
@@ -50,8 +53,7 @@ from pipetune.service.db import Database, deadline_connect, libpq_defaults
 
 log = logging.getLogger(__name__)
 
-CHANNEL = "pipetune_jobs"
-LISTEN_SQL = "LISTEN pipetune_jobs"  # of CHANNEL (a literal: no SQL is built from strings)
+CHANNEL = "pipetune_jobs"  # the channel of a service whose tables are in schema public
 RECONNECT_S = (0.5, 10.0)  # the listener's first and longest wait between connection tries
 LISTEN_TICK_S = 0.5  # how often the listener looks whether it should stop
 MAX_EMPTY_KINDS = 1024  # memories of an empty queue kept, one per kind of worker
@@ -104,10 +106,11 @@ class Wakeup:
     """Waiting lease requests (futures on the service's event loop) and the signals that
     wake them. `signal` may be called from any thread; `wait` runs on the event loop."""
 
-    def __init__(self, shared: bool) -> None:
+    def __init__(self, shared: bool, channel: str = CHANNEL) -> None:
         # shared: other processes enqueue jobs too (PostgreSQL); their signals arrive only
         # through the listener, so the memory of an empty queue needs it connected.
         self.shared = shared
+        self.channel = channel  # (channel_of: this service's schema's)
         self.origin = uuid.uuid4().hex  # this replica's NOTIFYs, which its listener skips
         self.listening = False
         # Counts the listener's connections: what a replica remembers while it listens it may
@@ -366,7 +369,39 @@ class Wakeup:
         # replica then heard no other). A number past an integer's range (1e999 is JSON's
         # infinity) raises OverflowError; nesting too deep to parse, RecursionError.
         except (ValueError, KeyError, TypeError, ArithmeticError, RecursionError):
-            log.warning("ignored a malformed %s notification", CHANNEL)
+            log.warning("ignored a malformed %s notification", self.channel)
+
+
+def channel_of(schema: str) -> str:
+    """The NOTIFY channel of the service whose tables are in `schema` (PostgreSQL's
+    current_schema()). A channel is the database's, not a schema's: two services that share
+    a database in schemas of their own (a search_path in the URL) shared one channel, and
+    each obeyed the other's messages: a worker of one that said it stops was answered no
+    jobs in the other, where a worker had the same id. Schema public keeps the name earlier
+    releases listen on (their replicas beside these during an upgrade hear them); another
+    schema's is named by a digest of its name (a channel name has at most 63 bytes)."""
+    if schema == "public":
+        return CHANNEL
+    return f"{CHANNEL}_{hashlib.sha256(schema.encode()).hexdigest()[:16]}"
+
+
+CURRENT_SCHEMA_SQL = "SELECT current_schema()"
+
+
+def service_channel(db: Database) -> str:
+    """The channel of the service on `db` (CHANNEL on SQLite, which has no channels)."""
+    if db.is_sqlite:
+        return CHANNEL
+    with db.driver_statement() as cur:
+        cur.execute(CURRENT_SCHEMA_SQL)
+        (schema,) = cur.fetchone()
+    return channel_of(schema)
+
+
+def listen_statement(channel: str) -> sql.Composed:
+    """LISTEN on `channel`: an identifier, which no statement parameter can stand for, so
+    quoted by psycopg.sql's Identifier (no string is formatted into the statement)."""
+    return sql.SQL("LISTEN {}").format(sql.Identifier(channel))
 
 
 # A message sent on its own (an advance request, a holder's answer), not in a transaction that
@@ -375,19 +410,19 @@ class Wakeup:
 NOTIFY_SQL = "SELECT pg_notify(%(channel)s, %(payload)s)"
 
 
-def notify_replicas(db: Database, payload: str) -> None:
+def notify_replicas(db: Database, channel: str, payload: str) -> None:
     """Send a message to the other replicas on its own (PostgreSQL NOTIFY, one autocommit
     statement; with one process on SQLite there is nobody to tell)."""
     if db.is_sqlite:
         return
     with db.driver_statement() as cur:
-        cur.execute(NOTIFY_SQL, {"channel": CHANNEL, "payload": payload})
+        cur.execute(NOTIFY_SQL, {"channel": channel, "payload": payload})
 
 
-def notify_statement(payload: str) -> Select:
+def notify_statement(channel: str, payload: str) -> Select:
     """The NOTIFY that carries a signal to the other replicas (sent in the transaction that
     enqueued the jobs: PostgreSQL delivers it when that transaction commits)."""
-    return select(func.pg_notify(CHANNEL, payload))
+    return select(func.pg_notify(channel, payload))
 
 
 def listen(
@@ -407,7 +442,7 @@ def listen(
             with deadline_connect(
                 conninfo, deadline_s=deadline_s, autocommit=True, **liveness
             ) as conn:
-                conn.execute(LISTEN_SQL)
+                conn.execute(listen_statement(wakeup.channel))
                 wakeup.heard_again()
                 wait_s = RECONNECT_S[0]
                 while not stop.is_set():
@@ -415,7 +450,7 @@ def listen(
                         wakeup.deliver(note.payload)
         except psycopg.Error as exc:
             if not stop.is_set():
-                log.warning("%s listener: %s; reconnecting", CHANNEL, type(exc).__name__)
+                log.warning("%s listener: %s; reconnecting", wakeup.channel, type(exc).__name__)
         finally:
             wakeup.listening = False
         stop.wait(wait_s)

@@ -316,7 +316,7 @@ def test_jobs_enqueued_while_the_listener_was_down_wake_a_waiting_lease_when_it_
                     "SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
                     " WHERE datname = current_database() AND query = :listen"
                 ),
-                {"listen": wakeup_module.LISTEN_SQL},
+                {"listen": wakeup_module.listen_statement(wakeup_module.CHANNEL).as_string()},
             )
         admin.dispose()
         while wakeup.listening:
