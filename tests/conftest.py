@@ -5,6 +5,7 @@ import json
 import logging
 import os
 import shutil
+import signal
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -27,6 +28,14 @@ from pipetune.model.hardware import get_gpu
 _DATA_HOME = tempfile.mkdtemp(prefix="pipetune-tests-data-")
 os.environ["XDG_DATA_HOME"] = _DATA_HOME
 atexit.register(shutil.rmtree, _DATA_HOME, ignore_errors=True)
+
+# Ctrl-C as Python has it, in the tests and the processes they start: a suite started in
+# the background by a shell without job control (`make test &`, nohup) inherits SIGINT
+# ignored, and so did every child, whose answer to SIGINT the interrupt tests check. (A
+# handler, unlike SIG_IGN, is not inherited across exec: the children start with SIGINT's
+# default, and Python installs its own.)
+if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 # CI replays the same generated cases on every run, so a landing never hangs on a draw;
 # local runs keep exploring new cases (a failure prints its reproduction).
