@@ -223,16 +223,12 @@ def test_dashboard_draws_the_curves_without_console_errors(live_url, browser):
     assert any(u.endswith("/dashboard/static/plotly.min.js") for u in requested)
 
 
-def test_the_dashboard_works_behind_a_proxy_that_serves_it_under_a_prefix(live_url, browser):
-    """A proxy at https://host/pipetune/ that strips its prefix (emulated in the browser: a
-    request under /pipetune/ goes to the service without it, any other answers 404). The
-    page asked for its files and its data at the host's root (/dashboard/static/...,
-    /v1/...), outside the proxy's prefix: it drew nothing. Its links are relative now, and
-    the service needs no setting for it."""
-    client = httpx.Client(base_url=live_url, timeout=30)
-    _two_finished_tasks(client)
-    client.close()
-    prefix = "/pipetune"
+PROXY_PREFIX = "/pipetune"
+
+
+def _behind_a_prefix_stripping_proxy(page, prefix: str) -> list[str]:  # type: ignore[no-untyped-def]
+    """Route the page's requests as a proxy serving the service under `prefix` would: those
+    under it to the service without it, any other answered 404 and listed (the list)."""
     outside: list[str] = []
 
     def proxy(route) -> None:  # type: ignore[no-untyped-def]
@@ -244,12 +240,25 @@ def test_the_dashboard_works_behind_a_proxy_that_serves_it_under_a_prefix(live_u
         inner = url._replace(path=url.path.removeprefix(prefix)).geturl()
         route.fulfill(response=route.fetch(url=inner))
 
+    page.route("**/*", proxy)
+    return outside
+
+
+def test_the_dashboard_works_behind_a_proxy_that_serves_it_under_a_prefix(live_url, browser):
+    """A proxy at https://host/pipetune/ that strips its prefix (emulated in the browser: a
+    request under /pipetune/ goes to the service without it, any other answers 404). The
+    page asked for its files and its data at the host's root (/dashboard/static/...,
+    /v1/...), outside the proxy's prefix: it drew nothing. Its links are relative now, and
+    the service needs no setting for it."""
+    client = httpx.Client(base_url=live_url, timeout=30)
+    _two_finished_tasks(client)
+    client.close()
     page = browser.new_page()
+    outside = _behind_a_prefix_stripping_proxy(page, PROXY_PREFIX)
     errors: list[str] = []
     page.on("console", lambda m: errors.append(m.text) if m.type == "error" else None)
     page.on("pageerror", lambda e: errors.append(str(e)))
-    page.route("**/*", proxy)
-    page.goto(f"{live_url}{prefix}/dashboard?refresh=300")
+    page.goto(f"{live_url}{PROXY_PREFIX}/dashboard?refresh=300")
     page.wait_for_function(
         "() => { const d = document.getElementById('curve-plot').data;"
         " return d && d[0].x.length === 16; }",
@@ -758,6 +767,22 @@ def test_with_api_keys_the_dashboard_reads_its_key_from_the_fragment(keyed_url, 
         "() => document.querySelectorAll('#tasks tbody tr').length === 1", timeout=20000
     )
     assert wrong.url == f"{keyed_url}/dashboard?refresh=300"
+    # Behind a proxy's prefix the page names its own address, where the key is to be given.
+    proxied = browser.new_page()
+    outside = _behind_a_prefix_stripping_proxy(proxied, PROXY_PREFIX)
+    proxied.goto(f"{keyed_url}{PROXY_PREFIX}/dashboard?refresh=300")
+    proxied.wait_for_function(
+        "() => document.getElementById('status').textContent.includes('API key')",
+        timeout=20000,
+    )
+    assert proxied.locator("#status").inner_text() == (
+        f"this service needs an API key: open {PROXY_PREFIX}/dashboard#key=KEY"
+    )
+    proxied.evaluate(f"location.hash = 'key={API_KEY}'")
+    proxied.wait_for_function(
+        "() => document.querySelectorAll('#tasks tbody tr').length === 1", timeout=20000
+    )
+    assert outside == []
     for tab in (page, keyless, wrong):
         tab.close()
 

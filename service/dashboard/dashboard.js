@@ -96,8 +96,8 @@
       lastAnswer = new Date();
       if (response.status === 401) {
         throw new KeyRefused(apiKey
-          ? "the service refused this tab's API key: open /dashboard#key=KEY with a valid one"
-          : "this service needs an API key: open /dashboard#key=KEY");
+          ? `the service refused this tab's API key: open ${location.pathname}#key=KEY with a valid one`
+          : `this service needs an API key: open ${location.pathname}#key=KEY`);
       }
       if (!response.ok) {
         const why = await answerDetail(response);
