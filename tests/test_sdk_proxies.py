@@ -150,6 +150,16 @@ def test_a_refusing_proxy_is_named_in_the_error(dead_proxy: str, monkeypatch):
     said = str(refused.value)
     assert "cannot reach the pipetune service at http://pipetune.example:8000" in said
     assert f"through the proxy the environment names, {dead_proxy}" in said
+    # A proxy's password is not repeated.
+    for name in ("HTTP_PROXY", "http_proxy"):
+        monkeypatch.setenv(name, dead_proxy.replace("://", "://user:s3cret@"))
+    with (
+        Client("http://pipetune.example:8000") as client,
+        pytest.raises(ServiceUnavailableError) as refused,
+    ):
+        client.healthz()
+    assert "s3cret" not in str(refused.value)
+    assert dead_proxy.replace("://", "://user:***@") in str(refused.value)
     # NO_PROXY names the host: reached directly (this name resolves nowhere), no proxy said.
     monkeypatch.setenv("NO_PROXY", "pipetune.example")
     with (
