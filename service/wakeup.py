@@ -9,13 +9,12 @@ GPU: a worker measures for its own GPU only).
 
 Within one replica the driver and the queue signal directly. Across replicas the signal
 travels as a PostgreSQL NOTIFY on the service's channel (`channel_of` its schema), sent in
-the transaction that enqueued the jobs
-(delivered when it commits), and every replica LISTENs (`listen`). A replica also remembers,
-per kind of worker, that the queue was empty and that no signal came since: the next
-request of that kind skips the claim until then (or until the fallback interval passes),
-which makes an idle fleet's requests cost no database work. It trusts that memory only
-while it hears the other replicas (its listener is connected), or when there are none to
-hear (SQLite: one process serves the database).
+the transaction that enqueued the jobs (delivered when it commits), and every replica
+LISTENs (`listen`). A replica also remembers, per kind of worker, that the queue was empty
+and that no signal came since: the next request of that kind skips the claim until then
+(or until the fallback interval passes), which makes an idle fleet's requests cost no
+database work. It trusts that memory only while it hears the other replicas (its listener
+is connected), or when there are none to hear (SQLite: one process serves the database).
 
 The same channel carries four more messages. Two are the proposer's (service/proposer.py):
 `advance_payload`, from a replica that took the last result of a batch for a task whose session
