@@ -17,7 +17,7 @@ import pytest
 from live_support import start_service, start_worker, stop
 from service_support import GEMM, live_server
 
-from pipetune.clients.sdk import Client, ServiceUnavailableError
+from pipetune.clients.sdk import Client, PipetuneError, ServiceUnavailableError
 from pipetune.clients.sdk.http import environment_proxy, is_loopback_name
 from pipetune.service.migrate import upgrade
 
@@ -168,3 +168,35 @@ def test_a_refusing_proxy_is_named_in_the_error(dead_proxy: str, monkeypatch):
     ):
         client.healthz()
     assert "proxy" not in str(direct.value)
+
+
+@pytest.mark.parametrize(
+    ("no_proxy", "url", "through_proxy"),
+    [("", "http://tuner.example:8000", True),
+     ("*", "http://tuner.example:8000", False),
+     ("tuner.example", "http://tuner.example:8000", False),
+     ("tuner.example", "http://gpu.tuner.example:8000", False),
+     (".tuner.example", "http://gpu.tuner.example:8000", False),
+     ("tuner.example", "http://othertuner.example:8000", True),
+     ("other.example, tuner.example", "http://tuner.example:8000", False),
+     ("http://tuner.example", "http://tuner.example:8000", False),
+     ("https://tuner.example", "http://tuner.example:8000", True),
+     ("10.9.8.7", "http://10.9.8.7:8000", False),
+     ("10.9.8.7", "http://10.9.8.70:8000", True)],
+)  # fmt: skip
+def test_the_proxy_said_is_the_one_httpx_takes(
+    forward_proxy: str, monkeypatch: pytest.MonkeyPatch, no_proxy: str, url: str,
+    through_proxy: bool,
+):  # fmt: skip
+    """environment_proxy reads NO_PROXY as httpx does: where it names the proxy, the request
+    reached the proxy; where it names none, it went elsewhere (straight to the host)."""
+    monkeypatch.setenv("HTTP_PROXY", forward_proxy)
+    monkeypatch.setenv("NO_PROXY", no_proxy)
+    assert (environment_proxy(url) == forward_proxy) is through_proxy
+    with Client(url, timeout_s=2) as client:
+        try:
+            reached = client.healthz() == {"status": "ok", "via": "proxy"}
+        except PipetuneError:  # (not there, or something else answered)
+            reached = False
+    assert reached is through_proxy
+    assert bool(_Proxy.seen) is through_proxy

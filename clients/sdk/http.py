@@ -260,12 +260,24 @@ def is_loopback_name(host: str) -> bool:
 
 def environment_proxy(url: str) -> str | None:
     """The proxy the environment names for `url` (HTTP_PROXY, HTTPS_PROXY, ALL_PROXY, less
-    the hosts NO_PROXY lists: what httpx reads), None for none."""
+    the hosts NO_PROXY lists), None for none: what httpx reads (urllib's getproxies) and
+    how it matches NO_PROXY ("*" every host; a name that host and the names under it; an
+    address that address; with a scheme, that scheme's only). By hand: urllib's own
+    matching (proxy_bypass) is undocumented, and on macOS reads the system's settings too,
+    which httpx does not."""
     parts = urlsplit(url)
     proxies = urllib.request.getproxies()
     proxy = proxies.get(parts.scheme) or proxies.get("all")
-    if not proxy or urllib.request.proxy_bypass_environment(parts.netloc, proxies):
+    if not proxy:
         return None
+    host = (parts.hostname or "").lower()
+    for entry in (e.strip().lower() for e in proxies.get("no", "").split(",")):
+        scheme, _, name = entry.rpartition("://")
+        name = name.strip("[]").lstrip(".")
+        if entry == "*" or (
+            name and scheme in ("", parts.scheme) and (host == name or host.endswith(f".{name}"))
+        ):
+            return None
     return proxy
 
 
