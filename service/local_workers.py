@@ -22,6 +22,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from urllib.parse import urlsplit
 
 from pipetune.model.hardware import DEFAULT_GPU, gpu_keys
 from pipetune.model.trials import RunnerKind
@@ -123,6 +124,17 @@ def worker_command(
     return command
 
 
+def direct_to(server: str) -> dict[str, str]:
+    """NO_PROXY (both spellings: the lower case one wins where both are set) with the
+    server's host added to what the environment lists: a local worker talks to this machine,
+    which a proxy the environment names cannot reach (`serve --host` on one of its own
+    addresses; a loopback one is never proxied, clients/sdk/http.py)."""
+    host = urlsplit(server).hostname or ""
+    listed = os.environ.get("no_proxy", os.environ.get("NO_PROXY", ""))
+    value = ",".join(part for part in (listed.strip(", "), host) if part)
+    return {"NO_PROXY": value, "no_proxy": value}
+
+
 def start_workers(
     n: int,
     server: str,
@@ -142,7 +154,7 @@ def start_workers(
         name = f"local-{host}-{os.getpid()}-{i}-{gpu or runner}"
         command = worker_command(server, runner, gpu, name, dataset)
         # The token in the environment, not the command line (which `ps` shows everyone).
-        env = {**os.environ, TOKEN_ENV: token}
+        env = {**os.environ, TOKEN_ENV: token, **direct_to(server)}
         # A session of its own: a Ctrl-C at the terminal reaches `serve` only, which then
         # stops the workers once (a second signal would make them abandon their trials).
         processes.append(subprocess.Popen(command, start_new_session=True, env=env))

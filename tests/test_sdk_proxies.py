@@ -19,6 +19,7 @@ from service_support import GEMM, live_server
 
 from pipetune.clients.sdk import Client, PipetuneError, ServiceUnavailableError
 from pipetune.clients.sdk.http import environment_proxy, is_loopback_name
+from pipetune.service import local_workers
 from pipetune.service.migrate import upgrade
 
 PROXY_VARIABLES = ("HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY", "NO_PROXY")
@@ -200,3 +201,30 @@ def test_the_proxy_said_is_the_one_httpx_takes(
             reached = False
     assert reached is through_proxy
     assert bool(_Proxy.seen) is through_proxy
+
+
+@pytest.mark.parametrize(
+    ("listed", "server", "expected"),
+    [("", "http://192.0.2.2:8000", "192.0.2.2"),
+     ("corp.example, .lan", "http://192.0.2.2:8000", "corp.example, .lan,192.0.2.2"),
+     ("corp.example", "http://[fd00::2]:8000", "corp.example,fd00::2")],
+)  # fmt: skip
+def test_serve_s_local_workers_reach_its_own_address_directly(
+    monkeypatch: pytest.MonkeyPatch, forward_proxy: str, listed: str, server: str,
+    expected: str,
+):  # fmt: skip
+    """`serve --host` on one of the machine's own addresses: its local workers were told to
+    reach it through the environment's proxy, which cannot. They are started with that
+    address in NO_PROXY (and what was listed kept), which the SDK then honours."""
+    started: list[dict[str, str]] = []
+    monkeypatch.setattr(local_workers.subprocess, "Popen", lambda *a, env, **k: started.append(env))
+    monkeypatch.setenv("HTTP_PROXY", forward_proxy)
+    if listed:
+        monkeypatch.setenv("no_proxy", listed)
+    local_workers.start_workers(1, server, "t" * 20, "simulated")
+    (env,) = started
+    assert env["NO_PROXY"] == env["no_proxy"] == expected
+    monkeypatch.setenv("NO_PROXY", env["NO_PROXY"])
+    monkeypatch.setenv("no_proxy", env["no_proxy"])
+    assert environment_proxy(server) is None
+    assert environment_proxy("http://elsewhere.example:8000") == forward_proxy
