@@ -228,7 +228,9 @@ PROXY_PREFIX = "/pipetune"
 
 def _behind_a_prefix_stripping_proxy(page, prefix: str) -> list[str]:  # type: ignore[no-untyped-def]
     """Route the page's requests as a proxy serving the service under `prefix` would: those
-    under it to the service without it, any other answered 404 and listed (the list)."""
+    under it to the service without it, any other answered 404 and listed (the list). The
+    test ends the routing (page.unroute_all) before the page closes: a refresh's request in
+    flight then failed in the route's fetch, and the next test's new page with it."""
     outside: list[str] = []
 
     def proxy(route) -> None:  # type: ignore[no-untyped-def]
@@ -270,6 +272,7 @@ def test_the_dashboard_works_behind_a_proxy_that_serves_it_under_a_prefix(live_u
         " return d && d.length === 2; }",
         timeout=20000,
     )
+    page.unroute_all(behavior="ignoreErrors")  # (a refresh's request may be in flight)
     page.close()
     assert outside == [] and errors == [], (outside, errors)
 
@@ -782,6 +785,7 @@ def test_with_api_keys_the_dashboard_reads_its_key_from_the_fragment(keyed_url, 
     proxied.wait_for_function(
         "() => document.querySelectorAll('#tasks tbody tr').length === 1", timeout=20000
     )
+    proxied.unroute_all(behavior="ignoreErrors")
     assert outside == []
     for tab in (page, keyless, wrong):
         tab.close()
