@@ -160,9 +160,7 @@ def test_dashboard_draws_the_curves_without_console_errors(live_url, browser):
     _answer(client, worker, 8)  # 8 of its 24 trials measured
 
     page = browser.new_page()
-    errors: list[str] = []
-    page.on("console", lambda m: errors.append(m.text) if m.type == "error" else None)
-    page.on("pageerror", lambda e: errors.append(str(e)))
+    errors = _console_errors(page)
     requested: list[str] = []
     page.on("request", lambda r: requested.append(r.url))
 
@@ -257,9 +255,7 @@ def test_the_dashboard_works_behind_a_proxy_that_serves_it_under_a_prefix(live_u
     client.close()
     page = browser.new_page()
     outside = _behind_a_prefix_stripping_proxy(page, PROXY_PREFIX)
-    errors: list[str] = []
-    page.on("console", lambda m: errors.append(m.text) if m.type == "error" else None)
-    page.on("pageerror", lambda e: errors.append(str(e)))
+    errors = _console_errors(page)
     page.goto(f"{live_url}{PROXY_PREFIX}/dashboard?refresh=300")
     page.wait_for_function(
         "() => { const d = document.getElementById('curve-plot').data;"
@@ -714,6 +710,14 @@ def keyed_url(tmp_path: Path) -> Iterator[str]:
     yield from _serve(tmp_path, api_keys=[API_KEY])
 
 
+def _console_errors(page) -> list[str]:  # type: ignore[no-untyped-def]
+    """The page's console errors and uncaught exceptions, as they come."""
+    errors: list[str] = []
+    page.on("console", lambda m: errors.append(m.text) if m.type == "error" else None)
+    page.on("pageerror", lambda e: errors.append(str(e)))
+    return errors
+
+
 def _task_list_statuses(page) -> list[int]:  # type: ignore[no-untyped-def]
     """The HTTP statuses of the page's task requests, as they come."""
     statuses: list[int] = []
@@ -869,9 +873,7 @@ def test_the_workers_are_shown_in_their_states(live_url, browser, tmp_path):
     engine.dispose()
 
     page = browser.new_page(viewport={"width": 1400, "height": 1000})
-    errors: list[str] = []
-    page.on("console", lambda m: errors.append(m.text) if m.type == "error" else None)
-    page.on("pageerror", lambda e: errors.append(str(e)))
+    errors = _console_errors(page)
     page.goto(f"{live_url}/dashboard?refresh=300")
     page.wait_for_function(
         "() => document.querySelectorAll('#workers tbody tr').length === 3", timeout=20000
