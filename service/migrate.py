@@ -31,7 +31,9 @@ class SchemaError(PipetuneError, RuntimeError):
 
 def alembic_config(url: str) -> Config:
     config = Config()
-    config.set_main_option("script_location", str(MIGRATIONS_DIR))
+    # Ini options interpolate '%': an install under a path holding one (".../100% disk/...")
+    # made every start fail with configparser's "invalid interpolation syntax".
+    config.set_main_option("script_location", str(MIGRATIONS_DIR).replace("%", "%%"))
     # Passed as an attribute, not an ini option: URLs may hold '%' (ini interpolation).
     config.attributes["url"] = url
     return config

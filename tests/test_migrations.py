@@ -430,6 +430,34 @@ def test_released_migrations_are_not_edited():
         )
 
 
+def test_migrations_installed_under_a_path_with_a_percent_sign_still_run(tmp_path, monkeypatch):
+    """Alembic's ini options interpolate '%': pipetune installed under such a path (a
+    checkout in ".../100% é#x/") failed every start with "invalid interpolation syntax"."""
+    import shutil
+
+    from pipetune.service import migrate
+
+    odd = tmp_path / "100% disk é#x" / "migrations"
+    shutil.copytree(migrate.MIGRATIONS_DIR, odd, ignore=shutil.ignore_patterns("__pycache__"))
+    monkeypatch.setattr(migrate, "MIGRATIONS_DIR", odd)
+    migrate.head_revision.cache_clear()
+    try:
+        url = f"sqlite:///{tmp_path / 'db.sqlite'}"
+        upgrade(url)
+        assert current_revision_of(url) == migrate.head_revision() == migrate.known_revisions()[0]
+        assert check_schema(url) == migrate.head_revision()
+    finally:
+        migrate.head_revision.cache_clear()
+
+
+def current_revision_of(url: str) -> str | None:
+    engine = make_engine(url, pool_size=1)
+    try:
+        return current_revision(engine)
+    finally:
+        engine.dispose()
+
+
 def test_a_failing_upgrade_keeps_nothing_of_it(empty_url):
     """One transaction for the whole upgrade, on SQLite as on PostgreSQL: a revision that
     fails (0004's column already there) left a SQLite database at 0003, the revisions before
