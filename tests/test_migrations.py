@@ -28,6 +28,7 @@ from pipetune.service.migrate import (
     upgrade,
 )
 from pipetune.service.orm import Base
+from pipetune.service.settings import sqlite_url
 
 pytest_plugins = ["service_fixtures"]
 
@@ -442,20 +443,12 @@ def test_migrations_installed_under_a_path_with_a_percent_sign_still_run(tmp_pat
     monkeypatch.setattr(migrate, "MIGRATIONS_DIR", odd)
     migrate.head_revision.cache_clear()
     try:
-        url = f"sqlite:///{tmp_path / 'db.sqlite'}"
+        url = sqlite_url(tmp_path / "db.sqlite")
         upgrade(url)
-        assert current_revision_of(url) == migrate.head_revision() == migrate.known_revisions()[0]
-        assert check_schema(url) == migrate.head_revision()
+        # (check_schema answers the database's revision only where it is the newest)
+        assert check_schema(url) == migrate.head_revision() == migrate.known_revisions()[0]
     finally:
         migrate.head_revision.cache_clear()
-
-
-def current_revision_of(url: str) -> str | None:
-    engine = make_engine(url, pool_size=1)
-    try:
-        return current_revision(engine)
-    finally:
-        engine.dispose()
 
 
 def test_a_failing_upgrade_keeps_nothing_of_it(empty_url):
