@@ -71,6 +71,15 @@ def sqlite_url(path: Path) -> str:
     return f"sqlite:///{quote(str(path), safe='/')}"
 
 
+def sqlite_uri_url(path: Path, **options: str) -> str:
+    """The URL of the file at `path` in SQLite's URI form, with `options` (mode=ro,
+    immutable=1). Its path is quoted twice: SQLite reads '#', '?' and '%XX' in a URI's path as
+    its own (a folder "x#2" opened, and created, a database "x" beside it), and SQLAlchemy
+    decodes '%XX' once before SQLite sees the URI."""
+    query = "&".join(f"{name}={value}" for name, value in options.items())
+    return f"sqlite:///file:{quote(quote(str(path), safe='/'), safe='/')}?{query}&uri=true"
+
+
 def generated_token_path() -> Path:
     """Where `serve` keeps the worker token it generated (when none is configured)."""
     return Path(platformdirs.user_data_dir("pipetune")) / "worker-token"

@@ -9,6 +9,7 @@ import re
 import sqlite3
 import threading
 import time
+from urllib.parse import quote
 
 import pytest
 from service_support import require_pg, table_names
@@ -18,6 +19,7 @@ from typer.testing import CliRunner
 from pipetune.clients.cli.main import app
 from pipetune.service.db import make_engine, switch_to_wal
 from pipetune.service.migrate import SchemaError, check_schema, head_revision, upgrade
+from pipetune.service.settings import sqlite_uri_url, sqlite_url
 
 pytest_plugins = ["service_fixtures"]
 runner = CliRunner()
@@ -147,8 +149,8 @@ def test_a_read_only_sqlite_database_is_refused_at_start(tmp_path):
     from pipetune.service.app import create_app
     from pipetune.service.migrate import check_writable
 
-    upgrade(f"sqlite:///{tmp_path / 'ro.db'}")
-    read_only = f"sqlite:///file:{tmp_path / 'ro.db'}?mode=ro&uri=true"
+    upgrade(sqlite_url(tmp_path / "ro.db"))
+    read_only = sqlite_uri_url(tmp_path / "ro.db", mode="ro")
     with pytest.raises(SchemaError, match=r"cannot be written .*readonly database"):
         create_app(settings(read_only))
     check_writable(f"sqlite:///{tmp_path / 'ro.db'}")  # the same file, writable: no error
@@ -178,8 +180,8 @@ def test_serve_refused_for_a_read_only_database_writes_no_worker_token(tmp_path)
 
     from pipetune.clients.cli.main import app
 
-    upgrade(f"sqlite:///{tmp_path / 'ro.db'}")
-    read_only = f"sqlite:///file:{tmp_path / 'ro.db'}?mode=ro&uri=true"
+    upgrade(sqlite_url(tmp_path / "ro.db"))
+    read_only = sqlite_uri_url(tmp_path / "ro.db", mode="ro")
     env = {"XDG_DATA_HOME": str(tmp_path / "data"), "PIPETUNE_WORKER_TOKENS": ""}
     result = CliRunner().invoke(app, ["serve", "--db", read_only, "--port", "0"], env=env)
     assert result.exit_code == 1, result.output
@@ -256,10 +258,10 @@ def test_a_sqlite_uri_is_read_as_the_file_it_names(tmp_path, monkeypatch):
     database file at file:PATH" of an up-to-date database (`--check`: exit 1), and the
     engine made a folder "file:" in the working directory for it."""
     monkeypatch.chdir(tmp_path)
-    upgrade(f"sqlite:///{tmp_path / 'p.db'}")
+    upgrade(sqlite_url(tmp_path / "p.db"))
     for url in (
-        f"sqlite:///file:{tmp_path / 'p.db'}?mode=ro&uri=true",
-        f"sqlite:///file://{tmp_path / 'p.db'}?uri=true",
+        sqlite_uri_url(tmp_path / "p.db", mode="ro"),
+        f"sqlite:///file://{quote(quote(str(tmp_path / 'p.db')))}?uri=true",
     ):
         current = runner.invoke(app, ["db", "current", "--db", url, "--check"])
         assert current.exit_code == 0, current.output

@@ -125,9 +125,10 @@ def test_tuning_into_a_database_that_cannot_be_written_says_so(tmp_path):
     (a read-only URI stands in for a file without write permission, which the tests' root
     user would write anyway)."""
     from pipetune.service.migrate import upgrade
+    from pipetune.service.settings import sqlite_uri_url, sqlite_url
 
-    upgrade(f"sqlite:///{tmp_path / 'ro.db'}")
-    read_only = f"sqlite:///file:{tmp_path / 'ro.db'}?mode=ro&uri=true"
+    upgrade(sqlite_url(tmp_path / "ro.db"))
+    read_only = sqlite_uri_url(tmp_path / "ro.db", mode="ro")
     with pytest.raises(pipetune.PipetuneError, match="cannot be written") as caught:
         pipetune.tune(FC, "h100", budget=2, runner="simulated", db=read_only)
     assert "INSERT" not in str(caught.value) and "-wal and -shm" in str(caught.value)

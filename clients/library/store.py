@@ -55,6 +55,7 @@ from pipetune.service.settings import (
     database_file_problem,
     database_url_problem,
     sqlite_path,
+    sqlite_uri_url,
     validated_settings,
 )
 from pipetune.service.views import (
@@ -187,9 +188,9 @@ def read_only_sqlite_url(url: str, reason: str) -> str | None:
         return None
     wal, shm = (path.with_name(path.name + suffix) for suffix in ("-wal", "-shm"))
     if not wal.exists():
-        return f"sqlite:///file:{path}?immutable=1&uri=true"
+        return sqlite_uri_url(path, immutable="1")
     if shm.exists():
-        return f"sqlite:///file:{path}?mode=ro&uri=true"
+        return sqlite_uri_url(path, mode="ro")
     return None
 
 
