@@ -38,6 +38,7 @@ from pipetune.model.wire import TOKEN_ENV
 from pipetune.model.workloads import Gemm
 from pipetune.service.local_workers import stop_workers, worker_command
 from pipetune.service.migrate import upgrade
+from pipetune.service.settings import sqlite_url
 from pipetune.tuner.strategies import STRATEGIES
 from pipetune.workers.runners import TIME_SCALE_ENV
 
@@ -71,7 +72,7 @@ def _base_env() -> dict[str, str]:
 @contextlib.contextmanager
 def _database(replicas: int, pg_admin_url: str, directory: Path) -> Iterator[str]:
     if replicas == 1:
-        url = f"sqlite:///{directory / 'pipetune.db'}"
+        url = sqlite_url(directory / "pipetune.db")
         upgrade(url)
         yield url
         return

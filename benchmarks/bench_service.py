@@ -36,6 +36,7 @@ from benchmarks.harness import (
     service_process,
 )
 from benchmarks.results import write_section
+from pipetune.service.settings import sqlite_url
 
 TUNED = {"op": "gemm", "m": 1024, "n": 1024, "k": 1024}
 UNTUNED = {"op": "gemm", "m": 2048, "n": 512, "k": 4096}
@@ -147,7 +148,7 @@ async def _round_trips(base: str, workers: int, seconds: float, strategy: str) -
 def _fresh(label: str, tmp: str, pg_admin_url: str) -> Iterator[str]:
     """An empty database of the kind the row's label names."""
     if label == "SQLite":
-        yield f"sqlite:///{tmp}/bench.db"
+        yield sqlite_url(Path(tmp) / "bench.db")
         return
     with pg_database(pg_admin_url) as url:
         yield url
@@ -165,7 +166,7 @@ def main() -> None:
     rows_latency = []
     rows_rt = []
     with tempfile.TemporaryDirectory() as tmp, pg_database(args.pg_url) as pg:
-        for label, url in (("SQLite", f"sqlite:///{tmp}/bench.db"), ("PostgreSQL", pg)):
+        for label, url in (("SQLite", sqlite_url(Path(tmp) / "bench.db")), ("PostgreSQL", pg)):
             with serve(url) as (base, _):
                 for kind, times in bench_schedules(base, args.requests).items():
                     p50, p99 = 1e3 * pct(times, 0.5), 1e3 * pct(times, 0.99)
