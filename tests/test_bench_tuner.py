@@ -7,6 +7,7 @@ import gzip
 import importlib.util
 import json
 import os
+import shlex
 import subprocess
 import sys
 from pathlib import Path
@@ -379,7 +380,7 @@ def test_the_benchmark_script_runs_and_records_a_command_anyone_can_rerun(tmp_pa
     )  # fmt: skip
     assert done.returncode == 0, done.stderr
     doc = json.loads(out.read_text())
-    assert doc["command"] == "python -m benchmarks.bench_tuner " + " ".join(args)
+    assert doc["command"] == shlex.join(["python", "-m", "benchmarks.bench_tuner", *args])
     # As `pipetune bench tuner` chooses: on another kernel's recording the group's strategies
     # that need the analytical model are left out, and said so.
     assert set(doc["strategies"]) == {"grid", "random", "xgb", "bo", "auto"}

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import shlex
 import subprocess
 import sys
 import threading
@@ -104,7 +105,7 @@ def test_serve_on_an_outdated_schema_exits_1_naming_db_upgrade(tmp_path):
     )
     assert result.returncode == 1
     errors = [line for line in result.stderr.splitlines() if line.startswith("error:")]
-    assert len(errors) == 1 and "run `pipetune db upgrade --db sqlite:///" in errors[0]
+    assert len(errors) == 1 and f"run `pipetune db upgrade --db {shlex.quote(url)}`" in errors[0]
     # Refused before anything is made: the worker token was generated and saved first.
     assert not (data / "pipetune" / "worker-token").exists()
 

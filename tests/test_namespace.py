@@ -166,7 +166,7 @@ def test_a_users_model_and_service_modules_do_not_shadow_pipetune(wheel, tmp_pat
         (user / name).write_text("raise SystemExit('the user module was imported')\n")
     script = (
         "import pipetune, pipetune.model.workloads, pipetune.service.migrate; "
-        "print(pipetune.__version__, pipetune.__file__)"
+        "print(pipetune.__version__); print(pipetune.__file__)"
     )
     result = subprocess.run(
         [sys.executable, "-c", script],
@@ -176,7 +176,7 @@ def test_a_users_model_and_service_modules_do_not_shadow_pipetune(wheel, tmp_pat
         text=True,
     )
     assert result.returncode == 0, result.stderr
-    version, location = result.stdout.split()
+    version, location = result.stdout.splitlines()  # (a temporary folder may hold spaces)
     assert version == pipetune.__version__
     assert Path(location).is_relative_to(site)
 
