@@ -10,6 +10,7 @@ import warnings
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -289,18 +290,25 @@ def wait_until_listening(client: TestClient, timeout_s: float = 10.0) -> None:
 
 
 @contextmanager
-def live_server(url: str, http: Any = "auto", **overrides: Any) -> Iterator[str]:
+def live_server(
+    url: str, http: Any = "auto", tls: tuple[Path, Path] | None = None, **overrides: Any
+) -> Iterator[str]:
     """A service on the (upgraded) database `url`, served by uvicorn on a free port in a
     thread of this process (`settings(url, **overrides)`; `http`: uvicorn's protocol, e.g.
-    the service's own): yields its base URL. What a browser or a raw socket talks to, where
-    an in-process client cannot stand in."""
+    the service's own; `tls`: a certificate and its key, to serve https://localhost as a
+    TLS-terminating proxy would): yields its base URL. What a browser or a raw socket talks
+    to, where an in-process client cannot stand in."""
     import uvicorn
 
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     app = create_app(settings(url, **overrides))
-    server = uvicorn.Server(uvicorn.Config(app, port=port, log_level="warning", http=http))
+    certificate, key = tls if tls is not None else (None, None)
+    config = uvicorn.Config(
+        app, port=port, log_level="warning", http=http, ssl_certfile=certificate, ssl_keyfile=key
+    )
+    server = uvicorn.Server(config)
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
     deadline = time.monotonic() + 30
@@ -308,7 +316,7 @@ def live_server(url: str, http: Any = "auto", **overrides: Any) -> Iterator[str]
         assert time.monotonic() < deadline, "uvicorn did not start"
         time.sleep(0.05)
     try:
-        yield f"http://127.0.0.1:{port}"
+        yield f"https://localhost:{port}" if tls is not None else f"http://127.0.0.1:{port}"
     finally:
         server.should_exit = True
         thread.join(timeout=10)

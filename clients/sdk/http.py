@@ -7,8 +7,10 @@ import datetime as dt
 import email.utils
 import html
 import ipaddress
+import os
 import re
 import reprlib
+import ssl
 import urllib.request
 from typing import Any, TypeVar
 from urllib.parse import urlsplit
@@ -31,6 +33,8 @@ from pipetune.model.wire import READING, FieldError, OpName, secret_char_ok
 M = TypeVar("M", bound=BaseModel)
 
 DEFAULT_TIMEOUT_S = 30.0
+# The variables httpx (trust_env) reads for the certificate authorities it trusts, in order.
+CERT_VARIABLES = ("SSL_CERT_FILE", "SSL_CERT_DIR")
 # Locations FastAPI puts before a body field, and the tags of the workload union: neither is
 # part of the field name a person typed.
 _LOCATION_PREFIXES = {"body", "query", "path", "header"}
@@ -356,7 +360,7 @@ class Http:
                 _maybe_acted(exc, method, path) if acts_anew else None,
             ) from None
         except httpx.TransportError as exc:
-            reason = _one_line(str(exc) or type(exc).__name__)
+            reason = _one_line(str(exc) or type(exc).__name__) + _certificate_hint(exc)
             if self._proxy is not None:  # (the refusal may be the proxy's, not the service's)
                 reason += (
                     f"; through the proxy the environment names, {shown_url(self._proxy)} "
@@ -444,6 +448,26 @@ class Http:
 
     def close(self) -> None:
         self._client.close()
+
+
+def _certificate_hint(exc: BaseException) -> str:
+    """What to do where `exc` is a refused certificate: a service behind a company's TLS
+    proxy is signed by its own authority, which certifi's bundle (httpx's default) lacks,
+    and the refusal said only "certificate verify failed". httpx reads the OpenSSL variables
+    (SSL_CERT_FILE, SSL_CERT_DIR), which few know; "" for any other failure."""
+    seen: BaseException | None = exc
+    while seen is not None and not isinstance(seen, ssl.SSLCertVerificationError):
+        seen = seen.__cause__ or seen.__context__
+    if seen is None:
+        return ""
+    # (httpx reads the first of them that is set, as OpenSSL does)
+    named = next((name for name in CERT_VARIABLES if os.environ.get(name)), None)
+    if named is not None:
+        return f"; {named}={os.environ[named]} does not hold the authority that signed it"
+    return (
+        "; to trust the authority that signed it, set SSL_CERT_FILE to its certificates "
+        "(a PEM file) or SSL_CERT_DIR to a folder of them"
+    )
 
 
 def _maybe_acted(exc: httpx.TransportError, method: str, path: str) -> str | None:
