@@ -22,6 +22,7 @@ import hashlib
 import importlib.metadata
 import json
 import os
+import shlex
 import shutil
 import subprocess
 import sys
@@ -517,7 +518,7 @@ def test_the_kit_goes_on_with_a_campaign_an_earlier_call_left_unfinished(tmp_pat
     for its whole campaign and offered the rest to no later GPU session."""
     from pipetune.workers.campaign.kit import open_calls
 
-    data = tmp_path / "data"
+    data = tmp_path / "gpu data"  # (a --data folder with a space in its name: quoted)
     hopper = data / "hopper" / "h100"
     (hopper / "campaign").mkdir(parents=True)
     shutil.copyfile(
@@ -529,7 +530,9 @@ def test_the_kit_goes_on_with_a_campaign_an_earlier_call_left_unfinished(tmp_pat
     (hopper / "campaign" / "campaign.json").write_text('{"state": "paused"}')
     commands = [c.command for c in open_calls("h100", data)]
     assert hopper_device_command(have=str(hopper)) in commands
-    assert f"--have {hopper} " in hopper_device_command(have=str(hopper))
+    assert f"--have {shlex.quote(str(hopper))} " in hopper_device_command(have=str(hopper))
+    words = shlex.split(hopper_device_command(have=str(hopper)).split(" 2>&1")[0])
+    assert words[words.index("--have") + 1] == str(hopper)
     for state in ("complete", "stopped"):  # then the family's campaign is not offered again
         (hopper / "campaign" / "campaign.json").write_text(json.dumps({"state": state}))
         assert not any("--operators hopper " in c.command for c in open_calls("h100", data))
@@ -537,7 +540,7 @@ def test_the_kit_goes_on_with_a_campaign_an_earlier_call_left_unfinished(tmp_pat
     (data / "h100" / "campaign" / "campaign.json").write_text('{"state": "paused"}')
     (call,) = open_calls("h100", data)
     assert call.command == device_command(1, have=str(data / "h100"))
-    assert f"--have {data / 'h100'} " in call.command
+    assert f"--have {shlex.quote(str(data / 'h100'))} " in call.command
     # A campaign.json there that is not JSON: named in one line (make gpu-kit: "error: ...").
     (data / "h100" / "campaign" / "campaign.json").write_text('{"state":')
     with pytest.raises(KitError, match=r"campaign\.json: not valid JSON"):

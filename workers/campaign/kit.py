@@ -158,8 +158,9 @@ def campaign_line(call: int, runner: str = "cupy", have: str | None = None) -> s
 
 
 def _have_option(have: str | None) -> str:
-    """` --have WHAT` for a campaign line (what an earlier call measured), or nothing."""
-    return f" --have {have}" if have is not None else ""
+    """` --have WHAT` for a campaign line (what an earlier call measured), or nothing. Quoted
+    for the shell: a --data folder with a space in its name split into two arguments."""
+    return f" --have {shlex.quote(have)}" if have is not None else ""
 
 
 def device_command(call: int = 1, runner: str = "cupy", have: str | None = None) -> str:
